@@ -1,0 +1,105 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/airlockhq/airlock/pkg/clientconfig"
+	"github.com/airlockhq/airlock/pkg/grpcclient"
+	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/tlsconfig"
+)
+
+// serviceHealth is one service's health as seen over mTLS.
+type serviceHealth struct {
+	Service string `json:"service"`
+	Address string `json:"address"`
+	Status  string `json:"status"`
+	Error   string `json:"error,omitempty"`
+}
+
+func newStatus(g *globals) *cobra.Command {
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show each service's health, checked over mTLS",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := g.clientConfig()
+			if err != nil {
+				return err
+			}
+			src, err := cfg.Source(g.as)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			report := checkAll(ctx, cfg, src)
+			if err := g.print(map[string]any{"services": report}, func(w io.Writer) {
+				fmt.Fprintln(w, "SERVICE\tADDRESS\tSTATUS\tERROR")
+				for _, h := range report {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", h.Service, h.Address, h.Status, h.Error)
+				}
+			}); err != nil {
+				return err
+			}
+			for _, h := range report {
+				if h.Status != healthpb.HealthCheckResponse_SERVING.String() {
+					return &exitError{code: 1, err: fmt.Errorf("%s is %s", h.Service, h.Status)}
+				}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Second, "how long to wait for all answers")
+	return cmd
+}
+
+// checkAll asks every configured service for its health, concurrently.
+func checkAll(ctx context.Context, cfg *clientconfig.Config, src *tlsconfig.Source) []serviceHealth {
+	names := identity.ServiceNames()
+	out := make([]serviceHealth, len(names))
+	done := make(chan struct{}, len(names))
+	for i, name := range names {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			h := serviceHealth{Service: name, Status: "UNKNOWN"}
+			addr, err := cfg.Address(name)
+			if err != nil {
+				h.Error = err.Error()
+				out[i] = h
+				return
+			}
+			h.Address = addr
+			h.Status, err = checkHealth(ctx, addr, src, identity.Service(cfg.TrustDomain, name))
+			if err != nil {
+				h.Error = err.Error()
+			}
+			out[i] = h
+		}()
+	}
+	for range names {
+		<-done
+	}
+	return out
+}
+
+// checkHealth asks one server for its overall health, pinning its identity.
+func checkHealth(ctx context.Context, addr string, src *tlsconfig.Source, server identity.ID) (string, error) {
+	cc, err := grpcclient.Dial(addr, src, server)
+	if err != nil {
+		return "UNREACHABLE", err
+	}
+	defer cc.Close()
+	resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		return "UNREACHABLE", err
+	}
+	return resp.GetStatus().String(), nil
+}

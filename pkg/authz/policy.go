@@ -1,0 +1,69 @@
+package authz
+
+import (
+	"google.golang.org/grpc/health/grpc_health_v1"
+
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
+	publisherv1 "github.com/airlockhq/airlock/proto/airlock/publisher/v1"
+)
+
+// The tables below are the whole of who may call what. Reviewing a change to
+// Airlock's trust boundaries starts here.
+
+// AuthorityTable is the authority's table.
+var AuthorityTable = Merge(Infrastructure, Table{
+	authorityv1.AuthorityService_SubmitJob_FullMethodName: {Clients},
+	authorityv1.AuthorityService_GetJob_FullMethodName:    {Clients},
+	authorityv1.AuthorityService_ListJobs_FullMethodName:  {Clients},
+	authorityv1.AuthorityService_WatchJob_FullMethodName:  {Clients},
+	authorityv1.AuthorityService_CancelJob_FullMethodName: {Clients},
+
+	// Only the executor stages source and reports results; the executor
+	// never gets a credential, only the bytes the authority read with it.
+	authorityv1.AuthorityService_FetchSource_FullMethodName:  {Executor},
+	authorityv1.AuthorityService_ReportResult_FullMethodName: {Executor},
+
+	// Clients may read their own tenant's approvals (the handler scopes it);
+	// only approvers decide, and only the publisher consumes.
+	authorityv1.AuthorityService_ListApprovals_FullMethodName:   {Approvers, Clients},
+	authorityv1.AuthorityService_GetApproval_FullMethodName:     {Approvers, Clients},
+	authorityv1.AuthorityService_DecideApproval_FullMethodName:  {Approvers},
+	authorityv1.AuthorityService_ConsumeApproval_FullMethodName: {Publisher},
+
+	authorityv1.AuthorityService_LeaseCredential_FullMethodName:  {Publisher},
+	authorityv1.AuthorityService_RevokeCredential_FullMethodName: {Publisher, Approvers},
+	authorityv1.AuthorityService_ListLeases_FullMethodName:       {Approvers},
+
+	authorityv1.AuthorityService_UpdateNetworkPolicy_FullMethodName: {Clients},
+	authorityv1.AuthorityService_ListAuditEvents_FullMethodName:     {Approvers},
+})
+
+// ExecutorTable is the executor's table: the authority drives runs, the
+// publisher reads finished bundles, and nobody else reaches the executor.
+var ExecutorTable = Merge(Infrastructure, Table{
+	executorv1.ExecutorService_StartJob_FullMethodName:            {Authority},
+	executorv1.ExecutorService_GetRun_FullMethodName:              {Authority},
+	executorv1.ExecutorService_WatchRun_FullMethodName:            {Authority},
+	executorv1.ExecutorService_CancelRun_FullMethodName:           {Authority},
+	executorv1.ExecutorService_UpdateNetworkPolicy_FullMethodName: {Authority},
+	executorv1.ExecutorService_GetArtifact_FullMethodName:         {Publisher},
+})
+
+// PublisherTable is the publisher's table.
+var PublisherTable = Merge(Infrastructure, Table{
+	publisherv1.PublisherService_Publish_FullMethodName:         {Pipelines},
+	publisherv1.PublisherService_GetDeployment_FullMethodName:   {Pipelines, Approvers},
+	publisherv1.PublisherService_ListDeployments_FullMethodName: {Pipelines, Approvers},
+})
+
+// Infrastructure covers the standard services every server carries. Health
+// reveals only SERVING or not; reflection is off unless configured and then
+// describes only the public API.
+var Infrastructure = Table{
+	grpc_health_v1.Health_Check_FullMethodName:                       Everyone,
+	grpc_health_v1.Health_Watch_FullMethodName:                       Everyone,
+	grpc_health_v1.Health_List_FullMethodName:                        Everyone,
+	"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo":      Everyone,
+	"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": Everyone,
+}

@@ -1,0 +1,85 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/airlockhq/airlock/pkg/config"
+	"github.com/airlockhq/airlock/pkg/version"
+)
+
+// Flags are the command-line flags every service binary takes. Flags given
+// override the config file.
+type Flags struct {
+	Config   string
+	Listen   string
+	DataDir  string
+	LogLevel string
+}
+
+// Apply overrides s with the flags that were set.
+func (f *Flags) Apply(s *config.Server) {
+	if f.Listen != "" {
+		s.Listen = f.Listen
+	}
+	if f.DataDir != "" {
+		s.DataDir = f.DataDir
+	}
+	if f.LogLevel != "" {
+		s.Log.Level = f.LogLevel
+	}
+}
+
+// Main is the whole of a service's main: it parses flags, runs run under a
+// context cancelled by SIGINT or SIGTERM, and exits 0 on a clean stop, 1 on
+// failure and 2 on bad usage.
+func Main(name string, run func(ctx context.Context, f *Flags) error) {
+	os.Exit(main(name, os.Args[1:], os.Stderr, run))
+}
+
+func main(name string, args []string, stderr io.Writer, run func(ctx context.Context, f *Flags) error) int {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var f Flags
+	var showVersion bool
+	fs.StringVar(&f.Config, "config", "", "path to the "+name+" config file (required)")
+	fs.StringVar(&f.Listen, "listen", "", "override the config's listen address (host:port)")
+	fs.StringVar(&f.DataDir, "data-dir", "", "override the config's data directory")
+	fs.StringVar(&f.LogLevel, "log-level", "", "override the config's log level (debug, info, warn, error)")
+	fs.BoolVar(&showVersion, "version", false, "print the version and exit")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: %s --config FILE [flags]\n\nThe Airlock %s service.\n\nFlags:\n", name, name)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if showVersion {
+		fmt.Fprintf(stderr, "airlock %s %s\n", name, version.String())
+		return 0
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "%s: unexpected argument %q\n", name, fs.Arg(0))
+		return 2
+	}
+	if f.Config == "" {
+		fmt.Fprintf(stderr, "%s: --config is required\n", name)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, &f); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return 1
+	}
+	return 0
+}

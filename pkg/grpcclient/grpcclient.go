@@ -1,0 +1,37 @@
+// Package grpcclient owns how Airlock processes and the CLI dial an Airlock
+// server: mTLS with our certificate, the server's SPIFFE ID pinned, and the
+// otelgrpc stats handler so the caller's trace continues on the server.
+// Anything that dials an Airlock service goes through Dial.
+package grpcclient
+
+import (
+	"fmt"
+	"time"
+
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/tlsconfig"
+)
+
+// Dial returns a lazily connecting client for the server at address, which
+// must prove it is server. The connection is refused at handshake if the
+// server presents any other identity.
+func Dial(address string, src *tlsconfig.Source, server identity.ID, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	if address == "" {
+		return nil, fmt.Errorf("grpcclient: no address for %s", server)
+	}
+	base := []grpc.DialOption{
+		grpc.WithTransportCredentials(credentials.NewTLS(tlsconfig.ClientConfig(src, server))),
+		grpc.WithStatsHandler(otelgrpc.NewClientHandler()),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+	}
+	cc, err := grpc.NewClient("passthrough:///"+address, append(base, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("grpcclient: dial %s (%s): %w", address, server, err)
+	}
+	return cc, nil
+}

@@ -1,0 +1,35 @@
+// Package server is the publisher's composition root: it builds every part of
+// the service once from the validated config, runs it, and stops it. Only
+// the publisher's main imports it.
+package server
+
+import (
+	"context"
+	"os"
+
+	"github.com/airlockhq/airlock/pkg/authz"
+	"github.com/airlockhq/airlock/pkg/daemon"
+	"github.com/airlockhq/airlock/pkg/logging"
+	"github.com/airlockhq/airlock/pkg/version"
+	"github.com/airlockhq/airlock/services/publisher/internal/api"
+	"github.com/airlockhq/airlock/services/publisher/internal/config"
+)
+
+// Run runs the publisher until ctx is cancelled or a part of it fails.
+func Run(ctx context.Context, cfg *config.Config) error {
+	logger, err := logging.New(os.Stderr, "publisher", cfg.Log)
+	if err != nil {
+		return err
+	}
+	return daemon.Run(ctx, daemon.Spec{
+		Name:    "publisher",
+		Version: version.String(),
+		Config:  cfg.Server,
+		Table:   authz.PublisherTable,
+		Logger:  logger,
+		Start: func(_ context.Context, env *daemon.Env) error {
+			api.New(api.Config{}).Register(env.Server)
+			return nil
+		},
+	})
+}
