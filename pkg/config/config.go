@@ -116,7 +116,7 @@ func Decode(data []byte, out any) error {
 		Version *int `yaml:"version"`
 	}
 	if err := yaml.Unmarshal(data, &head); err != nil {
-		return cleanYAMLError(err)
+		return cleanYAMLError(data, err)
 	}
 	if head.Version == nil {
 		return Field("version", "required; this build reads version %d", Version)
@@ -127,7 +127,7 @@ func Decode(data []byte, out any) error {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(out); err != nil {
-		return cleanYAMLError(err)
+		return cleanYAMLError(data, err)
 	}
 	return nil
 }
@@ -138,20 +138,71 @@ var (
 )
 
 // cleanYAMLError rewrites yaml.v3's messages, which name Go types, into ones
-// that name the field and the line.
-func cleanYAMLError(err error) error {
+// that name the field by its dotted path in the file, and the line.
+func cleanYAMLError(data []byte, err error) error {
 	msg := err.Error()
+	fields := fieldLines(data)
+	find := func(line string, match func(f yamlField) bool) string {
+		for _, f := range fields[line] {
+			if match(f) {
+				return f.path
+			}
+		}
+		return ""
+	}
 	var out []string
 	for _, m := range unknownField.FindAllStringSubmatch(msg, -1) {
-		out = append(out, fmt.Sprintf("line %s: unknown field %q", m[1], m[2]))
+		field := m[2]
+		if p := find(m[1], func(f yamlField) bool { return f.key == m[2] }); p != "" {
+			field = p
+		}
+		out = append(out, fmt.Sprintf("%s (line %s): unknown field", field, m[1]))
 	}
 	for _, m := range badValue.FindAllStringSubmatch(msg, -1) {
-		out = append(out, fmt.Sprintf("line %s: value %q has the wrong type (want %s)", m[1], m[2], m[3]))
+		field := "line " + m[1]
+		if p := find(m[1], func(f yamlField) bool { return f.value == m[2] }); p != "" {
+			field = fmt.Sprintf("%s (line %s)", p, m[1])
+		}
+		out = append(out, fmt.Sprintf("%s: value %q has the wrong type (want %s)", field, m[2], m[3]))
 	}
 	if len(out) == 0 {
 		return errors.New(strings.TrimPrefix(msg, "yaml: "))
 	}
 	return errors.New(strings.Join(out, "; "))
+}
+
+// yamlField is one mapping entry of a YAML document.
+type yamlField struct{ key, value, path string }
+
+// fieldLines maps each line number (as yaml.v3 reports it) to the mapping
+// entries whose key is on that line, with their dotted paths.
+func fieldLines(data []byte) map[string][]yamlField {
+	var doc yaml.Node
+	out := map[string][]yamlField{}
+	if yaml.Unmarshal(data, &doc) != nil {
+		return out
+	}
+	var walk func(n *yaml.Node, prefix string)
+	walk = func(n *yaml.Node, prefix string) {
+		switch n.Kind {
+		case yaml.DocumentNode, yaml.SequenceNode:
+			for _, c := range n.Content {
+				walk(c, prefix)
+			}
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				path := n.Content[i].Value
+				if prefix != "" {
+					path = prefix + "." + path
+				}
+				line := strconv.Itoa(n.Content[i].Line)
+				out[line] = append(out[line], yamlField{key: n.Content[i].Value, value: n.Content[i+1].Value, path: path})
+				walk(n.Content[i+1], path)
+			}
+		}
+	}
+	walk(&doc, "")
+	return out
 }
 
 // Validate checks every field, fills defaults, and makes file paths absolute
@@ -161,7 +212,7 @@ func (s *Server) Validate(base string) error {
 	var errs []error
 	if s.TrustDomain == "" {
 		errs = append(errs, Field("trust_domain", "required"))
-	} else if _, err := identity.New(s.TrustDomain, identity.KindClient, "probe"); err != nil {
+	} else if err := identity.ValidateTrustDomain(s.TrustDomain); err != nil {
 		errs = append(errs, Field("trust_domain", "%q is not a valid SPIFFE trust domain", s.TrustDomain))
 	}
 	if err := CheckAddress(s.Listen); err != nil {

@@ -38,7 +38,7 @@ var devCallers = []string{"client/dev", "approver/alice", "approver/bob", "appro
 // devService is one service of the dev stack and where its files live.
 type devService struct {
 	Name    string `json:"service"`
-	Address string `json:"address"`
+	Address string `json:"address,omitempty"`
 	PID     int    `json:"pid"`
 	Config  string `json:"config"`
 	Log     string `json:"log"`

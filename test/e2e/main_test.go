@@ -1,0 +1,87 @@
+//go:build linux
+
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// binDir holds the binaries TestMain builds: airlock, authority, executor,
+// publisher and grpc-health-probe.
+var binDir string
+
+// bin returns the path of one of the binaries TestMain built.
+func bin(name string) string { return filepath.Join(binDir, name) }
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "airlock-e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	binDir = dir
+	if err := build(dir); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	// `airlock dev up` starts each service in its own session and exits, so
+	// the services are orphans. Made a subreaper, this process inherits
+	// them instead of init (which, in some containers, never reaps), and
+	// can both reap them and read their exit status.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: cannot become a child subreaper:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+// build compiles the four Airlock binaries and grpc-health-probe (pinned by
+// tools/go.mod) into dir, from the module root.
+func build(dir string) error {
+	gomod, err := goOutput("", "env", "GOMOD")
+	if err != nil {
+		return err
+	}
+	if gomod == "" || gomod == os.DevNull {
+		return fmt.Errorf("go env GOMOD: not inside the airlock module")
+	}
+	root := filepath.Dir(gomod)
+	if _, err := goOutput(root, "build", "-o", dir+string(filepath.Separator),
+		"./cmd/airlock", "./services/authority/cmd/authority", "./services/executor/cmd/executor", "./services/publisher/cmd/publisher"); err != nil {
+		return err
+	}
+	if _, err := goOutput(root, "build", "-modfile=tools/go.mod", "-o", dir+string(filepath.Separator),
+		"github.com/grpc-ecosystem/grpc-health-probe"); err != nil {
+		return err
+	}
+	for _, name := range []string{"airlock", "authority", "executor", "publisher", "grpc-health-probe"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			return fmt.Errorf("build: %w", err)
+		}
+	}
+	return nil
+}
+
+func goOutput(dir string, args ...string) (string, error) {
+	cmd := exec.Command("go", args...)
+	cmd.Dir = dir
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	return strings.TrimSpace(stdout.String()), nil
+}
