@@ -11,13 +11,17 @@ BIN   := bin
 PKGS  := ./...
 GOTESTFLAGS ?= -race -count=1 -timeout 15m
 
-.PHONY: all build generate generate-check lint fmt vet test unit e2e demo clean
+.PHONY: all build runtimes bench generate generate-check lint fmt vet test unit e2e demo clean
 
 all: build
 
-## build: the airlock CLI and the three service binaries into bin/
-build:
+## build: the airlock CLI, the three services and the OCI runtimes into bin/
+build: runtimes
 	$(GO) build -o $(BIN)/ ./cmd/airlock ./services/authority/cmd/authority ./services/executor/cmd/executor ./services/publisher/cmd/publisher
+
+## runtimes: runc (seccomp) and static runsc from the versions pinned in tools/sandbox
+runtimes:
+	bash tools/sandbox/build.sh $(BIN)
 
 ## generate: regenerate Go code from proto/ with local plugins
 generate:
@@ -42,8 +46,8 @@ fmt:
 vet:
 	$(GO) vet $(PKGS)
 
-## test: everything CI runs: lint, generated-code check, all tests with -race
-test: lint generate-check
+## test: everything CI runs: lint, generated-code check, all tests with -race (as root: the sandbox tests use real namespaces and cgroups)
+test: lint generate-check runtimes
 	$(GO) test $(GOTESTFLAGS) $(PKGS)
 
 ## unit: tests without the end-to-end suite

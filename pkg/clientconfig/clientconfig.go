@@ -32,6 +32,8 @@ type Config struct {
 	PKIDir string `yaml:"pki_dir,omitempty"`
 	// Identity is the KIND/NAME to present when TLS is not set, e.g. client/dev.
 	Identity string `yaml:"identity,omitempty"`
+	// Tenant is the tenant commands act for when --tenant is not given.
+	Tenant string `yaml:"tenant,omitempty"`
 	// TLS names certificate files directly, overriding PKIDir and Identity.
 	TLS *config.TLS `yaml:"tls,omitempty"`
 	// Authority, Executor and Publisher are where the services listen.

@@ -67,7 +67,23 @@ func build(dir string) error {
 		"github.com/grpc-ecosystem/grpc-health-probe"); err != nil {
 		return err
 	}
-	for _, name := range []string{"airlock", "authority", "executor", "publisher", "grpc-health-probe"} {
+	// The runtimes are built by tools/sandbox/build.sh into the module's
+	// bin/ (it skips work when they are up to date) and linked in beside
+	// the services, where dev up looks for them.
+	runtimes := filepath.Join(root, "bin")
+	script := exec.Command("bash", filepath.Join(root, "tools", "sandbox", "build.sh"), runtimes)
+	script.Stdout, script.Stderr = os.Stderr, os.Stderr
+	if err := script.Run(); err != nil {
+		return fmt.Errorf("tools/sandbox/build.sh: %w", err)
+	}
+	for _, name := range []string{"runc", "runsc"} {
+		if _, err := os.Stat(filepath.Join(runtimes, name)); err == nil {
+			if err := os.Symlink(filepath.Join(runtimes, name), filepath.Join(dir, name)); err != nil {
+				return err
+			}
+		}
+	}
+	for _, name := range []string{"airlock", "authority", "executor", "publisher", "grpc-health-probe", "runc"} {
 		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
 			return fmt.Errorf("build: %w", err)
 		}

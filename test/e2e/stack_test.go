@@ -87,13 +87,14 @@ type stack struct {
 
 // startStack runs `airlock dev up` in a fresh directory and registers `dev
 // down` (and the reaping of every service) as cleanup, whatever happens.
-func startStack(t *testing.T) *stack {
+// startStack runs dev up with any extra arguments (e.g. --repo NAME=PATH).
+func startStack(t *testing.T, args ...string) *stack {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "stack")
 	var started []proc
 	t.Cleanup(func() { stopStack(t, dir, started) })
 
-	res := runCommand(t, nil, bin("airlock"), "dev", "up", "--dir", dir, "--bin-dir", binDir, "-o", "json")
+	res := runCommand(t, nil, bin("airlock"), append([]string{"dev", "up", "--dir", dir, "--bin-dir", binDir, "-o", "json"}, args...)...)
 	var up devReport
 	jsonErr := json.Unmarshal([]byte(res.stdout), &up)
 	for _, s := range up.Services {

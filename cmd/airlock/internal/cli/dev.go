@@ -21,6 +21,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/clientconfig"
 	"github.com/airlockhq/airlock/pkg/config"
+	"github.com/airlockhq/airlock/pkg/grant"
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/pki"
 )
@@ -29,6 +30,7 @@ import (
 const (
 	devTrustDomain = "airlock.local"
 	devIdentity    = "client/dev"
+	devTenant      = "dev"
 )
 
 // devCallers are the caller identities a dev stack issues, so every role in
@@ -69,9 +71,10 @@ func newDev(g *globals) *cobra.Command {
 
 func newDevUp(g *globals) *cobra.Command {
 	var dir, binDir, host string
+	var repoFlags []string
 	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "up --dir DIR",
+		Use:   "up --dir DIR [--repo NAME=PATH]...",
 		Short: "Start authority, executor and publisher with a fresh PKI under DIR",
 		Long: `Creates a fresh CA and identities in DIR/pki, writes a config for each
 service, starts the three services as separate background processes, waits
@@ -96,7 +99,24 @@ Logs go to DIR/SERVICE/SERVICE.log. Stop everything with airlock dev down.`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
-			services, err := devUp(ctx, abs, host, bins, g.stderr)
+			repos := map[string]string{}
+			for _, r := range repoFlags {
+				name, path, ok := strings.Cut(r, "=")
+				if !ok || name == "" || path == "" {
+					return usageError{fmt.Errorf("--repo %q: want NAME=PATH", r)}
+				}
+				abs, err := filepath.Abs(path)
+				if err != nil {
+					return err
+				}
+				if _, err := os.Stat(filepath.Join(abs, ".git")); err != nil {
+					if _, berr := os.Stat(filepath.Join(abs, "HEAD")); berr != nil {
+						return usageError{fmt.Errorf("--repo %s: %s is not a git repository", name, abs)}
+					}
+				}
+				repos[name] = abs
+			}
+			services, err := devUp(ctx, abs, devOptions{host: host, repos: repos}, bins, g.stderr)
 			if err != nil {
 				return err
 			}
@@ -113,6 +133,7 @@ Logs go to DIR/SERVICE/SERVICE.log. Stop everything with airlock dev down.`,
 	cmd.Flags().StringVar(&dir, "dir", "", "directory for the stack's PKI, configs, data and logs (required)")
 	cmd.Flags().StringVar(&binDir, "bin-dir", "", "where the authority, executor and publisher binaries are (default: beside airlock, then $PATH)")
 	cmd.Flags().StringVar(&host, "host", "127.0.0.1", "address the services listen on")
+	cmd.Flags().StringArrayVar(&repoFlags, "repo", nil, "NAME=PATH: a local git repository the dev tenant may run jobs on (repeatable)")
 	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for all three to serve")
 	return cmd
 }
@@ -126,7 +147,7 @@ func findServiceBinaries(binDir string) (map[string]string, error) {
 		dirs = []string{filepath.Dir(exe)}
 	}
 	bins := map[string]string{}
-	for _, name := range identity.ServiceNames() {
+	for _, name := range append(identity.ServiceNames(), "runc", "runsc") {
 		for _, d := range dirs {
 			p := filepath.Join(d, name)
 			if st, err := os.Stat(p); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
@@ -134,23 +155,38 @@ func findServiceBinaries(binDir string) (map[string]string, error) {
 				break
 			}
 		}
-		if bins[name] == "" && binDir == "" {
+		// The runtimes are never taken from $PATH: a distribution's runc may
+		// lack security fixes the pinned one has.
+		runtime := name == "runc" || name == "runsc"
+		if bins[name] == "" && binDir == "" && !runtime {
 			if p, err := exec.LookPath(name); err == nil {
 				bins[name] = p
 			}
 		}
+		if bins[name] == "" && name == "runsc" {
+			continue // optional: the runsc class is then unavailable
+		}
 		if bins[name] == "" {
 			where := "beside airlock or in $PATH"
+			if runtime {
+				where = "beside airlock"
+			}
 			if binDir != "" {
 				where = "in " + binDir
 			}
-			return nil, fmt.Errorf("no %s binary %s (build them with `make build`)", name, where)
+			return nil, fmt.Errorf("no %s binary %s (build it with `make build`)", name, where)
 		}
 	}
 	return bins, nil
 }
 
-func devUp(ctx context.Context, dir, host string, bins map[string]string, progress io.Writer) ([]devService, error) {
+// devOptions are dev up's choices.
+type devOptions struct {
+	host  string
+	repos map[string]string // repository name -> local git repository path
+}
+
+func devUp(ctx context.Context, dir string, opts devOptions, bins map[string]string, progress io.Writer) ([]devService, error) {
 	for _, name := range identity.ServiceNames() {
 		if pid, ok := runningPID(dir, name); ok {
 			return nil, fmt.Errorf("%s is already running in %s (pid %d); run `airlock dev down --dir %s` first", name, dir, pid, dir)
@@ -171,7 +207,7 @@ func devUp(ctx context.Context, dir, host string, bins map[string]string, progre
 	if _, err := pki.Init(pkiDir, devTrustDomain, callers); err != nil {
 		return nil, err
 	}
-	addrs, err := freeAddresses(host, 3)
+	addrs, err := freeAddresses(opts.host, 3)
 	if err != nil {
 		return nil, err
 	}
@@ -182,28 +218,42 @@ func devUp(ctx context.Context, dir, host string, bins map[string]string, progre
 		services[name] = &s
 	}
 	peer := func(name string) *config.Peer { return &config.Peer{Address: services[name].Address} }
+	grantKey := filepath.Join(dir, identity.ServiceAuthority, "grant.key")
+	if _, err := grant.LoadOrCreateSigner(grantKey); err != nil {
+		return nil, err
+	}
 	for _, name := range identity.ServiceNames() {
 		s := services[name]
 		cert, key := pki.Paths(pkiDir, identity.Service(devTrustDomain, name))
-		file := devServiceConfig{Server: config.Server{
+		file, err := yamlMap(config.Server{
 			Version: config.Version, TrustDomain: devTrustDomain, Listen: s.Address, DataDir: s.DataDir,
 			TLS: config.TLS{CA: pki.CAPath(pkiDir), Cert: cert, Key: key},
 			Log: config.Log{Level: "info", Format: "json"}, ShutdownTimeout: 10 * time.Second,
-		}}
+		})
+		if err != nil {
+			return nil, err
+		}
 		switch name {
 		case identity.ServiceAuthority:
-			file.Executor = peer(identity.ServiceExecutor)
+			file["executor"] = peer(identity.ServiceExecutor)
+			file["grant_key"] = grantKey
+			file["tenants"] = map[string]any{devTenant: devTenantPolicy(opts.repos, bins)}
 		case identity.ServiceExecutor:
-			file.Authority = peer(identity.ServiceAuthority)
+			file["authority"] = map[string]any{"address": services[identity.ServiceAuthority].Address, "grant_public_key": grantKey + ".pub"}
+			sandbox := map[string]any{"runc": bins["runc"]}
+			if bins["runsc"] != "" {
+				sandbox["runsc"] = bins["runsc"]
+			}
+			file["sandbox"] = sandbox
 		case identity.ServicePublisher:
-			file.Authority, file.Executor = peer(identity.ServiceAuthority), peer(identity.ServiceExecutor)
+			file["authority"], file["executor"] = peer(identity.ServiceAuthority), peer(identity.ServiceExecutor)
 		}
 		if err := writeYAML(s.Config, file); err != nil {
 			return nil, err
 		}
 	}
 	client := &clientconfig.Config{
-		Version: config.Version, TrustDomain: devTrustDomain, PKIDir: pkiDir, Identity: devIdentity,
+		Version: config.Version, TrustDomain: devTrustDomain, PKIDir: pkiDir, Identity: devIdentity, Tenant: devTenant,
 		Authority: *peer(identity.ServiceAuthority), Executor: *peer(identity.ServiceExecutor), Publisher: *peer(identity.ServicePublisher),
 	}
 	if err := client.Save(filepath.Join(dir, "client.yaml")); err != nil {
@@ -265,12 +315,37 @@ func devUp(ctx context.Context, dir, host string, bins map[string]string, progre
 	return out, nil
 }
 
-// devServiceConfig is the file a dev stack writes for a service: the
-// common part plus whichever peers that service has.
-type devServiceConfig struct {
-	config.Server `yaml:",inline"`
-	Authority     *config.Peer `yaml:"authority,omitempty"`
-	Executor      *config.Peer `yaml:"executor,omitempty"`
+// yamlMap turns a struct into the map its YAML form would decode to, so
+// service-specific keys can be added beside the common ones.
+func yamlMap(v any) (map[string]any, error) {
+	data, err := yaml.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]any{}
+	return m, yaml.Unmarshal(data, &m)
+}
+
+// devTenantPolicy is the dev tenant: client/dev may run jobs on the given
+// repositories with modest limits, in whichever runtime classes are built.
+func devTenantPolicy(repos map[string]string, bins map[string]string) map[string]any {
+	rs := map[string]any{}
+	for name, path := range repos {
+		rs[name] = map[string]any{"url": path}
+	}
+	classes := []string{"runc"}
+	if bins["runsc"] != "" {
+		classes = append(classes, "runsc")
+	}
+	return map[string]any{
+		"clients":      []string{devIdentity},
+		"repositories": rs,
+		"limits": map[string]any{
+			"default": map[string]any{"cpu_millis": 1000, "memory": "512MiB", "pids": 256, "disk": "1GiB", "deadline": "10m"},
+			"max":     map[string]any{"cpu_millis": 2000, "memory": "4GiB", "pids": 4096, "disk": "8GiB", "deadline": "2h"},
+		},
+		"runtime_classes": classes,
+	}
 }
 
 func writeYAML(path string, v any) error {

@@ -1,32 +1,357 @@
 // Package config owns the authority's config file: the common server part
-// from pkg/config plus the peers the authority calls. Only the authority's main
-// and composition root import it.
+// from pkg/config, the executor it dispatches to, the grant-signing key and
+// the tenants' policies, validated once into a policy.Tenants the domain
+// uses without further checks. Only the authority's main and composition
+// root import it.
 package config
 
 import (
 	"errors"
+	"fmt"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"time"
 
 	"github.com/airlockhq/airlock/pkg/config"
+	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/services/authority/internal/policy"
 )
+
+// DefaultGrantTTL is how long a grant may wait for an executor to accept
+// it when the file does not say.
+const DefaultGrantTTL = 10 * time.Minute
 
 // Config is the authority's whole config file, validated.
 type Config struct {
 	config.Server `yaml:",inline"`
 	// Executor is the executor the authority dispatches grants to.
 	Executor config.Peer `yaml:"executor"`
+	// GrantKey is the Ed25519 PKCS#8 PEM key grants are signed with;
+	// default <data_dir>/grant.key, created (0600, with grant.key.pub beside
+	// it) when missing.
+	GrantKey string `yaml:"grant_key"`
+	// GrantTTL is how long a grant may wait before an executor must start
+	// it; default 10m.
+	GrantTTL time.Duration `yaml:"grant_ttl"`
+	// Tenants maps a tenant name to its policy as written.
+	Tenants map[string]TenantFile `yaml:"tenants"`
+
+	// Policy is Tenants, validated, with defaults filled in.
+	Policy policy.Tenants `yaml:"-"`
+
+	// base is the config file's directory, for relative paths.
+	base string
+}
+
+// TenantFile is one tenant as the file writes it.
+type TenantFile struct {
+	// Clients are principals (client/NAME) who act for the tenant.
+	Clients []string `yaml:"clients"`
+	// Repositories maps a repository name to where it is.
+	Repositories map[string]RepositoryFile `yaml:"repositories"`
+	// Limits are the defaults and ceilings of job resources.
+	Limits LimitsFile `yaml:"limits"`
+	// RuntimeClasses are the allowed runtime classes; the first is the
+	// default. Default [runc].
+	RuntimeClasses []string `yaml:"runtime_classes"`
+	// Egress bounds what allow and domain network policies may name.
+	Egress EgressFile `yaml:"egress"`
+}
+
+// RepositoryFile is one repository as the file writes it.
+type RepositoryFile struct {
+	// URL is an absolute path, a file:// URL or an https:// URL.
+	URL string `yaml:"url"`
+	// Credential is a file holding the fetch credential; optional.
+	Credential string `yaml:"credential"`
+}
+
+// LimitsFile holds the default and maximum limits.
+type LimitsFile struct {
+	Default LimitSet `yaml:"default"`
+	Max     LimitSet `yaml:"max"`
+}
+
+// LimitSet is one set of limits; omitted fields take built-in values.
+type LimitSet struct {
+	CPUMillis int64           `yaml:"cpu_millis"`
+	Memory    config.ByteSize `yaml:"memory"`
+	Pids      int64           `yaml:"pids"`
+	Disk      config.ByteSize `yaml:"disk"`
+	Deadline  time.Duration   `yaml:"deadline"`
+}
+
+// EgressFile is the tenant's permitted egress.
+type EgressFile struct {
+	CIDRs   []string `yaml:"cidrs"`
+	Domains []string `yaml:"domains"`
 }
 
 // Common implements config.Service.
 func (c *Config) Common() *config.Server { return &c.Server }
 
-// ValidatePeers implements config.Service.
+// ValidatePeers implements config.Service: it checks everything beyond the
+// common part and builds Policy.
 func (c *Config) ValidatePeers() error {
-	return errors.Join(config.ValidatePeer("executor", c.Executor))
+	errs := []error{config.ValidatePeer("executor", c.Executor)}
+	if c.GrantKey == "" {
+		if c.DataDir != "" {
+			c.GrantKey = filepath.Join(c.DataDir, "grant.key")
+		}
+	} else {
+		c.GrantKey = resolve(c.base, c.GrantKey)
+	}
+	switch {
+	case c.GrantTTL == 0:
+		c.GrantTTL = DefaultGrantTTL
+	case c.GrantTTL < 10*time.Second || c.GrantTTL > 24*time.Hour:
+		errs = append(errs, config.Field("grant_ttl", "%v: must be between 10s and 24h", c.GrantTTL))
+	}
+	c.Policy = policy.Tenants{}
+	for _, name := range sortedKeys(c.Tenants) {
+		t, err := c.tenant(name, c.Tenants[name])
+		errs = append(errs, err)
+		if err == nil {
+			c.Policy[name] = t
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Config) tenant(name string, f TenantFile) (*policy.Tenant, error) {
+	field := "tenants." + name
+	if err := policy.CheckName(name); err != nil {
+		return nil, config.Field(field, "tenant name %v", err)
+	}
+	var errs []error
+	t := &policy.Tenant{Name: name, Repositories: map[string]policy.Repository{}}
+
+	if len(f.Clients) == 0 {
+		errs = append(errs, config.Field(field+".clients", "at least one client principal (client/NAME) is required"))
+	}
+	// A placeholder trust domain lets a client name be checked even when
+	// trust_domain itself is wrong; that error is reported on its own.
+	td := c.TrustDomain
+	if identity.ValidateTrustDomain(td) != nil {
+		td = "airlock.invalid"
+	}
+	for i, p := range f.Clients {
+		cf := fmt.Sprintf("%s.clients[%d]", field, i)
+		kind, cname, ok := strings.Cut(p, "/")
+		if !ok || kind != string(identity.KindClient) {
+			errs = append(errs, config.Field(cf, "%q: want a client principal, client/NAME", p))
+			continue
+		}
+		if _, err := identity.New(td, identity.KindClient, cname); err != nil {
+			errs = append(errs, config.Field(cf, "%v", err))
+			continue
+		}
+		if slices.Contains(t.Clients, p) {
+			errs = append(errs, config.Field(cf, "%q is listed twice", p))
+			continue
+		}
+		t.Clients = append(t.Clients, p)
+	}
+
+	for _, rname := range sortedKeys(f.Repositories) {
+		r, err := c.repository(field+".repositories."+rname, name, rname, f.Repositories[rname])
+		errs = append(errs, err)
+		if err == nil {
+			t.Repositories[rname] = r
+		}
+	}
+
+	def, err := limitSet(field+".limits.default", f.Limits.Default)
+	errs = append(errs, err)
+	ceil, err := limitSet(field+".limits.max", f.Limits.Max)
+	errs = append(errs, err)
+	t.Default, t.Max = fillLimits(def, ceil)
+	errs = append(errs, checkCeilings(field+".limits", t.Default, t.Max)...)
+
+	t.RuntimeClasses = f.RuntimeClasses
+	if len(t.RuntimeClasses) == 0 {
+		t.RuntimeClasses = []string{policy.RuntimeRunc}
+	}
+	for i, rc := range t.RuntimeClasses {
+		if !slices.Contains(policy.RuntimeClasses(), rc) {
+			errs = append(errs, config.Field(fmt.Sprintf("%s.runtime_classes[%d]", field, i), "%q: want one of %v", rc, policy.RuntimeClasses()))
+		} else if slices.Index(t.RuntimeClasses, rc) != i {
+			errs = append(errs, config.Field(fmt.Sprintf("%s.runtime_classes[%d]", field, i), "%q is listed twice", rc))
+		}
+	}
+
+	for i, s := range f.Egress.CIDRs {
+		p, err := netip.ParsePrefix(s)
+		switch {
+		case err != nil:
+			errs = append(errs, config.Field(fmt.Sprintf("%s.egress.cidrs[%d]", field, i), "%q is not a CIDR", s))
+		case p != p.Masked():
+			errs = append(errs, config.Field(fmt.Sprintf("%s.egress.cidrs[%d]", field, i), "%q has host bits set; did you mean %s?", s, p.Masked()))
+		default:
+			t.Egress.CIDRs = append(t.Egress.CIDRs, p)
+		}
+	}
+	for i, d := range f.Egress.Domains {
+		if err := policy.CheckDomain(d); err != nil {
+			errs = append(errs, config.Field(fmt.Sprintf("%s.egress.domains[%d]", field, i), "%v", err))
+			continue
+		}
+		t.Egress.Domains = append(t.Egress.Domains, d)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+func (c *Config) repository(field, tenant, name string, f RepositoryFile) (policy.Repository, error) {
+	if err := policy.CheckName(name); err != nil {
+		return policy.Repository{}, config.Field(field, "repository name %v", err)
+	}
+	r := policy.Repository{Tenant: tenant, Name: name}
+	var errs []error
+	switch u := f.URL; {
+	case u == "":
+		errs = append(errs, config.Field(field+".url", "required (an absolute path, file:// or https:// URL)"))
+	case strings.Contains(u, "://"):
+		parsed, err := url.Parse(u)
+		switch {
+		case err != nil:
+			errs = append(errs, config.Field(field+".url", "not a URL: %v", redactURLError(err)))
+		case parsed.User != nil:
+			// Never echo the URL: its user part may be a password.
+			errs = append(errs, config.Field(field+".url", "must not carry a user or password; put the secret in a credential file"))
+		case parsed.Scheme == "file" && parsed.Host == "" && parsed.Path != "":
+			r.URL = u
+		case parsed.Scheme == "https" && parsed.Host != "":
+			r.URL = u
+		default:
+			errs = append(errs, config.Field(field+".url", "%q: only absolute paths, file:///path and https://host/path are allowed", u))
+		}
+	case strings.HasPrefix(u, "-"):
+		errs = append(errs, config.Field(field+".url", "%q must not start with '-'", u))
+	default:
+		// A plain path, relative to the config file like every other path.
+		r.URL = resolve(c.base, u)
+	}
+	if f.Credential != "" {
+		r.Credential = resolve(c.base, f.Credential)
+		if st, err := os.Stat(r.Credential); err != nil {
+			errs = append(errs, config.Field(field+".credential", "%v", err))
+		} else if !st.Mode().IsRegular() {
+			errs = append(errs, config.Field(field+".credential", "%s is not a regular file", r.Credential))
+		}
+	}
+	return r, errors.Join(errs...)
+}
+
+// redactURLError keeps the reason of a URL parse error without the URL,
+// which may hold a secret.
+func redactURLError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return errors.New("malformed")
+}
+
+// limitSet checks one written set; unset fields stay zero.
+func limitSet(field string, f LimitSet) (policy.Limits, error) {
+	errs := []error{f.Memory.Check(field + ".memory"), f.Disk.Check(field + ".disk")}
+	for _, v := range []struct {
+		name string
+		n    int64
+	}{{"cpu_millis", f.CPUMillis}, {"pids", f.Pids}, {"memory", f.Memory.Bytes()}, {"disk", f.Disk.Bytes()}, {"deadline", int64(f.Deadline)}} {
+		if v.n < 0 {
+			errs = append(errs, config.Field(field+"."+v.name, "must not be negative"))
+		}
+	}
+	if f.Memory.IsSet() && f.Memory.Bytes() == 0 {
+		errs = append(errs, config.Field(field+".memory", "must be more than 0"))
+	}
+	if f.Disk.IsSet() && f.Disk.Bytes() == 0 {
+		errs = append(errs, config.Field(field+".disk", "must be more than 0"))
+	}
+	return policy.Limits{
+		CPUMillis: f.CPUMillis, MemoryBytes: f.Memory.Bytes(), Pids: f.Pids, DiskBytes: f.Disk.Bytes(), Deadline: f.Deadline,
+	}, errors.Join(errs...)
+}
+
+// fillLimits completes def and max field by field. An omitted default is
+// the built-in default, lowered to the tenant's ceiling; an omitted ceiling
+// is the built-in ceiling, raised to the tenant's default. So writing only
+// one side never produces a default above its ceiling.
+func fillLimits(def, ceil policy.Limits) (policy.Limits, policy.Limits) {
+	fill := func(d, m *int64, bd, bm int64) {
+		switch {
+		case *d == 0 && *m == 0:
+			*d, *m = bd, bm
+		case *d == 0:
+			*d = min(bd, *m)
+		case *m == 0:
+			*m = max(bm, *d)
+		}
+	}
+	fill(&def.CPUMillis, &ceil.CPUMillis, policy.DefaultLimits.CPUMillis, policy.DefaultMax.CPUMillis)
+	fill(&def.MemoryBytes, &ceil.MemoryBytes, policy.DefaultLimits.MemoryBytes, policy.DefaultMax.MemoryBytes)
+	fill(&def.Pids, &ceil.Pids, policy.DefaultLimits.Pids, policy.DefaultMax.Pids)
+	fill(&def.DiskBytes, &ceil.DiskBytes, policy.DefaultLimits.DiskBytes, policy.DefaultMax.DiskBytes)
+	d, m := int64(def.Deadline), int64(ceil.Deadline)
+	fill(&d, &m, int64(policy.DefaultLimits.Deadline), int64(policy.DefaultMax.Deadline))
+	def.Deadline, ceil.Deadline = time.Duration(d), time.Duration(m)
+	return def, ceil
+}
+
+func checkCeilings(field string, def, ceil policy.Limits) []error {
+	var errs []error
+	for _, v := range []struct {
+		name     string
+		def, max int64
+		format   func(int64) string
+	}{
+		{"cpu_millis", def.CPUMillis, ceil.CPUMillis, plain},
+		{"memory", def.MemoryBytes, ceil.MemoryBytes, config.FormatByteSize},
+		{"pids", def.Pids, ceil.Pids, plain},
+		{"disk", def.DiskBytes, ceil.DiskBytes, config.FormatByteSize},
+		{"deadline", int64(def.Deadline), int64(ceil.Deadline), func(n int64) string { return time.Duration(n).String() }},
+	} {
+		if v.max < v.def {
+			errs = append(errs, config.Field(field+".max."+v.name, "ceiling %s is below the default %s", v.format(v.max), v.format(v.def)))
+		}
+	}
+	return errs
+}
+
+func plain(n int64) string { return fmt.Sprint(n) }
+
+func resolve(base, p string) string {
+	if filepath.IsAbs(p) || base == "" {
+		return filepath.Clean(p)
+	}
+	return filepath.Join(base, p)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 // Load reads and validates the file at path; override applies command-line flags.
 func Load(path string, override func(*config.Server)) (*Config, error) {
-	var c Config
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	c := Config{base: filepath.Dir(abs)}
 	if err := config.LoadService(path, &c, override); err != nil {
 		return nil, err
 	}

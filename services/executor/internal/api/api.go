@@ -1,20 +1,30 @@
 // Package api is the executor's thin gRPC adapter: it validates requests,
-// calls the executor's domain packages and maps their errors with
-// pkg/errdefs. It is imported only by the executor's composition root.
+// calls the run manager and maps its errors with pkg/errdefs. It is
+// imported only by the executor's composition root.
 package api
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
 
 	"google.golang.org/grpc"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/executor/internal/bundle"
+	"github.com/airlockhq/airlock/services/executor/internal/convert"
+	"github.com/airlockhq/airlock/services/executor/internal/runs"
 )
 
-// Config holds the executor's domain services. It is empty until the sandbox
-// runner exists.
-type Config struct{}
+// Config holds the executor's domain services.
+type Config struct {
+	Runs   *runs.Manager
+	Logger *slog.Logger
+}
 
 // Service implements airlock.executor.v1.ExecutorService; the Unsafe
 // embedding makes an unhandled new RPC a compile error.
@@ -24,36 +34,128 @@ type Service struct {
 }
 
 // New returns the service.
-func New(cfg Config) *Service { return &Service{cfg: cfg} }
+func New(cfg Config) *Service {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Service{cfg: cfg}
+}
 
 // Register registers the service on s.
 func (s *Service) Register(r grpc.ServiceRegistrar) { executorv1.RegisterExecutorServiceServer(r, s) }
 
-const (
-	withJobs    = "job execution in the OCI sandbox"
-	withNetwork = "per-job network policy enforcement"
-)
-
-func (s *Service) StartJob(context.Context, *executorv1.StartJobRequest) (*executorv1.StartJobResponse, error) {
-	return nil, errdefs.NotImplemented(executorv1.ExecutorService_StartJob_FullMethodName, withJobs)
+// fail maps a domain error for the caller and logs what the caller does
+// not get to see.
+func (s *Service) fail(ctx context.Context, method string, err error) error {
+	st := errdefs.ToGRPC(err)
+	if st != nil && st.Error() != err.Error() {
+		s.cfg.Logger.ErrorContext(ctx, "request failed", "method", method, "error", err)
+	}
+	return st
 }
 
-func (s *Service) GetRun(context.Context, *executorv1.GetRunRequest) (*executorv1.GetRunResponse, error) {
-	return nil, errdefs.NotImplemented(executorv1.ExecutorService_GetRun_FullMethodName, withJobs)
+func required(field, value string) error {
+	if value == "" {
+		return fmt.Errorf("%w: %s is required", errdefs.ErrInvalidArgument, field)
+	}
+	return nil
 }
 
-func (s *Service) WatchRun(*executorv1.WatchRunRequest, grpc.ServerStreamingServer[executorv1.WatchRunResponse]) error {
-	return errdefs.NotImplemented(executorv1.ExecutorService_WatchRun_FullMethodName, withJobs)
+func (s *Service) StartJob(ctx context.Context, req *executorv1.StartJobRequest) (*executorv1.StartJobResponse, error) {
+	if req.GetGrant() == nil {
+		return nil, errdefs.ToGRPC(fmt.Errorf("%w: grant is required", errdefs.ErrInvalidArgument))
+	}
+	run, created, err := s.cfg.Runs.Start(req.GetGrant())
+	if err != nil {
+		return nil, s.fail(ctx, "StartJob", err)
+	}
+	return &executorv1.StartJobResponse{Run: convert.Run(run), Created: created}, nil
 }
 
-func (s *Service) CancelRun(context.Context, *executorv1.CancelRunRequest) (*executorv1.CancelRunResponse, error) {
-	return nil, errdefs.NotImplemented(executorv1.ExecutorService_CancelRun_FullMethodName, withJobs)
+func (s *Service) GetRun(ctx context.Context, req *executorv1.GetRunRequest) (*executorv1.GetRunResponse, error) {
+	if err := required("job_id", req.GetJobId()); err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	run, err := s.cfg.Runs.Get(req.GetJobId())
+	if err != nil {
+		return nil, s.fail(ctx, "GetRun", err)
+	}
+	return &executorv1.GetRunResponse{Run: convert.Run(run)}, nil
+}
+
+func (s *Service) WatchRun(req *executorv1.WatchRunRequest, stream grpc.ServerStreamingServer[executorv1.WatchRunResponse]) error {
+	if err := required("job_id", req.GetJobId()); err != nil {
+		return errdefs.ToGRPC(err)
+	}
+	err := s.cfg.Runs.Watch(stream.Context(), req.GetJobId(), req.GetStdoutOffset(), req.GetStderrOffset(), func(ev runs.Event) error {
+		if ev.Run != nil {
+			return stream.Send(&executorv1.WatchRunResponse{Event: &executorv1.WatchRunResponse_Run{Run: convert.Run(*ev.Run)}})
+		}
+		which := typesv1.OutputStream_OUTPUT_STREAM_STDOUT
+		if ev.Stream == "stderr" {
+			which = typesv1.OutputStream_OUTPUT_STREAM_STDERR
+		}
+		return stream.Send(&executorv1.WatchRunResponse{Event: &executorv1.WatchRunResponse_Output{Output: &typesv1.OutputChunk{
+			Stream: which, Offset: ev.Offset, Data: ev.Data, Truncated: ev.Cut,
+		}}})
+	})
+	if err != nil {
+		return s.fail(stream.Context(), "WatchRun", err)
+	}
+	return nil
+}
+
+func (s *Service) CancelRun(ctx context.Context, req *executorv1.CancelRunRequest) (*executorv1.CancelRunResponse, error) {
+	if err := required("job_id", req.GetJobId()); err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	run, err := s.cfg.Runs.Cancel(req.GetJobId())
+	if err != nil {
+		return nil, s.fail(ctx, "CancelRun", err)
+	}
+	return &executorv1.CancelRunResponse{Run: convert.Run(run)}, nil
 }
 
 func (s *Service) UpdateNetworkPolicy(context.Context, *executorv1.UpdateNetworkPolicyRequest) (*executorv1.UpdateNetworkPolicyResponse, error) {
-	return nil, errdefs.NotImplemented(executorv1.ExecutorService_UpdateNetworkPolicy_FullMethodName, withNetwork)
+	return nil, errdefs.NotImplemented(executorv1.ExecutorService_UpdateNetworkPolicy_FullMethodName, "per-job network policy enforcement")
 }
 
-func (s *Service) GetArtifact(*executorv1.GetArtifactRequest, grpc.ServerStreamingServer[executorv1.GetArtifactResponse]) error {
-	return errdefs.NotImplemented(executorv1.ExecutorService_GetArtifact_FullMethodName, withJobs)
+const artifactChunk = 256 << 10
+
+func (s *Service) GetArtifact(req *executorv1.GetArtifactRequest, stream grpc.ServerStreamingServer[executorv1.GetArtifactResponse]) error {
+	if err := required("job_id", req.GetJobId()); err != nil {
+		return errdefs.ToGRPC(err)
+	}
+	if err := required("bundle_digest", req.GetBundleDigest()); err != nil {
+		return errdefs.ToGRPC(err)
+	}
+	art, err := s.cfg.Runs.Artifact(req.GetJobId(), req.GetBundleDigest())
+	if err != nil {
+		return s.fail(stream.Context(), "GetArtifact", err)
+	}
+	f, err := os.Open(art.Path)
+	if err != nil {
+		return s.fail(stream.Context(), "GetArtifact", err)
+	}
+	defer f.Close()
+	if err := stream.Send(&executorv1.GetArtifactResponse{Part: &executorv1.GetArtifactResponse_Header{Header: &executorv1.ArtifactHeader{
+		BundleDigest: art.Digest, Size: art.Size, MediaType: bundle.MediaType, Provenance: art.Provenance,
+	}}}); err != nil {
+		return err
+	}
+	buf := make([]byte, artifactChunk)
+	for {
+		n, err := f.Read(buf)
+		if n > 0 {
+			if err := stream.Send(&executorv1.GetArtifactResponse{Part: &executorv1.GetArtifactResponse_Chunk{Chunk: buf[:n]}}); err != nil {
+				return err
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return s.fail(stream.Context(), "GetArtifact", err)
+		}
+	}
 }

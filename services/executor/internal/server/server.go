@@ -1,18 +1,31 @@
 // Package server is the executor's composition root: it builds every part of
-// the service once from the validated config, runs it, and stops it. Only
-// the executor's main imports it.
+// the executor once from the validated config — the sandbox manager, the
+// source cache, the run manager, the authority client and the API — runs
+// it, and stops it. Only the executor's main imports it.
 package server
 
 import (
 	"context"
+	"crypto"
+	"crypto/x509"
+	"fmt"
 	"os"
 
 	"github.com/airlockhq/airlock/pkg/authz"
 	"github.com/airlockhq/airlock/pkg/daemon"
+	"github.com/airlockhq/airlock/pkg/grant"
+	"github.com/airlockhq/airlock/pkg/grpcclient"
+	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/logging"
+	"github.com/airlockhq/airlock/pkg/provenance"
+	"github.com/airlockhq/airlock/pkg/tlsconfig"
 	"github.com/airlockhq/airlock/pkg/version"
 	"github.com/airlockhq/airlock/services/executor/internal/api"
+	"github.com/airlockhq/airlock/services/executor/internal/authority"
 	"github.com/airlockhq/airlock/services/executor/internal/config"
+	"github.com/airlockhq/airlock/services/executor/internal/runs"
+	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
+	"github.com/airlockhq/airlock/services/executor/internal/stage"
 )
 
 // Run runs the executor until ctx is cancelled or a part of it fails.
@@ -27,9 +40,83 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		Config:  cfg.Server,
 		Table:   authz.ExecutorTable,
 		Logger:  logger,
-		Start: func(_ context.Context, env *daemon.Env) error {
-			api.New(api.Config{}).Register(env.Server)
+		Start: func(ctx context.Context, env *daemon.Env) error {
+			pub, err := grant.LoadPublicKey(cfg.Authority.GrantPublicKey)
+			if err != nil {
+				return err
+			}
+			sb, err := sandbox.New(sandbox.Config{
+				StateDir:     env.DataDir.Join("sandbox"),
+				RuncPath:     cfg.Sandbox.Runc,
+				RunscPath:    cfg.Sandbox.Runsc,
+				UIDBase:      cfg.Sandbox.UIDBase,
+				CgroupParent: cfg.Sandbox.CgroupParent,
+				Logger:       logger,
+			})
+			if err != nil {
+				return err
+			}
+			for _, st := range sb.Probe(ctx) {
+				logger.Info("runtime class", "class", st.Class, "available", st.Available, "version", st.Version, "reason", st.Reason)
+			}
+			sources, err := stage.New(env.DataDir.Join("sources"), int(cfg.Sandbox.UIDBase), int(cfg.Sandbox.UIDBase))
+			if err != nil {
+				return err
+			}
+			cc, err := grpcclient.Dial(cfg.Authority.Address, env.TLS, env.PeerID(identity.ServiceAuthority))
+			if err != nil {
+				return err
+			}
+			env.OnStop(cc.Close)
+			self, err := env.TLS.ID()
+			if err != nil {
+				return err
+			}
+			mgr, err := runs.New(runs.Config{
+				Dir:         env.DataDir.Join("runs"),
+				Verifier:    grant.NewVerifier(pub),
+				Sandbox:     sb,
+				Sources:     sources,
+				Authority:   authority.New(cc),
+				Sign:        signer(env.TLS),
+				Executor:    self.String(),
+				OutputLimit: cfg.OutputLimit,
+				Logger:      logger,
+			})
+			if err != nil {
+				return err
+			}
+			env.OnStop(func() error { mgr.Close(); return nil })
+			if err := mgr.Recover(ctx); err != nil {
+				return err
+			}
+			api.New(api.Config{Runs: mgr, Logger: logger}).Register(env.Server)
 			return nil
 		},
 	})
+}
+
+// signer signs provenance with the executor's current mTLS key, so the
+// statement carries the same SPIFFE identity the executor proves on every
+// connection.
+func signer(src *tlsconfig.Source) runs.Signer {
+	return func(name, digest string, run provenance.Run) ([]byte, error) {
+		cert, err := src.Certificate()
+		if err != nil {
+			return nil, err
+		}
+		key, ok := cert.PrivateKey.(crypto.Signer)
+		if !ok {
+			return nil, fmt.Errorf("executor key %T cannot sign", cert.PrivateKey)
+		}
+		var chain []*x509.Certificate
+		for _, der := range cert.Certificate {
+			c, err := x509.ParseCertificate(der)
+			if err != nil {
+				return nil, err
+			}
+			chain = append(chain, c)
+		}
+		return provenance.Sign(name, digest, run, key, chain)
+	}
 }

@@ -1,0 +1,458 @@
+package cli
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/airlockhq/airlock/pkg/clientconfig"
+	"github.com/airlockhq/airlock/pkg/config"
+	"github.com/airlockhq/airlock/pkg/grpcclient"
+	"github.com/airlockhq/airlock/pkg/identity"
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+)
+
+// dial connects to one service as the chosen identity.
+func (g *globals) dial(service string) (*grpc.ClientConn, *clientconfig.Config, error) {
+	cfg, err := g.clientConfig()
+	if err != nil {
+		return nil, nil, err
+	}
+	src, err := cfg.Source(g.as)
+	if err != nil {
+		return nil, nil, err
+	}
+	addr, err := cfg.Address(service)
+	if err != nil {
+		return nil, nil, err
+	}
+	cc, err := grpcclient.Dial(addr, src, identity.Service(cfg.TrustDomain, service))
+	return cc, cfg, err
+}
+
+// printProto writes one message as JSON (-o json) or via text.
+func (g *globals) printProto(m proto.Message, text func(w io.Writer)) error {
+	if g.output == "json" {
+		data, err := protojson.MarshalOptions{Multiline: true, Indent: "  ", EmitUnpopulated: false}.Marshal(m)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(g.stdout, string(data))
+		return err
+	}
+	return g.print(nil, text)
+}
+
+func newJob(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "job", Short: "Submit, follow and cancel sandboxed jobs"}
+	cmd.AddCommand(newJobSubmit(g), newJobGet(g), newJobList(g), newJobWatch(g), newJobCancel(g))
+	return cmd
+}
+
+type submitFlags struct {
+	tenant, repo, rev, runtime, key, memory, disk string
+	cpu                                           float64
+	pids                                          int64
+	timeout                                       time.Duration
+	env                                           []string
+	wait                                          bool
+}
+
+func newJobSubmit(g *globals) *cobra.Command {
+	var f submitFlags
+	cmd := &cobra.Command{
+		Use:   "submit --repo R --rev REV [flags] -- CMD [ARGS...]",
+		Short: "Submit a job; with --wait, stream its output and exit with its exit code",
+		Long: `Submits CMD to run in a sandbox on repository R at revision REV (a branch,
+tag or commit, resolved to a commit by the authority at submit time).
+
+With --wait the job's output is streamed as it runs, a summary follows on
+stderr (exit status, reason, usage, diff stat, bundle digest), and airlock
+exits with the job's own exit code: 124 for a timeout, 137 for OOM, 130
+when cancelled, 1 when the job failed to run.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return jobSubmit(cmd.Context(), g, &f, args)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.tenant, "tenant", "", "tenant to run under (default: the client config's tenant)")
+	fl.StringVar(&f.repo, "repo", "", "repository name from the tenant's policy (required)")
+	fl.StringVar(&f.rev, "rev", "HEAD", "branch, tag or commit")
+	fl.Float64Var(&f.cpu, "cpu", 0, "CPU cores, e.g. 0.5 (default: the tenant's)")
+	fl.StringVar(&f.memory, "memory", "", "memory limit, e.g. 512MiB (default: the tenant's)")
+	fl.Int64Var(&f.pids, "pids", 0, "process limit (default: the tenant's)")
+	fl.StringVar(&f.disk, "disk", "", "disk limit for /work, /tmp and /out together, e.g. 1GiB")
+	fl.DurationVar(&f.timeout, "timeout", 0, "deadline, e.g. 10m (default: the tenant's)")
+	fl.StringVar(&f.runtime, "runtime", "", "runtime class: runc or runsc (default: the tenant's)")
+	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE for the command (repeatable; never a credential)")
+	fl.StringVar(&f.key, "idempotency-key", "", "the same key returns the same job (default: a fresh random key)")
+	fl.BoolVar(&f.wait, "wait", false, "stream output and wait for the result")
+	return cmd
+}
+
+func jobSubmit(ctx context.Context, g *globals, f *submitFlags, argv []string) error {
+	if f.repo == "" {
+		return usageError{errors.New("--repo is required")}
+	}
+	spec := &authorityv1.JobSpec{Repository: f.repo, Revision: f.rev, Command: argv, Resources: &typesv1.ResourceLimits{}}
+	if f.cpu < 0 {
+		return usageError{errors.New("--cpu must not be negative")}
+	}
+	spec.Resources.CpuMillis = int64(f.cpu * 1000)
+	var err error
+	if spec.Resources.MemoryBytes, err = parseSize("--memory", f.memory); err != nil {
+		return err
+	}
+	if spec.Resources.DiskBytes, err = parseSize("--disk", f.disk); err != nil {
+		return err
+	}
+	spec.Resources.Pids = f.pids
+	if f.timeout > 0 {
+		spec.Resources.Deadline = durationpb.New(f.timeout)
+	}
+	switch f.runtime {
+	case "":
+	case "runc":
+		spec.RuntimeClass = typesv1.RuntimeClass_RUNTIME_CLASS_RUNC
+	case "runsc":
+		spec.RuntimeClass = typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC
+	default:
+		return usageError{fmt.Errorf("--runtime %q: must be runc or runsc", f.runtime)}
+	}
+	if len(f.env) > 0 {
+		spec.Env = map[string]string{}
+		for _, kv := range f.env {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok || k == "" {
+				return usageError{fmt.Errorf("--env %q: want KEY=VALUE", kv)}
+			}
+			spec.Env[k] = v
+		}
+	}
+	cc, cfg, err := g.dial("authority")
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	tenant := f.tenant
+	if tenant == "" {
+		tenant = cfg.Tenant
+	}
+	if tenant == "" {
+		return usageError{errors.New("--tenant is required (the client config names no default tenant)")}
+	}
+	key := f.key
+	if key == "" {
+		var b [12]byte
+		rand.Read(b[:])
+		key = "cli-" + hex.EncodeToString(b[:])
+	}
+	client := authorityv1.NewAuthorityServiceClient(cc)
+	resp, err := client.SubmitJob(ctx, &authorityv1.SubmitJobRequest{Tenant: tenant, Spec: spec, IdempotencyKey: key})
+	if err != nil {
+		return rpcError(err)
+	}
+	job := resp.GetJob()
+	if !f.wait {
+		return g.printProto(job, func(w io.Writer) {
+			fmt.Fprintln(w, job.GetJobId())
+		})
+	}
+	fmt.Fprintf(g.stderr, "job %s submitted (commit %s)\n", job.GetJobId(), short(job.GetCommit()))
+	final, err := watchJob(ctx, g, client, job.GetJobId())
+	if err != nil {
+		return err
+	}
+	return finishWait(g, final)
+}
+
+func parseSize(flag, s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	n, err := config.ParseByteSize(s)
+	if err != nil {
+		return 0, usageError{fmt.Errorf("%s %q: %v", flag, s, err)}
+	}
+	return n, nil
+}
+
+func short(sha string) string {
+	if len(sha) > 12 {
+		return sha[:12]
+	}
+	return sha
+}
+
+// watchJob streams a job's output to stdout/stderr until it ends and
+// returns the final job. A dropped stream is resumed from the last offsets.
+func watchJob(ctx context.Context, g *globals, client authorityv1.AuthorityServiceClient, jobID string) (*authorityv1.Job, error) {
+	var last *authorityv1.Job
+	offsets := map[typesv1.OutputStream]int64{}
+	outs := map[typesv1.OutputStream]io.Writer{typesv1.OutputStream_OUTPUT_STREAM_STDOUT: g.stdout, typesv1.OutputStream_OUTPUT_STREAM_STDERR: g.stderr}
+	if g.output == "json" {
+		outs[typesv1.OutputStream_OUTPUT_STREAM_STDOUT] = g.stderr // stdout carries the JSON result
+	}
+	for attempt := 0; ; attempt++ {
+		stream, err := client.WatchJob(ctx, &authorityv1.WatchJobRequest{
+			JobId:        jobID,
+			StdoutOffset: offsets[typesv1.OutputStream_OUTPUT_STREAM_STDOUT],
+			StderrOffset: offsets[typesv1.OutputStream_OUTPUT_STREAM_STDERR],
+		})
+		if err != nil {
+			return nil, rpcError(err)
+		}
+		for {
+			msg, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				if last != nil && terminal(last.GetState()) {
+					return last, nil
+				}
+				break // ended early: reconnect
+			}
+			if err != nil {
+				if status.Code(err) == codes.Unavailable && attempt < 10 {
+					break
+				}
+				return nil, rpcError(err)
+			}
+			switch ev := msg.GetEvent().(type) {
+			case *authorityv1.WatchJobResponse_Job:
+				last = ev.Job
+				if g.output == "text" {
+					fmt.Fprintf(g.stderr, "[airlock] %s\n", strings.TrimPrefix(ev.Job.GetState().String(), "JOB_STATE_"))
+				}
+			case *authorityv1.WatchJobResponse_Output:
+				o := ev.Output
+				if o.GetOffset() < offsets[o.GetStream()] {
+					continue // already printed before a reconnect
+				}
+				outs[o.GetStream()].Write(o.GetData())
+				offsets[o.GetStream()] = o.GetOffset() + int64(len(o.GetData()))
+				if o.GetTruncated() {
+					fmt.Fprintf(g.stderr, "\n[airlock] %s truncated at its size cap\n", strings.ToLower(strings.TrimPrefix(o.GetStream().String(), "OUTPUT_STREAM_")))
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
+		}
+	}
+}
+
+func terminal(s authorityv1.JobState) bool {
+	return s == authorityv1.JobState_JOB_STATE_FINISHED || s == authorityv1.JobState_JOB_STATE_FAILED || s == authorityv1.JobState_JOB_STATE_CANCELLED
+}
+
+// finishWait prints the summary and turns the job's outcome into our exit code.
+func finishWait(g *globals, job *authorityv1.Job) error {
+	if err := g.printProto(job, func(w io.Writer) { writeSummary(g.stderr, job) }); err != nil {
+		return err
+	}
+	code := exitCodeOf(job)
+	if code == 0 {
+		return nil
+	}
+	return &exitError{code: code, err: fmt.Errorf("job %s: %s", job.GetJobId(), outcome(job))}
+}
+
+func exitCodeOf(job *authorityv1.Job) int {
+	r := job.GetResult()
+	switch {
+	case job.GetState() == authorityv1.JobState_JOB_STATE_CANCELLED:
+		return 130
+	case job.GetState() == authorityv1.JobState_JOB_STATE_FAILED || r == nil:
+		return 1
+	}
+	switch r.GetReason() {
+	case typesv1.TerminationReason_TERMINATION_REASON_TIMEOUT:
+		return 124
+	case typesv1.TerminationReason_TERMINATION_REASON_OOM:
+		return 137
+	case typesv1.TerminationReason_TERMINATION_REASON_EXITED, typesv1.TerminationReason_TERMINATION_REASON_DISK_FULL:
+		if r.GetExitCode() >= 0 && r.GetExitCode() < 256 {
+			if r.GetExitCode() == 0 && r.GetReason() == typesv1.TerminationReason_TERMINATION_REASON_DISK_FULL {
+				return 1
+			}
+			return int(r.GetExitCode())
+		}
+	}
+	return 1
+}
+
+func outcome(job *authorityv1.Job) string {
+	r := job.GetResult()
+	s := strings.ToLower(strings.TrimPrefix(job.GetState().String(), "JOB_STATE_"))
+	if r != nil {
+		s += ", " + strings.ToLower(strings.TrimPrefix(r.GetReason().String(), "TERMINATION_REASON_"))
+		if r.GetReason() == typesv1.TerminationReason_TERMINATION_REASON_EXITED {
+			s += fmt.Sprintf(" with status %d", r.GetExitCode())
+		}
+	}
+	if job.GetMessage() != "" {
+		s += ": " + job.GetMessage()
+	}
+	return s
+}
+
+func writeSummary(w io.Writer, job *authorityv1.Job) {
+	r := job.GetResult()
+	fmt.Fprintf(w, "\njob        %s\n", job.GetJobId())
+	fmt.Fprintf(w, "outcome    %s\n", outcome(job))
+	if r == nil {
+		return
+	}
+	u := r.GetUsage()
+	fmt.Fprintf(w, "usage      cpu %s, peak memory %s, wall %s, disk %s\n",
+		u.GetCpuTime().AsDuration().Round(time.Millisecond), humanBytes(u.GetPeakMemoryBytes()),
+		u.GetWallTime().AsDuration().Round(time.Millisecond), humanBytes(u.GetDiskBytes()))
+	ds := r.GetDiffStat()
+	fmt.Fprintf(w, "changes    %d files, +%d -%d\n", ds.GetFilesChanged(), ds.GetInsertions(), ds.GetDeletions())
+	fmt.Fprintf(w, "runtime    %s (%s), template %s\n", strings.ToLower(strings.TrimPrefix(r.GetRuntimeClass().String(), "RUNTIME_CLASS_")), r.GetRuntimeVersion(), short(r.GetTemplateVersion()))
+	if r.GetBundleDigest() != "" {
+		fmt.Fprintf(w, "bundle     %s (%s)\n", r.GetBundleDigest(), humanBytes(r.GetBundleSize()))
+	}
+}
+
+func humanBytes(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1fGiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1fKiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%dB", n)
+}
+
+// rpcError turns a status into a plain error with the server's message.
+func rpcError(err error) error {
+	if st, ok := status.FromError(err); ok {
+		return fmt.Errorf("%s: %s", strings.ToLower(st.Code().String()), st.Message())
+	}
+	return err
+}
+
+func newJobGet(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "get JOB_ID",
+		Short: "Show one job",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cc, _, err := g.dial("authority")
+			if err != nil {
+				return err
+			}
+			defer cc.Close()
+			resp, err := authorityv1.NewAuthorityServiceClient(cc).GetJob(cmd.Context(), &authorityv1.GetJobRequest{JobId: args[0]})
+			if err != nil {
+				return rpcError(err)
+			}
+			job := resp.GetJob()
+			return g.printProto(job, func(w io.Writer) {
+				fmt.Fprintf(w, "repository %s @ %s (%s)\n", job.GetSpec().GetRepository(), job.GetSpec().GetRevision(), short(job.GetCommit()))
+				fmt.Fprintf(w, "command    %s\n", strings.Join(job.GetSpec().GetCommand(), " "))
+				fmt.Fprintf(w, "requester  %s\n", job.GetRequester())
+				writeSummary(w, job)
+			})
+		},
+	}
+}
+
+func newJobList(g *globals) *cobra.Command {
+	var tenant string
+	var limit int32
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List a tenant's jobs, newest first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cc, cfg, err := g.dial("authority")
+			if err != nil {
+				return err
+			}
+			defer cc.Close()
+			if tenant == "" {
+				tenant = cfg.Tenant
+			}
+			resp, err := authorityv1.NewAuthorityServiceClient(cc).ListJobs(cmd.Context(), &authorityv1.ListJobsRequest{Tenant: tenant, PageSize: limit})
+			if err != nil {
+				return rpcError(err)
+			}
+			return g.printProto(resp, func(w io.Writer) {
+				fmt.Fprintln(w, "JOB\tSTATE\tREPOSITORY\tCOMMIT\tCOMMAND\tCREATED")
+				for _, j := range resp.GetJobs() {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", j.GetJobId(), strings.TrimPrefix(j.GetState().String(), "JOB_STATE_"),
+						j.GetSpec().GetRepository(), short(j.GetCommit()), strings.Join(j.GetSpec().GetCommand(), " "),
+						j.GetCreatedAt().AsTime().Local().Format(time.DateTime))
+				}
+			})
+		},
+	}
+	cmd.Flags().StringVar(&tenant, "tenant", "", "tenant (default: the client config's)")
+	cmd.Flags().Int32Var(&limit, "limit", 50, "at most this many jobs")
+	return cmd
+}
+
+func newJobWatch(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "watch JOB_ID",
+		Short: "Stream a job's output and exit with its exit code",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cc, _, err := g.dial("authority")
+			if err != nil {
+				return err
+			}
+			defer cc.Close()
+			final, err := watchJob(cmd.Context(), g, authorityv1.NewAuthorityServiceClient(cc), args[0])
+			if err != nil {
+				return err
+			}
+			return finishWait(g, final)
+		},
+	}
+}
+
+func newJobCancel(g *globals) *cobra.Command {
+	var reason string
+	cmd := &cobra.Command{
+		Use:   "cancel JOB_ID",
+		Short: "Cancel a job; its sandbox is killed",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cc, _, err := g.dial("authority")
+			if err != nil {
+				return err
+			}
+			defer cc.Close()
+			resp, err := authorityv1.NewAuthorityServiceClient(cc).CancelJob(cmd.Context(), &authorityv1.CancelJobRequest{JobId: args[0], Reason: reason})
+			if err != nil {
+				return rpcError(err)
+			}
+			return g.printProto(resp.GetJob(), func(w io.Writer) {
+				fmt.Fprintf(w, "cancel requested for %s (state %s)\n", args[0], strings.TrimPrefix(resp.GetJob().GetState().String(), "JOB_STATE_"))
+			})
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "cancelled from the CLI", "why, for the record")
+	return cmd
+}

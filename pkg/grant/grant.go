@@ -1,0 +1,237 @@
+// Package grant owns the authority's signed decision to run one job: Ed25519
+// signing of a serialized airlock.types.v1.Grant by the authority, and
+// verification by the executor before it parses or runs anything. The
+// signature covers the exact bytes carried, so nothing in a grant can be
+// changed or widened in transit. The authority imports Signer; the executor
+// imports Verifier.
+package grant
+
+import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/airlockhq/airlock/pkg/pki"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+)
+
+// FormatVersion is the Grant.version this build writes and accepts.
+const FormatVersion = 1
+
+// Errors from Verify. Each is wrapped with detail.
+var (
+	ErrMalformed    = errors.New("grant: malformed")
+	ErrUnknownKey   = errors.New("grant: signed by an unknown key")
+	ErrBadSignature = errors.New("grant: bad signature")
+	ErrExpired      = errors.New("grant: expired")
+)
+
+// Signer signs grants with the authority's key.
+type Signer struct {
+	key   ed25519.PrivateKey
+	keyID string
+}
+
+// KeyID names a public key: the hex sha256 of its raw bytes, shortened.
+func KeyID(pub ed25519.PublicKey) string {
+	sum := sha256.Sum256(pub)
+	return hex.EncodeToString(sum[:8])
+}
+
+// LoadOrCreateSigner reads the PKCS#8 PEM Ed25519 key at path, creating it
+// (0600, with its public key beside it as path + ".pub") when missing.
+func LoadOrCreateSigner(path string) (*Signer, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return createSigner(path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("grant key %s: %w", path, err)
+	}
+	block, _ := pem.Decode(data)
+	if block == nil || block.Type != "PRIVATE KEY" {
+		return nil, fmt.Errorf("grant key %s: not a PEM PRIVATE KEY", path)
+	}
+	k, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("grant key %s: %w", path, err)
+	}
+	key, ok := k.(ed25519.PrivateKey)
+	if !ok {
+		return nil, fmt.Errorf("grant key %s: %T, want an Ed25519 key", path, k)
+	}
+	return NewSigner(key), nil
+}
+
+func createSigner(path string) (*Signer, error) {
+	_, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("grant key %s: %w", path, err)
+	}
+	s := NewSigner(key)
+	pub, err := MarshalPublicKey(s.PublicKey())
+	if err != nil {
+		return nil, err
+	}
+	// Public half first: a crash in between leaves no private key whose
+	// public half nobody can find.
+	if err := pki.WriteFileAtomic(path+".pub", pub, 0o644); err != nil {
+		return nil, fmt.Errorf("grant key %s: %w", path, err)
+	}
+	if err := pki.WriteFileAtomic(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		return nil, fmt.Errorf("grant key %s: %w", path, err)
+	}
+	return s, nil
+}
+
+// NewSigner wraps key.
+func NewSigner(key ed25519.PrivateKey) *Signer {
+	return &Signer{key: key, keyID: KeyID(key.Public().(ed25519.PublicKey))}
+}
+
+// PublicKey is the key executors verify with.
+func (s *Signer) PublicKey() ed25519.PublicKey { return s.key.Public().(ed25519.PublicKey) }
+
+// KeyID identifies the signing key in every SignedGrant.
+func (s *Signer) KeyID() string { return s.keyID }
+
+// Sign serializes g deterministically and signs the bytes. It sets
+// g.Version when zero.
+func (s *Signer) Sign(g *typesv1.Grant) (*typesv1.SignedGrant, error) {
+	if g.GetVersion() == 0 {
+		g.Version = FormatVersion
+	}
+	if err := checkShape(g); err != nil {
+		return nil, err
+	}
+	body, err := proto.MarshalOptions{Deterministic: true}.Marshal(g)
+	if err != nil {
+		return nil, fmt.Errorf("grant: marshal: %w", err)
+	}
+	return &typesv1.SignedGrant{Body: body, Signature: ed25519.Sign(s.key, body), KeyId: s.keyID}, nil
+}
+
+// Digest is the sha256 of a signed grant's body, "sha256:<hex>": a stable
+// name for exactly what was granted.
+func Digest(sg *typesv1.SignedGrant) string {
+	sum := sha256.Sum256(sg.GetBody())
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// Verifier checks grants against the authority's public keys.
+type Verifier struct {
+	keys map[string]ed25519.PublicKey
+}
+
+// NewVerifier trusts keys (more than one during a key rotation).
+func NewVerifier(keys ...ed25519.PublicKey) *Verifier {
+	v := &Verifier{keys: map[string]ed25519.PublicKey{}}
+	for _, k := range keys {
+		v.keys[KeyID(k)] = k
+	}
+	return v
+}
+
+// Verify checks the signature over the exact body bytes first, then parses
+// them and checks the format version and expiry at now. Nothing of an
+// unverified body is parsed.
+func (v *Verifier) Verify(sg *typesv1.SignedGrant, now time.Time) (*typesv1.Grant, error) {
+	if sg == nil || len(sg.GetBody()) == 0 || len(sg.GetSignature()) == 0 {
+		return nil, fmt.Errorf("%w: body and signature are required", ErrMalformed)
+	}
+	key, ok := v.keys[sg.GetKeyId()]
+	if !ok {
+		return nil, fmt.Errorf("%w: key id %q", ErrUnknownKey, sg.GetKeyId())
+	}
+	if !ed25519.Verify(key, sg.GetBody(), sg.GetSignature()) {
+		return nil, ErrBadSignature
+	}
+	g := &typesv1.Grant{}
+	if err := proto.Unmarshal(sg.GetBody(), g); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	if g.GetVersion() != FormatVersion {
+		return nil, fmt.Errorf("%w: version %d, this build accepts %d", ErrMalformed, g.GetVersion(), FormatVersion)
+	}
+	if err := checkShape(g); err != nil {
+		return nil, err
+	}
+	if exp := g.GetExpiresAt().AsTime(); !now.Before(exp) {
+		return nil, fmt.Errorf("%w: at %s", ErrExpired, exp.Format(time.RFC3339))
+	}
+	return g, nil
+}
+
+// checkShape refuses grants missing what every run needs.
+func checkShape(g *typesv1.Grant) error {
+	switch {
+	case g.GetJobId() == "":
+		return fmt.Errorf("%w: job_id is required", ErrMalformed)
+	case g.GetTenant() == "":
+		return fmt.Errorf("%w: tenant is required", ErrMalformed)
+	case len(g.GetCommit()) != 40 && len(g.GetCommit()) != 64:
+		return fmt.Errorf("%w: commit %q is not a full SHA", ErrMalformed, g.GetCommit())
+	case len(g.GetCommand()) == 0:
+		return fmt.Errorf("%w: command is required", ErrMalformed)
+	case g.GetLimits() == nil:
+		return fmt.Errorf("%w: limits are required", ErrMalformed)
+	case g.GetNetworkPolicy() == nil:
+		return fmt.Errorf("%w: network_policy is required", ErrMalformed)
+	case g.GetExpiresAt() == nil || g.GetIssuedAt() == nil:
+		return fmt.Errorf("%w: issued_at and expires_at are required", ErrMalformed)
+	}
+	return nil
+}
+
+// MarshalPublicKey encodes pub as PEM "PUBLIC KEY".
+func MarshalPublicKey(pub ed25519.PublicKey) ([]byte, error) {
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), nil
+}
+
+// LoadPublicKey reads a PEM Ed25519 public key.
+func LoadPublicKey(path string) (ed25519.PublicKey, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("grant public key: %w", err)
+	}
+	block, _ := pem.Decode(data)
+	if block == nil || block.Type != "PUBLIC KEY" {
+		return nil, fmt.Errorf("grant public key %s: not a PEM PUBLIC KEY", path)
+	}
+	k, err := x509.ParsePKIXPublicKey(block.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("grant public key %s: %w", path, err)
+	}
+	pub, ok := k.(ed25519.PublicKey)
+	if !ok {
+		return nil, fmt.Errorf("grant public key %s: %T, want Ed25519", path, k)
+	}
+	return pub, nil
+}
+
+// Timestamps is a helper for building grants.
+func Timestamps(now time.Time, ttl time.Duration) (issued, expires *timestamppb.Timestamp) {
+	return timestamppb.New(now), timestamppb.New(now.Add(ttl))
+}

@@ -1,0 +1,200 @@
+package config_test
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airlockhq/airlock/services/authority/internal/config"
+	"github.com/airlockhq/airlock/services/authority/internal/policy"
+)
+
+// write puts body in dir/authority.yaml beside empty TLS files and a
+// credential file, and returns its path.
+func write(t *testing.T, body string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, f := range []string{"ca.crt", "authority.crt", "authority.key", "demo.token"} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(dir, "authority.yaml")
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+const common = `version: 1
+trust_domain: airlock.test
+listen: 127.0.0.1:7401
+data_dir: data
+tls: {ca: ca.crt, cert: authority.crt, key: authority.key}
+executor: {address: 127.0.0.1:7402}
+`
+
+const good = common + `grant_ttl: 5m
+tenants:
+  dev:
+    clients: [client/dev, client/ci]
+    repositories:
+      demo:
+        url: https://git.example.com/demo.git
+        credential: demo.token
+      local:
+        url: /srv/git/local.git
+      rel:
+        url: repos/rel
+      mirror:
+        url: file:///srv/git/mirror.git
+    limits:
+      default: {cpu_millis: 500, memory: 256MiB, pids: 128, disk: 1GB, deadline: 5m}
+      max:     {cpu_millis: 4000, memory: 4GiB,  pids: 2048, disk: 8589934592, deadline: 2h}
+    runtime_classes: [runsc, runc]
+    egress: {cidrs: ["10.0.0.0/8", "2001:db8::/32"], domains: [proxy.golang.org, "*.example.com"]}
+  bare:
+    clients: [client/bare]
+`
+
+func TestLoadGood(t *testing.T) {
+	path := write(t, good)
+	dir := filepath.Dir(path)
+	c, err := config.Load(path, nil)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if c.GrantKey != filepath.Join(dir, "data", "grant.key") {
+		t.Errorf("grant_key default = %q", c.GrantKey)
+	}
+	if c.GrantTTL != 5*time.Minute {
+		t.Errorf("grant_ttl = %v", c.GrantTTL)
+	}
+	dev := c.Policy["dev"]
+	if dev == nil {
+		t.Fatalf("no dev tenant in %v", c.Policy)
+	}
+	if !dev.HasClient("client/dev") || !dev.HasClient("client/ci") || dev.HasClient("client/bare") {
+		t.Errorf("clients = %v", dev.Clients)
+	}
+	wantRepos := map[string]policy.Repository{
+		"demo":   {Tenant: "dev", Name: "demo", URL: "https://git.example.com/demo.git", Credential: filepath.Join(dir, "demo.token")},
+		"local":  {Tenant: "dev", Name: "local", URL: "/srv/git/local.git"},
+		"rel":    {Tenant: "dev", Name: "rel", URL: filepath.Join(dir, "repos/rel")},
+		"mirror": {Tenant: "dev", Name: "mirror", URL: "file:///srv/git/mirror.git"},
+	}
+	for name, want := range wantRepos {
+		if got := dev.Repositories[name]; got != want {
+			t.Errorf("repository %s = %+v, want %+v", name, got, want)
+		}
+	}
+	wantDefault := policy.Limits{CPUMillis: 500, MemoryBytes: 256 << 20, Pids: 128, DiskBytes: 1e9, Deadline: 5 * time.Minute}
+	wantMax := policy.Limits{CPUMillis: 4000, MemoryBytes: 4 << 30, Pids: 2048, DiskBytes: 8 << 30, Deadline: 2 * time.Hour}
+	if dev.Default != wantDefault || dev.Max != wantMax {
+		t.Errorf("limits = %+v / %+v, want %+v / %+v", dev.Default, dev.Max, wantDefault, wantMax)
+	}
+	if !slices.Equal(dev.RuntimeClasses, []string{"runsc", "runc"}) {
+		t.Errorf("runtime classes = %v", dev.RuntimeClasses)
+	}
+	if !slices.Equal(dev.Egress.CIDRs, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8::/32")}) ||
+		!slices.Equal(dev.Egress.Domains, []string{"proxy.golang.org", "*.example.com"}) {
+		t.Errorf("egress = %+v", dev.Egress)
+	}
+
+	bare := c.Policy["bare"]
+	if bare.Default != policy.DefaultLimits || bare.Max != policy.DefaultMax {
+		t.Errorf("omitted limits = %+v / %+v, want the built-in ones", bare.Default, bare.Max)
+	}
+	if !slices.Equal(bare.RuntimeClasses, []string{"runc"}) || len(bare.Repositories) != 0 {
+		t.Errorf("bare tenant = %+v", bare)
+	}
+}
+
+func TestLoadWithoutTenants(t *testing.T) {
+	c, err := config.Load(write(t, common+"grant_key: keys/grant.key\n"), nil)
+	if err != nil {
+		t.Fatalf("a file without tenants must load (it serves nothing but health): %v", err)
+	}
+	if len(c.Policy) != 0 || c.GrantTTL != config.DefaultGrantTTL || !strings.HasSuffix(c.GrantKey, "/keys/grant.key") || !filepath.IsAbs(c.GrantKey) {
+		t.Errorf("policy=%v ttl=%v key=%q", c.Policy, c.GrantTTL, c.GrantKey)
+	}
+}
+
+func TestPartialLimitsKeepDefaultBelowCeiling(t *testing.T) {
+	c, err := config.Load(write(t, common+`tenants:
+  dev:
+    clients: [client/dev]
+    limits:
+      max: {memory: 256MiB, deadline: 2m}
+      default: {pids: 2000}
+`), nil)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	dev := c.Policy["dev"]
+	if dev.Default.MemoryBytes != 256<<20 || dev.Default.Deadline != 2*time.Minute {
+		t.Errorf("an omitted default above a written ceiling must be lowered to it: %+v", dev.Default)
+	}
+	if dev.Max.Pids != 2000 {
+		t.Errorf("an omitted ceiling below a written default must be raised to it: %+v", dev.Max)
+	}
+}
+
+func TestLoadErrorsNameTheField(t *testing.T) {
+	tenant := func(body string) string { return common + "tenants:\n  dev:\n    clients: [client/dev]\n" + body }
+	for _, tc := range []struct {
+		name string
+		body string
+		want []string
+	}{
+		{"unknown tenant field", tenant("    limitz: {}\n"), []string{"tenants.dev.limitz (line 10): unknown field"}},
+		{"unknown limit field", tenant("    limits: {max: {gpus: 1}}\n"), []string{"tenants.dev.limits.max.gpus", "unknown field"}},
+		{"bad size", tenant("    limits: {max: {memory: lots}}\n"), []string{`tenants.dev.limits.max.memory: "lots" is not a size`}},
+		{"negative size", tenant("    limits: {default: {disk: -1GiB}}\n"), []string{"tenants.dev.limits.default.disk:", "is not a size"}},
+		{"size as a list", tenant("    limits: {default: {disk: [1]}}\n"), []string{"tenants.dev.limits.default.disk:", "not a list"}},
+		{"zero memory", tenant("    limits: {default: {memory: 0}}\n"), []string{"tenants.dev.limits.default.memory: must be more than 0"}},
+		{"negative pids", tenant("    limits: {max: {pids: -3}}\n"), []string{"tenants.dev.limits.max.pids: must not be negative"}},
+		{"ceiling below default", tenant("    limits: {default: {memory: 2GiB}, max: {memory: 1GiB}}\n"),
+			[]string{"tenants.dev.limits.max.memory: ceiling 1GiB is below the default 2GiB"}},
+		{"deadline ceiling below default", tenant("    limits: {default: {deadline: 2h}, max: {deadline: 1h}}\n"),
+			[]string{"tenants.dev.limits.max.deadline: ceiling 1h0m0s is below the default 2h0m0s"}},
+		{"bad client principal", common + "tenants:\n  dev:\n    clients: [approver/alice]\n", []string{`tenants.dev.clients[0]: "approver/alice": want a client principal`}},
+		{"bad client name", common + "tenants:\n  dev:\n    clients: [client/Bad Name]\n", []string{"tenants.dev.clients[0]:", "name has character"}},
+		{"no clients", common + "tenants:\n  dev: {}\n", []string{"tenants.dev.clients: at least one"}},
+		{"duplicate client", common + "tenants:\n  dev:\n    clients: [client/dev, client/dev]\n", []string{"tenants.dev.clients[1]:", "listed twice"}},
+		{"missing repo url", tenant("    repositories: {demo: {credential: demo.token}}\n"), []string{"tenants.dev.repositories.demo.url: required"}},
+		{"http url", tenant("    repositories: {demo: {url: 'http://git.example.com/x.git'}}\n"), []string{"tenants.dev.repositories.demo.url:", "only absolute paths"}},
+		{"ssh url", tenant("    repositories: {demo: {url: 'ssh://git.example.com/x.git'}}\n"), []string{"tenants.dev.repositories.demo.url:"}},
+		{"url with password", tenant("    repositories: {demo: {url: 'https://me:hunter2@git.example.com/x.git'}}\n"),
+			[]string{"tenants.dev.repositories.demo.url: must not carry a user or password"}},
+		{"missing credential file", tenant("    repositories: {demo: {url: /x, credential: nope.token}}\n"), []string{"tenants.dev.repositories.demo.credential:", "nope.token"}},
+		{"bad repo name", tenant("    repositories: {Demo: {url: /x}}\n"), []string{"tenants.dev.repositories.Demo: repository name"}},
+		{"bad tenant name", common + "tenants:\n  Dev:\n    clients: [client/dev]\n", []string{"tenants.Dev: tenant name"}},
+		{"unknown runtime class", tenant("    runtime_classes: [runc, kata]\n"), []string{`tenants.dev.runtime_classes[1]: "kata"`}},
+		{"bad cidr", tenant("    egress: {cidrs: [10.0.0.0/33]}\n"), []string{`tenants.dev.egress.cidrs[0]: "10.0.0.0/33" is not a CIDR`}},
+		{"cidr host bits", tenant("    egress: {cidrs: [10.1.2.3/8]}\n"), []string{"tenants.dev.egress.cidrs[0]:", "did you mean 10.0.0.0/8"}},
+		{"bad domain", tenant("    egress: {domains: [localhost]}\n"), []string{"tenants.dev.egress.domains[0]:", "not a fully qualified name"}},
+		{"bad grant ttl", common + "grant_ttl: 1s\n", []string{"grant_ttl: 1s: must be between"}},
+		{"several at once", tenant("    limits: {max: {memory: lots}}\n    runtime_classes: [kata]\n"),
+			[]string{"tenants.dev.limits.max.memory:", "tenants.dev.runtime_classes[0]:"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := config.Load(write(t, tc.body), nil)
+			if err == nil {
+				t.Fatal("accepted a bad config")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("error leaks the password in a URL: %v", err)
+			}
+		})
+	}
+}

@@ -1,0 +1,158 @@
+// Package policy owns a tenant's policy as the authority enforces it: who
+// acts for the tenant, which repositories it may use and how to reach them,
+// its resource defaults and ceilings, the runtime classes and the egress its
+// jobs may ask for. The authority's config package builds it from the file;
+// the jobs package checks every job against it. It imports nothing of gRPC.
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Limits bound one job. In a Tenant they are complete (no zero fields).
+type Limits struct {
+	CPUMillis   int64
+	MemoryBytes int64
+	Pids        int64
+	DiskBytes   int64
+	Deadline    time.Duration
+}
+
+// Built-in defaults and ceilings, used for whatever a tenant's policy leaves
+// out. They are modest on purpose: a tenant that needs more says so.
+var (
+	DefaultLimits = Limits{CPUMillis: 1000, MemoryBytes: 512 << 20, Pids: 256, DiskBytes: 1 << 30, Deadline: 10 * time.Minute}
+	DefaultMax    = Limits{CPUMillis: 2000, MemoryBytes: 2 << 30, Pids: 1024, DiskBytes: 4 << 30, Deadline: time.Hour}
+)
+
+// The runtime classes this build knows, by their config names.
+const (
+	RuntimeRunc  = "runc"
+	RuntimeRunsc = "runsc"
+)
+
+// RuntimeClasses returns every known runtime class, in a fixed order.
+func RuntimeClasses() []string { return []string{RuntimeRunc, RuntimeRunsc} }
+
+// Repository is one repository a tenant may run jobs on.
+type Repository struct {
+	// Tenant and Name identify it; the name is what a job spec says.
+	Tenant, Name string
+	// URL is an absolute local path, a file:// URL or an https:// URL.
+	URL string
+	// Credential is the path of a file holding the fetch credential, or "".
+	// Only the source package reads it, and only to hand it to git.
+	Credential string
+}
+
+// IsLocal reports whether the repository is a local path used in place
+// rather than a URL fetched into a mirror.
+func (r Repository) IsLocal() bool { return strings.HasPrefix(r.URL, "/") }
+
+// Egress is what a tenant's jobs may be allowed to reach.
+type Egress struct {
+	// CIDRs an allow-list rule must fall within.
+	CIDRs []netip.Prefix
+	// Domains a domain-list entry must match; "*.example.com" covers one label.
+	Domains []string
+}
+
+// AllowsPrefix reports whether every address of p lies within one of the
+// tenant's CIDRs.
+func (e Egress) AllowsPrefix(p netip.Prefix) bool {
+	p = p.Masked()
+	for _, c := range e.CIDRs {
+		if c.Addr().Is4() == p.Addr().Is4() && c.Bits() <= p.Bits() && c.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
+}
+
+// AllowsDomain reports whether d (a name or a "*." wildcard) is covered by
+// one of the tenant's domains: equal to it, or one label below a wildcard.
+// A wildcard request is covered only by the same wildcard.
+func (e Egress) AllowsDomain(d string) bool {
+	d = strings.ToLower(strings.TrimSuffix(d, "."))
+	for _, allowed := range e.Domains {
+		if d == allowed {
+			return true
+		}
+		if parent, ok := strings.CutPrefix(allowed, "*."); ok && !strings.HasPrefix(d, "*.") {
+			if label, rest, ok := strings.Cut(d, "."); ok && label != "" && rest == parent {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Tenant is one tenant's whole policy.
+type Tenant struct {
+	Name string
+	// Clients are the principals ("client/NAME") who act for the tenant.
+	Clients []string
+	// Repositories by name.
+	Repositories map[string]Repository
+	// Default fills a job's zero limits; Max is the ceiling no job may pass.
+	Default, Max Limits
+	// RuntimeClasses allowed, the first being the default.
+	RuntimeClasses []string
+	// Egress bounds what allow and domain policies may name.
+	Egress Egress
+}
+
+// HasClient reports whether principal ("client/NAME") acts for the tenant.
+func (t *Tenant) HasClient(principal string) bool { return slices.Contains(t.Clients, principal) }
+
+// Tenants is every tenant by name.
+type Tenants map[string]*Tenant
+
+// CheckName checks a tenant or repository name: lower-case letters, digits,
+// '.', '-' and '_', starting with a letter or digit, at most 63 characters.
+// Names end up in file names and log lines, so they are kept plain.
+func CheckName(s string) error {
+	if s == "" {
+		return errors.New("must not be empty")
+	}
+	if len(s) > 63 {
+		return fmt.Errorf("%q is longer than 63 characters", s)
+	}
+	for i, r := range s {
+		ok := ('a' <= r && r <= 'z') || ('0' <= r && r <= '9') || (i > 0 && (r == '.' || r == '-' || r == '_'))
+		if !ok {
+			return fmt.Errorf("%q: use lower-case letters, digits, '.', '-' and '_', starting with a letter or digit", s)
+		}
+	}
+	return nil
+}
+
+// CheckDomain checks a DNS name as egress policy writes it: lower-case
+// labels of letters, digits and '-', at least two labels, optionally
+// starting with "*." to cover one label.
+func CheckDomain(d string) error {
+	name := strings.TrimPrefix(d, "*.")
+	if len(name) > 253 {
+		return fmt.Errorf("%q is longer than 253 characters", d)
+	}
+	labels := strings.Split(name, ".")
+	if len(labels) < 2 {
+		return fmt.Errorf("%q is not a fully qualified name", d)
+	}
+	for _, l := range labels {
+		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+			return fmt.Errorf("%q is not a valid DNS name", d)
+		}
+		for _, r := range l {
+			if !('a' <= r && r <= 'z') && !('0' <= r && r <= '9') && r != '-' {
+				return fmt.Errorf("%q is not a valid lower-case DNS name", d)
+			}
+		}
+	}
+	return nil
+}

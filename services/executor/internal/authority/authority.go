@@ -1,0 +1,95 @@
+// Package authority is the executor's client of the authority: it fetches
+// source trees and reports results over mTLS, pinned to the authority's
+// SPIFFE ID, converting between the run manager's types and the API. Only
+// the executor's composition root imports it.
+package authority
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"google.golang.org/grpc"
+
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	"github.com/airlockhq/airlock/services/executor/internal/convert"
+	"github.com/airlockhq/airlock/services/executor/internal/runs"
+	"github.com/airlockhq/airlock/services/executor/internal/stage"
+)
+
+// Client implements runs.Authority.
+type Client struct {
+	api authorityv1.AuthorityServiceClient
+}
+
+// New wraps a connection to the authority.
+func New(cc grpc.ClientConnInterface) *Client {
+	return &Client{api: authorityv1.NewAuthorityServiceClient(cc)}
+}
+
+// FetchSource implements runs.Authority.
+func (c *Client) FetchSource(ctx context.Context, jobID string) (stage.Header, io.ReadCloser, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	stream, err := c.api.FetchSource(ctx, &authorityv1.FetchSourceRequest{JobId: jobID})
+	if err != nil {
+		cancel()
+		return stage.Header{}, nil, errdefs.FromGRPC(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		cancel()
+		return stage.Header{}, nil, errdefs.FromGRPC(err)
+	}
+	h := first.GetHeader()
+	if h == nil {
+		cancel()
+		return stage.Header{}, nil, errors.New("authority: FetchSource did not start with a header")
+	}
+	if h.GetFormat() != "tar" {
+		cancel()
+		return stage.Header{}, nil, fmt.Errorf("authority: source format %q, want tar", h.GetFormat())
+	}
+	return stage.Header{Commit: h.GetCommit(), TreeHash: h.GetTreeHash()}, &chunkReader{stream: stream, cancel: cancel}, nil
+}
+
+// chunkReader turns the stream's chunks into a reader.
+type chunkReader struct {
+	stream grpc.ServerStreamingClient[authorityv1.FetchSourceResponse]
+	cancel context.CancelFunc
+	buf    []byte
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	for len(r.buf) == 0 {
+		msg, err := r.stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return 0, io.EOF
+		}
+		if err != nil {
+			return 0, errdefs.FromGRPC(err)
+		}
+		r.buf = msg.GetChunk()
+	}
+	n := copy(p, r.buf)
+	r.buf = r.buf[n:]
+	return n, nil
+}
+
+func (r *chunkReader) Close() error {
+	r.cancel()
+	return nil
+}
+
+// ReportResult implements runs.Authority.
+func (c *Client) ReportResult(ctx context.Context, rep runs.Report) error {
+	_, err := c.api.ReportResult(ctx, &authorityv1.ReportResultRequest{
+		JobId:      rep.JobID,
+		Result:     convert.RunResult(&rep.Result),
+		Patch:      rep.Patch,
+		OutputTail: rep.OutputTail,
+		Provenance: rep.Provenance,
+	})
+	return errdefs.FromGRPC(err)
+}

@@ -1,0 +1,86 @@
+// Package convert owns the executor's one mapping between the run
+// manager's types and the API's messages, used by both the server-side API
+// adapter and the client of the authority. Only those two import it.
+package convert
+
+import (
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/executor/internal/runs"
+)
+
+var reasons = map[string]typesv1.TerminationReason{
+	"exited":                             typesv1.TerminationReason_TERMINATION_REASON_EXITED,
+	"timeout":                            typesv1.TerminationReason_TERMINATION_REASON_TIMEOUT,
+	"oom":                                typesv1.TerminationReason_TERMINATION_REASON_OOM,
+	"disk_full":                          typesv1.TerminationReason_TERMINATION_REASON_DISK_FULL,
+	"cancelled":                          typesv1.TerminationReason_TERMINATION_REASON_CANCELLED,
+	string(runs.ReasonExecutorRestarted): typesv1.TerminationReason_TERMINATION_REASON_EXECUTOR_RESTARTED,
+	"sandbox_error":                      typesv1.TerminationReason_TERMINATION_REASON_SANDBOX_ERROR,
+}
+
+// RunResult converts a run manager result to the API's.
+func RunResult(r *runs.Result) *typesv1.RunResult {
+	if r == nil {
+		return nil
+	}
+	class := typesv1.RuntimeClass_RUNTIME_CLASS_RUNC
+	if r.Class == "runsc" {
+		class = typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC
+	}
+	return &typesv1.RunResult{
+		Reason:   reasons[string(r.Reason)],
+		ExitCode: int32(r.ExitCode),
+		Usage: &typesv1.ResourceUsage{
+			CpuTime:         durationpb.New(r.Usage.CPUTime),
+			PeakMemoryBytes: r.Usage.PeakMemoryBytes,
+			WallTime:        durationpb.New(r.Usage.WallTime),
+			DiskBytes:       r.Usage.DiskBytes,
+			PeakPids:        r.Usage.PeakPids,
+		},
+		RuntimeClass:    class,
+		RuntimeVersion:  r.RuntimeVersion,
+		TemplateVersion: r.TemplateVersion,
+		BundleDigest:    r.BundleDigest,
+		BundleSize:      r.BundleSize,
+		DiffStat:        &typesv1.DiffStat{FilesChanged: r.FilesChanged, Insertions: r.Insertions, Deletions: r.Deletions},
+		Message:         r.Message,
+	}
+}
+
+var states = map[runs.State]executorv1.RunState{
+	runs.Staging:   executorv1.RunState_RUN_STATE_STAGING,
+	runs.Running:   executorv1.RunState_RUN_STATE_RUNNING,
+	runs.Finished:  executorv1.RunState_RUN_STATE_FINISHED,
+	runs.Failed:    executorv1.RunState_RUN_STATE_FAILED,
+	runs.Cancelled: executorv1.RunState_RUN_STATE_CANCELLED,
+}
+
+// Run converts a run record to the API's.
+func Run(r runs.Run) *executorv1.Run {
+	out := &executorv1.Run{
+		JobId:     r.JobID,
+		State:     states[r.State],
+		CreatedAt: timestamppb.New(r.CreatedAt),
+		Result:    RunResult(r.Result),
+		NetworkPolicyStatus: &typesv1.NetworkPolicyStatus{
+			Policy:     &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_DenyAll{DenyAll: &typesv1.DenyAll{}}},
+			Generation: 1,
+			State:      typesv1.NetworkPolicyState_NETWORK_POLICY_STATE_APPLIED,
+			UpdatedAt:  timestamppb.New(r.CreatedAt),
+		},
+	}
+	if sg, err := r.Grant(); err == nil {
+		out.Grant = sg
+	}
+	if !r.StartedAt.IsZero() {
+		out.StartedAt = timestamppb.New(r.StartedAt)
+	}
+	if !r.FinishedAt.IsZero() {
+		out.FinishedAt = timestamppb.New(r.FinishedAt)
+	}
+	return out
+}

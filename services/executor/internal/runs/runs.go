@@ -1,0 +1,685 @@
+// Package runs owns the executor's runs: it accepts a job only with a valid
+// grant the authority signed, runs it at most once per job id, stages its
+// source, runs it in the sandbox, builds and signs its result bundle,
+// reports the outcome to the authority, and serves state, output and
+// bundles to the API. Run records survive restarts; a run that was in
+// flight when the executor died is cleaned up and reported failed. Only the
+// executor's api and server packages import it.
+package runs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/grant"
+	"github.com/airlockhq/airlock/pkg/pki"
+	"github.com/airlockhq/airlock/pkg/provenance"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/executor/internal/bundle"
+	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
+	"github.com/airlockhq/airlock/services/executor/internal/stage"
+)
+
+// State is where a run is.
+type State string
+
+// Run states.
+const (
+	Staging   State = "staging"
+	Running   State = "running"
+	Finished  State = "finished"
+	Failed    State = "failed"
+	Cancelled State = "cancelled"
+)
+
+// Terminal reports whether s is an end state.
+func (s State) Terminal() bool { return s == Finished || s == Failed || s == Cancelled }
+
+// Reasons beyond the sandbox's own.
+const ReasonExecutorRestarted sandbox.Reason = "executor_restarted"
+
+// Result is a run's outcome.
+type Result struct {
+	Reason          sandbox.Reason `json:"reason"`
+	ExitCode        int            `json:"exit_code"`
+	Usage           sandbox.Usage  `json:"usage"`
+	Class           sandbox.Class  `json:"runtime_class"`
+	RuntimeVersion  string         `json:"runtime_version"`
+	TemplateVersion string         `json:"template_version"`
+	BundleDigest    string         `json:"bundle_digest,omitempty"`
+	BundleSize      int64          `json:"bundle_size,omitempty"`
+	FilesChanged    int64          `json:"files_changed"`
+	Insertions      int64          `json:"insertions"`
+	Deletions       int64          `json:"deletions"`
+	Message         string         `json:"message,omitempty"`
+}
+
+// Run is the record of one job's execution.
+type Run struct {
+	JobID       string    `json:"job_id"`
+	State       State     `json:"state"`
+	SignedGrant []byte    `json:"signed_grant"` // a serialized typesv1.SignedGrant
+	CreatedAt   time.Time `json:"created_at"`
+	StartedAt   time.Time `json:"started_at,omitzero"`
+	FinishedAt  time.Time `json:"finished_at,omitzero"`
+	Result      *Result   `json:"result,omitempty"`
+	Reported    bool      `json:"reported"`
+}
+
+// Grant returns the run's signed grant.
+func (r *Run) Grant() (*typesv1.SignedGrant, error) {
+	sg := &typesv1.SignedGrant{}
+	return sg, proto.Unmarshal(r.SignedGrant, sg)
+}
+
+// Report is what the authority is told when a run ends.
+type Report struct {
+	JobID      string
+	Result     Result
+	Patch      []byte // bounded for review
+	OutputTail []byte
+	Provenance []byte
+}
+
+// Authority is the executor's view of the authority.
+type Authority interface {
+	// FetchSource opens the tree of the job's commit.
+	FetchSource(ctx context.Context, jobID string) (stage.Header, io.ReadCloser, error)
+	// ReportResult records the outcome.
+	ReportResult(ctx context.Context, r Report) error
+}
+
+// Signer signs provenance with the executor's identity.
+type Signer func(bundleName, digest string, run provenance.Run) ([]byte, error)
+
+// Config is what the manager needs.
+type Config struct {
+	Dir       string // where run records, output and bundles live
+	Verifier  *grant.Verifier
+	Sandbox   *sandbox.Manager
+	Sources   *stage.Cache
+	Authority Authority
+	Sign      Signer
+	Executor  string // our SPIFFE ID, for provenance
+	// OutputLimit caps each of stdout and stderr; default 4 MiB.
+	OutputLimit int64
+	// ReviewPatchLimit caps the patch sent to the authority for review;
+	// the bundle always has the whole patch. Default 1 MiB.
+	ReviewPatchLimit int64
+	Logger           *slog.Logger
+	Now              func() time.Time
+}
+
+// Manager runs jobs.
+type Manager struct {
+	cfg    Config
+	mu     sync.Mutex
+	runs   map[string]*entry
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// entry is a run in memory: its record, its output, and how to stop it.
+type entry struct {
+	run     Run
+	grant   *typesv1.Grant
+	stdout  *output
+	stderr  *output
+	cancel  context.CancelFunc
+	changed chan struct{} // closed and replaced on every change
+}
+
+var jobIDFormat = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// New loads existing run records from cfg.Dir.
+func New(cfg Config) (*Manager, error) {
+	if cfg.OutputLimit == 0 {
+		cfg.OutputLimit = 4 << 20
+	}
+	if cfg.ReviewPatchLimit == 0 {
+		cfg.ReviewPatchLimit = 1 << 20
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &Manager{cfg: cfg, runs: map[string]*entry{}, ctx: ctx, cancel: cancel}
+	dirs, err := os.ReadDir(cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range dirs {
+		data, err := os.ReadFile(filepath.Join(cfg.Dir, d.Name(), "run.json"))
+		if err != nil {
+			continue // an incomplete directory: no record was ever written
+		}
+		var r Run
+		if err := json.Unmarshal(data, &r); err != nil {
+			return nil, fmt.Errorf("runs: %s: %w", d.Name(), err)
+		}
+		m.runs[r.JobID] = &entry{run: r, changed: make(chan struct{})}
+	}
+	return m, nil
+}
+
+// Recover ends every run that was in flight when a previous executor
+// process stopped: the sandbox layer removes what it left, and each such
+// run is recorded failed (executor restarted) and reported. Runs that ended
+// but were not reported are reported now.
+func (m *Manager) Recover(ctx context.Context) error {
+	cleaned, err := m.cfg.Sandbox.Recover(ctx)
+	if err != nil {
+		return fmt.Errorf("runs: recover sandboxes: %w", err)
+	}
+	if len(cleaned) > 0 {
+		m.cfg.Logger.Warn("removed sandboxes left by a previous executor", "jobs", cleaned)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, e := range m.runs {
+		if !e.run.State.Terminal() {
+			e.run.State = Failed
+			e.run.FinishedAt = m.cfg.Now()
+			e.run.Result = &Result{Reason: ReasonExecutorRestarted, ExitCode: -1, Message: "the executor restarted while this job was in flight"}
+			if err := m.persist(&e.run); err != nil {
+				return err
+			}
+		}
+		if !e.run.Reported {
+			m.reportLater(e.run.JobID)
+		}
+	}
+	return nil
+}
+
+// Close stops every run and waits for their goroutines.
+func (m *Manager) Close() {
+	m.cancel()
+	m.wg.Wait()
+}
+
+func (m *Manager) runDir(jobID string) string { return filepath.Join(m.cfg.Dir, jobID) }
+
+func (m *Manager) persist(r *Run) error {
+	data, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return pki.WriteFileAtomic(filepath.Join(m.runDir(r.JobID), "run.json"), data, 0o600)
+}
+
+// notify wakes every watcher of e. Callers hold m.mu.
+func (e *entry) notify() {
+	close(e.changed)
+	e.changed = make(chan struct{})
+}
+
+// Start verifies sg and starts its run, or returns the existing run for the
+// job id (created false). A grant with a bad signature, an unknown key or
+// past its expiry is refused even for a known job id.
+func (m *Manager) Start(sg *typesv1.SignedGrant) (Run, bool, error) {
+	g, err := m.cfg.Verifier.Verify(sg, m.cfg.Now())
+	if err != nil {
+		switch {
+		case errors.Is(err, grant.ErrExpired):
+			return Run{}, false, fmt.Errorf("%w: grant: %v", errdefs.ErrFailedPrecondition, err)
+		default:
+			return Run{}, false, fmt.Errorf("%w: grant: %v", errdefs.ErrPermissionDenied, err)
+		}
+	}
+	if !jobIDFormat.MatchString(g.GetJobId()) {
+		return Run{}, false, fmt.Errorf("%w: grant job_id %q: want 1-64 of [A-Za-z0-9_-]", errdefs.ErrInvalidArgument, g.GetJobId())
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e, ok := m.runs[g.GetJobId()]; ok {
+		return e.run, false, nil
+	}
+	class := sandbox.Class(classOf(g.GetRuntimeClass()))
+	if st, ok := m.cfg.Sandbox.Available(class); !ok {
+		return Run{}, false, fmt.Errorf("%w: runtime_class %s is not available on this executor: %s", errdefs.ErrFailedPrecondition, class, st.Reason)
+	}
+	if g.GetNetworkPolicy().GetDenyAll() == nil {
+		return Run{}, false, fmt.Errorf("%w: network_policy: only deny_all is enforced by this executor", errdefs.ErrFailedPrecondition)
+	}
+	raw, err := proto.Marshal(sg)
+	if err != nil {
+		return Run{}, false, err
+	}
+	if err := os.MkdirAll(m.runDir(g.GetJobId()), 0o700); err != nil {
+		return Run{}, false, err
+	}
+	e := &entry{
+		run:     Run{JobID: g.GetJobId(), State: Staging, SignedGrant: raw, CreatedAt: m.cfg.Now()},
+		grant:   g,
+		changed: make(chan struct{}),
+	}
+	notify := func() { m.mu.Lock(); e.notify(); m.mu.Unlock() }
+	if e.stdout, err = newOutput(filepath.Join(m.runDir(e.run.JobID), "stdout.log"), m.cfg.OutputLimit, notify); err != nil {
+		return Run{}, false, err
+	}
+	if e.stderr, err = newOutput(filepath.Join(m.runDir(e.run.JobID), "stderr.log"), m.cfg.OutputLimit, notify); err != nil {
+		return Run{}, false, err
+	}
+	if err := m.persist(&e.run); err != nil {
+		return Run{}, false, err
+	}
+	ctx, cancel := context.WithCancel(m.ctx)
+	e.cancel = cancel
+	m.runs[e.run.JobID] = e
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		defer cancel()
+		m.execute(ctx, e)
+	}()
+	return e.run, true, nil
+}
+
+func classOf(c typesv1.RuntimeClass) string {
+	if c == typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC {
+		return string(sandbox.ClassRunsc)
+	}
+	return string(sandbox.ClassRunc)
+}
+
+// update changes e's record under the lock, persists it and wakes watchers.
+func (m *Manager) update(e *entry, f func(r *Run)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	f(&e.run)
+	if err := m.persist(&e.run); err != nil {
+		m.cfg.Logger.Error("persist run", "job_id", e.run.JobID, "error", err)
+	}
+	e.notify()
+}
+
+// execute runs one job from staging to report.
+func (m *Manager) execute(ctx context.Context, e *entry) {
+	g := e.grant
+	log := m.cfg.Logger.With("job_id", g.GetJobId(), "tenant", g.GetTenant())
+	fail := func(err error) {
+		state, reason := Failed, sandbox.Reason("sandbox_error")
+		if ctx.Err() != nil {
+			state, reason = Cancelled, sandbox.Reason("cancelled")
+		}
+		log.Error("run failed", "error", err)
+		m.finish(e, state, &Result{Reason: reason, ExitCode: -1, Message: err.Error()})
+	}
+	src, err := m.cfg.Sources.Get(ctx, stage.Key{Tenant: g.GetTenant(), Repository: g.GetRepository(), Commit: g.GetCommit()},
+		func(ctx context.Context) (stage.Header, io.ReadCloser, error) {
+			return m.cfg.Authority.FetchSource(ctx, g.GetJobId())
+		})
+	if err != nil {
+		fail(fmt.Errorf("stage source: %w", err))
+		return
+	}
+	lim := g.GetLimits()
+	sb, err := m.cfg.Sandbox.Create(ctx, sandbox.Spec{
+		ID:      g.GetJobId(),
+		Class:   sandbox.Class(classOf(g.GetRuntimeClass())),
+		Source:  src.Dir,
+		Command: g.GetCommand(),
+		Env:     g.GetEnv(),
+		Limits: sandbox.Limits{
+			CPUMillis: lim.GetCpuMillis(), MemoryBytes: lim.GetMemoryBytes(), Pids: lim.GetPids(),
+			DiskBytes: lim.GetDiskBytes(), Deadline: lim.GetDeadline().AsDuration(),
+		},
+		Stdout: e.stdout,
+		Stderr: e.stderr,
+	})
+	if err != nil {
+		fail(fmt.Errorf("create sandbox: %w", err))
+		return
+	}
+	defer func() {
+		if err := sb.Destroy(); err != nil {
+			log.Error("destroy sandbox", "error", err)
+		}
+	}()
+	m.update(e, func(r *Run) { r.State = Running; r.StartedAt = m.cfg.Now() })
+	res, runErr := sb.Run(ctx)
+	e.stdout.close()
+	e.stderr.close()
+	if runErr != nil && res.Reason == "" {
+		fail(fmt.Errorf("run: %w", runErr))
+		return
+	}
+	if m.ctx.Err() != nil {
+		// The executor is shutting down, not the caller cancelling: say so,
+		// and leave the report to the next start's Recover.
+		m.finish(e, Failed, &Result{Reason: ReasonExecutorRestarted, ExitCode: -1, Class: res.Class, Usage: res.Usage,
+			RuntimeVersion: res.RuntimeVersion, TemplateVersion: res.TemplateVersion, Message: "the executor shut down while this job was running"})
+		return
+	}
+	result := &Result{
+		Reason: res.Reason, ExitCode: res.ExitCode, Usage: res.Usage, Class: res.Class,
+		RuntimeVersion: res.RuntimeVersion, TemplateVersion: res.TemplateVersion, Message: res.Message,
+	}
+	// The patch and bundle are built even for a cancelled or timed-out run:
+	// reviewers and operators may want to see what it did.
+	patch, stat, err := src.Repo.Diff(context.WithoutCancel(ctx), src.TreeHash, sb.WorkDir())
+	if err != nil {
+		fail(fmt.Errorf("compute patch: %w", err))
+		return
+	}
+	result.FilesChanged, result.Insertions, result.Deletions = stat.FilesChanged, stat.Insertions, stat.Deletions
+	if err := m.writeBundle(e, g, result, patch, sb.OutDir()); err != nil {
+		fail(fmt.Errorf("bundle: %w", err))
+		return
+	}
+	state := Finished
+	switch {
+	case res.Reason == "cancelled":
+		state = Cancelled
+	case res.Reason == "sandbox_error":
+		state = Failed
+	}
+	m.finish(e, state, result)
+}
+
+// bundleMeta is result.json inside a bundle.
+type bundleMeta struct {
+	JobID           string   `json:"job_id"`
+	Tenant          string   `json:"tenant"`
+	Repository      string   `json:"repository"`
+	Commit          string   `json:"commit"`
+	GrantDigest     string   `json:"grant_digest"`
+	Command         []string `json:"command"`
+	Result          *Result  `json:"result"`
+	StdoutTruncated bool     `json:"stdout_truncated"`
+	StderrTruncated bool     `json:"stderr_truncated"`
+	SkippedOut      []string `json:"skipped_out,omitempty"`
+}
+
+func (m *Manager) writeBundle(e *entry, g *typesv1.Grant, result *Result, patch []byte, outDir string) error {
+	sg, err := e.run.Grant()
+	if err != nil {
+		return err
+	}
+	_, outCut := e.stdout.state()
+	_, errCut := e.stderr.state()
+	dir := m.runDir(e.run.JobID)
+	meta := bundleMeta{
+		JobID: g.GetJobId(), Tenant: g.GetTenant(), Repository: g.GetRepository(), Commit: g.GetCommit(),
+		GrantDigest: grant.Digest(sg), Command: g.GetCommand(), Result: result,
+		StdoutTruncated: outCut, StderrTruncated: errCut,
+	}
+	res, err := bundle.Write(filepath.Join(dir, "bundle.tar"), bundle.Input{
+		Meta: &meta, Grant: sg.GetBody(), Patch: patch,
+		StdoutPath: filepath.Join(dir, "stdout.log"), StderrPath: filepath.Join(dir, "stderr.log"),
+		OutDir: outDir,
+	})
+	if err != nil {
+		return err
+	}
+	result.BundleDigest, result.BundleSize = res.Digest, res.Size
+	env, err := m.cfg.Sign("bundle.tar", res.Digest, provenance.Run{
+		JobID: g.GetJobId(), Tenant: g.GetTenant(), Requester: g.GetRequester(), Repository: g.GetRepository(),
+		BaseCommit: g.GetCommit(), GrantDigest: grant.Digest(sg), Executor: m.cfg.Executor,
+		RuntimeClass: string(result.Class), RuntimeVersion: result.RuntimeVersion, TemplateVersion: result.TemplateVersion,
+		Reason: string(result.Reason), ExitCode: result.ExitCode, StartedOn: e.run.StartedAt, FinishedOn: m.cfg.Now(),
+	})
+	if err != nil {
+		return err
+	}
+	if err := pki.WriteFileAtomic(filepath.Join(dir, "provenance.json"), env, 0o600); err != nil {
+		return err
+	}
+	review := patch
+	if int64(len(review)) > m.cfg.ReviewPatchLimit {
+		review = review[:m.cfg.ReviewPatchLimit]
+	}
+	return pki.WriteFileAtomic(filepath.Join(dir, "review.patch"), review, 0o600)
+}
+
+// finish records the end of a run and reports it.
+func (m *Manager) finish(e *entry, state State, result *Result) {
+	m.update(e, func(r *Run) {
+		r.State = state
+		r.FinishedAt = m.cfg.Now()
+		r.Result = result
+	})
+	m.report(e.run.JobID)
+}
+
+// reportLater reports a run in the background. Callers hold m.mu.
+func (m *Manager) reportLater(jobID string) {
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.report(jobID)
+	}()
+}
+
+// report tells the authority how a run ended, retrying until it is
+// recorded or the executor stops.
+func (m *Manager) report(jobID string) {
+	m.mu.Lock()
+	e := m.runs[jobID]
+	run := e.run
+	m.mu.Unlock()
+	dir := m.runDir(jobID)
+	rep := Report{JobID: jobID, Result: *run.Result}
+	rep.Patch, _ = os.ReadFile(filepath.Join(dir, "review.patch"))
+	rep.Provenance, _ = os.ReadFile(filepath.Join(dir, "provenance.json"))
+	rep.OutputTail = tailOf(filepath.Join(dir, "stdout.log"), filepath.Join(dir, "stderr.log"), 8<<10)
+	for delay := 100 * time.Millisecond; ; delay = min(delay*2, 10*time.Second) {
+		ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
+		err := m.cfg.Authority.ReportResult(ctx, rep)
+		cancel()
+		if err == nil {
+			m.update(e, func(r *Run) { r.Reported = true })
+			return
+		}
+		m.cfg.Logger.Warn("report result", "job_id", jobID, "error", err, "retry_in", delay)
+		if errors.Is(err, errdefs.ErrFailedPrecondition) || errors.Is(err, errdefs.ErrInvalidArgument) || errors.Is(err, errdefs.ErrNotFound) {
+			return // the authority will never take it; retrying changes nothing
+		}
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+	}
+}
+
+// tailOf returns the last n bytes of each file, labelled.
+func tailOf(stdout, stderr string, n int64) []byte {
+	var out []byte
+	for _, f := range []struct{ label, path string }{{"stdout", stdout}, {"stderr", stderr}} {
+		data, err := os.ReadFile(f.path)
+		if err != nil || len(data) == 0 {
+			continue
+		}
+		if int64(len(data)) > n {
+			data = data[int64(len(data))-n:]
+		}
+		out = append(out, fmt.Sprintf("--- %s (last %d bytes) ---\n", f.label, len(data))...)
+		out = append(out, data...)
+		if data[len(data)-1] != '\n' {
+			out = append(out, '\n')
+		}
+	}
+	return out
+}
+
+// Get returns the run of jobID.
+func (m *Manager) Get(jobID string) (Run, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.runs[jobID]
+	if !ok {
+		return Run{}, fmt.Errorf("%w: run %q", errdefs.ErrNotFound, jobID)
+	}
+	return e.run, nil
+}
+
+// List returns every run, newest first.
+func (m *Manager) List() []Run {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]Run, 0, len(m.runs))
+	for _, e := range m.runs {
+		out = append(out, e.run)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.After(out[j].CreatedAt) })
+	return out
+}
+
+// Cancel stops a run. Cancelling an ended run changes nothing.
+func (m *Manager) Cancel(jobID string) (Run, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.runs[jobID]
+	if !ok {
+		return Run{}, fmt.Errorf("%w: run %q", errdefs.ErrNotFound, jobID)
+	}
+	if !e.run.State.Terminal() && e.cancel != nil {
+		e.cancel()
+	}
+	return e.run, nil
+}
+
+// Artifact is a finished run's bundle.
+type Artifact struct {
+	Path       string
+	Digest     string
+	Size       int64
+	Provenance []byte
+}
+
+// Artifact returns the bundle of jobID if its digest is digest.
+func (m *Manager) Artifact(jobID, digest string) (*Artifact, error) {
+	run, err := m.Get(jobID)
+	if err != nil {
+		return nil, err
+	}
+	if run.Result == nil || run.Result.BundleDigest == "" {
+		return nil, fmt.Errorf("%w: run %s has no bundle (state %s)", errdefs.ErrFailedPrecondition, jobID, run.State)
+	}
+	if digest != run.Result.BundleDigest {
+		return nil, fmt.Errorf("%w: bundle_digest %s does not match run %s's bundle", errdefs.ErrFailedPrecondition, digest, jobID)
+	}
+	dir := m.runDir(jobID)
+	// Recompute: a bundle altered on disk must never be served under its
+	// recorded name.
+	got, size, err := bundle.Digest(filepath.Join(dir, "bundle.tar"))
+	if err != nil {
+		return nil, err
+	}
+	if got != digest {
+		return nil, fmt.Errorf("bundle of %s on disk has digest %s, recorded %s", jobID, got, digest)
+	}
+	prov, err := os.ReadFile(filepath.Join(dir, "provenance.json"))
+	if err != nil {
+		return nil, err
+	}
+	return &Artifact{Path: filepath.Join(dir, "bundle.tar"), Digest: got, Size: size, Provenance: prov}, nil
+}
+
+// Event is one message of a watch: a run state, or output.
+type Event struct {
+	Run    *Run
+	Stream string // "stdout" or "stderr"
+	Offset int64
+	Data   []byte
+	Cut    bool // the stream was truncated at its cap after this chunk
+}
+
+// Watch sends the run's current state, then output from the given offsets
+// and every state change, until the run has ended and its output is
+// drained, or ctx ends.
+func (m *Manager) Watch(ctx context.Context, jobID string, stdoutOffset, stderrOffset int64, send func(Event) error) error {
+	m.mu.Lock()
+	e, ok := m.runs[jobID]
+	m.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: run %q", errdefs.ErrNotFound, jobID)
+	}
+	if stdoutOffset < 0 || stderrOffset < 0 {
+		return fmt.Errorf("%w: offsets must not be negative", errdefs.ErrInvalidArgument)
+	}
+	offsets := map[string]int64{"stdout": stdoutOffset, "stderr": stderrOffset}
+	var lastState State
+	for {
+		m.mu.Lock()
+		run, changed := e.run, e.changed
+		m.mu.Unlock()
+		if run.State != lastState {
+			if err := send(Event{Run: &run}); err != nil {
+				return err
+			}
+			lastState = run.State
+		}
+		for _, stream := range []string{"stdout", "stderr"} {
+			if err := m.sendOutput(e, stream, offsets, send); err != nil {
+				return err
+			}
+		}
+		if run.State.Terminal() {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		}
+	}
+}
+
+const chunkSize = 64 << 10
+
+func (m *Manager) sendOutput(e *entry, stream string, offsets map[string]int64, send func(Event) error) error {
+	path := filepath.Join(m.runDir(e.run.JobID), stream+".log")
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var cut bool
+	if o := map[string]*output{"stdout": e.stdout, "stderr": e.stderr}[stream]; o != nil {
+		_, cut = o.state()
+	}
+	buf := make([]byte, chunkSize)
+	for {
+		n, err := f.ReadAt(buf, offsets[stream])
+		if n > 0 {
+			st, _ := f.Stat()
+			last := st != nil && offsets[stream]+int64(n) >= st.Size()
+			if err := send(Event{Stream: stream, Offset: offsets[stream], Data: append([]byte(nil), buf[:n]...), Cut: cut && last}); err != nil {
+				return err
+			}
+			offsets[stream] += int64(n)
+		}
+		if errors.Is(err, io.EOF) || n == 0 {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
