@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -180,6 +181,8 @@ func (v *Verifier) Verify(sg *typesv1.SignedGrant, now time.Time) (*typesv1.Gran
 	return g, nil
 }
 
+var fullSHA = regexp.MustCompile(`^[0-9a-f]{40}([0-9a-f]{24})?$`)
+
 // checkShape refuses grants missing what every run needs.
 func checkShape(g *typesv1.Grant) error {
 	switch {
@@ -187,14 +190,14 @@ func checkShape(g *typesv1.Grant) error {
 		return fmt.Errorf("%w: job_id is required", ErrMalformed)
 	case g.GetTenant() == "":
 		return fmt.Errorf("%w: tenant is required", ErrMalformed)
-	case len(g.GetCommit()) != 40 && len(g.GetCommit()) != 64:
-		return fmt.Errorf("%w: commit %q is not a full SHA", ErrMalformed, g.GetCommit())
+	case !fullSHA.MatchString(g.GetCommit()):
+		return fmt.Errorf("%w: commit %q is not a full lowercase hex SHA", ErrMalformed, g.GetCommit())
 	case len(g.GetCommand()) == 0:
 		return fmt.Errorf("%w: command is required", ErrMalformed)
 	case g.GetLimits() == nil:
 		return fmt.Errorf("%w: limits are required", ErrMalformed)
-	case g.GetNetworkPolicy() == nil:
-		return fmt.Errorf("%w: network_policy is required", ErrMalformed)
+	case g.GetNetworkPolicy().GetMode() == nil:
+		return fmt.Errorf("%w: network_policy with exactly one mode is required", ErrMalformed)
 	case g.GetExpiresAt() == nil || g.GetIssuedAt() == nil:
 		return fmt.Errorf("%w: issued_at and expires_at are required", ErrMalformed)
 	}

@@ -17,6 +17,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 
@@ -88,9 +89,9 @@ func pae(payloadType string, payload []byte) []byte {
 // Sign makes the envelope for a bundle with digest ("sha256:<hex>"). key is
 // the private key of leaf, whose SPIFFE ID becomes the key id.
 func Sign(bundleName, digest string, run Run, key crypto.Signer, chain []*x509.Certificate) ([]byte, error) {
-	hexDigest, ok := strings.CutPrefix(digest, "sha256:")
-	if !ok || len(hexDigest) != 64 {
-		return nil, fmt.Errorf("provenance: digest %q: want sha256:<64 hex>", digest)
+	hexDigest, err := parseDigest(digest)
+	if err != nil {
+		return nil, err
 	}
 	if len(chain) == 0 {
 		return nil, errors.New("provenance: a signing certificate is required")
@@ -138,10 +139,26 @@ type Verified struct {
 	Statement Statement
 }
 
-// Verify checks that envelope is signed by a certificate chaining to roots,
-// valid at the time of signing claimed by the statement and now, whose
-// SPIFFE ID is signer, and that its statement's subject is digest.
+var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// parseDigest returns the hex of a "sha256:<64 lowercase hex>" digest.
+func parseDigest(digest string) (string, error) {
+	hexDigest, ok := strings.CutPrefix(digest, "sha256:")
+	if !ok || !sha256Hex.MatchString(hexDigest) {
+		return "", fmt.Errorf("provenance: digest %q: want sha256:<64 lowercase hex>", digest)
+	}
+	return hexDigest, nil
+}
+
+// Verify checks that envelope is signed by a certificate chaining to roots
+// and valid now, whose SPIFFE ID is signer, that the run the statement
+// describes finished while that certificate was valid, and that its
+// statement's subject is digest.
 func Verify(envelope []byte, digest string, roots *x509.CertPool, signer identity.ID) (*Verified, error) {
+	want, err := parseDigest(digest)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
 	var env Envelope
 	if err := json.Unmarshal(envelope, &env); err != nil {
 		return nil, fmt.Errorf("%w: envelope: %v", ErrInvalid, err)
@@ -190,9 +207,11 @@ func Verify(envelope []byte, digest string, roots *x509.CertPool, signer identit
 	if err := json.Unmarshal(payload, &st); err != nil {
 		return nil, fmt.Errorf("%w: statement: %v", ErrInvalid, err)
 	}
-	want, _ := strings.CutPrefix(digest, "sha256:")
 	if st.Type != StatementType || st.PredicateType != PredicateType || len(st.Subject) != 1 || st.Subject[0].Digest["sha256"] != want {
 		return nil, fmt.Errorf("%w: statement is not about bundle %s", ErrInvalid, digest)
+	}
+	if fin := st.Predicate.FinishedOn; fin.Before(chain[0].NotBefore) || fin.After(chain[0].NotAfter) {
+		return nil, fmt.Errorf("%w: the run finished at %s, outside the signing certificate's validity", ErrInvalid, fin.Format(time.RFC3339))
 	}
 	return &Verified{Signer: id, Statement: st}, nil
 }

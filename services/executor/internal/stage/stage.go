@@ -184,6 +184,13 @@ func (c *Cache) extract(r io.Reader, dir string) error {
 		if filepath.IsAbs(name) || name != filepath.Clean(name) || name == ".." || strings.HasPrefix(name, "../") || strings.Contains(name, "/../") {
 			return fmt.Errorf("archive entry %q escapes the tree", h.Name)
 		}
+		for _, part := range strings.Split(name, "/") {
+			if part == ".git" {
+				// No commit can contain .git; one in the stream is not the
+				// commit's tree, and git would treat it as a repository.
+				return fmt.Errorf("archive entry %q: a .git path cannot be part of a commit", h.Name)
+			}
+		}
 		target := filepath.Join(dir, name)
 		if err := c.checkParents(dir, name); err != nil {
 			return err

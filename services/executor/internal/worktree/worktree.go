@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +26,8 @@ var ErrTreeMismatch = errors.New("staged source does not match the commit's tree
 // DiffStat summarizes a patch.
 type DiffStat struct {
 	FilesChanged, Insertions, Deletions int64
+	// GitPaths are the .git entries Diff removed from the work tree.
+	GitPaths []string
 }
 
 // Repo is an executor-owned git directory. It holds only objects the
@@ -116,7 +119,17 @@ func (r *Repo) TreeHash(ctx context.Context, dir string) (string, error) {
 // workDir, and its stat. The index starts from baseTree, so files the base
 // tracks stay tracked even where the repository's .gitignore matches them;
 // new files the .gitignore matches are left out, as git would.
+//
+// workDir must be a disposable view (a finished job's overlay): Diff first
+// deletes every .git entry in it. A directory holding .git would otherwise
+// be read as a repository — a .git file may name any repository on the
+// host — and recorded as a gitlink the job chose; without it, its files are
+// ordinary content of the patch.
 func (r *Repo) Diff(ctx context.Context, baseTree, workDir string) ([]byte, DiffStat, error) {
+	removed, err := removeGitEntries(workDir)
+	if err != nil {
+		return nil, DiffStat{}, fmt.Errorf("remove .git entries: %w", err)
+	}
 	index, cleanup, err := r.tempIndex()
 	if err != nil {
 		return nil, DiffStat{}, err
@@ -137,7 +150,33 @@ func (r *Repo) Diff(ctx context.Context, baseTree, workDir string) ([]byte, Diff
 	if err != nil {
 		return nil, DiffStat{}, err
 	}
-	return patch, parseNumstat(numstat), nil
+	st := parseNumstat(numstat)
+	st.GitPaths = removed
+	return patch, st, nil
+}
+
+// removeGitEntries deletes every entry named .git under root (not following
+// symlinks) and returns their paths relative to root.
+func removeGitEntries(root string) ([]string, error) {
+	var removed []string
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Name() != ".git" || p == root {
+			return nil
+		}
+		rel, _ := filepath.Rel(root, p)
+		removed = append(removed, rel)
+		if err := os.RemoveAll(p); err != nil {
+			return err
+		}
+		if d.IsDir() {
+			return filepath.SkipDir
+		}
+		return nil
+	})
+	return removed, err
 }
 
 func parseNumstat(out []byte) DiffStat {
