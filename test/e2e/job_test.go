@@ -28,7 +28,7 @@ import (
 )
 
 // sampleRepo makes a small git repository whose test checks a greeting.
-func sampleRepo(t *testing.T) (dir, commit string) {
+func sampleRepo(t testing.TB) (dir, commit string) {
 	t.Helper()
 	dir = filepath.Join(t.TempDir(), "sample")
 	files := map[string]string{
@@ -55,7 +55,7 @@ func sampleRepo(t *testing.T) (dir, commit string) {
 	return dir, strings.TrimSpace(git(t, dir, "rev-parse", "HEAD"))
 }
 
-func git(t *testing.T, dir string, args ...string) string {
+func git(t testing.TB, dir string, args ...string) string {
 	t.Helper()
 	cmd := exec.Command("git", args...)
 	cmd.Dir = dir
@@ -67,12 +67,12 @@ func git(t *testing.T, dir string, args ...string) string {
 }
 
 // submit runs `airlock job submit` with args and returns the result.
-func (s *stack) airlock(t *testing.T, args ...string) result {
+func (s *stack) airlock(t testing.TB, args ...string) result {
 	t.Helper()
 	return runCommand(t, s.env(), bin("airlock"), args...)
 }
 
-func (s *stack) job(t *testing.T, id string) *authorityv1.Job {
+func (s *stack) job(t testing.TB, id string) *authorityv1.Job {
 	t.Helper()
 	res := s.airlock(t, "job", "get", id, "-o", "json")
 	if res.code != 0 {

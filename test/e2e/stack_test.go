@@ -57,7 +57,7 @@ type devReport struct {
 
 // byName indexes the report's services and fails on a duplicate or a
 // missing one, so later lookups cannot silently get a zero entry.
-func (r devReport) byName(t *testing.T) map[string]devService {
+func (r devReport) byName(t testing.TB) map[string]devService {
 	t.Helper()
 	out := map[string]devService{}
 	for _, s := range r.Services {
@@ -88,7 +88,7 @@ type stack struct {
 // startStack runs `airlock dev up` in a fresh directory and registers `dev
 // down` (and the reaping of every service) as cleanup, whatever happens.
 // startStack runs dev up with any extra arguments (e.g. --repo NAME=PATH).
-func startStack(t *testing.T, args ...string) *stack {
+func startStack(t testing.TB, args ...string) *stack {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "stack")
 	var started []proc
@@ -126,7 +126,7 @@ func startStack(t *testing.T, args ...string) *stack {
 // stopStack runs `airlock dev down` and reaps the stack's services that
 // the test has not reaped itself, so no test leaves a process or a zombie
 // behind.
-func stopStack(t *testing.T, dir string, procs []proc) {
+func stopStack(t testing.TB, dir string, procs []proc) {
 	t.Helper()
 	res := runCommand(t, nil, bin("airlock"), "dev", "down", "--dir", dir, "-o", "json")
 	if res.code != 0 {
@@ -151,7 +151,7 @@ type proc struct {
 }
 
 // source returns the TLS source of a dev identity such as "client/dev".
-func (s *stack) source(t *testing.T, as string) *tlsconfig.Source {
+func (s *stack) source(t testing.TB, as string) *tlsconfig.Source {
 	t.Helper()
 	id, err := identity.Parse("spiffe://" + trustDomain + "/" + as)
 	if err != nil {
@@ -167,12 +167,12 @@ func (s *stack) source(t *testing.T, as string) *tlsconfig.Source {
 
 // dial connects to service over mTLS as the dev identity as (KIND/NAME),
 // pinning the service's SPIFFE ID, exactly as Airlock's own clients do.
-func (s *stack) dial(t *testing.T, as, service string, opts ...grpc.DialOption) *grpc.ClientConn {
+func (s *stack) dial(t testing.TB, as, service string, opts ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
 	return s.dialWith(t, s.source(t, as), service, opts...)
 }
 
-func (s *stack) dialWith(t *testing.T, src *tlsconfig.Source, service string, opts ...grpc.DialOption) *grpc.ClientConn {
+func (s *stack) dialWith(t testing.TB, src *tlsconfig.Source, service string, opts ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
 	svc, ok := s.services[service]
 	if !ok {
@@ -198,7 +198,7 @@ type result struct {
 
 // runCommand runs a binary to completion with extra environment variables.
 // A command that cannot start or outlives commandTimeout fails the test.
-func runCommand(t *testing.T, env []string, name string, args ...string) result {
+func runCommand(t testing.TB, env []string, name string, args ...string) result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
 	defer cancel()
@@ -247,7 +247,7 @@ func reap(pid int, timeout time.Duration) (unix.WaitStatus, error) {
 
 // reapClean reaps pid and fails the test unless it exited by itself with
 // status 0, which for an Airlock service means a clean, graceful stop.
-func reapClean(t *testing.T, pid int, what string) {
+func reapClean(t testing.TB, pid int, what string) {
 	t.Helper()
 	ws, err := reap(pid, stopTimeout)
 	if err != nil {
@@ -293,7 +293,7 @@ func procStat(pid, n int) string {
 
 // logLines returns the JSON lines of a service log, failing on any line
 // that is not JSON: a panic or a stray print would show up that way.
-func logLines(t *testing.T, path string) []map[string]any {
+func logLines(t testing.TB, path string) []map[string]any {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -312,7 +312,7 @@ func logLines(t *testing.T, path string) []map[string]any {
 
 // checkStoppedLog fails unless the last line of a service log is its clean
 // "stopped" record, with no error.
-func checkStoppedLog(t *testing.T, service, path string) {
+func checkStoppedLog(t testing.TB, service, path string) {
 	t.Helper()
 	lines := logLines(t, path)
 	last := lines[len(lines)-1]

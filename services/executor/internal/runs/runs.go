@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -378,12 +379,16 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 	}
 	// The patch and bundle are built even for a cancelled or timed-out run:
 	// reviewers and operators may want to see what it did.
-	patch, stat, err := src.Repo.Diff(context.WithoutCancel(ctx), src.TreeHash, sb.WorkDir())
+	patch, stat, err := src.Repo.DiffFrom(context.WithoutCancel(ctx), src.TreeHash, src.Index, sb.WorkDir())
 	if err != nil {
 		fail(fmt.Errorf("compute patch: %w", err))
 		return
 	}
 	result.FilesChanged, result.Insertions, result.Deletions = stat.FilesChanged, stat.Insertions, stat.Deletions
+	if len(stat.GitPaths) > 0 {
+		note := fmt.Sprintf("left out of the patch: %d .git entries (%s)", len(stat.GitPaths), strings.Join(stat.GitPaths, ", "))
+		result.Message = strings.TrimPrefix(result.Message+"; "+note, "; ")
+	}
 	if err := m.writeBundle(e, g, result, patch, sb.OutDir()); err != nil {
 		fail(fmt.Errorf("bundle: %w", err))
 		return

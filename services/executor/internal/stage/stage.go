@@ -61,6 +61,8 @@ type Source struct {
 	// Repo is the executor's own git directory for this tenant and
 	// repository, holding the tree's objects (for patches).
 	Repo *worktree.Repo
+	// Index is a git index of Dir kept from verification, for fast patches.
+	Index string
 	// Cached is true when no fetch was needed.
 	Cached bool
 }
@@ -109,13 +111,14 @@ func (c *Cache) Get(ctx context.Context, k Key, fetch FetchFunc) (*Source, error
 	dir := filepath.Join(repoDir, "trees", k.Commit)
 	ready := dir + ".ready"
 	if data, err := os.ReadFile(ready); err == nil {
-		return &Source{Dir: dir, TreeHash: strings.TrimSpace(string(data)), Repo: repo, Cached: true}, nil
+		return &Source{Dir: dir, TreeHash: strings.TrimSpace(string(data)), Repo: repo, Index: dir + ".index", Cached: true}, nil
 	}
 	// A tree without its ready marker is a leftover of an interrupted
 	// fetch: start over rather than trust any of it.
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, err
 	}
+	os.Remove(dir + ".index")
 	hdr, rc, err := fetch(ctx)
 	if err != nil {
 		return nil, err
@@ -131,7 +134,7 @@ func (c *Cache) Get(ctx context.Context, k Key, fetch FetchFunc) (*Source, error
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("stage %s/%s@%s: %w", k.Tenant, k.Repository, k.Commit, err)
 	}
-	tree, err := repo.TreeHash(ctx, dir)
+	tree, err := repo.TreeHashIndex(ctx, dir, dir+".index")
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("stage: %w", err)
@@ -143,7 +146,7 @@ func (c *Cache) Get(ctx context.Context, k Key, fetch FetchFunc) (*Source, error
 	if err := writeMarker(ready, tree); err != nil {
 		return nil, err
 	}
-	return &Source{Dir: dir, TreeHash: tree, Repo: repo}, nil
+	return &Source{Dir: dir, TreeHash: tree, Repo: repo, Index: dir + ".index"}, nil
 }
 
 func writeMarker(path, content string) error {

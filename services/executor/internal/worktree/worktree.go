@@ -99,6 +99,13 @@ func (r *Repo) git(ctx context.Context, workTree string, extraEnv []string, args
 // TreeHash writes every file under dir (ignored ones too: this is the
 // commit's content, not a work product) and returns the tree hash.
 func (r *Repo) TreeHash(ctx context.Context, dir string) (string, error) {
+	return r.TreeHashIndex(ctx, dir, "")
+}
+
+// TreeHashIndex is TreeHash that also keeps the index it built at keep
+// (when not empty). Its stat data lets a later Diff against a view of the
+// same files skip re-reading every unchanged one.
+func (r *Repo) TreeHashIndex(ctx context.Context, dir, keep string) (string, error) {
 	index, cleanup, err := r.tempIndex()
 	if err != nil {
 		return "", err
@@ -112,7 +119,24 @@ func (r *Repo) TreeHash(ctx context.Context, dir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if keep != "" {
+		if err := copyFile(index, keep); err != nil {
+			return "", err
+		}
+	}
 	return strings.TrimSpace(string(out)), nil
+}
+
+func copyFile(from, to string) error {
+	data, err := os.ReadFile(from)
+	if err != nil {
+		return err
+	}
+	tmp := to + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, to)
 }
 
 // Diff returns the binary-safe patch that turns baseTree into the content of
@@ -126,6 +150,14 @@ func (r *Repo) TreeHash(ctx context.Context, dir string) (string, error) {
 // host — and recorded as a gitlink the job chose; without it, its files are
 // ordinary content of the patch.
 func (r *Repo) Diff(ctx context.Context, baseTree, workDir string) ([]byte, DiffStat, error) {
+	return r.DiffFrom(ctx, baseTree, "", workDir)
+}
+
+// DiffFrom is Diff starting from baseIndex, an index of baseTree kept by
+// TreeHashIndex (empty: build one from the tree). With it, git re-reads only
+// files whose stat data changed, so the cost follows the job's changes, not
+// the repository's size.
+func (r *Repo) DiffFrom(ctx context.Context, baseTree, baseIndex, workDir string) ([]byte, DiffStat, error) {
 	removed, err := removeGitEntries(workDir)
 	if err != nil {
 		return nil, DiffStat{}, fmt.Errorf("remove .git entries: %w", err)
@@ -136,7 +168,11 @@ func (r *Repo) Diff(ctx context.Context, baseTree, workDir string) ([]byte, Diff
 	}
 	defer cleanup()
 	env := []string{"GIT_INDEX_FILE=" + index}
-	if _, err := r.git(ctx, "", env, "read-tree", baseTree); err != nil {
+	if baseIndex != "" {
+		if err := copyFile(baseIndex, index); err != nil {
+			return nil, DiffStat{}, err
+		}
+	} else if _, err := r.git(ctx, "", env, "read-tree", baseTree); err != nil {
 		return nil, DiffStat{}, err
 	}
 	if _, err := r.git(ctx, workDir, env, "add", "--all", "--", "."); err != nil {

@@ -638,3 +638,34 @@ func TestDiffNestedRepositories(t *testing.T) {
 func sameCounts(a, b worktree.DiffStat) bool {
 	return a.FilesChanged == b.FilesChanged && a.Insertions == b.Insertions && a.Deletions == b.Deletions
 }
+
+// TestDiffFromKeptIndexEqualsDiff: starting from the index kept at staging
+// must give exactly the patch a fresh index gives, on the staged directory
+// itself (stat data matches) and on a copy (it does not).
+func TestDiffFromKeptIndexEqualsDiff(t *testing.T) {
+	b := newBase(t)
+	r := openRepo(t)
+	staged := b.export(t)
+	index := filepath.Join(t.TempDir(), "kept.index")
+	tree, err := r.TreeHashIndex(context.Background(), staged, index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, work := range map[string]string{"same files": staged, "a copy": b.export(t)} {
+		t.Run(name, func(t *testing.T) {
+			writeFile(t, filepath.Join(work, "README.md"), "changed by the job\n", 0o644)
+			writeFile(t, filepath.Join(work, "added.txt"), "new\n", 0o644)
+			want, wantStat, err := r.Diff(context.Background(), tree, work)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, gotStat, err := r.DiffFrom(context.Background(), tree, index, work)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) || !sameCounts(gotStat, wantStat) || len(want) == 0 {
+				t.Fatalf("DiffFrom differs from Diff:\n%s\n---\n%s", got, want)
+			}
+		})
+	}
+}
