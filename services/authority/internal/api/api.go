@@ -1,20 +1,33 @@
-// Package api is the authority's thin gRPC adapter: it validates requests,
-// calls the authority's domain packages and maps their errors with
-// pkg/errdefs. It is imported only by the authority's composition root.
+// Package api is the authority's thin gRPC adapter: it reads the caller's
+// identity, converts requests to the jobs domain's types, calls the domain
+// and maps its errors with pkg/errdefs, logging what is internal instead of
+// returning it. It is imported only by the authority's composition root.
 package api
 
 import (
 	"context"
+	"log/slog"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/identity"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/authority/internal/jobs"
+	"github.com/airlockhq/airlock/services/authority/internal/store"
 )
 
-// Config holds the authority's domain services. It is empty until the
-// domain packages exist; each later RPC adds what it needs here.
-type Config struct{}
+// Config holds the authority's domain services.
+type Config struct {
+	// Jobs is the job domain; required.
+	Jobs *jobs.Service
+	// Logger receives internal errors; default slog.Default().
+	Logger *slog.Logger
+}
 
 // Service implements airlock.authority.v1.AuthorityService. Embedding the
 // Unsafe interface (not the Unimplemented struct) makes a new RPC in the
@@ -25,44 +38,258 @@ type Service struct {
 }
 
 // New returns the service.
-func New(cfg Config) *Service { return &Service{cfg: cfg} }
+func New(cfg Config) *Service {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Service{cfg: cfg}
+}
 
 // Register registers the service on s.
 func (s *Service) Register(r grpc.ServiceRegistrar) { authorityv1.RegisterAuthorityServiceServer(r, s) }
 
+// maxChunk bounds one FetchSource chunk.
+const maxChunk = 256 << 10
+
+// caller returns the identity the authorization interceptor stored.
+func caller(ctx context.Context) (identity.ID, error) {
+	id, ok := identity.FromContext(ctx)
+	if !ok {
+		return identity.ID{}, status.Error(codes.Unauthenticated, "no caller identity")
+	}
+	return id, nil
+}
+
+// fail maps a domain error to a status. Anything that is not one of the
+// sentinels is logged here and reaches the caller only as "internal error".
+func (s *Service) fail(ctx context.Context, err error) error {
+	st := errdefs.ToGRPC(err)
+	if c := status.Code(st); c == codes.Internal || c == codes.Unknown {
+		s.cfg.Logger.ErrorContext(ctx, "internal error", "error", err)
+	}
+	return st
+}
+
+func (s *Service) SubmitJob(ctx context.Context, req *authorityv1.SubmitJobRequest) (*authorityv1.SubmitJobResponse, error) {
+	id, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if req.GetSpec() == nil {
+		return nil, status.Error(codes.InvalidArgument, "spec: required")
+	}
+	spec, err := specFromProto(req.GetSpec())
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	wire, err := proto.MarshalOptions{Deterministic: true}.Marshal(req.GetSpec())
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	j, created, err := s.cfg.Jobs.Submit(ctx, id, jobs.SubmitRequest{
+		Tenant: req.GetTenant(), IdempotencyKey: req.GetIdempotencyKey(), Spec: spec, SpecWire: wire,
+	})
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	pj, err := jobToProto(j)
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	return &authorityv1.SubmitJobResponse{Job: pj, Created: created}, nil
+}
+
+func (s *Service) GetJob(ctx context.Context, req *authorityv1.GetJobRequest) (*authorityv1.GetJobResponse, error) {
+	id, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	j, err := s.cfg.Jobs.Get(ctx, id, req.GetJobId())
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	pj, err := jobToProto(j)
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	return &authorityv1.GetJobResponse{Job: pj}, nil
+}
+
+func (s *Service) ListJobs(ctx context.Context, req *authorityv1.ListJobsRequest) (*authorityv1.ListJobsResponse, error) {
+	id, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	states := make([]store.State, 0, len(req.GetStates()))
+	for _, st := range req.GetStates() {
+		ds, ok := stateFromProto[st]
+		if !ok {
+			return nil, status.Errorf(codes.InvalidArgument, "states: %v is not a job state", st)
+		}
+		states = append(states, ds)
+	}
+	list, next, err := s.cfg.Jobs.List(ctx, id, jobs.ListRequest{
+		Tenant: req.GetTenant(), States: states, PageSize: int(req.GetPageSize()), PageToken: req.GetPageToken(),
+	})
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	resp := &authorityv1.ListJobsResponse{NextPageToken: next}
+	for _, j := range list {
+		pj, err := jobToProto(j)
+		if err != nil {
+			return nil, s.fail(ctx, err)
+		}
+		resp.Jobs = append(resp.Jobs, pj)
+	}
+	return resp, nil
+}
+
+func (s *Service) WatchJob(req *authorityv1.WatchJobRequest, stream grpc.ServerStreamingServer[authorityv1.WatchJobResponse]) error {
+	ctx := stream.Context()
+	id, err := caller(ctx)
+	if err != nil {
+		return err
+	}
+	from := jobs.Offsets{Stdout: req.GetStdoutOffset(), Stderr: req.GetStderrOffset()}
+	err = s.cfg.Jobs.Watch(ctx, id, req.GetJobId(), from, func(ev jobs.WatchEvent) error {
+		if ev.Job != nil {
+			pj, err := jobToProto(*ev.Job)
+			if err != nil {
+				return err
+			}
+			return stream.Send(&authorityv1.WatchJobResponse{Event: &authorityv1.WatchJobResponse_Job{Job: pj}})
+		}
+		return stream.Send(&authorityv1.WatchJobResponse{Event: &authorityv1.WatchJobResponse_Output{Output: outputToProto(*ev.Output)}})
+	})
+	if err != nil {
+		return s.fail(ctx, err)
+	}
+	return nil
+}
+
+func (s *Service) CancelJob(ctx context.Context, req *authorityv1.CancelJobRequest) (*authorityv1.CancelJobResponse, error) {
+	id, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	j, err := s.cfg.Jobs.Cancel(ctx, id, req.GetJobId(), req.GetReason())
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	pj, err := jobToProto(j)
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	return &authorityv1.CancelJobResponse{Job: pj}, nil
+}
+
+func (s *Service) FetchSource(req *authorityv1.FetchSourceRequest, stream grpc.ServerStreamingServer[authorityv1.FetchSourceResponse]) error {
+	ctx := stream.Context()
+	id, err := caller(ctx)
+	if err != nil {
+		return err
+	}
+	w := &sourceStream{stream: stream, buf: make([]byte, 0, maxChunk)}
+	if err := s.cfg.Jobs.FetchSource(ctx, id, req.GetJobId(), w); err != nil {
+		return s.fail(ctx, err)
+	}
+	if err := w.flush(); err != nil {
+		return s.fail(ctx, err)
+	}
+	return nil
+}
+
+// sourceStream sends the header, then the archive in chunks of maxChunk
+// (the last one shorter).
+type sourceStream struct {
+	stream grpc.ServerStreamingServer[authorityv1.FetchSourceResponse]
+	buf    []byte
+}
+
+func (w *sourceStream) Header(commit, tree string) error {
+	return w.stream.Send(&authorityv1.FetchSourceResponse{Part: &authorityv1.FetchSourceResponse_Header{
+		Header: &authorityv1.SourceHeader{Commit: commit, TreeHash: tree, Format: "tar"},
+	}})
+}
+
+func (w *sourceStream) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		k := min(len(p), maxChunk-len(w.buf))
+		w.buf = append(w.buf, p[:k]...)
+		p = p[k:]
+		if len(w.buf) == maxChunk {
+			if err := w.flush(); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return n, nil
+}
+
+func (w *sourceStream) flush() error {
+	if len(w.buf) == 0 {
+		return nil
+	}
+	// Send serializes the message before returning, so the buffer can be
+	// reused at once.
+	err := w.stream.Send(&authorityv1.FetchSourceResponse{Part: &authorityv1.FetchSourceResponse_Chunk{Chunk: w.buf}})
+	w.buf = w.buf[:0]
+	return err
+}
+
+func (s *Service) ReportResult(ctx context.Context, req *authorityv1.ReportResultRequest) (*authorityv1.ReportResultResponse, error) {
+	id, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r := req.GetResult()
+	if r == nil {
+		return nil, status.Error(codes.InvalidArgument, "result: required")
+	}
+	wire, err := proto.MarshalOptions{Deterministic: true}.Marshal(r)
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	j, err := s.cfg.Jobs.ReportResult(ctx, id, req.GetJobId(), jobs.Report{
+		Reason: reasonFromProto(r.GetReason()), ExitCode: r.GetExitCode(), BundleDigest: r.GetBundleDigest(), Message: r.GetMessage(),
+		Result: wire, Patch: req.GetPatch(), OutputTail: req.GetOutputTail(), Provenance: req.GetProvenance(),
+	})
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	pj, err := jobToProto(j)
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	return &authorityv1.ReportResultResponse{Job: pj}, nil
+}
+
+func reasonFromProto(r typesv1.TerminationReason) jobs.Reason {
+	switch r {
+	case typesv1.TerminationReason_TERMINATION_REASON_EXITED:
+		return jobs.ReasonExited
+	case typesv1.TerminationReason_TERMINATION_REASON_TIMEOUT:
+		return jobs.ReasonTimeout
+	case typesv1.TerminationReason_TERMINATION_REASON_OOM:
+		return jobs.ReasonOOM
+	case typesv1.TerminationReason_TERMINATION_REASON_DISK_FULL:
+		return jobs.ReasonDiskFull
+	case typesv1.TerminationReason_TERMINATION_REASON_CANCELLED:
+		return jobs.ReasonCancelled
+	case typesv1.TerminationReason_TERMINATION_REASON_EXECUTOR_RESTARTED:
+		return jobs.ReasonExecutorRestarted
+	case typesv1.TerminationReason_TERMINATION_REASON_SANDBOX_ERROR:
+		return jobs.ReasonSandboxError
+	}
+	return jobs.ReasonUnspecified
+}
+
 const (
-	withJobs      = "job execution (submit, grant, sandbox run, result)"
 	withApprovals = "approvals, leased credentials and the audit log"
-	withNetwork   = "per-job network policy enforcement"
+	withNetwork   = "per-job network policy changes"
 )
-
-func (s *Service) SubmitJob(context.Context, *authorityv1.SubmitJobRequest) (*authorityv1.SubmitJobResponse, error) {
-	return nil, errdefs.NotImplemented(authorityv1.AuthorityService_SubmitJob_FullMethodName, withJobs)
-}
-
-func (s *Service) GetJob(context.Context, *authorityv1.GetJobRequest) (*authorityv1.GetJobResponse, error) {
-	return nil, errdefs.NotImplemented(authorityv1.AuthorityService_GetJob_FullMethodName, withJobs)
-}
-
-func (s *Service) ListJobs(context.Context, *authorityv1.ListJobsRequest) (*authorityv1.ListJobsResponse, error) {
-	return nil, errdefs.NotImplemented(authorityv1.AuthorityService_ListJobs_FullMethodName, withJobs)
-}
-
-func (s *Service) WatchJob(*authorityv1.WatchJobRequest, grpc.ServerStreamingServer[authorityv1.WatchJobResponse]) error {
-	return errdefs.NotImplemented(authorityv1.AuthorityService_WatchJob_FullMethodName, withJobs)
-}
-
-func (s *Service) CancelJob(context.Context, *authorityv1.CancelJobRequest) (*authorityv1.CancelJobResponse, error) {
-	return nil, errdefs.NotImplemented(authorityv1.AuthorityService_CancelJob_FullMethodName, withJobs)
-}
-
-func (s *Service) FetchSource(*authorityv1.FetchSourceRequest, grpc.ServerStreamingServer[authorityv1.FetchSourceResponse]) error {
-	return errdefs.NotImplemented(authorityv1.AuthorityService_FetchSource_FullMethodName, withJobs)
-}
-
-func (s *Service) ReportResult(context.Context, *authorityv1.ReportResultRequest) (*authorityv1.ReportResultResponse, error) {
-	return nil, errdefs.NotImplemented(authorityv1.AuthorityService_ReportResult_FullMethodName, withJobs)
-}
 
 func (s *Service) ListApprovals(context.Context, *authorityv1.ListApprovalsRequest) (*authorityv1.ListApprovalsResponse, error) {
 	return nil, errdefs.NotImplemented(authorityv1.AuthorityService_ListApprovals_FullMethodName, withApprovals)

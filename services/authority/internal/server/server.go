@@ -9,10 +9,17 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/authz"
 	"github.com/airlockhq/airlock/pkg/daemon"
+	"github.com/airlockhq/airlock/pkg/grant"
+	"github.com/airlockhq/airlock/pkg/grpcclient"
+	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/logging"
 	"github.com/airlockhq/airlock/pkg/version"
 	"github.com/airlockhq/airlock/services/authority/internal/api"
 	"github.com/airlockhq/airlock/services/authority/internal/config"
+	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
+	"github.com/airlockhq/airlock/services/authority/internal/jobs"
+	"github.com/airlockhq/airlock/services/authority/internal/source"
+	"github.com/airlockhq/airlock/services/authority/internal/store/sqlite"
 )
 
 // Run runs the authority until ctx is cancelled or a part of it fails.
@@ -27,8 +34,48 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		Config:  cfg.Server,
 		Table:   authz.AuthorityTable,
 		Logger:  logger,
-		Start: func(_ context.Context, env *daemon.Env) error {
-			api.New(api.Config{}).Register(env.Server)
+		Start: func(ctx context.Context, env *daemon.Env) error {
+			st, err := sqlite.Open(ctx, env.DataDir.Join("authority.db"))
+			if err != nil {
+				return err
+			}
+			env.OnStop(st.Close)
+
+			key, err := grant.LoadOrCreateSigner(cfg.GrantKey)
+			if err != nil {
+				return err
+			}
+			src, err := source.New(env.DataDir.Join("source"), env.Logger)
+			if err != nil {
+				return err
+			}
+			conn, err := grpcclient.Dial(cfg.Executor.Address, env.TLS, env.PeerID(identity.ServiceExecutor))
+			if err != nil {
+				return err
+			}
+			env.OnStop(conn.Close)
+
+			svc, err := jobs.New(jobs.Config{
+				Store:    st,
+				Tenants:  cfg.Policy,
+				Source:   src,
+				Signer:   executorclient.NewSigner(key),
+				Executor: executorclient.New(conn),
+				GrantTTL: cfg.GrantTTL,
+				Logger:   env.Logger,
+			})
+			if err != nil {
+				return err
+			}
+			// Resumes unfinished jobs now and stops background work (before
+			// the store closes) when the process stops.
+			env.Go(svc.Run)
+			api.New(api.Config{Jobs: svc, Logger: env.Logger}).Register(env.Server)
+			env.Logger.Info("authority ready", "tenants", len(cfg.Policy), "grant_key_id", key.KeyID(),
+				"grant_public_key", cfg.GrantKey+".pub", "executor", cfg.Executor.Address)
+			if len(cfg.Policy) == 0 {
+				env.Logger.Warn("no tenants configured; every SubmitJob will be refused")
+			}
 			return nil
 		},
 	})

@@ -1,0 +1,138 @@
+package api
+
+import (
+	"fmt"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/authority/internal/jobs"
+	"github.com/airlockhq/airlock/services/authority/internal/policy"
+	"github.com/airlockhq/airlock/services/authority/internal/store"
+)
+
+var stateToProto = map[store.State]authorityv1.JobState{
+	store.StateQueued:    authorityv1.JobState_JOB_STATE_QUEUED,
+	store.StateStaging:   authorityv1.JobState_JOB_STATE_STAGING,
+	store.StateRunning:   authorityv1.JobState_JOB_STATE_RUNNING,
+	store.StateFinished:  authorityv1.JobState_JOB_STATE_FINISHED,
+	store.StateFailed:    authorityv1.JobState_JOB_STATE_FAILED,
+	store.StateCancelled: authorityv1.JobState_JOB_STATE_CANCELLED,
+}
+
+var stateFromProto = func() map[authorityv1.JobState]store.State {
+	m := map[authorityv1.JobState]store.State{}
+	for k, v := range stateToProto {
+		m[v] = k
+	}
+	return m
+}()
+
+var networkStateToProto = map[string]typesv1.NetworkPolicyState{
+	"pending": typesv1.NetworkPolicyState_NETWORK_POLICY_STATE_PENDING,
+	"applied": typesv1.NetworkPolicyState_NETWORK_POLICY_STATE_APPLIED,
+	"failed":  typesv1.NetworkPolicyState_NETWORK_POLICY_STATE_FAILED,
+}
+
+func invalid(field, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", errdefs.ErrInvalidArgument, field, fmt.Sprintf(format, args...))
+}
+
+// specFromProto reads what the domain checks out of a spec; anything it
+// cannot read at all is an invalid argument naming the field.
+func specFromProto(p *authorityv1.JobSpec) (jobs.Spec, error) {
+	s := jobs.Spec{
+		Repository: p.GetRepository(),
+		Revision:   p.GetRevision(),
+		Command:    p.GetCommand(),
+		Env:        p.GetEnv(),
+	}
+	if r := p.GetResources(); r != nil {
+		s.Resources = policy.Limits{CPUMillis: r.GetCpuMillis(), MemoryBytes: r.GetMemoryBytes(), Pids: r.GetPids(), DiskBytes: r.GetDiskBytes()}
+		if d := r.GetDeadline(); d != nil {
+			if err := d.CheckValid(); err != nil {
+				return s, invalid("spec.resources.deadline", "%v", err)
+			}
+			s.Resources.Deadline = d.AsDuration()
+		}
+	}
+	switch p.GetRuntimeClass() {
+	case typesv1.RuntimeClass_RUNTIME_CLASS_UNSPECIFIED:
+	case typesv1.RuntimeClass_RUNTIME_CLASS_RUNC:
+		s.RuntimeClass = policy.RuntimeRunc
+	case typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC:
+		s.RuntimeClass = policy.RuntimeRunsc
+	default:
+		return s, invalid("spec.runtime_class", "%d is not a runtime class", p.GetRuntimeClass())
+	}
+	if np := p.GetNetworkPolicy(); np != nil {
+		switch m := np.GetMode().(type) {
+		case *typesv1.NetworkPolicy_DenyAll:
+			s.Network.Mode = jobs.NetworkDenyAll
+		case *typesv1.NetworkPolicy_Allow:
+			s.Network.Mode = jobs.NetworkAllow
+			for _, r := range m.Allow.GetRules() {
+				s.Network.Rules = append(s.Network.Rules, jobs.AllowRule{CIDR: r.GetCidr(), Ports: r.GetPorts()})
+			}
+		case *typesv1.NetworkPolicy_Domains:
+			s.Network.Mode = jobs.NetworkDomains
+			s.Network.Domains, s.Network.DomainPorts = m.Domains.GetDomains(), m.Domains.GetPorts()
+		default:
+			return s, invalid("spec.network_policy", "exactly one mode (deny_all, allow or domains) is required")
+		}
+	}
+	if t := p.GetPublishTarget(); t != nil {
+		s.PublishTarget = &jobs.PublishTarget{Repository: t.GetRepository(), Branch: t.GetBranch()}
+	}
+	return s, nil
+}
+
+// jobToProto builds the API's view of a stored job.
+func jobToProto(j store.Job) (*authorityv1.Job, error) {
+	spec := &authorityv1.JobSpec{}
+	if err := proto.Unmarshal(j.Spec, spec); err != nil {
+		return nil, fmt.Errorf("api: stored spec of job %s: %w", j.ID, err)
+	}
+	out := &authorityv1.Job{
+		JobId:          j.ID,
+		Tenant:         j.Tenant,
+		Requester:      j.Requester,
+		Spec:           spec,
+		Commit:         j.Commit,
+		State:          stateToProto[j.State],
+		IdempotencyKey: j.IdempotencyKey,
+		CreatedAt:      timestamppb.New(j.CreatedAt),
+		UpdatedAt:      timestamppb.New(j.UpdatedAt),
+		Message:        j.Message,
+	}
+	if len(j.Result) > 0 {
+		r := &typesv1.RunResult{}
+		if err := proto.Unmarshal(j.Result, r); err != nil {
+			return nil, fmt.Errorf("api: stored result of job %s: %w", j.ID, err)
+		}
+		out.Result = r
+	}
+	// Unset means deny-all, and the job ran (or will run) under exactly that.
+	np := spec.GetNetworkPolicy()
+	if np == nil {
+		np = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_DenyAll{DenyAll: &typesv1.DenyAll{}}}
+	}
+	out.NetworkPolicyStatus = &typesv1.NetworkPolicyStatus{
+		Policy: np, Generation: 1, State: networkStateToProto[j.NetworkState], UpdatedAt: timestamppb.New(j.UpdatedAt),
+	}
+	if j.NetworkState == "failed" {
+		out.NetworkPolicyStatus.Message = j.Message
+	}
+	return out, nil
+}
+
+func outputToProto(o jobs.Output) *typesv1.OutputChunk {
+	stream := typesv1.OutputStream_OUTPUT_STREAM_STDOUT
+	if o.Stream == jobs.Stderr {
+		stream = typesv1.OutputStream_OUTPUT_STREAM_STDERR
+	}
+	return &typesv1.OutputChunk{Stream: stream, Offset: o.Offset, Data: o.Data, Truncated: o.Truncated}
+}

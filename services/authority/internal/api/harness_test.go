@@ -1,0 +1,339 @@
+package api_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/airlockhq/airlock/pkg/authz"
+	"github.com/airlockhq/airlock/pkg/grant"
+	"github.com/airlockhq/airlock/pkg/grpcclient"
+	"github.com/airlockhq/airlock/pkg/grpcserver"
+	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/pki"
+	"github.com/airlockhq/airlock/pkg/tlsconfig"
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	"github.com/airlockhq/airlock/services/authority/internal/api"
+	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
+	"github.com/airlockhq/airlock/services/authority/internal/fakeexecutor"
+	"github.com/airlockhq/airlock/services/authority/internal/jobs"
+	"github.com/airlockhq/airlock/services/authority/internal/policy"
+	"github.com/airlockhq/airlock/services/authority/internal/source"
+	"github.com/airlockhq/airlock/services/authority/internal/store/sqlite"
+)
+
+const td = "airlock.test"
+
+var (
+	authorityID = identity.Service(td, identity.ServiceAuthority)
+	executorID  = identity.Service(td, identity.ServiceExecutor)
+	devID       = identity.MustParse("spiffe://" + td + "/client/dev")
+	otherID     = identity.MustParse("spiffe://" + td + "/client/other")
+)
+
+// secret is the content of the mirrored repository's credential file.
+const secret = "cred-9b1d7e3f-DO-NOT-LEAK"
+
+// harness is one authority (real store, real git, real mTLS, real
+// authorization) in front of a fake executor, both on 127.0.0.1.
+type harness struct {
+	t       *testing.T
+	pkiDir  string
+	data    string
+	origin  *gitRepo
+	tenants policy.Tenants
+	signer  *grant.Signer
+	fake    *fakeexecutor.Executor
+	exec    string
+	logs    *logBuffer
+	auth    *authority
+}
+
+type authority struct {
+	addr string
+	stop func()
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	h := &harness{t: t, pkiDir: t.TempDir(), data: t.TempDir(), logs: &logBuffer{}}
+	if _, err := pki.Init(h.pkiDir, td, []identity.ID{devID, otherID}); err != nil {
+		t.Fatal(err)
+	}
+	h.origin = newRepo(t)
+	tools := newRepo(t)
+	credFile := filepath.Join(t.TempDir(), "mirrored.token")
+	if err := os.WriteFile(credFile, []byte(secret), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h.tenants = policy.Tenants{
+		"dev": {
+			Name: "dev", Clients: []string{"client/dev"},
+			Repositories: map[string]policy.Repository{
+				"demo":     {Tenant: "dev", Name: "demo", URL: h.origin.dir},
+				"mirrored": {Tenant: "dev", Name: "mirrored", URL: "file://" + h.origin.dir, Credential: credFile},
+			},
+			Default: policy.DefaultLimits, Max: policy.DefaultMax,
+			RuntimeClasses: []string{policy.RuntimeRunc, policy.RuntimeRunsc},
+			Egress:         policy.Egress{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Domains: []string{"proxy.golang.org", "*.example.com"}},
+		},
+		"other": {
+			Name: "other", Clients: []string{"client/other"},
+			Repositories: map[string]policy.Repository{"tools": {Tenant: "other", Name: "tools", URL: tools.dir}},
+			Default:      policy.DefaultLimits, Max: policy.DefaultMax,
+			RuntimeClasses: []string{policy.RuntimeRunc},
+		},
+	}
+	_, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.signer = grant.NewSigner(key)
+	h.fake = fakeexecutor.New(grant.NewVerifier(h.signer.PublicKey()))
+	h.exec = h.serve(executorID, authz.ExecutorTable, h.fake.Register)
+	h.start()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("authority log:\n%s", h.logs.String())
+		}
+	})
+	return h
+}
+
+func (h *harness) source(id identity.ID) *tlsconfig.Source {
+	h.t.Helper()
+	cert, key := pki.Paths(h.pkiDir, id)
+	src, err := tlsconfig.NewFileSource(pki.CAPath(h.pkiDir), cert, key)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return src
+}
+
+func (h *harness) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// serve runs a gRPC server for id with table until the test ends and
+// returns its address.
+func (h *harness) serve(id identity.ID, table authz.Table, register func(grpc.ServiceRegistrar)) string {
+	h.t.Helper()
+	srv, err := grpcserver.New(grpcserver.Config{
+		Listen: "127.0.0.1:0", TLS: tlsconfig.ServerConfig(h.source(id), td),
+		Authorizer: authz.New(table, h.logger(), nil), Logger: h.logger(), ShutdownTimeout: 2 * time.Second,
+	})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	register(srv.Registrar())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ctx) }()
+	srv.SetServing(true)
+	h.t.Cleanup(func() { cancel(); <-done })
+	return srv.Addr().String()
+}
+
+// start runs an authority on the harness's data directory, as the
+// composition root would build it.
+func (h *harness) start() {
+	t := h.t
+	t.Helper()
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(h.data, "authority.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := source.New(filepath.Join(h.data, "source"), h.logger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpcclient.Dial(h.exec, h.source(authorityID), executorID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := jobs.New(jobs.Config{
+		Store: st, Tenants: h.tenants, Source: src, Signer: executorclient.NewSigner(h.signer),
+		Executor: executorclient.New(conn), GrantTTL: 10 * time.Minute, Logger: h.logger(),
+		Retry: jobs.Retry{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}, DrainTimeout: 5 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	runDone := make(chan struct{})
+	go func() { defer close(runDone); _ = svc.Run(runCtx) }()
+
+	srv, err := grpcserver.New(grpcserver.Config{
+		Listen: "127.0.0.1:0", TLS: tlsconfig.ServerConfig(h.source(authorityID), td),
+		Authorizer: authz.New(authz.AuthorityTable, h.logger(), nil), Logger: h.logger(), ShutdownTimeout: 2 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	api.New(api.Config{Jobs: svc, Logger: h.logger()}).Register(srv.Registrar())
+	serveDone := make(chan struct{})
+	go func() { defer close(serveDone); _ = srv.Serve(runCtx) }()
+	srv.SetServing(true)
+
+	a := &authority{addr: srv.Addr().String()}
+	a.stop = sync.OnceFunc(func() {
+		cancel()
+		<-serveDone
+		<-runDone
+		conn.Close()
+		st.Close()
+	})
+	h.auth = a
+	t.Cleanup(a.stop)
+}
+
+// restart stops the authority and starts a new one on the same data.
+func (h *harness) restart() {
+	h.auth.stop()
+	h.start()
+}
+
+// client dials the current authority as id.
+func (h *harness) client(id identity.ID) authorityv1.AuthorityServiceClient {
+	h.t.Helper()
+	conn, err := grpcclient.Dial(h.auth.addr, h.source(id), authorityID)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { conn.Close() })
+	return authorityv1.NewAuthorityServiceClient(conn)
+}
+
+// spec is a plain job on the demo repository.
+func spec() *authorityv1.JobSpec {
+	return &authorityv1.JobSpec{
+		Repository: "demo", Revision: "main", Command: []string{"make", "test"},
+		Env: map[string]string{"GOFLAGS": "-mod=mod", "GIT_AUTHOR_NAME": "agent", "BASE": strings.Repeat("ab12", 10)},
+	}
+}
+
+func (h *harness) submit(c authorityv1.AuthorityServiceClient, key string, s *authorityv1.JobSpec) *authorityv1.SubmitJobResponse {
+	h.t.Helper()
+	resp, err := c.SubmitJob(h.t.Context(), &authorityv1.SubmitJobRequest{Tenant: "dev", Spec: s, IdempotencyKey: key})
+	if err != nil {
+		h.t.Fatalf("SubmitJob: %v", err)
+	}
+	return resp
+}
+
+// eventually polls cond until it holds or 10s pass.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (h *harness) waitState(c authorityv1.AuthorityServiceClient, id string, want authorityv1.JobState) *authorityv1.Job {
+	h.t.Helper()
+	var last *authorityv1.Job
+	eventually(h.t, "job "+id+" to reach "+want.String(), func() bool {
+		resp, err := c.GetJob(h.t.Context(), &authorityv1.GetJobRequest{JobId: id})
+		if err != nil {
+			h.t.Fatalf("GetJob: %v", err)
+		}
+		last = resp.GetJob()
+		return last.GetState() == want
+	})
+	return last
+}
+
+// wantStatus checks err's code and that its message holds every want.
+func wantStatus(t *testing.T, err error, code codes.Code, want ...string) {
+	t.Helper()
+	if status.Code(err) != code {
+		t.Fatalf("got %v, want code %v", err, code)
+	}
+	for _, w := range want {
+		if !strings.Contains(status.Convert(err).Message(), w) {
+			t.Errorf("message %q does not mention %q", status.Convert(err).Message(), w)
+		}
+	}
+}
+
+// gitRepo is a real repository made for a test.
+type gitRepo struct {
+	t   *testing.T
+	dir string
+}
+
+func (r *gitRepo) run(args ...string) string {
+	r.t.Helper()
+	cmd := exec.Command("git", args...)
+	cmd.Dir = r.dir
+	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null",
+		"GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		r.t.Fatalf("git %v: %v\n%s", args, err, stderr.String())
+	}
+	return stdout.String()
+}
+
+func (r *gitRepo) revParse(expr string) string {
+	return strings.TrimSpace(r.run("rev-parse", "--verify", expr))
+}
+
+// newRepo makes a repository whose main branch holds a file large enough
+// to need several FetchSource chunks, and a feature branch.
+func newRepo(t *testing.T) *gitRepo {
+	t.Helper()
+	r := &gitRepo{t: t, dir: filepath.Join(t.TempDir(), "origin")}
+	if err := os.MkdirAll(filepath.Join(r.dir, "data"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r.run("init", "-q", "-b", "main")
+	big := make([]byte, 700<<10)
+	_, _ = rand.Read(big)
+	for name, data := range map[string][]byte{"README.md": []byte("hello\n"), "data/blob.bin": big} {
+		if err := os.WriteFile(filepath.Join(r.dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.run("add", "-A")
+	r.run("commit", "-q", "-m", "first")
+	r.run("branch", "feature")
+	return r
+}
+
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

@@ -1,0 +1,227 @@
+// Package executorclient is the authority's side of the executor boundary:
+// it turns the jobs domain's decisions into signed airlock.types.v1.Grant
+// messages (pkg/grant) and drives the executor's gRPC API with them,
+// translating messages and status codes both ways. It implements
+// jobs.Signer and jobs.Executor; only the authority's composition root
+// imports it.
+package executorclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/grant"
+	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/authority/internal/jobs"
+	"github.com/airlockhq/airlock/services/authority/internal/policy"
+)
+
+// Signer implements jobs.Signer with the authority's grant key.
+type Signer struct {
+	s *grant.Signer
+}
+
+// NewSigner wraps s.
+func NewSigner(s *grant.Signer) *Signer { return &Signer{s: s} }
+
+var _ jobs.Signer = (*Signer)(nil)
+
+// Sign implements jobs.Signer.
+func (s *Signer) Sign(r jobs.GrantRequest) (jobs.SignedGrant, error) {
+	rc, err := RuntimeClassToProto(r.RuntimeClass)
+	if err != nil {
+		return jobs.SignedGrant{}, err
+	}
+	g := &typesv1.Grant{
+		Version:                 grant.FormatVersion,
+		JobId:                   r.JobID,
+		Tenant:                  r.Tenant,
+		Requester:               r.Requester,
+		Repository:              r.Repository,
+		Commit:                  r.Commit,
+		Command:                 r.Command,
+		Env:                     r.Env,
+		Limits:                  LimitsToProto(r.Limits),
+		NetworkPolicy:           NetworkToProto(r.Network),
+		NetworkPolicyGeneration: r.NetworkGeneration,
+		RuntimeClass:            rc,
+		IssuedAt:                timestamppb.New(r.IssuedAt),
+		ExpiresAt:               timestamppb.New(r.ExpiresAt),
+	}
+	if p := r.PublishTarget; p != nil {
+		g.PublishTarget = &typesv1.PublishTarget{Repository: p.Repository, Branch: p.Branch}
+	}
+	sg, err := s.s.Sign(g)
+	if err != nil {
+		return jobs.SignedGrant{}, err
+	}
+	wire, err := proto.MarshalOptions{Deterministic: true}.Marshal(sg)
+	if err != nil {
+		return jobs.SignedGrant{}, fmt.Errorf("executorclient: marshal signed grant: %w", err)
+	}
+	return jobs.SignedGrant{Wire: wire, Digest: grant.Digest(sg)}, nil
+}
+
+// RuntimeClassToProto maps a policy runtime class name to the enum.
+func RuntimeClassToProto(name string) (typesv1.RuntimeClass, error) {
+	switch name {
+	case policy.RuntimeRunc:
+		return typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, nil
+	case policy.RuntimeRunsc:
+		return typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC, nil
+	}
+	return 0, fmt.Errorf("executorclient: unknown runtime class %q", name)
+}
+
+// LimitsToProto converts limits.
+func LimitsToProto(l policy.Limits) *typesv1.ResourceLimits {
+	return &typesv1.ResourceLimits{
+		CpuMillis: l.CPUMillis, MemoryBytes: l.MemoryBytes, Pids: l.Pids, DiskBytes: l.DiskBytes,
+		Deadline: durationpb.New(l.Deadline),
+	}
+}
+
+// NetworkToProto converts a network policy; unset becomes deny-all, which
+// is what unset means.
+func NetworkToProto(n jobs.Network) *typesv1.NetworkPolicy {
+	switch n.Mode {
+	case jobs.NetworkAllow:
+		rules := make([]*typesv1.AllowRule, len(n.Rules))
+		for i, r := range n.Rules {
+			rules[i] = &typesv1.AllowRule{Cidr: r.CIDR, Ports: r.Ports}
+		}
+		return &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Allow{Allow: &typesv1.AllowList{Rules: rules}}}
+	case jobs.NetworkDomains:
+		return &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Domains{Domains: &typesv1.DomainList{Domains: n.Domains, Ports: n.DomainPorts}}}
+	}
+	return &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_DenyAll{DenyAll: &typesv1.DenyAll{}}}
+}
+
+// Client implements jobs.Executor over the executor's gRPC API.
+type Client struct {
+	c executorv1.ExecutorServiceClient
+}
+
+// New returns a Client on conn, which must pin the executor's identity
+// (pkg/grpcclient.Dial does).
+func New(conn grpc.ClientConnInterface) *Client {
+	return &Client{c: executorv1.NewExecutorServiceClient(conn)}
+}
+
+var _ jobs.Executor = (*Client)(nil)
+
+// Start implements jobs.Executor.
+func (c *Client) Start(ctx context.Context, wire []byte) (jobs.RunState, error) {
+	sg := &typesv1.SignedGrant{}
+	if err := proto.Unmarshal(wire, sg); err != nil {
+		return jobs.RunUnknown, fmt.Errorf("executorclient: stored grant: %w", err)
+	}
+	resp, err := c.c.StartJob(ctx, &executorv1.StartJobRequest{Grant: sg})
+	if err != nil {
+		return jobs.RunUnknown, fromStatus(err)
+	}
+	return runState(resp.GetRun().GetState()), nil
+}
+
+// Watch implements jobs.Executor.
+func (c *Client) Watch(ctx context.Context, jobID string, from jobs.Offsets, fn func(jobs.RunEvent) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.c.WatchRun(ctx, &executorv1.WatchRunRequest{JobId: jobID, StdoutOffset: from.Stdout, StderrOffset: from.Stderr})
+	if err != nil {
+		return fromStatus(err)
+	}
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fromStatus(err)
+		}
+		var ev jobs.RunEvent
+		switch e := msg.GetEvent().(type) {
+		case *executorv1.WatchRunResponse_Run:
+			ev.State = runState(e.Run.GetState())
+			ev.NetworkState = networkState(e.Run.GetNetworkPolicyStatus().GetState())
+		case *executorv1.WatchRunResponse_Output:
+			o := e.Output
+			stream := jobs.Stdout
+			if o.GetStream() == typesv1.OutputStream_OUTPUT_STREAM_STDERR {
+				stream = jobs.Stderr
+			}
+			ev.Output = &jobs.Output{Stream: stream, Offset: o.GetOffset(), Data: o.GetData(), Truncated: o.GetTruncated()}
+		default:
+			continue
+		}
+		if err := fn(ev); err != nil {
+			return err
+		}
+	}
+}
+
+// Cancel implements jobs.Executor.
+func (c *Client) Cancel(ctx context.Context, jobID, reason string) error {
+	_, err := c.c.CancelRun(ctx, &executorv1.CancelRunRequest{JobId: jobID, Reason: reason})
+	return fromStatus(err)
+}
+
+func runState(s executorv1.RunState) jobs.RunState {
+	switch s {
+	case executorv1.RunState_RUN_STATE_STAGING:
+		return jobs.RunStaging
+	case executorv1.RunState_RUN_STATE_RUNNING:
+		return jobs.RunRunning
+	case executorv1.RunState_RUN_STATE_FINISHED:
+		return jobs.RunFinished
+	case executorv1.RunState_RUN_STATE_FAILED:
+		return jobs.RunFailed
+	case executorv1.RunState_RUN_STATE_CANCELLED:
+		return jobs.RunCancelled
+	}
+	return jobs.RunUnknown
+}
+
+func networkState(s typesv1.NetworkPolicyState) string {
+	switch s {
+	case typesv1.NetworkPolicyState_NETWORK_POLICY_STATE_PENDING:
+		return "pending"
+	case typesv1.NetworkPolicyState_NETWORK_POLICY_STATE_APPLIED:
+		return "applied"
+	case typesv1.NetworkPolicyState_NETWORK_POLICY_STATE_FAILED:
+		return "failed"
+	}
+	return ""
+}
+
+// fromStatus maps the executor's status to a domain sentinel. Codes that
+// mean "try again" all become ErrUnavailable, so the domain retries them
+// and nothing else; codes errdefs does not know stay as they are, which
+// the domain treats as a refusal.
+func fromStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	switch st.Code() {
+	case codes.Unavailable, codes.Aborted, codes.Internal, codes.Unknown, codes.DeadlineExceeded:
+		return fmt.Errorf("%w: executor: %s", errdefs.ErrUnavailable, st.Message())
+	case codes.Canceled:
+		return context.Canceled
+	}
+	return errdefs.FromGRPC(err)
+}

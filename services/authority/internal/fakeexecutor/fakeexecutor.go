@@ -1,0 +1,227 @@
+// Package fakeexecutor is a hand-written fake of the executor's gRPC API
+// for the authority's tests: it verifies every grant with pkg/grant, records
+// what it was asked, and plays a scripted run (staging, running, some
+// output, then the end when the test says so). It stands exactly at the
+// executor boundary; nothing but the authority's tests imports it.
+package fakeexecutor
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/airlockhq/airlock/pkg/grant"
+	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+)
+
+// Output is what every run writes, each stream in two chunks so offsets
+// inside a stream are exercised.
+var (
+	Stdout = [][]byte{[]byte("hello "), []byte("world\n")}
+	Stderr = [][]byte{[]byte("warn\n")}
+)
+
+// Executor is the fake. The zero value is not usable; use New.
+type Executor struct {
+	executorv1.UnimplementedExecutorServiceServer
+	verifier *grant.Verifier
+
+	mu         sync.Mutex
+	startErr   error
+	attempts   map[string]int
+	grants     map[string][]*typesv1.Grant
+	runs       map[string]*run
+	cancels    []string
+	watches    map[string][]*executorv1.WatchRunRequest
+	rejections []error
+}
+
+type run struct {
+	grant *typesv1.SignedGrant
+	state executorv1.RunState
+	ended chan struct{}
+}
+
+// New returns a fake that trusts grants verified by v.
+func New(v *grant.Verifier) *Executor {
+	return &Executor{
+		verifier: v, attempts: map[string]int{}, grants: map[string][]*typesv1.Grant{}, runs: map[string]*run{},
+		watches: map[string][]*executorv1.WatchRunRequest{},
+	}
+}
+
+// Register registers the fake on r.
+func (e *Executor) Register(r grpc.ServiceRegistrar) { executorv1.RegisterExecutorServiceServer(r, e) }
+
+// FailStarts makes every StartJob return err (a status error) until called
+// again with nil.
+func (e *Executor) FailStarts(err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.startErr = err
+}
+
+// Attempts is how many StartJob calls arrived for job, accepted or not.
+func (e *Executor) Attempts(job string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.attempts[job]
+}
+
+// Grants returns the verified grants StartJob received for job.
+func (e *Executor) Grants(job string) []*typesv1.Grant {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]*typesv1.Grant(nil), e.grants[job]...)
+}
+
+// HasRun reports whether a run exists for job.
+func (e *Executor) HasRun(job string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.runs[job] != nil
+}
+
+// Cancels returns the job ids CancelRun was called with.
+func (e *Executor) Cancels() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]string(nil), e.cancels...)
+}
+
+// Watches returns the WatchRun requests received for job.
+func (e *Executor) Watches(job string) []*executorv1.WatchRunRequest {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]*executorv1.WatchRunRequest(nil), e.watches[job]...)
+}
+
+// Rejections returns the verification errors of refused grants.
+func (e *Executor) Rejections() []error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]error(nil), e.rejections...)
+}
+
+// End ends job's run: every WatchRun on it sends the final state and
+// closes.
+func (e *Executor) End(job string, state executorv1.RunState) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if r := e.runs[job]; r != nil {
+		select {
+		case <-r.ended:
+		default:
+			r.state = state
+			close(r.ended)
+		}
+	}
+}
+
+func (e *Executor) runView(id string, r *run) *executorv1.Run {
+	return &executorv1.Run{JobId: id, State: r.state, Grant: r.grant, NetworkPolicyStatus: &typesv1.NetworkPolicyStatus{
+		Generation: 1, State: typesv1.NetworkPolicyState_NETWORK_POLICY_STATE_APPLIED,
+	}}
+}
+
+// StartJob verifies the grant and starts (or returns) the run.
+func (e *Executor) StartJob(_ context.Context, req *executorv1.StartJobRequest) (*executorv1.StartJobResponse, error) {
+	g, verr := e.verifier.Verify(req.GetGrant(), time.Now())
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if verr != nil {
+		e.rejections = append(e.rejections, verr)
+		return nil, status.Errorf(codes.InvalidArgument, "grant: %v", verr)
+	}
+	e.attempts[g.GetJobId()]++
+	if e.startErr != nil {
+		return nil, e.startErr
+	}
+	if g.GetRuntimeClass() == typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC {
+		return nil, status.Error(codes.FailedPrecondition, "runtime class runsc is not installed on this executor")
+	}
+	e.grants[g.GetJobId()] = append(e.grants[g.GetJobId()], g)
+	if r := e.runs[g.GetJobId()]; r != nil {
+		return &executorv1.StartJobResponse{Run: e.runView(g.GetJobId(), r)}, nil
+	}
+	r := &run{grant: proto.Clone(req.GetGrant()).(*typesv1.SignedGrant), state: executorv1.RunState_RUN_STATE_STAGING, ended: make(chan struct{})}
+	e.runs[g.GetJobId()] = r
+	return &executorv1.StartJobResponse{Run: e.runView(g.GetJobId(), r), Created: true}, nil
+}
+
+// WatchRun sends the run as running, its output from the requested
+// offsets, then waits for End and sends the final run.
+func (e *Executor) WatchRun(req *executorv1.WatchRunRequest, stream grpc.ServerStreamingServer[executorv1.WatchRunResponse]) error {
+	e.mu.Lock()
+	e.watches[req.GetJobId()] = append(e.watches[req.GetJobId()], proto.Clone(req).(*executorv1.WatchRunRequest))
+	r := e.runs[req.GetJobId()]
+	if r != nil && r.state == executorv1.RunState_RUN_STATE_STAGING {
+		r.state = executorv1.RunState_RUN_STATE_RUNNING
+	}
+	var first *executorv1.Run
+	if r != nil {
+		first = e.runView(req.GetJobId(), r)
+	}
+	e.mu.Unlock()
+	if r == nil {
+		return status.Errorf(codes.NotFound, "no run for job %q", req.GetJobId())
+	}
+	if err := stream.Send(&executorv1.WatchRunResponse{Event: &executorv1.WatchRunResponse_Run{Run: first}}); err != nil {
+		return err
+	}
+	for _, s := range []struct {
+		name   typesv1.OutputStream
+		chunks [][]byte
+		from   int64
+	}{
+		{typesv1.OutputStream_OUTPUT_STREAM_STDOUT, Stdout, req.GetStdoutOffset()},
+		{typesv1.OutputStream_OUTPUT_STREAM_STDERR, Stderr, req.GetStderrOffset()},
+	} {
+		var off int64
+		for _, c := range s.chunks {
+			start, data := off, c
+			off += int64(len(c))
+			if off <= s.from {
+				continue
+			}
+			if start < s.from {
+				data, start = c[s.from-start:], s.from
+			}
+			if err := stream.Send(&executorv1.WatchRunResponse{Event: &executorv1.WatchRunResponse_Output{
+				Output: &typesv1.OutputChunk{Stream: s.name, Offset: start, Data: data},
+			}}); err != nil {
+				return err
+			}
+		}
+	}
+	select {
+	case <-r.ended:
+	case <-stream.Context().Done():
+		return stream.Context().Err()
+	}
+	e.mu.Lock()
+	last := e.runView(req.GetJobId(), r)
+	e.mu.Unlock()
+	return stream.Send(&executorv1.WatchRunResponse{Event: &executorv1.WatchRunResponse_Run{Run: last}})
+}
+
+// CancelRun records the call and ends the run as cancelled.
+func (e *Executor) CancelRun(_ context.Context, req *executorv1.CancelRunRequest) (*executorv1.CancelRunResponse, error) {
+	e.mu.Lock()
+	e.cancels = append(e.cancels, req.GetJobId())
+	r := e.runs[req.GetJobId()]
+	e.mu.Unlock()
+	if r == nil {
+		return nil, status.Errorf(codes.NotFound, "no run for job %q", req.GetJobId())
+	}
+	e.End(req.GetJobId(), executorv1.RunState_RUN_STATE_CANCELLED)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return &executorv1.CancelRunResponse{Run: e.runView(req.GetJobId(), r)}, nil
+}

@@ -1,0 +1,215 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/services/authority/internal/store"
+)
+
+// startTimeout bounds one StartJob attempt.
+const startTimeout = 30 * time.Second
+
+// kick makes sure one goroutine drives job id until it needs nothing more
+// from the executor.
+func (s *Service) kick(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.active[id] || s.ctx.Err() != nil {
+		return
+	}
+	s.active[id] = true
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer func() {
+			s.mu.Lock()
+			delete(s.active, id)
+			s.mu.Unlock()
+		}()
+		s.drive(id)
+	}()
+}
+
+// drive takes a job from queued through the executor's acceptance and
+// follows its run until the run's stream ends. Transient failures (the
+// executor or the store unreachable) are retried with back-off; the job's
+// terminal state comes from ReportResult, not from here.
+func (s *Service) drive(id string) {
+	log := s.cfg.Logger.With("job", id)
+	wait := s.cfg.Retry.Min
+	for s.ctx.Err() == nil {
+		j, err := s.cfg.Store.GetJob(s.ctx, id)
+		var done bool
+		if err == nil {
+			switch j.State {
+			case store.StateQueued:
+				done, err = s.dispatch(j)
+			case store.StateStaging, store.StateRunning:
+				done, err = s.follow(j)
+			default:
+				done = true
+			}
+		}
+		if done {
+			return
+		}
+		if err == nil {
+			wait = s.cfg.Retry.Min
+			continue
+		}
+		if s.ctx.Err() != nil {
+			return
+		}
+		log.Warn("executor not reachable; retrying", "error", err, "in", wait)
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, s.cfg.Retry.Max)
+	}
+}
+
+// retryable reports whether an executor error may go away by itself.
+func retryable(err error) bool {
+	return errors.Is(err, errdefs.ErrUnavailable) || errors.Is(err, errdefs.ErrResourceExhausted) ||
+		errors.Is(err, context.DeadlineExceeded)
+}
+
+// dispatch hands the job's grant to the executor. It returns done when the
+// job needs no more driving, and an error when the attempt should be
+// retried.
+func (s *Service) dispatch(j store.Job) (done bool, err error) {
+	if !s.now().Before(j.GrantExpiresAt) {
+		_, err := s.transition(j.ID, []store.State{store.StateQueued}, store.StateFailed,
+			"the grant expired before the executor accepted it (a grant waits at most grant_ttl)")
+		return true, err
+	}
+	if j.DispatchedAt.IsZero() {
+		// Recorded before the first attempt, so a cancel knows the executor
+		// may have the job and FetchSource knows it was sent.
+		j, err = s.update(s.ctx, j.ID, func(j *store.Job) error {
+			if j.State != store.StateQueued {
+				return errUnchanged
+			}
+			if j.DispatchedAt.IsZero() {
+				j.DispatchedAt = s.now()
+			}
+			return nil
+		})
+		if err != nil {
+			return false, err
+		}
+		if j.State != store.StateQueued {
+			return false, nil
+		}
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, startTimeout)
+	defer cancel()
+	state, err := s.cfg.Executor.Start(ctx, j.Grant)
+	switch {
+	case err != nil && s.ctx.Err() != nil:
+		return true, nil
+	case err != nil && retryable(err):
+		return false, err
+	case err != nil:
+		_, terr := s.transition(j.ID, []store.State{store.StateQueued}, store.StateFailed, "the executor refused the job: "+err.Error())
+		return true, terr
+	}
+	s.cfg.Logger.Info("job dispatched", "job", j.ID, "run_state", int(state))
+	next := store.StateStaging
+	if state == RunRunning {
+		next = store.StateRunning
+	}
+	cur, err := s.transition(j.ID, []store.State{store.StateQueued}, next, "")
+	if err != nil {
+		return false, err
+	}
+	if cur.State == store.StateCancelled {
+		// Cancelled while the StartJob was in flight: stop what started.
+		if err := s.cfg.Executor.Cancel(s.ctx, j.ID, cur.Message); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			s.cfg.Logger.Warn("cancel after a raced dispatch", "job", j.ID, "error", err)
+		}
+		return true, nil
+	}
+	return false, nil
+}
+
+// follow watches the run and moves the job to staging and running as the
+// executor reports them. It is done when the run's stream ends.
+func (s *Service) follow(j store.Job) (done bool, err error) {
+	err = s.cfg.Executor.Watch(s.ctx, j.ID, Offsets{}, func(ev RunEvent) error {
+		if ev.Output != nil {
+			return nil
+		}
+		var to store.State
+		switch ev.State {
+		case RunStaging:
+			to = store.StateStaging
+		case RunRunning:
+			to = store.StateRunning
+		}
+		_, err := s.update(s.ctx, j.ID, func(j *store.Job) error {
+			changed := false
+			if to != "" && advances(j.State, to) {
+				j.State, changed = to, true
+			}
+			if ev.NetworkState != "" && ev.NetworkState != j.NetworkState && !j.State.Terminal() {
+				j.NetworkState, changed = ev.NetworkState, true
+			}
+			if !changed {
+				return errUnchanged
+			}
+			return nil
+		})
+		return err
+	})
+	switch {
+	case err == nil:
+		return true, nil
+	case s.ctx.Err() != nil:
+		return true, nil
+	case errors.Is(err, errdefs.ErrNotFound):
+		_, terr := s.transition(j.ID, []store.State{store.StateQueued, store.StateStaging, store.StateRunning}, store.StateFailed,
+			"the executor has no run for this job (it may have lost it in a restart)")
+		return true, terr
+	}
+	return false, err
+}
+
+// advances reports whether to is a step forward from from.
+func advances(from, to store.State) bool {
+	rank := map[store.State]int{store.StateQueued: 0, store.StateStaging: 1, store.StateRunning: 2}
+	f, okf := rank[from]
+	t, okt := rank[to]
+	return okf && okt && t > f
+}
+
+// transition moves the job to state to if it is in one of from, with
+// message (kept when empty). It returns the job as it now is, whether or
+// not it moved.
+func (s *Service) transition(id string, from []store.State, to store.State, message string) (store.Job, error) {
+	j, err := s.update(s.ctx, id, func(j *store.Job) error {
+		for _, f := range from {
+			if j.State == f {
+				j.State = to
+				if message != "" {
+					j.Message = message
+				}
+				if to == store.StateFailed && j.NetworkState == "pending" {
+					j.NetworkState = "failed"
+				}
+				return nil
+			}
+		}
+		return errUnchanged
+	})
+	if err != nil {
+		return store.Job{}, fmt.Errorf("jobs: %s → %s: %w", id, to, err)
+	}
+	return j, nil
+}

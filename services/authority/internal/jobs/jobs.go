@@ -1,0 +1,628 @@
+// Package jobs owns the authority's job logic: checking a submitted job
+// against its tenant's policy, recording it, granting it, dispatching the
+// grant to the executor and following the run, serving its source, taking
+// its result, and telling watchers about every change. It imports no gRPC
+// or protobuf: the executor, the grant signer and the repositories are
+// interfaces here, implemented at the boundaries (executorclient, source),
+// and the api package converts between its types and the wire. Only the
+// authority's api and composition root import it.
+package jobs
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/services/authority/internal/policy"
+	"github.com/airlockhq/airlock/services/authority/internal/source"
+	"github.com/airlockhq/airlock/services/authority/internal/store"
+)
+
+// NetworkMode is which kind of network policy a job asks for.
+type NetworkMode int
+
+const (
+	// NetworkUnset means the spec gave none: deny-all.
+	NetworkUnset NetworkMode = iota
+	NetworkDenyAll
+	NetworkAllow
+	NetworkDomains
+)
+
+// String is the mode's name as the API spells it.
+func (m NetworkMode) String() string {
+	switch m {
+	case NetworkDenyAll, NetworkUnset:
+		return "deny_all"
+	case NetworkAllow:
+		return "allow"
+	case NetworkDomains:
+		return "domains"
+	}
+	return fmt.Sprintf("mode(%d)", int(m))
+}
+
+// AllowRule permits one CIDR on some ports (none means every port).
+type AllowRule struct {
+	CIDR  string
+	Ports []uint32
+}
+
+// Network is a job's network policy.
+type Network struct {
+	Mode NetworkMode
+	// Rules are the allow mode's destinations.
+	Rules []AllowRule
+	// Domains and DomainPorts are the domains mode's names and ports.
+	Domains     []string
+	DomainPorts []uint32
+}
+
+// PublishTarget is where an approved result may be published.
+type PublishTarget struct {
+	Repository string
+	Branch     string
+}
+
+// Spec is what a client asks to run, as the domain reads it.
+type Spec struct {
+	Repository string
+	Revision   string
+	Command    []string
+	Env        map[string]string
+	// Resources with zero fields taking the tenant's defaults.
+	Resources policy.Limits
+	Network   Network
+	// RuntimeClass is a policy runtime class name, or "" for the default.
+	RuntimeClass  string
+	PublishTarget *PublishTarget
+}
+
+// SubmitRequest is one submission.
+type SubmitRequest struct {
+	Tenant         string
+	IdempotencyKey string
+	Spec           Spec
+	// SpecWire is the spec exactly as submitted, serialized by the caller;
+	// it is stored and given back by Get, never interpreted here.
+	SpecWire []byte
+}
+
+// GrantRequest is everything the authority decided for one job: what the
+// Signer turns into a signed grant.
+type GrantRequest struct {
+	JobID, Tenant, Requester string
+	Repository, Commit       string
+	Command                  []string
+	Env                      map[string]string
+	// Limits are the effective limits, defaults filled in.
+	Limits policy.Limits
+	// Network is the effective policy; its mode is never NetworkUnset.
+	Network           Network
+	NetworkGeneration int64
+	RuntimeClass      string
+	PublishTarget     *PublishTarget
+	IssuedAt          time.Time
+	ExpiresAt         time.Time
+}
+
+// SignedGrant is a signed grant in its wire form.
+type SignedGrant struct {
+	// Wire is the serialized SignedGrant the executor receives.
+	Wire []byte
+	// Digest names exactly what was granted.
+	Digest string
+}
+
+// Signer signs grants with the authority's key.
+type Signer interface {
+	Sign(GrantRequest) (SignedGrant, error)
+}
+
+// Source reads tenants' repositories (see package source).
+type Source interface {
+	Resolve(ctx context.Context, repo policy.Repository, rev string) (source.Revision, error)
+	Archive(ctx context.Context, repo policy.Repository, commit string, w io.Writer) error
+}
+
+// RunState is the executor's view of a run.
+type RunState int
+
+const (
+	RunUnknown RunState = iota
+	RunStaging
+	RunRunning
+	RunFinished
+	RunFailed
+	RunCancelled
+)
+
+// Stream names an output stream.
+type Stream int
+
+const (
+	Stdout Stream = iota + 1
+	Stderr
+)
+
+// Output is a piece of a job's output.
+type Output struct {
+	Stream    Stream
+	Offset    int64
+	Data      []byte
+	Truncated bool
+}
+
+// Offsets are where to resume each output stream.
+type Offsets struct{ Stdout, Stderr int64 }
+
+// RunEvent is one message of the executor's run stream: a state (with the
+// network policy state, "" when not reported) or a piece of output.
+type RunEvent struct {
+	State        RunState
+	NetworkState string
+	Output       *Output
+}
+
+// Executor is the executor as the authority drives it. Errors wrap
+// pkg/errdefs sentinels: ErrUnavailable for anything worth retrying.
+type Executor interface {
+	// Start hands over a signed grant (SignedGrant.Wire); the same job
+	// again returns the existing run.
+	Start(ctx context.Context, grant []byte) (RunState, error)
+	// Watch calls fn with every event of the run's stream, from the given
+	// output offsets, until the run has ended and its output is drained
+	// (then it returns nil), fn fails, or ctx ends.
+	Watch(ctx context.Context, jobID string, from Offsets, fn func(RunEvent) error) error
+	// Cancel asks the executor to kill the run.
+	Cancel(ctx context.Context, jobID, reason string) error
+}
+
+// Retry bounds the back-off between attempts to reach the executor.
+type Retry struct {
+	Min, Max time.Duration
+}
+
+// Config is what the Service needs.
+type Config struct {
+	Store    store.Store
+	Tenants  policy.Tenants
+	Source   Source
+	Signer   Signer
+	Executor Executor
+	// GrantTTL is how long a grant may wait for the executor to accept it.
+	GrantTTL time.Duration
+	Logger   *slog.Logger
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+	// Retry defaults to 200ms doubling up to 10s.
+	Retry Retry
+	// DrainTimeout bounds how long a watcher waits for the rest of the
+	// output after the job has ended; default 30s.
+	DrainTimeout time.Duration
+}
+
+// Service is the authority's job logic. Its methods are safe for concurrent
+// use. Background work (dispatching, following runs) starts with the first
+// Submit or with Run, and stops when Run's context ends.
+type Service struct {
+	cfg Config
+	hub *hub
+
+	// ctx governs background work; Run cancels it on the way out.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu     sync.Mutex
+	active map[string]bool
+}
+
+// New returns a Service. Call Run to resume unfinished jobs and to stop
+// background work on shutdown.
+func New(cfg Config) (*Service, error) {
+	switch {
+	case cfg.Store == nil, cfg.Source == nil, cfg.Signer == nil, cfg.Executor == nil:
+		return nil, errors.New("jobs: store, source, signer and executor are required")
+	case cfg.GrantTTL <= 0:
+		return nil, errors.New("jobs: grant TTL must be positive")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Tenants == nil {
+		cfg.Tenants = policy.Tenants{}
+	}
+	if cfg.Retry.Min <= 0 {
+		cfg.Retry.Min = 200 * time.Millisecond
+	}
+	if cfg.Retry.Max < cfg.Retry.Min {
+		cfg.Retry.Max = max(10*time.Second, cfg.Retry.Min)
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = 30 * time.Second
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Service{cfg: cfg, hub: newHub(), ctx: ctx, cancel: cancel, active: map[string]bool{}}, nil
+}
+
+// Run resumes every unfinished job (dispatching queued ones again, which
+// the executor's StartJob makes safe, and following staged and running
+// ones), then waits for ctx to end, stops all background work and returns.
+func (s *Service) Run(ctx context.Context) error {
+	defer s.wg.Wait()
+	defer s.cancel()
+	pending, err := s.cfg.Store.JobsInStates(ctx, store.StateQueued, store.StateStaging, store.StateRunning)
+	if err != nil {
+		return fmt.Errorf("jobs: resume: %w", err)
+	}
+	for _, j := range pending {
+		s.kick(j.ID)
+	}
+	if len(pending) > 0 {
+		s.cfg.Logger.Info("resumed unfinished jobs", "count", len(pending))
+	}
+	select {
+	case <-ctx.Done():
+	case <-s.ctx.Done():
+	}
+	return nil
+}
+
+func (s *Service) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }
+
+// errUnchanged ends an update that has nothing to write.
+var errUnchanged = errors.New("unchanged")
+
+// update changes job id through fn and tells watchers. When fn returns
+// errUnchanged, nothing is written and the job as read is returned.
+func (s *Service) update(ctx context.Context, id string, fn func(*store.Job) error) (store.Job, error) {
+	var (
+		unchanged store.Job
+		before    store.State
+	)
+	j, err := s.cfg.Store.UpdateJob(ctx, id, func(j *store.Job) error {
+		before = j.State
+		if err := fn(j); err != nil {
+			if errors.Is(err, errUnchanged) {
+				unchanged = *j
+			}
+			return err
+		}
+		j.UpdatedAt = s.now()
+		return nil
+	})
+	if errors.Is(err, errUnchanged) {
+		return unchanged, nil
+	}
+	if err != nil {
+		return store.Job{}, err
+	}
+	if j.State != before {
+		s.cfg.Logger.Info("job state", "job", j.ID, "tenant", j.Tenant, "from", string(before), "to", string(j.State), "message", j.Message)
+	}
+	s.hub.publish(j)
+	return j, nil
+}
+
+// visible returns job id if caller acts for its tenant; any other job,
+// existing or not, is NotFound, so ids reveal nothing across tenants.
+func (s *Service) visible(ctx context.Context, caller identity.ID, id string) (store.Job, error) {
+	if id == "" {
+		return store.Job{}, fmt.Errorf("%w: job_id: required", errdefs.ErrInvalidArgument)
+	}
+	j, err := s.cfg.Store.GetJob(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return store.Job{}, notFound(id)
+	}
+	if err != nil {
+		return store.Job{}, err
+	}
+	if t := s.cfg.Tenants[j.Tenant]; t == nil || caller.Kind != identity.KindClient || !t.HasClient(caller.Principal()) {
+		return store.Job{}, notFound(id)
+	}
+	return j, nil
+}
+
+func notFound(id string) error { return fmt.Errorf("%w: job %q", errdefs.ErrNotFound, id) }
+
+// tenantFor returns the tenant named if caller acts for it. An unknown
+// tenant gets the same answer as a foreign one.
+func (s *Service) tenantFor(caller identity.ID, name string) (*policy.Tenant, error) {
+	if name == "" {
+		return nil, fmt.Errorf("%w: tenant: required", errdefs.ErrInvalidArgument)
+	}
+	t := s.cfg.Tenants[name]
+	if t == nil || caller.Kind != identity.KindClient || !t.HasClient(caller.Principal()) {
+		return nil, fmt.Errorf("%w: tenant: %s does not act for tenant %q", errdefs.ErrPermissionDenied, caller.Principal(), name)
+	}
+	return t, nil
+}
+
+func isExecutor(id identity.ID) bool {
+	return id.Kind == identity.KindService && id.Name == identity.ServiceExecutor
+}
+
+var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+// newID returns a random job id: 26 characters of [a-z2-7], safe in file
+// names and URLs.
+func newID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return idEncoding.EncodeToString(b)
+}
+
+// Get returns a job the caller may see.
+func (s *Service) Get(ctx context.Context, caller identity.ID, id string) (store.Job, error) {
+	return s.visible(ctx, caller, id)
+}
+
+// ListRequest selects jobs for List.
+type ListRequest struct {
+	Tenant    string
+	States    []store.State
+	PageSize  int
+	PageToken string
+}
+
+// List returns a page of the tenant's jobs, newest first.
+func (s *Service) List(ctx context.Context, caller identity.ID, req ListRequest) ([]store.Job, string, error) {
+	if _, err := s.tenantFor(caller, req.Tenant); err != nil {
+		return nil, "", err
+	}
+	switch {
+	case req.PageSize < 0:
+		return nil, "", fmt.Errorf("%w: page_size: must not be negative", errdefs.ErrInvalidArgument)
+	case req.PageSize == 0:
+		req.PageSize = 50
+	case req.PageSize > 500:
+		req.PageSize = 500
+	}
+	return s.cfg.Store.ListJobs(ctx, store.ListOptions{Tenant: req.Tenant, States: req.States, Limit: req.PageSize, PageToken: req.PageToken})
+}
+
+// Cancel stops a job. A queued job is cancelled here and never dispatched;
+// a job the executor holds is cancelled there, and its final state arrives
+// with its result.
+func (s *Service) Cancel(ctx context.Context, caller identity.ID, id, reason string) (store.Job, error) {
+	if _, err := s.visible(ctx, caller, id); err != nil {
+		return store.Job{}, err
+	}
+	if len(reason) > 1024 {
+		return store.Job{}, fmt.Errorf("%w: reason: at most 1024 bytes", errdefs.ErrInvalidArgument)
+	}
+	who := "cancelled by " + caller.Principal()
+	if reason != "" {
+		who += ": " + reason
+	}
+	var atExecutor, wasQueued bool
+	j, err := s.update(ctx, id, func(j *store.Job) error {
+		switch {
+		case j.State == store.StateCancelled:
+			return errUnchanged
+		case j.State.Terminal():
+			return fmt.Errorf("%w: job %q already ended (%s)", errdefs.ErrFailedPrecondition, id, j.State)
+		case j.State == store.StateQueued:
+			j.State, j.Message = store.StateCancelled, who
+			// A StartJob may already be on its way; make sure it is undone.
+			atExecutor, wasQueued = !j.DispatchedAt.IsZero(), true
+		default:
+			j.Message = "cancel requested: " + who
+			atExecutor = true
+		}
+		return nil
+	})
+	if err != nil || !atExecutor {
+		return j, err
+	}
+	err = s.cfg.Executor.Cancel(ctx, id, reason)
+	switch {
+	case err == nil:
+		return j, nil
+	case wasQueued:
+		s.cfg.Logger.Debug("cancel of a queued job at the executor", "job", id, "error", err)
+		return j, nil
+	case errors.Is(err, errdefs.ErrNotFound):
+		// The executor has no run to stop; nothing else would ever end the job.
+		return s.update(ctx, id, func(j *store.Job) error {
+			if j.State.Terminal() {
+				return errUnchanged
+			}
+			j.State, j.Message = store.StateCancelled, who+" (the executor had no run for it)"
+			return nil
+		})
+	default:
+		return store.Job{}, fmt.Errorf("%w: the executor could not be reached to cancel the job; try again", errdefs.ErrUnavailable)
+	}
+}
+
+// SourceWriter receives a job's source: the header, then the archive.
+type SourceWriter interface {
+	Header(commit, tree string) error
+	io.Writer
+}
+
+// FetchSource streams the job's recorded commit, read with the authority's
+// credential, to the executor it was dispatched to, while it may run.
+func (s *Service) FetchSource(ctx context.Context, caller identity.ID, id string, w SourceWriter) error {
+	if !isExecutor(caller) {
+		return fmt.Errorf("%w: only the executor fetches source", errdefs.ErrPermissionDenied)
+	}
+	if id == "" {
+		return fmt.Errorf("%w: job_id: required", errdefs.ErrInvalidArgument)
+	}
+	j, err := s.cfg.Store.GetJob(ctx, id)
+	if err != nil {
+		return err
+	}
+	switch j.State {
+	case store.StateQueued, store.StateStaging, store.StateRunning:
+	default:
+		return fmt.Errorf("%w: job %q is %s; its source is served only while it runs", errdefs.ErrFailedPrecondition, id, j.State)
+	}
+	if j.DispatchedAt.IsZero() {
+		return fmt.Errorf("%w: job %q has not been dispatched", errdefs.ErrFailedPrecondition, id)
+	}
+	repo, ok := s.repository(j)
+	if !ok {
+		return fmt.Errorf("%w: repository %q is no longer in tenant %q's policy", errdefs.ErrFailedPrecondition, j.Repository, j.Tenant)
+	}
+	hw := &headerFirst{w: w, commit: j.Commit, tree: j.TreeHash}
+	if err := s.cfg.Source.Archive(ctx, repo, j.Commit, hw); err != nil {
+		return err
+	}
+	return hw.ensureHeader()
+}
+
+func (s *Service) repository(j store.Job) (policy.Repository, bool) {
+	t := s.cfg.Tenants[j.Tenant]
+	if t == nil {
+		return policy.Repository{}, false
+	}
+	r, ok := t.Repositories[j.Repository]
+	return r, ok
+}
+
+// headerFirst sends the header just before the first archive bytes, so a
+// failure before any bytes leaves the stream without a misleading header.
+type headerFirst struct {
+	w            SourceWriter
+	commit, tree string
+	sent         bool
+}
+
+func (h *headerFirst) ensureHeader() error {
+	if h.sent {
+		return nil
+	}
+	h.sent = true
+	return h.w.Header(h.commit, h.tree)
+}
+
+func (h *headerFirst) Write(p []byte) (int, error) {
+	if err := h.ensureHeader(); err != nil {
+		return 0, err
+	}
+	return h.w.Write(p)
+}
+
+// Reason says why a run ended.
+type Reason int
+
+const (
+	ReasonUnspecified Reason = iota
+	ReasonExited
+	ReasonTimeout
+	ReasonOOM
+	ReasonDiskFull
+	ReasonCancelled
+	ReasonExecutorRestarted
+	ReasonSandboxError
+)
+
+// Report is what the executor reports when a run ends.
+type Report struct {
+	Reason       Reason
+	ExitCode     int32
+	BundleDigest string
+	// Message is the executor's detail, for SANDBOX_ERROR and the like.
+	Message string
+	// Result is the serialized RunResult, stored as is.
+	Result     []byte
+	Patch      []byte
+	OutputTail []byte
+	Provenance []byte
+}
+
+// outcome maps a report to the job's final state and a message for people.
+func (r Report) outcome() (store.State, string) {
+	detail := func(s string) string {
+		if r.Message != "" {
+			return s + ": " + r.Message
+		}
+		return s
+	}
+	switch r.Reason {
+	case ReasonExited:
+		return store.StateFinished, fmt.Sprintf("exited with status %d", r.ExitCode)
+	case ReasonTimeout:
+		return store.StateFinished, "the deadline passed and the process tree was killed"
+	case ReasonOOM:
+		return store.StateFinished, "the memory limit was hit and the kernel killed the job"
+	case ReasonDiskFull:
+		return store.StateFinished, "the disk limit was reached"
+	case ReasonCancelled:
+		return store.StateCancelled, detail("cancelled")
+	case ReasonExecutorRestarted:
+		return store.StateFailed, detail("the executor restarted while the job was in flight")
+	default:
+		return store.StateFailed, detail("the sandbox could not be set up or the runtime failed")
+	}
+}
+
+// ReportResult records a run's outcome. The same report again (same bundle
+// digest) changes nothing; a different one for a job that already has a
+// result is refused.
+func (s *Service) ReportResult(ctx context.Context, caller identity.ID, id string, r Report) (store.Job, error) {
+	if !isExecutor(caller) {
+		return store.Job{}, fmt.Errorf("%w: only the executor reports results", errdefs.ErrPermissionDenied)
+	}
+	if id == "" {
+		return store.Job{}, fmt.Errorf("%w: job_id: required", errdefs.ErrInvalidArgument)
+	}
+	if r.Reason <= ReasonUnspecified || r.Reason > ReasonSandboxError {
+		return store.Job{}, fmt.Errorf("%w: result.reason: required", errdefs.ErrInvalidArgument)
+	}
+	if r.BundleDigest != "" && !isDigest(r.BundleDigest) {
+		return store.Job{}, fmt.Errorf("%w: result.bundle_digest: %q is not sha256:<64 hex>", errdefs.ErrInvalidArgument, r.BundleDigest)
+	}
+	if r.BundleDigest == "" {
+		if st, _ := r.outcome(); st == store.StateFinished {
+			return store.Job{}, fmt.Errorf("%w: result.bundle_digest: required when the run finished", errdefs.ErrInvalidArgument)
+		}
+	}
+	return s.update(ctx, id, func(j *store.Job) error {
+		if j.DispatchedAt.IsZero() {
+			return fmt.Errorf("%w: job %q was never dispatched", errdefs.ErrFailedPrecondition, id)
+		}
+		if len(j.Result) > 0 {
+			if j.BundleDigest == r.BundleDigest && (r.BundleDigest != "" || string(j.Result) == string(r.Result)) {
+				return errUnchanged
+			}
+			return fmt.Errorf("%w: job %q already has a result (bundle %q)", errdefs.ErrFailedPrecondition, id, j.BundleDigest)
+		}
+		j.Result, j.BundleDigest, j.Patch, j.OutputTail, j.Provenance = r.Result, r.BundleDigest, r.Patch, r.OutputTail, r.Provenance
+		if !j.State.Terminal() {
+			// A job already ended here (cancelled while queued, say)
+			// keeps its state; the result is recorded beside it.
+			j.State, j.Message = r.outcome()
+		}
+		return nil
+	})
+}
+
+func isDigest(s string) bool {
+	hex, ok := strings.CutPrefix(s, "sha256:")
+	if !ok || len(hex) != 64 {
+		return false
+	}
+	for _, r := range hex {
+		if !('0' <= r && r <= '9') && !('a' <= r && r <= 'f') {
+			return false
+		}
+	}
+	return true
+}

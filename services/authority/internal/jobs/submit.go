@@ -1,0 +1,460 @@
+package jobs
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/airlockhq/airlock/pkg/config"
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/services/authority/internal/policy"
+	"github.com/airlockhq/airlock/services/authority/internal/source"
+	"github.com/airlockhq/airlock/services/authority/internal/store"
+)
+
+// decision is what the policy check makes of a spec.
+type decision struct {
+	repo    policy.Repository
+	limits  policy.Limits
+	network Network
+	runtime string
+	// refusal, when set, is why the job is recorded but must not run.
+	refusal string
+}
+
+// Submit checks a job against its tenant's policy, resolves its revision,
+// records it, and (unless policy keeps it from running) grants it and
+// dispatches the grant in the background. The same (tenant, idempotency
+// key) returns the job recorded first, with created=false.
+func (s *Service) Submit(ctx context.Context, caller identity.ID, req SubmitRequest) (store.Job, bool, error) {
+	t, err := s.tenantFor(caller, req.Tenant)
+	if err != nil {
+		return store.Job{}, false, err
+	}
+	if err := checkIdempotencyKey(req.IdempotencyKey); err != nil {
+		return store.Job{}, false, err
+	}
+	digest, err := specDigest(req.Spec)
+	if err != nil {
+		return store.Job{}, false, err
+	}
+	existing, err := s.cfg.Store.JobByIdempotencyKey(ctx, req.Tenant, req.IdempotencyKey)
+	switch {
+	case err == nil:
+		return sameSpec(existing, digest)
+	case !errors.Is(err, errdefs.ErrNotFound):
+		return store.Job{}, false, err
+	}
+
+	d, err := check(t, req.Spec)
+	if err != nil {
+		return store.Job{}, false, err
+	}
+	rev, err := s.cfg.Source.Resolve(ctx, d.repo, req.Spec.Revision)
+	switch {
+	case errors.Is(err, source.ErrBadRevision), errors.Is(err, source.ErrUnknownRevision):
+		return store.Job{}, false, fmt.Errorf("%w: spec.revision: %q does not name a commit in repository %q", errdefs.ErrInvalidArgument, req.Spec.Revision, d.repo.Name)
+	case err != nil:
+		return store.Job{}, false, err
+	}
+
+	now := s.now()
+	j := store.Job{
+		ID: newID(), Tenant: req.Tenant, Requester: caller.String(), IdempotencyKey: req.IdempotencyKey,
+		Repository: d.repo.Name, Spec: req.SpecWire, SpecDigest: digest, Commit: rev.Commit, TreeHash: rev.Tree,
+		CreatedAt: now, UpdatedAt: now,
+	}
+	if d.refusal != "" {
+		j.State, j.Message, j.NetworkState = store.StateFailed, d.refusal, "failed"
+	} else {
+		g, err := s.cfg.Signer.Sign(GrantRequest{
+			JobID: j.ID, Tenant: j.Tenant, Requester: j.Requester, Repository: d.repo.Name, Commit: rev.Commit,
+			Command: req.Spec.Command, Env: req.Spec.Env, Limits: d.limits, Network: d.network, NetworkGeneration: 1,
+			RuntimeClass: d.runtime, PublishTarget: req.Spec.PublishTarget,
+			IssuedAt: now, ExpiresAt: now.Add(s.cfg.GrantTTL),
+		})
+		if err != nil {
+			return store.Job{}, false, fmt.Errorf("jobs: sign grant: %w", err)
+		}
+		j.State, j.NetworkState = store.StateQueued, "pending"
+		j.Grant, j.GrantExpiresAt = g.Wire, now.Add(s.cfg.GrantTTL)
+	}
+	stored, created, err := s.cfg.Store.CreateJob(ctx, j)
+	if err != nil {
+		return store.Job{}, false, err
+	}
+	if !created {
+		// Another submission with the same key won the race.
+		return sameSpec(stored, digest)
+	}
+	s.cfg.Logger.Info("job submitted", "job", stored.ID, "tenant", stored.Tenant, "requester", stored.Requester,
+		"repository", stored.Repository, "commit", stored.Commit, "state", string(stored.State), "message", stored.Message)
+	s.hub.publish(stored)
+	if stored.State == store.StateQueued {
+		s.kick(stored.ID)
+	}
+	return stored, true, nil
+}
+
+func sameSpec(j store.Job, digest string) (store.Job, bool, error) {
+	if j.SpecDigest != digest {
+		return store.Job{}, false, fmt.Errorf("%w: idempotency_key: already used for job %q with a different spec", errdefs.ErrAlreadyExists, j.ID)
+	}
+	return j, false, nil
+}
+
+// specDigest identifies a spec's content: the sha256 of its canonical
+// JSON (maps sorted by key).
+func specDigest(spec Spec) (string, error) {
+	data, err := json.Marshal(spec)
+	if err != nil {
+		return "", fmt.Errorf("jobs: spec digest: %w", err)
+	}
+	sum := sha256.Sum256(data)
+	return "sha256:" + hex.EncodeToString(sum[:]), nil
+}
+
+func checkIdempotencyKey(k string) error {
+	switch {
+	case k == "":
+		return fmt.Errorf("%w: idempotency_key: required", errdefs.ErrInvalidArgument)
+	case len(k) > 256:
+		return fmt.Errorf("%w: idempotency_key: at most 256 bytes", errdefs.ErrInvalidArgument)
+	case !printable(k):
+		return fmt.Errorf("%w: idempotency_key: printable characters only", errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func printable(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
+}
+
+func invalid(field, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", errdefs.ErrInvalidArgument, field, fmt.Sprintf(format, args...))
+}
+
+func denied(field, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", errdefs.ErrPermissionDenied, field, fmt.Sprintf(format, args...))
+}
+
+// check applies the tenant's policy to spec.
+func check(t *policy.Tenant, spec Spec) (decision, error) {
+	var d decision
+	if spec.Repository == "" {
+		return d, invalid("spec.repository", "required")
+	}
+	repo, ok := t.Repositories[spec.Repository]
+	if !ok {
+		return d, denied("spec.repository", "%q is not a repository of tenant %q", spec.Repository, t.Name)
+	}
+	d.repo = repo
+	if spec.Revision == "" {
+		return d, invalid("spec.revision", "required")
+	}
+	if err := source.CheckRevision(spec.Revision); err != nil {
+		return d, invalid("spec.revision", "%q: give a branch, tag or commit SHA (and nothing starting with '-')", spec.Revision)
+	}
+	if err := checkCommand(spec.Command); err != nil {
+		return d, err
+	}
+	if err := checkEnv(spec.Env); err != nil {
+		return d, err
+	}
+	limits, err := effectiveLimits(spec.Resources, t.Default, t.Max)
+	if err != nil {
+		return d, err
+	}
+	d.limits = limits
+	switch {
+	case spec.RuntimeClass == "":
+		d.runtime = t.RuntimeClasses[0]
+	case !slices.Contains(t.RuntimeClasses, spec.RuntimeClass):
+		return d, denied("spec.runtime_class", "%s is not allowed for tenant %q (allowed: %s)", spec.RuntimeClass, t.Name, strings.Join(t.RuntimeClasses, ", "))
+	default:
+		d.runtime = spec.RuntimeClass
+	}
+	if d.network, err = checkNetwork(t, spec.Network); err != nil {
+		return d, err
+	}
+	if d.network.Mode != NetworkDenyAll {
+		d.refusal = fmt.Sprintf("network policy %s is not enforced by this build yet; only deny_all runs", d.network.Mode)
+	}
+	if p := spec.PublishTarget; p != nil {
+		if _, ok := t.Repositories[p.Repository]; !ok {
+			return d, denied("spec.publish_target.repository", "%q is not a repository of tenant %q", p.Repository, t.Name)
+		}
+		if err := source.CheckRevision(p.Branch); err != nil || p.Branch == "HEAD" {
+			return d, invalid("spec.publish_target.branch", "%q is not a branch name", p.Branch)
+		}
+	}
+	return d, nil
+}
+
+func checkCommand(argv []string) error {
+	if len(argv) == 0 || argv[0] == "" {
+		return invalid("spec.command", "at least one element, the program, is required")
+	}
+	if len(argv) > 4096 {
+		return invalid("spec.command", "at most 4096 elements")
+	}
+	total := 0
+	for i, a := range argv {
+		total += len(a)
+		if strings.ContainsRune(a, 0) || !utf8.ValidString(a) {
+			return invalid(fmt.Sprintf("spec.command[%d]", i), "must be valid UTF-8 without NUL")
+		}
+	}
+	if total > 128<<10 {
+		return invalid("spec.command", "at most 128KiB in all")
+	}
+	return nil
+}
+
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+func checkEnv(env map[string]string) error {
+	if len(env) > 256 {
+		return invalid("spec.env", "at most 256 variables")
+	}
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		v := env[k]
+		if len(k) > 256 || !envName.MatchString(k) {
+			return invalid("spec.env", "%q is not a variable name (letters, digits and '_', not starting with a digit)", k)
+		}
+		field := "spec.env." + k
+		if len(v) > 32<<10 {
+			return invalid(field, "value longer than 32KiB")
+		}
+		if strings.ContainsRune(v, 0) || !utf8.ValidString(v) {
+			return invalid(field, "value must be valid UTF-8 without NUL")
+		}
+		if credentialName(k) {
+			return invalid(field, "the name looks like a credential; jobs never get credentials (the authority keeps them)")
+		}
+		// The value is never echoed: if it is a secret, the error must not
+		// spread it further.
+		if what := credentialValue(v); what != "" {
+			return invalid(field, "the value looks like a credential (%s); jobs never get credentials (the authority keeps them)", what)
+		}
+	}
+	return nil
+}
+
+// Name fragments that mark a variable as a credential wherever they occur.
+var secretNameFragments = []string{
+	"TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "APIKEY", "API_KEY",
+	"PRIVATE_KEY", "PRIVATEKEY", "ACCESS_KEY", "ACCESSKEY", "AUTHORIZATION", "AUTHTOKEN", "COOKIE",
+}
+
+// Name segments (between underscores) that mark a credential only as a
+// whole word, so GIT_AUTHOR_NAME and BYPASS_CACHE stay plain.
+var secretNameWords = []string{"AUTH", "PASS", "PAT", "DSN"}
+
+func credentialName(name string) bool {
+	upper := strings.ToUpper(name)
+	for _, f := range secretNameFragments {
+		if strings.Contains(upper, f) {
+			return true
+		}
+	}
+	for _, seg := range strings.Split(upper, "_") {
+		if slices.Contains(secretNameWords, seg) {
+			return true
+		}
+	}
+	return false
+}
+
+var (
+	awsKeyID     = regexp.MustCompile(`\b(AKIA|ASIA|AGPA|AIDA|AROA)[A-Z0-9]{16}\b`)
+	jwt          = regexp.MustCompile(`\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.`)
+	urlPassword  = regexp.MustCompile(`[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]+:[^/\s@]+@`)
+	tokenPattern = []struct {
+		re   *regexp.Regexp
+		what string
+	}{
+		{regexp.MustCompile(`\b(ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}`), "a GitHub token"},
+		{regexp.MustCompile(`\bgithub_pat_[A-Za-z0-9_]{20,}`), "a GitHub token"},
+		{regexp.MustCompile(`\bglpat-[A-Za-z0-9_-]{16,}`), "a GitLab token"},
+		{regexp.MustCompile(`\bxox[abprs]-[A-Za-z0-9-]{10,}`), "a Slack token"},
+		{regexp.MustCompile(`\bsk-[A-Za-z0-9_-]{16,}`), "an API secret key"},
+		{regexp.MustCompile(`\b(sk|rk)_live_[A-Za-z0-9]{16,}`), "a Stripe key"},
+		{regexp.MustCompile(`\bAIza[A-Za-z0-9_-]{30,}`), "a Google API key"},
+		{regexp.MustCompile(`\bnpm_[A-Za-z0-9]{30,}`), "an npm token"},
+	}
+)
+
+// credentialValue says what kind of credential v looks like, or "".
+func credentialValue(v string) string {
+	switch {
+	case strings.Contains(v, "-----BEGIN"):
+		return "a PEM block"
+	case awsKeyID.MatchString(v):
+		return "an AWS access key id"
+	case jwt.MatchString(v):
+		return "a JSON web token"
+	case urlPassword.MatchString(v):
+		return "a URL with a password"
+	}
+	for _, p := range tokenPattern {
+		if p.re.MatchString(v) {
+			return p.what
+		}
+	}
+	for _, word := range strings.FieldsFunc(v, func(r rune) bool { return unicode.IsSpace(r) || r == ',' || r == ';' || r == '"' || r == '\'' }) {
+		if highEntropy(word) {
+			return "a long random string"
+		}
+	}
+	return ""
+}
+
+// highEntropy reports a long run of base64-alphabet characters mixing
+// upper case, lower case and digits with the character spread of random
+// data. Hex strings (commit SHAs, digests) and UUIDs lack upper case and
+// pass; real words and paths lack the spread.
+func highEntropy(s string) bool {
+	if len(s) < 32 {
+		return false
+	}
+	var upper, lower, digit bool
+	counts := map[rune]int{}
+	for _, r := range s {
+		switch {
+		case 'A' <= r && r <= 'Z':
+			upper = true
+		case 'a' <= r && r <= 'z':
+			lower = true
+		case '0' <= r && r <= '9':
+			digit = true
+		case r == '+' || r == '/' || r == '=' || r == '_' || r == '-':
+		default:
+			return false
+		}
+		counts[r]++
+	}
+	if !upper || !lower || !digit {
+		return false
+	}
+	var bits float64
+	n := float64(len(s))
+	for _, c := range counts {
+		p := float64(c) / n
+		bits -= p * math.Log2(p)
+	}
+	return bits >= 4.2
+}
+
+// effectiveLimits fills zero fields from def and refuses any above ceil.
+func effectiveLimits(req, def, ceil policy.Limits) (policy.Limits, error) {
+	out := req
+	for _, f := range []struct {
+		name      string
+		v         *int64
+		def, ceil int64
+		format    func(int64) string
+	}{
+		{"cpu_millis", &out.CPUMillis, def.CPUMillis, ceil.CPUMillis, plain},
+		{"memory_bytes", &out.MemoryBytes, def.MemoryBytes, ceil.MemoryBytes, bytesText},
+		{"pids", &out.Pids, def.Pids, ceil.Pids, plain},
+		{"disk_bytes", &out.DiskBytes, def.DiskBytes, ceil.DiskBytes, bytesText},
+		{"deadline", (*int64)(&out.Deadline), int64(def.Deadline), int64(ceil.Deadline), durationText},
+	} {
+		field := "spec.resources." + f.name
+		switch {
+		case *f.v < 0:
+			return policy.Limits{}, invalid(field, "must not be negative")
+		case *f.v == 0:
+			*f.v = f.def
+		case *f.v > f.ceil:
+			return policy.Limits{}, invalid(field, "%s is above the tenant's ceiling of %s", f.format(*f.v), f.format(f.ceil))
+		}
+	}
+	return out, nil
+}
+
+func plain(n int64) string        { return fmt.Sprint(n) }
+func bytesText(n int64) string    { return fmt.Sprintf("%d (%s)", n, config.FormatByteSize(n)) }
+func durationText(n int64) string { return time.Duration(n).String() }
+
+// checkNetwork validates a policy and checks it against the tenant's
+// egress. An unset policy is deny-all, made explicit.
+func checkNetwork(t *policy.Tenant, n Network) (Network, error) {
+	const base = "spec.network_policy"
+	switch n.Mode {
+	case NetworkUnset, NetworkDenyAll:
+		return Network{Mode: NetworkDenyAll}, nil
+	case NetworkAllow:
+		if len(n.Rules) == 0 {
+			return n, invalid(base+".allow.rules", "at least one rule is required")
+		}
+		for i, r := range n.Rules {
+			field := fmt.Sprintf("%s.allow.rules[%d]", base, i)
+			p, err := netip.ParsePrefix(r.CIDR)
+			if err != nil {
+				return n, invalid(field+".cidr", "%q is not a CIDR", r.CIDR)
+			}
+			if err := checkPorts(field+".ports", r.Ports); err != nil {
+				return n, err
+			}
+			if !t.Egress.AllowsPrefix(p) {
+				return n, denied(field+".cidr", "%s is outside tenant %q's permitted egress", r.CIDR, t.Name)
+			}
+		}
+	case NetworkDomains:
+		if len(n.Domains) == 0 {
+			return n, invalid(base+".domains.domains", "at least one domain is required")
+		}
+		for i, d := range n.Domains {
+			field := fmt.Sprintf("%s.domains.domains[%d]", base, i)
+			if err := policy.CheckDomain(d); err != nil {
+				return n, invalid(field, "%v", err)
+			}
+			if !t.Egress.AllowsDomain(d) {
+				return n, denied(field, "%s is outside tenant %q's permitted egress", d, t.Name)
+			}
+		}
+		if err := checkPorts(base+".domains.ports", n.DomainPorts); err != nil {
+			return n, err
+		}
+	default:
+		return n, invalid(base, "unknown mode")
+	}
+	return n, nil
+}
+
+func checkPorts(field string, ports []uint32) error {
+	for i, p := range ports {
+		if p == 0 || p > 65535 {
+			return invalid(fmt.Sprintf("%s[%d]", field, i), "%d is not a TCP port", p)
+		}
+	}
+	return nil
+}

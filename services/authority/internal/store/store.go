@@ -1,0 +1,131 @@
+// Package store owns the authority's persistent records and the one
+// interface every storage backend implements: the embedded SQLite store in
+// store/sqlite now, PostgreSQL for replicated authorities later, both held
+// to the same conformance suite in store/storetest. It knows nothing of job
+// policy; the jobs package decides what may change and calls Update.
+package store
+
+import (
+	"context"
+	"time"
+)
+
+// State is where a job is in its life. The values are what the database
+// holds, so they never change.
+type State string
+
+// Job states: queued → staging → running → finished, with failed and
+// cancelled reachable from any state before the end.
+const (
+	StateQueued    State = "queued"
+	StateStaging   State = "staging"
+	StateRunning   State = "running"
+	StateFinished  State = "finished"
+	StateFailed    State = "failed"
+	StateCancelled State = "cancelled"
+)
+
+// Terminal reports whether nothing more happens to a job in state s.
+func (s State) Terminal() bool {
+	return s == StateFinished || s == StateFailed || s == StateCancelled
+}
+
+// Valid reports whether s is one of the states above.
+func (s State) Valid() bool {
+	switch s {
+	case StateQueued, StateStaging, StateRunning, StateFinished, StateFailed, StateCancelled:
+		return true
+	}
+	return false
+}
+
+// Job is the authority's record of one job. Byte fields hold serialized
+// protobuf messages the store does not interpret.
+type Job struct {
+	// ID is assigned by the caller of CreateJob and never changes.
+	ID string
+	// Tenant, Requester (a SPIFFE ID), IdempotencyKey and Repository are
+	// fixed at submission. (Tenant, IdempotencyKey) is unique.
+	Tenant         string
+	Requester      string
+	IdempotencyKey string
+	Repository     string
+	// Spec is the airlock.authority.v1.JobSpec as submitted; SpecDigest
+	// identifies its content, so a retry with a different spec is caught.
+	Spec       []byte
+	SpecDigest string
+	// Commit and TreeHash are what the revision resolved to at submission.
+	Commit   string
+	TreeHash string
+
+	// State and Message change over the job's life; UpdatedAt with them.
+	State   State
+	Message string
+	// NetworkState is the network policy's state as last known:
+	// "pending", "applied" or "failed".
+	NetworkState string
+
+	// Grant is the serialized airlock.types.v1.SignedGrant, empty for a job
+	// refused before it was granted; GrantExpiresAt is its expiry.
+	Grant          []byte
+	GrantExpiresAt time.Time
+	// DispatchedAt is when a StartJob for the grant was first attempted;
+	// zero while the grant has never left the authority.
+	DispatchedAt time.Time
+
+	// Result is the serialized airlock.types.v1.RunResult the executor
+	// reported, with the rest of its report; empty until then.
+	Result       []byte
+	BundleDigest string
+	Patch        []byte
+	OutputTail   []byte
+	Provenance   []byte
+
+	CreatedAt time.Time
+	UpdatedAt time.Time
+	// Version increases by one with every stored change.
+	Version int64
+}
+
+// ListOptions selects jobs for List.
+type ListOptions struct {
+	// Tenant is required.
+	Tenant string
+	// States filters by state; empty means all.
+	States []State
+	// Limit is the page size; the store caps nothing, the caller does.
+	Limit int
+	// PageToken continues from a previous page; "" starts at the newest.
+	PageToken string
+}
+
+// Store is the authority's storage. Every method is safe for concurrent use.
+// Errors wrap pkg/errdefs sentinels where the caller can act on them
+// (ErrNotFound, ErrInvalidArgument for a bad page token); anything else is
+// internal.
+type Store interface {
+	// CreateJob records j unless (j.Tenant, j.IdempotencyKey) already
+	// exists, in which case it returns the existing job and created=false.
+	// The store sets Version; the caller sets everything else.
+	CreateJob(ctx context.Context, j Job) (stored Job, created bool, err error)
+	// GetJob returns one job, or an error wrapping errdefs.ErrNotFound.
+	GetJob(ctx context.Context, id string) (Job, error)
+	// JobByIdempotencyKey returns the job submitted with key to tenant, or
+	// an error wrapping errdefs.ErrNotFound.
+	JobByIdempotencyKey(ctx context.Context, tenant, key string) (Job, error)
+	// ListJobs returns a page of a tenant's jobs, newest first, and the
+	// token of the next page ("" on the last).
+	ListJobs(ctx context.Context, opts ListOptions) (jobs []Job, next string, err error)
+	// JobsInStates returns every job in one of states, oldest first; the
+	// authority uses it at start-up to resume work.
+	JobsInStates(ctx context.Context, states ...State) ([]Job, error)
+	// UpdateJob reads job id, lets update change it, and writes it back
+	// atomically with Version incremented: no other update of the job
+	// interleaves. If update returns an error nothing is written and the
+	// error is returned. Identity fields (ID, Tenant, Requester,
+	// IdempotencyKey, Repository, Spec, SpecDigest, CreatedAt) are not
+	// written even if update changes them.
+	UpdateJob(ctx context.Context, id string, update func(*Job) error) (Job, error)
+	// Close releases the store.
+	Close() error
+}
