@@ -4,25 +4,26 @@
 #
 #   tools/sandbox/build.sh OUTDIR        (e.g. tools/sandbox/build.sh bin)
 #
-#   OUTDIR/runc    runc with libseccomp (cgo, -tags seccomp); without the tag
-#                  runc silently refuses every seccomp profile, so the build
-#                  fails instead if libseccomp-dev is not usable.
+#   OUTDIR/runc    runc with libseccomp (cgo, -tags seccomp). Without the tag
+#                  runc cannot load any seccomp profile, so the build fails
+#                  unless the result reports its libseccomp version.
 #   OUTDIR/runsc   gVisor's runsc, static (CGO_ENABLED=0): runsc re-executes
-#                  itself after pivot_root where no ELF interpreter exists, so
-#                  a dynamically linked runsc dies with "error executing
-#                  umounter".
+#                  itself after pivot_root, where no ELF interpreter exists,
+#                  so a dynamically linked runsc dies at sandbox start with
+#                  "error executing umounter".
 #
 # runc is pinned in tools/sandbox/go.mod and runsc in tools/sandbox/runsc/go.mod:
 # they cannot share one build list, because runc v1.5 needs runtime-spec
-# v1.3.0 (where LinuxPids.Limit became *int64) and gVisor still compiles only
+# v1.3.0 (where LinuxPids.Limit became *int64) and gVisor compiles only
 # against v1.2.x.
 #
 # Each binary has a stamp OUTDIR/.NAME.build recording what it was built from
-# (module version, Go version, flags); when the stamp matches and the binary is
+# (module version, Go version, flags). When the stamp matches and the binary is
 # there, nothing is rebuilt, so calling this before every test run is cheap.
 # Debian's own runc package is never used: it is far older than the pinned one.
 #
-# Environment: SKIP_RUNSC=1 builds runc only.
+# Needs: Go, and (installed here with apt-get when missing) libseccomp-dev,
+# pkg-config and a C compiler for runc. Set SKIP_RUNSC=1 to build runc only.
 set -euo pipefail
 
 if (($# != 1)); then
@@ -35,15 +36,13 @@ out="$(cd "$1" && pwd)"
 
 # A GOFLAGS=-mod=vendor or similar from the caller must not leak in.
 export GOFLAGS=-mod=readonly
-cd "$here"
 
 # modver DIR MODULE prints the version of MODULE in DIR's build list.
 modver() { (cd "$1" && go list -m -f '{{.Version}}' "$2"); }
 gover="$(go env GOVERSION)"
 
-# ensure_debs installs the Debian packages runc's seccomp support links
-# against, but only when they are missing: apt is slow even when it has
-# nothing to do.
+# ensure_debs installs what runc's seccomp support compiles and links
+# against, only when something is missing: apt is slow even with nothing to do.
 ensure_debs() {
   local missing=() p
   for p in libseccomp-dev pkg-config gcc libc6-dev; do
@@ -57,33 +56,41 @@ ensure_debs() {
   fi
 }
 
-# build DIR NAME STAMP ENV... -- GO_BUILD_ARGS... builds in module DIR. It
-# writes a temporary name and renames, so an interrupted build never leaves a half-written runtime that a
-# later run would trust.
+# fresh NAME STAMP succeeds when OUTDIR/NAME was built from STAMP.
+fresh() {
+  [[ -x "$out/$1" && -f "$out/.$1.build" && "$(cat "$out/.$1.build")" == "$2" ]]
+}
+
+# build DIR NAME STAMP VERIFY ENV... -- GO_BUILD_ARGS... builds in module DIR
+# to a temporary name, runs VERIFY (a shell command; $BIN is the binary) on
+# it, and only then renames it into place and writes the stamp, so an
+# interrupted or wrong build never leaves a binary a later run would trust.
 build() {
-  local dir="$1" name="$2" stamp="$3"
-  shift 3
+  local dir="$1" name="$2" stamp="$3" verify="$4"
+  shift 4
   local envs=()
   while [[ "$1" != "--" ]]; do envs+=("$1"); shift; done
   shift
-  local bin="$out/$name" stampfile="$out/.$name.build"
-  if [[ -x "$bin" && -f "$stampfile" && "$(cat "$stampfile")" == "$stamp" ]]; then
+  if fresh "$name" "$stamp"; then
     echo "build.sh: $name up to date ($stamp)" >&2
     return 0
   fi
-  local start=$SECONDS
-  (cd "$dir" && env "${envs[@]}" go build -trimpath -o "$bin.tmp" "$@")
-  mv -f "$bin.tmp" "$bin"
-  printf '%s\n' "$stamp" >"$stampfile"
+  local bin="$out/.$name.tmp" start=$SECONDS
+  (cd "$dir" && env "${envs[@]}" go build -trimpath -o "$bin" "$@")
+  if ! BIN="$bin" bash -c "$verify"; then
+    rm -f "$bin"
+    echo "build.sh: $name failed its check: $verify" >&2
+    exit 1
+  fi
+  mv -f "$bin" "$out/$name"
+  printf '%s\n' "$stamp" >"$out/.$name.build"
   echo "build.sh: built $name ($stamp) in $((SECONDS - start))s" >&2
 }
 
 runc_ver="$(modver "$here" github.com/opencontainers/runc)"
 runc_stamp="runc $runc_ver $gover cgo tags=seccomp"
-if [[ ! -x "$out/runc" || ! -f "$out/.runc.build" || "$(cat "$out/.runc.build")" != "$runc_stamp" ]]; then
-  ensure_debs
-fi
-build "$here" runc "$runc_stamp" CGO_ENABLED=1 -- \
+fresh runc "$runc_stamp" || ensure_debs
+build "$here" runc "$runc_stamp" '"$BIN" --version | grep -q "^libseccomp: "' CGO_ENABLED=1 -- \
   -buildmode=pie -tags seccomp \
   -ldflags "-X main.gitCommit=$runc_ver" \
   github.com/opencontainers/runc
@@ -91,7 +98,8 @@ build "$here" runc "$runc_stamp" CGO_ENABLED=1 -- \
 if [[ "${SKIP_RUNSC:-}" != 1 ]]; then
   gvisor_ver="$(modver "$here/runsc" gvisor.dev/gvisor)"
   runsc_stamp="runsc $gvisor_ver $gover static"
-  build "$here/runsc" runsc "$runsc_stamp" CGO_ENABLED=0 -- \
+  # A static binary has no program interpreter (PT_INTERP).
+  build "$here/runsc" runsc "$runsc_stamp" '"$BIN" --version >/dev/null && ! LC_ALL=C readelf -l "$BIN" 2>/dev/null | grep -q "program interpreter"' CGO_ENABLED=0 -- \
     -ldflags "-X gvisor.dev/gvisor/runsc/version.version=$gvisor_ver" \
     gvisor.dev/gvisor/runsc
 fi

@@ -203,6 +203,7 @@ func short(sha string) string {
 // returns the final job. A dropped stream is resumed from the last offsets.
 func watchJob(ctx context.Context, g *globals, client authorityv1.AuthorityServiceClient, jobID string) (*authorityv1.Job, error) {
 	var last *authorityv1.Job
+	var printed authorityv1.JobState
 	offsets := map[typesv1.OutputStream]int64{}
 	outs := map[typesv1.OutputStream]io.Writer{typesv1.OutputStream_OUTPUT_STREAM_STDOUT: g.stdout, typesv1.OutputStream_OUTPUT_STREAM_STDERR: g.stderr}
 	if g.output == "json" {
@@ -234,8 +235,9 @@ func watchJob(ctx context.Context, g *globals, client authorityv1.AuthorityServi
 			switch ev := msg.GetEvent().(type) {
 			case *authorityv1.WatchJobResponse_Job:
 				last = ev.Job
-				if g.output == "text" {
+				if g.output == "text" && ev.Job.GetState() != printed {
 					fmt.Fprintf(g.stderr, "[airlock] %s\n", strings.TrimPrefix(ev.Job.GetState().String(), "JOB_STATE_"))
+					printed = ev.Job.GetState()
 				}
 			case *authorityv1.WatchJobResponse_Output:
 				o := ev.Output
@@ -306,8 +308,11 @@ func outcome(job *authorityv1.Job) string {
 			s += fmt.Sprintf(" with status %d", r.GetExitCode())
 		}
 	}
-	if job.GetMessage() != "" {
-		s += ": " + job.GetMessage()
+	if m := job.GetMessage(); m != "" && !strings.Contains(s, m) {
+		s += ": " + m
+	}
+	if m := r.GetMessage(); m != "" && m != job.GetMessage() && !strings.Contains(s, m) {
+		s += " (" + m + ")"
 	}
 	return s
 }

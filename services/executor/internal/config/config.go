@@ -4,6 +4,8 @@
 package config
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"os"
 	"path/filepath"
@@ -37,7 +39,9 @@ type Sandbox struct {
 	Runsc string `yaml:"runsc"`
 	// UIDBase is the host uid and gid that root inside a sandbox maps to; default 1000000.
 	UIDBase uint32 `yaml:"uid_base"`
-	// CgroupParent is the cgroup under which job cgroups are made; default /airlock.
+	// CgroupParent is the cgroup under which job cgroups are made. It must
+	// be this executor's alone: at start the executor removes every job
+	// cgroup under it as a leftover. Default /airlock/<hash of data_dir>.
 	CgroupParent string `yaml:"cgroup_parent"`
 }
 
@@ -57,7 +61,8 @@ func (c *Config) ValidatePeers() error {
 		errs = append(errs, config.Field("sandbox.uid_base", "%d: must be at least 65536 so no sandbox uid is a real host user", c.Sandbox.UIDBase))
 	}
 	if c.Sandbox.CgroupParent == "" {
-		c.Sandbox.CgroupParent = "/airlock"
+		sum := sha256.Sum256([]byte(c.DataDir))
+		c.Sandbox.CgroupParent = "/airlock/" + hex.EncodeToString(sum[:6])
 	} else if !filepath.IsAbs(c.Sandbox.CgroupParent) {
 		errs = append(errs, config.Field("sandbox.cgroup_parent", "%q: must be an absolute cgroup path", c.Sandbox.CgroupParent))
 	}

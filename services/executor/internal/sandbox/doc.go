@@ -1,0 +1,22 @@
+// Package sandbox owns the executor's sandboxes: it runs one untrusted job
+// in a real OCI runtime (runc, or gVisor's runsc) as a child process, with
+// root inside mapped to an unprivileged host uid range, no capabilities,
+// Docker's default seccomp profile, Docker's masked and read-only /proc and
+// /sys paths, its own PID, mount, IPC, UTS, cgroup and network namespaces
+// (loopback only), and cgroup v1 limits on memory, pids and CPU.
+//
+// A job sees a versioned root filesystem template (the host's /usr read-only
+// and a synthesized /etc holding nothing of the host's), /work as an overlay
+// whose lower layer is the retained source tree, and /tmp, /out and $HOME.
+// Everything the job can write lives on one size-limited scratch filesystem
+// per job, so the disk limit covers all of it together.
+//
+// The package kills the whole process tree whenever a job ends (exit,
+// deadline, OOM, full disk, cancellation), removes every mount, cgroup and
+// directory it made, and on start removes whatever a crashed executor left
+// behind (Manager.Recover).
+//
+// Only the executor's run manager and its composition root import it. It
+// needs root, cgroups v1, overlayfs, and loop devices with ext4 (it falls back
+// to a size-limited tmpfs for scratch when those are missing).
+package sandbox

@@ -1,0 +1,354 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// These tests run real sandboxes: they need root, cgroups v1 and the runc
+// binary (AIRLOCK_RUNC, default <module root>/bin/runc) and, for the runsc
+// tests, runsc (AIRLOCK_RUNSC, default <module root>/bin/runsc). Build both
+// with `tools/sandbox/build.sh bin` from the module root. A missing
+// prerequisite fails the tests; nothing is skipped.
+
+var (
+	runcPath, runscPath string
+	probeBin            string // the static boundary-probe helper
+	setupErr            error
+	testSeq             atomic.Int64
+)
+
+const helperEnv = "AIRLOCK_SANDBOX_TEST_HELPER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) != "" {
+		os.Exit(runHelper())
+	}
+	tmp, err := os.MkdirTemp("", "sandbox-test-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	setupErr = setup(tmp)
+	code := m.Run()
+	os.RemoveAll(tmp)
+	os.Exit(code)
+}
+
+func setup(tmp string) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("the sandbox tests must run as root (uid 0), not uid %d", os.Geteuid())
+	}
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	runcPath = envOr("AIRLOCK_RUNC", filepath.Join(root, "bin", "runc"))
+	runscPath = envOr("AIRLOCK_RUNSC", filepath.Join(root, "bin", "runsc"))
+	for _, p := range []string{runcPath, runscPath} {
+		if _, err := os.Stat(p); err != nil {
+			return fmt.Errorf("runtime binary %s: %v: run `tools/sandbox/build.sh bin` in %s (or set AIRLOCK_RUNC / AIRLOCK_RUNSC)", p, err, root)
+		}
+	}
+	probeBin = filepath.Join(tmp, "probe")
+	cmd := exec.Command("go", "build", "-o", probeBin, "./testdata/probe")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build the probe helper: %v: %s", err, out)
+	}
+	return nil
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for d := dir; d != "/"; d = filepath.Dir(d) {
+		b, err := os.ReadFile(filepath.Join(d, "go.mod"))
+		if err == nil && bytes.HasPrefix(b, []byte("module github.com/airlockhq/airlock\n")) {
+			return d, nil
+		}
+	}
+	return "", fmt.Errorf("no go.mod of github.com/airlockhq/airlock above %s", dir)
+}
+
+// env is one test's sandbox world: its own state dir, cgroup parent and
+// uid range, so tests never see each other's leftovers.
+type env struct {
+	t       *testing.T
+	base    string
+	cfg     Config
+	m       *Manager
+	secrets []string // host paths of dummy secrets
+}
+
+func newEnv(t testing.TB) *env {
+	t.Helper()
+	if setupErr != nil {
+		t.Fatal(setupErr)
+	}
+	n := testSeq.Add(1)
+	base := t.TempDir()
+	e := &env{base: base}
+	e.cfg = Config{
+		StateDir:     filepath.Join(base, "state"),
+		RuncPath:     runcPath,
+		RunscPath:    runscPath,
+		UIDBase:      uint32(2000000 + (int(n)%64)*65536),
+		CgroupParent: fmt.Sprintf("/airlock-test-%d-%d", os.Getpid(), n),
+		Logger:       slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	m, err := New(e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.m = m
+	t.Cleanup(func() {
+		e.assertClean(t)
+		for _, root := range m.cg.roots {
+			_ = rmdirTree(filepath.Join(root, e.cfg.CgroupParent))
+		}
+	})
+	return e
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// source makes a source tree owned by the sandbox's root, holding files and
+// the probe helper.
+func (e *env) source(t testing.TB, files map[string]string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp(e.base, "src-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	probe, err := os.ReadFile(probeBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "probe"), probe, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	uid := int(e.cfg.UIDBase)
+	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, uid, uid)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// syncBuffer is a bytes.Buffer safe for the output copier and the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+var defaultLimits = Limits{CPUMillis: 2000, MemoryBytes: 256 << 20, Pids: 128, DiskBytes: 64 << 20, Deadline: 30 * time.Second}
+
+type job struct {
+	class  Class
+	src    string
+	cmd    []string
+	env    map[string]string
+	limits *Limits
+}
+
+type ran struct {
+	sb             *Sandbox
+	res            Result
+	err            error
+	stdout, stderr string
+}
+
+// run creates and runs a job and leaves the sandbox for the caller to
+// inspect; it is destroyed (and checked gone) at cleanup.
+func (e *env) run(t testing.TB, ctx context.Context, j job) ran {
+	t.Helper()
+	if j.class == "" {
+		j.class = ClassRunc
+	}
+	lim := defaultLimits
+	if j.limits != nil {
+		lim = *j.limits
+	}
+	var out, errb syncBuffer
+	id := fmt.Sprintf("job-%d", testSeq.Add(1))
+	sb, err := e.m.Create(ctx, Spec{ID: id, Class: j.class, Source: j.src, Command: j.cmd, Env: j.env, Limits: lim, Stdout: &out, Stderr: &errb})
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := sb.Destroy(); err != nil {
+			t.Errorf("Destroy: %v", err)
+		}
+	})
+	res, err := sb.Run(ctx)
+	r := ran{sb: sb, res: res, err: err, stdout: out.String(), stderr: errb.String()}
+	t.Logf("%s %v: reason=%s exit=%d msg=%q usage=%+v\nstdout: %s\nstderr: %s", j.class, j.cmd, res.Reason, res.ExitCode, res.Message, res.Usage, trunc(r.stdout), trunc(r.stderr))
+	return r
+}
+
+func trunc(s string) string {
+	if len(s) > 2000 {
+		return s[:2000] + "..."
+	}
+	return s
+}
+
+// sh runs a shell command in a runc sandbox with default limits.
+func (e *env) sh(t testing.TB, src, script string) ran {
+	t.Helper()
+	return e.run(t, context.Background(), job{src: src, cmd: []string{"/bin/sh", "-c", script}})
+}
+
+// assertClean checks that nothing of any sandbox is left on the host.
+func (e *env) assertClean(t testing.TB) {
+	t.Helper()
+	points, err := mountsUnder(e.cfg.StateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(points) > 0 {
+		t.Errorf("mounts left under the state dir: %v", points)
+	}
+	for _, root := range e.m.cg.roots {
+		ents, _ := os.ReadDir(filepath.Join(root, e.cfg.CgroupParent))
+		for _, ent := range ents {
+			if ent.IsDir() {
+				t.Errorf("cgroup left: %s", filepath.Join(root, e.cfg.CgroupParent, ent.Name()))
+			}
+		}
+	}
+	if pids := procsInUIDRange(e.cfg.UIDBase); len(pids) > 0 {
+		t.Errorf("processes of the sandbox uid range still alive: %v", pids)
+	}
+	for _, d := range []string{"jobs", "runc", "runsc"} {
+		ents, _ := os.ReadDir(filepath.Join(e.cfg.StateDir, d))
+		for _, ent := range ents {
+			t.Errorf("left in %s: %s", d, ent.Name())
+		}
+	}
+	if loops := loopsUnder(e.cfg.StateDir); len(loops) > 0 {
+		t.Errorf("loop devices still backed by files under the state dir: %v", loops)
+	}
+}
+
+// procsInUIDRange lists processes whose real or effective uid is in the
+// sandbox's mapped range. A zombie does not count: it has exited and holds
+// nothing; only its (host) parent's wait remains.
+func procsInUIDRange(base uint32) []string {
+	var out []string
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		if strings.Contains(string(b), "\nState:\tZ") || strings.Contains(string(b), "\nState:\tX") {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) >= 3 && f[0] == "Uid:" {
+				for _, u := range f[1:3] {
+					n, _ := strconv.ParseUint(u, 10, 32)
+					if n >= uint64(base) && n < uint64(base)+uidRange {
+						out = append(out, e.Name()+":"+statusName(b))
+						break
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+func statusName(status []byte) string {
+	for _, line := range strings.Split(string(status), "\n") {
+		if strings.HasPrefix(line, "Name:") {
+			return strings.TrimSpace(strings.TrimPrefix(line, "Name:"))
+		}
+	}
+	return "?"
+}
+
+func loopsUnder(dir string) []string {
+	var out []string
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range files {
+		b, _ := os.ReadFile(f)
+		p := trimDeleted(strings.TrimSpace(string(b)))
+		if isUnder(p, dir) {
+			out = append(out, f+"="+p)
+		}
+	}
+	return out
+}
+
+func waitFor(t testing.TB, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,638 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/airlockhq/airlock/pkg/errdefs"
+)
+
+// Defaults for Config's optional fields.
+const (
+	DefaultUIDBase      uint32 = 1000000
+	DefaultCgroupParent        = "/airlock"
+	DefaultRootfsDir           = "/run/airlock/rootfs"
+)
+
+// Config configures a Manager.
+type Config struct {
+	// StateDir is the executor-owned directory for bundles, runtime state
+	// and scratch. It is created (or tightened to) 0700. Every sandbox
+	// mount lives below it.
+	StateDir string
+	// RuncPath and RunscPath are the runtime binaries; "" makes that class
+	// unavailable.
+	RuncPath  string
+	RunscPath string
+	// UIDBase is the host uid and gid mapped to root inside every sandbox;
+	// the 65536 ids from it up are mapped to 0..65535. Default 1000000.
+	UIDBase uint32
+	// CgroupParent is the cgroup path, under each v1 hierarchy, that holds
+	// one cgroup per job. This executor owns it exclusively: Recover
+	// removes every job cgroup below it. Default "/airlock".
+	CgroupParent string
+	// RootfsDir holds the root filesystem templates: directory skeletons,
+	// symlinks and the synthesized /etc, nothing secret. It must be
+	// searchable by the sandbox's root down from /, because runc's init
+	// resolves the root's path itself from inside the user namespace; so
+	// it cannot live inside StateDir. Default "/run/airlock/rootfs".
+	RootfsDir string
+	Logger    *slog.Logger
+}
+
+// Manager creates sandboxes and cleans up after them.
+type Manager struct {
+	cfg      Config
+	log      *slog.Logger
+	cg       *cgroups
+	tmpl     *rootfsTemplate
+	seccomp  *specs.LinuxSeccomp
+	rlimits  []specs.POSIXRlimit
+	pool     *scratchPool
+	runtimes map[Class]*runtimeBin
+	jobsDir  string
+
+	mu   sync.Mutex
+	live map[string]*Sandbox
+
+	probeMu sync.Mutex
+	status  map[Class]RuntimeStatus
+}
+
+// New checks the host, prepares StateDir and the root filesystem template,
+// and returns a Manager. It runs nothing; call Recover and Probe next.
+func New(cfg Config) (*Manager, error) {
+	if cfg.UIDBase == 0 {
+		cfg.UIDBase = DefaultUIDBase
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = DefaultCgroupParent
+	}
+	if cfg.RootfsDir == "" {
+		cfg.RootfsDir = DefaultRootfsDir
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case cfg.StateDir == "" || !filepath.IsAbs(cfg.StateDir) || filepath.Clean(cfg.StateDir) != cfg.StateDir:
+		return nil, invalid("sandbox.state_dir %q: must be a clean absolute path", cfg.StateDir)
+	case strings.ContainsAny(cfg.StateDir, ",:\\\n"):
+		return nil, invalid("sandbox.state_dir %q: must not contain ',', ':', '\\' or a newline (it is named in overlay mount options)", cfg.StateDir)
+	case uint64(cfg.UIDBase)+uidRange > 1<<32-1:
+		return nil, invalid("sandbox.uid_base %d: the %d ids from it must fit below 2^32-1", cfg.UIDBase, uidRange)
+	case !filepath.IsAbs(cfg.CgroupParent) || filepath.Clean(cfg.CgroupParent) != cfg.CgroupParent || cfg.CgroupParent == "/":
+		return nil, invalid("sandbox.cgroup_parent %q: must be a clean absolute cgroup path other than /", cfg.CgroupParent)
+	case !filepath.IsAbs(cfg.RootfsDir) || filepath.Clean(cfg.RootfsDir) != cfg.RootfsDir:
+		return nil, invalid("sandbox.rootfs_dir %q: must be a clean absolute path", cfg.RootfsDir)
+	case isUnder(cfg.RootfsDir, cfg.StateDir) || cfg.RootfsDir == cfg.StateDir:
+		return nil, invalid("sandbox.rootfs_dir %q: must be outside state_dir, which stays private (0700)", cfg.RootfsDir)
+	}
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("%w: sandbox: must run as root (uid 0) to create namespaces, mounts and cgroups", errdefs.ErrFailedPrecondition)
+	}
+	m := &Manager{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		jobsDir: filepath.Join(cfg.StateDir, "jobs"),
+		live:    map[string]*Sandbox{},
+		rlimits: rlimits(),
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("sandbox.state_dir: %w", err)
+	}
+	if err := os.Chmod(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("sandbox.state_dir: %w", err)
+	}
+	for _, d := range []string{"jobs", "runc", "runsc", "images", "probe"} {
+		if err := os.MkdirAll(filepath.Join(cfg.StateDir, d), 0o700); err != nil {
+			return nil, fmt.Errorf("sandbox.state_dir: %w", err)
+		}
+	}
+	if err := makePrivate(cfg.StateDir); err != nil {
+		return nil, fmt.Errorf("sandbox.state_dir: %w", err)
+	}
+	var err error
+	if m.cg, err = discoverCgroups(); err != nil {
+		return nil, fmt.Errorf("%w: sandbox: %v", errdefs.ErrFailedPrecondition, err)
+	}
+	def, err := buildTemplateDef()
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: rootfs template: %w", err)
+	}
+	if err := os.MkdirAll(cfg.RootfsDir, 0o755); err != nil {
+		return nil, fmt.Errorf("sandbox.rootfs_dir: %w", err)
+	}
+	if err := checkSearchable(cfg.RootfsDir, cfg.UIDBase); err != nil {
+		return nil, fmt.Errorf("%w: sandbox.rootfs_dir %s: %v", errdefs.ErrFailedPrecondition, cfg.RootfsDir, err)
+	}
+	if m.tmpl, err = def.materialize(cfg.RootfsDir); err != nil {
+		return nil, fmt.Errorf("sandbox.rootfs_dir: %w", err)
+	}
+	if m.seccomp, err = seccompProfile(); err != nil {
+		return nil, err
+	}
+	m.pool = newScratchPool(filepath.Join(cfg.StateDir, "images"))
+	if m.pool.kind != scratchExt4 {
+		m.log.Warn("sandbox scratch falls back to tmpfs (no /dev/loop-control or mkfs.ext4): a job's written files count against its memory limit too")
+	}
+	m.runtimes = map[Class]*runtimeBin{
+		ClassRunc:  {class: ClassRunc, path: cfg.RuncPath, root: filepath.Join(cfg.StateDir, "runc")},
+		ClassRunsc: {class: ClassRunsc, path: cfg.RunscPath, root: filepath.Join(cfg.StateDir, "runsc")},
+	}
+	return m, nil
+}
+
+// TemplateVersion is the digest of the root filesystem template definition.
+func (m *Manager) TemplateVersion() string { return m.tmpl.version }
+
+// makePrivate keeps mounts made below dir from propagating to other mount
+// namespaces. Where dir's mount is shared (systemd makes / shared), every
+// overlay and scratch mount would otherwise be copied into peer namespaces,
+// where a copy keeps the file system busy after the sandbox unmounts it.
+func makePrivate(dir string) error {
+	m, ok, err := mountOf(dir)
+	if err != nil || !ok {
+		return err
+	}
+	shared := false
+	for _, o := range m.optional {
+		if strings.HasPrefix(o, "shared:") {
+			shared = true
+		}
+	}
+	if !shared {
+		return nil
+	}
+	if m.point != dir {
+		if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind %s on itself: %w", dir, err)
+		}
+	}
+	if err := unix.Mount("", dir, "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("make %s private: %w", dir, err)
+	}
+	return nil
+}
+
+// Create prepares everything for spec's job: scratch, overlay, cgroup and
+// bundle. Nothing runs until Run.
+func (m *Manager) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
+	if err := spec.validate(); err != nil {
+		return nil, err
+	}
+	m.probeMu.Lock()
+	st, probed := m.status[spec.Class]
+	m.probeMu.Unlock()
+	if probed && !st.Available {
+		return nil, fmt.Errorf("%w: spec.class %s is not available on this executor: %s", errdefs.ErrFailedPrecondition, spec.Class, st.Reason)
+	}
+	return m.create(ctx, spec)
+}
+
+func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
+	rt := m.runtimes[spec.Class]
+	version, verr := rt.getVersion(ctx)
+	if verr != nil {
+		return nil, fmt.Errorf("%w: spec.class %s: %v", errdefs.ErrFailedPrecondition, spec.Class, verr)
+	}
+	if fi, serr := os.Stat(spec.Source); serr != nil || !fi.IsDir() {
+		return nil, invalid("spec.source %q: not a directory", spec.Source)
+	}
+	spec.Command = append([]string(nil), spec.Command...)
+	s := &Sandbox{
+		m:              m,
+		spec:           spec,
+		rt:             rt,
+		runtimeVersion: version,
+		dir:            filepath.Join(m.jobsDir, spec.ID),
+		cgRel:          cgroupRel(m.cfg.CgroupParent, spec.ID),
+		stop:           make(chan struct{}, 1),
+		oomFD:          -1,
+	}
+	s.bundle = filepath.Join(s.dir, "bundle")
+	s.logPath = filepath.Join(s.dir, "runtime.log")
+	s.pidFile = filepath.Join(s.dir, "pid")
+	s.workDir = filepath.Join(s.dir, "work")
+
+	m.mu.Lock()
+	if _, dup := m.live[spec.ID]; dup {
+		m.mu.Unlock()
+		return nil, fmt.Errorf("%w: spec.id %s: a sandbox with this id exists", errdefs.ErrAlreadyExists, spec.ID)
+	}
+	m.live[spec.ID] = s
+	m.mu.Unlock()
+
+	if err := os.Mkdir(s.dir, 0o700); err != nil {
+		m.forget(spec.ID)
+		if errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("%w: spec.id %s: a previous executor left this job's sandbox behind; Recover removes it", errdefs.ErrAlreadyExists, spec.ID)
+		}
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			if terr := s.teardown(); terr != nil {
+				m.log.Error("sandbox: undo a failed create", "job_id", spec.ID, "error", terr)
+			}
+			m.forget(spec.ID)
+		}
+	}()
+	if s.scr, err = m.pool.makeScratch(s.dir, spec.Limits.DiskBytes, m.cfg.UIDBase); err != nil {
+		return nil, fmt.Errorf("sandbox %s: scratch: %w", spec.ID, err)
+	}
+	if err := os.Mkdir(s.workDir, 0o700); err != nil {
+		return nil, err
+	}
+	// volatile: the upper layer is thrown away with the job, so overlayfs
+	// need not sync it.
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,volatile", spec.Source,
+		filepath.Join(s.scr.point, scratchUpper), filepath.Join(s.scr.point, scratchOvl))
+	if err := unix.Mount("overlay", s.workDir, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return nil, fmt.Errorf("sandbox %s: mount /work overlay: %w", spec.ID, err)
+	}
+	if err := m.cg.create(s.cgRel, spec.Limits); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	if s.oomFD, err = m.cg.watchOOM(s.cgRel); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	if err := os.Mkdir(s.bundle, 0o700); err != nil {
+		return nil, err
+	}
+	cfg := ociSpec(bundleInputs{
+		rootfs:       m.tmpl.dir,
+		binds:        m.tmpl.def.Binds,
+		work:         s.workDir,
+		tmp:          filepath.Join(s.scr.point, scratchTmp),
+		out:          filepath.Join(s.scr.point, scratchOut),
+		home:         filepath.Join(s.scr.point, scratchHome),
+		uidBase:      m.cfg.UIDBase,
+		cgroupsPath:  filepath.Join(s.cgRel, runtimeCgroup),
+		seccomp:      m.seccomp,
+		rlimits:      m.rlimits,
+		command:      spec.Command,
+		env:          spec.Env,
+		shmSizeBytes: min(64<<20, spec.Limits.MemoryBytes/2),
+	})
+	data, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(s.bundle, "config.json"), data, 0o600); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (m *Manager) forget(id string) {
+	m.mu.Lock()
+	delete(m.live, id)
+	m.mu.Unlock()
+}
+
+// Probe reports, per class, whether it works here: the binary's version,
+// then a tiny real job. The first call does the work; later calls return
+// its answer.
+func (m *Manager) Probe(ctx context.Context) []RuntimeStatus {
+	m.probeMu.Lock()
+	defer m.probeMu.Unlock()
+	if m.status == nil {
+		status := map[Class]RuntimeStatus{}
+		for _, c := range classes {
+			status[c] = m.probe(ctx, c)
+			st := status[c]
+			if st.Available {
+				m.log.Info("sandbox runtime available", "class", c, "version", st.Version)
+			} else {
+				m.log.Warn("sandbox runtime unavailable", "class", c, "reason", st.Reason)
+			}
+		}
+		m.status = status
+	}
+	out := make([]RuntimeStatus, 0, len(classes))
+	for _, c := range classes {
+		out = append(out, m.status[c])
+	}
+	return out
+}
+
+// Available reports whether class c can run jobs, probing first if nothing
+// has yet.
+func (m *Manager) Available(c Class) (RuntimeStatus, bool) {
+	m.probeMu.Lock()
+	st, ok := m.status[c]
+	probed := m.status != nil
+	m.probeMu.Unlock()
+	if !probed {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		m.Probe(ctx)
+		m.probeMu.Lock()
+		st, ok = m.status[c]
+		m.probeMu.Unlock()
+	}
+	if !ok {
+		return RuntimeStatus{Class: c, Reason: fmt.Sprintf("unknown runtime class %q", c)}, false
+	}
+	return st, st.Available
+}
+
+// probeLimits are generous enough for runsc's own start-up.
+var probeLimits = Limits{CPUMillis: 1000, MemoryBytes: 256 << 20, Pids: 256, DiskBytes: 16 << 20, Deadline: time.Minute}
+
+const probeOutput = "airlock-probe"
+
+func (m *Manager) probe(ctx context.Context, c Class) RuntimeStatus {
+	st := RuntimeStatus{Class: c}
+	rt := m.runtimes[c]
+	if rt.path == "" {
+		st.Reason = fmt.Sprintf("no %s binary is configured", c)
+		return st
+	}
+	var err error
+	if st.Version, err = rt.getVersion(ctx); err != nil {
+		st.Reason = err.Error()
+		return st
+	}
+	// '.' is outside the job id alphabet: a probe never meets a job.
+	id := "probe." + string(c)
+	if err := m.removeLeftover(id); err != nil {
+		st.Reason = fmt.Sprintf("remove a previous probe's sandbox: %v", err)
+		return st
+	}
+	src := filepath.Join(m.cfg.StateDir, "probe", "src")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		st.Reason = err.Error()
+		return st
+	}
+	if err := os.Chown(src, int(m.cfg.UIDBase), int(m.cfg.UIDBase)); err != nil {
+		st.Reason = err.Error()
+		return st
+	}
+	var stdout, stderr bytes.Buffer
+	sb, err := m.create(ctx, Spec{
+		ID: id, Class: c, Source: src,
+		Command: []string{"/bin/sh", "-c", "echo " + probeOutput},
+		Limits:  probeLimits,
+		Stdout:  &limitedBuffer{b: &stdout, max: 4096}, Stderr: &limitedBuffer{b: &stderr, max: 4096},
+	})
+	if err != nil {
+		st.Reason = fmt.Sprintf("create a test sandbox: %v", err)
+		return st
+	}
+	res, runErr := sb.Run(ctx)
+	if err := sb.Destroy(); err != nil {
+		m.log.Error("sandbox: destroy the probe sandbox", "class", c, "error", err)
+	}
+	switch {
+	case runErr != nil:
+		st.Reason = fmt.Sprintf("a test job could not run: %v", runErr)
+	case res.Reason != ReasonExited || res.ExitCode != 0:
+		st.Reason = fmt.Sprintf("a test job ended %s (exit %d): %s", res.Reason, res.ExitCode, res.Message)
+	case strings.TrimSpace(stdout.String()) != probeOutput:
+		st.Reason = fmt.Sprintf("a test job printed %q, want %q", stdout.String(), probeOutput)
+	default:
+		st.Available = true
+		return st
+	}
+	if e := strings.TrimSpace(stderr.String()); e != "" {
+		st.Reason += "; stderr: " + e
+	}
+	return st
+}
+
+// limitedBuffer keeps the first max bytes written to it.
+type limitedBuffer struct {
+	mu  sync.Mutex
+	b   *bytes.Buffer
+	max int
+}
+
+func (l *limitedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if room := l.max - l.b.Len(); room > 0 {
+		l.b.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+// Recover removes everything a previous executor process left behind:
+// runtime processes and containers, every process in a job cgroup, mounts
+// and loop devices under StateDir, runtime state, job cgroups and scratch
+// directories. It returns the job ids it cleaned up. Call it at start,
+// before the first Create.
+func (m *Manager) Recover(ctx context.Context) ([]string, error) {
+	m.mu.Lock()
+	busy := len(m.live)
+	m.mu.Unlock()
+	if busy > 0 {
+		return nil, fmt.Errorf("%w: sandbox: Recover must run before any sandbox is created (%d live)", errdefs.ErrFailedPrecondition, busy)
+	}
+	ids := map[string]bool{}
+	var errs []error
+
+	// Runtime processes first (a "runc run" still waiting on its
+	// container, runsc's sandbox and gofer): each names StateDir on its
+	// command line. Left alive, they would race the cleanup below.
+	if err := killProcsNaming(m.cfg.StateDir, 5*time.Second); err != nil {
+		errs = append(errs, err)
+	}
+	for _, id := range m.cg.children(m.cfg.CgroupParent) {
+		ids[id] = true
+		if err := m.cg.kill(cgroupRel(m.cfg.CgroupParent, id), 5*time.Second); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if ents, err := os.ReadDir(m.jobsDir); err == nil {
+		for _, e := range ents {
+			ids[e.Name()] = true
+		}
+	}
+	for _, rt := range m.runtimes {
+		ents, _ := os.ReadDir(rt.root)
+		for _, e := range ents {
+			if id := runtimeStateID(e.Name()); id != "" {
+				ids[id] = true
+			}
+			if err := os.RemoveAll(filepath.Join(rt.root, e.Name())); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if err := unmountAll(m.cfg.StateDir); err != nil {
+		errs = append(errs, err)
+	}
+	detachLoopsUnder(m.cfg.StateDir)
+	var out []string
+	for id := range ids {
+		if err := m.cg.remove(cgroupRel(m.cfg.CgroupParent, id)); err != nil {
+			errs = append(errs, err)
+		}
+		if err := removeJobDir(filepath.Join(m.jobsDir, id)); err != nil {
+			errs = append(errs, err)
+		}
+		if !strings.HasPrefix(id, "probe.") {
+			out = append(out, id)
+		}
+	}
+	sort.Strings(out)
+	return out, errors.Join(errs...)
+}
+
+// removeLeftover removes one sandbox a previous process left behind, by id.
+func (m *Manager) removeLeftover(id string) error {
+	var errs []error
+	rel := cgroupRel(m.cfg.CgroupParent, id)
+	if err := m.cg.kill(rel, 5*time.Second); err != nil {
+		errs = append(errs, err)
+	}
+	for _, rt := range m.runtimes {
+		if rt.hasState(id) {
+			_ = rt.forceDelete(id)
+			matches, _ := filepath.Glob(filepath.Join(rt.root, id+"_sandbox:*"))
+			matches = append(matches, filepath.Join(rt.root, id), filepath.Join(rt.root, "runsc-"+id+".sock"))
+			for _, p := range matches {
+				if err := os.RemoveAll(p); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+	}
+	dir := filepath.Join(m.jobsDir, id)
+	if err := unmountAll(dir); err != nil {
+		errs = append(errs, err)
+	}
+	if err := m.cg.remove(rel); err != nil {
+		errs = append(errs, err)
+	}
+	if err := removeJobDir(dir); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// runtimeStateID maps a name in a runtime's state root to its container id:
+// runc keeps a directory per container, runsc
+// "<container>_sandbox:<sandbox>.state" and ".lock" files and a control
+// socket "runsc-<sandbox>.sock".
+func runtimeStateID(name string) string {
+	if i := strings.Index(name, "_sandbox:"); i >= 0 {
+		return name[:i]
+	}
+	if strings.HasPrefix(name, "runsc-") && strings.HasSuffix(name, ".sock") {
+		return strings.TrimSuffix(strings.TrimPrefix(name, "runsc-"), ".sock")
+	}
+	if strings.HasPrefix(name, ".") {
+		return ""
+	}
+	return name
+}
+
+// unmountAll unmounts every mount strictly below dir, deepest first.
+func unmountAll(dir string) error {
+	points, err := mountsUnder(dir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, p := range points {
+		if err := unmount(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// unmount unmounts p, retrying while a just-killed process still holds it,
+// and detaching it lazily as the last resort.
+func unmount(p string) error {
+	var err error
+	for try := 0; try < 50; try++ {
+		err = unix.Unmount(p, unix.UMOUNT_NOFOLLOW)
+		if err == nil || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if !errors.Is(err, unix.EBUSY) {
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if derr := unix.Unmount(p, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); derr != nil {
+		return fmt.Errorf("unmount %s: %v (lazy: %v)", p, err, derr)
+	}
+	return nil
+}
+
+// removeJobDir removes a job's directory, but only once nothing is mounted
+// below it: removing through a mount would delete the mounted files
+// instead.
+func removeJobDir(dir string) error {
+	points, err := mountsUnder(dir)
+	if err != nil {
+		return err
+	}
+	if len(points) > 0 {
+		return fmt.Errorf("remove %s: still mounted: %s", dir, strings.Join(points, ", "))
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove %s: %w", dir, err)
+	}
+	return nil
+}
+
+// killProcsNaming SIGKILLs every process with an argument naming dir or a
+// path below it, until none is left or wait passes.
+func killProcsNaming(dir string, wait time.Duration) error {
+	self := os.Getpid()
+	end := time.Now().Add(wait)
+	for {
+		var found []int
+		ents, err := os.ReadDir("/proc")
+		if err != nil {
+			return err
+		}
+		for _, e := range ents {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil || pid == self {
+				continue
+			}
+			b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+			if err != nil {
+				continue
+			}
+			for _, arg := range strings.Split(string(b), "\x00") {
+				if arg == dir || strings.Contains(arg, dir+"/") || strings.HasSuffix(arg, "="+dir) {
+					found = append(found, pid)
+					break
+				}
+			}
+		}
+		if len(found) == 0 {
+			return nil
+		}
+		if time.Now().After(end) {
+			return fmt.Errorf("processes %v naming %s survive SIGKILL", found, dir)
+		}
+		for _, pid := range found {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -1,0 +1,187 @@
+package sandbox
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// runtimeEnv is the runtime process's whole environment. Nothing of the
+// executor's own environment reaches it (the job's comes from the bundle),
+// and variables such as XDG_RUNTIME_DIR would change how runc behaves.
+var runtimeEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+
+// runtimeBin is one OCI runtime binary with its own state root.
+type runtimeBin struct {
+	class Class
+	path  string
+	root  string
+
+	mu      sync.Mutex
+	version string // cached once read successfully
+}
+
+// global are the flags before the subcommand.
+func (r *runtimeBin) global(logPath string) []string {
+	args := []string{"--root", r.root}
+	if logPath != "" {
+		args = append(args, "--log", logPath, "--log-format", "json")
+	}
+	if r.class == ClassRunsc {
+		args = append(args,
+			// Loopback only, inside gVisor's own network stack.
+			"--network=none",
+			// Apply the bundle's seccomp filter to the job inside the
+			// sandbox; runsc otherwise ignores it.
+			"--oci-seccomp",
+			// The root is read-only and shared by every job; runsc must not
+			// put a writable layer (or its backing file) over it.
+			"--overlay2=none",
+			// A new empty network namespace per gofer, gone with it; the
+			// default pins one shared namespace under --root, which would
+			// outlive every job.
+			"--gofer-network-namespace=new",
+		)
+	}
+	return args
+}
+
+func (r *runtimeBin) runCmd(bundle, id, logPath, pidFile string) *exec.Cmd {
+	args := append(r.global(logPath), "run", "--bundle", bundle, "--pid-file", pidFile, id)
+	cmd := exec.Command(r.path, args...)
+	cmd.Env = runtimeEnv
+	cmd.Dir = bundle
+	return cmd
+}
+
+// hasState reports whether the runtime still keeps state for id.
+func (r *runtimeBin) hasState(id string) bool {
+	if _, err := os.Stat(filepath.Join(r.root, id)); err == nil {
+		return true
+	}
+	// runsc keeps "<container>_sandbox:<sandbox>.state" files.
+	m, _ := filepath.Glob(filepath.Join(r.root, id+"_sandbox:*"))
+	return len(m) > 0
+}
+
+// forceDelete asks the runtime to kill and forget id.
+func (r *runtimeBin) forceDelete(id string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, r.path, append(r.global(""), "delete", "--force", id)...)
+	cmd.Env = runtimeEnv
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s delete --force %s: %v: %s", r.class, id, err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// getVersion runs the binary's --version and adds the binary's SHA-256,
+// so a result names exactly which build ran it. A success is cached; a
+// failure is not, and no caller's cancellation is ever cached as one.
+func (r *runtimeBin) getVersion(ctx context.Context) (string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.version != "" {
+		return r.version, nil
+	}
+	v, err := r.readVersion(context.WithoutCancel(ctx))
+	if err != nil {
+		return "", err
+	}
+	r.version = v
+	return v, nil
+}
+
+func (r *runtimeBin) readVersion(ctx context.Context) (string, error) {
+	if r.path == "" {
+		return "", fmt.Errorf("no %s binary is configured", r.class)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, r.path, "--version")
+	cmd.Env = runtimeEnv
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("%s --version: %v", r.path, err)
+	}
+	var lines []string
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		if l := strings.TrimSpace(sc.Text()); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) == 0 {
+		return "", fmt.Errorf("%s --version printed nothing", r.path)
+	}
+	f, err := os.Open(r.path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	lines = append(lines, "sha256:"+hex.EncodeToString(h.Sum(nil)))
+	return strings.Join(lines, "; "), nil
+}
+
+// logErrors returns the error messages in a runtime's JSON log.
+func logErrors(path string) []string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range bytes.Split(data, []byte("\n")) {
+		var e struct {
+			Level string `json:"level"`
+			Msg   string `json:"msg"`
+		}
+		if json.Unmarshal(line, &e) == nil && (e.Level == "error" || e.Level == "fatal") && e.Msg != "" {
+			out = append(out, e.Msg)
+		}
+	}
+	return out
+}
+
+// execFailure recognizes the runtime's report that the job's argv[0] could
+// not be executed: that is the job's failure (exit 127 or 126, as a shell
+// would say), not the sandbox's.
+func execFailure(msgs []string) (code int, msg string, ok bool) {
+	for _, m := range msgs {
+		// runsc resolves argv[0] itself before starting the job.
+		if i := strings.Index(m, "error finding executable"); i >= 0 {
+			return 127, m[i:], true
+		}
+		i := strings.Index(m, "exec: ")
+		if i < 0 {
+			i = strings.Index(m, "exec ")
+		}
+		if i < 0 {
+			continue
+		}
+		tail := m[i:]
+		switch {
+		case strings.Contains(tail, "executable file not found"), strings.Contains(tail, "no such file or directory"):
+			return 127, tail, true
+		case strings.Contains(tail, "permission denied"), strings.Contains(tail, "exec format error"), strings.Contains(tail, "is a directory"):
+			return 126, tail, true
+		}
+	}
+	return 0, "", false
+}

@@ -1,0 +1,361 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/airlockhq/airlock/pkg/errdefs"
+)
+
+type sandboxState int
+
+const (
+	stateCreated sandboxState = iota
+	stateRunning
+	stateFinished
+	stateDestroyed
+)
+
+// How long to wait, after killing a job's processes, for the runtime to
+// notice and exit before killing the runtime process itself; and for the
+// output pipes to drain once every writer is gone.
+const (
+	runtimeExitGrace = 5 * time.Second
+	outputDrainGrace = 2 * time.Second
+	killWait         = 5 * time.Second
+)
+
+// Sandbox is one job's prepared sandbox.
+type Sandbox struct {
+	m              *Manager
+	spec           Spec
+	rt             *runtimeBin
+	runtimeVersion string
+
+	dir, bundle, logPath, pidFile, workDir string
+	cgRel                                  string
+	scr                                    *scratch
+	oomFD                                  int // eventfd of OOM notifications, -1 if none
+
+	// stop asks a running Run to kill the job (Destroy does).
+	stop chan struct{}
+
+	mu      sync.Mutex
+	state   sandboxState
+	runDone chan struct{}
+}
+
+// WorkDir is the host path of the job's merged /work, readable after Run
+// until Destroy.
+func (s *Sandbox) WorkDir() string { return s.workDir }
+
+// OutDir is the host path of the job's /out, readable after Run until
+// Destroy.
+func (s *Sandbox) OutDir() string { return filepath.Join(s.dir, "scratch", scratchOut) }
+
+func (s *Sandbox) baseResult() Result {
+	return Result{
+		ExitCode:        -1,
+		Class:           s.spec.Class,
+		RuntimeVersion:  s.runtimeVersion,
+		TemplateVersion: s.m.tmpl.version,
+	}
+}
+
+// Run runs the job to its end and returns how it ended. Cancelling ctx
+// cancels the job (ReasonCancelled); Limits.Deadline times it out
+// (ReasonTimeout). Either way, and whenever the job ends, every process it
+// started is killed. The error is non-nil only when the sandbox machinery
+// failed, and then Result.Reason is ReasonSandboxError.
+func (s *Sandbox) Run(ctx context.Context) (Result, error) {
+	res := s.baseResult()
+	s.mu.Lock()
+	if s.state != stateCreated {
+		s.mu.Unlock()
+		res.Reason = ReasonSandboxError
+		res.Message = "Run may be called once, on a sandbox not yet destroyed"
+		return res, fmt.Errorf("%w: sandbox %s: %s", errdefs.ErrFailedPrecondition, s.spec.ID, res.Message)
+	}
+	s.state = stateRunning
+	s.runDone = make(chan struct{})
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.state = stateFinished
+		close(s.runDone)
+		s.mu.Unlock()
+	}()
+	res, err := s.run(ctx, res)
+	if err != nil {
+		res.Reason = ReasonSandboxError
+		res.ExitCode = -1
+		res.Message = err.Error()
+		s.m.log.Error("sandbox run failed", "job_id", s.spec.ID, "class", s.spec.Class, "error", err)
+	}
+	return res, err
+}
+
+func (s *Sandbox) run(ctx context.Context, res Result) (Result, error) {
+	if ctx.Err() != nil {
+		res.Reason = ReasonCancelled
+		res.Message = "the job was cancelled before it started"
+		return res, nil
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return res, err
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return res, err
+	}
+	cmd := s.rt.runCmd(s.bundle, s.spec.ID, s.logPath, s.pidFile)
+	// The runtime hands its own stdio to the job: stdin is /dev/null, and
+	// the write ends of the pipes go straight to the job's processes.
+	cmd.Stdout, cmd.Stderr = outW, errW
+	// Its own process group, so a terminal's signals to the executor do
+	// not reach it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	start := time.Now()
+	err = cmd.Start()
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		return res, fmt.Errorf("start %s: %w", s.rt.class, err)
+	}
+	var copies sync.WaitGroup
+	for _, p := range []struct {
+		r *os.File
+		w io.Writer
+	}{{outR, s.spec.Stdout}, {errR, s.spec.Stderr}} {
+		w := p.w
+		if w == nil {
+			w = io.Discard
+		}
+		copies.Add(1)
+		go func(r *os.File) {
+			defer copies.Done()
+			// A failing writer must not stall the job on a full pipe.
+			if _, err := io.Copy(w, r); err != nil {
+				_, _ = io.Copy(io.Discard, r)
+			}
+		}(p.r)
+	}
+	waitErr := make(chan error, 1)
+	go func() { waitErr <- cmd.Wait() }()
+
+	deadline := time.NewTimer(s.spec.Limits.Deadline)
+	defer deadline.Stop()
+	var stopped Reason
+	// Once stopping, the cgroup is swept again on every tick: a kill that
+	// lands while the runtime is still setting the container up can miss
+	// the job's first process. A runtime that has not exited after the
+	// grace period is killed itself.
+	var sweep *time.Ticker
+	var sweepC, escalate <-chan time.Time
+	defer func() {
+		if sweep != nil {
+			sweep.Stop()
+		}
+	}()
+	var werr error
+	kill := func(r Reason) {
+		if stopped == "" {
+			stopped = r
+		}
+		if err := s.m.cg.kill(s.cgRel, killWait); err != nil {
+			s.m.log.Error("sandbox: kill job processes", "job_id", s.spec.ID, "error", err)
+		}
+		if sweep == nil {
+			sweep = time.NewTicker(100 * time.Millisecond)
+			sweepC = sweep.C
+			escalate = time.After(runtimeExitGrace)
+		}
+	}
+	// Each stop source fires once; a closed ctx.Done must not spin.
+	done, stop := ctx.Done(), s.stop
+wait:
+	for {
+		select {
+		case werr = <-waitErr:
+			break wait
+		case <-deadline.C:
+			kill(ReasonTimeout)
+		case <-done:
+			done = nil
+			kill(ReasonCancelled)
+		case <-stop:
+			stop = nil
+			kill(ReasonCancelled)
+		case <-sweepC:
+			_ = s.m.cg.kill(s.cgRel, killWait)
+		case <-escalate:
+			s.m.log.Warn("sandbox: the runtime outlived its job; killing it", "job_id", s.spec.ID, "class", s.spec.Class)
+			_ = cmd.Process.Kill()
+			escalate = nil
+		}
+	}
+	wall := time.Since(start)
+
+	// Whatever ended the runtime, nothing of the job may outlive Run.
+	var errs []error
+	if err := s.m.cg.kill(s.cgRel, killWait); err != nil {
+		errs = append(errs, err)
+	}
+	if s.rt.hasState(s.spec.ID) {
+		if err := s.rt.forceDelete(s.spec.ID); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	drained := make(chan struct{})
+	go func() { copies.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(outputDrainGrace):
+		// Some process outside the cgroup holds a write end; the job's
+		// output is complete as far as it matters.
+		s.m.log.Warn("sandbox: output pipes still open after the job ended", "job_id", s.spec.ID)
+	}
+	outR.Close()
+	errR.Close()
+	copies.Wait()
+
+	st := s.m.cg.stats(s.cgRel)
+	res.Usage = Usage{
+		CPUTime:         st.cpu,
+		WallTime:        wall,
+		PeakMemoryBytes: st.peakMemory,
+		DiskBytes:       s.scr.jobBytes(),
+		PeakPids:        st.peakPids,
+	}
+	code := exitCode(werr)
+	_, started := os.Stat(s.pidFile)
+	msgs := logErrors(s.logPath)
+	execCode, execMsg, execFailed := execFailure(msgs)
+	switch {
+	case stopped == ReasonTimeout:
+		res.Reason = ReasonTimeout
+		res.Message = fmt.Sprintf("the deadline of %s passed; every process of the job was killed", s.spec.Limits.Deadline)
+	case stopped == ReasonCancelled:
+		res.Reason = ReasonCancelled
+		res.Message = "the job was cancelled; every process of the job was killed"
+	case oomEvents(s.oomFD) > 0 || st.oomKills > 0:
+		res.Reason = ReasonOOM
+		res.Message = fmt.Sprintf("the memory limit of %d bytes was reached and the kernel's OOM killer killed a process of the job", s.spec.Limits.MemoryBytes)
+	case execFailed:
+		res.Reason, res.ExitCode, res.Message = ReasonExited, execCode, "the command could not be executed: "+execMsg
+	case started != nil:
+		// The runtime never started the job's process.
+		if code < 0 && werr != nil {
+			msgs = append(msgs, werr.Error())
+		}
+		errs = append(errs, fmt.Errorf("%s did not start the job (exit %d): %s", s.rt.class, code, strings.Join(msgs, "; ")))
+	case s.rt.class == ClassRunsc && code == runscFailureExit && len(msgs) > 0:
+		errs = append(errs, fmt.Errorf("runsc failed: %s", strings.Join(msgs, "; ")))
+	case s.scr.full():
+		res.Reason = ReasonDiskFull
+		res.Message = fmt.Sprintf("the job filled its disk limit of %d bytes and exited with status %d", s.spec.Limits.DiskBytes, code)
+	case code < 0:
+		errs = append(errs, fmt.Errorf("%s: %v", s.rt.class, werr))
+	default:
+		res.Reason, res.ExitCode = ReasonExited, code
+		res.Message = fmt.Sprintf("exited with status %d", code)
+		if st.pidsMaxHit > 0 {
+			res.Message += fmt.Sprintf("; %d fork(s) failed at the pids limit of %d", st.pidsMaxHit, s.spec.Limits.Pids)
+		}
+	}
+	return res, errors.Join(errs...)
+}
+
+// runscFailureExit is how runsc exits on its own errors.
+const runscFailureExit = 128
+
+// exitCode is the runtime's exit status, which is the job's: runc and runsc
+// exit with the container process's status, or 128+N when it died of
+// signal N. -1 means the status is unknown.
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return -1
+	}
+	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ee.ExitCode()
+}
+
+// Destroy kills anything of the job still running, then unmounts and
+// removes its scratch, overlay, cgroups, runtime state and directories.
+// It is idempotent; after it returns nil nothing of the sandbox is left.
+func (s *Sandbox) Destroy() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state == stateDestroyed {
+		return nil
+	}
+	if s.state == stateRunning {
+		select {
+		case s.stop <- struct{}{}:
+		default:
+		}
+		done := s.runDone
+		s.mu.Unlock()
+		<-done
+		s.mu.Lock()
+		if s.state == stateDestroyed {
+			return nil
+		}
+	}
+	if err := s.teardown(); err != nil {
+		return fmt.Errorf("sandbox %s: destroy: %w", s.spec.ID, err)
+	}
+	s.state = stateDestroyed
+	s.m.forget(s.spec.ID)
+	return nil
+}
+
+// teardown removes whatever of the sandbox exists; each step tolerates
+// what an earlier, partial create or teardown never made or already removed.
+func (s *Sandbox) teardown() error {
+	var errs []error
+	if err := s.m.cg.kill(s.cgRel, killWait); err != nil {
+		errs = append(errs, err)
+	}
+	if s.rt.hasState(s.spec.ID) {
+		if err := s.rt.forceDelete(s.spec.ID); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if s.oomFD >= 0 {
+		unix.Close(s.oomFD)
+		s.oomFD = -1
+	}
+	if err := unmountAll(s.dir); err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.m.cg.remove(s.cgRel); err != nil {
+		errs = append(errs, err)
+	}
+	if err := removeJobDir(s.dir); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,378 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// A job's scratch is one filesystem of exactly DiskBytes holding the upper
+// and work directories of /work's overlay and the directories bound at /tmp,
+// /out and /root, so one limit covers everything the job can write.
+//
+// The preferred backing is ext4 in a sparse file on a loop device. A
+// size-limited tmpfs would be simpler, but the kernel charges tmpfs pages to
+// the memory cgroup of the task that writes them, and with no swap they can
+// never be reclaimed: a job with 256 MiB of memory and 1 GiB of disk would be
+// OOM-killed after writing 256 MiB, and its memory limit would shrink by
+// whatever it had written. An ext4 file system's page cache is reclaimable
+// once written back, so memory and disk stay separate limits. The cost is
+// small: a formatted image is made once per size and copied sparsely (a few
+// hundred KiB) per job, attached with one LOOP_CONFIGURE and mounted.
+// tmpfs is the fallback when the host has no loop devices or mkfs.ext4.
+type scratchKind string
+
+const (
+	scratchExt4  scratchKind = "ext4-loop"
+	scratchTmpfs scratchKind = "tmpfs"
+)
+
+// Scratch subdirectories. "ovl" is overlayfs's private work directory.
+const (
+	scratchUpper = "upper"
+	scratchOvl   = "ovl"
+	scratchTmp   = "tmp"
+	scratchOut   = "out"
+	scratchHome  = "home"
+)
+
+type scratchPool struct {
+	kind   scratchKind
+	mkfs   string // mkfs.ext4 path
+	cache  string // directory of formatted images, one per size
+	mu     sync.Mutex
+	images map[int64]string
+}
+
+func newScratchPool(cache string) *scratchPool {
+	p := &scratchPool{kind: scratchTmpfs, cache: cache, images: map[int64]string{}}
+	mkfs := findMkfs()
+	_, loopErr := os.Stat("/dev/loop-control")
+	if mkfs != "" && loopErr == nil {
+		p.kind, p.mkfs = scratchExt4, mkfs
+	}
+	return p
+}
+
+func findMkfs() string {
+	if p, err := exec.LookPath("mkfs.ext4"); err == nil {
+		return p
+	}
+	for _, p := range []string{"/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"} {
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() {
+			return p
+		}
+	}
+	return ""
+}
+
+// image returns a formatted, empty ext4 image of size bytes, making it on
+// first use.
+func (p *scratchPool) image(size int64) (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if img, ok := p.images[size]; ok {
+		return img, nil
+	}
+	img := filepath.Join(p.cache, strconv.FormatInt(size, 10)+".ext4")
+	if _, err := os.Stat(img); err == nil {
+		p.images[size] = img
+		return img, nil
+	}
+	tmp := img + ".tmp"
+	_ = os.Remove(tmp)
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return "", err
+	}
+	err = f.Truncate(size)
+	f.Close()
+	if err != nil {
+		return "", err
+	}
+	// No journal: the file system lives for one job and is never
+	// remounted after a crash. Lazy inode tables keep the image sparse
+	// (noinit_itable at mount keeps the kernel from filling them in
+	// later). No reserved blocks: the job gets the whole size.
+	cmd := exec.Command(p.mkfs, "-q", "-F", "-b", "4096", "-m", "0",
+		"-O", "^has_journal,^resize_inode", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
+		"-L", "airlock-scratch", tmp)
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("mkfs.ext4: %v: %s", err, out)
+	}
+	if err := os.Rename(tmp, img); err != nil {
+		return "", err
+	}
+	p.images[size] = img
+	return img, nil
+}
+
+// scratch is one job's mounted scratch file system.
+type scratch struct {
+	kind     scratchKind
+	point    string
+	size     int64
+	baseUsed int64 // bytes in use when empty: the file system's own metadata
+}
+
+// makeScratch mounts a scratch of size bytes at dir/scratch, with its
+// subdirectories owned by the sandbox's root.
+func (p *scratchPool) makeScratch(dir string, size int64, uid uint32) (*scratch, error) {
+	size = (size + 4095) &^ 4095
+	s := &scratch{kind: p.kind, point: filepath.Join(dir, "scratch"), size: size}
+	if err := os.Mkdir(s.point, 0o700); err != nil {
+		return nil, err
+	}
+	const flags = unix.MS_NOSUID | unix.MS_NODEV
+	switch p.kind {
+	case scratchExt4:
+		img, err := p.image(size)
+		if err != nil {
+			return nil, err
+		}
+		disk := filepath.Join(dir, "disk.img")
+		if err := copySparse(img, disk); err != nil {
+			return nil, fmt.Errorf("copy scratch image: %w", err)
+		}
+		loop, err := attachLoop(disk)
+		if err != nil {
+			return nil, err
+		}
+		err = unix.Mount(loop.Name(), s.point, "ext4", flags, "noinit_itable")
+		// With LO_FLAGS_AUTOCLEAR the device detaches itself when the
+		// mount, its last user, goes away; closing here hands it over.
+		loop.Close()
+		if err != nil {
+			return nil, fmt.Errorf("mount scratch ext4: %w", err)
+		}
+	case scratchTmpfs:
+		if err := unix.Mount("tmpfs", s.point, "tmpfs", flags, fmt.Sprintf("size=%d,mode=0700", size)); err != nil {
+			return nil, fmt.Errorf("mount scratch tmpfs: %w", err)
+		}
+	}
+	subdirs := []struct {
+		name  string
+		mode  fs.FileMode
+		owned bool
+	}{
+		{scratchUpper, 0o755, true},
+		{scratchOvl, 0o700, false},
+		{scratchTmp, 0o1777, true},
+		{scratchOut, 0o755, true},
+		{scratchHome, 0o700, true},
+	}
+	for _, d := range subdirs {
+		p := filepath.Join(s.point, d.name)
+		if err := os.Mkdir(p, 0o700); err != nil {
+			return s, err
+		}
+		if err := os.Chmod(p, d.mode); err != nil {
+			return s, err
+		}
+		if d.owned {
+			if err := os.Chown(p, int(uid), int(uid)); err != nil {
+				return s, err
+			}
+		}
+	}
+	used, _, err := s.usage()
+	if err != nil {
+		return s, err
+	}
+	s.baseUsed = used
+	return s, nil
+}
+
+// usage returns bytes in use and bytes still available, and whether the
+// file system ran out of space or inodes.
+func (s *scratch) usage() (used, avail int64, err error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(s.point, &st); err != nil {
+		return 0, 0, err
+	}
+	used = int64(st.Blocks-st.Bfree) * st.Bsize
+	avail = int64(st.Bavail) * st.Bsize
+	if st.Files > 0 && st.Ffree == 0 {
+		avail = 0 // out of inodes is as full as out of blocks
+	}
+	return used, avail, nil
+}
+
+// full reports whether the job ran its disk out. ext4 refuses writes with
+// some space still reported free: delayed allocation reserves worst-case
+// metadata blocks per write, out of a pool of up to 2% of the file system
+// (at most 4096 clusters). So "full" is: less left than that pool plus
+// 1 MiB.
+func (s *scratch) full() bool {
+	_, avail, err := s.usage()
+	return err == nil && avail < 1<<20+min(s.size/50, 16<<20)
+}
+
+func (s *scratch) jobBytes() int64 {
+	used, _, err := s.usage()
+	if err != nil || used < s.baseUsed {
+		return 0
+	}
+	return used - s.baseUsed
+}
+
+// copySparse copies src to a new file dst, writing only src's data extents.
+func copySparse(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	st, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	// A reflink is instant where the host file system has them.
+	if unix.IoctlFileClone(int(out.Fd()), int(in.Fd())) == nil {
+		return nil
+	}
+	if err := out.Truncate(st.Size()); err != nil {
+		return err
+	}
+	size := st.Size()
+	var off int64
+	for off < size {
+		data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole is left
+		}
+		if err != nil {
+			return err
+		}
+		hole, err := unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return err
+		}
+		for pos := data; pos < hole; {
+			roff, woff := pos, pos
+			n, err := unix.CopyFileRange(int(in.Fd()), &roff, int(out.Fd()), &woff, int(hole-pos), 0)
+			if err != nil {
+				if errors.Is(err, unix.EXDEV) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EINVAL) {
+					if _, err := io.Copy(io.NewOffsetWriter(out, pos), io.NewSectionReader(in, pos, hole-pos)); err != nil {
+						return err
+					}
+					break
+				}
+				return err
+			}
+			if n == 0 {
+				return io.ErrUnexpectedEOF
+			}
+			pos += int64(n)
+		}
+		off = hole
+	}
+	return nil
+}
+
+// attachLoop binds a free loop device to backing and returns it open. The
+// device detaches itself once it is unmounted and closed (autoclear).
+func attachLoop(backing string) (*os.File, error) {
+	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer ctl.Close()
+	file, err := os.OpenFile(backing, os.O_RDWR, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer file.Close()
+	var cfg unix.LoopConfig
+	cfg.Fd = uint32(file.Fd())
+	cfg.Size = 4096
+	cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
+	copy(cfg.Info.File_name[:len(cfg.Info.File_name)-1], backing)
+	// Another process can take the free device between GET_FREE and
+	// CONFIGURE; then ask again.
+	for try := 0; try < 64; try++ {
+		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return nil, fmt.Errorf("loop-control: get free device: %w", err)
+		}
+		name := "/dev/loop" + strconv.Itoa(n)
+		dev, err := os.OpenFile(name, os.O_RDWR, 0)
+		if errors.Is(err, fs.ErrNotExist) {
+			// Some /dev (a container's) is not devtmpfs and does not
+			// grow nodes by itself.
+			if err = unix.Mknod(name, unix.S_IFBLK|0o600, int(unix.Mkdev(7, uint32(n)))); err == nil || errors.Is(err, fs.ErrExist) {
+				dev, err = os.OpenFile(name, os.O_RDWR, 0)
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("open %s: %w", name, err)
+		}
+		err = unix.IoctlLoopConfigure(int(dev.Fd()), &cfg)
+		if err == nil {
+			return dev, nil
+		}
+		dev.Close()
+		if errors.Is(err, unix.EBUSY) {
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		return nil, fmt.Errorf("configure %s: %w", name, err)
+	}
+	return nil, errors.New("no free loop device after 64 tries")
+}
+
+// detachLoopsUnder clears every loop device whose backing file lies under
+// dir: one a crashed executor attached and never mounted.
+func detachLoopsUnder(dir string) {
+	ents, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range ents {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		back := filepath.Clean(string(trimNL(b)))
+		if !isUnder(back, dir) && !isUnder(trimDeleted(back), dir) {
+			continue
+		}
+		name := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(f)))
+		if dev, err := os.OpenFile(name, os.O_RDWR, 0); err == nil {
+			_ = unix.IoctlSetInt(int(dev.Fd()), unix.LOOP_CLR_FD, 0)
+			dev.Close()
+		}
+	}
+}
+
+func trimNL(b []byte) []byte {
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == 0) {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+func trimDeleted(p string) string {
+	const suffix = " (deleted)"
+	if len(p) > len(suffix) && p[len(p)-len(suffix):] == suffix {
+		return p[:len(p)-len(suffix)]
+	}
+	return p
+}
+
+func isUnder(p, dir string) bool {
+	return len(p) > len(dir) && p[:len(dir)] == dir && p[len(dir)] == '/'
+}

@@ -1,0 +1,173 @@
+package sandbox
+
+import (
+	"fmt"
+	"io"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/airlockhq/airlock/pkg/errdefs"
+)
+
+// Class names an OCI runtime.
+type Class string
+
+// The runtime classes this package can drive.
+const (
+	ClassRunc  Class = "runc"
+	ClassRunsc Class = "runsc"
+)
+
+var classes = []Class{ClassRunc, ClassRunsc}
+
+// RuntimeStatus says whether a class can run jobs on this machine.
+type RuntimeStatus struct {
+	Class     Class
+	Available bool
+	// Version identifies the runtime binary: its own version lines and the
+	// SHA-256 of the file, so provenance names exactly what ran the job.
+	Version string
+	// Reason says why the class is unavailable.
+	Reason string
+}
+
+// Limits bound one job. Every field must be positive.
+type Limits struct {
+	// CPUMillis is the CPU bandwidth in thousandths of a core.
+	CPUMillis int64
+	// MemoryBytes bounds the job's memory, page cache included.
+	MemoryBytes int64
+	// Pids bounds the tasks (processes and threads) alive at once.
+	Pids int64
+	// DiskBytes bounds everything the job writes: /work's upper layer,
+	// /tmp, /out and $HOME together.
+	DiskBytes int64
+	// Deadline bounds the wall time of Run.
+	Deadline time.Duration
+}
+
+// Spec describes one job.
+type Spec struct {
+	// ID is the job id: 1 to 64 of [a-zA-Z0-9_-].
+	ID    string
+	Class Class
+	// Source is the host path of the retained, read-only source tree: the
+	// lower layer of /work. It is never written. Its files are owned by
+	// Config.UIDBase so root inside can edit its copies.
+	Source string
+	// Command is the argv; argv[0] is resolved through PATH inside.
+	Command []string
+	// Env is the whole environment inside, on top of defaults for PATH,
+	// HOME and TERM (which it may override).
+	Env    map[string]string
+	Limits Limits
+	// Stdout and Stderr receive the job's output as it runs. Nil discards.
+	Stdout, Stderr io.Writer
+}
+
+// Reason says why a run ended.
+type Reason string
+
+// The reasons a run ends.
+const (
+	ReasonExited       Reason = "exited"
+	ReasonTimeout      Reason = "timeout"
+	ReasonOOM          Reason = "oom"
+	ReasonDiskFull     Reason = "disk_full"
+	ReasonCancelled    Reason = "cancelled"
+	ReasonSandboxError Reason = "sandbox_error"
+)
+
+// Usage is what a run consumed.
+type Usage struct {
+	CPUTime, WallTime time.Duration
+	PeakMemoryBytes   int64
+	// DiskBytes is what the job left on its scratch filesystem.
+	DiskBytes int64
+	PeakPids  int64
+}
+
+// Result is how a run ended.
+type Result struct {
+	Reason Reason
+	// ExitCode is the job's exit status when Reason is ReasonExited, else -1.
+	// A job killed by signal N exits 128+N.
+	ExitCode        int
+	Usage           Usage
+	Class           Class
+	RuntimeVersion  string
+	TemplateVersion string
+	// Message explains the reason in a sentence.
+	Message string
+}
+
+// Minimums below which the runtimes themselves cannot start a job.
+const (
+	minMemoryBytes = 16 << 20
+	minDiskBytes   = 4 << 20
+	minPids        = 8
+	minCPUMillis   = 10
+)
+
+var idFormat = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{errdefs.ErrInvalidArgument}, args...)...)
+}
+
+// validate checks everything about s that does not need the host.
+func (s *Spec) validate() error {
+	if !idFormat.MatchString(s.ID) {
+		return invalid("spec.id %q: want 1 to 64 of [a-zA-Z0-9_-]", s.ID)
+	}
+	return s.validateBody()
+}
+
+// validateBody checks all but the id, which the manager's own probe jobs
+// choose outside the job id alphabet so they can never collide with a job.
+func (s *Spec) validateBody() error {
+	switch s.Class {
+	case ClassRunc, ClassRunsc:
+	default:
+		return invalid("spec.class %q: want %q or %q", s.Class, ClassRunc, ClassRunsc)
+	}
+	if s.Source == "" || !strings.HasPrefix(s.Source, "/") {
+		return invalid("spec.source %q: must be an absolute path", s.Source)
+	}
+	// The overlay's mount options are a comma-separated list in which ':'
+	// separates lower layers; such a path cannot be named safely.
+	if strings.ContainsAny(s.Source, ",:\\\n") {
+		return invalid("spec.source %q: must not contain ',', ':', '\\' or a newline", s.Source)
+	}
+	if len(s.Command) == 0 || s.Command[0] == "" {
+		return invalid("spec.command: need at least a non-empty argv[0]")
+	}
+	for i, a := range s.Command {
+		if strings.IndexByte(a, 0) >= 0 {
+			return invalid("spec.command[%d]: contains a NUL byte", i)
+		}
+	}
+	for k, v := range s.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return invalid("spec.env key %q: must be non-empty without '=' or NUL", k)
+		}
+		if strings.IndexByte(v, 0) >= 0 {
+			return invalid("spec.env[%s]: value contains a NUL byte", k)
+		}
+	}
+	l := s.Limits
+	switch {
+	case l.CPUMillis < minCPUMillis:
+		return invalid("spec.limits.cpu_millis %d: must be at least %d", l.CPUMillis, minCPUMillis)
+	case l.MemoryBytes < minMemoryBytes:
+		return invalid("spec.limits.memory_bytes %d: must be at least %d (the runtime's own start-up needs it)", l.MemoryBytes, minMemoryBytes)
+	case l.Pids < minPids:
+		return invalid("spec.limits.pids %d: must be at least %d (the runtime's own start-up needs them)", l.Pids, minPids)
+	case l.DiskBytes < minDiskBytes:
+		return invalid("spec.limits.disk_bytes %d: must be at least %d", l.DiskBytes, minDiskBytes)
+	case l.Deadline <= 0:
+		return invalid("spec.limits.deadline %s: must be positive", l.Deadline)
+	}
+	return nil
+}

@@ -1,0 +1,291 @@
+//go:build linux
+
+package e2e
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/airlockhq/airlock/pkg/grant"
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+)
+
+// testGrant is a complete grant for job id on commit, as the authority would
+// sign it.
+func testGrant(id, commit string, ttl time.Duration) *typesv1.Grant {
+	issued, expires := grant.Timestamps(time.Now(), ttl)
+	return &typesv1.Grant{
+		JobId: id, Tenant: "dev", Requester: "spiffe://airlock.local/client/dev", Repository: "sample", Commit: commit,
+		Command: []string{"true"},
+		Limits: &typesv1.ResourceLimits{CpuMillis: 500, MemoryBytes: 128 << 20, Pids: 64, DiskBytes: 64 << 20,
+			Deadline: durationpb.New(time.Minute)},
+		NetworkPolicy:           &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_DenyAll{DenyAll: &typesv1.DenyAll{}}},
+		NetworkPolicyGeneration: 1,
+		RuntimeClass:            typesv1.RuntimeClass_RUNTIME_CLASS_RUNC,
+		IssuedAt:                issued, ExpiresAt: expires,
+	}
+}
+
+// TestExecutorRunsOnlyValidGrants speaks to the real executor as the real
+// authority identity: only a grant signed with the authority's key, not
+// expired and not altered, starts a run, and a job id runs at most once.
+func TestExecutorRunsOnlyValidGrants(t *testing.T) {
+	repo, commit := sampleRepo(t)
+	s := startStack(t, "--repo", "sample="+repo)
+	signer, err := grant.LoadOrCreateSigner(filepath.Join(s.dir, "authority", "grant.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec := executorv1.NewExecutorServiceClient(s.dial(t, "service/authority", "executor"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	good, err := signer.Sign(testGrant("grant-ok", commit, time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := exec.StartJob(ctx, &executorv1.StartJobRequest{Grant: good})
+	if err != nil || !first.GetCreated() {
+		t.Fatalf("valid grant: created=%v err=%v", first.GetCreated(), err)
+	}
+	again, err := exec.StartJob(ctx, &executorv1.StartJobRequest{Grant: good})
+	if err != nil || again.GetCreated() || again.GetRun().GetJobId() != "grant-ok" {
+		t.Fatalf("same job id again: created=%v err=%v, want the existing run", again.GetCreated(), err)
+	}
+
+	// A wider limit in the body without a new signature.
+	widened := proto.Clone(good).(*typesv1.SignedGrant)
+	g := testGrant("grant-widened", commit, time.Minute)
+	g.Limits.MemoryBytes = 64 << 30
+	widened.Body, _ = proto.MarshalOptions{Deterministic: true}.Marshal(g)
+	// Signed by a key the executor does not trust.
+	_, otherKey, _ := ed25519Key()
+	foreign, _ := grant.NewSigner(otherKey).Sign(testGrant("grant-foreign", commit, time.Minute))
+	// Expired: issued two minutes ago for one.
+	old := testGrant("grant-expired", commit, time.Minute)
+	old.IssuedAt, old.ExpiresAt = grant.Timestamps(time.Now().Add(-2*time.Minute), time.Minute)
+	expired, _ := signer.Sign(old)
+	// Bad signature bytes.
+	badSig := proto.Clone(good).(*typesv1.SignedGrant)
+	badSig.Signature[0] ^= 0xff
+
+	for _, tc := range []struct {
+		name string
+		sg   *typesv1.SignedGrant
+		code codes.Code
+		msg  string
+	}{
+		{"changed limit", widened, codes.PermissionDenied, "bad signature"},
+		{"unknown key", foreign, codes.PermissionDenied, "unknown key"},
+		{"bad signature", badSig, codes.PermissionDenied, "bad signature"},
+		{"expired", expired, codes.FailedPrecondition, "expired"},
+	} {
+		_, err := exec.StartJob(ctx, &executorv1.StartJobRequest{Grant: tc.sg})
+		if status.Code(err) != tc.code || !strings.Contains(status.Convert(err).Message(), tc.msg) {
+			t.Errorf("%s: got %v, want %v mentioning %q", tc.name, err, tc.code, tc.msg)
+		}
+	}
+	for _, id := range []string{"grant-widened", "grant-foreign", "grant-expired"} {
+		if _, err := exec.GetRun(ctx, &executorv1.GetRunRequest{JobId: id}); status.Code(err) != codes.NotFound {
+			t.Errorf("a refused grant left a run %s: %v", id, err)
+		}
+	}
+	// Only the authority may start jobs at all: a client with a validly
+	// signed grant is refused by the table.
+	if _, err := executorv1.NewExecutorServiceClient(s.dial(t, "client/dev", "executor")).StartJob(ctx, &executorv1.StartJobRequest{Grant: good}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("client/dev StartJob: %v, want PermissionDenied", err)
+	}
+}
+
+// TestExecutorKilledMidRunLeavesNothing kills the executor with SIGKILL
+// while a job sleeps in its sandbox, starts it again, and checks that the
+// job reads failed (executor restarted) and nothing of the sandbox is left:
+// no process in the sandbox's uid range, no mount under the executor's
+// data directory, no job cgroup.
+func TestExecutorKilledMidRunLeavesNothing(t *testing.T) {
+	repo, _ := sampleRepo(t)
+	s := startStack(t, "--repo", "sample="+repo)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	client := authorityv1.NewAuthorityServiceClient(s.dial(t, "client/dev", "authority"))
+	resp, err := client.SubmitJob(ctx, &authorityv1.SubmitJobRequest{Tenant: "dev", IdempotencyKey: "kill-9",
+		Spec: &authorityv1.JobSpec{Repository: "sample", Revision: "main", Command: []string{"sh", "-c", "echo started; sleep 300"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.GetJob().GetJobId()
+	ex := s.services["executor"]
+	sum := sha256.Sum256([]byte(ex.DataDir))
+	cgroupParent := "/airlock/" + hex.EncodeToString(sum[:6])
+	waitJob(ctx, t, client, id, func(j *authorityv1.Job) bool { return j.GetState() == authorityv1.JobState_JOB_STATE_RUNNING })
+	for start := time.Now(); sandboxProcs(cgroupParent) == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("the job is RUNNING but no process runs in its cgroup in the sandbox uid range: the check below would prove nothing")
+		}
+	}
+
+	if err := syscall.Kill(ex.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	reap(ex.PID, stopTimeout)
+
+	// Start the executor again, as an operator would, with the same config.
+	logf, err := os.OpenFile(ex.Log, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin("executor"), "--config", ex.Config)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	logf.Close()
+	pidFile := filepath.Join(s.dir, "executor", "executor.pid")
+	if err := os.WriteFile(pidFile, []byte(fmt.Sprintf("%d\n", cmd.Process.Pid)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+
+	job := waitJob(ctx, t, client, id, func(j *authorityv1.Job) bool { return j.GetState() == authorityv1.JobState_JOB_STATE_FAILED })
+	if r := job.GetResult().GetReason(); r != typesv1.TerminationReason_TERMINATION_REASON_EXECUTOR_RESTARTED {
+		t.Errorf("reason %v, want EXECUTOR_RESTARTED", r)
+	}
+	if n := sandboxProcs(cgroupParent); n != 0 {
+		t.Errorf("%d processes of the killed job survive", n)
+	}
+	if m := mountsUnder(ex.DataDir); len(m) != 0 {
+		t.Errorf("mounts left under the executor's data dir: %v", m)
+	}
+	for _, h := range []string{"memory", "pids", "cpu", "freezer"} {
+		dir := filepath.Join("/sys/fs/cgroup", h, cgroupParent)
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if e.IsDir() {
+				t.Errorf("cgroup left behind: %s/%s", dir, e.Name())
+			}
+		}
+	}
+	// The restarted executor still runs jobs.
+	res := s.airlock(t, "job", "submit", "--repo", "sample", "--wait", "--", "true")
+	if res.code != 0 {
+		t.Fatalf("a job after the restart: exit %d\n%s", res.code, res.stderr)
+	}
+}
+
+func waitJob(ctx context.Context, t testing.TB, client authorityv1.AuthorityServiceClient, id string, done func(*authorityv1.Job) bool) *authorityv1.Job {
+	t.Helper()
+	for {
+		resp, err := client.GetJob(ctx, &authorityv1.GetJobRequest{JobId: id})
+		if err == nil && done(resp.GetJob()) {
+			return resp.GetJob()
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("job %s: condition not reached (last %v, %v)", id, resp.GetJob().GetState(), err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// sandboxProcs counts processes in the sandbox uid range that sit in a
+// cgroup under the executor's cgroup parent (other executors on this
+// machine, such as other tests', use the same uid range).
+var debugProcs = os.Getenv("AIRLOCK_E2E_DEBUG") != ""
+
+func sandboxProcs(cgroupParent string) int {
+	n := 0
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if err != nil || !strings.Contains(string(cg), cgroupParent+"/") {
+			continue
+		}
+		var pid int
+		fmt.Sscan(e.Name(), &pid)
+		if procState(pid) == "Z" {
+			continue // dead; this test process is the subreaper that has yet to reap it
+		}
+		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
+				var uid int
+				fmt.Sscan(f[1], &uid)
+				if uid >= 1000000 && uid < 1000000+65536 {
+					n++
+					if debugProcs {
+						cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+						fmt.Fprintf(os.Stderr, "sandbox process %s uid %d: %q\n%s\n", e.Name(), uid, cmdline, cg)
+					}
+				}
+			}
+		}
+	}
+	return n
+}
+
+// mountsUnder lists mount points under dir.
+func mountsUnder(dir string) []string {
+	data, _ := os.ReadFile("/proc/self/mountinfo")
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}
+
+// TestJobSeesNoExecutorSecretsAndKeepsTheSourceWhole: a secret in the
+// executor's own environment does not reach the job, and a job that wipes
+// /work leaves the retained source whole for the next job.
+func TestJobSeesNoExecutorSecretsAndKeepsTheSourceWhole(t *testing.T) {
+	const secret = "AIRLOCK_E2E_EXECUTOR_SECRET=do-not-leak-7f3a"
+	t.Setenv("AIRLOCK_E2E_EXECUTOR_SECRET", "do-not-leak-7f3a") // inherited by dev up's services
+	repo, _ := sampleRepo(t)
+	s := startStack(t, "--repo", "sample="+repo)
+	if env, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", s.services["executor"].PID)); !strings.Contains(string(env), secret) {
+		t.Fatal("the executor does not hold the secret; the test would prove nothing")
+	}
+	res := s.airlock(t, "job", "submit", "--repo", "sample", "--wait", "--", "sh", "-c",
+		"env; cat /proc/self/environ /proc/1/environ | tr '\\0' '\\n'; rm -rf /work/* /work/.[!.]*; ls -A /work | wc -l")
+	if res.code != 0 {
+		t.Fatalf("exit %d\n%s", res.code, res.stderr)
+	}
+	if strings.Contains(res.stdout+res.stderr, "do-not-leak-7f3a") {
+		t.Errorf("the executor's secret reached the job:\n%s", res.stdout)
+	}
+	if !strings.HasSuffix(strings.TrimSpace(res.stdout), "0") {
+		t.Errorf("rm -rf did not empty /work inside the job:\n%s", res.stdout)
+	}
+	res = s.airlock(t, "job", "submit", "--repo", "sample", "--wait", "--", "sh", "-c", "ls -A /work; cat lib/greet.txt")
+	if res.code != 0 || !strings.Contains(res.stdout, "test.sh") || !strings.Contains(res.stdout, "hello") {
+		t.Errorf("the next job does not see the source whole: exit %d\n%s", res.code, res.stdout)
+	}
+}
+
+func ed25519Key() (ed25519.PublicKey, ed25519.PrivateKey, error) {
+	return ed25519.GenerateKey(rand.Reader)
+}
