@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The main job on one machine: bring up authority, executor and publisher as
-# separate processes over mTLS, check their health, and bring them down.
+# The main job on one machine, with embedded defaults: bring up authority,
+# executor and publisher as separate processes over mTLS, check their
+# health, run an agent-style job on a sample repository in a real runc
+# sandbox (edit a file, run the tests), show its result and patch, and
+# bring everything down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,31 +12,52 @@ airlock=./bin/airlock
 cleanup() { "$airlock" dev down --dir "$dir" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 
-echo "== airlock dev up --dir $dir"
-"$airlock" dev up --dir "$dir"
+step() { printf '\n== %s\n' "$*"; }
+
+# A sample repository whose test fails until the greeting is fixed.
+repo="$dir/sample-repo"
+mkdir -p "$repo/lib"
+printf 'hello\n' >"$repo/lib/greet.txt"
+printf '#!/bin/sh\ngot=$(cat lib/greet.txt)\n[ "$got" = "hello, airlock" ] || { echo "FAIL: greeting is $got"; exit 1; }\necho "PASS: greeting is $got"\n' >"$repo/test.sh"
+chmod +x "$repo/test.sh"
+git -C "$repo" init -q -b main
+git -C "$repo" add -A
+git -C "$repo" -c user.name=demo -c user.email=demo@example.com commit -q -m "sample"
+
+step "airlock dev up --dir $dir --repo sample=$repo"
+"$airlock" dev up --dir "$dir" --repo "sample=$repo"
 export AIRLOCK_CONFIG="$dir/client.yaml"
 
-echo
-echo "== airlock status (health over mTLS as client/dev)"
+step "airlock status (health over mTLS as client/dev)"
 "$airlock" status
 
 probe=./bin/grpc-health-probe
 [ -x "$probe" ] || go build -modfile=tools/go.mod -o bin/ github.com/grpc-ecosystem/grpc-health-probe
 pki="$dir/pki"
-for svc in authority executor publisher; do
-  addr=$(sed -n "/^$svc:/,/address:/s/ *address: *//p" "$dir/client.yaml")
-  echo
-  echo "== grpc-health-probe $svc at $addr with client/dev's certificate"
-  "$probe" -addr "$addr" -tls -tls-ca-cert "$pki/ca.crt" -tls-client-cert "$pki/client/dev.crt" \
-    -tls-client-key "$pki/client/dev.key" -tls-server-name localhost
-  echo "== the same probe without a client certificate (must be refused)"
-  if "$probe" -addr "$addr" -tls -tls-ca-cert "$pki/ca.crt" -tls-server-name localhost -connect-timeout 2s; then
-    echo "FAIL: $svc answered a client without a certificate" >&2
-    exit 1
-  fi
-done
+addr=$(sed -n "/^authority:/,/address:/s/ *address: *//p" "$dir/client.yaml")
+step "grpc-health-probe against the authority with client/dev's certificate, then without one"
+"$probe" -addr "$addr" -tls -tls-ca-cert "$pki/ca.crt" -tls-client-cert "$pki/client/dev.crt" \
+  -tls-client-key "$pki/client/dev.key" -tls-server-name localhost
+if "$probe" -addr "$addr" -tls -tls-ca-cert "$pki/ca.crt" -tls-server-name localhost -connect-timeout 2s; then
+  echo "FAIL: the authority answered a client without a certificate" >&2
+  exit 1
+fi
 
-echo
-echo "== airlock dev down --dir $dir"
+step "a job runs the repository's tests as checked in (they fail: exit status 1 comes back)"
+set +e
+"$airlock" job submit --repo sample --rev main --wait -- ./test.sh
+code=$?
+set -e
+[ "$code" = 1 ] || { echo "FAIL: expected the job's own exit status 1, got $code" >&2; exit 1; }
+
+step "an agent job edits the repository and runs the tests in the sandbox"
+"$airlock" job submit --repo sample --rev main --wait -- \
+  sh -c 'printf "hello, airlock\n" > lib/greet.txt && ./test.sh && echo "I am $(id -u) in $(hostname), caps $(grep CapEff /proc/self/status | cut -f2)"'
+
+job=$("$airlock" job list -o json | sed -n 's/.*"jobId": *"\([^"]*\)".*/\1/p' | head -1)
+step "airlock job get $job"
+"$airlock" job get "$job"
+
+step "airlock dev down --dir $dir"
 trap - EXIT
 "$airlock" dev down --dir "$dir"

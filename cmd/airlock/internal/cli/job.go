@@ -330,7 +330,8 @@ func writeSummary(w io.Writer, job *authorityv1.Job) {
 		u.GetWallTime().AsDuration().Round(time.Millisecond), humanBytes(u.GetDiskBytes()))
 	ds := r.GetDiffStat()
 	fmt.Fprintf(w, "changes    %d files, +%d -%d\n", ds.GetFilesChanged(), ds.GetInsertions(), ds.GetDeletions())
-	fmt.Fprintf(w, "runtime    %s (%s), template %s\n", strings.ToLower(strings.TrimPrefix(r.GetRuntimeClass().String(), "RUNTIME_CLASS_")), r.GetRuntimeVersion(), short(r.GetTemplateVersion()))
+	version, _, _ := strings.Cut(r.GetRuntimeVersion(), ";")
+	fmt.Fprintf(w, "runtime    %s (%s), template %s\n", strings.ToLower(strings.TrimPrefix(r.GetRuntimeClass().String(), "RUNTIME_CLASS_")), version, r.GetTemplateVersion())
 	if r.GetBundleDigest() != "" {
 		fmt.Fprintf(w, "bundle     %s (%s)\n", r.GetBundleDigest(), humanBytes(r.GetBundleSize()))
 	}
