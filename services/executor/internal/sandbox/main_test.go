@@ -114,7 +114,7 @@ func newEnv(t testing.TB) *env {
 		StateDir:     filepath.Join(base, "state"),
 		RuncPath:     runcPath,
 		RunscPath:    runscPath,
-		UIDBase:      uint32(2000000 + (int(n)%64)*65536),
+		UIDBase:      testUIDBase(n),
 		CgroupParent: fmt.Sprintf("/airlock-test-%d-%d", os.Getpid(), n),
 		Logger:       slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
@@ -125,11 +125,24 @@ func newEnv(t testing.TB) *env {
 	e.m = m
 	t.Cleanup(func() {
 		e.assertClean(t)
+		if err := m.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
 		for _, root := range m.cg.roots {
-			_ = rmdirTree(filepath.Join(root, e.cfg.CgroupParent))
+			if _, err := os.Stat(filepath.Join(root, e.cfg.CgroupParent)); err == nil {
+				t.Errorf("cgroup parent left after Close: %s", filepath.Join(root, e.cfg.CgroupParent))
+			}
 		}
 	})
 	return e
+}
+
+// testUIDBase gives each env its own uid range, distinct also from any other
+// test process running at the same time (the range's processes are checked
+// for survivors), and from the executor default 1000000.
+func testUIDBase(n int64) uint32 {
+	slot := (os.Getpid()%1024)*64 + int(n%64)
+	return uint32(2000000 + slot*uidRange)
 }
 
 type testWriter struct{ t testing.TB }

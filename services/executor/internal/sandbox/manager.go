@@ -496,6 +496,27 @@ func (m *Manager) Recover(ctx context.Context) ([]string, error) {
 	return out, errors.Join(errs...)
 }
 
+// Close removes this executor's cgroup parent from every hierarchy. Call
+// it at shutdown, once every sandbox is destroyed; a job cgroup still below
+// the parent (one that could not be removed) keeps it for the next start's
+// Recover.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	busy := len(m.live)
+	m.mu.Unlock()
+	if busy > 0 {
+		return fmt.Errorf("%w: sandbox: Close with %d sandbox(es) not destroyed", errdefs.ErrFailedPrecondition, busy)
+	}
+	var errs []error
+	for _, root := range m.cg.roots {
+		err := unix.Rmdir(filepath.Join(root, m.cfg.CgroupParent))
+		if err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("remove cgroup parent %s: %w", filepath.Join(root, m.cfg.CgroupParent), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // removeLeftover removes one sandbox a previous process left behind, by id.
 func (m *Manager) removeLeftover(id string) error {
 	var errs []error

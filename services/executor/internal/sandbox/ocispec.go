@@ -16,6 +16,8 @@ const uidRange = 65536
 
 const hostname = "airlock"
 
+var jobOOMScoreAdj = 500
+
 // defaultEnv is what every job gets before Spec.Env, which may override it.
 var defaultEnv = map[string]string{
 	"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -177,6 +179,9 @@ func ociSpec(in bundleInputs) *specs.Spec {
 			Capabilities:    &specs.LinuxCapabilities{},
 			Rlimits:         in.rlimits,
 			NoNewPrivileges: true,
+			// When the host itself runs short of memory, the kernel
+			// should kill a job before the executor or anything else.
+			OOMScoreAdj: &jobOOMScoreAdj,
 		},
 		Root:     &specs.Root{Path: in.rootfs, Readonly: true},
 		Hostname: hostname,

@@ -350,6 +350,8 @@ func (s *Sandbox) teardown() error {
 	}
 	if err := unmountAll(s.dir); err != nil {
 		errs = append(errs, err)
+	} else if err := s.scr.waitDetached(2 * time.Second); err != nil {
+		errs = append(errs, err)
 	}
 	if err := s.m.cg.remove(s.cgRel); err != nil {
 		errs = append(errs, err)

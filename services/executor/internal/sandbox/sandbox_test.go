@@ -540,6 +540,7 @@ echo sysrq; echo b > /proc/sysrq-trigger; echo "sysrq=$?"
 echo x > /proc/sys/kernel/hostname; echo "procsys=$?"
 echo firmware=$(ls /sys/firmware | wc -l)
 echo hostname=$(hostname)
+echo oom_score_adj=$(cat /proc/self/oom_score_adj)
 touch /usr/bin/evil; echo "usr=$?"
 touch /etc/evil; echo "etc=$?"
 echo done`
@@ -551,7 +552,7 @@ echo done`
 		"CapBnd:\t0000000000000000", "CapAmb:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2",
 		fmt.Sprintf("uidmap: 0 %d %d", e.cfg.UIDBase, uidRange),
 		"keyctl=0", "ptrace=0", "mount=0", "clone-userns=0", "chroot=0",
-		"kcore=0", "keys=0", "timer_list=0", "firmware=0", "hostname=airlock", "done",
+		"kcore=0", "keys=0", "timer_list=0", "firmware=0", "hostname=airlock", "oom_score_adj=500", "done",
 	} {
 		if !strings.Contains(out, want+"\n") {
 			t.Errorf("missing %q", want)
@@ -657,6 +658,8 @@ func TestCreateValidates(t *testing.T) {
 		{"cpu", "spec.limits.cpu_millis", func(s *Spec) { s.Limits.CPUMillis = 0 }},
 		{"memory", "spec.limits.memory_bytes", func(s *Spec) { s.Limits.MemoryBytes = 1 << 20 }},
 		{"pids", "spec.limits.pids", func(s *Spec) { s.Limits.Pids = -1 }},
+		{"runsc pids", "spec.limits.pids", func(s *Spec) { s.Class, s.Limits.Pids = ClassRunsc, 32 }},
+		{"runsc memory", "spec.limits.memory_bytes", func(s *Spec) { s.Class, s.Limits.MemoryBytes = ClassRunsc, 32<<20 }},
 		{"disk", "spec.limits.disk_bytes", func(s *Spec) { s.Limits.DiskBytes = 0 }},
 		{"deadline", "spec.limits.deadline", func(s *Spec) { s.Limits.Deadline = 0 }},
 	} {
@@ -826,7 +829,7 @@ func TestSharedStateDirMadePrivate(t *testing.T) {
 	if points, _ := mountsUnder(state); len(points) != 0 {
 		t.Fatalf("mounts left: %v", points)
 	}
-	for _, root := range m.cg.roots {
-		_ = rmdirTree(filepath.Join(root, cfg.CgroupParent))
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -45,6 +45,12 @@ const (
 	scratchHome  = "home"
 )
 
+// scratchImageFormat names the mkfs options below in the cached images'
+// file names, so changing them never reuses an image made the old way.
+const scratchImageFormat = "v1"
+
+// scratchPool makes scratch file systems. It keeps one formatted image per
+// disk size (a few hundred KiB each, sparse) in its cache directory.
 type scratchPool struct {
 	kind   scratchKind
 	mkfs   string // mkfs.ext4 path
@@ -83,7 +89,7 @@ func (p *scratchPool) image(size int64) (string, error) {
 	if img, ok := p.images[size]; ok {
 		return img, nil
 	}
-	img := filepath.Join(p.cache, strconv.FormatInt(size, 10)+".ext4")
+	img := filepath.Join(p.cache, scratchImageFormat+"-"+strconv.FormatInt(size, 10)+".ext4")
 	if _, err := os.Stat(img); err == nil {
 		p.images[size] = img
 		return img, nil
@@ -122,6 +128,8 @@ func (p *scratchPool) image(size int64) (string, error) {
 type scratch struct {
 	kind     scratchKind
 	point    string
+	loop     string // the loop device, for ext4
+	image    string // its backing file
 	size     int64
 	baseUsed int64 // bytes in use when empty: the file system's own metadata
 }
@@ -149,6 +157,7 @@ func (p *scratchPool) makeScratch(dir string, size int64, uid uint32) (*scratch,
 		if err != nil {
 			return nil, err
 		}
+		s.loop, s.image = loop.Name(), disk
 		err = unix.Mount(loop.Name(), s.point, "ext4", flags, "noinit_itable")
 		// With LO_FLAGS_AUTOCLEAR the device detaches itself when the
 		// mount, its last user, goes away; closing here hands it over.
@@ -194,8 +203,8 @@ func (p *scratchPool) makeScratch(dir string, size int64, uid uint32) (*scratch,
 	return s, nil
 }
 
-// usage returns bytes in use and bytes still available, and whether the
-// file system ran out of space or inodes.
+// usage returns the bytes in use and the bytes still available; running out
+// of inodes counts as nothing available.
 func (s *scratch) usage() (used, avail int64, err error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(s.point, &st); err != nil {
@@ -225,6 +234,37 @@ func (s *scratch) jobBytes() int64 {
 		return 0
 	}
 	return used - s.baseUsed
+}
+
+// waitDetached waits, after the scratch is unmounted, until the kernel has
+// released the loop device: autoclear runs asynchronously after the last
+// close, and until then the device still holds the image. If it does not
+// happen within wait, the device is cleared by hand.
+func (s *scratch) waitDetached(wait time.Duration) error {
+	if s == nil || s.loop == "" {
+		return nil
+	}
+	backing := filepath.Join("/sys/block", filepath.Base(s.loop), "loop", "backing_file")
+	end := time.Now().Add(wait)
+	for {
+		b, err := os.ReadFile(backing)
+		if err != nil || trimDeleted(string(trimNL(b))) != s.image {
+			return nil // detached, or already reused for another image
+		}
+		if time.Now().After(end) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	dev, err := os.OpenFile(s.loop, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	if err := unix.IoctlSetInt(int(dev.Fd()), unix.LOOP_CLR_FD, 0); err != nil && !errors.Is(err, unix.ENXIO) {
+		return fmt.Errorf("detach %s: %w", s.loop, err)
+	}
+	return nil
 }
 
 // copySparse copies src to a new file dst, writing only src's data extents.

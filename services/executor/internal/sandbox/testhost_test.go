@@ -21,9 +21,14 @@ const testHostGreeting = "hello from the test host"
 func startTestHost(t *testing.T) string {
 	t.Helper()
 	n := testSeq.Add(1)
-	hostIf, peerIf := fmt.Sprintf("alk%dh", n), fmt.Sprintf("alk%dp", n)
-	hostAddr := fmt.Sprintf("198.18.%d.1/30", n%64*4)
-	peerIP := fmt.Sprintf("198.18.%d.2", n%64*4)
+	// Names and subnets unique per test process too: two test binaries
+	// may run at once.
+	tag := fmt.Sprintf("%x%02x", os.Getpid()&0xffff, n&0xff)
+	hostIf, peerIf := "alk"+tag+"h", "alk"+tag+"p"
+	base := ((os.Getpid()%512)*64 + int(n%64)) * 4 // a /30 in 198.18.0.0/15
+	prefix := fmt.Sprintf("198.%d.%d.", 18+base>>16, base>>8&0xff)
+	hostAddr := fmt.Sprintf("%s%d/30", prefix, base&0xff+1)
+	peerIP := fmt.Sprintf("%s%d", prefix, base&0xff+2)
 
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostIf}, PeerName: peerIf}
 	if err := netlink.LinkAdd(veth); err != nil {

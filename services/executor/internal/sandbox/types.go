@@ -102,12 +102,16 @@ type Result struct {
 	Message string
 }
 
-// Minimums below which the runtimes themselves cannot start a job.
+// Minimums below which the runtimes themselves cannot start a job. Under
+// runsc the limits cover gVisor's own sandbox process too: its threads
+// (about 30 at rest) count as pids and its memory as the job's.
 const (
-	minMemoryBytes = 16 << 20
-	minDiskBytes   = 4 << 20
-	minPids        = 8
-	minCPUMillis   = 10
+	minMemoryBytes      = 16 << 20
+	minRunscMemoryBytes = 64 << 20
+	minDiskBytes        = 4 << 20
+	minPids             = 8
+	minRunscPids        = 64
+	minCPUMillis        = 10
 )
 
 var idFormat = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
@@ -157,13 +161,17 @@ func (s *Spec) validateBody() error {
 		}
 	}
 	l := s.Limits
+	minMem, minP := int64(minMemoryBytes), int64(minPids)
+	if s.Class == ClassRunsc {
+		minMem, minP = minRunscMemoryBytes, minRunscPids
+	}
 	switch {
 	case l.CPUMillis < minCPUMillis:
 		return invalid("spec.limits.cpu_millis %d: must be at least %d", l.CPUMillis, minCPUMillis)
-	case l.MemoryBytes < minMemoryBytes:
-		return invalid("spec.limits.memory_bytes %d: must be at least %d (the runtime's own start-up needs it)", l.MemoryBytes, minMemoryBytes)
-	case l.Pids < minPids:
-		return invalid("spec.limits.pids %d: must be at least %d (the runtime's own start-up needs them)", l.Pids, minPids)
+	case l.MemoryBytes < minMem:
+		return invalid("spec.limits.memory_bytes %d: must be at least %d under %s (the runtime's own start-up needs it)", l.MemoryBytes, minMem, s.Class)
+	case l.Pids < minP:
+		return invalid("spec.limits.pids %d: must be at least %d under %s (the runtime's own start-up needs them)", l.Pids, minP, s.Class)
 	case l.DiskBytes < minDiskBytes:
 		return invalid("spec.limits.disk_bytes %d: must be at least %d", l.DiskBytes, minDiskBytes)
 	case l.Deadline <= 0:

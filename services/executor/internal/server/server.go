@@ -56,6 +56,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			if err != nil {
 				return err
 			}
+			env.OnStop(sb.Close)
 			for _, st := range sb.Probe(ctx) {
 				logger.Info("runtime class", "class", st.Class, "available", st.Available, "version", st.Version, "reason", st.Reason)
 			}
