@@ -55,6 +55,9 @@ type Env struct {
 	// Logger is the process logger.
 	Logger *slog.Logger
 
+	// SetComponent reports a named component's health (see grpcserver).
+	SetComponent func(name string, serving bool)
+
 	group *errgroup.Group
 	ctx   context.Context
 	stops []func() error
@@ -122,7 +125,8 @@ func Run(ctx context.Context, spec Spec) (err error) {
 	}
 
 	g, gctx := errgroup.WithContext(ctx)
-	env := &Env{Server: srv.Registrar(), DataDir: dir, TLS: src, TrustDomain: cfg.TrustDomain, Logger: log, group: g, ctx: gctx}
+	env := &Env{Server: srv.Registrar(), DataDir: dir, TLS: src, TrustDomain: cfg.TrustDomain, Logger: log,
+		SetComponent: srv.SetComponent, group: g, ctx: gctx}
 	defer func() {
 		for i := len(env.stops) - 1; i >= 0; i-- {
 			err = errors.Join(err, env.stops[i]())

@@ -157,6 +157,17 @@ func (s *Server) SetServing(serving bool) {
 	s.health.SetServingStatus("", st)
 }
 
+// SetComponent reports one named component (e.g. "runtime/runsc") as
+// SERVING or NOT_SERVING under its own health service name, so operators
+// and tools can check it with the standard health protocol.
+func (s *Server) SetComponent(name string, serving bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if serving {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	s.health.SetServingStatus(name, st)
+}
+
 // Serve serves until ctx is cancelled or the listener fails. On
 // cancellation it reports NOT_SERVING, lets in-flight RPCs finish for at
 // most ShutdownTimeout, then cuts what is left.

@@ -296,7 +296,7 @@ func devUp(ctx context.Context, dir string, opts devOptions, bins map[string]str
 			default:
 			}
 			cctx, cancel := context.WithTimeout(ctx, time.Second)
-			st, err := checkHealth(cctx, s.Address, src, identity.Service(devTrustDomain, name))
+			st, err := checkHealth(cctx, s.Address, src, identity.Service(devTrustDomain, name), "")
 			cancel()
 			if err == nil && st == healthpb.HealthCheckResponse_SERVING.String() {
 				s.Status = st

@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/airlockhq/airlock/pkg/clientconfig"
 	"github.com/airlockhq/airlock/pkg/grpcclient"
@@ -17,11 +19,16 @@ import (
 
 // serviceHealth is one service's health as seen over mTLS.
 type serviceHealth struct {
-	Service string `json:"service"`
-	Address string `json:"address"`
-	Status  string `json:"status"`
-	Error   string `json:"error,omitempty"`
+	Service  string            `json:"service"`
+	Address  string            `json:"address"`
+	Status   string            `json:"status"`
+	Error    string            `json:"error,omitempty"`
+	Runtimes map[string]string `json:"runtimes,omitempty"`
 }
+
+// runtimeClasses are the executor's runtime classes, reported as health
+// components "runtime/CLASS".
+var runtimeClasses = []string{"runc", "runsc"}
 
 func newStatus(g *globals) *cobra.Command {
 	var timeout time.Duration
@@ -45,6 +52,13 @@ func newStatus(g *globals) *cobra.Command {
 				fmt.Fprintln(w, "SERVICE\tADDRESS\tSTATUS\tERROR")
 				for _, h := range report {
 					fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", h.Service, h.Address, h.Status, h.Error)
+				}
+				for _, h := range report {
+					for _, c := range runtimeClasses {
+						if st, ok := h.Runtimes[c]; ok {
+							fmt.Fprintf(w, "%s runtime %s\t\t%s\t\n", h.Service, c, st)
+						}
+					}
 				}
 			}); err != nil {
 				return err
@@ -77,9 +91,19 @@ func checkAll(ctx context.Context, cfg *clientconfig.Config, src *tlsconfig.Sour
 				return
 			}
 			h.Address = addr
-			h.Status, err = checkHealth(ctx, addr, src, identity.Service(cfg.TrustDomain, name))
+			h.Status, err = checkHealth(ctx, addr, src, identity.Service(cfg.TrustDomain, name), "")
 			if err != nil {
 				h.Error = err.Error()
+			}
+			if name == identity.ServiceExecutor && err == nil {
+				h.Runtimes = map[string]string{}
+				for _, c := range runtimeClasses {
+					if st, err := checkHealth(ctx, addr, src, identity.Service(cfg.TrustDomain, name), "runtime/"+c); err == nil {
+						h.Runtimes[c] = st
+					} else if status.Code(err) == codes.NotFound {
+						h.Runtimes[c] = "NOT_CONFIGURED"
+					}
+				}
 			}
 			out[i] = h
 		}()
@@ -90,14 +114,15 @@ func checkAll(ctx context.Context, cfg *clientconfig.Config, src *tlsconfig.Sour
 	return out
 }
 
-// checkHealth asks one server for its overall health, pinning its identity.
-func checkHealth(ctx context.Context, addr string, src *tlsconfig.Source, server identity.ID) (string, error) {
+// checkHealth asks one server for the health of component ("" for the
+// whole server), pinning its identity.
+func checkHealth(ctx context.Context, addr string, src *tlsconfig.Source, server identity.ID, component string) (string, error) {
 	cc, err := grpcclient.Dial(addr, src, server)
 	if err != nil {
 		return "UNREACHABLE", err
 	}
 	defer cc.Close()
-	resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+	resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{Service: component})
 	if err != nil {
 		return "UNREACHABLE", err
 	}

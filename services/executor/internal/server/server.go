@@ -59,6 +59,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			env.OnStop(sb.Close)
 			for _, st := range sb.Probe(ctx) {
 				logger.Info("runtime class", "class", st.Class, "available", st.Available, "version", st.Version, "reason", st.Reason)
+				env.SetComponent(RuntimeComponent(string(st.Class)), st.Available)
 			}
 			sources, err := stage.New(env.DataDir.Join("sources"), int(cfg.Sandbox.UIDBase), int(cfg.Sandbox.UIDBase))
 			if err != nil {
@@ -96,6 +97,10 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		},
 	})
 }
+
+// RuntimeComponent is the health service name under which the executor
+// reports whether it can run a runtime class.
+func RuntimeComponent(class string) string { return "runtime/" + class }
 
 // signer signs provenance with the executor's current mTLS key, so the
 // statement carries the same SPIFFE identity the executor proves on every
