@@ -58,6 +58,13 @@ unit:
 e2e:
 	$(GO) test $(GOTESTFLAGS) ./test/e2e/...
 
+## bench: raw `runc run` vs the sandbox vs the whole submit→result path, in one go test run; benchstat summarizes
+BENCHCOUNT ?= 6
+bench: runtimes
+	$(GO) test -run '^$$' -bench 'RawRuncTrue|SandboxTrue|EndToEnd' -benchtime 50x -count $(BENCHCOUNT) -timeout 30m \
+		./services/executor/internal/sandbox ./test/e2e | tee bench.out
+	$(TOOL) benchstat bench.out
+
 ## demo: the product's main job on one machine with embedded defaults
 demo: build
 	./test/demo.sh

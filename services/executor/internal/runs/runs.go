@@ -379,7 +379,7 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 	}
 	// The patch and bundle are built even for a cancelled or timed-out run:
 	// reviewers and operators may want to see what it did.
-	patch, stat, err := src.Repo.DiffFrom(context.WithoutCancel(ctx), src.TreeHash, src.Index, sb.WorkDir())
+	patch, stat, err := src.Repo.DiffUpper(context.WithoutCancel(ctx), src.TreeHash, src.Index, sb.WorkDir(), sb.UpperDir())
 	if err != nil {
 		fail(fmt.Errorf("compute patch: %w", err))
 		return

@@ -60,6 +60,11 @@ type Sandbox struct {
 // until Destroy.
 func (s *Sandbox) WorkDir() string { return s.workDir }
 
+// UpperDir is the host path of the overlay's upper layer under /work:
+// exactly what the job changed (new and modified files, whiteouts for
+// deletions, opaque directories), readable after Run until Destroy.
+func (s *Sandbox) UpperDir() string { return filepath.Join(s.scr.point, scratchUpper) }
+
 // OutDir is the host path of the job's /out, readable after Run until
 // Destroy.
 func (s *Sandbox) OutDir() string { return filepath.Join(s.dir, "scratch", scratchOut) }

@@ -18,6 +18,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // ErrTreeMismatch means a staged tree is not the commit's tree.
@@ -247,4 +249,171 @@ func (r *Repo) tempIndex() (string, func(), error) {
 	// git refuses an empty file as an index; it creates one where none is.
 	os.Remove(name)
 	return name, func() { os.Remove(name); os.Remove(name + ".lock") }, nil
+}
+
+// DiffUpper is DiffFrom for a work tree that is an overlay whose upper
+// layer is upperDir: only the paths the upper layer holds are handed to
+// git, so the cost follows what the job changed, not the repository's size.
+// Anything it cannot read exactly (a directory renamed with overlayfs
+// redirects) falls back to DiffFrom over the whole tree.
+func (r *Repo) DiffUpper(ctx context.Context, baseTree, baseIndex, workDir, upperDir string) ([]byte, DiffStat, error) {
+	changes, err := scanUpper(upperDir)
+	if err != nil {
+		return nil, DiffStat{}, fmt.Errorf("read overlay upper layer: %w", err)
+	}
+	if changes.redirect {
+		return r.DiffFrom(ctx, baseTree, baseIndex, workDir)
+	}
+	var removed []string
+	for _, rel := range changes.gitPaths {
+		if err := os.RemoveAll(filepath.Join(workDir, rel)); err != nil {
+			return nil, DiffStat{}, fmt.Errorf("remove .git entries: %w", err)
+		}
+		removed = append(removed, rel)
+	}
+	if len(changes.paths) == 0 {
+		return nil, DiffStat{GitPaths: removed}, nil
+	}
+	index, cleanup, err := r.tempIndex()
+	if err != nil {
+		return nil, DiffStat{}, err
+	}
+	defer cleanup()
+	// The index first; literal pathspecs so a name with * or ? is just a name
+	// (check-ignore, which takes paths, refuses the setting).
+	env := []string{"GIT_INDEX_FILE=" + index, "GIT_LITERAL_PATHSPECS=1"}
+	if baseIndex != "" {
+		if err := copyFile(baseIndex, index); err != nil {
+			return nil, DiffStat{}, err
+		}
+	} else if _, err := r.git(ctx, "", env, "read-tree", baseTree); err != nil {
+		return nil, DiffStat{}, err
+	}
+	// Naming an ignored new file to git add is an error; leave such files
+	// out, as a plain `git add --all` would.
+	ignored, err := r.ignored(ctx, workDir, env[:1], changes.files)
+	if err != nil {
+		return nil, DiffStat{}, err
+	}
+	var spec []byte
+	for _, p := range changes.paths {
+		if !ignored[p] {
+			spec = append(append(spec, p...), 0)
+		}
+	}
+	specFile, err := os.CreateTemp(r.home, "pathspec-*")
+	if err != nil {
+		return nil, DiffStat{}, err
+	}
+	defer os.Remove(specFile.Name())
+	if _, err := specFile.Write(spec); err != nil {
+		specFile.Close()
+		return nil, DiffStat{}, err
+	}
+	specFile.Close()
+	if len(spec) > 0 {
+		if _, err := r.git(ctx, workDir, env, "add", "--all", "--pathspec-from-file="+specFile.Name(), "--pathspec-file-nul"); err != nil {
+			// A layer git cannot take path by path (say, a whiteout for a
+			// path the base never had) is still diffed exactly, the slow way.
+			return r.DiffFrom(ctx, baseTree, baseIndex, workDir)
+		}
+	}
+	patch, err := r.git(ctx, workDir, env, "diff-index", "--cached", "--patch", "--binary", "--full-index", "--no-renames", "--no-color", "--no-ext-diff", "--no-textconv", baseTree)
+	if err != nil {
+		return nil, DiffStat{}, err
+	}
+	numstat, err := r.git(ctx, workDir, env, "diff-index", "--cached", "--numstat", "--no-renames", baseTree)
+	if err != nil {
+		return nil, DiffStat{}, err
+	}
+	st := parseNumstat(numstat)
+	st.GitPaths = removed
+	return patch, st, nil
+}
+
+// ignored returns which of paths the work tree's ignore rules exclude
+// (tracked paths never count as ignored).
+func (r *Repo) ignored(ctx context.Context, workDir string, env []string, paths []string) (map[string]bool, error) {
+	out := map[string]bool{}
+	if len(paths) == 0 {
+		return out, nil
+	}
+	var in bytes.Buffer
+	for _, p := range paths {
+		in.WriteString(p)
+		in.WriteByte(0)
+	}
+	cmd := exec.CommandContext(ctx, "git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "safe.directory=*",
+		"--work-tree", workDir, "check-ignore", "-z", "--stdin")
+	cmd.Env = append(r.env(""), env...)
+	cmd.Dir = r.home
+	cmd.Stdin = &in
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		// Exit status 1 means "none of them is ignored".
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+			return nil, fmt.Errorf("git check-ignore: %w: %s", err, strings.TrimSpace(stderr.String()))
+		}
+	}
+	for _, p := range bytes.Split(stdout.Bytes(), []byte{0}) {
+		if len(p) > 0 {
+			out[string(p)] = true
+		}
+	}
+	return out, nil
+}
+
+// upperChanges is what an overlay upper layer says a job changed.
+type upperChanges struct {
+	paths    []string // every path to hand to git add: files, links, whiteouts, opaque directories
+	files    []string // the non-directory ones among them (candidates for ignore rules)
+	gitPaths []string // .git entries, to remove
+	redirect bool     // a renamed directory: the layer alone does not say what moved
+}
+
+// scanUpper reads an overlayfs upper layer without following links.
+func scanUpper(upper string) (*upperChanges, error) {
+	c := &upperChanges{}
+	err := filepath.WalkDir(upper, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if p == upper {
+			return nil
+		}
+		rel, _ := filepath.Rel(upper, p)
+		if d.Name() == ".git" {
+			c.gitPaths = append(c.gitPaths, rel)
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if d.IsDir() {
+			if xattr(p, "trusted.overlay.redirect") != "" {
+				c.redirect = true
+				return filepath.SkipAll
+			}
+			if xattr(p, "trusted.overlay.opaque") == "y" {
+				c.paths = append(c.paths, rel)
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		c.paths = append(c.paths, rel)
+		c.files = append(c.files, rel)
+		return nil
+	})
+	return c, err
+}
+
+func xattr(path, name string) string {
+	buf := make([]byte, 256)
+	n, err := unix.Lgetxattr(path, name, buf)
+	if err != nil || n <= 0 {
+		return ""
+	}
+	return string(buf[:n])
 }

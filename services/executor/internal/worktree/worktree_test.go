@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/airlockhq/airlock/services/executor/internal/worktree"
 )
 
@@ -668,4 +670,115 @@ func TestDiffFromKeptIndexEqualsDiff(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDiffUpperEqualsDiff mounts a real overlay over a staged tree, makes
+// every kind of change through it, and checks that reading only the upper
+// layer gives exactly the patch a walk of the whole tree gives.
+func TestDiffUpperEqualsDiff(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test mounts overlayfs and needs root (CI runs as root)")
+	}
+	b := newBase(t)
+	r := openRepo(t)
+	lower := b.export(t)
+	index := filepath.Join(t.TempDir(), "kept.index")
+	tree, err := r.TreeHashIndex(context.Background(), lower, index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lowerFiles := snapshot(t, lower, nil)
+	var names []string
+	for name := range lowerFiles {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	if len(names) < 3 {
+		t.Fatalf("base has too few files to exercise deletions: %v", names)
+	}
+	for _, tc := range []struct {
+		name   string
+		change func(t *testing.T, work string)
+	}{
+		{"nothing", func(*testing.T, string) {}},
+		{"edit add delete", func(t *testing.T, work string) {
+			writeFile(t, filepath.Join(work, names[0]), "edited through the overlay\n", 0o644)
+			writeFile(t, filepath.Join(work, "brand", "new.txt"), "new\n", 0o644)
+			if err := os.Remove(filepath.Join(work, names[1])); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"replace a directory", func(t *testing.T, work string) {
+			dir := filepath.Dir(filepath.Join(work, names[len(names)-1]))
+			if dir == work {
+				t.Skip("base has no subdirectory")
+			}
+			if err := os.RemoveAll(dir); err != nil {
+				t.Fatal(err)
+			}
+			writeFile(t, filepath.Join(dir, "only.txt"), "the directory's new content\n", 0o644)
+		}},
+		{"remove a directory", func(t *testing.T, work string) {
+			dir := filepath.Dir(filepath.Join(work, names[len(names)-1]))
+			if err := os.RemoveAll(dir); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"mode and link", func(t *testing.T, work string) {
+			if err := os.Chmod(filepath.Join(work, names[0]), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink("../elsewhere", filepath.Join(work, "newlink")); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"nested repository", func(t *testing.T, work string) {
+			writeFile(t, filepath.Join(work, "vendor", "dep", "code.txt"), "vendored\n", 0o644)
+			git(t, filepath.Join(work, "vendor", "dep"), "init", "--quiet")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			upper, work, merged := t.TempDir(), t.TempDir(), t.TempDir()
+			opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work)
+			if err := unix.Mount("overlay", merged, "overlay", 0, opts); err != nil {
+				t.Fatalf("mount overlay: %v", err)
+			}
+			t.Cleanup(func() { unix.Unmount(merged, unix.MNT_DETACH) })
+			tc.change(t, merged)
+			got, gotStat, err := r.DiffUpper(context.Background(), tree, index, merged, upper)
+			if err != nil {
+				t.Fatalf("DiffUpper: %v", err)
+			}
+			// The reference: a full walk of a plain copy of the merged view.
+			want, wantStat, err := r.Diff(context.Background(), tree, copyTree(t, merged))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) || !sameCounts(gotStat, wantStat) {
+				t.Fatalf("DiffUpper differs from a full Diff:\n--- upper\n%s\n--- full\n%s", got, want)
+			}
+			if tc.name != "nothing" && len(want) == 0 {
+				t.Fatal("the change produced no patch; the comparison proves nothing")
+			}
+		})
+	}
+	if after := snapshot(t, lower, nil); len(after) != len(lowerFiles) {
+		t.Errorf("the lower layer changed: %d files, was %d", len(after), len(lowerFiles))
+	}
+}
+
+// copyTree copies dir (files, links, directories) to a new directory.
+func copyTree(t *testing.T, dir string) string {
+	t.Helper()
+	dst := filepath.Join(t.TempDir(), "copy")
+	out, err := exec.Command("cp", "-a", dir+"/.", dst+"/").CombinedOutput()
+	if err != nil {
+		if err := os.MkdirAll(dst, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if out, err = exec.Command("cp", "-a", dir+"/.", dst+"/").CombinedOutput(); err != nil {
+			t.Fatalf("cp: %v\n%s", err, out)
+		}
+	}
+	return dst
 }

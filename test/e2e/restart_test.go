@@ -1,0 +1,253 @@
+//go:build linux
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
+)
+
+// restartService stops the named service of s with SIGTERM, checks that it
+// stopped cleanly, and starts it again with the same config, its log
+// appended, in its own session, as an operator would. The new pid goes to
+// the stack's pid file, so `dev down` would stop it, and the new process
+// is stopped and reaped in t.Cleanup, before the stack's own cleanup runs.
+// It returns once `airlock status` reports every service SERVING.
+//
+// The service must still be the process `dev up` started: only those are
+// reaped here by pid.
+func (s *stack) restartService(t *testing.T, name string) {
+	t.Helper()
+	svc, ok := s.services[name]
+	if !ok {
+		t.Fatalf("no service %q in the stack", name)
+	}
+	pidFile := filepath.Join(s.dir, name, name+".pid")
+	data, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil || pid != svc.PID {
+		t.Fatalf("%s: pid file says %q, dev up said %d", pidFile, data, svc.PID)
+	}
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM %s (pid %d): %v", name, pid, err)
+	}
+	reapClean(t, pid, name+" stopped for a restart")
+	if st := procState(pid); st != "" {
+		t.Fatalf("%s (pid %d) is still there (state %s) after SIGTERM", name, pid, st)
+	}
+
+	logf, err := os.OpenFile(svc.Log, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin(name), "--config", svc.Config)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err = cmd.Start()
+	logf.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		// A service that stopped on its own (say a later restart) has
+		// already delivered its status to exited.
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-exited:
+			if err != nil {
+				t.Errorf("cleanup: restarted %s (pid %d): %v, want a clean exit 0", name, cmd.Process.Pid, err)
+			}
+		case <-time.After(stopTimeout):
+			_ = cmd.Process.Kill()
+			<-exited
+			t.Errorf("cleanup: restarted %s (pid %d) still ran %v after SIGTERM; killed", name, cmd.Process.Pid, stopTimeout)
+		}
+	})
+	if err := os.WriteFile(pidFile, []byte(fmt.Sprintf("%d\n", cmd.Process.Pid)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	svc.PID = cmd.Process.Pid
+	s.services[name] = svc
+
+	for start := time.Now(); ; time.Sleep(100 * time.Millisecond) {
+		select {
+		case err := <-exited:
+			exited <- err // for the cleanup
+			t.Fatalf("restarted %s exited at once (%v); log:\n%s", name, err, lastLines(svc.Log, 20))
+		default:
+		}
+		res := s.airlock(t, "status")
+		if res.code == 0 {
+			return
+		}
+		if time.Since(start) > 20*time.Second {
+			t.Fatalf("restarted %s: airlock status still fails after 20s:\n%s%s\nlog:\n%s", name, res.stdout, res.stderr, lastLines(svc.Log, 20))
+		}
+	}
+}
+
+// lastLines returns the last n lines of a file, for failure messages.
+func lastLines(path string, n int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// executorCgroupParent is the cgroup parent the executor of s uses by
+// default: one per data directory, so other tests' executors do not count.
+func (s *stack) executorCgroupParent() string {
+	sum := sha256.Sum256([]byte(s.services["executor"].DataDir))
+	return "/airlock/" + hex.EncodeToString(sum[:6])
+}
+
+// jobMounts lists the mounts a job left under the executor's data
+// directory. The sandbox state directory itself may be a mount (the
+// executor binds it on itself to make it private where / is shared); only
+// what lies below it belongs to jobs.
+func jobMounts(dataDir string) []string {
+	state := filepath.Join(dataDir, "sandbox")
+	var out []string
+	for _, m := range mountsUnder(dataDir) {
+		if m != state {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// jobCgroups lists the job cgroups under the executor's cgroup parent.
+func jobCgroups(parent string) []string {
+	var out []string
+	for _, h := range []string{"memory", "pids", "cpu", "freezer"} {
+		dir := filepath.Join("/sys/fs/cgroup", h, parent)
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if e.IsDir() {
+				out = append(out, filepath.Join(dir, e.Name()))
+			}
+		}
+	}
+	return out
+}
+
+// artifact streams a bundle from the executor as identity as, returning
+// the bytes, the header and the RPC's error.
+func artifact(ctx context.Context, s *stack, t *testing.T, as, jobID, digest string) ([]byte, *executorv1.ArtifactHeader, error) {
+	t.Helper()
+	stream, err := executorv1.NewExecutorServiceClient(s.dial(t, as, "executor")).GetArtifact(ctx,
+		&executorv1.GetArtifactRequest{JobId: jobID, BundleDigest: digest})
+	if err != nil {
+		return nil, nil, err
+	}
+	var header *executorv1.ArtifactHeader
+	var buf bytes.Buffer
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return buf.Bytes(), header, nil
+		}
+		if err != nil {
+			return buf.Bytes(), header, err
+		}
+		if h := msg.GetHeader(); h != nil {
+			header = h
+		}
+		buf.Write(msg.GetChunk())
+	}
+}
+
+// TestBundlesSurviveExecutorRestart: a finished job's bundle is served
+// byte for byte after the executor restarts, only under its own digest and
+// only to the publisher; the retained source is still there and no scratch
+// mount is.
+func TestBundlesSurviveExecutorRestart(t *testing.T) {
+	repo, commit := sampleRepo(t)
+	s := startStack(t, "--repo", "sample="+repo)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	res := s.airlock(t, "job", "submit", "--repo", "sample", "--rev", commit, "--wait", "-o", "json", "--",
+		"sh", "-c", "echo kept > kept.txt && echo out > /out/report.txt && echo done")
+	if res.code != 0 {
+		t.Fatalf("job: exit %d\n%s", res.code, res.stderr)
+	}
+	job := &authorityv1.Job{}
+	if err := protojson.Unmarshal([]byte(res.stdout), job); err != nil {
+		t.Fatalf("job JSON: %v\n%s", err, res.stdout)
+	}
+	digest := job.GetResult().GetBundleDigest()
+	if job.GetState() != authorityv1.JobState_JOB_STATE_FINISHED || !strings.HasPrefix(digest, "sha256:") {
+		t.Fatalf("job %s: state %v, bundle %q; want FINISHED with a bundle", job.GetJobId(), job.GetState(), digest)
+	}
+	before, headerBefore := fetchArtifact(t, s, job.GetJobId(), digest)
+	if got := tarEntry(t, before, "out/report.txt"); string(got) != "out\n" {
+		t.Fatalf("bundle's out/report.txt is %q", got)
+	}
+	sourceTree := filepath.Join(s.services["executor"].DataDir, "sources", "dev", "sample", "trees", commit)
+	if _, err := os.Stat(sourceTree + ".ready"); err != nil {
+		t.Fatalf("no retained source before the restart: %v", err)
+	}
+
+	s.restartService(t, "executor")
+
+	after, headerAfter := fetchArtifact(t, s, job.GetJobId(), digest)
+	if !bytes.Equal(before, after) {
+		t.Errorf("the bundle changed across the restart: %d bytes before, %d after", len(before), len(after))
+	}
+	if headerAfter.GetBundleDigest() != digest || !bytes.Equal(headerAfter.GetProvenance(), headerBefore.GetProvenance()) {
+		t.Errorf("after the restart: digest %s (want %s), provenance equal %v",
+			headerAfter.GetBundleDigest(), digest, bytes.Equal(headerAfter.GetProvenance(), headerBefore.GetProvenance()))
+	}
+	sum := sha256.Sum256(after)
+	if got := "sha256:" + hex.EncodeToString(sum[:]); got != digest {
+		t.Errorf("served bytes hash to %s, the recorded digest is %s", got, digest)
+	}
+
+	wrong := "sha256:" + strings.Repeat("0", 64)
+	if _, _, err := artifact(ctx, s, t, "service/publisher", job.GetJobId(), wrong); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("GetArtifact with a wrong digest: %v, want FailedPrecondition", err)
+	}
+	if data, _, err := artifact(ctx, s, t, "client/dev", job.GetJobId(), digest); status.Code(err) != codes.PermissionDenied || len(data) != 0 {
+		t.Errorf("GetArtifact as client/dev: %v with %d bytes, want PermissionDenied and nothing", err, len(data))
+	}
+
+	if _, err := os.Stat(sourceTree + ".ready"); err != nil {
+		t.Errorf("the retained source is gone after the restart: %v", err)
+	}
+	if m := jobMounts(s.services["executor"].DataDir); len(m) != 0 {
+		t.Errorf("scratch mounts after the restart: %v", m)
+	}
+	// And the restarted executor still runs jobs on the same commit.
+	res = s.airlock(t, "job", "submit", "--repo", "sample", "--rev", commit, "--wait", "--", "sh", "-c", "ls kept.txt 2>&1; cat lib/greet.txt")
+	if res.code != 0 || !strings.Contains(res.stdout, "No such file") || !strings.Contains(res.stdout, "hello") {
+		t.Errorf("a job after the restart: exit %d, want 0, no kept.txt and the source whole\n%s%s", res.code, res.stdout, res.stderr)
+	}
+}
