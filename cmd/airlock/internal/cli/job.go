@@ -44,6 +44,16 @@ func (g *globals) dial(service string) (*grpc.ClientConn, *clientconfig.Config, 
 	return cc, cfg, err
 }
 
+// authority connects to the authority as the chosen identity; close the
+// returned connection when done.
+func (g *globals) authority() (authorityv1.AuthorityServiceClient, *clientconfig.Config, func(), error) {
+	cc, cfg, err := g.dial("authority")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return authorityv1.NewAuthorityServiceClient(cc), cfg, func() { cc.Close() }, nil
+}
+
 // printProto writes one message as JSON (-o json) or via text.
 func (g *globals) printProto(m proto.Message, text func(w io.Writer)) error {
 	if g.output == "json" {
@@ -144,11 +154,11 @@ func jobSubmit(ctx context.Context, g *globals, f *submitFlags, argv []string) e
 			spec.Env[k] = v
 		}
 	}
-	cc, cfg, err := g.dial("authority")
+	client, cfg, done, err := g.authority()
 	if err != nil {
 		return err
 	}
-	defer cc.Close()
+	defer done()
 	tenant := f.tenant
 	if tenant == "" {
 		tenant = cfg.Tenant
@@ -162,7 +172,6 @@ func jobSubmit(ctx context.Context, g *globals, f *submitFlags, argv []string) e
 		rand.Read(b[:])
 		key = "cli-" + hex.EncodeToString(b[:])
 	}
-	client := authorityv1.NewAuthorityServiceClient(cc)
 	resp, err := client.SubmitJob(ctx, &authorityv1.SubmitJobRequest{Tenant: tenant, Spec: spec, IdempotencyKey: key})
 	if err != nil {
 		return rpcError(err)
@@ -363,12 +372,12 @@ func newJobGet(g *globals) *cobra.Command {
 		Short: "Show one job",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cc, _, err := g.dial("authority")
+			client, _, done, err := g.authority()
 			if err != nil {
 				return err
 			}
-			defer cc.Close()
-			resp, err := authorityv1.NewAuthorityServiceClient(cc).GetJob(cmd.Context(), &authorityv1.GetJobRequest{JobId: args[0]})
+			defer done()
+			resp, err := client.GetJob(cmd.Context(), &authorityv1.GetJobRequest{JobId: args[0]})
 			if err != nil {
 				return rpcError(err)
 			}
@@ -391,15 +400,15 @@ func newJobList(g *globals) *cobra.Command {
 		Short: "List a tenant's jobs, newest first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cc, cfg, err := g.dial("authority")
+			client, cfg, done, err := g.authority()
 			if err != nil {
 				return err
 			}
-			defer cc.Close()
+			defer done()
 			if tenant == "" {
 				tenant = cfg.Tenant
 			}
-			resp, err := authorityv1.NewAuthorityServiceClient(cc).ListJobs(cmd.Context(), &authorityv1.ListJobsRequest{Tenant: tenant, PageSize: limit})
+			resp, err := client.ListJobs(cmd.Context(), &authorityv1.ListJobsRequest{Tenant: tenant, PageSize: limit})
 			if err != nil {
 				return rpcError(err)
 			}
@@ -424,12 +433,12 @@ func newJobWatch(g *globals) *cobra.Command {
 		Short: "Stream a job's output and exit with its exit code",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cc, _, err := g.dial("authority")
+			client, _, done, err := g.authority()
 			if err != nil {
 				return err
 			}
-			defer cc.Close()
-			final, err := watchJob(cmd.Context(), g, authorityv1.NewAuthorityServiceClient(cc), args[0])
+			defer done()
+			final, err := watchJob(cmd.Context(), g, client, args[0])
 			if err != nil {
 				return err
 			}
@@ -445,12 +454,12 @@ func newJobCancel(g *globals) *cobra.Command {
 		Short: "Cancel a job; its sandbox is killed",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cc, _, err := g.dial("authority")
+			client, _, done, err := g.authority()
 			if err != nil {
 				return err
 			}
-			defer cc.Close()
-			resp, err := authorityv1.NewAuthorityServiceClient(cc).CancelJob(cmd.Context(), &authorityv1.CancelJobRequest{JobId: args[0], Reason: reason})
+			defer done()
+			resp, err := client.CancelJob(cmd.Context(), &authorityv1.CancelJobRequest{JobId: args[0], Reason: reason})
 			if err != nil {
 				return rpcError(err)
 			}
