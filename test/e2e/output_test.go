@@ -76,59 +76,70 @@ const outputCap = 4 << 20
 
 // TestOutputIsCappedAndMarked: a job that writes 6 MiB to stdout delivers
 // exactly the cap, the CLI says the stream was cut, the bundle records it,
-// and the job itself still finished with its own status.
+// and the job itself still finished with its own status. The second case
+// fills the cap exactly, pauses so the watcher catches up, and only then
+// writes past it: the cut happens with no byte left to carry the mark.
 func TestOutputIsCappedAndMarked(t *testing.T) {
 	repo, _ := sampleRepo(t)
 	s := startStack(t, "--repo", "sample="+repo)
+	client := authorityv1.NewAuthorityServiceClient(s.dial(t, "client/dev", "authority"))
 
-	res := s.airlock(t, "job", "submit", "--repo", "sample", "--wait", "--",
-		"sh", "-c", `head -c 6291456 /dev/zero | tr '\0' a; echo on-stderr >&2`)
-	if res.code != 0 {
-		t.Fatalf("exit %d, want 0 (the job's own status)\nstderr:\n%s", res.code, res.stderr)
-	}
-	if len(res.stdout) != outputCap || strings.Trim(res.stdout, "a") != "" {
-		t.Errorf("the CLI's stdout has %d bytes (only 'a': %v), want exactly the cap of %d", len(res.stdout), strings.Trim(res.stdout, "a") == "", outputCap)
-	}
-	if !strings.Contains(res.stderr, "stdout truncated at its size cap") {
-		t.Errorf("stderr does not say stdout was truncated:\n%s", res.stderr)
-	}
-	if strings.Contains(res.stderr, "stderr truncated") || !strings.Contains(res.stderr, "on-stderr") {
-		t.Errorf("stderr, under its cap, should be whole and unmarked:\n%s", res.stderr)
-	}
+	for _, tc := range []struct {
+		name, script string
+	}{
+		{"one burst", `head -c 6291456 /dev/zero | tr '\0' a; echo on-stderr >&2`},
+		{"cap, pause, more", `head -c 4194304 /dev/zero | tr '\0' a; sleep 0.5; head -c 2097152 /dev/zero | tr '\0' b; echo on-stderr >&2`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := s.airlock(t, "job", "submit", "--repo", "sample", "--wait", "--", "sh", "-c", tc.script)
+			if res.code != 0 {
+				t.Fatalf("exit %d, want 0 (the job's own status)\nstderr:\n%s", res.code, res.stderr)
+			}
+			if len(res.stdout) != outputCap || strings.Trim(res.stdout, "a") != "" {
+				t.Errorf("the CLI's stdout has %d bytes (only 'a': %v), want exactly the cap of %d", len(res.stdout), strings.Trim(res.stdout, "a") == "", outputCap)
+			}
+			if !strings.Contains(res.stderr, "stdout truncated at its size cap") {
+				t.Errorf("stderr does not say stdout was truncated:\n%s", res.stderr)
+			}
+			if strings.Contains(res.stderr, "stderr truncated") || !strings.Contains(res.stderr, "on-stderr") {
+				t.Errorf("stderr, under its cap, should be whole and unmarked:\n%s", res.stderr)
+			}
 
-	m := regexp.MustCompile(`job (\S+) submitted`).FindStringSubmatch(res.stderr)
-	if m == nil {
-		t.Fatalf("no job id in stderr:\n%s", res.stderr)
-	}
-	job := s.job(t, m[1])
-	r := job.GetResult()
-	if job.GetState() != authorityv1.JobState_JOB_STATE_FINISHED || r.GetReason() != typesv1.TerminationReason_TERMINATION_REASON_EXITED || r.GetExitCode() != 0 {
-		t.Fatalf("job %s: %v %v exit %d, want FINISHED EXITED 0", job.GetJobId(), job.GetState(), r.GetReason(), r.GetExitCode())
-	}
-	bundle, _ := fetchArtifact(t, s, job.GetJobId(), r.GetBundleDigest())
-	if n := len(tarEntry(t, bundle, "stdout.log")); n != outputCap {
-		t.Errorf("the bundle's stdout.log has %d bytes, want %d", n, outputCap)
-	}
-	var meta struct {
-		StdoutTruncated bool `json:"stdout_truncated"`
-		StderrTruncated bool `json:"stderr_truncated"`
-	}
-	if err := json.Unmarshal(tarEntry(t, bundle, "result.json"), &meta); err != nil {
-		t.Fatal(err)
-	}
-	if !meta.StdoutTruncated || meta.StderrTruncated {
-		t.Errorf("bundle result.json: stdout_truncated %v, stderr_truncated %v; want true, false", meta.StdoutTruncated, meta.StderrTruncated)
-	}
+			m := regexp.MustCompile(`job (\S+) submitted`).FindStringSubmatch(res.stderr)
+			if m == nil {
+				t.Fatalf("no job id in stderr:\n%s", res.stderr)
+			}
+			job := s.job(t, m[1])
+			r := job.GetResult()
+			if job.GetState() != authorityv1.JobState_JOB_STATE_FINISHED || r.GetReason() != typesv1.TerminationReason_TERMINATION_REASON_EXITED || r.GetExitCode() != 0 {
+				t.Fatalf("job %s: %v %v exit %d, want FINISHED EXITED 0", job.GetJobId(), job.GetState(), r.GetReason(), r.GetExitCode())
+			}
+			bundle, _ := fetchArtifact(t, s, job.GetJobId(), r.GetBundleDigest())
+			if n := len(tarEntry(t, bundle, "stdout.log")); n != outputCap {
+				t.Errorf("the bundle's stdout.log has %d bytes, want %d", n, outputCap)
+			}
+			var meta struct {
+				StdoutTruncated bool `json:"stdout_truncated"`
+				StderrTruncated bool `json:"stderr_truncated"`
+			}
+			if err := json.Unmarshal(tarEntry(t, bundle, "result.json"), &meta); err != nil {
+				t.Fatal(err)
+			}
+			if !meta.StdoutTruncated || meta.StderrTruncated {
+				t.Errorf("bundle result.json: stdout_truncated %v, stderr_truncated %v; want true, false", meta.StdoutTruncated, meta.StderrTruncated)
+			}
 
-	// A watcher that comes after the end is told of the cut as well.
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	w, err := watchFrom(ctx, authorityv1.NewAuthorityServiceClient(s.dial(t, "client/dev", "authority")), job.GetJobId(), 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(w.stdout) != outputCap || !w.truncated[typesv1.OutputStream_OUTPUT_STREAM_STDOUT] {
-		t.Errorf("a later watch: %d stdout bytes, truncated %v; want %d and true", len(w.stdout), w.truncated[typesv1.OutputStream_OUTPUT_STREAM_STDOUT], outputCap)
+			// A watcher that comes after the end is told of the cut as well.
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			w, err := watchFrom(ctx, client, job.GetJobId(), 0, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(w.stdout) != outputCap || !w.truncated[typesv1.OutputStream_OUTPUT_STREAM_STDOUT] {
+				t.Errorf("a later watch: %d stdout bytes, truncated %v; want %d and true", len(w.stdout), w.truncated[typesv1.OutputStream_OUTPUT_STREAM_STDOUT], outputCap)
+			}
+		})
 	}
 }
 

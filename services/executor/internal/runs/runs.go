@@ -78,6 +78,8 @@ type Run struct {
 	FinishedAt  time.Time `json:"finished_at,omitzero"`
 	Result      *Result   `json:"result,omitempty"`
 	Reported    bool      `json:"reported"`
+	// Truncated names the output streams that hit their cap.
+	Truncated map[string]bool `json:"truncated,omitempty"`
 }
 
 // Grant returns the run's signed grant.
@@ -464,6 +466,17 @@ func (m *Manager) finish(e *entry, state State, result *Result) {
 		r.State = state
 		r.FinishedAt = m.cfg.Now()
 		r.Result = result
+		for name, o := range map[string]*output{"stdout": e.stdout, "stderr": e.stderr} {
+			if o == nil {
+				continue
+			}
+			if _, cut := o.state(); cut {
+				if r.Truncated == nil {
+					r.Truncated = map[string]bool{}
+				}
+				r.Truncated[name] = true
+			}
+		}
 	})
 	m.report(e.run.JobID)
 }
@@ -626,6 +639,7 @@ func (m *Manager) Watch(ctx context.Context, jobID string, stdoutOffset, stderrO
 		return fmt.Errorf("%w: offsets must not be negative", errdefs.ErrInvalidArgument)
 	}
 	offsets := map[string]int64{"stdout": stdoutOffset, "stderr": stderrOffset}
+	cutSent := map[string]bool{}
 	var lastState State
 	for {
 		m.mu.Lock()
@@ -638,7 +652,7 @@ func (m *Manager) Watch(ctx context.Context, jobID string, stdoutOffset, stderrO
 			lastState = run.State
 		}
 		for _, stream := range []string{"stdout", "stderr"} {
-			if err := m.sendOutput(e, stream, offsets, send); err != nil {
+			if err := m.sendOutput(e, &run, stream, offsets, cutSent, send); err != nil {
 				return err
 			}
 		}
@@ -655,7 +669,10 @@ func (m *Manager) Watch(ctx context.Context, jobID string, stdoutOffset, stderrO
 
 const chunkSize = 64 << 10
 
-func (m *Manager) sendOutput(e *entry, stream string, offsets map[string]int64, send func(Event) error) error {
+// sendOutput sends what stream holds past its offset, then, once the
+// stream was cut at its cap and everything before the cut was sent, one
+// empty event that says so.
+func (m *Manager) sendOutput(e *entry, run *Run, stream string, offsets map[string]int64, cutSent map[string]bool, send func(Event) error) error {
 	path := filepath.Join(m.runDir(e.run.JobID), stream+".log")
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -665,26 +682,32 @@ func (m *Manager) sendOutput(e *entry, stream string, offsets map[string]int64, 
 		return err
 	}
 	defer f.Close()
-	var cut bool
-	if o := map[string]*output{"stdout": e.stdout, "stderr": e.stderr}[stream]; o != nil {
-		_, cut = o.state()
-	}
 	buf := make([]byte, chunkSize)
 	for {
 		n, err := f.ReadAt(buf, offsets[stream])
 		if n > 0 {
-			st, _ := f.Stat()
-			last := st != nil && offsets[stream]+int64(n) >= st.Size()
-			if err := send(Event{Stream: stream, Offset: offsets[stream], Data: append([]byte(nil), buf[:n]...), Cut: cut && last}); err != nil {
+			if err := send(Event{Stream: stream, Offset: offsets[stream], Data: append([]byte(nil), buf[:n]...)}); err != nil {
 				return err
 			}
 			offsets[stream] += int64(n)
 		}
 		if errors.Is(err, io.EOF) || n == 0 {
-			return nil
+			break
 		}
 		if err != nil {
 			return err
 		}
 	}
+	// The flag is read after the bytes: a cut that happens while we read
+	// is caught on the next wake-up, never lost.
+	cut := run.Truncated[stream]
+	if o := map[string]*output{"stdout": e.stdout, "stderr": e.stderr}[stream]; o != nil {
+		size, c := o.state()
+		cut = cut || (c && offsets[stream] >= size)
+	}
+	if cut && !cutSent[stream] {
+		cutSent[stream] = true
+		return send(Event{Stream: stream, Offset: offsets[stream], Cut: true})
+	}
+	return nil
 }
