@@ -223,12 +223,29 @@ func (m *Manager) Close() {
 
 func (m *Manager) runDir(jobID string) string { return filepath.Join(m.cfg.Dir, jobID) }
 
+// persist writes r's record. Only an ended run's record is synced to disk
+// before returning: losing a newer in-flight state in a crash changes
+// nothing, because Recover fails every run that was not ended, and the
+// fsyncs would cost a few milliseconds per state on every job.
 func (m *Manager) persist(r *Run) error {
 	data, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return err
 	}
-	return pki.WriteFileAtomic(filepath.Join(m.runDir(r.JobID), "run.json"), data, 0o600)
+	path := filepath.Join(m.runDir(r.JobID), "run.json")
+	if r.State.Terminal() {
+		return pki.WriteFileAtomic(path, data, 0o600)
+	}
+	return writeFileFast(path, data)
+}
+
+// writeFileFast replaces path atomically for readers, without syncing.
+func writeFileFast(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // notify wakes every watcher of e. Callers hold m.mu.
@@ -457,7 +474,8 @@ func (m *Manager) writeBundle(e *entry, g *typesv1.Grant, result *Result, patch 
 	if int64(len(review)) > m.cfg.ReviewPatchLimit {
 		review = review[:m.cfg.ReviewPatchLimit]
 	}
-	return pki.WriteFileAtomic(filepath.Join(dir, "review.patch"), review, 0o600)
+	// Derived from the bundle, which is synced: no need to sync it again.
+	return writeFileFast(filepath.Join(dir, "review.patch"), review)
 }
 
 // finish records the end of a run and reports it.
