@@ -75,6 +75,7 @@ func newJob(g *globals) *cobra.Command {
 
 type submitFlags struct {
 	tenant, repo, rev, runtime, key, memory, disk string
+	publishTo                                     string
 	cpu                                           float64
 	pids                                          int64
 	timeout                                       time.Duration
@@ -111,6 +112,7 @@ when cancelled, 1 when the job failed to run.`,
 	fl.StringVar(&f.runtime, "runtime", "", "runtime class: runc or runsc (default: the tenant's)")
 	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE for the command (repeatable; never a credential)")
 	fl.StringVar(&f.key, "idempotency-key", "", "the same key returns the same job (default: a fresh random key)")
+	fl.StringVar(&f.publishTo, "publish-to", "", "REPO:BRANCH where the result may be published after approval")
 	fl.BoolVar(&f.wait, "wait", false, "stream output and wait for the result")
 	return cmd
 }
@@ -143,6 +145,13 @@ func jobSubmit(ctx context.Context, g *globals, f *submitFlags, argv []string) e
 		spec.RuntimeClass = typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC
 	default:
 		return usageError{fmt.Errorf("--runtime %q: must be runc or runsc", f.runtime)}
+	}
+	if f.publishTo != "" {
+		repo, branch, ok := strings.Cut(f.publishTo, ":")
+		if !ok || repo == "" || branch == "" {
+			return usageError{fmt.Errorf("--publish-to %q: want REPO:BRANCH", f.publishTo)}
+		}
+		spec.PublishTarget = &typesv1.PublishTarget{Repository: repo, Branch: branch}
 	}
 	if len(f.env) > 0 {
 		spec.Env = map[string]string{}
@@ -338,6 +347,9 @@ func writeSummary(w io.Writer, job *authorityv1.Job) {
 		u.GetCpuTime().AsDuration().Round(time.Millisecond), humanBytes(u.GetPeakMemoryBytes()),
 		u.GetWallTime().AsDuration().Round(time.Millisecond), humanBytes(u.GetDiskBytes()))
 	ds := r.GetDiffStat()
+	if t := job.GetSpec().GetPublishTarget(); t != nil {
+		fmt.Fprintf(w, "publish to %s:%s (after approval)\n", t.GetRepository(), t.GetBranch())
+	}
 	fmt.Fprintf(w, "changes    %d files, +%d -%d\n", ds.GetFilesChanged(), ds.GetInsertions(), ds.GetDeletions())
 	version, _, _ := strings.Cut(r.GetRuntimeVersion(), ";")
 	fmt.Fprintf(w, "runtime    %s (%s), template %s\n", strings.ToLower(strings.TrimPrefix(r.GetRuntimeClass().String(), "RUNTIME_CLASS_")), version, r.GetTemplateVersion())
@@ -361,7 +373,22 @@ func humanBytes(n int64) string {
 // rpcError turns a status into a plain error with the server's message.
 func rpcError(err error) error {
 	if st, ok := status.FromError(err); ok {
-		return fmt.Errorf("%s: %s", strings.ToLower(st.Code().String()), st.Message())
+		// "PermissionDenied" -> "permission denied"; servers often start
+		// their message with the same words, so say them once.
+		var words []string
+		word := []rune{}
+		for i, r := range st.Code().String() {
+			if i > 0 && r >= 'A' && r <= 'Z' {
+				words = append(words, string(word))
+				word = word[:0]
+			}
+			word = append(word, r)
+		}
+		human := strings.ToLower(strings.Join(append(words, string(word)), " "))
+		if strings.HasPrefix(st.Message(), human) {
+			return errors.New(st.Message())
+		}
+		return fmt.Errorf("%s: %s", human, st.Message())
 	}
 	return err
 }
