@@ -1,0 +1,81 @@
+package seal_test
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/x509"
+	"errors"
+	"os"
+	"testing"
+
+	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/pki"
+	"github.com/airlockhq/airlock/pkg/seal"
+)
+
+type holder struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+}
+
+func load(t *testing.T, dir string, id identity.ID) holder {
+	t.Helper()
+	certFile, keyFile := pki.Paths(dir, id)
+	cpem, err := os.ReadFile(certFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kpem, err := os.ReadFile(keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := pki.ParseCertificatePEM(cpem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := pki.ParsePrivateKeyPEM(kpem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return holder{cert: cert, key: k.(*ecdsa.PrivateKey)}
+}
+
+func TestOnlyTheRecipientOpensTheBox(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := pki.Init(dir, "airlock.test", nil); err != nil {
+		t.Fatal(err)
+	}
+	publisher := load(t, dir, identity.Service("airlock.test", identity.ServicePublisher))
+	executor := load(t, dir, identity.Service("airlock.test", identity.ServiceExecutor))
+	secret, ctx := []byte("deploy-token-1234"), []byte("lease L1 job J1 deploy")
+
+	box, err := seal.Seal(publisher.cert, ctx, secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(box, secret) {
+		t.Fatal("the box carries the secret in clear")
+	}
+	got, err := seal.Open(publisher.cert, publisher.key, ctx, box)
+	if err != nil || !bytes.Equal(got, secret) {
+		t.Fatalf("recipient: %q, %v", got, err)
+	}
+	tampered := append([]byte(nil), box...)
+	tampered[len(tampered)-1] ^= 1
+	for name, try := range map[string]func() ([]byte, error){
+		"another identity's key":                  func() ([]byte, error) { return seal.Open(executor.cert, executor.key, ctx, box) },
+		"the right key claiming another identity": func() ([]byte, error) { return seal.Open(executor.cert, publisher.key, ctx, box) },
+		"another context":                         func() ([]byte, error) { return seal.Open(publisher.cert, publisher.key, []byte("lease L2"), box) },
+		"altered bytes":                           func() ([]byte, error) { return seal.Open(publisher.cert, publisher.key, ctx, tampered) },
+		"truncated":                               func() ([]byte, error) { return seal.Open(publisher.cert, publisher.key, ctx, box[:40]) },
+	} {
+		if got, err := try(); !errors.Is(err, seal.ErrOpen) || got != nil {
+			t.Errorf("%s: opened %q, err %v; want ErrOpen", name, got, err)
+		}
+	}
+	// Two seals of one secret differ (fresh ephemeral key and nonce).
+	again, _ := seal.Seal(publisher.cert, ctx, secret)
+	if bytes.Equal(again, box) {
+		t.Error("sealing twice gave the same bytes")
+	}
+}
