@@ -36,7 +36,7 @@ func (o *output) Write(p []byte) (int, error) {
 		p = p[:room]
 		o.truncated = true
 	}
-	if len(p) > 0 {
+	if len(p) > 0 && o.f != nil {
 		w, _ := o.f.Write(p)
 		o.size += int64(w)
 	}
@@ -52,8 +52,15 @@ func (o *output) state() (int64, bool) {
 	return o.size, o.truncated
 }
 
+// close closes the file; later writes are dropped. It may be called more
+// than once.
 func (o *output) close() error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.f.Close()
+	if o.f == nil {
+		return nil
+	}
+	err := o.f.Close()
+	o.f = nil
+	return err
 }

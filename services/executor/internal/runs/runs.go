@@ -338,6 +338,9 @@ func (m *Manager) update(e *entry, f func(r *Run)) {
 func (m *Manager) execute(ctx context.Context, e *entry) {
 	g := e.grant
 	log := m.cfg.Logger.With("job_id", g.GetJobId(), "tenant", g.GetTenant())
+	// Closed on every path; the bundle reads the files by name, not these handles.
+	defer e.stdout.close()
+	defer e.stderr.close()
 	fail := func(err error) {
 		state, reason := Failed, sandbox.Reason("sandbox_error")
 		if ctx.Err() != nil {
@@ -379,8 +382,6 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 	}()
 	m.update(e, func(r *Run) { r.State = Running; r.StartedAt = m.cfg.Now() })
 	res, runErr := sb.Run(ctx)
-	e.stdout.close()
-	e.stderr.close()
 	if runErr != nil && res.Reason == "" {
 		fail(fmt.Errorf("run: %w", runErr))
 		return
