@@ -47,6 +47,9 @@ vet:
 	$(GO) vet $(PKGS)
 
 ## test: everything CI runs: lint, generated-code check, all tests with -race (as root: the sandbox tests use real namespaces and cgroups)
+# The PostgreSQL store tests take their database from AIRLOCK_TEST_POSTGRES_DSN,
+# which .ci/run sets to a throwaway loopback cluster; without it they skip,
+# and with CI=true they fail.
 test: lint generate-check runtimes
 	$(GO) test $(GOTESTFLAGS) $(PKGS)
 

@@ -40,6 +40,9 @@ type Config struct {
 	GrantTTL time.Duration `yaml:"grant_ttl"`
 	// Tenants maps a tenant name to its policy as written.
 	Tenants map[string]TenantFile `yaml:"tenants"`
+	// Store is where the authority keeps jobs and the audit log; default
+	// SQLite in the data directory.
+	Store StoreFile `yaml:"store"`
 
 	// Policy is Tenants, validated, with defaults filled in.
 	Policy policy.Tenants `yaml:"-"`
@@ -112,6 +115,7 @@ func (c *Config) ValidatePeers() error {
 	case c.GrantTTL < 10*time.Second || c.GrantTTL > 24*time.Hour:
 		errs = append(errs, config.Field("grant_ttl", "%v: must be between 10s and 24h", c.GrantTTL))
 	}
+	errs = append(errs, c.Store.validate())
 	c.Policy = policy.Tenants{}
 	for _, name := range sortedKeys(c.Tenants) {
 		t, err := c.tenant(name, c.Tenants[name])

@@ -19,6 +19,8 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
 	"github.com/airlockhq/airlock/services/authority/internal/source"
+	"github.com/airlockhq/airlock/services/authority/internal/store"
+	"github.com/airlockhq/airlock/services/authority/internal/store/postgres"
 	"github.com/airlockhq/airlock/services/authority/internal/store/sqlite"
 )
 
@@ -35,10 +37,24 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		Table:   authz.AuthorityTable,
 		Logger:  logger,
 		Start: func(ctx context.Context, env *daemon.Env) error {
-			st, err := sqlite.Open(ctx, env.DataDir.Join("authority.db"))
+			var (
+				st    store.Store
+				where string
+				err   error
+			)
+			switch cfg.Store.Driver {
+			case config.StorePostgres:
+				// Logged by where, never by the DSN: it may hold a password.
+				st, err = postgres.Open(ctx, cfg.Store.DSN)
+				where = postgres.Describe(cfg.Store.DSN)
+			default:
+				where = env.DataDir.Join("authority.db")
+				st, err = sqlite.Open(ctx, where)
+			}
 			if err != nil {
 				return err
 			}
+			env.Logger.Info("store opened", "driver", cfg.Store.Driver, "database", where)
 			env.OnStop(st.Close)
 
 			key, err := grant.LoadOrCreateSigner(cfg.GrantKey)

@@ -1,13 +1,16 @@
-// Package store owns the authority's persistent records and the one
-// interface every storage backend implements: the embedded SQLite store in
-// store/sqlite now, PostgreSQL for replicated authorities later, both held
-// to the same conformance suite in store/storetest. It knows nothing of job
-// policy; the jobs package decides what may change and calls Update.
+// Package store owns the authority's persistent records — jobs and the
+// hash-chained audit log — and the one interface every storage backend
+// implements: the embedded SQLite store in store/sqlite and PostgreSQL for
+// replicated authorities in store/postgres, both held to the same
+// conformance suite in store/storetest. It knows nothing of job policy; the
+// jobs package decides what may change and calls Update.
 package store
 
 import (
 	"context"
 	"time"
+
+	"github.com/airlockhq/airlock/pkg/audit"
 )
 
 // State is where a job is in its life. The values are what the database
@@ -99,10 +102,27 @@ type ListOptions struct {
 	PageToken string
 }
 
-// Store is the authority's storage. Every method is safe for concurrent use.
-// Errors wrap pkg/errdefs sentinels where the caller can act on them
-// (ErrNotFound, ErrInvalidArgument for a bad page token); anything else is
-// internal.
+// AuditFilter selects audit events for ListAudit; zero fields select all.
+type AuditFilter struct {
+	JobID  string
+	Tenant string
+	Caller string
+	Kind   string
+	// Since (inclusive) and Until (exclusive) bound the events' Time.
+	Since time.Time
+	Until time.Time
+	// AfterSequence continues a listing after the last event of the
+	// previous page.
+	AfterSequence int64
+	// Limit is the page size and must be positive.
+	Limit int
+}
+
+// Store is the authority's storage. Every method is safe for concurrent use,
+// also by several Store values on one database (replicas). Errors wrap
+// pkg/errdefs sentinels where the caller can act on them (ErrNotFound,
+// ErrInvalidArgument for a bad page token, filter or audit event); anything
+// else is internal.
 type Store interface {
 	// CreateJob records j unless (j.Tenant, j.IdempotencyKey) already
 	// exists, in which case it returns the existing job and created=false.
@@ -126,6 +146,29 @@ type Store interface {
 	// IdempotencyKey, Repository, Spec, SpecDigest, CreatedAt) are not
 	// written even if update changes them.
 	UpdateJob(ctx context.Context, id string, update func(*Job) error) (Job, error)
+
+	// CreateJobAudited is CreateJob that also appends e to the audit log in
+	// the same transaction: both take effect or neither. When the
+	// idempotency key already exists nothing is written, e included. e's
+	// JobID and Tenant default to the job's.
+	CreateJobAudited(ctx context.Context, j Job, e audit.Event) (stored Job, created bool, err error)
+	// UpdateJobAudited is UpdateJob whose update also returns the audit
+	// event recording the change; the changed job and the event are
+	// written in one transaction, or, on any error (the update's own, an
+	// invalid event or state, a failed write), neither is. The event's
+	// JobID and Tenant default to the job's.
+	UpdateJobAudited(ctx context.Context, id string, update func(*Job) (audit.Event, error)) (Job, error)
+	// AppendAudit adds e to the end of the audit log and returns it as
+	// stored: the store assigns Sequence (one more than the last entry's),
+	// PrevHash (the last entry's Hash) and Hash, and Time when it is zero
+	// (a given Time is normalized to UTC microseconds). Appends are
+	// serialized, across replicas too, so the log is one unbroken chain.
+	// An event audit.Event.Validate refuses wraps ErrInvalidArgument.
+	AppendAudit(ctx context.Context, e audit.Event) (audit.Event, error)
+	// ListAudit returns up to f.Limit events matching f, oldest (lowest
+	// sequence) first.
+	ListAudit(ctx context.Context, f AuditFilter) ([]audit.Event, error)
+
 	// Close releases the store.
 	Close() error
 }

@@ -7,29 +7,58 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 	"github.com/airlockhq/airlock/services/authority/internal/store/sqlite"
 	"github.com/airlockhq/airlock/services/authority/internal/store/storetest"
 )
 
-// opener returns an Opener for a real database file in a fresh directory;
-// every store it opens is closed when the test ends.
-func opener(t *testing.T) storetest.Opener {
-	path := filepath.Join(t.TempDir(), "authority.db")
-	return func(t *testing.T) store.Store {
-		t.Helper()
-		s, err := sqlite.Open(context.Background(), path)
-		if err != nil {
-			t.Fatalf("open %s: %v", path, err)
+// backend gives the conformance suite a real database file in a fresh
+// directory for each test; every store it opens is closed when the test
+// ends.
+var backend = storetest.Backend{
+	New: func(t *testing.T) (storetest.Opener, storetest.Exec) {
+		path := filepath.Join(t.TempDir(), "authority.db")
+		open := func(t *testing.T) store.Store {
+			t.Helper()
+			s, err := sqlite.Open(context.Background(), path)
+			if err != nil {
+				t.Fatalf("open %s: %v", path, err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s
 		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	}
+		exec := func(query string) error {
+			db, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(10000)")
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			_, err = db.Exec(query)
+			return err
+		}
+		return open, exec
+	},
+	DropAuditGuards: sqlite.DropAuditGuards,
 }
 
 func TestConformance(t *testing.T) {
-	storetest.Run(t, opener)
+	storetest.Run(t, backend)
+}
+
+// TestAuditSurvivesKill SIGKILLs a process appending to the audit log 100
+// times; see storetest.Crash.
+func TestAuditSurvivesKill(t *testing.T) {
+	open := func(ctx context.Context, path string) (store.Store, error) { return sqlite.Open(ctx, path) }
+	storetest.CrashChild(open)
+	storetest.Crash(t, storetest.CrashTest{
+		Name:       "TestAuditSurvivesKill",
+		Target:     filepath.Join(t.TempDir(), "authority.db"),
+		Open:       open,
+		Iterations: 100,
+		MaxDelay:   30 * time.Millisecond,
+	})
 }
 
 func TestFileSettings(t *testing.T) {
@@ -40,8 +69,8 @@ func TestFileSettings(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if v, err := s.SchemaVersion(t.Context()); err != nil || v != 1 {
-		t.Fatalf("schema version = %d, %v; want 1", v, err)
+	if v, err := s.SchemaVersion(t.Context()); err != nil || v != 2 {
+		t.Fatalf("schema version = %d, %v; want 2", v, err)
 	}
 	if _, err := os.Stat(path + "-wal"); err != nil {
 		t.Errorf("no WAL file beside the database: %v", err)
@@ -65,8 +94,8 @@ func TestFileSettings(t *testing.T) {
 		t.Errorf("journal_mode = %q, %v; want wal", mode, err)
 	}
 	var n int
-	if err := db.QueryRow("SELECT COUNT(*) FROM schema_migrations").Scan(&n); err != nil || n != 1 {
-		t.Errorf("schema_migrations rows = %d, %v; want 1", n, err)
+	if err := db.QueryRow("SELECT COUNT(*) FROM schema_migrations").Scan(&n); err != nil || n != 2 {
+		t.Errorf("schema_migrations rows = %d, %v; want 2", n, err)
 	}
 }
 

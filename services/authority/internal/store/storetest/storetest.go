@@ -1,6 +1,7 @@
 // Package storetest is the conformance suite every implementation of the
-// authority's store.Store must pass: the SQLite store now, PostgreSQL later.
-// Only the implementations' tests import it.
+// authority's store.Store must pass: the SQLite and the PostgreSQL store.
+// It also holds the crash test both run (crash.go). Only the
+// implementations' tests import it.
 package storetest
 
 import (
@@ -18,12 +19,25 @@ import (
 
 // Opener opens the same, initially empty, database every time it is
 // called, so the suite can close a store and open it again as a restarted
-// authority would.
+// authority would, or open two at once as two replicas would.
 type Opener func(t *testing.T) store.Store
 
-// Run runs every conformance test. newOpener returns a fresh database for
-// each test.
-func Run(t *testing.T, newOpener func(t *testing.T) Opener) {
+// Exec runs SQL directly on an Opener's database, not through a store, as
+// an operator or an intruder with access to the database could.
+type Exec func(query string) error
+
+// Backend is what the suite needs of an implementation.
+type Backend struct {
+	// New returns an Opener for a fresh, empty database and an Exec on the
+	// same database.
+	New func(t *testing.T) (Opener, Exec)
+	// DropAuditGuards is the SQL that lifts the schema's refusal to update
+	// or delete audit entries, run before the suite tampers with the log.
+	DropAuditGuards string
+}
+
+// Run runs every conformance test, each on a fresh database.
+func Run(t *testing.T, b Backend) {
 	for _, tc := range []struct {
 		name string
 		fn   func(t *testing.T, open Opener)
@@ -36,13 +50,37 @@ func Run(t *testing.T, newOpener func(t *testing.T) Opener) {
 		{"UpdateErrorWritesNothing", testUpdateError},
 		{"UpdateKeepsIdentity", testUpdateKeepsIdentity},
 		{"ConcurrentUpdatesSerialize", testConcurrentUpdates},
+		{"ConcurrentUpdatesAcrossStores", testConcurrentUpdatesAcrossStores},
 		{"ListNewestFirstWithPages", testList},
 		{"ListFiltersStates", testListStates},
 		{"ListBadToken", testListBadToken},
 		{"JobsInStates", testJobsInStates},
 		{"SurvivesRestart", testRestart},
+		{"AuditAppendAssigns", testAuditAppend},
+		{"AuditRefusesInvalidEvents", testAuditInvalid},
+		{"AuditConcurrentAppendsAcrossStores", testAuditConcurrent},
+		{"AuditListFilters", testAuditList},
+		{"AuditSurvivesRestart", testAuditRestart},
+		{"CreateJobAudited", testCreateJobAudited},
+		{"UpdateJobAudited", testUpdateJobAudited},
+		{"UpdateJobAuditedFailuresWriteNeither", testUpdateJobAuditedFailures},
+		{"ConcurrentAuditedUpdates", testConcurrentAuditedUpdates},
 	} {
-		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newOpener(t)) })
+		t.Run(tc.name, func(t *testing.T) {
+			open, _ := b.New(t)
+			tc.fn(t, open)
+		})
+	}
+	// These reach past the store into the database.
+	for _, tc := range []struct {
+		name string
+		fn   func(t *testing.T, b Backend)
+	}{
+		{"AuditFailedWriteRollsBackJob", testAuditFailedWrite},
+		{"AuditLogIsAppendOnly", testAuditGuards},
+		{"AuditTamperDetected", testAuditTamper},
+	} {
+		t.Run(tc.name, func(t *testing.T) { tc.fn(t, b) })
 	}
 }
 
@@ -293,6 +331,31 @@ func testConcurrentUpdates(t *testing.T, open Opener) {
 	got, _ := s.GetJob(ctx(t), "j1")
 	if len(got.Message) != n || got.Version != n+1 {
 		t.Fatalf("lost updates: message %q, version %d", got.Message, got.Version)
+	}
+}
+
+func testConcurrentUpdatesAcrossStores(t *testing.T, open Opener) {
+	stores := []store.Store{open(t), open(t)}
+	mustCreate(t, stores[0], NewJob("dev", "j1", 0))
+	const n = 16
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := stores[i%2].UpdateJob(ctx(t), "j1", func(j *store.Job) error {
+				j.Message += "x"
+				return nil
+			})
+			if err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	got, _ := stores[1].GetJob(ctx(t), "j1")
+	if len(got.Message) != n || got.Version != n+1 {
+		t.Fatalf("lost updates between two stores: message %q, version %d", got.Message, got.Version)
 	}
 }
 

@@ -1,0 +1,454 @@
+// Package sqlstore is the one implementation of store.Store that both SQL
+// backends share: queries, row mapping, page tokens, the migration runner
+// and the audit chain, written once in the SQL that SQLite and PostgreSQL
+// both speak, so the two cannot drift apart. A Dialect supplies what
+// differs (placeholders, row locks, the migration lock, the schema). Only
+// store/sqlite and store/postgres import it.
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/airlockhq/airlock/pkg/audit"
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/services/authority/internal/store"
+)
+
+// Dialect is what differs between the databases the store runs on.
+type Dialect struct {
+	// Rebind rewrites the ? placeholders of a query into the database's
+	// own; nil keeps them.
+	Rebind func(query string) string
+	// ForUpdate is appended to a SELECT of a row the transaction goes on to
+	// write, so that a concurrent writer of that row waits. It is empty
+	// where every write transaction already excludes all others (SQLite's
+	// BEGIN IMMEDIATE).
+	ForUpdate string
+	// MigrationLock, if set, runs first in the migration transaction and
+	// holds until it ends, so stores starting at once on one database apply
+	// migrations one at a time.
+	MigrationLock string
+	// Migrations are applied in order, each once; the index plus one is the
+	// schema version. Never edit one that has shipped: append a new one.
+	Migrations []string
+}
+
+// RebindDollar rewrites ? placeholders as PostgreSQL's $1, $2, …. The
+// store's queries hold no ? inside literals or identifiers.
+func RebindDollar(query string) string {
+	var b strings.Builder
+	b.Grow(len(query) + 16)
+	n := 0
+	for _, r := range query {
+		if r == '?' {
+			n++
+			fmt.Fprintf(&b, "$%d", n)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// DB is a store.Store over a *sql.DB in some Dialect.
+type DB struct {
+	db *sql.DB
+	d  Dialect
+}
+
+var _ store.Store = (*DB)(nil)
+
+// New brings db's schema up to date and returns the store over it. A schema
+// newer than d knows is refused rather than guessed at. On error the caller
+// still owns db.
+func New(ctx context.Context, db *sql.DB, d Dialect) (*DB, error) {
+	s := &DB{db: db, d: d}
+	if err := s.migrate(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// q rewrites query's placeholders for the dialect.
+func (s *DB) q(query string) string {
+	if s.d.Rebind == nil {
+		return query
+	}
+	return s.d.Rebind(query)
+}
+
+// migrate applies the missing migrations in one transaction: a store that
+// fails half-way leaves the schema as it found it.
+func (s *DB) migrate(ctx context.Context) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		if s.d.MigrationLock != "" {
+			if _, err := tx.ExecContext(ctx, s.d.MigrationLock); err != nil {
+				return fmt.Errorf("migration lock: %w", err)
+			}
+		}
+		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+			version    INTEGER NOT NULL PRIMARY KEY,
+			applied_at BIGINT  NOT NULL
+		)`); err != nil {
+			return fmt.Errorf("migrations table: %w", err)
+		}
+		var current int
+		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&current); err != nil {
+			return fmt.Errorf("schema version: %w", err)
+		}
+		if current > len(s.d.Migrations) {
+			return fmt.Errorf("schema version %d is newer than this build knows (%d); run a newer authority", current, len(s.d.Migrations))
+		}
+		for v := current + 1; v <= len(s.d.Migrations); v++ {
+			if _, err := tx.ExecContext(ctx, s.d.Migrations[v-1]); err != nil {
+				return fmt.Errorf("migration %d: %w", v, err)
+			}
+			if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)`), v, time.Now().UnixMicro()); err != nil {
+				return fmt.Errorf("migration %d: %w", v, err)
+			}
+		}
+		return nil
+	})
+}
+
+// SchemaVersion returns the applied schema version, for tests and status.
+func (s *DB) SchemaVersion(ctx context.Context) (int, error) {
+	var v int
+	err := s.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&v)
+	return v, err
+}
+
+// Close closes the database.
+func (s *DB) Close() error { return s.db.Close() }
+
+func (s *DB) tx(ctx context.Context, fn func(*sql.Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+const jobColumns = `id, tenant, requester, idempotency_key, repository, spec, spec_digest, commit_sha, tree_hash,
+	state, message, network_state, signed_grant, grant_expires_at, dispatched_at,
+	result, bundle_digest, patch, output_tail, provenance, created_at, updated_at, version`
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanJob(row scanner) (store.Job, error) {
+	var (
+		j                                        store.Job
+		state                                    string
+		expires, dispatched, created, updated    int64
+		spec, grant, result, patch, tail, proven []byte
+	)
+	err := row.Scan(&j.ID, &j.Tenant, &j.Requester, &j.IdempotencyKey, &j.Repository, &spec, &j.SpecDigest, &j.Commit, &j.TreeHash,
+		&state, &j.Message, &j.NetworkState, &grant, &expires, &dispatched,
+		&result, &j.BundleDigest, &patch, &tail, &proven, &created, &updated, &j.Version)
+	if err != nil {
+		return store.Job{}, err
+	}
+	j.State = store.State(state)
+	j.Spec, j.Grant, j.Result, j.Patch, j.OutputTail, j.Provenance = spec, grant, result, patch, tail, proven
+	j.GrantExpiresAt, j.DispatchedAt = fromMicros(expires), fromMicros(dispatched)
+	j.CreatedAt, j.UpdatedAt = fromMicros(created), fromMicros(updated)
+	return j, nil
+}
+
+// Job times are stored as microseconds since the epoch, UTC: the precision
+// PostgreSQL keeps, so both stores round alike. Zero means unset.
+func micros(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMicro()
+}
+
+func fromMicros(us int64) time.Time {
+	if us == 0 {
+		return time.Time{}
+	}
+	return time.UnixMicro(us).UTC()
+}
+
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
+// CreateJob implements store.Store.
+func (s *DB) CreateJob(ctx context.Context, j store.Job) (store.Job, bool, error) {
+	return s.createJob(ctx, j, nil)
+}
+
+// CreateJobAudited implements store.Store.
+func (s *DB) CreateJobAudited(ctx context.Context, j store.Job, e audit.Event) (store.Job, bool, error) {
+	return s.createJob(ctx, j, &e)
+}
+
+func (s *DB) createJob(ctx context.Context, j store.Job, e *audit.Event) (store.Job, bool, error) {
+	if j.ID == "" || j.Tenant == "" || j.IdempotencyKey == "" || !j.State.Valid() {
+		return store.Job{}, false, fmt.Errorf("store: create job: id, tenant, idempotency key and a valid state are required")
+	}
+	if e != nil {
+		if e.JobID == "" {
+			e.JobID = j.ID
+		}
+		if e.Tenant == "" {
+			e.Tenant = j.Tenant
+		}
+		if err := e.Validate(); err != nil {
+			return store.Job{}, false, fmt.Errorf("store: create job: %w: %v", errdefs.ErrInvalidArgument, err)
+		}
+	}
+	var (
+		out     store.Job
+		created bool
+	)
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		// A concurrent insert of the same key makes this one wait for it and
+		// then do nothing, in both databases; the key's job is then read.
+		j.Version = 1
+		res, err := tx.ExecContext(ctx, s.q(`INSERT INTO jobs (`+jobColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (tenant, idempotency_key) DO NOTHING`),
+			j.ID, j.Tenant, j.Requester, j.IdempotencyKey, j.Repository, nonNil(j.Spec), j.SpecDigest, j.Commit, j.TreeHash,
+			string(j.State), j.Message, j.NetworkState, j.Grant, micros(j.GrantExpiresAt), micros(j.DispatchedAt),
+			j.Result, j.BundleDigest, j.Patch, j.OutputTail, j.Provenance, micros(j.CreatedAt), micros(j.UpdatedAt), j.Version)
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			out, err = scanJob(tx.QueryRowContext(ctx, s.q(`SELECT `+jobColumns+` FROM jobs WHERE tenant = ? AND idempotency_key = ?`), j.Tenant, j.IdempotencyKey))
+			return err
+		}
+		out, err = scanJob(tx.QueryRowContext(ctx, s.q(`SELECT `+jobColumns+` FROM jobs WHERE id = ?`), j.ID))
+		if err != nil {
+			return err
+		}
+		created = true
+		if e != nil {
+			_, err = s.appendAudit(ctx, tx, *e)
+		}
+		return err
+	})
+	if err != nil {
+		return store.Job{}, false, fmt.Errorf("store: create job: %w", err)
+	}
+	return out, created, nil
+}
+
+// GetJob implements store.Store.
+func (s *DB) GetJob(ctx context.Context, id string) (store.Job, error) {
+	j, err := scanJob(s.db.QueryRowContext(ctx, s.q(`SELECT `+jobColumns+` FROM jobs WHERE id = ?`), id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.Job{}, fmt.Errorf("%w: job %q", errdefs.ErrNotFound, id)
+	}
+	if err != nil {
+		return store.Job{}, fmt.Errorf("store: get job: %w", err)
+	}
+	return j, nil
+}
+
+// JobByIdempotencyKey implements store.Store.
+func (s *DB) JobByIdempotencyKey(ctx context.Context, tenant, key string) (store.Job, error) {
+	j, err := scanJob(s.db.QueryRowContext(ctx, s.q(`SELECT `+jobColumns+` FROM jobs WHERE tenant = ? AND idempotency_key = ?`), tenant, key))
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.Job{}, fmt.Errorf("%w: no job with that idempotency key", errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return store.Job{}, fmt.Errorf("store: job by idempotency key: %w", err)
+	}
+	return j, nil
+}
+
+func placeholders(n int) string {
+	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
+}
+
+// ListJobs implements store.Store.
+func (s *DB) ListJobs(ctx context.Context, opts store.ListOptions) ([]store.Job, string, error) {
+	if opts.Limit <= 0 {
+		return nil, "", fmt.Errorf("store: list jobs: limit must be positive")
+	}
+	where := []string{"tenant = ?"}
+	args := []any{opts.Tenant}
+	if len(opts.States) > 0 {
+		where = append(where, "state IN ("+placeholders(len(opts.States))+")")
+		for _, st := range opts.States {
+			args = append(args, string(st))
+		}
+	}
+	if opts.PageToken != "" {
+		at, id, err := decodeToken(opts.PageToken)
+		if err != nil {
+			return nil, "", err
+		}
+		where = append(where, "(created_at < ? OR (created_at = ? AND id < ?))")
+		args = append(args, at, at, id)
+	}
+	// One more than asked tells whether another page exists.
+	args = append(args, opts.Limit+1)
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT `+jobColumns+` FROM jobs WHERE `+strings.Join(where, " AND ")+
+		` ORDER BY created_at DESC, id DESC LIMIT ?`), args...)
+	if err != nil {
+		return nil, "", fmt.Errorf("store: list jobs: %w", err)
+	}
+	jobs, err := collect(rows, scanJob)
+	if err != nil {
+		return nil, "", fmt.Errorf("store: list jobs: %w", err)
+	}
+	var next string
+	if len(jobs) > opts.Limit {
+		jobs = jobs[:opts.Limit]
+		last := jobs[len(jobs)-1]
+		next = encodeToken(micros(last.CreatedAt), last.ID)
+	}
+	return jobs, next, nil
+}
+
+// collect scans every row and closes rows.
+func collect[T any](rows *sql.Rows, scan func(scanner) (T, error)) ([]T, error) {
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+// A page token is the position of the last job of the page: its creation
+// time and id, which order jobs totally.
+func encodeToken(at int64, id string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(at, 10) + ":" + id))
+}
+
+func decodeToken(tok string) (int64, string, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(tok)
+	if err == nil {
+		if at, id, ok := strings.Cut(string(raw), ":"); ok {
+			if n, err := strconv.ParseInt(at, 10, 64); err == nil && id != "" {
+				return n, id, nil
+			}
+		}
+	}
+	return 0, "", fmt.Errorf("%w: page_token: not a token this server issued", errdefs.ErrInvalidArgument)
+}
+
+// JobsInStates implements store.Store.
+func (s *DB) JobsInStates(ctx context.Context, states ...store.State) ([]store.Job, error) {
+	if len(states) == 0 {
+		return nil, nil
+	}
+	args := make([]any, len(states))
+	for i, st := range states {
+		args[i] = string(st)
+	}
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT `+jobColumns+` FROM jobs WHERE state IN (`+placeholders(len(states))+`) ORDER BY created_at, id`), args...)
+	if err != nil {
+		return nil, fmt.Errorf("store: jobs in states: %w", err)
+	}
+	jobs, err := collect(rows, scanJob)
+	if err != nil {
+		return nil, fmt.Errorf("store: jobs in states: %w", err)
+	}
+	return jobs, nil
+}
+
+// UpdateJob implements store.Store.
+func (s *DB) UpdateJob(ctx context.Context, id string, update func(*store.Job) error) (store.Job, error) {
+	return s.updateJob(ctx, id, func(j *store.Job) (*audit.Event, error) { return nil, update(j) })
+}
+
+// UpdateJobAudited implements store.Store.
+func (s *DB) UpdateJobAudited(ctx context.Context, id string, update func(*store.Job) (audit.Event, error)) (store.Job, error) {
+	return s.updateJob(ctx, id, func(j *store.Job) (*audit.Event, error) {
+		e, err := update(j)
+		return &e, err
+	})
+}
+
+// updateJob is the read-modify-write of one job, with the audit event
+// update returns (if any) appended in the same transaction.
+func (s *DB) updateJob(ctx context.Context, id string, update func(*store.Job) (*audit.Event, error)) (store.Job, error) {
+	var out store.Job
+	var userErr error
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		j, err := scanJob(tx.QueryRowContext(ctx, s.q(`SELECT `+jobColumns+` FROM jobs WHERE id = ?`+s.d.ForUpdate), id))
+		if errors.Is(err, sql.ErrNoRows) {
+			userErr = fmt.Errorf("%w: job %q", errdefs.ErrNotFound, id)
+			return userErr
+		}
+		if err != nil {
+			return err
+		}
+		// The event defaults to the job as stored, not as update left it.
+		jobID, tenant := j.ID, j.Tenant
+		e, err := update(&j)
+		if err != nil {
+			userErr = err
+			return err
+		}
+		if !j.State.Valid() {
+			return fmt.Errorf("invalid state %q", j.State)
+		}
+		if e != nil {
+			if e.JobID == "" {
+				e.JobID = jobID
+			}
+			if e.Tenant == "" {
+				e.Tenant = tenant
+			}
+			if err := e.Validate(); err != nil {
+				return fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err)
+			}
+		}
+		j.Version++
+		res, err := tx.ExecContext(ctx, s.q(`UPDATE jobs SET commit_sha = ?, tree_hash = ?, state = ?, message = ?, network_state = ?,
+			signed_grant = ?, grant_expires_at = ?, dispatched_at = ?, result = ?, bundle_digest = ?, patch = ?, output_tail = ?,
+			provenance = ?, updated_at = ?, version = ? WHERE id = ? AND version = ?`),
+			j.Commit, j.TreeHash, string(j.State), j.Message, j.NetworkState,
+			j.Grant, micros(j.GrantExpiresAt), micros(j.DispatchedAt), j.Result, j.BundleDigest, j.Patch, j.OutputTail,
+			j.Provenance, micros(j.UpdatedAt), j.Version, id, j.Version-1)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n != 1 {
+			return fmt.Errorf("job %q changed underneath the update (rows=%d, err=%v)", id, n, err)
+		}
+		if e != nil {
+			if _, err := s.appendAudit(ctx, tx, *e); err != nil {
+				return err
+			}
+		}
+		out, err = scanJob(tx.QueryRowContext(ctx, s.q(`SELECT `+jobColumns+` FROM jobs WHERE id = ?`), id))
+		return err
+	})
+	if userErr != nil {
+		return store.Job{}, userErr
+	}
+	if err != nil {
+		return store.Job{}, fmt.Errorf("store: update job %q: %w", id, err)
+	}
+	return out, nil
+}

@@ -1,0 +1,211 @@
+// Package postgres is the authority's store in PostgreSQL (11 or later), for
+// authorities that run as several replicas against one database. The
+// queries are store/internal/sqlstore's, shared with SQLite; this package
+// holds the connection (pgx through database/sql), the PostgreSQL schema and
+// what makes replicas safe: row locks (SELECT … FOR UPDATE) on every
+// read-modify-write, and migrations applied under an advisory lock. Only the
+// authority's composition root, its config (to check a DSN) and tests
+// import it; everything else sees store.Store.
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/airlockhq/airlock/pkg/audit"
+	"github.com/airlockhq/airlock/services/authority/internal/store"
+	"github.com/airlockhq/airlock/services/authority/internal/store/internal/sqlstore"
+)
+
+// migrations are applied in order, each once; the index plus one is the
+// schema version, the same versions as the SQLite store's. Never edit one
+// that has shipped: append a new one. Keys are compared byte-wise (COLLATE
+// "C") whatever the database's locale, so pages and orders are the same as
+// in SQLite.
+var migrations = []string{
+	`CREATE TABLE jobs (
+		id               TEXT COLLATE "C" NOT NULL PRIMARY KEY,
+		tenant           TEXT COLLATE "C" NOT NULL,
+		requester        TEXT   NOT NULL,
+		idempotency_key  TEXT COLLATE "C" NOT NULL,
+		repository       TEXT   NOT NULL,
+		spec             BYTEA  NOT NULL,
+		spec_digest      TEXT   NOT NULL,
+		commit_sha       TEXT   NOT NULL,
+		tree_hash        TEXT   NOT NULL,
+		state            TEXT   NOT NULL,
+		message          TEXT   NOT NULL,
+		network_state    TEXT   NOT NULL,
+		signed_grant     BYTEA,
+		grant_expires_at BIGINT NOT NULL,
+		dispatched_at    BIGINT NOT NULL,
+		result           BYTEA,
+		bundle_digest    TEXT   NOT NULL,
+		patch            BYTEA,
+		output_tail      BYTEA,
+		provenance       BYTEA,
+		created_at       BIGINT NOT NULL,
+		updated_at       BIGINT NOT NULL,
+		version          BIGINT NOT NULL,
+		UNIQUE (tenant, idempotency_key)
+	);
+	CREATE INDEX jobs_by_tenant ON jobs (tenant, created_at, id);
+	CREATE INDEX jobs_by_state ON jobs (state, created_at);`,
+
+	// 2: the hash-chained audit log (see sqlstore for how it is written).
+	`CREATE TABLE audit_log (
+		seq         BIGINT NOT NULL PRIMARY KEY,
+		occurred_at BIGINT NOT NULL,
+		kind        TEXT COLLATE "C" NOT NULL,
+		caller      TEXT COLLATE "C" NOT NULL,
+		subject     TEXT   NOT NULL,
+		tenant      TEXT COLLATE "C" NOT NULL,
+		job_id      TEXT COLLATE "C" NOT NULL,
+		outcome     TEXT   NOT NULL,
+		reason      TEXT   NOT NULL,
+		prev_hash   TEXT   NOT NULL,
+		hash        TEXT   NOT NULL
+	);
+	CREATE INDEX audit_by_job ON audit_log (job_id, seq);
+	CREATE INDEX audit_by_tenant ON audit_log (tenant, seq);
+	CREATE INDEX audit_by_time ON audit_log (occurred_at);
+	CREATE TABLE audit_head (
+		id   INTEGER NOT NULL PRIMARY KEY CHECK (id = 1),
+		seq  BIGINT  NOT NULL,
+		hash TEXT    NOT NULL
+	);
+	INSERT INTO audit_head (id, seq, hash) VALUES (1, 0, '` + audit.GenesisHash + `');
+	CREATE FUNCTION audit_log_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+		RAISE EXCEPTION 'audit_log is append-only';
+	END
+	$$;
+	CREATE TRIGGER audit_log_no_change BEFORE UPDATE OR DELETE ON audit_log
+		FOR EACH ROW EXECUTE FUNCTION audit_log_append_only();
+	CREATE TRIGGER audit_log_no_truncate BEFORE TRUNCATE ON audit_log
+		FOR EACH STATEMENT EXECUTE FUNCTION audit_log_append_only();`,
+}
+
+// DropAuditGuards removes the triggers that keep audit_log append-only; the
+// conformance suite runs it before it tampers with the log as someone with
+// write access to the database could.
+const DropAuditGuards = `DROP TRIGGER audit_log_no_change ON audit_log; DROP TRIGGER audit_log_no_truncate ON audit_log;`
+
+// migrationLock is the advisory lock key held while migrating: the first
+// eight bytes of sha256("airlock.authority.store.migrate"). Advisory locks
+// are per database, so replicas on one database take turns.
+const migrationLock = `SELECT pg_advisory_xact_lock(1740325469202071831)`
+
+// maxConns bounds one store's connections: a replica never needs many, and
+// a database's max_connections is shared by all of them.
+const maxConns = 10
+
+// Store is the PostgreSQL implementation of store.Store.
+type Store struct {
+	*sqlstore.DB
+}
+
+var _ store.Store = (*Store)(nil)
+
+// CheckDSN reports whether dsn is a connection string pgx accepts, a URL
+// (postgres://user:password@host:port/database?sslmode=…) or key=value
+// pairs. The error never contains the DSN, which may hold a password.
+func CheckDSN(dsn string) error {
+	_, err := parse(dsn)
+	return err
+}
+
+func parse(dsn string) (*pgx.ConnConfig, error) {
+	if dsn == "" {
+		return nil, errors.New("empty connection string")
+	}
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, redact(err)
+	}
+	return cfg, nil
+}
+
+// redact keeps what is wrong with a DSN and drops the DSN itself: pgx's
+// parse errors quote it (redacted only as far as pgx can tell what the
+// password is), and a URL's parse error quotes it whole.
+func redact(err error) error {
+	const bad = "not a valid PostgreSQL connection string"
+	var pce *pgconn.ParseConfigError
+	if !errors.As(err, &pce) {
+		return errors.New(bad)
+	}
+	// pgx's message is "cannot parse `DSN`: WHAT (INNER)"; WHAT is one of
+	// pgx's own phrases.
+	full, inner := pce.Error(), pce.Unwrap()
+	if inner != nil {
+		full = strings.TrimSuffix(full, " ("+inner.Error()+")")
+	}
+	what := "malformed"
+	if i := strings.LastIndex(full, "`: "); i >= 0 {
+		what = full[i+3:]
+	}
+	var (
+		ue *url.Error
+		ne *strconv.NumError
+	)
+	switch {
+	case errors.As(inner, &ue):
+		what += ": " + ue.Err.Error()
+	case errors.As(inner, &ne):
+		what += ": " + ne.Err.Error()
+	}
+	return fmt.Errorf("%s: %s", bad, what)
+}
+
+// Describe names the database dsn points at, host:port/database, for logs
+// and messages: no user, no password, no options. It is "(invalid DSN)" if
+// dsn does not parse.
+func Describe(dsn string) string {
+	cfg, err := parse(dsn)
+	if err != nil {
+		return "(invalid DSN)"
+	}
+	return describe(cfg)
+}
+
+func describe(cfg *pgx.ConnConfig) string {
+	return net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))) + "/" + cfg.Database
+}
+
+// Open connects to the database dsn names and brings its schema up to
+// date, in the schema its search_path names first (normally public). A
+// schema newer than this build knows is refused rather than guessed at.
+// Errors name the database by Describe, never by the DSN.
+func Open(ctx context.Context, dsn string) (*Store, error) {
+	cfg, err := parse(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("store: postgres: %w", err)
+	}
+	where := describe(cfg)
+	db := stdlib.OpenDB(*cfg)
+	db.SetMaxOpenConns(maxConns)
+	db.SetMaxIdleConns(maxConns)
+	db.SetConnMaxIdleTime(5 * time.Minute)
+	inner, err := sqlstore.New(ctx, db, sqlstore.Dialect{
+		Rebind:        sqlstore.RebindDollar,
+		ForUpdate:     " FOR UPDATE",
+		MigrationLock: migrationLock,
+		Migrations:    migrations,
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store: postgres %s: %w", where, err)
+	}
+	return &Store{DB: inner}, nil
+}
