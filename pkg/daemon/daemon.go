@@ -34,6 +34,8 @@ type Spec struct {
 	Config config.Server
 	// Table is the service's authorization table.
 	Table authz.Table
+	// OnDeny, if set, is told about every call the table refuses.
+	OnDeny authz.DenyHook
 	// Logger is the process logger.
 	Logger *slog.Logger
 	// Start builds the service's domain and registers its API on env.Server.
@@ -115,7 +117,7 @@ func Run(ctx context.Context, spec Spec) (err error) {
 	srv, err := grpcserver.New(grpcserver.Config{
 		Listen:          cfg.Listen,
 		TLS:             tlsconfig.ServerConfig(src, cfg.TrustDomain),
-		Authorizer:      authz.New(spec.Table, log, nil),
+		Authorizer:      authz.New(spec.Table, log, spec.OnDeny),
 		Logger:          log,
 		Reflection:      cfg.Reflection,
 		ShutdownTimeout: cfg.ShutdownTimeout,

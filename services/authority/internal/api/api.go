@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/identity"
@@ -323,6 +324,35 @@ func (s *Service) UpdateNetworkPolicy(context.Context, *authorityv1.UpdateNetwor
 	return nil, errdefs.NotImplemented(authorityv1.AuthorityService_UpdateNetworkPolicy_FullMethodName, withNetwork)
 }
 
-func (s *Service) ListAuditEvents(context.Context, *authorityv1.ListAuditEventsRequest) (*authorityv1.ListAuditEventsResponse, error) {
-	return nil, errdefs.NotImplemented(authorityv1.AuthorityService_ListAuditEvents_FullMethodName, withApprovals)
+func (s *Service) ListAuditEvents(ctx context.Context, req *authorityv1.ListAuditEventsRequest) (*authorityv1.ListAuditEventsResponse, error) {
+	q := jobs.AuditQuery{
+		JobID: req.GetJobId(), Tenant: req.GetTenant(), Caller: req.GetCaller(), Kind: req.GetKind(),
+		PageSize: int(req.GetPageSize()), PageToken: req.GetPageToken(),
+	}
+	if req.GetStartTime() != nil {
+		q.Since = req.GetStartTime().AsTime()
+	}
+	if req.GetEndTime() != nil {
+		q.Until = req.GetEndTime().AsTime()
+	}
+	events, next, err := s.cfg.Jobs.AuditEvents(ctx, q)
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	out := &authorityv1.ListAuditEventsResponse{NextPageToken: next}
+	for _, e := range events {
+		out.Events = append(out.Events, &authorityv1.AuditEvent{
+			Sequence: e.Sequence, Time: timestamppb.New(e.Time), Kind: e.Kind, Caller: e.Caller, Subject: e.Subject,
+			Tenant: e.Tenant, JobId: e.JobID, Outcome: auditOutcomes[e.Outcome], Reason: e.Reason,
+			Hash: e.Hash, PreviousHash: e.PrevHash,
+		})
+	}
+	return out, nil
+}
+
+// auditOutcomes maps the log's outcome words to the API's.
+var auditOutcomes = map[string]authorityv1.AuditOutcome{
+	"allowed": authorityv1.AuditOutcome_AUDIT_OUTCOME_ALLOWED,
+	"denied":  authorityv1.AuditOutcome_AUDIT_OUTCOME_DENIED,
+	"failed":  authorityv1.AuditOutcome_AUDIT_OUTCOME_FAILED,
 }

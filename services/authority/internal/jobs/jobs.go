@@ -14,8 +14,10 @@ import (
 	"encoding/base32"
 	"errors"
 	"fmt"
+	"github.com/airlockhq/airlock/pkg/audit"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -289,11 +291,18 @@ var errUnchanged = errors.New("unchanged")
 // update changes job id through fn and tells watchers. When fn returns
 // errUnchanged, nothing is written and the job as read is returned.
 func (s *Service) update(ctx context.Context, id string, fn func(*store.Job) error) (store.Job, error) {
+	return s.updateAudited(ctx, id, fn, nil)
+}
+
+// updateAudited is update that, when event is not nil, appends the audit
+// entry event builds from the changed job in the same transaction: the
+// change and its record take effect together or not at all.
+func (s *Service) updateAudited(ctx context.Context, id string, fn func(*store.Job) error, event func(*store.Job) audit.Event) (store.Job, error) {
 	var (
 		unchanged store.Job
 		before    store.State
 	)
-	j, err := s.cfg.Store.UpdateJob(ctx, id, func(j *store.Job) error {
+	change := func(j *store.Job) error {
 		before = j.State
 		if err := fn(j); err != nil {
 			if errors.Is(err, errUnchanged) {
@@ -303,7 +312,19 @@ func (s *Service) update(ctx context.Context, id string, fn func(*store.Job) err
 		}
 		j.UpdatedAt = s.now()
 		return nil
-	})
+	}
+	var j store.Job
+	var err error
+	if event == nil {
+		j, err = s.cfg.Store.UpdateJob(ctx, id, change)
+	} else {
+		j, err = s.cfg.Store.UpdateJobAudited(ctx, id, func(j *store.Job) (audit.Event, error) {
+			if err := change(j); err != nil {
+				return audit.Event{}, err
+			}
+			return event(j), nil
+		})
+	}
 	if errors.Is(err, errUnchanged) {
 		return unchanged, nil
 	}
@@ -315,6 +336,32 @@ func (s *Service) update(ctx context.Context, id string, fn func(*store.Job) err
 	}
 	s.hub.publish(j)
 	return j, nil
+}
+
+// Audit outcomes as the log stores them.
+const (
+	outcomeAllowed = "allowed"
+	outcomeDenied  = "denied"
+)
+
+// audit appends an event that goes with no job change (a refusal, a read).
+// A log that cannot be written is an error the caller must see: a decision
+// that is not recorded must not take effect.
+func (s *Service) audit(ctx context.Context, e audit.Event) error {
+	if e.Time.IsZero() {
+		e.Time = s.now()
+	}
+	if _, err := s.cfg.Store.AppendAudit(ctx, e); err != nil {
+		return fmt.Errorf("jobs: audit %s: %w", e.Kind, err)
+	}
+	return nil
+}
+
+// AuditDenied records a call the authorization table refused.
+func (s *Service) AuditDenied(ctx context.Context, method string, caller identity.ID, reason string) {
+	if err := s.audit(ctx, audit.Event{Kind: "rpc.denied", Caller: caller.String(), Subject: method, Outcome: outcomeDenied, Reason: reason}); err != nil {
+		s.cfg.Logger.Error("audit a denied call", "method", method, "caller", caller.String(), "error", err)
+	}
 }
 
 // visible returns job id if caller acts for its tenant; any other job,
@@ -409,7 +456,7 @@ func (s *Service) Cancel(ctx context.Context, caller identity.ID, id, reason str
 		who += ": " + reason
 	}
 	var atExecutor, wasQueued bool
-	j, err := s.update(ctx, id, func(j *store.Job) error {
+	j, err := s.updateAudited(ctx, id, func(j *store.Job) error {
 		switch {
 		case j.State == store.StateCancelled:
 			return errUnchanged
@@ -424,6 +471,8 @@ func (s *Service) Cancel(ctx context.Context, caller identity.ID, id, reason str
 			atExecutor = true
 		}
 		return nil
+	}, func(j *store.Job) audit.Event {
+		return audit.Event{Kind: "job.cancelled", Caller: caller.String(), Subject: j.ID, Outcome: outcomeAllowed, Reason: j.Message}
 	})
 	if err != nil || !atExecutor {
 		return j, err
@@ -484,7 +533,11 @@ func (s *Service) FetchSource(ctx context.Context, caller identity.ID, id string
 	if err := s.cfg.Source.Archive(ctx, repo, j.Commit, hw); err != nil {
 		return err
 	}
-	return hw.ensureHeader()
+	if err := hw.ensureHeader(); err != nil {
+		return err
+	}
+	return s.audit(ctx, audit.Event{Kind: "source.fetched", Caller: caller.String(), Subject: j.ID, Tenant: j.Tenant, JobID: j.ID,
+		Outcome: outcomeAllowed, Reason: fmt.Sprintf("repository %s at %s (tree %s)", j.Repository, j.Commit, j.TreeHash)})
 }
 
 func (s *Service) repository(j store.Job) (policy.Repository, bool) {
@@ -594,7 +647,7 @@ func (s *Service) ReportResult(ctx context.Context, caller identity.ID, id strin
 			return store.Job{}, fmt.Errorf("%w: result.bundle_digest: required when the run finished", errdefs.ErrInvalidArgument)
 		}
 	}
-	return s.update(ctx, id, func(j *store.Job) error {
+	return s.updateAudited(ctx, id, func(j *store.Job) error {
 		if j.DispatchedAt.IsZero() {
 			return fmt.Errorf("%w: job %q was never dispatched", errdefs.ErrFailedPrecondition, id)
 		}
@@ -611,7 +664,17 @@ func (s *Service) ReportResult(ctx context.Context, caller identity.ID, id strin
 			j.State, j.Message = r.outcome()
 		}
 		return nil
+	}, func(j *store.Job) audit.Event {
+		return audit.Event{Kind: "result.recorded", Caller: caller.String(), Subject: j.ID, Outcome: outcomeAllowed,
+			Reason: fmt.Sprintf("%s, bundle %s: %s", j.State, orNone(j.BundleDigest), j.Message)}
 	})
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
 }
 
 func isDigest(s string) bool {
@@ -625,4 +688,49 @@ func isDigest(s string) bool {
 		}
 	}
 	return true
+}
+
+// AuditQuery selects audit events.
+type AuditQuery struct {
+	JobID, Tenant, Caller, Kind string
+	Since, Until                time.Time
+	PageSize                    int
+	PageToken                   string
+}
+
+// AuditEvents returns a page of the audit log, oldest first, and the token
+// of the next page ("" on the last). Who may read it is the authorization
+// table's decision (approvers); the log is not split by tenant.
+func (s *Service) AuditEvents(ctx context.Context, q AuditQuery) ([]audit.Event, string, error) {
+	size := q.PageSize
+	switch {
+	case size == 0:
+		size = 100
+	case size < 0 || size > 1000:
+		return nil, "", fmt.Errorf("%w: page_size: %d is not between 1 and 1000", errdefs.ErrInvalidArgument, size)
+	}
+	var after int64
+	if q.PageToken != "" {
+		n, err := strconv.ParseInt(strings.TrimPrefix(q.PageToken, "after:"), 10, 64)
+		if err != nil || !strings.HasPrefix(q.PageToken, "after:") || n < 0 {
+			return nil, "", fmt.Errorf("%w: page_token: not a token this server issued", errdefs.ErrInvalidArgument)
+		}
+		after = n
+	}
+	if !q.Since.IsZero() && !q.Until.IsZero() && !q.Until.After(q.Since) {
+		return nil, "", fmt.Errorf("%w: end_time must be after start_time", errdefs.ErrInvalidArgument)
+	}
+	events, err := s.cfg.Store.ListAudit(ctx, store.AuditFilter{
+		JobID: q.JobID, Tenant: q.Tenant, Caller: q.Caller, Kind: q.Kind,
+		Since: q.Since, Until: q.Until, AfterSequence: after, Limit: size + 1,
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if len(events) > size {
+		events = events[:size]
+		next = fmt.Sprintf("after:%d", events[size-1].Sequence)
+	}
+	return events, next, nil
 }

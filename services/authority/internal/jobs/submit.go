@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/airlockhq/airlock/pkg/audit"
 	"math"
 	"net/netip"
 	"regexp"
@@ -40,6 +41,24 @@ type decision struct {
 // dispatches the grant in the background. The same (tenant, idempotency
 // key) returns the job recorded first, with created=false.
 func (s *Service) Submit(ctx context.Context, caller identity.ID, req SubmitRequest) (store.Job, bool, error) {
+	j, created, err := s.submit(ctx, caller, req)
+	if err != nil && refusal(err) {
+		// The refusal is a decision too; the caller still learns of it if
+		// it cannot be recorded.
+		if aerr := s.audit(ctx, audit.Event{Kind: "job.refused", Caller: caller.String(), Subject: req.Spec.Repository,
+			Tenant: req.Tenant, Outcome: outcomeDenied, Reason: err.Error()}); aerr != nil {
+			s.cfg.Logger.Error("audit a refused job", "error", aerr)
+		}
+	}
+	return j, created, err
+}
+
+// refusal reports whether err is a policy decision rather than a failure.
+func refusal(err error) bool {
+	return errors.Is(err, errdefs.ErrInvalidArgument) || errors.Is(err, errdefs.ErrPermissionDenied) || errors.Is(err, errdefs.ErrAlreadyExists)
+}
+
+func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequest) (store.Job, bool, error) {
 	t, err := s.tenantFor(caller, req.Tenant)
 	if err != nil {
 		return store.Job{}, false, err
@@ -92,7 +111,12 @@ func (s *Service) Submit(ctx context.Context, caller identity.ID, req SubmitRequ
 		j.State, j.NetworkState = store.StateQueued, "pending"
 		j.Grant, j.GrantExpiresAt = g.Wire, now.Add(s.cfg.GrantTTL)
 	}
-	stored, created, err := s.cfg.Store.CreateJob(ctx, j)
+	ev := audit.Event{Kind: "job.granted", Caller: caller.String(), Subject: j.ID, Outcome: outcomeAllowed,
+		Reason: fmt.Sprintf("repository %s at %s, command %q; grant expires %s", j.Repository, j.Commit, req.Spec.Command, j.GrantExpiresAt.Format(time.RFC3339))}
+	if j.State == store.StateFailed {
+		ev.Kind, ev.Outcome, ev.Reason = "job.refused", outcomeDenied, j.Message
+	}
+	stored, created, err := s.cfg.Store.CreateJobAudited(ctx, j, ev)
 	if err != nil {
 		return store.Job{}, false, err
 	}

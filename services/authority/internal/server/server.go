@@ -6,6 +6,7 @@ package server
 import (
 	"context"
 	"os"
+	"sync/atomic"
 
 	"github.com/airlockhq/airlock/pkg/authz"
 	"github.com/airlockhq/airlock/pkg/daemon"
@@ -30,12 +31,20 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	if err != nil {
 		return err
 	}
+	// The authorizer exists before the store does; denials that arrive
+	// before the job service is built are only logged.
+	var auditor atomic.Pointer[jobs.Service]
 	return daemon.Run(ctx, daemon.Spec{
 		Name:    "authority",
 		Version: version.String(),
 		Config:  cfg.Server,
 		Table:   authz.AuthorityTable,
-		Logger:  logger,
+		OnDeny: func(ctx context.Context, method string, caller identity.ID, reason string) {
+			if svc := auditor.Load(); svc != nil {
+				svc.AuditDenied(ctx, method, caller, reason)
+			}
+		},
+		Logger: logger,
 		Start: func(ctx context.Context, env *daemon.Env) error {
 			var (
 				st    store.Store
@@ -83,6 +92,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			if err != nil {
 				return err
 			}
+			auditor.Store(svc)
 			// Resumes unfinished jobs now and stops background work (before
 			// the store closes) when the process stops.
 			env.Go(svc.Run)

@@ -1,0 +1,277 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/airlockhq/airlock/pkg/audit"
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+)
+
+// auditFilter is the flags that select audit events.
+type auditFilter struct {
+	job, tenant, caller, kind string
+	since                     string
+	limit                     int
+}
+
+func (f *auditFilter) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.job, "job", "", "only events about this job")
+	cmd.Flags().StringVar(&f.tenant, "tenant", "", "only events about this tenant")
+	cmd.Flags().StringVar(&f.caller, "caller", "", "only events by this caller SPIFFE ID")
+	cmd.Flags().StringVar(&f.kind, "kind", "", "only events of this kind, e.g. job.submitted or rpc.denied")
+	cmd.Flags().StringVar(&f.since, "since", "", "only events since a time (RFC 3339) or a duration ago (e.g. 1h)")
+}
+
+func (f *auditFilter) request() (*authorityv1.ListAuditEventsRequest, error) {
+	req := &authorityv1.ListAuditEventsRequest{JobId: f.job, Tenant: f.tenant, Caller: f.caller, Kind: f.kind}
+	if f.since != "" {
+		if d, err := time.ParseDuration(f.since); err == nil {
+			req.StartTime = timestamppb.New(time.Now().Add(-d))
+		} else if t, err := time.Parse(time.RFC3339, f.since); err == nil {
+			req.StartTime = timestamppb.New(t)
+		} else {
+			return nil, usageError{fmt.Errorf("--since %q: want an RFC 3339 time or a duration such as 1h", f.since)}
+		}
+	}
+	return req, nil
+}
+
+// eachAuditEvent pages through the log, oldest first, calling fn per event.
+func eachAuditEvent(ctx context.Context, client authorityv1.AuthorityServiceClient, req *authorityv1.ListAuditEventsRequest, limit int, fn func(*authorityv1.AuditEvent) error) error {
+	seen := 0
+	for {
+		req.PageSize = 1000
+		resp, err := client.ListAuditEvents(ctx, req)
+		if err != nil {
+			return rpcError(err)
+		}
+		for _, e := range resp.GetEvents() {
+			if limit > 0 && seen >= limit {
+				return nil
+			}
+			if err := fn(e); err != nil {
+				return err
+			}
+			seen++
+		}
+		if resp.GetNextPageToken() == "" {
+			return nil
+		}
+		req.PageToken = resp.GetNextPageToken()
+	}
+}
+
+func newAudit(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "audit",
+		Short: "Read, export and verify the authority's hash-chained audit log (as an approver: --as approver/NAME)",
+	}
+	cmd.AddCommand(newAuditList(g), newAuditExport(g), newAuditVerify(g))
+	return cmd
+}
+
+func newAuditList(g *globals) *cobra.Command {
+	var f auditFilter
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List audit events, oldest first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req, err := f.request()
+			if err != nil {
+				return err
+			}
+			client, _, done, err := g.authority()
+			if err != nil {
+				return err
+			}
+			defer done()
+			resp := &authorityv1.ListAuditEventsResponse{}
+			if err := eachAuditEvent(cmd.Context(), client, req, f.limit, func(e *authorityv1.AuditEvent) error {
+				resp.Events = append(resp.Events, e)
+				return nil
+			}); err != nil {
+				return err
+			}
+			return g.printProto(resp, func(w io.Writer) {
+				fmt.Fprintln(w, "SEQ\tTIME\tKIND\tOUTCOME\tCALLER\tSUBJECT\tREASON")
+				for _, e := range resp.GetEvents() {
+					fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", e.GetSequence(), e.GetTime().AsTime().Local().Format(time.DateTime),
+						e.GetKind(), outcomeWord(e.GetOutcome()), e.GetCaller(), e.GetSubject(), e.GetReason())
+				}
+			})
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().IntVar(&f.limit, "limit", 200, "at most this many events (0: all)")
+	return cmd
+}
+
+func outcomeWord(o authorityv1.AuditOutcome) string {
+	switch o {
+	case authorityv1.AuditOutcome_AUDIT_OUTCOME_ALLOWED:
+		return "allowed"
+	case authorityv1.AuditOutcome_AUDIT_OUTCOME_DENIED:
+		return "denied"
+	case authorityv1.AuditOutcome_AUDIT_OUTCOME_FAILED:
+		return "failed"
+	}
+	return "-"
+}
+
+func newAuditExport(g *globals) *cobra.Command {
+	var f auditFilter
+	var out string
+	cmd := &cobra.Command{
+		Use:   "export [--out FILE]",
+		Short: "Write the audit log as JSON lines (one event per line), oldest first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req, err := f.request()
+			if err != nil {
+				return err
+			}
+			client, _, done, err := g.authority()
+			if err != nil {
+				return err
+			}
+			defer done()
+			w := g.stdout
+			var file *os.File
+			if out != "" {
+				// Written beside the target and renamed, so an interrupted
+				// export never leaves a partial file under the name asked for.
+				file, err = os.CreateTemp(dirOf(out), ".audit-export-*")
+				if err != nil {
+					return err
+				}
+				defer os.Remove(file.Name())
+				w = file
+			}
+			n := 0
+			err = eachAuditEvent(cmd.Context(), client, req, 0, func(e *authorityv1.AuditEvent) error {
+				line, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(e)
+				if err != nil {
+					return err
+				}
+				n++
+				_, err = fmt.Fprintf(w, "%s\n", line)
+				return err
+			})
+			if file != nil {
+				if cerr := file.Close(); err == nil {
+					err = cerr
+				}
+				if err == nil {
+					err = os.Rename(file.Name(), out)
+				}
+			}
+			if err != nil {
+				return err
+			}
+			if out != "" {
+				fmt.Fprintf(g.stderr, "exported %d events to %s\n", n, out)
+			}
+			return nil
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().StringVar(&out, "out", "", "write to FILE instead of standard output")
+	return cmd
+}
+
+func dirOf(path string) string {
+	for i := len(path) - 1; i >= 0; i-- {
+		if path[i] == '/' {
+			return path[:i+1]
+		}
+	}
+	return "."
+}
+
+var errChainBroken = errors.New("audit chain broken")
+
+// auditEvent converts an API event to the form its hash is computed over.
+func auditEvent(e *authorityv1.AuditEvent) audit.Event {
+	return audit.Event{
+		Sequence: e.GetSequence(), Time: e.GetTime().AsTime(), Kind: e.GetKind(), Caller: e.GetCaller(),
+		Subject: e.GetSubject(), Tenant: e.GetTenant(), JobID: e.GetJobId(), Outcome: outcomeString(e.GetOutcome()),
+		Reason: e.GetReason(), PrevHash: e.GetPreviousHash(), Hash: e.GetHash(),
+	}
+}
+
+// verifyReport is what audit verify prints.
+type verifyReport struct {
+	Verified int64  `json:"verified"`
+	Head     string `json:"head,omitempty"`
+	BrokenAt int64  `json:"broken_at_sequence,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+	Unbroken bool   `json:"unbroken"`
+}
+
+func newAuditVerify(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "verify",
+		Short: "Walk the whole audit chain, recomputing every hash, and report the first break",
+		Long: `Reads the audit log from its first entry and recomputes each entry's hash
+from its content and the previous entry's hash. An entry altered, removed or
+reordered in the database breaks the chain there; verify reports the first
+such entry and exits 1.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			client, _, done, err := g.authority()
+			if err != nil {
+				return err
+			}
+			defer done()
+			v := audit.NewVerifier()
+			var rep verifyReport
+			err = eachAuditEvent(cmd.Context(), client, &authorityv1.ListAuditEventsRequest{}, 0, func(e *authorityv1.AuditEvent) error {
+				if _, err := v.Check([]audit.Event{auditEvent(e)}); err != nil {
+					var be *audit.BreakError
+					if errors.As(err, &be) {
+						rep.BrokenAt, rep.Reason = be.Sequence, be.Reason
+					}
+					return errChainBroken
+				}
+				rep.Verified++
+				rep.Head = e.GetHash()
+				return nil
+			})
+			if err != nil && !errors.Is(err, errChainBroken) {
+				return err
+			}
+			rep.Unbroken = err == nil
+			if perr := g.print(rep, func(w io.Writer) {
+				if rep.Unbroken {
+					fmt.Fprintf(w, "audit chain unbroken: %d entries, head %s\n", rep.Verified, rep.Head)
+					return
+				}
+				fmt.Fprintf(w, "audit chain BROKEN at sequence %d: %s (%d entries before it verified)\n", rep.BrokenAt, rep.Reason, rep.Verified)
+			}); perr != nil {
+				return perr
+			}
+			if !rep.Unbroken {
+				return &exitError{code: 1, err: fmt.Errorf("%w at sequence %d", errChainBroken, rep.BrokenAt)}
+			}
+			return nil
+		},
+	}
+}
+
+// outcomeString is the stored form of an outcome, which the hash covers.
+func outcomeString(o authorityv1.AuditOutcome) string {
+	if o == authorityv1.AuditOutcome_AUDIT_OUTCOME_UNSPECIFIED {
+		return ""
+	}
+	return outcomeWord(o)
+}
