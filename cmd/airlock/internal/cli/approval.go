@@ -1,0 +1,264 @@
+package cli
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+)
+
+func newApproval(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "approval",
+		Short: "Review, approve and deny results waiting to be published (as an approver: --as approver/NAME)",
+	}
+	cmd.AddCommand(newApprovalList(g), newApprovalShow(g), newApprovalDecide(g, true), newApprovalDecide(g, false))
+	return cmd
+}
+
+var approvalStates = map[string]authorityv1.ApprovalState{
+	"pending":  authorityv1.ApprovalState_APPROVAL_STATE_PENDING,
+	"approved": authorityv1.ApprovalState_APPROVAL_STATE_APPROVED,
+	"denied":   authorityv1.ApprovalState_APPROVAL_STATE_DENIED,
+	"consumed": authorityv1.ApprovalState_APPROVAL_STATE_CONSUMED,
+	"expired":  authorityv1.ApprovalState_APPROVAL_STATE_EXPIRED,
+}
+
+func stateWord(s authorityv1.ApprovalState) string {
+	return strings.ToLower(strings.TrimPrefix(s.String(), "APPROVAL_STATE_"))
+}
+
+func newApprovalList(g *globals) *cobra.Command {
+	var tenant string
+	var states []string
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List approval requests, newest first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req := &authorityv1.ListApprovalsRequest{Tenant: tenant}
+			for _, s := range states {
+				st, ok := approvalStates[s]
+				if !ok {
+					return usageError{fmt.Errorf("--state %q: want pending, approved, denied, consumed or expired", s)}
+				}
+				req.States = append(req.States, st)
+			}
+			client, _, done, err := g.authority()
+			if err != nil {
+				return err
+			}
+			defer done()
+			resp, err := client.ListApprovals(cmd.Context(), req)
+			if err != nil {
+				return rpcError(err)
+			}
+			return g.printProto(resp, func(w io.Writer) {
+				fmt.Fprintln(w, "APPROVAL\tJOB\tSTATE\tVOTES\tTARGET\tBUNDLE\tEXPIRES")
+				for _, a := range resp.GetApprovals() {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%d/%d\t%s:%s\t%s\t%s\n", a.GetApprovalId(), a.GetJobId(), stateWord(a.GetState()),
+						approvals(a), a.GetRequiredApprovals(), a.GetTarget().GetRepository(), a.GetTarget().GetBranch(),
+						short(strings.TrimPrefix(a.GetBundleDigest(), "sha256:")), a.GetExpiresAt().AsTime().Local().Format(time.DateTime))
+				}
+			})
+		},
+	}
+	cmd.Flags().StringVar(&tenant, "tenant", "", "only this tenant's requests (required for clients)")
+	cmd.Flags().StringSliceVar(&states, "state", nil, "only requests in these states (pending, approved, denied, consumed, expired)")
+	return cmd
+}
+
+func approvals(a *authorityv1.Approval) int {
+	n := 0
+	for _, v := range a.GetVotes() {
+		if v.GetDecision() == authorityv1.Decision_DECISION_APPROVE {
+			n++
+		}
+	}
+	return n
+}
+
+func newApprovalShow(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "show APPROVAL_ID",
+		Short: "Show a request with everything a reviewer needs: diff stat, then the patch",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			client, _, done, err := g.authority()
+			if err != nil {
+				return err
+			}
+			defer done()
+			resp, err := client.GetApproval(cmd.Context(), &authorityv1.GetApprovalRequest{ApprovalId: args[0]})
+			if err != nil {
+				return rpcError(err)
+			}
+			a, rv := resp.GetApproval(), resp.GetReview()
+			return g.printProto(resp, func(w io.Writer) {
+				r := rv.GetResult()
+				fmt.Fprintf(w, "approval   %s (%s, %d of %d approvals)\n", a.GetApprovalId(), stateWord(a.GetState()), approvals(a), a.GetRequiredApprovals())
+				fmt.Fprintf(w, "job        %s by %s\n", a.GetJobId(), a.GetRequester())
+				fmt.Fprintf(w, "target     %s:%s\n", a.GetTarget().GetRepository(), a.GetTarget().GetBranch())
+				fmt.Fprintf(w, "bundle     %s\n", a.GetBundleDigest())
+				fmt.Fprintf(w, "base       %s\n", rv.GetCommit())
+				fmt.Fprintf(w, "command    %s\n", strings.Join(rv.GetCommand(), " "))
+				fmt.Fprintf(w, "result     %s, exit %d, %s\n", strings.ToLower(strings.TrimPrefix(r.GetReason().String(), "TERMINATION_REASON_")),
+					r.GetExitCode(), strings.Split(r.GetRuntimeVersion(), ";")[0])
+				fmt.Fprintf(w, "expires    %s\n", a.GetExpiresAt().AsTime().Local().Format(time.DateTime))
+				for _, v := range a.GetVotes() {
+					fmt.Fprintf(w, "vote       %s %s: %s\n", v.GetApprover(), strings.ToLower(strings.TrimPrefix(v.GetDecision().String(), "DECISION_")), v.GetComment())
+				}
+				fmt.Fprintf(w, "\n%s", diffStat(rv.GetPatch()))
+				fmt.Fprintf(w, "\n%s", rv.GetPatch())
+				if tail := rv.GetOutputTail(); len(tail) > 0 {
+					fmt.Fprintf(w, "\n--- output (tail) ---\n%s", tail)
+				}
+			})
+		},
+	}
+}
+
+// diffStat summarizes a unified patch per file, like git diff --stat.
+func diffStat(patch []byte) string {
+	var b strings.Builder
+	var file string
+	var add, del, files, tadd, tdel int
+	flush := func() {
+		if file != "" {
+			fmt.Fprintf(&b, " %s | +%d -%d\n", file, add, del)
+			files++
+			tadd += add
+			tdel += del
+		}
+	}
+	for _, line := range bytes.Split(patch, []byte("\n")) {
+		switch {
+		case bytes.HasPrefix(line, []byte("diff --git ")):
+			flush()
+			parts := strings.Fields(string(line))
+			file, add, del = strings.TrimPrefix(parts[len(parts)-1], "b/"), 0, 0
+		case bytes.HasPrefix(line, []byte("+++")), bytes.HasPrefix(line, []byte("---")):
+		case bytes.HasPrefix(line, []byte("+")):
+			add++
+		case bytes.HasPrefix(line, []byte("-")):
+			del++
+		}
+	}
+	flush()
+	fmt.Fprintf(&b, " %d files changed, %d insertions(+), %d deletions(-)\n", files, tadd, tdel)
+	return b.String()
+}
+
+func newApprovalDecide(g *globals, approve bool) *cobra.Command {
+	var comment, digest string
+	verb, decision := "deny", authorityv1.Decision_DECISION_DENY
+	summary := "Deny a request (one deny ends it; a comment is required)"
+	if approve {
+		verb, decision = "approve", authorityv1.Decision_DECISION_APPROVE
+		summary = "Approve a request for its bundle digest and target"
+	}
+	cmd := &cobra.Command{
+		Use:   verb + " APPROVAL_ID",
+		Short: summary,
+		Long: summary + `.
+
+The decision is bound to a bundle digest: by default the one the request
+names (the one "approval show" displays); pass --digest to insist on the
+digest you reviewed, so nothing else can be approved in its place.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !approve && strings.TrimSpace(comment) == "" {
+				return usageError{errors.New("--comment is required when denying")}
+			}
+			client, _, done, err := g.authority()
+			if err != nil {
+				return err
+			}
+			defer done()
+			if digest == "" {
+				resp, err := client.GetApproval(cmd.Context(), &authorityv1.GetApprovalRequest{ApprovalId: args[0]})
+				if err != nil {
+					return rpcError(err)
+				}
+				digest = resp.GetApproval().GetBundleDigest()
+			}
+			resp, err := client.DecideApproval(cmd.Context(), &authorityv1.DecideApprovalRequest{
+				ApprovalId: args[0], BundleDigest: digest, Decision: decision, Comment: comment,
+			})
+			if err != nil {
+				return rpcError(err)
+			}
+			a := resp.GetApproval()
+			return g.printProto(a, func(w io.Writer) {
+				fmt.Fprintf(w, "%s: %s (%d of %d approvals)\n", a.GetApprovalId(), stateWord(a.GetState()), approvals(a), a.GetRequiredApprovals())
+			})
+		},
+	}
+	cmd.Flags().StringVar(&comment, "comment", "", "why (required to deny)")
+	cmd.Flags().StringVar(&digest, "digest", "", "the bundle digest you reviewed (default: the request's)")
+	return cmd
+}
+
+func newLease(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "lease", Short: "List and revoke leased credentials (as an approver: --as approver/NAME)"}
+	var job string
+	var all bool
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List leases, active ones unless --all",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			client, _, done, err := g.authority()
+			if err != nil {
+				return err
+			}
+			defer done()
+			resp, err := client.ListLeases(cmd.Context(), &authorityv1.ListLeasesRequest{JobId: job, IncludeInactive: all})
+			if err != nil {
+				return rpcError(err)
+			}
+			return g.printProto(resp, func(w io.Writer) {
+				fmt.Fprintln(w, "LEASE\tPURPOSE\tJOB\tRESOURCE\tHOLDER\tEXPIRES\tREVOKED")
+				for _, l := range resp.GetLeases() {
+					revoked := "-"
+					if l.GetRevokedAt() != nil {
+						revoked = l.GetRevokedAt().AsTime().Local().Format(time.DateTime)
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.GetLeaseId(), strings.ToLower(strings.TrimPrefix(l.GetPurpose().String(), "LEASE_PURPOSE_")),
+						l.GetJobId(), l.GetResource(), l.GetHolder(), l.GetExpiresAt().AsTime().Local().Format(time.DateTime), revoked)
+				}
+			})
+		},
+	}
+	list.Flags().StringVar(&job, "job", "", "only this job's leases")
+	list.Flags().BoolVar(&all, "all", false, "include expired and revoked leases")
+	var reason string
+	revoke := &cobra.Command{
+		Use:   "revoke LEASE_ID",
+		Short: "Revoke a lease now; it is refused wherever it is presented afterwards",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			client, _, done, err := g.authority()
+			if err != nil {
+				return err
+			}
+			defer done()
+			resp, err := client.RevokeCredential(cmd.Context(), &authorityv1.RevokeCredentialRequest{LeaseId: args[0], Reason: reason})
+			if err != nil {
+				return rpcError(err)
+			}
+			return g.printProto(resp.GetLease(), func(w io.Writer) {
+				fmt.Fprintf(w, "revoked %s\n", resp.GetLease().GetLeaseId())
+			})
+		},
+	}
+	revoke.Flags().StringVar(&reason, "reason", "revoked from the CLI", "why, for the audit log")
+	cmd.AddCommand(list, revoke)
+	return cmd
+}
