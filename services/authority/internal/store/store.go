@@ -1,5 +1,5 @@
-// Package store owns the authority's persistent records — jobs and the
-// hash-chained audit log — and the one interface every storage backend
+// Package store owns the authority's persistent records — jobs, approvals,
+// credential leases and the hash-chained audit log — and the one interface every storage backend
 // implements: the embedded SQLite store in store/sqlite and PostgreSQL for
 // replicated authorities in store/postgres, both held to the same
 // conformance suite in store/storetest. It knows nothing of job policy; the
@@ -169,6 +169,144 @@ type Store interface {
 	// sequence) first.
 	ListAudit(ctx context.Context, f AuditFilter) ([]audit.Event, error)
 
+	ApprovalStore
+
 	// Close releases the store.
 	Close() error
+}
+
+// ApprovalState is where an approval request is. The values are what the
+// database holds, so they never change.
+type ApprovalState string
+
+// Approval states: pending → approved → consumed, or pending → denied;
+// pending or approved past the expiry reads as expired.
+const (
+	ApprovalPending  ApprovalState = "pending"
+	ApprovalApproved ApprovalState = "approved"
+	ApprovalDenied   ApprovalState = "denied"
+	ApprovalConsumed ApprovalState = "consumed"
+	ApprovalExpired  ApprovalState = "expired"
+)
+
+// Decisions a vote records.
+const (
+	DecisionApprove = "approve"
+	DecisionDeny    = "deny"
+)
+
+// Vote is one approver's recorded decision.
+type Vote struct {
+	// Approver is a SPIFFE ID; one vote per approver and approval.
+	Approver  string
+	Decision  string
+	Comment   string
+	DecidedAt time.Time
+}
+
+// Approval is a request to publish one bundle of one job to one target.
+type Approval struct {
+	ID           string
+	JobID        string
+	Tenant       string
+	Requester    string
+	BundleDigest string
+	TargetRepo   string
+	TargetBranch string
+	State        ApprovalState
+	// Required is how many approve votes reach ApprovalApproved.
+	Required   int
+	CreatedAt  time.Time
+	ExpiresAt  time.Time
+	ConsumedAt time.Time
+	ConsumedBy string
+	// Version increases by one with every stored change.
+	Version int64
+	// Votes in the order they were cast.
+	Votes []Vote
+}
+
+// ApprovalFilter selects approvals for ListApprovals.
+type ApprovalFilter struct {
+	// Tenant, if set, selects one tenant's approvals.
+	Tenant string
+	// States filters by stored state; empty means all.
+	States []ApprovalState
+	// Limit is the page size and must be positive.
+	Limit     int
+	PageToken string
+}
+
+// ConsumeRequest is what ConsumeApprovalAudited must find to consume.
+type ConsumeRequest struct {
+	ID, JobID, BundleDigest, TargetRepo, TargetBranch string
+	// By is the consumer's SPIFFE ID; At is now, which must be before the
+	// approval's expiry.
+	By string
+	At time.Time
+}
+
+// Lease is a short-lived credential grant; the secret is never stored.
+type Lease struct {
+	ID           string
+	Purpose      string
+	JobID        string
+	Resource     string
+	Holder       string
+	IssuedAt     time.Time
+	ExpiresAt    time.Time
+	RevokedAt    time.Time
+	RevokeReason string
+}
+
+// Active reports whether the lease is neither revoked nor expired at now.
+func (l Lease) Active(now time.Time) bool {
+	return l.RevokedAt.IsZero() && now.Before(l.ExpiresAt)
+}
+
+// LeaseFilter selects leases for ListLeases.
+type LeaseFilter struct {
+	// JobID, if set, selects one job's leases.
+	JobID string
+	// ActiveAt, if set, selects only leases active at that time.
+	ActiveAt time.Time
+	// Limit is the page size and must be positive.
+	Limit     int
+	PageToken string
+}
+
+// ApprovalStore is the part of Store that keeps approvals and leases.
+// Every change is written with its audit event in one transaction.
+type ApprovalStore interface {
+	// CreateApprovalAudited records a unless the job already has an
+	// approval, in which case it returns that one and created=false and
+	// writes nothing, e included.
+	CreateApprovalAudited(ctx context.Context, a Approval, e audit.Event) (stored Approval, created bool, err error)
+	// GetApproval returns one approval with its votes, or ErrNotFound.
+	GetApproval(ctx context.Context, id string) (Approval, error)
+	// ApprovalForJob returns the job's approval, or ErrNotFound.
+	ApprovalForJob(ctx context.Context, jobID string) (Approval, error)
+	// ListApprovals returns a page of approvals, newest first.
+	ListApprovals(ctx context.Context, f ApprovalFilter) ([]Approval, string, error)
+	// DecideApprovalAudited locks approval id, lets decide change its
+	// State and return the vote to add and the audit event, and writes
+	// all three in one transaction; on any error (decide's own, or a
+	// second vote by the same approver, which wraps ErrAlreadyExists)
+	// nothing is written.
+	DecideApprovalAudited(ctx context.Context, id string, decide func(*Approval) (Vote, audit.Event, error)) (Approval, error)
+	// ConsumeApprovalAudited turns approval r.ID from approved to consumed
+	// if, and only if, its job, digest and target are r's and it has not
+	// expired at r.At, in one conditional update, appending e with it.
+	// Anything else wraps ErrFailedPrecondition and writes nothing.
+	ConsumeApprovalAudited(ctx context.Context, r ConsumeRequest, e audit.Event) (Approval, error)
+	// CreateLeaseAudited records l with e.
+	CreateLeaseAudited(ctx context.Context, l Lease, e audit.Event) (Lease, error)
+	// GetLease returns one lease, or ErrNotFound.
+	GetLease(ctx context.Context, id string) (Lease, error)
+	// RevokeLeaseAudited sets the revocation of lease id, if it is not
+	// yet revoked, with e; an already revoked lease wraps
+	// ErrFailedPrecondition.
+	RevokeLeaseAudited(ctx context.Context, id string, at time.Time, reason string, e audit.Event) (Lease, error)
+	// ListLeases returns a page of leases, newest first.
+	ListLeases(ctx context.Context, f LeaseFilter) ([]Lease, string, error)
 }

@@ -73,12 +73,12 @@ func TestReplicasMigrateAtOnce(t *testing.T) {
 		t.Fatalf("replicas starting together: %v", err)
 	}
 	var rows, max int
-	if err := db.QueryRow("SELECT COUNT(*), MAX(version) FROM schema_migrations").Scan(&rows, &max); err != nil || rows != 2 || max != 2 {
-		t.Fatalf("schema_migrations: %d rows up to version %d, %v; want 2 up to 2", rows, max, err)
+	if err := db.QueryRow("SELECT COUNT(*), MAX(version) FROM schema_migrations").Scan(&rows, &max); err != nil || rows != 3 || max != 3 {
+		t.Fatalf("schema_migrations: %d rows up to version %d, %v; want 3 up to 3", rows, max, err)
 	}
 	s := opener(dsn)(t)
-	if v, err := s.(*postgres.Store).SchemaVersion(t.Context()); err != nil || v != 2 {
-		t.Fatalf("schema version = %d, %v; want 2", v, err)
+	if v, err := s.(*postgres.Store).SchemaVersion(t.Context()); err != nil || v != 3 {
+		t.Fatalf("schema version = %d, %v; want 3", v, err)
 	}
 }
 

@@ -82,6 +82,48 @@ var migrations = []string{
 		BEGIN SELECT RAISE(ABORT, 'audit_log is append-only'); END;
 	CREATE TRIGGER audit_log_no_delete BEFORE DELETE ON audit_log
 		BEGIN SELECT RAISE(ABORT, 'audit_log is append-only'); END;`,
+
+	// 3: approvals with their votes, and credential leases (the secret
+	// itself is never stored). One approval per job.
+	`CREATE TABLE approvals (
+		id            TEXT NOT NULL PRIMARY KEY,
+		job_id        TEXT NOT NULL UNIQUE,
+		tenant        TEXT NOT NULL,
+		requester     TEXT   NOT NULL,
+		bundle_digest TEXT   NOT NULL,
+		target_repo   TEXT   NOT NULL,
+		target_branch TEXT   NOT NULL,
+		state         TEXT   NOT NULL,
+		required      INTEGER NOT NULL,
+		created_at    BIGINT NOT NULL,
+		expires_at    BIGINT NOT NULL,
+		consumed_at   BIGINT NOT NULL,
+		consumed_by   TEXT   NOT NULL,
+		version       BIGINT NOT NULL
+	);
+	CREATE INDEX approvals_by_tenant ON approvals (tenant, created_at, id);
+	CREATE INDEX approvals_by_time ON approvals (created_at, id);
+	CREATE TABLE approval_votes (
+		approval_id TEXT NOT NULL REFERENCES approvals (id),
+		approver    TEXT NOT NULL,
+		decision    TEXT   NOT NULL,
+		comment     TEXT   NOT NULL,
+		decided_at  BIGINT NOT NULL,
+		UNIQUE (approval_id, approver)
+	);
+	CREATE TABLE leases (
+		id            TEXT NOT NULL PRIMARY KEY,
+		purpose       TEXT   NOT NULL,
+		job_id        TEXT NOT NULL,
+		resource      TEXT   NOT NULL,
+		holder        TEXT   NOT NULL,
+		issued_at     BIGINT NOT NULL,
+		expires_at    BIGINT NOT NULL,
+		revoked_at    BIGINT NOT NULL,
+		revoke_reason TEXT   NOT NULL
+	);
+	CREATE INDEX leases_by_job ON leases (job_id, issued_at);
+	CREATE INDEX leases_by_time ON leases (issued_at, id);`,
 }
 
 // DropAuditGuards removes the triggers that keep audit_log append-only; the
