@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
@@ -142,7 +143,9 @@ func (s *Service) dispatch(j store.Job) (done bool, err error) {
 // follow watches the run and moves the job to staging and running as the
 // executor reports them. It is done when the run's stream ends.
 func (s *Service) follow(j store.Job) (done bool, err error) {
-	err = s.cfg.Executor.Watch(s.ctx, j.ID, Offsets{}, func(ev RunEvent) error {
+	// Offsets past any output: the follower wants states, not the job's
+	// output, which watching clients fetch for themselves.
+	err = s.cfg.Executor.Watch(s.ctx, j.ID, Offsets{Stdout: math.MaxInt64, Stderr: math.MaxInt64}, func(ev RunEvent) error {
 		if ev.Output != nil {
 			return nil
 		}
