@@ -18,6 +18,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/identity"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/authority/internal/approvals"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 )
@@ -26,6 +27,8 @@ import (
 type Config struct {
 	// Jobs is the job domain; required.
 	Jobs *jobs.Service
+	// Approvals is the approval and lease domain; required.
+	Approvals *approvals.Service
 	// Logger receives internal errors; default slog.Default().
 	Logger *slog.Logger
 }
@@ -113,6 +116,9 @@ func (s *Service) GetJob(ctx context.Context, req *authorityv1.GetJobRequest) (*
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
+	if pj.ApprovalId, err = s.cfg.Approvals.IDForJob(ctx, j.ID); err != nil {
+		return nil, s.fail(ctx, err)
+	}
 	return &authorityv1.GetJobResponse{Job: pj}, nil
 }
 
@@ -139,6 +145,9 @@ func (s *Service) ListJobs(ctx context.Context, req *authorityv1.ListJobsRequest
 	for _, j := range list {
 		pj, err := jobToProto(j)
 		if err != nil {
+			return nil, s.fail(ctx, err)
+		}
+		if pj.ApprovalId, err = s.cfg.Approvals.IDForJob(ctx, j.ID); err != nil {
 			return nil, s.fail(ctx, err)
 		}
 		resp.Jobs = append(resp.Jobs, pj)
@@ -264,6 +273,16 @@ func (s *Service) ReportResult(ctx context.Context, req *authorityv1.ReportResul
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
+	// The approval opens right after the result is recorded, not in its
+	// transaction; Open is idempotent, so if it fails the executor's retry
+	// of the same report (which changes nothing else) opens it.
+	if t := pj.GetSpec().GetPublishTarget(); t != nil {
+		a, _, err := s.cfg.Approvals.Open(ctx, id, j, approvals.Target{Repo: t.GetRepository(), Branch: t.GetBranch()})
+		if err != nil {
+			return nil, s.fail(ctx, err)
+		}
+		pj.ApprovalId = a.ID
+	}
 	return &authorityv1.ReportResultResponse{Job: pj}, nil
 }
 
@@ -287,38 +306,7 @@ func reasonFromProto(r typesv1.TerminationReason) jobs.Reason {
 	return jobs.ReasonUnspecified
 }
 
-const (
-	withApprovals = "approvals, leased credentials and the audit log"
-	withNetwork   = "per-job network policy changes"
-)
-
-func (s *Service) ListApprovals(context.Context, *authorityv1.ListApprovalsRequest) (*authorityv1.ListApprovalsResponse, error) {
-	return nil, errdefs.NotImplemented(authorityv1.AuthorityService_ListApprovals_FullMethodName, withApprovals)
-}
-
-func (s *Service) GetApproval(context.Context, *authorityv1.GetApprovalRequest) (*authorityv1.GetApprovalResponse, error) {
-	return nil, errdefs.NotImplemented(authorityv1.AuthorityService_GetApproval_FullMethodName, withApprovals)
-}
-
-func (s *Service) DecideApproval(context.Context, *authorityv1.DecideApprovalRequest) (*authorityv1.DecideApprovalResponse, error) {
-	return nil, errdefs.NotImplemented(authorityv1.AuthorityService_DecideApproval_FullMethodName, withApprovals)
-}
-
-func (s *Service) ConsumeApproval(context.Context, *authorityv1.ConsumeApprovalRequest) (*authorityv1.ConsumeApprovalResponse, error) {
-	return nil, errdefs.NotImplemented(authorityv1.AuthorityService_ConsumeApproval_FullMethodName, withApprovals)
-}
-
-func (s *Service) LeaseCredential(context.Context, *authorityv1.LeaseCredentialRequest) (*authorityv1.LeaseCredentialResponse, error) {
-	return nil, errdefs.NotImplemented(authorityv1.AuthorityService_LeaseCredential_FullMethodName, withApprovals)
-}
-
-func (s *Service) RevokeCredential(context.Context, *authorityv1.RevokeCredentialRequest) (*authorityv1.RevokeCredentialResponse, error) {
-	return nil, errdefs.NotImplemented(authorityv1.AuthorityService_RevokeCredential_FullMethodName, withApprovals)
-}
-
-func (s *Service) ListLeases(context.Context, *authorityv1.ListLeasesRequest) (*authorityv1.ListLeasesResponse, error) {
-	return nil, errdefs.NotImplemented(authorityv1.AuthorityService_ListLeases_FullMethodName, withApprovals)
-}
+const withNetwork = "per-job network policy changes"
 
 func (s *Service) UpdateNetworkPolicy(context.Context, *authorityv1.UpdateNetworkPolicyRequest) (*authorityv1.UpdateNetworkPolicyResponse, error) {
 	return nil, errdefs.NotImplemented(authorityv1.AuthorityService_UpdateNetworkPolicy_FullMethodName, withNetwork)

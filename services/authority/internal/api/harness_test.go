@@ -28,6 +28,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/api"
+	"github.com/airlockhq/airlock/services/authority/internal/approvals"
 	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
 	"github.com/airlockhq/airlock/services/authority/internal/fakeexecutor"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
@@ -43,7 +44,16 @@ var (
 	executorID  = identity.Service(td, identity.ServiceExecutor)
 	devID       = identity.MustParse("spiffe://" + td + "/client/dev")
 	otherID     = identity.MustParse("spiffe://" + td + "/client/other")
+	publisherID = identity.Service(td, identity.ServicePublisher)
+	aliceID     = identity.MustParse("spiffe://" + td + "/approver/alice")
+	bobID       = identity.MustParse("spiffe://" + td + "/approver/bob")
+	// devApproverID is the requester client/dev holding an approver
+	// certificate: the same person, who may not approve their own job.
+	devApproverID = identity.MustParse("spiffe://" + td + "/approver/dev")
 )
+
+// deploySecret is the content of the demo repository's deploy credential.
+const deploySecret = "deploy-7c4e2a91-DO-NOT-LEAK"
 
 // secret is the content of the mirrored repository's credential file.
 const secret = "cred-9b1d7e3f-DO-NOT-LEAK"
@@ -71,13 +81,17 @@ type authority struct {
 func newHarness(t *testing.T) *harness {
 	t.Helper()
 	h := &harness{t: t, pkiDir: t.TempDir(), data: t.TempDir(), logs: &logBuffer{}}
-	if _, err := pki.Init(h.pkiDir, td, []identity.ID{devID, otherID}); err != nil {
+	if _, err := pki.Init(h.pkiDir, td, []identity.ID{devID, otherID, aliceID, bobID, devApproverID}); err != nil {
 		t.Fatal(err)
 	}
 	h.origin = newRepo(t)
 	tools := newRepo(t)
 	credFile := filepath.Join(t.TempDir(), "mirrored.token")
 	if err := os.WriteFile(credFile, []byte(secret), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	deployFile := filepath.Join(t.TempDir(), "demo.deploy")
+	if err := os.WriteFile(deployFile, []byte(deploySecret), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	h.tenants = policy.Tenants{
@@ -88,8 +102,10 @@ func newHarness(t *testing.T) *harness {
 				"mirrored": {Tenant: "dev", Name: "mirrored", URL: "file://" + h.origin.dir, Credential: credFile},
 			},
 			Default: policy.DefaultLimits, Max: policy.DefaultMax,
-			RuntimeClasses: []string{policy.RuntimeRunc, policy.RuntimeRunsc},
-			Egress:         policy.Egress{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Domains: []string{"proxy.golang.org", "*.example.com"}},
+			RuntimeClasses:    []string{policy.RuntimeRunc, policy.RuntimeRunsc},
+			Egress:            policy.Egress{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Domains: []string{"proxy.golang.org", "*.example.com"}},
+			Approvals:         policy.Approvals{Approvers: []string{"approver/alice", "approver/bob", "approver/dev"}, Required: 1, TTL: time.Hour},
+			DeployCredentials: map[string]string{"demo": deployFile},
 		},
 		"other": {
 			Name: "other", Clients: []string{"client/other"},
@@ -185,7 +201,14 @@ func (h *harness) start() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	api.New(api.Config{Jobs: svc, Logger: h.logger()}).Register(srv.Registrar())
+	appr, err := approvals.New(approvals.Config{Store: st, Tenants: h.tenants, Logger: h.logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := appr.OpenMissing(ctx, authorityID, api.PublishTarget); err != nil {
+		t.Fatal(err)
+	}
+	api.New(api.Config{Jobs: svc, Approvals: appr, Logger: h.logger()}).Register(srv.Registrar())
 	serveDone := make(chan struct{})
 	go func() { defer close(serveDone); _ = srv.Serve(runCtx) }()
 	srv.SetServing(true)

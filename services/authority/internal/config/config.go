@@ -64,6 +64,22 @@ type TenantFile struct {
 	RuntimeClasses []string `yaml:"runtime_classes"`
 	// Egress bounds what allow and domain network policies may name.
 	Egress EgressFile `yaml:"egress"`
+	// Approvals is who approves the tenant's results, how many approvals a
+	// request needs and how long it lives.
+	Approvals ApprovalsFile `yaml:"approvals"`
+	// DeployCredentials maps a repository name (a publish target) to a file
+	// holding its deploy credential, read only when it is leased.
+	DeployCredentials map[string]string `yaml:"deploy_credentials"`
+}
+
+// ApprovalsFile is the tenant's approval policy as the file writes it.
+type ApprovalsFile struct {
+	// Approvers are approver/NAME principals; empty means any approver.
+	Approvers []string `yaml:"approvers"`
+	// Required approvals; default 1, at most the number of approvers listed.
+	Required int `yaml:"required"`
+	// TTL of a request; default 24h, between 1m and 30 days.
+	TTL time.Duration `yaml:"ttl"`
 }
 
 // RepositoryFile is one repository as the file writes it.
@@ -207,10 +223,72 @@ func (c *Config) tenant(name string, f TenantFile) (*policy.Tenant, error) {
 		}
 		t.Egress.Domains = append(t.Egress.Domains, d)
 	}
+	a, aerrs := c.approvals(field+".approvals", td, f.Approvals)
+	errs = append(errs, aerrs...)
+	t.Approvals = a
+	t.DeployCredentials = map[string]string{}
+	for _, repo := range sortedKeys(f.DeployCredentials) {
+		df := field + ".deploy_credentials." + repo
+		if _, ok := t.Repositories[repo]; !ok {
+			errs = append(errs, config.Field(df, "%q is not a repository of the tenant", repo))
+			continue
+		}
+		p := f.DeployCredentials[repo]
+		if p == "" {
+			errs = append(errs, config.Field(df, "a file path is required"))
+			continue
+		}
+		p = resolve(c.base, p)
+		if st, err := os.Stat(p); err != nil {
+			errs = append(errs, config.Field(df, "%v", err))
+		} else if !st.Mode().IsRegular() {
+			errs = append(errs, config.Field(df, "%s is not a regular file", p))
+		} else {
+			t.DeployCredentials[repo] = p
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	return t, nil
+}
+
+// approvals checks a tenant's approval policy and fills in its defaults.
+func (c *Config) approvals(field, td string, f ApprovalsFile) (policy.Approvals, []error) {
+	var errs []error
+	a := policy.Approvals{Required: f.Required, TTL: f.TTL}
+	for i, p := range f.Approvers {
+		af := fmt.Sprintf("%s.approvers[%d]", field, i)
+		kind, name, ok := strings.Cut(p, "/")
+		if !ok || kind != string(identity.KindApprover) {
+			errs = append(errs, config.Field(af, "%q: want an approver principal, approver/NAME", p))
+			continue
+		}
+		if _, err := identity.New(td, identity.KindApprover, name); err != nil {
+			errs = append(errs, config.Field(af, "%v", err))
+			continue
+		}
+		if slices.Contains(a.Approvers, p) {
+			errs = append(errs, config.Field(af, "%q is listed twice", p))
+			continue
+		}
+		a.Approvers = append(a.Approvers, p)
+	}
+	switch {
+	case a.Required == 0:
+		a.Required = policy.DefaultRequiredApproval
+	case a.Required < 0:
+		errs = append(errs, config.Field(field+".required", "%d: must be at least 1", a.Required))
+	case len(f.Approvers) > 0 && a.Required > len(f.Approvers):
+		errs = append(errs, config.Field(field+".required", "%d: more than the %d approvers listed", a.Required, len(f.Approvers)))
+	}
+	switch {
+	case a.TTL == 0:
+		a.TTL = policy.DefaultApprovalTTL
+	case a.TTL < time.Minute || a.TTL > 30*24*time.Hour:
+		errs = append(errs, config.Field(field+".ttl", "%v: must be between 1m and 720h", a.TTL))
+	}
+	return a, errs
 }
 
 func (c *Config) repository(field, tenant, name string, f RepositoryFile) (policy.Repository, error) {

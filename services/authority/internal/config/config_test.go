@@ -57,6 +57,8 @@ tenants:
       max:     {cpu_millis: 4000, memory: 4GiB,  pids: 2048, disk: 8589934592, deadline: 2h}
     runtime_classes: [runsc, runc]
     egress: {cidrs: ["10.0.0.0/8", "2001:db8::/32"], domains: [proxy.golang.org, "*.example.com"]}
+    approvals: {approvers: [approver/alice, approver/bob], required: 2, ttl: 2h}
+    deploy_credentials: {demo: demo.token}
   bare:
     clients: [client/bare]
 `
@@ -105,7 +107,20 @@ func TestLoadGood(t *testing.T) {
 		t.Errorf("egress = %+v", dev.Egress)
 	}
 
+	if !slices.Equal(dev.Approvals.Approvers, []string{"approver/alice", "approver/bob"}) || dev.Approvals.Required != 2 || dev.Approvals.TTL != 2*time.Hour {
+		t.Errorf("approvals = %+v", dev.Approvals)
+	}
+	if !dev.Approvals.AllowsApprover("approver/alice") || dev.Approvals.AllowsApprover("approver/carol") {
+		t.Errorf("approver list not applied: %+v", dev.Approvals)
+	}
+	if got := dev.DeployCredentials["demo"]; got != filepath.Join(dir, "demo.token") || len(dev.DeployCredentials) != 1 {
+		t.Errorf("deploy_credentials = %v", dev.DeployCredentials)
+	}
+
 	bare := c.Policy["bare"]
+	if bare.Approvals.Required != 1 || bare.Approvals.TTL != 24*time.Hour || len(bare.Approvals.Approvers) != 0 || !bare.Approvals.AllowsApprover("approver/anyone") {
+		t.Errorf("approval defaults = %+v", bare.Approvals)
+	}
 	if bare.Default != policy.DefaultLimits || bare.Max != policy.DefaultMax {
 		t.Errorf("omitted limits = %+v / %+v, want the built-in ones", bare.Default, bare.Max)
 	}
@@ -178,6 +193,13 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 		{"bad cidr", tenant("    egress: {cidrs: [10.0.0.0/33]}\n"), []string{`tenants.dev.egress.cidrs[0]: "10.0.0.0/33" is not a CIDR`}},
 		{"cidr host bits", tenant("    egress: {cidrs: [10.1.2.3/8]}\n"), []string{"tenants.dev.egress.cidrs[0]:", "did you mean 10.0.0.0/8"}},
 		{"bad domain", tenant("    egress: {domains: [localhost]}\n"), []string{"tenants.dev.egress.domains[0]:", "not a fully qualified name"}},
+		{"approver not an approver", tenant("    approvals: {approvers: [client/dev]}\n"), []string{`tenants.dev.approvals.approvers[0]: "client/dev": want an approver principal`}},
+		{"duplicate approver", tenant("    approvals: {approvers: [approver/a, approver/a]}\n"), []string{"tenants.dev.approvals.approvers[1]:", "listed twice"}},
+		{"required above approvers", tenant("    approvals: {approvers: [approver/a], required: 2}\n"), []string{"tenants.dev.approvals.required: 2: more than the 1 approvers"}},
+		{"negative required", tenant("    approvals: {required: -1}\n"), []string{"tenants.dev.approvals.required: -1: must be at least 1"}},
+		{"approval ttl too short", tenant("    approvals: {ttl: 1s}\n"), []string{"tenants.dev.approvals.ttl: 1s: must be between"}},
+		{"deploy credential for unknown repo", tenant("    deploy_credentials: {nope: demo.token}\n"), []string{`tenants.dev.deploy_credentials.nope: "nope" is not a repository`}},
+		{"missing deploy credential file", tenant("    repositories: {demo: {url: /x}}\n    deploy_credentials: {demo: gone.token}\n"), []string{"tenants.dev.deploy_credentials.demo:", "gone.token"}},
 		{"bad grant ttl", common + "grant_ttl: 1s\n", []string{"grant_ttl: 1s: must be between"}},
 		{"several at once", tenant("    limits: {max: {memory: lots}}\n    runtime_classes: [kata]\n"),
 			[]string{"tenants.dev.limits.max.memory:", "tenants.dev.runtime_classes[0]:"}},

@@ -105,6 +105,34 @@ type Tenant struct {
 	RuntimeClasses []string
 	// Egress bounds what allow and domain policies may name.
 	Egress Egress
+	// Approvals says who approves the tenant's results and how.
+	Approvals Approvals
+	// DeployCredentials maps a publish target repository name to the path of
+	// a file holding its deploy credential. Only the approvals package
+	// reads it, when it leases the credential; it is never stored or logged.
+	DeployCredentials map[string]string
+}
+
+// Default approval settings.
+const (
+	DefaultApprovalTTL      = 24 * time.Hour
+	DefaultRequiredApproval = 1
+)
+
+// Approvals is a tenant's approval policy.
+type Approvals struct {
+	// Approvers are principals ("approver/NAME"); empty means any approver.
+	Approvers []string
+	// Required is how many approvals a request needs; at least 1.
+	Required int
+	// TTL is how long a request may wait to be decided and consumed.
+	TTL time.Duration
+}
+
+// AllowsApprover reports whether principal ("approver/NAME") may decide the
+// tenant's requests.
+func (a Approvals) AllowsApprover(principal string) bool {
+	return len(a.Approvers) == 0 || slices.Contains(a.Approvers, principal)
 }
 
 // HasClient reports whether principal ("client/NAME") acts for the tenant.

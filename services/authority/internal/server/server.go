@@ -16,6 +16,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/logging"
 	"github.com/airlockhq/airlock/pkg/version"
 	"github.com/airlockhq/airlock/services/authority/internal/api"
+	"github.com/airlockhq/airlock/services/authority/internal/approvals"
 	"github.com/airlockhq/airlock/services/authority/internal/config"
 	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
@@ -96,7 +97,17 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			// Resumes unfinished jobs now and stops background work (before
 			// the store closes) when the process stops.
 			env.Go(svc.Run)
-			api.New(api.Config{Jobs: svc, Logger: env.Logger}).Register(env.Server)
+			appr, err := approvals.New(approvals.Config{Store: st, Tenants: cfg.Policy, Logger: env.Logger})
+			if err != nil {
+				return err
+			}
+			// A result recorded just before a crash may still lack its approval.
+			if n, err := appr.OpenMissing(ctx, identity.Service(cfg.TrustDomain, identity.ServiceAuthority), api.PublishTarget); err != nil {
+				return err
+			} else if n > 0 {
+				env.Logger.Info("opened missing approvals", "count", n)
+			}
+			api.New(api.Config{Jobs: svc, Approvals: appr, Logger: env.Logger}).Register(env.Server)
 			env.Logger.Info("authority ready", "tenants", len(cfg.Policy), "grant_key_id", key.KeyID(),
 				"grant_public_key", cfg.GrantKey+".pub", "executor", cfg.Executor.Address)
 			if len(cfg.Policy) == 0 {

@@ -118,12 +118,27 @@ func TestTruncateRefused(t *testing.T) {
 func TestAuditSurvivesKill(t *testing.T) {
 	open := func(ctx context.Context, dsn string) (store.Store, error) { return postgres.Open(ctx, dsn) }
 	storetest.CrashChild(open)
+	storetest.Crash(t, crashTest(t, "TestAuditSurvivesKill", open))
+}
+
+// TestApprovalsSurviveKill SIGKILLs a process deciding, consuming and
+// leasing 100 times; see storetest.ApprovalCrash.
+func TestApprovalsSurviveKill(t *testing.T) {
+	open := func(ctx context.Context, dsn string) (store.Store, error) { return postgres.Open(ctx, dsn) }
+	storetest.ApprovalCrashChild(open)
+	storetest.ApprovalCrash(t, crashTest(t, "TestApprovalsSurviveKill", open))
+}
+
+// crashTest is a crash test on a fresh schema whose Settle waits, after
+// each kill, for the server to end the dead child's session (and roll back
+// whatever it left open) before the test counts.
+func crashTest(t *testing.T, name string, open func(ctx context.Context, dsn string) (store.Store, error)) storetest.CrashTest {
 	dsn, db := pgtest.Schema(t)
 	suffix := make([]byte, 6)
 	rand.Read(suffix)
 	app := "airlock-crash-" + hex.EncodeToString(suffix)
-	storetest.Crash(t, storetest.CrashTest{
-		Name:        "TestAuditSurvivesKill",
+	return storetest.CrashTest{
+		Name:        name,
 		Target:      dsn,
 		ChildTarget: pgtest.WithParam(dsn, "application_name", app),
 		Open:        open,
@@ -145,7 +160,7 @@ func TestAuditSurvivesKill(t *testing.T) {
 				time.Sleep(5 * time.Millisecond)
 			}
 		},
-	})
+	}
 }
 
 func TestDSNNeverInErrors(t *testing.T) {

@@ -118,3 +118,17 @@ func TestRefusesNewerSchema(t *testing.T) {
 		t.Fatalf("opened a database from the future: %v", err)
 	}
 }
+
+// TestApprovalsSurviveKill SIGKILLs a process deciding, consuming and
+// leasing 100 times; see storetest.ApprovalCrash.
+func TestApprovalsSurviveKill(t *testing.T) {
+	open := func(ctx context.Context, path string) (store.Store, error) { return sqlite.Open(ctx, path) }
+	storetest.ApprovalCrashChild(open)
+	storetest.ApprovalCrash(t, storetest.CrashTest{
+		Name:       "TestApprovalsSurviveKill",
+		Target:     filepath.Join(t.TempDir(), "authority.db"),
+		Open:       open,
+		Iterations: 100,
+		MaxDelay:   30 * time.Millisecond,
+	})
+}

@@ -71,6 +71,12 @@ func Run(t *testing.T, b Backend) {
 			tc.fn(t, open)
 		})
 	}
+	for _, tc := range approvalTests {
+		t.Run(tc.name, func(t *testing.T) {
+			open, _ := b.New(t)
+			tc.fn(t, open)
+		})
+	}
 	// These reach past the store into the database.
 	for _, tc := range []struct {
 		name string

@@ -1,0 +1,653 @@
+// Package approvals owns the authority's approval requests and credential
+// leases: opening a request when a job with a publish target finishes,
+// who may see and decide it, the single-use consumption by the publisher,
+// and the short deploy-credential leases that follow, sealed to the
+// caller's certificate. Every decision and every refusal goes to the audit
+// log. It imports no gRPC; the authority's api and composition root import
+// it.
+package approvals
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/base32"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/airlockhq/airlock/pkg/audit"
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/seal"
+	"github.com/airlockhq/airlock/services/authority/internal/policy"
+	"github.com/airlockhq/airlock/services/authority/internal/store"
+)
+
+// Lease durations: what a request without a TTL gets, and the most any
+// lease gets, counted also from the consumption of the job's approval.
+const (
+	DefaultLeaseTTL = 5 * time.Minute
+	MaxLeaseTTL     = 15 * time.Minute
+)
+
+// PurposeDeploy is the one lease purpose: push one reviewed commit.
+const PurposeDeploy = "deploy"
+
+// Audit outcomes as the log stores them.
+const (
+	outcomeAllowed = "allowed"
+	outcomeDenied  = "denied"
+)
+
+// Config configures a Service.
+type Config struct {
+	Store   store.Store
+	Tenants policy.Tenants
+	Logger  *slog.Logger
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+	// ReadFile reads a deploy credential file; default os.ReadFile.
+	ReadFile func(string) ([]byte, error)
+}
+
+// Service is the approval and lease logic; safe for concurrent use.
+type Service struct{ cfg Config }
+
+// New returns a Service.
+func New(cfg Config) (*Service, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("approvals: store is required")
+	}
+	if cfg.Tenants == nil {
+		cfg.Tenants = policy.Tenants{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.ReadFile == nil {
+		cfg.ReadFile = os.ReadFile
+	}
+	return &Service{cfg: cfg}, nil
+}
+
+func (s *Service) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }
+
+var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+func newID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return idEncoding.EncodeToString(b)
+}
+
+func invalid(field, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", errdefs.ErrInvalidArgument, field, fmt.Sprintf(format, args...))
+}
+
+func denied(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", errdefs.ErrPermissionDenied, fmt.Sprintf(format, args...))
+}
+
+func precondition(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", errdefs.ErrFailedPrecondition, fmt.Sprintf(format, args...))
+}
+
+// refusable reports whether err is a refusal of the caller's request (to
+// be audited as denied) rather than an internal failure.
+func refusable(err error) bool {
+	for _, e := range []error{errdefs.ErrInvalidArgument, errdefs.ErrNotFound, errdefs.ErrAlreadyExists,
+		errdefs.ErrPermissionDenied, errdefs.ErrFailedPrecondition} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// refused records a refused decision and returns err. If the log cannot be
+// written the refusal still stands; the failure is logged.
+func (s *Service) refused(ctx context.Context, e audit.Event, err error) error {
+	if !refusable(err) {
+		return err
+	}
+	e.Outcome, e.Reason, e.Time = outcomeDenied, err.Error(), s.now()
+	if _, aerr := s.cfg.Store.AppendAudit(ctx, e); aerr != nil {
+		s.cfg.Logger.ErrorContext(ctx, "audit a refusal", "kind", e.Kind, "error", aerr)
+	}
+	return err
+}
+
+// Target is a publish target.
+type Target struct{ Repo, Branch string }
+
+// Effective returns a's state as callers see it: a pending or approved
+// request past its expiry is expired.
+func Effective(a store.Approval, now time.Time) store.ApprovalState {
+	if (a.State == store.ApprovalPending || a.State == store.ApprovalApproved) && !now.Before(a.ExpiresAt) {
+		return store.ApprovalExpired
+	}
+	return a.State
+}
+
+// Open opens the approval request for job j's result, bound to its bundle
+// digest and target, unless the job already has one (then it returns that
+// one): calling it again after a retried report is safe. A job that did
+// not finish, has no bundle digest or no target gets none, and Open
+// returns created=false with a zero approval.
+func (s *Service) Open(ctx context.Context, caller identity.ID, j store.Job, t Target) (store.Approval, bool, error) {
+	if j.State != store.StateFinished || j.BundleDigest == "" || t.Repo == "" {
+		return store.Approval{}, false, nil
+	}
+	tenant := s.cfg.Tenants[j.Tenant]
+	if tenant == nil {
+		return store.Approval{}, false, fmt.Errorf("approvals: job %q belongs to unknown tenant %q", j.ID, j.Tenant)
+	}
+	now := s.now()
+	a := store.Approval{
+		ID: newID(), JobID: j.ID, Tenant: j.Tenant, Requester: j.Requester, BundleDigest: j.BundleDigest,
+		TargetRepo: t.Repo, TargetBranch: t.Branch, State: store.ApprovalPending,
+		Required: max(tenant.Approvals.Required, 1), CreatedAt: now, ExpiresAt: now.Add(orDefault(tenant.Approvals.TTL, policy.DefaultApprovalTTL)),
+	}
+	stored, created, err := s.cfg.Store.CreateApprovalAudited(ctx, a, audit.Event{
+		Time: now, Kind: "approval.opened", Caller: caller.String(), Subject: a.ID, Outcome: outcomeAllowed,
+		Reason: fmt.Sprintf("bundle %s to %s:%s, %d approval(s) needed by %s", a.BundleDigest, a.TargetRepo, a.TargetBranch, a.Required, a.ExpiresAt.Format(time.RFC3339)),
+	})
+	if err != nil {
+		return store.Approval{}, false, fmt.Errorf("approvals: open for job %q: %w", j.ID, err)
+	}
+	return stored, created, nil
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d <= 0 {
+		return def
+	}
+	return d
+}
+
+// ListRequest selects approval requests.
+type ListRequest struct {
+	Tenant    string
+	States    []store.ApprovalState
+	PageSize  int
+	PageToken string
+}
+
+func pageSize(n int) (int, error) {
+	switch {
+	case n == 0:
+		return 50, nil
+	case n < 0 || n > 500:
+		return 0, invalid("page_size", "%d is not between 1 and 500", n)
+	}
+	return n, nil
+}
+
+// List returns a page of approval requests, newest first. Approvers see
+// every tenant's; a client must name a tenant it acts for. A state filter
+// applies to the state callers see (expired included), so a page may hold
+// fewer requests than asked even when more follow.
+func (s *Service) List(ctx context.Context, caller identity.ID, req ListRequest) ([]store.Approval, string, error) {
+	size, err := pageSize(req.PageSize)
+	if err != nil {
+		return nil, "", err
+	}
+	switch caller.Kind {
+	case identity.KindApprover:
+	case identity.KindClient:
+		if req.Tenant == "" {
+			return nil, "", invalid("tenant", "required for a client")
+		}
+		if t := s.cfg.Tenants[req.Tenant]; t == nil || !t.HasClient(caller.Principal()) {
+			return nil, "", denied("tenant: %s does not act for tenant %q", caller.Principal(), req.Tenant)
+		}
+	default:
+		return nil, "", denied("%s may not list approvals", caller.Principal())
+	}
+	want := map[store.ApprovalState]bool{}
+	var stored []store.ApprovalState
+	for _, st := range req.States {
+		want[st] = true
+		if st == store.ApprovalExpired {
+			stored = append(stored, store.ApprovalPending, store.ApprovalApproved)
+		} else {
+			stored = append(stored, st)
+		}
+	}
+	list, next, err := s.cfg.Store.ListApprovals(ctx, store.ApprovalFilter{Tenant: req.Tenant, States: stored, Limit: size, PageToken: req.PageToken})
+	if err != nil {
+		return nil, "", err
+	}
+	now := s.now()
+	out := list[:0]
+	for _, a := range list {
+		if len(want) == 0 || want[Effective(a, now)] {
+			out = append(out, a)
+		}
+	}
+	return out, next, nil
+}
+
+// Get returns one approval request and its job (whose record holds the
+// review material). A client sees only its tenant's; any other request,
+// existing or not, is NotFound.
+func (s *Service) Get(ctx context.Context, caller identity.ID, id string) (store.Approval, store.Job, error) {
+	if id == "" {
+		return store.Approval{}, store.Job{}, invalid("approval_id", "required")
+	}
+	a, err := s.cfg.Store.GetApproval(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return store.Approval{}, store.Job{}, fmt.Errorf("%w: approval %q", errdefs.ErrNotFound, id)
+	}
+	if err != nil {
+		return store.Approval{}, store.Job{}, err
+	}
+	switch caller.Kind {
+	case identity.KindApprover:
+	case identity.KindClient:
+		if t := s.cfg.Tenants[a.Tenant]; t == nil || !t.HasClient(caller.Principal()) {
+			return store.Approval{}, store.Job{}, fmt.Errorf("%w: approval %q", errdefs.ErrNotFound, id)
+		}
+	default:
+		return store.Approval{}, store.Job{}, denied("%s may not read approvals", caller.Principal())
+	}
+	j, err := s.cfg.Store.GetJob(ctx, a.JobID)
+	if err != nil {
+		return store.Approval{}, store.Job{}, err
+	}
+	return a, j, nil
+}
+
+// DecideRequest is one approver's decision.
+type DecideRequest struct {
+	ID           string
+	BundleDigest string
+	// Decision is store.DecisionApprove or store.DecisionDeny.
+	Decision string
+	Comment  string
+}
+
+// Decide records caller's decision. Refused: anyone but an approver (the
+// services included); the job's requester under any kind (client/dev and
+// approver/dev are one person); an approver the tenant does not list; an
+// expired or already decided request; a digest other than the request's;
+// a second vote by the same approver; a deny without a comment. Reaching
+// the required count approves; one deny denies.
+func (s *Service) Decide(ctx context.Context, caller identity.ID, req DecideRequest) (store.Approval, error) {
+	ev := audit.Event{Kind: "approval.decided", Caller: caller.String(), Subject: req.ID}
+	if err := s.checkDecide(caller, req); err != nil {
+		return store.Approval{}, s.refused(ctx, ev, err)
+	}
+	now := s.now()
+	a, err := s.cfg.Store.DecideApprovalAudited(ctx, req.ID, func(a *store.Approval) (store.Vote, audit.Event, error) {
+		ev.Tenant, ev.JobID = a.Tenant, a.JobID
+		if err := s.mayDecide(caller, *a, req, now); err != nil {
+			return store.Vote{}, audit.Event{}, err
+		}
+		approvals := 0
+		for _, v := range a.Votes {
+			if v.Decision == store.DecisionApprove {
+				approvals++
+			}
+		}
+		switch req.Decision {
+		case store.DecisionDeny:
+			a.State = store.ApprovalDenied
+		default:
+			if approvals+1 >= a.Required {
+				a.State = store.ApprovalApproved
+			}
+		}
+		e := ev
+		e.Time, e.Outcome = now, outcomeAllowed
+		e.Reason = fmt.Sprintf("%s (%d of %d approvals), now %s", req.Decision, approvals+boolInt(req.Decision == store.DecisionApprove), a.Required, a.State)
+		if req.Comment != "" {
+			e.Reason += ": " + req.Comment
+		}
+		return store.Vote{Approver: caller.String(), Decision: req.Decision, Comment: req.Comment, DecidedAt: now}, e, nil
+	})
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			err = fmt.Errorf("%w: approval %q", errdefs.ErrNotFound, req.ID)
+		}
+		return store.Approval{}, s.refused(ctx, ev, err)
+	}
+	return a, nil
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// checkDecide checks what needs no stored record.
+func (s *Service) checkDecide(caller identity.ID, req DecideRequest) error {
+	if caller.Kind != identity.KindApprover {
+		return denied("%s is not an approver; only approver identities decide", caller.Principal())
+	}
+	switch {
+	case req.ID == "":
+		return invalid("approval_id", "required")
+	case req.BundleDigest == "":
+		return invalid("bundle_digest", "required: the digest you reviewed")
+	case req.Decision != store.DecisionApprove && req.Decision != store.DecisionDeny:
+		return invalid("decision", "required: approve or deny")
+	case req.Decision == store.DecisionDeny && req.Comment == "":
+		return invalid("comment", "required when denying")
+	}
+	return nil
+}
+
+// mayDecide checks caller's decision against the stored request, under its
+// row lock.
+func (s *Service) mayDecide(caller identity.ID, a store.Approval, req DecideRequest, now time.Time) error {
+	if r, err := identity.Parse(a.Requester); err != nil || r.Name == caller.Name {
+		return denied("%s requested job %q (as %s) and may not decide its approval", caller.Name, a.JobID, a.Requester)
+	}
+	t := s.cfg.Tenants[a.Tenant]
+	if t == nil || !t.Approvals.AllowsApprover(caller.Principal()) {
+		return denied("%s is not an approver of tenant %q", caller.Principal(), a.Tenant)
+	}
+	for _, v := range a.Votes {
+		if v.Approver == caller.String() {
+			return fmt.Errorf("%w: %s has already decided approval %q (%s)", errdefs.ErrAlreadyExists, caller.Principal(), a.ID, v.Decision)
+		}
+	}
+	if st := Effective(a, now); st != store.ApprovalPending {
+		return precondition("approval %q is %s, not pending", a.ID, st)
+	}
+	if req.BundleDigest != a.BundleDigest {
+		return precondition("bundle_digest: %s is not the request's %s", req.BundleDigest, a.BundleDigest)
+	}
+	return nil
+}
+
+// ConsumeRequest is what the publisher is about to publish.
+type ConsumeRequest struct {
+	ID, JobID, BundleDigest string
+	Target                  Target
+}
+
+func isPublisher(id identity.ID) bool {
+	return id.Kind == identity.KindService && id.Name == identity.ServicePublisher
+}
+
+// Consume turns an approved request into consumed, once, for exactly its
+// job, digest and target; anything else fails naming what differs.
+func (s *Service) Consume(ctx context.Context, caller identity.ID, req ConsumeRequest) (store.Approval, error) {
+	ev := audit.Event{Kind: "approval.consumed", Caller: caller.String(), Subject: req.ID, JobID: req.JobID}
+	a, err := s.checkConsume(ctx, caller, req, &ev)
+	if err != nil {
+		return store.Approval{}, s.refused(ctx, ev, err)
+	}
+	now := s.now()
+	e := ev
+	e.Time, e.Outcome = now, outcomeAllowed
+	e.Reason = fmt.Sprintf("bundle %s to %s:%s", a.BundleDigest, a.TargetRepo, a.TargetBranch)
+	out, err := s.cfg.Store.ConsumeApprovalAudited(ctx, store.ConsumeRequest{
+		ID: req.ID, JobID: req.JobID, BundleDigest: req.BundleDigest, TargetRepo: req.Target.Repo, TargetBranch: req.Target.Branch,
+		By: caller.String(), At: now,
+	}, e)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrFailedPrecondition) {
+			err = precondition("approval %q was consumed, or changed, concurrently", req.ID)
+		}
+		return store.Approval{}, s.refused(ctx, ev, err)
+	}
+	return out, nil
+}
+
+func (s *Service) checkConsume(ctx context.Context, caller identity.ID, req ConsumeRequest, ev *audit.Event) (store.Approval, error) {
+	if !isPublisher(caller) {
+		return store.Approval{}, denied("only the publisher consumes approvals")
+	}
+	switch {
+	case req.ID == "":
+		return store.Approval{}, invalid("approval_id", "required")
+	case req.JobID == "":
+		return store.Approval{}, invalid("job_id", "required")
+	case req.BundleDigest == "":
+		return store.Approval{}, invalid("bundle_digest", "required")
+	case req.Target.Repo == "" || req.Target.Branch == "":
+		return store.Approval{}, invalid("target", "repository and branch are required")
+	}
+	a, err := s.cfg.Store.GetApproval(ctx, req.ID)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return store.Approval{}, fmt.Errorf("%w: approval %q", errdefs.ErrNotFound, req.ID)
+	}
+	if err != nil {
+		return store.Approval{}, err
+	}
+	ev.Tenant = a.Tenant
+	switch {
+	case req.JobID != a.JobID:
+		return a, precondition("job_id: approval %q is for job %q, not %q", a.ID, a.JobID, req.JobID)
+	case req.BundleDigest != a.BundleDigest:
+		return a, precondition("bundle_digest: approval %q is for %s, not %s", a.ID, a.BundleDigest, req.BundleDigest)
+	case req.Target.Repo != a.TargetRepo || req.Target.Branch != a.TargetBranch:
+		return a, precondition("target: approval %q is for %s:%s, not %s:%s", a.ID, a.TargetRepo, a.TargetBranch, req.Target.Repo, req.Target.Branch)
+	}
+	if st := Effective(a, s.now()); st != store.ApprovalApproved {
+		return a, precondition("state: approval %q is %s, not approved", a.ID, st)
+	}
+	return a, nil
+}
+
+// LeaseRequest asks for a credential.
+type LeaseRequest struct {
+	Purpose  string
+	JobID    string
+	Resource string
+	// TTL 0 means DefaultLeaseTTL; more than MaxLeaseTTL is cut to it.
+	TTL time.Duration
+}
+
+// Lease issues a deploy credential lease to the publisher for job
+// req.JobID's publish target repository, after its approval was consumed,
+// and returns the credential sealed to cert (the caller's own certificate)
+// with the context LeaseContext. The lease ends at most MaxLeaseTTL after
+// the approval was consumed.
+func (s *Service) Lease(ctx context.Context, caller identity.ID, cert *x509.Certificate, req LeaseRequest) (store.Lease, []byte, error) {
+	ev := audit.Event{Kind: "lease.issued", Caller: caller.String(), Subject: req.Resource, JobID: req.JobID}
+	l, secret, err := s.checkLease(ctx, caller, cert, req, &ev)
+	if err != nil {
+		return store.Lease{}, nil, s.refused(ctx, ev, err)
+	}
+	box, err := seal.Seal(cert, LeaseContext(l.ID, l.JobID, l.Resource), secret)
+	clear(secret)
+	if err != nil {
+		return store.Lease{}, nil, fmt.Errorf("approvals: seal the credential: %w", err)
+	}
+	e := ev
+	e.Subject, e.Time, e.Outcome = l.ID, l.IssuedAt, outcomeAllowed
+	e.Reason = fmt.Sprintf("%s credential for %s until %s", l.Purpose, l.Resource, l.ExpiresAt.Format(time.RFC3339))
+	stored, err := s.cfg.Store.CreateLeaseAudited(ctx, l, e)
+	if err != nil {
+		return store.Lease{}, nil, err
+	}
+	return stored, box, nil
+}
+
+// LeaseContext is the context a lease's credential is sealed with.
+func LeaseContext(leaseID, jobID, resource string) []byte {
+	return []byte("airlock lease\x00" + leaseID + "\x00" + jobID + "\x00" + resource)
+}
+
+func (s *Service) checkLease(ctx context.Context, caller identity.ID, cert *x509.Certificate, req LeaseRequest, ev *audit.Event) (store.Lease, []byte, error) {
+	if !isPublisher(caller) {
+		return store.Lease{}, nil, denied("only the publisher leases deploy credentials")
+	}
+	switch {
+	case req.Purpose != PurposeDeploy:
+		return store.Lease{}, nil, invalid("purpose", "must be deploy")
+	case req.JobID == "":
+		return store.Lease{}, nil, invalid("job_id", "required")
+	case req.Resource == "":
+		return store.Lease{}, nil, invalid("resource", "required: the publish target repository")
+	case req.TTL < 0:
+		return store.Lease{}, nil, invalid("ttl", "must not be negative")
+	case cert == nil:
+		return store.Lease{}, nil, denied("no client certificate to seal the credential to")
+	}
+	if id, err := identity.FromCertificate(cert); err != nil || id != caller {
+		return store.Lease{}, nil, denied("the certificate is not the caller's")
+	}
+	a, err := s.cfg.Store.ApprovalForJob(ctx, req.JobID)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return store.Lease{}, nil, precondition("job_id: job %q has no approval", req.JobID)
+	}
+	if err != nil {
+		return store.Lease{}, nil, err
+	}
+	ev.Tenant = a.Tenant
+	if req.Resource != a.TargetRepo {
+		return store.Lease{}, nil, denied("resource: %q is not the publish target of job %q", req.Resource, req.JobID)
+	}
+	if a.State != store.ApprovalConsumed {
+		return store.Lease{}, nil, precondition("job_id: the approval of job %q is %s, not consumed", req.JobID, Effective(a, s.now()))
+	}
+	if a.ConsumedBy != caller.String() {
+		return store.Lease{}, nil, denied("the approval of job %q was consumed by %s", req.JobID, a.ConsumedBy)
+	}
+	now := s.now()
+	end := a.ConsumedAt.Add(MaxLeaseTTL)
+	ttl := min(orDefault(req.TTL, DefaultLeaseTTL), MaxLeaseTTL)
+	expires := now.Add(ttl)
+	if expires.After(end) {
+		expires = end
+	}
+	if !expires.After(now) {
+		return store.Lease{}, nil, precondition("job_id: the approval of job %q was consumed more than %v ago", req.JobID, MaxLeaseTTL)
+	}
+	t := s.cfg.Tenants[a.Tenant]
+	path := ""
+	if t != nil {
+		path = t.DeployCredentials[a.TargetRepo]
+	}
+	if path == "" {
+		return store.Lease{}, nil, precondition("resource: tenant %q has no deploy credential for %q", a.Tenant, a.TargetRepo)
+	}
+	secret, err := s.cfg.ReadFile(path)
+	if err != nil {
+		// The path is the operator's, not the caller's: log it, say less.
+		s.cfg.Logger.ErrorContext(ctx, "read deploy credential", "tenant", a.Tenant, "repository", a.TargetRepo, "error", err)
+		return store.Lease{}, nil, fmt.Errorf("%w: the deploy credential for %q cannot be read", errdefs.ErrUnavailable, a.TargetRepo)
+	}
+	return store.Lease{ID: newID(), Purpose: PurposeDeploy, JobID: req.JobID, Resource: req.Resource, Holder: caller.String(),
+		IssuedAt: now, ExpiresAt: expires}, secret, nil
+}
+
+// Revoke ends a lease. The publisher may revoke the leases it holds;
+// approvers any.
+func (s *Service) Revoke(ctx context.Context, caller identity.ID, id, reason string) (store.Lease, error) {
+	ev := audit.Event{Kind: "lease.revoked", Caller: caller.String(), Subject: id}
+	if id == "" {
+		return store.Lease{}, s.refused(ctx, ev, invalid("lease_id", "required"))
+	}
+	l, err := s.cfg.Store.GetLease(ctx, id)
+	if err != nil {
+		return store.Lease{}, s.refused(ctx, ev, err)
+	}
+	ev.JobID = l.JobID
+	if !(caller.Kind == identity.KindApprover || (isPublisher(caller) && l.Holder == caller.String())) {
+		return store.Lease{}, s.refused(ctx, ev, denied("%s may not revoke lease %q", caller.Principal(), id))
+	}
+	now := s.now()
+	e := ev
+	e.Time, e.Outcome, e.Reason = now, outcomeAllowed, orNone(reason)
+	out, err := s.cfg.Store.RevokeLeaseAudited(ctx, id, now, reason, e)
+	if err != nil {
+		return store.Lease{}, s.refused(ctx, ev, err)
+	}
+	return out, nil
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "no reason given"
+	}
+	return s
+}
+
+// LeaseQuery selects leases.
+type LeaseQuery struct {
+	JobID           string
+	IncludeInactive bool
+	PageSize        int
+	PageToken       string
+}
+
+// ListLeases returns a page of leases, newest first, only active ones
+// unless q.IncludeInactive. Only approvers list leases.
+func (s *Service) ListLeases(ctx context.Context, caller identity.ID, q LeaseQuery) ([]store.Lease, string, error) {
+	if caller.Kind != identity.KindApprover {
+		return nil, "", denied("%s may not list leases", caller.Principal())
+	}
+	size, err := pageSize(q.PageSize)
+	if err != nil {
+		return nil, "", err
+	}
+	f := store.LeaseFilter{JobID: q.JobID, Limit: size, PageToken: q.PageToken}
+	if !q.IncludeInactive {
+		f.ActiveAt = s.now()
+	}
+	return s.cfg.Store.ListLeases(ctx, f)
+}
+
+// IDForJob returns the id of job jobID's approval, or "" if it has none.
+func (s *Service) IDForJob(ctx context.Context, jobID string) (string, error) {
+	a, err := s.cfg.Store.ApprovalForJob(ctx, jobID)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return "", nil
+	}
+	return a.ID, err
+}
+
+// State returns a's state as callers see it now (see Effective).
+func (s *Service) State(a store.Approval) store.ApprovalState { return Effective(a, s.now()) }
+
+// OpenMissing opens the approval of every finished job that has a bundle
+// digest and a publish target (as targetOf reads it from the job) but no
+// approval yet: what a crash between recording a result and opening its
+// approval, with no retried report to follow, would leave. The authority
+// runs it at start-up. It returns how many it opened.
+func (s *Service) OpenMissing(ctx context.Context, caller identity.ID, targetOf func(store.Job) (Target, error)) (int, error) {
+	finished, err := s.cfg.Store.JobsInStates(ctx, store.StateFinished)
+	if err != nil {
+		return 0, fmt.Errorf("approvals: open missing: %w", err)
+	}
+	opened := 0
+	for _, j := range finished {
+		if j.BundleDigest == "" {
+			continue
+		}
+		t, err := targetOf(j)
+		if err != nil {
+			return opened, fmt.Errorf("approvals: open missing: job %q: %w", j.ID, err)
+		}
+		if t.Repo == "" {
+			continue
+		}
+		if _, err := s.cfg.Store.ApprovalForJob(ctx, j.ID); err == nil {
+			continue
+		} else if !errors.Is(err, errdefs.ErrNotFound) {
+			return opened, err
+		}
+		_, created, err := s.Open(ctx, caller, j, t)
+		if err != nil {
+			return opened, err
+		}
+		if created {
+			opened++
+		}
+	}
+	return opened, nil
+}

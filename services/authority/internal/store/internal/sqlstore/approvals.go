@@ -1,0 +1,439 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/airlockhq/airlock/pkg/audit"
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/services/authority/internal/store"
+)
+
+// Approvals and leases. Every change is one transaction with its audit
+// event. Consuming is a single conditional UPDATE whose WHERE clause holds
+// every condition (state, job, digest, target, expiry): the database's row
+// lock makes concurrent consumers of one approval take turns, and only the
+// first still finds the row approved.
+
+const approvalColumns = `id, job_id, tenant, requester, bundle_digest, target_repo, target_branch, state, required,
+	created_at, expires_at, consumed_at, consumed_by, version`
+
+func scanApproval(row scanner) (store.Approval, error) {
+	var (
+		a                          store.Approval
+		state                      string
+		created, expires, consumed int64
+	)
+	err := row.Scan(&a.ID, &a.JobID, &a.Tenant, &a.Requester, &a.BundleDigest, &a.TargetRepo, &a.TargetBranch, &state, &a.Required,
+		&created, &expires, &consumed, &a.ConsumedBy, &a.Version)
+	a.State = store.ApprovalState(state)
+	a.CreatedAt, a.ExpiresAt, a.ConsumedAt = fromMicros(created), fromMicros(expires), fromMicros(consumed)
+	return a, err
+}
+
+func scanVote(row scanner) (store.Vote, error) {
+	var (
+		v  store.Vote
+		at int64
+	)
+	err := row.Scan(&v.Approver, &v.Decision, &v.Comment, &at)
+	v.DecidedAt = fromMicros(at)
+	return v, err
+}
+
+type querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// loadApproval reads one approval by a unique column, with its votes.
+func (s *DB) loadApproval(ctx context.Context, q querier, column, value, suffix string) (store.Approval, error) {
+	a, err := scanApproval(q.QueryRowContext(ctx, s.q(`SELECT `+approvalColumns+` FROM approvals WHERE `+column+` = ?`+suffix), value))
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.Approval{}, fmt.Errorf("%w: approval for %s %q", errdefs.ErrNotFound, strings.TrimSuffix(column, "_id"), value)
+	}
+	if err != nil {
+		return store.Approval{}, err
+	}
+	rows, err := q.QueryContext(ctx, s.q(`SELECT approver, decision, comment, decided_at FROM approval_votes WHERE approval_id = ? ORDER BY decided_at, approver`), a.ID)
+	if err != nil {
+		return store.Approval{}, err
+	}
+	a.Votes, err = collect(rows, scanVote)
+	return a, err
+}
+
+func defaultEvent(e *audit.Event, jobID, tenant string) error {
+	if e.JobID == "" {
+		e.JobID = jobID
+	}
+	if e.Tenant == "" {
+		e.Tenant = tenant
+	}
+	if err := e.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err)
+	}
+	return nil
+}
+
+// CreateApprovalAudited implements store.Store.
+func (s *DB) CreateApprovalAudited(ctx context.Context, a store.Approval, e audit.Event) (store.Approval, bool, error) {
+	if a.ID == "" || a.JobID == "" || a.Tenant == "" || a.State != store.ApprovalPending || a.Required < 1 || a.ExpiresAt.IsZero() {
+		return store.Approval{}, false, fmt.Errorf("%w: store: create approval: id, job, tenant, pending state, required >= 1 and expiry are required", errdefs.ErrInvalidArgument)
+	}
+	if err := defaultEvent(&e, a.JobID, a.Tenant); err != nil {
+		return store.Approval{}, false, fmt.Errorf("store: create approval: %w", err)
+	}
+	var (
+		out     store.Approval
+		created bool
+	)
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, s.q(`INSERT INTO approvals (`+approvalColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (job_id) DO NOTHING`),
+			a.ID, a.JobID, a.Tenant, a.Requester, a.BundleDigest, a.TargetRepo, a.TargetBranch, string(a.State), a.Required,
+			micros(a.CreatedAt), micros(a.ExpiresAt), int64(0), "", int64(1))
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return err
+		}
+		if n == 1 {
+			created = true
+			if _, err := s.appendAudit(ctx, tx, e); err != nil {
+				return err
+			}
+		}
+		out, err = s.loadApproval(ctx, tx, "job_id", a.JobID, "")
+		return err
+	})
+	if err != nil {
+		return store.Approval{}, false, fmt.Errorf("store: create approval: %w", err)
+	}
+	return out, created, nil
+}
+
+// GetApproval implements store.Store.
+func (s *DB) GetApproval(ctx context.Context, id string) (store.Approval, error) {
+	a, err := s.loadApproval(ctx, s.db, "id", id, "")
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return store.Approval{}, fmt.Errorf("store: get approval: %w", err)
+	}
+	return a, err
+}
+
+// ApprovalForJob implements store.Store.
+func (s *DB) ApprovalForJob(ctx context.Context, jobID string) (store.Approval, error) {
+	a, err := s.loadApproval(ctx, s.db, "job_id", jobID, "")
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return store.Approval{}, fmt.Errorf("store: approval for job: %w", err)
+	}
+	return a, err
+}
+
+// ListApprovals implements store.Store.
+func (s *DB) ListApprovals(ctx context.Context, f store.ApprovalFilter) ([]store.Approval, string, error) {
+	if f.Limit <= 0 {
+		return nil, "", fmt.Errorf("%w: store: list approvals: limit must be positive", errdefs.ErrInvalidArgument)
+	}
+	where := []string{"1 = 1"}
+	var args []any
+	if f.Tenant != "" {
+		where = append(where, "tenant = ?")
+		args = append(args, f.Tenant)
+	}
+	if len(f.States) > 0 {
+		where = append(where, "state IN ("+placeholders(len(f.States))+")")
+		for _, st := range f.States {
+			args = append(args, string(st))
+		}
+	}
+	if f.PageToken != "" {
+		at, id, err := decodeToken(f.PageToken)
+		if err != nil {
+			return nil, "", err
+		}
+		where = append(where, "(created_at < ? OR (created_at = ? AND id < ?))")
+		args = append(args, at, at, id)
+	}
+	args = append(args, f.Limit+1)
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT `+approvalColumns+` FROM approvals WHERE `+strings.Join(where, " AND ")+
+		` ORDER BY created_at DESC, id DESC LIMIT ?`), args...)
+	if err != nil {
+		return nil, "", fmt.Errorf("store: list approvals: %w", err)
+	}
+	list, err := collect(rows, scanApproval)
+	if err != nil {
+		return nil, "", fmt.Errorf("store: list approvals: %w", err)
+	}
+	var next string
+	if len(list) > f.Limit {
+		list = list[:f.Limit]
+		last := list[len(list)-1]
+		next = encodeToken(micros(last.CreatedAt), last.ID)
+	}
+	for i := range list {
+		full, err := s.loadApproval(ctx, s.db, "id", list[i].ID, "")
+		if err != nil {
+			return nil, "", fmt.Errorf("store: list approvals: %w", err)
+		}
+		list[i] = full
+	}
+	return list, next, nil
+}
+
+// DecideApprovalAudited implements store.Store.
+func (s *DB) DecideApprovalAudited(ctx context.Context, id string, decide func(*store.Approval) (store.Vote, audit.Event, error)) (store.Approval, error) {
+	var (
+		out     store.Approval
+		userErr error
+	)
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		a, err := s.loadApproval(ctx, tx, "id", id, s.d.ForUpdate)
+		if err != nil {
+			if errors.Is(err, errdefs.ErrNotFound) {
+				userErr = err
+			}
+			return err
+		}
+		version := a.Version
+		v, e, err := decide(&a)
+		if err != nil {
+			userErr = err
+			return err
+		}
+		if err := defaultEvent(&e, a.JobID, a.Tenant); err != nil {
+			return err
+		}
+		if v.Approver == "" || (v.Decision != store.DecisionApprove && v.Decision != store.DecisionDeny) {
+			return fmt.Errorf("%w: a vote needs an approver and a decision", errdefs.ErrInvalidArgument)
+		}
+		res, err := tx.ExecContext(ctx, s.q(`INSERT INTO approval_votes (approval_id, approver, decision, comment, decided_at)
+			VALUES (?, ?, ?, ?, ?) ON CONFLICT (approval_id, approver) DO NOTHING`), a.ID, v.Approver, v.Decision, v.Comment, micros(v.DecidedAt))
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n != 1 {
+			userErr = fmt.Errorf("%w: %s has already decided approval %q", errdefs.ErrAlreadyExists, v.Approver, a.ID)
+			return userErr
+		}
+		res, err = tx.ExecContext(ctx, s.q(`UPDATE approvals SET state = ?, version = ? WHERE id = ? AND version = ?`),
+			string(a.State), version+1, a.ID, version)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n != 1 {
+			return fmt.Errorf("approval %q changed underneath the decision (rows=%d, err=%v)", a.ID, n, err)
+		}
+		if _, err := s.appendAudit(ctx, tx, e); err != nil {
+			return err
+		}
+		out, err = s.loadApproval(ctx, tx, "id", id, "")
+		return err
+	})
+	if userErr != nil {
+		return store.Approval{}, userErr
+	}
+	if err != nil {
+		return store.Approval{}, fmt.Errorf("store: decide approval %q: %w", id, err)
+	}
+	return out, nil
+}
+
+// ConsumeApprovalAudited implements store.Store.
+func (s *DB) ConsumeApprovalAudited(ctx context.Context, r store.ConsumeRequest, e audit.Event) (store.Approval, error) {
+	if r.ID == "" || r.By == "" || r.At.IsZero() {
+		return store.Approval{}, fmt.Errorf("%w: store: consume approval: id, consumer and time are required", errdefs.ErrInvalidArgument)
+	}
+	if err := defaultEvent(&e, r.JobID, ""); err != nil {
+		return store.Approval{}, fmt.Errorf("store: consume approval: %w", err)
+	}
+	var (
+		out    store.Approval
+		refuse error
+	)
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, s.q(`UPDATE approvals SET state = ?, consumed_at = ?, consumed_by = ?, version = version + 1
+			WHERE id = ? AND state = ? AND job_id = ? AND bundle_digest = ? AND target_repo = ? AND target_branch = ? AND expires_at > ?`),
+			string(store.ApprovalConsumed), micros(r.At), r.By,
+			r.ID, string(store.ApprovalApproved), r.JobID, r.BundleDigest, r.TargetRepo, r.TargetBranch, micros(r.At))
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return err
+		}
+		if n != 1 {
+			refuse = fmt.Errorf("%w: approval %q is not an unexpired approved request for that job, digest and target", errdefs.ErrFailedPrecondition, r.ID)
+			return refuse
+		}
+		out, err = s.loadApproval(ctx, tx, "id", r.ID, "")
+		if err != nil {
+			return err
+		}
+		if e.Tenant == "" {
+			e.Tenant = out.Tenant
+		}
+		_, err = s.appendAudit(ctx, tx, e)
+		return err
+	})
+	if refuse != nil {
+		return store.Approval{}, refuse
+	}
+	if err != nil {
+		return store.Approval{}, fmt.Errorf("store: consume approval %q: %w", r.ID, err)
+	}
+	return out, nil
+}
+
+const leaseColumns = `id, purpose, job_id, resource, holder, issued_at, expires_at, revoked_at, revoke_reason`
+
+func scanLease(row scanner) (store.Lease, error) {
+	var (
+		l                        store.Lease
+		issued, expires, revoked int64
+	)
+	err := row.Scan(&l.ID, &l.Purpose, &l.JobID, &l.Resource, &l.Holder, &issued, &expires, &revoked, &l.RevokeReason)
+	l.IssuedAt, l.ExpiresAt, l.RevokedAt = fromMicros(issued), fromMicros(expires), fromMicros(revoked)
+	return l, err
+}
+
+func (s *DB) loadLease(ctx context.Context, q querier, id string) (store.Lease, error) {
+	l, err := scanLease(q.QueryRowContext(ctx, s.q(`SELECT `+leaseColumns+` FROM leases WHERE id = ?`), id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.Lease{}, fmt.Errorf("%w: lease %q", errdefs.ErrNotFound, id)
+	}
+	return l, err
+}
+
+// CreateLeaseAudited implements store.Store.
+func (s *DB) CreateLeaseAudited(ctx context.Context, l store.Lease, e audit.Event) (store.Lease, error) {
+	if l.ID == "" || l.Purpose == "" || l.JobID == "" || l.Resource == "" || l.Holder == "" || l.IssuedAt.IsZero() || !l.ExpiresAt.After(l.IssuedAt) {
+		return store.Lease{}, fmt.Errorf("%w: store: create lease: id, purpose, job, resource, holder and a time span are required", errdefs.ErrInvalidArgument)
+	}
+	if err := defaultEvent(&e, l.JobID, ""); err != nil {
+		return store.Lease{}, fmt.Errorf("store: create lease: %w", err)
+	}
+	var out store.Lease
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO leases (`+leaseColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+			l.ID, l.Purpose, l.JobID, l.Resource, l.Holder, micros(l.IssuedAt), micros(l.ExpiresAt), int64(0), ""); err != nil {
+			return err
+		}
+		if _, err := s.appendAudit(ctx, tx, e); err != nil {
+			return err
+		}
+		var err error
+		out, err = s.loadLease(ctx, tx, l.ID)
+		return err
+	})
+	if err != nil {
+		return store.Lease{}, fmt.Errorf("store: create lease: %w", err)
+	}
+	return out, nil
+}
+
+// GetLease implements store.Store.
+func (s *DB) GetLease(ctx context.Context, id string) (store.Lease, error) {
+	l, err := s.loadLease(ctx, s.db, id)
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return store.Lease{}, fmt.Errorf("store: get lease: %w", err)
+	}
+	return l, err
+}
+
+// RevokeLeaseAudited implements store.Store.
+func (s *DB) RevokeLeaseAudited(ctx context.Context, id string, at time.Time, reason string, e audit.Event) (store.Lease, error) {
+	if at.IsZero() {
+		return store.Lease{}, fmt.Errorf("%w: store: revoke lease: a time is required", errdefs.ErrInvalidArgument)
+	}
+	var (
+		out     store.Lease
+		userErr error
+	)
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, s.q(`UPDATE leases SET revoked_at = ?, revoke_reason = ? WHERE id = ? AND revoked_at = 0`), micros(at), reason, id)
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return err
+		}
+		l, err := s.loadLease(ctx, tx, id)
+		if err != nil {
+			if errors.Is(err, errdefs.ErrNotFound) {
+				userErr = err
+			}
+			return err
+		}
+		if n != 1 {
+			userErr = fmt.Errorf("%w: lease %q is already revoked", errdefs.ErrFailedPrecondition, id)
+			return userErr
+		}
+		if err := defaultEvent(&e, l.JobID, ""); err != nil {
+			return err
+		}
+		if _, err := s.appendAudit(ctx, tx, e); err != nil {
+			return err
+		}
+		out = l
+		return nil
+	})
+	if userErr != nil {
+		return store.Lease{}, userErr
+	}
+	if err != nil {
+		return store.Lease{}, fmt.Errorf("store: revoke lease %q: %w", id, err)
+	}
+	return out, nil
+}
+
+// ListLeases implements store.Store.
+func (s *DB) ListLeases(ctx context.Context, f store.LeaseFilter) ([]store.Lease, string, error) {
+	if f.Limit <= 0 {
+		return nil, "", fmt.Errorf("%w: store: list leases: limit must be positive", errdefs.ErrInvalidArgument)
+	}
+	where := []string{"1 = 1"}
+	var args []any
+	if f.JobID != "" {
+		where = append(where, "job_id = ?")
+		args = append(args, f.JobID)
+	}
+	if !f.ActiveAt.IsZero() {
+		where = append(where, "revoked_at = 0 AND expires_at > ?")
+		args = append(args, micros(f.ActiveAt))
+	}
+	if f.PageToken != "" {
+		at, id, err := decodeToken(f.PageToken)
+		if err != nil {
+			return nil, "", err
+		}
+		where = append(where, "(issued_at < ? OR (issued_at = ? AND id < ?))")
+		args = append(args, at, at, id)
+	}
+	args = append(args, f.Limit+1)
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT `+leaseColumns+` FROM leases WHERE `+strings.Join(where, " AND ")+
+		` ORDER BY issued_at DESC, id DESC LIMIT ?`), args...)
+	if err != nil {
+		return nil, "", fmt.Errorf("store: list leases: %w", err)
+	}
+	list, err := collect(rows, scanLease)
+	if err != nil {
+		return nil, "", fmt.Errorf("store: list leases: %w", err)
+	}
+	var next string
+	if len(list) > f.Limit {
+		list = list[:f.Limit]
+		last := list[len(list)-1]
+		next = encodeToken(micros(last.IssuedAt), last.ID)
+	}
+	return list, next, nil
+}
