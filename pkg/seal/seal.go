@@ -110,3 +110,10 @@ func newAEAD(shared, ephPub []byte, id identity.ID) (cipher.AEAD, error) {
 	}
 	return cipher.NewGCM(block)
 }
+
+// LeaseContext is the context a leased credential is sealed with: the
+// lease, job and resource it is for, so a box opened under any other lease
+// fails. The authority seals with it; the holder opens with it.
+func LeaseContext(leaseID, jobID, resource string) []byte {
+	return []byte("airlock lease\x00" + leaseID + "\x00" + jobID + "\x00" + resource)
+}

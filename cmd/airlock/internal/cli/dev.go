@@ -3,6 +3,8 @@ package cli
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -237,7 +239,15 @@ func devUp(ctx context.Context, dir string, opts devOptions, bins map[string]str
 		case identity.ServiceAuthority:
 			file["executor"] = peer(identity.ServiceExecutor)
 			file["grant_key"] = grantKey
-			file["tenants"] = map[string]any{devTenant: devTenantPolicy(opts.repos, bins)}
+			creds, err := devDeployCredentials(filepath.Join(dir, identity.ServiceAuthority, "credentials"), opts.repos)
+			if err != nil {
+				return nil, err
+			}
+			policy := devTenantPolicy(opts.repos, bins)
+			if len(creds) > 0 {
+				policy["deploy_credentials"] = creds
+			}
+			file["tenants"] = map[string]any{devTenant: policy}
 		case identity.ServiceExecutor:
 			file["authority"] = map[string]any{"address": services[identity.ServiceAuthority].Address, "grant_public_key": grantKey + ".pub"}
 			sandbox := map[string]any{"runc": bins["runc"]}
@@ -345,7 +355,37 @@ func devTenantPolicy(repos map[string]string, bins map[string]string) map[string
 			"max":     map[string]any{"cpu_millis": 2000, "memory": "4GiB", "pids": 4096, "disk": "8GiB", "deadline": "2h"},
 		},
 		"runtime_classes": classes,
+		// Any of the dev approvers, one approval; approver/dev is refused
+		// for dev's own jobs (the same person as client/dev).
+		"approvals": map[string]any{"approvers": []string{"approver/alice", "approver/bob", "approver/dev"}, "required": 1, "ttl": "24h"},
 	}
+}
+
+// devDeployCredentials makes a stand-in deploy credential (a random token,
+// 0600) for each repository, kept across dev up runs: the authority leases
+// it, sealed, to the publisher after an approval is consumed.
+func devDeployCredentials(dir string, repos map[string]string) (map[string]any, error) {
+	out := map[string]any{}
+	if len(repos) == 0 {
+		return out, nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	for name := range repos {
+		path := filepath.Join(dir, name+".deploy")
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			var b [24]byte
+			if _, err := rand.Read(b[:]); err != nil {
+				return nil, err
+			}
+			if err := pki.WriteFileAtomic(path, []byte("dev-deploy-token-"+hex.EncodeToString(b[:])+"\n"), 0o600); err != nil {
+				return nil, err
+			}
+		}
+		out[name] = path
+	}
+	return out, nil
 }
 
 func writeYAML(path string, v any) error {

@@ -478,7 +478,7 @@ func (s *Service) Lease(ctx context.Context, caller identity.ID, cert *x509.Cert
 
 // LeaseContext is the context a lease's credential is sealed with.
 func LeaseContext(leaseID, jobID, resource string) []byte {
-	return []byte("airlock lease\x00" + leaseID + "\x00" + jobID + "\x00" + resource)
+	return seal.LeaseContext(leaseID, jobID, resource)
 }
 
 func (s *Service) checkLease(ctx context.Context, caller identity.ID, cert *x509.Certificate, req LeaseRequest, ev *audit.Event) (store.Lease, []byte, error) {
