@@ -50,13 +50,30 @@ code=$?
 set -e
 [ "$code" = 1 ] || { echo "FAIL: expected the job's own exit status 1, got $code" >&2; exit 1; }
 
-step "an agent job edits the repository and runs the tests in the sandbox"
-"$airlock" job submit --repo sample --rev main --wait -- \
+step "an agent job edits the repository, runs the tests in the sandbox, and asks to publish to sample:main"
+"$airlock" job submit --repo sample --rev main --publish-to sample:main --wait -- \
   sh -c 'printf "hello, airlock\n" > lib/greet.txt && ./test.sh && echo "I am $(id -u) in $(hostname), caps $(grep CapEff /proc/self/status | cut -f2)"'
 
 job=$("$airlock" job list -o json | sed -n 's/.*"jobId": *"\([^"]*\)".*/\1/p' | head -1)
 step "airlock job get $job"
 "$airlock" job get "$job"
+
+approval=$("$airlock" approval list --as approver/alice -o json | sed -n 's/.*"approvalId": *"\([^"]*\)".*/\1/p' | head -1)
+step "the result waits for review: airlock approval show $approval --as approver/alice"
+"$airlock" approval show "$approval" --as approver/alice
+
+step "the requester may not approve its own job, even holding an approver certificate (approver/dev)"
+if "$airlock" approval approve "$approval" --as approver/dev; then
+  echo "FAIL: self-approval was accepted" >&2
+  exit 1
+fi
+
+step "another approver approves it"
+"$airlock" approval approve "$approval" --as approver/alice --comment "greeting fixed, test passes"
+
+step "every decision is on the hash-chained audit log"
+"$airlock" audit list --as approver/alice
+"$airlock" audit verify --as approver/alice
 
 step "airlock dev down --dir $dir"
 trap - EXIT
