@@ -350,6 +350,9 @@ func writeSummary(w io.Writer, job *authorityv1.Job) {
 	if t := job.GetSpec().GetPublishTarget(); t != nil {
 		fmt.Fprintf(w, "publish to %s:%s (after approval)\n", t.GetRepository(), t.GetBranch())
 	}
+	if id := job.GetApprovalId(); id != "" {
+		fmt.Fprintf(w, "approval   %s (airlock approval show %s --as approver/NAME)\n", id, id)
+	}
 	fmt.Fprintf(w, "changes    %d files, +%d -%d\n", ds.GetFilesChanged(), ds.GetInsertions(), ds.GetDeletions())
 	version, _, _ := strings.Cut(r.GetRuntimeVersion(), ";")
 	fmt.Fprintf(w, "runtime    %s (%s), template %s\n", strings.ToLower(strings.TrimPrefix(r.GetRuntimeClass().String(), "RUNTIME_CLASS_")), version, r.GetTemplateVersion())
