@@ -154,17 +154,11 @@ func (s *DB) ListApprovals(ctx context.Context, f store.ApprovalFilter) ([]store
 			args = append(args, string(st))
 		}
 	}
-	if f.PageToken != "" {
-		at, id, err := decodeToken(f.PageToken)
-		if err != nil {
-			return nil, "", err
-		}
-		where = append(where, "(created_at < ? OR (created_at = ? AND id < ?))")
-		args = append(args, at, at, id)
+	tail, args, err := newestFirst(where, args, f.PageToken, f.Limit)
+	if err != nil {
+		return nil, "", err
 	}
-	args = append(args, f.Limit+1)
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT `+approvalColumns+` FROM approvals WHERE `+strings.Join(where, " AND ")+
-		` ORDER BY created_at DESC, id DESC LIMIT ?`), args...)
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT `+approvalColumns+` FROM approvals WHERE `+tail), args...)
 	if err != nil {
 		return nil, "", fmt.Errorf("store: list approvals: %w", err)
 	}
@@ -172,12 +166,7 @@ func (s *DB) ListApprovals(ctx context.Context, f store.ApprovalFilter) ([]store
 	if err != nil {
 		return nil, "", fmt.Errorf("store: list approvals: %w", err)
 	}
-	var next string
-	if len(list) > f.Limit {
-		list = list[:f.Limit]
-		last := list[len(list)-1]
-		next = encodeToken(micros(last.CreatedAt), last.ID)
-	}
+	list, next := trimPage(list, f.Limit, func(a store.Approval) (time.Time, string) { return a.CreatedAt, a.ID })
 	for i := range list {
 		full, err := s.loadApproval(ctx, s.db, "id", list[i].ID, "")
 		if err != nil {

@@ -295,18 +295,11 @@ func (s *DB) ListJobs(ctx context.Context, opts store.ListOptions) ([]store.Job,
 			args = append(args, string(st))
 		}
 	}
-	if opts.PageToken != "" {
-		at, id, err := decodeToken(opts.PageToken)
-		if err != nil {
-			return nil, "", err
-		}
-		where = append(where, "(created_at < ? OR (created_at = ? AND id < ?))")
-		args = append(args, at, at, id)
+	tail, args, err := newestFirst(where, args, opts.PageToken, opts.Limit)
+	if err != nil {
+		return nil, "", err
 	}
-	// One more than asked tells whether another page exists.
-	args = append(args, opts.Limit+1)
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT `+jobColumns+` FROM jobs WHERE `+strings.Join(where, " AND ")+
-		` ORDER BY created_at DESC, id DESC LIMIT ?`), args...)
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT `+jobColumns+` FROM jobs WHERE `+tail), args...)
 	if err != nil {
 		return nil, "", fmt.Errorf("store: list jobs: %w", err)
 	}
@@ -314,12 +307,7 @@ func (s *DB) ListJobs(ctx context.Context, opts store.ListOptions) ([]store.Job,
 	if err != nil {
 		return nil, "", fmt.Errorf("store: list jobs: %w", err)
 	}
-	var next string
-	if len(jobs) > opts.Limit {
-		jobs = jobs[:opts.Limit]
-		last := jobs[len(jobs)-1]
-		next = encodeToken(micros(last.CreatedAt), last.ID)
-	}
+	jobs, next := trimPage(jobs, opts.Limit, func(j store.Job) (time.Time, string) { return j.CreatedAt, j.ID })
 	return jobs, next, nil
 }
 
@@ -451,4 +439,31 @@ func (s *DB) updateJob(ctx context.Context, id string, update func(*store.Job) (
 		return store.Job{}, fmt.Errorf("store: update job %q: %w", id, err)
 	}
 	return out, nil
+}
+
+// newestFirst finishes a keyset-paged query over (created_at, id), newest
+// first: the conditions in where, the position after token, and a LIMIT of
+// one more than limit, which tells whether another page exists. It returns
+// the text after WHERE and the arguments.
+func newestFirst(where []string, args []any, token string, limit int) (string, []any, error) {
+	if token != "" {
+		at, id, err := decodeToken(token)
+		if err != nil {
+			return "", nil, err
+		}
+		where = append(where, "(created_at < ? OR (created_at = ? AND id < ?))")
+		args = append(args, at, at, id)
+	}
+	return strings.Join(where, " AND ") + ` ORDER BY created_at DESC, id DESC LIMIT ?`, append(args, limit+1), nil
+}
+
+// trimPage cuts a newestFirst result to limit and returns the token of the
+// next page ("" when there is none).
+func trimPage[T any](list []T, limit int, key func(T) (time.Time, string)) ([]T, string) {
+	if len(list) <= limit {
+		return list, ""
+	}
+	list = list[:limit]
+	at, id := key(list[limit-1])
+	return list, encodeToken(micros(at), id)
 }
