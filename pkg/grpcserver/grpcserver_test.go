@@ -1,7 +1,6 @@
 package grpcserver_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"log/slog"
@@ -25,6 +24,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/grpcclient"
 	"github.com/airlockhq/airlock/pkg/grpcserver"
 	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/logging/logtest"
 	"github.com/airlockhq/airlock/pkg/pki"
 	"github.com/airlockhq/airlock/pkg/telemetry"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
@@ -60,29 +60,11 @@ func (e *env) source(t *testing.T, id identity.ID) *tlsconfig.Source {
 	return src
 }
 
-// logBuffer is a concurrency-safe log sink.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // serve starts a server for id with table and health; register may add or
 // replace services before it starts. It returns the address.
 // The returned stop cancels Serve and waits for it, once; it returns what
 // Serve returned.
-func serve(t *testing.T, e *env, id identity.ID, table authz.Table, logs *logBuffer, timeout time.Duration, register func(*grpcserver.Server)) (*grpcserver.Server, func() error) {
+func serve(t *testing.T, e *env, id identity.ID, table authz.Table, logs *logtest.Buffer, timeout time.Duration, register func(*grpcserver.Server)) (*grpcserver.Server, func() error) {
 	t.Helper()
 	logger := slog.New(slog.NewJSONHandler(logs, nil))
 	srv, err := grpcserver.New(grpcserver.Config{
@@ -155,7 +137,7 @@ func (panicky) Check(context.Context, *healthpb.HealthCheckRequest) (*healthpb.H
 
 func TestPanicBecomesInternalAndServerSurvives(t *testing.T) {
 	e := newEnv(t)
-	logs := &logBuffer{}
+	logs := &logtest.Buffer{}
 	logger := slog.New(slog.NewJSONHandler(logs, nil))
 	// The same chain grpcserver.New uses, on a bare server, so a panicking
 	// handler can stand in for health.
@@ -185,7 +167,7 @@ func TestPanicBecomesInternalAndServerSurvives(t *testing.T) {
 
 func TestDeniedCallIsLoggedWithCaller(t *testing.T) {
 	e := newEnv(t)
-	logs := &logBuffer{}
+	logs := &logtest.Buffer{}
 	onlyAuthority := authz.Table{healthpb.Health_Check_FullMethodName: {authz.Authority}}
 	srv, _ := serve(t, e, executorID, onlyAuthority, logs, time.Second, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -209,7 +191,7 @@ func TestDeniedCallIsLoggedWithCaller(t *testing.T) {
 
 func TestServeStopsGracefullyThenCutsStreams(t *testing.T) {
 	e := newEnv(t)
-	srv, stopServer := serve(t, e, authorityID, authz.Infrastructure, &logBuffer{}, 300*time.Millisecond, nil)
+	srv, stopServer := serve(t, e, authorityID, authz.Infrastructure, &logtest.Buffer{}, 300*time.Millisecond, nil)
 	cc := dial(t, e, devID, srv.Addr().String(), authorityID)
 	ctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
 	defer stop()
@@ -257,11 +239,11 @@ func TestOneTraceAcrossServices(t *testing.T) {
 
 	e := newEnv(t)
 	// Downstream: the executor's real health service.
-	exec, _ := serve(t, e, executorID, authz.Infrastructure, &logBuffer{}, time.Second, nil)
+	exec, _ := serve(t, e, executorID, authz.Infrastructure, &logtest.Buffer{}, time.Second, nil)
 	// Upstream: the authority, whose handler calls the executor with the
 	// incoming context, as real handlers will.
 	down := dial(t, e, authorityID, exec.Addr().String(), executorID)
-	logger := slog.New(slog.NewJSONHandler(&logBuffer{}, nil))
+	logger := slog.New(slog.NewJSONHandler(&logtest.Buffer{}, nil))
 	gs := grpc.NewServer(append(grpcserver.ServerOptions(logger, authz.New(authz.Infrastructure, logger, nil)),
 		grpc.Creds(credentials.NewTLS(tlsconfig.ServerConfig(e.source(t, authorityID), td))))...)
 	healthpb.RegisterHealthServer(gs, forwarder{next: healthpb.NewHealthClient(down)})

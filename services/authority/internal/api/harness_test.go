@@ -24,6 +24,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/grpcclient"
 	"github.com/airlockhq/airlock/pkg/grpcserver"
 	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/logging/logtest"
 	"github.com/airlockhq/airlock/pkg/pki"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
@@ -69,7 +70,7 @@ type harness struct {
 	signer  *grant.Signer
 	fake    *fakeexecutor.Executor
 	exec    string
-	logs    *logBuffer
+	logs    *logtest.Buffer
 	auth    *authority
 }
 
@@ -80,7 +81,7 @@ type authority struct {
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
-	h := &harness{t: t, pkiDir: t.TempDir(), data: t.TempDir(), logs: &logBuffer{}}
+	h := &harness{t: t, pkiDir: t.TempDir(), data: t.TempDir(), logs: &logtest.Buffer{}}
 	if _, err := pki.Init(h.pkiDir, td, []identity.ID{devID, otherID, aliceID, bobID, devApproverID}); err != nil {
 		t.Fatal(err)
 	}
@@ -342,21 +343,4 @@ func newRepo(t *testing.T) *gitRepo {
 	r.run("commit", "-q", "-m", "first")
 	r.run("branch", "feature")
 	return r
-}
-
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

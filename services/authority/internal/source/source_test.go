@@ -10,10 +10,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/logging/logtest"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 	"github.com/airlockhq/airlock/services/authority/internal/source"
 )
@@ -83,27 +83,9 @@ func newRepo(t *testing.T) *gitRepo {
 	return r
 }
 
-// logBuffer collects log output safely across goroutines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func newSource(t *testing.T) (*source.Source, *logBuffer, string) {
+func newSource(t *testing.T) (*source.Source, *logtest.Buffer, string) {
 	t.Helper()
-	logs := &logBuffer{}
+	logs := &logtest.Buffer{}
 	dir := filepath.Join(t.TempDir(), "source")
 	s, err := source.New(dir, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	if err != nil {
