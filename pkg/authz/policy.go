@@ -35,19 +35,26 @@ var AuthorityTable = Merge(Infrastructure, Table{
 	authorityv1.AuthorityService_RevokeCredential_FullMethodName: {Publisher, Approvers},
 	authorityv1.AuthorityService_ListLeases_FullMethodName:       {Approvers},
 
+	// The lease's holder announces each use; the handler checks it is the
+	// holder.
+	authorityv1.AuthorityService_UseLease_FullMethodName: {Publisher},
+
+	// A job's own tenant asks for changes; the handler decides whether an
+	// approval is needed.
 	authorityv1.AuthorityService_UpdateNetworkPolicy_FullMethodName: {Clients},
+	authorityv1.AuthorityService_UpdateJobLimits_FullMethodName:     {Clients},
 	authorityv1.AuthorityService_ListAuditEvents_FullMethodName:     {Approvers},
 })
 
 // ExecutorTable is the executor's table: the authority drives runs, the
 // publisher reads finished bundles, and nobody else reaches the executor.
 var ExecutorTable = Merge(Infrastructure, Table{
-	executorv1.ExecutorService_StartJob_FullMethodName:            {Authority},
-	executorv1.ExecutorService_GetRun_FullMethodName:              {Authority},
-	executorv1.ExecutorService_WatchRun_FullMethodName:            {Authority},
-	executorv1.ExecutorService_CancelRun_FullMethodName:           {Authority},
-	executorv1.ExecutorService_UpdateNetworkPolicy_FullMethodName: {Authority},
-	executorv1.ExecutorService_GetArtifact_FullMethodName:         {Publisher},
+	executorv1.ExecutorService_StartJob_FullMethodName:    {Authority},
+	executorv1.ExecutorService_GetRun_FullMethodName:      {Authority},
+	executorv1.ExecutorService_WatchRun_FullMethodName:    {Authority},
+	executorv1.ExecutorService_CancelRun_FullMethodName:   {Authority},
+	executorv1.ExecutorService_UpdateRun_FullMethodName:   {Authority},
+	executorv1.ExecutorService_GetArtifact_FullMethodName: {Publisher},
 })
 
 // PublisherTable is the publisher's table.

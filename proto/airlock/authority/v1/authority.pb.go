@@ -217,6 +217,59 @@ func (Decision) EnumDescriptor() ([]byte, []int) {
 	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{2}
 }
 
+// ApprovalKind is what an approval request is about.
+type ApprovalKind int32
+
+const (
+	// Not set.
+	ApprovalKind_APPROVAL_KIND_UNSPECIFIED ApprovalKind = 0
+	// Publishing a finished job's bundle to its target.
+	ApprovalKind_APPROVAL_KIND_PUBLISH ApprovalKind = 1
+	// Widening a running job's limits or network policy.
+	ApprovalKind_APPROVAL_KIND_CHANGE ApprovalKind = 2
+)
+
+// Enum value maps for ApprovalKind.
+var (
+	ApprovalKind_name = map[int32]string{
+		0: "APPROVAL_KIND_UNSPECIFIED",
+		1: "APPROVAL_KIND_PUBLISH",
+		2: "APPROVAL_KIND_CHANGE",
+	}
+	ApprovalKind_value = map[string]int32{
+		"APPROVAL_KIND_UNSPECIFIED": 0,
+		"APPROVAL_KIND_PUBLISH":     1,
+		"APPROVAL_KIND_CHANGE":      2,
+	}
+)
+
+func (x ApprovalKind) Enum() *ApprovalKind {
+	p := new(ApprovalKind)
+	*p = x
+	return p
+}
+
+func (x ApprovalKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ApprovalKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_airlock_authority_v1_authority_proto_enumTypes[3].Descriptor()
+}
+
+func (ApprovalKind) Type() protoreflect.EnumType {
+	return &file_airlock_authority_v1_authority_proto_enumTypes[3]
+}
+
+func (x ApprovalKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ApprovalKind.Descriptor instead.
+func (ApprovalKind) EnumDescriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{3}
+}
+
 // LeasePurpose is what a leased credential may be used for.
 type LeasePurpose int32
 
@@ -250,11 +303,11 @@ func (x LeasePurpose) String() string {
 }
 
 func (LeasePurpose) Descriptor() protoreflect.EnumDescriptor {
-	return file_airlock_authority_v1_authority_proto_enumTypes[3].Descriptor()
+	return file_airlock_authority_v1_authority_proto_enumTypes[4].Descriptor()
 }
 
 func (LeasePurpose) Type() protoreflect.EnumType {
-	return &file_airlock_authority_v1_authority_proto_enumTypes[3]
+	return &file_airlock_authority_v1_authority_proto_enumTypes[4]
 }
 
 func (x LeasePurpose) Number() protoreflect.EnumNumber {
@@ -263,7 +316,7 @@ func (x LeasePurpose) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LeasePurpose.Descriptor instead.
 func (LeasePurpose) EnumDescriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{3}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{4}
 }
 
 // AuditOutcome says whether an audited decision took effect.
@@ -307,11 +360,11 @@ func (x AuditOutcome) String() string {
 }
 
 func (AuditOutcome) Descriptor() protoreflect.EnumDescriptor {
-	return file_airlock_authority_v1_authority_proto_enumTypes[4].Descriptor()
+	return file_airlock_authority_v1_authority_proto_enumTypes[5].Descriptor()
 }
 
 func (AuditOutcome) Type() protoreflect.EnumType {
-	return &file_airlock_authority_v1_authority_proto_enumTypes[4]
+	return &file_airlock_authority_v1_authority_proto_enumTypes[5]
 }
 
 func (x AuditOutcome) Number() protoreflect.EnumNumber {
@@ -320,7 +373,7 @@ func (x AuditOutcome) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use AuditOutcome.Descriptor instead.
 func (AuditOutcome) EnumDescriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{4}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{5}
 }
 
 // JobSpec is what a client asks to run.
@@ -460,9 +513,14 @@ type Job struct {
 	// The approval opened for the result, if the job names a publish target.
 	ApprovalId string `protobuf:"bytes,12,opt,name=approval_id,json=approvalId,proto3" json:"approval_id,omitempty"`
 	// Why the job failed or was cancelled, for people.
-	Message       string `protobuf:"bytes,13,opt,name=message,proto3" json:"message,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Message string `protobuf:"bytes,13,opt,name=message,proto3" json:"message,omitempty"`
+	// The resource limits in force: the spec's with tenant defaults filled
+	// in, and any granted change applied.
+	Limits *v1.ResourceLimits `protobuf:"bytes,14,opt,name=limits,proto3" json:"limits,omitempty"`
+	// The generation of the grant in force; 1 until a change is granted.
+	GrantGeneration int64 `protobuf:"varint,15,opt,name=grant_generation,json=grantGeneration,proto3" json:"grant_generation,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
@@ -584,6 +642,20 @@ func (x *Job) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+func (x *Job) GetLimits() *v1.ResourceLimits {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+func (x *Job) GetGrantGeneration() int64 {
+	if x != nil {
+		return x.GrantGeneration
+	}
+	return 0
 }
 
 // SubmitJobRequest asks to run a job.
@@ -1511,6 +1583,99 @@ func (x *ReportResultResponse) GetJob() *Job {
 	return nil
 }
 
+// JobChange is a requested change to a running job: its whole limits and
+// network policy before and after.
+type JobChange struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The grant generation the change was asked against; it applies only if
+	// the job still runs under it.
+	BaseGeneration int64 `protobuf:"varint,1,opt,name=base_generation,json=baseGeneration,proto3" json:"base_generation,omitempty"`
+	// Limits before the change.
+	FromLimits *v1.ResourceLimits `protobuf:"bytes,2,opt,name=from_limits,json=fromLimits,proto3" json:"from_limits,omitempty"`
+	// Limits after the change.
+	ToLimits *v1.ResourceLimits `protobuf:"bytes,3,opt,name=to_limits,json=toLimits,proto3" json:"to_limits,omitempty"`
+	// Network policy before the change.
+	FromNetworkPolicy *v1.NetworkPolicy `protobuf:"bytes,4,opt,name=from_network_policy,json=fromNetworkPolicy,proto3" json:"from_network_policy,omitempty"`
+	// Network policy after the change.
+	ToNetworkPolicy *v1.NetworkPolicy `protobuf:"bytes,5,opt,name=to_network_policy,json=toNetworkPolicy,proto3" json:"to_network_policy,omitempty"`
+	// What widens, one line each, e.g. "memory_bytes: 268435456 -> 1073741824".
+	Widens        []string `protobuf:"bytes,6,rep,name=widens,proto3" json:"widens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobChange) Reset() {
+	*x = JobChange{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobChange) ProtoMessage() {}
+
+func (x *JobChange) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobChange.ProtoReflect.Descriptor instead.
+func (*JobChange) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *JobChange) GetBaseGeneration() int64 {
+	if x != nil {
+		return x.BaseGeneration
+	}
+	return 0
+}
+
+func (x *JobChange) GetFromLimits() *v1.ResourceLimits {
+	if x != nil {
+		return x.FromLimits
+	}
+	return nil
+}
+
+func (x *JobChange) GetToLimits() *v1.ResourceLimits {
+	if x != nil {
+		return x.ToLimits
+	}
+	return nil
+}
+
+func (x *JobChange) GetFromNetworkPolicy() *v1.NetworkPolicy {
+	if x != nil {
+		return x.FromNetworkPolicy
+	}
+	return nil
+}
+
+func (x *JobChange) GetToNetworkPolicy() *v1.NetworkPolicy {
+	if x != nil {
+		return x.ToNetworkPolicy
+	}
+	return nil
+}
+
+func (x *JobChange) GetWidens() []string {
+	if x != nil {
+		return x.Widens
+	}
+	return nil
+}
+
 // ApprovalVote is one recorded decision.
 type ApprovalVote struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1528,7 +1693,7 @@ type ApprovalVote struct {
 
 func (x *ApprovalVote) Reset() {
 	*x = ApprovalVote{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[17]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1540,7 +1705,7 @@ func (x *ApprovalVote) String() string {
 func (*ApprovalVote) ProtoMessage() {}
 
 func (x *ApprovalVote) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[17]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1553,7 +1718,7 @@ func (x *ApprovalVote) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApprovalVote.ProtoReflect.Descriptor instead.
 func (*ApprovalVote) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{17}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ApprovalVote) GetApprover() string {
@@ -1608,14 +1773,21 @@ type Approval struct {
 	// When the request was opened.
 	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	// After this time it can be neither decided nor consumed.
-	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// What the request is about.
+	Kind ApprovalKind `protobuf:"varint,12,opt,name=kind,proto3,enum=airlock.authority.v1.ApprovalKind" json:"kind,omitempty"`
+	// For CHANGE requests: the change. bundle_digest then holds the digest
+	// of this change, which a decision must name, and target is unset. An
+	// approved change is applied by the authority itself and then reads
+	// CONSUMED; the publisher can never consume it.
+	Change        *JobChange `protobuf:"bytes,13,opt,name=change,proto3" json:"change,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Approval) Reset() {
 	*x = Approval{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[18]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1627,7 +1799,7 @@ func (x *Approval) String() string {
 func (*Approval) ProtoMessage() {}
 
 func (x *Approval) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[18]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1640,7 +1812,7 @@ func (x *Approval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Approval.ProtoReflect.Descriptor instead.
 func (*Approval) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{18}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Approval) GetApprovalId() string {
@@ -1720,6 +1892,20 @@ func (x *Approval) GetExpiresAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Approval) GetKind() ApprovalKind {
+	if x != nil {
+		return x.Kind
+	}
+	return ApprovalKind_APPROVAL_KIND_UNSPECIFIED
+}
+
+func (x *Approval) GetChange() *JobChange {
+	if x != nil {
+		return x.Change
+	}
+	return nil
+}
+
 // ReviewMaterial is what a reviewer needs to decide.
 type ReviewMaterial struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1741,7 +1927,7 @@ type ReviewMaterial struct {
 
 func (x *ReviewMaterial) Reset() {
 	*x = ReviewMaterial{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[19]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1753,7 +1939,7 @@ func (x *ReviewMaterial) String() string {
 func (*ReviewMaterial) ProtoMessage() {}
 
 func (x *ReviewMaterial) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[19]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1766,7 +1952,7 @@ func (x *ReviewMaterial) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReviewMaterial.ProtoReflect.Descriptor instead.
 func (*ReviewMaterial) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{19}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReviewMaterial) GetPatch() []byte {
@@ -1828,7 +2014,7 @@ type ListApprovalsRequest struct {
 
 func (x *ListApprovalsRequest) Reset() {
 	*x = ListApprovalsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[20]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1840,7 +2026,7 @@ func (x *ListApprovalsRequest) String() string {
 func (*ListApprovalsRequest) ProtoMessage() {}
 
 func (x *ListApprovalsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[20]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1853,7 +2039,7 @@ func (x *ListApprovalsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApprovalsRequest.ProtoReflect.Descriptor instead.
 func (*ListApprovalsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{20}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListApprovalsRequest) GetTenant() string {
@@ -1897,7 +2083,7 @@ type ListApprovalsResponse struct {
 
 func (x *ListApprovalsResponse) Reset() {
 	*x = ListApprovalsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[21]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1909,7 +2095,7 @@ func (x *ListApprovalsResponse) String() string {
 func (*ListApprovalsResponse) ProtoMessage() {}
 
 func (x *ListApprovalsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[21]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1922,7 +2108,7 @@ func (x *ListApprovalsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApprovalsResponse.ProtoReflect.Descriptor instead.
 func (*ListApprovalsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{21}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListApprovalsResponse) GetApprovals() []*Approval {
@@ -1950,7 +2136,7 @@ type GetApprovalRequest struct {
 
 func (x *GetApprovalRequest) Reset() {
 	*x = GetApprovalRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[22]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1962,7 +2148,7 @@ func (x *GetApprovalRequest) String() string {
 func (*GetApprovalRequest) ProtoMessage() {}
 
 func (x *GetApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[22]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1975,7 +2161,7 @@ func (x *GetApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetApprovalRequest.ProtoReflect.Descriptor instead.
 func (*GetApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{22}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetApprovalRequest) GetApprovalId() string {
@@ -1998,7 +2184,7 @@ type GetApprovalResponse struct {
 
 func (x *GetApprovalResponse) Reset() {
 	*x = GetApprovalResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[23]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2010,7 +2196,7 @@ func (x *GetApprovalResponse) String() string {
 func (*GetApprovalResponse) ProtoMessage() {}
 
 func (x *GetApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[23]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2023,7 +2209,7 @@ func (x *GetApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetApprovalResponse.ProtoReflect.Descriptor instead.
 func (*GetApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{23}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetApprovalResponse) GetApproval() *Approval {
@@ -2045,7 +2231,8 @@ type DecideApprovalRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Required.
 	ApprovalId string `protobuf:"bytes,1,opt,name=approval_id,json=approvalId,proto3" json:"approval_id,omitempty"`
-	// Required: the digest the approver reviewed; must match the request's.
+	// Required: the digest the approver reviewed (the bundle's, or for a
+	// CHANGE request the change's); must match the request's.
 	BundleDigest string `protobuf:"bytes,2,opt,name=bundle_digest,json=bundleDigest,proto3" json:"bundle_digest,omitempty"`
 	// Required.
 	Decision Decision `protobuf:"varint,3,opt,name=decision,proto3,enum=airlock.authority.v1.Decision" json:"decision,omitempty"`
@@ -2057,7 +2244,7 @@ type DecideApprovalRequest struct {
 
 func (x *DecideApprovalRequest) Reset() {
 	*x = DecideApprovalRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[24]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2069,7 +2256,7 @@ func (x *DecideApprovalRequest) String() string {
 func (*DecideApprovalRequest) ProtoMessage() {}
 
 func (x *DecideApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[24]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2082,7 +2269,7 @@ func (x *DecideApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideApprovalRequest.ProtoReflect.Descriptor instead.
 func (*DecideApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{24}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DecideApprovalRequest) GetApprovalId() string {
@@ -2124,7 +2311,7 @@ type DecideApprovalResponse struct {
 
 func (x *DecideApprovalResponse) Reset() {
 	*x = DecideApprovalResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2136,7 +2323,7 @@ func (x *DecideApprovalResponse) String() string {
 func (*DecideApprovalResponse) ProtoMessage() {}
 
 func (x *DecideApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2149,7 +2336,7 @@ func (x *DecideApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideApprovalResponse.ProtoReflect.Descriptor instead.
 func (*DecideApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{25}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DecideApprovalResponse) GetApproval() *Approval {
@@ -2176,7 +2363,7 @@ type ConsumeApprovalRequest struct {
 
 func (x *ConsumeApprovalRequest) Reset() {
 	*x = ConsumeApprovalRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2188,7 +2375,7 @@ func (x *ConsumeApprovalRequest) String() string {
 func (*ConsumeApprovalRequest) ProtoMessage() {}
 
 func (x *ConsumeApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2201,7 +2388,7 @@ func (x *ConsumeApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumeApprovalRequest.ProtoReflect.Descriptor instead.
 func (*ConsumeApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{26}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ConsumeApprovalRequest) GetApprovalId() string {
@@ -2243,7 +2430,7 @@ type ConsumeApprovalResponse struct {
 
 func (x *ConsumeApprovalResponse) Reset() {
 	*x = ConsumeApprovalResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2255,7 +2442,7 @@ func (x *ConsumeApprovalResponse) String() string {
 func (*ConsumeApprovalResponse) ProtoMessage() {}
 
 func (x *ConsumeApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2268,7 +2455,7 @@ func (x *ConsumeApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumeApprovalResponse.ProtoReflect.Descriptor instead.
 func (*ConsumeApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{27}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ConsumeApprovalResponse) GetApproval() *Approval {
@@ -2303,7 +2490,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2315,7 +2502,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2328,7 +2515,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{28}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Lease) GetLeaseId() string {
@@ -2404,7 +2591,7 @@ type LeaseCredentialRequest struct {
 
 func (x *LeaseCredentialRequest) Reset() {
 	*x = LeaseCredentialRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2416,7 +2603,7 @@ func (x *LeaseCredentialRequest) String() string {
 func (*LeaseCredentialRequest) ProtoMessage() {}
 
 func (x *LeaseCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2429,7 +2616,7 @@ func (x *LeaseCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseCredentialRequest.ProtoReflect.Descriptor instead.
 func (*LeaseCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{29}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *LeaseCredentialRequest) GetPurpose() LeasePurpose {
@@ -2473,7 +2660,7 @@ type LeaseCredentialResponse struct {
 
 func (x *LeaseCredentialResponse) Reset() {
 	*x = LeaseCredentialResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2485,7 +2672,7 @@ func (x *LeaseCredentialResponse) String() string {
 func (*LeaseCredentialResponse) ProtoMessage() {}
 
 func (x *LeaseCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2498,7 +2685,7 @@ func (x *LeaseCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseCredentialResponse.ProtoReflect.Descriptor instead.
 func (*LeaseCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{30}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *LeaseCredentialResponse) GetLease() *Lease {
@@ -2528,7 +2715,7 @@ type RevokeCredentialRequest struct {
 
 func (x *RevokeCredentialRequest) Reset() {
 	*x = RevokeCredentialRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2540,7 +2727,7 @@ func (x *RevokeCredentialRequest) String() string {
 func (*RevokeCredentialRequest) ProtoMessage() {}
 
 func (x *RevokeCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2553,7 +2740,7 @@ func (x *RevokeCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCredentialRequest.ProtoReflect.Descriptor instead.
 func (*RevokeCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{31}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RevokeCredentialRequest) GetLeaseId() string {
@@ -2581,7 +2768,7 @@ type RevokeCredentialResponse struct {
 
 func (x *RevokeCredentialResponse) Reset() {
 	*x = RevokeCredentialResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2593,7 +2780,7 @@ func (x *RevokeCredentialResponse) String() string {
 func (*RevokeCredentialResponse) ProtoMessage() {}
 
 func (x *RevokeCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2606,7 +2793,7 @@ func (x *RevokeCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCredentialResponse.ProtoReflect.Descriptor instead.
 func (*RevokeCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{32}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RevokeCredentialResponse) GetLease() *Lease {
@@ -2633,7 +2820,7 @@ type ListLeasesRequest struct {
 
 func (x *ListLeasesRequest) Reset() {
 	*x = ListLeasesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2645,7 +2832,7 @@ func (x *ListLeasesRequest) String() string {
 func (*ListLeasesRequest) ProtoMessage() {}
 
 func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2658,7 +2845,7 @@ func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{33}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListLeasesRequest) GetJobId() string {
@@ -2702,7 +2889,7 @@ type ListLeasesResponse struct {
 
 func (x *ListLeasesResponse) Reset() {
 	*x = ListLeasesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2714,7 +2901,7 @@ func (x *ListLeasesResponse) String() string {
 func (*ListLeasesResponse) ProtoMessage() {}
 
 func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2727,7 +2914,7 @@ func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{34}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListLeasesResponse) GetLeases() []*Lease {
@@ -2757,7 +2944,7 @@ type UpdateNetworkPolicyRequest struct {
 
 func (x *UpdateNetworkPolicyRequest) Reset() {
 	*x = UpdateNetworkPolicyRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2769,7 +2956,7 @@ func (x *UpdateNetworkPolicyRequest) String() string {
 func (*UpdateNetworkPolicyRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2782,7 +2969,7 @@ func (x *UpdateNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkPolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{35}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *UpdateNetworkPolicyRequest) GetJobId() string {
@@ -2802,7 +2989,8 @@ func (x *UpdateNetworkPolicyRequest) GetPolicy() *v1.NetworkPolicy {
 // UpdateNetworkPolicyResponse reports the decision.
 type UpdateNetworkPolicyResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The status of the new generation: PENDING until the rules are in the kernel.
+	// The policy in force: the new one (APPLIED, with its generation) when
+	// the change took effect, the old one when it waits for an approval.
 	Status *v1.NetworkPolicyStatus `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
 	// Set when the change waits for an approval instead.
 	ApprovalId    string `protobuf:"bytes,2,opt,name=approval_id,json=approvalId,proto3" json:"approval_id,omitempty"`
@@ -2812,7 +3000,7 @@ type UpdateNetworkPolicyResponse struct {
 
 func (x *UpdateNetworkPolicyResponse) Reset() {
 	*x = UpdateNetworkPolicyResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2824,7 +3012,7 @@ func (x *UpdateNetworkPolicyResponse) String() string {
 func (*UpdateNetworkPolicyResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2837,7 +3025,7 @@ func (x *UpdateNetworkPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkPolicyResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{36}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *UpdateNetworkPolicyResponse) GetStatus() *v1.NetworkPolicyStatus {
@@ -2852,6 +3040,228 @@ func (x *UpdateNetworkPolicyResponse) GetApprovalId() string {
 		return x.ApprovalId
 	}
 	return ""
+}
+
+// UpdateJobLimitsRequest asks to change a running job's limits.
+type UpdateJobLimitsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// Required: the limits to change; zero fields keep their current value.
+	// disk_bytes cannot change on a running job.
+	Limits        *v1.ResourceLimits `protobuf:"bytes,2,opt,name=limits,proto3" json:"limits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateJobLimitsRequest) Reset() {
+	*x = UpdateJobLimitsRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateJobLimitsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateJobLimitsRequest) ProtoMessage() {}
+
+func (x *UpdateJobLimitsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateJobLimitsRequest.ProtoReflect.Descriptor instead.
+func (*UpdateJobLimitsRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *UpdateJobLimitsRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *UpdateJobLimitsRequest) GetLimits() *v1.ResourceLimits {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+// UpdateJobLimitsResponse reports the decision.
+type UpdateJobLimitsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The job: its limits are the new ones when the change took effect.
+	Job *Job `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	// Set when the change waits for an approval instead.
+	ApprovalId    string `protobuf:"bytes,2,opt,name=approval_id,json=approvalId,proto3" json:"approval_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateJobLimitsResponse) Reset() {
+	*x = UpdateJobLimitsResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateJobLimitsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateJobLimitsResponse) ProtoMessage() {}
+
+func (x *UpdateJobLimitsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateJobLimitsResponse.ProtoReflect.Descriptor instead.
+func (*UpdateJobLimitsResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *UpdateJobLimitsResponse) GetJob() *Job {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+func (x *UpdateJobLimitsResponse) GetApprovalId() string {
+	if x != nil {
+		return x.ApprovalId
+	}
+	return ""
+}
+
+// UseLeaseRequest announces the use of a leased credential.
+type UseLeaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	LeaseId string `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// Required: the job the caller is using the credential for; must be the
+	// lease's.
+	JobId string `protobuf:"bytes,2,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// Required: the resource it is used on; must be the lease's.
+	Resource      string `protobuf:"bytes,3,opt,name=resource,proto3" json:"resource,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UseLeaseRequest) Reset() {
+	*x = UseLeaseRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UseLeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UseLeaseRequest) ProtoMessage() {}
+
+func (x *UseLeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UseLeaseRequest.ProtoReflect.Descriptor instead.
+func (*UseLeaseRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *UseLeaseRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *UseLeaseRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *UseLeaseRequest) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+// UseLeaseResponse confirms the lease may be used now.
+type UseLeaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lease, active.
+	Lease         *Lease `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UseLeaseResponse) Reset() {
+	*x = UseLeaseResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UseLeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UseLeaseResponse) ProtoMessage() {}
+
+func (x *UseLeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UseLeaseResponse.ProtoReflect.Descriptor instead.
+func (*UseLeaseResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *UseLeaseResponse) GetLease() *Lease {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
 }
 
 // AuditEvent is one entry of the hash-chained audit log.
@@ -2885,7 +3295,7 @@ type AuditEvent struct {
 
 func (x *AuditEvent) Reset() {
 	*x = AuditEvent{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2897,7 +3307,7 @@ func (x *AuditEvent) String() string {
 func (*AuditEvent) ProtoMessage() {}
 
 func (x *AuditEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2910,7 +3320,7 @@ func (x *AuditEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEvent.ProtoReflect.Descriptor instead.
 func (*AuditEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{37}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *AuditEvent) GetSequence() int64 {
@@ -3015,7 +3425,7 @@ type ListAuditEventsRequest struct {
 
 func (x *ListAuditEventsRequest) Reset() {
 	*x = ListAuditEventsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3027,7 +3437,7 @@ func (x *ListAuditEventsRequest) String() string {
 func (*ListAuditEventsRequest) ProtoMessage() {}
 
 func (x *ListAuditEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3040,7 +3450,7 @@ func (x *ListAuditEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditEventsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{38}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListAuditEventsRequest) GetJobId() string {
@@ -3112,7 +3522,7 @@ type ListAuditEventsResponse struct {
 
 func (x *ListAuditEventsResponse) Reset() {
 	*x = ListAuditEventsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3124,7 +3534,7 @@ func (x *ListAuditEventsResponse) String() string {
 func (*ListAuditEventsResponse) ProtoMessage() {}
 
 func (x *ListAuditEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3137,7 +3547,7 @@ func (x *ListAuditEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditEventsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{39}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListAuditEventsResponse) GetEvents() []*AuditEvent {
@@ -3172,7 +3582,7 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x0epublish_target\x18\b \x01(\v2\x1f.airlock.types.v1.PublishTargetR\rpublishTarget\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbd\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa2\x05\n" +
 	"\x03Job\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1c\n" +
@@ -3190,7 +3600,9 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x15network_policy_status\x18\v \x01(\v2%.airlock.types.v1.NetworkPolicyStatusR\x13networkPolicyStatus\x12\x1f\n" +
 	"\vapproval_id\x18\f \x01(\tR\n" +
 	"approvalId\x12\x18\n" +
-	"\amessage\x18\r \x01(\tR\amessage\"\x86\x01\n" +
+	"\amessage\x18\r \x01(\tR\amessage\x128\n" +
+	"\x06limits\x18\x0e \x01(\v2 .airlock.types.v1.ResourceLimitsR\x06limits\x12)\n" +
+	"\x10grant_generation\x18\x0f \x01(\x03R\x0fgrantGeneration\"\x86\x01\n" +
 	"\x10SubmitJobRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x121\n" +
 	"\x04spec\x18\x02 \x01(\v2\x1d.airlock.authority.v1.JobSpecR\x04spec\x12'\n" +
@@ -3245,13 +3657,21 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"provenance\x18\x05 \x01(\fR\n" +
 	"provenance\"C\n" +
 	"\x14ReportResultResponse\x12+\n" +
-	"\x03job\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\x03job\"\xbb\x01\n" +
+	"\x03job\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\x03job\"\xec\x02\n" +
+	"\tJobChange\x12'\n" +
+	"\x0fbase_generation\x18\x01 \x01(\x03R\x0ebaseGeneration\x12A\n" +
+	"\vfrom_limits\x18\x02 \x01(\v2 .airlock.types.v1.ResourceLimitsR\n" +
+	"fromLimits\x12=\n" +
+	"\tto_limits\x18\x03 \x01(\v2 .airlock.types.v1.ResourceLimitsR\btoLimits\x12O\n" +
+	"\x13from_network_policy\x18\x04 \x01(\v2\x1f.airlock.types.v1.NetworkPolicyR\x11fromNetworkPolicy\x12K\n" +
+	"\x11to_network_policy\x18\x05 \x01(\v2\x1f.airlock.types.v1.NetworkPolicyR\x0ftoNetworkPolicy\x12\x16\n" +
+	"\x06widens\x18\x06 \x03(\tR\x06widens\"\xbb\x01\n" +
 	"\fApprovalVote\x12\x1a\n" +
 	"\bapprover\x18\x01 \x01(\tR\bapprover\x12:\n" +
 	"\bdecision\x18\x02 \x01(\x0e2\x1e.airlock.authority.v1.DecisionR\bdecision\x12\x18\n" +
 	"\acomment\x18\x03 \x01(\tR\acomment\x129\n" +
 	"\n" +
-	"decided_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\"\xf0\x03\n" +
+	"decided_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\"\xe1\x04\n" +
 	"\bApproval\x12\x1f\n" +
 	"\vapproval_id\x18\x01 \x01(\tR\n" +
 	"approvalId\x12\x15\n" +
@@ -3267,7 +3687,9 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"created_at\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
-	"expires_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xf6\x01\n" +
+	"expires_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x126\n" +
+	"\x04kind\x18\f \x01(\x0e2\".airlock.authority.v1.ApprovalKindR\x04kind\x127\n" +
+	"\x06change\x18\r \x01(\v2\x1f.airlock.authority.v1.JobChangeR\x06change\"\xf6\x01\n" +
 	"\x0eReviewMaterial\x12\x14\n" +
 	"\x05patch\x18\x01 \x01(\fR\x05patch\x123\n" +
 	"\x06result\x18\x02 \x01(\v2\x1b.airlock.types.v1.RunResultR\x06result\x12\x1f\n" +
@@ -3346,7 +3768,20 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x1bUpdateNetworkPolicyResponse\x12=\n" +
 	"\x06status\x18\x01 \x01(\v2%.airlock.types.v1.NetworkPolicyStatusR\x06status\x12\x1f\n" +
 	"\vapproval_id\x18\x02 \x01(\tR\n" +
-	"approvalId\"\xdc\x02\n" +
+	"approvalId\"i\n" +
+	"\x16UpdateJobLimitsRequest\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x128\n" +
+	"\x06limits\x18\x02 \x01(\v2 .airlock.types.v1.ResourceLimitsR\x06limits\"g\n" +
+	"\x17UpdateJobLimitsResponse\x12+\n" +
+	"\x03job\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\x03job\x12\x1f\n" +
+	"\vapproval_id\x18\x02 \x01(\tR\n" +
+	"approvalId\"_\n" +
+	"\x0fUseLeaseRequest\x12\x19\n" +
+	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x15\n" +
+	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x1a\n" +
+	"\bresource\x18\x03 \x01(\tR\bresource\"E\n" +
+	"\x10UseLeaseResponse\x121\n" +
+	"\x05lease\x18\x01 \x01(\v2\x1b.airlock.authority.v1.LeaseR\x05lease\"\xdc\x02\n" +
 	"\n" +
 	"AuditEvent\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\x03R\bsequence\x12.\n" +
@@ -3393,7 +3828,11 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\bDecision\x12\x18\n" +
 	"\x14DECISION_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10DECISION_APPROVE\x10\x01\x12\x11\n" +
-	"\rDECISION_DENY\x10\x02*G\n" +
+	"\rDECISION_DENY\x10\x02*b\n" +
+	"\fApprovalKind\x12\x1d\n" +
+	"\x19APPROVAL_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15APPROVAL_KIND_PUBLISH\x10\x01\x12\x18\n" +
+	"\x14APPROVAL_KIND_CHANGE\x10\x02*G\n" +
 	"\fLeasePurpose\x12\x1d\n" +
 	"\x19LEASE_PURPOSE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14LEASE_PURPOSE_DEPLOY\x10\x01*|\n" +
@@ -3401,7 +3840,7 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x19AUDIT_OUTCOME_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15AUDIT_OUTCOME_ALLOWED\x10\x01\x12\x18\n" +
 	"\x14AUDIT_OUTCOME_DENIED\x10\x02\x12\x18\n" +
-	"\x14AUDIT_OUTCOME_FAILED\x10\x032\x83\r\n" +
+	"\x14AUDIT_OUTCOME_FAILED\x10\x032\xce\x0e\n" +
 	"\x10AuthorityService\x12\\\n" +
 	"\tSubmitJob\x12&.airlock.authority.v1.SubmitJobRequest\x1a'.airlock.authority.v1.SubmitJobResponse\x12S\n" +
 	"\x06GetJob\x12#.airlock.authority.v1.GetJobRequest\x1a$.airlock.authority.v1.GetJobResponse\x12Y\n" +
@@ -3419,6 +3858,8 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\n" +
 	"ListLeases\x12'.airlock.authority.v1.ListLeasesRequest\x1a(.airlock.authority.v1.ListLeasesResponse\x12z\n" +
 	"\x13UpdateNetworkPolicy\x120.airlock.authority.v1.UpdateNetworkPolicyRequest\x1a1.airlock.authority.v1.UpdateNetworkPolicyResponse\x12n\n" +
+	"\x0fUpdateJobLimits\x12,.airlock.authority.v1.UpdateJobLimitsRequest\x1a-.airlock.authority.v1.UpdateJobLimitsResponse\x12Y\n" +
+	"\bUseLease\x12%.airlock.authority.v1.UseLeaseRequest\x1a&.airlock.authority.v1.UseLeaseResponse\x12n\n" +
 	"\x0fListAuditEvents\x12,.airlock.authority.v1.ListAuditEventsRequest\x1a-.airlock.authority.v1.ListAuditEventsResponseBEZCgithub.com/airlockhq/airlock/proto/airlock/authority/v1;authorityv1b\x06proto3"
 
 var (
@@ -3433,158 +3874,178 @@ func file_airlock_authority_v1_authority_proto_rawDescGZIP() []byte {
 	return file_airlock_authority_v1_authority_proto_rawDescData
 }
 
-var file_airlock_authority_v1_authority_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_airlock_authority_v1_authority_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(JobState)(0),                       // 0: airlock.authority.v1.JobState
 	(ApprovalState)(0),                  // 1: airlock.authority.v1.ApprovalState
 	(Decision)(0),                       // 2: airlock.authority.v1.Decision
-	(LeasePurpose)(0),                   // 3: airlock.authority.v1.LeasePurpose
-	(AuditOutcome)(0),                   // 4: airlock.authority.v1.AuditOutcome
-	(*JobSpec)(nil),                     // 5: airlock.authority.v1.JobSpec
-	(*Job)(nil),                         // 6: airlock.authority.v1.Job
-	(*SubmitJobRequest)(nil),            // 7: airlock.authority.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),           // 8: airlock.authority.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),               // 9: airlock.authority.v1.GetJobRequest
-	(*GetJobResponse)(nil),              // 10: airlock.authority.v1.GetJobResponse
-	(*ListJobsRequest)(nil),             // 11: airlock.authority.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),            // 12: airlock.authority.v1.ListJobsResponse
-	(*WatchJobRequest)(nil),             // 13: airlock.authority.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),            // 14: airlock.authority.v1.WatchJobResponse
-	(*CancelJobRequest)(nil),            // 15: airlock.authority.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),           // 16: airlock.authority.v1.CancelJobResponse
-	(*FetchSourceRequest)(nil),          // 17: airlock.authority.v1.FetchSourceRequest
-	(*SourceHeader)(nil),                // 18: airlock.authority.v1.SourceHeader
-	(*FetchSourceResponse)(nil),         // 19: airlock.authority.v1.FetchSourceResponse
-	(*ReportResultRequest)(nil),         // 20: airlock.authority.v1.ReportResultRequest
-	(*ReportResultResponse)(nil),        // 21: airlock.authority.v1.ReportResultResponse
-	(*ApprovalVote)(nil),                // 22: airlock.authority.v1.ApprovalVote
-	(*Approval)(nil),                    // 23: airlock.authority.v1.Approval
-	(*ReviewMaterial)(nil),              // 24: airlock.authority.v1.ReviewMaterial
-	(*ListApprovalsRequest)(nil),        // 25: airlock.authority.v1.ListApprovalsRequest
-	(*ListApprovalsResponse)(nil),       // 26: airlock.authority.v1.ListApprovalsResponse
-	(*GetApprovalRequest)(nil),          // 27: airlock.authority.v1.GetApprovalRequest
-	(*GetApprovalResponse)(nil),         // 28: airlock.authority.v1.GetApprovalResponse
-	(*DecideApprovalRequest)(nil),       // 29: airlock.authority.v1.DecideApprovalRequest
-	(*DecideApprovalResponse)(nil),      // 30: airlock.authority.v1.DecideApprovalResponse
-	(*ConsumeApprovalRequest)(nil),      // 31: airlock.authority.v1.ConsumeApprovalRequest
-	(*ConsumeApprovalResponse)(nil),     // 32: airlock.authority.v1.ConsumeApprovalResponse
-	(*Lease)(nil),                       // 33: airlock.authority.v1.Lease
-	(*LeaseCredentialRequest)(nil),      // 34: airlock.authority.v1.LeaseCredentialRequest
-	(*LeaseCredentialResponse)(nil),     // 35: airlock.authority.v1.LeaseCredentialResponse
-	(*RevokeCredentialRequest)(nil),     // 36: airlock.authority.v1.RevokeCredentialRequest
-	(*RevokeCredentialResponse)(nil),    // 37: airlock.authority.v1.RevokeCredentialResponse
-	(*ListLeasesRequest)(nil),           // 38: airlock.authority.v1.ListLeasesRequest
-	(*ListLeasesResponse)(nil),          // 39: airlock.authority.v1.ListLeasesResponse
-	(*UpdateNetworkPolicyRequest)(nil),  // 40: airlock.authority.v1.UpdateNetworkPolicyRequest
-	(*UpdateNetworkPolicyResponse)(nil), // 41: airlock.authority.v1.UpdateNetworkPolicyResponse
-	(*AuditEvent)(nil),                  // 42: airlock.authority.v1.AuditEvent
-	(*ListAuditEventsRequest)(nil),      // 43: airlock.authority.v1.ListAuditEventsRequest
-	(*ListAuditEventsResponse)(nil),     // 44: airlock.authority.v1.ListAuditEventsResponse
-	nil,                                 // 45: airlock.authority.v1.JobSpec.EnvEntry
-	(*v1.ResourceLimits)(nil),           // 46: airlock.types.v1.ResourceLimits
-	(*v1.NetworkPolicy)(nil),            // 47: airlock.types.v1.NetworkPolicy
-	(v1.RuntimeClass)(0),                // 48: airlock.types.v1.RuntimeClass
-	(*v1.PublishTarget)(nil),            // 49: airlock.types.v1.PublishTarget
-	(*timestamppb.Timestamp)(nil),       // 50: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),                // 51: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil),      // 52: airlock.types.v1.NetworkPolicyStatus
-	(*v1.OutputChunk)(nil),              // 53: airlock.types.v1.OutputChunk
-	(*durationpb.Duration)(nil),         // 54: google.protobuf.Duration
+	(ApprovalKind)(0),                   // 3: airlock.authority.v1.ApprovalKind
+	(LeasePurpose)(0),                   // 4: airlock.authority.v1.LeasePurpose
+	(AuditOutcome)(0),                   // 5: airlock.authority.v1.AuditOutcome
+	(*JobSpec)(nil),                     // 6: airlock.authority.v1.JobSpec
+	(*Job)(nil),                         // 7: airlock.authority.v1.Job
+	(*SubmitJobRequest)(nil),            // 8: airlock.authority.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),           // 9: airlock.authority.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),               // 10: airlock.authority.v1.GetJobRequest
+	(*GetJobResponse)(nil),              // 11: airlock.authority.v1.GetJobResponse
+	(*ListJobsRequest)(nil),             // 12: airlock.authority.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),            // 13: airlock.authority.v1.ListJobsResponse
+	(*WatchJobRequest)(nil),             // 14: airlock.authority.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),            // 15: airlock.authority.v1.WatchJobResponse
+	(*CancelJobRequest)(nil),            // 16: airlock.authority.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),           // 17: airlock.authority.v1.CancelJobResponse
+	(*FetchSourceRequest)(nil),          // 18: airlock.authority.v1.FetchSourceRequest
+	(*SourceHeader)(nil),                // 19: airlock.authority.v1.SourceHeader
+	(*FetchSourceResponse)(nil),         // 20: airlock.authority.v1.FetchSourceResponse
+	(*ReportResultRequest)(nil),         // 21: airlock.authority.v1.ReportResultRequest
+	(*ReportResultResponse)(nil),        // 22: airlock.authority.v1.ReportResultResponse
+	(*JobChange)(nil),                   // 23: airlock.authority.v1.JobChange
+	(*ApprovalVote)(nil),                // 24: airlock.authority.v1.ApprovalVote
+	(*Approval)(nil),                    // 25: airlock.authority.v1.Approval
+	(*ReviewMaterial)(nil),              // 26: airlock.authority.v1.ReviewMaterial
+	(*ListApprovalsRequest)(nil),        // 27: airlock.authority.v1.ListApprovalsRequest
+	(*ListApprovalsResponse)(nil),       // 28: airlock.authority.v1.ListApprovalsResponse
+	(*GetApprovalRequest)(nil),          // 29: airlock.authority.v1.GetApprovalRequest
+	(*GetApprovalResponse)(nil),         // 30: airlock.authority.v1.GetApprovalResponse
+	(*DecideApprovalRequest)(nil),       // 31: airlock.authority.v1.DecideApprovalRequest
+	(*DecideApprovalResponse)(nil),      // 32: airlock.authority.v1.DecideApprovalResponse
+	(*ConsumeApprovalRequest)(nil),      // 33: airlock.authority.v1.ConsumeApprovalRequest
+	(*ConsumeApprovalResponse)(nil),     // 34: airlock.authority.v1.ConsumeApprovalResponse
+	(*Lease)(nil),                       // 35: airlock.authority.v1.Lease
+	(*LeaseCredentialRequest)(nil),      // 36: airlock.authority.v1.LeaseCredentialRequest
+	(*LeaseCredentialResponse)(nil),     // 37: airlock.authority.v1.LeaseCredentialResponse
+	(*RevokeCredentialRequest)(nil),     // 38: airlock.authority.v1.RevokeCredentialRequest
+	(*RevokeCredentialResponse)(nil),    // 39: airlock.authority.v1.RevokeCredentialResponse
+	(*ListLeasesRequest)(nil),           // 40: airlock.authority.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),          // 41: airlock.authority.v1.ListLeasesResponse
+	(*UpdateNetworkPolicyRequest)(nil),  // 42: airlock.authority.v1.UpdateNetworkPolicyRequest
+	(*UpdateNetworkPolicyResponse)(nil), // 43: airlock.authority.v1.UpdateNetworkPolicyResponse
+	(*UpdateJobLimitsRequest)(nil),      // 44: airlock.authority.v1.UpdateJobLimitsRequest
+	(*UpdateJobLimitsResponse)(nil),     // 45: airlock.authority.v1.UpdateJobLimitsResponse
+	(*UseLeaseRequest)(nil),             // 46: airlock.authority.v1.UseLeaseRequest
+	(*UseLeaseResponse)(nil),            // 47: airlock.authority.v1.UseLeaseResponse
+	(*AuditEvent)(nil),                  // 48: airlock.authority.v1.AuditEvent
+	(*ListAuditEventsRequest)(nil),      // 49: airlock.authority.v1.ListAuditEventsRequest
+	(*ListAuditEventsResponse)(nil),     // 50: airlock.authority.v1.ListAuditEventsResponse
+	nil,                                 // 51: airlock.authority.v1.JobSpec.EnvEntry
+	(*v1.ResourceLimits)(nil),           // 52: airlock.types.v1.ResourceLimits
+	(*v1.NetworkPolicy)(nil),            // 53: airlock.types.v1.NetworkPolicy
+	(v1.RuntimeClass)(0),                // 54: airlock.types.v1.RuntimeClass
+	(*v1.PublishTarget)(nil),            // 55: airlock.types.v1.PublishTarget
+	(*timestamppb.Timestamp)(nil),       // 56: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),                // 57: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil),      // 58: airlock.types.v1.NetworkPolicyStatus
+	(*v1.OutputChunk)(nil),              // 59: airlock.types.v1.OutputChunk
+	(*durationpb.Duration)(nil),         // 60: google.protobuf.Duration
 }
 var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
-	45, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
-	46, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
-	47, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	48, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	49, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
-	5,  // 5: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
+	51, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
+	52, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
+	53, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	54, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	55, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
+	6,  // 5: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
 	0,  // 6: airlock.authority.v1.Job.state:type_name -> airlock.authority.v1.JobState
-	50, // 7: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	50, // 8: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	51, // 9: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
-	52, // 10: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	5,  // 11: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
-	6,  // 12: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
-	6,  // 13: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
-	0,  // 14: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
-	6,  // 15: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
-	6,  // 16: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
-	53, // 17: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
-	6,  // 18: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
-	18, // 19: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
-	51, // 20: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
-	6,  // 21: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
-	2,  // 22: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
-	50, // 23: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
-	49, // 24: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
-	1,  // 25: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
-	22, // 26: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
-	50, // 27: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
-	50, // 28: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
-	51, // 29: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
-	47, // 30: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	1,  // 31: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
-	23, // 32: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
-	23, // 33: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	24, // 34: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
-	2,  // 35: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
-	23, // 36: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	49, // 37: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
-	23, // 38: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	3,  // 39: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	50, // 40: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
-	50, // 41: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	50, // 42: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
-	3,  // 43: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	54, // 44: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
-	33, // 45: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	33, // 46: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	33, // 47: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
-	47, // 48: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
-	52, // 49: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	50, // 50: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
-	4,  // 51: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
-	50, // 52: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
-	50, // 53: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
-	42, // 54: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
-	7,  // 55: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
-	9,  // 56: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
-	11, // 57: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
-	13, // 58: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
-	15, // 59: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
-	17, // 60: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
-	20, // 61: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	25, // 62: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	27, // 63: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	29, // 64: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	31, // 65: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	34, // 66: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	36, // 67: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	38, // 68: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	40, // 69: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	43, // 70: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	8,  // 71: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
-	10, // 72: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
-	12, // 73: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
-	14, // 74: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
-	16, // 75: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
-	19, // 76: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	21, // 77: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	26, // 78: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	28, // 79: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	30, // 80: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	32, // 81: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	35, // 82: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	37, // 83: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	39, // 84: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	41, // 85: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	44, // 86: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	71, // [71:87] is the sub-list for method output_type
-	55, // [55:71] is the sub-list for method input_type
-	55, // [55:55] is the sub-list for extension type_name
-	55, // [55:55] is the sub-list for extension extendee
-	0,  // [0:55] is the sub-list for field type_name
+	56, // 7: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	56, // 8: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	57, // 9: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
+	58, // 10: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	52, // 11: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
+	6,  // 12: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
+	7,  // 13: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
+	7,  // 14: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
+	0,  // 15: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
+	7,  // 16: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
+	7,  // 17: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
+	59, // 18: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
+	7,  // 19: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
+	19, // 20: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
+	57, // 21: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
+	7,  // 22: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
+	52, // 23: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
+	52, // 24: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
+	53, // 25: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	53, // 26: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	2,  // 27: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
+	56, // 28: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
+	55, // 29: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
+	1,  // 30: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
+	24, // 31: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
+	56, // 32: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
+	56, // 33: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	3,  // 34: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
+	23, // 35: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
+	57, // 36: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
+	53, // 37: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	1,  // 38: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
+	25, // 39: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
+	25, // 40: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	26, // 41: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
+	2,  // 42: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
+	25, // 43: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	55, // 44: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
+	25, // 45: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	4,  // 46: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	56, // 47: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
+	56, // 48: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	56, // 49: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
+	4,  // 50: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	60, // 51: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
+	35, // 52: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	35, // 53: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	35, // 54: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
+	53, // 55: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
+	58, // 56: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	52, // 57: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
+	7,  // 58: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
+	35, // 59: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
+	56, // 60: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	5,  // 61: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
+	56, // 62: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
+	56, // 63: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
+	48, // 64: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
+	8,  // 65: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
+	10, // 66: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
+	12, // 67: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
+	14, // 68: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
+	16, // 69: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
+	18, // 70: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
+	21, // 71: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
+	27, // 72: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	29, // 73: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	31, // 74: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	33, // 75: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	36, // 76: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	38, // 77: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	40, // 78: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	42, // 79: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	44, // 80: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	46, // 81: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	49, // 82: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	9,  // 83: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
+	11, // 84: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
+	13, // 85: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
+	15, // 86: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
+	17, // 87: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
+	20, // 88: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
+	22, // 89: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	28, // 90: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	30, // 91: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	32, // 92: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	34, // 93: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	37, // 94: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	39, // 95: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	41, // 96: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	43, // 97: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	45, // 98: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	47, // 99: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	50, // 100: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	83, // [83:101] is the sub-list for method output_type
+	65, // [65:83] is the sub-list for method input_type
+	65, // [65:65] is the sub-list for extension type_name
+	65, // [65:65] is the sub-list for extension extendee
+	0,  // [0:65] is the sub-list for field type_name
 }
 
 func init() { file_airlock_authority_v1_authority_proto_init() }
@@ -3605,8 +4066,8 @@ func file_airlock_authority_v1_authority_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_authority_v1_authority_proto_rawDesc), len(file_airlock_authority_v1_authority_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   41,
+			NumEnums:      6,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

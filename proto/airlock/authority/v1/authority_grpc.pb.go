@@ -40,6 +40,8 @@ const (
 	AuthorityService_RevokeCredential_FullMethodName    = "/airlock.authority.v1.AuthorityService/RevokeCredential"
 	AuthorityService_ListLeases_FullMethodName          = "/airlock.authority.v1.AuthorityService/ListLeases"
 	AuthorityService_UpdateNetworkPolicy_FullMethodName = "/airlock.authority.v1.AuthorityService/UpdateNetworkPolicy"
+	AuthorityService_UpdateJobLimits_FullMethodName     = "/airlock.authority.v1.AuthorityService/UpdateJobLimits"
+	AuthorityService_UseLease_FullMethodName            = "/airlock.authority.v1.AuthorityService/UseLease"
 	AuthorityService_ListAuditEvents_FullMethodName     = "/airlock.authority.v1.AuthorityService/ListAuditEvents"
 )
 
@@ -91,9 +93,17 @@ type AuthorityServiceClient interface {
 	// ListLeases lists leases, active ones by default. Callers: approver/*.
 	ListLeases(ctx context.Context, in *ListLeasesRequest, opts ...grpc.CallOption) (*ListLeasesResponse, error)
 	// UpdateNetworkPolicy asks to change a running job's network policy.
-	// Narrowing takes effect directly; widening may need an approval.
-	// Callers: client/* of the job's tenant.
+	// Narrowing takes effect directly; widening needs an approval where the
+	// tenant's policy says so. Callers: client/* of the job's tenant.
 	UpdateNetworkPolicy(ctx context.Context, in *UpdateNetworkPolicyRequest, opts ...grpc.CallOption) (*UpdateNetworkPolicyResponse, error)
+	// UpdateJobLimits asks to change a running job's resource limits.
+	// Lowering takes effect directly; raising needs an approval where the
+	// tenant's policy says so. Callers: client/* of the job's tenant.
+	UpdateJobLimits(ctx context.Context, in *UpdateJobLimitsRequest, opts ...grpc.CallOption) (*UpdateJobLimitsResponse, error)
+	// UseLease is called by a lease's holder right before it uses the
+	// credential; it records the use and refuses a revoked or expired lease.
+	// Callers: service/publisher (the holder).
+	UseLease(ctx context.Context, in *UseLeaseRequest, opts ...grpc.CallOption) (*UseLeaseResponse, error)
 	// ListAuditEvents reads the hash-chained audit log. Callers: approver/*.
 	ListAuditEvents(ctx context.Context, in *ListAuditEventsRequest, opts ...grpc.CallOption) (*ListAuditEventsResponse, error)
 }
@@ -274,6 +284,26 @@ func (c *authorityServiceClient) UpdateNetworkPolicy(ctx context.Context, in *Up
 	return out, nil
 }
 
+func (c *authorityServiceClient) UpdateJobLimits(ctx context.Context, in *UpdateJobLimitsRequest, opts ...grpc.CallOption) (*UpdateJobLimitsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateJobLimitsResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_UpdateJobLimits_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *authorityServiceClient) UseLease(ctx context.Context, in *UseLeaseRequest, opts ...grpc.CallOption) (*UseLeaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UseLeaseResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_UseLease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *authorityServiceClient) ListAuditEvents(ctx context.Context, in *ListAuditEventsRequest, opts ...grpc.CallOption) (*ListAuditEventsResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListAuditEventsResponse)
@@ -332,9 +362,17 @@ type AuthorityServiceServer interface {
 	// ListLeases lists leases, active ones by default. Callers: approver/*.
 	ListLeases(context.Context, *ListLeasesRequest) (*ListLeasesResponse, error)
 	// UpdateNetworkPolicy asks to change a running job's network policy.
-	// Narrowing takes effect directly; widening may need an approval.
-	// Callers: client/* of the job's tenant.
+	// Narrowing takes effect directly; widening needs an approval where the
+	// tenant's policy says so. Callers: client/* of the job's tenant.
 	UpdateNetworkPolicy(context.Context, *UpdateNetworkPolicyRequest) (*UpdateNetworkPolicyResponse, error)
+	// UpdateJobLimits asks to change a running job's resource limits.
+	// Lowering takes effect directly; raising needs an approval where the
+	// tenant's policy says so. Callers: client/* of the job's tenant.
+	UpdateJobLimits(context.Context, *UpdateJobLimitsRequest) (*UpdateJobLimitsResponse, error)
+	// UseLease is called by a lease's holder right before it uses the
+	// credential; it records the use and refuses a revoked or expired lease.
+	// Callers: service/publisher (the holder).
+	UseLease(context.Context, *UseLeaseRequest) (*UseLeaseResponse, error)
 	// ListAuditEvents reads the hash-chained audit log. Callers: approver/*.
 	ListAuditEvents(context.Context, *ListAuditEventsRequest) (*ListAuditEventsResponse, error)
 	mustEmbedUnimplementedAuthorityServiceServer()
@@ -391,6 +429,12 @@ func (UnimplementedAuthorityServiceServer) ListLeases(context.Context, *ListLeas
 }
 func (UnimplementedAuthorityServiceServer) UpdateNetworkPolicy(context.Context, *UpdateNetworkPolicyRequest) (*UpdateNetworkPolicyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method UpdateNetworkPolicy not implemented")
+}
+func (UnimplementedAuthorityServiceServer) UpdateJobLimits(context.Context, *UpdateJobLimitsRequest) (*UpdateJobLimitsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateJobLimits not implemented")
+}
+func (UnimplementedAuthorityServiceServer) UseLease(context.Context, *UseLeaseRequest) (*UseLeaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UseLease not implemented")
 }
 func (UnimplementedAuthorityServiceServer) ListAuditEvents(context.Context, *ListAuditEventsRequest) (*ListAuditEventsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListAuditEvents not implemented")
@@ -672,6 +716,42 @@ func _AuthorityService_UpdateNetworkPolicy_Handler(srv interface{}, ctx context.
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AuthorityService_UpdateJobLimits_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateJobLimitsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).UpdateJobLimits(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_UpdateJobLimits_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).UpdateJobLimits(ctx, req.(*UpdateJobLimitsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AuthorityService_UseLease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UseLeaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).UseLease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_UseLease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).UseLease(ctx, req.(*UseLeaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AuthorityService_ListAuditEvents_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListAuditEventsRequest)
 	if err := dec(in); err != nil {
@@ -748,6 +828,14 @@ var AuthorityService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "UpdateNetworkPolicy",
 			Handler:    _AuthorityService_UpdateNetworkPolicy_Handler,
+		},
+		{
+			MethodName: "UpdateJobLimits",
+			Handler:    _AuthorityService_UpdateJobLimits_Handler,
+		},
+		{
+			MethodName: "UseLease",
+			Handler:    _AuthorityService_UseLease_Handler,
 		},
 		{
 			MethodName: "ListAuditEvents",

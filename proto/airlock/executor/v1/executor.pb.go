@@ -646,29 +646,30 @@ func (x *CancelRunResponse) GetRun() *Run {
 	return nil
 }
 
-// UpdateNetworkPolicyRequest carries a newer grant for a running job.
-type UpdateNetworkPolicyRequest struct {
+// UpdateRunRequest carries a newer grant for a running job.
+type UpdateRunRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Required: a grant for the same job with a higher network_policy_generation.
+	// Required: a grant for the same job with a higher generation, differing
+	// from the one in force only in limits and network policy.
 	Grant         *v1.SignedGrant `protobuf:"bytes,1,opt,name=grant,proto3" json:"grant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *UpdateNetworkPolicyRequest) Reset() {
-	*x = UpdateNetworkPolicyRequest{}
+func (x *UpdateRunRequest) Reset() {
+	*x = UpdateRunRequest{}
 	mi := &file_airlock_executor_v1_executor_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *UpdateNetworkPolicyRequest) String() string {
+func (x *UpdateRunRequest) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*UpdateNetworkPolicyRequest) ProtoMessage() {}
+func (*UpdateRunRequest) ProtoMessage() {}
 
-func (x *UpdateNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
+func (x *UpdateRunRequest) ProtoReflect() protoreflect.Message {
 	mi := &file_airlock_executor_v1_executor_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -680,41 +681,43 @@ func (x *UpdateNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use UpdateNetworkPolicyRequest.ProtoReflect.Descriptor instead.
-func (*UpdateNetworkPolicyRequest) Descriptor() ([]byte, []int) {
+// Deprecated: Use UpdateRunRequest.ProtoReflect.Descriptor instead.
+func (*UpdateRunRequest) Descriptor() ([]byte, []int) {
 	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{9}
 }
 
-func (x *UpdateNetworkPolicyRequest) GetGrant() *v1.SignedGrant {
+func (x *UpdateRunRequest) GetGrant() *v1.SignedGrant {
 	if x != nil {
 		return x.Grant
 	}
 	return nil
 }
 
-// UpdateNetworkPolicyResponse reports whether the new rules are in force.
-type UpdateNetworkPolicyResponse struct {
+// UpdateRunResponse reports the run once the new grant is in force.
+type UpdateRunResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// PENDING until the rules are in the kernel, then APPLIED.
-	Status        *v1.NetworkPolicyStatus `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The run, whose grant is now the new one.
+	Run *Run `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	// The network policy's status: APPLIED once the rules are in the kernel.
+	NetworkPolicyStatus *v1.NetworkPolicyStatus `protobuf:"bytes,2,opt,name=network_policy_status,json=networkPolicyStatus,proto3" json:"network_policy_status,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
-func (x *UpdateNetworkPolicyResponse) Reset() {
-	*x = UpdateNetworkPolicyResponse{}
+func (x *UpdateRunResponse) Reset() {
+	*x = UpdateRunResponse{}
 	mi := &file_airlock_executor_v1_executor_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *UpdateNetworkPolicyResponse) String() string {
+func (x *UpdateRunResponse) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*UpdateNetworkPolicyResponse) ProtoMessage() {}
+func (*UpdateRunResponse) ProtoMessage() {}
 
-func (x *UpdateNetworkPolicyResponse) ProtoReflect() protoreflect.Message {
+func (x *UpdateRunResponse) ProtoReflect() protoreflect.Message {
 	mi := &file_airlock_executor_v1_executor_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -726,14 +729,21 @@ func (x *UpdateNetworkPolicyResponse) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use UpdateNetworkPolicyResponse.ProtoReflect.Descriptor instead.
-func (*UpdateNetworkPolicyResponse) Descriptor() ([]byte, []int) {
+// Deprecated: Use UpdateRunResponse.ProtoReflect.Descriptor instead.
+func (*UpdateRunResponse) Descriptor() ([]byte, []int) {
 	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{10}
 }
 
-func (x *UpdateNetworkPolicyResponse) GetStatus() *v1.NetworkPolicyStatus {
+func (x *UpdateRunResponse) GetRun() *Run {
 	if x != nil {
-		return x.Status
+		return x.Run
+	}
+	return nil
+}
+
+func (x *UpdateRunResponse) GetNetworkPolicyStatus() *v1.NetworkPolicyStatus {
+	if x != nil {
+		return x.NetworkPolicyStatus
 	}
 	return nil
 }
@@ -991,11 +1001,12 @@ const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"?\n" +
 	"\x11CancelRunResponse\x12*\n" +
-	"\x03run\x18\x01 \x01(\v2\x18.airlock.executor.v1.RunR\x03run\"Q\n" +
-	"\x1aUpdateNetworkPolicyRequest\x123\n" +
-	"\x05grant\x18\x01 \x01(\v2\x1d.airlock.types.v1.SignedGrantR\x05grant\"\\\n" +
-	"\x1bUpdateNetworkPolicyResponse\x12=\n" +
-	"\x06status\x18\x01 \x01(\v2%.airlock.types.v1.NetworkPolicyStatusR\x06status\"P\n" +
+	"\x03run\x18\x01 \x01(\v2\x18.airlock.executor.v1.RunR\x03run\"G\n" +
+	"\x10UpdateRunRequest\x123\n" +
+	"\x05grant\x18\x01 \x01(\v2\x1d.airlock.types.v1.SignedGrantR\x05grant\"\x9a\x01\n" +
+	"\x11UpdateRunResponse\x12*\n" +
+	"\x03run\x18\x01 \x01(\v2\x18.airlock.executor.v1.RunR\x03run\x12Y\n" +
+	"\x15network_policy_status\x18\x02 \x01(\v2%.airlock.types.v1.NetworkPolicyStatusR\x13networkPolicyStatus\"P\n" +
 	"\x12GetArtifactRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12#\n" +
 	"\rbundle_digest\x18\x02 \x01(\tR\fbundleDigest\"\x88\x01\n" +
@@ -1017,13 +1028,13 @@ const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"\x11RUN_STATE_RUNNING\x10\x02\x12\x16\n" +
 	"\x12RUN_STATE_FINISHED\x10\x03\x12\x14\n" +
 	"\x10RUN_STATE_FAILED\x10\x04\x12\x17\n" +
-	"\x13RUN_STATE_CANCELLED\x10\x052\xd2\x04\n" +
+	"\x13RUN_STATE_CANCELLED\x10\x052\xb4\x04\n" +
 	"\x0fExecutorService\x12W\n" +
 	"\bStartJob\x12$.airlock.executor.v1.StartJobRequest\x1a%.airlock.executor.v1.StartJobResponse\x12Q\n" +
 	"\x06GetRun\x12\".airlock.executor.v1.GetRunRequest\x1a#.airlock.executor.v1.GetRunResponse\x12Y\n" +
 	"\bWatchRun\x12$.airlock.executor.v1.WatchRunRequest\x1a%.airlock.executor.v1.WatchRunResponse0\x01\x12Z\n" +
-	"\tCancelRun\x12%.airlock.executor.v1.CancelRunRequest\x1a&.airlock.executor.v1.CancelRunResponse\x12x\n" +
-	"\x13UpdateNetworkPolicy\x12/.airlock.executor.v1.UpdateNetworkPolicyRequest\x1a0.airlock.executor.v1.UpdateNetworkPolicyResponse\x12b\n" +
+	"\tCancelRun\x12%.airlock.executor.v1.CancelRunRequest\x1a&.airlock.executor.v1.CancelRunResponse\x12Z\n" +
+	"\tUpdateRun\x12%.airlock.executor.v1.UpdateRunRequest\x1a&.airlock.executor.v1.UpdateRunResponse\x12b\n" +
 	"\vGetArtifact\x12'.airlock.executor.v1.GetArtifactRequest\x1a(.airlock.executor.v1.GetArtifactResponse0\x01BCZAgithub.com/airlockhq/airlock/proto/airlock/executor/v1;executorv1b\x06proto3"
 
 var (
@@ -1041,26 +1052,26 @@ func file_airlock_executor_v1_executor_proto_rawDescGZIP() []byte {
 var file_airlock_executor_v1_executor_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_airlock_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_airlock_executor_v1_executor_proto_goTypes = []any{
-	(RunState)(0),                       // 0: airlock.executor.v1.RunState
-	(*Run)(nil),                         // 1: airlock.executor.v1.Run
-	(*StartJobRequest)(nil),             // 2: airlock.executor.v1.StartJobRequest
-	(*StartJobResponse)(nil),            // 3: airlock.executor.v1.StartJobResponse
-	(*GetRunRequest)(nil),               // 4: airlock.executor.v1.GetRunRequest
-	(*GetRunResponse)(nil),              // 5: airlock.executor.v1.GetRunResponse
-	(*WatchRunRequest)(nil),             // 6: airlock.executor.v1.WatchRunRequest
-	(*WatchRunResponse)(nil),            // 7: airlock.executor.v1.WatchRunResponse
-	(*CancelRunRequest)(nil),            // 8: airlock.executor.v1.CancelRunRequest
-	(*CancelRunResponse)(nil),           // 9: airlock.executor.v1.CancelRunResponse
-	(*UpdateNetworkPolicyRequest)(nil),  // 10: airlock.executor.v1.UpdateNetworkPolicyRequest
-	(*UpdateNetworkPolicyResponse)(nil), // 11: airlock.executor.v1.UpdateNetworkPolicyResponse
-	(*GetArtifactRequest)(nil),          // 12: airlock.executor.v1.GetArtifactRequest
-	(*ArtifactHeader)(nil),              // 13: airlock.executor.v1.ArtifactHeader
-	(*GetArtifactResponse)(nil),         // 14: airlock.executor.v1.GetArtifactResponse
-	(*v1.SignedGrant)(nil),              // 15: airlock.types.v1.SignedGrant
-	(*timestamppb.Timestamp)(nil),       // 16: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),                // 17: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil),      // 18: airlock.types.v1.NetworkPolicyStatus
-	(*v1.OutputChunk)(nil),              // 19: airlock.types.v1.OutputChunk
+	(RunState)(0),                  // 0: airlock.executor.v1.RunState
+	(*Run)(nil),                    // 1: airlock.executor.v1.Run
+	(*StartJobRequest)(nil),        // 2: airlock.executor.v1.StartJobRequest
+	(*StartJobResponse)(nil),       // 3: airlock.executor.v1.StartJobResponse
+	(*GetRunRequest)(nil),          // 4: airlock.executor.v1.GetRunRequest
+	(*GetRunResponse)(nil),         // 5: airlock.executor.v1.GetRunResponse
+	(*WatchRunRequest)(nil),        // 6: airlock.executor.v1.WatchRunRequest
+	(*WatchRunResponse)(nil),       // 7: airlock.executor.v1.WatchRunResponse
+	(*CancelRunRequest)(nil),       // 8: airlock.executor.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),      // 9: airlock.executor.v1.CancelRunResponse
+	(*UpdateRunRequest)(nil),       // 10: airlock.executor.v1.UpdateRunRequest
+	(*UpdateRunResponse)(nil),      // 11: airlock.executor.v1.UpdateRunResponse
+	(*GetArtifactRequest)(nil),     // 12: airlock.executor.v1.GetArtifactRequest
+	(*ArtifactHeader)(nil),         // 13: airlock.executor.v1.ArtifactHeader
+	(*GetArtifactResponse)(nil),    // 14: airlock.executor.v1.GetArtifactResponse
+	(*v1.SignedGrant)(nil),         // 15: airlock.types.v1.SignedGrant
+	(*timestamppb.Timestamp)(nil),  // 16: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),           // 17: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil), // 18: airlock.types.v1.NetworkPolicyStatus
+	(*v1.OutputChunk)(nil),         // 19: airlock.types.v1.OutputChunk
 }
 var file_airlock_executor_v1_executor_proto_depIdxs = []int32{
 	0,  // 0: airlock.executor.v1.Run.state:type_name -> airlock.executor.v1.RunState
@@ -1076,26 +1087,27 @@ var file_airlock_executor_v1_executor_proto_depIdxs = []int32{
 	1,  // 10: airlock.executor.v1.WatchRunResponse.run:type_name -> airlock.executor.v1.Run
 	19, // 11: airlock.executor.v1.WatchRunResponse.output:type_name -> airlock.types.v1.OutputChunk
 	1,  // 12: airlock.executor.v1.CancelRunResponse.run:type_name -> airlock.executor.v1.Run
-	15, // 13: airlock.executor.v1.UpdateNetworkPolicyRequest.grant:type_name -> airlock.types.v1.SignedGrant
-	18, // 14: airlock.executor.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	13, // 15: airlock.executor.v1.GetArtifactResponse.header:type_name -> airlock.executor.v1.ArtifactHeader
-	2,  // 16: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
-	4,  // 17: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
-	6,  // 18: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
-	8,  // 19: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
-	10, // 20: airlock.executor.v1.ExecutorService.UpdateNetworkPolicy:input_type -> airlock.executor.v1.UpdateNetworkPolicyRequest
-	12, // 21: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
-	3,  // 22: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
-	5,  // 23: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
-	7,  // 24: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
-	9,  // 25: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
-	11, // 26: airlock.executor.v1.ExecutorService.UpdateNetworkPolicy:output_type -> airlock.executor.v1.UpdateNetworkPolicyResponse
-	14, // 27: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
-	22, // [22:28] is the sub-list for method output_type
-	16, // [16:22] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	15, // 13: airlock.executor.v1.UpdateRunRequest.grant:type_name -> airlock.types.v1.SignedGrant
+	1,  // 14: airlock.executor.v1.UpdateRunResponse.run:type_name -> airlock.executor.v1.Run
+	18, // 15: airlock.executor.v1.UpdateRunResponse.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	13, // 16: airlock.executor.v1.GetArtifactResponse.header:type_name -> airlock.executor.v1.ArtifactHeader
+	2,  // 17: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
+	4,  // 18: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
+	6,  // 19: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
+	8,  // 20: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
+	10, // 21: airlock.executor.v1.ExecutorService.UpdateRun:input_type -> airlock.executor.v1.UpdateRunRequest
+	12, // 22: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
+	3,  // 23: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
+	5,  // 24: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
+	7,  // 25: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
+	9,  // 26: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
+	11, // 27: airlock.executor.v1.ExecutorService.UpdateRun:output_type -> airlock.executor.v1.UpdateRunResponse
+	14, // 28: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
+	23, // [23:29] is the sub-list for method output_type
+	17, // [17:23] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_airlock_executor_v1_executor_proto_init() }

@@ -23,12 +23,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	ExecutorService_StartJob_FullMethodName            = "/airlock.executor.v1.ExecutorService/StartJob"
-	ExecutorService_GetRun_FullMethodName              = "/airlock.executor.v1.ExecutorService/GetRun"
-	ExecutorService_WatchRun_FullMethodName            = "/airlock.executor.v1.ExecutorService/WatchRun"
-	ExecutorService_CancelRun_FullMethodName           = "/airlock.executor.v1.ExecutorService/CancelRun"
-	ExecutorService_UpdateNetworkPolicy_FullMethodName = "/airlock.executor.v1.ExecutorService/UpdateNetworkPolicy"
-	ExecutorService_GetArtifact_FullMethodName         = "/airlock.executor.v1.ExecutorService/GetArtifact"
+	ExecutorService_StartJob_FullMethodName    = "/airlock.executor.v1.ExecutorService/StartJob"
+	ExecutorService_GetRun_FullMethodName      = "/airlock.executor.v1.ExecutorService/GetRun"
+	ExecutorService_WatchRun_FullMethodName    = "/airlock.executor.v1.ExecutorService/WatchRun"
+	ExecutorService_CancelRun_FullMethodName   = "/airlock.executor.v1.ExecutorService/CancelRun"
+	ExecutorService_UpdateRun_FullMethodName   = "/airlock.executor.v1.ExecutorService/UpdateRun"
+	ExecutorService_GetArtifact_FullMethodName = "/airlock.executor.v1.ExecutorService/GetArtifact"
 )
 
 // ExecutorServiceClient is the client API for ExecutorService service.
@@ -48,9 +48,9 @@ type ExecutorServiceClient interface {
 	WatchRun(ctx context.Context, in *WatchRunRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchRunResponse], error)
 	// CancelRun kills a run's whole process tree. Callers: service/authority.
 	CancelRun(ctx context.Context, in *CancelRunRequest, opts ...grpc.CallOption) (*CancelRunResponse, error)
-	// UpdateNetworkPolicy applies a newer grant's network policy to a running
-	// job. Callers: service/authority.
-	UpdateNetworkPolicy(ctx context.Context, in *UpdateNetworkPolicyRequest, opts ...grpc.CallOption) (*UpdateNetworkPolicyResponse, error)
+	// UpdateRun applies a newer grant (higher generation) of a running job:
+	// its limits and network policy. Callers: service/authority.
+	UpdateRun(ctx context.Context, in *UpdateRunRequest, opts ...grpc.CallOption) (*UpdateRunResponse, error)
 	// GetArtifact streams a finished run's result bundle. Callers: service/publisher.
 	GetArtifact(ctx context.Context, in *GetArtifactRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetArtifactResponse], error)
 }
@@ -112,10 +112,10 @@ func (c *executorServiceClient) CancelRun(ctx context.Context, in *CancelRunRequ
 	return out, nil
 }
 
-func (c *executorServiceClient) UpdateNetworkPolicy(ctx context.Context, in *UpdateNetworkPolicyRequest, opts ...grpc.CallOption) (*UpdateNetworkPolicyResponse, error) {
+func (c *executorServiceClient) UpdateRun(ctx context.Context, in *UpdateRunRequest, opts ...grpc.CallOption) (*UpdateRunResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(UpdateNetworkPolicyResponse)
-	err := c.cc.Invoke(ctx, ExecutorService_UpdateNetworkPolicy_FullMethodName, in, out, cOpts...)
+	out := new(UpdateRunResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_UpdateRun_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -158,9 +158,9 @@ type ExecutorServiceServer interface {
 	WatchRun(*WatchRunRequest, grpc.ServerStreamingServer[WatchRunResponse]) error
 	// CancelRun kills a run's whole process tree. Callers: service/authority.
 	CancelRun(context.Context, *CancelRunRequest) (*CancelRunResponse, error)
-	// UpdateNetworkPolicy applies a newer grant's network policy to a running
-	// job. Callers: service/authority.
-	UpdateNetworkPolicy(context.Context, *UpdateNetworkPolicyRequest) (*UpdateNetworkPolicyResponse, error)
+	// UpdateRun applies a newer grant (higher generation) of a running job:
+	// its limits and network policy. Callers: service/authority.
+	UpdateRun(context.Context, *UpdateRunRequest) (*UpdateRunResponse, error)
 	// GetArtifact streams a finished run's result bundle. Callers: service/publisher.
 	GetArtifact(*GetArtifactRequest, grpc.ServerStreamingServer[GetArtifactResponse]) error
 	mustEmbedUnimplementedExecutorServiceServer()
@@ -185,8 +185,8 @@ func (UnimplementedExecutorServiceServer) WatchRun(*WatchRunRequest, grpc.Server
 func (UnimplementedExecutorServiceServer) CancelRun(context.Context, *CancelRunRequest) (*CancelRunResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CancelRun not implemented")
 }
-func (UnimplementedExecutorServiceServer) UpdateNetworkPolicy(context.Context, *UpdateNetworkPolicyRequest) (*UpdateNetworkPolicyResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method UpdateNetworkPolicy not implemented")
+func (UnimplementedExecutorServiceServer) UpdateRun(context.Context, *UpdateRunRequest) (*UpdateRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateRun not implemented")
 }
 func (UnimplementedExecutorServiceServer) GetArtifact(*GetArtifactRequest, grpc.ServerStreamingServer[GetArtifactResponse]) error {
 	return status.Error(codes.Unimplemented, "method GetArtifact not implemented")
@@ -277,20 +277,20 @@ func _ExecutorService_CancelRun_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
-func _ExecutorService_UpdateNetworkPolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(UpdateNetworkPolicyRequest)
+func _ExecutorService_UpdateRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateRunRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
 	if interceptor == nil {
-		return srv.(ExecutorServiceServer).UpdateNetworkPolicy(ctx, in)
+		return srv.(ExecutorServiceServer).UpdateRun(ctx, in)
 	}
 	info := &grpc.UnaryServerInfo{
 		Server:     srv,
-		FullMethod: ExecutorService_UpdateNetworkPolicy_FullMethodName,
+		FullMethod: ExecutorService_UpdateRun_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(ExecutorServiceServer).UpdateNetworkPolicy(ctx, req.(*UpdateNetworkPolicyRequest))
+		return srv.(ExecutorServiceServer).UpdateRun(ctx, req.(*UpdateRunRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -326,8 +326,8 @@ var ExecutorService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _ExecutorService_CancelRun_Handler,
 		},
 		{
-			MethodName: "UpdateNetworkPolicy",
-			Handler:    _ExecutorService_UpdateNetworkPolicy_Handler,
+			MethodName: "UpdateRun",
+			Handler:    _ExecutorService_UpdateRun_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

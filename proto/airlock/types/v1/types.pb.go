@@ -816,8 +816,15 @@ type Grant struct {
 	PublishTarget *PublishTarget `protobuf:"bytes,13,opt,name=publish_target,json=publishTarget,proto3" json:"publish_target,omitempty"`
 	// When the authority issued the grant.
 	IssuedAt *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=issued_at,json=issuedAt,proto3" json:"issued_at,omitempty"`
-	// After this time the executor refuses to start the job.
-	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// After this time the executor refuses to start the job, or to apply
+	// this grant to a running one.
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// Increases by one with every change the authority grants to a running
+	// job (limits or network policy); the first grant is 1. The executor
+	// applies a grant to a running job only when its generation is higher
+	// than the one the job runs under, and only if nothing but limits and
+	// network policy differ.
+	Generation    int64 `protobuf:"varint,16,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -955,6 +962,13 @@ func (x *Grant) GetExpiresAt() *timestamppb.Timestamp {
 		return x.ExpiresAt
 	}
 	return nil
+}
+
+func (x *Grant) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
 }
 
 // SignedGrant carries a serialized Grant and the authority's Ed25519
@@ -1411,7 +1425,7 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"repository\x18\x01 \x01(\tR\n" +
 	"repository\x12\x16\n" +
-	"\x06branch\x18\x02 \x01(\tR\x06branch\"\xeb\x05\n" +
+	"\x06branch\x18\x02 \x01(\tR\x06branch\"\x8b\x06\n" +
 	"\x05Grant\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x16\n" +
@@ -1431,7 +1445,10 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\x0epublish_target\x18\r \x01(\v2\x1f.airlock.types.v1.PublishTargetR\rpublishTarget\x127\n" +
 	"\tissued_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\bissuedAt\x129\n" +
 	"\n" +
-	"expires_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x1a6\n" +
+	"expires_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x10 \x01(\x03R\n" +
+	"generation\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"V\n" +

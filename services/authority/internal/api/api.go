@@ -312,6 +312,14 @@ func (s *Service) UpdateNetworkPolicy(context.Context, *authorityv1.UpdateNetwor
 	return nil, errdefs.NotImplemented(authorityv1.AuthorityService_UpdateNetworkPolicy_FullMethodName, withNetwork)
 }
 
+func (s *Service) UpdateJobLimits(context.Context, *authorityv1.UpdateJobLimitsRequest) (*authorityv1.UpdateJobLimitsResponse, error) {
+	return nil, errdefs.NotImplemented(authorityv1.AuthorityService_UpdateJobLimits_FullMethodName, withNetwork)
+}
+
+func (s *Service) UseLease(context.Context, *authorityv1.UseLeaseRequest) (*authorityv1.UseLeaseResponse, error) {
+	return nil, errdefs.NotImplemented(authorityv1.AuthorityService_UseLease_FullMethodName, withNetwork)
+}
+
 func (s *Service) ListAuditEvents(ctx context.Context, req *authorityv1.ListAuditEventsRequest) (*authorityv1.ListAuditEventsResponse, error) {
 	q := jobs.AuditQuery{
 		JobID: req.GetJobId(), Tenant: req.GetTenant(), Caller: req.GetCaller(), Kind: req.GetKind(),

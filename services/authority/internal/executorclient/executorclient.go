@@ -55,6 +55,7 @@ func (s *Signer) Sign(r jobs.GrantRequest) (jobs.SignedGrant, error) {
 		Limits:                  LimitsToProto(r.Limits),
 		NetworkPolicy:           NetworkToProto(r.Network),
 		NetworkPolicyGeneration: r.NetworkGeneration,
+		Generation:              r.Generation,
 		RuntimeClass:            rc,
 		IssuedAt:                timestamppb.New(r.IssuedAt),
 		ExpiresAt:               timestamppb.New(r.ExpiresAt),

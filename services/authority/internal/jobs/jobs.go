@@ -111,10 +111,13 @@ type GrantRequest struct {
 	// Network is the effective policy; its mode is never NetworkUnset.
 	Network           Network
 	NetworkGeneration int64
-	RuntimeClass      string
-	PublishTarget     *PublishTarget
-	IssuedAt          time.Time
-	ExpiresAt         time.Time
+	// Generation is 1 for the first grant and one more for every change
+	// granted to the running job.
+	Generation    int64
+	RuntimeClass  string
+	PublishTarget *PublishTarget
+	IssuedAt      time.Time
+	ExpiresAt     time.Time
 }
 
 // SignedGrant is a signed grant in its wire form.

@@ -101,7 +101,7 @@ func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequ
 	} else {
 		g, err := s.cfg.Signer.Sign(GrantRequest{
 			JobID: j.ID, Tenant: j.Tenant, Requester: j.Requester, Repository: d.repo.Name, Commit: rev.Commit,
-			Command: req.Spec.Command, Env: req.Spec.Env, Limits: d.limits, Network: d.network, NetworkGeneration: 1,
+			Command: req.Spec.Command, Env: req.Spec.Env, Limits: d.limits, Network: d.network, NetworkGeneration: 1, Generation: 1,
 			RuntimeClass: d.runtime, PublishTarget: req.Spec.PublishTarget,
 			IssuedAt: now, ExpiresAt: now.Add(s.cfg.GrantTTL),
 		})

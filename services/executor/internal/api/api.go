@@ -116,8 +116,8 @@ func (s *Service) CancelRun(ctx context.Context, req *executorv1.CancelRunReques
 	return &executorv1.CancelRunResponse{Run: convert.Run(run)}, nil
 }
 
-func (s *Service) UpdateNetworkPolicy(context.Context, *executorv1.UpdateNetworkPolicyRequest) (*executorv1.UpdateNetworkPolicyResponse, error) {
-	return nil, errdefs.NotImplemented(executorv1.ExecutorService_UpdateNetworkPolicy_FullMethodName, "per-job network policy enforcement")
+func (s *Service) UpdateRun(context.Context, *executorv1.UpdateRunRequest) (*executorv1.UpdateRunResponse, error) {
+	return nil, errdefs.NotImplemented(executorv1.ExecutorService_UpdateRun_FullMethodName, "changes to running jobs")
 }
 
 const artifactChunk = 256 << 10
