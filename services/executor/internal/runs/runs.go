@@ -30,6 +30,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/provenance"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/bundle"
+	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 	"github.com/airlockhq/airlock/services/executor/internal/stage"
 )
@@ -110,10 +111,12 @@ type Signer func(bundleName, digest string, run provenance.Run) ([]byte, error)
 
 // Config is what the manager needs.
 type Config struct {
-	Dir       string // where run records, output and bundles live
-	Verifier  *grant.Verifier
-	Sandbox   *sandbox.Manager
-	Sources   *stage.Cache
+	Dir      string // where run records, output and bundles live
+	Verifier *grant.Verifier
+	Sandbox  *sandbox.Manager
+	Sources  *stage.Cache
+	// Network makes each job's network namespace and enforces its policy.
+	Network   *netpolicy.Manager
 	Authority Authority
 	Sign      Signer
 	Executor  string // our SPIFFE ID, for provenance

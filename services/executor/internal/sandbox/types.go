@@ -62,6 +62,9 @@ type Spec struct {
 	// HOME and TERM (which it may override).
 	Env    map[string]string
 	Limits Limits
+	// NetNS, if set, is the path of a network namespace the caller made
+	// (package netpolicy) for the job to join instead of a new, empty one.
+	NetNS string
 	// Stdout and Stderr receive the job's output as it runs. Nil discards.
 	Stdout, Stderr io.Writer
 }
