@@ -204,13 +204,33 @@ type Vote struct {
 	DecidedAt time.Time
 }
 
-// Approval is a request to publish one bundle of one job to one target.
+// ApprovalKind is what an approval is about. The values are what the
+// database holds, so they never change.
+type ApprovalKind string
+
+// Approval kinds: publishing a job's bundle (one per job), or a change that
+// widens a running job (any number per job).
+const (
+	KindPublish ApprovalKind = "publish"
+	KindChange  ApprovalKind = "change"
+)
+
+// Approval is a request to publish one bundle of one job to one target, or
+// to widen one running job.
 type Approval struct {
-	ID           string
-	JobID        string
-	Tenant       string
-	Requester    string
+	ID    string
+	Kind  ApprovalKind
+	JobID string
+	// Tenant is the job's; Requester is whoever asked (the job's submitter
+	// for a publish request, the change's requester for a change).
+	Tenant    string
+	Requester string
+	// BundleDigest is what a decision must name: the bundle's digest, or
+	// for a change the digest of Change.
 	BundleDigest string
+	// Change is the requested change, serialized by the jobs package; nil
+	// for publish requests.
+	Change       []byte
 	TargetRepo   string
 	TargetBranch string
 	State        ApprovalState
@@ -230,6 +250,8 @@ type Approval struct {
 type ApprovalFilter struct {
 	// Tenant, if set, selects one tenant's approvals.
 	Tenant string
+	// Kind, if set, selects one kind.
+	Kind ApprovalKind
 	// States filters by stored state; empty means all.
 	States []ApprovalState
 	// Limit is the page size and must be positive.
@@ -239,6 +261,9 @@ type ApprovalFilter struct {
 
 // ConsumeRequest is what ConsumeApprovalAudited must find to consume.
 type ConsumeRequest struct {
+	// Kind defaults to KindPublish; a request of another kind is never
+	// consumed.
+	Kind                                              ApprovalKind
 	ID, JobID, BundleDigest, TargetRepo, TargetBranch string
 	// By is the consumer's SPIFFE ID; At is now, which must be before the
 	// approval's expiry.
@@ -278,13 +303,14 @@ type LeaseFilter struct {
 // ApprovalStore is the part of Store that keeps approvals and leases.
 // Every change is written with its audit event in one transaction.
 type ApprovalStore interface {
-	// CreateApprovalAudited records a unless the job already has an
-	// approval, in which case it returns that one and created=false and
-	// writes nothing, e included.
+	// CreateApprovalAudited records a. A publish request is not recorded
+	// when the job already has one: that one is returned with
+	// created=false and nothing is written, e included. Change requests
+	// are always recorded.
 	CreateApprovalAudited(ctx context.Context, a Approval, e audit.Event) (stored Approval, created bool, err error)
 	// GetApproval returns one approval with its votes, or ErrNotFound.
 	GetApproval(ctx context.Context, id string) (Approval, error)
-	// ApprovalForJob returns the job's approval, or ErrNotFound.
+	// ApprovalForJob returns the job's publish approval, or ErrNotFound.
 	ApprovalForJob(ctx context.Context, jobID string) (Approval, error)
 	// ListApprovals returns a page of approvals, newest first.
 	ListApprovals(ctx context.Context, f ApprovalFilter) ([]Approval, string, error)
@@ -299,6 +325,12 @@ type ApprovalStore interface {
 	// expired at r.At, in one conditional update, appending e with it.
 	// Anything else wraps ErrFailedPrecondition and writes nothing.
 	ConsumeApprovalAudited(ctx context.Context, r ConsumeRequest, e audit.Event) (Approval, error)
+	// ApplyChangeAudited consumes change request r (as
+	// ConsumeApprovalAudited does, with r.Kind KindChange) and updates its
+	// job with update, appending consumed and the event update returns, all
+	// in one transaction: the change takes effect exactly when the
+	// approval is spent. On any error nothing is written.
+	ApplyChangeAudited(ctx context.Context, r ConsumeRequest, consumed audit.Event, update func(*Job) (audit.Event, error)) (Approval, Job, error)
 	// CreateLeaseAudited records l with e.
 	CreateLeaseAudited(ctx context.Context, l Lease, e audit.Event) (Lease, error)
 	// GetLease returns one lease, or ErrNotFound.

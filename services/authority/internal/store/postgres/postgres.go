@@ -136,6 +136,15 @@ var migrations = []string{
 	);
 	CREATE INDEX leases_by_job ON leases (job_id, issued_at);
 	CREATE INDEX leases_by_time ON leases (issued_at, id);`,
+
+	// 4: approvals get a kind: publish (one per job, as before) or change
+	// (a widening of a running job; any number per job), and the change.
+	`ALTER TABLE approvals ADD COLUMN kind TEXT NOT NULL DEFAULT 'publish';
+	ALTER TABLE approvals ALTER COLUMN kind DROP DEFAULT;
+	ALTER TABLE approvals ADD COLUMN job_change BYTEA;
+	ALTER TABLE approvals DROP CONSTRAINT approvals_job_id_key;
+	CREATE UNIQUE INDEX approvals_one_publish_per_job ON approvals (job_id) WHERE kind = 'publish';
+	CREATE INDEX approvals_by_job ON approvals (job_id, created_at);`,
 }
 
 // DropAuditGuards removes the triggers that keep audit_log append-only; the

@@ -124,6 +124,49 @@ var migrations = []string{
 	);
 	CREATE INDEX leases_by_job ON leases (job_id, issued_at);
 	CREATE INDEX leases_by_time ON leases (issued_at, id);`,
+
+	// 4: approvals get a kind: publish (one per job, as before) or change
+	// (a widening of a running job; any number per job), and the change
+	// itself. SQLite cannot drop the old UNIQUE (job_id), so both tables
+	// are rebuilt (votes first, so no foreign key ever dangles) and the
+	// uniqueness becomes a partial index over publish requests.
+	`CREATE TABLE approvals_v4 (
+		id            TEXT NOT NULL PRIMARY KEY,
+		job_id        TEXT NOT NULL,
+		tenant        TEXT NOT NULL,
+		requester     TEXT   NOT NULL,
+		bundle_digest TEXT   NOT NULL,
+		target_repo   TEXT   NOT NULL,
+		target_branch TEXT   NOT NULL,
+		state         TEXT   NOT NULL,
+		required      INTEGER NOT NULL,
+		created_at    BIGINT NOT NULL,
+		expires_at    BIGINT NOT NULL,
+		consumed_at   BIGINT NOT NULL,
+		consumed_by   TEXT   NOT NULL,
+		version       BIGINT NOT NULL,
+		kind          TEXT   NOT NULL,
+		job_change    BLOB
+	);
+	INSERT INTO approvals_v4 SELECT id, job_id, tenant, requester, bundle_digest, target_repo, target_branch, state, required,
+		created_at, expires_at, consumed_at, consumed_by, version, 'publish', NULL FROM approvals;
+	CREATE TABLE approval_votes_v4 (
+		approval_id TEXT NOT NULL REFERENCES approvals_v4 (id),
+		approver    TEXT NOT NULL,
+		decision    TEXT   NOT NULL,
+		comment     TEXT   NOT NULL,
+		decided_at  BIGINT NOT NULL,
+		UNIQUE (approval_id, approver)
+	);
+	INSERT INTO approval_votes_v4 SELECT approval_id, approver, decision, comment, decided_at FROM approval_votes;
+	DROP TABLE approval_votes;
+	DROP TABLE approvals;
+	ALTER TABLE approvals_v4 RENAME TO approvals;
+	ALTER TABLE approval_votes_v4 RENAME TO approval_votes;
+	CREATE UNIQUE INDEX approvals_one_publish_per_job ON approvals (job_id) WHERE kind = 'publish';
+	CREATE INDEX approvals_by_job ON approvals (job_id, created_at);
+	CREATE INDEX approvals_by_tenant ON approvals (tenant, created_at, id);
+	CREATE INDEX approvals_by_time ON approvals (created_at, id);`,
 }
 
 // DropAuditGuards removes the triggers that keep audit_log append-only; the

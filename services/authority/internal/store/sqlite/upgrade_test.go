@@ -4,9 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/airlockhq/airlock/pkg/audit"
+	"github.com/airlockhq/airlock/services/authority/internal/store"
 	"github.com/airlockhq/airlock/services/authority/internal/store/internal/sqlstore"
 	"github.com/airlockhq/airlock/services/authority/internal/store/storetest"
 )
@@ -43,5 +45,77 @@ func TestUpgradeFromJobsOnly(t *testing.T) {
 	}
 	if e, err := s.AppendAudit(t.Context(), audit.Event{Kind: "k"}); err != nil || e.Sequence != 1 || e.PrevHash != audit.GenesisHash {
 		t.Fatalf("first audit entry after the upgrade: %+v, %v", e, err)
+	}
+}
+
+// TestUpgradeKeepsApprovals opens a database made by a build that knew
+// three migrations (approvals one per job, no kinds): its approvals and
+// votes survive the rebuild of both tables as publish requests, a second
+// publish request for the job is still refused, and change requests can be
+// added.
+func TestUpgradeKeepsApprovals(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "authority.db")
+	db, err := sql.Open("sqlite", path+"?_txlock=immediate&_pragma=foreign_keys(1)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := sqlstore.New(context.Background(), db, sqlstore.Dialect{Migrations: migrations[:3]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := old.CreateJob(t.Context(), storetest.NewJob("dev", "j1", 0)); err != nil {
+		t.Fatal(err)
+	}
+	// The version 3 schema, written as that build wrote it.
+	if _, err := db.Exec(`INSERT INTO approvals (id, job_id, tenant, requester, bundle_digest, target_repo, target_branch, state, required,
+		created_at, expires_at, consumed_at, consumed_by, version) VALUES ('a1', 'j1', 'dev', 'spiffe://airlock.test/client/dev',
+		'sha256:b', 'demo', 'main', 'approved', 1, 1, 9999999999999999, 0, '', 2);
+		INSERT INTO approval_votes (approval_id, approver, decision, comment, decided_at)
+		VALUES ('a1', 'spiffe://airlock.test/approver/alice', 'approve', 'ok', 2)`); err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+
+	s, err := Open(t.Context(), path)
+	if err != nil {
+		t.Fatalf("open the old database: %v", err)
+	}
+	defer s.Close()
+	a, err := s.ApprovalForJob(t.Context(), "j1")
+	if err != nil || a.ID != "a1" || a.Kind != store.KindPublish || a.State != store.ApprovalApproved || len(a.Votes) != 1 || a.Votes[0].Comment != "ok" {
+		t.Fatalf("approval after the upgrade: %+v, %v", a, err)
+	}
+	if _, created, err := s.CreateApprovalAudited(t.Context(), storetest.NewApproval("dev", "a2", "j1", 1), audit.Event{Kind: "approval.opened"}); err != nil || created {
+		t.Fatalf("second publish request after the upgrade: created %v, %v", created, err)
+	}
+	if _, created, err := s.CreateApprovalAudited(t.Context(), storetest.NewChange("dev", "c1", "j1", 1), audit.Event{Kind: "approval.opened"}); err != nil || !created {
+		t.Fatalf("change request after the upgrade: created %v, %v", created, err)
+	}
+	// The votes' foreign key points at the rebuilt table.
+	if _, err := s.DecideApprovalAudited(t.Context(), "nope", func(*store.Approval) (store.Vote, audit.Event, error) {
+		return store.Vote{}, audit.Event{}, nil
+	}); err == nil {
+		t.Fatal("deciding an unknown approval succeeded")
+	}
+	check, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer check.Close()
+	var fkErrors int
+	rows, err := check.QueryContext(t.Context(), "PRAGMA foreign_key_check")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		fkErrors++
+	}
+	rows.Close()
+	var votesRef string
+	if err := check.QueryRow(`SELECT sql FROM sqlite_master WHERE name = 'approval_votes'`).Scan(&votesRef); err != nil || !strings.Contains(votesRef, `REFERENCES "approvals"`) && !strings.Contains(votesRef, "REFERENCES approvals ") {
+		t.Fatalf("approval_votes after the upgrade: %s, %v", votesRef, err)
+	}
+	if fkErrors != 0 {
+		t.Fatalf("%d foreign key violations after the upgrade", fkErrors)
 	}
 }

@@ -25,6 +25,9 @@ var approvalTests = []struct {
 	{"ApprovalConsumeRace100", testApprovalConsumeRace},
 	{"ApprovalListFilters", testApprovalList},
 	{"LeaseCreateRevokeList", testLeases},
+	{"ChangeRequestKinds", testChangeKinds},
+	{"ChangeApplyIsAtomic", testChangeApplyAtomic},
+	{"ChangeApplyRace50", testChangeApplyRace},
 }
 
 // NewApproval returns a pending approval of job jobID, created at base+n

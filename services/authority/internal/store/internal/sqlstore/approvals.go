@@ -20,17 +20,17 @@ import (
 // first still finds the row approved.
 
 const approvalColumns = `id, job_id, tenant, requester, bundle_digest, target_repo, target_branch, state, required,
-	created_at, expires_at, consumed_at, consumed_by, version`
+	created_at, expires_at, consumed_at, consumed_by, version, kind, job_change`
 
 func scanApproval(row scanner) (store.Approval, error) {
 	var (
 		a                          store.Approval
-		state                      string
+		state, kind                string
 		created, expires, consumed int64
 	)
 	err := row.Scan(&a.ID, &a.JobID, &a.Tenant, &a.Requester, &a.BundleDigest, &a.TargetRepo, &a.TargetBranch, &state, &a.Required,
-		&created, &expires, &consumed, &a.ConsumedBy, &a.Version)
-	a.State = store.ApprovalState(state)
+		&created, &expires, &consumed, &a.ConsumedBy, &a.Version, &kind, &a.Change)
+	a.State, a.Kind = store.ApprovalState(state), store.ApprovalKind(kind)
 	a.CreatedAt, a.ExpiresAt, a.ConsumedAt = fromMicros(created), fromMicros(expires), fromMicros(consumed)
 	return a, err
 }
@@ -50,11 +50,21 @@ type querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// loadApproval reads one approval by a unique column, with its votes.
-func (s *DB) loadApproval(ctx context.Context, q querier, column, value, suffix string) (store.Approval, error) {
-	a, err := scanApproval(q.QueryRowContext(ctx, s.q(`SELECT `+approvalColumns+` FROM approvals WHERE `+column+` = ?`+suffix), value))
+// byID and byJob select one approval: by its id, or a job's publish request.
+const (
+	byID  = "id = ?"
+	byJob = "job_id = ? AND kind = 'publish'"
+)
+
+// loadApproval reads one approval by cond (byID or byJob), with its votes.
+func (s *DB) loadApproval(ctx context.Context, q querier, cond, value, suffix string) (store.Approval, error) {
+	a, err := scanApproval(q.QueryRowContext(ctx, s.q(`SELECT `+approvalColumns+` FROM approvals WHERE `+cond+suffix), value))
 	if errors.Is(err, sql.ErrNoRows) {
-		return store.Approval{}, fmt.Errorf("%w: approval for %s %q", errdefs.ErrNotFound, strings.TrimSuffix(column, "_id"), value)
+		what := "approval %q"
+		if cond == byJob {
+			what = "publish approval for job %q"
+		}
+		return store.Approval{}, fmt.Errorf("%w: "+what, errdefs.ErrNotFound, value)
 	}
 	if err != nil {
 		return store.Approval{}, err
@@ -82,8 +92,14 @@ func defaultEvent(e *audit.Event, jobID, tenant string) error {
 
 // CreateApprovalAudited implements store.Store.
 func (s *DB) CreateApprovalAudited(ctx context.Context, a store.Approval, e audit.Event) (store.Approval, bool, error) {
+	if a.Kind == "" {
+		a.Kind = store.KindPublish
+	}
 	if a.ID == "" || a.JobID == "" || a.Tenant == "" || a.State != store.ApprovalPending || a.Required < 1 || a.ExpiresAt.IsZero() {
 		return store.Approval{}, false, fmt.Errorf("%w: store: create approval: id, job, tenant, pending state, required >= 1 and expiry are required", errdefs.ErrInvalidArgument)
+	}
+	if (a.Kind == store.KindChange) != (len(a.Change) > 0) || (a.Kind != store.KindChange && a.Kind != store.KindPublish) {
+		return store.Approval{}, false, fmt.Errorf("%w: store: create approval: kind %q: a change request, and only one, carries its change", errdefs.ErrInvalidArgument, a.Kind)
 	}
 	if err := defaultEvent(&e, a.JobID, a.Tenant); err != nil {
 		return store.Approval{}, false, fmt.Errorf("store: create approval: %w", err)
@@ -93,10 +109,14 @@ func (s *DB) CreateApprovalAudited(ctx context.Context, a store.Approval, e audi
 		created bool
 	)
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, s.q(`INSERT INTO approvals (`+approvalColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-			ON CONFLICT (job_id) DO NOTHING`),
+		// Only publish requests are one per job (a partial unique index).
+		conflict, cond, key := ` ON CONFLICT (job_id) WHERE kind = 'publish' DO NOTHING`, byJob, a.JobID
+		if a.Kind == store.KindChange {
+			conflict, cond, key = "", byID, a.ID
+		}
+		res, err := tx.ExecContext(ctx, s.q(`INSERT INTO approvals (`+approvalColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`+conflict),
 			a.ID, a.JobID, a.Tenant, a.Requester, a.BundleDigest, a.TargetRepo, a.TargetBranch, string(a.State), a.Required,
-			micros(a.CreatedAt), micros(a.ExpiresAt), int64(0), "", int64(1))
+			micros(a.CreatedAt), micros(a.ExpiresAt), int64(0), "", int64(1), string(a.Kind), a.Change)
 		if err != nil {
 			return err
 		}
@@ -110,7 +130,7 @@ func (s *DB) CreateApprovalAudited(ctx context.Context, a store.Approval, e audi
 				return err
 			}
 		}
-		out, err = s.loadApproval(ctx, tx, "job_id", a.JobID, "")
+		out, err = s.loadApproval(ctx, tx, cond, key, "")
 		return err
 	})
 	if err != nil {
@@ -121,7 +141,7 @@ func (s *DB) CreateApprovalAudited(ctx context.Context, a store.Approval, e audi
 
 // GetApproval implements store.Store.
 func (s *DB) GetApproval(ctx context.Context, id string) (store.Approval, error) {
-	a, err := s.loadApproval(ctx, s.db, "id", id, "")
+	a, err := s.loadApproval(ctx, s.db, byID, id, "")
 	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return store.Approval{}, fmt.Errorf("store: get approval: %w", err)
 	}
@@ -130,7 +150,7 @@ func (s *DB) GetApproval(ctx context.Context, id string) (store.Approval, error)
 
 // ApprovalForJob implements store.Store.
 func (s *DB) ApprovalForJob(ctx context.Context, jobID string) (store.Approval, error) {
-	a, err := s.loadApproval(ctx, s.db, "job_id", jobID, "")
+	a, err := s.loadApproval(ctx, s.db, byJob, jobID, "")
 	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return store.Approval{}, fmt.Errorf("store: approval for job: %w", err)
 	}
@@ -147,6 +167,10 @@ func (s *DB) ListApprovals(ctx context.Context, f store.ApprovalFilter) ([]store
 	if f.Tenant != "" {
 		where = append(where, "tenant = ?")
 		args = append(args, f.Tenant)
+	}
+	if f.Kind != "" {
+		where = append(where, "kind = ?")
+		args = append(args, string(f.Kind))
 	}
 	if len(f.States) > 0 {
 		where = append(where, "state IN ("+placeholders(len(f.States))+")")
@@ -168,7 +192,7 @@ func (s *DB) ListApprovals(ctx context.Context, f store.ApprovalFilter) ([]store
 	}
 	list, next := trimPage(list, f.Limit, func(a store.Approval) (time.Time, string) { return a.CreatedAt, a.ID })
 	for i := range list {
-		full, err := s.loadApproval(ctx, s.db, "id", list[i].ID, "")
+		full, err := s.loadApproval(ctx, s.db, byID, list[i].ID, "")
 		if err != nil {
 			return nil, "", fmt.Errorf("store: list approvals: %w", err)
 		}
@@ -184,7 +208,7 @@ func (s *DB) DecideApprovalAudited(ctx context.Context, id string, decide func(*
 		userErr error
 	)
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		a, err := s.loadApproval(ctx, tx, "id", id, s.d.ForUpdate)
+		a, err := s.loadApproval(ctx, tx, byID, id, s.d.ForUpdate)
 		if err != nil {
 			if errors.Is(err, errdefs.ErrNotFound) {
 				userErr = err
@@ -223,7 +247,7 @@ func (s *DB) DecideApprovalAudited(ctx context.Context, id string, decide func(*
 		if _, err := s.appendAudit(ctx, tx, e); err != nil {
 			return err
 		}
-		out, err = s.loadApproval(ctx, tx, "id", id, "")
+		out, err = s.loadApproval(ctx, tx, byID, id, "")
 		return err
 	})
 	if userErr != nil {
@@ -237,40 +261,19 @@ func (s *DB) DecideApprovalAudited(ctx context.Context, id string, decide func(*
 
 // ConsumeApprovalAudited implements store.Store.
 func (s *DB) ConsumeApprovalAudited(ctx context.Context, r store.ConsumeRequest, e audit.Event) (store.Approval, error) {
-	if r.ID == "" || r.By == "" || r.At.IsZero() {
-		return store.Approval{}, fmt.Errorf("%w: store: consume approval: id, consumer and time are required", errdefs.ErrInvalidArgument)
+	if r.Kind == "" {
+		r.Kind = store.KindPublish
 	}
-	if err := defaultEvent(&e, r.JobID, ""); err != nil {
-		return store.Approval{}, fmt.Errorf("store: consume approval: %w", err)
+	if err := checkConsume(r, &e); err != nil {
+		return store.Approval{}, err
 	}
 	var (
 		out    store.Approval
 		refuse error
 	)
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, s.q(`UPDATE approvals SET state = ?, consumed_at = ?, consumed_by = ?, version = version + 1
-			WHERE id = ? AND state = ? AND job_id = ? AND bundle_digest = ? AND target_repo = ? AND target_branch = ? AND expires_at > ?`),
-			string(store.ApprovalConsumed), micros(r.At), r.By,
-			r.ID, string(store.ApprovalApproved), r.JobID, r.BundleDigest, r.TargetRepo, r.TargetBranch, micros(r.At))
-		if err != nil {
-			return err
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return err
-		}
-		if n != 1 {
-			refuse = fmt.Errorf("%w: approval %q is not an unexpired approved request for that job, digest and target", errdefs.ErrFailedPrecondition, r.ID)
-			return refuse
-		}
-		out, err = s.loadApproval(ctx, tx, "id", r.ID, "")
-		if err != nil {
-			return err
-		}
-		if e.Tenant == "" {
-			e.Tenant = out.Tenant
-		}
-		_, err = s.appendAudit(ctx, tx, e)
+		var err error
+		out, refuse, err = s.consumeTx(ctx, tx, r, e)
 		return err
 	})
 	if refuse != nil {
@@ -280,6 +283,76 @@ func (s *DB) ConsumeApprovalAudited(ctx context.Context, r store.ConsumeRequest,
 		return store.Approval{}, fmt.Errorf("store: consume approval %q: %w", r.ID, err)
 	}
 	return out, nil
+}
+
+// ApplyChangeAudited implements store.Store.
+func (s *DB) ApplyChangeAudited(ctx context.Context, r store.ConsumeRequest, consumed audit.Event, update func(*store.Job) (audit.Event, error)) (store.Approval, store.Job, error) {
+	r.Kind = store.KindChange
+	if err := checkConsume(r, &consumed); err != nil {
+		return store.Approval{}, store.Job{}, err
+	}
+	var (
+		a       store.Approval
+		j       store.Job
+		userErr error
+	)
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		var err error
+		if a, userErr, err = s.consumeTx(ctx, tx, r, consumed); err != nil {
+			return err
+		}
+		j, userErr, err = s.updateJobTx(ctx, tx, r.JobID, func(j *store.Job) (*audit.Event, error) {
+			e, err := update(j)
+			return &e, err
+		})
+		return err
+	})
+	if userErr != nil {
+		return store.Approval{}, store.Job{}, userErr
+	}
+	if err != nil {
+		return store.Approval{}, store.Job{}, fmt.Errorf("store: apply change %q: %w", r.ID, err)
+	}
+	return a, j, nil
+}
+
+func checkConsume(r store.ConsumeRequest, e *audit.Event) error {
+	if r.ID == "" || r.By == "" || r.At.IsZero() {
+		return fmt.Errorf("%w: store: consume approval: id, consumer and time are required", errdefs.ErrInvalidArgument)
+	}
+	if err := defaultEvent(e, r.JobID, ""); err != nil {
+		return fmt.Errorf("store: consume approval: %w", err)
+	}
+	return nil
+}
+
+// consumeTx is the one conditional update that spends an approval, with
+// its event, inside tx. refuse is set (and returned as err too) when the
+// approval is not an unexpired approved request matching r.
+func (s *DB) consumeTx(ctx context.Context, tx *sql.Tx, r store.ConsumeRequest, e audit.Event) (out store.Approval, refuse, err error) {
+	res, err := tx.ExecContext(ctx, s.q(`UPDATE approvals SET state = ?, consumed_at = ?, consumed_by = ?, version = version + 1
+		WHERE id = ? AND kind = ? AND state = ? AND job_id = ? AND bundle_digest = ? AND target_repo = ? AND target_branch = ? AND expires_at > ?`),
+		string(store.ApprovalConsumed), micros(r.At), r.By,
+		r.ID, string(r.Kind), string(store.ApprovalApproved), r.JobID, r.BundleDigest, r.TargetRepo, r.TargetBranch, micros(r.At))
+	if err != nil {
+		return out, nil, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return out, nil, err
+	}
+	if n != 1 {
+		err = fmt.Errorf("%w: approval %q is not an unexpired approved %s request for that job, digest and target", errdefs.ErrFailedPrecondition, r.ID, r.Kind)
+		return out, err, err
+	}
+	if out, err = s.loadApproval(ctx, tx, byID, r.ID, ""); err != nil {
+		return out, nil, err
+	}
+	if e.Tenant == "" {
+		e.Tenant = out.Tenant
+	}
+	_, err = s.appendAudit(ctx, tx, e)
+	return out, nil, err
 }
 
 const leaseColumns = `id, purpose, job_id, resource, holder, issued_at, expires_at, revoked_at, revoke_reason`

@@ -382,54 +382,8 @@ func (s *DB) updateJob(ctx context.Context, id string, update func(*store.Job) (
 	var out store.Job
 	var userErr error
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		j, err := scanJob(tx.QueryRowContext(ctx, s.q(`SELECT `+jobColumns+` FROM jobs WHERE id = ?`+s.d.ForUpdate), id))
-		if errors.Is(err, sql.ErrNoRows) {
-			userErr = fmt.Errorf("%w: job %q", errdefs.ErrNotFound, id)
-			return userErr
-		}
-		if err != nil {
-			return err
-		}
-		// The event defaults to the job as stored, not as update left it.
-		jobID, tenant := j.ID, j.Tenant
-		e, err := update(&j)
-		if err != nil {
-			userErr = err
-			return err
-		}
-		if !j.State.Valid() {
-			return fmt.Errorf("invalid state %q", j.State)
-		}
-		if e != nil {
-			if e.JobID == "" {
-				e.JobID = jobID
-			}
-			if e.Tenant == "" {
-				e.Tenant = tenant
-			}
-			if err := e.Validate(); err != nil {
-				return fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err)
-			}
-		}
-		j.Version++
-		res, err := tx.ExecContext(ctx, s.q(`UPDATE jobs SET commit_sha = ?, tree_hash = ?, state = ?, message = ?, network_state = ?,
-			signed_grant = ?, grant_expires_at = ?, dispatched_at = ?, result = ?, bundle_digest = ?, patch = ?, output_tail = ?,
-			provenance = ?, updated_at = ?, version = ? WHERE id = ? AND version = ?`),
-			j.Commit, j.TreeHash, string(j.State), j.Message, j.NetworkState,
-			j.Grant, micros(j.GrantExpiresAt), micros(j.DispatchedAt), j.Result, j.BundleDigest, j.Patch, j.OutputTail,
-			j.Provenance, micros(j.UpdatedAt), j.Version, id, j.Version-1)
-		if err != nil {
-			return err
-		}
-		if n, err := res.RowsAffected(); err != nil || n != 1 {
-			return fmt.Errorf("job %q changed underneath the update (rows=%d, err=%v)", id, n, err)
-		}
-		if e != nil {
-			if _, err := s.appendAudit(ctx, tx, *e); err != nil {
-				return err
-			}
-		}
-		out, err = scanJob(tx.QueryRowContext(ctx, s.q(`SELECT `+jobColumns+` FROM jobs WHERE id = ?`), id))
+		var err error
+		out, userErr, err = s.updateJobTx(ctx, tx, id, update)
 		return err
 	})
 	if userErr != nil {
@@ -439,6 +393,60 @@ func (s *DB) updateJob(ctx context.Context, id string, update func(*store.Job) (
 		return store.Job{}, fmt.Errorf("store: update job %q: %w", id, err)
 	}
 	return out, nil
+}
+
+// updateJobTx is updateJob's work inside tx. userErr is set (and returned
+// as err too) when the refusal is the caller's: the job is unknown or
+// update said no.
+func (s *DB) updateJobTx(ctx context.Context, tx *sql.Tx, id string, update func(*store.Job) (*audit.Event, error)) (out store.Job, userErr, err error) {
+	j, err := scanJob(tx.QueryRowContext(ctx, s.q(`SELECT `+jobColumns+` FROM jobs WHERE id = ?`+s.d.ForUpdate), id))
+	if errors.Is(err, sql.ErrNoRows) {
+		err = fmt.Errorf("%w: job %q", errdefs.ErrNotFound, id)
+		return out, err, err
+	}
+	if err != nil {
+		return out, nil, err
+	}
+	// The event defaults to the job as stored, not as update left it.
+	jobID, tenant := j.ID, j.Tenant
+	e, err := update(&j)
+	if err != nil {
+		return out, err, err
+	}
+	if !j.State.Valid() {
+		return out, nil, fmt.Errorf("invalid state %q", j.State)
+	}
+	if e != nil {
+		if e.JobID == "" {
+			e.JobID = jobID
+		}
+		if e.Tenant == "" {
+			e.Tenant = tenant
+		}
+		if err := e.Validate(); err != nil {
+			return out, nil, fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err)
+		}
+	}
+	j.Version++
+	res, err := tx.ExecContext(ctx, s.q(`UPDATE jobs SET commit_sha = ?, tree_hash = ?, state = ?, message = ?, network_state = ?,
+		signed_grant = ?, grant_expires_at = ?, dispatched_at = ?, result = ?, bundle_digest = ?, patch = ?, output_tail = ?,
+		provenance = ?, updated_at = ?, version = ? WHERE id = ? AND version = ?`),
+		j.Commit, j.TreeHash, string(j.State), j.Message, j.NetworkState,
+		j.Grant, micros(j.GrantExpiresAt), micros(j.DispatchedAt), j.Result, j.BundleDigest, j.Patch, j.OutputTail,
+		j.Provenance, micros(j.UpdatedAt), j.Version, id, j.Version-1)
+	if err != nil {
+		return out, nil, err
+	}
+	if n, err := res.RowsAffected(); err != nil || n != 1 {
+		return out, nil, fmt.Errorf("job %q changed underneath the update (rows=%d, err=%v)", id, n, err)
+	}
+	if e != nil {
+		if _, err := s.appendAudit(ctx, tx, *e); err != nil {
+			return out, nil, err
+		}
+	}
+	out, err = scanJob(tx.QueryRowContext(ctx, s.q(`SELECT `+jobColumns+` FROM jobs WHERE id = ?`), id))
+	return out, nil, err
 }
 
 // newestFirst finishes a keyset-paged query over (created_at, id), newest

@@ -1,0 +1,189 @@
+package storetest
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/airlockhq/airlock/pkg/audit"
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/services/authority/internal/store"
+)
+
+// NewChange returns a pending change request for job jobID, created at
+// base+n seconds, expiring an hour later, needing one vote.
+func NewChange(tenant, id, jobID string, n int) store.Approval {
+	a := NewApproval(tenant, id, jobID, n)
+	a.Kind, a.Change, a.TargetRepo, a.TargetBranch = store.KindChange, []byte(`{"to":"`+id+`"}`), "", ""
+	a.ExpiresAt = a.CreatedAt.Add(time.Hour)
+	return a
+}
+
+func changeReq(a store.Approval, at time.Time) store.ConsumeRequest {
+	return store.ConsumeRequest{Kind: store.KindChange, ID: a.ID, JobID: a.JobID, BundleDigest: a.BundleDigest,
+		By: "spiffe://airlock.test/service/authority", At: at}
+}
+
+// setGrant is the job update a change applies: a new grant.
+func setGrant(grant string) func(*store.Job) (audit.Event, error) {
+	return func(j *store.Job) (audit.Event, error) {
+		j.Grant = []byte(grant)
+		return audit.Event{Kind: "job.changed", Subject: j.ID, Outcome: "allowed"}, nil
+	}
+}
+
+// testChangeKinds: a job has one publish request but any number of change
+// requests, and each kind is listed, found and consumed only as itself.
+func testChangeKinds(t *testing.T, open Opener) {
+	s := open(t)
+	mustCreate(t, s, NewJob("dev", "j1", 0))
+	pub := mustApproval(t, s, NewApproval("dev", "p1", "j1", 0))
+	c1 := mustApproval(t, s, NewChange("dev", "c1", "j1", 1))
+	c2 := mustApproval(t, s, NewChange("dev", "c2", "j1", 2))
+	if c1.Kind != store.KindChange || string(c1.Change) != `{"to":"c1"}` || pub.Kind != store.KindPublish || pub.Change != nil {
+		t.Fatalf("stored kinds: publish %+v, change %+v", pub, c1)
+	}
+	if _, created, err := s.CreateApprovalAudited(ctx(t), NewApproval("dev", "p2", "j1", 3), audit.Event{Kind: "approval.opened"}); err != nil || created {
+		t.Fatalf("a second publish request for the job: created %v, %v", created, err)
+	}
+	if got, err := s.ApprovalForJob(ctx(t), "j1"); err != nil || got.ID != "p1" {
+		t.Fatalf("ApprovalForJob = %s, %v; want the publish request p1", got.ID, err)
+	}
+	bad := NewChange("dev", "c3", "j1", 4)
+	bad.Change = nil
+	if _, _, err := s.CreateApprovalAudited(ctx(t), bad, audit.Event{Kind: "approval.opened"}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("a change request without its change = %v, want ErrInvalidArgument", err)
+	}
+	list, _, err := s.ListApprovals(ctx(t), store.ApprovalFilter{Kind: store.KindChange, Limit: 10})
+	if err != nil || len(list) != 2 || list[0].ID != "c2" || list[1].ID != "c1" {
+		t.Fatalf("change requests listed: %v, %v", list, err)
+	}
+	for _, id := range []string{"p1", "c1", "c2"} {
+		if _, err := approve(s, t, id, "spiffe://airlock.test/approver/alice", store.ApprovalApproved); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := base.Add(time.Minute)
+	// The publisher's consume never spends a change, nor the authority's
+	// apply a publish request.
+	r := consumeReq(c1, now)
+	if _, err := s.ConsumeApprovalAudited(ctx(t), r, audit.Event{Kind: "approval.consumed"}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("consuming a change request as a publish one = %v", err)
+	}
+	if _, _, err := s.ApplyChangeAudited(ctx(t), changeReq(pub, now), audit.Event{Kind: "approval.consumed"}, setGrant("g")); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("applying a publish request as a change = %v", err)
+	}
+	other := changeReq(c1, now)
+	other.BundleDigest = c2.BundleDigest
+	if _, _, err := s.ApplyChangeAudited(ctx(t), other, audit.Event{Kind: "approval.consumed"}, setGrant("g")); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("applying c1 with c2's digest = %v", err)
+	}
+	if j, _ := s.GetJob(ctx(t), "j1"); string(j.Grant) == "g" {
+		t.Fatal("a refused apply changed the job")
+	}
+	a, j, err := s.ApplyChangeAudited(ctx(t), changeReq(c1, now), audit.Event{Kind: "approval.consumed", Subject: "c1"}, setGrant("g1"))
+	if err != nil || a.State != store.ApprovalConsumed || string(j.Grant) != "g1" {
+		t.Fatalf("apply c1 = %+v, job grant %q, %v", a, j.Grant, err)
+	}
+	if _, _, err := s.ApplyChangeAudited(ctx(t), changeReq(c1, now), audit.Event{Kind: "approval.consumed"}, setGrant("g2")); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("applying c1 twice = %v", err)
+	}
+	if n := countKind(t, s, "job.changed"); n != 1 {
+		t.Fatalf("%d job.changed events, want 1", n)
+	}
+}
+
+// testChangeApplyAtomic: when the job update refuses, the approval is not
+// spent and nothing is logged; when the approval is not spendable, the job
+// is not changed.
+func testChangeApplyAtomic(t *testing.T, open Opener) {
+	s := open(t)
+	mustCreate(t, s, NewJob("dev", "j1", 0))
+	c := mustApproval(t, s, NewChange("dev", "c1", "j1", 0))
+	if _, err := approve(s, t, "c1", "spiffe://airlock.test/approver/alice", store.ApprovalApproved); err != nil {
+		t.Fatal(err)
+	}
+	before := len(VerifyAudit(t, s))
+	refusal := errors.New("the job moved on")
+	_, _, err := s.ApplyChangeAudited(ctx(t), changeReq(c, base.Add(time.Minute)), audit.Event{Kind: "approval.consumed"},
+		func(j *store.Job) (audit.Event, error) { j.Grant = []byte("x"); return audit.Event{}, refusal })
+	if !errors.Is(err, refusal) {
+		t.Fatalf("apply with a refusing update = %v", err)
+	}
+	if got, _ := s.GetApproval(ctx(t), "c1"); got.State != store.ApprovalApproved {
+		t.Fatalf("approval after a refused apply: %s, want approved (unspent)", got.State)
+	}
+	if n := len(VerifyAudit(t, s)); n != before {
+		t.Fatalf("a refused apply logged %d events", n-before)
+	}
+	// An invalid event (no kind) rolls back the consume as well.
+	_, _, err = s.ApplyChangeAudited(ctx(t), changeReq(c, base.Add(time.Minute)), audit.Event{Kind: "approval.consumed"},
+		func(j *store.Job) (audit.Event, error) { return audit.Event{}, nil })
+	if err == nil {
+		t.Fatal("apply with an invalid job event succeeded")
+	}
+	if got, _ := s.GetApproval(ctx(t), "c1"); got.State != store.ApprovalApproved {
+		t.Fatalf("approval after a failed apply: %s, want approved", got.State)
+	}
+	// Expired: nothing changes.
+	if _, _, err := s.ApplyChangeAudited(ctx(t), changeReq(c, c.ExpiresAt), audit.Event{Kind: "approval.consumed"}, setGrant("late")); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("applying an expired change = %v", err)
+	}
+	if j, _ := s.GetJob(ctx(t), "j1"); string(j.Grant) == "late" || string(j.Grant) == "x" {
+		t.Fatalf("job grant %q after refused applies", j.Grant)
+	}
+}
+
+// testChangeApplyRace: 50 appliers over two stores race on one approved
+// change: exactly one changes the job.
+func testChangeApplyRace(t *testing.T, open Opener) {
+	s1, s2 := open(t), open(t)
+	mustCreate(t, s1, NewJob("dev", "j1", 0))
+	c := mustApproval(t, s1, NewChange("dev", "c1", "j1", 0))
+	if _, err := approve(s1, t, "c1", "spiffe://airlock.test/approver/alice", store.ApprovalApproved); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		wg       sync.WaitGroup
+		won      atomic.Int32
+		mu       sync.Mutex
+		failures []error
+	)
+	start := make(chan struct{})
+	for i := range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := s1
+			if i%2 == 1 {
+				s = s2
+			}
+			<-start
+			_, _, err := s.ApplyChangeAudited(ctx(t), changeReq(c, base.Add(time.Minute)), audit.Event{Kind: "approval.consumed"}, setGrant("g"))
+			switch {
+			case err == nil:
+				won.Add(1)
+			case !errors.Is(err, errdefs.ErrFailedPrecondition):
+				mu.Lock()
+				failures = append(failures, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if len(failures) > 0 {
+		t.Fatalf("%d appliers failed otherwise than by precondition: %v", len(failures), failures[0])
+	}
+	if w := won.Load(); w != 1 {
+		t.Fatalf("%d appliers succeeded, want exactly 1", w)
+	}
+	if n := countKind(t, s1, "job.changed"); n != 1 {
+		t.Fatalf("%d job.changed events, want 1", n)
+	}
+	if j, _ := s1.GetJob(ctx(t), "j1"); j.Version != 2 {
+		t.Fatalf("job version %d after one applied change, want 2", j.Version)
+	}
+}
