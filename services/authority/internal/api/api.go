@@ -306,18 +306,62 @@ func reasonFromProto(r typesv1.TerminationReason) jobs.Reason {
 	return jobs.ReasonUnspecified
 }
 
-const withNetwork = "per-job network policy changes"
-
-func (s *Service) UpdateNetworkPolicy(context.Context, *authorityv1.UpdateNetworkPolicyRequest) (*authorityv1.UpdateNetworkPolicyResponse, error) {
-	return nil, errdefs.NotImplemented(authorityv1.AuthorityService_UpdateNetworkPolicy_FullMethodName, withNetwork)
+func (s *Service) UpdateNetworkPolicy(ctx context.Context, req *authorityv1.UpdateNetworkPolicyRequest) (*authorityv1.UpdateNetworkPolicyResponse, error) {
+	id, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if req.GetPolicy() == nil {
+		return nil, s.fail(ctx, invalid("policy", "required: the whole new policy"))
+	}
+	n, err := networkFromProto("policy", req.GetPolicy())
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	res, err := s.cfg.Jobs.RequestChange(ctx, id, jobs.ChangeRequest{JobID: req.GetJobId(), Network: &n})
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	pj, err := jobToProto(res.Job)
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	return &authorityv1.UpdateNetworkPolicyResponse{Status: pj.GetNetworkPolicyStatus(), ApprovalId: res.ApprovalID}, nil
 }
 
-func (s *Service) UpdateJobLimits(context.Context, *authorityv1.UpdateJobLimitsRequest) (*authorityv1.UpdateJobLimitsResponse, error) {
-	return nil, errdefs.NotImplemented(authorityv1.AuthorityService_UpdateJobLimits_FullMethodName, withNetwork)
+func (s *Service) UpdateJobLimits(ctx context.Context, req *authorityv1.UpdateJobLimitsRequest) (*authorityv1.UpdateJobLimitsResponse, error) {
+	id, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if req.GetLimits() == nil {
+		return nil, s.fail(ctx, invalid("limits", "required: the limits to change"))
+	}
+	l, err := limitsFromProto("limits", req.GetLimits())
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	res, err := s.cfg.Jobs.RequestChange(ctx, id, jobs.ChangeRequest{JobID: req.GetJobId(), Limits: &l})
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	pj, err := jobToProto(res.Job)
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	return &authorityv1.UpdateJobLimitsResponse{Job: pj, ApprovalId: res.ApprovalID}, nil
 }
 
-func (s *Service) UseLease(context.Context, *authorityv1.UseLeaseRequest) (*authorityv1.UseLeaseResponse, error) {
-	return nil, errdefs.NotImplemented(authorityv1.AuthorityService_UseLease_FullMethodName, withNetwork)
+func (s *Service) UseLease(ctx context.Context, req *authorityv1.UseLeaseRequest) (*authorityv1.UseLeaseResponse, error) {
+	id, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	l, err := s.cfg.Approvals.UseLease(ctx, id, approvals.UseRequest{LeaseID: req.GetLeaseId(), JobID: req.GetJobId(), Resource: req.GetResource()})
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	return &authorityv1.UseLeaseResponse{Lease: leaseToProto(l)}, nil
 }
 
 func (s *Service) ListAuditEvents(ctx context.Context, req *authorityv1.ListAuditEventsRequest) (*authorityv1.ListAuditEventsResponse, error) {

@@ -272,40 +272,37 @@ func TestPlainEnvIsAccepted(t *testing.T) {
 	}
 }
 
-func TestNetworkPolicyAcceptedButNotRun(t *testing.T) {
+func TestAllowPolicyRunsDomainsDoNot(t *testing.T) {
 	h := newHarness(t)
 	dev := h.client(devID)
-	for _, tc := range []struct {
-		mode   string
-		policy *typesv1.NetworkPolicy
-	}{
-		{"allow", &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Allow{Allow: &typesv1.AllowList{Rules: []*typesv1.AllowRule{{Cidr: "10.1.0.0/16", Ports: []uint32{443}}}}}}},
-		{"domains", &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Domains{Domains: &typesv1.DomainList{Domains: []string{"proxy.golang.org", "api.example.com"}}}}},
-	} {
-		t.Run(tc.mode, func(t *testing.T) {
-			s := spec()
-			s.NetworkPolicy = tc.policy
-			resp := h.submit(dev, "net-"+tc.mode, s)
-			j := resp.GetJob()
-			want := "network policy " + tc.mode + " is not enforced by this build yet; only deny_all runs"
-			if j.GetState() != authorityv1.JobState_JOB_STATE_FAILED || j.GetMessage() != want {
-				t.Fatalf("state %v, message %q; want FAILED with %q", j.GetState(), j.GetMessage(), want)
-			}
-			if !proto.Equal(j.GetSpec().GetNetworkPolicy(), tc.policy) || !proto.Equal(j.GetNetworkPolicyStatus().GetPolicy(), tc.policy) {
-				t.Errorf("the policy was not stored as asked: %v", j.GetNetworkPolicyStatus())
-			}
-			if j.GetNetworkPolicyStatus().GetState() != typesv1.NetworkPolicyState_NETWORK_POLICY_STATE_FAILED {
-				t.Errorf("network policy state = %v", j.GetNetworkPolicyStatus().GetState())
-			}
-			got, err := dev.GetJob(t.Context(), &authorityv1.GetJobRequest{JobId: j.GetJobId()})
-			if err != nil || got.GetJob().GetState() != authorityv1.JobState_JOB_STATE_FAILED {
-				t.Fatalf("GetJob: %v %v", got, err)
-			}
-			time.Sleep(50 * time.Millisecond)
-			if n := h.fake.Attempts(j.GetJobId()); n != 0 {
-				t.Errorf("a job refused to run was dispatched %d times", n)
-			}
-		})
+
+	allow := &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Allow{Allow: &typesv1.AllowList{Rules: []*typesv1.AllowRule{{Cidr: "10.1.0.0/16", Ports: []uint32{443}}}}}}
+	s := spec()
+	s.NetworkPolicy = allow
+	j := h.submit(dev, "net-allow", s).GetJob()
+	h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_RUNNING)
+	grants := h.fake.Grants(j.GetJobId())
+	if len(grants) == 0 || !proto.Equal(grants[0].GetNetworkPolicy(), allow) || grants[0].GetGeneration() != 1 || grants[0].GetNetworkPolicyGeneration() != 1 {
+		t.Fatalf("dispatched grants = %v; want the allow policy at generation 1", grants)
+	}
+
+	domains := &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Domains{Domains: &typesv1.DomainList{Domains: []string{"proxy.golang.org", "api.example.com"}}}}
+	s = spec()
+	s.NetworkPolicy = domains
+	j = h.submit(dev, "net-domains", s).GetJob()
+	want := "network policy domains is not enforced by this build yet; only deny_all and allow run"
+	if j.GetState() != authorityv1.JobState_JOB_STATE_FAILED || j.GetMessage() != want {
+		t.Fatalf("state %v, message %q; want FAILED with %q", j.GetState(), j.GetMessage(), want)
+	}
+	if !proto.Equal(j.GetSpec().GetNetworkPolicy(), domains) || !proto.Equal(j.GetNetworkPolicyStatus().GetPolicy(), domains) {
+		t.Errorf("the policy was not stored as asked: %v", j.GetNetworkPolicyStatus())
+	}
+	if j.GetNetworkPolicyStatus().GetState() != typesv1.NetworkPolicyState_NETWORK_POLICY_STATE_FAILED {
+		t.Errorf("network policy state = %v", j.GetNetworkPolicyStatus().GetState())
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := h.fake.Attempts(j.GetJobId()); n != 0 {
+		t.Errorf("a job refused to run was dispatched %d times", n)
 	}
 }
 
@@ -743,10 +740,4 @@ func TestRestartRedispatchesQueuedJobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.waitState(dev, id, authorityv1.JobState_JOB_STATE_FINISHED)
-}
-
-func TestOtherRPCsStayUnimplemented(t *testing.T) {
-	h := newHarness(t)
-	_, err := h.client(devID).UpdateNetworkPolicy(t.Context(), &authorityv1.UpdateNetworkPolicyRequest{JobId: "x"})
-	wantStatus(t, err, codes.Unimplemented, "not implemented in this build yet")
 }

@@ -16,6 +16,7 @@ import (
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/approvals"
+	"github.com/airlockhq/airlock/services/authority/internal/jobs"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 )
 
@@ -53,9 +54,19 @@ func optTime(t time.Time) *timestamppb.Timestamp {
 func approvalToProto(a store.Approval, state store.ApprovalState) *authorityv1.Approval {
 	out := &authorityv1.Approval{
 		ApprovalId: a.ID, JobId: a.JobID, Tenant: a.Tenant, Requester: a.Requester, BundleDigest: a.BundleDigest,
-		Target: &typesv1.PublishTarget{Repository: a.TargetRepo, Branch: a.TargetBranch},
-		State:  approvalStateToProto[state], RequiredApprovals: int32(a.Required),
+		State: approvalStateToProto[state], RequiredApprovals: int32(a.Required),
 		CreatedAt: timestamppb.New(a.CreatedAt), ExpiresAt: timestamppb.New(a.ExpiresAt),
+		Kind: authorityv1.ApprovalKind_APPROVAL_KIND_PUBLISH,
+	}
+	if a.Kind == store.KindChange {
+		out.Kind = authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE
+		// A change that cannot be read is shown without it; the digest
+		// still binds any decision to what was stored.
+		if c, err := jobs.DecodeChange(a.Change); err == nil {
+			out.Change = changeToProto(c)
+		}
+	} else {
+		out.Target = &typesv1.PublishTarget{Repository: a.TargetRepo, Branch: a.TargetBranch}
 	}
 	for _, v := range a.Votes {
 		out.Votes = append(out.Votes, &authorityv1.ApprovalVote{Approver: v.Approver, Decision: decisionToProto[v.Decision],
@@ -140,6 +151,16 @@ func (s *Service) DecideApproval(ctx context.Context, req *authorityv1.DecideApp
 	})
 	if err != nil {
 		return nil, s.fail(ctx, err)
+	}
+	if a.Kind == store.KindChange && a.State == store.ApprovalApproved {
+		// The deciding vote applies the change: the approval is spent with
+		// the job's new grant in one transaction.
+		if _, err := s.cfg.Jobs.ApplyApproved(ctx, id, a.ID); err != nil {
+			return nil, s.fail(ctx, fmt.Errorf("the decision is recorded and approval %s is approved, but its change did not apply: %w", a.ID, err))
+		}
+		if a, _, err = s.cfg.Approvals.Get(ctx, id, a.ID); err != nil {
+			return nil, s.fail(ctx, err)
+		}
 	}
 	return &authorityv1.DecideApprovalResponse{Approval: s.approval(a)}, nil
 }

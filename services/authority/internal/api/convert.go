@@ -9,6 +9,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
@@ -69,25 +70,58 @@ func specFromProto(p *authorityv1.JobSpec) (jobs.Spec, error) {
 		return s, invalid("spec.runtime_class", "%d is not a runtime class", p.GetRuntimeClass())
 	}
 	if np := p.GetNetworkPolicy(); np != nil {
-		switch m := np.GetMode().(type) {
-		case *typesv1.NetworkPolicy_DenyAll:
-			s.Network.Mode = jobs.NetworkDenyAll
-		case *typesv1.NetworkPolicy_Allow:
-			s.Network.Mode = jobs.NetworkAllow
-			for _, r := range m.Allow.GetRules() {
-				s.Network.Rules = append(s.Network.Rules, jobs.AllowRule{CIDR: r.GetCidr(), Ports: r.GetPorts()})
-			}
-		case *typesv1.NetworkPolicy_Domains:
-			s.Network.Mode = jobs.NetworkDomains
-			s.Network.Domains, s.Network.DomainPorts = m.Domains.GetDomains(), m.Domains.GetPorts()
-		default:
-			return s, invalid("spec.network_policy", "exactly one mode (deny_all, allow or domains) is required")
+		n, err := networkFromProto("spec.network_policy", np)
+		if err != nil {
+			return s, err
 		}
+		s.Network = n
 	}
 	if t := p.GetPublishTarget(); t != nil {
 		s.PublishTarget = &jobs.PublishTarget{Repository: t.GetRepository(), Branch: t.GetBranch()}
 	}
 	return s, nil
+}
+
+// networkFromProto reads a network policy; field names it in errors.
+func networkFromProto(field string, np *typesv1.NetworkPolicy) (jobs.Network, error) {
+	var n jobs.Network
+	switch m := np.GetMode().(type) {
+	case *typesv1.NetworkPolicy_DenyAll:
+		n.Mode = jobs.NetworkDenyAll
+	case *typesv1.NetworkPolicy_Allow:
+		n.Mode = jobs.NetworkAllow
+		for _, r := range m.Allow.GetRules() {
+			n.Rules = append(n.Rules, jobs.AllowRule{CIDR: r.GetCidr(), Ports: r.GetPorts()})
+		}
+	case *typesv1.NetworkPolicy_Domains:
+		n.Mode = jobs.NetworkDomains
+		n.Domains, n.DomainPorts = m.Domains.GetDomains(), m.Domains.GetPorts()
+	default:
+		return n, invalid(field, "exactly one mode (deny_all, allow or domains) is required")
+	}
+	return n, nil
+}
+
+// limitsFromProto reads limits; zero fields stay zero.
+func limitsFromProto(field string, r *typesv1.ResourceLimits) (policy.Limits, error) {
+	l := policy.Limits{CPUMillis: r.GetCpuMillis(), MemoryBytes: r.GetMemoryBytes(), Pids: r.GetPids(), DiskBytes: r.GetDiskBytes()}
+	if d := r.GetDeadline(); d != nil {
+		if err := d.CheckValid(); err != nil {
+			return l, invalid(field+".deadline", "%v", err)
+		}
+		l.Deadline = d.AsDuration()
+	}
+	return l, nil
+}
+
+// changeToProto is the API's view of a recorded change.
+func changeToProto(c jobs.Change) *authorityv1.JobChange {
+	return &authorityv1.JobChange{
+		BaseGeneration: c.BaseGeneration,
+		FromLimits:     executorclient.LimitsToProto(c.FromLimits), ToLimits: executorclient.LimitsToProto(c.ToLimits),
+		FromNetworkPolicy: executorclient.NetworkToProto(c.FromNetwork), ToNetworkPolicy: executorclient.NetworkToProto(c.ToNetwork),
+		Widens: c.Widens,
+	}
 }
 
 // jobToProto builds the API's view of a stored job.
@@ -115,13 +149,26 @@ func jobToProto(j store.Job) (*authorityv1.Job, error) {
 		}
 		out.Result = r
 	}
-	// Unset means deny-all, and the job ran (or will run) under exactly that.
-	np := spec.GetNetworkPolicy()
+	// The grant in force says what the job runs under: its limits, and its
+	// network policy with that policy's generation. A job refused before it
+	// was granted shows what it asked for (unset means deny-all).
+	np, gen := spec.GetNetworkPolicy(), int64(1)
 	if np == nil {
 		np = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_DenyAll{DenyAll: &typesv1.DenyAll{}}}
 	}
+	if len(j.Grant) > 0 {
+		sg, g := &typesv1.SignedGrant{}, &typesv1.Grant{}
+		if err := proto.Unmarshal(j.Grant, sg); err != nil {
+			return nil, fmt.Errorf("api: stored grant of job %s: %w", j.ID, err)
+		}
+		if err := proto.Unmarshal(sg.GetBody(), g); err != nil {
+			return nil, fmt.Errorf("api: stored grant of job %s: %w", j.ID, err)
+		}
+		np, gen = g.GetNetworkPolicy(), g.GetNetworkPolicyGeneration()
+		out.Limits, out.GrantGeneration = g.GetLimits(), max(g.GetGeneration(), 1)
+	}
 	out.NetworkPolicyStatus = &typesv1.NetworkPolicyStatus{
-		Policy: np, Generation: 1, State: networkStateToProto[j.NetworkState], UpdatedAt: timestamppb.New(j.UpdatedAt),
+		Policy: np, Generation: gen, State: networkStateToProto[j.NetworkState], UpdatedAt: timestamppb.New(j.UpdatedAt),
 	}
 	if j.NetworkState == "failed" {
 		out.NetworkPolicyStatus.Message = j.Message

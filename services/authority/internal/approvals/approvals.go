@@ -651,3 +651,53 @@ func (s *Service) OpenMissing(ctx context.Context, caller identity.ID, targetOf 
 	}
 	return opened, nil
 }
+
+// UseRequest announces the use of a leased credential.
+type UseRequest struct {
+	LeaseID, JobID, Resource string
+}
+
+// UseLease is what the holder of a lease calls right before it presents
+// the credential: it refuses anyone but the holder, a lease for another
+// job or resource, and a revoked or expired lease, and records the use.
+// A revocation that commits after UseLease returned ends the lease for the
+// next use; the one in flight is on the log before the revocation.
+func (s *Service) UseLease(ctx context.Context, caller identity.ID, req UseRequest) (store.Lease, error) {
+	ev := audit.Event{Kind: "lease.used", Caller: caller.String(), Subject: req.LeaseID, JobID: req.JobID}
+	switch {
+	case req.LeaseID == "":
+		return store.Lease{}, s.refused(ctx, ev, invalid("lease_id", "required"))
+	case req.JobID == "":
+		return store.Lease{}, s.refused(ctx, ev, invalid("job_id", "required"))
+	case req.Resource == "":
+		return store.Lease{}, s.refused(ctx, ev, invalid("resource", "required"))
+	}
+	l, err := s.cfg.Store.GetLease(ctx, req.LeaseID)
+	if err != nil {
+		return store.Lease{}, s.refused(ctx, ev, err)
+	}
+	now := s.now()
+	switch {
+	case l.Holder != caller.String():
+		err = denied("lease %q is held by %s, not %s", l.ID, l.Holder, caller)
+	case l.JobID != req.JobID:
+		err = denied("job_id: lease %q is for job %q", l.ID, l.JobID)
+	case l.Resource != req.Resource:
+		err = denied("resource: lease %q is for %q", l.ID, l.Resource)
+	case !l.RevokedAt.IsZero():
+		err = precondition("lease %q was revoked at %s (%s)", l.ID, l.RevokedAt.Format(time.RFC3339), orNone(l.RevokeReason))
+	case !now.Before(l.ExpiresAt):
+		err = precondition("lease %q expired at %s", l.ID, l.ExpiresAt.Format(time.RFC3339))
+	}
+	if err != nil {
+		return store.Lease{}, s.refused(ctx, ev, err)
+	}
+	e := ev
+	e.Time, e.Outcome = now, outcomeAllowed
+	e.Reason = fmt.Sprintf("%s credential used on %s; the lease ends %s", l.Purpose, l.Resource, l.ExpiresAt.Format(time.RFC3339))
+	if _, err := s.cfg.Store.AppendAudit(ctx, e); err != nil {
+		// A use that is not on the log must not happen.
+		return store.Lease{}, fmt.Errorf("approvals: record the use of lease %q: %w", l.ID, err)
+	}
+	return l, nil
+}

@@ -80,6 +80,10 @@ type ApprovalsFile struct {
 	Required int `yaml:"required"`
 	// TTL of a request; default 24h, between 1m and 30 days.
 	TTL time.Duration `yaml:"ttl"`
+	// Widening is what a request to widen a running job's limits or
+	// network policy gets: approve (default: a change approval), allow or
+	// deny. Narrowing always applies at once.
+	Widening string `yaml:"widening"`
 }
 
 // RepositoryFile is one repository as the file writes it.
@@ -256,7 +260,14 @@ func (c *Config) tenant(name string, f TenantFile) (*policy.Tenant, error) {
 // approvals checks a tenant's approval policy and fills in its defaults.
 func (c *Config) approvals(field, td string, f ApprovalsFile) (policy.Approvals, []error) {
 	var errs []error
-	a := policy.Approvals{Required: f.Required, TTL: f.TTL}
+	a := policy.Approvals{Required: f.Required, TTL: f.TTL, Widening: f.Widening}
+	switch a.Widening {
+	case "":
+		a.Widening = policy.WidenApprove
+	case policy.WidenApprove, policy.WidenAllow, policy.WidenDeny:
+	default:
+		errs = append(errs, config.Field(field+".widening", "%q: want %s, %s or %s", f.Widening, policy.WidenApprove, policy.WidenAllow, policy.WidenDeny))
+	}
 	for i, p := range f.Approvers {
 		af := fmt.Sprintf("%s.approvers[%d]", field, i)
 		kind, name, ok := strings.Cut(p, "/")

@@ -74,6 +74,58 @@ func (s *Signer) Sign(r jobs.GrantRequest) (jobs.SignedGrant, error) {
 	return jobs.SignedGrant{Wire: wire, Digest: grant.Digest(sg)}, nil
 }
 
+// Decode implements jobs.Signer: it reads back a grant this authority
+// signed and stored. It does not verify the signature; the store is the
+// authority's own record.
+func (s *Signer) Decode(wire []byte) (jobs.GrantRequest, error) {
+	sg := &typesv1.SignedGrant{}
+	if err := proto.Unmarshal(wire, sg); err != nil {
+		return jobs.GrantRequest{}, fmt.Errorf("executorclient: stored grant: %w", err)
+	}
+	g := &typesv1.Grant{}
+	if err := proto.Unmarshal(sg.GetBody(), g); err != nil {
+		return jobs.GrantRequest{}, fmt.Errorf("executorclient: stored grant body: %w", err)
+	}
+	r := jobs.GrantRequest{
+		JobID: g.GetJobId(), Tenant: g.GetTenant(), Requester: g.GetRequester(), Repository: g.GetRepository(),
+		Commit: g.GetCommit(), Command: g.GetCommand(), Env: g.GetEnv(),
+		Limits: LimitsFromProto(g.GetLimits()), Network: NetworkFromProto(g.GetNetworkPolicy()),
+		NetworkGeneration: g.GetNetworkPolicyGeneration(), Generation: max(g.GetGeneration(), 1),
+		RuntimeClass: policy.RuntimeRunc,
+		IssuedAt:     g.GetIssuedAt().AsTime(), ExpiresAt: g.GetExpiresAt().AsTime(),
+	}
+	if g.GetRuntimeClass() == typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC {
+		r.RuntimeClass = policy.RuntimeRunsc
+	}
+	if p := g.GetPublishTarget(); p != nil {
+		r.PublishTarget = &jobs.PublishTarget{Repository: p.GetRepository(), Branch: p.GetBranch()}
+	}
+	return r, nil
+}
+
+// LimitsFromProto converts limits.
+func LimitsFromProto(l *typesv1.ResourceLimits) policy.Limits {
+	return policy.Limits{
+		CPUMillis: l.GetCpuMillis(), MemoryBytes: l.GetMemoryBytes(), Pids: l.GetPids(), DiskBytes: l.GetDiskBytes(),
+		Deadline: l.GetDeadline().AsDuration(),
+	}
+}
+
+// NetworkFromProto converts a network policy; unset is deny-all.
+func NetworkFromProto(p *typesv1.NetworkPolicy) jobs.Network {
+	switch m := p.GetMode().(type) {
+	case *typesv1.NetworkPolicy_Allow:
+		n := jobs.Network{Mode: jobs.NetworkAllow}
+		for _, r := range m.Allow.GetRules() {
+			n.Rules = append(n.Rules, jobs.AllowRule{CIDR: r.GetCidr(), Ports: r.GetPorts()})
+		}
+		return n
+	case *typesv1.NetworkPolicy_Domains:
+		return jobs.Network{Mode: jobs.NetworkDomains, Domains: m.Domains.GetDomains(), DomainPorts: m.Domains.GetPorts()}
+	}
+	return jobs.Network{Mode: jobs.NetworkDenyAll}
+}
+
 // RuntimeClassToProto maps a policy runtime class name to the enum.
 func RuntimeClassToProto(name string) (typesv1.RuntimeClass, error) {
 	switch name {
@@ -156,6 +208,7 @@ func (c *Client) Watch(ctx context.Context, jobID string, from jobs.Offsets, fn 
 		case *executorv1.WatchRunResponse_Run:
 			ev.State = runState(e.Run.GetState())
 			ev.NetworkState = networkState(e.Run.GetNetworkPolicyStatus().GetState())
+			ev.NetworkGeneration = e.Run.GetNetworkPolicyStatus().GetGeneration()
 		case *executorv1.WatchRunResponse_Output:
 			o := e.Output
 			stream := jobs.Stdout
@@ -175,6 +228,16 @@ func (c *Client) Watch(ctx context.Context, jobID string, from jobs.Offsets, fn 
 // Cancel implements jobs.Executor.
 func (c *Client) Cancel(ctx context.Context, jobID, reason string) error {
 	_, err := c.c.CancelRun(ctx, &executorv1.CancelRunRequest{JobId: jobID, Reason: reason})
+	return fromStatus(err)
+}
+
+// Update implements jobs.Executor.
+func (c *Client) Update(ctx context.Context, wire []byte) error {
+	sg := &typesv1.SignedGrant{}
+	if err := proto.Unmarshal(wire, sg); err != nil {
+		return fmt.Errorf("executorclient: grant: %w", err)
+	}
+	_, err := c.c.UpdateRun(ctx, &executorv1.UpdateRunRequest{Grant: sg})
 	return fromStatus(err)
 }
 

@@ -40,6 +40,8 @@ type Executor struct {
 	cancels    []string
 	watches    map[string][]*executorv1.WatchRunRequest
 	rejections []error
+	updateErr  error
+	updates    map[string][]*typesv1.Grant
 }
 
 type run struct {
@@ -52,7 +54,7 @@ type run struct {
 func New(v *grant.Verifier) *Executor {
 	return &Executor{
 		verifier: v, attempts: map[string]int{}, grants: map[string][]*typesv1.Grant{}, runs: map[string]*run{},
-		watches: map[string][]*executorv1.WatchRunRequest{},
+		watches: map[string][]*executorv1.WatchRunRequest{}, updates: map[string][]*typesv1.Grant{},
 	}
 }
 
@@ -125,9 +127,69 @@ func (e *Executor) End(job string, state executorv1.RunState) {
 }
 
 func (e *Executor) runView(id string, r *run) *executorv1.Run {
+	g := &typesv1.Grant{}
+	_ = proto.Unmarshal(r.grant.GetBody(), g)
 	return &executorv1.Run{JobId: id, State: r.state, Grant: r.grant, NetworkPolicyStatus: &typesv1.NetworkPolicyStatus{
-		Generation: 1, State: typesv1.NetworkPolicyState_NETWORK_POLICY_STATE_APPLIED,
+		Policy: g.GetNetworkPolicy(), Generation: max(g.GetNetworkPolicyGeneration(), 1), State: typesv1.NetworkPolicyState_NETWORK_POLICY_STATE_APPLIED,
 	}}
+}
+
+// FailUpdates makes every UpdateRun return err (a status error) until
+// called again with nil.
+func (e *Executor) FailUpdates(err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.updateErr = err
+}
+
+// Updates returns the verified grants UpdateRun put in force for job.
+func (e *Executor) Updates(job string) []*typesv1.Grant {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]*typesv1.Grant(nil), e.updates[job]...)
+}
+
+// UpdateRun verifies a newer grant of a running job, as the real executor
+// does (same job, higher generation, nothing but limits and network policy
+// changed), and puts it in force.
+func (e *Executor) UpdateRun(_ context.Context, req *executorv1.UpdateRunRequest) (*executorv1.UpdateRunResponse, error) {
+	g, verr := e.verifier.Verify(req.GetGrant(), time.Now())
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if verr != nil {
+		e.rejections = append(e.rejections, verr)
+		return nil, status.Errorf(codes.PermissionDenied, "grant: %v", verr)
+	}
+	if e.updateErr != nil {
+		return nil, e.updateErr
+	}
+	r := e.runs[g.GetJobId()]
+	if r == nil {
+		return nil, status.Errorf(codes.NotFound, "no run for job %q", g.GetJobId())
+	}
+	select {
+	case <-r.ended:
+		return nil, status.Errorf(codes.FailedPrecondition, "job %s has ended", g.GetJobId())
+	default:
+	}
+	cur := &typesv1.Grant{}
+	if err := proto.Unmarshal(r.grant.GetBody(), cur); err != nil {
+		return nil, status.Errorf(codes.Internal, "stored grant: %v", err)
+	}
+	if g.GetGeneration() <= max(cur.GetGeneration(), 1) {
+		return nil, status.Errorf(codes.FailedPrecondition, "grant generation %d is not newer than %d", g.GetGeneration(), cur.GetGeneration())
+	}
+	a, b := proto.Clone(cur).(*typesv1.Grant), proto.Clone(g).(*typesv1.Grant)
+	for _, x := range []*typesv1.Grant{a, b} {
+		x.Limits, x.NetworkPolicy, x.NetworkPolicyGeneration, x.Generation, x.IssuedAt, x.ExpiresAt = nil, nil, 0, 0, nil, nil
+	}
+	if !proto.Equal(a, b) {
+		return nil, status.Error(codes.PermissionDenied, "the grant changes more than limits and network policy")
+	}
+	r.grant = proto.Clone(req.GetGrant()).(*typesv1.SignedGrant)
+	e.updates[g.GetJobId()] = append(e.updates[g.GetJobId()], g)
+	v := e.runView(g.GetJobId(), r)
+	return &executorv1.UpdateRunResponse{Run: v, NetworkPolicyStatus: v.GetNetworkPolicyStatus()}, nil
 }
 
 // StartJob verifies the grant and starts (or returns) the run.

@@ -161,7 +161,7 @@ func (s *Service) follow(j store.Job) (done bool, err error) {
 			if to != "" && advances(j.State, to) {
 				j.State, changed = to, true
 			}
-			if ev.NetworkState != "" && ev.NetworkState != j.NetworkState && !j.State.Terminal() {
+			if ev.NetworkState != "" && ev.NetworkState != j.NetworkState && !j.State.Terminal() && s.current(j, ev.NetworkGeneration) {
 				j.NetworkState, changed = ev.NetworkState, true
 			}
 			if !changed {
@@ -182,6 +182,14 @@ func (s *Service) follow(j store.Job) (done bool, err error) {
 		return true, terr
 	}
 	return false, err
+}
+
+// current reports whether a network state the executor reported for
+// generation gen is about the job's grant in force, not an older one a
+// pending change is replacing.
+func (s *Service) current(j *store.Job, gen int64) bool {
+	g, err := s.cfg.Signer.Decode(j.Grant)
+	return err != nil || gen >= g.NetworkGeneration
 }
 
 // advances reports whether to is a step forward from from.

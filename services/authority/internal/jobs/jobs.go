@@ -128,9 +128,11 @@ type SignedGrant struct {
 	Digest string
 }
 
-// Signer signs grants with the authority's key.
+// Signer signs grants with the authority's key, and reads back the ones it
+// signed (the stored grant is the record of what a job may do).
 type Signer interface {
 	Sign(GrantRequest) (SignedGrant, error)
+	Decode(wire []byte) (GrantRequest, error)
 }
 
 // Source reads tenants' repositories (see package source).
@@ -175,7 +177,9 @@ type Offsets struct{ Stdout, Stderr int64 }
 type RunEvent struct {
 	State        RunState
 	NetworkState string
-	Output       *Output
+	// NetworkGeneration is the generation NetworkState is about.
+	NetworkGeneration int64
+	Output            *Output
 }
 
 // Executor is the executor as the authority drives it. Errors wrap
@@ -190,6 +194,9 @@ type Executor interface {
 	Watch(ctx context.Context, jobID string, from Offsets, fn func(RunEvent) error) error
 	// Cancel asks the executor to kill the run.
 	Cancel(ctx context.Context, jobID, reason string) error
+	// Update hands over a newer grant of a running job and returns once
+	// the executor has put it in force (its network rules in the kernel).
+	Update(ctx context.Context, grant []byte) error
 }
 
 // Retry bounds the back-off between attempts to reach the executor.
@@ -275,6 +282,13 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	for _, j := range pending {
 		s.kick(j.ID)
+		// A change stored but not yet confirmed by the executor is handed
+		// over again (the executor applies a generation once).
+		if j.State != store.StateQueued && j.NetworkState == "pending" {
+			if g, err := s.cfg.Signer.Decode(j.Grant); err == nil && g.Generation > 1 {
+				s.resumeChange(j.ID, j.Grant)
+			}
+		}
 	}
 	if len(pending) > 0 {
 		s.cfg.Logger.Info("resumed unfinished jobs", "count", len(pending))

@@ -206,7 +206,7 @@ func check(t *policy.Tenant, spec Spec) (decision, error) {
 	if err := checkEnv(spec.Env); err != nil {
 		return d, err
 	}
-	limits, err := effectiveLimits(spec.Resources, t.Default, t.Max)
+	limits, err := effectiveLimits("spec.resources", spec.Resources, t.Default, t.Max)
 	if err != nil {
 		return d, err
 	}
@@ -222,8 +222,8 @@ func check(t *policy.Tenant, spec Spec) (decision, error) {
 	if d.network, err = checkNetwork(t, spec.Network); err != nil {
 		return d, err
 	}
-	if d.network.Mode != NetworkDenyAll {
-		d.refusal = fmt.Sprintf("network policy %s is not enforced by this build yet; only deny_all runs", d.network.Mode)
+	if d.network.Mode == NetworkDomains {
+		d.refusal = "network policy domains is not enforced by this build yet; only deny_all and allow run"
 	}
 	if p := spec.PublishTarget; p != nil {
 		if _, ok := t.Repositories[p.Repository]; !ok {
@@ -396,8 +396,9 @@ func highEntropy(s string) bool {
 	return bits >= 4.2
 }
 
-// effectiveLimits fills zero fields from def and refuses any above ceil.
-func effectiveLimits(req, def, ceil policy.Limits) (policy.Limits, error) {
+// effectiveLimits fills zero fields from def and refuses any above ceil;
+// errors name the field under prefix.
+func effectiveLimits(prefix string, req, def, ceil policy.Limits) (policy.Limits, error) {
 	out := req
 	for _, f := range []struct {
 		name      string
@@ -411,7 +412,7 @@ func effectiveLimits(req, def, ceil policy.Limits) (policy.Limits, error) {
 		{"disk_bytes", &out.DiskBytes, def.DiskBytes, ceil.DiskBytes, bytesText},
 		{"deadline", (*int64)(&out.Deadline), int64(def.Deadline), int64(ceil.Deadline), durationText},
 	} {
-		field := "spec.resources." + f.name
+		field := prefix + "." + f.name
 		switch {
 		case *f.v < 0:
 			return policy.Limits{}, invalid(field, "must not be negative")

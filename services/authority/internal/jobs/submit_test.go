@@ -102,7 +102,7 @@ func TestEffectiveLimits(t *testing.T) {
 		{"negative", policy.Limits{DiskBytes: -1}, policy.Limits{}, "spec.resources.disk_bytes: must not be negative"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := effectiveLimits(tc.req, def, ceil)
+			got, err := effectiveLimits("spec.resources", tc.req, def, ceil)
 			if tc.err != "" {
 				if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("err = %v, want %q", err, tc.err)

@@ -127,7 +127,23 @@ type Approvals struct {
 	Required int
 	// TTL is how long a request may wait to be decided and consumed.
 	TTL time.Duration
+	// Widening says what happens when a client asks to widen a running
+	// job's limits or network policy (within the tenant's ceilings and
+	// egress): WidenApprove (the default), WidenAllow or WidenDeny.
+	// Narrowing is never gated.
+	Widening string
 }
+
+// What a tenant's policy does with a request to widen a running job.
+const (
+	// WidenApprove opens a change approval; the change applies once
+	// approved.
+	WidenApprove = "approve"
+	// WidenAllow applies it at once (audited).
+	WidenAllow = "allow"
+	// WidenDeny refuses it; the job must be resubmitted.
+	WidenDeny = "deny"
+)
 
 // AllowsApprover reports whether principal ("approver/NAME") may decide the
 // tenant's requests.

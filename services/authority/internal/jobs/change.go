@@ -1,0 +1,563 @@
+package jobs
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/airlockhq/airlock/pkg/audit"
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/services/authority/internal/policy"
+	"github.com/airlockhq/airlock/services/authority/internal/store"
+)
+
+// Changes to a running job. A grant is never widened in place: a change is
+// a new authority decision that signs a new grant with the next generation.
+// Narrowing (every limit no higher, every destination already allowed)
+// applies at once; widening follows the tenant's approvals.widening policy:
+// a change approval that approvers decide like any other (never the
+// requester), applied by the authority when it is approved; applied at
+// once; or refused. Either way the new grant is stored as pending, in one
+// transaction with its audit entry (and, for an approved change, with the
+// consumption of its approval), then handed to the executor, and the job's
+// network state reads applied only once the executor says the grant is in
+// force.
+
+// ChangeRequest asks to change a running job. Nil parts stay as they are.
+type ChangeRequest struct {
+	JobID string
+	// Limits: zero fields keep their current value.
+	Limits *policy.Limits
+	// Network replaces the whole policy.
+	Network *Network
+}
+
+// Change is a change to one job, as an approval records it: the whole
+// limits and network policy before and after, and what widens.
+type Change struct {
+	// BaseGeneration is the grant generation the change was asked
+	// against; it applies only while the job still runs under it.
+	BaseGeneration int64         `json:"base_generation"`
+	FromLimits     policy.Limits `json:"from_limits"`
+	ToLimits       policy.Limits `json:"to_limits"`
+	FromNetwork    Network       `json:"from_network"`
+	ToNetwork      Network       `json:"to_network"`
+	// Widens says what widens, one line each; empty for a narrowing.
+	Widens []string `json:"widens,omitempty"`
+}
+
+// Encode returns the change's stored form and its digest, which an
+// approver's decision must name.
+func (c Change) Encode() (wire []byte, digest string, err error) {
+	wire, err = json.Marshal(c)
+	if err != nil {
+		return nil, "", err
+	}
+	sum := sha256.Sum256(wire)
+	return wire, "sha256:" + hex.EncodeToString(sum[:]), nil
+}
+
+// DecodeChange reads a change an approval recorded.
+func DecodeChange(wire []byte) (Change, error) {
+	var c Change
+	if err := json.Unmarshal(wire, &c); err != nil {
+		return Change{}, fmt.Errorf("jobs: stored change: %w", err)
+	}
+	return c, nil
+}
+
+// ChangeResult is what became of a change request.
+type ChangeResult struct {
+	// Job is the job afterwards.
+	Job store.Job
+	// Change is what was asked, against the grant in force.
+	Change Change
+	// ApprovalID is set when the change waits for an approval.
+	ApprovalID string
+}
+
+// changeable reports whether a job in state st can still change.
+func changeable(st store.State) bool { return st == store.StateStaging || st == store.StateRunning }
+
+// RequestChange decides a change of a running job for caller, one of the
+// job's tenant's clients, and applies it or opens its approval.
+func (s *Service) RequestChange(ctx context.Context, caller identity.ID, req ChangeRequest) (ChangeResult, error) {
+	res, err := s.requestChange(ctx, caller, req)
+	if err != nil && changeRefusal(err) {
+		if aerr := s.audit(ctx, audit.Event{Kind: "job.change_refused", Caller: caller.String(), Subject: req.JobID,
+			JobID: res.Job.ID, Tenant: res.Job.Tenant, Outcome: outcomeDenied, Reason: err.Error()}); aerr != nil {
+			return ChangeResult{}, aerr
+		}
+	}
+	return res, err
+}
+
+// changeRefusal reports whether err refuses a change (as opposed to an
+// internal failure).
+func changeRefusal(err error) bool {
+	for _, e := range []error{errdefs.ErrInvalidArgument, errdefs.ErrNotFound, errdefs.ErrPermissionDenied, errdefs.ErrFailedPrecondition} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Service) requestChange(ctx context.Context, caller identity.ID, req ChangeRequest) (ChangeResult, error) {
+	if req.Limits == nil && req.Network == nil {
+		return ChangeResult{}, invalid("change", "name the limits or the network policy to change")
+	}
+	j, err := s.visible(ctx, caller, req.JobID)
+	if err != nil {
+		return ChangeResult{}, err
+	}
+	res := ChangeResult{Job: j}
+	t := s.cfg.Tenants[j.Tenant]
+	if !changeable(j.State) {
+		return res, fmt.Errorf("%w: job %s is %s; only a staging or running job can change", errdefs.ErrFailedPrecondition, j.ID, j.State)
+	}
+	cur, err := s.cfg.Signer.Decode(j.Grant)
+	if err != nil {
+		return res, err
+	}
+	ch, err := planChange(t, cur, req)
+	if err != nil {
+		return res, err
+	}
+	res.Change = ch
+	if len(ch.Widens) > 0 {
+		switch t.Approvals.Widening {
+		case policy.WidenDeny:
+			return res, fmt.Errorf("%w: tenant %q's policy refuses widening a running job (%s); cancel and resubmit it",
+				errdefs.ErrPermissionDenied, t.Name, joinWidens(ch.Widens))
+		case policy.WidenAllow:
+		default:
+			a, err := s.openChange(ctx, caller, j, t, ch)
+			if err != nil {
+				return res, err
+			}
+			res.ApprovalID = a.ID
+			return res, nil
+		}
+	}
+	reason := "narrowing: " + describe(ch)
+	if len(ch.Widens) > 0 {
+		reason = "widening allowed by the tenant's policy: " + describe(ch)
+	}
+	j, err = s.applyChange(ctx, caller, cur, ch, reason, nil)
+	res.Job = j
+	return res, err
+}
+
+func joinWidens(w []string) string {
+	out := ""
+	for i, x := range w {
+		if i > 0 {
+			out += "; "
+		}
+		out += x
+	}
+	return out
+}
+
+// planChange checks the new limits and policy against the tenant and works
+// out what widens.
+func planChange(t *policy.Tenant, cur GrantRequest, req ChangeRequest) (Change, error) {
+	ch := Change{BaseGeneration: cur.Generation, FromLimits: cur.Limits, ToLimits: cur.Limits, FromNetwork: cur.Network, ToNetwork: cur.Network}
+	if l := req.Limits; l != nil {
+		if l.DiskBytes != 0 && l.DiskBytes != cur.Limits.DiskBytes {
+			return ch, invalid("limits.disk_bytes", "cannot change on a running job: its scratch filesystem is sized when the sandbox is made")
+		}
+		to, err := effectiveLimits("limits", *l, cur.Limits, t.Max)
+		if err != nil {
+			return ch, err
+		}
+		ch.ToLimits = to
+	}
+	if n := req.Network; n != nil {
+		to, err := checkNetwork(t, *n)
+		if err != nil {
+			return ch, err
+		}
+		if to.Mode == NetworkDomains {
+			return ch, fmt.Errorf("%w: network_policy.domains: not enforced by this build yet; only deny_all and allow run", errdefs.ErrFailedPrecondition)
+		}
+		ch.ToNetwork = to
+	}
+	if ch.ToLimits == ch.FromLimits && sameNetwork(ch.FromNetwork, ch.ToNetwork) {
+		return ch, invalid("change", "the job already runs under exactly these limits and network policy")
+	}
+	ch.Widens = widens(ch)
+	return ch, nil
+}
+
+// widens lists what the change widens.
+func widens(c Change) []string {
+	var out []string
+	f, to := c.FromLimits, c.ToLimits
+	for _, x := range []struct {
+		name     string
+		from, to int64
+		format   func(int64) string
+	}{
+		{"cpu_millis", f.CPUMillis, to.CPUMillis, plain},
+		{"memory_bytes", f.MemoryBytes, to.MemoryBytes, bytesText},
+		{"pids", f.Pids, to.Pids, plain},
+		{"deadline", int64(f.Deadline), int64(to.Deadline), durationText},
+	} {
+		if x.to > x.from {
+			out = append(out, fmt.Sprintf("%s: %s -> %s", x.name, x.format(x.from), x.format(x.to)))
+		}
+	}
+	for _, r := range uncovered(c.FromNetwork, c.ToNetwork) {
+		out = append(out, "network_policy: "+r)
+	}
+	return out
+}
+
+// uncovered lists the destinations to permits that from does not.
+func uncovered(from, to Network) []string {
+	var out []string
+	switch to.Mode {
+	case NetworkDenyAll, NetworkUnset:
+		return nil
+	case NetworkDomains:
+		return []string{"domains " + fmt.Sprint(to.Domains)}
+	}
+	for _, r := range to.Rules {
+		if !covered(from, r) {
+			out = append(out, "allow "+ruleText(r))
+		}
+	}
+	return out
+}
+
+// covered reports whether policy n already permits everything rule r does:
+// some allow rule's prefix contains r's, with every port of r (all ports
+// only if that rule has all ports).
+func covered(n Network, r AllowRule) bool {
+	if n.Mode != NetworkAllow {
+		return false
+	}
+	p, err := netip.ParsePrefix(r.CIDR)
+	if err != nil {
+		return false
+	}
+	p = p.Masked()
+	for _, have := range n.Rules {
+		hp, err := netip.ParsePrefix(have.CIDR)
+		if err != nil {
+			continue
+		}
+		hp = hp.Masked()
+		if hp.Addr().Is4() != p.Addr().Is4() || hp.Bits() > p.Bits() || !hp.Contains(p.Addr()) {
+			continue
+		}
+		if len(have.Ports) == 0 {
+			return true
+		}
+		if len(r.Ports) == 0 {
+			continue
+		}
+		all := true
+		for _, port := range r.Ports {
+			if !slices.Contains(have.Ports, port) {
+				all = false
+				break
+			}
+		}
+		if all {
+			return true
+		}
+	}
+	return false
+}
+
+func ruleText(r AllowRule) string {
+	if len(r.Ports) == 0 {
+		return r.CIDR + " (all ports)"
+	}
+	return fmt.Sprintf("%s ports %v", r.CIDR, r.Ports)
+}
+
+func sameNetwork(a, b Network) bool {
+	norm := func(m NetworkMode) NetworkMode {
+		if m == NetworkUnset {
+			return NetworkDenyAll
+		}
+		return m
+	}
+	if norm(a.Mode) != norm(b.Mode) || len(a.Rules) != len(b.Rules) || !slices.Equal(a.Domains, b.Domains) || !slices.Equal(a.DomainPorts, b.DomainPorts) {
+		return false
+	}
+	for i := range a.Rules {
+		if a.Rules[i].CIDR != b.Rules[i].CIDR || !slices.Equal(a.Rules[i].Ports, b.Rules[i].Ports) {
+			return false
+		}
+	}
+	return true
+}
+
+// describe says what a change does, for the audit log.
+func describe(c Change) string {
+	var parts []string
+	f, to := c.FromLimits, c.ToLimits
+	for _, x := range []struct {
+		name     string
+		from, to int64
+		format   func(int64) string
+	}{
+		{"cpu_millis", f.CPUMillis, to.CPUMillis, plain},
+		{"memory_bytes", f.MemoryBytes, to.MemoryBytes, bytesText},
+		{"pids", f.Pids, to.Pids, plain},
+		{"deadline", int64(f.Deadline), int64(to.Deadline), durationText},
+	} {
+		if x.to != x.from {
+			parts = append(parts, fmt.Sprintf("%s %s -> %s", x.name, x.format(x.from), x.format(x.to)))
+		}
+	}
+	if !sameNetwork(c.FromNetwork, c.ToNetwork) {
+		parts = append(parts, fmt.Sprintf("network_policy %s -> %s", networkText(c.FromNetwork), networkText(c.ToNetwork)))
+	}
+	return joinWidens(parts)
+}
+
+func networkText(n Network) string {
+	switch n.Mode {
+	case NetworkAllow:
+		s := "allow ["
+		for i, r := range n.Rules {
+			if i > 0 {
+				s += ", "
+			}
+			s += ruleText(r)
+		}
+		return s + "]"
+	case NetworkDomains:
+		return fmt.Sprintf("domains %v", n.Domains)
+	}
+	return "deny_all"
+}
+
+// openChange records the change approval.
+func (s *Service) openChange(ctx context.Context, caller identity.ID, j store.Job, t *policy.Tenant, ch Change) (store.Approval, error) {
+	wire, digest, err := ch.Encode()
+	if err != nil {
+		return store.Approval{}, err
+	}
+	now := s.now()
+	a := store.Approval{
+		ID: newID(), Kind: store.KindChange, JobID: j.ID, Tenant: j.Tenant, Requester: caller.String(),
+		BundleDigest: digest, Change: wire, State: store.ApprovalPending, Required: t.Approvals.Required,
+		CreatedAt: now, ExpiresAt: now.Add(t.Approvals.TTL),
+	}
+	a, _, err = s.cfg.Store.CreateApprovalAudited(ctx, a, audit.Event{
+		Kind: "approval.opened", Caller: caller.String(), Subject: a.ID, Time: now, Outcome: outcomeAllowed,
+		Reason: fmt.Sprintf("change of job %s needs %d approval(s): %s", j.ID, a.Required, joinWidens(ch.Widens)),
+	})
+	if err != nil {
+		return store.Approval{}, err
+	}
+	s.cfg.Logger.InfoContext(ctx, "change approval opened", "job", j.ID, "approval", a.ID, "widens", ch.Widens)
+	return a, nil
+}
+
+// ApplyApproved applies change approval id once approvers approved it:
+// the approval is spent and the job's new grant stored in one
+// transaction, then handed to the executor. by is who cast the deciding
+// vote, for the log.
+func (s *Service) ApplyApproved(ctx context.Context, by identity.ID, id string) (store.Job, error) {
+	a, err := s.cfg.Store.GetApproval(ctx, id)
+	if err != nil {
+		return store.Job{}, err
+	}
+	if a.Kind != store.KindChange || a.State != store.ApprovalApproved {
+		return store.Job{}, fmt.Errorf("%w: approval %s is not an approved change", errdefs.ErrFailedPrecondition, id)
+	}
+	ch, err := DecodeChange(a.Change)
+	if err != nil {
+		return store.Job{}, err
+	}
+	j, err := s.cfg.Store.GetJob(ctx, a.JobID)
+	if err != nil {
+		return store.Job{}, err
+	}
+	cur, err := s.cfg.Signer.Decode(j.Grant)
+	if err != nil {
+		return store.Job{}, err
+	}
+	consume := &store.ConsumeRequest{
+		Kind: store.KindChange, ID: a.ID, JobID: a.JobID, BundleDigest: a.BundleDigest,
+		By: identity.Service(by.TrustDomain, identity.ServiceAuthority).String(), At: s.now(),
+	}
+	reason := fmt.Sprintf("widening approved (approval %s): %s", a.ID, describe(ch))
+	j, err = s.applyChange(ctx, by, cur, ch, reason, consume)
+	if err != nil && changeRefusal(err) {
+		// The approval stays unspent; the log says why it did not apply.
+		if aerr := s.audit(ctx, audit.Event{Kind: "job.change_refused", Caller: by.String(), Subject: a.JobID,
+			JobID: a.JobID, Tenant: a.Tenant, Outcome: outcomeDenied, Reason: fmt.Sprintf("approval %s: %v", a.ID, err)}); aerr != nil {
+			return store.Job{}, aerr
+		}
+	}
+	return j, err
+}
+
+// applyChange signs the next grant, stores it as pending with its audit
+// entry (spending consume in the same transaction when it is set), and
+// hands it to the executor.
+func (s *Service) applyChange(ctx context.Context, caller identity.ID, cur GrantRequest, ch Change, reason string, consume *store.ConsumeRequest) (store.Job, error) {
+	now := s.now()
+	next := cur
+	next.Limits, next.Network = ch.ToLimits, ch.ToNetwork
+	next.Generation = cur.Generation + 1
+	if !sameNetwork(ch.FromNetwork, ch.ToNetwork) {
+		next.NetworkGeneration = cur.NetworkGeneration + 1
+	}
+	next.IssuedAt, next.ExpiresAt = now, now.Add(s.cfg.GrantTTL)
+	sg, err := s.cfg.Signer.Sign(next)
+	if err != nil {
+		return store.Job{}, err
+	}
+	update := func(j *store.Job) (audit.Event, error) {
+		if !changeable(j.State) {
+			return audit.Event{}, fmt.Errorf("%w: job %s is %s; the change can no longer apply", errdefs.ErrFailedPrecondition, j.ID, j.State)
+		}
+		g, err := s.cfg.Signer.Decode(j.Grant)
+		if err != nil {
+			return audit.Event{}, err
+		}
+		if g.Generation != ch.BaseGeneration {
+			return audit.Event{}, fmt.Errorf("%w: job %s changed since this change was asked (grant generation %d, asked against %d); ask again",
+				errdefs.ErrFailedPrecondition, j.ID, g.Generation, ch.BaseGeneration)
+		}
+		j.Grant, j.NetworkState, j.UpdatedAt = sg.Wire, "pending", now
+		return audit.Event{Kind: "job.changed", Caller: caller.String(), Subject: j.ID, Time: now, Outcome: outcomeAllowed,
+			Reason: fmt.Sprintf("grant generation %d: %s", next.Generation, reason)}, nil
+	}
+	var j store.Job
+	if consume == nil {
+		j, err = s.cfg.Store.UpdateJobAudited(ctx, cur.JobID, update)
+	} else {
+		_, j, err = s.cfg.Store.ApplyChangeAudited(ctx, *consume, audit.Event{
+			Kind: "approval.consumed", Caller: consume.By, Subject: consume.ID, Time: now, Outcome: outcomeAllowed,
+			Reason: "change applied to job " + cur.JobID,
+		}, update)
+	}
+	if err != nil {
+		return store.Job{}, err
+	}
+	s.hub.publish(j)
+	s.cfg.Logger.InfoContext(ctx, "job change granted", "job", j.ID, "generation", next.Generation, "change", describe(ch))
+	return s.pushChange(ctx, j.ID, sg.Wire, cur, caller)
+}
+
+// pushChange hands grant to the executor, retrying while it is
+// unreachable for a short while, and records the outcome: applied, or —
+// when the executor refuses it — the previous grant back in force with the
+// refusal on the log. If the executor stays unreachable the change stays
+// pending and a background task keeps trying.
+func (s *Service) pushChange(ctx context.Context, id string, grant []byte, prev GrantRequest, caller identity.ID) (store.Job, error) {
+	err := s.sendUpdate(ctx, grant, 5*time.Second)
+	switch {
+	case err == nil:
+		return s.markApplied(id, grant)
+	case errors.Is(err, errdefs.ErrUnavailable) || ctx.Err() != nil:
+		s.resumeChange(id, grant)
+		j, gerr := s.cfg.Store.GetJob(ctx, id)
+		if gerr != nil {
+			return store.Job{}, gerr
+		}
+		return j, fmt.Errorf("%w: the change is recorded and pending; the executor could not be reached yet (%v) and it will be retried", errdefs.ErrUnavailable, err)
+	}
+	// The executor refused the grant: the job keeps what it had.
+	prevWire, serr := s.cfg.Signer.Sign(prev)
+	if serr != nil {
+		return store.Job{}, serr
+	}
+	reason := err.Error()
+	j, uerr := s.updateAudited(context.WithoutCancel(ctx), id, func(j *store.Job) error {
+		if string(j.Grant) != string(grant) {
+			return errUnchanged
+		}
+		j.Grant, j.NetworkState = prevWire.Wire, "applied"
+		return nil
+	}, func(j *store.Job) audit.Event {
+		return audit.Event{Kind: "job.change_failed", Caller: caller.String(), Subject: j.ID, Outcome: outcomeDenied,
+			Reason: "the executor refused the new grant; the previous one stays in force: " + reason}
+	})
+	if uerr != nil {
+		return store.Job{}, uerr
+	}
+	return j, fmt.Errorf("%w: the executor refused the change: %v", errdefs.ErrFailedPrecondition, err)
+}
+
+// sendUpdate calls the executor's Update, retrying ErrUnavailable for up
+// to patience.
+func (s *Service) sendUpdate(ctx context.Context, grant []byte, patience time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, patience)
+	defer cancel()
+	delay := s.cfg.Retry.Min
+	for {
+		err := s.cfg.Executor.Update(ctx, grant)
+		if err == nil || !errors.Is(err, errdefs.ErrUnavailable) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, s.cfg.Retry.Max)
+	}
+}
+
+// markApplied records that grant is in force, if it still is the job's.
+func (s *Service) markApplied(id string, grant []byte) (store.Job, error) {
+	return s.update(s.ctx, id, func(j *store.Job) error {
+		if string(j.Grant) != string(grant) || j.NetworkState == "applied" {
+			return errUnchanged
+		}
+		j.NetworkState = "applied"
+		return nil
+	})
+}
+
+// resumeChange keeps handing a pending grant to the executor in the
+// background until it is in force, the job ends or a newer grant replaces
+// it.
+func (s *Service) resumeChange(id string, grant []byte) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		delay := s.cfg.Retry.Min
+		for s.ctx.Err() == nil {
+			j, err := s.cfg.Store.GetJob(s.ctx, id)
+			if err != nil || !changeable(j.State) || string(j.Grant) != string(grant) {
+				return
+			}
+			err = s.sendUpdate(s.ctx, grant, time.Minute)
+			if err == nil {
+				if _, err := s.markApplied(id, grant); err != nil {
+					s.cfg.Logger.Error("record an applied change", "job", id, "error", err)
+				}
+				return
+			}
+			if !errors.Is(err, errdefs.ErrUnavailable) {
+				s.cfg.Logger.Error("the executor refused a pending change", "job", id, "error", err)
+				return
+			}
+			select {
+			case <-s.ctx.Done():
+			case <-time.After(delay):
+			}
+			delay = min(2*delay, s.cfg.Retry.Max)
+		}
+	}()
+}
