@@ -64,6 +64,7 @@ func TestSubmitDispatchesSignedGrant(t *testing.T) {
 		},
 		NetworkPolicy:           &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_DenyAll{DenyAll: &typesv1.DenyAll{}}},
 		NetworkPolicyGeneration: 1,
+		Generation:              1,
 		RuntimeClass:            typesv1.RuntimeClass_RUNTIME_CLASS_RUNC,
 		PublishTarget:           s.GetPublishTarget(),
 		IssuedAt:                g.GetIssuedAt(),
@@ -555,7 +556,7 @@ func TestWatchRefusedJobEndsAtOnce(t *testing.T) {
 	h := newHarness(t)
 	dev := h.client(devID)
 	s := spec()
-	s.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Allow{Allow: &typesv1.AllowList{Rules: []*typesv1.AllowRule{{Cidr: "10.0.0.0/8"}}}}}
+	s.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Domains{Domains: &typesv1.DomainList{Domains: []string{"proxy.golang.org"}}}}
 	j := h.submit(dev, "refused", s).GetJob()
 	select {
 	case w := <-watch(t, dev, &authorityv1.WatchJobRequest{JobId: j.GetJobId()}):
@@ -670,7 +671,7 @@ func TestListJobs(t *testing.T) {
 	for i := range 5 {
 		s := spec()
 		if i%2 == 1 {
-			s.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Allow{Allow: &typesv1.AllowList{Rules: []*typesv1.AllowRule{{Cidr: "10.0.0.0/8"}}}}}
+			s.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Domains{Domains: &typesv1.DomainList{Domains: []string{"proxy.golang.org"}}}}
 		}
 		ids = append(ids, h.submit(dev, "list-"+string(rune('a'+i)), s).GetJob().GetJobId())
 	}

@@ -166,6 +166,19 @@ func TestApprovalToLeaseStory(t *testing.T) {
 	_, err = publisher.LeaseCredential(ctx, otherRepo)
 	wantStatus(t, err, codes.PermissionDenied, "resource:")
 
+	// The holder announces each use; anyone else, another job or another
+	// resource is refused.
+	use := &authorityv1.UseLeaseRequest{LeaseId: l.GetLeaseId(), JobId: j.GetJobId(), Resource: "demo"}
+	if ur, err := publisher.UseLease(ctx, use); err != nil || ur.GetLease().GetLeaseId() != l.GetLeaseId() {
+		t.Fatalf("UseLease by its holder: %v, %v", ur, err)
+	}
+	_, err = publisher.UseLease(ctx, &authorityv1.UseLeaseRequest{LeaseId: l.GetLeaseId(), JobId: "other-job", Resource: "demo"})
+	wantStatus(t, err, codes.PermissionDenied, "job_id")
+	_, err = publisher.UseLease(ctx, &authorityv1.UseLeaseRequest{LeaseId: l.GetLeaseId(), JobId: j.GetJobId(), Resource: "mirrored"})
+	wantStatus(t, err, codes.PermissionDenied, "resource")
+	_, err = executor.UseLease(ctx, use)
+	wantStatus(t, err, codes.PermissionDenied)
+
 	// Revoke; the lease is then inactive.
 	active, err := alice.ListLeases(ctx, &authorityv1.ListLeasesRequest{})
 	if err != nil || len(active.GetLeases()) != 1 {
@@ -177,6 +190,8 @@ func TestApprovalToLeaseStory(t *testing.T) {
 	if err != nil || rr.GetLease().GetRevokedAt() == nil {
 		t.Fatalf("revoke: %v, %v", rr, err)
 	}
+	_, err = publisher.UseLease(ctx, use)
+	wantStatus(t, err, codes.FailedPrecondition, "revoked")
 	active, err = alice.ListLeases(ctx, &authorityv1.ListLeasesRequest{})
 	if err != nil || len(active.GetLeases()) != 0 {
 		t.Fatalf("active leases after revoking = %v, %v", active, err)
@@ -196,7 +211,8 @@ func TestApprovalToLeaseStory(t *testing.T) {
 		seen[e.GetKind()+"/"+strings.TrimPrefix(e.GetOutcome().String(), "AUDIT_OUTCOME_")]++
 	}
 	for _, k := range []string{"approval.opened/ALLOWED", "approval.decided/ALLOWED", "approval.decided/DENIED",
-		"approval.consumed/ALLOWED", "approval.consumed/DENIED", "lease.issued/ALLOWED", "lease.issued/DENIED", "lease.revoked/ALLOWED"} {
+		"approval.consumed/ALLOWED", "approval.consumed/DENIED", "lease.issued/ALLOWED", "lease.issued/DENIED", "lease.revoked/ALLOWED",
+		"lease.used/ALLOWED", "lease.used/DENIED"} {
 		if seen[k] == 0 {
 			t.Errorf("no %s event in %v", k, seen)
 		}

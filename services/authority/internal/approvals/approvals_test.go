@@ -491,3 +491,58 @@ func TestOpenMissing(t *testing.T) {
 		t.Fatalf("second OpenMissing = %d, %v; want 0", n, err)
 	}
 }
+
+// TestUseLeaseRefusesExpiredAndRevoked presents a lease as its holder at
+// each point of its life: active, expired (by the clock), revoked.
+func TestUseLeaseRefusesExpiredAndRevoked(t *testing.T) {
+	f := setup(t, 1)
+	ctx := t.Context()
+	pub, _ := f.holder(t, publisher)
+	a := f.approved(t, "j1")
+	if _, err := f.svc.Consume(ctx, publisher, consumeReq(a)); err != nil {
+		t.Fatal(err)
+	}
+	l, _, err := f.svc.Lease(ctx, publisher, pub.Cert, approvals.LeaseRequest{Purpose: approvals.PurposeDeploy, JobID: "j1", Resource: "demo", TTL: 2 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	use := approvals.UseRequest{LeaseID: l.ID, JobID: "j1", Resource: "demo"}
+	if _, err := f.svc.UseLease(ctx, publisher, use); err != nil {
+		t.Fatalf("use of an active lease: %v", err)
+	}
+	_, err = f.svc.UseLease(ctx, alice, use)
+	wantErr(t, "someone else presents it", err, errdefs.ErrPermissionDenied, "held by")
+	_, err = f.svc.UseLease(ctx, publisher, approvals.UseRequest{LeaseID: "nope", JobID: "j1", Resource: "demo"})
+	wantErr(t, "unknown lease", err, errdefs.ErrNotFound, "nope")
+	_, err = f.svc.UseLease(ctx, publisher, approvals.UseRequest{LeaseID: l.ID, JobID: "j1"})
+	wantErr(t, "no resource", err, errdefs.ErrInvalidArgument, "resource")
+
+	f.clock.add(2 * time.Minute)
+	_, err = f.svc.UseLease(ctx, publisher, use)
+	wantErr(t, "expired", err, errdefs.ErrFailedPrecondition, "expired")
+	f.clock.add(-time.Minute)
+	if _, err := f.svc.UseLease(ctx, publisher, use); err != nil {
+		t.Fatalf("use a minute before expiry: %v", err)
+	}
+	if _, err := f.svc.Revoke(ctx, alice, l.ID, "incident"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.svc.UseLease(ctx, publisher, use)
+	wantErr(t, "revoked", err, errdefs.ErrFailedPrecondition, "revoked")
+
+	evs, err := f.st.ListAudit(ctx, store.AuditFilter{Kind: "lease.used", Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed, denied := 0, 0
+	for _, e := range evs {
+		if e.Outcome == "allowed" {
+			allowed++
+		} else {
+			denied++
+		}
+	}
+	if allowed != 2 || denied != 5 {
+		t.Errorf("lease.used events: %d allowed, %d denied; want 2 and 5", allowed, denied)
+	}
+}
