@@ -60,10 +60,14 @@ func newApprovalList(g *globals) *cobra.Command {
 				return rpcError(err)
 			}
 			return g.printProto(resp, func(w io.Writer) {
-				fmt.Fprintln(w, "APPROVAL\tJOB\tSTATE\tVOTES\tTARGET\tBUNDLE\tEXPIRES")
+				fmt.Fprintln(w, "APPROVAL\tJOB\tSTATE\tVOTES\tFOR\tDIGEST\tEXPIRES")
 				for _, a := range resp.GetApprovals() {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%d/%d\t%s:%s\t%s\t%s\n", a.GetApprovalId(), a.GetJobId(), stateWord(a.GetState()),
-						approvals(a), a.GetRequiredApprovals(), a.GetTarget().GetRepository(), a.GetTarget().GetBranch(),
+					what := "publish " + a.GetTarget().GetRepository() + ":" + a.GetTarget().GetBranch()
+					if a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
+						what = "change: " + strings.Join(a.GetChange().GetWidens(), "; ")
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", a.GetApprovalId(), a.GetJobId(), stateWord(a.GetState()),
+						approvals(a), a.GetRequiredApprovals(), what,
 						short(strings.TrimPrefix(a.GetBundleDigest(), "sha256:")), a.GetExpiresAt().AsTime().Local().Format(time.DateTime))
 				}
 			})
@@ -103,6 +107,19 @@ func newApprovalShow(g *globals) *cobra.Command {
 			return g.printProto(resp, func(w io.Writer) {
 				r := rv.GetResult()
 				fmt.Fprintf(w, "approval   %s (%s, %d of %d approvals)\n", a.GetApprovalId(), stateWord(a.GetState()), approvals(a), a.GetRequiredApprovals())
+				if a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
+					c := a.GetChange()
+					fmt.Fprintf(w, "change to  running job %s, asked by %s\n", a.GetJobId(), a.GetRequester())
+					fmt.Fprintf(w, "digest     %s\n", a.GetBundleDigest())
+					fmt.Fprintf(w, "command    %s\n", strings.Join(rv.GetCommand(), " "))
+					fmt.Fprintf(w, "limits     %s\n        ->  %s\n", limitsText(c.GetFromLimits()), limitsText(c.GetToLimits()))
+					fmt.Fprintf(w, "network    %s\n        ->  %s\n", policyText(c.GetFromNetworkPolicy()), policyText(c.GetToNetworkPolicy()))
+					for _, x := range c.GetWidens() {
+						fmt.Fprintf(w, "widens     %s\n", x)
+					}
+					writeVotes(w, a)
+					return
+				}
 				fmt.Fprintf(w, "job        %s by %s\n", a.GetJobId(), a.GetRequester())
 				fmt.Fprintf(w, "target     %s:%s\n", a.GetTarget().GetRepository(), a.GetTarget().GetBranch())
 				fmt.Fprintf(w, "bundle     %s\n", a.GetBundleDigest())
@@ -110,10 +127,7 @@ func newApprovalShow(g *globals) *cobra.Command {
 				fmt.Fprintf(w, "command    %s\n", strings.Join(rv.GetCommand(), " "))
 				fmt.Fprintf(w, "result     %s, exit %d, %s\n", strings.ToLower(strings.TrimPrefix(r.GetReason().String(), "TERMINATION_REASON_")),
 					r.GetExitCode(), strings.Split(r.GetRuntimeVersion(), ";")[0])
-				fmt.Fprintf(w, "expires    %s\n", a.GetExpiresAt().AsTime().Local().Format(time.DateTime))
-				for _, v := range a.GetVotes() {
-					fmt.Fprintf(w, "vote       %s %s: %s\n", v.GetApprover(), strings.ToLower(strings.TrimPrefix(v.GetDecision().String(), "DECISION_")), v.GetComment())
-				}
+				writeVotes(w, a)
 				fmt.Fprintf(w, "\n%s", diffStat(rv.GetPatch()))
 				fmt.Fprintf(w, "\n%s", rv.GetPatch())
 				if tail := rv.GetOutputTail(); len(tail) > 0 {
@@ -121,6 +135,14 @@ func newApprovalShow(g *globals) *cobra.Command {
 				}
 			})
 		},
+	}
+}
+
+// writeVotes prints a request's expiry and its votes.
+func writeVotes(w io.Writer, a *authorityv1.Approval) {
+	fmt.Fprintf(w, "expires    %s\n", a.GetExpiresAt().AsTime().Local().Format(time.DateTime))
+	for _, v := range a.GetVotes() {
+		fmt.Fprintf(w, "vote       %s %s: %s\n", v.GetApprover(), strings.ToLower(strings.TrimPrefix(v.GetDecision().String(), "DECISION_")), v.GetComment())
 	}
 }
 

@@ -69,7 +69,7 @@ func (g *globals) printProto(m proto.Message, text func(w io.Writer)) error {
 
 func newJob(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "job", Short: "Submit, follow and cancel sandboxed jobs"}
-	cmd.AddCommand(newJobSubmit(g), newJobGet(g), newJobList(g), newJobWatch(g), newJobCancel(g))
+	cmd.AddCommand(newJobSubmit(g), newJobGet(g), newJobList(g), newJobWatch(g), newJobCancel(g), newJobUpdate(g))
 	return cmd
 }
 
@@ -416,6 +416,8 @@ func newJobGet(g *globals) *cobra.Command {
 				fmt.Fprintf(w, "repository %s @ %s (%s)\n", job.GetSpec().GetRepository(), job.GetSpec().GetRevision(), short(job.GetCommit()))
 				fmt.Fprintf(w, "command    %s\n", strings.Join(job.GetSpec().GetCommand(), " "))
 				fmt.Fprintf(w, "requester  %s\n", job.GetRequester())
+				fmt.Fprintf(w, "state      %s\n", strings.ToLower(strings.TrimPrefix(job.GetState().String(), "JOB_STATE_")))
+				writeLimits(w, job)
 				writeSummary(w, job)
 			})
 		},

@@ -1,0 +1,201 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+)
+
+type updateFlags struct {
+	memory  string
+	cpu     float64
+	pids    int64
+	timeout time.Duration
+	allow   []string
+	denyAll bool
+}
+
+func newJobUpdate(g *globals) *cobra.Command {
+	var f updateFlags
+	cmd := &cobra.Command{
+		Use:   "update JOB_ID [--memory SIZE] [--cpu CORES] [--pids N] [--timeout D] [--allow CIDR[:PORT,...]]... [--deny-all]",
+		Short: "Change a running job's limits or network policy",
+		Long: `Changes a running job's limits (only those given) or replaces its network
+policy (--allow, repeatable, or --deny-all).
+
+Narrowing (lower limits, fewer destinations) takes effect at once. Widening
+needs an approval where the tenant's policy says so: the command then prints
+the approval's id, and the change applies when another approver approves it
+(never the one who asked). The disk limit cannot change on a running job.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return jobUpdate(cmd.Context(), g, &f, args[0])
+		},
+	}
+	fl := cmd.Flags()
+	fl.Float64Var(&f.cpu, "cpu", 0, "CPU cores, e.g. 0.5")
+	fl.StringVar(&f.memory, "memory", "", "memory limit, e.g. 1GiB")
+	fl.Int64Var(&f.pids, "pids", 0, "process limit")
+	fl.DurationVar(&f.timeout, "timeout", 0, "deadline, counted from the job's start, e.g. 20m")
+	fl.StringArrayVar(&f.allow, "allow", nil, "CIDR or CIDR:PORT[,PORT...] the job may reach (repeatable; replaces the policy)")
+	fl.BoolVar(&f.denyAll, "deny-all", false, "replace the policy with deny-all (loopback only)")
+	return cmd
+}
+
+// parseAllow reads "CIDR" or "CIDR:PORT,PORT"; an IPv6 CIDR with ports is
+// written "[2001:db8::/32]:443".
+func parseAllow(s string) (*typesv1.AllowRule, error) {
+	cidr, ports := s, ""
+	if strings.HasPrefix(s, "[") {
+		end := strings.Index(s, "]")
+		if end < 0 {
+			return nil, fmt.Errorf("--allow %q: missing ']'", s)
+		}
+		cidr, ports = s[1:end], strings.TrimPrefix(s[end+1:], ":")
+	} else if i := strings.LastIndex(s, ":"); i >= 0 && !strings.Contains(s[:i], ":") {
+		cidr, ports = s[:i], s[i+1:]
+	}
+	if _, err := netip.ParsePrefix(cidr); err != nil {
+		return nil, fmt.Errorf("--allow %q: %q is not a CIDR", s, cidr)
+	}
+	r := &typesv1.AllowRule{Cidr: cidr}
+	if ports != "" {
+		for _, p := range strings.Split(ports, ",") {
+			n, err := strconv.ParseUint(p, 10, 16)
+			if err != nil || n == 0 {
+				return nil, fmt.Errorf("--allow %q: %q is not a TCP port", s, p)
+			}
+			r.Ports = append(r.Ports, uint32(n))
+		}
+	}
+	return r, nil
+}
+
+func jobUpdate(ctx context.Context, g *globals, f *updateFlags, jobID string) error {
+	var limits *typesv1.ResourceLimits
+	if f.memory != "" || f.cpu != 0 || f.pids != 0 || f.timeout != 0 {
+		if f.cpu < 0 || f.pids < 0 || f.timeout < 0 {
+			return usageError{errors.New("--cpu, --pids and --timeout must not be negative")}
+		}
+		limits = &typesv1.ResourceLimits{CpuMillis: int64(f.cpu * 1000), Pids: f.pids}
+		var err error
+		if limits.MemoryBytes, err = parseSize("--memory", f.memory); err != nil {
+			return err
+		}
+		if f.timeout > 0 {
+			limits.Deadline = durationpb.New(f.timeout)
+		}
+	}
+	var np *typesv1.NetworkPolicy
+	switch {
+	case f.denyAll && len(f.allow) > 0:
+		return usageError{errors.New("--deny-all and --allow exclude each other")}
+	case f.denyAll:
+		np = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_DenyAll{DenyAll: &typesv1.DenyAll{}}}
+	case len(f.allow) > 0:
+		list := &typesv1.AllowList{}
+		for _, a := range f.allow {
+			r, err := parseAllow(a)
+			if err != nil {
+				return usageError{err}
+			}
+			list.Rules = append(list.Rules, r)
+		}
+		np = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Allow{Allow: list}}
+	}
+	if limits == nil && np == nil {
+		return usageError{errors.New("nothing to change: give --memory, --cpu, --pids, --timeout, --allow or --deny-all")}
+	}
+	client, _, done, err := g.authority()
+	if err != nil {
+		return err
+	}
+	defer done()
+	type outcome struct {
+		What       string `json:"what"`
+		ApprovalID string `json:"approval_id,omitempty"`
+	}
+	var results []outcome
+	if limits != nil {
+		resp, err := client.UpdateJobLimits(ctx, &authorityv1.UpdateJobLimitsRequest{JobId: jobID, Limits: limits})
+		if err != nil {
+			return rpcError(err)
+		}
+		results = append(results, outcome{"limits", resp.GetApprovalId()})
+	}
+	if np != nil {
+		resp, err := client.UpdateNetworkPolicy(ctx, &authorityv1.UpdateNetworkPolicyRequest{JobId: jobID, Policy: np})
+		if err != nil {
+			return rpcError(err)
+		}
+		results = append(results, outcome{"network_policy", resp.GetApprovalId()})
+	}
+	job, err := client.GetJob(ctx, &authorityv1.GetJobRequest{JobId: jobID})
+	if err != nil {
+		return rpcError(err)
+	}
+	return g.print(results, func(w io.Writer) {
+		for _, r := range results {
+			if r.ApprovalID != "" {
+				fmt.Fprintf(w, "%s: widening; waiting for approval %s (airlock approval show %s --as approver/NAME)\n", r.What, r.ApprovalID, r.ApprovalID)
+			} else {
+				fmt.Fprintf(w, "%s: applied\n", r.What)
+			}
+		}
+		writeLimits(w, job.GetJob())
+	})
+}
+
+// writeLimits prints the limits and network policy a job runs under.
+func writeLimits(w io.Writer, job *authorityv1.Job) {
+	l := job.GetLimits()
+	if l == nil {
+		return
+	}
+	fmt.Fprintf(w, "limits     cpu %.2f, memory %s, pids %d, disk %s, deadline %s (grant generation %d)\n",
+		float64(l.GetCpuMillis())/1000, humanBytes(l.GetMemoryBytes()), l.GetPids(), humanBytes(l.GetDiskBytes()),
+		l.GetDeadline().AsDuration(), job.GetGrantGeneration())
+	st := job.GetNetworkPolicyStatus()
+	fmt.Fprintf(w, "network    %s (generation %d, %s)\n", policyText(st.GetPolicy()), st.GetGeneration(),
+		strings.ToLower(strings.TrimPrefix(st.GetState().String(), "NETWORK_POLICY_STATE_")))
+}
+
+// policyText is a network policy in one line.
+func policyText(p *typesv1.NetworkPolicy) string {
+	switch m := p.GetMode().(type) {
+	case *typesv1.NetworkPolicy_Allow:
+		var rules []string
+		for _, r := range m.Allow.GetRules() {
+			s := r.GetCidr()
+			if len(r.GetPorts()) > 0 {
+				var ports []string
+				for _, p := range r.GetPorts() {
+					ports = append(ports, strconv.Itoa(int(p)))
+				}
+				s += ":" + strings.Join(ports, ",")
+			}
+			rules = append(rules, s)
+		}
+		return "allow " + strings.Join(rules, " ")
+	case *typesv1.NetworkPolicy_Domains:
+		return "domains " + strings.Join(m.Domains.GetDomains(), " ")
+	}
+	return "deny_all"
+}
+
+// limitsText is limits in one line.
+func limitsText(l *typesv1.ResourceLimits) string {
+	return fmt.Sprintf("cpu %.2f, memory %s, pids %d, deadline %s", float64(l.GetCpuMillis())/1000, humanBytes(l.GetMemoryBytes()),
+		l.GetPids(), l.GetDeadline().AsDuration())
+}
