@@ -355,9 +355,13 @@ func devTenantPolicy(repos map[string]string, bins map[string]string) map[string
 			"max":     map[string]any{"cpu_millis": 2000, "memory": "4GiB", "pids": 4096, "disk": "8GiB", "deadline": "2h"},
 		},
 		"runtime_classes": classes,
+		// A job may ask for any destination (the executor always refuses
+		// link-local, metadata and its own addresses); widening a running
+		// job's network or limits needs an approval.
+		"egress": map[string]any{"cidrs": []string{"0.0.0.0/0", "::/0"}},
 		// Any of the dev approvers, one approval; approver/dev is refused
-		// for dev's own jobs (the same person as client/dev).
-		"approvals": map[string]any{"approvers": []string{"approver/alice", "approver/bob", "approver/dev"}, "required": 1, "ttl": "24h"},
+		// for dev's own jobs and changes (the same person as client/dev).
+		"approvals": map[string]any{"approvers": []string{"approver/alice", "approver/bob", "approver/dev"}, "required": 1, "ttl": "24h", "widening": "approve"},
 	}
 }
 
