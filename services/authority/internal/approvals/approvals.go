@@ -701,3 +701,60 @@ func (s *Service) UseLease(ctx context.Context, caller identity.ID, req UseReque
 	}
 	return l, nil
 }
+
+// Sweep rewrites every approval past its expiry as expired and ends every
+// lease past its expiry, each with an audit entry by caller (the
+// authority itself), and returns how many of each. Both already read as
+// expired before the sweep; it makes the log say when they ran out.
+func (s *Service) Sweep(ctx context.Context, caller identity.ID) (approvalsExpired, leasesExpired int, err error) {
+	const batch = 100
+	now := s.now()
+	for {
+		list, err := s.cfg.Store.ExpireApprovalsAudited(ctx, now, batch, func(a store.Approval) audit.Event {
+			return audit.Event{Kind: "approval.expired", Caller: caller.String(), Subject: a.ID, Time: now, Outcome: outcomeAllowed,
+				Reason: fmt.Sprintf("%s request expired at %s undecided or unconsumed", a.Kind, a.ExpiresAt.Format(time.RFC3339))}
+		})
+		approvalsExpired += len(list)
+		if err != nil {
+			return approvalsExpired, leasesExpired, err
+		}
+		if len(list) < batch {
+			break
+		}
+	}
+	for {
+		list, err := s.cfg.Store.ExpireLeasesAudited(ctx, now, batch, func(l store.Lease) audit.Event {
+			return audit.Event{Kind: "lease.expired", Caller: caller.String(), Subject: l.ID, Time: now, Outcome: outcomeAllowed,
+				Reason: fmt.Sprintf("%s lease on %s ended at %s", l.Purpose, l.Resource, l.ExpiresAt.Format(time.RFC3339))}
+		})
+		leasesExpired += len(list)
+		if err != nil {
+			return approvalsExpired, leasesExpired, err
+		}
+		if len(list) < batch {
+			break
+		}
+	}
+	return approvalsExpired, leasesExpired, nil
+}
+
+// SweepEvery runs Sweep every interval until ctx ends; failures are
+// logged and tried again at the next tick.
+func (s *Service) SweepEvery(ctx context.Context, caller identity.ID, interval time.Duration) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		a, l, err := s.Sweep(ctx, caller)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			s.cfg.Logger.ErrorContext(ctx, "expiry sweep", "error", err)
+		case a+l > 0:
+			s.cfg.Logger.InfoContext(ctx, "expiry sweep", "approvals_expired", a, "leases_expired", l)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}

@@ -546,3 +546,44 @@ func TestUseLeaseRefusesExpiredAndRevoked(t *testing.T) {
 		t.Errorf("lease.used events: %d allowed, %d denied; want 2 and 5", allowed, denied)
 	}
 }
+
+// TestSweepExpires lets a request and a lease run out on the clock: the
+// sweep rewrites each once, on the log, and decisions on the expired
+// request are refused.
+func TestSweepExpires(t *testing.T) {
+	f := setup(t, 1)
+	ctx := t.Context()
+	pub, _ := f.holder(t, publisher)
+	authority := identity.MustParse("spiffe://airlock.test/service/authority")
+	pending := f.finished(t, "j-pending")
+	a := f.approved(t, "j1")
+	if _, err := f.svc.Consume(ctx, publisher, consumeReq(a)); err != nil {
+		t.Fatal(err)
+	}
+	l, _, err := f.svc.Lease(ctx, publisher, pub.Cert, approvals.LeaseRequest{Purpose: approvals.PurposeDeploy, JobID: "j1", Resource: "demo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, m, err := f.svc.Sweep(ctx, authority); err != nil || n != 0 || m != 0 {
+		t.Fatalf("sweep before anything expired = %d, %d, %v", n, m, err)
+	}
+	f.clock.add(2 * time.Hour)
+	if n, m, err := f.svc.Sweep(ctx, authority); err != nil || n != 1 || m != 1 {
+		t.Fatalf("sweep after expiry = %d approvals, %d leases, %v; want 1 and 1", n, m, err)
+	}
+	if n, m, err := f.svc.Sweep(ctx, authority); err != nil || n+m != 0 {
+		t.Fatalf("second sweep = %d, %d, %v", n, m, err)
+	}
+	got, err := f.st.GetApproval(ctx, pending.ID)
+	if err != nil || got.State != store.ApprovalExpired {
+		t.Fatalf("stored state after the sweep = %s, %v", got.State, err)
+	}
+	_, err = f.svc.Decide(ctx, alice, approve(pending.ID))
+	wantErr(t, "deciding an expired request", err, errdefs.ErrFailedPrecondition, "expired")
+	gl, err := f.st.GetLease(ctx, l.ID)
+	if err != nil || gl.RevokeReason != store.ExpiredReason || !gl.RevokedAt.Equal(gl.ExpiresAt) {
+		t.Fatalf("lease after the sweep = %+v, %v", gl, err)
+	}
+	_, err = f.svc.UseLease(ctx, publisher, approvals.UseRequest{LeaseID: l.ID, JobID: "j1", Resource: "demo"})
+	wantErr(t, "using an expired lease", err, errdefs.ErrFailedPrecondition, "expired")
+}

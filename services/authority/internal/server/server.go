@@ -7,6 +7,7 @@ import (
 	"context"
 	"os"
 	"sync/atomic"
+	"time"
 
 	"github.com/airlockhq/airlock/pkg/authz"
 	"github.com/airlockhq/airlock/pkg/daemon"
@@ -25,6 +26,9 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/store/postgres"
 	"github.com/airlockhq/airlock/services/authority/internal/store/sqlite"
 )
+
+// sweepInterval is how often expired approvals and leases are rewritten.
+const sweepInterval = 30 * time.Second
 
 // Run runs the authority until ctx is cancelled or a part of it fails.
 func Run(ctx context.Context, cfg *config.Config) error {
@@ -107,6 +111,11 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			} else if n > 0 {
 				env.Logger.Info("opened missing approvals", "count", n)
 			}
+			// Approvals and leases past their expiry are rewritten as such,
+			// on the log; every replica may sweep (each row changes once).
+			env.Go(func(ctx context.Context) error {
+				return appr.SweepEvery(ctx, identity.Service(cfg.TrustDomain, identity.ServiceAuthority), sweepInterval)
+			})
 			api.New(api.Config{Jobs: svc, Approvals: appr, Logger: env.Logger}).Register(env.Server)
 			env.Logger.Info("authority ready", "tenants", len(cfg.Policy), "grant_key_id", key.KeyID(),
 				"grant_public_key", cfg.GrantKey+".pub", "executor", cfg.Executor.Address)

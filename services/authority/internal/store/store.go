@@ -341,4 +341,17 @@ type ApprovalStore interface {
 	RevokeLeaseAudited(ctx context.Context, id string, at time.Time, reason string, e audit.Event) (Lease, error)
 	// ListLeases returns a page of leases, newest first.
 	ListLeases(ctx context.Context, f LeaseFilter) ([]Lease, string, error)
+	// ExpireApprovalsAudited rewrites up to limit pending or approved
+	// approvals whose expiry is at or before now as expired, each in its
+	// own transaction with the event event returns for it, and returns
+	// those it rewrote. An approval decided or consumed meanwhile (by a
+	// replica, say) is left alone.
+	ExpireApprovalsAudited(ctx context.Context, now time.Time, limit int, event func(Approval) audit.Event) ([]Approval, error)
+	// ExpireLeasesAudited ends up to limit unrevoked leases whose expiry is
+	// at or before now — revoked at their expiry, reason "expired" — each
+	// with its event, and returns them.
+	ExpireLeasesAudited(ctx context.Context, now time.Time, limit int, event func(Lease) audit.Event) ([]Lease, error)
 }
+
+// ExpiredReason is the revoke reason of a lease that ran out.
+const ExpiredReason = "expired"

@@ -28,6 +28,7 @@ var approvalTests = []struct {
 	{"ChangeRequestKinds", testChangeKinds},
 	{"ChangeApplyIsAtomic", testChangeApplyAtomic},
 	{"ChangeApplyRace50", testChangeApplyRace},
+	{"ExpireApprovalsAndLeases", testExpire},
 }
 
 // NewApproval returns a pending approval of job jobID, created at base+n

@@ -187,3 +187,58 @@ func testChangeApplyRace(t *testing.T, open Opener) {
 		t.Fatalf("job version %d after one applied change, want 2", j.Version)
 	}
 }
+
+// testExpire rewrites expired approvals and leases once each, with their
+// events, and leaves live, decided and consumed ones alone.
+func testExpire(t *testing.T, open Opener) {
+	s := open(t)
+	early := NewApproval("dev", "a-early", "j1", 0) // expires base+24h
+	late := NewApproval("dev", "a-late", "j2", 3600)
+	gone := NewApproval("dev", "a-consumed", "j3", 0)
+	for _, a := range []store.Approval{early, late, gone} {
+		mustApproval(t, s, a)
+	}
+	if _, err := approve(s, t, "a-consumed", "spiffe://airlock.test/approver/alice", store.ApprovalApproved); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ConsumeApprovalAudited(ctx(t), consumeReq(gone, base.Add(time.Hour)), audit.Event{Kind: "approval.consumed"}); err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range []string{"l-old", "l-new"} {
+		at := base.Add(time.Duration(i) * time.Hour)
+		if _, err := s.CreateLeaseAudited(ctx(t), store.Lease{ID: id, Purpose: "deploy", JobID: "j3", Resource: "demo",
+			Holder: "spiffe://airlock.test/service/publisher", IssuedAt: at, ExpiresAt: at.Add(5 * time.Minute)},
+			audit.Event{Kind: "lease.issued", Subject: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := base.Add(24*time.Hour + time.Minute)
+	aev := func(a store.Approval) audit.Event { return audit.Event{Kind: "approval.expired", Subject: a.ID, Outcome: "allowed"} }
+	lev := func(l store.Lease) audit.Event { return audit.Event{Kind: "lease.expired", Subject: l.ID, Outcome: "allowed"} }
+	got, err := s.ExpireApprovalsAudited(ctx(t), now, 10, aev)
+	if err != nil || len(got) != 1 || got[0].ID != "a-early" || got[0].State != store.ApprovalExpired {
+		t.Fatalf("expire approvals = %+v, %v; want a-early only", got, err)
+	}
+	if again, err := s.ExpireApprovalsAudited(ctx(t), now, 10, aev); err != nil || len(again) != 0 {
+		t.Fatalf("expire approvals again = %+v, %v", again, err)
+	}
+	if a, _ := s.GetApproval(ctx(t), "a-consumed"); a.State != store.ApprovalConsumed {
+		t.Fatalf("a consumed approval became %s", a.State)
+	}
+	if a, _ := s.GetApproval(ctx(t), "a-late"); a.State != store.ApprovalPending {
+		t.Fatalf("a live approval became %s", a.State)
+	}
+	ls, err := s.ExpireLeasesAudited(ctx(t), base.Add(30*time.Minute), 10, lev)
+	if err != nil || len(ls) != 1 || ls[0].ID != "l-old" || !ls[0].RevokedAt.Equal(ls[0].ExpiresAt) || ls[0].RevokeReason != store.ExpiredReason {
+		t.Fatalf("expire leases = %+v, %v; want l-old ended at its expiry", ls, err)
+	}
+	if again, err := s.ExpireLeasesAudited(ctx(t), base.Add(30*time.Minute), 10, lev); err != nil || len(again) != 0 {
+		t.Fatalf("expire leases again = %+v, %v", again, err)
+	}
+	if _, err := s.ExpireApprovalsAudited(ctx(t), now, 0, aev); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("limit 0 = %v", err)
+	}
+	if n, m := countKind(t, s, "approval.expired"), countKind(t, s, "lease.expired"); n != 1 || m != 1 {
+		t.Fatalf("%d approval.expired and %d lease.expired events, want 1 each", n, m)
+	}
+}

@@ -499,3 +499,104 @@ func (s *DB) ListLeases(ctx context.Context, f store.LeaseFilter) ([]store.Lease
 	}
 	return list, next, nil
 }
+
+// ExpireApprovalsAudited implements store.Store.
+func (s *DB) ExpireApprovalsAudited(ctx context.Context, now time.Time, limit int, event func(store.Approval) audit.Event) ([]store.Approval, error) {
+	if limit <= 0 {
+		return nil, fmt.Errorf("%w: store: expire approvals: limit must be positive", errdefs.ErrInvalidArgument)
+	}
+	ids, err := s.ids(ctx, `SELECT id FROM approvals WHERE state IN (?, ?) AND expires_at <= ? ORDER BY expires_at, id LIMIT ?`,
+		string(store.ApprovalPending), string(store.ApprovalApproved), micros(now), limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: expire approvals: %w", err)
+	}
+	var out []store.Approval
+	for _, id := range ids {
+		var a store.Approval
+		err := s.tx(ctx, func(tx *sql.Tx) error {
+			res, err := tx.ExecContext(ctx, s.q(`UPDATE approvals SET state = ?, version = version + 1
+				WHERE id = ? AND state IN (?, ?) AND expires_at <= ?`),
+				string(store.ApprovalExpired), id, string(store.ApprovalPending), string(store.ApprovalApproved), micros(now))
+			if err != nil {
+				return err
+			}
+			if n, err := res.RowsAffected(); err != nil || n != 1 {
+				return errSkip
+			}
+			if a, err = s.loadApproval(ctx, tx, byID, id, ""); err != nil {
+				return err
+			}
+			e := event(a)
+			if err := defaultEvent(&e, a.JobID, a.Tenant); err != nil {
+				return err
+			}
+			_, err = s.appendAudit(ctx, tx, e)
+			return err
+		})
+		if errors.Is(err, errSkip) {
+			continue
+		}
+		if err != nil {
+			return out, fmt.Errorf("store: expire approval %q: %w", id, err)
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}
+
+// ExpireLeasesAudited implements store.Store.
+func (s *DB) ExpireLeasesAudited(ctx context.Context, now time.Time, limit int, event func(store.Lease) audit.Event) ([]store.Lease, error) {
+	if limit <= 0 {
+		return nil, fmt.Errorf("%w: store: expire leases: limit must be positive", errdefs.ErrInvalidArgument)
+	}
+	ids, err := s.ids(ctx, `SELECT id FROM leases WHERE revoked_at = 0 AND expires_at <= ? ORDER BY expires_at, id LIMIT ?`, micros(now), limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: expire leases: %w", err)
+	}
+	var out []store.Lease
+	for _, id := range ids {
+		var l store.Lease
+		err := s.tx(ctx, func(tx *sql.Tx) error {
+			res, err := tx.ExecContext(ctx, s.q(`UPDATE leases SET revoked_at = expires_at, revoke_reason = ? WHERE id = ? AND revoked_at = 0 AND expires_at <= ?`),
+				store.ExpiredReason, id, micros(now))
+			if err != nil {
+				return err
+			}
+			if n, err := res.RowsAffected(); err != nil || n != 1 {
+				return errSkip
+			}
+			if l, err = s.loadLease(ctx, tx, id); err != nil {
+				return err
+			}
+			e := event(l)
+			if err := defaultEvent(&e, l.JobID, ""); err != nil {
+				return err
+			}
+			_, err = s.appendAudit(ctx, tx, e)
+			return err
+		})
+		if errors.Is(err, errSkip) {
+			continue
+		}
+		if err != nil {
+			return out, fmt.Errorf("store: expire lease %q: %w", id, err)
+		}
+		out = append(out, l)
+	}
+	return out, nil
+}
+
+// errSkip ends a transaction that found nothing left to do.
+var errSkip = errors.New("nothing to do")
+
+// ids runs a query returning one id column.
+func (s *DB) ids(ctx context.Context, query string, args ...any) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, s.q(query), args...)
+	if err != nil {
+		return nil, err
+	}
+	return collect(rows, func(r scanner) (string, error) {
+		var id string
+		return id, r.Scan(&id)
+	})
+}
