@@ -116,8 +116,16 @@ func (s *Service) CancelRun(ctx context.Context, req *executorv1.CancelRunReques
 	return &executorv1.CancelRunResponse{Run: convert.Run(run)}, nil
 }
 
-func (s *Service) UpdateRun(context.Context, *executorv1.UpdateRunRequest) (*executorv1.UpdateRunResponse, error) {
-	return nil, errdefs.NotImplemented(executorv1.ExecutorService_UpdateRun_FullMethodName, "changes to running jobs")
+func (s *Service) UpdateRun(ctx context.Context, req *executorv1.UpdateRunRequest) (*executorv1.UpdateRunResponse, error) {
+	if req.GetGrant() == nil {
+		return nil, errdefs.ToGRPC(fmt.Errorf("%w: grant is required", errdefs.ErrInvalidArgument))
+	}
+	run, err := s.cfg.Runs.Update(ctx, req.GetGrant())
+	if err != nil {
+		return nil, s.fail(ctx, "UpdateRun", err)
+	}
+	out := convert.Run(run)
+	return &executorv1.UpdateRunResponse{Run: out, NetworkPolicyStatus: out.GetNetworkPolicyStatus()}, nil
 }
 
 const artifactChunk = 256 << 10

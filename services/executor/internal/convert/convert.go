@@ -4,6 +4,7 @@
 package convert
 
 import (
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -66,16 +67,11 @@ func Run(r runs.Run) *executorv1.Run {
 		State:     states[r.State],
 		CreatedAt: timestamppb.New(r.CreatedAt),
 		Result:    RunResult(r.Result),
-		NetworkPolicyStatus: &typesv1.NetworkPolicyStatus{
-			Policy:     &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_DenyAll{DenyAll: &typesv1.DenyAll{}}},
-			Generation: 1,
-			State:      typesv1.NetworkPolicyState_NETWORK_POLICY_STATE_APPLIED,
-			UpdatedAt:  timestamppb.New(r.CreatedAt),
-		},
 	}
 	if sg, err := r.Grant(); err == nil {
 		out.Grant = sg
 	}
+	out.NetworkPolicyStatus = NetworkPolicyStatus(r)
 	if !r.StartedAt.IsZero() {
 		out.StartedAt = timestamppb.New(r.StartedAt)
 	}
@@ -83,4 +79,30 @@ func Run(r runs.Run) *executorv1.Run {
 		out.FinishedAt = timestamppb.New(r.FinishedAt)
 	}
 	return out
+}
+
+// NetworkPolicyStatus is the status of the network policy of r's grant. A
+// run's grant changes only once its policy is in force (runs.Manager.Update),
+// so the grant's policy is the applied one, unless it never could be.
+func NetworkPolicyStatus(r runs.Run) *typesv1.NetworkPolicyStatus {
+	st := &typesv1.NetworkPolicyStatus{
+		State:     typesv1.NetworkPolicyState_NETWORK_POLICY_STATE_APPLIED,
+		UpdatedAt: timestamppb.New(r.CreatedAt),
+	}
+	sg, err := r.Grant()
+	if err != nil {
+		return st
+	}
+	g := &typesv1.Grant{}
+	if err := proto.Unmarshal(sg.GetBody(), g); err != nil {
+		return st
+	}
+	st.Policy, st.Generation = g.GetNetworkPolicy(), g.GetNetworkPolicyGeneration()
+	if !r.NetworkUpdatedAt.IsZero() {
+		st.UpdatedAt = timestamppb.New(r.NetworkUpdatedAt)
+	}
+	if r.NetworkFailure != "" {
+		st.State, st.Message = typesv1.NetworkPolicyState_NETWORK_POLICY_STATE_FAILED, r.NetworkFailure
+	}
+	return st
 }

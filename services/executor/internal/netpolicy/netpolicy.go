@@ -1,19 +1,48 @@
 // Package netpolicy enforces a job's network policy from outside its
 // sandbox. Every job gets a network namespace the executor makes (the
 // sandbox joins it, so it is owned by the host's user namespace and nothing
-// inside can reconfigure it). Deny-all is loopback only. An allow policy adds
-// a veth pair to the host, and nftables rules in the host's namespace — out
-// of the job's reach — let through exactly the listed destinations and
-// ports; link-local, metadata and the executor's own addresses are always
-// refused. Apply replaces a running job's rules atomically and returns only
-// once they are in the kernel.
+// inside can reconfigure it). Deny-all is loopback only: the namespace has
+// no other interface. An allow policy adds a veth pair to the host, and
+// nftables rules in the host's namespace — out of the job's reach — let
+// through exactly the listed destinations and ports; link-local, metadata,
+// other jobs' and the executor's own addresses are always refused. Apply
+// replaces a running job's rules atomically and returns only once they are
+// in the kernel.
+//
+// Host side effects: New turns on IPv4 forwarding (net.ipv4.ip_forward=1),
+// and IPv6 forwarding too when Config.Pool6 is set, because a job's packets
+// are routed from its veth to the host's other interfaces. The host then
+// forwards for every interface; a host that relies on forwarding being off
+// must drop forwarded traffic in its own firewall. Each job with a veth has
+// one nftables table of its own, "inet <Name>_<hash>", whose chains match
+// only packets from or to that job's veth, so other traffic keeps its fate.
+// (A drop in another table still wins over our accepts: a host firewall
+// that drops forwarded traffic must let the jobs' veths through.)
+//
+// Only the executor's run manager and composition root import it. It needs
+// root, the nft command (Debian package nftables) and a kernel with
+// nf_tables, its fib and masquerade expressions, and veth.
 package netpolicy
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/airlockhq/airlock/pkg/errdefs"
 )
 
 // Rule permits egress to one prefix.
@@ -31,6 +60,48 @@ type Policy struct {
 // DenyAll reports whether p permits nothing but loopback.
 func (p Policy) DenyAll() bool { return len(p.Allow) == 0 }
 
+// normalize validates p and returns a copy with masked prefixes and sorted,
+// de-duplicated ports, which the caller can no longer change.
+func (p Policy) normalize() (Policy, error) {
+	var out Policy
+	for i, r := range p.Allow {
+		if !r.Prefix.IsValid() {
+			return Policy{}, fmt.Errorf("%w: netpolicy: allow[%d]: invalid prefix", errdefs.ErrInvalidArgument, i)
+		}
+		if r.Prefix.Addr().Is4In6() {
+			return Policy{}, fmt.Errorf("%w: netpolicy: allow[%d]: %s is an IPv4-mapped IPv6 prefix; write it as IPv4", errdefs.ErrInvalidArgument, i, r.Prefix)
+		}
+		if r.Prefix.Addr().Zone() != "" {
+			return Policy{}, fmt.Errorf("%w: netpolicy: allow[%d]: %s has a zone", errdefs.ErrInvalidArgument, i, r.Prefix)
+		}
+		ports := slices.Clone(r.Ports)
+		for _, port := range ports {
+			if port == 0 {
+				return Policy{}, fmt.Errorf("%w: netpolicy: allow[%d]: port 0", errdefs.ErrInvalidArgument, i)
+			}
+		}
+		slices.Sort(ports)
+		out.Allow = append(out.Allow, Rule{Prefix: r.Prefix.Masked(), Ports: slices.Compact(ports)})
+	}
+	return out, nil
+}
+
+func (p Policy) clone() Policy {
+	var out Policy
+	for _, r := range p.Allow {
+		out.Allow = append(out.Allow, Rule{Prefix: r.Prefix, Ports: slices.Clone(r.Ports)})
+	}
+	return out
+}
+
+// Defaults for Config's optional fields.
+const (
+	DefaultName = "airlock"
+)
+
+// DefaultPool4 is the IPv4 pool every job's veth pair takes a /30 from.
+var DefaultPool4 = netip.MustParsePrefix("10.213.0.0/16")
+
 // Config configures the Manager.
 type Config struct {
 	// Dir holds the namespaces' bind mounts and the manager's state; it
@@ -38,48 +109,526 @@ type Config struct {
 	Dir string
 	// Logger receives what the manager does.
 	Logger *slog.Logger
+	// Name names this manager's objects on the host: its nftables tables
+	// are "inet <Name>_<hash of the job id>" and its veths carry the alias
+	// "<Name>:<job id>". Recover removes every such table and veth, so two
+	// managers on one host need different names. 1 to 32 of [a-z0-9_],
+	// default "airlock".
+	Name string
+	// Pool4 is split into one /30 per job with a veth: the host end takes
+	// the first address, the job the second. At most /30; default
+	// 10.213.0.0/16 (16384 jobs at once). Jobs can never reach the pool.
+	Pool4 netip.Prefix
+	// Pool6, if set, gives each job with a veth a /64 of it as well (host
+	// end ::1, job ::2), and New turns on IPv6 forwarding. It is unset by
+	// default, so jobs have IPv4 only (IPv6 allow rules are installed but
+	// there is no route to use them): with forwarding on, Linux ignores
+	// router advertisements on every interface whose accept_ra is 1, which
+	// would take the default route away from a host configured by SLAAC.
+	// Set it where the host's IPv6 is static or accept_ra is 2. At most
+	// /64; jobs can never reach the pool.
+	Pool6 netip.Prefix
+	// AlwaysDeny are further destinations no policy can open, on top of
+	// link-local (169.254.0.0/16, fe80::/10), cloud metadata
+	// (169.254.169.254, fd00:ec2::254), loopback, the pools, and every
+	// address of the host itself.
+	AlwaysDeny []netip.Prefix
+}
+
+// alwaysDeny is refused whatever a policy says. The host's own addresses
+// are refused by a fib lookup instead, so they follow address changes.
+var alwaysDeny = []netip.Prefix{
+	netip.MustParsePrefix("169.254.0.0/16"),
+	netip.MustParsePrefix("169.254.169.254/32"),
+	netip.MustParsePrefix("127.0.0.0/8"),
+	netip.MustParsePrefix("0.0.0.0/8"),
+	netip.MustParsePrefix("fe80::/10"),
+	netip.MustParsePrefix("fd00:ec2::254/128"),
+	netip.MustParsePrefix("::1/128"),
+	netip.MustParsePrefix("::ffff:0:0/96"),
 }
 
 // Manager makes and tracks the network namespaces of jobs.
 type Manager struct {
-	cfg Config
+	cfg   Config
+	log   *slog.Logger
+	nsDir string
+	nft   string
+	deny  []netip.Prefix
+
+	mu    sync.Mutex
+	live  map[string]*Net
+	slots map[int]bool
 }
 
 // ErrUnavailable is returned when this machine cannot enforce policies.
 var ErrUnavailable = errors.New("netpolicy: not available")
 
-// New checks the host can enforce policies and prepares Dir.
+// ErrFixedInterfaces is returned by Apply when the new policy needs an
+// interface the job's namespace does not have, and the namespace was
+// created with FixedInterfaces: its sandbox (gVisor's runsc) read the
+// namespace's interfaces when it started and would never see a new one.
+// It wraps errdefs.ErrFailedPrecondition.
+var ErrFixedInterfaces = fmt.Errorf("%w: netpolicy: the sandbox reads its network interfaces only when it starts", errdefs.ErrFailedPrecondition)
+
+var (
+	idFormat   = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
+	nameFormat = regexp.MustCompile(`^[a-z0-9_]{1,32}$`)
+)
+
+// New checks the host can enforce policies and prepares Dir. It turns on
+// IPv4 forwarding (and IPv6 forwarding when Config.Pool6 is set): see the
+// package documentation.
 func New(cfg Config) (*Manager, error) {
-	return nil, ErrUnavailable
+	if cfg.Name == "" {
+		cfg.Name = DefaultName
+	}
+	if !cfg.Pool4.IsValid() {
+		cfg.Pool4 = DefaultPool4
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case cfg.Dir == "" || !filepath.IsAbs(cfg.Dir) || filepath.Clean(cfg.Dir) != cfg.Dir:
+		return nil, fmt.Errorf("%w: netpolicy.dir %q: must be a clean absolute path", errdefs.ErrInvalidArgument, cfg.Dir)
+	case !nameFormat.MatchString(cfg.Name):
+		return nil, fmt.Errorf("%w: netpolicy.name %q: want 1 to 32 of [a-z0-9_]", errdefs.ErrInvalidArgument, cfg.Name)
+	case !cfg.Pool4.Addr().Is4() || cfg.Pool4.Bits() > 30:
+		return nil, fmt.Errorf("%w: netpolicy.pool4 %s: want an IPv4 prefix of at most /30", errdefs.ErrInvalidArgument, cfg.Pool4)
+	case cfg.Pool6.IsValid() && (!cfg.Pool6.Addr().Is6() || cfg.Pool6.Addr().Is4In6() || cfg.Pool6.Bits() > 64):
+		return nil, fmt.Errorf("%w: netpolicy.pool6 %s: want an IPv6 prefix of at most /64", errdefs.ErrInvalidArgument, cfg.Pool6)
+	}
+	cfg.Pool4 = cfg.Pool4.Masked()
+	if cfg.Pool6.IsValid() {
+		cfg.Pool6 = cfg.Pool6.Masked()
+	}
+	for i, p := range cfg.AlwaysDeny {
+		if !p.IsValid() {
+			return nil, fmt.Errorf("%w: netpolicy.always_deny[%d]: invalid prefix", errdefs.ErrInvalidArgument, i)
+		}
+	}
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("%w: must run as root (uid 0), not uid %d", ErrUnavailable, os.Geteuid())
+	}
+	nft, err := exec.LookPath("nft")
+	if err != nil {
+		return nil, fmt.Errorf("%w: the nft command (Debian package nftables): %v", ErrUnavailable, err)
+	}
+	m := &Manager{
+		cfg:   cfg,
+		log:   cfg.Logger,
+		nsDir: filepath.Join(cfg.Dir, "ns"),
+		nft:   nft,
+		live:  map[string]*Net{},
+		slots: map[int]bool{},
+	}
+	m.deny = append(slices.Clone(alwaysDeny), cfg.Pool4)
+	if cfg.Pool6.IsValid() {
+		m.deny = append(m.deny, cfg.Pool6)
+	}
+	for _, p := range cfg.AlwaysDeny {
+		m.deny = append(m.deny, p.Masked())
+	}
+	if err := os.MkdirAll(m.nsDir, 0o700); err != nil {
+		return nil, fmt.Errorf("netpolicy.dir: %w", err)
+	}
+	if err := os.Chmod(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("netpolicy.dir: %w", err)
+	}
+	// A job's packets are routed from its veth to the host's other
+	// interfaces: without forwarding, no allow rule could ever match.
+	sysctls := []string{"net/ipv4/ip_forward"}
+	if cfg.Pool6.IsValid() {
+		sysctls = append(sysctls, "net/ipv6/conf/all/forwarding")
+	}
+	for _, s := range sysctls {
+		if err := os.WriteFile(filepath.Join("/proc/sys", s), []byte("1\n"), 0o644); err != nil {
+			return nil, fmt.Errorf("%w: turn on %s: %v", ErrUnavailable, strings.ReplaceAll(s, "/", "."), err)
+		}
+	}
+	// A dry run of a whole job's rules: nft -c builds the transaction in
+	// the kernel (loading the modules it needs) and aborts it.
+	probe := m.newNet("probe")
+	probe.addr = m.addrs(0)
+	script := m.replaceScript(probe, Policy{Allow: []Rule{{Prefix: netip.MustParsePrefix("192.0.2.0/24"), Ports: []uint16{443}}}})
+	if err := m.runNft(context.Background(), true, script); err != nil {
+		return nil, fmt.Errorf("%w: the kernel refuses a job's nftables rules: %v", ErrUnavailable, err)
+	}
+	return m, nil
 }
 
 // Net is one job's network namespace and the rules in force for it.
 type Net struct {
-	m *Manager
+	m     *Manager
+	id    string
+	path  string
+	veth  string // the host end's name, whether or not it exists now
+	table string
+	fixed bool
+
+	mu      sync.Mutex
+	policy  Policy
+	gen     int64
+	addr    jobAddrs // valid while slot >= 0
+	slot    int
+	hasVeth bool
+	closed  bool
+}
+
+// CreateOption changes how Create makes a namespace.
+type CreateOption func(*Net)
+
+// FixedInterfaces is for a sandbox that reads the namespace's interfaces
+// once, when it starts: gVisor's runsc copies them into its own network
+// stack and never looks again. The namespace then keeps the interfaces it
+// was created with. A job created with an allow policy keeps its veth for
+// good, and a later deny-all policy drops everything at the host end
+// instead of removing it; a job created deny-all has no veth, and Apply of
+// an allow policy fails with ErrFixedInterfaces (start such a job with an
+// allow policy if it may be widened later). Host-side rule changes (allow
+// A to allow B) work either way.
+func FixedInterfaces() CreateOption { return func(n *Net) { n.fixed = true } }
+
+func (m *Manager) newNet(id string) *Net {
+	sum := sha256.Sum256([]byte(m.cfg.Name + "\x00" + id))
+	h := hex.EncodeToString(sum[:])[:12]
+	return &Net{
+		m:     m,
+		id:    id,
+		path:  filepath.Join(m.nsDir, id),
+		veth:  "alk" + h,
+		table: m.cfg.Name + "_" + h,
+		slot:  -1,
+	}
 }
 
 // Create makes job id's namespace with p in force as generation 1.
-func (m *Manager) Create(ctx context.Context, id string, p Policy) (*Net, error) {
-	return nil, ErrUnavailable
+func (m *Manager) Create(ctx context.Context, id string, p Policy, opts ...CreateOption) (_ *Net, err error) {
+	if !idFormat.MatchString(id) {
+		return nil, fmt.Errorf("%w: netpolicy: job id %q: want 1 to 64 of [a-zA-Z0-9_-]", errdefs.ErrInvalidArgument, id)
+	}
+	p, err = p.normalize()
+	if err != nil {
+		return nil, fmt.Errorf("job %s: %w", id, err)
+	}
+	n := m.newNet(id)
+	for _, o := range opts {
+		o(n)
+	}
+	m.mu.Lock()
+	if _, dup := m.live[id]; dup {
+		m.mu.Unlock()
+		return nil, fmt.Errorf("%w: netpolicy: job %s already has a network namespace", errdefs.ErrAlreadyExists, id)
+	}
+	m.live[id] = n
+	m.mu.Unlock()
+
+	f, err := os.OpenFile(n.path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o400)
+	if err != nil {
+		m.forget(n)
+		if errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("%w: netpolicy: job %s: a previous executor left its namespace %s behind; Recover removes it", errdefs.ErrAlreadyExists, id, n.path)
+		}
+		return nil, fmt.Errorf("netpolicy: job %s: %w", id, err)
+	}
+	f.Close()
+	defer func() {
+		if err != nil {
+			n.mu.Lock()
+			if cerr := n.teardown(); cerr != nil {
+				m.log.Error("netpolicy: undo a failed create", "job_id", id, "error", cerr)
+			}
+			n.mu.Unlock()
+			m.forget(n)
+		}
+	}()
+	if err := makeNetns(n.path); err != nil {
+		return nil, fmt.Errorf("netpolicy: job %s: %w", id, err)
+	}
+	if !p.DenyAll() {
+		if err := n.addVeth(ctx, p); err != nil {
+			return nil, err
+		}
+	}
+	n.policy, n.gen = p, 1
+	m.log.Info("netpolicy: namespace created", "job_id", id, "path", n.path, "deny_all", p.DenyAll(), "veth", n.hasVeth)
+	return n, nil
+}
+
+func (m *Manager) forget(n *Net) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.live[n.id] == n {
+		delete(m.live, n.id)
+	}
 }
 
 // Path is the namespace's path, for the OCI spec's network namespace.
-func (n *Net) Path() string { return "" }
+func (n *Net) Path() string { return n.path }
+
+// ID is the job id the namespace belongs to.
+func (n *Net) ID() string { return n.id }
 
 // Apply puts p in force as generation gen (higher than the current one)
 // and returns once the rules are in the kernel. On error the previous
 // policy stays in force.
-func (n *Net) Apply(ctx context.Context, p Policy, gen int64) error { return ErrUnavailable }
+func (n *Net) Apply(ctx context.Context, p Policy, gen int64) error {
+	p, err := p.normalize()
+	if err != nil {
+		return fmt.Errorf("job %s: %w", n.id, err)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	switch {
+	case n.closed:
+		return fmt.Errorf("%w: netpolicy: job %s: namespace is closed", errdefs.ErrFailedPrecondition, n.id)
+	case gen <= n.gen:
+		return fmt.Errorf("%w: netpolicy: job %s: generation %d is not higher than the current %d", errdefs.ErrFailedPrecondition, n.id, gen, n.gen)
+	}
+	switch {
+	case !p.DenyAll() && !n.hasVeth:
+		if n.fixed {
+			return fmt.Errorf("job %s: %w: a deny-all namespace cannot gain an interface", n.id, ErrFixedInterfaces)
+		}
+		if err := n.addVeth(ctx, p); err != nil {
+			return err
+		}
+	case p.DenyAll() && n.hasVeth && !n.fixed:
+		if err := n.removeVeth(); err != nil {
+			return err
+		}
+	case n.hasVeth:
+		// One transaction: the kernel switches from the old rules to the
+		// new ones at once, or keeps the old ones.
+		if err := n.m.runNft(ctx, false, n.m.replaceScript(n, p)); err != nil {
+			return fmt.Errorf("netpolicy: job %s: replace rules: %w", n.id, err)
+		}
+	}
+	n.policy, n.gen = p, gen
+	n.m.log.Info("netpolicy: policy applied", "job_id", n.id, "generation", gen, "deny_all", p.DenyAll(), "veth", n.hasVeth)
+	return nil
+}
+
+// addVeth installs p's rules for the veth first, then makes it, so no
+// packet ever crosses it unfiltered.
+func (n *Net) addVeth(ctx context.Context, p Policy) error {
+	if n.slot < 0 {
+		slot, err := n.m.takeSlot()
+		if err != nil {
+			return fmt.Errorf("job %s: %w", n.id, err)
+		}
+		n.slot, n.addr = slot, n.m.addrs(slot)
+	}
+	if err := n.m.runNft(ctx, false, n.m.replaceScript(n, p)); err != nil {
+		return fmt.Errorf("netpolicy: job %s: install rules: %w", n.id, err)
+	}
+	n.hasVeth = true
+	if err := n.m.makeVeth(n); err != nil {
+		if rerr := n.removeVeth(); rerr != nil {
+			n.m.log.Error("netpolicy: undo a failed veth", "job_id", n.id, "error", rerr)
+		}
+		return fmt.Errorf("netpolicy: job %s: %w", n.id, err)
+	}
+	return nil
+}
+
+// removeVeth deletes the veth (the job's side goes with it), then its
+// rules. With the veth gone nothing can leave the namespace, so a failure
+// to remove the rules is only logged; Close and Recover try again.
+func (n *Net) removeVeth() error {
+	if err := deleteLink(n.veth); err != nil {
+		return fmt.Errorf("netpolicy: job %s: %w", n.id, err)
+	}
+	n.hasVeth = false
+	if err := n.m.runNft(context.Background(), false, deleteTableScript(n.table)); err != nil {
+		n.m.log.Warn("netpolicy: remove a job's rules after its veth", "job_id", n.id, "table", n.table, "error", err)
+	}
+	n.m.freeSlot(n.slot)
+	n.slot = -1
+	return nil
+}
 
 // Current returns the policy in force and its generation.
-func (n *Net) Current() (Policy, int64) { return Policy{}, 0 }
+func (n *Net) Current() (Policy, int64) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.policy.clone(), n.gen
+}
 
-// Close removes the namespace, its interfaces and its rules.
-func (n *Net) Close() error { return ErrUnavailable }
+// Close removes the namespace, its interfaces and its rules. It may be
+// called again, also after a failure.
+func (n *Net) Close() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.closed = true
+	if err := n.teardown(); err != nil {
+		return err
+	}
+	n.m.forget(n)
+	return nil
+}
+
+// teardown removes everything of n that may exist.
+func (n *Net) teardown() error {
+	var errs []error
+	if err := deleteLink(n.veth); err != nil {
+		errs = append(errs, err)
+	} else {
+		n.hasVeth = false
+	}
+	if err := n.m.runNft(context.Background(), false, deleteTableScript(n.table)); err != nil {
+		errs = append(errs, fmt.Errorf("remove rules: %w", err))
+	}
+	if err := removeNetns(n.path); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("netpolicy: close job %s: %w", n.id, errors.Join(errs...))
+	}
+	if n.slot >= 0 {
+		n.m.freeSlot(n.slot)
+		n.slot = -1
+	}
+	return nil
+}
 
 // Recover removes what jobs of an earlier, killed executor left behind and
-// returns their ids.
-func (m *Manager) Recover(ctx context.Context) ([]string, error) { return nil, ErrUnavailable }
+// returns their ids: namespaces under Dir, veths carrying this manager's
+// alias, and this manager's nftables tables. Call it at start, before the
+// first Create.
+func (m *Manager) Recover(ctx context.Context) ([]string, error) {
+	m.mu.Lock()
+	busy := len(m.live)
+	m.mu.Unlock()
+	if busy > 0 {
+		return nil, fmt.Errorf("%w: netpolicy: Recover must run before any namespace is created (%d live)", errdefs.ErrFailedPrecondition, busy)
+	}
+	ids := map[string]bool{}
+	var errs []error
+	ents, err := os.ReadDir(m.nsDir)
+	if err != nil {
+		return nil, fmt.Errorf("netpolicy: recover: %w", err)
+	}
+	for _, e := range ents {
+		ids[e.Name()] = true
+		// Veth and table names follow from the id, even where the alias
+		// was never set.
+		n := m.newNet(e.Name())
+		if err := deleteLink(n.veth); err != nil {
+			errs = append(errs, err)
+		}
+		if err := removeNetns(n.path); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	left, err := m.ourLinks()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for name, id := range left {
+		ids[id] = true
+		if err := deleteLink(name); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	tables, err := m.ourTables(ctx)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	var script strings.Builder
+	for _, t := range tables {
+		script.WriteString(deleteTableScript(t))
+	}
+	if script.Len() > 0 {
+		if err := m.runNft(ctx, false, script.String()); err != nil {
+			errs = append(errs, fmt.Errorf("remove tables %v: %w", tables, err))
+		}
+	}
+	out := make([]string, 0, len(ids))
+	for id := range ids {
+		if id != "" {
+			out = append(out, id)
+		}
+	}
+	sort.Strings(out)
+	if len(out) > 0 || len(tables) > 0 {
+		m.log.Info("netpolicy: recovered", "job_ids", out, "tables", tables)
+	}
+	if len(errs) > 0 {
+		return out, fmt.Errorf("netpolicy: recover: %w", errors.Join(errs...))
+	}
+	return out, nil
+}
 
 // Close releases the manager; jobs' namespaces must be closed first.
-func (m *Manager) Close() error { return nil }
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.live) > 0 {
+		return fmt.Errorf("%w: netpolicy: Close with %d namespace(s) not closed", errdefs.ErrFailedPrecondition, len(m.live))
+	}
+	return nil
+}
+
+// takeSlot reserves the lowest free address slot.
+func (m *Manager) takeSlot() (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := m.slotCount()
+	for i := 0; i < n; i++ {
+		if !m.slots[i] {
+			m.slots[i] = true
+			return i, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: netpolicy: all %d address slots of pool %s are in use", errdefs.ErrResourceExhausted, n, m.cfg.Pool4)
+}
+
+func (m *Manager) freeSlot(i int) {
+	if i < 0 {
+		return
+	}
+	m.mu.Lock()
+	delete(m.slots, i)
+	m.mu.Unlock()
+}
+
+func (m *Manager) slotCount() int {
+	n := 1 << min(30-m.cfg.Pool4.Bits(), 24)
+	if m.cfg.Pool6.IsValid() {
+		n = min(n, 1<<min(64-m.cfg.Pool6.Bits(), 24))
+	}
+	return n
+}
+
+// jobAddrs are the addresses of one veth pair.
+type jobAddrs struct {
+	host4, job4 netip.Prefix // /30
+	host6, job6 netip.Prefix // /64, invalid without Pool6
+}
+
+func (m *Manager) addrs(slot int) jobAddrs {
+	b := m.cfg.Pool4.Addr().As4()
+	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	v += uint32(slot) * 4
+	at := func(off uint32) netip.Prefix {
+		x := v + off
+		return netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(x >> 24), byte(x >> 16), byte(x >> 8), byte(x)}), 30)
+	}
+	a := jobAddrs{host4: at(1), job4: at(2)}
+	if m.cfg.Pool6.IsValid() {
+		b6 := m.cfg.Pool6.Addr().As16()
+		// The slot goes into bits 32..63 (the pool is at most /64).
+		s := uint32(slot)
+		for i := 7; i >= 4 && s > 0; i-- {
+			b6[i] |= byte(s)
+			s >>= 8
+		}
+		h, j := b6, b6
+		h[15], j[15] = 1, 2
+		a.host6 = netip.PrefixFrom(netip.AddrFrom16(h), 64)
+		a.job6 = netip.PrefixFrom(netip.AddrFrom16(j), 64)
+	}
+	return a
+}

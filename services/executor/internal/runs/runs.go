@@ -1,13 +1,15 @@
 // Package runs owns the executor's runs: it accepts a job only with a valid
 // grant the authority signed, runs it at most once per job id, stages its
-// source, runs it in the sandbox, builds and signs its result bundle,
-// reports the outcome to the authority, and serves state, output and
-// bundles to the API. Run records survive restarts; a run that was in
+// source, runs it in the sandbox behind its network policy, puts a newer
+// grant's limits and policy in force while it runs, builds and signs its
+// result bundle, reports the outcome to the authority, and serves state,
+// output and bundles to the API. Run records survive restarts; a run that was in
 // flight when the executor died is cleaned up and reported failed. Only the
 // executor's api and server packages import it.
 package runs
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -73,12 +75,18 @@ type Result struct {
 type Run struct {
 	JobID       string    `json:"job_id"`
 	State       State     `json:"state"`
-	SignedGrant []byte    `json:"signed_grant"` // a serialized typesv1.SignedGrant
+	SignedGrant []byte    `json:"signed_grant"` // the grant in force (Update replaces it), a serialized typesv1.SignedGrant
 	CreatedAt   time.Time `json:"created_at"`
 	StartedAt   time.Time `json:"started_at,omitzero"`
 	FinishedAt  time.Time `json:"finished_at,omitzero"`
 	Result      *Result   `json:"result,omitempty"`
 	Reported    bool      `json:"reported"`
+	// NetworkUpdatedAt is when the grant's network policy was last put in
+	// force; zero until the job's own namespace had it.
+	NetworkUpdatedAt time.Time `json:"network_updated_at,omitzero"`
+	// NetworkFailure says why the grant's network policy could not be put
+	// in force; the job did not run.
+	NetworkFailure string `json:"network_failure,omitempty"`
 	// Truncated names the output streams that hit their cap.
 	Truncated map[string]bool `json:"truncated,omitempty"`
 }
@@ -142,11 +150,18 @@ type Manager struct {
 // entry is a run in memory: its record, its output, and how to stop it.
 type entry struct {
 	run     Run
-	grant   *typesv1.Grant
+	grant   *typesv1.Grant // the grant in force; written under both locks
 	stdout  *output
 	stderr  *output
 	cancel  context.CancelFunc
 	changed chan struct{} // closed and replaced on every change
+
+	// updateMu serializes Updates of the run's grant with execute making
+	// the sandbox from it and tearing it down, so an update either reaches
+	// the live sandbox and namespace or is the grant they are made from.
+	updateMu sync.Mutex
+	sb       *sandbox.Sandbox // while it exists; guarded by updateMu
+	net      *netpolicy.Net   // while it exists; guarded by updateMu
 }
 
 var jobIDFormat = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -261,17 +276,9 @@ func (e *entry) notify() {
 // job id (created false). A grant with a bad signature, an unknown key or
 // past its expiry is refused even for a known job id.
 func (m *Manager) Start(sg *typesv1.SignedGrant) (Run, bool, error) {
-	g, err := m.cfg.Verifier.Verify(sg, m.cfg.Now())
+	g, err := m.verify(sg)
 	if err != nil {
-		switch {
-		case errors.Is(err, grant.ErrExpired):
-			return Run{}, false, fmt.Errorf("%w: grant: %v", errdefs.ErrFailedPrecondition, err)
-		default:
-			return Run{}, false, fmt.Errorf("%w: grant: %v", errdefs.ErrPermissionDenied, err)
-		}
-	}
-	if !jobIDFormat.MatchString(g.GetJobId()) {
-		return Run{}, false, fmt.Errorf("%w: grant job_id %q: want 1-64 of [A-Za-z0-9_-]", errdefs.ErrInvalidArgument, g.GetJobId())
+		return Run{}, false, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -282,8 +289,8 @@ func (m *Manager) Start(sg *typesv1.SignedGrant) (Run, bool, error) {
 	if st, ok := m.cfg.Sandbox.Available(class); !ok {
 		return Run{}, false, fmt.Errorf("%w: runtime_class %s is not available on this executor: %s", errdefs.ErrFailedPrecondition, class, st.Reason)
 	}
-	if g.GetNetworkPolicy().GetDenyAll() == nil {
-		return Run{}, false, fmt.Errorf("%w: network_policy: only deny_all is enforced by this executor", errdefs.ErrFailedPrecondition)
+	if _, err := m.policyOf(g.GetNetworkPolicy()); err != nil {
+		return Run{}, false, err
 	}
 	raw, err := proto.Marshal(sg)
 	if err != nil {
@@ -319,6 +326,24 @@ func (m *Manager) Start(sg *typesv1.SignedGrant) (Run, bool, error) {
 	return e.run, true, nil
 }
 
+// verify checks sg's signature, format and expiry and returns its grant.
+func (m *Manager) verify(sg *typesv1.SignedGrant) (*typesv1.Grant, error) {
+	g, err := m.cfg.Verifier.Verify(sg, m.cfg.Now())
+	if err != nil {
+		// The verifier's errors begin "grant: ".
+		switch {
+		case errors.Is(err, grant.ErrExpired):
+			return nil, fmt.Errorf("%w: %v", errdefs.ErrFailedPrecondition, err)
+		default:
+			return nil, fmt.Errorf("%w: %v", errdefs.ErrPermissionDenied, err)
+		}
+	}
+	if !jobIDFormat.MatchString(g.GetJobId()) {
+		return nil, fmt.Errorf("%w: grant job_id %q: want 1-64 of [A-Za-z0-9_-]", errdefs.ErrInvalidArgument, g.GetJobId())
+	}
+	return g, nil
+}
+
 func classOf(c typesv1.RuntimeClass) string {
 	if c == typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC {
 		return string(sandbox.ClassRunsc)
@@ -339,7 +364,11 @@ func (m *Manager) update(e *entry, f func(r *Run)) {
 
 // execute runs one job from staging to report.
 func (m *Manager) execute(ctx context.Context, e *entry) {
+	// What identifies the job never changes; limits and network policy
+	// are read from the grant in force when the sandbox is made.
+	m.mu.Lock()
 	g := e.grant
+	m.mu.Unlock()
 	log := m.cfg.Logger.With("job_id", g.GetJobId(), "tenant", g.GetTenant())
 	// Closed on every path; the bundle reads the files by name, not these handles.
 	defer e.stdout.close()
@@ -360,28 +389,23 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		fail(fmt.Errorf("stage source: %w", err))
 		return
 	}
-	lim := g.GetLimits()
-	sb, err := m.cfg.Sandbox.Create(ctx, sandbox.Spec{
-		ID:      g.GetJobId(),
-		Class:   sandbox.Class(classOf(g.GetRuntimeClass())),
-		Source:  src.Dir,
-		Command: g.GetCommand(),
-		Env:     g.GetEnv(),
-		Limits: sandbox.Limits{
-			CPUMillis: lim.GetCpuMillis(), MemoryBytes: lim.GetMemoryBytes(), Pids: lim.GetPids(),
-			DiskBytes: lim.GetDiskBytes(), Deadline: lim.GetDeadline().AsDuration(),
-		},
-		Stdout: e.stdout,
-		Stderr: e.stderr,
-	})
+	sb, err := m.makeSandbox(ctx, e, src.Dir)
 	if err != nil {
-		fail(fmt.Errorf("create sandbox: %w", err))
+		fail(err)
 		return
 	}
 	defer func() {
+		e.updateMu.Lock()
+		defer e.updateMu.Unlock()
 		if err := sb.Destroy(); err != nil {
 			log.Error("destroy sandbox", "error", err)
 		}
+		if e.net != nil {
+			if err := e.net.Close(); err != nil {
+				log.Error("remove network namespace", "error", err)
+			}
+		}
+		e.sb, e.net = nil, nil
 	}()
 	m.update(e, func(r *Run) { r.State = Running; r.StartedAt = m.cfg.Now() })
 	res, runErr := sb.Run(ctx)
@@ -426,6 +450,57 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 	m.finish(e, state, result)
 }
 
+// makeSandbox makes the job's network namespace and sandbox from the grant
+// in force, which no Update changes meanwhile.
+func (m *Manager) makeSandbox(ctx context.Context, e *entry, source string) (*sandbox.Sandbox, error) {
+	e.updateMu.Lock()
+	defer e.updateMu.Unlock()
+	m.mu.Lock()
+	g := e.grant
+	m.mu.Unlock()
+	spec := sandbox.Spec{
+		ID:      g.GetJobId(),
+		Class:   sandbox.Class(classOf(g.GetRuntimeClass())),
+		Source:  source,
+		Command: g.GetCommand(),
+		Env:     g.GetEnv(),
+		Limits:  limitsOf(g.GetLimits()),
+		Stdout:  e.stdout,
+		Stderr:  e.stderr,
+	}
+	var n *netpolicy.Net
+	if m.cfg.Network != nil {
+		p, err := netpolicy.FromProto(g.GetNetworkPolicy())
+		if err == nil {
+			n, err = m.cfg.Network.Create(ctx, g.GetJobId(), p, netOptions(spec.Class)...)
+		}
+		if err != nil {
+			m.update(e, func(r *Run) { r.NetworkFailure = err.Error() })
+			return nil, fmt.Errorf("network policy: %w", err)
+		}
+		m.update(e, func(r *Run) { r.NetworkUpdatedAt = m.cfg.Now() })
+		spec.NetNS = n.Path()
+	}
+	sb, err := m.cfg.Sandbox.Create(ctx, spec)
+	if err != nil {
+		if n != nil {
+			if cerr := n.Close(); cerr != nil {
+				m.cfg.Logger.Error("remove network namespace", "job_id", g.GetJobId(), "error", cerr)
+			}
+		}
+		return nil, fmt.Errorf("create sandbox: %w", err)
+	}
+	e.sb, e.net = sb, n
+	return sb, nil
+}
+
+func limitsOf(l *typesv1.ResourceLimits) sandbox.Limits {
+	return sandbox.Limits{
+		CPUMillis: l.GetCpuMillis(), MemoryBytes: l.GetMemoryBytes(), Pids: l.GetPids(),
+		DiskBytes: l.GetDiskBytes(), Deadline: l.GetDeadline().AsDuration(),
+	}
+}
+
 // bundleMeta is result.json inside a bundle.
 type bundleMeta struct {
 	JobID           string   `json:"job_id"`
@@ -441,7 +516,12 @@ type bundleMeta struct {
 }
 
 func (m *Manager) writeBundle(e *entry, g *typesv1.Grant, result *Result, patch []byte, outDir string) error {
-	sg, err := e.run.Grant()
+	// The grant in force at the end: the one the run's last limits and
+	// network policy came from.
+	m.mu.Lock()
+	run := e.run
+	m.mu.Unlock()
+	sg, err := run.Grant()
 	if err != nil {
 		return err
 	}
@@ -466,7 +546,7 @@ func (m *Manager) writeBundle(e *entry, g *typesv1.Grant, result *Result, patch 
 		JobID: g.GetJobId(), Tenant: g.GetTenant(), Requester: g.GetRequester(), Repository: g.GetRepository(),
 		BaseCommit: g.GetCommit(), GrantDigest: grant.Digest(sg), Executor: m.cfg.Executor,
 		RuntimeClass: string(result.Class), RuntimeVersion: result.RuntimeVersion, TemplateVersion: result.TemplateVersion,
-		Reason: string(result.Reason), ExitCode: result.ExitCode, StartedOn: e.run.StartedAt, FinishedOn: m.cfg.Now(),
+		Reason: string(result.Reason), ExitCode: result.ExitCode, StartedOn: run.StartedAt, FinishedOn: m.cfg.Now(),
 	})
 	if err != nil {
 		return err
@@ -648,8 +728,8 @@ type Event struct {
 }
 
 // Watch sends the run's current state, then output from the given offsets
-// and every state change, until the run has ended and its output is
-// drained, or ctx ends.
+// and every change of state or grant, until the run has ended and its
+// output is drained, or ctx ends.
 func (m *Manager) Watch(ctx context.Context, jobID string, stdoutOffset, stderrOffset int64, send func(Event) error) error {
 	m.mu.Lock()
 	e, ok := m.runs[jobID]
@@ -663,15 +743,18 @@ func (m *Manager) Watch(ctx context.Context, jobID string, stdoutOffset, stderrO
 	offsets := map[string]int64{"stdout": stdoutOffset, "stderr": stderrOffset}
 	cutSent := map[string]bool{}
 	var lastState State
+	var lastGrant []byte
 	for {
 		m.mu.Lock()
 		run, changed := e.run, e.changed
 		m.mu.Unlock()
-		if run.State != lastState {
+		// A new grant (Update) is news too: its limits and network
+		// policy are now in force.
+		if run.State != lastState || !bytes.Equal(run.SignedGrant, lastGrant) {
 			if err := send(Event{Run: &run}); err != nil {
 				return err
 			}
-			lastState = run.State
+			lastState, lastGrant = run.State, run.SignedGrant
 		}
 		for _, stream := range []string{"stdout", "stderr"} {
 			if err := m.sendOutput(e, &run, stream, offsets, cutSent, send); err != nil {

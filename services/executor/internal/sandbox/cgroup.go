@@ -110,6 +110,52 @@ func (c *cgroups) create(rel string, l Limits) error {
 	return nil
 }
 
+// setLimits changes rel's memory, pids and CPU limits from cur to l. On
+// any failure it puts back what it had already written, so cur stays in
+// force, and returns the write's error: EBUSY when the kernel cannot
+// reclaim the job's memory down to a lower limit.
+func (c *cgroups) setLimits(rel string, cur, l Limits) error {
+	type write struct {
+		ctl, file string
+		old, new  int64
+	}
+	var ws []write
+	if l.MemoryBytes != cur.MemoryBytes {
+		mem := write{"memory", "memory.limit_in_bytes", cur.MemoryBytes, l.MemoryBytes}
+		sw := write{"memory", "memory.memsw.limit_in_bytes", cur.MemoryBytes, l.MemoryBytes}
+		// The kernel refuses memsw below the memory limit: it goes up
+		// first and down last. Memory goes before pids and CPU because it
+		// is the one a live job can refuse.
+		if l.MemoryBytes > cur.MemoryBytes {
+			ws = append(ws, sw, mem)
+		} else {
+			ws = append(ws, mem, sw)
+		}
+	}
+	if l.Pids != cur.Pids {
+		ws = append(ws, write{"pids", "pids.max", cur.Pids, l.Pids})
+	}
+	if l.CPUMillis != cur.CPUMillis {
+		ws = append(ws, write{"cpu", "cpu.cfs_quota_us", cur.CPUMillis * cfsPeriodMicros / 1000, l.CPUMillis * cfsPeriodMicros / 1000})
+	}
+	set := func(w write, v int64) error {
+		err := os.WriteFile(filepath.Join(c.dir(w.ctl, rel), w.file), []byte(strconv.FormatInt(v, 10)), 0)
+		if err != nil && w.file == "memory.memsw.limit_in_bytes" && errors.Is(err, fs.ErrNotExist) {
+			return nil // no swap accounting: nothing to bound
+		}
+		return err
+	}
+	for i, w := range ws {
+		if err := set(w, w.new); err != nil {
+			for j := i - 1; j >= 0; j-- {
+				_ = set(ws[j], ws[j].old)
+			}
+			return fmt.Errorf("cgroup %s: set %s=%d: %w", rel, w.file, w.new, err)
+		}
+	}
+	return nil
+}
+
 // watchOOM registers an eventfd that the kernel signals whenever rel's
 // memory cgroup runs out of memory. The oom_kill counter in
 // memory.oom_control cannot say it: it counts only kills of tasks in that

@@ -214,6 +214,9 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if fi, serr := os.Stat(spec.Source); serr != nil || !fi.IsDir() {
 		return nil, invalid("spec.source %q: not a directory", spec.Source)
 	}
+	if err := checkNetNS(spec.NetNS); err != nil {
+		return nil, err
+	}
 	spec.Command = append([]string(nil), spec.Command...)
 	s := &Sandbox{
 		m:              m,
@@ -289,6 +292,8 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		command:      spec.Command,
 		env:          spec.Env,
 		shmSizeBytes: min(64<<20, spec.Limits.MemoryBytes/2),
+		netNS:        spec.NetNS,
+		class:        spec.Class,
 	})
 	data, err := json.Marshal(cfg)
 	if err != nil {
@@ -298,6 +303,30 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		return nil, err
 	}
 	return s, nil
+}
+
+// checkNetNS checks that p, if set, is a network namespace: the runtime
+// would otherwise fail late, or, given some other file, not join anything.
+func checkNetNS(p string) error {
+	if p == "" {
+		return nil
+	}
+	if !filepath.IsAbs(p) || filepath.Clean(p) != p {
+		return invalid("spec.net_ns %q: must be a clean absolute path", p)
+	}
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return invalid("spec.net_ns %q: %v", p, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(fd, &st); err != nil {
+		return invalid("spec.net_ns %q: %v", p, err)
+	}
+	if st.Type != unix.NSFS_MAGIC {
+		return invalid("spec.net_ns %q: not a namespace (bind-mounted nsfs file)", p)
+	}
+	return nil
 }
 
 func (m *Manager) forget(id string) {

@@ -137,6 +137,10 @@ type bundleInputs struct {
 	command      []string
 	env          map[string]string
 	shmSizeBytes int64
+	// netNS is the network namespace to join (package netpolicy made it,
+	// owned by the host's user namespace); "" makes a new, empty one.
+	netNS string
+	class Class
 }
 
 func ociSpec(in bundleInputs) *specs.Spec {
@@ -153,9 +157,7 @@ func ociSpec(in bundleInputs) *specs.Spec {
 		// cgroup, and the size bounds it below that.
 		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{nosuid, noexec, nodev, "mode=1777", fmt.Sprintf("size=%d", in.shmSizeBytes)}},
 		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{nosuid, noexec, nodev}},
-		// A sysfs of the job's own network namespace: /sys/class/net shows
-		// only its loopback.
-		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{nosuid, noexec, nodev, "ro"}},
+		sysMount(in, nosuid, noexec, nodev),
 	}
 	for _, b := range in.binds {
 		mounts = append(mounts, specs.Mount{Destination: b, Type: "bind", Source: b, Options: []string{"rbind", "ro", nosuid, nodev}})
@@ -191,7 +193,7 @@ func ociSpec(in bundleInputs) *specs.Spec {
 			GIDMappings: idmap,
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace},
-				{Type: specs.NetworkNamespace},
+				{Type: specs.NetworkNamespace, Path: in.netNS},
 				{Type: specs.IPCNamespace},
 				{Type: specs.UTSNamespace},
 				{Type: specs.MountNamespace},
@@ -208,6 +210,24 @@ func ociSpec(in bundleInputs) *specs.Spec {
 			RootfsPropagation: "rprivate",
 		},
 	}
+}
+
+// sysMount is the job's /sys. In a network namespace of its own, a sysfs
+// of that namespace: /sys/class/net shows only its loopback. The kernel
+// lets a user namespace mount sysfs only for a network namespace it owns,
+// and a joined one (package netpolicy's) belongs to the host. Binding the
+// host's /sys instead would have to be recursive (a plain bind fails with
+// EINVAL in a user namespace, its submounts being locked) and so would
+// show the host's interfaces and every mount below /sys, its cgroup
+// hierarchies among them. So under runc a job in a joined namespace gets
+// an empty, read-only /sys; programs that count CPUs there fall back to
+// sched_getaffinity or /proc. gVisor implements sysfs itself, inside the
+// sandbox, whatever the namespace.
+func sysMount(in bundleInputs, nosuid, noexec, nodev string) specs.Mount {
+	if in.netNS != "" && in.class == ClassRunc {
+		return specs.Mount{Destination: "/sys", Type: "tmpfs", Source: "tmpfs", Options: []string{nosuid, noexec, nodev, "ro", "mode=755", "size=4k"}}
+	}
+	return specs.Mount{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{nosuid, noexec, nodev, "ro"}}
 }
 
 // cgroupRel is the job's own cgroup, relative to each hierarchy's root.

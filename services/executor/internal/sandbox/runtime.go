@@ -40,8 +40,6 @@ func (r *runtimeBin) global(logPath string) []string {
 	}
 	if r.class == ClassRunsc {
 		args = append(args,
-			// Loopback only, inside gVisor's own network stack.
-			"--network=none",
 			// Apply the bundle's seccomp filter to the job inside the
 			// sandbox; runsc otherwise ignores it.
 			"--oci-seccomp",
@@ -58,11 +56,48 @@ func (r *runtimeBin) global(logPath string) []string {
 }
 
 func (r *runtimeBin) runCmd(bundle, id, logPath, pidFile string) *exec.Cmd {
-	args := append(r.global(logPath), "run", "--bundle", bundle, "--pid-file", pidFile, id)
+	args := r.global(logPath)
+	if r.class == ClassRunsc {
+		args = append(args, runscNetwork(bundle))
+	}
+	args = append(args, "run", "--bundle", bundle, "--pid-file", pidFile, id)
 	cmd := exec.Command(r.path, args...)
 	cmd.Env = runtimeEnv
 	cmd.Dir = bundle
 	return cmd
+}
+
+// runscNetwork chooses gVisor's network for the bundle's job. Without a
+// network namespace to join: "none", loopback only, inside gVisor's own
+// network stack. With one (package netpolicy's): "sandbox", where runsc
+// starts the sandbox in that namespace and copies its interfaces,
+// addresses and routes into gVisor's network stack, once, at start; the
+// packets then leave through the namespace's own interfaces, so the
+// host's rules for them apply. An interface added to the namespace later
+// is never seen (see netpolicy.FixedInterfaces). The bundle's spec is
+// what says, so the flag always matches what runsc will join.
+func runscNetwork(bundle string) string {
+	data, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		// runsc fails on the bundle itself, with its own message.
+		return "--network=none"
+	}
+	var spec struct {
+		Linux *struct {
+			Namespaces []struct {
+				Type string `json:"type"`
+				Path string `json:"path"`
+			} `json:"namespaces"`
+		} `json:"linux"`
+	}
+	if json.Unmarshal(data, &spec) == nil && spec.Linux != nil {
+		for _, ns := range spec.Linux.Namespaces {
+			if ns.Type == "network" && ns.Path != "" {
+				return "--network=sandbox"
+			}
+		}
+	}
+	return "--network=none"
 }
 
 // hasState reports whether the runtime still keeps state for id.

@@ -54,6 +54,13 @@ type Sandbox struct {
 	mu      sync.Mutex
 	state   sandboxState
 	runDone chan struct{}
+	// ending is set once Run has begun to stop the job or seen it end:
+	// from then on its limits are what the result reports, and no longer
+	// change.
+	ending bool
+	// deadlineChanged wakes a running Run to re-arm its deadline from
+	// spec.Limits (UpdateLimits).
+	deadlineChanged chan struct{}
 }
 
 // WorkDir is the host path of the job's merged /work, readable after Run
@@ -94,6 +101,7 @@ func (s *Sandbox) Run(ctx context.Context) (Result, error) {
 	}
 	s.state = stateRunning
 	s.runDone = make(chan struct{})
+	s.deadlineChanged = make(chan struct{}, 1)
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
@@ -164,7 +172,7 @@ func (s *Sandbox) run(ctx context.Context, res Result) (Result, error) {
 	waitErr := make(chan error, 1)
 	go func() { waitErr <- cmd.Wait() }()
 
-	deadline := time.NewTimer(s.spec.Limits.Deadline)
+	deadline := time.NewTimer(s.limits().Deadline)
 	defer deadline.Stop()
 	var stopped Reason
 	// Once stopping, the cgroup is swept again on every tick: a kill that
@@ -182,6 +190,7 @@ func (s *Sandbox) run(ctx context.Context, res Result) (Result, error) {
 	kill := func(r Reason) {
 		if stopped == "" {
 			stopped = r
+			s.markEnding()
 		}
 		if err := s.m.cg.kill(s.cgRel, killWait); err != nil {
 			s.m.log.Error("sandbox: kill job processes", "job_id", s.spec.ID, "error", err)
@@ -201,6 +210,9 @@ wait:
 			break wait
 		case <-deadline.C:
 			kill(ReasonTimeout)
+		case <-s.deadlineChanged:
+			// Counted from the start: a deadline already past fires now.
+			deadline.Reset(time.Until(start.Add(s.limits().Deadline)))
 		case <-done:
 			done = nil
 			kill(ReasonCancelled)
@@ -216,6 +228,8 @@ wait:
 		}
 	}
 	wall := time.Since(start)
+	s.markEnding()
+	lim := s.limits()
 
 	// Whatever ended the runtime, nothing of the job may outlive Run.
 	var errs []error
@@ -255,13 +269,13 @@ wait:
 	switch {
 	case stopped == ReasonTimeout:
 		res.Reason = ReasonTimeout
-		res.Message = fmt.Sprintf("the deadline of %s passed; every process of the job was killed", s.spec.Limits.Deadline)
+		res.Message = fmt.Sprintf("the deadline of %s passed; every process of the job was killed", lim.Deadline)
 	case stopped == ReasonCancelled:
 		res.Reason = ReasonCancelled
 		res.Message = "the job was cancelled; every process of the job was killed"
 	case oomEvents(s.oomFD) > 0 || st.oomKills > 0:
 		res.Reason = ReasonOOM
-		res.Message = fmt.Sprintf("the memory limit of %d bytes was reached and the kernel's OOM killer killed a process of the job", s.spec.Limits.MemoryBytes)
+		res.Message = fmt.Sprintf("the memory limit of %d bytes was reached and the kernel's OOM killer killed a process of the job", lim.MemoryBytes)
 	case execFailed:
 		res.Reason, res.ExitCode, res.Message = ReasonExited, execCode, "the command could not be executed: "+execMsg
 	case started != nil:
@@ -274,14 +288,14 @@ wait:
 		errs = append(errs, fmt.Errorf("runsc failed: %s", strings.Join(msgs, "; ")))
 	case s.scr.full():
 		res.Reason = ReasonDiskFull
-		res.Message = fmt.Sprintf("the job filled its disk limit of %d bytes and exited with status %d", s.spec.Limits.DiskBytes, code)
+		res.Message = fmt.Sprintf("the job filled its disk limit of %d bytes and exited with status %d", lim.DiskBytes, code)
 	case code < 0:
 		errs = append(errs, fmt.Errorf("%s: %v", s.rt.class, werr))
 	default:
 		res.Reason, res.ExitCode = ReasonExited, code
 		res.Message = fmt.Sprintf("exited with status %d", code)
 		if st.pidsMaxHit > 0 {
-			res.Message += fmt.Sprintf("; %d fork(s) failed at the pids limit of %d", st.pidsMaxHit, s.spec.Limits.Pids)
+			res.Message += fmt.Sprintf("; %d fork(s) failed at the pids limit of %d", st.pidsMaxHit, lim.Pids)
 		}
 	}
 	return res, errors.Join(errs...)

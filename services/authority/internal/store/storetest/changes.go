@@ -213,8 +213,12 @@ func testExpire(t *testing.T, open Opener) {
 		}
 	}
 	now := base.Add(24*time.Hour + time.Minute)
-	aev := func(a store.Approval) audit.Event { return audit.Event{Kind: "approval.expired", Subject: a.ID, Outcome: "allowed"} }
-	lev := func(l store.Lease) audit.Event { return audit.Event{Kind: "lease.expired", Subject: l.ID, Outcome: "allowed"} }
+	aev := func(a store.Approval) audit.Event {
+		return audit.Event{Kind: "approval.expired", Subject: a.ID, Outcome: "allowed"}
+	}
+	lev := func(l store.Lease) audit.Event {
+		return audit.Event{Kind: "lease.expired", Subject: l.ID, Outcome: "allowed"}
+	}
 	got, err := s.ExpireApprovalsAudited(ctx(t), now, 10, aev)
 	if err != nil || len(got) != 1 || got[0].ID != "a-early" || got[0].State != store.ApprovalExpired {
 		t.Fatalf("expire approvals = %+v, %v; want a-early only", got, err)

@@ -1,0 +1,241 @@
+package runs
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
+)
+
+const greeting = "hello from the test host"
+
+// startTestHost makes a network namespace reachable from the host over a
+// veth pair, with a TCP listener that greets and hangs up, and returns its
+// address. The addresses are a /30 of 203.0.113.0/24 (TEST-NET-3), which
+// exists only inside the pair.
+func startTestHost(t *testing.T) netip.AddrPort {
+	t.Helper()
+	n := int(testSeq.Add(1))
+	tag := fmt.Sprintf("%04x%02x", os.Getpid()&0xffff, n&0xff)
+	hostIf, peerIf := "rth"+tag, "rtp"+tag
+	k := (os.Getpid() + n) % 64
+	hostAddr := fmt.Sprintf("203.0.113.%d/30", 4*k+1)
+	peerIP := fmt.Sprintf("203.0.113.%d", 4*k+2)
+
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostIf}, PeerName: peerIf}); err != nil {
+		t.Fatalf("add veth: %v", err)
+	}
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(hostIf); err == nil {
+			_ = netlink.LinkDel(l)
+		}
+	})
+	// netns.New moves the calling thread into the new namespace: do it on
+	// a thread of its own that is never reused.
+	nsc := make(chan netns.NsHandle, 1)
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		ns, err := netns.New()
+		if err != nil {
+			errc <- err
+			return
+		}
+		nsc <- ns
+	}()
+	var ns netns.NsHandle
+	select {
+	case ns = <-nsc:
+	case err := <-errc:
+		t.Fatalf("new netns: %v", err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	peer, err := netlink.LinkByName(peerIf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetNsFd(peer, int(ns)); err != nil {
+		t.Fatal(err)
+	}
+	host, err := netlink.LinkByName(hostIf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := netlink.ParseAddr(hostAddr)
+	if err := netlink.AddrAdd(host, addr); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		t.Fatal(err)
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	p, err := h.LinkByName(peerIf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	paddr, _ := netlink.ParseAddr(peerIP + "/30")
+	if err := h.AddrAdd(p, paddr); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkSetUp(p); err != nil {
+		t.Fatal(err)
+	}
+	// The listening socket belongs to the namespace it is made in.
+	lnc := make(chan net.Listener, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		if err := netns.Set(ns); err != nil {
+			errc <- err
+			return
+		}
+		ln, err := net.Listen("tcp4", peerIP+":0")
+		if err != nil {
+			errc <- err
+			return
+		}
+		lnc <- ln
+	}()
+	var ln net.Listener
+	select {
+	case ln = <-lnc:
+	case err := <-errc:
+		t.Fatalf("listen in the test host: %v", err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintln(c, greeting)
+			c.Close()
+		}
+	}()
+	return netip.MustParseAddrPort(ln.Addr().String())
+}
+
+// A newer grant's network policy is in force when Update returns: a job
+// started deny-all cannot reach the test host, can once generation 2 allows
+// it, and cannot again under generation 3's deny-all. The run reports
+// each policy applied with its generation.
+func TestUpdateNetworkPolicy(t *testing.T) {
+	h, _ := newHarness(t, false)
+	n := int(testSeq.Add(1))
+	nm, err := netpolicy.New(netpolicy.Config{
+		Dir:    filepath.Join(t.TempDir(), "net"),
+		Name:   fmt.Sprintf("rnt%d_%d", os.Getpid(), n),
+		Pool4:  netip.MustParsePrefix(fmt.Sprintf("10.215.%d.0/24", (os.Getpid()*7+n)%256)),
+		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Cleanups run last-registered first: the runs, and with them their
+	// namespaces, must be gone before the network manager closes.
+	t.Cleanup(func() {
+		h.m.Close()
+		if err := nm.Close(); err != nil {
+			t.Errorf("netpolicy Close: %v", err)
+		}
+	})
+	h.m.cfg.Network = nm
+	dest := startTestHost(t)
+
+	try := fmt.Sprintf(`if timeout 5 bash -c 'cat </dev/tcp/%s/%d'; then echo "reached $1"; else echo "refused $1"; fi`, dest.Addr(), dest.Port())
+	script := "try() { " + try + "; }\necho ready\n"
+	for i := 1; i <= 3; i++ {
+		script += fmt.Sprintf("while [ ! -e /work/go%d ]; do sleep 0.05; done; try %d\n", i, i)
+	}
+	g1 := h.grantFor(script)
+	h.start(t, g1)
+	h.waitRunning(t, g1.JobId, "ready")
+
+	step := func(i int, want string) {
+		t.Helper()
+		h.m.mu.Lock()
+		sb := h.m.runs[g1.JobId].sb
+		h.m.mu.Unlock()
+		if err := os.WriteFile(filepath.Join(sb.WorkDir(), fmt.Sprintf("go%d", i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		end := time.Now().Add(30 * time.Second)
+		for {
+			out, _ := os.ReadFile(filepath.Join(h.m.runDir(g1.JobId), "stdout.log"))
+			if strings.Contains(string(out), fmt.Sprintf("reached %d", i)) || strings.Contains(string(out), fmt.Sprintf("refused %d", i)) {
+				if !strings.Contains(string(out), fmt.Sprintf("%s %d", want, i)) {
+					t.Fatalf("step %d: want %q; stdout %q (a job that never reaches an allowed host may not be in its Net's namespace: sandbox.Spec.NetNS)", i, want, out)
+				}
+				return
+			}
+			if time.Now().After(end) {
+				t.Fatalf("step %d: no answer; stdout %q", i, out)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	// What the API reports (convert.NetworkPolicyStatus): the grant's
+	// policy and generation, applied at NetworkUpdatedAt.
+	var applied time.Time
+	check := func(r Run, gen int64) {
+		t.Helper()
+		g := grantOf(t, r)
+		if g.GetNetworkPolicyGeneration() != gen || r.NetworkFailure != "" || !r.NetworkUpdatedAt.After(applied) {
+			t.Fatalf("run under network generation %d (failure %q, applied at %s); want %d applied after %s",
+				g.GetNetworkPolicyGeneration(), r.NetworkFailure, r.NetworkUpdatedAt, gen, applied)
+		}
+		applied = r.NetworkUpdatedAt
+	}
+	check(must2(h.m.Get(g1.JobId)), 1)
+	step(1, "refused")
+
+	g2 := next(g1, func(g *typesv1.Grant) {
+		g.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Allow{Allow: &typesv1.AllowList{
+			Rules: []*typesv1.AllowRule{{Cidr: dest.Addr().String() + "/32", Ports: []uint32{uint32(dest.Port())}}}}}}
+		g.NetworkPolicyGeneration = 2
+	})
+	r2, err := h.m.Update(context.Background(), h.sign(t, g2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(r2, 2)
+	step(2, "reached")
+
+	g3 := next(g2, func(g *typesv1.Grant) {
+		g.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_DenyAll{DenyAll: &typesv1.DenyAll{}}}
+		g.NetworkPolicyGeneration = 3
+	})
+	r3, err := h.m.Update(context.Background(), h.sign(t, g3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(r3, 3)
+	step(3, "refused")
+	if run := h.waitEnd(t, g1.JobId); run.State != Finished || run.Result.ExitCode != 0 {
+		t.Fatalf("run ended %s %+v", run.State, run.Result)
+	}
+}
+
+func must2(r Run, err error) Run {
+	if err != nil {
+		panic(err)
+	}
+	return r
+}

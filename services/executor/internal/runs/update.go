@@ -1,0 +1,176 @@
+package runs
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
+	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
+)
+
+// changeable are the Grant fields a newer grant of a running job may
+// change. Every other field, including any added later, must stay as it
+// was: a grant cannot make a job run something else, somewhere else, for
+// someone else.
+var changeable = map[protoreflect.Name]bool{
+	"limits":                    true,
+	"network_policy":            true,
+	"network_policy_generation": true,
+	"generation":                true,
+	"issued_at":                 true,
+	"expires_at":                true,
+}
+
+// Update puts a newer grant of a staging or running job in force: its
+// limits on the live sandbox and its network policy in the job's
+// namespace, and only once both are in force does the run's grant become
+// sg. A run still staging takes the new grant's limits and policy when its
+// sandbox is made. On error the grant in force stays and so do its limits
+// and policy. Sending the grant in force again returns the run as it is.
+//
+// sg must verify like a grant to Start, have a higher generation than the
+// grant in force, and differ from it only in limits, network policy and
+// their generations and times.
+func (m *Manager) Update(ctx context.Context, sg *typesv1.SignedGrant) (Run, error) {
+	g, err := m.verify(sg)
+	if err != nil {
+		return Run{}, err
+	}
+	id := g.GetJobId()
+	m.mu.Lock()
+	e, ok := m.runs[id]
+	m.mu.Unlock()
+	if !ok {
+		return Run{}, fmt.Errorf("%w: run %q", errdefs.ErrNotFound, id)
+	}
+	e.updateMu.Lock()
+	defer e.updateMu.Unlock()
+	m.mu.Lock()
+	run := e.run
+	m.mu.Unlock()
+	curSG, err := run.Grant()
+	if err != nil {
+		return Run{}, fmt.Errorf("run %s: stored grant: %w", id, err)
+	}
+	if bytes.Equal(curSG.GetBody(), sg.GetBody()) {
+		return run, nil
+	}
+	if run.State.Terminal() {
+		return Run{}, fmt.Errorf("%w: job %s has ended (%s)", errdefs.ErrFailedPrecondition, id, run.State)
+	}
+	// The stored body verified when it was accepted.
+	cur := &typesv1.Grant{}
+	if err := proto.Unmarshal(curSG.GetBody(), cur); err != nil {
+		return Run{}, fmt.Errorf("run %s: stored grant: %w", id, err)
+	}
+	if g.GetGeneration() <= cur.GetGeneration() {
+		return Run{}, fmt.Errorf("%w: grant generation %d: job %s runs under generation %d; only a higher one applies",
+			errdefs.ErrFailedPrecondition, g.GetGeneration(), id, cur.GetGeneration())
+	}
+	if f := fixedFieldChanged(cur, g); f != "" {
+		return Run{}, fmt.Errorf("%w: grant field %s differs from the grant job %s runs under; only limits and network policy may change",
+			errdefs.ErrPermissionDenied, f, id)
+	}
+	lim := limitsOf(g.GetLimits())
+	if lim.DiskBytes != cur.GetLimits().GetDiskBytes() {
+		// Refused in staging too, so the answer does not depend on how far
+		// the job has got.
+		return Run{}, fmt.Errorf("%w: limits.disk_bytes %d: cannot change on a running job: the scratch filesystem is sized when the sandbox is made",
+			errdefs.ErrInvalidArgument, lim.DiskBytes)
+	}
+	if err := sandbox.CheckLimits(sandbox.Class(classOf(g.GetRuntimeClass())), lim); err != nil {
+		return Run{}, err
+	}
+	policy, err := m.policyOf(g.GetNetworkPolicy())
+	if err != nil {
+		return Run{}, err
+	}
+	netChanged, err := networkChange(cur, g)
+	if err != nil {
+		return Run{}, err
+	}
+
+	if e.sb != nil {
+		old := e.sb.Limits()
+		if err := e.sb.UpdateLimits(lim); err != nil {
+			if errors.Is(err, sandbox.ErrEnded) {
+				return Run{}, fmt.Errorf("%w: job %s has ended", errdefs.ErrFailedPrecondition, id)
+			}
+			return Run{}, fmt.Errorf("job %s: %w", id, err)
+		}
+		if netChanged && e.net != nil {
+			if err := e.net.Apply(ctx, policy, g.GetNetworkPolicyGeneration()); err != nil {
+				if rerr := e.sb.UpdateLimits(old); rerr != nil {
+					m.cfg.Logger.Error("restore limits after a failed network policy change", "job_id", id, "error", rerr)
+				}
+				if errors.Is(err, netpolicy.ErrUnavailable) {
+					err = fmt.Errorf("%w: %v", errdefs.ErrUnavailable, err)
+				}
+				return Run{}, fmt.Errorf("job %s: network policy generation %d: %w", id, g.GetNetworkPolicyGeneration(), err)
+			}
+		}
+	}
+	raw, err := proto.Marshal(sg)
+	if err != nil {
+		return Run{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e.grant = g
+	e.run.SignedGrant = raw
+	if netChanged && e.net != nil {
+		e.run.NetworkUpdatedAt = m.cfg.Now()
+	}
+	// Only the in-memory record must be right: a crash fails every run
+	// that was in flight (Recover) whatever its record says.
+	if err := m.persist(&e.run); err != nil {
+		m.cfg.Logger.Error("persist run", "job_id", id, "error", err)
+	}
+	e.notify()
+	m.cfg.Logger.Info("grant updated", "job_id", id, "generation", g.GetGeneration(),
+		"network_policy_generation", g.GetNetworkPolicyGeneration(), "network_changed", netChanged)
+	return e.run, nil
+}
+
+// fixedFieldChanged names the first field other than the changeable ones in
+// which a and b differ, unknown fields included, or returns "".
+func fixedFieldChanged(a, b *typesv1.Grant) string {
+	ma, mb := a.ProtoReflect(), b.ProtoReflect()
+	fields := ma.Descriptor().Fields()
+	for i := 0; i < fields.Len(); i++ {
+		fd := fields.Get(i)
+		if changeable[fd.Name()] {
+			continue
+		}
+		if ma.Has(fd) != mb.Has(fd) || !ma.Get(fd).Equal(mb.Get(fd)) {
+			return string(fd.Name())
+		}
+	}
+	if !bytes.Equal(ma.GetUnknown(), mb.GetUnknown()) {
+		return "(unknown fields)"
+	}
+	return ""
+}
+
+// networkChange reports whether next changes cur's network policy; a
+// change needs a higher network_policy_generation, and the generation
+// never goes down.
+func networkChange(cur, next *typesv1.Grant) (bool, error) {
+	cg, ng := cur.GetNetworkPolicyGeneration(), next.GetNetworkPolicyGeneration()
+	switch {
+	case ng < cg:
+		return false, fmt.Errorf("%w: network_policy_generation %d: the job's policy is at generation %d",
+			errdefs.ErrFailedPrecondition, ng, cg)
+	case ng == cg && !proto.Equal(cur.GetNetworkPolicy(), next.GetNetworkPolicy()):
+		return false, fmt.Errorf("%w: network_policy changed without a higher network_policy_generation (still %d)",
+			errdefs.ErrFailedPrecondition, ng)
+	}
+	return ng > cg, nil
+}

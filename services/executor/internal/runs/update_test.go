@@ -1,0 +1,514 @@
+package runs
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/grant"
+	"github.com/airlockhq/airlock/pkg/provenance"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
+	"github.com/airlockhq/airlock/services/executor/internal/stage"
+)
+
+// These tests run real jobs: they need root, cgroups v1, git and the runc
+// binary (AIRLOCK_RUNC, default <module root>/bin/runc; build it with
+// `tools/sandbox/build.sh bin`). A missing prerequisite fails them.
+
+var testSeq atomic.Int64
+
+// fakeAuthority serves one repository's tree and records reports. While
+// gate is open (not closed), FetchSource waits, holding jobs in staging.
+type fakeAuthority struct {
+	hdr     stage.Header
+	archive []byte
+	gate    chan struct{}
+
+	mu      sync.Mutex
+	reports []Report
+}
+
+func (a *fakeAuthority) FetchSource(ctx context.Context, jobID string) (stage.Header, io.ReadCloser, error) {
+	if a.gate != nil {
+		select {
+		case <-a.gate:
+		case <-ctx.Done():
+			return stage.Header{}, nil, ctx.Err()
+		}
+	}
+	return a.hdr, io.NopCloser(bytes.NewReader(a.archive)), nil
+}
+
+func (a *fakeAuthority) ReportResult(ctx context.Context, r Report) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.reports = append(a.reports, r)
+	return nil
+}
+
+type harness struct {
+	m      *Manager
+	auth   *fakeAuthority
+	signer *grant.Signer
+	commit string
+}
+
+func runcPath(t *testing.T) string {
+	if p := os.Getenv("AIRLOCK_RUNC"); p != "" {
+		return p
+	}
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(filepath.Dir(strings.TrimSpace(string(out))), "bin", "runc")
+}
+
+func git(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + dir, "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null",
+		"GIT_AUTHOR_NAME=Test", "GIT_AUTHOR_EMAIL=test@example.com", "GIT_COMMITTER_NAME=Test", "GIT_COMMITTER_EMAIL=test@example.com"}
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("git %v: %v", args, err)
+	}
+	return string(out)
+}
+
+// newHarness builds a run manager over a real sandbox manager (runc only)
+// and source cache, a fake authority and a throwaway grant key. gated
+// holds every job in staging until the returned release is called.
+func newHarness(t *testing.T, gated bool) (*harness, func()) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatalf("the runs tests must run as root, not uid %d", os.Geteuid())
+	}
+	runc := runcPath(t)
+	if _, err := os.Stat(runc); err != nil {
+		t.Fatalf("runc binary: %v (run tools/sandbox/build.sh bin, or set AIRLOCK_RUNC)", err)
+	}
+	base := t.TempDir()
+	repo := filepath.Join(base, "repo")
+	if err := os.MkdirAll(repo, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	git(t, repo, "init", "--quiet", "-b", "main")
+	if err := os.WriteFile(filepath.Join(repo, "README"), []byte("hello\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	git(t, repo, "add", "--all")
+	git(t, repo, "commit", "--quiet", "-m", "base")
+	auth := &fakeAuthority{
+		hdr: stage.Header{
+			Commit:   strings.TrimSpace(git(t, repo, "rev-parse", "HEAD")),
+			TreeHash: strings.TrimSpace(git(t, repo, "rev-parse", "HEAD^{tree}")),
+		},
+		archive: []byte(git(t, repo, "archive", "--format=tar", "HEAD")),
+	}
+	release := func() {}
+	if gated {
+		auth.gate = make(chan struct{})
+		var once sync.Once
+		release = func() { once.Do(func() { close(auth.gate) }) }
+	}
+
+	n := testSeq.Add(1)
+	// Below the sandbox tests' uid ranges (from 2000000) and above the
+	// executor default (1000000), so parallel test binaries never share one.
+	uidBase := uint32(1100000 + ((os.Getpid()+int(n))%13)*65536)
+	logger := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	sb, err := sandbox.New(sandbox.Config{
+		StateDir:     filepath.Join(base, "sandbox"),
+		RuncPath:     runc,
+		UIDBase:      uidBase,
+		CgroupParent: fmt.Sprintf("/airlock-runs-test-%d-%d", os.Getpid(), n),
+		Logger:       logger,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sources, err := stage.New(filepath.Join(base, "sources"), int(uidBase), int(uidBase))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := New(Config{
+		Dir:       filepath.Join(base, "runs"),
+		Verifier:  grant.NewVerifier(pub),
+		Sandbox:   sb,
+		Sources:   sources,
+		Authority: auth,
+		Sign: func(string, string, provenance.Run) ([]byte, error) {
+			return []byte(`{"test":"unsigned"}`), nil
+		},
+		Executor: "spiffe://test.example/service/executor",
+		Logger:   logger,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		release()
+		m.Close()
+		if err := sb.Close(); err != nil {
+			t.Errorf("sandbox Close: %v", err)
+		}
+	})
+	return &harness{m: m, auth: auth, signer: grant.NewSigner(key), commit: auth.hdr.Commit}, release
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+var baseLimits = &typesv1.ResourceLimits{CpuMillis: 1000, MemoryBytes: 256 << 20, Pids: 64, DiskBytes: 32 << 20, Deadline: durationpb.New(time.Minute)}
+
+// grantFor is generation 1 of a job running script.
+func (h *harness) grantFor(script string) *typesv1.Grant {
+	issued, expires := grant.Timestamps(time.Now(), time.Hour)
+	return &typesv1.Grant{
+		JobId:                   fmt.Sprintf("job-%d", testSeq.Add(1)),
+		Tenant:                  "acme",
+		Requester:               "spiffe://test.example/client/alice",
+		Repository:              "widgets",
+		Commit:                  h.commit,
+		Command:                 []string{"sh", "-c", script},
+		Env:                     map[string]string{"GREETING": "hi"},
+		Limits:                  proto.Clone(baseLimits).(*typesv1.ResourceLimits),
+		NetworkPolicy:           &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_DenyAll{DenyAll: &typesv1.DenyAll{}}},
+		NetworkPolicyGeneration: 1,
+		RuntimeClass:            typesv1.RuntimeClass_RUNTIME_CLASS_RUNC,
+		PublishTarget:           &typesv1.PublishTarget{Repository: "widgets", Branch: "main"},
+		IssuedAt:                issued,
+		ExpiresAt:               expires,
+		Generation:              1,
+	}
+}
+
+func (h *harness) sign(t *testing.T, g *typesv1.Grant) *typesv1.SignedGrant {
+	t.Helper()
+	sg, err := h.signer.Sign(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sg
+}
+
+// next is g's successor: a copy with the next generation, changed by f.
+func next(g *typesv1.Grant, f func(g *typesv1.Grant)) *typesv1.Grant {
+	n := proto.Clone(g).(*typesv1.Grant)
+	n.Generation++
+	n.IssuedAt = timestamppb.New(time.Now())
+	f(n)
+	return n
+}
+
+func (h *harness) start(t *testing.T, g *typesv1.Grant) {
+	t.Helper()
+	if _, created, err := h.m.Start(h.sign(t, g)); err != nil || !created {
+		t.Fatalf("Start: created %v, %v", created, err)
+	}
+}
+
+// waitRunning waits until the job runs and has printed want.
+func (h *harness) waitRunning(t *testing.T, jobID, want string) {
+	t.Helper()
+	end := time.Now().Add(60 * time.Second)
+	for {
+		run, err := h.m.Get(jobID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := os.ReadFile(filepath.Join(h.m.runDir(jobID), "stdout.log"))
+		if run.State == Running && strings.Contains(string(out), want) {
+			return
+		}
+		if run.State.Terminal() || time.Now().After(end) {
+			t.Fatalf("job %s did not print %q while running: state %s, result %+v, stdout %q", jobID, want, run.State, run.Result, out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (h *harness) waitEnd(t *testing.T, jobID string) Run {
+	t.Helper()
+	end := time.Now().Add(90 * time.Second)
+	for {
+		run, err := h.m.Get(jobID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if run.State.Terminal() {
+			t.Logf("job %s ended %s: %+v", jobID, run.State, run.Result)
+			return run
+		}
+		if time.Now().After(end) {
+			t.Fatalf("job %s did not end", jobID)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// signal makes /work/go appear inside the job.
+func (h *harness) signal(t *testing.T, jobID string) {
+	t.Helper()
+	h.m.mu.Lock()
+	e := h.m.runs[jobID]
+	h.m.mu.Unlock()
+	e.updateMu.Lock()
+	sb := e.sb
+	e.updateMu.Unlock()
+	if sb == nil {
+		t.Fatalf("job %s has no sandbox", jobID)
+	}
+	if err := os.WriteFile(filepath.Join(sb.WorkDir(), "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func grantOf(t *testing.T, r Run) *typesv1.Grant {
+	t.Helper()
+	sg, err := r.Grant()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &typesv1.Grant{}
+	if err := proto.Unmarshal(sg.GetBody(), g); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+const waitForGo = "echo ready; while [ ! -e /work/go ]; do sleep 0.05; done; "
+
+// Every grant that may not replace the one in force is refused with the
+// right code and a message naming what is wrong, and changes nothing.
+func TestUpdateRefusals(t *testing.T) {
+	h, _ := newHarness(t, false)
+	g1 := h.grantFor(waitForGo + "echo done")
+	h.start(t, g1)
+	h.waitRunning(t, g1.JobId, "ready")
+	before, _ := h.m.Get(g1.JobId)
+
+	otherPub, otherKey, _ := ed25519.GenerateKey(rand.Reader)
+	_ = otherPub
+	tampered := h.sign(t, next(g1, func(g *typesv1.Grant) {}))
+	tampered.Body = append([]byte(nil), tampered.Body...)
+	tampered.Body[len(tampered.Body)-1] ^= 1
+	expired := next(g1, func(g *typesv1.Grant) {
+		g.IssuedAt, g.ExpiresAt = grant.Timestamps(time.Now().Add(-2*time.Hour), time.Hour)
+	})
+	unknown := next(g1, func(g *typesv1.Grant) { g.JobId = "no-such-job" })
+	lower := proto.Clone(g1).(*typesv1.Grant)
+	lower.Generation = 0
+	sameGenDifferent := proto.Clone(g1).(*typesv1.Grant)
+	sameGenDifferent.Limits.Pids = 100
+
+	for _, tc := range []struct {
+		name string
+		sg   *typesv1.SignedGrant
+		want error
+		text string
+	}{
+		{"bad signature", tampered, errdefs.ErrPermissionDenied, "bad signature"},
+		{"unknown key", must(grant.NewSigner(otherKey).Sign(next(g1, func(*typesv1.Grant) {}))), errdefs.ErrPermissionDenied, "unknown key"},
+		{"expired", h.sign(t, expired), errdefs.ErrFailedPrecondition, "expired"},
+		{"unknown job", h.sign(t, unknown), errdefs.ErrNotFound, "no-such-job"},
+		{"lower generation", h.sign(t, lower), errdefs.ErrFailedPrecondition, "generation 0"},
+		{"same generation, different", h.sign(t, sameGenDifferent), errdefs.ErrFailedPrecondition, "generation 1"},
+		{"command", h.sign(t, next(g1, func(g *typesv1.Grant) { g.Command = []string{"sh", "-c", "curl evil"} })), errdefs.ErrPermissionDenied, "field command"},
+		{"env", h.sign(t, next(g1, func(g *typesv1.Grant) { g.Env["EXTRA"] = "1" })), errdefs.ErrPermissionDenied, "field env"},
+		{"tenant", h.sign(t, next(g1, func(g *typesv1.Grant) { g.Tenant = "other" })), errdefs.ErrPermissionDenied, "field tenant"},
+		{"requester", h.sign(t, next(g1, func(g *typesv1.Grant) { g.Requester = "spiffe://test.example/client/mallory" })), errdefs.ErrPermissionDenied, "field requester"},
+		{"repository", h.sign(t, next(g1, func(g *typesv1.Grant) { g.Repository = "gadgets" })), errdefs.ErrPermissionDenied, "field repository"},
+		{"commit", h.sign(t, next(g1, func(g *typesv1.Grant) { g.Commit = strings.Repeat("a", 40) })), errdefs.ErrPermissionDenied, "field commit"},
+		{"runtime class", h.sign(t, next(g1, func(g *typesv1.Grant) { g.RuntimeClass = typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC })), errdefs.ErrPermissionDenied, "field runtime_class"},
+		{"publish target", h.sign(t, next(g1, func(g *typesv1.Grant) { g.PublishTarget.Branch = "release" })), errdefs.ErrPermissionDenied, "field publish_target"},
+		{"publish target removed", h.sign(t, next(g1, func(g *typesv1.Grant) { g.PublishTarget = nil })), errdefs.ErrPermissionDenied, "field publish_target"},
+		{"disk", h.sign(t, next(g1, func(g *typesv1.Grant) { g.Limits.DiskBytes *= 2 })), errdefs.ErrInvalidArgument, "limits.disk_bytes"},
+		{"memory below the minimum", h.sign(t, next(g1, func(g *typesv1.Grant) { g.Limits.MemoryBytes = 1 << 20 })), errdefs.ErrInvalidArgument, "limits.memory_bytes"},
+		{"no deadline", h.sign(t, next(g1, func(g *typesv1.Grant) { g.Limits.Deadline = nil })), errdefs.ErrInvalidArgument, "limits.deadline"},
+		{"allow without a network manager", h.sign(t, next(g1, func(g *typesv1.Grant) {
+			g.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Allow{Allow: &typesv1.AllowList{Rules: []*typesv1.AllowRule{{Cidr: "192.0.2.0/24"}}}}}
+			g.NetworkPolicyGeneration = 2
+		})), errdefs.ErrFailedPrecondition, "only deny_all"},
+		{"domains", h.sign(t, next(g1, func(g *typesv1.Grant) {
+			g.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Domains{Domains: &typesv1.DomainList{Domains: []string{"example.com"}}}}
+			g.NetworkPolicyGeneration = 2
+		})), errdefs.ErrFailedPrecondition, "network_policy"},
+		{"network generation lowered", h.sign(t, next(g1, func(g *typesv1.Grant) { g.NetworkPolicyGeneration = 0 })), errdefs.ErrFailedPrecondition, "network_policy_generation 0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := h.m.Update(context.Background(), tc.sg)
+			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.text) {
+				t.Fatalf("Update: %v; want %v naming %q", err, tc.want, tc.text)
+			}
+			t.Log(err)
+		})
+	}
+	after, _ := h.m.Get(g1.JobId)
+	if !bytes.Equal(after.SignedGrant, before.SignedGrant) {
+		t.Fatal("a refused update changed the run's grant")
+	}
+
+	// The grant in force, sent again, is no change and no error.
+	same, err := h.m.Update(context.Background(), h.sign(t, g1))
+	if err != nil || !bytes.Equal(same.SignedGrant, before.SignedGrant) {
+		t.Fatalf("Update with the grant in force: %v", err)
+	}
+
+	h.signal(t, g1.JobId)
+	if run := h.waitEnd(t, g1.JobId); run.State != Finished || run.Result.ExitCode != 0 {
+		t.Fatalf("run ended %s %+v", run.State, run.Result)
+	}
+	_, err = h.m.Update(context.Background(), h.sign(t, next(g1, func(g *typesv1.Grant) { g.Limits.Pids = 100 })))
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "has ended") {
+		t.Fatalf("Update of an ended job: %v", err)
+	}
+}
+
+func must(sg *typesv1.SignedGrant, err error) *typesv1.SignedGrant {
+	if err != nil {
+		panic(err)
+	}
+	return sg
+}
+
+// A newer grant's limits reach the live sandbox: a job blocked at 16 pids
+// forks all it wants under the 64 of generation 2, and the run, its record
+// on disk, its watchers and its bundle carry the new grant.
+func TestUpdateLiveLimits(t *testing.T) {
+	h, _ := newHarness(t, false)
+	g1 := h.grantFor(waitForGo + `i=0
+while [ $i -lt 24 ]; do sleep 60 & i=$((i+1)); done
+echo "all spawned"`)
+	g1.Limits.Pids = 16
+	h.start(t, g1)
+	h.waitRunning(t, g1.JobId, "ready")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	events := make(chan Run, 16)
+	go func() {
+		_ = h.m.Watch(ctx, g1.JobId, 0, 0, func(ev Event) error {
+			if ev.Run != nil {
+				events <- *ev.Run
+			}
+			return nil
+		})
+	}()
+	if r := <-events; r.State != Running || grantOf(t, r).GetGeneration() != 1 {
+		t.Fatalf("first watch event: %s generation %d", r.State, grantOf(t, r).GetGeneration())
+	}
+
+	g2 := next(g1, func(g *typesv1.Grant) { g.Limits.Pids = 64; g.Limits.MemoryBytes = 384 << 20 })
+	sg2 := h.sign(t, g2)
+	run, err := h.m.Update(context.Background(), sg2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := grantOf(t, run); got.GetGeneration() != 2 || got.GetLimits().GetPids() != 64 {
+		t.Fatalf("Update returned a run under %v", got)
+	}
+	select {
+	case r := <-events:
+		if grantOf(t, r).GetGeneration() != 2 {
+			t.Fatalf("watch event after the update has generation %d", grantOf(t, r).GetGeneration())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("watchers were not told of the new grant")
+	}
+	rec, err := os.ReadFile(filepath.Join(h.m.runDir(g1.JobId), "run.json"))
+	if err != nil || !bytes.Contains(rec, []byte(`"signed_grant"`)) {
+		t.Fatalf("run.json: %v", err)
+	}
+	loaded, err := New(Config{Dir: h.m.cfg.Dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := loaded.Get(g1.JobId); grantOf(t, r).GetGeneration() != 2 {
+		t.Fatal("the run's record on disk does not hold generation 2")
+	}
+	// Sending it again changes nothing.
+	if again, err := h.m.Update(context.Background(), sg2); err != nil || !bytes.Equal(again.SignedGrant, run.SignedGrant) {
+		t.Fatalf("repeated Update: %v", err)
+	}
+
+	h.signal(t, g1.JobId)
+	end := h.waitEnd(t, g1.JobId)
+	out, _ := os.ReadFile(filepath.Join(h.m.runDir(g1.JobId), "stdout.log"))
+	if end.State != Finished || end.Result.Reason != sandbox.ReasonExited || end.Result.ExitCode != 0 || !strings.Contains(string(out), "all spawned") {
+		t.Fatalf("run ended %s %+v, stdout %q; want all 24 sleeps spawned under 64 pids", end.State, end.Result, out)
+	}
+	bundleTar, err := os.ReadFile(filepath.Join(h.m.runDir(g1.JobId), "bundle.tar"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(bundleTar, sg2.GetBody()) {
+		t.Error("the bundle does not carry the grant in force at the end")
+	}
+}
+
+// A grant updated while its job stages is the one its sandbox is made
+// from: a deadline lowered to 1s times out a job that sleeps.
+func TestUpdateWhileStaging(t *testing.T) {
+	h, release := newHarness(t, true)
+	g1 := h.grantFor("echo started; exec sleep 300")
+	h.start(t, g1)
+	g2 := next(g1, func(g *typesv1.Grant) { g.Limits.Deadline = durationpb.New(time.Second) })
+	run, err := h.m.Update(context.Background(), h.sign(t, g2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run.State != Staging {
+		t.Fatalf("state %s, want staging", run.State)
+	}
+	release()
+	end := h.waitEnd(t, g1.JobId)
+	if end.Result.Reason != sandbox.ReasonTimeout || !strings.Contains(end.Result.Message, "deadline of 1s") {
+		t.Fatalf("run ended %s %+v, want a timeout at the updated 1s", end.State, end.Result)
+	}
+}
+
+// A lower deadline on a running job times it out, and the result names it.
+func TestUpdateLowerDeadline(t *testing.T) {
+	h, _ := newHarness(t, false)
+	g1 := h.grantFor("echo started; exec sleep 300")
+	h.start(t, g1)
+	h.waitRunning(t, g1.JobId, "started")
+	g2 := next(g1, func(g *typesv1.Grant) { g.Limits.Deadline = durationpb.New(time.Millisecond) })
+	if _, err := h.m.Update(context.Background(), h.sign(t, g2)); err != nil {
+		t.Fatal(err)
+	}
+	end := h.waitEnd(t, g1.JobId)
+	if end.Result.Reason != sandbox.ReasonTimeout || !strings.Contains(end.Result.Message, "deadline of 1ms") {
+		t.Fatalf("run ended %s %+v, want a timeout at 1ms", end.State, end.Result)
+	}
+}

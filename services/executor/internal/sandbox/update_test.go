@@ -1,0 +1,321 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airlockhq/airlock/pkg/errdefs"
+)
+
+// live is a job running in the background, for tests that change it
+// mid-run.
+type live struct {
+	sb   *Sandbox
+	out  *syncBuffer
+	done chan ran
+	t0   time.Time
+}
+
+// start creates a runc job and runs it in the background; the sandbox is
+// destroyed (and checked gone) at cleanup.
+func (e *env) start(t *testing.T, script string, lim Limits) *live {
+	t.Helper()
+	var out, errb syncBuffer
+	id := fmt.Sprintf("upd-%d", testSeq.Add(1))
+	sb, err := e.m.Create(context.Background(), Spec{ID: id, Class: ClassRunc, Source: e.source(t, nil),
+		Command: []string{"sh", "-c", script}, Limits: lim, Stdout: &out, Stderr: &errb})
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	l := &live{sb: sb, out: &out, done: make(chan ran, 1), t0: time.Now()}
+	go func() {
+		res, err := sb.Run(context.Background())
+		l.done <- ran{sb: sb, res: res, err: err, stdout: out.String(), stderr: errb.String()}
+	}()
+	t.Cleanup(func() {
+		if err := sb.Destroy(); err != nil {
+			t.Errorf("Destroy: %v", err)
+		}
+	})
+	return l
+}
+
+// waitOutput waits until the job has printed s.
+func (l *live) waitOutput(t *testing.T, s string) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("the job to print %q", s), 20*time.Second, func() bool { return strings.Contains(l.out.String(), s) })
+}
+
+// signal makes /work/go appear inside the job.
+func (l *live) signal(t *testing.T) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(l.sb.WorkDir(), "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (l *live) wait(t *testing.T) ran {
+	t.Helper()
+	select {
+	case r := <-l.done:
+		t.Logf("reason=%s exit=%d msg=%q after %s\nstdout: %s\nstderr: %s", r.res.Reason, r.res.ExitCode, r.res.Message,
+			time.Since(l.t0).Round(time.Millisecond), trunc(r.stdout), trunc(r.stderr))
+		if r.err != nil {
+			t.Fatalf("Run: %v", r.err)
+		}
+		return r
+	case <-time.After(90 * time.Second):
+		t.Fatal("the job did not end")
+		return ran{}
+	}
+}
+
+const waitForGo = "echo ready; while [ ! -e /work/go ]; do sleep 0.05; done; "
+
+func cgroupValue(t *testing.T, e *env, sb *Sandbox, ctl, file string) int64 {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(e.m.cg.dir(ctl, sb.cgRel), file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// A lower memory limit binds what the job allocates afterwards: 100 MiB
+// fits the 256 MiB it started with, not the 48 MiB it was lowered to.
+func TestUpdateLowerMemory(t *testing.T) {
+	e := newEnv(t)
+	l := e.start(t, waitForGo+"exec /work/probe balloon 100", defaultLimits)
+	l.waitOutput(t, "ready")
+	lim := defaultLimits
+	lim.MemoryBytes = 48 << 20
+	if err := l.sb.UpdateLimits(lim); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"memory.limit_in_bytes", "memory.memsw.limit_in_bytes"} {
+		if got := cgroupValue(t, e, l.sb, "memory", f); got != lim.MemoryBytes {
+			t.Errorf("%s = %d, want %d", f, got, lim.MemoryBytes)
+		}
+	}
+	l.signal(t)
+	r := l.wait(t)
+	if r.res.Reason != ReasonOOM {
+		t.Fatalf("reason %s, want oom", r.res.Reason)
+	}
+	if strings.Contains(r.stdout, "allocated all") {
+		t.Fatal("the balloon got all its memory")
+	}
+	if want := fmt.Sprintf("memory limit of %d bytes", lim.MemoryBytes); !strings.Contains(r.res.Message, want) {
+		t.Errorf("message %q does not name the new limit (%q)", r.res.Message, want)
+	}
+}
+
+// Memory the job holds and the kernel cannot reclaim (shmem, with no swap
+// to move it to) keeps the limit where it was, and says why.
+func TestUpdateMemoryBelowUsageRefused(t *testing.T) {
+	e := newEnv(t)
+	l := e.start(t, "head -c 40m /dev/zero > /dev/shm/hold; "+waitForGo+"rm /dev/shm/hold; echo done", defaultLimits)
+	l.waitOutput(t, "ready")
+	lim := defaultLimits
+	lim.MemoryBytes = 24 << 20
+	lim.Pids = 64
+	err := l.sb.UpdateLimits(lim)
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "cannot reclaim") {
+		t.Fatalf("UpdateLimits below usage: %v, want failed precondition", err)
+	}
+	t.Log(err)
+	for _, f := range []string{"memory.limit_in_bytes", "memory.memsw.limit_in_bytes"} {
+		if got := cgroupValue(t, e, l.sb, "memory", f); got != defaultLimits.MemoryBytes {
+			t.Errorf("%s = %d after a refused update, want the old %d", f, got, defaultLimits.MemoryBytes)
+		}
+	}
+	if got := cgroupValue(t, e, l.sb, "pids", "pids.max"); got != defaultLimits.Pids {
+		t.Errorf("pids.max = %d after a refused update, want the old %d", got, defaultLimits.Pids)
+	}
+	if got := l.sb.Limits(); got != defaultLimits {
+		t.Errorf("Limits() = %+v after a refused update", got)
+	}
+	l.signal(t)
+	wantExit(t, l.wait(t), 0)
+}
+
+// spawnScript starts 24 sleeps once /work/go appears, printing a line per
+// success; a failed fork ends the loop.
+const spawnScript = waitForGo + `i=0
+while [ $i -lt 24 ]; do
+  sleep 60 & 
+  i=$((i+1))
+  echo "spawned $i"
+done
+echo "all spawned"`
+
+// More pids let a job fork what its old limit refused.
+func TestUpdateRaisePids(t *testing.T) {
+	e := newEnv(t)
+	lim := defaultLimits
+	lim.Pids = 16
+	for _, raise := range []bool{false, true} {
+		t.Run(fmt.Sprintf("raise=%v", raise), func(t *testing.T) {
+			l := e.start(t, spawnScript, lim)
+			l.waitOutput(t, "ready")
+			if raise {
+				more := lim
+				more.Pids = 64
+				if err := l.sb.UpdateLimits(more); err != nil {
+					t.Fatal(err)
+				}
+				if got := cgroupValue(t, e, l.sb, "pids", "pids.max"); got != 64 {
+					t.Fatalf("pids.max = %d, want 64", got)
+				}
+			}
+			l.signal(t)
+			r := l.wait(t)
+			if raise {
+				wantExit(t, r, 0)
+				if !strings.Contains(r.stdout, "all spawned") {
+					t.Fatal("the job could not spawn all its sleeps under the raised limit")
+				}
+				return
+			}
+			if strings.Contains(r.stdout, "all spawned") || !strings.Contains(r.stdout, "spawned 8") {
+				t.Fatalf("under 16 pids the job should spawn some but not all of 24 sleeps")
+			}
+		})
+	}
+}
+
+// A lower deadline times a job out early, counted from its start: at once
+// when already past. The message names the new deadline.
+func TestUpdateLowerDeadline(t *testing.T) {
+	e := newEnv(t)
+	for _, d := range []time.Duration{time.Millisecond, 3 * time.Second} {
+		t.Run(d.String(), func(t *testing.T) {
+			l := e.start(t, "echo started; exec sleep 300", defaultLimits)
+			l.waitOutput(t, "started")
+			lim := defaultLimits
+			lim.Deadline = d
+			if err := l.sb.UpdateLimits(lim); err != nil {
+				t.Fatal(err)
+			}
+			updated := time.Now()
+			r := l.wait(t)
+			if r.res.Reason != ReasonTimeout {
+				t.Fatalf("reason %s, want timeout", r.res.Reason)
+			}
+			if want := fmt.Sprintf("deadline of %s passed", d); !strings.Contains(r.res.Message, want) {
+				t.Errorf("message %q, want it to name %q", r.res.Message, want)
+			}
+			if d > time.Second && r.res.Usage.WallTime < d {
+				t.Errorf("timed out after %s, before the new deadline %s", r.res.Usage.WallTime, d)
+			}
+			if late := time.Since(updated); late > d+5*time.Second {
+				t.Errorf("the job ended %s after the update, for a deadline of %s", late, d)
+			}
+		})
+	}
+}
+
+// A raised deadline lets a job finish that the old one would have killed.
+func TestUpdateRaiseDeadline(t *testing.T) {
+	e := newEnv(t)
+	lim := defaultLimits
+	lim.Deadline = 2 * time.Second
+	l := e.start(t, "echo started; sleep 4; echo finished", lim)
+	l.waitOutput(t, "started")
+	lim.Deadline = time.Minute
+	if err := l.sb.UpdateLimits(lim); err != nil {
+		t.Fatal(err)
+	}
+	r := l.wait(t)
+	wantExit(t, r, 0)
+	if !strings.Contains(r.stdout, "finished") || r.res.Usage.WallTime < 4*time.Second {
+		t.Fatalf("the job did not run past its old deadline: wall %s", r.res.Usage.WallTime)
+	}
+}
+
+// Before Run, an update changes the cgroup and the deadline Run arms.
+// Invalid limits and a disk change are refused and change nothing; after
+// the run ends every update is refused.
+func TestUpdateLimitsChecks(t *testing.T) {
+	e := newEnv(t)
+	sb, err := e.m.Create(context.Background(), Spec{ID: "upd-checks", Class: ClassRunc, Source: e.source(t, nil),
+		Command: []string{"sh", "-c", "sleep 300"}, Limits: defaultLimits})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := sb.Destroy(); err != nil {
+			t.Errorf("Destroy: %v", err)
+		}
+	})
+	bad := func(f func(l *Limits)) Limits {
+		l := defaultLimits
+		f(&l)
+		return l
+	}
+	for _, tc := range []struct {
+		name string
+		lim  Limits
+		want string
+	}{
+		{"disk", bad(func(l *Limits) { l.DiskBytes *= 2 }), "limits.disk_bytes"},
+		{"memory", bad(func(l *Limits) { l.MemoryBytes = 1 << 20 }), "limits.memory_bytes"},
+		{"pids", bad(func(l *Limits) { l.Pids = 2 }), "limits.pids"},
+		{"cpu", bad(func(l *Limits) { l.CPUMillis = 0 }), "limits.cpu_millis"},
+		{"deadline", bad(func(l *Limits) { l.Deadline = 0 }), "limits.deadline"},
+	} {
+		err := sb.UpdateLimits(tc.lim)
+		if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want invalid argument naming %s", tc.name, err, tc.want)
+		}
+	}
+	if err := sb.UpdateLimits(bad(func(l *Limits) { l.DiskBytes++ })); err == nil || !strings.Contains(err.Error(), "scratch filesystem is sized when the sandbox is made") {
+		t.Errorf("disk change: %v", err)
+	}
+	if got := sb.Limits(); got != defaultLimits {
+		t.Fatalf("Limits() = %+v after refused updates", got)
+	}
+	lim := defaultLimits
+	lim.CPUMillis, lim.MemoryBytes, lim.Pids, lim.Deadline = 500, 128<<20, 40, 500*time.Millisecond
+	if err := sb.UpdateLimits(lim); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		ctl, file string
+		want      int64
+	}{
+		{"memory", "memory.limit_in_bytes", 128 << 20},
+		{"memory", "memory.memsw.limit_in_bytes", 128 << 20},
+		{"pids", "pids.max", 40},
+		{"cpu", "cpu.cfs_quota_us", 50000},
+		{"cpu", "cpu.cfs_period_us", cfsPeriodMicros},
+	} {
+		if got := cgroupValue(t, e, sb, c.ctl, c.file); got != c.want {
+			t.Errorf("%s = %d, want %d", c.file, got, c.want)
+		}
+	}
+	res, err := sb.Run(context.Background())
+	if err != nil || res.Reason != ReasonTimeout || !strings.Contains(res.Message, "deadline of 500ms") {
+		t.Fatalf("Run = %+v, %v; want a timeout at the updated 500ms", res, err)
+	}
+	if err := sb.UpdateLimits(defaultLimits); !errors.Is(err, errdefs.ErrFailedPrecondition) || !errors.Is(err, ErrEnded) {
+		t.Fatalf("update after the run: %v, want failed precondition", err)
+	}
+	if err := sb.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.UpdateLimits(defaultLimits); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("update after Destroy: %v, want failed precondition", err)
+	}
+}
