@@ -131,18 +131,27 @@ func TestApprovalIsBoundSingleUseAndNeverSelfGranted(t *testing.T) {
 		t.Fatalf("lease for another repository: %v, want PermissionDenied", err)
 	}
 
+	// The holder presents the lease before each use; the same
+	// presentation is refused once an approver revoked it.
+	use := &authorityv1.UseLeaseRequest{LeaseId: l.GetLeaseId(), JobId: job.JobID, Resource: "sample"}
+	if _, err := publisher.UseLease(ctx, use); err != nil {
+		t.Fatalf("using an active lease: %v", err)
+	}
 	if res := s.airlock(t, "lease", "list", "--as", "approver/alice"); res.code != 0 || !strings.Contains(res.stdout, l.GetLeaseId()) {
 		t.Fatalf("lease list: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
 	if res := s.airlock(t, "lease", "revoke", l.GetLeaseId(), "--as", "approver/alice"); res.code != 0 {
 		t.Fatalf("lease revoke: exit %d\n%s", res.code, res.stderr)
 	}
+	if _, err := publisher.UseLease(ctx, use); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "revoked") {
+		t.Fatalf("using a revoked lease: %v, want FailedPrecondition (revoked)", err)
+	}
 	if res := s.airlock(t, "lease", "list", "--as", "approver/alice"); strings.Contains(res.stdout, l.GetLeaseId()) {
 		t.Fatalf("a revoked lease is still listed as active:\n%s", res.stdout)
 	}
 
 	res = s.airlock(t, "audit", "list", "--as", "approver/alice", "--limit", "0")
-	for _, kind := range []string{"approval.opened", "approval.decided", "approval.consumed", "lease.issued", "lease.revoked"} {
+	for _, kind := range []string{"approval.opened", "approval.decided", "approval.consumed", "lease.issued", "lease.used", "lease.revoked"} {
 		if !strings.Contains(res.stdout, kind) {
 			t.Errorf("audit log lacks %s:\n%s", kind, res.stdout)
 		}

@@ -7,8 +7,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 
 	"github.com/airlockhq/airlock/pkg/config"
 )
@@ -22,6 +24,27 @@ type Config struct {
 	Sandbox Sandbox `yaml:"sandbox"`
 	// OutputLimit caps each of a job's stdout and stderr, in bytes; default 4 MiB.
 	OutputLimit int64 `yaml:"output_limit"`
+	// Network configures per-job egress enforcement.
+	Network Network `yaml:"network"`
+}
+
+// Network configures the per-job network namespaces and their rules.
+type Network struct {
+	// Pool4 is the IPv4 prefix each allow-policy job's veth pair takes a
+	// /30 from; default 10.213.0.0/16. Executors sharing a host need
+	// pools of their own.
+	Pool4 string `yaml:"pool4"`
+	// Pool6, if set, gives jobs IPv6 too (a /64 each). Off by default:
+	// IPv6 forwarding makes Linux ignore router advertisements.
+	Pool6 string `yaml:"pool6"`
+	// Name prefixes the executor's nftables tables and veth aliases; it
+	// must be this executor's alone, since at start the executor removes
+	// every table and veth of that name as a leftover. Default
+	// airlock_<hash of data_dir>.
+	Name string `yaml:"name"`
+
+	// Parsed forms, set by validation.
+	Pool4Prefix, Pool6Prefix netip.Prefix `yaml:"-"`
 }
 
 // Authority is the executor's authority peer.
@@ -45,6 +68,8 @@ type Sandbox struct {
 	CgroupParent string `yaml:"cgroup_parent"`
 }
 
+var networkName = regexp.MustCompile(`^[a-z0-9_]{1,32}$`)
+
 // Common implements config.Service.
 func (c *Config) Common() *config.Server { return &c.Server }
 
@@ -65,6 +90,32 @@ func (c *Config) ValidatePeers() error {
 		c.Sandbox.CgroupParent = "/airlock/" + hex.EncodeToString(sum[:6])
 	} else if !filepath.IsAbs(c.Sandbox.CgroupParent) {
 		errs = append(errs, config.Field("sandbox.cgroup_parent", "%q: must be an absolute cgroup path", c.Sandbox.CgroupParent))
+	}
+	if c.Network.Name == "" {
+		sum := sha256.Sum256([]byte(c.DataDir))
+		c.Network.Name = "airlock_" + hex.EncodeToString(sum[:4])
+	} else if !networkName.MatchString(c.Network.Name) {
+		errs = append(errs, config.Field("network.name", "%q: want 1 to 32 of [a-z0-9_]", c.Network.Name))
+	}
+	for _, p := range []struct {
+		field, text string
+		out         *netip.Prefix
+		v4          bool
+	}{{"network.pool4", c.Network.Pool4, &c.Network.Pool4Prefix, true}, {"network.pool6", c.Network.Pool6, &c.Network.Pool6Prefix, false}} {
+		if p.text == "" {
+			continue
+		}
+		pre, err := netip.ParsePrefix(p.text)
+		switch {
+		case err != nil:
+			errs = append(errs, config.Field(p.field, "%q is not a CIDR", p.text))
+		case p.v4 && (!pre.Addr().Is4() || pre.Bits() > 30):
+			errs = append(errs, config.Field(p.field, "%s: want an IPv4 prefix of at most /30", pre))
+		case !p.v4 && (!pre.Addr().Is6() || pre.Addr().Is4In6() || pre.Bits() > 64):
+			errs = append(errs, config.Field(p.field, "%s: want an IPv6 prefix of at most /64", pre))
+		default:
+			*p.out = pre
+		}
 	}
 	if c.OutputLimit < 0 {
 		errs = append(errs, config.Field("output_limit", "must not be negative"))

@@ -23,6 +23,7 @@ import (
 	"github.com/airlockhq/airlock/services/executor/internal/api"
 	"github.com/airlockhq/airlock/services/executor/internal/authority"
 	"github.com/airlockhq/airlock/services/executor/internal/config"
+	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 	"github.com/airlockhq/airlock/services/executor/internal/runs"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 	"github.com/airlockhq/airlock/services/executor/internal/stage"
@@ -74,11 +75,25 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			if err != nil {
 				return err
 			}
+			netm, err := netpolicy.New(netpolicy.Config{
+				Dir: env.DataDir.Join("netpolicy"), Logger: logger, Name: cfg.Network.Name,
+				Pool4: cfg.Network.Pool4Prefix, Pool6: cfg.Network.Pool6Prefix,
+			})
+			if err != nil {
+				return err
+			}
+			env.OnStop(netm.Close)
+			if ids, err := netm.Recover(ctx); err != nil {
+				return err
+			} else if len(ids) > 0 {
+				logger.Info("removed network namespaces left by an earlier run", "job_ids", ids)
+			}
 			mgr, err := runs.New(runs.Config{
 				Dir:         env.DataDir.Join("runs"),
 				Verifier:    grant.NewVerifier(pub),
 				Sandbox:     sb,
 				Sources:     sources,
+				Network:     netm,
 				Authority:   authority.New(cc),
 				Sign:        signer(env.TLS),
 				Executor:    self.String(),

@@ -1,0 +1,306 @@
+//go:build linux
+
+package e2e
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// testHost is a network namespace of the test's own, joined to the host
+// by a veth pair, with TCP listeners. Its addresses are from 198.18.0.0/15
+// (RFC 2544, for benchmarking), so nothing here is routed off the machine.
+type testHost struct {
+	name   string // the namespace, as `ip netns` names it
+	hostIP string // the host's end of the pair: an address of the host itself
+	ip     string // the test host's address
+	cidr   string // the pair's /30
+}
+
+// sh runs a command and fails the test on error.
+func sh(t *testing.T, name string, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+}
+
+func startTestHost(t *testing.T, ports ...int) *testHost {
+	t.Helper()
+	id := os.Getpid() & 0xffff
+	th := &testHost{name: fmt.Sprintf("alke2e%04x", id)}
+	hostIf, peerIf := fmt.Sprintf("alke2e%04xh", id), fmt.Sprintf("alke2e%04xp", id)
+	base := (id % 16384) * 4
+	th.hostIP = fmt.Sprintf("198.18.%d.%d", base>>8&0xff, base&0xff+1)
+	th.ip = fmt.Sprintf("198.18.%d.%d", base>>8&0xff, base&0xff+2)
+	th.cidr = fmt.Sprintf("198.18.%d.%d/30", base>>8&0xff, base&0xff)
+	sh(t, "ip", "netns", "add", th.name)
+	t.Cleanup(func() {
+		_ = exec.Command("ip", "link", "del", hostIf).Run()
+		_ = exec.Command("ip", "netns", "del", th.name).Run()
+	})
+	sh(t, "ip", "link", "add", hostIf, "type", "veth", "peer", "name", peerIf, "netns", th.name)
+	sh(t, "ip", "addr", "add", th.hostIP+"/30", "dev", hostIf)
+	sh(t, "ip", "link", "set", hostIf, "up")
+	sh(t, "ip", "-n", th.name, "addr", "add", th.ip+"/30", "dev", peerIf)
+	sh(t, "ip", "-n", th.name, "link", "set", peerIf, "up")
+	sh(t, "ip", "-n", th.name, "link", "set", "lo", "up")
+	for _, p := range ports {
+		ln := listenIn(t, "/run/netns/"+th.name, fmt.Sprintf("%s:%d", th.ip, p))
+		go greet(ln)
+	}
+	return th
+}
+
+// listenIn opens a TCP listener inside the network namespace at path. The
+// thread that entered the namespace is never unlocked, so it dies with its
+// goroutine and no other goroutine runs in the namespace.
+func listenIn(t *testing.T, path, addr string) net.Listener {
+	t.Helper()
+	type res struct {
+		ln  net.Listener
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		runtime.LockOSThread()
+		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			ch <- res{err: err}
+			return
+		}
+		defer unix.Close(fd)
+		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+			ch <- res{err: err}
+			return
+		}
+		ln, err := net.Listen("tcp", addr)
+		ch <- res{ln, err}
+	}()
+	r := <-ch
+	if r.err != nil {
+		t.Fatalf("listen on %s in %s: %v", addr, path, r.err)
+	}
+	t.Cleanup(func() { r.ln.Close() })
+	return r.ln
+}
+
+func greet(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		fmt.Fprintln(c, "hello")
+		c.Close()
+	}
+}
+
+// probeScript checks, every round, whether the job reaches each target
+// and prints one line per target and "tick" after each round.
+func probeScript(targets map[string]string) string {
+	var b strings.Builder
+	b.WriteString("while true; do\n")
+	for name, addr := range targets {
+		host, port, _ := net.SplitHostPort(addr)
+		fmt.Fprintf(&b, "  if timeout 1 bash -c 'exec 3<>/dev/tcp/%s/%s' 2>/dev/null; then echo '%s open'; else echo '%s closed'; fi\n", host, port, name, name)
+	}
+	b.WriteString("  echo tick\n  sleep 0.2\ndone\n")
+	return b.String()
+}
+
+// rounds splits probe output into complete rounds.
+func rounds(out string) [][]string {
+	var all [][]string
+	var cur []string
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		if sc.Text() == "tick" {
+			all = append(all, cur)
+			cur = nil
+			continue
+		}
+		cur = append(cur, sc.Text())
+	}
+	return all
+}
+
+// nextRound waits for a round that started after the call and returns it
+// as target -> open.
+func nextRound(t *testing.T, b *background) map[string]bool {
+	t.Helper()
+	start := len(rounds(b.stdout.String()))
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if r := rounds(b.stdout.String()); len(r) >= start+2 {
+			out := map[string]bool{}
+			for _, line := range r[len(r)-1] {
+				name, state, _ := strings.Cut(line, " ")
+				out[name] = state == "open"
+			}
+			return out
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no new probe round in 30s; output so far:\n%s\nstderr:\n%s", b.stdout.String(), b.stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waitRound waits up to 20s for a round in which want(round) holds.
+func waitRound(t *testing.T, b *background, what string, want func(map[string]bool) bool) map[string]bool {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		r := nextRound(t, b)
+		if want(r) {
+			return r
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: last round %v", what, r)
+		}
+	}
+}
+
+var approvalIDLine = regexp.MustCompile(`waiting for approval (\S+)`)
+
+// TestRunningJobChangesAreGatedAndEnforced runs a job that probes three
+// destinations from its sandbox while its policy changes: deny-all; an
+// allow rule widened only after another approver approved it (the
+// requester cannot), then reaching exactly the allowed port — never the
+// other port, nor the host's own address inside the allowed CIDR; deny-all
+// again at once (narrowing needs nobody); and a raised memory limit that,
+// once approved, is the limit in the job's cgroup.
+func TestRunningJobChangesAreGatedAndEnforced(t *testing.T) {
+	repo, _ := sampleRepo(t)
+	s := startStack(t, "--repo", "sample="+repo)
+	th := startTestHost(t, 8080, 8081)
+	hostLn, err := net.Listen("tcp", th.hostIP+":8082")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hostLn.Close()
+	go greet(hostLn)
+	targets := map[string]string{"allowed": th.ip + ":8080", "other-port": th.ip + ":8081", "host": th.hostIP + ":8082"}
+
+	res := s.airlock(t, "job", "submit", "--repo", "sample", "--rev", "main", "--memory", "256MiB", "--", "bash", "-c", probeScript(targets))
+	if res.code != 0 {
+		t.Fatalf("job submit: exit %d\n%s", res.code, res.stderr)
+	}
+	id := strings.TrimSpace(res.stdout)
+	watch := s.startAirlock(t, "job", "watch", id)
+	defer s.airlock(t, "job", "cancel", id)
+
+	if r := nextRound(t, watch); r["allowed"] || r["other-port"] || r["host"] {
+		t.Fatalf("under deny-all the job reached %v", r)
+	}
+
+	// Widening: an approval, and nothing changes until it is decided.
+	res = s.airlock(t, "job", "update", id, "--allow", th.cidr+":8080,8082")
+	m := approvalIDLine.FindStringSubmatch(res.stdout)
+	if res.code != 0 || m == nil {
+		t.Fatalf("job update --allow: exit %d, want an approval\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	aid := m[1]
+	if r := nextRound(t, watch); r["allowed"] {
+		t.Fatal("the widening took effect before anyone approved it")
+	}
+	show := s.airlock(t, "approval", "show", aid, "--as", "approver/alice")
+	if show.code != 0 || !strings.Contains(show.stdout, "widens     network_policy: allow") {
+		t.Fatalf("approval show: exit %d\n%s%s", show.code, show.stdout, show.stderr)
+	}
+	if res := s.airlock(t, "approval", "approve", aid, "--as", "approver/dev"); res.code == 0 || !strings.Contains(res.stderr, "may not decide") {
+		t.Fatalf("the requester approving its own change: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	if res := s.airlock(t, "approval", "approve", aid, "--as", "approver/alice"); res.code != 0 || !strings.Contains(res.stdout, "consumed") {
+		t.Fatalf("alice approves: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	r := waitRound(t, watch, "the approved allow rule", func(r map[string]bool) bool { return r["allowed"] })
+	if r["other-port"] || r["host"] {
+		t.Fatalf("beyond the allowed port the job reached %v (the host's own address is never reachable)", r)
+	}
+	job := s.job(t, id)
+	if st := job.GetNetworkPolicyStatus(); st.GetGeneration() != 2 || st.GetPolicy().GetAllow() == nil || st.GetState().String() != "NETWORK_POLICY_STATE_APPLIED" {
+		t.Fatalf("network policy status after the approved change: %v", st)
+	}
+
+	// Narrowing applies at once.
+	if res := s.airlock(t, "job", "update", id, "--deny-all"); res.code != 0 || !strings.Contains(res.stdout, "network_policy: applied") {
+		t.Fatalf("job update --deny-all: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	if r := nextRound(t, watch); r["allowed"] || r["other-port"] || r["host"] {
+		t.Fatalf("after narrowing to deny-all the job still reached %v", r)
+	}
+
+	// Raising memory: approved by bob, then in the job's cgroup.
+	res = s.airlock(t, "job", "update", id, "--memory", "1GiB")
+	if m = approvalIDLine.FindStringSubmatch(res.stdout); res.code != 0 || m == nil {
+		t.Fatalf("job update --memory: exit %d, want an approval\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	limitFile := filepath.Join("/sys/fs/cgroup/memory", s.executorCgroupParent(), id, "memory.limit_in_bytes")
+	if got := readTrim(t, limitFile); got != fmt.Sprint(256<<20) {
+		t.Fatalf("memory limit in the cgroup before approval = %s, want %d", got, 256<<20)
+	}
+	if res := s.airlock(t, "approval", "approve", m[1], "--as", "approver/bob"); res.code != 0 {
+		t.Fatalf("bob approves: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	job = s.job(t, id)
+	if job.GetLimits().GetMemoryBytes() != 1<<30 || job.GetGrantGeneration() != 4 {
+		t.Fatalf("after the approved memory change: limits %v, generation %d", job.GetLimits(), job.GetGrantGeneration())
+	}
+	if got := readTrim(t, limitFile); got != fmt.Sprint(1<<30) {
+		t.Fatalf("memory limit in the job's cgroup = %s, want %d", got, 1<<30)
+	}
+
+	if res := s.airlock(t, "job", "cancel", id); res.code != 0 {
+		t.Fatalf("job cancel: exit %d\n%s", res.code, res.stderr)
+	}
+	if watch.exitCode(20*time.Second) == -1 {
+		t.Fatal("job watch did not end after the cancel")
+	}
+	// Nothing of the job's network is left: no table, no veth.
+	sum := sha256.Sum256([]byte(s.services["executor"].DataDir))
+	name := "airlock_" + hex.EncodeToString(sum[:4])
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out, _ := exec.Command("nft", "list", "tables").CombinedOutput()
+		links, _ := exec.Command("ip", "-o", "link", "show").CombinedOutput()
+		if !strings.Contains(string(out), name) && !strings.Contains(string(links), name+":"+id) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the job ended: tables\n%s\nlinks\n%s", out, links)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	audit := s.airlock(t, "audit", "list", "--as", "approver/alice", "--job", id, "--limit", "0")
+	if n := strings.Count(audit.stdout, "job.changed"); n != 3 {
+		t.Errorf("%d job.changed entries, want 3:\n%s", n, audit.stdout)
+	}
+	if res := s.airlock(t, "audit", "verify", "--as", "approver/alice"); res.code != 0 {
+		t.Fatalf("audit verify: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+}
+
+func readTrim(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
