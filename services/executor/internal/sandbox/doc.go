@@ -2,8 +2,11 @@
 // in a real OCI runtime (runc, or gVisor's runsc) as a child process, with
 // root inside mapped to an unprivileged host uid range, no capabilities,
 // Docker's default seccomp profile, Docker's masked and read-only /proc and
-// /sys paths, its own PID, mount, IPC, UTS, cgroup and network namespaces
-// (loopback only), and cgroup v1 limits on memory, pids and CPU.
+// /sys paths, its own PID, mount, IPC, UTS and cgroup namespaces, a network
+// namespace (a new, loopback-only one, or one the executor's netpolicy
+// package made and enforces from outside: Spec.NetNS), and cgroup v1
+// limits on memory, pids and CPU that a running job's newer grant may
+// change (Sandbox.UpdateLimits).
 //
 // A job sees a versioned root filesystem template (the host's /usr read-only
 // and a synthesized /etc holding nothing of the host's), /work as an overlay
