@@ -71,6 +71,21 @@ fi
 step "another approver approves it"
 "$airlock" approval approve "$approval" --as approver/alice --comment "greeting fixed, test passes"
 
+step "a running job asks for more memory: widening waits for an approver; narrowing applies at once"
+running=$("$airlock" job submit --repo sample --rev main --memory 256MiB -- sh -c 'echo running; sleep 120')
+for _ in $(seq 100); do
+  "$airlock" job get "$running" | grep -q '^state      running' && break
+  sleep 0.1
+done
+out=$("$airlock" job update "$running" --memory 512MiB)
+echo "$out"
+change=$(printf '%s\n' "$out" | sed -n 's/.*waiting for approval \([^ ]*\).*/\1/p')
+[ -n "$change" ] || { echo "FAIL: widening a running job did not wait for an approval" >&2; exit 1; }
+"$airlock" approval show "$change" --as approver/bob
+"$airlock" approval approve "$change" --as approver/bob --comment "needs the headroom"
+"$airlock" job update "$running" --memory 384MiB
+"$airlock" job cancel "$running" >/dev/null
+
 step "every decision is on the hash-chained audit log"
 "$airlock" audit list --as approver/alice
 "$airlock" audit verify --as approver/alice
