@@ -99,7 +99,8 @@ type Run struct {
 	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
 	// Current state.
 	State RunState `protobuf:"varint,2,opt,name=state,proto3,enum=airlock.executor.v1.RunState" json:"state,omitempty"`
-	// The verified grant the run was started from.
+	// The verified grant in force: the one the run was started from, or a
+	// newer one UpdateRun applied.
 	Grant *v1.SignedGrant `protobuf:"bytes,3,opt,name=grant,proto3" json:"grant,omitempty"`
 	// When the run was accepted.
 	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`

@@ -62,6 +62,13 @@ func (p Policy) DenyAll() bool { return len(p.Allow) == 0 }
 
 // normalize validates p and returns a copy with masked prefixes and sorted,
 // de-duplicated ports, which the caller can no longer change.
+// Validate checks p as Create and Apply would: valid, masked prefixes
+// and ports 1 to 65535.
+func (p Policy) Validate() error {
+	_, err := p.normalize()
+	return err
+}
+
 func (p Policy) normalize() (Policy, error) {
 	var out Policy
 	for i, r := range p.Allow {

@@ -470,7 +470,7 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, source string) (*sa
 	}
 	var n *netpolicy.Net
 	if m.cfg.Network != nil {
-		p, err := netpolicy.FromProto(g.GetNetworkPolicy())
+		p, err := policyFromProto(g.GetNetworkPolicy())
 		if err == nil {
 			n, err = m.cfg.Network.Create(ctx, g.GetJobId(), p, netOptions(spec.Class)...)
 		}
