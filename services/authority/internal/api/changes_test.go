@@ -1,17 +1,22 @@
 package api_test
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/airlockhq/airlock/pkg/audit"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
+	"github.com/airlockhq/airlock/services/authority/internal/store"
+	"github.com/airlockhq/airlock/services/authority/internal/store/sqlite"
 )
 
 // running submits a job and waits until the fake executor runs it.
@@ -307,4 +312,49 @@ func TestChangeRefusals(t *testing.T) {
 	h.waitState(dev, id, authorityv1.JobState_JOB_STATE_FINISHED)
 	_, err = dev.UpdateJobLimits(ctx, &authorityv1.UpdateJobLimitsRequest{JobId: id, Limits: &typesv1.ResourceLimits{Pids: 10}})
 	wantStatus(t, err, codes.FailedPrecondition, "finished")
+}
+
+// TestApprovedChangeSurvivesACrashBeforeItApplied leaves a change approved
+// but not applied — what a crash between the deciding vote's commit and
+// the change would leave — and restarts the authority: the change applies,
+// once.
+func TestApprovedChangeSurvivesACrashBeforeItApplied(t *testing.T) {
+	h := newHarness(t)
+	ctx := t.Context()
+	j := h.running("crash")
+	resp, err := h.client(devID).UpdateJobLimits(ctx, &authorityv1.UpdateJobLimitsRequest{JobId: j.GetJobId(), Limits: &typesv1.ResourceLimits{Pids: 700}})
+	if err != nil || resp.GetApprovalId() == "" {
+		t.Fatalf("widening: %v, %v", resp, err)
+	}
+	h.auth.stop()
+	st, err := sqlite.Open(ctx, filepath.Join(h.data, "authority.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.DecideApprovalAudited(ctx, resp.GetApprovalId(), func(a *store.Approval) (store.Vote, audit.Event, error) {
+		a.State = store.ApprovalApproved
+		return store.Vote{Approver: aliceID.String(), Decision: store.DecisionApprove, DecidedAt: time.Now()},
+			audit.Event{Kind: "approval.decided", Caller: aliceID.String(), Subject: a.ID, Outcome: "allowed"}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	h.start()
+	eventually(t, "the approved change applied after the restart", func() bool {
+		got, err := h.client(devID).GetJob(ctx, &authorityv1.GetJobRequest{JobId: j.GetJobId()})
+		return err == nil && got.GetJob().GetLimits().GetPids() == 700 && got.GetJob().GetGrantGeneration() == 2
+	})
+	a, err := h.client(aliceID).GetApproval(ctx, &authorityv1.GetApprovalRequest{ApprovalId: resp.GetApprovalId()})
+	if err != nil || a.GetApproval().GetState() != authorityv1.ApprovalState_APPROVAL_STATE_CONSUMED {
+		t.Fatalf("approval after the restart: %v, %v", a, err)
+	}
+	if ups := h.fake.Updates(j.GetJobId()); len(ups) != 1 || ups[0].GetLimits().GetPids() != 700 {
+		t.Fatalf("grants the executor put in force: %v", ups)
+	}
+	// A second restart applies nothing again.
+	h.restart()
+	time.Sleep(100 * time.Millisecond)
+	if k := h.auditKinds(j.GetJobId()); k["job.changed/ALLOWED"] != 1 || k["approval.consumed/ALLOWED"] != 1 {
+		t.Fatalf("audit after two restarts: %v", k)
+	}
 }

@@ -561,3 +561,48 @@ func (s *Service) resumeChange(id string, grant []byte) {
 		}
 	}()
 }
+
+// resumeApproved applies the change approvals that were approved but not
+// applied: what a crash between the deciding vote and the change would
+// leave. Only those that still apply are tried (the job still runs under
+// the generation they were asked against); the rest stay as they are and
+// expire.
+func (s *Service) resumeApproved(ctx context.Context) error {
+	token := ""
+	for {
+		list, next, err := s.cfg.Store.ListApprovals(ctx, store.ApprovalFilter{Kind: store.KindChange,
+			States: []store.ApprovalState{store.ApprovalApproved}, Limit: 100, PageToken: token})
+		if err != nil {
+			return err
+		}
+		for _, a := range list {
+			if !s.now().Before(a.ExpiresAt) || len(a.Votes) == 0 {
+				continue
+			}
+			ch, err := DecodeChange(a.Change)
+			if err != nil {
+				return err
+			}
+			j, err := s.cfg.Store.GetJob(ctx, a.JobID)
+			if err != nil {
+				return err
+			}
+			g, err := s.cfg.Signer.Decode(j.Grant)
+			if err != nil || !changeable(j.State) || g.Generation != ch.BaseGeneration {
+				continue
+			}
+			by, err := identity.Parse(a.Votes[len(a.Votes)-1].Approver)
+			if err != nil {
+				return err
+			}
+			if _, err := s.ApplyApproved(ctx, by, a.ID); err != nil {
+				s.cfg.Logger.ErrorContext(ctx, "apply an approved change after a restart", "approval", a.ID, "job", a.JobID, "error", err)
+				continue
+			}
+			s.cfg.Logger.InfoContext(ctx, "applied an approved change after a restart", "approval", a.ID, "job", a.JobID)
+		}
+		if token = next; token == "" {
+			return nil
+		}
+	}
+}

@@ -293,6 +293,9 @@ func (s *Service) Run(ctx context.Context) error {
 	if len(pending) > 0 {
 		s.cfg.Logger.Info("resumed unfinished jobs", "count", len(pending))
 	}
+	if err := s.resumeApproved(ctx); err != nil {
+		return fmt.Errorf("jobs: resume approved changes: %w", err)
+	}
 	select {
 	case <-ctx.Done():
 	case <-s.ctx.Done():
