@@ -17,8 +17,9 @@ import (
 )
 
 // ApprovalCrash is Crash for approvals and leases: the child opens an
-// approval, decides it, has two goroutines race to consume it and takes a
-// lease, round after round, reporting each commit, until it is SIGKILLed;
+// approval, decides it, has two goroutines race to consume it, takes a
+// lease, and has two goroutines race to apply an approved change to a job,
+// round after round, reporting each commit, until it is SIGKILLed;
 // Iterations times. After each kill it checks that the chain verifies;
 // that every commit the child reported is there; and that every approval
 // and lease agrees with the log: one approval.opened each, one
@@ -86,6 +87,11 @@ func checkApprovalsAfterCrash(t *testing.T, c CrashTest, reported []string) erro
 			if _, err := s.GetLease(ctx(t), "l-"+id); err != nil {
 				return fmt.Errorf("committed lease l-%s: %w", id, err)
 			}
+		case "x":
+			a, err := s.GetApproval(ctx(t), "ca-"+id)
+			if err != nil || a.State != store.ApprovalConsumed {
+				return fmt.Errorf("committed change ca-%s: %s, %v", id, a.State, err)
+			}
 		default:
 			return fmt.Errorf("child said %q", l)
 		}
@@ -109,6 +115,17 @@ func checkApprovalsAfterCrash(t *testing.T, c CrashTest, reported []string) erro
 			}
 			if n := count["approval.consumed "+a.ID]; n != want {
 				return fmt.Errorf("approval %s is %s with %d approval.consumed events", a.ID, a.State, n)
+			}
+			if a.Kind == store.KindChange {
+				// The change took effect exactly when its approval was spent.
+				j, err := s.GetJob(ctx(t), a.JobID)
+				if err != nil {
+					return fmt.Errorf("job of change %s: %w", a.ID, err)
+				}
+				changed := string(j.Grant) == "g-"+strings.TrimPrefix(a.ID, "ca-")
+				if changed != (want == 1) || count["job.changed "+a.JobID] != want {
+					return fmt.Errorf("change %s is %s but its job changed=%v with %d job.changed events", a.ID, a.State, changed, count["job.changed "+a.JobID])
+				}
 			}
 		}
 		if next == "" {
@@ -205,6 +222,46 @@ func ApprovalCrashChild(open func(ctx context.Context, target string) (store.Sto
 			fail("lease", err)
 		}
 		say("l", id)
+
+		// A change to the round's job: approved, then two appliers race;
+		// the job's new grant and the spent approval commit together.
+		j := NewJob("dev", "j-"+id, 0)
+		j.IdempotencyKey = "k-" + id
+		if _, _, err := s.CreateJob(ctx, j); err != nil {
+			fail("job", err)
+		}
+		c := store.Approval{ID: "ca-" + id, Kind: store.KindChange, JobID: j.ID, Tenant: "dev", Requester: "spiffe://airlock.test/client/dev",
+			BundleDigest: "sha256:change-" + id, Change: []byte(id), State: store.ApprovalPending, Required: 1, CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
+		if _, _, err := s.CreateApprovalAudited(ctx, c, audit.Event{Kind: "approval.opened", Subject: c.ID, Outcome: "allowed"}); err != nil {
+			fail("open change", err)
+		}
+		if _, err := s.DecideApprovalAudited(ctx, c.ID, func(a *store.Approval) (store.Vote, audit.Event, error) {
+			a.State = store.ApprovalApproved
+			return store.Vote{Approver: approver, Decision: store.DecisionApprove, DecidedAt: now},
+				audit.Event{Kind: "approval.decided", Caller: approver, Subject: a.ID, Outcome: "allowed"}, nil
+		}); err != nil {
+			fail("decide change", err)
+		}
+		applied := make(chan struct{}, 2)
+		for range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, _, err := s.ApplyChangeAudited(ctx, changeReq(c, now), audit.Event{Kind: "approval.consumed", Subject: c.ID, Outcome: "allowed"},
+					func(j *store.Job) (audit.Event, error) {
+						j.Grant = []byte("g-" + id)
+						return audit.Event{Kind: "job.changed", Subject: j.ID, Outcome: "allowed"}, nil
+					})
+				if err == nil {
+					applied <- struct{}{}
+				}
+			}()
+		}
+		wg.Wait()
+		if len(applied) != 1 {
+			fail("apply change", fmt.Errorf("%d of 2 appliers won", len(applied)))
+		}
+		say("x", id)
 	}
 	os.Exit(0)
 }
