@@ -198,20 +198,29 @@ func planChange(t *policy.Tenant, cur GrantRequest, req ChangeRequest) (Change, 
 	return ch, nil
 }
 
-// widens lists what the change widens.
-func widens(c Change) []string {
-	var out []string
+// limitStep is one limit before and after a change.
+type limitStep struct {
+	name     string
+	from, to int64
+	format   func(int64) string
+}
+
+// limitSteps lists the changeable limits of c, before and after (the disk
+// limit never changes on a running job).
+func limitSteps(c Change) []limitStep {
 	f, to := c.FromLimits, c.ToLimits
-	for _, x := range []struct {
-		name     string
-		from, to int64
-		format   func(int64) string
-	}{
+	return []limitStep{
 		{"cpu_millis", f.CPUMillis, to.CPUMillis, plain},
 		{"memory_bytes", f.MemoryBytes, to.MemoryBytes, bytesText},
 		{"pids", f.Pids, to.Pids, plain},
 		{"deadline", int64(f.Deadline), int64(to.Deadline), durationText},
-	} {
+	}
+}
+
+// widens lists what the change widens.
+func widens(c Change) []string {
+	var out []string
+	for _, x := range limitSteps(c) {
 		if x.to > x.from {
 			out = append(out, fmt.Sprintf("%s: %s -> %s", x.name, x.format(x.from), x.format(x.to)))
 		}
@@ -308,17 +317,7 @@ func sameNetwork(a, b Network) bool {
 // describe says what a change does, for the audit log.
 func describe(c Change) string {
 	var parts []string
-	f, to := c.FromLimits, c.ToLimits
-	for _, x := range []struct {
-		name     string
-		from, to int64
-		format   func(int64) string
-	}{
-		{"cpu_millis", f.CPUMillis, to.CPUMillis, plain},
-		{"memory_bytes", f.MemoryBytes, to.MemoryBytes, bytesText},
-		{"pids", f.Pids, to.Pids, plain},
-		{"deadline", int64(f.Deadline), int64(to.Deadline), durationText},
-	} {
+	for _, x := range limitSteps(c) {
 		if x.to != x.from {
 			parts = append(parts, fmt.Sprintf("%s %s -> %s", x.name, x.format(x.from), x.format(x.to)))
 		}

@@ -502,74 +502,66 @@ func (s *DB) ListLeases(ctx context.Context, f store.LeaseFilter) ([]store.Lease
 
 // ExpireApprovalsAudited implements store.Store.
 func (s *DB) ExpireApprovalsAudited(ctx context.Context, now time.Time, limit int, event func(store.Approval) audit.Event) ([]store.Approval, error) {
-	if limit <= 0 {
-		return nil, fmt.Errorf("%w: store: expire approvals: limit must be positive", errdefs.ErrInvalidArgument)
-	}
-	ids, err := s.ids(ctx, `SELECT id FROM approvals WHERE state IN (?, ?) AND expires_at <= ? ORDER BY expires_at, id LIMIT ?`,
-		string(store.ApprovalPending), string(store.ApprovalApproved), micros(now), limit)
-	if err != nil {
-		return nil, fmt.Errorf("store: expire approvals: %w", err)
-	}
-	var out []store.Approval
-	for _, id := range ids {
-		var a store.Approval
-		err := s.tx(ctx, func(tx *sql.Tx) error {
-			res, err := tx.ExecContext(ctx, s.q(`UPDATE approvals SET state = ?, version = version + 1
-				WHERE id = ? AND state IN (?, ?) AND expires_at <= ?`),
-				string(store.ApprovalExpired), id, string(store.ApprovalPending), string(store.ApprovalApproved), micros(now))
+	return expireEach(ctx, s, "approval", limit,
+		`SELECT id FROM approvals WHERE state IN (?, ?) AND expires_at <= ? ORDER BY expires_at, id LIMIT ?`,
+		[]any{string(store.ApprovalPending), string(store.ApprovalApproved), micros(now)},
+		`UPDATE approvals SET state = ?, version = version + 1 WHERE id = ? AND state IN (?, ?) AND expires_at <= ?`,
+		func(id string) []any {
+			return []any{string(store.ApprovalExpired), id, string(store.ApprovalPending), string(store.ApprovalApproved), micros(now)}
+		},
+		func(tx *sql.Tx, id string) (store.Approval, audit.Event, error) {
+			a, err := s.loadApproval(ctx, tx, byID, id, "")
 			if err != nil {
-				return err
-			}
-			if n, err := res.RowsAffected(); err != nil || n != 1 {
-				return errSkip
-			}
-			if a, err = s.loadApproval(ctx, tx, byID, id, ""); err != nil {
-				return err
+				return a, audit.Event{}, err
 			}
 			e := event(a)
-			if err := defaultEvent(&e, a.JobID, a.Tenant); err != nil {
-				return err
-			}
-			_, err = s.appendAudit(ctx, tx, e)
-			return err
+			return a, e, defaultEvent(&e, a.JobID, a.Tenant)
 		})
-		if errors.Is(err, errSkip) {
-			continue
-		}
-		if err != nil {
-			return out, fmt.Errorf("store: expire approval %q: %w", id, err)
-		}
-		out = append(out, a)
-	}
-	return out, nil
 }
 
 // ExpireLeasesAudited implements store.Store.
 func (s *DB) ExpireLeasesAudited(ctx context.Context, now time.Time, limit int, event func(store.Lease) audit.Event) ([]store.Lease, error) {
+	return expireEach(ctx, s, "lease", limit,
+		`SELECT id FROM leases WHERE revoked_at = 0 AND expires_at <= ? ORDER BY expires_at, id LIMIT ?`,
+		[]any{micros(now)},
+		`UPDATE leases SET revoked_at = expires_at, revoke_reason = ? WHERE id = ? AND revoked_at = 0 AND expires_at <= ?`,
+		func(id string) []any { return []any{store.ExpiredReason, id, micros(now)} },
+		func(tx *sql.Tx, id string) (store.Lease, audit.Event, error) {
+			l, err := s.loadLease(ctx, tx, id)
+			if err != nil {
+				return l, audit.Event{}, err
+			}
+			e := event(l)
+			return l, e, defaultEvent(&e, l.JobID, "")
+		})
+}
+
+// expireEach selects up to limit ids with find (whose last argument is
+// the limit), then, one transaction per id, runs the conditional update
+// (which must change exactly that row, or the id is skipped: a replica
+// got there first), loads the row and appends its event.
+func expireEach[T any](ctx context.Context, s *DB, what string, limit int, find string, findArgs []any, update string, updateArgs func(id string) []any,
+	load func(tx *sql.Tx, id string) (T, audit.Event, error)) ([]T, error) {
 	if limit <= 0 {
-		return nil, fmt.Errorf("%w: store: expire leases: limit must be positive", errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: store: expire %ss: limit must be positive", errdefs.ErrInvalidArgument, what)
 	}
-	ids, err := s.ids(ctx, `SELECT id FROM leases WHERE revoked_at = 0 AND expires_at <= ? ORDER BY expires_at, id LIMIT ?`, micros(now), limit)
+	ids, err := s.ids(ctx, find, append(findArgs, limit)...)
 	if err != nil {
-		return nil, fmt.Errorf("store: expire leases: %w", err)
+		return nil, fmt.Errorf("store: expire %ss: %w", what, err)
 	}
-	var out []store.Lease
+	var out []T
 	for _, id := range ids {
-		var l store.Lease
+		var row T
 		err := s.tx(ctx, func(tx *sql.Tx) error {
-			res, err := tx.ExecContext(ctx, s.q(`UPDATE leases SET revoked_at = expires_at, revoke_reason = ? WHERE id = ? AND revoked_at = 0 AND expires_at <= ?`),
-				store.ExpiredReason, id, micros(now))
+			res, err := tx.ExecContext(ctx, s.q(update), updateArgs(id)...)
 			if err != nil {
 				return err
 			}
 			if n, err := res.RowsAffected(); err != nil || n != 1 {
 				return errSkip
 			}
-			if l, err = s.loadLease(ctx, tx, id); err != nil {
-				return err
-			}
-			e := event(l)
-			if err := defaultEvent(&e, l.JobID, ""); err != nil {
+			var e audit.Event
+			if row, e, err = load(tx, id); err != nil {
 				return err
 			}
 			_, err = s.appendAudit(ctx, tx, e)
@@ -579,9 +571,9 @@ func (s *DB) ExpireLeasesAudited(ctx context.Context, now time.Time, limit int, 
 			continue
 		}
 		if err != nil {
-			return out, fmt.Errorf("store: expire lease %q: %w", id, err)
+			return out, fmt.Errorf("store: expire %s %q: %w", what, id, err)
 		}
-		out = append(out, l)
+		out = append(out, row)
 	}
 	return out, nil
 }
