@@ -182,12 +182,12 @@ func planChange(t *policy.Tenant, cur GrantRequest, req ChangeRequest) (Change, 
 		ch.ToLimits = to
 	}
 	if n := req.Network; n != nil {
-		to, err := checkNetwork(t, *n)
+		to, err := checkNetwork(t, "policy", *n)
 		if err != nil {
 			return ch, err
 		}
 		if to.Mode == NetworkDomains {
-			return ch, fmt.Errorf("%w: network_policy.domains: not enforced by this build yet; only deny_all and allow run", errdefs.ErrFailedPrecondition)
+			return ch, fmt.Errorf("%w: policy.domains: not enforced by this build yet; only deny_all and allow run", errdefs.ErrFailedPrecondition)
 		}
 		ch.ToNetwork = to
 	}

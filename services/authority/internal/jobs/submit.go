@@ -219,7 +219,7 @@ func check(t *policy.Tenant, spec Spec) (decision, error) {
 	default:
 		d.runtime = spec.RuntimeClass
 	}
-	if d.network, err = checkNetwork(t, spec.Network); err != nil {
+	if d.network, err = checkNetwork(t, "spec.network_policy", spec.Network); err != nil {
 		return d, err
 	}
 	if d.network.Mode == NetworkDomains {
@@ -430,9 +430,9 @@ func bytesText(n int64) string    { return fmt.Sprintf("%d (%s)", n, config.Form
 func durationText(n int64) string { return time.Duration(n).String() }
 
 // checkNetwork validates a policy and checks it against the tenant's
-// egress. An unset policy is deny-all, made explicit.
-func checkNetwork(t *policy.Tenant, n Network) (Network, error) {
-	const base = "spec.network_policy"
+// egress; errors name fields under base. An unset policy is deny-all,
+// made explicit.
+func checkNetwork(t *policy.Tenant, base string, n Network) (Network, error) {
 	switch n.Mode {
 	case NetworkUnset, NetworkDenyAll:
 		return Network{Mode: NetworkDenyAll}, nil

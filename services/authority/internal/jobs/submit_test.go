@@ -155,7 +155,7 @@ func TestCheckNetwork(t *testing.T) {
 		{"no domains", domains(), errdefs.ErrInvalidArgument, "spec.network_policy.domains.domains"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := checkNetwork(tenant, tc.in)
+			got, err := checkNetwork(tenant, "spec.network_policy", tc.in)
 			if tc.err != nil {
 				if !errors.Is(err, tc.err) || !strings.Contains(err.Error(), tc.want) {
 					t.Fatalf("checkNetwork = %v, want %v naming %q", err, tc.err, tc.want)
