@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -160,6 +161,22 @@ func TestSecondTenantSeesNothingOfTheFirst(t *testing.T) {
 	s.restartService(t, "authority")
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
+
+	// The policy change is on the audit log: two starts, two digests, and
+	// the second names the new tenant.
+	pol := s.airlock(t, "audit", "list", "--as", "approver/alice", "--kind", "policy.loaded", "-o", "json", "--limit", "0")
+	var list struct {
+		Events []struct {
+			Subject string `json:"subject"`
+			Reason  string `json:"reason"`
+		} `json:"events"`
+	}
+	err := json.Unmarshal([]byte(pol.stdout), &list)
+	loaded := list.Events
+	if err != nil || len(loaded) != 2 ||
+		loaded[0].Subject == loaded[1].Subject || !strings.Contains(loaded[1].Reason, "other sha256:") || strings.Contains(loaded[0].Reason, "other sha256:") {
+		t.Fatalf("policy.loaded events after adding a tenant: %+v (%v)\n%s", loaded, err, pol.stdout)
+	}
 
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {

@@ -11,12 +11,16 @@ package jobs
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base32"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"github.com/airlockhq/airlock/pkg/audit"
 	"io"
 	"log/slog"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -753,4 +757,39 @@ func (s *Service) AuditEvents(ctx context.Context, q AuditQuery) ([]audit.Event,
 		next = fmt.Sprintf("after:%d", events[size-1].Sequence)
 	}
 	return events, next, nil
+}
+
+// RecordPolicy appends the tenant policy this authority runs with to the
+// audit log (kind policy.loaded): a digest of the whole policy and of each
+// tenant's, so a change between starts shows as a changed digest.
+// Credential files are named by path only; their contents are never read
+// here.
+func (s *Service) RecordPolicy(ctx context.Context, caller identity.ID) error {
+	names := make([]string, 0, len(s.cfg.Tenants))
+	for name := range s.cfg.Tenants {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	digest := func(v any) (string, error) {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return "", err
+		}
+		sum := sha256.Sum256(b)
+		return "sha256:" + hex.EncodeToString(sum[:]), nil
+	}
+	all, err := digest(s.cfg.Tenants)
+	if err != nil {
+		return fmt.Errorf("jobs: policy digest: %w", err)
+	}
+	parts := []string{fmt.Sprintf("%d tenant(s), policy %s", len(names), all)}
+	for _, name := range names {
+		d, err := digest(s.cfg.Tenants[name])
+		if err != nil {
+			return fmt.Errorf("jobs: policy digest: %w", err)
+		}
+		parts = append(parts, name+" "+d)
+	}
+	return s.audit(ctx, audit.Event{Kind: "policy.loaded", Caller: caller.String(), Subject: all, Outcome: outcomeAllowed,
+		Reason: strings.Join(parts, "; ")})
 }

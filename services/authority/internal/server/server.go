@@ -98,6 +98,11 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				return err
 			}
 			auditor.Store(svc)
+			// The tenant policy in force goes on the log at every start, so
+			// a policy change between starts is on the record.
+			if err := svc.RecordPolicy(ctx, identity.Service(cfg.TrustDomain, identity.ServiceAuthority)); err != nil {
+				return err
+			}
 			// Resumes unfinished jobs now and stops background work (before
 			// the store closes) when the process stops.
 			env.Go(svc.Run)
