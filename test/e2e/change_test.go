@@ -8,105 +8,32 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/airlockhq/airlock/pkg/nettest"
 )
 
-// testHost is a network namespace of the test's own, joined to the host
-// by a veth pair, with TCP listeners. Its addresses are from 198.18.0.0/15
-// (RFC 2544, for benchmarking), so nothing here is routed off the machine.
-type testHost struct {
-	name   string // the namespace, as `ip netns` names it
-	hostIP string // the host's end of the pair: an address of the host itself
-	ip     string // the test host's address
-	cidr   string // the pair's /30
-}
-
-// sh runs a command and fails the test on error.
-func sh(t *testing.T, name string, args ...string) {
-	t.Helper()
-	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
-		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-	}
-}
-
-func startTestHost(t *testing.T, ports ...int) *testHost {
+// startTestHost makes a test host (package nettest) that greets on each
+// of ports. Its /30 is from 198.18.0.0/15 (RFC 2544, for benchmarking), so
+// nothing here is routed off the machine.
+func startTestHost(t *testing.T, ports ...int) *nettest.Host {
 	t.Helper()
 	id := os.Getpid() & 0xffff
-	th := &testHost{name: fmt.Sprintf("alke2e%04x", id)}
-	hostIf, peerIf := fmt.Sprintf("alke2e%04xh", id), fmt.Sprintf("alke2e%04xp", id)
-	base := (id % 16384) * 4
-	th.hostIP = fmt.Sprintf("198.18.%d.%d", base>>8&0xff, base&0xff+1)
-	th.ip = fmt.Sprintf("198.18.%d.%d", base>>8&0xff, base&0xff+2)
-	th.cidr = fmt.Sprintf("198.18.%d.%d/30", base>>8&0xff, base&0xff)
-	sh(t, "ip", "netns", "add", th.name)
-	t.Cleanup(func() {
-		_ = exec.Command("ip", "link", "del", hostIf).Run()
-		_ = exec.Command("ip", "netns", "del", th.name).Run()
+	th := nettest.Start(t, nettest.Config{
+		Name:   fmt.Sprintf("alke2e%04x", id),
+		Prefix: nettest.Subnet(netip.MustParsePrefix("198.18.0.0/16"), 30, id%16384),
 	})
-	sh(t, "ip", "link", "add", hostIf, "type", "veth", "peer", "name", peerIf, "netns", th.name)
-	sh(t, "ip", "addr", "add", th.hostIP+"/30", "dev", hostIf)
-	sh(t, "ip", "link", "set", hostIf, "up")
-	sh(t, "ip", "-n", th.name, "addr", "add", th.ip+"/30", "dev", peerIf)
-	sh(t, "ip", "-n", th.name, "link", "set", peerIf, "up")
-	sh(t, "ip", "-n", th.name, "link", "set", "lo", "up")
 	for _, p := range ports {
-		ln := listenIn(t, "/run/netns/"+th.name, fmt.Sprintf("%s:%d", th.ip, p))
-		go greet(ln)
+		nettest.Greet(t, th.Listen(t, "tcp", net.JoinHostPort(th.IP.String(), fmt.Sprint(p))))
 	}
 	return th
-}
-
-// listenIn opens a TCP listener inside the network namespace at path. The
-// thread that entered the namespace is never unlocked, so it dies with its
-// goroutine and no other goroutine runs in the namespace.
-func listenIn(t *testing.T, path, addr string) net.Listener {
-	t.Helper()
-	type res struct {
-		ln  net.Listener
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		runtime.LockOSThread()
-		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			ch <- res{err: err}
-			return
-		}
-		defer unix.Close(fd)
-		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-			ch <- res{err: err}
-			return
-		}
-		ln, err := net.Listen("tcp", addr)
-		ch <- res{ln, err}
-	}()
-	r := <-ch
-	if r.err != nil {
-		t.Fatalf("listen on %s in %s: %v", addr, path, r.err)
-	}
-	t.Cleanup(func() { r.ln.Close() })
-	return r.ln
-}
-
-func greet(ln net.Listener) {
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		fmt.Fprintln(c, "hello")
-		c.Close()
-	}
 }
 
 // probeScript checks, every round, whether the job reaches each target
@@ -188,13 +115,12 @@ func TestRunningJobChangesAreGatedAndEnforced(t *testing.T) {
 	repo, _ := sampleRepo(t)
 	s := startStack(t, "--repo", "sample="+repo)
 	th := startTestHost(t, 8080, 8081)
-	hostLn, err := net.Listen("tcp", th.hostIP+":8082")
+	hostLn, err := net.Listen("tcp", net.JoinHostPort(th.HostIP.String(), "8082"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer hostLn.Close()
-	go greet(hostLn)
-	targets := map[string]string{"allowed": th.ip + ":8080", "other-port": th.ip + ":8081", "host": th.hostIP + ":8082"}
+	nettest.Greet(t, hostLn)
+	targets := map[string]string{"allowed": net.JoinHostPort(th.IP.String(), "8080"), "other-port": net.JoinHostPort(th.IP.String(), "8081"), "host": hostLn.Addr().String()}
 
 	res := s.airlock(t, "job", "submit", "--repo", "sample", "--rev", "main", "--memory", "256MiB", "--", "bash", "-c", probeScript(targets))
 	if res.code != 0 {
@@ -209,7 +135,7 @@ func TestRunningJobChangesAreGatedAndEnforced(t *testing.T) {
 	}
 
 	// Widening: an approval, and nothing changes until it is decided.
-	res = s.airlock(t, "job", "update", id, "--allow", th.cidr+":8080,8082")
+	res = s.airlock(t, "job", "update", id, "--allow", th.Prefix.String()+":8080,8082")
 	m := approvalIDLine.FindStringSubmatch(res.stdout)
 	if res.code != 0 || m == nil {
 		t.Fatalf("job update --allow: exit %d, want an approval\n%s%s", res.code, res.stdout, res.stderr)

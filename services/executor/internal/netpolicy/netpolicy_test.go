@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/nettest"
 )
 
 type testWriter struct{ t testing.TB }
@@ -186,7 +187,7 @@ func TestDenyAll(t *testing.T) {
 		probe{th.addr(th.meta, th.ports[0]), false, "metadata"},
 	)
 	// Loopback works inside.
-	err := inNS(n.Path(), func() error {
+	err := nettest.InPath(n.Path(), func() error {
 		c, err := dialHost("127.0.0.1:1")
 		if err == nil {
 			c.Close()
@@ -244,7 +245,7 @@ func TestAlwaysDenied(t *testing.T) {
 	// Another job's address in the pool.
 	other := create(t, m, allow(rule(netip.IPv4Unspecified(), 0)))
 	var ln net.Listener
-	err := inNS(other.Path(), func() error {
+	err := nettest.InPath(other.Path(), func() error {
 		var err error
 		ln, err = net.Listen("tcp", net.JoinHostPort(other.addr.job4.Addr().String(), "0"))
 		return err
@@ -252,7 +253,7 @@ func TestAlwaysDenied(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	serve(t, ln)
+	nettest.Echo(t, ln)
 	check(t, n, probe{ln.Addr().String(), false, "another job"})
 }
 
@@ -265,7 +266,7 @@ func TestApplyNarrowWidenAndGenerations(t *testing.T) {
 		probe{th.addr(th.ip, th.ports[0]), true, "prefix without ports: port A"},
 		probe{th.addr(th.ip, th.ports[1]), true, "prefix without ports: port B"},
 	)
-	held, err := connFrom(n.Path(), th.addr(th.ip, th.ports[0]))
+	held, err := nettest.DialFrom(n.Path(), th.addr(th.ip, th.ports[0]), 700*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}

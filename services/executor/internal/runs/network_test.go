@@ -8,127 +8,27 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
-
+	"github.com/airlockhq/airlock/pkg/nettest"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 )
 
-const greeting = "hello from the test host"
-
-// startTestHost makes a network namespace reachable from the host over a
-// veth pair, with a TCP listener that greets and hangs up, and returns its
-// address. The addresses are a /30 of 203.0.113.0/24 (TEST-NET-3), which
-// exists only inside the pair.
+// startTestHost makes a test host (package nettest) with a TCP listener
+// that greets and hangs up, and returns its address. The addresses are a
+// /30 of 203.0.113.0/24 (TEST-NET-3), which exists only inside the pair.
 func startTestHost(t *testing.T) netip.AddrPort {
 	t.Helper()
 	n := int(testSeq.Add(1))
-	tag := fmt.Sprintf("%04x%02x", os.Getpid()&0xffff, n&0xff)
-	hostIf, peerIf := "rth"+tag, "rtp"+tag
-	k := (os.Getpid() + n) % 64
-	hostAddr := fmt.Sprintf("203.0.113.%d/30", 4*k+1)
-	peerIP := fmt.Sprintf("203.0.113.%d", 4*k+2)
-
-	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostIf}, PeerName: peerIf}); err != nil {
-		t.Fatalf("add veth: %v", err)
-	}
-	t.Cleanup(func() {
-		if l, err := netlink.LinkByName(hostIf); err == nil {
-			_ = netlink.LinkDel(l)
-		}
+	th := nettest.Start(t, nettest.Config{
+		Name:   fmt.Sprintf("rt%04x%02x", os.Getpid()&0xffff, n&0xff),
+		Prefix: nettest.Subnet(netip.MustParsePrefix("203.0.113.0/24"), 30, (os.Getpid()+n)%64),
 	})
-	// netns.New moves the calling thread into the new namespace: do it on
-	// a thread of its own that is never reused.
-	nsc := make(chan netns.NsHandle, 1)
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		ns, err := netns.New()
-		if err != nil {
-			errc <- err
-			return
-		}
-		nsc <- ns
-	}()
-	var ns netns.NsHandle
-	select {
-	case ns = <-nsc:
-	case err := <-errc:
-		t.Fatalf("new netns: %v", err)
-	}
-	t.Cleanup(func() { ns.Close() })
-	peer, err := netlink.LinkByName(peerIf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.LinkSetNsFd(peer, int(ns)); err != nil {
-		t.Fatal(err)
-	}
-	host, err := netlink.LinkByName(hostIf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr, _ := netlink.ParseAddr(hostAddr)
-	if err := netlink.AddrAdd(host, addr); err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.LinkSetUp(host); err != nil {
-		t.Fatal(err)
-	}
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	p, err := h.LinkByName(peerIf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	paddr, _ := netlink.ParseAddr(peerIP + "/30")
-	if err := h.AddrAdd(p, paddr); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.LinkSetUp(p); err != nil {
-		t.Fatal(err)
-	}
-	// The listening socket belongs to the namespace it is made in.
-	lnc := make(chan net.Listener, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		if err := netns.Set(ns); err != nil {
-			errc <- err
-			return
-		}
-		ln, err := net.Listen("tcp4", peerIP+":0")
-		if err != nil {
-			errc <- err
-			return
-		}
-		lnc <- ln
-	}()
-	var ln net.Listener
-	select {
-	case ln = <-lnc:
-	case err := <-errc:
-		t.Fatalf("listen in the test host: %v", err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			fmt.Fprintln(c, greeting)
-			c.Close()
-		}
-	}()
+	ln := th.Listen(t, "tcp4", net.JoinHostPort(th.IP.String(), "0"))
+	nettest.Greet(t, ln)
 	return netip.MustParseAddrPort(ln.Addr().String())
 }
 

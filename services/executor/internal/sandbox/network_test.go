@@ -8,15 +8,11 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
-
+	"github.com/airlockhq/airlock/pkg/nettest"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 )
 
@@ -32,104 +28,12 @@ type policyHost struct {
 
 func startPolicyHost(t *testing.T, pool netip.Prefix) policyHost {
 	t.Helper()
-	n := testSeq.Add(1)
-	tag := fmt.Sprintf("%x%02x", os.Getpid()&0xffff, n&0xff)
-	hostIf, peerIf := "alk"+tag+"h", "alk"+tag+"p"
-	base := ((os.Getpid()%512)*64 + int(n%64)) * 4 // a /30 in 198.18.0.0/15, as startTestHost
-	prefix := fmt.Sprintf("198.%d.%d.", 18+base>>16, base>>8&0xff)
-	hostAddr := netip.MustParseAddr(fmt.Sprintf("%s%d", prefix, base&0xff+1))
-	ph := policyHost{ip: hostAddr.Next()}
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-
-	must(netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostIf}, PeerName: peerIf}))
-	t.Cleanup(func() {
-		if l, err := netlink.LinkByName(hostIf); err == nil {
-			_ = netlink.LinkDel(l)
-		}
-	})
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatal(err)
-	}
-	ns, err := netns.New()
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatalf("new netns: %v", err)
-	}
-	if err := netns.Set(orig); err != nil {
-		t.Fatalf("back to the host netns: %v", err)
-	}
-	runtime.UnlockOSThread()
-	t.Cleanup(func() { ns.Close(); orig.Close() })
-
-	peer, err := netlink.LinkByName(peerIf)
-	must(err)
-	must(netlink.LinkSetNsFd(peer, int(ns)))
-	host, err := netlink.LinkByName(hostIf)
-	must(err)
-	must(netlink.AddrAdd(host, &netlink.Addr{IPNet: &net.IPNet{IP: hostAddr.AsSlice(), Mask: net.CIDRMask(30, 32)}}))
-	must(netlink.LinkSetUp(host))
-	h, err := netlink.NewHandleAt(ns)
-	must(err)
-	defer h.Close()
-	p, err := h.LinkByName(peerIf)
-	must(err)
-	must(h.AddrAdd(p, &netlink.Addr{IPNet: &net.IPNet{IP: ph.ip.AsSlice(), Mask: net.CIDRMask(30, 32)}}))
-	must(h.LinkSetUp(p))
-	must(h.RouteAdd(&netlink.Route{LinkIndex: p.Attrs().Index, Gw: hostAddr.AsSlice()}))
-	waitFor(t, "the test host's veth to come up", 5*time.Second, func() bool {
-		a, err1 := netlink.LinkByName(hostIf)
-		b, err2 := h.LinkByName(peerIf)
-		return err1 == nil && err2 == nil && a.Attrs().OperState == netlink.OperUp && b.Attrs().OperState == netlink.OperUp
-	})
-
-	table := 30000 + int(n%64) + (os.Getpid()%1000)*64
-	must(netlink.RouteAdd(&netlink.Route{Table: table, LinkIndex: host.Attrs().Index, Gw: ph.ip.AsSlice(),
-		Dst: &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}}))
-	rule := netlink.NewRule()
-	rule.Family = unix.AF_INET
-	rule.Priority = 100
-	rule.Table = table
-	rule.Src = &net.IPNet{IP: pool.Addr().AsSlice(), Mask: net.CIDRMask(pool.Bits(), 32)}
-	must(netlink.RuleAdd(rule))
-	t.Cleanup(func() {
-		if err := netlink.RuleDel(rule); err != nil {
-			t.Errorf("delete rule: %v", err)
-		}
-	})
-
+	th := newTestHost(t, pool)
+	ph := policyHost{ip: th.IP}
 	for _, port := range []*int{&ph.portA, &ph.portB} {
-		ln := func() net.Listener {
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
-			must(netns.Set(ns))
-			ln, lerr := net.Listen("tcp4", ph.ip.String()+":0")
-			if err := netns.Set(orig); err != nil {
-				fmt.Fprintln(os.Stderr, "cannot return to the host netns:", err)
-				os.Exit(1)
-			}
-			must(lerr)
-			return ln
-		}()
+		ln := th.Listen(t, "tcp4", net.JoinHostPort(th.IP.String(), "0"))
+		nettest.Greet(t, ln)
 		*port = ln.Addr().(*net.TCPAddr).Port
-		t.Cleanup(func() { ln.Close() })
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				fmt.Fprintln(c, testHostGreeting)
-				c.Close()
-			}
-		}()
 	}
 	return ph
 }

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/nettest"
 )
 
 // testClasses are the runtime classes a test runs under: runc always, runsc
@@ -490,7 +491,7 @@ func TestDenyAll(t *testing.T) {
 	}
 	greeting, _ := bufio.NewReader(c).ReadString('\n')
 	c.Close()
-	if strings.TrimSpace(greeting) != testHostGreeting {
+	if strings.TrimSpace(greeting) != nettest.Greeting {
 		t.Fatalf("test host said %q", greeting)
 	}
 	for _, cl := range testClasses(t, e) {
