@@ -208,7 +208,7 @@ func (c *Client) Watch(ctx context.Context, jobID string, from jobs.Offsets, fn 
 		case *executorv1.WatchRunResponse_Run:
 			ev.State = runState(e.Run.GetState())
 			ev.NetworkState = networkState(e.Run.GetNetworkPolicyStatus().GetState())
-			ev.NetworkGeneration = e.Run.GetNetworkPolicyStatus().GetGeneration()
+			ev.GrantGeneration = grantGeneration(e.Run.GetGrant())
 		case *executorv1.WatchRunResponse_Output:
 			o := e.Output
 			stream := jobs.Stdout
@@ -239,6 +239,16 @@ func (c *Client) Update(ctx context.Context, wire []byte) error {
 	}
 	_, err := c.c.UpdateRun(ctx, &executorv1.UpdateRunRequest{Grant: sg})
 	return fromStatus(err)
+}
+
+// grantGeneration is the generation of a run's grant; 1 for a grant
+// without one, 0 when it cannot be read.
+func grantGeneration(sg *typesv1.SignedGrant) int64 {
+	g := &typesv1.Grant{}
+	if err := proto.Unmarshal(sg.GetBody(), g); err != nil {
+		return 0
+	}
+	return max(g.GetGeneration(), 1)
 }
 
 func runState(s executorv1.RunState) jobs.RunState {

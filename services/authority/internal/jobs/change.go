@@ -549,7 +549,22 @@ func (s *Service) resumeChange(id string, grant []byte) {
 				return
 			}
 			if !errors.Is(err, errdefs.ErrUnavailable) {
+				// The stored grant is not in force and will not be: say so
+				// on the job and on the log.
 				s.cfg.Logger.Error("the executor refused a pending change", "job", id, "error", err)
+				reason := err.Error()
+				if _, uerr := s.updateAudited(s.ctx, id, func(j *store.Job) error {
+					if string(j.Grant) != string(grant) {
+						return errUnchanged
+					}
+					j.NetworkState, j.Message = "failed", "the executor refused the job's latest grant: "+reason
+					return nil
+				}, func(j *store.Job) audit.Event {
+					return audit.Event{Kind: "job.change_failed", Subject: j.ID, Outcome: outcomeDenied,
+						Reason: "the executor refused the pending grant after a restart: " + reason}
+				}); uerr != nil {
+					s.cfg.Logger.Error("record a refused change", "job", id, "error", uerr)
+				}
 				return
 			}
 			select {

@@ -161,7 +161,7 @@ func (s *Service) follow(j store.Job) (done bool, err error) {
 			if to != "" && advances(j.State, to) {
 				j.State, changed = to, true
 			}
-			if ev.NetworkState != "" && ev.NetworkState != j.NetworkState && !j.State.Terminal() && s.current(j, ev.NetworkGeneration) {
+			if ev.NetworkState != "" && ev.NetworkState != j.NetworkState && !j.State.Terminal() && s.current(j, ev.GrantGeneration) {
 				j.NetworkState, changed = ev.NetworkState, true
 			}
 			if !changed {
@@ -184,12 +184,13 @@ func (s *Service) follow(j store.Job) (done bool, err error) {
 	return false, err
 }
 
-// current reports whether a network state the executor reported for
+// current reports whether a state the executor reported for its grant of
 // generation gen is about the job's grant in force, not an older one a
-// pending change is replacing.
+// pending change is replacing: "applied" means the whole grant (limits and
+// network policy) is in force.
 func (s *Service) current(j *store.Job, gen int64) bool {
 	g, err := s.cfg.Signer.Decode(j.Grant)
-	return err != nil || gen >= g.NetworkGeneration
+	return err != nil || gen >= g.Generation
 }
 
 // advances reports whether to is a step forward from from.

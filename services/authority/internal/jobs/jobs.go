@@ -181,8 +181,9 @@ type Offsets struct{ Stdout, Stderr int64 }
 type RunEvent struct {
 	State        RunState
 	NetworkState string
-	// NetworkGeneration is the generation NetworkState is about.
-	NetworkGeneration int64
+	// GrantGeneration is the generation of the grant the run is under,
+	// which NetworkState is about.
+	GrantGeneration int64
 	Output            *Output
 }
 

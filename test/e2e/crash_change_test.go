@@ -1,0 +1,251 @@
+//go:build linux
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/airlockhq/airlock/pkg/tlsconfig"
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+)
+
+// Sizes of the change crash test.
+const (
+	changeCrashJobs       = 3
+	changeCrashIterations = 100
+	changeCrashMaxDelay   = 40 * time.Millisecond
+)
+
+// TestAuthorityKilledMidChangeKeepsGrantsInStep runs jobs at the real
+// executor and, again and again, has their client ask to raise their pids
+// limit (a widening: a change approval) while two approvers approve every
+// pending change at once, and SIGKILLs the authority a random moment
+// later. After each restart, once the authority has handed every stored
+// grant to the executor: each job's grant generation is one more than its
+// number of applied (consumed) change approvals, with exactly that many
+// job.changed entries on the log; the executor runs every job under the
+// very grant the authority recorded, whose pids limit is the one in the
+// job's cgroup; every change an approver saw applied stays applied; no
+// approval has two votes; and the audit chain verifies.
+func TestAuthorityKilledMidChangeKeepsGrantsInStep(t *testing.T) {
+	repo, _ := sampleRepo(t)
+	s := startStack(t, "--repo", "sample="+repo)
+	aliceSrc, bobSrc, devSrc := s.source(t, "approver/alice"), s.source(t, "approver/bob"), s.source(t, "client/dev")
+	executor := executorv1.NewExecutorServiceClient(s.dial(t, "service/authority", "executor"))
+
+	var jobs []string
+	for i := range changeCrashJobs {
+		res := s.airlock(t, "job", "submit", "--repo", "sample", "--idempotency-key", fmt.Sprintf("change-crash-%d", i), "--", "sleep", "3600")
+		if res.code != 0 {
+			t.Fatalf("job submit: exit %d\n%s", res.code, res.stderr)
+		}
+		jobs = append(jobs, strings.TrimSpace(res.stdout))
+	}
+	for _, id := range jobs {
+		for start := time.Now(); s.job(t, id).GetState() != authorityv1.JobState_JOB_STATE_RUNNING; time.Sleep(50 * time.Millisecond) {
+			if time.Since(start) > 30*time.Second {
+				t.Fatalf("job %s not running after 30s", id)
+			}
+		}
+	}
+	defer func() {
+		for _, id := range jobs {
+			s.airlock(t, "job", "cancel", id)
+		}
+	}()
+
+	var (
+		mu        sync.Mutex
+		appliedOK = map[string]bool{} // change approvals a decider saw consumed
+	)
+	cur := &authorityProc{pid: s.services["authority"].PID}
+	seed := time.Now().UnixNano()
+	rng := rand.New(rand.NewSource(seed))
+	t.Logf("kill delays drawn with seed %d", seed)
+	requests, decides, cut := 0, 0, 0
+	for it := 0; it < changeCrashIterations && !t.Failed(); it++ {
+		alice, bob, dev := crashDial(t, s, aliceSrc), crashDial(t, s, bobSrc), crashDial(t, s, devSrc)
+		for _, cc := range []*grpc.ClientConn{alice, bob, dev} {
+			connectNow(t, cc)
+		}
+		pending := pendingChanges(t, authorityv1.NewAuthorityServiceClient(alice))
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		var wg sync.WaitGroup
+		var odd []string
+		note := func(format string, args ...any) {
+			mu.Lock()
+			defer mu.Unlock()
+			odd = append(odd, fmt.Sprintf(format, args...))
+		}
+		for _, id := range jobs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c := authorityv1.NewAuthorityServiceClient(dev)
+				j, err := c.GetJob(ctx, &authorityv1.GetJobRequest{JobId: id})
+				if err == nil {
+					_, err = c.UpdateJobLimits(ctx, &authorityv1.UpdateJobLimitsRequest{JobId: id,
+						Limits: &typesv1.ResourceLimits{Pids: j.GetJob().GetLimits().GetPids() + 1}})
+				}
+				mu.Lock()
+				requests++
+				mu.Unlock()
+				// A change approved meanwhile may already have raised pids
+				// to what is asked.
+				if err != nil && !gone(err) && !strings.Contains(err.Error(), "already runs under exactly") {
+					note("change request for %s: %v", id, err)
+				}
+			}()
+		}
+		for _, a := range pending {
+			for _, cc := range []*grpc.ClientConn{alice, bob} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					resp, err := authorityv1.NewAuthorityServiceClient(cc).DecideApproval(ctx, &authorityv1.DecideApprovalRequest{
+						ApprovalId: a.GetApprovalId(), BundleDigest: a.GetBundleDigest(), Decision: authorityv1.Decision_DECISION_APPROVE})
+					mu.Lock()
+					defer mu.Unlock()
+					decides++
+					switch code := status.Code(err); {
+					case err == nil && resp.GetApproval().GetState() == authorityv1.ApprovalState_APPROVAL_STATE_CONSUMED:
+						appliedOK[a.GetApprovalId()] = true
+					case err == nil:
+						odd = append(odd, fmt.Sprintf("decide %s: approved but not applied, without an error", a.GetApprovalId()))
+					case gone(err):
+						cut++
+					case code == codes.AlreadyExists, code == codes.FailedPrecondition:
+						// Decided by the other approver first, or stale.
+					default:
+						odd = append(odd, fmt.Sprintf("decide %s: %v", a.GetApprovalId(), err))
+					}
+				}()
+			}
+		}
+		time.Sleep(time.Duration(rng.Int63n(int64(changeCrashMaxDelay) + 1)))
+		killAuthority(t, cur)
+		wg.Wait()
+		cancel()
+		for _, cc := range []*grpc.ClientConn{alice, bob, dev} {
+			cc.Close()
+		}
+		for _, o := range odd {
+			t.Errorf("iteration %d: unexpected answer before the kill: %s", it, o)
+		}
+		cur = startAuthority(t, s, aliceSrc)
+		mu.Lock()
+		seen := make(map[string]bool, len(appliedOK))
+		for k := range appliedOK {
+			seen[k] = true
+		}
+		mu.Unlock()
+		checkChangeInvariants(t, s, it, aliceSrc, executor, jobs, seen)
+	}
+	t.Logf("%d kills: %d change requests, %d decisions, %d cut by a kill; %d changes seen applied",
+		changeCrashIterations, requests, decides, cut, len(appliedOK))
+}
+
+// pendingChanges lists the pending change approvals.
+func pendingChanges(t *testing.T, c authorityv1.AuthorityServiceClient) []*authorityv1.Approval {
+	t.Helper()
+	var out []*authorityv1.Approval
+	for _, a := range listApprovals(t, c) {
+		if a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE && a.GetState() == authorityv1.ApprovalState_APPROVAL_STATE_PENDING {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func checkChangeInvariants(t *testing.T, s *stack, it int, aliceSrc *tlsconfig.Source, executor executorv1.ExecutorServiceClient, jobs []string, appliedOK map[string]bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cc := crashDial(t, s, aliceSrc)
+	defer cc.Close()
+	alice := authorityv1.NewAuthorityServiceClient(cc)
+
+	// The restarted authority hands every stored, unconfirmed grant to the
+	// executor; wait for that.
+	byJob := map[string]*authorityv1.Job{}
+	for _, id := range jobs {
+		for start := time.Now(); ; time.Sleep(20 * time.Millisecond) {
+			j := s.job(t, id)
+			if j.GetNetworkPolicyStatus().GetState() == typesv1.NetworkPolicyState_NETWORK_POLICY_STATE_APPLIED {
+				byJob[id] = j
+				break
+			}
+			if time.Since(start) > 20*time.Second {
+				t.Fatalf("after kill %d: job %s still %v 20s after the restart", it, id, j.GetNetworkPolicyStatus().GetState())
+			}
+		}
+	}
+	consumed := map[string]int{}
+	for _, a := range listApprovals(t, alice) {
+		if a.GetKind() != authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
+			continue
+		}
+		if len(a.GetVotes()) > 1 {
+			t.Errorf("after kill %d: approval %s has %d votes, one is required", it, a.GetApprovalId(), len(a.GetVotes()))
+		}
+		if a.GetState() == authorityv1.ApprovalState_APPROVAL_STATE_CONSUMED {
+			consumed[a.GetJobId()]++
+		} else if appliedOK[a.GetApprovalId()] {
+			t.Errorf("after kill %d: approval %s was seen applied but is %v", it, a.GetApprovalId(), a.GetState())
+		}
+	}
+	changed := map[string]int{}
+	for token := ""; ; {
+		resp, err := alice.ListAuditEvents(ctx, &authorityv1.ListAuditEventsRequest{Kind: "job.changed", PageSize: 1000, PageToken: token})
+		if err != nil {
+			t.Fatalf("after kill %d: audit events: %v", it, err)
+		}
+		for _, e := range resp.GetEvents() {
+			changed[e.GetJobId()]++
+		}
+		if token = resp.GetNextPageToken(); token == "" {
+			break
+		}
+	}
+	for _, id := range jobs {
+		j := byJob[id]
+		gen := j.GetGrantGeneration()
+		if gen != int64(1+consumed[id]) || changed[id] != consumed[id] {
+			t.Errorf("after kill %d: job %s at grant generation %d with %d applied change approvals and %d job.changed entries; want generation = 1 + applied = 1 + entries",
+				it, id, gen, consumed[id], changed[id])
+		}
+		run, err := executor.GetRun(ctx, &executorv1.GetRunRequest{JobId: id})
+		if err != nil {
+			t.Fatalf("after kill %d: executor GetRun %s: %v", it, id, err)
+		}
+		g := &typesv1.Grant{}
+		if err := proto.Unmarshal(run.GetRun().GetGrant().GetBody(), g); err != nil {
+			t.Fatal(err)
+		}
+		if g.GetGeneration() != gen || g.GetLimits().GetPids() != j.GetLimits().GetPids() {
+			t.Errorf("after kill %d: job %s: the executor runs generation %d (pids %d), the authority recorded %d (pids %d)",
+				it, id, g.GetGeneration(), g.GetLimits().GetPids(), gen, j.GetLimits().GetPids())
+		}
+		pidsMax := readTrim(t, filepath.Join("/sys/fs/cgroup/pids", s.executorCgroupParent(), id, "pids.max"))
+		if pidsMax != fmt.Sprint(j.GetLimits().GetPids()) {
+			t.Errorf("after kill %d: job %s: pids.max in its cgroup %s, its grant says %d", it, id, pidsMax, j.GetLimits().GetPids())
+		}
+	}
+	if res := s.airlock(t, "audit", "verify", "--as", "approver/alice"); res.code != 0 {
+		t.Errorf("after kill %d: audit verify: exit %d\n%s%s", it, res.code, res.stdout, res.stderr)
+	}
+}
