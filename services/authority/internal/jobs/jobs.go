@@ -184,7 +184,7 @@ type RunEvent struct {
 	// GrantGeneration is the generation of the grant the run is under,
 	// which NetworkState is about.
 	GrantGeneration int64
-	Output            *Output
+	Output          *Output
 }
 
 // Executor is the executor as the authority drives it. Errors wrap

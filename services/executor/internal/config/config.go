@@ -5,8 +5,10 @@ package config
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -31,8 +33,11 @@ type Config struct {
 // Network configures the per-job network namespaces and their rules.
 type Network struct {
 	// Pool4 is the IPv4 prefix each allow-policy job's veth pair takes a
-	// /30 from; default 10.213.0.0/16. Executors sharing a host need
-	// pools of their own.
+	// /30 from. Executors sharing a host need pools of their own, so the
+	// default is a /22 of 10.200.0.0/13 (256 such jobs at once) chosen by
+	// a hash of data_dir, like Name. At start a default pool that overlaps
+	// a subnet of one of the host's interfaces moves to a free one; a
+	// configured pool that overlaps is refused.
 	Pool4 string `yaml:"pool4"`
 	// Pool6, if set, gives jobs IPv6 too (a /64 each). Off by default:
 	// IPv6 forwarding makes Linux ignore router advertisements.
@@ -42,9 +47,34 @@ type Network struct {
 	// every table and veth of that name as a leftover. Default
 	// airlock_<hash of data_dir>.
 	Name string `yaml:"name"`
+	// AlwaysDeny are more CIDRs no job may reach, whatever its policy, on
+	// top of link-local, loopback, the well-known cloud metadata
+	// addresses, the pools and the host's own addresses.
+	AlwaysDeny []string `yaml:"always_deny"`
 
 	// Parsed forms, set by validation.
 	Pool4Prefix, Pool6Prefix netip.Prefix `yaml:"-"`
+	// Pool4Default says Pool4 was not configured: the executor may move it
+	// off the host's own networks.
+	Pool4Default       bool           `yaml:"-"`
+	AlwaysDenyPrefixes []netip.Prefix `yaml:"-"`
+}
+
+// defaultPools is where the default Pool4 comes from: one /22 of it per
+// data directory.
+var defaultPools = netip.MustParsePrefix("10.200.0.0/13")
+
+const defaultPoolBits = 22
+
+// defaultPool4 is the /22 of defaultPools the hash of dataDir picks.
+func defaultPool4(dataDir string) netip.Prefix {
+	sum := sha256.Sum256([]byte(dataDir))
+	// Other bytes than Name's, so the two do not vary together.
+	i := binary.BigEndian.Uint32(sum[8:12]) % (1 << (defaultPoolBits - defaultPools.Bits()))
+	b := defaultPools.Addr().As4()
+	v := binary.BigEndian.Uint32(b[:]) + i<<(32-defaultPoolBits)
+	binary.BigEndian.PutUint32(b[:], v)
+	return netip.PrefixFrom(netip.AddrFrom4(b), defaultPoolBits)
 }
 
 // Authority is the executor's authority peer.
@@ -97,6 +127,10 @@ func (c *Config) ValidatePeers() error {
 	} else if !networkName.MatchString(c.Network.Name) {
 		errs = append(errs, config.Field("network.name", "%q: want 1 to 32 of [a-z0-9_]", c.Network.Name))
 	}
+	if c.Network.Pool4 == "" {
+		c.Network.Pool4 = defaultPool4(c.DataDir).String()
+		c.Network.Pool4Default = true
+	}
 	for _, p := range []struct {
 		field, text string
 		out         *netip.Prefix
@@ -115,6 +149,18 @@ func (c *Config) ValidatePeers() error {
 			errs = append(errs, config.Field(p.field, "%s: want an IPv6 prefix of at most /64", pre))
 		default:
 			*p.out = pre
+		}
+	}
+	c.Network.AlwaysDenyPrefixes = nil
+	for i, text := range c.Network.AlwaysDeny {
+		pre, err := netip.ParsePrefix(text)
+		switch {
+		case err != nil:
+			errs = append(errs, config.Field(fmt.Sprintf("network.always_deny[%d]", i), "%q is not a CIDR", text))
+		case pre.Addr().Zone() != "" || pre.Addr().Is4In6():
+			errs = append(errs, config.Field(fmt.Sprintf("network.always_deny[%d]", i), "%s: want an IPv4 or IPv6 prefix without zone or IPv4-mapped form", pre))
+		default:
+			c.Network.AlwaysDenyPrefixes = append(c.Network.AlwaysDenyPrefixes, pre.Masked())
 		}
 	}
 	if c.OutputLimit < 0 {

@@ -9,6 +9,12 @@
 // replaces a running job's rules atomically and returns only once they are
 // in the kernel.
 //
+// The rules accept replies by connection state, so Apply also removes the
+// kernel's connection tracking entries of the job's connections the new
+// policy no longer allows (a peer can then no longer answer on them), and
+// a job's addresses are released only once none of their entries is left;
+// they are handed out again in turn, not at once.
+//
 // Host side effects: New turns on IPv4 forwarding (net.ipv4.ip_forward=1),
 // and IPv6 forwarding too when Config.Pool6 is set, because a job's packets
 // are routed from its veth to the host's other interfaces. The host then
@@ -21,12 +27,14 @@
 //
 // Only the executor's run manager and composition root import it. It needs
 // root, the nft command (Debian package nftables) and a kernel with
-// nf_tables, its fib and masquerade expressions, and veth.
+// nf_tables, its fib and masquerade expressions, connection tracking over
+// netlink (nf_conntrack_netlink), and veth.
 package netpolicy
 
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -41,6 +49,9 @@ import (
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
 )
@@ -106,7 +117,9 @@ const (
 	DefaultName = "airlock"
 )
 
-// DefaultPool4 is the IPv4 pool every job's veth pair takes a /30 from.
+// DefaultPool4 is the IPv4 pool every job's veth pair takes a /30 from
+// when Config.Pool4 is unset. Executors sharing a host need pools of their
+// own: the executor's config derives one from its data directory.
 var DefaultPool4 = netip.MustParsePrefix("10.213.0.0/16")
 
 // Config configures the Manager.
@@ -125,7 +138,15 @@ type Config struct {
 	// Pool4 is split into one /30 per job with a veth: the host end takes
 	// the first address, the job the second. At most /30; default
 	// 10.213.0.0/16 (16384 jobs at once). Jobs can never reach the pool.
+	// New refuses a pool that overlaps the subnet of an address on one of
+	// the host's interfaces (other than this manager's own veths), unless
+	// MovablePool4 is set.
 	Pool4 netip.Prefix
+	// MovablePool4 says Pool4 is a default, not the operator's choice: if
+	// it overlaps the host's networks, New moves it to the first free
+	// prefix of the same size after it in 10.200.0.0/13, then in
+	// 172.16.0.0/12, then in 100.64.0.0/10, and logs where.
+	MovablePool4 bool
 	// Pool6, if set, gives each job with a veth a /64 of it as well (host
 	// end ::1, job ::2), and New turns on IPv6 forwarding. It is unset by
 	// default, so jobs have IPv4 only (IPv6 allow rules are installed but
@@ -137,8 +158,9 @@ type Config struct {
 	Pool6 netip.Prefix
 	// AlwaysDeny are further destinations no policy can open, on top of
 	// link-local (169.254.0.0/16, fe80::/10), cloud metadata
-	// (169.254.169.254, fd00:ec2::254), loopback, the pools, and every
-	// address of the host itself.
+	// (169.254.169.254, fd00:ec2::254, 168.63.129.16, 100.100.100.200,
+	// 192.0.0.192), loopback, the pools, and every address of the host
+	// itself.
 	AlwaysDeny []netip.Prefix
 }
 
@@ -147,6 +169,9 @@ type Config struct {
 var alwaysDeny = []netip.Prefix{
 	netip.MustParsePrefix("169.254.0.0/16"),
 	netip.MustParsePrefix("169.254.169.254/32"),
+	netip.MustParsePrefix("168.63.129.16/32"),   // Azure's WireServer
+	netip.MustParsePrefix("100.100.100.200/32"), // Alibaba Cloud's metadata
+	netip.MustParsePrefix("192.0.0.192/32"),     // Oracle Cloud's metadata
 	netip.MustParsePrefix("127.0.0.0/8"),
 	netip.MustParsePrefix("0.0.0.0/8"),
 	netip.MustParsePrefix("fe80::/10"),
@@ -166,6 +191,9 @@ type Manager struct {
 	mu    sync.Mutex
 	live  map[string]*Net
 	slots map[int]bool
+	// nextSlot is where takeSlot looks first: slots are handed out in
+	// turn, so a freed one is the last to be taken again.
+	nextSlot int
 }
 
 // ErrUnavailable is returned when this machine cannot enforce policies.
@@ -218,6 +246,19 @@ func New(cfg Config) (*Manager, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("%w: must run as root (uid 0), not uid %d", ErrUnavailable, os.Geteuid())
 	}
+	if cfg.MovablePool4 {
+		p, err := freePool4(cfg)
+		if err != nil {
+			return nil, err
+		}
+		if p != cfg.Pool4 {
+			cfg.Logger.Info("netpolicy: the default pool overlaps the host's networks; using another", "default", cfg.Pool4, "pool4", p)
+			cfg.Pool4 = p
+		}
+	}
+	if err := checkPoolsFree(cfg); err != nil {
+		return nil, err
+	}
 	nft, err := exec.LookPath("nft")
 	if err != nil {
 		return nil, fmt.Errorf("%w: the nft command (Debian package nftables): %v", ErrUnavailable, err)
@@ -262,7 +303,123 @@ func New(cfg Config) (*Manager, error) {
 	if err := m.runNft(context.Background(), true, script); err != nil {
 		return nil, fmt.Errorf("%w: the kernel refuses a job's nftables rules: %v", ErrUnavailable, err)
 	}
+	// Narrowing a policy and releasing addresses remove conntrack
+	// entries; without that, a narrowed policy would not cut replies.
+	if _, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET); err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+		return nil, fmt.Errorf("%w: connection tracking over netlink (kernel module nf_conntrack_netlink): %v", ErrUnavailable, err)
+	}
 	return m, nil
+}
+
+// movableRanges are where a default Pool4 may move, in order.
+var movableRanges = []netip.Prefix{
+	netip.MustParsePrefix("10.200.0.0/13"),
+	netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("100.64.0.0/10"),
+}
+
+// freePool4 returns cfg.Pool4 if no host subnet overlaps it, else the
+// first prefix of its size, starting after it, in movableRanges that none
+// overlaps.
+func freePool4(cfg Config) (netip.Prefix, error) {
+	taken, err := hostSubnets(cfg)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	free := func(p netip.Prefix) bool {
+		for _, t := range taken {
+			if t.subnet.Overlaps(p) {
+				return false
+			}
+		}
+		return true
+	}
+	if free(cfg.Pool4) {
+		return cfg.Pool4, nil
+	}
+	bits := cfg.Pool4.Bits()
+	for _, r := range movableRanges {
+		if r.Bits() > bits {
+			continue
+		}
+		n := uint32(1) << (bits - r.Bits())
+		base := binary.BigEndian.Uint32(r.Addr().AsSlice())
+		start := uint32(0)
+		if r.Contains(cfg.Pool4.Addr()) {
+			start = (binary.BigEndian.Uint32(cfg.Pool4.Addr().AsSlice()) - base) >> (32 - bits)
+		}
+		for i := uint32(0); i < n; i++ {
+			var b [4]byte
+			binary.BigEndian.PutUint32(b[:], base+((start+i)%n)<<(32-bits))
+			if p := netip.PrefixFrom(netip.AddrFrom4(b), bits); free(p) {
+				return p, nil
+			}
+		}
+	}
+	return netip.Prefix{}, fmt.Errorf("%w: netpolicy: no /%d free of the host's networks in %v; set network.pool4", errdefs.ErrInvalidArgument, bits, movableRanges)
+}
+
+// hostSubnet is a subnet configured on one of the host's interfaces.
+type hostSubnet struct {
+	subnet netip.Prefix
+	link   string
+}
+
+// hostSubnets lists the subnets of the addresses on the host's
+// interfaces, leaving out this manager's own veths.
+func hostSubnets(cfg Config) ([]hostSubnet, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("%w: list the host's interfaces: %v", ErrUnavailable, err)
+	}
+	names := map[int]string{}
+	for _, l := range links {
+		if l.Type() == "veth" && strings.HasPrefix(l.Attrs().Alias, cfg.Name+":") {
+			continue
+		}
+		names[l.Attrs().Index] = l.Attrs().Name
+	}
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("%w: list the host's addresses: %v", ErrUnavailable, err)
+	}
+	var out []hostSubnet
+	for _, a := range addrs {
+		name, ok := names[a.LinkIndex]
+		if !ok || a.IPNet == nil {
+			continue
+		}
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok {
+			continue
+		}
+		ones, _ := a.Mask.Size()
+		out = append(out, hostSubnet{netip.PrefixFrom(ip.Unmap(), ones).Masked(), name})
+	}
+	return out, nil
+}
+
+// checkPoolsFree refuses pools that overlap a subnet of the host's: the
+// jobs' routes would shadow its neighbours, or a job would get an address
+// the host has. This manager's own veths (left by a killed executor, for
+// Recover) do not count.
+func checkPoolsFree(cfg Config) error {
+	taken, err := hostSubnets(cfg)
+	if err != nil {
+		return err
+	}
+	for _, t := range taken {
+		for _, pool := range []struct {
+			field string
+			p     netip.Prefix
+		}{{"network.pool4", cfg.Pool4}, {"network.pool6", cfg.Pool6}} {
+			if pool.p.IsValid() && pool.p.Overlaps(t.subnet) {
+				return fmt.Errorf("%w: netpolicy: %s %s overlaps %s on the host's interface %s (another executor's jobs, or the host's own network); set %s to a prefix of its own",
+					errdefs.ErrInvalidArgument, pool.field, pool.p, t.subnet, t.link, pool.field)
+			}
+		}
+	}
+	return nil
 }
 
 // Net is one job's network namespace and the rules in force for it.
@@ -274,10 +431,12 @@ type Net struct {
 	table string
 	fixed bool
 
-	mu      sync.Mutex
-	policy  Policy
-	gen     int64
-	addr    jobAddrs // valid while slot >= 0
+	mu     sync.Mutex
+	policy Policy
+	gen    int64
+	addr   jobAddrs // valid while slot >= 0
+	// slot is the job's address slot while it has a veth, and after, until
+	// no conntrack entry of its addresses is left.
 	slot    int
 	hasVeth bool
 	closed  bool
@@ -297,6 +456,10 @@ type CreateOption func(*Net)
 // A to allow B) work either way.
 func FixedInterfaces() CreateOption { return func(n *Net) { n.fixed = true } }
 
+// Generation is the generation of the policy Create puts in force: the
+// grant's network_policy_generation, at least 1. Without it, 1.
+func Generation(gen int64) CreateOption { return func(n *Net) { n.gen = gen } }
+
 func (m *Manager) newNet(id string) *Net {
 	sum := sha256.Sum256([]byte(m.cfg.Name + "\x00" + id))
 	h := hex.EncodeToString(sum[:])[:12]
@@ -307,10 +470,12 @@ func (m *Manager) newNet(id string) *Net {
 		veth:  "alk" + h,
 		table: m.cfg.Name + "_" + h,
 		slot:  -1,
+		gen:   1,
 	}
 }
 
-// Create makes job id's namespace with p in force as generation 1.
+// Create makes job id's namespace with p in force as generation 1, or the
+// one the Generation option gives.
 func (m *Manager) Create(ctx context.Context, id string, p Policy, opts ...CreateOption) (_ *Net, err error) {
 	if !idFormat.MatchString(id) {
 		return nil, fmt.Errorf("%w: netpolicy: job id %q: want 1 to 64 of [a-zA-Z0-9_-]", errdefs.ErrInvalidArgument, id)
@@ -322,6 +487,9 @@ func (m *Manager) Create(ctx context.Context, id string, p Policy, opts ...Creat
 	n := m.newNet(id)
 	for _, o := range opts {
 		o(n)
+	}
+	if n.gen < 1 {
+		return nil, fmt.Errorf("%w: netpolicy: job %s: policy generation %d: want at least 1", errdefs.ErrInvalidArgument, id, n.gen)
 	}
 	m.mu.Lock()
 	if _, dup := m.live[id]; dup {
@@ -358,8 +526,8 @@ func (m *Manager) Create(ctx context.Context, id string, p Policy, opts ...Creat
 			return nil, err
 		}
 	}
-	n.policy, n.gen = p, 1
-	m.log.Info("netpolicy: namespace created", "job_id", id, "path", n.path, "deny_all", p.DenyAll(), "veth", n.hasVeth)
+	n.policy = p
+	m.log.Info("netpolicy: namespace created", "job_id", id, "path", n.path, "generation", n.gen, "deny_all", p.DenyAll(), "veth", n.hasVeth)
 	return n, nil
 }
 
@@ -377,9 +545,37 @@ func (n *Net) Path() string { return n.path }
 // ID is the job id the namespace belongs to.
 func (n *Net) ID() string { return n.id }
 
+// CanApply reports the error Apply would return for reasons known before
+// it touches the kernel: an invalid policy, a generation not higher than
+// the current one, a closed namespace, or an interface the namespace
+// cannot gain (ErrFixedInterfaces). A caller changing more than the
+// network can check first, and change nothing when Apply would fail.
+func (n *Net) CanApply(p Policy, gen int64) error {
+	p, err := p.normalize()
+	if err != nil {
+		return fmt.Errorf("job %s: %w", n.id, err)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.check(p, gen)
+}
+
+func (n *Net) check(p Policy, gen int64) error {
+	switch {
+	case n.closed:
+		return fmt.Errorf("%w: netpolicy: job %s: namespace is closed", errdefs.ErrFailedPrecondition, n.id)
+	case gen <= n.gen:
+		return fmt.Errorf("%w: netpolicy: job %s: generation %d is not higher than the current %d", errdefs.ErrFailedPrecondition, n.id, gen, n.gen)
+	case !p.DenyAll() && !n.hasVeth && n.fixed:
+		return fmt.Errorf("job %s: %w: a deny-all namespace cannot gain an interface", n.id, ErrFixedInterfaces)
+	}
+	return nil
+}
+
 // Apply puts p in force as generation gen (higher than the current one)
-// and returns once the rules are in the kernel. On error the previous
-// policy stays in force.
+// and returns once the rules are in the kernel and the job's connections
+// p does not allow are cut (their conntrack entries removed, so no reply
+// reaches the job). On error the previous policy stays in force.
 func (n *Net) Apply(ctx context.Context, p Policy, gen int64) error {
 	p, err := p.normalize()
 	if err != nil {
@@ -387,17 +583,11 @@ func (n *Net) Apply(ctx context.Context, p Policy, gen int64) error {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	switch {
-	case n.closed:
-		return fmt.Errorf("%w: netpolicy: job %s: namespace is closed", errdefs.ErrFailedPrecondition, n.id)
-	case gen <= n.gen:
-		return fmt.Errorf("%w: netpolicy: job %s: generation %d is not higher than the current %d", errdefs.ErrFailedPrecondition, n.id, gen, n.gen)
+	if err := n.check(p, gen); err != nil {
+		return err
 	}
 	switch {
 	case !p.DenyAll() && !n.hasVeth:
-		if n.fixed {
-			return fmt.Errorf("job %s: %w: a deny-all namespace cannot gain an interface", n.id, ErrFixedInterfaces)
-		}
 		if err := n.addVeth(ctx, p); err != nil {
 			return err
 		}
@@ -411,6 +601,21 @@ func (n *Net) Apply(ctx context.Context, p Policy, gen int64) error {
 		if err := n.m.runNft(ctx, false, n.m.replaceScript(n, p)); err != nil {
 			return fmt.Errorf("netpolicy: job %s: replace rules: %w", n.id, err)
 		}
+		// Only then: until the new rules are in, the job could open
+		// again what is removed.
+		if err := n.forgetFlows(&p); err != nil {
+			// Back to the old rules, which the remaining entries agree
+			// with, so that on error the previous policy is in force.
+			rerr := n.m.runNft(ctx, false, n.m.replaceScript(n, n.policy))
+			if rerr == nil {
+				return err
+			}
+			// The new rules stay, and they are what is recorded: the
+			// policy in force must be the one reported. Only replies on
+			// connections opened before could still reach the job.
+			n.m.log.Error("netpolicy: new rules in force, but the connections they no longer allow could not be cut",
+				"job_id", n.id, "generation", gen, "error", err, "restore_error", rerr)
+		}
 	}
 	n.policy, n.gen = p, gen
 	n.m.log.Info("netpolicy: policy applied", "job_id", n.id, "generation", gen, "deny_all", p.DenyAll(), "veth", n.hasVeth)
@@ -420,6 +625,12 @@ func (n *Net) Apply(ctx context.Context, p Policy, gen int64) error {
 // addVeth installs p's rules for the veth first, then makes it, so no
 // packet ever crosses it unfiltered.
 func (n *Net) addVeth(ctx context.Context, p Policy) error {
+	if n.slot >= 0 && !n.hasVeth {
+		// An earlier veth's entries could not be removed then.
+		if err := n.forgetFlows(nil); err != nil {
+			return err
+		}
+	}
 	if n.slot < 0 {
 		slot, err := n.m.takeSlot()
 		if err != nil {
@@ -441,8 +652,10 @@ func (n *Net) addVeth(ctx context.Context, p Policy) error {
 }
 
 // removeVeth deletes the veth (the job's side goes with it), then its
-// rules. With the veth gone nothing can leave the namespace, so a failure
-// to remove the rules is only logged; Close and Recover try again.
+// rules and its addresses' conntrack entries, and only then releases the
+// addresses. With the veth gone nothing can reach or leave the namespace,
+// so a failure after that is only logged, and the job keeps its addresses
+// until Close or Recover clean up.
 func (n *Net) removeVeth() error {
 	if err := deleteLink(n.veth); err != nil {
 		return fmt.Errorf("netpolicy: job %s: %w", n.id, err)
@@ -450,6 +663,10 @@ func (n *Net) removeVeth() error {
 	n.hasVeth = false
 	if err := n.m.runNft(context.Background(), false, deleteTableScript(n.table)); err != nil {
 		n.m.log.Warn("netpolicy: remove a job's rules after its veth", "job_id", n.id, "table", n.table, "error", err)
+	}
+	if err := n.forgetFlows(nil); err != nil {
+		n.m.log.Warn("netpolicy: keep a job's addresses until their conntrack entries are gone", "job_id", n.id, "error", err)
+		return nil
 	}
 	n.m.freeSlot(n.slot)
 	n.slot = -1
@@ -476,16 +693,23 @@ func (n *Net) Close() error {
 	return nil
 }
 
-// teardown removes everything of n that may exist.
+// teardown removes everything of n that may exist. The rules stay as long
+// as the veth does, so a job is never left with a route and no filter; the
+// addresses are released only once their conntrack entries are gone.
 func (n *Net) teardown() error {
 	var errs []error
 	if err := deleteLink(n.veth); err != nil {
 		errs = append(errs, err)
 	} else {
 		n.hasVeth = false
-	}
-	if err := n.m.runNft(context.Background(), false, deleteTableScript(n.table)); err != nil {
-		errs = append(errs, fmt.Errorf("remove rules: %w", err))
+		if err := n.m.runNft(context.Background(), false, deleteTableScript(n.table)); err != nil {
+			errs = append(errs, fmt.Errorf("remove rules: %w", err))
+		}
+		if n.slot >= 0 {
+			if err := n.forgetFlows(nil); err != nil {
+				errs = append(errs, err)
+			}
+		}
 	}
 	if err := removeNetns(n.path); err != nil {
 		errs = append(errs, err)
@@ -513,6 +737,9 @@ func (m *Manager) Recover(ctx context.Context) ([]string, error) {
 	}
 	ids := map[string]bool{}
 	var errs []error
+	// The tables of veths that could not be deleted stay: a veth with a
+	// route and no rules would let its job out unfiltered.
+	keep := map[string]bool{}
 	ents, err := os.ReadDir(m.nsDir)
 	if err != nil {
 		return nil, fmt.Errorf("netpolicy: recover: %w", err)
@@ -524,6 +751,7 @@ func (m *Manager) Recover(ctx context.Context) ([]string, error) {
 		n := m.newNet(e.Name())
 		if err := deleteLink(n.veth); err != nil {
 			errs = append(errs, err)
+			keep[n.table] = true
 		}
 		if err := removeNetns(n.path); err != nil {
 			errs = append(errs, err)
@@ -537,6 +765,20 @@ func (m *Manager) Recover(ctx context.Context) ([]string, error) {
 		ids[id] = true
 		if err := deleteLink(name); err != nil {
 			errs = append(errs, err)
+			// The table's name follows from the id; a veth whose alias
+			// names no valid id keeps every table.
+			if idFormat.MatchString(id) {
+				keep[m.newNet(id).table] = true
+			} else {
+				keep["*"] = true
+			}
+		}
+	}
+	if err == nil && len(keep) == 0 {
+		// No job of ours has an interface left: no entry of the pools
+		// belongs to a live connection.
+		if err := deleteFlows(prefixFilter{m.cfg.Pool4, m.cfg.Pool6}, m.cfg.Pool6.IsValid()); err != nil {
+			errs = append(errs, fmt.Errorf("remove connection tracking entries of pool %s: %w", m.cfg.Pool4, err))
 		}
 	}
 	tables, err := m.ourTables(ctx)
@@ -545,6 +787,9 @@ func (m *Manager) Recover(ctx context.Context) ([]string, error) {
 	}
 	var script strings.Builder
 	for _, t := range tables {
+		if keep[t] || keep["*"] {
+			continue
+		}
 		script.WriteString(deleteTableScript(t))
 	}
 	if script.Len() > 0 {
@@ -578,14 +823,17 @@ func (m *Manager) Close() error {
 	return nil
 }
 
-// takeSlot reserves the lowest free address slot.
+// takeSlot reserves the next free address slot after the one it took
+// last, so a freed slot is taken again as late as possible.
 func (m *Manager) takeSlot() (int, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n := m.slotCount()
-	for i := 0; i < n; i++ {
+	for k := 0; k < n; k++ {
+		i := (m.nextSlot + k) % n
 		if !m.slots[i] {
 			m.slots[i] = true
+			m.nextSlot = (i + 1) % n
 			return i, nil
 		}
 	}

@@ -162,6 +162,10 @@ type entry struct {
 	updateMu sync.Mutex
 	sb       *sandbox.Sandbox // while it exists; guarded by updateMu
 	net      *netpolicy.Net   // while it exists; guarded by updateMu
+
+	// abort, once set (under the manager's mu), is why the job was
+	// stopped because its grant could no longer be enforced.
+	abort string
 }
 
 var jobIDFormat = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -292,6 +296,15 @@ func (m *Manager) Start(sg *typesv1.SignedGrant) (Run, bool, error) {
 	if _, err := m.policyOf(g.GetNetworkPolicy()); err != nil {
 		return Run{}, false, err
 	}
+	// The first policy is generation 1 (the authority's first grant says
+	// so); without one, a later change could not be told from it. A
+	// generation of 0 is taken as 1, as the authority does.
+	if gen := g.GetNetworkPolicyGeneration(); gen < 1 {
+		return Run{}, false, fmt.Errorf("%w: grant network_policy_generation %d: must be at least 1", errdefs.ErrInvalidArgument, gen)
+	}
+	if gen := g.GetGeneration(); gen < 0 {
+		return Run{}, false, fmt.Errorf("%w: grant generation %d: must not be negative", errdefs.ErrInvalidArgument, gen)
+	}
 	raw, err := proto.Marshal(sg)
 	if err != nil {
 		return Run{}, false, err
@@ -401,19 +414,24 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 			log.Error("destroy sandbox", "error", err)
 		}
 		if e.net != nil {
-			if err := e.net.Close(); err != nil {
-				log.Error("remove network namespace", "error", err)
-			}
+			m.closeNet(e.net)
 		}
 		e.sb, e.net = nil, nil
 	}()
 	m.update(e, func(r *Run) { r.State = Running; r.StartedAt = m.cfg.Now() })
 	res, runErr := sb.Run(ctx)
+	m.mu.Lock()
+	abort := e.abort
+	m.mu.Unlock()
+	if abort != "" {
+		// Update stopped the job: say why, not that someone cancelled it.
+		res.Reason, res.ExitCode, res.Message, runErr = sandbox.ReasonSandboxError, -1, abort, nil
+	}
 	if runErr != nil && res.Reason == "" {
 		fail(fmt.Errorf("run: %w", runErr))
 		return
 	}
-	if m.ctx.Err() != nil {
+	if m.ctx.Err() != nil && abort == "" {
 		// The executor is shutting down, not the caller cancelling: say so,
 		// and leave the report to the next start's Recover.
 		m.finish(e, Failed, &Result{Reason: ReasonExecutorRestarted, ExitCode: -1, Class: res.Class, Usage: res.Usage,
@@ -442,9 +460,9 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 	}
 	state := Finished
 	switch {
-	case res.Reason == "cancelled":
+	case res.Reason == sandbox.ReasonCancelled:
 		state = Cancelled
-	case res.Reason == "sandbox_error":
+	case res.Reason == sandbox.ReasonSandboxError:
 		state = Failed
 	}
 	m.finish(e, state, result)
@@ -472,7 +490,8 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, source string) (*sa
 	if m.cfg.Network != nil {
 		p, err := policyFromProto(g.GetNetworkPolicy())
 		if err == nil {
-			n, err = m.cfg.Network.Create(ctx, g.GetJobId(), p, netOptions(spec.Class)...)
+			opts := append(netOptions(spec.Class), netpolicy.Generation(g.GetNetworkPolicyGeneration()))
+			n, err = m.cfg.Network.Create(ctx, g.GetJobId(), p, opts...)
 		}
 		if err != nil {
 			m.update(e, func(r *Run) { r.NetworkFailure = err.Error() })
@@ -484,14 +503,42 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, source string) (*sa
 	sb, err := m.cfg.Sandbox.Create(ctx, spec)
 	if err != nil {
 		if n != nil {
-			if cerr := n.Close(); cerr != nil {
-				m.cfg.Logger.Error("remove network namespace", "job_id", g.GetJobId(), "error", cerr)
-			}
+			m.closeNet(n)
 		}
 		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
 	e.sb, e.net = sb, n
 	return sb, nil
+}
+
+// closeNet removes a job's network namespace. Should that fail, it keeps
+// trying in the background until it works or the executor stops (the next
+// start's netpolicy Recover then removes what is left): netpolicy releases
+// the job's addresses only once everything of it is gone.
+func (m *Manager) closeNet(n *netpolicy.Net) {
+	err := n.Close()
+	if err == nil {
+		return
+	}
+	log := m.cfg.Logger.With("job_id", n.ID())
+	log.Error("remove network namespace; retrying in the background", "error", err)
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		for delay := 200 * time.Millisecond; ; delay = min(delay*2, 30*time.Second) {
+			select {
+			case <-m.ctx.Done():
+				log.Error("network namespace not removed before the executor stopped; the next start removes it", "error", err)
+				return
+			case <-time.After(delay):
+			}
+			if err = n.Close(); err == nil {
+				log.Info("network namespace removed after a retry")
+				return
+			}
+			log.Warn("remove network namespace", "error", err, "retry_in", min(delay*2, 30*time.Second))
+		}
+	}()
 }
 
 func limitsOf(l *typesv1.ResourceLimits) sandbox.Limits {

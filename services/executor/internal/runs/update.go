@@ -35,6 +35,13 @@ var changeable = map[protoreflect.Name]bool{
 // sandbox is made. On error the grant in force stays and so do its limits
 // and policy. Sending the grant in force again returns the run as it is.
 //
+// The order keeps that promise: what the network step would refuse is
+// checked first; then memory, pids and CPU change, then the policy, and
+// the deadline last. Should the policy fail and the old limits not come
+// back, the stored grant would no longer be what the kernel enforces: the
+// job is then stopped (failed, its result saying why) rather than left
+// running under limits no grant in force gave it.
+//
 // sg must verify like a grant to Start, have a higher generation than the
 // grant in force, and differ from it only in limits, network policy and
 // their generations and times.
@@ -70,7 +77,9 @@ func (m *Manager) Update(ctx context.Context, sg *typesv1.SignedGrant) (Run, err
 	if err := proto.Unmarshal(curSG.GetBody(), cur); err != nil {
 		return Run{}, fmt.Errorf("run %s: stored grant: %w", id, err)
 	}
-	if g.GetGeneration() <= cur.GetGeneration() {
+	// A grant without a generation is generation 1, as the authority
+	// takes it.
+	if max(g.GetGeneration(), 1) <= max(cur.GetGeneration(), 1) {
 		return Run{}, fmt.Errorf("%w: grant generation %d: job %s runs under generation %d; only a higher one applies",
 			errdefs.ErrFailedPrecondition, g.GetGeneration(), id, cur.GetGeneration())
 	}
@@ -97,23 +106,49 @@ func (m *Manager) Update(ctx context.Context, sg *typesv1.SignedGrant) (Run, err
 		return Run{}, err
 	}
 
+	netGen := g.GetNetworkPolicyGeneration()
+	netErr := func(err error) error {
+		if errors.Is(err, netpolicy.ErrUnavailable) {
+			err = fmt.Errorf("%w: %v", errdefs.ErrUnavailable, err)
+		}
+		return fmt.Errorf("job %s: network policy generation %d: %w", id, netGen, err)
+	}
+	// What the network step would refuse is refused before anything
+	// changes (runsc's deny-all cannot be widened, the namespace is gone):
+	// a shortened deadline must not end the job for an update that fails.
+	if netChanged && e.net != nil {
+		if err := e.net.CanApply(policy, netGen); err != nil {
+			return Run{}, netErr(err)
+		}
+	}
 	if e.sb != nil {
 		old := e.sb.Limits()
-		if err := e.sb.UpdateLimits(lim); err != nil {
-			if errors.Is(err, sandbox.ErrEnded) {
-				return Run{}, fmt.Errorf("%w: job %s has ended", errdefs.ErrFailedPrecondition, id)
-			}
-			return Run{}, fmt.Errorf("job %s: %w", id, err)
+		// Memory, pids and CPU first; the deadline last, once nothing
+		// else can fail, since a shorter one can end the job at once.
+		early := lim
+		early.Deadline = old.Deadline
+		if err := e.sb.UpdateLimits(early); err != nil {
+			return Run{}, m.limitsErr(id, err)
 		}
 		if netChanged && e.net != nil {
-			if err := e.net.Apply(ctx, policy, g.GetNetworkPolicyGeneration()); err != nil {
-				if rerr := e.sb.UpdateLimits(old); rerr != nil {
-					m.cfg.Logger.Error("restore limits after a failed network policy change", "job_id", id, "error", rerr)
+			if err := e.net.Apply(ctx, policy, netGen); err != nil {
+				if rerr := e.sb.UpdateLimits(old); rerr != nil && !errors.Is(rerr, sandbox.ErrEnded) {
+					// The job would run under limits no grant in force
+					// gave it (say a raised memory limit it now uses):
+					// it is stopped instead, and its result says why.
+					m.abort(e, fmt.Sprintf("grant generation %d failed (%v) and the limits of the grant in force could not be restored (%v); the job was stopped rather than run under limits no grant in force gave it",
+						g.GetGeneration(), err, rerr))
+					return Run{}, fmt.Errorf("job %s: network policy generation %d: %v; restoring the limits in force failed too (%v): the job was stopped", id, netGen, err, rerr)
 				}
-				if errors.Is(err, netpolicy.ErrUnavailable) {
-					err = fmt.Errorf("%w: %v", errdefs.ErrUnavailable, err)
-				}
-				return Run{}, fmt.Errorf("job %s: network policy generation %d: %w", id, g.GetNetworkPolicyGeneration(), err)
+				return Run{}, netErr(err)
+			}
+		}
+		if lim.Deadline != old.Deadline {
+			// The other limits passed above, so only a job that ended
+			// meanwhile refuses: it ran under the grant in force, which
+			// stays its grant.
+			if err := e.sb.UpdateLimits(lim); err != nil {
+				return Run{}, m.limitsErr(id, err)
 			}
 		}
 	}
@@ -123,6 +158,12 @@ func (m *Manager) Update(ctx context.Context, sg *typesv1.SignedGrant) (Run, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	// execute may have recorded the end meanwhile (it does so before it
+	// takes updateMu to tear down): an ended run keeps the grant it ran
+	// under.
+	if e.run.State.Terminal() {
+		return Run{}, fmt.Errorf("%w: job %s has ended (%s)", errdefs.ErrFailedPrecondition, id, e.run.State)
+	}
 	e.grant = g
 	e.run.SignedGrant = raw
 	if netChanged && e.net != nil {
@@ -137,6 +178,28 @@ func (m *Manager) Update(ctx context.Context, sg *typesv1.SignedGrant) (Run, err
 	m.cfg.Logger.Info("grant updated", "job_id", id, "generation", g.GetGeneration(),
 		"network_policy_generation", g.GetNetworkPolicyGeneration(), "network_changed", netChanged)
 	return e.run, nil
+}
+
+// limitsErr is the error of a refused limits change of job id.
+func (m *Manager) limitsErr(id string, err error) error {
+	if errors.Is(err, sandbox.ErrEnded) {
+		return fmt.Errorf("%w: job %s has ended", errdefs.ErrFailedPrecondition, id)
+	}
+	return fmt.Errorf("job %s: %w", id, err)
+}
+
+// abort stops e's job because the executor can no longer enforce the
+// grant in force; the run ends failed with why.
+func (m *Manager) abort(e *entry, why string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.cfg.Logger.Error("stopping a job whose grant cannot be enforced", "job_id", e.run.JobID, "reason", why)
+	if e.abort == "" {
+		e.abort = why
+	}
+	if e.cancel != nil {
+		e.cancel()
+	}
 }
 
 // fixedFieldChanged names the first field other than the changeable ones in

@@ -209,10 +209,17 @@ wait:
 		case werr = <-waitErr:
 			break wait
 		case <-deadline.C:
+			// The timer may have fired just as UpdateLimits extended the
+			// deadline (select picks either at random): only the deadline
+			// in force now counts.
+			if left := untilDeadline(start, time.Now(), s.limits().Deadline); left > 0 {
+				deadline.Reset(left)
+				continue
+			}
 			kill(ReasonTimeout)
 		case <-s.deadlineChanged:
 			// Counted from the start: a deadline already past fires now.
-			deadline.Reset(time.Until(start.Add(s.limits().Deadline)))
+			deadline.Reset(untilDeadline(start, time.Now(), s.limits().Deadline))
 		case <-done:
 			done = nil
 			kill(ReasonCancelled)
@@ -299,6 +306,12 @@ wait:
 		}
 	}
 	return res, errors.Join(errs...)
+}
+
+// untilDeadline is how long a job started at start may still run at now
+// under deadline d; zero or less means it is over.
+func untilDeadline(start, now time.Time, d time.Duration) time.Duration {
+	return start.Add(d).Sub(now)
 }
 
 // runscFailureExit is how runsc exits on its own errors.
