@@ -439,7 +439,11 @@ type Net struct {
 	// no conntrack entry of its addresses is left.
 	slot    int
 	hasVeth bool
-	closed  bool
+	// hasTable says the job's nftables table may exist: set before a
+	// script that makes it runs, cleared once a delete succeeded. A
+	// deny-all job that never had a veth never runs nft at all.
+	hasTable bool
+	closed   bool
 }
 
 // CreateOption changes how Create makes a namespace.
@@ -598,6 +602,7 @@ func (n *Net) Apply(ctx context.Context, p Policy, gen int64) error {
 	case n.hasVeth:
 		// One transaction: the kernel switches from the old rules to the
 		// new ones at once, or keeps the old ones.
+		n.hasTable = true
 		if err := n.m.runNft(ctx, false, n.m.replaceScript(n, p)); err != nil {
 			return fmt.Errorf("netpolicy: job %s: replace rules: %w", n.id, err)
 		}
@@ -638,6 +643,7 @@ func (n *Net) addVeth(ctx context.Context, p Policy) error {
 		}
 		n.slot, n.addr = slot, n.m.addrs(slot)
 	}
+	n.hasTable = true
 	if err := n.m.runNft(ctx, false, n.m.replaceScript(n, p)); err != nil {
 		return fmt.Errorf("netpolicy: job %s: install rules: %w", n.id, err)
 	}
@@ -663,6 +669,8 @@ func (n *Net) removeVeth() error {
 	n.hasVeth = false
 	if err := n.m.runNft(context.Background(), false, deleteTableScript(n.table)); err != nil {
 		n.m.log.Warn("netpolicy: remove a job's rules after its veth", "job_id", n.id, "table", n.table, "error", err)
+	} else {
+		n.hasTable = false
 	}
 	if err := n.forgetFlows(nil); err != nil {
 		n.m.log.Warn("netpolicy: keep a job's addresses until their conntrack entries are gone", "job_id", n.id, "error", err)
@@ -702,8 +710,12 @@ func (n *Net) teardown() error {
 		errs = append(errs, err)
 	} else {
 		n.hasVeth = false
-		if err := n.m.runNft(context.Background(), false, deleteTableScript(n.table)); err != nil {
-			errs = append(errs, fmt.Errorf("remove rules: %w", err))
+		if n.hasTable {
+			if err := n.m.runNft(context.Background(), false, deleteTableScript(n.table)); err != nil {
+				errs = append(errs, fmt.Errorf("remove rules: %w", err))
+			} else {
+				n.hasTable = false
+			}
 		}
 		if n.slot >= 0 {
 			if err := n.forgetFlows(nil); err != nil {

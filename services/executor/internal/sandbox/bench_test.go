@@ -3,11 +3,15 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 )
 
 // The issue's target: an end-to-end `true` job (Create+Run+Destroy) under
@@ -66,4 +70,58 @@ func reportMedian(b *testing.B, times []time.Duration) {
 	}
 	slices.Sort(times)
 	b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "median-ms")
+}
+
+// BenchmarkSandboxTrueNetNS is BenchmarkSandboxTrue with what the executor
+// adds per job: a deny-all namespace from package netpolicy made before
+// the sandbox and closed after it (Allow: with a veth, one nftables table
+// and conntrack cleanup). Compare with SandboxTrue from the same run.
+func BenchmarkSandboxTrueNetNS(b *testing.B) {
+	for _, tc := range []struct {
+		name   string
+		policy netpolicy.Policy
+	}{
+		{"DenyAll", netpolicy.Policy{}},
+		{"Allow", netpolicy.Policy{Allow: []netpolicy.Rule{{Prefix: netip.MustParsePrefix("198.18.0.0/15"), Ports: []uint16{443}}}}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			e := newEnv(b)
+			nm, err := netpolicy.New(netpolicy.Config{
+				Dir:   filepath.Join(e.base, "netpolicy"),
+				Name:  fmt.Sprintf("sbb%d", os.Getpid()),
+				Pool4: netip.MustParsePrefix(fmt.Sprintf("10.216.%d.0/24", os.Getpid()%256)),
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer nm.Close()
+			src := e.source(b, nil)
+			ctx := context.Background()
+			var times []time.Duration
+			for i := 0; b.Loop(); i++ {
+				start := time.Now()
+				id := fmt.Sprintf("benchns-%d", i)
+				n, err := nm.Create(ctx, id, tc.policy)
+				if err != nil {
+					b.Fatal(err)
+				}
+				sb, err := e.m.Create(ctx, Spec{ID: id, Class: ClassRunc, Source: src, Command: []string{"/bin/true"}, Limits: defaultLimits, NetNS: n.Path()})
+				if err != nil {
+					b.Fatal(err)
+				}
+				res, err := sb.Run(ctx)
+				if err != nil || res.Reason != ReasonExited || res.ExitCode != 0 {
+					b.Fatalf("run: %v %+v", err, res)
+				}
+				if err := sb.Destroy(); err != nil {
+					b.Fatal(err)
+				}
+				if err := n.Close(); err != nil {
+					b.Fatal(err)
+				}
+				times = append(times, time.Since(start))
+			}
+			reportMedian(b, times)
+		})
+	}
 }
