@@ -3,7 +3,6 @@ package runs
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/nettest"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
-	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 )
 
 // startTestHost makes a test host (package nettest) with a TCP listener
@@ -38,25 +36,7 @@ func startTestHost(t *testing.T) netip.AddrPort {
 // each policy applied with its generation.
 func TestUpdateNetworkPolicy(t *testing.T) {
 	h, _ := newHarness(t, false)
-	n := int(testSeq.Add(1))
-	nm, err := netpolicy.New(netpolicy.Config{
-		Dir:    filepath.Join(t.TempDir(), "net"),
-		Name:   fmt.Sprintf("rnt%d_%d", os.Getpid(), n),
-		Pool4:  netip.MustParsePrefix(fmt.Sprintf("10.215.%d.0/24", (os.Getpid()*7+n)%256)),
-		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Cleanups run last-registered first: the runs, and with them their
-	// namespaces, must be gone before the network manager closes.
-	t.Cleanup(func() {
-		h.m.Close()
-		if err := nm.Close(); err != nil {
-			t.Errorf("netpolicy Close: %v", err)
-		}
-	})
-	h.m.cfg.Network = nm
+	withNetwork(t, h)
 	dest := startTestHost(t)
 
 	try := fmt.Sprintf(`if timeout 5 bash -c 'cat </dev/tcp/%s/%d'; then echo "reached $1"; else echo "refused $1"; fi`, dest.Addr(), dest.Port())

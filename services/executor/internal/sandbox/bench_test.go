@@ -21,21 +21,10 @@ import (
 func BenchmarkSandboxTrue(b *testing.B) {
 	e := newEnv(b)
 	src := e.source(b, nil)
-	ctx := context.Background()
 	var times []time.Duration
 	for i := 0; b.Loop(); i++ {
 		start := time.Now()
-		sb, err := e.m.Create(ctx, Spec{ID: fmt.Sprintf("bench-%d", i), Class: ClassRunc, Source: src, Command: []string{"/bin/true"}, Limits: defaultLimits})
-		if err != nil {
-			b.Fatal(err)
-		}
-		res, err := sb.Run(ctx)
-		if err != nil || res.Reason != ReasonExited || res.ExitCode != 0 {
-			b.Fatalf("run: %v %+v", err, res)
-		}
-		if err := sb.Destroy(); err != nil {
-			b.Fatal(err)
-		}
+		runTrue(b, e, Spec{ID: fmt.Sprintf("bench-%d", i), Source: src})
 		times = append(times, time.Since(start))
 	}
 	reportMedian(b, times)
@@ -62,6 +51,24 @@ func BenchmarkRawRuncTrue(b *testing.B) {
 		times = append(times, time.Since(start))
 	}
 	reportMedian(b, times)
+}
+
+// runTrue makes, runs and destroys a runc sandbox running /bin/true with
+// spec's id, source and namespace.
+func runTrue(b *testing.B, e *env, spec Spec) {
+	ctx := context.Background()
+	spec.Class, spec.Command, spec.Limits = ClassRunc, []string{"/bin/true"}, defaultLimits
+	sb, err := e.m.Create(ctx, spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	res, err := sb.Run(ctx)
+	if err != nil || res.Reason != ReasonExited || res.ExitCode != 0 {
+		b.Fatalf("run: %v %+v", err, res)
+	}
+	if err := sb.Destroy(); err != nil {
+		b.Fatal(err)
+	}
 }
 
 func reportMedian(b *testing.B, times []time.Duration) {
@@ -105,17 +112,7 @@ func BenchmarkSandboxTrueNetNS(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				sb, err := e.m.Create(ctx, Spec{ID: id, Class: ClassRunc, Source: src, Command: []string{"/bin/true"}, Limits: defaultLimits, NetNS: n.Path()})
-				if err != nil {
-					b.Fatal(err)
-				}
-				res, err := sb.Run(ctx)
-				if err != nil || res.Reason != ReasonExited || res.ExitCode != 0 {
-					b.Fatalf("run: %v %+v", err, res)
-				}
-				if err := sb.Destroy(); err != nil {
-					b.Fatal(err)
-				}
+				runTrue(b, e, Spec{ID: id, Source: src, NetNS: n.Path()})
 				if err := n.Close(); err != nil {
 					b.Fatal(err)
 				}

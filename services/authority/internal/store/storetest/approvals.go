@@ -3,8 +3,6 @@ package storetest
 import (
 	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -188,42 +186,10 @@ func testApprovalConsumeRace(t *testing.T, open Opener) {
 	if _, err := approve(s1, t, "a1", "spiffe://airlock.test/approver/alice", store.ApprovalApproved); err != nil {
 		t.Fatal(err)
 	}
-	const n = 100
-	var (
-		wg       sync.WaitGroup
-		won      atomic.Int32
-		mu       sync.Mutex
-		failures []error
-	)
-	start := make(chan struct{})
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s := s1
-			if i%2 == 1 {
-				s = s2
-			}
-			<-start
-			_, err := s.ConsumeApprovalAudited(ctx(t), consumeReq(a, base.Add(time.Hour)), audit.Event{Kind: "approval.consumed", Subject: "a1"})
-			switch {
-			case err == nil:
-				won.Add(1)
-			case !errors.Is(err, errdefs.ErrFailedPrecondition):
-				mu.Lock()
-				failures = append(failures, err)
-				mu.Unlock()
-			}
-		}()
-	}
-	close(start)
-	wg.Wait()
-	if len(failures) > 0 {
-		t.Fatalf("%d consumers failed otherwise than by precondition: %v", len(failures), failures[0])
-	}
-	if w := won.Load(); w != 1 {
-		t.Fatalf("%d of %d concurrent consumers succeeded, want exactly 1", w, n)
-	}
+	raceOnce(t, 100, s1, s2, "consumers", func(s store.Store) error {
+		_, err := s.ConsumeApprovalAudited(ctx(t), consumeReq(a, base.Add(time.Hour)), audit.Event{Kind: "approval.consumed", Subject: "a1"})
+		return err
+	})
 	if c := countKind(t, s1, "approval.consumed"); c != 1 {
 		t.Fatalf("%d approval.consumed events, want 1", c)
 	}

@@ -145,41 +145,10 @@ func testChangeApplyRace(t *testing.T, open Opener) {
 	if _, err := approve(s1, t, "c1", "spiffe://airlock.test/approver/alice", store.ApprovalApproved); err != nil {
 		t.Fatal(err)
 	}
-	var (
-		wg       sync.WaitGroup
-		won      atomic.Int32
-		mu       sync.Mutex
-		failures []error
-	)
-	start := make(chan struct{})
-	for i := range 50 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s := s1
-			if i%2 == 1 {
-				s = s2
-			}
-			<-start
-			_, _, err := s.ApplyChangeAudited(ctx(t), changeReq(c, base.Add(time.Minute)), audit.Event{Kind: "approval.consumed"}, setGrant("g"))
-			switch {
-			case err == nil:
-				won.Add(1)
-			case !errors.Is(err, errdefs.ErrFailedPrecondition):
-				mu.Lock()
-				failures = append(failures, err)
-				mu.Unlock()
-			}
-		}()
-	}
-	close(start)
-	wg.Wait()
-	if len(failures) > 0 {
-		t.Fatalf("%d appliers failed otherwise than by precondition: %v", len(failures), failures[0])
-	}
-	if w := won.Load(); w != 1 {
-		t.Fatalf("%d appliers succeeded, want exactly 1", w)
-	}
+	raceOnce(t, 50, s1, s2, "appliers", func(s store.Store) error {
+		_, _, err := s.ApplyChangeAudited(ctx(t), changeReq(c, base.Add(time.Minute)), audit.Event{Kind: "approval.consumed"}, setGrant("g"))
+		return err
+	})
 	if n := countKind(t, s1, "job.changed"); n != 1 {
 		t.Fatalf("%d job.changed events, want 1", n)
 	}
@@ -244,5 +213,46 @@ func testExpire(t *testing.T, open Opener) {
 	}
 	if n, m := countKind(t, s, "approval.expired"), countKind(t, s, "lease.expired"); n != 1 || m != 1 {
 		t.Fatalf("%d approval.expired and %d lease.expired events, want 1 each", n, m)
+	}
+}
+
+// raceOnce starts n goroutines at once, alternating between s1 and s2 (two
+// stores on one database), each calling fn once, and fails the test unless
+// exactly one succeeds and every other fails with ErrFailedPrecondition.
+func raceOnce(t *testing.T, n int, s1, s2 store.Store, who string, fn func(store.Store) error) {
+	t.Helper()
+	var (
+		wg       sync.WaitGroup
+		won      atomic.Int32
+		mu       sync.Mutex
+		failures []error
+	)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := s1
+			if i%2 == 1 {
+				s = s2
+			}
+			<-start
+			switch err := fn(s); {
+			case err == nil:
+				won.Add(1)
+			case !errors.Is(err, errdefs.ErrFailedPrecondition):
+				mu.Lock()
+				failures = append(failures, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if len(failures) > 0 {
+		t.Fatalf("%d %s failed otherwise than by precondition: %v", len(failures), who, failures[0])
+	}
+	if w := won.Load(); w != 1 {
+		t.Fatalf("%d of %d concurrent %s succeeded, want exactly 1", w, n, who)
 	}
 }
