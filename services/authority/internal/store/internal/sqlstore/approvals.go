@@ -191,12 +191,40 @@ func (s *DB) ListApprovals(ctx context.Context, f store.ApprovalFilter) ([]store
 		return nil, "", fmt.Errorf("store: list approvals: %w", err)
 	}
 	list, next := trimPage(list, f.Limit, func(a store.Approval) (time.Time, string) { return a.CreatedAt, a.ID })
-	for i := range list {
-		full, err := s.loadApproval(ctx, s.db, byID, list[i].ID, "")
-		if err != nil {
-			return nil, "", fmt.Errorf("store: list approvals: %w", err)
+	if len(list) == 0 {
+		return list, next, nil
+	}
+	// The page's votes in one query.
+	ids := make([]any, len(list))
+	at := make(map[string]int, len(list))
+	for i, a := range list {
+		ids[i], at[a.ID] = a.ID, i
+	}
+	vrows, err := s.db.QueryContext(ctx, s.q(`SELECT approval_id, approver, decision, comment, decided_at FROM approval_votes
+		WHERE approval_id IN (`+placeholders(len(ids))+`) ORDER BY decided_at, approver`), ids...)
+	if err != nil {
+		return nil, "", fmt.Errorf("store: list approvals: votes: %w", err)
+	}
+	type idVote struct {
+		id string
+		v  store.Vote
+	}
+	votes, err := collect(vrows, func(r scanner) (idVote, error) {
+		var (
+			iv idVote
+			at int64
+		)
+		err := r.Scan(&iv.id, &iv.v.Approver, &iv.v.Decision, &iv.v.Comment, &at)
+		iv.v.DecidedAt = fromMicros(at)
+		return iv, err
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("store: list approvals: votes: %w", err)
+	}
+	for _, iv := range votes {
+		if i, ok := at[iv.id]; ok {
+			list[i].Votes = append(list[i].Votes, iv.v)
 		}
-		list[i] = full
 	}
 	return list, next, nil
 }
