@@ -28,6 +28,9 @@ type StoreFile struct {
 	// refused with sqlite. It may hold a password: nothing logs it, and
 	// errors about it never quote it.
 	DSN string `yaml:"dsn"`
+	// MaxConns bounds this authority's connections to PostgreSQL; default
+	// 10, at most 1000. Only with postgres.
+	MaxConns int `yaml:"max_conns"`
 }
 
 func (s *StoreFile) validate() error {
@@ -47,6 +50,14 @@ func (s *StoreFile) validate() error {
 		if err := postgres.CheckDSN(s.DSN); err != nil {
 			return config.Field("store.dsn", "%v", err)
 		}
+	}
+	switch {
+	case s.MaxConns != 0 && s.Driver != StorePostgres:
+		return config.Field("store.max_conns", "only used with driver %s", StorePostgres)
+	case s.MaxConns == 0:
+		s.MaxConns = postgres.DefaultMaxConns
+	case s.MaxConns < 1 || s.MaxConns > 1000:
+		return config.Field("store.max_conns", "%d: must be between 1 and 1000", s.MaxConns)
 	}
 	return nil
 }

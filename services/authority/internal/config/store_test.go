@@ -26,9 +26,13 @@ func TestStorePostgres(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", dsn, err)
 		}
-		if c.Store.Driver != config.StorePostgres || c.Store.DSN != dsn {
+		if c.Store.Driver != config.StorePostgres || c.Store.DSN != dsn || c.Store.MaxConns != 10 {
 			t.Fatalf("store = %+v", c.Store)
 		}
+	}
+	c, err := config.Load(write(t, common+"store: {driver: postgres, dsn: 'postgres://db/airlock', max_conns: 40}\n"), nil)
+	if err != nil || c.Store.MaxConns != 40 {
+		t.Fatalf("max_conns 40: %+v, %v", c.Store, err)
 	}
 }
 
@@ -39,6 +43,8 @@ func TestStoreErrorsNameTheField(t *testing.T) {
 		{"unknown driver", "{driver: mysql}", `store.driver: "mysql": want sqlite or postgres`},
 		{"dsn with sqlite", "{dsn: 'postgres://db/airlock'}", "store.dsn: only used with driver postgres"},
 		{"postgres without dsn", "{driver: postgres}", "store.dsn: required with driver postgres"},
+		{"max_conns with sqlite", "{max_conns: 5}", "store.max_conns: only used with driver postgres"},
+		{"max_conns too big", "{driver: postgres, dsn: 'postgres://db/airlock', max_conns: 5000}", "store.max_conns: 5000: must be between 1 and 1000"},
 		{"bad url", "{driver: postgres, dsn: 'postgres://airlock:hunter2@db:port/airlock'}", "store.dsn: not a valid PostgreSQL connection string"},
 		{"bad key=value", "{driver: postgres, dsn: 'host=db password=hunter2 sslmode=sometimes'}", "store.dsn: not a valid PostgreSQL connection string"},
 		{"unknown field", "{driver: postgres, path: /x}", "store.path (line 7): unknown field"},

@@ -59,7 +59,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			switch cfg.Store.Driver {
 			case config.StorePostgres:
 				// Logged by where, never by the DSN: it may hold a password.
-				st, err = postgres.Open(ctx, cfg.Store.DSN)
+				st, err = postgres.Open(ctx, cfg.Store.DSN, postgres.WithMaxConns(cfg.Store.MaxConns))
 				where = postgres.Describe(cfg.Store.DSN)
 			default:
 				where = env.DataDir.Join("authority.db")

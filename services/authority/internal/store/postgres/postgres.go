@@ -157,9 +157,18 @@ const DropAuditGuards = `DROP TRIGGER audit_log_no_change ON audit_log; DROP TRI
 // are per database, so replicas on one database take turns.
 const migrationLock = `SELECT pg_advisory_xact_lock(1740325469202071831)`
 
-// maxConns bounds one store's connections: a replica never needs many, and
-// a database's max_connections is shared by all of them.
-const maxConns = 10
+// DefaultMaxConns bounds one store's connections unless WithMaxConns says
+// otherwise: a replica rarely needs many, and a database's max_connections
+// is shared by all of them.
+const DefaultMaxConns = 10
+
+// Option changes how Open connects.
+type Option func(*options)
+
+type options struct{ maxConns int }
+
+// WithMaxConns bounds the store's open connections to n (at least 1).
+func WithMaxConns(n int) Option { return func(o *options) { o.maxConns = max(n, 1) } }
 
 // Store is the PostgreSQL implementation of store.Store.
 type Store struct {
@@ -238,15 +247,19 @@ func describe(cfg *pgx.ConnConfig) string {
 // date, in the schema its search_path names first (normally public). A
 // schema newer than this build knows is refused rather than guessed at.
 // Errors name the database by Describe, never by the DSN.
-func Open(ctx context.Context, dsn string) (*Store, error) {
+func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
+	o := options{maxConns: DefaultMaxConns}
+	for _, opt := range opts {
+		opt(&o)
+	}
 	cfg, err := parse(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("store: postgres: %w", err)
 	}
 	where := describe(cfg)
 	db := stdlib.OpenDB(*cfg)
-	db.SetMaxOpenConns(maxConns)
-	db.SetMaxIdleConns(maxConns)
+	db.SetMaxOpenConns(o.maxConns)
+	db.SetMaxIdleConns(o.maxConns)
 	db.SetConnMaxIdleTime(5 * time.Minute)
 	inner, err := sqlstore.New(ctx, db, sqlstore.Dialect{
 		Rebind:        sqlstore.RebindDollar,
