@@ -189,6 +189,12 @@ func planChange(t *policy.Tenant, cur GrantRequest, req ChangeRequest) (Change, 
 		if to.Mode == NetworkDomains {
 			return ch, fmt.Errorf("%w: policy.domains: not enforced by this build yet; only deny_all and allow run", errdefs.ErrFailedPrecondition)
 		}
+		// gVisor reads the sandbox's interfaces once, at start: a runsc job
+		// that started without any can never get one.
+		if cur.RuntimeClass == policy.RuntimeRunsc && cur.Network.Mode != NetworkAllow && to.Mode == NetworkAllow {
+			return ch, fmt.Errorf("%w: policy: a runsc job started deny_all cannot be given network access while it runs; resubmit it with an allow policy (narrower ones can then apply while it runs)",
+				errdefs.ErrFailedPrecondition)
+		}
 		ch.ToNetwork = to
 	}
 	if ch.ToLimits == ch.FromLimits && sameNetwork(ch.FromNetwork, ch.ToNetwork) {

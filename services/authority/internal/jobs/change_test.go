@@ -84,6 +84,11 @@ func TestPlanChange(t *testing.T) {
 			}
 		})
 	}
+	runsc := cur
+	runsc.RuntimeClass = policy.RuntimeRunsc
+	if _, err := planChange(tenant, runsc, ChangeRequest{Network: &Network{Mode: NetworkAllow, Rules: []AllowRule{{CIDR: "10.0.0.0/8"}}}}); err == nil || !strings.Contains(err.Error(), "runsc job started deny_all") {
+		t.Fatalf("widening a deny-all runsc job's network: %v", err)
+	}
 	// Digest binds the exact change.
 	_, d1, _ := ch.Encode()
 	ch.ToLimits.Pids++
