@@ -342,7 +342,8 @@ func TestApprovedChangeSurvivesACrashBeforeItApplied(t *testing.T) {
 	h.start()
 	eventually(t, "the approved change applied after the restart", func() bool {
 		got, err := h.client(devID).GetJob(ctx, &authorityv1.GetJobRequest{JobId: j.GetJobId()})
-		return err == nil && got.GetJob().GetLimits().GetPids() == 700 && got.GetJob().GetGrantGeneration() == 2
+		return err == nil && got.GetJob().GetLimits().GetPids() == 700 && got.GetJob().GetGrantGeneration() == 2 &&
+			got.GetJob().GetNetworkPolicyStatus().GetState() == typesv1.NetworkPolicyState_NETWORK_POLICY_STATE_APPLIED
 	})
 	a, err := h.client(aliceID).GetApproval(ctx, &authorityv1.GetApprovalRequest{ApprovalId: resp.GetApprovalId()})
 	if err != nil || a.GetApproval().GetState() != authorityv1.ApprovalState_APPROVAL_STATE_CONSUMED {

@@ -702,8 +702,8 @@ func (s *Service) UseLease(ctx context.Context, caller identity.ID, req UseReque
 	return l, nil
 }
 
-// Sweep rewrites every approval past its expiry as expired and ends every
-// lease past its expiry, each with an audit entry by caller (the
+// Sweep rewrites every approval past its expiry, and every change request
+// whose job has ended, as expired, and ends every lease past its expiry, each with an audit entry by caller (the
 // authority itself), and returns how many of each. Both already read as
 // expired before the sweep; it makes the log say when they ran out.
 func (s *Service) Sweep(ctx context.Context, caller identity.ID) (approvalsExpired, leasesExpired int, err error) {
@@ -713,6 +713,19 @@ func (s *Service) Sweep(ctx context.Context, caller identity.ID) (approvalsExpir
 		list, err := s.cfg.Store.ExpireApprovalsAudited(ctx, now, batch, func(a store.Approval) audit.Event {
 			return audit.Event{Kind: "approval.expired", Caller: caller.String(), Subject: a.ID, Time: now, Outcome: outcomeAllowed,
 				Reason: fmt.Sprintf("%s request expired at %s undecided or unconsumed", a.Kind, a.ExpiresAt.Format(time.RFC3339))}
+		})
+		approvalsExpired += len(list)
+		if err != nil {
+			return approvalsExpired, leasesExpired, err
+		}
+		if len(list) < batch {
+			break
+		}
+	}
+	for {
+		list, err := s.cfg.Store.ExpireChangesOfEndedJobsAudited(ctx, batch, func(a store.Approval) audit.Event {
+			return audit.Event{Kind: "approval.expired", Caller: caller.String(), Subject: a.ID, Time: now, Outcome: outcomeAllowed,
+				Reason: fmt.Sprintf("change request for job %s: the job has ended, so the change can no longer apply", a.JobID)}
 		})
 		approvalsExpired += len(list)
 		if err != nil {

@@ -347,6 +347,11 @@ type ApprovalStore interface {
 	// those it rewrote. An approval decided or consumed meanwhile (by a
 	// replica, say) is left alone.
 	ExpireApprovalsAudited(ctx context.Context, now time.Time, limit int, event func(Approval) audit.Event) ([]Approval, error)
+	// ExpireChangesOfEndedJobsAudited rewrites up to limit pending or
+	// approved change approvals whose job has ended (finished, failed or
+	// cancelled) as expired, each with its event: such a change can no
+	// longer apply. It returns those it rewrote.
+	ExpireChangesOfEndedJobsAudited(ctx context.Context, limit int, event func(Approval) audit.Event) ([]Approval, error)
 	// ExpireLeasesAudited ends up to limit unrevoked leases whose expiry is
 	// at or before now — revoked at their expiry, reason "expired" — each
 	// with its event, and returns them.

@@ -27,6 +27,7 @@ var approvalTests = []struct {
 	{"ChangeApplyIsAtomic", testChangeApplyAtomic},
 	{"ChangeApplyRace50", testChangeApplyRace},
 	{"ExpireApprovalsAndLeases", testExpire},
+	{"ExpireChangesOfEndedJobs", testExpireChangesOfEndedJobs},
 }
 
 // NewApproval returns a pending approval of job jobID, created at base+n

@@ -256,3 +256,37 @@ func raceOnce(t *testing.T, n int, s1, s2 store.Store, who string, fn func(store
 		t.Fatalf("%d of %d concurrent %s succeeded, want exactly 1", w, n, who)
 	}
 }
+
+// testExpireChangesOfEndedJobs: change requests of a job that ended can no
+// longer apply and are expired, once; a running job's are left alone.
+func testExpireChangesOfEndedJobs(t *testing.T, open Opener) {
+	s := open(t)
+	mustCreate(t, s, NewJob("dev", "j-run", 0))
+	mustCreate(t, s, NewJob("dev", "j-end", 1))
+	if _, err := s.UpdateJob(ctx(t), "j-end", func(j *store.Job) error { j.State = store.StateFinished; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	mustApproval(t, s, NewChange("dev", "c-run", "j-run", 0))
+	mustApproval(t, s, NewChange("dev", "c-end", "j-end", 1))
+	mustApproval(t, s, NewChange("dev", "c-end2", "j-end", 2))
+	if _, err := approve(s, t, "c-end2", "spiffe://airlock.test/approver/alice", store.ApprovalApproved); err != nil {
+		t.Fatal(err)
+	}
+	mustApproval(t, s, NewApproval("dev", "p-end", "j-end", 3)) // a publish request stays
+	ev := func(a store.Approval) audit.Event { return audit.Event{Kind: "approval.expired", Subject: a.ID, Outcome: "allowed"} }
+	got, err := s.ExpireChangesOfEndedJobsAudited(ctx(t), 10, ev)
+	if err != nil || len(got) != 2 || got[0].ID != "c-end" || got[1].ID != "c-end2" {
+		t.Fatalf("expired = %+v, %v; want c-end and c-end2", got, err)
+	}
+	for id, want := range map[string]store.ApprovalState{"c-run": store.ApprovalPending, "c-end": store.ApprovalExpired, "c-end2": store.ApprovalExpired, "p-end": store.ApprovalPending} {
+		if a, _ := s.GetApproval(ctx(t), id); a.State != want {
+			t.Errorf("%s is %s, want %s", id, a.State, want)
+		}
+	}
+	if again, err := s.ExpireChangesOfEndedJobsAudited(ctx(t), 10, ev); err != nil || len(again) != 0 {
+		t.Fatalf("second sweep = %+v, %v", again, err)
+	}
+	if n := countKind(t, s, "approval.expired"); n != 2 {
+		t.Fatalf("%d approval.expired events, want 2", n)
+	}
+}

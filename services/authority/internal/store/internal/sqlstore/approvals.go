@@ -537,14 +537,35 @@ func (s *DB) ExpireApprovalsAudited(ctx context.Context, now time.Time, limit in
 		func(id string) []any {
 			return []any{string(store.ApprovalExpired), id, string(store.ApprovalPending), string(store.ApprovalApproved), micros(now)}
 		},
-		func(tx *sql.Tx, id string) (store.Approval, audit.Event, error) {
-			a, err := s.loadApproval(ctx, tx, byID, id, "")
-			if err != nil {
-				return a, audit.Event{}, err
-			}
-			e := event(a)
-			return a, e, defaultEvent(&e, a.JobID, a.Tenant)
-		})
+		s.expiredApproval(ctx, event))
+}
+
+// expiredApproval loads an approval just expired, with its event.
+func (s *DB) expiredApproval(ctx context.Context, event func(store.Approval) audit.Event) func(*sql.Tx, string) (store.Approval, audit.Event, error) {
+	return func(tx *sql.Tx, id string) (store.Approval, audit.Event, error) {
+		a, err := s.loadApproval(ctx, tx, byID, id, "")
+		if err != nil {
+			return a, audit.Event{}, err
+		}
+		e := event(a)
+		return a, e, defaultEvent(&e, a.JobID, a.Tenant)
+	}
+}
+
+// ExpireChangesOfEndedJobsAudited implements store.Store.
+func (s *DB) ExpireChangesOfEndedJobsAudited(ctx context.Context, limit int, event func(store.Approval) audit.Event) ([]store.Approval, error) {
+	open := []any{string(store.ApprovalPending), string(store.ApprovalApproved)}
+	ended := []any{string(store.StateFinished), string(store.StateFailed), string(store.StateCancelled)}
+	return expireEach(ctx, s, "change approval", limit,
+		`SELECT a.id FROM approvals a JOIN jobs j ON j.id = a.job_id
+			WHERE a.kind = 'change' AND a.state IN (?, ?) AND j.state IN (?, ?, ?) ORDER BY a.created_at, a.id LIMIT ?`,
+		append(open, ended...),
+		`UPDATE approvals SET state = ?, version = version + 1 WHERE id = ? AND kind = 'change' AND state IN (?, ?)
+			AND job_id IN (SELECT id FROM jobs WHERE state IN (?, ?, ?))`,
+		func(id string) []any {
+			return append(append([]any{string(store.ApprovalExpired), id}, open...), ended...)
+		},
+		s.expiredApproval(ctx, event))
 }
 
 // ExpireLeasesAudited implements store.Store.
