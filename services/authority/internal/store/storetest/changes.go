@@ -273,7 +273,9 @@ func testExpireChangesOfEndedJobs(t *testing.T, open Opener) {
 		t.Fatal(err)
 	}
 	mustApproval(t, s, NewApproval("dev", "p-end", "j-end", 3)) // a publish request stays
-	ev := func(a store.Approval) audit.Event { return audit.Event{Kind: "approval.expired", Subject: a.ID, Outcome: "allowed"} }
+	ev := func(a store.Approval) audit.Event {
+		return audit.Event{Kind: "approval.expired", Subject: a.ID, Outcome: "allowed"}
+	}
 	got, err := s.ExpireChangesOfEndedJobsAudited(ctx(t), 10, ev)
 	if err != nil || len(got) != 2 || got[0].ID != "c-end" || got[1].ID != "c-end2" {
 		t.Fatalf("expired = %+v, %v; want c-end and c-end2", got, err)
