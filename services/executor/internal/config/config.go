@@ -35,9 +35,13 @@ type Network struct {
 	// Pool4 is the IPv4 prefix each allow-policy job's veth pair takes a
 	// /30 from. Executors sharing a host need pools of their own, so the
 	// default is a /22 of 10.200.0.0/13 (256 such jobs at once) chosen by
-	// a hash of data_dir, like Name. At start a default pool that overlaps
-	// a subnet of one of the host's interfaces moves to a free one; a
-	// configured pool that overlaps is refused.
+	// a hash of data_dir, like Name, and each executor claims its pool
+	// host-wide while it runs (a lock under /run/airlock/netpolicy). At
+	// start a default pool that another executor holds or that overlaps
+	// the host's networks (an interface's subnet, a route other than a
+	// default one, an always-denied prefix) moves to a free one; a
+	// configured pool that another executor holds or that overlaps an
+	// interface's subnet is refused, one that overlaps a route is logged.
 	Pool4 string `yaml:"pool4"`
 	// Pool6, if set, gives jobs IPv6 too (a /64 each). Off by default:
 	// IPv6 forwarding makes Linux ignore router advertisements.
@@ -51,6 +55,10 @@ type Network struct {
 	// top of link-local, loopback, the well-known cloud metadata
 	// addresses, the pools and the host's own addresses.
 	AlwaysDeny []string `yaml:"always_deny"`
+	// MaxConnections caps the connections each job may have open at once
+	// through its interface; beyond it a new one is rejected, so no job
+	// fills the host's connection tracking table. Default 1024.
+	MaxConnections int `yaml:"max_connections"`
 
 	// Parsed forms, set by validation.
 	Pool4Prefix, Pool6Prefix netip.Prefix `yaml:"-"`
@@ -162,6 +170,12 @@ func (c *Config) ValidatePeers() error {
 		default:
 			c.Network.AlwaysDenyPrefixes = append(c.Network.AlwaysDenyPrefixes, pre.Masked())
 		}
+	}
+	switch {
+	case c.Network.MaxConnections == 0:
+		c.Network.MaxConnections = 1024
+	case c.Network.MaxConnections < 1 || c.Network.MaxConnections > 1<<20:
+		errs = append(errs, config.Field("network.max_connections", "%d: want 1 to %d", c.Network.MaxConnections, 1<<20))
 	}
 	if c.OutputLimit < 0 {
 		errs = append(errs, config.Field("output_limit", "must not be negative"))

@@ -85,3 +85,23 @@ func TestAlwaysDeny(t *testing.T) {
 		t.Errorf("reason %q does not quote the value", reason)
 	}
 }
+
+// network.max_connections defaults to 1024; a value below 1 or above
+// 1<<20 is refused, naming the field.
+func TestMaxConnections(t *testing.T) {
+	for _, tc := range []struct {
+		in, want int
+		ok       bool
+	}{{0, 1024, true}, {8, 8, true}, {1 << 20, 1 << 20, true}, {-1, 0, false}, {1<<20 + 1, 0, false}} {
+		c := &Config{Network: Network{MaxConnections: tc.in}}
+		reason, bad := fieldErrors(c.ValidatePeers())["network.max_connections"]
+		switch {
+		case tc.ok && bad:
+			t.Errorf("max_connections %d: %s", tc.in, reason)
+		case tc.ok && c.Network.MaxConnections != tc.want:
+			t.Errorf("max_connections %d became %d, want %d", tc.in, c.Network.MaxConnections, tc.want)
+		case !tc.ok && !bad:
+			t.Errorf("max_connections %d: no error for network.max_connections", tc.in)
+		}
+	}
+}

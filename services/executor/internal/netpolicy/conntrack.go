@@ -67,10 +67,13 @@ func (n *Net) forgetFlows(p *Policy) error {
 }
 
 // allows reports whether a connection the job at a opened is one p lets
-// out: the forward chain's rules, read the same way.
+// out: the forward chain's rules, read the same way. The forward chain
+// sees the destination after any DNAT of the host's, which is where the
+// replies come from: the reply direction's source, not the original
+// direction's destination.
 func (m *Manager) allows(p Policy, a jobAddrs, fl *netlink.ConntrackFlow) bool {
 	src, ok1 := netip.AddrFromSlice(fl.Forward.SrcIP)
-	dst, ok2 := netip.AddrFromSlice(fl.Forward.DstIP)
+	dst, ok2 := netip.AddrFromSlice(fl.Reverse.SrcIP)
 	if !ok1 || !ok2 {
 		return false
 	}
@@ -85,7 +88,7 @@ func (m *Manager) allows(p Policy, a jobAddrs, fl *netlink.ConntrackFlow) bool {
 		if !r.Prefix.Contains(dst) {
 			continue
 		}
-		if len(r.Ports) == 0 || fl.Forward.Protocol == unix.IPPROTO_TCP && slices.Contains(r.Ports, fl.Forward.DstPort) {
+		if len(r.Ports) == 0 || fl.Forward.Protocol == unix.IPPROTO_TCP && slices.Contains(r.Ports, fl.Reverse.SrcPort) {
 			return true
 		}
 	}

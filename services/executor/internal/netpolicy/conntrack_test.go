@@ -32,20 +32,24 @@ func (w ctLog) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// ctManager is a manager of the test's own; its cleanup checks every
-// namespace was closed.
-func ctManager(t *testing.T) *Manager {
+// ctManager is a manager of the test's own, with opts applied to its
+// config; its cleanup checks every namespace was closed.
+func ctManager(t *testing.T, opts ...func(*Config)) *Manager {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatalf("the netpolicy tests must run as root, not uid %d", os.Geteuid())
 	}
 	n := int(ctSeq.Add(1))
-	m, err := New(Config{
+	cfg := Config{
 		Dir:    t.TempDir(),
 		Name:   fmt.Sprintf("ctt%d_%d", os.Getpid(), n),
 		Pool4:  netip.MustParsePrefix(fmt.Sprintf("10.217.%d.0/24", (os.Getpid()*5+n)%256)),
 		Logger: slog.New(slog.NewTextHandler(ctLog{t}, nil)),
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	m, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,5 +269,142 @@ func TestTakeSlotGoesRound(t *testing.T) {
 	}
 	if _, err := m.takeSlot(); err == nil {
 		t.Error("a fifth slot of a /28 pool")
+	}
+}
+
+// A job can have at most MaxConnections connections open at once: one
+// more is refused at once, and once some close, new ones work again.
+func TestConnectionCap(t *testing.T) {
+	const limit = 8
+	m := ctManager(t, func(c *Config) { c.MaxConnections = limit })
+	th, tcpPort := ctTestHost(t)
+	n := ctJob(t, m, Policy{Allow: []Rule{{Prefix: netip.PrefixFrom(th.IP, 32)}}})
+	addr := net.JoinHostPort(th.IP.String(), fmt.Sprint(tcpPort))
+	dial := func() (net.Conn, error) {
+		c, err := nettest.DialFrom(n.Path(), addr, 2*time.Second)
+		if err != nil {
+			return nil, err
+		}
+		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+		if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("greeting: %w", err)
+		}
+		return c, nil
+	}
+	var open []net.Conn
+	defer func() {
+		for _, c := range open {
+			c.Close()
+		}
+	}()
+	for i := range limit {
+		c, err := dial()
+		if err != nil {
+			t.Fatalf("connection %d of %d: %v", i+1, limit, err)
+		}
+		open = append(open, c)
+	}
+	start := time.Now()
+	if c, err := dial(); err == nil {
+		c.Close()
+		t.Fatalf("connection %d of a job limited to %d went through", limit+1, limit)
+	} else {
+		t.Logf("connection %d: %v after %s", limit+1, err, time.Since(start))
+	}
+	for _, c := range open[:3] {
+		c.Close()
+	}
+	open = open[3:]
+	// The closed connections stop counting once conntrack sees them
+	// closed; give that a moment.
+	deadline := time.Now().Add(5 * time.Second)
+	for len(open) < limit {
+		c, err := dial()
+		if err != nil {
+			if time.Now().After(deadline) {
+				t.Fatalf("with %d of %d connections open, another one: %v", len(open), limit, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		open = append(open, c)
+	}
+	if c, err := dial(); err == nil {
+		c.Close()
+		t.Errorf("connection %d of a job limited to %d went through after others closed", limit+1, limit)
+	}
+}
+
+// The forward chain filters the destination after the host's DNAT, and
+// so does Apply's choice of which connections to cut: a flow the job
+// opened to an address the host rewrites to an allowed one survives a
+// policy change that still allows it.
+func TestApplyKeepsDNATedFlows(t *testing.T) {
+	m := ctManager(t)
+	th, _ := ctTestHost(t)
+	var peer net.PacketConn
+	if err := th.Do(func() error {
+		var err error
+		peer, err = net.ListenPacket("udp4", net.JoinHostPort(th.IP.String(), "0"))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { peer.Close() })
+	udpPort := peer.LocalAddr().(*net.UDPAddr).Port
+
+	n := ctJob(t, m, Policy{Allow: []Rule{{Prefix: netip.PrefixFrom(th.IP, 32)}}})
+	// A virtual address (TEST-NET-1) the host rewrites to the test host,
+	// as a load balancer or a service proxy would.
+	vip := netip.MustParseAddr("192.0.2.77")
+	table := fmt.Sprintf("ctdnat%d_%d", os.Getpid(), ctSeq.Add(1))
+	script := fmt.Sprintf("table ip %s {\n\tchain pre {\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\tiifname %q ip daddr %s udp dport 7777 dnat to %s:%d\n\t}\n}\n",
+		table, n.veth, vip, th.IP, udpPort)
+	if err := m.runNft(context.Background(), false, script); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.runNft(context.Background(), false, fmt.Sprintf("delete table ip %s\n", table)); err != nil {
+			t.Errorf("remove the DNAT table: %v", err)
+		}
+	})
+
+	var job net.PacketConn
+	if err := nettest.InPath(n.Path(), func() error {
+		var err error
+		job, err = net.ListenPacket("udp4", ":0")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer job.Close()
+	if _, err := job.WriteTo([]byte("ping"), &net.UDPAddr{IP: vip.AsSlice(), Port: 7777}); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, from, err := peer.ReadFrom(buf)
+	if err != nil {
+		t.Fatalf("the test host got nothing from the job through the DNAT: %v", err)
+	}
+	received := func(msg string) bool {
+		t.Helper()
+		if _, err := peer.WriteTo([]byte(msg), from); err != nil {
+			t.Fatal(err)
+		}
+		_ = job.SetReadDeadline(time.Now().Add(time.Second))
+		k, _, err := job.ReadFrom(buf)
+		return err == nil && string(buf[:k]) == msg
+	}
+	if !received("answer") {
+		t.Fatal("the job did not get the answer while the policy allowed it")
+	}
+	wider := Policy{Allow: []Rule{{Prefix: netip.PrefixFrom(th.IP, 32)}, {Prefix: netip.MustParsePrefix("203.0.113.0/24")}}}
+	if err := n.Apply(context.Background(), wider, 2); err != nil {
+		t.Fatal(err)
+	}
+	if !received("after widening") {
+		t.Error("a wider policy cut a flow to an allowed destination the host reached by DNAT")
 	}
 }

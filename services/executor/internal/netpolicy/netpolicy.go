@@ -23,7 +23,9 @@
 // one nftables table of its own, "inet <Name>_<hash>", whose chains match
 // only packets from or to that job's veth, so other traffic keeps its fate.
 // (A drop in another table still wins over our accepts: a host firewall
-// that drops forwarded traffic must let the jobs' veths through.)
+// that drops forwarded traffic must let the jobs' veths through.) New also
+// claims Pool4 host-wide until Close, with a lock file under
+// /run/airlock/netpolicy (see claim.go).
 //
 // Only the executor's run manager and composition root import it. It needs
 // root, the nft command (Debian package nftables) and a kernel with
@@ -114,7 +116,8 @@ func (p Policy) clone() Policy {
 
 // Defaults for Config's optional fields.
 const (
-	DefaultName = "airlock"
+	DefaultName           = "airlock"
+	DefaultMaxConnections = 1024
 )
 
 // DefaultPool4 is the IPv4 pool every job's veth pair takes a /30 from
@@ -138,14 +141,20 @@ type Config struct {
 	// Pool4 is split into one /30 per job with a veth: the host end takes
 	// the first address, the job the second. At most /30; default
 	// 10.213.0.0/16 (16384 jobs at once). Jobs can never reach the pool.
-	// New refuses a pool that overlaps the subnet of an address on one of
-	// the host's interfaces (other than this manager's own veths), unless
-	// MovablePool4 is set.
+	// The manager claims it host-wide until Close (a lock file under
+	// /run/airlock/netpolicy), so no other manager on the host can use an
+	// overlapping pool even while neither has a job. New refuses a pool
+	// that another manager holds or that overlaps the subnet of an
+	// address on one of the host's interfaces (other than this manager's
+	// own veths), unless MovablePool4 is set; it only warns about one
+	// that overlaps a route (which may be intended).
 	Pool4 netip.Prefix
 	// MovablePool4 says Pool4 is a default, not the operator's choice: if
-	// it overlaps the host's networks, New moves it to the first free
-	// prefix of the same size after it in 10.200.0.0/13, then in
-	// 172.16.0.0/12, then in 100.64.0.0/10, and logs where.
+	// another manager holds it, or it overlaps the host's networks (an
+	// interface's subnet or a route other than a default one) or an
+	// always-denied prefix, New moves it to the first free prefix of the
+	// same size after it in 10.200.0.0/13, then in 172.16.0.0/12, then
+	// in 100.64.0.0/10, and logs where.
 	MovablePool4 bool
 	// Pool6, if set, gives each job with a veth a /64 of it as well (host
 	// end ::1, job ::2), and New turns on IPv6 forwarding. It is unset by
@@ -162,6 +171,14 @@ type Config struct {
 	// 192.0.0.192), loopback, the pools, and every address of the host
 	// itself.
 	AlwaysDeny []netip.Prefix
+	// MaxConnections caps the connections a job may have open at once
+	// through its veth (counted by connection tracking, so closed TCP
+	// connections stop counting at once, UDP flows when their entries
+	// expire): beyond it a new one is rejected. It keeps one job from
+	// filling the host's connection tracking table. The count lives in
+	// the job's rules, so it starts afresh when Apply replaces them (the
+	// connections open then no longer count). Default 1024.
+	MaxConnections int
 }
 
 // alwaysDeny is refused whatever a policy says. The host's own addresses
@@ -187,6 +204,8 @@ type Manager struct {
 	nsDir string
 	nft   string
 	deny  []netip.Prefix
+	// claim holds Pool4 for this manager until Close.
+	claim *poolClaim
 
 	mu    sync.Mutex
 	live  map[string]*Net
@@ -214,9 +233,12 @@ var (
 // New checks the host can enforce policies and prepares Dir. It turns on
 // IPv4 forwarding (and IPv6 forwarding when Config.Pool6 is set): see the
 // package documentation.
-func New(cfg Config) (*Manager, error) {
+func New(cfg Config) (_ *Manager, err error) {
 	if cfg.Name == "" {
 		cfg.Name = DefaultName
+	}
+	if cfg.MaxConnections == 0 {
+		cfg.MaxConnections = DefaultMaxConnections
 	}
 	if !cfg.Pool4.IsValid() {
 		cfg.Pool4 = DefaultPool4
@@ -233,6 +255,8 @@ func New(cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("%w: netpolicy.pool4 %s: want an IPv4 prefix of at most /30", errdefs.ErrInvalidArgument, cfg.Pool4)
 	case cfg.Pool6.IsValid() && (!cfg.Pool6.Addr().Is6() || cfg.Pool6.Addr().Is4In6() || cfg.Pool6.Bits() > 64):
 		return nil, fmt.Errorf("%w: netpolicy.pool6 %s: want an IPv6 prefix of at most /64", errdefs.ErrInvalidArgument, cfg.Pool6)
+	case cfg.MaxConnections < 1:
+		return nil, fmt.Errorf("%w: netpolicy.max_connections %d: want at least 1", errdefs.ErrInvalidArgument, cfg.MaxConnections)
 	}
 	cfg.Pool4 = cfg.Pool4.Masked()
 	if cfg.Pool6.IsValid() {
@@ -246,28 +270,28 @@ func New(cfg Config) (*Manager, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("%w: must run as root (uid 0), not uid %d", ErrUnavailable, os.Geteuid())
 	}
-	if cfg.MovablePool4 {
-		p, err := freePool4(cfg)
-		if err != nil {
-			return nil, err
-		}
-		if p != cfg.Pool4 {
-			cfg.Logger.Info("netpolicy: the default pool overlaps the host's networks; using another", "default", cfg.Pool4, "pool4", p)
-			cfg.Pool4 = p
-		}
-	}
-	if err := checkPoolsFree(cfg); err != nil {
-		return nil, err
-	}
 	nft, err := exec.LookPath("nft")
 	if err != nil {
 		return nil, fmt.Errorf("%w: the nft command (Debian package nftables): %v", ErrUnavailable, err)
 	}
+	pool, claim, err := claimPool4(cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			if rerr := claim.release(); rerr != nil {
+				cfg.Logger.Error("netpolicy: give up the pool after a failed start", "pool4", pool, "error", rerr)
+			}
+		}
+	}()
+	cfg.Pool4 = pool
 	m := &Manager{
 		cfg:   cfg,
 		log:   cfg.Logger,
 		nsDir: filepath.Join(cfg.Dir, "ns"),
 		nft:   nft,
+		claim: claim,
 		live:  map[string]*Net{},
 		slots: map[int]bool{},
 	}
@@ -318,15 +342,56 @@ var movableRanges = []netip.Prefix{
 	netip.MustParsePrefix("100.64.0.0/10"),
 }
 
-// freePool4 returns cfg.Pool4 if no host subnet overlaps it, else the
-// first prefix of its size, starting after it, in movableRanges that none
-// overlaps.
-func freePool4(cfg Config) (netip.Prefix, error) {
+// claimPool4 checks the pools against the host's networks and the other
+// managers' claims, moves a movable Pool4 if it must, and claims the pool
+// it returns.
+func claimPool4(cfg Config) (netip.Prefix, *poolClaim, error) {
+	cl, err := lockClaims()
+	if err != nil {
+		return netip.Prefix{}, nil, err
+	}
+	defer cl.unlock()
+	if cfg.MovablePool4 {
+		p, err := freePool4(cfg, cl)
+		if err != nil {
+			return netip.Prefix{}, nil, err
+		}
+		if p != cfg.Pool4 {
+			cfg.Logger.Info("netpolicy: the default pool is another executor's or overlaps the host's networks; using another", "default", cfg.Pool4, "pool4", p)
+			cfg.Pool4 = p
+		}
+	}
+	if err := checkPoolsFree(cfg, cl); err != nil {
+		return netip.Prefix{}, nil, err
+	}
+	pc, err := cl.claim(cfg.Pool4)
+	if err != nil {
+		return netip.Prefix{}, nil, err
+	}
+	return cfg.Pool4, pc, nil
+}
+
+// freePool4 returns cfg.Pool4 if it is free (no other manager holds an
+// overlapping pool, and no host subnet, route other than a default one,
+// or always-denied prefix overlaps it), else the first free prefix of its
+// size, starting after it, in movableRanges.
+func freePool4(cfg Config, cl *claims) (netip.Prefix, error) {
 	taken, err := hostSubnets(cfg)
 	if err != nil {
 		return netip.Prefix{}, err
 	}
+	routes, err := hostRoutes(cfg)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	taken = append(taken, routes...)
+	for _, d := range append(slices.Clone(alwaysDeny), cfg.AlwaysDeny...) {
+		taken = append(taken, hostSubnet{subnet: d.Masked(), link: "always denied"})
+	}
 	free := func(p netip.Prefix) bool {
+		if _, held := cl.heldOverlapping(p); held {
+			return false
+		}
 		for _, t := range taken {
 			if t.subnet.Overlaps(p) {
 				return false
@@ -356,7 +421,7 @@ func freePool4(cfg Config) (netip.Prefix, error) {
 			}
 		}
 	}
-	return netip.Prefix{}, fmt.Errorf("%w: netpolicy: no /%d free of the host's networks in %v; set network.pool4", errdefs.ErrInvalidArgument, bits, movableRanges)
+	return netip.Prefix{}, fmt.Errorf("%w: netpolicy: no /%d free of the host's networks and other executors' pools in %v; set network.pool4", errdefs.ErrInvalidArgument, bits, movableRanges)
 }
 
 // hostSubnet is a subnet configured on one of the host's interfaces.
@@ -365,19 +430,62 @@ type hostSubnet struct {
 	link   string
 }
 
-// hostSubnets lists the subnets of the addresses on the host's
-// interfaces, leaving out this manager's own veths.
-func hostSubnets(cfg Config) ([]hostSubnet, error) {
+// hostLinks maps the index of each of the host's interfaces, other than
+// this manager's own veths, to its name; own are the veths' indexes.
+func hostLinks(cfg Config) (names map[int]string, own map[int]bool, err error) {
 	links, err := netlink.LinkList()
 	if err != nil {
-		return nil, fmt.Errorf("%w: list the host's interfaces: %v", ErrUnavailable, err)
+		return nil, nil, fmt.Errorf("%w: list the host's interfaces: %v", ErrUnavailable, err)
 	}
-	names := map[int]string{}
+	names, own = map[int]string{}, map[int]bool{}
 	for _, l := range links {
 		if l.Type() == "veth" && strings.HasPrefix(l.Attrs().Alias, cfg.Name+":") {
+			own[l.Attrs().Index] = true
 			continue
 		}
 		names[l.Attrs().Index] = l.Attrs().Name
+	}
+	return names, own, nil
+}
+
+// hostRoutes lists the destinations of the host's IPv4 routes in every
+// routing table, leaving out default routes and routes through this
+// manager's own veths. A pool there would take traffic meant for where
+// the route leads (a VPN, a container network, a cloud's metadata range).
+func hostRoutes(cfg Config) ([]hostSubnet, error) {
+	names, own, err := hostLinks(cfg)
+	if err != nil {
+		return nil, err
+	}
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, fmt.Errorf("%w: list the host's routes: %v", ErrUnavailable, err)
+	}
+	var out []hostSubnet
+	for _, r := range routes {
+		if r.Dst == nil || own[r.LinkIndex] {
+			continue
+		}
+		ip, ok := netip.AddrFromSlice(r.Dst.IP)
+		ones, _ := r.Dst.Mask.Size()
+		if !ok || ones == 0 {
+			continue
+		}
+		where := fmt.Sprintf("a route in table %d", r.Table)
+		if name, ok := names[r.LinkIndex]; ok {
+			where = fmt.Sprintf("a route via %s in table %d", name, r.Table)
+		}
+		out = append(out, hostSubnet{netip.PrefixFrom(ip.Unmap(), ones).Masked(), where})
+	}
+	return out, nil
+}
+
+// hostSubnets lists the subnets of the addresses on the host's
+// interfaces, leaving out this manager's own veths.
+func hostSubnets(cfg Config) ([]hostSubnet, error) {
+	names, _, err := hostLinks(cfg)
+	if err != nil {
+		return nil, err
 	}
 	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
@@ -399,14 +507,28 @@ func hostSubnets(cfg Config) ([]hostSubnet, error) {
 	return out, nil
 }
 
-// checkPoolsFree refuses pools that overlap a subnet of the host's: the
+// checkPoolsFree refuses pools that overlap a subnet of the host's (the
 // jobs' routes would shadow its neighbours, or a job would get an address
-// the host has. This manager's own veths (left by a killed executor, for
-// Recover) do not count.
-func checkPoolsFree(cfg Config) error {
+// the host has) and a Pool4 that overlaps another manager's, and warns
+// about a Pool4 that overlaps a route. This manager's own veths (left by
+// a killed executor, for Recover) do not count.
+func checkPoolsFree(cfg Config, cl *claims) error {
+	if h, held := cl.heldOverlapping(cfg.Pool4); held {
+		return fmt.Errorf("%w: netpolicy: network.pool4 %s overlaps pool %s, which another executor on this host holds; set network.pool4 to a prefix of its own",
+			errdefs.ErrInvalidArgument, cfg.Pool4, h)
+	}
 	taken, err := hostSubnets(cfg)
 	if err != nil {
 		return err
+	}
+	routes, err := hostRoutes(cfg)
+	if err != nil {
+		return err
+	}
+	for _, r := range routes {
+		if r.subnet.Overlaps(cfg.Pool4) {
+			cfg.Logger.Warn("netpolicy: network.pool4 overlaps a route of the host's; jobs' addresses shadow part of it", "pool4", cfg.Pool4, "route", r.subnet, "where", r.link)
+		}
 	}
 	for _, t := range taken {
 		for _, pool := range []struct {
@@ -515,10 +637,14 @@ func (m *Manager) Create(ctx context.Context, id string, p Policy, opts ...Creat
 	defer func() {
 		if err != nil {
 			n.mu.Lock()
-			if cerr := n.teardown(); cerr != nil {
-				m.log.Error("netpolicy: undo a failed create", "job_id", id, "error", cerr)
-			}
+			cerr := n.teardown()
 			n.mu.Unlock()
+			if cerr != nil {
+				// It stays live, with its address slot: Manager.Close
+				// reports it, and the next start's Recover removes it.
+				m.log.Error("netpolicy: undo a failed create; its leftovers stay until Recover", "job_id", id, "error", cerr)
+				return
+			}
 			m.forget(n)
 		}
 	}()
@@ -825,14 +951,16 @@ func (m *Manager) Recover(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// Close releases the manager; jobs' namespaces must be closed first.
+// Close releases the manager and its claim on Pool4; jobs' namespaces
+// must be closed first. A manager that has namespaces left keeps its
+// claim until the process ends.
 func (m *Manager) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if len(m.live) > 0 {
 		return fmt.Errorf("%w: netpolicy: Close with %d namespace(s) not closed", errdefs.ErrFailedPrecondition, len(m.live))
 	}
-	return nil
+	return m.claim.release()
 }
 
 // takeSlot reserves the next free address slot after the one it took

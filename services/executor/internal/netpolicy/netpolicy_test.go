@@ -409,7 +409,10 @@ func TestRecover(t *testing.T) {
 	if _, err := m.Recover(ctx); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("Recover with live namespaces: %v", err)
 	}
-	// A new executor with the same configuration, after a crash.
+	// A new executor with the same configuration, after a crash, which
+	// took the first one's claim on the pool with it.
+	m.claim.f.Close()
+	m.claim.f = nil
 	m2, err := New(m.cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -482,7 +485,7 @@ func TestCreateErrors(t *testing.T) {
 // The rules a job's veth gets, as nft would list them: a guard against
 // an edit that drops a chain or an always-denied prefix.
 func TestScriptShape(t *testing.T) {
-	m := &Manager{cfg: Config{Name: "airlock", Pool4: DefaultPool4}}
+	m := &Manager{cfg: Config{Name: "airlock", Pool4: DefaultPool4, MaxConnections: 77}}
 	m.deny = append(slices.Clone(alwaysDeny), DefaultPool4)
 	n := m.newNet("job-1")
 	n.addr = m.addrs(3)
@@ -493,6 +496,7 @@ func TestScriptShape(t *testing.T) {
 		"fib daddr type { local, broadcast, multicast, anycast } drop",
 		"169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128", "10.213.0.0/16",
 		"meta nfproto ipv4 ip saddr != 10.213.0.14 drop",
+		"ct state new ct count over 77 reject",
 		"ip daddr 192.0.2.0/24 tcp dport { 443, 80 } accept",
 		"ct state established,related accept",
 		`ip saddr 10.213.0.14 oifname != "` + n.veth + `" masquerade`,

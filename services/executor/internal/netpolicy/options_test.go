@@ -47,7 +47,12 @@ func TestNewRefusesAPoolInUse(t *testing.T) {
 		{netip.PrefixFrom(ip.Next().Next().Next().Next(), 30).String(), false}, // inside it
 		{fmt.Sprintf("10.219.%d.0/24", (os.Getpid()*3+n)%256), true},
 	} {
-		_, err := New(Config{Dir: t.TempDir(), Name: fmt.Sprintf("ctd%d_%d", os.Getpid(), n), Pool4: netip.MustParsePrefix(tc.pool)})
+		m, err := New(Config{Dir: t.TempDir(), Name: fmt.Sprintf("ctd%d_%d", os.Getpid(), n), Pool4: netip.MustParsePrefix(tc.pool)})
+		if err == nil {
+			if cerr := m.Close(); cerr != nil {
+				t.Error(cerr)
+			}
+		}
 		switch {
 		case tc.ok && err != nil:
 			t.Errorf("pool %s: %v", tc.pool, err)

@@ -29,7 +29,10 @@ const nftTimeout = 30 * time.Second
 //   - forward, from the job: a spoofed source, the always-denied prefixes
 //     (again, after DNAT) and everything not allowed are dropped. This
 //     does not look at connection state, so a narrower policy also cuts
-//     connections it no longer allows;
+//     connections it no longer allows. A new connection beyond
+//     Config.MaxConnections of the job's is rejected (at once, so the job
+//     sees an error rather than a timeout); the count starts again with
+//     each new set of rules, since it lives in the table Apply replaces;
 //   - forward, to the job: replies only;
 //   - postrouting: the job's address is masqueraded behind the host's, so
 //     replies find their way back.
@@ -58,6 +61,8 @@ func (m *Manager) replaceScript(n *Net, p Policy) string {
 		b.WriteString("\t\tmeta nfproto ipv6 drop\n")
 	}
 	fmt.Fprintf(&b, "\t\tip daddr %s drop\n\t\tip6 daddr %s drop\n", set(deny4), set(deny6))
+	// One rule, so one count: every rule with a ct count keeps its own.
+	fmt.Fprintf(&b, "\t\tct state new ct count over %d reject with icmpx admin-prohibited\n", m.cfg.MaxConnections)
 	for _, r := range p.Allow {
 		fam := "ip"
 		if r.Prefix.Addr().Is6() {

@@ -78,7 +78,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			netm, err := netpolicy.New(netpolicy.Config{
 				Dir: env.DataDir.Join("netpolicy"), Logger: logger, Name: cfg.Network.Name,
 				Pool4: cfg.Network.Pool4Prefix, MovablePool4: cfg.Network.Pool4Default, Pool6: cfg.Network.Pool6Prefix,
-				AlwaysDeny: cfg.Network.AlwaysDenyPrefixes,
+				AlwaysDeny: cfg.Network.AlwaysDenyPrefixes, MaxConnections: cfg.Network.MaxConnections,
 			})
 			if err != nil {
 				return err
