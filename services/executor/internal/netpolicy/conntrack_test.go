@@ -158,33 +158,7 @@ func TestNarrowingCutsEstablishedFlows(t *testing.T) {
 
 	// A UDP flow: the job speaks first, the peer answers to where the
 	// job's packet came from (the host's address, masqueraded).
-	var job net.PacketConn
-	if err := nettest.InPath(n.Path(), func() error {
-		var err error
-		job, err = net.ListenPacket("udp4", ":0")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer job.Close()
-	if _, err := job.WriteTo([]byte("ping"), udpAddr); err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 64)
-	_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
-	_, from, err := peer.ReadFrom(buf)
-	if err != nil {
-		t.Fatalf("the peer got nothing from the job: %v", err)
-	}
-	received := func(msg string) bool {
-		t.Helper()
-		if _, err := peer.WriteTo([]byte(msg), from); err != nil {
-			t.Fatal(err)
-		}
-		_ = job.SetReadDeadline(time.Now().Add(time.Second))
-		k, _, err := job.ReadFrom(buf)
-		return err == nil && string(buf[:k]) == msg
-	}
+	received := udpFlow(t, n.Path(), peer, udpAddr, "the peer got nothing from the job")
 	if !received("answer") {
 		t.Fatal("the job did not get the peer's answer while the policy allowed it")
 	}
@@ -370,33 +344,7 @@ func TestApplyKeepsDNATedFlows(t *testing.T) {
 		}
 	})
 
-	var job net.PacketConn
-	if err := nettest.InPath(n.Path(), func() error {
-		var err error
-		job, err = net.ListenPacket("udp4", ":0")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer job.Close()
-	if _, err := job.WriteTo([]byte("ping"), &net.UDPAddr{IP: vip.AsSlice(), Port: 7777}); err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 64)
-	_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
-	_, from, err := peer.ReadFrom(buf)
-	if err != nil {
-		t.Fatalf("the test host got nothing from the job through the DNAT: %v", err)
-	}
-	received := func(msg string) bool {
-		t.Helper()
-		if _, err := peer.WriteTo([]byte(msg), from); err != nil {
-			t.Fatal(err)
-		}
-		_ = job.SetReadDeadline(time.Now().Add(time.Second))
-		k, _, err := job.ReadFrom(buf)
-		return err == nil && string(buf[:k]) == msg
-	}
+	received := udpFlow(t, n.Path(), peer, &net.UDPAddr{IP: vip.AsSlice(), Port: 7777}, "the test host got nothing from the job through the DNAT")
 	if !received("answer") {
 		t.Fatal("the job did not get the answer while the policy allowed it")
 	}
@@ -406,5 +354,40 @@ func TestApplyKeepsDNATedFlows(t *testing.T) {
 	}
 	if !received("after widening") {
 		t.Error("a wider policy cut a flow to an allowed destination the host reached by DNAT")
+	}
+}
+
+// udpFlow opens a UDP socket in the job's namespace at path, sends to dst
+// and waits for the peer to get it (failing with what otherwise); it
+// returns a probe that has the peer answer msg and reports whether the
+// job received it.
+func udpFlow(t *testing.T, path string, peer net.PacketConn, dst net.Addr, what string) func(msg string) bool {
+	t.Helper()
+	var job net.PacketConn
+	if err := nettest.InPath(path, func() error {
+		var err error
+		job, err = net.ListenPacket("udp4", ":0")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { job.Close() })
+	if _, err := job.WriteTo([]byte("ping"), dst); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, from, err := peer.ReadFrom(buf)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	return func(msg string) bool {
+		t.Helper()
+		if _, err := peer.WriteTo([]byte(msg), from); err != nil {
+			t.Fatal(err)
+		}
+		_ = job.SetReadDeadline(time.Now().Add(time.Second))
+		k, _, err := job.ReadFrom(buf)
+		return err == nil && string(buf[:k]) == msg
 	}
 }
