@@ -19,6 +19,7 @@ import (
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/approvals"
+	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 )
@@ -314,7 +315,7 @@ func (s *Service) UpdateNetworkPolicy(ctx context.Context, req *authorityv1.Upda
 	if req.GetPolicy() == nil {
 		return nil, s.fail(ctx, invalid("policy", "required: the whole new policy"))
 	}
-	n, err := networkFromProto("policy", req.GetPolicy())
+	n, err := executorclient.NetworkFromProto("policy", req.GetPolicy())
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
@@ -337,7 +338,7 @@ func (s *Service) UpdateJobLimits(ctx context.Context, req *authorityv1.UpdateJo
 	if req.GetLimits() == nil {
 		return nil, s.fail(ctx, invalid("limits", "required: the limits to change"))
 	}
-	l, err := limitsFromProto("limits", req.GetLimits())
+	l, err := executorclient.LimitsFromProto("limits", req.GetLimits())
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}

@@ -70,7 +70,7 @@ func specFromProto(p *authorityv1.JobSpec) (jobs.Spec, error) {
 		return s, invalid("spec.runtime_class", "%d is not a runtime class", p.GetRuntimeClass())
 	}
 	if np := p.GetNetworkPolicy(); np != nil {
-		n, err := networkFromProto("spec.network_policy", np)
+		n, err := executorclient.NetworkFromProto("spec.network_policy", np)
 		if err != nil {
 			return s, err
 		}
@@ -80,38 +80,6 @@ func specFromProto(p *authorityv1.JobSpec) (jobs.Spec, error) {
 		s.PublishTarget = &jobs.PublishTarget{Repository: t.GetRepository(), Branch: t.GetBranch()}
 	}
 	return s, nil
-}
-
-// networkFromProto reads a network policy; field names it in errors.
-func networkFromProto(field string, np *typesv1.NetworkPolicy) (jobs.Network, error) {
-	var n jobs.Network
-	switch m := np.GetMode().(type) {
-	case *typesv1.NetworkPolicy_DenyAll:
-		n.Mode = jobs.NetworkDenyAll
-	case *typesv1.NetworkPolicy_Allow:
-		n.Mode = jobs.NetworkAllow
-		for _, r := range m.Allow.GetRules() {
-			n.Rules = append(n.Rules, jobs.AllowRule{CIDR: r.GetCidr(), Ports: r.GetPorts()})
-		}
-	case *typesv1.NetworkPolicy_Domains:
-		n.Mode = jobs.NetworkDomains
-		n.Domains, n.DomainPorts = m.Domains.GetDomains(), m.Domains.GetPorts()
-	default:
-		return n, invalid(field, "exactly one mode (deny_all, allow or domains) is required")
-	}
-	return n, nil
-}
-
-// limitsFromProto reads limits; zero fields stay zero.
-func limitsFromProto(field string, r *typesv1.ResourceLimits) (policy.Limits, error) {
-	l := policy.Limits{CPUMillis: r.GetCpuMillis(), MemoryBytes: r.GetMemoryBytes(), Pids: r.GetPids(), DiskBytes: r.GetDiskBytes()}
-	if d := r.GetDeadline(); d != nil {
-		if err := d.CheckValid(); err != nil {
-			return l, invalid(field+".deadline", "%v", err)
-		}
-		l.Deadline = d.AsDuration()
-	}
-	return l, nil
 }
 
 // changeToProto is the API's view of a recorded change.

@@ -707,48 +707,52 @@ func (s *Service) UseLease(ctx context.Context, caller identity.ID, req UseReque
 // authority itself), and returns how many of each. Both already read as
 // expired before the sweep; it makes the log say when they ran out.
 func (s *Service) Sweep(ctx context.Context, caller identity.ID) (approvalsExpired, leasesExpired int, err error) {
-	const batch = 100
 	now := s.now()
-	for {
+	expired := func(a store.Approval, reason string) audit.Event {
+		return audit.Event{Kind: "approval.expired", Caller: caller.String(), Subject: a.ID, Time: now, Outcome: outcomeAllowed, Reason: reason}
+	}
+	n, err := drain(func(batch int) (int, error) {
 		list, err := s.cfg.Store.ExpireApprovalsAudited(ctx, now, batch, func(a store.Approval) audit.Event {
-			return audit.Event{Kind: "approval.expired", Caller: caller.String(), Subject: a.ID, Time: now, Outcome: outcomeAllowed,
-				Reason: fmt.Sprintf("%s request expired at %s undecided or unconsumed", a.Kind, a.ExpiresAt.Format(time.RFC3339))}
+			return expired(a, fmt.Sprintf("%s request expired at %s undecided or unconsumed", a.Kind, a.ExpiresAt.Format(time.RFC3339)))
 		})
-		approvalsExpired += len(list)
-		if err != nil {
-			return approvalsExpired, leasesExpired, err
-		}
-		if len(list) < batch {
-			break
-		}
+		return len(list), err
+	})
+	approvalsExpired += n
+	if err != nil {
+		return approvalsExpired, leasesExpired, err
 	}
-	for {
+	n, err = drain(func(batch int) (int, error) {
 		list, err := s.cfg.Store.ExpireChangesOfEndedJobsAudited(ctx, batch, func(a store.Approval) audit.Event {
-			return audit.Event{Kind: "approval.expired", Caller: caller.String(), Subject: a.ID, Time: now, Outcome: outcomeAllowed,
-				Reason: fmt.Sprintf("change request for job %s: the job has ended, so the change can no longer apply", a.JobID)}
+			return expired(a, fmt.Sprintf("change request for job %s: the job has ended, so the change can no longer apply", a.JobID))
 		})
-		approvalsExpired += len(list)
-		if err != nil {
-			return approvalsExpired, leasesExpired, err
-		}
-		if len(list) < batch {
-			break
-		}
+		return len(list), err
+	})
+	approvalsExpired += n
+	if err != nil {
+		return approvalsExpired, leasesExpired, err
 	}
-	for {
+	leasesExpired, err = drain(func(batch int) (int, error) {
 		list, err := s.cfg.Store.ExpireLeasesAudited(ctx, now, batch, func(l store.Lease) audit.Event {
 			return audit.Event{Kind: "lease.expired", Caller: caller.String(), Subject: l.ID, Time: now, Outcome: outcomeAllowed,
 				Reason: fmt.Sprintf("%s lease on %s ended at %s", l.Purpose, l.Resource, l.ExpiresAt.Format(time.RFC3339))}
 		})
-		leasesExpired += len(list)
-		if err != nil {
-			return approvalsExpired, leasesExpired, err
-		}
-		if len(list) < batch {
-			break
+		return len(list), err
+	})
+	return approvalsExpired, leasesExpired, err
+}
+
+// drain calls step with a batch size until a batch comes back short or
+// fails, and returns how many it handled in all.
+func drain(step func(batch int) (int, error)) (int, error) {
+	const batch = 100
+	total := 0
+	for {
+		n, err := step(batch)
+		total += n
+		if err != nil || n < batch {
+			return total, err
 		}
 	}
-	return approvalsExpired, leasesExpired, nil
 }
 
 // SweepEvery runs Sweep every interval until ctx ends; failures are

@@ -86,10 +86,18 @@ func (s *Signer) Decode(wire []byte) (jobs.GrantRequest, error) {
 	if err := proto.Unmarshal(sg.GetBody(), g); err != nil {
 		return jobs.GrantRequest{}, fmt.Errorf("executorclient: stored grant body: %w", err)
 	}
+	limits, err := LimitsFromProto("grant.limits", g.GetLimits())
+	if err != nil {
+		return jobs.GrantRequest{}, fmt.Errorf("executorclient: stored grant: %w", err)
+	}
+	network, err := NetworkFromProto("grant.network_policy", g.GetNetworkPolicy())
+	if err != nil {
+		return jobs.GrantRequest{}, fmt.Errorf("executorclient: stored grant: %w", err)
+	}
 	r := jobs.GrantRequest{
 		JobID: g.GetJobId(), Tenant: g.GetTenant(), Requester: g.GetRequester(), Repository: g.GetRepository(),
 		Commit: g.GetCommit(), Command: g.GetCommand(), Env: g.GetEnv(),
-		Limits: LimitsFromProto(g.GetLimits()), Network: NetworkFromProto(g.GetNetworkPolicy()),
+		Limits: limits, Network: network,
 		NetworkGeneration: g.GetNetworkPolicyGeneration(), Generation: max(g.GetGeneration(), 1),
 		RuntimeClass: policy.RuntimeRunc,
 		IssuedAt:     g.GetIssuedAt().AsTime(), ExpiresAt: g.GetExpiresAt().AsTime(),
@@ -103,27 +111,38 @@ func (s *Signer) Decode(wire []byte) (jobs.GrantRequest, error) {
 	return r, nil
 }
 
-// LimitsFromProto converts limits.
-func LimitsFromProto(l *typesv1.ResourceLimits) policy.Limits {
-	return policy.Limits{
-		CPUMillis: l.GetCpuMillis(), MemoryBytes: l.GetMemoryBytes(), Pids: l.GetPids(), DiskBytes: l.GetDiskBytes(),
-		Deadline: l.GetDeadline().AsDuration(),
+// LimitsFromProto reads limits (zero fields stay zero); errors name
+// fields under field and wrap errdefs.ErrInvalidArgument.
+func LimitsFromProto(field string, r *typesv1.ResourceLimits) (policy.Limits, error) {
+	l := policy.Limits{CPUMillis: r.GetCpuMillis(), MemoryBytes: r.GetMemoryBytes(), Pids: r.GetPids(), DiskBytes: r.GetDiskBytes()}
+	if d := r.GetDeadline(); d != nil {
+		if err := d.CheckValid(); err != nil {
+			return l, fmt.Errorf("%w: %s.deadline: %v", errdefs.ErrInvalidArgument, field, err)
+		}
+		l.Deadline = d.AsDuration()
 	}
+	return l, nil
 }
 
-// NetworkFromProto converts a network policy; unset is deny-all.
-func NetworkFromProto(p *typesv1.NetworkPolicy) jobs.Network {
-	switch m := p.GetMode().(type) {
+// NetworkFromProto reads a network policy, which must name exactly one
+// mode; errors name field and wrap errdefs.ErrInvalidArgument.
+func NetworkFromProto(field string, np *typesv1.NetworkPolicy) (jobs.Network, error) {
+	var n jobs.Network
+	switch m := np.GetMode().(type) {
+	case *typesv1.NetworkPolicy_DenyAll:
+		n.Mode = jobs.NetworkDenyAll
 	case *typesv1.NetworkPolicy_Allow:
-		n := jobs.Network{Mode: jobs.NetworkAllow}
+		n.Mode = jobs.NetworkAllow
 		for _, r := range m.Allow.GetRules() {
 			n.Rules = append(n.Rules, jobs.AllowRule{CIDR: r.GetCidr(), Ports: r.GetPorts()})
 		}
-		return n
 	case *typesv1.NetworkPolicy_Domains:
-		return jobs.Network{Mode: jobs.NetworkDomains, Domains: m.Domains.GetDomains(), DomainPorts: m.Domains.GetPorts()}
+		n.Mode = jobs.NetworkDomains
+		n.Domains, n.DomainPorts = m.Domains.GetDomains(), m.Domains.GetPorts()
+	default:
+		return n, fmt.Errorf("%w: %s: exactly one mode (deny_all, allow or domains) is required", errdefs.ErrInvalidArgument, field)
 	}
-	return jobs.Network{Mode: jobs.NetworkDenyAll}
+	return n, nil
 }
 
 // RuntimeClassToProto maps a policy runtime class name to the enum.

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/audit"
@@ -136,7 +137,7 @@ func (s *Service) requestChange(ctx context.Context, caller identity.ID, req Cha
 		switch t.Approvals.Widening {
 		case policy.WidenDeny:
 			return res, fmt.Errorf("%w: tenant %q's policy refuses widening a running job (%s); cancel and resubmit it",
-				errdefs.ErrPermissionDenied, t.Name, joinWidens(ch.Widens))
+				errdefs.ErrPermissionDenied, t.Name, strings.Join(ch.Widens, "; "))
 		case policy.WidenAllow:
 		default:
 			a, err := s.openChange(ctx, caller, j, t, ch)
@@ -154,17 +155,6 @@ func (s *Service) requestChange(ctx context.Context, caller identity.ID, req Cha
 	j, err = s.applyChange(ctx, caller, cur, ch, reason, nil)
 	res.Job = j
 	return res, err
-}
-
-func joinWidens(w []string) string {
-	out := ""
-	for i, x := range w {
-		if i > 0 {
-			out += "; "
-		}
-		out += x
-	}
-	return out
 }
 
 // planChange checks the new limits and policy against the tenant and works
@@ -331,7 +321,7 @@ func describe(c Change) string {
 	if !sameNetwork(c.FromNetwork, c.ToNetwork) {
 		parts = append(parts, fmt.Sprintf("network_policy %s -> %s", networkText(c.FromNetwork), networkText(c.ToNetwork)))
 	}
-	return joinWidens(parts)
+	return strings.Join(parts, "; ")
 }
 
 func networkText(n Network) string {
@@ -365,7 +355,7 @@ func (s *Service) openChange(ctx context.Context, caller identity.ID, j store.Jo
 	}
 	a, _, err = s.cfg.Store.CreateApprovalAudited(ctx, a, audit.Event{
 		Kind: "approval.opened", Caller: caller.String(), Subject: a.ID, Time: now, Outcome: outcomeAllowed,
-		Reason: fmt.Sprintf("change of job %s needs %d approval(s): %s", j.ID, a.Required, joinWidens(ch.Widens)),
+		Reason: fmt.Sprintf("change of job %s needs %d approval(s): %s", j.ID, a.Required, strings.Join(ch.Widens, "; ")),
 	})
 	if err != nil {
 		return store.Approval{}, err
