@@ -10,7 +10,10 @@
 #   OUTDIR/runsc   gVisor's runsc, static (CGO_ENABLED=0): runsc re-executes
 #                  itself after pivot_root, where no ELF interpreter exists,
 #                  so a dynamically linked runsc dies at sandbox start with
-#                  "error executing umounter".
+#                  "error executing umounter". One change of ours is built
+#                  in (errnoret_overlay below): seccomp rules return their
+#                  own errno, so the job's filter means what it means under
+#                  runc; its version reads "+airlock.errnoret".
 #
 # runc is pinned in tools/sandbox/go.mod and runsc in tools/sandbox/runsc/go.mod:
 # they cannot share one build list, because runc v1.5 needs runtime-spec
@@ -95,11 +98,49 @@ build "$here" runc "$runc_stamp" '"$BIN" --version | grep -q "^libseccomp: "' CG
   -ldflags "-X main.gitCommit=$runc_ver" \
   github.com/opencontainers/runc
 
+# errnoret_module DIR makes, under DIR, a copy of the runsc build module
+# whose gVisor returns each SCMP_ACT_ERRNO rule's own errno (runc's
+# behaviour) instead of always EPERM: gVisor's source is hard-linked from the
+# module cache into DIR/gvisor (nothing in the cache changes), our
+# patch/errnoret.go.in is added to its runsc/specutils/seccomp package, the
+# package's two convertAction calls for rule and default actions are pointed
+# at it, and DIR/mod replaces gvisor.dev/gvisor with that copy. A gVisor
+# whose source no longer has those two calls fails the build here, so the
+# change cannot silently lapse; the sandbox tests assert every rule's errno
+# from inside runsc.
+errnoret_module() {
+  local dir="$1" src pkg
+  src="$(cd "$here/runsc" && go list -m -f '{{.Dir}}' gvisor.dev/gvisor)"
+  cp -al "$src" "$dir/gvisor"
+  pkg="$dir/gvisor/runsc/specutils/seccomp"
+  # The copy's directories are new (and read-only, as in the cache); its
+  # files are the cache's own inodes, so no file's mode is touched.
+  chmod u+w "$pkg"
+  sed -e 's/convertAction(s\.DefaultAction)/airlockErrnoAction(s.DefaultAction, s.DefaultErrnoRet)/' \
+    -e 's/convertAction(syscall\.Action)/airlockErrnoAction(syscall.Action, syscall.ErrnoRet)/' \
+    "$pkg/seccomp.go" >"$pkg/seccomp.go.new"
+  if (($(grep -c 'airlockErrnoAction(' "$pkg/seccomp.go.new") != 2)); then
+    echo "build.sh: $src/runsc/specutils/seccomp/seccomp.go no longer has the two convertAction calls the errnoRet change rewrites" >&2
+    exit 1
+  fi
+  # Replace the hard link, never write through it into the module cache.
+  rm -f "$pkg/seccomp.go"
+  mv "$pkg/seccomp.go.new" "$pkg/seccomp.go"
+  cp "$here/runsc/patch/errnoret.go.in" "$pkg/airlock_errnoret.go"
+  mkdir "$dir/mod"
+  cp "$here/runsc/go.mod" "$here/runsc/go.sum" "$dir/mod/"
+  (cd "$dir/mod" && go mod edit -replace "gvisor.dev/gvisor=$dir/gvisor")
+}
+
 if [[ "${SKIP_RUNSC:-}" != 1 ]]; then
   gvisor_ver="$(modver "$here/runsc" gvisor.dev/gvisor)"
-  runsc_stamp="runsc $gvisor_ver $gover static"
+  patch_sum="$(sha256sum "$here/runsc/patch/errnoret.go.in" | cut -c1-12)"
+  runsc_stamp="runsc $gvisor_ver $gover static errnoret=$patch_sum"
+  mod_dir="$(mktemp -d)"
+  trap 'find "$mod_dir" -type d -exec chmod u+w {} + 2>/dev/null; rm -rf "$mod_dir"' EXIT
+  fresh runsc "$runsc_stamp" || errnoret_module "$mod_dir"
   # A static binary has no program interpreter (PT_INTERP).
-  build "$here/runsc" runsc "$runsc_stamp" '"$BIN" --version >/dev/null && ! LC_ALL=C readelf -l "$BIN" 2>/dev/null | grep -q "program interpreter"' CGO_ENABLED=0 -- \
-    -ldflags "-X gvisor.dev/gvisor/runsc/version.version=$gvisor_ver" \
+  build "$mod_dir/mod" runsc "$runsc_stamp" '"$BIN" --version >/dev/null && ! LC_ALL=C readelf -l "$BIN" 2>/dev/null | grep -q "program interpreter"' CGO_ENABLED=0 -- \
+    -ldflags "-X gvisor.dev/gvisor/runsc/version.version=$gvisor_ver+airlock.errnoret" \
     gvisor.dev/gvisor/runsc
 fi

@@ -24,14 +24,17 @@ import (
 	"github.com/airlockhq/airlock/pkg/nettest"
 )
 
-// testClasses are the runtime classes a test runs under: runc always, runsc
-// when this host can run it. Where it cannot, TestProbe asserts that Probe
-// says so with a reason, and these tests say why they leave it out.
+// testClasses are the runtime classes a test runs under: runc always, and
+// runsc. In CI (CI=true) a runsc this host cannot run fails the test: a
+// class that silently drops out would hide every failure under it.
+// Elsewhere the test says why it leaves runsc out.
 func testClasses(t *testing.T, e *env) []Class {
 	t.Helper()
 	out := []Class{ClassRunc}
 	if st, ok := e.m.Available(ClassRunsc); ok {
 		out = append(out, ClassRunsc)
+	} else if os.Getenv("CI") == "true" {
+		t.Fatalf("runsc is unavailable here (CI=true, so this fails rather than test runc alone): %s", st.Reason)
 	} else {
 		t.Logf("runsc is unavailable here, so only runc runs this test: %s", st.Reason)
 	}

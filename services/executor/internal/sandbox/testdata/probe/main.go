@@ -19,7 +19,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: probe keyctl|ptrace|mount|clone-userns|chroot|dial ADDR|loopback|balloon MIB")
+		fmt.Fprintln(os.Stderr, "usage: probe keyctl|ptrace|mount|clone-userns|chroot|dial ADDR|loopback|balloon MIB|errno NR...")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -92,6 +92,20 @@ func main() {
 			}
 		}
 		fmt.Println("allocated all", len(keep))
+	case "errno":
+		// errno NR...: each system call by number with every argument
+		// zero, printed as "NR=ERRNO" (0 when it succeeded). Only for
+		// calls the filter is expected to stop before the kernel runs
+		// them, and for harmless ones (getpid) as controls.
+		for _, a := range os.Args[2:] {
+			nr, err := strconv.Atoi(a)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "errno: not a syscall number:", a)
+				os.Exit(2)
+			}
+			_, _, e := unix.RawSyscall6(uintptr(nr), 0, 0, 0, 0, 0, 0)
+			fmt.Printf("%d=%d\n", nr, int(e))
+		}
 	default:
 		fmt.Fprintln(os.Stderr, "unknown probe", os.Args[1])
 		os.Exit(2)
