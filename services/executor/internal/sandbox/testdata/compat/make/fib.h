@@ -1,0 +1,1 @@
+unsigned long long fib(int n);
