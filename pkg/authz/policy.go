@@ -28,6 +28,7 @@ var AuthorityTable = Merge(Infrastructure, Table{
 	// only approvers decide, and only the publisher consumes.
 	authorityv1.AuthorityService_ListApprovals_FullMethodName:   {Approvers, Clients},
 	authorityv1.AuthorityService_GetApproval_FullMethodName:     {Approvers, Clients},
+	authorityv1.AuthorityService_ReadReview_FullMethodName:      {Approvers, Clients},
 	authorityv1.AuthorityService_DecideApproval_FullMethodName:  {Approvers},
 	authorityv1.AuthorityService_ConsumeApproval_FullMethodName: {Publisher},
 
@@ -47,14 +48,15 @@ var AuthorityTable = Merge(Infrastructure, Table{
 })
 
 // ExecutorTable is the executor's table: the authority drives runs, the
-// publisher reads finished bundles, and nobody else reaches the executor.
+// publisher reads finished bundles (and the authority, to stream one to a
+// reviewer), and nobody else reaches the executor.
 var ExecutorTable = Merge(Infrastructure, Table{
 	executorv1.ExecutorService_StartJob_FullMethodName:    {Authority},
 	executorv1.ExecutorService_GetRun_FullMethodName:      {Authority},
 	executorv1.ExecutorService_WatchRun_FullMethodName:    {Authority},
 	executorv1.ExecutorService_CancelRun_FullMethodName:   {Authority},
 	executorv1.ExecutorService_UpdateRun_FullMethodName:   {Authority},
-	executorv1.ExecutorService_GetArtifact_FullMethodName: {Publisher},
+	executorv1.ExecutorService_GetArtifact_FullMethodName: {Publisher, Authority},
 })
 
 // PublisherTable is the publisher's table.

@@ -56,6 +56,7 @@ var expected = map[string]map[string]bool{
 	"/airlock.authority.v1.AuthorityService/ReportResult":        only(executor),
 	"/airlock.authority.v1.AuthorityService/ListApprovals":       only(approver, client),
 	"/airlock.authority.v1.AuthorityService/GetApproval":         only(approver, client),
+	"/airlock.authority.v1.AuthorityService/ReadReview":          only(approver, client),
 	"/airlock.authority.v1.AuthorityService/DecideApproval":      only(approver),
 	"/airlock.authority.v1.AuthorityService/ConsumeApproval":     only(publisher),
 	"/airlock.authority.v1.AuthorityService/LeaseCredential":     only(publisher),
@@ -71,7 +72,7 @@ var expected = map[string]map[string]bool{
 	"/airlock.executor.v1.ExecutorService/WatchRun":    only(authority),
 	"/airlock.executor.v1.ExecutorService/CancelRun":   only(authority),
 	"/airlock.executor.v1.ExecutorService/UpdateRun":   only(authority),
-	"/airlock.executor.v1.ExecutorService/GetArtifact": only(publisher),
+	"/airlock.executor.v1.ExecutorService/GetArtifact": only(publisher, authority),
 
 	"/airlock.publisher.v1.PublisherService/Publish":         only(pipeline),
 	"/airlock.publisher.v1.PublisherService/GetDeployment":   only(pipeline, approver),

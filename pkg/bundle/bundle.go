@@ -1,8 +1,10 @@
-// Package bundle owns the executor's result bundle: one deterministic,
-// uncompressed tar holding a run's patch, output, /out files and metadata,
-// named by its sha256. The same inputs always give the same bytes, so the
-// digest is a stable name the approval and the publisher can both bind to.
-// Only the executor's run manager imports it.
+// Package bundle owns the result bundle format: one deterministic,
+// uncompressed tar holding a run's metadata, grant, complete file list,
+// patch, output and /out files, named by its sha256. The same inputs always
+// give the same bytes, so the digest is a stable name the approval and the
+// publisher can both bind to. The executor writes bundles (Write); the
+// authority reads one as a stream while checking its digest (Stream), and
+// so will the publisher. It imports no grpc or proto.
 package bundle
 
 import (
@@ -31,6 +33,7 @@ const MediaType = "application/vnd.airlock.bundle.v1+tar"
 const (
 	MetaFile   = "result.json"
 	GrantFile  = "grant.pb"
+	FilesFile  = "files.json"
 	PatchFile  = "patch.diff"
 	StdoutFile = "stdout.log"
 	StderrFile = "stderr.log"
@@ -46,6 +49,9 @@ type Input struct {
 	Meta any
 	// Grant is the signed grant's serialized bytes.
 	Grant []byte
+	// Files is every file the patch changes, in the patch's order; it is
+	// written as files.json (a JSON array), before the patch.
+	Files []FileChange
 	// Patch is the binary-safe patch against the base commit.
 	Patch []byte
 	// StdoutPath and StderrPath are the captured output files.
@@ -82,10 +88,15 @@ func Write(path string, in Input) (*Result, error) {
 		tmp.Close()
 		return nil, err
 	}
+	files, err := marshalFiles(in.Files)
+	if err != nil {
+		tmp.Close()
+		return nil, err
+	}
 	for _, f := range []struct {
 		name string
 		data []byte
-	}{{MetaFile, meta}, {GrantFile, in.Grant}, {PatchFile, in.Patch}} {
+	}{{MetaFile, meta}, {GrantFile, in.Grant}, {FilesFile, files}, {PatchFile, in.Patch}} {
 		if err := addBytes(tw, f.name, f.data); err != nil {
 			tmp.Close()
 			return nil, err
@@ -119,12 +130,12 @@ func Write(path string, in Input) (*Result, error) {
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		return nil, err
 	}
-	res.Digest = digest(h)
+	res.Digest = digestOf(h)
 	res.Size = cw.n
 	return res, nil
 }
 
-func digest(h hash.Hash) string { return "sha256:" + hex.EncodeToString(h.Sum(nil)) }
+func digestOf(h hash.Hash) string { return "sha256:" + hex.EncodeToString(h.Sum(nil)) }
 
 // Digest computes the digest of the bundle file at path.
 func Digest(path string) (string, int64, error) {
@@ -138,7 +149,7 @@ func Digest(path string) (string, int64, error) {
 	if err != nil {
 		return "", 0, err
 	}
-	return digest(h), n, nil
+	return digestOf(h), n, nil
 }
 
 func header(name string, mode int64, size int64) *tar.Header {

@@ -17,7 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/airlockhq/airlock/services/executor/internal/bundle"
+	"github.com/airlockhq/airlock/pkg/bundle"
 )
 
 type meta struct {
@@ -220,7 +220,7 @@ func TestWriteEntries(t *testing.T) {
 	}
 
 	want := []string{
-		bundle.MetaFile, bundle.GrantFile, bundle.PatchFile, bundle.StdoutFile, bundle.StderrFile,
+		bundle.MetaFile, bundle.GrantFile, bundle.FilesFile, bundle.PatchFile, bundle.StdoutFile, bundle.StderrFile,
 		"out/empty", "out/latest", "out/owner-exec", "out/private.txt", "out/report.txt", "out/run.sh",
 		"out/sub", "out/sub/a.txt", "out/sub/dir", "out/sub/dir/data.bin",
 	}
@@ -234,7 +234,7 @@ func TestWriteEntries(t *testing.T) {
 
 	hdrs, content := entries(t, readAll(t, res.Path))
 	modes := map[string]int64{
-		bundle.MetaFile: 0o644, bundle.GrantFile: 0o644, bundle.PatchFile: 0o644, bundle.StdoutFile: 0o644, bundle.StderrFile: 0o644,
+		bundle.MetaFile: 0o644, bundle.GrantFile: 0o644, bundle.FilesFile: 0o644, bundle.PatchFile: 0o644, bundle.StdoutFile: 0o644, bundle.StderrFile: 0o644,
 		"out/empty": 0o644, "out/report.txt": 0o644, "out/private.txt": 0o644, "out/sub/a.txt": 0o644, "out/sub/dir/data.bin": 0o644,
 		"out/run.sh": 0o755, "out/owner-exec": 0o755,
 		"out/sub/": 0o755, "out/sub/dir/": 0o755,
@@ -319,7 +319,7 @@ func TestWriteWithoutOptionalInputs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{bundle.MetaFile, bundle.GrantFile, bundle.PatchFile, bundle.StdoutFile, bundle.StderrFile}; !slices.Equal(names, want) {
+	if want := []string{bundle.MetaFile, bundle.GrantFile, bundle.FilesFile, bundle.PatchFile, bundle.StdoutFile, bundle.StderrFile}; !slices.Equal(names, want) {
 		t.Errorf("Names = %q, want %q", names, want)
 	}
 }

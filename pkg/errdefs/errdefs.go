@@ -24,6 +24,9 @@ var (
 	ErrResourceExhausted  = errors.New("resource exhausted")
 	ErrUnavailable        = errors.New("unavailable")
 	ErrNotImplemented     = errors.New("not implemented")
+	// ErrDataLoss: stored data is not what it must be (a bundle whose
+	// bytes do not have its recorded digest).
+	ErrDataLoss = errors.New("data loss")
 )
 
 var codeOf = []struct {
@@ -38,6 +41,7 @@ var codeOf = []struct {
 	{ErrResourceExhausted, codes.ResourceExhausted},
 	{ErrUnavailable, codes.Unavailable},
 	{ErrNotImplemented, codes.Unimplemented},
+	{ErrDataLoss, codes.DataLoss},
 	{context.Canceled, codes.Canceled},
 	{context.DeadlineExceeded, codes.DeadlineExceeded},
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/airlockhq/airlock/pkg/termtext"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 )
 
@@ -66,9 +67,9 @@ func newApprovalList(g *globals) *cobra.Command {
 					if a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
 						what = "change: " + strings.Join(a.GetChange().GetWidens(), "; ")
 					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", a.GetApprovalId(), a.GetJobId(), stateWord(a.GetState()),
-						approvals(a), a.GetRequiredApprovals(), what,
-						short(strings.TrimPrefix(a.GetBundleDigest(), "sha256:")), a.GetExpiresAt().AsTime().Local().Format(time.DateTime))
+					fmt.Fprintf(w, "%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", termtext.Line(a.GetApprovalId()), termtext.Line(a.GetJobId()), stateWord(a.GetState()),
+						approvals(a), a.GetRequiredApprovals(), termtext.Line(what),
+						termtext.Line(short(strings.TrimPrefix(a.GetBundleDigest(), "sha256:"))), a.GetExpiresAt().AsTime().Local().Format(time.DateTime))
 				}
 			})
 		},
@@ -106,32 +107,37 @@ func newApprovalShow(g *globals) *cobra.Command {
 			a, rv := resp.GetApproval(), resp.GetReview()
 			return g.printProto(resp, func(w io.Writer) {
 				r := rv.GetResult()
-				fmt.Fprintf(w, "approval   %s (%s, %d of %d approvals)\n", a.GetApprovalId(), stateWord(a.GetState()), approvals(a), a.GetRequiredApprovals())
+				fmt.Fprintf(w, "approval   %s (%s, %d of %d approvals)\n", termtext.Line(a.GetApprovalId()), stateWord(a.GetState()), approvals(a), a.GetRequiredApprovals())
 				if a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
 					c := a.GetChange()
-					fmt.Fprintf(w, "change to  running job %s, asked by %s\n", a.GetJobId(), a.GetRequester())
-					fmt.Fprintf(w, "digest     %s\n", a.GetBundleDigest())
-					fmt.Fprintf(w, "command    %s\n", strings.Join(rv.GetCommand(), " "))
+					fmt.Fprintf(w, "change to  running job %s, asked by %s\n", termtext.Line(a.GetJobId()), termtext.Line(a.GetRequester()))
+					fmt.Fprintf(w, "digest     %s\n", termtext.Line(a.GetBundleDigest()))
+					fmt.Fprintf(w, "command    %s\n", commandText(rv.GetCommand()))
 					fmt.Fprintf(w, "limits     %s\n        ->  %s\n", limitsText(c.GetFromLimits()), limitsText(c.GetToLimits()))
-					fmt.Fprintf(w, "network    %s\n        ->  %s\n", policyText(c.GetFromNetworkPolicy()), policyText(c.GetToNetworkPolicy()))
+					fmt.Fprintf(w, "network    %s\n        ->  %s\n", termtext.Line(policyText(c.GetFromNetworkPolicy())), termtext.Line(policyText(c.GetToNetworkPolicy())))
 					for _, x := range c.GetWidens() {
-						fmt.Fprintf(w, "widens     %s\n", x)
+						fmt.Fprintf(w, "widens     %s\n", termtext.Line(x))
 					}
 					writeVotes(w, a)
 					return
 				}
-				fmt.Fprintf(w, "job        %s by %s\n", a.GetJobId(), a.GetRequester())
-				fmt.Fprintf(w, "target     %s:%s\n", a.GetTarget().GetRepository(), a.GetTarget().GetBranch())
-				fmt.Fprintf(w, "bundle     %s\n", a.GetBundleDigest())
-				fmt.Fprintf(w, "base       %s\n", rv.GetCommit())
-				fmt.Fprintf(w, "command    %s\n", strings.Join(rv.GetCommand(), " "))
+				fmt.Fprintf(w, "job        %s by %s\n", termtext.Line(a.GetJobId()), termtext.Line(a.GetRequester()))
+				fmt.Fprintf(w, "target     %s:%s\n", termtext.Line(a.GetTarget().GetRepository()), termtext.Line(a.GetTarget().GetBranch()))
+				fmt.Fprintf(w, "bundle     %s\n", termtext.Line(a.GetBundleDigest()))
+				fmt.Fprintf(w, "base       %s\n", termtext.Line(rv.GetCommit()))
+				fmt.Fprintf(w, "command    %s\n", commandText(rv.GetCommand()))
 				fmt.Fprintf(w, "result     %s, exit %d, %s\n", strings.ToLower(strings.TrimPrefix(r.GetReason().String(), "TERMINATION_REASON_")),
-					r.GetExitCode(), strings.Split(r.GetRuntimeVersion(), ";")[0])
+					r.GetExitCode(), termtext.Line(strings.Split(r.GetRuntimeVersion(), ";")[0]))
 				writeVotes(w, a)
 				fmt.Fprintf(w, "\n%s", diffStat(rv.GetPatch()))
-				fmt.Fprintf(w, "\n%s", rv.GetPatch())
-				if tail := rv.GetOutputTail(); len(tail) > 0 {
-					fmt.Fprintf(w, "\n--- output (tail) ---\n%s", tail)
+				fmt.Fprintf(w, "\n%s", termtext.Block(string(rv.GetPatch())))
+				for _, o := range []struct {
+					name string
+					t    *authorityv1.OutputTail
+				}{{"stdout", rv.GetDetail().GetStdout()}, {"stderr", rv.GetDetail().GetStderr()}} {
+					if len(o.t.GetData()) > 0 {
+						fmt.Fprintf(w, "\n--- %s (tail) ---\n%s", o.name, termtext.Block(string(o.t.GetData())))
+					}
 				}
 			})
 		},
@@ -142,7 +148,7 @@ func newApprovalShow(g *globals) *cobra.Command {
 func writeVotes(w io.Writer, a *authorityv1.Approval) {
 	fmt.Fprintf(w, "expires    %s\n", a.GetExpiresAt().AsTime().Local().Format(time.DateTime))
 	for _, v := range a.GetVotes() {
-		fmt.Fprintf(w, "vote       %s %s: %s\n", v.GetApprover(), strings.ToLower(strings.TrimPrefix(v.GetDecision().String(), "DECISION_")), v.GetComment())
+		fmt.Fprintf(w, "vote       %s %s: %s\n", termtext.Line(v.GetApprover()), strings.ToLower(strings.TrimPrefix(v.GetDecision().String(), "DECISION_")), termtext.Line(v.GetComment()))
 	}
 }
 
@@ -153,7 +159,7 @@ func diffStat(patch []byte) string {
 	var add, del, files, tadd, tdel int
 	flush := func() {
 		if file != "" {
-			fmt.Fprintf(&b, " %s | +%d -%d\n", file, add, del)
+			fmt.Fprintf(&b, " %s | +%d -%d\n", termtext.Line(file), add, del)
 			files++
 			tadd += add
 			tdel += del
@@ -218,7 +224,7 @@ digest you reviewed, so nothing else can be approved in its place.`,
 			}
 			a := resp.GetApproval()
 			return g.printProto(a, func(w io.Writer) {
-				fmt.Fprintf(w, "%s: %s (%d of %d approvals)\n", a.GetApprovalId(), stateWord(a.GetState()), approvals(a), a.GetRequiredApprovals())
+				fmt.Fprintf(w, "%s: %s (%d of %d approvals)\n", termtext.Line(a.GetApprovalId()), stateWord(a.GetState()), approvals(a), a.GetRequiredApprovals())
 			})
 		},
 	}
@@ -252,8 +258,8 @@ func newLease(g *globals) *cobra.Command {
 					if l.GetRevokedAt() != nil {
 						revoked = l.GetRevokedAt().AsTime().Local().Format(time.DateTime)
 					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.GetLeaseId(), strings.ToLower(strings.TrimPrefix(l.GetPurpose().String(), "LEASE_PURPOSE_")),
-						l.GetJobId(), l.GetResource(), l.GetHolder(), l.GetExpiresAt().AsTime().Local().Format(time.DateTime), revoked)
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", termtext.Line(l.GetLeaseId()), strings.ToLower(strings.TrimPrefix(l.GetPurpose().String(), "LEASE_PURPOSE_")),
+						termtext.Line(l.GetJobId()), termtext.Line(l.GetResource()), termtext.Line(l.GetHolder()), l.GetExpiresAt().AsTime().Local().Format(time.DateTime), revoked)
 				}
 			})
 		},
@@ -276,7 +282,7 @@ func newLease(g *globals) *cobra.Command {
 				return rpcError(err)
 			}
 			return g.printProto(resp.GetLease(), func(w io.Writer) {
-				fmt.Fprintf(w, "revoked %s\n", resp.GetLease().GetLeaseId())
+				fmt.Fprintf(w, "revoked %s\n", termtext.Line(resp.GetLease().GetLeaseId()))
 			})
 		},
 	}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/airlockhq/airlock/pkg/audit"
+	"github.com/airlockhq/airlock/pkg/termtext"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 )
 
@@ -106,7 +107,7 @@ func newAuditList(g *globals) *cobra.Command {
 				fmt.Fprintln(w, "SEQ\tTIME\tKIND\tOUTCOME\tCALLER\tSUBJECT\tREASON")
 				for _, e := range resp.GetEvents() {
 					fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", e.GetSequence(), e.GetTime().AsTime().Local().Format(time.DateTime),
-						e.GetKind(), outcomeWord(e.GetOutcome()), e.GetCaller(), e.GetSubject(), e.GetReason())
+						termtext.Line(e.GetKind()), outcomeWord(e.GetOutcome()), termtext.Line(e.GetCaller()), termtext.Line(e.GetSubject()), termtext.Line(e.GetReason()))
 				}
 			})
 		},
@@ -253,10 +254,10 @@ such entry and exits 1.`,
 			rep.Unbroken = err == nil
 			if perr := g.print(rep, func(w io.Writer) {
 				if rep.Unbroken {
-					fmt.Fprintf(w, "audit chain unbroken: %d entries, head %s\n", rep.Verified, rep.Head)
+					fmt.Fprintf(w, "audit chain unbroken: %d entries, head %s\n", rep.Verified, termtext.Line(rep.Head))
 					return
 				}
-				fmt.Fprintf(w, "audit chain BROKEN at sequence %d: %s (%d entries before it verified)\n", rep.BrokenAt, rep.Reason, rep.Verified)
+				fmt.Fprintf(w, "audit chain BROKEN at sequence %d: %s (%d entries before it verified)\n", rep.BrokenAt, termtext.Line(rep.Reason), rep.Verified)
 			}); perr != nil {
 				return perr
 			}

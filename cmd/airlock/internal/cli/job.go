@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -22,6 +23,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/grpcclient"
 	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/termtext"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 )
@@ -80,7 +82,7 @@ type submitFlags struct {
 	pids                                          int64
 	timeout                                       time.Duration
 	env                                           []string
-	wait                                          bool
+	wait, raw                                     bool
 }
 
 func newJobSubmit(g *globals) *cobra.Command {
@@ -94,7 +96,9 @@ tag or commit, resolved to a commit by the authority at submit time).
 With --wait the job's output is streamed as it runs, a summary follows on
 stderr (exit status, reason, usage, diff stat, bundle digest), and airlock
 exits with the job's own exit code: 124 for a timeout, 137 for OOM, 130
-when cancelled, 1 when the job failed to run.`,
+when cancelled, 1 when the job failed to run.
+
+` + streamHelp,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return jobSubmit(cmd.Context(), g, &f, args)
@@ -114,6 +118,7 @@ when cancelled, 1 when the job failed to run.`,
 	fl.StringVar(&f.key, "idempotency-key", "", "the same key returns the same job (default: a fresh random key)")
 	fl.StringVar(&f.publishTo, "publish-to", "", "REPO:BRANCH where the result may be published after approval")
 	fl.BoolVar(&f.wait, "wait", false, "stream output and wait for the result")
+	fl.BoolVar(&f.raw, "raw", false, "with --wait, copy the job's output to a terminal unescaped")
 	return cmd
 }
 
@@ -188,11 +193,11 @@ func jobSubmit(ctx context.Context, g *globals, f *submitFlags, argv []string) e
 	job := resp.GetJob()
 	if !f.wait {
 		return g.printProto(job, func(w io.Writer) {
-			fmt.Fprintln(w, job.GetJobId())
+			fmt.Fprintln(w, termtext.Line(job.GetJobId()))
 		})
 	}
-	fmt.Fprintf(g.stderr, "job %s submitted (commit %s)\n", job.GetJobId(), short(job.GetCommit()))
-	final, err := watchJob(ctx, g, client, job.GetJobId())
+	fmt.Fprintf(g.stderr, "job %s submitted (commit %s)\n", termtext.Line(job.GetJobId()), termtext.Line(short(job.GetCommit())))
+	final, err := watchJob(ctx, g, client, job.GetJobId(), f.raw)
 	if err != nil {
 		return err
 	}
@@ -217,16 +222,34 @@ func short(sha string) string {
 	return sha
 }
 
+// streamHelp says, for the commands that stream a job's output, what
+// reaches the terminal.
+const streamHelp = `On a terminal the job's output is shown with control characters, invalid
+UTF-8 and invisible or bidi runes escaped (\x1b, \x9b, \u202e; a backslash
+as \\), so it cannot move the cursor, rewrite the screen or set the
+clipboard; --raw copies its bytes unchanged. To a pipe or a file the output
+is always the job's bytes unchanged: they are data there. The [airlock]
+status lines and the summary are always escaped.`
+
 // watchJob streams a job's output to stdout/stderr until it ends and
 // returns the final job. A dropped stream is resumed from the last offsets.
-func watchJob(ctx context.Context, g *globals, client authorityv1.AuthorityServiceClient, jobID string) (*authorityv1.Job, error) {
+func watchJob(ctx context.Context, g *globals, client authorityv1.AuthorityServiceClient, jobID string, raw bool) (*authorityv1.Job, error) {
 	var last *authorityv1.Job
 	var printed authorityv1.JobState
 	offsets := map[typesv1.OutputStream]int64{}
-	outs := map[typesv1.OutputStream]io.Writer{typesv1.OutputStream_OUTPUT_STREAM_STDOUT: g.stdout, typesv1.OutputStream_OUTPUT_STREAM_STDERR: g.stderr}
+	stdout := g.stdout
 	if g.output == "json" {
-		outs[typesv1.OutputStream_OUTPUT_STREAM_STDOUT] = g.stderr // stdout carries the JSON result
+		stdout = g.stderr // stdout carries the JSON result
 	}
+	outs := map[typesv1.OutputStream]io.Writer{
+		typesv1.OutputStream_OUTPUT_STREAM_STDOUT: jobOutput(stdout, raw),
+		typesv1.OutputStream_OUTPUT_STREAM_STDERR: jobOutput(g.stderr, raw),
+	}
+	defer func() {
+		for _, w := range outs {
+			flushOutput(w)
+		}
+	}()
 	for attempt := 0; ; attempt++ {
 		stream, err := client.WatchJob(ctx, &authorityv1.WatchJobRequest{
 			JobId:        jobID,
@@ -265,6 +288,7 @@ func watchJob(ctx context.Context, g *globals, client authorityv1.AuthorityServi
 				outs[o.GetStream()].Write(o.GetData())
 				offsets[o.GetStream()] = o.GetOffset() + int64(len(o.GetData()))
 				if o.GetTruncated() {
+					flushOutput(outs[o.GetStream()])
 					fmt.Fprintf(g.stderr, "\n[airlock] %s truncated at its size cap\n", strings.ToLower(strings.TrimPrefix(o.GetStream().String(), "OUTPUT_STREAM_")))
 				}
 			}
@@ -274,6 +298,23 @@ func watchJob(ctx context.Context, g *globals, client authorityv1.AuthorityServi
 			return nil, ctx.Err()
 		case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
 		}
+	}
+}
+
+// jobOutput is where a job's output stream headed for w is copied: w
+// itself when it is not a terminal, or raw, else an escaping writer.
+func jobOutput(w io.Writer, raw bool) io.Writer {
+	if f, ok := w.(interface{ Fd() uintptr }); raw || !ok || !term.IsTerminal(int(f.Fd())) {
+		return w
+	}
+	return termtext.NewWriter(w)
+}
+
+// flushOutput writes what a jobOutput writer holds back: the end of a
+// rune or line the stream never completed.
+func flushOutput(w io.Writer) {
+	if tw, ok := w.(*termtext.Writer); ok {
+		tw.Flush()
 	}
 }
 
@@ -290,7 +331,7 @@ func finishWait(g *globals, job *authorityv1.Job) error {
 	if code == 0 {
 		return nil
 	}
-	return &exitError{code: code, err: fmt.Errorf("job %s: %s", job.GetJobId(), outcome(job))}
+	return &exitError{code: code, err: remoteError{fmt.Errorf("job %s: %s", job.GetJobId(), outcome(job))}}
 }
 
 func exitCodeOf(job *authorityv1.Job) int {
@@ -337,8 +378,8 @@ func outcome(job *authorityv1.Job) string {
 
 func writeSummary(w io.Writer, job *authorityv1.Job) {
 	r := job.GetResult()
-	fmt.Fprintf(w, "\njob        %s\n", job.GetJobId())
-	fmt.Fprintf(w, "outcome    %s\n", outcome(job))
+	fmt.Fprintf(w, "\njob        %s\n", termtext.Line(job.GetJobId()))
+	fmt.Fprintf(w, "outcome    %s\n", termtext.Line(outcome(job)))
 	if r == nil {
 		return
 	}
@@ -348,16 +389,17 @@ func writeSummary(w io.Writer, job *authorityv1.Job) {
 		u.GetWallTime().AsDuration().Round(time.Millisecond), humanBytes(u.GetDiskBytes()))
 	ds := r.GetDiffStat()
 	if t := job.GetSpec().GetPublishTarget(); t != nil {
-		fmt.Fprintf(w, "publish to %s:%s (after approval)\n", t.GetRepository(), t.GetBranch())
+		fmt.Fprintf(w, "publish to %s:%s (after approval)\n", termtext.Line(t.GetRepository()), termtext.Line(t.GetBranch()))
 	}
-	if id := job.GetApprovalId(); id != "" {
+	if id := termtext.Line(job.GetApprovalId()); id != "" {
 		fmt.Fprintf(w, "approval   %s (airlock approval show %s --as approver/NAME)\n", id, id)
 	}
 	fmt.Fprintf(w, "changes    %d files, +%d -%d\n", ds.GetFilesChanged(), ds.GetInsertions(), ds.GetDeletions())
 	version, _, _ := strings.Cut(r.GetRuntimeVersion(), ";")
-	fmt.Fprintf(w, "runtime    %s (%s), template %s\n", strings.ToLower(strings.TrimPrefix(r.GetRuntimeClass().String(), "RUNTIME_CLASS_")), version, r.GetTemplateVersion())
+	fmt.Fprintf(w, "runtime    %s (%s), template %s\n", strings.ToLower(strings.TrimPrefix(r.GetRuntimeClass().String(), "RUNTIME_CLASS_")),
+		termtext.Line(version), termtext.Line(r.GetTemplateVersion()))
 	if r.GetBundleDigest() != "" {
-		fmt.Fprintf(w, "bundle     %s (%s)\n", r.GetBundleDigest(), humanBytes(r.GetBundleSize()))
+		fmt.Fprintf(w, "bundle     %s (%s)\n", termtext.Line(r.GetBundleDigest()), humanBytes(r.GetBundleSize()))
 	}
 }
 
@@ -373,7 +415,7 @@ func humanBytes(n int64) string {
 	return fmt.Sprintf("%dB", n)
 }
 
-// rpcError turns a status into a plain error with the server's message.
+// rpcError turns a status into a remoteError with the server's message.
 func rpcError(err error) error {
 	if st, ok := status.FromError(err); ok {
 		// "PermissionDenied" -> "permission denied"; servers often start
@@ -389,9 +431,9 @@ func rpcError(err error) error {
 		}
 		human := strings.ToLower(strings.Join(append(words, string(word)), " "))
 		if strings.HasPrefix(st.Message(), human) {
-			return errors.New(st.Message())
+			return remoteError{errors.New(st.Message())}
 		}
-		return fmt.Errorf("%s: %s", human, st.Message())
+		return remoteError{fmt.Errorf("%s: %s", human, st.Message())}
 	}
 	return err
 }
@@ -413,9 +455,10 @@ func newJobGet(g *globals) *cobra.Command {
 			}
 			job := resp.GetJob()
 			return g.printProto(job, func(w io.Writer) {
-				fmt.Fprintf(w, "repository %s @ %s (%s)\n", job.GetSpec().GetRepository(), job.GetSpec().GetRevision(), short(job.GetCommit()))
-				fmt.Fprintf(w, "command    %s\n", strings.Join(job.GetSpec().GetCommand(), " "))
-				fmt.Fprintf(w, "requester  %s\n", job.GetRequester())
+				fmt.Fprintf(w, "repository %s @ %s (%s)\n", termtext.Line(job.GetSpec().GetRepository()), termtext.Line(job.GetSpec().GetRevision()),
+					termtext.Line(short(job.GetCommit())))
+				fmt.Fprintf(w, "command    %s\n", commandText(job.GetSpec().GetCommand()))
+				fmt.Fprintf(w, "requester  %s\n", termtext.Line(job.GetRequester()))
 				fmt.Fprintf(w, "state      %s\n", strings.ToLower(strings.TrimPrefix(job.GetState().String(), "JOB_STATE_")))
 				writeLimits(w, job)
 				writeSummary(w, job)
@@ -447,8 +490,8 @@ func newJobList(g *globals) *cobra.Command {
 			return g.printProto(resp, func(w io.Writer) {
 				fmt.Fprintln(w, "JOB\tSTATE\tREPOSITORY\tCOMMIT\tCOMMAND\tCREATED")
 				for _, j := range resp.GetJobs() {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", j.GetJobId(), strings.TrimPrefix(j.GetState().String(), "JOB_STATE_"),
-						j.GetSpec().GetRepository(), short(j.GetCommit()), strings.Join(j.GetSpec().GetCommand(), " "),
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", termtext.Line(j.GetJobId()), strings.TrimPrefix(j.GetState().String(), "JOB_STATE_"),
+						termtext.Line(j.GetSpec().GetRepository()), termtext.Line(short(j.GetCommit())), commandText(j.GetSpec().GetCommand()),
 						j.GetCreatedAt().AsTime().Local().Format(time.DateTime))
 				}
 			})
@@ -460,9 +503,11 @@ func newJobList(g *globals) *cobra.Command {
 }
 
 func newJobWatch(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var raw bool
+	cmd := &cobra.Command{
 		Use:   "watch JOB_ID",
 		Short: "Stream a job's output and exit with its exit code",
+		Long:  "Streams a job's output and exits with its exit code, as job submit --wait does.\n\n" + streamHelp,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			client, _, done, err := g.authority()
@@ -470,13 +515,15 @@ func newJobWatch(g *globals) *cobra.Command {
 				return err
 			}
 			defer done()
-			final, err := watchJob(cmd.Context(), g, client, args[0])
+			final, err := watchJob(cmd.Context(), g, client, args[0], raw)
 			if err != nil {
 				return err
 			}
 			return finishWait(g, final)
 		},
 	}
+	cmd.Flags().BoolVar(&raw, "raw", false, "copy the job's output to a terminal unescaped")
+	return cmd
 }
 
 func newJobCancel(g *globals) *cobra.Command {
@@ -496,7 +543,7 @@ func newJobCancel(g *globals) *cobra.Command {
 				return rpcError(err)
 			}
 			return g.printProto(resp.GetJob(), func(w io.Writer) {
-				fmt.Fprintf(w, "cancel requested for %s (state %s)\n", args[0], strings.TrimPrefix(resp.GetJob().GetState().String(), "JOB_STATE_"))
+				fmt.Fprintf(w, "cancel requested for %s (state %s)\n", termtext.Line(args[0]), strings.TrimPrefix(resp.GetJob().GetState().String(), "JOB_STATE_"))
 			})
 		},
 	}

@@ -9,11 +9,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
 	"github.com/airlockhq/airlock/pkg/clientconfig"
+	"github.com/airlockhq/airlock/pkg/termtext"
 	"github.com/airlockhq/airlock/pkg/version"
 )
 
@@ -47,7 +49,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintf(stderr, "airlock: %v\n", err)
+	fmt.Fprintf(stderr, "airlock: %s\n", errorText(err))
 	var ee *exitError
 	if errors.As(err, &ee) {
 		return ee.code
@@ -61,6 +63,21 @@ func Main(args []string, stdout, stderr io.Writer) int {
 
 // usageError marks bad command-line input.
 type usageError struct{ error }
+
+// remoteError marks an error whose message carries a server's text, and
+// through it perhaps a caller's or a job's.
+type remoteError struct{ error }
+
+// errorText is err as Main prints it, escaped: a remoteError on one line, so
+// a server cannot add lines of its own; any other keeps its line breaks (a
+// config file's several problems, a service's last log lines).
+func errorText(err error) string {
+	var re remoteError
+	if errors.As(err, &re) {
+		return termtext.Line(err.Error())
+	}
+	return termtext.Block(err.Error())
+}
 
 func newRoot(g *globals) *cobra.Command {
 	root := &cobra.Command{
@@ -109,4 +126,13 @@ func (g *globals) print(v any, text func(w io.Writer)) error {
 	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 	text(tw)
 	return tw.Flush()
+}
+
+// commandText is a job's argv in one line, each argument escaped.
+func commandText(argv []string) string {
+	args := make([]string, len(argv))
+	for i, a := range argv {
+		args[i] = termtext.Line(a)
+	}
+	return strings.Join(args, " ")
 }

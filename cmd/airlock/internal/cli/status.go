@@ -14,6 +14,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/clientconfig"
 	"github.com/airlockhq/airlock/pkg/grpcclient"
 	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/termtext"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
 )
 
@@ -51,12 +52,12 @@ func newStatus(g *globals) *cobra.Command {
 			if err := g.print(map[string]any{"services": report}, func(w io.Writer) {
 				fmt.Fprintln(w, "SERVICE\tADDRESS\tSTATUS\tERROR")
 				for _, h := range report {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", h.Service, h.Address, h.Status, h.Error)
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", h.Service, termtext.Line(h.Address), termtext.Line(h.Status), termtext.Line(h.Error))
 				}
 				for _, h := range report {
 					for _, c := range runtimeClasses {
 						if st, ok := h.Runtimes[c]; ok {
-							fmt.Fprintf(w, "%s runtime %s\t\t%s\t\n", h.Service, c, st)
+							fmt.Fprintf(w, "%s runtime %s\t\t%s\t\n", h.Service, c, termtext.Line(st))
 						}
 					}
 				}

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/airlockhq/airlock/pkg/termtext"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 )
@@ -148,7 +149,8 @@ func jobUpdate(ctx context.Context, g *globals, f *updateFlags, jobID string) er
 	return g.print(results, func(w io.Writer) {
 		for _, r := range results {
 			if r.ApprovalID != "" {
-				fmt.Fprintf(w, "%s: widening; waiting for approval %s (airlock approval show %s --as approver/NAME)\n", r.What, r.ApprovalID, r.ApprovalID)
+				id := termtext.Line(r.ApprovalID)
+				fmt.Fprintf(w, "%s: widening; waiting for approval %s (airlock approval show %s --as approver/NAME)\n", r.What, id, id)
 			} else {
 				fmt.Fprintf(w, "%s: applied\n", r.What)
 			}
@@ -167,7 +169,7 @@ func writeLimits(w io.Writer, job *authorityv1.Job) {
 		float64(l.GetCpuMillis())/1000, humanBytes(l.GetMemoryBytes()), l.GetPids(), humanBytes(l.GetDiskBytes()),
 		l.GetDeadline().AsDuration(), job.GetGrantGeneration())
 	st := job.GetNetworkPolicyStatus()
-	fmt.Fprintf(w, "network    %s (generation %d, %s)\n", policyText(st.GetPolicy()), st.GetGeneration(),
+	fmt.Fprintf(w, "network    %s (generation %d, %s)\n", termtext.Line(policyText(st.GetPolicy())), st.GetGeneration(),
 		strings.ToLower(strings.TrimPrefix(st.GetState().String(), "NETWORK_POLICY_STATE_")))
 }
 

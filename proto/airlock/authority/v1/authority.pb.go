@@ -99,6 +99,67 @@ func (JobState) EnumDescriptor() ([]byte, []int) {
 	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{0}
 }
 
+// FileStatus is what a patch does to one file.
+type FileStatus int32
+
+const (
+	// Not set.
+	FileStatus_FILE_STATUS_UNSPECIFIED FileStatus = 0
+	// The file is new.
+	FileStatus_FILE_STATUS_ADDED FileStatus = 1
+	// The file's content or mode changes.
+	FileStatus_FILE_STATUS_MODIFIED FileStatus = 2
+	// The file is removed.
+	FileStatus_FILE_STATUS_DELETED FileStatus = 3
+	// The file changes type (say, a regular file becomes a symlink).
+	FileStatus_FILE_STATUS_TYPE_CHANGED FileStatus = 4
+)
+
+// Enum value maps for FileStatus.
+var (
+	FileStatus_name = map[int32]string{
+		0: "FILE_STATUS_UNSPECIFIED",
+		1: "FILE_STATUS_ADDED",
+		2: "FILE_STATUS_MODIFIED",
+		3: "FILE_STATUS_DELETED",
+		4: "FILE_STATUS_TYPE_CHANGED",
+	}
+	FileStatus_value = map[string]int32{
+		"FILE_STATUS_UNSPECIFIED":  0,
+		"FILE_STATUS_ADDED":        1,
+		"FILE_STATUS_MODIFIED":     2,
+		"FILE_STATUS_DELETED":      3,
+		"FILE_STATUS_TYPE_CHANGED": 4,
+	}
+)
+
+func (x FileStatus) Enum() *FileStatus {
+	p := new(FileStatus)
+	*p = x
+	return p
+}
+
+func (x FileStatus) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FileStatus) Descriptor() protoreflect.EnumDescriptor {
+	return file_airlock_authority_v1_authority_proto_enumTypes[1].Descriptor()
+}
+
+func (FileStatus) Type() protoreflect.EnumType {
+	return &file_airlock_authority_v1_authority_proto_enumTypes[1]
+}
+
+func (x FileStatus) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FileStatus.Descriptor instead.
+func (FileStatus) EnumDescriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{1}
+}
+
 // ApprovalState is where an approval request is.
 type ApprovalState int32
 
@@ -148,11 +209,11 @@ func (x ApprovalState) String() string {
 }
 
 func (ApprovalState) Descriptor() protoreflect.EnumDescriptor {
-	return file_airlock_authority_v1_authority_proto_enumTypes[1].Descriptor()
+	return file_airlock_authority_v1_authority_proto_enumTypes[2].Descriptor()
 }
 
 func (ApprovalState) Type() protoreflect.EnumType {
-	return &file_airlock_authority_v1_authority_proto_enumTypes[1]
+	return &file_airlock_authority_v1_authority_proto_enumTypes[2]
 }
 
 func (x ApprovalState) Number() protoreflect.EnumNumber {
@@ -161,7 +222,7 @@ func (x ApprovalState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ApprovalState.Descriptor instead.
 func (ApprovalState) EnumDescriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{1}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{2}
 }
 
 // Decision is one approver's verdict.
@@ -201,11 +262,11 @@ func (x Decision) String() string {
 }
 
 func (Decision) Descriptor() protoreflect.EnumDescriptor {
-	return file_airlock_authority_v1_authority_proto_enumTypes[2].Descriptor()
+	return file_airlock_authority_v1_authority_proto_enumTypes[3].Descriptor()
 }
 
 func (Decision) Type() protoreflect.EnumType {
-	return &file_airlock_authority_v1_authority_proto_enumTypes[2]
+	return &file_airlock_authority_v1_authority_proto_enumTypes[3]
 }
 
 func (x Decision) Number() protoreflect.EnumNumber {
@@ -214,7 +275,7 @@ func (x Decision) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Decision.Descriptor instead.
 func (Decision) EnumDescriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{2}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{3}
 }
 
 // ApprovalKind is what an approval request is about.
@@ -254,11 +315,11 @@ func (x ApprovalKind) String() string {
 }
 
 func (ApprovalKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_airlock_authority_v1_authority_proto_enumTypes[3].Descriptor()
+	return file_airlock_authority_v1_authority_proto_enumTypes[4].Descriptor()
 }
 
 func (ApprovalKind) Type() protoreflect.EnumType {
-	return &file_airlock_authority_v1_authority_proto_enumTypes[3]
+	return &file_airlock_authority_v1_authority_proto_enumTypes[4]
 }
 
 func (x ApprovalKind) Number() protoreflect.EnumNumber {
@@ -267,7 +328,68 @@ func (x ApprovalKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ApprovalKind.Descriptor instead.
 func (ApprovalKind) EnumDescriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{3}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{4}
+}
+
+// ReviewPart names one part of a result bundle's review material.
+type ReviewPart int32
+
+const (
+	// Not set.
+	ReviewPart_REVIEW_PART_UNSPECIFIED ReviewPart = 0
+	// The complete file list.
+	ReviewPart_REVIEW_PART_FILES ReviewPart = 1
+	// The complete patch.
+	ReviewPart_REVIEW_PART_PATCH ReviewPart = 2
+	// The job's whole recorded standard output.
+	ReviewPart_REVIEW_PART_STDOUT ReviewPart = 3
+	// The job's whole recorded standard error.
+	ReviewPart_REVIEW_PART_STDERR ReviewPart = 4
+)
+
+// Enum value maps for ReviewPart.
+var (
+	ReviewPart_name = map[int32]string{
+		0: "REVIEW_PART_UNSPECIFIED",
+		1: "REVIEW_PART_FILES",
+		2: "REVIEW_PART_PATCH",
+		3: "REVIEW_PART_STDOUT",
+		4: "REVIEW_PART_STDERR",
+	}
+	ReviewPart_value = map[string]int32{
+		"REVIEW_PART_UNSPECIFIED": 0,
+		"REVIEW_PART_FILES":       1,
+		"REVIEW_PART_PATCH":       2,
+		"REVIEW_PART_STDOUT":      3,
+		"REVIEW_PART_STDERR":      4,
+	}
+)
+
+func (x ReviewPart) Enum() *ReviewPart {
+	p := new(ReviewPart)
+	*p = x
+	return p
+}
+
+func (x ReviewPart) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReviewPart) Descriptor() protoreflect.EnumDescriptor {
+	return file_airlock_authority_v1_authority_proto_enumTypes[5].Descriptor()
+}
+
+func (ReviewPart) Type() protoreflect.EnumType {
+	return &file_airlock_authority_v1_authority_proto_enumTypes[5]
+}
+
+func (x ReviewPart) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReviewPart.Descriptor instead.
+func (ReviewPart) EnumDescriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{5}
 }
 
 // LeasePurpose is what a leased credential may be used for.
@@ -303,11 +425,11 @@ func (x LeasePurpose) String() string {
 }
 
 func (LeasePurpose) Descriptor() protoreflect.EnumDescriptor {
-	return file_airlock_authority_v1_authority_proto_enumTypes[4].Descriptor()
+	return file_airlock_authority_v1_authority_proto_enumTypes[6].Descriptor()
 }
 
 func (LeasePurpose) Type() protoreflect.EnumType {
-	return &file_airlock_authority_v1_authority_proto_enumTypes[4]
+	return &file_airlock_authority_v1_authority_proto_enumTypes[6]
 }
 
 func (x LeasePurpose) Number() protoreflect.EnumNumber {
@@ -316,7 +438,7 @@ func (x LeasePurpose) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LeasePurpose.Descriptor instead.
 func (LeasePurpose) EnumDescriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{4}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{6}
 }
 
 // AuditOutcome says whether an audited decision took effect.
@@ -360,11 +482,11 @@ func (x AuditOutcome) String() string {
 }
 
 func (AuditOutcome) Descriptor() protoreflect.EnumDescriptor {
-	return file_airlock_authority_v1_authority_proto_enumTypes[5].Descriptor()
+	return file_airlock_authority_v1_authority_proto_enumTypes[7].Descriptor()
 }
 
 func (AuditOutcome) Type() protoreflect.EnumType {
-	return &file_airlock_authority_v1_authority_proto_enumTypes[5]
+	return &file_airlock_authority_v1_authority_proto_enumTypes[7]
 }
 
 func (x AuditOutcome) Number() protoreflect.EnumNumber {
@@ -373,7 +495,7 @@ func (x AuditOutcome) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use AuditOutcome.Descriptor instead.
 func (AuditOutcome) EnumDescriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{5}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{7}
 }
 
 // JobSpec is what a client asks to run.
@@ -1462,12 +1584,15 @@ type ReportResultRequest struct {
 	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
 	// Required: the outcome, including the bundle digest.
 	Result *v1.RunResult `protobuf:"bytes,2,opt,name=result,proto3" json:"result,omitempty"`
-	// The patch against the base commit, for reviewers; bounded in size.
+	// The patch against the base commit, for reviewers: its first bytes,
+	// at most the executor's review limit; detail.patch_size says how long
+	// the whole patch (in the bundle) is.
 	Patch []byte `protobuf:"bytes,3,opt,name=patch,proto3" json:"patch,omitempty"`
-	// The last bytes of stdout and stderr, for reviewers.
-	OutputTail []byte `protobuf:"bytes,4,opt,name=output_tail,json=outputTail,proto3" json:"output_tail,omitempty"`
 	// DSSE envelope of the in-toto provenance statement over the bundle.
-	Provenance    []byte `protobuf:"bytes,5,opt,name=provenance,proto3" json:"provenance,omitempty"`
+	Provenance []byte `protobuf:"bytes,5,opt,name=provenance,proto3" json:"provenance,omitempty"`
+	// Required when the run produced a bundle: the file list, the patch's
+	// size and the output tails, computed from the whole bundle.
+	Detail        *ReviewDetail `protobuf:"bytes,6,opt,name=detail,proto3" json:"detail,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1523,16 +1648,299 @@ func (x *ReportResultRequest) GetPatch() []byte {
 	return nil
 }
 
-func (x *ReportResultRequest) GetOutputTail() []byte {
+func (x *ReportResultRequest) GetProvenance() []byte {
 	if x != nil {
-		return x.OutputTail
+		return x.Provenance
 	}
 	return nil
 }
 
-func (x *ReportResultRequest) GetProvenance() []byte {
+func (x *ReportResultRequest) GetDetail() *ReviewDetail {
 	if x != nil {
-		return x.Provenance
+		return x.Detail
+	}
+	return nil
+}
+
+// FileChange is one file of a result's patch, computed by the executor from
+// the whole patch, never from a shortened copy.
+type FileChange struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The file's path in the repository. A path that is not valid UTF-8 has
+	// each invalid byte replaced by U+FFFD here, and its exact bytes in
+	// path_bytes. Show it escaped: it is the job's choice of bytes.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// The exact path, set only when it is not valid UTF-8.
+	PathBytes []byte `protobuf:"bytes,2,opt,name=path_bytes,json=pathBytes,proto3" json:"path_bytes,omitempty"`
+	// What the patch does to the file.
+	Status FileStatus `protobuf:"varint,3,opt,name=status,proto3,enum=airlock.authority.v1.FileStatus" json:"status,omitempty"`
+	// git's mode before (0 for an added file) and after (0 for a deleted
+	// one): 0o100644, 0o100755, 0o120000 for a symlink.
+	OldMode uint32 `protobuf:"varint,4,opt,name=old_mode,json=oldMode,proto3" json:"old_mode,omitempty"`
+	// See old_mode.
+	NewMode uint32 `protobuf:"varint,5,opt,name=new_mode,json=newMode,proto3" json:"new_mode,omitempty"`
+	// Lines added; 0 for a binary file.
+	LinesAdded int64 `protobuf:"varint,6,opt,name=lines_added,json=linesAdded,proto3" json:"lines_added,omitempty"`
+	// Lines removed; 0 for a binary file.
+	LinesDeleted int64 `protobuf:"varint,7,opt,name=lines_deleted,json=linesDeleted,proto3" json:"lines_deleted,omitempty"`
+	// The file is binary (its patch is a binary patch).
+	Binary bool `protobuf:"varint,8,opt,name=binary,proto3" json:"binary,omitempty"`
+	// The file's size in bytes after the patch (before it, when deleted).
+	Size int64 `protobuf:"varint,9,opt,name=size,proto3" json:"size,omitempty"`
+	// The length of this file's part of the patch; the parts follow each
+	// other in the list's order, so a reviewer can tell which files a
+	// shortened patch shows whole, in part, or not at all.
+	PatchBytes    int64 `protobuf:"varint,10,opt,name=patch_bytes,json=patchBytes,proto3" json:"patch_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileChange) Reset() {
+	*x = FileChange{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileChange) ProtoMessage() {}
+
+func (x *FileChange) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileChange.ProtoReflect.Descriptor instead.
+func (*FileChange) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *FileChange) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *FileChange) GetPathBytes() []byte {
+	if x != nil {
+		return x.PathBytes
+	}
+	return nil
+}
+
+func (x *FileChange) GetStatus() FileStatus {
+	if x != nil {
+		return x.Status
+	}
+	return FileStatus_FILE_STATUS_UNSPECIFIED
+}
+
+func (x *FileChange) GetOldMode() uint32 {
+	if x != nil {
+		return x.OldMode
+	}
+	return 0
+}
+
+func (x *FileChange) GetNewMode() uint32 {
+	if x != nil {
+		return x.NewMode
+	}
+	return 0
+}
+
+func (x *FileChange) GetLinesAdded() int64 {
+	if x != nil {
+		return x.LinesAdded
+	}
+	return 0
+}
+
+func (x *FileChange) GetLinesDeleted() int64 {
+	if x != nil {
+		return x.LinesDeleted
+	}
+	return 0
+}
+
+func (x *FileChange) GetBinary() bool {
+	if x != nil {
+		return x.Binary
+	}
+	return false
+}
+
+func (x *FileChange) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *FileChange) GetPatchBytes() int64 {
+	if x != nil {
+		return x.PatchBytes
+	}
+	return 0
+}
+
+// OutputTail is the end of one output stream.
+type OutputTail struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The stream's last bytes, unmodified.
+	Data []byte `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	// How many bytes of the stream were recorded (data is its last part).
+	Size int64 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	// The stream reached the executor's output cap: what the job wrote
+	// after that was never recorded.
+	Capped        bool `protobuf:"varint,3,opt,name=capped,proto3" json:"capped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OutputTail) Reset() {
+	*x = OutputTail{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OutputTail) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OutputTail) ProtoMessage() {}
+
+func (x *OutputTail) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OutputTail.ProtoReflect.Descriptor instead.
+func (*OutputTail) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *OutputTail) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *OutputTail) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *OutputTail) GetCapped() bool {
+	if x != nil {
+		return x.Capped
+	}
+	return false
+}
+
+// ReviewDetail is what a reviewer needs beside the patch, about the whole
+// result.
+type ReviewDetail struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The patch's files, in the patch's order: all of them, unless
+	// files_total is larger (the list did not fit in one message; ReadReview
+	// streams all of it).
+	Files []*FileChange `protobuf:"bytes,1,rep,name=files,proto3" json:"files,omitempty"`
+	// How many files the patch changes.
+	FilesTotal int64 `protobuf:"varint,2,opt,name=files_total,json=filesTotal,proto3" json:"files_total,omitempty"`
+	// The whole patch's size in bytes.
+	PatchSize int64 `protobuf:"varint,3,opt,name=patch_size,json=patchSize,proto3" json:"patch_size,omitempty"`
+	// The end of the job's standard output.
+	Stdout *OutputTail `protobuf:"bytes,4,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	// The end of the job's standard error.
+	Stderr        *OutputTail `protobuf:"bytes,5,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReviewDetail) Reset() {
+	*x = ReviewDetail{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReviewDetail) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReviewDetail) ProtoMessage() {}
+
+func (x *ReviewDetail) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReviewDetail.ProtoReflect.Descriptor instead.
+func (*ReviewDetail) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ReviewDetail) GetFiles() []*FileChange {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *ReviewDetail) GetFilesTotal() int64 {
+	if x != nil {
+		return x.FilesTotal
+	}
+	return 0
+}
+
+func (x *ReviewDetail) GetPatchSize() int64 {
+	if x != nil {
+		return x.PatchSize
+	}
+	return 0
+}
+
+func (x *ReviewDetail) GetStdout() *OutputTail {
+	if x != nil {
+		return x.Stdout
+	}
+	return nil
+}
+
+func (x *ReviewDetail) GetStderr() *OutputTail {
+	if x != nil {
+		return x.Stderr
 	}
 	return nil
 }
@@ -1548,7 +1956,7 @@ type ReportResultResponse struct {
 
 func (x *ReportResultResponse) Reset() {
 	*x = ReportResultResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[16]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1560,7 +1968,7 @@ func (x *ReportResultResponse) String() string {
 func (*ReportResultResponse) ProtoMessage() {}
 
 func (x *ReportResultResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[16]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1573,7 +1981,7 @@ func (x *ReportResultResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResultResponse.ProtoReflect.Descriptor instead.
 func (*ReportResultResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{16}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReportResultResponse) GetJob() *Job {
@@ -1606,7 +2014,7 @@ type JobChange struct {
 
 func (x *JobChange) Reset() {
 	*x = JobChange{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[17]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1618,7 +2026,7 @@ func (x *JobChange) String() string {
 func (*JobChange) ProtoMessage() {}
 
 func (x *JobChange) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[17]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1631,7 +2039,7 @@ func (x *JobChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobChange.ProtoReflect.Descriptor instead.
 func (*JobChange) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{17}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *JobChange) GetBaseGeneration() int64 {
@@ -1693,7 +2101,7 @@ type ApprovalVote struct {
 
 func (x *ApprovalVote) Reset() {
 	*x = ApprovalVote{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[18]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1705,7 +2113,7 @@ func (x *ApprovalVote) String() string {
 func (*ApprovalVote) ProtoMessage() {}
 
 func (x *ApprovalVote) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[18]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1718,7 +2126,7 @@ func (x *ApprovalVote) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApprovalVote.ProtoReflect.Descriptor instead.
 func (*ApprovalVote) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{18}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ApprovalVote) GetApprover() string {
@@ -1787,7 +2195,7 @@ type Approval struct {
 
 func (x *Approval) Reset() {
 	*x = Approval{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[19]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1799,7 +2207,7 @@ func (x *Approval) String() string {
 func (*Approval) ProtoMessage() {}
 
 func (x *Approval) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[19]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1812,7 +2220,7 @@ func (x *Approval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Approval.ProtoReflect.Descriptor instead.
 func (*Approval) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{19}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Approval) GetApprovalId() string {
@@ -1906,28 +2314,32 @@ func (x *Approval) GetChange() *JobChange {
 	return nil
 }
 
-// ReviewMaterial is what a reviewer needs to decide.
+// ReviewMaterial is what a reviewer needs to decide. Every byte of patch,
+// paths and output is the job's: show it escaped.
 type ReviewMaterial struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The patch against the base commit.
+	// The patch against the base commit: its first bytes, at most the
+	// executor's review limit; detail.patch_size is the whole patch's size,
+	// and ReadReview streams all of it.
 	Patch []byte `protobuf:"bytes,1,opt,name=patch,proto3" json:"patch,omitempty"`
 	// The run's outcome: exit status, reason, usage, runtime and template versions.
 	Result *v1.RunResult `protobuf:"bytes,2,opt,name=result,proto3" json:"result,omitempty"`
-	// The tail of the job's output.
-	OutputTail []byte `protobuf:"bytes,3,opt,name=output_tail,json=outputTail,proto3" json:"output_tail,omitempty"`
 	// The network policy the job ran under.
 	NetworkPolicy *v1.NetworkPolicy `protobuf:"bytes,4,opt,name=network_policy,json=networkPolicy,proto3" json:"network_policy,omitempty"`
 	// The job's command argv.
 	Command []string `protobuf:"bytes,5,rep,name=command,proto3" json:"command,omitempty"`
 	// The base commit.
-	Commit        string `protobuf:"bytes,6,opt,name=commit,proto3" json:"commit,omitempty"`
+	Commit string `protobuf:"bytes,6,opt,name=commit,proto3" json:"commit,omitempty"`
+	// The complete file list, the patch's size and the output tails. Unset
+	// for a result recorded before the authority kept them.
+	Detail        *ReviewDetail `protobuf:"bytes,7,opt,name=detail,proto3" json:"detail,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReviewMaterial) Reset() {
 	*x = ReviewMaterial{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[20]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1939,7 +2351,7 @@ func (x *ReviewMaterial) String() string {
 func (*ReviewMaterial) ProtoMessage() {}
 
 func (x *ReviewMaterial) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[20]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1952,7 +2364,7 @@ func (x *ReviewMaterial) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReviewMaterial.ProtoReflect.Descriptor instead.
 func (*ReviewMaterial) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{20}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReviewMaterial) GetPatch() []byte {
@@ -1965,13 +2377,6 @@ func (x *ReviewMaterial) GetPatch() []byte {
 func (x *ReviewMaterial) GetResult() *v1.RunResult {
 	if x != nil {
 		return x.Result
-	}
-	return nil
-}
-
-func (x *ReviewMaterial) GetOutputTail() []byte {
-	if x != nil {
-		return x.OutputTail
 	}
 	return nil
 }
@@ -1997,6 +2402,293 @@ func (x *ReviewMaterial) GetCommit() string {
 	return ""
 }
 
+func (x *ReviewMaterial) GetDetail() *ReviewDetail {
+	if x != nil {
+		return x.Detail
+	}
+	return nil
+}
+
+// ReadReviewRequest names an approval request and the parts to read.
+type ReadReviewRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required: a publish request (change requests have no bundle).
+	ApprovalId string `protobuf:"bytes,1,opt,name=approval_id,json=approvalId,proto3" json:"approval_id,omitempty"`
+	// The parts to stream, each at most once; empty means all. They always
+	// come in the order files, patch, stdout, stderr.
+	Parts         []ReviewPart `protobuf:"varint,2,rep,packed,name=parts,proto3,enum=airlock.authority.v1.ReviewPart" json:"parts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadReviewRequest) Reset() {
+	*x = ReadReviewRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadReviewRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadReviewRequest) ProtoMessage() {}
+
+func (x *ReadReviewRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadReviewRequest.ProtoReflect.Descriptor instead.
+func (*ReadReviewRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ReadReviewRequest) GetApprovalId() string {
+	if x != nil {
+		return x.ApprovalId
+	}
+	return ""
+}
+
+func (x *ReadReviewRequest) GetParts() []ReviewPart {
+	if x != nil {
+		return x.Parts
+	}
+	return nil
+}
+
+// ReviewPartStart opens one part of a ReadReview stream.
+type ReviewPartStart struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Which part follows.
+	Part ReviewPart `protobuf:"varint,1,opt,name=part,proto3,enum=airlock.authority.v1.ReviewPart" json:"part,omitempty"`
+	// For FILES the number of files; otherwise the number of bytes.
+	Size          int64 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReviewPartStart) Reset() {
+	*x = ReviewPartStart{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReviewPartStart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReviewPartStart) ProtoMessage() {}
+
+func (x *ReviewPartStart) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReviewPartStart.ProtoReflect.Descriptor instead.
+func (*ReviewPartStart) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ReviewPartStart) GetPart() ReviewPart {
+	if x != nil {
+		return x.Part
+	}
+	return ReviewPart_REVIEW_PART_UNSPECIFIED
+}
+
+func (x *ReviewPartStart) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+// ReviewFiles is the next batch of a FILES part.
+type ReviewFiles struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The next files, in the patch's order.
+	Files         []*FileChange `protobuf:"bytes,1,rep,name=files,proto3" json:"files,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReviewFiles) Reset() {
+	*x = ReviewFiles{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReviewFiles) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReviewFiles) ProtoMessage() {}
+
+func (x *ReviewFiles) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReviewFiles.ProtoReflect.Descriptor instead.
+func (*ReviewFiles) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ReviewFiles) GetFiles() []*FileChange {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+// ReadReviewResponse is one message of a ReadReview stream: for each part a
+// start, then its files or chunks; last, the verified digest.
+type ReadReviewResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Exactly one is set.
+	//
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*ReadReviewResponse_Start
+	//	*ReadReviewResponse_Files
+	//	*ReadReviewResponse_Chunk
+	//	*ReadReviewResponse_VerifiedDigest
+	Msg           isReadReviewResponse_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadReviewResponse) Reset() {
+	*x = ReadReviewResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadReviewResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadReviewResponse) ProtoMessage() {}
+
+func (x *ReadReviewResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadReviewResponse.ProtoReflect.Descriptor instead.
+func (*ReadReviewResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ReadReviewResponse) GetMsg() isReadReviewResponse_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *ReadReviewResponse) GetStart() *ReviewPartStart {
+	if x != nil {
+		if x, ok := x.Msg.(*ReadReviewResponse_Start); ok {
+			return x.Start
+		}
+	}
+	return nil
+}
+
+func (x *ReadReviewResponse) GetFiles() *ReviewFiles {
+	if x != nil {
+		if x, ok := x.Msg.(*ReadReviewResponse_Files); ok {
+			return x.Files
+		}
+	}
+	return nil
+}
+
+func (x *ReadReviewResponse) GetChunk() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*ReadReviewResponse_Chunk); ok {
+			return x.Chunk
+		}
+	}
+	return nil
+}
+
+func (x *ReadReviewResponse) GetVerifiedDigest() string {
+	if x != nil {
+		if x, ok := x.Msg.(*ReadReviewResponse_VerifiedDigest); ok {
+			return x.VerifiedDigest
+		}
+	}
+	return ""
+}
+
+type isReadReviewResponse_Msg interface {
+	isReadReviewResponse_Msg()
+}
+
+type ReadReviewResponse_Start struct {
+	// A part begins.
+	Start *ReviewPartStart `protobuf:"bytes,1,opt,name=start,proto3,oneof"`
+}
+
+type ReadReviewResponse_Files struct {
+	// The next files of a FILES part.
+	Files *ReviewFiles `protobuf:"bytes,2,opt,name=files,proto3,oneof"`
+}
+
+type ReadReviewResponse_Chunk struct {
+	// The next bytes of a PATCH, STDOUT or STDERR part, unmodified.
+	Chunk []byte `protobuf:"bytes,3,opt,name=chunk,proto3,oneof"`
+}
+
+type ReadReviewResponse_VerifiedDigest struct {
+	// The last message: the whole bundle was read and has this digest, the
+	// request's. Without it, nothing streamed is known to be the bundle.
+	VerifiedDigest string `protobuf:"bytes,4,opt,name=verified_digest,json=verifiedDigest,proto3,oneof"`
+}
+
+func (*ReadReviewResponse_Start) isReadReviewResponse_Msg() {}
+
+func (*ReadReviewResponse_Files) isReadReviewResponse_Msg() {}
+
+func (*ReadReviewResponse_Chunk) isReadReviewResponse_Msg() {}
+
+func (*ReadReviewResponse_VerifiedDigest) isReadReviewResponse_Msg() {}
+
 // ListApprovalsRequest filters approval requests.
 type ListApprovalsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2014,7 +2706,7 @@ type ListApprovalsRequest struct {
 
 func (x *ListApprovalsRequest) Reset() {
 	*x = ListApprovalsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[21]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2026,7 +2718,7 @@ func (x *ListApprovalsRequest) String() string {
 func (*ListApprovalsRequest) ProtoMessage() {}
 
 func (x *ListApprovalsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[21]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2039,7 +2731,7 @@ func (x *ListApprovalsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApprovalsRequest.ProtoReflect.Descriptor instead.
 func (*ListApprovalsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{21}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListApprovalsRequest) GetTenant() string {
@@ -2083,7 +2775,7 @@ type ListApprovalsResponse struct {
 
 func (x *ListApprovalsResponse) Reset() {
 	*x = ListApprovalsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[22]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2095,7 +2787,7 @@ func (x *ListApprovalsResponse) String() string {
 func (*ListApprovalsResponse) ProtoMessage() {}
 
 func (x *ListApprovalsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[22]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2108,7 +2800,7 @@ func (x *ListApprovalsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApprovalsResponse.ProtoReflect.Descriptor instead.
 func (*ListApprovalsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{22}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListApprovalsResponse) GetApprovals() []*Approval {
@@ -2136,7 +2828,7 @@ type GetApprovalRequest struct {
 
 func (x *GetApprovalRequest) Reset() {
 	*x = GetApprovalRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[23]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2148,7 +2840,7 @@ func (x *GetApprovalRequest) String() string {
 func (*GetApprovalRequest) ProtoMessage() {}
 
 func (x *GetApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[23]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2161,7 +2853,7 @@ func (x *GetApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetApprovalRequest.ProtoReflect.Descriptor instead.
 func (*GetApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{23}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetApprovalRequest) GetApprovalId() string {
@@ -2184,7 +2876,7 @@ type GetApprovalResponse struct {
 
 func (x *GetApprovalResponse) Reset() {
 	*x = GetApprovalResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[24]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2196,7 +2888,7 @@ func (x *GetApprovalResponse) String() string {
 func (*GetApprovalResponse) ProtoMessage() {}
 
 func (x *GetApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[24]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2209,7 +2901,7 @@ func (x *GetApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetApprovalResponse.ProtoReflect.Descriptor instead.
 func (*GetApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{24}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetApprovalResponse) GetApproval() *Approval {
@@ -2244,7 +2936,7 @@ type DecideApprovalRequest struct {
 
 func (x *DecideApprovalRequest) Reset() {
 	*x = DecideApprovalRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2256,7 +2948,7 @@ func (x *DecideApprovalRequest) String() string {
 func (*DecideApprovalRequest) ProtoMessage() {}
 
 func (x *DecideApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2269,7 +2961,7 @@ func (x *DecideApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideApprovalRequest.ProtoReflect.Descriptor instead.
 func (*DecideApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{25}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DecideApprovalRequest) GetApprovalId() string {
@@ -2311,7 +3003,7 @@ type DecideApprovalResponse struct {
 
 func (x *DecideApprovalResponse) Reset() {
 	*x = DecideApprovalResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2323,7 +3015,7 @@ func (x *DecideApprovalResponse) String() string {
 func (*DecideApprovalResponse) ProtoMessage() {}
 
 func (x *DecideApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2336,7 +3028,7 @@ func (x *DecideApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideApprovalResponse.ProtoReflect.Descriptor instead.
 func (*DecideApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{26}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DecideApprovalResponse) GetApproval() *Approval {
@@ -2363,7 +3055,7 @@ type ConsumeApprovalRequest struct {
 
 func (x *ConsumeApprovalRequest) Reset() {
 	*x = ConsumeApprovalRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2375,7 +3067,7 @@ func (x *ConsumeApprovalRequest) String() string {
 func (*ConsumeApprovalRequest) ProtoMessage() {}
 
 func (x *ConsumeApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2388,7 +3080,7 @@ func (x *ConsumeApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumeApprovalRequest.ProtoReflect.Descriptor instead.
 func (*ConsumeApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{27}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ConsumeApprovalRequest) GetApprovalId() string {
@@ -2430,7 +3122,7 @@ type ConsumeApprovalResponse struct {
 
 func (x *ConsumeApprovalResponse) Reset() {
 	*x = ConsumeApprovalResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2442,7 +3134,7 @@ func (x *ConsumeApprovalResponse) String() string {
 func (*ConsumeApprovalResponse) ProtoMessage() {}
 
 func (x *ConsumeApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2455,7 +3147,7 @@ func (x *ConsumeApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumeApprovalResponse.ProtoReflect.Descriptor instead.
 func (*ConsumeApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{28}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ConsumeApprovalResponse) GetApproval() *Approval {
@@ -2490,7 +3182,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2502,7 +3194,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2515,7 +3207,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{29}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Lease) GetLeaseId() string {
@@ -2591,7 +3283,7 @@ type LeaseCredentialRequest struct {
 
 func (x *LeaseCredentialRequest) Reset() {
 	*x = LeaseCredentialRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2603,7 +3295,7 @@ func (x *LeaseCredentialRequest) String() string {
 func (*LeaseCredentialRequest) ProtoMessage() {}
 
 func (x *LeaseCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2616,7 +3308,7 @@ func (x *LeaseCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseCredentialRequest.ProtoReflect.Descriptor instead.
 func (*LeaseCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{30}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *LeaseCredentialRequest) GetPurpose() LeasePurpose {
@@ -2660,7 +3352,7 @@ type LeaseCredentialResponse struct {
 
 func (x *LeaseCredentialResponse) Reset() {
 	*x = LeaseCredentialResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2672,7 +3364,7 @@ func (x *LeaseCredentialResponse) String() string {
 func (*LeaseCredentialResponse) ProtoMessage() {}
 
 func (x *LeaseCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2685,7 +3377,7 @@ func (x *LeaseCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseCredentialResponse.ProtoReflect.Descriptor instead.
 func (*LeaseCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{31}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *LeaseCredentialResponse) GetLease() *Lease {
@@ -2715,7 +3407,7 @@ type RevokeCredentialRequest struct {
 
 func (x *RevokeCredentialRequest) Reset() {
 	*x = RevokeCredentialRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2727,7 +3419,7 @@ func (x *RevokeCredentialRequest) String() string {
 func (*RevokeCredentialRequest) ProtoMessage() {}
 
 func (x *RevokeCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2740,7 +3432,7 @@ func (x *RevokeCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCredentialRequest.ProtoReflect.Descriptor instead.
 func (*RevokeCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{32}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RevokeCredentialRequest) GetLeaseId() string {
@@ -2768,7 +3460,7 @@ type RevokeCredentialResponse struct {
 
 func (x *RevokeCredentialResponse) Reset() {
 	*x = RevokeCredentialResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2780,7 +3472,7 @@ func (x *RevokeCredentialResponse) String() string {
 func (*RevokeCredentialResponse) ProtoMessage() {}
 
 func (x *RevokeCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2793,7 +3485,7 @@ func (x *RevokeCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCredentialResponse.ProtoReflect.Descriptor instead.
 func (*RevokeCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{33}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RevokeCredentialResponse) GetLease() *Lease {
@@ -2820,7 +3512,7 @@ type ListLeasesRequest struct {
 
 func (x *ListLeasesRequest) Reset() {
 	*x = ListLeasesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2832,7 +3524,7 @@ func (x *ListLeasesRequest) String() string {
 func (*ListLeasesRequest) ProtoMessage() {}
 
 func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2845,7 +3537,7 @@ func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{34}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListLeasesRequest) GetJobId() string {
@@ -2889,7 +3581,7 @@ type ListLeasesResponse struct {
 
 func (x *ListLeasesResponse) Reset() {
 	*x = ListLeasesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2901,7 +3593,7 @@ func (x *ListLeasesResponse) String() string {
 func (*ListLeasesResponse) ProtoMessage() {}
 
 func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2914,7 +3606,7 @@ func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{35}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListLeasesResponse) GetLeases() []*Lease {
@@ -2944,7 +3636,7 @@ type UpdateNetworkPolicyRequest struct {
 
 func (x *UpdateNetworkPolicyRequest) Reset() {
 	*x = UpdateNetworkPolicyRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2956,7 +3648,7 @@ func (x *UpdateNetworkPolicyRequest) String() string {
 func (*UpdateNetworkPolicyRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2969,7 +3661,7 @@ func (x *UpdateNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkPolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{36}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *UpdateNetworkPolicyRequest) GetJobId() string {
@@ -3000,7 +3692,7 @@ type UpdateNetworkPolicyResponse struct {
 
 func (x *UpdateNetworkPolicyResponse) Reset() {
 	*x = UpdateNetworkPolicyResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3012,7 +3704,7 @@ func (x *UpdateNetworkPolicyResponse) String() string {
 func (*UpdateNetworkPolicyResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3025,7 +3717,7 @@ func (x *UpdateNetworkPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkPolicyResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{37}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *UpdateNetworkPolicyResponse) GetStatus() *v1.NetworkPolicyStatus {
@@ -3056,7 +3748,7 @@ type UpdateJobLimitsRequest struct {
 
 func (x *UpdateJobLimitsRequest) Reset() {
 	*x = UpdateJobLimitsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3068,7 +3760,7 @@ func (x *UpdateJobLimitsRequest) String() string {
 func (*UpdateJobLimitsRequest) ProtoMessage() {}
 
 func (x *UpdateJobLimitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3081,7 +3773,7 @@ func (x *UpdateJobLimitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateJobLimitsRequest.ProtoReflect.Descriptor instead.
 func (*UpdateJobLimitsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{38}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *UpdateJobLimitsRequest) GetJobId() string {
@@ -3111,7 +3803,7 @@ type UpdateJobLimitsResponse struct {
 
 func (x *UpdateJobLimitsResponse) Reset() {
 	*x = UpdateJobLimitsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3123,7 +3815,7 @@ func (x *UpdateJobLimitsResponse) String() string {
 func (*UpdateJobLimitsResponse) ProtoMessage() {}
 
 func (x *UpdateJobLimitsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3136,7 +3828,7 @@ func (x *UpdateJobLimitsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateJobLimitsResponse.ProtoReflect.Descriptor instead.
 func (*UpdateJobLimitsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{39}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *UpdateJobLimitsResponse) GetJob() *Job {
@@ -3169,7 +3861,7 @@ type UseLeaseRequest struct {
 
 func (x *UseLeaseRequest) Reset() {
 	*x = UseLeaseRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3181,7 +3873,7 @@ func (x *UseLeaseRequest) String() string {
 func (*UseLeaseRequest) ProtoMessage() {}
 
 func (x *UseLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3194,7 +3886,7 @@ func (x *UseLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UseLeaseRequest.ProtoReflect.Descriptor instead.
 func (*UseLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{40}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *UseLeaseRequest) GetLeaseId() string {
@@ -3229,7 +3921,7 @@ type UseLeaseResponse struct {
 
 func (x *UseLeaseResponse) Reset() {
 	*x = UseLeaseResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3241,7 +3933,7 @@ func (x *UseLeaseResponse) String() string {
 func (*UseLeaseResponse) ProtoMessage() {}
 
 func (x *UseLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3254,7 +3946,7 @@ func (x *UseLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UseLeaseResponse.ProtoReflect.Descriptor instead.
 func (*UseLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{41}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *UseLeaseResponse) GetLease() *Lease {
@@ -3295,7 +3987,7 @@ type AuditEvent struct {
 
 func (x *AuditEvent) Reset() {
 	*x = AuditEvent{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3307,7 +3999,7 @@ func (x *AuditEvent) String() string {
 func (*AuditEvent) ProtoMessage() {}
 
 func (x *AuditEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3320,7 +4012,7 @@ func (x *AuditEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEvent.ProtoReflect.Descriptor instead.
 func (*AuditEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{42}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *AuditEvent) GetSequence() int64 {
@@ -3425,7 +4117,7 @@ type ListAuditEventsRequest struct {
 
 func (x *ListAuditEventsRequest) Reset() {
 	*x = ListAuditEventsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3437,7 +4129,7 @@ func (x *ListAuditEventsRequest) String() string {
 func (*ListAuditEventsRequest) ProtoMessage() {}
 
 func (x *ListAuditEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3450,7 +4142,7 @@ func (x *ListAuditEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditEventsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{43}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListAuditEventsRequest) GetJobId() string {
@@ -3522,7 +4214,7 @@ type ListAuditEventsResponse struct {
 
 func (x *ListAuditEventsResponse) Reset() {
 	*x = ListAuditEventsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3534,7 +4226,7 @@ func (x *ListAuditEventsResponse) String() string {
 func (*ListAuditEventsResponse) ProtoMessage() {}
 
 func (x *ListAuditEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3547,7 +4239,7 @@ func (x *ListAuditEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditEventsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{44}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListAuditEventsResponse) GetEvents() []*AuditEvent {
@@ -3646,16 +4338,44 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x13FetchSourceResponse\x12<\n" +
 	"\x06header\x18\x01 \x01(\v2\".airlock.authority.v1.SourceHeaderH\x00R\x06header\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x06\n" +
-	"\x04part\"\xb8\x01\n" +
+	"\x04part\"\xe6\x01\n" +
 	"\x13ReportResultRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x123\n" +
 	"\x06result\x18\x02 \x01(\v2\x1b.airlock.types.v1.RunResultR\x06result\x12\x14\n" +
-	"\x05patch\x18\x03 \x01(\fR\x05patch\x12\x1f\n" +
-	"\voutput_tail\x18\x04 \x01(\fR\n" +
-	"outputTail\x12\x1e\n" +
+	"\x05patch\x18\x03 \x01(\fR\x05patch\x12\x1e\n" +
 	"\n" +
 	"provenance\x18\x05 \x01(\fR\n" +
-	"provenance\"C\n" +
+	"provenance\x12:\n" +
+	"\x06detail\x18\x06 \x01(\v2\".airlock.authority.v1.ReviewDetailR\x06detailJ\x04\b\x04\x10\x05R\voutput_tail\"\xc2\x02\n" +
+	"\n" +
+	"FileChange\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1d\n" +
+	"\n" +
+	"path_bytes\x18\x02 \x01(\fR\tpathBytes\x128\n" +
+	"\x06status\x18\x03 \x01(\x0e2 .airlock.authority.v1.FileStatusR\x06status\x12\x19\n" +
+	"\bold_mode\x18\x04 \x01(\rR\aoldMode\x12\x19\n" +
+	"\bnew_mode\x18\x05 \x01(\rR\anewMode\x12\x1f\n" +
+	"\vlines_added\x18\x06 \x01(\x03R\n" +
+	"linesAdded\x12#\n" +
+	"\rlines_deleted\x18\a \x01(\x03R\flinesDeleted\x12\x16\n" +
+	"\x06binary\x18\b \x01(\bR\x06binary\x12\x12\n" +
+	"\x04size\x18\t \x01(\x03R\x04size\x12\x1f\n" +
+	"\vpatch_bytes\x18\n" +
+	" \x01(\x03R\n" +
+	"patchBytes\"L\n" +
+	"\n" +
+	"OutputTail\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x16\n" +
+	"\x06capped\x18\x03 \x01(\bR\x06capped\"\xfa\x01\n" +
+	"\fReviewDetail\x126\n" +
+	"\x05files\x18\x01 \x03(\v2 .airlock.authority.v1.FileChangeR\x05files\x12\x1f\n" +
+	"\vfiles_total\x18\x02 \x01(\x03R\n" +
+	"filesTotal\x12\x1d\n" +
+	"\n" +
+	"patch_size\x18\x03 \x01(\x03R\tpatchSize\x128\n" +
+	"\x06stdout\x18\x04 \x01(\v2 .airlock.authority.v1.OutputTailR\x06stdout\x128\n" +
+	"\x06stderr\x18\x05 \x01(\v2 .airlock.authority.v1.OutputTailR\x06stderr\"C\n" +
 	"\x14ReportResultResponse\x12+\n" +
 	"\x03job\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\x03job\"\xec\x02\n" +
 	"\tJobChange\x12'\n" +
@@ -3689,15 +4409,29 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\n" +
 	"expires_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x126\n" +
 	"\x04kind\x18\f \x01(\x0e2\".airlock.authority.v1.ApprovalKindR\x04kind\x127\n" +
-	"\x06change\x18\r \x01(\v2\x1f.airlock.authority.v1.JobChangeR\x06change\"\xf6\x01\n" +
+	"\x06change\x18\r \x01(\v2\x1f.airlock.authority.v1.JobChangeR\x06change\"\xa4\x02\n" +
 	"\x0eReviewMaterial\x12\x14\n" +
 	"\x05patch\x18\x01 \x01(\fR\x05patch\x123\n" +
-	"\x06result\x18\x02 \x01(\v2\x1b.airlock.types.v1.RunResultR\x06result\x12\x1f\n" +
-	"\voutput_tail\x18\x03 \x01(\fR\n" +
-	"outputTail\x12F\n" +
+	"\x06result\x18\x02 \x01(\v2\x1b.airlock.types.v1.RunResultR\x06result\x12F\n" +
 	"\x0enetwork_policy\x18\x04 \x01(\v2\x1f.airlock.types.v1.NetworkPolicyR\rnetworkPolicy\x12\x18\n" +
 	"\acommand\x18\x05 \x03(\tR\acommand\x12\x16\n" +
-	"\x06commit\x18\x06 \x01(\tR\x06commit\"\xa7\x01\n" +
+	"\x06commit\x18\x06 \x01(\tR\x06commit\x12:\n" +
+	"\x06detail\x18\a \x01(\v2\".airlock.authority.v1.ReviewDetailR\x06detailJ\x04\b\x03\x10\x04R\voutput_tail\"l\n" +
+	"\x11ReadReviewRequest\x12\x1f\n" +
+	"\vapproval_id\x18\x01 \x01(\tR\n" +
+	"approvalId\x126\n" +
+	"\x05parts\x18\x02 \x03(\x0e2 .airlock.authority.v1.ReviewPartR\x05parts\"[\n" +
+	"\x0fReviewPartStart\x124\n" +
+	"\x04part\x18\x01 \x01(\x0e2 .airlock.authority.v1.ReviewPartR\x04part\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\"E\n" +
+	"\vReviewFiles\x126\n" +
+	"\x05files\x18\x01 \x03(\v2 .airlock.authority.v1.FileChangeR\x05files\"\xd8\x01\n" +
+	"\x12ReadReviewResponse\x12=\n" +
+	"\x05start\x18\x01 \x01(\v2%.airlock.authority.v1.ReviewPartStartH\x00R\x05start\x129\n" +
+	"\x05files\x18\x02 \x01(\v2!.airlock.authority.v1.ReviewFilesH\x00R\x05files\x12\x16\n" +
+	"\x05chunk\x18\x03 \x01(\fH\x00R\x05chunk\x12)\n" +
+	"\x0fverified_digest\x18\x04 \x01(\tH\x00R\x0everifiedDigestB\x05\n" +
+	"\x03msg\"\xa7\x01\n" +
 	"\x14ListApprovalsRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12;\n" +
 	"\x06states\x18\x02 \x03(\x0e2#.airlock.authority.v1.ApprovalStateR\x06states\x12\x1b\n" +
@@ -3817,7 +4551,14 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x11JOB_STATE_RUNNING\x10\x03\x12\x16\n" +
 	"\x12JOB_STATE_FINISHED\x10\x04\x12\x14\n" +
 	"\x10JOB_STATE_FAILED\x10\x05\x12\x17\n" +
-	"\x13JOB_STATE_CANCELLED\x10\x06*\xbc\x01\n" +
+	"\x13JOB_STATE_CANCELLED\x10\x06*\x91\x01\n" +
+	"\n" +
+	"FileStatus\x12\x1b\n" +
+	"\x17FILE_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11FILE_STATUS_ADDED\x10\x01\x12\x18\n" +
+	"\x14FILE_STATUS_MODIFIED\x10\x02\x12\x17\n" +
+	"\x13FILE_STATUS_DELETED\x10\x03\x12\x1c\n" +
+	"\x18FILE_STATUS_TYPE_CHANGED\x10\x04*\xbc\x01\n" +
 	"\rApprovalState\x12\x1e\n" +
 	"\x1aAPPROVAL_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16APPROVAL_STATE_PENDING\x10\x01\x12\x1b\n" +
@@ -3832,7 +4573,14 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\fApprovalKind\x12\x1d\n" +
 	"\x19APPROVAL_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15APPROVAL_KIND_PUBLISH\x10\x01\x12\x18\n" +
-	"\x14APPROVAL_KIND_CHANGE\x10\x02*G\n" +
+	"\x14APPROVAL_KIND_CHANGE\x10\x02*\x87\x01\n" +
+	"\n" +
+	"ReviewPart\x12\x1b\n" +
+	"\x17REVIEW_PART_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11REVIEW_PART_FILES\x10\x01\x12\x15\n" +
+	"\x11REVIEW_PART_PATCH\x10\x02\x12\x16\n" +
+	"\x12REVIEW_PART_STDOUT\x10\x03\x12\x16\n" +
+	"\x12REVIEW_PART_STDERR\x10\x04*G\n" +
 	"\fLeasePurpose\x12\x1d\n" +
 	"\x19LEASE_PURPOSE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14LEASE_PURPOSE_DEPLOY\x10\x01*|\n" +
@@ -3840,7 +4588,7 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x19AUDIT_OUTCOME_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15AUDIT_OUTCOME_ALLOWED\x10\x01\x12\x18\n" +
 	"\x14AUDIT_OUTCOME_DENIED\x10\x02\x12\x18\n" +
-	"\x14AUDIT_OUTCOME_FAILED\x10\x032\xce\x0e\n" +
+	"\x14AUDIT_OUTCOME_FAILED\x10\x032\xb1\x0f\n" +
 	"\x10AuthorityService\x12\\\n" +
 	"\tSubmitJob\x12&.airlock.authority.v1.SubmitJobRequest\x1a'.airlock.authority.v1.SubmitJobResponse\x12S\n" +
 	"\x06GetJob\x12#.airlock.authority.v1.GetJobRequest\x1a$.airlock.authority.v1.GetJobResponse\x12Y\n" +
@@ -3850,7 +4598,9 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\vFetchSource\x12(.airlock.authority.v1.FetchSourceRequest\x1a).airlock.authority.v1.FetchSourceResponse0\x01\x12e\n" +
 	"\fReportResult\x12).airlock.authority.v1.ReportResultRequest\x1a*.airlock.authority.v1.ReportResultResponse\x12h\n" +
 	"\rListApprovals\x12*.airlock.authority.v1.ListApprovalsRequest\x1a+.airlock.authority.v1.ListApprovalsResponse\x12b\n" +
-	"\vGetApproval\x12(.airlock.authority.v1.GetApprovalRequest\x1a).airlock.authority.v1.GetApprovalResponse\x12k\n" +
+	"\vGetApproval\x12(.airlock.authority.v1.GetApprovalRequest\x1a).airlock.authority.v1.GetApprovalResponse\x12a\n" +
+	"\n" +
+	"ReadReview\x12'.airlock.authority.v1.ReadReviewRequest\x1a(.airlock.authority.v1.ReadReviewResponse0\x01\x12k\n" +
 	"\x0eDecideApproval\x12+.airlock.authority.v1.DecideApprovalRequest\x1a,.airlock.authority.v1.DecideApprovalResponse\x12n\n" +
 	"\x0fConsumeApproval\x12,.airlock.authority.v1.ConsumeApprovalRequest\x1a-.airlock.authority.v1.ConsumeApprovalResponse\x12n\n" +
 	"\x0fLeaseCredential\x12,.airlock.authority.v1.LeaseCredentialRequest\x1a-.airlock.authority.v1.LeaseCredentialResponse\x12q\n" +
@@ -3874,178 +4624,200 @@ func file_airlock_authority_v1_authority_proto_rawDescGZIP() []byte {
 	return file_airlock_authority_v1_authority_proto_rawDescData
 }
 
-var file_airlock_authority_v1_authority_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_airlock_authority_v1_authority_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
+var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(JobState)(0),                       // 0: airlock.authority.v1.JobState
-	(ApprovalState)(0),                  // 1: airlock.authority.v1.ApprovalState
-	(Decision)(0),                       // 2: airlock.authority.v1.Decision
-	(ApprovalKind)(0),                   // 3: airlock.authority.v1.ApprovalKind
-	(LeasePurpose)(0),                   // 4: airlock.authority.v1.LeasePurpose
-	(AuditOutcome)(0),                   // 5: airlock.authority.v1.AuditOutcome
-	(*JobSpec)(nil),                     // 6: airlock.authority.v1.JobSpec
-	(*Job)(nil),                         // 7: airlock.authority.v1.Job
-	(*SubmitJobRequest)(nil),            // 8: airlock.authority.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),           // 9: airlock.authority.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),               // 10: airlock.authority.v1.GetJobRequest
-	(*GetJobResponse)(nil),              // 11: airlock.authority.v1.GetJobResponse
-	(*ListJobsRequest)(nil),             // 12: airlock.authority.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),            // 13: airlock.authority.v1.ListJobsResponse
-	(*WatchJobRequest)(nil),             // 14: airlock.authority.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),            // 15: airlock.authority.v1.WatchJobResponse
-	(*CancelJobRequest)(nil),            // 16: airlock.authority.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),           // 17: airlock.authority.v1.CancelJobResponse
-	(*FetchSourceRequest)(nil),          // 18: airlock.authority.v1.FetchSourceRequest
-	(*SourceHeader)(nil),                // 19: airlock.authority.v1.SourceHeader
-	(*FetchSourceResponse)(nil),         // 20: airlock.authority.v1.FetchSourceResponse
-	(*ReportResultRequest)(nil),         // 21: airlock.authority.v1.ReportResultRequest
-	(*ReportResultResponse)(nil),        // 22: airlock.authority.v1.ReportResultResponse
-	(*JobChange)(nil),                   // 23: airlock.authority.v1.JobChange
-	(*ApprovalVote)(nil),                // 24: airlock.authority.v1.ApprovalVote
-	(*Approval)(nil),                    // 25: airlock.authority.v1.Approval
-	(*ReviewMaterial)(nil),              // 26: airlock.authority.v1.ReviewMaterial
-	(*ListApprovalsRequest)(nil),        // 27: airlock.authority.v1.ListApprovalsRequest
-	(*ListApprovalsResponse)(nil),       // 28: airlock.authority.v1.ListApprovalsResponse
-	(*GetApprovalRequest)(nil),          // 29: airlock.authority.v1.GetApprovalRequest
-	(*GetApprovalResponse)(nil),         // 30: airlock.authority.v1.GetApprovalResponse
-	(*DecideApprovalRequest)(nil),       // 31: airlock.authority.v1.DecideApprovalRequest
-	(*DecideApprovalResponse)(nil),      // 32: airlock.authority.v1.DecideApprovalResponse
-	(*ConsumeApprovalRequest)(nil),      // 33: airlock.authority.v1.ConsumeApprovalRequest
-	(*ConsumeApprovalResponse)(nil),     // 34: airlock.authority.v1.ConsumeApprovalResponse
-	(*Lease)(nil),                       // 35: airlock.authority.v1.Lease
-	(*LeaseCredentialRequest)(nil),      // 36: airlock.authority.v1.LeaseCredentialRequest
-	(*LeaseCredentialResponse)(nil),     // 37: airlock.authority.v1.LeaseCredentialResponse
-	(*RevokeCredentialRequest)(nil),     // 38: airlock.authority.v1.RevokeCredentialRequest
-	(*RevokeCredentialResponse)(nil),    // 39: airlock.authority.v1.RevokeCredentialResponse
-	(*ListLeasesRequest)(nil),           // 40: airlock.authority.v1.ListLeasesRequest
-	(*ListLeasesResponse)(nil),          // 41: airlock.authority.v1.ListLeasesResponse
-	(*UpdateNetworkPolicyRequest)(nil),  // 42: airlock.authority.v1.UpdateNetworkPolicyRequest
-	(*UpdateNetworkPolicyResponse)(nil), // 43: airlock.authority.v1.UpdateNetworkPolicyResponse
-	(*UpdateJobLimitsRequest)(nil),      // 44: airlock.authority.v1.UpdateJobLimitsRequest
-	(*UpdateJobLimitsResponse)(nil),     // 45: airlock.authority.v1.UpdateJobLimitsResponse
-	(*UseLeaseRequest)(nil),             // 46: airlock.authority.v1.UseLeaseRequest
-	(*UseLeaseResponse)(nil),            // 47: airlock.authority.v1.UseLeaseResponse
-	(*AuditEvent)(nil),                  // 48: airlock.authority.v1.AuditEvent
-	(*ListAuditEventsRequest)(nil),      // 49: airlock.authority.v1.ListAuditEventsRequest
-	(*ListAuditEventsResponse)(nil),     // 50: airlock.authority.v1.ListAuditEventsResponse
-	nil,                                 // 51: airlock.authority.v1.JobSpec.EnvEntry
-	(*v1.ResourceLimits)(nil),           // 52: airlock.types.v1.ResourceLimits
-	(*v1.NetworkPolicy)(nil),            // 53: airlock.types.v1.NetworkPolicy
-	(v1.RuntimeClass)(0),                // 54: airlock.types.v1.RuntimeClass
-	(*v1.PublishTarget)(nil),            // 55: airlock.types.v1.PublishTarget
-	(*timestamppb.Timestamp)(nil),       // 56: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),                // 57: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil),      // 58: airlock.types.v1.NetworkPolicyStatus
-	(*v1.OutputChunk)(nil),              // 59: airlock.types.v1.OutputChunk
-	(*durationpb.Duration)(nil),         // 60: google.protobuf.Duration
+	(FileStatus)(0),                     // 1: airlock.authority.v1.FileStatus
+	(ApprovalState)(0),                  // 2: airlock.authority.v1.ApprovalState
+	(Decision)(0),                       // 3: airlock.authority.v1.Decision
+	(ApprovalKind)(0),                   // 4: airlock.authority.v1.ApprovalKind
+	(ReviewPart)(0),                     // 5: airlock.authority.v1.ReviewPart
+	(LeasePurpose)(0),                   // 6: airlock.authority.v1.LeasePurpose
+	(AuditOutcome)(0),                   // 7: airlock.authority.v1.AuditOutcome
+	(*JobSpec)(nil),                     // 8: airlock.authority.v1.JobSpec
+	(*Job)(nil),                         // 9: airlock.authority.v1.Job
+	(*SubmitJobRequest)(nil),            // 10: airlock.authority.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),           // 11: airlock.authority.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),               // 12: airlock.authority.v1.GetJobRequest
+	(*GetJobResponse)(nil),              // 13: airlock.authority.v1.GetJobResponse
+	(*ListJobsRequest)(nil),             // 14: airlock.authority.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),            // 15: airlock.authority.v1.ListJobsResponse
+	(*WatchJobRequest)(nil),             // 16: airlock.authority.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),            // 17: airlock.authority.v1.WatchJobResponse
+	(*CancelJobRequest)(nil),            // 18: airlock.authority.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),           // 19: airlock.authority.v1.CancelJobResponse
+	(*FetchSourceRequest)(nil),          // 20: airlock.authority.v1.FetchSourceRequest
+	(*SourceHeader)(nil),                // 21: airlock.authority.v1.SourceHeader
+	(*FetchSourceResponse)(nil),         // 22: airlock.authority.v1.FetchSourceResponse
+	(*ReportResultRequest)(nil),         // 23: airlock.authority.v1.ReportResultRequest
+	(*FileChange)(nil),                  // 24: airlock.authority.v1.FileChange
+	(*OutputTail)(nil),                  // 25: airlock.authority.v1.OutputTail
+	(*ReviewDetail)(nil),                // 26: airlock.authority.v1.ReviewDetail
+	(*ReportResultResponse)(nil),        // 27: airlock.authority.v1.ReportResultResponse
+	(*JobChange)(nil),                   // 28: airlock.authority.v1.JobChange
+	(*ApprovalVote)(nil),                // 29: airlock.authority.v1.ApprovalVote
+	(*Approval)(nil),                    // 30: airlock.authority.v1.Approval
+	(*ReviewMaterial)(nil),              // 31: airlock.authority.v1.ReviewMaterial
+	(*ReadReviewRequest)(nil),           // 32: airlock.authority.v1.ReadReviewRequest
+	(*ReviewPartStart)(nil),             // 33: airlock.authority.v1.ReviewPartStart
+	(*ReviewFiles)(nil),                 // 34: airlock.authority.v1.ReviewFiles
+	(*ReadReviewResponse)(nil),          // 35: airlock.authority.v1.ReadReviewResponse
+	(*ListApprovalsRequest)(nil),        // 36: airlock.authority.v1.ListApprovalsRequest
+	(*ListApprovalsResponse)(nil),       // 37: airlock.authority.v1.ListApprovalsResponse
+	(*GetApprovalRequest)(nil),          // 38: airlock.authority.v1.GetApprovalRequest
+	(*GetApprovalResponse)(nil),         // 39: airlock.authority.v1.GetApprovalResponse
+	(*DecideApprovalRequest)(nil),       // 40: airlock.authority.v1.DecideApprovalRequest
+	(*DecideApprovalResponse)(nil),      // 41: airlock.authority.v1.DecideApprovalResponse
+	(*ConsumeApprovalRequest)(nil),      // 42: airlock.authority.v1.ConsumeApprovalRequest
+	(*ConsumeApprovalResponse)(nil),     // 43: airlock.authority.v1.ConsumeApprovalResponse
+	(*Lease)(nil),                       // 44: airlock.authority.v1.Lease
+	(*LeaseCredentialRequest)(nil),      // 45: airlock.authority.v1.LeaseCredentialRequest
+	(*LeaseCredentialResponse)(nil),     // 46: airlock.authority.v1.LeaseCredentialResponse
+	(*RevokeCredentialRequest)(nil),     // 47: airlock.authority.v1.RevokeCredentialRequest
+	(*RevokeCredentialResponse)(nil),    // 48: airlock.authority.v1.RevokeCredentialResponse
+	(*ListLeasesRequest)(nil),           // 49: airlock.authority.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),          // 50: airlock.authority.v1.ListLeasesResponse
+	(*UpdateNetworkPolicyRequest)(nil),  // 51: airlock.authority.v1.UpdateNetworkPolicyRequest
+	(*UpdateNetworkPolicyResponse)(nil), // 52: airlock.authority.v1.UpdateNetworkPolicyResponse
+	(*UpdateJobLimitsRequest)(nil),      // 53: airlock.authority.v1.UpdateJobLimitsRequest
+	(*UpdateJobLimitsResponse)(nil),     // 54: airlock.authority.v1.UpdateJobLimitsResponse
+	(*UseLeaseRequest)(nil),             // 55: airlock.authority.v1.UseLeaseRequest
+	(*UseLeaseResponse)(nil),            // 56: airlock.authority.v1.UseLeaseResponse
+	(*AuditEvent)(nil),                  // 57: airlock.authority.v1.AuditEvent
+	(*ListAuditEventsRequest)(nil),      // 58: airlock.authority.v1.ListAuditEventsRequest
+	(*ListAuditEventsResponse)(nil),     // 59: airlock.authority.v1.ListAuditEventsResponse
+	nil,                                 // 60: airlock.authority.v1.JobSpec.EnvEntry
+	(*v1.ResourceLimits)(nil),           // 61: airlock.types.v1.ResourceLimits
+	(*v1.NetworkPolicy)(nil),            // 62: airlock.types.v1.NetworkPolicy
+	(v1.RuntimeClass)(0),                // 63: airlock.types.v1.RuntimeClass
+	(*v1.PublishTarget)(nil),            // 64: airlock.types.v1.PublishTarget
+	(*timestamppb.Timestamp)(nil),       // 65: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),                // 66: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil),      // 67: airlock.types.v1.NetworkPolicyStatus
+	(*v1.OutputChunk)(nil),              // 68: airlock.types.v1.OutputChunk
+	(*durationpb.Duration)(nil),         // 69: google.protobuf.Duration
 }
 var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
-	51, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
-	52, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
-	53, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	54, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	55, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
-	6,  // 5: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
+	60, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
+	61, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
+	62, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	63, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	64, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
+	8,  // 5: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
 	0,  // 6: airlock.authority.v1.Job.state:type_name -> airlock.authority.v1.JobState
-	56, // 7: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	56, // 8: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	57, // 9: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
-	58, // 10: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	52, // 11: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
-	6,  // 12: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
-	7,  // 13: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
-	7,  // 14: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
+	65, // 7: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	65, // 8: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	66, // 9: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
+	67, // 10: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	61, // 11: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
+	8,  // 12: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
+	9,  // 13: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
+	9,  // 14: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
 	0,  // 15: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
-	7,  // 16: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
-	7,  // 17: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
-	59, // 18: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
-	7,  // 19: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
-	19, // 20: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
-	57, // 21: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
-	7,  // 22: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
-	52, // 23: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
-	52, // 24: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
-	53, // 25: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	53, // 26: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	2,  // 27: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
-	56, // 28: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
-	55, // 29: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
-	1,  // 30: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
-	24, // 31: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
-	56, // 32: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
-	56, // 33: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
-	3,  // 34: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
-	23, // 35: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
-	57, // 36: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
-	53, // 37: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	1,  // 38: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
-	25, // 39: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
-	25, // 40: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	26, // 41: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
-	2,  // 42: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
-	25, // 43: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	55, // 44: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
-	25, // 45: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	4,  // 46: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	56, // 47: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
-	56, // 48: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	56, // 49: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
-	4,  // 50: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	60, // 51: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
-	35, // 52: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	35, // 53: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	35, // 54: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
-	53, // 55: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
-	58, // 56: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	52, // 57: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
-	7,  // 58: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
-	35, // 59: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
-	56, // 60: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
-	5,  // 61: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
-	56, // 62: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
-	56, // 63: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
-	48, // 64: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
-	8,  // 65: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
-	10, // 66: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
-	12, // 67: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
-	14, // 68: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
-	16, // 69: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
-	18, // 70: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
-	21, // 71: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	27, // 72: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	29, // 73: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	31, // 74: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	33, // 75: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	36, // 76: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	38, // 77: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	40, // 78: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	42, // 79: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	44, // 80: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
-	46, // 81: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
-	49, // 82: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	9,  // 83: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
-	11, // 84: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
-	13, // 85: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
-	15, // 86: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
-	17, // 87: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
-	20, // 88: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	22, // 89: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	28, // 90: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	30, // 91: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	32, // 92: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	34, // 93: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	37, // 94: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	39, // 95: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	41, // 96: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	43, // 97: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	45, // 98: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
-	47, // 99: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
-	50, // 100: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	83, // [83:101] is the sub-list for method output_type
-	65, // [65:83] is the sub-list for method input_type
-	65, // [65:65] is the sub-list for extension type_name
-	65, // [65:65] is the sub-list for extension extendee
-	0,  // [0:65] is the sub-list for field type_name
+	9,  // 16: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
+	9,  // 17: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
+	68, // 18: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
+	9,  // 19: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
+	21, // 20: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
+	66, // 21: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
+	26, // 22: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
+	1,  // 23: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
+	24, // 24: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
+	25, // 25: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
+	25, // 26: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
+	9,  // 27: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
+	61, // 28: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
+	61, // 29: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
+	62, // 30: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	62, // 31: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	3,  // 32: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
+	65, // 33: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
+	64, // 34: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
+	2,  // 35: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
+	29, // 36: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
+	65, // 37: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
+	65, // 38: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	4,  // 39: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
+	28, // 40: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
+	66, // 41: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
+	62, // 42: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	26, // 43: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
+	5,  // 44: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
+	5,  // 45: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
+	24, // 46: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
+	33, // 47: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
+	34, // 48: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
+	2,  // 49: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
+	30, // 50: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
+	30, // 51: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	31, // 52: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
+	3,  // 53: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
+	30, // 54: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	64, // 55: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
+	30, // 56: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	6,  // 57: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	65, // 58: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
+	65, // 59: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	65, // 60: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
+	6,  // 61: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	69, // 62: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
+	44, // 63: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	44, // 64: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	44, // 65: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
+	62, // 66: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
+	67, // 67: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	61, // 68: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
+	9,  // 69: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
+	44, // 70: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
+	65, // 71: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	7,  // 72: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
+	65, // 73: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
+	65, // 74: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
+	57, // 75: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
+	10, // 76: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
+	12, // 77: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
+	14, // 78: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
+	16, // 79: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
+	18, // 80: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
+	20, // 81: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
+	23, // 82: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
+	36, // 83: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	38, // 84: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	32, // 85: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
+	40, // 86: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	42, // 87: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	45, // 88: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	47, // 89: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	49, // 90: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	51, // 91: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	53, // 92: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	55, // 93: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	58, // 94: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	11, // 95: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
+	13, // 96: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
+	15, // 97: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
+	17, // 98: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
+	19, // 99: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
+	22, // 100: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
+	27, // 101: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	37, // 102: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	39, // 103: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	35, // 104: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
+	41, // 105: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	43, // 106: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	46, // 107: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	48, // 108: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	50, // 109: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	52, // 110: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	54, // 111: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	56, // 112: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	59, // 113: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	95, // [95:114] is the sub-list for method output_type
+	76, // [76:95] is the sub-list for method input_type
+	76, // [76:76] is the sub-list for extension type_name
+	76, // [76:76] is the sub-list for extension extendee
+	0,  // [0:76] is the sub-list for field type_name
 }
 
 func init() { file_airlock_authority_v1_authority_proto_init() }
@@ -4061,13 +4833,19 @@ func file_airlock_authority_v1_authority_proto_init() {
 		(*FetchSourceResponse_Header)(nil),
 		(*FetchSourceResponse_Chunk)(nil),
 	}
+	file_airlock_authority_v1_authority_proto_msgTypes[27].OneofWrappers = []any{
+		(*ReadReviewResponse_Start)(nil),
+		(*ReadReviewResponse_Files)(nil),
+		(*ReadReviewResponse_Chunk)(nil),
+		(*ReadReviewResponse_VerifiedDigest)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_authority_v1_authority_proto_rawDesc), len(file_airlock_authority_v1_authority_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   46,
+			NumEnums:      8,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

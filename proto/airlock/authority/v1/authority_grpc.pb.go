@@ -34,6 +34,7 @@ const (
 	AuthorityService_ReportResult_FullMethodName        = "/airlock.authority.v1.AuthorityService/ReportResult"
 	AuthorityService_ListApprovals_FullMethodName       = "/airlock.authority.v1.AuthorityService/ListApprovals"
 	AuthorityService_GetApproval_FullMethodName         = "/airlock.authority.v1.AuthorityService/GetApproval"
+	AuthorityService_ReadReview_FullMethodName          = "/airlock.authority.v1.AuthorityService/ReadReview"
 	AuthorityService_DecideApproval_FullMethodName      = "/airlock.authority.v1.AuthorityService/DecideApproval"
 	AuthorityService_ConsumeApproval_FullMethodName     = "/airlock.authority.v1.AuthorityService/ConsumeApproval"
 	AuthorityService_LeaseCredential_FullMethodName     = "/airlock.authority.v1.AuthorityService/LeaseCredential"
@@ -78,6 +79,13 @@ type AuthorityServiceClient interface {
 	// GetApproval returns one approval request with its review material.
 	// Callers: approver/*, and client/* read-only for their own tenant.
 	GetApproval(ctx context.Context, in *GetApprovalRequest, opts ...grpc.CallOption) (*GetApprovalResponse, error)
+	// ReadReview streams the whole of a publish request's review material
+	// from its result bundle: the complete file list, the complete patch and
+	// the complete output, read from the executor and checked against the
+	// request's bundle digest as it goes. The last message names the digest
+	// that was verified; a stream that ends without it, or with an error,
+	// did not deliver the approved bundle. Callers: as GetApproval.
+	ReadReview(ctx context.Context, in *ReadReviewRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadReviewResponse], error)
 	// DecideApproval approves or denies. Callers: approver/*, never the job's
 	// requester.
 	DecideApproval(ctx context.Context, in *DecideApprovalRequest, opts ...grpc.CallOption) (*DecideApprovalResponse, error)
@@ -224,6 +232,25 @@ func (c *authorityServiceClient) GetApproval(ctx context.Context, in *GetApprova
 	return out, nil
 }
 
+func (c *authorityServiceClient) ReadReview(ctx context.Context, in *ReadReviewRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadReviewResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[2], AuthorityService_ReadReview_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ReadReviewRequest, ReadReviewResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AuthorityService_ReadReviewClient = grpc.ServerStreamingClient[ReadReviewResponse]
+
 func (c *authorityServiceClient) DecideApproval(ctx context.Context, in *DecideApprovalRequest, opts ...grpc.CallOption) (*DecideApprovalResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DecideApprovalResponse)
@@ -347,6 +374,13 @@ type AuthorityServiceServer interface {
 	// GetApproval returns one approval request with its review material.
 	// Callers: approver/*, and client/* read-only for their own tenant.
 	GetApproval(context.Context, *GetApprovalRequest) (*GetApprovalResponse, error)
+	// ReadReview streams the whole of a publish request's review material
+	// from its result bundle: the complete file list, the complete patch and
+	// the complete output, read from the executor and checked against the
+	// request's bundle digest as it goes. The last message names the digest
+	// that was verified; a stream that ends without it, or with an error,
+	// did not deliver the approved bundle. Callers: as GetApproval.
+	ReadReview(*ReadReviewRequest, grpc.ServerStreamingServer[ReadReviewResponse]) error
 	// DecideApproval approves or denies. Callers: approver/*, never the job's
 	// requester.
 	DecideApproval(context.Context, *DecideApprovalRequest) (*DecideApprovalResponse, error)
@@ -411,6 +445,9 @@ func (UnimplementedAuthorityServiceServer) ListApprovals(context.Context, *ListA
 }
 func (UnimplementedAuthorityServiceServer) GetApproval(context.Context, *GetApprovalRequest) (*GetApprovalResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetApproval not implemented")
+}
+func (UnimplementedAuthorityServiceServer) ReadReview(*ReadReviewRequest, grpc.ServerStreamingServer[ReadReviewResponse]) error {
+	return status.Error(codes.Unimplemented, "method ReadReview not implemented")
 }
 func (UnimplementedAuthorityServiceServer) DecideApproval(context.Context, *DecideApprovalRequest) (*DecideApprovalResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DecideApproval not implemented")
@@ -607,6 +644,17 @@ func _AuthorityService_GetApproval_Handler(srv interface{}, ctx context.Context,
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _AuthorityService_ReadReview_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ReadReviewRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AuthorityServiceServer).ReadReview(m, &grpc.GenericServerStream[ReadReviewRequest, ReadReviewResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AuthorityService_ReadReviewServer = grpc.ServerStreamingServer[ReadReviewResponse]
 
 func _AuthorityService_DecideApproval_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(DecideApprovalRequest)
@@ -851,6 +899,11 @@ var AuthorityService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "FetchSource",
 			Handler:       _AuthorityService_FetchSource_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "ReadReview",
+			Handler:       _AuthorityService_ReadReview_Handler,
 			ServerStreams: true,
 		},
 	},

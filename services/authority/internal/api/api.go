@@ -259,13 +259,22 @@ func (s *Service) ReportResult(ctx context.Context, req *authorityv1.ReportResul
 	if r == nil {
 		return nil, status.Error(codes.InvalidArgument, "result: required")
 	}
+	if err := checkReviewDetail(req); err != nil {
+		return nil, s.fail(ctx, err)
+	}
 	wire, err := proto.MarshalOptions{Deterministic: true}.Marshal(r)
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
+	var review []byte
+	if d := req.GetDetail(); d != nil {
+		if review, err = (proto.MarshalOptions{Deterministic: true}).Marshal(d); err != nil {
+			return nil, s.fail(ctx, err)
+		}
+	}
 	j, err := s.cfg.Jobs.ReportResult(ctx, id, req.GetJobId(), jobs.Report{
 		Reason: reasonFromProto(r.GetReason()), ExitCode: r.GetExitCode(), BundleDigest: r.GetBundleDigest(), Message: r.GetMessage(),
-		Result: wire, Patch: req.GetPatch(), OutputTail: req.GetOutputTail(), Provenance: req.GetProvenance(),
+		Result: wire, Patch: req.GetPatch(), Review: review, Provenance: req.GetProvenance(),
 	})
 	if err != nil {
 		return nil, s.fail(ctx, err)

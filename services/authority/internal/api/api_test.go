@@ -31,6 +31,12 @@ func exited(digest string) *typesv1.RunResult {
 		RuntimeClass: typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, RuntimeVersion: "runc 1.2.3", BundleSize: 42}
 }
 
+// noFiles is the review detail of a result whose patch changes nothing,
+// with "ok\n" on stdout.
+func noFiles() *authorityv1.ReviewDetail {
+	return &authorityv1.ReviewDetail{PatchSize: 19, Stdout: &authorityv1.OutputTail{Data: []byte("ok\n"), Size: 3}, Stderr: &authorityv1.OutputTail{}}
+}
+
 func TestSubmitDispatchesSignedGrant(t *testing.T) {
 	h := newHarness(t)
 	dev, executor := h.client(devID), h.client(executorID)
@@ -83,7 +89,7 @@ func TestSubmitDispatchesSignedGrant(t *testing.T) {
 	h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_RUNNING)
 
 	rep := &authorityv1.ReportResultRequest{JobId: j.GetJobId(), Result: exited(digestA), Patch: []byte("diff --git a/x b/x\n"),
-		OutputTail: []byte("ok\n"), Provenance: []byte(`{"payloadType":"application/vnd.in-toto+json"}`)}
+		Detail: noFiles(), Provenance: []byte(`{"payloadType":"application/vnd.in-toto+json"}`)}
 	rr, err := executor.ReportResult(t.Context(), rep)
 	if err != nil {
 		t.Fatalf("ReportResult: %v", err)
@@ -397,7 +403,7 @@ func TestFetchSource(t *testing.T) {
 	wantStatus(t, err, codes.NotFound, "no-such-job")
 
 	h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_RUNNING)
-	if _, err := executor.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: j.GetJobId(), Result: exited(digestA)}); err != nil {
+	if _, err := executor.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: j.GetJobId(), Result: exited(digestA), Detail: noFiles()}); err != nil {
 		t.Fatal(err)
 	}
 	_, _, err = readSource(t, executor, j.GetJobId())
@@ -410,9 +416,9 @@ func TestReportResultChecks(t *testing.T) {
 	j := h.submit(dev, "rr", spec()).GetJob()
 	h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_RUNNING)
 
-	_, err := dev.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: j.GetJobId(), Result: exited(digestA)})
+	_, err := dev.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: j.GetJobId(), Result: exited(digestA), Detail: noFiles()})
 	wantStatus(t, err, codes.PermissionDenied, authz.DeniedPrefix)
-	_, err = executor.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: "nope", Result: exited(digestA)})
+	_, err = executor.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: "nope", Result: exited(digestA), Detail: noFiles()})
 	wantStatus(t, err, codes.NotFound)
 	_, err = executor.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: j.GetJobId()})
 	wantStatus(t, err, codes.InvalidArgument, "result: required")
@@ -435,7 +441,7 @@ func TestReportResultChecks(t *testing.T) {
 	if _, err := executor.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: j.GetJobId(), Result: sandbox}); err != nil {
 		t.Errorf("the same sandbox error again: %v", err)
 	}
-	_, err = executor.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: j.GetJobId(), Result: exited(digestA)})
+	_, err = executor.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: j.GetJobId(), Result: exited(digestA), Detail: noFiles()})
 	wantStatus(t, err, codes.FailedPrecondition)
 }
 
@@ -499,7 +505,7 @@ func TestWatchJob(t *testing.T) {
 	done := watch(t, dev, &authorityv1.WatchJobRequest{JobId: id})
 
 	h.waitState(dev, id, authorityv1.JobState_JOB_STATE_RUNNING)
-	if _, err := executor.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: id, Result: exited(digestA)}); err != nil {
+	if _, err := executor.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: id, Result: exited(digestA), Detail: noFiles()}); err != nil {
 		t.Fatal(err)
 	}
 	h.fake.End(id, executorv1.RunState_RUN_STATE_FINISHED)
@@ -620,7 +626,7 @@ func TestCancelRunningJob(t *testing.T) {
 	}
 	j2 := h.submit(dev, "finished", spec()).GetJob()
 	h.waitState(dev, j2.GetJobId(), authorityv1.JobState_JOB_STATE_RUNNING)
-	if _, err := executor.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: j2.GetJobId(), Result: exited(digestB)}); err != nil {
+	if _, err := executor.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: j2.GetJobId(), Result: exited(digestB), Detail: noFiles()}); err != nil {
 		t.Fatal(err)
 	}
 	_, err = dev.CancelJob(t.Context(), &authorityv1.CancelJobRequest{JobId: j2.GetJobId()})
@@ -737,7 +743,7 @@ func TestRestartRedispatchesQueuedJobs(t *testing.T) {
 	// A running job is followed again after a restart, and its result lands.
 	h.restart()
 	dev, executor := h.client(devID), h.client(executorID)
-	if _, err := executor.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: id, Result: exited(digestA)}); err != nil {
+	if _, err := executor.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: id, Result: exited(digestA), Detail: noFiles()}); err != nil {
 		t.Fatal(err)
 	}
 	h.waitState(dev, id, authorityv1.JobState_JOB_STATE_FINISHED)

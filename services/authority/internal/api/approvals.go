@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -13,6 +14,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/airlockhq/airlock/pkg/bundle"
+	"github.com/airlockhq/airlock/pkg/bundle/bundlepb"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/approvals"
@@ -128,10 +131,72 @@ func (s *Service) GetApproval(ctx context.Context, req *authorityv1.GetApprovalR
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
-	return &authorityv1.GetApprovalResponse{Approval: s.approval(a), Review: &authorityv1.ReviewMaterial{
-		Patch: j.Patch, Result: pj.GetResult(), OutputTail: j.OutputTail,
+	rv := &authorityv1.ReviewMaterial{
+		Patch: j.Patch, Result: pj.GetResult(),
 		NetworkPolicy: pj.GetNetworkPolicyStatus().GetPolicy(), Command: pj.GetSpec().GetCommand(), Commit: j.Commit,
-	}}, nil
+	}
+	if len(j.Review) > 0 {
+		rv.Detail = &authorityv1.ReviewDetail{}
+		if err := proto.Unmarshal(j.Review, rv.Detail); err != nil {
+			return nil, s.fail(ctx, fmt.Errorf("stored review detail of job %s: %w", j.ID, err))
+		}
+	}
+	return &authorityv1.GetApprovalResponse{Approval: s.approval(a), Review: rv}, nil
+}
+
+var reviewParts = map[authorityv1.ReviewPart]string{
+	authorityv1.ReviewPart_REVIEW_PART_FILES:  approvals.PartFiles,
+	authorityv1.ReviewPart_REVIEW_PART_PATCH:  approvals.PartPatch,
+	authorityv1.ReviewPart_REVIEW_PART_STDOUT: approvals.PartStdout,
+	authorityv1.ReviewPart_REVIEW_PART_STDERR: approvals.PartStderr,
+}
+
+func (s *Service) ReadReview(req *authorityv1.ReadReviewRequest, stream grpc.ServerStreamingServer[authorityv1.ReadReviewResponse]) error {
+	ctx := stream.Context()
+	id, err := caller(ctx)
+	if err != nil {
+		return err
+	}
+	var parts []string
+	for i, p := range req.GetParts() {
+		name, ok := reviewParts[p]
+		if !ok {
+			return status.Errorf(codes.InvalidArgument, "parts[%d]: %v is not a review part", i, p)
+		}
+		parts = append(parts, name)
+	}
+	digest, err := s.cfg.Approvals.ReadReview(ctx, id, req.GetApprovalId(), parts, reviewSink{stream})
+	if err != nil {
+		return s.fail(ctx, err)
+	}
+	return stream.Send(&authorityv1.ReadReviewResponse{Msg: &authorityv1.ReadReviewResponse_VerifiedDigest{VerifiedDigest: digest}})
+}
+
+// reviewSink sends what approvals.ReadReview reads as ReadReview messages.
+type reviewSink struct {
+	stream grpc.ServerStreamingServer[authorityv1.ReadReviewResponse]
+}
+
+func (k reviewSink) Start(part string, size int64) error {
+	var p authorityv1.ReviewPart
+	for pp, name := range reviewParts {
+		if name == part {
+			p = pp
+		}
+	}
+	return k.stream.Send(&authorityv1.ReadReviewResponse{Msg: &authorityv1.ReadReviewResponse_Start{Start: &authorityv1.ReviewPartStart{Part: p, Size: size}}})
+}
+
+func (k reviewSink) Files(files []bundle.FileChange) error {
+	out := make([]*authorityv1.FileChange, len(files))
+	for i, f := range files {
+		out[i] = bundlepb.File(f)
+	}
+	return k.stream.Send(&authorityv1.ReadReviewResponse{Msg: &authorityv1.ReadReviewResponse_Files{Files: &authorityv1.ReviewFiles{Files: out}}})
+}
+
+func (k reviewSink) Chunk(data []byte) error {
+	return k.stream.Send(&authorityv1.ReadReviewResponse{Msg: &authorityv1.ReadReviewResponse_Chunk{Chunk: data}})
 }
 
 func (s *Service) DecideApproval(ctx context.Context, req *authorityv1.DecideApprovalRequest) (*authorityv1.DecideApprovalResponse, error) {
@@ -259,4 +324,39 @@ func PublishTarget(j store.Job) (approvals.Target, error) {
 	}
 	t := spec.GetPublishTarget()
 	return approvals.Target{Repo: t.GetRepository(), Branch: t.GetBranch()}, nil
+}
+
+// checkReviewDetail refuses a report whose review detail cannot be true: a
+// reviewer reads these counts as what will land.
+func checkReviewDetail(req *authorityv1.ReportResultRequest) error {
+	d := req.GetDetail()
+	if d == nil {
+		if req.GetResult().GetBundleDigest() != "" {
+			return status.Error(codes.InvalidArgument, "detail: required with a bundle")
+		}
+		return nil
+	}
+	bad := func(field, why string, args ...any) error {
+		return status.Errorf(codes.InvalidArgument, "detail.%s: "+why, append([]any{field}, args...)...)
+	}
+	if d.GetFilesTotal() < int64(len(d.GetFiles())) {
+		return bad("files_total", "%d is fewer than the %d files listed", d.GetFilesTotal(), len(d.GetFiles()))
+	}
+	if n := req.GetResult().GetDiffStat().GetFilesChanged(); d.GetFilesTotal() != n {
+		return bad("files_total", "%d, but result.diff_stat counts %d files", d.GetFilesTotal(), n)
+	}
+	if d.GetPatchSize() < int64(len(req.GetPatch())) {
+		return bad("patch_size", "%d is less than the %d bytes of patch sent", d.GetPatchSize(), len(req.GetPatch()))
+	}
+	for i, f := range d.GetFiles() {
+		if f.GetPath() == "" || f.GetStatus() == authorityv1.FileStatus_FILE_STATUS_UNSPECIFIED || f.GetPatchBytes() <= 0 {
+			return bad(fmt.Sprintf("files[%d]", i), "needs a path, a status and its share of the patch")
+		}
+	}
+	for name, t := range map[string]*authorityv1.OutputTail{"stdout": d.GetStdout(), "stderr": d.GetStderr()} {
+		if t.GetSize() < int64(len(t.GetData())) {
+			return bad(name+".size", "%d is less than the %d bytes of tail sent", t.GetSize(), len(t.GetData()))
+		}
+	}
+	return nil
 }

@@ -27,7 +27,7 @@ func (h *harness) finishedWithTarget(key string) *authorityv1.Job {
 	j := h.submit(dev, key, s).GetJob()
 	h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_RUNNING)
 	rep := &authorityv1.ReportResultRequest{JobId: j.GetJobId(), Result: exited(digestA),
-		Patch: []byte("diff --git a/x b/x\n"), OutputTail: []byte("ok\n")}
+		Patch: []byte("diff --git a/x b/x\n"), Detail: noFiles()}
 	rr, err := executor.ReportResult(h.t.Context(), rep)
 	if err != nil {
 		h.t.Fatalf("ReportResult: %v", err)
@@ -79,7 +79,7 @@ func TestApprovalToLeaseStory(t *testing.T) {
 		t.Fatal(err)
 	}
 	rv := got.GetReview()
-	if string(rv.GetPatch()) != "diff --git a/x b/x\n" || string(rv.GetOutputTail()) != "ok\n" || rv.GetCommit() != j.GetCommit() ||
+	if string(rv.GetPatch()) != "diff --git a/x b/x\n" || string(rv.GetDetail().GetStdout().GetData()) != "ok\n" || rv.GetDetail().GetPatchSize() != 19 || rv.GetCommit() != j.GetCommit() ||
 		strings.Join(rv.GetCommand(), " ") != "make test" || rv.GetNetworkPolicy().GetDenyAll() == nil || rv.GetResult().GetBundleDigest() != digestA {
 		t.Errorf("review material = %v", rv)
 	}
@@ -227,7 +227,7 @@ func TestNoApprovalWithoutTarget(t *testing.T) {
 	dev, executor := h.client(devID), h.client(executorID)
 	j := h.submit(dev, "plain", spec()).GetJob()
 	h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_RUNNING)
-	rr, err := executor.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: j.GetJobId(), Result: exited(digestA)})
+	rr, err := executor.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: j.GetJobId(), Result: exited(digestA), Detail: noFiles()})
 	if err != nil || rr.GetJob().GetApprovalId() != "" {
 		t.Fatalf("job without a target: approval %q, %v", rr.GetJob().GetApprovalId(), err)
 	}

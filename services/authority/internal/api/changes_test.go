@@ -306,7 +306,7 @@ func TestChangeRefusals(t *testing.T) {
 
 	// A job that ended cannot change.
 	h.fake.End(id, 3)
-	if _, err := h.client(executorID).ReportResult(ctx, &authorityv1.ReportResultRequest{JobId: id, Result: exited(digestA)}); err != nil {
+	if _, err := h.client(executorID).ReportResult(ctx, &authorityv1.ReportResultRequest{JobId: id, Result: exited(digestA), Detail: noFiles()}); err != nil {
 		t.Fatal(err)
 	}
 	h.waitState(dev, id, authorityv1.JobState_JOB_STATE_FINISHED)

@@ -46,7 +46,10 @@ const (
 type Config struct {
 	Store   store.Store
 	Tenants policy.Tenants
-	Logger  *slog.Logger
+	// Artifacts opens result bundles for ReadReview; without it ReadReview
+	// is refused.
+	Artifacts Artifacts
+	Logger    *slog.Logger
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 	// ReadFile reads a deploy credential file; default os.ReadFile.

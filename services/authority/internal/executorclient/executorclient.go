@@ -318,3 +318,56 @@ func fromStatus(err error) error {
 	}
 	return errdefs.FromGRPC(err)
 }
+
+// OpenArtifact implements approvals.Artifacts: the bundle of jobID named by
+// digest, streamed from the executor. The executor refuses a digest that is
+// not its bundle's; the caller still checks every byte (bundle.Stream).
+func (c *Client) OpenArtifact(ctx context.Context, jobID, digest string) (io.ReadCloser, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	stream, err := c.c.GetArtifact(ctx, &executorv1.GetArtifactRequest{JobId: jobID, BundleDigest: digest})
+	if err != nil {
+		cancel()
+		return nil, fromStatus(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		cancel()
+		return nil, fromStatus(err)
+	}
+	if first.GetHeader() == nil {
+		cancel()
+		return nil, errors.New("executorclient: GetArtifact did not start with a header")
+	}
+	return &artifactReader{stream: stream, cancel: cancel}, nil
+}
+
+// artifactReader reads a GetArtifact stream's chunks as one byte stream.
+type artifactReader struct {
+	stream grpc.ServerStreamingClient[executorv1.GetArtifactResponse]
+	cancel context.CancelFunc
+	buf    []byte
+}
+
+func (r *artifactReader) Read(p []byte) (int, error) {
+	for len(r.buf) == 0 {
+		msg, err := r.stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return 0, io.EOF
+		}
+		if err != nil {
+			return 0, fromStatus(err)
+		}
+		if msg.GetHeader() != nil {
+			return 0, errors.New("executorclient: GetArtifact sent a second header")
+		}
+		r.buf = msg.GetChunk()
+	}
+	n := copy(p, r.buf)
+	r.buf = r.buf[n:]
+	return n, nil
+}
+
+func (r *artifactReader) Close() error {
+	r.cancel()
+	return nil
+}

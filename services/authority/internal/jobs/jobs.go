@@ -619,9 +619,12 @@ type Report struct {
 	// Message is the executor's detail, for SANDBOX_ERROR and the like.
 	Message string
 	// Result is the serialized RunResult, stored as is.
-	Result     []byte
-	Patch      []byte
-	OutputTail []byte
+	Result []byte
+	// Patch is the patch's first bytes, for reviewers.
+	Patch []byte
+	// Review is the serialized ReviewDetail (file list, patch size, output
+	// tails), stored as is.
+	Review     []byte
 	Provenance []byte
 }
 
@@ -682,7 +685,7 @@ func (s *Service) ReportResult(ctx context.Context, caller identity.ID, id strin
 			}
 			return fmt.Errorf("%w: job %q already has a result (bundle %q)", errdefs.ErrFailedPrecondition, id, j.BundleDigest)
 		}
-		j.Result, j.BundleDigest, j.Patch, j.OutputTail, j.Provenance = r.Result, r.BundleDigest, r.Patch, r.OutputTail, r.Provenance
+		j.Result, j.BundleDigest, j.Patch, j.Review, j.Provenance = r.Result, r.BundleDigest, r.Patch, r.Review, r.Provenance
 		if !j.State.Terminal() {
 			// A job already ended here (cancelled while queued, say)
 			// keeps its state; the result is recorded beside it.

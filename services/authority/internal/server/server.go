@@ -85,12 +85,13 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			}
 			env.OnStop(conn.Close)
 
+			exec := executorclient.New(conn)
 			svc, err := jobs.New(jobs.Config{
 				Store:    st,
 				Tenants:  cfg.Policy,
 				Source:   src,
 				Signer:   executorclient.NewSigner(key),
-				Executor: executorclient.New(conn),
+				Executor: exec,
 				GrantTTL: cfg.GrantTTL,
 				Logger:   env.Logger,
 			})
@@ -106,7 +107,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			// Resumes unfinished jobs now and stops background work (before
 			// the store closes) when the process stops.
 			env.Go(svc.Run)
-			appr, err := approvals.New(approvals.Config{Store: st, Tenants: cfg.Policy, Logger: env.Logger})
+			appr, err := approvals.New(approvals.Config{Store: st, Tenants: cfg.Policy, Artifacts: exec, Logger: env.Logger})
 			if err != nil {
 				return err
 			}

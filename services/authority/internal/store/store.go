@@ -81,8 +81,10 @@ type Job struct {
 	Result       []byte
 	BundleDigest string
 	Patch        []byte
-	OutputTail   []byte
-	Provenance   []byte
+	// Review is the serialized airlock.authority.v1.ReviewDetail: the
+	// complete file list, the patch's size and the output tails.
+	Review     []byte
+	Provenance []byte
 
 	CreatedAt time.Time
 	UpdatedAt time.Time

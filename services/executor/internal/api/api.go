@@ -12,10 +12,10 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
-	"github.com/airlockhq/airlock/services/executor/internal/bundle"
 	"github.com/airlockhq/airlock/services/executor/internal/convert"
 	"github.com/airlockhq/airlock/services/executor/internal/runs"
 )

@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/airlockhq/airlock/pkg/bundle/bundlepb"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/convert"
@@ -82,14 +83,31 @@ func (r *chunkReader) Close() error {
 	return nil
 }
 
+// reviewFilesBudget bounds the encoded file list in one report, so a
+// report with the patch's first megabyte stays well inside gRPC's 4 MiB
+// message limit however many files a job wrote (about 40,000 files of
+// short paths fit). Beyond it the report says how many files there are;
+// the whole list stays in the bundle, where ReadReview streams it.
+const reviewFilesBudget = 2 << 20
+
 // ReportResult implements runs.Authority.
 func (c *Client) ReportResult(ctx context.Context, rep runs.Report) error {
-	_, err := c.api.ReportResult(ctx, &authorityv1.ReportResultRequest{
+	files, err := bundlepb.Files(rep.Files, reviewFilesBudget)
+	if err != nil {
+		return err
+	}
+	tail := func(t runs.Tail) *authorityv1.OutputTail {
+		return &authorityv1.OutputTail{Data: t.Data, Size: t.Size, Capped: t.Capped}
+	}
+	_, err = c.api.ReportResult(ctx, &authorityv1.ReportResultRequest{
 		JobId:      rep.JobID,
 		Result:     convert.RunResult(&rep.Result),
 		Patch:      rep.Patch,
-		OutputTail: rep.OutputTail,
 		Provenance: rep.Provenance,
+		Detail: &authorityv1.ReviewDetail{
+			Files: files, FilesTotal: rep.Result.FilesChanged, PatchSize: rep.Result.PatchSize,
+			Stdout: tail(rep.Stdout), Stderr: tail(rep.Stderr),
+		},
 	})
 	return errdefs.FromGRPC(err)
 }

@@ -26,12 +26,12 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/grant"
 	"github.com/airlockhq/airlock/pkg/pki"
 	"github.com/airlockhq/airlock/pkg/provenance"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
-	"github.com/airlockhq/airlock/services/executor/internal/bundle"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 	"github.com/airlockhq/airlock/services/executor/internal/stage"
@@ -68,7 +68,9 @@ type Result struct {
 	FilesChanged    int64          `json:"files_changed"`
 	Insertions      int64          `json:"insertions"`
 	Deletions       int64          `json:"deletions"`
-	Message         string         `json:"message,omitempty"`
+	// PatchSize is the whole patch's size in bytes.
+	PatchSize int64  `json:"patch_size"`
+	Message   string `json:"message,omitempty"`
 }
 
 // Run is the record of one job's execution.
@@ -99,12 +101,29 @@ func (r *Run) Grant() (*typesv1.SignedGrant, error) {
 
 // Report is what the authority is told when a run ends.
 type Report struct {
-	JobID      string
-	Result     Result
-	Patch      []byte // bounded for review
-	OutputTail []byte
-	Provenance []byte
+	JobID  string
+	Result Result
+	// Patch is the patch's first ReviewPatchLimit bytes (Result.PatchSize
+	// is the whole patch's size).
+	Patch []byte
+	// Files is every file of the patch, from the bundle's file list; nil
+	// when that list cannot be read (Result.FilesChanged still counts them).
+	Files          []bundle.FileChange
+	Stdout, Stderr Tail
+	Provenance     []byte
 }
+
+// Tail is the end of one output stream, for reviewers.
+type Tail struct {
+	Data []byte
+	// Size is how many bytes were recorded; Capped, that the stream hit
+	// OutputLimit and the rest was never recorded.
+	Size   int64
+	Capped bool
+}
+
+// reviewTail is how much of each stream's end a report carries.
+const reviewTail = 8 << 10
 
 // Authority is the executor's view of the authority.
 type Authority interface {
@@ -450,11 +469,12 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		return
 	}
 	result.FilesChanged, result.Insertions, result.Deletions = stat.FilesChanged, stat.Insertions, stat.Deletions
+	result.PatchSize = int64(len(patch))
 	if len(stat.GitPaths) > 0 {
 		note := fmt.Sprintf("left out of the patch: %d .git entries (%s)", len(stat.GitPaths), strings.Join(stat.GitPaths, ", "))
 		result.Message = strings.TrimPrefix(result.Message+"; "+note, "; ")
 	}
-	if err := m.writeBundle(e, g, result, patch, sb.OutDir()); err != nil {
+	if err := m.writeBundle(e, g, result, patch, stat.Files, sb.OutDir()); err != nil {
 		fail(fmt.Errorf("bundle: %w", err))
 		return
 	}
@@ -562,7 +582,7 @@ type bundleMeta struct {
 	SkippedOut      []string `json:"skipped_out,omitempty"`
 }
 
-func (m *Manager) writeBundle(e *entry, g *typesv1.Grant, result *Result, patch []byte, outDir string) error {
+func (m *Manager) writeBundle(e *entry, g *typesv1.Grant, result *Result, patch []byte, files []bundle.FileChange, outDir string) error {
 	// The grant in force at the end: the one the run's last limits and
 	// network policy came from.
 	m.mu.Lock()
@@ -581,7 +601,7 @@ func (m *Manager) writeBundle(e *entry, g *typesv1.Grant, result *Result, patch 
 		StdoutTruncated: outCut, StderrTruncated: errCut,
 	}
 	res, err := bundle.Write(filepath.Join(dir, "bundle.tar"), bundle.Input{
-		Meta: &meta, Grant: sg.GetBody(), Patch: patch,
+		Meta: &meta, Grant: sg.GetBody(), Files: files, Patch: patch,
 		StdoutPath: filepath.Join(dir, "stdout.log"), StderrPath: filepath.Join(dir, "stderr.log"),
 		OutDir: outDir,
 	})
@@ -650,7 +670,19 @@ func (m *Manager) report(jobID string) {
 	rep := Report{JobID: jobID, Result: *run.Result}
 	rep.Patch, _ = os.ReadFile(filepath.Join(dir, "review.patch"))
 	rep.Provenance, _ = os.ReadFile(filepath.Join(dir, "provenance.json"))
-	rep.OutputTail = tailOf(filepath.Join(dir, "stdout.log"), filepath.Join(dir, "stderr.log"), 8<<10)
+	if run.Result.BundleDigest != "" {
+		// The bundle is the record: the list comes from it, so a report
+		// sent again after a restart says exactly what the first said. A
+		// bundle without one (written before it existed) is reported with
+		// no list, and the review says how many files it cannot show.
+		files, err := bundleFiles(filepath.Join(dir, "bundle.tar"))
+		if err != nil {
+			m.cfg.Logger.Warn("the bundle has no readable file list", "job_id", jobID, "error", err)
+		}
+		rep.Files = files
+	}
+	rep.Stdout = tailOf(filepath.Join(dir, "stdout.log"), run.Truncated["stdout"])
+	rep.Stderr = tailOf(filepath.Join(dir, "stderr.log"), run.Truncated["stderr"])
 	for delay := 100 * time.Millisecond; ; delay = min(delay*2, 10*time.Second) {
 		ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
 		err := m.cfg.Authority.ReportResult(ctx, rep)
@@ -671,24 +703,34 @@ func (m *Manager) report(jobID string) {
 	}
 }
 
-// tailOf returns the last n bytes of each file, labelled.
-func tailOf(stdout, stderr string, n int64) []byte {
-	var out []byte
-	for _, f := range []struct{ label, path string }{{"stdout", stdout}, {"stderr", stderr}} {
-		data, err := os.ReadFile(f.path)
-		if err != nil || len(data) == 0 {
-			continue
-		}
-		if int64(len(data)) > n {
-			data = data[int64(len(data))-n:]
-		}
-		out = append(out, fmt.Sprintf("--- %s (last %d bytes) ---\n", f.label, len(data))...)
-		out = append(out, data...)
-		if data[len(data)-1] != '\n' {
-			out = append(out, '\n')
-		}
+// tailOf returns the last reviewTail bytes of an output file.
+func tailOf(path string, capped bool) Tail {
+	t := Tail{Capped: capped}
+	f, err := os.Open(path)
+	if err != nil {
+		return t
 	}
-	return out
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return t
+	}
+	t.Size = st.Size()
+	off := max(0, t.Size-reviewTail)
+	t.Data = make([]byte, t.Size-off)
+	n, _ := f.ReadAt(t.Data, off)
+	t.Data = t.Data[:n]
+	return t
+}
+
+// bundleFiles reads a bundle's file list. A bundle written before the list
+// existed has none: its patch's files are then unknown, which is an error.
+func bundleFiles(path string) ([]bundle.FileChange, error) {
+	data, err := bundle.ReadEntry(path, bundle.FilesFile)
+	if err != nil {
+		return nil, err
+	}
+	return bundle.ParseFiles(data)
 }
 
 // Get returns the run of jobID.

@@ -16,10 +16,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/airlockhq/airlock/pkg/bundle"
 )
 
 // ErrTreeMismatch means a staged tree is not the commit's tree.
@@ -28,6 +29,9 @@ var ErrTreeMismatch = errors.New("staged source does not match the commit's tree
 // DiffStat summarizes a patch.
 type DiffStat struct {
 	FilesChanged, Insertions, Deletions int64
+	// Files is every file the patch changes, in the patch's order; the
+	// counts above are their sums.
+	Files []bundle.FileChange
 	// GitPaths are the .git entries Diff removed from the work tree.
 	GitPaths []string
 }
@@ -75,6 +79,11 @@ func (r *Repo) env(index string) []string {
 // git runs one git command. workTree, when set, is the tree git reads files
 // from; it is data only.
 func (r *Repo) git(ctx context.Context, workTree string, extraEnv []string, args ...string) ([]byte, error) {
+	return r.gitInput(ctx, workTree, extraEnv, nil, args...)
+}
+
+// gitInput is git with stdin.
+func (r *Repo) gitInput(ctx context.Context, workTree string, extraEnv []string, stdin []byte, args ...string) ([]byte, error) {
 	base := []string{
 		"-c", "core.hooksPath=/dev/null",
 		"-c", "core.fsmonitor=false",
@@ -90,6 +99,9 @@ func (r *Repo) git(ctx context.Context, workTree string, extraEnv []string, args
 	cmd := exec.CommandContext(ctx, "git", append(base, args...)...)
 	cmd.Env = append(r.env(""), extraEnv...)
 	cmd.Dir = r.home
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -184,11 +196,10 @@ func (r *Repo) DiffFrom(ctx context.Context, baseTree, baseIndex, workDir string
 	if err != nil {
 		return nil, DiffStat{}, err
 	}
-	numstat, err := r.git(ctx, workDir, env, "diff-index", "--cached", "--numstat", "--no-renames", baseTree)
+	st, err := r.fileChanges(ctx, workDir, env, baseTree, patch)
 	if err != nil {
 		return nil, DiffStat{}, err
 	}
-	st := parseNumstat(numstat)
 	st.GitPaths = removed
 	return patch, st, nil
 }
@@ -215,28 +226,6 @@ func removeGitEntries(root string) ([]string, error) {
 		return nil
 	})
 	return removed, err
-}
-
-func parseNumstat(out []byte) DiffStat {
-	var st DiffStat
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		if line == "" {
-			continue
-		}
-		f := strings.SplitN(line, "\t", 3)
-		if len(f) != 3 {
-			continue
-		}
-		st.FilesChanged++
-		// Binary files show "-" for both counts.
-		if n, err := strconv.ParseInt(f[0], 10, 64); err == nil {
-			st.Insertions += n
-		}
-		if n, err := strconv.ParseInt(f[1], 10, 64); err == nil {
-			st.Deletions += n
-		}
-	}
-	return st
 }
 
 func (r *Repo) tempIndex() (string, func(), error) {
@@ -322,11 +311,10 @@ func (r *Repo) DiffUpper(ctx context.Context, baseTree, baseIndex, workDir, uppe
 	if err != nil {
 		return nil, DiffStat{}, err
 	}
-	numstat, err := r.git(ctx, workDir, env, "diff-index", "--cached", "--numstat", "--no-renames", baseTree)
+	st, err := r.fileChanges(ctx, workDir, env, baseTree, patch)
 	if err != nil {
 		return nil, DiffStat{}, err
 	}
-	st := parseNumstat(numstat)
 	st.GitPaths = removed
 	return patch, st, nil
 }

@@ -145,6 +145,11 @@ var migrations = []string{
 	ALTER TABLE approvals DROP CONSTRAINT approvals_job_id_key;
 	CREATE UNIQUE INDEX approvals_one_publish_per_job ON approvals (job_id) WHERE kind = 'publish';
 	CREATE INDEX approvals_by_job ON approvals (job_id, created_at);`,
+
+	// 5: a result's review detail (complete file list, patch size, output
+	// tails). output_tail, which held labelled output tails, is no longer
+	// written or read.
+	`ALTER TABLE jobs ADD COLUMN review BYTEA;`,
 }
 
 // DropAuditGuards removes the triggers that keep audit_log append-only; the

@@ -167,6 +167,11 @@ var migrations = []string{
 	CREATE INDEX approvals_by_job ON approvals (job_id, created_at);
 	CREATE INDEX approvals_by_tenant ON approvals (tenant, created_at, id);
 	CREATE INDEX approvals_by_time ON approvals (created_at, id);`,
+
+	// 5: a result's review detail (complete file list, patch size, output
+	// tails). output_tail, which held labelled output tails, is no longer
+	// written or read.
+	`ALTER TABLE jobs ADD COLUMN review BLOB;`,
 }
 
 // DropAuditGuards removes the triggers that keep audit_log append-only; the

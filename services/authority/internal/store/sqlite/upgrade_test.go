@@ -26,10 +26,7 @@ func TestUpgradeFromJobsOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, _, err := old.CreateJob(t.Context(), storetest.NewJob("dev", "j1", 0))
-	if err != nil {
-		t.Fatal(err)
-	}
+	want := oldJob(t, db, "j1")
 	old.Close()
 
 	s, err := Open(t.Context(), path)
@@ -63,9 +60,7 @@ func TestUpgradeKeepsApprovals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := old.CreateJob(t.Context(), storetest.NewJob("dev", "j1", 0)); err != nil {
-		t.Fatal(err)
-	}
+	oldJob(t, db, "j1")
 	// The version 3 schema, written as that build wrote it.
 	if _, err := db.Exec(`INSERT INTO approvals (id, job_id, tenant, requester, bundle_digest, target_repo, target_branch, state, required,
 		created_at, expires_at, consumed_at, consumed_by, version) VALUES ('a1', 'j1', 'dev', 'spiffe://airlock.test/client/dev',
@@ -118,4 +113,21 @@ func TestUpgradeKeepsApprovals(t *testing.T) {
 	if fkErrors != 0 {
 		t.Fatalf("%d foreign key violations after the upgrade", fkErrors)
 	}
+}
+
+// oldJob writes a job as the first schema's builds wrote it (this build's
+// CreateJob writes columns that schema lacks), and returns it.
+func oldJob(t *testing.T, db *sql.DB, id string) store.Job {
+	t.Helper()
+	j := storetest.NewJob("dev", id, 0)
+	j.Version = 1
+	_, err := db.Exec(`INSERT INTO jobs (id, tenant, requester, idempotency_key, repository, spec, spec_digest, commit_sha, tree_hash,
+		state, message, network_state, signed_grant, grant_expires_at, dispatched_at, result, bundle_digest, patch, output_tail,
+		provenance, created_at, updated_at, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, 0, 0, NULL, '', NULL, ?, NULL, 1, 1, 1)`,
+		j.ID, j.Tenant, j.Requester, j.IdempotencyKey, j.Repository, j.Spec, j.SpecDigest, j.Commit, j.TreeHash,
+		string(j.State), j.Message, j.NetworkState, []byte("--- stdout (last 3 bytes) ---\nok\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j
 }

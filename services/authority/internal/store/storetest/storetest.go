@@ -136,7 +136,7 @@ func equalJobs(a, b store.Job) error {
 		name string
 		x, y []byte
 	}{{"Spec", a.Spec, b.Spec}, {"Grant", a.Grant, b.Grant}, {"Result", a.Result, b.Result}, {"Patch", a.Patch, b.Patch},
-		{"OutputTail", a.OutputTail, b.OutputTail}, {"Provenance", a.Provenance, b.Provenance}} {
+		{"Review", a.Review, b.Review}, {"Provenance", a.Provenance, b.Provenance}} {
 		if !bytes.Equal(f.x, f.y) {
 			return fmt.Errorf("%s: %q != %q", f.name, f.x, f.y)
 		}
@@ -252,7 +252,7 @@ func testUpdate(t *testing.T, open Opener) {
 		func(j *store.Job) {
 			j.State, j.Message = store.StateFinished, "exited with status 0"
 			j.Result, j.BundleDigest = []byte("result"), "sha256:abc"
-			j.Patch, j.OutputTail, j.Provenance = []byte("patch"), []byte("tail"), []byte("dsse")
+			j.Patch, j.Review, j.Provenance = []byte("patch"), []byte("review"), []byte("dsse")
 		},
 	}
 	for i, step := range steps {
@@ -274,7 +274,7 @@ func testUpdate(t *testing.T, open Opener) {
 	}
 	if got.State != store.StateFinished || got.Message != "exited with status 0" || got.NetworkState != "applied" ||
 		string(got.Result) != "result" || got.BundleDigest != "sha256:abc" || string(got.Patch) != "patch" ||
-		string(got.OutputTail) != "tail" || string(got.Provenance) != "dsse" || !got.DispatchedAt.Equal(later) ||
+		string(got.Review) != "review" || string(got.Provenance) != "dsse" || !got.DispatchedAt.Equal(later) ||
 		!got.UpdatedAt.Equal(later.Add(3*time.Second)) || !got.CreatedAt.Equal(base) {
 		t.Fatalf("after updates: %+v", got)
 	}

@@ -142,25 +142,25 @@ func (s *DB) tx(ctx context.Context, fn func(*sql.Tx) error) error {
 
 const jobColumns = `id, tenant, requester, idempotency_key, repository, spec, spec_digest, commit_sha, tree_hash,
 	state, message, network_state, signed_grant, grant_expires_at, dispatched_at,
-	result, bundle_digest, patch, output_tail, provenance, created_at, updated_at, version`
+	result, bundle_digest, patch, review, provenance, created_at, updated_at, version`
 
 type scanner interface{ Scan(dest ...any) error }
 
 func scanJob(row scanner) (store.Job, error) {
 	var (
-		j                                        store.Job
-		state                                    string
-		expires, dispatched, created, updated    int64
-		spec, grant, result, patch, tail, proven []byte
+		j                                                store.Job
+		state                                            string
+		expires, dispatched, created, updated            int64
+		spec, grant, result, patch, review, proven []byte
 	)
 	err := row.Scan(&j.ID, &j.Tenant, &j.Requester, &j.IdempotencyKey, &j.Repository, &spec, &j.SpecDigest, &j.Commit, &j.TreeHash,
 		&state, &j.Message, &j.NetworkState, &grant, &expires, &dispatched,
-		&result, &j.BundleDigest, &patch, &tail, &proven, &created, &updated, &j.Version)
+		&result, &j.BundleDigest, &patch, &review, &proven, &created, &updated, &j.Version)
 	if err != nil {
 		return store.Job{}, err
 	}
 	j.State = store.State(state)
-	j.Spec, j.Grant, j.Result, j.Patch, j.OutputTail, j.Provenance = spec, grant, result, patch, tail, proven
+	j.Spec, j.Grant, j.Result, j.Patch, j.Review, j.Provenance = spec, grant, result, patch, review, proven
 	j.GrantExpiresAt, j.DispatchedAt = fromMicros(expires), fromMicros(dispatched)
 	j.CreatedAt, j.UpdatedAt = fromMicros(created), fromMicros(updated)
 	return j, nil
@@ -226,7 +226,7 @@ func (s *DB) createJob(ctx context.Context, j store.Job, e *audit.Event) (store.
 			ON CONFLICT (tenant, idempotency_key) DO NOTHING`),
 			j.ID, j.Tenant, j.Requester, j.IdempotencyKey, j.Repository, nonNil(j.Spec), j.SpecDigest, j.Commit, j.TreeHash,
 			string(j.State), j.Message, j.NetworkState, j.Grant, micros(j.GrantExpiresAt), micros(j.DispatchedAt),
-			j.Result, j.BundleDigest, j.Patch, j.OutputTail, j.Provenance, micros(j.CreatedAt), micros(j.UpdatedAt), j.Version)
+			j.Result, j.BundleDigest, j.Patch, j.Review, j.Provenance, micros(j.CreatedAt), micros(j.UpdatedAt), j.Version)
 		if err != nil {
 			return err
 		}
@@ -429,11 +429,11 @@ func (s *DB) updateJobTx(ctx context.Context, tx *sql.Tx, id string, update func
 	}
 	j.Version++
 	res, err := tx.ExecContext(ctx, s.q(`UPDATE jobs SET commit_sha = ?, tree_hash = ?, state = ?, message = ?, network_state = ?,
-		signed_grant = ?, grant_expires_at = ?, dispatched_at = ?, result = ?, bundle_digest = ?, patch = ?, output_tail = ?,
-		provenance = ?, updated_at = ?, version = ? WHERE id = ? AND version = ?`),
+		signed_grant = ?, grant_expires_at = ?, dispatched_at = ?, result = ?, bundle_digest = ?, patch = ?,
+		review = ?, provenance = ?, updated_at = ?, version = ? WHERE id = ? AND version = ?`),
 		j.Commit, j.TreeHash, string(j.State), j.Message, j.NetworkState,
-		j.Grant, micros(j.GrantExpiresAt), micros(j.DispatchedAt), j.Result, j.BundleDigest, j.Patch, j.OutputTail,
-		j.Provenance, micros(j.UpdatedAt), j.Version, id, j.Version-1)
+		j.Grant, micros(j.GrantExpiresAt), micros(j.DispatchedAt), j.Result, j.BundleDigest, j.Patch,
+		j.Review, j.Provenance, micros(j.UpdatedAt), j.Version, id, j.Version-1)
 	if err != nil {
 		return out, nil, err
 	}

@@ -1,0 +1,166 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"path/filepath"
+	"testing"
+	"unicode"
+	"unicode/utf8"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/airlockhq/airlock/pkg/clientconfig"
+	"github.com/airlockhq/airlock/pkg/config"
+	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/pki"
+	"github.com/airlockhq/airlock/pkg/tlsconfig"
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+)
+
+// fakeAuthority answers the CLI's calls with canned responses, or err.
+// Fill it in before serveFake: the server reads it from other goroutines.
+type fakeAuthority struct {
+	authorityv1.UnimplementedAuthorityServiceServer
+	err       error
+	job       *authorityv1.Job
+	approval  *authorityv1.GetApprovalResponse
+	approvals []*authorityv1.Approval
+	events    []*authorityv1.AuditEvent
+	leases    []*authorityv1.Lease
+	watch     []*authorityv1.WatchJobResponse
+}
+
+func (f *fakeAuthority) SubmitJob(context.Context, *authorityv1.SubmitJobRequest) (*authorityv1.SubmitJobResponse, error) {
+	return &authorityv1.SubmitJobResponse{Job: f.job}, f.err
+}
+
+func (f *fakeAuthority) GetJob(context.Context, *authorityv1.GetJobRequest) (*authorityv1.GetJobResponse, error) {
+	return &authorityv1.GetJobResponse{Job: f.job}, f.err
+}
+
+func (f *fakeAuthority) ListJobs(context.Context, *authorityv1.ListJobsRequest) (*authorityv1.ListJobsResponse, error) {
+	return &authorityv1.ListJobsResponse{Jobs: []*authorityv1.Job{f.job}}, f.err
+}
+
+func (f *fakeAuthority) CancelJob(context.Context, *authorityv1.CancelJobRequest) (*authorityv1.CancelJobResponse, error) {
+	return &authorityv1.CancelJobResponse{Job: f.job}, f.err
+}
+
+func (f *fakeAuthority) UpdateJobLimits(context.Context, *authorityv1.UpdateJobLimitsRequest) (*authorityv1.UpdateJobLimitsResponse, error) {
+	return &authorityv1.UpdateJobLimitsResponse{ApprovalId: f.job.GetApprovalId()}, f.err
+}
+
+func (f *fakeAuthority) WatchJob(_ *authorityv1.WatchJobRequest, stream grpc.ServerStreamingServer[authorityv1.WatchJobResponse]) error {
+	for _, m := range f.watch {
+		if err := stream.Send(m); err != nil {
+			return err
+		}
+	}
+	return f.err
+}
+
+func (f *fakeAuthority) GetApproval(context.Context, *authorityv1.GetApprovalRequest) (*authorityv1.GetApprovalResponse, error) {
+	return f.approval, f.err
+}
+
+func (f *fakeAuthority) ListApprovals(context.Context, *authorityv1.ListApprovalsRequest) (*authorityv1.ListApprovalsResponse, error) {
+	return &authorityv1.ListApprovalsResponse{Approvals: f.approvals}, f.err
+}
+
+func (f *fakeAuthority) DecideApproval(context.Context, *authorityv1.DecideApprovalRequest) (*authorityv1.DecideApprovalResponse, error) {
+	return &authorityv1.DecideApprovalResponse{Approval: f.approval.GetApproval()}, f.err
+}
+
+func (f *fakeAuthority) ListLeases(context.Context, *authorityv1.ListLeasesRequest) (*authorityv1.ListLeasesResponse, error) {
+	return &authorityv1.ListLeasesResponse{Leases: f.leases}, f.err
+}
+
+func (f *fakeAuthority) RevokeCredential(context.Context, *authorityv1.RevokeCredentialRequest) (*authorityv1.RevokeCredentialResponse, error) {
+	return &authorityv1.RevokeCredentialResponse{Lease: f.leases[0]}, f.err
+}
+
+func (f *fakeAuthority) ListAuditEvents(context.Context, *authorityv1.ListAuditEventsRequest) (*authorityv1.ListAuditEventsResponse, error) {
+	return &authorityv1.ListAuditEventsResponse{Events: f.events}, f.err
+}
+
+const fakeTrustDomain = "test.airlock"
+
+// serveFake serves f as the authority over real mTLS, from a fresh CA, and
+// returns the path of a client config (identity client/dev, tenant t1)
+// that reaches it.
+func serveFake(t *testing.T, f *fakeAuthority) string {
+	t.Helper()
+	dir := t.TempDir()
+	client, err := identity.New(fakeTrustDomain, identity.KindClient, "dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pki.Init(dir, fakeTrustDomain, []identity.ID{client}); err != nil {
+		t.Fatal(err)
+	}
+	cert, key := pki.Paths(dir, identity.Service(fakeTrustDomain, identity.ServiceAuthority))
+	src, err := tlsconfig.NewFileSource(pki.CAPath(dir), cert, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsconfig.ServerConfig(src, fakeTrustDomain))))
+	authorityv1.RegisterAuthorityServiceServer(srv, f)
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	path := filepath.Join(dir, "client.yaml")
+	cfg := &clientconfig.Config{
+		Version: config.Version, TrustDomain: fakeTrustDomain, PKIDir: dir, Identity: "client/dev", Tenant: "t1",
+		Authority: config.Peer{Address: lis.Addr().String()},
+	}
+	if err := cfg.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// runCLI runs the airlock command with args against the client config and
+// returns its exit code, stdout and stderr.
+func runCLI(t *testing.T, cfg string, stdout io.Writer, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	if stdout == nil {
+		stdout = &out
+	}
+	code := Main(append([]string{"--config", cfg}, args...), stdout, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// checkShown fails t when out holds anything a terminal would act on or
+// hide: a control byte other than newline and tab, DEL, invalid UTF-8
+// (such as a raw C1 byte), a C1 control rune, or a format rune.
+func checkShown(t *testing.T, what, out string) {
+	t.Helper()
+	for i := 0; i < len(out); {
+		r, size := utf8.DecodeRuneInString(out[i:])
+		bad := ""
+		switch {
+		case r == utf8.RuneError && size == 1:
+			bad = fmt.Sprintf("invalid UTF-8 byte %#x", out[i])
+		case r < 0x20 && r != '\n' && r != '\t', r == 0x7f:
+			bad = fmt.Sprintf("control byte %#x", r)
+		case r >= 0x80 && r <= 0x9f:
+			bad = fmt.Sprintf("C1 control %U", r)
+		case unicode.Is(unicode.Cf, r), r == '\u2028', r == '\u2029':
+			bad = fmt.Sprintf("format character %U", r)
+		}
+		if bad != "" {
+			t.Errorf("%s: %s at byte %d reaches the terminal:\n%s", what, bad, i, out)
+			return
+		}
+		i += size
+	}
+}

@@ -1,0 +1,241 @@
+package termtext
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+func TestEscape(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		in          string
+		line, block string // block "" means the same as line
+	}{
+		{name: "hidden patch line", in: "+\x1b[8mrm -rf /\x1b[0m", line: `+\x1b[8mrm -rf /\x1b[0m`},
+		{name: "cursor up, erase line", in: "\x1b[1A\x1b[2K", line: `\x1b[1A\x1b[2K`},
+		{name: "clear screen, home", in: "\x1b[2J\x1b[H", line: `\x1b[2J\x1b[H`},
+		{name: "OSC 52 clipboard write", in: "\x1b]52;c;aGVsbG8=\x07", line: `\x1b]52;c;aGVsbG8=\x07`},
+		{name: "C1 CSI rune in a file name", in: "a\u009b2Jb.go", line: `a\u009b2Jb.go`},
+		{name: "right-to-left override in a file name", in: "invoice\u202egpj.exe", line: `invoice\u202egpj.exe`},
+		{name: "raw C1 byte", in: "a\x9b2Jb", line: `a\x9b2Jb`},
+		{name: "raw C1 OSC byte", in: "\x9d52;c;aGk=\x9c", line: `\x9d52;c;aGk=\x9c`},
+		{name: "DEL", in: "a\x7fb", line: `a\x7fb`},
+		{name: "lone carriage return", in: "ok\rFAIL", line: `ok\x0dFAIL`},
+		{name: "carriage return at the end", in: "ok\r", line: `ok\x0d`},
+		{name: "CRLF", in: "a\r\nb", line: `a\x0d\x0ab`, block: "a\r\nb"},
+		{name: "CR CR LF", in: "a\r\r\nb", line: `a\x0d\x0d\x0ab`, block: "a\\x0d\r\nb"},
+		{name: "newline and tab", in: "a\nb\tc\n", line: `a\x0ab\x09c\x0a`, block: "a\nb\tc\n"},
+		{name: "other C0 controls", in: "\x00\x07\x08\x0b\x0c\x1b\x1f", line: `\x00\x07\x08\x0b\x0c\x1b\x1f`},
+		{name: "invalid UTF-8", in: "\xff\xfeok", line: `\xff\xfeok`},
+		{name: "truncated rune at the end", in: "ok\xe2\x80", line: `ok\xe2\x80`},
+		{name: "truncated rune before ASCII", in: "\xe2\x80ok", line: `\xe2\x80ok`},
+		{name: "overlong encoding", in: "\xc0\xaf", line: `\xc0\xaf`},
+		{name: "encoded surrogate", in: "\xed\xa0\x80", line: `\xed\xa0\x80`},
+		{name: "backslash", in: `a\b`, line: `a\\b`},
+		{name: "text that looks like an escape", in: `\x1b[2J`, line: `\\x1b[2J`},
+		{name: "tag character above U+FFFF", in: "a\U000e0001b", line: `a\U000e0001b`},
+		{name: "kept as is", in: "héllo wörld ✓ 日本語 🙂 \ufffd ~", line: "héllo wörld ✓ 日本語 🙂 \ufffd ~"},
+		{name: "empty", in: "", line: ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			block := tc.block
+			if block == "" {
+				block = tc.line
+			}
+			if got := Line(tc.in); got != tc.line {
+				t.Errorf("Line(%q) = %q, want %q", tc.in, got, tc.line)
+			}
+			if got := Block(tc.in); got != block {
+				t.Errorf("Block(%q) = %q, want %q", tc.in, got, block)
+			}
+		})
+	}
+}
+
+// TestHiddenRunes covers the invisible and reordering runes one by one.
+func TestHiddenRunes(t *testing.T) {
+	var runes []rune
+	for _, span := range [][2]rune{
+		{0x80, 0x9f}, {0x00ad, 0x00ad}, {0x061c, 0x061c}, {0x200b, 0x200f}, {0x2028, 0x202e},
+		{0x2060, 0x2064}, {0x2066, 0x2069}, {0xfeff, 0xfeff}, {0xfff9, 0xfffb}, {0xe0001, 0xe0001}, {0xe0020, 0xe007f},
+	} {
+		for r := span[0]; r <= span[1]; r++ {
+			runes = append(runes, r)
+		}
+	}
+	for _, r := range runes {
+		want := fmt.Sprintf(`x\u%04xy`, r)
+		if r > 0xffff {
+			want = fmt.Sprintf(`x\U%08xy`, r)
+		}
+		in := "x" + string(r) + "y"
+		if got := Line(in); got != want {
+			t.Errorf("Line(%q) = %q, want %q", in, got, want)
+		}
+		if got := Block(in); got != want {
+			t.Errorf("Block(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// writes are the inputs the stream tests split at every position.
+var writes = []string{
+	"+\x1b[8mrm -rf /\x1b[0m\n",
+	"\x1b]52;c;aGVsbG8=\x07done\n",
+	"a\u009bb\u202ec🙂d\xe2\x80e",
+	"line\r\nover\rwrite\r",
+	"\x9b\xff\\x1b\r",
+	"é\r\n日本🙂",
+}
+
+func TestWriterSplitAnywhere(t *testing.T) {
+	for _, in := range writes {
+		want := Block(in)
+		for i := 0; i <= len(in); i++ {
+			for j := i; j <= len(in); j++ {
+				var out bytes.Buffer
+				w := NewWriter(&out)
+				for _, chunk := range []string{in[:i], in[i:j], in[j:]} {
+					if n, err := w.Write([]byte(chunk)); n != len(chunk) || err != nil {
+						t.Fatalf("Write(%q) = %d, %v", chunk, n, err)
+					}
+				}
+				if err := w.Flush(); err != nil {
+					t.Fatal(err)
+				}
+				if out.String() != want {
+					t.Errorf("%q written as %q, %q, %q: got %q, want %q", in, in[:i], in[i:j], in[j:], out.String(), want)
+				}
+			}
+		}
+	}
+}
+
+func TestWriterHoldsBackOnlyAnIncompleteTail(t *testing.T) {
+	for _, tc := range []struct {
+		name, write, before, after string
+	}{
+		{name: "escape split after ESC", write: "a\x1b", before: `a\x1b`, after: `a\x1b`},
+		{name: "rune split after its first byte", write: "a\xe2", before: "a", after: `a\xe2`},
+		{name: "4-byte rune split after 3 bytes", write: "a\xf0\x9f\x99", before: "a", after: `a\xf0\x9f\x99`},
+		{name: "C1 rune split", write: "a\xc2", before: "a", after: `a\xc2`},
+		{name: "carriage return last", write: "a\r", before: "a", after: `a\x0d`},
+		{name: "complete", write: "a\u202e", before: `a\u202e`, after: `a\u202e`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			w := NewWriter(&out)
+			if _, err := w.Write([]byte(tc.write)); err != nil {
+				t.Fatal(err)
+			}
+			if out.String() != tc.before {
+				t.Errorf("after Write: %q, want %q", out.String(), tc.before)
+			}
+			if err := w.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if out.String() != tc.after {
+				t.Errorf("after Flush: %q, want %q", out.String(), tc.after)
+			}
+		})
+	}
+}
+
+type failingWriter struct{}
+
+var errWrite = errors.New("disk full")
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errWrite }
+
+func TestWriterReportsWriteErrors(t *testing.T) {
+	w := NewWriter(failingWriter{})
+	if n, err := w.Write([]byte("x")); n != 0 || !errors.Is(err, errWrite) {
+		t.Errorf("Write = %d, %v; want 0, %v", n, err, errWrite)
+	}
+	w.Write([]byte("\xe2"))
+	if err := w.Flush(); !errors.Is(err, errWrite) {
+		t.Errorf("Flush = %v, want %v", err, errWrite)
+	}
+}
+
+// FuzzEscape checks, for any input, that the result is safe and that it
+// decodes back to exactly the input: no escape can be mistaken for text.
+func FuzzEscape(f *testing.F) {
+	for _, s := range writes {
+		f.Add(s)
+	}
+	f.Add(`\\x1b\u202e\`)
+	f.Fuzz(func(t *testing.T, in string) {
+		for _, multiline := range []bool{false, true} {
+			out := Line(in)
+			if multiline {
+				out = Block(in)
+			}
+			if err := checkSafe(out, multiline); err != nil {
+				t.Fatalf("escape(%q, multiline %v) = %q: %v", in, multiline, out, err)
+			}
+			back, err := unescape(out)
+			if err != nil {
+				t.Fatalf("escape(%q, multiline %v) = %q: %v", in, multiline, out, err)
+			}
+			if back != in {
+				t.Fatalf("escape(%q, multiline %v) = %q, which decodes to %q", in, multiline, out, back)
+			}
+		}
+	})
+}
+
+// checkSafe reports the first thing in s a terminal would act on or hide.
+func checkSafe(s string, multiline bool) error {
+	if !utf8.ValidString(s) {
+		return errors.New("invalid UTF-8")
+	}
+	for i, r := range s {
+		switch {
+		case multiline && (r == '\n' || r == '\t'):
+		case multiline && r == '\r' && strings.HasPrefix(s[i+1:], "\n"):
+		case r < 0x20 || r == 0x7f || hidden(r):
+			return fmt.Errorf("%U at byte %d", r, i)
+		}
+	}
+	return nil
+}
+
+// unescape reverses the escaping described in the package comment.
+func unescape(s string) (string, error) {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '\\' {
+			b.WriteByte(s[i])
+			continue
+		}
+		if i+1 == len(s) {
+			return "", errors.New("a lone backslash at the end")
+		}
+		if s[i+1] == '\\' {
+			b.WriteByte('\\')
+			i++
+			continue
+		}
+		digits := map[byte]int{'x': 2, 'u': 4, 'U': 8}[s[i+1]]
+		if digits == 0 || i+2+digits > len(s) {
+			return "", fmt.Errorf("unknown escape at byte %d", i)
+		}
+		v, err := strconv.ParseUint(s[i+2:i+2+digits], 16, 32)
+		if err != nil {
+			return "", err
+		}
+		if s[i+1] == 'x' {
+			b.WriteByte(byte(v))
+		} else {
+			b.WriteRune(rune(v))
+		}
+		i += 1 + digits
+	}
+	return b.String(), nil
+}
