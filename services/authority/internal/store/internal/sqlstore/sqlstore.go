@@ -148,9 +148,9 @@ type scanner interface{ Scan(dest ...any) error }
 
 func scanJob(row scanner) (store.Job, error) {
 	var (
-		j                                                store.Job
-		state                                            string
-		expires, dispatched, created, updated            int64
+		j                                          store.Job
+		state                                      string
+		expires, dispatched, created, updated      int64
 		spec, grant, result, patch, review, proven []byte
 	)
 	err := row.Scan(&j.ID, &j.Tenant, &j.Requester, &j.IdempotencyKey, &j.Repository, &spec, &j.SpecDigest, &j.Commit, &j.TreeHash,
