@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -90,11 +89,29 @@ func approvals(a *authorityv1.Approval) int {
 }
 
 func newApprovalShow(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var full, raw bool
+	cmd := &cobra.Command{
 		Use:   "show APPROVAL_ID",
-		Short: "Show a request with everything a reviewer needs: diff stat, then the patch",
-		Args:  cobra.ExactArgs(1),
+		Short: "Show a request with everything a reviewer needs: every file it changes, then the patch and the output",
+		Long: `Show a request with everything a reviewer needs: the result, the votes,
+the complete list of the files the patch changes (status, mode, lines,
+size), the patch and the end of the output. Wherever the patch or the
+output is shortened, it says how many bytes are not shown and which files'
+diffs are shown only in part or not at all.
+
+--full streams the complete file list, patch and output from the result
+bundle itself, through the authority, and ends by confirming that every
+byte was the bundle this request names (it fails otherwise).
+
+Everything the job wrote (paths, patch, output) is shown with control
+characters and invisible or bidirectional characters escaped (,
+‮, \ for a backslash); with --full, --raw writes the bundle's bytes
+unchanged instead (e.g. to pipe the patch into git apply).`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if raw && !full {
+				return usageError{errors.New("--raw goes with --full")}
+			}
 			client, _, done, err := g.authority()
 			if err != nil {
 				return err
@@ -105,7 +122,14 @@ func newApprovalShow(g *globals) *cobra.Command {
 				return rpcError(err)
 			}
 			a, rv := resp.GetApproval(), resp.GetReview()
-			return g.printProto(resp, func(w io.Writer) {
+			if full && a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
+				return usageError{errors.New("--full: a change request has no result bundle; approval show prints all of it")}
+			}
+			if full && g.output == "json" {
+				// One JSON object a line, each a ReadReview message.
+				return streamReview(cmd.Context(), g, client, a, raw)
+			}
+			err = g.printProto(resp, func(w io.Writer) {
 				r := rv.GetResult()
 				fmt.Fprintf(w, "approval   %s (%s, %d of %d approvals)\n", termtext.Line(a.GetApprovalId()), stateWord(a.GetState()), approvals(a), a.GetRequiredApprovals())
 				if a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
@@ -129,19 +153,19 @@ func newApprovalShow(g *globals) *cobra.Command {
 				fmt.Fprintf(w, "result     %s, exit %d, %s\n", strings.ToLower(strings.TrimPrefix(r.GetReason().String(), "TERMINATION_REASON_")),
 					r.GetExitCode(), termtext.Line(strings.Split(r.GetRuntimeVersion(), ";")[0]))
 				writeVotes(w, a)
-				fmt.Fprintf(w, "\n%s", diffStat(rv.GetPatch()))
-				fmt.Fprintf(w, "\n%s", termtext.Block(string(rv.GetPatch())))
-				for _, o := range []struct {
-					name string
-					t    *authorityv1.OutputTail
-				}{{"stdout", rv.GetDetail().GetStdout()}, {"stderr", rv.GetDetail().GetStderr()}} {
-					if len(o.t.GetData()) > 0 {
-						fmt.Fprintf(w, "\n--- %s (tail) ---\n%s", o.name, termtext.Block(string(o.t.GetData())))
-					}
+				if !full {
+					writeReview(w, a, rv)
 				}
 			})
+			if err != nil || !full {
+				return err
+			}
+			return streamReview(cmd.Context(), g, client, a, raw)
 		},
 	}
+	cmd.Flags().BoolVar(&full, "full", false, "stream the complete file list, patch and output from the result bundle, verified against its digest")
+	cmd.Flags().BoolVar(&raw, "raw", false, "with --full, write the bundle's bytes unescaped")
+	return cmd
 }
 
 // writeVotes prints a request's expiry and its votes.
@@ -150,37 +174,6 @@ func writeVotes(w io.Writer, a *authorityv1.Approval) {
 	for _, v := range a.GetVotes() {
 		fmt.Fprintf(w, "vote       %s %s: %s\n", termtext.Line(v.GetApprover()), strings.ToLower(strings.TrimPrefix(v.GetDecision().String(), "DECISION_")), termtext.Line(v.GetComment()))
 	}
-}
-
-// diffStat summarizes a unified patch per file, like git diff --stat.
-func diffStat(patch []byte) string {
-	var b strings.Builder
-	var file string
-	var add, del, files, tadd, tdel int
-	flush := func() {
-		if file != "" {
-			fmt.Fprintf(&b, " %s | +%d -%d\n", termtext.Line(file), add, del)
-			files++
-			tadd += add
-			tdel += del
-		}
-	}
-	for _, line := range bytes.Split(patch, []byte("\n")) {
-		switch {
-		case bytes.HasPrefix(line, []byte("diff --git ")):
-			flush()
-			parts := strings.Fields(string(line))
-			file, add, del = strings.TrimPrefix(parts[len(parts)-1], "b/"), 0, 0
-		case bytes.HasPrefix(line, []byte("+++")), bytes.HasPrefix(line, []byte("---")):
-		case bytes.HasPrefix(line, []byte("+")):
-			add++
-		case bytes.HasPrefix(line, []byte("-")):
-			del++
-		}
-	}
-	flush()
-	fmt.Fprintf(&b, " %d files changed, %d insertions(+), %d deletions(-)\n", files, tadd, tdel)
-	return b.String()
 }
 
 func newApprovalDecide(g *globals, approve bool) *cobra.Command {

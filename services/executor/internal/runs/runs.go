@@ -798,7 +798,8 @@ func (m *Manager) Artifact(jobID, digest string) (*Artifact, error) {
 		return nil, err
 	}
 	if got != digest {
-		return nil, fmt.Errorf("bundle of %s on disk has digest %s, recorded %s", jobID, got, digest)
+		m.cfg.Logger.Error("a bundle on disk does not have its recorded digest", "job_id", jobID, "digest", got, "recorded", digest)
+		return nil, fmt.Errorf("%w: the bundle of run %s on the executor's disk is not the one it recorded (%s): it was altered", errdefs.ErrDataLoss, jobID, digest)
 	}
 	prov, err := os.ReadFile(filepath.Join(dir, "provenance.json"))
 	if err != nil {

@@ -1,0 +1,242 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/airlockhq/airlock/pkg/bundle/bundlepb"
+	"github.com/airlockhq/airlock/pkg/termtext"
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+)
+
+// The review of a publish request as approval show prints it: the complete
+// file list first, then the patch and the output, with every cut said
+// where it is and how much it left out. Every byte of paths, patch and
+// output is the job's, so all of it goes through termtext.
+
+var fileStatusWords = map[authorityv1.FileStatus]string{
+	authorityv1.FileStatus_FILE_STATUS_ADDED:        "added",
+	authorityv1.FileStatus_FILE_STATUS_MODIFIED:     "modified",
+	authorityv1.FileStatus_FILE_STATUS_DELETED:      "deleted",
+	authorityv1.FileStatus_FILE_STATUS_TYPE_CHANGED: "type-changed",
+}
+
+// patchShown says how much of a file's part of the patch a patch of shown
+// bytes holds, the part starting at offset.
+func patchShown(offset, length, shown int64) string {
+	switch {
+	case offset+length <= shown:
+		return ""
+	case offset < shown:
+		return "patch shown in part"
+	default:
+		return "patch not shown"
+	}
+}
+
+// fileTable writes files as a table; note(i) is a remark for file i.
+type fileTable struct {
+	tw *tabwriter.Writer
+}
+
+func newFileTable(w io.Writer) *fileTable {
+	t := &fileTable{tw: tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)}
+	fmt.Fprintln(t.tw, "  STATUS\tMODE\tLINES\tSIZE\tPATH\t")
+	return t
+}
+
+func (t *fileTable) row(f *authorityv1.FileChange, note string) {
+	mode := fmt.Sprintf("%06o", f.GetNewMode())
+	switch {
+	case f.GetNewMode() == 0:
+		mode = fmt.Sprintf("%06o", f.GetOldMode())
+	case f.GetOldMode() != 0 && f.GetOldMode() != f.GetNewMode():
+		mode = fmt.Sprintf("%06o->%06o", f.GetOldMode(), f.GetNewMode())
+	}
+	lines := fmt.Sprintf("+%d -%d", f.GetLinesAdded(), f.GetLinesDeleted())
+	if f.GetBinary() {
+		lines = "binary"
+	}
+	if note != "" {
+		note = "(" + note + ")"
+	}
+	status := fileStatusWords[f.GetStatus()]
+	if status == "" {
+		status = "?"
+	}
+	fmt.Fprintf(t.tw, "  %s\t%s\t%s\t%d\t%s\t%s\n", status, mode, lines, f.GetSize(), termtext.Line(bundlepb.Path(f)), note)
+}
+
+func (t *fileTable) flush() { t.tw.Flush() }
+
+// writeReview prints a publish request's review material.
+func writeReview(w io.Writer, a *authorityv1.Approval, rv *authorityv1.ReviewMaterial) {
+	d, st := rv.GetDetail(), rv.GetResult().GetDiffStat()
+	patch := rv.GetPatch()
+	id := termtext.Line(a.GetApprovalId())
+	full := "airlock approval show --full " + id
+	fmt.Fprintf(w, "\nfiles      %d changed, %d insertions(+), %d deletions(-); patch %d bytes\n",
+		st.GetFilesChanged(), st.GetInsertions(), st.GetDeletions(), d.GetPatchSize())
+	if d == nil {
+		fmt.Fprintf(w, "           no file list was recorded with this result: the patch below may not show every file; %s streams the whole patch\n", full)
+	} else {
+		t := newFileTable(w)
+		off := int64(0)
+		for _, f := range d.GetFiles() {
+			t.row(f, patchShown(off, f.GetPatchBytes(), int64(len(patch))))
+			off += f.GetPatchBytes()
+		}
+		t.flush()
+		if n := d.GetFilesTotal() - int64(len(d.GetFiles())); n > 0 {
+			fmt.Fprintf(w, "  ... and %d more files, not listed here (the list was too long for one message): %s lists every file\n", n, full)
+		}
+	}
+	switch size := d.GetPatchSize(); {
+	case len(patch) == 0 && size == 0:
+		fmt.Fprintf(w, "\n--- patch: empty ---\n")
+	case int64(len(patch)) < size:
+		fmt.Fprintf(w, "\n--- patch: the first %d of %d bytes; the files marked above are shown in part or not at all ---\n", len(patch), size)
+		writeBody(w, termtext.Block(string(patch)))
+		fmt.Fprintf(w, "--- patch cut here: %d bytes not shown; %s shows every byte ---\n", size-int64(len(patch)), full)
+	default:
+		fmt.Fprintf(w, "\n--- patch: %d bytes ---\n", len(patch))
+		writeBody(w, termtext.Block(string(patch)))
+		fmt.Fprintf(w, "--- end of patch ---\n")
+	}
+	for _, o := range []struct {
+		name string
+		t    *authorityv1.OutputTail
+	}{{"stdout", d.GetStdout()}, {"stderr", d.GetStderr()}} {
+		writeTail(w, o.name, o.t, full)
+	}
+}
+
+// writeBody writes text that ends with a newline, adding one if it does
+// not, so the mark after it stands on a line of its own.
+func writeBody(w io.Writer, s string) {
+	io.WriteString(w, s)
+	if s != "" && !strings.HasSuffix(s, "\n") {
+		io.WriteString(w, "\n\\ (no newline at the end)\n")
+	}
+}
+
+func writeTail(w io.Writer, name string, t *authorityv1.OutputTail, full string) {
+	size, n := t.GetSize(), int64(len(t.GetData()))
+	switch {
+	case size == 0:
+		fmt.Fprintf(w, "\n--- %s: empty ---\n", name)
+		return
+	case n < size:
+		fmt.Fprintf(w, "\n--- %s: the last %d of %d bytes; the first %d are not shown (%s shows them) ---\n", name, n, size, size-n, full)
+	default:
+		fmt.Fprintf(w, "\n--- %s: %d bytes ---\n", name, size)
+	}
+	writeBody(w, termtext.Block(string(t.GetData())))
+	if t.GetCapped() {
+		fmt.Fprintf(w, "--- %s: the job wrote more than the executor records; what came after byte %d was never kept ---\n", name, size)
+	} else {
+		fmt.Fprintf(w, "--- end of %s ---\n", name)
+	}
+}
+
+// streamReview prints the whole of a request's review material from its
+// bundle (ReadReview): every file, the whole patch and all the output,
+// escaped unless raw. It fails unless the authority vouched, at the end,
+// that every byte was the bundle the request names.
+func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityServiceClient, a *authorityv1.Approval, raw bool) error {
+	stream, err := client.ReadReview(ctx, &authorityv1.ReadReviewRequest{ApprovalId: a.GetApprovalId()})
+	if err != nil {
+		return rpcError(err)
+	}
+	w := g.stdout
+	var body io.Writer = w
+	var esc *termtext.Writer
+	if !raw {
+		esc = termtext.NewWriter(w)
+		body = esc
+	}
+	var table *fileTable
+	var part authorityv1.ReviewPart
+	endPart := func() {
+		if esc != nil {
+			esc.Flush()
+		}
+		if table != nil {
+			table.flush()
+			table = nil
+		}
+		if part != authorityv1.ReviewPart_REVIEW_PART_UNSPECIFIED {
+			fmt.Fprintf(w, "\n--- end of %s ---\n", partWord(part))
+		}
+	}
+	verified := ""
+	for received := false; ; received = true {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil && !received {
+			return rpcError(err)
+		}
+		if err != nil {
+			endPart()
+			return remoteError{fmt.Errorf("the stream of the bundle stopped, so what is shown above is incomplete and not verified: %w", rpcError(err))}
+		}
+		if g.output == "json" {
+			b, err := protojson.Marshal(msg)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "%s\n", b)
+		}
+		switch m := msg.GetMsg().(type) {
+		case *authorityv1.ReadReviewResponse_Start:
+			if g.output == "json" {
+				part = m.Start.GetPart()
+				continue
+			}
+			endPart()
+			part = m.Start.GetPart()
+			if part == authorityv1.ReviewPart_REVIEW_PART_FILES {
+				fmt.Fprintf(w, "\n--- files: %d ---\n", m.Start.GetSize())
+				table = newFileTable(w)
+			} else {
+				fmt.Fprintf(w, "\n--- %s: %d bytes ---\n", partWord(part), m.Start.GetSize())
+			}
+		case *authorityv1.ReadReviewResponse_Files:
+			if table != nil {
+				for _, f := range m.Files.GetFiles() {
+					table.row(f, "")
+				}
+			}
+		case *authorityv1.ReadReviewResponse_Chunk:
+			if g.output != "json" {
+				if _, err := body.Write(m.Chunk); err != nil {
+					return err
+				}
+			}
+		case *authorityv1.ReadReviewResponse_VerifiedDigest:
+			verified = m.VerifiedDigest
+		}
+	}
+	if g.output != "json" {
+		endPart()
+	}
+	if verified == "" || verified != a.GetBundleDigest() {
+		return remoteError{fmt.Errorf("the authority did not confirm that what is shown above is bundle %s (it said %q): do not rely on it", a.GetBundleDigest(), verified)}
+	}
+	if g.output != "json" {
+		fmt.Fprintf(w, "\nverified: everything above is bundle %s, the one this request names\n", termtext.Line(verified))
+	}
+	return nil
+}
+
+func partWord(p authorityv1.ReviewPart) string {
+	return strings.ToLower(strings.TrimPrefix(p.String(), "REVIEW_PART_"))
+}
