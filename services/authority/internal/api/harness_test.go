@@ -183,9 +183,10 @@ func (h *harness) start() {
 	if err != nil {
 		t.Fatal(err)
 	}
+	execClient := executorclient.New(conn)
 	svc, err := jobs.New(jobs.Config{
 		Store: st, Tenants: h.tenants, Source: src, Signer: executorclient.NewSigner(h.signer),
-		Executor: executorclient.New(conn), GrantTTL: 10 * time.Minute, Logger: h.logger(),
+		Executor: execClient, GrantTTL: 10 * time.Minute, Logger: h.logger(),
 		Retry: jobs.Retry{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}, DrainTimeout: 5 * time.Second,
 	})
 	if err != nil {
@@ -202,7 +203,7 @@ func (h *harness) start() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	appr, err := approvals.New(approvals.Config{Store: st, Tenants: h.tenants, Logger: h.logger()})
+	appr, err := approvals.New(approvals.Config{Store: st, Tenants: h.tenants, Artifacts: execClient, Logger: h.logger()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -42,6 +42,7 @@ type Executor struct {
 	rejections []error
 	updateErr  error
 	updates    map[string][]*typesv1.Grant
+	artifacts  map[string][]byte
 }
 
 type run struct {
@@ -286,4 +287,40 @@ func (e *Executor) CancelRun(_ context.Context, req *executorv1.CancelRunRequest
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return &executorv1.CancelRunResponse{Run: e.runView(req.GetJobId(), r)}, nil
+}
+
+// SetArtifact makes GetArtifact serve data as job's bundle under any
+// digest: the fake does not check what the real executor checks, so a test
+// can hand the authority bytes that are not the bundle it asked for.
+func (e *Executor) SetArtifact(job string, data []byte) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.artifacts == nil {
+		e.artifacts = map[string][]byte{}
+	}
+	e.artifacts[job] = data
+}
+
+// GetArtifact serves what SetArtifact set, in small chunks; NotFound for a
+// job without one.
+func (e *Executor) GetArtifact(req *executorv1.GetArtifactRequest, stream grpc.ServerStreamingServer[executorv1.GetArtifactResponse]) error {
+	e.mu.Lock()
+	data, ok := e.artifacts[req.GetJobId()]
+	e.mu.Unlock()
+	if !ok {
+		return status.Errorf(codes.NotFound, "run %q has no bundle", req.GetJobId())
+	}
+	if err := stream.Send(&executorv1.GetArtifactResponse{Part: &executorv1.GetArtifactResponse_Header{Header: &executorv1.ArtifactHeader{
+		BundleDigest: req.GetBundleDigest(), Size: int64(len(data)),
+	}}}); err != nil {
+		return err
+	}
+	for len(data) > 0 {
+		n := min(len(data), 4096)
+		if err := stream.Send(&executorv1.GetArtifactResponse{Part: &executorv1.GetArtifactResponse_Chunk{Chunk: data[:n]}}); err != nil {
+			return err
+		}
+		data = data[n:]
+	}
+	return nil
 }
