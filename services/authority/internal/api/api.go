@@ -266,11 +266,12 @@ func (s *Service) ReportResult(ctx context.Context, req *authorityv1.ReportResul
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
-	var review []byte
+	var review []byte // nil: no detail was sent
 	if d := req.GetDetail(); d != nil {
 		if review, err = (proto.MarshalOptions{Deterministic: true}).Marshal(d); err != nil {
 			return nil, s.fail(ctx, err)
 		}
+		review = append([]byte{}, review...) // an empty detail is still one
 	}
 	j, err := s.cfg.Jobs.ReportResult(ctx, id, req.GetJobId(), jobs.Report{
 		Reason: reasonFromProto(r.GetReason()), ExitCode: r.GetExitCode(), BundleDigest: r.GetBundleDigest(), Message: r.GetMessage(),

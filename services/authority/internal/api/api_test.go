@@ -616,7 +616,7 @@ func TestCancelRunningJob(t *testing.T) {
 		t.Fatalf("the executor was not asked to cancel: %v", h.fake.Cancels())
 	}
 	cancelled := &typesv1.RunResult{Reason: typesv1.TerminationReason_TERMINATION_REASON_CANCELLED, ExitCode: -1, BundleDigest: digestA}
-	if _, err := executor.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: j.GetJobId(), Result: cancelled}); err != nil {
+	if _, err := executor.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: j.GetJobId(), Result: cancelled, Detail: noFiles()}); err != nil {
 		t.Fatal(err)
 	}
 	h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_CANCELLED)

@@ -623,7 +623,8 @@ type Report struct {
 	// Patch is the patch's first bytes, for reviewers.
 	Patch []byte
 	// Review is the serialized ReviewDetail (file list, patch size, output
-	// tails), stored as is.
+	// tails), stored as is; nil when the executor sent none, which is
+	// refused for a result with a bundle.
 	Review     []byte
 	Provenance []byte
 }
@@ -674,6 +675,10 @@ func (s *Service) ReportResult(ctx context.Context, caller identity.ID, id strin
 		if st, _ := r.outcome(); st == store.StateFinished {
 			return store.Job{}, fmt.Errorf("%w: result.bundle_digest: required when the run finished", errdefs.ErrInvalidArgument)
 		}
+	}
+	if r.BundleDigest != "" && r.Review == nil {
+		// A reviewer must see every file of a bundle that may land.
+		return store.Job{}, fmt.Errorf("%w: detail: required with a bundle (the file list, patch size and output tails)", errdefs.ErrInvalidArgument)
 	}
 	return s.updateAudited(ctx, id, func(j *store.Job) error {
 		if j.DispatchedAt.IsZero() {
