@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -154,6 +155,19 @@ printf 'y\n' > "$(printf 'c1-\302\233-name')"`, small)
 	if text.code != 0 || !strings.Contains(text.stdout, "verified: everything above is bundle "+job.Result.BundleDigest) ||
 		!strings.Contains(text.stdout, fmt.Sprintf("--- files: %d ---", wantFiles)) || !strings.Contains(text.stdout, "evil\\u202etxt.sh") {
 		t.Errorf("approval show --full (text): exit %d\n%s", text.code, text.stderr)
+	}
+
+	// The patch alone, as bytes, applies to the base commit as it is.
+	rawPatch := s.airlock(t, "approval", "show", job.ApprovalID, "--full", "--raw", "--part", "patch", "--as", "approver/alice")
+	if rawPatch.code != 0 || rawPatch.stdout != string(patch) || !strings.Contains(rawPatch.stderr, "verified: what was written is from bundle "+job.Result.BundleDigest) {
+		t.Errorf("--full --raw --part patch: exit %d, %d bytes (the bundle's patch has %d)\n%s", rawPatch.code, len(rawPatch.stdout), len(patch), rawPatch.stderr)
+	}
+	clone := filepath.Join(t.TempDir(), "clone")
+	git(t, filepath.Dir(clone), "clone", "-q", repo, clone)
+	applyCmd := exec.Command("git", "apply", "--check", "-")
+	applyCmd.Dir, applyCmd.Stdin = clone, strings.NewReader(rawPatch.stdout)
+	if out, err := applyCmd.CombinedOutput(); err != nil {
+		t.Errorf("git apply --check of the streamed patch: %v\n%s", err, out)
 	}
 
 	// Someone with the executor's disk alters the bundle: it is never

@@ -90,6 +90,7 @@ func approvals(a *authorityv1.Approval) int {
 
 func newApprovalShow(g *globals) *cobra.Command {
 	var full, raw bool
+	var parts []string
 	cmd := &cobra.Command{
 		Use:   "show APPROVAL_ID",
 		Short: "Show a request with everything a reviewer needs: every file it changes, then the patch and the output",
@@ -109,8 +110,8 @@ characters and invisible or bidirectional characters escaped (,
 unchanged instead (e.g. to pipe the patch into git apply).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if raw && !full {
-				return usageError{errors.New("--raw goes with --full")}
+			if (raw || len(parts) > 0) && !full {
+				return usageError{errors.New("--raw and --part go with --full")}
 			}
 			client, _, done, err := g.authority()
 			if err != nil {
@@ -125,9 +126,10 @@ unchanged instead (e.g. to pipe the patch into git apply).`,
 			if full && a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
 				return usageError{errors.New("--full: a change request has no result bundle; approval show prints all of it")}
 			}
-			if full && g.output == "json" {
-				// One JSON object a line, each a ReadReview message.
-				return streamReview(cmd.Context(), g, client, a, raw)
+			if full && (g.output == "json" || bareReview(raw, parts)) {
+				// One JSON object a line, each a ReadReview message; or
+				// one part's bytes and nothing else.
+				return streamReview(cmd.Context(), g, client, a, raw, parts)
 			}
 			err = g.printProto(resp, func(w io.Writer) {
 				r := rv.GetResult()
@@ -160,11 +162,12 @@ unchanged instead (e.g. to pipe the patch into git apply).`,
 			if err != nil || !full {
 				return err
 			}
-			return streamReview(cmd.Context(), g, client, a, raw)
+			return streamReview(cmd.Context(), g, client, a, raw, parts)
 		},
 	}
 	cmd.Flags().BoolVar(&full, "full", false, "stream the complete file list, patch and output from the result bundle, verified against its digest")
 	cmd.Flags().BoolVar(&raw, "raw", false, "with --full, write the bundle's bytes unescaped")
+	cmd.Flags().StringSliceVar(&parts, "part", nil, "with --full, only these parts: files, patch, stdout, stderr")
 	return cmd
 }
 

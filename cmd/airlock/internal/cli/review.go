@@ -149,10 +149,26 @@ func writeTail(w io.Writer, name string, t *authorityv1.OutputTail, full string)
 // bundle (ReadReview): every file, the whole patch and all the output,
 // escaped unless raw. It fails unless the authority vouched, at the end,
 // that every byte was the bundle the request names.
-func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityServiceClient, a *authorityv1.Approval, raw bool) error {
-	stream, err := client.ReadReview(ctx, &authorityv1.ReadReviewRequest{ApprovalId: a.GetApprovalId()})
+//
+// With raw and one part of bytes (patch, stdout or stderr) only that part's
+// bytes go to stdout, nothing around them, so they can be piped (the patch
+// into git apply); what was verified goes to stderr.
+func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityServiceClient, a *authorityv1.Approval, raw bool, parts []string) error {
+	req := &authorityv1.ReadReviewRequest{ApprovalId: a.GetApprovalId()}
+	for _, p := range parts {
+		v, ok := authorityv1.ReviewPart_value["REVIEW_PART_"+strings.ToUpper(p)]
+		if !ok || v == 0 {
+			return usageError{fmt.Errorf("--part %q: want files, patch, stdout or stderr", p)}
+		}
+		req.Parts = append(req.Parts, authorityv1.ReviewPart(v))
+	}
+	bare := bareReview(raw, parts) && g.output != "json"
+	stream, err := client.ReadReview(ctx, req)
 	if err != nil {
 		return rpcError(err)
+	}
+	if bare {
+		return streamBare(g, stream, a)
 	}
 	w := g.stdout
 	var body io.Writer = w
@@ -239,4 +255,40 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 
 func partWord(p authorityv1.ReviewPart) string {
 	return strings.ToLower(strings.TrimPrefix(p.String(), "REVIEW_PART_"))
+}
+
+// bareReview reports whether --full writes one part's bytes and nothing
+// else.
+func bareReview(raw bool, parts []string) bool {
+	return raw && len(parts) == 1 && parts[0] != "files"
+}
+
+// streamBare writes one part's bytes to stdout as they come and what was
+// verified to stderr.
+func streamBare(g *globals, stream interface {
+	Recv() (*authorityv1.ReadReviewResponse, error)
+}, a *authorityv1.Approval) error {
+	verified := ""
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return remoteError{fmt.Errorf("the stream of the bundle stopped: what was written is incomplete and not verified: %w", rpcError(err))}
+		}
+		switch m := msg.GetMsg().(type) {
+		case *authorityv1.ReadReviewResponse_Chunk:
+			if _, err := g.stdout.Write(m.Chunk); err != nil {
+				return err
+			}
+		case *authorityv1.ReadReviewResponse_VerifiedDigest:
+			verified = m.VerifiedDigest
+		}
+	}
+	if verified == "" || verified != a.GetBundleDigest() {
+		return remoteError{fmt.Errorf("the authority did not confirm that what was written is bundle %s (it said %q): do not rely on it", a.GetBundleDigest(), verified)}
+	}
+	fmt.Fprintf(g.stderr, "verified: what was written is from bundle %s, the one this request names\n", termtext.Line(verified))
+	return nil
 }
