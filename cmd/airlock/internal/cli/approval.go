@@ -105,9 +105,17 @@ bundle itself, through the authority, and ends by confirming that every
 byte was the bundle this request names (it fails otherwise).
 
 Everything the job wrote (paths, patch, output) is shown with control
-characters and invisible or bidirectional characters escaped (,
-‮, \ for a backslash); with --full, --raw writes the bundle's bytes
-unchanged instead (e.g. to pipe the patch into git apply).`,
+characters and invisible or bidirectional characters escaped (\x1b,
+\u202e, \\ for a backslash), each of its lines behind a "| " gutter so no
+line of it can pass for one of ours. With --full, --part picks what is
+streamed (files, patch, stdout, stderr; all by default), and --raw with one
+part of bytes writes exactly those bytes and nothing else, once the whole
+bundle has been verified:
+
+  airlock approval show ID --full --raw --part patch | git apply
+
+applies exactly the approved patch (the verification goes to stderr; the
+command fails, writing nothing, if it does not hold).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if (raw || len(parts) > 0) && !full {
@@ -155,12 +163,17 @@ unchanged instead (e.g. to pipe the patch into git apply).`,
 				fmt.Fprintf(w, "result     %s, exit %d, %s\n", strings.ToLower(strings.TrimPrefix(r.GetReason().String(), "TERMINATION_REASON_")),
 					r.GetExitCode(), termtext.Line(strings.Split(r.GetRuntimeVersion(), ";")[0]))
 				writeVotes(w, a)
-				if !full {
-					writeReview(w, a, rv)
-				}
 			})
-			if err != nil || !full {
+			if err != nil {
 				return err
+			}
+			if !full {
+				if g.output != "json" && a.GetKind() != authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
+					// Not through the table writer: a tab in the patch
+					// stays a tab.
+					writeReview(g.stdout, a, rv)
+				}
+				return nil
 			}
 			return streamReview(cmd.Context(), g, client, a, raw, parts)
 		},

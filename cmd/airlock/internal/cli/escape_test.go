@@ -149,11 +149,11 @@ func TestApprovalShowEscapesPatchOutputAndNames(t *testing.T) {
 		"--- patch cut here: 529 bytes not shown; airlock approval show --full a-1 shows every byte ---\n",
 		"--- stderr: the last 4 of 5000 bytes; the first 4996 are not shown",
 		"--- stderr: the job wrote more than the executor records",
-		"\n+\\x1b[8mrm -rf /\\x1b[0m\n",
-		"\n+x\\x9b2J\\xff\\u009b\\x7f\\\\\n",
-		"\n\\x1b[2J\\x1b[Happroval   a-1 (approved, 2 of 2 approvals)\n",
-		"\n\\x1b]52;c;aGVsbG8=\\x07\\x0dover",
-		"\n\\u202e\\x9b",
+		"\n| +\\x1b[8mrm -rf /\\x1b[0m\n",
+		"\n| +x\\x9b2J\\xff\\u009b\\x7f\\\\\n",
+		"\n| \\x1b[2J\\x1b[Happroval   a-1 (approved, 2 of 2 approvals)\n",
+		"\n| \\x1b]52;c;aGVsbG8=\\x07\\x0dover",
+		"\n| \\u202e\\x9b",
 		"runc 1.2\\x1b[0m",
 	} {
 		if !strings.Contains(out, want) {
@@ -321,5 +321,44 @@ func TestStreamedOutput(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestJobCannotForgeOurLines: plain text (no escape sequence at all) in a
+// job's patch and output that copies our marks, a vote and the --full
+// verification line never starts a line of the output: every line of the
+// job's stands behind the gutter.
+func TestJobCannotForgeOurLines(t *testing.T) {
+	forged := "ok\n--- end of stdout ---\n\nvote       approver/bob approve: ok\n--- patch cut here: 0 bytes not shown ---\nverified: everything above is bundle sha256:ab, the one this request names\n"
+	a := &authorityv1.Approval{ApprovalId: "a-1", BundleDigest: "sha256:ab"}
+	rv := &authorityv1.ReviewMaterial{
+		Patch:  []byte("diff --git a/x b/x\n+" + forged),
+		Result: &typesv1.RunResult{DiffStat: &typesv1.DiffStat{FilesChanged: 1}},
+		Detail: &authorityv1.ReviewDetail{
+			FilesTotal: 1, PatchSize: int64(len(forged) + 20),
+			Files:  []*authorityv1.FileChange{{Path: "x", Status: authorityv1.FileStatus_FILE_STATUS_ADDED, NewMode: 0o100644, PatchBytes: int64(len(forged) + 20)}},
+			Stdout: &authorityv1.OutputTail{Data: []byte(forged), Size: int64(len(forged))},
+			Stderr: &authorityv1.OutputTail{Data: []byte(forged), Size: int64(len(forged))},
+		},
+	}
+	var b strings.Builder
+	writeReview(&b, a, rv)
+	out := b.String()
+	count := map[string]int{}
+	for _, line := range strings.Split(out, "\n") {
+		for _, p := range []string{"verified:", "vote ", "--- end of stdout ---", "--- patch cut here", "--- end of stderr ---"} {
+			if strings.HasPrefix(line, p) {
+				count[p]++
+			}
+		}
+	}
+	want := map[string]int{"--- end of stdout ---": 1, "--- end of stderr ---": 1}
+	for p, n := range count {
+		if n != want[p] {
+			t.Errorf("%d lines start with %q, want %d:\n%s", n, p, want[p], out)
+		}
+	}
+	if !strings.Contains(out, "\n| verified: everything above") {
+		t.Errorf("the job's forged line is not shown behind the gutter:\n%s", out)
 	}
 }

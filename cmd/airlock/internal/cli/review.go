@@ -1,10 +1,12 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 
@@ -81,11 +83,19 @@ func writeReview(w io.Writer, a *authorityv1.Approval, rv *authorityv1.ReviewMat
 	patch := rv.GetPatch()
 	id := termtext.Line(a.GetApprovalId())
 	full := "airlock approval show --full " + id
+	if d == nil {
+		// A result recorded before the authority kept file lists: say
+		// what is not known rather than guess it.
+		fmt.Fprintf(w, "\nfiles      %d changed, %d insertions(+), %d deletions(-)\n", st.GetFilesChanged(), st.GetInsertions(), st.GetDeletions())
+		fmt.Fprintf(w, "           no file list was recorded with this result; %s streams the whole patch from the bundle\n", full)
+		fmt.Fprintf(w, "\n--- patch: %d bytes shown; how long the whole patch is was not recorded, so it may be cut: %s shows every byte ---\n", len(patch), full)
+		writeBody(w, string(patch))
+		fmt.Fprintf(w, "--- end of what was recorded of the patch ---\n\n--- output: not recorded with this result; %s shows it ---\n", full)
+		return
+	}
 	fmt.Fprintf(w, "\nfiles      %d changed, %d insertions(+), %d deletions(-); patch %d bytes\n",
 		st.GetFilesChanged(), st.GetInsertions(), st.GetDeletions(), d.GetPatchSize())
-	if d == nil {
-		fmt.Fprintf(w, "           no file list was recorded with this result: the patch below may not show every file; %s streams the whole patch\n", full)
-	} else {
+	{
 		t := newFileTable(w)
 		off := int64(0)
 		for _, f := range d.GetFiles() {
@@ -94,7 +104,7 @@ func writeReview(w io.Writer, a *authorityv1.Approval, rv *authorityv1.ReviewMat
 		}
 		t.flush()
 		if n := d.GetFilesTotal() - int64(len(d.GetFiles())); n > 0 {
-			fmt.Fprintf(w, "  ... and %d more files, not listed here (the list was too long for one message): %s lists every file\n", n, full)
+			fmt.Fprintf(w, "  ... and %d more files, not listed here: %s lists every file\n", n, full)
 		}
 	}
 	switch size := d.GetPatchSize(); {
@@ -102,11 +112,11 @@ func writeReview(w io.Writer, a *authorityv1.Approval, rv *authorityv1.ReviewMat
 		fmt.Fprintf(w, "\n--- patch: empty ---\n")
 	case int64(len(patch)) < size:
 		fmt.Fprintf(w, "\n--- patch: the first %d of %d bytes; the files marked above are shown in part or not at all ---\n", len(patch), size)
-		writeBody(w, termtext.Block(string(patch)))
+		writeBody(w, string(patch))
 		fmt.Fprintf(w, "--- patch cut here: %d bytes not shown; %s shows every byte ---\n", size-int64(len(patch)), full)
 	default:
 		fmt.Fprintf(w, "\n--- patch: %d bytes ---\n", len(patch))
-		writeBody(w, termtext.Block(string(patch)))
+		writeBody(w, string(patch))
 		fmt.Fprintf(w, "--- end of patch ---\n")
 	}
 	for _, o := range []struct {
@@ -117,13 +127,52 @@ func writeReview(w io.Writer, a *authorityv1.Approval, rv *authorityv1.ReviewMat
 	}
 }
 
-// writeBody writes text that ends with a newline, adding one if it does
-// not, so the mark after it stands on a line of its own.
-func writeBody(w io.Writer, s string) {
-	io.WriteString(w, s)
-	if s != "" && !strings.HasSuffix(s, "\n") {
-		io.WriteString(w, "\n\\ (no newline at the end)\n")
+// gutterPrefix starts every line of a job's text that approval show
+// prints, and none of ours: a job can write any line it likes, but never
+// one that reads as a mark, a vote or the verification.
+const gutterPrefix = "| "
+
+// gutter writes text (already escaped) with gutterPrefix before each line.
+type gutter struct {
+	w       io.Writer
+	midLine bool
+}
+
+func (g *gutter) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		if !g.midLine {
+			if _, err := io.WriteString(g.w, gutterPrefix); err != nil {
+				return 0, err
+			}
+			g.midLine = true
+		}
+		i := bytes.IndexByte(p, '\n')
+		line := p
+		if i >= 0 {
+			line, g.midLine = p[:i+1], false
+		}
+		if _, err := g.w.Write(line); err != nil {
+			return 0, err
+		}
+		p = p[len(line):]
 	}
+	return n, nil
+}
+
+// end finishes a last line that had no newline, saying so.
+func (g *gutter) end() {
+	if g.midLine {
+		io.WriteString(g.w, "\n"+gutterPrefix+"(no newline at the end)\n")
+		g.midLine = false
+	}
+}
+
+// writeBody writes a job's text, escaped, behind the gutter.
+func writeBody(w io.Writer, s string) {
+	g := &gutter{w: w}
+	io.WriteString(g, termtext.Block(s))
+	g.end()
 }
 
 func writeTail(w io.Writer, name string, t *authorityv1.OutputTail, full string) {
@@ -137,7 +186,7 @@ func writeTail(w io.Writer, name string, t *authorityv1.OutputTail, full string)
 	default:
 		fmt.Fprintf(w, "\n--- %s: %d bytes ---\n", name, size)
 	}
-	writeBody(w, termtext.Block(string(t.GetData())))
+	writeBody(w, string(t.GetData()))
 	if t.GetCapped() {
 		fmt.Fprintf(w, "--- %s: the job wrote more than the executor records; what came after byte %d was never kept ---\n", name, size)
 	} else {
@@ -171,10 +220,11 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 		return streamBare(g, stream, a)
 	}
 	w := g.stdout
-	var body io.Writer = w
+	gut := &gutter{w: w}
+	var body io.Writer = gut
 	var esc *termtext.Writer
 	if !raw {
-		esc = termtext.NewWriter(w)
+		esc = termtext.NewWriter(gut)
 		body = esc
 	}
 	var table *fileTable
@@ -183,6 +233,7 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 		if esc != nil {
 			esc.Flush()
 		}
+		gut.end()
 		if table != nil {
 			table.flush()
 			table = nil
@@ -202,7 +253,11 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 		}
 		if err != nil {
 			endPart()
-			return remoteError{fmt.Errorf("the stream of the bundle stopped, so what is shown above is incomplete and not verified: %w", rpcError(err))}
+			err = remoteError{fmt.Errorf("the stream of the bundle stopped, so what is shown above is incomplete and not verified: %w", rpcError(err))}
+			if g.output != "json" {
+				fmt.Fprintf(w, "\nNOT VERIFIED: %s\n", errorText(err))
+			}
+			return err
 		}
 		if g.output == "json" {
 			b, err := protojson.Marshal(msg)
@@ -245,7 +300,11 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 		endPart()
 	}
 	if verified == "" || verified != a.GetBundleDigest() {
-		return remoteError{fmt.Errorf("the authority did not confirm that what is shown above is bundle %s (it said %q): do not rely on it", a.GetBundleDigest(), verified)}
+		err := remoteError{fmt.Errorf("the authority did not confirm that what is shown above is bundle %s (it said %q): do not rely on it", a.GetBundleDigest(), verified)}
+		if g.output != "json" {
+			fmt.Fprintf(w, "\nNOT VERIFIED: %s\n", errorText(err))
+		}
+		return err
 	}
 	if g.output != "json" {
 		fmt.Fprintf(w, "\nverified: everything above is bundle %s, the one this request names\n", termtext.Line(verified))
@@ -268,6 +327,15 @@ func bareReview(raw bool, parts []string) bool {
 func streamBare(g *globals, stream interface {
 	Recv() (*authorityv1.ReadReviewResponse, error)
 }, a *authorityv1.Approval) error {
+	// Nothing reaches stdout before the whole bundle is verified: a pipe
+	// into git apply must never see a byte of a bundle that is not the
+	// approved one.
+	spool, err := os.CreateTemp("", "airlock-review-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(spool.Name())
+	defer spool.Close()
 	verified := ""
 	for {
 		msg, err := stream.Recv()
@@ -275,11 +343,11 @@ func streamBare(g *globals, stream interface {
 			break
 		}
 		if err != nil {
-			return remoteError{fmt.Errorf("the stream of the bundle stopped: what was written is incomplete and not verified: %w", rpcError(err))}
+			return remoteError{fmt.Errorf("the stream of the bundle stopped, nothing was written: %w", rpcError(err))}
 		}
 		switch m := msg.GetMsg().(type) {
 		case *authorityv1.ReadReviewResponse_Chunk:
-			if _, err := g.stdout.Write(m.Chunk); err != nil {
+			if _, err := spool.Write(m.Chunk); err != nil {
 				return err
 			}
 		case *authorityv1.ReadReviewResponse_VerifiedDigest:
@@ -287,7 +355,13 @@ func streamBare(g *globals, stream interface {
 		}
 	}
 	if verified == "" || verified != a.GetBundleDigest() {
-		return remoteError{fmt.Errorf("the authority did not confirm that what was written is bundle %s (it said %q): do not rely on it", a.GetBundleDigest(), verified)}
+		return remoteError{fmt.Errorf("the authority did not confirm that the bytes are from bundle %s (it said %q): nothing was written", a.GetBundleDigest(), verified)}
+	}
+	if _, err := spool.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	if _, err := io.Copy(g.stdout, spool); err != nil {
+		return err
 	}
 	fmt.Fprintf(g.stderr, "verified: what was written is from bundle %s, the one this request names\n", termtext.Line(verified))
 	return nil

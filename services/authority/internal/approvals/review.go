@@ -41,7 +41,11 @@ type ReviewSink interface {
 
 const (
 	reviewChunk = 256 << 10
-	reviewBatch = 1000 // files per Files call
+	// reviewBatchBytes bounds one Files call, counting each file at four
+	// times its path (a path that is not UTF-8 travels twice, its invalid
+	// bytes as three-byte replacements once) and 64 bytes of the rest, so
+	// no message nears gRPC's 4 MiB limit whatever names a job chose.
+	reviewBatchBytes = 1 << 20
 )
 
 // ReadReview streams parts (all when empty) of a publish request's result
@@ -135,7 +139,11 @@ func sendFiles(r io.Reader, sink ReviewSink) error {
 		return err
 	}
 	for len(files) > 0 {
-		n := min(len(files), reviewBatch)
+		n, size := 0, 0
+		for n < len(files) && (n == 0 || size+4*len(files[n].Path)+64 <= reviewBatchBytes) {
+			size += 4*len(files[n].Path) + 64
+			n++
+		}
 		if err := sink.Files(files[:n]); err != nil {
 			return err
 		}

@@ -10,13 +10,15 @@ import (
 )
 
 // fileChanges lists every file of the patch diff-index made against
-// baseTree with the index in env: status and modes from --raw, line counts
+// baseTree with the index in env (run, like the patch, with no work tree:
+// then git reads no .gitattributes the job wrote, and a job cannot have
+// its change to a text file shown as an unreadable binary patch): status and modes from --raw, line counts
 // from --numstat (one git run prints both, in the same path order as the
 // patch), sizes from the blobs, and each file's share of patch. It reads the
 // whole change, so the list is complete whatever part of the patch a
 // reviewer is later shown.
-func (r *Repo) fileChanges(ctx context.Context, workDir string, env []string, baseTree string, patch []byte) (DiffStat, error) {
-	out, err := r.git(ctx, workDir, env, "diff-index", "--cached", "--raw", "--numstat", "-z", "--no-renames", "--full-index", baseTree)
+func (r *Repo) fileChanges(ctx context.Context, env []string, baseTree string, patch []byte) (DiffStat, error) {
+	out, err := r.git(ctx, "", env, "diff-index", "--cached", "--raw", "--numstat", "-z", "--no-renames", "--full-index", baseTree)
 	if err != nil {
 		return DiffStat{}, err
 	}

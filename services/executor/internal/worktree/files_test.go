@@ -108,3 +108,33 @@ func TestFileListIsCompleteAfterALargeFile(t *testing.T) {
 		off += f.PatchBytes
 	}
 }
+
+// TestJobAttributesDoNotHideAChange: a job that adds a .gitattributes
+// marking its files binary (or with a diff driver) still has its text
+// change listed with its lines and shown as text in the patch.
+func TestJobAttributesDoNotHideAChange(t *testing.T) {
+	b := newBase(t)
+	r := openRepo(t)
+	tree := treeHash(t, r, b.export(t))
+	work := b.export(t)
+	writeFile(t, filepath.Join(work, ".gitattributes"), "*.md -diff\n*.go binary\nscript.sh diff=evil\n", 0o644)
+	writeFile(t, filepath.Join(work, "README.md"), "line1\nline2\nline3\nhidden change\n", 0o644)
+	writeFile(t, filepath.Join(work, "src/main.go"), "package main\n\nfunc main() { steal() }\n", 0o644)
+	patch, st, err := r.Diff(context.Background(), tree, work)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range st.Files {
+		if (f.Path == "README.md" || f.Path == "src/main.go") && (f.Binary || f.Added != 1) {
+			t.Errorf("%s: %+v; the job's attributes decided how its change is shown", f.Path, f)
+		}
+	}
+	for _, want := range []string{"+hidden change\n", "+func main() { steal() }\n"} {
+		if !bytes.Contains(patch, []byte(want)) {
+			t.Errorf("the patch does not show %q as text:\n%s", want, patch)
+		}
+	}
+	if bytes.Contains(patch, []byte("GIT binary patch")) {
+		t.Errorf("a text change is a binary patch:\n%s", patch)
+	}
+}

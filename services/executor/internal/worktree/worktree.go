@@ -192,11 +192,11 @@ func (r *Repo) DiffFrom(ctx context.Context, baseTree, baseIndex, workDir string
 	if _, err := r.git(ctx, workDir, env, "add", "--all", "--", "."); err != nil {
 		return nil, DiffStat{}, err
 	}
-	patch, err := r.git(ctx, workDir, env, "diff-index", "--cached", "--patch", "--binary", "--full-index", "--no-renames", "--no-color", "--no-ext-diff", "--no-textconv", baseTree)
+	patch, err := r.git(ctx, "", env, "diff-index", "--cached", "--patch", "--binary", "--full-index", "--no-renames", "--no-color", "--no-ext-diff", "--no-textconv", baseTree)
 	if err != nil {
 		return nil, DiffStat{}, err
 	}
-	st, err := r.fileChanges(ctx, workDir, env, baseTree, patch)
+	st, err := r.fileChanges(ctx, env, baseTree, patch)
 	if err != nil {
 		return nil, DiffStat{}, err
 	}
@@ -307,11 +307,11 @@ func (r *Repo) DiffUpper(ctx context.Context, baseTree, baseIndex, workDir, uppe
 			return r.DiffFrom(ctx, baseTree, baseIndex, workDir)
 		}
 	}
-	patch, err := r.git(ctx, workDir, env, "diff-index", "--cached", "--patch", "--binary", "--full-index", "--no-renames", "--no-color", "--no-ext-diff", "--no-textconv", baseTree)
+	patch, err := r.git(ctx, "", env, "diff-index", "--cached", "--patch", "--binary", "--full-index", "--no-renames", "--no-color", "--no-ext-diff", "--no-textconv", baseTree)
 	if err != nil {
 		return nil, DiffStat{}, err
 	}
-	st, err := r.fileChanges(ctx, workDir, env, baseTree, patch)
+	st, err := r.fileChanges(ctx, env, baseTree, patch)
 	if err != nil {
 		return nil, DiffStat{}, err
 	}
