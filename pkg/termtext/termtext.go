@@ -17,8 +17,10 @@
 //	\uHHHH      a rune (\UHHHHHHHH above U+FFFF): a C1 control (U+0080-U+009F),
 //	            a format character (Unicode category Cf: bidi embeddings,
 //	            overrides and isolates, zero-width characters, the soft
-//	            hyphen, the byte order mark, tags), or the line and paragraph
-//	            separators U+2028 and U+2029
+//	            hyphen, the byte order mark, tags), a variation selector or
+//	            other default-ignorable rune (U+034F, Hangul fillers such
+//	            as U+3164), or the line and paragraph separators U+2028
+//	            and U+2029
 //
 // Everything else passes unchanged. [Block] keeps newline, tab and CRLF,
 // which belong in a multi-line body; [Line] escapes them too, so one field
@@ -144,7 +146,12 @@ func escape(dst, src []byte, multiline, atEOF bool) ([]byte, int) {
 // hidden reports whether a terminal would act on r, or show it as nothing
 // or as a change to the text around it, rather than as a glyph.
 func hidden(r rune) bool {
-	return (r >= 0x80 && r <= 0x9f) || r == '\u2028' || r == '\u2029' || unicode.Is(unicode.Cf, r)
+	return (r >= 0x80 && r <= 0x9f) || r == '\u2028' || r == '\u2029' || unicode.Is(unicode.Cf, r) ||
+		// Shown as nothing by most terminals although not format
+		// characters: variation selectors, the combining grapheme
+		// joiner, Hangul fillers and the rest of Unicode's default
+		// ignorables.
+		unicode.In(r, unicode.Variation_Selector, unicode.Other_Default_Ignorable_Code_Point)
 }
 
 // appendHex appends a backslash, verb and v as digits lowercase hex digits.

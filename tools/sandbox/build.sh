@@ -11,7 +11,7 @@
 #                  itself after pivot_root, where no ELF interpreter exists,
 #                  so a dynamically linked runsc dies at sandbox start with
 #                  "error executing umounter". One change of ours is built
-#                  in (errnoret_overlay below): seccomp rules return their
+#                  in (errnoret_module below): seccomp rules return their
 #                  own errno, so the job's filter means what it means under
 #                  runc; its version reads "+airlock.errnoret".
 #
@@ -111,7 +111,9 @@ build "$here" runc "$runc_stamp" '"$BIN" --version | grep -q "^libseccomp: "' CG
 errnoret_module() {
   local dir="$1" src pkg
   src="$(cd "$here/runsc" && go list -m -f '{{.Dir}}' gvisor.dev/gvisor)"
-  cp -al "$src" "$dir/gvisor"
+  # Hard links where the cache and DIR share a filesystem; a copy where
+  # they do not (a tmpfs /tmp).
+  cp -al "$src" "$dir/gvisor" 2>/dev/null || { rm -rf "$dir/gvisor"; cp -a "$src" "$dir/gvisor"; }
   pkg="$dir/gvisor/runsc/specutils/seccomp"
   # The copy's directories are new (and read-only, as in the cache); its
   # files are the cache's own inodes, so no file's mode is touched.
@@ -134,13 +136,16 @@ errnoret_module() {
 
 if [[ "${SKIP_RUNSC:-}" != 1 ]]; then
   gvisor_ver="$(modver "$here/runsc" gvisor.dev/gvisor)"
-  patch_sum="$(sha256sum "$here/runsc/patch/errnoret.go.in" | cut -c1-12)"
+  # The stamp covers our file and this script (whose sed makes the change),
+  # so changing either rebuilds runsc.
+  patch_sum="$(cat "$here/runsc/patch/errnoret.go.in" "$here/build.sh" | sha256sum | cut -c1-12)"
   runsc_stamp="runsc $gvisor_ver $gover static errnoret=$patch_sum"
   mod_dir="$(mktemp -d)"
   trap 'find "$mod_dir" -type d -exec chmod u+w {} + 2>/dev/null; rm -rf "$mod_dir"' EXIT
   fresh runsc "$runsc_stamp" || errnoret_module "$mod_dir"
   # A static binary has no program interpreter (PT_INTERP).
-  build "$mod_dir/mod" runsc "$runsc_stamp" '"$BIN" --version >/dev/null && ! LC_ALL=C readelf -l "$BIN" 2>/dev/null | grep -q "program interpreter"' CGO_ENABLED=0 -- \
+  # Our change is in (its version says so), and the binary is static.
+  build "$mod_dir/mod" runsc "$runsc_stamp" '"$BIN" --version | grep -q "+airlock.errnoret" && ! LC_ALL=C readelf -l "$BIN" 2>/dev/null | grep -q "program interpreter"' CGO_ENABLED=0 -- \
     -ldflags "-X gvisor.dev/gvisor/runsc/version.version=$gvisor_ver+airlock.errnoret" \
     gvisor.dev/gvisor/runsc
 fi

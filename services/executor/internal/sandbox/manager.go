@@ -387,6 +387,12 @@ var probeLimits = Limits{CPUMillis: 1000, MemoryBytes: 256 << 20, Pids: 256, Dis
 
 const probeOutput = "airlock-probe"
 
+// runscErrnoMark is in the version of a runsc built by tools/sandbox/build.sh,
+// whose OCI seccomp filter returns each rule's own errno as runc's does. An
+// upstream runsc returns EPERM for every errno rule, which breaks clone3's
+// fallback and so every threaded program: Probe refuses it.
+const runscErrnoMark = "+airlock.errnoret"
+
 func (m *Manager) probe(ctx context.Context, c Class) RuntimeStatus {
 	st := RuntimeStatus{Class: c}
 	rt := m.runtimes[c]
@@ -397,6 +403,11 @@ func (m *Manager) probe(ctx context.Context, c Class) RuntimeStatus {
 	var err error
 	if st.Version, err = rt.getVersion(ctx); err != nil {
 		st.Reason = err.Error()
+		return st
+	}
+	if c == ClassRunsc && !strings.Contains(st.Version, runscErrnoMark) {
+		st.Reason = "this runsc answers seccomp rules that return ENOSYS (clone3) with EPERM, so no glibc program could start a thread " +
+			"or posix_spawn a child under it; use the runsc tools/sandbox/build.sh builds (its version ends in " + runscErrnoMark + ")"
 		return st
 	}
 	// '.' is outside the job id alphabet: a probe never meets a job.

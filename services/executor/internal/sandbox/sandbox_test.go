@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -33,7 +34,7 @@ func testClasses(t *testing.T, e *env) []Class {
 	out := []Class{ClassRunc}
 	if st, ok := e.m.Available(ClassRunsc); ok {
 		out = append(out, ClassRunsc)
-	} else if os.Getenv("CI") == "true" {
+	} else if ci, _ := strconv.ParseBool(os.Getenv("CI")); ci {
 		t.Fatalf("runsc is unavailable here (CI=true, so this fails rather than test runc alone): %s", st.Reason)
 	} else {
 		t.Logf("runsc is unavailable here, so only runc runs this test: %s", st.Reason)
@@ -122,7 +123,7 @@ func TestProbe(t *testing.T) {
 func TestProbeReportsBrokenRuntime(t *testing.T) {
 	e := newEnv(t)
 	fake := filepath.Join(e.base, "fake-runsc")
-	if err := os.WriteFile(fake, []byte("#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'runsc version fake'; exit 0; fi\necho 'fake runsc: broken' >&2\nexit 3\n"), 0o755); err != nil {
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'runsc version fake+airlock.errnoret'; exit 0; fi\necho 'fake runsc: broken' >&2\nexit 3\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	cfg := e.cfg
@@ -140,6 +141,20 @@ func TestProbeReportsBrokenRuntime(t *testing.T) {
 	_, err = m.Create(context.Background(), Spec{ID: "x", Class: ClassRunsc, Source: e.source(t, nil), Command: []string{"true"}, Limits: defaultLimits})
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("Create on an unavailable class: %v, want failed precondition", err)
+	}
+	// A runsc without our errno change (as upstream builds it) is refused
+	// before any job runs under it.
+	upstream := filepath.Join(e.base, "upstream-runsc")
+	if err := os.WriteFile(upstream, []byte("#!/bin/sh\necho 'runsc version release-20260901.0'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg.RunscPath = upstream
+	cfg.StateDir = filepath.Join(e.base, "state4")
+	if m, err = New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if st, ok := m.Available(ClassRunsc); ok || !strings.Contains(st.Reason, "EPERM") || !strings.Contains(st.Reason, "tools/sandbox/build.sh") {
+		t.Fatalf("Available(upstream runsc) = %+v, %v; want refused for its errno handling", st, ok)
 	}
 	cfg.RunscPath = ""
 	cfg.StateDir = filepath.Join(e.base, "state3")

@@ -26,8 +26,8 @@ var syscallNumbers = map[string]int{
 	"swapoff": unix.SYS_SWAPOFF, "settimeofday": unix.SYS_SETTIMEOFDAY, "clock_settime": unix.SYS_CLOCK_SETTIME,
 	"open_by_handle_at": unix.SYS_OPEN_BY_HANDLE_AT, "fsopen": unix.SYS_FSOPEN, "fsmount": unix.SYS_FSMOUNT,
 	"open_tree": unix.SYS_OPEN_TREE, "move_mount": unix.SYS_MOVE_MOUNT, "fanotify_init": unix.SYS_FANOTIFY_INIT,
-	"quotactl": unix.SYS_QUOTACTL, "iopl": unix.SYS_IOPL, "ioperm": unix.SYS_IOPERM,
-	"vhangup": unix.SYS_VHANGUP, "syslog": unix.SYS_SYSLOG,
+	"quotactl": unix.SYS_QUOTACTL,
+	"vhangup":  unix.SYS_VHANGUP, "syslog": unix.SYS_SYSLOG,
 }
 
 // defaultDenied are calls a job without capabilities must not make that
@@ -37,7 +37,7 @@ var defaultDenied = []string{
 	"ptrace", "keyctl", "add_key", "request_key", "kexec_load", "kexec_file_load", "reboot", "unshare",
 	"setns", "mount", "umount2", "pivot_root", "init_module", "finit_module", "delete_module", "acct",
 	"swapon", "swapoff", "settimeofday", "clock_settime", "open_by_handle_at", "fsopen", "fsmount",
-	"open_tree", "move_mount", "fanotify_init", "quotactl", "iopl", "ioperm", "vhangup", "syslog",
+	"open_tree", "move_mount", "fanotify_init", "quotactl", "vhangup", "syslog",
 }
 
 // TestSeccompErrnoSameUnderEveryRuntime asserts, from inside a sandbox of
