@@ -25,7 +25,7 @@ var statuses = map[bundle.FileStatus]authorityv1.FileStatus{
 
 // File converts one file. A path that is not valid UTF-8 (a proto string
 // must be) goes whole into path_bytes, and path holds it with U+FFFD for
-// each invalid byte.
+// each run of invalid bytes.
 func File(f bundle.FileChange) *authorityv1.FileChange {
 	out := &authorityv1.FileChange{
 		Path: f.Path, Status: statuses[f.Status], OldMode: f.OldMode, NewMode: f.NewMode,

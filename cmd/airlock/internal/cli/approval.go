@@ -121,6 +121,9 @@ command fails, writing nothing, if it does not hold).`,
 			if (raw || len(parts) > 0) && !full {
 				return usageError{errors.New("--raw and --part go with --full")}
 			}
+			if _, err := reviewParts(parts); err != nil {
+				return err
+			}
 			client, _, done, err := g.authority()
 			if err != nil {
 				return err

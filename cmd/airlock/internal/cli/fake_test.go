@@ -33,6 +33,17 @@ type fakeAuthority struct {
 	events    []*authorityv1.AuditEvent
 	leases    []*authorityv1.Lease
 	watch     []*authorityv1.WatchJobResponse
+	review    []*authorityv1.ReadReviewResponse // ReadReview sends these, then returns reviewErr
+	reviewErr error
+}
+
+func (f *fakeAuthority) ReadReview(_ *authorityv1.ReadReviewRequest, stream grpc.ServerStreamingServer[authorityv1.ReadReviewResponse]) error {
+	for _, m := range f.review {
+		if err := stream.Send(m); err != nil {
+			return err
+		}
+	}
+	return f.reviewErr
 }
 
 func (f *fakeAuthority) SubmitJob(context.Context, *authorityv1.SubmitJobRequest) (*authorityv1.SubmitJobResponse, error) {

@@ -204,12 +204,9 @@ func writeTail(w io.Writer, name string, t *authorityv1.OutputTail, full string)
 // into git apply); what was verified goes to stderr.
 func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityServiceClient, a *authorityv1.Approval, raw bool, parts []string) error {
 	req := &authorityv1.ReadReviewRequest{ApprovalId: a.GetApprovalId()}
-	for _, p := range parts {
-		v, ok := authorityv1.ReviewPart_value["REVIEW_PART_"+strings.ToUpper(p)]
-		if !ok || v == 0 {
-			return usageError{fmt.Errorf("--part %q: want files, patch, stdout or stderr", p)}
-		}
-		req.Parts = append(req.Parts, authorityv1.ReviewPart(v))
+	var err error
+	if req.Parts, err = reviewParts(parts); err != nil {
+		return err
 	}
 	bare := bareReview(raw, parts) && g.output != "json"
 	stream, err := client.ReadReview(ctx, req)
@@ -314,6 +311,19 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 
 func partWord(p authorityv1.ReviewPart) string {
 	return strings.ToLower(strings.TrimPrefix(p.String(), "REVIEW_PART_"))
+}
+
+// reviewParts converts --part values.
+func reviewParts(parts []string) ([]authorityv1.ReviewPart, error) {
+	var out []authorityv1.ReviewPart
+	for _, p := range parts {
+		v, ok := authorityv1.ReviewPart_value["REVIEW_PART_"+strings.ToUpper(p)]
+		if !ok || v == 0 || p != strings.ToLower(p) {
+			return nil, usageError{fmt.Errorf("--part %q: want files, patch, stdout or stderr", p)}
+		}
+		out = append(out, authorityv1.ReviewPart(v))
+	}
+	return out, nil
 }
 
 // bareReview reports whether --full writes one part's bytes and nothing

@@ -1667,7 +1667,7 @@ func (x *ReportResultRequest) GetDetail() *ReviewDetail {
 type FileChange struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The file's path in the repository. A path that is not valid UTF-8 has
-	// each invalid byte replaced by U+FFFD here, and its exact bytes in
+	// each run of invalid bytes replaced by U+FFFD here, and its exact bytes in
 	// path_bytes. Show it escaped: it is the job's choice of bytes.
 	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
 	// The exact path, set only when it is not valid UTF-8.

@@ -429,6 +429,34 @@ func TestReportResultChecks(t *testing.T) {
 	_, err = executor.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: j.GetJobId(), Result: &typesv1.RunResult{BundleDigest: digestA}})
 	wantStatus(t, err, codes.InvalidArgument, "result.reason")
 
+	// Review detail a reviewer would read as untrue is refused, the
+	// field named; a bundle without any is refused too.
+	_, err = executor.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: j.GetJobId(), Result: exited(digestA)})
+	wantStatus(t, err, codes.InvalidArgument, "detail: required with a bundle")
+	withStat := exited(digestA)
+	withStat.DiffStat = &typesv1.DiffStat{FilesChanged: 2}
+	file := func(path string, st authorityv1.FileStatus, share int64) *authorityv1.FileChange {
+		return &authorityv1.FileChange{Path: path, Status: st, PatchBytes: share}
+	}
+	added := authorityv1.FileStatus_FILE_STATUS_ADDED
+	for _, tc := range []struct {
+		result *typesv1.RunResult
+		patch  []byte
+		detail *authorityv1.ReviewDetail
+		field  string
+	}{
+		{withStat, nil, &authorityv1.ReviewDetail{FilesTotal: 1, Files: []*authorityv1.FileChange{file("a", added, 1), file("b", added, 1)}}, "detail.files_total"},
+		{withStat, nil, &authorityv1.ReviewDetail{FilesTotal: 3}, "detail.files_total: 3, but result.diff_stat counts 2"},
+		{withStat, []byte("0123456789"), &authorityv1.ReviewDetail{FilesTotal: 2, PatchSize: 5}, "detail.patch_size"},
+		{withStat, nil, &authorityv1.ReviewDetail{FilesTotal: 2, Files: []*authorityv1.FileChange{file("", added, 1)}}, "detail.files[0]"},
+		{withStat, nil, &authorityv1.ReviewDetail{FilesTotal: 2, Files: []*authorityv1.FileChange{file("a", added, 1), file("b", 0, 1)}}, "detail.files[1]"},
+		{withStat, nil, &authorityv1.ReviewDetail{FilesTotal: 2, Files: []*authorityv1.FileChange{file("a", added, 0)}}, "detail.files[0]"},
+		{withStat, nil, &authorityv1.ReviewDetail{FilesTotal: 2, Stdout: &authorityv1.OutputTail{Data: []byte("abc"), Size: 2}}, "detail.stdout.size"},
+	} {
+		_, err = executor.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: j.GetJobId(), Result: tc.result, Patch: tc.patch, Detail: tc.detail})
+		wantStatus(t, err, codes.InvalidArgument, tc.field)
+	}
+
 	// A sandbox error needs no bundle and fails the job.
 	sandbox := &typesv1.RunResult{Reason: typesv1.TerminationReason_TERMINATION_REASON_SANDBOX_ERROR, ExitCode: -1, Message: "runc create: no cgroup"}
 	resp, err := executor.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: j.GetJobId(), Result: sandbox})

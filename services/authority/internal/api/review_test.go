@@ -144,4 +144,9 @@ func TestReadReviewStreamsTheVerifiedBundle(t *testing.T) {
 			t.Errorf("%s: verified %q, error %v; want DataLoss and no verified digest", name, r.verified, r.err)
 		}
 	}
+	// Each mismatch is on the audit log.
+	ev, err := alice.ListAuditEvents(t.Context(), &authorityv1.ListAuditEventsRequest{Kind: "review.bundle_mismatch"})
+	if err != nil || len(ev.GetEvents()) != 2 || ev.GetEvents()[0].GetSubject() != aid {
+		t.Errorf("review.bundle_mismatch events: %v, %v; want 2 for %s", ev.GetEvents(), err, aid)
+	}
 }

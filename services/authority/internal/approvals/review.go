@@ -7,6 +7,7 @@ import (
 	"io"
 	"slices"
 
+	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/identity"
@@ -113,6 +114,13 @@ func (s *Service) ReadReview(ctx context.Context, caller identity.ID, id string,
 	})
 	if errors.Is(err, bundle.ErrDigestMismatch) {
 		s.cfg.Logger.Error("a bundle read for review does not match its approval", "approval_id", id, "job_id", j.ID, "error", err)
+		// On the record, for whoever decides next: the bundle the
+		// executor holds is not the one this request names.
+		ev := audit.Event{Time: s.now(), Kind: "review.bundle_mismatch", Caller: caller.String(), Subject: id, JobID: j.ID,
+			Outcome: outcomeDenied, Reason: err.Error()}
+		if _, aerr := s.cfg.Store.AppendAudit(ctx, ev); aerr != nil {
+			s.cfg.Logger.ErrorContext(ctx, "audit a bundle mismatch", "error", aerr)
+		}
 		return "", fmt.Errorf("%w: the bundle the executor holds for job %s is not the one approval %s names (%s)", errdefs.ErrDataLoss, j.ID, id, a.BundleDigest)
 	}
 	if err != nil {

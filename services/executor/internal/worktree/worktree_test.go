@@ -637,7 +637,6 @@ func TestDiffNestedRepositories(t *testing.T) {
 	}
 }
 
-// sameCounts compares the line and file counts of two stats.
 // sameCounts compares the totals, and the file lists where both have one.
 func sameCounts(a, b worktree.DiffStat) bool {
 	if a.Files != nil && b.Files != nil && !reflect.DeepEqual(a.Files, b.Files) {
