@@ -23,6 +23,17 @@ var statuses = map[bundle.FileStatus]authorityv1.FileStatus{
 	bundle.FileTypeChanged: authorityv1.FileStatus_FILE_STATUS_TYPE_CHANGED,
 }
 
+// Status is the bundle format's word for a FileChange's status ("added",
+// "modified", "deleted", "type-changed"), "" for an unknown one.
+func Status(s authorityv1.FileStatus) bundle.FileStatus {
+	for b, p := range statuses {
+		if p == s {
+			return b
+		}
+	}
+	return ""
+}
+
 // File converts one file. A path that is not valid UTF-8 (a proto string
 // must be) goes whole into path_bytes, and path holds it with U+FFFD for
 // each run of invalid bytes.

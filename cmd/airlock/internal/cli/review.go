@@ -22,12 +22,6 @@ import (
 // where it is and how much it left out. Every byte of paths, patch and
 // output is the job's, so all of it goes through termtext.
 
-var fileStatusWords = map[authorityv1.FileStatus]string{
-	authorityv1.FileStatus_FILE_STATUS_ADDED:        "added",
-	authorityv1.FileStatus_FILE_STATUS_MODIFIED:     "modified",
-	authorityv1.FileStatus_FILE_STATUS_DELETED:      "deleted",
-	authorityv1.FileStatus_FILE_STATUS_TYPE_CHANGED: "type-changed",
-}
 
 // patchShown says how much of a file's part of the patch a patch of shown
 // bytes holds, the part starting at offset.
@@ -68,7 +62,7 @@ func (t *fileTable) row(f *authorityv1.FileChange, note string) {
 	if note != "" {
 		note = "(" + note + ")"
 	}
-	status := fileStatusWords[f.GetStatus()]
+	status := string(bundlepb.Status(f.GetStatus()))
 	if status == "" {
 		status = "?"
 	}

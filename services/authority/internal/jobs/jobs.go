@@ -282,6 +282,9 @@ func (s *Service) Run(ctx context.Context) error {
 	defer s.wg.Wait()
 	defer s.cancel()
 	pending, err := s.cfg.Store.JobsInStates(ctx, store.StateQueued, store.StateStaging, store.StateRunning)
+	if ctx.Err() != nil {
+		return nil // stopped while starting: not a failure
+	}
 	if err != nil {
 		return fmt.Errorf("jobs: resume: %w", err)
 	}
@@ -298,7 +301,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if len(pending) > 0 {
 		s.cfg.Logger.Info("resumed unfinished jobs", "count", len(pending))
 	}
-	if err := s.resumeApproved(ctx); err != nil {
+	if err := s.resumeApproved(ctx); err != nil && ctx.Err() == nil {
 		return fmt.Errorf("jobs: resume approved changes: %w", err)
 	}
 	select {
