@@ -22,7 +22,6 @@ import (
 // where it is and how much it left out. Every byte of paths, patch and
 // output is the job's, so all of it goes through termtext.
 
-
 // patchShown says how much of a file's part of the patch a patch of shown
 // bytes holds, the part starting at offset.
 func patchShown(offset, length, shown int64) string {
