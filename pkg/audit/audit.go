@@ -203,3 +203,46 @@ func Verify(events []Event) (firstBreak int, err error) {
 	}
 	return v.Check(events)
 }
+
+// Field bounds: what one entry keeps of each field. Callers choose much of
+// an entry's text (a tenant or repository name, a command, a comment), and
+// every approver reads the log, so no entry may grow with what a caller
+// sends: a longer field is cut on a rune boundary and ends with a mark
+// saying how much was cut and the digest of the whole.
+var fieldBounds = struct{ kind, caller, subject, tenant, jobID, outcome, reason int }{
+	kind: 128, caller: 1024, subject: 1024, tenant: 256, jobID: 256, outcome: 64, reason: 8192,
+}
+
+// Bounded returns e with every field cut to its bound (see fieldBounds).
+func (e Event) Bounded() Event {
+	b := fieldBounds
+	e.Kind, e.Caller, e.Subject = bound(e.Kind, b.kind), bound(e.Caller, b.caller), bound(e.Subject, b.subject)
+	e.Tenant, e.JobID, e.Outcome = bound(e.Tenant, b.tenant), bound(e.JobID, b.jobID), bound(e.Outcome, b.outcome)
+	e.Reason = bound(e.Reason, b.reason)
+	return e
+}
+
+// bound cuts s to at most max bytes, the mark included.
+func bound(s string, max int) string {
+	if len(s) <= max {
+		return s
+	}
+	sum := sha256.Sum256([]byte(s))
+	mark := fmt.Sprintf("…[cut: %d bytes in all, sha256:%s]", len(s), hex.EncodeToString(sum[:]))
+	keep := max - len(mark)
+	if keep < 0 {
+		keep = 0
+	}
+	for keep > 0 && !utf8.RuneStart(s[keep]) {
+		keep--
+	}
+	out := s[:keep] + mark
+	if len(out) > max {
+		// Only a bound shorter than the mark: keep the mark's end.
+		out = out[len(out)-max:]
+		for len(out) > 0 && !utf8.RuneStart(out[0]) {
+			out = out[1:]
+		}
+	}
+	return out
+}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/airlockhq/airlock/pkg/audit"
 )
@@ -223,5 +224,26 @@ func TestVerifyWindowWithMalformedAnchor(t *testing.T) {
 	window[0].PrevHash = "not a hash"
 	if i, err := audit.Verify(window); i != 0 || !errors.Is(err, audit.ErrBroken) || !strings.Contains(err.Error(), "64 lower-case hex") {
 		t.Fatalf("Verify = %d, %v; want a break at 0 for the malformed prev hash", i, err)
+	}
+}
+
+// Bounded keeps short fields as they are and cuts long ones on a rune
+// boundary, with a mark naming the whole length and digest.
+func TestBounded(t *testing.T) {
+	long := strings.Repeat("é", 2<<20) // 4 MiB of two-byte runes
+	e := audit.Event{Kind: "job.refused", Caller: "spiffe://x/client/a", Subject: long, Tenant: long, Reason: long + long}.Bounded()
+	if e.Kind != "job.refused" || e.Caller != "spiffe://x/client/a" {
+		t.Errorf("short fields changed: %+v", e)
+	}
+	for name, f := range map[string]string{"subject": e.Subject, "tenant": e.Tenant, "reason": e.Reason} {
+		if len(f) > 8192 || !utf8.ValidString(f) || !strings.Contains(f, "…[cut: ") || !strings.Contains(f, "sha256:") {
+			t.Errorf("%s: %d bytes, valid UTF-8 %v: %q", name, len(f), utf8.ValidString(f), f[max(0, len(f)-120):])
+		}
+	}
+	if !strings.Contains(e.Reason, fmt.Sprintf("[cut: %d bytes in all", 2*len(long))) {
+		t.Errorf("reason mark: %q", e.Reason[len(e.Reason)-120:])
+	}
+	if err := e.Validate(); err != nil {
+		t.Errorf("a bounded event does not validate: %v", err)
 	}
 }

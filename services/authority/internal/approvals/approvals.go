@@ -33,6 +33,13 @@ const (
 	MaxLeaseTTL     = 15 * time.Minute
 )
 
+// Bounds on what callers send: a vote's comment or a revocation's reason
+// is stored, shown to every approver and audited.
+const (
+	MaxCommentBytes = 4096
+	maxIDBytes      = 128
+)
+
 // PurposeDeploy is the one lease purpose: push one reviewed commit.
 const PurposeDeploy = "deploy"
 
@@ -345,6 +352,10 @@ func (s *Service) checkDecide(caller identity.ID, req DecideRequest) error {
 		return invalid("decision", "required: approve or deny")
 	case req.Decision == store.DecisionDeny && req.Comment == "":
 		return invalid("comment", "required when denying")
+	case len(req.Comment) > MaxCommentBytes:
+		return invalid("comment", "at most %d bytes", MaxCommentBytes)
+	case len(req.ID) > maxIDBytes:
+		return invalid("approval_id", "at most %d bytes", maxIDBytes)
 	}
 	return nil
 }
@@ -552,8 +563,13 @@ func (s *Service) checkLease(ctx context.Context, caller identity.ID, cert *x509
 // approvers any.
 func (s *Service) Revoke(ctx context.Context, caller identity.ID, id, reason string) (store.Lease, error) {
 	ev := audit.Event{Kind: "lease.revoked", Caller: caller.String(), Subject: id}
-	if id == "" {
+	switch {
+	case id == "":
 		return store.Lease{}, s.refused(ctx, ev, invalid("lease_id", "required"))
+	case len(id) > maxIDBytes:
+		return store.Lease{}, s.refused(ctx, ev, invalid("lease_id", "at most %d bytes", maxIDBytes))
+	case len(reason) > MaxCommentBytes:
+		return store.Lease{}, s.refused(ctx, ev, invalid("reason", "at most %d bytes", MaxCommentBytes))
 	}
 	l, err := s.cfg.Store.GetLease(ctx, id)
 	if err != nil {

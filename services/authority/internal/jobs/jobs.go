@@ -419,12 +419,20 @@ func (s *Service) tenantFor(caller identity.ID, name string) (*policy.Tenant, er
 	if name == "" {
 		return nil, fmt.Errorf("%w: tenant: required", errdefs.ErrInvalidArgument)
 	}
+	if len(name) > maxNameBytes {
+		// Not echoed: it is the caller's bytes, and the refusal is audited.
+		return nil, fmt.Errorf("%w: tenant: at most %d bytes (got %d)", errdefs.ErrInvalidArgument, maxNameBytes, len(name))
+	}
 	t := s.cfg.Tenants[name]
 	if t == nil || caller.Kind != identity.KindClient || !t.HasClient(caller.Principal()) {
 		return nil, fmt.Errorf("%w: tenant: %s does not act for tenant %q", errdefs.ErrPermissionDenied, caller.Principal(), name)
 	}
 	return t, nil
 }
+
+// maxNameBytes bounds a tenant, repository, revision or branch name a
+// caller sends.
+const maxNameBytes = 256
 
 func isExecutor(id identity.ID) bool {
 	return id.Kind == identity.KindService && id.Name == identity.ServiceExecutor
@@ -734,6 +742,9 @@ type AuditQuery struct {
 	PageToken                   string
 }
 
+// auditPageBytes bounds one page of the audit log.
+const auditPageBytes = 2 << 20
+
 // AuditEvents returns a page of the audit log, oldest first, and the token
 // of the next page ("" on the last). Who may read it is the authorization
 // table's decision (approvers); the log is not split by tenant.
@@ -763,10 +774,21 @@ func (s *Service) AuditEvents(ctx context.Context, q AuditQuery) ([]audit.Event,
 	if err != nil {
 		return nil, "", err
 	}
+	// A page also ends before it would pass auditPageBytes (entries are
+	// bounded, but a thousand of them need not fit in one message).
+	n, total := 0, 0
+	for n < len(events) && n < size {
+		e := events[n]
+		total += len(e.Kind) + len(e.Caller) + len(e.Subject) + len(e.Tenant) + len(e.JobID) + len(e.Outcome) + len(e.Reason) + 256
+		if n > 0 && total > auditPageBytes {
+			break
+		}
+		n++
+	}
 	next := ""
-	if len(events) > size {
-		events = events[:size]
-		next = fmt.Sprintf("after:%d", events[size-1].Sequence)
+	if n < len(events) {
+		events = events[:n]
+		next = fmt.Sprintf("after:%d", events[n-1].Sequence)
 	}
 	return events, next, nil
 }

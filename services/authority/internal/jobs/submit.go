@@ -189,6 +189,15 @@ func check(t *policy.Tenant, spec Spec) (decision, error) {
 	if spec.Repository == "" {
 		return d, invalid("spec.repository", "required")
 	}
+	names := []struct{ name, v string }{{"spec.repository", spec.Repository}, {"spec.revision", spec.Revision}}
+	if p := spec.PublishTarget; p != nil {
+		names = append(names, struct{ name, v string }{"spec.publish_target.repository", p.Repository}, struct{ name, v string }{"spec.publish_target.branch", p.Branch})
+	}
+	for _, f := range names {
+		if len(f.v) > maxNameBytes {
+			return d, invalid(f.name, "at most %d bytes (got %d)", maxNameBytes, len(f.v))
+		}
+	}
 	repo, ok := t.Repositories[spec.Repository]
 	if !ok {
 		return d, denied("spec.repository", "%q is not a repository of tenant %q", spec.Repository, t.Name)
@@ -267,6 +276,13 @@ func checkEnv(env map[string]string) error {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	total := 0
+	for _, k := range keys {
+		total += len(k) + len(env[k])
+	}
+	if total > 256<<10 {
+		return invalid("spec.env", "at most 256KiB in all (got %d bytes)", total)
+	}
 	for _, k := range keys {
 		v := env[k]
 		if len(k) > 256 || !envName.MatchString(k) {

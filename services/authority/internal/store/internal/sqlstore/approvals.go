@@ -190,7 +190,9 @@ func (s *DB) ListApprovals(ctx context.Context, f store.ApprovalFilter) ([]store
 	if err != nil {
 		return nil, "", fmt.Errorf("store: list approvals: %w", err)
 	}
-	list, next := trimPage(list, f.Limit, func(a store.Approval) (time.Time, string) { return a.CreatedAt, a.ID })
+	// Votes come after the cut; each comment is bounded where it is made.
+	size := func(a store.Approval) int { return len(a.Change) + len(a.Requester) + len(a.TargetRepo) + 1024 }
+	list, next := trimPage(list, f.Limit, size, func(a store.Approval) (time.Time, string) { return a.CreatedAt, a.ID })
 	if len(list) == 0 {
 		return list, next, nil
 	}
@@ -519,12 +521,8 @@ func (s *DB) ListLeases(ctx context.Context, f store.LeaseFilter) ([]store.Lease
 	if err != nil {
 		return nil, "", fmt.Errorf("store: list leases: %w", err)
 	}
-	var next string
-	if len(list) > f.Limit {
-		list = list[:f.Limit]
-		last := list[len(list)-1]
-		next = encodeToken(micros(last.IssuedAt), last.ID)
-	}
+	list, next := trimPage(list, f.Limit, func(l store.Lease) int { return len(l.Resource) + len(l.Holder) + len(l.RevokeReason) + 512 },
+		func(l store.Lease) (time.Time, string) { return l.IssuedAt, l.ID })
 	return list, next, nil
 }
 

@@ -36,6 +36,9 @@ func scanEvent(row scanner) (audit.Event, error) {
 // appendAudit links e to the chain's head and writes it within tx; e has
 // been validated.
 func (s *DB) appendAudit(ctx context.Context, tx *sql.Tx, e audit.Event) (audit.Event, error) {
+	// No entry grows with what a caller sent (a name, a command, a
+	// comment): every reader of the log pages through it.
+	e = e.Bounded()
 	var (
 		last int64
 		prev string

@@ -307,7 +307,7 @@ func (s *DB) ListJobs(ctx context.Context, opts store.ListOptions) ([]store.Job,
 	if err != nil {
 		return nil, "", fmt.Errorf("store: list jobs: %w", err)
 	}
-	jobs, next := trimPage(jobs, opts.Limit, func(j store.Job) (time.Time, string) { return j.CreatedAt, j.ID })
+	jobs, next := trimPage(jobs, opts.Limit, jobSize, func(j store.Job) (time.Time, string) { return j.CreatedAt, j.ID })
 	return jobs, next, nil
 }
 
@@ -465,13 +465,33 @@ func newestFirst(where []string, args []any, token string, limit int) (string, [
 	return strings.Join(where, " AND ") + ` ORDER BY created_at DESC, id DESC LIMIT ?`, append(args, limit+1), nil
 }
 
-// trimPage cuts a newestFirst result to limit and returns the token of the
-// next page ("" when there is none).
-func trimPage[T any](list []T, limit int, key func(T) (time.Time, string)) ([]T, string) {
-	if len(list) <= limit {
+// PageBytes bounds what one page of a listing holds, so a page always
+// fits in a gRPC message (4 MiB by default) however large its rows are: a
+// page ends before the row that would take it past PageBytes (it always
+// holds at least one row) and the next page starts there.
+const PageBytes = 2 << 20
+
+// trimPage cuts a newestFirst result to limit rows and PageBytes (as size
+// counts a row) and returns the token of the next page ("" when there is
+// none).
+func trimPage[T any](list []T, limit int, size func(T) int, key func(T) (time.Time, string)) ([]T, string) {
+	n, total := 0, 0
+	for n < len(list) && n < limit {
+		total += size(list[n])
+		if n > 0 && total > PageBytes {
+			break
+		}
+		n++
+	}
+	if n == len(list) {
 		return list, ""
 	}
-	list = list[:limit]
-	at, id := key(list[limit-1])
+	list = list[:n]
+	at, id := key(list[n-1])
 	return list, encodeToken(micros(at), id)
+}
+
+// jobSize is about what a job takes in a listing.
+func jobSize(j store.Job) int {
+	return len(j.Spec) + len(j.Grant) + len(j.Result) + len(j.Message) + len(j.Repository) + 512
 }

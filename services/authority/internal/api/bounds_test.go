@@ -1,0 +1,118 @@
+package api_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/airlockhq/airlock/pkg/audit"
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+)
+
+// readAudit pages through the whole audit log as the CLI's audit verify
+// does, and checks the chain.
+func readAudit(t *testing.T, c authorityv1.AuthorityServiceClient) []audit.Event {
+	t.Helper()
+	var events []audit.Event
+	req := &authorityv1.ListAuditEventsRequest{PageSize: 1000}
+	for {
+		resp, err := c.ListAuditEvents(t.Context(), req)
+		if err != nil {
+			t.Fatalf("ListAuditEvents after %d events: %v", len(events), err)
+		}
+		if n := proto.Size(resp); n > 4<<20 {
+			t.Fatalf("an audit page of %d bytes", n)
+		}
+		for _, e := range resp.GetEvents() {
+			events = append(events, audit.Event{Sequence: e.GetSequence(), Time: e.GetTime().AsTime(), Kind: e.GetKind(), Caller: e.GetCaller(),
+				Subject: e.GetSubject(), Tenant: e.GetTenant(), JobID: e.GetJobId(), Outcome: outcomeWord(e.GetOutcome()), Reason: e.GetReason(),
+				PrevHash: e.GetPreviousHash(), Hash: e.GetHash()})
+		}
+		if resp.GetNextPageToken() == "" {
+			break
+		}
+		req.PageToken = resp.GetNextPageToken()
+	}
+	if i, err := audit.Verify(events); err != nil {
+		t.Fatalf("audit chain of %d events breaks at %d: %v", len(events), i, err)
+	}
+	return events
+}
+
+func outcomeWord(o authorityv1.AuditOutcome) string {
+	return strings.ToLower(strings.TrimPrefix(o.String(), "AUDIT_OUTCOME_"))
+}
+
+// TestCallerCannotBreakSharedViews is issue 9's attack from the caller's
+// side: a 3 MB tenant name, many 128 KiB commands and jobs with large
+// environments. Each oversized field is refused naming it, nothing audited
+// grows with what was sent, the audit log still pages and verifies, and
+// the tenant's jobs still list, page by page.
+func TestCallerCannotBreakSharedViews(t *testing.T) {
+	h := newHarness(t)
+	dev, alice := h.client(devID), h.client(aliceID)
+	_, err := dev.SubmitJob(t.Context(), &authorityv1.SubmitJobRequest{Tenant: strings.Repeat("t", 3<<20), Spec: spec(), IdempotencyKey: "big-tenant"})
+	wantStatus(t, err, codes.InvalidArgument, "tenant: at most 256 bytes")
+	big := spec()
+	big.Repository = strings.Repeat("r", 100<<10)
+	_, err = dev.SubmitJob(t.Context(), &authorityv1.SubmitJobRequest{Tenant: "dev", Spec: big, IdempotencyKey: "big-repo"})
+	wantStatus(t, err, codes.InvalidArgument, "spec.repository: at most 256 bytes")
+	huge := spec()
+	huge.Env = map[string]string{}
+	for i := range 20 {
+		huge.Env[fmt.Sprintf("V%d", i)] = strings.Repeat("x", 30<<10)
+	}
+	_, err = dev.SubmitJob(t.Context(), &authorityv1.SubmitJobRequest{Tenant: "dev", Spec: huge, IdempotencyKey: "huge-env"})
+	wantStatus(t, err, codes.InvalidArgument, "spec.env: at most 256KiB")
+
+	for i := range 30 {
+		s := spec()
+		s.Command = []string{"sh", "-c", strings.Repeat("x", 128<<10-10)}
+		s.Env = map[string]string{}
+		for k := range 8 {
+			s.Env[fmt.Sprintf("V%d", k)] = strings.Repeat("y", 30<<10)
+		}
+		h.submit(dev, fmt.Sprintf("big-%d", i), s)
+	}
+	events := readAudit(t, alice)
+	for _, e := range events {
+		if n := len(e.Subject) + len(e.Reason) + len(e.Tenant); n > 12<<10 {
+			t.Fatalf("event %d (%s) holds %d bytes of caller text", e.Sequence, e.Kind, n)
+		}
+	}
+	var cut int
+	for _, e := range events {
+		if strings.Contains(e.Reason+e.Tenant+e.Subject, "…[cut: ") {
+			cut++
+		}
+	}
+	if cut < 31 {
+		t.Errorf("%d events say they were cut, want the refusal and every job.granted", cut)
+	}
+
+	// 30 jobs of about 500 KiB each: more than one message holds.
+	var listed int
+	req := &authorityv1.ListJobsRequest{Tenant: "dev", PageSize: 500}
+	pages := 0
+	for {
+		resp, err := dev.ListJobs(t.Context(), req)
+		if err != nil {
+			t.Fatalf("ListJobs page %d: %v", pages+1, err)
+		}
+		pages++
+		if n := proto.Size(resp); n > 4<<20 {
+			t.Errorf("a job page of %d bytes", n)
+		}
+		listed += len(resp.GetJobs())
+		if resp.GetNextPageToken() == "" {
+			break
+		}
+		req.PageToken = resp.GetNextPageToken()
+	}
+	if listed != 30 || pages < 2 {
+		t.Errorf("listed %d jobs in %d pages, want 30 in several", listed, pages)
+	}
+}
