@@ -116,3 +116,30 @@ func TestCallerCannotBreakSharedViews(t *testing.T) {
 		t.Errorf("listed %d jobs in %d pages, want 30 in several", listed, pages)
 	}
 }
+
+// TestRepeatedRefusalsDoNotFillTheLog: one caller repeating one refused
+// request is one entry, not hundreds; another refusal still shows.
+func TestRepeatedRefusalsDoNotFillTheLog(t *testing.T) {
+	h := newHarness(t)
+	dev, alice := h.client(devID), h.client(aliceID)
+	bad := spec()
+	bad.Repository = "not-ours"
+	for i := range 200 {
+		_, err := dev.SubmitJob(t.Context(), &authorityv1.SubmitJobRequest{Tenant: "dev", Spec: bad, IdempotencyKey: fmt.Sprintf("r%d", i)})
+		wantStatus(t, err, codes.PermissionDenied, "spec.repository")
+	}
+	other := spec()
+	other.Repository = "also-not-ours"
+	if _, err := dev.SubmitJob(t.Context(), &authorityv1.SubmitJobRequest{Tenant: "dev", Spec: other, IdempotencyKey: "other"}); err == nil {
+		t.Fatal("a foreign repository was accepted")
+	}
+	refused := 0
+	for _, e := range readAudit(t, alice) {
+		if e.Kind == "job.refused" {
+			refused++
+		}
+	}
+	if refused != 2 {
+		t.Errorf("%d job.refused entries for 200 identical refusals and one other, want 2", refused)
+	}
+}

@@ -64,7 +64,11 @@ type Config struct {
 }
 
 // Service is the approval and lease logic; safe for concurrent use.
-type Service struct{ cfg Config }
+type Service struct {
+	cfg Config
+	// refusals keeps one caller's repeated refusal from filling the log.
+	refusals *audit.Throttle
+}
 
 // New returns a Service.
 func New(cfg Config) (*Service, error) {
@@ -83,7 +87,7 @@ func New(cfg Config) (*Service, error) {
 	if cfg.ReadFile == nil {
 		cfg.ReadFile = os.ReadFile
 	}
-	return &Service{cfg: cfg}, nil
+	return &Service{cfg: cfg, refusals: audit.NewThrottle(10*time.Second, 10000)}, nil
 }
 
 func (s *Service) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }
@@ -127,6 +131,10 @@ func (s *Service) refused(ctx context.Context, e audit.Event, err error) error {
 		return err
 	}
 	e.Outcome, e.Reason, e.Time = outcomeDenied, err.Error(), s.now()
+	e, ok := s.refusals.Admit(e, e.Time)
+	if !ok {
+		return err // the same refusal was logged within the window; the next says how many
+	}
 	if _, aerr := s.cfg.Store.AppendAudit(ctx, e); aerr != nil {
 		s.cfg.Logger.ErrorContext(ctx, "audit a refusal", "kind", e.Kind, "error", aerr)
 	}

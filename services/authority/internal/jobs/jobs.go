@@ -242,7 +242,17 @@ type Service struct {
 
 	mu     sync.Mutex
 	active map[string]bool
+
+	// refusals keeps one caller's repeated refusal from filling the log.
+	refusals *audit.Throttle
 }
+
+// Repeated refusals: one entry per window for the same caller, kind,
+// subject and reason; the next says how many were left out.
+const (
+	refusalWindow = 10 * time.Second
+	refusalKeys   = 10000
+)
 
 // New returns a Service. Call Run to resume unfinished jobs and to stop
 // background work on shutdown.
@@ -272,7 +282,8 @@ func New(cfg Config) (*Service, error) {
 		cfg.DrainTimeout = 30 * time.Second
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Service{cfg: cfg, hub: newHub(), ctx: ctx, cancel: cancel, active: map[string]bool{}}, nil
+	return &Service{cfg: cfg, hub: newHub(), ctx: ctx, cancel: cancel, active: map[string]bool{},
+		refusals: audit.NewThrottle(refusalWindow, refusalKeys)}, nil
 }
 
 // Run resumes every unfinished job (dispatching queued ones again, which
@@ -385,9 +396,22 @@ func (s *Service) audit(ctx context.Context, e audit.Event) error {
 	return nil
 }
 
+// auditRefusal records a refusal, unless the same one was recorded within
+// refusalWindow (then it is counted, and the next says so).
+func (s *Service) auditRefusal(ctx context.Context, e audit.Event) error {
+	if e.Time.IsZero() {
+		e.Time = s.now()
+	}
+	e, ok := s.refusals.Admit(e, e.Time)
+	if !ok {
+		return nil
+	}
+	return s.audit(ctx, e)
+}
+
 // AuditDenied records a call the authorization table refused.
 func (s *Service) AuditDenied(ctx context.Context, method string, caller identity.ID, reason string) {
-	if err := s.audit(ctx, audit.Event{Kind: "rpc.denied", Caller: caller.String(), Subject: method, Outcome: outcomeDenied, Reason: reason}); err != nil {
+	if err := s.auditRefusal(ctx, audit.Event{Kind: "rpc.denied", Caller: caller.String(), Subject: method, Outcome: outcomeDenied, Reason: reason}); err != nil {
 		s.cfg.Logger.Error("audit a denied call", "method", method, "caller", caller.String(), "error", err)
 	}
 }

@@ -45,7 +45,7 @@ func (s *Service) Submit(ctx context.Context, caller identity.ID, req SubmitRequ
 	if err != nil && refusal(err) {
 		// The refusal is a decision too; the caller still learns of it if
 		// it cannot be recorded.
-		if aerr := s.audit(ctx, audit.Event{Kind: "job.refused", Caller: caller.String(), Subject: req.Spec.Repository,
+		if aerr := s.auditRefusal(ctx, audit.Event{Kind: "job.refused", Caller: caller.String(), Subject: req.Spec.Repository,
 			Tenant: req.Tenant, Outcome: outcomeDenied, Reason: err.Error()}); aerr != nil {
 			s.cfg.Logger.Error("audit a refused job", "error", aerr)
 		}
