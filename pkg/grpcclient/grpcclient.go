@@ -10,6 +10,7 @@ import (
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
@@ -28,6 +29,14 @@ func Dial(address string, src *tlsconfig.Source, server identity.ID, opts ...grp
 		grpc.WithTransportCredentials(credentials.NewTLS(tlsconfig.ClientConfig(src, server))),
 		grpc.WithStatsHandler(otelgrpc.NewClientHandler()),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		// gRPC's default reconnect back-off grows to two minutes, so a
+		// service that was down a while was noticed only a minute after it
+		// came back. Our peers are few and on the same network: try again
+		// at least every second.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: 5 * time.Second,
+		}),
 	}
 	cc, err := grpc.NewClient("passthrough:///"+address, append(base, opts...)...)
 	if err != nil {

@@ -38,6 +38,13 @@ import (
 // reaped here by pid.
 func (s *stack) restartService(t *testing.T, name string) {
 	t.Helper()
+	s.restartServiceAfter(t, name, func() {})
+}
+
+// restartServiceAfter stops service name, runs meanwhile while it is down,
+// and starts it again, returning once `airlock status` passes.
+func (s *stack) restartServiceAfter(t *testing.T, name string, meanwhile func()) {
+	t.Helper()
 	svc, ok := s.services[name]
 	if !ok {
 		t.Fatalf("no service %q in the stack", name)
@@ -58,6 +65,7 @@ func (s *stack) restartService(t *testing.T, name string) {
 	if st := procState(pid); st != "" {
 		t.Fatalf("%s (pid %d) is still there (state %s) after SIGTERM", name, pid, st)
 	}
+	meanwhile()
 
 	logf, err := os.OpenFile(svc.Log, os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {

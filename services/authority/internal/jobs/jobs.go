@@ -221,7 +221,8 @@ type Config struct {
 	Logger   *slog.Logger
 	// Now is the clock; default time.Now.
 	Now func() time.Time
-	// Retry defaults to 200ms doubling up to 10s.
+	// Retry defaults to 200ms doubling up to 1s: a job waiting for an
+	// executor that comes back is dispatched within about a second.
 	Retry Retry
 	// DrainTimeout bounds how long a watcher waits for the rest of the
 	// output after the job has ended; default 30s.
@@ -276,7 +277,7 @@ func New(cfg Config) (*Service, error) {
 		cfg.Retry.Min = 200 * time.Millisecond
 	}
 	if cfg.Retry.Max < cfg.Retry.Min {
-		cfg.Retry.Max = max(10*time.Second, cfg.Retry.Min)
+		cfg.Retry.Max = max(time.Second, cfg.Retry.Min)
 	}
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = 30 * time.Second
