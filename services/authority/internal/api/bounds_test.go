@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/airlockhq/airlock/pkg/audit"
@@ -141,5 +143,50 @@ func TestRepeatedRefusalsDoNotFillTheLog(t *testing.T) {
 	}
 	if refused != 2 {
 		t.Errorf("%d job.refused entries for 200 identical refusals and one other, want 2", refused)
+	}
+}
+
+// TestQueuedJobOutlivesItsGrant is issue 9 §4: with the executor out of
+// reach for longer than a grant lives, a queued job is granted again (the
+// same decision, on the log) and runs once the executor is back; only past
+// its start deadline does it fail, saying why.
+func TestQueuedJobOutlivesItsGrant(t *testing.T) {
+	h := newHarnessWith(t, harnessOptions{grantTTL: 300 * time.Millisecond, startDeadline: 4 * time.Second})
+	dev, alice := h.client(devID), h.client(aliceID)
+	h.fake.FailStarts(status.Error(codes.Unavailable, "executor down (fake)"))
+	j := h.submit(dev, "outage", spec()).GetJob()
+	time.Sleep(1500 * time.Millisecond)
+	if got := h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_QUEUED); got.GetState() != authorityv1.JobState_JOB_STATE_QUEUED {
+		t.Fatalf("after its first grant expired the job is %v", got.GetState())
+	}
+	h.fake.FailStarts(nil)
+	h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_RUNNING)
+	grants := h.fake.Grants(j.GetJobId())
+	if len(grants) != 1 {
+		t.Fatalf("the executor accepted %d grants, want 1", len(grants))
+	}
+	// The first grant expired 300 ms after submission; the one accepted
+	// was signed later, for the same job and limits.
+	g := grants[0]
+	if !g.GetIssuedAt().AsTime().After(j.GetCreatedAt().AsTime().Add(300*time.Millisecond)) || g.GetJobId() != j.GetJobId() ||
+		g.GetLimits().GetMemoryBytes() != h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_RUNNING).GetLimits().GetMemoryBytes() {
+		t.Errorf("accepted grant %v: want a fresh grant of the same decision", g)
+	}
+	regranted := 0
+	for _, e := range readAudit(t, alice) {
+		if e.Kind == "job.regranted" && e.Subject == j.GetJobId() {
+			regranted++
+		}
+	}
+	if regranted == 0 {
+		t.Error("no job.regranted on the log")
+	}
+
+	// Past the start deadline: failed, saying so.
+	h.fake.FailStarts(status.Error(codes.Unavailable, "executor down (fake)"))
+	j2 := h.submit(dev, "outage-2", spec()).GetJob()
+	got := h.waitState(dev, j2.GetJobId(), authorityv1.JobState_JOB_STATE_FAILED)
+	if !strings.Contains(got.GetMessage(), "start deadline") {
+		t.Errorf("failed with %q, want the start deadline named", got.GetMessage())
 	}
 }

@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -62,6 +63,7 @@ const secret = "cred-9b1d7e3f-DO-NOT-LEAK"
 // harness is one authority (real store, real git, real mTLS, real
 // authorization) in front of a fake executor, both on 127.0.0.1.
 type harness struct {
+	opts    harnessOptions
 	t       *testing.T
 	pkiDir  string
 	data    string
@@ -81,7 +83,17 @@ type authority struct {
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
-	h := &harness{t: t, pkiDir: t.TempDir(), data: t.TempDir(), logs: &logtest.Buffer{}}
+	return newHarnessWith(t, harnessOptions{})
+}
+
+// harnessOptions change the authority the harness runs.
+type harnessOptions struct {
+	grantTTL, startDeadline time.Duration
+}
+
+func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
+	t.Helper()
+	h := &harness{t: t, opts: opts, pkiDir: t.TempDir(), data: t.TempDir(), logs: &logtest.Buffer{}}
 	if _, err := pki.Init(h.pkiDir, td, []identity.ID{devID, otherID, aliceID, bobID, devApproverID}); err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +198,7 @@ func (h *harness) start() {
 	execClient := executorclient.New(conn)
 	svc, err := jobs.New(jobs.Config{
 		Store: st, Tenants: h.tenants, Source: src, Signer: executorclient.NewSigner(h.signer),
-		Executor: execClient, GrantTTL: 10 * time.Minute, Logger: h.logger(),
+		Executor: execClient, GrantTTL: cmp.Or(h.opts.grantTTL, 10*time.Minute), StartDeadline: h.opts.startDeadline, Logger: h.logger(),
 		Retry: jobs.Retry{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}, DrainTimeout: 5 * time.Second,
 	})
 	if err != nil {

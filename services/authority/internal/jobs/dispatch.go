@@ -7,7 +7,9 @@ import (
 	"math"
 	"time"
 
+	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 )
 
@@ -86,9 +88,17 @@ func retryable(err error) bool {
 // retried.
 func (s *Service) dispatch(j store.Job) (done bool, err error) {
 	if !s.now().Before(j.GrantExpiresAt) {
-		_, err := s.transition(j.ID, []store.State{store.StateQueued}, store.StateFailed,
-			"the grant expired before the executor accepted it (a grant waits at most grant_ttl)")
-		return true, err
+		if !s.now().Before(j.CreatedAt.Add(s.cfg.StartDeadline)) {
+			_, err := s.transition(j.ID, []store.State{store.StateQueued}, store.StateFailed,
+				fmt.Sprintf("no executor accepted the job within its start deadline (%v after submission)", s.cfg.StartDeadline))
+			return true, err
+		}
+		// The executor was out of reach for longer than a grant lives:
+		// the same decision, signed again. An executor that did accept the
+		// old grant answers a new one with the run it has, so the job
+		// still runs once.
+		_, err := s.regrant(j)
+		return false, err
 	}
 	if j.DispatchedAt.IsZero() {
 		// Recorded before the first attempt, so a cancel knows the executor
@@ -224,4 +234,35 @@ func (s *Service) transition(id string, from []store.State, to store.State, mess
 		return store.Job{}, fmt.Errorf("jobs: %s → %s: %w", id, to, err)
 	}
 	return j, nil
+}
+
+// regrant replaces a queued job's expired grant with a fresh one for the
+// same decision (limits, policy, everything but the times), on the log.
+func (s *Service) regrant(j store.Job) (store.Job, error) {
+	req, err := s.cfg.Signer.Decode(j.Grant)
+	if err != nil {
+		return store.Job{}, fmt.Errorf("jobs: decode the grant of job %s: %w", j.ID, err)
+	}
+	now := s.now()
+	req.IssuedAt, req.ExpiresAt = now, now.Add(s.cfg.GrantTTL)
+	g, err := s.cfg.Signer.Sign(req)
+	if err != nil {
+		return store.Job{}, fmt.Errorf("jobs: sign grant: %w", err)
+	}
+	return s.updateAudited(s.ctx, j.ID, func(cur *store.Job) error {
+		if cur.State != store.StateQueued || string(cur.Grant) != string(j.Grant) {
+			return errUnchanged // dispatched, ended or granted anew meanwhile
+		}
+		cur.Grant, cur.GrantExpiresAt = g.Wire, req.ExpiresAt
+		return nil
+	}, func(cur *store.Job) audit.Event {
+		// The authority acts here, in the requester's trust domain.
+		by := "service/" + identity.ServiceAuthority
+		if r, err := identity.Parse(cur.Requester); err == nil {
+			by = identity.Service(r.TrustDomain, identity.ServiceAuthority).String()
+		}
+		return audit.Event{Kind: "job.regranted", Caller: by, Subject: cur.ID, Outcome: outcomeAllowed,
+			Reason: fmt.Sprintf("no executor accepted the grant before it expired; the same decision, granted again until %s (start deadline %s)",
+				req.ExpiresAt.Format(time.RFC3339), cur.CreatedAt.Add(s.cfg.StartDeadline).Format(time.RFC3339))}
+	})
 }

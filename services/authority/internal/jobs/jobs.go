@@ -204,6 +204,9 @@ type Executor interface {
 	Update(ctx context.Context, grant []byte) error
 }
 
+// DefaultStartDeadline is how long a job waits for an executor by default.
+const DefaultStartDeadline = time.Hour
+
 // Retry bounds the back-off between attempts to reach the executor.
 type Retry struct {
 	Min, Max time.Duration
@@ -218,6 +221,11 @@ type Config struct {
 	Executor Executor
 	// GrantTTL is how long a grant may wait for the executor to accept it.
 	GrantTTL time.Duration
+	// StartDeadline is how long a job may wait, from its submission, for
+	// an executor to accept it: a grant that expires before then is
+	// replaced by a fresh one for the same decision (on the log); after
+	// it the job fails, saying so. Default DefaultStartDeadline.
+	StartDeadline time.Duration
 	Logger   *slog.Logger
 	// Now is the clock; default time.Now.
 	Now func() time.Time
@@ -281,6 +289,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = 30 * time.Second
+	}
+	if cfg.StartDeadline <= 0 {
+		cfg.StartDeadline = DefaultStartDeadline
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Service{cfg: cfg, hub: newHub(), ctx: ctx, cancel: cancel, active: map[string]bool{},
