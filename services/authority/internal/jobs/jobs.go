@@ -226,7 +226,7 @@ type Config struct {
 	// replaced by a fresh one for the same decision (on the log); after
 	// it the job fails, saying so. Default DefaultStartDeadline.
 	StartDeadline time.Duration
-	Logger   *slog.Logger
+	Logger        *slog.Logger
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 	// Retry defaults to 200ms doubling up to 1s: a job waiting for an
