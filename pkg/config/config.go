@@ -213,7 +213,7 @@ func (s *Server) Validate(base string) error {
 	if s.TrustDomain == "" {
 		errs = append(errs, Field("trust_domain", "required"))
 	} else if err := identity.ValidateTrustDomain(s.TrustDomain); err != nil {
-		errs = append(errs, Field("trust_domain", "%q is not a valid SPIFFE trust domain", s.TrustDomain))
+		errs = append(errs, Field("trust_domain", "%v", err))
 	}
 	if err := CheckAddress(s.Listen); err != nil {
 		errs = append(errs, Field("listen", "%v", err))

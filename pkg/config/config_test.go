@@ -83,7 +83,7 @@ func TestLoadServiceErrorsNameTheField(t *testing.T) {
 		{"bad listen", strings.Replace(good, "127.0.0.1:7401", "nonsense", 1), []string{"listen:", `"nonsense": must be host:port`}},
 		{"missing host", strings.Replace(good, "127.0.0.1:7401", ":7401", 1), []string{"listen:", "host is required"}},
 		{"missing cert file", strings.Replace(good, "cert: svc.crt", "cert: nope.crt", 1), []string{"tls.cert:", "nope.crt"}},
-		{"bad trust domain", strings.Replace(good, "airlock.test", "Bad Domain", 1), []string{"trust_domain:"}},
+		{"bad trust domain", strings.Replace(good, "airlock.test", "Bad Domain", 1), []string{`trust_domain: invalid trust domain "Bad Domain": has character 'B', want only a-z 0-9 . - _`}},
 		{"bad level", good + "log: {level: loud}\n", []string{"log.level:", `"loud"`}},
 		{"bad format", good + "log: {format: xml}\n", []string{"log.format:", `"xml"`}},
 		{"bad duration", good + "shutdown_timeout: soon\n", []string{"line 7", "soon"}},

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
@@ -20,6 +21,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/datadir"
 	"github.com/airlockhq/airlock/pkg/grpcserver"
 	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/pki"
 	"github.com/airlockhq/airlock/pkg/telemetry"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
 )
@@ -78,7 +80,8 @@ func (e *Env) OnStop(f func() error) { e.stops = append(e.stops, f) }
 func (e *Env) PeerID(service string) identity.ID { return identity.Service(e.TrustDomain, service) }
 
 // Run runs the service until ctx is cancelled or a task fails. It returns
-// nil after a clean shutdown.
+// nil after a clean shutdown. Its errors do not name the service: Main puts
+// the name before them.
 func Run(ctx context.Context, spec Spec) (err error) {
 	cfg, log := spec.Config, spec.Logger
 	providers, err := telemetry.Setup(ctx, "airlock-"+spec.Name, spec.Version, telemetry.Config{
@@ -106,12 +109,9 @@ func Run(ctx context.Context, spec Spec) (err error) {
 	if err != nil {
 		return err
 	}
-	self, err := src.ID()
+	self, err := checkIdentity(src, cfg, spec.Name)
 	if err != nil {
 		return err
-	}
-	if want := identity.Service(cfg.TrustDomain, spec.Name); self != want {
-		return fmt.Errorf("%s: tls.cert is for %s, want %s", spec.Name, self, want)
 	}
 
 	srv, err := grpcserver.New(grpcserver.Config{
@@ -136,7 +136,7 @@ func Run(ctx context.Context, spec Spec) (err error) {
 	}()
 	if spec.Start != nil {
 		if err := spec.Start(gctx, env); err != nil {
-			return fmt.Errorf("%s: start: %w", spec.Name, err)
+			return fmt.Errorf("start: %w", err)
 		}
 	}
 	g.Go(func() error { return srv.Serve(gctx) })
@@ -145,4 +145,34 @@ func Run(ctx context.Context, spec Spec) (err error) {
 	err = g.Wait()
 	log.Info("stopped", "error", err)
 	return err
+}
+
+// checkIdentity returns our identity, or an error when tls.cert is not the
+// named service's that says what to fix: the files, trust_domain, or the
+// certificate (reissued with `airlock pki issue`).
+func checkIdentity(src *tlsconfig.Source, cfg config.Server, name string) (identity.ID, error) {
+	self, err := src.ID()
+	if err != nil {
+		return identity.ID{}, err
+	}
+	want := identity.Service(cfg.TrustDomain, name)
+	if self == want {
+		return self, nil
+	}
+	dir := "DIR"
+	if pki.CAPath(filepath.Dir(cfg.TLS.CA)) == cfg.TLS.CA {
+		dir = filepath.Dir(cfg.TLS.CA)
+	}
+	issue := fmt.Sprintf("`airlock pki issue --dir %s --id %s`", dir, want.Principal())
+	switch {
+	case self.Principal() != want.Principal():
+		return identity.ID{}, fmt.Errorf("tls.cert is for %s, not the %s (%s): point tls.cert and tls.key at the %s's certificate and key, or issue them with %s",
+			self, name, want, name, issue)
+	case src.Verify() == nil:
+		return identity.ID{}, fmt.Errorf("tls.cert is for %s, but trust_domain is %s: the certificate and the CA in tls.ca are both of trust domain %s, so fix trust_domain in the config (trust_domain: %s)",
+			self, cfg.TrustDomain, self.TrustDomain, self.TrustDomain)
+	default:
+		return identity.ID{}, fmt.Errorf("tls.cert is for %s, but trust_domain is %s, and the certificate does not verify against the CA in tls.ca: reissue it from that CA with %s",
+			self, cfg.TrustDomain, issue)
+	}
 }

@@ -92,7 +92,7 @@ func Parse(s string) (ID, error) {
 	}
 	td, path, ok := strings.Cut(rest, "/")
 	if err := validateTrustDomain(td); err != nil {
-		return ID{}, invalid(s, err.Error())
+		return ID{}, invalid(s, "trust domain "+err.Error())
 	}
 	if !ok {
 		return ID{}, invalid(s, "path must be /KIND/NAME")
@@ -130,10 +130,12 @@ func Service(trustDomain, name string) ID {
 }
 
 // ValidateTrustDomain reports whether td can be the trust domain of an ID, so
-// that configuration can be checked before any ID is built from it.
+// that configuration can be checked before any ID is built from it. The
+// error names the trust domain and why, once: a config file's field path
+// or a caller's context goes before it.
 func ValidateTrustDomain(td string) error {
 	if err := validateTrustDomain(td); err != nil {
-		return fmt.Errorf("identity: invalid trust domain %q: %s", td, err)
+		return fmt.Errorf("invalid trust domain %q: %s", td, err)
 	}
 	return nil
 }
@@ -174,7 +176,7 @@ func (id ID) format() string {
 
 func (id ID) validate() error {
 	if err := validateTrustDomain(id.TrustDomain); err != nil {
-		return err
+		return fmt.Errorf("trust domain %v", err)
 	}
 	if !slices.Contains(Kinds(), id.Kind) {
 		return fmt.Errorf("unknown kind %q (want one of %v)", id.Kind, Kinds())
@@ -188,20 +190,22 @@ func (id ID) validate() error {
 	return nil
 }
 
+// validateTrustDomain says what is wrong with td as a predicate with no
+// subject ("is empty"), for its callers to name the trust domain once.
 func validateTrustDomain(td string) error {
 	switch {
 	case td == "":
-		return errors.New("trust domain is empty")
+		return errors.New("is empty")
 	case len(td) > maxTrustDomainLen:
-		return fmt.Errorf("trust domain is %d characters, want at most %d", len(td), maxTrustDomainLen)
+		return fmt.Errorf("is %d characters, want at most %d", len(td), maxTrustDomainLen)
 	case strings.Contains(td, "@"):
-		return errors.New("trust domain must not have userinfo")
+		return errors.New("must not have userinfo")
 	case strings.Contains(td, ":"):
-		return errors.New("trust domain must not have a port")
+		return errors.New("must not have a port")
 	}
 	for _, r := range td {
 		if !isLowerAlnum(r) && r != '.' && r != '-' && r != '_' {
-			return fmt.Errorf("trust domain has character %q, want only a-z 0-9 . - _", r)
+			return fmt.Errorf("has character %q, want only a-z 0-9 . - _", r)
 		}
 	}
 	return nil

@@ -188,13 +188,22 @@ func TestKindsAreFresh(t *testing.T) {
 	}
 }
 
+// TestValidateTrustDomain checks the errors name the trust domain once,
+// with no package prefix: they follow a config field's path.
 func TestValidateTrustDomain(t *testing.T) {
 	if err := ValidateTrustDomain("airlock.test"); err != nil {
 		t.Errorf("ValidateTrustDomain(airlock.test) = %v", err)
 	}
-	for _, bad := range []string{"", "a:1", "A", "a/b", "u@a"} {
-		if err := ValidateTrustDomain(bad); err == nil {
-			t.Errorf("ValidateTrustDomain(%q) = nil, want an error", bad)
+	for bad, want := range map[string]string{
+		"":                       `invalid trust domain "": is empty`,
+		"a:1":                    `invalid trust domain "a:1": must not have a port`,
+		"A":                      `invalid trust domain "A": has character 'A', want only a-z 0-9 . - _`,
+		"a/b":                    `invalid trust domain "a/b": has character '/', want only a-z 0-9 . - _`,
+		"u@a":                    `invalid trust domain "u@a": must not have userinfo`,
+		strings.Repeat("d", 256): `invalid trust domain "` + strings.Repeat("d", 256) + `": is 256 characters, want at most 255`,
+	} {
+		if err := ValidateTrustDomain(bad); err == nil || err.Error() != want {
+			t.Errorf("ValidateTrustDomain(%q) = %v, want %s", bad, err, want)
 		}
 	}
 }

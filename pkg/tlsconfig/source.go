@@ -118,6 +118,25 @@ func (s *Source) ID() (identity.ID, error) {
 	return m.id, nil
 }
 
+// Verify checks our own certificate chain against the current CA bundle,
+// as every peer will check it.
+func (s *Source) Verify() error {
+	m, err := s.get()
+	if err != nil {
+		return err
+	}
+	chain := []*x509.Certificate{m.cert.Leaf}
+	for _, der := range m.cert.Certificate[1:] {
+		c, err := x509.ParseCertificate(der)
+		if err != nil {
+			return fmt.Errorf("tlsconfig: %s: %w", s.certFile, err)
+		}
+		chain = append(chain, c)
+	}
+	_, err = verifyPeer(s, chain, x509.ExtKeyUsageAny)
+	return err
+}
+
 func (s *Source) get() (*material, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -157,3 +157,22 @@ func TestSourceReloads(t *testing.T) {
 		t.Fatalf("roots lost the original CA: %v", err)
 	}
 }
+
+// TestSourceVerify checks our own certificate against the CA bundle: it
+// holds for one the bundle's CA issued, and fails for another CA's.
+func TestSourceVerify(t *testing.T) {
+	ours, theirs := newTestPKI(t), newTestPKI(t)
+	ca, _, _ := ours.paths(authorityID)
+	_, cert, key := theirs.paths(authorityID)
+	good, _ := ours.source(t, authorityID)
+	if err := good.Verify(); err != nil {
+		t.Errorf("Verify of the bundle's own certificate: %v", err)
+	}
+	foreign, err := NewFileSource(ca, cert, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := foreign.Verify(); err == nil || !strings.Contains(err.Error(), "unknown authority") {
+		t.Errorf("Verify of another CA's certificate = %v, want unknown authority", err)
+	}
+}

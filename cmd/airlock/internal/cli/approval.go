@@ -42,7 +42,7 @@ func newApprovalList(g *globals) *cobra.Command {
 		Short: "List approval requests, newest first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			req := &authorityv1.ListApprovalsRequest{Tenant: tenant}
+			req := &authorityv1.ListApprovalsRequest{}
 			for _, s := range states {
 				st, ok := approvalStates[s]
 				if !ok {
@@ -50,11 +50,14 @@ func newApprovalList(g *globals) *cobra.Command {
 				}
 				req.States = append(req.States, st)
 			}
-			client, _, done, err := g.authority()
+			client, self, done, err := g.authority()
 			if err != nil {
 				return err
 			}
 			defer done()
+			if req.Tenant, err = self.tenant(tenant); err != nil {
+				return err
+			}
 			resp, err := client.ListApprovals(cmd.Context(), req)
 			if err != nil {
 				return rpcError(err)
@@ -73,7 +76,7 @@ func newApprovalList(g *globals) *cobra.Command {
 			})
 		},
 	}
-	cmd.Flags().StringVar(&tenant, "tenant", "", "only this tenant's requests (required for clients)")
+	tenantFlag(cmd, &tenant, "only this tenant's requests, else an approver sees every tenant's")
 	cmd.Flags().StringSliceVar(&states, "state", nil, "only requests in these states (pending, approved, denied, consumed, expired)")
 	return cmd
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -24,16 +26,47 @@ type auditFilter struct {
 	limit                     int
 }
 
+// auditKinds are the kinds of event the authority records. Until pkg/audit
+// names them as constants with a list the CLI can use, this is that list:
+// TestAuditKindsMatchTheAuthority holds it to the authority's code.
+var auditKinds = []string{
+	"approval.consumed", "approval.decided", "approval.expired", "approval.opened",
+	"job.cancelled", "job.change_failed", "job.change_refused", "job.changed", "job.granted", "job.refused", "job.regranted",
+	"lease.expired", "lease.issued", "lease.revoked", "lease.used",
+	"policy.loaded", "result.recorded", "review.bundle_mismatch", "rpc.denied", "source.fetched",
+}
+
 func (f *auditFilter) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.job, "job", "", "only events about this job")
-	cmd.Flags().StringVar(&f.tenant, "tenant", "", "only events about this tenant")
+	tenantFlag(cmd, &f.tenant, "only events about this tenant")
 	cmd.Flags().StringVar(&f.caller, "caller", "", "only events by this caller SPIFFE ID")
-	cmd.Flags().StringVar(&f.kind, "kind", "", "only events of this kind, e.g. job.submitted or rpc.denied")
+	cmd.Flags().StringVar(&f.kind, "kind", "", "only events of this kind, e.g. job.granted or rpc.denied (all are listed above)")
 	cmd.Flags().StringVar(&f.since, "since", "", "only events since a time (RFC 3339) or a duration ago (e.g. 1h)")
 }
 
+// auditFilterHelp ends the help of the commands that take an auditFilter:
+// the kinds, a line for each group (approval., job., ...).
+var auditFilterHelp = func() string {
+	var b strings.Builder
+	b.WriteString("The kinds of event (--kind):")
+	group := ""
+	for _, k := range auditKinds {
+		if g, _, _ := strings.Cut(k, "."); g != group {
+			group = g
+			b.WriteString("\n ")
+		}
+		b.WriteString(" " + k)
+	}
+	return b.String()
+}()
+
+// request checks the flags and builds the request; the tenant is set by
+// the caller once it knows whom it acts as.
 func (f *auditFilter) request() (*authorityv1.ListAuditEventsRequest, error) {
-	req := &authorityv1.ListAuditEventsRequest{JobId: f.job, Tenant: f.tenant, Caller: f.caller, Kind: f.kind}
+	if f.kind != "" && !slices.Contains(auditKinds, f.kind) {
+		return nil, usageError{fmt.Errorf("--kind %q: the authority records no such kind; want one of %s", f.kind, strings.Join(auditKinds, ", "))}
+	}
+	req := &authorityv1.ListAuditEventsRequest{JobId: f.job, Caller: f.caller, Kind: f.kind}
 	if f.since != "" {
 		if d, err := time.ParseDuration(f.since); err == nil {
 			req.StartTime = timestamppb.New(time.Now().Add(-d))
@@ -85,17 +118,21 @@ func newAuditList(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List audit events, oldest first",
+		Long:  "Lists audit events, oldest first.\n\n" + auditFilterHelp,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			req, err := f.request()
 			if err != nil {
 				return err
 			}
-			client, _, done, err := g.authority()
+			client, self, done, err := g.authority()
 			if err != nil {
 				return err
 			}
 			defer done()
+			if req.Tenant, err = self.tenant(f.tenant); err != nil {
+				return err
+			}
 			resp := &authorityv1.ListAuditEventsResponse{}
 			if err := eachAuditEvent(cmd.Context(), client, req, f.limit, func(e *authorityv1.AuditEvent) error {
 				resp.Events = append(resp.Events, e)
@@ -135,17 +172,21 @@ func newAuditExport(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "export [--out FILE]",
 		Short: "Write the audit log as JSON lines (one event per line), oldest first",
+		Long:  "Writes the audit log as JSON lines (one event per line), oldest first.\n\n" + auditFilterHelp,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			req, err := f.request()
 			if err != nil {
 				return err
 			}
-			client, _, done, err := g.authority()
+			client, self, done, err := g.authority()
 			if err != nil {
 				return err
 			}
 			defer done()
+			if req.Tenant, err = self.tenant(f.tenant); err != nil {
+				return err
+			}
 			w := g.stdout
 			var file *os.File
 			if out != "" {

@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"slices"
+	"sync"
 	"testing"
 	"unicode"
 	"unicode/utf8"
@@ -35,6 +37,22 @@ type fakeAuthority struct {
 	watch     []*authorityv1.WatchJobResponse
 	review    []*authorityv1.ReadReviewResponse // ReadReview sends these, then returns reviewErr
 	reviewErr error
+
+	mu      sync.Mutex
+	tenants []string // the tenant of each SubmitJob, ListJobs, ListApprovals and ListAuditEvents, in order
+}
+
+func (f *fakeAuthority) sawTenant(tenant string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.tenants = append(f.tenants, tenant)
+}
+
+// sawTenants returns the tenants requests named so far.
+func (f *fakeAuthority) sawTenants() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.tenants)
 }
 
 func (f *fakeAuthority) ReadReview(_ *authorityv1.ReadReviewRequest, stream grpc.ServerStreamingServer[authorityv1.ReadReviewResponse]) error {
@@ -46,7 +64,8 @@ func (f *fakeAuthority) ReadReview(_ *authorityv1.ReadReviewRequest, stream grpc
 	return f.reviewErr
 }
 
-func (f *fakeAuthority) SubmitJob(context.Context, *authorityv1.SubmitJobRequest) (*authorityv1.SubmitJobResponse, error) {
+func (f *fakeAuthority) SubmitJob(_ context.Context, req *authorityv1.SubmitJobRequest) (*authorityv1.SubmitJobResponse, error) {
+	f.sawTenant(req.GetTenant())
 	return &authorityv1.SubmitJobResponse{Job: f.job}, f.err
 }
 
@@ -54,7 +73,8 @@ func (f *fakeAuthority) GetJob(context.Context, *authorityv1.GetJobRequest) (*au
 	return &authorityv1.GetJobResponse{Job: f.job}, f.err
 }
 
-func (f *fakeAuthority) ListJobs(context.Context, *authorityv1.ListJobsRequest) (*authorityv1.ListJobsResponse, error) {
+func (f *fakeAuthority) ListJobs(_ context.Context, req *authorityv1.ListJobsRequest) (*authorityv1.ListJobsResponse, error) {
+	f.sawTenant(req.GetTenant())
 	return &authorityv1.ListJobsResponse{Jobs: []*authorityv1.Job{f.job}}, f.err
 }
 
@@ -79,7 +99,8 @@ func (f *fakeAuthority) GetApproval(context.Context, *authorityv1.GetApprovalReq
 	return f.approval, f.err
 }
 
-func (f *fakeAuthority) ListApprovals(context.Context, *authorityv1.ListApprovalsRequest) (*authorityv1.ListApprovalsResponse, error) {
+func (f *fakeAuthority) ListApprovals(_ context.Context, req *authorityv1.ListApprovalsRequest) (*authorityv1.ListApprovalsResponse, error) {
+	f.sawTenant(req.GetTenant())
 	return &authorityv1.ListApprovalsResponse{Approvals: f.approvals}, f.err
 }
 
@@ -95,7 +116,8 @@ func (f *fakeAuthority) RevokeCredential(context.Context, *authorityv1.RevokeCre
 	return &authorityv1.RevokeCredentialResponse{Lease: f.leases[0]}, f.err
 }
 
-func (f *fakeAuthority) ListAuditEvents(context.Context, *authorityv1.ListAuditEventsRequest) (*authorityv1.ListAuditEventsResponse, error) {
+func (f *fakeAuthority) ListAuditEvents(_ context.Context, req *authorityv1.ListAuditEventsRequest) (*authorityv1.ListAuditEventsResponse, error) {
+	f.sawTenant(req.GetTenant())
 	return &authorityv1.ListAuditEventsResponse{Events: f.events}, f.err
 }
 
@@ -103,7 +125,7 @@ const fakeTrustDomain = "test.airlock"
 
 // serveFake serves f as the authority over real mTLS, from a fresh CA, and
 // returns the path of a client config (identity client/dev, tenant t1)
-// that reaches it.
+// that reaches it; approver/alice's certificate is in its pki_dir too.
 func serveFake(t *testing.T, f *fakeAuthority) string {
 	t.Helper()
 	dir := t.TempDir()
@@ -111,7 +133,11 @@ func serveFake(t *testing.T, f *fakeAuthority) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pki.Init(dir, fakeTrustDomain, []identity.ID{client}); err != nil {
+	approver, err := identity.New(fakeTrustDomain, identity.KindApprover, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pki.Init(dir, fakeTrustDomain, []identity.ID{client, approver}); err != nil {
 		t.Fatal(err)
 	}
 	cert, key := pki.Paths(dir, identity.Service(fakeTrustDomain, identity.ServiceAuthority))

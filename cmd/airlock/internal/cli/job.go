@@ -28,8 +28,15 @@ import (
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 )
 
+// caller is whom a command acts as: the client config and the identity it
+// presents.
+type caller struct {
+	cfg *clientconfig.Config
+	id  identity.ID
+}
+
 // dial connects to one service as the chosen identity.
-func (g *globals) dial(service string) (*grpc.ClientConn, *clientconfig.Config, error) {
+func (g *globals) dial(service string) (*grpc.ClientConn, *caller, error) {
 	cfg, err := g.clientConfig()
 	if err != nil {
 		return nil, nil, err
@@ -38,22 +45,46 @@ func (g *globals) dial(service string) (*grpc.ClientConn, *clientconfig.Config, 
 	if err != nil {
 		return nil, nil, err
 	}
+	self, err := src.ID()
+	if err != nil {
+		return nil, nil, err
+	}
 	addr, err := cfg.Address(service)
 	if err != nil {
 		return nil, nil, err
 	}
 	cc, err := grpcclient.Dial(addr, src, identity.Service(cfg.TrustDomain, service))
-	return cc, cfg, err
+	return cc, &caller{cfg: cfg, id: self}, err
 }
 
 // authority connects to the authority as the chosen identity; close the
 // returned connection when done.
-func (g *globals) authority() (authorityv1.AuthorityServiceClient, *clientconfig.Config, func(), error) {
-	cc, cfg, err := g.dial("authority")
+func (g *globals) authority() (authorityv1.AuthorityServiceClient, *caller, func(), error) {
+	cc, c, err := g.dial("authority")
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	return authorityv1.NewAuthorityServiceClient(cc), cfg, func() { cc.Close() }, nil
+	return authorityv1.NewAuthorityServiceClient(cc), c, func() { cc.Close() }, nil
+}
+
+// tenantFlag registers the --tenant flag of a command that takes one; what
+// says what the tenant is for. Every such command resolves it with tenant.
+func tenantFlag(cmd *cobra.Command, p *string, what string) {
+	cmd.Flags().StringVar(p, "tenant", "", what+" (default for a client: the client config's tenant)")
+}
+
+// tenant is the tenant a command acts for, the one rule for every command
+// with --tenant: the flag when given, else, for a client, the client
+// config's tenant. An approver acts for no tenant, so without the flag it
+// sees every tenant's.
+func (c *caller) tenant(flag string) (string, error) {
+	if flag != "" || c.id.Kind != identity.KindClient {
+		return flag, nil
+	}
+	if c.cfg.Tenant == "" {
+		return "", usageError{errors.New("--tenant is required (the client config names no default tenant)")}
+	}
+	return c.cfg.Tenant, nil
 }
 
 // printProto writes one message as JSON (-o json) or via text.
@@ -105,7 +136,7 @@ when cancelled, 1 when the job failed to run.
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.tenant, "tenant", "", "tenant to run under (default: the client config's tenant)")
+	tenantFlag(cmd, &f.tenant, "tenant to run under")
 	fl.StringVar(&f.repo, "repo", "", "repository name from the tenant's policy (required)")
 	fl.StringVar(&f.rev, "rev", "HEAD", "branch, tag or commit")
 	fl.Float64Var(&f.cpu, "cpu", 0, "CPU cores, e.g. 0.5 (default: the tenant's)")
@@ -168,17 +199,14 @@ func jobSubmit(ctx context.Context, g *globals, f *submitFlags, argv []string) e
 			spec.Env[k] = v
 		}
 	}
-	client, cfg, done, err := g.authority()
+	client, self, done, err := g.authority()
 	if err != nil {
 		return err
 	}
 	defer done()
-	tenant := f.tenant
-	if tenant == "" {
-		tenant = cfg.Tenant
-	}
-	if tenant == "" {
-		return usageError{errors.New("--tenant is required (the client config names no default tenant)")}
+	tenant, err := self.tenant(f.tenant)
+	if err != nil {
+		return err
 	}
 	key := f.key
 	if key == "" {
@@ -475,15 +503,16 @@ func newJobList(g *globals) *cobra.Command {
 		Short: "List a tenant's jobs, newest first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			client, cfg, done, err := g.authority()
+			client, self, done, err := g.authority()
 			if err != nil {
 				return err
 			}
 			defer done()
-			if tenant == "" {
-				tenant = cfg.Tenant
+			forTenant, err := self.tenant(tenant)
+			if err != nil {
+				return err
 			}
-			resp, err := client.ListJobs(cmd.Context(), &authorityv1.ListJobsRequest{Tenant: tenant, PageSize: limit})
+			resp, err := client.ListJobs(cmd.Context(), &authorityv1.ListJobsRequest{Tenant: forTenant, PageSize: limit})
 			if err != nil {
 				return rpcError(err)
 			}
@@ -497,7 +526,7 @@ func newJobList(g *globals) *cobra.Command {
 			})
 		},
 	}
-	cmd.Flags().StringVar(&tenant, "tenant", "", "tenant (default: the client config's)")
+	tenantFlag(cmd, &tenant, "whose jobs to list")
 	cmd.Flags().Int32Var(&limit, "limit", 50, "at most this many jobs")
 	return cmd
 }

@@ -244,7 +244,8 @@ func (m *Manager) Recover(ctx context.Context) error {
 		if !e.run.State.Terminal() {
 			e.run.State = Failed
 			e.run.FinishedAt = m.cfg.Now()
-			e.run.Result = &Result{Reason: ReasonExecutorRestarted, ExitCode: -1, Message: "the executor restarted while this job was in flight"}
+			// The reason is the whole story; the authority words it.
+			e.run.Result = &Result{Reason: ReasonExecutorRestarted, ExitCode: -1}
 			if err := m.persist(&e.run); err != nil {
 				return err
 			}

@@ -1,0 +1,84 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/airlockhq/airlock/pkg/config"
+	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/pki"
+)
+
+// TestWrongCertificate starts the authority with a tls.cert that is not
+// its own and checks what it prints: the service named once, then what to
+// fix, trust_domain or the certificate.
+func TestWrongCertificate(t *testing.T) {
+	ours, theirs := t.TempDir(), t.TempDir()
+	dev, err := identity.New("a.test", identity.KindClient, "dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pki.Init(ours, "a.test", []identity.ID{dev}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pki.Init(theirs, "b.test", nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name      string
+		ca        string
+		cert, key string // default: b.test's authority certificate
+		want      string
+	}{
+		{
+			name: "another identity's",
+			ca:   pki.CAPath(ours),
+			cert: filepath.Join(ours, "client", "dev.crt"), key: filepath.Join(ours, "client", "dev.key"),
+			want: "authority: tls.cert is for spiffe://a.test/client/dev, not the authority (spiffe://a.test/service/authority): " +
+				"point tls.cert and tls.key at the authority's certificate and key, or issue them with `airlock pki issue --dir " + ours + " --id service/authority`\n",
+		},
+		{
+			name: "trust_domain is the odd one out",
+			ca:   pki.CAPath(theirs),
+			want: "authority: tls.cert is for spiffe://b.test/service/authority, but trust_domain is a.test: " +
+				"the certificate and the CA in tls.ca are both of trust domain b.test, so fix trust_domain in the config (trust_domain: b.test)\n",
+		},
+		{
+			name: "the certificate is the odd one out",
+			ca:   pki.CAPath(ours),
+			want: "authority: tls.cert is for spiffe://b.test/service/authority, but trust_domain is a.test, and the certificate does not verify against the CA in tls.ca: " +
+				"reissue it from that CA with `airlock pki issue --dir " + ours + " --id service/authority`\n",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.cert == "" {
+				tc.cert, tc.key = pki.Paths(theirs, identity.Service("b.test", identity.ServiceAuthority))
+			}
+			spec := Spec{
+				Name: "authority",
+				Config: config.Server{
+					TrustDomain: "a.test", Listen: "127.0.0.1:0", DataDir: t.TempDir(),
+					TLS:             config.TLS{CA: tc.ca, Cert: tc.cert, Key: tc.key},
+					ShutdownTimeout: time.Second,
+				},
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+				Start: func(context.Context, *Env) error {
+					t.Error("the service started")
+					return nil
+				},
+			}
+			var stderr bytes.Buffer
+			code := main("authority", []string{"--config", "unused.yaml"}, &stderr, func(ctx context.Context, _ *Flags) error {
+				return Run(ctx, spec)
+			})
+			if code != 1 || stderr.String() != tc.want {
+				t.Errorf("exit %d, printed\n%s\nwant exit 1,\n%s", code, stderr.String(), tc.want)
+			}
+		})
+	}
+}
