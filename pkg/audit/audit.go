@@ -30,7 +30,7 @@ type Event struct {
 	// Time is when the event happened, in UTC at microsecond precision
 	// (what both stores keep; Normalize rounds it so).
 	Time time.Time
-	// Kind names what happened, e.g. "job.submitted"; required.
+	// Kind names what happened, one of Kinds() (e.g. "job.granted"); required.
 	Kind string
 	// Caller is the SPIFFE ID of whoever asked for it.
 	Caller string

@@ -26,15 +26,8 @@ type auditFilter struct {
 	limit                     int
 }
 
-// auditKinds are the kinds of event the authority records. Until pkg/audit
-// names them as constants with a list the CLI can use, this is that list:
-// TestAuditKindsMatchTheAuthority holds it to the authority's code.
-var auditKinds = []string{
-	"approval.consumed", "approval.decided", "approval.expired", "approval.opened",
-	"job.cancelled", "job.change_failed", "job.change_refused", "job.changed", "job.granted", "job.refused", "job.regranted",
-	"lease.expired", "lease.issued", "lease.revoked", "lease.used",
-	"policy.loaded", "result.recorded", "review.bundle_mismatch", "rpc.denied", "source.fetched",
-}
+// auditKinds are the kinds of event the authority records.
+var auditKinds = audit.Kinds()
 
 func (f *auditFilter) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.job, "job", "", "only events about this job")

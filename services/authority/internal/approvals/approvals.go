@@ -173,7 +173,7 @@ func (s *Service) Open(ctx context.Context, caller identity.ID, j store.Job, t T
 		Required: max(tenant.Approvals.Required, 1), CreatedAt: now, ExpiresAt: now.Add(orDefault(tenant.Approvals.TTL, policy.DefaultApprovalTTL)),
 	}
 	stored, created, err := s.cfg.Store.CreateApprovalAudited(ctx, a, audit.Event{
-		Time: now, Kind: "approval.opened", Caller: caller.String(), Subject: a.ID, Outcome: outcomeAllowed,
+		Time: now, Kind: audit.KindApprovalOpened, Caller: caller.String(), Subject: a.ID, Outcome: outcomeAllowed,
 		Reason: fmt.Sprintf("bundle %s to %s:%s, %d approval(s) needed by %s", a.BundleDigest, a.TargetRepo, a.TargetBranch, a.Required, a.ExpiresAt.Format(time.RFC3339)),
 	})
 	if err != nil {
@@ -298,7 +298,7 @@ type DecideRequest struct {
 // a second vote by the same approver; a deny without a comment. Reaching
 // the required count approves; one deny denies.
 func (s *Service) Decide(ctx context.Context, caller identity.ID, req DecideRequest) (store.Approval, error) {
-	ev := audit.Event{Kind: "approval.decided", Caller: caller.String(), Subject: req.ID}
+	ev := audit.Event{Kind: audit.KindApprovalDecided, Caller: caller.String(), Subject: req.ID}
 	if err := s.checkDecide(caller, req); err != nil {
 		return store.Approval{}, s.refused(ctx, ev, err)
 	}
@@ -405,7 +405,7 @@ func isPublisher(id identity.ID) bool {
 // Consume turns an approved request into consumed, once, for exactly its
 // job, digest and target; anything else fails naming what differs.
 func (s *Service) Consume(ctx context.Context, caller identity.ID, req ConsumeRequest) (store.Approval, error) {
-	ev := audit.Event{Kind: "approval.consumed", Caller: caller.String(), Subject: req.ID, JobID: req.JobID}
+	ev := audit.Event{Kind: audit.KindApprovalConsumed, Caller: caller.String(), Subject: req.ID, JobID: req.JobID}
 	a, err := s.checkConsume(ctx, caller, req, &ev)
 	if err != nil {
 		return store.Approval{}, s.refused(ctx, ev, err)
@@ -478,7 +478,7 @@ type LeaseRequest struct {
 // with the context LeaseContext. The lease ends at most MaxLeaseTTL after
 // the approval was consumed.
 func (s *Service) Lease(ctx context.Context, caller identity.ID, cert *x509.Certificate, req LeaseRequest) (store.Lease, []byte, error) {
-	ev := audit.Event{Kind: "lease.issued", Caller: caller.String(), Subject: req.Resource, JobID: req.JobID}
+	ev := audit.Event{Kind: audit.KindLeaseIssued, Caller: caller.String(), Subject: req.Resource, JobID: req.JobID}
 	l, secret, err := s.checkLease(ctx, caller, cert, req, &ev)
 	if err != nil {
 		return store.Lease{}, nil, s.refused(ctx, ev, err)
@@ -570,7 +570,7 @@ func (s *Service) checkLease(ctx context.Context, caller identity.ID, cert *x509
 // Revoke ends a lease. The publisher may revoke the leases it holds;
 // approvers any.
 func (s *Service) Revoke(ctx context.Context, caller identity.ID, id, reason string) (store.Lease, error) {
-	ev := audit.Event{Kind: "lease.revoked", Caller: caller.String(), Subject: id}
+	ev := audit.Event{Kind: audit.KindLeaseRevoked, Caller: caller.String(), Subject: id}
 	switch {
 	case id == "":
 		return store.Lease{}, s.refused(ctx, ev, invalid("lease_id", "required"))
@@ -690,7 +690,7 @@ type UseRequest struct {
 // A revocation that commits after UseLease returned ends the lease for the
 // next use; the one in flight is on the log before the revocation.
 func (s *Service) UseLease(ctx context.Context, caller identity.ID, req UseRequest) (store.Lease, error) {
-	ev := audit.Event{Kind: "lease.used", Caller: caller.String(), Subject: req.LeaseID, JobID: req.JobID}
+	ev := audit.Event{Kind: audit.KindLeaseUsed, Caller: caller.String(), Subject: req.LeaseID, JobID: req.JobID}
 	switch {
 	case req.LeaseID == "":
 		return store.Lease{}, s.refused(ctx, ev, invalid("lease_id", "required"))
@@ -736,7 +736,7 @@ func (s *Service) UseLease(ctx context.Context, caller identity.ID, req UseReque
 func (s *Service) Sweep(ctx context.Context, caller identity.ID) (approvalsExpired, leasesExpired int, err error) {
 	now := s.now()
 	expired := func(a store.Approval, reason string) audit.Event {
-		return audit.Event{Kind: "approval.expired", Caller: caller.String(), Subject: a.ID, Time: now, Outcome: outcomeAllowed, Reason: reason}
+		return audit.Event{Kind: audit.KindApprovalExpired, Caller: caller.String(), Subject: a.ID, Time: now, Outcome: outcomeAllowed, Reason: reason}
 	}
 	n, err := drain(func(batch int) (int, error) {
 		list, err := s.cfg.Store.ExpireApprovalsAudited(ctx, now, batch, func(a store.Approval) audit.Event {
@@ -760,7 +760,7 @@ func (s *Service) Sweep(ctx context.Context, caller identity.ID) (approvalsExpir
 	}
 	leasesExpired, err = drain(func(batch int) (int, error) {
 		list, err := s.cfg.Store.ExpireLeasesAudited(ctx, now, batch, func(l store.Lease) audit.Event {
-			return audit.Event{Kind: "lease.expired", Caller: caller.String(), Subject: l.ID, Time: now, Outcome: outcomeAllowed,
+			return audit.Event{Kind: audit.KindLeaseExpired, Caller: caller.String(), Subject: l.ID, Time: now, Outcome: outcomeAllowed,
 				Reason: fmt.Sprintf("%s lease on %s ended at %s", l.Purpose, l.Resource, l.ExpiresAt.Format(time.RFC3339))}
 		})
 		return len(list), err

@@ -116,7 +116,7 @@ func (s *Service) ReadReview(ctx context.Context, caller identity.ID, id string,
 		s.cfg.Logger.Error("a bundle read for review does not match its approval", "approval_id", id, "job_id", j.ID, "error", err)
 		// On the record, for whoever decides next: the bundle the
 		// executor holds is not the one this request names.
-		ev := audit.Event{Time: s.now(), Kind: "review.bundle_mismatch", Caller: caller.String(), Subject: id, JobID: j.ID,
+		ev := audit.Event{Time: s.now(), Kind: audit.KindReviewBundleMismatch, Caller: caller.String(), Subject: id, JobID: j.ID,
 			Outcome: outcomeDenied, Reason: err.Error()}
 		if _, aerr := s.cfg.Store.AppendAudit(ctx, ev); aerr != nil {
 			s.cfg.Logger.ErrorContext(ctx, "audit a bundle mismatch", "error", aerr)

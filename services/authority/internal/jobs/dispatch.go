@@ -261,7 +261,7 @@ func (s *Service) regrant(j store.Job) (store.Job, error) {
 		if r, err := identity.Parse(cur.Requester); err == nil {
 			by = identity.Service(r.TrustDomain, identity.ServiceAuthority).String()
 		}
-		return audit.Event{Kind: "job.regranted", Caller: by, Subject: cur.ID, Outcome: outcomeAllowed,
+		return audit.Event{Kind: audit.KindJobRegranted, Caller: by, Subject: cur.ID, Outcome: outcomeAllowed,
 			Reason: fmt.Sprintf("no executor accepted the grant before it expired; the same decision, granted again until %s (start deadline %s)",
 				req.ExpiresAt.Format(time.RFC3339), cur.CreatedAt.Add(s.cfg.StartDeadline).Format(time.RFC3339))}
 	})

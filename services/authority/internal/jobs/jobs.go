@@ -423,7 +423,7 @@ func (s *Service) auditRefusal(ctx context.Context, e audit.Event) error {
 
 // AuditDenied records a call the authorization table refused.
 func (s *Service) AuditDenied(ctx context.Context, method string, caller identity.ID, reason string) {
-	if err := s.auditRefusal(ctx, audit.Event{Kind: "rpc.denied", Caller: caller.String(), Subject: method, Outcome: outcomeDenied, Reason: reason}); err != nil {
+	if err := s.auditRefusal(ctx, audit.Event{Kind: audit.KindRpcDenied, Caller: caller.String(), Subject: method, Outcome: outcomeDenied, Reason: reason}); err != nil {
 		s.cfg.Logger.Error("audit a denied call", "method", method, "caller", caller.String(), "error", err)
 	}
 }
@@ -544,7 +544,7 @@ func (s *Service) Cancel(ctx context.Context, caller identity.ID, id, reason str
 		}
 		return nil
 	}, func(j *store.Job) audit.Event {
-		return audit.Event{Kind: "job.cancelled", Caller: caller.String(), Subject: j.ID, Outcome: outcomeAllowed, Reason: j.Message}
+		return audit.Event{Kind: audit.KindJobCancelled, Caller: caller.String(), Subject: j.ID, Outcome: outcomeAllowed, Reason: j.Message}
 	})
 	if err != nil || !atExecutor {
 		return j, err
@@ -608,7 +608,7 @@ func (s *Service) FetchSource(ctx context.Context, caller identity.ID, id string
 	if err := hw.ensureHeader(); err != nil {
 		return err
 	}
-	return s.audit(ctx, audit.Event{Kind: "source.fetched", Caller: caller.String(), Subject: j.ID, Tenant: j.Tenant, JobID: j.ID,
+	return s.audit(ctx, audit.Event{Kind: audit.KindSourceFetched, Caller: caller.String(), Subject: j.ID, Tenant: j.Tenant, JobID: j.ID,
 		Outcome: outcomeAllowed, Reason: fmt.Sprintf("repository %s at %s (tree %s)", j.Repository, j.Commit, j.TreeHash)})
 }
 
@@ -745,7 +745,7 @@ func (s *Service) ReportResult(ctx context.Context, caller identity.ID, id strin
 		}
 		return nil
 	}, func(j *store.Job) audit.Event {
-		return audit.Event{Kind: "result.recorded", Caller: caller.String(), Subject: j.ID, Outcome: outcomeAllowed,
+		return audit.Event{Kind: audit.KindResultRecorded, Caller: caller.String(), Subject: j.ID, Outcome: outcomeAllowed,
 			Reason: fmt.Sprintf("%s, bundle %s: %s", j.State, orNone(j.BundleDigest), j.Message)}
 	})
 }
@@ -860,6 +860,6 @@ func (s *Service) RecordPolicy(ctx context.Context, caller identity.ID) error {
 		}
 		parts = append(parts, name+" "+d)
 	}
-	return s.audit(ctx, audit.Event{Kind: "policy.loaded", Caller: caller.String(), Subject: all, Outcome: outcomeAllowed,
+	return s.audit(ctx, audit.Event{Kind: audit.KindPolicyLoaded, Caller: caller.String(), Subject: all, Outcome: outcomeAllowed,
 		Reason: strings.Join(parts, "; ")})
 }

@@ -185,14 +185,14 @@ func ApprovalCrashChild(open func(ctx context.Context, target string) (store.Sto
 		a := store.Approval{ID: "a-" + id, JobID: "j-" + id, Tenant: "dev", Requester: "spiffe://airlock.test/client/dev",
 			BundleDigest: "sha256:" + id, TargetRepo: "demo", TargetBranch: "main", State: store.ApprovalPending,
 			Required: 1, CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
-		if _, _, err := s.CreateApprovalAudited(ctx, a, audit.Event{Kind: "approval.opened", Subject: a.ID, Outcome: "allowed"}); err != nil {
+		if _, _, err := s.CreateApprovalAudited(ctx, a, audit.Event{Kind: audit.KindApprovalOpened, Subject: a.ID, Outcome: "allowed"}); err != nil {
 			fail("open", err)
 		}
 		say("o", id)
 		if _, err := s.DecideApprovalAudited(ctx, a.ID, func(a *store.Approval) (store.Vote, audit.Event, error) {
 			a.State = store.ApprovalApproved
 			return store.Vote{Approver: approver, Decision: store.DecisionApprove, DecidedAt: now},
-				audit.Event{Kind: "approval.decided", Caller: approver, Subject: a.ID, Outcome: "allowed"}, nil
+				audit.Event{Kind: audit.KindApprovalDecided, Caller: approver, Subject: a.ID, Outcome: "allowed"}, nil
 		}); err != nil {
 			fail("decide", err)
 		}
@@ -205,7 +205,7 @@ func ApprovalCrashChild(open func(ctx context.Context, target string) (store.Sto
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				_, err := s.ConsumeApprovalAudited(ctx, consumeReq(a, now), audit.Event{Kind: "approval.consumed", Subject: a.ID, Outcome: "allowed"})
+				_, err := s.ConsumeApprovalAudited(ctx, consumeReq(a, now), audit.Event{Kind: audit.KindApprovalConsumed, Subject: a.ID, Outcome: "allowed"})
 				if err == nil {
 					won <- struct{}{}
 				}
@@ -218,7 +218,7 @@ func ApprovalCrashChild(open func(ctx context.Context, target string) (store.Sto
 		say("c", id)
 		l := store.Lease{ID: "l-" + id, Purpose: "deploy", JobID: a.JobID, Resource: "demo", Holder: "spiffe://airlock.test/service/publisher",
 			IssuedAt: now, ExpiresAt: now.Add(5 * time.Minute)}
-		if _, err := s.CreateLeaseAudited(ctx, l, audit.Event{Kind: "lease.issued", Subject: l.ID, Outcome: "allowed"}); err != nil {
+		if _, err := s.CreateLeaseAudited(ctx, l, audit.Event{Kind: audit.KindLeaseIssued, Subject: l.ID, Outcome: "allowed"}); err != nil {
 			fail("lease", err)
 		}
 		say("l", id)
@@ -232,13 +232,13 @@ func ApprovalCrashChild(open func(ctx context.Context, target string) (store.Sto
 		}
 		c := store.Approval{ID: "ca-" + id, Kind: store.KindChange, JobID: j.ID, Tenant: "dev", Requester: "spiffe://airlock.test/client/dev",
 			BundleDigest: "sha256:change-" + id, Change: []byte(id), State: store.ApprovalPending, Required: 1, CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
-		if _, _, err := s.CreateApprovalAudited(ctx, c, audit.Event{Kind: "approval.opened", Subject: c.ID, Outcome: "allowed"}); err != nil {
+		if _, _, err := s.CreateApprovalAudited(ctx, c, audit.Event{Kind: audit.KindApprovalOpened, Subject: c.ID, Outcome: "allowed"}); err != nil {
 			fail("open change", err)
 		}
 		if _, err := s.DecideApprovalAudited(ctx, c.ID, func(a *store.Approval) (store.Vote, audit.Event, error) {
 			a.State = store.ApprovalApproved
 			return store.Vote{Approver: approver, Decision: store.DecisionApprove, DecidedAt: now},
-				audit.Event{Kind: "approval.decided", Caller: approver, Subject: a.ID, Outcome: "allowed"}, nil
+				audit.Event{Kind: audit.KindApprovalDecided, Caller: approver, Subject: a.ID, Outcome: "allowed"}, nil
 		}); err != nil {
 			fail("decide change", err)
 		}
@@ -247,10 +247,10 @@ func ApprovalCrashChild(open func(ctx context.Context, target string) (store.Sto
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				_, _, err := s.ApplyChangeAudited(ctx, changeReq(c, now), audit.Event{Kind: "approval.consumed", Subject: c.ID, Outcome: "allowed"},
+				_, _, err := s.ApplyChangeAudited(ctx, changeReq(c, now), audit.Event{Kind: audit.KindApprovalConsumed, Subject: c.ID, Outcome: "allowed"},
 					func(j *store.Job) (audit.Event, error) {
 						j.Grant = []byte("g-" + id)
-						return audit.Event{Kind: "job.changed", Subject: j.ID, Outcome: "allowed"}, nil
+						return audit.Event{Kind: audit.KindJobChanged, Subject: j.ID, Outcome: "allowed"}, nil
 					})
 				if err == nil {
 					applied <- struct{}{}

@@ -43,7 +43,7 @@ func NewApproval(tenant, id, jobID string, n int) store.Approval {
 
 func mustApproval(t *testing.T, s store.Store, a store.Approval) store.Approval {
 	t.Helper()
-	got, created, err := s.CreateApprovalAudited(ctx(t), a, audit.Event{Kind: "approval.opened", Subject: a.ID})
+	got, created, err := s.CreateApprovalAudited(ctx(t), a, audit.Event{Kind: audit.KindApprovalOpened, Subject: a.ID})
 	if err != nil || !created {
 		t.Fatalf("CreateApprovalAudited(%s) = created %v, %v", a.ID, created, err)
 	}
@@ -54,7 +54,7 @@ func approve(s store.Store, t *testing.T, id, who string, state store.ApprovalSt
 	return s.DecideApprovalAudited(ctx(t), id, func(a *store.Approval) (store.Vote, audit.Event, error) {
 		a.State = state
 		return store.Vote{Approver: who, Decision: store.DecisionApprove, DecidedAt: base.Add(time.Minute)},
-			audit.Event{Kind: "approval.decided", Caller: who, Subject: id}, nil
+			audit.Event{Kind: audit.KindApprovalDecided, Caller: who, Subject: id}, nil
 	})
 }
 
@@ -74,7 +74,7 @@ func testApprovalCreate(t *testing.T, open Opener) {
 	if a.Version != 1 || a.State != store.ApprovalPending || a.Required != 1 || !a.ExpiresAt.Equal(base.Add(24*time.Hour)) {
 		t.Fatalf("created %+v", a)
 	}
-	again, created, err := s.CreateApprovalAudited(ctx(t), NewApproval("dev", "a2", "j1", 1), audit.Event{Kind: "approval.opened"})
+	again, created, err := s.CreateApprovalAudited(ctx(t), NewApproval("dev", "a2", "j1", 1), audit.Event{Kind: audit.KindApprovalOpened})
 	if err != nil || created || again.ID != "a1" {
 		t.Fatalf("second approval of j1 = %s created=%v %v; want a1, not created", again.ID, created, err)
 	}
@@ -147,7 +147,7 @@ func testApprovalConsumeChecks(t *testing.T, open Opener) {
 	s := open(t)
 	a := mustApproval(t, s, NewApproval("dev", "a1", "j1", 0))
 	now := base.Add(time.Hour)
-	ev := audit.Event{Kind: "approval.consumed", Subject: "a1"}
+	ev := audit.Event{Kind: audit.KindApprovalConsumed, Subject: "a1"}
 	if _, err := s.ConsumeApprovalAudited(ctx(t), consumeReq(a, now), ev); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("consuming a pending approval = %v", err)
 	}
@@ -188,7 +188,7 @@ func testApprovalConsumeRace(t *testing.T, open Opener) {
 		t.Fatal(err)
 	}
 	raceOnce(t, 100, s1, s2, "consumers", func(s store.Store) error {
-		_, err := s.ConsumeApprovalAudited(ctx(t), consumeReq(a, base.Add(time.Hour)), audit.Event{Kind: "approval.consumed", Subject: "a1"})
+		_, err := s.ConsumeApprovalAudited(ctx(t), consumeReq(a, base.Add(time.Hour)), audit.Event{Kind: audit.KindApprovalConsumed, Subject: "a1"})
 		return err
 	})
 	if c := countKind(t, s1, "approval.consumed"); c != 1 {
@@ -245,7 +245,7 @@ func testLeases(t *testing.T, open Opener) {
 		at := base.Add(time.Duration(n) * time.Second)
 		l, err := s.CreateLeaseAudited(ctx(t), store.Lease{ID: id, Purpose: "deploy", JobID: job, Resource: "demo",
 			Holder: "spiffe://airlock.test/service/publisher", IssuedAt: at, ExpiresAt: at.Add(5 * time.Minute)},
-			audit.Event{Kind: "lease.issued", Subject: id})
+			audit.Event{Kind: audit.KindLeaseIssued, Subject: id})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -260,14 +260,14 @@ func testLeases(t *testing.T, open Opener) {
 	if _, err := s.GetLease(ctx(t), "nope"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("GetLease(unknown) = %v", err)
 	}
-	r, err := s.RevokeLeaseAudited(ctx(t), "l2", base.Add(time.Minute), "done", audit.Event{Kind: "lease.revoked", Subject: "l2"})
+	r, err := s.RevokeLeaseAudited(ctx(t), "l2", base.Add(time.Minute), "done", audit.Event{Kind: audit.KindLeaseRevoked, Subject: "l2"})
 	if err != nil || !r.RevokedAt.Equal(base.Add(time.Minute)) || r.RevokeReason != "done" || r.Active(base.Add(2*time.Minute)) {
 		t.Fatalf("revoke = %+v, %v", r, err)
 	}
-	if _, err := s.RevokeLeaseAudited(ctx(t), "l2", base.Add(2*time.Minute), "again", audit.Event{Kind: "lease.revoked"}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if _, err := s.RevokeLeaseAudited(ctx(t), "l2", base.Add(2*time.Minute), "again", audit.Event{Kind: audit.KindLeaseRevoked}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("second revoke = %v", err)
 	}
-	if _, err := s.RevokeLeaseAudited(ctx(t), "nope", base, "x", audit.Event{Kind: "lease.revoked"}); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := s.RevokeLeaseAudited(ctx(t), "nope", base, "x", audit.Event{Kind: audit.KindLeaseRevoked}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("revoke unknown = %v", err)
 	}
 	active, _, err := s.ListLeases(ctx(t), store.LeaseFilter{ActiveAt: base.Add(2 * time.Minute), Limit: 10})

@@ -89,7 +89,7 @@ func testAuditAppend(t *testing.T, open Opener) {
 		t.Fatalf("assigned time %v is not now in UTC microseconds", e1.Time)
 	}
 	given := time.Date(2031, 5, 6, 7, 8, 9, 123456789, time.FixedZone("CEST", 2*3600))
-	e2, err := s.AppendAudit(ctx(t), audit.Event{Kind: "job.cancelled", Time: given})
+	e2, err := s.AppendAudit(ctx(t), audit.Event{Kind: audit.KindJobCancelled, Time: given})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +190,7 @@ func testAuditList(t *testing.T, open Opener) {
 		{"job", store.AuditFilter{JobID: "j1"}, func(e audit.Event) bool { return e.JobID == "j1" }},
 		{"tenant", store.AuditFilter{Tenant: "ops"}, func(e audit.Event) bool { return e.Tenant == "ops" }},
 		{"caller", store.AuditFilter{Caller: "spiffe://airlock.test/client/c2"}, func(e audit.Event) bool { return strings.HasSuffix(e.Caller, "c2") }},
-		{"kind", store.AuditFilter{Kind: "rpc.denied"}, func(e audit.Event) bool { return e.Kind == "rpc.denied" }},
+		{"kind", store.AuditFilter{Kind: audit.KindRpcDenied}, func(e audit.Event) bool { return e.Kind == "rpc.denied" }},
 		{"since inclusive", store.AuditFilter{Since: at(3)}, func(e audit.Event) bool { return e.Sequence >= 4 }},
 		{"until exclusive", store.AuditFilter{Until: at(5)}, func(e audit.Event) bool { return e.Sequence <= 5 }},
 		// Bounds between two microseconds round the right way.

@@ -30,7 +30,7 @@ func changeReq(a store.Approval, at time.Time) store.ConsumeRequest {
 func setGrant(grant string) func(*store.Job) (audit.Event, error) {
 	return func(j *store.Job) (audit.Event, error) {
 		j.Grant = []byte(grant)
-		return audit.Event{Kind: "job.changed", Subject: j.ID, Outcome: "allowed"}, nil
+		return audit.Event{Kind: audit.KindJobChanged, Subject: j.ID, Outcome: "allowed"}, nil
 	}
 }
 
@@ -45,7 +45,7 @@ func testChangeKinds(t *testing.T, open Opener) {
 	if c1.Kind != store.KindChange || string(c1.Change) != `{"to":"c1"}` || pub.Kind != store.KindPublish || pub.Change != nil {
 		t.Fatalf("stored kinds: publish %+v, change %+v", pub, c1)
 	}
-	if _, created, err := s.CreateApprovalAudited(ctx(t), NewApproval("dev", "p2", "j1", 3), audit.Event{Kind: "approval.opened"}); err != nil || created {
+	if _, created, err := s.CreateApprovalAudited(ctx(t), NewApproval("dev", "p2", "j1", 3), audit.Event{Kind: audit.KindApprovalOpened}); err != nil || created {
 		t.Fatalf("a second publish request for the job: created %v, %v", created, err)
 	}
 	if got, err := s.ApprovalForJob(ctx(t), "j1"); err != nil || got.ID != "p1" {
@@ -53,7 +53,7 @@ func testChangeKinds(t *testing.T, open Opener) {
 	}
 	bad := NewChange("dev", "c3", "j1", 4)
 	bad.Change = nil
-	if _, _, err := s.CreateApprovalAudited(ctx(t), bad, audit.Event{Kind: "approval.opened"}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, _, err := s.CreateApprovalAudited(ctx(t), bad, audit.Event{Kind: audit.KindApprovalOpened}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("a change request without its change = %v, want ErrInvalidArgument", err)
 	}
 	list, _, err := s.ListApprovals(ctx(t), store.ApprovalFilter{Kind: store.KindChange, Limit: 10})
@@ -69,25 +69,25 @@ func testChangeKinds(t *testing.T, open Opener) {
 	// The publisher's consume never spends a change, nor the authority's
 	// apply a publish request.
 	r := consumeReq(c1, now)
-	if _, err := s.ConsumeApprovalAudited(ctx(t), r, audit.Event{Kind: "approval.consumed"}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if _, err := s.ConsumeApprovalAudited(ctx(t), r, audit.Event{Kind: audit.KindApprovalConsumed}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("consuming a change request as a publish one = %v", err)
 	}
-	if _, _, err := s.ApplyChangeAudited(ctx(t), changeReq(pub, now), audit.Event{Kind: "approval.consumed"}, setGrant("g")); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if _, _, err := s.ApplyChangeAudited(ctx(t), changeReq(pub, now), audit.Event{Kind: audit.KindApprovalConsumed}, setGrant("g")); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("applying a publish request as a change = %v", err)
 	}
 	other := changeReq(c1, now)
 	other.BundleDigest = c2.BundleDigest
-	if _, _, err := s.ApplyChangeAudited(ctx(t), other, audit.Event{Kind: "approval.consumed"}, setGrant("g")); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if _, _, err := s.ApplyChangeAudited(ctx(t), other, audit.Event{Kind: audit.KindApprovalConsumed}, setGrant("g")); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("applying c1 with c2's digest = %v", err)
 	}
 	if j, _ := s.GetJob(ctx(t), "j1"); string(j.Grant) == "g" {
 		t.Fatal("a refused apply changed the job")
 	}
-	a, j, err := s.ApplyChangeAudited(ctx(t), changeReq(c1, now), audit.Event{Kind: "approval.consumed", Subject: "c1"}, setGrant("g1"))
+	a, j, err := s.ApplyChangeAudited(ctx(t), changeReq(c1, now), audit.Event{Kind: audit.KindApprovalConsumed, Subject: "c1"}, setGrant("g1"))
 	if err != nil || a.State != store.ApprovalConsumed || string(j.Grant) != "g1" {
 		t.Fatalf("apply c1 = %+v, job grant %q, %v", a, j.Grant, err)
 	}
-	if _, _, err := s.ApplyChangeAudited(ctx(t), changeReq(c1, now), audit.Event{Kind: "approval.consumed"}, setGrant("g2")); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if _, _, err := s.ApplyChangeAudited(ctx(t), changeReq(c1, now), audit.Event{Kind: audit.KindApprovalConsumed}, setGrant("g2")); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("applying c1 twice = %v", err)
 	}
 	if n := countKind(t, s, "job.changed"); n != 1 {
@@ -107,7 +107,7 @@ func testChangeApplyAtomic(t *testing.T, open Opener) {
 	}
 	before := len(VerifyAudit(t, s))
 	refusal := errors.New("the job moved on")
-	_, _, err := s.ApplyChangeAudited(ctx(t), changeReq(c, base.Add(time.Minute)), audit.Event{Kind: "approval.consumed"},
+	_, _, err := s.ApplyChangeAudited(ctx(t), changeReq(c, base.Add(time.Minute)), audit.Event{Kind: audit.KindApprovalConsumed},
 		func(j *store.Job) (audit.Event, error) { j.Grant = []byte("x"); return audit.Event{}, refusal })
 	if !errors.Is(err, refusal) {
 		t.Fatalf("apply with a refusing update = %v", err)
@@ -119,7 +119,7 @@ func testChangeApplyAtomic(t *testing.T, open Opener) {
 		t.Fatalf("a refused apply logged %d events", n-before)
 	}
 	// An invalid event (no kind) rolls back the consume as well.
-	_, _, err = s.ApplyChangeAudited(ctx(t), changeReq(c, base.Add(time.Minute)), audit.Event{Kind: "approval.consumed"},
+	_, _, err = s.ApplyChangeAudited(ctx(t), changeReq(c, base.Add(time.Minute)), audit.Event{Kind: audit.KindApprovalConsumed},
 		func(j *store.Job) (audit.Event, error) { return audit.Event{}, nil })
 	if err == nil {
 		t.Fatal("apply with an invalid job event succeeded")
@@ -128,7 +128,7 @@ func testChangeApplyAtomic(t *testing.T, open Opener) {
 		t.Fatalf("approval after a failed apply: %s, want approved", got.State)
 	}
 	// Expired: nothing changes.
-	if _, _, err := s.ApplyChangeAudited(ctx(t), changeReq(c, c.ExpiresAt), audit.Event{Kind: "approval.consumed"}, setGrant("late")); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if _, _, err := s.ApplyChangeAudited(ctx(t), changeReq(c, c.ExpiresAt), audit.Event{Kind: audit.KindApprovalConsumed}, setGrant("late")); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("applying an expired change = %v", err)
 	}
 	if j, _ := s.GetJob(ctx(t), "j1"); string(j.Grant) == "late" || string(j.Grant) == "x" {
@@ -146,7 +146,7 @@ func testChangeApplyRace(t *testing.T, open Opener) {
 		t.Fatal(err)
 	}
 	raceOnce(t, 50, s1, s2, "appliers", func(s store.Store) error {
-		_, _, err := s.ApplyChangeAudited(ctx(t), changeReq(c, base.Add(time.Minute)), audit.Event{Kind: "approval.consumed"}, setGrant("g"))
+		_, _, err := s.ApplyChangeAudited(ctx(t), changeReq(c, base.Add(time.Minute)), audit.Event{Kind: audit.KindApprovalConsumed}, setGrant("g"))
 		return err
 	})
 	if n := countKind(t, s1, "job.changed"); n != 1 {
@@ -170,23 +170,23 @@ func testExpire(t *testing.T, open Opener) {
 	if _, err := approve(s, t, "a-consumed", "spiffe://airlock.test/approver/alice", store.ApprovalApproved); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.ConsumeApprovalAudited(ctx(t), consumeReq(gone, base.Add(time.Hour)), audit.Event{Kind: "approval.consumed"}); err != nil {
+	if _, err := s.ConsumeApprovalAudited(ctx(t), consumeReq(gone, base.Add(time.Hour)), audit.Event{Kind: audit.KindApprovalConsumed}); err != nil {
 		t.Fatal(err)
 	}
 	for i, id := range []string{"l-old", "l-new"} {
 		at := base.Add(time.Duration(i) * time.Hour)
 		if _, err := s.CreateLeaseAudited(ctx(t), store.Lease{ID: id, Purpose: "deploy", JobID: "j3", Resource: "demo",
 			Holder: "spiffe://airlock.test/service/publisher", IssuedAt: at, ExpiresAt: at.Add(5 * time.Minute)},
-			audit.Event{Kind: "lease.issued", Subject: id}); err != nil {
+			audit.Event{Kind: audit.KindLeaseIssued, Subject: id}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	now := base.Add(24*time.Hour + time.Minute)
 	aev := func(a store.Approval) audit.Event {
-		return audit.Event{Kind: "approval.expired", Subject: a.ID, Outcome: "allowed"}
+		return audit.Event{Kind: audit.KindApprovalExpired, Subject: a.ID, Outcome: "allowed"}
 	}
 	lev := func(l store.Lease) audit.Event {
-		return audit.Event{Kind: "lease.expired", Subject: l.ID, Outcome: "allowed"}
+		return audit.Event{Kind: audit.KindLeaseExpired, Subject: l.ID, Outcome: "allowed"}
 	}
 	got, err := s.ExpireApprovalsAudited(ctx(t), now, 10, aev)
 	if err != nil || len(got) != 1 || got[0].ID != "a-early" || got[0].State != store.ApprovalExpired {
@@ -274,7 +274,7 @@ func testExpireChangesOfEndedJobs(t *testing.T, open Opener) {
 	}
 	mustApproval(t, s, NewApproval("dev", "p-end", "j-end", 3)) // a publish request stays
 	ev := func(a store.Approval) audit.Event {
-		return audit.Event{Kind: "approval.expired", Subject: a.ID, Outcome: "allowed"}
+		return audit.Event{Kind: audit.KindApprovalExpired, Subject: a.ID, Outcome: "allowed"}
 	}
 	got, err := s.ExpireChangesOfEndedJobsAudited(ctx(t), 10, ev)
 	if err != nil || len(got) != 2 || got[0].ID != "c-end" || got[1].ID != "c-end2" {
