@@ -58,10 +58,15 @@ func newApprovalList(g *globals) *cobra.Command {
 			if req.Tenant, err = self.tenant(tenant); err != nil {
 				return err
 			}
-			resp, err := client.ListApprovals(cmd.Context(), req)
+			list, err := allPages(0, func(token string, size int32) ([]*authorityv1.Approval, string, error) {
+				req.PageToken, req.PageSize = token, size
+				r, err := client.ListApprovals(cmd.Context(), req)
+				return r.GetApprovals(), r.GetNextPageToken(), err
+			})
 			if err != nil {
 				return rpcError(err)
 			}
+			resp := &authorityv1.ListApprovalsResponse{Approvals: list}
 			return g.printProto(resp, func(w io.Writer) {
 				fmt.Fprintln(w, "APPROVAL\tJOB\tSTATE\tVOTES\tFOR\tDIGEST\tEXPIRES")
 				for _, a := range resp.GetApprovals() {
@@ -262,10 +267,14 @@ func newLease(g *globals) *cobra.Command {
 				return err
 			}
 			defer done()
-			resp, err := client.ListLeases(cmd.Context(), &authorityv1.ListLeasesRequest{JobId: job, IncludeInactive: all})
+			leases, err := allPages(0, func(token string, size int32) ([]*authorityv1.Lease, string, error) {
+				r, err := client.ListLeases(cmd.Context(), &authorityv1.ListLeasesRequest{JobId: job, IncludeInactive: all, PageSize: size, PageToken: token})
+				return r.GetLeases(), r.GetNextPageToken(), err
+			})
 			if err != nil {
 				return rpcError(err)
 			}
+			resp := &authorityv1.ListLeasesResponse{Leases: leases}
 			return g.printProto(resp, func(w io.Writer) {
 				fmt.Fprintln(w, "LEASE\tPURPOSE\tJOB\tRESOURCE\tHOLDER\tEXPIRES\tREVOKED")
 				for _, l := range resp.GetLeases() {

@@ -512,10 +512,17 @@ func newJobList(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := client.ListJobs(cmd.Context(), &authorityv1.ListJobsRequest{Tenant: forTenant, PageSize: limit})
+			if limit < 1 {
+				return usageError{fmt.Errorf("--limit %d: want at least 1", limit)}
+			}
+			jobs, err := allPages(int(limit), func(token string, size int32) ([]*authorityv1.Job, string, error) {
+				r, err := client.ListJobs(cmd.Context(), &authorityv1.ListJobsRequest{Tenant: forTenant, PageSize: size, PageToken: token})
+				return r.GetJobs(), r.GetNextPageToken(), err
+			})
 			if err != nil {
 				return rpcError(err)
 			}
+			resp := &authorityv1.ListJobsResponse{Jobs: jobs}
 			return g.printProto(resp, func(w io.Writer) {
 				fmt.Fprintln(w, "JOB\tSTATE\tREPOSITORY\tCOMMIT\tCOMMAND\tCREATED")
 				for _, j := range resp.GetJobs() {

@@ -136,3 +136,30 @@ func commandText(argv []string) string {
 	}
 	return strings.Join(args, " ")
 }
+
+// allPages gathers a listing page by page: fetch gets the page token ("" for
+// the first) and returns a page and the next token. It stops on the last
+// page or once want items are in (want 0: all of them). A server ends its
+// pages by bytes as well as by count, so one page is never the whole story.
+func allPages[T any](want int, fetch func(token string, size int32) ([]T, string, error)) ([]T, error) {
+	var out []T
+	token := ""
+	for {
+		size := int32(500)
+		if want > 0 {
+			size = int32(min(want-len(out), 500))
+		}
+		page, next, err := fetch(token, size)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, page...)
+		if next == "" || (want > 0 && len(out) >= want) {
+			if want > 0 && len(out) > want {
+				out = out[:want]
+			}
+			return out, nil
+		}
+		token = next
+	}
+}
