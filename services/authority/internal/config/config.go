@@ -70,6 +70,9 @@ type TenantFile struct {
 	// DeployCredentials maps a repository name (a publish target) to a file
 	// holding its deploy credential, read only when it is leased.
 	DeployCredentials map[string]string `yaml:"deploy_credentials"`
+	// StartDeadline is how long a job may wait for an executor, from its
+	// submission; default 1h, between 1m and 168h.
+	StartDeadline time.Duration `yaml:"start_deadline"`
 }
 
 // ApprovalsFile is the tenant's approval policy as the file writes it.
@@ -230,6 +233,12 @@ func (c *Config) tenant(name string, f TenantFile) (*policy.Tenant, error) {
 	a, aerrs := c.approvals(field+".approvals", td, f.Approvals)
 	errs = append(errs, aerrs...)
 	t.Approvals = a
+	switch t.StartDeadline = f.StartDeadline; {
+	case t.StartDeadline == 0:
+		t.StartDeadline = policy.DefaultStartDeadline
+	case t.StartDeadline < time.Minute || t.StartDeadline > 7*24*time.Hour:
+		errs = append(errs, config.Field(field+".start_deadline", "%v: must be between 1m and 168h", t.StartDeadline))
+	}
 	t.DeployCredentials = map[string]string{}
 	for _, repo := range sortedKeys(f.DeployCredentials) {
 		df := field + ".deploy_credentials." + repo

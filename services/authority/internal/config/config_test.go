@@ -198,6 +198,7 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 		{"required above approvers", tenant("    approvals: {approvers: [approver/a], required: 2}\n"), []string{"tenants.dev.approvals.required: 2: more than the 1 approvers"}},
 		{"negative required", tenant("    approvals: {required: -1}\n"), []string{"tenants.dev.approvals.required: -1: must be at least 1"}},
 		{"approval ttl too short", tenant("    approvals: {ttl: 1s}\n"), []string{"tenants.dev.approvals.ttl: 1s: must be between"}},
+		{"start deadline too long", tenant("    start_deadline: 200h\n"), []string{"tenants.dev.start_deadline: 200h0m0s: must be between 1m and 168h"}},
 		{"approval widening unknown", tenant("    approvals: {widening: maybe}\n"), []string{`tenants.dev.approvals.widening: "maybe": want approve, allow or deny`}},
 		{"deploy credential for unknown repo", tenant("    deploy_credentials: {nope: demo.token}\n"), []string{`tenants.dev.deploy_credentials.nope: "nope" is not a repository`}},
 		{"missing deploy credential file", tenant("    repositories: {demo: {url: /x}}\n    deploy_credentials: {demo: gone.token}\n"), []string{"tenants.dev.deploy_credentials.demo:", "gone.token"}},

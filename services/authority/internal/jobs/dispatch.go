@@ -88,9 +88,9 @@ func retryable(err error) bool {
 // retried.
 func (s *Service) dispatch(j store.Job) (done bool, err error) {
 	if !s.now().Before(j.GrantExpiresAt) {
-		if !s.now().Before(j.CreatedAt.Add(s.cfg.StartDeadline)) {
+		if !s.now().Before(j.CreatedAt.Add(s.startDeadline(j))) {
 			_, err := s.transition(j.ID, []store.State{store.StateQueued}, store.StateFailed,
-				fmt.Sprintf("no executor accepted the job within its start deadline (%v after submission)", s.cfg.StartDeadline))
+				fmt.Sprintf("no executor accepted the job within its tenant's start deadline (%v after submission)", s.startDeadline(j)))
 			return true, err
 		}
 		// The executor was out of reach for longer than a grant lives:
@@ -263,6 +263,6 @@ func (s *Service) regrant(j store.Job) (store.Job, error) {
 		}
 		return audit.Event{Kind: audit.KindJobRegranted, Caller: by, Subject: cur.ID, Outcome: outcomeAllowed,
 			Reason: fmt.Sprintf("no executor accepted the grant before it expired; the same decision, granted again until %s (start deadline %s)",
-				req.ExpiresAt.Format(time.RFC3339), cur.CreatedAt.Add(s.cfg.StartDeadline).Format(time.RFC3339))}
+				req.ExpiresAt.Format(time.RFC3339), cur.CreatedAt.Add(s.startDeadline(*cur)).Format(time.RFC3339))}
 	})
 }

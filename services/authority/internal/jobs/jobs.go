@@ -204,9 +204,6 @@ type Executor interface {
 	Update(ctx context.Context, grant []byte) error
 }
 
-// DefaultStartDeadline is how long a job waits for an executor by default.
-const DefaultStartDeadline = time.Hour
-
 // Retry bounds the back-off between attempts to reach the executor.
 type Retry struct {
 	Min, Max time.Duration
@@ -222,9 +219,10 @@ type Config struct {
 	// GrantTTL is how long a grant may wait for the executor to accept it.
 	GrantTTL time.Duration
 	// StartDeadline is how long a job may wait, from its submission, for
-	// an executor to accept it: a grant that expires before then is
-	// replaced by a fresh one for the same decision (on the log); after
-	// it the job fails, saying so. Default DefaultStartDeadline.
+	// an executor to accept it, where its tenant sets none: a grant that
+	// expires before then is replaced by a fresh one for the same decision
+	// (on the log); after it the job fails, saying so. Default
+	// policy.DefaultStartDeadline.
 	StartDeadline time.Duration
 	Logger        *slog.Logger
 	// Now is the clock; default time.Now.
@@ -291,7 +289,7 @@ func New(cfg Config) (*Service, error) {
 		cfg.DrainTimeout = 30 * time.Second
 	}
 	if cfg.StartDeadline <= 0 {
-		cfg.StartDeadline = DefaultStartDeadline
+		cfg.StartDeadline = policy.DefaultStartDeadline
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Service{cfg: cfg, hub: newHub(), ctx: ctx, cancel: cancel, active: map[string]bool{},
@@ -862,4 +860,12 @@ func (s *Service) RecordPolicy(ctx context.Context, caller identity.ID) error {
 	}
 	return s.audit(ctx, audit.Event{Kind: audit.KindPolicyLoaded, Caller: caller.String(), Subject: all, Outcome: outcomeAllowed,
 		Reason: strings.Join(parts, "; ")})
+}
+
+// startDeadline is how long job j may wait for an executor.
+func (s *Service) startDeadline(j store.Job) time.Duration {
+	if t := s.cfg.Tenants[j.Tenant]; t != nil && t.StartDeadline > 0 {
+		return t.StartDeadline
+	}
+	return s.cfg.StartDeadline
 }

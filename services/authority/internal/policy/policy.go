@@ -111,12 +111,16 @@ type Tenant struct {
 	// a file holding its deploy credential. Only the approvals package
 	// reads it, when it leases the credential; it is never stored or logged.
 	DeployCredentials map[string]string
+	// StartDeadline is how long a job may wait for an executor to accept
+	// it, from its submission; its grant is renewed until then.
+	StartDeadline time.Duration
 }
 
 // Default approval settings.
 const (
 	DefaultApprovalTTL      = 24 * time.Hour
 	DefaultRequiredApproval = 1
+	DefaultStartDeadline    = time.Hour
 )
 
 // Approvals is a tenant's approval policy.
