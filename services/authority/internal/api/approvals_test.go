@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/airlockhq/airlock/pkg/pki"
@@ -234,5 +235,53 @@ func TestNoApprovalWithoutTarget(t *testing.T) {
 	l, err := h.client(aliceID).ListApprovals(t.Context(), &authorityv1.ListApprovalsRequest{})
 	if err != nil || len(l.GetApprovals()) != 0 {
 		t.Fatalf("approvals = %v, %v", l, err)
+	}
+}
+
+// TestApproverSeesOnlyItsTenants is issue 9 §3 from the other approver's
+// side: approver/eve, whom no tenant lists, cannot list, read, stream,
+// decide or see the leases of another tenant's requests, nor revoke its
+// lease; the listed approver still can.
+func TestApproverSeesOnlyItsTenants(t *testing.T) {
+	h := newHarness(t)
+	ctx := t.Context()
+	alice, eve, publisher := h.client(aliceID), h.client(eveID), h.client(publisherID)
+	j := h.finishedWithTarget("scoped")
+	aid := j.GetApprovalId()
+
+	if l, err := eve.ListApprovals(ctx, &authorityv1.ListApprovalsRequest{}); err != nil || len(l.GetApprovals()) != 0 {
+		t.Errorf("eve lists %v, %v; want nothing", l.GetApprovals(), err)
+	}
+	_, err := eve.ListApprovals(ctx, &authorityv1.ListApprovalsRequest{Tenant: "dev"})
+	wantStatus(t, err, codes.PermissionDenied, "not an approver of tenant")
+	_, err = eve.GetApproval(ctx, &authorityv1.GetApprovalRequest{ApprovalId: aid})
+	wantStatus(t, err, codes.NotFound)
+	wantStatus(t, readReview(t, eve, &authorityv1.ReadReviewRequest{ApprovalId: aid}).err, codes.NotFound)
+	_, err = eve.DecideApproval(ctx, &authorityv1.DecideApprovalRequest{ApprovalId: aid, BundleDigest: digestA, Decision: authorityv1.Decision_DECISION_APPROVE})
+	if status.Code(err) != codes.NotFound && status.Code(err) != codes.PermissionDenied {
+		t.Errorf("eve decides: %v, want refused", err)
+	}
+
+	if _, err := alice.DecideApproval(ctx, &authorityv1.DecideApprovalRequest{ApprovalId: aid, BundleDigest: digestA, Decision: authorityv1.Decision_DECISION_APPROVE}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := publisher.ConsumeApproval(ctx, &authorityv1.ConsumeApprovalRequest{ApprovalId: aid, JobId: j.GetJobId(), BundleDigest: digestA,
+		Target: &typesv1.PublishTarget{Repository: "demo", Branch: "main"}}); err != nil {
+		t.Fatal(err)
+	}
+	lr, err := publisher.LeaseCredential(ctx, &authorityv1.LeaseCredentialRequest{Purpose: authorityv1.LeasePurpose_LEASE_PURPOSE_DEPLOY, JobId: j.GetJobId(), Resource: "demo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err := eve.ListLeases(ctx, &authorityv1.ListLeasesRequest{IncludeInactive: true}); err != nil || len(l.GetLeases()) != 0 {
+		t.Errorf("eve lists leases %v, %v; want none", l.GetLeases(), err)
+	}
+	_, err = eve.RevokeCredential(ctx, &authorityv1.RevokeCredentialRequest{LeaseId: lr.GetLease().GetLeaseId(), Reason: "mine now"})
+	wantStatus(t, err, codes.NotFound)
+	if l, err := alice.ListLeases(ctx, &authorityv1.ListLeasesRequest{}); err != nil || len(l.GetLeases()) != 1 {
+		t.Errorf("alice lists leases %v, %v; want the one", l.GetLeases(), err)
+	}
+	if _, err := alice.RevokeCredential(ctx, &authorityv1.RevokeCredentialRequest{LeaseId: lr.GetLease().GetLeaseId(), Reason: "done"}); err != nil {
+		t.Errorf("alice revokes: %v", err)
 	}
 }

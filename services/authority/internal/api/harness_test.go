@@ -52,6 +52,8 @@ var (
 	// devApproverID is the requester client/dev holding an approver
 	// certificate: the same person, who may not approve their own job.
 	devApproverID = identity.MustParse("spiffe://" + td + "/approver/dev")
+	// eveID is an approver no tenant lists.
+	eveID = identity.MustParse("spiffe://" + td + "/approver/eve")
 )
 
 // deploySecret is the content of the demo repository's deploy credential.
@@ -94,7 +96,7 @@ type harnessOptions struct {
 func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
 	t.Helper()
 	h := &harness{t: t, opts: opts, pkiDir: t.TempDir(), data: t.TempDir(), logs: &logtest.Buffer{}}
-	if _, err := pki.Init(h.pkiDir, td, []identity.ID{devID, otherID, aliceID, bobID, devApproverID}); err != nil {
+	if _, err := pki.Init(h.pkiDir, td, []identity.ID{devID, otherID, aliceID, bobID, devApproverID, eveID}); err != nil {
 		t.Fatal(err)
 	}
 	h.origin = newRepo(t)

@@ -208,7 +208,7 @@ func pageSize(n int) (int, error) {
 }
 
 // List returns a page of approval requests, newest first. Approvers see
-// every tenant's; a client must name a tenant it acts for. A state filter
+// the tenants that list them; a client must name a tenant it acts for. A state filter
 // applies to the state callers see (expired included), so a page may hold
 // fewer requests than asked even when more follow.
 func (s *Service) List(ctx context.Context, caller identity.ID, req ListRequest) ([]store.Approval, string, error) {
@@ -218,6 +218,9 @@ func (s *Service) List(ctx context.Context, caller identity.ID, req ListRequest)
 	}
 	switch caller.Kind {
 	case identity.KindApprover:
+		if req.Tenant != "" && !s.approverOf(caller, req.Tenant) {
+			return nil, "", denied("tenant: %s is not an approver of tenant %q", caller.Principal(), req.Tenant)
+		}
 	case identity.KindClient:
 		if req.Tenant == "" {
 			return nil, "", invalid("tenant", "required for a client")
@@ -245,6 +248,10 @@ func (s *Service) List(ctx context.Context, caller identity.ID, req ListRequest)
 	now := s.now()
 	out := list[:0]
 	for _, a := range list {
+		// An approver sees only the tenants it approves for.
+		if caller.Kind == identity.KindApprover && !s.approverOf(caller, a.Tenant) {
+			continue
+		}
 		if len(want) == 0 || want[Effective(a, now)] {
 			out = append(out, a)
 		}
@@ -252,9 +259,16 @@ func (s *Service) List(ctx context.Context, caller identity.ID, req ListRequest)
 	return out, next, nil
 }
 
+// approverOf reports whether approver caller may see and decide tenant's
+// requests: the tenant lists it (or lists no approvers at all).
+func (s *Service) approverOf(caller identity.ID, tenant string) bool {
+	t := s.cfg.Tenants[tenant]
+	return t != nil && caller.Kind == identity.KindApprover && t.Approvals.AllowsApprover(caller.Principal())
+}
+
 // Get returns one approval request and its job (whose record holds the
-// review material). A client sees only its tenant's; any other request,
-// existing or not, is NotFound.
+// review material). A client sees only its tenant's, an approver only the
+// tenants that list it; any other request, existing or not, is NotFound.
 func (s *Service) Get(ctx context.Context, caller identity.ID, id string) (store.Approval, store.Job, error) {
 	if id == "" {
 		return store.Approval{}, store.Job{}, invalid("approval_id", "required")
@@ -268,6 +282,9 @@ func (s *Service) Get(ctx context.Context, caller identity.ID, id string) (store
 	}
 	switch caller.Kind {
 	case identity.KindApprover:
+		if !s.approverOf(caller, a.Tenant) {
+			return store.Approval{}, store.Job{}, fmt.Errorf("%w: approval %q", errdefs.ErrNotFound, id)
+		}
 	case identity.KindClient:
 		if t := s.cfg.Tenants[a.Tenant]; t == nil || !t.HasClient(caller.Principal()) {
 			return store.Approval{}, store.Job{}, fmt.Errorf("%w: approval %q", errdefs.ErrNotFound, id)
@@ -584,7 +601,19 @@ func (s *Service) Revoke(ctx context.Context, caller identity.ID, id, reason str
 		return store.Lease{}, s.refused(ctx, ev, err)
 	}
 	ev.JobID = l.JobID
-	if !(caller.Kind == identity.KindApprover || (isPublisher(caller) && l.Holder == caller.String())) {
+	mayRevoke := isPublisher(caller) && l.Holder == caller.String()
+	if caller.Kind == identity.KindApprover {
+		tenant, err := s.tenantOfJob(ctx, l.JobID)
+		if err != nil {
+			return store.Lease{}, s.refused(ctx, ev, err)
+		}
+		if !s.approverOf(caller, tenant) {
+			// As for a lease that does not exist: ids reveal nothing.
+			return store.Lease{}, s.refused(ctx, ev, fmt.Errorf("%w: lease %q", errdefs.ErrNotFound, id))
+		}
+		mayRevoke = true
+	}
+	if !mayRevoke {
 		return store.Lease{}, s.refused(ctx, ev, denied("%s may not revoke lease %q", caller.Principal(), id))
 	}
 	now := s.now()
@@ -613,7 +642,8 @@ type LeaseQuery struct {
 }
 
 // ListLeases returns a page of leases, newest first, only active ones
-// unless q.IncludeInactive. Only approvers list leases.
+// unless q.IncludeInactive. Only approvers list leases, and only those of
+// the tenants that list them.
 func (s *Service) ListLeases(ctx context.Context, caller identity.ID, q LeaseQuery) ([]store.Lease, string, error) {
 	if caller.Kind != identity.KindApprover {
 		return nil, "", denied("%s may not list leases", caller.Principal())
@@ -626,7 +656,36 @@ func (s *Service) ListLeases(ctx context.Context, caller identity.ID, q LeaseQue
 	if !q.IncludeInactive {
 		f.ActiveAt = s.now()
 	}
-	return s.cfg.Store.ListLeases(ctx, f)
+	list, next, err := s.cfg.Store.ListLeases(ctx, f)
+	if err != nil {
+		return nil, "", err
+	}
+	// Only the leases of tenants the approver approves for (a page may
+	// then hold fewer than asked while more follow).
+	tenants := map[string]string{}
+	out := list[:0]
+	for _, l := range list {
+		t, ok := tenants[l.JobID]
+		if !ok {
+			if t, err = s.tenantOfJob(ctx, l.JobID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+				return nil, "", err
+			}
+			tenants[l.JobID] = t
+		}
+		if s.approverOf(caller, t) {
+			out = append(out, l)
+		}
+	}
+	return out, next, nil
+}
+
+// tenantOfJob is the tenant of job jobID.
+func (s *Service) tenantOfJob(ctx context.Context, jobID string) (string, error) {
+	j, err := s.cfg.Store.GetJob(ctx, jobID)
+	if err != nil {
+		return "", err
+	}
+	return j.Tenant, nil
 }
 
 // IDForJob returns the id of job jobID's approval, or "" if it has none.
