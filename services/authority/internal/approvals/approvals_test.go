@@ -357,24 +357,27 @@ func TestLeaseAndRevoke(t *testing.T) {
 	wantErr(t, "long after consume", err, errdefs.ErrFailedPrecondition, "consumed more than")
 	f.clock.add(-16 * time.Minute)
 
+	// One active lease per consumed approval: the second replaced the first.
 	active, _, err := f.svc.ListLeases(ctx, alice, approvals.LeaseQuery{})
-	if err != nil || len(active) != 2 {
-		t.Fatalf("active leases = %v, %v", active, err)
+	if err != nil || len(active) != 1 || active[0].ID != l2.ID {
+		t.Fatalf("active leases = %v, %v; want only the latest", active, err)
+	}
+	if first, err := f.st.GetLease(ctx, l.ID); err != nil || first.RevokeReason != "replaced by lease "+l2.ID {
+		t.Fatalf("the first lease after the second: %+v, %v", first, err)
 	}
 	_, _, err = f.svc.ListLeases(ctx, publisher, approvals.LeaseQuery{})
 	wantErr(t, "publisher lists", err, errdefs.ErrPermissionDenied, "may not list leases")
 
-	_, err = f.svc.Revoke(ctx, devClient, l.ID, "x")
+	_, err = f.svc.Revoke(ctx, devClient, l2.ID, "x")
 	wantErr(t, "client revokes", err, errdefs.ErrPermissionDenied, "may not revoke")
-	r, err := f.svc.Revoke(ctx, publisher, l.ID, "pushed")
+	r, err := f.svc.Revoke(ctx, publisher, l2.ID, "pushed")
 	if err != nil || r.RevokedAt.IsZero() || r.RevokeReason != "pushed" {
 		t.Fatalf("revoke = %+v, %v", r, err)
 	}
-	_, err = f.svc.Revoke(ctx, alice, l.ID, "again")
+	_, err = f.svc.Revoke(ctx, alice, l2.ID, "again")
 	wantErr(t, "revoke twice", err, errdefs.ErrFailedPrecondition, "already revoked")
-	if _, err := f.svc.Revoke(ctx, alice, l2.ID, "by an approver"); err != nil {
-		t.Fatal(err)
-	}
+	_, err = f.svc.Revoke(ctx, alice, l.ID, "the replaced one")
+	wantErr(t, "revoke the replaced lease", err, errdefs.ErrFailedPrecondition, "already revoked")
 	active, _, _ = f.svc.ListLeases(ctx, alice, approvals.LeaseQuery{})
 	all, _, _ := f.svc.ListLeases(ctx, alice, approvals.LeaseQuery{IncludeInactive: true, JobID: "j1"})
 	if len(active) != 0 || len(all) != 2 {

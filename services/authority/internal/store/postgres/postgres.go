@@ -150,6 +150,15 @@ var migrations = []string{
 	// tails). output_tail, which held labelled output tails, is no longer
 	// written or read.
 	`ALTER TABLE jobs ADD COLUMN review BYTEA;`,
+
+	// 6: at most one active lease per job and purpose (a lease asked for
+	// again replaces the one before). Older duplicates are ended first,
+	// the newest kept.
+	`UPDATE leases SET revoked_at = issued_at, revoke_reason = 'replaced (schema 6: one active lease per job)'
+		WHERE revoked_at = 0 AND id NOT IN (
+			SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY job_id, purpose ORDER BY issued_at DESC, id DESC) AS n
+				FROM leases WHERE revoked_at = 0) AS ranked WHERE n = 1);
+	CREATE UNIQUE INDEX leases_one_active ON leases (job_id, purpose) WHERE revoked_at = 0;`,
 }
 
 // DropAuditGuards removes the triggers that keep audit_log append-only; the
@@ -271,10 +280,17 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		ForUpdate:     " FOR UPDATE",
 		MigrationLock: migrationLock,
 		Migrations:    migrations,
+		Conflict:      uniqueViolation,
 	})
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("store: postgres %s: %w", where, err)
 	}
 	return &Store{DB: inner}, nil
+}
+
+// uniqueViolation reports whether err is PostgreSQL's unique_violation.
+func uniqueViolation(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23505"
 }

@@ -3,6 +3,8 @@ package storetest
 import (
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +25,7 @@ var approvalTests = []struct {
 	{"ApprovalConsumeRace100", testApprovalConsumeRace},
 	{"ApprovalListFilters", testApprovalList},
 	{"LeaseCreateRevokeList", testLeases},
+	{"LeaseOneActivePerJob", testLeaseOneActive},
 	{"ChangeRequestKinds", testChangeKinds},
 	{"ChangeApplyIsAtomic", testChangeApplyAtomic},
 	{"ChangeApplyRace50", testChangeApplyRace},
@@ -252,10 +255,15 @@ func testLeases(t *testing.T, open Opener) {
 		return l
 	}
 	l1 := mk("l1", "j1", 0)
-	mk("l2", "j1", 1)
-	mk("l3", "j2", 2)
 	if got, err := s.GetLease(ctx(t), "l1"); err != nil || got != l1 {
 		t.Fatalf("GetLease = %+v, %v; want %+v", got, err, l1)
+	}
+	// A second lease for the same job and purpose replaces the first.
+	mk("l2", "j1", 1)
+	mk("l3", "j2", 2)
+	if got, err := s.GetLease(ctx(t), "l1"); err != nil || got.Active(base.Add(2*time.Second)) || got.RevokeReason != "replaced by lease l2" ||
+		!got.RevokedAt.Equal(base.Add(time.Second)) {
+		t.Fatalf("l1 after l2 = %+v, %v; want revoked as replaced by l2", got, err)
 	}
 	if _, err := s.GetLease(ctx(t), "nope"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("GetLease(unknown) = %v", err)
@@ -271,7 +279,7 @@ func testLeases(t *testing.T, open Opener) {
 		t.Fatalf("revoke unknown = %v", err)
 	}
 	active, _, err := s.ListLeases(ctx(t), store.LeaseFilter{ActiveAt: base.Add(2 * time.Minute), Limit: 10})
-	if err != nil || len(active) != 2 || active[0].ID != "l3" || active[1].ID != "l1" {
+	if err != nil || len(active) != 1 || active[0].ID != "l3" {
 		t.Fatalf("active = %v, %v", active, err)
 	}
 	if later, _, _ := s.ListLeases(ctx(t), store.LeaseFilter{ActiveAt: base.Add(time.Hour), Limit: 10}); len(later) != 0 {
@@ -285,7 +293,48 @@ func testLeases(t *testing.T, open Opener) {
 	if err != nil || len(page) != 1 || page[0].ID != "l1" || next != "" {
 		t.Fatalf("j1 page 2 = %v %q %v", page, next, err)
 	}
-	if n := countKind(t, s, "lease.issued") + countKind(t, s, "lease.revoked"); n != 4 {
-		t.Fatalf("%d lease events, want 4", n)
+	if n := countKind(t, s, "lease.issued") + countKind(t, s, "lease.revoked"); n != 5 {
+		t.Fatalf("%d lease events, want 5 (three issued, one replaced, one revoked)", n)
+	}
+}
+
+// testLeaseOneActive: many leases asked for one job at once, over two
+// stores, leave exactly one active, every other revoked as replaced and on
+// the log.
+func testLeaseOneActive(t *testing.T, open Opener) {
+	stores := []store.Store{open(t), open(t)}
+	const n = 20
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			at := base.Add(time.Duration(i) * time.Millisecond)
+			_, err := stores[i%2].CreateLeaseAudited(ctx(t), store.Lease{ID: fmt.Sprintf("c%02d", i), Purpose: "deploy", JobID: "j1", Resource: "demo",
+				Holder: "spiffe://airlock.test/service/publisher", IssuedAt: at, ExpiresAt: at.Add(5 * time.Minute)},
+				audit.Event{Kind: "lease.issued", Subject: fmt.Sprintf("c%02d", i)})
+			if err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	all, _, err := stores[0].ListLeases(ctx(t), store.LeaseFilter{JobID: "j1", Limit: 100})
+	if err != nil || len(all) != n {
+		t.Fatalf("%d leases, %v; want %d", len(all), err, n)
+	}
+	active := 0
+	for _, l := range all {
+		if l.RevokedAt.IsZero() {
+			active++
+		} else if !strings.HasPrefix(l.RevokeReason, "replaced by lease c") {
+			t.Errorf("%s revoked for %q", l.ID, l.RevokeReason)
+		}
+	}
+	if active != 1 {
+		t.Errorf("%d active leases for one job, want 1", active)
+	}
+	if got := countKind(t, stores[0], "lease.revoked"); got != n-1 {
+		t.Errorf("%d lease.revoked events, want %d", got, n-1)
 	}
 }

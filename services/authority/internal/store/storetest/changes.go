@@ -173,9 +173,10 @@ func testExpire(t *testing.T, open Opener) {
 	if _, err := s.ConsumeApprovalAudited(ctx(t), consumeReq(gone, base.Add(time.Hour)), audit.Event{Kind: audit.KindApprovalConsumed}); err != nil {
 		t.Fatal(err)
 	}
+	// Two jobs' leases: one job's second lease would replace its first.
 	for i, id := range []string{"l-old", "l-new"} {
 		at := base.Add(time.Duration(i) * time.Hour)
-		if _, err := s.CreateLeaseAudited(ctx(t), store.Lease{ID: id, Purpose: "deploy", JobID: "j3", Resource: "demo",
+		if _, err := s.CreateLeaseAudited(ctx(t), store.Lease{ID: id, Purpose: "deploy", JobID: "j3-" + id, Resource: "demo",
 			Holder: "spiffe://airlock.test/service/publisher", IssuedAt: at, ExpiresAt: at.Add(5 * time.Minute)},
 			audit.Event{Kind: audit.KindLeaseIssued, Subject: id}); err != nil {
 			t.Fatal(err)

@@ -414,7 +414,36 @@ func (s *DB) CreateLeaseAudited(ctx context.Context, l store.Lease, e audit.Even
 		return store.Lease{}, fmt.Errorf("store: create lease: %w", err)
 	}
 	var out store.Lease
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	create := func(tx *sql.Tx) error {
+		// One active lease per job and purpose: a lease asked for again
+		// (a retry after a crash) replaces the one before, revoked on the
+		// log in this transaction.
+		rows, err := tx.QueryContext(ctx, s.q(`SELECT id FROM leases WHERE job_id = ? AND purpose = ? AND revoked_at = 0 ORDER BY id`+s.d.ForUpdate), l.JobID, l.Purpose)
+		if err != nil {
+			return err
+		}
+		old, err := collect(rows, func(r scanner) (string, error) {
+			var id string
+			return id, r.Scan(&id)
+		})
+		if err != nil {
+			return err
+		}
+		for _, id := range old {
+			reason := "replaced by lease " + l.ID
+			if _, err := tx.ExecContext(ctx, s.q(`UPDATE leases SET revoked_at = ?, revoke_reason = ? WHERE id = ? AND revoked_at = 0`),
+				micros(l.IssuedAt), reason, id); err != nil {
+				return err
+			}
+			rev := audit.Event{Time: l.IssuedAt, Kind: audit.KindLeaseRevoked, Caller: e.Caller, Subject: id, Tenant: e.Tenant, JobID: l.JobID,
+				Outcome: e.Outcome, Reason: reason}
+			if err := defaultEvent(&rev, l.JobID, ""); err != nil {
+				return err
+			}
+			if _, err := s.appendAudit(ctx, tx, rev); err != nil {
+				return err
+			}
+		}
 		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO leases (`+leaseColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`),
 			l.ID, l.Purpose, l.JobID, l.Resource, l.Holder, micros(l.IssuedAt), micros(l.ExpiresAt), int64(0), ""); err != nil {
 			return err
@@ -422,10 +451,15 @@ func (s *DB) CreateLeaseAudited(ctx context.Context, l store.Lease, e audit.Even
 		if _, err := s.appendAudit(ctx, tx, e); err != nil {
 			return err
 		}
-		var err error
 		out, err = s.loadLease(ctx, tx, l.ID)
 		return err
-	})
+	}
+	err := s.tx(ctx, create)
+	for try := 0; err != nil && s.d.Conflict != nil && s.d.Conflict(err) && try < 3; try++ {
+		// A concurrent lease for the job committed first: this one
+		// replaces it.
+		err = s.tx(ctx, create)
+	}
 	if err != nil {
 		return store.Lease{}, fmt.Errorf("store: create lease: %w", err)
 	}

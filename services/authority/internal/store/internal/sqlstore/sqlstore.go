@@ -38,6 +38,10 @@ type Dialect struct {
 	// Migrations are applied in order, each once; the index plus one is the
 	// schema version. Never edit one that has shipped: append a new one.
 	Migrations []string
+	// Conflict, if set, reports whether err is a unique-index violation by
+	// a concurrent transaction, after which the transaction is run again
+	// (PostgreSQL; SQLite's write transactions never overlap).
+	Conflict func(err error) bool
 }
 
 // RebindDollar rewrites ? placeholders as PostgreSQL's $1, $2, …. The
