@@ -280,6 +280,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		ForUpdate:     " FOR UPDATE",
 		MigrationLock: migrationLock,
 		Migrations:    migrations,
+		KeyLock:       `SELECT pg_advisory_xact_lock(hashtextextended(?, 0))`,
 		Conflict:      uniqueViolation,
 	})
 	if err != nil {

@@ -417,7 +417,13 @@ func (s *DB) CreateLeaseAudited(ctx context.Context, l store.Lease, e audit.Even
 	create := func(tx *sql.Tx) error {
 		// One active lease per job and purpose: a lease asked for again
 		// (a retry after a crash) replaces the one before, revoked on the
-		// log in this transaction.
+		// log in this transaction. Concurrent leases for one job take
+		// turns on the job's key.
+		if s.d.KeyLock != "" {
+			if _, err := tx.ExecContext(ctx, s.q(s.d.KeyLock), "lease:"+l.JobID+":"+l.Purpose); err != nil {
+				return err
+			}
+		}
 		rows, err := tx.QueryContext(ctx, s.q(`SELECT id FROM leases WHERE job_id = ? AND purpose = ? AND revoked_at = 0 ORDER BY id`+s.d.ForUpdate), l.JobID, l.Purpose)
 		if err != nil {
 			return err
@@ -455,7 +461,7 @@ func (s *DB) CreateLeaseAudited(ctx context.Context, l store.Lease, e audit.Even
 		return err
 	}
 	err := s.tx(ctx, create)
-	for try := 0; err != nil && s.d.Conflict != nil && s.d.Conflict(err) && try < 3; try++ {
+	for try := 0; err != nil && s.d.Conflict != nil && s.d.Conflict(err) && try < 5; try++ {
 		// A concurrent lease for the job committed first: this one
 		// replaces it.
 		err = s.tx(ctx, create)

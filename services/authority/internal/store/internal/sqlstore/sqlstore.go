@@ -38,6 +38,11 @@ type Dialect struct {
 	// Migrations are applied in order, each once; the index plus one is the
 	// schema version. Never edit one that has shipped: append a new one.
 	Migrations []string
+	// KeyLock, if set, is a statement taking a lock on one text key (its
+	// one argument) held until the transaction ends, for writers of rows
+	// that may not exist yet (PostgreSQL: an advisory lock; SQLite's write
+	// transactions already exclude each other).
+	KeyLock string
 	// Conflict, if set, reports whether err is a unique-index violation by
 	// a concurrent transaction, after which the transaction is run again
 	// (PostgreSQL; SQLite's write transactions never overlap).
