@@ -196,6 +196,13 @@ func TestPolicyRefusals(t *testing.T) {
 		{name: "deadline above ceiling", spec: with(func(s *authorityv1.JobSpec) {
 			s.Resources = &typesv1.ResourceLimits{Deadline: durationpb.New(2 * time.Hour)}
 		}), code: codes.InvalidArgument, want: []string{"spec.resources.deadline: 2h0m0s is above the tenant's ceiling of 1h0m0s"}},
+		// What the executor could not run is refused here, not later.
+		{name: "memory the runtime cannot start in", spec: with(func(s *authorityv1.JobSpec) { s.Resources = &typesv1.ResourceLimits{MemoryBytes: 1} }),
+			code: codes.InvalidArgument, want: []string{"spec.resources.memory_bytes: 1: must be at least 16777216 under runc"}},
+		{name: "one pid", spec: with(func(s *authorityv1.JobSpec) { s.Resources = &typesv1.ResourceLimits{Pids: 1} }),
+			code: codes.InvalidArgument, want: []string{"spec.resources.pids: 1: must be at least 8"}},
+		{name: "one byte of disk", spec: with(func(s *authorityv1.JobSpec) { s.Resources = &typesv1.ResourceLimits{DiskBytes: 1} }),
+			code: codes.InvalidArgument, want: []string{"spec.resources.disk_bytes: 1: must be at least"}},
 		{name: "negative pids", spec: with(func(s *authorityv1.JobSpec) { s.Resources = &typesv1.ResourceLimits{Pids: -1} }),
 			code: codes.InvalidArgument, want: []string{"spec.resources.pids: must not be negative"}},
 		{name: "credential-looking env name", spec: env("GITHUB_TOKEN", "x"), code: codes.InvalidArgument, want: []string{"spec.env.GITHUB_TOKEN", "looks like a credential"}},

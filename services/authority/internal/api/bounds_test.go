@@ -12,6 +12,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/audit"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 )
 
 // readAudit pages through the whole audit log as the CLI's audit verify
@@ -188,5 +189,23 @@ func TestQueuedJobOutlivesItsGrant(t *testing.T) {
 	got := h.waitState(dev, j2.GetJobId(), authorityv1.JobState_JOB_STATE_FAILED)
 	if !strings.Contains(got.GetMessage(), "start deadline") {
 		t.Errorf("failed with %q, want the start deadline named", got.GetMessage())
+	}
+}
+
+// TestChangeTheExecutorWouldRefuseIsRefused: a change to limits no runtime
+// can start under is refused at the authority, naming the field, and opens
+// no approval that could never apply.
+func TestChangeTheExecutorWouldRefuseIsRefused(t *testing.T) {
+	h := newHarness(t)
+	dev, alice := h.client(devID), h.client(aliceID)
+	j := h.submit(dev, "change-small", spec()).GetJob()
+	h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_RUNNING)
+	_, err := dev.UpdateJobLimits(t.Context(), &authorityv1.UpdateJobLimitsRequest{JobId: j.GetJobId(), Limits: &typesv1.ResourceLimits{MemoryBytes: 1}})
+	wantStatus(t, err, codes.InvalidArgument, "limits.memory_bytes: 1: must be at least")
+	_, err = dev.UpdateNetworkPolicy(t.Context(), &authorityv1.UpdateNetworkPolicyRequest{JobId: j.GetJobId(), Policy: &typesv1.NetworkPolicy{
+		Mode: &typesv1.NetworkPolicy_Allow{Allow: &typesv1.AllowList{Rules: []*typesv1.AllowRule{{Cidr: "::ffff:169.254.169.254/128"}}}}}})
+	wantStatus(t, err, codes.InvalidArgument, "IPv4-mapped")
+	if l, err := alice.ListApprovals(t.Context(), &authorityv1.ListApprovalsRequest{}); err != nil || len(l.GetApprovals()) != 0 {
+		t.Errorf("approvals after refused changes: %v, %v; want none", l.GetApprovals(), err)
 	}
 }

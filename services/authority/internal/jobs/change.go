@@ -169,6 +169,9 @@ func planChange(t *policy.Tenant, cur GrantRequest, req ChangeRequest) (Change, 
 		if err != nil {
 			return ch, err
 		}
+		if err := runnable("limits", cur.RuntimeClass, to); err != nil {
+			return ch, err
+		}
 		ch.ToLimits = to
 	}
 	if n := req.Network; n != nil {

@@ -51,7 +51,7 @@ func TestWidensNetwork(t *testing.T) {
 func TestPlanChange(t *testing.T) {
 	tenant := &policy.Tenant{Name: "dev", Max: policy.DefaultMax,
 		Egress: policy.Egress{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Domains: []string{"example.com"}}}
-	cur := GrantRequest{Generation: 3, Limits: policy.DefaultLimits, Network: Network{Mode: NetworkDenyAll}}
+	cur := GrantRequest{Generation: 3, Limits: policy.DefaultLimits, Network: Network{Mode: NetworkDenyAll}, RuntimeClass: "runc"}
 	ch, err := planChange(tenant, cur, ChangeRequest{Limits: &policy.Limits{MemoryBytes: 1 << 30, Pids: 10}})
 	if err != nil {
 		t.Fatal(err)

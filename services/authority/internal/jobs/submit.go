@@ -21,6 +21,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/runspec"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 	"github.com/airlockhq/airlock/services/authority/internal/source"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
@@ -227,6 +228,9 @@ func check(t *policy.Tenant, spec Spec) (decision, error) {
 		return d, denied("spec.runtime_class", "%s is not allowed for tenant %q (allowed: %s)", spec.RuntimeClass, t.Name, strings.Join(t.RuntimeClasses, ", "))
 	default:
 		d.runtime = spec.RuntimeClass
+	}
+	if err := runnable("spec.resources", d.runtime, d.limits); err != nil {
+		return d, err
 	}
 	if d.network, err = checkNetwork(t, "spec.network_policy", spec.Network); err != nil {
 		return d, err
@@ -441,6 +445,18 @@ func effectiveLimits(prefix string, req, def, ceil policy.Limits) (policy.Limits
 	return out, nil
 }
 
+// runnable checks limits against what the runtime class needs to start
+// at all (pkg/runspec, which the executor applies too); errors name the
+// field under prefix.
+func runnable(prefix, class string, l policy.Limits) error {
+	err := runspec.CheckLimits(class, runspec.Limits{CPUMillis: l.CPUMillis, MemoryBytes: l.MemoryBytes, Pids: l.Pids, DiskBytes: l.DiskBytes, Deadline: l.Deadline})
+	var fe *runspec.FieldError
+	if errors.As(err, &fe) {
+		return invalid(prefix+"."+fe.Field, "%s", fe.Reason)
+	}
+	return err
+}
+
 func plain(n int64) string        { return fmt.Sprint(n) }
 func bytesText(n int64) string    { return fmt.Sprintf("%d (%s)", n, config.FormatByteSize(n)) }
 func durationText(n int64) string { return time.Duration(n).String() }
@@ -461,6 +477,11 @@ func checkNetwork(t *policy.Tenant, base string, n Network) (Network, error) {
 			p, err := netip.ParsePrefix(r.CIDR)
 			if err != nil {
 				return n, invalid(field+".cidr", "%q is not a CIDR", r.CIDR)
+			}
+			// In the form the executor takes (pkg/runspec), so nothing is
+			// granted that cannot run.
+			if err := runspec.CheckPrefix(p); err != nil {
+				return n, invalid(field+".cidr", "%v", err)
 			}
 			if err := checkPorts(field+".ports", r.Ports); err != nil {
 				return n, err

@@ -40,6 +40,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/airlockhq/airlock/pkg/runspec"
 	"io/fs"
 	"log/slog"
 	"net/netip"
@@ -85,14 +86,9 @@ func (p Policy) Validate() error {
 func (p Policy) normalize() (Policy, error) {
 	var out Policy
 	for i, r := range p.Allow {
-		if !r.Prefix.IsValid() {
-			return Policy{}, fmt.Errorf("%w: netpolicy: allow[%d]: invalid prefix", errdefs.ErrInvalidArgument, i)
-		}
-		if r.Prefix.Addr().Is4In6() {
-			return Policy{}, fmt.Errorf("%w: netpolicy: allow[%d]: %s is an IPv4-mapped IPv6 prefix; write it as IPv4", errdefs.ErrInvalidArgument, i, r.Prefix)
-		}
-		if r.Prefix.Addr().Zone() != "" {
-			return Policy{}, fmt.Errorf("%w: netpolicy: allow[%d]: %s has a zone", errdefs.ErrInvalidArgument, i, r.Prefix)
+		// The form the authority checks too (pkg/runspec).
+		if err := runspec.CheckPrefix(r.Prefix); err != nil {
+			return Policy{}, fmt.Errorf("%w: netpolicy: allow[%d]: %v", errdefs.ErrInvalidArgument, i, err)
 		}
 		ports := slices.Clone(r.Ports)
 		for _, port := range ports {

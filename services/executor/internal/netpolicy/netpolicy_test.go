@@ -106,7 +106,7 @@ func create(t *testing.T, m *Manager, p Policy, opts ...CreateOption) *Net {
 func allow(rules ...Rule) Policy { return Policy{Allow: rules} }
 
 func rule(a netip.Addr, bits int, ports ...int) Rule {
-	r := Rule{Prefix: netip.PrefixFrom(a, bits)}
+	r := Rule{Prefix: netip.PrefixFrom(a, bits).Masked()}
 	for _, p := range ports {
 		r.Ports = append(r.Ports, uint16(p))
 	}

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"fmt"
+	"github.com/airlockhq/airlock/pkg/runspec"
 	"io"
 	"regexp"
 	"strings"
@@ -105,18 +106,6 @@ type Result struct {
 	Message string
 }
 
-// Minimums below which the runtimes themselves cannot start a job. Under
-// runsc the limits cover gVisor's own sandbox process too: its threads
-// (about 30 at rest) count as pids and its memory as the job's.
-const (
-	minMemoryBytes      = 16 << 20
-	minRunscMemoryBytes = 64 << 20
-	minDiskBytes        = 4 << 20
-	minPids             = 8
-	minRunscPids        = 64
-	minCPUMillis        = 10
-)
-
 var idFormat = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
 
 func invalid(format string, args ...any) error {
@@ -163,22 +152,14 @@ func (s *Spec) validateBody() error {
 			return invalid("spec.env[%s]: value contains a NUL byte", k)
 		}
 	}
+	// The minimums are the ones the authority checks every grant against
+	// (pkg/runspec). Under runsc the limits cover gVisor's own sandbox
+	// process too: its threads (about 30 at rest) count as pids and its
+	// memory as the job's.
 	l := s.Limits
-	minMem, minP := int64(minMemoryBytes), int64(minPids)
-	if s.Class == ClassRunsc {
-		minMem, minP = minRunscMemoryBytes, minRunscPids
-	}
-	switch {
-	case l.CPUMillis < minCPUMillis:
-		return invalid("spec.limits.cpu_millis %d: must be at least %d", l.CPUMillis, minCPUMillis)
-	case l.MemoryBytes < minMem:
-		return invalid("spec.limits.memory_bytes %d: must be at least %d under %s (the runtime's own start-up needs it)", l.MemoryBytes, minMem, s.Class)
-	case l.Pids < minP:
-		return invalid("spec.limits.pids %d: must be at least %d under %s (the runtime's own start-up needs them)", l.Pids, minP, s.Class)
-	case l.DiskBytes < minDiskBytes:
-		return invalid("spec.limits.disk_bytes %d: must be at least %d", l.DiskBytes, minDiskBytes)
-	case l.Deadline <= 0:
-		return invalid("spec.limits.deadline %s: must be positive", l.Deadline)
+	if err := runspec.CheckLimits(string(s.Class), runspec.Limits{CPUMillis: l.CPUMillis, MemoryBytes: l.MemoryBytes, Pids: l.Pids,
+		DiskBytes: l.DiskBytes, Deadline: l.Deadline}); err != nil {
+		return invalid("spec.limits.%v", err)
 	}
 	return nil
 }

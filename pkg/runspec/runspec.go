@@ -1,0 +1,86 @@
+// Package runspec owns what a job's grant may say and still run: the least
+// resources each runtime class needs, and the form of an allowed network
+// prefix. The authority checks every submission and change with it, so a
+// job the executor would refuse is refused at once with the field named;
+// the executor checks every grant it is handed with it too. It imports no
+// grpc or proto; anything may import it.
+package runspec
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+)
+
+// Runtime classes.
+const (
+	ClassRunc  = "runc"
+	ClassRunsc = "runsc"
+)
+
+// The least a job may be given; below it the runtime itself cannot start
+// (gVisor's sentry and gofer take memory and threads of their own).
+const (
+	MinCPUMillis        = 10
+	MinMemoryBytes      = 16 << 20
+	MinRunscMemoryBytes = 64 << 20
+	MinPids             = 8
+	MinRunscPids        = 64
+	MinDiskBytes        = 4 << 20
+)
+
+// Limits are a job's resource limits.
+type Limits struct {
+	CPUMillis, MemoryBytes, Pids, DiskBytes int64
+	Deadline                                time.Duration
+}
+
+// FieldError names the field (relative: "memory_bytes", "allow[2]") that
+// is wrong and why.
+type FieldError struct {
+	Field, Reason string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
+
+// CheckLimits reports the first limit under what class needs.
+func CheckLimits(class string, l Limits) error {
+	mem, pids := int64(MinMemoryBytes), int64(MinPids)
+	switch class {
+	case ClassRunc:
+	case ClassRunsc:
+		mem, pids = MinRunscMemoryBytes, MinRunscPids
+	default:
+		return &FieldError{"runtime_class", fmt.Sprintf("%q is not runc or runsc", class)}
+	}
+	switch {
+	case l.CPUMillis < MinCPUMillis:
+		return &FieldError{"cpu_millis", fmt.Sprintf("%d: must be at least %d", l.CPUMillis, MinCPUMillis)}
+	case l.MemoryBytes < mem:
+		return &FieldError{"memory_bytes", fmt.Sprintf("%d: must be at least %d under %s (the runtime's own start-up needs it)", l.MemoryBytes, mem, class)}
+	case l.Pids < pids:
+		return &FieldError{"pids", fmt.Sprintf("%d: must be at least %d under %s (the runtime's own start-up needs them)", l.Pids, pids, class)}
+	case l.DiskBytes < MinDiskBytes:
+		return &FieldError{"disk_bytes", fmt.Sprintf("%d: must be at least %d", l.DiskBytes, MinDiskBytes)}
+	case l.Deadline <= 0:
+		return &FieldError{"deadline", fmt.Sprintf("%s: must be positive", l.Deadline)}
+	}
+	return nil
+}
+
+// CheckPrefix reports whether p may be named in an allow rule: a valid
+// prefix in its canonical form (no host bits: 10.0.0.0/8, not 10.0.0.1/8),
+// and IPv4 written as IPv4 (not ::ffff:a.b.c.d, which reads as one thing
+// and matches another). (A netip.Prefix never holds a zone.)
+func CheckPrefix(p netip.Prefix) error {
+	switch {
+	case !p.IsValid():
+		return errors.New("not a valid prefix")
+	case p.Addr().Is4In6():
+		return fmt.Errorf("%s is an IPv4-mapped IPv6 prefix; write it as IPv4", p)
+	case p.Masked() != p:
+		return fmt.Errorf("%s has host bits set; write %s", p, p.Masked())
+	}
+	return nil
+}

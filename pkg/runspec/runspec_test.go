@@ -1,0 +1,60 @@
+package runspec_test
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airlockhq/airlock/pkg/runspec"
+)
+
+func TestCheckLimits(t *testing.T) {
+	ok := runspec.Limits{CPUMillis: 100, MemoryBytes: 256 << 20, Pids: 128, DiskBytes: 64 << 20, Deadline: time.Minute}
+	for _, c := range []string{runspec.ClassRunc, runspec.ClassRunsc} {
+		if err := runspec.CheckLimits(c, ok); err != nil {
+			t.Errorf("%s: %v", c, err)
+		}
+	}
+	for _, tc := range []struct {
+		class string
+		edit  func(*runspec.Limits)
+		field string
+	}{
+		{"runc", func(l *runspec.Limits) { l.MemoryBytes = 1 }, "memory_bytes"},
+		{"runc", func(l *runspec.Limits) { l.Pids = 1 }, "pids"},
+		{"runc", func(l *runspec.Limits) { l.DiskBytes = 1 }, "disk_bytes"},
+		{"runc", func(l *runspec.Limits) { l.CPUMillis = 1 }, "cpu_millis"},
+		{"runc", func(l *runspec.Limits) { l.Deadline = 0 }, "deadline"},
+		{"runsc", func(l *runspec.Limits) { l.MemoryBytes = 32 << 20 }, "memory_bytes"},
+		{"runsc", func(l *runspec.Limits) { l.Pids = 32 }, "pids"},
+		{"kata", func(*runspec.Limits) {}, "runtime_class"},
+	} {
+		l := ok
+		tc.edit(&l)
+		var fe *runspec.FieldError
+		if err := runspec.CheckLimits(tc.class, l); !errors.As(err, &fe) || fe.Field != tc.field {
+			t.Errorf("%s %+v: %v, want a %s error", tc.class, l, err, tc.field)
+		}
+	}
+}
+
+func TestCheckPrefix(t *testing.T) {
+	for _, s := range []string{"10.0.0.0/8", "192.0.2.7/32", "2001:db8::/32", "0.0.0.0/0"} {
+		if err := runspec.CheckPrefix(netip.MustParsePrefix(s)); err != nil {
+			t.Errorf("%s: %v", s, err)
+		}
+	}
+	for s, want := range map[string]string{
+		"10.0.0.1/8":                 "write 10.0.0.0/8",
+		"::ffff:169.254.169.254/128": "IPv4-mapped",
+	} {
+		if err := runspec.CheckPrefix(netip.MustParsePrefix(s)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", s, err, want)
+		}
+	}
+	if err := runspec.CheckPrefix(netip.Prefix{}); err == nil {
+		t.Error("the zero prefix passed")
+	}
+}
