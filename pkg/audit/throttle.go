@@ -27,6 +27,10 @@ type throttled struct {
 	suppressed int
 }
 
+// NewRefusalThrottle is the authority's throttle of refusals: one entry per
+// 10 s for each distinct refusal, up to 10,000 remembered.
+func NewRefusalThrottle() *Throttle { return NewThrottle(10*time.Second, 10000) }
+
 // NewThrottle returns a Throttle with the given window and capacity.
 func NewThrottle(window time.Duration, maxKeys int) *Throttle {
 	return &Throttle{window: window, maxKeys: maxKeys, seen: map[[sha256.Size]byte]*throttled{}}

@@ -87,7 +87,7 @@ func New(cfg Config) (*Service, error) {
 	if cfg.ReadFile == nil {
 		cfg.ReadFile = os.ReadFile
 	}
-	return &Service{cfg: cfg, refusals: audit.NewThrottle(10*time.Second, 10000)}, nil
+	return &Service{cfg: cfg, refusals: audit.NewRefusalThrottle()}, nil
 }
 
 func (s *Service) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }

@@ -254,13 +254,6 @@ type Service struct {
 	refusals *audit.Throttle
 }
 
-// Repeated refusals: one entry per window for the same caller, kind,
-// subject and reason; the next says how many were left out.
-const (
-	refusalWindow = 10 * time.Second
-	refusalKeys   = 10000
-)
-
 // New returns a Service. Call Run to resume unfinished jobs and to stop
 // background work on shutdown.
 func New(cfg Config) (*Service, error) {
@@ -293,7 +286,7 @@ func New(cfg Config) (*Service, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Service{cfg: cfg, hub: newHub(), ctx: ctx, cancel: cancel, active: map[string]bool{},
-		refusals: audit.NewThrottle(refusalWindow, refusalKeys)}, nil
+		refusals: audit.NewRefusalThrottle()}, nil
 }
 
 // Run resumes every unfinished job (dispatching queued ones again, which
@@ -407,7 +400,7 @@ func (s *Service) audit(ctx context.Context, e audit.Event) error {
 }
 
 // auditRefusal records a refusal, unless the same one was recorded within
-// refusalWindow (then it is counted, and the next says so).
+// the throttle's window (then it is counted, and the next says so).
 func (s *Service) auditRefusal(ctx context.Context, e audit.Event) error {
 	if e.Time.IsZero() {
 		e.Time = s.now()
