@@ -109,14 +109,19 @@ func ServerOptions(logger *slog.Logger, a *authz.Authorizer) []grpc.ServerOption
 	})
 	return []grpc.ServerOption{
 		grpc.StatsHandler(otelgrpc.NewServerHandler()),
+		// A request field that is not UTF-8 is InvalidArgument naming the
+		// field (utf8.go), not gRPC's Internal.
+		grpc.ForceServerCodec(utf8Codec{}),
 		grpc.ChainUnaryInterceptor(
 			logging.UnaryServerInterceptor(SlogLogger(logger), lopts...),
 			auth.UnaryServerInterceptor(a.Authorize),
+			unaryUTF8,
 			recovery.UnaryServerInterceptor(rec),
 		),
 		grpc.ChainStreamInterceptor(
 			logging.StreamServerInterceptor(SlogLogger(logger), lopts...),
 			auth.StreamServerInterceptor(a.Authorize),
+			streamUTF8,
 			recovery.StreamServerInterceptor(rec),
 		),
 	}

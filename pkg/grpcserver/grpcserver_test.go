@@ -292,3 +292,47 @@ type forwarder struct {
 func (f forwarder) Check(ctx context.Context, req *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
 	return f.next.Check(ctx, req)
 }
+
+// rawCodec sends bytes as they are, so a test can send what no proto
+// library would encode.
+type rawCodec struct{}
+
+func (rawCodec) Name() string { return "proto" }
+func (rawCodec) Marshal(v any) ([]byte, error) {
+	return *(v.(*[]byte)), nil
+}
+func (rawCodec) Unmarshal(data []byte, v any) error {
+	*(v.(*[]byte)) = append([]byte(nil), data...)
+	return nil
+}
+
+// A request whose string field is not UTF-8 is InvalidArgument naming the
+// field, not Internal; a valid one still reaches the handler.
+func TestInvalidUTF8IsInvalidArgument(t *testing.T) {
+	e := newEnv(t)
+	srv, _ := serve(t, e, executorID, authz.Infrastructure, &logtest.Buffer{}, time.Second, nil)
+	cc := dial(t, e, devID, srv.Addr().String(), executorID)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req := []byte{0x0a, 3, 'a', 0xff, 'b'} // field 1 (service), "a\xffb"
+	var resp []byte
+	err := cc.Invoke(ctx, healthpb.Health_Check_FullMethodName, &req, &resp, grpc.ForceCodec(rawCodec{}))
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "service: not valid UTF-8") {
+		t.Fatalf("Check with a non-UTF-8 service name: %v, want InvalidArgument naming service", err)
+	}
+	// The same stream call, and the same name valid: the handler answers.
+	if _, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{Service: "a\u00ffb"}); status.Code(err) == codes.InvalidArgument {
+		t.Errorf("a valid name was refused: %v", err)
+	}
+	stream, err := cc.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, healthpb.Health_Watch_FullMethodName, grpc.ForceCodec(rawCodec{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.SendMsg(&req); err != nil {
+		t.Fatal(err)
+	}
+	stream.CloseSend()
+	if err := stream.RecvMsg(&resp); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "service: not valid UTF-8") {
+		t.Errorf("Watch with a non-UTF-8 service name: %v", err)
+	}
+}

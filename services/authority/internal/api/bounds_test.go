@@ -1,7 +1,10 @@
 package api_test
 
 import (
+	"bytes"
 	"fmt"
+	"github.com/airlockhq/airlock/pkg/grpcclient"
+	"google.golang.org/grpc"
 	"strings"
 	"testing"
 	"time"
@@ -208,4 +211,35 @@ func TestChangeTheExecutorWouldRefuseIsRefused(t *testing.T) {
 	if l, err := alice.ListApprovals(t.Context(), &authorityv1.ListApprovalsRequest{}); err != nil || len(l.GetApprovals()) != 0 {
 		t.Errorf("approvals after refused changes: %v, %v; want none", l.GetApprovals(), err)
 	}
+}
+
+// rawCodec sends bytes as they are: what no proto library would encode.
+type rawCodec struct{}
+
+func (rawCodec) Name() string                  { return "proto" }
+func (rawCodec) Marshal(v any) ([]byte, error) { return *(v.(*[]byte)), nil }
+func (rawCodec) Unmarshal(data []byte, v any) error {
+	*(v.(*[]byte)) = append([]byte(nil), data...)
+	return nil
+}
+
+// TestInvalidUTF8NamesTheField: a submit whose nested string is not UTF-8
+// is InvalidArgument naming the field, not Internal.
+func TestInvalidUTF8NamesTheField(t *testing.T) {
+	h := newHarness(t)
+	s := spec()
+	s.Repository = "demoXX"
+	req, err := proto.Marshal(&authorityv1.SubmitJobRequest{Tenant: "dev", IdempotencyKey: "utf8", Spec: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req = bytes.Replace(req, []byte("demoXX"), []byte("demo\xff\xfe"), 1)
+	conn, err := grpcclient.Dial(h.auth.addr, h.source(devID), authorityID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var resp []byte
+	err = conn.Invoke(t.Context(), authorityv1.AuthorityService_SubmitJob_FullMethodName, &req, &resp, grpc.ForceCodec(rawCodec{}))
+	wantStatus(t, err, codes.InvalidArgument, "spec.repository: not valid UTF-8")
 }
