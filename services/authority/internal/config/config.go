@@ -19,6 +19,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/runspec"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 )
 
@@ -209,6 +210,22 @@ func (c *Config) tenant(name string, f TenantFile) (*policy.Tenant, error) {
 			errs = append(errs, config.Field(fmt.Sprintf("%s.runtime_classes[%d]", field, i), "%q: want one of %v", rc, policy.RuntimeClasses()))
 		} else if slices.Index(t.RuntimeClasses, rc) != i {
 			errs = append(errs, config.Field(fmt.Sprintf("%s.runtime_classes[%d]", field, i), "%q is listed twice", rc))
+		} else {
+			// Defaults and ceilings every allowed class can run with
+			// (pkg/runspec), or each job would be refused at submit.
+			for _, set := range []struct {
+				name string
+				l    policy.Limits
+			}{{"default", t.Default}, {"max", t.Max}} {
+				err := runspec.CheckLimits(rc, runspec.Limits{CPUMillis: set.l.CPUMillis, MemoryBytes: set.l.MemoryBytes, Pids: set.l.Pids,
+					DiskBytes: set.l.DiskBytes, Deadline: set.l.Deadline})
+				var fe *runspec.FieldError
+				if errors.As(err, &fe) {
+					// This file's names for the API's fields.
+					name := strings.NewReplacer("memory_bytes", "memory", "disk_bytes", "disk").Replace(fe.Field)
+					errs = append(errs, config.Field(fmt.Sprintf("%s.limits.%s.%s", field, set.name, name), "%s", fe.Reason))
+				}
+			}
 		}
 	}
 

@@ -172,6 +172,8 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 		{"negative size", tenant("    limits: {default: {disk: -1GiB}}\n"), []string{"tenants.dev.limits.default.disk:", "is not a size"}},
 		{"size as a list", tenant("    limits: {default: {disk: [1]}}\n"), []string{"tenants.dev.limits.default.disk:", "not a list"}},
 		{"zero memory", tenant("    limits: {default: {memory: 0}}\n"), []string{"tenants.dev.limits.default.memory: must be more than 0"}},
+		{"default memory no runtime starts in", tenant("    limits: {default: {memory: 1MiB}}\n"), []string{"tenants.dev.limits.default.memory: 1048576: must be at least 16777216 under runc"}},
+		{"runsc needs more pids", tenant("    runtime_classes: [runc, runsc]\n    limits: {default: {pids: 32}}\n"), []string{"tenants.dev.limits.default.pids: 32: must be at least 64 under runsc"}},
 		{"negative pids", tenant("    limits: {max: {pids: -3}}\n"), []string{"tenants.dev.limits.max.pids: must not be negative"}},
 		{"ceiling below default", tenant("    limits: {default: {memory: 2GiB}, max: {memory: 1GiB}}\n"),
 			[]string{"tenants.dev.limits.max.memory: ceiling 1GiB is below the default 2GiB"}},
