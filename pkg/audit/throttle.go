@@ -8,7 +8,7 @@ import (
 )
 
 // Throttle keeps a caller from filling the log with one refusal repeated:
-// an entry whose kind, caller, subject, outcome and reason match one admitted less
+// an entry whose kind, caller, subject, tenant, job, outcome and reason match one admitted less
 // than the window ago is not logged but counted, and the next matching
 // entry admitted after the window says how many were left out since. It
 // remembers at most maxKeys distinct entries; past that, forgotten ones
@@ -39,8 +39,8 @@ func NewThrottle(window time.Duration, maxKeys int) *Throttle {
 // Admit reports whether e goes on the log at now, and returns it with a
 // note of how many like it were left out before it.
 func (t *Throttle) Admit(e Event, now time.Time) (Event, bool) {
-	key := sha256.Sum256([]byte(fmt.Sprintf("%d:%s|%d:%s|%d:%s|%d:%s|%s", len(e.Kind), e.Kind, len(e.Caller), e.Caller,
-		len(e.Subject), e.Subject, len(e.Outcome), e.Outcome, e.Reason)))
+	key := sha256.Sum256([]byte(fmt.Sprintf("%d:%s|%d:%s|%d:%s|%d:%s|%d:%s|%d:%s|%s", len(e.Kind), e.Kind, len(e.Caller), e.Caller,
+		len(e.Subject), e.Subject, len(e.Tenant), e.Tenant, len(e.JobID), e.JobID, len(e.Outcome), e.Outcome, e.Reason)))
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if s, ok := t.seen[key]; ok {

@@ -321,8 +321,14 @@ func TestInvalidUTF8IsInvalidArgument(t *testing.T) {
 		t.Fatalf("Check with a non-UTF-8 service name: %v, want InvalidArgument naming service", err)
 	}
 	// The same stream call, and the same name valid: the handler answers.
-	if _, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{Service: "a\u00ffb"}); status.Code(err) == codes.InvalidArgument {
-		t.Errorf("a valid name was refused: %v", err)
+	// The handler's own answer for a service it does not know.
+	if _, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{Service: "a\u00ffb"}); status.Code(err) != codes.NotFound {
+		t.Errorf("a valid name: %v, want the health handler's NotFound", err)
+	}
+	forged := append([]byte{0xfa, 0xff, 0xff, 0xff, 0x0f, 4}, []byte("\x1b[2J")...) // the mark, sent by the caller
+	if err := cc.Invoke(ctx, healthpb.Health_Check_FullMethodName, &forged, &resp, grpc.ForceCodec(rawCodec{})); status.Code(err) != codes.InvalidArgument ||
+		strings.Contains(err.Error(), "\x1b") {
+		t.Errorf("a forged mark: %v, want InvalidArgument without its bytes", err)
 	}
 	stream, err := cc.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, healthpb.Health_Watch_FullMethodName, grpc.ForceCodec(rawCodec{}))
 	if err != nil {

@@ -125,6 +125,13 @@ func utf8Path(req any) string {
 }
 
 func utf8Error(path string) error {
+	// A caller can send the mark itself: what it says is bounded and quoted
+	// unless it is a field path we wrote.
+	if len(path) > 256 || strings.ContainsFunc(path, func(r rune) bool {
+		return !(r == '.' || r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
+	}) {
+		return status.Error(codes.InvalidArgument, "a request field is not valid UTF-8")
+	}
 	return status.Errorf(codes.InvalidArgument, "%s: not valid UTF-8", path)
 }
 

@@ -388,12 +388,13 @@ func (s *Service) checkDecide(caller identity.ID, req DecideRequest) error {
 // mayDecide checks caller's decision against the stored request, under its
 // row lock.
 func (s *Service) mayDecide(caller identity.ID, a store.Approval, req DecideRequest, now time.Time) error {
+	// First, and as Get answers: an approver of other tenants learns
+	// nothing of this request, not even that it exists.
+	if !s.approverOf(caller, a.Tenant) {
+		return fmt.Errorf("%w: approval %q", errdefs.ErrNotFound, a.ID)
+	}
 	if r, err := identity.Parse(a.Requester); err != nil || r.Name == caller.Name {
 		return denied("%s requested job %q (as %s) and may not decide its approval", caller.Name, a.JobID, a.Requester)
-	}
-	t := s.cfg.Tenants[a.Tenant]
-	if t == nil || !t.Approvals.AllowsApprover(caller.Principal()) {
-		return denied("%s is not an approver of tenant %q", caller.Principal(), a.Tenant)
 	}
 	for _, v := range a.Votes {
 		if v.Approver == caller.String() {

@@ -437,8 +437,9 @@ func (s *DB) CreateLeaseAudited(ctx context.Context, l store.Lease, e audit.Even
 		}
 		for _, id := range old {
 			reason := "replaced by lease " + l.ID
-			if _, err := tx.ExecContext(ctx, s.q(`UPDATE leases SET revoked_at = ?, revoke_reason = ? WHERE id = ? AND revoked_at = 0`),
-				micros(l.IssuedAt), reason, id); err != nil {
+			// Never before the replaced lease was issued.
+			if _, err := tx.ExecContext(ctx, s.q(`UPDATE leases SET revoked_at = CASE WHEN issued_at > ? THEN issued_at ELSE ? END, revoke_reason = ?
+				WHERE id = ? AND revoked_at = 0`), micros(l.IssuedAt), micros(l.IssuedAt), reason, id); err != nil {
 				return err
 			}
 			rev := audit.Event{Time: l.IssuedAt, Kind: audit.KindLeaseRevoked, Caller: e.Caller, Subject: id, Tenant: e.Tenant, JobID: l.JobID,
