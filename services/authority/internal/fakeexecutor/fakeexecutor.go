@@ -7,6 +7,7 @@ package fakeexecutor
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -200,7 +201,11 @@ func (e *Executor) StartJob(_ context.Context, req *executorv1.StartJobRequest) 
 	defer e.mu.Unlock()
 	if verr != nil {
 		e.rejections = append(e.rejections, verr)
-		return nil, status.Errorf(codes.InvalidArgument, "grant: %v", verr)
+		// As the real executor answers (runs.Manager.verify).
+		if errors.Is(verr, grant.ErrExpired) {
+			return nil, status.Errorf(codes.FailedPrecondition, "%v", verr)
+		}
+		return nil, status.Errorf(codes.PermissionDenied, "%v", verr)
 	}
 	e.attempts[g.GetJobId()]++
 	if e.startErr != nil {

@@ -127,6 +127,11 @@ func (s *Service) dispatch(j store.Job) (done bool, err error) {
 		return true, nil
 	case err != nil && retryable(err):
 		return false, err
+	case err != nil && !s.now().Before(j.GrantExpiresAt):
+		// The grant expired on its way (a slow link, a short TTL): the
+		// next attempt grants the same decision again, or fails the job
+		// past its start deadline.
+		return false, err
 	case err != nil:
 		_, terr := s.transition(j.ID, []store.State{store.StateQueued}, store.StateFailed, "the executor refused the job: "+err.Error())
 		return true, terr
