@@ -44,7 +44,11 @@ var AuthorityTable = Merge(Infrastructure, Table{
 	// approval is needed.
 	authorityv1.AuthorityService_UpdateNetworkPolicy_FullMethodName: {Clients},
 	authorityv1.AuthorityService_UpdateJobLimits_FullMethodName:     {Clients},
-	authorityv1.AuthorityService_ListAuditEvents_FullMethodName:     {Approvers},
+	// Approvers read the log (the handler scopes it to their tenants
+	// unless they are auditors) and anyone of them may keep the
+	// checkpoints, which say nothing of any tenant.
+	authorityv1.AuthorityService_ListAuditEvents_FullMethodName:      {Approvers},
+	authorityv1.AuthorityService_ListAuditCheckpoints_FullMethodName: {Approvers},
 })
 
 // ExecutorTable is the executor's table: the authority drives runs, the

@@ -8,15 +8,10 @@ package grant
 
 import (
 	"crypto/ed25519"
-	"crypto/rand"
 	"crypto/sha256"
-	"crypto/x509"
 	"encoding/hex"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"regexp"
 	"time"
 
@@ -45,62 +40,16 @@ type Signer struct {
 }
 
 // KeyID names a public key: the hex sha256 of its raw bytes, shortened.
-func KeyID(pub ed25519.PublicKey) string {
-	sum := sha256.Sum256(pub)
-	return hex.EncodeToString(sum[:8])
-}
+func KeyID(pub ed25519.PublicKey) string { return pki.Ed25519KeyID(pub) }
 
 // LoadOrCreateSigner reads the PKCS#8 PEM Ed25519 key at path, creating it
 // (0600, with its public key beside it as path + ".pub") when missing.
 func LoadOrCreateSigner(path string) (*Signer, error) {
-	data, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return createSigner(path)
-	}
+	key, err := pki.LoadOrCreateEd25519(path)
 	if err != nil {
-		return nil, fmt.Errorf("grant key %s: %w", path, err)
-	}
-	block, _ := pem.Decode(data)
-	if block == nil || block.Type != "PRIVATE KEY" {
-		return nil, fmt.Errorf("grant key %s: not a PEM PRIVATE KEY", path)
-	}
-	k, err := x509.ParsePKCS8PrivateKey(block.Bytes)
-	if err != nil {
-		return nil, fmt.Errorf("grant key %s: %w", path, err)
-	}
-	key, ok := k.(ed25519.PrivateKey)
-	if !ok {
-		return nil, fmt.Errorf("grant key %s: %T, want an Ed25519 key", path, k)
+		return nil, fmt.Errorf("grant key: %w", err)
 	}
 	return NewSigner(key), nil
-}
-
-func createSigner(path string) (*Signer, error) {
-	_, key, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	der, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("grant key %s: %w", path, err)
-	}
-	s := NewSigner(key)
-	pub, err := MarshalPublicKey(s.PublicKey())
-	if err != nil {
-		return nil, err
-	}
-	// Public half first: a crash in between leaves no private key whose
-	// public half nobody can find.
-	if err := pki.WriteFileAtomic(path+".pub", pub, 0o644); err != nil {
-		return nil, fmt.Errorf("grant key %s: %w", path, err)
-	}
-	if err := pki.WriteFileAtomic(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
-		return nil, fmt.Errorf("grant key %s: %w", path, err)
-	}
-	return s, nil
 }
 
 // NewSigner wraps key.
@@ -205,31 +154,13 @@ func checkShape(g *typesv1.Grant) error {
 }
 
 // MarshalPublicKey encodes pub as PEM "PUBLIC KEY".
-func MarshalPublicKey(pub ed25519.PublicKey) ([]byte, error) {
-	der, err := x509.MarshalPKIXPublicKey(pub)
-	if err != nil {
-		return nil, err
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), nil
-}
+func MarshalPublicKey(pub ed25519.PublicKey) ([]byte, error) { return pki.MarshalEd25519Public(pub) }
 
 // LoadPublicKey reads a PEM Ed25519 public key.
 func LoadPublicKey(path string) (ed25519.PublicKey, error) {
-	data, err := os.ReadFile(path)
+	pub, err := pki.LoadEd25519Public(path)
 	if err != nil {
 		return nil, fmt.Errorf("grant public key: %w", err)
-	}
-	block, _ := pem.Decode(data)
-	if block == nil || block.Type != "PUBLIC KEY" {
-		return nil, fmt.Errorf("grant public key %s: not a PEM PUBLIC KEY", path)
-	}
-	k, err := x509.ParsePKIXPublicKey(block.Bytes)
-	if err != nil {
-		return nil, fmt.Errorf("grant public key %s: %w", path, err)
-	}
-	pub, ok := k.(ed25519.PublicKey)
-	if !ok {
-		return nil, fmt.Errorf("grant public key %s: %T, want Ed25519", path, k)
 	}
 	return pub, nil
 }

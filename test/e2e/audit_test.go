@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	_ "modernc.org/sqlite"
+
+	"github.com/airlockhq/airlock/test/audittamper"
 )
 
 // TestAuditRecordsDecisionsAndDetectsTampering runs the real stack, makes
@@ -94,5 +96,92 @@ func TestAuditRecordsDecisionsAndDetectsTampering(t *testing.T) {
 	res = s.airlock(t, "audit", "verify", "--as", "approver/alice")
 	if res.code != 1 || !strings.Contains(res.stdout, "BROKEN at sequence 2") {
 		t.Fatalf("verify after altering row 2: exit %d, want 1 naming sequence 2\n%s%s", res.code, res.stdout, res.stderr)
+	}
+}
+
+// TestAuditRewriteWithRecomputedHashesIsCaught is issue 9 §6 against the
+// running stack: someone with write access to the database and the source
+// changes an entry and recomputes every later hash and the head with the
+// project's own hashing code, and restarts the authority. The chain alone
+// verifies — but `audit verify` checks it against the signed checkpoints
+// and names the first one that disagrees, online and offline.
+func TestAuditRewriteWithRecomputedHashesIsCaught(t *testing.T) {
+	repo, _ := sampleRepo(t)
+	s := startStack(t, "--repo", "sample="+repo)
+	for range 3 {
+		if res := s.airlock(t, "job", "submit", "--repo", "sample", "--wait", "--", "true"); res.code != 0 {
+			t.Fatalf("job: exit %d\n%s", res.code, res.stderr)
+		}
+	}
+	data := filepath.Join(s.dir, "authority", "data")
+	kept := filepath.Join(t.TempDir(), "kept-checkpoints.jsonl")
+	cleanExport := filepath.Join(t.TempDir(), "clean.jsonl")
+	var head int
+	s.restartServiceAfter(t, "authority", func() {
+		// Stopped: the authority signed its head on the way down. A
+		// monitor's copy of the checkpoints, and the honest log.
+		cps, err := os.ReadFile(filepath.Join(data, "audit-checkpoints.jsonl"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(kept, cps, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		head = strings.Count(string(cps), "\n")
+		if head == 0 {
+			t.Fatal("no checkpoint was signed at shutdown")
+		}
+	})
+	if res := s.airlock(t, "audit", "export", "--as", "approver/alice", "--out", cleanExport); res.code != 0 {
+		t.Fatalf("export: exit %d\n%s", res.code, res.stderr)
+	}
+	res := s.airlock(t, "audit", "verify", "--file", cleanExport, "--checkpoints", kept, "--key", filepath.Join(data, "audit-checkpoint.key.pub"))
+	if res.code != 0 || !strings.Contains(res.stdout, "agrees with") {
+		t.Fatalf("offline verify of the honest log: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	if res := s.airlock(t, "audit", "verify", "--as", "approver/alice"); res.code != 0 || !strings.Contains(res.stdout, "agrees with") {
+		t.Fatalf("online verify of the honest log: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	// A non-auditor approver may not verify the whole log.
+	if res := s.airlock(t, "audit", "verify", "--as", "approver/bob"); res.code == 0 || !strings.Contains(res.stderr, "auditors") {
+		t.Fatalf("bob verifying the whole log: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+
+	s.restartServiceAfter(t, "authority", func() {
+		db, err := sql.Open("sqlite", filepath.Join(data, "authority.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		if err := audittamper.Rewrite(db, 2, "nothing happened"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	// Online: the chain is self-consistent, the checkpoints are not.
+	res = s.airlock(t, "audit", "verify", "--as", "approver/alice", "-o", "json")
+	var rep struct {
+		Unbroken  bool   `json:"unbroken"`
+		Disagrees string `json:"disagrees"`
+		Halted    string `json:"halted"`
+	}
+	if err := json.Unmarshal([]byte(res.stdout), &rep); err != nil {
+		t.Fatalf("verify -o json: %v\n%s%s", err, res.stdout, res.stderr)
+	}
+	if res.code != 1 || !strings.Contains(rep.Disagrees, "checkpoint at sequence") || rep.Halted == "" {
+		t.Fatalf("online verify after the rewrite: exit %d, report %+v\n%s", res.code, rep, res.stderr)
+	}
+	// Offline, against the checkpoints a monitor kept: the same.
+	forged := filepath.Join(t.TempDir(), "forged.jsonl")
+	if res := s.airlock(t, "audit", "export", "--as", "approver/alice", "--out", forged); res.code != 0 {
+		t.Fatalf("export: exit %d\n%s", res.code, res.stderr)
+	}
+	res = s.airlock(t, "audit", "verify", "--file", forged, "--checkpoints", kept)
+	if res.code != 1 || !strings.Contains(res.stdout, "REWRITTEN") || !strings.Contains(res.stdout, "checkpoint at sequence") {
+		t.Fatalf("offline verify of the rewritten log: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	// The authority signed nothing over the rewritten log and said so.
+	log, _ := os.ReadFile(filepath.Join(s.dir, "authority", "authority.log"))
+	if !strings.Contains(string(log), "AUDIT LOG TAMPERED") {
+		t.Errorf("the authority's log does not report the rewrite")
 	}
 }

@@ -102,7 +102,7 @@ func newAudit(g *globals) *cobra.Command {
 		Use:   "audit",
 		Short: "Read, export and verify the authority's hash-chained audit log (as an approver: --as approver/NAME)",
 	}
-	cmd.AddCommand(newAuditList(g), newAuditExport(g), newAuditVerify(g))
+	cmd.AddCommand(newAuditList(g), newAuditExport(g), newAuditVerify(g), newAuditCheckpoints(g))
 	return cmd
 }
 
@@ -241,65 +241,6 @@ func auditEvent(e *authorityv1.AuditEvent) audit.Event {
 		Sequence: e.GetSequence(), Time: e.GetTime().AsTime(), Kind: e.GetKind(), Caller: e.GetCaller(),
 		Subject: e.GetSubject(), Tenant: e.GetTenant(), JobID: e.GetJobId(), Outcome: outcomeString(e.GetOutcome()),
 		Reason: e.GetReason(), PrevHash: e.GetPreviousHash(), Hash: e.GetHash(),
-	}
-}
-
-// verifyReport is what audit verify prints.
-type verifyReport struct {
-	Verified int64  `json:"verified"`
-	Head     string `json:"head,omitempty"`
-	BrokenAt int64  `json:"broken_at_sequence,omitempty"`
-	Reason   string `json:"reason,omitempty"`
-	Unbroken bool   `json:"unbroken"`
-}
-
-func newAuditVerify(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:   "verify",
-		Short: "Walk the whole audit chain, recomputing every hash, and report the first break",
-		Long: `Reads the audit log from its first entry and recomputes each entry's hash
-from its content and the previous entry's hash. An entry altered, removed or
-reordered in the database breaks the chain there; verify reports the first
-such entry and exits 1.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			client, _, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			v := audit.NewVerifier()
-			var rep verifyReport
-			err = eachAuditEvent(cmd.Context(), client, &authorityv1.ListAuditEventsRequest{}, 0, func(e *authorityv1.AuditEvent) error {
-				if _, err := v.Check([]audit.Event{auditEvent(e)}); err != nil {
-					var be *audit.BreakError
-					if errors.As(err, &be) {
-						rep.BrokenAt, rep.Reason = be.Sequence, be.Reason
-					}
-					return errChainBroken
-				}
-				rep.Verified++
-				rep.Head = e.GetHash()
-				return nil
-			})
-			if err != nil && !errors.Is(err, errChainBroken) {
-				return err
-			}
-			rep.Unbroken = err == nil
-			if perr := g.print(rep, func(w io.Writer) {
-				if rep.Unbroken {
-					fmt.Fprintf(w, "audit chain unbroken: %d entries, head %s\n", rep.Verified, termtext.Line(rep.Head))
-					return
-				}
-				fmt.Fprintf(w, "audit chain BROKEN at sequence %d: %s (%d entries before it verified)\n", rep.BrokenAt, termtext.Line(rep.Reason), rep.Verified)
-			}); perr != nil {
-				return perr
-			}
-			if !rep.Unbroken {
-				return &exitError{code: 1, err: fmt.Errorf("%w at sequence %d", errChainBroken, rep.BrokenAt)}
-			}
-			return nil
-		},
 	}
 }
 

@@ -4256,6 +4256,237 @@ func (x *ListAuditEventsResponse) GetNextPageToken() string {
 	return ""
 }
 
+// AuditCheckpoint is the authority's signed statement that the audit log's
+// entry `sequence` had hash `hash` at `time`.
+type AuditCheckpoint struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The checkpointed entry.
+	Sequence int64 `protobuf:"varint,1,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	// That entry's hash (hex).
+	Hash string `protobuf:"bytes,2,opt,name=hash,proto3" json:"hash,omitempty"`
+	// When the checkpoint was signed.
+	Time *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=time,proto3" json:"time,omitempty"`
+	// Names public_key.
+	KeyId string `protobuf:"bytes,4,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
+	// The raw Ed25519 public key the signature verifies with.
+	PublicKey []byte `protobuf:"bytes,5,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
+	// Ed25519 over "airlock.audit.checkpoint.v1\x00", sequence and time (Unix
+	// microseconds) as 8-byte big-endian integers, and the raw hash.
+	Signature     []byte `protobuf:"bytes,6,opt,name=signature,proto3" json:"signature,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditCheckpoint) Reset() {
+	*x = AuditCheckpoint{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditCheckpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditCheckpoint) ProtoMessage() {}
+
+func (x *AuditCheckpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditCheckpoint.ProtoReflect.Descriptor instead.
+func (*AuditCheckpoint) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *AuditCheckpoint) GetSequence() int64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+func (x *AuditCheckpoint) GetHash() string {
+	if x != nil {
+		return x.Hash
+	}
+	return ""
+}
+
+func (x *AuditCheckpoint) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *AuditCheckpoint) GetKeyId() string {
+	if x != nil {
+		return x.KeyId
+	}
+	return ""
+}
+
+func (x *AuditCheckpoint) GetPublicKey() []byte {
+	if x != nil {
+		return x.PublicKey
+	}
+	return nil
+}
+
+func (x *AuditCheckpoint) GetSignature() []byte {
+	if x != nil {
+		return x.Signature
+	}
+	return nil
+}
+
+// ListAuditCheckpointsRequest pages through the checkpoints.
+type ListAuditCheckpointsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only checkpoints of entries after this sequence.
+	AfterSequence int64 `protobuf:"varint,1,opt,name=after_sequence,json=afterSequence,proto3" json:"after_sequence,omitempty"`
+	// At most this many; 0 means 100, the maximum is 1000.
+	PageSize      int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAuditCheckpointsRequest) Reset() {
+	*x = ListAuditCheckpointsRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAuditCheckpointsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAuditCheckpointsRequest) ProtoMessage() {}
+
+func (x *ListAuditCheckpointsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAuditCheckpointsRequest.ProtoReflect.Descriptor instead.
+func (*ListAuditCheckpointsRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *ListAuditCheckpointsRequest) GetAfterSequence() int64 {
+	if x != nil {
+		return x.AfterSequence
+	}
+	return 0
+}
+
+func (x *ListAuditCheckpointsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+// ListAuditCheckpointsResponse is one page of checkpoints, oldest first.
+type ListAuditCheckpointsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Oldest first.
+	Checkpoints []*AuditCheckpoint `protobuf:"bytes,1,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
+	// More checkpoints follow: ask again after the last one's sequence.
+	More bool `protobuf:"varint,2,opt,name=more,proto3" json:"more,omitempty"`
+	// The key this authority signs checkpoints with.
+	PublicKey []byte `protobuf:"bytes,3,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
+	// Names public_key.
+	KeyId string `protobuf:"bytes,4,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
+	// Set when the authority found its log disagreeing with its own
+	// checkpoints and signs no more: why.
+	Halted        string `protobuf:"bytes,5,opt,name=halted,proto3" json:"halted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAuditCheckpointsResponse) Reset() {
+	*x = ListAuditCheckpointsResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAuditCheckpointsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAuditCheckpointsResponse) ProtoMessage() {}
+
+func (x *ListAuditCheckpointsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAuditCheckpointsResponse.ProtoReflect.Descriptor instead.
+func (*ListAuditCheckpointsResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *ListAuditCheckpointsResponse) GetCheckpoints() []*AuditCheckpoint {
+	if x != nil {
+		return x.Checkpoints
+	}
+	return nil
+}
+
+func (x *ListAuditCheckpointsResponse) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
+func (x *ListAuditCheckpointsResponse) GetPublicKey() []byte {
+	if x != nil {
+		return x.PublicKey
+	}
+	return nil
+}
+
+func (x *ListAuditCheckpointsResponse) GetKeyId() string {
+	if x != nil {
+		return x.KeyId
+	}
+	return ""
+}
+
+func (x *ListAuditCheckpointsResponse) GetHalted() string {
+	if x != nil {
+		return x.Halted
+	}
+	return ""
+}
+
 var File_airlock_authority_v1_authority_proto protoreflect.FileDescriptor
 
 const file_airlock_authority_v1_authority_proto_rawDesc = "" +
@@ -4543,7 +4774,25 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"page_token\x18\b \x01(\tR\tpageToken\"{\n" +
 	"\x17ListAuditEventsResponse\x128\n" +
 	"\x06events\x18\x01 \x03(\v2 .airlock.authority.v1.AuditEventR\x06events\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken*\xb0\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xc5\x01\n" +
+	"\x0fAuditCheckpoint\x12\x1a\n" +
+	"\bsequence\x18\x01 \x01(\x03R\bsequence\x12\x12\n" +
+	"\x04hash\x18\x02 \x01(\tR\x04hash\x12.\n" +
+	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x15\n" +
+	"\x06key_id\x18\x04 \x01(\tR\x05keyId\x12\x1d\n" +
+	"\n" +
+	"public_key\x18\x05 \x01(\fR\tpublicKey\x12\x1c\n" +
+	"\tsignature\x18\x06 \x01(\fR\tsignature\"a\n" +
+	"\x1bListAuditCheckpointsRequest\x12%\n" +
+	"\x0eafter_sequence\x18\x01 \x01(\x03R\rafterSequence\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\"\xc9\x01\n" +
+	"\x1cListAuditCheckpointsResponse\x12G\n" +
+	"\vcheckpoints\x18\x01 \x03(\v2%.airlock.authority.v1.AuditCheckpointR\vcheckpoints\x12\x12\n" +
+	"\x04more\x18\x02 \x01(\bR\x04more\x12\x1d\n" +
+	"\n" +
+	"public_key\x18\x03 \x01(\fR\tpublicKey\x12\x15\n" +
+	"\x06key_id\x18\x04 \x01(\tR\x05keyId\x12\x16\n" +
+	"\x06halted\x18\x05 \x01(\tR\x06halted*\xb0\x01\n" +
 	"\bJobState\x12\x19\n" +
 	"\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n" +
@@ -4588,7 +4837,7 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x19AUDIT_OUTCOME_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15AUDIT_OUTCOME_ALLOWED\x10\x01\x12\x18\n" +
 	"\x14AUDIT_OUTCOME_DENIED\x10\x02\x12\x18\n" +
-	"\x14AUDIT_OUTCOME_FAILED\x10\x032\xb1\x0f\n" +
+	"\x14AUDIT_OUTCOME_FAILED\x10\x032\xb0\x10\n" +
 	"\x10AuthorityService\x12\\\n" +
 	"\tSubmitJob\x12&.airlock.authority.v1.SubmitJobRequest\x1a'.airlock.authority.v1.SubmitJobResponse\x12S\n" +
 	"\x06GetJob\x12#.airlock.authority.v1.GetJobRequest\x1a$.airlock.authority.v1.GetJobResponse\x12Y\n" +
@@ -4610,7 +4859,8 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x13UpdateNetworkPolicy\x120.airlock.authority.v1.UpdateNetworkPolicyRequest\x1a1.airlock.authority.v1.UpdateNetworkPolicyResponse\x12n\n" +
 	"\x0fUpdateJobLimits\x12,.airlock.authority.v1.UpdateJobLimitsRequest\x1a-.airlock.authority.v1.UpdateJobLimitsResponse\x12Y\n" +
 	"\bUseLease\x12%.airlock.authority.v1.UseLeaseRequest\x1a&.airlock.authority.v1.UseLeaseResponse\x12n\n" +
-	"\x0fListAuditEvents\x12,.airlock.authority.v1.ListAuditEventsRequest\x1a-.airlock.authority.v1.ListAuditEventsResponseBEZCgithub.com/airlockhq/airlock/proto/airlock/authority/v1;authorityv1b\x06proto3"
+	"\x0fListAuditEvents\x12,.airlock.authority.v1.ListAuditEventsRequest\x1a-.airlock.authority.v1.ListAuditEventsResponse\x12}\n" +
+	"\x14ListAuditCheckpoints\x121.airlock.authority.v1.ListAuditCheckpointsRequest\x1a2.airlock.authority.v1.ListAuditCheckpointsResponseBEZCgithub.com/airlockhq/airlock/proto/airlock/authority/v1;authorityv1b\x06proto3"
 
 var (
 	file_airlock_authority_v1_authority_proto_rawDescOnce sync.Once
@@ -4625,123 +4875,126 @@ func file_airlock_authority_v1_authority_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_authority_v1_authority_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
 var file_airlock_authority_v1_authority_proto_goTypes = []any{
-	(JobState)(0),                       // 0: airlock.authority.v1.JobState
-	(FileStatus)(0),                     // 1: airlock.authority.v1.FileStatus
-	(ApprovalState)(0),                  // 2: airlock.authority.v1.ApprovalState
-	(Decision)(0),                       // 3: airlock.authority.v1.Decision
-	(ApprovalKind)(0),                   // 4: airlock.authority.v1.ApprovalKind
-	(ReviewPart)(0),                     // 5: airlock.authority.v1.ReviewPart
-	(LeasePurpose)(0),                   // 6: airlock.authority.v1.LeasePurpose
-	(AuditOutcome)(0),                   // 7: airlock.authority.v1.AuditOutcome
-	(*JobSpec)(nil),                     // 8: airlock.authority.v1.JobSpec
-	(*Job)(nil),                         // 9: airlock.authority.v1.Job
-	(*SubmitJobRequest)(nil),            // 10: airlock.authority.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),           // 11: airlock.authority.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),               // 12: airlock.authority.v1.GetJobRequest
-	(*GetJobResponse)(nil),              // 13: airlock.authority.v1.GetJobResponse
-	(*ListJobsRequest)(nil),             // 14: airlock.authority.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),            // 15: airlock.authority.v1.ListJobsResponse
-	(*WatchJobRequest)(nil),             // 16: airlock.authority.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),            // 17: airlock.authority.v1.WatchJobResponse
-	(*CancelJobRequest)(nil),            // 18: airlock.authority.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),           // 19: airlock.authority.v1.CancelJobResponse
-	(*FetchSourceRequest)(nil),          // 20: airlock.authority.v1.FetchSourceRequest
-	(*SourceHeader)(nil),                // 21: airlock.authority.v1.SourceHeader
-	(*FetchSourceResponse)(nil),         // 22: airlock.authority.v1.FetchSourceResponse
-	(*ReportResultRequest)(nil),         // 23: airlock.authority.v1.ReportResultRequest
-	(*FileChange)(nil),                  // 24: airlock.authority.v1.FileChange
-	(*OutputTail)(nil),                  // 25: airlock.authority.v1.OutputTail
-	(*ReviewDetail)(nil),                // 26: airlock.authority.v1.ReviewDetail
-	(*ReportResultResponse)(nil),        // 27: airlock.authority.v1.ReportResultResponse
-	(*JobChange)(nil),                   // 28: airlock.authority.v1.JobChange
-	(*ApprovalVote)(nil),                // 29: airlock.authority.v1.ApprovalVote
-	(*Approval)(nil),                    // 30: airlock.authority.v1.Approval
-	(*ReviewMaterial)(nil),              // 31: airlock.authority.v1.ReviewMaterial
-	(*ReadReviewRequest)(nil),           // 32: airlock.authority.v1.ReadReviewRequest
-	(*ReviewPartStart)(nil),             // 33: airlock.authority.v1.ReviewPartStart
-	(*ReviewFiles)(nil),                 // 34: airlock.authority.v1.ReviewFiles
-	(*ReadReviewResponse)(nil),          // 35: airlock.authority.v1.ReadReviewResponse
-	(*ListApprovalsRequest)(nil),        // 36: airlock.authority.v1.ListApprovalsRequest
-	(*ListApprovalsResponse)(nil),       // 37: airlock.authority.v1.ListApprovalsResponse
-	(*GetApprovalRequest)(nil),          // 38: airlock.authority.v1.GetApprovalRequest
-	(*GetApprovalResponse)(nil),         // 39: airlock.authority.v1.GetApprovalResponse
-	(*DecideApprovalRequest)(nil),       // 40: airlock.authority.v1.DecideApprovalRequest
-	(*DecideApprovalResponse)(nil),      // 41: airlock.authority.v1.DecideApprovalResponse
-	(*ConsumeApprovalRequest)(nil),      // 42: airlock.authority.v1.ConsumeApprovalRequest
-	(*ConsumeApprovalResponse)(nil),     // 43: airlock.authority.v1.ConsumeApprovalResponse
-	(*Lease)(nil),                       // 44: airlock.authority.v1.Lease
-	(*LeaseCredentialRequest)(nil),      // 45: airlock.authority.v1.LeaseCredentialRequest
-	(*LeaseCredentialResponse)(nil),     // 46: airlock.authority.v1.LeaseCredentialResponse
-	(*RevokeCredentialRequest)(nil),     // 47: airlock.authority.v1.RevokeCredentialRequest
-	(*RevokeCredentialResponse)(nil),    // 48: airlock.authority.v1.RevokeCredentialResponse
-	(*ListLeasesRequest)(nil),           // 49: airlock.authority.v1.ListLeasesRequest
-	(*ListLeasesResponse)(nil),          // 50: airlock.authority.v1.ListLeasesResponse
-	(*UpdateNetworkPolicyRequest)(nil),  // 51: airlock.authority.v1.UpdateNetworkPolicyRequest
-	(*UpdateNetworkPolicyResponse)(nil), // 52: airlock.authority.v1.UpdateNetworkPolicyResponse
-	(*UpdateJobLimitsRequest)(nil),      // 53: airlock.authority.v1.UpdateJobLimitsRequest
-	(*UpdateJobLimitsResponse)(nil),     // 54: airlock.authority.v1.UpdateJobLimitsResponse
-	(*UseLeaseRequest)(nil),             // 55: airlock.authority.v1.UseLeaseRequest
-	(*UseLeaseResponse)(nil),            // 56: airlock.authority.v1.UseLeaseResponse
-	(*AuditEvent)(nil),                  // 57: airlock.authority.v1.AuditEvent
-	(*ListAuditEventsRequest)(nil),      // 58: airlock.authority.v1.ListAuditEventsRequest
-	(*ListAuditEventsResponse)(nil),     // 59: airlock.authority.v1.ListAuditEventsResponse
-	nil,                                 // 60: airlock.authority.v1.JobSpec.EnvEntry
-	(*v1.ResourceLimits)(nil),           // 61: airlock.types.v1.ResourceLimits
-	(*v1.NetworkPolicy)(nil),            // 62: airlock.types.v1.NetworkPolicy
-	(v1.RuntimeClass)(0),                // 63: airlock.types.v1.RuntimeClass
-	(*v1.PublishTarget)(nil),            // 64: airlock.types.v1.PublishTarget
-	(*timestamppb.Timestamp)(nil),       // 65: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),                // 66: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil),      // 67: airlock.types.v1.NetworkPolicyStatus
-	(*v1.OutputChunk)(nil),              // 68: airlock.types.v1.OutputChunk
-	(*durationpb.Duration)(nil),         // 69: google.protobuf.Duration
+	(JobState)(0),                        // 0: airlock.authority.v1.JobState
+	(FileStatus)(0),                      // 1: airlock.authority.v1.FileStatus
+	(ApprovalState)(0),                   // 2: airlock.authority.v1.ApprovalState
+	(Decision)(0),                        // 3: airlock.authority.v1.Decision
+	(ApprovalKind)(0),                    // 4: airlock.authority.v1.ApprovalKind
+	(ReviewPart)(0),                      // 5: airlock.authority.v1.ReviewPart
+	(LeasePurpose)(0),                    // 6: airlock.authority.v1.LeasePurpose
+	(AuditOutcome)(0),                    // 7: airlock.authority.v1.AuditOutcome
+	(*JobSpec)(nil),                      // 8: airlock.authority.v1.JobSpec
+	(*Job)(nil),                          // 9: airlock.authority.v1.Job
+	(*SubmitJobRequest)(nil),             // 10: airlock.authority.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),            // 11: airlock.authority.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),                // 12: airlock.authority.v1.GetJobRequest
+	(*GetJobResponse)(nil),               // 13: airlock.authority.v1.GetJobResponse
+	(*ListJobsRequest)(nil),              // 14: airlock.authority.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),             // 15: airlock.authority.v1.ListJobsResponse
+	(*WatchJobRequest)(nil),              // 16: airlock.authority.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),             // 17: airlock.authority.v1.WatchJobResponse
+	(*CancelJobRequest)(nil),             // 18: airlock.authority.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),            // 19: airlock.authority.v1.CancelJobResponse
+	(*FetchSourceRequest)(nil),           // 20: airlock.authority.v1.FetchSourceRequest
+	(*SourceHeader)(nil),                 // 21: airlock.authority.v1.SourceHeader
+	(*FetchSourceResponse)(nil),          // 22: airlock.authority.v1.FetchSourceResponse
+	(*ReportResultRequest)(nil),          // 23: airlock.authority.v1.ReportResultRequest
+	(*FileChange)(nil),                   // 24: airlock.authority.v1.FileChange
+	(*OutputTail)(nil),                   // 25: airlock.authority.v1.OutputTail
+	(*ReviewDetail)(nil),                 // 26: airlock.authority.v1.ReviewDetail
+	(*ReportResultResponse)(nil),         // 27: airlock.authority.v1.ReportResultResponse
+	(*JobChange)(nil),                    // 28: airlock.authority.v1.JobChange
+	(*ApprovalVote)(nil),                 // 29: airlock.authority.v1.ApprovalVote
+	(*Approval)(nil),                     // 30: airlock.authority.v1.Approval
+	(*ReviewMaterial)(nil),               // 31: airlock.authority.v1.ReviewMaterial
+	(*ReadReviewRequest)(nil),            // 32: airlock.authority.v1.ReadReviewRequest
+	(*ReviewPartStart)(nil),              // 33: airlock.authority.v1.ReviewPartStart
+	(*ReviewFiles)(nil),                  // 34: airlock.authority.v1.ReviewFiles
+	(*ReadReviewResponse)(nil),           // 35: airlock.authority.v1.ReadReviewResponse
+	(*ListApprovalsRequest)(nil),         // 36: airlock.authority.v1.ListApprovalsRequest
+	(*ListApprovalsResponse)(nil),        // 37: airlock.authority.v1.ListApprovalsResponse
+	(*GetApprovalRequest)(nil),           // 38: airlock.authority.v1.GetApprovalRequest
+	(*GetApprovalResponse)(nil),          // 39: airlock.authority.v1.GetApprovalResponse
+	(*DecideApprovalRequest)(nil),        // 40: airlock.authority.v1.DecideApprovalRequest
+	(*DecideApprovalResponse)(nil),       // 41: airlock.authority.v1.DecideApprovalResponse
+	(*ConsumeApprovalRequest)(nil),       // 42: airlock.authority.v1.ConsumeApprovalRequest
+	(*ConsumeApprovalResponse)(nil),      // 43: airlock.authority.v1.ConsumeApprovalResponse
+	(*Lease)(nil),                        // 44: airlock.authority.v1.Lease
+	(*LeaseCredentialRequest)(nil),       // 45: airlock.authority.v1.LeaseCredentialRequest
+	(*LeaseCredentialResponse)(nil),      // 46: airlock.authority.v1.LeaseCredentialResponse
+	(*RevokeCredentialRequest)(nil),      // 47: airlock.authority.v1.RevokeCredentialRequest
+	(*RevokeCredentialResponse)(nil),     // 48: airlock.authority.v1.RevokeCredentialResponse
+	(*ListLeasesRequest)(nil),            // 49: airlock.authority.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),           // 50: airlock.authority.v1.ListLeasesResponse
+	(*UpdateNetworkPolicyRequest)(nil),   // 51: airlock.authority.v1.UpdateNetworkPolicyRequest
+	(*UpdateNetworkPolicyResponse)(nil),  // 52: airlock.authority.v1.UpdateNetworkPolicyResponse
+	(*UpdateJobLimitsRequest)(nil),       // 53: airlock.authority.v1.UpdateJobLimitsRequest
+	(*UpdateJobLimitsResponse)(nil),      // 54: airlock.authority.v1.UpdateJobLimitsResponse
+	(*UseLeaseRequest)(nil),              // 55: airlock.authority.v1.UseLeaseRequest
+	(*UseLeaseResponse)(nil),             // 56: airlock.authority.v1.UseLeaseResponse
+	(*AuditEvent)(nil),                   // 57: airlock.authority.v1.AuditEvent
+	(*ListAuditEventsRequest)(nil),       // 58: airlock.authority.v1.ListAuditEventsRequest
+	(*ListAuditEventsResponse)(nil),      // 59: airlock.authority.v1.ListAuditEventsResponse
+	(*AuditCheckpoint)(nil),              // 60: airlock.authority.v1.AuditCheckpoint
+	(*ListAuditCheckpointsRequest)(nil),  // 61: airlock.authority.v1.ListAuditCheckpointsRequest
+	(*ListAuditCheckpointsResponse)(nil), // 62: airlock.authority.v1.ListAuditCheckpointsResponse
+	nil,                                  // 63: airlock.authority.v1.JobSpec.EnvEntry
+	(*v1.ResourceLimits)(nil),            // 64: airlock.types.v1.ResourceLimits
+	(*v1.NetworkPolicy)(nil),             // 65: airlock.types.v1.NetworkPolicy
+	(v1.RuntimeClass)(0),                 // 66: airlock.types.v1.RuntimeClass
+	(*v1.PublishTarget)(nil),             // 67: airlock.types.v1.PublishTarget
+	(*timestamppb.Timestamp)(nil),        // 68: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),                 // 69: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil),       // 70: airlock.types.v1.NetworkPolicyStatus
+	(*v1.OutputChunk)(nil),               // 71: airlock.types.v1.OutputChunk
+	(*durationpb.Duration)(nil),          // 72: google.protobuf.Duration
 }
 var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
-	60, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
-	61, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
-	62, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	63, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	64, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
+	63, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
+	64, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
+	65, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	66, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	67, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
 	8,  // 5: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
 	0,  // 6: airlock.authority.v1.Job.state:type_name -> airlock.authority.v1.JobState
-	65, // 7: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	65, // 8: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	66, // 9: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
-	67, // 10: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	61, // 11: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
+	68, // 7: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	68, // 8: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	69, // 9: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
+	70, // 10: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	64, // 11: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
 	8,  // 12: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
 	9,  // 13: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
 	9,  // 14: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
 	0,  // 15: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
 	9,  // 16: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
 	9,  // 17: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
-	68, // 18: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
+	71, // 18: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
 	9,  // 19: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
 	21, // 20: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
-	66, // 21: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
+	69, // 21: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
 	26, // 22: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
 	1,  // 23: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
 	24, // 24: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
 	25, // 25: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
 	25, // 26: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
 	9,  // 27: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
-	61, // 28: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
-	61, // 29: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
-	62, // 30: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	62, // 31: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	64, // 28: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
+	64, // 29: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
+	65, // 30: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	65, // 31: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
 	3,  // 32: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
-	65, // 33: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
-	64, // 34: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
+	68, // 33: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
+	67, // 34: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
 	2,  // 35: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
 	29, // 36: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
-	65, // 37: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
-	65, // 38: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	68, // 37: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
+	68, // 38: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
 	4,  // 39: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
 	28, // 40: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
-	66, // 41: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
-	62, // 42: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	69, // 41: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
+	65, // 42: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
 	26, // 43: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
 	5,  // 44: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
 	5,  // 45: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
@@ -4754,70 +5007,74 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	31, // 52: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
 	3,  // 53: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
 	30, // 54: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	64, // 55: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
+	67, // 55: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
 	30, // 56: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
 	6,  // 57: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	65, // 58: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
-	65, // 59: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	65, // 60: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
+	68, // 58: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
+	68, // 59: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	68, // 60: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
 	6,  // 61: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	69, // 62: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
+	72, // 62: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
 	44, // 63: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
 	44, // 64: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
 	44, // 65: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
-	62, // 66: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
-	67, // 67: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	61, // 68: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
+	65, // 66: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
+	70, // 67: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	64, // 68: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
 	9,  // 69: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
 	44, // 70: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
-	65, // 71: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	68, // 71: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
 	7,  // 72: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
-	65, // 73: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
-	65, // 74: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
+	68, // 73: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
+	68, // 74: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
 	57, // 75: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
-	10, // 76: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
-	12, // 77: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
-	14, // 78: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
-	16, // 79: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
-	18, // 80: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
-	20, // 81: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
-	23, // 82: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	36, // 83: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	38, // 84: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	32, // 85: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
-	40, // 86: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	42, // 87: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	45, // 88: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	47, // 89: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	49, // 90: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	51, // 91: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	53, // 92: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
-	55, // 93: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
-	58, // 94: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	11, // 95: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
-	13, // 96: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
-	15, // 97: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
-	17, // 98: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
-	19, // 99: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
-	22, // 100: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	27, // 101: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	37, // 102: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	39, // 103: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	35, // 104: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
-	41, // 105: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	43, // 106: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	46, // 107: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	48, // 108: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	50, // 109: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	52, // 110: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	54, // 111: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
-	56, // 112: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
-	59, // 113: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	95, // [95:114] is the sub-list for method output_type
-	76, // [76:95] is the sub-list for method input_type
-	76, // [76:76] is the sub-list for extension type_name
-	76, // [76:76] is the sub-list for extension extendee
-	0,  // [0:76] is the sub-list for field type_name
+	68, // 76: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
+	60, // 77: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
+	10, // 78: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
+	12, // 79: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
+	14, // 80: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
+	16, // 81: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
+	18, // 82: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
+	20, // 83: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
+	23, // 84: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
+	36, // 85: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	38, // 86: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	32, // 87: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
+	40, // 88: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	42, // 89: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	45, // 90: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	47, // 91: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	49, // 92: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	51, // 93: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	53, // 94: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	55, // 95: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	58, // 96: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	61, // 97: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
+	11, // 98: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
+	13, // 99: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
+	15, // 100: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
+	17, // 101: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
+	19, // 102: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
+	22, // 103: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
+	27, // 104: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	37, // 105: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	39, // 106: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	35, // 107: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
+	41, // 108: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	43, // 109: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	46, // 110: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	48, // 111: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	50, // 112: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	52, // 113: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	54, // 114: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	56, // 115: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	59, // 116: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	62, // 117: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
+	98, // [98:118] is the sub-list for method output_type
+	78, // [78:98] is the sub-list for method input_type
+	78, // [78:78] is the sub-list for extension type_name
+	78, // [78:78] is the sub-list for extension extendee
+	0,  // [0:78] is the sub-list for field type_name
 }
 
 func init() { file_airlock_authority_v1_authority_proto_init() }
@@ -4845,7 +5102,7 @@ func file_airlock_authority_v1_authority_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_authority_v1_authority_proto_rawDesc), len(file_airlock_authority_v1_authority_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   53,
+			NumMessages:   56,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,25 +25,26 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AuthorityService_SubmitJob_FullMethodName           = "/airlock.authority.v1.AuthorityService/SubmitJob"
-	AuthorityService_GetJob_FullMethodName              = "/airlock.authority.v1.AuthorityService/GetJob"
-	AuthorityService_ListJobs_FullMethodName            = "/airlock.authority.v1.AuthorityService/ListJobs"
-	AuthorityService_WatchJob_FullMethodName            = "/airlock.authority.v1.AuthorityService/WatchJob"
-	AuthorityService_CancelJob_FullMethodName           = "/airlock.authority.v1.AuthorityService/CancelJob"
-	AuthorityService_FetchSource_FullMethodName         = "/airlock.authority.v1.AuthorityService/FetchSource"
-	AuthorityService_ReportResult_FullMethodName        = "/airlock.authority.v1.AuthorityService/ReportResult"
-	AuthorityService_ListApprovals_FullMethodName       = "/airlock.authority.v1.AuthorityService/ListApprovals"
-	AuthorityService_GetApproval_FullMethodName         = "/airlock.authority.v1.AuthorityService/GetApproval"
-	AuthorityService_ReadReview_FullMethodName          = "/airlock.authority.v1.AuthorityService/ReadReview"
-	AuthorityService_DecideApproval_FullMethodName      = "/airlock.authority.v1.AuthorityService/DecideApproval"
-	AuthorityService_ConsumeApproval_FullMethodName     = "/airlock.authority.v1.AuthorityService/ConsumeApproval"
-	AuthorityService_LeaseCredential_FullMethodName     = "/airlock.authority.v1.AuthorityService/LeaseCredential"
-	AuthorityService_RevokeCredential_FullMethodName    = "/airlock.authority.v1.AuthorityService/RevokeCredential"
-	AuthorityService_ListLeases_FullMethodName          = "/airlock.authority.v1.AuthorityService/ListLeases"
-	AuthorityService_UpdateNetworkPolicy_FullMethodName = "/airlock.authority.v1.AuthorityService/UpdateNetworkPolicy"
-	AuthorityService_UpdateJobLimits_FullMethodName     = "/airlock.authority.v1.AuthorityService/UpdateJobLimits"
-	AuthorityService_UseLease_FullMethodName            = "/airlock.authority.v1.AuthorityService/UseLease"
-	AuthorityService_ListAuditEvents_FullMethodName     = "/airlock.authority.v1.AuthorityService/ListAuditEvents"
+	AuthorityService_SubmitJob_FullMethodName            = "/airlock.authority.v1.AuthorityService/SubmitJob"
+	AuthorityService_GetJob_FullMethodName               = "/airlock.authority.v1.AuthorityService/GetJob"
+	AuthorityService_ListJobs_FullMethodName             = "/airlock.authority.v1.AuthorityService/ListJobs"
+	AuthorityService_WatchJob_FullMethodName             = "/airlock.authority.v1.AuthorityService/WatchJob"
+	AuthorityService_CancelJob_FullMethodName            = "/airlock.authority.v1.AuthorityService/CancelJob"
+	AuthorityService_FetchSource_FullMethodName          = "/airlock.authority.v1.AuthorityService/FetchSource"
+	AuthorityService_ReportResult_FullMethodName         = "/airlock.authority.v1.AuthorityService/ReportResult"
+	AuthorityService_ListApprovals_FullMethodName        = "/airlock.authority.v1.AuthorityService/ListApprovals"
+	AuthorityService_GetApproval_FullMethodName          = "/airlock.authority.v1.AuthorityService/GetApproval"
+	AuthorityService_ReadReview_FullMethodName           = "/airlock.authority.v1.AuthorityService/ReadReview"
+	AuthorityService_DecideApproval_FullMethodName       = "/airlock.authority.v1.AuthorityService/DecideApproval"
+	AuthorityService_ConsumeApproval_FullMethodName      = "/airlock.authority.v1.AuthorityService/ConsumeApproval"
+	AuthorityService_LeaseCredential_FullMethodName      = "/airlock.authority.v1.AuthorityService/LeaseCredential"
+	AuthorityService_RevokeCredential_FullMethodName     = "/airlock.authority.v1.AuthorityService/RevokeCredential"
+	AuthorityService_ListLeases_FullMethodName           = "/airlock.authority.v1.AuthorityService/ListLeases"
+	AuthorityService_UpdateNetworkPolicy_FullMethodName  = "/airlock.authority.v1.AuthorityService/UpdateNetworkPolicy"
+	AuthorityService_UpdateJobLimits_FullMethodName      = "/airlock.authority.v1.AuthorityService/UpdateJobLimits"
+	AuthorityService_UseLease_FullMethodName             = "/airlock.authority.v1.AuthorityService/UseLease"
+	AuthorityService_ListAuditEvents_FullMethodName      = "/airlock.authority.v1.AuthorityService/ListAuditEvents"
+	AuthorityService_ListAuditCheckpoints_FullMethodName = "/airlock.authority.v1.AuthorityService/ListAuditCheckpoints"
 )
 
 // AuthorityServiceClient is the client API for AuthorityService service.
@@ -112,8 +113,15 @@ type AuthorityServiceClient interface {
 	// credential; it records the use and refuses a revoked or expired lease.
 	// Callers: service/publisher (the holder).
 	UseLease(ctx context.Context, in *UseLeaseRequest, opts ...grpc.CallOption) (*UseLeaseResponse, error)
-	// ListAuditEvents reads the hash-chained audit log. Callers: approver/*.
+	// ListAuditEvents reads the hash-chained audit log: the whole log for an
+	// auditor (the authority config's audit.auditors), the entries of its
+	// own tenants for any other approver. Callers: approver/*.
 	ListAuditEvents(ctx context.Context, in *ListAuditEventsRequest, opts ...grpc.CallOption) (*ListAuditEventsResponse, error)
+	// ListAuditCheckpoints reads the signed checkpoints of the audit log's
+	// head, oldest first, from the authority's checkpoint file (never from
+	// its database). Monitors poll and keep them, so a log rewritten later
+	// can be told from the one they saw. Callers: approver/*.
+	ListAuditCheckpoints(ctx context.Context, in *ListAuditCheckpointsRequest, opts ...grpc.CallOption) (*ListAuditCheckpointsResponse, error)
 }
 
 type authorityServiceClient struct {
@@ -341,6 +349,16 @@ func (c *authorityServiceClient) ListAuditEvents(ctx context.Context, in *ListAu
 	return out, nil
 }
 
+func (c *authorityServiceClient) ListAuditCheckpoints(ctx context.Context, in *ListAuditCheckpointsRequest, opts ...grpc.CallOption) (*ListAuditCheckpointsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListAuditCheckpointsResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_ListAuditCheckpoints_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AuthorityServiceServer is the server API for AuthorityService service.
 // All implementations must embed UnimplementedAuthorityServiceServer
 // for forward compatibility.
@@ -407,8 +425,15 @@ type AuthorityServiceServer interface {
 	// credential; it records the use and refuses a revoked or expired lease.
 	// Callers: service/publisher (the holder).
 	UseLease(context.Context, *UseLeaseRequest) (*UseLeaseResponse, error)
-	// ListAuditEvents reads the hash-chained audit log. Callers: approver/*.
+	// ListAuditEvents reads the hash-chained audit log: the whole log for an
+	// auditor (the authority config's audit.auditors), the entries of its
+	// own tenants for any other approver. Callers: approver/*.
 	ListAuditEvents(context.Context, *ListAuditEventsRequest) (*ListAuditEventsResponse, error)
+	// ListAuditCheckpoints reads the signed checkpoints of the audit log's
+	// head, oldest first, from the authority's checkpoint file (never from
+	// its database). Monitors poll and keep them, so a log rewritten later
+	// can be told from the one they saw. Callers: approver/*.
+	ListAuditCheckpoints(context.Context, *ListAuditCheckpointsRequest) (*ListAuditCheckpointsResponse, error)
 	mustEmbedUnimplementedAuthorityServiceServer()
 }
 
@@ -475,6 +500,9 @@ func (UnimplementedAuthorityServiceServer) UseLease(context.Context, *UseLeaseRe
 }
 func (UnimplementedAuthorityServiceServer) ListAuditEvents(context.Context, *ListAuditEventsRequest) (*ListAuditEventsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListAuditEvents not implemented")
+}
+func (UnimplementedAuthorityServiceServer) ListAuditCheckpoints(context.Context, *ListAuditCheckpointsRequest) (*ListAuditCheckpointsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListAuditCheckpoints not implemented")
 }
 func (UnimplementedAuthorityServiceServer) mustEmbedUnimplementedAuthorityServiceServer() {}
 func (UnimplementedAuthorityServiceServer) testEmbeddedByValue()                          {}
@@ -818,6 +846,24 @@ func _AuthorityService_ListAuditEvents_Handler(srv interface{}, ctx context.Cont
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AuthorityService_ListAuditCheckpoints_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListAuditCheckpointsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).ListAuditCheckpoints(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_ListAuditCheckpoints_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).ListAuditCheckpoints(ctx, req.(*ListAuditCheckpointsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AuthorityService_ServiceDesc is the grpc.ServiceDesc for AuthorityService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -888,6 +934,10 @@ var AuthorityService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListAuditEvents",
 			Handler:    _AuthorityService_ListAuditEvents_Handler,
+		},
+		{
+			MethodName: "ListAuditCheckpoints",
+			Handler:    _AuthorityService_ListAuditCheckpoints_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -19,6 +19,7 @@ import (
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/approvals"
+	"github.com/airlockhq/airlock/services/authority/internal/checkpoints"
 	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
@@ -30,6 +31,9 @@ type Config struct {
 	Jobs *jobs.Service
 	// Approvals is the approval and lease domain; required.
 	Approvals *approvals.Service
+	// Checkpoints serves the audit log's signed checkpoints; nil answers
+	// Unimplemented.
+	Checkpoints *checkpoints.Service
 	// Logger receives internal errors; default slog.Default().
 	Logger *slog.Logger
 }
@@ -386,7 +390,11 @@ func (s *Service) ListAuditEvents(ctx context.Context, req *authorityv1.ListAudi
 	if req.GetEndTime() != nil {
 		q.Until = req.GetEndTime().AsTime()
 	}
-	events, next, err := s.cfg.Jobs.AuditEvents(ctx, q)
+	id, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	events, next, err := s.cfg.Jobs.AuditEvents(ctx, id, q)
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
@@ -396,6 +404,23 @@ func (s *Service) ListAuditEvents(ctx context.Context, req *authorityv1.ListAudi
 			Sequence: e.Sequence, Time: timestamppb.New(e.Time), Kind: e.Kind, Caller: e.Caller, Subject: e.Subject,
 			Tenant: e.Tenant, JobId: e.JobID, Outcome: auditOutcomes[e.Outcome], Reason: e.Reason,
 			Hash: e.Hash, PreviousHash: e.PrevHash,
+		})
+	}
+	return out, nil
+}
+
+func (s *Service) ListAuditCheckpoints(ctx context.Context, req *authorityv1.ListAuditCheckpointsRequest) (*authorityv1.ListAuditCheckpointsResponse, error) {
+	if s.cfg.Checkpoints == nil {
+		return nil, status.Error(codes.Unimplemented, "this authority signs no audit checkpoints")
+	}
+	p, err := s.cfg.Checkpoints.List(req.GetAfterSequence(), int(req.GetPageSize()))
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	out := &authorityv1.ListAuditCheckpointsResponse{More: p.More, PublicKey: p.PublicKey, KeyId: p.KeyID, Halted: p.Halted}
+	for _, c := range p.Checkpoints {
+		out.Checkpoints = append(out.Checkpoints, &authorityv1.AuditCheckpoint{
+			Sequence: c.Sequence, Hash: c.Hash, Time: timestamppb.New(c.Time), KeyId: c.KeyID, PublicKey: c.PublicKey, Signature: c.Signature,
 		})
 	}
 	return out, nil

@@ -31,6 +31,7 @@ import (
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/api"
 	"github.com/airlockhq/airlock/services/authority/internal/approvals"
+	"github.com/airlockhq/airlock/services/authority/internal/checkpoints"
 	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
 	"github.com/airlockhq/airlock/services/authority/internal/fakeexecutor"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
@@ -72,6 +73,7 @@ type harness struct {
 	origin  *gitRepo
 	tenants policy.Tenants
 	signer  *grant.Signer
+	cpKey   ed25519.PrivateKey // signs audit checkpoints
 	fake    *fakeexecutor.Executor
 	exec    string
 	logs    *logtest.Buffer
@@ -91,6 +93,9 @@ func newHarness(t *testing.T) *harness {
 // harnessOptions change the authority the harness runs.
 type harnessOptions struct {
 	grantTTL, startDeadline time.Duration
+	// checkpointEvery and checkpointInterval default to 100 and 1 minute.
+	checkpointEvery    int64
+	checkpointInterval time.Duration
 }
 
 func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
@@ -134,6 +139,9 @@ func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
 		t.Fatal(err)
 	}
 	h.signer = grant.NewSigner(key)
+	if _, h.cpKey, err = ed25519.GenerateKey(rand.Reader); err != nil {
+		t.Fatal(err)
+	}
 	h.fake = fakeexecutor.New(grant.NewVerifier(h.signer.PublicKey()))
 	h.exec = h.serve(executorID, authz.ExecutorTable, h.fake.Register)
 	h.start()
@@ -201,6 +209,7 @@ func (h *harness) start() {
 	svc, err := jobs.New(jobs.Config{
 		Store: st, Tenants: h.tenants, Source: src, Signer: executorclient.NewSigner(h.signer),
 		Executor: execClient, GrantTTL: cmp.Or(h.opts.grantTTL, 10*time.Minute), StartDeadline: h.opts.startDeadline, Logger: h.logger(),
+		Auditors: []string{"approver/alice"},
 		Retry: jobs.Retry{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}, DrainTimeout: 5 * time.Second,
 	})
 	if err != nil {
@@ -224,7 +233,16 @@ func (h *harness) start() {
 	if _, err := appr.OpenMissing(ctx, authorityID, api.PublishTarget); err != nil {
 		t.Fatal(err)
 	}
-	api.New(api.Config{Jobs: svc, Approvals: appr, Logger: h.logger()}).Register(srv.Registrar())
+	cps, err := checkpoints.Open(ctx, checkpoints.Config{
+		Store: st, Key: h.cpKey, File: filepath.Join(h.data, "audit-checkpoints.jsonl"),
+		Every: h.opts.checkpointEvery, Interval: h.opts.checkpointInterval, Logger: h.logger(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpDone := make(chan struct{})
+	go func() { defer close(cpDone); _ = cps.Run(runCtx) }()
+	api.New(api.Config{Jobs: svc, Approvals: appr, Checkpoints: cps, Logger: h.logger()}).Register(srv.Registrar())
 	serveDone := make(chan struct{})
 	go func() { defer close(serveDone); _ = srv.Serve(runCtx) }()
 	srv.SetServing(true)
@@ -234,6 +252,7 @@ func (h *harness) start() {
 		cancel()
 		<-serveDone
 		<-runDone
+		<-cpDone
 		conn.Close()
 		st.Close()
 	})

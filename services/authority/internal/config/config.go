@@ -20,6 +20,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/runspec"
+	"github.com/airlockhq/airlock/services/authority/internal/checkpoints"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 )
 
@@ -44,12 +45,75 @@ type Config struct {
 	// Store is where the authority keeps jobs and the audit log; default
 	// SQLite in the data directory.
 	Store StoreFile `yaml:"store"`
+	// Audit says who reads the whole audit log and how its head is
+	// anchored outside the database.
+	Audit AuditFile `yaml:"audit"`
 
 	// Policy is Tenants, validated, with defaults filled in.
 	Policy policy.Tenants `yaml:"-"`
 
 	// base is the config file's directory, for relative paths.
 	base string
+}
+
+// AuditFile configures the audit log's readers and its checkpoints.
+type AuditFile struct {
+	// Auditors are approver principals (approver/NAME) who read and verify
+	// the whole log; every other approver reads only the entries of the
+	// tenants that list it. Default none.
+	Auditors []string `yaml:"auditors"`
+	// CheckpointKey is the Ed25519 PKCS#8 PEM key checkpoints of the log's
+	// head are signed with; it must not live in the database, nor be the
+	// grant key. Default <data_dir>/audit-checkpoint.key, created (0600,
+	// with audit-checkpoint.key.pub beside it) when missing.
+	CheckpointKey string `yaml:"checkpoint_key"`
+	// CheckpointFile is the append-only file the signed checkpoints are
+	// written to (one JSON line each); default
+	// <data_dir>/audit-checkpoints.jsonl.
+	CheckpointFile string `yaml:"checkpoint_file"`
+	// CheckpointEvery is the most entries between two checkpoints; default
+	// 100, between 1 and 100000.
+	CheckpointEvery int64 `yaml:"checkpoint_every"`
+	// CheckpointInterval is the longest a new entry waits for a
+	// checkpoint; default 1m, between 1s and 24h.
+	CheckpointInterval time.Duration `yaml:"checkpoint_interval"`
+}
+
+// validate checks the audit section and fills in its defaults.
+func (a *AuditFile) validate(c *Config) error {
+	auditors, errs := principals("audit.auditors", c.checkedTrustDomain(), identity.KindApprover, a.Auditors)
+	a.Auditors = auditors
+	for _, f := range []struct {
+		field, def string
+		v          *string
+	}{
+		{"audit.checkpoint_key", "audit-checkpoint.key", &a.CheckpointKey},
+		{"audit.checkpoint_file", "audit-checkpoints.jsonl", &a.CheckpointFile},
+	} {
+		if *f.v == "" {
+			if c.DataDir != "" {
+				*f.v = filepath.Join(c.DataDir, f.def)
+			}
+			continue
+		}
+		*f.v = resolve(c.base, *f.v)
+	}
+	if a.CheckpointKey != "" && a.CheckpointKey == c.GrantKey {
+		errs = append(errs, config.Field("audit.checkpoint_key", "%s is the grant key: checkpoints need a key of their own", a.CheckpointKey))
+	}
+	switch {
+	case a.CheckpointEvery == 0:
+		a.CheckpointEvery = checkpoints.DefaultEvery
+	case a.CheckpointEvery < 1 || a.CheckpointEvery > 100000:
+		errs = append(errs, config.Field("audit.checkpoint_every", "%d: must be between 1 and 100000", a.CheckpointEvery))
+	}
+	switch {
+	case a.CheckpointInterval == 0:
+		a.CheckpointInterval = checkpoints.DefaultInterval
+	case a.CheckpointInterval < time.Second || a.CheckpointInterval > 24*time.Hour:
+		errs = append(errs, config.Field("audit.checkpoint_interval", "%v: must be between 1s and 24h", a.CheckpointInterval))
+	}
+	return errors.Join(errs...)
 }
 
 // TenantFile is one tenant as the file writes it.
@@ -139,7 +203,7 @@ func (c *Config) ValidatePeers() error {
 	case c.GrantTTL < 10*time.Second || c.GrantTTL > 24*time.Hour:
 		errs = append(errs, config.Field("grant_ttl", "%v: must be between 10s and 24h", c.GrantTTL))
 	}
-	errs = append(errs, c.Store.validate())
+	errs = append(errs, c.Store.validate(), c.Audit.validate(c))
 	c.Policy = policy.Tenants{}
 	for _, name := range sortedKeys(c.Tenants) {
 		t, err := c.tenant(name, c.Tenants[name])
@@ -162,29 +226,10 @@ func (c *Config) tenant(name string, f TenantFile) (*policy.Tenant, error) {
 	if len(f.Clients) == 0 {
 		errs = append(errs, config.Field(field+".clients", "at least one client principal (client/NAME) is required"))
 	}
-	// A placeholder trust domain lets a client name be checked even when
-	// trust_domain itself is wrong; that error is reported on its own.
-	td := c.TrustDomain
-	if identity.ValidateTrustDomain(td) != nil {
-		td = "airlock.invalid"
-	}
-	for i, p := range f.Clients {
-		cf := fmt.Sprintf("%s.clients[%d]", field, i)
-		kind, cname, ok := strings.Cut(p, "/")
-		if !ok || kind != string(identity.KindClient) {
-			errs = append(errs, config.Field(cf, "%q: want a client principal, client/NAME", p))
-			continue
-		}
-		if _, err := identity.New(td, identity.KindClient, cname); err != nil {
-			errs = append(errs, config.Field(cf, "%v", err))
-			continue
-		}
-		if slices.Contains(t.Clients, p) {
-			errs = append(errs, config.Field(cf, "%q is listed twice", p))
-			continue
-		}
-		t.Clients = append(t.Clients, p)
-	}
+	td := c.checkedTrustDomain()
+	clients, cerrs := principals(field+".clients", td, identity.KindClient, f.Clients)
+	t.Clients = clients
+	errs = append(errs, cerrs...)
 
 	for _, rname := range sortedKeys(f.Repositories) {
 		r, err := c.repository(field+".repositories."+rname, name, rname, f.Repositories[rname])
@@ -283,6 +328,50 @@ func (c *Config) tenant(name string, f TenantFile) (*policy.Tenant, error) {
 	return t, nil
 }
 
+// checkedTrustDomain is the trust domain principals are checked in: a
+// placeholder when trust_domain itself is wrong (that error is reported on
+// its own), so a name can still be checked.
+func (c *Config) checkedTrustDomain() string {
+	if identity.ValidateTrustDomain(c.TrustDomain) != nil {
+		return "airlock.invalid"
+	}
+	return c.TrustDomain
+}
+
+// principals checks a list of principals ("KIND/NAME") of one kind: each
+// well formed, of that kind, and listed once.
+func principals(field, td string, kind identity.Kind, list []string) ([]string, []error) {
+	var (
+		out  []string
+		errs []error
+	)
+	for i, p := range list {
+		pf := fmt.Sprintf("%s[%d]", field, i)
+		k, name, ok := strings.Cut(p, "/")
+		if !ok || k != string(kind) {
+			errs = append(errs, config.Field(pf, "%q: want a%s %s principal, %s/NAME", p, article(kind), kind, kind))
+			continue
+		}
+		if _, err := identity.New(td, kind, name); err != nil {
+			errs = append(errs, config.Field(pf, "%v", err))
+			continue
+		}
+		if slices.Contains(out, p) {
+			errs = append(errs, config.Field(pf, "%q is listed twice", p))
+			continue
+		}
+		out = append(out, p)
+	}
+	return out, errs
+}
+
+func article(k identity.Kind) string {
+	if strings.ContainsRune("aeiou", rune(k[0])) {
+		return "n"
+	}
+	return ""
+}
+
 // approvals checks a tenant's approval policy and fills in its defaults.
 func (c *Config) approvals(field, td string, f ApprovalsFile) (policy.Approvals, []error) {
 	var errs []error
@@ -294,23 +383,9 @@ func (c *Config) approvals(field, td string, f ApprovalsFile) (policy.Approvals,
 	default:
 		errs = append(errs, config.Field(field+".widening", "%q: want %s, %s or %s", f.Widening, policy.WidenApprove, policy.WidenAllow, policy.WidenDeny))
 	}
-	for i, p := range f.Approvers {
-		af := fmt.Sprintf("%s.approvers[%d]", field, i)
-		kind, name, ok := strings.Cut(p, "/")
-		if !ok || kind != string(identity.KindApprover) {
-			errs = append(errs, config.Field(af, "%q: want an approver principal, approver/NAME", p))
-			continue
-		}
-		if _, err := identity.New(td, identity.KindApprover, name); err != nil {
-			errs = append(errs, config.Field(af, "%v", err))
-			continue
-		}
-		if slices.Contains(a.Approvers, p) {
-			errs = append(errs, config.Field(af, "%q is listed twice", p))
-			continue
-		}
-		a.Approvers = append(a.Approvers, p)
-	}
+	approvers, aerrs := principals(field+".approvers", td, identity.KindApprover, f.Approvers)
+	a.Approvers = approvers
+	errs = append(errs, aerrs...)
 	switch {
 	case a.Required == 0:
 		a.Required = policy.DefaultRequiredApproval

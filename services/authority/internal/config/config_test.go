@@ -73,6 +73,10 @@ func TestLoadGood(t *testing.T) {
 	if c.GrantKey != filepath.Join(dir, "data", "grant.key") {
 		t.Errorf("grant_key default = %q", c.GrantKey)
 	}
+	if a := c.Audit; a.CheckpointKey != filepath.Join(dir, "data", "audit-checkpoint.key") || a.CheckpointFile != filepath.Join(dir, "data", "audit-checkpoints.jsonl") ||
+		a.CheckpointEvery != 100 || a.CheckpointInterval != time.Minute || len(a.Auditors) != 0 {
+		t.Errorf("audit defaults = %+v", a)
+	}
 	if c.GrantTTL != 5*time.Minute {
 		t.Errorf("grant_ttl = %v", c.GrantTTL)
 	}
@@ -205,6 +209,11 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 		{"deploy credential for unknown repo", tenant("    deploy_credentials: {nope: demo.token}\n"), []string{`tenants.dev.deploy_credentials.nope: "nope" is not a repository`}},
 		{"missing deploy credential file", tenant("    repositories: {demo: {url: /x}}\n    deploy_credentials: {demo: gone.token}\n"), []string{"tenants.dev.deploy_credentials.demo:", "gone.token"}},
 		{"bad grant ttl", common + "grant_ttl: 1s\n", []string{"grant_ttl: 1s: must be between"}},
+		{"auditor not an approver", common + "audit: {auditors: [client/dev]}\n", []string{`audit.auditors[0]: "client/dev": want an approver principal`}},
+		{"duplicate auditor", common + "audit: {auditors: [approver/a, approver/a]}\n", []string{"audit.auditors[1]:", "listed twice"}},
+		{"checkpoint key is the grant key", common + "grant_key: k.key\naudit: {checkpoint_key: k.key}\n", []string{"audit.checkpoint_key:", "is the grant key"}},
+		{"checkpoint every zero entries", common + "audit: {checkpoint_every: -1}\n", []string{"audit.checkpoint_every: -1: must be between 1 and 100000"}},
+		{"checkpoint interval too short", common + "audit: {checkpoint_interval: 10ms}\n", []string{"audit.checkpoint_interval: 10ms: must be between 1s and 24h"}},
 		{"several at once", tenant("    limits: {max: {memory: lots}}\n    runtime_classes: [kata]\n"),
 			[]string{"tenants.dev.limits.max.memory:", "tenants.dev.runtime_classes[0]:"}},
 	} {

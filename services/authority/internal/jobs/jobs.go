@@ -20,6 +20,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/audit"
 	"io"
 	"log/slog"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -224,7 +225,11 @@ type Config struct {
 	// (on the log); after it the job fails, saying so. Default
 	// policy.DefaultStartDeadline.
 	StartDeadline time.Duration
-	Logger        *slog.Logger
+	// Auditors are the approver principals ("approver/NAME") who read the
+	// whole audit log; every other approver reads only the entries of
+	// the tenants that list it.
+	Auditors []string
+	Logger   *slog.Logger
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 	// Retry defaults to 200ms doubling up to 1s: a job waiting for an
@@ -773,9 +778,13 @@ type AuditQuery struct {
 const auditPageBytes = 2 << 20
 
 // AuditEvents returns a page of the audit log, oldest first, and the token
-// of the next page ("" on the last). Who may read it is the authorization
-// table's decision (approvers); the log is not split by tenant.
-func (s *Service) AuditEvents(ctx context.Context, q AuditQuery) ([]audit.Event, string, error) {
+// of the next page ("" on the last). The authorization table lets only
+// approvers call; an auditor reads the whole log, any other approver only
+// the entries of a tenant that lists it, and must name that tenant.
+func (s *Service) AuditEvents(ctx context.Context, caller identity.ID, q AuditQuery) ([]audit.Event, string, error) {
+	if err := s.mayReadAudit(caller, q.Tenant); err != nil {
+		return nil, "", err
+	}
 	size := q.PageSize
 	switch {
 	case size == 0:
@@ -818,6 +827,30 @@ func (s *Service) AuditEvents(ctx context.Context, q AuditQuery) ([]audit.Event,
 		next = fmt.Sprintf("after:%d", events[n-1].Sequence)
 	}
 	return events, next, nil
+}
+
+// IsAuditor reports whether caller reads the whole audit log.
+func (s *Service) IsAuditor(caller identity.ID) bool {
+	return caller.Kind == identity.KindApprover && slices.Contains(s.cfg.Auditors, caller.Principal())
+}
+
+// mayReadAudit says whether caller may read the log's entries of tenant
+// ("" for the whole log).
+func (s *Service) mayReadAudit(caller identity.ID, tenant string) error {
+	switch {
+	case s.IsAuditor(caller):
+		return nil
+	case caller.Kind != identity.KindApprover:
+		return fmt.Errorf("%w: only approvers read the audit log", errdefs.ErrPermissionDenied)
+	case tenant == "":
+		return fmt.Errorf("%w: tenant: required: %s reads only the entries of the tenants that list it as an approver; the whole log is for auditors (the authority config's audit.auditors)",
+			errdefs.ErrPermissionDenied, caller.Principal())
+	}
+	if t := s.cfg.Tenants[tenant]; t == nil || !t.Approvals.AllowsApprover(caller.Principal()) {
+		// Told the same whether the tenant exists or not.
+		return fmt.Errorf("%w: tenant %q: %s is not one of its approvers", errdefs.ErrPermissionDenied, tenant, caller.Principal())
+	}
+	return nil
 }
 
 // RecordPolicy appends the tenant policy this authority runs with to the

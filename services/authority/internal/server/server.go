@@ -5,6 +5,8 @@ package server
 
 import (
 	"context"
+	"crypto/ed25519"
+	"fmt"
 	"os"
 	"sync/atomic"
 	"time"
@@ -15,9 +17,11 @@ import (
 	"github.com/airlockhq/airlock/pkg/grpcclient"
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/logging"
+	"github.com/airlockhq/airlock/pkg/pki"
 	"github.com/airlockhq/airlock/pkg/version"
 	"github.com/airlockhq/airlock/services/authority/internal/api"
 	"github.com/airlockhq/airlock/services/authority/internal/approvals"
+	"github.com/airlockhq/airlock/services/authority/internal/checkpoints"
 	"github.com/airlockhq/airlock/services/authority/internal/config"
 	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
@@ -93,6 +97,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				Signer:   executorclient.NewSigner(key),
 				Executor: exec,
 				GrantTTL: cfg.GrantTTL,
+				Auditors: cfg.Audit.Auditors,
 				Logger:   env.Logger,
 			})
 			if err != nil {
@@ -122,9 +127,25 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			env.Go(func(ctx context.Context) error {
 				return appr.SweepEvery(ctx, identity.Service(cfg.TrustDomain, identity.ServiceAuthority), sweepInterval)
 			})
-			api.New(api.Config{Jobs: svc, Approvals: appr, Logger: env.Logger}).Register(env.Server)
+			// The audit log's head is signed outside the database: at
+			// least every CheckpointEvery entries or CheckpointInterval, and
+			// once more when the authority stops.
+			cpKey, err := pki.LoadOrCreateEd25519(cfg.Audit.CheckpointKey)
+			if err != nil {
+				return fmt.Errorf("audit.checkpoint_key: %w", err)
+			}
+			cps, err := checkpoints.Open(ctx, checkpoints.Config{
+				Store: st, Key: cpKey, File: cfg.Audit.CheckpointFile,
+				Every: cfg.Audit.CheckpointEvery, Interval: cfg.Audit.CheckpointInterval, Logger: env.Logger,
+			})
+			if err != nil {
+				return err
+			}
+			env.Go(cps.Run)
+			api.New(api.Config{Jobs: svc, Approvals: appr, Checkpoints: cps, Logger: env.Logger}).Register(env.Server)
 			env.Logger.Info("authority ready", "tenants", len(cfg.Policy), "grant_key_id", key.KeyID(),
-				"grant_public_key", cfg.GrantKey+".pub", "executor", cfg.Executor.Address)
+				"grant_public_key", cfg.GrantKey+".pub",
+				"audit_checkpoint_key_id", pki.Ed25519KeyID(cpKey.Public().(ed25519.PublicKey)), "audit_checkpoints", cfg.Audit.CheckpointFile, "executor", cfg.Executor.Address)
 			if len(cfg.Policy) == 0 {
 				env.Logger.Warn("no tenants configured; every SubmitJob will be refused")
 			}

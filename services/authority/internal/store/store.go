@@ -170,6 +170,9 @@ type Store interface {
 	// ListAudit returns up to f.Limit events matching f, oldest (lowest
 	// sequence) first.
 	ListAudit(ctx context.Context, f AuditFilter) ([]audit.Event, error)
+	// AuditHead returns the log's last entry as the head row records it:
+	// its Sequence and Hash only (0 and GenesisHash for an empty log).
+	AuditHead(ctx context.Context) (sequence int64, hash string, err error)
 
 	ApprovalStore
 

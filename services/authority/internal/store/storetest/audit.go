@@ -70,6 +70,9 @@ func equalEvents(a, b audit.Event) error {
 
 func testAuditAppend(t *testing.T, open Opener) {
 	s := open(t)
+	if seq, hash, err := s.AuditHead(ctx(t)); err != nil || seq != 0 || hash != audit.GenesisHash {
+		t.Fatalf("head of an empty log: %d %q %v", seq, hash, err)
+	}
 	before := time.Now().UTC().Truncate(time.Microsecond)
 	// The store assigns sequence and hashes whatever the caller put there.
 	e1, err := s.AppendAudit(ctx(t), audit.Event{
@@ -95,6 +98,9 @@ func testAuditAppend(t *testing.T, open Opener) {
 	}
 	if e2.Sequence != 2 || e2.PrevHash != e1.Hash || !e2.Time.Equal(given.Truncate(time.Microsecond)) || e2.Time.Location() != time.UTC {
 		t.Fatalf("second entry: %+v", e2)
+	}
+	if seq, hash, err := s.AuditHead(ctx(t)); err != nil || seq != 2 || hash != e2.Hash {
+		t.Fatalf("head after two entries: %d %q %v, want 2 %q", seq, hash, err, e2.Hash)
 	}
 	got := VerifyAudit(t, s)
 	if len(got) != 2 {

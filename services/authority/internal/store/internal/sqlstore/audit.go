@@ -83,6 +83,18 @@ func (s *DB) AppendAudit(ctx context.Context, e audit.Event) (audit.Event, error
 	return out, nil
 }
 
+// AuditHead implements store.Store.
+func (s *DB) AuditHead(ctx context.Context) (int64, string, error) {
+	var (
+		seq  int64
+		hash string
+	)
+	if err := s.db.QueryRowContext(ctx, `SELECT seq, hash FROM audit_head WHERE id = 1`).Scan(&seq, &hash); err != nil {
+		return 0, "", fmt.Errorf("store: audit head: %w", err)
+	}
+	return seq, hash, nil
+}
+
 // ceilMicros is t in microseconds, rounded up, so that a bound between two
 // microseconds neither takes in nor leaves out an event it should not.
 func ceilMicros(t time.Time) int64 {

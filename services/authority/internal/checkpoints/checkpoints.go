@@ -1,0 +1,335 @@
+// Package checkpoints anchors the authority's audit log outside its
+// database: it signs checkpoints of the chain's head (sequence, hash, time)
+// with a key the database does not hold, at least every Every entries or
+// Interval and at shutdown, appends each to a file of its own (fsynced, one
+// JSON line each), logs it, and serves the series to the API. Whoever can
+// rewrite the database, and recompute every hash after a changed entry,
+// still cannot make the log agree with a checkpoint signed before. At start
+// and before each new checkpoint the log is checked against the last one;
+// a log that disagrees is reported and no further checkpoint is signed, so
+// a rewritten history is never signed over. Only the authority's api and
+// server packages import it.
+package checkpoints
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"encoding/base64"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/airlockhq/airlock/pkg/audit"
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/pki"
+	"github.com/airlockhq/airlock/services/authority/internal/store"
+)
+
+// Defaults.
+const (
+	DefaultEvery    = 100
+	DefaultInterval = time.Minute
+)
+
+// Config configures the checkpoints of one authority.
+type Config struct {
+	Store store.Store
+	// Key signs checkpoints; it must not be kept in the database.
+	Key ed25519.PrivateKey
+	// File is the append-only file the checkpoints are written to.
+	File string
+	// Every is the most entries between two checkpoints (default
+	// DefaultEvery); Interval the longest time a new entry waits for one
+	// (default DefaultInterval).
+	Every    int64
+	Interval time.Duration
+	Logger   *slog.Logger
+	Now      func() time.Time
+}
+
+// Service signs, keeps and serves the checkpoints.
+type Service struct {
+	cfg   Config
+	keyID string
+	poll  time.Duration
+
+	mu       sync.Mutex
+	cps      []audit.Checkpoint
+	lastTime time.Time // when the last checkpoint was signed (or the service opened)
+	halted   string    // why no checkpoint is signed any more; "" when it is
+	file     *os.File
+}
+
+// Open reads the checkpoint file (creating it when missing; a torn last
+// line left by a crash is cut off), checks that every checkpoint in it is
+// signed by cfg.Key, and checks the log against the last one.
+func Open(ctx context.Context, cfg Config) (*Service, error) {
+	if cfg.Every <= 0 {
+		cfg.Every = DefaultEvery
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = DefaultInterval
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	pub := cfg.Key.Public().(ed25519.PublicKey)
+	s := &Service{cfg: cfg, keyID: pki.Ed25519KeyID(pub), poll: min(cfg.Interval, time.Second), lastTime: cfg.Now()}
+	f, err := os.OpenFile(cfg.File, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("audit checkpoints: %w", err)
+	}
+	s.file = f
+	if err := s.load(pub); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if len(s.cps) > 0 {
+		s.lastTime = s.cps[len(s.cps)-1].Time
+	}
+	if err := s.checkLog(ctx); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// load reads the file into s.cps.
+func (s *Service) load(pub ed25519.PublicKey) error {
+	data, err := os.ReadFile(s.cfg.File)
+	if err != nil {
+		return fmt.Errorf("audit checkpoints: %w", err)
+	}
+	if i := bytes.LastIndexByte(data, '\n'); i+1 < len(data) {
+		// A crash in the middle of an append: the line was never whole,
+		// so no checkpoint of it was ever served or logged as written.
+		s.cfg.Logger.Warn("audit checkpoints: cutting off a torn last line", "file", s.cfg.File, "bytes", len(data)-i-1)
+		if err := s.file.Truncate(int64(i + 1)); err != nil {
+			return fmt.Errorf("audit checkpoints: %w", err)
+		}
+		data = data[:i+1]
+	}
+	cps, _, err := audit.ReadCheckpoints(bytes.NewReader(data))
+	if err != nil {
+		return fmt.Errorf("audit checkpoints %s: %w", s.cfg.File, err)
+	}
+	for _, c := range cps {
+		if err := c.CheckSignature(pub); err != nil {
+			return fmt.Errorf("audit checkpoints %s: %w (a checkpoint file of another key: move it aside to start a new series)", s.cfg.File, err)
+		}
+	}
+	s.cps = cps
+	return nil
+}
+
+// checkLog compares the log with the last checkpoint; on disagreement it
+// finds the first checkpoint the log disagrees with, logs it and halts.
+func (s *Service) checkLog(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.halted != "" || len(s.cps) == 0 {
+		return nil
+	}
+	ok, err := s.agrees(ctx, s.cps[len(s.cps)-1])
+	if err != nil || ok {
+		return err
+	}
+	for _, c := range s.cps {
+		ok, err := s.agrees(ctx, c)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			s.halted = fmt.Sprintf("the log disagrees with the checkpoint at sequence %d signed %s: its entry %d is gone or has another hash",
+				c.Sequence, c.Time.Format(time.RFC3339), c.Sequence)
+			break
+		}
+	}
+	if s.halted == "" {
+		// Only the last disagrees: a checkpoint of the same sequence twice.
+		c := s.cps[len(s.cps)-1]
+		s.halted = fmt.Sprintf("the log disagrees with the checkpoint at sequence %d signed %s", c.Sequence, c.Time.Format(time.RFC3339))
+	}
+	s.cfg.Logger.Error("AUDIT LOG TAMPERED: no more checkpoints are signed until an operator investigates", "reason", s.halted)
+	return nil
+}
+
+// agrees reports whether the log's entry c.Sequence has c's hash.
+func (s *Service) agrees(ctx context.Context, c audit.Checkpoint) (bool, error) {
+	e, ok, err := s.entry(ctx, c.Sequence)
+	if err != nil {
+		return false, err
+	}
+	return ok && e.Hash == c.Hash, nil
+}
+
+// entry reads the log's entry seq.
+func (s *Service) entry(ctx context.Context, seq int64) (audit.Event, bool, error) {
+	events, err := s.cfg.Store.ListAudit(ctx, store.AuditFilter{AfterSequence: seq - 1, Limit: 1})
+	if err != nil {
+		return audit.Event{}, false, err
+	}
+	if len(events) == 0 || events[0].Sequence != seq {
+		return audit.Event{}, false, nil
+	}
+	return events[0], true, nil
+}
+
+// Run signs checkpoints until ctx ends, then one last of the head.
+func (s *Service) Run(ctx context.Context) error {
+	t := time.NewTicker(s.poll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			final, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if err := s.Tick(final, true); err != nil {
+				s.cfg.Logger.Error("audit checkpoint at shutdown", "error", err)
+			}
+			return s.file.Close()
+		case <-t.C:
+			if err := s.Tick(ctx, false); err != nil && ctx.Err() == nil {
+				s.cfg.Logger.Error("audit checkpoint", "error", err)
+			}
+		}
+	}
+}
+
+// maxBacklog bounds how many multiples of Every one tick signs: after a
+// burst only the newest are, and the head's checkpoint anchors all before.
+const maxBacklog = 16
+
+// Tick signs what is due: a checkpoint at each multiple of Every passed
+// since the last, and one of the head when Interval has passed since the
+// last or final is set.
+func (s *Service) Tick(ctx context.Context, final bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.halted != "" {
+		return nil
+	}
+	head, _, err := s.cfg.Store.AuditHead(ctx)
+	if err != nil {
+		return err
+	}
+	var last int64
+	if n := len(s.cps); n > 0 {
+		last = s.cps[n-1].Sequence
+	}
+	if head < last {
+		s.halt(fmt.Sprintf("the log ends at entry %d, before the checkpoint at sequence %d", head, last))
+		return nil
+	}
+	if head == last {
+		s.lastTime = s.cfg.Now() // nothing new waits
+		return nil
+	}
+	if last > 0 {
+		// Before signing on top of the log, it must still be the log
+		// that was signed.
+		if ok, err := s.agrees(ctx, s.cps[len(s.cps)-1]); err != nil {
+			return err
+		} else if !ok {
+			s.halt(fmt.Sprintf("the log's entry %d no longer has the hash checkpointed at %s", last, s.cps[len(s.cps)-1].Time.Format(time.RFC3339)))
+			return nil
+		}
+	}
+	first := (last/s.cfg.Every + 1) * s.cfg.Every
+	if backlog := (head - first) / s.cfg.Every; backlog >= maxBacklog {
+		first += (backlog - maxBacklog + 1) * s.cfg.Every
+	}
+	for seq := first; seq <= head; seq += s.cfg.Every {
+		if err := s.sign(ctx, seq); err != nil {
+			return err
+		}
+		last = seq
+	}
+	if last < head && (final || !s.cfg.Now().Before(s.lastTime.Add(s.cfg.Interval))) {
+		return s.sign(ctx, head)
+	}
+	return nil
+}
+
+func (s *Service) halt(reason string) {
+	s.halted = reason
+	s.cfg.Logger.Error("AUDIT LOG TAMPERED: no more checkpoints are signed until an operator investigates", "reason", reason)
+}
+
+// sign checkpoints entry seq: signed, appended and synced, then logged.
+// Callers hold s.mu.
+func (s *Service) sign(ctx context.Context, seq int64) error {
+	e, ok, err := s.entry(ctx, seq)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("audit checkpoint: the log has no entry %d", seq)
+	}
+	now := s.cfg.Now()
+	c, err := audit.SignCheckpoint(s.cfg.Key, s.keyID, e, now)
+	if err != nil {
+		return err
+	}
+	line, err := c.MarshalLine()
+	if err != nil {
+		return err
+	}
+	if _, err := s.file.Write(line); err != nil {
+		return fmt.Errorf("audit checkpoint: %w", err)
+	}
+	if err := s.file.Sync(); err != nil {
+		return fmt.Errorf("audit checkpoint: %w", err)
+	}
+	s.cps = append(s.cps, c)
+	s.lastTime = now
+	// The log is a second copy, wherever the service's log goes.
+	s.cfg.Logger.Info("audit checkpoint", "sequence", c.Sequence, "hash", c.Hash, "time", c.Time.Format(time.RFC3339Nano),
+		"key_id", c.KeyID, "signature", base64.StdEncoding.EncodeToString(c.Signature))
+	return nil
+}
+
+// Page is a page of checkpoints.
+type Page struct {
+	Checkpoints []audit.Checkpoint
+	// More says checkpoints after the page exist.
+	More bool
+	// PublicKey and KeyID are the key every checkpoint is signed with.
+	PublicKey ed25519.PublicKey
+	KeyID     string
+	// Halted, when set, says why no checkpoint is signed any more.
+	Halted string
+}
+
+var errPageSize = fmt.Errorf("%w: page_size: must be between 0 and 1000", errdefs.ErrInvalidArgument)
+
+// List returns up to limit checkpoints after sequence after (limit 0
+// means 100).
+func (s *Service) List(after int64, limit int) (Page, error) {
+	if limit < 0 || limit > 1000 {
+		return Page{}, errPageSize
+	}
+	if limit == 0 {
+		limit = 100
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := Page{PublicKey: s.cfg.Key.Public().(ed25519.PublicKey), KeyID: s.keyID, Halted: s.halted}
+	for _, c := range s.cps {
+		if c.Sequence <= after {
+			continue
+		}
+		if len(p.Checkpoints) == limit {
+			p.More = true
+			break
+		}
+		p.Checkpoints = append(p.Checkpoints, c)
+	}
+	return p, nil
+}
