@@ -96,6 +96,8 @@ type harnessOptions struct {
 	// checkpointEvery and checkpointInterval default to 100 and 1 minute.
 	checkpointEvery    int64
 	checkpointInterval time.Duration
+	// devQuota is tenant dev's quota.
+	devQuota policy.Quota
 }
 
 func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
@@ -126,6 +128,7 @@ func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
 			Egress:            policy.Egress{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Domains: []string{"proxy.golang.org", "*.example.com"}},
 			Approvals:         policy.Approvals{Approvers: []string{"approver/alice", "approver/bob", "approver/dev"}, Required: 1, TTL: time.Hour},
 			DeployCredentials: map[string]string{"demo": deployFile},
+			Quota:             opts.devQuota,
 		},
 		"other": {
 			Name: "other", Clients: []string{"client/other"},

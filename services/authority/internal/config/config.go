@@ -138,6 +138,17 @@ type TenantFile struct {
 	// StartDeadline is how long a job may wait for an executor, from its
 	// submission; default 1h, between 1m and 168h.
 	StartDeadline time.Duration `yaml:"start_deadline"`
+	// Quota bounds the tenant's dispatched, unfinished jobs: how many, and
+	// their memory and CPU limits summed; 0 or omitted is no bound. Beyond
+	// it a job waits, queued.
+	Quota QuotaFile `yaml:"quota"`
+}
+
+// QuotaFile is a tenant's quota as the file writes it.
+type QuotaFile struct {
+	RunningJobs int64           `yaml:"running_jobs"`
+	Memory      config.ByteSize `yaml:"memory"`
+	CPUMillis   int64           `yaml:"cpu_millis"`
 }
 
 // ApprovalsFile is the tenant's approval policy as the file writes it.
@@ -295,6 +306,25 @@ func (c *Config) tenant(name string, f TenantFile) (*policy.Tenant, error) {
 	a, aerrs := c.approvals(field+".approvals", td, f.Approvals)
 	errs = append(errs, aerrs...)
 	t.Approvals = a
+	t.Quota = policy.Quota{RunningJobs: f.Quota.RunningJobs, MemoryBytes: f.Quota.Memory.Bytes(), CPUMillis: f.Quota.CPUMillis}
+	if err := f.Quota.Memory.Check(field + ".quota.memory"); err != nil {
+		errs = append(errs, err)
+	}
+	for _, q := range []struct {
+		name     string
+		v, least int64
+	}{
+		{"running_jobs", t.Quota.RunningJobs, 1},
+		{"memory", t.Quota.MemoryBytes, t.Default.MemoryBytes},
+		{"cpu_millis", t.Quota.CPUMillis, t.Default.CPUMillis},
+	} {
+		switch {
+		case q.v < 0:
+			errs = append(errs, config.Field(field+".quota."+q.name, "%d: must not be negative", q.v))
+		case q.v > 0 && q.v < q.least:
+			errs = append(errs, config.Field(field+".quota."+q.name, "%d: less than one job at the tenant's default limits needs (%d): no default job could run", q.v, q.least))
+		}
+	}
 	switch t.StartDeadline = f.StartDeadline; {
 	case t.StartDeadline == 0:
 		t.StartDeadline = policy.DefaultStartDeadline

@@ -44,6 +44,10 @@ type Executor struct {
 	updateErr  error
 	updates    map[string][]*typesv1.Grant
 	artifacts  map[string][]byte
+	// capacity, when positive, is how many unended runs the fake holds at
+	// once; beyond it StartJob is ResourceExhausted, as the real
+	// executor's capacity admission answers.
+	capacity int
 }
 
 type run struct {
@@ -69,6 +73,33 @@ func (e *Executor) FailStarts(err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.startErr = err
+}
+
+// SetCapacity makes the fake admit at most n unended runs at once (0: no
+// bound).
+func (e *Executor) SetCapacity(n int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.capacity = n
+}
+
+// Unended is how many runs have not ended.
+func (e *Executor) Unended() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.unendedLocked()
+}
+
+func (e *Executor) unendedLocked() int {
+	n := 0
+	for _, r := range e.runs {
+		select {
+		case <-r.ended:
+		default:
+			n++
+		}
+	}
+	return n
 }
 
 // Attempts is how many StartJob calls arrived for job, accepted or not.
@@ -213,6 +244,9 @@ func (e *Executor) StartJob(_ context.Context, req *executorv1.StartJobRequest) 
 	}
 	if g.GetRuntimeClass() == typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC {
 		return nil, status.Error(codes.FailedPrecondition, "runtime class runsc is not installed on this executor")
+	}
+	if n := e.unendedLocked(); e.runs[g.GetJobId()] == nil && e.capacity > 0 && n >= e.capacity {
+		return nil, status.Errorf(codes.ResourceExhausted, "capacity: jobs: %d of %d running (fake)", n, e.capacity)
 	}
 	e.grants[g.GetJobId()] = append(e.grants[g.GetJobId()], g)
 	if r := e.runs[g.GetJobId()]; r != nil {

@@ -172,6 +172,9 @@ func planChange(t *policy.Tenant, cur GrantRequest, req ChangeRequest) (Change, 
 		if err := runnable("limits", cur.RuntimeClass, to); err != nil {
 			return ch, err
 		}
+		if err := withinQuota("limits", t, to); err != nil {
+			return ch, err
+		}
 		ch.ToLimits = to
 	}
 	if n := req.Network; n != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/audit"
@@ -33,6 +34,9 @@ func (s *Service) kick(id string) {
 			delete(s.active, id)
 			s.mu.Unlock()
 		}()
+		// Whatever the job held at the gate is free once nothing more is
+		// asked of the executor for it: its run ended, or the job did.
+		defer s.gate.release(id)
 		s.drive(id)
 	}()
 }
@@ -100,6 +104,15 @@ func (s *Service) dispatch(j store.Job) (done bool, err error) {
 		_, err := s.regrant(j)
 		return false, err
 	}
+	g, err := s.cfg.Signer.Decode(j.Grant)
+	if err != nil {
+		return false, fmt.Errorf("jobs: decode the grant of job %s: %w", j.ID, err)
+	}
+	need := useOf(g.Limits)
+	if ok, why := s.gate.enter(j.ID, j.Tenant, need, gateWait); !ok {
+		return false, s.noteWaiting(j.ID, why)
+	}
+	defer s.gate.tried(j.ID)
 	if j.DispatchedAt.IsZero() {
 		// Recorded before the first attempt, so a cancel knows the executor
 		// may have the job and FetchSource knows it was sent.
@@ -125,6 +138,11 @@ func (s *Service) dispatch(j store.Job) (done bool, err error) {
 	switch {
 	case err != nil && s.ctx.Err() != nil:
 		return true, nil
+	case err != nil && errors.Is(err, errdefs.ErrResourceExhausted):
+		// The executor is full: the job waits at the gate, first in line,
+		// and nobody asks again before a job ends or Retry.Max passes.
+		s.gate.refused(j.ID, j.Tenant, need, s.cfg.Retry.Max)
+		return false, s.noteWaiting(j.ID, "the executor has no capacity for it yet: "+err.Error())
 	case err != nil && retryable(err):
 		return false, err
 	case err != nil && !s.now().Before(j.GrantExpiresAt):
@@ -141,7 +159,16 @@ func (s *Service) dispatch(j store.Job) (done bool, err error) {
 	if state == RunRunning {
 		next = store.StateRunning
 	}
-	cur, err := s.transition(j.ID, []store.State{store.StateQueued}, next, "")
+	cur, err := s.update(s.ctx, j.ID, func(j *store.Job) error {
+		if j.State != store.StateQueued {
+			return errUnchanged
+		}
+		j.State = next
+		if strings.HasPrefix(j.Message, waitingPrefix) {
+			j.Message = ""
+		}
+		return nil
+	})
 	if err != nil {
 		return false, err
 	}
@@ -155,9 +182,34 @@ func (s *Service) dispatch(j store.Job) (done bool, err error) {
 	return false, nil
 }
 
+// gateWait is how long one wait at the gate lasts before the job is read
+// again (a cancel, a start deadline).
+const gateWait = time.Second
+
+// waitingPrefix starts the message of a job waiting at the gate.
+const waitingPrefix = "waiting: "
+
+// noteWaiting says on the queued job why it waits, when that changed.
+func (s *Service) noteWaiting(id, why string) error {
+	_, err := s.update(s.ctx, id, func(j *store.Job) error {
+		msg := waitingPrefix + why
+		if j.State != store.StateQueued || j.Message == msg {
+			return errUnchanged
+		}
+		j.Message = msg
+		return nil
+	})
+	return err
+}
+
 // follow watches the run and moves the job to staging and running as the
 // executor reports them. It is done when the run's stream ends.
 func (s *Service) follow(j store.Job) (done bool, err error) {
+	// A run the executor has holds its share at the gate (after a restart
+	// too), until the drive ends.
+	if g, err := s.cfg.Signer.Decode(j.Grant); err == nil {
+		s.gate.hold(j.ID, j.Tenant, useOf(g.Limits))
+	}
 	// Offsets past any output: the follower wants states, not the job's
 	// output, which watching clients fetch for themselves.
 	err = s.cfg.Executor.Watch(s.ctx, j.ID, Offsets{Stdout: math.MaxInt64, Stderr: math.MaxInt64}, func(ev RunEvent) error {

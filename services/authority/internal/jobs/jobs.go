@@ -257,6 +257,8 @@ type Service struct {
 
 	// refusals keeps one caller's repeated refusal from filling the log.
 	refusals *audit.Throttle
+	// gate decides which queued job asks the executor next.
+	gate *gate
 }
 
 // New returns a Service. Call Run to resume unfinished jobs and to stop
@@ -290,8 +292,14 @@ func New(cfg Config) (*Service, error) {
 		cfg.StartDeadline = policy.DefaultStartDeadline
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	quota := func(tenant string) policy.Quota {
+		if t := cfg.Tenants[tenant]; t != nil {
+			return t.Quota
+		}
+		return policy.Quota{}
+	}
 	return &Service{cfg: cfg, hub: newHub(), ctx: ctx, cancel: cancel, active: map[string]bool{},
-		refusals: audit.NewRefusalThrottle()}, nil
+		refusals: audit.NewRefusalThrottle(), gate: newGate(cfg.Now, quota)}, nil
 }
 
 // Run resumes every unfinished job (dispatching queued ones again, which

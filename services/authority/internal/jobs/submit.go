@@ -220,6 +220,9 @@ func check(t *policy.Tenant, spec Spec) (decision, error) {
 	if err != nil {
 		return d, err
 	}
+	if err := withinQuota("spec.resources", t, limits); err != nil {
+		return d, err
+	}
 	d.limits = limits
 	switch {
 	case spec.RuntimeClass == "":
@@ -443,6 +446,18 @@ func effectiveLimits(prefix string, req, def, ceil policy.Limits) (policy.Limits
 		}
 	}
 	return out, nil
+}
+
+// withinQuota refuses limits no job of tenant t could ever run under: more
+// memory or CPU than its quota allows all its jobs together.
+func withinQuota(prefix string, t *policy.Tenant, l policy.Limits) error {
+	switch q := t.Quota; {
+	case q.MemoryBytes > 0 && l.MemoryBytes > q.MemoryBytes:
+		return invalid(prefix+".memory_bytes", "%s is more than tenant %s's quota.memory of %s for all its running jobs", bytesText(l.MemoryBytes), t.Name, bytesText(q.MemoryBytes))
+	case q.CPUMillis > 0 && l.CPUMillis > q.CPUMillis:
+		return invalid(prefix+".cpu_millis", "%d is more than tenant %s's quota.cpu_millis of %d for all its running jobs", l.CPUMillis, t.Name, q.CPUMillis)
+	}
+	return nil
 }
 
 // runnable checks limits against what the runtime class needs to start

@@ -114,6 +114,18 @@ type Tenant struct {
 	// StartDeadline is how long a job may wait for an executor to accept
 	// it, from its submission; its grant is renewed until then.
 	StartDeadline time.Duration
+	// Quota bounds what the tenant's jobs hold at once.
+	Quota Quota
+}
+
+// Quota bounds the jobs a tenant has dispatched and not yet ended: how
+// many, and their memory and CPU limits summed. Zero is no bound. A job
+// beyond it waits, queued, until one of the tenant's jobs ends; a job that
+// could never fit is refused at submission.
+type Quota struct {
+	RunningJobs int64
+	MemoryBytes int64
+	CPUMillis   int64
 }
 
 // Default approval settings.
