@@ -213,7 +213,7 @@ func (h *harness) start() {
 		Store: st, Tenants: h.tenants, Source: src, Signer: executorclient.NewSigner(h.signer),
 		Executor: execClient, GrantTTL: cmp.Or(h.opts.grantTTL, 10*time.Minute), StartDeadline: h.opts.startDeadline, Logger: h.logger(),
 		Auditors: []string{"approver/alice"},
-		Retry: jobs.Retry{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}, DrainTimeout: 5 * time.Second,
+		Retry:    jobs.Retry{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}, DrainTimeout: 5 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
