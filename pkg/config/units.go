@@ -21,6 +21,12 @@ var byteUnits = []struct {
 	{"B", 1},
 }
 
+// binaryUnits are the units sizes are written in, largest first.
+var binaryUnits = []struct {
+	suffix string
+	factor int64
+}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}}
+
 // ParseByteSize reads a size in bytes: a non-negative integer ("1048576"),
 // optionally followed by one of B, KiB, MiB, GiB, TiB, KB, MB, GB or TB
 // ("512MiB", "2 GB"). Fractions are refused, so a size is always exact.
@@ -47,12 +53,21 @@ func ParseByteSize(s string) (int64, error) {
 // exactly, so that FormatByteSize(ParseByteSize(x)) reads back as x for the
 // sizes people write.
 func FormatByteSize(n int64) string {
-	for _, u := range []struct {
-		suffix string
-		factor int64
-	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+	for _, u := range binaryUnits {
 		if n != 0 && n%u.factor == 0 {
 			return strconv.FormatInt(n/u.factor, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(n, 10) + "B"
+}
+
+// FormatByteSizeApprox writes n to one decimal in the largest binary unit
+// it reaches ("23.4GiB", "512.0MiB", "900B"), for messages that compare
+// sizes; FormatByteSize is the exact form.
+func FormatByteSizeApprox(n int64) string {
+	for _, u := range binaryUnits {
+		if n >= u.factor || -n >= u.factor {
+			return strconv.FormatFloat(float64(n)/float64(u.factor), 'f', 1, 64) + u.suffix
 		}
 	}
 	return strconv.FormatInt(n, 10) + "B"

@@ -79,3 +79,14 @@ func TestByteSizeYAML(t *testing.T) {
 		t.Errorf("c: %v", err)
 	}
 }
+
+func TestFormatByteSizeApprox(t *testing.T) {
+	for _, tc := range []struct {
+		n    int64
+		want string
+	}{{0, "0B"}, {900, "900B"}, {1536, "1.5KiB"}, {512 << 20, "512.0MiB"}, {3 << 30, "3.0GiB"}, {25125203968, "23.4GiB"}, {-2 << 30, "-2.0GiB"}} {
+		if got := config.FormatByteSizeApprox(tc.n); got != tc.want {
+			t.Errorf("FormatByteSizeApprox(%d) = %q, want %q", tc.n, got, tc.want)
+		}
+	}
+}

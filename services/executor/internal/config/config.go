@@ -1,6 +1,7 @@
 // Package config owns the executor's config file: the common server part
-// from pkg/config, the authority it serves, and its sandbox settings. Only
-// the executor's main and composition root import it.
+// from pkg/config, the authority it serves, its sandbox and network
+// settings, and the capacity its jobs may hold, measured on the host by
+// default. Only the executor's main and composition root import it.
 package config
 
 import (
@@ -28,6 +29,8 @@ type Config struct {
 	OutputLimit int64 `yaml:"output_limit"`
 	// Network configures per-job egress enforcement.
 	Network Network `yaml:"network"`
+	// Capacity bounds what the jobs running at once may hold together.
+	Capacity Capacity `yaml:"capacity"`
 }
 
 // Network configures the per-job network namespaces and their rules.
@@ -179,6 +182,11 @@ func (c *Config) ValidatePeers() error {
 	}
 	if c.OutputLimit < 0 {
 		errs = append(errs, config.Field("output_limit", "must not be negative"))
+	}
+	if h, err := measureHost(c.DataDir); err != nil {
+		errs = append(errs, config.Field("capacity", "measure this host: %v", err))
+	} else {
+		errs = append(errs, c.Capacity.validate(h, c.Network.Pool4Prefix.Bits()))
 	}
 	return errors.Join(errs...)
 }

@@ -3,9 +3,13 @@ package config
 import (
 	"errors"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
+	"gopkg.in/yaml.v3"
 
 	"github.com/airlockhq/airlock/pkg/config"
 )
@@ -102,6 +106,97 @@ func TestMaxConnections(t *testing.T) {
 			t.Errorf("max_connections %d became %d, want %d", tc.in, c.Network.MaxConnections, tc.want)
 		case !tc.ok && !bad:
 			t.Errorf("max_connections %d: no error for network.max_connections", tc.in)
+		}
+	}
+}
+
+// Without a capacity section the capacity is this host's, less the
+// reserves: memory less a tenth (at least 1 GiB), four times every CPU
+// (CPU is shared in time), the free
+// space of data_dir's filesystem less a tenth (at least 2 GiB), and 64
+// jobs, or fewer when network.pool4 has fewer /30s.
+func TestCapacityDefaults(t *testing.T) {
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err != nil {
+		t.Fatal(err)
+	}
+	mem := int64(si.Totalram) * int64(si.Unit)
+	var cpus unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &cpus); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "not", "yet")
+	c := &Config{}
+	c.DataDir = dir
+	if reason, bad := fieldErrors(c.ValidatePeers())["capacity"]; bad {
+		t.Fatal(reason)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(filepath.Dir(filepath.Dir(dir)), &st); err != nil {
+		t.Fatal(err)
+	}
+	free := int64(st.Bavail) * st.Bsize
+	got := c.Capacity
+	if want := (mem - max(1<<30, mem/10)) &^ (1<<20 - 1); got.MemoryBytes != want {
+		t.Errorf("memory %d, want %d (host %d)", got.MemoryBytes, want, mem)
+	}
+	if want := int64(cpus.Count()) * 4000; got.CPUMillis != want {
+		t.Errorf("cpu_millis %d, want %d", got.CPUMillis, want)
+	}
+	// Other tests write to the same filesystem meanwhile.
+	if want := free - max(2<<30, free/10); got.DiskBytes < want-256<<20 || got.DiskBytes > want+256<<20 {
+		t.Errorf("disk %d, want about %d (free %d)", got.DiskBytes, want, free)
+	}
+	if got.Jobs != 64 {
+		t.Errorf("jobs %d, want 64", got.Jobs)
+	}
+	small := &Config{Network: Network{Pool4: "10.1.0.0/28"}}
+	small.DataDir = dir
+	_ = small.ValidatePeers()
+	if small.Capacity.Jobs != 4 {
+		t.Errorf("jobs %d with a /28 pool4, want its 4 /30s", small.Capacity.Jobs)
+	}
+}
+
+// Configured capacities are taken as written, in the config's size
+// syntax; bad ones name the field and say why.
+func TestCapacityValues(t *testing.T) {
+	h := host{memory: 25125203968, cpuMillis: 2000, diskFree: 75 << 30, diskSize: 252 << 30}
+	var c Capacity
+	if err := yaml.Unmarshal([]byte("memory: 8GiB\ncpu_millis: 1500\ndisk: 100GB\njobs: 3\n"), &c); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.validate(h, 22); err != nil {
+		t.Fatal(err)
+	}
+	if c.MemoryBytes != 8<<30 || c.CPUMillis != 1500 || c.DiskBytes != 100e9 || c.Jobs != 3 {
+		t.Errorf("capacity %+v", c)
+	}
+	for _, tc := range []struct {
+		yaml, field, reason string
+		h                   host
+	}{
+		{"memory: 64GiB", "capacity.memory", "64GiB is more than this host's 23.4GiB", h},
+		{"memory: -1", "capacity.memory", `"-1" is not a size`, h},
+		{"memory: 0", "capacity.memory", "0: must be positive", h},
+		{"cpu_millis: 8001", "capacity.cpu_millis", "8001 is more than 4 times this host's 2 CPUs (8000)", h},
+		{"cpu_millis: -1", "capacity.cpu_millis", "-1: must be positive", h},
+		{"disk: 1TiB", "capacity.disk", "1TiB is more than data_dir's whole filesystem (252.0GiB)", h},
+		{"disk: 0", "capacity.disk", "0: must be positive", h},
+		{"jobs: -2", "capacity.jobs", "-2: must be positive", h},
+		{"{}", "capacity.disk", "data_dir's filesystem has 1.5GiB free, no more than the 2.0GiB kept", host{memory: 8 << 30, cpuMillis: 1000, diskFree: 3 << 29, diskSize: 10 << 30}},
+		{"{}", "capacity.memory", "this host has 1.0GiB of memory, no more than the 1.0GiB kept", host{memory: 1 << 30, cpuMillis: 1000, diskFree: 10 << 30, diskSize: 10 << 30}},
+	} {
+		var c Capacity
+		if err := yaml.Unmarshal([]byte(tc.yaml), &c); err != nil {
+			t.Fatal(err)
+		}
+		errs := fieldErrors(c.validate(tc.h, 22))
+		if reason, ok := errs[tc.field]; !ok || !strings.Contains(reason, tc.reason) {
+			t.Errorf("%s: errors %v; want %s: %s", tc.yaml, errs, tc.field, tc.reason)
+		}
+		if len(errs) != 1 {
+			t.Errorf("%s: errors %v; want only %s", tc.yaml, errs, tc.field)
 		}
 	}
 }

@@ -152,8 +152,11 @@ type Config struct {
 	// ReviewPatchLimit caps the patch sent to the authority for review;
 	// the bundle always has the whole patch. Default 1 MiB.
 	ReviewPatchLimit int64
-	Logger           *slog.Logger
-	Now              func() time.Time
+	// Capacity bounds what the runs not yet ended hold together; a new
+	// run or a raised limit beyond it is refused. Zero bounds nothing.
+	Capacity Capacity
+	Logger   *slog.Logger
+	Now      func() time.Time
 }
 
 // Manager runs jobs.
@@ -185,6 +188,11 @@ type entry struct {
 	// abort, once set (under the manager's mu), is why the job was
 	// stopped because its grant could no longer be enforced.
 	abort string
+
+	// raising, while an Update puts higher limits in force, is those
+	// limits: until the grant in force is theirs, the run holds capacity
+	// for both. Set and cleared under the manager's mu.
+	raising *sandbox.Limits
 }
 
 var jobIDFormat = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -298,7 +306,9 @@ func (e *entry) notify() {
 
 // Start verifies sg and starts its run, or returns the existing run for the
 // job id (created false). A grant with a bad signature, an unknown key or
-// past its expiry is refused even for a known job id.
+// past its expiry is refused even for a known job id. A new run whose
+// limits do not fit beside those of the runs not yet ended is refused
+// (Config.Capacity).
 func (m *Manager) Start(sg *typesv1.SignedGrant) (Run, bool, error) {
 	g, err := m.verify(sg)
 	if err != nil {
@@ -324,6 +334,9 @@ func (m *Manager) Start(sg *typesv1.SignedGrant) (Run, bool, error) {
 	}
 	if gen := g.GetGeneration(); gen < 0 {
 		return Run{}, false, fmt.Errorf("%w: grant generation %d: must not be negative", errdefs.ErrInvalidArgument, gen)
+	}
+	if err := m.cfg.Capacity.admit(m.held(nil), limitsOf(g.GetLimits())); err != nil {
+		return Run{}, false, err
 	}
 	raw, err := proto.Marshal(sg)
 	if err != nil {

@@ -44,7 +44,8 @@ var changeable = map[protoreflect.Name]bool{
 //
 // sg must verify like a grant to Start, have a higher generation than the
 // grant in force, and differ from it only in limits, network policy and
-// their generations and times.
+// their generations and times. Raised memory or CPU must fit beside the
+// other runs (Config.Capacity); lowered limits always do.
 func (m *Manager) Update(ctx context.Context, sg *typesv1.SignedGrant) (Run, error) {
 	g, err := m.verify(sg)
 	if err != nil {
@@ -105,6 +106,24 @@ func (m *Manager) Update(ctx context.Context, sg *typesv1.SignedGrant) (Run, err
 	if err != nil {
 		return Run{}, err
 	}
+	// Raised limits must fit beside the other runs. The run holds both
+	// its limits from before they reach the kernel until the grant in
+	// force is the new one or the update failed, so no Start or other
+	// Update takes what this one may put in force meanwhile.
+	m.mu.Lock()
+	err = m.cfg.Capacity.refit(m.held(e), limitsOf(cur.GetLimits()), lim)
+	if err == nil {
+		e.raising = &lim
+	}
+	m.mu.Unlock()
+	if err != nil {
+		return Run{}, err
+	}
+	defer func() {
+		m.mu.Lock()
+		e.raising = nil
+		m.mu.Unlock()
+	}()
 
 	netGen := g.GetNetworkPolicyGeneration()
 	netErr := func(err error) error {

@@ -101,6 +101,13 @@ func git(t *testing.T, dir string, args ...string) string {
 // holds every job in staging until the returned release is called.
 func newHarness(t *testing.T, gated bool) (*harness, func()) {
 	t.Helper()
+	return newHarnessWith(t, gated, Capacity{})
+}
+
+// newHarnessWith is newHarness with a capacity, whose memory is also the
+// sandbox's cgroup parent's limit, as the executor sets them.
+func newHarnessWith(t *testing.T, gated bool, capacity Capacity) (*harness, func()) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatalf("the runs tests must run as root, not uid %d", os.Geteuid())
 	}
@@ -143,6 +150,7 @@ func newHarness(t *testing.T, gated bool) (*harness, func()) {
 		RuncPath:     runc,
 		UIDBase:      uidBase,
 		CgroupParent: fmt.Sprintf("/airlock-runs-test-%d-%d", os.Getpid(), n),
+		MemoryLimit:  capacity.MemoryBytes,
 		Logger:       logger,
 	})
 	if err != nil {
@@ -166,6 +174,7 @@ func newHarness(t *testing.T, gated bool) (*harness, func()) {
 			return []byte(`{"test":"unsigned"}`), nil
 		},
 		Executor: "spiffe://test.example/service/executor",
+		Capacity: capacity,
 		Logger:   logger,
 	})
 	if err != nil {

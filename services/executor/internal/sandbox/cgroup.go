@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -105,6 +106,51 @@ func (c *cgroups) create(rel string, l Limits) error {
 		err := os.WriteFile(filepath.Join(c.dir(w.ctl, rel), w.file), []byte(w.value), 0)
 		if err != nil && !(w.file == "memory.memsw.limit_in_bytes" && errors.Is(err, fs.ErrNotExist)) {
 			return fmt.Errorf("cgroup %s: set %s=%s: %w", rel, w.file, w.value, err)
+		}
+	}
+	return nil
+}
+
+// limitParent bounds the memory of rel, the parent of every job's cgroup,
+// to limit bytes, making rel if it does not exist. Job cgroups are made
+// below it afterwards, so its memory.use_hierarchy can still be turned on
+// where the kernel leaves it off: without it a parent's limit does not
+// cover its children.
+func (c *cgroups) limitParent(rel string, limit int64) error {
+	dir := c.dir("memory", rel)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("cgroup memory: %w", err)
+	}
+	hier := filepath.Join(dir, "memory.use_hierarchy")
+	if b, err := os.ReadFile(hier); err == nil && strings.TrimSpace(string(b)) == "0" {
+		if err := os.WriteFile(hier, []byte("1"), 0); err != nil {
+			return fmt.Errorf("cgroup %s: set memory.use_hierarchy=1: %w", rel, err)
+		}
+	}
+	// A parent left by an earlier executor may have another limit:
+	// setLimits orders the writes for either direction.
+	cur := readInt(filepath.Join(dir, "memory.limit_in_bytes"))
+	return c.setLimits(rel, Limits{MemoryBytes: cur}, Limits{MemoryBytes: limit})
+}
+
+// checkOutside fails if this process is in rel or below it in a job
+// controller's hierarchy: job limits there would bound the executor, and
+// Recover would kill it as a leftover job.
+func (c *cgroups) checkOutside(rel string) error {
+	data, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		// hierarchy-id:controllers:path
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		for _, ctl := range strings.Split(f[1], ",") {
+			if slices.Contains(jobControllers, ctl) && (f[2] == rel || strings.HasPrefix(f[2], rel+"/")) {
+				return fmt.Errorf("the executor itself is in %s cgroup %s; job cgroups must be made elsewhere", ctl, f[2])
+			}
 		}
 	}
 	return nil

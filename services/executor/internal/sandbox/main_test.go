@@ -102,7 +102,8 @@ type env struct {
 	secrets []string // host paths of dummy secrets
 }
 
-func newEnv(t testing.TB) *env {
+// newEnv makes an env; opts change its Config before the Manager is made.
+func newEnv(t testing.TB, opts ...func(*Config)) *env {
 	t.Helper()
 	if setupErr != nil {
 		t.Fatal(setupErr)
@@ -117,6 +118,9 @@ func newEnv(t testing.TB) *env {
 		UIDBase:      testUIDBase(n),
 		CgroupParent: fmt.Sprintf("/airlock-test-%d-%d", os.Getpid(), n),
 		Logger:       slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	for _, o := range opts {
+		o(&e.cfg)
 	}
 	m, err := New(e.cfg)
 	if err != nil {

@@ -44,8 +44,13 @@ type Config struct {
 	UIDBase uint32
 	// CgroupParent is the cgroup path, under each v1 hierarchy, that holds
 	// one cgroup per job. This executor owns it exclusively: Recover
-	// removes every job cgroup below it. Default "/airlock".
+	// removes every job cgroup below it. Default "/airlock". It must not
+	// hold the executor itself.
 	CgroupParent string
+	// MemoryLimit, if positive, is the memory limit of CgroupParent's
+	// memory cgroup: every job together, probes included, never takes
+	// more, whatever their own limits say.
+	MemoryLimit int64
 	// RootfsDir holds the root filesystem templates: directory skeletons,
 	// symlinks and the synthesized /etc, nothing secret. It must be
 	// searchable by the sandbox's root down from /, because runc's init
@@ -130,6 +135,14 @@ func New(cfg Config) (*Manager, error) {
 	var err error
 	if m.cg, err = discoverCgroups(); err != nil {
 		return nil, fmt.Errorf("%w: sandbox: %v", errdefs.ErrFailedPrecondition, err)
+	}
+	if err := m.cg.checkOutside(cfg.CgroupParent); err != nil {
+		return nil, fmt.Errorf("%w: sandbox.cgroup_parent %s: %v", errdefs.ErrFailedPrecondition, cfg.CgroupParent, err)
+	}
+	if cfg.MemoryLimit > 0 {
+		if err := m.cg.limitParent(cfg.CgroupParent, cfg.MemoryLimit); err != nil {
+			return nil, fmt.Errorf("sandbox.cgroup_parent %s: %w", cfg.CgroupParent, err)
+		}
 	}
 	def, err := buildTemplateDef()
 	if err != nil {

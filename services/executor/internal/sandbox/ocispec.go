@@ -16,7 +16,10 @@ const uidRange = 65536
 
 const hostname = "airlock"
 
-var jobOOMScoreAdj = 500
+// jobOOMScoreAdj is the most the kernel allows: when the host runs short
+// of memory, its OOM killer takes a job's processes before anything else,
+// the executor (which lowers its own score) above all.
+var jobOOMScoreAdj = 1000
 
 // defaultEnv is what every job gets before Spec.Env, which may override it.
 var defaultEnv = map[string]string{
@@ -181,9 +184,7 @@ func ociSpec(in bundleInputs) *specs.Spec {
 			Capabilities:    &specs.LinuxCapabilities{},
 			Rlimits:         in.rlimits,
 			NoNewPrivileges: true,
-			// When the host itself runs short of memory, the kernel
-			// should kill a job before the executor or anything else.
-			OOMScoreAdj: &jobOOMScoreAdj,
+			OOMScoreAdj:     &jobOOMScoreAdj,
 		},
 		Root:     &specs.Root{Path: in.rootfs, Readonly: true},
 		Hostname: hostname,

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -150,6 +151,15 @@ func (s *Sandbox) run(ctx context.Context, res Result) (Result, error) {
 		outR.Close()
 		errR.Close()
 		return res, fmt.Errorf("start %s: %w", s.rt.class, err)
+	}
+	// The runtime inherits the executor's low OOM score, and so would
+	// what it forks that never takes the spec's: runsc's gofer, and the
+	// sentry's stub processes, which map the job's memory. It is raised
+	// at once, while the runtime (a Go program) is still starting up;
+	// should it have forked already, runsc still raises the sentry,
+	// whose death ends the whole sandbox.
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", cmd.Process.Pid), []byte(strconv.Itoa(jobOOMScoreAdj)), 0); err != nil {
+		s.m.log.Warn("sandbox: raise the runtime's oom_score_adj", "job_id", s.spec.ID, "error", err)
 	}
 	var copies sync.WaitGroup
 	for _, p := range []struct {

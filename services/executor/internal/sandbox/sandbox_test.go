@@ -571,7 +571,7 @@ echo done`
 		"CapBnd:\t0000000000000000", "CapAmb:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2",
 		fmt.Sprintf("uidmap: 0 %d %d", e.cfg.UIDBase, uidRange),
 		"keyctl=0", "ptrace=0", "mount=0", "clone-userns=0", "chroot=0",
-		"kcore=0", "keys=0", "timer_list=0", "firmware=0", "hostname=airlock", "oom_score_adj=500", "done",
+		"kcore=0", "keys=0", "timer_list=0", "firmware=0", "hostname=airlock", "oom_score_adj=1000", "done",
 	} {
 		if !strings.Contains(out, want+"\n") {
 			t.Errorf("missing %q", want)

@@ -8,8 +8,12 @@ import (
 	"context"
 	"crypto"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"io/fs"
+	"log/slog"
 	"os"
+	"strconv"
 
 	"github.com/airlockhq/airlock/pkg/authz"
 	"github.com/airlockhq/airlock/pkg/daemon"
@@ -46,12 +50,16 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			if err != nil {
 				return err
 			}
+			if err := protectFromOOM(logger); err != nil {
+				return err
+			}
 			sb, err := sandbox.New(sandbox.Config{
 				StateDir:     env.DataDir.Join("sandbox"),
 				RuncPath:     cfg.Sandbox.Runc,
 				RunscPath:    cfg.Sandbox.Runsc,
 				UIDBase:      cfg.Sandbox.UIDBase,
 				CgroupParent: cfg.Sandbox.CgroupParent,
+				MemoryLimit:  cfg.Capacity.MemoryBytes,
 				Logger:       logger,
 			})
 			if err != nil {
@@ -99,7 +107,11 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				Sign:        signer(env.TLS),
 				Executor:    self.String(),
 				OutputLimit: cfg.OutputLimit,
-				Logger:      logger,
+				Capacity: runs.Capacity{
+					MemoryBytes: cfg.Capacity.MemoryBytes, CPUMillis: cfg.Capacity.CPUMillis,
+					DiskBytes: cfg.Capacity.DiskBytes, Jobs: cfg.Capacity.Jobs,
+				},
+				Logger: logger,
 			})
 			if err != nil {
 				return err
@@ -112,6 +124,30 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			return nil
 		},
 	})
+}
+
+// executorOOMScoreAdj is the executor's own OOM score adjustment: low, so
+// that when the host runs short of memory the kernel kills jobs (1000,
+// package sandbox) and most else first, but not -1000, which would leave
+// a leaking executor unkillable.
+const executorOOMScoreAdj = -900
+
+// protectFromOOM lowers the executor's OOM score adjustment; package
+// sandbox raises the runtimes it starts and every job process to 1000.
+// Lowering needs CAP_SYS_RESOURCE, which a container may withhold even
+// from root: without it the executor keeps its score, still below every
+// job's, and says so.
+func protectFromOOM(logger *slog.Logger) error {
+	err := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(executorOOMScoreAdj)), 0)
+	if errors.Is(err, fs.ErrPermission) {
+		logger.Warn("the executor cannot lower its oom_score_adj (no CAP_SYS_RESOURCE); jobs, at 1000, are still the OOM killer's first choice",
+			"oom_score_adj", executorOOMScoreAdj)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("set the executor's oom_score_adj to %d: %w", executorOOMScoreAdj, err)
+	}
+	return nil
 }
 
 // RuntimeComponent is the health service name under which the executor

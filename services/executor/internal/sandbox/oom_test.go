@@ -1,0 +1,120 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// When the host runs short of memory, the kernel's OOM killer takes a job
+// first: under each runtime class every host process in the job's cgroup
+// (under runsc the sentry, its stub processes and the gofer) has
+// oom_score_adj 1000, and so does the job's own process under runc as it
+// reads it itself. And the jobs together never take more than
+// Config.MemoryLimit: the cgroup holding every job's has that limit.
+func TestJobsAreOOMKilledFirst(t *testing.T) {
+	const limit = 768 << 20
+	e := newEnv(t, func(c *Config) { c.MemoryLimit = limit })
+	parent := e.m.cg.dir("memory", e.cfg.CgroupParent)
+	wantLimit := func(want int64) {
+		t.Helper()
+		for _, file := range []string{"memory.limit_in_bytes", "memory.memsw.limit_in_bytes"} {
+			if _, err := os.Stat(filepath.Join(parent, file)); os.IsNotExist(err) && file != "memory.limit_in_bytes" {
+				continue // no swap accounting on this host
+			}
+			if got := strings.TrimSpace(readFile(t, filepath.Join(parent, file))); got != fmt.Sprint(want) {
+				t.Errorf("%s of the cgroup parent = %s, want %d", file, got, want)
+			}
+		}
+	}
+	wantLimit(limit)
+	// A parent an earlier executor left with another limit takes the new
+	// one, higher or lower (memsw must never be below the memory limit).
+	for _, l := range []int64{2 << 30, 512 << 20, limit} {
+		if err := e.m.cg.limitParent(e.cfg.CgroupParent, l); err != nil {
+			t.Fatalf("limitParent(%d): %v", l, err)
+		}
+		wantLimit(l)
+	}
+	for _, c := range testClasses(t, e) {
+		t.Run(string(c), func(t *testing.T) {
+			var out syncBuffer
+			sb, err := e.m.Create(context.Background(), Spec{ID: fmt.Sprintf("oom-%d", testSeq.Add(1)), Class: c, Source: e.source(t, nil),
+				Command: []string{"sh", "-c", "echo adj=$(cat /proc/self/oom_score_adj); " + waitForGo + "echo done"},
+				Limits:  defaultLimits, Stdout: &out})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if err := sb.Destroy(); err != nil {
+					t.Errorf("Destroy: %v", err)
+				}
+			})
+			done := make(chan ran, 1)
+			go func() {
+				res, err := sb.Run(context.Background())
+				done <- ran{res: res, err: err, stdout: out.String()}
+			}()
+			waitFor(t, "the job to print ready", 20*time.Second, func() bool { return strings.Contains(out.String(), "ready") })
+			// gVisor's /proc shows its own per-task score, which it never
+			// takes from the spec and the host kernel never sees; the
+			// host processes below are what the OOM killer weighs.
+			if want := map[Class]string{ClassRunc: "adj=1000\n", ClassRunsc: "adj=0\n"}[c]; !strings.Contains(out.String(), want) {
+				t.Errorf("inside the job: %q, want %s", out.String(), want)
+			}
+			pids := e.m.cg.procs(sb.cgRel)
+			if len(pids) == 0 {
+				t.Error("no process in the job's cgroup")
+			}
+			for _, pid := range pids {
+				b, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid))
+				if err != nil {
+					continue // gone meanwhile
+				}
+				if adj := strings.TrimSpace(string(b)); adj != "1000" {
+					comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+					t.Errorf("process %d (%s) of the job has oom_score_adj %s, want 1000", pid, strings.TrimSpace(string(comm)), adj)
+				}
+			}
+			if err := os.WriteFile(filepath.Join(sb.WorkDir(), "go"), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case r := <-done:
+				wantExit(t, r, 0)
+			case <-time.After(60 * time.Second):
+				t.Fatal("the job did not end")
+			}
+		})
+	}
+}
+
+// The executor itself must not be inside the cgroup parent: its limits
+// would bound it and Recover would kill it as a job's leftover.
+func TestCgroupParentOutsideExecutor(t *testing.T) {
+	e := newEnv(t)
+	self := ""
+	for _, line := range strings.Split(readFile(t, "/proc/self/cgroup"), "\n") {
+		if f := strings.SplitN(line, ":", 3); len(f) == 3 && f[1] == "memory" {
+			self = f[2]
+		}
+	}
+	if self == "" {
+		t.Fatal("this process has no v1 memory cgroup")
+	}
+	if err := e.m.cg.checkOutside(self); err == nil || !strings.Contains(err.Error(), "the executor itself is in memory cgroup") {
+		t.Errorf("checkOutside(%s), this process's own cgroup: %v", self, err)
+	}
+	if self != "/" {
+		if err := e.m.cg.checkOutside(filepath.Dir(self)); err == nil {
+			t.Errorf("checkOutside(%s), above this process's cgroup, passed", filepath.Dir(self))
+		}
+	}
+	if err := e.m.cg.checkOutside(e.cfg.CgroupParent); err != nil {
+		t.Errorf("checkOutside(%s): %v", e.cfg.CgroupParent, err)
+	}
+}
