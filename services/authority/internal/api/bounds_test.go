@@ -243,3 +243,26 @@ func TestInvalidUTF8NamesTheField(t *testing.T) {
 	err = conn.Invoke(t.Context(), authorityv1.AuthorityService_SubmitJob_FullMethodName, &req, &resp, grpc.ForceCodec(rawCodec{}))
 	wantStatus(t, err, codes.InvalidArgument, "spec.repository: not valid UTF-8")
 }
+
+// TestRegrantRechecksThePolicy: a queued job whose grant expired is granted
+// again only if the tenant's policy in force still allows it. Here the
+// authority restarts with a lower memory ceiling while the executor is
+// down: the job fails, saying why, instead of being signed again.
+func TestRegrantRechecksThePolicy(t *testing.T) {
+	h := newHarnessWith(t, harnessOptions{grantTTL: 300 * time.Millisecond, startDeadline: time.Minute})
+	dev := h.client(devID)
+	h.fake.FailStarts(status.Error(codes.Unavailable, "executor down (fake)"))
+	s := spec()
+	s.Resources = &typesv1.ResourceLimits{MemoryBytes: 1 << 30}
+	j := h.submit(dev, "recheck", s).GetJob()
+	h.auth.stop()
+	h.tenants["dev"].Max.MemoryBytes = 512 << 20
+	h.start()
+	got := h.waitState(h.client(devID), j.GetJobId(), authorityv1.JobState_JOB_STATE_FAILED)
+	if !strings.Contains(got.GetMessage(), "no longer allows it") || !strings.Contains(got.GetMessage(), "limits.memory_bytes") {
+		t.Errorf("failed with %q, want the policy change named", got.GetMessage())
+	}
+	if n := len(h.fake.Grants(j.GetJobId())); n != 0 {
+		t.Errorf("the executor accepted %d grants", n)
+	}
+}

@@ -61,6 +61,10 @@ type Config struct {
 	Now func() time.Time
 	// ReadFile reads a deploy credential file; default os.ReadFile.
 	ReadFile func(string) ([]byte, error)
+	// Refusals throttles repeated refusals on the log; default a
+	// throttle of its own (audit.NewRefusalThrottle). Whoever owns it runs
+	// its Flush.
+	Refusals *audit.Throttle
 }
 
 // Service is the approval and lease logic; safe for concurrent use.
@@ -87,7 +91,10 @@ func New(cfg Config) (*Service, error) {
 	if cfg.ReadFile == nil {
 		cfg.ReadFile = os.ReadFile
 	}
-	return &Service{cfg: cfg, refusals: audit.NewRefusalThrottle()}, nil
+	if cfg.Refusals == nil {
+		cfg.Refusals = audit.NewRefusalThrottle()
+	}
+	return &Service{cfg: cfg, refusals: cfg.Refusals}, nil
 }
 
 func (s *Service) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -98,9 +99,15 @@ func (s *Service) dispatch(j store.Job) (done bool, err error) {
 			return true, err
 		}
 		// The executor was out of reach for longer than a grant lives:
-		// the same decision, signed again. An executor that did accept the
-		// old grant answers a new one with the run it has, so the job
-		// still runs once.
+		// the same decision, signed again — if the tenant's policy in force
+		// still allows it. An executor that did accept the old grant
+		// answers a new one with the run it has, so the job still runs
+		// once.
+		if why := s.stillAllowed(j); why != "" {
+			_, err := s.transition(j.ID, []store.State{store.StateQueued}, store.StateFailed,
+				"its grant expired before an executor accepted it, and the tenant's policy no longer allows it: "+why)
+			return true, err
+		}
 		_, err := s.regrant(j)
 		return false, err
 	}
@@ -291,6 +298,46 @@ func (s *Service) transition(id string, from []store.State, to store.State, mess
 		return store.Job{}, fmt.Errorf("jobs: %s → %s: %w", id, to, err)
 	}
 	return j, nil
+}
+
+// stillAllowed says why the tenant's policy in force would no longer grant
+// job j's decision ("" when it would): the tenant, the repository, the
+// runtime class, the limits against the ceilings and the quota, and the
+// network policy against the egress allowed.
+func (s *Service) stillAllowed(j store.Job) string {
+	t := s.cfg.Tenants[j.Tenant]
+	if t == nil {
+		return fmt.Sprintf("tenant %q is no longer configured", j.Tenant)
+	}
+	g, err := s.cfg.Signer.Decode(j.Grant)
+	if err != nil {
+		return "its grant cannot be read: " + err.Error()
+	}
+	if _, ok := t.Repositories[g.Repository]; !ok {
+		return fmt.Sprintf("repository %q is no longer the tenant's", g.Repository)
+	}
+	if !slices.Contains(t.RuntimeClasses, g.RuntimeClass) {
+		return fmt.Sprintf("runtime class %s is no longer allowed", g.RuntimeClass)
+	}
+	if _, err := effectiveLimits("limits", g.Limits, t.Default, t.Max); err != nil {
+		return withoutKind(err)
+	}
+	if err := withinQuota("limits", t, g.Limits); err != nil {
+		return withoutKind(err)
+	}
+	if _, err := checkNetwork(t, "network_policy", g.Network); err != nil {
+		return withoutKind(err)
+	}
+	return ""
+}
+
+// withoutKind is a refusal's text without the errdefs kind before it.
+func withoutKind(err error) string {
+	msg := err.Error()
+	for _, k := range []error{errdefs.ErrInvalidArgument, errdefs.ErrPermissionDenied} {
+		msg = strings.TrimPrefix(msg, k.Error()+": ")
+	}
+	return msg
 }
 
 // regrant replaces a queued job's expired grant with a fresh one for the

@@ -9,6 +9,7 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -229,6 +230,10 @@ type Config struct {
 	// whole audit log; every other approver reads only the entries of
 	// the tenants that list it.
 	Auditors []string
+	// Refusals throttles repeated refusals on the log; default a
+	// throttle of its own (audit.NewRefusalThrottle). Whoever owns it runs
+	// its Flush.
+	Refusals *audit.Throttle
 	Logger   *slog.Logger
 	// Now is the clock; default time.Now.
 	Now func() time.Time
@@ -299,7 +304,7 @@ func New(cfg Config) (*Service, error) {
 		return policy.Quota{}
 	}
 	return &Service{cfg: cfg, hub: newHub(), ctx: ctx, cancel: cancel, active: map[string]bool{},
-		refusals: audit.NewRefusalThrottle(), gate: newGate(cfg.Now, quota)}, nil
+		refusals: cmp.Or(cfg.Refusals, audit.NewRefusalThrottle()), gate: newGate(cfg.Now, quota)}, nil
 }
 
 // Run resumes every unfinished job (dispatching queued ones again, which

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/pkg/authz"
 	"github.com/airlockhq/airlock/pkg/daemon"
 	"github.com/airlockhq/airlock/pkg/grant"
@@ -90,6 +91,17 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			env.OnStop(conn.Close)
 
 			exec := executorclient.New(conn)
+			// One throttle of repeated refusals for the whole authority; the
+			// counts of what it left out go on the log once each window has
+			// passed, and all of them when the authority stops.
+			refusals := audit.NewRefusalThrottle()
+			env.Go(func(ctx context.Context) error {
+				refusals.Flush(ctx, time.Second, func(ctx context.Context, e audit.Event) error {
+					_, err := st.AppendAudit(ctx, e)
+					return err
+				}, func(err error) { env.Logger.Error("audit left-out refusals", "error", err) })
+				return nil
+			})
 			svc, err := jobs.New(jobs.Config{
 				Store:    st,
 				Tenants:  cfg.Policy,
@@ -98,6 +110,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				Executor: exec,
 				GrantTTL: cfg.GrantTTL,
 				Auditors: cfg.Audit.Auditors,
+				Refusals: refusals,
 				Logger:   env.Logger,
 			})
 			if err != nil {
@@ -112,7 +125,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			// Resumes unfinished jobs now and stops background work (before
 			// the store closes) when the process stops.
 			env.Go(svc.Run)
-			appr, err := approvals.New(approvals.Config{Store: st, Tenants: cfg.Policy, Artifacts: exec, Logger: env.Logger})
+			appr, err := approvals.New(approvals.Config{Store: st, Tenants: cfg.Policy, Artifacts: exec, Refusals: refusals, Logger: env.Logger})
 			if err != nil {
 				return err
 			}
