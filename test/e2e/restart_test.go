@@ -61,7 +61,20 @@ func (s *stack) restartServiceAfter(t *testing.T, name string, meanwhile func())
 	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
 		t.Fatalf("SIGTERM %s (pid %d): %v", name, pid, err)
 	}
-	reapClean(t, pid, name+" stopped for a restart")
+	if exited, ok := s.exits[pid]; ok {
+		// Started by an earlier restart: its Wait is ours already.
+		select {
+		case err := <-exited:
+			exited <- err // for its cleanup
+			if err != nil {
+				t.Fatalf("%s stopped for a restart: %v, want a clean exit 0", name, err)
+			}
+		case <-time.After(stopTimeout):
+			t.Fatalf("%s (pid %d) still runs %v after SIGTERM", name, pid, stopTimeout)
+		}
+	} else {
+		reapClean(t, pid, name+" stopped for a restart")
+	}
 	if st := procState(pid); st != "" {
 		t.Fatalf("%s (pid %d) is still there (state %s) after SIGTERM", name, pid, st)
 	}
@@ -81,6 +94,10 @@ func (s *stack) restartServiceAfter(t *testing.T, name string, meanwhile func())
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
+	if s.exits == nil {
+		s.exits = map[int]chan error{}
+	}
+	s.exits[cmd.Process.Pid] = exited
 	t.Cleanup(func() {
 		// A service that stopped on its own (say a later restart) has
 		// already delivered its status to exited.

@@ -83,6 +83,9 @@ type stack struct {
 	pkiDir       string
 	clientConfig string
 	services     map[string]devService
+	// exits holds, by pid, the exit of each service restartServiceAfter
+	// started (this process waits for those itself).
+	exits map[int]chan error
 }
 
 // startStack runs `airlock dev up` in a fresh directory and registers `dev
