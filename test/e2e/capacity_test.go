@@ -1,0 +1,128 @@
+//go:build linux
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+)
+
+// jobsWithLiveSleep counts the job cgroups under the executor's cgroup
+// parent that hold a live `sleep` in the sandbox uid range: the jobs
+// really running on the host.
+func jobsWithLiveSleep(cgroupParent string) int {
+	jobs := map[string]bool{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !strings.HasPrefix(string(cmdline), "sleep\x00") {
+			continue
+		}
+		var pid int
+		fmt.Sscan(e.Name(), &pid)
+		if procState(pid) == "Z" {
+			continue
+		}
+		cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(cg), "\n") {
+			if _, rest, ok := strings.Cut(line, cgroupParent+"/"); ok {
+				job, _, _ := strings.Cut(rest, "/")
+				jobs[job] = true
+			}
+		}
+	}
+	return len(jobs)
+}
+
+// TestCapacityBoundsWhatRunsAtOnce is issue 9 §5 as it was found: forty
+// jobs asking 1 GiB each, submitted at once, to an executor whose capacity
+// is 3 GiB. At no moment do more than three run on the host, none fails,
+// and all forty finish.
+func TestCapacityBoundsWhatRunsAtOnce(t *testing.T) {
+	repo, _ := sampleRepo(t)
+	s := startStack(t, "--repo", "sample="+repo)
+	exec := s.services["executor"]
+	s.restartServiceAfter(t, "executor", func() {
+		f, err := os.OpenFile(exec.Config, os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = f.WriteString("capacity: {memory: 3GiB}\n")
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
+	const n = 40
+	var ids []string
+	for i := range n {
+		res := s.airlock(t, "job", "submit", "--repo", "sample", "--memory", "1GiB", "--idempotency-key", fmt.Sprintf("cap-%d", i), "-o", "json", "--", "sleep", "0.3")
+		if res.code != 0 {
+			t.Fatalf("submit %d: exit %d\n%s", i, res.code, res.stderr)
+		}
+		j := &authorityv1.Job{}
+		if err := protojson.Unmarshal([]byte(res.stdout), j); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, j.GetJobId())
+	}
+
+	parent := s.executorCgroupParent()
+	var (
+		mu   sync.Mutex
+		most int
+	)
+	stop := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if k := jobsWithLiveSleep(parent); k > 0 {
+				mu.Lock()
+				most = max(most, k)
+				mu.Unlock()
+			}
+		}
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	client := authorityv1.NewAuthorityServiceClient(s.dial(t, "client/dev", "authority"))
+	for _, id := range ids {
+		j := waitJob(ctx, t, client, id, func(j *authorityv1.Job) bool {
+			return j.GetState() == authorityv1.JobState_JOB_STATE_FINISHED || j.GetState() == authorityv1.JobState_JOB_STATE_FAILED ||
+				j.GetState() == authorityv1.JobState_JOB_STATE_CANCELLED
+		})
+		if j.GetState() != authorityv1.JobState_JOB_STATE_FINISHED {
+			t.Errorf("job %s ended %v: %q", id, j.GetState(), j.GetMessage())
+		}
+	}
+	close(stop)
+	<-watched
+	mu.Lock()
+	defer mu.Unlock()
+	if most > 3 {
+		t.Errorf("%d jobs of 1 GiB ran at once on an executor with 3 GiB of capacity", most)
+	}
+	if most < 2 {
+		t.Errorf("at most %d job ran at once: the watch saw nothing, or capacity was not used", most)
+	}
+	t.Logf("%d jobs, at most %d at once", n, most)
+}
