@@ -2,20 +2,24 @@ package api_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
-	"github.com/airlockhq/airlock/pkg/grpcclient"
-	"google.golang.org/grpc"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/airlockhq/airlock/pkg/audit"
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/grpcclient"
+	"github.com/airlockhq/airlock/pkg/identity"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/authority/internal/jobs"
 )
 
 // readAudit pages through the whole audit log as the CLI's audit verify
@@ -264,5 +268,41 @@ func TestRegrantRechecksThePolicy(t *testing.T) {
 	}
 	if n := len(h.fake.Grants(j.GetJobId())); n != 0 {
 		t.Errorf("the executor accepted %d grants", n)
+	}
+}
+
+// discard is a SourceWriter that keeps nothing.
+type discard struct{}
+
+func (discard) Header(string, string) error { return nil }
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// TestOnlyTheExecutorDispatchedToReports is issue 9 §3: each dispatch is
+// bound to the executor identity the authority verified when it handed the
+// grant over, and only that identity fetches the job's source or reports
+// its result. With one CA and one executor identity per trust domain no
+// other executor can reach the API through mTLS yet, so the second
+// executor is played against the job domain directly, as it would arrive
+// once executors have identities of their own.
+func TestOnlyTheExecutorDispatchedToReports(t *testing.T) {
+	h := newHarness(t)
+	dev := h.client(devID)
+	j := h.submit(dev, "bound", spec()).GetJob()
+	h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_RUNNING)
+	other := identity.MustParse("spiffe://elsewhere.test/service/executor")
+	err := h.auth.jobs.FetchSource(t.Context(), other, j.GetJobId(), discard{})
+	if !errors.Is(err, errdefs.ErrPermissionDenied) || !strings.Contains(err.Error(), "was dispatched to spiffe://airlock.test/service/executor") {
+		t.Fatalf("another executor fetching the source: %v", err)
+	}
+	_, err = h.auth.jobs.ReportResult(t.Context(), other, j.GetJobId(), jobs.Report{Reason: jobs.ReasonSandboxError, Message: "forged"})
+	if !errors.Is(err, errdefs.ErrPermissionDenied) {
+		t.Fatalf("another executor reporting a result: %v", err)
+	}
+	if got := h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_RUNNING); got.GetState() != authorityv1.JobState_JOB_STATE_RUNNING {
+		t.Fatalf("the job is %v after a refused report", got.GetState())
+	}
+	// The executor it was dispatched to still may.
+	if err := h.auth.jobs.FetchSource(t.Context(), executorID, j.GetJobId(), discard{}); err != nil {
+		t.Fatalf("the executor dispatched to fetching the source: %v", err)
 	}
 }

@@ -83,6 +83,9 @@ type harness struct {
 type authority struct {
 	addr string
 	stop func()
+	// jobs is the job domain behind the API, for what no mTLS caller of
+	// this PKI can reach.
+	jobs *jobs.Service
 }
 
 func newHarness(t *testing.T) *harness {
@@ -211,7 +214,7 @@ func (h *harness) start() {
 	execClient := executorclient.New(conn)
 	svc, err := jobs.New(jobs.Config{
 		Store: st, Tenants: h.tenants, Source: src, Signer: executorclient.NewSigner(h.signer),
-		Executor: execClient, GrantTTL: cmp.Or(h.opts.grantTTL, 10*time.Minute), StartDeadline: h.opts.startDeadline, Logger: h.logger(),
+		Executor: execClient, ExecutorID: executorID, GrantTTL: cmp.Or(h.opts.grantTTL, 10*time.Minute), StartDeadline: h.opts.startDeadline, Logger: h.logger(),
 		Auditors: []string{"approver/alice"},
 		Retry:    jobs.Retry{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}, DrainTimeout: 5 * time.Second,
 	})
@@ -250,7 +253,7 @@ func (h *harness) start() {
 	go func() { defer close(serveDone); _ = srv.Serve(runCtx) }()
 	srv.SetServing(true)
 
-	a := &authority{addr: srv.Addr().String()}
+	a := &authority{addr: srv.Addr().String(), jobs: svc}
 	a.stop = sync.OnceFunc(func() {
 		cancel()
 		<-serveDone

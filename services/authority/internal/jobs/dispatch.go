@@ -130,6 +130,9 @@ func (s *Service) dispatch(j store.Job) (done bool, err error) {
 			if j.DispatchedAt.IsZero() {
 				j.DispatchedAt = s.now()
 			}
+			if j.Executor == "" && !s.cfg.ExecutorID.IsZero() {
+				j.Executor = s.cfg.ExecutorID.String()
+			}
 			return nil
 		})
 		if err != nil {

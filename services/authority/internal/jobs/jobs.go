@@ -218,6 +218,10 @@ type Config struct {
 	Source   Source
 	Signer   Signer
 	Executor Executor
+	// ExecutorID is the identity the Executor connection verified of its
+	// peer; every dispatch records it, and only that identity may fetch
+	// the job's source and report its result.
+	ExecutorID identity.ID
 	// GrantTTL is how long a grant may wait for the executor to accept it.
 	GrantTTL time.Duration
 	// StartDeadline is how long a job may wait, from its submission, for
@@ -483,6 +487,15 @@ func isExecutor(id identity.ID) bool {
 	return id.Kind == identity.KindService && id.Name == identity.ServiceExecutor
 }
 
+// dispatchedTo refuses caller unless it is the executor job j was
+// dispatched to (any executor, for a job recorded before that was kept).
+func dispatchedTo(j store.Job, caller identity.ID) error {
+	if j.Executor != "" && j.Executor != caller.String() {
+		return fmt.Errorf("%w: job %q was dispatched to %s, not to %s", errdefs.ErrPermissionDenied, j.ID, j.Executor, caller.String())
+	}
+	return nil
+}
+
 var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
 
 // newID returns a random job id: 26 characters of [a-z2-7], safe in file
@@ -605,6 +618,9 @@ func (s *Service) FetchSource(ctx context.Context, caller identity.ID, id string
 	}
 	if j.DispatchedAt.IsZero() {
 		return fmt.Errorf("%w: job %q has not been dispatched", errdefs.ErrFailedPrecondition, id)
+	}
+	if err := dispatchedTo(j, caller); err != nil {
+		return err
 	}
 	repo, ok := s.repository(j)
 	if !ok {
@@ -739,6 +755,9 @@ func (s *Service) ReportResult(ctx context.Context, caller identity.ID, id strin
 	return s.updateAudited(ctx, id, func(j *store.Job) error {
 		if j.DispatchedAt.IsZero() {
 			return fmt.Errorf("%w: job %q was never dispatched", errdefs.ErrFailedPrecondition, id)
+		}
+		if err := dispatchedTo(*j, caller); err != nil {
+			return err
 		}
 		if len(j.Result) > 0 {
 			if j.BundleDigest == r.BundleDigest && (r.BundleDigest != "" || string(j.Result) == string(r.Result)) {

@@ -107,7 +107,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				Tenants:  cfg.Policy,
 				Source:   src,
 				Signer:   executorclient.NewSigner(key),
-				Executor: exec,
+				Executor: exec, ExecutorID: env.PeerID(identity.ServiceExecutor),
 				GrantTTL: cfg.GrantTTL,
 				Auditors: cfg.Audit.Auditors,
 				Refusals: refusals,

@@ -75,6 +75,10 @@ type Job struct {
 	// DispatchedAt is when a StartJob for the grant was first attempted;
 	// zero while the grant has never left the authority.
 	DispatchedAt time.Time
+	// Executor is the SPIFFE ID of the executor the grant was dispatched
+	// to, set with DispatchedAt; only it may fetch the job's source and
+	// report its result. Empty for jobs dispatched before it was recorded.
+	Executor string
 
 	// Result is the serialized airlock.types.v1.RunResult the executor
 	// reported, with the rest of its report; empty until then.

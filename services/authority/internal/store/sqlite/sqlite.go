@@ -181,6 +181,10 @@ var migrations = []string{
 			SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY job_id, purpose ORDER BY issued_at DESC, id DESC) AS n
 				FROM leases WHERE revoked_at = 0) AS ranked WHERE n = 1);
 	CREATE UNIQUE INDEX leases_one_active ON leases (job_id, purpose) WHERE revoked_at = 0;`,
+
+	// 7: the SPIFFE ID of the executor a job was dispatched to; only it
+	// fetches the job's source and reports its result.
+	`ALTER TABLE jobs ADD COLUMN executor TEXT NOT NULL DEFAULT '';`,
 }
 
 // DropAuditGuards removes the triggers that keep audit_log append-only; the

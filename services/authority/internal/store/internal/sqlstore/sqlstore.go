@@ -151,7 +151,7 @@ func (s *DB) tx(ctx context.Context, fn func(*sql.Tx) error) error {
 
 const jobColumns = `id, tenant, requester, idempotency_key, repository, spec, spec_digest, commit_sha, tree_hash,
 	state, message, network_state, signed_grant, grant_expires_at, dispatched_at,
-	result, bundle_digest, patch, review, provenance, created_at, updated_at, version`
+	result, bundle_digest, patch, review, provenance, created_at, updated_at, version, executor`
 
 type scanner interface{ Scan(dest ...any) error }
 
@@ -164,7 +164,7 @@ func scanJob(row scanner) (store.Job, error) {
 	)
 	err := row.Scan(&j.ID, &j.Tenant, &j.Requester, &j.IdempotencyKey, &j.Repository, &spec, &j.SpecDigest, &j.Commit, &j.TreeHash,
 		&state, &j.Message, &j.NetworkState, &grant, &expires, &dispatched,
-		&result, &j.BundleDigest, &patch, &review, &proven, &created, &updated, &j.Version)
+		&result, &j.BundleDigest, &patch, &review, &proven, &created, &updated, &j.Version, &j.Executor)
 	if err != nil {
 		return store.Job{}, err
 	}
@@ -231,11 +231,11 @@ func (s *DB) createJob(ctx context.Context, j store.Job, e *audit.Event) (store.
 		// A concurrent insert of the same key makes this one wait for it and
 		// then do nothing, in both databases; the key's job is then read.
 		j.Version = 1
-		res, err := tx.ExecContext(ctx, s.q(`INSERT INTO jobs (`+jobColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		res, err := tx.ExecContext(ctx, s.q(`INSERT INTO jobs (`+jobColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (tenant, idempotency_key) DO NOTHING`),
 			j.ID, j.Tenant, j.Requester, j.IdempotencyKey, j.Repository, nonNil(j.Spec), j.SpecDigest, j.Commit, j.TreeHash,
 			string(j.State), j.Message, j.NetworkState, j.Grant, micros(j.GrantExpiresAt), micros(j.DispatchedAt),
-			j.Result, j.BundleDigest, j.Patch, j.Review, j.Provenance, micros(j.CreatedAt), micros(j.UpdatedAt), j.Version)
+			j.Result, j.BundleDigest, j.Patch, j.Review, j.Provenance, micros(j.CreatedAt), micros(j.UpdatedAt), j.Version, j.Executor)
 		if err != nil {
 			return err
 		}
@@ -439,10 +439,10 @@ func (s *DB) updateJobTx(ctx context.Context, tx *sql.Tx, id string, update func
 	j.Version++
 	res, err := tx.ExecContext(ctx, s.q(`UPDATE jobs SET commit_sha = ?, tree_hash = ?, state = ?, message = ?, network_state = ?,
 		signed_grant = ?, grant_expires_at = ?, dispatched_at = ?, result = ?, bundle_digest = ?, patch = ?,
-		review = ?, provenance = ?, updated_at = ?, version = ? WHERE id = ? AND version = ?`),
+		review = ?, provenance = ?, updated_at = ?, version = ?, executor = ? WHERE id = ? AND version = ?`),
 		j.Commit, j.TreeHash, string(j.State), j.Message, j.NetworkState,
 		j.Grant, micros(j.GrantExpiresAt), micros(j.DispatchedAt), j.Result, j.BundleDigest, j.Patch,
-		j.Review, j.Provenance, micros(j.UpdatedAt), j.Version, id, j.Version-1)
+		j.Review, j.Provenance, micros(j.UpdatedAt), j.Version, j.Executor, id, j.Version-1)
 	if err != nil {
 		return out, nil, err
 	}
