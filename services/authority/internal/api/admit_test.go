@@ -129,3 +129,20 @@ func TestFullExecutorServesTenantsFairly(t *testing.T) {
 		}
 	}
 }
+
+// TestChangePastTheQuotaIsRefused: raising a running job's memory so that
+// the tenant's jobs together would pass its quota is refused, naming it;
+// within the quota the same kind of change goes through.
+func TestChangePastTheQuotaIsRefused(t *testing.T) {
+	h := newHarnessWith(t, harnessOptions{devQuota: policy.Quota{MemoryBytes: 1536 << 20}})
+	dev := h.client(devID)
+	a := h.submit(dev, "q-a", spec()).GetJob().GetJobId() // 512 MiB each by default
+	b := h.submit(dev, "q-b", spec()).GetJob().GetJobId()
+	h.waitState(dev, a, authorityv1.JobState_JOB_STATE_RUNNING)
+	h.waitState(dev, b, authorityv1.JobState_JOB_STATE_RUNNING)
+	_, err := dev.UpdateJobLimits(t.Context(), &authorityv1.UpdateJobLimitsRequest{JobId: a, Limits: &typesv1.ResourceLimits{MemoryBytes: 1100 << 20}})
+	wantStatus(t, err, codes.ResourceExhausted, "limits.memory_bytes", "quota.memory")
+	if _, err := dev.UpdateJobLimits(t.Context(), &authorityv1.UpdateJobLimitsRequest{JobId: a, Limits: &typesv1.ResourceLimits{MemoryBytes: 1 << 30}}); err != nil {
+		t.Fatalf("a change within the quota: %v", err)
+	}
+}

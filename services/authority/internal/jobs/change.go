@@ -132,6 +132,9 @@ func (s *Service) requestChange(ctx context.Context, caller identity.ID, req Cha
 	if err != nil {
 		return res, err
 	}
+	if err := s.changeWithinQuota(t, j.ID, ch); err != nil {
+		return res, err
+	}
 	res.Change = ch
 	if len(ch.Widens) > 0 {
 		switch t.Approvals.Widening {
@@ -155,6 +158,25 @@ func (s *Service) requestChange(ctx context.Context, caller identity.ID, req Cha
 	j, err = s.applyChange(ctx, caller, cur, ch, reason, nil)
 	res.Job = j
 	return res, err
+}
+
+// changeWithinQuota refuses a change that would take the tenant's running
+// jobs together past its quota of memory or CPU.
+func (s *Service) changeWithinQuota(t *policy.Tenant, id string, ch Change) error {
+	q := t.Quota
+	if ch.ToLimits.MemoryBytes <= ch.FromLimits.MemoryBytes && ch.ToLimits.CPUMillis <= ch.FromLimits.CPUMillis {
+		return nil
+	}
+	n, others := s.gate.holdingOf(t.Name, id)
+	switch {
+	case q.MemoryBytes > 0 && others.memory+ch.ToLimits.MemoryBytes > q.MemoryBytes:
+		return fmt.Errorf("%w: limits.memory_bytes: %s would take tenant %s past its quota.memory of %s (its %d other jobs hold %s)",
+			errdefs.ErrResourceExhausted, bytesText(ch.ToLimits.MemoryBytes), t.Name, bytesText(q.MemoryBytes), n, bytesText(others.memory))
+	case q.CPUMillis > 0 && others.cpu+ch.ToLimits.CPUMillis > q.CPUMillis:
+		return fmt.Errorf("%w: limits.cpu_millis: %d would take tenant %s past its quota.cpu_millis of %d (its %d other jobs hold %d)",
+			errdefs.ErrResourceExhausted, ch.ToLimits.CPUMillis, t.Name, q.CPUMillis, n, others.cpu)
+	}
+	return nil
 }
 
 // planChange checks the new limits and policy against the tenant and works
@@ -455,6 +477,8 @@ func (s *Service) applyChange(ctx context.Context, caller identity.ID, cur Grant
 		return store.Job{}, err
 	}
 	s.hub.publish(j)
+	// The job holds its new limits at the gate.
+	s.gate.hold(j.ID, j.Tenant, useOf(ch.ToLimits))
 	s.cfg.Logger.InfoContext(ctx, "job change granted", "job", j.ID, "generation", next.Generation, "change", describe(ch))
 	return s.pushChange(ctx, j.ID, sg.Wire, cur, caller)
 }
