@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -44,18 +45,36 @@ type Repo struct {
 }
 
 // Open initializes (if needed) a bare git directory at gitDir.
+//
+// git init writes HEAD last, so a directory without HEAD is an init that
+// never finished (the process died in it): nothing was ever stored there,
+// and it is made again from nothing. The init itself is not cut short when
+// ctx ends (a cancelled job used to leave HEAD.lock behind, failing every
+// later job of the repository); it takes milliseconds and is bounded.
 func Open(ctx context.Context, gitDir string) (*Repo, error) {
 	r := &Repo{gitDir: gitDir, home: filepath.Join(gitDir, "airlock-home")}
+	if _, err := os.Stat(filepath.Join(gitDir, "HEAD")); err != nil {
+		if err := os.RemoveAll(gitDir); err != nil {
+			return nil, err
+		}
+		if err := os.MkdirAll(r.home, 0o700); err != nil {
+			return nil, err
+		}
+		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), initTimeout)
+		defer cancel()
+		if _, err := r.git(ictx, "", nil, "init", "--quiet", "--bare", gitDir); err != nil {
+			return nil, err
+		}
+		return r, nil
+	}
 	if err := os.MkdirAll(r.home, 0o700); err != nil {
 		return nil, err
 	}
-	if _, err := os.Stat(filepath.Join(gitDir, "objects")); err != nil {
-		if _, err := r.git(ctx, "", nil, "init", "--quiet", "--bare", gitDir); err != nil {
-			return nil, err
-		}
-	}
 	return r, nil
 }
+
+// initTimeout bounds one git init.
+const initTimeout = 30 * time.Second
 
 // env is the whole environment git gets: nothing from the executor's own,
 // no system or global config, no prompts, no pager.

@@ -786,3 +786,42 @@ func copyTree(t *testing.T, dir string) string {
 	}
 	return dst
 }
+
+// TestOpenSurvivesAnInterruptedInit: a job cancelled while its
+// repository's git directory was first made used to leave an init half
+// done (objects/ and HEAD.lock, no HEAD), and every later job of the
+// repository failed staging. Open with a cancelled context still makes a
+// whole directory, and Open repairs one an earlier process left half made.
+func TestOpenSurvivesAnInterruptedInit(t *testing.T) {
+	b := newBase(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	dir := filepath.Join(t.TempDir(), "git")
+	r, err := worktree.Open(ctx, dir)
+	if err != nil {
+		t.Fatalf("Open with a cancelled context: %v", err)
+	}
+	if got := treeHash(t, r, b.export(t)); got != b.tree {
+		t.Errorf("TreeHash = %s, want %s", got, b.tree)
+	}
+
+	half := filepath.Join(t.TempDir(), "git")
+	for _, d := range []string{"objects/info", "refs/heads", "airlock-home"} {
+		if err := os.MkdirAll(filepath.Join(half, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(half, "HEAD.lock"), []byte("ref: refs/heads/master\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err = worktree.Open(context.Background(), half)
+	if err != nil {
+		t.Fatalf("Open of a half-made directory: %v", err)
+	}
+	if got := treeHash(t, r, b.export(t)); got != b.tree {
+		t.Errorf("after the repair: TreeHash = %s, want %s", got, b.tree)
+	}
+	if _, err := os.Stat(filepath.Join(half, "HEAD.lock")); err == nil {
+		t.Error("HEAD.lock is still there")
+	}
+}
