@@ -146,3 +146,20 @@ func TestChangePastTheQuotaIsRefused(t *testing.T) {
 		t.Fatalf("a change within the quota: %v", err)
 	}
 }
+
+// TestQueuedJobsAreBounded: a tenant cannot pile up waiting jobs without
+// bound; past its quota.queued_jobs a submission is refused, naming it.
+func TestQueuedJobsAreBounded(t *testing.T) {
+	h := newHarnessWith(t, harnessOptions{devQuota: policy.Quota{RunningJobs: 1, QueuedJobs: 2}})
+	dev := h.client(devID)
+	first := h.submit(dev, "qq-0", spec()).GetJob().GetJobId()
+	h.waitState(dev, first, authorityv1.JobState_JOB_STATE_RUNNING)
+	h.submit(dev, "qq-1", spec())
+	h.submit(dev, "qq-2", spec())
+	_, err := dev.SubmitJob(t.Context(), &authorityv1.SubmitJobRequest{Tenant: "dev", Spec: spec(), IdempotencyKey: "qq-3"})
+	wantStatus(t, err, codes.ResourceExhausted, "2 jobs queued", "quota.queued_jobs")
+	// The same key again still answers with its job, whatever the queue.
+	if again := h.submit(dev, "qq-1", spec()); again.GetCreated() {
+		t.Error("a repeated key made a new job")
+	}
+}

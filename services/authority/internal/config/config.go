@@ -149,6 +149,9 @@ type QuotaFile struct {
 	RunningJobs int64           `yaml:"running_jobs"`
 	Memory      config.ByteSize `yaml:"memory"`
 	CPUMillis   int64           `yaml:"cpu_millis"`
+	// QueuedJobs bounds the jobs waiting to start; default 1000, at most
+	// 100000.
+	QueuedJobs int64 `yaml:"queued_jobs"`
 }
 
 // ApprovalsFile is the tenant's approval policy as the file writes it.
@@ -306,7 +309,13 @@ func (c *Config) tenant(name string, f TenantFile) (*policy.Tenant, error) {
 	a, aerrs := c.approvals(field+".approvals", td, f.Approvals)
 	errs = append(errs, aerrs...)
 	t.Approvals = a
-	t.Quota = policy.Quota{RunningJobs: f.Quota.RunningJobs, MemoryBytes: f.Quota.Memory.Bytes(), CPUMillis: f.Quota.CPUMillis}
+	t.Quota = policy.Quota{RunningJobs: f.Quota.RunningJobs, MemoryBytes: f.Quota.Memory.Bytes(), CPUMillis: f.Quota.CPUMillis, QueuedJobs: f.Quota.QueuedJobs}
+	switch q := &t.Quota.QueuedJobs; {
+	case *q == 0:
+		*q = policy.DefaultQueuedJobs
+	case *q < 1 || *q > 100000:
+		errs = append(errs, config.Field(field+".quota.queued_jobs", "%d: must be between 1 and 100000", *q))
+	}
 	if err := f.Quota.Memory.Check(field + ".quota.memory"); err != nil {
 		errs = append(errs, err)
 	}

@@ -12,13 +12,17 @@ import (
 // Jobs wait here, not in the executor, for two reasons: their tenant is at
 // its quota (running jobs, memory or CPU of the jobs it has dispatched),
 // or the executor answered the last start with "no capacity". While jobs
-// wait, a newer job never overtakes them: whenever one may go, it is the
-// oldest waiting job of the tenant with the fewest jobs holding resources
-// (ties: the tenant whose oldest waiter came first), among tenants under
-// their quota. So one tenant submitting forty jobs cannot starve another's
-// one: each time capacity frees, the other tenant's job goes first. A job
-// holds its share from the moment it may ask the executor until its drive
-// ends (the run ended, or the job did).
+// wait, a newer job never overtakes them and one job asks the executor at a
+// time. The next to ask is the oldest waiting job of the tenant holding the
+// fewest jobs (ties: the tenant whose oldest waiter came first), among
+// tenants under their quota; a job the executor refused goes back to the
+// head of its tenant's line. So one tenant submitting forty jobs cannot
+// starve another's one: each time capacity frees, the other tenant's job
+// goes first. Nor is a large job starved by smaller ones of other tenants
+// that fit: once they hold more than its tenant does, it is the one asked
+// for, and nobody else goes before it fits. A job holds
+// its share from the moment it may ask the executor until its drive ends
+// (the run ended, or the job did).
 
 // use is what one job holds.
 type use struct{ memory, cpu int64 }
@@ -46,6 +50,9 @@ type gate struct {
 	// trying is the job asking the executor right now: one at a time, so
 	// two jobs never race for the room one run left.
 	trying string
+	// looks counts the times a waiter looked again (for tests: waiting
+	// must not spin).
+	looks int
 }
 
 func newGate(now func() time.Time, quota func(string) policy.Quota) *gate {
@@ -58,8 +65,8 @@ func (g *gate) wakeLocked() {
 	g.changed = make(chan struct{})
 }
 
-// hold records that job id of tenant holds need (a job the executor has,
-// found at start-up or just admitted).
+// hold records that job id of tenant holds need: a run the executor has,
+// found at start-up or followed.
 func (g *gate) hold(id, tenant string, need use) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -67,6 +74,17 @@ func (g *gate) hold(id, tenant string, need use) {
 		g.holding[tenant] = map[string]use{}
 	}
 	g.holding[tenant][id] = need
+}
+
+// resize changes what job id holds, if it holds anything (a job whose
+// drive has ended holds nothing, and a change does not make it).
+func (g *gate) resize(id, tenant string, need use) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if _, ok := g.holding[tenant][id]; ok {
+		g.holding[tenant][id] = need
+		g.wakeLocked()
+	}
 }
 
 // release forgets job id, waiting or holding, and lets the waiters look
@@ -90,14 +108,13 @@ func (g *gate) release(id string) {
 	g.wakeLocked()
 }
 
-// tried ends job id's turn at asking the executor.
-func (g *gate) tried(id string) {
+// withdraw takes job id out of the queue (it was cancelled); a wait of it
+// in enter ends at once.
+func (g *gate) withdraw(id string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.trying == id {
-		g.trying = ""
-		g.wakeLocked()
-	}
+	g.removeWaiterLocked(id)
+	g.wakeLocked()
 }
 
 func (g *gate) removeWaiterLocked(id string) {
@@ -109,8 +126,17 @@ func (g *gate) removeWaiterLocked(id string) {
 	}
 }
 
-// overQuota says which of tenant's quotas admitting need would pass, "" if
-// none.
+func (g *gate) waitingLocked(id string) *waiter {
+	for _, w := range g.waiting {
+		if w.id == id {
+			return w
+		}
+	}
+	return nil
+}
+
+// overQuotaLocked says which of tenant's quotas admitting need would pass,
+// "" if none.
 func (g *gate) overQuotaLocked(tenant string, need use) string {
 	q := g.quota(tenant)
 	var n int64
@@ -156,66 +182,82 @@ func (g *gate) nextLocked() *waiter {
 }
 
 // enter waits, up to max, for job id's turn. It returns true when the job
-// may ask the executor now (it then holds need until release or refused);
-// else false and why it waits, so the caller can look at the job again.
+// may ask the executor now (it then holds need until release or refused,
+// and must call tried when its ask is over); else false and why it waits
+// ("" when it was withdrawn), so the caller can look at the job again.
 func (g *gate) enter(id, tenant string, need use, max time.Duration) (bool, string) {
 	deadline := time.NewTimer(max)
 	defer deadline.Stop()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	_, held := g.holding[tenant][id]
-	found := false
-	for _, w := range g.waiting {
-		found = found || w.id == id
-	}
-	if !found && !held {
+	if _, held := g.holding[tenant][id]; !held && g.waitingLocked(id) == nil {
 		g.waiting = append(g.waiting, &waiter{id: id, tenant: tenant, need: need})
 	}
 	for {
-		if _, held := g.holding[tenant][id]; held {
+		g.looks++
+		_, held := g.holding[tenant][id]
+		switch {
+		case held:
 			// Admitted before and asking again (a retry): its turn as
 			// soon as nobody else is asking.
 			if g.trying == "" || g.trying == id {
 				g.trying = id
 				return true, ""
 			}
-		} else if w := g.nextLocked(); w != nil && w.id == id {
-			g.removeWaiterLocked(id)
-			if g.holding[tenant] == nil {
-				g.holding[tenant] = map[string]use{}
+		case g.waitingLocked(id) == nil:
+			return false, "" // withdrawn
+		default:
+			if w := g.nextLocked(); w != nil && w.id == id {
+				g.removeWaiterLocked(id)
+				if g.holding[tenant] == nil {
+					g.holding[tenant] = map[string]use{}
+				}
+				g.holding[tenant][id] = need
+				g.trying = id
+				return true, ""
 			}
-			g.holding[tenant][id] = need
-			g.trying = id
-			return true, ""
 		}
 		why := g.overQuotaLocked(tenant, need)
 		if why == "" && g.now().Before(g.full) {
 			why = "the executor has no capacity for it yet"
 		}
 		if why == "" {
-			why = "other tenants' jobs waiting for capacity go first"
+			why = "jobs that came first, or of tenants holding fewer, go first"
 		}
 		changed := g.changed
-		retry := time.NewTimer(max)
-		if !g.full.IsZero() {
-			retry.Reset(g.full.Sub(g.now()) + time.Millisecond)
+		// Wake when the executor's hold-off ends, if one is in force.
+		var holdOff <-chan time.Time
+		stop := func() {}
+		if d := g.full.Sub(g.now()); d > 0 {
+			t := time.NewTimer(d + time.Millisecond)
+			holdOff, stop = t.C, func() { t.Stop() }
 		}
 		g.mu.Unlock()
 		select {
 		case <-changed:
-		case <-retry.C:
+		case <-holdOff:
 		case <-deadline.C:
-			retry.Stop()
+			stop()
 			g.mu.Lock()
 			return false, why
 		}
-		retry.Stop()
+		stop()
 		g.mu.Lock()
 	}
 }
 
+// tried ends job id's turn at asking the executor.
+func (g *gate) tried(id string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.trying == id {
+		g.trying = ""
+		g.wakeLocked()
+	}
+}
+
 // refused returns job id, which the executor had no capacity for, to the
-// head of the queue, and holds every waiter back for wait (or until a job
+// front of the queue and holds every waiter back for wait (or until a job
 // ends).
 func (g *gate) refused(id, tenant string, need use, wait time.Duration) {
 	g.mu.Lock()

@@ -436,6 +436,13 @@ func (s *Service) ApplyApproved(ctx context.Context, by identity.ID, id string) 
 // entry (spending consume in the same transaction when it is set), and
 // hands it to the executor.
 func (s *Service) applyChange(ctx context.Context, caller identity.ID, cur GrantRequest, ch Change, reason string, consume *store.ConsumeRequest) (store.Job, error) {
+	// Checked again as it applies: another change may have raised the
+	// tenant's total since this one was asked.
+	if t := s.cfg.Tenants[cur.Tenant]; t != nil {
+		if err := s.changeWithinQuota(t, cur.JobID, ch); err != nil {
+			return store.Job{}, err
+		}
+	}
 	now := s.now()
 	next := cur
 	next.Limits, next.Network = ch.ToLimits, ch.ToNetwork
@@ -477,8 +484,9 @@ func (s *Service) applyChange(ctx context.Context, caller identity.ID, cur Grant
 		return store.Job{}, err
 	}
 	s.hub.publish(j)
-	// The job holds its new limits at the gate.
-	s.gate.hold(j.ID, j.Tenant, useOf(ch.ToLimits))
+	// The job holds its new limits at the gate (if it holds any: one
+	// whose drive ended holds nothing).
+	s.gate.resize(j.ID, j.Tenant, useOf(ch.ToLimits))
 	s.cfg.Logger.InfoContext(ctx, "job change granted", "job", j.ID, "generation", next.Generation, "change", describe(ch))
 	return s.pushChange(ctx, j.ID, sg.Wire, cur, caller)
 }
@@ -520,6 +528,7 @@ func (s *Service) pushChange(ctx context.Context, id string, grant []byte, prev 
 	if uerr != nil {
 		return store.Job{}, uerr
 	}
+	s.gate.resize(id, j.Tenant, useOf(prev.Limits))
 	return j, fmt.Errorf("%w: the executor refused the change: %v", errdefs.ErrFailedPrecondition, err)
 }
 

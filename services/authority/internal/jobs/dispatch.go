@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/audit"
+	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
@@ -92,24 +93,10 @@ func retryable(err error) bool {
 // job needs no more driving, and an error when the attempt should be
 // retried.
 func (s *Service) dispatch(j store.Job) (done bool, err error) {
-	if !s.now().Before(j.GrantExpiresAt) {
-		if !s.now().Before(j.CreatedAt.Add(s.startDeadline(j))) {
-			_, err := s.transition(j.ID, []store.State{store.StateQueued}, store.StateFailed,
-				fmt.Sprintf("no executor accepted the job within its tenant's start deadline (%v after submission)", s.startDeadline(j)))
-			return true, err
-		}
-		// The executor was out of reach for longer than a grant lives:
-		// the same decision, signed again — if the tenant's policy in force
-		// still allows it. An executor that did accept the old grant
-		// answers a new one with the run it has, so the job still runs
-		// once.
-		if why := s.stillAllowed(j); why != "" {
-			_, err := s.transition(j.ID, []store.State{store.StateQueued}, store.StateFailed,
-				"its grant expired before an executor accepted it, and the tenant's policy no longer allows it: "+why)
-			return true, err
-		}
-		_, err := s.regrant(j)
-		return false, err
+	if !s.now().Before(j.GrantExpiresAt) && !s.now().Before(j.CreatedAt.Add(s.startDeadline(j))) {
+		_, err := s.transition(j.ID, []store.State{store.StateQueued}, store.StateFailed,
+			fmt.Sprintf("no executor accepted the job within its tenant's start deadline (%v after submission)", s.startDeadline(j)))
+		return true, err
 	}
 	g, err := s.cfg.Signer.Decode(j.Grant)
 	if err != nil {
@@ -117,9 +104,31 @@ func (s *Service) dispatch(j store.Job) (done bool, err error) {
 	}
 	need := useOf(g.Limits)
 	if ok, why := s.gate.enter(j.ID, j.Tenant, need, gateWait); !ok {
+		if why == "" {
+			return false, nil // withdrawn: read the job again
+		}
 		return false, s.noteWaiting(j.ID, why)
 	}
 	defer s.gate.tried(j.ID)
+	if !s.now().Before(j.GrantExpiresAt) {
+		// The grant expired while the job waited, or while the executor
+		// was out of reach: the same decision, signed again — if the
+		// tenant's policy in force still allows it — right before it is
+		// handed over (a job waiting at the gate is not granted again
+		// and again). An executor that did accept the old grant answers
+		// a new one with the run it has, so the job still runs once.
+		if why := s.stillAllowed(j); why != "" {
+			_, err := s.transition(j.ID, []store.State{store.StateQueued}, store.StateFailed,
+				"its grant expired before an executor accepted it, and the tenant's policy no longer allows it: "+why)
+			return true, err
+		}
+		if j, err = s.regrant(j); err != nil {
+			return false, err
+		}
+		if j.State != store.StateQueued {
+			return false, nil
+		}
+	}
 	if j.DispatchedAt.IsZero() {
 		// Recorded before the first attempt, so a cancel knows the executor
 		// may have the job and FetchSource knows it was sent.
@@ -152,7 +161,9 @@ func (s *Service) dispatch(j store.Job) (done bool, err error) {
 		// The executor is full: the job waits at the gate, first in line,
 		// and nobody asks again before a job ends or Retry.Max passes.
 		s.gate.refused(j.ID, j.Tenant, need, s.cfg.Retry.Max)
-		return false, s.noteWaiting(j.ID, "the executor has no capacity for it yet: "+err.Error())
+		s.cfg.Logger.Debug("executor full", "job", j.ID, "error", err)
+		return false, s.noteWaiting(j.ID, fmt.Sprintf("the executor has no capacity for it yet (it asks %s of memory and %d millicores)",
+			config.FormatByteSize(need.memory), need.cpu))
 	case err != nil && retryable(err):
 		return false, err
 	case err != nil && !s.now().Before(j.GrantExpiresAt):
@@ -193,8 +204,8 @@ func (s *Service) dispatch(j store.Job) (done bool, err error) {
 }
 
 // gateWait is how long one wait at the gate lasts before the job is read
-// again (a cancel, a start deadline).
-const gateWait = time.Second
+// again (for its start deadline; a cancel withdraws it at once).
+const gateWait = 5 * time.Second
 
 // waitingPrefix starts the message of a job waiting at the gate.
 const waitingPrefix = "waiting: "
@@ -311,6 +322,9 @@ func (s *Service) stillAllowed(j store.Job) string {
 	t := s.cfg.Tenants[j.Tenant]
 	if t == nil {
 		return fmt.Sprintf("tenant %q is no longer configured", j.Tenant)
+	}
+	if r, err := identity.Parse(j.Requester); err != nil || !t.HasClient(r.Principal()) {
+		return fmt.Sprintf("%s no longer acts for tenant %s", j.Requester, j.Tenant)
 	}
 	g, err := s.cfg.Signer.Decode(j.Grant)
 	if err != nil {

@@ -324,6 +324,17 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("jobs: resume: %w", err)
 	}
+	// What the executor may already run holds its share at the gate
+	// before any waiting job is admitted: staged and running jobs, and
+	// queued ones a StartJob was sent for.
+	for _, j := range pending {
+		if j.State == store.StateQueued && j.DispatchedAt.IsZero() {
+			continue
+		}
+		if g, err := s.cfg.Signer.Decode(j.Grant); err == nil {
+			s.gate.hold(j.ID, j.Tenant, useOf(g.Limits))
+		}
+	}
 	for _, j := range pending {
 		s.kick(j.ID)
 		// A change stored but not yet confirmed by the executor is handed
@@ -568,6 +579,9 @@ func (s *Service) Cancel(ctx context.Context, caller identity.ID, id, reason str
 	}, func(j *store.Job) audit.Event {
 		return audit.Event{Kind: audit.KindJobCancelled, Caller: caller.String(), Subject: j.ID, Outcome: outcomeAllowed, Reason: j.Message}
 	})
+	if err == nil && wasQueued {
+		s.gate.withdraw(id) // no longer waits for its turn
+	}
 	if err != nil || !atExecutor {
 		return j, err
 	}

@@ -83,6 +83,9 @@ func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequ
 	if err != nil {
 		return store.Job{}, false, err
 	}
+	if err := s.queueRoom(ctx, t); err != nil {
+		return store.Job{}, false, err
+	}
 	rev, err := s.cfg.Source.Resolve(ctx, d.repo, req.Spec.Revision)
 	switch {
 	case errors.Is(err, source.ErrBadRevision), errors.Is(err, source.ErrUnknownRevision):
@@ -446,6 +449,24 @@ func effectiveLimits(prefix string, req, def, ceil policy.Limits) (policy.Limits
 		}
 	}
 	return out, nil
+}
+
+// queueRoom refuses a submission while tenant t has as many jobs queued as
+// its quota.queued_jobs allows: waiting jobs cost the authority work, and
+// no tenant may pile them up without bound.
+func (s *Service) queueRoom(ctx context.Context, t *policy.Tenant) error {
+	limit := t.Quota.QueuedJobs
+	if limit <= 0 {
+		limit = policy.DefaultQueuedJobs
+	}
+	queued, _, err := s.cfg.Store.ListJobs(ctx, store.ListOptions{Tenant: t.Name, States: []store.State{store.StateQueued}, Limit: int(limit)})
+	if err != nil {
+		return err
+	}
+	if int64(len(queued)) >= limit {
+		return fmt.Errorf("%w: tenant %s has %d jobs queued, its quota.queued_jobs: wait for some to start, or cancel some", errdefs.ErrResourceExhausted, t.Name, len(queued))
+	}
+	return nil
 }
 
 // withinQuota refuses limits no job of tenant t could ever run under: more

@@ -126,7 +126,14 @@ type Quota struct {
 	RunningJobs int64
 	MemoryBytes int64
 	CPUMillis   int64
+	// QueuedJobs bounds the tenant's jobs waiting to start; a submission
+	// beyond it is refused. Default DefaultQueuedJobs.
+	QueuedJobs int64
 }
+
+// DefaultQueuedJobs is how many jobs a tenant may have queued at once when
+// its policy does not say.
+const DefaultQueuedJobs = 1000
 
 // Default approval settings.
 const (
