@@ -11,6 +11,8 @@ import (
 	"io"
 	"slices"
 	"time"
+
+	"github.com/airlockhq/airlock/pkg/pki"
 )
 
 // A Checkpoint is the authority's signed statement that the log's entry
@@ -51,9 +53,9 @@ func (c Checkpoint) signedBytes() ([]byte, error) {
 }
 
 // SignCheckpoint signs that entry e is in the log, as of at.
-func SignCheckpoint(key ed25519.PrivateKey, keyID string, e Event, at time.Time) (Checkpoint, error) {
-	c := Checkpoint{Sequence: e.Sequence, Hash: e.Hash, Time: Normalize(at), KeyID: keyID,
-		PublicKey: key.Public().(ed25519.PublicKey)}
+func SignCheckpoint(key ed25519.PrivateKey, e Event, at time.Time) (Checkpoint, error) {
+	pub := key.Public().(ed25519.PublicKey)
+	c := Checkpoint{Sequence: e.Sequence, Hash: e.Hash, Time: Normalize(at), KeyID: pki.Ed25519KeyID(pub), PublicKey: pub}
 	if c.Sequence < 1 {
 		return Checkpoint{}, fmt.Errorf("audit: checkpoint: sequence %d: must be at least 1", c.Sequence)
 	}
@@ -70,6 +72,11 @@ func SignCheckpoint(key ed25519.PrivateKey, keyID string, e Event, at time.Time)
 func (c Checkpoint) CheckSignature(pinned ed25519.PublicKey) error {
 	if len(c.PublicKey) != ed25519.PublicKeySize {
 		return fmt.Errorf("checkpoint at sequence %d: public_key: %d bytes, want %d", c.Sequence, len(c.PublicKey), ed25519.PublicKeySize)
+	}
+	if c.KeyID != pki.Ed25519KeyID(c.PublicKey) {
+		// The id is not signed: one that does not name the key would let a
+		// forger's checkpoint pass for the authority's in a report.
+		return fmt.Errorf("checkpoint at sequence %d: key_id %q does not name its public key", c.Sequence, c.KeyID)
 	}
 	if pinned != nil && !bytes.Equal(pinned, c.PublicKey) {
 		return fmt.Errorf("checkpoint at sequence %d: signed by key %s, not the pinned key", c.Sequence, c.KeyID)
@@ -213,6 +220,17 @@ func (a *Anchors) End() error {
 
 // Matched is how many checkpoints the log reached and agreed with.
 func (a *Anchors) Matched() int { return a.matched }
+
+// Newest is the checkpoint signed last, and false when there is none.
+func (a *Anchors) Newest() (Checkpoint, bool) {
+	var n Checkpoint
+	for _, c := range a.cps {
+		if c.Time.After(n.Time) {
+			n = c
+		}
+	}
+	return n, len(a.cps) > 0
+}
 
 // Total is how many checkpoints there are.
 func (a *Anchors) Total() int { return len(a.cps) }

@@ -23,7 +23,7 @@ func newKey(t *testing.T) ed25519.PrivateKey {
 
 func sign(t *testing.T, k ed25519.PrivateKey, e audit.Event) audit.Checkpoint {
 	t.Helper()
-	c, err := audit.SignCheckpoint(k, "k1", e, t0.Add(time.Hour))
+	c, err := audit.SignCheckpoint(k, e, t0.Add(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,6 +60,9 @@ func TestCheckpointSignature(t *testing.T) {
 		"sequence":  func(c *audit.Checkpoint) { c.Sequence++ },
 		"hash":      func(c *audit.Checkpoint) { c.Hash = strings.Repeat("ab", 32) },
 		"time":      func(c *audit.Checkpoint) { c.Time = c.Time.Add(time.Microsecond) },
+		// The id is not signed, but it must name the key: a forger's
+		// checkpoint may not pass for the authority's in a report.
+		"key id": func(c *audit.Checkpoint) { c.KeyID = "0123456789abcdef" },
 		"signature": func(c *audit.Checkpoint) { c.Signature = append([]byte{c.Signature[0] ^ 1}, c.Signature[1:]...) },
 		// Someone re-signs with their own key: it verifies with that key,
 		// but not with the pinned one.
@@ -76,7 +79,7 @@ func TestCheckpointSignature(t *testing.T) {
 			}
 		})
 	}
-	if _, err := audit.SignCheckpoint(k, "k1", audit.Event{Sequence: 0, Hash: audit.GenesisHash}, t0); err == nil {
+	if _, err := audit.SignCheckpoint(k, audit.Event{Sequence: 0, Hash: audit.GenesisHash}, t0); err == nil {
 		t.Error("signed a checkpoint of sequence 0")
 	}
 }

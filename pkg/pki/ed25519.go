@@ -47,6 +47,11 @@ func LoadOrCreateEd25519(path string) (ed25519.PrivateKey, error) {
 }
 
 func createEd25519(path string) (ed25519.PrivateKey, error) {
+	// A public key without its private key is a key lost, not one never
+	// made: whoever pinned it must hear of a new one, so none is made here.
+	if _, err := os.Stat(path + ".pub"); err == nil {
+		return nil, fmt.Errorf("%s is missing but its public key %s.pub exists: restore the private key, or move the .pub aside to make a new key (and re-pin it wherever the old one was pinned)", path, path)
+	}
 	_, key, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return nil, err

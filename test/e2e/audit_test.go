@@ -3,15 +3,20 @@
 package e2e
 
 import (
+	"crypto/ed25519"
+	"crypto/rand"
 	"database/sql"
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	_ "modernc.org/sqlite"
 
+	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/test/audittamper"
 )
 
@@ -175,13 +180,63 @@ func TestAuditRewriteWithRecomputedHashesIsCaught(t *testing.T) {
 	if res := s.airlock(t, "audit", "export", "--as", "approver/alice", "--out", forged); res.code != 0 {
 		t.Fatalf("export: exit %d\n%s", res.code, res.stderr)
 	}
-	res = s.airlock(t, "audit", "verify", "--file", forged, "--checkpoints", kept)
+	pub := filepath.Join(data, "audit-checkpoint.key.pub")
+	res = s.airlock(t, "audit", "verify", "--file", forged, "--checkpoints", kept, "--key", pub)
 	if res.code != 1 || !strings.Contains(res.stdout, "REWRITTEN") || !strings.Contains(res.stdout, "checkpoint at sequence") {
 		t.Fatalf("offline verify of the rewritten log: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	// Offline, a key must be pinned: the forger can sign checkpoints of
+	// its own for the rewritten log, and they do not pass for the
+	// authority's.
+	if res := s.airlock(t, "audit", "verify", "--file", forged, "--checkpoints", kept); res.code != 2 || !strings.Contains(res.stderr, "--key") {
+		t.Fatalf("offline verify without --key: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	forgedCps := filepath.Join(t.TempDir(), "forged-checkpoints.jsonl")
+	writeForgedCheckpoint(t, forged, forgedCps)
+	res = s.airlock(t, "audit", "verify", "--file", forged, "--checkpoints", forgedCps, "--key", pub)
+	if res.code != 1 || !strings.Contains(res.stderr+res.stdout, "not the pinned key") {
+		t.Fatalf("offline verify against the forger's own checkpoint: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
 	// The authority signed nothing over the rewritten log and said so.
 	log, _ := os.ReadFile(filepath.Join(s.dir, "authority", "authority.log"))
 	if !strings.Contains(string(log), "AUDIT LOG TAMPERED") {
 		t.Errorf("the authority's log does not report the rewrite")
+	}
+}
+
+// writeForgedCheckpoint signs, with a fresh key, a checkpoint of the last
+// entry of the export at exportPath, as a forger would for its rewrite.
+func writeForgedCheckpoint(t *testing.T, exportPath, out string) {
+	t.Helper()
+	data, err := os.ReadFile(exportPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	var last struct {
+		Sequence string `json:"sequence"`
+		Hash     string `json:"hash"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &last); err != nil {
+		t.Fatal(err)
+	}
+	seq, err := strconv.ParseInt(last.Sequence, 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := audit.SignCheckpoint(key, audit.Event{Sequence: seq, Hash: last.Hash}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, err := c.MarshalLine()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(out, line, 0o600); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -32,6 +34,9 @@ type verifyReport struct {
 	Anchored        int    `json:"anchored"`
 	AnchoredThrough int64  `json:"anchored_through,omitempty"`
 	KeyID           string `json:"key_id,omitempty"`
+	// NewestCheckpoint is when the newest checkpoint was signed: a kept
+	// file much older than the log it checks anchors only its start.
+	NewestCheckpoint string `json:"newest_checkpoint,omitempty"`
 	// Disagrees names the first checkpoint the log disagrees with.
 	Disagrees string `json:"disagrees,omitempty"`
 	// Halted is the authority's own word that its log disagrees with its
@@ -69,8 +74,8 @@ Exits 0 when the chain is unbroken and agrees with every checkpoint, 1 when
 it does not.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if file != "" && cpFile == "" {
-				return usageError{errors.New("--file: needs --checkpoints FILE: an export checked against nothing but itself proves nothing a rewriter could not recompute")}
+			if file != "" && (cpFile == "" || keyFile == "") {
+				return usageError{errors.New("--file: needs --checkpoints FILE and --key PUBKEY: an export checked against nothing but itself, or against checkpoints of a key you did not pin, proves nothing a rewriter could not recompute")}
 			}
 			var pinned ed25519.PublicKey
 			if keyFile != "" {
@@ -118,6 +123,12 @@ it does not.`,
 				return &exitError{code: 1, err: fmt.Errorf("checkpoints: %w", err)}
 			}
 			rep.Checkpoints = anchors.Total()
+			if file != "" && rep.Checkpoints == 0 {
+				return &exitError{code: 1, err: fmt.Errorf("--checkpoints %s: no checkpoints: nothing anchors the export", cpFile)}
+			}
+			if c, ok := anchors.Newest(); ok {
+				rep.NewestCheckpoint = c.Time.UTC().Format(time.RFC3339)
+			}
 			if pinned != nil {
 				rep.KeyID = pki.Ed25519KeyID(pinned)
 			} else if len(cps) > 0 {
@@ -198,10 +209,10 @@ func printVerify(w io.Writer, rep verifyReport) {
 		case rep.Checkpoints == 0:
 			fmt.Fprintln(w, "no signed checkpoints: the chain is only consistent with itself")
 		case rep.AnchoredThrough < rep.Verified:
-			fmt.Fprintf(w, "agrees with %d signed checkpoints (key %s) through sequence %d; the %d entries after it are not yet checkpointed\n",
-				rep.Anchored, termtext.Line(rep.KeyID), rep.AnchoredThrough, rep.Verified-rep.AnchoredThrough)
+			fmt.Fprintf(w, "agrees with %d signed checkpoints (key %s, newest signed %s) through sequence %d; the %d entries after it are not yet checkpointed\n",
+				rep.Anchored, termtext.Line(rep.KeyID), rep.NewestCheckpoint, rep.AnchoredThrough, rep.Verified-rep.AnchoredThrough)
 		default:
-			fmt.Fprintf(w, "agrees with %d signed checkpoints (key %s) through its head\n", rep.Anchored, termtext.Line(rep.KeyID))
+			fmt.Fprintf(w, "agrees with %d signed checkpoints (key %s, newest signed %s) through its head\n", rep.Anchored, termtext.Line(rep.KeyID), rep.NewestCheckpoint)
 		}
 	}
 	if rep.Halted != "" {
@@ -295,9 +306,14 @@ With --out an existing FILE is extended with the checkpoints it lacks.`,
 				return err
 			}
 			defer done()
-			_, cps, err := fetchCheckpoints(cmd.Context(), client)
+			page, cps, err := fetchCheckpoints(cmd.Context(), client)
 			if err != nil {
 				return err
+			}
+			// Every one must be signed by the key the authority says it
+			// uses; what is written is what verify will trust.
+			if _, err := audit.NewAnchors(cps, ed25519.PublicKey(page.GetPublicKey())); err != nil {
+				return &exitError{code: 1, err: fmt.Errorf("the authority served a checkpoint that does not verify: %w", err)}
 			}
 			if out == "" {
 				for _, c := range cps {
@@ -328,6 +344,20 @@ func appendCheckpoints(path string, cps []audit.Checkpoint, progress io.Writer) 
 		}
 		if have, err = readCheckpointFile(path); err != nil {
 			return err
+		}
+	}
+	// What the file has and what is served must be one series: one key,
+	// and one hash for each sequence.
+	if _, err := audit.NewAnchors(append(slices.Clone(have), cps...), nil); err != nil {
+		return &exitError{code: 1, err: fmt.Errorf("--out %s: the checkpoints served and those kept are not of one key: %w", path, err)}
+	}
+	kept := map[int64]string{}
+	for _, c := range have {
+		kept[c.Sequence] = c.Hash
+	}
+	for _, c := range cps {
+		if h, ok := kept[c.Sequence]; ok && h != c.Hash {
+			return &exitError{code: 1, err: fmt.Errorf("--out %s: the authority now signs hash %s for sequence %d, the kept checkpoint says %s: its log was rewritten", path, c.Hash, c.Sequence, h)}
 		}
 	}
 	var last int64

@@ -259,6 +259,7 @@ func (h *harness) start() {
 		<-serveDone
 		<-runDone
 		<-cpDone
+		cps.Close()
 		conn.Close()
 		st.Close()
 	})

@@ -181,25 +181,34 @@ func (s *Service) entry(ctx context.Context, seq int64) (audit.Event, bool, erro
 	return events[0], true, nil
 }
 
-// Run signs checkpoints until ctx ends, then one last of the head.
+// Run signs checkpoints until ctx ends. The last one, of the head at
+// shutdown, is Close's: it must come after everything else that writes the
+// log has stopped.
 func (s *Service) Run(ctx context.Context) error {
 	t := time.NewTicker(s.poll)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			final, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			if err := s.Tick(final, true); err != nil {
-				s.cfg.Logger.Error("audit checkpoint at shutdown", "error", err)
-			}
-			return s.file.Close()
+			return nil
 		case <-t.C:
 			if err := s.Tick(ctx, false); err != nil && ctx.Err() == nil {
 				s.cfg.Logger.Error("audit checkpoint", "error", err)
 			}
 		}
 	}
+}
+
+// Close signs a checkpoint of the head (with up to 5 s for it) and closes
+// the file. Call it once nothing else appends to the log, before the store
+// closes.
+func (s *Service) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.Tick(ctx, true); err != nil {
+		s.cfg.Logger.Error("audit checkpoint at shutdown", "error", err)
+	}
+	return s.file.Close()
 }
 
 // maxBacklog bounds how many multiples of Every one tick signs: after a
@@ -231,15 +240,13 @@ func (s *Service) Tick(ctx context.Context, final bool) error {
 		s.lastTime = s.cfg.Now() // nothing new waits
 		return nil
 	}
-	if last > 0 {
-		// Before signing on top of the log, it must still be the log
-		// that was signed.
-		if ok, err := s.agrees(ctx, s.cps[len(s.cps)-1]); err != nil {
-			return err
-		} else if !ok {
-			s.halt(fmt.Sprintf("the log's entry %d no longer has the hash checkpointed at %s", last, s.cps[len(s.cps)-1].Time.Format(time.RFC3339)))
-			return nil
-		}
+	// Before signing on top of the log, it must still be the log that was
+	// signed, and every entry since must chain to it.
+	if why, err := s.unbrokenSince(ctx, head); err != nil {
+		return err
+	} else if why != "" {
+		s.halt(why)
+		return nil
 	}
 	first := (last/s.cfg.Every + 1) * s.cfg.Every
 	if backlog := (head - first) / s.cfg.Every; backlog >= maxBacklog {
@@ -255,6 +262,40 @@ func (s *Service) Tick(ctx context.Context, final bool) error {
 		return s.sign(ctx, head)
 	}
 	return nil
+}
+
+// unbrokenSince says why the log from the last checkpoint to head is not
+// the continuation of what was signed ("" when it is): the checkpointed
+// entry changed, or an entry after it is missing, reordered or does not
+// chain. Callers hold s.mu.
+func (s *Service) unbrokenSince(ctx context.Context, head int64) (string, error) {
+	v := audit.NewVerifier()
+	after := int64(0)
+	if n := len(s.cps); n > 0 {
+		last := s.cps[n-1]
+		e, ok, err := s.entry(ctx, last.Sequence)
+		if err != nil {
+			return "", err
+		}
+		if !ok || e.Hash != last.Hash {
+			return fmt.Sprintf("the log's entry %d no longer has the hash checkpointed at %s", last.Sequence, last.Time.Format(time.RFC3339)), nil
+		}
+		v, after = audit.Resume(e), e.Sequence
+	}
+	for after < head {
+		page, err := s.cfg.Store.ListAudit(ctx, store.AuditFilter{AfterSequence: after, Limit: 1000})
+		if err != nil {
+			return "", err
+		}
+		if len(page) == 0 {
+			return fmt.Sprintf("the log's head says entry %d, but the log ends at %d", head, after), nil
+		}
+		if _, err := v.Check(page); err != nil {
+			return "the log since the last checkpoint is broken: " + err.Error(), nil
+		}
+		after = page[len(page)-1].Sequence
+	}
+	return "", nil
 }
 
 func (s *Service) halt(reason string) {
@@ -273,7 +314,7 @@ func (s *Service) sign(ctx context.Context, seq int64) error {
 		return fmt.Errorf("audit checkpoint: the log has no entry %d", seq)
 	}
 	now := s.cfg.Now()
-	c, err := audit.SignCheckpoint(s.cfg.Key, s.keyID, e, now)
+	c, err := audit.SignCheckpoint(s.cfg.Key, e, now)
 	if err != nil {
 		return err
 	}
@@ -281,7 +322,16 @@ func (s *Service) sign(ctx context.Context, seq int64) error {
 	if err != nil {
 		return err
 	}
+	st, err := s.file.Stat()
+	if err != nil {
+		return fmt.Errorf("audit checkpoint: %w", err)
+	}
 	if _, err := s.file.Write(line); err != nil {
+		// A part of a line (a full disk) must not stay: the next whole
+		// one would follow it, and the file would no longer read.
+		if terr := s.file.Truncate(st.Size()); terr != nil {
+			s.halt(fmt.Sprintf("a checkpoint could not be written (%v) nor its part removed (%v): %s needs repair", err, terr, s.cfg.File))
+		}
 		return fmt.Errorf("audit checkpoint: %w", err)
 	}
 	if err := s.file.Sync(); err != nil {

@@ -284,3 +284,30 @@ func TestRewriteWhileRunningHaltsSigning(t *testing.T) {
 }
 
 var storeAll = store.AuditFilter{Limit: 10000}
+
+// TestEntryRemovedSinceTheLastCheckpointHaltsSigning: the entries after
+// the last checkpoint are checked to chain before a new checkpoint signs
+// them; one deleted there is not signed over.
+func TestEntryRemovedSinceTheLastCheckpointHaltsSigning(t *testing.T) {
+	f := newFixture(t)
+	s := f.open(4)
+	f.append(4)
+	f.tick(s, false)
+	f.append(3)
+	db, err := sql.Open("sqlite", filepath.Join(f.dir, "authority.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, q := range []string{"DROP TRIGGER IF EXISTS audit_log_no_delete", "DELETE FROM audit_log WHERE seq = 6"} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	f.now = f.now.Add(time.Hour)
+	f.tick(s, true)
+	p := list(t, s)
+	if fmt.Sprint(sequences(p)) != "[4]" || !strings.Contains(p.Halted, "broken") {
+		t.Errorf("checkpoints %v, halted %q: want [4] and the break named", sequences(p), p.Halted)
+	}
+}

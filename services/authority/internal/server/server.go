@@ -76,6 +76,26 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			env.Logger.Info("store opened", "driver", cfg.Store.Driver, "database", where)
 			env.OnStop(st.Close)
 
+			// The audit log's head is signed outside the database: at
+			// least every CheckpointEvery entries or CheckpointInterval, and
+			// once more when the authority stops.
+			cpKey, err := pki.LoadOrCreateEd25519(cfg.Audit.CheckpointKey)
+			if err != nil {
+				return fmt.Errorf("audit.checkpoint_key: %w", err)
+			}
+			cps, err := checkpoints.Open(ctx, checkpoints.Config{
+				Store: st, Key: cpKey, File: cfg.Audit.CheckpointFile,
+				Every: cfg.Audit.CheckpointEvery, Interval: cfg.Audit.CheckpointInterval, Logger: env.Logger,
+			})
+			if err != nil {
+				return err
+			}
+			// The last checkpoint is signed once every task that writes the
+			// log has stopped, and before the store closes (cleanups run in
+			// reverse order).
+			env.OnStop(cps.Close)
+			env.Go(cps.Run)
+
 			key, err := grant.LoadOrCreateSigner(cfg.GrantKey)
 			if err != nil {
 				return err
@@ -140,21 +160,6 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			env.Go(func(ctx context.Context) error {
 				return appr.SweepEvery(ctx, identity.Service(cfg.TrustDomain, identity.ServiceAuthority), sweepInterval)
 			})
-			// The audit log's head is signed outside the database: at
-			// least every CheckpointEvery entries or CheckpointInterval, and
-			// once more when the authority stops.
-			cpKey, err := pki.LoadOrCreateEd25519(cfg.Audit.CheckpointKey)
-			if err != nil {
-				return fmt.Errorf("audit.checkpoint_key: %w", err)
-			}
-			cps, err := checkpoints.Open(ctx, checkpoints.Config{
-				Store: st, Key: cpKey, File: cfg.Audit.CheckpointFile,
-				Every: cfg.Audit.CheckpointEvery, Interval: cfg.Audit.CheckpointInterval, Logger: env.Logger,
-			})
-			if err != nil {
-				return err
-			}
-			env.Go(cps.Run)
 			api.New(api.Config{Jobs: svc, Approvals: appr, Checkpoints: cps, Logger: env.Logger}).Register(env.Server)
 			env.Logger.Info("authority ready", "tenants", len(cfg.Policy), "grant_key_id", key.KeyID(),
 				"grant_public_key", cfg.GrantKey+".pub",
