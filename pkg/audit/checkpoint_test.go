@@ -57,12 +57,12 @@ func TestCheckpointSignature(t *testing.T) {
 		t.Fatalf("a fresh checkpoint: %v", err)
 	}
 	for name, change := range map[string]func(c *audit.Checkpoint){
-		"sequence":  func(c *audit.Checkpoint) { c.Sequence++ },
-		"hash":      func(c *audit.Checkpoint) { c.Hash = strings.Repeat("ab", 32) },
-		"time":      func(c *audit.Checkpoint) { c.Time = c.Time.Add(time.Microsecond) },
+		"sequence": func(c *audit.Checkpoint) { c.Sequence++ },
+		"hash":     func(c *audit.Checkpoint) { c.Hash = strings.Repeat("ab", 32) },
+		"time":     func(c *audit.Checkpoint) { c.Time = c.Time.Add(time.Microsecond) },
 		// The id is not signed, but it must name the key: a forger's
 		// checkpoint may not pass for the authority's in a report.
-		"key id": func(c *audit.Checkpoint) { c.KeyID = "0123456789abcdef" },
+		"key id":    func(c *audit.Checkpoint) { c.KeyID = "0123456789abcdef" },
 		"signature": func(c *audit.Checkpoint) { c.Signature = append([]byte{c.Signature[0] ^ 1}, c.Signature[1:]...) },
 		// Someone re-signs with their own key: it verifies with that key,
 		// but not with the pinned one.
