@@ -143,6 +143,13 @@ func Run(ctx context.Context, spec Spec) (err error) {
 	srv.SetServing(true)
 	log.Info("serving", "address", srv.Addr().String(), "identity", self.String(), "data_dir", dir.Path(), "reflection", cfg.Reflection)
 	err = g.Wait()
+	// The cleanups run before the last line, so "stopped" is the last
+	// thing the service logs (the authority's last audit checkpoint is
+	// one of them).
+	for i := len(env.stops) - 1; i >= 0; i-- {
+		err = errors.Join(err, env.stops[i]())
+	}
+	env.stops = nil
 	log.Info("stopped", "error", err)
 	return err
 }
