@@ -209,10 +209,10 @@ func printVerify(w io.Writer, rep verifyReport) {
 		case rep.Checkpoints == 0:
 			fmt.Fprintln(w, "no signed checkpoints: the chain is only consistent with itself")
 		case rep.AnchoredThrough < rep.Verified:
-			fmt.Fprintf(w, "agrees with %d signed checkpoints (key %s, newest signed %s) through sequence %d; the %d entries after it are not yet checkpointed\n",
+			fmt.Fprintf(w, "agrees with %d signed checkpoint(s) (key %s, newest signed %s) through sequence %d; the %d entries after it are not yet checkpointed\n",
 				rep.Anchored, termtext.Line(rep.KeyID), rep.NewestCheckpoint, rep.AnchoredThrough, rep.Verified-rep.AnchoredThrough)
 		default:
-			fmt.Fprintf(w, "agrees with %d signed checkpoints (key %s, newest signed %s) through its head\n", rep.Anchored, termtext.Line(rep.KeyID), rep.NewestCheckpoint)
+			fmt.Fprintf(w, "agrees with %d signed checkpoint(s) (key %s, newest signed %s) through its head\n", rep.Anchored, termtext.Line(rep.KeyID), rep.NewestCheckpoint)
 		}
 	}
 	if rep.Halted != "" {

@@ -249,8 +249,8 @@ func devUp(ctx context.Context, dir string, opts devOptions, bins map[string]str
 			}
 			file["tenants"] = map[string]any{devTenant: policy}
 			// alice reads and verifies the whole log; a checkpoint of its
-			// head is signed every 10 s while entries come in.
-			file["audit"] = map[string]any{"auditors": []string{"approver/alice"}, "checkpoint_interval": "10s"}
+			// head is signed every 10 entries, or 10 s while entries come in.
+			file["audit"] = map[string]any{"auditors": []string{"approver/alice"}, "checkpoint_every": 10, "checkpoint_interval": "10s"}
 		case identity.ServiceExecutor:
 			file["authority"] = map[string]any{"address": services[identity.ServiceAuthority].Address, "grant_public_key": grantKey + ".pub"}
 			sandbox := map[string]any{"runc": bins["runc"]}
