@@ -18,6 +18,8 @@ var byteUnits = []struct {
 }{
 	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
 	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+	// Kubernetes' spellings of the binary units.
+	{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}, {"Ti", 1 << 40},
 	{"B", 1},
 }
 
@@ -28,8 +30,9 @@ var binaryUnits = []struct {
 }{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}}
 
 // ParseByteSize reads a size in bytes: a non-negative integer ("1048576"),
-// optionally followed by one of B, KiB, MiB, GiB, TiB, KB, MB, GB or TB
-// ("512MiB", "2 GB"). Fractions are refused, so a size is always exact.
+// optionally followed by one of B, KiB, MiB, GiB, TiB (or Kubernetes' Ki,
+// Mi, Gi, Ti, the same binary units), KB, MB, GB or TB ("512MiB", "1Gi",
+// "2 GB"). Fractions are refused, so a size is always exact.
 func ParseByteSize(s string) (int64, error) {
 	text := strings.TrimSpace(s)
 	factor := int64(1)
@@ -41,7 +44,7 @@ func ParseByteSize(s string) (int64, error) {
 	}
 	n, err := strconv.ParseInt(text, 10, 64)
 	if err != nil || n < 0 || text == "" || text[0] == '+' {
-		return 0, fmt.Errorf("%q is not a size: want a whole number of bytes, optionally with a unit (KiB, MiB, GiB, KB, MB, GB)", s)
+		return 0, fmt.Errorf("%q is not a size: want a whole number of bytes, optionally with a unit: KiB, MiB, GiB, TiB (or Ki, Mi, Gi, Ti: the same binary units), KB, MB, GB, TB", s)
 	}
 	if n > math.MaxInt64/factor {
 		return 0, fmt.Errorf("%q is too large", s)

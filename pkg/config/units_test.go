@@ -25,6 +25,12 @@ func TestParseByteSize(t *testing.T) {
 		{in: "1GB", want: 1_000_000_000},
 		{in: "7B", want: 7},
 		{in: "1TiB", want: 1 << 40},
+		// As people coming from Kubernetes write them.
+		{in: "1Gi", want: 1 << 30},
+		{in: "512Mi", want: 512 << 20},
+		{in: "64Ki", want: 64 << 10},
+		{in: "2Ti", want: 2 << 40},
+		{in: "1G", err: "Ki, Mi, Gi, Ti"},
 		{in: "lots", err: "is not a size"},
 		{in: "-1MiB", err: "is not a size"},
 		{in: "+1", err: "is not a size"},

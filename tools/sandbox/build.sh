@@ -26,7 +26,8 @@
 # Debian's own runc package is never used: it is far older than the pinned one.
 #
 # Needs: Go, and (installed here with apt-get when missing) libseccomp-dev,
-# pkg-config and a C compiler for runc. Set SKIP_RUNSC=1 to build runc only.
+# pkg-config and a C compiler for runc, and the executor's run-time tools
+# (see ensure_debs). Set SKIP_RUNSC=1 to build runc only.
 set -euo pipefail
 
 if (($# != 1)); then
@@ -44,12 +45,19 @@ export GOFLAGS=-mod=readonly
 modver() { (cd "$1" && go list -m -f '{{.Version}}' "$2"); }
 gover="$(go env GOVERSION)"
 
+# installed PKG succeeds when the Debian package is installed (dpkg -s also
+# succeeds for one removed but for its config files).
+installed() { [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" == "install ok installed" ]]; }
+
 # ensure_debs installs what runc's seccomp support compiles and links
-# against, only when something is missing: apt is slow even with nothing to do.
+# against, and what the executor runs at run time (nft for each job's
+# network rules, ip for its veth pair, mkfs.ext4 and losetup for its disk,
+# git and tar for its source and patch), only when something is missing:
+# apt is slow even with nothing to do.
 ensure_debs() {
   local missing=() p
-  for p in libseccomp-dev pkg-config gcc libc6-dev; do
-    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  for p in libseccomp-dev pkg-config gcc libc6-dev nftables iproute2 e2fsprogs util-linux git tar; do
+    installed "$p" || missing+=("$p")
   done
   ((${#missing[@]})) || return 0
   echo "build.sh: installing ${missing[*]}" >&2
@@ -92,7 +100,8 @@ build() {
 
 runc_ver="$(modver "$here" github.com/opencontainers/runc)"
 runc_stamp="runc $runc_ver $gover cgo tags=seccomp"
-fresh runc "$runc_stamp" || ensure_debs
+# Always: a binary built earlier says nothing of what this machine has now.
+ensure_debs
 build "$here" runc "$runc_stamp" '"$BIN" --version | grep -q "^libseccomp: "' CGO_ENABLED=1 -- \
   -buildmode=pie -tags seccomp \
   -ldflags "-X main.gitCommit=$runc_ver" \
