@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/airlockhq/airlock/pkg/atomicfile"
 )
 
 // MediaType names the bundle format.
@@ -70,14 +72,14 @@ type Result struct {
 	Skipped []string // /out entries that were not regular files or symlinks
 }
 
-// Write builds the bundle at path (atomically: a temp file renamed into
-// place) and returns its digest.
+// Write builds the bundle at path (a durable atomicfile replacement) and
+// returns its digest.
 func Write(path string, in Input) (*Result, error) {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".bundle-*")
+	tmp, err := atomicfile.Create(path, 0o600)
 	if err != nil {
 		return nil, err
 	}
-	defer os.Remove(tmp.Name())
+	defer tmp.Abort()
 	h := sha256.New()
 	cw := &countWriter{w: io.MultiWriter(tmp, h)}
 	tw := tar.NewWriter(cw)
@@ -85,12 +87,10 @@ func Write(path string, in Input) (*Result, error) {
 
 	meta, err := json.MarshalIndent(in.Meta, "", "  ")
 	if err != nil {
-		tmp.Close()
 		return nil, err
 	}
 	files, err := marshalFiles(in.Files)
 	if err != nil {
-		tmp.Close()
 		return nil, err
 	}
 	for _, f := range []struct {
@@ -98,36 +98,25 @@ func Write(path string, in Input) (*Result, error) {
 		data []byte
 	}{{MetaFile, meta}, {GrantFile, in.Grant}, {FilesFile, files}, {PatchFile, in.Patch}} {
 		if err := addBytes(tw, f.name, f.data); err != nil {
-			tmp.Close()
 			return nil, err
 		}
 	}
 	for _, f := range []struct{ name, path string }{{StdoutFile, in.StdoutPath}, {StderrFile, in.StderrPath}} {
 		if err := addFile(tw, f.name, f.path); err != nil {
-			tmp.Close()
 			return nil, err
 		}
 	}
 	if in.OutDir != "" {
 		skipped, err := addTree(tw, OutDir, in.OutDir)
 		if err != nil {
-			tmp.Close()
 			return nil, err
 		}
 		res.Skipped = skipped
 	}
 	if err := tw.Close(); err != nil {
-		tmp.Close()
 		return nil, err
 	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return nil, err
-	}
-	if err := tmp.Close(); err != nil {
-		return nil, err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	if err := tmp.Commit(atomicfile.Durable); err != nil {
 		return nil, err
 	}
 	res.Digest = digestOf(h)

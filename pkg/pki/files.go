@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/airlockhq/airlock/pkg/atomicfile"
 	"github.com/airlockhq/airlock/pkg/identity"
 )
 
@@ -35,17 +36,36 @@ func Paths(dir string, id identity.ID) (certFile, keyFile string) {
 // the two writes leaves a mismatch that every loader rejects loudly, rather
 // than a new certificate whose key is lost.
 func WriteKeyPair(dir string, kp *KeyPair) error {
+	if kp.ID == (identity.ID{}) {
+		return errors.New("pki: write: the pair names no identity (a host certificate goes through WriteHostPair)")
+	}
 	certFile, keyFile := Paths(dir, kp.ID)
-	if err := os.MkdirAll(filepath.Dir(certFile), dirPerm); err != nil {
-		return fmt.Errorf("pki: write %s: %w", kp.ID, err)
-	}
-	if err := WriteFileAtomic(keyFile, kp.KeyPEM, keyPerm); err != nil {
-		return fmt.Errorf("pki: write %s: %w", kp.ID, err)
-	}
-	if err := WriteFileAtomic(certFile, kp.CertPEM, certPerm); err != nil {
+	if err := writePair(certFile, keyFile, kp); err != nil {
 		return fmt.Errorf("pki: write %s: %w", kp.ID, err)
 	}
 	return nil
+}
+
+// WriteHostPair writes a pair from IssueHost to the given files, key
+// first as WriteKeyPair does, creating their directories if needed. A host
+// certificate lives with the server it is for, outside the identity layout.
+func WriteHostPair(certFile, keyFile string, kp *KeyPair) error {
+	if err := writePair(certFile, keyFile, kp); err != nil {
+		return fmt.Errorf("pki: write host certificate: %w", err)
+	}
+	return nil
+}
+
+func writePair(certFile, keyFile string, kp *KeyPair) error {
+	for _, d := range []string{filepath.Dir(certFile), filepath.Dir(keyFile)} {
+		if err := os.MkdirAll(d, dirPerm); err != nil {
+			return err
+		}
+	}
+	if err := WriteFileAtomic(keyFile, kp.KeyPEM, keyPerm); err != nil {
+		return err
+	}
+	return WriteFileAtomic(certFile, kp.CertPEM, certPerm)
 }
 
 // Init creates a new CA under dir for trustDomain, then issues and writes
@@ -122,75 +142,8 @@ func IssueInto(dir string, id identity.ID, opts IssueOptions) (*KeyPair, error) 
 
 // WriteFileAtomic replaces path with data so that a reader, or the file
 // system after a crash, sees either the old contents or the new, never a
-// mix: it writes a temporary file in the same directory, syncs it, renames
-// it over path and syncs the directory. perm is applied exactly, regardless
-// of umask.
+// mix (a durable atomicfile.Write). perm is applied exactly, regardless of
+// umask.
 func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
-	tmp, err := writeTemp(path, data, perm)
-	if err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return syncDir(filepath.Dir(path))
-}
-
-// writeFileExclusive is WriteFileAtomic that fails with fs.ErrExist instead
-// of replacing an existing file. A hard link, unlike rename, refuses to
-// replace its target, which closes the gap between checking and writing.
-func writeFileExclusive(path string, data []byte, perm os.FileMode) error {
-	tmp, err := writeTemp(path, data, perm)
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp)
-	if err := os.Link(tmp, path); err != nil {
-		return err
-	}
-	return syncDir(filepath.Dir(path))
-}
-
-func writeTemp(path string, data []byte, perm os.FileMode) (tmpName string, err error) {
-	dir, base := filepath.Split(path)
-	if dir == "" {
-		dir = "."
-	}
-	// The leading dot keeps readers that glob for *.crt or *.key from
-	// picking up a half-written file.
-	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
-	if err != nil {
-		return "", err
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
-		}
-	}()
-	if err := f.Chmod(perm); err != nil {
-		return "", err
-	}
-	if _, err := f.Write(data); err != nil {
-		return "", err
-	}
-	if err := f.Sync(); err != nil {
-		return "", err
-	}
-	if err := f.Close(); err != nil {
-		return "", err
-	}
-	return f.Name(), nil
-}
-
-// syncDir makes a rename in dir durable; without it a crash can forget the
-// rename even though the file's data was synced.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return atomicfile.Write(path, data, perm, atomicfile.Durable)
 }

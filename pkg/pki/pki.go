@@ -32,6 +32,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/airlockhq/airlock/pkg/atomicfile"
 	"github.com/airlockhq/airlock/pkg/identity"
 )
 
@@ -169,7 +170,7 @@ func (ca *CA) Save(dir string) error {
 	// The key goes first, exclusively, so that the existence of ca.key is
 	// the lock: whoever creates it owns the directory's CA, and ca.crt
 	// always follows the key that won.
-	if err := writeFileExclusive(CAKeyPath(dir), keyPEM, keyPerm); err != nil {
+	if err := atomicfile.WriteExclusive(CAKeyPath(dir), keyPEM, keyPerm); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("%w: %s; refusing to overwrite it", ErrCAExists, CAKeyPath(dir))
 		}

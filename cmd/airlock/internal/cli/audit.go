@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/airlockhq/airlock/pkg/atomicfile"
 	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/pkg/termtext"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
@@ -181,15 +181,15 @@ func newAuditExport(g *globals) *cobra.Command {
 				return err
 			}
 			w := g.stdout
-			var file *os.File
+			var file *atomicfile.File
 			if out != "" {
 				// Written beside the target and renamed, so an interrupted
 				// export never leaves a partial file under the name asked for.
-				file, err = os.CreateTemp(dirOf(out), ".audit-export-*")
+				file, err = atomicfile.Create(out, 0o600)
 				if err != nil {
 					return err
 				}
-				defer os.Remove(file.Name())
+				defer file.Abort()
 				w = file
 			}
 			n := 0
@@ -202,13 +202,8 @@ func newAuditExport(g *globals) *cobra.Command {
 				_, err = fmt.Fprintf(w, "%s\n", line)
 				return err
 			})
-			if file != nil {
-				if cerr := file.Close(); err == nil {
-					err = cerr
-				}
-				if err == nil {
-					err = os.Rename(file.Name(), out)
-				}
+			if file != nil && err == nil {
+				err = file.Commit(atomicfile.Durable)
 			}
 			if err != nil {
 				return err
@@ -222,15 +217,6 @@ func newAuditExport(g *globals) *cobra.Command {
 	f.register(cmd)
 	cmd.Flags().StringVar(&out, "out", "", "write to FILE instead of standard output")
 	return cmd
-}
-
-func dirOf(path string) string {
-	for i := len(path) - 1; i >= 0; i-- {
-		if path[i] == '/' {
-			return path[:i+1]
-		}
-	}
-	return "."
 }
 
 var errChainBroken = errors.New("audit chain broken")

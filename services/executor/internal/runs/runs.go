@@ -26,10 +26,10 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/airlockhq/airlock/pkg/atomicfile"
 	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/grant"
-	"github.com/airlockhq/airlock/pkg/pki"
 	"github.com/airlockhq/airlock/pkg/provenance"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
@@ -282,20 +282,11 @@ func (m *Manager) persist(r *Run) error {
 	if err != nil {
 		return err
 	}
-	path := filepath.Join(m.runDir(r.JobID), "run.json")
+	d := atomicfile.Fast
 	if r.State.Terminal() {
-		return pki.WriteFileAtomic(path, data, 0o600)
+		d = atomicfile.Durable
 	}
-	return writeFileFast(path, data)
-}
-
-// writeFileFast replaces path atomically for readers, without syncing.
-func writeFileFast(path string, data []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.Write(filepath.Join(m.runDir(r.JobID), "run.json"), data, 0o600, d)
 }
 
 // notify wakes every watcher of e. Callers hold m.mu.
@@ -632,7 +623,7 @@ func (m *Manager) writeBundle(e *entry, g *typesv1.Grant, result *Result, patch 
 	if err != nil {
 		return err
 	}
-	if err := pki.WriteFileAtomic(filepath.Join(dir, "provenance.json"), env, 0o600); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, "provenance.json"), env, 0o600, atomicfile.Durable); err != nil {
 		return err
 	}
 	review := patch
@@ -640,7 +631,7 @@ func (m *Manager) writeBundle(e *entry, g *typesv1.Grant, result *Result, patch 
 		review = review[:m.cfg.ReviewPatchLimit]
 	}
 	// Derived from the bundle, which is synced: no need to sync it again.
-	return writeFileFast(filepath.Join(dir, "review.patch"), review)
+	return atomicfile.Write(filepath.Join(dir, "review.patch"), review, 0o600, atomicfile.Fast)
 }
 
 // finish records the end of a run and reports it.

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/airlockhq/airlock/pkg/atomicfile"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/services/executor/internal/worktree"
 )
@@ -150,11 +151,7 @@ func (c *Cache) Get(ctx context.Context, k Key, fetch FetchFunc) (*Source, error
 }
 
 func writeMarker(path, content string) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(content+"\n"), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.Write(path, []byte(content+"\n"), 0o644, atomicfile.Fast)
 }
 
 // extract writes the archive into dir. It refuses absolute names, names

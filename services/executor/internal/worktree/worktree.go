@@ -21,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/airlockhq/airlock/pkg/atomicfile"
 	"github.com/airlockhq/airlock/pkg/bundle"
 )
 
@@ -165,11 +166,7 @@ func copyFile(from, to string) error {
 	if err != nil {
 		return err
 	}
-	tmp := to + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, to)
+	return atomicfile.Write(to, data, 0o600, atomicfile.Fast)
 }
 
 // Diff returns the binary-safe patch that turns baseTree into the content of
