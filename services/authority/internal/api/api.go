@@ -20,6 +20,7 @@ import (
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/approvals"
 	"github.com/airlockhq/airlock/services/authority/internal/checkpoints"
+	"github.com/airlockhq/airlock/services/authority/internal/flow"
 	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
@@ -31,6 +32,8 @@ type Config struct {
 	Jobs *jobs.Service
 	// Approvals is the approval and lease domain; required.
 	Approvals *approvals.Service
+	// Flow is the workflow across jobs and approvals; required.
+	Flow *flow.Service
 	// Checkpoints serves the audit log's signed checkpoints; nil answers
 	// Unimplemented.
 	Checkpoints *checkpoints.Service
@@ -277,7 +280,7 @@ func (s *Service) ReportResult(ctx context.Context, req *authorityv1.ReportResul
 		}
 		review = append([]byte{}, review...) // an empty detail is still one
 	}
-	j, err := s.cfg.Jobs.ReportResult(ctx, id, req.GetJobId(), jobs.Report{
+	j, approvalID, err := s.cfg.Flow.ReportResult(ctx, id, req.GetJobId(), jobs.Report{
 		Reason: reasonFromProto(r.GetReason()), ExitCode: r.GetExitCode(), BundleDigest: r.GetBundleDigest(), Message: r.GetMessage(),
 		Result: wire, Patch: req.GetPatch(), Review: review, Provenance: req.GetProvenance(),
 	})
@@ -288,16 +291,7 @@ func (s *Service) ReportResult(ctx context.Context, req *authorityv1.ReportResul
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
-	// The approval opens right after the result is recorded, not in its
-	// transaction; Open is idempotent, so if it fails the executor's retry
-	// of the same report (which changes nothing else) opens it.
-	if t := pj.GetSpec().GetPublishTarget(); t != nil {
-		a, _, err := s.cfg.Approvals.Open(ctx, id, j, approvals.Target{Repo: t.GetRepository(), Branch: t.GetBranch()})
-		if err != nil {
-			return nil, s.fail(ctx, err)
-		}
-		pj.ApprovalId = a.ID
-	}
+	pj.ApprovalId = approvalID
 	return &authorityv1.ReportResultResponse{Job: pj}, nil
 }
 

@@ -211,21 +211,11 @@ func (s *Service) DecideApproval(ctx context.Context, req *authorityv1.DecideApp
 	case authorityv1.Decision_DECISION_DENY:
 		decision = store.DecisionDeny
 	}
-	a, err := s.cfg.Approvals.Decide(ctx, id, approvals.DecideRequest{
+	a, err := s.cfg.Flow.Decide(ctx, id, approvals.DecideRequest{
 		ID: req.GetApprovalId(), BundleDigest: req.GetBundleDigest(), Decision: decision, Comment: req.GetComment(),
 	})
 	if err != nil {
 		return nil, s.fail(ctx, err)
-	}
-	if a.Kind == store.KindChange && a.State == store.ApprovalApproved {
-		// The deciding vote applies the change: the approval is spent with
-		// the job's new grant in one transaction.
-		if _, err := s.cfg.Jobs.ApplyApproved(ctx, id, a.ID); err != nil {
-			return nil, s.fail(ctx, fmt.Errorf("the decision is recorded and approval %s is approved, but its change did not apply: %w", a.ID, err))
-		}
-		if a, _, err = s.cfg.Approvals.Get(ctx, id, a.ID); err != nil {
-			return nil, s.fail(ctx, err)
-		}
 	}
 	return &authorityv1.DecideApprovalResponse{Approval: s.approval(a)}, nil
 }
@@ -316,7 +306,8 @@ func (s *Service) ListLeases(ctx context.Context, req *authorityv1.ListLeasesReq
 }
 
 // PublishTarget reads the publish target from a stored job's spec; zero if
-// it has none. The composition root passes it to approvals.OpenMissing.
+// it has none. The composition root passes it to approvals.OpenMissing and
+// to the workflow.
 func PublishTarget(j store.Job) (approvals.Target, error) {
 	spec := &authorityv1.JobSpec{}
 	if err := proto.Unmarshal(j.Spec, spec); err != nil {

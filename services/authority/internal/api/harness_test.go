@@ -34,6 +34,7 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/checkpoints"
 	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
 	"github.com/airlockhq/airlock/services/authority/internal/fakeexecutor"
+	"github.com/airlockhq/airlock/services/authority/internal/flow"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 	"github.com/airlockhq/airlock/services/authority/internal/source"
@@ -248,7 +249,11 @@ func (h *harness) start() {
 	}
 	cpDone := make(chan struct{})
 	go func() { defer close(cpDone); _ = cps.Run(runCtx) }()
-	api.New(api.Config{Jobs: svc, Approvals: appr, Checkpoints: cps, Logger: h.logger()}).Register(srv.Registrar())
+	wf, err := flow.New(flow.Config{Jobs: svc, Approvals: appr, Target: api.PublishTarget})
+	if err != nil {
+		t.Fatal(err)
+	}
+	api.New(api.Config{Jobs: svc, Approvals: appr, Flow: wf, Checkpoints: cps, Logger: h.logger()}).Register(srv.Registrar())
 	serveDone := make(chan struct{})
 	go func() { defer close(serveDone); _ = srv.Serve(runCtx) }()
 	srv.SetServing(true)

@@ -24,6 +24,7 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/approvals"
 	"github.com/airlockhq/airlock/services/authority/internal/checkpoints"
 	"github.com/airlockhq/airlock/services/authority/internal/config"
+	"github.com/airlockhq/airlock/services/authority/internal/flow"
 	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
 	"github.com/airlockhq/airlock/services/authority/internal/source"
@@ -160,7 +161,11 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			env.Go(func(ctx context.Context) error {
 				return appr.SweepEvery(ctx, identity.Service(cfg.TrustDomain, identity.ServiceAuthority), sweepInterval)
 			})
-			api.New(api.Config{Jobs: svc, Approvals: appr, Checkpoints: cps, Logger: env.Logger}).Register(env.Server)
+			wf, err := flow.New(flow.Config{Jobs: svc, Approvals: appr, Target: api.PublishTarget})
+			if err != nil {
+				return err
+			}
+			api.New(api.Config{Jobs: svc, Approvals: appr, Flow: wf, Checkpoints: cps, Logger: env.Logger}).Register(env.Server)
 			env.Logger.Info("authority ready", "tenants", len(cfg.Policy), "grant_key_id", key.KeyID(),
 				"grant_public_key", cfg.GrantKey+".pub",
 				"audit_checkpoint_key_id", pki.Ed25519KeyID(cpKey.Public().(ed25519.PublicKey)), "audit_checkpoints", cfg.Audit.CheckpointFile, "executor", cfg.Executor.Address)
