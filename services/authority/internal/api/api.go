@@ -20,8 +20,8 @@ import (
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/approvals"
 	"github.com/airlockhq/airlock/services/authority/internal/checkpoints"
-	"github.com/airlockhq/airlock/services/authority/internal/flow"
 	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
+	"github.com/airlockhq/airlock/services/authority/internal/flow"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 )
