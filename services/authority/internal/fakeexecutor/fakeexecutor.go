@@ -227,6 +227,9 @@ func (e *Executor) UpdateRun(_ context.Context, req *executorv1.UpdateRunRequest
 
 // StartJob verifies the grant and starts (or returns) the run.
 func (e *Executor) StartJob(_ context.Context, req *executorv1.StartJobRequest) (*executorv1.StartJobResponse, error) {
+	if req.GetGrant() == nil {
+		return nil, status.Error(codes.InvalidArgument, "grant is required")
+	}
 	g, verr := e.verifier.Verify(req.GetGrant(), time.Now())
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -255,6 +258,17 @@ func (e *Executor) StartJob(_ context.Context, req *executorv1.StartJobRequest) 
 	r := &run{grant: proto.Clone(req.GetGrant()).(*typesv1.SignedGrant), state: executorv1.RunState_RUN_STATE_STAGING, ended: make(chan struct{})}
 	e.runs[g.GetJobId()] = r
 	return &executorv1.StartJobResponse{Run: e.runView(g.GetJobId(), r), Created: true}, nil
+}
+
+// GetRun returns the run, NotFound for a job it never started.
+func (e *Executor) GetRun(_ context.Context, req *executorv1.GetRunRequest) (*executorv1.GetRunResponse, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	r := e.runs[req.GetJobId()]
+	if r == nil {
+		return nil, status.Errorf(codes.NotFound, "run %q", req.GetJobId())
+	}
+	return &executorv1.GetRunResponse{Run: e.runView(req.GetJobId(), r)}, nil
 }
 
 // WatchRun sends the run as running, its output from the requested

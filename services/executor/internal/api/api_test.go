@@ -16,6 +16,7 @@ import (
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/runs"
+	"github.com/airlockhq/airlock/test/executorcontract"
 )
 
 // UpdateRun maps the run manager's refusals to status codes with their
@@ -56,4 +57,18 @@ func TestUpdateRunErrors(t *testing.T) {
 			t.Errorf("%s: %v, want %s naming %q", tc.name, err, tc.code, tc.text)
 		}
 	}
+}
+
+// TestContract: the real executor API keeps the contract the authority's
+// fake is held to (test/executorcontract).
+func TestContract(t *testing.T) {
+	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := runs.New(runs.Config{Dir: t.TempDir(), Verifier: grant.NewVerifier(pub)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	executorcontract.Run(t, executorcontract.Env{Server: New(Config{Runs: mgr}), Signer: grant.NewSigner(key)})
 }
