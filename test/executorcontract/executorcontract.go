@@ -41,8 +41,8 @@ func Grant(id string, ttl time.Duration) *typesv1.Grant {
 	return &typesv1.Grant{
 		JobId: id, Tenant: "acme", Requester: "spiffe://airlock.test/client/dev", Repository: "demo",
 		Commit: strings.Repeat("a", 40), Command: []string{"true"},
-		Limits:        &typesv1.ResourceLimits{CpuMillis: 1000, MemoryBytes: 64 << 20, Pids: 32, DiskBytes: 16 << 20, Deadline: durationpb.New(time.Minute)},
-		NetworkPolicy: &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_DenyAll{DenyAll: &typesv1.DenyAll{}}},
+		Limits:                  &typesv1.ResourceLimits{CpuMillis: 1000, MemoryBytes: 64 << 20, Pids: 32, DiskBytes: 16 << 20, Deadline: durationpb.New(time.Minute)},
+		NetworkPolicy:           &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_DenyAll{DenyAll: &typesv1.DenyAll{}}},
 		NetworkPolicyGeneration: 1, Generation: 1,
 		IssuedAt: issued, ExpiresAt: expires,
 	}
