@@ -40,6 +40,7 @@ func (b *syncBuffer) String() string {
 
 // background is a CLI command running beside the test.
 type background struct {
+	cmd            *exec.Cmd
 	stdout, stderr syncBuffer
 	done           chan struct{}
 	err            error // set before done closes
@@ -53,7 +54,7 @@ func (s *stack) startAirlock(t *testing.T, args ...string) *background {
 	cmd := exec.CommandContext(ctx, bin("airlock"), args...)
 	cmd.Env = append(cmd.Environ(), s.env()...)
 	cmd.WaitDelay = 5 * time.Second
-	b := &background{done: make(chan struct{})}
+	b := &background{cmd: cmd, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = &b.stdout, &b.stderr
 	if err := cmd.Start(); err != nil {
 		cancel()

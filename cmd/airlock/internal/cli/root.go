@@ -4,12 +4,15 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -45,9 +48,17 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	err := root.Execute()
+	// Ctrl-C (or SIGTERM) cancels the command's context, and with it the
+	// RPC in flight, instead of killing the process mid-write.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return 0
+	}
+	if ctx.Err() != nil {
+		fmt.Fprintln(stderr, "airlock: interrupted")
+		return 130
 	}
 	fmt.Fprintf(stderr, "airlock: %s\n", errorText(err))
 	var ee *exitError
