@@ -49,7 +49,9 @@ var epoch = time.Unix(0, 0).UTC()
 type Input struct {
 	// Meta is written as result.json.
 	Meta any
-	// Grant is the signed grant's serialized bytes.
+	// Grant is the signed grant in force at the run's end, serialized
+	// (an airlock.types.v1.SignedGrant: body, signature and key id), so the
+	// bundle proves what the authority granted.
 	Grant []byte
 	// Files is every file the patch changes, in the patch's order; it is
 	// written as files.json (a JSON array), before the patch.

@@ -104,6 +104,20 @@ func NewVerifier(keys ...ed25519.PublicKey) *Verifier {
 // them and checks the format version and expiry at now. Nothing of an
 // unverified body is parsed.
 func (v *Verifier) Verify(sg *typesv1.SignedGrant, now time.Time) (*typesv1.Grant, error) {
+	g, err := v.VerifyRecord(sg)
+	if err != nil {
+		return nil, err
+	}
+	if exp := g.GetExpiresAt().AsTime(); !now.Before(exp) {
+		return nil, fmt.Errorf("%w: at %s", ErrExpired, exp.Format(time.RFC3339))
+	}
+	return g, nil
+}
+
+// VerifyRecord is Verify without the expiry: it checks a grant kept as a
+// record of what was granted (say, in a result bundle read long after the
+// run), which proves what the authority signed, not that it may run now.
+func (v *Verifier) VerifyRecord(sg *typesv1.SignedGrant) (*typesv1.Grant, error) {
 	if sg == nil || len(sg.GetBody()) == 0 || len(sg.GetSignature()) == 0 {
 		return nil, fmt.Errorf("%w: body and signature are required", ErrMalformed)
 	}
@@ -123,9 +137,6 @@ func (v *Verifier) Verify(sg *typesv1.SignedGrant, now time.Time) (*typesv1.Gran
 	}
 	if err := checkShape(g); err != nil {
 		return nil, err
-	}
-	if exp := g.GetExpiresAt().AsTime(); !now.Before(exp) {
-		return nil, fmt.Errorf("%w: at %s", ErrExpired, exp.Format(time.RFC3339))
 	}
 	return g, nil
 }

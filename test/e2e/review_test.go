@@ -14,9 +14,12 @@ import (
 	"testing"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/airlockhq/airlock/pkg/bundle"
+	"github.com/airlockhq/airlock/pkg/grant"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 )
 
 // TestReviewShowsEveryFile is the hidden-change attack on review: a job
@@ -66,6 +69,23 @@ printf 'y\n' > "$(printf 'c1-\302\233-name')"`, small)
 	patch, err := bundle.ReadEntry(bundlePath, bundle.PatchFile)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The bundle carries the signed grant its run came from, which the
+	// authority's grant key verifies (the publisher checks it so).
+	rawGrant, err := bundle.ReadEntry(bundlePath, bundle.GrantFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sg := &typesv1.SignedGrant{}
+	if err := proto.Unmarshal(rawGrant, sg); err != nil {
+		t.Fatalf("the bundle's grant is not a signed grant: %v", err)
+	}
+	pub, err := grant.LoadPublicKey(filepath.Join(s.dir, "authority", "grant.key.pub"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, err := grant.NewVerifier(pub).VerifyRecord(sg); err != nil || g.GetJobId() != job.JobID {
+		t.Fatalf("the bundle's grant: %v (job %q)", err, g.GetJobId())
 	}
 	wantFiles := small + 3
 	if len(files) != wantFiles {

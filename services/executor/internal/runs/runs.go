@@ -605,8 +605,14 @@ func (m *Manager) writeBundle(e *entry, g *typesv1.Grant, result *Result, patch 
 		GrantDigest: grant.Digest(sg), Command: g.GetCommand(), Result: result,
 		StdoutTruncated: outCut, StderrTruncated: errCut,
 	}
+	// The whole signed grant (body, signature, key id), so whoever holds
+	// the bundle can check the authority signed what it says.
+	signedGrant, err := proto.MarshalOptions{Deterministic: true}.Marshal(sg)
+	if err != nil {
+		return err
+	}
 	res, err := bundle.Write(filepath.Join(dir, "bundle.tar"), bundle.Input{
-		Meta: &meta, Grant: sg.GetBody(), Files: files, Patch: patch,
+		Meta: &meta, Grant: signedGrant, Files: files, Patch: patch,
 		StdoutPath: filepath.Join(dir, "stdout.log"), StderrPath: filepath.Join(dir, "stderr.log"),
 		OutDir: outDir,
 	})
