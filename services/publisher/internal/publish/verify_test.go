@@ -111,7 +111,9 @@ func (w *world) trust() publish.Trust {
 	return publish.Trust{Roots: w.roots, Executor: executorID, Grants: grant.NewVerifier(w.grantKey.Public().(ed25519.PublicKey))}
 }
 
-func (w *world) want() publish.Want { return publish.Want{Digest: w.digest, JobID: "job-1", Tenant: "acme"} }
+func (w *world) want() publish.Want {
+	return publish.Want{Digest: w.digest, JobID: "job-1", Tenant: "acme"}
+}
 
 func TestVerifyBundleAcceptsWhatWasApproved(t *testing.T) {
 	w := newWorld(t)
