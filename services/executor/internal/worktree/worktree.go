@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/pkg/atomicfile"
+	"github.com/airlockhq/airlock/pkg/gitcmd"
 	"github.com/airlockhq/airlock/pkg/bundle"
 )
 
@@ -77,19 +78,9 @@ func Open(ctx context.Context, gitDir string) (*Repo, error) {
 // initTimeout bounds one git init.
 const initTimeout = 30 * time.Second
 
-// env is the whole environment git gets: nothing from the executor's own,
-// no system or global config, no prompts, no pager.
+// env is the whole environment git gets: gitcmd's, with this directory.
 func (r *Repo) env(index string) []string {
-	env := []string{
-		"PATH=/usr/local/bin:/usr/bin:/bin",
-		"HOME=" + r.home,
-		"GIT_DIR=" + r.gitDir,
-		"GIT_CONFIG_NOSYSTEM=1",
-		"GIT_CONFIG_GLOBAL=/dev/null",
-		"GIT_TERMINAL_PROMPT=0",
-		"GIT_OPTIONAL_LOCKS=0",
-		"LC_ALL=C",
-	}
+	env := append(gitcmd.Env(r.home), "GIT_DIR="+r.gitDir)
 	if index != "" {
 		env = append(env, "GIT_INDEX_FILE="+index)
 	}
@@ -104,30 +95,14 @@ func (r *Repo) git(ctx context.Context, workTree string, extraEnv []string, args
 
 // gitInput is git with stdin.
 func (r *Repo) gitInput(ctx context.Context, workTree string, extraEnv []string, stdin []byte, args ...string) ([]byte, error) {
-	base := []string{
-		"-c", "core.hooksPath=/dev/null",
-		"-c", "core.fsmonitor=false",
-		"-c", "core.symlinks=true",
-		"-c", "core.autocrlf=false",
-		"-c", "core.quotePath=false",
-		"-c", "safe.directory=*",
-		"-c", "diff.external=",
-	}
 	if workTree != "" {
-		base = append(base, "--work-tree", workTree)
+		args = append([]string{"--work-tree", workTree}, args...)
 	}
-	cmd := exec.CommandContext(ctx, "git", append(base, args...)...)
-	cmd.Env = append(r.env(""), extraEnv...)
-	cmd.Dir = r.home
+	c := gitcmd.Cmd{Dir: r.home, Env: append(r.env(""), extraEnv...)}
 	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
+		c.Stdin = bytes.NewReader(stdin)
 	}
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("git %s: %w: %s", args[0], err, strings.TrimSpace(stderr.String()))
-	}
-	return stdout.Bytes(), nil
+	return c.Run(ctx, args...)
 }
 
 // TreeHash writes every file under dir (ignored ones too: this is the

@@ -1,0 +1,95 @@
+// Package gitcmd runs git on content nobody trusts: a job's tree, a patch
+// an agent wrote, a repository's own attributes. Every run has the whole
+// environment chosen here (no system or global config, no prompts, no
+// pager, C locale, nothing of the caller's environment but what it passes)
+// and configuration that turns off what would run code or change bytes:
+// hooks, fsmonitor, external diff drivers, line-ending conversion. Callers
+// add what their command needs (a GIT_DIR, an index file, a credential
+// header by GIT_CONFIG_* variables, never in arguments).
+package gitcmd
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os/exec"
+	"strings"
+)
+
+// hardening is the configuration every run gets.
+var hardening = []string{
+	"-c", "core.hooksPath=/dev/null",
+	"-c", "core.fsmonitor=false",
+	"-c", "core.symlinks=true",
+	"-c", "core.autocrlf=false",
+	"-c", "core.quotePath=false",
+	"-c", "safe.directory=*",
+	"-c", "diff.external=",
+}
+
+// Env is the base environment: home is HOME (git reads nothing there, the
+// global config being /dev/null, but some commands want one).
+func Env(home string) []string {
+	return []string{
+		"PATH=/usr/local/bin:/usr/bin:/bin",
+		"HOME=" + home,
+		"GIT_CONFIG_NOSYSTEM=1",
+		"GIT_CONFIG_GLOBAL=/dev/null",
+		"GIT_TERMINAL_PROMPT=0",
+		"GIT_ASKPASS=/bin/false",
+		"GIT_OPTIONAL_LOCKS=0",
+		"LC_ALL=C",
+	}
+}
+
+// Cmd is one git run.
+type Cmd struct {
+	// Dir is the working directory.
+	Dir string
+	// Env is the whole environment (start from Env).
+	Env []string
+	// Stdin, when set, is the command's input.
+	Stdin io.Reader
+}
+
+// Run runs git with args and returns its standard output; an error carries
+// git's standard error.
+func (c Cmd) Run(ctx context.Context, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, "git", append(append([]string(nil), hardening...), args...)...)
+	cmd.Env = c.Env
+	cmd.Dir = c.Dir
+	cmd.Stdin = c.Stdin
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.Bytes(), &Error{Command: firstCommand(args), Err: err, Stderr: strings.TrimSpace(stderr.String())}
+	}
+	return stdout.Bytes(), nil
+}
+
+// Error is a failed git run.
+type Error struct {
+	Command string
+	Err     error
+	Stderr  string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("git %s: %v: %s", e.Command, e.Err, e.Stderr) }
+
+// Unwrap returns the process error.
+func (e *Error) Unwrap() error { return e.Err }
+
+// firstCommand is the git subcommand among args (after any -c pairs or
+// --options before it).
+func firstCommand(args []string) string {
+	for i := 0; i < len(args); i++ {
+		switch {
+		case args[i] == "-c" || args[i] == "-C" || args[i] == "--work-tree" || args[i] == "--git-dir":
+			i++
+		case !strings.HasPrefix(args[i], "-"):
+			return args[i]
+		}
+	}
+	return "?"
+}
