@@ -1,0 +1,248 @@
+package publish
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/gitcmd"
+)
+
+// The commit an approval lands is made without a work tree: the patch is
+// applied to an index read from the base commit (`git apply --cached`), so
+// nothing the job wrote is ever checked out — no symlink is followed, no
+// attribute or filter of the repository runs — and the commit is written
+// from that index with fixed author, committer and times taken from the
+// approval. The same approval on the same parent always yields the same
+// commit id.
+
+// Change is what one approval lands.
+type Change struct {
+	// Remote is the target repository's fetch and push URL; Branch the
+	// protected branch.
+	Remote, Branch string
+	// Base is the commit the job ran on.
+	Base string
+	// Patch is the bundle's whole patch (git diff --binary, no renames).
+	Patch []byte
+	// JobID, BundleDigest and ApprovalID go into the trailers; Approvers
+	// are the SPIFFE IDs of the approving votes.
+	JobID, BundleDigest, ApprovalID string
+	Approvers                       []string
+	// At is when the approval was approved: the commit's author and
+	// committer time.
+	At time.Time
+	// OnMoved says what to do when the branch has moved past Base: re-apply
+	// on its tip when the patch applies cleanly (OnMovedReapply, the
+	// default) or refuse (OnMovedRefuse).
+	OnMoved string
+}
+
+// What a change does when the branch moved past its base.
+const (
+	OnMovedReapply = "reapply"
+	OnMovedRefuse  = "refuse"
+)
+
+// Author is the identity every published commit carries.
+const (
+	authorName  = "Airlock"
+	authorEmail = "airlock@localhost"
+)
+
+// Prepared is a commit made for a change, not yet pushed.
+type Prepared struct {
+	Commit string
+	// Parent is the commit it was made on: Base, or the branch's tip when
+	// it moved and the patch was re-applied.
+	Parent string
+	// Tip is the branch's tip when it was fetched; a push must find it
+	// still there.
+	Tip string
+}
+
+// ErrMoved is a push that found the branch moved since it was fetched:
+// prepare again against the new tip.
+var ErrMoved = errors.New("the branch moved since it was fetched")
+
+// Repo is a scratch bare repository the publisher prepares commits in.
+type Repo struct {
+	dir string
+	// Env is added to every git run that talks to the remote: how the
+	// credential reaches git (GIT_CONFIG_* variables), never arguments.
+	env []string
+}
+
+// OpenRepo makes (or reuses) the scratch bare repository at dir.
+func OpenRepo(ctx context.Context, dir string) (*Repo, error) {
+	r := &Repo{dir: dir}
+	if _, err := os.Stat(filepath.Join(dir, "HEAD")); err != nil {
+		if err := os.RemoveAll(dir); err != nil {
+			return nil, err
+		}
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, err
+		}
+		if _, err := r.git(ctx, nil, nil, "init", "-q", "--bare", "."); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+func (r *Repo) git(ctx context.Context, extraEnv []string, stdin []byte, args ...string) ([]byte, error) {
+	c := gitcmd.Cmd{Dir: r.dir, Env: append(append(gitcmd.Env(r.dir), "GIT_DIR="+r.dir), extraEnv...)}
+	if stdin != nil {
+		c.Stdin = bytes.NewReader(stdin)
+	}
+	return c.Run(ctx, args...)
+}
+
+// trackingRef is where the remote branch is fetched to.
+func trackingRef(branch string) string { return "refs/airlock/remote/" + branch }
+
+var fullSHA = regexp.MustCompile(`^[0-9a-f]{40}$`)
+
+// Fetch brings the remote branch (and its history) into the scratch
+// repository and returns its tip. remoteEnv carries the read credential.
+func (r *Repo) Fetch(ctx context.Context, remote, branch string, remoteEnv []string) (string, error) {
+	if _, err := r.git(ctx, remoteEnv, nil, "fetch", "-q", "--no-tags", "--", remote, "+refs/heads/"+branch+":"+trackingRef(branch)); err != nil {
+		return "", fmt.Errorf("%w: fetch %s of the target: %v", errdefs.ErrUnavailable, branch, err)
+	}
+	out, err := r.git(ctx, nil, nil, "rev-parse", "--verify", trackingRef(branch)+"^{commit}")
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// Find looks for a commit carrying approval's trailer among the branch's
+// last commits (as fetched): the one an earlier attempt landed.
+func (r *Repo) Find(ctx context.Context, branch, approvalID string) (string, bool, error) {
+	out, err := r.git(ctx, nil, nil, "log", "-n", "10000", "--format=%H %(trailers:key=Airlock-Approval,valueonly,separator=%x2C)", trackingRef(branch), "--")
+	if err != nil {
+		return "", false, err
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		commit, values, _ := strings.Cut(line, " ")
+		for _, v := range strings.Split(values, ",") {
+			if strings.TrimSpace(v) == approvalID && approvalID != "" {
+				return commit, true, nil
+			}
+		}
+	}
+	return "", false, nil
+}
+
+// Prepare makes the commit for c on the fetched branch tip: on Base when
+// the tip is Base, else re-applied on the tip (or refused, as c.OnMoved
+// says). A patch that does not apply is refused naming the paths. Nothing
+// is pushed.
+func (r *Repo) Prepare(ctx context.Context, c Change, tip string) (Prepared, error) {
+	if !fullSHA.MatchString(c.Base) || !fullSHA.MatchString(tip) {
+		return Prepared{}, fmt.Errorf("%w: base %q and tip %q must be full commit ids", errdefs.ErrInvalidArgument, c.Base, tip)
+	}
+	parent := c.Base
+	if tip != c.Base {
+		if _, err := r.git(ctx, nil, nil, "merge-base", "--is-ancestor", c.Base, tip); err != nil {
+			return Prepared{}, fmt.Errorf("%w: the approved base %s is not on branch %s (tip %s): it was rewritten", errdefs.ErrFailedPrecondition, c.Base, c.Branch, tip)
+		}
+		if c.OnMoved == OnMovedRefuse {
+			return Prepared{}, fmt.Errorf("%w: branch %s moved from the approved base %s to %s, and the tenant's policy refuses to re-apply", errdefs.ErrFailedPrecondition, c.Branch, c.Base, tip)
+		}
+		parent = tip
+	}
+	index := filepath.Join(r.dir, "airlock-index-"+c.ApprovalID)
+	defer os.Remove(index)
+	ienv := []string{"GIT_INDEX_FILE=" + index}
+	if _, err := r.git(ctx, ienv, nil, "read-tree", parent); err != nil {
+		return Prepared{}, err
+	}
+	if len(c.Patch) > 0 {
+		if _, err := r.git(ctx, ienv, c.Patch, "apply", "--cached", "--binary", "--whitespace=nowarn", "-"); err != nil {
+			return Prepared{}, fmt.Errorf("%w: the patch does not apply on %s: %s", errdefs.ErrFailedPrecondition, parent, conflictPaths(err))
+		}
+	}
+	tree, err := r.git(ctx, ienv, nil, "write-tree")
+	if err != nil {
+		return Prepared{}, err
+	}
+	at := c.At.UTC().Format(time.RFC3339)
+	env := []string{
+		"GIT_AUTHOR_NAME=" + authorName, "GIT_AUTHOR_EMAIL=" + authorEmail, "GIT_AUTHOR_DATE=" + at,
+		"GIT_COMMITTER_NAME=" + authorName, "GIT_COMMITTER_EMAIL=" + authorEmail, "GIT_COMMITTER_DATE=" + at,
+	}
+	out, err := r.git(ctx, env, []byte(message(c)), "commit-tree", strings.TrimSpace(string(tree)), "-p", parent, "-F", "-")
+	if err != nil {
+		return Prepared{}, err
+	}
+	return Prepared{Commit: strings.TrimSpace(string(out)), Parent: parent, Tip: tip}, nil
+}
+
+// message is the commit message: a subject, and the trailers that link
+// the commit to its job, bundle, approval and approvers.
+func message(c Change) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Airlock: land job %s\n\n", c.JobID)
+	fmt.Fprintf(&b, "Airlock-Job: %s\n", c.JobID)
+	fmt.Fprintf(&b, "Airlock-Bundle: %s\n", c.BundleDigest)
+	fmt.Fprintf(&b, "Airlock-Approval: %s\n", c.ApprovalID)
+	approvers := append([]string(nil), c.Approvers...)
+	sort.Strings(approvers)
+	for _, a := range approvers {
+		fmt.Fprintf(&b, "Approved-by: %s\n", a)
+	}
+	return b.String()
+}
+
+// conflictPaths names the paths git apply could not patch.
+func conflictPaths(err error) string {
+	var ge *gitcmd.Error
+	if !errors.As(err, &ge) {
+		return err.Error()
+	}
+	var paths []string
+	for _, line := range strings.Split(ge.Stderr, "\n") {
+		switch {
+		case strings.HasPrefix(line, "error: patch failed: "):
+			p := strings.TrimPrefix(line, "error: patch failed: ")
+			if i := strings.LastIndexByte(p, ':'); i > 0 {
+				p = p[:i]
+			}
+			paths = append(paths, p)
+		case strings.HasSuffix(line, ": does not exist in index"):
+			paths = append(paths, strings.TrimSuffix(strings.TrimPrefix(line, "error: "), ": does not exist in index"))
+		case strings.HasSuffix(line, ": already exists in index"):
+			paths = append(paths, strings.TrimSuffix(strings.TrimPrefix(line, "error: "), ": already exists in index"))
+		}
+	}
+	if len(paths) == 0 {
+		return ge.Stderr
+	}
+	return "conflicting paths: " + strings.Join(paths, ", ")
+}
+
+// Push sends p's commit to the branch without force: the remote takes it
+// only as a fast-forward of what it has, which is its compare-and-swap. A
+// branch that moved meanwhile is ErrMoved (prepare again on the new tip).
+// remoteEnv carries the deploy credential.
+func (r *Repo) Push(ctx context.Context, remote, branch string, p Prepared, remoteEnv []string) error {
+	_, err := r.git(ctx, remoteEnv, nil, "push", "-q", "--", remote, p.Commit+":refs/heads/"+branch)
+	if err == nil {
+		return nil
+	}
+	var ge *gitcmd.Error
+	if errors.As(err, &ge) && (strings.Contains(ge.Stderr, "non-fast-forward") || strings.Contains(ge.Stderr, "fetch first") ||
+		strings.Contains(ge.Stderr, "[rejected]")) {
+		return fmt.Errorf("%w: %s", ErrMoved, ge.Stderr)
+	}
+	return fmt.Errorf("%w: push to %s: %v", errdefs.ErrUnavailable, branch, err)
+}
