@@ -1,28 +1,20 @@
 // Package postgres is the authority's store in PostgreSQL (11 or later), for
 // authorities that run as several replicas against one database. The
 // queries are store/internal/sqlstore's, shared with SQLite; this package
-// holds the connection (pgx through database/sql), the PostgreSQL schema and
-// what makes replicas safe: row locks (SELECT … FOR UPDATE) on every
-// read-modify-write, and migrations applied under an advisory lock. Only the
+// holds the PostgreSQL schema, and pkg/sqldb the connection (pgx through
+// database/sql) and what makes replicas safe: row locks (SELECT … FOR
+// UPDATE) on every read-modify-write, and migrations applied under an
+// advisory lock. Only the
 // authority's composition root, its config (to check a DSN) and tests
 // import it; everything else sees store.Store.
 package postgres
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
-	"net/url"
-	"strconv"
-	"strings"
-	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/airlockhq/airlock/pkg/audit"
+	"github.com/airlockhq/airlock/pkg/sqldb"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 	"github.com/airlockhq/airlock/services/authority/internal/store/internal/sqlstore"
 )
@@ -170,15 +162,14 @@ var migrations = []string{
 // write access to the database could.
 const DropAuditGuards = `DROP TRIGGER audit_log_no_change ON audit_log; DROP TRIGGER audit_log_no_truncate ON audit_log;`
 
-// migrationLock is the advisory lock key held while migrating: the first
+// migrationKey is the advisory lock key held while migrating: the first
 // eight bytes of sha256("airlock.authority.store.migrate"). Advisory locks
 // are per database, so replicas on one database take turns.
-const migrationLock = `SELECT pg_advisory_xact_lock(1740325469202071831)`
+const migrationKey = 1740325469202071831
 
 // DefaultMaxConns bounds one store's connections unless WithMaxConns says
-// otherwise: a replica rarely needs many, and a database's max_connections
-// is shared by all of them.
-const DefaultMaxConns = 10
+// otherwise.
+const DefaultMaxConns = sqldb.DefaultMaxConns
 
 // Option changes how Open connects.
 type Option func(*options)
@@ -195,71 +186,12 @@ type Store struct {
 
 var _ store.Store = (*Store)(nil)
 
-// CheckDSN reports whether dsn is a connection string pgx accepts, a URL
-// (postgres://user:password@host:port/database?sslmode=…) or key=value
-// pairs. The error never contains the DSN, which may hold a password.
-func CheckDSN(dsn string) error {
-	_, err := parse(dsn)
-	return err
-}
+// CheckDSN reports whether dsn is a connection string pgx accepts; the
+// error never contains the DSN, which may hold a password.
+func CheckDSN(dsn string) error { return sqldb.CheckDSN(dsn) }
 
-func parse(dsn string) (*pgx.ConnConfig, error) {
-	if dsn == "" {
-		return nil, errors.New("empty connection string")
-	}
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		return nil, redact(err)
-	}
-	return cfg, nil
-}
-
-// redact keeps what is wrong with a DSN and drops the DSN itself: pgx's
-// parse errors quote it (redacted only as far as pgx can tell what the
-// password is), and a URL's parse error quotes it whole.
-func redact(err error) error {
-	const bad = "not a valid PostgreSQL connection string"
-	var pce *pgconn.ParseConfigError
-	if !errors.As(err, &pce) {
-		return errors.New(bad)
-	}
-	// pgx's message is "cannot parse `DSN`: WHAT (INNER)"; WHAT is one of
-	// pgx's own phrases.
-	full, inner := pce.Error(), pce.Unwrap()
-	if inner != nil {
-		full = strings.TrimSuffix(full, " ("+inner.Error()+")")
-	}
-	what := "malformed"
-	if i := strings.LastIndex(full, "`: "); i >= 0 {
-		what = full[i+3:]
-	}
-	var (
-		ue *url.Error
-		ne *strconv.NumError
-	)
-	switch {
-	case errors.As(inner, &ue):
-		what += ": " + ue.Err.Error()
-	case errors.As(inner, &ne):
-		what += ": " + ne.Err.Error()
-	}
-	return fmt.Errorf("%s: %s", bad, what)
-}
-
-// Describe names the database dsn points at, host:port/database, for logs
-// and messages: no user, no password, no options. It is "(invalid DSN)" if
-// dsn does not parse.
-func Describe(dsn string) string {
-	cfg, err := parse(dsn)
-	if err != nil {
-		return "(invalid DSN)"
-	}
-	return describe(cfg)
-}
-
-func describe(cfg *pgx.ConnConfig) string {
-	return net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))) + "/" + cfg.Database
-}
+// Describe names the database dsn points at, host:port/database.
+func Describe(dsn string) string { return sqldb.Describe(dsn) }
 
 // Open connects to the database dsn names and brings its schema up to
 // date, in the schema its search_path names first (normally public). A
@@ -270,32 +202,9 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	cfg, err := parse(dsn)
+	db, err := sqldb.OpenPostgres(ctx, dsn, o.maxConns, sqldb.Postgres(migrations, migrationKey), "authority")
 	if err != nil {
-		return nil, fmt.Errorf("store: postgres: %w", err)
+		return nil, fmt.Errorf("store: %w", err)
 	}
-	where := describe(cfg)
-	db := stdlib.OpenDB(*cfg)
-	db.SetMaxOpenConns(o.maxConns)
-	db.SetMaxIdleConns(o.maxConns)
-	db.SetConnMaxIdleTime(5 * time.Minute)
-	inner, err := sqlstore.New(ctx, db, sqlstore.Dialect{
-		Rebind:        sqlstore.RebindDollar,
-		ForUpdate:     " FOR UPDATE",
-		MigrationLock: migrationLock,
-		Migrations:    migrations,
-		KeyLock:       `SELECT pg_advisory_xact_lock(hashtextextended(?, 0))`,
-		Conflict:      uniqueViolation,
-	})
-	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("store: postgres %s: %w", where, err)
-	}
-	return &Store{DB: inner}, nil
-}
-
-// uniqueViolation reports whether err is PostgreSQL's unique_violation.
-func uniqueViolation(err error) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == "23505"
+	return &Store{DB: sqlstore.Wrap(db)}, nil
 }

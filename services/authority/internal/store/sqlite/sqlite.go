@@ -2,21 +2,17 @@
 // data directory (pure Go, modernc.org/sqlite), in WAL mode with a busy
 // timeout and foreign keys on, its schema versioned in a migrations table.
 // The queries are store/internal/sqlstore's, shared with PostgreSQL; this
-// package holds the connection settings and the SQLite schema. Only the
+// package holds the SQLite schema; pkg/sqldb opens the file. Only the
 // authority's composition root and tests import it; everything else sees
 // store.Store.
 package sqlite
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
-	"strings"
-
-	// The pure-Go driver, registered as "sqlite".
-	_ "modernc.org/sqlite"
 
 	"github.com/airlockhq/airlock/pkg/audit"
+	"github.com/airlockhq/airlock/pkg/sqldb"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 	"github.com/airlockhq/airlock/services/authority/internal/store/internal/sqlstore"
 )
@@ -203,25 +199,9 @@ var _ store.Store = (*Store)(nil)
 // schema up to date. A schema newer than this build knows is refused rather
 // than guessed at.
 func Open(ctx context.Context, path string) (*Store, error) {
-	if strings.ContainsAny(path, "?#") {
-		return nil, fmt.Errorf("store: database path %q must not contain '?' or '#'", path)
-	}
-	// _txlock=immediate takes the write lock when a transaction begins, so
-	// read-modify-write transactions (job updates, audit appends) queue on
-	// busy_timeout instead of one failing when it upgrades its read lock;
-	// it is also what serializes them, in place of PostgreSQL's row locks.
-	// synchronous=NORMAL in WAL mode can lose the last commits to a power
-	// cut, never to a crash of the process.
-	dsn := path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)&_txlock=immediate"
-	db, err := sql.Open("sqlite", dsn)
+	db, err := sqldb.OpenSQLite(ctx, path, sqldb.Dialect{Migrations: migrations}, "authority")
 	if err != nil {
-		return nil, fmt.Errorf("store: open %s: %w", path, err)
+		return nil, fmt.Errorf("store: %w", err)
 	}
-	db.SetMaxOpenConns(8)
-	inner, err := sqlstore.New(ctx, db, sqlstore.Dialect{Migrations: migrations})
-	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("store: %s: %w", path, err)
-	}
-	return &Store{DB: inner}, nil
+	return &Store{DB: sqlstore.Wrap(db)}, nil
 }

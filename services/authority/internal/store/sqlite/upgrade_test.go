@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/airlockhq/airlock/pkg/audit"
+	"github.com/airlockhq/airlock/pkg/sqldb"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
-	"github.com/airlockhq/airlock/services/authority/internal/store/internal/sqlstore"
 	"github.com/airlockhq/airlock/services/authority/internal/store/storetest"
 )
 
@@ -22,7 +22,7 @@ func TestUpgradeFromJobsOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	old, err := sqlstore.New(context.Background(), db, sqlstore.Dialect{Migrations: migrations[:1]})
+	old, err := sqldb.New(context.Background(), db, sqldb.Dialect{Migrations: migrations[:1]}, "authority")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestUpgradeKeepsApprovals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	old, err := sqlstore.New(context.Background(), db, sqlstore.Dialect{Migrations: migrations[:3]})
+	old, err := sqldb.New(context.Background(), db, sqldb.Dialect{Migrations: migrations[:3]}, "authority")
 	if err != nil {
 		t.Fatal(err)
 	}

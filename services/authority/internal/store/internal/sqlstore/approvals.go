@@ -58,7 +58,7 @@ const (
 
 // loadApproval reads one approval by cond (byID or byJob), with its votes.
 func (s *DB) loadApproval(ctx context.Context, q querier, cond, value, suffix string) (store.Approval, error) {
-	a, err := scanApproval(q.QueryRowContext(ctx, s.q(`SELECT `+approvalColumns+` FROM approvals WHERE `+cond+suffix), value))
+	a, err := scanApproval(q.QueryRowContext(ctx, s.Q(`SELECT `+approvalColumns+` FROM approvals WHERE `+cond+suffix), value))
 	if errors.Is(err, sql.ErrNoRows) {
 		what := "approval %q"
 		if cond == byJob {
@@ -69,7 +69,7 @@ func (s *DB) loadApproval(ctx context.Context, q querier, cond, value, suffix st
 	if err != nil {
 		return store.Approval{}, err
 	}
-	rows, err := q.QueryContext(ctx, s.q(`SELECT approver, decision, comment, decided_at FROM approval_votes WHERE approval_id = ? ORDER BY decided_at, approver`), a.ID)
+	rows, err := q.QueryContext(ctx, s.Q(`SELECT approver, decision, comment, decided_at FROM approval_votes WHERE approval_id = ? ORDER BY decided_at, approver`), a.ID)
 	if err != nil {
 		return store.Approval{}, err
 	}
@@ -108,13 +108,13 @@ func (s *DB) CreateApprovalAudited(ctx context.Context, a store.Approval, e audi
 		out     store.Approval
 		created bool
 	)
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.Tx(ctx, func(tx *sql.Tx) error {
 		// Only publish requests are one per job (a partial unique index).
 		conflict, cond, key := ` ON CONFLICT (job_id) WHERE kind = 'publish' DO NOTHING`, byJob, a.JobID
 		if a.Kind == store.KindChange {
 			conflict, cond, key = "", byID, a.ID
 		}
-		res, err := tx.ExecContext(ctx, s.q(`INSERT INTO approvals (`+approvalColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`+conflict),
+		res, err := tx.ExecContext(ctx, s.Q(`INSERT INTO approvals (`+approvalColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`+conflict),
 			a.ID, a.JobID, a.Tenant, a.Requester, a.BundleDigest, a.TargetRepo, a.TargetBranch, string(a.State), a.Required,
 			micros(a.CreatedAt), micros(a.ExpiresAt), int64(0), "", int64(1), string(a.Kind), a.Change)
 		if err != nil {
@@ -141,7 +141,7 @@ func (s *DB) CreateApprovalAudited(ctx context.Context, a store.Approval, e audi
 
 // GetApproval implements store.Store.
 func (s *DB) GetApproval(ctx context.Context, id string) (store.Approval, error) {
-	a, err := s.loadApproval(ctx, s.db, byID, id, "")
+	a, err := s.loadApproval(ctx, s.SQL, byID, id, "")
 	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return store.Approval{}, fmt.Errorf("store: get approval: %w", err)
 	}
@@ -150,7 +150,7 @@ func (s *DB) GetApproval(ctx context.Context, id string) (store.Approval, error)
 
 // ApprovalForJob implements store.Store.
 func (s *DB) ApprovalForJob(ctx context.Context, jobID string) (store.Approval, error) {
-	a, err := s.loadApproval(ctx, s.db, byJob, jobID, "")
+	a, err := s.loadApproval(ctx, s.SQL, byJob, jobID, "")
 	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return store.Approval{}, fmt.Errorf("store: approval for job: %w", err)
 	}
@@ -182,7 +182,7 @@ func (s *DB) ListApprovals(ctx context.Context, f store.ApprovalFilter) ([]store
 	if err != nil {
 		return nil, "", err
 	}
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT `+approvalColumns+` FROM approvals WHERE `+tail), args...)
+	rows, err := s.SQL.QueryContext(ctx, s.Q(`SELECT `+approvalColumns+` FROM approvals WHERE `+tail), args...)
 	if err != nil {
 		return nil, "", fmt.Errorf("store: list approvals: %w", err)
 	}
@@ -202,7 +202,7 @@ func (s *DB) ListApprovals(ctx context.Context, f store.ApprovalFilter) ([]store
 	for i, a := range list {
 		ids[i], at[a.ID] = a.ID, i
 	}
-	vrows, err := s.db.QueryContext(ctx, s.q(`SELECT approval_id, approver, decision, comment, decided_at FROM approval_votes
+	vrows, err := s.SQL.QueryContext(ctx, s.Q(`SELECT approval_id, approver, decision, comment, decided_at FROM approval_votes
 		WHERE approval_id IN (`+placeholders(len(ids))+`) ORDER BY decided_at, approver`), ids...)
 	if err != nil {
 		return nil, "", fmt.Errorf("store: list approvals: votes: %w", err)
@@ -237,8 +237,8 @@ func (s *DB) DecideApprovalAudited(ctx context.Context, id string, decide func(*
 		out     store.Approval
 		userErr error
 	)
-	err := s.tx(ctx, func(tx *sql.Tx) error {
-		a, err := s.loadApproval(ctx, tx, byID, id, s.d.ForUpdate)
+	err := s.Tx(ctx, func(tx *sql.Tx) error {
+		a, err := s.loadApproval(ctx, tx, byID, id, s.D.ForUpdate)
 		if err != nil {
 			if errors.Is(err, errdefs.ErrNotFound) {
 				userErr = err
@@ -257,7 +257,7 @@ func (s *DB) DecideApprovalAudited(ctx context.Context, id string, decide func(*
 		if v.Approver == "" || (v.Decision != store.DecisionApprove && v.Decision != store.DecisionDeny) {
 			return fmt.Errorf("%w: a vote needs an approver and a decision", errdefs.ErrInvalidArgument)
 		}
-		res, err := tx.ExecContext(ctx, s.q(`INSERT INTO approval_votes (approval_id, approver, decision, comment, decided_at)
+		res, err := tx.ExecContext(ctx, s.Q(`INSERT INTO approval_votes (approval_id, approver, decision, comment, decided_at)
 			VALUES (?, ?, ?, ?, ?) ON CONFLICT (approval_id, approver) DO NOTHING`), a.ID, v.Approver, v.Decision, v.Comment, micros(v.DecidedAt))
 		if err != nil {
 			return err
@@ -266,7 +266,7 @@ func (s *DB) DecideApprovalAudited(ctx context.Context, id string, decide func(*
 			userErr = fmt.Errorf("%w: %s has already decided approval %q", errdefs.ErrAlreadyExists, v.Approver, a.ID)
 			return userErr
 		}
-		res, err = tx.ExecContext(ctx, s.q(`UPDATE approvals SET state = ?, version = ? WHERE id = ? AND version = ?`),
+		res, err = tx.ExecContext(ctx, s.Q(`UPDATE approvals SET state = ?, version = ? WHERE id = ? AND version = ?`),
 			string(a.State), version+1, a.ID, version)
 		if err != nil {
 			return err
@@ -301,7 +301,7 @@ func (s *DB) ConsumeApprovalAudited(ctx context.Context, r store.ConsumeRequest,
 		out    store.Approval
 		refuse error
 	)
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.Tx(ctx, func(tx *sql.Tx) error {
 		var err error
 		out, refuse, err = s.consumeTx(ctx, tx, r, e)
 		return err
@@ -326,7 +326,7 @@ func (s *DB) ApplyChangeAudited(ctx context.Context, r store.ConsumeRequest, con
 		j       store.Job
 		userErr error
 	)
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.Tx(ctx, func(tx *sql.Tx) error {
 		var err error
 		if a, userErr, err = s.consumeTx(ctx, tx, r, consumed); err != nil {
 			return err
@@ -360,7 +360,7 @@ func checkConsume(r store.ConsumeRequest, e *audit.Event) error {
 // its event, inside tx. refuse is set (and returned as err too) when the
 // approval is not an unexpired approved request matching r.
 func (s *DB) consumeTx(ctx context.Context, tx *sql.Tx, r store.ConsumeRequest, e audit.Event) (out store.Approval, refuse, err error) {
-	res, err := tx.ExecContext(ctx, s.q(`UPDATE approvals SET state = ?, consumed_at = ?, consumed_by = ?, version = version + 1
+	res, err := tx.ExecContext(ctx, s.Q(`UPDATE approvals SET state = ?, consumed_at = ?, consumed_by = ?, version = version + 1
 		WHERE id = ? AND kind = ? AND state = ? AND job_id = ? AND bundle_digest = ? AND target_repo = ? AND target_branch = ? AND expires_at > ?`),
 		string(store.ApprovalConsumed), micros(r.At), r.By,
 		r.ID, string(r.Kind), string(store.ApprovalApproved), r.JobID, r.BundleDigest, r.TargetRepo, r.TargetBranch, micros(r.At))
@@ -398,7 +398,7 @@ func scanLease(row scanner) (store.Lease, error) {
 }
 
 func (s *DB) loadLease(ctx context.Context, q querier, id string) (store.Lease, error) {
-	l, err := scanLease(q.QueryRowContext(ctx, s.q(`SELECT `+leaseColumns+` FROM leases WHERE id = ?`), id))
+	l, err := scanLease(q.QueryRowContext(ctx, s.Q(`SELECT `+leaseColumns+` FROM leases WHERE id = ?`), id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.Lease{}, fmt.Errorf("%w: lease %q", errdefs.ErrNotFound, id)
 	}
@@ -419,12 +419,12 @@ func (s *DB) CreateLeaseAudited(ctx context.Context, l store.Lease, e audit.Even
 		// (a retry after a crash) replaces the one before, revoked on the
 		// log in this transaction. Concurrent leases for one job take
 		// turns on the job's key.
-		if s.d.KeyLock != "" {
-			if _, err := tx.ExecContext(ctx, s.q(s.d.KeyLock), "lease:"+l.JobID+":"+l.Purpose); err != nil {
+		if s.D.KeyLock != "" {
+			if _, err := tx.ExecContext(ctx, s.Q(s.D.KeyLock), "lease:"+l.JobID+":"+l.Purpose); err != nil {
 				return err
 			}
 		}
-		rows, err := tx.QueryContext(ctx, s.q(`SELECT id FROM leases WHERE job_id = ? AND purpose = ? AND revoked_at = 0 ORDER BY id`+s.d.ForUpdate), l.JobID, l.Purpose)
+		rows, err := tx.QueryContext(ctx, s.Q(`SELECT id FROM leases WHERE job_id = ? AND purpose = ? AND revoked_at = 0 ORDER BY id`+s.D.ForUpdate), l.JobID, l.Purpose)
 		if err != nil {
 			return err
 		}
@@ -438,7 +438,7 @@ func (s *DB) CreateLeaseAudited(ctx context.Context, l store.Lease, e audit.Even
 		for _, id := range old {
 			reason := "replaced by lease " + l.ID
 			// Never before the replaced lease was issued.
-			if _, err := tx.ExecContext(ctx, s.q(`UPDATE leases SET revoked_at = CASE WHEN issued_at > ? THEN issued_at ELSE ? END, revoke_reason = ?
+			if _, err := tx.ExecContext(ctx, s.Q(`UPDATE leases SET revoked_at = CASE WHEN issued_at > ? THEN issued_at ELSE ? END, revoke_reason = ?
 				WHERE id = ? AND revoked_at = 0`), micros(l.IssuedAt), micros(l.IssuedAt), reason, id); err != nil {
 				return err
 			}
@@ -451,7 +451,7 @@ func (s *DB) CreateLeaseAudited(ctx context.Context, l store.Lease, e audit.Even
 				return err
 			}
 		}
-		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO leases (`+leaseColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+		if _, err := tx.ExecContext(ctx, s.Q(`INSERT INTO leases (`+leaseColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`),
 			l.ID, l.Purpose, l.JobID, l.Resource, l.Holder, micros(l.IssuedAt), micros(l.ExpiresAt), int64(0), ""); err != nil {
 			return err
 		}
@@ -461,11 +461,11 @@ func (s *DB) CreateLeaseAudited(ctx context.Context, l store.Lease, e audit.Even
 		out, err = s.loadLease(ctx, tx, l.ID)
 		return err
 	}
-	err := s.tx(ctx, create)
-	for try := 0; err != nil && s.d.Conflict != nil && s.d.Conflict(err) && try < 5; try++ {
+	err := s.Tx(ctx, create)
+	for try := 0; err != nil && s.D.Conflict != nil && s.D.Conflict(err) && try < 5; try++ {
 		// A concurrent lease for the job committed first: this one
 		// replaces it.
-		err = s.tx(ctx, create)
+		err = s.Tx(ctx, create)
 	}
 	if err != nil {
 		return store.Lease{}, fmt.Errorf("store: create lease: %w", err)
@@ -475,7 +475,7 @@ func (s *DB) CreateLeaseAudited(ctx context.Context, l store.Lease, e audit.Even
 
 // GetLease implements store.Store.
 func (s *DB) GetLease(ctx context.Context, id string) (store.Lease, error) {
-	l, err := s.loadLease(ctx, s.db, id)
+	l, err := s.loadLease(ctx, s.SQL, id)
 	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return store.Lease{}, fmt.Errorf("store: get lease: %w", err)
 	}
@@ -491,8 +491,8 @@ func (s *DB) RevokeLeaseAudited(ctx context.Context, id string, at time.Time, re
 		out     store.Lease
 		userErr error
 	)
-	err := s.tx(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, s.q(`UPDATE leases SET revoked_at = ?, revoke_reason = ? WHERE id = ? AND revoked_at = 0`), micros(at), reason, id)
+	err := s.Tx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, s.Q(`UPDATE leases SET revoked_at = ?, revoke_reason = ? WHERE id = ? AND revoked_at = 0`), micros(at), reason, id)
 		if err != nil {
 			return err
 		}
@@ -553,7 +553,7 @@ func (s *DB) ListLeases(ctx context.Context, f store.LeaseFilter) ([]store.Lease
 		args = append(args, at, at, id)
 	}
 	args = append(args, f.Limit+1)
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT `+leaseColumns+` FROM leases WHERE `+strings.Join(where, " AND ")+
+	rows, err := s.SQL.QueryContext(ctx, s.Q(`SELECT `+leaseColumns+` FROM leases WHERE `+strings.Join(where, " AND ")+
 		` ORDER BY issued_at DESC, id DESC LIMIT ?`), args...)
 	if err != nil {
 		return nil, "", fmt.Errorf("store: list leases: %w", err)
@@ -640,8 +640,8 @@ func expireEach[T any](ctx context.Context, s *DB, what string, limit int, find 
 	var out []T
 	for _, id := range ids {
 		var row T
-		err := s.tx(ctx, func(tx *sql.Tx) error {
-			res, err := tx.ExecContext(ctx, s.q(update), updateArgs(id)...)
+		err := s.Tx(ctx, func(tx *sql.Tx) error {
+			res, err := tx.ExecContext(ctx, s.Q(update), updateArgs(id)...)
 			if err != nil {
 				return err
 			}
@@ -671,7 +671,7 @@ var errSkip = errors.New("nothing to do")
 
 // ids runs a query returning one id column.
 func (s *DB) ids(ctx context.Context, query string, args ...any) ([]string, error) {
-	rows, err := s.db.QueryContext(ctx, s.q(query), args...)
+	rows, err := s.SQL.QueryContext(ctx, s.Q(query), args...)
 	if err != nil {
 		return nil, err
 	}

@@ -43,7 +43,7 @@ func (s *DB) appendAudit(ctx context.Context, tx *sql.Tx, e audit.Event) (audit.
 		last int64
 		prev string
 	)
-	if err := tx.QueryRowContext(ctx, `SELECT seq, hash FROM audit_head WHERE id = 1`+s.d.ForUpdate).Scan(&last, &prev); err != nil {
+	if err := tx.QueryRowContext(ctx, `SELECT seq, hash FROM audit_head WHERE id = 1`+s.D.ForUpdate).Scan(&last, &prev); err != nil {
 		return audit.Event{}, fmt.Errorf("audit head: %w", err)
 	}
 	e.Sequence, e.PrevHash = last+1, prev
@@ -56,11 +56,11 @@ func (s *DB) appendAudit(ctx context.Context, tx *sql.Tx, e audit.Event) (audit.
 		return audit.Event{}, fmt.Errorf("audit head holds a malformed hash: %w", err)
 	}
 	e.Hash = hash
-	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO audit_log (`+auditColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+	if _, err := tx.ExecContext(ctx, s.Q(`INSERT INTO audit_log (`+auditColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
 		e.Sequence, e.Time.UnixMicro(), e.Kind, e.Caller, e.Subject, e.Tenant, e.JobID, e.Outcome, e.Reason, e.PrevHash, e.Hash); err != nil {
 		return audit.Event{}, fmt.Errorf("audit entry %d: %w", e.Sequence, err)
 	}
-	if _, err := tx.ExecContext(ctx, s.q(`UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1`), e.Sequence, e.Hash); err != nil {
+	if _, err := tx.ExecContext(ctx, s.Q(`UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1`), e.Sequence, e.Hash); err != nil {
 		return audit.Event{}, fmt.Errorf("audit head: %w", err)
 	}
 	return e, nil
@@ -72,7 +72,7 @@ func (s *DB) AppendAudit(ctx context.Context, e audit.Event) (audit.Event, error
 		return audit.Event{}, fmt.Errorf("store: append audit: %w: %v", errdefs.ErrInvalidArgument, err)
 	}
 	var out audit.Event
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.Tx(ctx, func(tx *sql.Tx) error {
 		var err error
 		out, err = s.appendAudit(ctx, tx, e)
 		return err
@@ -89,7 +89,7 @@ func (s *DB) AuditHead(ctx context.Context) (int64, string, error) {
 		seq  int64
 		hash string
 	)
-	if err := s.db.QueryRowContext(ctx, `SELECT seq, hash FROM audit_head WHERE id = 1`).Scan(&seq, &hash); err != nil {
+	if err := s.SQL.QueryRowContext(ctx, `SELECT seq, hash FROM audit_head WHERE id = 1`).Scan(&seq, &hash); err != nil {
 		return 0, "", fmt.Errorf("store: audit head: %w", err)
 	}
 	return seq, hash, nil
@@ -129,7 +129,7 @@ func (s *DB) ListAudit(ctx context.Context, f store.AuditFilter) ([]audit.Event,
 		args = append(args, ceilMicros(f.Until))
 	}
 	args = append(args, f.Limit)
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT `+auditColumns+` FROM audit_log WHERE `+strings.Join(where, " AND ")+
+	rows, err := s.SQL.QueryContext(ctx, s.Q(`SELECT `+auditColumns+` FROM audit_log WHERE `+strings.Join(where, " AND ")+
 		` ORDER BY seq LIMIT ?`), args...)
 	if err != nil {
 		return nil, fmt.Errorf("store: list audit: %w", err)

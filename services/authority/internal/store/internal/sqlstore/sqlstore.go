@@ -1,9 +1,9 @@
 // Package sqlstore is the one implementation of store.Store that both SQL
-// backends share: queries, row mapping, page tokens, the migration runner
-// and the audit chain, written once in the SQL that SQLite and PostgreSQL
-// both speak, so the two cannot drift apart. A Dialect supplies what
-// differs (placeholders, row locks, the migration lock, the schema). Only
-// store/sqlite and store/postgres import it.
+// backends share: queries, row mapping, page tokens and the audit chain,
+// written once in the SQL that SQLite and PostgreSQL both speak, so the two
+// cannot drift apart. pkg/sqldb opens the database, runs the migrations and
+// supplies the Dialect for what differs (placeholders, row locks, the
+// schema). Only store/sqlite and store/postgres import it.
 package sqlstore
 
 import (
@@ -18,136 +18,19 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/sqldb"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 )
 
-// Dialect is what differs between the databases the store runs on.
-type Dialect struct {
-	// Rebind rewrites the ? placeholders of a query into the database's
-	// own; nil keeps them.
-	Rebind func(query string) string
-	// ForUpdate is appended to a SELECT of a row the transaction goes on to
-	// write, so that a concurrent writer of that row waits. It is empty
-	// where every write transaction already excludes all others (SQLite's
-	// BEGIN IMMEDIATE).
-	ForUpdate string
-	// MigrationLock, if set, runs first in the migration transaction and
-	// holds until it ends, so stores starting at once on one database apply
-	// migrations one at a time.
-	MigrationLock string
-	// Migrations are applied in order, each once; the index plus one is the
-	// schema version. Never edit one that has shipped: append a new one.
-	Migrations []string
-	// KeyLock, if set, is a statement taking a lock on one text key (its
-	// one argument) held until the transaction ends, for writers of rows
-	// that may not exist yet (PostgreSQL: an advisory lock; SQLite's write
-	// transactions already exclude each other).
-	KeyLock string
-	// Conflict, if set, reports whether err is a unique-index violation by
-	// a concurrent transaction, after which the transaction is run again
-	// (PostgreSQL; SQLite's write transactions never overlap).
-	Conflict func(err error) bool
-}
-
-// RebindDollar rewrites ? placeholders as PostgreSQL's $1, $2, …. The
-// store's queries hold no ? inside literals or identifiers.
-func RebindDollar(query string) string {
-	var b strings.Builder
-	b.Grow(len(query) + 16)
-	n := 0
-	for _, r := range query {
-		if r == '?' {
-			n++
-			fmt.Fprintf(&b, "$%d", n)
-			continue
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
-
-// DB is a store.Store over a *sql.DB in some Dialect.
+// DB is a store.Store over a database sqldb opened.
 type DB struct {
-	db *sql.DB
-	d  Dialect
+	*sqldb.DB
 }
 
 var _ store.Store = (*DB)(nil)
 
-// New brings db's schema up to date and returns the store over it. A schema
-// newer than d knows is refused rather than guessed at. On error the caller
-// still owns db.
-func New(ctx context.Context, db *sql.DB, d Dialect) (*DB, error) {
-	s := &DB{db: db, d: d}
-	if err := s.migrate(ctx); err != nil {
-		return nil, err
-	}
-	return s, nil
-}
-
-// q rewrites query's placeholders for the dialect.
-func (s *DB) q(query string) string {
-	if s.d.Rebind == nil {
-		return query
-	}
-	return s.d.Rebind(query)
-}
-
-// migrate applies the missing migrations in one transaction: a store that
-// fails half-way leaves the schema as it found it.
-func (s *DB) migrate(ctx context.Context) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
-		if s.d.MigrationLock != "" {
-			if _, err := tx.ExecContext(ctx, s.d.MigrationLock); err != nil {
-				return fmt.Errorf("migration lock: %w", err)
-			}
-		}
-		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
-			version    INTEGER NOT NULL PRIMARY KEY,
-			applied_at BIGINT  NOT NULL
-		)`); err != nil {
-			return fmt.Errorf("migrations table: %w", err)
-		}
-		var current int
-		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&current); err != nil {
-			return fmt.Errorf("schema version: %w", err)
-		}
-		if current > len(s.d.Migrations) {
-			return fmt.Errorf("schema version %d is newer than this build knows (%d); run a newer authority", current, len(s.d.Migrations))
-		}
-		for v := current + 1; v <= len(s.d.Migrations); v++ {
-			if _, err := tx.ExecContext(ctx, s.d.Migrations[v-1]); err != nil {
-				return fmt.Errorf("migration %d: %w", v, err)
-			}
-			if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)`), v, time.Now().UnixMicro()); err != nil {
-				return fmt.Errorf("migration %d: %w", v, err)
-			}
-		}
-		return nil
-	})
-}
-
-// SchemaVersion returns the applied schema version, for tests and status.
-func (s *DB) SchemaVersion(ctx context.Context) (int, error) {
-	var v int
-	err := s.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&v)
-	return v, err
-}
-
-// Close closes the database.
-func (s *DB) Close() error { return s.db.Close() }
-
-func (s *DB) tx(ctx context.Context, fn func(*sql.Tx) error) error {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	if err := fn(tx); err != nil {
-		_ = tx.Rollback()
-		return err
-	}
-	return tx.Commit()
-}
+// Wrap returns the store over db, whose schema is the authority's.
+func Wrap(db *sqldb.DB) *DB { return &DB{DB: db} }
 
 const jobColumns = `id, tenant, requester, idempotency_key, repository, spec, spec_digest, commit_sha, tree_hash,
 	state, message, network_state, signed_grant, grant_expires_at, dispatched_at,
@@ -227,11 +110,11 @@ func (s *DB) createJob(ctx context.Context, j store.Job, e *audit.Event) (store.
 		out     store.Job
 		created bool
 	)
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.Tx(ctx, func(tx *sql.Tx) error {
 		// A concurrent insert of the same key makes this one wait for it and
 		// then do nothing, in both databases; the key's job is then read.
 		j.Version = 1
-		res, err := tx.ExecContext(ctx, s.q(`INSERT INTO jobs (`+jobColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		res, err := tx.ExecContext(ctx, s.Q(`INSERT INTO jobs (`+jobColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (tenant, idempotency_key) DO NOTHING`),
 			j.ID, j.Tenant, j.Requester, j.IdempotencyKey, j.Repository, nonNil(j.Spec), j.SpecDigest, j.Commit, j.TreeHash,
 			string(j.State), j.Message, j.NetworkState, j.Grant, micros(j.GrantExpiresAt), micros(j.DispatchedAt),
@@ -244,10 +127,10 @@ func (s *DB) createJob(ctx context.Context, j store.Job, e *audit.Event) (store.
 			return err
 		}
 		if n == 0 {
-			out, err = scanJob(tx.QueryRowContext(ctx, s.q(`SELECT `+jobColumns+` FROM jobs WHERE tenant = ? AND idempotency_key = ?`), j.Tenant, j.IdempotencyKey))
+			out, err = scanJob(tx.QueryRowContext(ctx, s.Q(`SELECT `+jobColumns+` FROM jobs WHERE tenant = ? AND idempotency_key = ?`), j.Tenant, j.IdempotencyKey))
 			return err
 		}
-		out, err = scanJob(tx.QueryRowContext(ctx, s.q(`SELECT `+jobColumns+` FROM jobs WHERE id = ?`), j.ID))
+		out, err = scanJob(tx.QueryRowContext(ctx, s.Q(`SELECT `+jobColumns+` FROM jobs WHERE id = ?`), j.ID))
 		if err != nil {
 			return err
 		}
@@ -265,7 +148,7 @@ func (s *DB) createJob(ctx context.Context, j store.Job, e *audit.Event) (store.
 
 // GetJob implements store.Store.
 func (s *DB) GetJob(ctx context.Context, id string) (store.Job, error) {
-	j, err := scanJob(s.db.QueryRowContext(ctx, s.q(`SELECT `+jobColumns+` FROM jobs WHERE id = ?`), id))
+	j, err := scanJob(s.SQL.QueryRowContext(ctx, s.Q(`SELECT `+jobColumns+` FROM jobs WHERE id = ?`), id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.Job{}, fmt.Errorf("%w: job %q", errdefs.ErrNotFound, id)
 	}
@@ -277,7 +160,7 @@ func (s *DB) GetJob(ctx context.Context, id string) (store.Job, error) {
 
 // JobByIdempotencyKey implements store.Store.
 func (s *DB) JobByIdempotencyKey(ctx context.Context, tenant, key string) (store.Job, error) {
-	j, err := scanJob(s.db.QueryRowContext(ctx, s.q(`SELECT `+jobColumns+` FROM jobs WHERE tenant = ? AND idempotency_key = ?`), tenant, key))
+	j, err := scanJob(s.SQL.QueryRowContext(ctx, s.Q(`SELECT `+jobColumns+` FROM jobs WHERE tenant = ? AND idempotency_key = ?`), tenant, key))
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.Job{}, fmt.Errorf("%w: no job with that idempotency key", errdefs.ErrNotFound)
 	}
@@ -308,7 +191,7 @@ func (s *DB) ListJobs(ctx context.Context, opts store.ListOptions) ([]store.Job,
 	if err != nil {
 		return nil, "", err
 	}
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT `+jobColumns+` FROM jobs WHERE `+tail), args...)
+	rows, err := s.SQL.QueryContext(ctx, s.Q(`SELECT `+jobColumns+` FROM jobs WHERE `+tail), args...)
 	if err != nil {
 		return nil, "", fmt.Errorf("store: list jobs: %w", err)
 	}
@@ -361,7 +244,7 @@ func (s *DB) JobsInStates(ctx context.Context, states ...store.State) ([]store.J
 	for i, st := range states {
 		args[i] = string(st)
 	}
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT `+jobColumns+` FROM jobs WHERE state IN (`+placeholders(len(states))+`) ORDER BY created_at, id`), args...)
+	rows, err := s.SQL.QueryContext(ctx, s.Q(`SELECT `+jobColumns+` FROM jobs WHERE state IN (`+placeholders(len(states))+`) ORDER BY created_at, id`), args...)
 	if err != nil {
 		return nil, fmt.Errorf("store: jobs in states: %w", err)
 	}
@@ -390,7 +273,7 @@ func (s *DB) UpdateJobAudited(ctx context.Context, id string, update func(*store
 func (s *DB) updateJob(ctx context.Context, id string, update func(*store.Job) (*audit.Event, error)) (store.Job, error) {
 	var out store.Job
 	var userErr error
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.Tx(ctx, func(tx *sql.Tx) error {
 		var err error
 		out, userErr, err = s.updateJobTx(ctx, tx, id, update)
 		return err
@@ -408,7 +291,7 @@ func (s *DB) updateJob(ctx context.Context, id string, update func(*store.Job) (
 // as err too) when the refusal is the caller's: the job is unknown or
 // update said no.
 func (s *DB) updateJobTx(ctx context.Context, tx *sql.Tx, id string, update func(*store.Job) (*audit.Event, error)) (out store.Job, userErr, err error) {
-	j, err := scanJob(tx.QueryRowContext(ctx, s.q(`SELECT `+jobColumns+` FROM jobs WHERE id = ?`+s.d.ForUpdate), id))
+	j, err := scanJob(tx.QueryRowContext(ctx, s.Q(`SELECT `+jobColumns+` FROM jobs WHERE id = ?`+s.D.ForUpdate), id))
 	if errors.Is(err, sql.ErrNoRows) {
 		err = fmt.Errorf("%w: job %q", errdefs.ErrNotFound, id)
 		return out, err, err
@@ -437,7 +320,7 @@ func (s *DB) updateJobTx(ctx context.Context, tx *sql.Tx, id string, update func
 		}
 	}
 	j.Version++
-	res, err := tx.ExecContext(ctx, s.q(`UPDATE jobs SET commit_sha = ?, tree_hash = ?, state = ?, message = ?, network_state = ?,
+	res, err := tx.ExecContext(ctx, s.Q(`UPDATE jobs SET commit_sha = ?, tree_hash = ?, state = ?, message = ?, network_state = ?,
 		signed_grant = ?, grant_expires_at = ?, dispatched_at = ?, result = ?, bundle_digest = ?, patch = ?,
 		review = ?, provenance = ?, updated_at = ?, version = ?, executor = ? WHERE id = ? AND version = ?`),
 		j.Commit, j.TreeHash, string(j.State), j.Message, j.NetworkState,
@@ -454,7 +337,7 @@ func (s *DB) updateJobTx(ctx context.Context, tx *sql.Tx, id string, update func
 			return out, nil, err
 		}
 	}
-	out, err = scanJob(tx.QueryRowContext(ctx, s.q(`SELECT `+jobColumns+` FROM jobs WHERE id = ?`), id))
+	out, err = scanJob(tx.QueryRowContext(ctx, s.Q(`SELECT `+jobColumns+` FROM jobs WHERE id = ?`), id))
 	return out, nil, err
 }
 

@@ -5,13 +5,6 @@ import (
 	"time"
 )
 
-func TestRebindDollar(t *testing.T) {
-	got := RebindDollar("SELECT a FROM t WHERE b = ? AND c IN (?, ?) LIMIT ?")
-	if want := "SELECT a FROM t WHERE b = $1 AND c IN ($2, $3) LIMIT $4"; got != want {
-		t.Fatalf("RebindDollar = %q, want %q", got, want)
-	}
-}
-
 func TestCeilMicros(t *testing.T) {
 	at := time.Date(2030, 1, 2, 3, 4, 5, 6000, time.UTC)
 	for _, tc := range []struct {
