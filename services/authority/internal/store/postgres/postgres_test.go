@@ -13,7 +13,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 	"github.com/airlockhq/airlock/services/authority/internal/store/postgres"
-	"github.com/airlockhq/airlock/services/authority/internal/store/postgres/pgtest"
+	"github.com/airlockhq/airlock/test/pgtest"
 	"github.com/airlockhq/airlock/services/authority/internal/store/storetest"
 )
 
