@@ -62,9 +62,11 @@ e2e:
 	$(GO) test $(GOTESTFLAGS) ./test/e2e/...
 
 ## bench: raw `runc run` vs the sandbox vs the whole submit→result path, in one go test run; benchstat summarizes
+# -p 1: one package at a time, so neither runs under the other's load (two
+# cores here); the ratios are between benchmarks of one run.
 BENCHCOUNT ?= 6
 bench: runtimes
-	$(GO) test -run '^$$' -bench 'RawRuncTrue|SandboxTrue|EndToEnd' -benchtime 50x -count $(BENCHCOUNT) -timeout 30m \
+	$(GO) test -p 1 -run '^$$' -bench 'RawRuncTrue|SandboxTrue|EndToEnd' -benchtime 50x -count $(BENCHCOUNT) -timeout 30m \
 		./services/executor/internal/sandbox ./test/e2e | tee bench.out
 	$(TOOL) benchstat bench.out
 
