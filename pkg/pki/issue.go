@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -57,8 +58,70 @@ func (ca *CA) Issue(id identity.ID, opts IssueOptions) (*KeyPair, error) {
 	if id.TrustDomain != ca.TrustDomain {
 		return nil, fmt.Errorf("pki: issue %s: trust domain %q does not match CA trust domain %q", id, id.TrustDomain, ca.TrustDomain)
 	}
+	tmpl := &x509.Certificate{
+		// The subject is informational; identity comes only from the URI
+		// SAN. The name alone fits the 64-character CN limit.
+		Subject: pkix.Name{
+			Organization:       []string{"Airlock"},
+			OrganizationalUnit: []string{string(id.Kind)},
+			CommonName:         id.Name,
+		},
+		ExtKeyUsage: extKeyUsages(id.Kind),
+		URIs:        []*url.URL{id.URL()},
+		DNSNames:    slices.Clone(opts.DNSNames),
+		IPAddresses: slices.Clone(opts.IPAddresses),
+	}
+	if id.Kind == identity.KindService {
+		// Standard tools such as grpc-health-probe verify by host name; these
+		// SANs let them check a service on its own host without weakening the
+		// SPIFFE ID check our own clients do.
+		tmpl.DNSNames = appendMissing(tmpl.DNSNames, "localhost")
+		tmpl.IPAddresses = appendMissingIP(tmpl.IPAddresses, net.IPv4(127, 0, 0, 1), net.IPv6loopback)
+	}
+	kp, err := ca.sign(tmpl, opts)
+	if err != nil {
+		return nil, fmt.Errorf("pki: issue %s: %w", id, err)
+	}
+	kp.ID = id
+	return kp, nil
+}
+
+// IssueHost creates a new key and a plain TLS server certificate for the
+// host names and addresses in opts (at least one), for a server outside
+// Airlock's SPIFFE model that standard clients such as git and curl check by
+// host name: the dev stack's git server. It has no URI SAN, so it names no
+// Airlock identity and every Airlock verifier, which takes the peer's
+// identity from exactly one URI SAN, refuses it; and it is good for
+// ServerAuth only. The returned pair's ID is the zero ID, so WriteKeyPair
+// refuses it: write it with WriteHostPair.
+func (ca *CA) IssueHost(opts IssueOptions) (*KeyPair, error) {
+	if len(opts.DNSNames) == 0 && len(opts.IPAddresses) == 0 {
+		return nil, errors.New("pki: issue host certificate: no DNS name or IP address")
+	}
+	var name string
+	if len(opts.DNSNames) > 0 {
+		name = opts.DNSNames[0]
+	} else {
+		name = opts.IPAddresses[0].String()
+	}
+	tmpl := &x509.Certificate{
+		Subject:     pkix.Name{Organization: []string{"Airlock"}, OrganizationalUnit: []string{"host"}, CommonName: name},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames:    slices.Clone(opts.DNSNames),
+		IPAddresses: slices.Clone(opts.IPAddresses),
+	}
+	kp, err := ca.sign(tmpl, opts)
+	if err != nil {
+		return nil, fmt.Errorf("pki: issue host certificate for %s: %w", name, err)
+	}
+	return kp, nil
+}
+
+// sign completes tmpl with a fresh key, a serial and opts' validity (never
+// past the CA's own), and signs it.
+func (ca *CA) sign(tmpl *x509.Certificate, opts IssueOptions) (*KeyPair, error) {
 	if opts.Validity < 0 {
-		return nil, fmt.Errorf("pki: issue %s: negative validity %v", id, opts.Validity)
+		return nil, fmt.Errorf("negative validity %v", opts.Validity)
 	}
 	validity := opts.Validity
 	if validity == 0 {
@@ -74,53 +137,31 @@ func (ca *CA) Issue(id identity.ID, opts IssueOptions) (*KeyPair, error) {
 	if notAfter.After(ca.Cert.NotAfter) {
 		notAfter = ca.Cert.NotAfter
 	}
-
 	key, err := newKey()
 	if err != nil {
-		return nil, fmt.Errorf("pki: issue %s: %w", id, err)
+		return nil, err
 	}
 	serial, err := newSerial()
 	if err != nil {
-		return nil, fmt.Errorf("pki: issue %s: %w", id, err)
+		return nil, err
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		// The subject is informational; identity comes only from the URI
-		// SAN. The name alone fits the 64-character CN limit.
-		Subject: pkix.Name{
-			Organization:       []string{"Airlock"},
-			OrganizationalUnit: []string{string(id.Kind)},
-			CommonName:         id.Name,
-		},
-		NotBefore:             notBefore,
-		NotAfter:              notAfter,
-		KeyUsage:              x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:           extKeyUsages(id.Kind),
-		BasicConstraintsValid: true,
-		URIs:                  []*url.URL{id.URL()},
-		DNSNames:              slices.Clone(opts.DNSNames),
-		IPAddresses:           slices.Clone(opts.IPAddresses),
-	}
-	if id.Kind == identity.KindService {
-		// Standard tools such as grpc-health-probe verify by host name; these
-		// SANs let them check a service on its own host without weakening the
-		// SPIFFE ID check our own clients do.
-		tmpl.DNSNames = appendMissing(tmpl.DNSNames, "localhost")
-		tmpl.IPAddresses = appendMissingIP(tmpl.IPAddresses, net.IPv4(127, 0, 0, 1), net.IPv6loopback)
-	}
+	tmpl.SerialNumber = serial
+	tmpl.NotBefore, tmpl.NotAfter = notBefore, notAfter
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+	tmpl.BasicConstraintsValid = true
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, key.Public(), ca.Key)
 	if err != nil {
-		return nil, fmt.Errorf("pki: issue %s: %w", id, err)
+		return nil, err
 	}
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
-		return nil, fmt.Errorf("pki: issue %s: %w", id, err)
+		return nil, err
 	}
 	keyPEM, err := marshalKey(key)
 	if err != nil {
-		return nil, fmt.Errorf("pki: issue %s: %w", id, err)
+		return nil, err
 	}
-	return &KeyPair{ID: id, CertPEM: encodeCert(cert), KeyPEM: keyPEM, Cert: cert}, nil
+	return &KeyPair{CertPEM: encodeCert(cert), KeyPEM: keyPEM, Cert: cert}, nil
 }
 
 func extKeyUsages(kind identity.Kind) []x509.ExtKeyUsage {

@@ -421,6 +421,53 @@ func TestIssueOptions(t *testing.T) {
 	}
 }
 
+// TestIssueHost checks that a host certificate is good for a TLS server
+// checked by name, and for nothing Airlock would take as an identity.
+func TestIssueHost(t *testing.T) {
+	ca, err := NewCA(td, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, err := ca.IssueHost(IssueOptions{DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(kp.Cert.URIs) != 0 || !kp.ID.IsZero() {
+		t.Errorf("host certificate carries URI SANs %v / ID %v; it must name no identity", kp.Cert.URIs, kp.ID)
+	}
+	if _, err := identity.FromCertificate(kp.Cert); err == nil {
+		t.Error("identity.FromCertificate accepted a host certificate")
+	}
+	for _, name := range []string{"localhost", "127.0.0.1"} {
+		if _, err := kp.Cert.Verify(x509.VerifyOptions{DNSName: name, Roots: caPool(ca), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+			t.Errorf("verify as server %s: %v", name, err)
+		}
+	}
+	if _, err := kp.Cert.Verify(x509.VerifyOptions{DNSName: "example.com", Roots: caPool(ca), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err == nil {
+		t.Error("host certificate verified for a name it does not carry")
+	}
+	if _, err := kp.Cert.Verify(x509.VerifyOptions{Roots: caPool(ca), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err == nil {
+		t.Error("host certificate verified as a client certificate")
+	}
+	if _, err := ca.IssueHost(IssueOptions{}); err == nil {
+		t.Error("IssueHost with no name or address succeeded")
+	}
+
+	dir := t.TempDir()
+	if err := WriteKeyPair(dir, kp); err == nil {
+		t.Error("WriteKeyPair wrote a pair that names no identity")
+	}
+	certFile, keyFile := filepath.Join(dir, "git", "server.crt"), filepath.Join(dir, "git", "server.key")
+	if err := WriteHostPair(certFile, keyFile, kp); err != nil {
+		t.Fatal(err)
+	}
+	checkMode(t, keyFile, 0o600)
+	checkMode(t, certFile, 0o644)
+	if _, err := tls.LoadX509KeyPair(certFile, keyFile); err != nil {
+		t.Errorf("written host pair does not load: %v", err)
+	}
+}
+
 func TestWriteFileAtomic(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "f.key")

@@ -200,7 +200,7 @@ func sameFiles(a, b [3]os.FileInfo) bool {
 }
 
 func (s *Source) load() (*material, error) {
-	roots, err := loadRoots(s.caFile)
+	roots, err := LoadRoots(s.caFile)
 	if err != nil {
 		return nil, err
 	}
@@ -225,11 +225,11 @@ func (s *Source) load() (*material, error) {
 	return &material{cert: &cert, roots: roots, id: id}, nil
 }
 
-// loadRoots parses every block of a CA bundle and rejects the whole bundle
+// LoadRoots parses every block of a CA bundle and rejects the whole bundle
 // if any block is not a CA certificate: x509.CertPool.AppendCertsFromPEM
 // would skip a bad block silently, and a mistaken bundle is better found at
 // load time than as a mysterious handshake failure.
-func loadRoots(file string) (*x509.CertPool, error) {
+func LoadRoots(file string) (*x509.CertPool, error) {
 	data, err := os.ReadFile(file)
 	if err != nil {
 		return nil, fmt.Errorf("tlsconfig: %w", err)

@@ -53,6 +53,10 @@ type devReport struct {
 	Dir          string       `json:"dir"`
 	ClientConfig string       `json:"client_config"`
 	Services     []devService `json:"services"`
+	// Git is the stack's git server, and Repositories the URL of each
+	// repository it serves, when dev up was given --repo.
+	Git          *devService       `json:"git"`
+	Repositories map[string]string `json:"repositories"`
 }
 
 // byName indexes the report's services and fails on a duplicate or a
@@ -83,6 +87,8 @@ type stack struct {
 	pkiDir       string
 	clientConfig string
 	services     map[string]devService
+	git          *devService
+	repos        map[string]string
 	// exits holds, by pid, the exit of each service restartServiceAfter
 	// started (this process waits for those itself).
 	exits map[int]chan error
@@ -103,10 +109,13 @@ func startStack(t testing.TB, args ...string) *stack {
 	for _, s := range up.Services {
 		started = append(started, proc{pid: s.PID, start: procStart(s.PID)})
 	}
+	if up.Git != nil {
+		started = append(started, proc{pid: up.Git.PID, start: procStart(up.Git.PID)})
+	}
 	if res.code != 0 || jsonErr != nil {
 		t.Fatalf("airlock dev up: exit %d, json: %v\nstdout:\n%s\nstderr:\n%s", res.code, jsonErr, res.stdout, res.stderr)
 	}
-	s := &stack{dir: up.Dir, pkiDir: filepath.Join(up.Dir, "pki"), clientConfig: up.ClientConfig, services: up.byName(t)}
+	s := &stack{dir: up.Dir, pkiDir: filepath.Join(up.Dir, "pki"), clientConfig: up.ClientConfig, services: up.byName(t), git: up.Git, repos: up.Repositories}
 	if s.dir != dir {
 		t.Fatalf("dev up reports dir %q, want %q", s.dir, dir)
 	}

@@ -1,20 +1,18 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
-	"net"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
+	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -23,6 +21,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/clientconfig"
 	"github.com/airlockhq/airlock/pkg/config"
+	"github.com/airlockhq/airlock/pkg/gitserve"
 	"github.com/airlockhq/airlock/pkg/grant"
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/pki"
@@ -60,14 +59,12 @@ func devPaths(dir, name string) devService {
 	}
 }
 
-func pidFile(dir, name string) string { return filepath.Join(dir, name, name+".pid") }
-
 func newDev(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run the three services as local processes for development",
 	}
-	cmd.AddCommand(newDevUp(g), newDevDown(g))
+	cmd.AddCommand(newDevUp(g), newDevDown(g), newDevGitServe(g))
 	return cmd
 }
 
@@ -85,7 +82,15 @@ until each reports SERVING over mTLS, and writes DIR/client.yaml for the CLI:
   export AIRLOCK_CONFIG=DIR/client.yaml
   airlock status
 
-Logs go to DIR/SERVICE/SERVICE.log. Stop everything with airlock dev down.`,
+Each --repo NAME=PATH is cloned bare into DIR/git/data/NAME.git (kept from an
+earlier dev up) and served by the stack's git server, a process of its own,
+at https://127.0.0.1:PORT/NAME.git with a certificate from the dev CA: reads
+need the tenant's source credential (DIR/authority/credentials/NAME.read),
+pushes the deploy credential (NAME.deploy), and no push may rewrite or delete
+a branch. The authority fetches the dev tenant's sources from it.
+
+Logs go to DIR/SERVICE/SERVICE.log and DIR/git/git.log. Stop everything with
+airlock dev down.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if dir == "" {
@@ -107,6 +112,9 @@ Logs go to DIR/SERVICE/SERVICE.log. Stop everything with airlock dev down.`,
 				if !ok || name == "" || path == "" {
 					return usageError{fmt.Errorf("--repo %q: want NAME=PATH", r)}
 				}
+				if err := gitserve.CheckName(name); err != nil {
+					return usageError{fmt.Errorf("--repo %s: %w", name, err)}
+				}
 				abs, err := filepath.Abs(path)
 				if err != nil {
 					return err
@@ -118,15 +126,25 @@ Logs go to DIR/SERVICE/SERVICE.log. Stop everything with airlock dev down.`,
 				}
 				repos[name] = abs
 			}
-			services, err := devUp(ctx, abs, devOptions{host: host, repos: repos}, bins, g.stderr)
+			stack, err := devUp(ctx, abs, devOptions{host: host, repos: repos}, bins, g.stderr)
 			if err != nil {
 				return err
 			}
 			clientPath := filepath.Join(abs, "client.yaml")
-			return g.print(map[string]any{"dir": abs, "client_config": clientPath, "services": services}, func(w io.Writer) {
+			out := map[string]any{"dir": abs, "client_config": clientPath, "services": stack.services}
+			if stack.git != nil {
+				out["git"], out["repositories"] = stack.git, stack.repos
+			}
+			return g.print(out, func(w io.Writer) {
 				fmt.Fprintln(w, "SERVICE\tADDRESS\tPID\tSTATUS\tLOG")
-				for _, s := range services {
+				for _, s := range stack.all() {
 					fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", s.Name, s.Address, s.PID, s.Status, s.Log)
+				}
+				if len(stack.repos) > 0 {
+					fmt.Fprintln(w)
+				}
+				for _, name := range slices.Sorted(maps.Keys(stack.repos)) {
+					fmt.Fprintf(w, "repository %s: %s\n", name, stack.repos[name])
 				}
 				fmt.Fprintf(w, "\nexport %s=%s\n", clientconfig.EnvVar, clientPath)
 			})
@@ -135,7 +153,7 @@ Logs go to DIR/SERVICE/SERVICE.log. Stop everything with airlock dev down.`,
 	cmd.Flags().StringVar(&dir, "dir", "", "directory for the stack's PKI, configs, data and logs (required)")
 	cmd.Flags().StringVar(&binDir, "bin-dir", "", "where the authority, executor and publisher binaries are (default: beside airlock, then $PATH)")
 	cmd.Flags().StringVar(&host, "host", "127.0.0.1", "address the services listen on")
-	cmd.Flags().StringArrayVar(&repoFlags, "repo", nil, "NAME=PATH: a local git repository the dev tenant may run jobs on (repeatable)")
+	cmd.Flags().StringArrayVar(&repoFlags, "repo", nil, "NAME=PATH: a local git repository the dev tenant may run jobs on, served by the stack's git server (repeatable)")
 	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for all three to serve")
 	return cmd
 }
@@ -188,30 +206,65 @@ type devOptions struct {
 	repos map[string]string // repository name -> local git repository path
 }
 
-func devUp(ctx context.Context, dir string, opts devOptions, bins map[string]string, progress io.Writer) ([]devService, error) {
-	for _, name := range identity.ServiceNames() {
+// devStack is what dev up started: the three services and, when it was
+// given repositories, the git server and each repository's URL.
+type devStack struct {
+	services []devService
+	git      *devService
+	repos    map[string]string
+}
+
+func (s devStack) all() []devService {
+	if s.git == nil {
+		return s.services
+	}
+	return append(slices.Clone(s.services), *s.git)
+}
+
+// devProcessNames are the processes a stack may run: the three services,
+// then the git server.
+func devProcessNames() []string { return append(identity.ServiceNames(), devGitName) }
+
+func devUp(ctx context.Context, dir string, opts devOptions, bins map[string]string, progress io.Writer) (devStack, error) {
+	for _, name := range devProcessNames() {
 		if pid, ok := runningPID(dir, name); ok {
-			return nil, fmt.Errorf("%s is already running in %s (pid %d); run `airlock dev down --dir %s` first", name, dir, pid, dir)
+			return devStack{}, fmt.Errorf("%s is already running in %s (pid %d); run `airlock dev down --dir %s` first", name, dir, pid, dir)
 		}
 	}
+	stack, err := devStart(ctx, dir, opts, bins, progress)
+	if err != nil {
+		// Stop what started, the services before the git server they read.
+		for _, name := range devProcessNames() {
+			stopProcess(dir, name, 5*time.Second)
+		}
+	}
+	return stack, err
+}
+
+func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]string, progress io.Writer) (devStack, error) {
+	var stack devStack
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
+		return stack, err
 	}
 	pkiDir := filepath.Join(dir, "pki")
 	// A fresh PKI every time: nothing a previous stack handed out stays valid.
 	if err := os.RemoveAll(pkiDir); err != nil {
-		return nil, err
+		return stack, err
 	}
 	var callers []identity.ID
 	for _, c := range devCallers {
 		callers = append(callers, identity.MustParse("spiffe://"+devTrustDomain+"/"+c))
 	}
 	if _, err := pki.Init(pkiDir, devTrustDomain, callers); err != nil {
-		return nil, err
+		return stack, err
 	}
-	addrs, err := freeAddresses(opts.host, 3)
+	hosts := []string{opts.host, opts.host, opts.host}
+	if len(opts.repos) > 0 {
+		hosts = append(hosts, "127.0.0.1") // the git server: loopback only
+	}
+	addrs, err := freeAddresses(hosts)
 	if err != nil {
-		return nil, err
+		return stack, err
 	}
 	services := map[string]*devService{}
 	for i, name := range identity.ServiceNames() {
@@ -220,9 +273,16 @@ func devUp(ctx context.Context, dir string, opts devOptions, bins map[string]str
 		services[name] = &s
 	}
 	peer := func(name string) *config.Peer { return &config.Peer{Address: services[name].Address} }
+	var git devGit
+	if len(opts.repos) > 0 {
+		if git, err = devGitSetup(ctx, dir, pkiDir, addrs[3], opts.repos, progress); err != nil {
+			return stack, err
+		}
+		stack.git, stack.repos = git.server, git.urls
+	}
 	grantKey := filepath.Join(dir, identity.ServiceAuthority, "grant.key")
 	if _, err := grant.LoadOrCreateSigner(grantKey); err != nil {
-		return nil, err
+		return stack, err
 	}
 	for _, name := range identity.ServiceNames() {
 		s := services[name]
@@ -233,19 +293,15 @@ func devUp(ctx context.Context, dir string, opts devOptions, bins map[string]str
 			Log: config.Log{Level: "info", Format: "json"}, ShutdownTimeout: 10 * time.Second,
 		})
 		if err != nil {
-			return nil, err
+			return stack, err
 		}
 		switch name {
 		case identity.ServiceAuthority:
 			file["executor"] = peer(identity.ServiceExecutor)
 			file["grant_key"] = grantKey
-			creds, err := devDeployCredentials(filepath.Join(dir, identity.ServiceAuthority, "credentials"), opts.repos)
-			if err != nil {
-				return nil, err
-			}
-			policy := devTenantPolicy(opts.repos, bins)
-			if len(creds) > 0 {
-				policy["deploy_credentials"] = creds
+			policy := devTenantPolicy(git.tenantRepos, bins)
+			if len(git.deployCredentials) > 0 {
+				policy["deploy_credentials"] = git.deployCredentials
 			}
 			file["tenants"] = map[string]any{devTenant: policy}
 			// alice reads and verifies the whole log; a checkpoint of its
@@ -262,7 +318,7 @@ func devUp(ctx context.Context, dir string, opts devOptions, bins map[string]str
 			file["authority"], file["executor"] = peer(identity.ServiceAuthority), peer(identity.ServiceExecutor)
 		}
 		if err := writeYAML(s.Config, file); err != nil {
-			return nil, err
+			return stack, err
 		}
 	}
 	client := &clientconfig.Config{
@@ -270,42 +326,41 @@ func devUp(ctx context.Context, dir string, opts devOptions, bins map[string]str
 		Authority: *peer(identity.ServiceAuthority), Executor: *peer(identity.ServiceExecutor), Publisher: *peer(identity.ServicePublisher),
 	}
 	if err := client.Save(filepath.Join(dir, "client.yaml")); err != nil {
-		return nil, err
+		return stack, err
 	}
 
-	exited := map[string]chan error{}
-	var started []string
-	fail := func(err error) ([]devService, error) {
-		for _, name := range started {
-			stopProcess(dir, name, 5*time.Second)
+	// The git server first: the authority fetches from it.
+	if stack.git != nil {
+		if err := devGitStart(ctx, dir, stack.git, pkiDir); err != nil {
+			return stack, err
 		}
-		return nil, err
+		fmt.Fprintf(progress, "started %s (pid %d) on %s\n", devGitName, stack.git.PID, stack.git.Address)
 	}
+	exited := map[string]chan error{}
 	for _, name := range identity.ServiceNames() {
 		s := services[name]
-		pid, done, err := startService(bins[name], s)
+		pid, done, err := startProcess([]string{bins[name], "--config", s.Config}, s)
 		if err != nil {
-			return fail(err)
+			return stack, err
 		}
 		s.PID = pid
-		started = append(started, name)
 		exited[name] = done
-		if err := pki.WriteFileAtomic(pidFile(dir, name), []byte(strconv.Itoa(pid)+"\n"), 0o600); err != nil {
-			return fail(err)
+		if err := writePID(dir, name, pid); err != nil {
+			return stack, err
 		}
 		fmt.Fprintf(progress, "started %s (pid %d) on %s\n", name, pid, s.Address)
 	}
 
 	src, err := client.Source("")
 	if err != nil {
-		return fail(err)
+		return stack, err
 	}
 	for _, name := range identity.ServiceNames() {
 		s := services[name]
 		for {
 			select {
 			case err := <-exited[name]:
-				return fail(fmt.Errorf("%s exited during start-up (%v); last log lines:\n%s", name, err, tail(s.Log, 20)))
+				return stack, fmt.Errorf("%s exited during start-up (%v); last log lines:\n%s", name, err, tail(s.Log, 20))
 			default:
 			}
 			cctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -316,16 +371,15 @@ func devUp(ctx context.Context, dir string, opts devOptions, bins map[string]str
 				break
 			}
 			if ctx.Err() != nil {
-				return fail(fmt.Errorf("%s did not report SERVING in time (last: %s %v); last log lines:\n%s", name, st, err, tail(s.Log, 20)))
+				return stack, fmt.Errorf("%s did not report SERVING in time (last: %s %v); last log lines:\n%s", name, st, err, tail(s.Log, 20))
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	var out []devService
 	for _, name := range identity.ServiceNames() {
-		out = append(out, *services[name])
+		stack.services = append(stack.services, *services[name])
 	}
-	return out, nil
+	return stack, nil
 }
 
 // yamlMap turns a struct into the map its YAML form would decode to, so
@@ -340,12 +394,11 @@ func yamlMap(v any) (map[string]any, error) {
 }
 
 // devTenantPolicy is the dev tenant: client/dev may run jobs on the given
-// repositories with modest limits, in whichever runtime classes are built.
-func devTenantPolicy(repos map[string]string, bins map[string]string) map[string]any {
+// repositories (as the policy names them) with modest limits, in whichever
+// runtime classes are built.
+func devTenantPolicy(repos map[string]any, bins map[string]string) map[string]any {
 	rs := map[string]any{}
-	for name, path := range repos {
-		rs[name] = map[string]any{"url": path}
-	}
+	maps.Copy(rs, repos)
 	classes := []string{"runc"}
 	if bins["runsc"] != "" {
 		classes = append(classes, "runsc")
@@ -368,31 +421,23 @@ func devTenantPolicy(repos map[string]string, bins map[string]string) map[string
 	}
 }
 
-// devDeployCredentials makes a stand-in deploy credential (a random token,
-// 0600) for each repository, kept across dev up runs: the authority leases
-// it, sealed, to the publisher after an approval is consumed.
-func devDeployCredentials(dir string, repos map[string]string) (map[string]any, error) {
-	out := map[string]any{}
-	if len(repos) == 0 {
-		return out, nil
+// devToken returns path, a file holding a random token (0600) made with
+// the given prefix if missing and kept across dev up runs: a repository's
+// source (read) and deploy (push) credential, which the stack's git server
+// checks and the authority holds (it leases the deploy one, sealed, to the
+// publisher after an approval is consumed).
+func devToken(path, prefix string) (string, error) {
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		return path, err
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return "", err
 	}
-	for name := range repos {
-		path := filepath.Join(dir, name+".deploy")
-		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-			var b [24]byte
-			if _, err := rand.Read(b[:]); err != nil {
-				return nil, err
-			}
-			if err := pki.WriteFileAtomic(path, []byte("dev-deploy-token-"+hex.EncodeToString(b[:])+"\n"), 0o600); err != nil {
-				return nil, err
-			}
-		}
-		out[name] = path
+	var b [24]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
 	}
-	return out, nil
+	return path, pki.WriteFileAtomic(path, []byte(prefix+hex.EncodeToString(b[:])+"\n"), 0o600)
 }
 
 func writeYAML(path string, v any) error {
@@ -406,59 +451,15 @@ func writeYAML(path string, v any) error {
 	return pki.WriteFileAtomic(path, data, 0o600)
 }
 
-// freeAddresses reserves n distinct free ports on host. They are released
-// before the services bind them; a collision in that window fails start-up
-// loudly rather than silently.
-func freeAddresses(host string, n int) ([]string, error) {
-	var out []string
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-		if err != nil {
-			return nil, fmt.Errorf("--host %s: %w", host, err)
-		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().String())
-	}
-	return out, nil
-}
-
-// startService starts one service detached from this process, in its own
-// session so it outlives the CLI and a terminal's signals.
-func startService(bin string, s *devService) (int, chan error, error) {
-	if err := os.MkdirAll(filepath.Dir(s.Log), 0o700); err != nil {
-		return 0, nil, err
-	}
-	logf, err := os.OpenFile(s.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer logf.Close()
-	cmd := exec.Command(bin, "--config", s.Config)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return 0, nil, fmt.Errorf("start %s: %w", s.Name, err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	return cmd.Process.Pid, done, nil
-}
-
 func newDevDown(g *globals) *cobra.Command {
 	var dir string
 	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "down --dir DIR",
 		Short: "Stop the dev stack started in DIR",
-		Long: `Sends SIGTERM to each service of the stack in DIR, waits for a graceful
-stop, and sends SIGKILL to any that are still running after --timeout.
-Data, logs and the PKI stay in DIR.`,
+		Long: `Sends SIGTERM to each service of the stack in DIR, then to its git server,
+waits for a graceful stop, and sends SIGKILL to any that are still running
+after --timeout. Data, logs, the PKI and the served repositories stay in DIR.`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			if dir == "" {
@@ -468,16 +469,29 @@ Data, logs and the PKI stay in DIR.`,
 			if err != nil {
 				return err
 			}
-			var out []devService
-			for _, name := range identity.ServiceNames() {
+			var stack devStack
+			for _, name := range devProcessNames() {
 				s := devPaths(abs, name)
+				if name == devGitName {
+					if _, err := os.Stat(s.Config); err != nil {
+						continue // a stack without repositories has none
+					}
+				}
 				s.PID, _ = readPID(abs, name)
 				s.Status = stopProcess(abs, name, timeout)
-				out = append(out, s)
+				if name == devGitName {
+					stack.git = &s
+				} else {
+					stack.services = append(stack.services, s)
+				}
 			}
-			return g.print(map[string]any{"dir": abs, "services": out}, func(w io.Writer) {
+			out := map[string]any{"dir": abs, "services": stack.services}
+			if stack.git != nil {
+				out["git"] = stack.git
+			}
+			return g.print(out, func(w io.Writer) {
 				fmt.Fprintln(w, "SERVICE\tPID\tRESULT")
-				for _, s := range out {
+				for _, s := range stack.all() {
 					fmt.Fprintf(w, "%s\t%d\t%s\n", s.Name, s.PID, s.Status)
 				}
 			})
@@ -486,79 +500,4 @@ Data, logs and the PKI stay in DIR.`,
 	cmd.Flags().StringVar(&dir, "dir", "", "the directory given to dev up (required)")
 	cmd.Flags().DurationVar(&timeout, "timeout", 15*time.Second, "how long to wait for a graceful stop before SIGKILL")
 	return cmd
-}
-
-func readPID(dir, name string) (int, error) {
-	data, err := os.ReadFile(pidFile(dir, name))
-	if err != nil {
-		return 0, err
-	}
-	return strconv.Atoi(strings.TrimSpace(string(data)))
-}
-
-// runningPID returns the pid of the named service of the stack in dir if
-// that process is alive and really is that service: a pid file can outlive
-// its process, and the kernel reuses pids.
-func runningPID(dir, name string) (int, bool) {
-	pid, err := readPID(dir, name)
-	if err != nil || pid <= 0 {
-		return 0, false
-	}
-	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil || !bytes.Contains(cmdline, []byte("\x00"+devPaths(dir, name).Config+"\x00")) {
-		return 0, false
-	}
-	return pid, alive(pid)
-}
-
-// alive reports whether pid exists and is not a zombie.
-func alive(pid int) bool {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// The state follows the parenthesised command name, which may hold spaces.
-	i := bytes.LastIndexByte(stat, ')')
-	return i >= 0 && i+2 < len(stat) && stat[i+2] != 'Z'
-}
-
-// stopProcess stops the named service gracefully, then by force, and says
-// which it took.
-func stopProcess(dir, name string, timeout time.Duration) string {
-	defer os.Remove(pidFile(dir, name))
-	pid, ok := runningPID(dir, name)
-	if !ok {
-		return "not running"
-	}
-	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
-		return "not running"
-	}
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if !alive(pid) {
-			return "stopped"
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	syscall.Kill(pid, syscall.SIGKILL)
-	for range 100 {
-		if !alive(pid) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return "killed after " + timeout.String()
-}
-
-// tail returns the last n lines of a file, for error messages.
-func tail(path string, n int) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return "(no log: " + err.Error() + ")"
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }

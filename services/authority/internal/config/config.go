@@ -20,6 +20,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/runspec"
+	"github.com/airlockhq/airlock/pkg/tlsconfig"
 	"github.com/airlockhq/airlock/services/authority/internal/checkpoints"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 )
@@ -174,6 +175,10 @@ type RepositoryFile struct {
 	URL string `yaml:"url"`
 	// Credential is a file holding the fetch credential; optional.
 	Credential string `yaml:"credential"`
+	// CA is a PEM file of the certificate authorities an https URL's
+	// server must chain to, for a server whose certificate a private CA
+	// issued (the dev stack's git server); optional, only with https.
+	CA string `yaml:"ca"`
 }
 
 // LimitsFile holds the default and maximum limits.
@@ -448,6 +453,7 @@ func (c *Config) repository(field, tenant, name string, f RepositoryFile) (polic
 	}
 	r := policy.Repository{Tenant: tenant, Name: name}
 	var errs []error
+	https := false
 	switch u := f.URL; {
 	case u == "":
 		errs = append(errs, config.Field(field+".url", "required (an absolute path, file:// or https:// URL)"))
@@ -462,7 +468,7 @@ func (c *Config) repository(field, tenant, name string, f RepositoryFile) (polic
 		case parsed.Scheme == "file" && parsed.Host == "" && parsed.Path != "":
 			r.URL = u
 		case parsed.Scheme == "https" && parsed.Host != "":
-			r.URL = u
+			r.URL, https = u, true
 		default:
 			errs = append(errs, config.Field(field+".url", "%q: only absolute paths, file:///path and https://host/path are allowed", u))
 		}
@@ -478,6 +484,14 @@ func (c *Config) repository(field, tenant, name string, f RepositoryFile) (polic
 			errs = append(errs, config.Field(field+".credential", "%v", err))
 		} else if !st.Mode().IsRegular() {
 			errs = append(errs, config.Field(field+".credential", "%s is not a regular file", r.Credential))
+		}
+	}
+	if f.CA != "" {
+		r.CA = resolve(c.base, f.CA)
+		if !https {
+			errs = append(errs, config.Field(field+".ca", "only an https:// URL has a server certificate to check"))
+		} else if _, err := tlsconfig.LoadRoots(r.CA); err != nil {
+			errs = append(errs, config.Field(field+".ca", "%v", err))
 		}
 	}
 	return r, errors.Join(errs...)

@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"encoding/pem"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -9,12 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlockhq/airlock/pkg/pki"
 	"github.com/airlockhq/airlock/services/authority/internal/config"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 )
 
-// write puts body in dir/authority.yaml beside empty TLS files and a
-// credential file, and returns its path.
+// write puts body in dir/authority.yaml beside empty TLS files, a
+// credential file and a real CA bundle git-ca.crt, and returns its path.
 func write(t *testing.T, body string) string {
 	t.Helper()
 	dir := t.TempDir()
@@ -22,6 +24,13 @@ func write(t *testing.T, body string) string {
 		if err := os.WriteFile(filepath.Join(dir, f), []byte("x"), 0o600); err != nil {
 			t.Fatal(err)
 		}
+	}
+	ca, err := pki.NewCA("airlock.test", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "git-ca.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw}), 0o600); err != nil {
+		t.Fatal(err)
 	}
 	path := filepath.Join(dir, "authority.yaml")
 	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
@@ -46,6 +55,7 @@ tenants:
       demo:
         url: https://git.example.com/demo.git
         credential: demo.token
+        ca: git-ca.crt
       local:
         url: /srv/git/local.git
       rel:
@@ -88,7 +98,7 @@ func TestLoadGood(t *testing.T) {
 		t.Errorf("clients = %v", dev.Clients)
 	}
 	wantRepos := map[string]policy.Repository{
-		"demo":   {Tenant: "dev", Name: "demo", URL: "https://git.example.com/demo.git", Credential: filepath.Join(dir, "demo.token")},
+		"demo":   {Tenant: "dev", Name: "demo", URL: "https://git.example.com/demo.git", Credential: filepath.Join(dir, "demo.token"), CA: filepath.Join(dir, "git-ca.crt")},
 		"local":  {Tenant: "dev", Name: "local", URL: "/srv/git/local.git"},
 		"rel":    {Tenant: "dev", Name: "rel", URL: filepath.Join(dir, "repos/rel")},
 		"mirror": {Tenant: "dev", Name: "mirror", URL: "file:///srv/git/mirror.git"},
@@ -193,6 +203,9 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 		{"url with password", tenant("    repositories: {demo: {url: 'https://me:hunter2@git.example.com/x.git'}}\n"),
 			[]string{"tenants.dev.repositories.demo.url: must not carry a user or password"}},
 		{"missing credential file", tenant("    repositories: {demo: {url: /x, credential: nope.token}}\n"), []string{"tenants.dev.repositories.demo.credential:", "nope.token"}},
+		{"ca for a local path", tenant("    repositories: {demo: {url: /x, ca: git-ca.crt}}\n"), []string{"tenants.dev.repositories.demo.ca: only an https:// URL"}},
+		{"ca not a bundle", tenant("    repositories: {demo: {url: 'https://git.example.com/x.git', ca: demo.token}}\n"), []string{"tenants.dev.repositories.demo.ca:", "no certificates"}},
+		{"missing ca file", tenant("    repositories: {demo: {url: 'https://git.example.com/x.git', ca: gone.crt}}\n"), []string{"tenants.dev.repositories.demo.ca:", "gone.crt"}},
 		{"bad repo name", tenant("    repositories: {Demo: {url: /x}}\n"), []string{"tenants.dev.repositories.Demo: repository name"}},
 		{"bad tenant name", common + "tenants:\n  Dev:\n    clients: [client/dev]\n", []string{"tenants.Dev: tenant name"}},
 		{"unknown runtime class", tenant("    runtime_classes: [runc, kata]\n"), []string{`tenants.dev.runtime_classes[1]: "kata"`}},

@@ -48,6 +48,9 @@ type Repository struct {
 	// Credential is the path of a file holding the fetch credential, or "".
 	// Only the source package reads it, and only to hand it to git.
 	Credential string
+	// CA is the path of a PEM bundle of the certificate authorities git
+	// trusts for an https URL (its http.sslCAInfo), or "" for git's default.
+	CA string
 }
 
 // IsLocal reports whether the repository is a local path used in place

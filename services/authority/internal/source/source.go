@@ -5,9 +5,11 @@
 // prompts, an empty HOME, only the file and https protocols). Local paths
 // are read in place; URLs are fetched into a bare mirror in the data
 // directory, with the repository's credential handed to git through the
-// environment, never on a command line, and never in an error, a log line
-// or anything the executor receives. Only the authority's jobs domain uses
-// it, through its own interface.
+// environment (http.extraHeader in GIT_CONFIG_*), never on a command line,
+// in a URL or in a config file, and never in an error, a log line or
+// anything the executor receives; an https server's certificate is checked
+// against the repository's CA bundle when it names one. Only the
+// authority's jobs domain uses it, through its own interface.
 package source
 
 import (
@@ -114,6 +116,11 @@ func (s *Source) Resolve(ctx context.Context, repo policy.Repository, rev string
 		return Revision{}, err
 	}
 	defer unlock()
+	if rev == "HEAD" && !repo.IsLocal() {
+		if err := s.followHead(ctx, repo, gitDir); err != nil {
+			return Revision{}, err
+		}
+	}
 	commit, err := s.revParse(ctx, repo, gitDir, rev+"^{commit}")
 	if err != nil {
 		return Revision{}, err
@@ -304,19 +311,29 @@ func (s *Source) open(ctx context.Context, repo policy.Repository, fetch bool) (
 	return dir, lock.Unlock, nil
 }
 
+// remoteConfig is the config a command that talks to repo's URL gets on
+// top of the sealed one: the credential, as an HTTP header, through the
+// environment only.
+func remoteConfig(repo policy.Repository) ([][2]string, error) {
+	if repo.Credential == "" {
+		return nil, nil
+	}
+	header, err := authHeader(repo.Credential)
+	if err != nil {
+		// The path is configuration, not a secret; the content never
+		// appears in err.
+		return nil, fmt.Errorf("%w: repository %q: credential: %v", errdefs.ErrFailedPrecondition, repo.Name, err)
+	}
+	return [][2]string{{"http.extraHeader", header}}, nil
+}
+
 func (s *Source) fetch(ctx context.Context, repo policy.Repository, dir string) error {
-	var cfg [][2]string
-	if repo.Credential != "" {
-		header, err := authHeader(repo.Credential)
-		if err != nil {
-			// The path is configuration, not a secret; the content never
-			// appears in err.
-			return fmt.Errorf("%w: repository %q: credential: %v", errdefs.ErrFailedPrecondition, repo.Name, err)
-		}
-		cfg = append(cfg, [2]string{"http.extraHeader", header})
+	cfg, err := remoteConfig(repo)
+	if err != nil {
+		return err
 	}
 	start := time.Now()
-	_, err := s.git(ctx, repo, dir, cfg, nil, "fetch", "--quiet", "--prune", "--force", "--no-tags", "--no-write-fetch-head",
+	_, err = s.git(ctx, repo, dir, cfg, nil, "fetch", "--quiet", "--prune", "--force", "--no-tags", "--no-write-fetch-head",
 		"--end-of-options", repo.URL, "+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*")
 	if err != nil {
 		if ctx.Err() != nil {
@@ -325,6 +342,38 @@ func (s *Source) fetch(ctx context.Context, repo policy.Repository, dir string) 
 		return fmt.Errorf("%w: repository %q could not be fetched", errdefs.ErrUnavailable, repo.Name)
 	}
 	s.logger.Debug("fetched repository", "tenant", repo.Tenant, "repository", repo.Name, "duration", time.Since(start))
+	return nil
+}
+
+// followHead points the mirror's HEAD at the branch the remote's HEAD
+// names, so that "HEAD" means in a mirror what it means in a local
+// repository: the default branch, as it is now. A remote whose HEAD names
+// no branch leaves the mirror's HEAD as it was.
+func (s *Source) followHead(ctx context.Context, repo policy.Repository, dir string) error {
+	cfg, err := remoteConfig(repo)
+	if err != nil {
+		return err
+	}
+	out, err := s.git(ctx, repo, dir, cfg, nil, "ls-remote", "--symref", "--end-of-options", repo.URL, "HEAD")
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("%w: repository %q could not be reached", errdefs.ErrUnavailable, repo.Name)
+	}
+	for line := range strings.Lines(string(out)) {
+		target, ok := strings.CutPrefix(strings.TrimRight(line, "\n"), "ref: ")
+		if !ok {
+			continue
+		}
+		ref, name, ok := strings.Cut(target, "\t")
+		branch, isBranch := strings.CutPrefix(ref, "refs/heads/")
+		if !ok || name != "HEAD" || !isBranch || CheckRevision(branch) != nil {
+			continue
+		}
+		_, err := s.git(ctx, repo, dir, nil, nil, "symbolic-ref", "HEAD", ref)
+		return err
+	}
 	return nil
 }
 
@@ -435,9 +484,12 @@ func (s *Source) git(ctx context.Context, repo policy.Repository, gitDir string,
 // only file and https transports, no automatic gc (it would drop kept
 // commits' neighbours and stall requests), no credential helpers, no
 // redirects that could carry the credential to another host, no
-// fsmonitor command from a repository's own config.
+// fsmonitor command from a repository's own config, and the server's
+// certificate always checked, against the repository's CA when it names
+// one.
 func sealedConfig(repo policy.Repository, gitDir string) [][2]string {
 	cfg := [][2]string{
+		{"http.sslVerify", "true"},
 		{"protocol.allow", "never"},
 		{"protocol.file.allow", "always"},
 		{"protocol.https.allow", "always"},
@@ -451,6 +503,9 @@ func sealedConfig(repo policy.Repository, gitDir string) [][2]string {
 	}
 	if repo.IsLocal() && gitDir != "" {
 		cfg = append(cfg, [2]string{"safe.directory", gitDir}, [2]string{"safe.directory", repo.URL})
+	}
+	if repo.CA != "" {
+		cfg = append(cfg, [2]string{"http.sslCAInfo", repo.CA})
 	}
 	return cfg
 }

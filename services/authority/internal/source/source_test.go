@@ -119,11 +119,8 @@ func TestResolve(t *testing.T) {
 			{"refs/heads/feature", feature},
 			{main[:7], main},
 			{main, main},
-			{"HEAD", main}, // a local repository's checked-out branch; a mirror has none
+			{"HEAD", main}, // the checked-out branch; a mirror follows the remote's HEAD
 		} {
-			if tc.rev == "HEAD" && kind == "mirror" {
-				continue
-			}
 			t.Run(kind+"/"+tc.rev, func(t *testing.T) {
 				got, err := s.Resolve(t.Context(), repo, tc.rev)
 				if err != nil {
