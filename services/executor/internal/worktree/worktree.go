@@ -22,8 +22,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/pkg/atomicfile"
-	"github.com/airlockhq/airlock/pkg/gitcmd"
 	"github.com/airlockhq/airlock/pkg/bundle"
+	"github.com/airlockhq/airlock/pkg/gitcmd"
 )
 
 // ErrTreeMismatch means a staged tree is not the commit's tree.

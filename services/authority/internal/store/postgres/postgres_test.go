@@ -13,8 +13,8 @@ import (
 	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 	"github.com/airlockhq/airlock/services/authority/internal/store/postgres"
-	"github.com/airlockhq/airlock/test/pgtest"
 	"github.com/airlockhq/airlock/services/authority/internal/store/storetest"
+	"github.com/airlockhq/airlock/test/pgtest"
 )
 
 // opener opens stores on dsn, each closed when the test that opened it ends.
