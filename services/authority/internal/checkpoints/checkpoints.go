@@ -240,6 +240,20 @@ func (s *Service) Tick(ctx context.Context, final bool) error {
 		s.lastTime = s.cfg.Now() // nothing new waits
 		return nil
 	}
+	var due []int64
+	first := (last/s.cfg.Every + 1) * s.cfg.Every
+	if backlog := (head - first) / s.cfg.Every; backlog >= maxBacklog {
+		first += (backlog - maxBacklog + 1) * s.cfg.Every
+	}
+	for seq := first; seq <= head; seq += s.cfg.Every {
+		due = append(due, seq)
+	}
+	if (len(due) == 0 || due[len(due)-1] < head) && (final || !s.cfg.Now().Before(s.lastTime.Add(s.cfg.Interval))) {
+		due = append(due, head)
+	}
+	if len(due) == 0 {
+		return nil // the log is read again only when a checkpoint is due
+	}
 	// Before signing on top of the log, it must still be the log that was
 	// signed, and every entry since must chain to it.
 	if why, err := s.unbrokenSince(ctx, head); err != nil {
@@ -248,18 +262,10 @@ func (s *Service) Tick(ctx context.Context, final bool) error {
 		s.halt(why)
 		return nil
 	}
-	first := (last/s.cfg.Every + 1) * s.cfg.Every
-	if backlog := (head - first) / s.cfg.Every; backlog >= maxBacklog {
-		first += (backlog - maxBacklog + 1) * s.cfg.Every
-	}
-	for seq := first; seq <= head; seq += s.cfg.Every {
+	for _, seq := range due {
 		if err := s.sign(ctx, seq); err != nil {
 			return err
 		}
-		last = seq
-	}
-	if last < head && (final || !s.cfg.Now().Before(s.lastTime.Add(s.cfg.Interval))) {
-		return s.sign(ctx, head)
 	}
 	return nil
 }

@@ -249,7 +249,7 @@ func (e *Executor) StartJob(_ context.Context, req *executorv1.StartJobRequest) 
 		return nil, status.Error(codes.FailedPrecondition, "runtime class runsc is not installed on this executor")
 	}
 	if n := e.unendedLocked(); e.runs[g.GetJobId()] == nil && e.capacity > 0 && n >= e.capacity {
-		return nil, status.Errorf(codes.ResourceExhausted, "capacity: jobs: %d of %d running (fake)", n, e.capacity)
+		return nil, status.Errorf(codes.ResourceExhausted, "capacity: jobs: %d of %d in use (fake)", n, e.capacity)
 	}
 	e.grants[g.GetJobId()] = append(e.grants[g.GetJobId()], g)
 	if r := e.runs[g.GetJobId()]; r != nil {

@@ -158,6 +158,15 @@ func (s *Store) Close() error { return s.db.Close() }
 const columns = `id, idempotency_key, request_digest, requester, job_id, approval_id, tenant, bundle_digest, target_repo, target_branch,
 	state, step, message, findings, policy_digest, base_commit, parent_commit, commit_sha, lease_id, steps, created_at, updated_at, version`
 
+// setColumns is columns as "c = ?, …", for an UPDATE of every column.
+var setColumns = func() string {
+	var set []string
+	for _, c := range strings.Split(columns, ",") {
+		set = append(set, strings.TrimSpace(c)+" = ?")
+	}
+	return strings.Join(set, ", ")
+}()
+
 type scanner interface{ Scan(...any) error }
 
 func scan(row scanner) (Deployment, error) {
@@ -292,15 +301,7 @@ func (s *Store) Update(ctx context.Context, id string, fn func(*Deployment) erro
 		if err != nil {
 			return err
 		}
-		set := strings.Split(strings.ReplaceAll(strings.ReplaceAll(columns, "\n", ""), "\t", ""), ",")
-		var b strings.Builder
-		for i, c := range set {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			fmt.Fprintf(&b, "%s = ?", strings.TrimSpace(c))
-		}
-		res, err := tx.ExecContext(ctx, s.db.Q(`UPDATE deployments SET `+b.String()+` WHERE id = ? AND version = ?`), append(args, id, d.Version-1)...)
+		res, err := tx.ExecContext(ctx, s.db.Q(`UPDATE deployments SET `+setColumns+` WHERE id = ? AND version = ?`), append(args, id, d.Version-1)...)
 		if err != nil {
 			return err
 		}
