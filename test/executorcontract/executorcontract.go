@@ -102,6 +102,13 @@ func Run(t *testing.T, e Env) {
 			_, err := e.Server.CancelRun(ctx, &executorv1.CancelRunRequest{JobId: "contract-unknown"})
 			return err
 		}, codes.NotFound},
+		{"StartJob after a cancel that found no run", func() error {
+			// A cancel can reach the executor before the StartJob already
+			// on its way: the job must not start after it.
+			_, _ = e.Server.CancelRun(ctx, &executorv1.CancelRunRequest{JobId: "contract-cancelled-first"})
+			_, err := e.Server.StartJob(ctx, &executorv1.StartJobRequest{Grant: sign(Grant("contract-cancelled-first", time.Hour))})
+			return err
+		}, codes.FailedPrecondition},
 		{"UpdateRun grant of another key", func() error {
 			_, err := e.Server.UpdateRun(ctx, &executorv1.UpdateRunRequest{Grant: foreign})
 			return err

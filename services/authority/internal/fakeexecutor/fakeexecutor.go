@@ -8,6 +8,7 @@ package fakeexecutor
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -244,6 +245,10 @@ func (e *Executor) StartJob(_ context.Context, req *executorv1.StartJobRequest) 
 	e.attempts[g.GetJobId()]++
 	if e.startErr != nil {
 		return nil, e.startErr
+	}
+	if e.runs[g.GetJobId()] == nil && slices.Contains(e.cancels, g.GetJobId()) {
+		// As the real executor answers a job cancelled before its run.
+		return nil, status.Errorf(codes.FailedPrecondition, "job %s was cancelled before it started", g.GetJobId())
 	}
 	if g.GetRuntimeClass() == typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC {
 		return nil, status.Error(codes.FailedPrecondition, "runtime class runsc is not installed on this executor")

@@ -164,7 +164,11 @@ type Manager struct {
 	cfg    Config
 	mu     sync.Mutex
 	runs   map[string]*entry
-	ctx    context.Context
+	// unstarted holds, for a while, the jobs cancelled before they had a
+	// run here, so a StartJob already on its way when the cancel arrived
+	// is refused rather than starting work nobody wants.
+	unstarted map[string]time.Time
+	ctx       context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
@@ -215,7 +219,7 @@ func New(cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &Manager{cfg: cfg, runs: map[string]*entry{}, ctx: ctx, cancel: cancel}
+	m := &Manager{cfg: cfg, runs: map[string]*entry{}, unstarted: map[string]time.Time{}, ctx: ctx, cancel: cancel}
 	dirs, err := os.ReadDir(cfg.Dir)
 	if err != nil {
 		return nil, err
@@ -309,6 +313,9 @@ func (m *Manager) Start(sg *typesv1.SignedGrant) (Run, bool, error) {
 	defer m.mu.Unlock()
 	if e, ok := m.runs[g.GetJobId()]; ok {
 		return e.run, false, nil
+	}
+	if _, ok := m.unstarted[g.GetJobId()]; ok {
+		return Run{}, false, fmt.Errorf("%w: job %s was cancelled before it started", errdefs.ErrFailedPrecondition, g.GetJobId())
 	}
 	class := sandbox.Class(classOf(g.GetRuntimeClass()))
 	if st, ok := m.cfg.Sandbox.Available(class); !ok {
@@ -773,12 +780,39 @@ func (m *Manager) Cancel(jobID string) (Run, error) {
 	defer m.mu.Unlock()
 	e, ok := m.runs[jobID]
 	if !ok {
+		m.forgetUnstarted()
+		m.unstarted[jobID] = m.cfg.Now()
 		return Run{}, fmt.Errorf("%w: run %q", errdefs.ErrNotFound, jobID)
 	}
 	if !e.run.State.Terminal() && e.cancel != nil {
 		e.cancel()
 	}
 	return e.run, nil
+}
+
+// unstartedKeep is how long a cancel of a job with no run here refuses its
+// StartJob, and unstartedMax how many such jobs are remembered: the race
+// it closes lasts one StartJob attempt, so both are generous.
+const (
+	unstartedKeep = time.Hour
+	unstartedMax  = 1 << 16
+)
+
+// forgetUnstarted drops the cancels older than unstartedKeep and, past
+// unstartedMax, the oldest. Called with m.mu held.
+func (m *Manager) forgetUnstarted() {
+	now := m.cfg.Now()
+	var oldest string
+	for id, at := range m.unstarted {
+		if now.Sub(at) > unstartedKeep {
+			delete(m.unstarted, id)
+		} else if oldest == "" || at.Before(m.unstarted[oldest]) {
+			oldest = id
+		}
+	}
+	if len(m.unstarted) >= unstartedMax {
+		delete(m.unstarted, oldest)
+	}
 }
 
 // Artifact is a finished run's bundle.
