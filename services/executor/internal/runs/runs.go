@@ -161,16 +161,16 @@ type Config struct {
 
 // Manager runs jobs.
 type Manager struct {
-	cfg    Config
-	mu     sync.Mutex
-	runs   map[string]*entry
+	cfg  Config
+	mu   sync.Mutex
+	runs map[string]*entry
 	// unstarted holds, for a while, the jobs cancelled before they had a
 	// run here, so a StartJob already on its way when the cancel arrived
 	// is refused rather than starting work nobody wants.
 	unstarted map[string]time.Time
 	ctx       context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
 }
 
 // entry is a run in memory: its record, its output, and how to stop it.
