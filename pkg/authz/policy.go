@@ -31,10 +31,11 @@ var AuthorityTable = Merge(Infrastructure, Table{
 	authorityv1.AuthorityService_ReadReview_FullMethodName:      {Approvers, Clients},
 	authorityv1.AuthorityService_DecideApproval_FullMethodName:  {Approvers},
 	authorityv1.AuthorityService_ConsumeApproval_FullMethodName: {Publisher},
+	authorityv1.AuthorityService_GetPublishSpec_FullMethodName:  {Publisher},
 
 	authorityv1.AuthorityService_LeaseCredential_FullMethodName:  {Publisher},
 	authorityv1.AuthorityService_RevokeCredential_FullMethodName: {Publisher, Approvers},
-	authorityv1.AuthorityService_ListLeases_FullMethodName:       {Approvers},
+	authorityv1.AuthorityService_ListLeases_FullMethodName:       {Approvers, Publisher},
 
 	// The lease's holder announces each use; the handler checks it is the
 	// holder.

@@ -400,6 +400,9 @@ const (
 	LeasePurpose_LEASE_PURPOSE_UNSPECIFIED LeasePurpose = 0
 	// Push one reviewed commit to a publish target.
 	LeasePurpose_LEASE_PURPOSE_DEPLOY LeasePurpose = 1
+	// Fetch the publish target's branch (the repository's source
+	// credential), to prepare the commit before the approval is spent.
+	LeasePurpose_LEASE_PURPOSE_READ LeasePurpose = 2
 )
 
 // Enum value maps for LeasePurpose.
@@ -407,10 +410,12 @@ var (
 	LeasePurpose_name = map[int32]string{
 		0: "LEASE_PURPOSE_UNSPECIFIED",
 		1: "LEASE_PURPOSE_DEPLOY",
+		2: "LEASE_PURPOSE_READ",
 	}
 	LeasePurpose_value = map[string]int32{
 		"LEASE_PURPOSE_UNSPECIFIED": 0,
 		"LEASE_PURPOSE_DEPLOY":      1,
+		"LEASE_PURPOSE_READ":        2,
 	}
 )
 
@@ -4487,6 +4492,256 @@ func (x *ListAuditCheckpointsResponse) GetHalted() string {
 	return ""
 }
 
+// GetPublishSpecRequest names the approval to publish.
+type GetPublishSpecRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required: a publish approval.
+	ApprovalId    string `protobuf:"bytes,1,opt,name=approval_id,json=approvalId,proto3" json:"approval_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetPublishSpecRequest) Reset() {
+	*x = GetPublishSpecRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetPublishSpecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetPublishSpecRequest) ProtoMessage() {}
+
+func (x *GetPublishSpecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetPublishSpecRequest.ProtoReflect.Descriptor instead.
+func (*GetPublishSpecRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *GetPublishSpecRequest) GetApprovalId() string {
+	if x != nil {
+		return x.ApprovalId
+	}
+	return ""
+}
+
+// PublishPolicy is a tenant's policy for what its results may write.
+type PublishPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Globs protected beyond the built-in ones (.github/workflows/**,
+	// CODEOWNERS, .gitleaks*).
+	Protected []string `protobuf:"bytes,1,rep,name=protected,proto3" json:"protected,omitempty"`
+	// Globs of protected paths the tenant's results may change.
+	AllowProtected []string `protobuf:"bytes,2,rep,name=allow_protected,json=allowProtected,proto3" json:"allow_protected,omitempty"`
+	// A file above this size is refused; 0 is the built-in 10 MiB.
+	MaxFileBytes int64 `protobuf:"varint,3,opt,name=max_file_bytes,json=maxFileBytes,proto3" json:"max_file_bytes,omitempty"`
+	// Whether binary files may land.
+	AllowBinary bool `protobuf:"varint,4,opt,name=allow_binary,json=allowBinary,proto3" json:"allow_binary,omitempty"`
+	// What happens when the branch moved past the job's base: "reapply"
+	// (re-apply on the new tip when the patch applies cleanly) or "refuse".
+	OnMoved       string `protobuf:"bytes,5,opt,name=on_moved,json=onMoved,proto3" json:"on_moved,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PublishPolicy) Reset() {
+	*x = PublishPolicy{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PublishPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PublishPolicy) ProtoMessage() {}
+
+func (x *PublishPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PublishPolicy.ProtoReflect.Descriptor instead.
+func (*PublishPolicy) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *PublishPolicy) GetProtected() []string {
+	if x != nil {
+		return x.Protected
+	}
+	return nil
+}
+
+func (x *PublishPolicy) GetAllowProtected() []string {
+	if x != nil {
+		return x.AllowProtected
+	}
+	return nil
+}
+
+func (x *PublishPolicy) GetMaxFileBytes() int64 {
+	if x != nil {
+		return x.MaxFileBytes
+	}
+	return 0
+}
+
+func (x *PublishPolicy) GetAllowBinary() bool {
+	if x != nil {
+		return x.AllowBinary
+	}
+	return false
+}
+
+func (x *PublishPolicy) GetOnMoved() string {
+	if x != nil {
+		return x.OnMoved
+	}
+	return ""
+}
+
+// GetPublishSpecResponse is what one approval publishes, and how.
+type GetPublishSpecResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The approval, in its current state.
+	Approval *Approval `protobuf:"bytes,1,opt,name=approval,proto3" json:"approval,omitempty"`
+	// The target repository's fetch and push URL (https:// or a local path).
+	RepositoryUrl string `protobuf:"bytes,2,opt,name=repository_url,json=repositoryUrl,proto3" json:"repository_url,omitempty"`
+	// PEM certificate authorities the repository's https server chains to,
+	// when the tenant names a private CA.
+	RepositoryCa []byte `protobuf:"bytes,3,opt,name=repository_ca,json=repositoryCa,proto3" json:"repository_ca,omitempty"`
+	// Whether the repository has a source credential: the publisher leases
+	// it (LEASE_PURPOSE_READ) to fetch the branch.
+	ReadCredential bool `protobuf:"varint,4,opt,name=read_credential,json=readCredential,proto3" json:"read_credential,omitempty"`
+	// The commit the job ran on.
+	BaseCommit string `protobuf:"bytes,5,opt,name=base_commit,json=baseCommit,proto3" json:"base_commit,omitempty"`
+	// SPIFFE IDs of the approving votes, in the order cast.
+	Approvers []string `protobuf:"bytes,6,rep,name=approvers,proto3" json:"approvers,omitempty"`
+	// When the approval reached APPROVED (its deciding vote).
+	ApprovedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=approved_at,json=approvedAt,proto3" json:"approved_at,omitempty"`
+	// The tenant's content policy in force.
+	Policy *PublishPolicy `protobuf:"bytes,8,opt,name=policy,proto3" json:"policy,omitempty"`
+	// sha256 of the policy's canonical form: recorded on the deployment.
+	PolicyDigest  string `protobuf:"bytes,9,opt,name=policy_digest,json=policyDigest,proto3" json:"policy_digest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetPublishSpecResponse) Reset() {
+	*x = GetPublishSpecResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetPublishSpecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetPublishSpecResponse) ProtoMessage() {}
+
+func (x *GetPublishSpecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetPublishSpecResponse.ProtoReflect.Descriptor instead.
+func (*GetPublishSpecResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *GetPublishSpecResponse) GetApproval() *Approval {
+	if x != nil {
+		return x.Approval
+	}
+	return nil
+}
+
+func (x *GetPublishSpecResponse) GetRepositoryUrl() string {
+	if x != nil {
+		return x.RepositoryUrl
+	}
+	return ""
+}
+
+func (x *GetPublishSpecResponse) GetRepositoryCa() []byte {
+	if x != nil {
+		return x.RepositoryCa
+	}
+	return nil
+}
+
+func (x *GetPublishSpecResponse) GetReadCredential() bool {
+	if x != nil {
+		return x.ReadCredential
+	}
+	return false
+}
+
+func (x *GetPublishSpecResponse) GetBaseCommit() string {
+	if x != nil {
+		return x.BaseCommit
+	}
+	return ""
+}
+
+func (x *GetPublishSpecResponse) GetApprovers() []string {
+	if x != nil {
+		return x.Approvers
+	}
+	return nil
+}
+
+func (x *GetPublishSpecResponse) GetApprovedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ApprovedAt
+	}
+	return nil
+}
+
+func (x *GetPublishSpecResponse) GetPolicy() *PublishPolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+func (x *GetPublishSpecResponse) GetPolicyDigest() string {
+	if x != nil {
+		return x.PolicyDigest
+	}
+	return ""
+}
+
 var File_airlock_authority_v1_authority_proto protoreflect.FileDescriptor
 
 const file_airlock_authority_v1_authority_proto_rawDesc = "" +
@@ -4792,7 +5047,28 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\n" +
 	"public_key\x18\x03 \x01(\fR\tpublicKey\x12\x15\n" +
 	"\x06key_id\x18\x04 \x01(\tR\x05keyId\x12\x16\n" +
-	"\x06halted\x18\x05 \x01(\tR\x06halted*\xb0\x01\n" +
+	"\x06halted\x18\x05 \x01(\tR\x06halted\"8\n" +
+	"\x15GetPublishSpecRequest\x12\x1f\n" +
+	"\vapproval_id\x18\x01 \x01(\tR\n" +
+	"approvalId\"\xba\x01\n" +
+	"\rPublishPolicy\x12\x1c\n" +
+	"\tprotected\x18\x01 \x03(\tR\tprotected\x12'\n" +
+	"\x0fallow_protected\x18\x02 \x03(\tR\x0eallowProtected\x12$\n" +
+	"\x0emax_file_bytes\x18\x03 \x01(\x03R\fmaxFileBytes\x12!\n" +
+	"\fallow_binary\x18\x04 \x01(\bR\vallowBinary\x12\x19\n" +
+	"\bon_moved\x18\x05 \x01(\tR\aonMoved\"\xa7\x03\n" +
+	"\x16GetPublishSpecResponse\x12:\n" +
+	"\bapproval\x18\x01 \x01(\v2\x1e.airlock.authority.v1.ApprovalR\bapproval\x12%\n" +
+	"\x0erepository_url\x18\x02 \x01(\tR\rrepositoryUrl\x12#\n" +
+	"\rrepository_ca\x18\x03 \x01(\fR\frepositoryCa\x12'\n" +
+	"\x0fread_credential\x18\x04 \x01(\bR\x0ereadCredential\x12\x1f\n" +
+	"\vbase_commit\x18\x05 \x01(\tR\n" +
+	"baseCommit\x12\x1c\n" +
+	"\tapprovers\x18\x06 \x03(\tR\tapprovers\x12;\n" +
+	"\vapproved_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"approvedAt\x12;\n" +
+	"\x06policy\x18\b \x01(\v2#.airlock.authority.v1.PublishPolicyR\x06policy\x12#\n" +
+	"\rpolicy_digest\x18\t \x01(\tR\fpolicyDigest*\xb0\x01\n" +
 	"\bJobState\x12\x19\n" +
 	"\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n" +
@@ -4829,15 +5105,16 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x11REVIEW_PART_FILES\x10\x01\x12\x15\n" +
 	"\x11REVIEW_PART_PATCH\x10\x02\x12\x16\n" +
 	"\x12REVIEW_PART_STDOUT\x10\x03\x12\x16\n" +
-	"\x12REVIEW_PART_STDERR\x10\x04*G\n" +
+	"\x12REVIEW_PART_STDERR\x10\x04*_\n" +
 	"\fLeasePurpose\x12\x1d\n" +
 	"\x19LEASE_PURPOSE_UNSPECIFIED\x10\x00\x12\x18\n" +
-	"\x14LEASE_PURPOSE_DEPLOY\x10\x01*|\n" +
+	"\x14LEASE_PURPOSE_DEPLOY\x10\x01\x12\x16\n" +
+	"\x12LEASE_PURPOSE_READ\x10\x02*|\n" +
 	"\fAuditOutcome\x12\x1d\n" +
 	"\x19AUDIT_OUTCOME_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15AUDIT_OUTCOME_ALLOWED\x10\x01\x12\x18\n" +
 	"\x14AUDIT_OUTCOME_DENIED\x10\x02\x12\x18\n" +
-	"\x14AUDIT_OUTCOME_FAILED\x10\x032\xb0\x10\n" +
+	"\x14AUDIT_OUTCOME_FAILED\x10\x032\x9d\x11\n" +
 	"\x10AuthorityService\x12\\\n" +
 	"\tSubmitJob\x12&.airlock.authority.v1.SubmitJobRequest\x1a'.airlock.authority.v1.SubmitJobResponse\x12S\n" +
 	"\x06GetJob\x12#.airlock.authority.v1.GetJobRequest\x1a$.airlock.authority.v1.GetJobResponse\x12Y\n" +
@@ -4851,7 +5128,8 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\n" +
 	"ReadReview\x12'.airlock.authority.v1.ReadReviewRequest\x1a(.airlock.authority.v1.ReadReviewResponse0\x01\x12k\n" +
 	"\x0eDecideApproval\x12+.airlock.authority.v1.DecideApprovalRequest\x1a,.airlock.authority.v1.DecideApprovalResponse\x12n\n" +
-	"\x0fConsumeApproval\x12,.airlock.authority.v1.ConsumeApprovalRequest\x1a-.airlock.authority.v1.ConsumeApprovalResponse\x12n\n" +
+	"\x0fConsumeApproval\x12,.airlock.authority.v1.ConsumeApprovalRequest\x1a-.airlock.authority.v1.ConsumeApprovalResponse\x12k\n" +
+	"\x0eGetPublishSpec\x12+.airlock.authority.v1.GetPublishSpecRequest\x1a,.airlock.authority.v1.GetPublishSpecResponse\x12n\n" +
 	"\x0fLeaseCredential\x12,.airlock.authority.v1.LeaseCredentialRequest\x1a-.airlock.authority.v1.LeaseCredentialResponse\x12q\n" +
 	"\x10RevokeCredential\x12-.airlock.authority.v1.RevokeCredentialRequest\x1a..airlock.authority.v1.RevokeCredentialResponse\x12_\n" +
 	"\n" +
@@ -4875,7 +5153,7 @@ func file_airlock_authority_v1_authority_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_authority_v1_authority_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
+var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(JobState)(0),                        // 0: airlock.authority.v1.JobState
 	(FileStatus)(0),                      // 1: airlock.authority.v1.FileStatus
@@ -4940,141 +5218,149 @@ var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(*AuditCheckpoint)(nil),              // 60: airlock.authority.v1.AuditCheckpoint
 	(*ListAuditCheckpointsRequest)(nil),  // 61: airlock.authority.v1.ListAuditCheckpointsRequest
 	(*ListAuditCheckpointsResponse)(nil), // 62: airlock.authority.v1.ListAuditCheckpointsResponse
-	nil,                                  // 63: airlock.authority.v1.JobSpec.EnvEntry
-	(*v1.ResourceLimits)(nil),            // 64: airlock.types.v1.ResourceLimits
-	(*v1.NetworkPolicy)(nil),             // 65: airlock.types.v1.NetworkPolicy
-	(v1.RuntimeClass)(0),                 // 66: airlock.types.v1.RuntimeClass
-	(*v1.PublishTarget)(nil),             // 67: airlock.types.v1.PublishTarget
-	(*timestamppb.Timestamp)(nil),        // 68: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),                 // 69: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil),       // 70: airlock.types.v1.NetworkPolicyStatus
-	(*v1.OutputChunk)(nil),               // 71: airlock.types.v1.OutputChunk
-	(*durationpb.Duration)(nil),          // 72: google.protobuf.Duration
+	(*GetPublishSpecRequest)(nil),        // 63: airlock.authority.v1.GetPublishSpecRequest
+	(*PublishPolicy)(nil),                // 64: airlock.authority.v1.PublishPolicy
+	(*GetPublishSpecResponse)(nil),       // 65: airlock.authority.v1.GetPublishSpecResponse
+	nil,                                  // 66: airlock.authority.v1.JobSpec.EnvEntry
+	(*v1.ResourceLimits)(nil),            // 67: airlock.types.v1.ResourceLimits
+	(*v1.NetworkPolicy)(nil),             // 68: airlock.types.v1.NetworkPolicy
+	(v1.RuntimeClass)(0),                 // 69: airlock.types.v1.RuntimeClass
+	(*v1.PublishTarget)(nil),             // 70: airlock.types.v1.PublishTarget
+	(*timestamppb.Timestamp)(nil),        // 71: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),                 // 72: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil),       // 73: airlock.types.v1.NetworkPolicyStatus
+	(*v1.OutputChunk)(nil),               // 74: airlock.types.v1.OutputChunk
+	(*durationpb.Duration)(nil),          // 75: google.protobuf.Duration
 }
 var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
-	63, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
-	64, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
-	65, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	66, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	67, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
-	8,  // 5: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
-	0,  // 6: airlock.authority.v1.Job.state:type_name -> airlock.authority.v1.JobState
-	68, // 7: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	68, // 8: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	69, // 9: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
-	70, // 10: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	64, // 11: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
-	8,  // 12: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
-	9,  // 13: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
-	9,  // 14: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
-	0,  // 15: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
-	9,  // 16: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
-	9,  // 17: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
-	71, // 18: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
-	9,  // 19: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
-	21, // 20: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
-	69, // 21: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
-	26, // 22: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
-	1,  // 23: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
-	24, // 24: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
-	25, // 25: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
-	25, // 26: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
-	9,  // 27: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
-	64, // 28: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
-	64, // 29: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
-	65, // 30: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	65, // 31: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	3,  // 32: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
-	68, // 33: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
-	67, // 34: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
-	2,  // 35: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
-	29, // 36: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
-	68, // 37: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
-	68, // 38: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
-	4,  // 39: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
-	28, // 40: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
-	69, // 41: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
-	65, // 42: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	26, // 43: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
-	5,  // 44: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
-	5,  // 45: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
-	24, // 46: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
-	33, // 47: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
-	34, // 48: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
-	2,  // 49: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
-	30, // 50: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
-	30, // 51: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	31, // 52: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
-	3,  // 53: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
-	30, // 54: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	67, // 55: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
-	30, // 56: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	6,  // 57: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	68, // 58: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
-	68, // 59: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	68, // 60: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
-	6,  // 61: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	72, // 62: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
-	44, // 63: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	44, // 64: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	44, // 65: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
-	65, // 66: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
-	70, // 67: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	64, // 68: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
-	9,  // 69: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
-	44, // 70: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
-	68, // 71: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
-	7,  // 72: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
-	68, // 73: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
-	68, // 74: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
-	57, // 75: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
-	68, // 76: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
-	60, // 77: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
-	10, // 78: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
-	12, // 79: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
-	14, // 80: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
-	16, // 81: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
-	18, // 82: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
-	20, // 83: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
-	23, // 84: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	36, // 85: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	38, // 86: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	32, // 87: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
-	40, // 88: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	42, // 89: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	45, // 90: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	47, // 91: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	49, // 92: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	51, // 93: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	53, // 94: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
-	55, // 95: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
-	58, // 96: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	61, // 97: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
-	11, // 98: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
-	13, // 99: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
-	15, // 100: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
-	17, // 101: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
-	19, // 102: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
-	22, // 103: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	27, // 104: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	37, // 105: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	39, // 106: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	35, // 107: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
-	41, // 108: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	43, // 109: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	46, // 110: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	48, // 111: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	50, // 112: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	52, // 113: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	54, // 114: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
-	56, // 115: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
-	59, // 116: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	62, // 117: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
-	98, // [98:118] is the sub-list for method output_type
-	78, // [78:98] is the sub-list for method input_type
-	78, // [78:78] is the sub-list for extension type_name
-	78, // [78:78] is the sub-list for extension extendee
-	0,  // [0:78] is the sub-list for field type_name
+	66,  // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
+	67,  // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
+	68,  // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	69,  // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	70,  // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
+	8,   // 5: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
+	0,   // 6: airlock.authority.v1.Job.state:type_name -> airlock.authority.v1.JobState
+	71,  // 7: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	71,  // 8: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	72,  // 9: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
+	73,  // 10: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	67,  // 11: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
+	8,   // 12: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
+	9,   // 13: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
+	9,   // 14: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
+	0,   // 15: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
+	9,   // 16: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
+	9,   // 17: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
+	74,  // 18: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
+	9,   // 19: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
+	21,  // 20: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
+	72,  // 21: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
+	26,  // 22: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
+	1,   // 23: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
+	24,  // 24: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
+	25,  // 25: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
+	25,  // 26: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
+	9,   // 27: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
+	67,  // 28: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
+	67,  // 29: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
+	68,  // 30: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	68,  // 31: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	3,   // 32: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
+	71,  // 33: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
+	70,  // 34: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
+	2,   // 35: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
+	29,  // 36: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
+	71,  // 37: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
+	71,  // 38: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	4,   // 39: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
+	28,  // 40: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
+	72,  // 41: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
+	68,  // 42: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	26,  // 43: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
+	5,   // 44: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
+	5,   // 45: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
+	24,  // 46: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
+	33,  // 47: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
+	34,  // 48: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
+	2,   // 49: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
+	30,  // 50: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
+	30,  // 51: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	31,  // 52: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
+	3,   // 53: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
+	30,  // 54: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	70,  // 55: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
+	30,  // 56: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	6,   // 57: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	71,  // 58: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
+	71,  // 59: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	71,  // 60: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
+	6,   // 61: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	75,  // 62: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
+	44,  // 63: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	44,  // 64: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	44,  // 65: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
+	68,  // 66: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
+	73,  // 67: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	67,  // 68: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
+	9,   // 69: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
+	44,  // 70: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
+	71,  // 71: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	7,   // 72: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
+	71,  // 73: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
+	71,  // 74: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
+	57,  // 75: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
+	71,  // 76: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
+	60,  // 77: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
+	30,  // 78: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
+	71,  // 79: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
+	64,  // 80: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
+	10,  // 81: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
+	12,  // 82: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
+	14,  // 83: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
+	16,  // 84: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
+	18,  // 85: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
+	20,  // 86: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
+	23,  // 87: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
+	36,  // 88: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	38,  // 89: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	32,  // 90: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
+	40,  // 91: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	42,  // 92: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	63,  // 93: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
+	45,  // 94: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	47,  // 95: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	49,  // 96: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	51,  // 97: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	53,  // 98: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	55,  // 99: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	58,  // 100: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	61,  // 101: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
+	11,  // 102: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
+	13,  // 103: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
+	15,  // 104: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
+	17,  // 105: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
+	19,  // 106: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
+	22,  // 107: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
+	27,  // 108: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	37,  // 109: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	39,  // 110: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	35,  // 111: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
+	41,  // 112: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	43,  // 113: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	65,  // 114: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
+	46,  // 115: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	48,  // 116: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	50,  // 117: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	52,  // 118: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	54,  // 119: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	56,  // 120: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	59,  // 121: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	62,  // 122: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
+	102, // [102:123] is the sub-list for method output_type
+	81,  // [81:102] is the sub-list for method input_type
+	81,  // [81:81] is the sub-list for extension type_name
+	81,  // [81:81] is the sub-list for extension extendee
+	0,   // [0:81] is the sub-list for field type_name
 }
 
 func init() { file_airlock_authority_v1_authority_proto_init() }
@@ -5102,7 +5388,7 @@ func file_airlock_authority_v1_authority_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_authority_v1_authority_proto_rawDesc), len(file_airlock_authority_v1_authority_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   56,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -37,6 +37,7 @@ const (
 	AuthorityService_ReadReview_FullMethodName           = "/airlock.authority.v1.AuthorityService/ReadReview"
 	AuthorityService_DecideApproval_FullMethodName       = "/airlock.authority.v1.AuthorityService/DecideApproval"
 	AuthorityService_ConsumeApproval_FullMethodName      = "/airlock.authority.v1.AuthorityService/ConsumeApproval"
+	AuthorityService_GetPublishSpec_FullMethodName       = "/airlock.authority.v1.AuthorityService/GetPublishSpec"
 	AuthorityService_LeaseCredential_FullMethodName      = "/airlock.authority.v1.AuthorityService/LeaseCredential"
 	AuthorityService_RevokeCredential_FullMethodName     = "/airlock.authority.v1.AuthorityService/RevokeCredential"
 	AuthorityService_ListLeases_FullMethodName           = "/airlock.authority.v1.AuthorityService/ListLeases"
@@ -93,13 +94,21 @@ type AuthorityServiceClient interface {
 	// ConsumeApproval atomically turns an approved request into consumed, once,
 	// for exactly one digest and target. Callers: service/publisher.
 	ConsumeApproval(ctx context.Context, in *ConsumeApprovalRequest, opts ...grpc.CallOption) (*ConsumeApprovalResponse, error)
+	// GetPublishSpec returns what the publisher needs to publish one approved
+	// result, from the tenant's policy: where the target repository is, the
+	// job's base commit, who approved it and when, and the tenant's content
+	// policy with its digest. It never carries a credential. Callers:
+	// service/publisher.
+	GetPublishSpec(ctx context.Context, in *GetPublishSpecRequest, opts ...grpc.CallOption) (*GetPublishSpecResponse, error)
 	// LeaseCredential issues a short-lived credential for one purpose, job and
-	// resource. Callers: service/publisher (deploy, after ConsumeApproval).
+	// resource. Callers: service/publisher (read, once the job's result is
+	// approved; deploy, after ConsumeApproval).
 	LeaseCredential(ctx context.Context, in *LeaseCredentialRequest, opts ...grpc.CallOption) (*LeaseCredentialResponse, error)
 	// RevokeCredential ends a lease before its expiry. Callers: service/publisher,
 	// approver/*.
 	RevokeCredential(ctx context.Context, in *RevokeCredentialRequest, opts ...grpc.CallOption) (*RevokeCredentialResponse, error)
-	// ListLeases lists leases, active ones by default. Callers: approver/*.
+	// ListLeases lists leases, active ones by default. Callers: approver/*,
+	// and service/publisher for the leases it holds.
 	ListLeases(ctx context.Context, in *ListLeasesRequest, opts ...grpc.CallOption) (*ListLeasesResponse, error)
 	// UpdateNetworkPolicy asks to change a running job's network policy.
 	// Narrowing takes effect directly; widening needs an approval where the
@@ -279,6 +288,16 @@ func (c *authorityServiceClient) ConsumeApproval(ctx context.Context, in *Consum
 	return out, nil
 }
 
+func (c *authorityServiceClient) GetPublishSpec(ctx context.Context, in *GetPublishSpecRequest, opts ...grpc.CallOption) (*GetPublishSpecResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetPublishSpecResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_GetPublishSpec_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *authorityServiceClient) LeaseCredential(ctx context.Context, in *LeaseCredentialRequest, opts ...grpc.CallOption) (*LeaseCredentialResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(LeaseCredentialResponse)
@@ -405,13 +424,21 @@ type AuthorityServiceServer interface {
 	// ConsumeApproval atomically turns an approved request into consumed, once,
 	// for exactly one digest and target. Callers: service/publisher.
 	ConsumeApproval(context.Context, *ConsumeApprovalRequest) (*ConsumeApprovalResponse, error)
+	// GetPublishSpec returns what the publisher needs to publish one approved
+	// result, from the tenant's policy: where the target repository is, the
+	// job's base commit, who approved it and when, and the tenant's content
+	// policy with its digest. It never carries a credential. Callers:
+	// service/publisher.
+	GetPublishSpec(context.Context, *GetPublishSpecRequest) (*GetPublishSpecResponse, error)
 	// LeaseCredential issues a short-lived credential for one purpose, job and
-	// resource. Callers: service/publisher (deploy, after ConsumeApproval).
+	// resource. Callers: service/publisher (read, once the job's result is
+	// approved; deploy, after ConsumeApproval).
 	LeaseCredential(context.Context, *LeaseCredentialRequest) (*LeaseCredentialResponse, error)
 	// RevokeCredential ends a lease before its expiry. Callers: service/publisher,
 	// approver/*.
 	RevokeCredential(context.Context, *RevokeCredentialRequest) (*RevokeCredentialResponse, error)
-	// ListLeases lists leases, active ones by default. Callers: approver/*.
+	// ListLeases lists leases, active ones by default. Callers: approver/*,
+	// and service/publisher for the leases it holds.
 	ListLeases(context.Context, *ListLeasesRequest) (*ListLeasesResponse, error)
 	// UpdateNetworkPolicy asks to change a running job's network policy.
 	// Narrowing takes effect directly; widening needs an approval where the
@@ -479,6 +506,9 @@ func (UnimplementedAuthorityServiceServer) DecideApproval(context.Context, *Deci
 }
 func (UnimplementedAuthorityServiceServer) ConsumeApproval(context.Context, *ConsumeApprovalRequest) (*ConsumeApprovalResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ConsumeApproval not implemented")
+}
+func (UnimplementedAuthorityServiceServer) GetPublishSpec(context.Context, *GetPublishSpecRequest) (*GetPublishSpecResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetPublishSpec not implemented")
 }
 func (UnimplementedAuthorityServiceServer) LeaseCredential(context.Context, *LeaseCredentialRequest) (*LeaseCredentialResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method LeaseCredential not implemented")
@@ -720,6 +750,24 @@ func _AuthorityService_ConsumeApproval_Handler(srv interface{}, ctx context.Cont
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AuthorityService_GetPublishSpec_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetPublishSpecRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).GetPublishSpec(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_GetPublishSpec_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).GetPublishSpec(ctx, req.(*GetPublishSpecRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AuthorityService_LeaseCredential_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(LeaseCredentialRequest)
 	if err := dec(in); err != nil {
@@ -906,6 +954,10 @@ var AuthorityService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ConsumeApproval",
 			Handler:    _AuthorityService_ConsumeApproval_Handler,
+		},
+		{
+			MethodName: "GetPublishSpec",
+			Handler:    _AuthorityService_GetPublishSpec_Handler,
 		},
 		{
 			MethodName: "LeaseCredential",

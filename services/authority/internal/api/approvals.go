@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
+	"os"
 	"time"
 
 	"google.golang.org/grpc"
@@ -82,7 +83,10 @@ func (s *Service) approval(a store.Approval) *authorityv1.Approval {
 	return approvalToProto(a, s.cfg.Approvals.State(a))
 }
 
-var leasePurposeToProto = map[string]authorityv1.LeasePurpose{approvals.PurposeDeploy: authorityv1.LeasePurpose_LEASE_PURPOSE_DEPLOY}
+var leasePurposeToProto = map[string]authorityv1.LeasePurpose{
+	approvals.PurposeDeploy: authorityv1.LeasePurpose_LEASE_PURPOSE_DEPLOY,
+	approvals.PurposeRead:   authorityv1.LeasePurpose_LEASE_PURPOSE_READ,
+}
 
 func leaseToProto(l store.Lease) *authorityv1.Lease {
 	return &authorityv1.Lease{
@@ -235,6 +239,37 @@ func (s *Service) ConsumeApproval(ctx context.Context, req *authorityv1.ConsumeA
 	return &authorityv1.ConsumeApprovalResponse{Approval: s.approval(a)}, nil
 }
 
+func (s *Service) GetPublishSpec(ctx context.Context, req *authorityv1.GetPublishSpecRequest) (*authorityv1.GetPublishSpecResponse, error) {
+	id, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := s.cfg.Approvals.PublishSpec(ctx, id, req.GetApprovalId())
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	out := &authorityv1.GetPublishSpecResponse{
+		Approval: s.approval(spec.Approval), RepositoryUrl: spec.Repository.URL, ReadCredential: spec.Repository.Credential != "",
+		BaseCommit: spec.Base, Approvers: spec.Approvers,
+		Policy: &authorityv1.PublishPolicy{
+			Protected: spec.Policy.Content.Protected, AllowProtected: spec.Policy.Content.AllowProtected,
+			MaxFileBytes: spec.Policy.Content.MaxFileBytes, AllowBinary: spec.Policy.Content.AllowBinary, OnMoved: spec.Policy.OnMoved,
+		},
+		PolicyDigest: spec.Policy.Digest(),
+	}
+	if !spec.ApprovedAt.IsZero() {
+		out.ApprovedAt = timestamppb.New(spec.ApprovedAt)
+	}
+	if spec.Repository.CA != "" {
+		// The operator's file, read at each call so a renewed CA is seen.
+		if out.RepositoryCa, err = os.ReadFile(spec.Repository.CA); err != nil {
+			s.cfg.Logger.ErrorContext(ctx, "read repository CA", "repository", spec.Repository.Name, "error", err)
+			return nil, status.Errorf(codes.Unavailable, "the CA of repository %q cannot be read", spec.Repository.Name)
+		}
+	}
+	return out, nil
+}
+
 // peerLeaf returns the caller's verified client certificate.
 func peerLeaf(ctx context.Context) (*x509.Certificate, error) {
 	p, ok := peer.FromContext(ctx)
@@ -258,8 +293,10 @@ func (s *Service) LeaseCredential(ctx context.Context, req *authorityv1.LeaseCre
 		return nil, err
 	}
 	var purpose string
-	if req.GetPurpose() == authorityv1.LeasePurpose_LEASE_PURPOSE_DEPLOY {
-		purpose = approvals.PurposeDeploy
+	for p, v := range leasePurposeToProto {
+		if req.GetPurpose() == v {
+			purpose = p
+		}
 	}
 	lr := approvals.LeaseRequest{Purpose: purpose, JobID: req.GetJobId(), Resource: req.GetResource()}
 	if d := req.GetTtl(); d != nil {

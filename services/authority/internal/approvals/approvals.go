@@ -40,8 +40,12 @@ const (
 	maxIDBytes      = 128
 )
 
-// PurposeDeploy is the one lease purpose: push one reviewed commit.
-const PurposeDeploy = "deploy"
+// Lease purposes: PurposeDeploy pushes one reviewed commit; PurposeRead
+// fetches the target branch to prepare it, before the approval is spent.
+const (
+	PurposeDeploy = "deploy"
+	PurposeRead   = "read"
+)
 
 // Audit outcomes as the log stores them.
 const (
@@ -497,9 +501,10 @@ type LeaseRequest struct {
 	TTL time.Duration
 }
 
-// Lease issues a deploy credential lease to the publisher for job
-// req.JobID's publish target repository, after its approval was consumed,
-// and returns the credential sealed to cert (the caller's own certificate)
+// Lease issues a credential lease to the publisher for job req.JobID's
+// publish target repository: the deploy credential after its approval
+// was consumed, the repository's source credential (PurposeRead) while it
+// is approved. It returns the credential sealed to cert (the caller's own certificate)
 // with the context LeaseContext. The lease ends at most MaxLeaseTTL after
 // the approval was consumed.
 func (s *Service) Lease(ctx context.Context, caller identity.ID, cert *x509.Certificate, req LeaseRequest) (store.Lease, []byte, error) {
@@ -533,8 +538,8 @@ func (s *Service) checkLease(ctx context.Context, caller identity.ID, cert *x509
 		return store.Lease{}, nil, denied("only the publisher leases deploy credentials")
 	}
 	switch {
-	case req.Purpose != PurposeDeploy:
-		return store.Lease{}, nil, invalid("purpose", "must be deploy")
+	case req.Purpose != PurposeDeploy && req.Purpose != PurposeRead:
+		return store.Lease{}, nil, invalid("purpose", "must be deploy or read")
 	case req.JobID == "":
 		return store.Lease{}, nil, invalid("job_id", "required")
 	case req.Resource == "":
@@ -558,37 +563,53 @@ func (s *Service) checkLease(ctx context.Context, caller identity.ID, cert *x509
 	if req.Resource != a.TargetRepo {
 		return store.Lease{}, nil, denied("resource: %q is not the publish target of job %q", req.Resource, req.JobID)
 	}
-	if a.State != store.ApprovalConsumed {
-		return store.Lease{}, nil, precondition("job_id: the approval of job %q is %s, not consumed", req.JobID, Effective(a, s.now()))
-	}
-	if a.ConsumedBy != caller.String() {
+	now := s.now()
+	st := Effective(a, now)
+	consumedHere := a.State == store.ApprovalConsumed && a.ConsumedBy == caller.String()
+	if a.State == store.ApprovalConsumed && !consumedHere {
 		return store.Lease{}, nil, denied("the approval of job %q was consumed by %s", req.JobID, a.ConsumedBy)
 	}
-	now := s.now()
-	end := a.ConsumedAt.Add(MaxLeaseTTL)
 	ttl := min(orDefault(req.TTL, DefaultLeaseTTL), MaxLeaseTTL)
 	expires := now.Add(ttl)
-	if expires.After(end) {
-		expires = end
-	}
-	if !expires.After(now) {
-		return store.Lease{}, nil, precondition("job_id: the approval of job %q was consumed more than %v ago", req.JobID, MaxLeaseTTL)
-	}
 	t := s.cfg.Tenants[a.Tenant]
-	path := ""
-	if t != nil {
-		path = t.DeployCredentials[a.TargetRepo]
+	path, what := "", "deploy"
+	if req.Purpose == PurposeDeploy {
+		if !consumedHere {
+			return store.Lease{}, nil, precondition("job_id: the approval of job %q is %s, not consumed", req.JobID, st)
+		}
+		if end := a.ConsumedAt.Add(MaxLeaseTTL); expires.After(end) {
+			expires = end
+		}
+		if !expires.After(now) {
+			return store.Lease{}, nil, precondition("job_id: the approval of job %q was consumed more than %v ago", req.JobID, MaxLeaseTTL)
+		}
+		if t != nil {
+			path = t.DeployCredentials[a.TargetRepo]
+		}
+	} else {
+		// Reading the branch needs a result approved and not yet spent
+		// elsewhere: the publisher prepares the commit before it consumes.
+		if st != store.ApprovalApproved && !consumedHere {
+			return store.Lease{}, nil, precondition("job_id: the approval of job %q is %s, not approved", req.JobID, st)
+		}
+		if end := a.ExpiresAt; st == store.ApprovalApproved && expires.After(end) {
+			expires = end
+		}
+		if t != nil {
+			path = t.Repositories[a.TargetRepo].Credential
+		}
+		what = "source"
 	}
 	if path == "" {
-		return store.Lease{}, nil, precondition("resource: tenant %q has no deploy credential for %q", a.Tenant, a.TargetRepo)
+		return store.Lease{}, nil, precondition("resource: tenant %q has no %s credential for %q", a.Tenant, what, a.TargetRepo)
 	}
 	secret, err := s.cfg.ReadFile(path)
 	if err != nil {
 		// The path is the operator's, not the caller's: log it, say less.
-		s.cfg.Logger.ErrorContext(ctx, "read deploy credential", "tenant", a.Tenant, "repository", a.TargetRepo, "error", err)
-		return store.Lease{}, nil, fmt.Errorf("%w: the deploy credential for %q cannot be read", errdefs.ErrUnavailable, a.TargetRepo)
+		s.cfg.Logger.ErrorContext(ctx, "read "+what+" credential", "tenant", a.Tenant, "repository", a.TargetRepo, "error", err)
+		return store.Lease{}, nil, fmt.Errorf("%w: the %s credential for %q cannot be read", errdefs.ErrUnavailable, what, a.TargetRepo)
 	}
-	return store.Lease{ID: newID(), Purpose: PurposeDeploy, JobID: req.JobID, Resource: req.Resource, Holder: caller.String(),
+	return store.Lease{ID: newID(), Purpose: req.Purpose, JobID: req.JobID, Resource: req.Resource, Holder: caller.String(),
 		IssuedAt: now, ExpiresAt: expires}, secret, nil
 }
 
@@ -650,10 +671,10 @@ type LeaseQuery struct {
 }
 
 // ListLeases returns a page of leases, newest first, only active ones
-// unless q.IncludeInactive. Only approvers list leases, and only those of
-// the tenants that list them.
+// unless q.IncludeInactive. Approvers list those of the tenants that list
+// them, the publisher those it holds.
 func (s *Service) ListLeases(ctx context.Context, caller identity.ID, q LeaseQuery) ([]store.Lease, string, error) {
-	if caller.Kind != identity.KindApprover {
+	if caller.Kind != identity.KindApprover && !isPublisher(caller) {
 		return nil, "", denied("%s may not list leases", caller.Principal())
 	}
 	size, err := pageSize(q.PageSize)
@@ -667,6 +688,16 @@ func (s *Service) ListLeases(ctx context.Context, caller identity.ID, q LeaseQue
 	list, next, err := s.cfg.Store.ListLeases(ctx, f)
 	if err != nil {
 		return nil, "", err
+	}
+	if isPublisher(caller) {
+		// The publisher sees the leases it holds, to end any a crash left.
+		out := list[:0]
+		for _, l := range list {
+			if l.Holder == caller.String() {
+				out = append(out, l)
+			}
+		}
+		return out, next, nil
 	}
 	// Only the leases of tenants the approver approves for (a page may
 	// then hold fewer than asked while more follow).
@@ -744,6 +775,66 @@ func (s *Service) OpenMissing(ctx context.Context, caller identity.ID, targetOf 
 		}
 	}
 	return opened, nil
+}
+
+// PublishSpec is what the publisher needs to publish one approval.
+type PublishSpec struct {
+	Approval store.Approval
+	// Repository is the publish target, from the tenant's policy.
+	Repository policy.Repository
+	// Base is the commit the job ran on.
+	Base string
+	// Approvers are the approving votes' SPIFFE IDs in the order cast;
+	// ApprovedAt is when the deciding one was cast.
+	Approvers  []string
+	ApprovedAt time.Time
+	Policy     policy.Publish
+}
+
+// PublishSpec returns the publish spec of approval id. Only the publisher
+// asks; a change request has none.
+func (s *Service) PublishSpec(ctx context.Context, caller identity.ID, id string) (PublishSpec, error) {
+	if !isPublisher(caller) {
+		return PublishSpec{}, denied("only the publisher reads publish specs")
+	}
+	switch {
+	case id == "":
+		return PublishSpec{}, invalid("approval_id", "required")
+	case len(id) > maxIDBytes:
+		return PublishSpec{}, invalid("approval_id", "at most %d bytes", maxIDBytes)
+	}
+	a, err := s.cfg.Store.GetApproval(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return PublishSpec{}, fmt.Errorf("%w: approval %q", errdefs.ErrNotFound, id)
+	}
+	if err != nil {
+		return PublishSpec{}, err
+	}
+	if a.Kind == store.KindChange || a.TargetRepo == "" {
+		return PublishSpec{}, precondition("approval_id: %q is not a publish request", id)
+	}
+	t := s.cfg.Tenants[a.Tenant]
+	if t == nil {
+		return PublishSpec{}, precondition("approval_id: tenant %q of approval %q is no longer configured", a.Tenant, id)
+	}
+	repo, ok := t.Repositories[a.TargetRepo]
+	if !ok {
+		return PublishSpec{}, precondition("target: %q is no longer a repository of tenant %q", a.TargetRepo, a.Tenant)
+	}
+	j, err := s.cfg.Store.GetJob(ctx, a.JobID)
+	if err != nil {
+		return PublishSpec{}, err
+	}
+	spec := PublishSpec{Approval: a, Repository: repo, Base: j.Commit, Policy: t.Publish}
+	for _, v := range a.Votes {
+		if v.Decision == store.DecisionApprove {
+			spec.Approvers = append(spec.Approvers, v.Approver)
+			if len(spec.Approvers) == a.Required {
+				spec.ApprovedAt = v.DecidedAt
+			}
+		}
+	}
+	return spec, nil
 }
 
 // UseRequest announces the use of a leased credential.

@@ -8,6 +8,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"net/netip"
 	"net/url"
 	"os"
@@ -143,6 +144,27 @@ type TenantFile struct {
 	// their memory and CPU limits summed; 0 or omitted is no bound. Beyond
 	// it a job waits, queued.
 	Quota QuotaFile `yaml:"quota"`
+	// Publish is what the tenant's approved results may write: checked by
+	// the publisher before an approval is spent.
+	Publish PublishFile `yaml:"publish"`
+}
+
+// PublishFile is a tenant's publish policy as the file writes it.
+type PublishFile struct {
+	// Protected lists path globs protected beyond the built-in
+	// .github/workflows/**, CODEOWNERS and .gitleaks*: a result that
+	// touches one is refused unless AllowProtected matches it too.
+	Protected []string `yaml:"protected"`
+	// AllowProtected lists protected path globs results may change.
+	AllowProtected []string `yaml:"allow_protected"`
+	// MaxFileSize caps each file a result writes; default 10MiB.
+	MaxFileSize config.ByteSize `yaml:"max_file_size"`
+	// AllowBinary lets results add or change binary files; default false.
+	AllowBinary bool `yaml:"allow_binary"`
+	// OnMoved is what happens when the branch moved past the job's base:
+	// reapply (default: re-apply on the new tip if the patch applies
+	// cleanly) or refuse.
+	OnMoved string `yaml:"on_moved"`
 }
 
 // QuotaFile is a tenant's quota as the file writes it.
@@ -366,10 +388,37 @@ func (c *Config) tenant(name string, f TenantFile) (*policy.Tenant, error) {
 			t.DeployCredentials[repo] = p
 		}
 	}
+	t.Publish, err = publishPolicy(field+".publish", f.Publish)
+	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	return t, nil
+}
+
+// publishPolicy checks a tenant's publish policy and fills in its default.
+func publishPolicy(field string, f PublishFile) (policy.Publish, error) {
+	p := policy.Publish{
+		Content: contentcheck.Policy{Protected: f.Protected, AllowProtected: f.AllowProtected, MaxFileBytes: f.MaxFileSize.Bytes(), AllowBinary: f.AllowBinary},
+		OnMoved: f.OnMoved,
+	}
+	if err := f.MaxFileSize.Check(field + ".max_file_size"); err != nil {
+		return p, err
+	}
+	switch p.OnMoved {
+	case "":
+		p.OnMoved = policy.OnMovedReapply
+	case policy.OnMovedReapply, policy.OnMovedRefuse:
+	default:
+		return p, config.Field(field+".on_moved", "%q: want %s or %s", f.OnMoved, policy.OnMovedReapply, policy.OnMovedRefuse)
+	}
+	if err := p.Content.Validate(); err != nil {
+		// "…: policy.max_file_bytes: …" in this file's names.
+		msg := strings.TrimPrefix(err.Error(), "invalid argument: ")
+		msg = strings.NewReplacer("policy.max_file_bytes", "max_file_size", "policy.", "").Replace(msg)
+		return p, fmt.Errorf("%s.%s", field, msg)
+	}
+	return p, nil
 }
 
 // checkedTrustDomain is the trust domain principals are checked in: a

@@ -6,8 +6,12 @@
 package policy
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+
 	"errors"
 	"fmt"
+	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"net/netip"
 	"slices"
 	"strings"
@@ -119,6 +123,30 @@ type Tenant struct {
 	StartDeadline time.Duration
 	// Quota bounds what the tenant's jobs hold at once.
 	Quota Quota
+	// Publish is what the tenant's approved results may write.
+	Publish Publish
+}
+
+// Publish is a tenant's publish policy: the content rules the publisher
+// applies before it spends an approval, and what it does when the target
+// branch moved past a job's base.
+type Publish struct {
+	Content contentcheck.Policy
+	// OnMoved is OnMovedReapply (the default) or OnMovedRefuse.
+	OnMoved string
+}
+
+// What the publisher does when the target branch moved past a job's base.
+const (
+	OnMovedReapply = "reapply"
+	OnMovedRefuse  = "refuse"
+)
+
+// Digest names the policy: sha256 of its content rules' canonical digest
+// and OnMoved. The publisher records it on each deployment.
+func (p Publish) Digest() string {
+	sum := sha256.Sum256([]byte("airlock.publish.policy.v1\n" + p.Content.Digest() + "\n" + p.OnMoved + "\n"))
+	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
 // Quota bounds the jobs a tenant has dispatched and not yet ended: how
