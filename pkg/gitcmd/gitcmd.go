@@ -11,9 +11,12 @@ package gitcmd
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
 	"os/exec"
+	"strconv"
 	"strings"
 )
 
@@ -92,4 +95,48 @@ func firstCommand(args []string) string {
 		}
 	}
 	return "?"
+}
+
+// ConfigEnv passes configuration to git in the environment
+// (GIT_CONFIG_COUNT, GIT_CONFIG_KEY_n, GIT_CONFIG_VALUE_n), where no other
+// process's arguments show it: the way a credential header reaches git.
+func ConfigEnv(kv [][2]string) []string {
+	env := []string{"GIT_CONFIG_COUNT=" + strconv.Itoa(len(kv))}
+	for i, p := range kv {
+		env = append(env, fmt.Sprintf("GIT_CONFIG_KEY_%d=%s", i, p[0]), fmt.Sprintf("GIT_CONFIG_VALUE_%d=%s", i, p[1]))
+	}
+	return env
+}
+
+// RemoteConfig is the configuration for talking to a remote nobody vouches
+// for: only the https and file transports, no credential helper, no
+// redirect that could carry a credential to another host, the server's
+// certificate always checked (against caFile when it is set).
+func RemoteConfig(caFile string) [][2]string {
+	kv := [][2]string{
+		{"http.sslVerify", "true"},
+		{"protocol.allow", "never"},
+		{"protocol.file.allow", "always"},
+		{"protocol.https.allow", "always"},
+		{"credential.helper", ""},
+		{"http.followRedirects", "false"},
+	}
+	if caFile != "" {
+		kv = append(kv, [2]string{"http.sslCAInfo", caFile})
+	}
+	return kv
+}
+
+// AuthHeader turns a credential (one line: "user:password", or a bare
+// token) into the http.extraHeader value git sends: HTTP Basic, a bare
+// token with the user x-access-token, which GitHub and GitLab accept.
+func AuthHeader(credential []byte) (string, error) {
+	secret := strings.TrimSpace(string(credential))
+	if secret == "" || strings.ContainsAny(secret, "\r\n") {
+		return "", errors.New("the credential must be one line: a token, or user:password")
+	}
+	if !strings.Contains(secret, ":") {
+		secret = "x-access-token:" + secret
+	}
+	return "Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte(secret)), nil
 }

@@ -20,12 +20,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/airlockhq/airlock/pkg/gitcmd"
 	"io"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -434,14 +434,7 @@ func authHeader(path string) (string, error) {
 		}
 		return "", errors.New("unreadable")
 	}
-	secret := strings.TrimSpace(string(data))
-	if secret == "" || strings.ContainsAny(secret, "\r\n") {
-		return "", errors.New("the file must hold one line: a token, or user:password")
-	}
-	if !strings.Contains(secret, ":") {
-		secret = "x-access-token:" + secret
-	}
-	return "Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte(secret)), nil
+	return gitcmd.AuthHeader(data)
 }
 
 // git runs git with GIT_DIR=gitDir (unless empty) in the sealed
@@ -488,24 +481,15 @@ func (s *Source) git(ctx context.Context, repo policy.Repository, gitDir string,
 // certificate always checked, against the repository's CA when it names
 // one.
 func sealedConfig(repo policy.Repository, gitDir string) [][2]string {
-	cfg := [][2]string{
-		{"http.sslVerify", "true"},
-		{"protocol.allow", "never"},
-		{"protocol.file.allow", "always"},
-		{"protocol.https.allow", "always"},
+	cfg := append(gitcmd.RemoteConfig(repo.CA), [][2]string{
 		{"gc.auto", "0"},
 		{"maintenance.auto", "false"},
-		{"credential.helper", ""},
-		{"http.followRedirects", "false"},
 		{"core.fsmonitor", "false"},
 		{"core.autocrlf", "false"},
 		{"core.hooksPath", os.DevNull},
-	}
+	}...)
 	if repo.IsLocal() && gitDir != "" {
 		cfg = append(cfg, [2]string{"safe.directory", gitDir}, [2]string{"safe.directory", repo.URL})
-	}
-	if repo.CA != "" {
-		cfg = append(cfg, [2]string{"http.sslCAInfo", repo.CA})
 	}
 	return cfg
 }
@@ -523,15 +507,11 @@ func (s *Source) env(gitDir string, cfg [][2]string) []string {
 		"GIT_CONFIG_GLOBAL=" + os.DevNull,
 		"GIT_TERMINAL_PROMPT=0",
 		"GIT_NO_REPLACE_OBJECTS=1",
-		"GIT_CONFIG_COUNT=" + strconv.Itoa(len(cfg)),
 	}
 	if gitDir != "" {
 		env = append(env, "GIT_DIR="+gitDir)
 	}
-	for i, kv := range cfg {
-		env = append(env, fmt.Sprintf("GIT_CONFIG_KEY_%d=%s", i, kv[0]), fmt.Sprintf("GIT_CONFIG_VALUE_%d=%s", i, kv[1]))
-	}
-	return env
+	return append(env, gitcmd.ConfigEnv(cfg)...)
 }
 
 // redact removes every form of the repository's credential from text.
