@@ -9,11 +9,10 @@ package approvals
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/x509"
-	"encoding/base32"
 	"errors"
 	"fmt"
+	"github.com/airlockhq/airlock/pkg/ids"
 	"log/slog"
 	"os"
 	"time"
@@ -103,13 +102,8 @@ func New(cfg Config) (*Service, error) {
 
 func (s *Service) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }
 
-var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
-
-func newID() string {
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	return idEncoding.EncodeToString(b)
-}
+// newID returns a random id (pkg/ids).
+func newID() string { return ids.New() }
 
 func invalid(field, format string, args ...any) error {
 	return fmt.Errorf("%w: %s: %s", errdefs.ErrInvalidArgument, field, fmt.Sprintf(format, args...))

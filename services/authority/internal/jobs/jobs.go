@@ -11,14 +11,13 @@ package jobs
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
-	"encoding/base32"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"github.com/airlockhq/airlock/pkg/audit"
+	"github.com/airlockhq/airlock/pkg/ids"
 	"io"
 	"log/slog"
 	"slices"
@@ -507,15 +506,8 @@ func dispatchedTo(j store.Job, caller identity.ID) error {
 	return nil
 }
 
-var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
-
-// newID returns a random job id: 26 characters of [a-z2-7], safe in file
-// names and URLs.
-func newID() string {
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	return idEncoding.EncodeToString(b)
-}
+// newID returns a random id (pkg/ids).
+func newID() string { return ids.New() }
 
 // Get returns a job the caller may see.
 func (s *Service) Get(ctx context.Context, caller identity.ID, id string) (store.Job, error) {
