@@ -249,3 +249,87 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 		})
 	}
 }
+
+func TestPublishDefaults(t *testing.T) {
+	c, err := config.Load(write(t, good), nil)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	for _, name := range []string{"dev", "bare"} {
+		p := c.Policy[name].Publish
+		if p.OnMoved != policy.OnMovedReapply || p.Content.Protected != nil || p.Content.AllowProtected != nil ||
+			p.Content.MaxFileBytes != 0 || p.Content.AllowBinary {
+			t.Errorf("tenant %s: publish defaults = %+v, want on_moved reapply and nothing else", name, p)
+		}
+		// Omitting on_moved and writing its default are the same policy.
+		if got, want := p.Digest(), (policy.Publish{OnMoved: policy.OnMovedReapply}).Digest(); got != want {
+			t.Errorf("tenant %s: default policy digest %s, want %s", name, got, want)
+		}
+	}
+}
+
+func TestPublishSection(t *testing.T) {
+	c, err := config.Load(write(t, common+`tenants:
+  dev:
+    clients: [client/dev]
+    publish:
+      protected: ["deploy/**", "*.pem"]
+      allow_protected: [CODEOWNERS]
+      max_file_size: 1Gi
+      allow_binary: true
+      on_moved: refuse
+`), nil)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	p := c.Policy["dev"].Publish
+	if !slices.Equal(p.Content.Protected, []string{"deploy/**", "*.pem"}) || !slices.Equal(p.Content.AllowProtected, []string{"CODEOWNERS"}) ||
+		p.Content.MaxFileBytes != 1<<30 || !p.Content.AllowBinary || p.OnMoved != policy.OnMovedRefuse {
+		t.Errorf("publish = %+v", p)
+	}
+	if p.Digest() == (policy.Publish{OnMoved: policy.OnMovedReapply}).Digest() {
+		t.Error("a written policy has the default policy's digest")
+	}
+}
+
+func TestPublishErrorsNameTheField(t *testing.T) {
+	tenant := func(body string) string {
+		return common + "tenants:\n  dev:\n    clients: [client/dev]\n    publish:\n" + body
+	}
+	for _, tc := range []struct {
+		name string
+		body string
+		want []string
+	}{
+		{"bad on_moved", tenant("      on_moved: rebase\n"), []string{`tenants.dev.publish.on_moved: "rebase": want reapply or refuse`}},
+		{"on_moved in capitals", tenant("      on_moved: Refuse\n"), []string{"tenants.dev.publish.on_moved:"}},
+		{"bad glob in protected", tenant("      protected: [docs/**, \"a/[b\"]\n"), []string{"tenants.dev.publish.protected[1]:", `"a/[b"`}},
+		{"absolute glob in protected", tenant("      protected: [/etc/passwd]\n"), []string{"tenants.dev.publish.protected[0]:", "leading /"}},
+		{"dot-dot glob in allow_protected", tenant("      allow_protected: [\"../x\"]\n"), []string{"tenants.dev.publish.allow_protected[0]:"}},
+		{"empty glob in allow_protected", tenant("      allow_protected: [\"\"]\n"), []string{"tenants.dev.publish.allow_protected[0]:", "empty glob"}},
+		{"size not a size", tenant("      max_file_size: lots\n"), []string{`tenants.dev.publish.max_file_size: "lots" is not a size`}},
+		{"negative size", tenant("      max_file_size: -1MiB\n"), []string{"tenants.dev.publish.max_file_size:", "is not a size"}},
+		{"size as a list", tenant("      max_file_size: [1]\n"), []string{"tenants.dev.publish.max_file_size:", "not a list"}},
+		{"size beyond the ceiling", tenant("      max_file_size: 2Ti\n"), []string{"tenants.dev.publish.max_file_size: must be between"}},
+		{"unknown field", tenant("      on_move: refuse\n"), []string{"tenants.dev.publish.on_move", "unknown field"}},
+		{"binary not a bool", tenant("      allow_binary: sometimes\n"), []string{"tenants.dev.publish.allow_binary"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := config.Load(write(t, tc.body), nil)
+			if err == nil {
+				t.Fatal("accepted a bad publish section")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+			// The content checker's own names must not leak into the file's.
+			for _, leak := range []string{"policy.", "max_file_bytes", "invalid argument"} {
+				if strings.Contains(err.Error(), leak) {
+					t.Errorf("error %q says %q, a name the file does not use", err, leak)
+				}
+			}
+		})
+	}
+}
