@@ -333,3 +333,26 @@ func LoadService(path string, cfg Service, override func(*Server)) error {
 	}
 	return nil
 }
+
+// CheckFile checks the file field names: made absolute (relative paths
+// from the working directory) and present; "" is an error only when
+// required.
+func CheckFile(field string, p *string, required bool) error {
+	if *p == "" {
+		if required {
+			return Field(field, "required")
+		}
+		return nil
+	}
+	if !filepath.IsAbs(*p) {
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return Field(field, "%v", err)
+		}
+		*p = abs
+	}
+	if _, err := os.Stat(*p); err != nil {
+		return Field(field, "%v", err)
+	}
+	return nil
+}

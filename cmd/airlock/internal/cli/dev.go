@@ -315,7 +315,8 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 			}
 			file["sandbox"] = sandbox
 		case identity.ServicePublisher:
-			file["authority"], file["executor"] = peer(identity.ServiceAuthority), peer(identity.ServiceExecutor)
+			file["authority"] = map[string]any{"address": services[identity.ServiceAuthority].Address, "grant_public_key": grantKey + ".pub"}
+			file["executor"] = peer(identity.ServiceExecutor)
 		}
 		if err := writeYAML(s.Config, file); err != nil {
 			return stack, err

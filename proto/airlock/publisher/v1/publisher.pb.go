@@ -111,8 +111,26 @@ type Deployment struct {
 	UpdatedAt *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
 	// The idempotency key it was requested with.
 	IdempotencyKey string `protobuf:"bytes,12,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The job's tenant.
+	Tenant string `protobuf:"bytes,13,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// sha256 of the tenant's publish policy the content was checked under.
+	PolicyDigest string `protobuf:"bytes,14,opt,name=policy_digest,json=policyDigest,proto3" json:"policy_digest,omitempty"`
+	// Why validation refused the result; nothing was spent when set.
+	Findings []*Finding `protobuf:"bytes,15,rep,name=findings,proto3" json:"findings,omitempty"`
+	// The commit the job ran on.
+	BaseCommit string `protobuf:"bytes,16,opt,name=base_commit,json=baseCommit,proto3" json:"base_commit,omitempty"`
+	// The commit the published commit was made on: base_commit, or the
+	// branch's tip when it had moved and the patch was re-applied.
+	ParentCommit string `protobuf:"bytes,17,opt,name=parent_commit,json=parentCommit,proto3" json:"parent_commit,omitempty"`
+	// SPIFFE IDs of the approving votes (the commit's Approved-by trailers).
+	Approvers []string `protobuf:"bytes,18,rep,name=approvers,proto3" json:"approvers,omitempty"`
+	// Each step done, in order, with its time.
+	Steps []*DeploymentStep `protobuf:"bytes,19,rep,name=steps,proto3" json:"steps,omitempty"`
+	// sha256 of the sorted list of paths the approved bundle changes: the
+	// commit changes exactly these (checked before the approval is spent).
+	FilesDigest   string `protobuf:"bytes,20,opt,name=files_digest,json=filesDigest,proto3" json:"files_digest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Deployment) Reset() {
@@ -229,16 +247,213 @@ func (x *Deployment) GetIdempotencyKey() string {
 	return ""
 }
 
+func (x *Deployment) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *Deployment) GetPolicyDigest() string {
+	if x != nil {
+		return x.PolicyDigest
+	}
+	return ""
+}
+
+func (x *Deployment) GetFindings() []*Finding {
+	if x != nil {
+		return x.Findings
+	}
+	return nil
+}
+
+func (x *Deployment) GetBaseCommit() string {
+	if x != nil {
+		return x.BaseCommit
+	}
+	return ""
+}
+
+func (x *Deployment) GetParentCommit() string {
+	if x != nil {
+		return x.ParentCommit
+	}
+	return ""
+}
+
+func (x *Deployment) GetApprovers() []string {
+	if x != nil {
+		return x.Approvers
+	}
+	return nil
+}
+
+func (x *Deployment) GetSteps() []*DeploymentStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+func (x *Deployment) GetFilesDigest() string {
+	if x != nil {
+		return x.FilesDigest
+	}
+	return ""
+}
+
+// Finding is one rule a result broke. Every byte of path and message may
+// come from the job: show them escaped.
+type Finding struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The rule, e.g. "secret.aws-access-token", "path.dotgit".
+	Rule string `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	// The repository path, or "/out/NAME" for an /out file.
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// The 1-based line, 0 where the rule is not about a line.
+	Line int32 `protobuf:"varint,3,opt,name=line,proto3" json:"line,omitempty"`
+	// What is wrong.
+	Message string `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	// For a secret, a redaction of it (never the secret).
+	Redacted      string `protobuf:"bytes,5,opt,name=redacted,proto3" json:"redacted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Finding) Reset() {
+	*x = Finding{}
+	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Finding) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Finding) ProtoMessage() {}
+
+func (x *Finding) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Finding.ProtoReflect.Descriptor instead.
+func (*Finding) Descriptor() ([]byte, []int) {
+	return file_airlock_publisher_v1_publisher_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Finding) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *Finding) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *Finding) GetLine() int32 {
+	if x != nil {
+		return x.Line
+	}
+	return 0
+}
+
+func (x *Finding) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *Finding) GetRedacted() string {
+	if x != nil {
+		return x.Redacted
+	}
+	return ""
+}
+
+// DeploymentStep is one step of the publish flow, done.
+type DeploymentStep struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// accepted, verified, validated, prepared, consumed, leased, pushed,
+	// revoked.
+	Step string `protobuf:"bytes,1,opt,name=step,proto3" json:"step,omitempty"`
+	// When it was done.
+	DoneAt        *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=done_at,json=doneAt,proto3" json:"done_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeploymentStep) Reset() {
+	*x = DeploymentStep{}
+	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeploymentStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeploymentStep) ProtoMessage() {}
+
+func (x *DeploymentStep) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeploymentStep.ProtoReflect.Descriptor instead.
+func (*DeploymentStep) Descriptor() ([]byte, []int) {
+	return file_airlock_publisher_v1_publisher_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *DeploymentStep) GetStep() string {
+	if x != nil {
+		return x.Step
+	}
+	return ""
+}
+
+func (x *DeploymentStep) GetDoneAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DoneAt
+	}
+	return nil
+}
+
 // PublishRequest asks to publish an approved result.
 type PublishRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Required.
+	// The job; when set, it must be the approval's.
 	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
-	// Required: an APPROVED approval for this job, digest and target.
+	// Required: an APPROVED publish approval.
 	ApprovalId string `protobuf:"bytes,2,opt,name=approval_id,json=approvalId,proto3" json:"approval_id,omitempty"`
-	// Required: the digest that was approved.
+	// The digest the pipeline means to publish; when set, it must be the
+	// approved one.
 	BundleDigest string `protobuf:"bytes,3,opt,name=bundle_digest,json=bundleDigest,proto3" json:"bundle_digest,omitempty"`
-	// Required: the target that was approved.
+	// The target the pipeline means to publish to; when set, it must be the
+	// approved one.
 	Target *v1.PublishTarget `protobuf:"bytes,4,opt,name=target,proto3" json:"target,omitempty"`
 	// Required: the same key returns the same deployment, never a second push.
 	IdempotencyKey string `protobuf:"bytes,5,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
@@ -248,7 +463,7 @@ type PublishRequest struct {
 
 func (x *PublishRequest) Reset() {
 	*x = PublishRequest{}
-	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[1]
+	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -260,7 +475,7 @@ func (x *PublishRequest) String() string {
 func (*PublishRequest) ProtoMessage() {}
 
 func (x *PublishRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[1]
+	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -273,7 +488,7 @@ func (x *PublishRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishRequest.ProtoReflect.Descriptor instead.
 func (*PublishRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_publisher_v1_publisher_proto_rawDescGZIP(), []int{1}
+	return file_airlock_publisher_v1_publisher_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PublishRequest) GetJobId() string {
@@ -322,7 +537,7 @@ type PublishResponse struct {
 
 func (x *PublishResponse) Reset() {
 	*x = PublishResponse{}
-	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[2]
+	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -334,7 +549,7 @@ func (x *PublishResponse) String() string {
 func (*PublishResponse) ProtoMessage() {}
 
 func (x *PublishResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[2]
+	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -347,7 +562,7 @@ func (x *PublishResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishResponse.ProtoReflect.Descriptor instead.
 func (*PublishResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_publisher_v1_publisher_proto_rawDescGZIP(), []int{2}
+	return file_airlock_publisher_v1_publisher_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PublishResponse) GetDeployment() *Deployment {
@@ -368,7 +583,7 @@ type GetDeploymentRequest struct {
 
 func (x *GetDeploymentRequest) Reset() {
 	*x = GetDeploymentRequest{}
-	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[3]
+	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -380,7 +595,7 @@ func (x *GetDeploymentRequest) String() string {
 func (*GetDeploymentRequest) ProtoMessage() {}
 
 func (x *GetDeploymentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[3]
+	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -393,7 +608,7 @@ func (x *GetDeploymentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDeploymentRequest.ProtoReflect.Descriptor instead.
 func (*GetDeploymentRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_publisher_v1_publisher_proto_rawDescGZIP(), []int{3}
+	return file_airlock_publisher_v1_publisher_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GetDeploymentRequest) GetDeploymentId() string {
@@ -414,7 +629,7 @@ type GetDeploymentResponse struct {
 
 func (x *GetDeploymentResponse) Reset() {
 	*x = GetDeploymentResponse{}
-	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[4]
+	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -426,7 +641,7 @@ func (x *GetDeploymentResponse) String() string {
 func (*GetDeploymentResponse) ProtoMessage() {}
 
 func (x *GetDeploymentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[4]
+	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -439,7 +654,7 @@ func (x *GetDeploymentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDeploymentResponse.ProtoReflect.Descriptor instead.
 func (*GetDeploymentResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_publisher_v1_publisher_proto_rawDescGZIP(), []int{4}
+	return file_airlock_publisher_v1_publisher_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetDeploymentResponse) GetDeployment() *Deployment {
@@ -466,7 +681,7 @@ type ListDeploymentsRequest struct {
 
 func (x *ListDeploymentsRequest) Reset() {
 	*x = ListDeploymentsRequest{}
-	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[5]
+	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -478,7 +693,7 @@ func (x *ListDeploymentsRequest) String() string {
 func (*ListDeploymentsRequest) ProtoMessage() {}
 
 func (x *ListDeploymentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[5]
+	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -491,7 +706,7 @@ func (x *ListDeploymentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeploymentsRequest.ProtoReflect.Descriptor instead.
 func (*ListDeploymentsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_publisher_v1_publisher_proto_rawDescGZIP(), []int{5}
+	return file_airlock_publisher_v1_publisher_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListDeploymentsRequest) GetJobId() string {
@@ -535,7 +750,7 @@ type ListDeploymentsResponse struct {
 
 func (x *ListDeploymentsResponse) Reset() {
 	*x = ListDeploymentsResponse{}
-	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[6]
+	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -547,7 +762,7 @@ func (x *ListDeploymentsResponse) String() string {
 func (*ListDeploymentsResponse) ProtoMessage() {}
 
 func (x *ListDeploymentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[6]
+	mi := &file_airlock_publisher_v1_publisher_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -560,7 +775,7 @@ func (x *ListDeploymentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeploymentsResponse.ProtoReflect.Descriptor instead.
 func (*ListDeploymentsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_publisher_v1_publisher_proto_rawDescGZIP(), []int{6}
+	return file_airlock_publisher_v1_publisher_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListDeploymentsResponse) GetDeployments() []*Deployment {
@@ -581,7 +796,7 @@ var File_airlock_publisher_v1_publisher_proto protoreflect.FileDescriptor
 
 const file_airlock_publisher_v1_publisher_proto_rawDesc = "" +
 	"\n" +
-	"$airlock/publisher/v1/publisher.proto\x12\x14airlock.publisher.v1\x1a\x1cairlock/types/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf3\x03\n" +
+	"$airlock/publisher/v1/publisher.proto\x12\x14airlock.publisher.v1\x1a\x1cairlock/types/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xae\x06\n" +
 	"\n" +
 	"Deployment\x12#\n" +
 	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\x12\x15\n" +
@@ -599,7 +814,25 @@ const file_airlock_publisher_v1_publisher_proto_rawDesc = "" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
 	"updated_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12'\n" +
-	"\x0fidempotency_key\x18\f \x01(\tR\x0eidempotencyKey\"\xcf\x01\n" +
+	"\x0fidempotency_key\x18\f \x01(\tR\x0eidempotencyKey\x12\x16\n" +
+	"\x06tenant\x18\r \x01(\tR\x06tenant\x12#\n" +
+	"\rpolicy_digest\x18\x0e \x01(\tR\fpolicyDigest\x129\n" +
+	"\bfindings\x18\x0f \x03(\v2\x1d.airlock.publisher.v1.FindingR\bfindings\x12\x1f\n" +
+	"\vbase_commit\x18\x10 \x01(\tR\n" +
+	"baseCommit\x12#\n" +
+	"\rparent_commit\x18\x11 \x01(\tR\fparentCommit\x12\x1c\n" +
+	"\tapprovers\x18\x12 \x03(\tR\tapprovers\x12:\n" +
+	"\x05steps\x18\x13 \x03(\v2$.airlock.publisher.v1.DeploymentStepR\x05steps\x12!\n" +
+	"\ffiles_digest\x18\x14 \x01(\tR\vfilesDigest\"{\n" +
+	"\aFinding\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
+	"\x04line\x18\x03 \x01(\x05R\x04line\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\x12\x1a\n" +
+	"\bredacted\x18\x05 \x01(\tR\bredacted\"Y\n" +
+	"\x0eDeploymentStep\x12\x12\n" +
+	"\x04step\x18\x01 \x01(\tR\x04step\x123\n" +
+	"\adone_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x06doneAt\"\xcf\x01\n" +
 	"\x0ePublishRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1f\n" +
 	"\vapproval_id\x18\x02 \x01(\tR\n" +
@@ -651,39 +884,44 @@ func file_airlock_publisher_v1_publisher_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_publisher_v1_publisher_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_airlock_publisher_v1_publisher_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_airlock_publisher_v1_publisher_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_airlock_publisher_v1_publisher_proto_goTypes = []any{
 	(DeploymentState)(0),            // 0: airlock.publisher.v1.DeploymentState
 	(*Deployment)(nil),              // 1: airlock.publisher.v1.Deployment
-	(*PublishRequest)(nil),          // 2: airlock.publisher.v1.PublishRequest
-	(*PublishResponse)(nil),         // 3: airlock.publisher.v1.PublishResponse
-	(*GetDeploymentRequest)(nil),    // 4: airlock.publisher.v1.GetDeploymentRequest
-	(*GetDeploymentResponse)(nil),   // 5: airlock.publisher.v1.GetDeploymentResponse
-	(*ListDeploymentsRequest)(nil),  // 6: airlock.publisher.v1.ListDeploymentsRequest
-	(*ListDeploymentsResponse)(nil), // 7: airlock.publisher.v1.ListDeploymentsResponse
-	(*v1.PublishTarget)(nil),        // 8: airlock.types.v1.PublishTarget
-	(*timestamppb.Timestamp)(nil),   // 9: google.protobuf.Timestamp
+	(*Finding)(nil),                 // 2: airlock.publisher.v1.Finding
+	(*DeploymentStep)(nil),          // 3: airlock.publisher.v1.DeploymentStep
+	(*PublishRequest)(nil),          // 4: airlock.publisher.v1.PublishRequest
+	(*PublishResponse)(nil),         // 5: airlock.publisher.v1.PublishResponse
+	(*GetDeploymentRequest)(nil),    // 6: airlock.publisher.v1.GetDeploymentRequest
+	(*GetDeploymentResponse)(nil),   // 7: airlock.publisher.v1.GetDeploymentResponse
+	(*ListDeploymentsRequest)(nil),  // 8: airlock.publisher.v1.ListDeploymentsRequest
+	(*ListDeploymentsResponse)(nil), // 9: airlock.publisher.v1.ListDeploymentsResponse
+	(*v1.PublishTarget)(nil),        // 10: airlock.types.v1.PublishTarget
+	(*timestamppb.Timestamp)(nil),   // 11: google.protobuf.Timestamp
 }
 var file_airlock_publisher_v1_publisher_proto_depIdxs = []int32{
-	8,  // 0: airlock.publisher.v1.Deployment.target:type_name -> airlock.types.v1.PublishTarget
+	10, // 0: airlock.publisher.v1.Deployment.target:type_name -> airlock.types.v1.PublishTarget
 	0,  // 1: airlock.publisher.v1.Deployment.state:type_name -> airlock.publisher.v1.DeploymentState
-	9,  // 2: airlock.publisher.v1.Deployment.created_at:type_name -> google.protobuf.Timestamp
-	9,  // 3: airlock.publisher.v1.Deployment.updated_at:type_name -> google.protobuf.Timestamp
-	8,  // 4: airlock.publisher.v1.PublishRequest.target:type_name -> airlock.types.v1.PublishTarget
-	1,  // 5: airlock.publisher.v1.PublishResponse.deployment:type_name -> airlock.publisher.v1.Deployment
-	1,  // 6: airlock.publisher.v1.GetDeploymentResponse.deployment:type_name -> airlock.publisher.v1.Deployment
-	1,  // 7: airlock.publisher.v1.ListDeploymentsResponse.deployments:type_name -> airlock.publisher.v1.Deployment
-	2,  // 8: airlock.publisher.v1.PublisherService.Publish:input_type -> airlock.publisher.v1.PublishRequest
-	4,  // 9: airlock.publisher.v1.PublisherService.GetDeployment:input_type -> airlock.publisher.v1.GetDeploymentRequest
-	6,  // 10: airlock.publisher.v1.PublisherService.ListDeployments:input_type -> airlock.publisher.v1.ListDeploymentsRequest
-	3,  // 11: airlock.publisher.v1.PublisherService.Publish:output_type -> airlock.publisher.v1.PublishResponse
-	5,  // 12: airlock.publisher.v1.PublisherService.GetDeployment:output_type -> airlock.publisher.v1.GetDeploymentResponse
-	7,  // 13: airlock.publisher.v1.PublisherService.ListDeployments:output_type -> airlock.publisher.v1.ListDeploymentsResponse
-	11, // [11:14] is the sub-list for method output_type
-	8,  // [8:11] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	11, // 2: airlock.publisher.v1.Deployment.created_at:type_name -> google.protobuf.Timestamp
+	11, // 3: airlock.publisher.v1.Deployment.updated_at:type_name -> google.protobuf.Timestamp
+	2,  // 4: airlock.publisher.v1.Deployment.findings:type_name -> airlock.publisher.v1.Finding
+	3,  // 5: airlock.publisher.v1.Deployment.steps:type_name -> airlock.publisher.v1.DeploymentStep
+	11, // 6: airlock.publisher.v1.DeploymentStep.done_at:type_name -> google.protobuf.Timestamp
+	10, // 7: airlock.publisher.v1.PublishRequest.target:type_name -> airlock.types.v1.PublishTarget
+	1,  // 8: airlock.publisher.v1.PublishResponse.deployment:type_name -> airlock.publisher.v1.Deployment
+	1,  // 9: airlock.publisher.v1.GetDeploymentResponse.deployment:type_name -> airlock.publisher.v1.Deployment
+	1,  // 10: airlock.publisher.v1.ListDeploymentsResponse.deployments:type_name -> airlock.publisher.v1.Deployment
+	4,  // 11: airlock.publisher.v1.PublisherService.Publish:input_type -> airlock.publisher.v1.PublishRequest
+	6,  // 12: airlock.publisher.v1.PublisherService.GetDeployment:input_type -> airlock.publisher.v1.GetDeploymentRequest
+	8,  // 13: airlock.publisher.v1.PublisherService.ListDeployments:input_type -> airlock.publisher.v1.ListDeploymentsRequest
+	5,  // 14: airlock.publisher.v1.PublisherService.Publish:output_type -> airlock.publisher.v1.PublishResponse
+	7,  // 15: airlock.publisher.v1.PublisherService.GetDeployment:output_type -> airlock.publisher.v1.GetDeploymentResponse
+	9,  // 16: airlock.publisher.v1.PublisherService.ListDeployments:output_type -> airlock.publisher.v1.ListDeploymentsResponse
+	14, // [14:17] is the sub-list for method output_type
+	11, // [11:14] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_airlock_publisher_v1_publisher_proto_init() }
@@ -697,7 +935,7 @@ func file_airlock_publisher_v1_publisher_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_publisher_v1_publisher_proto_rawDesc), len(file_airlock_publisher_v1_publisher_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -499,8 +499,9 @@ type LeaseRequest struct {
 // publish target repository: the deploy credential after its approval
 // was consumed, the repository's source credential (PurposeRead) while it
 // is approved. It returns the credential sealed to cert (the caller's own certificate)
-// with the context LeaseContext. The lease ends at most MaxLeaseTTL after
-// the approval was consumed.
+// with the context LeaseContext. A lease ends at most MaxLeaseTTL after
+// the approval was consumed, and a read lease before a consume when the
+// approval expires.
 func (s *Service) Lease(ctx context.Context, caller identity.ID, cert *x509.Certificate, req LeaseRequest) (store.Lease, []byte, error) {
 	ev := audit.Event{Kind: audit.KindLeaseIssued, Caller: caller.String(), Subject: req.Resource, JobID: req.JobID}
 	l, secret, err := s.checkLease(ctx, caller, cert, req, &ev)
@@ -586,8 +587,15 @@ func (s *Service) checkLease(ctx context.Context, caller identity.ID, cert *x509
 		if st != store.ApprovalApproved && !consumedHere {
 			return store.Lease{}, nil, precondition("job_id: the approval of job %q is %s, not approved", req.JobID, st)
 		}
-		if end := a.ExpiresAt; st == store.ApprovalApproved && expires.After(end) {
+		end := a.ExpiresAt
+		if consumedHere {
+			end = a.ConsumedAt.Add(MaxLeaseTTL)
+		}
+		if expires.After(end) {
 			expires = end
+		}
+		if !expires.After(now) {
+			return store.Lease{}, nil, precondition("job_id: the approval of job %q was consumed more than %v ago", req.JobID, MaxLeaseTTL)
 		}
 		if t != nil {
 			path = t.Repositories[a.TargetRepo].Credential

@@ -366,8 +366,11 @@ func TestLeaseAndRevoke(t *testing.T) {
 	if first, err := f.st.GetLease(ctx, l.ID); err != nil || first.RevokeReason != "replaced by lease "+l2.ID {
 		t.Fatalf("the first lease after the second: %+v, %v", first, err)
 	}
-	_, _, err = f.svc.ListLeases(ctx, publisher, approvals.LeaseQuery{})
-	wantErr(t, "publisher lists", err, errdefs.ErrPermissionDenied, "may not list leases")
+	if mine, _, err := f.svc.ListLeases(ctx, publisher, approvals.LeaseQuery{}); err != nil || len(mine) != 1 || mine[0].ID != l2.ID {
+		t.Fatalf("the publisher's active leases = %v, %v; want only the latest", mine, err)
+	}
+	_, _, err = f.svc.ListLeases(ctx, devClient, approvals.LeaseQuery{})
+	wantErr(t, "client lists", err, errdefs.ErrPermissionDenied, "may not list leases")
 
 	_, err = f.svc.Revoke(ctx, devClient, l2.ID, "x")
 	wantErr(t, "client revokes", err, errdefs.ErrPermissionDenied, "may not revoke")

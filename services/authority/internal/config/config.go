@@ -244,7 +244,7 @@ func (c *Config) ValidatePeers() error {
 	case c.GrantTTL < 10*time.Second || c.GrantTTL > 24*time.Hour:
 		errs = append(errs, config.Field("grant_ttl", "%v: must be between 10s and 24h", c.GrantTTL))
 	}
-	errs = append(errs, c.Store.validate(), c.Audit.validate(c))
+	errs = append(errs, c.Store.Validate("authority.db"), c.Audit.validate(c))
 	c.Policy = policy.Tenants{}
 	for _, name := range sortedKeys(c.Tenants) {
 		t, err := c.tenant(name, c.Tenants[name])
@@ -413,10 +413,13 @@ func publishPolicy(field string, f PublishFile) (policy.Publish, error) {
 		return p, config.Field(field+".on_moved", "%q: want %s or %s", f.OnMoved, policy.OnMovedReapply, policy.OnMovedRefuse)
 	}
 	if err := p.Content.Validate(); err != nil {
-		// "…: policy.max_file_bytes: …" in this file's names.
-		msg := strings.TrimPrefix(err.Error(), "invalid argument: ")
-		msg = strings.NewReplacer("policy.max_file_bytes", "max_file_size", "policy.", "").Replace(msg)
-		return p, fmt.Errorf("%s.%s", field, msg)
+		// "invalid argument: policy.NAME: REASON" in this file's names.
+		msg := strings.TrimPrefix(err.Error(), "invalid argument: policy.")
+		name, reason, _ := strings.Cut(msg, ": ")
+		if name == "max_file_bytes" {
+			name = "max_file_size"
+		}
+		return p, config.Field(field+"."+name, "%s", reason)
 	}
 	return p, nil
 }

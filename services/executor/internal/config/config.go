@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"regexp"
 
@@ -118,9 +117,9 @@ func (c *Config) Common() *config.Server { return &c.Server }
 func (c *Config) ValidatePeers() error {
 	var errs []error
 	errs = append(errs, config.ValidatePeer("authority", c.Authority.Peer))
-	errs = append(errs, c.file("authority.grant_public_key", &c.Authority.GrantPublicKey, true))
-	errs = append(errs, c.file("sandbox.runc", &c.Sandbox.Runc, true))
-	errs = append(errs, c.file("sandbox.runsc", &c.Sandbox.Runsc, false))
+	errs = append(errs, config.CheckFile("authority.grant_public_key", &c.Authority.GrantPublicKey, true))
+	errs = append(errs, config.CheckFile("sandbox.runc", &c.Sandbox.Runc, true))
+	errs = append(errs, config.CheckFile("sandbox.runsc", &c.Sandbox.Runsc, false))
 	if c.Sandbox.UIDBase == 0 {
 		c.Sandbox.UIDBase = 1000000
 	} else if c.Sandbox.UIDBase < 65536 {
@@ -189,28 +188,6 @@ func (c *Config) ValidatePeers() error {
 		errs = append(errs, c.Capacity.validate(h, c.Network.Pool4Prefix.Bits()))
 	}
 	return errors.Join(errs...)
-}
-
-// file makes a path absolute relative to the data directory's config base
-// (already absolute paths stay) and checks it exists.
-func (c *Config) file(field string, p *string, required bool) error {
-	if *p == "" {
-		if required {
-			return config.Field(field, "required")
-		}
-		return nil
-	}
-	if !filepath.IsAbs(*p) {
-		abs, err := filepath.Abs(*p)
-		if err != nil {
-			return config.Field(field, "%v", err)
-		}
-		*p = abs
-	}
-	if _, err := os.Stat(*p); err != nil {
-		return config.Field(field, "%v", err)
-	}
-	return nil
 }
 
 // Load reads and validates the file at path; override applies command-line flags.

@@ -5,16 +5,29 @@ package api
 
 import (
 	"context"
+	"log/slog"
+	"slices"
+	"strings"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/identity"
 	publisherv1 "github.com/airlockhq/airlock/proto/airlock/publisher/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/publisher/internal/publish"
+	"github.com/airlockhq/airlock/services/publisher/internal/store"
 )
 
-// Config holds the publisher's domain services. It is empty until publishing
-// exists.
-type Config struct{}
+// Config holds the publisher's domain services.
+type Config struct {
+	Publish *publish.Service
+	Store   *store.Store
+	Logger  *slog.Logger
+}
 
 // Service implements airlock.publisher.v1.PublisherService; the Unsafe
 // embedding makes an unhandled new RPC a compile error.
@@ -24,21 +37,132 @@ type Service struct {
 }
 
 // New returns the service.
-func New(cfg Config) *Service { return &Service{cfg: cfg} }
+func New(cfg Config) *Service {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Service{cfg: cfg}
+}
 
 // Register registers the service on s.
 func (s *Service) Register(r grpc.ServiceRegistrar) { publisherv1.RegisterPublisherServiceServer(r, s) }
 
-const withPublish = "publishing approved results (validate, scan, consume approval, push)"
-
-func (s *Service) Publish(context.Context, *publisherv1.PublishRequest) (*publisherv1.PublishResponse, error) {
-	return nil, errdefs.NotImplemented(publisherv1.PublisherService_Publish_FullMethodName, withPublish)
+func caller(ctx context.Context) (identity.ID, error) {
+	id, ok := identity.FromContext(ctx)
+	if !ok {
+		return identity.ID{}, status.Error(codes.Unauthenticated, "no caller identity")
+	}
+	return id, nil
 }
 
-func (s *Service) GetDeployment(context.Context, *publisherv1.GetDeploymentRequest) (*publisherv1.GetDeploymentResponse, error) {
-	return nil, errdefs.NotImplemented(publisherv1.PublisherService_GetDeployment_FullMethodName, withPublish)
+// fail maps a domain error to a status; anything that is not a sentinel
+// is logged and reaches the caller as "internal error".
+func (s *Service) fail(ctx context.Context, err error) error {
+	st := errdefs.ToGRPC(err)
+	if c := status.Code(st); c == codes.Internal || c == codes.Unknown {
+		s.cfg.Logger.ErrorContext(ctx, "request failed", "error", err)
+	}
+	return st
 }
 
-func (s *Service) ListDeployments(context.Context, *publisherv1.ListDeploymentsRequest) (*publisherv1.ListDeploymentsResponse, error) {
-	return nil, errdefs.NotImplemented(publisherv1.PublisherService_ListDeployments_FullMethodName, withPublish)
+// Publish runs the publish flow. A refused or failed deployment is
+// FailedPrecondition with the deployment (and its findings) attached as
+// the status's detail; one still in progress (a peer unreachable) is
+// Unavailable: retry with the same idempotency key.
+func (s *Service) Publish(ctx context.Context, req *publisherv1.PublishRequest) (*publisherv1.PublishResponse, error) {
+	id, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	d, err := s.cfg.Publish.Publish(ctx, id.String(), publish.Request{
+		JobID: req.GetJobId(), ApprovalID: req.GetApprovalId(), BundleDigest: req.GetBundleDigest(),
+		Repo: req.GetTarget().GetRepository(), Branch: req.GetTarget().GetBranch(), IdempotencyKey: req.GetIdempotencyKey(),
+	})
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	out := deploymentToProto(d)
+	switch {
+	case d.State == store.Failed:
+		st, derr := status.New(codes.FailedPrecondition, "deployment "+d.ID+" failed: "+d.Message).WithDetails(out)
+		if derr != nil {
+			return nil, status.Error(codes.FailedPrecondition, "deployment "+d.ID+" failed: "+d.Message)
+		}
+		return nil, st.Err()
+	case d.State == store.InProgress && ctx.Err() == nil && strings.HasPrefix(d.Message, "waiting: "):
+		st, derr := status.New(codes.Unavailable, "deployment "+d.ID+" is "+d.Message+"; retry with the same idempotency key").WithDetails(out)
+		if derr != nil {
+			return nil, status.Error(codes.Unavailable, d.Message)
+		}
+		return nil, st.Err()
+	}
+	return &publisherv1.PublishResponse{Deployment: out}, nil
+}
+
+func (s *Service) GetDeployment(ctx context.Context, req *publisherv1.GetDeploymentRequest) (*publisherv1.GetDeploymentResponse, error) {
+	if req.GetDeploymentId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "deployment_id: required")
+	}
+	if len(req.GetDeploymentId()) > 128 {
+		return nil, status.Error(codes.InvalidArgument, "deployment_id: at most 128 bytes")
+	}
+	d, err := s.cfg.Store.Get(ctx, req.GetDeploymentId())
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	return &publisherv1.GetDeploymentResponse{Deployment: deploymentToProto(d)}, nil
+}
+
+func (s *Service) ListDeployments(ctx context.Context, req *publisherv1.ListDeploymentsRequest) (*publisherv1.ListDeploymentsResponse, error) {
+	size := int(req.GetPageSize())
+	switch {
+	case size < 0 || size > 500:
+		return nil, status.Error(codes.InvalidArgument, "page_size: must be between 0 (the default, 50) and 500")
+	case size == 0:
+		size = 50
+	}
+	if len(req.GetJobId()) > 128 || len(req.GetRepository()) > 128 {
+		return nil, status.Error(codes.InvalidArgument, "job_id and repository: at most 128 bytes")
+	}
+	list, next, err := s.cfg.Store.List(ctx, req.GetJobId(), req.GetRepository(), size, req.GetPageToken())
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	out := &publisherv1.ListDeploymentsResponse{NextPageToken: next}
+	for _, d := range list {
+		out.Deployments = append(out.Deployments, deploymentToProto(d))
+	}
+	return out, nil
+}
+
+var states = map[store.State]publisherv1.DeploymentState{
+	store.InProgress: publisherv1.DeploymentState_DEPLOYMENT_STATE_IN_PROGRESS,
+	store.Succeeded:  publisherv1.DeploymentState_DEPLOYMENT_STATE_SUCCEEDED,
+	store.Failed:     publisherv1.DeploymentState_DEPLOYMENT_STATE_FAILED,
+}
+
+var stepOrder = []store.Step{store.StepAccepted, store.StepVerified, store.StepValidated, store.StepPrepared,
+	store.StepConsumed, store.StepLeased, store.StepPushed, store.StepRevoked}
+
+func deploymentToProto(d store.Deployment) *publisherv1.Deployment {
+	out := &publisherv1.Deployment{
+		DeploymentId: d.ID, JobId: d.JobID, ApprovalId: d.ApprovalID, BundleDigest: d.BundleDigest,
+		Target: &typesv1.PublishTarget{Repository: d.TargetRepo, Branch: d.TargetBranch},
+		State:  states[d.State], Requester: d.Requester, Message: d.Message,
+		CreatedAt: timestamppb.New(d.CreatedAt), UpdatedAt: timestamppb.New(d.UpdatedAt), IdempotencyKey: d.IdempotencyKey,
+		Tenant: d.Tenant, PolicyDigest: d.PolicyDigest, BaseCommit: d.BaseCommit, ParentCommit: d.ParentCommit,
+		Approvers: slices.Clone(d.Approvers), FilesDigest: d.FilesDigest,
+	}
+	if d.State == store.Succeeded || d.Step == store.StepPushed || d.Step == store.StepRevoked {
+		out.Commit = d.Commit
+	}
+	for _, f := range d.Findings {
+		out.Findings = append(out.Findings, &publisherv1.Finding{Rule: f.Rule, Path: f.Path, Line: int32(f.Line), Message: f.Message, Redacted: f.Redacted})
+	}
+	for _, st := range stepOrder {
+		if at, ok := d.Steps[st]; ok {
+			out.Steps = append(out.Steps, &publisherv1.DeploymentStep{Step: string(st), DoneAt: timestamppb.New(at)})
+		}
+	}
+	return out
 }

@@ -1,21 +1,44 @@
 // Package config owns the publisher's config file: the common server part
-// from pkg/config plus the peers the publisher calls. Only the publisher's main
-// and composition root import it.
+// from pkg/config plus the peers the publisher calls, its store and its
+// content scan. Only the publisher's main and composition root import it.
 package config
 
 import (
 	"errors"
 
 	"github.com/airlockhq/airlock/pkg/config"
+	"github.com/airlockhq/airlock/pkg/contentcheck"
+	"github.com/airlockhq/airlock/pkg/sqldb"
 )
 
 // Config is the publisher's whole config file, validated.
 type Config struct {
 	config.Server `yaml:",inline"`
-	// Authority is where the publisher consumes approvals and leases credentials.
-	Authority config.Peer `yaml:"authority"`
+	// Authority is where the publisher reads publish specs, consumes
+	// approvals and leases credentials.
+	Authority Authority `yaml:"authority"`
 	// Executor is where the publisher fetches result bundles.
 	Executor config.Peer `yaml:"executor"`
+	// Store is where deployments are kept: sqlite (default,
+	// <data_dir>/publisher.db) or postgres (for replicas).
+	Store sqldb.Config `yaml:"store"`
+	// Scan configures the content validation.
+	Scan Scan `yaml:"scan"`
+}
+
+// Authority is the publisher's authority peer.
+type Authority struct {
+	config.Peer `yaml:",inline"`
+	// GrantPublicKey is the PEM Ed25519 key the grant inside each bundle
+	// must be signed with (the authority's grant key).
+	GrantPublicKey string `yaml:"grant_public_key"`
+}
+
+// Scan configures the content validation.
+type Scan struct {
+	// DecodeDepth is how many rounds of base64, hex and percent decoding
+	// the secret scan makes; default 2, at most 8.
+	DecodeDepth int `yaml:"decode_depth"`
 }
 
 // Common implements config.Service.
@@ -23,7 +46,19 @@ func (c *Config) Common() *config.Server { return &c.Server }
 
 // ValidatePeers implements config.Service.
 func (c *Config) ValidatePeers() error {
-	return errors.Join(config.ValidatePeer("authority", c.Authority), config.ValidatePeer("executor", c.Executor))
+	errs := []error{
+		config.ValidatePeer("authority", c.Authority.Peer),
+		config.CheckFile("authority.grant_public_key", &c.Authority.GrantPublicKey, true),
+		config.ValidatePeer("executor", c.Executor),
+		c.Store.Validate("publisher.db"),
+	}
+	switch d := c.Scan.DecodeDepth; {
+	case d == 0:
+		c.Scan.DecodeDepth = contentcheck.DefaultDecodeDepth
+	case d < 0 || d > contentcheck.MaxDecodeDepth:
+		errs = append(errs, config.Field("scan.decode_depth", "%d: must be between 1 and %d", d, contentcheck.MaxDecodeDepth))
+	}
+	return errors.Join(errs...)
 }
 
 // Load reads and validates the file at path; override applies command-line flags.

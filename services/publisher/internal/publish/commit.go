@@ -2,9 +2,12 @@ package publish
 
 import (
 	"bytes"
+	"strconv"
+
 	"context"
 	"errors"
 	"fmt"
+	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -245,4 +248,73 @@ func (r *Repo) Push(ctx context.Context, remote, branch string, p Prepared, remo
 		return fmt.Errorf("%w: %s", ErrMoved, ge.Stderr)
 	}
 	return fmt.Errorf("%w: push to %s: %v", errdefs.ErrUnavailable, branch, err)
+}
+
+// Tree lists the tree of commit as the content checks read it: every
+// entry's path and mode, and each symlink's target.
+func (r *Repo) Tree(ctx context.Context, commit string) ([]contentcheck.TreeEntry, error) {
+	out, err := r.git(ctx, nil, nil, "ls-tree", "-r", "-z", "--full-tree", commit)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		entries []contentcheck.TreeEntry
+		links   []int
+		batch   bytes.Buffer
+	)
+	for _, rec := range bytes.Split(out, []byte{0}) {
+		meta, path, ok := bytes.Cut(rec, []byte{'\t'})
+		if !ok {
+			continue
+		}
+		f := strings.Fields(string(meta))
+		if len(f) != 3 {
+			return nil, fmt.Errorf("publish: ls-tree: unexpected line %q", meta)
+		}
+		mode, err := strconv.ParseUint(f[0], 8, 32)
+		if err != nil {
+			return nil, fmt.Errorf("publish: ls-tree: mode %q", f[0])
+		}
+		if mode == 0o120000 {
+			links = append(links, len(entries))
+			batch.WriteString(f[2] + "\n")
+		}
+		entries = append(entries, contentcheck.TreeEntry{Path: string(path), Mode: uint32(mode)})
+	}
+	if len(links) > 0 {
+		out, err := r.git(ctx, nil, batch.Bytes(), "cat-file", "--batch")
+		if err != nil {
+			return nil, err
+		}
+		for _, i := range links {
+			header, rest, ok := bytes.Cut(out, []byte{'\n'})
+			f := strings.Fields(string(header))
+			if !ok || len(f) != 3 {
+				return nil, fmt.Errorf("publish: cat-file: unexpected header %q", header)
+			}
+			n, err := strconv.Atoi(f[2])
+			if err != nil || n+1 > len(rest) {
+				return nil, fmt.Errorf("publish: cat-file: bad size %q", f[2])
+			}
+			entries[i].Target = string(rest[:n])
+			out = rest[n+1:]
+		}
+	}
+	return entries, nil
+}
+
+// Changed returns the sorted paths commit changes against parent.
+func (r *Repo) Changed(ctx context.Context, parent, commit string) ([]string, error) {
+	out, err := r.git(ctx, nil, nil, "diff-tree", "-r", "-z", "--no-renames", "--name-only", "--no-commit-id", parent, commit)
+	if err != nil {
+		return nil, err
+	}
+	var paths []string
+	for _, p := range bytes.Split(out, []byte{0}) {
+		if len(p) > 0 {
+			paths = append(paths, string(p))
+		}
+	}
+	sort.Strings(paths)
+	return paths, nil
 }

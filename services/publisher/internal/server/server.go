@@ -8,11 +8,19 @@ import (
 	"os"
 
 	"github.com/airlockhq/airlock/pkg/authz"
+	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"github.com/airlockhq/airlock/pkg/daemon"
+	"github.com/airlockhq/airlock/pkg/grant"
+	"github.com/airlockhq/airlock/pkg/grpcclient"
+	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/logging"
+	"github.com/airlockhq/airlock/pkg/sqldb"
 	"github.com/airlockhq/airlock/pkg/version"
 	"github.com/airlockhq/airlock/services/publisher/internal/api"
 	"github.com/airlockhq/airlock/services/publisher/internal/config"
+	"github.com/airlockhq/airlock/services/publisher/internal/peers"
+	"github.com/airlockhq/airlock/services/publisher/internal/publish"
+	"github.com/airlockhq/airlock/services/publisher/internal/store"
 )
 
 // Run runs the publisher until ctx is cancelled or a part of it fails.
@@ -27,8 +35,70 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		Config:  cfg.Server,
 		Table:   authz.PublisherTable,
 		Logger:  logger,
-		Start: func(_ context.Context, env *daemon.Env) error {
-			api.New(api.Config{}).Register(env.Server)
+		Start: func(ctx context.Context, env *daemon.Env) error {
+			var (
+				st    *store.Store
+				where string
+			)
+			switch cfg.Store.Driver {
+			case sqldb.DriverPostgres:
+				// Logged by where, never by the DSN: it may hold a password.
+				st, err = store.OpenPostgres(ctx, cfg.Store.DSN, cfg.Store.MaxConns)
+				where = sqldb.Describe(cfg.Store.DSN)
+			default:
+				where = env.DataDir.Join("publisher.db")
+				st, err = store.OpenSQLite(ctx, where)
+			}
+			if err != nil {
+				return err
+			}
+			env.Logger.Info("store opened", "driver", cfg.Store.Driver, "database", where)
+			env.OnStop(st.Close)
+
+			pub, err := grant.LoadPublicKey(cfg.Authority.GrantPublicKey)
+			if err != nil {
+				return err
+			}
+			roots, err := env.TLS.Roots()
+			if err != nil {
+				return err
+			}
+			checker, err := contentcheck.New(contentcheck.Config{DecodeDepth: cfg.Scan.DecodeDepth})
+			if err != nil {
+				return err
+			}
+			ac, err := grpcclient.Dial(cfg.Authority.Address, env.TLS, env.PeerID(identity.ServiceAuthority))
+			if err != nil {
+				return err
+			}
+			env.OnStop(ac.Close)
+			ec, err := grpcclient.Dial(cfg.Executor.Address, env.TLS, env.PeerID(identity.ServiceExecutor))
+			if err != nil {
+				return err
+			}
+			env.OnStop(ec.Close)
+
+			svc, err := publish.New(ctx, publish.Config{
+				Store: st, Authority: peers.NewAuthority(ac, env.TLS), Executor: peers.NewExecutor(ec), Checker: checker,
+				Trust: publish.Trust{Roots: roots, Executor: env.PeerID(identity.ServiceExecutor), Grants: grant.NewVerifier(pub)},
+				Dir:   env.DataDir.Join("work"), Logger: logger,
+			})
+			if err != nil {
+				return err
+			}
+			// Runs end with ctx; the store closes after them.
+			env.OnStop(func() error { svc.Wait(); return nil })
+			api.New(api.Config{Publish: svc, Store: st, Logger: logger}).Register(env.Server)
+			// What a crash or a stop left half done goes on now.
+			env.Go(func(ctx context.Context) error {
+				if n, err := svc.Resume(ctx); err != nil {
+					logger.Warn("resume unfinished deployments", "error", err)
+				} else if n > 0 {
+					logger.Info("resumed unfinished deployments", "count", n)
+				}
+				<-ctx.Done()
+				return nil
+			})
 			return nil
 		},
 	})

@@ -86,6 +86,12 @@ type Deployment struct {
 	BaseCommit, ParentCommit, Commit string
 	// LeaseID is the deploy-credential lease, while one is held.
 	LeaseID string
+	// Approvers are the SPIFFE IDs of the approving votes.
+	Approvers []string
+	// FilesDigest names the list of paths the approved bundle changes
+	// (files.json) and the commit changes: the publisher checks they are
+	// the same list before it spends the approval (FilesDigestOf).
+	FilesDigest string
 	// Steps records when each step was done.
 	Steps map[Step]time.Time
 
@@ -123,6 +129,8 @@ func schema(blob string) string {
 		commit_sha      TEXT   NOT NULL,
 		lease_id        TEXT   NOT NULL,
 		steps           ` + blob + `,
+		approvers       ` + blob + `,
+		files_digest    TEXT   NOT NULL,
 		created_at      BIGINT NOT NULL,
 		updated_at      BIGINT NOT NULL,
 		version         BIGINT NOT NULL
@@ -156,7 +164,7 @@ func OpenPostgres(ctx context.Context, dsn string, maxConns int) (*Store, error)
 func (s *Store) Close() error { return s.db.Close() }
 
 const columns = `id, idempotency_key, request_digest, requester, job_id, approval_id, tenant, bundle_digest, target_repo, target_branch,
-	state, step, message, findings, policy_digest, base_commit, parent_commit, commit_sha, lease_id, steps, created_at, updated_at, version`
+	state, step, message, findings, policy_digest, base_commit, parent_commit, commit_sha, lease_id, steps, approvers, files_digest, created_at, updated_at, version`
 
 // setColumns is columns as "c = ?, …", for an UPDATE of every column.
 var setColumns = func() string {
@@ -174,17 +182,23 @@ func scan(row scanner) (Deployment, error) {
 		d                Deployment
 		state, step      string
 		findings, steps  []byte
+		approvers        []byte
 		created, updated int64
 	)
 	if err := row.Scan(&d.ID, &d.IdempotencyKey, &d.RequestDigest, &d.Requester, &d.JobID, &d.ApprovalID, &d.Tenant, &d.BundleDigest,
 		&d.TargetRepo, &d.TargetBranch, &state, &step, &d.Message, &findings, &d.PolicyDigest, &d.BaseCommit, &d.ParentCommit,
-		&d.Commit, &d.LeaseID, &steps, &created, &updated, &d.Version); err != nil {
+		&d.Commit, &d.LeaseID, &steps, &approvers, &d.FilesDigest, &created, &updated, &d.Version); err != nil {
 		return Deployment{}, err
 	}
 	d.State, d.Step = State(state), Step(step)
 	if len(findings) > 0 {
 		if err := json.Unmarshal(findings, &d.Findings); err != nil {
 			return Deployment{}, fmt.Errorf("deployment %s: findings: %w", d.ID, err)
+		}
+	}
+	if len(approvers) > 0 {
+		if err := json.Unmarshal(approvers, &d.Approvers); err != nil {
+			return Deployment{}, fmt.Errorf("deployment %s: approvers: %w", d.ID, err)
 		}
 	}
 	d.Steps = map[Step]time.Time{}
@@ -214,9 +228,13 @@ func (d Deployment) args() ([]any, error) {
 	if err != nil {
 		return nil, err
 	}
+	approvers, err := json.Marshal(d.Approvers)
+	if err != nil {
+		return nil, err
+	}
 	return []any{d.ID, d.IdempotencyKey, d.RequestDigest, d.Requester, d.JobID, d.ApprovalID, d.Tenant, d.BundleDigest,
 		d.TargetRepo, d.TargetBranch, string(d.State), string(d.Step), d.Message, findings, d.PolicyDigest, d.BaseCommit,
-		d.ParentCommit, d.Commit, d.LeaseID, steps, d.CreatedAt.UnixMicro(), d.UpdatedAt.UnixMicro(), d.Version}, nil
+		d.ParentCommit, d.Commit, d.LeaseID, steps, approvers, d.FilesDigest, d.CreatedAt.UnixMicro(), d.UpdatedAt.UnixMicro(), d.Version}, nil
 }
 
 // Create records d unless a deployment with its idempotency key or its
