@@ -228,4 +228,3 @@ func (g *globals) printDeployment(d *publisherv1.Deployment) error {
 		}
 	})
 }
-
