@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The main job on one machine, with embedded defaults: bring up authority,
-# executor and publisher as separate processes over mTLS, check their
-# health, run an agent-style job on a sample repository in a real runc
-# sandbox (edit a file, run the tests), show its result and patch, and
-# bring everything down.
+# executor and publisher as separate processes over mTLS, with the sample
+# repository served by the stack's HTTPS git server; check their health;
+# run an agent-style job in a real runc sandbox (edit a file, run the
+# tests); show what the sandbox kept from it; review, approve and publish
+# the result as one commit on the protected branch; show that a result
+# carrying a credential is refused with its approval unspent; and bring
+# everything down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -70,6 +73,43 @@ fi
 
 step "another approver approves it"
 "$airlock" approval approve "$approval" --as approver/alice --comment "greeting fixed, test passes"
+
+step "the pipeline publishes it: airlock publish $approval (as pipeline/deploy)"
+"$airlock" publish "$approval"
+bare="$dir/git/data/sample.git"
+step "the protected branch now has exactly one more commit: the approved one, with its trailers"
+git -C "$bare" log --format='%h %an <%ae> %ad%n%w(0,4,4)%B' main
+[ "$(git -C "$bare" rev-list --count main)" = 2 ] || { echo "FAIL: want exactly one commit on top of the sample's" >&2; exit 1; }
+git -C "$bare" show --stat --format= main
+
+step "publishing the same approval again returns the same deployment and pushes nothing"
+first=$("$airlock" deployment list -o json | sed -n 's/.*"deploymentId": *"\([^"]*\)".*/\1/p' | head -1)
+again=$("$airlock" publish "$approval" -o json | sed -n 's/.*"deploymentId": *"\([^"]*\)".*/\1/p' | head -1)
+echo "first $first, again $again"
+[ -n "$first" ] && [ "$first" = "$again" ] || { echo "FAIL: a second publish made another deployment" >&2; exit 1; }
+[ "$(git -C "$bare" rev-list --count main)" = 2 ] || { echo "FAIL: a second publish pushed again" >&2; exit 1; }
+
+step "what the sandbox could not do: read a file outside its workspace, reach the authority"
+out=$("$airlock" job submit --repo sample --rev main --wait -- sh -c \
+  "cat '$dir/authority/grant.key' 2>&1; curl -sS -m 3 -k 'https://$addr' 2>&1; true")
+printf '%s\n' "$out" | grep -E 'No such file|curl: \(' | sed 's/^/  job said: /'
+printf '%s\n' "$out" | grep -q 'No such file' || { echo "FAIL: the job could read the host's grant key" >&2; exit 1; }
+printf '%s\n' "$out" | grep -q 'curl: (' || { echo "FAIL: the job reached the authority" >&2; exit 1; }
+
+step "a job writes a credential-looking token into a file; it is approved, and the publisher refuses it"
+"$airlock" job submit --repo sample --rev main --publish-to sample:main --wait -- sh -c \
+  'printf "[default]\naws_access_key_id = AKIAQYLPMN5HHHFPZAM2\n" > lib/aws.ini' >/dev/null
+leaky=$("$airlock" approval list --as approver/alice --state pending -o json | sed -n 's/.*"approvalId": *"\([^"]*\)".*/\1/p' | head -1)
+"$airlock" approval approve "$leaky" --as approver/bob --comment "looks fine to me"
+set +e
+"$airlock" publish "$leaky"
+code=$?
+set -e
+[ "$code" = 1 ] || { echo "FAIL: a result with a credential was published (exit $code)" >&2; exit 1; }
+step "its approval stays unspent, and the branch did not move"
+"$airlock" approval list --as approver/alice
+"$airlock" approval list --as approver/alice --state approved -o json | grep -q "$leaky" || { echo "FAIL: the refused publish spent the approval" >&2; exit 1; }
+[ "$(git -C "$bare" rev-list --count main)" = 2 ] || { echo "FAIL: the branch moved" >&2; exit 1; }
 
 step "a running job asks for more memory: widening waits for an approver; narrowing applies at once"
 running=$("$airlock" job submit --repo sample --rev main --memory 256MiB -- sh -c 'echo running; sleep 120')
