@@ -9,6 +9,7 @@
 package jobs
 
 import (
+	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"cmp"
 	"context"
 	"crypto/sha256"
@@ -233,6 +234,9 @@ type Config struct {
 	// whole audit log; every other approver reads only the entries of
 	// the tenants that list it.
 	Auditors []string
+	// Secrets checks a job's environment for credential-looking values;
+	// default a pkg/contentcheck Checker of its own.
+	Secrets *contentcheck.Checker
 	// Refusals throttles repeated refusals on the log; default a
 	// throttle of its own (audit.NewRefusalThrottle). Whoever owns it runs
 	// its Flush.
@@ -286,6 +290,13 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.Tenants == nil {
 		cfg.Tenants = policy.Tenants{}
+	}
+	if cfg.Secrets == nil {
+		c, err := contentcheck.New(contentcheck.Config{})
+		if err != nil {
+			return nil, err
+		}
+		cfg.Secrets = c
 	}
 	if cfg.Retry.Min <= 0 {
 		cfg.Retry.Min = 200 * time.Millisecond

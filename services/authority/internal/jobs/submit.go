@@ -8,7 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/airlockhq/airlock/pkg/audit"
-	"math"
+	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"net/netip"
 	"regexp"
 	"slices"
@@ -79,7 +79,7 @@ func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequ
 		return store.Job{}, false, err
 	}
 
-	d, err := check(t, req.Spec)
+	d, err := s.check(ctx, t, req.Spec)
 	if err != nil {
 		return store.Job{}, false, err
 	}
@@ -188,7 +188,7 @@ func denied(field, format string, args ...any) error {
 }
 
 // check applies the tenant's policy to spec.
-func check(t *policy.Tenant, spec Spec) (decision, error) {
+func (s *Service) check(ctx context.Context, t *policy.Tenant, spec Spec) (decision, error) {
 	var d decision
 	if spec.Repository == "" {
 		return d, invalid("spec.repository", "required")
@@ -216,7 +216,7 @@ func check(t *policy.Tenant, spec Spec) (decision, error) {
 	if err := checkCommand(spec.Command); err != nil {
 		return d, err
 	}
-	if err := checkEnv(spec.Env); err != nil {
+	if err := checkEnv(ctx, s.cfg.Secrets, spec.Env); err != nil {
 		return d, err
 	}
 	limits, err := effectiveLimits("spec.resources", spec.Resources, t.Default, t.Max)
@@ -277,7 +277,7 @@ func checkCommand(argv []string) error {
 
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-func checkEnv(env map[string]string) error {
+func checkEnv(ctx context.Context, secrets *contentcheck.Checker, env map[string]string) error {
 	if len(env) > 256 {
 		return invalid("spec.env", "at most 256 variables")
 	}
@@ -310,7 +310,11 @@ func checkEnv(env map[string]string) error {
 		}
 		// The value is never echoed: if it is a secret, the error must not
 		// spread it further.
-		if what := credentialValue(v); what != "" {
+		what, err := secrets.CredentialValue(ctx, v)
+		if err != nil {
+			return err
+		}
+		if what != "" {
 			return invalid(field, "the value looks like a credential (%s); jobs never get credentials (the authority keeps them)", what)
 		}
 	}
@@ -340,86 +344,6 @@ func credentialName(name string) bool {
 		}
 	}
 	return false
-}
-
-var (
-	awsKeyID     = regexp.MustCompile(`\b(AKIA|ASIA|AGPA|AIDA|AROA)[A-Z0-9]{16}\b`)
-	jwt          = regexp.MustCompile(`\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.`)
-	urlPassword  = regexp.MustCompile(`[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]+:[^/\s@]+@`)
-	tokenPattern = []struct {
-		re   *regexp.Regexp
-		what string
-	}{
-		{regexp.MustCompile(`\b(ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}`), "a GitHub token"},
-		{regexp.MustCompile(`\bgithub_pat_[A-Za-z0-9_]{20,}`), "a GitHub token"},
-		{regexp.MustCompile(`\bglpat-[A-Za-z0-9_-]{16,}`), "a GitLab token"},
-		{regexp.MustCompile(`\bxox[abprs]-[A-Za-z0-9-]{10,}`), "a Slack token"},
-		{regexp.MustCompile(`\bsk-[A-Za-z0-9_-]{16,}`), "an API secret key"},
-		{regexp.MustCompile(`\b(sk|rk)_live_[A-Za-z0-9]{16,}`), "a Stripe key"},
-		{regexp.MustCompile(`\bAIza[A-Za-z0-9_-]{30,}`), "a Google API key"},
-		{regexp.MustCompile(`\bnpm_[A-Za-z0-9]{30,}`), "an npm token"},
-	}
-)
-
-// credentialValue says what kind of credential v looks like, or "".
-func credentialValue(v string) string {
-	switch {
-	case strings.Contains(v, "-----BEGIN"):
-		return "a PEM block"
-	case awsKeyID.MatchString(v):
-		return "an AWS access key id"
-	case jwt.MatchString(v):
-		return "a JSON web token"
-	case urlPassword.MatchString(v):
-		return "a URL with a password"
-	}
-	for _, p := range tokenPattern {
-		if p.re.MatchString(v) {
-			return p.what
-		}
-	}
-	for _, word := range strings.FieldsFunc(v, func(r rune) bool { return unicode.IsSpace(r) || r == ',' || r == ';' || r == '"' || r == '\'' }) {
-		if highEntropy(word) {
-			return "a long random string"
-		}
-	}
-	return ""
-}
-
-// highEntropy reports a long run of base64-alphabet characters mixing
-// upper case, lower case and digits with the character spread of random
-// data. Hex strings (commit SHAs, digests) and UUIDs lack upper case and
-// pass; real words and paths lack the spread.
-func highEntropy(s string) bool {
-	if len(s) < 32 {
-		return false
-	}
-	var upper, lower, digit bool
-	counts := map[rune]int{}
-	for _, r := range s {
-		switch {
-		case 'A' <= r && r <= 'Z':
-			upper = true
-		case 'a' <= r && r <= 'z':
-			lower = true
-		case '0' <= r && r <= '9':
-			digit = true
-		case r == '+' || r == '/' || r == '=' || r == '_' || r == '-':
-		default:
-			return false
-		}
-		counts[r]++
-	}
-	if !upper || !lower || !digit {
-		return false
-	}
-	var bits float64
-	n := float64(len(s))
-	for _, c := range counts {
-		p := float64(c) / n
-		bits -= p * math.Log2(p)
-	}
-	return bits >= 4.2
 }
 
 // effectiveLimits fills zero fields from def and refuses any above ceil;

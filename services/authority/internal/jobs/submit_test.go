@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"errors"
+	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"net/netip"
 	"strings"
 	"testing"
@@ -13,6 +14,10 @@ import (
 )
 
 func TestCredentialLookingEnv(t *testing.T) {
+	secrets, err := contentcheck.New(contentcheck.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name, value string
 		refused     bool
@@ -63,9 +68,13 @@ func TestCredentialLookingEnv(t *testing.T) {
 		{"V", "sk-short", false},
 		{"V", "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA1a", false}, // long but not random
 		{"V", "", false},
+		// Only the gitleaks rules (pkg/contentcheck) know these.
+		{"V", "dapi0123456789abcdef0123456789abcdef", true},         // a Databricks token
+		{"V", "shpat_0123456789abcdef0123456789abcdef", true},       // a Shopify token
+		{"V", "pul-0123456789abcdef0123456789abcdef01234567", true}, // a Pulumi token
 	} {
 		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
-			err := checkEnv(map[string]string{tc.name: tc.value})
+			err := checkEnv(t.Context(), secrets, map[string]string{tc.name: tc.value})
 			if tc.refused {
 				if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "spec.env."+tc.name+":") {
 					t.Fatalf("checkEnv = %v, want a refusal naming spec.env.%s", err, tc.name)
