@@ -61,13 +61,14 @@ unit:
 e2e:
 	$(GO) test $(GOTESTFLAGS) ./test/e2e/...
 
-## bench: raw `runc run` vs the sandbox vs the whole submit→result path, in one go test run; benchstat summarizes
+## bench: raw `runc run` vs the sandbox vs the whole submit→result path, a publish vs the same change landed with git alone, and the content scan's MB/s; benchstat summarizes
 # -p 1: one package at a time, so neither runs under the other's load (two
 # cores here); the ratios are between benchmarks of one run.
 BENCHCOUNT ?= 6
 bench: runtimes
-	$(GO) test -p 1 -run '^$$' -bench 'RawRuncTrue|SandboxTrue|EndToEnd' -benchtime 50x -count $(BENCHCOUNT) -timeout 30m \
+	$(GO) test -p 1 -run '^$$' -bench 'RawRuncTrue|SandboxTrue|EndToEnd|Publish$$|RawGitPublish' -benchtime 50x -count $(BENCHCOUNT) -timeout 60m \
 		./services/executor/internal/sandbox ./test/e2e | tee bench.out
+	$(GO) test -run '^$$' -bench 'Check10MBPatch' -benchtime 2x -count 3 -timeout 30m ./pkg/contentcheck | tee -a bench.out
 	$(TOOL) benchstat bench.out
 
 ## demo: the product's main job on one machine with embedded defaults
