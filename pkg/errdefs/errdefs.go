@@ -82,9 +82,3 @@ func FromGRPC(err error) error {
 	}
 	return err
 }
-
-// NotImplemented is the error for an RPC whose behaviour a later release
-// builds; it says so instead of returning anything fake.
-func NotImplemented(method, comesWith string) error {
-	return status.Errorf(codes.Unimplemented, "%s is not implemented in this build yet (it comes with %s)", method, comesWith)
-}
