@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"encoding/pem"
+	"errors"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	pkgconfig "github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/pki"
 	"github.com/airlockhq/airlock/services/authority/internal/config"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
@@ -331,5 +333,16 @@ func TestPublishErrorsNameTheField(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A glob is quoted as written, even when it holds the words the error's
+// field names are rewritten from.
+func TestPublishErrorQuotesTheGlob(t *testing.T) {
+	body := common + "tenants:\n  dev:\n    clients: [client/dev]\n    publish:\n      protected: [\"docs/policy.[md\"]\n"
+	_, err := config.Load(write(t, body), nil)
+	var fe *pkgconfig.FieldError
+	if !errors.As(err, &fe) || fe.Field != "tenants.dev.publish.protected[0]" || !strings.Contains(fe.Reason, `"docs/policy.[md"`) {
+		t.Fatalf("error %v (%T): want a field error on tenants.dev.publish.protected[0] quoting the glob", err, err)
 	}
 }
