@@ -126,8 +126,11 @@ type Deployment struct {
 	Approvers []string `protobuf:"bytes,18,rep,name=approvers,proto3" json:"approvers,omitempty"`
 	// Each step done, in order, with its time.
 	Steps []*DeploymentStep `protobuf:"bytes,19,rep,name=steps,proto3" json:"steps,omitempty"`
-	// sha256 of the sorted list of paths the approved bundle changes: the
-	// commit changes exactly these (checked before the approval is spent).
+	// "sha256:" and the hex sha256 of the paths the approved bundle's file
+	// list names, sorted bytewise, each followed by a NUL byte. The commit
+	// changes exactly these paths (checked before the approval is spent):
+	// `git diff-tree -r -z --no-renames --name-only PARENT COMMIT`, sorted,
+	// gives the same digest.
 	FilesDigest   string `protobuf:"bytes,20,opt,name=files_digest,json=filesDigest,proto3" json:"files_digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
