@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -81,4 +82,17 @@ func FromGRPC(err error) error {
 		}
 	}
 	return err
+}
+
+// Detail is err's message without the sentinel's words it starts with
+// ("failed precondition: target: …" → "target: …"), for a record or a
+// status that says its kind elsewhere.
+func Detail(err error) string {
+	msg := err.Error()
+	for _, c := range codeOf {
+		if rest, ok := strings.CutPrefix(msg, c.err.Error()+": "); ok && errors.Is(err, c.err) {
+			return rest
+		}
+	}
+	return msg
 }

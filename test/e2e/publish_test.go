@@ -695,8 +695,9 @@ func TestPublishAuthorization(t *testing.T) {
 // TestPublishBindsTheRequestToTheApproval holds the publisher to its
 // API's promise (publisher.proto, PublishRequest): what a pipeline names
 // (job, digest, target) must be the approval's, whether or not the
-// approval landed already; and a mistaken request, refused, spends
-// nothing, not even the approval's chance to be published.
+// approval landed already; and a mistaken request is refused before
+// anything is recorded, so it spends nothing, not even the approval's
+// chance to be published.
 func TestPublishBindsTheRequestToTheApproval(t *testing.T) {
 	t.Parallel()
 	p := startPublishStack(t)
@@ -712,10 +713,10 @@ func TestPublishBindsTheRequestToTheApproval(t *testing.T) {
 			{[]string{"--job", job2.GetJobId()}, "job_id"},
 			{[]string{"--to", "sample:release"}, "target"},
 		} {
-			res, d := p.publish(t, approval1, append([]string{"--idempotency-key", "other-" + tc.field}, tc.args...)...)
-			if res.code != 1 || !strings.Contains(res.stderr, tc.field) {
-				t.Errorf("publish %s %v (it landed as %s): exit %d, deployment %s %v of job %s; want exit 1 naming %s",
-					approval1, tc.args, d1.GetDeploymentId(), res.code, d.GetDeploymentId(), d.GetState(), d.GetJobId(), tc.field)
+			res := p.airlock(t, append([]string{"publish", approval1, "-o", "json", "--idempotency-key", "other-" + tc.field}, tc.args...)...)
+			if res.code != 1 || !strings.Contains(res.stderr, tc.field+": approval "+approval1+" is for") || strings.Contains(res.stdout, d1.GetDeploymentId()) {
+				t.Errorf("publish %s %v (it landed as %s): exit %d\nstdout:\n%s\nstderr:\n%s\nwant exit 1 naming %s and no deployment",
+					approval1, tc.args, d1.GetDeploymentId(), res.code, res.stdout, res.stderr, tc.field)
 			}
 		}
 		if got := p.tip(t); got != tip {
@@ -724,12 +725,31 @@ func TestPublishBindsTheRequestToTheApproval(t *testing.T) {
 	})
 
 	t.Run("the right request after a mistaken one", func(t *testing.T) {
-		res, d := p.publish(t, approval2, "--idempotency-key", "typo", "--to", "sample:mian")
-		if res.code != 1 || !strings.Contains(res.stderr, "target") {
-			t.Fatalf("publish to the wrong branch: exit %d, %v\n%s", res.code, d.GetState(), res.stderr)
+		res := p.airlock(t, "publish", approval2, "-o", "json", "--idempotency-key", "typo", "--to", "sample:mian")
+		if res.code != 1 || !strings.Contains(res.stderr, "target: approval "+approval2+" is for sample:main, not sample:mian") || strings.TrimSpace(res.stdout) != "" {
+			t.Fatalf("publish to the wrong branch: exit %d\nstdout:\n%s\nstderr:\n%s\nwant exit 1 naming the target and no deployment", res.code, res.stdout, res.stderr)
 		}
-		p.checkUnspentRefusal(t, d, job2, approval2, tip)
-		res, d = p.publish(t, approval2)
+		if st := p.approvalState(t, approval2); st != authorityv1.ApprovalState_APPROVAL_STATE_APPROVED {
+			t.Errorf("approval %s is %v after the mistaken request, want still approved", approval2, st)
+		}
+		if n := p.checkNoActiveLease(t, job2.GetJobId()); n != 0 {
+			t.Errorf("%d deploy leases were issued for the mistaken request", n)
+		}
+		if got := p.tip(t); got != tip {
+			t.Errorf("main moved to %s after a refused publish", got)
+		}
+		// Published before it is decided: refused, nothing recorded, and
+		// it publishes once approved.
+		job3, approval3, _ := p.submitJob(t, `printf 'third\n' > lib/third.txt`)
+		if res := p.airlock(t, "publish", approval3); res.code != 1 || !strings.Contains(res.stderr, "is pending, not approved") {
+			t.Errorf("publish of a pending approval: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+		}
+		p.approve(t, approval3)
+		if res, d := p.publish(t, approval3); res.code != 0 || d.GetState() != publisherv1.DeploymentState_DEPLOYMENT_STATE_SUCCEEDED || d.GetJobId() != job3.GetJobId() {
+			t.Errorf("publish once approved: exit %d, %v %q\n%s", res.code, d.GetState(), d.GetMessage(), res.stderr)
+		}
+		tip = p.tip(t)
+		res, d := p.publish(t, approval2)
 		if res.code != 0 || d.GetState() != publisherv1.DeploymentState_DEPLOYMENT_STATE_SUCCEEDED || p.tip(t) == tip {
 			t.Errorf("the right request: exit %d, deployment %s %v %q (idempotency key %q); want it published\n%s",
 				res.code, d.GetDeploymentId(), d.GetState(), d.GetMessage(), d.GetIdempotencyKey(), res.stderr)

@@ -1,7 +1,6 @@
 package publish
 
 import (
-	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -212,6 +211,19 @@ func (r Request) check() error {
 	return nil
 }
 
+// matches checks the fields the request names against the approval's.
+func (r Request) matches(spec Spec) error {
+	switch {
+	case r.JobID != "" && r.JobID != spec.JobID:
+		return fmt.Errorf("%w: job_id: approval %s is for job %s, not %s", errdefs.ErrFailedPrecondition, r.ApprovalID, spec.JobID, r.JobID)
+	case r.BundleDigest != "" && r.BundleDigest != spec.BundleDigest:
+		return fmt.Errorf("%w: bundle_digest: approval %s is for %s, not %s", errdefs.ErrFailedPrecondition, r.ApprovalID, spec.BundleDigest, r.BundleDigest)
+	case r.Repo != "" && (r.Repo != spec.Repo || r.Branch != spec.Branch):
+		return fmt.Errorf("%w: target: approval %s is for %s:%s, not %s:%s", errdefs.ErrFailedPrecondition, r.ApprovalID, spec.Repo, spec.Branch, r.Repo, r.Branch)
+	}
+	return nil
+}
+
 // digest names the request's fields: the same key with another request
 // is refused.
 func (r Request) digest() string {
@@ -227,19 +239,22 @@ func (s *Service) Publish(ctx context.Context, requester string, r Request) (sto
 		return store.Deployment{}, err
 	}
 	key := r.digest()
-	if r.JobID == "" || r.BundleDigest == "" || r.Repo == "" {
-		// What the pipeline left out is the approval's; what it named
-		// must be, which readSpec checks on every run.
-		spec, err := s.cfg.Authority.Spec(ctx, r.ApprovalID)
-		if err != nil {
-			return store.Deployment{}, err
-		}
-		r.JobID = cmp.Or(r.JobID, spec.JobID)
-		r.BundleDigest = cmp.Or(r.BundleDigest, spec.BundleDigest)
-		if r.Repo == "" {
-			r.Repo, r.Branch = spec.Repo, spec.Branch
-		}
+	// What the pipeline named must be the approval's, checked before
+	// anything is recorded: a mistaken request leaves no deployment that
+	// would stand for the approval. What it left out is the approval's.
+	spec, err := s.cfg.Authority.Spec(ctx, r.ApprovalID)
+	if err != nil {
+		return store.Deployment{}, err
 	}
+	if err := r.matches(spec); err != nil {
+		return store.Deployment{}, err
+	}
+	if spec.State != ApprovalApproved && spec.State != ApprovalConsumed {
+		// Refused with no record, so the same approval publishes once it
+		// is approved.
+		return store.Deployment{}, fmt.Errorf("%w: approval %s is %s, not approved", errdefs.ErrFailedPrecondition, r.ApprovalID, spec.State)
+	}
+	r.JobID, r.BundleDigest, r.Repo, r.Branch = spec.JobID, spec.BundleDigest, spec.Repo, spec.Branch
 	now := s.now()
 	d, created, err := s.cfg.Store.Create(ctx, store.Deployment{
 		ID: ids.New(), IdempotencyKey: r.IdempotencyKey, RequestDigest: key, Requester: requester,
@@ -253,6 +268,15 @@ func (s *Service) Publish(ctx context.Context, requester string, r Request) (sto
 	if created {
 		s.cfg.Logger.InfoContext(ctx, "deployment accepted", "deployment", d.ID, "job", d.JobID, "approval", d.ApprovalID, "requester", requester)
 		s.hook(store.StepAccepted)
+		if spec.State == ApprovalConsumed {
+			// Spent, and not by a deployment of this store: never push on
+			// an approval this publisher did not consume.
+			return s.cfg.Store.Update(ctx, d.ID, func(d *store.Deployment) error {
+				d.State, d.Message = store.Failed, "approval "+d.ApprovalID+" was consumed by a deployment this publisher does not know"
+				d.UpdatedAt = s.now()
+				return nil
+			})
+		}
 	}
 	if d.State.Terminal() {
 		return d, nil
@@ -407,7 +431,7 @@ func (r *runState) fail(ctx context.Context, err error) {
 	if errors.As(err, &rf) {
 		findings = rf.findings
 	}
-	msg := err.Error()
+	msg := errdefs.Detail(err)
 	if !r.after(store.StepConsumed) {
 		msg += "; the approval was not spent"
 	} else if !r.after(store.StepPushed) {
