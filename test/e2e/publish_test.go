@@ -683,6 +683,18 @@ func TestPublishAuthorization(t *testing.T) {
 			_, err = c.ListDeployments(ctx, &publisherv1.ListDeploymentsRequest{})
 			deniedByTable(t, err, publisherv1.PublisherService_ListDeployments_FullMethodName, as)
 		}
+		// An approver the tenant does not list sees none of its
+		// deployments, as it sees none of its approvals.
+		if res := p.airlock(t, "pki", "issue", "--dir", p.pkiDir, "--id", "approver/eve"); res.code != 0 {
+			t.Fatalf("pki issue approver/eve: exit %d\n%s", res.code, res.stderr)
+		}
+		eve := publisherv1.NewPublisherServiceClient(p.dial(t, "approver/eve", "publisher"))
+		if _, err := eve.GetDeployment(ctx, &publisherv1.GetDeploymentRequest{DeploymentId: d1.GetDeploymentId()}); status.Code(err) != codes.NotFound {
+			t.Errorf("GetDeployment of dev's deployment as approver/eve: %v, want NotFound", err)
+		}
+		if list, err := eve.ListDeployments(ctx, &publisherv1.ListDeploymentsRequest{}); err != nil || len(list.GetDeployments()) != 0 {
+			t.Errorf("ListDeployments as approver/eve: %v, %v; want none", list.GetDeployments(), err)
+		}
 		if res := p.airlock(t, "deployment", "get", d1.GetDeploymentId(), "--as", "approver/alice"); res.code != 0 || !strings.Contains(res.stdout, d1.GetCommit()) {
 			t.Errorf("airlock deployment get --as approver/alice: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 		}

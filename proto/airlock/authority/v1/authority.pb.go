@@ -4644,9 +4644,12 @@ type GetPublishSpecResponse struct {
 	// The tenant's content policy in force.
 	Policy *PublishPolicy `protobuf:"bytes,8,opt,name=policy,proto3" json:"policy,omitempty"`
 	// sha256 of the policy's canonical form: recorded on the deployment.
-	PolicyDigest  string `protobuf:"bytes,9,opt,name=policy_digest,json=policyDigest,proto3" json:"policy_digest,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	PolicyDigest string `protobuf:"bytes,9,opt,name=policy_digest,json=policyDigest,proto3" json:"policy_digest,omitempty"`
+	// The approvers the tenant lists (approver/NAME); empty when any
+	// approver may decide. The publisher shows the deployment to these.
+	TenantApprovers []string `protobuf:"bytes,10,rep,name=tenant_approvers,json=tenantApprovers,proto3" json:"tenant_approvers,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *GetPublishSpecResponse) Reset() {
@@ -4740,6 +4743,13 @@ func (x *GetPublishSpecResponse) GetPolicyDigest() string {
 		return x.PolicyDigest
 	}
 	return ""
+}
+
+func (x *GetPublishSpecResponse) GetTenantApprovers() []string {
+	if x != nil {
+		return x.TenantApprovers
+	}
+	return nil
 }
 
 var File_airlock_authority_v1_authority_proto protoreflect.FileDescriptor
@@ -5056,7 +5066,7 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x0fallow_protected\x18\x02 \x03(\tR\x0eallowProtected\x12$\n" +
 	"\x0emax_file_bytes\x18\x03 \x01(\x03R\fmaxFileBytes\x12!\n" +
 	"\fallow_binary\x18\x04 \x01(\bR\vallowBinary\x12\x19\n" +
-	"\bon_moved\x18\x05 \x01(\tR\aonMoved\"\xa7\x03\n" +
+	"\bon_moved\x18\x05 \x01(\tR\aonMoved\"\xd2\x03\n" +
 	"\x16GetPublishSpecResponse\x12:\n" +
 	"\bapproval\x18\x01 \x01(\v2\x1e.airlock.authority.v1.ApprovalR\bapproval\x12%\n" +
 	"\x0erepository_url\x18\x02 \x01(\tR\rrepositoryUrl\x12#\n" +
@@ -5068,7 +5078,9 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\vapproved_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"approvedAt\x12;\n" +
 	"\x06policy\x18\b \x01(\v2#.airlock.authority.v1.PublishPolicyR\x06policy\x12#\n" +
-	"\rpolicy_digest\x18\t \x01(\tR\fpolicyDigest*\xb0\x01\n" +
+	"\rpolicy_digest\x18\t \x01(\tR\fpolicyDigest\x12)\n" +
+	"\x10tenant_approvers\x18\n" +
+	" \x03(\tR\x0ftenantApprovers*\xb0\x01\n" +
 	"\bJobState\x12\x19\n" +
 	"\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n" +

@@ -791,6 +791,8 @@ type PublishSpec struct {
 	Approvers  []string
 	ApprovedAt time.Time
 	Policy     policy.Publish
+	// TenantApprovers are the approvers the tenant lists (empty: any).
+	TenantApprovers []string
 }
 
 // PublishSpec returns the publish spec of approval id. Only the publisher
@@ -827,7 +829,7 @@ func (s *Service) PublishSpec(ctx context.Context, caller identity.ID, id string
 	if err != nil {
 		return PublishSpec{}, err
 	}
-	spec := PublishSpec{Approval: a, Repository: repo, Base: j.Commit, Policy: t.Publish}
+	spec := PublishSpec{Approval: a, Repository: repo, Base: j.Commit, Policy: t.Publish, TenantApprovers: t.Approvals.Approvers}
 	for _, v := range a.Votes {
 		if v.Decision == store.DecisionApprove {
 			spec.Approvers = append(spec.Approvers, v.Approver)

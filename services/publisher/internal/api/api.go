@@ -5,6 +5,7 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -106,7 +107,15 @@ func (s *Service) GetDeployment(ctx context.Context, req *publisherv1.GetDeploym
 	if len(req.GetDeploymentId()) > 128 {
 		return nil, status.Error(codes.InvalidArgument, "deployment_id: at most 128 bytes")
 	}
+	id, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
 	d, err := s.cfg.Store.Get(ctx, req.GetDeploymentId())
+	if err == nil && !mayRead(id, d) {
+		// As for a deployment that does not exist: ids reveal nothing.
+		err = fmt.Errorf("%w: deployment %q", errdefs.ErrNotFound, req.GetDeploymentId())
+	}
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
@@ -124,15 +133,36 @@ func (s *Service) ListDeployments(ctx context.Context, req *publisherv1.ListDepl
 	if len(req.GetJobId()) > 128 || len(req.GetRepository()) > 128 {
 		return nil, status.Error(codes.InvalidArgument, "job_id and repository: at most 128 bytes")
 	}
+	id, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
 	list, next, err := s.cfg.Store.List(ctx, req.GetJobId(), req.GetRepository(), size, req.GetPageToken())
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
+	// Only what the caller may read (a page may then hold fewer than
+	// asked while more follow).
 	out := &publisherv1.ListDeploymentsResponse{NextPageToken: next}
 	for _, d := range list {
-		out.Deployments = append(out.Deployments, deploymentToProto(d))
+		if mayRead(id, d) {
+			out.Deployments = append(out.Deployments, deploymentToProto(d))
+		}
 	}
 	return out, nil
+}
+
+// mayRead reports whether caller may read d: any pipeline, and the
+// approvers of d's tenant (every approver when the tenant lists none).
+// The authorization table keeps every other caller out before this.
+func mayRead(caller identity.ID, d store.Deployment) bool {
+	switch caller.Kind {
+	case identity.KindPipeline:
+		return true
+	case identity.KindApprover:
+		return d.ReadableBy(caller.Principal())
+	}
+	return false
 }
 
 var states = map[store.State]publisherv1.DeploymentState{

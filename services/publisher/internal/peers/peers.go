@@ -85,7 +85,7 @@ func (a *Authority) Spec(ctx context.Context, approvalID string) (publish.Spec, 
 			Protected: pol.GetProtected(), AllowProtected: pol.GetAllowProtected(),
 			MaxFileBytes: pol.GetMaxFileBytes(), AllowBinary: pol.GetAllowBinary(),
 		},
-		OnMoved: pol.GetOnMoved(), PolicyDigest: resp.GetPolicyDigest(),
+		OnMoved: pol.GetOnMoved(), PolicyDigest: resp.GetPolicyDigest(), TenantApprovers: resp.GetTenantApprovers(),
 	}
 	if resp.GetApprovedAt() != nil {
 		spec.ApprovedAt = resp.GetApprovedAt().AsTime()

@@ -98,6 +98,9 @@ type Spec struct {
 	Policy         contentcheck.Policy
 	OnMoved        string
 	PolicyDigest   string
+	// TenantApprovers are the approvers the tenant lists ("approver/NAME";
+	// empty: any): the approvers who may read the deployment.
+	TenantApprovers []string
 }
 
 // Executor is what the publisher asks of the executor.
@@ -260,7 +263,7 @@ func (s *Service) Publish(ctx context.Context, requester string, r Request) (sto
 		ID: ids.New(), IdempotencyKey: r.IdempotencyKey, RequestDigest: key, Requester: requester,
 		JobID: r.JobID, ApprovalID: r.ApprovalID, BundleDigest: r.BundleDigest, TargetRepo: r.Repo, TargetBranch: r.Branch,
 		State: store.InProgress, Step: store.StepAccepted, Steps: map[store.Step]time.Time{store.StepAccepted: now},
-		CreatedAt: now, UpdatedAt: now,
+		Readers: readersOf(spec), CreatedAt: now, UpdatedAt: now,
 	})
 	if err != nil {
 		return store.Deployment{}, err
@@ -287,6 +290,15 @@ func (s *Service) Publish(ctx context.Context, requester string, r Request) (sto
 	case <-ctx.Done():
 	}
 	return s.cfg.Store.Get(context.WithoutCancel(ctx), d.ID)
+}
+
+// readersOf is who, beside pipelines, may read a deployment of spec's
+// approval: the tenant's approvers, or every approver when it lists none.
+func readersOf(spec Spec) []string {
+	if len(spec.TenantApprovers) == 0 {
+		return []string{store.AnyApprover}
+	}
+	return slices.Clone(spec.TenantApprovers)
 }
 
 // Resume starts a run for every unfinished deployment: what a crash or a

@@ -92,11 +92,27 @@ type Deployment struct {
 	// (files.json) and the commit changes: the publisher checks they are
 	// the same list before it spends the approval (FilesDigestOf).
 	FilesDigest string
+	// Readers are the approver principals ("approver/NAME") who may read
+	// it, or AnyApprover; pipelines read every deployment.
+	Readers []string
 	// Steps records when each step was done.
 	Steps map[Step]time.Time
 
 	CreatedAt, UpdatedAt time.Time
 	Version              int64
+}
+
+// AnyApprover in Readers lets every approver read a deployment.
+const AnyApprover = "approver/*"
+
+// ReadableBy reports whether approver principal p may read d.
+func (d Deployment) ReadableBy(p string) bool {
+	for _, r := range d.Readers {
+		if r == AnyApprover || r == p {
+			return true
+		}
+	}
+	return false
 }
 
 // Store is the deployments' storage.
@@ -131,6 +147,7 @@ func schema(blob string) string {
 		steps           ` + blob + `,
 		approvers       ` + blob + `,
 		files_digest    TEXT   NOT NULL,
+		readers         ` + blob + `,
 		created_at      BIGINT NOT NULL,
 		updated_at      BIGINT NOT NULL,
 		version         BIGINT NOT NULL
@@ -164,7 +181,7 @@ func OpenPostgres(ctx context.Context, dsn string, maxConns int) (*Store, error)
 func (s *Store) Close() error { return s.db.Close() }
 
 const columns = `id, idempotency_key, request_digest, requester, job_id, approval_id, tenant, bundle_digest, target_repo, target_branch,
-	state, step, message, findings, policy_digest, base_commit, parent_commit, commit_sha, lease_id, steps, approvers, files_digest, created_at, updated_at, version`
+	state, step, message, findings, policy_digest, base_commit, parent_commit, commit_sha, lease_id, steps, approvers, files_digest, readers, created_at, updated_at, version`
 
 // setColumns is columns as "c = ?, …", for an UPDATE of every column.
 var setColumns = func() string {
@@ -183,11 +200,12 @@ func scan(row scanner) (Deployment, error) {
 		state, step      string
 		findings, steps  []byte
 		approvers        []byte
+		readers          []byte
 		created, updated int64
 	)
 	if err := row.Scan(&d.ID, &d.IdempotencyKey, &d.RequestDigest, &d.Requester, &d.JobID, &d.ApprovalID, &d.Tenant, &d.BundleDigest,
 		&d.TargetRepo, &d.TargetBranch, &state, &step, &d.Message, &findings, &d.PolicyDigest, &d.BaseCommit, &d.ParentCommit,
-		&d.Commit, &d.LeaseID, &steps, &approvers, &d.FilesDigest, &created, &updated, &d.Version); err != nil {
+		&d.Commit, &d.LeaseID, &steps, &approvers, &d.FilesDigest, &readers, &created, &updated, &d.Version); err != nil {
 		return Deployment{}, err
 	}
 	d.State, d.Step = State(state), Step(step)
@@ -199,6 +217,11 @@ func scan(row scanner) (Deployment, error) {
 	if len(approvers) > 0 {
 		if err := json.Unmarshal(approvers, &d.Approvers); err != nil {
 			return Deployment{}, fmt.Errorf("deployment %s: approvers: %w", d.ID, err)
+		}
+	}
+	if len(readers) > 0 {
+		if err := json.Unmarshal(readers, &d.Readers); err != nil {
+			return Deployment{}, fmt.Errorf("deployment %s: readers: %w", d.ID, err)
 		}
 	}
 	d.Steps = map[Step]time.Time{}
@@ -232,9 +255,13 @@ func (d Deployment) args() ([]any, error) {
 	if err != nil {
 		return nil, err
 	}
+	readers, err := json.Marshal(d.Readers)
+	if err != nil {
+		return nil, err
+	}
 	return []any{d.ID, d.IdempotencyKey, d.RequestDigest, d.Requester, d.JobID, d.ApprovalID, d.Tenant, d.BundleDigest,
 		d.TargetRepo, d.TargetBranch, string(d.State), string(d.Step), d.Message, findings, d.PolicyDigest, d.BaseCommit,
-		d.ParentCommit, d.Commit, d.LeaseID, steps, approvers, d.FilesDigest, d.CreatedAt.UnixMicro(), d.UpdatedAt.UnixMicro(), d.Version}, nil
+		d.ParentCommit, d.Commit, d.LeaseID, steps, approvers, d.FilesDigest, readers, d.CreatedAt.UnixMicro(), d.UpdatedAt.UnixMicro(), d.Version}, nil
 }
 
 // Create records d unless a deployment with its idempotency key or its
