@@ -9,7 +9,6 @@
 package jobs
 
 import (
-	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"cmp"
 	"context"
 	"crypto/sha256"
@@ -18,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/airlockhq/airlock/pkg/audit"
+	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"github.com/airlockhq/airlock/pkg/ids"
 	"io"
 	"log/slog"
