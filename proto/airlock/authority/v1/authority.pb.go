@@ -4648,8 +4648,11 @@ type GetPublishSpecResponse struct {
 	// The approvers the tenant lists (approver/NAME); empty when any
 	// approver may decide. The publisher shows the deployment to these.
 	TenantApprovers []string `protobuf:"bytes,10,rep,name=tenant_approvers,json=tenantApprovers,proto3" json:"tenant_approvers,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Whether the tenant has a deploy credential for the target: without
+	// one the publisher refuses before it spends the approval.
+	DeployCredential bool `protobuf:"varint,11,opt,name=deploy_credential,json=deployCredential,proto3" json:"deploy_credential,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *GetPublishSpecResponse) Reset() {
@@ -4750,6 +4753,13 @@ func (x *GetPublishSpecResponse) GetTenantApprovers() []string {
 		return x.TenantApprovers
 	}
 	return nil
+}
+
+func (x *GetPublishSpecResponse) GetDeployCredential() bool {
+	if x != nil {
+		return x.DeployCredential
+	}
+	return false
 }
 
 var File_airlock_authority_v1_authority_proto protoreflect.FileDescriptor
@@ -5066,7 +5076,7 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x0fallow_protected\x18\x02 \x03(\tR\x0eallowProtected\x12$\n" +
 	"\x0emax_file_bytes\x18\x03 \x01(\x03R\fmaxFileBytes\x12!\n" +
 	"\fallow_binary\x18\x04 \x01(\bR\vallowBinary\x12\x19\n" +
-	"\bon_moved\x18\x05 \x01(\tR\aonMoved\"\xd2\x03\n" +
+	"\bon_moved\x18\x05 \x01(\tR\aonMoved\"\xff\x03\n" +
 	"\x16GetPublishSpecResponse\x12:\n" +
 	"\bapproval\x18\x01 \x01(\v2\x1e.airlock.authority.v1.ApprovalR\bapproval\x12%\n" +
 	"\x0erepository_url\x18\x02 \x01(\tR\rrepositoryUrl\x12#\n" +
@@ -5080,7 +5090,8 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x06policy\x18\b \x01(\v2#.airlock.authority.v1.PublishPolicyR\x06policy\x12#\n" +
 	"\rpolicy_digest\x18\t \x01(\tR\fpolicyDigest\x12)\n" +
 	"\x10tenant_approvers\x18\n" +
-	" \x03(\tR\x0ftenantApprovers*\xb0\x01\n" +
+	" \x03(\tR\x0ftenantApprovers\x12+\n" +
+	"\x11deploy_credential\x18\v \x01(\bR\x10deployCredential*\xb0\x01\n" +
 	"\bJobState\x12\x19\n" +
 	"\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n" +

@@ -255,7 +255,7 @@ func (s *Service) GetPublishSpec(ctx context.Context, req *authorityv1.GetPublis
 			Protected: spec.Policy.Content.Protected, AllowProtected: spec.Policy.Content.AllowProtected,
 			MaxFileBytes: spec.Policy.Content.MaxFileBytes, AllowBinary: spec.Policy.Content.AllowBinary, OnMoved: spec.Policy.OnMoved,
 		},
-		PolicyDigest: spec.Policy.Digest(), TenantApprovers: spec.TenantApprovers,
+		PolicyDigest: spec.Policy.Digest(), TenantApprovers: spec.TenantApprovers, DeployCredential: spec.DeployCredential,
 	}
 	if !spec.ApprovedAt.IsZero() {
 		out.ApprovedAt = timestamppb.New(spec.ApprovedAt)

@@ -793,6 +793,9 @@ type PublishSpec struct {
 	Policy     policy.Publish
 	// TenantApprovers are the approvers the tenant lists (empty: any).
 	TenantApprovers []string
+	// DeployCredential says whether the tenant has a deploy credential
+	// for the target.
+	DeployCredential bool
 }
 
 // PublishSpec returns the publish spec of approval id. Only the publisher
@@ -829,7 +832,8 @@ func (s *Service) PublishSpec(ctx context.Context, caller identity.ID, id string
 	if err != nil {
 		return PublishSpec{}, err
 	}
-	spec := PublishSpec{Approval: a, Repository: repo, Base: j.Commit, Policy: t.Publish, TenantApprovers: t.Approvals.Approvers}
+	spec := PublishSpec{Approval: a, Repository: repo, Base: j.Commit, Policy: t.Publish, TenantApprovers: t.Approvals.Approvers,
+		DeployCredential: t.DeployCredentials[a.TargetRepo] != ""}
 	for _, v := range a.Votes {
 		if v.Decision == store.DecisionApprove {
 			spec.Approvers = append(spec.Approvers, v.Approver)

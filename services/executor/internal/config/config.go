@@ -117,9 +117,9 @@ func (c *Config) Common() *config.Server { return &c.Server }
 func (c *Config) ValidatePeers() error {
 	var errs []error
 	errs = append(errs, config.ValidatePeer("authority", c.Authority.Peer))
-	errs = append(errs, config.CheckFile("authority.grant_public_key", &c.Authority.GrantPublicKey, true))
-	errs = append(errs, config.CheckFile("sandbox.runc", &c.Sandbox.Runc, true))
-	errs = append(errs, config.CheckFile("sandbox.runsc", &c.Sandbox.Runsc, false))
+	errs = append(errs, c.Server.CheckFile("authority.grant_public_key", &c.Authority.GrantPublicKey, true))
+	errs = append(errs, c.Server.CheckFile("sandbox.runc", &c.Sandbox.Runc, true))
+	errs = append(errs, c.Server.CheckFile("sandbox.runsc", &c.Sandbox.Runsc, false))
 	if c.Sandbox.UIDBase == 0 {
 		c.Sandbox.UIDBase = 1000000
 	} else if c.Sandbox.UIDBase < 65536 {

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -90,7 +89,7 @@ func (s *Service) Publish(ctx context.Context, req *publisherv1.PublishRequest) 
 			return nil, status.Error(codes.FailedPrecondition, "deployment "+d.ID+" failed: "+d.Message)
 		}
 		return nil, st.Err()
-	case d.State == store.InProgress && ctx.Err() == nil && strings.HasPrefix(d.Message, "waiting: "):
+	case publish.Waiting(d) && ctx.Err() == nil:
 		st, derr := status.New(codes.Unavailable, "deployment "+d.ID+" is "+d.Message+"; retry with the same idempotency key").WithDetails(out)
 		if derr != nil {
 			return nil, status.Error(codes.Unavailable, d.Message)
@@ -171,9 +170,6 @@ var states = map[store.State]publisherv1.DeploymentState{
 	store.Failed:     publisherv1.DeploymentState_DEPLOYMENT_STATE_FAILED,
 }
 
-var stepOrder = []store.Step{store.StepAccepted, store.StepVerified, store.StepValidated, store.StepPrepared,
-	store.StepConsumed, store.StepLeased, store.StepPushed, store.StepRevoked}
-
 func deploymentToProto(d store.Deployment) *publisherv1.Deployment {
 	out := &publisherv1.Deployment{
 		DeploymentId: d.ID, JobId: d.JobID, ApprovalId: d.ApprovalID, BundleDigest: d.BundleDigest,
@@ -189,7 +185,7 @@ func deploymentToProto(d store.Deployment) *publisherv1.Deployment {
 	for _, f := range d.Findings {
 		out.Findings = append(out.Findings, &publisherv1.Finding{Rule: f.Rule, Path: f.Path, Line: int32(f.Line), Message: f.Message, Redacted: f.Redacted})
 	}
-	for _, st := range stepOrder {
+	for _, st := range store.Steps {
 		if at, ok := d.Steps[st]; ok {
 			out.Steps = append(out.Steps, &publisherv1.DeploymentStep{Step: string(st), DoneAt: timestamppb.New(at)})
 		}

@@ -48,7 +48,7 @@ func (c *Config) Common() *config.Server { return &c.Server }
 func (c *Config) ValidatePeers() error {
 	errs := []error{
 		config.ValidatePeer("authority", c.Authority.Peer),
-		config.CheckFile("authority.grant_public_key", &c.Authority.GrantPublicKey, true),
+		c.Server.CheckFile("authority.grant_public_key", &c.Authority.GrantPublicKey, true),
 		config.ValidatePeer("executor", c.Executor),
 		c.Store.Validate("publisher.db"),
 	}

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -45,6 +46,13 @@ func fromStatus(peer string, err error) error {
 	return fmt.Errorf("%s: %w", peer, errdefs.FromGRPC(err))
 }
 
+// rpcTimeout bounds one call to a peer; artifactTimeout a bundle's
+// download.
+const (
+	rpcTimeout      = 30 * time.Second
+	artifactTimeout = 30 * time.Minute
+)
+
 // Authority is publish.Authority over the authority's API.
 type Authority struct {
 	c   authorityv1.AuthorityServiceClient
@@ -67,6 +75,8 @@ var approvalStates = map[authorityv1.ApprovalState]string{
 
 // Spec implements publish.Authority.
 func (a *Authority) Spec(ctx context.Context, approvalID string) (publish.Spec, error) {
+	ctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+	defer cancel()
 	resp, err := a.c.GetPublishSpec(ctx, &authorityv1.GetPublishSpecRequest{ApprovalId: approvalID})
 	if err != nil {
 		return publish.Spec{}, fromStatus("authority", err)
@@ -85,7 +95,7 @@ func (a *Authority) Spec(ctx context.Context, approvalID string) (publish.Spec, 
 			Protected: pol.GetProtected(), AllowProtected: pol.GetAllowProtected(),
 			MaxFileBytes: pol.GetMaxFileBytes(), AllowBinary: pol.GetAllowBinary(),
 		},
-		OnMoved: pol.GetOnMoved(), PolicyDigest: resp.GetPolicyDigest(), TenantApprovers: resp.GetTenantApprovers(),
+		OnMoved: pol.GetOnMoved(), PolicyDigest: resp.GetPolicyDigest(), TenantApprovers: resp.GetTenantApprovers(), DeployCredential: resp.GetDeployCredential(),
 	}
 	if resp.GetApprovedAt() != nil {
 		spec.ApprovedAt = resp.GetApprovedAt().AsTime()
@@ -95,6 +105,8 @@ func (a *Authority) Spec(ctx context.Context, approvalID string) (publish.Spec, 
 
 // Consume implements publish.Authority.
 func (a *Authority) Consume(ctx context.Context, approvalID, jobID, digest, repo, branch string) error {
+	ctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+	defer cancel()
 	_, err := a.c.ConsumeApproval(ctx, &authorityv1.ConsumeApprovalRequest{
 		ApprovalId: approvalID, JobId: jobID, BundleDigest: digest,
 		Target: &typesv1.PublishTarget{Repository: repo, Branch: branch},
@@ -114,7 +126,9 @@ func (a *Authority) Lease(ctx context.Context, purpose, jobID, repo string) (pub
 	if !ok {
 		return publish.Lease{}, fmt.Errorf("%w: lease purpose %q", errdefs.ErrInvalidArgument, purpose)
 	}
-	resp, err := a.c.LeaseCredential(ctx, &authorityv1.LeaseCredentialRequest{Purpose: p, JobId: jobID, Resource: repo})
+	cctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+	defer cancel()
+	resp, err := a.c.LeaseCredential(cctx, &authorityv1.LeaseCredentialRequest{Purpose: p, JobId: jobID, Resource: repo})
 	if err != nil {
 		return publish.Lease{}, fromStatus("authority", err)
 	}
@@ -145,21 +159,30 @@ func (a *Authority) open(context, box []byte) ([]byte, error) {
 
 // Use implements publish.Authority.
 func (a *Authority) Use(ctx context.Context, leaseID, jobID, repo string) error {
+	ctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+	defer cancel()
 	_, err := a.c.UseLease(ctx, &authorityv1.UseLeaseRequest{LeaseId: leaseID, JobId: jobID, Resource: repo})
 	return fromStatus("authority", err)
 }
 
 // Revoke implements publish.Authority.
 func (a *Authority) Revoke(ctx context.Context, leaseID, reason string) error {
+	ctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+	defer cancel()
 	_, err := a.c.RevokeCredential(ctx, &authorityv1.RevokeCredentialRequest{LeaseId: leaseID, Reason: reason})
 	return fromStatus("authority", err)
 }
 
 // ActiveLeases implements publish.Authority.
 func (a *Authority) ActiveLeases(ctx context.Context, jobID string) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+	defer cancel()
 	var ids []string
 	token := ""
-	for {
+	for page := 0; ; page++ {
+		if page == maxLeasePages {
+			return nil, fmt.Errorf("%w: authority: job %s holds more than %d pages of active leases", errdefs.ErrUnavailable, jobID, maxLeasePages)
+		}
 		resp, err := a.c.ListLeases(ctx, &authorityv1.ListLeasesRequest{JobId: jobID, PageSize: 500, PageToken: token})
 		if err != nil {
 			return nil, fromStatus("authority", err)
@@ -173,6 +196,10 @@ func (a *Authority) ActiveLeases(ctx context.Context, jobID string) ([]string, e
 	}
 }
 
+// maxLeasePages bounds the pages of one job's active leases read: the
+// authority keeps at most one active per approval.
+const maxLeasePages = 10
+
 // Executor is publish.Executor over the executor's API.
 type Executor struct {
 	c executorv1.ExecutorServiceClient
@@ -185,7 +212,7 @@ func NewExecutor(cc grpc.ClientConnInterface) *Executor {
 
 // Artifact implements publish.Executor.
 func (e *Executor) Artifact(ctx context.Context, jobID, digest string, w io.Writer) ([]byte, error) {
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := context.WithTimeout(ctx, artifactTimeout)
 	defer cancel()
 	stream, err := e.c.GetArtifact(ctx, &executorv1.GetArtifactRequest{JobId: jobID, BundleDigest: digest})
 	if err != nil {
@@ -199,9 +226,13 @@ func (e *Executor) Artifact(ctx context.Context, jobID, digest string, w io.Writ
 	if h == nil {
 		return nil, errors.New("peers: GetArtifact did not start with a header")
 	}
+	var got int64
 	for {
 		msg, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
+			if got != h.GetSize() {
+				return nil, fmt.Errorf("%w: executor: GetArtifact sent %d bytes of a %d-byte bundle", errdefs.ErrUnavailable, got, h.GetSize())
+			}
 			return h.GetProvenance(), nil
 		}
 		if err != nil {
@@ -209,6 +240,9 @@ func (e *Executor) Artifact(ctx context.Context, jobID, digest string, w io.Writ
 		}
 		if msg.GetHeader() != nil {
 			return nil, errors.New("peers: GetArtifact sent a second header")
+		}
+		if got += int64(len(msg.GetChunk())); got > h.GetSize() {
+			return nil, fmt.Errorf("%w: executor: GetArtifact sent more than the %d bytes its header announced", errdefs.ErrUnavailable, h.GetSize())
 		}
 		if _, err := w.Write(msg.GetChunk()); err != nil {
 			return nil, err

@@ -101,7 +101,13 @@ func OpenRepo(ctx context.Context, dir string) (*Repo, error) {
 	return r, nil
 }
 
+// gitTimeout bounds one git run: a remote that hangs must not hold the
+// repository's lock, and the run, for ever.
+const gitTimeout = 10 * time.Minute
+
 func (r *Repo) git(ctx context.Context, extraEnv []string, stdin []byte, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, gitTimeout)
+	defer cancel()
 	c := gitcmd.Cmd{Dir: r.dir, Env: append(append(gitcmd.Env(r.dir), "GIT_DIR="+r.dir), extraEnv...)}
 	if stdin != nil {
 		c.Stdin = bytes.NewReader(stdin)
@@ -158,7 +164,7 @@ func (r *Repo) Prepare(ctx context.Context, c Change, tip string) (Prepared, err
 		if _, err := r.git(ctx, nil, nil, "merge-base", "--is-ancestor", c.Base, tip); err != nil {
 			return Prepared{}, fmt.Errorf("%w: the approved base %s is not on branch %s (tip %s): it was rewritten", errdefs.ErrFailedPrecondition, c.Base, c.Branch, tip)
 		}
-		if c.OnMoved == OnMovedRefuse {
+		if c.OnMoved != "" && c.OnMoved != OnMovedReapply {
 			return Prepared{}, fmt.Errorf("%w: branch %s moved from the approved base %s to %s, and the tenant's policy refuses to re-apply", errdefs.ErrFailedPrecondition, c.Branch, c.Base, tip)
 		}
 		parent = tip
@@ -238,13 +244,15 @@ func conflictPaths(err error) string {
 // branch that moved meanwhile is ErrMoved (prepare again on the new tip).
 // remoteEnv carries the deploy credential.
 func (r *Repo) Push(ctx context.Context, remote, branch string, p Prepared, remoteEnv []string) error {
-	_, err := r.git(ctx, remoteEnv, nil, "push", "-q", "--", remote, p.Commit+":refs/heads/"+branch)
+	// The lease names the tip the commit was made on: a branch moved (or
+	// rewound) since is refused, not fast-forwarded from elsewhere.
+	_, err := r.git(ctx, remoteEnv, nil, "push", "-q", "--force-with-lease=refs/heads/"+branch+":"+p.Tip, "--", remote, p.Commit+":refs/heads/"+branch)
 	if err == nil {
 		return nil
 	}
 	var ge *gitcmd.Error
 	if errors.As(err, &ge) && (strings.Contains(ge.Stderr, "non-fast-forward") || strings.Contains(ge.Stderr, "fetch first") ||
-		strings.Contains(ge.Stderr, "[rejected]")) {
+		strings.Contains(ge.Stderr, "[rejected]") || strings.Contains(ge.Stderr, "stale info")) {
 		return fmt.Errorf("%w: %s", ErrMoved, ge.Stderr)
 	}
 	return fmt.Errorf("%w: push to %s: %v", errdefs.ErrUnavailable, branch, err)
@@ -317,4 +325,13 @@ func (r *Repo) Changed(ctx context.Context, parent, commit string) ([]string, er
 	}
 	sort.Strings(paths)
 	return paths, nil
+}
+
+// Parent returns commit's first parent.
+func (r *Repo) Parent(ctx context.Context, commit string) (string, error) {
+	out, err := r.git(ctx, nil, nil, "rev-parse", "--verify", commit+"^1^{commit}")
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(out)), nil
 }

@@ -89,16 +89,9 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			// Runs end with ctx; the store closes after them.
 			env.OnStop(func() error { svc.Wait(); return nil })
 			api.New(api.Config{Publish: svc, Store: st, Logger: logger}).Register(env.Server)
-			// What a crash or a stop left half done goes on now.
-			env.Go(func(ctx context.Context) error {
-				if n, err := svc.Resume(ctx); err != nil {
-					logger.Warn("resume unfinished deployments", "error", err)
-				} else if n > 0 {
-					logger.Info("resumed unfinished deployments", "count", n)
-				}
-				<-ctx.Done()
-				return nil
-			})
+			// What a crash, a stop or an outage left half done goes on now
+			// and every RetryEvery.
+			env.Go(svc.Run)
 			return nil
 		},
 	})

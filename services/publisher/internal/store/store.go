@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -49,6 +50,14 @@ const (
 	StepPushed    Step = "pushed"    // the commit on the branch
 	StepRevoked   Step = "revoked"   // the lease ended
 )
+
+// Steps is every step in order.
+var Steps = []Step{StepAccepted, StepVerified, StepValidated, StepPrepared, StepConsumed, StepLeased, StepPushed, StepRevoked}
+
+// Reached reports whether d has recorded step, or a later one.
+func (d Deployment) Reached(step Step) bool {
+	return slices.Index(Steps, d.Step) >= slices.Index(Steps, step)
+}
 
 // Finding is one validation finding, secret-free.
 type Finding struct {
@@ -95,6 +104,10 @@ type Deployment struct {
 	// Readers are the approver principals ("approver/NAME") who may read
 	// it, or AnyApprover; pipelines read every deployment.
 	Readers []string
+	// Owner is the publisher process running it, until ClaimedUntil: one
+	// run at a time, whichever replica (Claim).
+	Owner        string
+	ClaimedUntil time.Time
 	// Steps records when each step was done.
 	Steps map[Step]time.Time
 
@@ -148,6 +161,8 @@ func schema(blob string) string {
 		approvers       ` + blob + `,
 		files_digest    TEXT   NOT NULL,
 		readers         ` + blob + `,
+		owner           TEXT   NOT NULL,
+		claimed_until   BIGINT NOT NULL,
 		created_at      BIGINT NOT NULL,
 		updated_at      BIGINT NOT NULL,
 		version         BIGINT NOT NULL
@@ -181,7 +196,7 @@ func OpenPostgres(ctx context.Context, dsn string, maxConns int) (*Store, error)
 func (s *Store) Close() error { return s.db.Close() }
 
 const columns = `id, idempotency_key, request_digest, requester, job_id, approval_id, tenant, bundle_digest, target_repo, target_branch,
-	state, step, message, findings, policy_digest, base_commit, parent_commit, commit_sha, lease_id, steps, approvers, files_digest, readers, created_at, updated_at, version`
+	state, step, message, findings, policy_digest, base_commit, parent_commit, commit_sha, lease_id, steps, approvers, files_digest, readers, owner, claimed_until, created_at, updated_at, version`
 
 // setColumns is columns as "c = ?, …", for an UPDATE of every column.
 var setColumns = func() string {
@@ -202,10 +217,11 @@ func scan(row scanner) (Deployment, error) {
 		approvers        []byte
 		readers          []byte
 		created, updated int64
+		claimed          int64
 	)
 	if err := row.Scan(&d.ID, &d.IdempotencyKey, &d.RequestDigest, &d.Requester, &d.JobID, &d.ApprovalID, &d.Tenant, &d.BundleDigest,
 		&d.TargetRepo, &d.TargetBranch, &state, &step, &d.Message, &findings, &d.PolicyDigest, &d.BaseCommit, &d.ParentCommit,
-		&d.Commit, &d.LeaseID, &steps, &approvers, &d.FilesDigest, &readers, &created, &updated, &d.Version); err != nil {
+		&d.Commit, &d.LeaseID, &steps, &approvers, &d.FilesDigest, &readers, &d.Owner, &claimed, &created, &updated, &d.Version); err != nil {
 		return Deployment{}, err
 	}
 	d.State, d.Step = State(state), Step(step)
@@ -235,6 +251,9 @@ func scan(row scanner) (Deployment, error) {
 		}
 	}
 	d.CreatedAt, d.UpdatedAt = time.UnixMicro(created).UTC(), time.UnixMicro(updated).UTC()
+	if claimed != 0 {
+		d.ClaimedUntil = time.UnixMicro(claimed).UTC()
+	}
 	return d, nil
 }
 
@@ -261,7 +280,7 @@ func (d Deployment) args() ([]any, error) {
 	}
 	return []any{d.ID, d.IdempotencyKey, d.RequestDigest, d.Requester, d.JobID, d.ApprovalID, d.Tenant, d.BundleDigest,
 		d.TargetRepo, d.TargetBranch, string(d.State), string(d.Step), d.Message, findings, d.PolicyDigest, d.BaseCommit,
-		d.ParentCommit, d.Commit, d.LeaseID, steps, approvers, d.FilesDigest, readers, d.CreatedAt.UnixMicro(), d.UpdatedAt.UnixMicro(), d.Version}, nil
+		d.ParentCommit, d.Commit, d.LeaseID, steps, approvers, d.FilesDigest, readers, d.Owner, claimOf(d.ClaimedUntil), d.CreatedAt.UnixMicro(), d.UpdatedAt.UnixMicro(), d.Version}, nil
 }
 
 // Create records d unless a deployment with its idempotency key or its
@@ -311,6 +330,50 @@ func (s *Store) Create(ctx context.Context, d Deployment) (Deployment, bool, err
 		return Deployment{}, false, fmt.Errorf("store: create deployment: %w", err)
 	}
 	return out, created, nil
+}
+
+func claimOf(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMicro()
+}
+
+// ErrClaimed is a deployment another publisher process is running.
+var ErrClaimed = errors.New("another publisher is running this deployment")
+
+// Claim makes owner the one process that runs deployment id until until,
+// unless another owner holds an unexpired claim (ErrClaimed) or it has
+// ended. Renew by claiming again; Release gives it up.
+func (s *Store) Claim(ctx context.Context, id, owner string, now, until time.Time) (Deployment, error) {
+	return s.Update(ctx, id, func(d *Deployment) error {
+		if d.Owner != "" && d.Owner != owner && now.Before(d.ClaimedUntil) {
+			return fmt.Errorf("%w (%s, until %s)", ErrClaimed, d.Owner, d.ClaimedUntil.Format(time.RFC3339))
+		}
+		d.Owner, d.ClaimedUntil = owner, until
+		return nil
+	})
+}
+
+// Release ends owner's claim on deployment id.
+func (s *Store) Release(ctx context.Context, id, owner string) error {
+	_, err := s.Update(ctx, id, func(d *Deployment) error {
+		if d.Owner != owner {
+			return nil
+		}
+		d.Owner, d.ClaimedUntil = "", time.Time{}
+		return nil
+	})
+	return err
+}
+
+// ByKey returns the deployment with idempotency key key.
+func (s *Store) ByKey(ctx context.Context, key string) (Deployment, error) {
+	d, err := scan(s.db.SQL.QueryRowContext(ctx, s.db.Q(`SELECT `+columns+` FROM deployments WHERE idempotency_key = ?`), key))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Deployment{}, fmt.Errorf("%w: no deployment with idempotency key %q", errdefs.ErrNotFound, key)
+	}
+	return d, err
 }
 
 // ErrNotFound wraps errdefs.ErrNotFound for a missing deployment.
