@@ -76,6 +76,9 @@ type Peer struct {
 
 // Server is the part of the file every service has.
 type Server struct {
+	// base is the config file's directory, set by Validate: what a
+	// service's own relative paths are taken from (CheckFile).
+	base string
 	// Version must be 1.
 	Version int `yaml:"version"`
 	// TrustDomain is the SPIFFE trust domain of every peer, e.g. "airlock.local".
@@ -209,6 +212,7 @@ func fieldLines(data []byte) map[string][]yamlField {
 // relative to base (the config file's directory). The error joins one
 // FieldError per problem so a user fixes them all in one go.
 func (s *Server) Validate(base string) error {
+	s.base = base
 	var errs []error
 	if s.TrustDomain == "" {
 		errs = append(errs, Field("trust_domain", "required"))
@@ -334,16 +338,18 @@ func LoadService(path string, cfg Service, override func(*Server)) error {
 	return nil
 }
 
-// CheckFile checks the file field names: made absolute (relative paths
-// from the working directory) and present; "" is an error only when
-// required.
-func CheckFile(field string, p *string, required bool) error {
+// CheckFile checks the file field names of a service's config: made
+// absolute (a relative path from the config file's directory, as every
+// path of the file is) and present; "" is an error only when required.
+// Call it after Validate, as LoadService does.
+func (s *Server) CheckFile(field string, p *string, required bool) error {
 	if *p == "" {
 		if required {
 			return Field(field, "required")
 		}
 		return nil
 	}
+	*p = resolve(s.base, *p)
 	if !filepath.IsAbs(*p) {
 		abs, err := filepath.Abs(*p)
 		if err != nil {

@@ -8,7 +8,6 @@ package config
 import (
 	"errors"
 	"fmt"
-	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"net/netip"
 	"net/url"
 	"os"
@@ -19,6 +18,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/config"
+	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/runspec"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"

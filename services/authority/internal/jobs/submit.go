@@ -7,8 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/airlockhq/airlock/pkg/audit"
-	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"net/netip"
 	"regexp"
 	"slices"
@@ -18,7 +16,9 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/pkg/config"
+	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/runspec"

@@ -2,12 +2,12 @@ package jobs
 
 import (
 	"errors"
-	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 	"github.com/airlockhq/airlock/services/authority/internal/store"

@@ -8,14 +8,14 @@ package policy
 import (
 	"crypto/sha256"
 	"encoding/hex"
-
 	"errors"
 	"fmt"
-	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"net/netip"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/airlockhq/airlock/pkg/contentcheck"
 )
 
 // Limits bound one job. In a Tenant they are complete (no zero fields).

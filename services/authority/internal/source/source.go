@@ -20,7 +20,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/airlockhq/airlock/pkg/gitcmd"
 	"io"
 	"log/slog"
 	"os"
@@ -31,6 +30,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/gitcmd"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 )
 

@@ -40,7 +40,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/airlockhq/airlock/pkg/runspec"
 	"io/fs"
 	"log/slog"
 	"net/netip"
@@ -57,6 +56,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/runspec"
 )
 
 // Rule permits egress to one prefix.

@@ -2,13 +2,13 @@ package sandbox
 
 import (
 	"fmt"
-	"github.com/airlockhq/airlock/pkg/runspec"
 	"io"
 	"regexp"
 	"strings"
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/runspec"
 )
 
 // Class names an OCI runtime.

@@ -2,19 +2,18 @@ package publish
 
 import (
 	"bytes"
-	"strconv"
-
 	"context"
 	"errors"
 	"fmt"
-	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/gitcmd"
 )

@@ -702,4 +702,3 @@ func (r *runState) revokeAll(ctx context.Context, reason string) error {
 	}
 	return errors.Join(errs...)
 }
-

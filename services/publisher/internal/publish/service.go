@@ -101,12 +101,12 @@ type Spec struct {
 	// DeployCredential says whether the tenant has a deploy credential
 	// for the target: without one, nothing is spent.
 	DeployCredential bool
-	Base           string
-	Approvers      []string
-	ApprovedAt     time.Time
-	Policy         contentcheck.Policy
-	OnMoved        string
-	PolicyDigest   string
+	Base             string
+	Approvers        []string
+	ApprovedAt       time.Time
+	Policy           contentcheck.Policy
+	OnMoved          string
+	PolicyDigest     string
 	// TenantApprovers are the approvers the tenant lists ("approver/NAME";
 	// empty: any): the approvers who may read the deployment.
 	TenantApprovers []string
