@@ -54,6 +54,12 @@ type Cmd struct {
 	Env []string
 	// Stdin, when set, is the command's input.
 	Stdin io.Reader
+	// DieWithParent has git killed if the thread that started it ends
+	// (Linux's parent-death signal): a git left working after its
+	// process crashed would race the next life's git over the same
+	// repository. Only for a process that never ends its threads (one
+	// that locks goroutines to threads to change their namespaces does).
+	DieWithParent bool
 }
 
 // Run runs git with args and returns its standard output; an error carries
@@ -63,6 +69,9 @@ func (c Cmd) Run(ctx context.Context, args ...string) ([]byte, error) {
 	cmd.Env = c.Env
 	cmd.Dir = c.Dir
 	cmd.Stdin = c.Stdin
+	if c.DieWithParent {
+		cmd.SysProcAttr = dieWithParent()
+	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {

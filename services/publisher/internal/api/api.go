@@ -89,10 +89,17 @@ func (s *Service) Publish(ctx context.Context, req *publisherv1.PublishRequest) 
 			return nil, status.Error(codes.FailedPrecondition, "deployment "+d.ID+" failed: "+d.Message)
 		}
 		return nil, st.Err()
-	case publish.Waiting(d) && ctx.Err() == nil:
-		st, derr := status.New(codes.Unavailable, "deployment "+d.ID+" is "+d.Message+"; retry with the same idempotency key").WithDetails(out)
+	case d.State == store.InProgress && ctx.Err() == nil:
+		// The run ended without finishing: paused for a retry, or run by
+		// another publisher process.
+		why := "is being published by another publisher process"
+		if publish.Waiting(d) {
+			why = "is " + d.Message
+		}
+		msg := "deployment " + d.ID + " " + why + "; retry with the same idempotency key"
+		st, derr := status.New(codes.Unavailable, msg).WithDetails(out)
 		if derr != nil {
-			return nil, status.Error(codes.Unavailable, d.Message)
+			return nil, status.Error(codes.Unavailable, msg)
 		}
 		return nil, st.Err()
 	}

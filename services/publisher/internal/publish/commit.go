@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -16,6 +17,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/gitcmd"
+	"github.com/airlockhq/airlock/pkg/ids"
 )
 
 // The commit an approval lands is made without a work tree: the patch is
@@ -83,9 +85,19 @@ type Repo struct {
 	env []string
 }
 
-// OpenRepo makes (or reuses) the scratch bare repository at dir.
+// indexPrefix starts the names of the index files Prepare uses.
+const indexPrefix = "airlock-index-"
+
+// OpenRepo makes (or reuses) the scratch bare repository at dir. The
+// caller holds dir alone (one process per data directory, one run per
+// repository in it), so what a killed run left — its index files, git's
+// lock files — is removed.
+
 func OpenRepo(ctx context.Context, dir string) (*Repo, error) {
 	r := &Repo{dir: dir}
+	if err := removeLeftovers(dir); err != nil {
+		return nil, err
+	}
 	if _, err := os.Stat(filepath.Join(dir, "HEAD")); err != nil {
 		if err := os.RemoveAll(dir); err != nil {
 			return nil, err
@@ -107,7 +119,7 @@ const gitTimeout = 10 * time.Minute
 func (r *Repo) git(ctx context.Context, extraEnv []string, stdin []byte, args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, gitTimeout)
 	defer cancel()
-	c := gitcmd.Cmd{Dir: r.dir, Env: append(append(gitcmd.Env(r.dir), "GIT_DIR="+r.dir), extraEnv...)}
+	c := gitcmd.Cmd{Dir: r.dir, Env: append(append(gitcmd.Env(r.dir), "GIT_DIR="+r.dir), extraEnv...), DieWithParent: true}
 	if stdin != nil {
 		c.Stdin = bytes.NewReader(stdin)
 	}
@@ -168,7 +180,9 @@ func (r *Repo) Prepare(ctx context.Context, c Change, tip string) (Prepared, err
 		}
 		parent = tip
 	}
-	index := filepath.Join(r.dir, "airlock-index-"+c.ApprovalID)
+	// An index of its own per attempt: one a killed git left locked
+	// never blocks the next.
+	index := filepath.Join(r.dir, indexPrefix+c.ApprovalID+"-"+ids.New()[:8])
 	defer os.Remove(index)
 	ienv := []string{"GIT_INDEX_FILE=" + index}
 	if _, err := r.git(ctx, ienv, nil, "read-tree", parent); err != nil {
@@ -333,4 +347,27 @@ func (r *Repo) Parent(ctx context.Context, commit string) (string, error) {
 		return "", err
 	}
 	return strings.TrimSpace(string(out)), nil
+}
+
+// removeLeftovers removes the index files and git lock files a killed run
+// left in the scratch repository at dir.
+func removeLeftovers(dir string) error {
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && p != dir && d.Name() == "objects" {
+			// The object store holds no lock files (a killed fetch's
+			// tmp_pack files are harmless), and it is the large part.
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && (strings.HasSuffix(d.Name(), ".lock") || strings.HasPrefix(d.Name(), indexPrefix)) {
+			return os.Remove(p)
+		}
+		return nil
+	})
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return err
 }

@@ -139,8 +139,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Now is the clock; default time.Now.
 	Now func() time.Time
-	// Owner names this process in the claims it takes (default: a random
-	// id); ClaimTTL is how long a claim lasts unrenewed (default 2m).
+	// Owner names this process in the claims it takes: the same name
+	// after a restart takes its claims up at once (default: a random id,
+	// whose claims a restart waits out); ClaimTTL is how long a claim
+	// lasts unrenewed (default 2m).
 	Owner    string
 	ClaimTTL time.Duration
 	// RetryEvery is how often unfinished deployments are taken up again

@@ -82,6 +82,9 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				Store: st, Authority: peers.NewAuthority(ac, env.TLS), Executor: peers.NewExecutor(ec), Checker: checker,
 				Trust: publish.Trust{Roots: roots, Executor: env.PeerID(identity.ServiceExecutor), Grants: grant.NewVerifier(pub)},
 				Dir:   env.DataDir.Join("work"), Logger: logger,
+				// The data directory is one process's at a time (locked): a
+				// publisher restarted on it takes its claims up at once.
+				Owner: owner(env.DataDir.Path()),
 			})
 			if err != nil {
 				return err
@@ -95,4 +98,14 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			return nil
 		},
 	})
+}
+
+// owner names this publisher in its deployments' claims: the host and the
+// data directory, which one process holds at a time.
+func owner(dataDir string) string {
+	host, err := os.Hostname()
+	if err != nil {
+		host = "unknown-host"
+	}
+	return host + ":" + dataDir
 }
