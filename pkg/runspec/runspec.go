@@ -7,10 +7,11 @@
 package runspec
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"time"
+
+	"github.com/airlockhq/airlock/pkg/egress"
 )
 
 // Runtime classes.
@@ -72,15 +73,6 @@ func CheckLimits(class string, l Limits) error {
 // CheckPrefix reports whether p may be named in an allow rule: a valid
 // prefix in its canonical form (no host bits: 10.0.0.0/8, not 10.0.0.1/8),
 // and IPv4 written as IPv4 (not ::ffff:a.b.c.d, which reads as one thing
-// and matches another). (A netip.Prefix never holds a zone.)
-func CheckPrefix(p netip.Prefix) error {
-	switch {
-	case !p.IsValid():
-		return errors.New("not a valid prefix")
-	case p.Addr().Is4In6():
-		return fmt.Errorf("%s is an IPv4-mapped IPv6 prefix; write it as IPv4", p)
-	case p.Masked() != p:
-		return fmt.Errorf("%s has host bits set; write %s", p, p.Masked())
-	}
-	return nil
-}
+// and matches another). (A netip.Prefix never holds a zone.) pkg/egress
+// decides; the name stays for the executor's netpolicy.
+func CheckPrefix(p netip.Prefix) error { return egress.CheckPrefix(p) }

@@ -596,7 +596,7 @@ type DomainList struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Required: fully qualified names; "*.example.com" matches one label.
 	Domains []string `protobuf:"bytes,1,rep,name=domains,proto3" json:"domains,omitempty"`
-	// TCP ports; empty means 443.
+	// TCP ports; empty means 443 and 80.
 	Ports         []uint32 `protobuf:"varint,2,rep,packed,name=ports,proto3" json:"ports,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

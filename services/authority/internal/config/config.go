@@ -8,7 +8,6 @@ package config
 import (
 	"errors"
 	"fmt"
-	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/contentcheck"
+	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/runspec"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
@@ -316,22 +316,20 @@ func (c *Config) tenant(name string, f TenantFile) (*policy.Tenant, error) {
 	}
 
 	for i, s := range f.Egress.CIDRs {
-		p, err := netip.ParsePrefix(s)
-		switch {
-		case err != nil:
-			errs = append(errs, config.Field(fmt.Sprintf("%s.egress.cidrs[%d]", field, i), "%q is not a CIDR", s))
-		case p != p.Masked():
-			errs = append(errs, config.Field(fmt.Sprintf("%s.egress.cidrs[%d]", field, i), "%q has host bits set; did you mean %s?", s, p.Masked()))
-		default:
-			t.Egress.CIDRs = append(t.Egress.CIDRs, p)
+		p, err := egress.ParsePrefix(s)
+		if err != nil {
+			errs = append(errs, config.Field(fmt.Sprintf("%s.egress.cidrs[%d]", field, i), "%v", err))
+			continue
 		}
+		t.Egress.CIDRs = append(t.Egress.CIDRs, p)
 	}
 	for i, d := range f.Egress.Domains {
-		if err := policy.CheckDomain(d); err != nil {
+		name, err := egress.NormalizeName(d)
+		if err != nil {
 			errs = append(errs, config.Field(fmt.Sprintf("%s.egress.domains[%d]", field, i), "%v", err))
 			continue
 		}
-		t.Egress.Domains = append(t.Egress.Domains, d)
+		t.Egress.Domains = append(t.Egress.Domains, name)
 	}
 	a, aerrs := c.approvals(field+".approvals", td, f.Approvals)
 	errs = append(errs, aerrs...)

@@ -212,7 +212,7 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 		{"bad tenant name", common + "tenants:\n  Dev:\n    clients: [client/dev]\n", []string{"tenants.Dev: tenant name"}},
 		{"unknown runtime class", tenant("    runtime_classes: [runc, kata]\n"), []string{`tenants.dev.runtime_classes[1]: "kata"`}},
 		{"bad cidr", tenant("    egress: {cidrs: [10.0.0.0/33]}\n"), []string{`tenants.dev.egress.cidrs[0]: "10.0.0.0/33" is not a CIDR`}},
-		{"cidr host bits", tenant("    egress: {cidrs: [10.1.2.3/8]}\n"), []string{"tenants.dev.egress.cidrs[0]:", "did you mean 10.0.0.0/8"}},
+		{"cidr host bits", tenant("    egress: {cidrs: [10.1.2.3/8]}\n"), []string{"tenants.dev.egress.cidrs[0]:", "write 10.0.0.0/8"}},
 		{"bad domain", tenant("    egress: {domains: [localhost]}\n"), []string{"tenants.dev.egress.domains[0]:", "not a fully qualified name"}},
 		{"approver not an approver", tenant("    approvals: {approvers: [client/dev]}\n"), []string{`tenants.dev.approvals.approvers[0]: "client/dev": want an approver principal`}},
 		{"duplicate approver", tenant("    approvals: {approvers: [approver/a, approver/a]}\n"), []string{"tenants.dev.approvals.approvers[1]:", "listed twice"}},

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/audit"
+	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
@@ -255,62 +256,32 @@ func widens(c Change) []string {
 	return out
 }
 
-// uncovered lists the destinations to permits that from does not.
+// uncovered lists the destinations to permits that from does not
+// (pkg/egress decides).
 func uncovered(from, to Network) []string {
-	var out []string
-	switch to.Mode {
-	case NetworkDenyAll, NetworkUnset:
-		return nil
-	case NetworkDomains:
-		return []string{"domains " + fmt.Sprint(to.Domains)}
-	}
-	for _, r := range to.Rules {
-		if !covered(from, r) {
-			out = append(out, "allow "+ruleText(r))
-		}
-	}
-	return out
+	return from.egress().Covers(to.egress())
 }
 
-// covered reports whether policy n already permits everything rule r does:
-// some allow rule's prefix contains r's, with every port of r (all ports
-// only if that rule has all ports).
-func covered(n Network, r AllowRule) bool {
-	if n.Mode != NetworkAllow {
-		return false
-	}
-	p, err := netip.ParsePrefix(r.CIDR)
-	if err != nil {
-		return false
-	}
-	p = p.Masked()
-	for _, have := range n.Rules {
-		hp, err := netip.ParsePrefix(have.CIDR)
-		if err != nil {
-			continue
+// egress is n in pkg/egress's terms; deny-all and unset permit nothing.
+// A rule that does not parse is left out of what a policy permits, and
+// stands, unparsable, for what it asks: never covered.
+func (n Network) egress() egress.Policy {
+	var p egress.Policy
+	switch n.Mode {
+	case NetworkAllow:
+		for _, r := range n.Rules {
+			// Masked: whether a rule is well formed is checkNetwork's to say.
+			pfx, _ := netip.ParsePrefix(r.CIDR)
+			ports, _ := egress.Ports(r.Ports)
+			p.Rules = append(p.Rules, egress.Rule{Prefix: pfx.Masked(), Ports: ports})
 		}
-		hp = hp.Masked()
-		if hp.Addr().Is4() != p.Addr().Is4() || hp.Bits() > p.Bits() || !hp.Contains(p.Addr()) {
-			continue
-		}
-		if len(have.Ports) == 0 {
-			return true
-		}
-		if len(r.Ports) == 0 {
-			continue
-		}
-		all := true
-		for _, port := range r.Ports {
-			if !slices.Contains(have.Ports, port) {
-				all = false
-				break
-			}
-		}
-		if all {
-			return true
+	case NetworkDomains:
+		ports, _ := egress.Ports(n.DomainPorts)
+		for _, d := range n.Domains {
+			p.Names = append(p.Names, egress.Name{Name: d, Ports: ports})
 		}
 	}
-	return false
+	return p
 }
 
 func ruleText(r AllowRule) string {

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/netip"
 	"regexp"
 	"slices"
 	"sort"
@@ -19,6 +18,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/contentcheck"
+	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/runspec"
@@ -434,13 +434,10 @@ func checkNetwork(t *policy.Tenant, base string, n Network) (Network, error) {
 		}
 		for i, r := range n.Rules {
 			field := fmt.Sprintf("%s.allow.rules[%d]", base, i)
-			p, err := netip.ParsePrefix(r.CIDR)
-			if err != nil {
-				return n, invalid(field+".cidr", "%q is not a CIDR", r.CIDR)
-			}
-			// In the form the executor takes (pkg/runspec), so nothing is
+			// In the form the executor takes (pkg/egress), so nothing is
 			// granted that cannot run.
-			if err := runspec.CheckPrefix(p); err != nil {
+			p, err := egress.ParsePrefix(r.CIDR)
+			if err != nil {
 				return n, invalid(field+".cidr", "%v", err)
 			}
 			if err := checkPorts(field+".ports", r.Ports); err != nil {
@@ -456,8 +453,12 @@ func checkNetwork(t *policy.Tenant, base string, n Network) (Network, error) {
 		}
 		for i, d := range n.Domains {
 			field := fmt.Sprintf("%s.domains.domains[%d]", base, i)
-			if err := policy.CheckDomain(d); err != nil {
+			name, err := egress.NormalizeName(d)
+			if err != nil {
 				return n, invalid(field, "%v", err)
+			}
+			if name != d {
+				return n, invalid(field, "%q: write it as %q", d, name)
 			}
 			if !t.Egress.AllowsDomain(d) {
 				return n, denied(field, "%s is outside tenant %q's permitted egress", d, t.Name)
@@ -473,10 +474,9 @@ func checkNetwork(t *policy.Tenant, base string, n Network) (Network, error) {
 }
 
 func checkPorts(field string, ports []uint32) error {
-	for i, p := range ports {
-		if p == 0 || p > 65535 {
-			return invalid(fmt.Sprintf("%s[%d]", field, i), "%d is not a TCP port", p)
-		}
+	var pe *egress.PortError
+	if _, err := egress.Ports(ports); errors.As(err, &pe) {
+		return invalid(fmt.Sprintf("%s[%d]", field, pe.Index), "%v", err)
 	}
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/contentcheck"
+	"github.com/airlockhq/airlock/pkg/egress"
 )
 
 // Limits bound one job. In a Tenant they are complete (no zero fields).
@@ -69,35 +70,26 @@ type Egress struct {
 	Domains []string
 }
 
+// ceiling is e in pkg/egress's terms: every port of its prefixes and names.
+func (e Egress) ceiling() egress.Policy {
+	var c egress.Policy
+	for _, p := range e.CIDRs {
+		c.Rules = append(c.Rules, egress.Rule{Prefix: p})
+	}
+	for _, d := range e.Domains {
+		c.Names = append(c.Names, egress.Name{Name: d})
+	}
+	return c
+}
+
 // AllowsPrefix reports whether every address of p lies within one of the
 // tenant's CIDRs.
-func (e Egress) AllowsPrefix(p netip.Prefix) bool {
-	p = p.Masked()
-	for _, c := range e.CIDRs {
-		if c.Addr().Is4() == p.Addr().Is4() && c.Bits() <= p.Bits() && c.Contains(p.Addr()) {
-			return true
-		}
-	}
-	return false
-}
+func (e Egress) AllowsPrefix(p netip.Prefix) bool { return e.ceiling().AllowsPrefix(p) }
 
 // AllowsDomain reports whether d (a name or a "*." wildcard) is covered by
 // one of the tenant's domains: equal to it, or one label below a wildcard.
 // A wildcard request is covered only by the same wildcard.
-func (e Egress) AllowsDomain(d string) bool {
-	d = strings.ToLower(strings.TrimSuffix(d, "."))
-	for _, allowed := range e.Domains {
-		if d == allowed {
-			return true
-		}
-		if parent, ok := strings.CutPrefix(allowed, "*."); ok && !strings.HasPrefix(d, "*.") {
-			if label, rest, ok := strings.Cut(d, "."); ok && label != "" && rest == parent {
-				return true
-			}
-		}
-	}
-	return false
-}
+func (e Egress) AllowsDomain(d string) bool { return e.ceiling().AllowsName(d) }
 
 // Tenant is one tenant's whole policy.
 type Tenant struct {
@@ -225,31 +217,6 @@ func CheckName(s string) error {
 		ok := ('a' <= r && r <= 'z') || ('0' <= r && r <= '9') || (i > 0 && (r == '.' || r == '-' || r == '_'))
 		if !ok {
 			return fmt.Errorf("%q: use lower-case letters, digits, '.', '-' and '_', starting with a letter or digit", s)
-		}
-	}
-	return nil
-}
-
-// CheckDomain checks a DNS name as egress policy writes it: lower-case
-// labels of letters, digits and '-', at least two labels, optionally
-// starting with "*." to cover one label.
-func CheckDomain(d string) error {
-	name := strings.TrimPrefix(d, "*.")
-	if len(name) > 253 {
-		return fmt.Errorf("%q is longer than 253 characters", d)
-	}
-	labels := strings.Split(name, ".")
-	if len(labels) < 2 {
-		return fmt.Errorf("%q is not a fully qualified name", d)
-	}
-	for _, l := range labels {
-		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
-			return fmt.Errorf("%q is not a valid DNS name", d)
-		}
-		for _, r := range l {
-			if !('a' <= r && r <= 'z') && !('0' <= r && r <= '9') && r != '-' {
-				return fmt.Errorf("%q is not a valid lower-case DNS name", d)
-			}
 		}
 	}
 	return nil

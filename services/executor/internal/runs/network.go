@@ -1,9 +1,10 @@
 package runs
 
 import (
+	"errors"
 	"fmt"
-	"net/netip"
 
+	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
@@ -33,21 +34,16 @@ func policyFromProto(np *typesv1.NetworkPolicy) (netpolicy.Policy, error) {
 		}
 		var p netpolicy.Policy
 		for i, r := range rules {
-			pfx, err := netip.ParsePrefix(r.GetCidr())
+			pfx, err := egress.ParsePrefix(r.GetCidr())
 			if err != nil {
-				return netpolicy.Policy{}, fmt.Errorf("%w: network_policy.allow.rules[%d].cidr %q: %v", errdefs.ErrInvalidArgument, i, r.GetCidr(), err)
+				return netpolicy.Policy{}, fmt.Errorf("%w: network_policy.allow.rules[%d].cidr: %v", errdefs.ErrInvalidArgument, i, err)
 			}
-			if pfx != pfx.Masked() {
-				return netpolicy.Policy{}, fmt.Errorf("%w: network_policy.allow.rules[%d].cidr %q: host bits set (did you mean %s?)", errdefs.ErrInvalidArgument, i, r.GetCidr(), pfx.Masked())
+			ports, err := egress.Ports(r.GetPorts())
+			var pe *egress.PortError
+			if errors.As(err, &pe) {
+				return netpolicy.Policy{}, fmt.Errorf("%w: network_policy.allow.rules[%d].ports[%d]: %v", errdefs.ErrInvalidArgument, i, pe.Index, err)
 			}
-			rule := netpolicy.Rule{Prefix: pfx}
-			for j, port := range r.GetPorts() {
-				if port == 0 || port > 65535 {
-					return netpolicy.Policy{}, fmt.Errorf("%w: network_policy.allow.rules[%d].ports[%d] %d: want 1 to 65535", errdefs.ErrInvalidArgument, i, j, port)
-				}
-				rule.Ports = append(rule.Ports, uint16(port))
-			}
-			p.Allow = append(p.Allow, rule)
+			p.Allow = append(p.Allow, netpolicy.Rule{Prefix: pfx, Ports: ports})
 		}
 		if err := p.Validate(); err != nil {
 			return netpolicy.Policy{}, err
