@@ -114,6 +114,7 @@ type submitFlags struct {
 	timeout                                       time.Duration
 	env                                           []string
 	wait, raw                                     bool
+	net                                           networkFlags
 }
 
 func newJobSubmit(g *globals) *cobra.Command {
@@ -150,6 +151,7 @@ when cancelled, 1 when the job failed to run.
 	fl.StringVar(&f.publishTo, "publish-to", "", "REPO:BRANCH where the result may be published after approval")
 	fl.BoolVar(&f.wait, "wait", false, "stream output and wait for the result")
 	fl.BoolVar(&f.raw, "raw", false, "with --wait, copy the job's output to a terminal unescaped")
+	f.net.register(fl, "; default: deny-all")
 	return cmd
 }
 
@@ -181,6 +183,9 @@ func jobSubmit(ctx context.Context, g *globals, f *submitFlags, argv []string) e
 		spec.RuntimeClass = typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC
 	default:
 		return usageError{fmt.Errorf("--runtime %q: must be runc or runsc", f.runtime)}
+	}
+	if spec.NetworkPolicy, err = f.net.policy(); err != nil {
+		return err
 	}
 	if f.publishTo != "" {
 		repo, branch, ok := strings.Cut(f.publishTo, ":")

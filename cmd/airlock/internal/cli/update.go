@@ -5,14 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/termtext"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
@@ -23,17 +25,90 @@ type updateFlags struct {
 	cpu     float64
 	pids    int64
 	timeout time.Duration
-	allow   []string
-	denyAll bool
+	net     networkFlags
+}
+
+// networkFlags are the network-policy flags of job submit and job update.
+type networkFlags struct {
+	allow, allowDomain []string
+	denyAll            bool
+}
+
+func (f *networkFlags) register(fl *pflag.FlagSet, what string) {
+	fl.StringArrayVar(&f.allow, "allow", nil, "CIDR or CIDR:PORT[,PORT...] the job may reach (repeatable"+what+")")
+	fl.StringArrayVar(&f.allowDomain, "allow-domain", nil, "NAME or NAME:PORT[,PORT...] the job may reach, *.suffix for one label below it (repeatable; ports default to 443 and 80"+what+")")
+	fl.BoolVar(&f.denyAll, "deny-all", false, "deny-all: loopback only"+what)
+}
+
+// policy is the policy the flags give, nil when none was given.
+func (f *networkFlags) policy() (*typesv1.NetworkPolicy, error) {
+	modes := 0
+	for _, given := range []bool{f.denyAll, len(f.allow) > 0, len(f.allowDomain) > 0} {
+		if given {
+			modes++
+		}
+	}
+	switch {
+	case modes > 1:
+		return nil, usageError{errors.New("--deny-all, --allow and --allow-domain exclude each other: a policy is deny-all, CIDR rules or names")}
+	case f.denyAll:
+		return &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_DenyAll{DenyAll: &typesv1.DenyAll{}}}, nil
+	case len(f.allow) > 0:
+		list := &typesv1.AllowList{}
+		for _, a := range f.allow {
+			r, err := parseAllow(a)
+			if err != nil {
+				return nil, usageError{err}
+			}
+			list.Rules = append(list.Rules, r)
+		}
+		return &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Allow{Allow: list}}, nil
+	case len(f.allowDomain) > 0:
+		list := &typesv1.DomainList{}
+		for i, d := range f.allowDomain {
+			name, ports, _ := strings.Cut(d, ":")
+			norm, err := egress.NormalizeName(name)
+			if err != nil {
+				return nil, usageError{fmt.Errorf("--allow-domain %q: %v", d, err)}
+			}
+			p, err := parsePorts("--allow-domain", d, ports)
+			if err != nil {
+				return nil, err
+			}
+			// The domains mode has one port list for all its names.
+			if i > 0 && !slices.Equal(p, list.Ports) {
+				return nil, usageError{fmt.Errorf("--allow-domain %q: every --allow-domain must give the same ports (%v)", d, list.Ports)}
+			}
+			list.Domains, list.Ports = append(list.Domains, norm), p
+		}
+		return &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Domains{Domains: list}}, nil
+	}
+	return nil, nil
+}
+
+// parsePorts reads "PORT,PORT" ("" is none).
+func parsePorts(flag, arg, ports string) ([]uint32, error) {
+	if ports == "" {
+		return nil, nil
+	}
+	var out []uint32
+	for _, p := range strings.Split(ports, ",") {
+		n, err := strconv.ParseUint(p, 10, 16)
+		if err != nil || n == 0 {
+			return nil, usageError{fmt.Errorf("%s %q: %q is not a TCP port", flag, arg, p)}
+		}
+		out = append(out, uint32(n))
+	}
+	return out, nil
 }
 
 func newJobUpdate(g *globals) *cobra.Command {
 	var f updateFlags
 	cmd := &cobra.Command{
-		Use:   "update JOB_ID [--memory SIZE] [--cpu CORES] [--pids N] [--timeout D] [--allow CIDR[:PORT,...]]... [--deny-all]",
+		Use:   "update JOB_ID [--memory SIZE] [--cpu CORES] [--pids N] [--timeout D] [--allow CIDR[:PORT,...]]... [--allow-domain NAME[:PORT,...]]... [--deny-all]",
 		Short: "Change a running job's limits or network policy",
 		Long: `Changes a running job's limits (only those given) or replaces its network
-policy (--allow, repeatable, or --deny-all).
+policy (--allow or --allow-domain, repeatable, or --deny-all).
 
 Narrowing (lower limits, fewer destinations) takes effect at once. Widening
 needs an approval where the tenant's policy says so: the command then prints
@@ -49,8 +124,7 @@ the approval's id, and the change applies when another approver approves it
 	fl.StringVar(&f.memory, "memory", "", "memory limit, e.g. 1GiB")
 	fl.Int64Var(&f.pids, "pids", 0, "process limit")
 	fl.DurationVar(&f.timeout, "timeout", 0, "deadline, counted from the job's start, e.g. 20m")
-	fl.StringArrayVar(&f.allow, "allow", nil, "CIDR or CIDR:PORT[,PORT...] the job may reach (repeatable; replaces the policy)")
-	fl.BoolVar(&f.denyAll, "deny-all", false, "replace the policy with deny-all (loopback only)")
+	f.net.register(fl, "; replaces the policy")
 	return cmd
 }
 
@@ -67,20 +141,14 @@ func parseAllow(s string) (*typesv1.AllowRule, error) {
 	} else if i := strings.LastIndex(s, ":"); i >= 0 && !strings.Contains(s[:i], ":") {
 		cidr, ports = s[:i], s[i+1:]
 	}
-	if _, err := netip.ParsePrefix(cidr); err != nil {
-		return nil, fmt.Errorf("--allow %q: %q is not a CIDR", s, cidr)
+	if _, err := egress.ParsePrefix(cidr); err != nil {
+		return nil, fmt.Errorf("--allow %q: %v", s, err)
 	}
-	r := &typesv1.AllowRule{Cidr: cidr}
-	if ports != "" {
-		for _, p := range strings.Split(ports, ",") {
-			n, err := strconv.ParseUint(p, 10, 16)
-			if err != nil || n == 0 {
-				return nil, fmt.Errorf("--allow %q: %q is not a TCP port", s, p)
-			}
-			r.Ports = append(r.Ports, uint32(n))
-		}
+	p, err := parsePorts("--allow", s, ports)
+	if err != nil {
+		return nil, err
 	}
-	return r, nil
+	return &typesv1.AllowRule{Cidr: cidr, Ports: p}, nil
 }
 
 func jobUpdate(ctx context.Context, g *globals, f *updateFlags, jobID string) error {
@@ -98,25 +166,12 @@ func jobUpdate(ctx context.Context, g *globals, f *updateFlags, jobID string) er
 			limits.Deadline = durationpb.New(f.timeout)
 		}
 	}
-	var np *typesv1.NetworkPolicy
-	switch {
-	case f.denyAll && len(f.allow) > 0:
-		return usageError{errors.New("--deny-all and --allow exclude each other")}
-	case f.denyAll:
-		np = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_DenyAll{DenyAll: &typesv1.DenyAll{}}}
-	case len(f.allow) > 0:
-		list := &typesv1.AllowList{}
-		for _, a := range f.allow {
-			r, err := parseAllow(a)
-			if err != nil {
-				return usageError{err}
-			}
-			list.Rules = append(list.Rules, r)
-		}
-		np = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Allow{Allow: list}}
+	np, err := f.net.policy()
+	if err != nil {
+		return err
 	}
 	if limits == nil && np == nil {
-		return usageError{errors.New("nothing to change: give --memory, --cpu, --pids, --timeout, --allow or --deny-all")}
+		return usageError{errors.New("nothing to change: give --memory, --cpu, --pids, --timeout, --allow, --allow-domain or --deny-all")}
 	}
 	client, _, done, err := g.authority()
 	if err != nil {
