@@ -75,7 +75,9 @@ func TestParsePrefixAndPorts(t *testing.T) {
 	}
 }
 
-func rule(cidr string, ports ...uint16) Rule { return Rule{Prefix: netip.MustParsePrefix(cidr), Ports: ports} }
+func rule(cidr string, ports ...uint16) Rule {
+	return Rule{Prefix: netip.MustParsePrefix(cidr), Ports: ports}
+}
 
 func TestCovers(t *testing.T) {
 	have := Policy{
@@ -95,10 +97,10 @@ func TestCovers(t *testing.T) {
 		{Policy{Rules: []Rule{rule("2001:db8:1::/48", 443)}}, 0},
 		{Policy{Rules: []Rule{rule("::ffff:10.0.0.0/104", 443)}}, 1}, // not in the form rules take
 		{Policy{Names: []Name{{Name: "a.example.com"}}}, 0},
-		{Policy{Names: []Name{{Name: "example.com"}}}, 1},       // the apex
-		{Policy{Names: []Name{{Name: "*.example.com"}}}, 0},     // the same wildcard
-		{Policy{Names: []Name{{Name: "*.a.example.com"}}}, 1},   // a wider reach
-		{Policy{Names: []Name{{Name: "proxy.golang.org"}}}, 1},  // 80 and 443, have 443
+		{Policy{Names: []Name{{Name: "example.com"}}}, 1},      // the apex
+		{Policy{Names: []Name{{Name: "*.example.com"}}}, 0},    // the same wildcard
+		{Policy{Names: []Name{{Name: "*.a.example.com"}}}, 1},  // a wider reach
+		{Policy{Names: []Name{{Name: "proxy.golang.org"}}}, 1}, // 80 and 443, have 443
 		{Policy{Names: []Name{{Name: "PROXY.golang.org.", Ports: []uint16{443}}}}, 0},
 		{Policy{Names: []Name{{Name: "a.example.com", Ports: []uint16{8443}}}}, 1},
 	} {
