@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -201,17 +200,12 @@ func TestDefaultPoolMovesOffRoutesAndDeniedPrefixes(t *testing.T) {
 // the leftovers going unnoticed.
 func TestFailedUndoKeepsTheNamespace(t *testing.T) {
 	m := ctManager(t)
-	nft := m.nft
-	failing, err := exec.LookPath("false")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.nft = failing
+	m.nftOpts = refusingKernel
 	id := fmt.Sprintf("ct-%d-%d", os.Getpid(), ctSeq.Add(1))
-	_, err = m.Create(context.Background(), id, Policy{Allow: []Rule{{Prefix: netip.MustParsePrefix("192.0.2.0/24")}}})
-	m.nft = nft
+	_, err := m.Create(context.Background(), id, Policy{Allow: []Rule{{Prefix: netip.MustParsePrefix("192.0.2.0/24")}}})
+	m.nftOpts = nil
 	if err == nil {
-		t.Fatal("Create with a failing nft worked")
+		t.Fatal("Create with nftables failing worked")
 	}
 	m.mu.Lock()
 	n := m.live[id]

@@ -8,18 +8,22 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/pkg/nettest"
 )
 
-// These tests need root, nft, veth and nf_tables with connection tracking.
+// These tests need root, veth and nf_tables with connection tracking.
 // Their test host is a /30 of 198.51.100.0/24 (TEST-NET-2), which exists
 // only inside its pair, and their pools are /24s of 10.217.0.0/16.
 
@@ -332,14 +336,30 @@ func TestApplyKeepsDNATedFlows(t *testing.T) {
 	// A virtual address (TEST-NET-1) the host rewrites to the test host,
 	// as a load balancer or a service proxy would.
 	vip := netip.MustParseAddr("192.0.2.77")
-	table := fmt.Sprintf("ctdnat%d_%d", os.Getpid(), ctSeq.Add(1))
-	script := fmt.Sprintf("table ip %s {\n\tchain pre {\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\tiifname %q ip daddr %s udp dport 7777 dnat to %s:%d\n\t}\n}\n",
-		table, n.veth, vip, th.IP, udpPort)
-	if err := m.runNft(context.Background(), false, script); err != nil {
+	dnat := &nftables.Table{Name: fmt.Sprintf("ctdnat%d_%d", os.Getpid(), ctSeq.Add(1)), Family: nftables.TableFamilyIPv4}
+	if err := m.commit(context.Background(), func(c *nftables.Conn) error {
+		c.AddTable(dnat)
+		accept := nftables.ChainPolicyAccept
+		pre := c.AddChain(&nftables.Chain{Name: "pre", Table: dnat, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept})
+		// iifname VETH ip daddr VIP udp dport 7777 dnat to TESTHOST:PORT
+		c.AddRule(&nftables.Rule{Table: dnat, Chain: pre, Exprs: slices.Concat(
+			ifname(expr.MetaKeyIIFNAME, expr.CmpOpEq, n.veth),
+			addrIs(ipv4.daddr, expr.CmpOpEq, vip),
+			[]expr.Any{
+				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_UDP}},
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(7777)},
+				&expr.Immediate{Register: 1, Data: th.IP.AsSlice()},
+				&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(uint16(udpPort))},
+				&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2},
+			})})
+		return nil
+	}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := m.runNft(context.Background(), false, fmt.Sprintf("delete table ip %s\n", table)); err != nil {
+		if err := m.deleteTables(context.Background(), dnat.Name); err != nil {
 			t.Errorf("remove the DNAT table: %v", err)
 		}
 	})

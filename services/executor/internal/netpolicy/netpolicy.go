@@ -27,10 +27,14 @@
 // claims Pool4 host-wide until Close, with a lock file under
 // /run/airlock/netpolicy (see claim.go).
 //
+// The rules are programmed over netlink from the executor's own process
+// (package github.com/google/nftables): each change of a job's rules is one
+// nftables transaction, which the kernel commits whole or not at all.
+//
 // Only the executor's run manager and composition root import it. It needs
-// root, the nft command (Debian package nftables) and a kernel with
-// nf_tables, its fib and masquerade expressions, connection tracking over
-// netlink (nf_conntrack_netlink), and veth.
+// root and a kernel with nf_tables, its fib, masquerade, connlimit and
+// reject expressions, connection tracking over netlink
+// (nf_conntrack_netlink), and veth; no command-line tool.
 package netpolicy
 
 import (
@@ -44,7 +48,6 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -52,6 +55,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -198,8 +202,10 @@ type Manager struct {
 	cfg   Config
 	log   *slog.Logger
 	nsDir string
-	nft   string
 	deny  []netip.Prefix
+	// nftOpts are added to every nftables connection's options; tests
+	// use them to make the kernel's answers fail.
+	nftOpts []nftables.ConnOption
 	// claim holds Pool4 for this manager until Close.
 	claim *poolClaim
 
@@ -266,10 +272,6 @@ func New(cfg Config) (_ *Manager, err error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("%w: must run as root (uid 0), not uid %d", ErrUnavailable, os.Geteuid())
 	}
-	nft, err := exec.LookPath("nft")
-	if err != nil {
-		return nil, fmt.Errorf("%w: the nft command (Debian package nftables): %v", ErrUnavailable, err)
-	}
 	pool, claim, err := claimPool4(cfg)
 	if err != nil {
 		return nil, err
@@ -286,7 +288,6 @@ func New(cfg Config) (_ *Manager, err error) {
 		cfg:   cfg,
 		log:   cfg.Logger,
 		nsDir: filepath.Join(cfg.Dir, "ns"),
-		nft:   nft,
 		claim: claim,
 		live:  map[string]*Net{},
 		slots: map[int]bool{},
@@ -315,12 +316,9 @@ func New(cfg Config) (_ *Manager, err error) {
 			return nil, fmt.Errorf("%w: turn on %s: %v", ErrUnavailable, strings.ReplaceAll(s, "/", "."), err)
 		}
 	}
-	// A dry run of a whole job's rules: nft -c builds the transaction in
-	// the kernel (loading the modules it needs) and aborts it.
-	probe := m.newNet("probe")
-	probe.addr = m.addrs(0)
-	script := m.replaceScript(probe, Policy{Allow: []Rule{{Prefix: netip.MustParsePrefix("192.0.2.0/24"), Ports: []uint16{443}}}})
-	if err := m.runNft(context.Background(), true, script); err != nil {
+	// A whole job's rules, committed where they harm nothing: the kernel
+	// loads the modules they need, or says which it lacks.
+	if err := m.probeKernel(Policy{Allow: []Rule{{Prefix: netip.MustParsePrefix("192.0.2.0/24"), Ports: []uint16{443, 80}}}}); err != nil {
 		return nil, fmt.Errorf("%w: the kernel refuses a job's nftables rules: %v", ErrUnavailable, err)
 	}
 	// Narrowing a policy and releasing addresses remove conntrack
@@ -558,8 +556,8 @@ type Net struct {
 	slot    int
 	hasVeth bool
 	// hasTable says the job's nftables table may exist: set before a
-	// script that makes it runs, cleared once a delete succeeded. A
-	// deny-all job that never had a veth never runs nft at all.
+	// transaction that makes it, cleared once a delete succeeded. A
+	// deny-all job that never had a veth never has a table at all.
 	hasTable bool
 	closed   bool
 }
@@ -725,7 +723,7 @@ func (n *Net) Apply(ctx context.Context, p Policy, gen int64) error {
 		// One transaction: the kernel switches from the old rules to the
 		// new ones at once, or keeps the old ones.
 		n.hasTable = true
-		if err := n.m.runNft(ctx, false, n.m.replaceScript(n, p)); err != nil {
+		if err := n.m.installRules(ctx, n, p); err != nil {
 			return fmt.Errorf("netpolicy: job %s: replace rules: %w", n.id, err)
 		}
 		// Only then: until the new rules are in, the job could open
@@ -733,7 +731,7 @@ func (n *Net) Apply(ctx context.Context, p Policy, gen int64) error {
 		if err := n.forgetFlows(&p); err != nil {
 			// Back to the old rules, which the remaining entries agree
 			// with, so that on error the previous policy is in force.
-			rerr := n.m.runNft(ctx, false, n.m.replaceScript(n, n.policy))
+			rerr := n.m.installRules(ctx, n, n.policy)
 			if rerr == nil {
 				return err
 			}
@@ -766,7 +764,7 @@ func (n *Net) addVeth(ctx context.Context, p Policy) error {
 		n.slot, n.addr = slot, n.m.addrs(slot)
 	}
 	n.hasTable = true
-	if err := n.m.runNft(ctx, false, n.m.replaceScript(n, p)); err != nil {
+	if err := n.m.installRules(ctx, n, p); err != nil {
 		return fmt.Errorf("netpolicy: job %s: install rules: %w", n.id, err)
 	}
 	n.hasVeth = true
@@ -789,7 +787,7 @@ func (n *Net) removeVeth() error {
 		return fmt.Errorf("netpolicy: job %s: %w", n.id, err)
 	}
 	n.hasVeth = false
-	if err := n.m.runNft(context.Background(), false, deleteTableScript(n.table)); err != nil {
+	if err := n.m.deleteTables(context.Background(), n.table); err != nil {
 		n.m.log.Warn("netpolicy: remove a job's rules after its veth", "job_id", n.id, "table", n.table, "error", err)
 	} else {
 		n.hasTable = false
@@ -833,7 +831,7 @@ func (n *Net) teardown() error {
 	} else {
 		n.hasVeth = false
 		if n.hasTable {
-			if err := n.m.runNft(context.Background(), false, deleteTableScript(n.table)); err != nil {
+			if err := n.m.deleteTables(context.Background(), n.table); err != nil {
 				errs = append(errs, fmt.Errorf("remove rules: %w", err))
 			} else {
 				n.hasTable = false
@@ -919,16 +917,15 @@ func (m *Manager) Recover(ctx context.Context) ([]string, error) {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	var script strings.Builder
+	var gone []string
 	for _, t := range tables {
-		if keep[t] || keep["*"] {
-			continue
+		if !keep[t] && !keep["*"] {
+			gone = append(gone, t)
 		}
-		script.WriteString(deleteTableScript(t))
 	}
-	if script.Len() > 0 {
-		if err := m.runNft(ctx, false, script.String()); err != nil {
-			errs = append(errs, fmt.Errorf("remove tables %v: %w", tables, err))
+	if len(gone) > 0 {
+		if err := m.deleteTables(ctx, gone...); err != nil {
+			errs = append(errs, fmt.Errorf("remove tables %v: %w", gone, err))
 		}
 	}
 	out := make([]string, 0, len(ids))

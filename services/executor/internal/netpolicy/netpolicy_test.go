@@ -9,13 +9,16 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/nettest"
@@ -68,12 +71,12 @@ func assertNothingLeft(t *testing.T, m *Manager) {
 	if len(links) > 0 {
 		t.Errorf("veths left: %v", links)
 	}
-	out, err := exec.Command("nft", "list", "ruleset").CombinedOutput()
+	tables, err := m.ourTables(context.Background())
 	if err != nil {
-		t.Fatalf("nft list ruleset: %v: %s", err, out)
+		t.Fatal(err)
 	}
-	if strings.Contains(string(out), "table inet "+m.cfg.Name+"_") {
-		t.Errorf("nft tables left:\n%s", out)
+	if len(tables) > 0 {
+		t.Errorf("nftables tables left: %v", tables)
 	}
 	if mounts := mountsUnder(t, m.cfg.Dir); len(mounts) > 0 {
 		t.Errorf("mounts left under %s: %v", m.cfg.Dir, mounts)
@@ -102,6 +105,12 @@ func create(t *testing.T, m *Manager, p Policy, opts ...CreateOption) *Net {
 	})
 	return nt
 }
+
+// refusingKernel are connection options under which every nftables
+// request fails.
+var refusingKernel = []nftables.ConnOption{nftables.WithTestDial(func([]netlink.Message) ([]netlink.Message, error) {
+	return nil, errors.New("refused by the test")
+})}
 
 func allow(rules ...Rule) Policy { return Policy{Allow: rules} }
 
@@ -339,13 +348,21 @@ func TestApplyNarrowWidenAndGenerations(t *testing.T) {
 		probe{th.addr(th.hostIP, th.hostPort), false, "the host, inside the allowed /30"},
 	)
 
-	// A policy the kernel refuses keeps the previous one. (A port list
-	// with an IPv4 rule is fine; force a failure through a bad table.)
-	bad := &Net{m: m, table: "bad name", veth: n.veth, addr: n.addr}
-	if err := m.runNft(ctx, false, m.replaceScript(bad, Policy{})); err == nil || !strings.Contains(err.Error(), "nft -f -") {
-		t.Errorf("a refused script: %v, want the nft command and its stderr", err)
+	// A transaction the kernel refuses changes nothing, however much of
+	// it the kernel took before the part it refused: here the job's table
+	// is deleted and made again with deny-all rules, and then comes a
+	// chain of a table that does not exist.
+	err = m.commit(ctx, func(c *nftables.Conn) error {
+		if err := m.jobRules(n, Policy{}).queue(c); err != nil {
+			return err
+		}
+		c.AddChain(&nftables.Chain{Name: "x", Table: &nftables.Table{Name: n.table + "_none", Family: nftables.TableFamilyINet}})
+		return nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "nftables transaction") || !errors.Is(err, unix.ENOENT) {
+		t.Errorf("a refused transaction: %v, want the kernel's ENOENT", err)
 	}
-	check(t, n, probe{th.addr(th.ip, th.ports[1]), true, "unchanged after a refused script"})
+	check(t, n, probe{th.addr(th.ip, th.ports[1]), true, "unchanged after a refused transaction"})
 }
 
 // Under FixedInterfaces (runsc) the veth stays for a deny-all policy,
@@ -474,42 +491,11 @@ func TestCreateErrors(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrAlreadyExists) || !strings.Contains(err.Error(), "Recover") {
 		t.Errorf("leftover: %v", err)
 	}
-	if ids, err := (&Manager{cfg: m.cfg, nsDir: m.nsDir, nft: m.nft, live: map[string]*Net{}, slots: map[int]bool{}, log: m.log}).Recover(ctx); err != nil || !slices.Contains(ids, "stale") {
+	if ids, err := (&Manager{cfg: m.cfg, nsDir: m.nsDir, live: map[string]*Net{}, slots: map[int]bool{}, log: m.log}).Recover(ctx); err != nil || !slices.Contains(ids, "stale") {
 		t.Errorf("Recover = %v, %v", ids, err)
 	}
 	if err := m.Close(); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("Close with a live namespace: %v", err)
-	}
-}
-
-// The rules a job's veth gets, as nft would list them: a guard against
-// an edit that drops a chain or an always-denied prefix.
-func TestScriptShape(t *testing.T) {
-	m := &Manager{cfg: Config{Name: "airlock", Pool4: DefaultPool4, MaxConnections: 77}}
-	m.deny = append(slices.Clone(alwaysDeny), DefaultPool4)
-	n := m.newNet("job-1")
-	n.addr = m.addrs(3)
-	s := m.replaceScript(n, allow(rule(netip.MustParseAddr("192.0.2.0"), 24, 443, 80)))
-	for _, want := range []string{
-		"delete table inet " + n.table,
-		`iifname "` + n.veth + `" jump from_job_pre`,
-		"fib daddr type { local, broadcast, multicast, anycast } drop",
-		"169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128", "10.213.0.0/16",
-		"meta nfproto ipv4 ip saddr != 10.213.0.14 drop",
-		"ct state new ct count over 77 reject",
-		"ip daddr 192.0.2.0/24 tcp dport { 443, 80 } accept",
-		"ct state established,related accept",
-		`ip saddr 10.213.0.14 oifname != "` + n.veth + `" masquerade`,
-	} {
-		if !strings.Contains(s, want) {
-			t.Errorf("script lacks %q:\n%s", want, s)
-		}
-	}
-	if strings.Contains(s, "169.254.169.254/32") {
-		t.Errorf("the metadata address is inside 169.254.0.0/16 and must be merged into it:\n%s", s)
-	}
-	if len(n.veth) > 15 {
-		t.Errorf("veth name %q longer than 15", n.veth)
 	}
 }
 

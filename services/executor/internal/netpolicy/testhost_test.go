@@ -14,7 +14,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/nettest"
 )
 
-// These tests need root, nft and kernel support for veth and nf_tables.
+// These tests need root and kernel support for veth and nf_tables.
 // They send traffic only to namespaces they make: the test host's
 // addresses are from 198.18.0.0/15 (RFC 2544), and a policy-routing rule
 // per test sends everything from its jobs' pools (and from the host's
