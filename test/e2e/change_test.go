@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
+
 	"github.com/airlockhq/airlock/pkg/nettest"
 )
 
@@ -202,9 +204,9 @@ func TestRunningJobChangesAreGatedAndEnforced(t *testing.T) {
 	name := "airlock_" + hex.EncodeToString(sum[:4])
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		out, _ := exec.Command("nft", "list", "tables").CombinedOutput()
+		out := nftTables(t)
 		links, _ := exec.Command("ip", "-o", "link", "show").CombinedOutput()
-		if !strings.Contains(string(out), name) && !strings.Contains(string(links), name+":"+id) {
+		if !strings.Contains(out, name) && !strings.Contains(string(links), name+":"+id) {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -229,4 +231,24 @@ func readTrim(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// nftTables lists the host's inet tables over netlink, one name a line
+// (the executor needs no nft command, and neither does this check).
+func nftTables(t *testing.T) string {
+	t.Helper()
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatalf("netlink: %v", err)
+	}
+	defer c.CloseLasting()
+	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		t.Fatalf("list inet tables: %v", err)
+	}
+	var b strings.Builder
+	for _, tb := range tables {
+		b.WriteString(tb.Name + "\n")
+	}
+	return b.String()
 }

@@ -50,13 +50,14 @@ gover="$(go env GOVERSION)"
 installed() { [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" == "install ok installed" ]]; }
 
 # ensure_debs installs what runc's seccomp support compiles and links
-# against, and what the executor runs at run time (nft for each job's
-# network rules, ip for its veth pair, mkfs.ext4 and losetup for its disk,
-# git and tar for its source and patch), only when something is missing:
+# against, and what the executor runs at run time (ip for each job's veth
+# pair, mkfs.ext4 and losetup for its disk, git and tar for its source and
+# patch; its nftables rules it programs itself, over netlink), only when
+# something is missing:
 # apt is slow even with nothing to do.
 ensure_debs() {
   local missing=() p
-  for p in libseccomp-dev pkg-config gcc libc6-dev nftables iproute2 e2fsprogs util-linux git tar; do
+  for p in libseccomp-dev pkg-config gcc libc6-dev iproute2 e2fsprogs util-linux git tar; do
     installed "$p" || missing+=("$p")
   done
   ((${#missing[@]})) || return 0

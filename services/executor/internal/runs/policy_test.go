@@ -22,7 +22,7 @@ func TestPolicyFromProto(t *testing.T) {
 	}{
 		{name: "deny all", in: &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_DenyAll{DenyAll: &typesv1.DenyAll{}}}},
 		{name: "allow", in: allowList(&typesv1.AllowRule{Cidr: "192.0.2.0/24", Ports: []uint32{443, 80}}, &typesv1.AllowRule{Cidr: "2001:db8::/32"}),
-			want: netpolicy.Policy{Allow: []netpolicy.Rule{{Prefix: netip.MustParsePrefix("192.0.2.0/24"), Ports: []uint16{443, 80}}, {Prefix: netip.MustParsePrefix("2001:db8::/32")}}}},
+			want: netpolicy.Policy{Allow: []netpolicy.Rule{{Prefix: netip.MustParsePrefix("192.0.2.0/24"), Ports: []uint16{80, 443}}, {Prefix: netip.MustParsePrefix("2001:db8::/32")}}}},
 		{name: "domains", in: &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Domains{Domains: &typesv1.DomainList{}}}, err: "network_policy.domains is not enforced by this executor"},
 		{name: "no mode", in: &typesv1.NetworkPolicy{}, err: "exactly one mode"},
 		{name: "nil", in: nil, err: "exactly one mode"},
