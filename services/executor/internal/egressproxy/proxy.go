@@ -1,0 +1,369 @@
+// Package egressproxy is the executor's egress proxy for jobs whose network
+// policy lists domain names (issue 11 §2 and §4). It decides on the NAME a
+// job asks for, never on an address the job chose: the name is checked
+// against the policy's name rules (pkg/egress), resolved by the proxy's own
+// resolver, refused whole when any answer is internal (egress.Internal, plus
+// the executor's own refusals), and the proxy connects to one of exactly the
+// addresses it checked, so a rebinding resolver gets nothing.
+//
+// It serves two kinds of listener. Serve takes an explicit HTTP proxy's:
+// CONNECT name:port for TLS, where the ClientHello is read before anything is
+// dialled and its SNI must be the CONNECT name, and absolute-URI requests
+// (GET http://name/path) for plain HTTP, whose Host header must name the same
+// host. ServeTransparent takes connections the kernel redirected from a job's
+// TCP 443 and 80: the name is the ClientHello's SNI or the request's Host
+// header, and the address the job dialled is ignored. A ClientHello without
+// SNI is refused, and so is an ECH hello without an outer name; an ECH hello
+// is decided on its outer name (the inner one is sealed from the proxy).
+// Nothing is intercepted: what a job sends inside TLS to an allowed name is
+// between it and that name's servers (domain fronting within an allowed CDN
+// stays open).
+//
+// Every connection ends in one Decision, handed to Config.Record when it
+// closes or is refused; refusals past a cap per name per minute are counted
+// and summarised instead of listed. SetPolicy applies a new policy at once
+// and cuts open connections to names it no longer allows; Close stops the
+// listeners and cuts everything.
+//
+// CIDR rules are not its business (the kernel enforces those), nor is DNS
+// inside the job. It is not yet wired into the executor: nothing starts it
+// for a job, no nftables rule redirects a job's traffic to it, and the job's
+// resolver does not yet answer allowed names. Only the executor's run manager
+// and composition root are to import it.
+package egressproxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/airlockhq/airlock/pkg/egress"
+)
+
+// Resolver answers a name with addresses. *net.Resolver is one; production
+// passes one bound to the executor's configured upstream resolvers.
+type Resolver interface {
+	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+}
+
+// Config is what a Proxy is made with.
+type Config struct {
+	// Policy's name rules are what the proxy allows; its prefix rules are
+	// ignored (the kernel enforces them).
+	Policy egress.Policy
+	// Resolver resolves every name the proxy connects to. Required.
+	Resolver Resolver
+	// Extra are ranges refused beyond egress.Internal's, whatever a name
+	// resolves to: the host's own addresses, the executor's job pools,
+	// network.always_deny.
+	Extra []netip.Prefix
+	// Dial connects to one vetted address; nil is a net.Dialer. Tests pass
+	// one that takes a public-looking address to a loopback listener.
+	Dial func(ctx context.Context, network string, addr netip.AddrPort) (net.Conn, error)
+	// Record receives one Decision per connection, when it ends or is
+	// refused, never two calls at once. It must not block for long: it is
+	// called on the connection's goroutine. Nil discards them.
+	Record func(Decision)
+
+	// ConnectTimeout bounds reading what a job sends first (a request head,
+	// a ClientHello), and again resolving and connecting upstream. Zero is
+	// 10s.
+	ConnectTimeout time.Duration
+	// IdleTimeout closes a connection when no byte has moved either way for
+	// that long, and a write that makes no progress for that long. Zero is
+	// 5 minutes.
+	IdleTimeout time.Duration
+	// MaxConns is how many connections may be open at once over all
+	// listeners; one more is refused at once. Zero is 1024.
+	MaxConns int
+	// DenialsPerMinute is how many refusals of one name are recorded one by
+	// one in a minute; the rest are counted into a summary (and past ten
+	// times as many over all names, into one summary for them all). Zero
+	// is 20.
+	DenialsPerMinute int
+}
+
+// ErrClosed is what Serve and ServeTransparent return after Close.
+var ErrClosed = errors.New("egressproxy: proxy closed")
+
+// Proxy is one job's egress proxy.
+type Proxy struct {
+	cfg Config
+
+	mu        sync.Mutex
+	names     []egress.Name
+	conns     map[*conn]struct{}
+	listeners map[net.Listener]struct{}
+	closed    bool
+	handlers  sync.WaitGroup
+
+	emitMu sync.Mutex
+	gate   gate
+}
+
+// New checks cfg and returns a Proxy that serves nothing until Serve or
+// ServeTransparent.
+func New(cfg Config) (*Proxy, error) {
+	if cfg.Resolver == nil {
+		return nil, errors.New("egressproxy: a Resolver is required")
+	}
+	names, err := policyNames(cfg.Policy)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range cfg.Extra {
+		if !p.IsValid() {
+			return nil, errors.New("egressproxy: an Extra prefix is not valid")
+		}
+	}
+	if cfg.Dial == nil {
+		var d net.Dialer
+		cfg.Dial = func(ctx context.Context, network string, addr netip.AddrPort) (net.Conn, error) {
+			return d.DialContext(ctx, network, addr.String())
+		}
+	}
+	if cfg.Record == nil {
+		cfg.Record = func(Decision) {}
+	}
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = 10 * time.Second
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = 5 * time.Minute
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = 1024
+	}
+	if cfg.DenialsPerMinute <= 0 {
+		cfg.DenialsPerMinute = 20
+	}
+	p := &Proxy{
+		cfg:       cfg,
+		names:     names,
+		conns:     make(map[*conn]struct{}),
+		listeners: make(map[net.Listener]struct{}),
+	}
+	p.gate = gate{
+		perName: cfg.DenialsPerMinute,
+		overall: 10 * cfg.DenialsPerMinute,
+		every:   time.Minute,
+		record:  cfg.Record,
+		mu:      &p.emitMu,
+		names:   make(map[string]*window),
+	}
+	return p, nil
+}
+
+func policyNames(p egress.Policy) ([]egress.Name, error) {
+	n, err := egress.Policy{Names: p.Names}.Normalize()
+	if err != nil {
+		return nil, fmt.Errorf("egressproxy: policy: %v", err)
+	}
+	return n.Names, nil
+}
+
+// SetPolicy makes p's name rules the ones in force, at once: a connection
+// decided after it returns is decided on p, and every open connection to a
+// name and port p does not allow has been cut. A p that does not normalise
+// is refused and changes nothing.
+func (p *Proxy) SetPolicy(pol egress.Policy) error {
+	names, err := policyNames(pol)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.names = names
+	for c := range p.conns {
+		if !c.admitted {
+			continue
+		}
+		if ok, _ := allows(names, c.name, c.port); !ok {
+			p.cutLocked(c, fmt.Sprintf("cut: the policy no longer allows %s port %d", c.name, c.port))
+		}
+	}
+	return nil
+}
+
+// Serve accepts explicit proxy connections (CONNECT, absolute-URI HTTP) on
+// l until Close, and then returns ErrClosed. It closes l.
+func (p *Proxy) Serve(l net.Listener) error {
+	return p.serve(l, ModeHTTP, p.serveExplicit)
+}
+
+// ServeTransparent accepts connections redirected from a job's TCP 443 and
+// 80 on l until Close, and then returns ErrClosed. It closes l.
+func (p *Proxy) ServeTransparent(l net.Listener) error {
+	return p.serve(l, ModeTransparent, p.serveTransparent)
+}
+
+// Close stops every listener, cuts every connection, and returns once each
+// has been recorded (with the summaries of refusals still being counted).
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	for l := range p.listeners {
+		l.Close()
+	}
+	for c := range p.conns {
+		p.cutLocked(c, "cut: the proxy closed")
+	}
+	p.mu.Unlock()
+	p.handlers.Wait()
+	p.emitMu.Lock()
+	p.gate.flushAll()
+	p.emitMu.Unlock()
+	return nil
+}
+
+func (p *Proxy) serve(l net.Listener, mode Mode, handle func(*conn)) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		l.Close()
+		return ErrClosed
+	}
+	p.listeners[l] = struct{}{}
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.listeners, l)
+		p.mu.Unlock()
+		l.Close()
+	}()
+
+	var backoff time.Duration
+	for {
+		nc, err := l.Accept()
+		if err != nil {
+			if p.isClosed() {
+				return ErrClosed
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return err
+			}
+			// Out of descriptors and the like: keep serving, as
+			// net/http does, rather than leave the job with no way out.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		c, why := p.track(nc, mode)
+		if c == nil {
+			nc.Close()
+			p.emit(Decision{Time: time.Now(), Mode: mode, Reason: why})
+			continue
+		}
+		go func() {
+			defer p.handlers.Done()
+			handle(c)
+			p.finish(c)
+		}()
+	}
+}
+
+func (p *Proxy) isClosed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closed
+}
+
+// maxHead is the longest request head the proxy reads.
+const maxHead = 64 << 10
+
+// conn is one connection from the job, from accept to its decision.
+type conn struct {
+	client net.Conn
+	// in is everything read from the client: setup reads a head or a
+	// ClientHello through it, and the splice takes what it buffered on.
+	in     *bufio.Reader
+	reader *idleReader
+	start  time.Time
+	ctx    context.Context // cancelled when the connection is cut or ends
+	cancel context.CancelFunc
+	act    activity
+	// Bytes from the upstream to the job, and from the job to the
+	// upstream (what the proxy replays or rewrites included).
+	bytesIn, bytesOut atomic.Int64
+
+	// d is filled in by the connection's own goroutine only.
+	d Decision
+
+	// Guarded by Proxy.mu.
+	admitted bool // name and port passed the policy; SetPolicy rechecks them
+	name     string
+	port     uint16
+	upstream net.Conn
+	cut      string // why the proxy cut it, "" while it has not
+}
+
+// track registers a new connection, or says why it is refused.
+func (p *Proxy) track(nc net.Conn, mode Mode) (*conn, string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, "refused: the proxy is closing"
+	}
+	if len(p.conns) >= p.cfg.MaxConns {
+		return nil, fmt.Sprintf("refused: the proxy has as many connections open as it takes (%d)", len(p.conns))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &idleReader{conn: nc}
+	c := &conn{
+		client: nc,
+		in:     bufio.NewReaderSize(r, maxHead),
+		reader: r,
+		start:  time.Now(),
+		ctx:    ctx,
+		cancel: cancel,
+		d:      Decision{Mode: mode},
+	}
+	c.d.Time = c.start
+	p.conns[c] = struct{}{}
+	p.handlers.Add(1)
+	return c, ""
+}
+
+// cutLocked ends c at once for why; p.mu is held.
+func (p *Proxy) cutLocked(c *conn, why string) {
+	if c.cut != "" {
+		return
+	}
+	c.cut = why
+	c.cancel()
+	c.client.Close()
+	if c.upstream != nil {
+		c.upstream.Close()
+	}
+}
+
+// finish closes what is left of c and records its decision.
+func (p *Proxy) finish(c *conn) {
+	p.mu.Lock()
+	delete(p.conns, c)
+	cut, admitted, up := c.cut, c.admitted, c.upstream
+	p.mu.Unlock()
+	c.cancel()
+	c.client.Close()
+	if up != nil {
+		up.Close()
+	}
+	d := c.d
+	d.BytesIn, d.BytesOut = c.bytesIn.Load(), c.bytesOut.Load()
+	d.Duration = time.Since(c.start)
+	switch {
+	case cut == "":
+	case d.Allowed:
+		d.End = cut
+	case admitted:
+		d.Reason = cut // whatever failed did because of the cut
+	}
+	p.emit(d)
+}
