@@ -44,6 +44,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/egress"
+	"github.com/airlockhq/airlock/pkg/refusalcap"
 )
 
 // Resolver answers a name with addresses. *net.Resolver is one; production
@@ -104,7 +105,7 @@ type Proxy struct {
 	handlers  sync.WaitGroup
 
 	emitMu sync.Mutex
-	gate   gate
+	gate   refusalcap.Gate[Decision]
 }
 
 // New checks cfg and returns a Proxy that serves nothing until Serve or
@@ -149,13 +150,9 @@ func New(cfg Config) (*Proxy, error) {
 		conns:     make(map[*conn]struct{}),
 		listeners: make(map[net.Listener]struct{}),
 	}
-	p.gate = gate{
-		perName: cfg.DenialsPerMinute,
-		overall: 10 * cfg.DenialsPerMinute,
-		every:   time.Minute,
-		record:  cfg.Record,
-		mu:      &p.emitMu,
-		names:   make(map[string]*window),
+	p.gate = refusalcap.Gate[Decision]{
+		PerKey: cfg.DenialsPerMinute, Overall: 10 * cfg.DenialsPerMinute, Every: time.Minute,
+		Record: cfg.Record, Summarise: summary, Mu: &p.emitMu,
 	}
 	return p, nil
 }
@@ -217,7 +214,7 @@ func (p *Proxy) Close() error {
 	p.mu.Unlock()
 	p.handlers.Wait()
 	p.emitMu.Lock()
-	p.gate.flushAll()
+	p.gate.Flush()
 	p.emitMu.Unlock()
 	return nil
 }

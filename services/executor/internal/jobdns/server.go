@@ -38,6 +38,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/egress"
+	"github.com/airlockhq/airlock/pkg/refusalcap"
 )
 
 // Resolver answers a name with addresses. *net.Resolver is one; production
@@ -105,7 +106,7 @@ type Server struct {
 	handlers  sync.WaitGroup
 
 	emitMu sync.Mutex
-	gate   gate
+	gate   refusalcap.Gate[QueryDecision]
 }
 
 // New checks cfg and returns a Server that serves nothing until Serve or
@@ -162,13 +163,9 @@ func New(cfg Config) (*Server, error) {
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[net.Conn]struct{}),
 	}
-	s.gate = gate{
-		perName: cfg.DenialsPerMinute,
-		overall: 10 * cfg.DenialsPerMinute,
-		every:   time.Minute,
-		record:  cfg.Record,
-		mu:      &s.emitMu,
-		names:   make(map[string]*window),
+	s.gate = refusalcap.Gate[QueryDecision]{
+		PerKey: cfg.DenialsPerMinute, Overall: 10 * cfg.DenialsPerMinute, Every: time.Minute,
+		Record: cfg.Record, Summarise: summary, Mu: &s.emitMu,
 	}
 	return s, nil
 }
@@ -220,7 +217,7 @@ func (s *Server) Close() error {
 	s.cancel()
 	s.handlers.Wait()
 	s.emitMu.Lock()
-	s.gate.flushAll()
+	s.gate.Flush()
 	s.emitMu.Unlock()
 	return nil
 }
