@@ -66,18 +66,35 @@ func TestCapacityBoundsWhatRunsAtOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+	// Submitted from several clients at once and long enough asleep that
+	// jobs wait for each other whatever the machine's load (submitted one
+	// by one, a loaded machine finished each before the next came).
 	const n = 40
-	var ids []string
+	ids := make([]string, n)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
 	for i := range n {
-		res := s.airlock(t, "job", "submit", "--repo", "sample", "--memory", "1GiB", "--idempotency-key", fmt.Sprintf("cap-%d", i), "-o", "json", "--", "sleep", "0.3")
-		if res.code != 0 {
-			t.Fatalf("submit %d: exit %d\n%s", i, res.code, res.stderr)
-		}
-		j := &authorityv1.Job{}
-		if err := protojson.Unmarshal([]byte(res.stdout), j); err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, j.GetJobId())
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			res := s.airlock(t, "job", "submit", "--repo", "sample", "--memory", "1GiB", "--idempotency-key", fmt.Sprintf("cap-%d", i), "-o", "json", "--", "sleep", "1")
+			if res.code != 0 {
+				t.Errorf("submit %d: exit %d\n%s", i, res.code, res.stderr)
+				return
+			}
+			j := &authorityv1.Job{}
+			if err := protojson.Unmarshal([]byte(res.stdout), j); err != nil {
+				t.Error(err)
+				return
+			}
+			ids[i] = j.GetJobId()
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
 	}
 
 	parent := s.executorCgroupParent()
