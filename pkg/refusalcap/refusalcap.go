@@ -25,6 +25,19 @@ type Summary[D any] struct {
 	Limit      int
 }
 
+// What names whose refusals the summary counts: "of KEY", "over all
+// keys" (name the keys with allName), or, for the key "", "that named
+// nothing".
+func (s Summary[D]) What(allName string) string {
+	switch {
+	case s.Overall:
+		return "over all " + allName
+	case s.Key == "":
+		return "that named nothing"
+	}
+	return "of " + s.Key
+}
+
 // Gate caps the refusals passed to Refused. Its methods must be called
 // with Mu held; the timers that end windows take Mu themselves.
 type Gate[D any] struct {

@@ -70,18 +70,11 @@ func (p *Proxy) emit(d Decision) {
 
 // summary is the record of the refusals a window of the cap held back.
 func summary(w refusalcap.Summary[Decision]) Decision {
-	what := "of " + w.Key
-	switch {
-	case w.Overall:
-		what = "over all names"
-	case w.Key == "":
-		what = "that named nothing"
-	}
 	return Decision{
 		Time:       w.Start,
 		Mode:       w.First.Mode,
 		Name:       w.Key,
-		Reason:     fmt.Sprintf("%d more refusals %s in the %s from %s, not recorded one by one (the cap is %d)", w.Suppressed, what, w.Every, w.Start.Format(time.RFC3339), w.Limit),
+		Reason:     fmt.Sprintf("%d more refusals %s in the %s from %s, not recorded one by one (the cap is %d)", w.Suppressed, w.What("names"), w.Every, w.Start.Format(time.RFC3339), w.Limit),
 		Suppressed: w.Suppressed,
 	}
 }

@@ -54,17 +54,10 @@ func (s *Server) emit(d QueryDecision) {
 // summary is the record of the refused queries a window of the cap held
 // back.
 func summary(w refusalcap.Summary[QueryDecision]) QueryDecision {
-	what := "of " + w.Key
-	switch {
-	case w.Overall:
-		what = "over all names"
-	case w.Key == "":
-		what = "that named nothing"
-	}
 	return QueryDecision{
 		Time:       w.Start,
 		Name:       w.Key,
-		Reason:     fmt.Sprintf("%d more refused queries %s in the %s from %s, not recorded one by one (the cap is %d)", w.Suppressed, what, w.Every, w.Start.Format(time.RFC3339), w.Limit),
+		Reason:     fmt.Sprintf("%d more refused queries %s in the %s from %s, not recorded one by one (the cap is %d)", w.Suppressed, w.What("names"), w.Every, w.Start.Format(time.RFC3339), w.Limit),
 		Suppressed: w.Suppressed,
 	}
 }
