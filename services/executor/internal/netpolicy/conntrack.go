@@ -81,6 +81,9 @@ func (m *Manager) allows(p Policy, a jobAddrs, fl *netlink.ConntrackFlow) bool {
 	if src != a.job4.Addr() && (!a.job6.IsValid() || src != a.job6.Addr()) {
 		return false // not opened by the job: no rule ever let it in
 	}
+	if p.Proxied && (dst == a.host4.Addr() || a.host6.IsValid() && dst == a.host6.Addr()) {
+		return true // to the egress services, which decide for themselves
+	}
 	if slices.ContainsFunc(m.deny, func(d netip.Prefix) bool { return d.Contains(dst) }) {
 		return false
 	}

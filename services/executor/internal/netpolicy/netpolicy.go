@@ -70,13 +70,33 @@ type Rule struct {
 	Ports []uint16
 }
 
-// Policy is what a job may reach. No rules means deny-all: loopback only.
+// Policy is what a job may reach. No rules and not Proxied means
+// deny-all: loopback only.
 type Policy struct {
 	Allow []Rule
+	// Proxied gives the job the executor's egress services at the host
+	// end of its veth (ProxyAddrs), and nothing else beyond Allow: its
+	// explicit proxy (TCP ExplicitProxyPort), its DNS server (UDP and TCP
+	// 53, redirected to DNSPort) and, for tools that ignore proxy
+	// variables, its transparent listener, to which every TCP connection
+	// to port 80 or 443 of any address is redirected (TransparentPort).
+	// The rules only carry the traffic there: what serves it, and decides
+	// on names, is the caller's (packages egressproxy and jobdns).
+	Proxied bool
 }
 
+// The ports of the egress services on the host end of a proxied job's
+// veth, on its own addresses (ProxyAddrs): every job has addresses of its
+// own, so the same ports serve every job. A host process that listens on
+// one of them on every address keeps proxied jobs from starting.
+const (
+	ExplicitProxyPort = 15128
+	TransparentPort   = 15129
+	DNSPort           = 15053
+)
+
 // DenyAll reports whether p permits nothing but loopback.
-func (p Policy) DenyAll() bool { return len(p.Allow) == 0 }
+func (p Policy) DenyAll() bool { return len(p.Allow) == 0 && !p.Proxied }
 
 // normalize validates p and returns a copy with masked prefixes and sorted,
 // de-duplicated ports, which the caller can no longer change.
@@ -88,7 +108,7 @@ func (p Policy) Validate() error {
 }
 
 func (p Policy) normalize() (Policy, error) {
-	var out Policy
+	out := Policy{Proxied: p.Proxied}
 	for i, r := range p.Allow {
 		// The form the authority checks too (pkg/runspec).
 		if err := runspec.CheckPrefix(r.Prefix); err != nil {
@@ -107,7 +127,7 @@ func (p Policy) normalize() (Policy, error) {
 }
 
 func (p Policy) clone() Policy {
-	var out Policy
+	out := Policy{Proxied: p.Proxied}
 	for _, r := range p.Allow {
 		out.Allow = append(out.Allow, Rule{Prefix: r.Prefix, Ports: slices.Clone(r.Ports)})
 	}
@@ -318,7 +338,7 @@ func New(cfg Config) (_ *Manager, err error) {
 	}
 	// A whole job's rules, committed where they harm nothing: the kernel
 	// loads the modules they need, or says which it lacks.
-	if err := m.probeKernel(Policy{Allow: []Rule{{Prefix: netip.MustParsePrefix("192.0.2.0/24"), Ports: []uint16{443, 80}}}}); err != nil {
+	if err := m.probeKernel(Policy{Allow: []Rule{{Prefix: netip.MustParsePrefix("192.0.2.0/24"), Ports: []uint16{443, 80}}}, Proxied: true}); err != nil {
 		return nil, fmt.Errorf("%w: the kernel refuses a job's nftables rules: %v", ErrUnavailable, err)
 	}
 	// Narrowing a policy and releasing addresses remove conntrack
@@ -799,6 +819,45 @@ func (n *Net) removeVeth() error {
 	n.m.freeSlot(n.slot)
 	n.slot = -1
 	return nil
+}
+
+// ProxyAddrs are the addresses of the host end of the job's veth, where a
+// proxied job's egress services listen (IPv4, then IPv6 when the manager
+// has Pool6), or nil while it has no veth.
+func (n *Net) ProxyAddrs() []netip.Addr {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.hasVeth {
+		return nil
+	}
+	out := []netip.Addr{n.addr.host4.Addr()}
+	if n.addr.host6.IsValid() {
+		out = append(out, n.addr.host6.Addr())
+	}
+	return out
+}
+
+// Refused are the destinations no job may reach, as the rules refuse
+// them: the always-denied prefixes, the pools, and every address now on
+// one of the host's interfaces (as a single address: the host's
+// neighbours are not refused for being on its subnets). An egress proxy
+// dialling for a job refuses them too.
+func (m *Manager) Refused() ([]netip.Prefix, error) {
+	out := slices.Clone(m.deny)
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("%w: list the host's addresses: %v", ErrUnavailable, err)
+	}
+	for _, a := range addrs {
+		if a.IPNet == nil {
+			continue
+		}
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			ip = ip.Unmap()
+			out = append(out, netip.PrefixFrom(ip, ip.BitLen()))
+		}
+	}
+	return out, nil
 }
 
 // Current returns the policy in force and its generation.

@@ -60,6 +60,14 @@ type anonSet struct {
 //   - forward, to the job: replies only;
 //   - postrouting: the job's address is masqueraded behind the host's, so
 //     replies find their way back.
+//
+// A Proxied policy adds the way to the egress services at the host end of
+// the veth, and nothing more: prerouting lets through, before the drops,
+// what goes to the host end's own addresses on ExplicitProxyPort and on
+// port 53; a NAT chain (priority dstnat) sends port 53 there to DNSPort
+// and TCP to port 80 or 443 of any address to TransparentPort on the host
+// end; and input accepts exactly those three ports on the host end's
+// addresses. What the job sends anywhere else is still dropped.
 func (m *Manager) jobRules(n *Net, p Policy) *jobRules {
 	a := n.addr
 	t := &nftables.Table{Name: n.table, Family: nftables.TableFamilyINet}
@@ -79,6 +87,13 @@ func (m *Manager) jobRules(n *Net, p Policy) *jobRules {
 		postrouting = base("postrouting", nftables.ChainTypeNAT, nftables.ChainHookPostrouting, nftables.ChainPriorityNATSource)
 	)
 	r := &jobRules{table: t, chains: []*nftables.Chain{prerouting, fromJobPre, input, fromJobIn, forward, fromJob, toJob, postrouting}}
+	var (
+		natPre  = base("nat_prerouting", nftables.ChainTypeNAT, nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest)
+		proxyTo = regular("to_proxy")
+	)
+	if p.Proxied {
+		r.chains = append(r.chains, natPre, proxyTo)
+	}
 	var setID uint32
 	// A set's id names it within the transaction; ours are set here, not
 	// by the library, whose counter is shared by every connection.
@@ -103,11 +118,48 @@ func (m *Manager) jobRules(n *Net, p Policy) *jobRules {
 	}
 
 	add(prerouting, nil, ifname(expr.MetaKeyIIFNAME, expr.CmpOpEq, n.veth), jump(fromJobPre))
+	// The host end's addresses, where a proxied job's services listen.
+	var hostEnd []netip.Addr
+	for _, h := range []netip.Prefix{a.host4, a.host6} {
+		if h.IsValid() {
+			hostEnd = append(hostEnd, h.Addr())
+		}
+	}
+	if p.Proxied {
+		// The job's side of the services, before the drop of the host's
+		// own addresses: the explicit proxy, and DNS (redirected below).
+		for _, h := range hostEnd {
+			fam := familyOf(h)
+			add(fromJobPre, nil, fam.match(), addrIs(fam.daddr, expr.CmpOpEq, h), l4Dport(unix.IPPROTO_TCP), portIs(ExplicitProxyPort), verdict(expr.VerdictAccept))
+			for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+				add(fromJobPre, nil, fam.match(), addrIs(fam.daddr, expr.CmpOpEq, h), l4Dport(proto), portIs(53), verdict(expr.VerdictAccept))
+			}
+		}
+		add(natPre, nil, ifname(expr.MetaKeyIIFNAME, expr.CmpOpEq, n.veth), jump(proxyTo))
+		for _, h := range hostEnd {
+			fam := familyOf(h)
+			for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+				add(proxyTo, nil, fam.match(), addrIs(fam.daddr, expr.CmpOpEq, h), l4Dport(proto), portIs(53), dnatTo(fam, h, DNSPort))
+			}
+			web := newSet(nftables.TypeInetService, false, []nftables.SetElement{
+				{Key: binaryutil.BigEndian.PutUint16(80)}, {Key: binaryutil.BigEndian.PutUint16(443)}})
+			add(proxyTo, []anonSet{web}, fam.match(), l4Dport(unix.IPPROTO_TCP), lookup(web), dnatTo(fam, h, TransparentPort))
+		}
+	}
 	fib := newSet(nftables.TypeFIBAddr, false, nativeElems(unix.RTN_LOCAL, unix.RTN_BROADCAST, unix.RTN_MULTICAST, unix.RTN_ANYCAST))
 	add(fromJobPre, []anonSet{fib}, []expr.Any{&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true}}, lookup(fib), verdict(expr.VerdictDrop))
 	denyRules(fromJobPre)
 
 	add(input, nil, ifname(expr.MetaKeyIIFNAME, expr.CmpOpEq, n.veth), jump(fromJobIn))
+	if p.Proxied {
+		for _, h := range hostEnd {
+			fam := familyOf(h)
+			for _, port := range []uint16{ExplicitProxyPort, TransparentPort, DNSPort} {
+				add(fromJobIn, nil, fam.match(), addrIs(fam.daddr, expr.CmpOpEq, h), l4Dport(unix.IPPROTO_TCP), portIs(port), verdict(expr.VerdictAccept))
+			}
+			add(fromJobIn, nil, fam.match(), addrIs(fam.daddr, expr.CmpOpEq, h), l4Dport(unix.IPPROTO_UDP), portIs(DNSPort), verdict(expr.VerdictAccept))
+		}
+	}
 	add(fromJobIn, nil, verdict(expr.VerdictDrop))
 
 	add(forward, nil, ifname(expr.MetaKeyIIFNAME, expr.CmpOpEq, n.veth), jump(fromJob))
@@ -258,11 +310,29 @@ func prefixMatch(offset uint32, p netip.Prefix) []expr.Any {
 }
 
 // tcpDport loads the TCP destination port of a TCP packet.
-func tcpDport() []expr.Any {
+func tcpDport() []expr.Any { return l4Dport(unix.IPPROTO_TCP) }
+
+// l4Dport loads the destination port of a packet of protocol proto (TCP
+// and UDP keep it at the same offset).
+func l4Dport(proto byte) []expr.Any {
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+	}
+}
+
+// portIs compares the port l4Dport loaded with port.
+func portIs(port uint16) []expr.Any {
+	return []expr.Any{&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(port)}}
+}
+
+// dnatTo rewrites the destination to addr:port.
+func dnatTo(fam addrFamily, addr netip.Addr, port uint16) []expr.Any {
+	return []expr.Any{
+		&expr.Immediate{Register: 1, Data: addr.AsSlice()},
+		&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(port)},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(fam.nfproto), RegAddrMin: 1, RegProtoMin: 2, Specified: true},
 	}
 }
 
