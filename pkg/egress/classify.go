@@ -60,6 +60,8 @@ func Internal(a netip.Addr, extra []netip.Prefix) string {
 		return "not an address"
 	}
 	a = a.WithZone("")
+	// The ranges first, over every form: they say best why (an executor's
+	// extra refusals may cover a whole embedding, such as ::ffff:0:0/96).
 	for _, v := range candidates(a) {
 		// The most specific range names it best (100.100.100.200 is
 		// Alibaba's metadata before it is CGNAT).
@@ -72,6 +74,8 @@ func Internal(a netip.Addr, extra []netip.Prefix) string {
 		if best >= 0 {
 			return describe(a, v, internalRanges[best].why)
 		}
+	}
+	for _, v := range candidates(a) {
 		for _, p := range extra {
 			if p.Contains(v) {
 				return describe(a, v, "refused by this executor ("+p.String()+")")

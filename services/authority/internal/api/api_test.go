@@ -286,37 +286,28 @@ func TestPlainEnvIsAccepted(t *testing.T) {
 	}
 }
 
-func TestAllowPolicyRunsDomainsDoNot(t *testing.T) {
+func TestAllowAndDomainsPoliciesAreDispatched(t *testing.T) {
 	h := newHarness(t)
 	dev := h.client(devID)
 
-	allow := &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Allow{Allow: &typesv1.AllowList{Rules: []*typesv1.AllowRule{{Cidr: "10.1.0.0/16", Ports: []uint32{443}}}}}}
-	s := spec()
-	s.NetworkPolicy = allow
-	j := h.submit(dev, "net-allow", s).GetJob()
-	h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_RUNNING)
-	grants := h.fake.Grants(j.GetJobId())
-	if len(grants) == 0 || !proto.Equal(grants[0].GetNetworkPolicy(), allow) || grants[0].GetGeneration() != 1 || grants[0].GetNetworkPolicyGeneration() != 1 {
-		t.Fatalf("dispatched grants = %v; want the allow policy at generation 1", grants)
-	}
-
-	domains := &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Domains{Domains: &typesv1.DomainList{Domains: []string{"proxy.golang.org", "api.example.com"}}}}
-	s = spec()
-	s.NetworkPolicy = domains
-	j = h.submit(dev, "net-domains", s).GetJob()
-	want := "network policy domains is not enforced by this build yet; only deny_all and allow run"
-	if j.GetState() != authorityv1.JobState_JOB_STATE_FAILED || j.GetMessage() != want {
-		t.Fatalf("state %v, message %q; want FAILED with %q", j.GetState(), j.GetMessage(), want)
-	}
-	if !proto.Equal(j.GetSpec().GetNetworkPolicy(), domains) || !proto.Equal(j.GetNetworkPolicyStatus().GetPolicy(), domains) {
-		t.Errorf("the policy was not stored as asked: %v", j.GetNetworkPolicyStatus())
-	}
-	if j.GetNetworkPolicyStatus().GetState() != typesv1.NetworkPolicyState_NETWORK_POLICY_STATE_FAILED {
-		t.Errorf("network policy state = %v", j.GetNetworkPolicyStatus().GetState())
-	}
-	time.Sleep(50 * time.Millisecond)
-	if n := h.fake.Attempts(j.GetJobId()); n != 0 {
-		t.Errorf("a job refused to run was dispatched %d times", n)
+	for _, tc := range []struct {
+		key string
+		np  *typesv1.NetworkPolicy
+	}{
+		{"net-allow", &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Allow{Allow: &typesv1.AllowList{Rules: []*typesv1.AllowRule{{Cidr: "10.1.0.0/16", Ports: []uint32{443}}}}}}},
+		{"net-domains", &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Domains{Domains: &typesv1.DomainList{Domains: []string{"proxy.golang.org", "api.example.com"}}}}},
+	} {
+		s := spec()
+		s.NetworkPolicy = tc.np
+		j := h.submit(dev, tc.key, s).GetJob()
+		h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_RUNNING)
+		grants := h.fake.Grants(j.GetJobId())
+		if len(grants) == 0 || !proto.Equal(grants[0].GetNetworkPolicy(), tc.np) || grants[0].GetGeneration() != 1 || grants[0].GetNetworkPolicyGeneration() != 1 {
+			t.Fatalf("%s: dispatched grants = %v; want the policy at generation 1", tc.key, grants)
+		}
+		if !proto.Equal(j.GetSpec().GetNetworkPolicy(), tc.np) {
+			t.Errorf("%s: the policy was not stored as asked: %v", tc.key, j.GetSpec().GetNetworkPolicy())
+		}
 	}
 }
 
@@ -597,8 +588,9 @@ func TestWatchRefusedJobEndsAtOnce(t *testing.T) {
 	h := newHarness(t)
 	dev := h.client(devID)
 	s := spec()
-	s.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Domains{Domains: &typesv1.DomainList{Domains: []string{"proxy.golang.org"}}}}
+	s.RuntimeClass = typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC // allowed by policy; the fake executor refuses it
 	j := h.submit(dev, "refused", s).GetJob()
+	h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_FAILED)
 	select {
 	case w := <-watch(t, dev, &authorityv1.WatchJobRequest{JobId: j.GetJobId()}):
 		if w.err != nil || len(w.jobs) != 1 || w.jobs[0].GetState() != authorityv1.JobState_JOB_STATE_FAILED {
@@ -716,9 +708,12 @@ func TestListJobs(t *testing.T) {
 	for i := range 5 {
 		s := spec()
 		if i%2 == 1 {
-			s.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Domains{Domains: &typesv1.DomainList{Domains: []string{"proxy.golang.org"}}}}
+			s.RuntimeClass = typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC // the fake executor refuses it
 		}
 		ids = append(ids, h.submit(dev, "list-"+string(rune('a'+i)), s).GetJob().GetJobId())
+		if i%2 == 1 {
+			h.waitState(dev, ids[i], authorityv1.JobState_JOB_STATE_FAILED)
+		}
 	}
 	var seen []string
 	token := ""

@@ -205,8 +205,17 @@ func planChange(t *policy.Tenant, cur GrantRequest, req ChangeRequest) (Change, 
 		if err != nil {
 			return ch, err
 		}
-		if to.Mode == NetworkDomains {
-			return ch, fmt.Errorf("%w: policy.domains: not enforced by this build yet; only deny_all and allow run", errdefs.ErrFailedPrecondition)
+		// A domains job's proxy variables and resolver are set when it
+		// starts: it may move between domains and deny_all only, and a job
+		// that started otherwise has no egress proxy to move to. (A job at
+		// deny_all after a change may have started either way: the
+		// executor, which knows, refuses what it cannot follow.)
+		switch {
+		case to.Mode == NetworkDomains && cur.Network.Mode == NetworkAllow,
+			to.Mode == NetworkDomains && cur.Network.Mode == NetworkDenyAll && cur.NetworkGeneration <= 1:
+			return ch, fmt.Errorf("%w: policy.domains: the job did not start with a domains policy, so it has no egress proxy or DNS server; submit a job with domains to use names", errdefs.ErrFailedPrecondition)
+		case to.Mode == NetworkAllow && cur.Network.Mode == NetworkDomains:
+			return ch, fmt.Errorf("%w: policy.allow: the job started with a domains policy; while it runs it can change to other domains or to deny_all only", errdefs.ErrFailedPrecondition)
 		}
 		// gVisor reads the sandbox's interfaces once, at start: a runsc job
 		// that started without any can never get one.

@@ -75,7 +75,7 @@ func TestPlanChange(t *testing.T) {
 		{"disk", ChangeRequest{Limits: &policy.Limits{DiskBytes: 1}}, "limits.disk_bytes"},
 		{"negative", ChangeRequest{Limits: &policy.Limits{Pids: -1}}, "limits.pids"},
 		{"outside egress", ChangeRequest{Network: &Network{Mode: NetworkAllow, Rules: []AllowRule{{CIDR: "192.0.2.0/24"}}}}, "policy.allow.rules[0].cidr: 192.0.2.0/24 is outside"},
-		{"domains", ChangeRequest{Network: &Network{Mode: NetworkDomains, Domains: []string{"example.com"}}}, "not enforced"},
+		{"domains for a job that started deny_all", ChangeRequest{Network: &Network{Mode: NetworkDomains, Domains: []string{"example.com"}}}, "did not start with a domains policy"},
 		{"no change", ChangeRequest{Limits: &policy.Limits{Pids: policy.DefaultLimits.Pids}}, "already runs under exactly"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

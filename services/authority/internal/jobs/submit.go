@@ -33,8 +33,6 @@ type decision struct {
 	limits  policy.Limits
 	network Network
 	runtime string
-	// refusal, when set, is why the job is recorded but must not run.
-	refusal string
 }
 
 // Submit checks a job against its tenant's policy, resolves its revision,
@@ -100,9 +98,7 @@ func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequ
 		Repository: d.repo.Name, Spec: req.SpecWire, SpecDigest: digest, Commit: rev.Commit, TreeHash: rev.Tree,
 		CreatedAt: now, UpdatedAt: now,
 	}
-	if d.refusal != "" {
-		j.State, j.Message, j.NetworkState = store.StateFailed, d.refusal, "failed"
-	} else {
+	{
 		g, err := s.cfg.Signer.Sign(GrantRequest{
 			JobID: j.ID, Tenant: j.Tenant, Requester: j.Requester, Repository: d.repo.Name, Commit: rev.Commit,
 			Command: req.Spec.Command, Env: req.Spec.Env, Limits: d.limits, Network: d.network, NetworkGeneration: 1, Generation: 1,
@@ -240,9 +236,6 @@ func (s *Service) check(ctx context.Context, t *policy.Tenant, spec Spec) (decis
 	}
 	if d.network, err = checkNetwork(t, "spec.network_policy", spec.Network); err != nil {
 		return d, err
-	}
-	if d.network.Mode == NetworkDomains {
-		d.refusal = "network policy domains is not enforced by this build yet; only deny_all and allow run"
 	}
 	if p := spec.PublishTarget; p != nil {
 		if _, ok := t.Repositories[p.Repository]; !ok {

@@ -61,13 +61,37 @@ type Network struct {
 	// through its interface; beyond it a new one is rejected, so no job
 	// fills the host's connection tracking table. Default 1024.
 	MaxConnections int `yaml:"max_connections"`
+	// Resolvers are the upstream DNS servers, "IP" or "IP:PORT" (port 53
+	// by default), that resolve names for jobs with a domains policy: the
+	// egress proxy and each job's DNS server ask them, and nothing a job
+	// sends reaches them. At most 3, tried in order; none means the host's
+	// resolver (/etc/resolv.conf).
+	Resolvers []string `yaml:"resolvers"`
 
 	// Parsed forms, set by validation.
 	Pool4Prefix, Pool6Prefix netip.Prefix `yaml:"-"`
 	// Pool4Default says Pool4 was not configured: the executor may move it
 	// off the host's own networks.
-	Pool4Default       bool           `yaml:"-"`
-	AlwaysDenyPrefixes []netip.Prefix `yaml:"-"`
+	Pool4Default       bool             `yaml:"-"`
+	AlwaysDenyPrefixes []netip.Prefix   `yaml:"-"`
+	ResolverAddrs      []netip.AddrPort `yaml:"-"`
+}
+
+// parseResolver reads "IP" or "IP:PORT" ("[IPv6]:PORT").
+func parseResolver(s string) (netip.AddrPort, error) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		s = netip.AddrPortFrom(a, 53).String()
+	}
+	ap, err := netip.ParseAddrPort(s)
+	switch {
+	case err != nil:
+		return netip.AddrPort{}, errors.New("want IP or IP:PORT (IPv6 in brackets with a port)")
+	case ap.Port() == 0:
+		return netip.AddrPort{}, errors.New("port 0")
+	case ap.Addr().Zone() != "" || ap.Addr().IsUnspecified():
+		return netip.AddrPort{}, errors.New("want an address without zone that is not unspecified")
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), nil
 }
 
 // defaultPools is where the default Pool4 comes from: one /22 of it per
@@ -160,6 +184,18 @@ func (c *Config) ValidatePeers() error {
 		default:
 			*p.out = pre
 		}
+	}
+	c.Network.ResolverAddrs = nil
+	if len(c.Network.Resolvers) > 3 {
+		errs = append(errs, config.Field("network.resolvers", "%d given: at most 3", len(c.Network.Resolvers)))
+	}
+	for i, text := range c.Network.Resolvers {
+		ap, err := parseResolver(text)
+		if err != nil {
+			errs = append(errs, config.Field(fmt.Sprintf("network.resolvers[%d]", i), "%q: %v", text, err))
+			continue
+		}
+		c.Network.ResolverAddrs = append(c.Network.ResolverAddrs, ap)
 	}
 	c.Network.AlwaysDenyPrefixes = nil
 	for i, text := range c.Network.AlwaysDeny {

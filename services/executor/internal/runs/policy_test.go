@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/airlockhq/airlock/pkg/egress"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 )
@@ -14,16 +15,24 @@ func TestPolicyFromProto(t *testing.T) {
 	allowList := func(rules ...*typesv1.AllowRule) *typesv1.NetworkPolicy {
 		return &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Allow{Allow: &typesv1.AllowList{Rules: rules}}}
 	}
+	domainList := func(ports []uint32, names ...string) *typesv1.NetworkPolicy {
+		return &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Domains{Domains: &typesv1.DomainList{Domains: names, Ports: ports}}}
+	}
 	for _, tc := range []struct {
 		name string
 		in   *typesv1.NetworkPolicy
-		want netpolicy.Policy
+		want jobPolicy
 		err  string
 	}{
 		{name: "deny all", in: &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_DenyAll{DenyAll: &typesv1.DenyAll{}}}},
 		{name: "allow", in: allowList(&typesv1.AllowRule{Cidr: "192.0.2.0/24", Ports: []uint32{443, 80}}, &typesv1.AllowRule{Cidr: "2001:db8::/32"}),
-			want: netpolicy.Policy{Allow: []netpolicy.Rule{{Prefix: netip.MustParsePrefix("192.0.2.0/24"), Ports: []uint16{80, 443}}, {Prefix: netip.MustParsePrefix("2001:db8::/32")}}}},
-		{name: "domains", in: &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Domains{Domains: &typesv1.DomainList{}}}, err: "network_policy.domains is not enforced by this executor"},
+			want: jobPolicy{net: netpolicy.Policy{Allow: []netpolicy.Rule{{Prefix: netip.MustParsePrefix("192.0.2.0/24"), Ports: []uint16{80, 443}}, {Prefix: netip.MustParsePrefix("2001:db8::/32")}}}}},
+		{name: "domains", in: domainList([]uint32{8443}, "Proxy.Golang.org.", "*.npmjs.org", "bücher.example"),
+			want: jobPolicy{net: netpolicy.Policy{Proxied: true}, names: egress.Policy{Names: []egress.Name{
+				{Name: "proxy.golang.org", Ports: []uint16{8443}}, {Name: "*.npmjs.org", Ports: []uint16{8443}}, {Name: "xn--bcher-kva.example", Ports: []uint16{8443}}}}}},
+		{name: "no domains", in: domainList(nil), err: "network_policy.domains.domains: need at least one name"},
+		{name: "bad domain", in: domainList(nil, "exa mple.com"), err: "network_policy.domains"},
+		{name: "bad domain port", in: domainList([]uint32{70000}, "example.com"), err: "network_policy.domains.ports[0]"},
 		{name: "no mode", in: &typesv1.NetworkPolicy{}, err: "exactly one mode"},
 		{name: "nil", in: nil, err: "exactly one mode"},
 		{name: "empty allow", in: allowList(), err: "at least one rule"},

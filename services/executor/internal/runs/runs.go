@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -143,7 +144,10 @@ type Config struct {
 	Sandbox  *sandbox.Manager
 	Sources  *stage.Cache
 	// Network makes each job's network namespace and enforces its policy.
-	Network   *netpolicy.Manager
+	Network *netpolicy.Manager
+	// Resolver resolves names for jobs with a domains policy (their egress
+	// proxy and DNS server); nil is the host's resolver.
+	Resolver  Resolver
 	Authority Authority
 	Sign      Signer
 	Executor  string // our SPIFFE ID, for provenance
@@ -188,6 +192,10 @@ type entry struct {
 	updateMu sync.Mutex
 	sb       *sandbox.Sandbox // while it exists; guarded by updateMu
 	net      *netpolicy.Net   // while it exists; guarded by updateMu
+	// egress is a domains job's proxy and DNS server while its namespace
+	// exists; guarded by updateMu. Set only when the job started with a
+	// domains policy (the mode it may not leave but for deny_all).
+	egress *jobEgress
 
 	// abort, once set (under the manager's mu), is why the job was
 	// stopped because its grant could no longer be enforced.
@@ -444,13 +452,23 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		if err := sb.Destroy(); err != nil {
 			log.Error("destroy sandbox", "error", err)
 		}
+		if e.egress != nil {
+			e.egress.close()
+		}
 		if e.net != nil {
 			m.closeNet(e.net)
 		}
-		e.sb, e.net = nil, nil
+		e.sb, e.net, e.egress = nil, nil, nil
 	}()
 	m.update(e, func(r *Run) { r.State = Running; r.StartedAt = m.cfg.Now() })
 	res, runErr := sb.Run(ctx)
+	// The job is gone: its egress record is complete once the proxy and
+	// DNS server have stopped, before the bundle takes it.
+	e.updateMu.Lock()
+	if e.egress != nil {
+		e.egress.close()
+	}
+	e.updateMu.Unlock()
 	m.mu.Lock()
 	abort := e.abort
 	m.mu.Unlock()
@@ -518,12 +536,23 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, source string) (*sa
 		Stdout:  e.stdout,
 		Stderr:  e.stderr,
 	}
-	var n *netpolicy.Net
+	var (
+		n  *netpolicy.Net
+		eg *jobEgress
+	)
 	if m.cfg.Network != nil {
 		p, err := policyFromProto(g.GetNetworkPolicy())
 		if err == nil {
-			opts := append(netOptions(spec.Class), netpolicy.Generation(g.GetNetworkPolicyGeneration()))
-			n, err = m.cfg.Network.Create(ctx, g.GetJobId(), p, opts...)
+			opts := append(netOptions(spec.Class, p), netpolicy.Generation(g.GetNetworkPolicyGeneration()))
+			n, err = m.cfg.Network.Create(ctx, g.GetJobId(), p.net, opts...)
+		}
+		if err == nil && p.domains() {
+			// Fail closed: a domains job whose proxy or DNS server cannot
+			// serve does not start.
+			if eg, err = m.startEgress(g.GetJobId(), n, p.names); err != nil {
+				m.closeNet(n)
+				n = nil
+			}
 		}
 		if err != nil {
 			m.update(e, func(r *Run) { r.NetworkFailure = err.Error() })
@@ -531,15 +560,27 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, source string) (*sa
 		}
 		m.update(e, func(r *Run) { r.NetworkUpdatedAt = m.cfg.Now() })
 		spec.NetNS = n.Path()
+		if eg != nil {
+			env := maps.Clone(spec.Env)
+			if env == nil {
+				env = map[string]string{}
+			}
+			maps.Copy(env, eg.env())
+			spec.Env = env
+			spec.Nameservers = eg.addrs[:1]
+		}
 	}
 	sb, err := m.cfg.Sandbox.Create(ctx, spec)
 	if err != nil {
+		if eg != nil {
+			eg.close()
+		}
 		if n != nil {
 			m.closeNet(n)
 		}
 		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
-	e.sb, e.net = sb, n
+	e.sb, e.net, e.egress = sb, n, eg
 	return sb, nil
 }
 

@@ -136,7 +136,11 @@ func (m *Manager) Update(ctx context.Context, sg *typesv1.SignedGrant) (Run, err
 	// changes (runsc's deny-all cannot be widened, the namespace is gone):
 	// a shortened deadline must not end the job for an update that fails.
 	if netChanged && e.net != nil {
-		if err := e.net.CanApply(policy, netGen); err != nil {
+		started := jobPolicy{net: netpolicy.Policy{Proxied: e.egress != nil}}
+		if err := checkModeChange(started, policy); err != nil {
+			return Run{}, netErr(err)
+		}
+		if err := e.net.CanApply(policy.net, netGen); err != nil {
 			return Run{}, netErr(err)
 		}
 	}
@@ -150,7 +154,7 @@ func (m *Manager) Update(ctx context.Context, sg *typesv1.SignedGrant) (Run, err
 			return Run{}, m.limitsErr(id, err)
 		}
 		if netChanged && e.net != nil {
-			if err := e.net.Apply(ctx, policy, netGen); err != nil {
+			if err := m.applyNetwork(ctx, e, policy, netGen); err != nil {
 				if rerr := e.sb.UpdateLimits(old); rerr != nil && !errors.Is(rerr, sandbox.ErrEnded) {
 					// The job would run under limits no grant in force
 					// gave it (say a raised memory limit it now uses):

@@ -83,6 +83,20 @@ func runcPath(t *testing.T) string {
 	return filepath.Join(filepath.Dir(strings.TrimSpace(string(out))), "bin", "runc")
 }
 
+// runscPath is runsc beside runc (AIRLOCK_RUNSC overrides it), or "" when
+// there is none: the runsc class is then unavailable, and a test that
+// needs it fails.
+func runscPath(runc string) string {
+	p := os.Getenv("AIRLOCK_RUNSC")
+	if p == "" {
+		p = filepath.Join(filepath.Dir(runc), "runsc")
+	}
+	if _, err := os.Stat(p); err != nil {
+		return ""
+	}
+	return p
+}
+
 func git(t *testing.T, dir string, args ...string) string {
 	t.Helper()
 	cmd := exec.Command("git", args...)
@@ -148,6 +162,7 @@ func newHarnessWith(t *testing.T, gated bool, capacity Capacity) (*harness, func
 	sb, err := sandbox.New(sandbox.Config{
 		StateDir:     filepath.Join(base, "sandbox"),
 		RuncPath:     runc,
+		RunscPath:    runscPath(runc),
 		UIDBase:      uidBase,
 		CgroupParent: fmt.Sprintf("/airlock-runs-test-%d-%d", os.Getpid(), n),
 		MemoryLimit:  capacity.MemoryBytes,

@@ -291,6 +291,19 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err := os.Mkdir(s.bundle, 0o700); err != nil {
 		return nil, err
 	}
+	var resolvConf string
+	if len(spec.Nameservers) > 0 {
+		resolvConf = filepath.Join(s.dir, "resolv.conf")
+		var b strings.Builder
+		for _, a := range spec.Nameservers {
+			fmt.Fprintf(&b, "nameserver %s\n", a)
+		}
+		// No search domains, and names are looked up as given.
+		b.WriteString("options ndots:0 timeout:2 attempts:2\n")
+		if err := os.WriteFile(resolvConf, []byte(b.String()), 0o644); err != nil {
+			return nil, err
+		}
+	}
 	cfg := ociSpec(bundleInputs{
 		rootfs:       m.tmpl.dir,
 		binds:        m.tmpl.def.Binds,
@@ -306,6 +319,7 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		env:          spec.Env,
 		shmSizeBytes: min(64<<20, spec.Limits.MemoryBytes/2),
 		netNS:        spec.NetNS,
+		resolvConf:   resolvConf,
 		class:        spec.Class,
 	})
 	data, err := json.Marshal(cfg)

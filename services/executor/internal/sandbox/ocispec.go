@@ -143,7 +143,10 @@ type bundleInputs struct {
 	// netNS is the network namespace to join (package netpolicy made it,
 	// owned by the host's user namespace); "" makes a new, empty one.
 	netNS string
-	class Class
+	// resolvConf, if set, is the host file bound read-only over the
+	// template's empty /etc/resolv.conf.
+	resolvConf string
+	class      Class
 }
 
 func ociSpec(in bundleInputs) *specs.Spec {
@@ -169,6 +172,9 @@ func ociSpec(in bundleInputs) *specs.Spec {
 		{"/work", in.work}, {"/tmp", in.tmp}, {"/out", in.out}, {"/root", in.home},
 	} {
 		mounts = append(mounts, specs.Mount{Destination: b.dst, Type: "bind", Source: b.src, Options: []string{"bind", "rw", nosuid, nodev}})
+	}
+	if in.resolvConf != "" {
+		mounts = append(mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: in.resolvConf, Options: []string{"bind", "ro", nosuid, nodev, noexec}})
 	}
 	idmap := []specs.LinuxIDMapping{{ContainerID: 0, HostID: in.uidBase, Size: uidRange}}
 	return &specs.Spec{

@@ -26,9 +26,10 @@ var etcFiles = []templateEntry{
 	{Path: "etc/group", Kind: "file", Mode: 0o644, Content: "root:x:0:\nnogroup:x:65534:\n"},
 	{Path: "etc/hosts", Kind: "file", Mode: 0o644, Content: "127.0.0.1\tlocalhost airlock\n::1\tlocalhost ip6-localhost ip6-loopback\n"},
 	{Path: "etc/hostname", Kind: "file", Mode: 0o644, Content: "airlock\n"},
-	// Empty: a deny-all sandbox has no resolver to reach.
+	// Empty: a deny-all sandbox has no resolver to reach (a domains job
+	// gets its own, bound over this one: Spec.Nameservers).
 	{Path: "etc/resolv.conf", Kind: "file", Mode: 0o644, Content: ""},
-	{Path: "etc/nsswitch.conf", Kind: "file", Mode: 0o644, Content: "passwd: files\ngroup: files\nshadow: files\nhosts: files\nnetworks: files\nprotocols: files\nservices: files\nethers: files\nrpc: files\n"},
+	{Path: "etc/nsswitch.conf", Kind: "file", Mode: 0o644, Content: "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\nprotocols: files\nservices: files\nethers: files\nrpc: files\n"},
 	{Path: "etc/mtab", Kind: "symlink", Target: "../proc/self/mounts"},
 }
 

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"fmt"
 	"io"
+	"net/netip"
 	"regexp"
 	"strings"
 	"time"
@@ -66,6 +67,10 @@ type Spec struct {
 	// NetNS, if set, is the path of a network namespace the caller made
 	// (package netpolicy) for the job to join instead of a new, empty one.
 	NetNS string
+	// Nameservers, if any, are what the job's /etc/resolv.conf lists (the
+	// executor's DNS server for the job, at most three); none leaves it
+	// empty, as a job with no way to a resolver needs.
+	Nameservers []netip.Addr
 	// Stdout and Stderr receive the job's output as it runs. Nil discards.
 	Stdout, Stderr io.Writer
 }
@@ -150,6 +155,14 @@ func (s *Spec) validateBody() error {
 		}
 		if strings.IndexByte(v, 0) >= 0 {
 			return invalid("spec.env[%s]: value contains a NUL byte", k)
+		}
+	}
+	if len(s.Nameservers) > 3 {
+		return invalid("spec.nameservers: %d given, at most 3 (the resolver reads no more)", len(s.Nameservers))
+	}
+	for i, a := range s.Nameservers {
+		if !a.IsValid() || a.Zone() != "" {
+			return invalid("spec.nameservers[%d]: want an IP address without a zone", i)
 		}
 	}
 	// The minimums are the ones the authority checks every grant against

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net/netip"
 	"os"
 	"strconv"
 
@@ -103,6 +104,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				Sandbox:     sb,
 				Sources:     sources,
 				Network:     netm,
+				Resolver:    resolverOf(cfg.Network.ResolverAddrs),
 				Authority:   authority.New(cc),
 				Sign:        signer(env.TLS),
 				Executor:    self.String(),
@@ -177,4 +179,13 @@ func signer(src *tlsconfig.Source) runs.Signer {
 		}
 		return provenance.Sign(name, digest, run, key, chain)
 	}
+}
+
+// resolverOf is the resolver of domains jobs: network.resolvers, or the
+// host's when none are configured.
+func resolverOf(addrs []netip.AddrPort) runs.Resolver {
+	if len(addrs) == 0 {
+		return nil
+	}
+	return runs.UpstreamResolver(addrs)
 }

