@@ -15,9 +15,11 @@ import (
 var AuthorityTable = Merge(Infrastructure, Table{
 	authorityv1.AuthorityService_SubmitJob_FullMethodName: {Clients},
 	authorityv1.AuthorityService_GetJob_FullMethodName:    {Clients},
-	authorityv1.AuthorityService_ListJobs_FullMethodName:  {Clients},
-	authorityv1.AuthorityService_WatchJob_FullMethodName:  {Clients},
-	authorityv1.AuthorityService_CancelJob_FullMethodName: {Clients},
+	// The handler scopes it to the caller's tenant, as GetJob.
+	authorityv1.AuthorityService_GetJobEgress_FullMethodName: {Clients},
+	authorityv1.AuthorityService_ListJobs_FullMethodName:     {Clients},
+	authorityv1.AuthorityService_WatchJob_FullMethodName:     {Clients},
+	authorityv1.AuthorityService_CancelJob_FullMethodName:    {Clients},
 
 	// Only the executor stages source and reports results; the executor
 	// never gets a credential, only the bytes the authority read with it.

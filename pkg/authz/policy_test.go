@@ -49,6 +49,7 @@ var callerKinds = []string{authority, executor, publisher, client, approver, pip
 var expected = map[string]map[string]bool{
 	"/airlock.authority.v1.AuthorityService/SubmitJob":            only(client),
 	"/airlock.authority.v1.AuthorityService/GetJob":               only(client),
+	"/airlock.authority.v1.AuthorityService/GetJobEgress":         only(client),
 	"/airlock.authority.v1.AuthorityService/ListJobs":             only(client),
 	"/airlock.authority.v1.AuthorityService/WatchJob":             only(client),
 	"/airlock.authority.v1.AuthorityService/CancelJob":            only(client),

@@ -39,6 +39,9 @@ const (
 	PatchFile  = "patch.diff"
 	StdoutFile = "stdout.log"
 	StderrFile = "stderr.log"
+	// EgressFile is a domains job's record of its egress decisions, one
+	// JSON object per line (pkg/egress.Record); only such jobs have it.
+	EgressFile = "egress.jsonl"
 	OutDir     = "out/"
 )
 
@@ -60,6 +63,9 @@ type Input struct {
 	Patch []byte
 	// StdoutPath and StderrPath are the captured output files.
 	StdoutPath, StderrPath string
+	// EgressPath, if set, is the run's egress.jsonl, written after the
+	// output as EgressFile.
+	EgressPath string
 	// OutDir is the host path of the job's /out; regular files and
 	// symlinks (as links, never followed) are taken, anything else is
 	// listed in Skipped.
@@ -105,6 +111,11 @@ func Write(path string, in Input) (*Result, error) {
 	}
 	for _, f := range []struct{ name, path string }{{StdoutFile, in.StdoutPath}, {StderrFile, in.StderrPath}} {
 		if err := addFile(tw, f.name, f.path); err != nil {
+			return nil, err
+		}
+	}
+	if in.EgressPath != "" {
+		if err := addFile(tw, EgressFile, in.EgressPath); err != nil {
 			return nil, err
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/clientconfig"
 	"github.com/airlockhq/airlock/pkg/config"
+	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/gitserve"
 	"github.com/airlockhq/airlock/pkg/grant"
 	"github.com/airlockhq/airlock/pkg/identity"
@@ -70,7 +72,7 @@ func newDev(g *globals) *cobra.Command {
 
 func newDevUp(g *globals) *cobra.Command {
 	var dir, binDir, host string
-	var repoFlags []string
+	var repoFlags, resolvers, domains []string
 	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "up --dir DIR [--repo NAME=PATH]...",
@@ -88,6 +90,12 @@ at https://127.0.0.1:PORT/NAME.git with a certificate from the dev CA: reads
 need the tenant's source credential (DIR/authority/credentials/NAME.read),
 pushes the deploy credential (NAME.deploy), and no push may rewrite or delete
 a branch. The authority fetches the dev tenant's sources from it.
+
+To try a domains policy, name what the dev tenant may reach and, if the
+host's resolver will not do, the DNS server the executor asks:
+
+  airlock dev up --dir DIR --egress-domain proxy.golang.org --resolver 192.0.2.53
+  airlock job submit --repo demo --allow-domain proxy.golang.org -- curl -sI https://proxy.golang.org/
 
 Logs go to DIR/SERVICE/SERVICE.log and DIR/git/git.log. Stop everything with
 airlock dev down.`,
@@ -126,7 +134,20 @@ airlock dev down.`,
 				}
 				repos[name] = abs
 			}
-			stack, err := devUp(ctx, abs, devOptions{host: host, repos: repos}, bins, g.stderr)
+			for _, r := range resolvers {
+				if a, err := netip.ParseAddr(r); err == nil {
+					r = netip.AddrPortFrom(a, 53).String()
+				}
+				if ap, err := netip.ParseAddrPort(r); err != nil || ap.Port() == 0 || ap.Addr().IsUnspecified() {
+					return usageError{fmt.Errorf("--resolver %q: want IP or IP:PORT (IPv6 as [IP]:PORT)", r)}
+				}
+			}
+			for _, d := range domains {
+				if _, err := egress.NormalizeName(d); err != nil {
+					return usageError{fmt.Errorf("--egress-domain %q: %v", d, err)}
+				}
+			}
+			stack, err := devUp(ctx, abs, devOptions{host: host, repos: repos, resolvers: resolvers, domains: domains}, bins, g.stderr)
 			if err != nil {
 				return err
 			}
@@ -155,6 +176,8 @@ airlock dev down.`,
 	cmd.Flags().StringVar(&host, "host", "127.0.0.1", "address the services listen on")
 	cmd.Flags().StringArrayVar(&repoFlags, "repo", nil, "NAME=PATH: a local git repository the dev tenant may run jobs on, served by the stack's git server (repeatable)")
 	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for all three to serve")
+	cmd.Flags().StringArrayVar(&resolvers, "resolver", nil, "IP[:PORT]: the DNS server the executor asks for jobs with a domains policy (repeatable, at most 3; default: the host's resolver)")
+	cmd.Flags().StringArrayVar(&domains, "egress-domain", nil, "NAME or *.SUFFIX the dev tenant's jobs may list with --allow-domain (repeatable; default: none, so domains jobs are refused)")
 	return cmd
 }
 
@@ -204,6 +227,12 @@ func findServiceBinaries(binDir string) (map[string]string, error) {
 type devOptions struct {
 	host  string
 	repos map[string]string // repository name -> local git repository path
+	// resolvers are the executor's upstream DNS servers for domains jobs
+	// (network.resolvers); none is the host's.
+	resolvers []string
+	// domains are the names the dev tenant's jobs may list in a domains
+	// policy (its egress ceiling).
+	domains []string
 }
 
 // devStack is what dev up started: the three services and, when it was
@@ -300,6 +329,9 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 			file["executor"] = peer(identity.ServiceExecutor)
 			file["grant_key"] = grantKey
 			policy := devTenantPolicy(git.tenantRepos, bins)
+			if len(opts.domains) > 0 {
+				policy["egress"].(map[string]any)["domains"] = opts.domains
+			}
 			if len(git.deployCredentials) > 0 {
 				policy["deploy_credentials"] = git.deployCredentials
 			}
@@ -314,6 +346,9 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 				sandbox["runsc"] = bins["runsc"]
 			}
 			file["sandbox"] = sandbox
+			if len(opts.resolvers) > 0 {
+				file["network"] = map[string]any{"resolvers": opts.resolvers}
+			}
 		case identity.ServicePublisher:
 			file["authority"] = map[string]any{"address": services[identity.ServiceAuthority].Address, "grant_public_key": grantKey + ".pub"}
 			file["executor"] = peer(identity.ServiceExecutor)

@@ -102,7 +102,7 @@ func (g *globals) printProto(m proto.Message, text func(w io.Writer)) error {
 
 func newJob(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "job", Short: "Submit, follow and cancel sandboxed jobs"}
-	cmd.AddCommand(newJobSubmit(g), newJobGet(g), newJobList(g), newJobWatch(g), newJobCancel(g), newJobUpdate(g))
+	cmd.AddCommand(newJobSubmit(g), newJobGet(g), newJobList(g), newJobWatch(g), newJobCancel(g), newJobUpdate(g), newJobEgress(g))
 	return cmd
 }
 

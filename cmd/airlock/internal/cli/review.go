@@ -112,6 +112,10 @@ func writeReview(w io.Writer, a *authorityv1.Approval, rv *authorityv1.ReviewMat
 		writeBody(w, string(patch))
 		fmt.Fprintf(w, "--- end of patch ---\n")
 	}
+	if e := d.GetEgress(); e != nil {
+		fmt.Fprintln(w)
+		writeEgressSummary(w, e)
+	}
 	for _, o := range []struct {
 		name string
 		t    *authorityv1.OutputTail

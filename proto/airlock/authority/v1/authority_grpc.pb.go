@@ -14,6 +14,7 @@ package authorityv1
 
 import (
 	context "context"
+
 	grpc "google.golang.org/grpc"
 	codes "google.golang.org/grpc/codes"
 	status "google.golang.org/grpc/status"
@@ -27,6 +28,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	AuthorityService_SubmitJob_FullMethodName            = "/airlock.authority.v1.AuthorityService/SubmitJob"
 	AuthorityService_GetJob_FullMethodName               = "/airlock.authority.v1.AuthorityService/GetJob"
+	AuthorityService_GetJobEgress_FullMethodName         = "/airlock.authority.v1.AuthorityService/GetJobEgress"
 	AuthorityService_ListJobs_FullMethodName             = "/airlock.authority.v1.AuthorityService/ListJobs"
 	AuthorityService_WatchJob_FullMethodName             = "/airlock.authority.v1.AuthorityService/WatchJob"
 	AuthorityService_CancelJob_FullMethodName            = "/airlock.authority.v1.AuthorityService/CancelJob"
@@ -61,6 +63,10 @@ type AuthorityServiceClient interface {
 	SubmitJob(ctx context.Context, in *SubmitJobRequest, opts ...grpc.CallOption) (*SubmitJobResponse, error)
 	// GetJob returns one job. Callers: client/* of the job's tenant.
 	GetJob(ctx context.Context, in *GetJobRequest, opts ...grpc.CallOption) (*GetJobResponse, error)
+	// GetJobEgress returns the decisions a domains job's egress proxy and DNS
+	// server made, as the executor reported them with the result.
+	// Callers: client/* of the job's tenant.
+	GetJobEgress(ctx context.Context, in *GetJobEgressRequest, opts ...grpc.CallOption) (*GetJobEgressResponse, error)
 	// ListJobs lists a tenant's jobs, newest first. Callers: client/*.
 	ListJobs(ctx context.Context, in *ListJobsRequest, opts ...grpc.CallOption) (*ListJobsResponse, error)
 	// WatchJob streams state changes and output until the job ends.
@@ -155,6 +161,16 @@ func (c *authorityServiceClient) GetJob(ctx context.Context, in *GetJobRequest, 
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GetJobResponse)
 	err := c.cc.Invoke(ctx, AuthorityService_GetJob_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *authorityServiceClient) GetJobEgress(ctx context.Context, in *GetJobEgressRequest, opts ...grpc.CallOption) (*GetJobEgressResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetJobEgressResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_GetJobEgress_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -391,6 +407,10 @@ type AuthorityServiceServer interface {
 	SubmitJob(context.Context, *SubmitJobRequest) (*SubmitJobResponse, error)
 	// GetJob returns one job. Callers: client/* of the job's tenant.
 	GetJob(context.Context, *GetJobRequest) (*GetJobResponse, error)
+	// GetJobEgress returns the decisions a domains job's egress proxy and DNS
+	// server made, as the executor reported them with the result.
+	// Callers: client/* of the job's tenant.
+	GetJobEgress(context.Context, *GetJobEgressRequest) (*GetJobEgressResponse, error)
 	// ListJobs lists a tenant's jobs, newest first. Callers: client/*.
 	ListJobs(context.Context, *ListJobsRequest) (*ListJobsResponse, error)
 	// WatchJob streams state changes and output until the job ends.
@@ -476,6 +496,9 @@ func (UnimplementedAuthorityServiceServer) SubmitJob(context.Context, *SubmitJob
 }
 func (UnimplementedAuthorityServiceServer) GetJob(context.Context, *GetJobRequest) (*GetJobResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetJob not implemented")
+}
+func (UnimplementedAuthorityServiceServer) GetJobEgress(context.Context, *GetJobEgressRequest) (*GetJobEgressResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetJobEgress not implemented")
 }
 func (UnimplementedAuthorityServiceServer) ListJobs(context.Context, *ListJobsRequest) (*ListJobsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListJobs not implemented")
@@ -587,6 +610,24 @@ func _AuthorityService_GetJob_Handler(srv interface{}, ctx context.Context, dec 
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AuthorityServiceServer).GetJob(ctx, req.(*GetJobRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AuthorityService_GetJobEgress_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetJobEgressRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).GetJobEgress(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_GetJobEgress_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).GetJobEgress(ctx, req.(*GetJobEgressRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -926,6 +967,10 @@ var AuthorityService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetJob",
 			Handler:    _AuthorityService_GetJob_Handler,
+		},
+		{
+			MethodName: "GetJobEgress",
+			Handler:    _AuthorityService_GetJobEgress_Handler,
 		},
 		{
 			MethodName: "ListJobs",

@@ -6,6 +6,7 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 
 	"google.golang.org/grpc"
@@ -128,6 +129,30 @@ func (s *Service) GetJob(ctx context.Context, req *authorityv1.GetJobRequest) (*
 		return nil, s.fail(ctx, err)
 	}
 	return &authorityv1.GetJobResponse{Job: pj}, nil
+}
+
+func (s *Service) GetJobEgress(ctx context.Context, req *authorityv1.GetJobEgressRequest) (*authorityv1.GetJobEgressResponse, error) {
+	id, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	j, err := s.cfg.Jobs.Get(ctx, id, req.GetJobId())
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	pj, err := jobToProto(j)
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	resp := &authorityv1.GetJobEgressResponse{State: pj.GetState()}
+	if len(j.Review) > 0 {
+		var d authorityv1.ReviewDetail
+		if err := proto.Unmarshal(j.Review, &d); err != nil {
+			return nil, s.fail(ctx, fmt.Errorf("job %s: stored review detail: %w", j.ID, err))
+		}
+		resp.Egress = d.GetEgress()
+	}
+	return resp, nil
 }
 
 func (s *Service) ListJobs(ctx context.Context, req *authorityv1.ListJobsRequest) (*authorityv1.ListJobsResponse, error) {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/pkg/bundle/bundlepb"
+	"github.com/airlockhq/airlock/pkg/egress/egresspb"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/approvals"
@@ -382,6 +383,9 @@ func checkReviewDetail(req *authorityv1.ReportResultRequest) error {
 		if t.GetSize() < int64(len(t.GetData())) {
 			return bad(name+".size", "%d is less than the %d bytes of tail sent", t.GetSize(), len(t.GetData()))
 		}
+	}
+	if err := egresspb.Check("detail.egress", d.GetEgress()); err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/airlockhq/airlock/pkg/bundle/bundlepb"
+	"github.com/airlockhq/airlock/pkg/egress/egresspb"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/convert"
@@ -99,15 +100,19 @@ func (c *Client) ReportResult(ctx context.Context, rep runs.Report) error {
 	tail := func(t runs.Tail) *authorityv1.OutputTail {
 		return &authorityv1.OutputTail{Data: t.Data, Size: t.Size, Capped: t.Capped}
 	}
+	detail := &authorityv1.ReviewDetail{
+		Files: files, FilesTotal: rep.Result.FilesChanged, PatchSize: rep.Result.PatchSize,
+		Stdout: tail(rep.Stdout), Stderr: tail(rep.Stderr),
+	}
+	if rep.HasEgress {
+		detail.Egress = egresspb.Log(rep.Egress, rep.EgressTotal)
+	}
 	_, err = c.api.ReportResult(ctx, &authorityv1.ReportResultRequest{
 		JobId:      rep.JobID,
 		Result:     convert.RunResult(&rep.Result),
 		Patch:      rep.Patch,
 		Provenance: rep.Provenance,
-		Detail: &authorityv1.ReviewDetail{
-			Files: files, FilesTotal: rep.Result.FilesChanged, PatchSize: rep.Result.PatchSize,
-			Stdout: tail(rep.Stdout), Stderr: tail(rep.Stderr),
-		},
+		Detail:     detail,
 	})
 	return errdefs.FromGRPC(err)
 }

@@ -177,6 +177,38 @@ func (e *jobEgress) close() {
 	})
 }
 
+// reviewEgress is how many decisions a report carries: the authority's
+// bound (the bundle has them all).
+const reviewEgress = 1000
+
+// egressOf reads a run's egress.jsonl for its report: the first
+// reviewEgress records, how many it holds, and whether there is one.
+func egressOf(path string, log *slog.Logger) ([]egress.Record, int, bool) {
+	f, err := os.Open(path)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			log.Warn("egress record unreadable; reported without it", "error", err)
+		}
+		return nil, 0, !errors.Is(err, os.ErrNotExist)
+	}
+	defer f.Close()
+	recs, more, err := egress.ReadRecords(f, reviewEgress)
+	if err != nil {
+		log.Warn("egress record: reported up to where it could be read", "error", err)
+	}
+	total := len(recs)
+	if more {
+		// Count the rest: the report says how many there are.
+		if _, err := f.Seek(0, 0); err == nil {
+			sc := bufio.NewScanner(f)
+			sc.Buffer(make([]byte, 0, 4096), egress.MaxRecordLine)
+			for total = 0; sc.Scan(); total++ {
+			}
+		}
+	}
+	return recs, total, true
+}
+
 // egressLog writes a run's decisions to egress.jsonl and the executor's
 // log as they come.
 type egressLog struct {

@@ -29,6 +29,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/atomicfile"
 	"github.com/airlockhq/airlock/pkg/bundle"
+	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/grant"
 	"github.com/airlockhq/airlock/pkg/provenance"
@@ -112,6 +113,12 @@ type Report struct {
 	Files          []bundle.FileChange
 	Stdout, Stderr Tail
 	Provenance     []byte
+	// Egress is a domains job's first decisions (at most reviewEgress);
+	// EgressTotal how many its egress.jsonl holds. Both are zero for other
+	// jobs.
+	Egress      []egress.Record
+	EgressTotal int
+	HasEgress   bool
 }
 
 // Tail is the end of one output stream, for reviewers.
@@ -659,11 +666,15 @@ func (m *Manager) writeBundle(e *entry, g *typesv1.Grant, result *Result, patch 
 	if err != nil {
 		return err
 	}
-	res, err := bundle.Write(filepath.Join(dir, "bundle.tar"), bundle.Input{
+	in := bundle.Input{
 		Meta: &meta, Grant: signedGrant, Files: files, Patch: patch,
 		StdoutPath: filepath.Join(dir, "stdout.log"), StderrPath: filepath.Join(dir, "stderr.log"),
 		OutDir: outDir,
-	})
+	}
+	if _, err := os.Stat(filepath.Join(dir, egressFile)); err == nil {
+		in.EgressPath = filepath.Join(dir, egressFile)
+	}
+	res, err := bundle.Write(filepath.Join(dir, "bundle.tar"), in)
 	if err != nil {
 		return err
 	}
@@ -740,6 +751,7 @@ func (m *Manager) report(jobID string) {
 		}
 		rep.Files = files
 	}
+	rep.Egress, rep.EgressTotal, rep.HasEgress = egressOf(filepath.Join(dir, egressFile), m.cfg.Logger.With("job_id", jobID))
 	rep.Stdout = tailOf(filepath.Join(dir, "stdout.log"), run.Truncated["stdout"])
 	rep.Stderr = tailOf(filepath.Join(dir, "stderr.log"), run.Truncated["stderr"])
 	for delay := 100 * time.Millisecond; ; delay = min(delay*2, 10*time.Second) {

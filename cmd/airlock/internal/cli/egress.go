@@ -1,0 +1,124 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/airlockhq/airlock/pkg/egress"
+	"github.com/airlockhq/airlock/pkg/egress/egresspb"
+	"github.com/airlockhq/airlock/pkg/termtext"
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+)
+
+func newJobEgress(g *globals) *cobra.Command {
+	var refused bool
+	cmd := &cobra.Command{
+		Use:   "egress JOB_ID",
+		Short: "List what a domains job's egress proxy and DNS server decided",
+		Long: `List every connection and DNS query a job with a domains policy made, in
+order: how it came (connect, http, transparent, dns), the name and port,
+whether it was allowed and why, the address the proxy connected to, and
+the bytes each way. Refusals past 20 per name per minute are counted in one
+line. The record arrives with the job's result; the bundle's egress.jsonl
+has all of it.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			client, _, done, err := g.authority()
+			if err != nil {
+				return err
+			}
+			defer done()
+			resp, err := client.GetJobEgress(cmd.Context(), &authorityv1.GetJobEgressRequest{JobId: args[0]})
+			if err != nil {
+				return rpcError(err)
+			}
+			if refused {
+				kept := &authorityv1.EgressLog{Total: resp.GetEgress().GetTotal()}
+				for _, r := range resp.GetEgress().GetRecords() {
+					if !r.GetAllowed() {
+						kept.Records = append(kept.Records, r)
+					}
+				}
+				if resp.Egress != nil {
+					resp.Egress = kept
+				}
+			}
+			return g.printProto(resp, func(w io.Writer) { writeEgress(w, resp) })
+		},
+	}
+	cmd.Flags().BoolVar(&refused, "refused", false, "list only what was refused")
+	return cmd
+}
+
+// writeEgress prints a job's egress record for people; every name and
+// reason is the job's doing, so each goes through termtext.
+func writeEgress(w io.Writer, resp *authorityv1.GetJobEgressResponse) {
+	l := resp.GetEgress()
+	if l == nil {
+		state := strings.ToLower(strings.TrimPrefix(resp.GetState().String(), "JOB_STATE_"))
+		switch resp.GetState() {
+		case authorityv1.JobState_JOB_STATE_QUEUED, authorityv1.JobState_JOB_STATE_STAGING, authorityv1.JobState_JOB_STATE_RUNNING:
+			fmt.Fprintf(w, "no egress record yet: the job is %s, and the record arrives with its result\n", state)
+		default:
+			fmt.Fprintf(w, "no egress record: the job (%s) had no domains policy, or ended before it ran\n", state)
+		}
+		return
+	}
+	recs := egresspb.Records(l)
+	fmt.Fprintln(w, "TIME\tVIA\tNAME\tPORT\tDECISION\tTO\tIN\tOUT\tREASON")
+	for _, r := range recs {
+		decision, to := "refused", r.Addr
+		if r.Allowed {
+			decision = "allowed"
+		}
+		if r.Suppressed > 0 {
+			decision = fmt.Sprintf("refused x%d", r.Suppressed)
+		}
+		if r.Via == egress.ViaDNS {
+			to = strings.Join(r.Answers, ",")
+		}
+		port := ""
+		if r.Port > 0 {
+			port = fmt.Sprint(r.Port)
+		} else if r.QType != "" {
+			port = r.QType
+		}
+		reason := r.Reason
+		if r.End != "" {
+			reason += "; " + r.End
+		}
+		name := r.Name
+		if name == "" {
+			name = "-"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Time.Local().Format(time.TimeOnly), termtext.Line(r.Via), termtext.Line(name),
+			port, decision, termtext.Line(to), humanBytes(r.BytesIn), humanBytes(r.BytesOut), termtext.Line(reason))
+	}
+	if n := l.GetTotal() - int64(len(l.GetRecords())); n > 0 {
+		fmt.Fprintf(w, "(%d more decisions are in the bundle's egress.jsonl)\n", n)
+	}
+}
+
+// writeEgressSummary is the review's view: per name, what went through and
+// what was refused.
+func writeEgressSummary(w io.Writer, l *authorityv1.EgressLog) {
+	if l == nil {
+		return
+	}
+	sums := egress.Summarize(egresspb.Records(l))
+	fmt.Fprintf(w, "egress     %d decisions of the job's domains policy, by name (airlock job egress lists each; the bundle's egress.jsonl has all)\n", l.GetTotal())
+	for _, s := range sums {
+		name := s.Name
+		if name == "" {
+			name = "(no name)"
+		}
+		fmt.Fprintf(w, "  %s  allowed %d, refused %d, in %s, out %s\n", termtext.Line(name), s.Allowed, s.Refused, humanBytes(s.BytesIn), humanBytes(s.BytesOut))
+	}
+	if n := l.GetTotal() - int64(len(l.GetRecords())); n > 0 {
+		fmt.Fprintf(w, "  (%d more decisions are in the bundle's egress.jsonl)\n", n)
+	}
+}
