@@ -19,7 +19,20 @@ type DNS struct {
 
 	mu      sync.Mutex
 	records map[string][]netip.Addr
-	asked   []string
+	// seqs are answers that change: the k-th question of a type for
+	// the name gets the k-th set (the last one from then on).
+	seqs  map[string][][]netip.Addr
+	count map[string]int // questions so far, by name and type
+	asked []string
+}
+
+// Sequence makes name's answers change from lookup to lookup: the first
+// A (and AAAA) question gets sets[0], the next sets[1], and so on, the
+// last set from then on. A rebinding resolver does this.
+func (d *DNS) Sequence(name string, sets ...[]netip.Addr) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.seqs[name] = sets
 }
 
 // StartDNS serves records (lower-case names without the trailing dot) over
@@ -31,7 +44,7 @@ func StartDNS(t testing.TB, records map[string][]netip.Addr) *DNS {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pc.Close() })
-	d := &DNS{Addr: netip.MustParseAddrPort(pc.LocalAddr().String()), records: records}
+	d := &DNS{Addr: netip.MustParseAddrPort(pc.LocalAddr().String()), records: records, seqs: map[string][][]netip.Addr{}, count: map[string]int{}}
 	go func() {
 		buf := make([]byte, 1500)
 		for {
@@ -68,6 +81,11 @@ func (d *DNS) answer(msg []byte) []byte {
 	d.mu.Lock()
 	d.asked = append(d.asked, name)
 	addrs, ok := d.records[name]
+	if seq := d.seqs[name]; len(seq) > 0 {
+		k := name + "/" + q.Type.String()
+		addrs, ok = seq[min(d.count[k], len(seq)-1)], true
+		d.count[k]++
+	}
 	d.mu.Unlock()
 	rh := dnsmessage.Header{ID: h.ID, Response: true, RecursionDesired: h.RecursionDesired, RecursionAvailable: true}
 	if !ok {

@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -213,8 +214,8 @@ func selfSigned(t *testing.T) tls.Certificate {
 }
 
 // withDomainsNetwork gives h a network manager with IPv6 (so the jobs
-// have both families) and the upstream resolver at u.
-func withDomainsNetwork(t *testing.T, h *harness, u *upstreamDNS) *netpolicy.Manager {
+// have both families) and the upstream resolver at resolver.
+func withDomainsNetwork(t *testing.T, h *harness, resolver netip.AddrPort) *netpolicy.Manager {
 	t.Helper()
 	n := int(testSeq.Add(1))
 	nm, err := netpolicy.New(netpolicy.Config{
@@ -234,7 +235,7 @@ func withDomainsNetwork(t *testing.T, h *harness, u *upstreamDNS) *netpolicy.Man
 		}
 	})
 	h.m.cfg.Network = nm
-	h.m.cfg.Resolver = UpstreamResolver([]netip.AddrPort{u.addr})
+	h.m.cfg.Resolver = UpstreamResolver([]netip.AddrPort{resolver})
 	return nm
 }
 
@@ -418,7 +419,7 @@ func testDomainsBoundary(t *testing.T, class typesv1.RuntimeClass) {
 	h, _ := newHarness(t, false)
 	w := startWebHost(t)
 	u := startUpstreamDNS(t, egressRecords(w))
-	withDomainsNetwork(t, h, u)
+	withDomainsNetwork(t, h, u.addr)
 
 	// Another domains job, whose proxy the first must not reach.
 	other := h.grantFor("echo ready; sleep 120")
@@ -588,7 +589,7 @@ func TestDomainsFailClosed(t *testing.T) {
 	h, _ := newHarness(t, false)
 	w := startWebHost(t)
 	u := startUpstreamDNS(t, egressRecords(w))
-	nm := withDomainsNetwork(t, h, u)
+	nm := withDomainsNetwork(t, h, u.addr)
 
 	// The first job's host end is the pool's first address: take its
 	// proxy port before the job exists.
@@ -643,4 +644,88 @@ func nextHostEnd(t *testing.T, nm *netpolicy.Manager) netip.Addr {
 		t.Fatal(err)
 	}
 	return a.Next().Next().Next().Next()
+}
+
+// DNS rebinding: the upstream answers one allowed name with the host's
+// loopback, the host's own address, the metadata address, an ::ffff: and a
+// 6to4 form of them, and then a public-looking address, one answer per
+// lookup. Every connection before the last is refused, the last reaches
+// the web host at exactly the address that was checked, and a job's own
+// lookups get nothing internal either. Another job's address is out of
+// reach too.
+func TestDomainsRebinding(t *testing.T) {
+	h, _ := newHarness(t, false)
+	n := int(testSeq.Add(1))
+	web := nettest.StartWeb(t, nettest.Config{
+		Name:   fmt.Sprintf("rr%04x%02x", os.Getpid()&0xffff, n&0xff),
+		Prefix: nettest.Subnet(netip.MustParsePrefix("203.0.113.0/25"), 30, (os.Getpid()+n)%32),
+	})
+	dns := nettest.StartDNS(t, nil)
+	internal := [][]netip.Addr{
+		{netip.MustParseAddr("127.0.0.1")}, {web.HostIP}, {netip.MustParseAddr("169.254.169.254")},
+		{netip.MustParseAddr("::ffff:169.254.169.254")}, {netip.MustParseAddr("2002:7f00:1::1")},
+	}
+	dns.Sequence("flip.test", append(slices.Clone(internal), []netip.Addr{web.IP})...)
+	dns.Sequence("flip-dns.test", append(slices.Clone(internal), []netip.Addr{web.IP})...)
+	withDomainsNetwork(t, h, dns.Addr)
+
+	other := h.grantFor("echo ready; sleep 120")
+	other.NetworkPolicy = domainsPolicy("flip.test")
+	h.start(t, other)
+	h.waitRunning(t, other.JobId, "ready")
+	otherJob := h.entry(other.JobId).egress.addrs[0].Next() // the other job's own address
+
+	var script strings.Builder
+	script.WriteString(waitForGo)
+	for i := range len(internal) + 1 {
+		fmt.Fprintf(&script, "if out=$(curl -sSk --max-time 10 https://flip.test/ 2>&1); then echo \"flip %d reached $out\"; else echo \"flip %d refused\"; fi\n", i, i)
+	}
+	for i := range len(internal) + 1 {
+		fmt.Fprintf(&script, "if out=$(getent ahostsv4 flip-dns.test 2>&1); then echo \"lookup %d $out\" | head -1; else echo \"lookup %d refused\"; fi\n", i, i)
+	}
+	fmt.Fprintf(&script, "if timeout 3 bash -c 'exec 3<>/dev/tcp/%s/8080' 2>/dev/null; then echo 'other job REACHED'; else echo 'other job refused'; fi\n", otherJob)
+	g := h.grantFor(script.String())
+	g.NetworkPolicy = domainsPolicy("flip.test", "flip-dns.test")
+	h.start(t, g)
+	h.waitRunning(t, g.JobId, "ready")
+	h.signal(t, g.JobId)
+	run := h.waitEnd(t, g.JobId)
+	out, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobId), "stdout.log"))
+	t.Logf("%s: %s", run.State, out)
+	for i := range internal {
+		if !strings.Contains(string(out), fmt.Sprintf("flip %d refused", i)) {
+			t.Errorf("connection %d, whose lookup answered %v, was not refused", i, internal[i])
+		}
+	}
+	// The job's own lookups (each may ask the upstream more than once, as
+	// the resolver retries a refusal) are refused or public, never internal.
+	lookups := regexp.MustCompile(`(?m)^lookup \d+ (.*)$`).FindAllStringSubmatch(string(out), -1)
+	if len(lookups) != len(internal)+1 || lookups[0][1] != "refused" {
+		t.Errorf("lookups %q: want %d, the first refused", lookups, len(internal)+1)
+	}
+	for _, l := range lookups {
+		if l[1] != "refused" && !strings.HasPrefix(l[1], web.IP.String()+" ") {
+			t.Errorf("the job's lookup got %q, neither refused nor the public %s", l[0], web.IP)
+		}
+	}
+	if !strings.Contains(string(out), fmt.Sprintf("flip %d reached hello flip.test", len(internal))) {
+		t.Errorf("the last connection, once the answer was public, did not reach the web host")
+	}
+	if len(lookups) > 0 {
+		if l := lookups[len(lookups)-1]; !strings.HasPrefix(l[1], web.IP.String()+" ") {
+			t.Errorf("the job's last lookup did not get the public answer %s: %q", web.IP, l[0])
+		}
+	}
+	if !strings.Contains(string(out), "other job refused") {
+		t.Errorf("the job reached another job's address %s", otherJob)
+	}
+	var dialled []string
+	for _, r := range readEgress(t, h, g.JobId) {
+		if r.Name == "flip.test" && r.Allowed {
+			dialled = append(dialled, r.Addr)
+		}
+	}
+	if want := []string{netip.AddrPortFrom(web.IP, 443).String()}; !slices.Equal(dialled, want) {
+		t.Errorf("allowed connections to flip.test dialled %v, want exactly %v", dialled, want)
+	}
 }
