@@ -26,10 +26,10 @@
 // listeners and cuts everything.
 //
 // CIDR rules are not its business (the kernel enforces those), nor is DNS
-// inside the job. It is not yet wired into the executor: nothing starts it
-// for a job, no nftables rule redirects a job's traffic to it, and the job's
-// resolver does not yet answer allowed names. Only the executor's run manager
-// and composition root are to import it.
+// inside the job (package jobdns). The run manager starts one per domains
+// job on the host end of the job's veth, where netpolicy's Proxied rules
+// carry the job's explicit proxy connections and its TCP 80 and 443; only
+// the executor's run manager imports it.
 package egressproxy
 
 import (

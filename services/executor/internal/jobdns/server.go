@@ -21,9 +21,11 @@
 // cap per name per minute are counted and summarised instead of listed.
 // SetPolicy applies a new policy at once; Close stops serving.
 //
-// It does not map allowed names to private addresses for the transparent
-// proxy, and it is not yet wired into the executor: nothing starts it for a
-// job. Only the executor's run manager and composition root are to import it.
+// It does not map allowed names to private addresses: the transparent
+// proxy decides on the SNI or Host a connection carries, so the job gets the
+// names' real (vetted) addresses. The run manager starts one per domains job
+// on the host end of the job's veth, the only resolver in the job's
+// /etc/resolv.conf; only the executor's run manager imports it.
 package jobdns
 
 import (

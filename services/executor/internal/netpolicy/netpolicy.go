@@ -5,7 +5,10 @@
 // no other interface. An allow policy adds a veth pair to the host, and
 // nftables rules in the host's namespace — out of the job's reach — let
 // through exactly the listed destinations and ports; link-local, metadata,
-// other jobs' and the executor's own addresses are always refused. Apply
+// other jobs' and the executor's own addresses are always refused. A
+// Proxied policy (a domains job's) adds the way to the executor's egress
+// services at the host end of the veth and redirects the job's TCP 80
+// and 443 there, and lets nothing else through. Apply
 // replaces a running job's rules atomically and returns only once they are
 // in the kernel.
 //
