@@ -61,7 +61,7 @@ unit:
 e2e:
 	$(GO) test $(GOTESTFLAGS) ./test/e2e/...
 
-## bench: raw `runc run` vs the sandbox vs the whole submit→result path, a publish vs the same change landed with git alone, the content scan's MB/s, and making, changing and removing an allow job's network; benchstat summarizes
+## bench: raw `runc run` vs the sandbox vs the whole submit→result path, a publish vs the same change landed with git alone, the content scan's MB/s, making, changing and removing an allow job's network, and the egress proxy's connect latency and 100 MB download vs an allow-CIDR policy (benchstat -col /via bench.out for the ratios); benchstat summarizes
 # -p 1: one package at a time, so neither runs under the other's load (two
 # cores here); the ratios are between benchmarks of one run.
 BENCHCOUNT ?= 6
@@ -70,6 +70,7 @@ bench: runtimes
 		./services/executor/internal/sandbox ./test/e2e | tee bench.out
 	$(GO) test -run '^$$' -bench 'Check10MBPatch' -benchtime 2x -count 3 -timeout 30m ./pkg/contentcheck | tee -a bench.out
 	$(GO) test -run '^$$' -bench 'AllowNet|Apply$$|RulesTransaction' -benchtime 40x -count $(BENCHCOUNT) -timeout 30m ./services/executor/internal/netpolicy | tee -a bench.out
+	$(GO) test -run '^$$' -bench 'Egress' -benchtime 1s -count $(BENCHCOUNT) -timeout 30m ./services/executor/internal/runs | tee -a bench.out
 	$(TOOL) benchstat bench.out
 
 ## demo: the product's main job on one machine with embedded defaults

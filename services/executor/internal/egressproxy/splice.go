@@ -1,6 +1,7 @@
 package egressproxy
 
 import (
+	"bufio"
 	"cmp"
 	"errors"
 	"fmt"
@@ -97,13 +98,13 @@ func (p *Proxy) splice(c *conn, up net.Conn, prelude func(io.Writer) error) {
 	fromUp := &idleReader{conn: up, act: &c.act, idle: idle}
 
 	done := make(chan string, 2)
-	pump := func(dst *idleWriter, src io.Reader, first func(io.Writer) error, dir string) {
+	pump := func(dst *idleWriter, src io.Reader, raw net.Conn, first func(io.Writer) error, dir string) {
 		var err error
 		if first != nil {
 			err = first(dst)
 		}
 		if err == nil {
-			_, err = io.CopyBuffer(dst, src, make([]byte, 64<<10))
+			err = pipe(dst, src, raw)
 		}
 		if err == nil {
 			closeWrite(dst.conn)
@@ -113,14 +114,81 @@ func (p *Proxy) splice(c *conn, up net.Conn, prelude func(io.Writer) error) {
 		}
 		done <- ending(err, dir, idle)
 	}
-	go pump(toClient, fromUp, nil, "upstream to job")
-	go pump(toUp, c.in, prelude, "job to upstream")
+	go pump(toClient, fromUp, up, nil, "upstream to job")
+	go pump(toUp, c.in, c.client, prelude, "job to upstream")
 	// The first to end says how, unless it ended well and the other did
 	// not; an end closing both makes the other's error only an echo.
 	first, second := <-done, <-done
 	c.d.End = first
 	if first == "closed" || first == "" {
 		c.d.End = cmp.Or(second, "closed")
+	}
+}
+
+// spliceChunk is the most one zero-copy round moves between two looks at
+// the idle rule and the counts.
+const spliceChunk = 1 << 20
+
+// pipe copies src, which reads raw (through a buffer, when src is one), to
+// dst until src's EOF. Between two TCP connections the kernel moves the
+// bytes (splice(2), by TCPConn.ReadFrom) a chunk at a time, so the counts
+// and the idle rule keep up without the bytes passing through the proxy's
+// memory; otherwise it copies through a buffer with src's and dst's idle
+// rules.
+func pipe(dst *idleWriter, src io.Reader, raw net.Conn) error {
+	to, ok1 := dst.conn.(*net.TCPConn)
+	from, ok2 := raw.(*net.TCPConn)
+	if !ok1 || !ok2 {
+		_, err := io.CopyBuffer(dst, src, make([]byte, 64<<10))
+		return err
+	}
+	// What the proxy already read (a request head's rest) goes first.
+	if b, ok := src.(*bufio.Reader); ok && b.Buffered() > 0 {
+		data, _ := b.Peek(b.Buffered())
+		if _, err := dst.Write(data); err != nil {
+			return err
+		}
+		b.Discard(len(data))
+	}
+	for {
+		// Writes must make progress within idle; reads wait as long as
+		// either direction moved within idle, but never past three
+		// quarters of the write's time, so that a deadline passing before
+		// writeBy is the read's alone (the loop then looks again).
+		writeBy := time.Now().Add(dst.idle)
+		readBy := dst.act.at().Add(dst.idle)
+		if early := writeBy.Add(-dst.idle / 4); early.Before(readBy) {
+			readBy = early
+		}
+		if err := from.SetReadDeadline(readBy); err != nil {
+			return err
+		}
+		if err := to.SetWriteDeadline(writeBy); err != nil {
+			return err
+		}
+		n, err := to.ReadFrom(io.LimitReader(from, spliceChunk))
+		if n > 0 {
+			dst.count.Add(n)
+			dst.act.touch()
+		}
+		switch {
+		case err == nil && n < spliceChunk:
+			return nil // src's EOF
+		case err == nil:
+		case errors.Is(err, os.ErrDeadlineExceeded) && time.Now().Before(writeBy):
+			// The read deadline, with nothing in flight (the kernel
+			// reads only once it may write): go on unless both
+			// directions have been idle.
+			if n == 0 && time.Until(dst.act.at().Add(dst.idle)) <= 0 {
+				return errIdle
+			}
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			// The write made no progress for idle: bytes read may be
+			// in flight, so the connection ends here.
+			return errIdle
+		default:
+			return err
+		}
 	}
 }
 

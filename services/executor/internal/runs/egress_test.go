@@ -3,29 +3,19 @@ package runs
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"fmt"
 	"log/slog"
-	"math/big"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/net/dns/dnsmessage"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -41,176 +31,17 @@ import (
 // public, and an upstream DNS server the test runs on loopback, which
 // logs every name it is asked.
 
-// upstreamDNS is the test's upstream resolver: it answers A and AAAA from
-// its table, NXDOMAIN otherwise, and records every name asked.
-type upstreamDNS struct {
-	addr    netip.AddrPort
-	mu      sync.Mutex
-	records map[string][]netip.Addr
-	asked   []string
-}
-
-func startUpstreamDNS(t *testing.T, records map[string][]netip.Addr) *upstreamDNS {
-	t.Helper()
-	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pc.Close() })
-	u := &upstreamDNS{addr: netip.MustParseAddrPort(pc.LocalAddr().String()), records: records}
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			if resp := u.answer(buf[:n]); resp != nil {
-				pc.WriteTo(resp, from)
-			}
-		}
-	}()
-	return u
-}
-
-func (u *upstreamDNS) answer(msg []byte) []byte {
-	var p dnsmessage.Parser
-	h, err := p.Start(msg)
-	if err != nil {
-		return nil
-	}
-	q, err := p.Question()
-	if err != nil {
-		return nil
-	}
-	name := strings.ToLower(strings.TrimSuffix(q.Name.String(), "."))
-	u.mu.Lock()
-	u.asked = append(u.asked, name)
-	addrs, ok := u.records[name]
-	u.mu.Unlock()
-	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: h.ID, Response: true, RecursionDesired: h.RecursionDesired, RecursionAvailable: true})
-	if !ok {
-		b = dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: h.ID, Response: true, RCode: dnsmessage.RCodeNameError})
-	}
-	b.EnableCompression()
-	b.StartQuestions()
-	b.Question(q)
-	b.StartAnswers()
-	for _, a := range addrs {
-		rh := dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 5}
-		switch {
-		case a.Is4() && q.Type == dnsmessage.TypeA:
-			b.AResource(rh, dnsmessage.AResource{A: a.As4()})
-		case a.Is6() && q.Type == dnsmessage.TypeAAAA:
-			b.AAAAResource(rh, dnsmessage.AAAAResource{AAAA: a.As16()})
-		}
-	}
-	out, _ := b.Finish()
-	return out
-}
-
-func (u *upstreamDNS) names() []string {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return slices.Clone(u.asked)
-}
-
-// webHost is a test host serving HTTPS on 443 and HTTP on 80 on all its
-// addresses; each answers "hello <name>" with the SNI or Host it got, and
-// /stream sends a line every 100 ms for a minute. Its UDP and TCP 53 count
-// what reaches them: no job may talk to a resolver directly.
-type webHost struct {
-	ip, ip6 netip.Addr
-	hostIP  netip.Addr // the host's end of the pair: one of the host's own addresses
-	dnsHits atomicCount
-}
-
-type atomicCount struct {
-	mu sync.Mutex
-	n  int
-}
-
-func (c *atomicCount) add() { c.mu.Lock(); c.n++; c.mu.Unlock() }
-func (c *atomicCount) get() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.n
-}
-
-func startWebHost(t *testing.T) *webHost {
+// startWebHost is the boundary tests' web host (nettest.StartWeb) on a
+// /30 of 203.0.113.0/25 (the end-to-end tests take the other half) and
+// 2001:db8:7a00::/40.
+func startWebHost(t *testing.T) *nettest.Web {
 	t.Helper()
 	n := int(testSeq.Add(1))
-	th := nettest.Start(t, nettest.Config{
+	return nettest.StartWeb(t, nettest.Config{
 		Name:    fmt.Sprintf("rw%04x%02x", os.Getpid()&0xffff, n&0xff),
-		Prefix:  nettest.Subnet(netip.MustParsePrefix("203.0.113.0/24"), 30, (os.Getpid()+n)%64),
+		Prefix:  nettest.Subnet(netip.MustParsePrefix("203.0.113.0/25"), 30, (os.Getpid()+n)%32),
 		Prefix6: nettest.Subnet(netip.MustParsePrefix("2001:db8:7a00::/40"), 64, (os.Getpid()&0xffff)<<8|n&0xff),
 	})
-	w := &webHost{ip: th.IP, ip6: th.IP6, hostIP: th.HostIP}
-	handler := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		name := r.Host
-		if r.TLS != nil {
-			name = r.TLS.ServerName
-		}
-		if r.URL.Path == "/stream" {
-			fl := rw.(http.Flusher)
-			for i := 0; i < 600 && r.Context().Err() == nil; i++ {
-				fmt.Fprintf(rw, "tick %d\n", i)
-				fl.Flush()
-				time.Sleep(100 * time.Millisecond)
-			}
-			return
-		}
-		fmt.Fprintf(rw, "hello %s\n", name)
-	})
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
-	t.Cleanup(func() { srv.Close() })
-	go srv.Serve(th.Listen(t, "tcp", ":80"))
-	tlsSrv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
-	t.Cleanup(func() { tlsSrv.Close() })
-	go tlsSrv.Serve(tls.NewListener(th.Listen(t, "tcp", ":443"), &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}))
-	var pc net.PacketConn
-	if err := th.Do(func() (err error) { pc, err = net.ListenPacket("udp", ":53"); return err }); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pc.Close() })
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			if _, _, err := pc.ReadFrom(buf); err != nil {
-				return
-			}
-			w.dnsHits.add()
-		}
-	}()
-	ln := th.Listen(t, "tcp", ":53")
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			w.dnsHits.add()
-			c.Close()
-		}
-	}()
-	return w
-}
-
-// selfSigned is a certificate for any name (jobs use curl -k: what is
-// tested is where a connection goes, not whom the job trusts).
-func selfSigned(t *testing.T) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "web host"},
-		DNSNames: []string{"allowed.test", "*.wild.test"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
 // withDomainsNetwork gives h a network manager with IPv6 (so the jobs
@@ -244,19 +75,19 @@ func domainsPolicy(names ...string) *typesv1.NetworkPolicy {
 }
 
 // The names of the boundary tests, and what the upstream answers for them.
-func egressRecords(w *webHost) map[string][]netip.Addr {
-	public := []netip.Addr{w.ip, w.ip6}
+func egressRecords(w *nettest.Web) map[string][]netip.Addr {
+	public := []netip.Addr{w.IP, w.IP6}
 	return map[string][]netip.Addr{
 		"allowed.test":       public,
 		"a.wild.test":        public,
 		"wild.test":          public,
 		"notlisted.test":     public,
 		"rebind-loop.test":   {netip.MustParseAddr("127.0.0.1")},
-		"rebind-host.test":   {w.hostIP},
+		"rebind-host.test":   {w.HostIP},
 		"rebind-meta.test":   {netip.MustParseAddr("169.254.169.254")},
 		"rebind-mapped.test": {netip.MustParseAddr("::ffff:127.0.0.1")},
 		"rebind-6to4.test":   {netip.MustParseAddr("2002:a9fe:a9fe::1")},
-		"mixed.test":         {w.ip, netip.MustParseAddr("10.0.0.1")},
+		"mixed.test":         {w.IP, netip.MustParseAddr("10.0.0.1")},
 	}
 }
 
@@ -303,8 +134,8 @@ except Exception as e:
 
 // boundaryScript is the job's side: one "CASE name rc=N output" line per
 // attempt, then a stream to allowed.test left open for the narrowing.
-func boundaryScript(w *webHost, otherProxy netip.Addr) string {
-	ip, ip6 := w.ip.String(), w.ip6.String()
+func boundaryScript(w *nettest.Web, otherProxy netip.Addr) string {
+	ip, ip6 := w.IP.String(), w.IP6.String()
 	cases := [][2]string{
 		{"explicit-https", "curl -sSk --max-time 10 https://allowed.test/"},
 		{"explicit-http", "curl -sS --max-time 10 http://allowed.test/"},
@@ -418,8 +249,8 @@ func TestDomainsPolicyBoundary(t *testing.T) {
 func testDomainsBoundary(t *testing.T, class typesv1.RuntimeClass) {
 	h, _ := newHarness(t, false)
 	w := startWebHost(t)
-	u := startUpstreamDNS(t, egressRecords(w))
-	withDomainsNetwork(t, h, u.addr)
+	u := nettest.StartDNS(t, egressRecords(w))
+	withDomainsNetwork(t, h, u.Addr)
 
 	// Another domains job, whose proxy the first must not reach.
 	other := h.grantFor("echo ready; sleep 120")
@@ -466,12 +297,12 @@ func testDomainsBoundary(t *testing.T, class typesv1.RuntimeClass) {
 	ok("wildcard", "hello a.wild.test")
 	// The proxy dialled the name, not the address the job chose.
 	ok("sni-to-other-address", "hello allowed.test")
-	ok("dns-allowed", w.ip.String())
+	ok("dns-allowed", w.IP.String())
 	for _, name := range []string{"apex", "unlisted", "ip-literal", "sni-mismatch", "no-sni", "rebind-loop", "rebind-host", "rebind-meta",
 		"rebind-mapped", "rebind-6to4", "mixed", "dns-rebind", "exfil", "direct-udp-dns", "direct-tcp-dns", "direct-port", "direct-v6", "other-job-proxy"} {
 		refused(name)
 	}
-	if n := w.dnsHits.get(); n != 0 {
+	if n := w.DNSHits(); n != 0 {
 		t.Errorf("%d packets or connections reached the web host's port 53 straight from the job", n)
 	}
 
@@ -521,7 +352,7 @@ func testDomainsBoundary(t *testing.T, class typesv1.RuntimeClass) {
 	has(egress.ViaConnect, "a.wild.test", true, "allowed by *.wild.test")
 	has(egress.ViaConnect, "wild.test", false, "matches only names below it")
 	has(egress.ViaConnect, "notlisted.test", false, "not in the policy")
-	has(egress.ViaConnect, w.ip.String(), false, "IP address")
+	has(egress.ViaConnect, w.IP.String(), false, "IP address")
 	has(egress.ViaConnect, "allowed.test", false, "SNI")
 	has(egress.ViaTransparent, "", false, "no SNI")
 	has(egress.ViaConnect, "rebind-loop.test", false, "loopback")
@@ -547,7 +378,7 @@ func testDomainsBoundary(t *testing.T, class typesv1.RuntimeClass) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range u.names() {
+	for _, n := range u.Asked() {
 		if !pol.AllowsName(n) {
 			t.Errorf("the upstream resolver was asked %q, which the policy does not allow", n)
 		}
@@ -588,8 +419,8 @@ func freebindListen(t *testing.T, addr string) net.Listener {
 func TestDomainsFailClosed(t *testing.T) {
 	h, _ := newHarness(t, false)
 	w := startWebHost(t)
-	u := startUpstreamDNS(t, egressRecords(w))
-	nm := withDomainsNetwork(t, h, u.addr)
+	u := nettest.StartDNS(t, egressRecords(w))
+	nm := withDomainsNetwork(t, h, u.Addr)
 
 	// The first job's host end is the pool's first address: take its
 	// proxy port before the job exists.
@@ -608,10 +439,10 @@ func TestDomainsFailClosed(t *testing.T) {
 	// The services die mid-job.
 	g = h.grantFor(waitForGo + `for u in https://allowed.test/ http://allowed.test/; do
   if curl -sSk --max-time 5 "$u" >/dev/null 2>&1; then echo "REACHED $u"; else echo "refused $u"; fi
-  if curl -sSk --noproxy '*' --max-time 5 --resolve allowed.test:443:` + w.ip.String() + ` --resolve allowed.test:80:` + w.ip.String() + ` "$u" >/dev/null 2>&1; then echo "REACHED direct $u"; else echo "refused direct $u"; fi
+  if curl -sSk --noproxy '*' --max-time 5 --resolve allowed.test:443:` + w.IP.String() + ` --resolve allowed.test:80:` + w.IP.String() + ` "$u" >/dev/null 2>&1; then echo "REACHED direct $u"; else echo "refused direct $u"; fi
 done
 if getent hosts allowed.test; then echo "REACHED dns"; else echo "refused dns"; fi
-if curl -sS --max-time 5 http://` + w.ip.String() + `:8080/ >/dev/null 2>&1; then echo "REACHED other port"; else echo "refused other port"; fi
+if curl -sS --max-time 5 http://` + w.IP.String() + `:8080/ >/dev/null 2>&1; then echo "REACHED other port"; else echo "refused other port"; fi
 echo done`)
 	g.NetworkPolicy = domainsPolicy("allowed.test")
 	h.start(t, g)

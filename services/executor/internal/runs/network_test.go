@@ -17,13 +17,14 @@ import (
 
 // startTestHost makes a test host (package nettest) with a TCP listener
 // that greets and hangs up, and returns its address. The addresses are a
-// /30 of 203.0.113.0/24 (TEST-NET-3), which exists only inside the pair.
+// /30 of 203.0.113.0/25 (TEST-NET-3; the end-to-end tests take the other
+// half), which exists only inside the pair.
 func startTestHost(t *testing.T) netip.AddrPort {
 	t.Helper()
 	n := int(testSeq.Add(1))
 	th := nettest.Start(t, nettest.Config{
 		Name:   fmt.Sprintf("rt%04x%02x", os.Getpid()&0xffff, n&0xff),
-		Prefix: nettest.Subnet(netip.MustParsePrefix("203.0.113.0/24"), 30, (os.Getpid()+n)%64),
+		Prefix: nettest.Subnet(netip.MustParsePrefix("203.0.113.0/25"), 30, (os.Getpid()+n)%32),
 	})
 	ln := th.Listen(t, "tcp4", net.JoinHostPort(th.IP.String(), "0"))
 	nettest.Greet(t, ln)
