@@ -3,10 +3,12 @@ package egress
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
 	"time"
+	"unicode/utf8"
 )
 
 // The ways a Record's connection or query reached the executor.
@@ -47,46 +49,89 @@ type Record struct {
 	// End says how an allowed connection ended.
 	End string `json:"end,omitempty"`
 	// Suppressed, when not zero, makes this a summary of that many
-	// refusals not recorded one by one (the cap per name per minute).
+	// decisions (refusals, or allowed ones when Allowed) not recorded one
+	// by one: refusals past the cap per name per minute, or anything past
+	// the record's own cap, whose bytes the summary carries.
 	Suppressed int `json:"suppressed,omitempty"`
 }
 
-// Refusals counts the refusals r stands for: one, or the ones a summary
+// Count is how many decisions r stands for: one, or the ones a summary
 // counts.
-func (r Record) Refusals() int {
-	switch {
-	case r.Allowed:
-		return 0
-	case r.Suppressed > 0:
-		return r.Suppressed
+func (r Record) Count() int { return max(r.Suppressed, 1) }
+
+// MaxText is the longest name, reason, address or end a Record keeps: a
+// job chooses most of them (an SNI, a question's name), and one long one
+// must not crowd out the rest of the record. Cut shortens to it.
+const MaxText = 1024
+
+// Cut shortens s to at most n bytes on a rune boundary, marking the cut.
+func Cut(s string, n int) string {
+	const mark = " [cut]"
+	if len(s) <= n {
+		return s
 	}
-	return 1
+	k := max(n-len(mark), 0)
+	for k > 0 && !utf8.RuneStart(s[k]) {
+		k--
+	}
+	return s[:k] + mark
 }
 
-// MaxRecordLine is the longest line ReadRecords takes.
-const MaxRecordLine = 64 << 10
+// Bounded is r with every text cut to MaxText and at most 16 answers, as
+// a record is written.
+func (r Record) Bounded() Record {
+	r.Name, r.Reason, r.Addr, r.End, r.QType = Cut(r.Name, MaxText), Cut(r.Reason, MaxText), Cut(r.Addr, MaxText), Cut(r.End, MaxText), Cut(r.QType, 16)
+	if len(r.Answers) > 16 {
+		r.Answers = r.Answers[:16]
+	}
+	return r
+}
 
-// ReadRecords reads egress.jsonl, at most max records (0: all); more says
-// whether records were left unread.
-func ReadRecords(r io.Reader, max int) (recs []Record, more bool, err error) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 4096), MaxRecordLine)
-	line := 0
-	for sc.Scan() {
-		line++
-		if max > 0 && len(recs) == max {
-			return recs, true, nil
+// maxLine is the longest line ReadRecords takes as a record; a bounded
+// record is far shorter.
+const maxLine = 64 << 10
+
+// ScanRecords reads egress.jsonl, handing each record to fn in order, and
+// returns how many lines it holds. A line that is not a record (longer
+// than a bounded record can be, or not JSON) is skipped, counted, and
+// reported in err once the rest is read.
+func ScanRecords(r io.Reader, fn func(Record)) (lines int, err error) {
+	br := bufio.NewReaderSize(r, maxLine)
+	var bad []int
+	for {
+		b, rerr := br.ReadSlice('\n')
+		long := errors.Is(rerr, bufio.ErrBufferFull)
+		for errors.Is(rerr, bufio.ErrBufferFull) {
+			_, rerr = br.ReadSlice('\n') // the rest of a line too long to keep
 		}
+		if len(b) == 0 && rerr != nil {
+			if rerr != io.EOF {
+				return lines, fmt.Errorf("egress.jsonl line %d: %v", lines+1, rerr)
+			}
+			break
+		}
+		lines++
 		var rec Record
-		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
-			return recs, false, fmt.Errorf("egress.jsonl line %d: %v", line, err)
+		if long || json.Unmarshal(b, &rec) != nil {
+			bad = append(bad, lines)
+		} else {
+			fn(rec)
 		}
-		recs = append(recs, rec)
+		if rerr == io.EOF {
+			break
+		}
 	}
-	if err := sc.Err(); err != nil {
-		return recs, false, fmt.Errorf("egress.jsonl line %d: %v", line+1, err)
+	if len(bad) > 0 {
+		return lines, fmt.Errorf("egress.jsonl: %d lines are not records (the first: line %d)", len(bad), bad[0])
 	}
-	return recs, false, nil
+	return lines, nil
+}
+
+// ReadRecords reads every record of egress.jsonl (ScanRecords).
+func ReadRecords(r io.Reader) ([]Record, error) {
+	var recs []Record
+	_, err := ScanRecords(r, func(rec Record) { recs = append(recs, rec) })
+	return recs, err
 }
 
 // NameSummary is what a job's records say about one name.
@@ -96,24 +141,52 @@ type NameSummary struct {
 	BytesIn, BytesOut int64
 }
 
-// Summarize totals records by name, the names in order of first use.
-func Summarize(recs []Record) []NameSummary {
-	var out []NameSummary
-	at := map[string]int{}
-	for _, r := range recs {
-		i, ok := at[r.Name]
-		if !ok {
-			i = len(out)
-			at[r.Name] = i
-			out = append(out, NameSummary{Name: r.Name})
-		}
-		s := &out[i]
-		if r.Allowed {
-			s.Allowed++
-		}
-		s.Refused += r.Refusals()
-		s.BytesIn += r.BytesIn
-		s.BytesOut += r.BytesOut
+// Summary totals records by name, the names in order of first use; past
+// MaxNames names, the rest are totalled under OtherNames.
+type Summary struct {
+	names []NameSummary
+	at    map[string]int
+}
+
+// MaxNames is how many names a Summary keeps apart.
+const MaxNames = 1000
+
+// OtherNames is the name a Summary totals names past MaxNames under.
+const OtherNames = "(other names)"
+
+// Add counts r.
+func (s *Summary) Add(r Record) {
+	if s.at == nil {
+		s.at = map[string]int{}
 	}
-	return slices.Clip(out)
+	name := r.Name
+	if _, ok := s.at[name]; !ok && len(s.names) >= MaxNames {
+		name = OtherNames
+	}
+	i, ok := s.at[name]
+	if !ok {
+		i = len(s.names)
+		s.at[name] = i
+		s.names = append(s.names, NameSummary{Name: name})
+	}
+	n := &s.names[i]
+	if r.Allowed {
+		n.Allowed += r.Count()
+	} else {
+		n.Refused += r.Count()
+	}
+	n.BytesIn += r.BytesIn
+	n.BytesOut += r.BytesOut
+}
+
+// Names is the totals so far.
+func (s *Summary) Names() []NameSummary { return slices.Clone(s.names) }
+
+// Summarize totals recs by name (Summary).
+func Summarize(recs []Record) []NameSummary {
+	var s Summary
+	for _, r := range recs {
+		s.Add(r)
+	}
+	return s.Names()
 }

@@ -7,10 +7,11 @@ package egresspb
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
-	"unicode/utf8"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/airlockhq/airlock/pkg/egress"
@@ -22,52 +23,75 @@ const (
 	// MaxRecords is how many decisions a report carries at most.
 	MaxRecords = 1000
 	// MaxText is the longest name, reason, address or end a record
-	// carries; longer ones are cut (the bundle has them whole).
-	MaxText = 1024
+	// carries (egress.MaxText: records are written cut to it).
+	MaxText = egress.MaxText
 	// MaxAnswers is how many answers a record carries.
 	MaxAnswers = 16
+	// Budget bounds a report's copy, encoded: beside the file list's 2 MiB
+	// and the patch's 1 MiB it keeps a report inside gRPC's 4 MiB.
+	Budget = 512 << 10
 )
+
+// qtypeFormat is a DNS type's name as records carry it ("A", "AAAA", or
+// dnsmessage's "Type65" for one it has no name for), or none.
+var qtypeFormat = regexp.MustCompile(`^[A-Za-z0-9]{0,16}$`)
 
 var vias = []string{egress.ViaConnect, egress.ViaHTTP, egress.ViaTransparent, egress.ViaDNS}
 
-// Log is the report's copy of recs: the first MaxRecords, each cut to the
-// bounds; total is how many the job's record holds.
-func Log(recs []egress.Record, total int) *authorityv1.EgressLog {
-	out := &authorityv1.EgressLog{Total: int64(max(total, len(recs)))}
-	for _, r := range recs[:min(len(recs), MaxRecords)] {
-		out.Records = append(out.Records, toProto(r))
+// Log is the report's copy of a job's record: the first and the last
+// decisions (at most MaxRecords in all), each cut to the bounds, as many as
+// fit in Budget, the whole record's summary by name, and total, how many
+// decisions the record holds.
+func Log(first, last []egress.Record, total int, names []egress.NameSummary) *authorityv1.EgressLog {
+	out := &authorityv1.EgressLog{Total: int64(max(total, len(first)+len(last)))}
+	size := 0
+	for _, s := range names[:min(len(names), MaxRecords)] {
+		n := &authorityv1.EgressName{Name: egress.Cut(s.Name, MaxText), Allowed: int64(s.Allowed), Refused: int64(s.Refused), BytesIn: s.BytesIn, BytesOut: s.BytesOut}
+		size += proto.Size(n) + 4
+		out.Names = append(out.Names, n)
 	}
+	kept := 0
+	add := func(recs []egress.Record, budget, most int) []*authorityv1.EgressRecord {
+		var to []*authorityv1.EgressRecord
+		for _, r := range recs {
+			p := toProto(r.Bounded())
+			if size+proto.Size(p)+4 > budget || len(to) >= most || kept >= MaxRecords {
+				break
+			}
+			size += proto.Size(p) + 4
+			kept++
+			to = append(to, p)
+		}
+		return to
+	}
+	// Half the budget and half the count for the last ones, the first
+	// taking what they leave unused.
+	out.Last = add(last, size+(Budget-size)/2, MaxRecords/2)
+	out.Records = add(first, Budget, MaxRecords)
 	return out
 }
 
 func toProto(r egress.Record) *authorityv1.EgressRecord {
-	p := &authorityv1.EgressRecord{
-		Time: timestamppb.New(r.Time), Via: r.Via, Name: cut(r.Name), Port: uint32(r.Port), Qtype: r.QType,
-		Allowed: r.Allowed, Reason: cut(r.Reason), Addr: cut(r.Addr), BytesIn: r.BytesIn, BytesOut: r.BytesOut,
-		DurationMs: r.DurationMS, End: cut(r.End), Suppressed: int64(r.Suppressed),
+	return &authorityv1.EgressRecord{
+		Time: timestamppb.New(r.Time), Via: r.Via, Name: r.Name, Port: uint32(r.Port), Qtype: r.QType,
+		Allowed: r.Allowed, Reason: r.Reason, Addr: r.Addr, Answers: r.Answers, BytesIn: r.BytesIn, BytesOut: r.BytesOut,
+		DurationMs: r.DurationMS, End: r.End, Suppressed: int64(r.Suppressed),
 	}
-	for _, a := range r.Answers[:min(len(r.Answers), MaxAnswers)] {
-		p.Answers = append(p.Answers, cut(a))
-	}
-	return p
 }
 
-// cut shortens s to MaxText bytes on a rune boundary, marking the cut.
-func cut(s string) string {
-	if len(s) <= MaxText {
-		return s
+// Names converts a log's summary by name back.
+func Names(l *authorityv1.EgressLog) []egress.NameSummary {
+	var out []egress.NameSummary
+	for _, n := range l.GetNames() {
+		out = append(out, egress.NameSummary{Name: n.GetName(), Allowed: int(n.GetAllowed()), Refused: int(n.GetRefused()), BytesIn: n.GetBytesIn(), BytesOut: n.GetBytesOut()})
 	}
-	n := MaxText - len(" [cut]")
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + " [cut]"
+	return out
 }
 
-// Records converts a log's records back.
-func Records(l *authorityv1.EgressLog) []egress.Record {
+// Records converts records back.
+func Records(recs []*authorityv1.EgressRecord) []egress.Record {
 	var out []egress.Record
-	for _, p := range l.GetRecords() {
+	for _, p := range recs {
 		r := egress.Record{
 			Via: p.GetVia(), Name: p.GetName(), Port: uint16(p.GetPort()), QType: p.GetQtype(), Allowed: p.GetAllowed(),
 			Reason: p.GetReason(), Addr: p.GetAddr(), Answers: slices.Clone(p.GetAnswers()), BytesIn: p.GetBytesIn(),
@@ -88,19 +112,34 @@ func Check(field string, l *authorityv1.EgressLog) error {
 	if l == nil {
 		return nil
 	}
-	switch {
-	case len(l.GetRecords()) > MaxRecords:
-		return fmt.Errorf("%s.records: %d records; at most %d", field, len(l.GetRecords()), MaxRecords)
-	case l.GetTotal() < int64(len(l.GetRecords())):
-		return fmt.Errorf("%s.total: %d, fewer than the %d records given", field, l.GetTotal(), len(l.GetRecords()))
+	switch n := len(l.GetRecords()) + len(l.GetLast()); {
+	case n > MaxRecords:
+		return fmt.Errorf("%s.records: %d records; at most %d", field, n, MaxRecords)
+	case l.GetTotal() < int64(n):
+		return fmt.Errorf("%s.total: %d, fewer than the %d records given", field, l.GetTotal(), n)
+	case len(l.GetNames()) > MaxRecords:
+		return fmt.Errorf("%s.names: %d names; at most %d", field, len(l.GetNames()), MaxRecords)
 	}
-	for i, r := range l.GetRecords() {
+	for i, n := range l.GetNames() {
+		switch {
+		case len(n.GetName()) > MaxText:
+			return fmt.Errorf("%s.names[%d].name: %d bytes; at most %d", field, i, len(n.GetName()), MaxText)
+		case n.GetAllowed() < 0 || n.GetRefused() < 0 || n.GetBytesIn() < 0 || n.GetBytesOut() < 0:
+			return fmt.Errorf("%s.names[%d]: negative counts", field, i)
+		}
+	}
+	for i, r := range slices.Concat(l.GetRecords(), l.GetLast()) {
 		at := fmt.Sprintf("%s.records[%d]", field, i)
+		if i >= len(l.GetRecords()) {
+			at = fmt.Sprintf("%s.last[%d]", field, i-len(l.GetRecords()))
+		}
 		switch {
 		case !slices.Contains(vias, r.GetVia()) && !(r.GetVia() == "" && r.GetSuppressed() > 0):
 			return fmt.Errorf("%s.via: %q is not one of %s", at, r.GetVia(), strings.Join(vias, ", "))
 		case r.GetPort() > 65535:
 			return fmt.Errorf("%s.port: %d is not a TCP port", at, r.GetPort())
+		case !qtypeFormat.MatchString(r.GetQtype()):
+			return fmt.Errorf("%s.qtype: %q is not a DNS type name", at, r.GetQtype())
 		case len(r.GetAnswers()) > MaxAnswers:
 			return fmt.Errorf("%s.answers: %d; at most %d", at, len(r.GetAnswers()), MaxAnswers)
 		case r.GetBytesIn() < 0 || r.GetBytesOut() < 0 || r.GetDurationMs() < 0 || r.GetSuppressed() < 0:

@@ -1,8 +1,10 @@
 package cli
 
 import (
+	"cmp"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -36,18 +38,15 @@ has all of it.`,
 			if err != nil {
 				return rpcError(err)
 			}
-			if refused {
-				kept := &authorityv1.EgressLog{Total: resp.GetEgress().GetTotal()}
-				for _, r := range resp.GetEgress().GetRecords() {
-					if !r.GetAllowed() {
-						kept.Records = append(kept.Records, r)
-					}
+			l := resp.GetEgress()
+			shown := int64(len(l.GetRecords()) + len(l.GetLast()))
+			if refused && l != nil {
+				only := func(recs []*authorityv1.EgressRecord) []*authorityv1.EgressRecord {
+					return slices.DeleteFunc(slices.Clone(recs), func(r *authorityv1.EgressRecord) bool { return r.GetAllowed() })
 				}
-				if resp.Egress != nil {
-					resp.Egress = kept
-				}
+				l.Records, l.Last = only(l.GetRecords()), only(l.GetLast())
 			}
-			return g.printProto(resp, func(w io.Writer) { writeEgress(w, resp) })
+			return g.printProto(resp, func(w io.Writer) { writeEgress(w, resp, shown) })
 		},
 	}
 	cmd.Flags().BoolVar(&refused, "refused", false, "list only what was refused")
@@ -56,7 +55,7 @@ has all of it.`,
 
 // writeEgress prints a job's egress record for people; every name and
 // reason is the job's doing, so each goes through termtext.
-func writeEgress(w io.Writer, resp *authorityv1.GetJobEgressResponse) {
+func writeEgress(w io.Writer, resp *authorityv1.GetJobEgressResponse, shown int64) {
 	l := resp.GetEgress()
 	if l == nil {
 		state := strings.ToLower(strings.TrimPrefix(resp.GetState().String(), "JOB_STATE_"))
@@ -68,57 +67,46 @@ func writeEgress(w io.Writer, resp *authorityv1.GetJobEgressResponse) {
 		}
 		return
 	}
-	recs := egresspb.Records(l)
 	fmt.Fprintln(w, "TIME\tVIA\tNAME\tPORT\tDECISION\tTO\tIN\tOUT\tREASON")
-	for _, r := range recs {
-		decision, to := "refused", r.Addr
-		if r.Allowed {
-			decision = "allowed"
+	rows := func(recs []egress.Record) {
+		for _, r := range recs {
+			decision, to := "refused", r.Addr
+			if r.Allowed {
+				decision = "allowed"
+			}
+			if r.Suppressed > 0 {
+				decision += fmt.Sprintf(" x%d", r.Suppressed)
+			}
+			if r.Via == egress.ViaDNS {
+				to = strings.Join(r.Answers, ",")
+			}
+			port := r.QType
+			if r.Port > 0 {
+				port = fmt.Sprint(r.Port)
+			}
+			reason := r.Reason
+			if r.End != "" {
+				reason += "; " + r.End
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Time.Local().Format(time.TimeOnly), termtext.Line(cmp.Or(r.Via, "-")), termtext.Line(cmp.Or(r.Name, "-")),
+				termtext.Line(port), decision, termtext.Line(to), humanBytes(r.BytesIn), humanBytes(r.BytesOut), termtext.Line(reason))
 		}
-		if r.Suppressed > 0 {
-			decision = fmt.Sprintf("refused x%d", r.Suppressed)
-		}
-		if r.Via == egress.ViaDNS {
-			to = strings.Join(r.Answers, ",")
-		}
-		port := ""
-		if r.Port > 0 {
-			port = fmt.Sprint(r.Port)
-		} else if r.QType != "" {
-			port = r.QType
-		}
-		reason := r.Reason
-		if r.End != "" {
-			reason += "; " + r.End
-		}
-		name := r.Name
-		if name == "" {
-			name = "-"
-		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Time.Local().Format(time.TimeOnly), termtext.Line(r.Via), termtext.Line(name),
-			port, decision, termtext.Line(to), humanBytes(r.BytesIn), humanBytes(r.BytesOut), termtext.Line(reason))
 	}
-	if n := l.GetTotal() - int64(len(l.GetRecords())); n > 0 {
-		fmt.Fprintf(w, "(%d more decisions are in the bundle's egress.jsonl)\n", n)
+	rows(egresspb.Records(l.GetRecords()))
+	if n := l.GetTotal() - shown; n > 0 {
+		fmt.Fprintf(w, "... %d decisions not shown here (the bundle's egress.jsonl has every one)\n", n)
 	}
+	rows(egresspb.Records(l.GetLast()))
 }
 
-// writeEgressSummary is the review's view: per name, what went through and
-// what was refused.
+// writeEgressSummary is the review's view: per name, over the whole
+// record, what went through and what was refused.
 func writeEgressSummary(w io.Writer, l *authorityv1.EgressLog) {
 	if l == nil {
 		return
 	}
-	sums := egress.Summarize(egresspb.Records(l))
 	fmt.Fprintf(w, "egress     %d decisions of the job's domains policy, by name (airlock job egress lists each; the bundle's egress.jsonl has all)\n", l.GetTotal())
-	for _, s := range sums {
-		name := s.Name
-		if name == "" {
-			name = "(no name)"
-		}
-		fmt.Fprintf(w, "  %s  allowed %d, refused %d, in %s, out %s\n", termtext.Line(name), s.Allowed, s.Refused, humanBytes(s.BytesIn), humanBytes(s.BytesOut))
-	}
-	if n := l.GetTotal() - int64(len(l.GetRecords())); n > 0 {
-		fmt.Fprintf(w, "  (%d more decisions are in the bundle's egress.jsonl)\n", n)
+	for _, s := range egresspb.Names(l) {
+		fmt.Fprintf(w, "  %s  allowed %d, refused %d, in %s, out %s\n", termtext.Line(cmp.Or(s.Name, "(no name)")), s.Allowed, s.Refused, humanBytes(s.BytesIn), humanBytes(s.BytesOut))
 	}
 }

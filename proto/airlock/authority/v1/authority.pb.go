@@ -2231,11 +2231,17 @@ func (x *EgressRecord) GetSuppressed() int64 {
 // EgressLog is a job's egress record.
 type EgressLog struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The decisions in order: all of them, unless total is larger (the
-	// bundle's egress.jsonl has every one).
+	// The first decisions in order: all of them, unless total is larger than
+	// records and last together (the bundle's egress.jsonl has every one).
 	Records []*EgressRecord `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
 	// How many decisions the job's egress.jsonl holds.
-	Total         int64 `protobuf:"varint,2,opt,name=total,proto3" json:"total,omitempty"`
+	Total int64 `protobuf:"varint,2,opt,name=total,proto3" json:"total,omitempty"`
+	// The whole record summed by name, in order of first use (at most 1,000
+	// names), computed by the executor over every decision.
+	Names []*EgressName `protobuf:"bytes,3,rep,name=names,proto3" json:"names,omitempty"`
+	// The last decisions in order, when not all fit in records: those
+	// between the two are left out (total says how many there are).
+	Last          []*EgressRecord `protobuf:"bytes,4,rep,name=last,proto3" json:"last,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2284,6 +2290,102 @@ func (x *EgressLog) GetTotal() int64 {
 	return 0
 }
 
+func (x *EgressLog) GetNames() []*EgressName {
+	if x != nil {
+		return x.Names
+	}
+	return nil
+}
+
+func (x *EgressLog) GetLast() []*EgressRecord {
+	if x != nil {
+		return x.Last
+	}
+	return nil
+}
+
+// EgressName is what a job's egress record says about one name.
+type EgressName struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The name ("" for decisions that named none). From the job: show it
+	// escaped.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Decisions that went through, and refusals (a summary line counts as the
+	// refusals it stands for).
+	Allowed int64 `protobuf:"varint,2,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	Refused int64 `protobuf:"varint,3,opt,name=refused,proto3" json:"refused,omitempty"`
+	// Bytes to the job and from it, over its connections.
+	BytesIn       int64 `protobuf:"varint,4,opt,name=bytes_in,json=bytesIn,proto3" json:"bytes_in,omitempty"`
+	BytesOut      int64 `protobuf:"varint,5,opt,name=bytes_out,json=bytesOut,proto3" json:"bytes_out,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressName) Reset() {
+	*x = EgressName{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressName) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressName) ProtoMessage() {}
+
+func (x *EgressName) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressName.ProtoReflect.Descriptor instead.
+func (*EgressName) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *EgressName) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EgressName) GetAllowed() int64 {
+	if x != nil {
+		return x.Allowed
+	}
+	return 0
+}
+
+func (x *EgressName) GetRefused() int64 {
+	if x != nil {
+		return x.Refused
+	}
+	return 0
+}
+
+func (x *EgressName) GetBytesIn() int64 {
+	if x != nil {
+		return x.BytesIn
+	}
+	return 0
+}
+
+func (x *EgressName) GetBytesOut() int64 {
+	if x != nil {
+		return x.BytesOut
+	}
+	return 0
+}
+
 // ReportResultResponse acknowledges a recorded result.
 type ReportResultResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2295,7 +2397,7 @@ type ReportResultResponse struct {
 
 func (x *ReportResultResponse) Reset() {
 	*x = ReportResultResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[23]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2307,7 +2409,7 @@ func (x *ReportResultResponse) String() string {
 func (*ReportResultResponse) ProtoMessage() {}
 
 func (x *ReportResultResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[23]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2320,7 +2422,7 @@ func (x *ReportResultResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResultResponse.ProtoReflect.Descriptor instead.
 func (*ReportResultResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{23}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReportResultResponse) GetJob() *Job {
@@ -2353,7 +2455,7 @@ type JobChange struct {
 
 func (x *JobChange) Reset() {
 	*x = JobChange{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[24]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2365,7 +2467,7 @@ func (x *JobChange) String() string {
 func (*JobChange) ProtoMessage() {}
 
 func (x *JobChange) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[24]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2378,7 +2480,7 @@ func (x *JobChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobChange.ProtoReflect.Descriptor instead.
 func (*JobChange) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{24}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *JobChange) GetBaseGeneration() int64 {
@@ -2440,7 +2542,7 @@ type ApprovalVote struct {
 
 func (x *ApprovalVote) Reset() {
 	*x = ApprovalVote{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2452,7 +2554,7 @@ func (x *ApprovalVote) String() string {
 func (*ApprovalVote) ProtoMessage() {}
 
 func (x *ApprovalVote) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2465,7 +2567,7 @@ func (x *ApprovalVote) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApprovalVote.ProtoReflect.Descriptor instead.
 func (*ApprovalVote) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{25}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ApprovalVote) GetApprover() string {
@@ -2534,7 +2636,7 @@ type Approval struct {
 
 func (x *Approval) Reset() {
 	*x = Approval{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2546,7 +2648,7 @@ func (x *Approval) String() string {
 func (*Approval) ProtoMessage() {}
 
 func (x *Approval) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2559,7 +2661,7 @@ func (x *Approval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Approval.ProtoReflect.Descriptor instead.
 func (*Approval) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{26}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Approval) GetApprovalId() string {
@@ -2678,7 +2780,7 @@ type ReviewMaterial struct {
 
 func (x *ReviewMaterial) Reset() {
 	*x = ReviewMaterial{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2690,7 +2792,7 @@ func (x *ReviewMaterial) String() string {
 func (*ReviewMaterial) ProtoMessage() {}
 
 func (x *ReviewMaterial) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2703,7 +2805,7 @@ func (x *ReviewMaterial) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReviewMaterial.ProtoReflect.Descriptor instead.
 func (*ReviewMaterial) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{27}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReviewMaterial) GetPatch() []byte {
@@ -2762,7 +2864,7 @@ type ReadReviewRequest struct {
 
 func (x *ReadReviewRequest) Reset() {
 	*x = ReadReviewRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2774,7 +2876,7 @@ func (x *ReadReviewRequest) String() string {
 func (*ReadReviewRequest) ProtoMessage() {}
 
 func (x *ReadReviewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2787,7 +2889,7 @@ func (x *ReadReviewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadReviewRequest.ProtoReflect.Descriptor instead.
 func (*ReadReviewRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{28}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReadReviewRequest) GetApprovalId() string {
@@ -2817,7 +2919,7 @@ type ReviewPartStart struct {
 
 func (x *ReviewPartStart) Reset() {
 	*x = ReviewPartStart{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2829,7 +2931,7 @@ func (x *ReviewPartStart) String() string {
 func (*ReviewPartStart) ProtoMessage() {}
 
 func (x *ReviewPartStart) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2842,7 +2944,7 @@ func (x *ReviewPartStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReviewPartStart.ProtoReflect.Descriptor instead.
 func (*ReviewPartStart) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{29}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReviewPartStart) GetPart() ReviewPart {
@@ -2870,7 +2972,7 @@ type ReviewFiles struct {
 
 func (x *ReviewFiles) Reset() {
 	*x = ReviewFiles{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2882,7 +2984,7 @@ func (x *ReviewFiles) String() string {
 func (*ReviewFiles) ProtoMessage() {}
 
 func (x *ReviewFiles) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2895,7 +2997,7 @@ func (x *ReviewFiles) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReviewFiles.ProtoReflect.Descriptor instead.
 func (*ReviewFiles) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{30}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReviewFiles) GetFiles() []*FileChange {
@@ -2924,7 +3026,7 @@ type ReadReviewResponse struct {
 
 func (x *ReadReviewResponse) Reset() {
 	*x = ReadReviewResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2936,7 +3038,7 @@ func (x *ReadReviewResponse) String() string {
 func (*ReadReviewResponse) ProtoMessage() {}
 
 func (x *ReadReviewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2949,7 +3051,7 @@ func (x *ReadReviewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadReviewResponse.ProtoReflect.Descriptor instead.
 func (*ReadReviewResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{31}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReadReviewResponse) GetMsg() isReadReviewResponse_Msg {
@@ -3045,7 +3147,7 @@ type ListApprovalsRequest struct {
 
 func (x *ListApprovalsRequest) Reset() {
 	*x = ListApprovalsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3057,7 +3159,7 @@ func (x *ListApprovalsRequest) String() string {
 func (*ListApprovalsRequest) ProtoMessage() {}
 
 func (x *ListApprovalsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3070,7 +3172,7 @@ func (x *ListApprovalsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApprovalsRequest.ProtoReflect.Descriptor instead.
 func (*ListApprovalsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{32}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListApprovalsRequest) GetTenant() string {
@@ -3114,7 +3216,7 @@ type ListApprovalsResponse struct {
 
 func (x *ListApprovalsResponse) Reset() {
 	*x = ListApprovalsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3126,7 +3228,7 @@ func (x *ListApprovalsResponse) String() string {
 func (*ListApprovalsResponse) ProtoMessage() {}
 
 func (x *ListApprovalsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3139,7 +3241,7 @@ func (x *ListApprovalsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApprovalsResponse.ProtoReflect.Descriptor instead.
 func (*ListApprovalsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{33}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListApprovalsResponse) GetApprovals() []*Approval {
@@ -3167,7 +3269,7 @@ type GetApprovalRequest struct {
 
 func (x *GetApprovalRequest) Reset() {
 	*x = GetApprovalRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3179,7 +3281,7 @@ func (x *GetApprovalRequest) String() string {
 func (*GetApprovalRequest) ProtoMessage() {}
 
 func (x *GetApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3192,7 +3294,7 @@ func (x *GetApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetApprovalRequest.ProtoReflect.Descriptor instead.
 func (*GetApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{34}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetApprovalRequest) GetApprovalId() string {
@@ -3215,7 +3317,7 @@ type GetApprovalResponse struct {
 
 func (x *GetApprovalResponse) Reset() {
 	*x = GetApprovalResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3227,7 +3329,7 @@ func (x *GetApprovalResponse) String() string {
 func (*GetApprovalResponse) ProtoMessage() {}
 
 func (x *GetApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3240,7 +3342,7 @@ func (x *GetApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetApprovalResponse.ProtoReflect.Descriptor instead.
 func (*GetApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{35}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetApprovalResponse) GetApproval() *Approval {
@@ -3275,7 +3377,7 @@ type DecideApprovalRequest struct {
 
 func (x *DecideApprovalRequest) Reset() {
 	*x = DecideApprovalRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3287,7 +3389,7 @@ func (x *DecideApprovalRequest) String() string {
 func (*DecideApprovalRequest) ProtoMessage() {}
 
 func (x *DecideApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3300,7 +3402,7 @@ func (x *DecideApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideApprovalRequest.ProtoReflect.Descriptor instead.
 func (*DecideApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{36}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DecideApprovalRequest) GetApprovalId() string {
@@ -3342,7 +3444,7 @@ type DecideApprovalResponse struct {
 
 func (x *DecideApprovalResponse) Reset() {
 	*x = DecideApprovalResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3354,7 +3456,7 @@ func (x *DecideApprovalResponse) String() string {
 func (*DecideApprovalResponse) ProtoMessage() {}
 
 func (x *DecideApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3367,7 +3469,7 @@ func (x *DecideApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideApprovalResponse.ProtoReflect.Descriptor instead.
 func (*DecideApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{37}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DecideApprovalResponse) GetApproval() *Approval {
@@ -3394,7 +3496,7 @@ type ConsumeApprovalRequest struct {
 
 func (x *ConsumeApprovalRequest) Reset() {
 	*x = ConsumeApprovalRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3406,7 +3508,7 @@ func (x *ConsumeApprovalRequest) String() string {
 func (*ConsumeApprovalRequest) ProtoMessage() {}
 
 func (x *ConsumeApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3419,7 +3521,7 @@ func (x *ConsumeApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumeApprovalRequest.ProtoReflect.Descriptor instead.
 func (*ConsumeApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{38}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ConsumeApprovalRequest) GetApprovalId() string {
@@ -3461,7 +3563,7 @@ type ConsumeApprovalResponse struct {
 
 func (x *ConsumeApprovalResponse) Reset() {
 	*x = ConsumeApprovalResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3473,7 +3575,7 @@ func (x *ConsumeApprovalResponse) String() string {
 func (*ConsumeApprovalResponse) ProtoMessage() {}
 
 func (x *ConsumeApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3486,7 +3588,7 @@ func (x *ConsumeApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumeApprovalResponse.ProtoReflect.Descriptor instead.
 func (*ConsumeApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{39}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ConsumeApprovalResponse) GetApproval() *Approval {
@@ -3521,7 +3623,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3533,7 +3635,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3546,7 +3648,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{40}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Lease) GetLeaseId() string {
@@ -3622,7 +3724,7 @@ type LeaseCredentialRequest struct {
 
 func (x *LeaseCredentialRequest) Reset() {
 	*x = LeaseCredentialRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3634,7 +3736,7 @@ func (x *LeaseCredentialRequest) String() string {
 func (*LeaseCredentialRequest) ProtoMessage() {}
 
 func (x *LeaseCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3647,7 +3749,7 @@ func (x *LeaseCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseCredentialRequest.ProtoReflect.Descriptor instead.
 func (*LeaseCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{41}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *LeaseCredentialRequest) GetPurpose() LeasePurpose {
@@ -3691,7 +3793,7 @@ type LeaseCredentialResponse struct {
 
 func (x *LeaseCredentialResponse) Reset() {
 	*x = LeaseCredentialResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3703,7 +3805,7 @@ func (x *LeaseCredentialResponse) String() string {
 func (*LeaseCredentialResponse) ProtoMessage() {}
 
 func (x *LeaseCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3716,7 +3818,7 @@ func (x *LeaseCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseCredentialResponse.ProtoReflect.Descriptor instead.
 func (*LeaseCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{42}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *LeaseCredentialResponse) GetLease() *Lease {
@@ -3746,7 +3848,7 @@ type RevokeCredentialRequest struct {
 
 func (x *RevokeCredentialRequest) Reset() {
 	*x = RevokeCredentialRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3758,7 +3860,7 @@ func (x *RevokeCredentialRequest) String() string {
 func (*RevokeCredentialRequest) ProtoMessage() {}
 
 func (x *RevokeCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3771,7 +3873,7 @@ func (x *RevokeCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCredentialRequest.ProtoReflect.Descriptor instead.
 func (*RevokeCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{43}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RevokeCredentialRequest) GetLeaseId() string {
@@ -3799,7 +3901,7 @@ type RevokeCredentialResponse struct {
 
 func (x *RevokeCredentialResponse) Reset() {
 	*x = RevokeCredentialResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3811,7 +3913,7 @@ func (x *RevokeCredentialResponse) String() string {
 func (*RevokeCredentialResponse) ProtoMessage() {}
 
 func (x *RevokeCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3824,7 +3926,7 @@ func (x *RevokeCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCredentialResponse.ProtoReflect.Descriptor instead.
 func (*RevokeCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{44}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RevokeCredentialResponse) GetLease() *Lease {
@@ -3851,7 +3953,7 @@ type ListLeasesRequest struct {
 
 func (x *ListLeasesRequest) Reset() {
 	*x = ListLeasesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[45]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3863,7 +3965,7 @@ func (x *ListLeasesRequest) String() string {
 func (*ListLeasesRequest) ProtoMessage() {}
 
 func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[45]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3876,7 +3978,7 @@ func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{45}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListLeasesRequest) GetJobId() string {
@@ -3920,7 +4022,7 @@ type ListLeasesResponse struct {
 
 func (x *ListLeasesResponse) Reset() {
 	*x = ListLeasesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[46]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3932,7 +4034,7 @@ func (x *ListLeasesResponse) String() string {
 func (*ListLeasesResponse) ProtoMessage() {}
 
 func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[46]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3945,7 +4047,7 @@ func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{46}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListLeasesResponse) GetLeases() []*Lease {
@@ -3975,7 +4077,7 @@ type UpdateNetworkPolicyRequest struct {
 
 func (x *UpdateNetworkPolicyRequest) Reset() {
 	*x = UpdateNetworkPolicyRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[47]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3987,7 +4089,7 @@ func (x *UpdateNetworkPolicyRequest) String() string {
 func (*UpdateNetworkPolicyRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[47]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4000,7 +4102,7 @@ func (x *UpdateNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkPolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{47}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *UpdateNetworkPolicyRequest) GetJobId() string {
@@ -4031,7 +4133,7 @@ type UpdateNetworkPolicyResponse struct {
 
 func (x *UpdateNetworkPolicyResponse) Reset() {
 	*x = UpdateNetworkPolicyResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[48]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4043,7 +4145,7 @@ func (x *UpdateNetworkPolicyResponse) String() string {
 func (*UpdateNetworkPolicyResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[48]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4056,7 +4158,7 @@ func (x *UpdateNetworkPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkPolicyResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{48}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *UpdateNetworkPolicyResponse) GetStatus() *v1.NetworkPolicyStatus {
@@ -4087,7 +4189,7 @@ type UpdateJobLimitsRequest struct {
 
 func (x *UpdateJobLimitsRequest) Reset() {
 	*x = UpdateJobLimitsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[49]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4099,7 +4201,7 @@ func (x *UpdateJobLimitsRequest) String() string {
 func (*UpdateJobLimitsRequest) ProtoMessage() {}
 
 func (x *UpdateJobLimitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[49]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4112,7 +4214,7 @@ func (x *UpdateJobLimitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateJobLimitsRequest.ProtoReflect.Descriptor instead.
 func (*UpdateJobLimitsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{49}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *UpdateJobLimitsRequest) GetJobId() string {
@@ -4142,7 +4244,7 @@ type UpdateJobLimitsResponse struct {
 
 func (x *UpdateJobLimitsResponse) Reset() {
 	*x = UpdateJobLimitsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[50]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4154,7 +4256,7 @@ func (x *UpdateJobLimitsResponse) String() string {
 func (*UpdateJobLimitsResponse) ProtoMessage() {}
 
 func (x *UpdateJobLimitsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[50]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4167,7 +4269,7 @@ func (x *UpdateJobLimitsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateJobLimitsResponse.ProtoReflect.Descriptor instead.
 func (*UpdateJobLimitsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{50}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *UpdateJobLimitsResponse) GetJob() *Job {
@@ -4200,7 +4302,7 @@ type UseLeaseRequest struct {
 
 func (x *UseLeaseRequest) Reset() {
 	*x = UseLeaseRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[51]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4212,7 +4314,7 @@ func (x *UseLeaseRequest) String() string {
 func (*UseLeaseRequest) ProtoMessage() {}
 
 func (x *UseLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[51]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4225,7 +4327,7 @@ func (x *UseLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UseLeaseRequest.ProtoReflect.Descriptor instead.
 func (*UseLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{51}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *UseLeaseRequest) GetLeaseId() string {
@@ -4260,7 +4362,7 @@ type UseLeaseResponse struct {
 
 func (x *UseLeaseResponse) Reset() {
 	*x = UseLeaseResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[52]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4272,7 +4374,7 @@ func (x *UseLeaseResponse) String() string {
 func (*UseLeaseResponse) ProtoMessage() {}
 
 func (x *UseLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[52]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4285,7 +4387,7 @@ func (x *UseLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UseLeaseResponse.ProtoReflect.Descriptor instead.
 func (*UseLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{52}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *UseLeaseResponse) GetLease() *Lease {
@@ -4326,7 +4428,7 @@ type AuditEvent struct {
 
 func (x *AuditEvent) Reset() {
 	*x = AuditEvent{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[53]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4338,7 +4440,7 @@ func (x *AuditEvent) String() string {
 func (*AuditEvent) ProtoMessage() {}
 
 func (x *AuditEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[53]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4351,7 +4453,7 @@ func (x *AuditEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEvent.ProtoReflect.Descriptor instead.
 func (*AuditEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{53}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *AuditEvent) GetSequence() int64 {
@@ -4456,7 +4558,7 @@ type ListAuditEventsRequest struct {
 
 func (x *ListAuditEventsRequest) Reset() {
 	*x = ListAuditEventsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[54]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4468,7 +4570,7 @@ func (x *ListAuditEventsRequest) String() string {
 func (*ListAuditEventsRequest) ProtoMessage() {}
 
 func (x *ListAuditEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[54]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4481,7 +4583,7 @@ func (x *ListAuditEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditEventsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{54}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListAuditEventsRequest) GetJobId() string {
@@ -4553,7 +4655,7 @@ type ListAuditEventsResponse struct {
 
 func (x *ListAuditEventsResponse) Reset() {
 	*x = ListAuditEventsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[55]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4565,7 +4667,7 @@ func (x *ListAuditEventsResponse) String() string {
 func (*ListAuditEventsResponse) ProtoMessage() {}
 
 func (x *ListAuditEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[55]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4578,7 +4680,7 @@ func (x *ListAuditEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditEventsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{55}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListAuditEventsResponse) GetEvents() []*AuditEvent {
@@ -4618,7 +4720,7 @@ type AuditCheckpoint struct {
 
 func (x *AuditCheckpoint) Reset() {
 	*x = AuditCheckpoint{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[56]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4630,7 +4732,7 @@ func (x *AuditCheckpoint) String() string {
 func (*AuditCheckpoint) ProtoMessage() {}
 
 func (x *AuditCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[56]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4643,7 +4745,7 @@ func (x *AuditCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditCheckpoint.ProtoReflect.Descriptor instead.
 func (*AuditCheckpoint) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{56}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *AuditCheckpoint) GetSequence() int64 {
@@ -4701,7 +4803,7 @@ type ListAuditCheckpointsRequest struct {
 
 func (x *ListAuditCheckpointsRequest) Reset() {
 	*x = ListAuditCheckpointsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[57]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4713,7 +4815,7 @@ func (x *ListAuditCheckpointsRequest) String() string {
 func (*ListAuditCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListAuditCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[57]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4726,7 +4828,7 @@ func (x *ListAuditCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{57}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ListAuditCheckpointsRequest) GetAfterSequence() int64 {
@@ -4763,7 +4865,7 @@ type ListAuditCheckpointsResponse struct {
 
 func (x *ListAuditCheckpointsResponse) Reset() {
 	*x = ListAuditCheckpointsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[58]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4775,7 +4877,7 @@ func (x *ListAuditCheckpointsResponse) String() string {
 func (*ListAuditCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListAuditCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[58]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4788,7 +4890,7 @@ func (x *ListAuditCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{58}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListAuditCheckpointsResponse) GetCheckpoints() []*AuditCheckpoint {
@@ -4837,7 +4939,7 @@ type GetPublishSpecRequest struct {
 
 func (x *GetPublishSpecRequest) Reset() {
 	*x = GetPublishSpecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[59]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4849,7 +4951,7 @@ func (x *GetPublishSpecRequest) String() string {
 func (*GetPublishSpecRequest) ProtoMessage() {}
 
 func (x *GetPublishSpecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[59]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4862,7 +4964,7 @@ func (x *GetPublishSpecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPublishSpecRequest.ProtoReflect.Descriptor instead.
 func (*GetPublishSpecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{59}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *GetPublishSpecRequest) GetApprovalId() string {
@@ -4893,7 +4995,7 @@ type PublishPolicy struct {
 
 func (x *PublishPolicy) Reset() {
 	*x = PublishPolicy{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[60]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4905,7 +5007,7 @@ func (x *PublishPolicy) String() string {
 func (*PublishPolicy) ProtoMessage() {}
 
 func (x *PublishPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[60]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4918,7 +5020,7 @@ func (x *PublishPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishPolicy.ProtoReflect.Descriptor instead.
 func (*PublishPolicy) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{60}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *PublishPolicy) GetProtected() []string {
@@ -4991,7 +5093,7 @@ type GetPublishSpecResponse struct {
 
 func (x *GetPublishSpecResponse) Reset() {
 	*x = GetPublishSpecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[61]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5003,7 +5105,7 @@ func (x *GetPublishSpecResponse) String() string {
 func (*GetPublishSpecResponse) ProtoMessage() {}
 
 func (x *GetPublishSpecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[61]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5016,7 +5118,7 @@ func (x *GetPublishSpecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPublishSpecResponse.ProtoReflect.Descriptor instead.
 func (*GetPublishSpecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{61}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *GetPublishSpecResponse) GetApproval() *Approval {
@@ -5240,10 +5342,19 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x03end\x18\r \x01(\tR\x03end\x12\x1e\n" +
 	"\n" +
 	"suppressed\x18\x0e \x01(\x03R\n" +
-	"suppressed\"_\n" +
+	"suppressed\"\xcf\x01\n" +
 	"\tEgressLog\x12<\n" +
 	"\arecords\x18\x01 \x03(\v2\".airlock.authority.v1.EgressRecordR\arecords\x12\x14\n" +
-	"\x05total\x18\x02 \x01(\x03R\x05total\"C\n" +
+	"\x05total\x18\x02 \x01(\x03R\x05total\x126\n" +
+	"\x05names\x18\x03 \x03(\v2 .airlock.authority.v1.EgressNameR\x05names\x126\n" +
+	"\x04last\x18\x04 \x03(\v2\".airlock.authority.v1.EgressRecordR\x04last\"\x8c\x01\n" +
+	"\n" +
+	"EgressName\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aallowed\x18\x02 \x01(\x03R\aallowed\x12\x18\n" +
+	"\arefused\x18\x03 \x01(\x03R\arefused\x12\x19\n" +
+	"\bbytes_in\x18\x04 \x01(\x03R\abytesIn\x12\x1b\n" +
+	"\tbytes_out\x18\x05 \x01(\x03R\bbytesOut\"C\n" +
 	"\x14ReportResultResponse\x12+\n" +
 	"\x03job\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\x03job\"\xec\x02\n" +
 	"\tJobChange\x12'\n" +
@@ -5539,7 +5650,7 @@ func file_airlock_authority_v1_authority_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_authority_v1_authority_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 63)
+var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
 var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(JobState)(0),                        // 0: airlock.authority.v1.JobState
 	(FileStatus)(0),                      // 1: airlock.authority.v1.FileStatus
@@ -5572,69 +5683,70 @@ var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(*ReviewDetail)(nil),                 // 28: airlock.authority.v1.ReviewDetail
 	(*EgressRecord)(nil),                 // 29: airlock.authority.v1.EgressRecord
 	(*EgressLog)(nil),                    // 30: airlock.authority.v1.EgressLog
-	(*ReportResultResponse)(nil),         // 31: airlock.authority.v1.ReportResultResponse
-	(*JobChange)(nil),                    // 32: airlock.authority.v1.JobChange
-	(*ApprovalVote)(nil),                 // 33: airlock.authority.v1.ApprovalVote
-	(*Approval)(nil),                     // 34: airlock.authority.v1.Approval
-	(*ReviewMaterial)(nil),               // 35: airlock.authority.v1.ReviewMaterial
-	(*ReadReviewRequest)(nil),            // 36: airlock.authority.v1.ReadReviewRequest
-	(*ReviewPartStart)(nil),              // 37: airlock.authority.v1.ReviewPartStart
-	(*ReviewFiles)(nil),                  // 38: airlock.authority.v1.ReviewFiles
-	(*ReadReviewResponse)(nil),           // 39: airlock.authority.v1.ReadReviewResponse
-	(*ListApprovalsRequest)(nil),         // 40: airlock.authority.v1.ListApprovalsRequest
-	(*ListApprovalsResponse)(nil),        // 41: airlock.authority.v1.ListApprovalsResponse
-	(*GetApprovalRequest)(nil),           // 42: airlock.authority.v1.GetApprovalRequest
-	(*GetApprovalResponse)(nil),          // 43: airlock.authority.v1.GetApprovalResponse
-	(*DecideApprovalRequest)(nil),        // 44: airlock.authority.v1.DecideApprovalRequest
-	(*DecideApprovalResponse)(nil),       // 45: airlock.authority.v1.DecideApprovalResponse
-	(*ConsumeApprovalRequest)(nil),       // 46: airlock.authority.v1.ConsumeApprovalRequest
-	(*ConsumeApprovalResponse)(nil),      // 47: airlock.authority.v1.ConsumeApprovalResponse
-	(*Lease)(nil),                        // 48: airlock.authority.v1.Lease
-	(*LeaseCredentialRequest)(nil),       // 49: airlock.authority.v1.LeaseCredentialRequest
-	(*LeaseCredentialResponse)(nil),      // 50: airlock.authority.v1.LeaseCredentialResponse
-	(*RevokeCredentialRequest)(nil),      // 51: airlock.authority.v1.RevokeCredentialRequest
-	(*RevokeCredentialResponse)(nil),     // 52: airlock.authority.v1.RevokeCredentialResponse
-	(*ListLeasesRequest)(nil),            // 53: airlock.authority.v1.ListLeasesRequest
-	(*ListLeasesResponse)(nil),           // 54: airlock.authority.v1.ListLeasesResponse
-	(*UpdateNetworkPolicyRequest)(nil),   // 55: airlock.authority.v1.UpdateNetworkPolicyRequest
-	(*UpdateNetworkPolicyResponse)(nil),  // 56: airlock.authority.v1.UpdateNetworkPolicyResponse
-	(*UpdateJobLimitsRequest)(nil),       // 57: airlock.authority.v1.UpdateJobLimitsRequest
-	(*UpdateJobLimitsResponse)(nil),      // 58: airlock.authority.v1.UpdateJobLimitsResponse
-	(*UseLeaseRequest)(nil),              // 59: airlock.authority.v1.UseLeaseRequest
-	(*UseLeaseResponse)(nil),             // 60: airlock.authority.v1.UseLeaseResponse
-	(*AuditEvent)(nil),                   // 61: airlock.authority.v1.AuditEvent
-	(*ListAuditEventsRequest)(nil),       // 62: airlock.authority.v1.ListAuditEventsRequest
-	(*ListAuditEventsResponse)(nil),      // 63: airlock.authority.v1.ListAuditEventsResponse
-	(*AuditCheckpoint)(nil),              // 64: airlock.authority.v1.AuditCheckpoint
-	(*ListAuditCheckpointsRequest)(nil),  // 65: airlock.authority.v1.ListAuditCheckpointsRequest
-	(*ListAuditCheckpointsResponse)(nil), // 66: airlock.authority.v1.ListAuditCheckpointsResponse
-	(*GetPublishSpecRequest)(nil),        // 67: airlock.authority.v1.GetPublishSpecRequest
-	(*PublishPolicy)(nil),                // 68: airlock.authority.v1.PublishPolicy
-	(*GetPublishSpecResponse)(nil),       // 69: airlock.authority.v1.GetPublishSpecResponse
-	nil,                                  // 70: airlock.authority.v1.JobSpec.EnvEntry
-	(*v1.ResourceLimits)(nil),            // 71: airlock.types.v1.ResourceLimits
-	(*v1.NetworkPolicy)(nil),             // 72: airlock.types.v1.NetworkPolicy
-	(v1.RuntimeClass)(0),                 // 73: airlock.types.v1.RuntimeClass
-	(*v1.PublishTarget)(nil),             // 74: airlock.types.v1.PublishTarget
-	(*timestamppb.Timestamp)(nil),        // 75: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),                 // 76: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil),       // 77: airlock.types.v1.NetworkPolicyStatus
-	(*v1.OutputChunk)(nil),               // 78: airlock.types.v1.OutputChunk
-	(*durationpb.Duration)(nil),          // 79: google.protobuf.Duration
+	(*EgressName)(nil),                   // 31: airlock.authority.v1.EgressName
+	(*ReportResultResponse)(nil),         // 32: airlock.authority.v1.ReportResultResponse
+	(*JobChange)(nil),                    // 33: airlock.authority.v1.JobChange
+	(*ApprovalVote)(nil),                 // 34: airlock.authority.v1.ApprovalVote
+	(*Approval)(nil),                     // 35: airlock.authority.v1.Approval
+	(*ReviewMaterial)(nil),               // 36: airlock.authority.v1.ReviewMaterial
+	(*ReadReviewRequest)(nil),            // 37: airlock.authority.v1.ReadReviewRequest
+	(*ReviewPartStart)(nil),              // 38: airlock.authority.v1.ReviewPartStart
+	(*ReviewFiles)(nil),                  // 39: airlock.authority.v1.ReviewFiles
+	(*ReadReviewResponse)(nil),           // 40: airlock.authority.v1.ReadReviewResponse
+	(*ListApprovalsRequest)(nil),         // 41: airlock.authority.v1.ListApprovalsRequest
+	(*ListApprovalsResponse)(nil),        // 42: airlock.authority.v1.ListApprovalsResponse
+	(*GetApprovalRequest)(nil),           // 43: airlock.authority.v1.GetApprovalRequest
+	(*GetApprovalResponse)(nil),          // 44: airlock.authority.v1.GetApprovalResponse
+	(*DecideApprovalRequest)(nil),        // 45: airlock.authority.v1.DecideApprovalRequest
+	(*DecideApprovalResponse)(nil),       // 46: airlock.authority.v1.DecideApprovalResponse
+	(*ConsumeApprovalRequest)(nil),       // 47: airlock.authority.v1.ConsumeApprovalRequest
+	(*ConsumeApprovalResponse)(nil),      // 48: airlock.authority.v1.ConsumeApprovalResponse
+	(*Lease)(nil),                        // 49: airlock.authority.v1.Lease
+	(*LeaseCredentialRequest)(nil),       // 50: airlock.authority.v1.LeaseCredentialRequest
+	(*LeaseCredentialResponse)(nil),      // 51: airlock.authority.v1.LeaseCredentialResponse
+	(*RevokeCredentialRequest)(nil),      // 52: airlock.authority.v1.RevokeCredentialRequest
+	(*RevokeCredentialResponse)(nil),     // 53: airlock.authority.v1.RevokeCredentialResponse
+	(*ListLeasesRequest)(nil),            // 54: airlock.authority.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),           // 55: airlock.authority.v1.ListLeasesResponse
+	(*UpdateNetworkPolicyRequest)(nil),   // 56: airlock.authority.v1.UpdateNetworkPolicyRequest
+	(*UpdateNetworkPolicyResponse)(nil),  // 57: airlock.authority.v1.UpdateNetworkPolicyResponse
+	(*UpdateJobLimitsRequest)(nil),       // 58: airlock.authority.v1.UpdateJobLimitsRequest
+	(*UpdateJobLimitsResponse)(nil),      // 59: airlock.authority.v1.UpdateJobLimitsResponse
+	(*UseLeaseRequest)(nil),              // 60: airlock.authority.v1.UseLeaseRequest
+	(*UseLeaseResponse)(nil),             // 61: airlock.authority.v1.UseLeaseResponse
+	(*AuditEvent)(nil),                   // 62: airlock.authority.v1.AuditEvent
+	(*ListAuditEventsRequest)(nil),       // 63: airlock.authority.v1.ListAuditEventsRequest
+	(*ListAuditEventsResponse)(nil),      // 64: airlock.authority.v1.ListAuditEventsResponse
+	(*AuditCheckpoint)(nil),              // 65: airlock.authority.v1.AuditCheckpoint
+	(*ListAuditCheckpointsRequest)(nil),  // 66: airlock.authority.v1.ListAuditCheckpointsRequest
+	(*ListAuditCheckpointsResponse)(nil), // 67: airlock.authority.v1.ListAuditCheckpointsResponse
+	(*GetPublishSpecRequest)(nil),        // 68: airlock.authority.v1.GetPublishSpecRequest
+	(*PublishPolicy)(nil),                // 69: airlock.authority.v1.PublishPolicy
+	(*GetPublishSpecResponse)(nil),       // 70: airlock.authority.v1.GetPublishSpecResponse
+	nil,                                  // 71: airlock.authority.v1.JobSpec.EnvEntry
+	(*v1.ResourceLimits)(nil),            // 72: airlock.types.v1.ResourceLimits
+	(*v1.NetworkPolicy)(nil),             // 73: airlock.types.v1.NetworkPolicy
+	(v1.RuntimeClass)(0),                 // 74: airlock.types.v1.RuntimeClass
+	(*v1.PublishTarget)(nil),             // 75: airlock.types.v1.PublishTarget
+	(*timestamppb.Timestamp)(nil),        // 76: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),                 // 77: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil),       // 78: airlock.types.v1.NetworkPolicyStatus
+	(*v1.OutputChunk)(nil),               // 79: airlock.types.v1.OutputChunk
+	(*durationpb.Duration)(nil),          // 80: google.protobuf.Duration
 }
 var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
-	70,  // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
-	71,  // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
-	72,  // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	73,  // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	74,  // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
+	71,  // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
+	72,  // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
+	73,  // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	74,  // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	75,  // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
 	8,   // 5: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
 	0,   // 6: airlock.authority.v1.Job.state:type_name -> airlock.authority.v1.JobState
-	75,  // 7: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	75,  // 8: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	76,  // 9: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
-	77,  // 10: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	71,  // 11: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
+	76,  // 7: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	76,  // 8: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	77,  // 9: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
+	78,  // 10: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	72,  // 11: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
 	8,   // 12: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
 	9,   // 13: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
 	9,   // 14: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
@@ -5643,121 +5755,123 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	0,   // 17: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
 	9,   // 18: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
 	9,   // 19: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
-	78,  // 20: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
+	79,  // 20: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
 	9,   // 21: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
 	23,  // 22: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
-	76,  // 23: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
+	77,  // 23: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
 	28,  // 24: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
 	1,   // 25: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
 	26,  // 26: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
 	27,  // 27: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
 	27,  // 28: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
 	30,  // 29: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
-	75,  // 30: airlock.authority.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
+	76,  // 30: airlock.authority.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
 	29,  // 31: airlock.authority.v1.EgressLog.records:type_name -> airlock.authority.v1.EgressRecord
-	9,   // 32: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
-	71,  // 33: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
-	71,  // 34: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
-	72,  // 35: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	72,  // 36: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	3,   // 37: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
-	75,  // 38: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
-	74,  // 39: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
-	2,   // 40: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
-	33,  // 41: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
-	75,  // 42: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
-	75,  // 43: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
-	4,   // 44: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
-	32,  // 45: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
-	76,  // 46: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
-	72,  // 47: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	28,  // 48: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
-	5,   // 49: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
-	5,   // 50: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
-	26,  // 51: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
-	37,  // 52: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
-	38,  // 53: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
-	2,   // 54: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
-	34,  // 55: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
-	34,  // 56: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	35,  // 57: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
-	3,   // 58: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
-	34,  // 59: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	74,  // 60: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
-	34,  // 61: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	6,   // 62: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	75,  // 63: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
-	75,  // 64: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	75,  // 65: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
-	6,   // 66: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	79,  // 67: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
-	48,  // 68: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	48,  // 69: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	48,  // 70: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
-	72,  // 71: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
-	77,  // 72: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	71,  // 73: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
-	9,   // 74: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
-	48,  // 75: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
-	75,  // 76: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
-	7,   // 77: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
-	75,  // 78: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
-	75,  // 79: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
-	61,  // 80: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
-	75,  // 81: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
-	64,  // 82: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
-	34,  // 83: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
-	75,  // 84: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
-	68,  // 85: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
-	10,  // 86: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
-	12,  // 87: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
-	14,  // 88: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
-	16,  // 89: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
-	18,  // 90: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
-	20,  // 91: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
-	22,  // 92: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
-	25,  // 93: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	40,  // 94: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	42,  // 95: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	36,  // 96: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
-	44,  // 97: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	46,  // 98: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	67,  // 99: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
-	49,  // 100: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	51,  // 101: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	53,  // 102: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	55,  // 103: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	57,  // 104: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
-	59,  // 105: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
-	62,  // 106: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	65,  // 107: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
-	11,  // 108: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
-	13,  // 109: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
-	15,  // 110: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
-	17,  // 111: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
-	19,  // 112: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
-	21,  // 113: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
-	24,  // 114: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	31,  // 115: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	41,  // 116: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	43,  // 117: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	39,  // 118: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
-	45,  // 119: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	47,  // 120: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	69,  // 121: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
-	50,  // 122: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	52,  // 123: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	54,  // 124: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	56,  // 125: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	58,  // 126: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
-	60,  // 127: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
-	63,  // 128: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	66,  // 129: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
-	108, // [108:130] is the sub-list for method output_type
-	86,  // [86:108] is the sub-list for method input_type
-	86,  // [86:86] is the sub-list for extension type_name
-	86,  // [86:86] is the sub-list for extension extendee
-	0,   // [0:86] is the sub-list for field type_name
+	31,  // 32: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
+	29,  // 33: airlock.authority.v1.EgressLog.last:type_name -> airlock.authority.v1.EgressRecord
+	9,   // 34: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
+	72,  // 35: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
+	72,  // 36: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
+	73,  // 37: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	73,  // 38: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	3,   // 39: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
+	76,  // 40: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
+	75,  // 41: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
+	2,   // 42: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
+	34,  // 43: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
+	76,  // 44: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
+	76,  // 45: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	4,   // 46: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
+	33,  // 47: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
+	77,  // 48: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
+	73,  // 49: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	28,  // 50: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
+	5,   // 51: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
+	5,   // 52: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
+	26,  // 53: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
+	38,  // 54: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
+	39,  // 55: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
+	2,   // 56: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
+	35,  // 57: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
+	35,  // 58: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	36,  // 59: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
+	3,   // 60: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
+	35,  // 61: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	75,  // 62: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
+	35,  // 63: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	6,   // 64: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	76,  // 65: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
+	76,  // 66: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	76,  // 67: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
+	6,   // 68: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	80,  // 69: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
+	49,  // 70: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	49,  // 71: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	49,  // 72: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
+	73,  // 73: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
+	78,  // 74: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	72,  // 75: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
+	9,   // 76: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
+	49,  // 77: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
+	76,  // 78: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	7,   // 79: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
+	76,  // 80: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
+	76,  // 81: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
+	62,  // 82: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
+	76,  // 83: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
+	65,  // 84: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
+	35,  // 85: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
+	76,  // 86: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
+	69,  // 87: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
+	10,  // 88: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
+	12,  // 89: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
+	14,  // 90: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
+	16,  // 91: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
+	18,  // 92: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
+	20,  // 93: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
+	22,  // 94: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
+	25,  // 95: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
+	41,  // 96: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	43,  // 97: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	37,  // 98: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
+	45,  // 99: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	47,  // 100: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	68,  // 101: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
+	50,  // 102: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	52,  // 103: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	54,  // 104: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	56,  // 105: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	58,  // 106: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	60,  // 107: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	63,  // 108: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	66,  // 109: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
+	11,  // 110: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
+	13,  // 111: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
+	15,  // 112: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
+	17,  // 113: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
+	19,  // 114: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
+	21,  // 115: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
+	24,  // 116: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
+	32,  // 117: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	42,  // 118: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	44,  // 119: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	40,  // 120: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
+	46,  // 121: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	48,  // 122: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	70,  // 123: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
+	51,  // 124: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	53,  // 125: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	55,  // 126: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	57,  // 127: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	59,  // 128: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	61,  // 129: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	64,  // 130: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	67,  // 131: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
+	110, // [110:132] is the sub-list for method output_type
+	88,  // [88:110] is the sub-list for method input_type
+	88,  // [88:88] is the sub-list for extension type_name
+	88,  // [88:88] is the sub-list for extension extendee
+	0,   // [0:88] is the sub-list for field type_name
 }
 
 func init() { file_airlock_authority_v1_authority_proto_init() }
@@ -5773,7 +5887,7 @@ func file_airlock_authority_v1_authority_proto_init() {
 		(*FetchSourceResponse_Header)(nil),
 		(*FetchSourceResponse_Chunk)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[31].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[32].OneofWrappers = []any{
 		(*ReadReviewResponse_Start)(nil),
 		(*ReadReviewResponse_Files)(nil),
 		(*ReadReviewResponse_Chunk)(nil),
@@ -5785,7 +5899,7 @@ func file_airlock_authority_v1_authority_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_authority_v1_authority_proto_rawDesc), len(file_airlock_authority_v1_authority_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   63,
+			NumMessages:   64,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

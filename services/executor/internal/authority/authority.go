@@ -105,7 +105,7 @@ func (c *Client) ReportResult(ctx context.Context, rep runs.Report) error {
 		Stdout: tail(rep.Stdout), Stderr: tail(rep.Stderr),
 	}
 	if rep.HasEgress {
-		detail.Egress = egresspb.Log(rep.Egress, rep.EgressTotal)
+		detail.Egress = egresspb.Log(rep.Egress, rep.EgressLast, rep.EgressTotal, rep.EgressNames)
 	}
 	_, err = c.api.ReportResult(ctx, &authorityv1.ReportResultRequest{
 		JobId:      rep.JobID,

@@ -113,8 +113,21 @@ func (p *Proxy) forward(c *conn, req *http.Request, hosts []string, explicit boo
 		respond(c, http.StatusBadGateway, c.d.Reason)
 		return
 	}
-	clean(req)
-	p.splice(c, up, func(w io.Writer) error { return req.Write(w) })
+	upgrade := clean(req)
+	write := func(w io.Writer) error { return req.Write(w) }
+	if upgrade {
+		// The upgraded protocol (a WebSocket) is opaque, as a tunnel's.
+		p.splice(c, up, write)
+		return
+	}
+	// One request per connection: what the job sends after it (a second,
+	// pipelined request, perhaps for another host) is never forwarded.
+	p.splice(c, up, func(w io.Writer) error {
+		if err := write(w); err != nil {
+			return err
+		}
+		return errRequestDone
+	})
 }
 
 // httpTarget is the host and port a plain HTTP request is for: an absolute
@@ -164,14 +177,15 @@ func sameHost(a, b string) bool {
 }
 
 // clean removes what was for the proxy from req, and the hop-by-hop
-// headers, and asks the upstream to close after its response.
-func clean(req *http.Request) {
+// headers, and asks the upstream to close after its response, unless req
+// upgrades the connection (which it reports).
+func clean(req *http.Request) bool {
 	h := req.Header
 	h.Del("Proxy-Connection")
 	h.Del("Proxy-Authorization")
 	upgrade := h.Get("Upgrade") != "" && !strings.EqualFold(h.Get("Upgrade"), "h2c") && hasToken(h.Values("Connection"), "upgrade")
 	if upgrade {
-		return
+		return true
 	}
 	for _, v := range h.Values("Connection") {
 		for _, t := range strings.Split(v, ",") {
@@ -183,6 +197,7 @@ func clean(req *http.Request) {
 	}
 	h.Set("Connection", "close")
 	req.Close = false // the header says it; Write would say it again
+	return false
 }
 
 func hasToken(values []string, token string) bool {

@@ -183,6 +183,11 @@ func newHarness(t *testing.T, opts ...option) *harness {
 			w.(http.Flusher).Flush()
 		}
 	})
+	mux.HandleFunc("/zeros", func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+		w.Header().Set("Content-Length", strconv.Itoa(n))
+		w.Write(make([]byte, n))
+	})
 	mux.HandleFunc("/echo", func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		fmt.Fprintf(w, "%s %s %q proxy-authorization=%q connection=%q", r.Method, r.Host, body,

@@ -62,3 +62,25 @@ func TestHTTPRefused(t *testing.T) {
 		t.Errorf("dialled %v, want nothing", d)
 	}
 }
+
+// A plain HTTP request is one per connection: a second request pipelined
+// behind an allowed one (here for a name the policy does not allow) is
+// never forwarded to the first one's server.
+func TestHTTPPipelinedRequestNotForwarded(t *testing.T) {
+	h := newHarness(t)
+	first := "GET http://api.example.com/plain HTTP/1.1\r\nHost: api.example.com\r\n\r\n"
+	second := "GET http://denied.example.com/" + strings.Repeat("x", 4000) + " HTTP/1.1\r\nHost: denied.example.com\r\n\r\n"
+	status, body := raw(t, h.explicit, first+second)
+	if want := "host=api.example.com path=/plain sni=-"; status != http.StatusOK || body != want {
+		t.Fatalf("first request: %d %q, want 200 %q", status, body, want)
+	}
+	d := h.nth(1)
+	if !d.Allowed || d.Name != "api.example.com" {
+		t.Fatalf("decision %+v", d)
+	}
+	// What went upstream is the first request, rewritten (a few headers
+	// more or less), and nothing of the second.
+	if d.BytesOut > int64(len(first))+64 {
+		t.Errorf("%d bytes went upstream for a %d-byte request: the pipelined one went too", d.BytesOut, len(first))
+	}
+}

@@ -37,6 +37,57 @@ func TestIdleTimeout(t *testing.T) {
 		Addr: "203.0.113.10:443", End: "idle for 300ms"}.check(t, h.nth(2))
 }
 
+// A job that reads a download slowly but steadily, slower than the proxy
+// could send it, is not idle: only a direction where nothing moves for
+// IdleTimeout is.
+func TestSlowReaderIsNotIdle(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	h := newHarness(t, withConfig(func(c *Config) { c.IdleTimeout = idle }))
+	const size = 6 << 20
+	resp, err := h.proxyClient().Get(fmt.Sprintf("http://api.example.com/zeros?n=%d", size))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	// 6 MiB at about 1 MiB/s: 64 KiB every 60 ms, the whole well past
+	// the idle timeout.
+	buf := make([]byte, 64<<10)
+	got := 0
+	for {
+		n, err := io.ReadFull(resp.Body, buf)
+		got += n
+		if err != nil {
+			break
+		}
+		time.Sleep(60 * time.Millisecond)
+	}
+	if got != size {
+		t.Fatalf("read %d of %d bytes: the slow reader was cut", got, size)
+	}
+	if d := h.nth(1); !d.Allowed || strings.HasPrefix(d.End, "idle") {
+		t.Errorf("decision %+v", d)
+	}
+}
+
+// A job that stops reading a download is cut once nothing has moved for
+// IdleTimeout, though bytes wait for it.
+func TestStalledReaderIsCut(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	h := newHarness(t, withConfig(func(c *Config) { c.IdleTimeout = idle }))
+	resp, err := h.proxyClient().Get(fmt.Sprintf("http://api.example.com/zeros?n=%d", 256<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	d := h.nth(1) // waits for the decision, which comes when the proxy ends the connection
+	if !d.Allowed || d.End != "idle for 300ms" {
+		t.Errorf("decision %+v, want allowed and ended idle", d)
+	}
+	if d.BytesIn >= 256<<20 {
+		t.Errorf("all %d bytes went to a job that read none", d.BytesIn)
+	}
+}
+
 // Past MaxConns open connections, the next is refused at once, and
 // recorded.
 func TestMaxConns(t *testing.T) {

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // activity is when bytes last moved either way on one connection, so that
@@ -23,6 +25,11 @@ func (a *activity) at() time.Time { return time.Unix(0, a.last.Load()) }
 
 // errIdle ends a connection nothing moved on for IdleTimeout.
 var errIdle = errors.New("idle")
+
+// errRequestDone, from a splice's prelude, says the job's side is done
+// once it is written: the upstream gets a half-close, and nothing more the
+// job sends is read.
+var errRequestDone = errors.New("request written")
 
 // idleReader reads conn. With act nil (while a connection is being set up)
 // a deadline is final; with act set, a read deadline that passes while the
@@ -103,7 +110,9 @@ func (p *Proxy) splice(c *conn, up net.Conn, prelude func(io.Writer) error) {
 		if first != nil {
 			err = first(dst)
 		}
-		if err == nil {
+		if errors.Is(err, errRequestDone) {
+			err = nil
+		} else if err == nil {
 			err = pipe(dst, src, raw)
 		}
 		if err == nil {
@@ -125,16 +134,21 @@ func (p *Proxy) splice(c *conn, up net.Conn, prelude func(io.Writer) error) {
 	}
 }
 
-// spliceChunk is the most one zero-copy round moves between two looks at
-// the idle rule and the counts.
+// spliceChunk is the most one zero-copy round moves between two updates of
+// the counts.
 const spliceChunk = 1 << 20
 
 // pipe copies src, which reads raw (through a buffer, when src is one), to
 // dst until src's EOF. Between two TCP connections the kernel moves the
-// bytes (splice(2), by TCPConn.ReadFrom) a chunk at a time, so the counts
-// and the idle rule keep up without the bytes passing through the proxy's
-// memory; otherwise it copies through a buffer with src's and dst's idle
-// rules.
+// bytes (splice(2), by TCPConn.ReadFrom) a chunk at a time, so they never
+// pass through the proxy's memory; otherwise it copies through a buffer
+// with src's and dst's idle rules.
+//
+// The idle rule on the zero-copy path: a read waits as long as either
+// direction moved within idle; a write fails only once dst's send queue has
+// not changed for idle (the peer stopped reading), watched by stallWatch,
+// since a kernel that wakes a blocked writer only when much of a large send
+// buffer is free would otherwise cut a slow but steady reader.
 func pipe(dst *idleWriter, src io.Reader, raw net.Conn) error {
 	to, ok1 := dst.conn.(*net.TCPConn)
 	from, ok2 := raw.(*net.TCPConn)
@@ -150,20 +164,13 @@ func pipe(dst *idleWriter, src io.Reader, raw net.Conn) error {
 		}
 		b.Discard(len(data))
 	}
+	if err := to.SetWriteDeadline(time.Time{}); err != nil {
+		return err
+	}
+	stalled, stop := stallWatch(to, dst.count, dst.idle)
+	defer stop()
 	for {
-		// Writes must make progress within idle; reads wait as long as
-		// either direction moved within idle, but never past three
-		// quarters of the write's time, so that a deadline passing before
-		// writeBy is the read's alone (the loop then looks again).
-		writeBy := time.Now().Add(dst.idle)
-		readBy := dst.act.at().Add(dst.idle)
-		if early := writeBy.Add(-dst.idle / 4); early.Before(readBy) {
-			readBy = early
-		}
-		if err := from.SetReadDeadline(readBy); err != nil {
-			return err
-		}
-		if err := to.SetWriteDeadline(writeBy); err != nil {
+		if err := from.SetReadDeadline(dst.act.at().Add(dst.idle)); err != nil {
 			return err
 		}
 		n, err := to.ReadFrom(io.LimitReader(from, spliceChunk))
@@ -175,21 +182,57 @@ func pipe(dst *idleWriter, src io.Reader, raw net.Conn) error {
 		case err == nil && n < spliceChunk:
 			return nil // src's EOF
 		case err == nil:
-		case errors.Is(err, os.ErrDeadlineExceeded) && time.Now().Before(writeBy):
+		case errors.Is(err, os.ErrDeadlineExceeded) && stalled.Load():
+			// The write made no progress for idle: bytes read may be
+			// in flight, so the connection ends here.
+			return errIdle
+		case errors.Is(err, os.ErrDeadlineExceeded):
 			// The read deadline, with nothing in flight (the kernel
 			// reads only once it may write): go on unless both
 			// directions have been idle.
 			if n == 0 && time.Until(dst.act.at().Add(dst.idle)) <= 0 {
 				return errIdle
 			}
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			// The write made no progress for idle: bytes read may be
-			// in flight, so the connection ends here.
-			return errIdle
 		default:
 			return err
 		}
 	}
+}
+
+// stallWatch looks at c's send queue every idle/4 and, once neither it nor
+// count has changed for idle while bytes wait in it, reports the stall and
+// makes c's pending write fail (a deadline in the past). stop ends it.
+func stallWatch(c *net.TCPConn, count *atomic.Int64, idle time.Duration) (stalled *atomic.Bool, stop func()) {
+	stalled = new(atomic.Bool)
+	done := make(chan struct{})
+	rc, err := c.SyscallConn()
+	go func() {
+		t := time.NewTicker(idle / 4)
+		defer t.Stop()
+		lastQ, lastN, since := -1, count.Load(), time.Now()
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-t.C:
+				q := -1
+				if err == nil {
+					rc.Control(func(fd uintptr) { q, _ = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) })
+				}
+				n := count.Load()
+				if q != lastQ || n != lastN || q == 0 {
+					lastQ, lastN, since = q, n, now
+					continue
+				}
+				if now.Sub(since) >= idle {
+					stalled.Store(true)
+					c.SetWriteDeadline(time.Unix(1, 0))
+					return
+				}
+			}
+		}
+	}()
+	return stalled, func() { close(done) }
 }
 
 // ending says how one direction of a splice ended: "" when only because

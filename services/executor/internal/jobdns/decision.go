@@ -61,3 +61,12 @@ func summary(w refusalcap.Summary[QueryDecision]) QueryDecision {
 		Suppressed: w.Suppressed,
 	}
 }
+
+// TypeName is the question's type as people write it ("A", "AAAA"), ""
+// when none was read.
+func (d QueryDecision) TypeName() string {
+	if d.Type == 0 {
+		return ""
+	}
+	return typeName(d.Type.String(), "Type")
+}

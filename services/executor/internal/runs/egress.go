@@ -1,19 +1,22 @@
 package runs
 
 import (
-	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
-	"time"
 
+	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/services/executor/internal/egressproxy"
 	"github.com/airlockhq/airlock/services/executor/internal/jobdns"
@@ -44,13 +47,8 @@ func UpstreamResolver(addrs []netip.AddrPort) *net.Resolver {
 	}}
 }
 
-// egressFile is a run's record of its egress decisions, in the run's
-// directory and in its bundle.
-const egressFile = "egress.jsonl"
-
-// maxEgressRecords is how many decisions a run's egress.jsonl keeps one by
-// one; the rest are counted in one last line. Refusals are already capped
-// per name per minute before they get here.
+// maxEgressRecords is how many allowed decisions a run's egress.jsonl keeps
+// one by one (refusals: as many again); the rest are counted by name.
 const maxEgressRecords = 20000
 
 // jobEgress is a domains job's egress services on the host end of its
@@ -177,57 +175,79 @@ func (e *jobEgress) close() {
 	})
 }
 
-// reviewEgress is how many decisions a report carries: the authority's
-// bound (the bundle has them all).
-const reviewEgress = 1000
+// reviewEgress is how many decisions a report carries, the first and the
+// last half each: the authority's bound (the bundle has them all).
+const reviewEgress = 1000 // egresspb.MaxRecords
 
-// egressOf reads a run's egress.jsonl for its report: the first
-// reviewEgress records, how many it holds, and whether there is one.
-func egressOf(path string, log *slog.Logger) ([]egress.Record, int, bool) {
+// egressOf reads a run's egress.jsonl for its report: its first and last
+// decisions, how many it holds, its summary by name, and whether there is
+// one.
+func egressOf(path string, log *slog.Logger) (first, last []egress.Record, total int, names []egress.NameSummary, ok bool) {
 	f, err := os.Open(path)
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
 			log.Warn("egress record unreadable; reported without it", "error", err)
 		}
-		return nil, 0, !errors.Is(err, os.ErrNotExist)
+		return nil, nil, 0, nil, !errors.Is(err, os.ErrNotExist)
 	}
 	defer f.Close()
-	recs, more, err := egress.ReadRecords(f, reviewEgress)
-	if err != nil {
-		log.Warn("egress record: reported up to where it could be read", "error", err)
-	}
-	total := len(recs)
-	if more {
-		// Count the rest: the report says how many there are.
-		if _, err := f.Seek(0, 0); err == nil {
-			sc := bufio.NewScanner(f)
-			sc.Buffer(make([]byte, 0, 4096), egress.MaxRecordLine)
-			for total = 0; sc.Scan(); total++ {
-			}
+	var sum egress.Summary
+	ring := make([]egress.Record, 0, reviewEgress/2)
+	seen := 0
+	total, err = egress.ScanRecords(f, func(r egress.Record) {
+		sum.Add(r)
+		seen++
+		if len(first) < reviewEgress/2 {
+			first = append(first, r)
+			return
 		}
+		if len(ring) < cap(ring) {
+			ring = append(ring, r)
+		} else {
+			ring[(seen-len(first)-1)%cap(ring)] = r
+		}
+	})
+	if err != nil {
+		log.Warn("egress record: lines skipped", "error", err)
 	}
-	return recs, total, true
+	// The ring in order: its oldest entry is where the next would go.
+	if n := seen - len(first); n > cap(ring) {
+		at := n % cap(ring)
+		last = append(slices.Clone(ring[at:]), ring[:at]...)
+	} else {
+		last = ring
+	}
+	return first, last, total, sum.Names(), true
 }
 
-// egressLog writes a run's decisions to egress.jsonl and the executor's
-// log as they come.
+// egressLog writes a run's decisions to egress.jsonl, each as it comes
+// (a crash loses none written), and to the executor's log. It keeps
+// maxEgressRecords allowed decisions one by one and twice as many lines in
+// all for refusals (which the proxy and DNS server already cap per name per
+// minute); past that it counts them by name, with their bytes, and writes
+// those counts as summary lines when it closes, so the record's totals by
+// name stay whole.
 type egressLog struct {
 	log *slog.Logger
 
 	mu      sync.Mutex
 	f       *os.File
-	w       *bufio.Writer
 	n       int
-	dropped int
+	dropped map[dropKey]*egress.Record
 	err     error
 }
 
+type dropKey struct {
+	name    string
+	allowed bool
+}
+
 func openEgressLog(dir string, log *slog.Logger) (*egressLog, error) {
-	f, err := os.OpenFile(dir+"/"+egressFile, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	f, err := os.OpenFile(filepath.Join(dir, bundle.EgressFile), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("egress record: %w", err)
 	}
-	return &egressLog{log: log, f: f, w: bufio.NewWriter(f)}, nil
+	return &egressLog{log: log, f: f, dropped: map[dropKey]*egress.Record{}}, nil
 }
 
 func (l *egressLog) connection(d egressproxy.Decision) {
@@ -242,25 +262,15 @@ func (l *egressLog) connection(d egressproxy.Decision) {
 }
 
 func (l *egressLog) query(d jobdns.QueryDecision) {
-	r := egress.Record{Time: d.Time.UTC(), Via: egress.ViaDNS, Name: d.Name, Allowed: d.Allowed, Reason: d.Reason, Suppressed: d.Suppressed}
-	if d.Type != 0 {
-		r.QType = typeName(d.Type.String())
-	}
+	r := egress.Record{Time: d.Time.UTC(), Via: egress.ViaDNS, Name: d.Name, QType: d.TypeName(), Allowed: d.Allowed, Reason: d.Reason, Suppressed: d.Suppressed}
 	for _, a := range d.Answers {
 		r.Answers = append(r.Answers, a.String())
 	}
 	l.write(r)
 }
 
-// typeName is "A" for dnsmessage's "TypeA".
-func typeName(s string) string {
-	if len(s) > 4 && s[:4] == "Type" {
-		return s[4:]
-	}
-	return s
-}
-
 func (l *egressLog) write(r egress.Record) {
+	r = r.Bounded()
 	l.log.Info("egress", "via", r.Via, "name", r.Name, "port", r.Port, "qtype", r.QType, "allowed", r.Allowed, "reason", r.Reason,
 		"addr", r.Addr, "answers", r.Answers, "bytes_in", r.BytesIn, "bytes_out", r.BytesOut, "duration_ms", r.DurationMS, "end", r.End, "suppressed", r.Suppressed)
 	l.mu.Lock()
@@ -268,14 +278,13 @@ func (l *egressLog) write(r egress.Record) {
 	if l.f == nil || l.err != nil {
 		return
 	}
-	if l.n >= maxEgressRecords {
-		l.dropped++
+	if l.n >= 2*maxEgressRecords || r.Allowed && l.n >= maxEgressRecords {
+		l.drop(r)
 		return
 	}
 	b, err := json.Marshal(r)
 	if err == nil {
-		b = append(b, '\n')
-		_, err = l.w.Write(b)
+		_, err = l.f.Write(append(b, '\n'))
 	}
 	if err != nil {
 		l.err = err
@@ -285,19 +294,48 @@ func (l *egressLog) write(r egress.Record) {
 	l.n++
 }
 
-// close writes the count of what was left out, and syncs the file.
+// drop counts r into its name's summary; past egress.MaxNames names, into
+// egress.OtherNames's.
+func (l *egressLog) drop(r egress.Record) {
+	k := dropKey{r.Name, r.Allowed}
+	if _, ok := l.dropped[k]; !ok && len(l.dropped) >= 2*egress.MaxNames {
+		k.name = egress.OtherNames
+	}
+	d := l.dropped[k]
+	if d == nil {
+		d = &egress.Record{Time: r.Time, Name: k.name, Allowed: r.Allowed}
+		l.dropped[k] = d
+	}
+	d.Suppressed += r.Count()
+	d.BytesIn += r.BytesIn
+	d.BytesOut += r.BytesOut
+}
+
+// close writes the counts of what was not written one by one, and syncs
+// the file.
 func (l *egressLog) close() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.f == nil {
 		return
 	}
-	if l.dropped > 0 && l.err == nil {
-		b, _ := json.Marshal(egress.Record{Time: time.Now().UTC(), Allowed: false, Suppressed: l.dropped,
-			Reason: fmt.Sprintf("%d more decisions, past the %d this record keeps, are in the executor's log only", l.dropped, maxEgressRecords)})
-		_, l.err = l.w.Write(append(b, '\n'))
+	keys := slices.SortedFunc(maps.Keys(l.dropped), func(a, b dropKey) int {
+		return cmp.Or(cmp.Compare(a.name, b.name), cmp.Compare(fmt.Sprint(a.allowed), fmt.Sprint(b.allowed)))
+	})
+	for _, k := range keys {
+		if l.err != nil {
+			break
+		}
+		d := l.dropped[k]
+		what := "refusals"
+		if d.Allowed {
+			what = "allowed decisions"
+		}
+		d.Reason = fmt.Sprintf("%d more %s of %s past the %d decisions this record keeps one by one (the executor's log has each)", d.Suppressed, what, cmp.Or(d.Name, "no name"), maxEgressRecords)
+		b, _ := json.Marshal(d)
+		_, l.err = l.f.Write(append(b, '\n'))
 	}
-	err := l.w.Flush()
+	err := l.err
 	if err == nil {
 		err = l.f.Sync()
 	}

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/nettest"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
@@ -220,12 +221,12 @@ func (h *harness) waitStdout(t *testing.T, jobID, want string, d time.Duration) 
 
 func readEgress(t *testing.T, h *harness, jobID string) []egress.Record {
 	t.Helper()
-	f, err := os.Open(filepath.Join(h.m.runDir(jobID), egressFile))
+	f, err := os.Open(filepath.Join(h.m.runDir(jobID), bundle.EgressFile))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	recs, _, err := egress.ReadRecords(f, 0)
+	recs, err := egress.ReadRecords(f)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -113,12 +113,14 @@ type Report struct {
 	Files          []bundle.FileChange
 	Stdout, Stderr Tail
 	Provenance     []byte
-	// Egress is a domains job's first decisions (at most reviewEgress);
-	// EgressTotal how many its egress.jsonl holds. Both are zero for other
-	// jobs.
-	Egress      []egress.Record
-	EgressTotal int
-	HasEgress   bool
+	// Egress and EgressLast are a domains job's first and last decisions
+	// (at most reviewEgress in all), EgressTotal how many its egress.jsonl
+	// holds, EgressNames all of them summed by name. HasEgress is false,
+	// and the rest zero, for other jobs.
+	Egress, EgressLast []egress.Record
+	EgressTotal        int
+	EgressNames        []egress.NameSummary
+	HasEgress          bool
 }
 
 // Tail is the end of one output stream, for reviewers.
@@ -671,8 +673,8 @@ func (m *Manager) writeBundle(e *entry, g *typesv1.Grant, result *Result, patch 
 		StdoutPath: filepath.Join(dir, "stdout.log"), StderrPath: filepath.Join(dir, "stderr.log"),
 		OutDir: outDir,
 	}
-	if _, err := os.Stat(filepath.Join(dir, egressFile)); err == nil {
-		in.EgressPath = filepath.Join(dir, egressFile)
+	if _, err := os.Stat(filepath.Join(dir, bundle.EgressFile)); err == nil {
+		in.EgressPath = filepath.Join(dir, bundle.EgressFile)
 	}
 	res, err := bundle.Write(filepath.Join(dir, "bundle.tar"), in)
 	if err != nil {
@@ -751,7 +753,7 @@ func (m *Manager) report(jobID string) {
 		}
 		rep.Files = files
 	}
-	rep.Egress, rep.EgressTotal, rep.HasEgress = egressOf(filepath.Join(dir, egressFile), m.cfg.Logger.With("job_id", jobID))
+	rep.Egress, rep.EgressLast, rep.EgressTotal, rep.EgressNames, rep.HasEgress = egressOf(filepath.Join(dir, bundle.EgressFile), m.cfg.Logger.With("job_id", jobID))
 	rep.Stdout = tailOf(filepath.Join(dir, "stdout.log"), run.Truncated["stdout"])
 	rep.Stderr = tailOf(filepath.Join(dir, "stderr.log"), run.Truncated["stderr"])
 	for delay := 100 * time.Millisecond; ; delay = min(delay*2, 10*time.Second) {

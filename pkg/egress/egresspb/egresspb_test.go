@@ -1,0 +1,80 @@
+package egresspb
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/airlockhq/airlock/pkg/egress"
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+)
+
+func hostile(n int) []egress.Record {
+	long := strings.Repeat("x", 60<<10)
+	out := make([]egress.Record, n)
+	for i := range out {
+		out[i] = egress.Record{Time: time.Unix(int64(i), 0), Via: egress.ViaConnect, Name: fmt.Sprint(i) + long, Reason: long, Addr: long, End: long}
+	}
+	return out
+}
+
+// However long the job made its names and reasons, a report's copy stays
+// within Budget (so the report within gRPC's limit), keeps the first and
+// the last decisions, and passes the authority's Check.
+func TestLogStaysInBudget(t *testing.T) {
+	first, last := hostile(2000), hostile(2000)
+	names := []egress.NameSummary{{Name: strings.Repeat("n", 5000), Allowed: 3}}
+	l := Log(first, last, 40000, names)
+	if size := proto.Size(l); size > Budget+16<<10 {
+		t.Errorf("encoded %d bytes, budget %d", size, Budget)
+	}
+	if len(l.GetRecords()) == 0 || len(l.GetLast()) == 0 || len(l.GetRecords())+len(l.GetLast()) > MaxRecords {
+		t.Errorf("%d first and %d last records", len(l.GetRecords()), len(l.GetLast()))
+	}
+	if !l.GetRecords()[0].GetTime().AsTime().Equal(time.Unix(0, 0)) || l.GetTotal() != 40000 {
+		t.Errorf("first record %v, total %d", l.GetRecords()[0].GetTime().AsTime(), l.GetTotal())
+	}
+	if err := Check("detail.egress", l); err != nil {
+		t.Errorf("Check of Log's own output: %v", err)
+	}
+	// A small record goes whole.
+	small := Log([]egress.Record{{Via: egress.ViaDNS, Name: "a.test", QType: "A", Allowed: true}}, nil, 1, nil)
+	if got := Records(small.GetRecords()); len(got) != 1 || got[0].Name != "a.test" || got[0].QType != "A" || !got[0].Allowed {
+		t.Errorf("round trip: %+v", got)
+	}
+}
+
+// What a report may not carry is refused, naming the field.
+func TestCheckRefuses(t *testing.T) {
+	rec := func(f func(r *authorityv1.EgressRecord)) *authorityv1.EgressLog {
+		r := &authorityv1.EgressRecord{Via: egress.ViaConnect, Name: "a.test", Port: 443}
+		f(r)
+		return &authorityv1.EgressLog{Records: []*authorityv1.EgressRecord{r}, Total: 1}
+	}
+	for _, tc := range []struct {
+		l    *authorityv1.EgressLog
+		want string
+	}{
+		{rec(func(r *authorityv1.EgressRecord) { r.Via = "smtp" }), "records[0].via"},
+		{rec(func(r *authorityv1.EgressRecord) { r.Port = 70000 }), "records[0].port"},
+		{rec(func(r *authorityv1.EgressRecord) { r.Qtype = "A\x1b[2J" }), "records[0].qtype"},
+		{rec(func(r *authorityv1.EgressRecord) { r.Name = strings.Repeat("x", MaxText+1) }), "records[0].name"},
+		{rec(func(r *authorityv1.EgressRecord) { r.Answers = make([]string, MaxAnswers+1) }), "records[0].answers"},
+		{rec(func(r *authorityv1.EgressRecord) { r.BytesIn = -1 }), "negative"},
+		{&authorityv1.EgressLog{Records: make([]*authorityv1.EgressRecord, MaxRecords+1), Total: MaxRecords + 1}, "at most 1000"},
+		{&authorityv1.EgressLog{Records: []*authorityv1.EgressRecord{{Via: egress.ViaDNS}}, Total: 0}, "total"},
+		{&authorityv1.EgressLog{Last: []*authorityv1.EgressRecord{{Via: "x"}}, Total: 1}, "last[0].via"},
+		{&authorityv1.EgressLog{Names: []*authorityv1.EgressName{{Name: "a", Allowed: -3}}}, "names[0]"},
+	} {
+		err := Check("detail.egress", tc.l)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Check = %v, want %q", err, tc.want)
+		}
+	}
+	if err := Check("detail.egress", nil); err != nil {
+		t.Errorf("no log: %v", err)
+	}
+}

@@ -1,0 +1,80 @@
+package runs
+
+import (
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airlockhq/airlock/pkg/bundle"
+	"github.com/airlockhq/airlock/services/executor/internal/egressproxy"
+	"github.com/airlockhq/airlock/services/executor/internal/jobdns"
+)
+
+// A job that floods its record with allowed decisions cannot hide what it
+// does next: refusals are still written one by one after the allowed cap,
+// everything past the caps is counted by name with its bytes, the report
+// carries the first and the last decisions, the totals by name are exact,
+// and a name as long as the job likes is cut when written.
+func TestEgressLogFlood(t *testing.T) {
+	dir := t.TempDir()
+	l, err := openEgressLog(dir, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	const allowed = maxEgressRecords + 5000
+	for range allowed {
+		l.query(jobdns.QueryDecision{Time: now, Proto: "udp", Name: "flood.test", Type: 1, Allowed: true, Reason: "allowed by flood.test"})
+	}
+	l.connection(egressproxy.Decision{Time: now, Mode: egressproxy.ModeConnect, Name: "secret.test", Port: 443, Allowed: true, Reason: "allowed by secret.test", BytesOut: 1 << 20})
+	for range 3 {
+		l.connection(egressproxy.Decision{Time: now, Mode: egressproxy.ModeConnect, Name: "evil.test", Port: 443, Reason: "evil.test is not in the policy"})
+	}
+	l.connection(egressproxy.Decision{Time: now, Mode: egressproxy.ModeTransparent, Name: strings.Repeat("x", 60000), Port: 443, Reason: "SNI: " + strings.Repeat("x", 60000)})
+	l.close()
+
+	first, last, total, names, ok := egressOf(filepath.Join(dir, bundle.EgressFile), slog.New(slog.DiscardHandler))
+	if !ok {
+		t.Fatal("no record")
+	}
+	counts := map[string][2]int{}
+	for _, n := range names {
+		counts[n.Name] = [2]int{n.Allowed, n.Refused}
+	}
+	if got := counts["flood.test"]; got != [2]int{allowed, 0} {
+		t.Errorf("flood.test counted %v, want %d allowed", got, allowed)
+	}
+	if got := counts["secret.test"]; got != [2]int{1, 0} {
+		t.Errorf("secret.test, allowed past the cap, counted %v", got)
+	}
+	if got := counts["evil.test"]; got != [2]int{0, 3} {
+		t.Errorf("evil.test's refusals counted %v", got)
+	}
+	for _, n := range names {
+		if n.Name == "secret.test" && n.BytesOut != 1<<20 {
+			t.Errorf("secret.test's bytes: %+v", n)
+		}
+	}
+	// The refusals after the flood are in the file one by one, and in the
+	// report's last part.
+	var tail []string
+	for _, r := range last {
+		if !r.Allowed {
+			tail = append(tail, r.Name)
+		}
+		if len(r.Name) > 1024 || len(r.Reason) > 1024 {
+			t.Errorf("a record of %d and %d bytes: not cut", len(r.Name), len(r.Reason))
+		}
+	}
+	if len(tail) != 4 || tail[0] != "evil.test" {
+		t.Errorf("refusals among the last decisions: %d %v", len(tail), tail)
+	}
+	if len(first) != reviewEgress/2 || len(last) != reviewEgress/2 {
+		t.Errorf("%d first and %d last decisions, want %d each", len(first), len(last), reviewEgress/2)
+	}
+	if want := maxEgressRecords + 4 + 2; total != want { // the lines, and two summary lines
+		t.Errorf("total %d lines, want %d", total, want)
+	}
+}
