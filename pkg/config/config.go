@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -292,6 +293,25 @@ func CheckAddress(addr string) error {
 		return fmt.Errorf("%q: port must be a number from 0 to 65535", addr)
 	}
 	return nil
+}
+
+// ParseResolver reads a DNS server's address, "IP" (port 53) or
+// "IP:PORT" ("[IPv6]:PORT"), as network.resolvers and dev up --resolver
+// take it.
+func ParseResolver(s string) (netip.AddrPort, error) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		s = netip.AddrPortFrom(a, 53).String()
+	}
+	ap, err := netip.ParseAddrPort(s)
+	switch {
+	case err != nil:
+		return netip.AddrPort{}, errors.New("want IP or IP:PORT (IPv6 in brackets with a port)")
+	case ap.Port() == 0:
+		return netip.AddrPort{}, errors.New("port 0")
+	case ap.Addr().Zone() != "" || ap.Addr().IsUnspecified():
+		return netip.AddrPort{}, errors.New("want an address without zone that is not unspecified")
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), nil
 }
 
 // ParseLevel parses a log level name: debug, info, warn or error.

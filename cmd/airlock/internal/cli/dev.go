@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -135,12 +134,12 @@ airlock dev down.`,
 				repos[name] = abs
 			}
 			for _, r := range resolvers {
-				if a, err := netip.ParseAddr(r); err == nil {
-					r = netip.AddrPortFrom(a, 53).String()
+				if _, err := config.ParseResolver(r); err != nil {
+					return usageError{fmt.Errorf("--resolver %q: %v", r, err)}
 				}
-				if ap, err := netip.ParseAddrPort(r); err != nil || ap.Port() == 0 || ap.Addr().IsUnspecified() {
-					return usageError{fmt.Errorf("--resolver %q: want IP or IP:PORT (IPv6 as [IP]:PORT)", r)}
-				}
+			}
+			if len(resolvers) > 3 {
+				return usageError{fmt.Errorf("--resolver: %d given, at most 3", len(resolvers))}
 			}
 			for _, d := range domains {
 				if _, err := egress.NormalizeName(d); err != nil {

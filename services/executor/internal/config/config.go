@@ -77,23 +77,6 @@ type Network struct {
 	ResolverAddrs      []netip.AddrPort `yaml:"-"`
 }
 
-// parseResolver reads "IP" or "IP:PORT" ("[IPv6]:PORT").
-func parseResolver(s string) (netip.AddrPort, error) {
-	if a, err := netip.ParseAddr(s); err == nil {
-		s = netip.AddrPortFrom(a, 53).String()
-	}
-	ap, err := netip.ParseAddrPort(s)
-	switch {
-	case err != nil:
-		return netip.AddrPort{}, errors.New("want IP or IP:PORT (IPv6 in brackets with a port)")
-	case ap.Port() == 0:
-		return netip.AddrPort{}, errors.New("port 0")
-	case ap.Addr().Zone() != "" || ap.Addr().IsUnspecified():
-		return netip.AddrPort{}, errors.New("want an address without zone that is not unspecified")
-	}
-	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), nil
-}
-
 // defaultPools is where the default Pool4 comes from: one /22 of it per
 // data directory.
 var defaultPools = netip.MustParsePrefix("10.200.0.0/13")
@@ -190,7 +173,7 @@ func (c *Config) ValidatePeers() error {
 		errs = append(errs, config.Field("network.resolvers", "%d given: at most 3", len(c.Network.Resolvers)))
 	}
 	for i, text := range c.Network.Resolvers {
-		ap, err := parseResolver(text)
+		ap, err := config.ParseResolver(text)
 		if err != nil {
 			errs = append(errs, config.Field(fmt.Sprintf("network.resolvers[%d]", i), "%q: %v", text, err))
 			continue

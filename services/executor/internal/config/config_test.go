@@ -90,6 +90,35 @@ func TestAlwaysDeny(t *testing.T) {
 	}
 }
 
+// network.resolvers takes "IP" (port 53) or "IP:PORT", at most three; each
+// bad one is named by its index.
+func TestResolvers(t *testing.T) {
+	c := &Config{Network: Network{Resolvers: []string{"192.0.2.53", "[2001:db8::53]:5353", "dns.example:53"}}}
+	errs := fieldErrors(c.ValidatePeers())
+	for f := range errs {
+		if strings.HasPrefix(f, "network.resolvers") && f != "network.resolvers[2]" {
+			t.Errorf("%s: %s", f, errs[f])
+		}
+	}
+	if _, ok := errs["network.resolvers[2]"]; !ok {
+		t.Errorf("errors %v, want one for network.resolvers[2]", errs)
+	}
+	want := []netip.AddrPort{netip.MustParseAddrPort("192.0.2.53:53"), netip.MustParseAddrPort("[2001:db8::53]:5353")}
+	if !slices.Equal(c.Network.ResolverAddrs, want) {
+		t.Errorf("parsed %v, want %v", c.Network.ResolverAddrs, want)
+	}
+	for _, bad := range []string{"0.0.0.0", "192.0.2.1:0", "[fe80::1%eth0]:53", ""} {
+		c := &Config{Network: Network{Resolvers: []string{bad}}}
+		if _, ok := fieldErrors(c.ValidatePeers())["network.resolvers[0]"]; !ok {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	c = &Config{Network: Network{Resolvers: []string{"192.0.2.1", "192.0.2.2", "192.0.2.3", "192.0.2.4"}}}
+	if _, ok := fieldErrors(c.ValidatePeers())["network.resolvers"]; !ok {
+		t.Error("four resolvers accepted")
+	}
+}
+
 // network.max_connections defaults to 1024; a value below 1 or above
 // 1<<20 is refused, naming the field.
 func TestMaxConnections(t *testing.T) {

@@ -840,6 +840,10 @@ func (n *Net) ProxyAddrs() []netip.Addr {
 	return out
 }
 
+// HostLink is the name of the host end of the job's veth (whether or not it
+// exists now): a proxied job's services bind to it.
+func (n *Net) HostLink() string { return n.veth }
+
 // Refused are the destinations no job may reach, as the rules refuse
 // them: the always-denied prefixes, the pools, and every address now on
 // one of the host's interfaces (as a single address: the host's

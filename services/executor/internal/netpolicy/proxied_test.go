@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -117,6 +118,39 @@ func toJobsInMain(t *testing.T, m *Manager) {
 	}
 }
 
+func hostsOf(n *Net) []netip.Addr { return n.ProxyAddrs() }
+
+// countOn53 listens on the test host's UDP and TCP 53 and counts what
+// arrives; it answers nothing.
+func countOn53(t *testing.T, th *testHost, hits *atomic.Int64) {
+	t.Helper()
+	ln := th.host.Listen(t, "tcp", ":53")
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			hits.Add(1)
+			c.Close()
+		}
+	}()
+	var pc net.PacketConn
+	if err := th.host.Do(func() (err error) { pc, err = net.ListenPacket("udp", ":53"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			if _, _, err := pc.ReadFrom(buf); err != nil {
+				return
+			}
+			hits.Add(1)
+		}
+	}()
+}
+
 // A proxied job reaches exactly its own egress services at the host end of
 // its veth: the explicit proxy and DNS where they listen, and every TCP
 // connection to port 80 or 443, whatever the address, at the transparent
@@ -142,12 +176,25 @@ func TestProxied(t *testing.T) {
 	}
 	otherHost := other.ProxyAddrs()[0]
 	serveAs(t, otherHost, ExplicitProxyPort, "the other job's proxy")
-	// Control: the host reaches the other job's proxy itself.
-	if c, err := net.DialTimeout("tcp", net.JoinHostPort(otherHost.String(), fmt.Sprint(ExplicitProxyPort)), time.Second); err != nil {
+	serveAs(t, otherHost, 2222, "not a service")
+	// Control: the host reaches the other job's host end itself, on a
+	// port that is not a service's.
+	if c, err := net.DialTimeout("tcp", net.JoinHostPort(otherHost.String(), "2222"), time.Second); err != nil {
 		t.Fatalf("control: %v", err)
 	} else {
 		c.Close()
 	}
+	// But not a job's services: they are for what comes in by its veth.
+	for _, a := range []netip.Addr{hostsOf(n)[0], otherHost} {
+		if c, err := net.DialTimeout("tcp", net.JoinHostPort(a.String(), fmt.Sprint(ExplicitProxyPort)), 700*time.Millisecond); err == nil {
+			c.Close()
+			t.Errorf("a host process reached the job's proxy at %s", a)
+		}
+	}
+	// The test host counts what reaches its port 53: a refused probe
+	// must not be one that got out and found nothing listening.
+	var dnsHits atomic.Int64
+	countOn53(t, th, &dnsHits)
 
 	h4, h6 := hosts[0], hosts[1]
 	at := func(a netip.Addr, port int) string { return net.JoinHostPort(a.String(), fmt.Sprint(port)) }
@@ -203,6 +250,9 @@ func TestProxied(t *testing.T) {
 	if got, err := udpFrom(n.Path(), at(th.ip, 53)); err == nil {
 		t.Errorf("UDP 53 to the test host: answered %q, want nothing", got)
 	}
+	if hits := dnsHits.Load(); hits != 0 {
+		t.Errorf("%d packets or connections reached the test host's port 53", hits)
+	}
 
 	// Narrowed to nothing: the services are out of reach at once.
 	if err := n.Apply(context.Background(), Policy{}, 2); err != nil {
@@ -212,4 +262,82 @@ func TestProxied(t *testing.T) {
 		{at(h4, ExplicitProxyPort), "", "the explicit proxy after a narrowing"},
 		{at(th.ip, 443), "", "443 after a narrowing"},
 	})
+}
+
+// A domains job's namespace keeps its veth (FixedInterfaces, as the run
+// manager makes it): narrowed to nothing, the rules alone take the
+// services away, an open connection to them included, and a later widening
+// brings them back at the same addresses.
+func TestProxiedFixedNarrowAndWiden(t *testing.T) {
+	m := newManager(t, false)
+	th := startTestHost(t, m)
+	toJobsInMain(t, m)
+	n := create(t, m, Policy{Proxied: true}, FixedInterfaces())
+	h4 := n.ProxyAddrs()[0]
+	serveAs(t, h4, ExplicitProxyPort, "explicit")
+	// An echo on the transparent port, to hold a connection open.
+	ln, err := net.Listen("tcp", net.JoinHostPort(h4.String(), fmt.Sprint(TransparentPort)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 64)
+				for {
+					k, err := c.Read(buf)
+					if err != nil {
+						return
+					}
+					c.Write(buf[:k])
+				}
+			}()
+		}
+	}()
+	at := func(port int) string { return net.JoinHostPort(h4.String(), fmt.Sprint(port)) }
+	open, err := nettest.DialFrom(n.Path(), net.JoinHostPort(th.ip.String(), "443"), 3*time.Second)
+	if err != nil {
+		t.Fatalf("the redirected connection: %v", err)
+	}
+	defer open.Close()
+	echo := func() error {
+		open.SetDeadline(time.Now().Add(time.Second))
+		if _, err := open.Write([]byte("ping")); err != nil {
+			return err
+		}
+		_, err := open.Read(make([]byte, 4))
+		return err
+	}
+	if err := echo(); err != nil {
+		t.Fatalf("echo before the narrowing: %v", err)
+	}
+	if got, err := greetingFrom(n.Path(), at(ExplicitProxyPort), 3*time.Second); err != nil || got != "explicit" {
+		t.Fatalf("explicit proxy before the narrowing: %q %v", got, err)
+	}
+
+	if err := n.Apply(context.Background(), Policy{}, 2); err != nil {
+		t.Fatal(err)
+	}
+	if a := n.ProxyAddrs(); len(a) != 1 || a[0] != h4 {
+		t.Fatalf("after the narrowing ProxyAddrs = %v, want the veth kept at %s", a, h4)
+	}
+	if err := echo(); err == nil {
+		t.Error("the open connection to the transparent listener still echoes after the narrowing")
+	}
+	if got, err := greetingFrom(n.Path(), at(ExplicitProxyPort), 700*time.Millisecond); err == nil {
+		t.Errorf("the explicit proxy answered %q after the narrowing", got)
+	}
+
+	if err := n.Apply(context.Background(), Policy{Proxied: true}, 3); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := greetingFrom(n.Path(), at(ExplicitProxyPort), 3*time.Second); err != nil || got != "explicit" {
+		t.Errorf("explicit proxy after widening again: %q %v", got, err)
+	}
 }

@@ -67,7 +67,11 @@ type anonSet struct {
 // port 53; a NAT chain (priority dstnat) sends port 53 there to DNSPort
 // and TCP to port 80 or 443 of any address to TransparentPort on the host
 // end; and input accepts exactly those three ports on the host end's
-// addresses. What the job sends anywhere else is still dropped.
+// addresses, at most Config.MaxConnections TCP connections at once, as the
+// forward chain counts them. What the job sends anywhere else is still
+// dropped, and what reaches those ports on the host end's addresses by any
+// other interface than the veth is dropped too: the services are the
+// job's alone.
 func (m *Manager) jobRules(n *Net, p Policy) *jobRules {
 	a := n.addr
 	t := &nftables.Table{Name: n.table, Family: nftables.TableFamilyINet}
@@ -150,8 +154,32 @@ func (m *Manager) jobRules(n *Net, p Policy) *jobRules {
 	add(fromJobPre, []anonSet{fib}, []expr.Any{&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true}}, lookup(fib), verdict(expr.VerdictDrop))
 	denyRules(fromJobPre)
 
+	if p.Proxied {
+		// The job's services are the job's alone: nothing that does not
+		// come in by its veth (a host process, another interface's
+		// neighbour routing to the pool) reaches them.
+		for _, h := range hostEnd {
+			fam := familyOf(h)
+			for _, proto := range []byte{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
+				ports := newSet(nftables.TypeInetService, false, []nftables.SetElement{{Key: binaryutil.BigEndian.PutUint16(ExplicitProxyPort)},
+					{Key: binaryutil.BigEndian.PutUint16(TransparentPort)}, {Key: binaryutil.BigEndian.PutUint16(DNSPort)}})
+				add(input, []anonSet{ports}, ifname(expr.MetaKeyIIFNAME, expr.CmpOpNeq, n.veth), fam.match(), addrIs(fam.daddr, expr.CmpOpEq, h),
+					l4Dport(proto), lookup(ports), verdict(expr.VerdictDrop))
+			}
+		}
+	}
 	add(input, nil, ifname(expr.MetaKeyIIFNAME, expr.CmpOpEq, n.veth), jump(fromJobIn))
 	if p.Proxied {
+		// As many TCP connections at once as through the forward chain:
+		// the proxied ones end here, after the redirect. (DNS has the
+		// server's own rate limit.)
+		add(fromJobIn, nil, []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+		}, ctState(expr.CtStateBitNEW), []expr.Any{
+			&expr.Connlimit{Count: uint32(m.cfg.MaxConnections), Flags: expr.NFT_CONNLIMIT_F_INV},
+			&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED},
+		})
 		for _, h := range hostEnd {
 			fam := familyOf(h)
 			for _, port := range []uint16{ExplicitProxyPort, TransparentPort, DNSPort} {

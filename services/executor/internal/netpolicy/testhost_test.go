@@ -61,6 +61,7 @@ type testHost struct {
 	ports    [2]int     // listening on every address of the test host
 	hostPort int        // a listener on the host's own addresses (hostIP, 127.0.0.1)
 	ip6      netip.Addr // the test host's IPv6 address (fd... ULA)
+	host     *nettest.Host
 }
 
 // startTestHost makes the test host and routes everything from m's pools
@@ -90,7 +91,7 @@ func startTestHost(t *testing.T, m *Manager) *testHost {
 		}
 	}
 	h := nettest.Start(t, cfg)
-	th := &testHost{hostIP: h.HostIP, ip: h.IP, other: cfg.Local[0], meta: cfg.Local[1], ll: cfg.Local[2], ip6: h.IP6}
+	th := &testHost{hostIP: h.HostIP, ip: h.IP, other: cfg.Local[0], meta: cfg.Local[1], ll: cfg.Local[2], ip6: h.IP6, host: h}
 	for i := range th.ports {
 		ln := h.Listen(t, "tcp", ":0")
 		th.ports[i] = ln.Addr().(*net.TCPAddr).Port

@@ -14,7 +14,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/pkg/egress"
@@ -30,21 +35,52 @@ type Resolver interface {
 	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
 }
 
-// UpstreamResolver is a resolver that asks the DNS servers at addrs, in
-// turn, and no other: the executor's network.resolvers.
-func UpstreamResolver(addrs []netip.AddrPort) *net.Resolver {
-	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		var d net.Dialer
-		var errs []error
-		for _, a := range addrs {
-			c, err := d.DialContext(ctx, network, a.String())
-			if err == nil {
-				return c, nil
-			}
-			errs = append(errs, err)
+// UpstreamResolver asks the DNS servers at addrs, and no other, in order:
+// the next when one fails to answer within upstreamTimeout, none after one
+// that says the name does not exist. Names are looked up as given, never
+// with the host's search domains (nor its /etc/hosts).
+func UpstreamResolver(addrs []netip.AddrPort) Resolver {
+	u := upstream{}
+	for _, a := range addrs {
+		u.servers = append(u.servers, &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, a.String())
+		}})
+	}
+	return u
+}
+
+// HostResolver is the host's resolver (its /etc/resolv.conf), looking names
+// up as given, never with its search domains.
+func HostResolver() Resolver { return upstream{servers: []*net.Resolver{net.DefaultResolver}} }
+
+// upstreamTimeout is how long one upstream server has to answer.
+const upstreamTimeout = 2 * time.Second
+
+type upstream struct{ servers []*net.Resolver }
+
+func (u upstream) LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error) {
+	if !strings.HasSuffix(host, ".") {
+		host += "." // absolute: no search domain is tried
+	}
+	var errs []error
+	for _, r := range u.servers {
+		c, cancel := context.WithTimeout(ctx, upstreamTimeout)
+		addrs, err := r.LookupNetIP(c, network, host)
+		cancel()
+		if err == nil {
+			return addrs, nil
 		}
-		return nil, errors.Join(errs...)
-	}}
+		var dnsErr *net.DNSError
+		if errors.As(err, &dnsErr) && dnsErr.IsNotFound {
+			return nil, err
+		}
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, errors.Join(errs...)
 }
 
 // maxEgressRecords is how many allowed decisions a run's egress.jsonl keeps
@@ -79,7 +115,7 @@ func (m *Manager) startEgress(jobID string, n *netpolicy.Net, pol egress.Policy)
 	}
 	resolver := m.cfg.Resolver
 	if resolver == nil {
-		resolver = net.DefaultResolver
+		resolver = HostResolver()
 	}
 	log := m.cfg.Logger.With("job_id", jobID)
 	rec, err := openEgressLog(m.runDir(jobID), log)
@@ -100,6 +136,16 @@ func (m *Manager) startEgress(jobID string, n *netpolicy.Net, pol egress.Policy)
 	if err != nil {
 		return nil, err
 	}
+	// Bound to the veth's host end too: only what comes in by it reaches
+	// them (the rules drop the rest before that).
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) { serr = unix.BindToDevice(int(fd), n.HostLink()) }); err != nil {
+			return err
+		}
+		return serr
+	}}
+	ctx := context.Background()
 	for _, a := range addrs {
 		at := func(port int) string { return net.JoinHostPort(a.String(), strconv.Itoa(port)) }
 		for _, s := range []struct {
@@ -111,13 +157,13 @@ func (m *Manager) startEgress(jobID string, n *netpolicy.Net, pol egress.Policy)
 			{"transparent egress proxy", netpolicy.TransparentPort, e.proxy.ServeTransparent},
 			{"DNS server (TCP)", netpolicy.DNSPort, e.dns.ServeTCP},
 		} {
-			l, err := net.Listen("tcp", at(s.port))
+			l, err := lc.Listen(ctx, "tcp", at(s.port))
 			if err != nil {
 				return nil, fmt.Errorf("job %s: %s: %w", jobID, s.what, err)
 			}
 			e.run(log, s.what, func() error { return s.serve(l) })
 		}
-		pc, err := net.ListenPacket("udp", at(netpolicy.DNSPort))
+		pc, err := lc.ListenPacket(ctx, "udp", at(netpolicy.DNSPort))
 		if err != nil {
 			return nil, fmt.Errorf("job %s: DNS server (UDP): %w", jobID, err)
 		}
