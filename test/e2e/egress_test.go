@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +23,11 @@ func domainProbe(names ...string) string {
 	for _, n := range names {
 		fmt.Fprintf(&b, "  if curl -sSk --max-time 3 -o /dev/null https://%s/; then echo '%s open'; else echo '%s closed'; fi\n", n, n, n)
 	}
+	// The first name again, as a tool that ignores proxy variables reaches
+	// it (the job's DNS server, then TCP 443 redirected), and a lookup that
+	// would carry data out.
+	fmt.Fprintf(&b, "  if curl -sSk --noproxy '*' --max-time 3 -o /dev/null https://%s/; then echo 'direct open'; else echo 'direct closed'; fi\n", names[0])
+	b.WriteString("  if getent hosts c2VjcmV0.notlisted.test >/dev/null; then echo 'leak open'; else echo 'leak closed'; fi\n")
 	b.WriteString("  echo tick\n  sleep 0.2\ndone\n")
 	return b.String()
 }
@@ -52,8 +58,8 @@ func TestDomainsJobEndToEnd(t *testing.T) {
 	watch := s.startAirlock(t, "job", "watch", id)
 	defer s.airlock(t, "job", "cancel", id)
 
-	r := waitRound(t, watch, "allowed.test reached", func(r map[string]bool) bool { return r["allowed.test"] })
-	if r["a.wild.test"] || r["notlisted.test"] {
+	r := waitRound(t, watch, "allowed.test reached", func(r map[string]bool) bool { return r["allowed.test"] && r["direct"] })
+	if r["a.wild.test"] || r["notlisted.test"] || r["leak"] {
 		t.Fatalf("with allowed.test alone the job reached %v", r)
 	}
 
@@ -106,7 +112,9 @@ func TestDomainsJobEndToEnd(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	for _, want := range []string{`connect\s+allowed\.test\s+443\s+allowed\s`, `connect\s+a\.wild\.test\s+443\s+allowed\s`,
-		`connect\s+notlisted\.test\s+443\s+refused\s.*notlisted\.test is not in the policy`} {
+		`connect\s+notlisted\.test\s+443\s+refused\s.*notlisted\.test is not in the policy`,
+		`transparent\s+allowed\.test\s+443\s+allowed\s`, `dns\s+allowed\.test\s+A\s+allowed\s`,
+		`dns\s+c2vjcmv0\.notlisted\.test\s+A+\s+refused\s`} {
 		if !regexp.MustCompile(want).MatchString(text.stdout) {
 			t.Errorf("job egress has no line matching %q:\n%s", want, text.stdout)
 		}
@@ -129,8 +137,12 @@ func TestDomainsJobEndToEnd(t *testing.T) {
 			t.Errorf("--refused listed an allowed decision: %+v", r)
 		}
 	}
-	for _, name := range dns.Asked() {
-		if name == "notlisted.test" {
+	asked := dns.Asked()
+	if !slices.Contains(asked, "allowed.test") {
+		t.Errorf("the upstream resolver was never asked for allowed.test: %v", asked)
+	}
+	for _, name := range asked {
+		if name != "allowed.test" && name != "a.wild.test" {
 			t.Errorf("the upstream resolver was asked for %q, which the policy never allowed", name)
 		}
 	}

@@ -284,10 +284,22 @@ func testDomainsBoundary(t *testing.T, class typesv1.RuntimeClass) {
 			t.Errorf("%s: %q; want rc=0 and %q", name, got, want)
 		}
 	}
+	// A refusal is a non-zero exit with the mark of how it was refused, so
+	// a probe that broke for another reason (a missing tool) does not pass.
 	refused := func(name string) {
 		t.Helper()
-		if got := cases[name]; got == "" || strings.HasPrefix(got, "rc=0 ") {
-			t.Errorf("%s: %q; want refused (a non-zero exit)", name, got)
+		got := cases[name]
+		mark := map[string]string{
+			"sni-mismatch": "HTTP/1.1 200 Connection established refused:", "no-sni": "rc=35 ",
+			"dns-rebind": "rc=2 ", "exfil": "rc=2 ", "direct-udp-dns": "no answer: timed out",
+			"direct-tcp-dns": "refused: timed out", "direct-port": "refused: timed out", "direct-v6": "refused: timed out",
+			"other-job-proxy": "refused: timed out",
+		}[name]
+		if mark == "" {
+			mark = "CONNECT tunnel failed, response 403"
+		}
+		if got == "" || strings.HasPrefix(got, "rc=0 ") || !strings.Contains(got, mark) {
+			t.Errorf("%s: %q; want refused, with %q", name, got, mark)
 		}
 	}
 	ok("explicit-https", "hello allowed.test")
@@ -560,4 +572,78 @@ func TestDomainsRebinding(t *testing.T) {
 	if want := []string{netip.AddrPortFrom(web.IP, 443).String()}; !slices.Equal(dialled, want) {
 		t.Errorf("allowed connections to flip.test dialled %v, want exactly %v", dialled, want)
 	}
+}
+
+// A running domains job may move between names and deny_all (its veth
+// and services stay), and never to an allow policy; a job that did not
+// start with domains cannot move to them. Each refused change leaves the
+// policy in force as it was.
+func TestDomainsModeChanges(t *testing.T) {
+	h, _ := newHarness(t, false)
+	w := startWebHost(t)
+	u := nettest.StartDNS(t, egressRecords(w))
+	withDomainsNetwork(t, h, u.Addr)
+
+	try := "if curl -sSk --max-time 5 -o /dev/null https://allowed.test/; then echo \"reached $1\"; else echo \"refused $1\"; fi"
+	script := "try() { " + try + "; }\necho ready\n"
+	for i := 1; i <= 3; i++ {
+		script += fmt.Sprintf("while [ ! -e /work/go%d ]; do sleep 0.05; done; try %d\n", i, i)
+	}
+	g1 := h.grantFor(script)
+	g1.NetworkPolicy = domainsPolicy("allowed.test")
+	h.start(t, g1)
+	h.waitRunning(t, g1.JobId, "ready")
+	step := func(i int, want string) {
+		t.Helper()
+		h.writeWork(t, g1.JobId, fmt.Sprintf("go%d", i), "")
+		out := h.waitStdout(t, g1.JobId, fmt.Sprintf(" %d\n", i), 30*time.Second)
+		if !strings.Contains(out, fmt.Sprintf("%s %d\n", want, i)) {
+			t.Fatalf("step %d: want %s; stdout %q", i, want, out)
+		}
+	}
+	step(1, "reached")
+
+	g2 := next(g1, func(g *typesv1.Grant) {
+		g.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_DenyAll{DenyAll: &typesv1.DenyAll{}}}
+		g.NetworkPolicyGeneration = 2
+	})
+	if _, err := h.m.Update(context.Background(), h.sign(t, g2)); err != nil {
+		t.Fatal(err)
+	}
+	step(2, "refused")
+
+	allow := next(g2, func(g *typesv1.Grant) {
+		g.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Allow{Allow: &typesv1.AllowList{
+			Rules: []*typesv1.AllowRule{{Cidr: w.IP.String() + "/32"}}}}}
+		g.NetworkPolicyGeneration = 3
+	})
+	if _, err := h.m.Update(context.Background(), h.sign(t, allow)); err == nil || !strings.Contains(err.Error(), "started with a domains policy") {
+		t.Fatalf("a domains job moved to allow: %v", err)
+	}
+
+	g3 := next(g2, func(g *typesv1.Grant) {
+		g.NetworkPolicy = domainsPolicy("allowed.test")
+		g.NetworkPolicyGeneration = 3
+	})
+	if _, err := h.m.Update(context.Background(), h.sign(t, g3)); err != nil {
+		t.Fatal(err)
+	}
+	step(3, "reached")
+	if run := h.waitEnd(t, g1.JobId); run.State != Finished {
+		t.Fatalf("run ended %s %+v", run.State, run.Result)
+	}
+
+	// A job started deny_all has no proxy to move to.
+	d := h.grantFor(waitForGo)
+	h.start(t, d)
+	h.waitRunning(t, d.JobId, "ready")
+	d2 := next(d, func(g *typesv1.Grant) {
+		g.NetworkPolicy = domainsPolicy("allowed.test")
+		g.NetworkPolicyGeneration = 2
+	})
+	if _, err := h.m.Update(context.Background(), h.sign(t, d2)); err == nil || !strings.Contains(err.Error(), "did not start with a domains policy") {
+		t.Fatalf("a deny_all job moved to domains: %v", err)
+	}
+	h.signal(t, d.JobId)
+	h.waitEnd(t, d.JobId)
 }
