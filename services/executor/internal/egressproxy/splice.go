@@ -148,7 +148,8 @@ const spliceChunk = 1 << 20
 // direction moved within idle; a write fails only once dst's send queue has
 // not changed for idle (the peer stopped reading), watched by stallWatch,
 // since a kernel that wakes a blocked writer only when much of a large send
-// buffer is free would otherwise cut a slow but steady reader.
+// buffer is free would otherwise cut a slow but steady reader; it also keeps
+// the activity both directions share fresh while bytes trickle.
 func pipe(dst *idleWriter, src io.Reader, raw net.Conn) error {
 	to, ok1 := dst.conn.(*net.TCPConn)
 	from, ok2 := raw.(*net.TCPConn)
@@ -167,7 +168,7 @@ func pipe(dst *idleWriter, src io.Reader, raw net.Conn) error {
 	if err := to.SetWriteDeadline(time.Time{}); err != nil {
 		return err
 	}
-	stalled, stop := stallWatch(to, dst.count, dst.idle)
+	stalled, stop := stallWatch(to, dst.act, dst.idle)
 	defer stop()
 	for {
 		if err := from.SetReadDeadline(dst.act.at().Add(dst.idle)); err != nil {
@@ -199,32 +200,50 @@ func pipe(dst *idleWriter, src io.Reader, raw net.Conn) error {
 	}
 }
 
-// stallWatch looks at c's send queue every idle/4 and, once neither it nor
-// count has changed for idle while bytes wait in it, reports the stall and
-// makes c's pending write fail (a deadline in the past). stop ends it.
-func stallWatch(c *net.TCPConn, count *atomic.Int64, idle time.Duration) (stalled *atomic.Bool, stop func()) {
+// stallWatch looks at c every idle/4. While c's peer takes bytes (its
+// count of bytes acked grows) it keeps act fresh: a splice round does not
+// return until its chunk is full, so a trickle would otherwise look idle
+// to the other direction. Once bytes wait in c's send queue and none has
+// been taken for idle, it reports the stall and makes c's pending write
+// fail (a deadline in the past). stop ends it.
+func stallWatch(c *net.TCPConn, act *activity, idle time.Duration) (stalled *atomic.Bool, stop func()) {
 	stalled = new(atomic.Bool)
 	done := make(chan struct{})
 	rc, err := c.SyscallConn()
+	look := func() (acked uint64, queued int, ok bool) {
+		if err != nil {
+			return 0, 0, false
+		}
+		var gerr error
+		cerr := rc.Control(func(fd uintptr) {
+			var info *unix.TCPInfo
+			if info, gerr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); gerr == nil {
+				acked = info.Bytes_acked
+				queued, gerr = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ)
+			}
+		})
+		return acked, queued, cerr == nil && gerr == nil
+	}
 	go func() {
 		t := time.NewTicker(idle / 4)
 		defer t.Stop()
-		lastQ, lastN, since := -1, count.Load(), time.Now()
+		lastAcked, _, _ := look()
+		since := time.Now()
 		for {
 			select {
 			case <-done:
 				return
 			case now := <-t.C:
-				q := -1
-				if err == nil {
-					rc.Control(func(fd uintptr) { q, _ = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) })
-				}
-				n := count.Load()
-				if q != lastQ || n != lastN || q == 0 {
-					lastQ, lastN, since = q, n, now
-					continue
-				}
-				if now.Sub(since) >= idle {
+				acked, queued, ok := look()
+				switch {
+				case !ok:
+					return // the connection is gone: the splice ends by itself
+				case acked != lastAcked:
+					lastAcked, since = acked, now
+					act.touch()
+				case queued == 0:
+					since = now // nothing waits: not a stall (the read side keeps the idle rule)
+				case now.Sub(since) >= idle:
 					stalled.Store(true)
 					c.SetWriteDeadline(time.Unix(1, 0))
 					return

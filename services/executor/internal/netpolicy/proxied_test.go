@@ -234,7 +234,7 @@ func TestProxied(t *testing.T) {
 		{at(h6, ExplicitProxyPort), "explicit", "the explicit proxy over IPv6"},
 		{at(th.ip, 443), "transparent", "443 to the test host, redirected"},
 		{at(th.ip, 80), "transparent", "80 to the test host, redirected"},
-		{at(netip.MustParseAddr("203.0.113.77"), 443), "transparent", "443 to any address, redirected"},
+		{at(netip.MustParseAddr("198.51.100.77"), 443), "transparent", "443 to any address, redirected"},
 		{at(th.ip6, 443), "transparent", "443 over IPv6, redirected"},
 		{at(h4, 53), "dns-tcp", "DNS over TCP, redirected"},
 		{at(th.ip, th.ports[0]), "", "another port of the test host"},
