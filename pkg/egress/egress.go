@@ -295,3 +295,35 @@ func allPorts(rules []Rule) []Rule {
 	}
 	return out
 }
+
+// Decide says whether the name rules allow name (normalised) on port, and
+// why: the rule that allows it, or why none does. Port 0 asks about the
+// name alone, as a DNS question does.
+func Decide(names []Name, name string, port uint16) (bool, string) {
+	var other []string // rules of the name on other ports
+	for _, n := range names {
+		if !n.Matches(name) {
+			continue
+		}
+		if port == 0 {
+			return true, "allowed by " + n.Name
+		}
+		ports := n.Ports
+		if len(ports) == 0 {
+			ports = DefaultPorts
+		}
+		if slices.Contains(ports, port) {
+			return true, fmt.Sprintf("allowed by %s ports %v", n.Name, ports)
+		}
+		other = append(other, fmt.Sprintf("%s ports %v", n.Name, ports))
+	}
+	if len(other) > 0 {
+		return false, fmt.Sprintf("port %d is not allowed for %s (the policy has %s)", port, name, strings.Join(other, ", "))
+	}
+	for _, n := range names {
+		if n.Name == "*."+name {
+			return false, fmt.Sprintf("%s is not in the policy (%s matches only names below it)", name, n.Name)
+		}
+	}
+	return false, name + " is not in the policy"
+}

@@ -135,3 +135,30 @@ func TestNormalize(t *testing.T) {
 		t.Error("DenyAll")
 	}
 }
+
+// Decide names the rule that allows a name and port, or why none does;
+// port 0 asks about the name alone.
+func TestDecide(t *testing.T) {
+	names := []Name{{Name: "api.example.com", Ports: []uint16{443}}, {Name: "*.pkg.example.com"}}
+	for _, tc := range []struct {
+		name string
+		port uint16
+		ok   bool
+		why  string
+	}{
+		{"api.example.com", 443, true, "allowed by api.example.com ports [443]"},
+		{"api.example.com", 80, false, "port 80 is not allowed for api.example.com (the policy has api.example.com ports [443])"},
+		{"x.pkg.example.com", 80, true, "allowed by *.pkg.example.com ports [80 443]"},
+		{"x.pkg.example.com", 8080, false, "port 8080 is not allowed for x.pkg.example.com (the policy has *.pkg.example.com ports [80 443])"},
+		{"pkg.example.com", 443, false, "pkg.example.com is not in the policy (*.pkg.example.com matches only names below it)"},
+		{"a.x.pkg.example.com", 443, false, "a.x.pkg.example.com is not in the policy"},
+		{"example.com", 443, false, "example.com is not in the policy"},
+		{"api.example.com", 0, true, "allowed by api.example.com"},
+		{"pkg.example.com", 0, false, "pkg.example.com is not in the policy (*.pkg.example.com matches only names below it)"},
+	} {
+		ok, why := Decide(names, tc.name, tc.port)
+		if ok != tc.ok || why != tc.why {
+			t.Errorf("Decide(%s, %d) = %v, %q; want %v, %q", tc.name, tc.port, ok, why, tc.ok, tc.why)
+		}
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -55,32 +54,4 @@ func nameOf(host string) (string, string) {
 		return host, fmt.Sprintf("%s looks like an IP address: a domain policy allows names only", host)
 	}
 	return name, ""
-}
-
-// allows reports whether names permit name (normalised) on port, saying
-// which rule does or why none does.
-func allows(names []egress.Name, name string, port uint16) (bool, string) {
-	var other []string // rules of the name on other ports
-	for _, n := range names {
-		if !n.Matches(name) {
-			continue
-		}
-		ports := n.Ports
-		if len(ports) == 0 {
-			ports = egress.DefaultPorts
-		}
-		if slices.Contains(ports, port) {
-			return true, fmt.Sprintf("allowed by %s ports %v", n.Name, ports)
-		}
-		other = append(other, fmt.Sprintf("%s ports %v", n.Name, ports))
-	}
-	if len(other) > 0 {
-		return false, fmt.Sprintf("port %d is not allowed for %s (the policy has %s)", port, name, strings.Join(other, ", "))
-	}
-	for _, n := range names {
-		if n.Name == "*."+name {
-			return false, fmt.Sprintf("%s is not in the policy (%s matches only names below it)", name, n.Name)
-		}
-	}
-	return false, fmt.Sprintf("%s is not in the policy", name)
 }

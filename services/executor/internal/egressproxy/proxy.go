@@ -181,7 +181,7 @@ func (p *Proxy) SetPolicy(pol egress.Policy) error {
 		if !c.admitted {
 			continue
 		}
-		if ok, _ := allows(names, c.name, c.port); !ok {
+		if ok, _ := egress.Decide(names, c.name, c.port); !ok {
 			p.cutLocked(c, fmt.Sprintf("cut: the policy no longer allows %s port %d", c.name, c.port))
 		}
 	}

@@ -8,8 +8,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/airlockhq/airlock/pkg/egress"
 )
 
 // The record lists every attempt, in the order they ended, each with its
@@ -180,29 +178,6 @@ func TestNameOf(t *testing.T) {
 		name, why := nameOf(tc.in)
 		if name != tc.name || (why == "") != (tc.why == "") || !strings.Contains(why, tc.why) {
 			t.Errorf("nameOf(%q) = %q, %q; want %q, %q", tc.in, name, why, tc.name, tc.why)
-		}
-	}
-}
-
-func TestAllows(t *testing.T) {
-	names := []egress.Name{{Name: "api.example.com", Ports: []uint16{443}}, {Name: "*.pkg.example.com"}}
-	for _, tc := range []struct {
-		name string
-		port uint16
-		ok   bool
-		why  string
-	}{
-		{"api.example.com", 443, true, "allowed by api.example.com ports [443]"},
-		{"api.example.com", 80, false, "port 80 is not allowed for api.example.com (the policy has api.example.com ports [443])"},
-		{"x.pkg.example.com", 80, true, "allowed by *.pkg.example.com ports [80 443]"},
-		{"x.pkg.example.com", 8080, false, "port 8080 is not allowed for x.pkg.example.com (the policy has *.pkg.example.com ports [80 443])"},
-		{"pkg.example.com", 443, false, "pkg.example.com is not in the policy (*.pkg.example.com matches only names below it)"},
-		{"a.x.pkg.example.com", 443, false, "a.x.pkg.example.com is not in the policy"},
-		{"example.com", 443, false, "example.com is not in the policy"},
-	} {
-		ok, why := allows(names, tc.name, tc.port)
-		if ok != tc.ok || why != tc.why {
-			t.Errorf("allows(%s, %d) = %v, %q; want %v, %q", tc.name, tc.port, ok, why, tc.ok, tc.why)
 		}
 	}
 }

@@ -24,7 +24,7 @@ func (p *Proxy) admit(c *conn, name string, port uint16) bool {
 		c.d.Reason = c.cut
 		return false
 	}
-	ok, why := allows(p.names, name, port)
+	ok, why := egress.Decide(p.names, name, port)
 	c.d.Reason = why
 	if ok {
 		c.admitted, c.name, c.port = true, name, port

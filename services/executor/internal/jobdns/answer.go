@@ -84,7 +84,7 @@ func (s *Server) answer(msg []byte, proto string, lookup bool) []byte {
 		return refuse(dnsmessage.RCodeRefused, q, why)
 	}
 	d.Name = name
-	ok, why := allows(s.policy(), name)
+	ok, why := egress.Decide(s.policy(), name, 0)
 	if !ok {
 		return refuse(dnsmessage.RCodeRefused, q, why)
 	}
@@ -180,22 +180,6 @@ func nameOf(wire string) (string, string) {
 		return "", fmt.Sprintf("%q is not a host name in normal form", wire)
 	}
 	return name, ""
-}
-
-// allows reports whether names permit name, saying which rule does or why
-// none does. Ports do not matter here: they are the proxy's business.
-func allows(names []egress.Name, name string) (bool, string) {
-	for _, n := range names {
-		if n.Matches(name) {
-			return true, "allowed by " + n.Name
-		}
-	}
-	for _, n := range names {
-		if n.Name == "*."+name {
-			return false, fmt.Sprintf("%s is not in the policy (%s matches only names below it)", name, n.Name)
-		}
-	}
-	return false, name + " is not in the policy"
 }
 
 // ofType is the addresses of addrs that answer a question of type t (an
