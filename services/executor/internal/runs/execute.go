@@ -1,0 +1,222 @@
+package runs
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"strings"
+	"time"
+
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
+	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
+	"github.com/airlockhq/airlock/services/executor/internal/stage"
+)
+
+// execute runs one job from staging to report.
+func (m *Manager) execute(ctx context.Context, e *entry) {
+	// What identifies the job never changes; limits and network policy
+	// are read from the grant in force when the sandbox is made.
+	m.mu.Lock()
+	g := e.grant
+	m.mu.Unlock()
+	log := m.cfg.Logger.With("job_id", g.GetJobId(), "tenant", g.GetTenant())
+	// Closed on every path; the bundle reads the files by name, not these handles.
+	defer e.stdout.close()
+	defer e.stderr.close()
+	fail := func(err error) {
+		state, reason := Failed, sandbox.Reason("sandbox_error")
+		if ctx.Err() != nil {
+			state, reason = Cancelled, sandbox.Reason("cancelled")
+		}
+		log.Error("run failed", "error", err)
+		m.finish(e, state, &Result{Reason: reason, ExitCode: -1, Message: err.Error()})
+	}
+	src, err := m.cfg.Sources.Get(ctx, stage.Key{Tenant: g.GetTenant(), Repository: g.GetRepository(), Commit: g.GetCommit()},
+		func(ctx context.Context) (stage.Header, io.ReadCloser, error) {
+			return m.cfg.Authority.FetchSource(ctx, g.GetJobId())
+		})
+	if err != nil {
+		fail(fmt.Errorf("stage source: %w", err))
+		return
+	}
+	sb, err := m.makeSandbox(ctx, e, src.Dir)
+	if err != nil {
+		fail(err)
+		return
+	}
+	defer func() {
+		e.updateMu.Lock()
+		defer e.updateMu.Unlock()
+		if err := sb.Destroy(); err != nil {
+			log.Error("destroy sandbox", "error", err)
+		}
+		if e.egress != nil {
+			e.egress.close()
+		}
+		if e.net != nil {
+			m.closeNet(e.net)
+		}
+		e.sb, e.net, e.egress = nil, nil, nil
+	}()
+	m.update(e, func(r *Run) { r.State = Running; r.StartedAt = m.cfg.Now() })
+	res, runErr := sb.Run(ctx)
+	// The job is gone: its egress record is complete once the proxy and
+	// DNS server have stopped, before the bundle takes it.
+	e.updateMu.Lock()
+	if e.egress != nil {
+		e.egress.close()
+	}
+	e.updateMu.Unlock()
+	m.mu.Lock()
+	abort := e.abort
+	m.mu.Unlock()
+	if abort != "" {
+		// Update stopped the job: say why, not that someone cancelled it.
+		res.Reason, res.ExitCode, res.Message, runErr = sandbox.ReasonSandboxError, -1, abort, nil
+	}
+	if runErr != nil && res.Reason == "" {
+		fail(fmt.Errorf("run: %w", runErr))
+		return
+	}
+	if m.ctx.Err() != nil && abort == "" {
+		// The executor is shutting down, not the caller cancelling: say so,
+		// and leave the report to the next start's Recover.
+		m.finish(e, Failed, &Result{Reason: ReasonExecutorRestarted, ExitCode: -1, Class: res.Class, Usage: res.Usage,
+			RuntimeVersion: res.RuntimeVersion, TemplateVersion: res.TemplateVersion, Message: "the executor shut down while this job was running"})
+		return
+	}
+	result := &Result{
+		Reason: res.Reason, ExitCode: res.ExitCode, Usage: res.Usage, Class: res.Class,
+		RuntimeVersion: res.RuntimeVersion, TemplateVersion: res.TemplateVersion, Message: res.Message,
+	}
+	// The patch and bundle are built even for a cancelled or timed-out run:
+	// reviewers and operators may want to see what it did.
+	patch, stat, err := src.Repo.DiffUpper(context.WithoutCancel(ctx), src.TreeHash, src.Index, sb.WorkDir(), sb.UpperDir())
+	if err != nil {
+		fail(fmt.Errorf("compute patch: %w", err))
+		return
+	}
+	result.FilesChanged, result.Insertions, result.Deletions = stat.FilesChanged, stat.Insertions, stat.Deletions
+	result.PatchSize = int64(len(patch))
+	if len(stat.GitPaths) > 0 {
+		note := fmt.Sprintf("left out of the patch: %d .git entries (%s)", len(stat.GitPaths), strings.Join(stat.GitPaths, ", "))
+		result.Message = strings.TrimPrefix(result.Message+"; "+note, "; ")
+	}
+	if err := m.writeBundle(e, g, result, patch, stat.Files, sb.OutDir()); err != nil {
+		fail(fmt.Errorf("bundle: %w", err))
+		return
+	}
+	state := Finished
+	switch {
+	case res.Reason == sandbox.ReasonCancelled:
+		state = Cancelled
+	case res.Reason == sandbox.ReasonSandboxError:
+		state = Failed
+	}
+	m.finish(e, state, result)
+}
+
+// makeSandbox makes the job's network namespace and sandbox from the grant
+// in force, which no Update changes meanwhile.
+func (m *Manager) makeSandbox(ctx context.Context, e *entry, source string) (*sandbox.Sandbox, error) {
+	e.updateMu.Lock()
+	defer e.updateMu.Unlock()
+	m.mu.Lock()
+	g := e.grant
+	m.mu.Unlock()
+	spec := sandbox.Spec{
+		ID:      g.GetJobId(),
+		Class:   sandbox.Class(classOf(g.GetRuntimeClass())),
+		Source:  source,
+		Command: g.GetCommand(),
+		Env:     g.GetEnv(),
+		Limits:  limitsOf(g.GetLimits()),
+		Stdout:  e.stdout,
+		Stderr:  e.stderr,
+	}
+	var (
+		n  *netpolicy.Net
+		eg *jobEgress
+	)
+	if m.cfg.Network != nil {
+		p, err := policyFromProto(g.GetNetworkPolicy())
+		if err == nil {
+			opts := append(netOptions(spec.Class, p), netpolicy.Generation(g.GetNetworkPolicyGeneration()))
+			n, err = m.cfg.Network.Create(ctx, g.GetJobId(), p.net, opts...)
+		}
+		if err == nil && p.domains() {
+			// Fail closed: a domains job whose proxy or DNS server cannot
+			// serve does not start.
+			if eg, err = m.startEgress(g.GetJobId(), n, p.names); err != nil {
+				m.closeNet(n)
+				n = nil
+			}
+		}
+		if err != nil {
+			m.update(e, func(r *Run) { r.NetworkFailure = err.Error() })
+			return nil, fmt.Errorf("network policy: %w", err)
+		}
+		m.update(e, func(r *Run) { r.NetworkUpdatedAt = m.cfg.Now() })
+		spec.NetNS = n.Path()
+		if eg != nil {
+			env := maps.Clone(spec.Env)
+			if env == nil {
+				env = map[string]string{}
+			}
+			maps.Copy(env, eg.env())
+			spec.Env = env
+			spec.Nameservers = eg.addrs[:1]
+		}
+	}
+	sb, err := m.cfg.Sandbox.Create(ctx, spec)
+	if err != nil {
+		if eg != nil {
+			eg.close()
+		}
+		if n != nil {
+			m.closeNet(n)
+		}
+		return nil, fmt.Errorf("create sandbox: %w", err)
+	}
+	e.sb, e.net, e.egress = sb, n, eg
+	return sb, nil
+}
+
+// closeNet removes a job's network namespace. Should that fail, it keeps
+// trying in the background until it works or the executor stops (the next
+// start's netpolicy Recover then removes what is left): netpolicy releases
+// the job's addresses only once everything of it is gone.
+func (m *Manager) closeNet(n *netpolicy.Net) {
+	err := n.Close()
+	if err == nil {
+		return
+	}
+	log := m.cfg.Logger.With("job_id", n.ID())
+	log.Error("remove network namespace; retrying in the background", "error", err)
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		for delay := 200 * time.Millisecond; ; delay = min(delay*2, 30*time.Second) {
+			select {
+			case <-m.ctx.Done():
+				log.Error("network namespace not removed before the executor stopped; the next start removes it", "error", err)
+				return
+			case <-time.After(delay):
+			}
+			if err = n.Close(); err == nil {
+				log.Info("network namespace removed after a retry")
+				return
+			}
+			log.Warn("remove network namespace", "error", err, "retry_in", min(delay*2, 30*time.Second))
+		}
+	}()
+}
+
+func limitsOf(l *typesv1.ResourceLimits) sandbox.Limits {
+	return sandbox.Limits{
+		CPUMillis: l.GetCpuMillis(), MemoryBytes: l.GetMemoryBytes(), Pids: l.GetPids(),
+		DiskBytes: l.GetDiskBytes(), Deadline: l.GetDeadline().AsDuration(),
+	}
+}

@@ -1,0 +1,85 @@
+package runs
+
+import (
+	"os"
+	"path/filepath"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/airlockhq/airlock/pkg/atomicfile"
+	"github.com/airlockhq/airlock/pkg/bundle"
+	"github.com/airlockhq/airlock/pkg/grant"
+	"github.com/airlockhq/airlock/pkg/provenance"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+)
+
+// bundleMeta is result.json inside a bundle.
+type bundleMeta struct {
+	JobID           string   `json:"job_id"`
+	Tenant          string   `json:"tenant"`
+	Repository      string   `json:"repository"`
+	Commit          string   `json:"commit"`
+	GrantDigest     string   `json:"grant_digest"`
+	Command         []string `json:"command"`
+	Result          *Result  `json:"result"`
+	StdoutTruncated bool     `json:"stdout_truncated"`
+	StderrTruncated bool     `json:"stderr_truncated"`
+	SkippedOut      []string `json:"skipped_out,omitempty"`
+}
+
+func (m *Manager) writeBundle(e *entry, g *typesv1.Grant, result *Result, patch []byte, files []bundle.FileChange, outDir string) error {
+	// The grant in force at the end: the one the run's last limits and
+	// network policy came from.
+	m.mu.Lock()
+	run := e.run
+	m.mu.Unlock()
+	sg, err := run.Grant()
+	if err != nil {
+		return err
+	}
+	_, outCut := e.stdout.state()
+	_, errCut := e.stderr.state()
+	dir := m.runDir(e.run.JobID)
+	meta := bundleMeta{
+		JobID: g.GetJobId(), Tenant: g.GetTenant(), Repository: g.GetRepository(), Commit: g.GetCommit(),
+		GrantDigest: grant.Digest(sg), Command: g.GetCommand(), Result: result,
+		StdoutTruncated: outCut, StderrTruncated: errCut,
+	}
+	// The whole signed grant (body, signature, key id), so whoever holds
+	// the bundle can check the authority signed what it says.
+	signedGrant, err := proto.MarshalOptions{Deterministic: true}.Marshal(sg)
+	if err != nil {
+		return err
+	}
+	in := bundle.Input{
+		Meta: &meta, Grant: signedGrant, Files: files, Patch: patch,
+		StdoutPath: filepath.Join(dir, "stdout.log"), StderrPath: filepath.Join(dir, "stderr.log"),
+		OutDir: outDir,
+	}
+	if _, err := os.Stat(filepath.Join(dir, bundle.EgressFile)); err == nil {
+		in.EgressPath = filepath.Join(dir, bundle.EgressFile)
+	}
+	res, err := bundle.Write(filepath.Join(dir, "bundle.tar"), in)
+	if err != nil {
+		return err
+	}
+	result.BundleDigest, result.BundleSize = res.Digest, res.Size
+	env, err := m.cfg.Sign("bundle.tar", res.Digest, provenance.Run{
+		JobID: g.GetJobId(), Tenant: g.GetTenant(), Requester: g.GetRequester(), Repository: g.GetRepository(),
+		BaseCommit: g.GetCommit(), GrantDigest: grant.Digest(sg), Executor: m.cfg.Executor,
+		RuntimeClass: string(result.Class), RuntimeVersion: result.RuntimeVersion, TemplateVersion: result.TemplateVersion,
+		Reason: string(result.Reason), ExitCode: result.ExitCode, StartedOn: run.StartedAt, FinishedOn: m.cfg.Now(),
+	})
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.Write(filepath.Join(dir, "provenance.json"), env, 0o600, atomicfile.Durable); err != nil {
+		return err
+	}
+	review := patch
+	if int64(len(review)) > m.cfg.ReviewPatchLimit {
+		review = review[:m.cfg.ReviewPatchLimit]
+	}
+	// Derived from the bundle, which is synced: no need to sync it again.
+	return atomicfile.Write(filepath.Join(dir, "review.patch"), review, 0o600, atomicfile.Fast)
+}
