@@ -5,7 +5,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -157,5 +159,25 @@ func TestRebindingBetweenConnections(t *testing.T) {
 	}
 	if d := h.dials(); len(d) != 1 || d[0].String() != "203.0.113.10:443" {
 		t.Errorf("dialled %v, want only 203.0.113.10:443", d)
+	}
+}
+
+// What Config.Refused says is asked at every decision: an address the host
+// gains while the job runs is refused from then on.
+func TestRefusedIsAskedEachTime(t *testing.T) {
+	var refused atomic.Pointer[[]netip.Prefix]
+	refused.Store(&[]netip.Prefix{})
+	h := newHarness(t, withConfig(func(c *Config) {
+		c.Refused = func() []netip.Prefix { return *refused.Load() }
+	}))
+	if status, _ := get(t, h.proxyClient(), "http://api.example.com/plain"); status != http.StatusOK {
+		t.Fatalf("before: %d", status)
+	}
+	refused.Store(&[]netip.Prefix{netip.MustParsePrefix("203.0.113.10/32")})
+	if status, _ := get(t, h.proxyClient(), "http://api.example.com/plain"); status != http.StatusForbidden {
+		t.Fatalf("after the host took the address: %d, want 403", status)
+	}
+	if d := h.nth(2); d.Allowed || !strings.Contains(d.Reason, "refused by this executor (203.0.113.10/32)") {
+		t.Errorf("decision %+v", d)
 	}
 }

@@ -64,6 +64,10 @@ type Config struct {
 	// resolves to: the host's own addresses, the executor's job pools,
 	// network.always_deny.
 	Extra []netip.Prefix
+	// Refused, if set, is asked for more such ranges at every decision:
+	// the host's addresses as they are now, not as they were when the job
+	// started. It must be quick (the executor's caches them).
+	Refused func() []netip.Prefix
 	// Dial connects to one vetted address; nil is a net.Dialer. Tests pass
 	// one that takes a public-looking address to a loopback listener.
 	Dial func(ctx context.Context, network string, addr netip.AddrPort) (net.Conn, error)

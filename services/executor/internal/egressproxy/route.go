@@ -48,8 +48,12 @@ func (p *Proxy) vet(c *conn, name string) ([]netip.Addr, int) {
 		c.refuse(fmt.Sprintf("%s has no address", name))
 		return nil, http.StatusBadGateway
 	}
+	extra := p.cfg.Extra
+	if p.cfg.Refused != nil {
+		extra = append(slices.Clip(extra), p.cfg.Refused()...)
+	}
 	for _, a := range answers {
-		if why := egress.Internal(a, p.cfg.Extra); why != "" {
+		if why := egress.Internal(a, extra); why != "" {
 			c.refuse(fmt.Sprintf("%s resolves to an internal address, so the name is refused whatever else it resolves to: %s", name, why))
 			return nil, http.StatusForbidden
 		}

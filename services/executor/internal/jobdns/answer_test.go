@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -227,5 +228,21 @@ func TestRebinding(t *testing.T) {
 				t.Errorf("%s %v: recorded %+v, want a refusal with %q", tc.name, typ, d, tc.why)
 			}
 		}
+	}
+}
+
+// What Config.Refused says is asked at every lookup: an address the host
+// gains while the job runs is refused from then on.
+func TestRefusedIsAskedEachTime(t *testing.T) {
+	var refused atomic.Pointer[[]netip.Prefix]
+	refused.Store(&[]netip.Prefix{})
+	h := newHarness(t, func(c *Config) { c.Refused = func() []netip.Prefix { return *refused.Load() } })
+	if r := h.ask("udp", "api.example.com", dnsmessage.TypeA); r.rcode != dnsmessage.RCodeSuccess || len(r.answers) == 0 {
+		t.Fatalf("before: %v %v", r.rcode, r.answers)
+	}
+	answer := h.ask("udp", "api.example.com", dnsmessage.TypeA).answers[0]
+	refused.Store(&[]netip.Prefix{netip.PrefixFrom(answer, answer.BitLen())})
+	if r := h.ask("udp", "api.example.com", dnsmessage.TypeA); r.rcode != dnsmessage.RCodeRefused || len(r.answers) != 0 {
+		t.Fatalf("after the host took %s: %v %v, want REFUSED", answer, r.rcode, r.answers)
 	}
 }

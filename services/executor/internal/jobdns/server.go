@@ -60,6 +60,9 @@ type Config struct {
 	// Extra are ranges refused beyond egress.Internal's: the host's own
 	// addresses, the executor's job pools, network.always_deny.
 	Extra []netip.Prefix
+	// Refused, if set, is asked for more such ranges at every lookup: the
+	// host's addresses as they are now. It must be quick.
+	Refused func() []netip.Prefix
 	// Record receives one QueryDecision per query, never two calls at once.
 	// It must not block for long. Nil discards them.
 	Record func(QueryDecision)

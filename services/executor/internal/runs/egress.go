@@ -35,6 +35,32 @@ type Resolver interface {
 	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
 }
 
+// refusedCache is netpolicy's list of what no job may reach (the host's
+// addresses among it), listed again at most every refusedEvery.
+type refusedCache struct {
+	mu   sync.Mutex
+	at   time.Time
+	list []netip.Prefix
+}
+
+const refusedEvery = time.Second
+
+// get is the list, listed again when older than refusedEvery; when that
+// fails, the last list and the error (no list at all: nil and the error).
+func (c *refusedCache) get(nm *netpolicy.Manager) ([]netip.Prefix, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.list != nil && time.Since(c.at) < refusedEvery {
+		return c.list, nil
+	}
+	list, err := nm.Refused()
+	if err != nil {
+		return c.list, err
+	}
+	c.list, c.at = list, time.Now()
+	return list, nil
+}
+
 // UpstreamResolver asks the DNS servers at addrs, and no other, in order:
 // the next when one fails to answer within upstreamTimeout, none after one
 // that says the name does not exist. Names are looked up as given, never
@@ -109,9 +135,17 @@ func (m *Manager) startEgress(jobID string, n *netpolicy.Net, pol egress.Policy)
 	if len(addrs) == 0 {
 		return nil, fmt.Errorf("job %s: the network namespace has no interface for the egress proxy", jobID)
 	}
-	extra, err := m.cfg.Network.Refused()
+	extra, err := m.refused.get(m.cfg.Network)
 	if err != nil {
 		return nil, err
+	}
+	// And at every decision, the host's addresses as they are then.
+	now := func() []netip.Prefix {
+		p, err := m.refused.get(m.cfg.Network)
+		if err != nil {
+			m.cfg.Logger.Warn("egress: the host's addresses could not be listed; the last list stands", "error", err)
+		}
+		return p
 	}
 	resolver := m.cfg.Resolver
 	if resolver == nil {
@@ -128,11 +162,11 @@ func (m *Manager) startEgress(jobID string, n *netpolicy.Net, pol egress.Policy)
 			e.close()
 		}
 	}()
-	e.proxy, err = egressproxy.New(egressproxy.Config{Policy: pol, Resolver: resolver, Extra: extra, Record: rec.connection})
+	e.proxy, err = egressproxy.New(egressproxy.Config{Policy: pol, Resolver: resolver, Extra: extra, Refused: now, Record: rec.connection})
 	if err != nil {
 		return nil, err
 	}
-	e.dns, err = jobdns.New(jobdns.Config{Policy: pol, Resolver: resolver, Extra: extra, Record: rec.query})
+	e.dns, err = jobdns.New(jobdns.Config{Policy: pol, Resolver: resolver, Extra: extra, Refused: now, Record: rec.query})
 	if err != nil {
 		return nil, err
 	}

@@ -142,6 +142,9 @@ type Manager struct {
 	ctx       context.Context
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
+	// refused is what the egress proxies refuse, the host's current
+	// addresses among it.
+	refused refusedCache
 }
 
 // entry is a run in memory: its record, its output, and how to stop it.
