@@ -141,14 +141,17 @@ type NameSummary struct {
 	BytesIn, BytesOut int64
 }
 
-// Summary totals records by name, the names in order of first use; past
-// MaxNames names, the rest are totalled under OtherNames.
+// Summary totals records by name, the names in order of first use. It
+// keeps at most MaxNames entries, OtherNames among them, under which the
+// rest are totalled; names refused and never allowed take at most half of
+// them, so a job cannot crowd the names it used out with names it tried.
 type Summary struct {
-	names []NameSummary
-	at    map[string]int
+	names   []NameSummary
+	at      map[string]int
+	refused int // entries of names only ever refused when they came
 }
 
-// MaxNames is how many names a Summary keeps apart.
+// MaxNames is how many entries a Summary keeps, OtherNames included.
 const MaxNames = 1000
 
 // OtherNames is the name a Summary totals names past MaxNames under.
@@ -160,14 +163,23 @@ func (s *Summary) Add(r Record) {
 		s.at = map[string]int{}
 	}
 	name := r.Name
-	if _, ok := s.at[name]; !ok && len(s.names) >= MaxNames {
-		name = OtherNames
+	if _, ok := s.at[name]; !ok {
+		full := len(s.names) >= MaxNames-1
+		if !r.Allowed && s.refused >= MaxNames/2 {
+			full = true
+		}
+		if full {
+			name = OtherNames
+		}
 	}
 	i, ok := s.at[name]
 	if !ok {
 		i = len(s.names)
 		s.at[name] = i
 		s.names = append(s.names, NameSummary{Name: name})
+		if !r.Allowed && name != OtherNames {
+			s.refused++
+		}
 	}
 	n := &s.names[i]
 	if r.Allowed {

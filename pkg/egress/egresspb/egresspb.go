@@ -43,13 +43,8 @@ var vias = []string{egress.ViaConnect, egress.ViaHTTP, egress.ViaTransparent, eg
 // fit in Budget, the whole record's summary by name, and total, how many
 // decisions the record holds.
 func Log(first, last []egress.Record, total int, names []egress.NameSummary) *authorityv1.EgressLog {
-	out := &authorityv1.EgressLog{Total: int64(max(total, len(first)+len(last)))}
-	size := 0
-	for _, s := range names[:min(len(names), MaxRecords)] {
-		n := &authorityv1.EgressName{Name: egress.Cut(s.Name, MaxText), Allowed: int64(s.Allowed), Refused: int64(s.Refused), BytesIn: s.BytesIn, BytesOut: s.BytesOut}
-		size += proto.Size(n) + 4
-		out.Names = append(out.Names, n)
-	}
+	out := &authorityv1.EgressLog{Total: int64(max(total, len(first)+len(last))), Names: namesOf(names)}
+	size := proto.Size(out)
 	kept := 0
 	add := func(recs []egress.Record, budget, most int) []*authorityv1.EgressRecord {
 		var to []*authorityv1.EgressRecord
@@ -64,10 +59,53 @@ func Log(first, last []egress.Record, total int, names []egress.NameSummary) *au
 		}
 		return to
 	}
-	// Half the budget and half the count for the last ones, the first
-	// taking what they leave unused.
-	out.Last = add(last, size+(Budget-size)/2, MaxRecords/2)
+	// Half the budget and half the count for the last ones, newest first
+	// (so a cut drops the oldest of them), the first taking what they
+	// leave unused.
+	rev := slices.Clone(last)
+	slices.Reverse(rev)
+	out.Last = add(rev, size+(Budget-size)/2, MaxRecords/2)
+	slices.Reverse(out.Last)
 	out.Records = add(first, Budget, MaxRecords)
+	return out
+}
+
+// namesBudget bounds the encoded summary by name within Budget.
+const namesBudget = Budget / 4
+
+// namesOf is the summary by name as a report carries it: names that had
+// anything allowed or any bytes first, then those only refused, each cut to
+// MaxText, and what does not fit in namesBudget (or past MaxRecords names)
+// totalled under egress.OtherNames.
+func namesOf(names []egress.NameSummary) []*authorityv1.EgressName {
+	ordered := slices.Clone(names)
+	slices.SortStableFunc(ordered, func(a, b egress.NameSummary) int {
+		used := func(n egress.NameSummary) int {
+			if n.Allowed > 0 || n.BytesIn > 0 || n.BytesOut > 0 {
+				return 0
+			}
+			return 1
+		}
+		return used(a) - used(b)
+	})
+	var out []*authorityv1.EgressName
+	other := &authorityv1.EgressName{Name: egress.OtherNames}
+	size := 0
+	for _, s := range ordered {
+		n := &authorityv1.EgressName{Name: egress.Cut(s.Name, MaxText), Allowed: int64(s.Allowed), Refused: int64(s.Refused), BytesIn: s.BytesIn, BytesOut: s.BytesOut}
+		if s.Name == egress.OtherNames || size+proto.Size(n)+4 > namesBudget || len(out) >= MaxRecords-1 {
+			other.Allowed += n.Allowed
+			other.Refused += n.Refused
+			other.BytesIn += n.BytesIn
+			other.BytesOut += n.BytesOut
+			continue
+		}
+		size += proto.Size(n) + 4
+		out = append(out, n)
+	}
+	if other.Allowed+other.Refused > 0 || other.BytesIn+other.BytesOut > 0 {
+		out = append(out, other)
+	}
 	return out
 }
 

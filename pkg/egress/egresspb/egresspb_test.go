@@ -78,3 +78,42 @@ func TestCheckRefuses(t *testing.T) {
 		t.Errorf("no log: %v", err)
 	}
 }
+
+// The summary by name fits its share of the budget however long the names
+// (the rest totalled under OtherNames, which is kept), and names that had
+// anything allowed come first; the last decisions kept are the newest.
+func TestLogNamesAndLast(t *testing.T) {
+	var names []egress.NameSummary
+	for i := range 1000 {
+		names = append(names, egress.NameSummary{Name: fmt.Sprint(i) + strings.Repeat("j", 1000), Refused: 1})
+	}
+	names = append(names, egress.NameSummary{Name: "upload.test", Allowed: 1, BytesOut: 1 << 30}, egress.NameSummary{Name: egress.OtherNames, Refused: 5})
+	l := Log(nil, nil, 1006, names)
+	if size := proto.Size(&authorityv1.EgressLog{Names: l.GetNames()}); size > namesBudget+4<<10 {
+		t.Errorf("names encoded in %d bytes, their share is %d", size, namesBudget)
+	}
+	got := Names(l)
+	if got[0].Name != "upload.test" || got[0].BytesOut != 1<<30 {
+		t.Errorf("first name %+v, want the one with bytes", got[0])
+	}
+	total := 0
+	for _, n := range got {
+		total += n.Allowed + n.Refused
+	}
+	if o := got[len(got)-1]; o.Name != egress.OtherNames || total != 1006 {
+		t.Errorf("last entry %+v, total %d; want %s and every decision counted", o, total, egress.OtherNames)
+	}
+	if err := Check("detail.egress", l); err != nil {
+		t.Errorf("Check: %v", err)
+	}
+
+	var last []egress.Record
+	for i := range 500 {
+		last = append(last, egress.Record{Via: egress.ViaDNS, Name: fmt.Sprintf("last%d", i), Reason: strings.Repeat("r", 1000)})
+	}
+	l = Log(nil, last, 500, nil)
+	recs := Records(l.GetLast())
+	if len(recs) == 0 || len(recs) == 500 || recs[len(recs)-1].Name != "last499" {
+		t.Errorf("%d of the last kept, the newest %q; want a cut that keeps last499", len(recs), recs[len(recs)-1].Name)
+	}
+}

@@ -46,7 +46,12 @@ has all of it.`,
 				}
 				l.Records, l.Last = only(l.GetRecords()), only(l.GetLast())
 			}
-			return g.printProto(resp, func(w io.Writer) { writeEgress(w, resp, shown) })
+			return g.printProto(resp, func(w io.Writer) {
+				writeEgress(w, resp, shown)
+				if refused && l != nil {
+					fmt.Fprintln(w, "(allowed decisions left out: --refused)")
+				}
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&refused, "refused", false, "list only what was refused")
@@ -94,7 +99,7 @@ func writeEgress(w io.Writer, resp *authorityv1.GetJobEgressResponse, shown int6
 	}
 	rows(egresspb.Records(l.GetRecords()))
 	if n := l.GetTotal() - shown; n > 0 {
-		fmt.Fprintf(w, "... %d decisions not shown here (the bundle's egress.jsonl has every one)\n", n)
+		fmt.Fprintf(w, "... %d records not shown here (the bundle's egress.jsonl has every one)\n", n)
 	}
 	rows(egresspb.Records(l.GetLast()))
 }
@@ -105,8 +110,13 @@ func writeEgressSummary(w io.Writer, l *authorityv1.EgressLog) {
 	if l == nil {
 		return
 	}
-	fmt.Fprintf(w, "egress     %d decisions of the job's domains policy, by name (airlock job egress lists each; the bundle's egress.jsonl has all)\n", l.GetTotal())
-	for _, s := range egresspb.Names(l) {
+	fmt.Fprintf(w, "egress     %d records of the job's domains policy, by name (airlock job egress lists them; the bundle's egress.jsonl has all)\n", l.GetTotal())
+	names := egresspb.Names(l)
+	if len(names) == 0 {
+		// A report from before the executor summed the whole record.
+		names = egress.Summarize(egresspb.Records(slices.Concat(l.GetRecords(), l.GetLast())))
+	}
+	for _, s := range names {
 		fmt.Fprintf(w, "  %s  allowed %d, refused %d, in %s, out %s\n", termtext.Line(cmp.Or(s.Name, "(no name)")), s.Allowed, s.Refused, humanBytes(s.BytesIn), humanBytes(s.BytesOut))
 	}
 }

@@ -83,7 +83,9 @@ func (p *Proxy) connect(c *conn, req *http.Request) {
 // forward handles one plain HTTP request: decided on its host, sent to the
 // upstream with the proxy's own headers removed and "Connection: close", so
 // that each request on a connection is decided on its own host (a client
-// reconnects for the next). An Upgrade (a WebSocket) keeps its connection.
+// reconnects for the next). The connection carries that one request: what
+// the job sends after it is read and dropped, and an Upgrade is removed, so
+// a plain ws:// WebSocket does not work (wss://, a CONNECT tunnel, does).
 func (p *Proxy) forward(c *conn, req *http.Request, hosts []string, explicit bool) {
 	host, port, status, why := httpTarget(req, hosts, explicit)
 	if why != "" {
@@ -113,17 +115,11 @@ func (p *Proxy) forward(c *conn, req *http.Request, hosts []string, explicit boo
 		respond(c, http.StatusBadGateway, c.d.Reason)
 		return
 	}
-	upgrade := clean(req)
-	write := func(w io.Writer) error { return req.Write(w) }
-	if upgrade {
-		// The upgraded protocol (a WebSocket) is opaque, as a tunnel's.
-		p.splice(c, up, write)
-		return
-	}
+	clean(req)
 	// One request per connection: what the job sends after it (a second,
 	// pipelined request, perhaps for another host) is never forwarded.
 	p.splice(c, up, func(w io.Writer) error {
-		if err := write(w); err != nil {
+		if err := req.Write(w); err != nil {
 			return err
 		}
 		return errRequestDone
@@ -177,16 +173,13 @@ func sameHost(a, b string) bool {
 }
 
 // clean removes what was for the proxy from req, and the hop-by-hop
-// headers, and asks the upstream to close after its response, unless req
-// upgrades the connection (which it reports).
-func clean(req *http.Request) bool {
+// headers (an Upgrade among them: a plain HTTP connection carries one
+// request, never an upgraded protocol, which would be bytes the proxy
+// cannot decide on), and asks the upstream to close after its response.
+func clean(req *http.Request) {
 	h := req.Header
 	h.Del("Proxy-Connection")
 	h.Del("Proxy-Authorization")
-	upgrade := h.Get("Upgrade") != "" && !strings.EqualFold(h.Get("Upgrade"), "h2c") && hasToken(h.Values("Connection"), "upgrade")
-	if upgrade {
-		return true
-	}
 	for _, v := range h.Values("Connection") {
 		for _, t := range strings.Split(v, ",") {
 			h.Del(strings.TrimSpace(t))
@@ -197,18 +190,6 @@ func clean(req *http.Request) bool {
 	}
 	h.Set("Connection", "close")
 	req.Close = false // the header says it; Write would say it again
-	return false
-}
-
-func hasToken(values []string, token string) bool {
-	for _, v := range values {
-		for _, t := range strings.Split(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(t), token) {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // replay writes b first to the upstream: what the proxy read to decide.

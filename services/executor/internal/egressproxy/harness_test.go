@@ -183,6 +183,14 @@ func newHarness(t *testing.T, opts ...option) *harness {
 			w.(http.Flusher).Flush()
 		}
 	})
+	mux.HandleFunc("/patient", func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+			io.WriteString(w, "the client went away")
+		case <-time.After(300 * time.Millisecond):
+			io.WriteString(w, "ok")
+		}
+	})
 	mux.HandleFunc("/zeros", func(w http.ResponseWriter, r *http.Request) {
 		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
 		w.Header().Set("Content-Length", strconv.Itoa(n))

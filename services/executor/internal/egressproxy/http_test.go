@@ -84,3 +84,29 @@ func TestHTTPPipelinedRequestNotForwarded(t *testing.T) {
 		t.Errorf("%d bytes went upstream for a %d-byte request: the pipelined one went too", d.BytesOut, len(first))
 	}
 }
+
+// The upstream does not see the job leave once its request is written: a
+// server that watches for its client going away (Go's request context,
+// nginx's 499) still answers.
+func TestHTTPUpstreamKeepsItsClient(t *testing.T) {
+	h := newHarness(t)
+	if status, body := get(t, h.proxyClient(), "http://api.example.com/patient"); status != http.StatusOK || body != "ok" {
+		t.Errorf("GET /patient: %d %q, want 200 ok", status, body)
+	}
+}
+
+// An Upgrade does not turn a plain HTTP connection into one the proxy no
+// longer decides on: the header is removed, and a request pipelined behind
+// it (here for a name the policy does not allow) is never forwarded.
+func TestHTTPUpgradeIsNotATunnel(t *testing.T) {
+	h := newHarness(t)
+	first := "GET http://api.example.com/plain HTTP/1.1\r\nHost: api.example.com\r\nConnection: keep-alive, Upgrade\r\nUpgrade: websocket\r\n\r\n"
+	second := "GET http://denied.example.com/" + strings.Repeat("x", 4000) + " HTTP/1.1\r\nHost: denied.example.com\r\n\r\n"
+	status, body := raw(t, h.explicit, first+second)
+	if want := "host=api.example.com path=/plain sni=-"; status != http.StatusOK || body != want {
+		t.Fatalf("first request: %d %q, want 200 %q", status, body, want)
+	}
+	if d := h.nth(1); d.BytesOut > int64(len(first)) {
+		t.Errorf("%d bytes went upstream for a %d-byte request: the pipelined one went too", d.BytesOut, len(first))
+	}
+}

@@ -27,8 +27,7 @@ func (a *activity) at() time.Time { return time.Unix(0, a.last.Load()) }
 var errIdle = errors.New("idle")
 
 // errRequestDone, from a splice's prelude, says the job's side is done
-// once it is written: the upstream gets a half-close, and nothing more the
-// job sends is read.
+// once it is written: what the job sends after it is read and dropped.
 var errRequestDone = errors.New("request written")
 
 // idleReader reads conn. With act nil (while a connection is being set up)
@@ -104,35 +103,70 @@ func (p *Proxy) splice(c *conn, up net.Conn, prelude func(io.Writer) error) {
 	toClient := &idleWriter{conn: c.client, act: &c.act, idle: idle, count: &c.bytesIn}
 	fromUp := &idleReader{conn: up, act: &c.act, idle: idle}
 
-	done := make(chan string, 2)
+	type end struct {
+		how     string
+		drained bool // the job's side, thrown away after one request
+	}
+	done := make(chan end, 2)
+	var draining atomic.Bool
 	pump := func(dst *idleWriter, src io.Reader, raw net.Conn, first func(io.Writer) error, dir string) {
 		var err error
 		if first != nil {
 			err = first(dst)
 		}
-		if errors.Is(err, errRequestDone) {
-			err = nil
-		} else if err == nil {
+		drained := errors.Is(err, errRequestDone)
+		switch {
+		case drained:
+			draining.Store(true)
+			// The upstream keeps its side open (a FIN would read as the
+			// client leaving); what the job sends now is read and thrown
+			// away, so nothing it sends is forwarded and none is left
+			// unread to reset the response on its way.
+			_, err = io.Copy(io.Discard, src)
+		case err == nil:
 			err = pipe(dst, src, raw)
 		}
-		if err == nil {
+		switch {
+		case drained:
+			// However the job's side ended, the response says how the
+			// connection did.
+			done <- end{"", true}
+			return
+		case err == nil:
 			closeWrite(dst.conn)
-		} else {
+		default:
 			c.client.Close()
 			up.Close()
 		}
-		done <- ending(err, dir, idle)
+		done <- end{ending(err, dir, idle), false}
 	}
 	go pump(toClient, fromUp, up, nil, "upstream to job")
 	go pump(toUp, c.in, c.client, prelude, "job to upstream")
 	// The first to end says how, unless it ended well and the other did
 	// not; an end closing both makes the other's error only an echo.
-	first, second := <-done, <-done
-	c.d.End = first
-	if first == "closed" || first == "" {
-		c.d.End = cmp.Or(second, "closed")
+	first := <-done
+	var second end
+	if !first.drained && first.how == "closed" && draining.Load() {
+		// A response sent whole, to a job whose side is drained: the job
+		// has a moment to close, then the connection is closed for it.
+		select {
+		case second = <-done:
+		case <-time.After(min(idle, drainGrace)):
+			c.client.Close()
+			second = <-done
+		}
+	} else {
+		second = <-done
+	}
+	c.d.End = first.how
+	if first.how == "closed" || first.how == "" {
+		c.d.End = cmp.Or(second.how, "closed")
 	}
 }
+
+// drainGrace is how long a job whose one plain HTTP request was answered
+// whole has to close its connection before the proxy closes it.
+const drainGrace = 2 * time.Second
 
 // spliceChunk is the most one zero-copy round moves between two updates of
 // the counts.
@@ -153,6 +187,10 @@ const spliceChunk = 1 << 20
 func pipe(dst *idleWriter, src io.Reader, raw net.Conn) error {
 	to, ok1 := dst.conn.(*net.TCPConn)
 	from, ok2 := raw.(*net.TCPConn)
+	if ok1 {
+		// The zero-copy path needs to see the send queue move.
+		_, _, ok1 = sendQueue(to)
+	}
 	if !ok1 || !ok2 {
 		_, err := io.CopyBuffer(dst, src, make([]byte, 64<<10))
 		return err
@@ -201,49 +239,35 @@ func pipe(dst *idleWriter, src io.Reader, raw net.Conn) error {
 }
 
 // stallWatch looks at c every idle/4. While c's peer takes bytes (its
-// count of bytes acked grows) it keeps act fresh: a splice round does not
-// return until its chunk is full, so a trickle would otherwise look idle
-// to the other direction. Once bytes wait in c's send queue and none has
-// been taken for idle, it reports the stall and makes c's pending write
-// fail (a deadline in the past). stop ends it.
+// count of bytes acked grows, or the send queue shrinks) it keeps act
+// fresh: a splice round does not return until its chunk is full, so a
+// trickle would otherwise look idle to the other direction. Once bytes wait
+// in c's send queue and none has been taken for idle, or c can no longer be
+// looked at, it reports the stall and makes c's pending write fail (a
+// deadline in the past). stop ends it.
 func stallWatch(c *net.TCPConn, act *activity, idle time.Duration) (stalled *atomic.Bool, stop func()) {
 	stalled = new(atomic.Bool)
 	done := make(chan struct{})
-	rc, err := c.SyscallConn()
-	look := func() (acked uint64, queued int, ok bool) {
-		if err != nil {
-			return 0, 0, false
-		}
-		var gerr error
-		cerr := rc.Control(func(fd uintptr) {
-			var info *unix.TCPInfo
-			if info, gerr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); gerr == nil {
-				acked = info.Bytes_acked
-				queued, gerr = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ)
-			}
-		})
-		return acked, queued, cerr == nil && gerr == nil
-	}
 	go func() {
 		t := time.NewTicker(idle / 4)
 		defer t.Stop()
-		lastAcked, _, _ := look()
+		lastAcked, lastQueued, _ := sendQueue(c)
 		since := time.Now()
 		for {
 			select {
 			case <-done:
 				return
 			case now := <-t.C:
-				acked, queued, ok := look()
+				acked, queued, ok := sendQueue(c)
+				progress := acked != lastAcked || queued < lastQueued
+				lastAcked, lastQueued = acked, queued
 				switch {
-				case !ok:
-					return // the connection is gone: the splice ends by itself
-				case acked != lastAcked:
-					lastAcked, since = acked, now
+				case ok && progress:
+					since = now
 					act.touch()
-				case queued == 0:
+				case ok && queued == 0:
 					since = now // nothing waits: not a stall (the read side keeps the idle rule)
-				case now.Sub(since) >= idle:
+				case !ok || now.Sub(since) >= idle:
 					stalled.Store(true)
 					c.SetWriteDeadline(time.Unix(1, 0))
 					return
@@ -252,6 +276,24 @@ func stallWatch(c *net.TCPConn, act *activity, idle time.Duration) (stalled *ato
 		}
 	}()
 	return stalled, func() { close(done) }
+}
+
+// sendQueue is how many bytes c's peer has acked and how many wait in c's
+// send queue; ok is false when c cannot be looked at.
+func sendQueue(c *net.TCPConn) (acked uint64, queued int, ok bool) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, 0, false
+	}
+	var gerr error
+	cerr := rc.Control(func(fd uintptr) {
+		var info *unix.TCPInfo
+		if info, gerr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); gerr == nil {
+			acked = info.Bytes_acked
+			queued, gerr = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ)
+		}
+	})
+	return acked, queued, cerr == nil && gerr == nil
 }
 
 // ending says how one direction of a splice ended: "" when only because

@@ -38,27 +38,32 @@ type Resolver interface {
 // refusedCache is netpolicy's list of what no job may reach (the host's
 // addresses among it), listed again at most every refusedEvery.
 type refusedCache struct {
-	mu   sync.Mutex
-	at   time.Time
-	list []netip.Prefix
+	mu    sync.Mutex
+	tried bool
+	at    time.Time // of the last listing, whether or not it worked
+	list  []netip.Prefix
+	err   error
 }
 
 const refusedEvery = time.Second
 
-// get is the list, listed again when older than refusedEvery; when that
-// fails, the last list and the error (no list at all: nil and the error).
-func (c *refusedCache) get(nm *netpolicy.Manager) ([]netip.Prefix, error) {
+// get is the list, listed again when the last listing is older than
+// refusedEvery; while listing fails, the last good list (nil if none) and
+// the error.
+func (c *refusedCache) get(nm *netpolicy.Manager, log *slog.Logger) ([]netip.Prefix, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.list != nil && time.Since(c.at) < refusedEvery {
-		return c.list, nil
+	if c.tried && time.Since(c.at) < refusedEvery {
+		return c.list, c.err
 	}
 	list, err := nm.Refused()
-	if err != nil {
-		return c.list, err
+	c.tried, c.at, c.err = true, time.Now(), err
+	if err == nil {
+		c.list = list
+	} else {
+		log.Warn("egress: the host's addresses could not be listed; the last list stands", "error", err)
 	}
-	c.list, c.at = list, time.Now()
-	return list, nil
+	return c.list, err
 }
 
 // UpstreamResolver asks the DNS servers at addrs, and no other, in order:
@@ -66,7 +71,7 @@ func (c *refusedCache) get(nm *netpolicy.Manager) ([]netip.Prefix, error) {
 // that says the name does not exist. Names are looked up as given, never
 // with the host's search domains (nor its /etc/hosts).
 func UpstreamResolver(addrs []netip.AddrPort) Resolver {
-	u := upstream{}
+	u := upstream{timeout: upstreamTimeout}
 	for _, a := range addrs {
 		u.servers = append(u.servers, &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
 			var d net.Dialer
@@ -78,12 +83,19 @@ func UpstreamResolver(addrs []netip.AddrPort) Resolver {
 
 // HostResolver is the host's resolver (its /etc/resolv.conf), looking names
 // up as given, never with its search domains.
-func HostResolver() Resolver { return upstream{servers: []*net.Resolver{net.DefaultResolver}} }
+func HostResolver() Resolver {
+	return upstream{servers: []*net.Resolver{net.DefaultResolver}, timeout: 0}
+}
 
 // upstreamTimeout is how long one upstream server has to answer.
 const upstreamTimeout = 2 * time.Second
 
-type upstream struct{ servers []*net.Resolver }
+type upstream struct {
+	servers []*net.Resolver
+	// timeout bounds each server's answer; zero leaves it to the resolver
+	// (the host's, which fails over by its resolv.conf).
+	timeout time.Duration
+}
 
 func (u upstream) LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error) {
 	if !strings.HasSuffix(host, ".") {
@@ -91,7 +103,10 @@ func (u upstream) LookupNetIP(ctx context.Context, network, host string) ([]neti
 	}
 	var errs []error
 	for _, r := range u.servers {
-		c, cancel := context.WithTimeout(ctx, upstreamTimeout)
+		c, cancel := ctx, context.CancelFunc(func() {})
+		if u.timeout > 0 {
+			c, cancel = context.WithTimeout(ctx, u.timeout)
+		}
 		addrs, err := r.LookupNetIP(c, network, host)
 		cancel()
 		if err == nil {
@@ -135,16 +150,13 @@ func (m *Manager) startEgress(jobID string, n *netpolicy.Net, pol egress.Policy)
 	if len(addrs) == 0 {
 		return nil, fmt.Errorf("job %s: the network namespace has no interface for the egress proxy", jobID)
 	}
-	extra, err := m.refused.get(m.cfg.Network)
+	extra, err := m.refused.get(m.cfg.Network, m.cfg.Logger)
 	if err != nil {
 		return nil, err
 	}
 	// And at every decision, the host's addresses as they are then.
 	now := func() []netip.Prefix {
-		p, err := m.refused.get(m.cfg.Network)
-		if err != nil {
-			m.cfg.Logger.Warn("egress: the host's addresses could not be listed; the last list stands", "error", err)
-		}
+		p, _ := m.refused.get(m.cfg.Network, m.cfg.Logger) // a failed listing is logged where it happens, once a period
 		return p
 	}
 	resolver := m.cfg.Resolver
@@ -312,7 +324,8 @@ type egressLog struct {
 
 	mu      sync.Mutex
 	f       *os.File
-	n       int
+	n       int // lines written
+	allowed int // of them, allowed decisions
 	dropped map[dropKey]*egress.Record
 	err     error
 }
@@ -358,7 +371,7 @@ func (l *egressLog) write(r egress.Record) {
 	if l.f == nil || l.err != nil {
 		return
 	}
-	if l.n >= 2*maxEgressRecords || r.Allowed && l.n >= maxEgressRecords {
+	if l.n >= 2*maxEgressRecords || r.Allowed && l.allowed >= maxEgressRecords {
 		l.drop(r)
 		return
 	}
@@ -372,6 +385,9 @@ func (l *egressLog) write(r egress.Record) {
 		return
 	}
 	l.n++
+	if r.Allowed {
+		l.allowed++
+	}
 }
 
 // drop counts r into its name's summary; past egress.MaxNames names, into
@@ -407,11 +423,11 @@ func (l *egressLog) close() {
 			break
 		}
 		d := l.dropped[k]
-		what := "refusals"
+		what, kept := "refusals", 2*maxEgressRecords
 		if d.Allowed {
-			what = "allowed decisions"
+			what, kept = "allowed decisions", maxEgressRecords
 		}
-		d.Reason = fmt.Sprintf("%d more %s of %s past the %d decisions this record keeps one by one (the executor's log has each)", d.Suppressed, what, cmp.Or(d.Name, "no name"), maxEgressRecords)
+		d.Reason = fmt.Sprintf("%d more %s of %s past the %d this record keeps one by one (the executor's log has each)", d.Suppressed, what, cmp.Or(d.Name, "no name"), kept)
 		b, _ := json.Marshal(d)
 		_, l.err = l.f.Write(append(b, '\n'))
 	}

@@ -1,6 +1,7 @@
 package runs
 
 import (
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -76,5 +77,24 @@ func TestEgressLogFlood(t *testing.T) {
 	}
 	if want := maxEgressRecords + 4 + 2; total != want { // the lines, and two summary lines
 		t.Errorf("total %d lines, want %d", total, want)
+	}
+}
+
+// Refusals do not use up the allowed decisions' room: after 20,000 of
+// them an allowed connection still has its own line.
+func TestEgressLogRefusalsLeaveRoomForAllowed(t *testing.T) {
+	dir := t.TempDir()
+	l, err := openEgressLog(dir, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range maxEgressRecords {
+		l.query(jobdns.QueryDecision{Time: time.Now(), Proto: "udp", Name: fmt.Sprintf("junk%d.test", i), Type: 1, Reason: "not in the policy"})
+	}
+	l.connection(egressproxy.Decision{Time: time.Now(), Mode: egressproxy.ModeConnect, Name: "used.test", Port: 443, Allowed: true, Reason: "allowed by used.test"})
+	l.close()
+	_, last, _, _, _ := egressOf(filepath.Join(dir, bundle.EgressFile), slog.New(slog.DiscardHandler))
+	if n := last[len(last)-1]; n.Name != "used.test" || !n.Allowed || n.Suppressed != 0 {
+		t.Errorf("the last record is %+v, want used.test's own line", n)
 	}
 }
