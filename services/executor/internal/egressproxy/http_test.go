@@ -1,9 +1,13 @@
 package egressproxy
 
 import (
+	"bufio"
+	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A plain HTTP request by absolute URI reaches the name's vetted address on
@@ -105,4 +109,32 @@ func TestHTTPUpstreamKeepsItsClient(t *testing.T) {
 // it is never forwarded.
 func TestHTTPUpgradeIsNotATunnel(t *testing.T) {
 	onlyFirstForwarded(t, "GET http://api.example.com/plain HTTP/1.1\r\nHost: api.example.com\r\nConnection: keep-alive, Upgrade\r\nUpgrade: websocket\r\n\r\n")
+}
+
+// What the job sends while its one request is being answered is read and
+// dropped, so it cannot reset the connection under the response: a large
+// response arrives whole though a second request follows it.
+func TestHTTPResponseWholeDespiteLaterBytes(t *testing.T) {
+	h := newHarness(t)
+	c, err := dialTimeout(h.explicit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const size = 16 << 20
+	fmt.Fprintf(c, "GET http://api.example.com/zeros?n=%d HTTP/1.1\r\nHost: api.example.com\r\n\r\n", size)
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		io.WriteString(c, "GET http://api.example.com/plain HTTP/1.1\r\nHost: api.example.com\r\n\r\n")
+	}()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // let the second request arrive before the body is read
+	n, err := io.Copy(io.Discard, resp.Body)
+	if n != size || err != nil {
+		t.Errorf("read %d of %d bytes: %v", n, size, err)
+	}
 }

@@ -147,26 +147,17 @@ func (p *Proxy) splice(c *conn, up net.Conn, prelude func(io.Writer) error) {
 	first := <-done
 	var second end
 	if !first.drained && first.how == "closed" && draining.Load() {
-		// A response sent whole, to a job whose side is drained: the job
-		// has a moment to close, then the connection is closed for it.
-		select {
-		case second = <-done:
-		case <-time.After(min(idle, drainGrace)):
-			c.client.Close()
-			second = <-done
-		}
-	} else {
-		second = <-done
+		// A response sent whole, to a job whose side is drained (read as
+		// it came, so nothing unread makes the close a reset): the
+		// connection is done.
+		c.client.Close()
 	}
+	second = <-done
 	c.d.End = first.how
 	if first.how == "closed" || first.how == "" {
 		c.d.End = cmp.Or(second.how, "closed")
 	}
 }
-
-// drainGrace is how long a job whose one plain HTTP request was answered
-// whole has to close its connection before the proxy closes it.
-const drainGrace = 2 * time.Second
 
 // spliceChunk is the most one zero-copy round moves between two updates of
 // the counts.
