@@ -97,7 +97,7 @@ func approvals(a *authorityv1.Approval) int {
 }
 
 func newApprovalShow(g *globals) *cobra.Command {
-	var full, raw bool
+	var full, raw, egressToo bool
 	var parts []string
 	cmd := &cobra.Command{
 		Use:   "show APPROVAL_ID",
@@ -123,11 +123,18 @@ bundle has been verified:
   airlock approval show ID --full --raw --part patch | git apply
 
 applies exactly the approved patch (the verification goes to stderr; the
-command fails, writing nothing, if it does not hold).`,
+command fails, writing nothing, if it does not hold).
+
+--egress lists, after the review, each decision a domains job's egress
+proxy and DNS server made (its first and last 500), where the review shows
+only their totals by name.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if (raw || len(parts) > 0) && !full {
 				return usageError{errors.New("--raw and --part go with --full")}
+			}
+			if egressToo && full {
+				return usageError{errors.New("--egress goes without --full (the bundle's egress.jsonl has the whole record)")}
 			}
 			if _, err := reviewParts(parts); err != nil {
 				return err
@@ -184,6 +191,15 @@ command fails, writing nothing, if it does not hold).`,
 					// stays a tab.
 					writeReview(g.stdout, a, rv)
 				}
+				if egressToo && g.output != "json" {
+					l := rv.GetDetail().GetEgress()
+					if l == nil {
+						fmt.Fprintln(g.stdout, "\negress     nothing recorded: the job had no domains policy")
+						return nil
+					}
+					fmt.Fprintln(g.stdout, "\n--- egress decisions ---")
+					return g.print(nil, func(w io.Writer) { writeEgressLog(w, l, int64(len(l.GetRecords())+len(l.GetLast()))) })
+				}
 				return nil
 			}
 			return streamReview(cmd.Context(), g, client, a, raw, parts)
@@ -192,6 +208,7 @@ command fails, writing nothing, if it does not hold).`,
 	cmd.Flags().BoolVar(&full, "full", false, "stream the complete file list, patch and output from the result bundle, verified against its digest")
 	cmd.Flags().BoolVar(&raw, "raw", false, "with --full, write the bundle's bytes unescaped")
 	cmd.Flags().StringSliceVar(&parts, "part", nil, "with --full, only these parts: files, patch, stdout, stderr")
+	cmd.Flags().BoolVar(&egressToo, "egress", false, "after the review, list each egress decision of a domains job")
 	return cmd
 }
 

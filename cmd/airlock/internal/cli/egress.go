@@ -72,6 +72,12 @@ func writeEgress(w io.Writer, resp *authorityv1.GetJobEgressResponse, shown int6
 		}
 		return
 	}
+	writeEgressLog(w, l, shown)
+}
+
+// writeEgressLog prints a record's decisions, first and last, with how many
+// are not shown between them.
+func writeEgressLog(w io.Writer, l *authorityv1.EgressLog, shown int64) {
 	fmt.Fprintln(w, "TIME\tVIA\tNAME\tPORT\tDECISION\tTO\tIN\tOUT\tREASON")
 	rows := func(recs []egress.Record) {
 		for _, r := range recs {
@@ -110,7 +116,7 @@ func writeEgressSummary(w io.Writer, l *authorityv1.EgressLog) {
 	if l == nil {
 		return
 	}
-	fmt.Fprintf(w, "egress     %d records of the job's domains policy, by name (airlock job egress lists them; the bundle's egress.jsonl has all)\n", l.GetTotal())
+	fmt.Fprintf(w, "egress     %d records of the job's domains policy, by name (approval show --egress lists them; the bundle's egress.jsonl has all)\n", l.GetTotal())
 	names := egresspb.Names(l)
 	if len(names) == 0 {
 		// A report from before the executor summed the whole record.

@@ -85,3 +85,47 @@ func TestShowFull(t *testing.T) {
 		}
 	}
 }
+
+// TestShowEgress: the review sums a domains job's egress by name, and
+// --egress lists each decision; every name the job chose is escaped.
+func TestShowEgress(t *testing.T) {
+	resp := reviewApproval()
+	resp.Review.Detail = &authorityv1.ReviewDetail{Egress: &authorityv1.EgressLog{
+		Total: 3,
+		Names: []*authorityv1.EgressName{{Name: "ok.test", Allowed: 1, BytesIn: 2048}, {Name: "evil\x1b[2J.test", Refused: 2}},
+		Records: []*authorityv1.EgressRecord{
+			{Via: "connect", Name: "ok.test", Port: 443, Allowed: true, Reason: "allowed by ok.test ports [80 443]", Addr: "203.0.113.5:443", BytesIn: 2048},
+			{Via: "dns", Name: "evil\x1b[2J.test", Qtype: "A", Reason: "evil\x1b[2J.test is not in the policy"},
+		},
+		Last: []*authorityv1.EgressRecord{{Via: "connect", Name: "evil\x1b[2J.test", Port: 443, Reason: "not in the policy"}},
+	}}
+	f := &fakeAuthority{approval: resp}
+	cfg := serveFake(t, f)
+	code, out, errOut := runCLI(t, cfg, nil, "approval", "show", "a-1")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"egress     3 records", "ok.test  allowed 1, refused 0, in 2.0KiB", "evil\\x1b[2J.test  allowed 0, refused 2"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("approval show lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "--- egress decisions ---") {
+		t.Errorf("the decisions are listed without --egress:\n%s", out)
+	}
+	code, out, errOut = runCLI(t, cfg, nil, "approval", "show", "a-1", "--egress")
+	if code != 0 {
+		t.Fatalf("--egress: exit %d: %s", code, errOut)
+	}
+	if strings.Contains(out, "\x1b") {
+		t.Errorf("a raw escape reached the terminal:\n%q", out)
+	}
+	for _, want := range []string{"--- egress decisions ---", "203.0.113.5:443", "evil\\x1b[2J.test is not in the policy"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("--egress lacks %q:\n%s", want, out)
+		}
+	}
+	if code, _, errOut := runCLI(t, cfg, nil, "approval", "show", "a-1", "--egress", "--full"); code != 2 {
+		t.Errorf("--egress --full: exit %d (%s), want a usage error", code, errOut)
+	}
+}
