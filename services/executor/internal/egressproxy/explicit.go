@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -28,6 +29,27 @@ func (p *Proxy) serveExplicit(c *conn) {
 	p.forward(c, req, hosts, true)
 }
 
+// decide takes host on port through the proxy's checks: a name (not an
+// address), allowed by the policy, resolving to vetted addresses only. It
+// returns the name and those addresses, or the status to answer the job
+// with, the decision recording why.
+func (p *Proxy) decide(c *conn, host string, port uint16) (string, []netip.Addr, int) {
+	name, why := nameOf(host)
+	if why != "" {
+		c.d.Name, c.d.Port = name, port
+		c.refuse(why)
+		return name, nil, http.StatusForbidden
+	}
+	if !p.admit(c, name, port) {
+		return name, nil, http.StatusForbidden
+	}
+	addrs, status := p.vet(c, name)
+	if addrs == nil {
+		return name, nil, status
+	}
+	return name, addrs, 0
+}
+
 // connect handles CONNECT name:port. The name is decided on and resolved
 // before the tunnel is granted; then the ClientHello is read, before
 // anything is dialled, and its SNI must be the CONNECT name.
@@ -38,19 +60,8 @@ func (p *Proxy) connect(c *conn, req *http.Request) {
 		respond(c, http.StatusBadRequest, c.d.Reason)
 		return
 	}
-	name, why := nameOf(host)
-	if why != "" {
-		c.d.Name, c.d.Port = name, port
-		c.refuse(why)
-		respond(c, http.StatusForbidden, why)
-		return
-	}
-	if !p.admit(c, name, port) {
-		respond(c, http.StatusForbidden, c.d.Reason)
-		return
-	}
-	addrs, status := p.vet(c, name)
-	if addrs == nil {
+	name, addrs, status := p.decide(c, host, port)
+	if status != 0 {
 		respond(c, status, c.d.Reason)
 		return
 	}
@@ -94,19 +105,8 @@ func (p *Proxy) forward(c *conn, req *http.Request, hosts []string, explicit boo
 		respond(c, status, why)
 		return
 	}
-	name, why := nameOf(host)
-	if why != "" {
-		c.d.Name, c.d.Port = name, port
-		c.refuse(why)
-		respond(c, http.StatusForbidden, why)
-		return
-	}
-	if !p.admit(c, name, port) {
-		respond(c, http.StatusForbidden, c.d.Reason)
-		return
-	}
-	addrs, status := p.vet(c, name)
-	if addrs == nil {
+	_, addrs, status := p.decide(c, host, port)
+	if status != 0 {
 		respond(c, status, c.d.Reason)
 		return
 	}

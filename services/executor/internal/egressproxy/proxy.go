@@ -45,6 +45,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/refusalcap"
+	"github.com/airlockhq/airlock/services/executor/internal/acceptloop"
 )
 
 // Resolver answers a name with addresses. *net.Resolver is one; production
@@ -239,35 +240,19 @@ func (p *Proxy) serve(l net.Listener, mode Mode, handle func(*conn)) error {
 		l.Close()
 	}()
 
-	var backoff time.Duration
-	for {
-		nc, err := l.Accept()
-		if err != nil {
-			if p.isClosed() {
-				return ErrClosed
-			}
-			if errors.Is(err, net.ErrClosed) {
-				return err
-			}
-			// Out of descriptors and the like: keep serving, as
-			// net/http does, rather than leave the job with no way out.
-			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-			time.Sleep(backoff)
-			continue
-		}
-		backoff = 0
+	return acceptloop.Serve(l, p.isClosed, ErrClosed, func(nc net.Conn) {
 		c, why := p.track(nc, mode)
 		if c == nil {
 			nc.Close()
 			p.emit(Decision{Time: time.Now(), Mode: mode, Reason: why})
-			continue
+			return
 		}
 		go func() {
 			defer p.handlers.Done()
 			handle(c)
 			p.finish(c)
 		}()
-	}
+	})
 }
 
 func (p *Proxy) isClosed() bool {

@@ -41,6 +41,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/refusalcap"
+	"github.com/airlockhq/airlock/services/executor/internal/acceptloop"
 )
 
 // Resolver answers a name with addresses. *net.Resolver is one; production
@@ -313,24 +314,10 @@ func (s *Server) ServeTCP(l net.Listener) error {
 		l.Close()
 	}()
 
-	var backoff time.Duration
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			if s.isClosed() {
-				return ErrClosed
-			}
-			if errors.Is(err, net.ErrClosed) {
-				return err
-			}
-			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-			time.Sleep(backoff)
-			continue
-		}
-		backoff = 0
+	return acceptloop.Serve(l, s.isClosed, ErrClosed, func(c net.Conn) {
 		if !s.track(c) {
 			c.Close()
-			continue
+			return
 		}
 		go func() {
 			defer s.handlers.Done()
@@ -340,7 +327,7 @@ func (s *Server) ServeTCP(l net.Listener) error {
 			s.mu.Unlock()
 			c.Close()
 		}()
-	}
+	})
 }
 
 func (s *Server) track(c net.Conn) bool {
