@@ -11,9 +11,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
@@ -62,6 +64,13 @@ type Sandbox struct {
 	// deadlineChanged wakes a running Run to re-arm its deadline from
 	// spec.Limits (UpdateLimits).
 	deadlineChanged chan struct{}
+
+	// Exec's: a sequence for its files, and the bundle's process spec,
+	// read once, the template of every exec's.
+	execSeq  atomic.Int64
+	execOnce sync.Once
+	execProc *specs.Process
+	execErr  error
 }
 
 // WorkDir is the host path of the job's merged /work, readable after Run

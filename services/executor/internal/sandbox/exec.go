@@ -1,0 +1,403 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/airlockhq/airlock/pkg/errdefs"
+)
+
+// IdleCommand is what a session's sandbox runs as its own process, the
+// init of its pid namespace: nothing, until the sandbox is stopped, while
+// it reaps every orphan an exec leaves (bash's wait reaps any child, and
+// orphans become init's children). It ignores every signal a job could
+// send it, and the kernel drops SIGKILL and SIGSTOP sent to an init from
+// inside its namespace: a session ends only from outside.
+var IdleCommand = []string{"bash", "-c", "trap '' HUP INT QUIT TERM USR1 USR2 PIPE ALRM; while :; do sleep 3600 & wait $!; done"}
+
+// How long an exec's process group has, after SIGTERM, before SIGKILL;
+// and how long a started sandbox has to come up before an Exec gives up.
+const (
+	DefaultExecKillGrace = 10 * time.Second
+	execStartWait        = 30 * time.Second
+)
+
+// ExecSpec is one command run inside a running sandbox, beside its own
+// process: a session's exec.
+type ExecSpec struct {
+	// Argv is the command; argv[0] is resolved through PATH inside.
+	Argv []string
+	// Env is added to the sandbox's environment (Spec.Env over the
+	// defaults), overriding what it names.
+	Env map[string]string
+	// Cwd is the absolute working directory inside; empty is /work.
+	Cwd string
+	// Stdin is the command's standard input; nil is /dev/null.
+	Stdin io.Reader
+	// Stdout and Stderr receive its output. Nil discards.
+	Stdout, Stderr io.Writer
+	// Timeout, if positive, bounds its wall time: past it, its whole
+	// process group is killed (ReasonTimeout). The sandbox lives on.
+	Timeout time.Duration
+	// KillGrace is how long the process group has after SIGTERM, when ctx
+	// is cancelled, before SIGKILL. Zero is DefaultExecKillGrace.
+	KillGrace time.Duration
+}
+
+// ExecResult is how an exec ended.
+type ExecResult struct {
+	// Reason is ReasonExited, ReasonTimeout, ReasonOOM, ReasonCancelled
+	// (ctx, or the sandbox stopping under it) or ReasonSandboxError.
+	Reason Reason
+	// ExitCode is the command's exit status when Reason is ReasonExited,
+	// else -1; a command killed by signal N exits 128+N.
+	ExitCode int
+	WallTime time.Duration
+	// CPUTime is what the whole sandbox used while the exec ran: execs
+	// running at once share it.
+	CPUTime time.Duration
+	Message string
+}
+
+func (x *ExecSpec) validate() error {
+	if len(x.Argv) == 0 || x.Argv[0] == "" {
+		return invalid("exec.argv: need at least a non-empty argv[0]")
+	}
+	for i, a := range x.Argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return invalid("exec.argv[%d]: contains a NUL byte", i)
+		}
+	}
+	for k, v := range x.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return invalid("exec.env key %q: must be non-empty without '=' or NUL", k)
+		}
+		if strings.IndexByte(v, 0) >= 0 {
+			return invalid("exec.env[%s]: value contains a NUL byte", k)
+		}
+	}
+	if x.Cwd != "" && (!path.IsAbs(x.Cwd) || path.Clean(x.Cwd) != x.Cwd || strings.IndexByte(x.Cwd, 0) >= 0) {
+		return invalid("exec.cwd %q: must be a clean absolute path", x.Cwd)
+	}
+	if x.Timeout < 0 || x.KillGrace < 0 {
+		return invalid("exec.timeout and exec.kill_grace must not be negative")
+	}
+	return nil
+}
+
+// Exec runs x inside the running sandbox, with the sandbox's user,
+// capabilities (none), seccomp filter, limits and network, and waits for
+// it. The command is the leader of a process group of its own: its
+// timeout, or cancelling ctx (SIGTERM, then SIGKILL after KillGrace),
+// stops that whole group and nothing else of the sandbox. A process that
+// leaves the group (setsid) is stopped only when the sandbox is. Processes
+// it leaves running when it exits are not stopped; their output, after a
+// short grace, is no longer collected.
+//
+// Exec waits, up to a bound, for a sandbox whose Run has just begun to be
+// up. The error is non-nil only when the exec could not be run at all:
+// bad input, a sandbox not running, or the runtime failing.
+func (s *Sandbox) Exec(ctx context.Context, x ExecSpec) (ExecResult, error) {
+	res := ExecResult{ExitCode: -1}
+	if err := x.validate(); err != nil {
+		return res, err
+	}
+	if x.KillGrace == 0 {
+		x.KillGrace = DefaultExecKillGrace
+	}
+	proc, err := s.waitUp(ctx)
+	if err != nil {
+		return res, err
+	}
+	proc.Args = x.Argv
+	env := maps.Clone(s.spec.Env)
+	if env == nil {
+		env = map[string]string{}
+	}
+	maps.Copy(env, x.Env)
+	proc.Env = jobEnv(env)
+	proc.Cwd = x.Cwd
+	if proc.Cwd == "" {
+		proc.Cwd = "/work"
+	}
+	n := s.execSeq.Add(1)
+	procFile := filepath.Join(s.dir, fmt.Sprintf("exec-%d.json", n))
+	pidFile := filepath.Join(s.dir, fmt.Sprintf("exec-%d.pid", n))
+	logPath := filepath.Join(s.dir, fmt.Sprintf("exec-%d.log", n))
+	defer os.Remove(procFile)
+	defer os.Remove(pidFile)
+	defer os.Remove(logPath)
+	data, err := json.Marshal(proc)
+	if err != nil {
+		return res, err
+	}
+	if err := os.WriteFile(procFile, data, 0o600); err != nil {
+		return res, err
+	}
+	return s.exec(ctx, x, res, procFile, pidFile, logPath)
+}
+
+// waitUp waits for the sandbox's own process to be running and returns a
+// copy of its process spec, the template of every exec's.
+func (s *Sandbox) waitUp(ctx context.Context) (*specs.Process, error) {
+	deadline := time.Now().Add(execStartWait)
+	for {
+		s.mu.Lock()
+		state, ending := s.state, s.ending
+		s.mu.Unlock()
+		if state > stateRunning || ending {
+			return nil, fmt.Errorf("%w: sandbox %s is not running", errdefs.ErrFailedPrecondition, s.spec.ID)
+		}
+		if _, err := os.Stat(s.pidFile); err == nil && state == stateRunning {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("sandbox %s: not up %s after it was started", s.spec.ID, execStartWait)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	s.execOnce.Do(func() {
+		data, err := os.ReadFile(filepath.Join(s.bundle, "config.json"))
+		if err != nil {
+			s.execErr = err
+			return
+		}
+		var cfg specs.Spec
+		if err := json.Unmarshal(data, &cfg); err != nil || cfg.Process == nil {
+			s.execErr = fmt.Errorf("sandbox %s: read the bundle's process: %v", s.spec.ID, err)
+			return
+		}
+		s.execProc = cfg.Process
+	})
+	if s.execErr != nil {
+		return nil, s.execErr
+	}
+	data, _ := json.Marshal(s.execProc)
+	var p specs.Process
+	if err := json.Unmarshal(data, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+func (s *Sandbox) exec(ctx context.Context, x ExecSpec, res ExecResult, procFile, pidFile, logPath string) (ExecResult, error) {
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return res, err
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return res, err
+	}
+	args := s.rt.global(logPath)
+	args = append(args, "exec", "--process", procFile, "--pid-file", pidFile)
+	internalPid := ""
+	if s.rt.class == ClassRunsc {
+		internalPid = pidFile + ".internal"
+		defer os.Remove(internalPid)
+		args = append(args, "--internal-pid-file", internalPid)
+	}
+	args = append(args, s.spec.ID)
+	cmd := exec.Command(s.rt.path, args...)
+	cmd.Env = runtimeEnv
+	cmd.Dir = s.dir
+	cmd.Stdin = x.Stdin
+	cmd.Stdout, cmd.Stderr = outW, errW
+	// The runtime process leads a group of its own, so a terminal's
+	// signals to the executor do not reach it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cpu0 := s.m.cg.stats(s.cgRel)
+	start := time.Now()
+	err = cmd.Start()
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		return res, fmt.Errorf("start %s exec: %w", s.rt.class, err)
+	}
+	var copies sync.WaitGroup
+	for _, p := range []struct {
+		r *os.File
+		w io.Writer
+	}{{outR, x.Stdout}, {errR, x.Stderr}} {
+		w := p.w
+		if w == nil {
+			w = io.Discard
+		}
+		copies.Add(1)
+		go func(r *os.File) {
+			defer copies.Done()
+			if _, err := io.Copy(w, r); err != nil {
+				_, _ = io.Copy(io.Discard, r)
+			}
+		}(p.r)
+	}
+	waitErr := make(chan error, 1)
+	go func() { waitErr <- cmd.Wait() }()
+
+	// Both runtimes start the command as the leader of a new session and
+	// process group; signalling that group reaches exactly the exec's
+	// processes. runc names its host pid, runsc its pid inside gVisor.
+	group := func(sig syscall.Signal) {
+		if s.rt.class == ClassRunc {
+			if pid := readPid(pidFile); pid > 0 {
+				_ = syscall.Kill(-pid, sig)
+			} else {
+				// Not started yet: the runtime process itself.
+				_ = cmd.Process.Signal(sig)
+			}
+			return
+		}
+		pid := readPid(internalPid)
+		if pid <= 0 {
+			_ = cmd.Process.Signal(sig)
+			return
+		}
+		kctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		k := exec.CommandContext(kctx, s.rt.path, append(s.rt.global(""), "kill", "--pgid", strconv.Itoa(pid), s.spec.ID, strconv.Itoa(int(sig)))...)
+		k.Env = runtimeEnv
+		if out, err := k.CombinedOutput(); err != nil {
+			s.m.log.Warn("sandbox: signal an exec's process group", "job_id", s.spec.ID, "error", err, "output", strings.TrimSpace(string(out)))
+		}
+	}
+	var timeoutC <-chan time.Time
+	if x.Timeout > 0 {
+		t := time.NewTimer(x.Timeout)
+		defer t.Stop()
+		timeoutC = t.C
+	}
+	var (
+		stopped     Reason
+		graceC      <-chan time.Time
+		sweepC      <-chan time.Time
+		werr        error
+		escalated   bool
+		sweepTicker *time.Ticker
+	)
+	defer func() {
+		if sweepTicker != nil {
+			sweepTicker.Stop()
+		}
+	}()
+	sweep := func() {
+		group(syscall.SIGKILL)
+		if sweepTicker == nil {
+			sweepTicker = time.NewTicker(200 * time.Millisecond)
+			sweepC = sweepTicker.C
+		}
+	}
+	done := ctx.Done()
+wait:
+	for {
+		select {
+		case werr = <-waitErr:
+			break wait
+		case <-timeoutC:
+			timeoutC = nil
+			if stopped == "" {
+				stopped = ReasonTimeout
+			}
+			sweep()
+		case <-done:
+			done = nil
+			if stopped == "" {
+				stopped = ReasonCancelled
+			}
+			group(syscall.SIGTERM)
+			graceC = time.After(x.KillGrace)
+		case <-graceC:
+			graceC = nil
+			sweep()
+		case <-sweepC:
+			group(syscall.SIGKILL)
+			if !escalated && time.Since(start) > x.Timeout+x.KillGrace+runtimeExitGrace {
+				// The runtime outlived the group's kill: kill it too.
+				escalated = true
+				_ = cmd.Process.Kill()
+			}
+		}
+	}
+	wall := time.Since(start)
+	drained := make(chan struct{})
+	go func() { copies.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(outputDrainGrace):
+		// A process the exec left running holds its output open.
+	}
+	outR.Close()
+	errR.Close()
+	copies.Wait()
+	cpu1 := s.m.cg.stats(s.cgRel)
+	res.WallTime, res.CPUTime = wall, max(0, cpu1.cpu-cpu0.cpu)
+	code := exitCode(werr)
+	s.mu.Lock()
+	ending := s.ending || s.state != stateRunning
+	s.mu.Unlock()
+	execCode, execMsg, execFailed := execFailure(logErrors(logPath))
+	_, started := os.Stat(pidFile)
+	switch {
+	case stopped == ReasonTimeout:
+		res.Reason = ReasonTimeout
+		res.Message = fmt.Sprintf("the exec's timeout of %s passed; its process group was killed", x.Timeout)
+	case stopped == ReasonCancelled:
+		res.Reason = ReasonCancelled
+		res.Message = "the exec was cancelled; its process group was sent SIGTERM, then SIGKILL after the grace period"
+	case ending:
+		res.Reason = ReasonCancelled
+		res.Message = "the sandbox stopped while the exec ran"
+	case cpu1.oomKills > cpu0.oomKills && code == 128+int(syscall.SIGKILL):
+		res.Reason = ReasonOOM
+		res.Message = fmt.Sprintf("the memory limit of %d bytes was reached and the kernel's OOM killer killed a process of the exec", s.limits().MemoryBytes)
+	case execFailed:
+		res.Reason, res.ExitCode, res.Message = ReasonExited, execCode, "the command could not be executed: "+execMsg
+	case started != nil || code < 0:
+		msg := strings.Join(logErrors(logPath), "; ")
+		if werr != nil {
+			msg = strings.TrimPrefix(msg+"; "+werr.Error(), "; ")
+		}
+		return res, fmt.Errorf("%s exec did not run the command (exit %d): %s", s.rt.class, code, msg)
+	default:
+		res.Reason, res.ExitCode = ReasonExited, code
+		res.Message = fmt.Sprintf("exited with status %d", code)
+	}
+	return res, nil
+}
+
+// readPid reads a pid file; 0 if there is none yet.
+func readPid(p string) int {
+	if p == "" {
+		return 0
+	}
+	data, err := os.ReadFile(p)
+	if err != nil {
+		return 0
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil {
+		return 0
+	}
+	return n
+}

@@ -1,0 +1,172 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// session starts a sandbox running IdleCommand and returns it with a
+// function that stops it and returns Run's result.
+func (e *env) session(t *testing.T, c Class, src string) (*Sandbox, func() Result) {
+	t.Helper()
+	id := fmt.Sprintf("sess-%d", testSeq.Add(1))
+	lim := defaultLimits
+	lim.Deadline = 2 * time.Minute
+	sb, err := e.m.Create(context.Background(), Spec{ID: id, Class: c, Source: src, Command: IdleCommand, Limits: lim})
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan Result, 1)
+	go func() {
+		res, err := sb.Run(ctx)
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		done <- res
+	}()
+	var once sync.Once
+	var res Result
+	stop := func() Result {
+		once.Do(func() {
+			cancel()
+			res = <-done
+			if err := sb.Destroy(); err != nil {
+				t.Errorf("Destroy: %v", err)
+			}
+		})
+		return res
+	}
+	t.Cleanup(func() { stop() })
+	return sb, stop
+}
+
+type execRan struct {
+	res            ExecResult
+	err            error
+	stdout, stderr string
+}
+
+func runExec(t *testing.T, ctx context.Context, sb *Sandbox, x ExecSpec) execRan {
+	t.Helper()
+	var out, errb syncBuffer
+	x.Stdout, x.Stderr = &out, &errb
+	res, err := sb.Exec(ctx, x)
+	r := execRan{res: res, err: err, stdout: out.String(), stderr: errb.String()}
+	t.Logf("exec %v: reason=%s exit=%d msg=%q wall=%s err=%v\nstdout: %s\nstderr: %s", x.Argv, res.Reason, res.ExitCode, res.Message, res.WallTime, err, trunc(r.stdout), trunc(r.stderr))
+	return r
+}
+
+// countProcs counts, from inside, the processes whose command name is comm.
+const countProcs = `n=0; for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = "$1" ] && n=$((n+1)); done; echo $n`
+
+// TestExec drives a session's sandbox as an agent does: state carries from
+// one exec to the next, stdin and exit statuses arrive, a timeout or a
+// cancel stops exactly the exec's process group while the sandbox and a
+// background exec live on, and stopping the sandbox ends the execs in it.
+func TestExec(t *testing.T) {
+	e := newEnv(t)
+	src := e.source(t, map[string]string{"README": "hello\n"})
+	for _, c := range testClasses(t, e) {
+		t.Run(string(c), func(t *testing.T) {
+			sb, stop := e.session(t, c, src)
+			ctx := context.Background()
+
+			r := runExec(t, ctx, sb, ExecSpec{Argv: []string{"sh", "-c", `echo out; echo err >&2; cat; echo "$GREETING" "$PWD"; exit 3`},
+				Env: map[string]string{"GREETING": "hi"}, Cwd: "/tmp", Stdin: strings.NewReader("from stdin\n")})
+			if r.err != nil || r.res.Reason != ReasonExited || r.res.ExitCode != 3 {
+				t.Fatalf("first exec: %+v %v, want exited 3", r.res, r.err)
+			}
+			if r.stdout != "out\nfrom stdin\nhi /tmp\n" || r.stderr != "err\n" {
+				t.Fatalf("stdout %q stderr %q", r.stdout, r.stderr)
+			}
+			if r := runExec(t, ctx, sb, ExecSpec{Argv: []string{"sh", "-c", "echo edited >> README; echo state > /tmp/s"}}); r.res.ExitCode != 0 {
+				t.Fatalf("edit: %+v", r.res)
+			}
+			if r := runExec(t, ctx, sb, ExecSpec{Argv: []string{"cat", "/work/README", "/tmp/s"}}); r.stdout != "hello\nedited\nstate\n" {
+				t.Fatalf("state did not carry from one exec to the next: %q", r.stdout)
+			}
+			if r := runExec(t, ctx, sb, ExecSpec{Argv: []string{"no-such-command"}}); r.err != nil || r.res.ExitCode != 127 {
+				t.Fatalf("a missing command: %+v %v, want exit 127", r.res, r.err)
+			}
+
+			// A background exec, running throughout.
+			bgCtx, bgCancel := context.WithCancel(ctx)
+			bg := make(chan execRan, 1)
+			go func() {
+				bg <- runExec(t, bgCtx, sb, ExecSpec{Argv: []string{"sh", "-c", `trap 'echo got TERM; exit 7' TERM; echo up > /tmp/bg; while :; do sleep 0.1; done`}, KillGrace: 5 * time.Second})
+			}()
+			waitFor(t, "the background exec", 20*time.Second, func() bool {
+				return runExec(t, ctx, sb, ExecSpec{Argv: []string{"cat", "/tmp/bg"}}).stdout == "up\n"
+			})
+
+			// A timeout kills the exec's whole process group, children
+			// and grandchildren, and nothing else.
+			r = runExec(t, ctx, sb, ExecSpec{Argv: []string{"sh", "-c", `sh -c 'sleep 300' & sleep 301 & echo started; wait`}, Timeout: 2 * time.Second})
+			if r.err != nil || r.res.Reason != ReasonTimeout || r.stdout != "started\n" {
+				t.Fatalf("timed-out exec: %+v %v", r.res, r.err)
+			}
+			if r.res.WallTime > 15*time.Second {
+				t.Fatalf("the timed-out exec took %s", r.res.WallTime)
+			}
+			waitFor(t, "the timed-out exec's processes to go", 10*time.Second, func() bool {
+				// The idle init is one sleep; the background exec's loop
+				// may hold another for 0.1 s; the timed-out ones are gone.
+				out := runExec(t, ctx, sb, ExecSpec{Argv: []string{"sh", "-c", countProcs, "count", "sleep"}}).stdout
+				return out == "1\n" || out == "2\n"
+			})
+			select {
+			case r := <-bg:
+				t.Fatalf("the background exec ended with the timed-out one: %+v", r.res)
+			default:
+			}
+
+			// Cancelling sends SIGTERM first: the exec's trap runs.
+			bgCancel()
+			r = <-bg
+			if r.err != nil || r.res.Reason != ReasonCancelled || !strings.Contains(r.stdout, "got TERM") {
+				t.Fatalf("cancelled exec: %+v %v stdout %q", r.res, r.err, r.stdout)
+			}
+
+			// Stopping the sandbox ends what runs in it.
+			long := make(chan execRan, 1)
+			go func() { long <- runExec(t, ctx, sb, ExecSpec{Argv: []string{"sleep", "300"}}) }()
+			time.Sleep(500 * time.Millisecond)
+			res := stop()
+			if res.Reason != ReasonCancelled {
+				t.Fatalf("the session's own result: %+v", res)
+			}
+			select {
+			case r := <-long:
+				if r.res.Reason != ReasonCancelled && r.err == nil {
+					t.Fatalf("an exec in a stopped sandbox: %+v", r.res)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("an exec outlived its sandbox by 30 s")
+			}
+			if _, err := sb.Exec(ctx, ExecSpec{Argv: []string{"true"}}); err == nil {
+				t.Fatal("Exec in a destroyed sandbox worked")
+			}
+		})
+	}
+}
+
+func TestExecValidates(t *testing.T) {
+	for _, x := range []ExecSpec{
+		{},
+		{Argv: []string{""}},
+		{Argv: []string{"a\x00b"}},
+		{Argv: []string{"true"}, Env: map[string]string{"A=B": "x"}},
+		{Argv: []string{"true"}, Cwd: "work"},
+		{Argv: []string{"true"}, Cwd: "/work/../etc"},
+		{Argv: []string{"true"}, Timeout: -1},
+	} {
+		if err := x.validate(); err == nil {
+			t.Errorf("%+v: accepted", x)
+		}
+	}
+}
