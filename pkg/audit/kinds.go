@@ -7,6 +7,7 @@ const (
 	KindApprovalDecided      = "approval.decided"
 	KindApprovalExpired      = "approval.expired"
 	KindApprovalOpened       = "approval.opened"
+	KindExecStarted          = "exec.started"
 	KindJobCancelled         = "job.cancelled"
 	KindJobChangeFailed      = "job.change_failed"
 	KindJobChangeRefused     = "job.change_refused"
@@ -32,6 +33,7 @@ func Kinds() []string {
 		KindApprovalDecided,
 		KindApprovalExpired,
 		KindApprovalOpened,
+		KindExecStarted,
 		KindJobCancelled,
 		KindJobChangeFailed,
 		KindJobChangeRefused,

@@ -20,6 +20,17 @@ var AuthorityTable = Merge(Infrastructure, Table{
 	authorityv1.AuthorityService_ListJobs_FullMethodName:     {Clients},
 	authorityv1.AuthorityService_WatchJob_FullMethodName:     {Clients},
 	authorityv1.AuthorityService_CancelJob_FullMethodName:    {Clients},
+	// Sessions are jobs: the same callers, the handler scoping each to
+	// the session's tenant.
+	authorityv1.AuthorityService_CreateSession_FullMethodName: {Clients},
+	authorityv1.AuthorityService_GetSession_FullMethodName:    {Clients},
+	authorityv1.AuthorityService_ListSessions_FullMethodName:  {Clients},
+	authorityv1.AuthorityService_FinishSession_FullMethodName: {Clients},
+	authorityv1.AuthorityService_CancelSession_FullMethodName: {Clients},
+	authorityv1.AuthorityService_StartExec_FullMethodName:     {Clients},
+	authorityv1.AuthorityService_GetExec_FullMethodName:       {Clients},
+	authorityv1.AuthorityService_WatchExec_FullMethodName:     {Clients},
+	authorityv1.AuthorityService_CancelExec_FullMethodName:    {Clients},
 
 	// Only the executor stages source and reports results; the executor
 	// never gets a credential, only the bytes the authority read with it.
@@ -64,6 +75,12 @@ var ExecutorTable = Merge(Infrastructure, Table{
 	executorv1.ExecutorService_CancelRun_FullMethodName:   {Authority},
 	executorv1.ExecutorService_UpdateRun_FullMethodName:   {Authority},
 	executorv1.ExecutorService_GetArtifact_FullMethodName: {Publisher, Authority},
+	executorv1.ExecutorService_StartExec_FullMethodName:   {Authority},
+	executorv1.ExecutorService_GetExec_FullMethodName:     {Authority},
+	executorv1.ExecutorService_ListExecs_FullMethodName:   {Authority},
+	executorv1.ExecutorService_WatchExec_FullMethodName:   {Authority},
+	executorv1.ExecutorService_CancelExec_FullMethodName:  {Authority},
+	executorv1.ExecutorService_FinishRun_FullMethodName:   {Authority},
 })
 
 // PublisherTable is the publisher's table.

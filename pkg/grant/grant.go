@@ -152,8 +152,10 @@ func checkShape(g *typesv1.Grant) error {
 		return fmt.Errorf("%w: tenant is required", ErrMalformed)
 	case !fullSHA.MatchString(g.GetCommit()):
 		return fmt.Errorf("%w: commit %q is not a full lowercase hex SHA", ErrMalformed, g.GetCommit())
-	case len(g.GetCommand()) == 0:
+	case len(g.GetCommand()) == 0 && g.GetSession() == nil:
 		return fmt.Errorf("%w: command is required", ErrMalformed)
+	case len(g.GetCommand()) > 0 && g.GetSession() != nil:
+		return fmt.Errorf("%w: a session's grant has no command (its execs are the work)", ErrMalformed)
 	case g.GetLimits() == nil:
 		return fmt.Errorf("%w: limits are required", ErrMalformed)
 	case g.GetNetworkPolicy().GetMode() == nil:

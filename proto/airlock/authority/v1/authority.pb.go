@@ -522,6 +522,8 @@ type JobSpec struct {
 	RuntimeClass v1.RuntimeClass `protobuf:"varint,7,opt,name=runtime_class,json=runtimeClass,proto3,enum=airlock.types.v1.RuntimeClass" json:"runtime_class,omitempty"`
 	// Where the result may be published after approval; optional.
 	PublishTarget *v1.PublishTarget `protobuf:"bytes,8,opt,name=publish_target,json=publishTarget,proto3" json:"publish_target,omitempty"`
+	// Set for a session (CreateSession sets it): command is then empty.
+	Session       *v1.SessionSpec `protobuf:"bytes,9,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -608,6 +610,13 @@ func (x *JobSpec) GetRuntimeClass() v1.RuntimeClass {
 func (x *JobSpec) GetPublishTarget() *v1.PublishTarget {
 	if x != nil {
 		return x.PublishTarget
+	}
+	return nil
+}
+
+func (x *JobSpec) GetSession() *v1.SessionSpec {
+	if x != nil {
+		return x.Session
 	}
 	return nil
 }
@@ -5198,11 +5207,1027 @@ func (x *GetPublishSpecResponse) GetDeployCredential() bool {
 	return false
 }
 
+// CreateSessionRequest asks for a session.
+type CreateSessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required: the tenant to run under; the caller must belong to it.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Required: what to run in, as for a job, with command empty; session
+	// may be unset for the tenant's defaults.
+	Spec *JobSpec `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	// Required: the same (tenant, idempotency_key) always returns the same
+	// session (or job).
+	IdempotencyKey string `protobuf:"bytes,3,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *CreateSessionRequest) Reset() {
+	*x = CreateSessionRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateSessionRequest) ProtoMessage() {}
+
+func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateSessionRequest.ProtoReflect.Descriptor instead.
+func (*CreateSessionRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *CreateSessionRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *CreateSessionRequest) GetSpec() *JobSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *CreateSessionRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+// CreateSessionResponse returns the session.
+type CreateSessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session, a job whose spec.session is set.
+	Session *Job `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	// False when the idempotency key matched an existing session.
+	Created       bool `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateSessionResponse) Reset() {
+	*x = CreateSessionResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateSessionResponse) ProtoMessage() {}
+
+func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateSessionResponse.ProtoReflect.Descriptor instead.
+func (*CreateSessionResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *CreateSessionResponse) GetSession() *Job {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+func (x *CreateSessionResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
+// GetSessionRequest names a session.
+type GetSessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionId     string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSessionRequest) Reset() {
+	*x = GetSessionRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSessionRequest) ProtoMessage() {}
+
+func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSessionRequest.ProtoReflect.Descriptor instead.
+func (*GetSessionRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *GetSessionRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+// GetSessionResponse returns a session and its execs.
+type GetSessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session.
+	Session *Job `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	// Its execs, first to last; empty once the session has ended and its
+	// executor no longer has it (the result bundle keeps every record).
+	Execs         []*v1.Exec `protobuf:"bytes,2,rep,name=execs,proto3" json:"execs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSessionResponse) Reset() {
+	*x = GetSessionResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSessionResponse) ProtoMessage() {}
+
+func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSessionResponse.ProtoReflect.Descriptor instead.
+func (*GetSessionResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *GetSessionResponse) GetSession() *Job {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+func (x *GetSessionResponse) GetExecs() []*v1.Exec {
+	if x != nil {
+		return x.Execs
+	}
+	return nil
+}
+
+// ListSessionsRequest asks for a tenant's sessions.
+type ListSessionsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Only sessions in these states; empty means all.
+	States []JobState `protobuf:"varint,2,rep,packed,name=states,proto3,enum=airlock.authority.v1.JobState" json:"states,omitempty"`
+	// At most this many; 0 means 50, the maximum is 500.
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// From a previous response's next_page_token.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSessionsRequest) Reset() {
+	*x = ListSessionsRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSessionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSessionsRequest) ProtoMessage() {}
+
+func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
+func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *ListSessionsRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ListSessionsRequest) GetStates() []JobState {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+func (x *ListSessionsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListSessionsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListSessionsResponse is one page of sessions.
+type ListSessionsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sessions, newest first.
+	Sessions []*Job `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	// Empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSessionsResponse) Reset() {
+	*x = ListSessionsResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSessionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSessionsResponse) ProtoMessage() {}
+
+func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
+func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{68}
+}
+
+func (x *ListSessionsResponse) GetSessions() []*Job {
+	if x != nil {
+		return x.Sessions
+	}
+	return nil
+}
+
+func (x *ListSessionsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// FinishSessionRequest names a session to finish.
+type FinishSessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionId     string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FinishSessionRequest) Reset() {
+	*x = FinishSessionRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FinishSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FinishSessionRequest) ProtoMessage() {}
+
+func (x *FinishSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FinishSessionRequest.ProtoReflect.Descriptor instead.
+func (*FinishSessionRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{69}
+}
+
+func (x *FinishSessionRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+// FinishSessionResponse returns the session as it finishes.
+type FinishSessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session.
+	Session       *Job `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FinishSessionResponse) Reset() {
+	*x = FinishSessionResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[70]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FinishSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FinishSessionResponse) ProtoMessage() {}
+
+func (x *FinishSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[70]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FinishSessionResponse.ProtoReflect.Descriptor instead.
+func (*FinishSessionResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{70}
+}
+
+func (x *FinishSessionResponse) GetSession() *Job {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+// CancelSessionRequest names a session to stop.
+type CancelSessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Why, for the audit log.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelSessionRequest) Reset() {
+	*x = CancelSessionRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelSessionRequest) ProtoMessage() {}
+
+func (x *CancelSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelSessionRequest.ProtoReflect.Descriptor instead.
+func (*CancelSessionRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{71}
+}
+
+func (x *CancelSessionRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *CancelSessionRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// CancelSessionResponse returns the session after cancellation was asked.
+type CancelSessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session.
+	Session       *Job `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelSessionResponse) Reset() {
+	*x = CancelSessionResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelSessionResponse) ProtoMessage() {}
+
+func (x *CancelSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelSessionResponse.ProtoReflect.Descriptor instead.
+func (*CancelSessionResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{72}
+}
+
+func (x *CancelSessionResponse) GetSession() *Job {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+// StartExecRequest runs a command in a session.
+type StartExecRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Required.
+	Spec          *v1.ExecSpec `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartExecRequest) Reset() {
+	*x = StartExecRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartExecRequest) ProtoMessage() {}
+
+func (x *StartExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartExecRequest.ProtoReflect.Descriptor instead.
+func (*StartExecRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *StartExecRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *StartExecRequest) GetSpec() *v1.ExecSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+// StartExecResponse returns the exec.
+type StartExecResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The exec.
+	Exec *v1.Exec `protobuf:"bytes,1,opt,name=exec,proto3" json:"exec,omitempty"`
+	// False when an exec of this id already existed.
+	Created       bool `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartExecResponse) Reset() {
+	*x = StartExecResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartExecResponse) ProtoMessage() {}
+
+func (x *StartExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartExecResponse.ProtoReflect.Descriptor instead.
+func (*StartExecResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *StartExecResponse) GetExec() *v1.Exec {
+	if x != nil {
+		return x.Exec
+	}
+	return nil
+}
+
+func (x *StartExecResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
+// GetExecRequest names an exec.
+type GetExecRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Required.
+	ExecId        string `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetExecRequest) Reset() {
+	*x = GetExecRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetExecRequest) ProtoMessage() {}
+
+func (x *GetExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetExecRequest.ProtoReflect.Descriptor instead.
+func (*GetExecRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{75}
+}
+
+func (x *GetExecRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *GetExecRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+// GetExecResponse returns an exec.
+type GetExecResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The exec.
+	Exec          *v1.Exec `protobuf:"bytes,1,opt,name=exec,proto3" json:"exec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetExecResponse) Reset() {
+	*x = GetExecResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[76]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetExecResponse) ProtoMessage() {}
+
+func (x *GetExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[76]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetExecResponse.ProtoReflect.Descriptor instead.
+func (*GetExecResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{76}
+}
+
+func (x *GetExecResponse) GetExec() *v1.Exec {
+	if x != nil {
+		return x.Exec
+	}
+	return nil
+}
+
+// WatchExecRequest names an exec to follow.
+type WatchExecRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Required.
+	ExecId string `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	// Resume stdout from this byte offset (0 for the start).
+	StdoutOffset int64 `protobuf:"varint,3,opt,name=stdout_offset,json=stdoutOffset,proto3" json:"stdout_offset,omitempty"`
+	// Resume stderr from this byte offset (0 for the start).
+	StderrOffset  int64 `protobuf:"varint,4,opt,name=stderr_offset,json=stderrOffset,proto3" json:"stderr_offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchExecRequest) Reset() {
+	*x = WatchExecRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[77]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchExecRequest) ProtoMessage() {}
+
+func (x *WatchExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[77]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchExecRequest.ProtoReflect.Descriptor instead.
+func (*WatchExecRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{77}
+}
+
+func (x *WatchExecRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *WatchExecRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *WatchExecRequest) GetStdoutOffset() int64 {
+	if x != nil {
+		return x.StdoutOffset
+	}
+	return 0
+}
+
+func (x *WatchExecRequest) GetStderrOffset() int64 {
+	if x != nil {
+		return x.StderrOffset
+	}
+	return 0
+}
+
+// WatchExecResponse is one event of a watched exec.
+type WatchExecResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Exactly one is set.
+	//
+	// Types that are valid to be assigned to Event:
+	//
+	//	*WatchExecResponse_Output
+	//	*WatchExecResponse_Exec
+	Event         isWatchExecResponse_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchExecResponse) Reset() {
+	*x = WatchExecResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[78]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchExecResponse) ProtoMessage() {}
+
+func (x *WatchExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[78]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchExecResponse.ProtoReflect.Descriptor instead.
+func (*WatchExecResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{78}
+}
+
+func (x *WatchExecResponse) GetEvent() isWatchExecResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *WatchExecResponse) GetOutput() *v1.OutputChunk {
+	if x != nil {
+		if x, ok := x.Event.(*WatchExecResponse_Output); ok {
+			return x.Output
+		}
+	}
+	return nil
+}
+
+func (x *WatchExecResponse) GetExec() *v1.Exec {
+	if x != nil {
+		if x, ok := x.Event.(*WatchExecResponse_Exec); ok {
+			return x.Exec
+		}
+	}
+	return nil
+}
+
+type isWatchExecResponse_Event interface {
+	isWatchExecResponse_Event()
+}
+
+type WatchExecResponse_Output struct {
+	// Output the exec wrote.
+	Output *v1.OutputChunk `protobuf:"bytes,1,opt,name=output,proto3,oneof"`
+}
+
+type WatchExecResponse_Exec struct {
+	// The exec once it has ended, after all of its output; the last message.
+	Exec *v1.Exec `protobuf:"bytes,2,opt,name=exec,proto3,oneof"`
+}
+
+func (*WatchExecResponse_Output) isWatchExecResponse_Event() {}
+
+func (*WatchExecResponse_Exec) isWatchExecResponse_Event() {}
+
+// CancelExecRequest names an exec to stop.
+type CancelExecRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Required.
+	ExecId        string `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelExecRequest) Reset() {
+	*x = CancelExecRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[79]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelExecRequest) ProtoMessage() {}
+
+func (x *CancelExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[79]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelExecRequest.ProtoReflect.Descriptor instead.
+func (*CancelExecRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{79}
+}
+
+func (x *CancelExecRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *CancelExecRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+// CancelExecResponse returns the exec as cancellation was asked.
+type CancelExecResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The exec.
+	Exec          *v1.Exec `protobuf:"bytes,1,opt,name=exec,proto3" json:"exec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelExecResponse) Reset() {
+	*x = CancelExecResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelExecResponse) ProtoMessage() {}
+
+func (x *CancelExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelExecResponse.ProtoReflect.Descriptor instead.
+func (*CancelExecResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{80}
+}
+
+func (x *CancelExecResponse) GetExec() *v1.Exec {
+	if x != nil {
+		return x.Exec
+	}
+	return nil
+}
+
 var File_airlock_authority_v1_authority_proto protoreflect.FileDescriptor
 
 const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\n" +
-	"$airlock/authority/v1/authority.proto\x12\x14airlock.authority.v1\x1a\x1cairlock/types/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe6\x03\n" +
+	"$airlock/authority/v1/authority.proto\x12\x14airlock.authority.v1\x1a\x1cairlock/types/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9f\x04\n" +
 	"\aJobSpec\x12\x1e\n" +
 	"\n" +
 	"repository\x18\x01 \x01(\tR\n" +
@@ -5213,7 +6238,8 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\tresources\x18\x05 \x01(\v2 .airlock.types.v1.ResourceLimitsR\tresources\x12F\n" +
 	"\x0enetwork_policy\x18\x06 \x01(\v2\x1f.airlock.types.v1.NetworkPolicyR\rnetworkPolicy\x12C\n" +
 	"\rruntime_class\x18\a \x01(\x0e2\x1e.airlock.types.v1.RuntimeClassR\fruntimeClass\x12F\n" +
-	"\x0epublish_target\x18\b \x01(\v2\x1f.airlock.types.v1.PublishTargetR\rpublishTarget\x1a6\n" +
+	"\x0epublish_target\x18\b \x01(\v2\x1f.airlock.types.v1.PublishTargetR\rpublishTarget\x127\n" +
+	"\asession\x18\t \x01(\v2\x1d.airlock.types.v1.SessionSpecR\asession\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa2\x05\n" +
@@ -5564,7 +6590,69 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\rpolicy_digest\x18\t \x01(\tR\fpolicyDigest\x12)\n" +
 	"\x10tenant_approvers\x18\n" +
 	" \x03(\tR\x0ftenantApprovers\x12+\n" +
-	"\x11deploy_credential\x18\v \x01(\bR\x10deployCredential*\xb0\x01\n" +
+	"\x11deploy_credential\x18\v \x01(\bR\x10deployCredential\"\x8a\x01\n" +
+	"\x14CreateSessionRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x121\n" +
+	"\x04spec\x18\x02 \x01(\v2\x1d.airlock.authority.v1.JobSpecR\x04spec\x12'\n" +
+	"\x0fidempotency_key\x18\x03 \x01(\tR\x0eidempotencyKey\"f\n" +
+	"\x15CreateSessionResponse\x123\n" +
+	"\asession\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\asession\x12\x18\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"2\n" +
+	"\x11GetSessionRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\"w\n" +
+	"\x12GetSessionResponse\x123\n" +
+	"\asession\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\asession\x12,\n" +
+	"\x05execs\x18\x02 \x03(\v2\x16.airlock.types.v1.ExecR\x05execs\"\xa1\x01\n" +
+	"\x13ListSessionsRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x126\n" +
+	"\x06states\x18\x02 \x03(\x0e2\x1e.airlock.authority.v1.JobStateR\x06states\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"u\n" +
+	"\x14ListSessionsResponse\x125\n" +
+	"\bsessions\x18\x01 \x03(\v2\x19.airlock.authority.v1.JobR\bsessions\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"5\n" +
+	"\x14FinishSessionRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\"L\n" +
+	"\x15FinishSessionResponse\x123\n" +
+	"\asession\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\asession\"M\n" +
+	"\x14CancelSessionRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"L\n" +
+	"\x15CancelSessionResponse\x123\n" +
+	"\asession\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\asession\"a\n" +
+	"\x10StartExecRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12.\n" +
+	"\x04spec\x18\x02 \x01(\v2\x1a.airlock.types.v1.ExecSpecR\x04spec\"Y\n" +
+	"\x11StartExecResponse\x12*\n" +
+	"\x04exec\x18\x01 \x01(\v2\x16.airlock.types.v1.ExecR\x04exec\x12\x18\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"H\n" +
+	"\x0eGetExecRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\"=\n" +
+	"\x0fGetExecResponse\x12*\n" +
+	"\x04exec\x18\x01 \x01(\v2\x16.airlock.types.v1.ExecR\x04exec\"\x94\x01\n" +
+	"\x10WatchExecRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12#\n" +
+	"\rstdout_offset\x18\x03 \x01(\x03R\fstdoutOffset\x12#\n" +
+	"\rstderr_offset\x18\x04 \x01(\x03R\fstderrOffset\"\x83\x01\n" +
+	"\x11WatchExecResponse\x127\n" +
+	"\x06output\x18\x01 \x01(\v2\x1d.airlock.types.v1.OutputChunkH\x00R\x06output\x12,\n" +
+	"\x04exec\x18\x02 \x01(\v2\x16.airlock.types.v1.ExecH\x00R\x04execB\a\n" +
+	"\x05event\"K\n" +
+	"\x11CancelExecRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\"@\n" +
+	"\x12CancelExecResponse\x12*\n" +
+	"\x04exec\x18\x01 \x01(\v2\x16.airlock.types.v1.ExecR\x04exec*\xb0\x01\n" +
 	"\bJobState\x12\x19\n" +
 	"\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n" +
@@ -5610,14 +6698,25 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x19AUDIT_OUTCOME_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15AUDIT_OUTCOME_ALLOWED\x10\x01\x12\x18\n" +
 	"\x14AUDIT_OUTCOME_DENIED\x10\x02\x12\x18\n" +
-	"\x14AUDIT_OUTCOME_FAILED\x10\x032\x84\x12\n" +
+	"\x14AUDIT_OUTCOME_FAILED\x10\x032\x81\x19\n" +
 	"\x10AuthorityService\x12\\\n" +
 	"\tSubmitJob\x12&.airlock.authority.v1.SubmitJobRequest\x1a'.airlock.authority.v1.SubmitJobResponse\x12S\n" +
 	"\x06GetJob\x12#.airlock.authority.v1.GetJobRequest\x1a$.airlock.authority.v1.GetJobResponse\x12e\n" +
 	"\fGetJobEgress\x12).airlock.authority.v1.GetJobEgressRequest\x1a*.airlock.authority.v1.GetJobEgressResponse\x12Y\n" +
 	"\bListJobs\x12%.airlock.authority.v1.ListJobsRequest\x1a&.airlock.authority.v1.ListJobsResponse\x12[\n" +
 	"\bWatchJob\x12%.airlock.authority.v1.WatchJobRequest\x1a&.airlock.authority.v1.WatchJobResponse0\x01\x12\\\n" +
-	"\tCancelJob\x12&.airlock.authority.v1.CancelJobRequest\x1a'.airlock.authority.v1.CancelJobResponse\x12d\n" +
+	"\tCancelJob\x12&.airlock.authority.v1.CancelJobRequest\x1a'.airlock.authority.v1.CancelJobResponse\x12h\n" +
+	"\rCreateSession\x12*.airlock.authority.v1.CreateSessionRequest\x1a+.airlock.authority.v1.CreateSessionResponse\x12_\n" +
+	"\n" +
+	"GetSession\x12'.airlock.authority.v1.GetSessionRequest\x1a(.airlock.authority.v1.GetSessionResponse\x12e\n" +
+	"\fListSessions\x12).airlock.authority.v1.ListSessionsRequest\x1a*.airlock.authority.v1.ListSessionsResponse\x12h\n" +
+	"\rFinishSession\x12*.airlock.authority.v1.FinishSessionRequest\x1a+.airlock.authority.v1.FinishSessionResponse\x12h\n" +
+	"\rCancelSession\x12*.airlock.authority.v1.CancelSessionRequest\x1a+.airlock.authority.v1.CancelSessionResponse\x12\\\n" +
+	"\tStartExec\x12&.airlock.authority.v1.StartExecRequest\x1a'.airlock.authority.v1.StartExecResponse\x12V\n" +
+	"\aGetExec\x12$.airlock.authority.v1.GetExecRequest\x1a%.airlock.authority.v1.GetExecResponse\x12^\n" +
+	"\tWatchExec\x12&.airlock.authority.v1.WatchExecRequest\x1a'.airlock.authority.v1.WatchExecResponse0\x01\x12_\n" +
+	"\n" +
+	"CancelExec\x12'.airlock.authority.v1.CancelExecRequest\x1a(.airlock.authority.v1.CancelExecResponse\x12d\n" +
 	"\vFetchSource\x12(.airlock.authority.v1.FetchSourceRequest\x1a).airlock.authority.v1.FetchSourceResponse0\x01\x12e\n" +
 	"\fReportResult\x12).airlock.authority.v1.ReportResultRequest\x1a*.airlock.authority.v1.ReportResultResponse\x12h\n" +
 	"\rListApprovals\x12*.airlock.authority.v1.ListApprovalsRequest\x1a+.airlock.authority.v1.ListApprovalsResponse\x12b\n" +
@@ -5650,7 +6749,7 @@ func file_airlock_authority_v1_authority_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_authority_v1_authority_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
+var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 82)
 var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(JobState)(0),                        // 0: airlock.authority.v1.JobState
 	(FileStatus)(0),                      // 1: airlock.authority.v1.FileStatus
@@ -5723,155 +6822,209 @@ var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(*GetPublishSpecRequest)(nil),        // 68: airlock.authority.v1.GetPublishSpecRequest
 	(*PublishPolicy)(nil),                // 69: airlock.authority.v1.PublishPolicy
 	(*GetPublishSpecResponse)(nil),       // 70: airlock.authority.v1.GetPublishSpecResponse
-	nil,                                  // 71: airlock.authority.v1.JobSpec.EnvEntry
-	(*v1.ResourceLimits)(nil),            // 72: airlock.types.v1.ResourceLimits
-	(*v1.NetworkPolicy)(nil),             // 73: airlock.types.v1.NetworkPolicy
-	(v1.RuntimeClass)(0),                 // 74: airlock.types.v1.RuntimeClass
-	(*v1.PublishTarget)(nil),             // 75: airlock.types.v1.PublishTarget
-	(*timestamppb.Timestamp)(nil),        // 76: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),                 // 77: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil),       // 78: airlock.types.v1.NetworkPolicyStatus
-	(*v1.OutputChunk)(nil),               // 79: airlock.types.v1.OutputChunk
-	(*durationpb.Duration)(nil),          // 80: google.protobuf.Duration
+	(*CreateSessionRequest)(nil),         // 71: airlock.authority.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),        // 72: airlock.authority.v1.CreateSessionResponse
+	(*GetSessionRequest)(nil),            // 73: airlock.authority.v1.GetSessionRequest
+	(*GetSessionResponse)(nil),           // 74: airlock.authority.v1.GetSessionResponse
+	(*ListSessionsRequest)(nil),          // 75: airlock.authority.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),         // 76: airlock.authority.v1.ListSessionsResponse
+	(*FinishSessionRequest)(nil),         // 77: airlock.authority.v1.FinishSessionRequest
+	(*FinishSessionResponse)(nil),        // 78: airlock.authority.v1.FinishSessionResponse
+	(*CancelSessionRequest)(nil),         // 79: airlock.authority.v1.CancelSessionRequest
+	(*CancelSessionResponse)(nil),        // 80: airlock.authority.v1.CancelSessionResponse
+	(*StartExecRequest)(nil),             // 81: airlock.authority.v1.StartExecRequest
+	(*StartExecResponse)(nil),            // 82: airlock.authority.v1.StartExecResponse
+	(*GetExecRequest)(nil),               // 83: airlock.authority.v1.GetExecRequest
+	(*GetExecResponse)(nil),              // 84: airlock.authority.v1.GetExecResponse
+	(*WatchExecRequest)(nil),             // 85: airlock.authority.v1.WatchExecRequest
+	(*WatchExecResponse)(nil),            // 86: airlock.authority.v1.WatchExecResponse
+	(*CancelExecRequest)(nil),            // 87: airlock.authority.v1.CancelExecRequest
+	(*CancelExecResponse)(nil),           // 88: airlock.authority.v1.CancelExecResponse
+	nil,                                  // 89: airlock.authority.v1.JobSpec.EnvEntry
+	(*v1.ResourceLimits)(nil),            // 90: airlock.types.v1.ResourceLimits
+	(*v1.NetworkPolicy)(nil),             // 91: airlock.types.v1.NetworkPolicy
+	(v1.RuntimeClass)(0),                 // 92: airlock.types.v1.RuntimeClass
+	(*v1.PublishTarget)(nil),             // 93: airlock.types.v1.PublishTarget
+	(*v1.SessionSpec)(nil),               // 94: airlock.types.v1.SessionSpec
+	(*timestamppb.Timestamp)(nil),        // 95: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),                 // 96: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil),       // 97: airlock.types.v1.NetworkPolicyStatus
+	(*v1.OutputChunk)(nil),               // 98: airlock.types.v1.OutputChunk
+	(*durationpb.Duration)(nil),          // 99: google.protobuf.Duration
+	(*v1.Exec)(nil),                      // 100: airlock.types.v1.Exec
+	(*v1.ExecSpec)(nil),                  // 101: airlock.types.v1.ExecSpec
 }
 var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
-	71,  // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
-	72,  // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
-	73,  // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	74,  // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	75,  // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
-	8,   // 5: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
-	0,   // 6: airlock.authority.v1.Job.state:type_name -> airlock.authority.v1.JobState
-	76,  // 7: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	76,  // 8: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	77,  // 9: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
-	78,  // 10: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	72,  // 11: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
-	8,   // 12: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
-	9,   // 13: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
-	9,   // 14: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
-	30,  // 15: airlock.authority.v1.GetJobEgressResponse.egress:type_name -> airlock.authority.v1.EgressLog
-	0,   // 16: airlock.authority.v1.GetJobEgressResponse.state:type_name -> airlock.authority.v1.JobState
-	0,   // 17: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
-	9,   // 18: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
-	9,   // 19: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
-	79,  // 20: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
-	9,   // 21: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
-	23,  // 22: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
-	77,  // 23: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
-	28,  // 24: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
-	1,   // 25: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
-	26,  // 26: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
-	27,  // 27: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
-	27,  // 28: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
-	30,  // 29: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
-	76,  // 30: airlock.authority.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
-	29,  // 31: airlock.authority.v1.EgressLog.records:type_name -> airlock.authority.v1.EgressRecord
-	31,  // 32: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
-	29,  // 33: airlock.authority.v1.EgressLog.last:type_name -> airlock.authority.v1.EgressRecord
-	9,   // 34: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
-	72,  // 35: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
-	72,  // 36: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
-	73,  // 37: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	73,  // 38: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	3,   // 39: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
-	76,  // 40: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
-	75,  // 41: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
-	2,   // 42: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
-	34,  // 43: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
-	76,  // 44: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
-	76,  // 45: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
-	4,   // 46: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
-	33,  // 47: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
-	77,  // 48: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
-	73,  // 49: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	28,  // 50: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
-	5,   // 51: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
-	5,   // 52: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
-	26,  // 53: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
-	38,  // 54: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
-	39,  // 55: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
-	2,   // 56: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
-	35,  // 57: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
-	35,  // 58: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	36,  // 59: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
-	3,   // 60: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
-	35,  // 61: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	75,  // 62: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
-	35,  // 63: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	6,   // 64: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	76,  // 65: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
-	76,  // 66: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	76,  // 67: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
-	6,   // 68: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	80,  // 69: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
-	49,  // 70: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	49,  // 71: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	49,  // 72: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
-	73,  // 73: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
-	78,  // 74: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	72,  // 75: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
-	9,   // 76: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
-	49,  // 77: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
-	76,  // 78: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
-	7,   // 79: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
-	76,  // 80: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
-	76,  // 81: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
-	62,  // 82: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
-	76,  // 83: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
-	65,  // 84: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
-	35,  // 85: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
-	76,  // 86: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
-	69,  // 87: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
-	10,  // 88: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
-	12,  // 89: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
-	14,  // 90: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
-	16,  // 91: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
-	18,  // 92: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
-	20,  // 93: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
-	22,  // 94: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
-	25,  // 95: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	41,  // 96: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	43,  // 97: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	37,  // 98: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
-	45,  // 99: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	47,  // 100: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	68,  // 101: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
-	50,  // 102: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	52,  // 103: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	54,  // 104: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	56,  // 105: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	58,  // 106: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
-	60,  // 107: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
-	63,  // 108: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	66,  // 109: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
-	11,  // 110: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
-	13,  // 111: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
-	15,  // 112: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
-	17,  // 113: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
-	19,  // 114: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
-	21,  // 115: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
-	24,  // 116: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	32,  // 117: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	42,  // 118: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	44,  // 119: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	40,  // 120: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
-	46,  // 121: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	48,  // 122: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	70,  // 123: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
-	51,  // 124: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	53,  // 125: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	55,  // 126: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	57,  // 127: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	59,  // 128: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
-	61,  // 129: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
-	64,  // 130: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	67,  // 131: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
-	110, // [110:132] is the sub-list for method output_type
-	88,  // [88:110] is the sub-list for method input_type
-	88,  // [88:88] is the sub-list for extension type_name
-	88,  // [88:88] is the sub-list for extension extendee
-	0,   // [0:88] is the sub-list for field type_name
+	89,  // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
+	90,  // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
+	91,  // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	92,  // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	93,  // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
+	94,  // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
+	8,   // 6: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
+	0,   // 7: airlock.authority.v1.Job.state:type_name -> airlock.authority.v1.JobState
+	95,  // 8: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	95,  // 9: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	96,  // 10: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
+	97,  // 11: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	90,  // 12: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
+	8,   // 13: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
+	9,   // 14: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
+	9,   // 15: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
+	30,  // 16: airlock.authority.v1.GetJobEgressResponse.egress:type_name -> airlock.authority.v1.EgressLog
+	0,   // 17: airlock.authority.v1.GetJobEgressResponse.state:type_name -> airlock.authority.v1.JobState
+	0,   // 18: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
+	9,   // 19: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
+	9,   // 20: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
+	98,  // 21: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
+	9,   // 22: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
+	23,  // 23: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
+	96,  // 24: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
+	28,  // 25: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
+	1,   // 26: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
+	26,  // 27: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
+	27,  // 28: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
+	27,  // 29: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
+	30,  // 30: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
+	95,  // 31: airlock.authority.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
+	29,  // 32: airlock.authority.v1.EgressLog.records:type_name -> airlock.authority.v1.EgressRecord
+	31,  // 33: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
+	29,  // 34: airlock.authority.v1.EgressLog.last:type_name -> airlock.authority.v1.EgressRecord
+	9,   // 35: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
+	90,  // 36: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
+	90,  // 37: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
+	91,  // 38: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	91,  // 39: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	3,   // 40: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
+	95,  // 41: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
+	93,  // 42: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
+	2,   // 43: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
+	34,  // 44: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
+	95,  // 45: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
+	95,  // 46: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	4,   // 47: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
+	33,  // 48: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
+	96,  // 49: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
+	91,  // 50: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	28,  // 51: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
+	5,   // 52: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
+	5,   // 53: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
+	26,  // 54: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
+	38,  // 55: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
+	39,  // 56: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
+	2,   // 57: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
+	35,  // 58: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
+	35,  // 59: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	36,  // 60: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
+	3,   // 61: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
+	35,  // 62: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	93,  // 63: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
+	35,  // 64: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	6,   // 65: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	95,  // 66: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
+	95,  // 67: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	95,  // 68: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
+	6,   // 69: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	99,  // 70: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
+	49,  // 71: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	49,  // 72: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	49,  // 73: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
+	91,  // 74: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
+	97,  // 75: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	90,  // 76: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
+	9,   // 77: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
+	49,  // 78: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
+	95,  // 79: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	7,   // 80: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
+	95,  // 81: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
+	95,  // 82: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
+	62,  // 83: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
+	95,  // 84: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
+	65,  // 85: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
+	35,  // 86: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
+	95,  // 87: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
+	69,  // 88: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
+	8,   // 89: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
+	9,   // 90: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
+	9,   // 91: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
+	100, // 92: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
+	0,   // 93: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
+	9,   // 94: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
+	9,   // 95: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
+	9,   // 96: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
+	101, // 97: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	100, // 98: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	100, // 99: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	98,  // 100: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	100, // 101: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	100, // 102: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	10,  // 103: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
+	12,  // 104: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
+	14,  // 105: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
+	16,  // 106: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
+	18,  // 107: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
+	20,  // 108: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
+	71,  // 109: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
+	73,  // 110: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
+	75,  // 111: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
+	77,  // 112: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
+	79,  // 113: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
+	81,  // 114: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
+	83,  // 115: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
+	85,  // 116: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
+	87,  // 117: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
+	22,  // 118: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
+	25,  // 119: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
+	41,  // 120: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	43,  // 121: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	37,  // 122: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
+	45,  // 123: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	47,  // 124: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	68,  // 125: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
+	50,  // 126: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	52,  // 127: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	54,  // 128: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	56,  // 129: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	58,  // 130: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	60,  // 131: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	63,  // 132: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	66,  // 133: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
+	11,  // 134: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
+	13,  // 135: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
+	15,  // 136: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
+	17,  // 137: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
+	19,  // 138: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
+	21,  // 139: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
+	72,  // 140: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
+	74,  // 141: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
+	76,  // 142: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
+	78,  // 143: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
+	80,  // 144: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
+	82,  // 145: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
+	84,  // 146: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
+	86,  // 147: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
+	88,  // 148: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
+	24,  // 149: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
+	32,  // 150: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	42,  // 151: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	44,  // 152: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	40,  // 153: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
+	46,  // 154: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	48,  // 155: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	70,  // 156: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
+	51,  // 157: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	53,  // 158: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	55,  // 159: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	57,  // 160: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	59,  // 161: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	61,  // 162: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	64,  // 163: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	67,  // 164: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
+	134, // [134:165] is the sub-list for method output_type
+	103, // [103:134] is the sub-list for method input_type
+	103, // [103:103] is the sub-list for extension type_name
+	103, // [103:103] is the sub-list for extension extendee
+	0,   // [0:103] is the sub-list for field type_name
 }
 
 func init() { file_airlock_authority_v1_authority_proto_init() }
@@ -5893,13 +7046,17 @@ func file_airlock_authority_v1_authority_proto_init() {
 		(*ReadReviewResponse_Chunk)(nil),
 		(*ReadReviewResponse_VerifiedDigest)(nil),
 	}
+	file_airlock_authority_v1_authority_proto_msgTypes[78].OneofWrappers = []any{
+		(*WatchExecResponse_Output)(nil),
+		(*WatchExecResponse_Exec)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_authority_v1_authority_proto_rawDesc), len(file_airlock_authority_v1_authority_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   64,
+			NumMessages:   82,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,6 +31,15 @@ const (
 	AuthorityService_ListJobs_FullMethodName             = "/airlock.authority.v1.AuthorityService/ListJobs"
 	AuthorityService_WatchJob_FullMethodName             = "/airlock.authority.v1.AuthorityService/WatchJob"
 	AuthorityService_CancelJob_FullMethodName            = "/airlock.authority.v1.AuthorityService/CancelJob"
+	AuthorityService_CreateSession_FullMethodName        = "/airlock.authority.v1.AuthorityService/CreateSession"
+	AuthorityService_GetSession_FullMethodName           = "/airlock.authority.v1.AuthorityService/GetSession"
+	AuthorityService_ListSessions_FullMethodName         = "/airlock.authority.v1.AuthorityService/ListSessions"
+	AuthorityService_FinishSession_FullMethodName        = "/airlock.authority.v1.AuthorityService/FinishSession"
+	AuthorityService_CancelSession_FullMethodName        = "/airlock.authority.v1.AuthorityService/CancelSession"
+	AuthorityService_StartExec_FullMethodName            = "/airlock.authority.v1.AuthorityService/StartExec"
+	AuthorityService_GetExec_FullMethodName              = "/airlock.authority.v1.AuthorityService/GetExec"
+	AuthorityService_WatchExec_FullMethodName            = "/airlock.authority.v1.AuthorityService/WatchExec"
+	AuthorityService_CancelExec_FullMethodName           = "/airlock.authority.v1.AuthorityService/CancelExec"
 	AuthorityService_FetchSource_FullMethodName          = "/airlock.authority.v1.AuthorityService/FetchSource"
 	AuthorityService_ReportResult_FullMethodName         = "/airlock.authority.v1.AuthorityService/ReportResult"
 	AuthorityService_ListApprovals_FullMethodName        = "/airlock.authority.v1.AuthorityService/ListApprovals"
@@ -73,6 +82,35 @@ type AuthorityServiceClient interface {
 	WatchJob(ctx context.Context, in *WatchJobRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchJobResponse], error)
 	// CancelJob stops a job wherever it is. Callers: client/* of the job's tenant.
 	CancelJob(ctx context.Context, in *CancelJobRequest, opts ...grpc.CallOption) (*CancelJobResponse, error)
+	// CreateSession checks a session against the tenant's policy, records
+	// it, signs a grant and dispatches it, as SubmitJob does a job: a session
+	// is a job whose sandbox stays up for the client's execs. Callers: client/*.
+	CreateSession(ctx context.Context, in *CreateSessionRequest, opts ...grpc.CallOption) (*CreateSessionResponse, error)
+	// GetSession returns a session with its execs. Callers: client/* of the
+	// session's tenant.
+	GetSession(ctx context.Context, in *GetSessionRequest, opts ...grpc.CallOption) (*GetSessionResponse, error)
+	// ListSessions lists a tenant's sessions, newest first. Callers: client/*.
+	ListSessions(ctx context.Context, in *ListSessionsRequest, opts ...grpc.CallOption) (*ListSessionsResponse, error)
+	// FinishSession ends a running session: its sandbox stops and its result
+	// is built, reported and, with a publish target, put up for approval with
+	// every exec's record. Callers: client/* of the session's tenant.
+	FinishSession(ctx context.Context, in *FinishSessionRequest, opts ...grpc.CallOption) (*FinishSessionResponse, error)
+	// CancelSession stops a session wherever it is, as CancelJob does.
+	// Callers: client/* of the session's tenant.
+	CancelSession(ctx context.Context, in *CancelSessionRequest, opts ...grpc.CallOption) (*CancelSessionResponse, error)
+	// StartExec runs a command in a running session. The client names it:
+	// the same exec_id with the same spec returns the same exec, running or
+	// ended, and never runs it again; with a different spec it is
+	// ALREADY_EXISTS naming the field. Callers: client/* of the session's tenant.
+	StartExec(ctx context.Context, in *StartExecRequest, opts ...grpc.CallOption) (*StartExecResponse, error)
+	// GetExec returns one exec. Callers: client/* of the session's tenant.
+	GetExec(ctx context.Context, in *GetExecRequest, opts ...grpc.CallOption) (*GetExecResponse, error)
+	// WatchExec streams an exec's output from byte offsets until it ends,
+	// then its record. Callers: client/* of the session's tenant.
+	WatchExec(ctx context.Context, in *WatchExecRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchExecResponse], error)
+	// CancelExec sends an exec's process group SIGTERM, then SIGKILL after a
+	// grace period; the session lives on. Callers: client/* of the session's tenant.
+	CancelExec(ctx context.Context, in *CancelExecRequest, opts ...grpc.CallOption) (*CancelExecResponse, error)
 	// FetchSource streams the source tree of a job's recorded commit, read
 	// with the authority's own credential. Callers: service/executor, only for
 	// a job it holds a grant for.
@@ -215,9 +253,108 @@ func (c *authorityServiceClient) CancelJob(ctx context.Context, in *CancelJobReq
 	return out, nil
 }
 
+func (c *authorityServiceClient) CreateSession(ctx context.Context, in *CreateSessionRequest, opts ...grpc.CallOption) (*CreateSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateSessionResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_CreateSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *authorityServiceClient) GetSession(ctx context.Context, in *GetSessionRequest, opts ...grpc.CallOption) (*GetSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetSessionResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_GetSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *authorityServiceClient) ListSessions(ctx context.Context, in *ListSessionsRequest, opts ...grpc.CallOption) (*ListSessionsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListSessionsResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_ListSessions_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *authorityServiceClient) FinishSession(ctx context.Context, in *FinishSessionRequest, opts ...grpc.CallOption) (*FinishSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FinishSessionResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_FinishSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *authorityServiceClient) CancelSession(ctx context.Context, in *CancelSessionRequest, opts ...grpc.CallOption) (*CancelSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CancelSessionResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_CancelSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *authorityServiceClient) StartExec(ctx context.Context, in *StartExecRequest, opts ...grpc.CallOption) (*StartExecResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StartExecResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_StartExec_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *authorityServiceClient) GetExec(ctx context.Context, in *GetExecRequest, opts ...grpc.CallOption) (*GetExecResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetExecResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_GetExec_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *authorityServiceClient) WatchExec(ctx context.Context, in *WatchExecRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchExecResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[1], AuthorityService_WatchExec_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchExecRequest, WatchExecResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AuthorityService_WatchExecClient = grpc.ServerStreamingClient[WatchExecResponse]
+
+func (c *authorityServiceClient) CancelExec(ctx context.Context, in *CancelExecRequest, opts ...grpc.CallOption) (*CancelExecResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CancelExecResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_CancelExec_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *authorityServiceClient) FetchSource(ctx context.Context, in *FetchSourceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FetchSourceResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[1], AuthorityService_FetchSource_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[2], AuthorityService_FetchSource_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -266,7 +403,7 @@ func (c *authorityServiceClient) GetApproval(ctx context.Context, in *GetApprova
 
 func (c *authorityServiceClient) ReadReview(ctx context.Context, in *ReadReviewRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadReviewResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[2], AuthorityService_ReadReview_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[3], AuthorityService_ReadReview_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -417,6 +554,35 @@ type AuthorityServiceServer interface {
 	WatchJob(*WatchJobRequest, grpc.ServerStreamingServer[WatchJobResponse]) error
 	// CancelJob stops a job wherever it is. Callers: client/* of the job's tenant.
 	CancelJob(context.Context, *CancelJobRequest) (*CancelJobResponse, error)
+	// CreateSession checks a session against the tenant's policy, records
+	// it, signs a grant and dispatches it, as SubmitJob does a job: a session
+	// is a job whose sandbox stays up for the client's execs. Callers: client/*.
+	CreateSession(context.Context, *CreateSessionRequest) (*CreateSessionResponse, error)
+	// GetSession returns a session with its execs. Callers: client/* of the
+	// session's tenant.
+	GetSession(context.Context, *GetSessionRequest) (*GetSessionResponse, error)
+	// ListSessions lists a tenant's sessions, newest first. Callers: client/*.
+	ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error)
+	// FinishSession ends a running session: its sandbox stops and its result
+	// is built, reported and, with a publish target, put up for approval with
+	// every exec's record. Callers: client/* of the session's tenant.
+	FinishSession(context.Context, *FinishSessionRequest) (*FinishSessionResponse, error)
+	// CancelSession stops a session wherever it is, as CancelJob does.
+	// Callers: client/* of the session's tenant.
+	CancelSession(context.Context, *CancelSessionRequest) (*CancelSessionResponse, error)
+	// StartExec runs a command in a running session. The client names it:
+	// the same exec_id with the same spec returns the same exec, running or
+	// ended, and never runs it again; with a different spec it is
+	// ALREADY_EXISTS naming the field. Callers: client/* of the session's tenant.
+	StartExec(context.Context, *StartExecRequest) (*StartExecResponse, error)
+	// GetExec returns one exec. Callers: client/* of the session's tenant.
+	GetExec(context.Context, *GetExecRequest) (*GetExecResponse, error)
+	// WatchExec streams an exec's output from byte offsets until it ends,
+	// then its record. Callers: client/* of the session's tenant.
+	WatchExec(*WatchExecRequest, grpc.ServerStreamingServer[WatchExecResponse]) error
+	// CancelExec sends an exec's process group SIGTERM, then SIGKILL after a
+	// grace period; the session lives on. Callers: client/* of the session's tenant.
+	CancelExec(context.Context, *CancelExecRequest) (*CancelExecResponse, error)
 	// FetchSource streams the source tree of a job's recorded commit, read
 	// with the authority's own credential. Callers: service/executor, only for
 	// a job it holds a grant for.
@@ -507,6 +673,33 @@ func (UnimplementedAuthorityServiceServer) WatchJob(*WatchJobRequest, grpc.Serve
 }
 func (UnimplementedAuthorityServiceServer) CancelJob(context.Context, *CancelJobRequest) (*CancelJobResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CancelJob not implemented")
+}
+func (UnimplementedAuthorityServiceServer) CreateSession(context.Context, *CreateSessionRequest) (*CreateSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateSession not implemented")
+}
+func (UnimplementedAuthorityServiceServer) GetSession(context.Context, *GetSessionRequest) (*GetSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetSession not implemented")
+}
+func (UnimplementedAuthorityServiceServer) ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListSessions not implemented")
+}
+func (UnimplementedAuthorityServiceServer) FinishSession(context.Context, *FinishSessionRequest) (*FinishSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method FinishSession not implemented")
+}
+func (UnimplementedAuthorityServiceServer) CancelSession(context.Context, *CancelSessionRequest) (*CancelSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelSession not implemented")
+}
+func (UnimplementedAuthorityServiceServer) StartExec(context.Context, *StartExecRequest) (*StartExecResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StartExec not implemented")
+}
+func (UnimplementedAuthorityServiceServer) GetExec(context.Context, *GetExecRequest) (*GetExecResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetExec not implemented")
+}
+func (UnimplementedAuthorityServiceServer) WatchExec(*WatchExecRequest, grpc.ServerStreamingServer[WatchExecResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchExec not implemented")
+}
+func (UnimplementedAuthorityServiceServer) CancelExec(context.Context, *CancelExecRequest) (*CancelExecResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelExec not implemented")
 }
 func (UnimplementedAuthorityServiceServer) FetchSource(*FetchSourceRequest, grpc.ServerStreamingServer[FetchSourceResponse]) error {
 	return status.Error(codes.Unimplemented, "method FetchSource not implemented")
@@ -674,6 +867,161 @@ func _AuthorityService_CancelJob_Handler(srv interface{}, ctx context.Context, d
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AuthorityServiceServer).CancelJob(ctx, req.(*CancelJobRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AuthorityService_CreateSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).CreateSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_CreateSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).CreateSession(ctx, req.(*CreateSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AuthorityService_GetSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).GetSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_GetSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).GetSession(ctx, req.(*GetSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AuthorityService_ListSessions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListSessionsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).ListSessions(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_ListSessions_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).ListSessions(ctx, req.(*ListSessionsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AuthorityService_FinishSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FinishSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).FinishSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_FinishSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).FinishSession(ctx, req.(*FinishSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AuthorityService_CancelSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).CancelSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_CancelSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).CancelSession(ctx, req.(*CancelSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AuthorityService_StartExec_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartExecRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).StartExec(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_StartExec_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).StartExec(ctx, req.(*StartExecRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AuthorityService_GetExec_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetExecRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).GetExec(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_GetExec_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).GetExec(ctx, req.(*GetExecRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AuthorityService_WatchExec_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchExecRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AuthorityServiceServer).WatchExec(m, &grpc.GenericServerStream[WatchExecRequest, WatchExecResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AuthorityService_WatchExecServer = grpc.ServerStreamingServer[WatchExecResponse]
+
+func _AuthorityService_CancelExec_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelExecRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).CancelExec(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_CancelExec_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).CancelExec(ctx, req.(*CancelExecRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -980,6 +1328,38 @@ var AuthorityService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _AuthorityService_CancelJob_Handler,
 		},
 		{
+			MethodName: "CreateSession",
+			Handler:    _AuthorityService_CreateSession_Handler,
+		},
+		{
+			MethodName: "GetSession",
+			Handler:    _AuthorityService_GetSession_Handler,
+		},
+		{
+			MethodName: "ListSessions",
+			Handler:    _AuthorityService_ListSessions_Handler,
+		},
+		{
+			MethodName: "FinishSession",
+			Handler:    _AuthorityService_FinishSession_Handler,
+		},
+		{
+			MethodName: "CancelSession",
+			Handler:    _AuthorityService_CancelSession_Handler,
+		},
+		{
+			MethodName: "StartExec",
+			Handler:    _AuthorityService_StartExec_Handler,
+		},
+		{
+			MethodName: "GetExec",
+			Handler:    _AuthorityService_GetExec_Handler,
+		},
+		{
+			MethodName: "CancelExec",
+			Handler:    _AuthorityService_CancelExec_Handler,
+		},
+		{
 			MethodName: "ReportResult",
 			Handler:    _AuthorityService_ReportResult_Handler,
 		},
@@ -1040,6 +1420,11 @@ var AuthorityService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "WatchJob",
 			Handler:       _AuthorityService_WatchJob_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchExec",
+			Handler:       _AuthorityService_WatchExec_Handler,
 			ServerStreams: true,
 		},
 		{

@@ -964,6 +964,662 @@ func (*GetArtifactResponse_Header) isGetArtifactResponse_Part() {}
 
 func (*GetArtifactResponse_Chunk) isGetArtifactResponse_Part() {}
 
+// StartExecRequest starts an exec.
+type StartExecRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required: the session.
+	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// Required: the exec.
+	Spec          *v1.ExecSpec `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartExecRequest) Reset() {
+	*x = StartExecRequest{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartExecRequest) ProtoMessage() {}
+
+func (x *StartExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartExecRequest.ProtoReflect.Descriptor instead.
+func (*StartExecRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *StartExecRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *StartExecRequest) GetSpec() *v1.ExecSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+// StartExecResponse returns the exec.
+type StartExecResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The exec.
+	Exec *v1.Exec `protobuf:"bytes,1,opt,name=exec,proto3" json:"exec,omitempty"`
+	// False when an exec of this id already existed.
+	Created       bool `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartExecResponse) Reset() {
+	*x = StartExecResponse{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartExecResponse) ProtoMessage() {}
+
+func (x *StartExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartExecResponse.ProtoReflect.Descriptor instead.
+func (*StartExecResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *StartExecResponse) GetExec() *v1.Exec {
+	if x != nil {
+		return x.Exec
+	}
+	return nil
+}
+
+func (x *StartExecResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
+// GetExecRequest names an exec.
+type GetExecRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// Required.
+	ExecId        string `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetExecRequest) Reset() {
+	*x = GetExecRequest{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetExecRequest) ProtoMessage() {}
+
+func (x *GetExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetExecRequest.ProtoReflect.Descriptor instead.
+func (*GetExecRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *GetExecRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *GetExecRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+// GetExecResponse returns an exec.
+type GetExecResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The exec.
+	Exec          *v1.Exec `protobuf:"bytes,1,opt,name=exec,proto3" json:"exec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetExecResponse) Reset() {
+	*x = GetExecResponse{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetExecResponse) ProtoMessage() {}
+
+func (x *GetExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetExecResponse.ProtoReflect.Descriptor instead.
+func (*GetExecResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *GetExecResponse) GetExec() *v1.Exec {
+	if x != nil {
+		return x.Exec
+	}
+	return nil
+}
+
+// ListExecsRequest names a session.
+type ListExecsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	JobId         string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListExecsRequest) Reset() {
+	*x = ListExecsRequest{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListExecsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListExecsRequest) ProtoMessage() {}
+
+func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListExecsRequest.ProtoReflect.Descriptor instead.
+func (*ListExecsRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ListExecsRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+// ListExecsResponse lists a session's execs, first to last.
+type ListExecsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The execs.
+	Execs         []*v1.Exec `protobuf:"bytes,1,rep,name=execs,proto3" json:"execs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListExecsResponse) Reset() {
+	*x = ListExecsResponse{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListExecsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListExecsResponse) ProtoMessage() {}
+
+func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListExecsResponse.ProtoReflect.Descriptor instead.
+func (*ListExecsResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ListExecsResponse) GetExecs() []*v1.Exec {
+	if x != nil {
+		return x.Execs
+	}
+	return nil
+}
+
+// WatchExecRequest names an exec to follow.
+type WatchExecRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// Required.
+	ExecId string `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	// Resume stdout from this byte offset.
+	StdoutOffset int64 `protobuf:"varint,3,opt,name=stdout_offset,json=stdoutOffset,proto3" json:"stdout_offset,omitempty"`
+	// Resume stderr from this byte offset.
+	StderrOffset  int64 `protobuf:"varint,4,opt,name=stderr_offset,json=stderrOffset,proto3" json:"stderr_offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchExecRequest) Reset() {
+	*x = WatchExecRequest{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchExecRequest) ProtoMessage() {}
+
+func (x *WatchExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchExecRequest.ProtoReflect.Descriptor instead.
+func (*WatchExecRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *WatchExecRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *WatchExecRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *WatchExecRequest) GetStdoutOffset() int64 {
+	if x != nil {
+		return x.StdoutOffset
+	}
+	return 0
+}
+
+func (x *WatchExecRequest) GetStderrOffset() int64 {
+	if x != nil {
+		return x.StderrOffset
+	}
+	return 0
+}
+
+// WatchExecResponse is one event of a watched exec.
+type WatchExecResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Exactly one is set.
+	//
+	// Types that are valid to be assigned to Event:
+	//
+	//	*WatchExecResponse_Output
+	//	*WatchExecResponse_Exec
+	Event         isWatchExecResponse_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchExecResponse) Reset() {
+	*x = WatchExecResponse{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchExecResponse) ProtoMessage() {}
+
+func (x *WatchExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchExecResponse.ProtoReflect.Descriptor instead.
+func (*WatchExecResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *WatchExecResponse) GetEvent() isWatchExecResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *WatchExecResponse) GetOutput() *v1.OutputChunk {
+	if x != nil {
+		if x, ok := x.Event.(*WatchExecResponse_Output); ok {
+			return x.Output
+		}
+	}
+	return nil
+}
+
+func (x *WatchExecResponse) GetExec() *v1.Exec {
+	if x != nil {
+		if x, ok := x.Event.(*WatchExecResponse_Exec); ok {
+			return x.Exec
+		}
+	}
+	return nil
+}
+
+type isWatchExecResponse_Event interface {
+	isWatchExecResponse_Event()
+}
+
+type WatchExecResponse_Output struct {
+	// Output the exec wrote.
+	Output *v1.OutputChunk `protobuf:"bytes,1,opt,name=output,proto3,oneof"`
+}
+
+type WatchExecResponse_Exec struct {
+	// The exec once it has ended, after all of its output; the last message.
+	Exec *v1.Exec `protobuf:"bytes,2,opt,name=exec,proto3,oneof"`
+}
+
+func (*WatchExecResponse_Output) isWatchExecResponse_Event() {}
+
+func (*WatchExecResponse_Exec) isWatchExecResponse_Event() {}
+
+// CancelExecRequest names an exec to stop.
+type CancelExecRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// Required.
+	ExecId        string `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelExecRequest) Reset() {
+	*x = CancelExecRequest{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelExecRequest) ProtoMessage() {}
+
+func (x *CancelExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelExecRequest.ProtoReflect.Descriptor instead.
+func (*CancelExecRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *CancelExecRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *CancelExecRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+// CancelExecResponse returns the exec as cancellation was asked.
+type CancelExecResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The exec.
+	Exec          *v1.Exec `protobuf:"bytes,1,opt,name=exec,proto3" json:"exec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelExecResponse) Reset() {
+	*x = CancelExecResponse{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelExecResponse) ProtoMessage() {}
+
+func (x *CancelExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelExecResponse.ProtoReflect.Descriptor instead.
+func (*CancelExecResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *CancelExecResponse) GetExec() *v1.Exec {
+	if x != nil {
+		return x.Exec
+	}
+	return nil
+}
+
+// FinishRunRequest names a session to finish.
+type FinishRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	JobId         string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FinishRunRequest) Reset() {
+	*x = FinishRunRequest{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FinishRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FinishRunRequest) ProtoMessage() {}
+
+func (x *FinishRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FinishRunRequest.ProtoReflect.Descriptor instead.
+func (*FinishRunRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *FinishRunRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+// FinishRunResponse returns the run as finishing began.
+type FinishRunResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run.
+	Run           *Run `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FinishRunResponse) Reset() {
+	*x = FinishRunResponse{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FinishRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FinishRunResponse) ProtoMessage() {}
+
+func (x *FinishRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FinishRunResponse.ProtoReflect.Descriptor instead.
+func (*FinishRunResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *FinishRunResponse) GetRun() *Run {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
 var File_airlock_executor_v1_executor_proto protoreflect.FileDescriptor
 
 const file_airlock_executor_v1_executor_proto_rawDesc = "" +
@@ -1022,21 +1678,61 @@ const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"\x13GetArtifactResponse\x12=\n" +
 	"\x06header\x18\x01 \x01(\v2#.airlock.executor.v1.ArtifactHeaderH\x00R\x06header\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x06\n" +
-	"\x04part*\x9a\x01\n" +
+	"\x04part\"Y\n" +
+	"\x10StartExecRequest\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12.\n" +
+	"\x04spec\x18\x02 \x01(\v2\x1a.airlock.types.v1.ExecSpecR\x04spec\"Y\n" +
+	"\x11StartExecResponse\x12*\n" +
+	"\x04exec\x18\x01 \x01(\v2\x16.airlock.types.v1.ExecR\x04exec\x12\x18\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"@\n" +
+	"\x0eGetExecRequest\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\"=\n" +
+	"\x0fGetExecResponse\x12*\n" +
+	"\x04exec\x18\x01 \x01(\v2\x16.airlock.types.v1.ExecR\x04exec\")\n" +
+	"\x10ListExecsRequest\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"A\n" +
+	"\x11ListExecsResponse\x12,\n" +
+	"\x05execs\x18\x01 \x03(\v2\x16.airlock.types.v1.ExecR\x05execs\"\x8c\x01\n" +
+	"\x10WatchExecRequest\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12#\n" +
+	"\rstdout_offset\x18\x03 \x01(\x03R\fstdoutOffset\x12#\n" +
+	"\rstderr_offset\x18\x04 \x01(\x03R\fstderrOffset\"\x83\x01\n" +
+	"\x11WatchExecResponse\x127\n" +
+	"\x06output\x18\x01 \x01(\v2\x1d.airlock.types.v1.OutputChunkH\x00R\x06output\x12,\n" +
+	"\x04exec\x18\x02 \x01(\v2\x16.airlock.types.v1.ExecH\x00R\x04execB\a\n" +
+	"\x05event\"C\n" +
+	"\x11CancelExecRequest\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\"@\n" +
+	"\x12CancelExecResponse\x12*\n" +
+	"\x04exec\x18\x01 \x01(\v2\x16.airlock.types.v1.ExecR\x04exec\")\n" +
+	"\x10FinishRunRequest\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"?\n" +
+	"\x11FinishRunResponse\x12*\n" +
+	"\x03run\x18\x01 \x01(\v2\x18.airlock.executor.v1.RunR\x03run*\x9a\x01\n" +
 	"\bRunState\x12\x19\n" +
 	"\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11RUN_STATE_STAGING\x10\x01\x12\x15\n" +
 	"\x11RUN_STATE_RUNNING\x10\x02\x12\x16\n" +
 	"\x12RUN_STATE_FINISHED\x10\x03\x12\x14\n" +
 	"\x10RUN_STATE_FAILED\x10\x04\x12\x17\n" +
-	"\x13RUN_STATE_CANCELLED\x10\x052\xb4\x04\n" +
+	"\x13RUN_STATE_CANCELLED\x10\x052\xdb\b\n" +
 	"\x0fExecutorService\x12W\n" +
 	"\bStartJob\x12$.airlock.executor.v1.StartJobRequest\x1a%.airlock.executor.v1.StartJobResponse\x12Q\n" +
 	"\x06GetRun\x12\".airlock.executor.v1.GetRunRequest\x1a#.airlock.executor.v1.GetRunResponse\x12Y\n" +
 	"\bWatchRun\x12$.airlock.executor.v1.WatchRunRequest\x1a%.airlock.executor.v1.WatchRunResponse0\x01\x12Z\n" +
 	"\tCancelRun\x12%.airlock.executor.v1.CancelRunRequest\x1a&.airlock.executor.v1.CancelRunResponse\x12Z\n" +
 	"\tUpdateRun\x12%.airlock.executor.v1.UpdateRunRequest\x1a&.airlock.executor.v1.UpdateRunResponse\x12b\n" +
-	"\vGetArtifact\x12'.airlock.executor.v1.GetArtifactRequest\x1a(.airlock.executor.v1.GetArtifactResponse0\x01BCZAgithub.com/airlockhq/airlock/proto/airlock/executor/v1;executorv1b\x06proto3"
+	"\vGetArtifact\x12'.airlock.executor.v1.GetArtifactRequest\x1a(.airlock.executor.v1.GetArtifactResponse0\x01\x12Z\n" +
+	"\tStartExec\x12%.airlock.executor.v1.StartExecRequest\x1a&.airlock.executor.v1.StartExecResponse\x12T\n" +
+	"\aGetExec\x12#.airlock.executor.v1.GetExecRequest\x1a$.airlock.executor.v1.GetExecResponse\x12Z\n" +
+	"\tListExecs\x12%.airlock.executor.v1.ListExecsRequest\x1a&.airlock.executor.v1.ListExecsResponse\x12\\\n" +
+	"\tWatchExec\x12%.airlock.executor.v1.WatchExecRequest\x1a&.airlock.executor.v1.WatchExecResponse0\x01\x12]\n" +
+	"\n" +
+	"CancelExec\x12&.airlock.executor.v1.CancelExecRequest\x1a'.airlock.executor.v1.CancelExecResponse\x12Z\n" +
+	"\tFinishRun\x12%.airlock.executor.v1.FinishRunRequest\x1a&.airlock.executor.v1.FinishRunResponseBCZAgithub.com/airlockhq/airlock/proto/airlock/executor/v1;executorv1b\x06proto3"
 
 var (
 	file_airlock_executor_v1_executor_proto_rawDescOnce sync.Once
@@ -1051,7 +1747,7 @@ func file_airlock_executor_v1_executor_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_executor_v1_executor_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_airlock_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_airlock_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_airlock_executor_v1_executor_proto_goTypes = []any{
 	(RunState)(0),                  // 0: airlock.executor.v1.RunState
 	(*Run)(nil),                    // 1: airlock.executor.v1.Run
@@ -1068,47 +1764,81 @@ var file_airlock_executor_v1_executor_proto_goTypes = []any{
 	(*GetArtifactRequest)(nil),     // 12: airlock.executor.v1.GetArtifactRequest
 	(*ArtifactHeader)(nil),         // 13: airlock.executor.v1.ArtifactHeader
 	(*GetArtifactResponse)(nil),    // 14: airlock.executor.v1.GetArtifactResponse
-	(*v1.SignedGrant)(nil),         // 15: airlock.types.v1.SignedGrant
-	(*timestamppb.Timestamp)(nil),  // 16: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),           // 17: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil), // 18: airlock.types.v1.NetworkPolicyStatus
-	(*v1.OutputChunk)(nil),         // 19: airlock.types.v1.OutputChunk
+	(*StartExecRequest)(nil),       // 15: airlock.executor.v1.StartExecRequest
+	(*StartExecResponse)(nil),      // 16: airlock.executor.v1.StartExecResponse
+	(*GetExecRequest)(nil),         // 17: airlock.executor.v1.GetExecRequest
+	(*GetExecResponse)(nil),        // 18: airlock.executor.v1.GetExecResponse
+	(*ListExecsRequest)(nil),       // 19: airlock.executor.v1.ListExecsRequest
+	(*ListExecsResponse)(nil),      // 20: airlock.executor.v1.ListExecsResponse
+	(*WatchExecRequest)(nil),       // 21: airlock.executor.v1.WatchExecRequest
+	(*WatchExecResponse)(nil),      // 22: airlock.executor.v1.WatchExecResponse
+	(*CancelExecRequest)(nil),      // 23: airlock.executor.v1.CancelExecRequest
+	(*CancelExecResponse)(nil),     // 24: airlock.executor.v1.CancelExecResponse
+	(*FinishRunRequest)(nil),       // 25: airlock.executor.v1.FinishRunRequest
+	(*FinishRunResponse)(nil),      // 26: airlock.executor.v1.FinishRunResponse
+	(*v1.SignedGrant)(nil),         // 27: airlock.types.v1.SignedGrant
+	(*timestamppb.Timestamp)(nil),  // 28: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),           // 29: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil), // 30: airlock.types.v1.NetworkPolicyStatus
+	(*v1.OutputChunk)(nil),         // 31: airlock.types.v1.OutputChunk
+	(*v1.ExecSpec)(nil),            // 32: airlock.types.v1.ExecSpec
+	(*v1.Exec)(nil),                // 33: airlock.types.v1.Exec
 }
 var file_airlock_executor_v1_executor_proto_depIdxs = []int32{
 	0,  // 0: airlock.executor.v1.Run.state:type_name -> airlock.executor.v1.RunState
-	15, // 1: airlock.executor.v1.Run.grant:type_name -> airlock.types.v1.SignedGrant
-	16, // 2: airlock.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	16, // 3: airlock.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
-	16, // 4: airlock.executor.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
-	17, // 5: airlock.executor.v1.Run.result:type_name -> airlock.types.v1.RunResult
-	18, // 6: airlock.executor.v1.Run.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	15, // 7: airlock.executor.v1.StartJobRequest.grant:type_name -> airlock.types.v1.SignedGrant
+	27, // 1: airlock.executor.v1.Run.grant:type_name -> airlock.types.v1.SignedGrant
+	28, // 2: airlock.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	28, // 3: airlock.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
+	28, // 4: airlock.executor.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
+	29, // 5: airlock.executor.v1.Run.result:type_name -> airlock.types.v1.RunResult
+	30, // 6: airlock.executor.v1.Run.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	27, // 7: airlock.executor.v1.StartJobRequest.grant:type_name -> airlock.types.v1.SignedGrant
 	1,  // 8: airlock.executor.v1.StartJobResponse.run:type_name -> airlock.executor.v1.Run
 	1,  // 9: airlock.executor.v1.GetRunResponse.run:type_name -> airlock.executor.v1.Run
 	1,  // 10: airlock.executor.v1.WatchRunResponse.run:type_name -> airlock.executor.v1.Run
-	19, // 11: airlock.executor.v1.WatchRunResponse.output:type_name -> airlock.types.v1.OutputChunk
+	31, // 11: airlock.executor.v1.WatchRunResponse.output:type_name -> airlock.types.v1.OutputChunk
 	1,  // 12: airlock.executor.v1.CancelRunResponse.run:type_name -> airlock.executor.v1.Run
-	15, // 13: airlock.executor.v1.UpdateRunRequest.grant:type_name -> airlock.types.v1.SignedGrant
+	27, // 13: airlock.executor.v1.UpdateRunRequest.grant:type_name -> airlock.types.v1.SignedGrant
 	1,  // 14: airlock.executor.v1.UpdateRunResponse.run:type_name -> airlock.executor.v1.Run
-	18, // 15: airlock.executor.v1.UpdateRunResponse.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	30, // 15: airlock.executor.v1.UpdateRunResponse.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
 	13, // 16: airlock.executor.v1.GetArtifactResponse.header:type_name -> airlock.executor.v1.ArtifactHeader
-	2,  // 17: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
-	4,  // 18: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
-	6,  // 19: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
-	8,  // 20: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
-	10, // 21: airlock.executor.v1.ExecutorService.UpdateRun:input_type -> airlock.executor.v1.UpdateRunRequest
-	12, // 22: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
-	3,  // 23: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
-	5,  // 24: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
-	7,  // 25: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
-	9,  // 26: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
-	11, // 27: airlock.executor.v1.ExecutorService.UpdateRun:output_type -> airlock.executor.v1.UpdateRunResponse
-	14, // 28: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
-	23, // [23:29] is the sub-list for method output_type
-	17, // [17:23] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	32, // 17: airlock.executor.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	33, // 18: airlock.executor.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	33, // 19: airlock.executor.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	33, // 20: airlock.executor.v1.ListExecsResponse.execs:type_name -> airlock.types.v1.Exec
+	31, // 21: airlock.executor.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	33, // 22: airlock.executor.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	33, // 23: airlock.executor.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	1,  // 24: airlock.executor.v1.FinishRunResponse.run:type_name -> airlock.executor.v1.Run
+	2,  // 25: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
+	4,  // 26: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
+	6,  // 27: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
+	8,  // 28: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
+	10, // 29: airlock.executor.v1.ExecutorService.UpdateRun:input_type -> airlock.executor.v1.UpdateRunRequest
+	12, // 30: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
+	15, // 31: airlock.executor.v1.ExecutorService.StartExec:input_type -> airlock.executor.v1.StartExecRequest
+	17, // 32: airlock.executor.v1.ExecutorService.GetExec:input_type -> airlock.executor.v1.GetExecRequest
+	19, // 33: airlock.executor.v1.ExecutorService.ListExecs:input_type -> airlock.executor.v1.ListExecsRequest
+	21, // 34: airlock.executor.v1.ExecutorService.WatchExec:input_type -> airlock.executor.v1.WatchExecRequest
+	23, // 35: airlock.executor.v1.ExecutorService.CancelExec:input_type -> airlock.executor.v1.CancelExecRequest
+	25, // 36: airlock.executor.v1.ExecutorService.FinishRun:input_type -> airlock.executor.v1.FinishRunRequest
+	3,  // 37: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
+	5,  // 38: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
+	7,  // 39: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
+	9,  // 40: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
+	11, // 41: airlock.executor.v1.ExecutorService.UpdateRun:output_type -> airlock.executor.v1.UpdateRunResponse
+	14, // 42: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
+	16, // 43: airlock.executor.v1.ExecutorService.StartExec:output_type -> airlock.executor.v1.StartExecResponse
+	18, // 44: airlock.executor.v1.ExecutorService.GetExec:output_type -> airlock.executor.v1.GetExecResponse
+	20, // 45: airlock.executor.v1.ExecutorService.ListExecs:output_type -> airlock.executor.v1.ListExecsResponse
+	22, // 46: airlock.executor.v1.ExecutorService.WatchExec:output_type -> airlock.executor.v1.WatchExecResponse
+	24, // 47: airlock.executor.v1.ExecutorService.CancelExec:output_type -> airlock.executor.v1.CancelExecResponse
+	26, // 48: airlock.executor.v1.ExecutorService.FinishRun:output_type -> airlock.executor.v1.FinishRunResponse
+	37, // [37:49] is the sub-list for method output_type
+	25, // [25:37] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_airlock_executor_v1_executor_proto_init() }
@@ -1124,13 +1854,17 @@ func file_airlock_executor_v1_executor_proto_init() {
 		(*GetArtifactResponse_Header)(nil),
 		(*GetArtifactResponse_Chunk)(nil),
 	}
+	file_airlock_executor_v1_executor_proto_msgTypes[21].OneofWrappers = []any{
+		(*WatchExecResponse_Output)(nil),
+		(*WatchExecResponse_Exec)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_executor_v1_executor_proto_rawDesc), len(file_airlock_executor_v1_executor_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   14,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

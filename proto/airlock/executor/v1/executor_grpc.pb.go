@@ -29,6 +29,12 @@ const (
 	ExecutorService_CancelRun_FullMethodName   = "/airlock.executor.v1.ExecutorService/CancelRun"
 	ExecutorService_UpdateRun_FullMethodName   = "/airlock.executor.v1.ExecutorService/UpdateRun"
 	ExecutorService_GetArtifact_FullMethodName = "/airlock.executor.v1.ExecutorService/GetArtifact"
+	ExecutorService_StartExec_FullMethodName   = "/airlock.executor.v1.ExecutorService/StartExec"
+	ExecutorService_GetExec_FullMethodName     = "/airlock.executor.v1.ExecutorService/GetExec"
+	ExecutorService_ListExecs_FullMethodName   = "/airlock.executor.v1.ExecutorService/ListExecs"
+	ExecutorService_WatchExec_FullMethodName   = "/airlock.executor.v1.ExecutorService/WatchExec"
+	ExecutorService_CancelExec_FullMethodName  = "/airlock.executor.v1.ExecutorService/CancelExec"
+	ExecutorService_FinishRun_FullMethodName   = "/airlock.executor.v1.ExecutorService/FinishRun"
 )
 
 // ExecutorServiceClient is the client API for ExecutorService service.
@@ -53,6 +59,22 @@ type ExecutorServiceClient interface {
 	UpdateRun(ctx context.Context, in *UpdateRunRequest, opts ...grpc.CallOption) (*UpdateRunResponse, error)
 	// GetArtifact streams a finished run's result bundle. Callers: service/publisher.
 	GetArtifact(ctx context.Context, in *GetArtifactRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetArtifactResponse], error)
+	// StartExec starts an exec in a running session, or returns the exec of
+	// that id when the same spec was started before. Callers: service/authority.
+	StartExec(ctx context.Context, in *StartExecRequest, opts ...grpc.CallOption) (*StartExecResponse, error)
+	// GetExec returns one exec of a session. Callers: service/authority.
+	GetExec(ctx context.Context, in *GetExecRequest, opts ...grpc.CallOption) (*GetExecResponse, error)
+	// ListExecs returns a session's execs in order. Callers: service/authority.
+	ListExecs(ctx context.Context, in *ListExecsRequest, opts ...grpc.CallOption) (*ListExecsResponse, error)
+	// WatchExec streams an exec's output from byte offsets until it ends,
+	// then its record. Callers: service/authority.
+	WatchExec(ctx context.Context, in *WatchExecRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchExecResponse], error)
+	// CancelExec sends the exec's process group SIGTERM, then SIGKILL after
+	// a grace period. Callers: service/authority.
+	CancelExec(ctx context.Context, in *CancelExecRequest, opts ...grpc.CallOption) (*CancelExecResponse, error)
+	// FinishRun ends a session: its sandbox stops and its result bundle is
+	// built, as a job's is when its command ends. Callers: service/authority.
+	FinishRun(ctx context.Context, in *FinishRunRequest, opts ...grpc.CallOption) (*FinishRunResponse, error)
 }
 
 type executorServiceClient struct {
@@ -141,6 +163,75 @@ func (c *executorServiceClient) GetArtifact(ctx context.Context, in *GetArtifact
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type ExecutorService_GetArtifactClient = grpc.ServerStreamingClient[GetArtifactResponse]
 
+func (c *executorServiceClient) StartExec(ctx context.Context, in *StartExecRequest, opts ...grpc.CallOption) (*StartExecResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StartExecResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_StartExec_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *executorServiceClient) GetExec(ctx context.Context, in *GetExecRequest, opts ...grpc.CallOption) (*GetExecResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetExecResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_GetExec_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *executorServiceClient) ListExecs(ctx context.Context, in *ListExecsRequest, opts ...grpc.CallOption) (*ListExecsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListExecsResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_ListExecs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *executorServiceClient) WatchExec(ctx context.Context, in *WatchExecRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchExecResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &ExecutorService_ServiceDesc.Streams[2], ExecutorService_WatchExec_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchExecRequest, WatchExecResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ExecutorService_WatchExecClient = grpc.ServerStreamingClient[WatchExecResponse]
+
+func (c *executorServiceClient) CancelExec(ctx context.Context, in *CancelExecRequest, opts ...grpc.CallOption) (*CancelExecResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CancelExecResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_CancelExec_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *executorServiceClient) FinishRun(ctx context.Context, in *FinishRunRequest, opts ...grpc.CallOption) (*FinishRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FinishRunResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_FinishRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ExecutorServiceServer is the server API for ExecutorService service.
 // All implementations must embed UnimplementedExecutorServiceServer
 // for forward compatibility.
@@ -163,6 +254,22 @@ type ExecutorServiceServer interface {
 	UpdateRun(context.Context, *UpdateRunRequest) (*UpdateRunResponse, error)
 	// GetArtifact streams a finished run's result bundle. Callers: service/publisher.
 	GetArtifact(*GetArtifactRequest, grpc.ServerStreamingServer[GetArtifactResponse]) error
+	// StartExec starts an exec in a running session, or returns the exec of
+	// that id when the same spec was started before. Callers: service/authority.
+	StartExec(context.Context, *StartExecRequest) (*StartExecResponse, error)
+	// GetExec returns one exec of a session. Callers: service/authority.
+	GetExec(context.Context, *GetExecRequest) (*GetExecResponse, error)
+	// ListExecs returns a session's execs in order. Callers: service/authority.
+	ListExecs(context.Context, *ListExecsRequest) (*ListExecsResponse, error)
+	// WatchExec streams an exec's output from byte offsets until it ends,
+	// then its record. Callers: service/authority.
+	WatchExec(*WatchExecRequest, grpc.ServerStreamingServer[WatchExecResponse]) error
+	// CancelExec sends the exec's process group SIGTERM, then SIGKILL after
+	// a grace period. Callers: service/authority.
+	CancelExec(context.Context, *CancelExecRequest) (*CancelExecResponse, error)
+	// FinishRun ends a session: its sandbox stops and its result bundle is
+	// built, as a job's is when its command ends. Callers: service/authority.
+	FinishRun(context.Context, *FinishRunRequest) (*FinishRunResponse, error)
 	mustEmbedUnimplementedExecutorServiceServer()
 }
 
@@ -190,6 +297,24 @@ func (UnimplementedExecutorServiceServer) UpdateRun(context.Context, *UpdateRunR
 }
 func (UnimplementedExecutorServiceServer) GetArtifact(*GetArtifactRequest, grpc.ServerStreamingServer[GetArtifactResponse]) error {
 	return status.Error(codes.Unimplemented, "method GetArtifact not implemented")
+}
+func (UnimplementedExecutorServiceServer) StartExec(context.Context, *StartExecRequest) (*StartExecResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StartExec not implemented")
+}
+func (UnimplementedExecutorServiceServer) GetExec(context.Context, *GetExecRequest) (*GetExecResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetExec not implemented")
+}
+func (UnimplementedExecutorServiceServer) ListExecs(context.Context, *ListExecsRequest) (*ListExecsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListExecs not implemented")
+}
+func (UnimplementedExecutorServiceServer) WatchExec(*WatchExecRequest, grpc.ServerStreamingServer[WatchExecResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchExec not implemented")
+}
+func (UnimplementedExecutorServiceServer) CancelExec(context.Context, *CancelExecRequest) (*CancelExecResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelExec not implemented")
+}
+func (UnimplementedExecutorServiceServer) FinishRun(context.Context, *FinishRunRequest) (*FinishRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method FinishRun not implemented")
 }
 func (UnimplementedExecutorServiceServer) mustEmbedUnimplementedExecutorServiceServer() {}
 func (UnimplementedExecutorServiceServer) testEmbeddedByValue()                         {}
@@ -306,6 +431,107 @@ func _ExecutorService_GetArtifact_Handler(srv interface{}, stream grpc.ServerStr
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type ExecutorService_GetArtifactServer = grpc.ServerStreamingServer[GetArtifactResponse]
 
+func _ExecutorService_StartExec_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartExecRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).StartExec(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_StartExec_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).StartExec(ctx, req.(*StartExecRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ExecutorService_GetExec_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetExecRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).GetExec(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_GetExec_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).GetExec(ctx, req.(*GetExecRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ExecutorService_ListExecs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListExecsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).ListExecs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_ListExecs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).ListExecs(ctx, req.(*ListExecsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ExecutorService_WatchExec_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchExecRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ExecutorServiceServer).WatchExec(m, &grpc.GenericServerStream[WatchExecRequest, WatchExecResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ExecutorService_WatchExecServer = grpc.ServerStreamingServer[WatchExecResponse]
+
+func _ExecutorService_CancelExec_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelExecRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).CancelExec(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_CancelExec_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).CancelExec(ctx, req.(*CancelExecRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ExecutorService_FinishRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FinishRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).FinishRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_FinishRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).FinishRun(ctx, req.(*FinishRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ExecutorService_ServiceDesc is the grpc.ServiceDesc for ExecutorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -329,6 +555,26 @@ var ExecutorService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "UpdateRun",
 			Handler:    _ExecutorService_UpdateRun_Handler,
 		},
+		{
+			MethodName: "StartExec",
+			Handler:    _ExecutorService_StartExec_Handler,
+		},
+		{
+			MethodName: "GetExec",
+			Handler:    _ExecutorService_GetExec_Handler,
+		},
+		{
+			MethodName: "ListExecs",
+			Handler:    _ExecutorService_ListExecs_Handler,
+		},
+		{
+			MethodName: "CancelExec",
+			Handler:    _ExecutorService_CancelExec_Handler,
+		},
+		{
+			MethodName: "FinishRun",
+			Handler:    _ExecutorService_FinishRun_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -339,6 +585,11 @@ var ExecutorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "GetArtifact",
 			Handler:       _ExecutorService_GetArtifact_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchExec",
+			Handler:       _ExecutorService_WatchExec_Handler,
 			ServerStreams: true,
 		},
 	},

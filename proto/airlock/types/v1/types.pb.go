@@ -138,6 +138,59 @@ func (NetworkPolicyState) EnumDescriptor() ([]byte, []int) {
 	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{1}
 }
 
+// ExecState is where an exec is.
+type ExecState int32
+
+const (
+	// Not set.
+	ExecState_EXEC_STATE_UNSPECIFIED ExecState = 0
+	// Running.
+	ExecState_EXEC_STATE_RUNNING ExecState = 1
+	// Ended; reason says how.
+	ExecState_EXEC_STATE_ENDED ExecState = 2
+)
+
+// Enum value maps for ExecState.
+var (
+	ExecState_name = map[int32]string{
+		0: "EXEC_STATE_UNSPECIFIED",
+		1: "EXEC_STATE_RUNNING",
+		2: "EXEC_STATE_ENDED",
+	}
+	ExecState_value = map[string]int32{
+		"EXEC_STATE_UNSPECIFIED": 0,
+		"EXEC_STATE_RUNNING":     1,
+		"EXEC_STATE_ENDED":       2,
+	}
+)
+
+func (x ExecState) Enum() *ExecState {
+	p := new(ExecState)
+	*p = x
+	return p
+}
+
+func (x ExecState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ExecState) Descriptor() protoreflect.EnumDescriptor {
+	return file_airlock_types_v1_types_proto_enumTypes[2].Descriptor()
+}
+
+func (ExecState) Type() protoreflect.EnumType {
+	return &file_airlock_types_v1_types_proto_enumTypes[2]
+}
+
+func (x ExecState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ExecState.Descriptor instead.
+func (ExecState) EnumDescriptor() ([]byte, []int) {
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{2}
+}
+
 // TerminationReason says why a run ended.
 type TerminationReason int32
 
@@ -158,6 +211,10 @@ const (
 	TerminationReason_TERMINATION_REASON_EXECUTOR_RESTARTED TerminationReason = 6
 	// The sandbox could not be set up or the runtime failed.
 	TerminationReason_TERMINATION_REASON_SANDBOX_ERROR TerminationReason = 7
+	// A session the client finished.
+	TerminationReason_TERMINATION_REASON_FINISHED TerminationReason = 8
+	// A session that had no exec running for longer than its idle timeout.
+	TerminationReason_TERMINATION_REASON_IDLE_TIMEOUT TerminationReason = 9
 )
 
 // Enum value maps for TerminationReason.
@@ -171,6 +228,8 @@ var (
 		5: "TERMINATION_REASON_CANCELLED",
 		6: "TERMINATION_REASON_EXECUTOR_RESTARTED",
 		7: "TERMINATION_REASON_SANDBOX_ERROR",
+		8: "TERMINATION_REASON_FINISHED",
+		9: "TERMINATION_REASON_IDLE_TIMEOUT",
 	}
 	TerminationReason_value = map[string]int32{
 		"TERMINATION_REASON_UNSPECIFIED":        0,
@@ -181,6 +240,8 @@ var (
 		"TERMINATION_REASON_CANCELLED":          5,
 		"TERMINATION_REASON_EXECUTOR_RESTARTED": 6,
 		"TERMINATION_REASON_SANDBOX_ERROR":      7,
+		"TERMINATION_REASON_FINISHED":           8,
+		"TERMINATION_REASON_IDLE_TIMEOUT":       9,
 	}
 )
 
@@ -195,11 +256,11 @@ func (x TerminationReason) String() string {
 }
 
 func (TerminationReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_airlock_types_v1_types_proto_enumTypes[2].Descriptor()
+	return file_airlock_types_v1_types_proto_enumTypes[3].Descriptor()
 }
 
 func (TerminationReason) Type() protoreflect.EnumType {
-	return &file_airlock_types_v1_types_proto_enumTypes[2]
+	return &file_airlock_types_v1_types_proto_enumTypes[3]
 }
 
 func (x TerminationReason) Number() protoreflect.EnumNumber {
@@ -208,7 +269,7 @@ func (x TerminationReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TerminationReason.Descriptor instead.
 func (TerminationReason) EnumDescriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{2}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{3}
 }
 
 // OutputStream names a process output stream.
@@ -248,11 +309,11 @@ func (x OutputStream) String() string {
 }
 
 func (OutputStream) Descriptor() protoreflect.EnumDescriptor {
-	return file_airlock_types_v1_types_proto_enumTypes[3].Descriptor()
+	return file_airlock_types_v1_types_proto_enumTypes[4].Descriptor()
 }
 
 func (OutputStream) Type() protoreflect.EnumType {
-	return &file_airlock_types_v1_types_proto_enumTypes[3]
+	return &file_airlock_types_v1_types_proto_enumTypes[4]
 }
 
 func (x OutputStream) Number() protoreflect.EnumNumber {
@@ -261,7 +322,7 @@ func (x OutputStream) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OutputStream.Descriptor instead.
 func (OutputStream) EnumDescriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{3}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{4}
 }
 
 // ResourceLimits bound one job. Zero means "the tenant's default"; a value
@@ -824,7 +885,11 @@ type Grant struct {
 	// applies a grant to a running job only when its generation is higher
 	// than the one the job runs under, and only if nothing but limits and
 	// network policy differ.
-	Generation    int64 `protobuf:"varint,16,opt,name=generation,proto3" json:"generation,omitempty"`
+	Generation int64 `protobuf:"varint,16,opt,name=generation,proto3" json:"generation,omitempty"`
+	// Set for a session: the sandbox stays up running nothing of its own
+	// (command is empty) and the client runs execs in it until it is
+	// finished, cancelled, its deadline passes or it sits idle too long.
+	Session       *SessionSpec `protobuf:"bytes,17,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -971,6 +1036,358 @@ func (x *Grant) GetGeneration() int64 {
 	return 0
 }
 
+func (x *Grant) GetSession() *SessionSpec {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+// SessionSpec makes a job a session.
+type SessionSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How long the session may have no exec running before it ends
+	// (reason IDLE_TIMEOUT). Zero takes the tenant's default.
+	IdleTimeout *durationpb.Duration `protobuf:"bytes,1,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
+	// How many execs may run at once. Zero takes the tenant's default.
+	MaxConcurrentExecs int32 `protobuf:"varint,2,opt,name=max_concurrent_execs,json=maxConcurrentExecs,proto3" json:"max_concurrent_execs,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *SessionSpec) Reset() {
+	*x = SessionSpec{}
+	mi := &file_airlock_types_v1_types_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionSpec) ProtoMessage() {}
+
+func (x *SessionSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_types_v1_types_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionSpec.ProtoReflect.Descriptor instead.
+func (*SessionSpec) Descriptor() ([]byte, []int) {
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SessionSpec) GetIdleTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.IdleTimeout
+	}
+	return nil
+}
+
+func (x *SessionSpec) GetMaxConcurrentExecs() int32 {
+	if x != nil {
+		return x.MaxConcurrentExecs
+	}
+	return 0
+}
+
+// ExecSpec is one command a client runs in a session.
+type ExecSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required: the client's name for the exec, 1 to 128 of
+	// [A-Za-z0-9._:-]. The same id with the same spec is the same exec,
+	// never run twice; with a different spec it is refused.
+	ExecId string `protobuf:"bytes,1,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	// Required: the argv; argv[0] is looked up in the sandbox's PATH.
+	Argv []string `protobuf:"bytes,2,rep,name=argv,proto3" json:"argv,omitempty"`
+	// Plain environment values, over the session's; never credentials.
+	Env map[string]string `protobuf:"bytes,3,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The working directory: /work, or a path under it. Empty is /work.
+	Cwd string `protobuf:"bytes,4,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	// Standard input, at most 1 MiB; empty is /dev/null.
+	Stdin []byte `protobuf:"bytes,5,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	// The exec's own timeout; past it its whole process group is killed and
+	// the session lives on. Zero means the session's deadline alone.
+	Timeout       *durationpb.Duration `protobuf:"bytes,6,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecSpec) Reset() {
+	*x = ExecSpec{}
+	mi := &file_airlock_types_v1_types_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecSpec) ProtoMessage() {}
+
+func (x *ExecSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_types_v1_types_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecSpec.ProtoReflect.Descriptor instead.
+func (*ExecSpec) Descriptor() ([]byte, []int) {
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ExecSpec) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *ExecSpec) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *ExecSpec) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *ExecSpec) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
+}
+
+func (x *ExecSpec) GetStdin() []byte {
+	if x != nil {
+		return x.Stdin
+	}
+	return nil
+}
+
+func (x *ExecSpec) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+// Exec is the record of one exec in a session.
+type Exec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session (job) it ran in.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Its spec as given, stdin reduced to stdin_size and stdin_sha256.
+	Spec *ExecSpec `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	// Its place in the session: 1 for the first exec, and so on.
+	Seq int64 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	// Where it is.
+	State ExecState `protobuf:"varint,4,opt,name=state,proto3,enum=airlock.types.v1.ExecState" json:"state,omitempty"`
+	// How it ended: EXITED, TIMEOUT, OOM, CANCELLED, EXECUTOR_RESTARTED or
+	// SANDBOX_ERROR (the session ending under it is CANCELLED).
+	Reason TerminationReason `protobuf:"varint,5,opt,name=reason,proto3,enum=airlock.types.v1.TerminationReason" json:"reason,omitempty"`
+	// The exit status when reason is EXITED; otherwise -1.
+	ExitCode int32 `protobuf:"varint,6,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	// A sentence on how it ended.
+	Message string `protobuf:"bytes,7,opt,name=message,proto3" json:"message,omitempty"`
+	// When it started and ended.
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	EndedAt   *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	// Wall time; CPU time is the session's during the exec (execs running
+	// at once share it).
+	Usage *ResourceUsage `protobuf:"bytes,10,opt,name=usage,proto3" json:"usage,omitempty"`
+	// Bytes of output kept (each stream is capped), whether each was cut,
+	// and the SHA-256 of the bytes kept, as hex.
+	StdoutSize      int64  `protobuf:"varint,11,opt,name=stdout_size,json=stdoutSize,proto3" json:"stdout_size,omitempty"`
+	StderrSize      int64  `protobuf:"varint,12,opt,name=stderr_size,json=stderrSize,proto3" json:"stderr_size,omitempty"`
+	StdoutTruncated bool   `protobuf:"varint,13,opt,name=stdout_truncated,json=stdoutTruncated,proto3" json:"stdout_truncated,omitempty"`
+	StderrTruncated bool   `protobuf:"varint,14,opt,name=stderr_truncated,json=stderrTruncated,proto3" json:"stderr_truncated,omitempty"`
+	StdoutSha256    string `protobuf:"bytes,15,opt,name=stdout_sha256,json=stdoutSha256,proto3" json:"stdout_sha256,omitempty"`
+	StderrSha256    string `protobuf:"bytes,16,opt,name=stderr_sha256,json=stderrSha256,proto3" json:"stderr_sha256,omitempty"`
+	// Size and SHA-256 (hex) of the stdin it was given.
+	StdinSize     int64  `protobuf:"varint,17,opt,name=stdin_size,json=stdinSize,proto3" json:"stdin_size,omitempty"`
+	StdinSha256   string `protobuf:"bytes,18,opt,name=stdin_sha256,json=stdinSha256,proto3" json:"stdin_sha256,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Exec) Reset() {
+	*x = Exec{}
+	mi := &file_airlock_types_v1_types_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Exec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Exec) ProtoMessage() {}
+
+func (x *Exec) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_types_v1_types_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Exec.ProtoReflect.Descriptor instead.
+func (*Exec) Descriptor() ([]byte, []int) {
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *Exec) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *Exec) GetSpec() *ExecSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *Exec) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *Exec) GetState() ExecState {
+	if x != nil {
+		return x.State
+	}
+	return ExecState_EXEC_STATE_UNSPECIFIED
+}
+
+func (x *Exec) GetReason() TerminationReason {
+	if x != nil {
+		return x.Reason
+	}
+	return TerminationReason_TERMINATION_REASON_UNSPECIFIED
+}
+
+func (x *Exec) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *Exec) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *Exec) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *Exec) GetEndedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndedAt
+	}
+	return nil
+}
+
+func (x *Exec) GetUsage() *ResourceUsage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+func (x *Exec) GetStdoutSize() int64 {
+	if x != nil {
+		return x.StdoutSize
+	}
+	return 0
+}
+
+func (x *Exec) GetStderrSize() int64 {
+	if x != nil {
+		return x.StderrSize
+	}
+	return 0
+}
+
+func (x *Exec) GetStdoutTruncated() bool {
+	if x != nil {
+		return x.StdoutTruncated
+	}
+	return false
+}
+
+func (x *Exec) GetStderrTruncated() bool {
+	if x != nil {
+		return x.StderrTruncated
+	}
+	return false
+}
+
+func (x *Exec) GetStdoutSha256() string {
+	if x != nil {
+		return x.StdoutSha256
+	}
+	return ""
+}
+
+func (x *Exec) GetStderrSha256() string {
+	if x != nil {
+		return x.StderrSha256
+	}
+	return ""
+}
+
+func (x *Exec) GetStdinSize() int64 {
+	if x != nil {
+		return x.StdinSize
+	}
+	return 0
+}
+
+func (x *Exec) GetStdinSha256() string {
+	if x != nil {
+		return x.StdinSha256
+	}
+	return ""
+}
+
 // SignedGrant carries a serialized Grant and the authority's Ed25519
 // signature over exactly those bytes. The executor verifies the signature
 // before it parses the body.
@@ -988,7 +1405,7 @@ type SignedGrant struct {
 
 func (x *SignedGrant) Reset() {
 	*x = SignedGrant{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[9]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1000,7 +1417,7 @@ func (x *SignedGrant) String() string {
 func (*SignedGrant) ProtoMessage() {}
 
 func (x *SignedGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[9]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1013,7 +1430,7 @@ func (x *SignedGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignedGrant.ProtoReflect.Descriptor instead.
 func (*SignedGrant) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SignedGrant) GetBody() []byte {
@@ -1056,7 +1473,7 @@ type ResourceUsage struct {
 
 func (x *ResourceUsage) Reset() {
 	*x = ResourceUsage{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[10]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1068,7 +1485,7 @@ func (x *ResourceUsage) String() string {
 func (*ResourceUsage) ProtoMessage() {}
 
 func (x *ResourceUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[10]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1081,7 +1498,7 @@ func (x *ResourceUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceUsage.ProtoReflect.Descriptor instead.
 func (*ResourceUsage) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{10}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ResourceUsage) GetCpuTime() *durationpb.Duration {
@@ -1134,7 +1551,7 @@ type DiffStat struct {
 
 func (x *DiffStat) Reset() {
 	*x = DiffStat{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[11]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1146,7 +1563,7 @@ func (x *DiffStat) String() string {
 func (*DiffStat) ProtoMessage() {}
 
 func (x *DiffStat) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[11]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1159,7 +1576,7 @@ func (x *DiffStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiffStat.ProtoReflect.Descriptor instead.
 func (*DiffStat) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{11}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DiffStat) GetFilesChanged() int64 {
@@ -1212,7 +1629,7 @@ type RunResult struct {
 
 func (x *RunResult) Reset() {
 	*x = RunResult{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[12]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1224,7 +1641,7 @@ func (x *RunResult) String() string {
 func (*RunResult) ProtoMessage() {}
 
 func (x *RunResult) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[12]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1237,7 +1654,7 @@ func (x *RunResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResult.ProtoReflect.Descriptor instead.
 func (*RunResult) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{12}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RunResult) GetReason() TerminationReason {
@@ -1328,7 +1745,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[13]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1340,7 +1757,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[13]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1353,7 +1770,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{13}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *OutputChunk) GetStream() OutputStream {
@@ -1425,7 +1842,7 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"repository\x18\x01 \x01(\tR\n" +
 	"repository\x12\x16\n" +
-	"\x06branch\x18\x02 \x01(\tR\x06branch\"\x8b\x06\n" +
+	"\x06branch\x18\x02 \x01(\tR\x06branch\"\xc4\x06\n" +
 	"\x05Grant\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x16\n" +
@@ -1448,10 +1865,49 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"expires_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x10 \x01(\x03R\n" +
-	"generation\x1a6\n" +
+	"generation\x127\n" +
+	"\asession\x18\x11 \x01(\v2\x1d.airlock.types.v1.SessionSpecR\asession\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"V\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"}\n" +
+	"\vSessionSpec\x12<\n" +
+	"\fidle_timeout\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x120\n" +
+	"\x14max_concurrent_execs\x18\x02 \x01(\x05R\x12maxConcurrentExecs\"\x83\x02\n" +
+	"\bExecSpec\x12\x17\n" +
+	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12\x12\n" +
+	"\x04argv\x18\x02 \x03(\tR\x04argv\x125\n" +
+	"\x03env\x18\x03 \x03(\v2#.airlock.types.v1.ExecSpec.EnvEntryR\x03env\x12\x10\n" +
+	"\x03cwd\x18\x04 \x01(\tR\x03cwd\x12\x14\n" +
+	"\x05stdin\x18\x05 \x01(\fR\x05stdin\x123\n" +
+	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdb\x05\n" +
+	"\x04Exec\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12.\n" +
+	"\x04spec\x18\x02 \x01(\v2\x1a.airlock.types.v1.ExecSpecR\x04spec\x12\x10\n" +
+	"\x03seq\x18\x03 \x01(\x03R\x03seq\x121\n" +
+	"\x05state\x18\x04 \x01(\x0e2\x1b.airlock.types.v1.ExecStateR\x05state\x12;\n" +
+	"\x06reason\x18\x05 \x01(\x0e2#.airlock.types.v1.TerminationReasonR\x06reason\x12\x1b\n" +
+	"\texit_code\x18\x06 \x01(\x05R\bexitCode\x12\x18\n" +
+	"\amessage\x18\a \x01(\tR\amessage\x129\n" +
+	"\n" +
+	"started_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x125\n" +
+	"\bended_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x125\n" +
+	"\x05usage\x18\n" +
+	" \x01(\v2\x1f.airlock.types.v1.ResourceUsageR\x05usage\x12\x1f\n" +
+	"\vstdout_size\x18\v \x01(\x03R\n" +
+	"stdoutSize\x12\x1f\n" +
+	"\vstderr_size\x18\f \x01(\x03R\n" +
+	"stderrSize\x12)\n" +
+	"\x10stdout_truncated\x18\r \x01(\bR\x0fstdoutTruncated\x12)\n" +
+	"\x10stderr_truncated\x18\x0e \x01(\bR\x0fstderrTruncated\x12#\n" +
+	"\rstdout_sha256\x18\x0f \x01(\tR\fstdoutSha256\x12#\n" +
+	"\rstderr_sha256\x18\x10 \x01(\tR\fstderrSha256\x12\x1d\n" +
+	"\n" +
+	"stdin_size\x18\x11 \x01(\x03R\tstdinSize\x12!\n" +
+	"\fstdin_sha256\x18\x12 \x01(\tR\vstdinSha256\"V\n" +
 	"\vSignedGrant\x12\x12\n" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x12\x1c\n" +
 	"\tsignature\x18\x02 \x01(\fR\tsignature\x12\x15\n" +
@@ -1495,7 +1951,11 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	" NETWORK_POLICY_STATE_UNSPECIFIED\x10\x00\x12 \n" +
 	"\x1cNETWORK_POLICY_STATE_PENDING\x10\x01\x12 \n" +
 	"\x1cNETWORK_POLICY_STATE_APPLIED\x10\x02\x12\x1f\n" +
-	"\x1bNETWORK_POLICY_STATE_FAILED\x10\x03*\xa7\x02\n" +
+	"\x1bNETWORK_POLICY_STATE_FAILED\x10\x03*U\n" +
+	"\tExecState\x12\x1a\n" +
+	"\x16EXEC_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12EXEC_STATE_RUNNING\x10\x01\x12\x14\n" +
+	"\x10EXEC_STATE_ENDED\x10\x02*\xed\x02\n" +
 	"\x11TerminationReason\x12\"\n" +
 	"\x1eTERMINATION_REASON_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19TERMINATION_REASON_EXITED\x10\x01\x12\x1e\n" +
@@ -1504,7 +1964,9 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\x1cTERMINATION_REASON_DISK_FULL\x10\x04\x12 \n" +
 	"\x1cTERMINATION_REASON_CANCELLED\x10\x05\x12)\n" +
 	"%TERMINATION_REASON_EXECUTOR_RESTARTED\x10\x06\x12$\n" +
-	" TERMINATION_REASON_SANDBOX_ERROR\x10\a*a\n" +
+	" TERMINATION_REASON_SANDBOX_ERROR\x10\a\x12\x1f\n" +
+	"\x1bTERMINATION_REASON_FINISHED\x10\b\x12#\n" +
+	"\x1fTERMINATION_REASON_IDLE_TIMEOUT\x10\t*a\n" +
 	"\fOutputStream\x12\x1d\n" +
 	"\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n" +
@@ -1522,59 +1984,74 @@ func file_airlock_types_v1_types_proto_rawDescGZIP() []byte {
 	return file_airlock_types_v1_types_proto_rawDescData
 }
 
-var file_airlock_types_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_airlock_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_airlock_types_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_airlock_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_airlock_types_v1_types_proto_goTypes = []any{
 	(RuntimeClass)(0),             // 0: airlock.types.v1.RuntimeClass
 	(NetworkPolicyState)(0),       // 1: airlock.types.v1.NetworkPolicyState
-	(TerminationReason)(0),        // 2: airlock.types.v1.TerminationReason
-	(OutputStream)(0),             // 3: airlock.types.v1.OutputStream
-	(*ResourceLimits)(nil),        // 4: airlock.types.v1.ResourceLimits
-	(*NetworkPolicy)(nil),         // 5: airlock.types.v1.NetworkPolicy
-	(*DenyAll)(nil),               // 6: airlock.types.v1.DenyAll
-	(*AllowList)(nil),             // 7: airlock.types.v1.AllowList
-	(*AllowRule)(nil),             // 8: airlock.types.v1.AllowRule
-	(*DomainList)(nil),            // 9: airlock.types.v1.DomainList
-	(*NetworkPolicyStatus)(nil),   // 10: airlock.types.v1.NetworkPolicyStatus
-	(*PublishTarget)(nil),         // 11: airlock.types.v1.PublishTarget
-	(*Grant)(nil),                 // 12: airlock.types.v1.Grant
-	(*SignedGrant)(nil),           // 13: airlock.types.v1.SignedGrant
-	(*ResourceUsage)(nil),         // 14: airlock.types.v1.ResourceUsage
-	(*DiffStat)(nil),              // 15: airlock.types.v1.DiffStat
-	(*RunResult)(nil),             // 16: airlock.types.v1.RunResult
-	(*OutputChunk)(nil),           // 17: airlock.types.v1.OutputChunk
-	nil,                           // 18: airlock.types.v1.Grant.EnvEntry
-	(*durationpb.Duration)(nil),   // 19: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	(ExecState)(0),                // 2: airlock.types.v1.ExecState
+	(TerminationReason)(0),        // 3: airlock.types.v1.TerminationReason
+	(OutputStream)(0),             // 4: airlock.types.v1.OutputStream
+	(*ResourceLimits)(nil),        // 5: airlock.types.v1.ResourceLimits
+	(*NetworkPolicy)(nil),         // 6: airlock.types.v1.NetworkPolicy
+	(*DenyAll)(nil),               // 7: airlock.types.v1.DenyAll
+	(*AllowList)(nil),             // 8: airlock.types.v1.AllowList
+	(*AllowRule)(nil),             // 9: airlock.types.v1.AllowRule
+	(*DomainList)(nil),            // 10: airlock.types.v1.DomainList
+	(*NetworkPolicyStatus)(nil),   // 11: airlock.types.v1.NetworkPolicyStatus
+	(*PublishTarget)(nil),         // 12: airlock.types.v1.PublishTarget
+	(*Grant)(nil),                 // 13: airlock.types.v1.Grant
+	(*SessionSpec)(nil),           // 14: airlock.types.v1.SessionSpec
+	(*ExecSpec)(nil),              // 15: airlock.types.v1.ExecSpec
+	(*Exec)(nil),                  // 16: airlock.types.v1.Exec
+	(*SignedGrant)(nil),           // 17: airlock.types.v1.SignedGrant
+	(*ResourceUsage)(nil),         // 18: airlock.types.v1.ResourceUsage
+	(*DiffStat)(nil),              // 19: airlock.types.v1.DiffStat
+	(*RunResult)(nil),             // 20: airlock.types.v1.RunResult
+	(*OutputChunk)(nil),           // 21: airlock.types.v1.OutputChunk
+	nil,                           // 22: airlock.types.v1.Grant.EnvEntry
+	nil,                           // 23: airlock.types.v1.ExecSpec.EnvEntry
+	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
 }
 var file_airlock_types_v1_types_proto_depIdxs = []int32{
-	19, // 0: airlock.types.v1.ResourceLimits.deadline:type_name -> google.protobuf.Duration
-	6,  // 1: airlock.types.v1.NetworkPolicy.deny_all:type_name -> airlock.types.v1.DenyAll
-	7,  // 2: airlock.types.v1.NetworkPolicy.allow:type_name -> airlock.types.v1.AllowList
-	9,  // 3: airlock.types.v1.NetworkPolicy.domains:type_name -> airlock.types.v1.DomainList
-	8,  // 4: airlock.types.v1.AllowList.rules:type_name -> airlock.types.v1.AllowRule
-	5,  // 5: airlock.types.v1.NetworkPolicyStatus.policy:type_name -> airlock.types.v1.NetworkPolicy
+	24, // 0: airlock.types.v1.ResourceLimits.deadline:type_name -> google.protobuf.Duration
+	7,  // 1: airlock.types.v1.NetworkPolicy.deny_all:type_name -> airlock.types.v1.DenyAll
+	8,  // 2: airlock.types.v1.NetworkPolicy.allow:type_name -> airlock.types.v1.AllowList
+	10, // 3: airlock.types.v1.NetworkPolicy.domains:type_name -> airlock.types.v1.DomainList
+	9,  // 4: airlock.types.v1.AllowList.rules:type_name -> airlock.types.v1.AllowRule
+	6,  // 5: airlock.types.v1.NetworkPolicyStatus.policy:type_name -> airlock.types.v1.NetworkPolicy
 	1,  // 6: airlock.types.v1.NetworkPolicyStatus.state:type_name -> airlock.types.v1.NetworkPolicyState
-	20, // 7: airlock.types.v1.NetworkPolicyStatus.updated_at:type_name -> google.protobuf.Timestamp
-	18, // 8: airlock.types.v1.Grant.env:type_name -> airlock.types.v1.Grant.EnvEntry
-	4,  // 9: airlock.types.v1.Grant.limits:type_name -> airlock.types.v1.ResourceLimits
-	5,  // 10: airlock.types.v1.Grant.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	25, // 7: airlock.types.v1.NetworkPolicyStatus.updated_at:type_name -> google.protobuf.Timestamp
+	22, // 8: airlock.types.v1.Grant.env:type_name -> airlock.types.v1.Grant.EnvEntry
+	5,  // 9: airlock.types.v1.Grant.limits:type_name -> airlock.types.v1.ResourceLimits
+	6,  // 10: airlock.types.v1.Grant.network_policy:type_name -> airlock.types.v1.NetworkPolicy
 	0,  // 11: airlock.types.v1.Grant.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	11, // 12: airlock.types.v1.Grant.publish_target:type_name -> airlock.types.v1.PublishTarget
-	20, // 13: airlock.types.v1.Grant.issued_at:type_name -> google.protobuf.Timestamp
-	20, // 14: airlock.types.v1.Grant.expires_at:type_name -> google.protobuf.Timestamp
-	19, // 15: airlock.types.v1.ResourceUsage.cpu_time:type_name -> google.protobuf.Duration
-	19, // 16: airlock.types.v1.ResourceUsage.wall_time:type_name -> google.protobuf.Duration
-	2,  // 17: airlock.types.v1.RunResult.reason:type_name -> airlock.types.v1.TerminationReason
-	14, // 18: airlock.types.v1.RunResult.usage:type_name -> airlock.types.v1.ResourceUsage
-	0,  // 19: airlock.types.v1.RunResult.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	15, // 20: airlock.types.v1.RunResult.diff_stat:type_name -> airlock.types.v1.DiffStat
-	3,  // 21: airlock.types.v1.OutputChunk.stream:type_name -> airlock.types.v1.OutputStream
-	22, // [22:22] is the sub-list for method output_type
-	22, // [22:22] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	12, // 12: airlock.types.v1.Grant.publish_target:type_name -> airlock.types.v1.PublishTarget
+	25, // 13: airlock.types.v1.Grant.issued_at:type_name -> google.protobuf.Timestamp
+	25, // 14: airlock.types.v1.Grant.expires_at:type_name -> google.protobuf.Timestamp
+	14, // 15: airlock.types.v1.Grant.session:type_name -> airlock.types.v1.SessionSpec
+	24, // 16: airlock.types.v1.SessionSpec.idle_timeout:type_name -> google.protobuf.Duration
+	23, // 17: airlock.types.v1.ExecSpec.env:type_name -> airlock.types.v1.ExecSpec.EnvEntry
+	24, // 18: airlock.types.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
+	15, // 19: airlock.types.v1.Exec.spec:type_name -> airlock.types.v1.ExecSpec
+	2,  // 20: airlock.types.v1.Exec.state:type_name -> airlock.types.v1.ExecState
+	3,  // 21: airlock.types.v1.Exec.reason:type_name -> airlock.types.v1.TerminationReason
+	25, // 22: airlock.types.v1.Exec.started_at:type_name -> google.protobuf.Timestamp
+	25, // 23: airlock.types.v1.Exec.ended_at:type_name -> google.protobuf.Timestamp
+	18, // 24: airlock.types.v1.Exec.usage:type_name -> airlock.types.v1.ResourceUsage
+	24, // 25: airlock.types.v1.ResourceUsage.cpu_time:type_name -> google.protobuf.Duration
+	24, // 26: airlock.types.v1.ResourceUsage.wall_time:type_name -> google.protobuf.Duration
+	3,  // 27: airlock.types.v1.RunResult.reason:type_name -> airlock.types.v1.TerminationReason
+	18, // 28: airlock.types.v1.RunResult.usage:type_name -> airlock.types.v1.ResourceUsage
+	0,  // 29: airlock.types.v1.RunResult.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	19, // 30: airlock.types.v1.RunResult.diff_stat:type_name -> airlock.types.v1.DiffStat
+	4,  // 31: airlock.types.v1.OutputChunk.stream:type_name -> airlock.types.v1.OutputStream
+	32, // [32:32] is the sub-list for method output_type
+	32, // [32:32] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_airlock_types_v1_types_proto_init() }
@@ -1592,8 +2069,8 @@ func file_airlock_types_v1_types_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_types_v1_types_proto_rawDesc), len(file_airlock_types_v1_types_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   15,
+			NumEnums:      5,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -18,6 +18,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/identity"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/approvals"
 	"github.com/airlockhq/airlock/services/authority/internal/checkpoints"
@@ -38,6 +39,9 @@ type Config struct {
 	// Checkpoints serves the audit log's signed checkpoints; nil answers
 	// Unimplemented.
 	Checkpoints *checkpoints.Service
+	// Executor is the executor's API, to which a session's execs are
+	// forwarded once the caller's access to the session is checked.
+	Executor executorv1.ExecutorServiceClient
 	// Logger receives internal errors; default slog.Default().
 	Logger *slog.Logger
 }
@@ -160,13 +164,9 @@ func (s *Service) ListJobs(ctx context.Context, req *authorityv1.ListJobsRequest
 	if err != nil {
 		return nil, err
 	}
-	states := make([]store.State, 0, len(req.GetStates()))
-	for _, st := range req.GetStates() {
-		ds, ok := stateFromProto[st]
-		if !ok {
-			return nil, status.Errorf(codes.InvalidArgument, "states: %v is not a job state", st)
-		}
-		states = append(states, ds)
+	states, err := statesFromProto(req.GetStates())
+	if err != nil {
+		return nil, err
 	}
 	list, next, err := s.cfg.Jobs.List(ctx, id, jobs.ListRequest{
 		Tenant: req.GetTenant(), States: states, PageSize: int(req.GetPageSize()), PageToken: req.GetPageToken(),
@@ -450,4 +450,17 @@ var auditOutcomes = map[string]authorityv1.AuditOutcome{
 	"allowed": authorityv1.AuditOutcome_AUDIT_OUTCOME_ALLOWED,
 	"denied":  authorityv1.AuditOutcome_AUDIT_OUTCOME_DENIED,
 	"failed":  authorityv1.AuditOutcome_AUDIT_OUTCOME_FAILED,
+}
+
+// statesFromProto reads a list request's states.
+func statesFromProto(in []authorityv1.JobState) ([]store.State, error) {
+	states := make([]store.State, 0, len(in))
+	for _, st := range in {
+		ds, ok := stateFromProto[st]
+		if !ok {
+			return nil, status.Errorf(codes.InvalidArgument, "states: %v is not a job state", st)
+		}
+		states = append(states, ds)
+	}
+	return states, nil
 }

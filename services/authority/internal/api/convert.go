@@ -79,6 +79,15 @@ func specFromProto(p *authorityv1.JobSpec) (jobs.Spec, error) {
 	if t := p.GetPublishTarget(); t != nil {
 		s.PublishTarget = &jobs.PublishTarget{Repository: t.GetRepository(), Branch: t.GetBranch()}
 	}
+	if x := p.GetSession(); x != nil {
+		s.Session = &jobs.Session{MaxConcurrentExecs: int(x.GetMaxConcurrentExecs())}
+		if d := x.GetIdleTimeout(); d != nil {
+			if err := d.CheckValid(); err != nil {
+				return s, invalid("spec.session.idle_timeout", "%v", err)
+			}
+			s.Session.IdleTimeout = d.AsDuration()
+		}
+	}
 	return s, nil
 }
 

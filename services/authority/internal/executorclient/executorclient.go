@@ -63,6 +63,9 @@ func (s *Signer) Sign(r jobs.GrantRequest) (jobs.SignedGrant, error) {
 	if p := r.PublishTarget; p != nil {
 		g.PublishTarget = &typesv1.PublishTarget{Repository: p.Repository, Branch: p.Branch}
 	}
+	if x := r.Session; x != nil {
+		g.Session = &typesv1.SessionSpec{IdleTimeout: durationpb.New(x.IdleTimeout), MaxConcurrentExecs: int32(x.MaxConcurrentExecs)}
+	}
 	sg, err := s.s.Sign(g)
 	if err != nil {
 		return jobs.SignedGrant{}, err
@@ -107,6 +110,9 @@ func (s *Signer) Decode(wire []byte) (jobs.GrantRequest, error) {
 	}
 	if p := g.GetPublishTarget(); p != nil {
 		r.PublishTarget = &jobs.PublishTarget{Repository: p.GetRepository(), Branch: p.GetBranch()}
+	}
+	if x := g.GetSession(); x != nil {
+		r.Session = &jobs.Session{IdleTimeout: x.GetIdleTimeout().AsDuration(), MaxConcurrentExecs: int(x.GetMaxConcurrentExecs())}
 	}
 	return r, nil
 }

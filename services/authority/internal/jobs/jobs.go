@@ -93,7 +93,25 @@ type Spec struct {
 	// RuntimeClass is a policy runtime class name, or "" for the default.
 	RuntimeClass  string
 	PublishTarget *PublishTarget
+	// Session, if set, makes the job a session: Command is then empty.
+	Session *Session
 }
+
+// Session is what makes a job a session: its sandbox stays up for the
+// client's execs. Zero fields take the defaults.
+type Session struct {
+	IdleTimeout        time.Duration
+	MaxConcurrentExecs int
+}
+
+// Session bounds: the defaults a zero field takes and the most a session
+// may ask for.
+const (
+	DefaultIdleTimeout        = 15 * time.Minute
+	MaxIdleTimeout            = 24 * time.Hour
+	DefaultMaxConcurrentExecs = 4
+	MaxConcurrentExecs        = 16
+)
 
 // SubmitRequest is one submission.
 type SubmitRequest struct {
@@ -122,8 +140,10 @@ type GrantRequest struct {
 	Generation    int64
 	RuntimeClass  string
 	PublishTarget *PublishTarget
-	IssuedAt      time.Time
-	ExpiresAt     time.Time
+	// Session is set, defaults filled in, for a session.
+	Session   *Session
+	IssuedAt  time.Time
+	ExpiresAt time.Time
 }
 
 // SignedGrant is a signed grant in its wire form.

@@ -33,6 +33,7 @@ type decision struct {
 	limits  policy.Limits
 	network Network
 	runtime string
+	session *Session // set, defaults filled in, for a session
 }
 
 // Submit checks a job against its tenant's policy, resolves its revision,
@@ -102,7 +103,7 @@ func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequ
 		g, err := s.cfg.Signer.Sign(GrantRequest{
 			JobID: j.ID, Tenant: j.Tenant, Requester: j.Requester, Repository: d.repo.Name, Commit: rev.Commit,
 			Command: req.Spec.Command, Env: req.Spec.Env, Limits: d.limits, Network: d.network, NetworkGeneration: 1, Generation: 1,
-			RuntimeClass: d.runtime, PublishTarget: req.Spec.PublishTarget,
+			RuntimeClass: d.runtime, PublishTarget: req.Spec.PublishTarget, Session: d.session,
 			IssuedAt: now, ExpiresAt: now.Add(s.cfg.GrantTTL),
 		})
 		if err != nil {
@@ -113,6 +114,10 @@ func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequ
 	}
 	ev := audit.Event{Kind: audit.KindJobGranted, Caller: caller.String(), Subject: j.ID, Outcome: outcomeAllowed,
 		Reason: fmt.Sprintf("repository %s at %s, command %q; grant expires %s", j.Repository, j.Commit, req.Spec.Command, j.GrantExpiresAt.Format(time.RFC3339))}
+	if d.session != nil {
+		ev.Reason = fmt.Sprintf("session on repository %s at %s, idle timeout %s, at most %d execs at once; grant expires %s",
+			j.Repository, j.Commit, d.session.IdleTimeout, d.session.MaxConcurrentExecs, j.GrantExpiresAt.Format(time.RFC3339))
+	}
 	if j.State == store.StateFailed {
 		ev.Kind, ev.Outcome, ev.Reason = audit.KindJobRefused, outcomeDenied, j.Message
 	}
@@ -209,7 +214,16 @@ func (s *Service) check(ctx context.Context, t *policy.Tenant, spec Spec) (decis
 	if err := source.CheckRevision(spec.Revision); err != nil {
 		return d, invalid("spec.revision", "%q: give a branch, tag or commit SHA (and nothing starting with '-')", spec.Revision)
 	}
-	if err := checkCommand(spec.Command); err != nil {
+	if spec.Session != nil {
+		if len(spec.Command) > 0 {
+			return d, invalid("spec.command", "must be empty for a session: its execs are the work")
+		}
+		sess, err := checkSession(*spec.Session)
+		if err != nil {
+			return d, err
+		}
+		d.session = &sess
+	} else if err := checkCommand(spec.Command); err != nil {
 		return d, err
 	}
 	if err := checkEnv(ctx, s.cfg.Secrets, spec.Env); err != nil {
@@ -246,6 +260,25 @@ func (s *Service) check(ctx context.Context, t *policy.Tenant, spec Spec) (decis
 		}
 	}
 	return d, nil
+}
+
+// checkSession fills in a session's defaults and checks its bounds.
+func checkSession(s Session) (Session, error) {
+	switch {
+	case s.IdleTimeout < 0 || s.IdleTimeout > MaxIdleTimeout:
+		return s, invalid("spec.session.idle_timeout", "%s: want 0 (the default, %s) up to %s", s.IdleTimeout, DefaultIdleTimeout, MaxIdleTimeout)
+	case s.IdleTimeout > 0 && s.IdleTimeout < time.Second:
+		return s, invalid("spec.session.idle_timeout", "%s: at least 1s", s.IdleTimeout)
+	case s.MaxConcurrentExecs < 0 || s.MaxConcurrentExecs > MaxConcurrentExecs:
+		return s, invalid("spec.session.max_concurrent_execs", "%d: want 0 (the default, %d) up to %d", s.MaxConcurrentExecs, DefaultMaxConcurrentExecs, MaxConcurrentExecs)
+	}
+	if s.IdleTimeout == 0 {
+		s.IdleTimeout = DefaultIdleTimeout
+	}
+	if s.MaxConcurrentExecs == 0 {
+		s.MaxConcurrentExecs = DefaultMaxConcurrentExecs
+	}
+	return s, nil
 }
 
 func checkCommand(argv []string) error {

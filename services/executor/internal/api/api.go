@@ -15,7 +15,6 @@ import (
 	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
-	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/convert"
 	"github.com/airlockhq/airlock/services/executor/internal/runs"
 )
@@ -91,13 +90,7 @@ func (s *Service) WatchRun(req *executorv1.WatchRunRequest, stream grpc.ServerSt
 		if ev.Run != nil {
 			return stream.Send(&executorv1.WatchRunResponse{Event: &executorv1.WatchRunResponse_Run{Run: convert.Run(*ev.Run)}})
 		}
-		which := typesv1.OutputStream_OUTPUT_STREAM_STDOUT
-		if ev.Stream == "stderr" {
-			which = typesv1.OutputStream_OUTPUT_STREAM_STDERR
-		}
-		return stream.Send(&executorv1.WatchRunResponse{Event: &executorv1.WatchRunResponse_Output{Output: &typesv1.OutputChunk{
-			Stream: which, Offset: ev.Offset, Data: ev.Data, Truncated: ev.Cut,
-		}}})
+		return stream.Send(&executorv1.WatchRunResponse{Event: &executorv1.WatchRunResponse_Output{Output: outputChunk(ev.Stream, ev.Offset, ev.Data, ev.Cut)}})
 	})
 	if err != nil {
 		return s.fail(stream.Context(), "WatchRun", err)

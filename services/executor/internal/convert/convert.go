@@ -21,6 +21,8 @@ var reasons = map[string]typesv1.TerminationReason{
 	"cancelled":                          typesv1.TerminationReason_TERMINATION_REASON_CANCELLED,
 	string(runs.ReasonExecutorRestarted): typesv1.TerminationReason_TERMINATION_REASON_EXECUTOR_RESTARTED,
 	"sandbox_error":                      typesv1.TerminationReason_TERMINATION_REASON_SANDBOX_ERROR,
+	string(runs.ReasonFinished):          typesv1.TerminationReason_TERMINATION_REASON_FINISHED,
+	string(runs.ReasonIdleTimeout):       typesv1.TerminationReason_TERMINATION_REASON_IDLE_TIMEOUT,
 }
 
 // RunResult converts a run manager result to the API's.
@@ -105,4 +107,40 @@ func NetworkPolicyStatus(r runs.Run) *typesv1.NetworkPolicyStatus {
 		st.State, st.Message = typesv1.NetworkPolicyState_NETWORK_POLICY_STATE_FAILED, r.NetworkFailure
 	}
 	return st
+}
+
+// ExecSpec converts a request's exec spec for the run manager.
+func ExecSpec(x *typesv1.ExecSpec) runs.ExecSpec {
+	return runs.ExecSpec{
+		ID: x.GetExecId(), Argv: x.GetArgv(), Env: x.GetEnv(), Cwd: x.GetCwd(),
+		Stdin: x.GetStdin(), Timeout: x.GetTimeout().AsDuration(),
+	}
+}
+
+// Exec converts an exec record for the wire.
+func Exec(x runs.Exec) *typesv1.Exec {
+	out := &typesv1.Exec{
+		SessionId: x.SessionID,
+		Spec: &typesv1.ExecSpec{
+			ExecId: x.Spec.ID, Argv: x.Spec.Argv, Env: x.Spec.Env, Cwd: x.Spec.Cwd,
+		},
+		Seq:      x.Seq,
+		State:    typesv1.ExecState_EXEC_STATE_RUNNING,
+		ExitCode: int32(x.ExitCode), Message: x.Message,
+		StartedAt:  timestamppb.New(x.StartedAt),
+		StdoutSize: x.StdoutSize, StderrSize: x.StderrSize,
+		StdoutTruncated: x.StdoutTruncated, StderrTruncated: x.StderrTruncated,
+		StdoutSha256: x.StdoutSHA256, StderrSha256: x.StderrSHA256,
+		StdinSize: x.StdinSize, StdinSha256: x.StdinSHA256,
+	}
+	if x.Spec.Timeout > 0 {
+		out.Spec.Timeout = durationpb.New(x.Spec.Timeout)
+	}
+	if x.State == runs.ExecEnded {
+		out.State = typesv1.ExecState_EXEC_STATE_ENDED
+		out.Reason = reasons[string(x.Reason)]
+		out.EndedAt = timestamppb.New(x.EndedAt)
+		out.Usage = &typesv1.ResourceUsage{WallTime: durationpb.New(x.WallTime), CpuTime: durationpb.New(x.CPUTime)}
+	}
+	return out
 }

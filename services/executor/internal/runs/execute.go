@@ -60,8 +60,45 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		}
 		e.sb, e.net, e.egress = nil, nil, nil
 	}()
-	m.update(e, func(r *Run) { r.State = Running; r.StartedAt = m.cfg.Now() })
+	m.mu.Lock()
+	_, _, isSession := e.session()
+	m.mu.Unlock()
+	m.update(e, func(r *Run) {
+		r.State = Running
+		r.StartedAt = m.cfg.Now()
+		if isSession {
+			e.live = sb
+		}
+	})
+	if isSession {
+		idleCtx, stopIdle := context.WithCancel(ctx)
+		defer stopIdle()
+		m.wg.Add(1)
+		go func() { defer m.wg.Done(); m.watchIdle(idleCtx, e) }()
+	}
 	res, runErr := sb.Run(ctx)
+	var stopping sandbox.Reason
+	if isSession {
+		// The sandbox is gone, so every exec in it ends; its records are
+		// complete before the bundle takes them.
+		m.mu.Lock()
+		e.live = nil
+		if e.stopping == "" {
+			e.stopping = res.Reason
+		}
+		stopping = e.stopping
+		m.mu.Unlock()
+		e.execWG.Wait()
+		if runErr == nil && res.Reason == sandbox.ReasonCancelled && stopping != sandbox.ReasonCancelled {
+			// The session was stopped, by its client or its idle timeout,
+			// not cancelled.
+			res.Reason, res.ExitCode = stopping, -1
+			res.Message = map[sandbox.Reason]string{
+				ReasonFinished:    "the client finished the session",
+				ReasonIdleTimeout: "no exec ran for longer than the session's idle timeout",
+			}[stopping]
+		}
+	}
 	// The job is gone: its egress record is complete once the proxy and
 	// DNS server have stopped, before the bundle takes it.
 	e.updateMu.Lock()
@@ -169,6 +206,9 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, source string) (*sa
 			spec.Env = env
 			spec.Nameservers = eg.addrs[:1]
 		}
+	}
+	if g.GetSession() != nil {
+		spec.Command = sandbox.IdleCommand
 	}
 	sb, err := m.cfg.Sandbox.Create(ctx, spec)
 	if err != nil {

@@ -32,6 +32,8 @@ type Report struct {
 	EgressTotal        int
 	EgressNames        []egress.NameSummary
 	HasEgress          bool
+	// Execs are a session's execs, first to last; nil for a job.
+	Execs []Exec
 }
 
 // Tail is the end of one output stream, for reviewers.
@@ -101,6 +103,9 @@ func (m *Manager) report(jobID string) {
 	rep.Egress, rep.EgressLast, rep.EgressTotal, rep.EgressNames, rep.HasEgress = egressOf(filepath.Join(dir, bundle.EgressFile), m.cfg.Logger.With("job_id", jobID))
 	rep.Stdout = tailOf(filepath.Join(dir, "stdout.log"), run.Truncated["stdout"])
 	rep.Stderr = tailOf(filepath.Join(dir, "stderr.log"), run.Truncated["stderr"])
+	m.mu.Lock()
+	rep.Execs = e.execRecords()
+	m.mu.Unlock()
 	for delay := 100 * time.Millisecond; ; delay = min(delay*2, 10*time.Second) {
 		ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
 		err := m.cfg.Authority.ReportResult(ctx, rep)
@@ -124,21 +129,27 @@ func (m *Manager) report(jobID string) {
 // tailOf returns the last reviewTail bytes of an output file.
 func tailOf(path string, capped bool) Tail {
 	t := Tail{Capped: capped}
+	t.Data, t.Size = readTail(path, reviewTail)
+	return t
+}
+
+// readTail returns the last n bytes of the file at path and its size;
+// nothing for a file it cannot read.
+func readTail(path string, n int64) ([]byte, int64) {
 	f, err := os.Open(path)
 	if err != nil {
-		return t
+		return nil, 0
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return t
+		return nil, 0
 	}
-	t.Size = st.Size()
-	off := max(0, t.Size-reviewTail)
-	t.Data = make([]byte, t.Size-off)
-	n, _ := f.ReadAt(t.Data, off)
-	t.Data = t.Data[:n]
-	return t
+	size := st.Size()
+	off := max(0, size-n)
+	data := make([]byte, size-off)
+	k, _ := f.ReadAt(data, off)
+	return data[:k], size
 }
 
 // bundleFiles reads a bundle's file list. A bundle written before the list

@@ -25,6 +25,9 @@ type bundleMeta struct {
 	StdoutTruncated bool     `json:"stdout_truncated"`
 	StderrTruncated bool     `json:"stderr_truncated"`
 	SkippedOut      []string `json:"skipped_out,omitempty"`
+	// Execs are a session's execs, first to last, each with its output's
+	// digest and end.
+	Execs []Exec `json:"execs,omitempty"`
 }
 
 func (m *Manager) writeBundle(e *entry, g *typesv1.Grant, result *Result, patch []byte, files []bundle.FileChange, outDir string) error {
@@ -32,6 +35,7 @@ func (m *Manager) writeBundle(e *entry, g *typesv1.Grant, result *Result, patch 
 	// network policy came from.
 	m.mu.Lock()
 	run := e.run
+	execs := e.execRecords()
 	m.mu.Unlock()
 	sg, err := run.Grant()
 	if err != nil {
@@ -43,7 +47,7 @@ func (m *Manager) writeBundle(e *entry, g *typesv1.Grant, result *Result, patch 
 	meta := bundleMeta{
 		JobID: g.GetJobId(), Tenant: g.GetTenant(), Repository: g.GetRepository(), Commit: g.GetCommit(),
 		GrantDigest: grant.Digest(sg), Command: g.GetCommand(), Result: result,
-		StdoutTruncated: outCut, StderrTruncated: errCut,
+		StdoutTruncated: outCut, StderrTruncated: errCut, Execs: execs,
 	}
 	// The whole signed grant (body, signature, key id), so whoever holds
 	// the bundle can check the authority signed what it says.

@@ -175,6 +175,18 @@ type entry struct {
 	// limits: until the grant in force is theirs, the run holds capacity
 	// for both. Set and cleared under the manager's mu.
 	raising *sandbox.Limits
+
+	// A session's, under the manager's mu: its execs by id and in order,
+	// how many run, when one last started or ended, the sandbox while it
+	// takes execs, and, once set, why it is being stopped. execWG counts
+	// the exec goroutines.
+	execs        map[string]*execEntry
+	execOrder    []*execEntry
+	runningExecs int
+	lastActive   time.Time
+	live         *sandbox.Sandbox
+	stopping     sandbox.Reason
+	execWG       sync.WaitGroup
 }
 
 var jobIDFormat = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -211,7 +223,19 @@ func New(cfg Config) (*Manager, error) {
 		if err := json.Unmarshal(data, &r); err != nil {
 			return nil, fmt.Errorf("runs: %s: %w", d.Name(), err)
 		}
-		m.runs[r.JobID] = &entry{run: r, changed: make(chan struct{})}
+		e := &entry{run: r, changed: make(chan struct{})}
+		// The grant was verified when the run was accepted; the record is
+		// the executor's own.
+		if sg, err := r.Grant(); err == nil {
+			g := &typesv1.Grant{}
+			if proto.Unmarshal(sg.GetBody(), g) == nil {
+				e.grant = g
+			}
+		}
+		if err := m.loadExecs(e); err != nil {
+			return nil, err
+		}
+		m.runs[r.JobID] = e
 	}
 	return m, nil
 }
@@ -231,6 +255,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, e := range m.runs {
+		m.endLeftExecs(e)
 		if !e.run.State.Terminal() {
 			e.run.State = Failed
 			e.run.FinishedAt = m.cfg.Now()

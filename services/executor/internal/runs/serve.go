@@ -113,8 +113,12 @@ func (m *Manager) Watch(ctx context.Context, jobID string, stdoutOffset, stderrO
 			}
 			lastState, lastGrant = run.State, run.SignedGrant
 		}
-		for _, stream := range []string{"stdout", "stderr"} {
-			if err := m.sendOutput(e, &run, stream, offsets, cutSent, send); err != nil {
+		for _, s := range []struct {
+			name string
+			o    *output
+		}{{"stdout", e.stdout}, {"stderr", e.stderr}} {
+			path := filepath.Join(m.runDir(e.run.JobID), s.name+".log")
+			if err := sendStream(path, s.name, s.o, run.Truncated[s.name], offsets, cutSent, send); err != nil {
 				return err
 			}
 		}
@@ -131,11 +135,11 @@ func (m *Manager) Watch(ctx context.Context, jobID string, stdoutOffset, stderrO
 
 const chunkSize = 64 << 10
 
-// sendOutput sends what stream holds past its offset, then, once the
-// stream was cut at its cap and everything before the cut was sent, one
-// empty event that says so.
-func (m *Manager) sendOutput(e *entry, run *Run, stream string, offsets map[string]int64, cutSent map[string]bool, send func(Event) error) error {
-	path := filepath.Join(m.runDir(e.run.JobID), stream+".log")
+// sendStream sends what the stream's file at path holds past its offset,
+// then, once the stream was cut at its cap (as recorded, or as o, while it
+// is written, says) and everything before the cut was sent, one empty
+// event that says so.
+func sendStream(path, stream string, o *output, recordedCut bool, offsets map[string]int64, cutSent map[string]bool, send func(Event) error) error {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -162,8 +166,8 @@ func (m *Manager) sendOutput(e *entry, run *Run, stream string, offsets map[stri
 	}
 	// The flag is read after the bytes: a cut that happens while we read
 	// is caught on the next wake-up, never lost.
-	cut := run.Truncated[stream]
-	if o := map[string]*output{"stdout": e.stdout, "stderr": e.stderr}[stream]; o != nil {
+	cut := recordedCut
+	if o != nil {
 		size, c := o.state()
 		cut = cut || (c && offsets[stream] >= size)
 	}

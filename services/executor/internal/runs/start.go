@@ -122,7 +122,9 @@ func (m *Manager) Cancel(jobID string) (Run, error) {
 		m.unstarted[jobID] = m.cfg.Now()
 		return Run{}, fmt.Errorf("%w: run %q", errdefs.ErrNotFound, jobID)
 	}
-	if !e.run.State.Terminal() && e.cancel != nil {
+	if _, _, ok := e.session(); ok {
+		m.stopSession(e, sandbox.ReasonCancelled)
+	} else if !e.run.State.Terminal() && e.cancel != nil {
 		e.cancel()
 	}
 	return e.run, nil

@@ -74,21 +74,8 @@ type ExecResult struct {
 }
 
 func (x *ExecSpec) validate() error {
-	if len(x.Argv) == 0 || x.Argv[0] == "" {
-		return invalid("exec.argv: need at least a non-empty argv[0]")
-	}
-	for i, a := range x.Argv {
-		if strings.IndexByte(a, 0) >= 0 {
-			return invalid("exec.argv[%d]: contains a NUL byte", i)
-		}
-	}
-	for k, v := range x.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return invalid("exec.env key %q: must be non-empty without '=' or NUL", k)
-		}
-		if strings.IndexByte(v, 0) >= 0 {
-			return invalid("exec.env[%s]: value contains a NUL byte", k)
-		}
+	if err := CheckCommand("exec.argv", "exec.env", x.Argv, x.Env); err != nil {
+		return err
 	}
 	if x.Cwd != "" && (!path.IsAbs(x.Cwd) || path.Clean(x.Cwd) != x.Cwd || strings.IndexByte(x.Cwd, 0) >= 0) {
 		return invalid("exec.cwd %q: must be a clean absolute path", x.Cwd)

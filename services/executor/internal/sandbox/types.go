@@ -117,6 +117,29 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{errdefs.ErrInvalidArgument}, args...)...)
 }
 
+// CheckCommand checks an argv and environment as the kernel will take
+// them: a non-empty argv[0], no NUL anywhere, env keys without '='. Errors
+// name argvField and envField and wrap errdefs.ErrInvalidArgument.
+func CheckCommand(argvField, envField string, argv []string, env map[string]string) error {
+	if len(argv) == 0 || argv[0] == "" {
+		return invalid("%s: need at least a non-empty argv[0]", argvField)
+	}
+	for i, a := range argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return invalid("%s[%d]: contains a NUL byte", argvField, i)
+		}
+	}
+	for k, v := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return invalid("%s key %q: must be non-empty without '=' or NUL", envField, k)
+		}
+		if strings.IndexByte(v, 0) >= 0 {
+			return invalid("%s[%s]: value contains a NUL byte", envField, k)
+		}
+	}
+	return nil
+}
+
 // validate checks everything about s that does not need the host.
 func (s *Spec) validate() error {
 	if !idFormat.MatchString(s.ID) {
@@ -141,21 +164,8 @@ func (s *Spec) validateBody() error {
 	if strings.ContainsAny(s.Source, ",:\\\n") {
 		return invalid("spec.source %q: must not contain ',', ':', '\\' or a newline", s.Source)
 	}
-	if len(s.Command) == 0 || s.Command[0] == "" {
-		return invalid("spec.command: need at least a non-empty argv[0]")
-	}
-	for i, a := range s.Command {
-		if strings.IndexByte(a, 0) >= 0 {
-			return invalid("spec.command[%d]: contains a NUL byte", i)
-		}
-	}
-	for k, v := range s.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return invalid("spec.env key %q: must be non-empty without '=' or NUL", k)
-		}
-		if strings.IndexByte(v, 0) >= 0 {
-			return invalid("spec.env[%s]: value contains a NUL byte", k)
-		}
+	if err := CheckCommand("spec.command", "spec.env", s.Command, s.Env); err != nil {
+		return err
 	}
 	if len(s.Nameservers) > 3 {
 		return invalid("spec.nameservers: %d given, at most 3 (the resolver reads no more)", len(s.Nameservers))

@@ -1,0 +1,256 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/identity"
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/authority/internal/jobs"
+	"github.com/airlockhq/airlock/services/authority/internal/store"
+)
+
+// A session is a job whose grant says so; its execs are forwarded to the
+// executor once the caller's access to the session is checked here.
+
+func (s *Service) CreateSession(ctx context.Context, req *authorityv1.CreateSessionRequest) (*authorityv1.CreateSessionResponse, error) {
+	id, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if req.GetSpec() == nil {
+		return nil, status.Error(codes.InvalidArgument, "spec: required")
+	}
+	p := proto.Clone(req.GetSpec()).(*authorityv1.JobSpec)
+	if p.Session == nil {
+		p.Session = &typesv1.SessionSpec{}
+	}
+	spec, err := specFromProto(p)
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	wire, err := proto.MarshalOptions{Deterministic: true}.Marshal(p)
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	j, created, err := s.cfg.Jobs.Submit(ctx, id, jobs.SubmitRequest{
+		Tenant: req.GetTenant(), IdempotencyKey: req.GetIdempotencyKey(), Spec: spec, SpecWire: wire,
+	})
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	pj, err := jobToProto(j)
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	return &authorityv1.CreateSessionResponse{Session: pj, Created: created}, nil
+}
+
+// session checks caller's access to a session and returns it.
+func (s *Service) session(ctx context.Context, sessionID string) (identity.ID, store.Job, error) {
+	id, err := caller(ctx)
+	if err != nil {
+		return id, store.Job{}, err
+	}
+	if sessionID == "" {
+		return id, store.Job{}, status.Error(codes.InvalidArgument, "session_id: required")
+	}
+	j, err := s.cfg.Jobs.Session(ctx, id, sessionID)
+	if err != nil {
+		return id, store.Job{}, s.fail(ctx, err)
+	}
+	if s.cfg.Executor == nil {
+		return id, store.Job{}, status.Error(codes.Unavailable, "this authority has no executor for sessions")
+	}
+	return id, j, nil
+}
+
+func (s *Service) GetSession(ctx context.Context, req *authorityv1.GetSessionRequest) (*authorityv1.GetSessionResponse, error) {
+	_, j, err := s.session(ctx, req.GetSessionId())
+	if err != nil {
+		return nil, err
+	}
+	pj, err := jobToProto(j)
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	if pj.ApprovalId, err = s.cfg.Approvals.IDForJob(ctx, j.ID); err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	resp := &authorityv1.GetSessionResponse{Session: pj}
+	if j.DispatchedAt.IsZero() {
+		return resp, nil
+	}
+	list, err := s.cfg.Executor.ListExecs(ctx, &executorv1.ListExecsRequest{JobId: j.ID})
+	switch {
+	case status.Code(err) == codes.NotFound:
+	case err != nil:
+		return nil, err
+	default:
+		resp.Execs = list.GetExecs()
+	}
+	return resp, nil
+}
+
+func (s *Service) ListSessions(ctx context.Context, req *authorityv1.ListSessionsRequest) (*authorityv1.ListSessionsResponse, error) {
+	id, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	states, err := statesFromProto(req.GetStates())
+	if err != nil {
+		return nil, err
+	}
+	list, next, err := s.cfg.Jobs.ListSessions(ctx, id, jobs.ListRequest{
+		Tenant: req.GetTenant(), States: states, PageSize: int(req.GetPageSize()), PageToken: req.GetPageToken(),
+	})
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	resp := &authorityv1.ListSessionsResponse{NextPageToken: next}
+	for _, j := range list {
+		pj, err := jobToProto(j)
+		if err != nil {
+			return nil, s.fail(ctx, err)
+		}
+		resp.Sessions = append(resp.Sessions, pj)
+	}
+	return resp, nil
+}
+
+func (s *Service) FinishSession(ctx context.Context, req *authorityv1.FinishSessionRequest) (*authorityv1.FinishSessionResponse, error) {
+	_, j, err := s.session(ctx, req.GetSessionId())
+	if err != nil {
+		return nil, err
+	}
+	if j.State.Terminal() {
+		return nil, s.fail(ctx, fmt.Errorf("%w: session %q already ended (%s)", errdefs.ErrFailedPrecondition, j.ID, j.State))
+	}
+	if j.DispatchedAt.IsZero() {
+		return nil, s.fail(ctx, fmt.Errorf("%w: session %q has not reached an executor yet; finish it once it runs, or cancel it", errdefs.ErrFailedPrecondition, j.ID))
+	}
+	if _, err := s.cfg.Executor.FinishRun(ctx, &executorv1.FinishRunRequest{JobId: j.ID}); err != nil {
+		return nil, err
+	}
+	pj, err := jobToProto(j)
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	return &authorityv1.FinishSessionResponse{Session: pj}, nil
+}
+
+func (s *Service) CancelSession(ctx context.Context, req *authorityv1.CancelSessionRequest) (*authorityv1.CancelSessionResponse, error) {
+	id, _, err := s.session(ctx, req.GetSessionId())
+	if err != nil {
+		return nil, err
+	}
+	j, err := s.cfg.Jobs.Cancel(ctx, id, req.GetSessionId(), req.GetReason())
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	pj, err := jobToProto(j)
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	return &authorityv1.CancelSessionResponse{Session: pj}, nil
+}
+
+func (s *Service) StartExec(ctx context.Context, req *authorityv1.StartExecRequest) (*authorityv1.StartExecResponse, error) {
+	id, j, err := s.session(ctx, req.GetSessionId())
+	if err != nil {
+		return nil, err
+	}
+	if req.GetSpec() == nil {
+		return nil, status.Error(codes.InvalidArgument, "spec: required")
+	}
+	if d := req.GetSpec().GetTimeout(); d != nil {
+		if err := d.CheckValid(); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "spec.timeout: %v", err)
+		}
+	}
+	if err := s.cfg.Jobs.CheckExecEnv(ctx, req.GetSpec().GetEnv()); err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	if j.State != store.StateRunning {
+		return nil, s.fail(ctx, fmt.Errorf("%w: session %q is %s: it takes execs only while running", errdefs.ErrFailedPrecondition, j.ID, j.State))
+	}
+	resp, err := s.cfg.Executor.StartExec(ctx, &executorv1.StartExecRequest{JobId: j.ID, Spec: req.GetSpec()})
+	if err != nil {
+		return nil, err
+	}
+	if err := s.cfg.Jobs.RecordExec(ctx, id, j, req.GetSpec().GetExecId(), req.GetSpec().GetArgv(), resp.GetCreated()); err != nil {
+		// The exec runs; its record is in the executor's and, at the
+		// end, in the bundle.
+		s.cfg.Logger.ErrorContext(ctx, "audit an exec", "session", j.ID, "exec_id", req.GetSpec().GetExecId(), "error", err)
+	}
+	return &authorityv1.StartExecResponse{Exec: resp.GetExec(), Created: resp.GetCreated()}, nil
+}
+
+func (s *Service) GetExec(ctx context.Context, req *authorityv1.GetExecRequest) (*authorityv1.GetExecResponse, error) {
+	_, j, err := s.session(ctx, req.GetSessionId())
+	if err != nil {
+		return nil, err
+	}
+	resp, err := s.cfg.Executor.GetExec(ctx, &executorv1.GetExecRequest{JobId: j.ID, ExecId: req.GetExecId()})
+	if err != nil {
+		return nil, err
+	}
+	return &authorityv1.GetExecResponse{Exec: resp.GetExec()}, nil
+}
+
+func (s *Service) WatchExec(req *authorityv1.WatchExecRequest, stream grpc.ServerStreamingServer[authorityv1.WatchExecResponse]) error {
+	ctx := stream.Context()
+	_, j, err := s.session(ctx, req.GetSessionId())
+	if err != nil {
+		return err
+	}
+	up, err := s.cfg.Executor.WatchExec(ctx, &executorv1.WatchExecRequest{
+		JobId: j.ID, ExecId: req.GetExecId(), StdoutOffset: req.GetStdoutOffset(), StderrOffset: req.GetStderrOffset(),
+	})
+	if err != nil {
+		return err
+	}
+	for {
+		msg, err := up.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		out := &authorityv1.WatchExecResponse{}
+		switch ev := msg.GetEvent().(type) {
+		case *executorv1.WatchExecResponse_Output:
+			out.Event = &authorityv1.WatchExecResponse_Output{Output: ev.Output}
+		case *executorv1.WatchExecResponse_Exec:
+			out.Event = &authorityv1.WatchExecResponse_Exec{Exec: ev.Exec}
+		default:
+			continue
+		}
+		if err := stream.Send(out); err != nil {
+			return err
+		}
+	}
+}
+
+func (s *Service) CancelExec(ctx context.Context, req *authorityv1.CancelExecRequest) (*authorityv1.CancelExecResponse, error) {
+	_, j, err := s.session(ctx, req.GetSessionId())
+	if err != nil {
+		return nil, err
+	}
+	resp, err := s.cfg.Executor.CancelExec(ctx, &executorv1.CancelExecRequest{JobId: j.ID, ExecId: req.GetExecId()})
+	if err != nil {
+		return nil, err
+	}
+	return &authorityv1.CancelExecResponse{Exec: resp.GetExec()}, nil
+}

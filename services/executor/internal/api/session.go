@@ -1,0 +1,111 @@
+package api
+
+import (
+	"context"
+	"fmt"
+
+	"google.golang.org/grpc"
+
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/executor/internal/convert"
+	"github.com/airlockhq/airlock/services/executor/internal/runs"
+)
+
+func (s *Service) StartExec(ctx context.Context, req *executorv1.StartExecRequest) (*executorv1.StartExecResponse, error) {
+	if err := required("job_id", req.GetJobId()); err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	if req.GetSpec() == nil {
+		return nil, errdefs.ToGRPC(fmt.Errorf("%w: spec is required", errdefs.ErrInvalidArgument))
+	}
+	x, created, err := s.cfg.Runs.StartExec(req.GetJobId(), convert.ExecSpec(req.GetSpec()))
+	if err != nil {
+		return nil, s.fail(ctx, "StartExec", err)
+	}
+	return &executorv1.StartExecResponse{Exec: convert.Exec(x), Created: created}, nil
+}
+
+func (s *Service) GetExec(ctx context.Context, req *executorv1.GetExecRequest) (*executorv1.GetExecResponse, error) {
+	if err := requiredExec(req.GetJobId(), req.GetExecId()); err != nil {
+		return nil, err
+	}
+	x, err := s.cfg.Runs.GetExec(req.GetJobId(), req.GetExecId())
+	if err != nil {
+		return nil, s.fail(ctx, "GetExec", err)
+	}
+	return &executorv1.GetExecResponse{Exec: convert.Exec(x)}, nil
+}
+
+func (s *Service) ListExecs(ctx context.Context, req *executorv1.ListExecsRequest) (*executorv1.ListExecsResponse, error) {
+	if err := required("job_id", req.GetJobId()); err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	xs, err := s.cfg.Runs.ListExecs(req.GetJobId())
+	if err != nil {
+		return nil, s.fail(ctx, "ListExecs", err)
+	}
+	out := &executorv1.ListExecsResponse{}
+	for _, x := range xs {
+		out.Execs = append(out.Execs, convert.Exec(x))
+	}
+	return out, nil
+}
+
+func (s *Service) WatchExec(req *executorv1.WatchExecRequest, stream grpc.ServerStreamingServer[executorv1.WatchExecResponse]) error {
+	if err := requiredExec(req.GetJobId(), req.GetExecId()); err != nil {
+		return err
+	}
+	err := s.cfg.Runs.WatchExec(stream.Context(), req.GetJobId(), req.GetExecId(), req.GetStdoutOffset(), req.GetStderrOffset(), func(ev runs.ExecEvent) error {
+		if ev.Exec != nil {
+			return stream.Send(&executorv1.WatchExecResponse{Event: &executorv1.WatchExecResponse_Exec{Exec: convert.Exec(*ev.Exec)}})
+		}
+		return stream.Send(&executorv1.WatchExecResponse{Event: &executorv1.WatchExecResponse_Output{Output: outputChunk(ev.Stream, ev.Offset, ev.Data, ev.Cut)}})
+	})
+	if err != nil {
+		return s.fail(stream.Context(), "WatchExec", err)
+	}
+	return nil
+}
+
+func (s *Service) CancelExec(ctx context.Context, req *executorv1.CancelExecRequest) (*executorv1.CancelExecResponse, error) {
+	if err := requiredExec(req.GetJobId(), req.GetExecId()); err != nil {
+		return nil, err
+	}
+	x, err := s.cfg.Runs.CancelExec(req.GetJobId(), req.GetExecId())
+	if err != nil {
+		return nil, s.fail(ctx, "CancelExec", err)
+	}
+	return &executorv1.CancelExecResponse{Exec: convert.Exec(x)}, nil
+}
+
+func (s *Service) FinishRun(ctx context.Context, req *executorv1.FinishRunRequest) (*executorv1.FinishRunResponse, error) {
+	if err := required("job_id", req.GetJobId()); err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	run, err := s.cfg.Runs.Finish(req.GetJobId())
+	if err != nil {
+		return nil, s.fail(ctx, "FinishRun", err)
+	}
+	return &executorv1.FinishRunResponse{Run: convert.Run(run)}, nil
+}
+
+func requiredExec(jobID, execID string) error {
+	if err := required("job_id", jobID); err != nil {
+		return errdefs.ToGRPC(err)
+	}
+	if err := required("exec_id", execID); err != nil {
+		return errdefs.ToGRPC(err)
+	}
+	return nil
+}
+
+// outputChunk is one output event on the wire.
+func outputChunk(stream string, offset int64, data []byte, cut bool) *typesv1.OutputChunk {
+	which := typesv1.OutputStream_OUTPUT_STREAM_STDOUT
+	if stream == "stderr" {
+		which = typesv1.OutputStream_OUTPUT_STREAM_STDERR
+	}
+	return &typesv1.OutputChunk{Stream: which, Offset: offset, Data: data, Truncated: cut}
+}

@@ -1,0 +1,553 @@
+package runs
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/airlockhq/airlock/pkg/atomicfile"
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
+)
+
+// Session reasons: how a session ends when its client did not cancel it
+// and its deadline did not pass.
+const (
+	ReasonFinished    sandbox.Reason = "finished"
+	ReasonIdleTimeout sandbox.Reason = "idle_timeout"
+)
+
+// Session defaults, where the grant leaves them zero, and bounds on what
+// one exec may carry.
+const (
+	DefaultIdleTimeout        = 15 * time.Minute
+	DefaultMaxConcurrentExecs = 4
+	MaxExecStdin              = 1 << 20
+	// MaxExecs bounds the execs one session may run in all: each keeps a
+	// record and its output to the end.
+	MaxExecs = 10000
+)
+
+// execTail is how much of the end of each stream an exec's record in the
+// bundle and the review carries.
+const execTail = 2 << 10
+
+var execIDFormat = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
+
+// ExecSpec is one command a client runs in a session.
+type ExecSpec struct {
+	ID      string            `json:"exec_id"`
+	Argv    []string          `json:"argv"`
+	Env     map[string]string `json:"env,omitempty"`
+	Cwd     string            `json:"cwd,omitempty"`
+	Stdin   []byte            `json:"-"`
+	Timeout time.Duration     `json:"timeout,omitempty"`
+}
+
+// ExecState is where an exec is.
+type ExecState string
+
+// Exec states.
+const (
+	ExecRunning ExecState = "running"
+	ExecEnded   ExecState = "ended"
+)
+
+// Exec is the durable record of one exec.
+type Exec struct {
+	SessionID   string         `json:"session_id"`
+	Spec        ExecSpec       `json:"spec"`
+	StdinSize   int64          `json:"stdin_size"`
+	StdinSHA256 string         `json:"stdin_sha256"`
+	Seq         int64          `json:"seq"`
+	State       ExecState      `json:"state"`
+	Reason      sandbox.Reason `json:"reason,omitempty"`
+	ExitCode    int            `json:"exit_code"`
+	Message     string         `json:"message,omitempty"`
+	StartedAt   time.Time      `json:"started_at"`
+	EndedAt     time.Time      `json:"ended_at,omitzero"`
+	WallTime    time.Duration  `json:"wall_time,omitempty"`
+	CPUTime     time.Duration  `json:"cpu_time,omitempty"`
+	// Output: bytes kept, whether each stream hit its cap, the SHA-256 of
+	// the bytes kept, and their ends, once ended.
+	StdoutSize      int64  `json:"stdout_size"`
+	StderrSize      int64  `json:"stderr_size"`
+	StdoutTruncated bool   `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool   `json:"stderr_truncated,omitempty"`
+	StdoutSHA256    string `json:"stdout_sha256,omitempty"`
+	StderrSHA256    string `json:"stderr_sha256,omitempty"`
+	StdoutTail      []byte `json:"stdout_tail,omitempty"`
+	StderrTail      []byte `json:"stderr_tail,omitempty"`
+}
+
+// execEntry is an exec in memory.
+type execEntry struct {
+	rec            Exec
+	stdout, stderr *output
+	cancel         context.CancelFunc
+	done           chan struct{} // closed once the record says ended
+}
+
+// sessionOf is e's session spec, nil for a job. Callers hold m.mu.
+func (e *entry) session() (idle time.Duration, maxExecs int, ok bool) {
+	s := e.grant.GetSession()
+	if s == nil {
+		return 0, 0, false
+	}
+	idle, maxExecs = s.GetIdleTimeout().AsDuration(), int(s.GetMaxConcurrentExecs())
+	if idle <= 0 {
+		idle = DefaultIdleTimeout
+	}
+	if maxExecs <= 0 {
+		maxExecs = DefaultMaxConcurrentExecs
+	}
+	return idle, maxExecs, true
+}
+
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{errdefs.ErrInvalidArgument}, args...)...)
+}
+
+// checkExecSpec checks everything about x that needs no session.
+func checkExecSpec(x *ExecSpec) error {
+	if !execIDFormat.MatchString(x.ID) {
+		return invalidf("spec.exec_id %q: want 1 to 128 of [A-Za-z0-9._:-]", x.ID)
+	}
+	if err := sandbox.CheckCommand("spec.argv", "spec.env", x.Argv, x.Env); err != nil {
+		return err
+	}
+	if x.Cwd != "" {
+		c := path.Clean(x.Cwd)
+		if c != x.Cwd || (c != "/work" && !strings.HasPrefix(c, "/work/")) {
+			return invalidf("spec.cwd %q: must be /work or a clean path under it", x.Cwd)
+		}
+	}
+	if len(x.Stdin) > MaxExecStdin {
+		return invalidf("spec.stdin: %d bytes, at most %d", len(x.Stdin), MaxExecStdin)
+	}
+	if x.Timeout < 0 {
+		return invalidf("spec.timeout %s: must not be negative", x.Timeout)
+	}
+	return nil
+}
+
+// differs names the first field in which a retried spec differs from the
+// recorded one, "" if none.
+func (r *Exec) differs(x *ExecSpec) string {
+	switch {
+	case !slices.Equal(r.Spec.Argv, x.Argv):
+		return "argv"
+	case !maps.Equal(r.Spec.Env, x.Env) && (len(r.Spec.Env) > 0 || len(x.Env) > 0):
+		return "env"
+	case r.Spec.Cwd != x.Cwd:
+		return "cwd"
+	case r.Spec.Timeout != x.Timeout:
+		return "timeout"
+	case r.StdinSize != int64(len(x.Stdin)) || r.StdinSHA256 != sha256Hex(x.Stdin):
+		return "stdin"
+	}
+	return ""
+}
+
+func sha256Hex(b []byte) string {
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])
+}
+
+func (m *Manager) execDir(jobID string, seq int64) string {
+	return filepath.Join(m.runDir(jobID), "execs", strconv.FormatInt(seq, 10))
+}
+
+// persistExec writes x's record durably: a started exec is on disk before
+// its command runs, so no restart can run it again.
+func (m *Manager) persistExec(x *Exec) error {
+	data, err := json.MarshalIndent(x, "", "  ")
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(filepath.Join(m.execDir(x.SessionID, x.Seq), "exec.json"), data, 0o600, atomicfile.Durable)
+}
+
+// StartExec starts x in the running session jobID, or returns the exec of
+// that id when it was started with the same spec (created false), running
+// or ended. The same id with another spec is ErrAlreadyExists naming the
+// field. Concurrent calls with one id start it once.
+func (m *Manager) StartExec(jobID string, x ExecSpec) (Exec, bool, error) {
+	if err := checkExecSpec(&x); err != nil {
+		return Exec{}, false, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.runs[jobID]
+	if !ok {
+		return Exec{}, false, fmt.Errorf("%w: run %q", errdefs.ErrNotFound, jobID)
+	}
+	if _, _, ok := e.session(); !ok {
+		return Exec{}, false, fmt.Errorf("%w: run %s is a job, not a session: it takes no execs", errdefs.ErrFailedPrecondition, jobID)
+	}
+	if xe, ok := e.execs[x.ID]; ok {
+		if f := xe.rec.differs(&x); f != "" {
+			return Exec{}, false, fmt.Errorf("%w: spec.exec_id %q: an exec of this id was started with a different spec.%s", errdefs.ErrAlreadyExists, x.ID, f)
+		}
+		return xe.rec, false, nil
+	}
+	_, maxExecs, _ := e.session()
+	switch {
+	case e.run.State != Running || e.sb == nil || e.stopping != "":
+		return Exec{}, false, fmt.Errorf("%w: session %s is %s: it takes no new exec", errdefs.ErrFailedPrecondition, jobID, e.sessionState())
+	case e.runningExecs >= maxExecs:
+		return Exec{}, false, fmt.Errorf("%w: session %s runs %d execs, its most at once", errdefs.ErrResourceExhausted, jobID, maxExecs)
+	case len(e.execs) >= MaxExecs:
+		return Exec{}, false, fmt.Errorf("%w: session %s has run %d execs, its most", errdefs.ErrResourceExhausted, jobID, MaxExecs)
+	}
+	rec := Exec{
+		SessionID: jobID, Spec: x, StdinSize: int64(len(x.Stdin)), StdinSHA256: sha256Hex(x.Stdin),
+		Seq: int64(len(e.execs)) + 1, State: ExecRunning, ExitCode: -1, StartedAt: m.cfg.Now(),
+	}
+	rec.Spec.Stdin = nil
+	dir := m.execDir(jobID, rec.Seq)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return Exec{}, false, err
+	}
+	xe := &execEntry{rec: rec, done: make(chan struct{})}
+	notify := func() { m.mu.Lock(); e.notify(); m.mu.Unlock() }
+	var err error
+	if xe.stdout, err = newOutput(filepath.Join(dir, "stdout.log"), m.cfg.OutputLimit, notify); err != nil {
+		return Exec{}, false, err
+	}
+	if xe.stderr, err = newOutput(filepath.Join(dir, "stderr.log"), m.cfg.OutputLimit, notify); err != nil {
+		xe.stdout.close()
+		return Exec{}, false, err
+	}
+	if err := m.persistExec(&xe.rec); err != nil {
+		xe.stdout.close()
+		xe.stderr.close()
+		return Exec{}, false, err
+	}
+	if e.execs == nil {
+		e.execs = map[string]*execEntry{}
+	}
+	e.execs[x.ID] = xe
+	e.execOrder = append(e.execOrder, xe)
+	e.runningExecs++
+	e.lastActive = m.cfg.Now()
+	ctx, cancel := context.WithCancel(context.WithoutCancel(m.ctx))
+	xe.cancel = cancel
+	sb := e.sb
+	e.execWG.Add(1)
+	go func() {
+		defer e.execWG.Done()
+		defer cancel()
+		m.runExec(ctx, e, xe, sb, x)
+	}()
+	e.notify()
+	return xe.rec, true, nil
+}
+
+// runExec runs one exec to its end and records how it ended.
+func (m *Manager) runExec(ctx context.Context, e *entry, xe *execEntry, sb *sandbox.Sandbox, x ExecSpec) {
+	spec := sandbox.ExecSpec{Argv: x.Argv, Env: x.Env, Cwd: x.Cwd, Timeout: x.Timeout, Stdout: xe.stdout, Stderr: xe.stderr}
+	if len(x.Stdin) > 0 {
+		spec.Stdin = strings.NewReader(string(x.Stdin))
+	}
+	res, err := sb.Exec(ctx, spec)
+	if err != nil {
+		res.Reason, res.ExitCode, res.Message = sandbox.ReasonSandboxError, -1, err.Error()
+		m.cfg.Logger.Error("exec failed", "job_id", e.run.JobID, "exec_id", x.ID, "error", err)
+	}
+	xe.stdout.close()
+	xe.stderr.close()
+	m.endExec(e, xe, func(r *Exec) {
+		r.Reason, r.ExitCode, r.Message = res.Reason, res.ExitCode, res.Message
+		r.WallTime, r.CPUTime = res.WallTime, res.CPUTime
+	})
+}
+
+// endExec records xe ended, with its output's sizes, digests and tails.
+func (m *Manager) endExec(e *entry, xe *execEntry, f func(*Exec)) {
+	dir := m.execDir(e.run.JobID, xe.rec.Seq)
+	out := streamSummary(filepath.Join(dir, "stdout.log"))
+	errs := streamSummary(filepath.Join(dir, "stderr.log"))
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := &xe.rec
+	f(r)
+	r.State, r.EndedAt = ExecEnded, m.cfg.Now()
+	r.StdoutSize, r.StdoutSHA256, r.StdoutTail = out.size, out.sha, out.tail
+	r.StderrSize, r.StderrSHA256, r.StderrTail = errs.size, errs.sha, errs.tail
+	if xe.stdout != nil {
+		_, r.StdoutTruncated = xe.stdout.state()
+		_, r.StderrTruncated = xe.stderr.state()
+	}
+	if err := m.persistExec(r); err != nil {
+		m.cfg.Logger.Error("persist exec", "job_id", e.run.JobID, "exec_id", r.Spec.ID, "error", err)
+	}
+	e.runningExecs--
+	e.lastActive = m.cfg.Now()
+	close(xe.done)
+	e.notify()
+}
+
+type summary struct {
+	size int64
+	sha  string
+	tail []byte
+}
+
+// streamSummary reads an output file's size, SHA-256 and last execTail bytes.
+func streamSummary(p string) summary {
+	s := summary{sha: sha256Hex(nil)}
+	f, err := os.Open(p)
+	if err != nil {
+		return s
+	}
+	h := sha256.New()
+	_, err = io.Copy(h, f)
+	f.Close()
+	if err == nil {
+		s.sha = hex.EncodeToString(h.Sum(nil))
+	}
+	s.tail, s.size = readTail(p, execTail)
+	return s
+}
+
+// sessionState says, for a refusal, where a session is. Callers hold m.mu.
+func (e *entry) sessionState() string {
+	if e.stopping != "" && !e.run.State.Terminal() {
+		return "ending (" + string(e.stopping) + ")"
+	}
+	return string(e.run.State)
+}
+
+// lookupExec returns the exec of id in session jobID. Callers hold m.mu.
+func (m *Manager) lookupExec(jobID, execID string) (*entry, *execEntry, error) {
+	e, ok := m.runs[jobID]
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: run %q", errdefs.ErrNotFound, jobID)
+	}
+	xe, ok := e.execs[execID]
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: session %s has no exec %q", errdefs.ErrNotFound, jobID, execID)
+	}
+	return e, xe, nil
+}
+
+// GetExec returns one exec.
+func (m *Manager) GetExec(jobID, execID string) (Exec, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, xe, err := m.lookupExec(jobID, execID)
+	if err != nil {
+		return Exec{}, err
+	}
+	return xe.rec, nil
+}
+
+// ListExecs returns a session's execs, first to last.
+func (m *Manager) ListExecs(jobID string) ([]Exec, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.runs[jobID]
+	if !ok {
+		return nil, fmt.Errorf("%w: run %q", errdefs.ErrNotFound, jobID)
+	}
+	return e.execRecords(), nil
+}
+
+// execRecords are e's exec records in order. Callers hold m.mu.
+func (e *entry) execRecords() []Exec {
+	out := make([]Exec, len(e.execOrder))
+	for i, xe := range e.execOrder {
+		out[i] = xe.rec
+	}
+	return out
+}
+
+// CancelExec stops a running exec: SIGTERM to its process group, SIGKILL
+// after the grace period. An ended exec is returned as it is.
+func (m *Manager) CancelExec(jobID, execID string) (Exec, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, xe, err := m.lookupExec(jobID, execID)
+	if err != nil {
+		return Exec{}, err
+	}
+	if xe.rec.State == ExecRunning && xe.cancel != nil {
+		xe.cancel()
+	}
+	return xe.rec, nil
+}
+
+// ExecEvent is one message of an exec watch: output, or the ended exec.
+type ExecEvent struct {
+	Exec   *Exec
+	Stream string
+	Offset int64
+	Data   []byte
+	Cut    bool
+}
+
+// WatchExec sends an exec's output from the given offsets as it comes,
+// and once it has ended and all of its output was sent, its record.
+func (m *Manager) WatchExec(ctx context.Context, jobID, execID string, stdoutOffset, stderrOffset int64, send func(ExecEvent) error) error {
+	if stdoutOffset < 0 || stderrOffset < 0 {
+		return invalidf("offsets must not be negative")
+	}
+	m.mu.Lock()
+	e, xe, err := m.lookupExec(jobID, execID)
+	m.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	dir := m.execDir(jobID, xe.rec.Seq)
+	offsets := map[string]int64{"stdout": stdoutOffset, "stderr": stderrOffset}
+	cutSent := map[string]bool{}
+	for {
+		m.mu.Lock()
+		rec, changed := xe.rec, e.changed
+		m.mu.Unlock()
+		for _, s := range []struct {
+			name string
+			o    *output
+			cut  bool
+		}{{"stdout", xe.stdout, rec.StdoutTruncated}, {"stderr", xe.stderr, rec.StderrTruncated}} {
+			err := sendStream(filepath.Join(dir, s.name+".log"), s.name, s.o, s.cut, offsets, cutSent, func(ev Event) error {
+				return send(ExecEvent{Stream: ev.Stream, Offset: ev.Offset, Data: ev.Data, Cut: ev.Cut})
+			})
+			if err != nil {
+				return err
+			}
+		}
+		if rec.State == ExecEnded {
+			return send(ExecEvent{Exec: &rec})
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		}
+	}
+}
+
+// Finish ends a running session: its sandbox stops, its running execs
+// end cancelled, and its bundle is built and reported with reason
+// finished. Finishing an ended session changes nothing; a job is refused.
+func (m *Manager) Finish(jobID string) (Run, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.runs[jobID]
+	if !ok {
+		return Run{}, fmt.Errorf("%w: run %q", errdefs.ErrNotFound, jobID)
+	}
+	if _, _, ok := e.session(); !ok {
+		return Run{}, fmt.Errorf("%w: run %s is a job, not a session: it ends when its command does", errdefs.ErrFailedPrecondition, jobID)
+	}
+	m.stopSession(e, ReasonFinished)
+	return e.run, nil
+}
+
+// stopSession stops e's sandbox for reason, once. Callers hold m.mu.
+func (m *Manager) stopSession(e *entry, reason sandbox.Reason) {
+	if e.run.State.Terminal() || e.stopping != "" {
+		return
+	}
+	e.stopping = reason
+	if e.cancel != nil {
+		e.cancel()
+	}
+	e.notify()
+}
+
+// watchIdle ends session e once it has had no exec running for longer than
+// its idle timeout, until ctx ends.
+func (m *Manager) watchIdle(ctx context.Context, e *entry) {
+	m.mu.Lock()
+	idle, _, _ := e.session()
+	e.lastActive = m.cfg.Now()
+	m.mu.Unlock()
+	t := time.NewTimer(idle)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		m.mu.Lock()
+		left := idle - m.cfg.Now().Sub(e.lastActive)
+		if e.runningExecs == 0 && left <= 0 {
+			m.cfg.Logger.Info("session idle; ending it", "job_id", e.run.JobID, "idle_timeout", idle)
+			m.stopSession(e, ReasonIdleTimeout)
+			m.mu.Unlock()
+			return
+		}
+		m.mu.Unlock()
+		if left <= 0 {
+			left = idle
+		}
+		t.Reset(left)
+	}
+}
+
+// loadExecs reads a session's exec records from disk (New). An exec that
+// was running when the executor stopped is ended executor_restarted.
+func (m *Manager) loadExecs(e *entry) error {
+	dirs, err := os.ReadDir(filepath.Join(m.runDir(e.run.JobID), "execs"))
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var recs []*execEntry
+	for _, d := range dirs {
+		data, err := os.ReadFile(filepath.Join(m.runDir(e.run.JobID), "execs", d.Name(), "exec.json"))
+		if err != nil {
+			continue // made, never recorded: it never ran
+		}
+		var r Exec
+		if err := json.Unmarshal(data, &r); err != nil {
+			return fmt.Errorf("runs: %s exec %s: %w", e.run.JobID, d.Name(), err)
+		}
+		xe := &execEntry{rec: r, done: make(chan struct{})}
+		if r.State == ExecEnded {
+			close(xe.done)
+		}
+		recs = append(recs, xe)
+	}
+	sort.Slice(recs, func(i, j int) bool { return recs[i].rec.Seq < recs[j].rec.Seq })
+	e.execs = map[string]*execEntry{}
+	for _, xe := range recs {
+		e.execs[xe.rec.Spec.ID] = xe
+		e.execOrder = append(e.execOrder, xe)
+	}
+	return nil
+}
+
+// endLeftExecs ends, after a restart, every exec still recorded running.
+func (m *Manager) endLeftExecs(e *entry) {
+	for _, xe := range e.execOrder {
+		if xe.rec.State != ExecRunning {
+			continue
+		}
+		e.runningExecs++ // endExec counts it down
+		m.mu.Unlock()
+		m.endExec(e, xe, func(r *Exec) {
+			r.Reason, r.ExitCode, r.Message = ReasonExecutorRestarted, -1, "the executor restarted while the exec ran"
+		})
+		m.mu.Lock()
+	}
+}

@@ -1,0 +1,360 @@
+package runs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/airlockhq/airlock/pkg/bundle"
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
+)
+
+// sessionGrant is generation 1 of a session.
+func (h *harness) sessionGrant(class typesv1.RuntimeClass, idle time.Duration) *typesv1.Grant {
+	g := h.grantFor("")
+	g.JobId = fmt.Sprintf("sess-%d", testSeq.Add(1))
+	g.Command = nil
+	g.RuntimeClass = class
+	g.Session = &typesv1.SessionSpec{IdleTimeout: durationpb.New(idle), MaxConcurrentExecs: 4}
+	return g
+}
+
+func (h *harness) startSession(t *testing.T, g *typesv1.Grant) string {
+	t.Helper()
+	h.start(t, g)
+	end := time.Now().Add(60 * time.Second)
+	for {
+		run, err := h.m.Get(g.GetJobId())
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.m.mu.Lock()
+		up := h.m.runs[g.GetJobId()].live != nil
+		h.m.mu.Unlock()
+		if run.State == Running && up {
+			return g.GetJobId()
+		}
+		if run.State.Terminal() || time.Now().After(end) {
+			t.Fatalf("session %s did not come up: %s %+v", g.GetJobId(), run.State, run.Result)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// execWait starts x and waits for it to end.
+func (h *harness) execWait(t *testing.T, sid string, x ExecSpec) Exec {
+	t.Helper()
+	if _, _, err := h.m.StartExec(sid, x); err != nil {
+		t.Fatalf("StartExec %s: %v", x.ID, err)
+	}
+	return h.waitExec(t, sid, x.ID)
+}
+
+func (h *harness) waitExec(t *testing.T, sid, id string) Exec {
+	t.Helper()
+	end := time.Now().Add(60 * time.Second)
+	for {
+		x, err := h.m.GetExec(sid, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if x.State == ExecEnded {
+			t.Logf("exec %s: %s exit %d %q stdout %q stderr %q", id, x.Reason, x.ExitCode, x.Message, x.StdoutTail, x.StderrTail)
+			return x
+		}
+		if time.Now().After(end) {
+			t.Fatalf("exec %s did not end", id)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func sh(id, script string) ExecSpec { return ExecSpec{ID: id, Argv: []string{"sh", "-c", script}} }
+
+// TestSessionAgentLoop drives a session as an agent does, under runc and
+// runsc: write a file, run a failing test, edit, run it again, passing;
+// finish. The bundle carries the patch and every exec, in order.
+func TestSessionAgentLoop(t *testing.T) {
+	for _, class := range []typesv1.RuntimeClass{typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC} {
+		t.Run(class.String(), func(t *testing.T) {
+			h, _ := newHarness(t, false)
+			sid := h.startSession(t, h.sessionGrant(class, time.Minute))
+			test := `[ "$(cat answer)" = 42 ] || { echo "want 42, got $(cat answer)" >&2; exit 1; }`
+			steps := []struct {
+				x    ExecSpec
+				exit int
+			}{
+				{sh("write", "echo 41 > answer"), 0},
+				{sh("test-1", test), 1},
+				{sh("edit", "echo 42 > answer"), 0},
+				{sh("test-2", test), 0},
+			}
+			for _, s := range steps {
+				x := h.execWait(t, sid, s.x)
+				if x.Reason != sandbox.ReasonExited || x.ExitCode != s.exit {
+					t.Fatalf("exec %s: %s %d, want exit %d", s.x.ID, x.Reason, x.ExitCode, s.exit)
+				}
+			}
+			if _, err := h.m.Finish(sid); err != nil {
+				t.Fatal(err)
+			}
+			run := h.waitEnd(t, sid)
+			if run.State != Finished || run.Result.Reason != ReasonFinished || run.Result.FilesChanged != 1 {
+				t.Fatalf("finished session: %s %+v", run.State, run.Result)
+			}
+			data, err := bundle.ReadEntry(filepath.Join(h.m.runDir(sid), "bundle.tar"), "result.json")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var meta bundleMeta
+			if err := json.Unmarshal(data, &meta); err != nil {
+				t.Fatal(err)
+			}
+			if len(meta.Execs) != len(steps) {
+				t.Fatalf("bundle has %d execs, want %d", len(meta.Execs), len(steps))
+			}
+			for i, s := range steps {
+				x := meta.Execs[i]
+				if x.Spec.ID != s.x.ID || x.Seq != int64(i+1) || x.ExitCode != s.exit || x.State != ExecEnded || x.StdoutSHA256 == "" {
+					t.Errorf("bundle exec %d: %+v, want %s exit %d", i, x, s.x.ID, s.exit)
+				}
+			}
+			if !strings.Contains(string(meta.Execs[1].StderrTail), "want 42, got 41") {
+				t.Errorf("the failing test's stderr tail: %q", meta.Execs[1].StderrTail)
+			}
+			patch, _ := os.ReadFile(filepath.Join(h.m.runDir(sid), "review.patch"))
+			if !strings.Contains(string(patch), "+42") || strings.Contains(string(patch), "+41") {
+				t.Errorf("patch is not the session's end state against the base:\n%s", patch)
+			}
+			h.auth.mu.Lock()
+			defer h.auth.mu.Unlock()
+			if len(h.auth.reports) != 1 || len(h.auth.reports[0].Execs) != len(steps) {
+				t.Fatalf("reports: %d, execs in the first: %v", len(h.auth.reports), h.auth.reports)
+			}
+		})
+	}
+}
+
+// TestExecIDs: a retry under the same id is the same exec, running or
+// ended, and never runs the command again; another spec under it is
+// refused naming the field; 50 concurrent retries start it once; a
+// watcher that drops mid-exec changes nothing.
+func TestExecIDs(t *testing.T) {
+	h, _ := newHarness(t, false)
+	sid := h.startSession(t, h.sessionGrant(typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, time.Minute))
+	appendOnce := sh("append-1", "echo line >> /work/log; echo 0123456789; sleep 1")
+	x, created, err := h.m.StartExec(sid, appendOnce)
+	if err != nil || !created || x.State != ExecRunning {
+		t.Fatalf("first start: %+v %v %v", x, created, err)
+	}
+	// A watcher that goes away mid-exec, then a retry.
+	ctx, cancel := context.WithCancel(context.Background())
+	got := make(chan string, 1)
+	go func() {
+		var b strings.Builder
+		_ = h.m.WatchExec(ctx, sid, appendOnce.ID, 5, 0, func(ev ExecEvent) error {
+			if ev.Stream == "stdout" {
+				b.Write(ev.Data)
+				if strings.Contains(b.String(), "\n") {
+					got <- b.String()
+				}
+			}
+			return nil
+		})
+	}()
+	select {
+	case s := <-got:
+		if s != "56789\n" {
+			t.Fatalf("watch from offset 5: %q", s)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no output watched")
+	}
+	cancel()
+	x, created, err = h.m.StartExec(sid, appendOnce)
+	if err != nil || created || x.Seq != 1 {
+		t.Fatalf("retry while running: %+v created %v %v", x, created, err)
+	}
+	ended := h.waitExec(t, sid, appendOnce.ID)
+	x, created, err = h.m.StartExec(sid, appendOnce)
+	if err != nil || created || x.State != ExecEnded || x.ExitCode != 0 || x.StdoutSHA256 != ended.StdoutSHA256 {
+		t.Fatalf("retry after the end: %+v created %v %v", x, created, err)
+	}
+	for field, changed := range map[string]ExecSpec{
+		"argv":    sh("append-1", "echo other"),
+		"cwd":     {ID: "append-1", Argv: appendOnce.Argv, Cwd: "/work/sub"},
+		"env":     {ID: "append-1", Argv: appendOnce.Argv, Env: map[string]string{"A": "b"}},
+		"stdin":   {ID: "append-1", Argv: appendOnce.Argv, Stdin: []byte("x")},
+		"timeout": {ID: "append-1", Argv: appendOnce.Argv, Timeout: time.Second},
+	} {
+		_, _, err := h.m.StartExec(sid, changed)
+		if !errors.Is(err, errdefs.ErrAlreadyExists) || !strings.Contains(err.Error(), "spec."+field) {
+			t.Errorf("a different %s under the same id: %v", field, err)
+		}
+	}
+	// 50 concurrent starts of one id.
+	again := sh("append-2", "echo line >> /work/log")
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	createdN := 0
+	for range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, c, err := h.m.StartExec(sid, again)
+			if err != nil {
+				t.Errorf("concurrent start: %v", err)
+			}
+			if c {
+				mu.Lock()
+				createdN++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if createdN != 1 {
+		t.Fatalf("50 concurrent starts created %d execs", createdN)
+	}
+	h.waitExec(t, sid, again.ID)
+	if x := h.execWait(t, sid, sh("count", "wc -l < /work/log")); strings.TrimSpace(string(x.StdoutTail)) != "2" {
+		t.Fatalf("the two appending execs ran %q times in all, want 2", x.StdoutTail)
+	}
+	for _, bad := range []ExecSpec{
+		{ID: "", Argv: []string{"true"}},
+		{ID: "a/b", Argv: []string{"true"}},
+		{ID: "ok"},
+		{ID: "ok", Argv: []string{"true"}, Cwd: "/etc"},
+		{ID: "ok", Argv: []string{"true"}, Cwd: "/work/../etc"},
+		{ID: "ok", Argv: []string{"true"}, Stdin: make([]byte, MaxExecStdin+1)},
+	} {
+		if _, _, err := h.m.StartExec(sid, bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("StartExec(%+v): %v, want invalid argument", bad.ID, err)
+		}
+	}
+	if _, _, err := h.m.StartExec("no-such-session", sh("x", "true")); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("no session: %v", err)
+	}
+}
+
+// TestSessionTimeouts: an exec past its own timeout ends timeout, its
+// processes gone, while the session and another exec live on; a session
+// idle past its idle timeout ends idle_timeout; a session past its
+// deadline ends timeout.
+func TestSessionTimeouts(t *testing.T) {
+	h, _ := newHarness(t, false)
+	sid := h.startSession(t, h.sessionGrant(typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, time.Minute))
+	if _, _, err := h.m.StartExec(sid, sh("bg", "sleep 30")); err != nil {
+		t.Fatal(err)
+	}
+	x := h.execWait(t, sid, ExecSpec{ID: "slow", Argv: []string{"sh", "-c", "sleep 301 & sleep 300"}, Timeout: time.Second})
+	if x.Reason != sandbox.ReasonTimeout || x.WallTime > 10*time.Second {
+		t.Fatalf("timed-out exec: %+v", x)
+	}
+	if bg, _ := h.m.GetExec(sid, "bg"); bg.State != ExecRunning {
+		t.Fatalf("the other exec ended with the timed-out one: %+v", bg)
+	}
+	if x := h.execWait(t, sid, sh("after", `for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 30[01]'`)); !strings.HasSuffix(string(x.StdoutTail), "0\n") {
+		t.Fatalf("the timed-out exec's processes live on: %q", x.StdoutTail)
+	}
+	if _, err := h.m.CancelExec(sid, "bg"); err != nil {
+		t.Fatal(err)
+	}
+	if bg := h.waitExec(t, sid, "bg"); bg.Reason != sandbox.ReasonCancelled {
+		t.Fatalf("cancelled exec: %+v", bg)
+	}
+
+	idle := h.startSession(t, h.sessionGrant(typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, 2*time.Second))
+	h.execWait(t, idle, sh("one", "true"))
+	start := time.Now()
+	if run := h.waitEnd(t, idle); run.Result.Reason != ReasonIdleTimeout || run.State != Finished {
+		t.Fatalf("idle session: %s %+v", run.State, run.Result)
+	}
+	if d := time.Since(start); d > 20*time.Second {
+		t.Fatalf("the idle session ended %s after its last exec", d)
+	}
+
+	g := h.sessionGrant(typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, time.Minute)
+	g.Limits = proto.Clone(baseLimits).(*typesv1.ResourceLimits)
+	g.Limits.Deadline = durationpb.New(3 * time.Second)
+	late := h.startSession(t, g)
+	if _, _, err := h.m.StartExec(late, sh("long", "sleep 60")); err != nil {
+		t.Fatal(err)
+	}
+	run := h.waitEnd(t, late)
+	if run.Result.Reason != sandbox.ReasonTimeout {
+		t.Fatalf("session past its deadline: %+v", run.Result)
+	}
+	if x, _ := h.m.GetExec(late, "long"); x.State != ExecEnded || x.Reason != sandbox.ReasonCancelled {
+		t.Fatalf("the exec of a session past its deadline: %+v", x)
+	}
+	if _, _, err := h.m.StartExec(late, sh("after-end", "true")); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("an exec in an ended session: %v", err)
+	}
+}
+
+// TestSessionRecover: an executor that dies with a session running leaves
+// it, and its running exec, recorded running; the next start ends both
+// executor_restarted and keeps the exec records.
+func TestSessionRecover(t *testing.T) {
+	h, _ := newHarness(t, false)
+	sid := "sess-crashed"
+	dir := h.m.runDir(sid)
+	sg := h.sign(t, h.sessionGrant(typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, time.Minute))
+	raw, err := proto.Marshal(sg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.m.mu.Lock()
+	e := &entry{run: Run{JobID: sid, State: Running, SignedGrant: raw, CreatedAt: time.Now()}, changed: make(chan struct{})}
+	h.m.mu.Unlock()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.m.persist(&e.run); err != nil {
+		t.Fatal(err)
+	}
+	for i, state := range []ExecState{ExecEnded, ExecRunning} {
+		x := Exec{SessionID: sid, Spec: sh(fmt.Sprintf("x%d", i), "true"), Seq: int64(i + 1), State: state, StartedAt: time.Now(), StdinSHA256: sha256Hex(nil)}
+		if err := os.MkdirAll(h.m.execDir(sid, x.Seq), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.m.persistExec(&x); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m2, err := New(h.m.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close()
+	if err := m2.Recover(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	xs, err := m2.ListExecs(sid)
+	if err != nil || len(xs) != 2 {
+		t.Fatalf("execs after the restart: %v %v", xs, err)
+	}
+	if xs[0].Spec.ID != "x0" || xs[1].State != ExecEnded || xs[1].Reason != ReasonExecutorRestarted {
+		t.Fatalf("execs after the restart: %+v", xs)
+	}
+	if run, _ := m2.Get(sid); run.State != Failed || run.Result.Reason != ReasonExecutorRestarted {
+		t.Fatalf("session after the restart: %+v", run)
+	}
+	if _, _, err := m2.StartExec(sid, sh("x1", "true")); err != nil {
+		// The same id and spec: the recorded exec, not a refusal.
+		t.Fatalf("retry of the exec the restart ended: %v", err)
+	}
+}
