@@ -136,6 +136,16 @@ when cancelled, 1 when the job failed to run.
 			return jobSubmit(cmd.Context(), g, &f, args)
 		},
 	}
+	f.register(cmd)
+	fl := cmd.Flags()
+	fl.BoolVar(&f.wait, "wait", false, "stream output and wait for the result")
+	fl.BoolVar(&f.raw, "raw", false, "with --wait, copy the job's output to a terminal unescaped")
+	return cmd
+}
+
+// register adds the flags that say what to run in and how: the ones a job
+// and a session share.
+func (f *submitFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	tenantFlag(cmd, &f.tenant, "tenant to run under")
 	fl.StringVar(&f.repo, "repo", "", "repository name from the tenant's policy (required)")
@@ -149,60 +159,13 @@ when cancelled, 1 when the job failed to run.
 	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE for the command (repeatable; never a credential)")
 	fl.StringVar(&f.key, "idempotency-key", "", "the same key returns the same job (default: a fresh random key)")
 	fl.StringVar(&f.publishTo, "publish-to", "", "REPO:BRANCH where the result may be published after approval")
-	fl.BoolVar(&f.wait, "wait", false, "stream output and wait for the result")
-	fl.BoolVar(&f.raw, "raw", false, "with --wait, copy the job's output to a terminal unescaped")
 	f.net.register(fl, "; default: deny-all")
-	return cmd
 }
 
 func jobSubmit(ctx context.Context, g *globals, f *submitFlags, argv []string) error {
-	if f.repo == "" {
-		return usageError{errors.New("--repo is required")}
-	}
-	spec := &authorityv1.JobSpec{Repository: f.repo, Revision: f.rev, Command: argv, Resources: &typesv1.ResourceLimits{}}
-	if f.cpu < 0 {
-		return usageError{errors.New("--cpu must not be negative")}
-	}
-	spec.Resources.CpuMillis = int64(f.cpu * 1000)
-	var err error
-	if spec.Resources.MemoryBytes, err = parseSize("--memory", f.memory); err != nil {
+	spec, err := f.spec(argv)
+	if err != nil {
 		return err
-	}
-	if spec.Resources.DiskBytes, err = parseSize("--disk", f.disk); err != nil {
-		return err
-	}
-	spec.Resources.Pids = f.pids
-	if f.timeout > 0 {
-		spec.Resources.Deadline = durationpb.New(f.timeout)
-	}
-	switch f.runtime {
-	case "":
-	case "runc":
-		spec.RuntimeClass = typesv1.RuntimeClass_RUNTIME_CLASS_RUNC
-	case "runsc":
-		spec.RuntimeClass = typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC
-	default:
-		return usageError{fmt.Errorf("--runtime %q: must be runc or runsc", f.runtime)}
-	}
-	if spec.NetworkPolicy, err = f.net.policy(); err != nil {
-		return err
-	}
-	if f.publishTo != "" {
-		repo, branch, ok := strings.Cut(f.publishTo, ":")
-		if !ok || repo == "" || branch == "" {
-			return usageError{fmt.Errorf("--publish-to %q: want REPO:BRANCH", f.publishTo)}
-		}
-		spec.PublishTarget = &typesv1.PublishTarget{Repository: repo, Branch: branch}
-	}
-	if len(f.env) > 0 {
-		spec.Env = map[string]string{}
-		for _, kv := range f.env {
-			k, v, ok := strings.Cut(kv, "=")
-			if !ok || k == "" {
-				return usageError{fmt.Errorf("--env %q: want KEY=VALUE", kv)}
-			}
-			spec.Env[k] = v
-		}
 	}
 	client, self, done, err := g.authority()
 	if err != nil {
@@ -213,13 +176,7 @@ func jobSubmit(ctx context.Context, g *globals, f *submitFlags, argv []string) e
 	if err != nil {
 		return err
 	}
-	key := f.key
-	if key == "" {
-		var b [12]byte
-		rand.Read(b[:])
-		key = "cli-" + hex.EncodeToString(b[:])
-	}
-	resp, err := client.SubmitJob(ctx, &authorityv1.SubmitJobRequest{Tenant: tenant, Spec: spec, IdempotencyKey: key})
+	resp, err := client.SubmitJob(ctx, &authorityv1.SubmitJobRequest{Tenant: tenant, Spec: spec, IdempotencyKey: f.idempotencyKey()})
 	if err != nil {
 		return rpcError(err)
 	}
@@ -235,6 +192,83 @@ func jobSubmit(ctx context.Context, g *globals, f *submitFlags, argv []string) e
 		return err
 	}
 	return finishWait(g, final)
+}
+
+// idempotencyKey is --idempotency-key, or a fresh random key.
+func (f *submitFlags) idempotencyKey() string {
+	if f.key != "" {
+		return f.key
+	}
+	return randomID("cli-")
+}
+
+// randomID is prefix and 24 random hex digits.
+func randomID(prefix string) string {
+	var b [12]byte
+	rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// spec builds the spec the flags say, running argv.
+func (f *submitFlags) spec(argv []string) (*authorityv1.JobSpec, error) {
+	if f.repo == "" {
+		return nil, usageError{errors.New("--repo is required")}
+	}
+	spec := &authorityv1.JobSpec{Repository: f.repo, Revision: f.rev, Command: argv, Resources: &typesv1.ResourceLimits{}}
+	if f.cpu < 0 {
+		return nil, usageError{errors.New("--cpu must not be negative")}
+	}
+	spec.Resources.CpuMillis = int64(f.cpu * 1000)
+	var err error
+	if spec.Resources.MemoryBytes, err = parseSize("--memory", f.memory); err != nil {
+		return nil, err
+	}
+	if spec.Resources.DiskBytes, err = parseSize("--disk", f.disk); err != nil {
+		return nil, err
+	}
+	spec.Resources.Pids = f.pids
+	if f.timeout > 0 {
+		spec.Resources.Deadline = durationpb.New(f.timeout)
+	}
+	switch f.runtime {
+	case "":
+	case "runc":
+		spec.RuntimeClass = typesv1.RuntimeClass_RUNTIME_CLASS_RUNC
+	case "runsc":
+		spec.RuntimeClass = typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC
+	default:
+		return nil, usageError{fmt.Errorf("--runtime %q: must be runc or runsc", f.runtime)}
+	}
+	if spec.NetworkPolicy, err = f.net.policy(); err != nil {
+		return nil, err
+	}
+	if f.publishTo != "" {
+		repo, branch, ok := strings.Cut(f.publishTo, ":")
+		if !ok || repo == "" || branch == "" {
+			return nil, usageError{fmt.Errorf("--publish-to %q: want REPO:BRANCH", f.publishTo)}
+		}
+		spec.PublishTarget = &typesv1.PublishTarget{Repository: repo, Branch: branch}
+	}
+	if spec.Env, err = parseEnv(f.env); err != nil {
+		return nil, err
+	}
+	return spec, nil
+}
+
+// parseEnv reads repeated --env KEY=VALUE flags; none is nil.
+func parseEnv(kvs []string) (map[string]string, error) {
+	if len(kvs) == 0 {
+		return nil, nil
+	}
+	env := map[string]string{}
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, usageError{fmt.Errorf("--env %q: want KEY=VALUE", kv)}
+		}
+		env[k] = v
+	}
+	return env, nil
 }
 
 func parseSize(flag, s string) (int64, error) {
@@ -376,7 +410,9 @@ func exitCodeOf(job *authorityv1.Job) int {
 		return 1
 	}
 	switch r.GetReason() {
-	case typesv1.TerminationReason_TERMINATION_REASON_TIMEOUT:
+	case typesv1.TerminationReason_TERMINATION_REASON_FINISHED:
+		return 0 // a session its client finished
+	case typesv1.TerminationReason_TERMINATION_REASON_TIMEOUT, typesv1.TerminationReason_TERMINATION_REASON_IDLE_TIMEOUT:
 		return 124
 	case typesv1.TerminationReason_TERMINATION_REASON_OOM:
 		return 137
@@ -501,11 +537,32 @@ func newJobGet(g *globals) *cobra.Command {
 }
 
 func newJobList(g *globals) *cobra.Command {
+	return listCommand(g, "jobs",
+		func(ctx context.Context, c authorityv1.AuthorityServiceClient, tenant, token string, size int32) ([]*authorityv1.Job, string, error) {
+			r, err := c.ListJobs(ctx, &authorityv1.ListJobsRequest{Tenant: tenant, PageSize: size, PageToken: token})
+			return r.GetJobs(), r.GetNextPageToken(), err
+		},
+		func(jobs []*authorityv1.Job) proto.Message { return &authorityv1.ListJobsResponse{Jobs: jobs} },
+		func(w io.Writer, jobs []*authorityv1.Job) {
+			fmt.Fprintln(w, "JOB\tSTATE\tREPOSITORY\tCOMMIT\tCOMMAND\tCREATED")
+			for _, j := range jobs {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", termtext.Line(j.GetJobId()), strings.TrimPrefix(j.GetState().String(), "JOB_STATE_"),
+					termtext.Line(j.GetSpec().GetRepository()), termtext.Line(short(j.GetCommit())), commandText(j.GetSpec().GetCommand()),
+					j.GetCreatedAt().AsTime().Local().Format(time.DateTime))
+			}
+		})
+}
+
+// listCommand is a "list" command of a tenant's jobs or sessions (what):
+// fetch reads one page, wrap makes the -o json message, text the table.
+func listCommand(g *globals, what string,
+	fetch func(ctx context.Context, c authorityv1.AuthorityServiceClient, tenant, token string, size int32) ([]*authorityv1.Job, string, error),
+	wrap func([]*authorityv1.Job) proto.Message, text func(io.Writer, []*authorityv1.Job)) *cobra.Command {
 	var tenant string
 	var limit int32
 	cmd := &cobra.Command{
 		Use:   "list",
-		Short: "List a tenant's jobs, newest first",
+		Short: "List a tenant's " + what + ", newest first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			client, self, done, err := g.authority()
@@ -520,26 +577,17 @@ func newJobList(g *globals) *cobra.Command {
 			if limit < 1 {
 				return usageError{fmt.Errorf("--limit %d: want at least 1", limit)}
 			}
-			jobs, err := allPages(int(limit), func(token string, size int32) ([]*authorityv1.Job, string, error) {
-				r, err := client.ListJobs(cmd.Context(), &authorityv1.ListJobsRequest{Tenant: forTenant, PageSize: size, PageToken: token})
-				return r.GetJobs(), r.GetNextPageToken(), err
+			list, err := allPages(int(limit), func(token string, size int32) ([]*authorityv1.Job, string, error) {
+				return fetch(cmd.Context(), client, forTenant, token, size)
 			})
 			if err != nil {
 				return rpcError(err)
 			}
-			resp := &authorityv1.ListJobsResponse{Jobs: jobs}
-			return g.printProto(resp, func(w io.Writer) {
-				fmt.Fprintln(w, "JOB\tSTATE\tREPOSITORY\tCOMMIT\tCOMMAND\tCREATED")
-				for _, j := range resp.GetJobs() {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", termtext.Line(j.GetJobId()), strings.TrimPrefix(j.GetState().String(), "JOB_STATE_"),
-						termtext.Line(j.GetSpec().GetRepository()), termtext.Line(short(j.GetCommit())), commandText(j.GetSpec().GetCommand()),
-						j.GetCreatedAt().AsTime().Local().Format(time.DateTime))
-				}
-			})
+			return g.printProto(wrap(list), func(w io.Writer) { text(w, list) })
 		},
 	}
-	tenantFlag(cmd, &tenant, "whose jobs to list")
-	cmd.Flags().Int32Var(&limit, "limit", 50, "at most this many jobs")
+	tenantFlag(cmd, &tenant, "whose "+what+" to list")
+	cmd.Flags().Int32Var(&limit, "limit", 50, "at most this many "+what)
 	return cmd
 }
 

@@ -116,11 +116,54 @@ func writeReview(w io.Writer, a *authorityv1.Approval, rv *authorityv1.ReviewMat
 		fmt.Fprintln(w)
 		writeEgressSummary(w, e)
 	}
+	writeReviewExecs(w, d)
 	for _, o := range []struct {
 		name string
 		t    *authorityv1.OutputTail
 	}{{"stdout", d.GetStdout()}, {"stderr", d.GetStderr()}} {
 		writeTail(w, o.name, o.t, full)
+	}
+}
+
+// writeReviewExecs prints a session's execs in the order they ran, each
+// with the end of its output: the sequence of commands, not the agent's
+// account of it.
+func writeReviewExecs(w io.Writer, d *authorityv1.ReviewDetail) {
+	total := d.GetExecsTotal()
+	if total == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nexecs      %d, in the order they ran\n", total)
+	for _, x := range d.GetExecs() {
+		fmt.Fprintf(w, "\n  exec %d  %s  %s\n", x.GetSeq(), termtext.Line(x.GetSpec().GetExecId()), termtext.Line(execOutcome(x)))
+		fmt.Fprintf(w, "  argv    %s\n", commandText(x.GetSpec().GetArgv()))
+		if c := x.GetSpec().GetCwd(); c != "" {
+			fmt.Fprintf(w, "  cwd     %s\n", termtext.Line(c))
+		}
+		if n := x.GetStdinSize(); n > 0 {
+			fmt.Fprintf(w, "  stdin   %d bytes, sha256 %s\n", n, termtext.Line(x.GetStdinSha256()))
+		}
+		for _, o := range []struct {
+			name string
+			tail []byte
+			size int64
+			cut  bool
+			sha  string
+		}{{"stdout", x.GetStdoutTail(), x.GetStdoutSize(), x.GetStdoutTruncated(), x.GetStdoutSha256()},
+			{"stderr", x.GetStderrTail(), x.GetStderrSize(), x.GetStderrTruncated(), x.GetStderrSha256()}} {
+			if o.size == 0 {
+				continue
+			}
+			shown := int64(len(o.tail))
+			fmt.Fprintf(w, "  --- %s: the last %d of %d bytes (sha256 %s of all of them) ---\n", o.name, shown, o.size, termtext.Line(o.sha))
+			writeBody(w, string(o.tail))
+			if o.cut {
+				fmt.Fprintf(w, "  --- %s: the exec wrote more than the executor records; what came after byte %d was never kept ---\n", o.name, o.size)
+			}
+		}
+	}
+	if n := total - int64(len(d.GetExecs())); n > 0 {
+		fmt.Fprintf(w, "\n  ... and %d more execs, not listed here: the bundle's result.json records every one\n", n)
 	}
 }
 

@@ -111,7 +111,7 @@ the authority, executor and publisher.`,
 	root.PersistentFlags().StringVarP(&g.output, "output", "o", "text", "output format: text or json")
 	root.PersistentFlags().StringVar(&g.config, "config", "", "client config file (default $"+clientconfig.EnvVar+")")
 	root.PersistentFlags().StringVar(&g.as, "as", "", "identity to act as, KIND/NAME from the client config's pki_dir (default: the config's identity)")
-	root.AddCommand(newPKI(g), newDev(g), newStatus(g), newJob(g), newApproval(g), newLease(g), newAudit(g), newPublish(g), newDeployment(g))
+	root.AddCommand(newPKI(g), newDev(g), newStatus(g), newJob(g), newSession(g), newApproval(g), newLease(g), newAudit(g), newPublish(g), newDeployment(g))
 	return root
 }
 

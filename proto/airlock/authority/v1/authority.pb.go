@@ -1994,7 +1994,12 @@ type ReviewDetail struct {
 	// The end of the job's standard error.
 	Stderr *OutputTail `protobuf:"bytes,5,opt,name=stderr,proto3" json:"stderr,omitempty"`
 	// A domains job's egress decisions; unset for other jobs.
-	Egress        *EgressLog `protobuf:"bytes,6,opt,name=egress,proto3" json:"egress,omitempty"`
+	Egress *EgressLog `protobuf:"bytes,6,opt,name=egress,proto3" json:"egress,omitempty"`
+	// A session's execs, first to last: all of them, unless execs_total is
+	// larger (the rest did not fit; the bundle's result.json has every one).
+	Execs []*v1.Exec `protobuf:"bytes,7,rep,name=execs,proto3" json:"execs,omitempty"`
+	// How many execs the session ran.
+	ExecsTotal    int64 `protobuf:"varint,8,opt,name=execs_total,json=execsTotal,proto3" json:"execs_total,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2069,6 +2074,20 @@ func (x *ReviewDetail) GetEgress() *EgressLog {
 		return x.Egress
 	}
 	return nil
+}
+
+func (x *ReviewDetail) GetExecs() []*v1.Exec {
+	if x != nil {
+		return x.Execs
+	}
+	return nil
+}
+
+func (x *ReviewDetail) GetExecsTotal() int64 {
+	if x != nil {
+		return x.ExecsTotal
+	}
+	return 0
 }
 
 // EgressRecord is one decision of a domains job's egress proxy (one
@@ -6340,7 +6359,7 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"OutputTail\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x16\n" +
-	"\x06capped\x18\x03 \x01(\bR\x06capped\"\xb3\x02\n" +
+	"\x06capped\x18\x03 \x01(\bR\x06capped\"\x82\x03\n" +
 	"\fReviewDetail\x126\n" +
 	"\x05files\x18\x01 \x03(\v2 .airlock.authority.v1.FileChangeR\x05files\x12\x1f\n" +
 	"\vfiles_total\x18\x02 \x01(\x03R\n" +
@@ -6349,7 +6368,10 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"patch_size\x18\x03 \x01(\x03R\tpatchSize\x128\n" +
 	"\x06stdout\x18\x04 \x01(\v2 .airlock.authority.v1.OutputTailR\x06stdout\x128\n" +
 	"\x06stderr\x18\x05 \x01(\v2 .airlock.authority.v1.OutputTailR\x06stderr\x127\n" +
-	"\x06egress\x18\x06 \x01(\v2\x1f.airlock.authority.v1.EgressLogR\x06egress\"\xf9\x02\n" +
+	"\x06egress\x18\x06 \x01(\v2\x1f.airlock.authority.v1.EgressLogR\x06egress\x12,\n" +
+	"\x05execs\x18\a \x03(\v2\x16.airlock.types.v1.ExecR\x05execs\x12\x1f\n" +
+	"\vexecs_total\x18\b \x01(\x03R\n" +
+	"execsTotal\"\xf9\x02\n" +
 	"\fEgressRecord\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x10\n" +
 	"\x03via\x18\x02 \x01(\tR\x03via\x12\x12\n" +
@@ -6850,8 +6872,8 @@ var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(*v1.RunResult)(nil),                 // 96: airlock.types.v1.RunResult
 	(*v1.NetworkPolicyStatus)(nil),       // 97: airlock.types.v1.NetworkPolicyStatus
 	(*v1.OutputChunk)(nil),               // 98: airlock.types.v1.OutputChunk
-	(*durationpb.Duration)(nil),          // 99: google.protobuf.Duration
-	(*v1.Exec)(nil),                      // 100: airlock.types.v1.Exec
+	(*v1.Exec)(nil),                      // 99: airlock.types.v1.Exec
+	(*durationpb.Duration)(nil),          // 100: google.protobuf.Duration
 	(*v1.ExecSpec)(nil),                  // 101: airlock.types.v1.ExecSpec
 }
 var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
@@ -6886,145 +6908,146 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	27,  // 28: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
 	27,  // 29: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
 	30,  // 30: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
-	95,  // 31: airlock.authority.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
-	29,  // 32: airlock.authority.v1.EgressLog.records:type_name -> airlock.authority.v1.EgressRecord
-	31,  // 33: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
-	29,  // 34: airlock.authority.v1.EgressLog.last:type_name -> airlock.authority.v1.EgressRecord
-	9,   // 35: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
-	90,  // 36: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
-	90,  // 37: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
-	91,  // 38: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	91,  // 39: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	3,   // 40: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
-	95,  // 41: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
-	93,  // 42: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
-	2,   // 43: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
-	34,  // 44: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
-	95,  // 45: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
-	95,  // 46: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
-	4,   // 47: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
-	33,  // 48: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
-	96,  // 49: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
-	91,  // 50: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	28,  // 51: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
-	5,   // 52: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
-	5,   // 53: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
-	26,  // 54: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
-	38,  // 55: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
-	39,  // 56: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
-	2,   // 57: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
-	35,  // 58: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
-	35,  // 59: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	36,  // 60: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
-	3,   // 61: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
-	35,  // 62: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	93,  // 63: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
-	35,  // 64: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	6,   // 65: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	95,  // 66: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
-	95,  // 67: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	95,  // 68: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
-	6,   // 69: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	99,  // 70: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
-	49,  // 71: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	49,  // 72: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	49,  // 73: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
-	91,  // 74: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
-	97,  // 75: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	90,  // 76: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
-	9,   // 77: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
-	49,  // 78: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
-	95,  // 79: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
-	7,   // 80: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
-	95,  // 81: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
-	95,  // 82: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
-	62,  // 83: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
-	95,  // 84: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
-	65,  // 85: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
-	35,  // 86: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
-	95,  // 87: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
-	69,  // 88: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
-	8,   // 89: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
-	9,   // 90: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
-	9,   // 91: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
-	100, // 92: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
-	0,   // 93: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
-	9,   // 94: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
-	9,   // 95: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
-	9,   // 96: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
-	101, // 97: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	100, // 98: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	100, // 99: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	98,  // 100: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	100, // 101: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	100, // 102: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
-	10,  // 103: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
-	12,  // 104: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
-	14,  // 105: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
-	16,  // 106: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
-	18,  // 107: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
-	20,  // 108: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
-	71,  // 109: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
-	73,  // 110: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
-	75,  // 111: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
-	77,  // 112: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
-	79,  // 113: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
-	81,  // 114: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
-	83,  // 115: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
-	85,  // 116: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
-	87,  // 117: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
-	22,  // 118: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
-	25,  // 119: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	41,  // 120: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	43,  // 121: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	37,  // 122: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
-	45,  // 123: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	47,  // 124: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	68,  // 125: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
-	50,  // 126: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	52,  // 127: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	54,  // 128: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	56,  // 129: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	58,  // 130: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
-	60,  // 131: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
-	63,  // 132: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	66,  // 133: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
-	11,  // 134: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
-	13,  // 135: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
-	15,  // 136: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
-	17,  // 137: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
-	19,  // 138: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
-	21,  // 139: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
-	72,  // 140: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
-	74,  // 141: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
-	76,  // 142: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
-	78,  // 143: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
-	80,  // 144: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
-	82,  // 145: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
-	84,  // 146: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
-	86,  // 147: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
-	88,  // 148: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
-	24,  // 149: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	32,  // 150: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	42,  // 151: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	44,  // 152: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	40,  // 153: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
-	46,  // 154: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	48,  // 155: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	70,  // 156: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
-	51,  // 157: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	53,  // 158: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	55,  // 159: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	57,  // 160: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	59,  // 161: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
-	61,  // 162: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
-	64,  // 163: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	67,  // 164: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
-	134, // [134:165] is the sub-list for method output_type
-	103, // [103:134] is the sub-list for method input_type
-	103, // [103:103] is the sub-list for extension type_name
-	103, // [103:103] is the sub-list for extension extendee
-	0,   // [0:103] is the sub-list for field type_name
+	99,  // 31: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
+	95,  // 32: airlock.authority.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
+	29,  // 33: airlock.authority.v1.EgressLog.records:type_name -> airlock.authority.v1.EgressRecord
+	31,  // 34: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
+	29,  // 35: airlock.authority.v1.EgressLog.last:type_name -> airlock.authority.v1.EgressRecord
+	9,   // 36: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
+	90,  // 37: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
+	90,  // 38: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
+	91,  // 39: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	91,  // 40: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	3,   // 41: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
+	95,  // 42: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
+	93,  // 43: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
+	2,   // 44: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
+	34,  // 45: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
+	95,  // 46: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
+	95,  // 47: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	4,   // 48: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
+	33,  // 49: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
+	96,  // 50: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
+	91,  // 51: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	28,  // 52: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
+	5,   // 53: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
+	5,   // 54: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
+	26,  // 55: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
+	38,  // 56: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
+	39,  // 57: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
+	2,   // 58: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
+	35,  // 59: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
+	35,  // 60: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	36,  // 61: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
+	3,   // 62: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
+	35,  // 63: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	93,  // 64: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
+	35,  // 65: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	6,   // 66: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	95,  // 67: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
+	95,  // 68: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	95,  // 69: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
+	6,   // 70: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	100, // 71: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
+	49,  // 72: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	49,  // 73: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	49,  // 74: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
+	91,  // 75: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
+	97,  // 76: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	90,  // 77: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
+	9,   // 78: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
+	49,  // 79: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
+	95,  // 80: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	7,   // 81: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
+	95,  // 82: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
+	95,  // 83: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
+	62,  // 84: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
+	95,  // 85: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
+	65,  // 86: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
+	35,  // 87: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
+	95,  // 88: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
+	69,  // 89: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
+	8,   // 90: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
+	9,   // 91: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
+	9,   // 92: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
+	99,  // 93: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
+	0,   // 94: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
+	9,   // 95: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
+	9,   // 96: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
+	9,   // 97: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
+	101, // 98: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	99,  // 99: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	99,  // 100: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	98,  // 101: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	99,  // 102: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	99,  // 103: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	10,  // 104: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
+	12,  // 105: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
+	14,  // 106: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
+	16,  // 107: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
+	18,  // 108: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
+	20,  // 109: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
+	71,  // 110: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
+	73,  // 111: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
+	75,  // 112: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
+	77,  // 113: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
+	79,  // 114: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
+	81,  // 115: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
+	83,  // 116: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
+	85,  // 117: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
+	87,  // 118: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
+	22,  // 119: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
+	25,  // 120: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
+	41,  // 121: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	43,  // 122: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	37,  // 123: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
+	45,  // 124: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	47,  // 125: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	68,  // 126: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
+	50,  // 127: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	52,  // 128: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	54,  // 129: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	56,  // 130: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	58,  // 131: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	60,  // 132: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	63,  // 133: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	66,  // 134: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
+	11,  // 135: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
+	13,  // 136: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
+	15,  // 137: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
+	17,  // 138: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
+	19,  // 139: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
+	21,  // 140: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
+	72,  // 141: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
+	74,  // 142: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
+	76,  // 143: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
+	78,  // 144: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
+	80,  // 145: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
+	82,  // 146: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
+	84,  // 147: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
+	86,  // 148: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
+	88,  // 149: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
+	24,  // 150: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
+	32,  // 151: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	42,  // 152: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	44,  // 153: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	40,  // 154: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
+	46,  // 155: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	48,  // 156: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	70,  // 157: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
+	51,  // 158: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	53,  // 159: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	55,  // 160: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	57,  // 161: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	59,  // 162: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	61,  // 163: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	64,  // 164: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	67,  // 165: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
+	135, // [135:166] is the sub-list for method output_type
+	104, // [104:135] is the sub-list for method input_type
+	104, // [104:104] is the sub-list for extension type_name
+	104, // [104:104] is the sub-list for extension extendee
+	0,   // [0:104] is the sub-list for field type_name
 }
 
 func init() { file_airlock_authority_v1_authority_proto_init() }

@@ -1226,8 +1226,12 @@ type Exec struct {
 	StdoutSha256    string `protobuf:"bytes,15,opt,name=stdout_sha256,json=stdoutSha256,proto3" json:"stdout_sha256,omitempty"`
 	StderrSha256    string `protobuf:"bytes,16,opt,name=stderr_sha256,json=stderrSha256,proto3" json:"stderr_sha256,omitempty"`
 	// Size and SHA-256 (hex) of the stdin it was given.
-	StdinSize     int64  `protobuf:"varint,17,opt,name=stdin_size,json=stdinSize,proto3" json:"stdin_size,omitempty"`
-	StdinSha256   string `protobuf:"bytes,18,opt,name=stdin_sha256,json=stdinSha256,proto3" json:"stdin_sha256,omitempty"`
+	StdinSize   int64  `protobuf:"varint,17,opt,name=stdin_size,json=stdinSize,proto3" json:"stdin_size,omitempty"`
+	StdinSha256 string `protobuf:"bytes,18,opt,name=stdin_sha256,json=stdinSha256,proto3" json:"stdin_sha256,omitempty"`
+	// The last bytes (at most 2 KiB) of each stream, once ended. They come
+	// from the job: show them escaped.
+	StdoutTail    []byte `protobuf:"bytes,19,opt,name=stdout_tail,json=stdoutTail,proto3" json:"stdout_tail,omitempty"`
+	StderrTail    []byte `protobuf:"bytes,20,opt,name=stderr_tail,json=stderrTail,proto3" json:"stderr_tail,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1386,6 +1390,20 @@ func (x *Exec) GetStdinSha256() string {
 		return x.StdinSha256
 	}
 	return ""
+}
+
+func (x *Exec) GetStdoutTail() []byte {
+	if x != nil {
+		return x.StdoutTail
+	}
+	return nil
+}
+
+func (x *Exec) GetStderrTail() []byte {
+	if x != nil {
+		return x.StderrTail
+	}
+	return nil
 }
 
 // SignedGrant carries a serialized Grant and the authority's Ed25519
@@ -1882,7 +1900,7 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdb\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9d\x06\n" +
 	"\x04Exec\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12.\n" +
@@ -1907,7 +1925,11 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\rstderr_sha256\x18\x10 \x01(\tR\fstderrSha256\x12\x1d\n" +
 	"\n" +
 	"stdin_size\x18\x11 \x01(\x03R\tstdinSize\x12!\n" +
-	"\fstdin_sha256\x18\x12 \x01(\tR\vstdinSha256\"V\n" +
+	"\fstdin_sha256\x18\x12 \x01(\tR\vstdinSha256\x12\x1f\n" +
+	"\vstdout_tail\x18\x13 \x01(\fR\n" +
+	"stdoutTail\x12\x1f\n" +
+	"\vstderr_tail\x18\x14 \x01(\fR\n" +
+	"stderrTail\"V\n" +
 	"\vSignedGrant\x12\x12\n" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x12\x1c\n" +
 	"\tsignature\x18\x02 \x01(\fR\tsignature\x12\x15\n" +

@@ -336,6 +336,10 @@ func reasonFromProto(r typesv1.TerminationReason) jobs.Reason {
 		return jobs.ReasonExecutorRestarted
 	case typesv1.TerminationReason_TERMINATION_REASON_SANDBOX_ERROR:
 		return jobs.ReasonSandboxError
+	case typesv1.TerminationReason_TERMINATION_REASON_FINISHED:
+		return jobs.ReasonFinished
+	case typesv1.TerminationReason_TERMINATION_REASON_IDLE_TIMEOUT:
+		return jobs.ReasonIdleTimeout
 	}
 	return jobs.ReasonUnspecified
 }

@@ -384,6 +384,9 @@ func checkReviewDetail(req *authorityv1.ReportResultRequest) error {
 			return bad(name+".size", "%d is less than the %d bytes of tail sent", t.GetSize(), len(t.GetData()))
 		}
 	}
+	if d.GetExecsTotal() < int64(len(d.GetExecs())) {
+		return bad("execs_total", "%d is fewer than the %d execs listed", d.GetExecsTotal(), len(d.GetExecs()))
+	}
 	if err := egresspb.Check("detail.egress", d.GetEgress()); err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}

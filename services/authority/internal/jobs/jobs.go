@@ -718,6 +718,9 @@ const (
 	ReasonCancelled
 	ReasonExecutorRestarted
 	ReasonSandboxError
+	// A session's: its client finished it, or it sat idle too long.
+	ReasonFinished
+	ReasonIdleTimeout
 )
 
 // Report is what the executor reports when a run ends.
@@ -759,6 +762,10 @@ func (r Report) outcome() (store.State, string) {
 		return store.StateCancelled, detail("cancelled")
 	case ReasonExecutorRestarted:
 		return store.StateFailed, detail("the executor restarted while the job was in flight")
+	case ReasonFinished:
+		return store.StateFinished, "the client finished the session"
+	case ReasonIdleTimeout:
+		return store.StateFinished, "the session had no exec running for longer than its idle timeout"
 	default:
 		return store.StateFailed, detail("the sandbox could not be set up or the runtime failed")
 	}
@@ -774,7 +781,7 @@ func (s *Service) ReportResult(ctx context.Context, caller identity.ID, id strin
 	if id == "" {
 		return store.Job{}, fmt.Errorf("%w: job_id: required", errdefs.ErrInvalidArgument)
 	}
-	if r.Reason <= ReasonUnspecified || r.Reason > ReasonSandboxError {
+	if r.Reason <= ReasonUnspecified || r.Reason > ReasonIdleTimeout {
 		return store.Job{}, fmt.Errorf("%w: result.reason: required", errdefs.ErrInvalidArgument)
 	}
 	if r.BundleDigest != "" && !isDigest(r.BundleDigest) {

@@ -11,11 +11,13 @@ import (
 	"io"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/airlockhq/airlock/pkg/bundle/bundlepb"
 	"github.com/airlockhq/airlock/pkg/egress/egresspb"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/convert"
 	"github.com/airlockhq/airlock/services/executor/internal/runs"
 	"github.com/airlockhq/airlock/services/executor/internal/stage"
@@ -91,6 +93,25 @@ func (r *chunkReader) Close() error {
 // the whole list stays in the bundle, where ReadReview streams it.
 const reviewFilesBudget = 2 << 20
 
+// reviewExecsBudget bounds the serialized exec records one report
+// carries; the bundle's result.json keeps every one.
+const reviewExecsBudget = 2 << 20
+
+// reviewExecs is a session's execs for review, first to last, as many as
+// fit the budget, and how many there are.
+func reviewExecs(execs []runs.Exec) ([]*typesv1.Exec, int64) {
+	var out []*typesv1.Exec
+	size := 0
+	for _, x := range execs {
+		p := convert.Exec(x)
+		if size += proto.Size(p); size > reviewExecsBudget {
+			break
+		}
+		out = append(out, p)
+	}
+	return out, int64(len(execs))
+}
+
 // ReportResult implements runs.Authority.
 func (c *Client) ReportResult(ctx context.Context, rep runs.Report) error {
 	files, err := bundlepb.Files(rep.Files, reviewFilesBudget)
@@ -107,6 +128,7 @@ func (c *Client) ReportResult(ctx context.Context, rep runs.Report) error {
 	if rep.HasEgress {
 		detail.Egress = egresspb.Log(rep.Egress, rep.EgressLast, rep.EgressTotal, rep.EgressNames)
 	}
+	detail.Execs, detail.ExecsTotal = reviewExecs(rep.Execs)
 	_, err = c.api.ReportResult(ctx, &authorityv1.ReportResultRequest{
 		JobId:      rep.JobID,
 		Result:     convert.RunResult(&rep.Result),

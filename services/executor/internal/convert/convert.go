@@ -132,6 +132,7 @@ func Exec(x runs.Exec) *typesv1.Exec {
 		StdoutTruncated: x.StdoutTruncated, StderrTruncated: x.StderrTruncated,
 		StdoutSha256: x.StdoutSHA256, StderrSha256: x.StderrSHA256,
 		StdinSize: x.StdinSize, StdinSha256: x.StdinSHA256,
+		StdoutTail: x.StdoutTail, StderrTail: x.StderrTail,
 	}
 	if x.Spec.Timeout > 0 {
 		out.Spec.Timeout = durationpb.New(x.Spec.Timeout)

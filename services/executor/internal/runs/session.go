@@ -39,6 +39,10 @@ const (
 	// MaxExecs bounds the execs one session may run in all: each keeps a
 	// record and its output to the end.
 	MaxExecs = 10000
+	// maxExecArgs and maxExecArgBytes bound an exec's argv and env: each
+	// record carries them to the end, and into review.
+	maxExecArgs     = 4096
+	maxExecArgBytes = 128 << 10
 )
 
 // execTail is how much of the end of each stream an exec's record in the
@@ -128,6 +132,16 @@ func checkExecSpec(x *ExecSpec) error {
 	}
 	if err := sandbox.CheckCommand("spec.argv", "spec.env", x.Argv, x.Env); err != nil {
 		return err
+	}
+	size := 0
+	for _, a := range x.Argv {
+		size += len(a)
+	}
+	for k, v := range x.Env {
+		size += len(k) + len(v)
+	}
+	if len(x.Argv) > maxExecArgs || size > maxExecArgBytes {
+		return invalidf("spec.argv and spec.env: %d arguments and %d bytes in all, at most %d and %d", len(x.Argv), size, maxExecArgs, maxExecArgBytes)
 	}
 	if x.Cwd != "" {
 		c := path.Clean(x.Cwd)

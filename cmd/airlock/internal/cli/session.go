@@ -1,0 +1,467 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/airlockhq/airlock/pkg/termtext"
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+)
+
+func newSession(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "session",
+		Short: "Run many commands in one sandbox, then hand its result to review",
+		Long: `A session is a job whose sandbox stays up: create it on a repository at a
+revision, run commands in it one after another (or several at once) with
+session exec, then finish it. Finishing builds the result bundle as a job's
+is (the patch against the base, /out, the grant) with every exec's record,
+and, with --publish-to, opens the approval. Files in /work, /tmp and $HOME
+carry from one exec to the next; the session ends when finished, cancelled,
+past its deadline (--timeout) or idle longer than --idle-timeout.
+
+Every exec has an id: the same id with the same command returns the same
+exec, running or ended, and never runs it twice, so an exec whose outcome
+is unknown (a dropped connection, a killed CLI) is retried safely with
+session exec --exec-id ID, or followed with session watch.`,
+	}
+	cmd.AddCommand(newSessionCreate(g), newSessionExec(g), newSessionWatch(g), newSessionGet(g), newSessionList(g),
+		newSessionFinish(g), newSessionCancel(g))
+	return cmd
+}
+
+func newSessionCreate(g *globals) *cobra.Command {
+	var f submitFlags
+	var idle time.Duration
+	var maxExecs int32
+	var noWait bool
+	cmd := &cobra.Command{
+		Use:   "create --repo R --rev REV [flags]",
+		Short: "Create a session and wait until it runs; prints its id",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			spec, err := f.spec(nil)
+			if err != nil {
+				return err
+			}
+			if idle < 0 || maxExecs < 0 {
+				return usageError{errors.New("--idle-timeout and --max-execs must not be negative")}
+			}
+			spec.Session = &typesv1.SessionSpec{MaxConcurrentExecs: maxExecs}
+			if idle > 0 {
+				spec.Session.IdleTimeout = durationpb.New(idle)
+			}
+			client, self, done, err := g.authority()
+			if err != nil {
+				return err
+			}
+			defer done()
+			tenant, err := self.tenant(f.tenant)
+			if err != nil {
+				return err
+			}
+			resp, err := client.CreateSession(cmd.Context(), &authorityv1.CreateSessionRequest{Tenant: tenant, Spec: spec, IdempotencyKey: f.idempotencyKey()})
+			if err != nil {
+				return rpcError(err)
+			}
+			s := resp.GetSession()
+			if !noWait {
+				if s, err = waitRunning(cmd.Context(), g, client, s.GetJobId()); err != nil {
+					return err
+				}
+			}
+			return g.printProto(s, func(w io.Writer) { fmt.Fprintln(w, termtext.Line(s.GetJobId())) })
+		},
+	}
+	f.register(cmd)
+	fl := cmd.Flags()
+	fl.DurationVar(&idle, "idle-timeout", 0, "end the session after this long with no exec running (default: 15m)")
+	fl.Int32Var(&maxExecs, "max-execs", 0, "how many execs may run at once (default: 4)")
+	fl.BoolVar(&noWait, "no-wait", false, "print the id at once, without waiting for the sandbox to run")
+	return cmd
+}
+
+// waitRunning polls a session until its sandbox runs; an end first is an
+// error saying how it ended.
+func waitRunning(ctx context.Context, g *globals, client authorityv1.AuthorityServiceClient, id string) (*authorityv1.Job, error) {
+	var printed authorityv1.JobState
+	for {
+		resp, err := client.GetSession(ctx, &authorityv1.GetSessionRequest{SessionId: id})
+		if err != nil {
+			return nil, rpcError(err)
+		}
+		s := resp.GetSession()
+		if st := s.GetState(); st != printed && g.output == "text" {
+			fmt.Fprintf(g.stderr, "[airlock] session %s %s\n", termtext.Line(id), strings.TrimPrefix(st.String(), "JOB_STATE_"))
+			printed = st
+		}
+		switch {
+		case s.GetState() == authorityv1.JobState_JOB_STATE_RUNNING:
+			return s, nil
+		case terminal(s.GetState()):
+			return nil, remoteError{fmt.Errorf("session %s ended before it ran: %s", termtext.Line(id), termtext.Line(outcome(s)))}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func newSessionExec(g *globals) *cobra.Command {
+	var (
+		execID, cwd, stdin string
+		env                []string
+		timeout            time.Duration
+		raw, detach        bool
+	)
+	cmd := &cobra.Command{
+		Use:   "exec SESSION [flags] -- CMD [ARGS...]",
+		Short: "Run a command in a session, stream its output and exit with its exit status",
+		Long: `Runs CMD in the session's sandbox, streams its output, and exits with its
+exit status: 124 for its timeout, 137 for OOM, 130 when cancelled, 1 when
+it could not run.
+
+--exec-id names the exec. Without it one is generated and printed on
+stderr first; retrying with it returns the same exec (its recorded output
+and status once it has ended) and never runs the command again. The same
+id with a different command, env, cwd, stdin or timeout is refused.
+
+` + streamHelp,
+		Args: cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			e, err := parseEnv(env)
+			if err != nil {
+				return err
+			}
+			if timeout < 0 {
+				return usageError{errors.New("--exec-timeout must not be negative")}
+			}
+			spec := &typesv1.ExecSpec{ExecId: execID, Argv: args[1:], Env: e, Cwd: cwd}
+			if timeout > 0 {
+				spec.Timeout = durationpb.New(timeout)
+			}
+			if stdin != "" {
+				var data []byte
+				if stdin == "-" {
+					data, err = io.ReadAll(io.LimitReader(os.Stdin, 1<<20+1))
+				} else {
+					data, err = os.ReadFile(stdin)
+				}
+				if err != nil {
+					return usageError{fmt.Errorf("--stdin %q: %v", stdin, err)}
+				}
+				if len(data) > 1<<20 {
+					return usageError{fmt.Errorf("--stdin %q: more than 1MiB", stdin)}
+				}
+				spec.Stdin = data
+			}
+			if spec.ExecId == "" {
+				spec.ExecId = randomID("x-")
+				fmt.Fprintf(g.stderr, "[airlock] exec id %s (retry with --exec-id %s)\n", spec.ExecId, spec.ExecId)
+			}
+			client, _, done, err := g.authority()
+			if err != nil {
+				return err
+			}
+			defer done()
+			resp, err := startExec(cmd.Context(), client, &authorityv1.StartExecRequest{SessionId: args[0], Spec: spec})
+			if err != nil {
+				return err
+			}
+			if !resp.GetCreated() && g.output == "text" {
+				fmt.Fprintf(g.stderr, "[airlock] exec %s was started before: following it, not running it again\n", termtext.Line(spec.ExecId))
+			}
+			if detach {
+				return g.printProto(resp.GetExec(), func(w io.Writer) { fmt.Fprintln(w, termtext.Line(spec.ExecId)) })
+			}
+			return followExec(cmd.Context(), g, client, args[0], spec.ExecId, raw)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&execID, "exec-id", "", "the exec's id, 1 to 128 of [A-Za-z0-9._:-] (default: generated and printed)")
+	fl.StringVar(&cwd, "cwd", "", "working directory: /work or a path under it (default /work)")
+	fl.StringArrayVar(&env, "env", nil, "KEY=VALUE for the command (repeatable; never a credential)")
+	fl.DurationVar(&timeout, "exec-timeout", 0, "kill the exec's process group after this long; the session lives on")
+	fl.StringVar(&stdin, "stdin", "", "a file (or - for standard input) given to the command, at most 1MiB")
+	fl.BoolVar(&raw, "raw", false, "copy the exec's output to a terminal unescaped")
+	fl.BoolVar(&detach, "detach", false, "print the exec id once it has started; follow it later with session watch")
+	return cmd
+}
+
+// startExec starts an exec, retrying while the authority cannot be
+// reached: the exec id makes every attempt the same exec.
+func startExec(ctx context.Context, client authorityv1.AuthorityServiceClient, req *authorityv1.StartExecRequest) (*authorityv1.StartExecResponse, error) {
+	for attempt := 0; ; attempt++ {
+		resp, err := client.StartExec(ctx, req)
+		if err == nil {
+			return resp, nil
+		}
+		if status.Code(err) != codes.Unavailable || attempt >= 10 {
+			return nil, rpcError(err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
+		}
+	}
+}
+
+func newSessionWatch(g *globals) *cobra.Command {
+	var raw bool
+	cmd := &cobra.Command{
+		Use:   "watch SESSION EXEC_ID",
+		Short: "Stream an exec's output from the start and exit with its exit status",
+		Long:  "Streams an exec's output, from its start, and exits with its exit status as session exec does.\n\n" + streamHelp,
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			client, _, done, err := g.authority()
+			if err != nil {
+				return err
+			}
+			defer done()
+			return followExec(cmd.Context(), g, client, args[0], args[1], raw)
+		},
+	}
+	cmd.Flags().BoolVar(&raw, "raw", false, "copy the exec's output to a terminal unescaped")
+	return cmd
+}
+
+// followExec streams an exec's output until it ends, resuming from the
+// offsets it reached when the stream drops, and turns its ending into the
+// exit status.
+func followExec(ctx context.Context, g *globals, client authorityv1.AuthorityServiceClient, sessionID, execID string, raw bool) error {
+	offsets := map[typesv1.OutputStream]int64{}
+	stdout := g.stdout
+	if g.output == "json" {
+		stdout = g.stderr
+	}
+	outs := map[typesv1.OutputStream]io.Writer{
+		typesv1.OutputStream_OUTPUT_STREAM_STDOUT: jobOutput(stdout, raw),
+		typesv1.OutputStream_OUTPUT_STREAM_STDERR: jobOutput(g.stderr, raw),
+	}
+	flush := func() {
+		for _, w := range outs {
+			flushOutput(w)
+		}
+	}
+	defer flush()
+	for attempt := 0; ; attempt++ {
+		stream, err := client.WatchExec(ctx, &authorityv1.WatchExecRequest{
+			SessionId: sessionID, ExecId: execID,
+			StdoutOffset: offsets[typesv1.OutputStream_OUTPUT_STREAM_STDOUT], StderrOffset: offsets[typesv1.OutputStream_OUTPUT_STREAM_STDERR],
+		})
+		if err != nil {
+			return rpcError(err)
+		}
+		for {
+			msg, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				if status.Code(err) == codes.Unavailable && attempt < 10 {
+					break
+				}
+				return rpcError(err)
+			}
+			switch ev := msg.GetEvent().(type) {
+			case *authorityv1.WatchExecResponse_Output:
+				o := ev.Output
+				if o.GetOffset() < offsets[o.GetStream()] {
+					continue
+				}
+				outs[o.GetStream()].Write(o.GetData())
+				offsets[o.GetStream()] = o.GetOffset() + int64(len(o.GetData()))
+				if o.GetTruncated() {
+					flushOutput(outs[o.GetStream()])
+					fmt.Fprintf(g.stderr, "\n[airlock] %s truncated at its size cap\n", strings.ToLower(strings.TrimPrefix(o.GetStream().String(), "OUTPUT_STREAM_")))
+				}
+			case *authorityv1.WatchExecResponse_Exec:
+				flush()
+				return finishExec(g, ev.Exec)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
+		}
+	}
+}
+
+// finishExec prints an ended exec's summary and turns its ending into the
+// exit status.
+func finishExec(g *globals, x *typesv1.Exec) error {
+	if err := g.printProto(x, func(io.Writer) {
+		if g.output == "text" {
+			fmt.Fprintf(g.stderr, "[airlock] exec %s: %s\n", termtext.Line(x.GetSpec().GetExecId()), termtext.Line(execOutcome(x)))
+		}
+	}); err != nil {
+		return err
+	}
+	code := 1
+	switch x.GetReason() {
+	case typesv1.TerminationReason_TERMINATION_REASON_EXITED:
+		if c := x.GetExitCode(); c >= 0 && c < 256 {
+			code = int(c)
+		}
+	case typesv1.TerminationReason_TERMINATION_REASON_TIMEOUT:
+		code = 124
+	case typesv1.TerminationReason_TERMINATION_REASON_OOM:
+		code = 137
+	case typesv1.TerminationReason_TERMINATION_REASON_CANCELLED:
+		code = 130
+	}
+	if code == 0 {
+		return nil
+	}
+	return &exitError{code: code, err: remoteError{fmt.Errorf("exec %s: %s", termtext.Line(x.GetSpec().GetExecId()), termtext.Line(execOutcome(x)))}}
+}
+
+func execOutcome(x *typesv1.Exec) string {
+	if x.GetState() != typesv1.ExecState_EXEC_STATE_ENDED {
+		return "running"
+	}
+	s := strings.ToLower(strings.TrimPrefix(x.GetReason().String(), "TERMINATION_REASON_"))
+	if x.GetReason() == typesv1.TerminationReason_TERMINATION_REASON_EXITED {
+		s += fmt.Sprintf(" with status %d", x.GetExitCode())
+	}
+	if m := x.GetMessage(); m != "" && !strings.HasPrefix(m, "exited with status") {
+		s += " (" + m + ")"
+	}
+	return s + fmt.Sprintf(", wall %s", x.GetUsage().GetWallTime().AsDuration().Round(time.Millisecond))
+}
+
+func newSessionGet(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "get SESSION",
+		Short: "Show a session and its execs",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			client, _, done, err := g.authority()
+			if err != nil {
+				return err
+			}
+			defer done()
+			resp, err := client.GetSession(cmd.Context(), &authorityv1.GetSessionRequest{SessionId: args[0]})
+			if err != nil {
+				return rpcError(err)
+			}
+			s := resp.GetSession()
+			return g.printProto(resp, func(w io.Writer) {
+				fmt.Fprintf(w, "session    %s\n", termtext.Line(s.GetJobId()))
+				fmt.Fprintf(w, "repository %s @ %s (%s)\n", termtext.Line(s.GetSpec().GetRepository()), termtext.Line(s.GetSpec().GetRevision()),
+					termtext.Line(short(s.GetCommit())))
+				fmt.Fprintf(w, "state      %s\n", strings.ToLower(strings.TrimPrefix(s.GetState().String(), "JOB_STATE_")))
+				writeLimits(w, s)
+				writeExecs(w, resp.GetExecs())
+				if terminal(s.GetState()) {
+					writeSummary(w, s)
+				}
+			})
+		},
+	}
+}
+
+// writeExecs lists execs, one line each, every job-chosen string escaped.
+func writeExecs(w io.Writer, execs []*typesv1.Exec) {
+	fmt.Fprintf(w, "execs      %d\n", len(execs))
+	for _, x := range execs {
+		fmt.Fprintf(w, "  %3d  %s  %s  %s\n", x.GetSeq(), termtext.Line(x.GetSpec().GetExecId()), termtext.Line(execOutcome(x)), commandText(x.GetSpec().GetArgv()))
+	}
+}
+
+func newSessionList(g *globals) *cobra.Command {
+	return listCommand(g, "sessions",
+		func(ctx context.Context, c authorityv1.AuthorityServiceClient, tenant, token string, size int32) ([]*authorityv1.Job, string, error) {
+			r, err := c.ListSessions(ctx, &authorityv1.ListSessionsRequest{Tenant: tenant, PageSize: size, PageToken: token})
+			return r.GetSessions(), r.GetNextPageToken(), err
+		},
+		func(list []*authorityv1.Job) proto.Message { return &authorityv1.ListSessionsResponse{Sessions: list} },
+		func(w io.Writer, list []*authorityv1.Job) {
+			fmt.Fprintln(w, "SESSION\tSTATE\tREPOSITORY\tCOMMIT\tCREATED")
+			for _, s := range list {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", termtext.Line(s.GetJobId()), strings.TrimPrefix(s.GetState().String(), "JOB_STATE_"),
+					termtext.Line(s.GetSpec().GetRepository()), termtext.Line(short(s.GetCommit())), s.GetCreatedAt().AsTime().Local().Format(time.DateTime))
+			}
+		})
+}
+
+func newSessionFinish(g *globals) *cobra.Command {
+	var noWait bool
+	cmd := &cobra.Command{
+		Use:   "finish SESSION",
+		Short: "Finish a session: stop its sandbox, build its result and wait for it",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			client, _, done, err := g.authority()
+			if err != nil {
+				return err
+			}
+			defer done()
+			resp, err := client.FinishSession(cmd.Context(), &authorityv1.FinishSessionRequest{SessionId: args[0]})
+			if err != nil {
+				return rpcError(err)
+			}
+			if noWait {
+				return g.printProto(resp.GetSession(), func(w io.Writer) { fmt.Fprintf(w, "finishing %s\n", termtext.Line(args[0])) })
+			}
+			for {
+				r, err := client.GetSession(cmd.Context(), &authorityv1.GetSessionRequest{SessionId: args[0]})
+				if err != nil {
+					return rpcError(err)
+				}
+				if s := r.GetSession(); terminal(s.GetState()) {
+					return g.printProto(s, func(w io.Writer) { writeSummary(w, s) })
+				}
+				select {
+				case <-cmd.Context().Done():
+					return cmd.Context().Err()
+				case <-time.After(200 * time.Millisecond):
+				}
+			}
+		},
+	}
+	cmd.Flags().BoolVar(&noWait, "no-wait", false, "return once finishing has begun")
+	return cmd
+}
+
+func newSessionCancel(g *globals) *cobra.Command {
+	var reason string
+	cmd := &cobra.Command{
+		Use:   "cancel SESSION",
+		Short: "Cancel a session; its sandbox and every exec in it are killed",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			client, _, done, err := g.authority()
+			if err != nil {
+				return err
+			}
+			defer done()
+			resp, err := client.CancelSession(cmd.Context(), &authorityv1.CancelSessionRequest{SessionId: args[0], Reason: reason})
+			if err != nil {
+				return rpcError(err)
+			}
+			return g.printProto(resp.GetSession(), func(w io.Writer) {
+				fmt.Fprintf(w, "cancel requested for %s (state %s)\n", termtext.Line(args[0]), strings.TrimPrefix(resp.GetSession().GetState().String(), "JOB_STATE_"))
+			})
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "cancelled from the CLI", "why, for the record")
+	return cmd
+}

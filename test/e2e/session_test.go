@@ -1,0 +1,164 @@
+//go:build linux
+
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+)
+
+// TestSessionEndToEnd drives one session through the CLI as an agent
+// would: run the failing test, edit, run it again, passing; retry execs by
+// id (after the end, and after the CLI was killed mid-exec) and see each
+// run once; a different command under a used id is refused; finishing
+// builds one bundle with the patch and every exec in order.
+func TestSessionEndToEnd(t *testing.T) {
+	repo, _ := sampleRepo(t)
+	s := startStack(t, "--repo", "sample="+repo)
+
+	res := s.airlock(t, "session", "create", "--repo", "sample", "--rev", "main", "--idle-timeout", "5m",
+		"--publish-to", "sample:main", "-o", "json")
+	if res.code != 0 {
+		t.Fatalf("session create: exit %d\n%s", res.code, res.stderr)
+	}
+	sess := &authorityv1.Job{}
+	if err := protojson.Unmarshal([]byte(res.stdout), sess); err != nil {
+		t.Fatalf("session create -o json: %v\n%s", err, res.stdout)
+	}
+	id := sess.GetJobId()
+	if sess.GetState() != authorityv1.JobState_JOB_STATE_RUNNING {
+		t.Fatalf("session create returned %s, want RUNNING", sess.GetState())
+	}
+	exec := func(execID string, argv ...string) result {
+		t.Helper()
+		return s.airlock(t, append([]string{"session", "exec", id, "--exec-id", execID, "--"}, argv...)...)
+	}
+
+	if r := exec("test-1", "./test.sh"); r.code != 3 || !strings.Contains(r.stdout, "FAIL: greeting is 'hello'") {
+		t.Fatalf("the unedited test: exit %d, want 3\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	if r := exec("edit", "sh", "-c", `printf 'hello, airlock\n' > lib/greet.txt`); r.code != 0 {
+		t.Fatalf("edit: exit %d\n%s", r.code, r.stderr)
+	}
+	if r := exec("test-2", "./test.sh"); r.code != 0 || !strings.Contains(r.stdout, "PASS") {
+		t.Fatalf("the edited test: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+
+	// Retried after its end: the recorded exec, not a second run.
+	appendLine := []string{"sh", "-c", "echo once >> /work/log.txt"}
+	for i := range 2 {
+		if r := exec("append", appendLine...); r.code != 0 || (i == 1 && !strings.Contains(r.stderr, "started before")) {
+			t.Fatalf("append attempt %d: exit %d\n%s", i, r.code, r.stderr)
+		}
+	}
+	// A different command under the same id.
+	if r := exec("append", "sh", "-c", "echo twice >> /work/log.txt"); r.code == 0 || !strings.Contains(r.stderr, "spec.argv") {
+		t.Fatalf("a different command under a used id: exit %d\n%s", r.code, r.stderr)
+	}
+	// A CLI killed mid-exec, then the same call again.
+	slow := []string{"session", "exec", id, "--exec-id", "slow", "--", "sh", "-c", "echo started >> /work/slow.txt; echo started; sleep 3; echo done"}
+	b := s.startAirlock(t, slow...)
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(b.stdout.String(), "started") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the slow exec never started:\n%s", b.stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := b.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	b.exitCode(10 * time.Second)
+	if r := s.airlock(t, slow...); r.code != 0 || !strings.Contains(r.stdout, "started\ndone\n") {
+		t.Fatalf("the retried slow exec: exit %d\nstdout %q\n%s", r.code, r.stdout, r.stderr)
+	}
+	if r := exec("count", "cat", "/work/log.txt", "/work/slow.txt"); r.code != 0 || r.stdout != "once\nstarted\n" {
+		t.Fatalf("each exec's side effect, once: %q (exit %d, %s)", r.stdout, r.code, r.stderr)
+	}
+	// Output that would drive a reviewer's terminal.
+	if r := exec("hostile", "printf", `\033]52;c;ZXZpbA==\007\033[2J[airlock] approved\n`); r.code != 0 {
+		t.Fatalf("hostile exec: exit %d\n%s", r.code, r.stderr)
+	}
+
+	res = s.airlock(t, "session", "get", id, "-o", "json")
+	got := &authorityv1.GetSessionResponse{}
+	if err := protojson.Unmarshal([]byte(res.stdout), got); res.code != 0 || err != nil {
+		t.Fatalf("session get: exit %d, %v\n%s", res.code, err, res.stderr)
+	}
+	wantIDs := []string{"test-1", "edit", "test-2", "append", "slow", "count", "hostile"}
+	if len(got.GetExecs()) != len(wantIDs) {
+		t.Fatalf("session get lists %d execs, want %d", len(got.GetExecs()), len(wantIDs))
+	}
+
+	res = s.airlock(t, "session", "finish", id, "-o", "json")
+	final := &authorityv1.Job{}
+	if err := protojson.Unmarshal([]byte(res.stdout), final); res.code != 0 || err != nil {
+		t.Fatalf("session finish: exit %d, %v\n%s", res.code, err, res.stderr)
+	}
+	r := final.GetResult()
+	if final.GetState() != authorityv1.JobState_JOB_STATE_FINISHED || r.GetReason() != typesv1.TerminationReason_TERMINATION_REASON_FINISHED {
+		t.Fatalf("finished session: %s %s", final.GetState(), r.GetReason())
+	}
+	bundleBytes, _ := fetchArtifact(t, s, id, r.GetBundleDigest())
+	if patch := string(tarEntry(t, bundleBytes, "patch.diff")); !strings.Contains(patch, "+hello, airlock") || !strings.Contains(patch, "log.txt") {
+		t.Errorf("the bundle's patch lacks the session's edits:\n%s", patch)
+	}
+	var meta struct {
+		Execs []struct {
+			Seq      int64 `json:"seq"`
+			ExitCode int   `json:"exit_code"`
+			Spec     struct {
+				ID string `json:"exec_id"`
+			} `json:"spec"`
+		} `json:"execs"`
+	}
+	if err := json.Unmarshal(tarEntry(t, bundleBytes, "result.json"), &meta); err != nil {
+		t.Fatal(err)
+	}
+	if len(meta.Execs) != len(wantIDs) {
+		t.Fatalf("the bundle has %d execs, want %d", len(meta.Execs), len(wantIDs))
+	}
+	for i, x := range meta.Execs {
+		if x.Spec.ID != wantIDs[i] || x.Seq != int64(i+1) {
+			t.Errorf("bundle exec %d: %s seq %d, want %s", i, x.Spec.ID, x.Seq, wantIDs[i])
+		}
+	}
+	if meta.Execs[0].ExitCode != 3 || meta.Execs[2].ExitCode != 0 {
+		t.Errorf("the test execs' statuses in the bundle: %d, %d; want 3, 0", meta.Execs[0].ExitCode, meta.Execs[2].ExitCode)
+	}
+	// The approver sees every exec in order, with its output's end,
+	// escaped and behind the gutter.
+	if final.GetApprovalId() == "" {
+		final = s.job(t, id)
+	}
+	show := s.airlock(t, "approval", "show", final.GetApprovalId(), "--as", "approver/alice")
+	if show.code != 0 {
+		t.Fatalf("approval show: exit %d\n%s", show.code, show.stderr)
+	}
+	last := 0
+	for i, xid := range wantIDs {
+		at := strings.Index(show.stdout, fmt.Sprintf("exec %d  %s  ", i+1, xid))
+		if at < last {
+			t.Fatalf("approval show does not list exec %d (%s) in order:\n%s", i+1, xid, show.stdout)
+		}
+		last = at
+	}
+	if strings.ContainsRune(show.stdout, 0x1b) || strings.ContainsRune(show.stdout, 0x07) {
+		t.Fatalf("approval show passed a job's terminal escape through:\n%q", show.stdout)
+	}
+	if !strings.Contains(show.stdout, "| \\x1b]52;c;ZXZpbA==") || strings.Contains(show.stdout, "\n[airlock] approved") {
+		t.Fatalf("approval show does not show the exec's output escaped behind the gutter:\n%s", show.stdout)
+	}
+	if r := exec("after-finish", "true"); r.code == 0 {
+		t.Fatalf("an exec in a finished session ran")
+	}
+}
