@@ -31,6 +31,9 @@ var AuthorityTable = Merge(Infrastructure, Table{
 	authorityv1.AuthorityService_GetExec_FullMethodName:       {Clients},
 	authorityv1.AuthorityService_WatchExec_FullMethodName:     {Clients},
 	authorityv1.AuthorityService_CancelExec_FullMethodName:    {Clients},
+	authorityv1.AuthorityService_ReadFile_FullMethodName:      {Clients},
+	authorityv1.AuthorityService_WriteFile_FullMethodName:     {Clients},
+	authorityv1.AuthorityService_ListFiles_FullMethodName:     {Clients},
 
 	// Only the executor stages source and reports results; the executor
 	// never gets a credential, only the bytes the authority read with it.
@@ -81,6 +84,9 @@ var ExecutorTable = Merge(Infrastructure, Table{
 	executorv1.ExecutorService_WatchExec_FullMethodName:   {Authority},
 	executorv1.ExecutorService_CancelExec_FullMethodName:  {Authority},
 	executorv1.ExecutorService_FinishRun_FullMethodName:   {Authority},
+	executorv1.ExecutorService_ReadFile_FullMethodName:    {Authority},
+	executorv1.ExecutorService_WriteFile_FullMethodName:   {Authority},
+	executorv1.ExecutorService_ListFiles_FullMethodName:   {Authority},
 })
 
 // PublisherTable is the publisher's table.

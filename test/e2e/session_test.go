@@ -5,6 +5,8 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -89,12 +91,39 @@ func TestSessionEndToEnd(t *testing.T) {
 		t.Fatalf("hostile exec: exit %d\n%s", r.code, r.stderr)
 	}
 
+	// Files in and out, and what the files API refuses.
+	local := filepath.Join(t.TempDir(), "notes.txt")
+	if err := os.WriteFile(local, []byte("from the client\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := s.airlock(t, "session", "cp", local, id+":/work/notes.txt"); r.code != 0 {
+		t.Fatalf("session cp up: exit %d\n%s", r.code, r.stderr)
+	}
+	if r := exec("plant", "sh", "-c", "cat notes.txt; ln -s /etc/shadow /work/shadow; mkdir -p /out/r; echo report > /out/r/report.txt"); r.code != 0 || r.stdout != "from the client\n" {
+		t.Fatalf("the uploaded file inside: exit %d %q\n%s", r.code, r.stdout, r.stderr)
+	}
+	down := filepath.Join(t.TempDir(), "report.txt")
+	if r := s.airlock(t, "session", "cp", id+":/out/r/report.txt", down); r.code != 0 {
+		t.Fatalf("session cp down: exit %d\n%s", r.code, r.stderr)
+	}
+	if got, _ := os.ReadFile(down); string(got) != "report\n" {
+		t.Fatalf("downloaded %q", got)
+	}
+	for _, p := range []string{"/etc/shadow", "/work/shadow", "/work/../etc/passwd", "/proc/1/environ"} {
+		if r := s.airlock(t, "session", "cp", id+":"+p, "-"); r.code == 0 || r.stdout != "" {
+			t.Fatalf("session cp %s: exit %d, %d bytes out", p, r.code, len(r.stdout))
+		}
+	}
+	if r := s.airlock(t, "session", "ls", id, "/work", "-R"); r.code != 0 || !strings.Contains(r.stdout, "/work/shadow -> /etc/shadow") || !strings.Contains(r.stdout, "/work/lib/greet.txt") {
+		t.Fatalf("session ls: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+
 	res = s.airlock(t, "session", "get", id, "-o", "json")
 	got := &authorityv1.GetSessionResponse{}
 	if err := protojson.Unmarshal([]byte(res.stdout), got); res.code != 0 || err != nil {
 		t.Fatalf("session get: exit %d, %v\n%s", res.code, err, res.stderr)
 	}
-	wantIDs := []string{"test-1", "edit", "test-2", "append", "slow", "count", "hostile"}
+	wantIDs := []string{"test-1", "edit", "test-2", "append", "slow", "count", "hostile", "plant"}
 	if len(got.GetExecs()) != len(wantIDs) {
 		t.Fatalf("session get lists %d execs, want %d", len(got.GetExecs()), len(wantIDs))
 	}

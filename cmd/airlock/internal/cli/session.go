@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -38,7 +39,7 @@ is unknown (a dropped connection, a killed CLI) is retried safely with
 session exec --exec-id ID, or followed with session watch.`,
 	}
 	cmd.AddCommand(newSessionCreate(g), newSessionExec(g), newSessionWatch(g), newSessionGet(g), newSessionList(g),
-		newSessionFinish(g), newSessionCancel(g))
+		newSessionFinish(g), newSessionCancel(g), newSessionCp(g), newSessionLs(g))
 	return cmd
 }
 
@@ -463,5 +464,186 @@ func newSessionCancel(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "cancelled from the CLI", "why, for the record")
+	return cmd
+}
+
+func newSessionCp(g *globals) *cobra.Command {
+	var mode uint32
+	var raw bool
+	cmd := &cobra.Command{
+		Use:   "cp SRC DST",
+		Short: "Copy one file into or out of a session's /work or /out",
+		Long: `Copies one file between this machine and a running session. One side names
+the session's file as SESSION:/work/PATH or SESSION:/out/PATH, the other a
+local file; - is standard input or output.
+
+An upload replaces the session's file atomically, owned by the sandbox's
+root (mode --mode, default 0644); it counts against the disk limit, and one
+that is refused leaves nothing behind. A download is written to a new file
+beside DST and renamed over it only once complete. Paths are resolved inside
+the sandbox's /work and /out: a symlink or ".." that leads out is refused.
+A download to a terminal is escaped unless --raw.`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			srcSess, srcPath, srcRemote := strings.Cut(args[0], ":")
+			dstSess, dstPath, dstRemote := strings.Cut(args[1], ":")
+			srcRemote = srcRemote && strings.HasPrefix(srcPath, "/")
+			dstRemote = dstRemote && strings.HasPrefix(dstPath, "/")
+			if srcRemote == dstRemote {
+				return usageError{errors.New("exactly one of SRC and DST must be SESSION:/work/... or SESSION:/out/...")}
+			}
+			client, _, done, err := g.authority()
+			if err != nil {
+				return err
+			}
+			defer done()
+			if dstRemote {
+				return uploadFile(cmd.Context(), g, client, args[0], dstSess, dstPath, mode)
+			}
+			return downloadFile(cmd.Context(), g, client, srcSess, srcPath, args[1], raw)
+		},
+	}
+	cmd.Flags().Uint32Var(&mode, "mode", 0o644, "permission bits of an uploaded file")
+	cmd.Flags().BoolVar(&raw, "raw", false, "copy a download to a terminal unescaped")
+	return cmd
+}
+
+func uploadFile(ctx context.Context, g *globals, client authorityv1.AuthorityServiceClient, local, sess, path string, mode uint32) error {
+	var r io.Reader = os.Stdin
+	if local != "-" {
+		f, err := os.Open(local)
+		if err != nil {
+			return usageError{err}
+		}
+		defer f.Close()
+		r = f
+	}
+	stream, err := client.WriteFile(ctx)
+	if err != nil {
+		return rpcError(err)
+	}
+	send := func(m *authorityv1.WriteFileRequest) error {
+		if err := stream.Send(m); err != nil && !errors.Is(err, io.EOF) {
+			return rpcError(err)
+		} else if err != nil {
+			return io.EOF // refused: the status follows
+		}
+		return nil
+	}
+	if err := send(&authorityv1.WriteFileRequest{Part: &authorityv1.WriteFileRequest_Header{Header: &authorityv1.WriteFileHeader{SessionId: sess, Path: path, Mode: mode}}}); err != nil && err != io.EOF {
+		return err
+	}
+	buf := make([]byte, 256<<10)
+	for {
+		n, rerr := r.Read(buf)
+		if n > 0 {
+			if err := send(&authorityv1.WriteFileRequest{Part: &authorityv1.WriteFileRequest_Chunk{Chunk: buf[:n]}}); err == io.EOF {
+				break
+			} else if err != nil {
+				return err
+			}
+		}
+		if errors.Is(rerr, io.EOF) {
+			break
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
+	resp, err := stream.CloseAndRecv()
+	if err != nil {
+		return rpcError(err)
+	}
+	return g.printProto(resp, func(w io.Writer) {
+		fmt.Fprintf(w, "%s:%s: %d bytes written\n", termtext.Line(sess), termtext.Line(path), resp.GetSize())
+	})
+}
+
+func downloadFile(ctx context.Context, g *globals, client authorityv1.AuthorityServiceClient, sess, path, local string, raw bool) error {
+	stream, err := client.ReadFile(ctx, &authorityv1.ReadFileRequest{SessionId: sess, Path: path})
+	if err != nil {
+		return rpcError(err)
+	}
+	var w io.Writer
+	var tmp *os.File
+	if local == "-" {
+		w = jobOutput(g.stdout, raw)
+		defer flushOutput(w)
+	} else {
+		if tmp, err = os.CreateTemp(filepath.Dir(local), ".airlock-cp-*"); err != nil {
+			return err
+		}
+		defer func() {
+			if tmp != nil {
+				tmp.Close()
+				os.Remove(tmp.Name())
+			}
+		}()
+		w = tmp
+	}
+	var n int64
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return rpcError(err)
+		}
+		if c := msg.GetChunk(); len(c) > 0 {
+			if _, err := w.Write(c); err != nil {
+				return err
+			}
+			n += int64(len(c))
+		}
+	}
+	if tmp != nil {
+		if err := tmp.Close(); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp.Name(), local); err != nil {
+			return err
+		}
+		tmp = nil
+		fmt.Fprintf(g.stderr, "%s: %d bytes\n", termtext.Line(local), n)
+	}
+	return nil
+}
+
+func newSessionLs(g *globals) *cobra.Command {
+	var recursive bool
+	cmd := &cobra.Command{
+		Use:   "ls SESSION [PATH]",
+		Short: "List a directory of a running session's /work or /out (default /work)",
+		Args:  cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path := "/work"
+			if len(args) == 2 {
+				path = args[1]
+			}
+			client, _, done, err := g.authority()
+			if err != nil {
+				return err
+			}
+			defer done()
+			resp, err := client.ListFiles(cmd.Context(), &authorityv1.ListFilesRequest{SessionId: args[0], Path: path, Recursive: recursive})
+			if err != nil {
+				return rpcError(err)
+			}
+			return g.printProto(resp, func(w io.Writer) {
+				for _, f := range resp.GetEntries() {
+					line := fmt.Sprintf("%-7s %04o %10d  %s", f.GetType(), f.GetMode(), f.GetSize(), termtext.Line(f.GetPath()))
+					if f.GetType() == "symlink" {
+						line += " -> " + termtext.Line(f.GetTarget())
+					}
+					fmt.Fprintln(w, line)
+				}
+				if resp.GetTruncated() {
+					fmt.Fprintln(w, "... more entries not listed")
+				}
+			})
+		},
+	}
+	cmd.Flags().BoolVarP(&recursive, "recursive", "R", false, "list everything below")
 	return cmd
 }

@@ -6242,6 +6242,467 @@ func (x *CancelExecResponse) GetExec() *v1.Exec {
 	return nil
 }
 
+// ReadFileRequest names a file of a running session.
+type ReadFileRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Required: /work or /out, or a clean path under one of them. It is
+	// resolved inside them: no "..", absolute symlink or symlink that climbs
+	// out is followed.
+	Path          string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadFileRequest) Reset() {
+	*x = ReadFileRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadFileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadFileRequest) ProtoMessage() {}
+
+func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
+func (*ReadFileRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{81}
+}
+
+func (x *ReadFileRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ReadFileRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+// ReadFileResponse is one message of a file's stream: the header first,
+// then its bytes.
+type ReadFileResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Exactly one is set.
+	//
+	// Types that are valid to be assigned to Part:
+	//
+	//	*ReadFileResponse_Header
+	//	*ReadFileResponse_Chunk
+	Part          isReadFileResponse_Part `protobuf_oneof:"part"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadFileResponse) Reset() {
+	*x = ReadFileResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadFileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadFileResponse) ProtoMessage() {}
+
+func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
+func (*ReadFileResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{82}
+}
+
+func (x *ReadFileResponse) GetPart() isReadFileResponse_Part {
+	if x != nil {
+		return x.Part
+	}
+	return nil
+}
+
+func (x *ReadFileResponse) GetHeader() *v1.FileHeader {
+	if x != nil {
+		if x, ok := x.Part.(*ReadFileResponse_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *ReadFileResponse) GetChunk() []byte {
+	if x != nil {
+		if x, ok := x.Part.(*ReadFileResponse_Chunk); ok {
+			return x.Chunk
+		}
+	}
+	return nil
+}
+
+type isReadFileResponse_Part interface {
+	isReadFileResponse_Part()
+}
+
+type ReadFileResponse_Header struct {
+	// The first message.
+	Header *v1.FileHeader `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type ReadFileResponse_Chunk struct {
+	// The file's next bytes.
+	Chunk []byte `protobuf:"bytes,2,opt,name=chunk,proto3,oneof"`
+}
+
+func (*ReadFileResponse_Header) isReadFileResponse_Part() {}
+
+func (*ReadFileResponse_Chunk) isReadFileResponse_Part() {}
+
+// WriteFileHeader is the first message of a write.
+type WriteFileHeader struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Required: a clean path under /work or /out whose directory exists.
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// Permission bits; 0 means 0644.
+	Mode          uint32 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteFileHeader) Reset() {
+	*x = WriteFileHeader{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteFileHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteFileHeader) ProtoMessage() {}
+
+func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
+func (*WriteFileHeader) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{83}
+}
+
+func (x *WriteFileHeader) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *WriteFileHeader) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WriteFileHeader) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+// WriteFileRequest is one message of a write: the header, then the bytes.
+type WriteFileRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Exactly one is set.
+	//
+	// Types that are valid to be assigned to Part:
+	//
+	//	*WriteFileRequest_Header
+	//	*WriteFileRequest_Chunk
+	Part          isWriteFileRequest_Part `protobuf_oneof:"part"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteFileRequest) Reset() {
+	*x = WriteFileRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteFileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteFileRequest) ProtoMessage() {}
+
+func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
+func (*WriteFileRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{84}
+}
+
+func (x *WriteFileRequest) GetPart() isWriteFileRequest_Part {
+	if x != nil {
+		return x.Part
+	}
+	return nil
+}
+
+func (x *WriteFileRequest) GetHeader() *WriteFileHeader {
+	if x != nil {
+		if x, ok := x.Part.(*WriteFileRequest_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *WriteFileRequest) GetChunk() []byte {
+	if x != nil {
+		if x, ok := x.Part.(*WriteFileRequest_Chunk); ok {
+			return x.Chunk
+		}
+	}
+	return nil
+}
+
+type isWriteFileRequest_Part interface {
+	isWriteFileRequest_Part()
+}
+
+type WriteFileRequest_Header struct {
+	// The first message.
+	Header *WriteFileHeader `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type WriteFileRequest_Chunk struct {
+	// The file's next bytes.
+	Chunk []byte `protobuf:"bytes,2,opt,name=chunk,proto3,oneof"`
+}
+
+func (*WriteFileRequest_Header) isWriteFileRequest_Part() {}
+
+func (*WriteFileRequest_Chunk) isWriteFileRequest_Part() {}
+
+// WriteFileResponse says the file was replaced, whole.
+type WriteFileResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bytes written.
+	Size          int64 `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteFileResponse) Reset() {
+	*x = WriteFileResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteFileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteFileResponse) ProtoMessage() {}
+
+func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
+func (*WriteFileResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{85}
+}
+
+func (x *WriteFileResponse) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+// ListFilesRequest names a directory of a running session.
+type ListFilesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Required: as ReadFileRequest.path.
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// List everything below, not only the directory's own entries.
+	Recursive     bool `protobuf:"varint,3,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListFilesRequest) Reset() {
+	*x = ListFilesRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListFilesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListFilesRequest) ProtoMessage() {}
+
+func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
+func (*ListFilesRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{86}
+}
+
+func (x *ListFilesRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ListFilesRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *ListFilesRequest) GetRecursive() bool {
+	if x != nil {
+		return x.Recursive
+	}
+	return false
+}
+
+// ListFilesResponse lists entries in path order.
+type ListFilesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most 10000 entries.
+	Entries []*v1.FileEntry `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	// More entries were left out.
+	Truncated     bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListFilesResponse) Reset() {
+	*x = ListFilesResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListFilesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListFilesResponse) ProtoMessage() {}
+
+func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
+func (*ListFilesResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{87}
+}
+
+func (x *ListFilesResponse) GetEntries() []*v1.FileEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+func (x *ListFilesResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
 var File_airlock_authority_v1_authority_proto protoreflect.FileDescriptor
 
 const file_airlock_authority_v1_authority_proto_rawDesc = "" +
@@ -6674,7 +7135,34 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\"@\n" +
 	"\x12CancelExecResponse\x12*\n" +
-	"\x04exec\x18\x01 \x01(\v2\x16.airlock.types.v1.ExecR\x04exec*\xb0\x01\n" +
+	"\x04exec\x18\x01 \x01(\v2\x16.airlock.types.v1.ExecR\x04exec\"D\n" +
+	"\x0fReadFileRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"j\n" +
+	"\x10ReadFileResponse\x126\n" +
+	"\x06header\x18\x01 \x01(\v2\x1c.airlock.types.v1.FileHeaderH\x00R\x06header\x12\x16\n" +
+	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x06\n" +
+	"\x04part\"X\n" +
+	"\x0fWriteFileHeader\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\"s\n" +
+	"\x10WriteFileRequest\x12?\n" +
+	"\x06header\x18\x01 \x01(\v2%.airlock.authority.v1.WriteFileHeaderH\x00R\x06header\x12\x16\n" +
+	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x06\n" +
+	"\x04part\"'\n" +
+	"\x11WriteFileResponse\x12\x12\n" +
+	"\x04size\x18\x01 \x01(\x03R\x04size\"c\n" +
+	"\x10ListFilesRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1c\n" +
+	"\trecursive\x18\x03 \x01(\bR\trecursive\"h\n" +
+	"\x11ListFilesResponse\x125\n" +
+	"\aentries\x18\x01 \x03(\v2\x1b.airlock.types.v1.FileEntryR\aentries\x12\x1c\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated*\xb0\x01\n" +
 	"\bJobState\x12\x19\n" +
 	"\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n" +
@@ -6720,7 +7208,7 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x19AUDIT_OUTCOME_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15AUDIT_OUTCOME_ALLOWED\x10\x01\x12\x18\n" +
 	"\x14AUDIT_OUTCOME_DENIED\x10\x02\x12\x18\n" +
-	"\x14AUDIT_OUTCOME_FAILED\x10\x032\x81\x19\n" +
+	"\x14AUDIT_OUTCOME_FAILED\x10\x032\x9c\x1b\n" +
 	"\x10AuthorityService\x12\\\n" +
 	"\tSubmitJob\x12&.airlock.authority.v1.SubmitJobRequest\x1a'.airlock.authority.v1.SubmitJobResponse\x12S\n" +
 	"\x06GetJob\x12#.airlock.authority.v1.GetJobRequest\x1a$.airlock.authority.v1.GetJobResponse\x12e\n" +
@@ -6738,7 +7226,10 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\aGetExec\x12$.airlock.authority.v1.GetExecRequest\x1a%.airlock.authority.v1.GetExecResponse\x12^\n" +
 	"\tWatchExec\x12&.airlock.authority.v1.WatchExecRequest\x1a'.airlock.authority.v1.WatchExecResponse0\x01\x12_\n" +
 	"\n" +
-	"CancelExec\x12'.airlock.authority.v1.CancelExecRequest\x1a(.airlock.authority.v1.CancelExecResponse\x12d\n" +
+	"CancelExec\x12'.airlock.authority.v1.CancelExecRequest\x1a(.airlock.authority.v1.CancelExecResponse\x12[\n" +
+	"\bReadFile\x12%.airlock.authority.v1.ReadFileRequest\x1a&.airlock.authority.v1.ReadFileResponse0\x01\x12^\n" +
+	"\tWriteFile\x12&.airlock.authority.v1.WriteFileRequest\x1a'.airlock.authority.v1.WriteFileResponse(\x01\x12\\\n" +
+	"\tListFiles\x12&.airlock.authority.v1.ListFilesRequest\x1a'.airlock.authority.v1.ListFilesResponse\x12d\n" +
 	"\vFetchSource\x12(.airlock.authority.v1.FetchSourceRequest\x1a).airlock.authority.v1.FetchSourceResponse0\x01\x12e\n" +
 	"\fReportResult\x12).airlock.authority.v1.ReportResultRequest\x1a*.airlock.authority.v1.ReportResultResponse\x12h\n" +
 	"\rListApprovals\x12*.airlock.authority.v1.ListApprovalsRequest\x1a+.airlock.authority.v1.ListApprovalsResponse\x12b\n" +
@@ -6771,7 +7262,7 @@ func file_airlock_authority_v1_authority_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_authority_v1_authority_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 82)
+var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 89)
 var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(JobState)(0),                        // 0: airlock.authority.v1.JobState
 	(FileStatus)(0),                      // 1: airlock.authority.v1.FileStatus
@@ -6862,34 +7353,43 @@ var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(*WatchExecResponse)(nil),            // 86: airlock.authority.v1.WatchExecResponse
 	(*CancelExecRequest)(nil),            // 87: airlock.authority.v1.CancelExecRequest
 	(*CancelExecResponse)(nil),           // 88: airlock.authority.v1.CancelExecResponse
-	nil,                                  // 89: airlock.authority.v1.JobSpec.EnvEntry
-	(*v1.ResourceLimits)(nil),            // 90: airlock.types.v1.ResourceLimits
-	(*v1.NetworkPolicy)(nil),             // 91: airlock.types.v1.NetworkPolicy
-	(v1.RuntimeClass)(0),                 // 92: airlock.types.v1.RuntimeClass
-	(*v1.PublishTarget)(nil),             // 93: airlock.types.v1.PublishTarget
-	(*v1.SessionSpec)(nil),               // 94: airlock.types.v1.SessionSpec
-	(*timestamppb.Timestamp)(nil),        // 95: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),                 // 96: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil),       // 97: airlock.types.v1.NetworkPolicyStatus
-	(*v1.OutputChunk)(nil),               // 98: airlock.types.v1.OutputChunk
-	(*v1.Exec)(nil),                      // 99: airlock.types.v1.Exec
-	(*durationpb.Duration)(nil),          // 100: google.protobuf.Duration
-	(*v1.ExecSpec)(nil),                  // 101: airlock.types.v1.ExecSpec
+	(*ReadFileRequest)(nil),              // 89: airlock.authority.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),             // 90: airlock.authority.v1.ReadFileResponse
+	(*WriteFileHeader)(nil),              // 91: airlock.authority.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),             // 92: airlock.authority.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),            // 93: airlock.authority.v1.WriteFileResponse
+	(*ListFilesRequest)(nil),             // 94: airlock.authority.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),            // 95: airlock.authority.v1.ListFilesResponse
+	nil,                                  // 96: airlock.authority.v1.JobSpec.EnvEntry
+	(*v1.ResourceLimits)(nil),            // 97: airlock.types.v1.ResourceLimits
+	(*v1.NetworkPolicy)(nil),             // 98: airlock.types.v1.NetworkPolicy
+	(v1.RuntimeClass)(0),                 // 99: airlock.types.v1.RuntimeClass
+	(*v1.PublishTarget)(nil),             // 100: airlock.types.v1.PublishTarget
+	(*v1.SessionSpec)(nil),               // 101: airlock.types.v1.SessionSpec
+	(*timestamppb.Timestamp)(nil),        // 102: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),                 // 103: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil),       // 104: airlock.types.v1.NetworkPolicyStatus
+	(*v1.OutputChunk)(nil),               // 105: airlock.types.v1.OutputChunk
+	(*v1.Exec)(nil),                      // 106: airlock.types.v1.Exec
+	(*durationpb.Duration)(nil),          // 107: google.protobuf.Duration
+	(*v1.ExecSpec)(nil),                  // 108: airlock.types.v1.ExecSpec
+	(*v1.FileHeader)(nil),                // 109: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),                 // 110: airlock.types.v1.FileEntry
 }
 var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
-	89,  // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
-	90,  // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
-	91,  // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	92,  // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	93,  // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
-	94,  // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
+	96,  // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
+	97,  // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
+	98,  // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	99,  // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	100, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
+	101, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
 	8,   // 6: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
 	0,   // 7: airlock.authority.v1.Job.state:type_name -> airlock.authority.v1.JobState
-	95,  // 8: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	95,  // 9: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	96,  // 10: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
-	97,  // 11: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	90,  // 12: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
+	102, // 8: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	102, // 9: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	103, // 10: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
+	104, // 11: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	97,  // 12: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
 	8,   // 13: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
 	9,   // 14: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
 	9,   // 15: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
@@ -6898,37 +7398,37 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	0,   // 18: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
 	9,   // 19: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
 	9,   // 20: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
-	98,  // 21: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
+	105, // 21: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
 	9,   // 22: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
 	23,  // 23: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
-	96,  // 24: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
+	103, // 24: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
 	28,  // 25: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
 	1,   // 26: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
 	26,  // 27: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
 	27,  // 28: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
 	27,  // 29: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
 	30,  // 30: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
-	99,  // 31: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
-	95,  // 32: airlock.authority.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
+	106, // 31: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
+	102, // 32: airlock.authority.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
 	29,  // 33: airlock.authority.v1.EgressLog.records:type_name -> airlock.authority.v1.EgressRecord
 	31,  // 34: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
 	29,  // 35: airlock.authority.v1.EgressLog.last:type_name -> airlock.authority.v1.EgressRecord
 	9,   // 36: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
-	90,  // 37: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
-	90,  // 38: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
-	91,  // 39: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	91,  // 40: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	97,  // 37: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
+	97,  // 38: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
+	98,  // 39: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	98,  // 40: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
 	3,   // 41: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
-	95,  // 42: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
-	93,  // 43: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
+	102, // 42: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
+	100, // 43: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
 	2,   // 44: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
 	34,  // 45: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
-	95,  // 46: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
-	95,  // 47: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	102, // 46: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
+	102, // 47: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
 	4,   // 48: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
 	33,  // 49: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
-	96,  // 50: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
-	91,  // 51: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	103, // 50: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
+	98,  // 51: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
 	28,  // 52: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
 	5,   // 53: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
 	5,   // 54: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
@@ -6941,113 +7441,122 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	36,  // 61: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
 	3,   // 62: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
 	35,  // 63: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	93,  // 64: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
+	100, // 64: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
 	35,  // 65: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
 	6,   // 66: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	95,  // 67: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
-	95,  // 68: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	95,  // 69: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
+	102, // 67: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
+	102, // 68: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	102, // 69: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
 	6,   // 70: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	100, // 71: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
+	107, // 71: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
 	49,  // 72: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
 	49,  // 73: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
 	49,  // 74: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
-	91,  // 75: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
-	97,  // 76: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	90,  // 77: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
+	98,  // 75: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
+	104, // 76: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	97,  // 77: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
 	9,   // 78: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
 	49,  // 79: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
-	95,  // 80: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	102, // 80: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
 	7,   // 81: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
-	95,  // 82: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
-	95,  // 83: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
+	102, // 82: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
+	102, // 83: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
 	62,  // 84: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
-	95,  // 85: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
+	102, // 85: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
 	65,  // 86: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
 	35,  // 87: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
-	95,  // 88: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
+	102, // 88: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
 	69,  // 89: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
 	8,   // 90: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
 	9,   // 91: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
 	9,   // 92: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
-	99,  // 93: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
+	106, // 93: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
 	0,   // 94: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
 	9,   // 95: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
 	9,   // 96: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
 	9,   // 97: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
-	101, // 98: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	99,  // 99: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	99,  // 100: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	98,  // 101: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	99,  // 102: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	99,  // 103: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
-	10,  // 104: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
-	12,  // 105: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
-	14,  // 106: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
-	16,  // 107: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
-	18,  // 108: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
-	20,  // 109: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
-	71,  // 110: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
-	73,  // 111: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
-	75,  // 112: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
-	77,  // 113: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
-	79,  // 114: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
-	81,  // 115: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
-	83,  // 116: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
-	85,  // 117: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
-	87,  // 118: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
-	22,  // 119: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
-	25,  // 120: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	41,  // 121: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	43,  // 122: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	37,  // 123: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
-	45,  // 124: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	47,  // 125: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	68,  // 126: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
-	50,  // 127: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	52,  // 128: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	54,  // 129: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	56,  // 130: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	58,  // 131: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
-	60,  // 132: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
-	63,  // 133: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	66,  // 134: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
-	11,  // 135: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
-	13,  // 136: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
-	15,  // 137: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
-	17,  // 138: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
-	19,  // 139: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
-	21,  // 140: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
-	72,  // 141: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
-	74,  // 142: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
-	76,  // 143: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
-	78,  // 144: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
-	80,  // 145: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
-	82,  // 146: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
-	84,  // 147: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
-	86,  // 148: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
-	88,  // 149: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
-	24,  // 150: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	32,  // 151: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	42,  // 152: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	44,  // 153: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	40,  // 154: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
-	46,  // 155: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	48,  // 156: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	70,  // 157: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
-	51,  // 158: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	53,  // 159: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	55,  // 160: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	57,  // 161: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	59,  // 162: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
-	61,  // 163: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
-	64,  // 164: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	67,  // 165: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
-	135, // [135:166] is the sub-list for method output_type
-	104, // [104:135] is the sub-list for method input_type
-	104, // [104:104] is the sub-list for extension type_name
-	104, // [104:104] is the sub-list for extension extendee
-	0,   // [0:104] is the sub-list for field type_name
+	108, // 98: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	106, // 99: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	106, // 100: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	105, // 101: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	106, // 102: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	106, // 103: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	109, // 104: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	91,  // 105: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
+	110, // 106: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	10,  // 107: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
+	12,  // 108: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
+	14,  // 109: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
+	16,  // 110: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
+	18,  // 111: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
+	20,  // 112: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
+	71,  // 113: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
+	73,  // 114: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
+	75,  // 115: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
+	77,  // 116: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
+	79,  // 117: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
+	81,  // 118: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
+	83,  // 119: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
+	85,  // 120: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
+	87,  // 121: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
+	89,  // 122: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
+	92,  // 123: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
+	94,  // 124: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
+	22,  // 125: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
+	25,  // 126: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
+	41,  // 127: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	43,  // 128: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	37,  // 129: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
+	45,  // 130: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	47,  // 131: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	68,  // 132: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
+	50,  // 133: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	52,  // 134: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	54,  // 135: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	56,  // 136: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	58,  // 137: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	60,  // 138: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	63,  // 139: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	66,  // 140: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
+	11,  // 141: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
+	13,  // 142: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
+	15,  // 143: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
+	17,  // 144: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
+	19,  // 145: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
+	21,  // 146: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
+	72,  // 147: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
+	74,  // 148: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
+	76,  // 149: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
+	78,  // 150: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
+	80,  // 151: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
+	82,  // 152: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
+	84,  // 153: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
+	86,  // 154: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
+	88,  // 155: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
+	90,  // 156: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
+	93,  // 157: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
+	95,  // 158: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
+	24,  // 159: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
+	32,  // 160: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	42,  // 161: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	44,  // 162: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	40,  // 163: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
+	46,  // 164: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	48,  // 165: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	70,  // 166: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
+	51,  // 167: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	53,  // 168: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	55,  // 169: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	57,  // 170: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	59,  // 171: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	61,  // 172: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	64,  // 173: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	67,  // 174: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
+	141, // [141:175] is the sub-list for method output_type
+	107, // [107:141] is the sub-list for method input_type
+	107, // [107:107] is the sub-list for extension type_name
+	107, // [107:107] is the sub-list for extension extendee
+	0,   // [0:107] is the sub-list for field type_name
 }
 
 func init() { file_airlock_authority_v1_authority_proto_init() }
@@ -7073,13 +7582,21 @@ func file_airlock_authority_v1_authority_proto_init() {
 		(*WatchExecResponse_Output)(nil),
 		(*WatchExecResponse_Exec)(nil),
 	}
+	file_airlock_authority_v1_authority_proto_msgTypes[82].OneofWrappers = []any{
+		(*ReadFileResponse_Header)(nil),
+		(*ReadFileResponse_Chunk)(nil),
+	}
+	file_airlock_authority_v1_authority_proto_msgTypes[84].OneofWrappers = []any{
+		(*WriteFileRequest_Header)(nil),
+		(*WriteFileRequest_Chunk)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_authority_v1_authority_proto_rawDesc), len(file_airlock_authority_v1_authority_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   82,
+			NumMessages:   89,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -40,6 +40,9 @@ const (
 	AuthorityService_GetExec_FullMethodName              = "/airlock.authority.v1.AuthorityService/GetExec"
 	AuthorityService_WatchExec_FullMethodName            = "/airlock.authority.v1.AuthorityService/WatchExec"
 	AuthorityService_CancelExec_FullMethodName           = "/airlock.authority.v1.AuthorityService/CancelExec"
+	AuthorityService_ReadFile_FullMethodName             = "/airlock.authority.v1.AuthorityService/ReadFile"
+	AuthorityService_WriteFile_FullMethodName            = "/airlock.authority.v1.AuthorityService/WriteFile"
+	AuthorityService_ListFiles_FullMethodName            = "/airlock.authority.v1.AuthorityService/ListFiles"
 	AuthorityService_FetchSource_FullMethodName          = "/airlock.authority.v1.AuthorityService/FetchSource"
 	AuthorityService_ReportResult_FullMethodName         = "/airlock.authority.v1.AuthorityService/ReportResult"
 	AuthorityService_ListApprovals_FullMethodName        = "/airlock.authority.v1.AuthorityService/ListApprovals"
@@ -111,6 +114,17 @@ type AuthorityServiceClient interface {
 	// CancelExec sends an exec's process group SIGTERM, then SIGKILL after a
 	// grace period; the session lives on. Callers: client/* of the session's tenant.
 	CancelExec(ctx context.Context, in *CancelExecRequest, opts ...grpc.CallOption) (*CancelExecResponse, error)
+	// ReadFile streams a regular file of a running session's /work or /out.
+	// Callers: client/* of the session's tenant.
+	ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadFileResponse], error)
+	// WriteFile replaces (or creates) a file of a running session's /work or
+	// /out atomically, owned by the sandbox's root; what it writes counts
+	// against the disk limit, and a refused write leaves nothing behind.
+	// Callers: client/* of the session's tenant.
+	WriteFile(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[WriteFileRequest, WriteFileResponse], error)
+	// ListFiles lists a directory of a running session's /work or /out.
+	// Callers: client/* of the session's tenant.
+	ListFiles(ctx context.Context, in *ListFilesRequest, opts ...grpc.CallOption) (*ListFilesResponse, error)
 	// FetchSource streams the source tree of a job's recorded commit, read
 	// with the authority's own credential. Callers: service/executor, only for
 	// a job it holds a grant for.
@@ -352,9 +366,51 @@ func (c *authorityServiceClient) CancelExec(ctx context.Context, in *CancelExecR
 	return out, nil
 }
 
+func (c *authorityServiceClient) ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadFileResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[2], AuthorityService_ReadFile_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ReadFileRequest, ReadFileResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AuthorityService_ReadFileClient = grpc.ServerStreamingClient[ReadFileResponse]
+
+func (c *authorityServiceClient) WriteFile(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[WriteFileRequest, WriteFileResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[3], AuthorityService_WriteFile_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WriteFileRequest, WriteFileResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AuthorityService_WriteFileClient = grpc.ClientStreamingClient[WriteFileRequest, WriteFileResponse]
+
+func (c *authorityServiceClient) ListFiles(ctx context.Context, in *ListFilesRequest, opts ...grpc.CallOption) (*ListFilesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListFilesResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_ListFiles_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *authorityServiceClient) FetchSource(ctx context.Context, in *FetchSourceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FetchSourceResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[2], AuthorityService_FetchSource_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[4], AuthorityService_FetchSource_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -403,7 +459,7 @@ func (c *authorityServiceClient) GetApproval(ctx context.Context, in *GetApprova
 
 func (c *authorityServiceClient) ReadReview(ctx context.Context, in *ReadReviewRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadReviewResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[3], AuthorityService_ReadReview_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[5], AuthorityService_ReadReview_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -583,6 +639,17 @@ type AuthorityServiceServer interface {
 	// CancelExec sends an exec's process group SIGTERM, then SIGKILL after a
 	// grace period; the session lives on. Callers: client/* of the session's tenant.
 	CancelExec(context.Context, *CancelExecRequest) (*CancelExecResponse, error)
+	// ReadFile streams a regular file of a running session's /work or /out.
+	// Callers: client/* of the session's tenant.
+	ReadFile(*ReadFileRequest, grpc.ServerStreamingServer[ReadFileResponse]) error
+	// WriteFile replaces (or creates) a file of a running session's /work or
+	// /out atomically, owned by the sandbox's root; what it writes counts
+	// against the disk limit, and a refused write leaves nothing behind.
+	// Callers: client/* of the session's tenant.
+	WriteFile(grpc.ClientStreamingServer[WriteFileRequest, WriteFileResponse]) error
+	// ListFiles lists a directory of a running session's /work or /out.
+	// Callers: client/* of the session's tenant.
+	ListFiles(context.Context, *ListFilesRequest) (*ListFilesResponse, error)
 	// FetchSource streams the source tree of a job's recorded commit, read
 	// with the authority's own credential. Callers: service/executor, only for
 	// a job it holds a grant for.
@@ -700,6 +767,15 @@ func (UnimplementedAuthorityServiceServer) WatchExec(*WatchExecRequest, grpc.Ser
 }
 func (UnimplementedAuthorityServiceServer) CancelExec(context.Context, *CancelExecRequest) (*CancelExecResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CancelExec not implemented")
+}
+func (UnimplementedAuthorityServiceServer) ReadFile(*ReadFileRequest, grpc.ServerStreamingServer[ReadFileResponse]) error {
+	return status.Error(codes.Unimplemented, "method ReadFile not implemented")
+}
+func (UnimplementedAuthorityServiceServer) WriteFile(grpc.ClientStreamingServer[WriteFileRequest, WriteFileResponse]) error {
+	return status.Error(codes.Unimplemented, "method WriteFile not implemented")
+}
+func (UnimplementedAuthorityServiceServer) ListFiles(context.Context, *ListFilesRequest) (*ListFilesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListFiles not implemented")
 }
 func (UnimplementedAuthorityServiceServer) FetchSource(*FetchSourceRequest, grpc.ServerStreamingServer[FetchSourceResponse]) error {
 	return status.Error(codes.Unimplemented, "method FetchSource not implemented")
@@ -1022,6 +1098,42 @@ func _AuthorityService_CancelExec_Handler(srv interface{}, ctx context.Context, 
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AuthorityServiceServer).CancelExec(ctx, req.(*CancelExecRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AuthorityService_ReadFile_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ReadFileRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AuthorityServiceServer).ReadFile(m, &grpc.GenericServerStream[ReadFileRequest, ReadFileResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AuthorityService_ReadFileServer = grpc.ServerStreamingServer[ReadFileResponse]
+
+func _AuthorityService_WriteFile_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(AuthorityServiceServer).WriteFile(&grpc.GenericServerStream[WriteFileRequest, WriteFileResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AuthorityService_WriteFileServer = grpc.ClientStreamingServer[WriteFileRequest, WriteFileResponse]
+
+func _AuthorityService_ListFiles_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListFilesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).ListFiles(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_ListFiles_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).ListFiles(ctx, req.(*ListFilesRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -1360,6 +1472,10 @@ var AuthorityService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _AuthorityService_CancelExec_Handler,
 		},
 		{
+			MethodName: "ListFiles",
+			Handler:    _AuthorityService_ListFiles_Handler,
+		},
+		{
 			MethodName: "ReportResult",
 			Handler:    _AuthorityService_ReportResult_Handler,
 		},
@@ -1426,6 +1542,16 @@ var AuthorityService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "WatchExec",
 			Handler:       _AuthorityService_WatchExec_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "ReadFile",
+			Handler:       _AuthorityService_ReadFile_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WriteFile",
+			Handler:       _AuthorityService_WriteFile_Handler,
+			ClientStreams: true,
 		},
 		{
 			StreamName:    "FetchSource",

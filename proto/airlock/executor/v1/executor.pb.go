@@ -1620,6 +1620,467 @@ func (x *FinishRunResponse) GetRun() *Run {
 	return nil
 }
 
+// ReadFileRequest names a file of a running session.
+type ReadFileRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// Required: /work or /out, or a clean path under one of them. It is
+	// resolved inside them: no "..", absolute symlink or symlink that climbs
+	// out is followed.
+	Path          string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadFileRequest) Reset() {
+	*x = ReadFileRequest{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadFileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadFileRequest) ProtoMessage() {}
+
+func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
+func (*ReadFileRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ReadFileRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *ReadFileRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+// ReadFileResponse is one message of a file's stream: the header first,
+// then its bytes.
+type ReadFileResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Exactly one is set.
+	//
+	// Types that are valid to be assigned to Part:
+	//
+	//	*ReadFileResponse_Header
+	//	*ReadFileResponse_Chunk
+	Part          isReadFileResponse_Part `protobuf_oneof:"part"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadFileResponse) Reset() {
+	*x = ReadFileResponse{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadFileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadFileResponse) ProtoMessage() {}
+
+func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
+func (*ReadFileResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ReadFileResponse) GetPart() isReadFileResponse_Part {
+	if x != nil {
+		return x.Part
+	}
+	return nil
+}
+
+func (x *ReadFileResponse) GetHeader() *v1.FileHeader {
+	if x != nil {
+		if x, ok := x.Part.(*ReadFileResponse_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *ReadFileResponse) GetChunk() []byte {
+	if x != nil {
+		if x, ok := x.Part.(*ReadFileResponse_Chunk); ok {
+			return x.Chunk
+		}
+	}
+	return nil
+}
+
+type isReadFileResponse_Part interface {
+	isReadFileResponse_Part()
+}
+
+type ReadFileResponse_Header struct {
+	// The first message.
+	Header *v1.FileHeader `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type ReadFileResponse_Chunk struct {
+	// The file's next bytes.
+	Chunk []byte `protobuf:"bytes,2,opt,name=chunk,proto3,oneof"`
+}
+
+func (*ReadFileResponse_Header) isReadFileResponse_Part() {}
+
+func (*ReadFileResponse_Chunk) isReadFileResponse_Part() {}
+
+// WriteFileHeader is the first message of a write.
+type WriteFileHeader struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// Required: a clean path under /work or /out whose directory exists.
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// Permission bits; 0 means 0644.
+	Mode          uint32 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteFileHeader) Reset() {
+	*x = WriteFileHeader{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteFileHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteFileHeader) ProtoMessage() {}
+
+func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
+func (*WriteFileHeader) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *WriteFileHeader) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *WriteFileHeader) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WriteFileHeader) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+// WriteFileRequest is one message of a write: the header, then the bytes.
+type WriteFileRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Exactly one is set.
+	//
+	// Types that are valid to be assigned to Part:
+	//
+	//	*WriteFileRequest_Header
+	//	*WriteFileRequest_Chunk
+	Part          isWriteFileRequest_Part `protobuf_oneof:"part"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteFileRequest) Reset() {
+	*x = WriteFileRequest{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteFileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteFileRequest) ProtoMessage() {}
+
+func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
+func (*WriteFileRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *WriteFileRequest) GetPart() isWriteFileRequest_Part {
+	if x != nil {
+		return x.Part
+	}
+	return nil
+}
+
+func (x *WriteFileRequest) GetHeader() *WriteFileHeader {
+	if x != nil {
+		if x, ok := x.Part.(*WriteFileRequest_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *WriteFileRequest) GetChunk() []byte {
+	if x != nil {
+		if x, ok := x.Part.(*WriteFileRequest_Chunk); ok {
+			return x.Chunk
+		}
+	}
+	return nil
+}
+
+type isWriteFileRequest_Part interface {
+	isWriteFileRequest_Part()
+}
+
+type WriteFileRequest_Header struct {
+	// The first message.
+	Header *WriteFileHeader `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type WriteFileRequest_Chunk struct {
+	// The file's next bytes.
+	Chunk []byte `protobuf:"bytes,2,opt,name=chunk,proto3,oneof"`
+}
+
+func (*WriteFileRequest_Header) isWriteFileRequest_Part() {}
+
+func (*WriteFileRequest_Chunk) isWriteFileRequest_Part() {}
+
+// WriteFileResponse says the file was replaced, whole.
+type WriteFileResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bytes written.
+	Size          int64 `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteFileResponse) Reset() {
+	*x = WriteFileResponse{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteFileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteFileResponse) ProtoMessage() {}
+
+func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
+func (*WriteFileResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *WriteFileResponse) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+// ListFilesRequest names a directory of a running session.
+type ListFilesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// Required: as ReadFileRequest.path.
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// List everything below, not only the directory's own entries.
+	Recursive     bool `protobuf:"varint,3,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListFilesRequest) Reset() {
+	*x = ListFilesRequest{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListFilesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListFilesRequest) ProtoMessage() {}
+
+func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
+func (*ListFilesRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ListFilesRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *ListFilesRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *ListFilesRequest) GetRecursive() bool {
+	if x != nil {
+		return x.Recursive
+	}
+	return false
+}
+
+// ListFilesResponse lists entries in path order.
+type ListFilesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most 10000 entries.
+	Entries []*v1.FileEntry `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	// More entries were left out.
+	Truncated     bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListFilesResponse) Reset() {
+	*x = ListFilesResponse{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListFilesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListFilesResponse) ProtoMessage() {}
+
+func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
+func (*ListFilesResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ListFilesResponse) GetEntries() []*v1.FileEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+func (x *ListFilesResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
 var File_airlock_executor_v1_executor_proto protoreflect.FileDescriptor
 
 const file_airlock_executor_v1_executor_proto_rawDesc = "" +
@@ -1711,14 +2172,39 @@ const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"\x10FinishRunRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"?\n" +
 	"\x11FinishRunResponse\x12*\n" +
-	"\x03run\x18\x01 \x01(\v2\x18.airlock.executor.v1.RunR\x03run*\x9a\x01\n" +
+	"\x03run\x18\x01 \x01(\v2\x18.airlock.executor.v1.RunR\x03run\"<\n" +
+	"\x0fReadFileRequest\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"j\n" +
+	"\x10ReadFileResponse\x126\n" +
+	"\x06header\x18\x01 \x01(\v2\x1c.airlock.types.v1.FileHeaderH\x00R\x06header\x12\x16\n" +
+	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x06\n" +
+	"\x04part\"P\n" +
+	"\x0fWriteFileHeader\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\"r\n" +
+	"\x10WriteFileRequest\x12>\n" +
+	"\x06header\x18\x01 \x01(\v2$.airlock.executor.v1.WriteFileHeaderH\x00R\x06header\x12\x16\n" +
+	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x06\n" +
+	"\x04part\"'\n" +
+	"\x11WriteFileResponse\x12\x12\n" +
+	"\x04size\x18\x01 \x01(\x03R\x04size\"[\n" +
+	"\x10ListFilesRequest\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1c\n" +
+	"\trecursive\x18\x03 \x01(\bR\trecursive\"h\n" +
+	"\x11ListFilesResponse\x125\n" +
+	"\aentries\x18\x01 \x03(\v2\x1b.airlock.types.v1.FileEntryR\aentries\x12\x1c\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated*\x9a\x01\n" +
 	"\bRunState\x12\x19\n" +
 	"\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11RUN_STATE_STAGING\x10\x01\x12\x15\n" +
 	"\x11RUN_STATE_RUNNING\x10\x02\x12\x16\n" +
 	"\x12RUN_STATE_FINISHED\x10\x03\x12\x14\n" +
 	"\x10RUN_STATE_FAILED\x10\x04\x12\x17\n" +
-	"\x13RUN_STATE_CANCELLED\x10\x052\xdb\b\n" +
+	"\x13RUN_STATE_CANCELLED\x10\x052\xf0\n" +
+	"\n" +
 	"\x0fExecutorService\x12W\n" +
 	"\bStartJob\x12$.airlock.executor.v1.StartJobRequest\x1a%.airlock.executor.v1.StartJobResponse\x12Q\n" +
 	"\x06GetRun\x12\".airlock.executor.v1.GetRunRequest\x1a#.airlock.executor.v1.GetRunResponse\x12Y\n" +
@@ -1732,7 +2218,10 @@ const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"\tWatchExec\x12%.airlock.executor.v1.WatchExecRequest\x1a&.airlock.executor.v1.WatchExecResponse0\x01\x12]\n" +
 	"\n" +
 	"CancelExec\x12&.airlock.executor.v1.CancelExecRequest\x1a'.airlock.executor.v1.CancelExecResponse\x12Z\n" +
-	"\tFinishRun\x12%.airlock.executor.v1.FinishRunRequest\x1a&.airlock.executor.v1.FinishRunResponseBCZAgithub.com/airlockhq/airlock/proto/airlock/executor/v1;executorv1b\x06proto3"
+	"\tFinishRun\x12%.airlock.executor.v1.FinishRunRequest\x1a&.airlock.executor.v1.FinishRunResponse\x12Y\n" +
+	"\bReadFile\x12$.airlock.executor.v1.ReadFileRequest\x1a%.airlock.executor.v1.ReadFileResponse0\x01\x12\\\n" +
+	"\tWriteFile\x12%.airlock.executor.v1.WriteFileRequest\x1a&.airlock.executor.v1.WriteFileResponse(\x01\x12Z\n" +
+	"\tListFiles\x12%.airlock.executor.v1.ListFilesRequest\x1a&.airlock.executor.v1.ListFilesResponseBCZAgithub.com/airlockhq/airlock/proto/airlock/executor/v1;executorv1b\x06proto3"
 
 var (
 	file_airlock_executor_v1_executor_proto_rawDescOnce sync.Once
@@ -1747,7 +2236,7 @@ func file_airlock_executor_v1_executor_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_executor_v1_executor_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_airlock_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_airlock_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_airlock_executor_v1_executor_proto_goTypes = []any{
 	(RunState)(0),                  // 0: airlock.executor.v1.RunState
 	(*Run)(nil),                    // 1: airlock.executor.v1.Run
@@ -1776,69 +2265,87 @@ var file_airlock_executor_v1_executor_proto_goTypes = []any{
 	(*CancelExecResponse)(nil),     // 24: airlock.executor.v1.CancelExecResponse
 	(*FinishRunRequest)(nil),       // 25: airlock.executor.v1.FinishRunRequest
 	(*FinishRunResponse)(nil),      // 26: airlock.executor.v1.FinishRunResponse
-	(*v1.SignedGrant)(nil),         // 27: airlock.types.v1.SignedGrant
-	(*timestamppb.Timestamp)(nil),  // 28: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),           // 29: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil), // 30: airlock.types.v1.NetworkPolicyStatus
-	(*v1.OutputChunk)(nil),         // 31: airlock.types.v1.OutputChunk
-	(*v1.ExecSpec)(nil),            // 32: airlock.types.v1.ExecSpec
-	(*v1.Exec)(nil),                // 33: airlock.types.v1.Exec
+	(*ReadFileRequest)(nil),        // 27: airlock.executor.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),       // 28: airlock.executor.v1.ReadFileResponse
+	(*WriteFileHeader)(nil),        // 29: airlock.executor.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),       // 30: airlock.executor.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),      // 31: airlock.executor.v1.WriteFileResponse
+	(*ListFilesRequest)(nil),       // 32: airlock.executor.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),      // 33: airlock.executor.v1.ListFilesResponse
+	(*v1.SignedGrant)(nil),         // 34: airlock.types.v1.SignedGrant
+	(*timestamppb.Timestamp)(nil),  // 35: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),           // 36: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil), // 37: airlock.types.v1.NetworkPolicyStatus
+	(*v1.OutputChunk)(nil),         // 38: airlock.types.v1.OutputChunk
+	(*v1.ExecSpec)(nil),            // 39: airlock.types.v1.ExecSpec
+	(*v1.Exec)(nil),                // 40: airlock.types.v1.Exec
+	(*v1.FileHeader)(nil),          // 41: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),           // 42: airlock.types.v1.FileEntry
 }
 var file_airlock_executor_v1_executor_proto_depIdxs = []int32{
 	0,  // 0: airlock.executor.v1.Run.state:type_name -> airlock.executor.v1.RunState
-	27, // 1: airlock.executor.v1.Run.grant:type_name -> airlock.types.v1.SignedGrant
-	28, // 2: airlock.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	28, // 3: airlock.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
-	28, // 4: airlock.executor.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
-	29, // 5: airlock.executor.v1.Run.result:type_name -> airlock.types.v1.RunResult
-	30, // 6: airlock.executor.v1.Run.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	27, // 7: airlock.executor.v1.StartJobRequest.grant:type_name -> airlock.types.v1.SignedGrant
+	34, // 1: airlock.executor.v1.Run.grant:type_name -> airlock.types.v1.SignedGrant
+	35, // 2: airlock.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	35, // 3: airlock.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
+	35, // 4: airlock.executor.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
+	36, // 5: airlock.executor.v1.Run.result:type_name -> airlock.types.v1.RunResult
+	37, // 6: airlock.executor.v1.Run.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	34, // 7: airlock.executor.v1.StartJobRequest.grant:type_name -> airlock.types.v1.SignedGrant
 	1,  // 8: airlock.executor.v1.StartJobResponse.run:type_name -> airlock.executor.v1.Run
 	1,  // 9: airlock.executor.v1.GetRunResponse.run:type_name -> airlock.executor.v1.Run
 	1,  // 10: airlock.executor.v1.WatchRunResponse.run:type_name -> airlock.executor.v1.Run
-	31, // 11: airlock.executor.v1.WatchRunResponse.output:type_name -> airlock.types.v1.OutputChunk
+	38, // 11: airlock.executor.v1.WatchRunResponse.output:type_name -> airlock.types.v1.OutputChunk
 	1,  // 12: airlock.executor.v1.CancelRunResponse.run:type_name -> airlock.executor.v1.Run
-	27, // 13: airlock.executor.v1.UpdateRunRequest.grant:type_name -> airlock.types.v1.SignedGrant
+	34, // 13: airlock.executor.v1.UpdateRunRequest.grant:type_name -> airlock.types.v1.SignedGrant
 	1,  // 14: airlock.executor.v1.UpdateRunResponse.run:type_name -> airlock.executor.v1.Run
-	30, // 15: airlock.executor.v1.UpdateRunResponse.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	37, // 15: airlock.executor.v1.UpdateRunResponse.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
 	13, // 16: airlock.executor.v1.GetArtifactResponse.header:type_name -> airlock.executor.v1.ArtifactHeader
-	32, // 17: airlock.executor.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	33, // 18: airlock.executor.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	33, // 19: airlock.executor.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	33, // 20: airlock.executor.v1.ListExecsResponse.execs:type_name -> airlock.types.v1.Exec
-	31, // 21: airlock.executor.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	33, // 22: airlock.executor.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	33, // 23: airlock.executor.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	39, // 17: airlock.executor.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	40, // 18: airlock.executor.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	40, // 19: airlock.executor.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	40, // 20: airlock.executor.v1.ListExecsResponse.execs:type_name -> airlock.types.v1.Exec
+	38, // 21: airlock.executor.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	40, // 22: airlock.executor.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	40, // 23: airlock.executor.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
 	1,  // 24: airlock.executor.v1.FinishRunResponse.run:type_name -> airlock.executor.v1.Run
-	2,  // 25: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
-	4,  // 26: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
-	6,  // 27: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
-	8,  // 28: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
-	10, // 29: airlock.executor.v1.ExecutorService.UpdateRun:input_type -> airlock.executor.v1.UpdateRunRequest
-	12, // 30: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
-	15, // 31: airlock.executor.v1.ExecutorService.StartExec:input_type -> airlock.executor.v1.StartExecRequest
-	17, // 32: airlock.executor.v1.ExecutorService.GetExec:input_type -> airlock.executor.v1.GetExecRequest
-	19, // 33: airlock.executor.v1.ExecutorService.ListExecs:input_type -> airlock.executor.v1.ListExecsRequest
-	21, // 34: airlock.executor.v1.ExecutorService.WatchExec:input_type -> airlock.executor.v1.WatchExecRequest
-	23, // 35: airlock.executor.v1.ExecutorService.CancelExec:input_type -> airlock.executor.v1.CancelExecRequest
-	25, // 36: airlock.executor.v1.ExecutorService.FinishRun:input_type -> airlock.executor.v1.FinishRunRequest
-	3,  // 37: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
-	5,  // 38: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
-	7,  // 39: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
-	9,  // 40: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
-	11, // 41: airlock.executor.v1.ExecutorService.UpdateRun:output_type -> airlock.executor.v1.UpdateRunResponse
-	14, // 42: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
-	16, // 43: airlock.executor.v1.ExecutorService.StartExec:output_type -> airlock.executor.v1.StartExecResponse
-	18, // 44: airlock.executor.v1.ExecutorService.GetExec:output_type -> airlock.executor.v1.GetExecResponse
-	20, // 45: airlock.executor.v1.ExecutorService.ListExecs:output_type -> airlock.executor.v1.ListExecsResponse
-	22, // 46: airlock.executor.v1.ExecutorService.WatchExec:output_type -> airlock.executor.v1.WatchExecResponse
-	24, // 47: airlock.executor.v1.ExecutorService.CancelExec:output_type -> airlock.executor.v1.CancelExecResponse
-	26, // 48: airlock.executor.v1.ExecutorService.FinishRun:output_type -> airlock.executor.v1.FinishRunResponse
-	37, // [37:49] is the sub-list for method output_type
-	25, // [25:37] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	41, // 25: airlock.executor.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	29, // 26: airlock.executor.v1.WriteFileRequest.header:type_name -> airlock.executor.v1.WriteFileHeader
+	42, // 27: airlock.executor.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	2,  // 28: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
+	4,  // 29: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
+	6,  // 30: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
+	8,  // 31: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
+	10, // 32: airlock.executor.v1.ExecutorService.UpdateRun:input_type -> airlock.executor.v1.UpdateRunRequest
+	12, // 33: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
+	15, // 34: airlock.executor.v1.ExecutorService.StartExec:input_type -> airlock.executor.v1.StartExecRequest
+	17, // 35: airlock.executor.v1.ExecutorService.GetExec:input_type -> airlock.executor.v1.GetExecRequest
+	19, // 36: airlock.executor.v1.ExecutorService.ListExecs:input_type -> airlock.executor.v1.ListExecsRequest
+	21, // 37: airlock.executor.v1.ExecutorService.WatchExec:input_type -> airlock.executor.v1.WatchExecRequest
+	23, // 38: airlock.executor.v1.ExecutorService.CancelExec:input_type -> airlock.executor.v1.CancelExecRequest
+	25, // 39: airlock.executor.v1.ExecutorService.FinishRun:input_type -> airlock.executor.v1.FinishRunRequest
+	27, // 40: airlock.executor.v1.ExecutorService.ReadFile:input_type -> airlock.executor.v1.ReadFileRequest
+	30, // 41: airlock.executor.v1.ExecutorService.WriteFile:input_type -> airlock.executor.v1.WriteFileRequest
+	32, // 42: airlock.executor.v1.ExecutorService.ListFiles:input_type -> airlock.executor.v1.ListFilesRequest
+	3,  // 43: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
+	5,  // 44: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
+	7,  // 45: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
+	9,  // 46: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
+	11, // 47: airlock.executor.v1.ExecutorService.UpdateRun:output_type -> airlock.executor.v1.UpdateRunResponse
+	14, // 48: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
+	16, // 49: airlock.executor.v1.ExecutorService.StartExec:output_type -> airlock.executor.v1.StartExecResponse
+	18, // 50: airlock.executor.v1.ExecutorService.GetExec:output_type -> airlock.executor.v1.GetExecResponse
+	20, // 51: airlock.executor.v1.ExecutorService.ListExecs:output_type -> airlock.executor.v1.ListExecsResponse
+	22, // 52: airlock.executor.v1.ExecutorService.WatchExec:output_type -> airlock.executor.v1.WatchExecResponse
+	24, // 53: airlock.executor.v1.ExecutorService.CancelExec:output_type -> airlock.executor.v1.CancelExecResponse
+	26, // 54: airlock.executor.v1.ExecutorService.FinishRun:output_type -> airlock.executor.v1.FinishRunResponse
+	28, // 55: airlock.executor.v1.ExecutorService.ReadFile:output_type -> airlock.executor.v1.ReadFileResponse
+	31, // 56: airlock.executor.v1.ExecutorService.WriteFile:output_type -> airlock.executor.v1.WriteFileResponse
+	33, // 57: airlock.executor.v1.ExecutorService.ListFiles:output_type -> airlock.executor.v1.ListFilesResponse
+	43, // [43:58] is the sub-list for method output_type
+	28, // [28:43] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_airlock_executor_v1_executor_proto_init() }
@@ -1858,13 +2365,21 @@ func file_airlock_executor_v1_executor_proto_init() {
 		(*WatchExecResponse_Output)(nil),
 		(*WatchExecResponse_Exec)(nil),
 	}
+	file_airlock_executor_v1_executor_proto_msgTypes[27].OneofWrappers = []any{
+		(*ReadFileResponse_Header)(nil),
+		(*ReadFileResponse_Chunk)(nil),
+	}
+	file_airlock_executor_v1_executor_proto_msgTypes[29].OneofWrappers = []any{
+		(*WriteFileRequest_Header)(nil),
+		(*WriteFileRequest_Chunk)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_executor_v1_executor_proto_rawDesc), len(file_airlock_executor_v1_executor_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   26,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

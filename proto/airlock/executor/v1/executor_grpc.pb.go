@@ -35,6 +35,9 @@ const (
 	ExecutorService_WatchExec_FullMethodName   = "/airlock.executor.v1.ExecutorService/WatchExec"
 	ExecutorService_CancelExec_FullMethodName  = "/airlock.executor.v1.ExecutorService/CancelExec"
 	ExecutorService_FinishRun_FullMethodName   = "/airlock.executor.v1.ExecutorService/FinishRun"
+	ExecutorService_ReadFile_FullMethodName    = "/airlock.executor.v1.ExecutorService/ReadFile"
+	ExecutorService_WriteFile_FullMethodName   = "/airlock.executor.v1.ExecutorService/WriteFile"
+	ExecutorService_ListFiles_FullMethodName   = "/airlock.executor.v1.ExecutorService/ListFiles"
 )
 
 // ExecutorServiceClient is the client API for ExecutorService service.
@@ -75,6 +78,17 @@ type ExecutorServiceClient interface {
 	// FinishRun ends a session: its sandbox stops and its result bundle is
 	// built, as a job's is when its command ends. Callers: service/authority.
 	FinishRun(ctx context.Context, in *FinishRunRequest, opts ...grpc.CallOption) (*FinishRunResponse, error)
+	// ReadFile streams a regular file of a running session's /work or /out.
+	// Callers: service/authority.
+	ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadFileResponse], error)
+	// WriteFile replaces (or creates) a file of a running session's /work or
+	// /out atomically, owned by the sandbox's root; what it writes counts
+	// against the disk limit, and a refused write leaves nothing behind.
+	// Callers: service/authority.
+	WriteFile(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[WriteFileRequest, WriteFileResponse], error)
+	// ListFiles lists a directory of a running session's /work or /out.
+	// Callers: service/authority.
+	ListFiles(ctx context.Context, in *ListFilesRequest, opts ...grpc.CallOption) (*ListFilesResponse, error)
 }
 
 type executorServiceClient struct {
@@ -232,6 +246,48 @@ func (c *executorServiceClient) FinishRun(ctx context.Context, in *FinishRunRequ
 	return out, nil
 }
 
+func (c *executorServiceClient) ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadFileResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &ExecutorService_ServiceDesc.Streams[3], ExecutorService_ReadFile_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ReadFileRequest, ReadFileResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ExecutorService_ReadFileClient = grpc.ServerStreamingClient[ReadFileResponse]
+
+func (c *executorServiceClient) WriteFile(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[WriteFileRequest, WriteFileResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &ExecutorService_ServiceDesc.Streams[4], ExecutorService_WriteFile_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WriteFileRequest, WriteFileResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ExecutorService_WriteFileClient = grpc.ClientStreamingClient[WriteFileRequest, WriteFileResponse]
+
+func (c *executorServiceClient) ListFiles(ctx context.Context, in *ListFilesRequest, opts ...grpc.CallOption) (*ListFilesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListFilesResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_ListFiles_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ExecutorServiceServer is the server API for ExecutorService service.
 // All implementations must embed UnimplementedExecutorServiceServer
 // for forward compatibility.
@@ -270,6 +326,17 @@ type ExecutorServiceServer interface {
 	// FinishRun ends a session: its sandbox stops and its result bundle is
 	// built, as a job's is when its command ends. Callers: service/authority.
 	FinishRun(context.Context, *FinishRunRequest) (*FinishRunResponse, error)
+	// ReadFile streams a regular file of a running session's /work or /out.
+	// Callers: service/authority.
+	ReadFile(*ReadFileRequest, grpc.ServerStreamingServer[ReadFileResponse]) error
+	// WriteFile replaces (or creates) a file of a running session's /work or
+	// /out atomically, owned by the sandbox's root; what it writes counts
+	// against the disk limit, and a refused write leaves nothing behind.
+	// Callers: service/authority.
+	WriteFile(grpc.ClientStreamingServer[WriteFileRequest, WriteFileResponse]) error
+	// ListFiles lists a directory of a running session's /work or /out.
+	// Callers: service/authority.
+	ListFiles(context.Context, *ListFilesRequest) (*ListFilesResponse, error)
 	mustEmbedUnimplementedExecutorServiceServer()
 }
 
@@ -315,6 +382,15 @@ func (UnimplementedExecutorServiceServer) CancelExec(context.Context, *CancelExe
 }
 func (UnimplementedExecutorServiceServer) FinishRun(context.Context, *FinishRunRequest) (*FinishRunResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method FinishRun not implemented")
+}
+func (UnimplementedExecutorServiceServer) ReadFile(*ReadFileRequest, grpc.ServerStreamingServer[ReadFileResponse]) error {
+	return status.Error(codes.Unimplemented, "method ReadFile not implemented")
+}
+func (UnimplementedExecutorServiceServer) WriteFile(grpc.ClientStreamingServer[WriteFileRequest, WriteFileResponse]) error {
+	return status.Error(codes.Unimplemented, "method WriteFile not implemented")
+}
+func (UnimplementedExecutorServiceServer) ListFiles(context.Context, *ListFilesRequest) (*ListFilesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListFiles not implemented")
 }
 func (UnimplementedExecutorServiceServer) mustEmbedUnimplementedExecutorServiceServer() {}
 func (UnimplementedExecutorServiceServer) testEmbeddedByValue()                         {}
@@ -532,6 +608,42 @@ func _ExecutorService_FinishRun_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ExecutorService_ReadFile_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ReadFileRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ExecutorServiceServer).ReadFile(m, &grpc.GenericServerStream[ReadFileRequest, ReadFileResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ExecutorService_ReadFileServer = grpc.ServerStreamingServer[ReadFileResponse]
+
+func _ExecutorService_WriteFile_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(ExecutorServiceServer).WriteFile(&grpc.GenericServerStream[WriteFileRequest, WriteFileResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ExecutorService_WriteFileServer = grpc.ClientStreamingServer[WriteFileRequest, WriteFileResponse]
+
+func _ExecutorService_ListFiles_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListFilesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).ListFiles(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_ListFiles_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).ListFiles(ctx, req.(*ListFilesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ExecutorService_ServiceDesc is the grpc.ServiceDesc for ExecutorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -575,6 +687,10 @@ var ExecutorService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "FinishRun",
 			Handler:    _ExecutorService_FinishRun_Handler,
 		},
+		{
+			MethodName: "ListFiles",
+			Handler:    _ExecutorService_ListFiles_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -591,6 +707,16 @@ var ExecutorService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "WatchExec",
 			Handler:       _ExecutorService_WatchExec_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "ReadFile",
+			Handler:       _ExecutorService_ReadFile_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WriteFile",
+			Handler:       _ExecutorService_WriteFile_Handler,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "airlock/executor/v1/executor.proto",

@@ -1819,6 +1819,144 @@ func (x *OutputChunk) GetTruncated() bool {
 	return false
 }
 
+// FileEntry is one entry of a session's /work or /out.
+type FileEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The path as the job sees it, e.g. "/work/src/main.go". It comes from
+	// the job: show it escaped.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// "file", "dir", "symlink" or "other".
+	Type string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
+	// Size in bytes.
+	Size int64 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	// Permission bits.
+	Mode uint32 `protobuf:"varint,4,opt,name=mode,proto3" json:"mode,omitempty"`
+	// Last modification.
+	ModifiedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=modified_at,json=modifiedAt,proto3" json:"modified_at,omitempty"`
+	// A symlink's target as stored; never followed.
+	Target        string `protobuf:"bytes,6,opt,name=target,proto3" json:"target,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileEntry) Reset() {
+	*x = FileEntry{}
+	mi := &file_airlock_types_v1_types_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileEntry) ProtoMessage() {}
+
+func (x *FileEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_types_v1_types_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileEntry.ProtoReflect.Descriptor instead.
+func (*FileEntry) Descriptor() ([]byte, []int) {
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *FileEntry) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *FileEntry) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *FileEntry) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *FileEntry) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *FileEntry) GetModifiedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ModifiedAt
+	}
+	return nil
+}
+
+func (x *FileEntry) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+// FileHeader starts a file's bytes in a read stream.
+type FileHeader struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The file's size when it was opened.
+	Size          int64 `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileHeader) Reset() {
+	*x = FileHeader{}
+	mi := &file_airlock_types_v1_types_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileHeader) ProtoMessage() {}
+
+func (x *FileHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_types_v1_types_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileHeader.ProtoReflect.Descriptor instead.
+func (*FileHeader) Descriptor() ([]byte, []int) {
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *FileHeader) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
 var File_airlock_types_v1_types_proto protoreflect.FileDescriptor
 
 const file_airlock_types_v1_types_proto_rawDesc = "" +
@@ -1964,7 +2102,18 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\x06stream\x18\x01 \x01(\x0e2\x1e.airlock.types.v1.OutputStreamR\x06stream\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x12\n" +
 	"\x04data\x18\x03 \x01(\fR\x04data\x12\x1c\n" +
-	"\ttruncated\x18\x04 \x01(\bR\ttruncated*^\n" +
+	"\ttruncated\x18\x04 \x01(\bR\ttruncated\"\xb0\x01\n" +
+	"\tFileEntry\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\tR\x04type\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x03R\x04size\x12\x12\n" +
+	"\x04mode\x18\x04 \x01(\rR\x04mode\x12;\n" +
+	"\vmodified_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"modifiedAt\x12\x16\n" +
+	"\x06target\x18\x06 \x01(\tR\x06target\" \n" +
+	"\n" +
+	"FileHeader\x12\x12\n" +
+	"\x04size\x18\x01 \x01(\x03R\x04size*^\n" +
 	"\fRuntimeClass\x12\x1d\n" +
 	"\x19RUNTIME_CLASS_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12RUNTIME_CLASS_RUNC\x10\x01\x12\x17\n" +
@@ -2007,7 +2156,7 @@ func file_airlock_types_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_types_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_airlock_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_airlock_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_airlock_types_v1_types_proto_goTypes = []any{
 	(RuntimeClass)(0),             // 0: airlock.types.v1.RuntimeClass
 	(NetworkPolicyState)(0),       // 1: airlock.types.v1.NetworkPolicyState
@@ -2031,49 +2180,52 @@ var file_airlock_types_v1_types_proto_goTypes = []any{
 	(*DiffStat)(nil),              // 19: airlock.types.v1.DiffStat
 	(*RunResult)(nil),             // 20: airlock.types.v1.RunResult
 	(*OutputChunk)(nil),           // 21: airlock.types.v1.OutputChunk
-	nil,                           // 22: airlock.types.v1.Grant.EnvEntry
-	nil,                           // 23: airlock.types.v1.ExecSpec.EnvEntry
-	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
+	(*FileEntry)(nil),             // 22: airlock.types.v1.FileEntry
+	(*FileHeader)(nil),            // 23: airlock.types.v1.FileHeader
+	nil,                           // 24: airlock.types.v1.Grant.EnvEntry
+	nil,                           // 25: airlock.types.v1.ExecSpec.EnvEntry
+	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
 }
 var file_airlock_types_v1_types_proto_depIdxs = []int32{
-	24, // 0: airlock.types.v1.ResourceLimits.deadline:type_name -> google.protobuf.Duration
+	26, // 0: airlock.types.v1.ResourceLimits.deadline:type_name -> google.protobuf.Duration
 	7,  // 1: airlock.types.v1.NetworkPolicy.deny_all:type_name -> airlock.types.v1.DenyAll
 	8,  // 2: airlock.types.v1.NetworkPolicy.allow:type_name -> airlock.types.v1.AllowList
 	10, // 3: airlock.types.v1.NetworkPolicy.domains:type_name -> airlock.types.v1.DomainList
 	9,  // 4: airlock.types.v1.AllowList.rules:type_name -> airlock.types.v1.AllowRule
 	6,  // 5: airlock.types.v1.NetworkPolicyStatus.policy:type_name -> airlock.types.v1.NetworkPolicy
 	1,  // 6: airlock.types.v1.NetworkPolicyStatus.state:type_name -> airlock.types.v1.NetworkPolicyState
-	25, // 7: airlock.types.v1.NetworkPolicyStatus.updated_at:type_name -> google.protobuf.Timestamp
-	22, // 8: airlock.types.v1.Grant.env:type_name -> airlock.types.v1.Grant.EnvEntry
+	27, // 7: airlock.types.v1.NetworkPolicyStatus.updated_at:type_name -> google.protobuf.Timestamp
+	24, // 8: airlock.types.v1.Grant.env:type_name -> airlock.types.v1.Grant.EnvEntry
 	5,  // 9: airlock.types.v1.Grant.limits:type_name -> airlock.types.v1.ResourceLimits
 	6,  // 10: airlock.types.v1.Grant.network_policy:type_name -> airlock.types.v1.NetworkPolicy
 	0,  // 11: airlock.types.v1.Grant.runtime_class:type_name -> airlock.types.v1.RuntimeClass
 	12, // 12: airlock.types.v1.Grant.publish_target:type_name -> airlock.types.v1.PublishTarget
-	25, // 13: airlock.types.v1.Grant.issued_at:type_name -> google.protobuf.Timestamp
-	25, // 14: airlock.types.v1.Grant.expires_at:type_name -> google.protobuf.Timestamp
+	27, // 13: airlock.types.v1.Grant.issued_at:type_name -> google.protobuf.Timestamp
+	27, // 14: airlock.types.v1.Grant.expires_at:type_name -> google.protobuf.Timestamp
 	14, // 15: airlock.types.v1.Grant.session:type_name -> airlock.types.v1.SessionSpec
-	24, // 16: airlock.types.v1.SessionSpec.idle_timeout:type_name -> google.protobuf.Duration
-	23, // 17: airlock.types.v1.ExecSpec.env:type_name -> airlock.types.v1.ExecSpec.EnvEntry
-	24, // 18: airlock.types.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
+	26, // 16: airlock.types.v1.SessionSpec.idle_timeout:type_name -> google.protobuf.Duration
+	25, // 17: airlock.types.v1.ExecSpec.env:type_name -> airlock.types.v1.ExecSpec.EnvEntry
+	26, // 18: airlock.types.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
 	15, // 19: airlock.types.v1.Exec.spec:type_name -> airlock.types.v1.ExecSpec
 	2,  // 20: airlock.types.v1.Exec.state:type_name -> airlock.types.v1.ExecState
 	3,  // 21: airlock.types.v1.Exec.reason:type_name -> airlock.types.v1.TerminationReason
-	25, // 22: airlock.types.v1.Exec.started_at:type_name -> google.protobuf.Timestamp
-	25, // 23: airlock.types.v1.Exec.ended_at:type_name -> google.protobuf.Timestamp
+	27, // 22: airlock.types.v1.Exec.started_at:type_name -> google.protobuf.Timestamp
+	27, // 23: airlock.types.v1.Exec.ended_at:type_name -> google.protobuf.Timestamp
 	18, // 24: airlock.types.v1.Exec.usage:type_name -> airlock.types.v1.ResourceUsage
-	24, // 25: airlock.types.v1.ResourceUsage.cpu_time:type_name -> google.protobuf.Duration
-	24, // 26: airlock.types.v1.ResourceUsage.wall_time:type_name -> google.protobuf.Duration
+	26, // 25: airlock.types.v1.ResourceUsage.cpu_time:type_name -> google.protobuf.Duration
+	26, // 26: airlock.types.v1.ResourceUsage.wall_time:type_name -> google.protobuf.Duration
 	3,  // 27: airlock.types.v1.RunResult.reason:type_name -> airlock.types.v1.TerminationReason
 	18, // 28: airlock.types.v1.RunResult.usage:type_name -> airlock.types.v1.ResourceUsage
 	0,  // 29: airlock.types.v1.RunResult.runtime_class:type_name -> airlock.types.v1.RuntimeClass
 	19, // 30: airlock.types.v1.RunResult.diff_stat:type_name -> airlock.types.v1.DiffStat
 	4,  // 31: airlock.types.v1.OutputChunk.stream:type_name -> airlock.types.v1.OutputStream
-	32, // [32:32] is the sub-list for method output_type
-	32, // [32:32] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	27, // 32: airlock.types.v1.FileEntry.modified_at:type_name -> google.protobuf.Timestamp
+	33, // [33:33] is the sub-list for method output_type
+	33, // [33:33] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_airlock_types_v1_types_proto_init() }
@@ -2092,7 +2244,7 @@ func file_airlock_types_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_types_v1_types_proto_rawDesc), len(file_airlock_types_v1_types_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -254,3 +254,98 @@ func (s *Service) CancelExec(ctx context.Context, req *authorityv1.CancelExecReq
 	}
 	return &authorityv1.CancelExecResponse{Exec: resp.GetExec()}, nil
 }
+
+func (s *Service) ReadFile(req *authorityv1.ReadFileRequest, stream grpc.ServerStreamingServer[authorityv1.ReadFileResponse]) error {
+	ctx := stream.Context()
+	_, j, err := s.session(ctx, req.GetSessionId())
+	if err != nil {
+		return err
+	}
+	up, err := s.cfg.Executor.ReadFile(ctx, &executorv1.ReadFileRequest{JobId: j.ID, Path: req.GetPath()})
+	if err != nil {
+		return err
+	}
+	for {
+		msg, err := up.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		out := &authorityv1.ReadFileResponse{}
+		switch p := msg.GetPart().(type) {
+		case *executorv1.ReadFileResponse_Header:
+			out.Part = &authorityv1.ReadFileResponse_Header{Header: p.Header}
+		case *executorv1.ReadFileResponse_Chunk:
+			out.Part = &authorityv1.ReadFileResponse_Chunk{Chunk: p.Chunk}
+		default:
+			continue
+		}
+		if err := stream.Send(out); err != nil {
+			return err
+		}
+	}
+}
+
+func (s *Service) WriteFile(stream grpc.ClientStreamingServer[authorityv1.WriteFileRequest, authorityv1.WriteFileResponse]) error {
+	ctx := stream.Context()
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	h := first.GetHeader()
+	if h == nil {
+		return status.Error(codes.InvalidArgument, "the first message must be the header")
+	}
+	_, j, err := s.session(ctx, h.GetSessionId())
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // an upload the client breaks off is aborted at the executor too
+	up, err := s.cfg.Executor.WriteFile(ctx)
+	if err != nil {
+		return err
+	}
+	if err := up.Send(&executorv1.WriteFileRequest{Part: &executorv1.WriteFileRequest_Header{Header: &executorv1.WriteFileHeader{
+		JobId: j.ID, Path: h.GetPath(), Mode: h.GetMode(),
+	}}}); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if msg.GetHeader() != nil {
+			return status.Error(codes.InvalidArgument, "a second header")
+		}
+		if err := up.Send(&executorv1.WriteFileRequest{Part: &executorv1.WriteFileRequest_Chunk{Chunk: msg.GetChunk()}}); err != nil {
+			if errors.Is(err, io.EOF) {
+				break // the executor refused: its status comes with CloseAndRecv
+			}
+			return err
+		}
+	}
+	resp, err := up.CloseAndRecv()
+	if err != nil {
+		return err
+	}
+	return stream.SendAndClose(&authorityv1.WriteFileResponse{Size: resp.GetSize()})
+}
+
+func (s *Service) ListFiles(ctx context.Context, req *authorityv1.ListFilesRequest) (*authorityv1.ListFilesResponse, error) {
+	_, j, err := s.session(ctx, req.GetSessionId())
+	if err != nil {
+		return nil, err
+	}
+	resp, err := s.cfg.Executor.ListFiles(ctx, &executorv1.ListFilesRequest{JobId: j.ID, Path: req.GetPath(), Recursive: req.GetRecursive()})
+	if err != nil {
+		return nil, err
+	}
+	return &authorityv1.ListFilesResponse{Entries: resp.GetEntries(), Truncated: resp.GetTruncated()}, nil
+}

@@ -3,8 +3,10 @@ package api
 import (
 	"context"
 	"fmt"
+	"io/fs"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
@@ -108,4 +110,86 @@ func outputChunk(stream string, offset int64, data []byte, cut bool) *typesv1.Ou
 		which = typesv1.OutputStream_OUTPUT_STREAM_STDERR
 	}
 	return &typesv1.OutputChunk{Stream: which, Offset: offset, Data: data, Truncated: cut}
+}
+
+func (s *Service) ReadFile(req *executorv1.ReadFileRequest, stream grpc.ServerStreamingServer[executorv1.ReadFileResponse]) error {
+	if err := required("job_id", req.GetJobId()); err != nil {
+		return errdefs.ToGRPC(err)
+	}
+	err := s.cfg.Runs.ReadFile(req.GetJobId(), req.GetPath(),
+		func(size int64) error {
+			return stream.Send(&executorv1.ReadFileResponse{Part: &executorv1.ReadFileResponse_Header{Header: &typesv1.FileHeader{Size: size}}})
+		},
+		func(b []byte) error {
+			return stream.Send(&executorv1.ReadFileResponse{Part: &executorv1.ReadFileResponse_Chunk{Chunk: b}})
+		})
+	if err != nil {
+		return s.fail(stream.Context(), "ReadFile", err)
+	}
+	return nil
+}
+
+func (s *Service) WriteFile(stream grpc.ClientStreamingServer[executorv1.WriteFileRequest, executorv1.WriteFileResponse]) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	h := first.GetHeader()
+	if h == nil {
+		return errdefs.ToGRPC(fmt.Errorf("%w: the first message must be the header", errdefs.ErrInvalidArgument))
+	}
+	if err := required("job_id", h.GetJobId()); err != nil {
+		return errdefs.ToGRPC(err)
+	}
+	n, err := s.cfg.Runs.WriteFile(h.GetJobId(), h.GetPath(), fs.FileMode(h.GetMode()), &chunkReader{next: func() ([]byte, error) {
+		m, err := stream.Recv()
+		if err != nil {
+			return nil, err
+		}
+		if m.GetHeader() != nil {
+			return nil, fmt.Errorf("%w: a second header", errdefs.ErrInvalidArgument)
+		}
+		return m.GetChunk(), nil
+	}})
+	if err != nil {
+		return s.fail(stream.Context(), "WriteFile", err)
+	}
+	return stream.SendAndClose(&executorv1.WriteFileResponse{Size: n})
+}
+
+func (s *Service) ListFiles(ctx context.Context, req *executorv1.ListFilesRequest) (*executorv1.ListFilesResponse, error) {
+	if err := required("job_id", req.GetJobId()); err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	list, cut, err := s.cfg.Runs.ListFiles(req.GetJobId(), req.GetPath(), req.GetRecursive())
+	if err != nil {
+		return nil, s.fail(ctx, "ListFiles", err)
+	}
+	out := &executorv1.ListFilesResponse{Truncated: cut}
+	for _, f := range list {
+		out.Entries = append(out.Entries, &typesv1.FileEntry{
+			Path: f.Path, Type: f.Type, Size: f.Size, Mode: uint32(f.Mode), ModifiedAt: timestamppb.New(f.ModTime), Target: f.Target,
+		})
+	}
+	return out, nil
+}
+
+// chunkReader reads the bytes of a stream of chunks; io.EOF at the
+// stream's end.
+type chunkReader struct {
+	next func() ([]byte, error)
+	buf  []byte
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	for len(r.buf) == 0 {
+		b, err := r.next()
+		if err != nil {
+			return 0, err
+		}
+		r.buf = b
+	}
+	n := copy(p, r.buf)
+	r.buf = r.buf[n:]
+	return n, nil
 }

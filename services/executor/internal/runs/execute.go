@@ -47,6 +47,8 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		return
 	}
 	defer func() {
+		e.filesMu.Lock()
+		defer e.filesMu.Unlock()
 		e.updateMu.Lock()
 		defer e.updateMu.Unlock()
 		if err := sb.Destroy(); err != nil {

@@ -187,6 +187,9 @@ type entry struct {
 	live         *sandbox.Sandbox
 	stopping     sandbox.Reason
 	execWG       sync.WaitGroup
+	// filesMu is held for reading by each files API call while it uses
+	// the sandbox, and for writing while the sandbox is torn down.
+	filesMu sync.RWMutex
 }
 
 var jobIDFormat = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
