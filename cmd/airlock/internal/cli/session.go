@@ -443,17 +443,30 @@ func newSessionFinish(g *globals) *cobra.Command {
 }
 
 func newSessionCancel(g *globals) *cobra.Command {
-	var reason string
+	var reason, execID string
 	cmd := &cobra.Command{
-		Use:   "cancel SESSION",
-		Short: "Cancel a session; its sandbox and every exec in it are killed",
-		Args:  cobra.ExactArgs(1),
+		Use:   "cancel SESSION [--exec EXEC_ID]",
+		Short: "Cancel a session (its sandbox and every exec in it are killed), or with --exec one exec",
+		Long: `Cancels a session: its sandbox and every exec in it are killed and its
+result is built as a job's is when cancelled. With --exec, only that exec
+is stopped: its process group gets SIGTERM, then SIGKILL after 10 seconds,
+and the session lives on.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			client, _, done, err := g.authority()
 			if err != nil {
 				return err
 			}
 			defer done()
+			if execID != "" {
+				resp, err := client.CancelExec(cmd.Context(), &authorityv1.CancelExecRequest{SessionId: args[0], ExecId: execID})
+				if err != nil {
+					return rpcError(err)
+				}
+				return g.printProto(resp.GetExec(), func(w io.Writer) {
+					fmt.Fprintf(w, "cancel requested for exec %s (%s)\n", termtext.Line(execID), termtext.Line(execOutcome(resp.GetExec())))
+				})
+			}
 			resp, err := client.CancelSession(cmd.Context(), &authorityv1.CancelSessionRequest{SessionId: args[0], Reason: reason})
 			if err != nil {
 				return rpcError(err)
@@ -464,6 +477,7 @@ func newSessionCancel(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "cancelled from the CLI", "why, for the record")
+	cmd.Flags().StringVar(&execID, "exec", "", "cancel only this exec")
 	return cmd
 }
 

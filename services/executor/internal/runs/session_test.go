@@ -358,3 +358,42 @@ func TestSessionRecover(t *testing.T) {
 		t.Fatalf("retry of the exec the restart ended: %v", err)
 	}
 }
+
+// TestSessionUpdate: a newer grant changes a running session's limits as
+// it does a job's: a deadline extended before it passes keeps the session
+// and its execs alive past the old one, and the sandbox's limits follow.
+func TestSessionUpdate(t *testing.T) {
+	h, _ := newHarness(t, false)
+	g := h.sessionGrant(typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, time.Minute)
+	g.Limits.Deadline = durationpb.New(4 * time.Second)
+	sid := h.startSession(t, g)
+	g2 := next(g, func(g *typesv1.Grant) {
+		g.Limits.Deadline = durationpb.New(time.Minute)
+		g.Limits.Pids = 100
+	})
+	if _, err := h.m.Update(context.Background(), h.sign(t, g2)); err != nil {
+		t.Fatalf("Update: %v", err)
+	}
+	time.Sleep(5 * time.Second)
+	x := h.execWait(t, sid, sh("after-old-deadline", "cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || echo gone; echo alive"))
+	if x.ExitCode != 0 || !strings.Contains(string(x.StdoutTail), "alive") {
+		t.Fatalf("the session past its old deadline: %+v", x)
+	}
+	h.m.mu.Lock()
+	lim := h.m.runs[sid].live.Limits()
+	h.m.mu.Unlock()
+	if lim.Deadline != time.Minute || lim.Pids != 100 {
+		t.Fatalf("the sandbox's limits after the update: %+v", lim)
+	}
+	// A changed session spec is not a change Update applies.
+	g3 := next(g2, func(g *typesv1.Grant) { g.Session.MaxConcurrentExecs = 16 })
+	if _, err := h.m.Update(context.Background(), h.sign(t, g3)); err == nil {
+		t.Fatal("Update changed the session spec")
+	}
+	if _, err := h.m.Finish(sid); err != nil {
+		t.Fatal(err)
+	}
+	if run := h.waitEnd(t, sid); run.Result.Reason != ReasonFinished {
+		t.Fatalf("finished: %+v", run.Result)
+	}
+}
