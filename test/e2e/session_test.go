@@ -191,3 +191,25 @@ func TestSessionEndToEnd(t *testing.T) {
 		t.Fatalf("an exec in a finished session ran")
 	}
 }
+
+// TestJobGitEndToEnd: through the whole stack a job's /work answers git as
+// a clone at its base commit would, and its commits stay out of the patch.
+func TestJobGitEndToEnd(t *testing.T) {
+	repo, base := sampleRepo(t)
+	s := startStack(t, "--repo", "sample="+repo)
+	res := s.airlock(t, "job", "submit", "--repo", "sample", "--rev", "main", "--wait", "-o", "json", "--", "sh", "-c",
+		`set -e; git status --short; git log --format=%H%n%s; echo x >> README.md; git commit -qam local; git log --oneline | wc -l`)
+	if res.code != 0 {
+		t.Fatalf("git job: exit %d\n%s\n%s", res.code, res.stdout, res.stderr)
+	}
+	if !strings.Contains(res.stderr, base+"\nsample\n2\n") {
+		t.Fatalf("the job's git log (on stderr with -o json) is not its base commit's:\n%s", res.stderr)
+	}
+	job := &authorityv1.Job{}
+	if err := protojson.Unmarshal([]byte(res.stdout), job); err != nil {
+		t.Fatal(err)
+	}
+	if ds := job.GetResult().GetDiffStat(); ds.GetFilesChanged() != 1 || ds.GetInsertions() != 1 {
+		t.Fatalf("diff stat %+v, want the one changed file", ds)
+	}
+}

@@ -1544,7 +1544,11 @@ type SourceHeader struct {
 	// Total size of the archive that follows, when known.
 	Size int64 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
 	// The archive format of the chunks that follow: "tar".
-	Format        string `protobuf:"bytes,4,opt,name=format,proto3" json:"format,omitempty"`
+	Format string `protobuf:"bytes,4,opt,name=format,proto3" json:"format,omitempty"`
+	// The commit object itself (as git cat-file commit prints it), for the
+	// job's own .git at the base commit. The executor checks it hashes to
+	// commit and names tree_hash.
+	CommitObject  []byte `protobuf:"bytes,5,opt,name=commit_object,json=commitObject,proto3" json:"commit_object,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1605,6 +1609,13 @@ func (x *SourceHeader) GetFormat() string {
 		return x.Format
 	}
 	return ""
+}
+
+func (x *SourceHeader) GetCommitObject() []byte {
+	if x != nil {
+		return x.CommitObject
+	}
+	return nil
 }
 
 // FetchSourceResponse is a header followed by archive chunks.
@@ -6782,12 +6793,13 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x11CancelJobResponse\x12+\n" +
 	"\x03job\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\x03job\"+\n" +
 	"\x12FetchSourceRequest\x12\x15\n" +
-	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"o\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\x94\x01\n" +
 	"\fSourceHeader\x12\x16\n" +
 	"\x06commit\x18\x01 \x01(\tR\x06commit\x12\x1b\n" +
 	"\ttree_hash\x18\x02 \x01(\tR\btreeHash\x12\x12\n" +
 	"\x04size\x18\x03 \x01(\x03R\x04size\x12\x16\n" +
-	"\x06format\x18\x04 \x01(\tR\x06format\"s\n" +
+	"\x06format\x18\x04 \x01(\tR\x06format\x12#\n" +
+	"\rcommit_object\x18\x05 \x01(\fR\fcommitObject\"s\n" +
 	"\x13FetchSourceResponse\x12<\n" +
 	"\x06header\x18\x01 \x01(\v2\".airlock.authority.v1.SourceHeaderH\x00R\x06header\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x06\n" +

@@ -250,9 +250,9 @@ type sourceStream struct {
 	buf    []byte
 }
 
-func (w *sourceStream) Header(commit, tree string) error {
+func (w *sourceStream) Header(commit, tree string, commitObject []byte) error {
 	return w.stream.Send(&authorityv1.FetchSourceResponse{Part: &authorityv1.FetchSourceResponse_Header{
-		Header: &authorityv1.SourceHeader{Commit: commit, TreeHash: tree, Format: "tar"},
+		Header: &authorityv1.SourceHeader{Commit: commit, TreeHash: tree, Format: "tar", CommitObject: commitObject},
 	}})
 }
 

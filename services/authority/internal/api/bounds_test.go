@@ -274,8 +274,8 @@ func TestRegrantRechecksThePolicy(t *testing.T) {
 // discard is a SourceWriter that keeps nothing.
 type discard struct{}
 
-func (discard) Header(string, string) error { return nil }
-func (discard) Write(p []byte) (int, error) { return len(p), nil }
+func (discard) Header(string, string, []byte) error { return nil }
+func (discard) Write(p []byte) (int, error)         { return len(p), nil }
 
 // TestOnlyTheExecutorDispatchedToReports is issue 9 §3: each dispatch is
 // bound to the executor identity the authority verified when it handed the

@@ -165,6 +165,8 @@ type Signer interface {
 type Source interface {
 	Resolve(ctx context.Context, repo policy.Repository, rev string) (source.Revision, error)
 	Archive(ctx context.Context, repo policy.Repository, commit string, w io.Writer) error
+	// CommitObject returns the commit object of commit, as git stores it.
+	CommitObject(ctx context.Context, repo policy.Repository, commit string) ([]byte, error)
 }
 
 // RunState is the executor's view of a run.
@@ -631,7 +633,7 @@ func (s *Service) Cancel(ctx context.Context, caller identity.ID, id, reason str
 
 // SourceWriter receives a job's source: the header, then the archive.
 type SourceWriter interface {
-	Header(commit, tree string) error
+	Header(commit, tree string, commitObject []byte) error
 	io.Writer
 }
 
@@ -663,7 +665,11 @@ func (s *Service) FetchSource(ctx context.Context, caller identity.ID, id string
 	if !ok {
 		return fmt.Errorf("%w: repository %q is no longer in tenant %q's policy", errdefs.ErrFailedPrecondition, j.Repository, j.Tenant)
 	}
-	hw := &headerFirst{w: w, commit: j.Commit, tree: j.TreeHash}
+	obj, err := s.cfg.Source.CommitObject(ctx, repo, j.Commit)
+	if err != nil {
+		return err
+	}
+	hw := &headerFirst{w: w, commit: j.Commit, tree: j.TreeHash, object: obj}
 	if err := s.cfg.Source.Archive(ctx, repo, j.Commit, hw); err != nil {
 		return err
 	}
@@ -688,6 +694,7 @@ func (s *Service) repository(j store.Job) (policy.Repository, bool) {
 type headerFirst struct {
 	w            SourceWriter
 	commit, tree string
+	object       []byte
 	sent         bool
 }
 
@@ -696,7 +703,7 @@ func (h *headerFirst) ensureHeader() error {
 		return nil
 	}
 	h.sent = true
-	return h.w.Header(h.commit, h.tree)
+	return h.w.Header(h.commit, h.tree, h.object)
 }
 
 func (h *headerFirst) Write(p []byte) (int, error) {

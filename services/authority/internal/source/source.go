@@ -171,26 +171,49 @@ func (s *Source) Archive(ctx context.Context, repo policy.Repository, commit str
 	if !isFullSHA(commit) {
 		return fmt.Errorf("%w: commit %q is not a full SHA", errdefs.ErrInvalidArgument, commit)
 	}
-	gitDir, err := s.archiveDir(ctx, repo)
+	gitDir, err := s.commitDir(ctx, repo, commit)
 	if err != nil {
 		return err
+	}
+	_, err = s.git(ctx, repo, gitDir, nil, w, "archive", "--format=tar", "--end-of-options", commit)
+	return err
+}
+
+// commitDir returns the git directory to read commit from, fetching again
+// if the mirror lost it.
+func (s *Source) commitDir(ctx context.Context, repo policy.Repository, commit string) (string, error) {
+	gitDir, err := s.archiveDir(ctx, repo)
+	if err != nil {
+		return "", err
 	}
 	if _, err := s.git(ctx, repo, gitDir, nil, nil, "cat-file", "-e", "--end-of-options", commit+"^{commit}"); err != nil {
 		var exit *exec.ExitError
 		if !errors.As(err, &exit) {
-			return err
+			return "", err
 		}
 		if repo.IsLocal() {
-			return fmt.Errorf("%w: commit %s is no longer in repository %q", errdefs.ErrFailedPrecondition, commit, repo.Name)
+			return "", fmt.Errorf("%w: commit %s is no longer in repository %q", errdefs.ErrFailedPrecondition, commit, repo.Name)
 		}
 		// The mirror may have been lost with the data directory; fetch
 		// again before giving up.
 		if _, err := s.Resolve(ctx, repo, commit); err != nil {
-			return fmt.Errorf("%w: commit %s is no longer in repository %q", errdefs.ErrFailedPrecondition, commit, repo.Name)
+			return "", fmt.Errorf("%w: commit %s is no longer in repository %q", errdefs.ErrFailedPrecondition, commit, repo.Name)
 		}
 	}
-	_, err = s.git(ctx, repo, gitDir, nil, w, "archive", "--format=tar", "--end-of-options", commit)
-	return err
+	return gitDir, nil
+}
+
+// CommitObject returns commit's commit object as git stores it (the bytes
+// git cat-file commit prints), for the job's own .git.
+func (s *Source) CommitObject(ctx context.Context, repo policy.Repository, commit string) ([]byte, error) {
+	if !isFullSHA(commit) {
+		return nil, fmt.Errorf("%w: commit %q is not a full SHA", errdefs.ErrInvalidArgument, commit)
+	}
+	gitDir, err := s.commitDir(ctx, repo, commit)
+	if err != nil {
+		return nil, err
+	}
+	return s.git(ctx, repo, gitDir, nil, nil, "cat-file", "commit", commit)
 }
 
 // plainAttributes switches off every attribute that would make an archive

@@ -55,7 +55,7 @@ func (c *Client) FetchSource(ctx context.Context, jobID string) (stage.Header, i
 		cancel()
 		return stage.Header{}, nil, fmt.Errorf("authority: source format %q, want tar", h.GetFormat())
 	}
-	return stage.Header{Commit: h.GetCommit(), TreeHash: h.GetTreeHash()}, &chunkReader{stream: stream, cancel: cancel}, nil
+	return stage.Header{Commit: h.GetCommit(), TreeHash: h.GetTreeHash(), CommitObject: h.GetCommitObject()}, &chunkReader{stream: stream, cancel: cancel}, nil
 }
 
 // chunkReader turns the stream's chunks into a reader.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 	"github.com/airlockhq/airlock/services/executor/internal/stage"
+	"github.com/airlockhq/airlock/services/executor/internal/worktree"
 )
 
 // execute runs one job from staging to report.
@@ -41,7 +43,7 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		fail(fmt.Errorf("stage source: %w", err))
 		return
 	}
-	sb, err := m.makeSandbox(ctx, e, src.Dir)
+	sb, err := m.makeSandbox(ctx, e, src)
 	if err != nil {
 		fail(err)
 		return
@@ -139,8 +141,11 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 	}
 	result.FilesChanged, result.Insertions, result.Deletions = stat.FilesChanged, stat.Insertions, stat.Deletions
 	result.PatchSize = int64(len(patch))
-	if len(stat.GitPaths) > 0 {
-		note := fmt.Sprintf("left out of the patch: %d .git entries (%s)", len(stat.GitPaths), strings.Join(stat.GitPaths, ", "))
+	// The .git the job was given is its own to change; others it made
+	// are worth a word.
+	gitPaths := slices.DeleteFunc(stat.GitPaths, func(p string) bool { return p == ".git" && src.GitObjects != "" })
+	if len(gitPaths) > 0 {
+		note := fmt.Sprintf("left out of the patch: %d .git entries (%s)", len(gitPaths), strings.Join(gitPaths, ", "))
 		result.Message = strings.TrimPrefix(result.Message+"; "+note, "; ")
 	}
 	if err := m.writeBundle(e, g, result, patch, stat.Files, sb.OutDir()); err != nil {
@@ -159,21 +164,22 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 
 // makeSandbox makes the job's network namespace and sandbox from the grant
 // in force, which no Update changes meanwhile.
-func (m *Manager) makeSandbox(ctx context.Context, e *entry, source string) (*sandbox.Sandbox, error) {
+func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source) (*sandbox.Sandbox, error) {
 	e.updateMu.Lock()
 	defer e.updateMu.Unlock()
 	m.mu.Lock()
 	g := e.grant
 	m.mu.Unlock()
 	spec := sandbox.Spec{
-		ID:      g.GetJobId(),
-		Class:   sandbox.Class(classOf(g.GetRuntimeClass())),
-		Source:  source,
-		Command: g.GetCommand(),
-		Env:     g.GetEnv(),
-		Limits:  limitsOf(g.GetLimits()),
-		Stdout:  e.stdout,
-		Stderr:  e.stderr,
+		ID:         g.GetJobId(),
+		Class:      sandbox.Class(classOf(g.GetRuntimeClass())),
+		Source:     src.Dir,
+		GitObjects: src.GitObjects,
+		Command:    g.GetCommand(),
+		Env:        g.GetEnv(),
+		Limits:     limitsOf(g.GetLimits()),
+		Stdout:     e.stdout,
+		Stderr:     e.stderr,
 	}
 	var (
 		n  *netpolicy.Net
@@ -221,6 +227,12 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, source string) (*sa
 			m.closeNet(n)
 		}
 		return nil, fmt.Errorf("create sandbox: %w", err)
+	}
+	if src.GitObjects != "" {
+		// The job's own .git at its base commit; the patch never reads it.
+		if err := worktree.SeedGitDir(sb.WorkDir(), g.GetCommit(), src.Index, int(m.cfg.Sandbox.UIDBase())); err != nil {
+			m.cfg.Logger.Warn("the job gets no .git", "job_id", g.GetJobId(), "error", err)
+		}
 	}
 	e.sb, e.net, e.egress = sb, n, eg
 	return sb, nil

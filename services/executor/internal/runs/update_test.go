@@ -144,6 +144,8 @@ func newHarnessWith(t *testing.T, gated bool, capacity Capacity) (*harness, func
 		hdr: stage.Header{
 			Commit:   strings.TrimSpace(git(t, repo, "rev-parse", "HEAD")),
 			TreeHash: strings.TrimSpace(git(t, repo, "rev-parse", "HEAD^{tree}")),
+			// The authority sends the commit object for the job's .git.
+			CommitObject: []byte(git(t, repo, "cat-file", "commit", "HEAD")),
 		},
 		archive: []byte(git(t, repo, "archive", "--format=tar", "HEAD")),
 	}

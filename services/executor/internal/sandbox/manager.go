@@ -171,6 +171,9 @@ func New(cfg Config) (*Manager, error) {
 	return m, nil
 }
 
+// UIDBase is the host uid (and gid) of root inside every sandbox.
+func (m *Manager) UIDBase() uint32 { return m.cfg.UIDBase }
+
 // TemplateVersion is the digest of the root filesystem template definition.
 func (m *Manager) TemplateVersion() string { return m.tmpl.version }
 
@@ -229,6 +232,11 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	}
 	if err := checkNetNS(spec.NetNS); err != nil {
 		return nil, err
+	}
+	if spec.GitObjects != "" {
+		if fi, err := os.Stat(spec.GitObjects); err != nil || !fi.IsDir() {
+			return nil, invalid("spec.git_objects %q: not a directory", spec.GitObjects)
+		}
 	}
 	spec.Command = append([]string(nil), spec.Command...)
 	s := &Sandbox{
@@ -320,6 +328,7 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		shmSizeBytes: min(64<<20, spec.Limits.MemoryBytes/2),
 		netNS:        spec.NetNS,
 		resolvConf:   resolvConf,
+		gitObjects:   spec.GitObjects,
 		class:        spec.Class,
 	})
 	data, err := json.Marshal(cfg)

@@ -146,6 +146,8 @@ type bundleInputs struct {
 	// resolvConf, if set, is the host file bound read-only over the
 	// template's empty /etc/resolv.conf.
 	resolvConf string
+	// gitObjects, if set, is bound read-only at /.airlock/git-objects.
+	gitObjects string
 	class      Class
 }
 
@@ -172,6 +174,9 @@ func ociSpec(in bundleInputs) *specs.Spec {
 		{"/work", in.work}, {"/tmp", in.tmp}, {"/out", in.out}, {"/root", in.home},
 	} {
 		mounts = append(mounts, specs.Mount{Destination: b.dst, Type: "bind", Source: b.src, Options: []string{"bind", "rw", nosuid, nodev}})
+	}
+	if in.gitObjects != "" {
+		mounts = append(mounts, specs.Mount{Destination: "/.airlock/git-objects", Type: "bind", Source: in.gitObjects, Options: []string{"rbind", "ro", nosuid, nodev, noexec}})
 	}
 	if in.resolvConf != "" {
 		mounts = append(mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: in.resolvConf, Options: []string{"bind", "ro", nosuid, nodev, noexec}})

@@ -36,7 +36,7 @@ var etcFiles = []templateEntry{
 // Directories the runtime mounts over. The root is read-only and owned by
 // the host's root, so the runtime, running as the sandbox's root, could not
 // create them itself.
-var mountPoints = []string{"dev", "etc", "out", "proc", "root", "sys", "tmp", "usr", "work"}
+var mountPoints = []string{".airlock", ".airlock/git-objects", "dev", "etc", "out", "proc", "root", "sys", "tmp", "usr", "work"}
 
 // templateEntry is one node of the root filesystem, relative to its root.
 type templateEntry struct {

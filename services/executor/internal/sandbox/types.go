@@ -71,6 +71,9 @@ type Spec struct {
 	// executor's DNS server for the job, at most three); none leaves it
 	// empty, as a job with no way to a resolver needs.
 	Nameservers []netip.Addr
+	// GitObjects, if set, is a host directory of git objects mounted
+	// read-only at /.airlock/git-objects (the alternates of the job's .git).
+	GitObjects string
 	// Stdout and Stderr receive the job's output as it runs. Nil discards.
 	Stdout, Stderr io.Writer
 }
@@ -166,6 +169,9 @@ func (s *Spec) validateBody() error {
 	}
 	if err := CheckCommand("spec.command", "spec.env", s.Command, s.Env); err != nil {
 		return err
+	}
+	if s.GitObjects != "" && (!strings.HasPrefix(s.GitObjects, "/") || strings.ContainsAny(s.GitObjects, ",:\\\n")) {
+		return invalid("spec.git_objects %q: must be an absolute path without ',', ':', '\\' or a newline", s.GitObjects)
 	}
 	if len(s.Nameservers) > 3 {
 		return invalid("spec.nameservers: %d given, at most 3 (the resolver reads no more)", len(s.Nameservers))

@@ -48,6 +48,9 @@ func (k Key) validate() error {
 // Header is what the authority says about the tree it streams.
 type Header struct {
 	Commit, TreeHash string
+	// CommitObject is the commit object itself, for the job's .git; nil
+	// when the authority sent none.
+	CommitObject []byte
 }
 
 // FetchFunc opens the authority's stream of the tree as a tar archive.
@@ -66,6 +69,9 @@ type Source struct {
 	Index string
 	// Cached is true when no fetch was needed.
 	Cached bool
+	// GitObjects, if set, is a git objects directory holding exactly the
+	// commit, its tree and their blobs (for the job's own .git).
+	GitObjects string
 }
 
 // Cache holds retained sources under Root.
@@ -111,8 +117,13 @@ func (c *Cache) Get(ctx context.Context, k Key, fetch FetchFunc) (*Source, error
 	}
 	dir := filepath.Join(repoDir, "trees", k.Commit)
 	ready := dir + ".ready"
+	objects := dir + ".objects"
 	if data, err := os.ReadFile(ready); err == nil {
-		return &Source{Dir: dir, TreeHash: strings.TrimSpace(string(data)), Repo: repo, Index: dir + ".index", Cached: true}, nil
+		src := &Source{Dir: dir, TreeHash: strings.TrimSpace(string(data)), Repo: repo, Index: dir + ".index", Cached: true}
+		if _, err := os.Stat(objects + ".ready"); err == nil {
+			src.GitObjects = objects
+		}
+		return src, nil
 	}
 	// A tree without its ready marker is a leftover of an interrupted
 	// fetch: start over rather than trust any of it.
@@ -120,6 +131,10 @@ func (c *Cache) Get(ctx context.Context, k Key, fetch FetchFunc) (*Source, error
 		return nil, err
 	}
 	os.Remove(dir + ".index")
+	os.Remove(objects + ".ready")
+	if err := os.RemoveAll(objects); err != nil {
+		return nil, err
+	}
 	hdr, rc, err := fetch(ctx)
 	if err != nil {
 		return nil, err
@@ -144,10 +159,24 @@ func (c *Cache) Get(ctx context.Context, k Key, fetch FetchFunc) (*Source, error
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("stage %s@%s: %w: got tree %s, the commit's is %s", k.Repository, k.Commit, worktree.ErrTreeMismatch, tree, hdr.TreeHash)
 	}
+	src := &Source{Dir: dir, TreeHash: tree, Repo: repo, Index: dir + ".index"}
+	if hdr.CommitObject != nil {
+		// A commit object that is not the commit is refused outright: the
+		// authority (or what stands between) sent something false.
+		if err := repo.PackCommit(ctx, k.Commit, tree, hdr.CommitObject, objects); err != nil {
+			os.RemoveAll(dir)
+			os.RemoveAll(objects)
+			return nil, fmt.Errorf("stage %s@%s: %w", k.Repository, k.Commit, err)
+		}
+		if err := writeMarker(objects+".ready", k.Commit); err != nil {
+			return nil, err
+		}
+		src.GitObjects = objects
+	}
 	if err := writeMarker(ready, tree); err != nil {
 		return nil, err
 	}
-	return &Source{Dir: dir, TreeHash: tree, Repo: repo, Index: dir + ".index"}, nil
+	return src, nil
 }
 
 func writeMarker(path, content string) error {
