@@ -111,6 +111,16 @@ func (s *Sandbox) Exec(ctx context.Context, x ExecSpec) (ExecResult, error) {
 		return res, err
 	}
 	proc.Args = x.Argv
+	if s.rt.class == ClassRunc {
+		// runc copies a command's output through pipes of its own and
+		// returns only once every holder has closed them, so a process
+		// left running in the background would hold the exec open. The
+		// command gets ours instead, as fds 3 and 4 (--preserve-fds),
+		// put in place of its stdout and stderr before it starts; runc's
+		// pipes are then held by nothing and it returns as the command
+		// exits.
+		proc.Args = append([]string{"/bin/sh", "-c", `exec 1>&3 2>&4 3>&- 4>&-; exec "$@"`, "airlock-exec"}, x.Argv...)
+	}
 	env := maps.Clone(s.spec.Env)
 	if env == nil {
 		env = map[string]string{}
@@ -199,6 +209,9 @@ func (s *Sandbox) exec(ctx context.Context, x ExecSpec, res ExecResult, procFile
 	args := s.rt.global(logPath)
 	args = append(args, "exec", "--process", procFile, "--pid-file", pidFile)
 	internalPid := ""
+	if s.rt.class == ClassRunc {
+		args = append(args, "--preserve-fds", "2")
+	}
 	if s.rt.class == ClassRunsc {
 		internalPid = pidFile + ".internal"
 		defer os.Remove(internalPid)
@@ -209,7 +222,11 @@ func (s *Sandbox) exec(ctx context.Context, x ExecSpec, res ExecResult, procFile
 	cmd.Env = runtimeEnv
 	cmd.Dir = s.dir
 	cmd.Stdin = x.Stdin
-	cmd.Stdout, cmd.Stderr = outW, errW
+	if s.rt.class == ClassRunc {
+		cmd.ExtraFiles = []*os.File{outW, errW}
+	} else {
+		cmd.Stdout, cmd.Stderr = outW, errW
+	}
 	// The runtime process leads a group of its own, so a terminal's
 	// signals to the executor do not reach it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

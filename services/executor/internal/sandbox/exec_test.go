@@ -170,3 +170,59 @@ func TestExecValidates(t *testing.T) {
 		}
 	}
 }
+
+// TestRestart: a sandbox restarted after its Run keeps /work's changes and
+// /out, and nothing else: /tmp, $HOME and processes are gone.
+func TestRestart(t *testing.T) {
+	e := newEnv(t)
+	src := e.source(t, map[string]string{"README": "hello\n"})
+	for _, c := range testClasses(t, e) {
+		t.Run(string(c), func(t *testing.T) {
+			id := fmt.Sprintf("sess-%d", testSeq.Add(1))
+			lim := defaultLimits
+			lim.Deadline = 2 * time.Minute
+			sb, err := e.m.Create(context.Background(), Spec{ID: id, Class: c, Source: src, Command: IdleCommand, Limits: lim})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if err := sb.Destroy(); err != nil {
+					t.Errorf("Destroy: %v", err)
+				}
+			})
+			runFor := func(f func()) Result {
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan Result, 1)
+				go func() { res, _ := sb.Run(ctx); done <- res }()
+				f()
+				cancel()
+				return <-done
+			}
+			ctx := context.Background()
+			runFor(func() {
+				r := runExec(t, ctx, sb, ExecSpec{Argv: []string{"sh", "-c", "echo kept >> README; mkdir -p /out/r; echo out > /out/r/x; echo t > /tmp/t; echo h > /root/h; (sleep 1000 &) ; echo ok"}})
+				// The sleep it leaves running holds nothing open.
+				if r.stdout != "ok\n" || r.res.Reason != ReasonExited || r.res.WallTime > 10*time.Second {
+					t.Fatalf("setup: %+v %q", r.res, r.stderr)
+				}
+			})
+			if err := sb.Restart(); err != nil {
+				t.Fatalf("Restart: %v", err)
+			}
+			var after execRan
+			runFor(func() {
+				after = runExec(t, ctx, sb, ExecSpec{Argv: []string{"sh", "-c",
+					`cat /work/README /out/r/x; ls -A /tmp /root; for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 1000' || true`}})
+			})
+			if after.stdout != "hello\nkept\nout\n/root:\n\n/tmp:\n0\n" && after.stdout != "hello\nkept\nout\n/root:\n/tmp:\n0\n" {
+				t.Fatalf("after Restart: %q", after.stdout)
+			}
+			if err := sb.Restart(); err != nil {
+				t.Fatal(err)
+			}
+			if err := sb.Restart(); err == nil {
+				t.Fatal("Restart of a sandbox not run since: allowed")
+			}
+		})
+	}
+}

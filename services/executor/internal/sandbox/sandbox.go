@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -64,6 +65,10 @@ type Sandbox struct {
 	// deadlineChanged wakes a running Run to re-arm its deadline from
 	// spec.Limits (UpdateLimits).
 	deadlineChanged chan struct{}
+
+	// firstStart is when Run first started the job: the deadline counts
+	// from it, across Restart.
+	firstStart time.Time
 
 	// Exec's: a sequence for its files, and the bundle's process spec,
 	// read once, the template of every exec's.
@@ -153,6 +158,14 @@ func (s *Sandbox) run(ctx context.Context, res Result) (Result, error) {
 	// not reach it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	start := time.Now()
+	// The deadline counts from the first Run: a restarted sandbox
+	// (Restart) has what is left of it.
+	s.mu.Lock()
+	if s.firstStart.IsZero() {
+		s.firstStart = start
+	}
+	first := s.firstStart
+	s.mu.Unlock()
 	err = cmd.Start()
 	outW.Close()
 	errW.Close()
@@ -191,7 +204,7 @@ func (s *Sandbox) run(ctx context.Context, res Result) (Result, error) {
 	waitErr := make(chan error, 1)
 	go func() { waitErr <- cmd.Wait() }()
 
-	deadline := time.NewTimer(s.limits().Deadline)
+	deadline := time.NewTimer(untilDeadline(first, time.Now(), s.limits().Deadline))
 	defer deadline.Stop()
 	var stopped Reason
 	// Once stopping, the cgroup is swept again on every tick: a kill that
@@ -231,14 +244,14 @@ wait:
 			// The timer may have fired just as UpdateLimits extended the
 			// deadline (select picks either at random): only the deadline
 			// in force now counts.
-			if left := untilDeadline(start, time.Now(), s.limits().Deadline); left > 0 {
+			if left := untilDeadline(first, time.Now(), s.limits().Deadline); left > 0 {
 				deadline.Reset(left)
 				continue
 			}
 			kill(ReasonTimeout)
 		case <-s.deadlineChanged:
 			// Counted from the start: a deadline already past fires now.
-			deadline.Reset(untilDeadline(start, time.Now(), s.limits().Deadline))
+			deadline.Reset(untilDeadline(first, time.Now(), s.limits().Deadline))
 		case <-done:
 			done = nil
 			kill(ReasonCancelled)
@@ -351,6 +364,42 @@ func exitCode(err error) int {
 		return 128 + int(ws.Signal())
 	}
 	return ee.ExitCode()
+}
+
+// Restart makes a sandbox whose Run has returned ready to Run again, as a
+// fresh sandbox on the same /work and /out: what the job changed in /work
+// and wrote to /out stays; /tmp and $HOME are emptied; no process
+// survived the end of Run. The deadline still counts from the first Run.
+func (s *Sandbox) Restart() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != stateFinished {
+		return fmt.Errorf("%w: sandbox %s: Restart needs a sandbox whose Run has returned", errdefs.ErrFailedPrecondition, s.spec.ID)
+	}
+	if s.rt.hasState(s.spec.ID) {
+		if err := s.rt.forceDelete(s.spec.ID); err != nil {
+			return err
+		}
+	}
+	for _, d := range []string{scratchTmp, scratchHome} {
+		dir := filepath.Join(s.scr.point, d)
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+				return fmt.Errorf("sandbox %s: restart: empty %s: %w", s.spec.ID, d, err)
+			}
+		}
+	}
+	for _, p := range []string{s.pidFile, s.logPath} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	s.state, s.ending = stateCreated, false
+	return nil
 }
 
 // Destroy kills anything of the job still running, then unmounts and
