@@ -118,12 +118,29 @@ func TestSessionEndToEnd(t *testing.T) {
 		t.Fatalf("session ls: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
 	}
 
+	// Suspend and resume: /work changes and /out stay, /tmp goes.
+	if r := exec("tmp", "sh", "-c", "echo t > /tmp/t"); r.code != 0 {
+		t.Fatalf("tmp: exit %d", r.code)
+	}
+	if r := s.airlock(t, "session", "suspend", id); r.code != 0 || !strings.Contains(r.stdout, "suspended") {
+		t.Fatalf("session suspend: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	if r := exec("while-suspended", "true"); r.code == 0 || !strings.Contains(r.stderr, "suspended") {
+		t.Fatalf("an exec in a suspended session: exit %d\n%s", r.code, r.stderr)
+	}
+	if r := s.airlock(t, "session", "resume", id); r.code != 0 || !strings.Contains(r.stdout, "running") {
+		t.Fatalf("session resume: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	if r := exec("after-resume", "sh", "-c", "cat /work/notes.txt /out/r/report.txt; ls -A /tmp"); r.code != 0 || r.stdout != "from the client\nreport\n" {
+		t.Fatalf("after resume: exit %d %q\n%s", r.code, r.stdout, r.stderr)
+	}
+
 	res = s.airlock(t, "session", "get", id, "-o", "json")
 	got := &authorityv1.GetSessionResponse{}
 	if err := protojson.Unmarshal([]byte(res.stdout), got); res.code != 0 || err != nil {
 		t.Fatalf("session get: exit %d, %v\n%s", res.code, err, res.stderr)
 	}
-	wantIDs := []string{"test-1", "edit", "test-2", "append", "slow", "count", "hostile", "plant"}
+	wantIDs := []string{"test-1", "edit", "test-2", "append", "slow", "count", "hostile", "plant", "tmp", "after-resume"}
 	if len(got.GetExecs()) != len(wantIDs) {
 		t.Fatalf("session get lists %d execs, want %d", len(got.GetExecs()), len(wantIDs))
 	}

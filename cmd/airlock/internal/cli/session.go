@@ -39,7 +39,7 @@ is unknown (a dropped connection, a killed CLI) is retried safely with
 session exec --exec-id ID, or followed with session watch.`,
 	}
 	cmd.AddCommand(newSessionCreate(g), newSessionExec(g), newSessionWatch(g), newSessionGet(g), newSessionList(g),
-		newSessionFinish(g), newSessionCancel(g), newSessionCp(g), newSessionLs(g))
+		newSessionFinish(g), newSessionCancel(g), newSessionCp(g), newSessionLs(g), newSessionSuspend(g), newSessionResume(g))
 	return cmd
 }
 
@@ -368,7 +368,11 @@ func newSessionGet(g *globals) *cobra.Command {
 				fmt.Fprintf(w, "session    %s\n", termtext.Line(s.GetJobId()))
 				fmt.Fprintf(w, "repository %s @ %s (%s)\n", termtext.Line(s.GetSpec().GetRepository()), termtext.Line(s.GetSpec().GetRevision()),
 					termtext.Line(short(s.GetCommit())))
-				fmt.Fprintf(w, "state      %s\n", strings.ToLower(strings.TrimPrefix(s.GetState().String(), "JOB_STATE_")))
+				state := strings.ToLower(strings.TrimPrefix(s.GetState().String(), "JOB_STATE_"))
+				if resp.GetSuspended() {
+					state += ", suspended"
+				}
+				fmt.Fprintf(w, "state      %s\n", state)
 				writeLimits(w, s)
 				writeExecs(w, resp.GetExecs())
 				if terminal(s.GetState()) {
@@ -660,4 +664,66 @@ func newSessionLs(g *globals) *cobra.Command {
 	}
 	cmd.Flags().BoolVarP(&recursive, "recursive", "R", false, "list everything below")
 	return cmd
+}
+
+func newSessionSuspend(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "suspend SESSION",
+		Short: "Stop a session's sandbox, keeping only its /work changes and /out",
+		Long: `Suspends a session: its sandbox stops, every exec in it ends cancelled and
+every process is gone. Its /work changes and /out are kept for resume;
+/tmp and $HOME are not. A suspended session's deadline counts on; its idle
+timeout does not. It can be resumed, finished or cancelled.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return suspendOrResume(cmd.Context(), g, args[0], true)
+		},
+	}
+}
+
+func newSessionResume(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "resume SESSION",
+		Short: "Start a suspended session's sandbox again, fresh, with its /work changes and /out",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return suspendOrResume(cmd.Context(), g, args[0], false)
+		},
+	}
+}
+
+// suspendOrResume asks for either and waits until the session is there.
+func suspendOrResume(ctx context.Context, g *globals, id string, suspend bool) error {
+	client, _, done, err := g.authority()
+	if err != nil {
+		return err
+	}
+	defer done()
+	if suspend {
+		_, err = client.SuspendSession(ctx, &authorityv1.SuspendSessionRequest{SessionId: id})
+	} else {
+		_, err = client.ResumeSession(ctx, &authorityv1.ResumeSessionRequest{SessionId: id})
+	}
+	if err != nil {
+		return rpcError(err)
+	}
+	for {
+		resp, err := client.GetSession(ctx, &authorityv1.GetSessionRequest{SessionId: id})
+		if err != nil {
+			return rpcError(err)
+		}
+		s := resp.GetSession()
+		if terminal(s.GetState()) {
+			return remoteError{fmt.Errorf("session %s ended: %s", termtext.Line(id), termtext.Line(outcome(s)))}
+		}
+		if resp.GetSuspended() == suspend {
+			word := map[bool]string{true: "suspended", false: "running"}[suspend]
+			return g.printProto(resp, func(w io.Writer) { fmt.Fprintf(w, "session %s %s\n", termtext.Line(id), word) })
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }

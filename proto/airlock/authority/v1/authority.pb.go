@@ -5411,7 +5411,10 @@ type GetSessionResponse struct {
 	Session *Job `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
 	// Its execs, first to last; empty once the session has ended and its
 	// executor no longer has it (the result bundle keeps every record).
-	Execs         []*v1.Exec `protobuf:"bytes,2,rep,name=execs,proto3" json:"execs,omitempty"`
+	Execs []*v1.Exec `protobuf:"bytes,2,rep,name=execs,proto3" json:"execs,omitempty"`
+	// The session's sandbox is suspended (SuspendSession); its state stays
+	// RUNNING.
+	Suspended     bool `protobuf:"varint,3,opt,name=suspended,proto3" json:"suspended,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5458,6 +5461,13 @@ func (x *GetSessionResponse) GetExecs() []*v1.Exec {
 		return x.Execs
 	}
 	return nil
+}
+
+func (x *GetSessionResponse) GetSuspended() bool {
+	if x != nil {
+		return x.Suspended
+	}
+	return false
 }
 
 // ListSessionsRequest asks for a tenant's sessions.
@@ -6714,6 +6724,190 @@ func (x *ListFilesResponse) GetTruncated() bool {
 	return false
 }
 
+// SuspendSessionRequest names a session to suspend.
+type SuspendSessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionId     string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SuspendSessionRequest) Reset() {
+	*x = SuspendSessionRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SuspendSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SuspendSessionRequest) ProtoMessage() {}
+
+func (x *SuspendSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SuspendSessionRequest.ProtoReflect.Descriptor instead.
+func (*SuspendSessionRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{88}
+}
+
+func (x *SuspendSessionRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+// SuspendSessionResponse returns the session as suspending began.
+type SuspendSessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session.
+	Session       *Job `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SuspendSessionResponse) Reset() {
+	*x = SuspendSessionResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SuspendSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SuspendSessionResponse) ProtoMessage() {}
+
+func (x *SuspendSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SuspendSessionResponse.ProtoReflect.Descriptor instead.
+func (*SuspendSessionResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{89}
+}
+
+func (x *SuspendSessionResponse) GetSession() *Job {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+// ResumeSessionRequest names a session to resume.
+type ResumeSessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionId     string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeSessionRequest) Reset() {
+	*x = ResumeSessionRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeSessionRequest) ProtoMessage() {}
+
+func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeSessionRequest.ProtoReflect.Descriptor instead.
+func (*ResumeSessionRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{90}
+}
+
+func (x *ResumeSessionRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+// ResumeSessionResponse returns the session as resuming began.
+type ResumeSessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session.
+	Session       *Job `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeSessionResponse) Reset() {
+	*x = ResumeSessionResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeSessionResponse) ProtoMessage() {}
+
+func (x *ResumeSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeSessionResponse.ProtoReflect.Descriptor instead.
+func (*ResumeSessionResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{91}
+}
+
+func (x *ResumeSessionResponse) GetSession() *Job {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
 var File_airlock_authority_v1_authority_proto protoreflect.FileDescriptor
 
 const file_airlock_authority_v1_authority_proto_rawDesc = "" +
@@ -7095,10 +7289,11 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\acreated\x18\x02 \x01(\bR\acreated\"2\n" +
 	"\x11GetSessionRequest\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\tR\tsessionId\"w\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\"\x95\x01\n" +
 	"\x12GetSessionResponse\x123\n" +
 	"\asession\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\asession\x12,\n" +
-	"\x05execs\x18\x02 \x03(\v2\x16.airlock.types.v1.ExecR\x05execs\"\xa1\x01\n" +
+	"\x05execs\x18\x02 \x03(\v2\x16.airlock.types.v1.ExecR\x05execs\x12\x1c\n" +
+	"\tsuspended\x18\x03 \x01(\bR\tsuspended\"\xa1\x01\n" +
 	"\x13ListSessionsRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x126\n" +
 	"\x06states\x18\x02 \x03(\x0e2\x1e.airlock.authority.v1.JobStateR\x06states\x12\x1b\n" +
@@ -7174,7 +7369,17 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\trecursive\x18\x03 \x01(\bR\trecursive\"h\n" +
 	"\x11ListFilesResponse\x125\n" +
 	"\aentries\x18\x01 \x03(\v2\x1b.airlock.types.v1.FileEntryR\aentries\x12\x1c\n" +
-	"\ttruncated\x18\x02 \x01(\bR\ttruncated*\xb0\x01\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"6\n" +
+	"\x15SuspendSessionRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\"M\n" +
+	"\x16SuspendSessionResponse\x123\n" +
+	"\asession\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\asession\"5\n" +
+	"\x14ResumeSessionRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\"L\n" +
+	"\x15ResumeSessionResponse\x123\n" +
+	"\asession\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\asession*\xb0\x01\n" +
 	"\bJobState\x12\x19\n" +
 	"\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n" +
@@ -7220,7 +7425,7 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x19AUDIT_OUTCOME_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15AUDIT_OUTCOME_ALLOWED\x10\x01\x12\x18\n" +
 	"\x14AUDIT_OUTCOME_DENIED\x10\x02\x12\x18\n" +
-	"\x14AUDIT_OUTCOME_FAILED\x10\x032\x9c\x1b\n" +
+	"\x14AUDIT_OUTCOME_FAILED\x10\x032\xf3\x1c\n" +
 	"\x10AuthorityService\x12\\\n" +
 	"\tSubmitJob\x12&.airlock.authority.v1.SubmitJobRequest\x1a'.airlock.authority.v1.SubmitJobResponse\x12S\n" +
 	"\x06GetJob\x12#.airlock.authority.v1.GetJobRequest\x1a$.airlock.authority.v1.GetJobResponse\x12e\n" +
@@ -7233,7 +7438,9 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"GetSession\x12'.airlock.authority.v1.GetSessionRequest\x1a(.airlock.authority.v1.GetSessionResponse\x12e\n" +
 	"\fListSessions\x12).airlock.authority.v1.ListSessionsRequest\x1a*.airlock.authority.v1.ListSessionsResponse\x12h\n" +
 	"\rFinishSession\x12*.airlock.authority.v1.FinishSessionRequest\x1a+.airlock.authority.v1.FinishSessionResponse\x12h\n" +
-	"\rCancelSession\x12*.airlock.authority.v1.CancelSessionRequest\x1a+.airlock.authority.v1.CancelSessionResponse\x12\\\n" +
+	"\rCancelSession\x12*.airlock.authority.v1.CancelSessionRequest\x1a+.airlock.authority.v1.CancelSessionResponse\x12k\n" +
+	"\x0eSuspendSession\x12+.airlock.authority.v1.SuspendSessionRequest\x1a,.airlock.authority.v1.SuspendSessionResponse\x12h\n" +
+	"\rResumeSession\x12*.airlock.authority.v1.ResumeSessionRequest\x1a+.airlock.authority.v1.ResumeSessionResponse\x12\\\n" +
 	"\tStartExec\x12&.airlock.authority.v1.StartExecRequest\x1a'.airlock.authority.v1.StartExecResponse\x12V\n" +
 	"\aGetExec\x12$.airlock.authority.v1.GetExecRequest\x1a%.airlock.authority.v1.GetExecResponse\x12^\n" +
 	"\tWatchExec\x12&.airlock.authority.v1.WatchExecRequest\x1a'.airlock.authority.v1.WatchExecResponse0\x01\x12_\n" +
@@ -7274,7 +7481,7 @@ func file_airlock_authority_v1_authority_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_authority_v1_authority_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 89)
+var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 93)
 var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(JobState)(0),                        // 0: airlock.authority.v1.JobState
 	(FileStatus)(0),                      // 1: airlock.authority.v1.FileStatus
@@ -7372,36 +7579,40 @@ var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(*WriteFileResponse)(nil),            // 93: airlock.authority.v1.WriteFileResponse
 	(*ListFilesRequest)(nil),             // 94: airlock.authority.v1.ListFilesRequest
 	(*ListFilesResponse)(nil),            // 95: airlock.authority.v1.ListFilesResponse
-	nil,                                  // 96: airlock.authority.v1.JobSpec.EnvEntry
-	(*v1.ResourceLimits)(nil),            // 97: airlock.types.v1.ResourceLimits
-	(*v1.NetworkPolicy)(nil),             // 98: airlock.types.v1.NetworkPolicy
-	(v1.RuntimeClass)(0),                 // 99: airlock.types.v1.RuntimeClass
-	(*v1.PublishTarget)(nil),             // 100: airlock.types.v1.PublishTarget
-	(*v1.SessionSpec)(nil),               // 101: airlock.types.v1.SessionSpec
-	(*timestamppb.Timestamp)(nil),        // 102: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),                 // 103: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil),       // 104: airlock.types.v1.NetworkPolicyStatus
-	(*v1.OutputChunk)(nil),               // 105: airlock.types.v1.OutputChunk
-	(*v1.Exec)(nil),                      // 106: airlock.types.v1.Exec
-	(*durationpb.Duration)(nil),          // 107: google.protobuf.Duration
-	(*v1.ExecSpec)(nil),                  // 108: airlock.types.v1.ExecSpec
-	(*v1.FileHeader)(nil),                // 109: airlock.types.v1.FileHeader
-	(*v1.FileEntry)(nil),                 // 110: airlock.types.v1.FileEntry
+	(*SuspendSessionRequest)(nil),        // 96: airlock.authority.v1.SuspendSessionRequest
+	(*SuspendSessionResponse)(nil),       // 97: airlock.authority.v1.SuspendSessionResponse
+	(*ResumeSessionRequest)(nil),         // 98: airlock.authority.v1.ResumeSessionRequest
+	(*ResumeSessionResponse)(nil),        // 99: airlock.authority.v1.ResumeSessionResponse
+	nil,                                  // 100: airlock.authority.v1.JobSpec.EnvEntry
+	(*v1.ResourceLimits)(nil),            // 101: airlock.types.v1.ResourceLimits
+	(*v1.NetworkPolicy)(nil),             // 102: airlock.types.v1.NetworkPolicy
+	(v1.RuntimeClass)(0),                 // 103: airlock.types.v1.RuntimeClass
+	(*v1.PublishTarget)(nil),             // 104: airlock.types.v1.PublishTarget
+	(*v1.SessionSpec)(nil),               // 105: airlock.types.v1.SessionSpec
+	(*timestamppb.Timestamp)(nil),        // 106: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),                 // 107: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil),       // 108: airlock.types.v1.NetworkPolicyStatus
+	(*v1.OutputChunk)(nil),               // 109: airlock.types.v1.OutputChunk
+	(*v1.Exec)(nil),                      // 110: airlock.types.v1.Exec
+	(*durationpb.Duration)(nil),          // 111: google.protobuf.Duration
+	(*v1.ExecSpec)(nil),                  // 112: airlock.types.v1.ExecSpec
+	(*v1.FileHeader)(nil),                // 113: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),                 // 114: airlock.types.v1.FileEntry
 }
 var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
-	96,  // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
-	97,  // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
-	98,  // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	99,  // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	100, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
-	101, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
+	100, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
+	101, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
+	102, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	103, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	104, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
+	105, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
 	8,   // 6: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
 	0,   // 7: airlock.authority.v1.Job.state:type_name -> airlock.authority.v1.JobState
-	102, // 8: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	102, // 9: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	103, // 10: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
-	104, // 11: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	97,  // 12: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
+	106, // 8: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	106, // 9: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	107, // 10: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
+	108, // 11: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	101, // 12: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
 	8,   // 13: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
 	9,   // 14: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
 	9,   // 15: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
@@ -7410,37 +7621,37 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	0,   // 18: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
 	9,   // 19: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
 	9,   // 20: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
-	105, // 21: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
+	109, // 21: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
 	9,   // 22: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
 	23,  // 23: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
-	103, // 24: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
+	107, // 24: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
 	28,  // 25: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
 	1,   // 26: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
 	26,  // 27: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
 	27,  // 28: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
 	27,  // 29: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
 	30,  // 30: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
-	106, // 31: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
-	102, // 32: airlock.authority.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
+	110, // 31: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
+	106, // 32: airlock.authority.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
 	29,  // 33: airlock.authority.v1.EgressLog.records:type_name -> airlock.authority.v1.EgressRecord
 	31,  // 34: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
 	29,  // 35: airlock.authority.v1.EgressLog.last:type_name -> airlock.authority.v1.EgressRecord
 	9,   // 36: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
-	97,  // 37: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
-	97,  // 38: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
-	98,  // 39: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	98,  // 40: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	101, // 37: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
+	101, // 38: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
+	102, // 39: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	102, // 40: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
 	3,   // 41: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
-	102, // 42: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
-	100, // 43: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
+	106, // 42: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
+	104, // 43: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
 	2,   // 44: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
 	34,  // 45: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
-	102, // 46: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
-	102, // 47: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	106, // 46: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
+	106, // 47: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
 	4,   // 48: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
 	33,  // 49: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
-	103, // 50: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
-	98,  // 51: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	107, // 50: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
+	102, // 51: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
 	28,  // 52: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
 	5,   // 53: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
 	5,   // 54: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
@@ -7453,122 +7664,128 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	36,  // 61: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
 	3,   // 62: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
 	35,  // 63: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	100, // 64: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
+	104, // 64: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
 	35,  // 65: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
 	6,   // 66: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	102, // 67: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
-	102, // 68: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	102, // 69: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
+	106, // 67: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
+	106, // 68: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	106, // 69: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
 	6,   // 70: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	107, // 71: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
+	111, // 71: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
 	49,  // 72: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
 	49,  // 73: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
 	49,  // 74: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
-	98,  // 75: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
-	104, // 76: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	97,  // 77: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
+	102, // 75: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
+	108, // 76: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	101, // 77: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
 	9,   // 78: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
 	49,  // 79: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
-	102, // 80: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	106, // 80: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
 	7,   // 81: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
-	102, // 82: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
-	102, // 83: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
+	106, // 82: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
+	106, // 83: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
 	62,  // 84: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
-	102, // 85: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
+	106, // 85: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
 	65,  // 86: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
 	35,  // 87: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
-	102, // 88: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
+	106, // 88: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
 	69,  // 89: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
 	8,   // 90: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
 	9,   // 91: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
 	9,   // 92: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
-	106, // 93: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
+	110, // 93: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
 	0,   // 94: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
 	9,   // 95: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
 	9,   // 96: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
 	9,   // 97: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
-	108, // 98: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	106, // 99: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	106, // 100: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	105, // 101: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	106, // 102: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	106, // 103: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
-	109, // 104: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	112, // 98: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	110, // 99: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	110, // 100: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	109, // 101: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	110, // 102: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	110, // 103: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	113, // 104: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
 	91,  // 105: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
-	110, // 106: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
-	10,  // 107: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
-	12,  // 108: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
-	14,  // 109: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
-	16,  // 110: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
-	18,  // 111: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
-	20,  // 112: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
-	71,  // 113: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
-	73,  // 114: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
-	75,  // 115: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
-	77,  // 116: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
-	79,  // 117: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
-	81,  // 118: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
-	83,  // 119: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
-	85,  // 120: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
-	87,  // 121: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
-	89,  // 122: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
-	92,  // 123: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
-	94,  // 124: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
-	22,  // 125: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
-	25,  // 126: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	41,  // 127: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	43,  // 128: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	37,  // 129: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
-	45,  // 130: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	47,  // 131: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	68,  // 132: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
-	50,  // 133: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	52,  // 134: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	54,  // 135: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	56,  // 136: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	58,  // 137: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
-	60,  // 138: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
-	63,  // 139: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	66,  // 140: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
-	11,  // 141: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
-	13,  // 142: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
-	15,  // 143: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
-	17,  // 144: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
-	19,  // 145: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
-	21,  // 146: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
-	72,  // 147: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
-	74,  // 148: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
-	76,  // 149: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
-	78,  // 150: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
-	80,  // 151: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
-	82,  // 152: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
-	84,  // 153: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
-	86,  // 154: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
-	88,  // 155: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
-	90,  // 156: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
-	93,  // 157: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
-	95,  // 158: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
-	24,  // 159: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	32,  // 160: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	42,  // 161: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	44,  // 162: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	40,  // 163: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
-	46,  // 164: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	48,  // 165: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	70,  // 166: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
-	51,  // 167: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	53,  // 168: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	55,  // 169: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	57,  // 170: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	59,  // 171: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
-	61,  // 172: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
-	64,  // 173: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	67,  // 174: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
-	141, // [141:175] is the sub-list for method output_type
-	107, // [107:141] is the sub-list for method input_type
-	107, // [107:107] is the sub-list for extension type_name
-	107, // [107:107] is the sub-list for extension extendee
-	0,   // [0:107] is the sub-list for field type_name
+	114, // 106: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	9,   // 107: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
+	9,   // 108: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
+	10,  // 109: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
+	12,  // 110: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
+	14,  // 111: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
+	16,  // 112: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
+	18,  // 113: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
+	20,  // 114: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
+	71,  // 115: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
+	73,  // 116: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
+	75,  // 117: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
+	77,  // 118: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
+	79,  // 119: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
+	96,  // 120: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
+	98,  // 121: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
+	81,  // 122: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
+	83,  // 123: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
+	85,  // 124: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
+	87,  // 125: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
+	89,  // 126: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
+	92,  // 127: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
+	94,  // 128: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
+	22,  // 129: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
+	25,  // 130: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
+	41,  // 131: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	43,  // 132: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	37,  // 133: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
+	45,  // 134: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	47,  // 135: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	68,  // 136: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
+	50,  // 137: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	52,  // 138: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	54,  // 139: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	56,  // 140: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	58,  // 141: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	60,  // 142: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	63,  // 143: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	66,  // 144: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
+	11,  // 145: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
+	13,  // 146: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
+	15,  // 147: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
+	17,  // 148: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
+	19,  // 149: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
+	21,  // 150: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
+	72,  // 151: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
+	74,  // 152: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
+	76,  // 153: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
+	78,  // 154: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
+	80,  // 155: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
+	97,  // 156: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
+	99,  // 157: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
+	82,  // 158: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
+	84,  // 159: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
+	86,  // 160: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
+	88,  // 161: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
+	90,  // 162: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
+	93,  // 163: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
+	95,  // 164: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
+	24,  // 165: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
+	32,  // 166: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	42,  // 167: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	44,  // 168: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	40,  // 169: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
+	46,  // 170: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	48,  // 171: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	70,  // 172: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
+	51,  // 173: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	53,  // 174: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	55,  // 175: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	57,  // 176: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	59,  // 177: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	61,  // 178: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	64,  // 179: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	67,  // 180: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
+	145, // [145:181] is the sub-list for method output_type
+	109, // [109:145] is the sub-list for method input_type
+	109, // [109:109] is the sub-list for extension type_name
+	109, // [109:109] is the sub-list for extension extendee
+	0,   // [0:109] is the sub-list for field type_name
 }
 
 func init() { file_airlock_authority_v1_authority_proto_init() }
@@ -7608,7 +7825,7 @@ func file_airlock_authority_v1_authority_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_authority_v1_authority_proto_rawDesc), len(file_airlock_authority_v1_authority_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   89,
+			NumMessages:   93,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

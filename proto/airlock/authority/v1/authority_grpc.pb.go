@@ -36,6 +36,8 @@ const (
 	AuthorityService_ListSessions_FullMethodName         = "/airlock.authority.v1.AuthorityService/ListSessions"
 	AuthorityService_FinishSession_FullMethodName        = "/airlock.authority.v1.AuthorityService/FinishSession"
 	AuthorityService_CancelSession_FullMethodName        = "/airlock.authority.v1.AuthorityService/CancelSession"
+	AuthorityService_SuspendSession_FullMethodName       = "/airlock.authority.v1.AuthorityService/SuspendSession"
+	AuthorityService_ResumeSession_FullMethodName        = "/airlock.authority.v1.AuthorityService/ResumeSession"
 	AuthorityService_StartExec_FullMethodName            = "/airlock.authority.v1.AuthorityService/StartExec"
 	AuthorityService_GetExec_FullMethodName              = "/airlock.authority.v1.AuthorityService/GetExec"
 	AuthorityService_WatchExec_FullMethodName            = "/airlock.authority.v1.AuthorityService/WatchExec"
@@ -101,6 +103,15 @@ type AuthorityServiceClient interface {
 	// CancelSession stops a session wherever it is, as CancelJob does.
 	// Callers: client/* of the session's tenant.
 	CancelSession(ctx context.Context, in *CancelSessionRequest, opts ...grpc.CallOption) (*CancelSessionResponse, error)
+	// SuspendSession stops a running session's sandbox: every exec in it
+	// ends cancelled and every process is gone; only its /work changes and
+	// /out are kept ($HOME and /tmp are not). Its deadline counts on; its idle
+	// timeout does not. Callers: client/* of the session's tenant.
+	SuspendSession(ctx context.Context, in *SuspendSessionRequest, opts ...grpc.CallOption) (*SuspendSessionResponse, error)
+	// ResumeSession starts a suspended session's sandbox again: a fresh
+	// sandbox on the same base with the session's /work changes and /out.
+	// Callers: client/* of the session's tenant.
+	ResumeSession(ctx context.Context, in *ResumeSessionRequest, opts ...grpc.CallOption) (*ResumeSessionResponse, error)
 	// StartExec runs a command in a running session. The client names it:
 	// the same exec_id with the same spec returns the same exec, running or
 	// ended, and never runs it again; with a different spec it is
@@ -311,6 +322,26 @@ func (c *authorityServiceClient) CancelSession(ctx context.Context, in *CancelSe
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CancelSessionResponse)
 	err := c.cc.Invoke(ctx, AuthorityService_CancelSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *authorityServiceClient) SuspendSession(ctx context.Context, in *SuspendSessionRequest, opts ...grpc.CallOption) (*SuspendSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SuspendSessionResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_SuspendSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *authorityServiceClient) ResumeSession(ctx context.Context, in *ResumeSessionRequest, opts ...grpc.CallOption) (*ResumeSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResumeSessionResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_ResumeSession_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -626,6 +657,15 @@ type AuthorityServiceServer interface {
 	// CancelSession stops a session wherever it is, as CancelJob does.
 	// Callers: client/* of the session's tenant.
 	CancelSession(context.Context, *CancelSessionRequest) (*CancelSessionResponse, error)
+	// SuspendSession stops a running session's sandbox: every exec in it
+	// ends cancelled and every process is gone; only its /work changes and
+	// /out are kept ($HOME and /tmp are not). Its deadline counts on; its idle
+	// timeout does not. Callers: client/* of the session's tenant.
+	SuspendSession(context.Context, *SuspendSessionRequest) (*SuspendSessionResponse, error)
+	// ResumeSession starts a suspended session's sandbox again: a fresh
+	// sandbox on the same base with the session's /work changes and /out.
+	// Callers: client/* of the session's tenant.
+	ResumeSession(context.Context, *ResumeSessionRequest) (*ResumeSessionResponse, error)
 	// StartExec runs a command in a running session. The client names it:
 	// the same exec_id with the same spec returns the same exec, running or
 	// ended, and never runs it again; with a different spec it is
@@ -755,6 +795,12 @@ func (UnimplementedAuthorityServiceServer) FinishSession(context.Context, *Finis
 }
 func (UnimplementedAuthorityServiceServer) CancelSession(context.Context, *CancelSessionRequest) (*CancelSessionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CancelSession not implemented")
+}
+func (UnimplementedAuthorityServiceServer) SuspendSession(context.Context, *SuspendSessionRequest) (*SuspendSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SuspendSession not implemented")
+}
+func (UnimplementedAuthorityServiceServer) ResumeSession(context.Context, *ResumeSessionRequest) (*ResumeSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResumeSession not implemented")
 }
 func (UnimplementedAuthorityServiceServer) StartExec(context.Context, *StartExecRequest) (*StartExecResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method StartExec not implemented")
@@ -1033,6 +1079,42 @@ func _AuthorityService_CancelSession_Handler(srv interface{}, ctx context.Contex
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AuthorityServiceServer).CancelSession(ctx, req.(*CancelSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AuthorityService_SuspendSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SuspendSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).SuspendSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_SuspendSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).SuspendSession(ctx, req.(*SuspendSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AuthorityService_ResumeSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResumeSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).ResumeSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_ResumeSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).ResumeSession(ctx, req.(*ResumeSessionRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -1458,6 +1540,14 @@ var AuthorityService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CancelSession",
 			Handler:    _AuthorityService_CancelSession_Handler,
+		},
+		{
+			MethodName: "SuspendSession",
+			Handler:    _AuthorityService_SuspendSession_Handler,
+		},
+		{
+			MethodName: "ResumeSession",
+			Handler:    _AuthorityService_ResumeSession_Handler,
 		},
 		{
 			MethodName: "StartExec",

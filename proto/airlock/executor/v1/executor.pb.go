@@ -112,8 +112,10 @@ type Run struct {
 	Result *v1.RunResult `protobuf:"bytes,7,opt,name=result,proto3" json:"result,omitempty"`
 	// The network policy in force.
 	NetworkPolicyStatus *v1.NetworkPolicyStatus `protobuf:"bytes,8,opt,name=network_policy_status,json=networkPolicyStatus,proto3" json:"network_policy_status,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// A session whose sandbox is suspended (SuspendRun) and not yet resumed.
+	Suspended     bool `protobuf:"varint,9,opt,name=suspended,proto3" json:"suspended,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Run) Reset() {
@@ -200,6 +202,13 @@ func (x *Run) GetNetworkPolicyStatus() *v1.NetworkPolicyStatus {
 		return x.NetworkPolicyStatus
 	}
 	return nil
+}
+
+func (x *Run) GetSuspended() bool {
+	if x != nil {
+		return x.Suspended
+	}
+	return false
 }
 
 // StartJobRequest carries the authority's grant.
@@ -2081,11 +2090,195 @@ func (x *ListFilesResponse) GetTruncated() bool {
 	return false
 }
 
+// SuspendRunRequest names a session to suspend.
+type SuspendRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	JobId         string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SuspendRunRequest) Reset() {
+	*x = SuspendRunRequest{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SuspendRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SuspendRunRequest) ProtoMessage() {}
+
+func (x *SuspendRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SuspendRunRequest.ProtoReflect.Descriptor instead.
+func (*SuspendRunRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *SuspendRunRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+// SuspendRunResponse returns the run as suspending began.
+type SuspendRunResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run.
+	Run           *Run `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SuspendRunResponse) Reset() {
+	*x = SuspendRunResponse{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SuspendRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SuspendRunResponse) ProtoMessage() {}
+
+func (x *SuspendRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SuspendRunResponse.ProtoReflect.Descriptor instead.
+func (*SuspendRunResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *SuspendRunResponse) GetRun() *Run {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
+// ResumeRunRequest names a session to resume.
+type ResumeRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	JobId         string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeRunRequest) Reset() {
+	*x = ResumeRunRequest{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeRunRequest) ProtoMessage() {}
+
+func (x *ResumeRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeRunRequest.ProtoReflect.Descriptor instead.
+func (*ResumeRunRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *ResumeRunRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+// ResumeRunResponse returns the run as resuming began.
+type ResumeRunResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run.
+	Run           *Run `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeRunResponse) Reset() {
+	*x = ResumeRunResponse{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeRunResponse) ProtoMessage() {}
+
+func (x *ResumeRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeRunResponse.ProtoReflect.Descriptor instead.
+func (*ResumeRunResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *ResumeRunResponse) GetRun() *Run {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
 var File_airlock_executor_v1_executor_proto protoreflect.FileDescriptor
 
 const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"\n" +
-	"\"airlock/executor/v1/executor.proto\x12\x13airlock.executor.v1\x1a\x1cairlock/types/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc9\x03\n" +
+	"\"airlock/executor/v1/executor.proto\x12\x13airlock.executor.v1\x1a\x1cairlock/types/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe7\x03\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x123\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1d.airlock.executor.v1.RunStateR\x05state\x123\n" +
@@ -2097,7 +2290,8 @@ const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"\vfinished_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"finishedAt\x123\n" +
 	"\x06result\x18\a \x01(\v2\x1b.airlock.types.v1.RunResultR\x06result\x12Y\n" +
-	"\x15network_policy_status\x18\b \x01(\v2%.airlock.types.v1.NetworkPolicyStatusR\x13networkPolicyStatus\"F\n" +
+	"\x15network_policy_status\x18\b \x01(\v2%.airlock.types.v1.NetworkPolicyStatusR\x13networkPolicyStatus\x12\x1c\n" +
+	"\tsuspended\x18\t \x01(\bR\tsuspended\"F\n" +
 	"\x0fStartJobRequest\x123\n" +
 	"\x05grant\x18\x01 \x01(\v2\x1d.airlock.types.v1.SignedGrantR\x05grant\"X\n" +
 	"\x10StartJobResponse\x12*\n" +
@@ -2196,15 +2390,22 @@ const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"\trecursive\x18\x03 \x01(\bR\trecursive\"h\n" +
 	"\x11ListFilesResponse\x125\n" +
 	"\aentries\x18\x01 \x03(\v2\x1b.airlock.types.v1.FileEntryR\aentries\x12\x1c\n" +
-	"\ttruncated\x18\x02 \x01(\bR\ttruncated*\x9a\x01\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"*\n" +
+	"\x11SuspendRunRequest\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"@\n" +
+	"\x12SuspendRunResponse\x12*\n" +
+	"\x03run\x18\x01 \x01(\v2\x18.airlock.executor.v1.RunR\x03run\")\n" +
+	"\x10ResumeRunRequest\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"?\n" +
+	"\x11ResumeRunResponse\x12*\n" +
+	"\x03run\x18\x01 \x01(\v2\x18.airlock.executor.v1.RunR\x03run*\x9a\x01\n" +
 	"\bRunState\x12\x19\n" +
 	"\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11RUN_STATE_STAGING\x10\x01\x12\x15\n" +
 	"\x11RUN_STATE_RUNNING\x10\x02\x12\x16\n" +
 	"\x12RUN_STATE_FINISHED\x10\x03\x12\x14\n" +
 	"\x10RUN_STATE_FAILED\x10\x04\x12\x17\n" +
-	"\x13RUN_STATE_CANCELLED\x10\x052\xf0\n" +
-	"\n" +
+	"\x13RUN_STATE_CANCELLED\x10\x052\xab\f\n" +
 	"\x0fExecutorService\x12W\n" +
 	"\bStartJob\x12$.airlock.executor.v1.StartJobRequest\x1a%.airlock.executor.v1.StartJobResponse\x12Q\n" +
 	"\x06GetRun\x12\".airlock.executor.v1.GetRunRequest\x1a#.airlock.executor.v1.GetRunResponse\x12Y\n" +
@@ -2218,7 +2419,10 @@ const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"\tWatchExec\x12%.airlock.executor.v1.WatchExecRequest\x1a&.airlock.executor.v1.WatchExecResponse0\x01\x12]\n" +
 	"\n" +
 	"CancelExec\x12&.airlock.executor.v1.CancelExecRequest\x1a'.airlock.executor.v1.CancelExecResponse\x12Z\n" +
-	"\tFinishRun\x12%.airlock.executor.v1.FinishRunRequest\x1a&.airlock.executor.v1.FinishRunResponse\x12Y\n" +
+	"\tFinishRun\x12%.airlock.executor.v1.FinishRunRequest\x1a&.airlock.executor.v1.FinishRunResponse\x12]\n" +
+	"\n" +
+	"SuspendRun\x12&.airlock.executor.v1.SuspendRunRequest\x1a'.airlock.executor.v1.SuspendRunResponse\x12Z\n" +
+	"\tResumeRun\x12%.airlock.executor.v1.ResumeRunRequest\x1a&.airlock.executor.v1.ResumeRunResponse\x12Y\n" +
 	"\bReadFile\x12$.airlock.executor.v1.ReadFileRequest\x1a%.airlock.executor.v1.ReadFileResponse0\x01\x12\\\n" +
 	"\tWriteFile\x12%.airlock.executor.v1.WriteFileRequest\x1a&.airlock.executor.v1.WriteFileResponse(\x01\x12Z\n" +
 	"\tListFiles\x12%.airlock.executor.v1.ListFilesRequest\x1a&.airlock.executor.v1.ListFilesResponseBCZAgithub.com/airlockhq/airlock/proto/airlock/executor/v1;executorv1b\x06proto3"
@@ -2236,7 +2440,7 @@ func file_airlock_executor_v1_executor_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_executor_v1_executor_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_airlock_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_airlock_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_airlock_executor_v1_executor_proto_goTypes = []any{
 	(RunState)(0),                  // 0: airlock.executor.v1.RunState
 	(*Run)(nil),                    // 1: airlock.executor.v1.Run
@@ -2272,80 +2476,90 @@ var file_airlock_executor_v1_executor_proto_goTypes = []any{
 	(*WriteFileResponse)(nil),      // 31: airlock.executor.v1.WriteFileResponse
 	(*ListFilesRequest)(nil),       // 32: airlock.executor.v1.ListFilesRequest
 	(*ListFilesResponse)(nil),      // 33: airlock.executor.v1.ListFilesResponse
-	(*v1.SignedGrant)(nil),         // 34: airlock.types.v1.SignedGrant
-	(*timestamppb.Timestamp)(nil),  // 35: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),           // 36: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil), // 37: airlock.types.v1.NetworkPolicyStatus
-	(*v1.OutputChunk)(nil),         // 38: airlock.types.v1.OutputChunk
-	(*v1.ExecSpec)(nil),            // 39: airlock.types.v1.ExecSpec
-	(*v1.Exec)(nil),                // 40: airlock.types.v1.Exec
-	(*v1.FileHeader)(nil),          // 41: airlock.types.v1.FileHeader
-	(*v1.FileEntry)(nil),           // 42: airlock.types.v1.FileEntry
+	(*SuspendRunRequest)(nil),      // 34: airlock.executor.v1.SuspendRunRequest
+	(*SuspendRunResponse)(nil),     // 35: airlock.executor.v1.SuspendRunResponse
+	(*ResumeRunRequest)(nil),       // 36: airlock.executor.v1.ResumeRunRequest
+	(*ResumeRunResponse)(nil),      // 37: airlock.executor.v1.ResumeRunResponse
+	(*v1.SignedGrant)(nil),         // 38: airlock.types.v1.SignedGrant
+	(*timestamppb.Timestamp)(nil),  // 39: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),           // 40: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil), // 41: airlock.types.v1.NetworkPolicyStatus
+	(*v1.OutputChunk)(nil),         // 42: airlock.types.v1.OutputChunk
+	(*v1.ExecSpec)(nil),            // 43: airlock.types.v1.ExecSpec
+	(*v1.Exec)(nil),                // 44: airlock.types.v1.Exec
+	(*v1.FileHeader)(nil),          // 45: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),           // 46: airlock.types.v1.FileEntry
 }
 var file_airlock_executor_v1_executor_proto_depIdxs = []int32{
 	0,  // 0: airlock.executor.v1.Run.state:type_name -> airlock.executor.v1.RunState
-	34, // 1: airlock.executor.v1.Run.grant:type_name -> airlock.types.v1.SignedGrant
-	35, // 2: airlock.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	35, // 3: airlock.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
-	35, // 4: airlock.executor.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
-	36, // 5: airlock.executor.v1.Run.result:type_name -> airlock.types.v1.RunResult
-	37, // 6: airlock.executor.v1.Run.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	34, // 7: airlock.executor.v1.StartJobRequest.grant:type_name -> airlock.types.v1.SignedGrant
+	38, // 1: airlock.executor.v1.Run.grant:type_name -> airlock.types.v1.SignedGrant
+	39, // 2: airlock.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	39, // 3: airlock.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
+	39, // 4: airlock.executor.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
+	40, // 5: airlock.executor.v1.Run.result:type_name -> airlock.types.v1.RunResult
+	41, // 6: airlock.executor.v1.Run.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	38, // 7: airlock.executor.v1.StartJobRequest.grant:type_name -> airlock.types.v1.SignedGrant
 	1,  // 8: airlock.executor.v1.StartJobResponse.run:type_name -> airlock.executor.v1.Run
 	1,  // 9: airlock.executor.v1.GetRunResponse.run:type_name -> airlock.executor.v1.Run
 	1,  // 10: airlock.executor.v1.WatchRunResponse.run:type_name -> airlock.executor.v1.Run
-	38, // 11: airlock.executor.v1.WatchRunResponse.output:type_name -> airlock.types.v1.OutputChunk
+	42, // 11: airlock.executor.v1.WatchRunResponse.output:type_name -> airlock.types.v1.OutputChunk
 	1,  // 12: airlock.executor.v1.CancelRunResponse.run:type_name -> airlock.executor.v1.Run
-	34, // 13: airlock.executor.v1.UpdateRunRequest.grant:type_name -> airlock.types.v1.SignedGrant
+	38, // 13: airlock.executor.v1.UpdateRunRequest.grant:type_name -> airlock.types.v1.SignedGrant
 	1,  // 14: airlock.executor.v1.UpdateRunResponse.run:type_name -> airlock.executor.v1.Run
-	37, // 15: airlock.executor.v1.UpdateRunResponse.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	41, // 15: airlock.executor.v1.UpdateRunResponse.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
 	13, // 16: airlock.executor.v1.GetArtifactResponse.header:type_name -> airlock.executor.v1.ArtifactHeader
-	39, // 17: airlock.executor.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	40, // 18: airlock.executor.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	40, // 19: airlock.executor.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	40, // 20: airlock.executor.v1.ListExecsResponse.execs:type_name -> airlock.types.v1.Exec
-	38, // 21: airlock.executor.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	40, // 22: airlock.executor.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	40, // 23: airlock.executor.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	43, // 17: airlock.executor.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	44, // 18: airlock.executor.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	44, // 19: airlock.executor.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	44, // 20: airlock.executor.v1.ListExecsResponse.execs:type_name -> airlock.types.v1.Exec
+	42, // 21: airlock.executor.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	44, // 22: airlock.executor.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	44, // 23: airlock.executor.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
 	1,  // 24: airlock.executor.v1.FinishRunResponse.run:type_name -> airlock.executor.v1.Run
-	41, // 25: airlock.executor.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	45, // 25: airlock.executor.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
 	29, // 26: airlock.executor.v1.WriteFileRequest.header:type_name -> airlock.executor.v1.WriteFileHeader
-	42, // 27: airlock.executor.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
-	2,  // 28: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
-	4,  // 29: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
-	6,  // 30: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
-	8,  // 31: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
-	10, // 32: airlock.executor.v1.ExecutorService.UpdateRun:input_type -> airlock.executor.v1.UpdateRunRequest
-	12, // 33: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
-	15, // 34: airlock.executor.v1.ExecutorService.StartExec:input_type -> airlock.executor.v1.StartExecRequest
-	17, // 35: airlock.executor.v1.ExecutorService.GetExec:input_type -> airlock.executor.v1.GetExecRequest
-	19, // 36: airlock.executor.v1.ExecutorService.ListExecs:input_type -> airlock.executor.v1.ListExecsRequest
-	21, // 37: airlock.executor.v1.ExecutorService.WatchExec:input_type -> airlock.executor.v1.WatchExecRequest
-	23, // 38: airlock.executor.v1.ExecutorService.CancelExec:input_type -> airlock.executor.v1.CancelExecRequest
-	25, // 39: airlock.executor.v1.ExecutorService.FinishRun:input_type -> airlock.executor.v1.FinishRunRequest
-	27, // 40: airlock.executor.v1.ExecutorService.ReadFile:input_type -> airlock.executor.v1.ReadFileRequest
-	30, // 41: airlock.executor.v1.ExecutorService.WriteFile:input_type -> airlock.executor.v1.WriteFileRequest
-	32, // 42: airlock.executor.v1.ExecutorService.ListFiles:input_type -> airlock.executor.v1.ListFilesRequest
-	3,  // 43: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
-	5,  // 44: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
-	7,  // 45: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
-	9,  // 46: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
-	11, // 47: airlock.executor.v1.ExecutorService.UpdateRun:output_type -> airlock.executor.v1.UpdateRunResponse
-	14, // 48: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
-	16, // 49: airlock.executor.v1.ExecutorService.StartExec:output_type -> airlock.executor.v1.StartExecResponse
-	18, // 50: airlock.executor.v1.ExecutorService.GetExec:output_type -> airlock.executor.v1.GetExecResponse
-	20, // 51: airlock.executor.v1.ExecutorService.ListExecs:output_type -> airlock.executor.v1.ListExecsResponse
-	22, // 52: airlock.executor.v1.ExecutorService.WatchExec:output_type -> airlock.executor.v1.WatchExecResponse
-	24, // 53: airlock.executor.v1.ExecutorService.CancelExec:output_type -> airlock.executor.v1.CancelExecResponse
-	26, // 54: airlock.executor.v1.ExecutorService.FinishRun:output_type -> airlock.executor.v1.FinishRunResponse
-	28, // 55: airlock.executor.v1.ExecutorService.ReadFile:output_type -> airlock.executor.v1.ReadFileResponse
-	31, // 56: airlock.executor.v1.ExecutorService.WriteFile:output_type -> airlock.executor.v1.WriteFileResponse
-	33, // 57: airlock.executor.v1.ExecutorService.ListFiles:output_type -> airlock.executor.v1.ListFilesResponse
-	43, // [43:58] is the sub-list for method output_type
-	28, // [28:43] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	46, // 27: airlock.executor.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	1,  // 28: airlock.executor.v1.SuspendRunResponse.run:type_name -> airlock.executor.v1.Run
+	1,  // 29: airlock.executor.v1.ResumeRunResponse.run:type_name -> airlock.executor.v1.Run
+	2,  // 30: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
+	4,  // 31: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
+	6,  // 32: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
+	8,  // 33: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
+	10, // 34: airlock.executor.v1.ExecutorService.UpdateRun:input_type -> airlock.executor.v1.UpdateRunRequest
+	12, // 35: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
+	15, // 36: airlock.executor.v1.ExecutorService.StartExec:input_type -> airlock.executor.v1.StartExecRequest
+	17, // 37: airlock.executor.v1.ExecutorService.GetExec:input_type -> airlock.executor.v1.GetExecRequest
+	19, // 38: airlock.executor.v1.ExecutorService.ListExecs:input_type -> airlock.executor.v1.ListExecsRequest
+	21, // 39: airlock.executor.v1.ExecutorService.WatchExec:input_type -> airlock.executor.v1.WatchExecRequest
+	23, // 40: airlock.executor.v1.ExecutorService.CancelExec:input_type -> airlock.executor.v1.CancelExecRequest
+	25, // 41: airlock.executor.v1.ExecutorService.FinishRun:input_type -> airlock.executor.v1.FinishRunRequest
+	34, // 42: airlock.executor.v1.ExecutorService.SuspendRun:input_type -> airlock.executor.v1.SuspendRunRequest
+	36, // 43: airlock.executor.v1.ExecutorService.ResumeRun:input_type -> airlock.executor.v1.ResumeRunRequest
+	27, // 44: airlock.executor.v1.ExecutorService.ReadFile:input_type -> airlock.executor.v1.ReadFileRequest
+	30, // 45: airlock.executor.v1.ExecutorService.WriteFile:input_type -> airlock.executor.v1.WriteFileRequest
+	32, // 46: airlock.executor.v1.ExecutorService.ListFiles:input_type -> airlock.executor.v1.ListFilesRequest
+	3,  // 47: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
+	5,  // 48: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
+	7,  // 49: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
+	9,  // 50: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
+	11, // 51: airlock.executor.v1.ExecutorService.UpdateRun:output_type -> airlock.executor.v1.UpdateRunResponse
+	14, // 52: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
+	16, // 53: airlock.executor.v1.ExecutorService.StartExec:output_type -> airlock.executor.v1.StartExecResponse
+	18, // 54: airlock.executor.v1.ExecutorService.GetExec:output_type -> airlock.executor.v1.GetExecResponse
+	20, // 55: airlock.executor.v1.ExecutorService.ListExecs:output_type -> airlock.executor.v1.ListExecsResponse
+	22, // 56: airlock.executor.v1.ExecutorService.WatchExec:output_type -> airlock.executor.v1.WatchExecResponse
+	24, // 57: airlock.executor.v1.ExecutorService.CancelExec:output_type -> airlock.executor.v1.CancelExecResponse
+	26, // 58: airlock.executor.v1.ExecutorService.FinishRun:output_type -> airlock.executor.v1.FinishRunResponse
+	35, // 59: airlock.executor.v1.ExecutorService.SuspendRun:output_type -> airlock.executor.v1.SuspendRunResponse
+	37, // 60: airlock.executor.v1.ExecutorService.ResumeRun:output_type -> airlock.executor.v1.ResumeRunResponse
+	28, // 61: airlock.executor.v1.ExecutorService.ReadFile:output_type -> airlock.executor.v1.ReadFileResponse
+	31, // 62: airlock.executor.v1.ExecutorService.WriteFile:output_type -> airlock.executor.v1.WriteFileResponse
+	33, // 63: airlock.executor.v1.ExecutorService.ListFiles:output_type -> airlock.executor.v1.ListFilesResponse
+	47, // [47:64] is the sub-list for method output_type
+	30, // [30:47] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_airlock_executor_v1_executor_proto_init() }
@@ -2379,7 +2593,7 @@ func file_airlock_executor_v1_executor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_executor_v1_executor_proto_rawDesc), len(file_airlock_executor_v1_executor_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   33,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

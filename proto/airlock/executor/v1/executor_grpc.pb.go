@@ -35,6 +35,8 @@ const (
 	ExecutorService_WatchExec_FullMethodName   = "/airlock.executor.v1.ExecutorService/WatchExec"
 	ExecutorService_CancelExec_FullMethodName  = "/airlock.executor.v1.ExecutorService/CancelExec"
 	ExecutorService_FinishRun_FullMethodName   = "/airlock.executor.v1.ExecutorService/FinishRun"
+	ExecutorService_SuspendRun_FullMethodName  = "/airlock.executor.v1.ExecutorService/SuspendRun"
+	ExecutorService_ResumeRun_FullMethodName   = "/airlock.executor.v1.ExecutorService/ResumeRun"
 	ExecutorService_ReadFile_FullMethodName    = "/airlock.executor.v1.ExecutorService/ReadFile"
 	ExecutorService_WriteFile_FullMethodName   = "/airlock.executor.v1.ExecutorService/WriteFile"
 	ExecutorService_ListFiles_FullMethodName   = "/airlock.executor.v1.ExecutorService/ListFiles"
@@ -78,6 +80,12 @@ type ExecutorServiceClient interface {
 	// FinishRun ends a session: its sandbox stops and its result bundle is
 	// built, as a job's is when its command ends. Callers: service/authority.
 	FinishRun(ctx context.Context, in *FinishRunRequest, opts ...grpc.CallOption) (*FinishRunResponse, error)
+	// SuspendRun stops a running session's sandbox, keeping only its /work
+	// changes and /out. Callers: service/authority.
+	SuspendRun(ctx context.Context, in *SuspendRunRequest, opts ...grpc.CallOption) (*SuspendRunResponse, error)
+	// ResumeRun starts a suspended session's sandbox again, fresh, on the same
+	// base with its /work changes and /out. Callers: service/authority.
+	ResumeRun(ctx context.Context, in *ResumeRunRequest, opts ...grpc.CallOption) (*ResumeRunResponse, error)
 	// ReadFile streams a regular file of a running session's /work or /out.
 	// Callers: service/authority.
 	ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadFileResponse], error)
@@ -246,6 +254,26 @@ func (c *executorServiceClient) FinishRun(ctx context.Context, in *FinishRunRequ
 	return out, nil
 }
 
+func (c *executorServiceClient) SuspendRun(ctx context.Context, in *SuspendRunRequest, opts ...grpc.CallOption) (*SuspendRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SuspendRunResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_SuspendRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *executorServiceClient) ResumeRun(ctx context.Context, in *ResumeRunRequest, opts ...grpc.CallOption) (*ResumeRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResumeRunResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_ResumeRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *executorServiceClient) ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadFileResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &ExecutorService_ServiceDesc.Streams[3], ExecutorService_ReadFile_FullMethodName, cOpts...)
@@ -326,6 +354,12 @@ type ExecutorServiceServer interface {
 	// FinishRun ends a session: its sandbox stops and its result bundle is
 	// built, as a job's is when its command ends. Callers: service/authority.
 	FinishRun(context.Context, *FinishRunRequest) (*FinishRunResponse, error)
+	// SuspendRun stops a running session's sandbox, keeping only its /work
+	// changes and /out. Callers: service/authority.
+	SuspendRun(context.Context, *SuspendRunRequest) (*SuspendRunResponse, error)
+	// ResumeRun starts a suspended session's sandbox again, fresh, on the same
+	// base with its /work changes and /out. Callers: service/authority.
+	ResumeRun(context.Context, *ResumeRunRequest) (*ResumeRunResponse, error)
 	// ReadFile streams a regular file of a running session's /work or /out.
 	// Callers: service/authority.
 	ReadFile(*ReadFileRequest, grpc.ServerStreamingServer[ReadFileResponse]) error
@@ -382,6 +416,12 @@ func (UnimplementedExecutorServiceServer) CancelExec(context.Context, *CancelExe
 }
 func (UnimplementedExecutorServiceServer) FinishRun(context.Context, *FinishRunRequest) (*FinishRunResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method FinishRun not implemented")
+}
+func (UnimplementedExecutorServiceServer) SuspendRun(context.Context, *SuspendRunRequest) (*SuspendRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SuspendRun not implemented")
+}
+func (UnimplementedExecutorServiceServer) ResumeRun(context.Context, *ResumeRunRequest) (*ResumeRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResumeRun not implemented")
 }
 func (UnimplementedExecutorServiceServer) ReadFile(*ReadFileRequest, grpc.ServerStreamingServer[ReadFileResponse]) error {
 	return status.Error(codes.Unimplemented, "method ReadFile not implemented")
@@ -608,6 +648,42 @@ func _ExecutorService_FinishRun_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ExecutorService_SuspendRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SuspendRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).SuspendRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_SuspendRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).SuspendRun(ctx, req.(*SuspendRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ExecutorService_ResumeRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResumeRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).ResumeRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_ResumeRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).ResumeRun(ctx, req.(*ResumeRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _ExecutorService_ReadFile_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(ReadFileRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -686,6 +762,14 @@ var ExecutorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "FinishRun",
 			Handler:    _ExecutorService_FinishRun_Handler,
+		},
+		{
+			MethodName: "SuspendRun",
+			Handler:    _ExecutorService_SuspendRun_Handler,
+		},
+		{
+			MethodName: "ResumeRun",
+			Handler:    _ExecutorService_ResumeRun_Handler,
 		},
 		{
 			MethodName: "ListFiles",

@@ -91,6 +91,11 @@ func (s *Service) GetSession(ctx context.Context, req *authorityv1.GetSessionReq
 	if j.DispatchedAt.IsZero() {
 		return resp, nil
 	}
+	if !j.State.Terminal() {
+		if run, err := s.cfg.Executor.GetRun(ctx, &executorv1.GetRunRequest{JobId: j.ID}); err == nil {
+			resp.Suspended = run.GetRun().GetSuspended()
+		}
+	}
 	list, err := s.cfg.Executor.ListExecs(ctx, &executorv1.ListExecsRequest{JobId: j.ID})
 	switch {
 	case status.Code(err) == codes.NotFound:
@@ -129,15 +134,9 @@ func (s *Service) ListSessions(ctx context.Context, req *authorityv1.ListSession
 }
 
 func (s *Service) FinishSession(ctx context.Context, req *authorityv1.FinishSessionRequest) (*authorityv1.FinishSessionResponse, error) {
-	_, j, err := s.session(ctx, req.GetSessionId())
+	_, j, err := s.runningSession(ctx, req.GetSessionId())
 	if err != nil {
 		return nil, err
-	}
-	if j.State.Terminal() {
-		return nil, s.fail(ctx, fmt.Errorf("%w: session %q already ended (%s)", errdefs.ErrFailedPrecondition, j.ID, j.State))
-	}
-	if j.DispatchedAt.IsZero() {
-		return nil, s.fail(ctx, fmt.Errorf("%w: session %q has not reached an executor yet; finish it once it runs, or cancel it", errdefs.ErrFailedPrecondition, j.ID))
 	}
 	if _, err := s.cfg.Executor.FinishRun(ctx, &executorv1.FinishRunRequest{JobId: j.ID}); err != nil {
 		return nil, err
@@ -348,4 +347,50 @@ func (s *Service) ListFiles(ctx context.Context, req *authorityv1.ListFilesReque
 		return nil, err
 	}
 	return &authorityv1.ListFilesResponse{Entries: resp.GetEntries(), Truncated: resp.GetTruncated()}, nil
+}
+
+func (s *Service) SuspendSession(ctx context.Context, req *authorityv1.SuspendSessionRequest) (*authorityv1.SuspendSessionResponse, error) {
+	_, j, err := s.runningSession(ctx, req.GetSessionId())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.cfg.Executor.SuspendRun(ctx, &executorv1.SuspendRunRequest{JobId: j.ID}); err != nil {
+		return nil, err
+	}
+	pj, err := jobToProto(j)
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	return &authorityv1.SuspendSessionResponse{Session: pj}, nil
+}
+
+func (s *Service) ResumeSession(ctx context.Context, req *authorityv1.ResumeSessionRequest) (*authorityv1.ResumeSessionResponse, error) {
+	_, j, err := s.runningSession(ctx, req.GetSessionId())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.cfg.Executor.ResumeRun(ctx, &executorv1.ResumeRunRequest{JobId: j.ID}); err != nil {
+		return nil, err
+	}
+	pj, err := jobToProto(j)
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	return &authorityv1.ResumeSessionResponse{Session: pj}, nil
+}
+
+// runningSession is session for a call that needs it at an executor, not
+// ended.
+func (s *Service) runningSession(ctx context.Context, sessionID string) (identity.ID, store.Job, error) {
+	id, j, err := s.session(ctx, sessionID)
+	if err != nil {
+		return id, j, err
+	}
+	if j.State.Terminal() {
+		return id, j, s.fail(ctx, fmt.Errorf("%w: session %q already ended (%s)", errdefs.ErrFailedPrecondition, j.ID, j.State))
+	}
+	if j.DispatchedAt.IsZero() {
+		return id, j, s.fail(ctx, fmt.Errorf("%w: session %q has not reached an executor yet", errdefs.ErrFailedPrecondition, j.ID))
+	}
+	return id, j, nil
 }

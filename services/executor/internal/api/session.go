@@ -193,3 +193,25 @@ func (r *chunkReader) Read(p []byte) (int, error) {
 	r.buf = r.buf[n:]
 	return n, nil
 }
+
+func (s *Service) SuspendRun(ctx context.Context, req *executorv1.SuspendRunRequest) (*executorv1.SuspendRunResponse, error) {
+	if err := required("job_id", req.GetJobId()); err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	run, err := s.cfg.Runs.Suspend(req.GetJobId())
+	if err != nil {
+		return nil, s.fail(ctx, "SuspendRun", err)
+	}
+	return &executorv1.SuspendRunResponse{Run: convert.Run(run)}, nil
+}
+
+func (s *Service) ResumeRun(ctx context.Context, req *executorv1.ResumeRunRequest) (*executorv1.ResumeRunResponse, error) {
+	if err := required("job_id", req.GetJobId()); err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	run, err := s.cfg.Runs.Resume(req.GetJobId())
+	if err != nil {
+		return nil, s.fail(ctx, "ResumeRun", err)
+	}
+	return &executorv1.ResumeRunResponse{Run: convert.Run(run)}, nil
+}

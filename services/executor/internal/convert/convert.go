@@ -69,6 +69,7 @@ func Run(r runs.Run) *executorv1.Run {
 		State:     states[r.State],
 		CreatedAt: timestamppb.New(r.CreatedAt),
 		Result:    RunResult(r.Result),
+		Suspended: r.Suspended,
 	}
 	if sg, err := r.Grant(); err == nil {
 		out.Grant = sg

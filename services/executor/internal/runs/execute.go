@@ -70,9 +70,6 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 	m.update(e, func(r *Run) {
 		r.State = Running
 		r.StartedAt = m.cfg.Now()
-		if isSession {
-			e.live = sb
-		}
 	})
 	if isSession {
 		idleCtx, stopIdle := context.WithCancel(ctx)
@@ -80,28 +77,14 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		m.wg.Add(1)
 		go func() { defer m.wg.Done(); m.watchIdle(idleCtx, e) }()
 	}
-	res, runErr := sb.Run(ctx)
-	var stopping sandbox.Reason
+	var (
+		res    sandbox.Result
+		runErr error
+	)
 	if isSession {
-		// The sandbox is gone, so every exec in it ends; its records are
-		// complete before the bundle takes them.
-		m.mu.Lock()
-		e.live = nil
-		if e.stopping == "" {
-			e.stopping = res.Reason
-		}
-		stopping = e.stopping
-		m.mu.Unlock()
-		e.execWG.Wait()
-		if runErr == nil && res.Reason == sandbox.ReasonCancelled && stopping != sandbox.ReasonCancelled {
-			// The session was stopped, by its client or its idle timeout,
-			// not cancelled.
-			res.Reason, res.ExitCode = stopping, -1
-			res.Message = map[sandbox.Reason]string{
-				ReasonFinished:    "the client finished the session",
-				ReasonIdleTimeout: "no exec ran for longer than the session's idle timeout",
-			}[stopping]
-		}
+		res, runErr = m.runSession(ctx, e, sb)
+	} else {
+		res, runErr = sb.Run(ctx)
 	}
 	// The job is gone: its egress record is complete once the proxy and
 	// DNS server have stopped, before the bundle takes it.

@@ -85,6 +85,10 @@ type Run struct {
 	NetworkFailure string `json:"network_failure,omitempty"`
 	// Truncated names the output streams that hit their cap.
 	Truncated map[string]bool `json:"truncated,omitempty"`
+	// Suspended is set while a session is suspended: its sandbox runs
+	// nothing, and keeps only its /work changes and /out.
+	Suspended   bool      `json:"suspended,omitempty"`
+	SuspendedAt time.Time `json:"suspended_at,omitzero"`
 }
 
 // Grant returns the run's signed grant.
@@ -190,6 +194,11 @@ type entry struct {
 	// filesMu is held for reading by each files API call while it uses
 	// the sandbox, and for writing while the sandbox is torn down.
 	filesMu sync.RWMutex
+	// suspending is set by Suspend until the session runs again; stopRun
+	// stops the sandbox's current Run; resume wakes a suspended session.
+	suspending bool
+	stopRun    context.CancelFunc
+	resume     chan struct{}
 }
 
 var jobIDFormat = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -220,7 +221,7 @@ func (m *Manager) StartExec(jobID string, x ExecSpec) (Exec, bool, error) {
 	}
 	_, maxExecs, _ := e.session()
 	switch {
-	case e.run.State != Running || e.sb == nil || e.stopping != "":
+	case e.run.State != Running || e.live == nil || e.stopping != "" || e.suspending:
 		return Exec{}, false, fmt.Errorf("%w: session %s is %s: it takes no new exec", errdefs.ErrFailedPrecondition, jobID, e.sessionState())
 	case e.runningExecs >= maxExecs:
 		return Exec{}, false, fmt.Errorf("%w: session %s runs %d execs, its most at once", errdefs.ErrResourceExhausted, jobID, maxExecs)
@@ -260,7 +261,7 @@ func (m *Manager) StartExec(jobID string, x ExecSpec) (Exec, bool, error) {
 	e.lastActive = m.cfg.Now()
 	ctx, cancel := context.WithCancel(context.WithoutCancel(m.ctx))
 	xe.cancel = cancel
-	sb := e.sb
+	sb := e.live
 	e.execWG.Add(1)
 	go func() {
 		defer e.execWG.Done()
@@ -278,7 +279,12 @@ func (m *Manager) runExec(ctx context.Context, e *entry, xe *execEntry, sb *sand
 		spec.Stdin = strings.NewReader(string(x.Stdin))
 	}
 	res, err := sb.Exec(ctx, spec)
-	if err != nil {
+	switch {
+	case errors.Is(err, errdefs.ErrFailedPrecondition):
+		// The sandbox stopped (suspended, finished, cancelled) before the
+		// command could start.
+		res.Reason, res.ExitCode, res.Message = sandbox.ReasonCancelled, -1, "the session's sandbox stopped before the exec started"
+	case err != nil:
 		res.Reason, res.ExitCode, res.Message = sandbox.ReasonSandboxError, -1, err.Error()
 		m.cfg.Logger.Error("exec failed", "job_id", e.run.JobID, "exec_id", x.ID, "error", err)
 	}
@@ -340,10 +346,162 @@ func streamSummary(p string) summary {
 
 // sessionState says, for a refusal, where a session is. Callers hold m.mu.
 func (e *entry) sessionState() string {
-	if e.stopping != "" && !e.run.State.Terminal() {
+	switch {
+	case e.stopping != "" && !e.run.State.Terminal():
 		return "ending (" + string(e.stopping) + ")"
+	case e.run.Suspended:
+		return "suspended (resume it first)"
+	case e.suspending:
+		return "being suspended"
 	}
 	return string(e.run.State)
+}
+
+// runSession runs a session's sandbox until the session ends, and after
+// each suspension (Suspend) restarts it, once resumed, on the same /work
+// and /out. It says how the session ended as sb.Run says how a job did.
+func (m *Manager) runSession(ctx context.Context, e *entry, sb *sandbox.Sandbox) (sandbox.Result, error) {
+	m.mu.Lock()
+	e.resume = make(chan struct{}, 1)
+	m.mu.Unlock()
+	for {
+		runCtx, stopRun := context.WithCancel(ctx)
+		m.mu.Lock()
+		e.stopRun, e.live = stopRun, sb
+		e.notify()
+		m.mu.Unlock()
+		res, runErr := sb.Run(runCtx)
+		stopRun()
+		// The sandbox stopped, so every exec in it ends; their records
+		// are complete before anything takes them.
+		m.mu.Lock()
+		e.live = nil
+		suspend := e.suspending && e.stopping == "" && ctx.Err() == nil && runErr == nil && res.Reason == sandbox.ReasonCancelled
+		m.mu.Unlock()
+		e.execWG.Wait()
+		if !suspend {
+			return m.sessionEnded(e, res), runErr
+		}
+		if err := sb.Restart(); err != nil {
+			return m.sessionEnded(e, res), fmt.Errorf("suspend: %w", err)
+		}
+		m.update(e, func(r *Run) { r.Suspended, r.SuspendedAt = true, m.cfg.Now() })
+		m.cfg.Logger.Info("session suspended", "job_id", e.run.JobID)
+		res, ended := m.waitSuspended(ctx, e, sb, res)
+		m.update(e, func(r *Run) { r.Suspended, r.SuspendedAt = false, time.Time{} })
+		if ended {
+			return m.sessionEnded(e, res), nil
+		}
+		m.mu.Lock()
+		e.suspending, e.lastActive = false, m.cfg.Now()
+		m.mu.Unlock()
+		m.cfg.Logger.Info("session resumed", "job_id", e.run.JobID)
+	}
+}
+
+// waitSuspended waits for a suspended session to be resumed (ended false),
+// or to end: finished, cancelled, or past its deadline, which counts on.
+func (m *Manager) waitSuspended(ctx context.Context, e *entry, sb *sandbox.Sandbox, res sandbox.Result) (sandbox.Result, bool) {
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-e.resume:
+			return res, false
+		case <-ctx.Done():
+			res.Reason, res.ExitCode, res.Message = sandbox.ReasonCancelled, -1, "the session was cancelled while suspended"
+			return res, true
+		case <-tick.C:
+			m.mu.Lock()
+			started := e.run.StartedAt
+			m.mu.Unlock()
+			if lim := sb.Limits(); m.cfg.Now().Sub(started) >= lim.Deadline {
+				res.Reason, res.ExitCode = sandbox.ReasonTimeout, -1
+				res.Message = fmt.Sprintf("the deadline of %s passed while the session was suspended", lim.Deadline)
+				return res, true
+			}
+		}
+	}
+}
+
+// sessionEnded records why a session ended and words its result: one the
+// client finished, or that sat idle, was stopped, not cancelled.
+func (m *Manager) sessionEnded(e *entry, res sandbox.Result) sandbox.Result {
+	m.mu.Lock()
+	if e.stopping == "" {
+		e.stopping = res.Reason
+	}
+	stopping := e.stopping
+	e.suspending = false
+	m.mu.Unlock()
+	if res.Reason == sandbox.ReasonCancelled && (stopping == ReasonFinished || stopping == ReasonIdleTimeout) {
+		res.Reason, res.ExitCode = stopping, -1
+		res.Message = map[sandbox.Reason]string{
+			ReasonFinished:    "the client finished the session",
+			ReasonIdleTimeout: "no exec ran for longer than the session's idle timeout",
+		}[stopping]
+	}
+	return res
+}
+
+// Suspend stops a running session's sandbox: every exec in it ends
+// cancelled, every process is gone; its /work changes and /out are kept for
+// Resume, and /tmp and $HOME are emptied. Suspending a suspended session
+// changes nothing.
+func (m *Manager) Suspend(jobID string) (Run, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, err := m.runningSession(jobID)
+	if err != nil {
+		return Run{}, err
+	}
+	if e.suspending || e.run.Suspended {
+		return e.run, nil
+	}
+	if e.live == nil || e.stopping != "" {
+		return Run{}, fmt.Errorf("%w: session %s is %s: only a running session can be suspended", errdefs.ErrFailedPrecondition, jobID, e.sessionState())
+	}
+	e.suspending = true
+	e.stopRun()
+	e.notify()
+	return e.run, nil
+}
+
+// Resume starts a suspended session's sandbox again: a fresh sandbox on
+// the same base with the session's /work changes and /out.
+func (m *Manager) Resume(jobID string) (Run, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, err := m.runningSession(jobID)
+	if err != nil {
+		return Run{}, err
+	}
+	switch {
+	case e.run.Suspended:
+		select {
+		case e.resume <- struct{}{}:
+		default: // already asked
+		}
+	case e.suspending:
+		return Run{}, fmt.Errorf("%w: session %s is still being suspended; resume it once it is", errdefs.ErrFailedPrecondition, jobID)
+	}
+	return e.run, nil
+}
+
+// runningSession is the session jobID while it has not ended. Callers hold
+// m.mu.
+func (m *Manager) runningSession(jobID string) (*entry, error) {
+	e, ok := m.runs[jobID]
+	if !ok {
+		return nil, fmt.Errorf("%w: run %q", errdefs.ErrNotFound, jobID)
+	}
+	if _, _, ok := e.session(); !ok {
+		return nil, fmt.Errorf("%w: run %s is a job, not a session", errdefs.ErrFailedPrecondition, jobID)
+	}
+	if e.run.State != Running {
+		return nil, fmt.Errorf("%w: session %s is %s", errdefs.ErrFailedPrecondition, jobID, e.run.State)
+	}
+	return e, nil
 }
 
 // lookupExec returns the exec of id in session jobID. Callers hold m.mu.
@@ -501,6 +659,10 @@ func (m *Manager) watchIdle(ctx context.Context, e *entry) {
 		case <-t.C:
 		}
 		m.mu.Lock()
+		if e.run.Suspended || e.suspending {
+			// Suspended is not idle: the deadline alone bounds it.
+			e.lastActive = m.cfg.Now()
+		}
 		left := idle - m.cfg.Now().Sub(e.lastActive)
 		if e.runningExecs == 0 && left <= 0 {
 			m.cfg.Logger.Info("session idle; ending it", "job_id", e.run.JobID, "idle_timeout", idle)

@@ -397,3 +397,96 @@ func TestSessionUpdate(t *testing.T) {
 		t.Fatalf("finished: %+v", run.Result)
 	}
 }
+
+func (h *harness) waitRun(t *testing.T, sid, what string, cond func(Run, bool) bool) Run {
+	t.Helper()
+	end := time.Now().Add(60 * time.Second)
+	for {
+		run, err := h.m.Get(sid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.m.mu.Lock()
+		up := h.m.runs[sid].live != nil
+		h.m.mu.Unlock()
+		if cond(run, up) {
+			return run
+		}
+		if time.Now().After(end) {
+			t.Fatalf("session %s: not %s: %s %+v", sid, what, run.State, run.Result)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestSessionSuspendResume: suspending keeps the session's /work changes
+// and /out and nothing else (/tmp, $HOME and processes are gone); a
+// resumed session runs on them; another session sees none of it; a
+// suspended session can be finished, and its deadline counts on.
+func TestSessionSuspendResume(t *testing.T) {
+	for _, class := range []typesv1.RuntimeClass{typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC} {
+		t.Run(class.String(), func(t *testing.T) {
+			h, _ := newHarness(t, false)
+			sid := h.startSession(t, h.sessionGrant(class, time.Minute))
+			h.execWait(t, sid, sh("setup", "echo kept >> README; mkdir -p /out/r; echo out > /out/r/x; echo t > /tmp/t; echo h > /root/h"))
+			if _, _, err := h.m.StartExec(sid, sh("long", "sleep 100")); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := h.m.Suspend(sid); err != nil {
+				t.Fatal(err)
+			}
+			h.waitRun(t, sid, "suspended", func(r Run, up bool) bool { return r.Suspended && !up })
+			if x, _ := h.m.GetExec(sid, "long"); x.State != ExecEnded || x.Reason != sandbox.ReasonCancelled {
+				t.Fatalf("an exec running when the session was suspended: %+v", x)
+			}
+			if _, _, err := h.m.StartExec(sid, sh("while-suspended", "true")); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "suspended") {
+				t.Fatalf("an exec in a suspended session: %v", err)
+			}
+			if _, err := h.m.Resume(sid); err != nil {
+				t.Fatal(err)
+			}
+			h.waitRun(t, sid, "resumed", func(r Run, up bool) bool { return !r.Suspended && up })
+			x := h.execWait(t, sid, sh("after", `cat /work/README /out/r/x; ls -A /tmp /root | tr '\n' ' '; echo; for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 100' || true`))
+			if got := string(x.StdoutTail); !strings.HasPrefix(got, "hello\nkept\nout\n") || strings.Contains(got, " t ") || strings.Contains(got, " h ") || !strings.HasSuffix(got, "\n0\n") {
+				t.Fatalf("after resume: %q", got)
+			}
+			// Another session of another tenant on the same base.
+			other := h.sessionGrant(class, time.Minute)
+			other.Tenant = "globex"
+			osid := h.startSession(t, other)
+			if x := h.execWait(t, osid, sh("look", "cat /work/README; ls /out")); string(x.StdoutTail) != "hello\n" {
+				t.Fatalf("another session sees %q", x.StdoutTail)
+			}
+			// Finished while suspended: the bundle has the kept changes.
+			if _, err := h.m.Suspend(sid); err != nil {
+				t.Fatal(err)
+			}
+			h.waitRun(t, sid, "suspended again", func(r Run, up bool) bool { return r.Suspended })
+			if _, err := h.m.Finish(sid); err != nil {
+				t.Fatal(err)
+			}
+			run := h.waitEnd(t, sid)
+			patch, _ := os.ReadFile(filepath.Join(h.m.runDir(sid), "review.patch"))
+			if run.Result.Reason != ReasonFinished || !strings.Contains(string(patch), "+kept") {
+				t.Fatalf("finished while suspended: %+v\n%s", run.Result, patch)
+			}
+			if _, err := h.m.Finish(osid); err != nil {
+				t.Fatal(err)
+			}
+			h.waitEnd(t, osid)
+		})
+	}
+	t.Run("deadline", func(t *testing.T) {
+		h, _ := newHarness(t, false)
+		g := h.sessionGrant(typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, time.Minute)
+		g.Limits.Deadline = durationpb.New(4 * time.Second)
+		sid := h.startSession(t, g)
+		if _, err := h.m.Suspend(sid); err != nil {
+			t.Fatal(err)
+		}
+		run := h.waitEnd(t, sid)
+		if run.Result.Reason != sandbox.ReasonTimeout || !strings.Contains(run.Result.Message, "suspended") {
+			t.Fatalf("a session suspended past its deadline: %+v", run.Result)
+		}
+	})
+}
