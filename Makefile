@@ -61,13 +61,16 @@ unit:
 e2e:
 	$(GO) test $(GOTESTFLAGS) ./test/e2e/...
 
-## bench: raw `runc run` vs the sandbox vs the whole submit→result path, a publish vs the same change landed with git alone, the content scan's MB/s, making, changing and removing an allow job's network, and the egress proxy's connect latency and 100 MB download vs an allow-CIDR policy (benchstat -col /via bench.out for the ratios); benchstat summarizes
+## bench: raw `runc run` vs the sandbox vs the whole submit→result path, `true` as a session exec vs a job vs raw `runc exec`, a 20-step agent loop in one session vs 20 jobs, a publish vs the same change landed with git alone, the content scan's MB/s, making, changing and removing an allow job's network, and the egress proxy's connect latency and 100 MB download vs an allow-CIDR policy (benchstat -col /via bench.out for the ratios); benchstat summarizes
 # -p 1: one package at a time, so neither runs under the other's load (two
 # cores here); the ratios are between benchmarks of one run.
 BENCHCOUNT ?= 6
 bench: runtimes
 	$(GO) test -p 1 -run '^$$' -bench 'RawRuncTrue|SandboxTrue|EndToEnd|Publish$$|RawGitPublish' -benchtime 50x -count $(BENCHCOUNT) -timeout 60m \
 		./services/executor/internal/sandbox ./test/e2e | tee bench.out
+	$(GO) test -p 1 -run '^$$' -bench 'ExecTrue|SessionTrue' -benchtime 30x -count $(BENCHCOUNT) -timeout 60m \
+		./services/executor/internal/sandbox ./test/e2e | tee -a bench.out
+	$(GO) test -run '^$$' -bench 'AgentLoop20' -benchtime 2x -count $(BENCHCOUNT) -timeout 60m ./test/e2e | tee -a bench.out
 	$(GO) test -run '^$$' -bench 'Check10MBPatch' -benchtime 2x -count 3 -timeout 30m ./pkg/contentcheck | tee -a bench.out
 	$(GO) test -run '^$$' -bench 'AllowNet|Apply$$|RulesTransaction' -benchtime 40x -count $(BENCHCOUNT) -timeout 30m ./services/executor/internal/netpolicy | tee -a bench.out
 	$(GO) test -run '^$$' -bench 'Egress' -benchtime 1s -count $(BENCHCOUNT) -timeout 30m ./services/executor/internal/runs | tee -a bench.out

@@ -37,9 +37,14 @@ func benchRepo(b testing.TB, n int) string {
 
 // runTrue submits `true` on repo and waits for the job to finish.
 func runTrue(ctx context.Context, client authorityv1.AuthorityServiceClient, repo, key string) error {
+	return runJob(ctx, client, repo, key, []string{"true"})
+}
+
+// runJob submits argv on repo and waits for the job to finish with status 0.
+func runJob(ctx context.Context, client authorityv1.AuthorityServiceClient, repo, key string, argv []string) error {
 	resp, err := client.SubmitJob(ctx, &authorityv1.SubmitJobRequest{
 		Tenant: "dev", IdempotencyKey: key,
-		Spec: &authorityv1.JobSpec{Repository: repo, Revision: "main", Command: []string{"true"}},
+		Spec: &authorityv1.JobSpec{Repository: repo, Revision: "main", Command: argv},
 	})
 	if err != nil {
 		return err

@@ -122,3 +122,39 @@ func BenchmarkSandboxTrueNetNS(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkExecTrue is `true` in a running session sandbox: through Exec
+// (via=exec) and as a raw `runc exec` into the same container (via=raw).
+func BenchmarkExecTrue(b *testing.B) {
+	e := newEnv(b)
+	src := e.source(b, nil)
+	ctx := context.Background()
+	lim := defaultLimits
+	lim.Deadline = time.Hour
+	sb, err := e.m.Create(ctx, Spec{ID: "bench-session", Class: ClassRunc, Source: src, Command: IdleCommand, Limits: lim})
+	if err != nil {
+		b.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); sb.Run(runCtx) }()
+	defer func() { cancel(); <-done; sb.Destroy() }()
+	if _, err := sb.Exec(ctx, ExecSpec{Argv: []string{"true"}}); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("via=exec", func(b *testing.B) {
+		for b.Loop() {
+			if res, err := sb.Exec(ctx, ExecSpec{Argv: []string{"true"}}); err != nil || res.ExitCode != 0 {
+				b.Fatalf("exec: %v %+v", err, res)
+			}
+		}
+	})
+	b.Run("via=raw", func(b *testing.B) {
+		for b.Loop() {
+			cmd := exec.Command(runcPath, "--root", filepath.Join(e.cfg.StateDir, "runc"), "exec", "bench-session", "true")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				b.Fatalf("runc exec: %v: %s", err, out)
+			}
+		}
+	})
+}

@@ -1,0 +1,202 @@
+//go:build linux
+
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+)
+
+// createSession makes a session on repo and waits until it runs.
+func createSession(ctx context.Context, b testing.TB, client authorityv1.AuthorityServiceClient, repo, key string) string {
+	b.Helper()
+	resp, err := client.CreateSession(ctx, &authorityv1.CreateSessionRequest{Tenant: "dev", IdempotencyKey: key,
+		Spec: &authorityv1.JobSpec{Repository: repo, Revision: "main"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	id := resp.GetSession().GetJobId()
+	for {
+		r, err := client.GetSession(ctx, &authorityv1.GetSessionRequest{SessionId: id})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if r.GetSession().GetState() == authorityv1.JobState_JOB_STATE_RUNNING {
+			return id
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// execWait runs argv in a session over the authority's API and returns its
+// stdout once it has ended with status 0.
+func execWait(ctx context.Context, client authorityv1.AuthorityServiceClient, sid, execID string, argv ...string) (string, error) {
+	if _, err := client.StartExec(ctx, &authorityv1.StartExecRequest{SessionId: sid, Spec: &typesv1.ExecSpec{ExecId: execID, Argv: argv}}); err != nil {
+		return "", err
+	}
+	stream, err := client.WatchExec(ctx, &authorityv1.WatchExecRequest{SessionId: sid, ExecId: execID})
+	if err != nil {
+		return "", err
+	}
+	var out []byte
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return "", fmt.Errorf("exec %s: the stream ended without its record", execID)
+		}
+		if err != nil {
+			return "", err
+		}
+		if o := msg.GetOutput(); o != nil && o.GetStream() == typesv1.OutputStream_OUTPUT_STREAM_STDOUT {
+			out = append(out, o.GetData()...)
+		}
+		if x := msg.GetExec(); x != nil {
+			if x.GetReason() != typesv1.TerminationReason_TERMINATION_REASON_EXITED || x.GetExitCode() != 0 {
+				return "", fmt.Errorf("exec %s: %v %d %s", execID, x.GetReason(), x.GetExitCode(), x.GetMessage())
+			}
+			return string(out), nil
+		}
+	}
+}
+
+// BenchmarkSessionTrue is `true` three ways, in one run: a fresh job end
+// to end (via=job), an exec in a warm session end to end (via=exec:
+// StartExec and WatchExec over mTLS through the authority to the
+// executor), and raw `runc exec` into the same session's container
+// (via=raw). benchstat -col /via gives the ratios.
+func BenchmarkSessionTrue(b *testing.B) {
+	repo := benchRepo(b, 3)
+	s := startStack(b, "--repo", "bench="+repo)
+	client := authorityv1.NewAuthorityServiceClient(s.dial(b, "client/dev", "authority"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	if err := runTrue(ctx, client, "bench", "warm-up"); err != nil {
+		b.Fatal(err)
+	}
+	sid := createSession(ctx, b, client, "bench", "bench-session")
+	roots, _ := filepath.Glob(filepath.Join(s.dir, "*", "*", "sandbox", "runc"))
+	if len(roots) == 0 {
+		roots, _ = filepath.Glob(filepath.Join(s.dir, "*", "sandbox", "runc"))
+	}
+	if len(roots) != 1 {
+		b.Fatalf("the executor's runc root under %s: found %v", s.dir, roots)
+	}
+	seq := 0
+	b.Run("via=job", func(b *testing.B) {
+		for range b.N {
+			seq++
+			if err := runTrue(ctx, client, "bench", fmt.Sprintf("true-%d", seq)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("via=exec", func(b *testing.B) {
+		for range b.N {
+			seq++
+			if _, err := execWait(ctx, client, sid, fmt.Sprintf("true-%d", seq), "true"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("via=raw", func(b *testing.B) {
+		for range b.N {
+			if out, err := exec.CommandContext(ctx, bin("runc"), "--root", roots[0], "exec", sid, "true").CombinedOutput(); err != nil {
+				b.Fatalf("runc exec: %v: %s", err, out)
+			}
+		}
+	})
+}
+
+// BenchmarkAgentLoop20 is a 20-step agent loop (write a file, run the
+// test, read the result) in one session (via=session: create, 20 × upload,
+// exec, download, finish) against the same 20 steps as 20 jobs
+// (via=jobs), in one run.
+func BenchmarkAgentLoop20(b *testing.B) {
+	repo := benchRepo(b, 3)
+	s := startStack(b, "--repo", "bench="+repo)
+	client := authorityv1.NewAuthorityServiceClient(s.dial(b, "client/dev", "authority"))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
+	defer cancel()
+	if err := runTrue(ctx, client, "bench", "warm-up"); err != nil {
+		b.Fatal(err)
+	}
+	seq := 0
+	b.Run("via=session", func(b *testing.B) {
+		for range b.N {
+			seq++
+			sid := createSession(ctx, b, client, "bench", fmt.Sprintf("loop-%d", seq))
+			for step := range 20 {
+				if err := writeFile(ctx, client, sid, "/work/step.txt", fmt.Sprintf("step %d\n", step)); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := execWait(ctx, client, sid, fmt.Sprintf("s%d", step), "sh", "-c", "cat step.txt > /out/result.txt"); err != nil {
+					b.Fatal(err)
+				}
+				if got, err := readFile(ctx, client, sid, "/out/result.txt"); err != nil || got != fmt.Sprintf("step %d\n", step) {
+					b.Fatalf("step %d read %q, %v", step, got, err)
+				}
+			}
+			if _, err := client.FinishSession(ctx, &authorityv1.FinishSessionRequest{SessionId: sid}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("via=jobs", func(b *testing.B) {
+		for range b.N {
+			for step := range 20 {
+				seq++
+				if err := runScript(ctx, client, "bench", fmt.Sprintf("loop-job-%d", seq),
+					fmt.Sprintf("echo 'step %d' > step.txt && cat step.txt > /out/result.txt && cat /out/result.txt", step)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	})
+}
+
+func writeFile(ctx context.Context, client authorityv1.AuthorityServiceClient, sid, path, content string) error {
+	stream, err := client.WriteFile(ctx)
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(&authorityv1.WriteFileRequest{Part: &authorityv1.WriteFileRequest_Header{Header: &authorityv1.WriteFileHeader{SessionId: sid, Path: path}}}); err != nil {
+		return err
+	}
+	if err := stream.Send(&authorityv1.WriteFileRequest{Part: &authorityv1.WriteFileRequest_Chunk{Chunk: []byte(content)}}); err != nil {
+		return err
+	}
+	_, err = stream.CloseAndRecv()
+	return err
+}
+
+func readFile(ctx context.Context, client authorityv1.AuthorityServiceClient, sid, path string) (string, error) {
+	stream, err := client.ReadFile(ctx, &authorityv1.ReadFileRequest{SessionId: sid, Path: path})
+	if err != nil {
+		return "", err
+	}
+	var out []byte
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return string(out), nil
+		}
+		if err != nil {
+			return "", err
+		}
+		out = append(out, msg.GetChunk()...)
+	}
+}
+
+// runScript is runTrue with a shell script for the command.
+func runScript(ctx context.Context, client authorityv1.AuthorityServiceClient, repo, key, script string) error {
+	return runJob(ctx, client, repo, key, []string{"sh", "-c", script})
+}
