@@ -303,6 +303,12 @@ func (m *Manager) endExec(e *entry, xe *execEntry, f func(*Exec)) {
 	errs := streamSummary(filepath.Join(dir, "stderr.log"))
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.endExecLocked(e, xe, out, errs, f)
+	e.runningExecs--
+}
+
+// endExecLocked is endExec's record keeping. Callers hold m.mu.
+func (m *Manager) endExecLocked(e *entry, xe *execEntry, out, errs summary, f func(*Exec)) {
 	r := &xe.rec
 	f(r)
 	r.State, r.EndedAt = ExecEnded, m.cfg.Now()
@@ -315,7 +321,6 @@ func (m *Manager) endExec(e *entry, xe *execEntry, f func(*Exec)) {
 	if err := m.persistExec(r); err != nil {
 		m.cfg.Logger.Error("persist exec", "job_id", e.run.JobID, "exec_id", r.Spec.ID, "error", err)
 	}
-	e.runningExecs--
 	e.lastActive = m.cfg.Now()
 	close(xe.done)
 	e.notify()
@@ -714,16 +719,15 @@ func (m *Manager) loadExecs(e *entry) error {
 }
 
 // endLeftExecs ends, after a restart, every exec still recorded running.
+// Callers hold m.mu.
 func (m *Manager) endLeftExecs(e *entry) {
 	for _, xe := range e.execOrder {
 		if xe.rec.State != ExecRunning {
 			continue
 		}
-		e.runningExecs++ // endExec counts it down
-		m.mu.Unlock()
-		m.endExec(e, xe, func(r *Exec) {
+		dir := m.execDir(e.run.JobID, xe.rec.Seq)
+		m.endExecLocked(e, xe, streamSummary(filepath.Join(dir, "stdout.log")), streamSummary(filepath.Join(dir, "stderr.log")), func(r *Exec) {
 			r.Reason, r.ExitCode, r.Message = ReasonExecutorRestarted, -1, "the executor restarted while the exec ran"
 		})
-		m.mu.Lock()
 	}
 }
