@@ -7,7 +7,7 @@ const (
 	KindApprovalDecided      = "approval.decided"
 	KindApprovalExpired      = "approval.expired"
 	KindApprovalOpened       = "approval.opened"
-	KindExecStarted          = "exec.started"
+	KindExecRequested        = "exec.requested"
 	KindJobCancelled         = "job.cancelled"
 	KindJobChangeFailed      = "job.change_failed"
 	KindJobChangeRefused     = "job.change_refused"
@@ -33,7 +33,7 @@ func Kinds() []string {
 		KindApprovalDecided,
 		KindApprovalExpired,
 		KindApprovalOpened,
-		KindExecStarted,
+		KindExecRequested,
 		KindJobCancelled,
 		KindJobChangeFailed,
 		KindJobChangeRefused,

@@ -180,17 +180,19 @@ func (s *Service) StartExec(ctx context.Context, req *authorityv1.StartExecReque
 	if err := s.cfg.Jobs.CheckExecEnv(ctx, req.GetSpec().GetEnv()); err != nil {
 		return nil, s.fail(ctx, err)
 	}
-	if j.State != store.StateRunning {
-		return nil, s.fail(ctx, fmt.Errorf("%w: session %q is %s: it takes execs only while running", errdefs.ErrFailedPrecondition, j.ID, j.State))
+	if j.DispatchedAt.IsZero() {
+		return nil, s.fail(ctx, fmt.Errorf("%w: session %q is %s: it takes execs only once it runs", errdefs.ErrFailedPrecondition, j.ID, j.State))
+	}
+	// Every request is in the audit log before it can reach the sandbox;
+	// one that cannot be recorded is refused. Whether it starts a new exec
+	// or names one already started (a retry, even after the session
+	// ended) the executor decides: it alone holds the exec records.
+	if err := s.cfg.Jobs.RecordExec(ctx, id, j, req.GetSpec().GetExecId(), req.GetSpec().GetArgv()); err != nil {
+		return nil, s.fail(ctx, err)
 	}
 	resp, err := s.cfg.Executor.StartExec(ctx, &executorv1.StartExecRequest{JobId: j.ID, Spec: req.GetSpec()})
 	if err != nil {
 		return nil, err
-	}
-	if err := s.cfg.Jobs.RecordExec(ctx, id, j, req.GetSpec().GetExecId(), req.GetSpec().GetArgv(), resp.GetCreated()); err != nil {
-		// The exec runs; its record is in the executor's and, at the
-		// end, in the bundle.
-		s.cfg.Logger.ErrorContext(ctx, "audit an exec", "session", j.ID, "exec_id", req.GetSpec().GetExecId(), "error", err)
 	}
 	return &authorityv1.StartExecResponse{Exec: resp.GetExec(), Created: resp.GetCreated()}, nil
 }

@@ -60,21 +60,22 @@ func (s *Service) ListSessions(ctx context.Context, caller identity.ID, req List
 	}
 }
 
-// RecordExec appends an exec's start to the audit log: the authority's
-// own record of every command run in a session, whatever the executor
-// later reports.
-func (s *Service) RecordExec(ctx context.Context, caller identity.ID, j store.Job, execID string, argv []string, created bool) error {
-	if !created {
-		return nil
-	}
-	reason := fmt.Sprintf("exec %q: argv %q", execID, argv)
+// RecordExec appends an exec request to the audit log: the authority's
+// own record of every command asked of a session, before it reaches the
+// executor. A retry of an exec id is recorded again; the executor runs it
+// once.
+func (s *Service) RecordExec(ctx context.Context, caller identity.ID, j store.Job, execID string, argv []string) error {
+	reason := fmt.Sprintf("exec %q requested: argv %q", execID, argv)
 	if len(reason) > 2048 {
 		reason = strings.ToValidUTF8(reason[:2048], "") + "…"
 	}
 	_, err := s.cfg.Store.AppendAudit(ctx, audit.Event{
-		Kind: audit.KindExecStarted, Caller: caller.String(), Subject: j.ID, Tenant: j.Tenant, Outcome: outcomeAllowed, Reason: reason,
+		Kind: audit.KindExecRequested, Caller: caller.String(), Subject: j.ID, Tenant: j.Tenant, JobID: j.ID, Outcome: outcomeAllowed, Reason: reason,
 	})
-	return err
+	if err != nil {
+		return fmt.Errorf("audit the exec request: %w", err)
+	}
+	return nil
 }
 
 // CheckExecEnv checks an exec's environment by the rules a job's is.

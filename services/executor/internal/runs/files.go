@@ -1,6 +1,7 @@
 package runs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -18,9 +19,11 @@ const (
 	defaultFileMode = 0o644
 )
 
-// sessionFiles runs f with the sandbox of the running session jobID, which
-// is not torn down until f returns. Every use counts as activity.
-func (m *Manager) sessionFiles(jobID string, f func(sb *sandbox.Sandbox) error) error {
+// sessionFiles runs f with the sandbox of the running session jobID and a
+// context that ends when the session stops taking calls: the session's end
+// waits for f to return, and f must return soon once ctx ends. A call in
+// flight counts as activity for the idle timeout.
+func (m *Manager) sessionFiles(jobID string, f func(ctx context.Context, sb *sandbox.Sandbox) error) error {
 	m.mu.Lock()
 	e, ok := m.runs[jobID]
 	if !ok {
@@ -31,48 +34,83 @@ func (m *Manager) sessionFiles(jobID string, f func(sb *sandbox.Sandbox) error) 
 		m.mu.Unlock()
 		return fmt.Errorf("%w: run %s is a job, not a session: its files are in its bundle", errdefs.ErrFailedPrecondition, jobID)
 	}
-	sb := e.live
-	if sb == nil || e.stopping != "" {
+	sb, ctx := e.live, e.filesCtx
+	if sb == nil || e.stopping != "" || e.suspending {
 		state := e.sessionState()
 		m.mu.Unlock()
 		return fmt.Errorf("%w: session %s is %s: its files can be read and written only while it runs", errdefs.ErrFailedPrecondition, jobID, state)
 	}
-	e.lastActive = m.cfg.Now()
+	e.filesActive++
 	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		e.filesActive--
+		e.lastActive = m.cfg.Now()
+		m.mu.Unlock()
+	}()
 	e.filesMu.RLock()
 	defer e.filesMu.RUnlock()
-	defer func() { m.mu.Lock(); e.lastActive = m.cfg.Now(); m.mu.Unlock() }()
-	return f(sb)
+	// The session may have stopped between the check and the lock; its end
+	// then waits for no one, so this call must not go on.
+	m.mu.Lock()
+	still := e.live == sb && ctx.Err() == nil
+	m.mu.Unlock()
+	if !still {
+		return fmt.Errorf("%w: session %s stopped taking calls", errdefs.ErrFailedPrecondition, jobID)
+	}
+	return f(ctx, sb)
 }
 
 // ReadFile sends a regular file of a running session's /work or /out: its
-// size first, then its bytes in chunks.
+// size first, then its bytes in chunks. A slow receiver does not hold the
+// session's end: the file is read beside the sending, and the reading
+// stops when the session does.
 func (m *Manager) ReadFile(jobID, path string, header func(size int64) error, chunk func([]byte) error) error {
-	return m.sessionFiles(jobID, func(sb *sandbox.Sandbox) error {
-		f, size, err := sb.OpenFile(path)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := header(size); err != nil {
-			return err
-		}
-		buf := make([]byte, fileChunk)
-		for {
-			n, err := f.Read(buf)
-			if n > 0 {
-				if err := chunk(buf[:n]); err != nil {
-					return err
-				}
-			}
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
+	chunks := make(chan []byte, 4)
+	read := make(chan error, 1)
+	opened := make(chan int64, 1)
+	go func() {
+		read <- m.sessionFiles(jobID, func(ctx context.Context, sb *sandbox.Sandbox) error {
+			defer close(chunks)
+			f, size, err := sb.OpenFile(path)
 			if err != nil {
 				return err
 			}
+			defer f.Close()
+			opened <- size
+			for {
+				buf := make([]byte, fileChunk)
+				n, err := f.Read(buf)
+				if n > 0 {
+					select {
+					case chunks <- buf[:n]:
+					case <-ctx.Done():
+						return fmt.Errorf("%w: the session stopped while its file was read", errdefs.ErrFailedPrecondition)
+					}
+				}
+				if errors.Is(err, io.EOF) {
+					return nil
+				}
+				if err != nil {
+					return err
+				}
+			}
+		})
+	}()
+	select {
+	case size := <-opened:
+		if err := header(size); err != nil {
+			return err
 		}
-	})
+	case err := <-read:
+		return err
+	}
+	for c := range chunks {
+		if err := chunk(c); err != nil {
+			return err
+		}
+	}
+	return <-read
 }
 
 // WriteFile replaces a file of a running session's /work or /out with r's
@@ -82,9 +120,9 @@ func (m *Manager) WriteFile(jobID, path string, mode fs.FileMode, r io.Reader) (
 		mode = defaultFileMode
 	}
 	var n int64
-	err := m.sessionFiles(jobID, func(sb *sandbox.Sandbox) error {
+	err := m.sessionFiles(jobID, func(ctx context.Context, sb *sandbox.Sandbox) error {
 		var err error
-		n, err = sb.WriteFile(path, r, mode, MaxUploadBytes)
+		n, err = sb.WriteFile(path, &ctxReader{ctx: ctx, r: r}, mode, MaxUploadBytes)
 		return err
 	})
 	return n, err
@@ -96,10 +134,41 @@ func (m *Manager) ListFiles(jobID, path string, recursive bool) ([]sandbox.FileI
 		list []sandbox.FileInfo
 		cut  bool
 	)
-	err := m.sessionFiles(jobID, func(sb *sandbox.Sandbox) error {
+	err := m.sessionFiles(jobID, func(_ context.Context, sb *sandbox.Sandbox) error {
 		var err error
 		list, cut, err = sb.ListFiles(path, recursive, MaxListEntries)
 		return err
 	})
 	return list, cut, err
+}
+
+// ctxReader reads r until ctx ends: each Read runs beside the caller, who
+// stops waiting for it when ctx does (the read itself ends when r's own
+// source does, as a gRPC stream does once its handler returns).
+type ctxReader struct {
+	ctx  context.Context
+	r    io.Reader
+	next chan readResult
+}
+
+type readResult struct {
+	b   []byte
+	err error
+}
+
+func (c *ctxReader) Read(p []byte) (int, error) {
+	if c.next == nil {
+		c.next = make(chan readResult, 1)
+	}
+	go func() {
+		buf := make([]byte, len(p))
+		n, err := c.r.Read(buf)
+		c.next <- readResult{buf[:n], err}
+	}()
+	select {
+	case res := <-c.next:
+		return copy(p, res.b), res.err
+	case <-c.ctx.Done():
+		return 0, fmt.Errorf("%w: the session stopped during the upload", errdefs.ErrFailedPrecondition)
+	}
 }

@@ -192,13 +192,20 @@ type entry struct {
 	stopping     sandbox.Reason
 	execWG       sync.WaitGroup
 	// filesMu is held for reading by each files API call while it uses
-	// the sandbox, and for writing while the sandbox is torn down.
-	filesMu sync.RWMutex
+	// the sandbox, and for writing once the sandbox stops taking calls
+	// (before its patch is taken) and while it is torn down. filesCtx
+	// ends when the sandbox stops taking calls; filesActive counts the
+	// calls in flight (under the manager's mu).
+	filesMu     sync.RWMutex
+	filesCtx    context.Context
+	filesCancel context.CancelFunc
+	filesActive int
 	// suspending is set by Suspend until the session runs again; stopRun
-	// stops the sandbox's current Run; resume wakes a suspended session.
-	suspending bool
-	stopRun    context.CancelFunc
-	resume     chan struct{}
+	// stops the sandbox's current Run; resumeAsked, set by Resume of a
+	// suspended session, wakes it (Suspend clears it).
+	suspending  bool
+	stopRun     context.CancelFunc
+	resumeAsked bool
 }
 
 var jobIDFormat = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)

@@ -366,23 +366,26 @@ func (e *entry) sessionState() string {
 // each suspension (Suspend) restarts it, once resumed, on the same /work
 // and /out. It says how the session ended as sb.Run says how a job did.
 func (m *Manager) runSession(ctx context.Context, e *entry, sb *sandbox.Sandbox) (sandbox.Result, error) {
-	m.mu.Lock()
-	e.resume = make(chan struct{}, 1)
-	m.mu.Unlock()
 	for {
 		runCtx, stopRun := context.WithCancel(ctx)
+		filesCtx, stopFiles := context.WithCancel(ctx)
 		m.mu.Lock()
 		e.stopRun, e.live = stopRun, sb
+		e.filesCtx, e.filesCancel = filesCtx, stopFiles
 		e.notify()
 		m.mu.Unlock()
 		res, runErr := sb.Run(runCtx)
 		stopRun()
-		// The sandbox stopped, so every exec in it ends; their records
-		// are complete before anything takes them.
+		// The sandbox stopped, so every exec in it ends, and no files call
+		// may touch it once the calls in flight (told to stop) return:
+		// what the patch and the records take is final.
 		m.mu.Lock()
 		e.live = nil
 		suspend := e.suspending && e.stopping == "" && ctx.Err() == nil && runErr == nil && res.Reason == sandbox.ReasonCancelled
 		m.mu.Unlock()
+		stopFiles()
+		e.filesMu.Lock()
+		e.filesMu.Unlock() //nolint:staticcheck // waits for the calls in flight
 		e.execWG.Wait()
 		if !suspend {
 			return m.sessionEnded(e, res), runErr
@@ -393,13 +396,15 @@ func (m *Manager) runSession(ctx context.Context, e *entry, sb *sandbox.Sandbox)
 		m.update(e, func(r *Run) { r.Suspended, r.SuspendedAt = true, m.cfg.Now() })
 		m.cfg.Logger.Info("session suspended", "job_id", e.run.JobID)
 		res, ended := m.waitSuspended(ctx, e, sb, res)
-		m.update(e, func(r *Run) { r.Suspended, r.SuspendedAt = false, time.Time{} })
+		// One step, under the lock: no Suspend or Resume sees a session
+		// half resumed.
+		m.update(e, func(r *Run) {
+			r.Suspended, r.SuspendedAt = false, time.Time{}
+			e.suspending, e.resumeAsked, e.lastActive = false, false, m.cfg.Now()
+		})
 		if ended {
 			return m.sessionEnded(e, res), nil
 		}
-		m.mu.Lock()
-		e.suspending, e.lastActive = false, m.cfg.Now()
-		m.mu.Unlock()
 		m.cfg.Logger.Info("session resumed", "job_id", e.run.JobID)
 	}
 }
@@ -410,9 +415,13 @@ func (m *Manager) waitSuspended(ctx context.Context, e *entry, sb *sandbox.Sandb
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		select {
-		case <-e.resume:
+		m.mu.Lock()
+		asked := e.resumeAsked
+		m.mu.Unlock()
+		if asked {
 			return res, false
+		}
+		select {
 		case <-ctx.Done():
 			res.Reason, res.ExitCode, res.Message = sandbox.ReasonCancelled, -1, "the session was cancelled while suspended"
 			return res, true
@@ -466,7 +475,7 @@ func (m *Manager) Suspend(jobID string) (Run, error) {
 	if e.live == nil || e.stopping != "" {
 		return Run{}, fmt.Errorf("%w: session %s is %s: only a running session can be suspended", errdefs.ErrFailedPrecondition, jobID, e.sessionState())
 	}
-	e.suspending = true
+	e.suspending, e.resumeAsked = true, false
 	e.stopRun()
 	e.notify()
 	return e.run, nil
@@ -483,10 +492,7 @@ func (m *Manager) Resume(jobID string) (Run, error) {
 	}
 	switch {
 	case e.run.Suspended:
-		select {
-		case e.resume <- struct{}{}:
-		default: // already asked
-		}
+		e.resumeAsked = true
 	case e.suspending:
 		return Run{}, fmt.Errorf("%w: session %s is still being suspended; resume it once it is", errdefs.ErrFailedPrecondition, jobID)
 	}
@@ -664,8 +670,9 @@ func (m *Manager) watchIdle(ctx context.Context, e *entry) {
 		case <-t.C:
 		}
 		m.mu.Lock()
-		if e.run.Suspended || e.suspending {
-			// Suspended is not idle: the deadline alone bounds it.
+		if e.run.Suspended || e.suspending || e.filesActive > 0 {
+			// Suspended is not idle (the deadline alone bounds it), nor
+			// is a session whose files are being read or written.
 			e.lastActive = m.cfg.Now()
 		}
 		left := idle - m.cfg.Now().Sub(e.lastActive)

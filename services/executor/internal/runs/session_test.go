@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -489,4 +490,61 @@ func TestSessionSuspendResume(t *testing.T) {
 			t.Fatalf("a session suspended past its deadline: %+v", run.Result)
 		}
 	})
+}
+
+// stallReader gives its first chunk, then blocks until released.
+type stallReader struct {
+	first   []byte
+	release chan struct{}
+}
+
+func (r *stallReader) Read(p []byte) (int, error) {
+	if len(r.first) > 0 {
+		n := copy(p, r.first)
+		r.first = r.first[n:]
+		return n, nil
+	}
+	<-r.release
+	return 0, io.EOF
+}
+
+// TestSessionFilesFence: an upload that stalls, and a download nobody
+// reads, when the session is finished: the session ends at once, the
+// upload is refused and nothing of it reaches the patch.
+func TestSessionFilesFence(t *testing.T) {
+	h, _ := newHarness(t, false)
+	sid := h.startSession(t, h.sessionGrant(typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, time.Minute))
+	h.execWait(t, sid, sh("big", "head -c 4000000 /dev/zero > /work/big.bin"))
+	stall := &stallReader{first: []byte("half of it\n"), release: make(chan struct{})}
+	defer close(stall.release)
+	wrote := make(chan error, 1)
+	go func() { _, err := h.m.WriteFile(sid, "/work/upload.txt", 0, stall); wrote <- err }()
+	readStarted := make(chan struct{})
+	read := make(chan error, 1)
+	go func() {
+		read <- h.m.ReadFile(sid, "/work/big.bin", func(int64) error { close(readStarted); return nil },
+			func([]byte) error { select {} }) // never takes a chunk
+	}()
+	<-readStarted
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	if _, err := h.m.Finish(sid); err != nil {
+		t.Fatal(err)
+	}
+	run := h.waitEnd(t, sid)
+	if d := time.Since(start); d > 20*time.Second {
+		t.Fatalf("the session took %s to end behind stalled file calls", d)
+	}
+	select {
+	case err := <-wrote:
+		if err == nil {
+			t.Fatal("the stalled upload was accepted")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stalled upload did not return once the session stopped")
+	}
+	patch, _ := os.ReadFile(filepath.Join(h.m.runDir(sid), "review.patch"))
+	if strings.Contains(string(patch), "airlock-upload") || strings.Contains(string(patch), "upload.txt") || run.Result.FilesChanged != 1 {
+		t.Fatalf("the patch has what the stalled upload wrote (%d files):\n%.500s", run.Result.FilesChanged, patch)
+	}
 }

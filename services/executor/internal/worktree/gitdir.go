@@ -38,7 +38,10 @@ func (r *Repo) PackCommit(ctx context.Context, commit, tree string, object []byt
 	if string(first) != "tree "+tree {
 		return fmt.Errorf("%w: commit %s names %q, want tree %s", ErrBadCommit, commit, first, tree)
 	}
-	out, err := r.gitInput(ctx, "", nil, object, "hash-object", "-t", "commit", "-w", "--stdin")
+	// --literally: a genuine historical commit that git's fsck rules
+	// would reject (a bad time zone, say) is still the commit; the hash
+	// check below is what proves it is the one named.
+	out, err := r.gitInput(ctx, "", nil, object, "hash-object", "-t", "commit", "-w", "--literally", "--stdin")
 	if err != nil {
 		return err
 	}
