@@ -221,7 +221,23 @@ func (s *Sandbox) exec(ctx context.Context, x ExecSpec, res ExecResult, procFile
 	cmd := exec.Command(s.rt.path, args...)
 	cmd.Env = runtimeEnv
 	cmd.Dir = s.dir
-	cmd.Stdin = x.Stdin
+	// Stdin through a pipe we feed ourselves: os/exec would copy a reader
+	// in a goroutine that Wait waits for, so a process inside that holds
+	// stdin open without reading it (runsc hands the pipe to the sandbox)
+	// would hold the exec open past its end and its timeout.
+	var stdinW *os.File
+	if x.Stdin != nil {
+		r, w, err := os.Pipe()
+		if err != nil {
+			outR.Close()
+			outW.Close()
+			errR.Close()
+			errW.Close()
+			return res, err
+		}
+		defer r.Close()
+		cmd.Stdin, stdinW = r, w
+	}
 	if s.rt.class == ClassRunc {
 		cmd.ExtraFiles = []*os.File{outW, errW}
 	} else {
@@ -238,7 +254,19 @@ func (s *Sandbox) exec(ctx context.Context, x ExecSpec, res ExecResult, procFile
 	if err != nil {
 		outR.Close()
 		errR.Close()
+		if stdinW != nil {
+			stdinW.Close()
+		}
 		return res, fmt.Errorf("start %s exec: %w", s.rt.class, err)
+	}
+	if stdinW != nil {
+		go func() {
+			_, _ = io.Copy(stdinW, x.Stdin)
+			stdinW.Close()
+		}()
+		// Once the runtime has exited, a write still blocked on the pipe
+		// fails (EPIPE) when its last reader is gone; closing ours below
+		// (deferred) takes care of the runtime's copy.
 	}
 	var copies sync.WaitGroup
 	for _, p := range []struct {

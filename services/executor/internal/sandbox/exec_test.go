@@ -61,8 +61,9 @@ func runExec(t *testing.T, ctx context.Context, sb *Sandbox, x ExecSpec) execRan
 	return r
 }
 
-// countProcs counts, from inside, the processes whose command name is comm.
-const countProcs = `n=0; for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = "$1" ] && n=$((n+1)); done; echo $n`
+// countProcs counts, from inside, the processes whose command line is one
+// of its arguments.
+const countProcs = `n=0; for p in /proc/[0-9]*; do c=$(tr '\0' ' ' < $p/cmdline 2>/dev/null); for w in "$@"; do [ "$c" = "$w " ] && n=$((n+1)); done; done; echo $n`
 
 // TestExec drives a session's sandbox as an agent does: state carries from
 // one exec to the next, stdin and exit statuses arrive, a timeout or a
@@ -90,6 +91,12 @@ func TestExec(t *testing.T) {
 			if r := runExec(t, ctx, sb, ExecSpec{Argv: []string{"cat", "/work/README", "/tmp/s"}}); r.stdout != "hello\nedited\nstate\n" {
 				t.Fatalf("state did not carry from one exec to the next: %q", r.stdout)
 			}
+			// A process that keeps stdin open unread, left in the
+			// background: the exec still ends when its command does.
+			r = runExec(t, ctx, sb, ExecSpec{Argv: []string{"sh", "-c", "exec 3<&0; sleep 1000 & echo bye"}, Stdin: strings.NewReader(strings.Repeat("x", 512<<10))})
+			if r.err != nil || r.res.ExitCode != 0 || r.res.WallTime > 10*time.Second {
+				t.Fatalf("an exec leaving unread stdin behind: %+v %v", r.res, r.err)
+			}
 			if r := runExec(t, ctx, sb, ExecSpec{Argv: []string{"no-such-command"}}); r.err != nil || r.res.ExitCode != 127 {
 				t.Fatalf("a missing command: %+v %v, want exit 127", r.res, r.err)
 			}
@@ -114,10 +121,8 @@ func TestExec(t *testing.T) {
 				t.Fatalf("the timed-out exec took %s", r.res.WallTime)
 			}
 			waitFor(t, "the timed-out exec's processes to go", 10*time.Second, func() bool {
-				// The idle init is one sleep; the background exec's loop
-				// may hold another for 0.1 s; the timed-out ones are gone.
-				out := runExec(t, ctx, sb, ExecSpec{Argv: []string{"sh", "-c", countProcs, "count", "sleep"}}).stdout
-				return out == "1\n" || out == "2\n"
+				out := runExec(t, ctx, sb, ExecSpec{Argv: []string{"sh", "-c", countProcs, "count", "sleep 300", "sleep 301"}}).stdout
+				return out == "0\n"
 			})
 			select {
 			case r := <-bg:
