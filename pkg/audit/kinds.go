@@ -8,6 +8,7 @@ const (
 	KindApprovalExpired      = "approval.expired"
 	KindApprovalOpened       = "approval.opened"
 	KindExecRequested        = "exec.requested"
+	KindFileWritten          = "file.written"
 	KindJobCancelled         = "job.cancelled"
 	KindJobChangeFailed      = "job.change_failed"
 	KindJobChangeRefused     = "job.change_refused"
@@ -34,6 +35,7 @@ func Kinds() []string {
 		KindApprovalExpired,
 		KindApprovalOpened,
 		KindExecRequested,
+		KindFileWritten,
 		KindJobCancelled,
 		KindJobChangeFailed,
 		KindJobChangeRefused,

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"strings"
 	"text/tabwriter"
 
@@ -137,6 +138,19 @@ func writeReviewExecs(w io.Writer, d *authorityv1.ReviewDetail) {
 	for _, x := range d.GetExecs() {
 		fmt.Fprintf(w, "\n  exec %d  %s  %s\n", x.GetSeq(), termtext.Line(x.GetSpec().GetExecId()), termtext.Line(execOutcome(x)))
 		fmt.Fprintf(w, "  argv    %s\n", commandText(x.GetSpec().GetArgv()))
+		if env := x.GetSpec().GetEnv(); len(env) > 0 {
+			keys := make([]string, 0, len(env))
+			for k := range env {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				fmt.Fprintf(w, "  env     %s=%s\n", termtext.Line(k), shellWord(termtext.Line(env[k])))
+			}
+		}
+		if x.GetSpecCut() {
+			fmt.Fprintf(w, "  (argv and env cut here; the bundle's result.json has them whole)\n")
+		}
 		if c := x.GetSpec().GetCwd(); c != "" {
 			fmt.Fprintf(w, "  cwd     %s\n", termtext.Line(c))
 		}

@@ -143,9 +143,20 @@ func (g *globals) print(v any, text func(w io.Writer)) error {
 func commandText(argv []string) string {
 	args := make([]string, len(argv))
 	for i, a := range argv {
-		args[i] = termtext.Line(a)
+		args[i] = shellWord(termtext.Line(a))
 	}
 	return strings.Join(args, " ")
+}
+
+// shellWord quotes an (already escaped) argument as a POSIX shell would
+// need it, so a reader can tell `a b` from `a` `b`.
+func shellWord(a string) string {
+	// The escaped text has no control characters left, and a backslash
+	// in it begins termtext's own escapes: neither needs quoting.
+	if a != "" && !strings.ContainsAny(a, " '\"$&|;<>()~#!`") {
+		return a
+	}
+	return "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
 }
 
 // allPages gathers a listing page by page: fetch gets the page token ("" for

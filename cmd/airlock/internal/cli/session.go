@@ -600,6 +600,7 @@ func downloadFile(ctx context.Context, g *globals, client authorityv1.AuthorityS
 		w = tmp
 	}
 	var n int64
+	size := int64(-1)
 	for {
 		msg, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -608,12 +609,19 @@ func downloadFile(ctx context.Context, g *globals, client authorityv1.AuthorityS
 		if err != nil {
 			return rpcError(err)
 		}
+		if h := msg.GetHeader(); h != nil {
+			size = h.GetSize()
+		}
 		if c := msg.GetChunk(); len(c) > 0 {
 			if _, err := w.Write(c); err != nil {
 				return err
 			}
 			n += int64(len(c))
 		}
+	}
+	if size >= 0 && n != size {
+		// The file changed while it was read: what came is not it.
+		return remoteError{fmt.Errorf("%s:%s: read %d bytes of a file that had %d when opened (it changed meanwhile); nothing was written", termtext.Line(sess), termtext.Line(path), n, size)}
 	}
 	if tmp != nil {
 		if err := tmp.Close(); err != nil {

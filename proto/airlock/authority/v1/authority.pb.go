@@ -2006,8 +2006,10 @@ type ReviewDetail struct {
 	Stderr *OutputTail `protobuf:"bytes,5,opt,name=stderr,proto3" json:"stderr,omitempty"`
 	// A domains job's egress decisions; unset for other jobs.
 	Egress *EgressLog `protobuf:"bytes,6,opt,name=egress,proto3" json:"egress,omitempty"`
-	// A session's execs, first to last: all of them, unless execs_total is
-	// larger (the rest did not fit; the bundle's result.json has every one).
+	// A session's execs in the order they ran: all of them, unless
+	// execs_total is larger; then the first and the last that fit (the
+	// bundle's result.json has every one). Each one's argv and env are cut
+	// to 4 KiB.
 	Execs []*v1.Exec `protobuf:"bytes,7,rep,name=execs,proto3" json:"execs,omitempty"`
 	// How many execs the session ran.
 	ExecsTotal    int64 `protobuf:"varint,8,opt,name=execs_total,json=execsTotal,proto3" json:"execs_total,omitempty"`
@@ -5409,12 +5411,16 @@ type GetSessionResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The session.
 	Session *Job `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	// Its execs, first to last; empty once the session has ended and its
-	// executor no longer has it (the result bundle keeps every record).
+	// Its execs, first to last: the last 1000 at most, each with its argv
+	// and env cut to 4 KiB and without its output tails (GetExec has the
+	// whole record); empty once its executor no longer has it (the result
+	// bundle keeps every record).
 	Execs []*v1.Exec `protobuf:"bytes,2,rep,name=execs,proto3" json:"execs,omitempty"`
 	// The session's sandbox is suspended (SuspendSession); its state stays
 	// RUNNING.
-	Suspended     bool `protobuf:"varint,3,opt,name=suspended,proto3" json:"suspended,omitempty"`
+	Suspended bool `protobuf:"varint,3,opt,name=suspended,proto3" json:"suspended,omitempty"`
+	// How many execs the session has run.
+	ExecsTotal    int64 `protobuf:"varint,4,opt,name=execs_total,json=execsTotal,proto3" json:"execs_total,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5468,6 +5474,13 @@ func (x *GetSessionResponse) GetSuspended() bool {
 		return x.Suspended
 	}
 	return false
+}
+
+func (x *GetSessionResponse) GetExecsTotal() int64 {
+	if x != nil {
+		return x.ExecsTotal
+	}
+	return 0
 }
 
 // ListSessionsRequest asks for a tenant's sessions.
@@ -7289,11 +7302,13 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\acreated\x18\x02 \x01(\bR\acreated\"2\n" +
 	"\x11GetSessionRequest\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\tR\tsessionId\"\x95\x01\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\"\xb6\x01\n" +
 	"\x12GetSessionResponse\x123\n" +
 	"\asession\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\asession\x12,\n" +
 	"\x05execs\x18\x02 \x03(\v2\x16.airlock.types.v1.ExecR\x05execs\x12\x1c\n" +
-	"\tsuspended\x18\x03 \x01(\bR\tsuspended\"\xa1\x01\n" +
+	"\tsuspended\x18\x03 \x01(\bR\tsuspended\x12\x1f\n" +
+	"\vexecs_total\x18\x04 \x01(\x03R\n" +
+	"execsTotal\"\xa1\x01\n" +
 	"\x13ListSessionsRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x126\n" +
 	"\x06states\x18\x02 \x03(\x0e2\x1e.airlock.authority.v1.JobStateR\x06states\x12\x1b\n" +

@@ -1230,11 +1230,15 @@ func (x *ListExecsRequest) GetJobId() string {
 	return ""
 }
 
-// ListExecsResponse lists a session's execs, first to last.
+// ListExecsResponse lists a session's execs, first to last: the last 1000
+// at most, each with its argv and env cut to 4 KiB and without its output
+// tails (GetExec has the whole record).
 type ListExecsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The execs.
-	Execs         []*v1.Exec `protobuf:"bytes,1,rep,name=execs,proto3" json:"execs,omitempty"`
+	Execs []*v1.Exec `protobuf:"bytes,1,rep,name=execs,proto3" json:"execs,omitempty"`
+	// How many execs the session has run.
+	Total         int64 `protobuf:"varint,2,opt,name=total,proto3" json:"total,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1274,6 +1278,13 @@ func (x *ListExecsResponse) GetExecs() []*v1.Exec {
 		return x.Execs
 	}
 	return nil
+}
+
+func (x *ListExecsResponse) GetTotal() int64 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
 }
 
 // WatchExecRequest names an exec to follow.
@@ -2346,9 +2357,10 @@ const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"\x0fGetExecResponse\x12*\n" +
 	"\x04exec\x18\x01 \x01(\v2\x16.airlock.types.v1.ExecR\x04exec\")\n" +
 	"\x10ListExecsRequest\x12\x15\n" +
-	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"A\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"W\n" +
 	"\x11ListExecsResponse\x12,\n" +
-	"\x05execs\x18\x01 \x03(\v2\x16.airlock.types.v1.ExecR\x05execs\"\x8c\x01\n" +
+	"\x05execs\x18\x01 \x03(\v2\x16.airlock.types.v1.ExecR\x05execs\x12\x14\n" +
+	"\x05total\x18\x02 \x01(\x03R\x05total\"\x8c\x01\n" +
 	"\x10WatchExecRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12#\n" +

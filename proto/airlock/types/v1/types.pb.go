@@ -1230,8 +1230,11 @@ type Exec struct {
 	StdinSha256 string `protobuf:"bytes,18,opt,name=stdin_sha256,json=stdinSha256,proto3" json:"stdin_sha256,omitempty"`
 	// The last bytes (at most 2 KiB) of each stream, once ended. They come
 	// from the job: show them escaped.
-	StdoutTail    []byte `protobuf:"bytes,19,opt,name=stdout_tail,json=stdoutTail,proto3" json:"stdout_tail,omitempty"`
-	StderrTail    []byte `protobuf:"bytes,20,opt,name=stderr_tail,json=stderrTail,proto3" json:"stderr_tail,omitempty"`
+	StdoutTail []byte `protobuf:"bytes,19,opt,name=stdout_tail,json=stdoutTail,proto3" json:"stdout_tail,omitempty"`
+	StderrTail []byte `protobuf:"bytes,20,opt,name=stderr_tail,json=stderrTail,proto3" json:"stderr_tail,omitempty"`
+	// Set where this copy of the record has its argv and env cut short (a
+	// listing or a review); the record itself has them whole.
+	SpecCut       bool `protobuf:"varint,21,opt,name=spec_cut,json=specCut,proto3" json:"spec_cut,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1404,6 +1407,13 @@ func (x *Exec) GetStderrTail() []byte {
 		return x.StderrTail
 	}
 	return nil
+}
+
+func (x *Exec) GetSpecCut() bool {
+	if x != nil {
+		return x.SpecCut
+	}
+	return false
 }
 
 // SignedGrant carries a serialized Grant and the authority's Ed25519
@@ -1834,7 +1844,12 @@ type FileEntry struct {
 	// Last modification.
 	ModifiedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=modified_at,json=modifiedAt,proto3" json:"modified_at,omitempty"`
 	// A symlink's target as stored; never followed.
-	Target        string `protobuf:"bytes,6,opt,name=target,proto3" json:"target,omitempty"`
+	Target string `protobuf:"bytes,6,opt,name=target,proto3" json:"target,omitempty"`
+	// A name need not be UTF-8: when path (or target) is not, it holds the
+	// name with each invalid byte written \xNN, and raw_path (raw_target)
+	// its bytes.
+	RawPath       []byte `protobuf:"bytes,7,opt,name=raw_path,json=rawPath,proto3" json:"raw_path,omitempty"`
+	RawTarget     []byte `protobuf:"bytes,8,opt,name=raw_target,json=rawTarget,proto3" json:"raw_target,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1909,6 +1924,20 @@ func (x *FileEntry) GetTarget() string {
 		return x.Target
 	}
 	return ""
+}
+
+func (x *FileEntry) GetRawPath() []byte {
+	if x != nil {
+		return x.RawPath
+	}
+	return nil
+}
+
+func (x *FileEntry) GetRawTarget() []byte {
+	if x != nil {
+		return x.RawTarget
+	}
+	return nil
 }
 
 // FileHeader starts a file's bytes in a read stream.
@@ -2038,7 +2067,7 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9d\x06\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb8\x06\n" +
 	"\x04Exec\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12.\n" +
@@ -2067,7 +2096,8 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\vstdout_tail\x18\x13 \x01(\fR\n" +
 	"stdoutTail\x12\x1f\n" +
 	"\vstderr_tail\x18\x14 \x01(\fR\n" +
-	"stderrTail\"V\n" +
+	"stderrTail\x12\x19\n" +
+	"\bspec_cut\x18\x15 \x01(\bR\aspecCut\"V\n" +
 	"\vSignedGrant\x12\x12\n" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x12\x1c\n" +
 	"\tsignature\x18\x02 \x01(\fR\tsignature\x12\x15\n" +
@@ -2102,7 +2132,7 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\x06stream\x18\x01 \x01(\x0e2\x1e.airlock.types.v1.OutputStreamR\x06stream\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x12\n" +
 	"\x04data\x18\x03 \x01(\fR\x04data\x12\x1c\n" +
-	"\ttruncated\x18\x04 \x01(\bR\ttruncated\"\xb0\x01\n" +
+	"\ttruncated\x18\x04 \x01(\bR\ttruncated\"\xea\x01\n" +
 	"\tFileEntry\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x12\n" +
@@ -2110,7 +2140,10 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\x04mode\x18\x04 \x01(\rR\x04mode\x12;\n" +
 	"\vmodified_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"modifiedAt\x12\x16\n" +
-	"\x06target\x18\x06 \x01(\tR\x06target\" \n" +
+	"\x06target\x18\x06 \x01(\tR\x06target\x12\x19\n" +
+	"\braw_path\x18\a \x01(\fR\arawPath\x12\x1d\n" +
+	"\n" +
+	"raw_target\x18\b \x01(\fR\trawTarget\" \n" +
 	"\n" +
 	"FileHeader\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\x03R\x04size*^\n" +

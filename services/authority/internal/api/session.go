@@ -102,7 +102,7 @@ func (s *Service) GetSession(ctx context.Context, req *authorityv1.GetSessionReq
 	case err != nil:
 		return nil, err
 	default:
-		resp.Execs = list.GetExecs()
+		resp.Execs, resp.ExecsTotal = list.GetExecs(), list.GetTotal()
 	}
 	return resp, nil
 }
@@ -299,7 +299,7 @@ func (s *Service) WriteFile(stream grpc.ClientStreamingServer[authorityv1.WriteF
 	if h == nil {
 		return status.Error(codes.InvalidArgument, "the first message must be the header")
 	}
-	_, j, err := s.session(ctx, h.GetSessionId())
+	id, j, err := s.session(ctx, h.GetSessionId())
 	if err != nil {
 		return err
 	}
@@ -335,6 +335,10 @@ func (s *Service) WriteFile(stream grpc.ClientStreamingServer[authorityv1.WriteF
 	resp, err := up.CloseAndRecv()
 	if err != nil {
 		return err
+	}
+	if err := s.cfg.Jobs.RecordWrite(ctx, id, j, h.GetPath(), resp.GetSize()); err != nil {
+		// The file is written; the bundle records it too.
+		s.cfg.Logger.ErrorContext(ctx, "audit an upload", "session", j.ID, "error", err)
 	}
 	return stream.SendAndClose(&authorityv1.WriteFileResponse{Size: resp.GetSize()})
 }

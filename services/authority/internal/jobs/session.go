@@ -42,7 +42,9 @@ func (s *Service) ListSessions(ctx context.Context, caller identity.ID, req List
 	}
 	var out []store.Job
 	for {
-		page, next, err := s.List(ctx, caller, ListRequest{Tenant: req.Tenant, States: req.States, PageSize: 500, PageToken: req.PageToken})
+		// Pages of want jobs: a page of sessions is then at most twice
+		// want long, within any message bound a page of jobs keeps.
+		page, next, err := s.List(ctx, caller, ListRequest{Tenant: req.Tenant, States: req.States, PageSize: min(want, 500), PageToken: req.PageToken})
 		if err != nil {
 			return nil, "", err
 		}
@@ -76,6 +78,18 @@ func (s *Service) RecordExec(ctx context.Context, caller identity.ID, j store.Jo
 		return fmt.Errorf("audit the exec request: %w", err)
 	}
 	return nil
+}
+
+// RecordWrite appends a client's upload into a session to the audit log.
+func (s *Service) RecordWrite(ctx context.Context, caller identity.ID, j store.Job, path string, size int64) error {
+	if len(path) > 1024 {
+		path = strings.ToValidUTF8(path[:1024], "") + "…"
+	}
+	_, err := s.cfg.Store.AppendAudit(ctx, audit.Event{
+		Kind: audit.KindFileWritten, Caller: caller.String(), Subject: j.ID, Tenant: j.Tenant, JobID: j.ID, Outcome: outcomeAllowed,
+		Reason: fmt.Sprintf("%q: %d bytes", path, size),
+	})
+	return err
 }
 
 // CheckExecEnv checks an exec's environment by the rules a job's is.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"strings"
+	"unicode/utf8"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -48,9 +50,12 @@ func (s *Service) ListExecs(ctx context.Context, req *executorv1.ListExecsReques
 	if err != nil {
 		return nil, s.fail(ctx, "ListExecs", err)
 	}
-	out := &executorv1.ListExecsResponse{}
-	for _, x := range xs {
-		out.Execs = append(out.Execs, convert.Exec(x))
+	out := &executorv1.ListExecsResponse{Total: int64(len(xs))}
+	for _, x := range xs[max(0, len(xs)-maxListedExecs):] {
+		p := convert.Exec(x)
+		p.StdoutTail, p.StderrTail = nil, nil
+		convert.CutSpec(p, convert.ExecSpecCut)
+		out.Execs = append(out.Execs, p)
 	}
 	return out, nil
 }
@@ -92,6 +97,10 @@ func (s *Service) FinishRun(ctx context.Context, req *executorv1.FinishRunReques
 	}
 	return &executorv1.FinishRunResponse{Run: convert.Run(run)}, nil
 }
+
+// maxListedExecs bounds a listing: with argv and env cut and no tails,
+// well inside one message.
+const maxListedExecs = 1000
 
 func requiredExec(jobID, execID string) error {
 	if err := required("job_id", jobID); err != nil {
@@ -167,9 +176,10 @@ func (s *Service) ListFiles(ctx context.Context, req *executorv1.ListFilesReques
 	}
 	out := &executorv1.ListFilesResponse{Truncated: cut}
 	for _, f := range list {
-		out.Entries = append(out.Entries, &typesv1.FileEntry{
-			Path: f.Path, Type: f.Type, Size: f.Size, Mode: uint32(f.Mode), ModifiedAt: timestamppb.New(f.ModTime), Target: f.Target,
-		})
+		e := &typesv1.FileEntry{Type: f.Type, Size: f.Size, Mode: uint32(f.Mode), ModifiedAt: timestamppb.New(f.ModTime)}
+		e.Path, e.RawPath = wireName(f.Path)
+		e.Target, e.RawTarget = wireName(f.Target)
+		out.Entries = append(out.Entries, e)
 	}
 	return out, nil
 }
@@ -214,4 +224,23 @@ func (s *Service) ResumeRun(ctx context.Context, req *executorv1.ResumeRunReques
 		return nil, s.fail(ctx, "ResumeRun", err)
 	}
 	return &executorv1.ResumeRunResponse{Run: convert.Run(run)}, nil
+}
+
+// wireName is a file name as a proto string: itself when it is UTF-8,
+// else with each invalid byte written \xNN, and its bytes beside.
+func wireName(name string) (string, []byte) {
+	if utf8.ValidString(name) {
+		return name, nil
+	}
+	var b strings.Builder
+	for i := 0; i < len(name); {
+		r, n := utf8.DecodeRuneInString(name[i:])
+		if r == utf8.RuneError && n == 1 {
+			fmt.Fprintf(&b, "\\x%02x", name[i])
+		} else {
+			b.WriteString(name[i : i+n])
+		}
+		i += n
+	}
+	return b.String(), []byte(name)
 }

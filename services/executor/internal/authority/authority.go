@@ -94,22 +94,38 @@ func (r *chunkReader) Close() error {
 const reviewFilesBudget = 2 << 20
 
 // reviewExecsBudget bounds the serialized exec records one report
-// carries; the bundle's result.json keeps every one.
-const reviewExecsBudget = 2 << 20
+// carries, beside the patch (1 MiB), the file list (2 MiB) and the egress
+// record (512 KiB), inside gRPC's 4 MiB; the bundle's result.json keeps
+// every one.
+const reviewExecsBudget = 384 << 10
 
-// reviewExecs is a session's execs for review, first to last, as many as
-// fit the budget, and how many there are.
+// reviewExecs is a session's execs for review, in order, each with its
+// argv and env cut: all of them if they fit the budget, else the first
+// that fit a quarter of it and the last that fit the rest, so neither the
+// start nor the end of the sequence can be pushed out. The second value
+// is how many there are.
 func reviewExecs(execs []runs.Exec) ([]*typesv1.Exec, int64) {
-	var out []*typesv1.Exec
-	size := 0
-	for _, x := range execs {
-		p := convert.Exec(x)
-		if size += proto.Size(p); size > reviewExecsBudget {
-			break
-		}
-		out = append(out, p)
+	all := make([]*typesv1.Exec, len(execs))
+	total := 0
+	for i, x := range execs {
+		all[i] = convert.Exec(x)
+		convert.CutSpec(all[i], convert.ExecSpecCut)
+		total += proto.Size(all[i])
 	}
-	return out, int64(len(execs))
+	if total <= reviewExecsBudget {
+		return all, int64(len(execs))
+	}
+	head, size := 0, 0
+	for head < len(all) && size+proto.Size(all[head]) <= reviewExecsBudget/4 {
+		size += proto.Size(all[head])
+		head++
+	}
+	tail := len(all)
+	for tail > head && size+proto.Size(all[tail-1]) <= reviewExecsBudget {
+		tail--
+		size += proto.Size(all[tail])
+	}
+	return append(all[:head:head], all[tail:]...), int64(len(execs))
 }
 
 // ReportResult implements runs.Authority.

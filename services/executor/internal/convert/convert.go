@@ -4,6 +4,8 @@
 package convert
 
 import (
+	"sort"
+
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -145,4 +147,42 @@ func Exec(x runs.Exec) *typesv1.Exec {
 		out.Usage = &typesv1.ResourceUsage{WallTime: durationpb.New(x.WallTime), CpuTime: durationpb.New(x.CPUTime)}
 	}
 	return out
+}
+
+// ExecSpecCut is how much of an exec's argv and env a listing or a review
+// carries.
+const ExecSpecCut = 4 << 10
+
+// CutSpec cuts x's argv and env to about max bytes in all (whole
+// arguments and variables, the last cut one marked with "…"), marking x
+// as cut when anything was.
+func CutSpec(x *typesv1.Exec, max int) {
+	spec := x.GetSpec()
+	size := 0
+	for i, a := range spec.GetArgv() {
+		if size+len(a) > max {
+			spec.Argv = append(spec.Argv[:i:i], "…")
+			x.SpecCut = true
+			break
+		}
+		size += len(a)
+	}
+	if len(spec.GetEnv()) > 0 {
+		keys := make([]string, 0, len(spec.Env))
+		for k := range spec.Env {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		env := map[string]string{}
+		for _, k := range keys {
+			v := spec.Env[k]
+			if size+len(k)+len(v) > max {
+				x.SpecCut = true
+				break
+			}
+			size += len(k) + len(v)
+			env[k] = v
+		}
+		spec.Env = env
+	}
 }

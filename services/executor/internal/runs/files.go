@@ -2,14 +2,27 @@ package runs
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"time"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
+
+// FileWrite records one upload into a session.
+type FileWrite struct {
+	Path   string    `json:"path"`
+	Size   int64     `json:"size"`
+	SHA256 string    `json:"sha256"`
+	At     time.Time `json:"at"`
+	// AfterExec is how many execs had started when it was written.
+	AfterExec int64 `json:"after_exec"`
+}
 
 // Files API bounds: one upload, one read chunk and one listing.
 const (
@@ -120,11 +133,21 @@ func (m *Manager) WriteFile(jobID, path string, mode fs.FileMode, r io.Reader) (
 		mode = defaultFileMode
 	}
 	var n int64
+	h := sha256.New()
 	err := m.sessionFiles(jobID, func(ctx context.Context, sb *sandbox.Sandbox) error {
 		var err error
-		n, err = sb.WriteFile(path, &ctxReader{ctx: ctx, r: r}, mode, MaxUploadBytes)
+		n, err = sb.WriteFile(path, io.TeeReader(&ctxReader{ctx: ctx, r: r}, h), mode, MaxUploadBytes)
 		return err
 	})
+	if err == nil {
+		// The record the review keeps of what the client put in, and when:
+		// after which exec.
+		m.mu.Lock()
+		if e := m.runs[jobID]; e != nil && len(e.writes) < MaxExecs {
+			e.writes = append(e.writes, FileWrite{Path: path, Size: n, SHA256: hex.EncodeToString(h.Sum(nil)), At: m.cfg.Now(), AfterExec: int64(len(e.execOrder))})
+		}
+		m.mu.Unlock()
+	}
 	return n, err
 }
 

@@ -3,6 +3,7 @@ package runs
 import (
 	"os"
 	"path/filepath"
+	"slices"
 
 	"google.golang.org/protobuf/proto"
 
@@ -28,6 +29,9 @@ type bundleMeta struct {
 	// Execs are a session's execs, first to last, each with its output's
 	// digest and end.
 	Execs []Exec `json:"execs,omitempty"`
+	// FileWrites are the files a session's client uploaded, in order,
+	// each with how many execs had started before it.
+	FileWrites []FileWrite `json:"file_writes,omitempty"`
 }
 
 func (m *Manager) writeBundle(e *entry, g *typesv1.Grant, result *Result, patch []byte, files []bundle.FileChange, outDir string) error {
@@ -36,6 +40,7 @@ func (m *Manager) writeBundle(e *entry, g *typesv1.Grant, result *Result, patch 
 	m.mu.Lock()
 	run := e.run
 	execs := e.execRecords()
+	writes := slices.Clone(e.writes)
 	m.mu.Unlock()
 	sg, err := run.Grant()
 	if err != nil {
@@ -47,7 +52,7 @@ func (m *Manager) writeBundle(e *entry, g *typesv1.Grant, result *Result, patch 
 	meta := bundleMeta{
 		JobID: g.GetJobId(), Tenant: g.GetTenant(), Repository: g.GetRepository(), Commit: g.GetCommit(),
 		GrantDigest: grant.Digest(sg), Command: g.GetCommand(), Result: result,
-		StdoutTruncated: outCut, StderrTruncated: errCut, Execs: execs,
+		StdoutTruncated: outCut, StderrTruncated: errCut, Execs: execs, FileWrites: writes,
 	}
 	// The whole signed grant (body, signature, key id), so whoever holds
 	// the bundle can check the authority signed what it says.

@@ -37,9 +37,13 @@ const (
 	DefaultIdleTimeout        = 15 * time.Minute
 	DefaultMaxConcurrentExecs = 4
 	MaxExecStdin              = 1 << 20
-	// MaxExecs bounds the execs one session may run in all: each keeps a
-	// record and its output to the end.
-	MaxExecs = 10000
+	// MaxExecs bounds the execs one session may run in all, and
+	// ExecOutputLimit each stream of one, and SessionOutputBudget what
+	// they may keep in all: their records and output are kept on the
+	// executor's disk, outside the session's disk limit, to the end.
+	MaxExecs            = 2000
+	ExecOutputLimit     = 1 << 20
+	SessionOutputBudget = 256 << 20
 	// maxExecArgs and maxExecArgBytes bound an exec's argv and env: each
 	// record carries them to the end, and into review.
 	maxExecArgs     = 4096
@@ -227,6 +231,16 @@ func (m *Manager) StartExec(jobID string, x ExecSpec) (Exec, bool, error) {
 		return Exec{}, false, fmt.Errorf("%w: session %s runs %d execs, its most at once", errdefs.ErrResourceExhausted, jobID, maxExecs)
 	case len(e.execs) >= MaxExecs:
 		return Exec{}, false, fmt.Errorf("%w: session %s has run %d execs, its most", errdefs.ErrResourceExhausted, jobID, MaxExecs)
+	case e.execOutput >= SessionOutputBudget:
+		return Exec{}, false, fmt.Errorf("%w: session %s's execs have written %d bytes of output, its most (%d): finish it and start another",
+			errdefs.ErrResourceExhausted, jobID, e.execOutput, SessionOutputBudget)
+	}
+	if x.Cwd != "" {
+		// Resolved as the files API resolves paths: a directory the job
+		// sees, not one a symlink leads out to.
+		if err := e.live.CheckDir("spec.cwd", x.Cwd); err != nil {
+			return Exec{}, false, err
+		}
 	}
 	rec := Exec{
 		SessionID: jobID, Spec: x, StdinSize: int64(len(x.Stdin)), StdinSHA256: sha256Hex(x.Stdin),
@@ -240,10 +254,11 @@ func (m *Manager) StartExec(jobID string, x ExecSpec) (Exec, bool, error) {
 	xe := &execEntry{rec: rec, done: make(chan struct{})}
 	notify := func() { m.mu.Lock(); e.notify(); m.mu.Unlock() }
 	var err error
-	if xe.stdout, err = newOutput(filepath.Join(dir, "stdout.log"), m.cfg.OutputLimit, notify); err != nil {
+	limit := min(m.cfg.OutputLimit, ExecOutputLimit)
+	if xe.stdout, err = newOutput(filepath.Join(dir, "stdout.log"), limit, notify); err != nil {
 		return Exec{}, false, err
 	}
-	if xe.stderr, err = newOutput(filepath.Join(dir, "stderr.log"), m.cfg.OutputLimit, notify); err != nil {
+	if xe.stderr, err = newOutput(filepath.Join(dir, "stderr.log"), limit, notify); err != nil {
 		xe.stdout.close()
 		return Exec{}, false, err
 	}
@@ -280,6 +295,8 @@ func (m *Manager) runExec(ctx context.Context, e *entry, xe *execEntry, sb *sand
 	}
 	res, err := sb.Exec(ctx, spec)
 	switch {
+	case errors.Is(err, context.Canceled):
+		res.Reason, res.ExitCode, res.Message = sandbox.ReasonCancelled, -1, "the exec was cancelled before it started"
 	case errors.Is(err, errdefs.ErrFailedPrecondition):
 		// The sandbox stopped (suspended, finished, cancelled) before the
 		// command could start.
@@ -322,6 +339,7 @@ func (m *Manager) endExecLocked(e *entry, xe *execEntry, out, errs summary, f fu
 		m.cfg.Logger.Error("persist exec", "job_id", e.run.JobID, "exec_id", r.Spec.ID, "error", err)
 	}
 	e.lastActive = m.cfg.Now()
+	e.execOutput += r.StdoutSize + r.StderrSize
 	close(xe.done)
 	e.notify()
 }
@@ -358,6 +376,8 @@ func (e *entry) sessionState() string {
 		return "suspended (resume it first)"
 	case e.suspending:
 		return "being suspended"
+	case e.run.State == Running && e.live == nil:
+		return "starting"
 	}
 	return string(e.run.State)
 }
@@ -391,7 +411,9 @@ func (m *Manager) runSession(ctx context.Context, e *entry, sb *sandbox.Sandbox)
 			return m.sessionEnded(e, res), runErr
 		}
 		if err := sb.Restart(); err != nil {
-			return m.sessionEnded(e, res), fmt.Errorf("suspend: %w", err)
+			m.cfg.Logger.Error("suspend a session", "job_id", e.run.JobID, "error", err)
+			res.Reason, res.ExitCode, res.Message = sandbox.ReasonSandboxError, -1, "the sandbox could not be suspended: "+err.Error()
+			return m.sessionEnded(e, res), nil
 		}
 		m.update(e, func(r *Run) { r.Suspended, r.SuspendedAt = true, m.cfg.Now() })
 		m.cfg.Logger.Info("session suspended", "job_id", e.run.JobID)
@@ -719,6 +741,7 @@ func (m *Manager) loadExecs(e *entry) error {
 	sort.Slice(recs, func(i, j int) bool { return recs[i].rec.Seq < recs[j].rec.Seq })
 	e.execs = map[string]*execEntry{}
 	for _, xe := range recs {
+		e.execOutput += xe.rec.StdoutSize + xe.rec.StderrSize
 		e.execs[xe.rec.Spec.ID] = xe
 		e.execOrder = append(e.execOrder, xe)
 	}

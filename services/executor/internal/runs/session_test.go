@@ -245,6 +245,15 @@ func TestExecIDs(t *testing.T) {
 			t.Errorf("StartExec(%+v): %v, want invalid argument", bad.ID, err)
 		}
 	}
+	h.execWait(t, sid, sh("links", "mkdir -p /work/sub; ln -s /etc /work/etclink; ln -s /tmp /work/tmplink"))
+	for cwd, want := range map[string]error{"/work/none": errdefs.ErrNotFound, "/work/etclink": errdefs.ErrPermissionDenied, "/work/tmplink": errdefs.ErrPermissionDenied} {
+		if _, _, err := h.m.StartExec(sid, ExecSpec{ID: "cwd" + strings.ReplaceAll(cwd, "/", "-"), Argv: []string{"true"}, Cwd: cwd}); !errors.Is(err, want) || !strings.Contains(err.Error(), "spec.cwd") {
+			t.Errorf("cwd %s: %v, want %v naming spec.cwd", cwd, err, want)
+		}
+	}
+	if x := h.execWait(t, sid, ExecSpec{ID: "in-sub", Argv: []string{"pwd"}, Cwd: "/work/sub"}); string(x.StdoutTail) != "/work/sub\n" {
+		t.Errorf("an exec in /work/sub ran in %q", x.StdoutTail)
+	}
 	if _, _, err := h.m.StartExec("no-such-session", sh("x", "true")); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("no session: %v", err)
 	}

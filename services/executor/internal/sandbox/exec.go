@@ -17,6 +17,7 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
 )
@@ -246,7 +247,7 @@ func (s *Sandbox) exec(ctx context.Context, x ExecSpec, res ExecResult, procFile
 	// The runtime process leads a group of its own, so a terminal's
 	// signals to the executor do not reach it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cpu0 := s.m.cg.stats(s.cgRel)
+	cpu0, oom0 := s.m.cg.stats(s.cgRel), s.oomKills()
 	start := time.Now()
 	err = cmd.Start()
 	outW.Close()
@@ -382,7 +383,7 @@ wait:
 	outR.Close()
 	errR.Close()
 	copies.Wait()
-	cpu1 := s.m.cg.stats(s.cgRel)
+	cpu1, oom1 := s.m.cg.stats(s.cgRel), s.oomKills()
 	res.WallTime, res.CPUTime = wall, max(0, cpu1.cpu-cpu0.cpu)
 	code := exitCode(werr)
 	s.mu.Lock()
@@ -400,7 +401,7 @@ wait:
 	case ending:
 		res.Reason = ReasonCancelled
 		res.Message = "the sandbox stopped while the exec ran"
-	case cpu1.oomKills > cpu0.oomKills && code == 128+int(syscall.SIGKILL):
+	case oom1 > oom0 && code == 128+int(syscall.SIGKILL):
 		res.Reason = ReasonOOM
 		res.Message = fmt.Sprintf("the memory limit of %d bytes was reached and the kernel's OOM killer killed a process of the exec", s.limits().MemoryBytes)
 	case execFailed:
@@ -432,4 +433,24 @@ func readPid(p string) int {
 		return 0
 	}
 	return n
+}
+
+// oomKills counts the OOM kills in the job's cgroup and the runtime's
+// below it (where a cgroup v1 memory controller counts them).
+func (s *Sandbox) oomKills() int64 {
+	return s.m.cg.stats(s.cgRel).oomKills + s.m.cg.stats(filepath.Join(s.cgRel, runtimeCgroup)).oomKills
+}
+
+// CheckDir reports whether p, as the job sees it, is a directory under
+// /work or /out, resolved as the files API resolves paths.
+func (s *Sandbox) CheckDir(field, p string) error {
+	root, rel, err := s.splitPath(field, p)
+	if err != nil {
+		return err
+	}
+	f, err := openBeneath(field, p, root, rel, unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return err
+	}
+	return f.Close()
 }

@@ -97,6 +97,15 @@ func TestExec(t *testing.T) {
 			if r.err != nil || r.res.ExitCode != 0 || r.res.WallTime > 10*time.Second {
 				t.Fatalf("an exec leaving unread stdin behind: %+v %v", r.res, r.err)
 			}
+			if c == ClassRunc {
+				// Past the memory limit: the exec ends oom, the session
+				// lives on. (Under runsc the kernel's OOM killer takes
+				// gVisor's sentry, and so the whole session.)
+				r := runExec(t, ctx, sb, ExecSpec{Argv: []string{"sh", "-c", "head -c 400000000 /dev/zero | tail -n 1 > /dev/null"}})
+				if r.err != nil || r.res.Reason != ReasonOOM {
+					t.Fatalf("an exec past the memory limit: %+v %v", r.res, r.err)
+				}
+			}
 			if r := runExec(t, ctx, sb, ExecSpec{Argv: []string{"no-such-command"}}); r.err != nil || r.res.ExitCode != 127 {
 				t.Fatalf("a missing command: %+v %v, want exit 127", r.res, r.err)
 			}

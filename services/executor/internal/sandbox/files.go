@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -85,8 +86,10 @@ func openBeneath(field, p, root, rel string, flags int, mode uint32) (*os.File, 
 // pathError says, for the caller, why p could not be used.
 func pathError(field, p string, err error) error {
 	switch {
-	case errors.Is(err, unix.EXDEV), errors.Is(err, unix.ELOOP):
+	case errors.Is(err, unix.EXDEV):
 		return fmt.Errorf("%w: %s %q: resolves outside the sandbox's /work or /out (a symlink or \"..\" that leads out is never followed)", errdefs.ErrPermissionDenied, field, p)
+	case errors.Is(err, unix.ELOOP):
+		return fmt.Errorf("%w: %s %q: a symlink that leads out, or one this call does not follow (list its directory to see it)", errdefs.ErrPermissionDenied, field, p)
 	case errors.Is(err, unix.ENOENT):
 		return fmt.Errorf("%w: %s %q: no such file or directory", errdefs.ErrNotFound, field, p)
 	case errors.Is(err, unix.ENOTDIR):
@@ -171,7 +174,9 @@ func (s *Sandbox) WriteFile(p string, r io.Reader, perm fs.FileMode, limit int64
 	if st, err := statAt(dfd, name); err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
 		return 0, invalid("path %q: is a directory", p)
 	}
-	tmp := fmt.Sprintf(".airlock-upload-%d-%d", os.Getpid(), s.execSeq.Add(1))
+	var rnd [8]byte
+	_, _ = rand.Read(rnd[:])
+	tmp := fmt.Sprintf(".airlock-upload-%x", rnd)
 	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(perm))
 	if err != nil {
 		return 0, pathError("path", p, err)
@@ -227,10 +232,6 @@ func (s *Sandbox) ListFiles(p string, recursive bool, max int) (_ []FileInfo, tr
 	}
 	f, err := openBeneath("path", p, root, rel, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOFOLLOW, 0)
 	if err != nil {
-		if errors.Is(err, unix.ELOOP) {
-			// p itself is a symlink: list it as one.
-			return nil, false, pathError("path", p, err)
-		}
 		return nil, false, err
 	}
 	defer f.Close()
@@ -242,6 +243,10 @@ func (s *Sandbox) ListFiles(p string, recursive bool, max int) (_ []FileInfo, tr
 		return []FileInfo{infoOf(p, st, "")}, false, nil
 	}
 	var out []FileInfo
+	// The names' bytes are bounded too, to keep a listing inside one
+	// message whatever names the job chose.
+	const maxNameBytes = 2 << 20
+	names := 0
 	var walk func(dir *os.File, at string) error
 	walk = func(dir *os.File, at string) error {
 		entries, err := dir.ReadDir(-1)
@@ -250,7 +255,7 @@ func (s *Sandbox) ListFiles(p string, recursive bool, max int) (_ []FileInfo, tr
 		}
 		sort.Slice(entries, func(i, j int) bool { return entries[i].Name() < entries[j].Name() })
 		for _, e := range entries {
-			if len(out) >= max {
+			if len(out) >= max || names >= maxNameBytes {
 				truncated = true
 				return nil
 			}
@@ -268,6 +273,7 @@ func (s *Sandbox) ListFiles(p string, recursive bool, max int) (_ []FileInfo, tr
 				continue // gone meanwhile
 			}
 			out = append(out, infoOfStat(name, &ust, target))
+			names += len(name) + len(target)
 			if recursive && e.IsDir() {
 				cfd, err := unix.Openat(dfd, e.Name(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 				if err != nil {
