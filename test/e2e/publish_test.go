@@ -296,15 +296,16 @@ func TestPublishLandsExactlyTheApprovedCommit(t *testing.T) {
 	p := startPublishStack(t)
 
 	// The job fixes the greeting and also plants what a checkout would
-	// run: a hook in .git and a nested repository's config. The executor
-	// leaves every .git entry out of the patch and says so; no job can
-	// hand the publisher one.
+	// run: a hook in its own .git (the disposable repository every job's
+	// /work is) and a nested repository's config. The executor leaves
+	// every .git entry out of the patch, saying so of those the job made
+	// itself; no job can hand the publisher one.
 	job, approvalID, _ := p.submitJob(t, `printf 'hello, airlock\n' > lib/greet.txt &&
 mkdir -p .git/hooks sub/.git &&
 printf '#!/bin/sh\ntouch /tmp/airlock-e2e-pwned\n' > .git/hooks/post-checkout &&
 printf '[core]\n\tfsmonitor = touch /tmp/airlock-e2e-pwned\n' > sub/.git/config`)
-	if msg := job.GetResult().GetMessage(); !strings.Contains(msg, "left out of the patch: 2 .git entries") {
-		t.Errorf("job message %q, want it to say the 2 .git entries were left out", msg)
+	if msg := job.GetResult().GetMessage(); !strings.Contains(msg, "left out of the patch: 1 .git entries (sub/.git)") {
+		t.Errorf("job message %q, want it to say the nested .git was left out", msg)
 	}
 	if job.GetCommit() != p.base {
 		t.Fatalf("job ran on %s, want main's %s", job.GetCommit(), p.base)

@@ -134,8 +134,9 @@ echo "control=$c"
 printf 'control-file %s\n' "$c" > /tmp/control
 sh -c 'sleep 30; :' "control-proc-$c" &
 echo "== source"
-cd /work && find . -type f | LC_ALL=C sort | xargs sha256sum
+cd /work && find . -path ./.git -prune -o -type f -print | LC_ALL=C sort | xargs sha256sum
 echo "== listings"
+echo "git-head=$(cat /work/.git/HEAD)"
 for d in /work /tmp /out "$HOME" /var/tmp /dev/shm /run; do echo "-- $d"; ls -laR "$d" 2>&1; done
 echo "-- /"; ls -la /
 echo "== contents"
@@ -258,6 +259,11 @@ func TestSecondTenantSeesNothingOfTheFirst(t *testing.T) {
 	src, _, _ = strings.Cut(src, "== listings\n")
 	if want := sourceSums(t, repo); src != want {
 		t.Errorf("tenant other's /work is not the source as committed:\n%s\nwant:\n%s", src, want)
+	}
+	// Its .git is its own, fresh at the commit: nothing of dev's in it
+	// (the token search above covers its files too).
+	if !strings.Contains(dump, "git-head="+commit+"\n") {
+		t.Errorf("tenant other's /work/.git is not at the commit it ran on:\n%s", dump)
 	}
 	m := regexp.MustCompile(`job (\S+) submitted`).FindStringSubmatch(res.stderr)
 	if m == nil {
