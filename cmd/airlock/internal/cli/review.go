@@ -131,11 +131,20 @@ func writeReview(w io.Writer, a *authorityv1.Approval, rv *authorityv1.ReviewMat
 // account of it.
 func writeReviewExecs(w io.Writer, d *authorityv1.ReviewDetail) {
 	total := d.GetExecsTotal()
-	if total == 0 {
+	if total == 0 && d.GetFileWritesTotal() == 0 {
 		return
 	}
-	fmt.Fprintf(w, "\nexecs      %d, in the order they ran\n", total)
+	fmt.Fprintf(w, "\nexecs      %d, in the order they ran, with the client's %d uploads among them\n", total, d.GetFileWritesTotal())
+	writes := d.GetFileWrites()
+	upload := func(before int64) {
+		for len(writes) > 0 && writes[0].GetAfterExec() < before {
+			u := writes[0]
+			writes = writes[1:]
+			fmt.Fprintf(w, "\n  upload  %s  %d bytes, sha256 %s\n", termtext.Line(u.GetPath()), u.GetSize(), termtext.Line(u.GetSha256()))
+		}
+	}
 	for _, x := range d.GetExecs() {
+		upload(x.GetSeq())
 		fmt.Fprintf(w, "\n  exec %d  %s  %s\n", x.GetSeq(), termtext.Line(x.GetSpec().GetExecId()), termtext.Line(execOutcome(x)))
 		fmt.Fprintf(w, "  argv    %s\n", commandText(x.GetSpec().GetArgv()))
 		if env := x.GetSpec().GetEnv(); len(env) > 0 {
@@ -176,8 +185,12 @@ func writeReviewExecs(w io.Writer, d *authorityv1.ReviewDetail) {
 			}
 		}
 	}
+	upload(total + 1)
 	if n := total - int64(len(d.GetExecs())); n > 0 {
 		fmt.Fprintf(w, "\n  ... and %d more execs, not listed here: the bundle's result.json records every one\n", n)
+	}
+	if n := d.GetFileWritesTotal() - int64(len(d.GetFileWrites())); n > 0 {
+		fmt.Fprintf(w, "  ... and %d more uploads, not listed here: the bundle's result.json records every one\n", n)
 	}
 }
 

@@ -2012,9 +2012,14 @@ type ReviewDetail struct {
 	// to 4 KiB.
 	Execs []*v1.Exec `protobuf:"bytes,7,rep,name=execs,proto3" json:"execs,omitempty"`
 	// How many execs the session ran.
-	ExecsTotal    int64 `protobuf:"varint,8,opt,name=execs_total,json=execsTotal,proto3" json:"execs_total,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ExecsTotal int64 `protobuf:"varint,8,opt,name=execs_total,json=execsTotal,proto3" json:"execs_total,omitempty"`
+	// The files a session's client uploaded (WriteFile), in order: the
+	// first 500.
+	FileWrites []*FileWrite `protobuf:"bytes,9,rep,name=file_writes,json=fileWrites,proto3" json:"file_writes,omitempty"`
+	// How many files were uploaded.
+	FileWritesTotal int64 `protobuf:"varint,10,opt,name=file_writes_total,json=fileWritesTotal,proto3" json:"file_writes_total,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ReviewDetail) Reset() {
@@ -2103,6 +2108,103 @@ func (x *ReviewDetail) GetExecsTotal() int64 {
 	return 0
 }
 
+func (x *ReviewDetail) GetFileWrites() []*FileWrite {
+	if x != nil {
+		return x.FileWrites
+	}
+	return nil
+}
+
+func (x *ReviewDetail) GetFileWritesTotal() int64 {
+	if x != nil {
+		return x.FileWritesTotal
+	}
+	return 0
+}
+
+// FileWrite is one upload into a session. The path comes from the client:
+// show it escaped.
+type FileWrite struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The path written, e.g. "/work/fix.patch".
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// Bytes written.
+	Size int64 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	// SHA-256 of them, as hex.
+	Sha256 string `protobuf:"bytes,3,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	// When.
+	WrittenAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=written_at,json=writtenAt,proto3" json:"written_at,omitempty"`
+	// How many execs had started before it: 0 before the first.
+	AfterExec     int64 `protobuf:"varint,5,opt,name=after_exec,json=afterExec,proto3" json:"after_exec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileWrite) Reset() {
+	*x = FileWrite{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileWrite) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileWrite) ProtoMessage() {}
+
+func (x *FileWrite) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileWrite.ProtoReflect.Descriptor instead.
+func (*FileWrite) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *FileWrite) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *FileWrite) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *FileWrite) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+func (x *FileWrite) GetWrittenAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.WrittenAt
+	}
+	return nil
+}
+
+func (x *FileWrite) GetAfterExec() int64 {
+	if x != nil {
+		return x.AfterExec
+	}
+	return 0
+}
+
 // EgressRecord is one decision of a domains job's egress proxy (one
 // connection) or DNS server (one query). The name, and parts of the reason,
 // come from the job: show them escaped.
@@ -2143,7 +2245,7 @@ type EgressRecord struct {
 
 func (x *EgressRecord) Reset() {
 	*x = EgressRecord{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[21]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2155,7 +2257,7 @@ func (x *EgressRecord) String() string {
 func (*EgressRecord) ProtoMessage() {}
 
 func (x *EgressRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[21]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2168,7 +2270,7 @@ func (x *EgressRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressRecord.ProtoReflect.Descriptor instead.
 func (*EgressRecord) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{21}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *EgressRecord) GetTime() *timestamppb.Timestamp {
@@ -2289,7 +2391,7 @@ type EgressLog struct {
 
 func (x *EgressLog) Reset() {
 	*x = EgressLog{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[22]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2301,7 +2403,7 @@ func (x *EgressLog) String() string {
 func (*EgressLog) ProtoMessage() {}
 
 func (x *EgressLog) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[22]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2314,7 +2416,7 @@ func (x *EgressLog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressLog.ProtoReflect.Descriptor instead.
 func (*EgressLog) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{22}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *EgressLog) GetRecords() []*EgressRecord {
@@ -2364,7 +2466,7 @@ type EgressName struct {
 
 func (x *EgressName) Reset() {
 	*x = EgressName{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[23]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2376,7 +2478,7 @@ func (x *EgressName) String() string {
 func (*EgressName) ProtoMessage() {}
 
 func (x *EgressName) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[23]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2389,7 +2491,7 @@ func (x *EgressName) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressName.ProtoReflect.Descriptor instead.
 func (*EgressName) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{23}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *EgressName) GetName() string {
@@ -2438,7 +2540,7 @@ type ReportResultResponse struct {
 
 func (x *ReportResultResponse) Reset() {
 	*x = ReportResultResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[24]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2450,7 +2552,7 @@ func (x *ReportResultResponse) String() string {
 func (*ReportResultResponse) ProtoMessage() {}
 
 func (x *ReportResultResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[24]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2463,7 +2565,7 @@ func (x *ReportResultResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResultResponse.ProtoReflect.Descriptor instead.
 func (*ReportResultResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{24}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReportResultResponse) GetJob() *Job {
@@ -2496,7 +2598,7 @@ type JobChange struct {
 
 func (x *JobChange) Reset() {
 	*x = JobChange{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2508,7 +2610,7 @@ func (x *JobChange) String() string {
 func (*JobChange) ProtoMessage() {}
 
 func (x *JobChange) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2521,7 +2623,7 @@ func (x *JobChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobChange.ProtoReflect.Descriptor instead.
 func (*JobChange) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{25}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *JobChange) GetBaseGeneration() int64 {
@@ -2583,7 +2685,7 @@ type ApprovalVote struct {
 
 func (x *ApprovalVote) Reset() {
 	*x = ApprovalVote{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2595,7 +2697,7 @@ func (x *ApprovalVote) String() string {
 func (*ApprovalVote) ProtoMessage() {}
 
 func (x *ApprovalVote) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2608,7 +2710,7 @@ func (x *ApprovalVote) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApprovalVote.ProtoReflect.Descriptor instead.
 func (*ApprovalVote) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{26}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ApprovalVote) GetApprover() string {
@@ -2677,7 +2779,7 @@ type Approval struct {
 
 func (x *Approval) Reset() {
 	*x = Approval{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2689,7 +2791,7 @@ func (x *Approval) String() string {
 func (*Approval) ProtoMessage() {}
 
 func (x *Approval) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2702,7 +2804,7 @@ func (x *Approval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Approval.ProtoReflect.Descriptor instead.
 func (*Approval) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{27}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Approval) GetApprovalId() string {
@@ -2821,7 +2923,7 @@ type ReviewMaterial struct {
 
 func (x *ReviewMaterial) Reset() {
 	*x = ReviewMaterial{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2833,7 +2935,7 @@ func (x *ReviewMaterial) String() string {
 func (*ReviewMaterial) ProtoMessage() {}
 
 func (x *ReviewMaterial) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2846,7 +2948,7 @@ func (x *ReviewMaterial) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReviewMaterial.ProtoReflect.Descriptor instead.
 func (*ReviewMaterial) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{28}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReviewMaterial) GetPatch() []byte {
@@ -2905,7 +3007,7 @@ type ReadReviewRequest struct {
 
 func (x *ReadReviewRequest) Reset() {
 	*x = ReadReviewRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2917,7 +3019,7 @@ func (x *ReadReviewRequest) String() string {
 func (*ReadReviewRequest) ProtoMessage() {}
 
 func (x *ReadReviewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2930,7 +3032,7 @@ func (x *ReadReviewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadReviewRequest.ProtoReflect.Descriptor instead.
 func (*ReadReviewRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{29}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReadReviewRequest) GetApprovalId() string {
@@ -2960,7 +3062,7 @@ type ReviewPartStart struct {
 
 func (x *ReviewPartStart) Reset() {
 	*x = ReviewPartStart{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2972,7 +3074,7 @@ func (x *ReviewPartStart) String() string {
 func (*ReviewPartStart) ProtoMessage() {}
 
 func (x *ReviewPartStart) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2985,7 +3087,7 @@ func (x *ReviewPartStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReviewPartStart.ProtoReflect.Descriptor instead.
 func (*ReviewPartStart) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{30}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReviewPartStart) GetPart() ReviewPart {
@@ -3013,7 +3115,7 @@ type ReviewFiles struct {
 
 func (x *ReviewFiles) Reset() {
 	*x = ReviewFiles{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3025,7 +3127,7 @@ func (x *ReviewFiles) String() string {
 func (*ReviewFiles) ProtoMessage() {}
 
 func (x *ReviewFiles) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3038,7 +3140,7 @@ func (x *ReviewFiles) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReviewFiles.ProtoReflect.Descriptor instead.
 func (*ReviewFiles) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{31}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReviewFiles) GetFiles() []*FileChange {
@@ -3067,7 +3169,7 @@ type ReadReviewResponse struct {
 
 func (x *ReadReviewResponse) Reset() {
 	*x = ReadReviewResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3079,7 +3181,7 @@ func (x *ReadReviewResponse) String() string {
 func (*ReadReviewResponse) ProtoMessage() {}
 
 func (x *ReadReviewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3092,7 +3194,7 @@ func (x *ReadReviewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadReviewResponse.ProtoReflect.Descriptor instead.
 func (*ReadReviewResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{32}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReadReviewResponse) GetMsg() isReadReviewResponse_Msg {
@@ -3188,7 +3290,7 @@ type ListApprovalsRequest struct {
 
 func (x *ListApprovalsRequest) Reset() {
 	*x = ListApprovalsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3200,7 +3302,7 @@ func (x *ListApprovalsRequest) String() string {
 func (*ListApprovalsRequest) ProtoMessage() {}
 
 func (x *ListApprovalsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3213,7 +3315,7 @@ func (x *ListApprovalsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApprovalsRequest.ProtoReflect.Descriptor instead.
 func (*ListApprovalsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{33}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListApprovalsRequest) GetTenant() string {
@@ -3257,7 +3359,7 @@ type ListApprovalsResponse struct {
 
 func (x *ListApprovalsResponse) Reset() {
 	*x = ListApprovalsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3269,7 +3371,7 @@ func (x *ListApprovalsResponse) String() string {
 func (*ListApprovalsResponse) ProtoMessage() {}
 
 func (x *ListApprovalsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3282,7 +3384,7 @@ func (x *ListApprovalsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApprovalsResponse.ProtoReflect.Descriptor instead.
 func (*ListApprovalsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{34}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListApprovalsResponse) GetApprovals() []*Approval {
@@ -3310,7 +3412,7 @@ type GetApprovalRequest struct {
 
 func (x *GetApprovalRequest) Reset() {
 	*x = GetApprovalRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3322,7 +3424,7 @@ func (x *GetApprovalRequest) String() string {
 func (*GetApprovalRequest) ProtoMessage() {}
 
 func (x *GetApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3335,7 +3437,7 @@ func (x *GetApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetApprovalRequest.ProtoReflect.Descriptor instead.
 func (*GetApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{35}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetApprovalRequest) GetApprovalId() string {
@@ -3358,7 +3460,7 @@ type GetApprovalResponse struct {
 
 func (x *GetApprovalResponse) Reset() {
 	*x = GetApprovalResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3370,7 +3472,7 @@ func (x *GetApprovalResponse) String() string {
 func (*GetApprovalResponse) ProtoMessage() {}
 
 func (x *GetApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3383,7 +3485,7 @@ func (x *GetApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetApprovalResponse.ProtoReflect.Descriptor instead.
 func (*GetApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{36}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetApprovalResponse) GetApproval() *Approval {
@@ -3418,7 +3520,7 @@ type DecideApprovalRequest struct {
 
 func (x *DecideApprovalRequest) Reset() {
 	*x = DecideApprovalRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3430,7 +3532,7 @@ func (x *DecideApprovalRequest) String() string {
 func (*DecideApprovalRequest) ProtoMessage() {}
 
 func (x *DecideApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3443,7 +3545,7 @@ func (x *DecideApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideApprovalRequest.ProtoReflect.Descriptor instead.
 func (*DecideApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{37}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DecideApprovalRequest) GetApprovalId() string {
@@ -3485,7 +3587,7 @@ type DecideApprovalResponse struct {
 
 func (x *DecideApprovalResponse) Reset() {
 	*x = DecideApprovalResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3497,7 +3599,7 @@ func (x *DecideApprovalResponse) String() string {
 func (*DecideApprovalResponse) ProtoMessage() {}
 
 func (x *DecideApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3510,7 +3612,7 @@ func (x *DecideApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideApprovalResponse.ProtoReflect.Descriptor instead.
 func (*DecideApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{38}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DecideApprovalResponse) GetApproval() *Approval {
@@ -3537,7 +3639,7 @@ type ConsumeApprovalRequest struct {
 
 func (x *ConsumeApprovalRequest) Reset() {
 	*x = ConsumeApprovalRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3549,7 +3651,7 @@ func (x *ConsumeApprovalRequest) String() string {
 func (*ConsumeApprovalRequest) ProtoMessage() {}
 
 func (x *ConsumeApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3562,7 +3664,7 @@ func (x *ConsumeApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumeApprovalRequest.ProtoReflect.Descriptor instead.
 func (*ConsumeApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{39}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ConsumeApprovalRequest) GetApprovalId() string {
@@ -3604,7 +3706,7 @@ type ConsumeApprovalResponse struct {
 
 func (x *ConsumeApprovalResponse) Reset() {
 	*x = ConsumeApprovalResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3616,7 +3718,7 @@ func (x *ConsumeApprovalResponse) String() string {
 func (*ConsumeApprovalResponse) ProtoMessage() {}
 
 func (x *ConsumeApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3629,7 +3731,7 @@ func (x *ConsumeApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumeApprovalResponse.ProtoReflect.Descriptor instead.
 func (*ConsumeApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{40}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ConsumeApprovalResponse) GetApproval() *Approval {
@@ -3664,7 +3766,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3676,7 +3778,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3689,7 +3791,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{41}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Lease) GetLeaseId() string {
@@ -3765,7 +3867,7 @@ type LeaseCredentialRequest struct {
 
 func (x *LeaseCredentialRequest) Reset() {
 	*x = LeaseCredentialRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3777,7 +3879,7 @@ func (x *LeaseCredentialRequest) String() string {
 func (*LeaseCredentialRequest) ProtoMessage() {}
 
 func (x *LeaseCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3790,7 +3892,7 @@ func (x *LeaseCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseCredentialRequest.ProtoReflect.Descriptor instead.
 func (*LeaseCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{42}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *LeaseCredentialRequest) GetPurpose() LeasePurpose {
@@ -3834,7 +3936,7 @@ type LeaseCredentialResponse struct {
 
 func (x *LeaseCredentialResponse) Reset() {
 	*x = LeaseCredentialResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3846,7 +3948,7 @@ func (x *LeaseCredentialResponse) String() string {
 func (*LeaseCredentialResponse) ProtoMessage() {}
 
 func (x *LeaseCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3859,7 +3961,7 @@ func (x *LeaseCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseCredentialResponse.ProtoReflect.Descriptor instead.
 func (*LeaseCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{43}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *LeaseCredentialResponse) GetLease() *Lease {
@@ -3889,7 +3991,7 @@ type RevokeCredentialRequest struct {
 
 func (x *RevokeCredentialRequest) Reset() {
 	*x = RevokeCredentialRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3901,7 +4003,7 @@ func (x *RevokeCredentialRequest) String() string {
 func (*RevokeCredentialRequest) ProtoMessage() {}
 
 func (x *RevokeCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3914,7 +4016,7 @@ func (x *RevokeCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCredentialRequest.ProtoReflect.Descriptor instead.
 func (*RevokeCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{44}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RevokeCredentialRequest) GetLeaseId() string {
@@ -3942,7 +4044,7 @@ type RevokeCredentialResponse struct {
 
 func (x *RevokeCredentialResponse) Reset() {
 	*x = RevokeCredentialResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[45]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3954,7 +4056,7 @@ func (x *RevokeCredentialResponse) String() string {
 func (*RevokeCredentialResponse) ProtoMessage() {}
 
 func (x *RevokeCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[45]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3967,7 +4069,7 @@ func (x *RevokeCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCredentialResponse.ProtoReflect.Descriptor instead.
 func (*RevokeCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{45}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RevokeCredentialResponse) GetLease() *Lease {
@@ -3994,7 +4096,7 @@ type ListLeasesRequest struct {
 
 func (x *ListLeasesRequest) Reset() {
 	*x = ListLeasesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[46]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4006,7 +4108,7 @@ func (x *ListLeasesRequest) String() string {
 func (*ListLeasesRequest) ProtoMessage() {}
 
 func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[46]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4019,7 +4121,7 @@ func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{46}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListLeasesRequest) GetJobId() string {
@@ -4063,7 +4165,7 @@ type ListLeasesResponse struct {
 
 func (x *ListLeasesResponse) Reset() {
 	*x = ListLeasesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[47]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4075,7 +4177,7 @@ func (x *ListLeasesResponse) String() string {
 func (*ListLeasesResponse) ProtoMessage() {}
 
 func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[47]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4088,7 +4190,7 @@ func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{47}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListLeasesResponse) GetLeases() []*Lease {
@@ -4118,7 +4220,7 @@ type UpdateNetworkPolicyRequest struct {
 
 func (x *UpdateNetworkPolicyRequest) Reset() {
 	*x = UpdateNetworkPolicyRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[48]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4130,7 +4232,7 @@ func (x *UpdateNetworkPolicyRequest) String() string {
 func (*UpdateNetworkPolicyRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[48]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4143,7 +4245,7 @@ func (x *UpdateNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkPolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{48}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *UpdateNetworkPolicyRequest) GetJobId() string {
@@ -4174,7 +4276,7 @@ type UpdateNetworkPolicyResponse struct {
 
 func (x *UpdateNetworkPolicyResponse) Reset() {
 	*x = UpdateNetworkPolicyResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[49]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4186,7 +4288,7 @@ func (x *UpdateNetworkPolicyResponse) String() string {
 func (*UpdateNetworkPolicyResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[49]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4199,7 +4301,7 @@ func (x *UpdateNetworkPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkPolicyResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{49}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *UpdateNetworkPolicyResponse) GetStatus() *v1.NetworkPolicyStatus {
@@ -4230,7 +4332,7 @@ type UpdateJobLimitsRequest struct {
 
 func (x *UpdateJobLimitsRequest) Reset() {
 	*x = UpdateJobLimitsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[50]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4242,7 +4344,7 @@ func (x *UpdateJobLimitsRequest) String() string {
 func (*UpdateJobLimitsRequest) ProtoMessage() {}
 
 func (x *UpdateJobLimitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[50]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4255,7 +4357,7 @@ func (x *UpdateJobLimitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateJobLimitsRequest.ProtoReflect.Descriptor instead.
 func (*UpdateJobLimitsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{50}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *UpdateJobLimitsRequest) GetJobId() string {
@@ -4285,7 +4387,7 @@ type UpdateJobLimitsResponse struct {
 
 func (x *UpdateJobLimitsResponse) Reset() {
 	*x = UpdateJobLimitsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[51]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4297,7 +4399,7 @@ func (x *UpdateJobLimitsResponse) String() string {
 func (*UpdateJobLimitsResponse) ProtoMessage() {}
 
 func (x *UpdateJobLimitsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[51]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4310,7 +4412,7 @@ func (x *UpdateJobLimitsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateJobLimitsResponse.ProtoReflect.Descriptor instead.
 func (*UpdateJobLimitsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{51}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *UpdateJobLimitsResponse) GetJob() *Job {
@@ -4343,7 +4445,7 @@ type UseLeaseRequest struct {
 
 func (x *UseLeaseRequest) Reset() {
 	*x = UseLeaseRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[52]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4355,7 +4457,7 @@ func (x *UseLeaseRequest) String() string {
 func (*UseLeaseRequest) ProtoMessage() {}
 
 func (x *UseLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[52]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4368,7 +4470,7 @@ func (x *UseLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UseLeaseRequest.ProtoReflect.Descriptor instead.
 func (*UseLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{52}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *UseLeaseRequest) GetLeaseId() string {
@@ -4403,7 +4505,7 @@ type UseLeaseResponse struct {
 
 func (x *UseLeaseResponse) Reset() {
 	*x = UseLeaseResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[53]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4415,7 +4517,7 @@ func (x *UseLeaseResponse) String() string {
 func (*UseLeaseResponse) ProtoMessage() {}
 
 func (x *UseLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[53]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4428,7 +4530,7 @@ func (x *UseLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UseLeaseResponse.ProtoReflect.Descriptor instead.
 func (*UseLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{53}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *UseLeaseResponse) GetLease() *Lease {
@@ -4469,7 +4571,7 @@ type AuditEvent struct {
 
 func (x *AuditEvent) Reset() {
 	*x = AuditEvent{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[54]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4481,7 +4583,7 @@ func (x *AuditEvent) String() string {
 func (*AuditEvent) ProtoMessage() {}
 
 func (x *AuditEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[54]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4494,7 +4596,7 @@ func (x *AuditEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEvent.ProtoReflect.Descriptor instead.
 func (*AuditEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{54}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *AuditEvent) GetSequence() int64 {
@@ -4599,7 +4701,7 @@ type ListAuditEventsRequest struct {
 
 func (x *ListAuditEventsRequest) Reset() {
 	*x = ListAuditEventsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[55]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4611,7 +4713,7 @@ func (x *ListAuditEventsRequest) String() string {
 func (*ListAuditEventsRequest) ProtoMessage() {}
 
 func (x *ListAuditEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[55]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4624,7 +4726,7 @@ func (x *ListAuditEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditEventsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{55}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListAuditEventsRequest) GetJobId() string {
@@ -4696,7 +4798,7 @@ type ListAuditEventsResponse struct {
 
 func (x *ListAuditEventsResponse) Reset() {
 	*x = ListAuditEventsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[56]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4708,7 +4810,7 @@ func (x *ListAuditEventsResponse) String() string {
 func (*ListAuditEventsResponse) ProtoMessage() {}
 
 func (x *ListAuditEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[56]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4721,7 +4823,7 @@ func (x *ListAuditEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditEventsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{56}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListAuditEventsResponse) GetEvents() []*AuditEvent {
@@ -4761,7 +4863,7 @@ type AuditCheckpoint struct {
 
 func (x *AuditCheckpoint) Reset() {
 	*x = AuditCheckpoint{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[57]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4773,7 +4875,7 @@ func (x *AuditCheckpoint) String() string {
 func (*AuditCheckpoint) ProtoMessage() {}
 
 func (x *AuditCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[57]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4786,7 +4888,7 @@ func (x *AuditCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditCheckpoint.ProtoReflect.Descriptor instead.
 func (*AuditCheckpoint) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{57}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *AuditCheckpoint) GetSequence() int64 {
@@ -4844,7 +4946,7 @@ type ListAuditCheckpointsRequest struct {
 
 func (x *ListAuditCheckpointsRequest) Reset() {
 	*x = ListAuditCheckpointsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[58]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4856,7 +4958,7 @@ func (x *ListAuditCheckpointsRequest) String() string {
 func (*ListAuditCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListAuditCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[58]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4869,7 +4971,7 @@ func (x *ListAuditCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{58}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListAuditCheckpointsRequest) GetAfterSequence() int64 {
@@ -4906,7 +5008,7 @@ type ListAuditCheckpointsResponse struct {
 
 func (x *ListAuditCheckpointsResponse) Reset() {
 	*x = ListAuditCheckpointsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[59]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4918,7 +5020,7 @@ func (x *ListAuditCheckpointsResponse) String() string {
 func (*ListAuditCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListAuditCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[59]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4931,7 +5033,7 @@ func (x *ListAuditCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{59}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ListAuditCheckpointsResponse) GetCheckpoints() []*AuditCheckpoint {
@@ -4980,7 +5082,7 @@ type GetPublishSpecRequest struct {
 
 func (x *GetPublishSpecRequest) Reset() {
 	*x = GetPublishSpecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[60]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4992,7 +5094,7 @@ func (x *GetPublishSpecRequest) String() string {
 func (*GetPublishSpecRequest) ProtoMessage() {}
 
 func (x *GetPublishSpecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[60]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5005,7 +5107,7 @@ func (x *GetPublishSpecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPublishSpecRequest.ProtoReflect.Descriptor instead.
 func (*GetPublishSpecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{60}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *GetPublishSpecRequest) GetApprovalId() string {
@@ -5036,7 +5138,7 @@ type PublishPolicy struct {
 
 func (x *PublishPolicy) Reset() {
 	*x = PublishPolicy{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[61]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5048,7 +5150,7 @@ func (x *PublishPolicy) String() string {
 func (*PublishPolicy) ProtoMessage() {}
 
 func (x *PublishPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[61]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5061,7 +5163,7 @@ func (x *PublishPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishPolicy.ProtoReflect.Descriptor instead.
 func (*PublishPolicy) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{61}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *PublishPolicy) GetProtected() []string {
@@ -5134,7 +5236,7 @@ type GetPublishSpecResponse struct {
 
 func (x *GetPublishSpecResponse) Reset() {
 	*x = GetPublishSpecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[62]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5146,7 +5248,7 @@ func (x *GetPublishSpecResponse) String() string {
 func (*GetPublishSpecResponse) ProtoMessage() {}
 
 func (x *GetPublishSpecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[62]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5159,7 +5261,7 @@ func (x *GetPublishSpecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPublishSpecResponse.ProtoReflect.Descriptor instead.
 func (*GetPublishSpecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{62}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *GetPublishSpecResponse) GetApproval() *Approval {
@@ -5256,7 +5358,7 @@ type CreateSessionRequest struct {
 
 func (x *CreateSessionRequest) Reset() {
 	*x = CreateSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[63]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5268,7 +5370,7 @@ func (x *CreateSessionRequest) String() string {
 func (*CreateSessionRequest) ProtoMessage() {}
 
 func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[63]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5281,7 +5383,7 @@ func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionRequest.ProtoReflect.Descriptor instead.
 func (*CreateSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{63}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *CreateSessionRequest) GetTenant() string {
@@ -5318,7 +5420,7 @@ type CreateSessionResponse struct {
 
 func (x *CreateSessionResponse) Reset() {
 	*x = CreateSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[64]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5330,7 +5432,7 @@ func (x *CreateSessionResponse) String() string {
 func (*CreateSessionResponse) ProtoMessage() {}
 
 func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[64]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5343,7 +5445,7 @@ func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionResponse.ProtoReflect.Descriptor instead.
 func (*CreateSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{64}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *CreateSessionResponse) GetSession() *Job {
@@ -5371,7 +5473,7 @@ type GetSessionRequest struct {
 
 func (x *GetSessionRequest) Reset() {
 	*x = GetSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[65]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5383,7 +5485,7 @@ func (x *GetSessionRequest) String() string {
 func (*GetSessionRequest) ProtoMessage() {}
 
 func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[65]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5396,7 +5498,7 @@ func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionRequest.ProtoReflect.Descriptor instead.
 func (*GetSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{65}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *GetSessionRequest) GetSessionId() string {
@@ -5427,7 +5529,7 @@ type GetSessionResponse struct {
 
 func (x *GetSessionResponse) Reset() {
 	*x = GetSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[66]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5439,7 +5541,7 @@ func (x *GetSessionResponse) String() string {
 func (*GetSessionResponse) ProtoMessage() {}
 
 func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[66]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5452,7 +5554,7 @@ func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionResponse.ProtoReflect.Descriptor instead.
 func (*GetSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{66}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *GetSessionResponse) GetSession() *Job {
@@ -5500,7 +5602,7 @@ type ListSessionsRequest struct {
 
 func (x *ListSessionsRequest) Reset() {
 	*x = ListSessionsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[67]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5512,7 +5614,7 @@ func (x *ListSessionsRequest) String() string {
 func (*ListSessionsRequest) ProtoMessage() {}
 
 func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[67]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5525,7 +5627,7 @@ func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
 func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{67}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ListSessionsRequest) GetTenant() string {
@@ -5569,7 +5671,7 @@ type ListSessionsResponse struct {
 
 func (x *ListSessionsResponse) Reset() {
 	*x = ListSessionsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[68]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5581,7 +5683,7 @@ func (x *ListSessionsResponse) String() string {
 func (*ListSessionsResponse) ProtoMessage() {}
 
 func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[68]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5594,7 +5696,7 @@ func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
 func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{68}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ListSessionsResponse) GetSessions() []*Job {
@@ -5622,7 +5724,7 @@ type FinishSessionRequest struct {
 
 func (x *FinishSessionRequest) Reset() {
 	*x = FinishSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[69]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5634,7 +5736,7 @@ func (x *FinishSessionRequest) String() string {
 func (*FinishSessionRequest) ProtoMessage() {}
 
 func (x *FinishSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[69]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5647,7 +5749,7 @@ func (x *FinishSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishSessionRequest.ProtoReflect.Descriptor instead.
 func (*FinishSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{69}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *FinishSessionRequest) GetSessionId() string {
@@ -5668,7 +5770,7 @@ type FinishSessionResponse struct {
 
 func (x *FinishSessionResponse) Reset() {
 	*x = FinishSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[70]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5680,7 +5782,7 @@ func (x *FinishSessionResponse) String() string {
 func (*FinishSessionResponse) ProtoMessage() {}
 
 func (x *FinishSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[70]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5693,7 +5795,7 @@ func (x *FinishSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishSessionResponse.ProtoReflect.Descriptor instead.
 func (*FinishSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{70}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *FinishSessionResponse) GetSession() *Job {
@@ -5716,7 +5818,7 @@ type CancelSessionRequest struct {
 
 func (x *CancelSessionRequest) Reset() {
 	*x = CancelSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[71]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5728,7 +5830,7 @@ func (x *CancelSessionRequest) String() string {
 func (*CancelSessionRequest) ProtoMessage() {}
 
 func (x *CancelSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[71]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5741,7 +5843,7 @@ func (x *CancelSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelSessionRequest.ProtoReflect.Descriptor instead.
 func (*CancelSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{71}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *CancelSessionRequest) GetSessionId() string {
@@ -5769,7 +5871,7 @@ type CancelSessionResponse struct {
 
 func (x *CancelSessionResponse) Reset() {
 	*x = CancelSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[72]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5781,7 +5883,7 @@ func (x *CancelSessionResponse) String() string {
 func (*CancelSessionResponse) ProtoMessage() {}
 
 func (x *CancelSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[72]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5794,7 +5896,7 @@ func (x *CancelSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelSessionResponse.ProtoReflect.Descriptor instead.
 func (*CancelSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{72}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *CancelSessionResponse) GetSession() *Job {
@@ -5817,7 +5919,7 @@ type StartExecRequest struct {
 
 func (x *StartExecRequest) Reset() {
 	*x = StartExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[73]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5829,7 +5931,7 @@ func (x *StartExecRequest) String() string {
 func (*StartExecRequest) ProtoMessage() {}
 
 func (x *StartExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[73]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5842,7 +5944,7 @@ func (x *StartExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartExecRequest.ProtoReflect.Descriptor instead.
 func (*StartExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{73}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *StartExecRequest) GetSessionId() string {
@@ -5872,7 +5974,7 @@ type StartExecResponse struct {
 
 func (x *StartExecResponse) Reset() {
 	*x = StartExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[74]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5884,7 +5986,7 @@ func (x *StartExecResponse) String() string {
 func (*StartExecResponse) ProtoMessage() {}
 
 func (x *StartExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[74]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5897,7 +5999,7 @@ func (x *StartExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartExecResponse.ProtoReflect.Descriptor instead.
 func (*StartExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{74}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *StartExecResponse) GetExec() *v1.Exec {
@@ -5927,7 +6029,7 @@ type GetExecRequest struct {
 
 func (x *GetExecRequest) Reset() {
 	*x = GetExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[75]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5939,7 +6041,7 @@ func (x *GetExecRequest) String() string {
 func (*GetExecRequest) ProtoMessage() {}
 
 func (x *GetExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[75]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5952,7 +6054,7 @@ func (x *GetExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetExecRequest.ProtoReflect.Descriptor instead.
 func (*GetExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{75}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *GetExecRequest) GetSessionId() string {
@@ -5980,7 +6082,7 @@ type GetExecResponse struct {
 
 func (x *GetExecResponse) Reset() {
 	*x = GetExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[76]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5992,7 +6094,7 @@ func (x *GetExecResponse) String() string {
 func (*GetExecResponse) ProtoMessage() {}
 
 func (x *GetExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[76]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6005,7 +6107,7 @@ func (x *GetExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetExecResponse.ProtoReflect.Descriptor instead.
 func (*GetExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{76}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *GetExecResponse) GetExec() *v1.Exec {
@@ -6032,7 +6134,7 @@ type WatchExecRequest struct {
 
 func (x *WatchExecRequest) Reset() {
 	*x = WatchExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[77]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6044,7 +6146,7 @@ func (x *WatchExecRequest) String() string {
 func (*WatchExecRequest) ProtoMessage() {}
 
 func (x *WatchExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[77]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6057,7 +6159,7 @@ func (x *WatchExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchExecRequest.ProtoReflect.Descriptor instead.
 func (*WatchExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{77}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *WatchExecRequest) GetSessionId() string {
@@ -6104,7 +6206,7 @@ type WatchExecResponse struct {
 
 func (x *WatchExecResponse) Reset() {
 	*x = WatchExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[78]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6116,7 +6218,7 @@ func (x *WatchExecResponse) String() string {
 func (*WatchExecResponse) ProtoMessage() {}
 
 func (x *WatchExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[78]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6129,7 +6231,7 @@ func (x *WatchExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchExecResponse.ProtoReflect.Descriptor instead.
 func (*WatchExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{78}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *WatchExecResponse) GetEvent() isWatchExecResponse_Event {
@@ -6188,7 +6290,7 @@ type CancelExecRequest struct {
 
 func (x *CancelExecRequest) Reset() {
 	*x = CancelExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[79]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6200,7 +6302,7 @@ func (x *CancelExecRequest) String() string {
 func (*CancelExecRequest) ProtoMessage() {}
 
 func (x *CancelExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[79]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6213,7 +6315,7 @@ func (x *CancelExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelExecRequest.ProtoReflect.Descriptor instead.
 func (*CancelExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{79}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *CancelExecRequest) GetSessionId() string {
@@ -6241,7 +6343,7 @@ type CancelExecResponse struct {
 
 func (x *CancelExecResponse) Reset() {
 	*x = CancelExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6253,7 +6355,7 @@ func (x *CancelExecResponse) String() string {
 func (*CancelExecResponse) ProtoMessage() {}
 
 func (x *CancelExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6266,7 +6368,7 @@ func (x *CancelExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelExecResponse.ProtoReflect.Descriptor instead.
 func (*CancelExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{80}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *CancelExecResponse) GetExec() *v1.Exec {
@@ -6291,7 +6393,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6303,7 +6405,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6316,7 +6418,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{81}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ReadFileRequest) GetSessionId() string {
@@ -6350,7 +6452,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6362,7 +6464,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6375,7 +6477,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{82}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ReadFileResponse) GetPart() isReadFileResponse_Part {
@@ -6436,7 +6538,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6448,7 +6550,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6461,7 +6563,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{83}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *WriteFileHeader) GetSessionId() string {
@@ -6501,7 +6603,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6513,7 +6615,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6526,7 +6628,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{84}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *WriteFileRequest) GetPart() isWriteFileRequest_Part {
@@ -6583,7 +6685,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6595,7 +6697,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6608,7 +6710,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{85}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *WriteFileResponse) GetSize() int64 {
@@ -6633,7 +6735,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6645,7 +6747,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6658,7 +6760,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{86}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ListFilesRequest) GetSessionId() string {
@@ -6695,7 +6797,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6707,7 +6809,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6720,7 +6822,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{87}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ListFilesResponse) GetEntries() []*v1.FileEntry {
@@ -6748,7 +6850,7 @@ type SuspendSessionRequest struct {
 
 func (x *SuspendSessionRequest) Reset() {
 	*x = SuspendSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6760,7 +6862,7 @@ func (x *SuspendSessionRequest) String() string {
 func (*SuspendSessionRequest) ProtoMessage() {}
 
 func (x *SuspendSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6773,7 +6875,7 @@ func (x *SuspendSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendSessionRequest.ProtoReflect.Descriptor instead.
 func (*SuspendSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{88}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *SuspendSessionRequest) GetSessionId() string {
@@ -6794,7 +6896,7 @@ type SuspendSessionResponse struct {
 
 func (x *SuspendSessionResponse) Reset() {
 	*x = SuspendSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6806,7 +6908,7 @@ func (x *SuspendSessionResponse) String() string {
 func (*SuspendSessionResponse) ProtoMessage() {}
 
 func (x *SuspendSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6819,7 +6921,7 @@ func (x *SuspendSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendSessionResponse.ProtoReflect.Descriptor instead.
 func (*SuspendSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{89}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *SuspendSessionResponse) GetSession() *Job {
@@ -6840,7 +6942,7 @@ type ResumeSessionRequest struct {
 
 func (x *ResumeSessionRequest) Reset() {
 	*x = ResumeSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6852,7 +6954,7 @@ func (x *ResumeSessionRequest) String() string {
 func (*ResumeSessionRequest) ProtoMessage() {}
 
 func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6865,7 +6967,7 @@ func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSessionRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{90}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *ResumeSessionRequest) GetSessionId() string {
@@ -6886,7 +6988,7 @@ type ResumeSessionResponse struct {
 
 func (x *ResumeSessionResponse) Reset() {
 	*x = ResumeSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6898,7 +7000,7 @@ func (x *ResumeSessionResponse) String() string {
 func (*ResumeSessionResponse) ProtoMessage() {}
 
 func (x *ResumeSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6911,7 +7013,7 @@ func (x *ResumeSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSessionResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{91}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *ResumeSessionResponse) GetSession() *Job {
@@ -7039,7 +7141,7 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"OutputTail\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x16\n" +
-	"\x06capped\x18\x03 \x01(\bR\x06capped\"\x82\x03\n" +
+	"\x06capped\x18\x03 \x01(\bR\x06capped\"\xf0\x03\n" +
 	"\fReviewDetail\x126\n" +
 	"\x05files\x18\x01 \x03(\v2 .airlock.authority.v1.FileChangeR\x05files\x12\x1f\n" +
 	"\vfiles_total\x18\x02 \x01(\x03R\n" +
@@ -7051,7 +7153,19 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x06egress\x18\x06 \x01(\v2\x1f.airlock.authority.v1.EgressLogR\x06egress\x12,\n" +
 	"\x05execs\x18\a \x03(\v2\x16.airlock.types.v1.ExecR\x05execs\x12\x1f\n" +
 	"\vexecs_total\x18\b \x01(\x03R\n" +
-	"execsTotal\"\xf9\x02\n" +
+	"execsTotal\x12@\n" +
+	"\vfile_writes\x18\t \x03(\v2\x1f.airlock.authority.v1.FileWriteR\n" +
+	"fileWrites\x12*\n" +
+	"\x11file_writes_total\x18\n" +
+	" \x01(\x03R\x0ffileWritesTotal\"\xa5\x01\n" +
+	"\tFileWrite\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x16\n" +
+	"\x06sha256\x18\x03 \x01(\tR\x06sha256\x129\n" +
+	"\n" +
+	"written_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\twrittenAt\x12\x1d\n" +
+	"\n" +
+	"after_exec\x18\x05 \x01(\x03R\tafterExec\"\xf9\x02\n" +
 	"\fEgressRecord\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x10\n" +
 	"\x03via\x18\x02 \x01(\tR\x03via\x12\x12\n" +
@@ -7496,7 +7610,7 @@ func file_airlock_authority_v1_authority_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_authority_v1_authority_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 93)
+var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 94)
 var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(JobState)(0),                        // 0: airlock.authority.v1.JobState
 	(FileStatus)(0),                      // 1: airlock.authority.v1.FileStatus
@@ -7527,280 +7641,283 @@ var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(*FileChange)(nil),                   // 26: airlock.authority.v1.FileChange
 	(*OutputTail)(nil),                   // 27: airlock.authority.v1.OutputTail
 	(*ReviewDetail)(nil),                 // 28: airlock.authority.v1.ReviewDetail
-	(*EgressRecord)(nil),                 // 29: airlock.authority.v1.EgressRecord
-	(*EgressLog)(nil),                    // 30: airlock.authority.v1.EgressLog
-	(*EgressName)(nil),                   // 31: airlock.authority.v1.EgressName
-	(*ReportResultResponse)(nil),         // 32: airlock.authority.v1.ReportResultResponse
-	(*JobChange)(nil),                    // 33: airlock.authority.v1.JobChange
-	(*ApprovalVote)(nil),                 // 34: airlock.authority.v1.ApprovalVote
-	(*Approval)(nil),                     // 35: airlock.authority.v1.Approval
-	(*ReviewMaterial)(nil),               // 36: airlock.authority.v1.ReviewMaterial
-	(*ReadReviewRequest)(nil),            // 37: airlock.authority.v1.ReadReviewRequest
-	(*ReviewPartStart)(nil),              // 38: airlock.authority.v1.ReviewPartStart
-	(*ReviewFiles)(nil),                  // 39: airlock.authority.v1.ReviewFiles
-	(*ReadReviewResponse)(nil),           // 40: airlock.authority.v1.ReadReviewResponse
-	(*ListApprovalsRequest)(nil),         // 41: airlock.authority.v1.ListApprovalsRequest
-	(*ListApprovalsResponse)(nil),        // 42: airlock.authority.v1.ListApprovalsResponse
-	(*GetApprovalRequest)(nil),           // 43: airlock.authority.v1.GetApprovalRequest
-	(*GetApprovalResponse)(nil),          // 44: airlock.authority.v1.GetApprovalResponse
-	(*DecideApprovalRequest)(nil),        // 45: airlock.authority.v1.DecideApprovalRequest
-	(*DecideApprovalResponse)(nil),       // 46: airlock.authority.v1.DecideApprovalResponse
-	(*ConsumeApprovalRequest)(nil),       // 47: airlock.authority.v1.ConsumeApprovalRequest
-	(*ConsumeApprovalResponse)(nil),      // 48: airlock.authority.v1.ConsumeApprovalResponse
-	(*Lease)(nil),                        // 49: airlock.authority.v1.Lease
-	(*LeaseCredentialRequest)(nil),       // 50: airlock.authority.v1.LeaseCredentialRequest
-	(*LeaseCredentialResponse)(nil),      // 51: airlock.authority.v1.LeaseCredentialResponse
-	(*RevokeCredentialRequest)(nil),      // 52: airlock.authority.v1.RevokeCredentialRequest
-	(*RevokeCredentialResponse)(nil),     // 53: airlock.authority.v1.RevokeCredentialResponse
-	(*ListLeasesRequest)(nil),            // 54: airlock.authority.v1.ListLeasesRequest
-	(*ListLeasesResponse)(nil),           // 55: airlock.authority.v1.ListLeasesResponse
-	(*UpdateNetworkPolicyRequest)(nil),   // 56: airlock.authority.v1.UpdateNetworkPolicyRequest
-	(*UpdateNetworkPolicyResponse)(nil),  // 57: airlock.authority.v1.UpdateNetworkPolicyResponse
-	(*UpdateJobLimitsRequest)(nil),       // 58: airlock.authority.v1.UpdateJobLimitsRequest
-	(*UpdateJobLimitsResponse)(nil),      // 59: airlock.authority.v1.UpdateJobLimitsResponse
-	(*UseLeaseRequest)(nil),              // 60: airlock.authority.v1.UseLeaseRequest
-	(*UseLeaseResponse)(nil),             // 61: airlock.authority.v1.UseLeaseResponse
-	(*AuditEvent)(nil),                   // 62: airlock.authority.v1.AuditEvent
-	(*ListAuditEventsRequest)(nil),       // 63: airlock.authority.v1.ListAuditEventsRequest
-	(*ListAuditEventsResponse)(nil),      // 64: airlock.authority.v1.ListAuditEventsResponse
-	(*AuditCheckpoint)(nil),              // 65: airlock.authority.v1.AuditCheckpoint
-	(*ListAuditCheckpointsRequest)(nil),  // 66: airlock.authority.v1.ListAuditCheckpointsRequest
-	(*ListAuditCheckpointsResponse)(nil), // 67: airlock.authority.v1.ListAuditCheckpointsResponse
-	(*GetPublishSpecRequest)(nil),        // 68: airlock.authority.v1.GetPublishSpecRequest
-	(*PublishPolicy)(nil),                // 69: airlock.authority.v1.PublishPolicy
-	(*GetPublishSpecResponse)(nil),       // 70: airlock.authority.v1.GetPublishSpecResponse
-	(*CreateSessionRequest)(nil),         // 71: airlock.authority.v1.CreateSessionRequest
-	(*CreateSessionResponse)(nil),        // 72: airlock.authority.v1.CreateSessionResponse
-	(*GetSessionRequest)(nil),            // 73: airlock.authority.v1.GetSessionRequest
-	(*GetSessionResponse)(nil),           // 74: airlock.authority.v1.GetSessionResponse
-	(*ListSessionsRequest)(nil),          // 75: airlock.authority.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),         // 76: airlock.authority.v1.ListSessionsResponse
-	(*FinishSessionRequest)(nil),         // 77: airlock.authority.v1.FinishSessionRequest
-	(*FinishSessionResponse)(nil),        // 78: airlock.authority.v1.FinishSessionResponse
-	(*CancelSessionRequest)(nil),         // 79: airlock.authority.v1.CancelSessionRequest
-	(*CancelSessionResponse)(nil),        // 80: airlock.authority.v1.CancelSessionResponse
-	(*StartExecRequest)(nil),             // 81: airlock.authority.v1.StartExecRequest
-	(*StartExecResponse)(nil),            // 82: airlock.authority.v1.StartExecResponse
-	(*GetExecRequest)(nil),               // 83: airlock.authority.v1.GetExecRequest
-	(*GetExecResponse)(nil),              // 84: airlock.authority.v1.GetExecResponse
-	(*WatchExecRequest)(nil),             // 85: airlock.authority.v1.WatchExecRequest
-	(*WatchExecResponse)(nil),            // 86: airlock.authority.v1.WatchExecResponse
-	(*CancelExecRequest)(nil),            // 87: airlock.authority.v1.CancelExecRequest
-	(*CancelExecResponse)(nil),           // 88: airlock.authority.v1.CancelExecResponse
-	(*ReadFileRequest)(nil),              // 89: airlock.authority.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),             // 90: airlock.authority.v1.ReadFileResponse
-	(*WriteFileHeader)(nil),              // 91: airlock.authority.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),             // 92: airlock.authority.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),            // 93: airlock.authority.v1.WriteFileResponse
-	(*ListFilesRequest)(nil),             // 94: airlock.authority.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),            // 95: airlock.authority.v1.ListFilesResponse
-	(*SuspendSessionRequest)(nil),        // 96: airlock.authority.v1.SuspendSessionRequest
-	(*SuspendSessionResponse)(nil),       // 97: airlock.authority.v1.SuspendSessionResponse
-	(*ResumeSessionRequest)(nil),         // 98: airlock.authority.v1.ResumeSessionRequest
-	(*ResumeSessionResponse)(nil),        // 99: airlock.authority.v1.ResumeSessionResponse
-	nil,                                  // 100: airlock.authority.v1.JobSpec.EnvEntry
-	(*v1.ResourceLimits)(nil),            // 101: airlock.types.v1.ResourceLimits
-	(*v1.NetworkPolicy)(nil),             // 102: airlock.types.v1.NetworkPolicy
-	(v1.RuntimeClass)(0),                 // 103: airlock.types.v1.RuntimeClass
-	(*v1.PublishTarget)(nil),             // 104: airlock.types.v1.PublishTarget
-	(*v1.SessionSpec)(nil),               // 105: airlock.types.v1.SessionSpec
-	(*timestamppb.Timestamp)(nil),        // 106: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),                 // 107: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil),       // 108: airlock.types.v1.NetworkPolicyStatus
-	(*v1.OutputChunk)(nil),               // 109: airlock.types.v1.OutputChunk
-	(*v1.Exec)(nil),                      // 110: airlock.types.v1.Exec
-	(*durationpb.Duration)(nil),          // 111: google.protobuf.Duration
-	(*v1.ExecSpec)(nil),                  // 112: airlock.types.v1.ExecSpec
-	(*v1.FileHeader)(nil),                // 113: airlock.types.v1.FileHeader
-	(*v1.FileEntry)(nil),                 // 114: airlock.types.v1.FileEntry
+	(*FileWrite)(nil),                    // 29: airlock.authority.v1.FileWrite
+	(*EgressRecord)(nil),                 // 30: airlock.authority.v1.EgressRecord
+	(*EgressLog)(nil),                    // 31: airlock.authority.v1.EgressLog
+	(*EgressName)(nil),                   // 32: airlock.authority.v1.EgressName
+	(*ReportResultResponse)(nil),         // 33: airlock.authority.v1.ReportResultResponse
+	(*JobChange)(nil),                    // 34: airlock.authority.v1.JobChange
+	(*ApprovalVote)(nil),                 // 35: airlock.authority.v1.ApprovalVote
+	(*Approval)(nil),                     // 36: airlock.authority.v1.Approval
+	(*ReviewMaterial)(nil),               // 37: airlock.authority.v1.ReviewMaterial
+	(*ReadReviewRequest)(nil),            // 38: airlock.authority.v1.ReadReviewRequest
+	(*ReviewPartStart)(nil),              // 39: airlock.authority.v1.ReviewPartStart
+	(*ReviewFiles)(nil),                  // 40: airlock.authority.v1.ReviewFiles
+	(*ReadReviewResponse)(nil),           // 41: airlock.authority.v1.ReadReviewResponse
+	(*ListApprovalsRequest)(nil),         // 42: airlock.authority.v1.ListApprovalsRequest
+	(*ListApprovalsResponse)(nil),        // 43: airlock.authority.v1.ListApprovalsResponse
+	(*GetApprovalRequest)(nil),           // 44: airlock.authority.v1.GetApprovalRequest
+	(*GetApprovalResponse)(nil),          // 45: airlock.authority.v1.GetApprovalResponse
+	(*DecideApprovalRequest)(nil),        // 46: airlock.authority.v1.DecideApprovalRequest
+	(*DecideApprovalResponse)(nil),       // 47: airlock.authority.v1.DecideApprovalResponse
+	(*ConsumeApprovalRequest)(nil),       // 48: airlock.authority.v1.ConsumeApprovalRequest
+	(*ConsumeApprovalResponse)(nil),      // 49: airlock.authority.v1.ConsumeApprovalResponse
+	(*Lease)(nil),                        // 50: airlock.authority.v1.Lease
+	(*LeaseCredentialRequest)(nil),       // 51: airlock.authority.v1.LeaseCredentialRequest
+	(*LeaseCredentialResponse)(nil),      // 52: airlock.authority.v1.LeaseCredentialResponse
+	(*RevokeCredentialRequest)(nil),      // 53: airlock.authority.v1.RevokeCredentialRequest
+	(*RevokeCredentialResponse)(nil),     // 54: airlock.authority.v1.RevokeCredentialResponse
+	(*ListLeasesRequest)(nil),            // 55: airlock.authority.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),           // 56: airlock.authority.v1.ListLeasesResponse
+	(*UpdateNetworkPolicyRequest)(nil),   // 57: airlock.authority.v1.UpdateNetworkPolicyRequest
+	(*UpdateNetworkPolicyResponse)(nil),  // 58: airlock.authority.v1.UpdateNetworkPolicyResponse
+	(*UpdateJobLimitsRequest)(nil),       // 59: airlock.authority.v1.UpdateJobLimitsRequest
+	(*UpdateJobLimitsResponse)(nil),      // 60: airlock.authority.v1.UpdateJobLimitsResponse
+	(*UseLeaseRequest)(nil),              // 61: airlock.authority.v1.UseLeaseRequest
+	(*UseLeaseResponse)(nil),             // 62: airlock.authority.v1.UseLeaseResponse
+	(*AuditEvent)(nil),                   // 63: airlock.authority.v1.AuditEvent
+	(*ListAuditEventsRequest)(nil),       // 64: airlock.authority.v1.ListAuditEventsRequest
+	(*ListAuditEventsResponse)(nil),      // 65: airlock.authority.v1.ListAuditEventsResponse
+	(*AuditCheckpoint)(nil),              // 66: airlock.authority.v1.AuditCheckpoint
+	(*ListAuditCheckpointsRequest)(nil),  // 67: airlock.authority.v1.ListAuditCheckpointsRequest
+	(*ListAuditCheckpointsResponse)(nil), // 68: airlock.authority.v1.ListAuditCheckpointsResponse
+	(*GetPublishSpecRequest)(nil),        // 69: airlock.authority.v1.GetPublishSpecRequest
+	(*PublishPolicy)(nil),                // 70: airlock.authority.v1.PublishPolicy
+	(*GetPublishSpecResponse)(nil),       // 71: airlock.authority.v1.GetPublishSpecResponse
+	(*CreateSessionRequest)(nil),         // 72: airlock.authority.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),        // 73: airlock.authority.v1.CreateSessionResponse
+	(*GetSessionRequest)(nil),            // 74: airlock.authority.v1.GetSessionRequest
+	(*GetSessionResponse)(nil),           // 75: airlock.authority.v1.GetSessionResponse
+	(*ListSessionsRequest)(nil),          // 76: airlock.authority.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),         // 77: airlock.authority.v1.ListSessionsResponse
+	(*FinishSessionRequest)(nil),         // 78: airlock.authority.v1.FinishSessionRequest
+	(*FinishSessionResponse)(nil),        // 79: airlock.authority.v1.FinishSessionResponse
+	(*CancelSessionRequest)(nil),         // 80: airlock.authority.v1.CancelSessionRequest
+	(*CancelSessionResponse)(nil),        // 81: airlock.authority.v1.CancelSessionResponse
+	(*StartExecRequest)(nil),             // 82: airlock.authority.v1.StartExecRequest
+	(*StartExecResponse)(nil),            // 83: airlock.authority.v1.StartExecResponse
+	(*GetExecRequest)(nil),               // 84: airlock.authority.v1.GetExecRequest
+	(*GetExecResponse)(nil),              // 85: airlock.authority.v1.GetExecResponse
+	(*WatchExecRequest)(nil),             // 86: airlock.authority.v1.WatchExecRequest
+	(*WatchExecResponse)(nil),            // 87: airlock.authority.v1.WatchExecResponse
+	(*CancelExecRequest)(nil),            // 88: airlock.authority.v1.CancelExecRequest
+	(*CancelExecResponse)(nil),           // 89: airlock.authority.v1.CancelExecResponse
+	(*ReadFileRequest)(nil),              // 90: airlock.authority.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),             // 91: airlock.authority.v1.ReadFileResponse
+	(*WriteFileHeader)(nil),              // 92: airlock.authority.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),             // 93: airlock.authority.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),            // 94: airlock.authority.v1.WriteFileResponse
+	(*ListFilesRequest)(nil),             // 95: airlock.authority.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),            // 96: airlock.authority.v1.ListFilesResponse
+	(*SuspendSessionRequest)(nil),        // 97: airlock.authority.v1.SuspendSessionRequest
+	(*SuspendSessionResponse)(nil),       // 98: airlock.authority.v1.SuspendSessionResponse
+	(*ResumeSessionRequest)(nil),         // 99: airlock.authority.v1.ResumeSessionRequest
+	(*ResumeSessionResponse)(nil),        // 100: airlock.authority.v1.ResumeSessionResponse
+	nil,                                  // 101: airlock.authority.v1.JobSpec.EnvEntry
+	(*v1.ResourceLimits)(nil),            // 102: airlock.types.v1.ResourceLimits
+	(*v1.NetworkPolicy)(nil),             // 103: airlock.types.v1.NetworkPolicy
+	(v1.RuntimeClass)(0),                 // 104: airlock.types.v1.RuntimeClass
+	(*v1.PublishTarget)(nil),             // 105: airlock.types.v1.PublishTarget
+	(*v1.SessionSpec)(nil),               // 106: airlock.types.v1.SessionSpec
+	(*timestamppb.Timestamp)(nil),        // 107: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),                 // 108: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil),       // 109: airlock.types.v1.NetworkPolicyStatus
+	(*v1.OutputChunk)(nil),               // 110: airlock.types.v1.OutputChunk
+	(*v1.Exec)(nil),                      // 111: airlock.types.v1.Exec
+	(*durationpb.Duration)(nil),          // 112: google.protobuf.Duration
+	(*v1.ExecSpec)(nil),                  // 113: airlock.types.v1.ExecSpec
+	(*v1.FileHeader)(nil),                // 114: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),                 // 115: airlock.types.v1.FileEntry
 }
 var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
-	100, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
-	101, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
-	102, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	103, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	104, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
-	105, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
+	101, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
+	102, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
+	103, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	104, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	105, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
+	106, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
 	8,   // 6: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
 	0,   // 7: airlock.authority.v1.Job.state:type_name -> airlock.authority.v1.JobState
-	106, // 8: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	106, // 9: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	107, // 10: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
-	108, // 11: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	101, // 12: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
+	107, // 8: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	107, // 9: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	108, // 10: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
+	109, // 11: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	102, // 12: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
 	8,   // 13: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
 	9,   // 14: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
 	9,   // 15: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
-	30,  // 16: airlock.authority.v1.GetJobEgressResponse.egress:type_name -> airlock.authority.v1.EgressLog
+	31,  // 16: airlock.authority.v1.GetJobEgressResponse.egress:type_name -> airlock.authority.v1.EgressLog
 	0,   // 17: airlock.authority.v1.GetJobEgressResponse.state:type_name -> airlock.authority.v1.JobState
 	0,   // 18: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
 	9,   // 19: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
 	9,   // 20: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
-	109, // 21: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
+	110, // 21: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
 	9,   // 22: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
 	23,  // 23: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
-	107, // 24: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
+	108, // 24: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
 	28,  // 25: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
 	1,   // 26: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
 	26,  // 27: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
 	27,  // 28: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
 	27,  // 29: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
-	30,  // 30: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
-	110, // 31: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
-	106, // 32: airlock.authority.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
-	29,  // 33: airlock.authority.v1.EgressLog.records:type_name -> airlock.authority.v1.EgressRecord
-	31,  // 34: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
-	29,  // 35: airlock.authority.v1.EgressLog.last:type_name -> airlock.authority.v1.EgressRecord
-	9,   // 36: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
-	101, // 37: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
-	101, // 38: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
-	102, // 39: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	102, // 40: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	3,   // 41: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
-	106, // 42: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
-	104, // 43: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
-	2,   // 44: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
-	34,  // 45: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
-	106, // 46: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
-	106, // 47: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
-	4,   // 48: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
-	33,  // 49: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
-	107, // 50: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
-	102, // 51: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	28,  // 52: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
-	5,   // 53: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
-	5,   // 54: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
-	26,  // 55: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
-	38,  // 56: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
-	39,  // 57: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
-	2,   // 58: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
-	35,  // 59: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
-	35,  // 60: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	36,  // 61: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
-	3,   // 62: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
-	35,  // 63: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	104, // 64: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
-	35,  // 65: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	6,   // 66: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	106, // 67: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
-	106, // 68: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	106, // 69: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
-	6,   // 70: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	111, // 71: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
-	49,  // 72: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	49,  // 73: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	49,  // 74: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
-	102, // 75: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
-	108, // 76: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	101, // 77: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
-	9,   // 78: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
-	49,  // 79: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
-	106, // 80: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
-	7,   // 81: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
-	106, // 82: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
-	106, // 83: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
-	62,  // 84: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
-	106, // 85: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
-	65,  // 86: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
-	35,  // 87: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
-	106, // 88: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
-	69,  // 89: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
-	8,   // 90: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
-	9,   // 91: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
-	9,   // 92: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
-	110, // 93: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
-	0,   // 94: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
-	9,   // 95: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
-	9,   // 96: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
-	9,   // 97: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
-	112, // 98: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	110, // 99: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	110, // 100: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	109, // 101: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	110, // 102: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	110, // 103: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
-	113, // 104: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
-	91,  // 105: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
-	114, // 106: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
-	9,   // 107: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
-	9,   // 108: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
-	10,  // 109: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
-	12,  // 110: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
-	14,  // 111: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
-	16,  // 112: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
-	18,  // 113: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
-	20,  // 114: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
-	71,  // 115: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
-	73,  // 116: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
-	75,  // 117: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
-	77,  // 118: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
-	79,  // 119: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
-	96,  // 120: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
-	98,  // 121: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
-	81,  // 122: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
-	83,  // 123: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
-	85,  // 124: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
-	87,  // 125: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
-	89,  // 126: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
-	92,  // 127: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
-	94,  // 128: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
-	22,  // 129: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
-	25,  // 130: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	41,  // 131: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	43,  // 132: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	37,  // 133: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
-	45,  // 134: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	47,  // 135: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	68,  // 136: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
-	50,  // 137: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	52,  // 138: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	54,  // 139: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	56,  // 140: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	58,  // 141: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
-	60,  // 142: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
-	63,  // 143: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	66,  // 144: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
-	11,  // 145: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
-	13,  // 146: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
-	15,  // 147: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
-	17,  // 148: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
-	19,  // 149: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
-	21,  // 150: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
-	72,  // 151: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
-	74,  // 152: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
-	76,  // 153: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
-	78,  // 154: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
-	80,  // 155: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
-	97,  // 156: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
-	99,  // 157: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
-	82,  // 158: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
-	84,  // 159: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
-	86,  // 160: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
-	88,  // 161: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
-	90,  // 162: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
-	93,  // 163: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
-	95,  // 164: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
-	24,  // 165: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	32,  // 166: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	42,  // 167: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	44,  // 168: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	40,  // 169: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
-	46,  // 170: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	48,  // 171: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	70,  // 172: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
-	51,  // 173: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	53,  // 174: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	55,  // 175: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	57,  // 176: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	59,  // 177: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
-	61,  // 178: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
-	64,  // 179: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	67,  // 180: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
-	145, // [145:181] is the sub-list for method output_type
-	109, // [109:145] is the sub-list for method input_type
-	109, // [109:109] is the sub-list for extension type_name
-	109, // [109:109] is the sub-list for extension extendee
-	0,   // [0:109] is the sub-list for field type_name
+	31,  // 30: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
+	111, // 31: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
+	29,  // 32: airlock.authority.v1.ReviewDetail.file_writes:type_name -> airlock.authority.v1.FileWrite
+	107, // 33: airlock.authority.v1.FileWrite.written_at:type_name -> google.protobuf.Timestamp
+	107, // 34: airlock.authority.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
+	30,  // 35: airlock.authority.v1.EgressLog.records:type_name -> airlock.authority.v1.EgressRecord
+	32,  // 36: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
+	30,  // 37: airlock.authority.v1.EgressLog.last:type_name -> airlock.authority.v1.EgressRecord
+	9,   // 38: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
+	102, // 39: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
+	102, // 40: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
+	103, // 41: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	103, // 42: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	3,   // 43: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
+	107, // 44: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
+	105, // 45: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
+	2,   // 46: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
+	35,  // 47: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
+	107, // 48: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
+	107, // 49: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	4,   // 50: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
+	34,  // 51: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
+	108, // 52: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
+	103, // 53: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	28,  // 54: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
+	5,   // 55: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
+	5,   // 56: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
+	26,  // 57: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
+	39,  // 58: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
+	40,  // 59: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
+	2,   // 60: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
+	36,  // 61: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
+	36,  // 62: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	37,  // 63: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
+	3,   // 64: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
+	36,  // 65: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	105, // 66: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
+	36,  // 67: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	6,   // 68: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	107, // 69: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
+	107, // 70: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	107, // 71: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
+	6,   // 72: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	112, // 73: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
+	50,  // 74: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	50,  // 75: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	50,  // 76: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
+	103, // 77: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
+	109, // 78: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	102, // 79: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
+	9,   // 80: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
+	50,  // 81: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
+	107, // 82: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	7,   // 83: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
+	107, // 84: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
+	107, // 85: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
+	63,  // 86: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
+	107, // 87: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
+	66,  // 88: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
+	36,  // 89: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
+	107, // 90: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
+	70,  // 91: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
+	8,   // 92: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
+	9,   // 93: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
+	9,   // 94: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
+	111, // 95: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
+	0,   // 96: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
+	9,   // 97: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
+	9,   // 98: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
+	9,   // 99: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
+	113, // 100: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	111, // 101: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	111, // 102: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	110, // 103: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	111, // 104: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	111, // 105: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	114, // 106: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	92,  // 107: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
+	115, // 108: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	9,   // 109: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
+	9,   // 110: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
+	10,  // 111: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
+	12,  // 112: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
+	14,  // 113: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
+	16,  // 114: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
+	18,  // 115: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
+	20,  // 116: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
+	72,  // 117: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
+	74,  // 118: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
+	76,  // 119: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
+	78,  // 120: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
+	80,  // 121: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
+	97,  // 122: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
+	99,  // 123: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
+	82,  // 124: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
+	84,  // 125: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
+	86,  // 126: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
+	88,  // 127: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
+	90,  // 128: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
+	93,  // 129: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
+	95,  // 130: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
+	22,  // 131: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
+	25,  // 132: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
+	42,  // 133: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	44,  // 134: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	38,  // 135: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
+	46,  // 136: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	48,  // 137: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	69,  // 138: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
+	51,  // 139: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	53,  // 140: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	55,  // 141: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	57,  // 142: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	59,  // 143: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	61,  // 144: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	64,  // 145: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	67,  // 146: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
+	11,  // 147: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
+	13,  // 148: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
+	15,  // 149: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
+	17,  // 150: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
+	19,  // 151: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
+	21,  // 152: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
+	73,  // 153: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
+	75,  // 154: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
+	77,  // 155: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
+	79,  // 156: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
+	81,  // 157: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
+	98,  // 158: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
+	100, // 159: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
+	83,  // 160: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
+	85,  // 161: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
+	87,  // 162: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
+	89,  // 163: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
+	91,  // 164: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
+	94,  // 165: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
+	96,  // 166: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
+	24,  // 167: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
+	33,  // 168: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	43,  // 169: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	45,  // 170: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	41,  // 171: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
+	47,  // 172: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	49,  // 173: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	71,  // 174: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
+	52,  // 175: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	54,  // 176: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	56,  // 177: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	58,  // 178: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	60,  // 179: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	62,  // 180: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	65,  // 181: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	68,  // 182: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
+	147, // [147:183] is the sub-list for method output_type
+	111, // [111:147] is the sub-list for method input_type
+	111, // [111:111] is the sub-list for extension type_name
+	111, // [111:111] is the sub-list for extension extendee
+	0,   // [0:111] is the sub-list for field type_name
 }
 
 func init() { file_airlock_authority_v1_authority_proto_init() }
@@ -7816,21 +7933,21 @@ func file_airlock_authority_v1_authority_proto_init() {
 		(*FetchSourceResponse_Header)(nil),
 		(*FetchSourceResponse_Chunk)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[32].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[33].OneofWrappers = []any{
 		(*ReadReviewResponse_Start)(nil),
 		(*ReadReviewResponse_Files)(nil),
 		(*ReadReviewResponse_Chunk)(nil),
 		(*ReadReviewResponse_VerifiedDigest)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[78].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[79].OneofWrappers = []any{
 		(*WatchExecResponse_Output)(nil),
 		(*WatchExecResponse_Exec)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[82].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[83].OneofWrappers = []any{
 		(*ReadFileResponse_Header)(nil),
 		(*ReadFileResponse_Chunk)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[84].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[85].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Chunk)(nil),
 	}
@@ -7840,7 +7957,7 @@ func file_airlock_authority_v1_authority_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_authority_v1_authority_proto_rawDesc), len(file_airlock_authority_v1_authority_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   93,
+			NumMessages:   94,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

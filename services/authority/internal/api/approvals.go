@@ -384,6 +384,9 @@ func checkReviewDetail(req *authorityv1.ReportResultRequest) error {
 			return bad(name+".size", "%d is less than the %d bytes of tail sent", t.GetSize(), len(t.GetData()))
 		}
 	}
+	if d.GetFileWritesTotal() < int64(len(d.GetFileWrites())) {
+		return bad("file_writes_total", "%d is fewer than the %d uploads listed", d.GetFileWritesTotal(), len(d.GetFileWrites()))
+	}
 	if d.GetExecsTotal() < int64(len(d.GetExecs())) {
 		return bad("execs_total", "%d is fewer than the %d execs listed", d.GetExecsTotal(), len(d.GetExecs()))
 	}

@@ -9,9 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/airlockhq/airlock/pkg/bundle/bundlepb"
 	"github.com/airlockhq/airlock/pkg/egress/egresspb"
@@ -97,7 +99,7 @@ const reviewFilesBudget = 2 << 20
 // carries, beside the patch (1 MiB), the file list (2 MiB) and the egress
 // record (512 KiB), inside gRPC's 4 MiB; the bundle's result.json keeps
 // every one.
-const reviewExecsBudget = 384 << 10
+const reviewExecsBudget = 320 << 10
 
 // reviewExecs is a session's execs for review, in order, each with its
 // argv and env cut: all of them if they fit the budget, else the first
@@ -145,6 +147,12 @@ func (c *Client) ReportResult(ctx context.Context, rep runs.Report) error {
 		detail.Egress = egresspb.Log(rep.Egress, rep.EgressLast, rep.EgressTotal, rep.EgressNames)
 	}
 	detail.Execs, detail.ExecsTotal = reviewExecs(rep.Execs)
+	detail.FileWritesTotal = int64(len(rep.FileWrites))
+	for _, w := range rep.FileWrites[:min(len(rep.FileWrites), 500)] {
+		detail.FileWrites = append(detail.FileWrites, &authorityv1.FileWrite{
+			Path: strings.ToValidUTF8(w.Path, "\uFFFD"), Size: w.Size, Sha256: w.SHA256, WrittenAt: timestamppb.New(w.At), AfterExec: w.AfterExec,
+		})
+	}
 	_, err = c.api.ReportResult(ctx, &authorityv1.ReportResultRequest{
 		JobId:      rep.JobID,
 		Result:     convert.RunResult(&rep.Result),

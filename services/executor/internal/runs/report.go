@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/bundle"
@@ -32,8 +33,10 @@ type Report struct {
 	EgressTotal        int
 	EgressNames        []egress.NameSummary
 	HasEgress          bool
-	// Execs are a session's execs, first to last; nil for a job.
-	Execs []Exec
+	// Execs are a session's execs, first to last, and FileWrites its
+	// client's uploads; nil for a job.
+	Execs      []Exec
+	FileWrites []FileWrite
 }
 
 // Tail is the end of one output stream, for reviewers.
@@ -104,7 +107,7 @@ func (m *Manager) report(jobID string) {
 	rep.Stdout = tailOf(filepath.Join(dir, "stdout.log"), run.Truncated["stdout"])
 	rep.Stderr = tailOf(filepath.Join(dir, "stderr.log"), run.Truncated["stderr"])
 	m.mu.Lock()
-	rep.Execs = e.execRecords()
+	rep.Execs, rep.FileWrites = e.execRecords(), slices.Clone(e.writes)
 	m.mu.Unlock()
 	for delay := 100 * time.Millisecond; ; delay = min(delay*2, 10*time.Second) {
 		ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
