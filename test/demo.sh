@@ -5,8 +5,8 @@
 # run an agent-style job in a real runc sandbox (edit a file, run the
 # tests); show what the sandbox kept from it; review, approve and publish
 # the result as one commit on the protected branch; show that a result
-# carrying a credential is refused with its approval unspent; and bring
-# everything down.
+# carrying a credential is refused with its approval unspent; run an
+# agent's loop in one session; and bring everything down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -125,6 +125,19 @@ change=$(printf '%s\n' "$out" | sed -n 's/.*waiting for approval \([^ ]*\).*/\1/
 "$airlock" approval approve "$change" --as approver/bob --comment "needs the headroom"
 "$airlock" job update "$running" --memory 384MiB
 "$airlock" job cancel "$running" >/dev/null
+
+step "a session: one sandbox across an agent's commands; /work is a git repository; every exec has an id"
+# On the sample's first commit, from before the publish above.
+sess=$("$airlock" session create --repo sample --rev "$(git -C "$repo" rev-parse HEAD)")
+"$airlock" session exec "$sess" --exec-id test-1 -- ./test.sh || echo "  (exit status $?, as the test fails)"
+printf 'hello, airlock\n' >"$dir/greet.txt"
+"$airlock" session cp "$dir/greet.txt" "$sess:/work/lib/greet.txt"
+"$airlock" session exec "$sess" --exec-id status -- git status --short
+"$airlock" session exec "$sess" --exec-id test-2 -- ./test.sh
+echo "retrying exec test-2 by its id returns its record; it does not run it again:"
+"$airlock" session exec "$sess" --exec-id test-2 -- ./test.sh
+"$airlock" session get "$sess"
+"$airlock" session finish "$sess"
 
 step "every decision is on the hash-chained audit log"
 "$airlock" audit list --as approver/alice

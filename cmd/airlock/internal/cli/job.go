@@ -430,8 +430,8 @@ func exitCodeOf(job *authorityv1.Job) int {
 func outcome(job *authorityv1.Job) string {
 	r := job.GetResult()
 	s := strings.ToLower(strings.TrimPrefix(job.GetState().String(), "JOB_STATE_"))
-	if r != nil {
-		s += ", " + strings.ToLower(strings.TrimPrefix(r.GetReason().String(), "TERMINATION_REASON_"))
+	if reason := strings.ToLower(strings.TrimPrefix(r.GetReason().String(), "TERMINATION_REASON_")); r != nil && reason != s {
+		s += ", " + reason
 		if r.GetReason() == typesv1.TerminationReason_TERMINATION_REASON_EXITED {
 			s += fmt.Sprintf(" with status %d", r.GetExitCode())
 		}
