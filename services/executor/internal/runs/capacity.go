@@ -27,7 +27,7 @@ type holding struct {
 
 // held sums the limits of every run not yet ended but skip (nil skips
 // none). A run whose Update is putting larger limits in force holds the
-// larger of each. Callers hold m.mu.
+// larger of each; a suspended session only its disk. Callers hold m.mu.
 func (m *Manager) held(skip *entry) holding {
 	var h holding
 	for _, e := range m.runs {
@@ -35,6 +35,13 @@ func (m *Manager) held(skip *entry) holding {
 			continue
 		}
 		l := limitsOf(e.grant.GetLimits())
+		if e.run.Suspended && !e.resumeAsked {
+			// A suspended session runs nothing: it holds its disk and its
+			// place, not memory or CPU, until Resume admits it again.
+			h.disk += l.DiskBytes
+			h.jobs++
+			continue
+		}
 		if e.raising != nil {
 			l.MemoryBytes, l.CPUMillis = max(l.MemoryBytes, e.raising.MemoryBytes), max(l.CPUMillis, e.raising.CPUMillis)
 		}

@@ -504,7 +504,10 @@ func (m *Manager) Suspend(jobID string) (Run, error) {
 }
 
 // Resume starts a suspended session's sandbox again: a fresh sandbox on
-// the same base with the session's /work changes and /out.
+// the same base with the session's /work changes and /out. A suspended
+// session holds no memory or CPU of the executor's capacity; one that no
+// longer fits beside the runs admitted meanwhile stays suspended
+// (ErrResourceExhausted).
 func (m *Manager) Resume(jobID string) (Run, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -513,7 +516,11 @@ func (m *Manager) Resume(jobID string) (Run, error) {
 		return Run{}, err
 	}
 	switch {
-	case e.run.Suspended:
+	case e.run.Suspended && !e.resumeAsked:
+		// Its memory and CPU were given back while it was suspended.
+		if err := m.cfg.Capacity.admit(m.held(e), limitsOf(e.grant.GetLimits())); err != nil {
+			return Run{}, fmt.Errorf("session %s stays suspended: %w", jobID, err)
+		}
 		e.resumeAsked = true
 	case e.suspending:
 		return Run{}, fmt.Errorf("%w: session %s is still being suspended; resume it once it is", errdefs.ErrFailedPrecondition, jobID)

@@ -557,3 +557,34 @@ func TestSessionFilesFence(t *testing.T) {
 		t.Fatalf("the patch has what the stalled upload wrote (%d files):\n%.500s", run.Result.FilesChanged, patch)
 	}
 }
+
+// TestSessionSuspendedCapacity: a suspended session gives back its memory
+// to the executor's capacity, and is resumed only when it fits again.
+func TestSessionSuspendedCapacity(t *testing.T) {
+	h, _ := newHarnessWith(t, false, Capacity{MemoryBytes: 384 << 20})
+	sid := h.startSession(t, h.sessionGrant(typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, time.Minute))
+	job := h.grantFor("echo up; sleep 60")
+	if _, _, err := h.m.Start(h.sign(t, job)); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("a second 256 MiB run beside a running 256 MiB session in 384 MiB: %v", err)
+	}
+	if _, err := h.m.Suspend(sid); err != nil {
+		t.Fatal(err)
+	}
+	h.waitRun(t, sid, "suspended", func(r Run, _ bool) bool { return r.Suspended })
+	h.start(t, job)
+	h.waitRunning(t, job.GetJobId(), "up")
+	if _, err := h.m.Resume(sid); !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "stays suspended") {
+		t.Fatalf("Resume beside the job that took its memory: %v", err)
+	}
+	if _, err := h.m.Cancel(job.GetJobId()); err != nil {
+		t.Fatal(err)
+	}
+	h.waitEnd(t, job.GetJobId())
+	if _, err := h.m.Resume(sid); err != nil {
+		t.Fatalf("Resume once it fits: %v", err)
+	}
+	h.waitRun(t, sid, "resumed", func(r Run, up bool) bool { return !r.Suspended && up })
+	if x := h.execWait(t, sid, sh("after", "echo ok")); string(x.StdoutTail) != "ok\n" {
+		t.Fatalf("after resume: %q", x.StdoutTail)
+	}
+}
