@@ -303,25 +303,13 @@ status lines and the summary are always escaped.`
 func watchJob(ctx context.Context, g *globals, client authorityv1.AuthorityServiceClient, jobID string, raw bool) (*authorityv1.Job, error) {
 	var last *authorityv1.Job
 	var printed authorityv1.JobState
-	offsets := map[typesv1.OutputStream]int64{}
-	stdout := g.stdout
-	if g.output == "json" {
-		stdout = g.stderr // stdout carries the JSON result
-	}
-	outs := map[typesv1.OutputStream]io.Writer{
-		typesv1.OutputStream_OUTPUT_STREAM_STDOUT: jobOutput(stdout, raw),
-		typesv1.OutputStream_OUTPUT_STREAM_STDERR: jobOutput(g.stderr, raw),
-	}
-	defer func() {
-		for _, w := range outs {
-			flushOutput(w)
-		}
-	}()
+	out := newOutputSink(g, raw)
+	defer out.flush()
 	for attempt := 0; ; attempt++ {
 		stream, err := client.WatchJob(ctx, &authorityv1.WatchJobRequest{
 			JobId:        jobID,
-			StdoutOffset: offsets[typesv1.OutputStream_OUTPUT_STREAM_STDOUT],
-			StderrOffset: offsets[typesv1.OutputStream_OUTPUT_STREAM_STDERR],
+			StdoutOffset: out.offset(typesv1.OutputStream_OUTPUT_STREAM_STDOUT),
+			StderrOffset: out.offset(typesv1.OutputStream_OUTPUT_STREAM_STDERR),
 		})
 		if err != nil {
 			return nil, rpcError(err)
@@ -348,16 +336,7 @@ func watchJob(ctx context.Context, g *globals, client authorityv1.AuthorityServi
 					printed = ev.Job.GetState()
 				}
 			case *authorityv1.WatchJobResponse_Output:
-				o := ev.Output
-				if o.GetOffset() < offsets[o.GetStream()] {
-					continue // already printed before a reconnect
-				}
-				outs[o.GetStream()].Write(o.GetData())
-				offsets[o.GetStream()] = o.GetOffset() + int64(len(o.GetData()))
-				if o.GetTruncated() {
-					flushOutput(outs[o.GetStream()])
-					fmt.Fprintf(g.stderr, "\n[airlock] %s truncated at its size cap\n", strings.ToLower(strings.TrimPrefix(o.GetStream().String(), "OUTPUT_STREAM_")))
-				}
+				out.write(ev.Output)
 			}
 		}
 		select {
@@ -365,6 +344,50 @@ func watchJob(ctx context.Context, g *globals, client authorityv1.AuthorityServi
 			return nil, ctx.Err()
 		case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
 		}
+	}
+}
+
+// outputSink copies a watched job's or exec's output streams to the
+// terminal or pipe, resuming from what it has written after a reconnect.
+type outputSink struct {
+	g       *globals
+	outs    map[typesv1.OutputStream]io.Writer
+	offsets map[typesv1.OutputStream]int64
+}
+
+func newOutputSink(g *globals, raw bool) *outputSink {
+	stdout := g.stdout
+	if g.output == "json" {
+		stdout = g.stderr // stdout carries the JSON result
+	}
+	return &outputSink{g: g, offsets: map[typesv1.OutputStream]int64{}, outs: map[typesv1.OutputStream]io.Writer{
+		typesv1.OutputStream_OUTPUT_STREAM_STDOUT: jobOutput(stdout, raw),
+		typesv1.OutputStream_OUTPUT_STREAM_STDERR: jobOutput(g.stderr, raw),
+	}}
+}
+
+// offset is how much of stream has been written: where a watch resumes.
+func (s *outputSink) offset(stream typesv1.OutputStream) int64 { return s.offsets[stream] }
+
+// write copies one chunk, unless a reconnect sent it again, and says when
+// its stream was cut at its size cap.
+func (s *outputSink) write(o *typesv1.OutputChunk) {
+	w, ok := s.outs[o.GetStream()]
+	if !ok || o.GetOffset() < s.offsets[o.GetStream()] {
+		return
+	}
+	w.Write(o.GetData())
+	s.offsets[o.GetStream()] = o.GetOffset() + int64(len(o.GetData()))
+	if o.GetTruncated() {
+		flushOutput(w)
+		fmt.Fprintf(s.g.stderr, "\n[airlock] %s truncated at its size cap\n", strings.ToLower(strings.TrimPrefix(o.GetStream().String(), "OUTPUT_STREAM_")))
+	}
+}
+
+// flush writes what the escaping writers hold back.
+func (s *outputSink) flush() {
+	for _, w := range s.outs {
+		flushOutput(w)
 	}
 }
 

@@ -246,25 +246,12 @@ func newSessionWatch(g *globals) *cobra.Command {
 // offsets it reached when the stream drops, and turns its ending into the
 // exit status.
 func followExec(ctx context.Context, g *globals, client authorityv1.AuthorityServiceClient, sessionID, execID string, raw bool) error {
-	offsets := map[typesv1.OutputStream]int64{}
-	stdout := g.stdout
-	if g.output == "json" {
-		stdout = g.stderr
-	}
-	outs := map[typesv1.OutputStream]io.Writer{
-		typesv1.OutputStream_OUTPUT_STREAM_STDOUT: jobOutput(stdout, raw),
-		typesv1.OutputStream_OUTPUT_STREAM_STDERR: jobOutput(g.stderr, raw),
-	}
-	flush := func() {
-		for _, w := range outs {
-			flushOutput(w)
-		}
-	}
-	defer flush()
+	out := newOutputSink(g, raw)
+	defer out.flush()
 	for attempt := 0; ; attempt++ {
 		stream, err := client.WatchExec(ctx, &authorityv1.WatchExecRequest{
 			SessionId: sessionID, ExecId: execID,
-			StdoutOffset: offsets[typesv1.OutputStream_OUTPUT_STREAM_STDOUT], StderrOffset: offsets[typesv1.OutputStream_OUTPUT_STREAM_STDERR],
+			StdoutOffset: out.offset(typesv1.OutputStream_OUTPUT_STREAM_STDOUT), StderrOffset: out.offset(typesv1.OutputStream_OUTPUT_STREAM_STDERR),
 		})
 		if err != nil {
 			return rpcError(err)
@@ -282,18 +269,9 @@ func followExec(ctx context.Context, g *globals, client authorityv1.AuthoritySer
 			}
 			switch ev := msg.GetEvent().(type) {
 			case *authorityv1.WatchExecResponse_Output:
-				o := ev.Output
-				if o.GetOffset() < offsets[o.GetStream()] {
-					continue
-				}
-				outs[o.GetStream()].Write(o.GetData())
-				offsets[o.GetStream()] = o.GetOffset() + int64(len(o.GetData()))
-				if o.GetTruncated() {
-					flushOutput(outs[o.GetStream()])
-					fmt.Fprintf(g.stderr, "\n[airlock] %s truncated at its size cap\n", strings.ToLower(strings.TrimPrefix(o.GetStream().String(), "OUTPUT_STREAM_")))
-				}
+				out.write(ev.Output)
 			case *authorityv1.WatchExecResponse_Exec:
-				flush()
+				out.flush()
 				return finishExec(g, ev.Exec)
 			}
 		}

@@ -125,11 +125,8 @@ func (s *Service) GetJob(ctx context.Context, req *authorityv1.GetJobRequest) (*
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
-	pj, err := jobToProto(j)
+	pj, err := s.jobView(ctx, j)
 	if err != nil {
-		return nil, s.fail(ctx, err)
-	}
-	if pj.ApprovalId, err = s.cfg.Approvals.IDForJob(ctx, j.ID); err != nil {
 		return nil, s.fail(ctx, err)
 	}
 	return &authorityv1.GetJobResponse{Job: pj}, nil
@@ -176,11 +173,8 @@ func (s *Service) ListJobs(ctx context.Context, req *authorityv1.ListJobsRequest
 	}
 	resp := &authorityv1.ListJobsResponse{NextPageToken: next}
 	for _, j := range list {
-		pj, err := jobToProto(j)
+		pj, err := s.jobView(ctx, j)
 		if err != nil {
-			return nil, s.fail(ctx, err)
-		}
-		if pj.ApprovalId, err = s.cfg.Approvals.IDForJob(ctx, j.ID); err != nil {
 			return nil, s.fail(ctx, err)
 		}
 		resp.Jobs = append(resp.Jobs, pj)
@@ -467,4 +461,17 @@ func statesFromProto(in []authorityv1.JobState) ([]store.State, error) {
 		states = append(states, ds)
 	}
 	return states, nil
+}
+
+// jobView is a job (or session) as the API shows it: its record and the
+// approval opened for its result, if any.
+func (s *Service) jobView(ctx context.Context, j store.Job) (*authorityv1.Job, error) {
+	pj, err := jobToProto(j)
+	if err != nil {
+		return nil, err
+	}
+	if pj.ApprovalId, err = s.cfg.Approvals.IDForJob(ctx, j.ID); err != nil {
+		return nil, err
+	}
+	return pj, nil
 }

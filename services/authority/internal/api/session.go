@@ -80,11 +80,8 @@ func (s *Service) GetSession(ctx context.Context, req *authorityv1.GetSessionReq
 	if err != nil {
 		return nil, err
 	}
-	pj, err := jobToProto(j)
+	pj, err := s.jobView(ctx, j)
 	if err != nil {
-		return nil, s.fail(ctx, err)
-	}
-	if pj.ApprovalId, err = s.cfg.Approvals.IDForJob(ctx, j.ID); err != nil {
 		return nil, s.fail(ctx, err)
 	}
 	resp := &authorityv1.GetSessionResponse{Session: pj}
@@ -124,7 +121,7 @@ func (s *Service) ListSessions(ctx context.Context, req *authorityv1.ListSession
 	}
 	resp := &authorityv1.ListSessionsResponse{NextPageToken: next}
 	for _, j := range list {
-		pj, err := jobToProto(j)
+		pj, err := s.jobView(ctx, j)
 		if err != nil {
 			return nil, s.fail(ctx, err)
 		}
@@ -221,25 +218,32 @@ func (s *Service) WatchExec(req *authorityv1.WatchExecRequest, stream grpc.Serve
 	if err != nil {
 		return err
 	}
+	return relay(up.Recv, stream.Send, func(msg *executorv1.WatchExecResponse) *authorityv1.WatchExecResponse {
+		switch ev := msg.GetEvent().(type) {
+		case *executorv1.WatchExecResponse_Output:
+			return &authorityv1.WatchExecResponse{Event: &authorityv1.WatchExecResponse_Output{Output: ev.Output}}
+		case *executorv1.WatchExecResponse_Exec:
+			return &authorityv1.WatchExecResponse{Event: &authorityv1.WatchExecResponse_Exec{Exec: ev.Exec}}
+		}
+		return nil
+	})
+}
+
+// relay passes an executor stream on to the caller, each message as
+// convert makes it (nil: skipped), until the executor's stream ends.
+func relay[In, Out any](recv func() (*In, error), send func(*Out) error, convert func(*In) *Out) error {
 	for {
-		msg, err := up.Recv()
+		msg, err := recv()
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
 		if err != nil {
 			return err
 		}
-		out := &authorityv1.WatchExecResponse{}
-		switch ev := msg.GetEvent().(type) {
-		case *executorv1.WatchExecResponse_Output:
-			out.Event = &authorityv1.WatchExecResponse_Output{Output: ev.Output}
-		case *executorv1.WatchExecResponse_Exec:
-			out.Event = &authorityv1.WatchExecResponse_Exec{Exec: ev.Exec}
-		default:
-			continue
-		}
-		if err := stream.Send(out); err != nil {
-			return err
+		if out := convert(msg); out != nil {
+			if err := send(out); err != nil {
+				return err
+			}
 		}
 	}
 }
@@ -266,27 +270,15 @@ func (s *Service) ReadFile(req *authorityv1.ReadFileRequest, stream grpc.ServerS
 	if err != nil {
 		return err
 	}
-	for {
-		msg, err := up.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		out := &authorityv1.ReadFileResponse{}
+	return relay(up.Recv, stream.Send, func(msg *executorv1.ReadFileResponse) *authorityv1.ReadFileResponse {
 		switch p := msg.GetPart().(type) {
 		case *executorv1.ReadFileResponse_Header:
-			out.Part = &authorityv1.ReadFileResponse_Header{Header: p.Header}
+			return &authorityv1.ReadFileResponse{Part: &authorityv1.ReadFileResponse_Header{Header: p.Header}}
 		case *executorv1.ReadFileResponse_Chunk:
-			out.Part = &authorityv1.ReadFileResponse_Chunk{Chunk: p.Chunk}
-		default:
-			continue
+			return &authorityv1.ReadFileResponse{Part: &authorityv1.ReadFileResponse_Chunk{Chunk: p.Chunk}}
 		}
-		if err := stream.Send(out); err != nil {
-			return err
-		}
-	}
+		return nil
+	})
 }
 
 func (s *Service) WriteFile(stream grpc.ClientStreamingServer[authorityv1.WriteFileRequest, authorityv1.WriteFileResponse]) error {

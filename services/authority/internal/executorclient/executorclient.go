@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/airlockhq/airlock/pkg/chunkio"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/grant"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
@@ -344,33 +345,30 @@ func (c *Client) OpenArtifact(ctx context.Context, jobID, digest string) (io.Rea
 		cancel()
 		return nil, errors.New("executorclient: GetArtifact did not start with a header")
 	}
-	return &artifactReader{stream: stream, cancel: cancel}, nil
+	return newArtifactReader(stream, cancel), nil
 }
 
-// artifactReader reads a GetArtifact stream's chunks as one byte stream.
+// artifactReader reads a GetArtifact stream's chunks as one byte stream;
+// Close ends the stream.
 type artifactReader struct {
-	stream grpc.ServerStreamingClient[executorv1.GetArtifactResponse]
+	*chunkio.Reader
 	cancel context.CancelFunc
-	buf    []byte
 }
 
-func (r *artifactReader) Read(p []byte) (int, error) {
-	for len(r.buf) == 0 {
-		msg, err := r.stream.Recv()
+func newArtifactReader(stream grpc.ServerStreamingClient[executorv1.GetArtifactResponse], cancel context.CancelFunc) *artifactReader {
+	return &artifactReader{cancel: cancel, Reader: chunkio.NewReader(func() ([]byte, error) {
+		msg, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
-			return 0, io.EOF
+			return nil, io.EOF
 		}
 		if err != nil {
-			return 0, fromStatus(err)
+			return nil, fromStatus(err)
 		}
 		if msg.GetHeader() != nil {
-			return 0, errors.New("executorclient: GetArtifact sent a second header")
+			return nil, errors.New("executorclient: GetArtifact sent a second header")
 		}
-		r.buf = msg.GetChunk()
-	}
-	n := copy(p, r.buf)
-	r.buf = r.buf[n:]
-	return n, nil
+		return msg.GetChunk(), nil
+	})}
 }
 
 func (r *artifactReader) Close() error {

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/airlockhq/airlock/pkg/chunkio"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
@@ -150,7 +151,7 @@ func (s *Service) WriteFile(stream grpc.ClientStreamingServer[executorv1.WriteFi
 	if err := required("job_id", h.GetJobId()); err != nil {
 		return errdefs.ToGRPC(err)
 	}
-	n, err := s.cfg.Runs.WriteFile(h.GetJobId(), h.GetPath(), fs.FileMode(h.GetMode()), &chunkReader{next: func() ([]byte, error) {
+	n, err := s.cfg.Runs.WriteFile(h.GetJobId(), h.GetPath(), fs.FileMode(h.GetMode()), chunkio.NewReader(func() ([]byte, error) {
 		m, err := stream.Recv()
 		if err != nil {
 			return nil, err
@@ -159,7 +160,7 @@ func (s *Service) WriteFile(stream grpc.ClientStreamingServer[executorv1.WriteFi
 			return nil, fmt.Errorf("%w: a second header", errdefs.ErrInvalidArgument)
 		}
 		return m.GetChunk(), nil
-	}})
+	}))
 	if err != nil {
 		return s.fail(stream.Context(), "WriteFile", err)
 	}
@@ -182,26 +183,6 @@ func (s *Service) ListFiles(ctx context.Context, req *executorv1.ListFilesReques
 		out.Entries = append(out.Entries, e)
 	}
 	return out, nil
-}
-
-// chunkReader reads the bytes of a stream of chunks; io.EOF at the
-// stream's end.
-type chunkReader struct {
-	next func() ([]byte, error)
-	buf  []byte
-}
-
-func (r *chunkReader) Read(p []byte) (int, error) {
-	for len(r.buf) == 0 {
-		b, err := r.next()
-		if err != nil {
-			return 0, err
-		}
-		r.buf = b
-	}
-	n := copy(p, r.buf)
-	r.buf = r.buf[n:]
-	return n, nil
 }
 
 func (s *Service) SuspendRun(ctx context.Context, req *executorv1.SuspendRunRequest) (*executorv1.SuspendRunResponse, error) {

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/airlockhq/airlock/pkg/bundle/bundlepb"
+	"github.com/airlockhq/airlock/pkg/chunkio"
 	"github.com/airlockhq/airlock/pkg/egress/egresspb"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
@@ -57,30 +58,27 @@ func (c *Client) FetchSource(ctx context.Context, jobID string) (stage.Header, i
 		cancel()
 		return stage.Header{}, nil, fmt.Errorf("authority: source format %q, want tar", h.GetFormat())
 	}
-	return stage.Header{Commit: h.GetCommit(), TreeHash: h.GetTreeHash(), CommitObject: h.GetCommitObject()}, &chunkReader{stream: stream, cancel: cancel}, nil
+	return stage.Header{Commit: h.GetCommit(), TreeHash: h.GetTreeHash(), CommitObject: h.GetCommitObject()}, newChunkReader(stream, cancel), nil
 }
 
-// chunkReader turns the stream's chunks into a reader.
+// chunkReader turns the stream's chunks into a reader; Close ends the
+// stream.
 type chunkReader struct {
-	stream grpc.ServerStreamingClient[authorityv1.FetchSourceResponse]
+	*chunkio.Reader
 	cancel context.CancelFunc
-	buf    []byte
 }
 
-func (r *chunkReader) Read(p []byte) (int, error) {
-	for len(r.buf) == 0 {
-		msg, err := r.stream.Recv()
+func newChunkReader(stream grpc.ServerStreamingClient[authorityv1.FetchSourceResponse], cancel context.CancelFunc) *chunkReader {
+	return &chunkReader{cancel: cancel, Reader: chunkio.NewReader(func() ([]byte, error) {
+		msg, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
-			return 0, io.EOF
+			return nil, io.EOF
 		}
 		if err != nil {
-			return 0, errdefs.FromGRPC(err)
+			return nil, errdefs.FromGRPC(err)
 		}
-		r.buf = msg.GetChunk()
-	}
-	n := copy(p, r.buf)
-	r.buf = r.buf[n:]
-	return n, nil
+		return msg.GetChunk(), nil
+	})}
 }
 
 func (r *chunkReader) Close() error {

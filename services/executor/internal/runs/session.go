@@ -1,6 +1,7 @@
 package runs
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -291,7 +292,7 @@ func (m *Manager) StartExec(jobID string, x ExecSpec) (Exec, bool, error) {
 func (m *Manager) runExec(ctx context.Context, e *entry, xe *execEntry, sb *sandbox.Sandbox, x ExecSpec) {
 	spec := sandbox.ExecSpec{Argv: x.Argv, Env: x.Env, Cwd: x.Cwd, Timeout: x.Timeout, Stdout: xe.stdout, Stderr: xe.stderr}
 	if len(x.Stdin) > 0 {
-		spec.Stdin = strings.NewReader(string(x.Stdin))
+		spec.Stdin = bytes.NewReader(x.Stdin)
 	}
 	res, err := sb.Exec(ctx, spec)
 	switch {

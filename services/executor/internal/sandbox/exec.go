@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -183,28 +182,22 @@ func (s *Sandbox) waitUp(ctx context.Context) (*specs.Process, error) {
 			s.execErr = fmt.Errorf("sandbox %s: read the bundle's process: %v", s.spec.ID, err)
 			return
 		}
-		s.execProc = cfg.Process
+		s.execProc, s.execErr = json.Marshal(cfg.Process)
 	})
 	if s.execErr != nil {
 		return nil, s.execErr
 	}
-	data, _ := json.Marshal(s.execProc)
+	// A fresh copy for each exec to change.
 	var p specs.Process
-	if err := json.Unmarshal(data, &p); err != nil {
+	if err := json.Unmarshal(s.execProc, &p); err != nil {
 		return nil, err
 	}
 	return &p, nil
 }
 
 func (s *Sandbox) exec(ctx context.Context, x ExecSpec, res ExecResult, procFile, pidFile, logPath string) (ExecResult, error) {
-	outR, outW, err := os.Pipe()
+	pipes, err := newOutputPipes()
 	if err != nil {
-		return res, err
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		outR.Close()
-		outW.Close()
 		return res, err
 	}
 	args := s.rt.global(logPath)
@@ -230,19 +223,16 @@ func (s *Sandbox) exec(ctx context.Context, x ExecSpec, res ExecResult, procFile
 	if x.Stdin != nil {
 		r, w, err := os.Pipe()
 		if err != nil {
-			outR.Close()
-			outW.Close()
-			errR.Close()
-			errW.Close()
+			pipes.started(false)
 			return res, err
 		}
 		defer r.Close()
 		cmd.Stdin, stdinW = r, w
 	}
 	if s.rt.class == ClassRunc {
-		cmd.ExtraFiles = []*os.File{outW, errW}
+		cmd.ExtraFiles = []*os.File{pipes.outW, pipes.errW}
 	} else {
-		cmd.Stdout, cmd.Stderr = outW, errW
+		cmd.Stdout, cmd.Stderr = pipes.outW, pipes.errW
 	}
 	// The runtime process leads a group of its own, so a terminal's
 	// signals to the executor do not reach it.
@@ -250,11 +240,8 @@ func (s *Sandbox) exec(ctx context.Context, x ExecSpec, res ExecResult, procFile
 	cpu0, oom0 := s.m.cg.stats(s.cgRel), s.oomKills()
 	start := time.Now()
 	err = cmd.Start()
-	outW.Close()
-	errW.Close()
+	pipes.started(err == nil)
 	if err != nil {
-		outR.Close()
-		errR.Close()
 		if stdinW != nil {
 			stdinW.Close()
 		}
@@ -269,23 +256,7 @@ func (s *Sandbox) exec(ctx context.Context, x ExecSpec, res ExecResult, procFile
 		// fails (EPIPE) when its last reader is gone; closing ours below
 		// (deferred) takes care of the runtime's copy.
 	}
-	var copies sync.WaitGroup
-	for _, p := range []struct {
-		r *os.File
-		w io.Writer
-	}{{outR, x.Stdout}, {errR, x.Stderr}} {
-		w := p.w
-		if w == nil {
-			w = io.Discard
-		}
-		copies.Add(1)
-		go func(r *os.File) {
-			defer copies.Done()
-			if _, err := io.Copy(w, r); err != nil {
-				_, _ = io.Copy(io.Discard, r)
-			}
-		}(p.r)
-	}
+	pipes.copy(x.Stdout, x.Stderr)
 	waitErr := make(chan error, 1)
 	go func() { waitErr <- cmd.Wait() }()
 
@@ -373,16 +344,7 @@ wait:
 		}
 	}
 	wall := time.Since(start)
-	drained := make(chan struct{})
-	go func() { copies.Wait(); close(drained) }()
-	select {
-	case <-drained:
-	case <-time.After(outputDrainGrace):
-		// A process the exec left running holds its output open.
-	}
-	outR.Close()
-	errR.Close()
-	copies.Wait()
+	pipes.drain(outputDrainGrace) // a process the exec left running may hold it open
 	cpu1, oom1 := s.m.cg.stats(s.cgRel), s.oomKills()
 	res.WallTime, res.CPUTime = wall, max(0, cpu1.cpu-cpu0.cpu)
 	code := exitCode(werr)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -16,7 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
@@ -74,7 +72,7 @@ type Sandbox struct {
 	// read once, the template of every exec's.
 	execSeq  atomic.Int64
 	execOnce sync.Once
-	execProc *specs.Process
+	execProc []byte // the bundle's process spec, as JSON
 	execErr  error
 }
 
@@ -140,20 +138,14 @@ func (s *Sandbox) run(ctx context.Context, res Result) (Result, error) {
 		res.Message = "the job was cancelled before it started"
 		return res, nil
 	}
-	outR, outW, err := os.Pipe()
+	pipes, err := newOutputPipes()
 	if err != nil {
-		return res, err
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		outR.Close()
-		outW.Close()
 		return res, err
 	}
 	cmd := s.rt.runCmd(s.bundle, s.spec.ID, s.logPath, s.pidFile)
 	// The runtime hands its own stdio to the job: stdin is /dev/null, and
 	// the write ends of the pipes go straight to the job's processes.
-	cmd.Stdout, cmd.Stderr = outW, errW
+	cmd.Stdout, cmd.Stderr = pipes.outW, pipes.errW
 	// Its own process group, so a terminal's signals to the executor do
 	// not reach it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -167,11 +159,8 @@ func (s *Sandbox) run(ctx context.Context, res Result) (Result, error) {
 	first := s.firstStart
 	s.mu.Unlock()
 	err = cmd.Start()
-	outW.Close()
-	errW.Close()
+	pipes.started(err == nil)
 	if err != nil {
-		outR.Close()
-		errR.Close()
 		return res, fmt.Errorf("start %s: %w", s.rt.class, err)
 	}
 	// The runtime inherits the executor's low OOM score, and so would
@@ -183,24 +172,7 @@ func (s *Sandbox) run(ctx context.Context, res Result) (Result, error) {
 	if err := os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", cmd.Process.Pid), []byte(strconv.Itoa(jobOOMScoreAdj)), 0); err != nil {
 		s.m.log.Warn("sandbox: raise the runtime's oom_score_adj", "job_id", s.spec.ID, "error", err)
 	}
-	var copies sync.WaitGroup
-	for _, p := range []struct {
-		r *os.File
-		w io.Writer
-	}{{outR, s.spec.Stdout}, {errR, s.spec.Stderr}} {
-		w := p.w
-		if w == nil {
-			w = io.Discard
-		}
-		copies.Add(1)
-		go func(r *os.File) {
-			defer copies.Done()
-			// A failing writer must not stall the job on a full pipe.
-			if _, err := io.Copy(w, r); err != nil {
-				_, _ = io.Copy(io.Discard, r)
-			}
-		}(p.r)
-	}
+	pipes.copy(s.spec.Stdout, s.spec.Stderr)
 	waitErr := make(chan error, 1)
 	go func() { waitErr <- cmd.Wait() }()
 
@@ -280,18 +252,11 @@ wait:
 			errs = append(errs, err)
 		}
 	}
-	drained := make(chan struct{})
-	go func() { copies.Wait(); close(drained) }()
-	select {
-	case <-drained:
-	case <-time.After(outputDrainGrace):
+	if !pipes.drain(outputDrainGrace) {
 		// Some process outside the cgroup holds a write end; the job's
 		// output is complete as far as it matters.
 		s.m.log.Warn("sandbox: output pipes still open after the job ended", "job_id", s.spec.ID)
 	}
-	outR.Close()
-	errR.Close()
-	copies.Wait()
 
 	st := s.m.cg.stats(s.cgRel)
 	res.Usage = Usage{
