@@ -120,7 +120,14 @@ build "$here" runc "$runc_stamp" '"$BIN" --version | grep -q "^libseccomp: "' CG
 # from inside runsc.
 errnoret_module() {
   local dir="$1" src pkg
+  # go list -m names no directory for a module not yet in the cache (a
+  # fresh machine): download it first.
+  (cd "$here/runsc" && go mod download gvisor.dev/gvisor)
   src="$(cd "$here/runsc" && go list -m -f '{{.Dir}}' gvisor.dev/gvisor)"
+  if [[ -z "$src" || ! -d "$src" ]]; then
+    echo "build.sh: gvisor.dev/gvisor is not in the module cache after go mod download" >&2
+    exit 1
+  fi
   # Hard links where the cache and DIR share a filesystem; a copy where
   # they do not (a tmpfs /tmp).
   cp -al "$src" "$dir/gvisor" 2>/dev/null || { rm -rf "$dir/gvisor"; cp -a "$src" "$dir/gvisor"; }
