@@ -266,7 +266,7 @@ func New(cfg Config) (*Manager, error) {
 // run is recorded failed (executor restarted) and reported. Runs that ended
 // but were not reported are reported now.
 func (m *Manager) Recover(ctx context.Context) error {
-	cleaned, err := m.cfg.Sandbox.Recover(ctx)
+	cleaned, err := m.cfg.Sandbox.Recover(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("runs: recover sandboxes: %w", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -71,6 +72,9 @@ type Manager struct {
 	pool     *scratchPool
 	runtimes map[Class]*runtimeBin
 	jobsDir  string
+	// keptDir holds, from one executor process to the next, the scratch
+	// images of the jobs whose files outlive a restart (Recover's keep).
+	keptDir string
 
 	mu   sync.Mutex
 	live map[string]*Sandbox
@@ -115,6 +119,7 @@ func New(cfg Config) (*Manager, error) {
 		cfg:     cfg,
 		log:     cfg.Logger,
 		jobsDir: filepath.Join(cfg.StateDir, "jobs"),
+		keptDir: filepath.Join(cfg.StateDir, "kept"),
 		live:    map[string]*Sandbox{},
 		rlimits: rlimits(),
 	}
@@ -124,7 +129,7 @@ func New(cfg Config) (*Manager, error) {
 	if err := os.Chmod(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("sandbox.state_dir: %w", err)
 	}
-	for _, d := range []string{"jobs", "runc", "runsc", "images", "probe"} {
+	for _, d := range []string{"jobs", "runc", "runsc", "images", "probe", "kept"} {
 		if err := os.MkdirAll(filepath.Join(cfg.StateDir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("sandbox.state_dir: %w", err)
 		}
@@ -248,6 +253,7 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		cgRel:          cgroupRel(m.cfg.CgroupParent, spec.ID),
 		stop:           make(chan struct{}, 1),
 		oomFD:          -1,
+		firstStart:     spec.Started,
 	}
 	s.bundle = filepath.Join(s.dir, "bundle")
 	s.logPath = filepath.Join(s.dir, "runtime.log")
@@ -271,13 +277,18 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	}
 	defer func() {
 		if err != nil {
-			if terr := s.teardown(); terr != nil {
+			if terr := s.teardown(false); terr != nil {
 				m.log.Error("sandbox: undo a failed create", "job_id", spec.ID, "error", terr)
 			}
 			m.forget(spec.ID)
 		}
 	}()
-	if s.scr, err = m.pool.makeScratch(s.dir, spec.Limits.DiskBytes, m.cfg.UIDBase); err != nil {
+	if spec.Kept {
+		s.scr, err = reuseScratch(m.keptDir, spec.ID, s.dir)
+	} else {
+		s.scr, err = m.pool.makeScratch(s.dir, spec.Limits.DiskBytes, m.cfg.UIDBase)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: scratch: %w", spec.ID, err)
 	}
 	if err := os.Mkdir(s.workDir, 0o700); err != nil {
@@ -514,7 +525,17 @@ func (l *limitedBuffer) Write(p []byte) (int, error) {
 // and loop devices under StateDir, runtime state, job cgroups and scratch
 // directories. It returns the job ids it cleaned up. Call it at start,
 // before the first Create.
-func (m *Manager) Recover(ctx context.Context) ([]string, error) {
+//
+// For the ids keep says yes to, the scratch is kept (Kept says so) for
+// a Create with Spec.Kept: an ext4 scratch still mounted (the previous
+// process died; the host did not, so the file system is whole once it is
+// unmounted here), or one already kept by DestroyKeeping. Nothing else of
+// such a job survives: no process, no mount, no cgroup. Kept scratches no
+// one keeps again are removed.
+func (m *Manager) Recover(ctx context.Context, keep func(id string) bool) ([]string, error) {
+	if keep == nil {
+		keep = func(string) bool { return false }
+	}
 	m.mu.Lock()
 	busy := len(m.live)
 	m.mu.Unlock()
@@ -536,9 +557,23 @@ func (m *Manager) Recover(ctx context.Context) ([]string, error) {
 			errs = append(errs, err)
 		}
 	}
+	// Which scratches to keep is decided before anything is unmounted:
+	// only one still mounted was never torn down half-way.
+	keepMounted := map[string]bool{}
 	if ents, err := os.ReadDir(m.jobsDir); err == nil {
 		for _, e := range ents {
-			ids[e.Name()] = true
+			id := e.Name()
+			ids[id] = true
+			dir := filepath.Join(m.jobsDir, id)
+			if !keep(id) {
+				continue
+			}
+			points, _ := mountsUnder(dir)
+			_, imgErr := os.Stat(filepath.Join(dir, scratchImage))
+			_, metaErr := os.Stat(filepath.Join(dir, scratchMetaFile))
+			if slices.Contains(points, filepath.Join(dir, "scratch")) && imgErr == nil && metaErr == nil {
+				keepMounted[id] = true
+			}
 		}
 	}
 	for _, rt := range m.runtimes {
@@ -556,6 +591,23 @@ func (m *Manager) Recover(ctx context.Context) ([]string, error) {
 		errs = append(errs, err)
 	}
 	detachLoopsUnder(m.cfg.StateDir)
+	for id := range keepMounted {
+		if err := keepScratch(filepath.Join(m.jobsDir, id), m.keptDir, id); err != nil {
+			errs = append(errs, fmt.Errorf("keep the scratch of %s: %w", id, err))
+		}
+	}
+	if ents, err := os.ReadDir(m.keptDir); err == nil {
+		for _, e := range ents {
+			id := strings.TrimSuffix(strings.TrimSuffix(e.Name(), ".ext4"), ".json")
+			if keep(id) {
+				continue
+			}
+			ids[id] = true
+			if err := os.Remove(filepath.Join(m.keptDir, e.Name())); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
 	var out []string
 	for id := range ids {
 		if err := m.cg.remove(cgroupRel(m.cfg.CgroupParent, id)); err != nil {
@@ -570,6 +622,28 @@ func (m *Manager) Recover(ctx context.Context) ([]string, error) {
 	}
 	sort.Strings(out)
 	return out, errors.Join(errs...)
+}
+
+// Kept reports whether a scratch is kept for id (Recover, DestroyKeeping),
+// for a Create with Spec.Kept.
+func (m *Manager) Kept(id string) bool {
+	img, meta := keptPaths(m.keptDir, id)
+	_, err1 := os.Stat(img)
+	_, err2 := os.Stat(meta)
+	return err1 == nil && err2 == nil
+}
+
+// DiscardKept removes the scratch kept for id, if any.
+func (m *Manager) DiscardKept(id string) error {
+	img, meta := keptPaths(m.keptDir, id)
+	return errors.Join(ignoreNotExist(os.Remove(img)), ignoreNotExist(os.Remove(meta)))
+}
+
+func ignoreNotExist(err error) error {
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return err
 }
 
 // Close removes this executor's cgroup parent from every hierarchy. Call

@@ -28,6 +28,45 @@ func TestRecover(t *testing.T) {
 func testRecover(t *testing.T, e *env, class Class) {
 	src := e.source(t, nil)
 	id := "crashed-" + string(class)
+	crashHelper(t, e, class, src, id)
+	rel := cgroupRel(e.cfg.CgroupParent, id)
+
+	m, err := New(e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := m.Recover(context.Background(), nil)
+	if err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	if !slices.Equal(got, []string{id}) {
+		t.Fatalf("Recover cleaned %v, want [%s]", got, id)
+	}
+	e.assertClean(t)
+	if hasProcNaming(e.cfg.StateDir) {
+		t.Fatal("a runtime process survived Recover")
+	}
+	for _, root := range e.m.cg.roots {
+		if _, err := os.Stat(filepath.Join(root, rel)); err == nil {
+			t.Fatalf("cgroup %s survived Recover", filepath.Join(root, rel))
+		}
+	}
+	// The id is free again, and a second Recover finds nothing.
+	r := e.run(t, context.Background(), job{class: class, src: src, cmd: []string{"echo", "again"}})
+	wantExit(t, r, 0)
+	if err := r.sb.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := m.Recover(context.Background(), nil); err != nil || len(got) != 0 {
+		t.Fatalf("second Recover = %v, %v", got, err)
+	}
+}
+
+// crashHelper starts an executor (a child process) whose job id runs a
+// long job in class, and kills it with SIGKILL once the job runs; the
+// job's processes, mounts and runtime outlive it.
+func crashHelper(t *testing.T, e *env, class Class, src, id string) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(),
 		helperEnv+"=recover",
@@ -80,36 +119,6 @@ func testRecover(t *testing.T, e *env, class Class) {
 	}
 	if !hasProcNaming(e.cfg.StateDir) {
 		t.Fatal("no runtime process survived the executor, so this test proves nothing")
-	}
-
-	m, err := New(e.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := m.Recover(context.Background())
-	if err != nil {
-		t.Fatalf("Recover: %v", err)
-	}
-	if !slices.Equal(got, []string{id}) {
-		t.Fatalf("Recover cleaned %v, want [%s]", got, id)
-	}
-	e.assertClean(t)
-	if hasProcNaming(e.cfg.StateDir) {
-		t.Fatal("a runtime process survived Recover")
-	}
-	for _, root := range e.m.cg.roots {
-		if _, err := os.Stat(filepath.Join(root, rel)); err == nil {
-			t.Fatalf("cgroup %s survived Recover", filepath.Join(root, rel))
-		}
-	}
-	// The id is free again, and a second Recover finds nothing.
-	r := e.run(t, context.Background(), job{class: class, src: src, cmd: []string{"echo", "again"}})
-	wantExit(t, r, 0)
-	if err := r.sb.Destroy(); err != nil {
-		t.Fatal(err)
-	}
-	if got, err := m.Recover(context.Background()); err != nil || len(got) != 0 {
-		t.Fatalf("second Recover = %v, %v", got, err)
 	}
 }
 

@@ -347,15 +347,8 @@ func (s *Sandbox) Restart() error {
 		}
 	}
 	for _, d := range []string{scratchTmp, scratchHome} {
-		dir := filepath.Join(s.scr.point, d)
-		entries, err := os.ReadDir(dir)
-		if err != nil {
-			return err
-		}
-		for _, e := range entries {
-			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
-				return fmt.Errorf("sandbox %s: restart: empty %s: %w", s.spec.ID, d, err)
-			}
+		if err := emptyDir(filepath.Join(s.scr.point, d)); err != nil {
+			return fmt.Errorf("sandbox %s: restart: empty %s: %w", s.spec.ID, d, err)
 		}
 	}
 	for _, p := range []string{s.pidFile, s.logPath} {
@@ -370,7 +363,23 @@ func (s *Sandbox) Restart() error {
 // Destroy kills anything of the job still running, then unmounts and
 // removes its scratch, overlay, cgroups, runtime state and directories.
 // It is idempotent; after it returns nil nothing of the sandbox is left.
-func (s *Sandbox) Destroy() error {
+func (s *Sandbox) Destroy() error { return s.destroy(false) }
+
+// DestroyKeeping is Destroy, but keeps the job's scratch (its /work
+// changes, /out, /tmp and $HOME) for a Create with Spec.Kept by the next
+// executor process, when the executor stops with a session in it. Only an
+// ext4 scratch can be kept: a tmpfs one is gone with its mount.
+func (s *Sandbox) DestroyKeeping() error {
+	if s.scr == nil || s.scr.kind != scratchExt4 {
+		if err := s.destroy(false); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: sandbox %s: a %s scratch cannot be kept", errdefs.ErrFailedPrecondition, s.spec.ID, scratchTmpfs)
+	}
+	return s.destroy(true)
+}
+
+func (s *Sandbox) destroy(keep bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.state == stateDestroyed {
@@ -389,7 +398,7 @@ func (s *Sandbox) Destroy() error {
 			return nil
 		}
 	}
-	if err := s.teardown(); err != nil {
+	if err := s.teardown(keep); err != nil {
 		return fmt.Errorf("sandbox %s: destroy: %w", s.spec.ID, err)
 	}
 	s.state = stateDestroyed
@@ -398,8 +407,10 @@ func (s *Sandbox) Destroy() error {
 }
 
 // teardown removes whatever of the sandbox exists; each step tolerates
-// what an earlier, partial create or teardown never made or already removed.
-func (s *Sandbox) teardown() error {
+// what an earlier, partial create or teardown never made or already
+// removed. With keep, the scratch image is moved to the kept directory
+// once it is unmounted and detached, and not removed.
+func (s *Sandbox) teardown(keep bool) error {
 	var errs []error
 	if err := s.m.cg.kill(s.cgRel, killWait); err != nil {
 		errs = append(errs, err)
@@ -417,6 +428,10 @@ func (s *Sandbox) teardown() error {
 		errs = append(errs, err)
 	} else if err := s.scr.waitDetached(2 * time.Second); err != nil {
 		errs = append(errs, err)
+	} else if keep {
+		if err := keepScratch(s.dir, s.m.keptDir, s.spec.ID); err != nil {
+			errs = append(errs, fmt.Errorf("keep scratch: %w", err))
+		}
 	}
 	if err := s.m.cg.remove(s.cgRel); err != nil {
 		errs = append(errs, err)

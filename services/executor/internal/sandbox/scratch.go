@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/airlockhq/airlock/pkg/errdefs"
 )
 
 // A job's scratch is one filesystem of exactly DiskBytes holding the upper
@@ -134,6 +137,19 @@ type scratch struct {
 	baseUsed int64 // bytes in use when empty: the file system's own metadata
 }
 
+// Files in a job's directory, beside its scratch mount point: the ext4
+// image, and what the executor must know of it to use it again after a
+// restart (scratchMeta). Neither is visible to the job.
+const (
+	scratchImage    = "disk.img"
+	scratchMetaFile = "scratch.json"
+)
+
+// scratchMeta is what a kept scratch image needs beside it.
+type scratchMeta struct {
+	BaseUsed int64 `json:"base_used"`
+}
+
 // makeScratch mounts a scratch of size bytes at dir/scratch, with its
 // subdirectories owned by the sandbox's root.
 func (p *scratchPool) makeScratch(dir string, size int64, uid uint32) (*scratch, error) {
@@ -149,21 +165,12 @@ func (p *scratchPool) makeScratch(dir string, size int64, uid uint32) (*scratch,
 		if err != nil {
 			return nil, err
 		}
-		disk := filepath.Join(dir, "disk.img")
+		disk := filepath.Join(dir, scratchImage)
 		if err := copySparse(img, disk); err != nil {
 			return nil, fmt.Errorf("copy scratch image: %w", err)
 		}
-		loop, err := attachLoop(disk)
-		if err != nil {
+		if err := s.mountImage(disk); err != nil {
 			return nil, err
-		}
-		s.loop, s.image = loop.Name(), disk
-		err = unix.Mount(loop.Name(), s.point, "ext4", flags, "noinit_itable")
-		// With LO_FLAGS_AUTOCLEAR the device detaches itself when the
-		// mount, its last user, goes away; closing here hands it over.
-		loop.Close()
-		if err != nil {
-			return nil, fmt.Errorf("mount scratch ext4: %w", err)
 		}
 	case scratchTmpfs:
 		if err := unix.Mount("tmpfs", s.point, "tmpfs", flags, fmt.Sprintf("size=%d,mode=0700", size)); err != nil {
@@ -200,7 +207,105 @@ func (p *scratchPool) makeScratch(dir string, size int64, uid uint32) (*scratch,
 		return s, err
 	}
 	s.baseUsed = used
+	if s.kind == scratchExt4 {
+		data, _ := json.Marshal(scratchMeta{BaseUsed: used})
+		if err := os.WriteFile(filepath.Join(dir, scratchMetaFile), data, 0o600); err != nil {
+			return s, err
+		}
+	}
 	return s, nil
+}
+
+// mountImage attaches the ext4 image at disk to a loop device and mounts
+// it at s.point.
+func (s *scratch) mountImage(disk string) error {
+	loop, err := attachLoop(disk)
+	if err != nil {
+		return err
+	}
+	s.loop, s.image = loop.Name(), disk
+	err = unix.Mount(loop.Name(), s.point, "ext4", unix.MS_NOSUID|unix.MS_NODEV, "noinit_itable")
+	// With LO_FLAGS_AUTOCLEAR the device detaches itself when the
+	// mount, its last user, goes away; closing here hands it over.
+	loop.Close()
+	if err != nil {
+		return fmt.Errorf("mount scratch ext4: %w", err)
+	}
+	return nil
+}
+
+// reuseScratch mounts at dir/scratch the scratch a previous executor kept
+// (keptDir/id.*, moved into dir first): the job's /work changes and /out
+// as they were, /tmp and $HOME emptied, and overlayfs's work directory
+// emptied (a volatile overlay leaves a mark there that refuses the next
+// mount; the scratch was unmounted cleanly, so its upper layer is whole).
+func reuseScratch(keptDir, id, dir string) (*scratch, error) {
+	img, metaPath := keptPaths(keptDir, id)
+	data, err := os.ReadFile(metaPath)
+	if err != nil {
+		return nil, fmt.Errorf("%w: no kept scratch for %s: %v", errdefs.ErrFailedPrecondition, id, err)
+	}
+	var meta scratchMeta
+	if err := json.Unmarshal(data, &meta); err != nil {
+		return nil, fmt.Errorf("kept scratch of %s: %w", id, err)
+	}
+	fi, err := os.Stat(img)
+	if err != nil {
+		return nil, fmt.Errorf("%w: no kept scratch for %s: %v", errdefs.ErrFailedPrecondition, id, err)
+	}
+	s := &scratch{kind: scratchExt4, point: filepath.Join(dir, "scratch"), size: fi.Size(), baseUsed: meta.BaseUsed}
+	if err := os.Mkdir(s.point, 0o700); err != nil {
+		return nil, err
+	}
+	disk := filepath.Join(dir, scratchImage)
+	if err := os.Rename(img, disk); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(metaPath, filepath.Join(dir, scratchMetaFile)); err != nil {
+		return nil, err
+	}
+	if err := s.mountImage(disk); err != nil {
+		return s, err
+	}
+	for _, d := range []string{scratchOvl, scratchTmp, scratchHome} {
+		if err := emptyDir(filepath.Join(s.point, d)); err != nil {
+			return s, fmt.Errorf("kept scratch of %s: empty %s: %w", id, d, err)
+		}
+	}
+	return s, nil
+}
+
+// keepScratch moves a job's unmounted, detached scratch image from its
+// directory to keptDir, for the next executor process to reuse.
+func keepScratch(dir, keptDir, id string) error {
+	img, metaPath := keptPaths(keptDir, id)
+	if err := os.Rename(filepath.Join(dir, scratchMetaFile), metaPath); err != nil {
+		return err
+	}
+	if err := os.Rename(filepath.Join(dir, scratchImage), img); err != nil {
+		os.Remove(metaPath)
+		return err
+	}
+	return nil
+}
+
+// keptPaths are where a kept scratch image and its metadata live.
+func keptPaths(keptDir, id string) (img, meta string) {
+	return filepath.Join(keptDir, id+".ext4"), filepath.Join(keptDir, id+".json")
+}
+
+// emptyDir removes everything in dir, but not dir.
+func emptyDir(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // usage returns the bytes in use and the bytes still available; running out

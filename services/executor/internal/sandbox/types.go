@@ -76,6 +76,12 @@ type Spec struct {
 	GitObjects string
 	// Stdout and Stderr receive the job's output as it runs. Nil discards.
 	Stdout, Stderr io.Writer
+	// Kept makes the sandbox on the scratch a previous executor process
+	// kept for this id (Recover's keep, DestroyKeeping): the job's /work
+	// changes and /out as they were, /tmp and $HOME empty. Started is
+	// when that job first started: its deadline counts from then.
+	Kept    bool
+	Started time.Time
 }
 
 // Reason says why a run ended.
