@@ -347,7 +347,10 @@ func newSessionGet(g *globals) *cobra.Command {
 				fmt.Fprintf(w, "repository %s @ %s (%s)\n", termtext.Line(s.GetSpec().GetRepository()), termtext.Line(s.GetSpec().GetRevision()),
 					termtext.Line(short(s.GetCommit())))
 				state := strings.ToLower(strings.TrimPrefix(s.GetState().String(), "JOB_STATE_"))
-				if resp.GetSuspended() {
+				switch {
+				case resp.GetSuspendReason() == typesv1.TerminationReason_TERMINATION_REASON_EXECUTOR_RESTARTED:
+					state += ", suspended: its executor restarted, keeping /work and /out (session resume goes on)"
+				case resp.GetSuspended():
 					state += ", suspended"
 				}
 				fmt.Fprintf(w, "state      %s\n", state)

@@ -5522,7 +5522,11 @@ type GetSessionResponse struct {
 	// RUNNING.
 	Suspended bool `protobuf:"varint,3,opt,name=suspended,proto3" json:"suspended,omitempty"`
 	// How many execs the session has run.
-	ExecsTotal    int64 `protobuf:"varint,4,opt,name=execs_total,json=execsTotal,proto3" json:"execs_total,omitempty"`
+	ExecsTotal int64 `protobuf:"varint,4,opt,name=execs_total,json=execsTotal,proto3" json:"execs_total,omitempty"`
+	// Why a suspended session is suspended: UNSPECIFIED when a client
+	// suspended it; EXECUTOR_RESTARTED when its executor restarted under it
+	// and kept its /work changes and /out: ResumeSession goes on.
+	SuspendReason v1.TerminationReason `protobuf:"varint,5,opt,name=suspend_reason,json=suspendReason,proto3,enum=airlock.types.v1.TerminationReason" json:"suspend_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5583,6 +5587,13 @@ func (x *GetSessionResponse) GetExecsTotal() int64 {
 		return x.ExecsTotal
 	}
 	return 0
+}
+
+func (x *GetSessionResponse) GetSuspendReason() v1.TerminationReason {
+	if x != nil {
+		return x.SuspendReason
+	}
+	return v1.TerminationReason(0)
 }
 
 // ListSessionsRequest asks for a tenant's sessions.
@@ -7416,13 +7427,14 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\acreated\x18\x02 \x01(\bR\acreated\"2\n" +
 	"\x11GetSessionRequest\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\tR\tsessionId\"\xb6\x01\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\"\x82\x02\n" +
 	"\x12GetSessionResponse\x123\n" +
 	"\asession\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\asession\x12,\n" +
 	"\x05execs\x18\x02 \x03(\v2\x16.airlock.types.v1.ExecR\x05execs\x12\x1c\n" +
 	"\tsuspended\x18\x03 \x01(\bR\tsuspended\x12\x1f\n" +
 	"\vexecs_total\x18\x04 \x01(\x03R\n" +
-	"execsTotal\"\xa1\x01\n" +
+	"execsTotal\x12J\n" +
+	"\x0esuspend_reason\x18\x05 \x01(\x0e2#.airlock.types.v1.TerminationReasonR\rsuspendReason\"\xa1\x01\n" +
 	"\x13ListSessionsRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x126\n" +
 	"\x06states\x18\x02 \x03(\x0e2\x1e.airlock.authority.v1.JobStateR\x06states\x12\x1b\n" +
@@ -7725,9 +7737,10 @@ var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(*v1.OutputChunk)(nil),               // 110: airlock.types.v1.OutputChunk
 	(*v1.Exec)(nil),                      // 111: airlock.types.v1.Exec
 	(*durationpb.Duration)(nil),          // 112: google.protobuf.Duration
-	(*v1.ExecSpec)(nil),                  // 113: airlock.types.v1.ExecSpec
-	(*v1.FileHeader)(nil),                // 114: airlock.types.v1.FileHeader
-	(*v1.FileEntry)(nil),                 // 115: airlock.types.v1.FileEntry
+	(v1.TerminationReason)(0),            // 113: airlock.types.v1.TerminationReason
+	(*v1.ExecSpec)(nil),                  // 114: airlock.types.v1.ExecSpec
+	(*v1.FileHeader)(nil),                // 115: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),                 // 116: airlock.types.v1.FileEntry
 }
 var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	101, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
@@ -7826,98 +7839,99 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	9,   // 93: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
 	9,   // 94: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
 	111, // 95: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
-	0,   // 96: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
-	9,   // 97: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
-	9,   // 98: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
-	9,   // 99: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
-	113, // 100: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	111, // 101: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	111, // 102: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	110, // 103: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	111, // 104: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	111, // 105: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
-	114, // 106: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
-	92,  // 107: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
-	115, // 108: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
-	9,   // 109: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
-	9,   // 110: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
-	10,  // 111: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
-	12,  // 112: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
-	14,  // 113: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
-	16,  // 114: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
-	18,  // 115: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
-	20,  // 116: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
-	72,  // 117: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
-	74,  // 118: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
-	76,  // 119: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
-	78,  // 120: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
-	80,  // 121: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
-	97,  // 122: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
-	99,  // 123: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
-	82,  // 124: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
-	84,  // 125: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
-	86,  // 126: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
-	88,  // 127: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
-	90,  // 128: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
-	93,  // 129: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
-	95,  // 130: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
-	22,  // 131: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
-	25,  // 132: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	42,  // 133: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	44,  // 134: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	38,  // 135: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
-	46,  // 136: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	48,  // 137: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	69,  // 138: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
-	51,  // 139: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	53,  // 140: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	55,  // 141: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	57,  // 142: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	59,  // 143: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
-	61,  // 144: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
-	64,  // 145: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	67,  // 146: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
-	11,  // 147: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
-	13,  // 148: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
-	15,  // 149: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
-	17,  // 150: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
-	19,  // 151: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
-	21,  // 152: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
-	73,  // 153: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
-	75,  // 154: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
-	77,  // 155: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
-	79,  // 156: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
-	81,  // 157: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
-	98,  // 158: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
-	100, // 159: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
-	83,  // 160: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
-	85,  // 161: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
-	87,  // 162: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
-	89,  // 163: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
-	91,  // 164: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
-	94,  // 165: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
-	96,  // 166: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
-	24,  // 167: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	33,  // 168: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	43,  // 169: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	45,  // 170: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	41,  // 171: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
-	47,  // 172: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	49,  // 173: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	71,  // 174: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
-	52,  // 175: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	54,  // 176: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	56,  // 177: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	58,  // 178: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	60,  // 179: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
-	62,  // 180: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
-	65,  // 181: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	68,  // 182: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
-	147, // [147:183] is the sub-list for method output_type
-	111, // [111:147] is the sub-list for method input_type
-	111, // [111:111] is the sub-list for extension type_name
-	111, // [111:111] is the sub-list for extension extendee
-	0,   // [0:111] is the sub-list for field type_name
+	113, // 96: airlock.authority.v1.GetSessionResponse.suspend_reason:type_name -> airlock.types.v1.TerminationReason
+	0,   // 97: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
+	9,   // 98: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
+	9,   // 99: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
+	9,   // 100: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
+	114, // 101: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	111, // 102: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	111, // 103: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	110, // 104: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	111, // 105: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	111, // 106: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	115, // 107: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	92,  // 108: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
+	116, // 109: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	9,   // 110: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
+	9,   // 111: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
+	10,  // 112: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
+	12,  // 113: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
+	14,  // 114: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
+	16,  // 115: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
+	18,  // 116: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
+	20,  // 117: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
+	72,  // 118: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
+	74,  // 119: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
+	76,  // 120: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
+	78,  // 121: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
+	80,  // 122: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
+	97,  // 123: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
+	99,  // 124: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
+	82,  // 125: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
+	84,  // 126: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
+	86,  // 127: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
+	88,  // 128: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
+	90,  // 129: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
+	93,  // 130: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
+	95,  // 131: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
+	22,  // 132: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
+	25,  // 133: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
+	42,  // 134: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	44,  // 135: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	38,  // 136: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
+	46,  // 137: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	48,  // 138: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	69,  // 139: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
+	51,  // 140: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	53,  // 141: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	55,  // 142: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	57,  // 143: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	59,  // 144: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	61,  // 145: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	64,  // 146: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	67,  // 147: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
+	11,  // 148: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
+	13,  // 149: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
+	15,  // 150: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
+	17,  // 151: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
+	19,  // 152: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
+	21,  // 153: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
+	73,  // 154: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
+	75,  // 155: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
+	77,  // 156: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
+	79,  // 157: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
+	81,  // 158: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
+	98,  // 159: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
+	100, // 160: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
+	83,  // 161: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
+	85,  // 162: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
+	87,  // 163: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
+	89,  // 164: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
+	91,  // 165: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
+	94,  // 166: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
+	96,  // 167: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
+	24,  // 168: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
+	33,  // 169: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	43,  // 170: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	45,  // 171: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	41,  // 172: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
+	47,  // 173: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	49,  // 174: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	71,  // 175: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
+	52,  // 176: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	54,  // 177: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	56,  // 178: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	58,  // 179: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	60,  // 180: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	62,  // 181: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	65,  // 182: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	68,  // 183: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
+	148, // [148:184] is the sub-list for method output_type
+	112, // [112:148] is the sub-list for method input_type
+	112, // [112:112] is the sub-list for extension type_name
+	112, // [112:112] is the sub-list for extension extendee
+	0,   // [0:112] is the sub-list for field type_name
 }
 
 func init() { file_airlock_authority_v1_authority_proto_init() }

@@ -113,7 +113,12 @@ type Run struct {
 	// The network policy in force.
 	NetworkPolicyStatus *v1.NetworkPolicyStatus `protobuf:"bytes,8,opt,name=network_policy_status,json=networkPolicyStatus,proto3" json:"network_policy_status,omitempty"`
 	// A session whose sandbox is suspended (SuspendRun) and not yet resumed.
-	Suspended     bool `protobuf:"varint,9,opt,name=suspended,proto3" json:"suspended,omitempty"`
+	Suspended bool `protobuf:"varint,9,opt,name=suspended,proto3" json:"suspended,omitempty"`
+	// Why a suspended session is suspended: UNSPECIFIED when its client
+	// suspended it; EXECUTOR_RESTARTED when the executor stopped under it and
+	// kept its /work changes and /out (its execs that were running ended
+	// EXECUTOR_RESTARTED): resume it to go on.
+	SuspendReason v1.TerminationReason `protobuf:"varint,10,opt,name=suspend_reason,json=suspendReason,proto3,enum=airlock.types.v1.TerminationReason" json:"suspend_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -209,6 +214,13 @@ func (x *Run) GetSuspended() bool {
 		return x.Suspended
 	}
 	return false
+}
+
+func (x *Run) GetSuspendReason() v1.TerminationReason {
+	if x != nil {
+		return x.SuspendReason
+	}
+	return v1.TerminationReason(0)
 }
 
 // StartJobRequest carries the authority's grant.
@@ -2289,7 +2301,7 @@ var File_airlock_executor_v1_executor_proto protoreflect.FileDescriptor
 
 const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"\n" +
-	"\"airlock/executor/v1/executor.proto\x12\x13airlock.executor.v1\x1a\x1cairlock/types/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe7\x03\n" +
+	"\"airlock/executor/v1/executor.proto\x12\x13airlock.executor.v1\x1a\x1cairlock/types/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb3\x04\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x123\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1d.airlock.executor.v1.RunStateR\x05state\x123\n" +
@@ -2302,7 +2314,9 @@ const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"finishedAt\x123\n" +
 	"\x06result\x18\a \x01(\v2\x1b.airlock.types.v1.RunResultR\x06result\x12Y\n" +
 	"\x15network_policy_status\x18\b \x01(\v2%.airlock.types.v1.NetworkPolicyStatusR\x13networkPolicyStatus\x12\x1c\n" +
-	"\tsuspended\x18\t \x01(\bR\tsuspended\"F\n" +
+	"\tsuspended\x18\t \x01(\bR\tsuspended\x12J\n" +
+	"\x0esuspend_reason\x18\n" +
+	" \x01(\x0e2#.airlock.types.v1.TerminationReasonR\rsuspendReason\"F\n" +
 	"\x0fStartJobRequest\x123\n" +
 	"\x05grant\x18\x01 \x01(\v2\x1d.airlock.types.v1.SignedGrantR\x05grant\"X\n" +
 	"\x10StartJobResponse\x12*\n" +
@@ -2496,11 +2510,12 @@ var file_airlock_executor_v1_executor_proto_goTypes = []any{
 	(*timestamppb.Timestamp)(nil),  // 39: google.protobuf.Timestamp
 	(*v1.RunResult)(nil),           // 40: airlock.types.v1.RunResult
 	(*v1.NetworkPolicyStatus)(nil), // 41: airlock.types.v1.NetworkPolicyStatus
-	(*v1.OutputChunk)(nil),         // 42: airlock.types.v1.OutputChunk
-	(*v1.ExecSpec)(nil),            // 43: airlock.types.v1.ExecSpec
-	(*v1.Exec)(nil),                // 44: airlock.types.v1.Exec
-	(*v1.FileHeader)(nil),          // 45: airlock.types.v1.FileHeader
-	(*v1.FileEntry)(nil),           // 46: airlock.types.v1.FileEntry
+	(v1.TerminationReason)(0),      // 42: airlock.types.v1.TerminationReason
+	(*v1.OutputChunk)(nil),         // 43: airlock.types.v1.OutputChunk
+	(*v1.ExecSpec)(nil),            // 44: airlock.types.v1.ExecSpec
+	(*v1.Exec)(nil),                // 45: airlock.types.v1.Exec
+	(*v1.FileHeader)(nil),          // 46: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),           // 47: airlock.types.v1.FileEntry
 }
 var file_airlock_executor_v1_executor_proto_depIdxs = []int32{
 	0,  // 0: airlock.executor.v1.Run.state:type_name -> airlock.executor.v1.RunState
@@ -2510,68 +2525,69 @@ var file_airlock_executor_v1_executor_proto_depIdxs = []int32{
 	39, // 4: airlock.executor.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
 	40, // 5: airlock.executor.v1.Run.result:type_name -> airlock.types.v1.RunResult
 	41, // 6: airlock.executor.v1.Run.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	38, // 7: airlock.executor.v1.StartJobRequest.grant:type_name -> airlock.types.v1.SignedGrant
-	1,  // 8: airlock.executor.v1.StartJobResponse.run:type_name -> airlock.executor.v1.Run
-	1,  // 9: airlock.executor.v1.GetRunResponse.run:type_name -> airlock.executor.v1.Run
-	1,  // 10: airlock.executor.v1.WatchRunResponse.run:type_name -> airlock.executor.v1.Run
-	42, // 11: airlock.executor.v1.WatchRunResponse.output:type_name -> airlock.types.v1.OutputChunk
-	1,  // 12: airlock.executor.v1.CancelRunResponse.run:type_name -> airlock.executor.v1.Run
-	38, // 13: airlock.executor.v1.UpdateRunRequest.grant:type_name -> airlock.types.v1.SignedGrant
-	1,  // 14: airlock.executor.v1.UpdateRunResponse.run:type_name -> airlock.executor.v1.Run
-	41, // 15: airlock.executor.v1.UpdateRunResponse.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	13, // 16: airlock.executor.v1.GetArtifactResponse.header:type_name -> airlock.executor.v1.ArtifactHeader
-	43, // 17: airlock.executor.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	44, // 18: airlock.executor.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	44, // 19: airlock.executor.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	44, // 20: airlock.executor.v1.ListExecsResponse.execs:type_name -> airlock.types.v1.Exec
-	42, // 21: airlock.executor.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	44, // 22: airlock.executor.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	44, // 23: airlock.executor.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
-	1,  // 24: airlock.executor.v1.FinishRunResponse.run:type_name -> airlock.executor.v1.Run
-	45, // 25: airlock.executor.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
-	29, // 26: airlock.executor.v1.WriteFileRequest.header:type_name -> airlock.executor.v1.WriteFileHeader
-	46, // 27: airlock.executor.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
-	1,  // 28: airlock.executor.v1.SuspendRunResponse.run:type_name -> airlock.executor.v1.Run
-	1,  // 29: airlock.executor.v1.ResumeRunResponse.run:type_name -> airlock.executor.v1.Run
-	2,  // 30: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
-	4,  // 31: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
-	6,  // 32: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
-	8,  // 33: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
-	10, // 34: airlock.executor.v1.ExecutorService.UpdateRun:input_type -> airlock.executor.v1.UpdateRunRequest
-	12, // 35: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
-	15, // 36: airlock.executor.v1.ExecutorService.StartExec:input_type -> airlock.executor.v1.StartExecRequest
-	17, // 37: airlock.executor.v1.ExecutorService.GetExec:input_type -> airlock.executor.v1.GetExecRequest
-	19, // 38: airlock.executor.v1.ExecutorService.ListExecs:input_type -> airlock.executor.v1.ListExecsRequest
-	21, // 39: airlock.executor.v1.ExecutorService.WatchExec:input_type -> airlock.executor.v1.WatchExecRequest
-	23, // 40: airlock.executor.v1.ExecutorService.CancelExec:input_type -> airlock.executor.v1.CancelExecRequest
-	25, // 41: airlock.executor.v1.ExecutorService.FinishRun:input_type -> airlock.executor.v1.FinishRunRequest
-	34, // 42: airlock.executor.v1.ExecutorService.SuspendRun:input_type -> airlock.executor.v1.SuspendRunRequest
-	36, // 43: airlock.executor.v1.ExecutorService.ResumeRun:input_type -> airlock.executor.v1.ResumeRunRequest
-	27, // 44: airlock.executor.v1.ExecutorService.ReadFile:input_type -> airlock.executor.v1.ReadFileRequest
-	30, // 45: airlock.executor.v1.ExecutorService.WriteFile:input_type -> airlock.executor.v1.WriteFileRequest
-	32, // 46: airlock.executor.v1.ExecutorService.ListFiles:input_type -> airlock.executor.v1.ListFilesRequest
-	3,  // 47: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
-	5,  // 48: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
-	7,  // 49: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
-	9,  // 50: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
-	11, // 51: airlock.executor.v1.ExecutorService.UpdateRun:output_type -> airlock.executor.v1.UpdateRunResponse
-	14, // 52: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
-	16, // 53: airlock.executor.v1.ExecutorService.StartExec:output_type -> airlock.executor.v1.StartExecResponse
-	18, // 54: airlock.executor.v1.ExecutorService.GetExec:output_type -> airlock.executor.v1.GetExecResponse
-	20, // 55: airlock.executor.v1.ExecutorService.ListExecs:output_type -> airlock.executor.v1.ListExecsResponse
-	22, // 56: airlock.executor.v1.ExecutorService.WatchExec:output_type -> airlock.executor.v1.WatchExecResponse
-	24, // 57: airlock.executor.v1.ExecutorService.CancelExec:output_type -> airlock.executor.v1.CancelExecResponse
-	26, // 58: airlock.executor.v1.ExecutorService.FinishRun:output_type -> airlock.executor.v1.FinishRunResponse
-	35, // 59: airlock.executor.v1.ExecutorService.SuspendRun:output_type -> airlock.executor.v1.SuspendRunResponse
-	37, // 60: airlock.executor.v1.ExecutorService.ResumeRun:output_type -> airlock.executor.v1.ResumeRunResponse
-	28, // 61: airlock.executor.v1.ExecutorService.ReadFile:output_type -> airlock.executor.v1.ReadFileResponse
-	31, // 62: airlock.executor.v1.ExecutorService.WriteFile:output_type -> airlock.executor.v1.WriteFileResponse
-	33, // 63: airlock.executor.v1.ExecutorService.ListFiles:output_type -> airlock.executor.v1.ListFilesResponse
-	47, // [47:64] is the sub-list for method output_type
-	30, // [30:47] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	42, // 7: airlock.executor.v1.Run.suspend_reason:type_name -> airlock.types.v1.TerminationReason
+	38, // 8: airlock.executor.v1.StartJobRequest.grant:type_name -> airlock.types.v1.SignedGrant
+	1,  // 9: airlock.executor.v1.StartJobResponse.run:type_name -> airlock.executor.v1.Run
+	1,  // 10: airlock.executor.v1.GetRunResponse.run:type_name -> airlock.executor.v1.Run
+	1,  // 11: airlock.executor.v1.WatchRunResponse.run:type_name -> airlock.executor.v1.Run
+	43, // 12: airlock.executor.v1.WatchRunResponse.output:type_name -> airlock.types.v1.OutputChunk
+	1,  // 13: airlock.executor.v1.CancelRunResponse.run:type_name -> airlock.executor.v1.Run
+	38, // 14: airlock.executor.v1.UpdateRunRequest.grant:type_name -> airlock.types.v1.SignedGrant
+	1,  // 15: airlock.executor.v1.UpdateRunResponse.run:type_name -> airlock.executor.v1.Run
+	41, // 16: airlock.executor.v1.UpdateRunResponse.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	13, // 17: airlock.executor.v1.GetArtifactResponse.header:type_name -> airlock.executor.v1.ArtifactHeader
+	44, // 18: airlock.executor.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	45, // 19: airlock.executor.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	45, // 20: airlock.executor.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	45, // 21: airlock.executor.v1.ListExecsResponse.execs:type_name -> airlock.types.v1.Exec
+	43, // 22: airlock.executor.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	45, // 23: airlock.executor.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	45, // 24: airlock.executor.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	1,  // 25: airlock.executor.v1.FinishRunResponse.run:type_name -> airlock.executor.v1.Run
+	46, // 26: airlock.executor.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	29, // 27: airlock.executor.v1.WriteFileRequest.header:type_name -> airlock.executor.v1.WriteFileHeader
+	47, // 28: airlock.executor.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	1,  // 29: airlock.executor.v1.SuspendRunResponse.run:type_name -> airlock.executor.v1.Run
+	1,  // 30: airlock.executor.v1.ResumeRunResponse.run:type_name -> airlock.executor.v1.Run
+	2,  // 31: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
+	4,  // 32: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
+	6,  // 33: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
+	8,  // 34: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
+	10, // 35: airlock.executor.v1.ExecutorService.UpdateRun:input_type -> airlock.executor.v1.UpdateRunRequest
+	12, // 36: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
+	15, // 37: airlock.executor.v1.ExecutorService.StartExec:input_type -> airlock.executor.v1.StartExecRequest
+	17, // 38: airlock.executor.v1.ExecutorService.GetExec:input_type -> airlock.executor.v1.GetExecRequest
+	19, // 39: airlock.executor.v1.ExecutorService.ListExecs:input_type -> airlock.executor.v1.ListExecsRequest
+	21, // 40: airlock.executor.v1.ExecutorService.WatchExec:input_type -> airlock.executor.v1.WatchExecRequest
+	23, // 41: airlock.executor.v1.ExecutorService.CancelExec:input_type -> airlock.executor.v1.CancelExecRequest
+	25, // 42: airlock.executor.v1.ExecutorService.FinishRun:input_type -> airlock.executor.v1.FinishRunRequest
+	34, // 43: airlock.executor.v1.ExecutorService.SuspendRun:input_type -> airlock.executor.v1.SuspendRunRequest
+	36, // 44: airlock.executor.v1.ExecutorService.ResumeRun:input_type -> airlock.executor.v1.ResumeRunRequest
+	27, // 45: airlock.executor.v1.ExecutorService.ReadFile:input_type -> airlock.executor.v1.ReadFileRequest
+	30, // 46: airlock.executor.v1.ExecutorService.WriteFile:input_type -> airlock.executor.v1.WriteFileRequest
+	32, // 47: airlock.executor.v1.ExecutorService.ListFiles:input_type -> airlock.executor.v1.ListFilesRequest
+	3,  // 48: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
+	5,  // 49: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
+	7,  // 50: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
+	9,  // 51: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
+	11, // 52: airlock.executor.v1.ExecutorService.UpdateRun:output_type -> airlock.executor.v1.UpdateRunResponse
+	14, // 53: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
+	16, // 54: airlock.executor.v1.ExecutorService.StartExec:output_type -> airlock.executor.v1.StartExecResponse
+	18, // 55: airlock.executor.v1.ExecutorService.GetExec:output_type -> airlock.executor.v1.GetExecResponse
+	20, // 56: airlock.executor.v1.ExecutorService.ListExecs:output_type -> airlock.executor.v1.ListExecsResponse
+	22, // 57: airlock.executor.v1.ExecutorService.WatchExec:output_type -> airlock.executor.v1.WatchExecResponse
+	24, // 58: airlock.executor.v1.ExecutorService.CancelExec:output_type -> airlock.executor.v1.CancelExecResponse
+	26, // 59: airlock.executor.v1.ExecutorService.FinishRun:output_type -> airlock.executor.v1.FinishRunResponse
+	35, // 60: airlock.executor.v1.ExecutorService.SuspendRun:output_type -> airlock.executor.v1.SuspendRunResponse
+	37, // 61: airlock.executor.v1.ExecutorService.ResumeRun:output_type -> airlock.executor.v1.ResumeRunResponse
+	28, // 62: airlock.executor.v1.ExecutorService.ReadFile:output_type -> airlock.executor.v1.ReadFileResponse
+	31, // 63: airlock.executor.v1.ExecutorService.WriteFile:output_type -> airlock.executor.v1.WriteFileResponse
+	33, // 64: airlock.executor.v1.ExecutorService.ListFiles:output_type -> airlock.executor.v1.ListFilesResponse
+	48, // [48:65] is the sub-list for method output_type
+	31, // [31:48] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_airlock_executor_v1_executor_proto_init() }

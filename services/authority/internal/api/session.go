@@ -90,7 +90,7 @@ func (s *Service) GetSession(ctx context.Context, req *authorityv1.GetSessionReq
 	}
 	if !j.State.Terminal() {
 		if run, err := s.cfg.Executor.GetRun(ctx, &executorv1.GetRunRequest{JobId: j.ID}); err == nil {
-			resp.Suspended = run.GetRun().GetSuspended()
+			resp.Suspended, resp.SuspendReason = run.GetRun().GetSuspended(), run.GetRun().GetSuspendReason()
 		}
 	}
 	list, err := s.cfg.Executor.ListExecs(ctx, &executorv1.ListExecsRequest{JobId: j.ID})

@@ -73,6 +73,9 @@ func Run(r runs.Run) *executorv1.Run {
 		Result:    RunResult(r.Result),
 		Suspended: r.Suspended,
 	}
+	if r.Suspended && r.SuspendReason != "" {
+		out.SuspendReason = reasons[string(r.SuspendReason)]
+	}
 	if sg, err := r.Grant(); err == nil {
 		out.Grant = sg
 	}

@@ -48,13 +48,20 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		fail(err)
 		return
 	}
+	// keep is set when the executor stops under a session: its files
+	// outlive this process (Recover).
+	keep := false
 	defer func() {
 		e.filesMu.Lock()
 		defer e.filesMu.Unlock()
 		e.updateMu.Lock()
 		defer e.updateMu.Unlock()
-		if err := sb.Destroy(); err != nil {
-			log.Error("destroy sandbox", "error", err)
+		destroy := sb.Destroy
+		if keep {
+			destroy = sb.DestroyKeeping
+		}
+		if err := destroy(); err != nil {
+			log.Error("destroy sandbox", "keep_files", keep, "error", err)
 		}
 		if e.egress != nil {
 			e.egress.close()
@@ -69,7 +76,9 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 	m.mu.Unlock()
 	m.update(e, func(r *Run) {
 		r.State = Running
-		r.StartedAt = m.cfg.Now()
+		if r.StartedAt.IsZero() { // a session kept across a restart started before
+			r.StartedAt = m.cfg.Now()
+		}
 	})
 	if isSession {
 		idleCtx, stopIdle := context.WithCancel(ctx)
@@ -102,6 +111,17 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 	}
 	if runErr != nil && res.Reason == "" {
 		fail(fmt.Errorf("run: %w", runErr))
+		return
+	}
+	if m.ctx.Err() != nil && abort == "" && isSession {
+		// The executor is shutting down under a session: it keeps its
+		// files and waits, suspended, for the next start's Recover and
+		// its client. Nothing is reported: it has not ended.
+		keep = true
+		m.update(e, func(r *Run) {
+			r.Suspended, r.SuspendedAt, r.SuspendReason = true, m.cfg.Now(), ReasonExecutorRestarted
+		})
+		log.Info("executor stopping: the session's files are kept for its next start")
 		return
 	}
 	if m.ctx.Err() != nil && abort == "" {
@@ -201,6 +221,11 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source) 
 	if g.GetSession() != nil {
 		spec.Command = sandbox.IdleCommand
 	}
+	if e.kept {
+		// Its /work (its own .git among it) and /out as the previous
+		// executor process left them.
+		spec.Kept, spec.Started = true, e.run.StartedAt
+	}
 	sb, err := m.cfg.Sandbox.Create(ctx, spec)
 	if err != nil {
 		if eg != nil {
@@ -211,7 +236,7 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source) 
 		}
 		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
-	if src.GitObjects != "" {
+	if src.GitObjects != "" && !e.kept {
 		// The job's own .git at its base commit; the patch never reads it.
 		if err := worktree.SeedGitDir(sb.WorkDir(), g.GetCommit(), src.Index, int(m.cfg.Sandbox.UIDBase())); err != nil {
 			m.cfg.Logger.Warn("the job gets no .git", "job_id", g.GetJobId(), "error", err)

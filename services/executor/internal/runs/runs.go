@@ -89,6 +89,10 @@ type Run struct {
 	// nothing, and keeps only its /work changes and /out.
 	Suspended   bool      `json:"suspended,omitempty"`
 	SuspendedAt time.Time `json:"suspended_at,omitzero"`
+	// SuspendReason is why: "" when its client suspended it,
+	// ReasonExecutorRestarted when the executor stopped under it and kept
+	// its files.
+	SuspendReason sandbox.Reason `json:"suspend_reason,omitempty"`
 }
 
 // Grant returns the run's signed grant.
@@ -208,6 +212,10 @@ type entry struct {
 	suspending  bool
 	stopRun     context.CancelFunc
 	resumeAsked bool
+	// kept is set for a session whose sandbox the previous executor
+	// process kept (Recover): it is made again on the kept scratch, and
+	// waits suspended for its client.
+	kept bool
 }
 
 var jobIDFormat = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -261,12 +269,17 @@ func New(cfg Config) (*Manager, error) {
 	return m, nil
 }
 
-// Recover ends every run that was in flight when a previous executor
+// Recover ends every job that was in flight when a previous executor
 // process stopped: the sandbox layer removes what it left, and each such
-// run is recorded failed (executor restarted) and reported. Runs that ended
-// but were not reported are reported now.
+// job is recorded failed (executor restarted) and reported. A session
+// outlives the restart when its files could be kept (the previous process
+// stopped gracefully, or died with the host still up): its execs that
+// were running end executor_restarted, and it is suspended, reason
+// executor_restarted, with its /work changes and /out, for its client to
+// resume, finish or cancel; its deadline counts on. Runs that ended but
+// were not reported are reported now.
 func (m *Manager) Recover(ctx context.Context) error {
-	cleaned, err := m.cfg.Sandbox.Recover(ctx, nil)
+	cleaned, err := m.cfg.Sandbox.Recover(ctx, m.keepSession)
 	if err != nil {
 		return fmt.Errorf("runs: recover sandboxes: %w", err)
 	}
@@ -277,11 +290,22 @@ func (m *Manager) Recover(ctx context.Context) error {
 	defer m.mu.Unlock()
 	for _, e := range m.runs {
 		m.endLeftExecs(e)
-		if !e.run.State.Terminal() {
+		_, _, isSession := e.session()
+		switch {
+		case e.run.State.Terminal():
+		case isSession && m.cfg.Sandbox.Kept(e.run.JobID):
+			if err := m.resumeKept(e); err != nil {
+				return err
+			}
+			continue
+		default:
 			e.run.State = Failed
 			e.run.FinishedAt = m.cfg.Now()
 			// The reason is the whole story; the authority words it.
 			e.run.Result = &Result{Reason: ReasonExecutorRestarted, ExitCode: -1}
+			if isSession {
+				e.run.Result.Message = "the executor restarted and the session's files could not be kept"
+			}
 			if err := m.persist(&e.run); err != nil {
 				return err
 			}
@@ -290,6 +314,47 @@ func (m *Manager) Recover(ctx context.Context) error {
 			m.reportLater(e.run.JobID)
 		}
 	}
+	return nil
+}
+
+// keepSession says which sandboxes Recover keeps the files of: those of
+// sessions not ended.
+func (m *Manager) keepSession(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.runs[id]
+	if !ok || e.run.State.Terminal() {
+		return false
+	}
+	_, _, isSession := e.session()
+	return isSession
+}
+
+// resumeKept brings back a session whose files the previous executor
+// process kept: suspended (for the executor's restart, unless its client
+// had suspended it already) until its client resumes it. Callers hold
+// m.mu.
+func (m *Manager) resumeKept(e *entry) error {
+	if !e.run.Suspended {
+		e.run.Suspended, e.run.SuspendedAt, e.run.SuspendReason = true, m.cfg.Now(), ReasonExecutorRestarted
+	}
+	if e.run.StartedAt.IsZero() {
+		e.run.StartedAt = m.cfg.Now()
+	}
+	e.run.State, e.kept = Running, true
+	if err := m.persist(&e.run); err != nil {
+		return err
+	}
+	notify := func() { m.mu.Lock(); e.notify(); m.mu.Unlock() }
+	var err error
+	if e.stdout, err = newOutput(filepath.Join(m.runDir(e.run.JobID), "stdout.log"), m.cfg.OutputLimit, notify); err != nil {
+		return err
+	}
+	if e.stderr, err = newOutput(filepath.Join(m.runDir(e.run.JobID), "stderr.log"), m.cfg.OutputLimit, notify); err != nil {
+		return err
+	}
+	m.cfg.Logger.Info("session kept across the executor's restart; suspended until resumed", "job_id", e.run.JobID)
+	m.launch(e)
 	return nil
 }
 

@@ -296,6 +296,9 @@ func (m *Manager) runExec(ctx context.Context, e *entry, xe *execEntry, sb *sand
 	}
 	res, err := sb.Exec(ctx, spec)
 	switch {
+	case m.ctx.Err() != nil:
+		// The executor stopped, and the sandbox with it.
+		res.Reason, res.ExitCode, res.Message = ReasonExecutorRestarted, -1, "the executor stopped while the exec ran"
 	case errors.Is(err, context.Canceled):
 		res.Reason, res.ExitCode, res.Message = sandbox.ReasonCancelled, -1, "the exec was cancelled before it started"
 	case errors.Is(err, errdefs.ErrFailedPrecondition):
@@ -387,42 +390,27 @@ func (e *entry) sessionState() string {
 // each suspension (Suspend) restarts it, once resumed, on the same /work
 // and /out. It says how the session ended as sb.Run says how a job did.
 func (m *Manager) runSession(ctx context.Context, e *entry, sb *sandbox.Sandbox) (sandbox.Result, error) {
+	m.mu.Lock()
+	// A session kept across the executor's restart starts suspended.
+	suspended := e.run.Suspended
+	m.mu.Unlock()
+	res := sb.BaseResult()
 	for {
-		runCtx, stopRun := context.WithCancel(ctx)
-		filesCtx, stopFiles := context.WithCancel(ctx)
-		m.mu.Lock()
-		e.stopRun, e.live = stopRun, sb
-		e.filesCtx, e.filesCancel = filesCtx, stopFiles
-		e.notify()
-		m.mu.Unlock()
-		res, runErr := sb.Run(runCtx)
-		stopRun()
-		// The sandbox stopped, so every exec in it ends, and no files call
-		// may touch it once the calls in flight (told to stop) return:
-		// what the patch and the records take is final.
-		m.mu.Lock()
-		e.live = nil
-		suspend := e.suspending && e.stopping == "" && ctx.Err() == nil && runErr == nil && res.Reason == sandbox.ReasonCancelled
-		m.mu.Unlock()
-		stopFiles()
-		e.filesMu.Lock()
-		e.filesMu.Unlock() //nolint:staticcheck // waits for the calls in flight
-		e.execWG.Wait()
-		if !suspend {
-			return m.sessionEnded(e, res), runErr
+		if !suspended {
+			var (
+				runErr error
+				again  bool
+			)
+			if res, again, runErr = m.runSessionOnce(ctx, e, sb); !again {
+				return res, runErr
+			}
 		}
-		if err := sb.Restart(); err != nil {
-			m.cfg.Logger.Error("suspend a session", "job_id", e.run.JobID, "error", err)
-			res.Reason, res.ExitCode, res.Message = sandbox.ReasonSandboxError, -1, "the sandbox could not be suspended: "+err.Error()
-			return m.sessionEnded(e, res), nil
-		}
-		m.update(e, func(r *Run) { r.Suspended, r.SuspendedAt = true, m.cfg.Now() })
-		m.cfg.Logger.Info("session suspended", "job_id", e.run.JobID)
+		suspended = false
 		res, ended := m.waitSuspended(ctx, e, sb, res)
 		// One step, under the lock: no Suspend or Resume sees a session
 		// half resumed.
 		m.update(e, func(r *Run) {
-			r.Suspended, r.SuspendedAt = false, time.Time{}
+			r.Suspended, r.SuspendedAt, r.SuspendReason = false, time.Time{}, ""
 			e.suspending, e.resumeAsked, e.lastActive = false, false, m.cfg.Now()
 		})
 		if ended {
@@ -430,6 +418,43 @@ func (m *Manager) runSession(ctx context.Context, e *entry, sb *sandbox.Sandbox)
 		}
 		m.cfg.Logger.Info("session resumed", "job_id", e.run.JobID)
 	}
+}
+
+// runSessionOnce runs a session's sandbox until it stops. Suspended (again
+// true), it is ready to run again and recorded suspended; otherwise the
+// session has ended, as the result says.
+func (m *Manager) runSessionOnce(ctx context.Context, e *entry, sb *sandbox.Sandbox) (res sandbox.Result, again bool, err error) {
+	runCtx, stopRun := context.WithCancel(ctx)
+	filesCtx, stopFiles := context.WithCancel(ctx)
+	m.mu.Lock()
+	e.stopRun, e.live = stopRun, sb
+	e.filesCtx, e.filesCancel = filesCtx, stopFiles
+	e.notify()
+	m.mu.Unlock()
+	res, runErr := sb.Run(runCtx)
+	stopRun()
+	// The sandbox stopped, so every exec in it ends, and no files call
+	// may touch it once the calls in flight (told to stop) return:
+	// what the patch and the records take is final.
+	m.mu.Lock()
+	e.live = nil
+	suspend := e.suspending && e.stopping == "" && ctx.Err() == nil && runErr == nil && res.Reason == sandbox.ReasonCancelled
+	m.mu.Unlock()
+	stopFiles()
+	e.filesMu.Lock()
+	e.filesMu.Unlock() //nolint:staticcheck // waits for the calls in flight
+	e.execWG.Wait()
+	if !suspend {
+		return m.sessionEnded(e, res), false, runErr
+	}
+	if err := sb.Restart(); err != nil {
+		m.cfg.Logger.Error("suspend a session", "job_id", e.run.JobID, "error", err)
+		res.Reason, res.ExitCode, res.Message = sandbox.ReasonSandboxError, -1, "the sandbox could not be suspended: "+err.Error()
+		return m.sessionEnded(e, res), false, nil
+	}
+	m.update(e, func(r *Run) { r.Suspended, r.SuspendedAt, r.SuspendReason = true, m.cfg.Now(), "" })
+	m.cfg.Logger.Info("session suspended", "job_id", e.run.JobID)
+	return res, true, nil
 }
 
 // waitSuspended waits for a suspended session to be resumed (ended false),

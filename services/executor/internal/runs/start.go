@@ -75,16 +75,22 @@ func (m *Manager) Start(sg *typesv1.SignedGrant) (Run, bool, error) {
 	if err := m.persist(&e.run); err != nil {
 		return Run{}, false, err
 	}
+	m.runs[e.run.JobID] = e
+	m.launch(e)
+	return e.run, true, nil
+}
+
+// launch runs e in the background until it ends or the executor stops.
+// Callers hold m.mu.
+func (m *Manager) launch(e *entry) {
 	ctx, cancel := context.WithCancel(m.ctx)
 	e.cancel = cancel
-	m.runs[e.run.JobID] = e
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
 		defer cancel()
 		m.execute(ctx, e)
 	}()
-	return e.run, true, nil
 }
 
 // verify checks sg's signature, format and expiry and returns its grant.

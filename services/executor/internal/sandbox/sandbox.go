@@ -89,7 +89,9 @@ func (s *Sandbox) UpperDir() string { return filepath.Join(s.scr.point, scratchU
 // Destroy.
 func (s *Sandbox) OutDir() string { return filepath.Join(s.dir, "scratch", scratchOut) }
 
-func (s *Sandbox) baseResult() Result {
+// BaseResult is the Result of a sandbox that has not run: its runtime,
+// versions and no exit status.
+func (s *Sandbox) BaseResult() Result {
 	return Result{
 		ExitCode:        -1,
 		Class:           s.spec.Class,
@@ -104,7 +106,7 @@ func (s *Sandbox) baseResult() Result {
 // started is killed. The error is non-nil only when the sandbox machinery
 // failed, and then Result.Reason is ReasonSandboxError.
 func (s *Sandbox) Run(ctx context.Context) (Result, error) {
-	res := s.baseResult()
+	res := s.BaseResult()
 	s.mu.Lock()
 	if s.state != stateCreated {
 		s.mu.Unlock()

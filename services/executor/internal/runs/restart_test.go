@@ -1,0 +1,127 @@
+package runs
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+)
+
+// TestSessionKeptAcrossRestart stops the executor under a running session
+// (Close, as a graceful stop does) with one exec running, and starts it
+// again (New, Recover) on the same directories, under runc and runsc: the
+// session is suspended for the restart, its running exec ended
+// executor_restarted and its ended ones kept; once resumed it sees its
+// /work changes and /out, not /tmp; a retried exec id is still the exec it
+// was; and its bundle at the finish has the whole patch and every exec.
+func TestSessionKeptAcrossRestart(t *testing.T) {
+	for _, class := range []typesv1.RuntimeClass{typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC} {
+		t.Run(class.String(), func(t *testing.T) {
+			h, _ := newHarness(t, false)
+			sid := h.startSession(t, h.sessionGrant(class, time.Minute))
+			h.execWait(t, sid, sh("write", "echo kept > /work/kept.txt && echo out > /out/o.txt && echo tmp > /tmp/t"))
+			if _, _, err := h.m.StartExec(sid, sh("long", "sleep 300")); err != nil {
+				t.Fatal(err)
+			}
+			before, err := h.m.Get(sid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h.m.Close()
+			if got, _ := h.m.Get(sid); got.State.Terminal() {
+				t.Fatalf("a graceful stop ended the session: %s %+v", got.State, got.Result)
+			}
+
+			m2, err := New(h.m.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m2.Close()
+			if err := m2.Recover(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			h.m = m2
+			run := h.waitRun(t, sid, "kept, suspended", func(r Run, _ bool) bool { return r.Suspended })
+			if run.State != Running || run.SuspendReason != ReasonExecutorRestarted || !run.StartedAt.Equal(before.StartedAt) {
+				t.Fatalf("session after the restart: %s suspended=%v reason=%q started %s (was %s)", run.State, run.Suspended, run.SuspendReason, run.StartedAt, before.StartedAt)
+			}
+			if x, err := m2.GetExec(sid, "long"); err != nil || x.State != ExecEnded || x.Reason != ReasonExecutorRestarted {
+				t.Fatalf("the exec running at the stop: %+v %v", x, err)
+			}
+			if _, _, err := m2.StartExec(sid, sh("early", "true")); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+				t.Fatalf("an exec in a session suspended by the restart: %v, want FailedPrecondition", err)
+			}
+			if _, err := m2.Resume(sid); err != nil {
+				t.Fatal(err)
+			}
+			h.waitRun(t, sid, "resumed", func(r Run, up bool) bool { return !r.Suspended && up })
+			x := h.execWait(t, sid, sh("read", "cat /work/kept.txt /out/o.txt; test -e /tmp/t || echo no-tmp; git -C /work status --short"))
+			if got, want := string(x.StdoutTail), "kept\nout\nno-tmp\n?? kept.txt\n"; x.ExitCode != 0 || got != want {
+				t.Fatalf("after the restart the session sees %q (exit %d, stderr %q), want %q", got, x.ExitCode, x.StderrTail, want)
+			}
+			if x, created, err := m2.StartExec(sid, sh("write", "echo kept > /work/kept.txt && echo out > /out/o.txt && echo tmp > /tmp/t")); err != nil || created || x.Seq != 1 {
+				t.Fatalf("a retry of an exec from before the restart: created=%v seq=%d %v", created, x.Seq, err)
+			}
+			if _, err := m2.Finish(sid); err != nil {
+				t.Fatal(err)
+			}
+			end := h.waitEnd(t, sid)
+			if end.State != Finished || end.Result.Reason != ReasonFinished || end.Result.FilesChanged != 1 {
+				t.Fatalf("finished session: %s %+v", end.State, end.Result)
+			}
+			patch, _ := os.ReadFile(filepath.Join(m2.runDir(sid), "review.patch"))
+			if !strings.Contains(string(patch), "+kept") {
+				t.Fatalf("the patch lost the change made before the restart:\n%s", patch)
+			}
+			// The report follows the record.
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				h.auth.mu.Lock()
+				n := len(h.auth.reports)
+				execs := 0
+				if n > 0 {
+					execs = len(h.auth.reports[0].Execs)
+				}
+				h.auth.mu.Unlock()
+				if n == 1 && execs == 3 {
+					break
+				}
+				if n > 1 || n == 1 && execs != 3 || time.Now().After(deadline) {
+					t.Fatalf("reports after the restart: %d (execs in the first %d), want 1 with the 3 execs", n, execs)
+				}
+			}
+		})
+	}
+}
+
+// TestSessionSuspendedExpiresAfterRestart: a session kept across a restart
+// is still bound by its deadline, counted from its first start.
+func TestSessionSuspendedExpiresAfterRestart(t *testing.T) {
+	h, _ := newHarness(t, false)
+	g := h.sessionGrant(typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, time.Minute)
+	g.Limits.Deadline.Seconds = 6
+	sid := h.startSession(t, g)
+	h.execWait(t, sid, sh("write", "echo x > /work/x"))
+	h.m.Close()
+	m2, err := New(h.m.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close()
+	if err := m2.Recover(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h.m = m2
+	run := h.waitEnd(t, sid)
+	if run.Result.Reason != "timeout" || time.Since(run.StartedAt) > 20*time.Second {
+		t.Fatalf("a kept session past its deadline: %s %+v", run.State, run.Result)
+	}
+	if m2.cfg.Sandbox.Kept(sid) {
+		t.Fatal("the ended session's scratch is still kept")
+	}
+}
