@@ -19,6 +19,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -142,28 +143,7 @@ func TestExecutorKilledMidRunLeavesNothing(t *testing.T) {
 		}
 	}
 
-	if err := syscall.Kill(ex.PID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	reap(ex.PID, stopTimeout)
-
-	// Start the executor again, as an operator would, with the same config.
-	logf, err := os.OpenFile(ex.Log, os.O_WRONLY|os.O_APPEND, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin("executor"), "--config", ex.Config)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	logf.Close()
-	pidFile := filepath.Join(s.dir, "executor", "executor.pid")
-	if err := os.WriteFile(pidFile, []byte(fmt.Sprintf("%d\n", cmd.Process.Pid)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+	s.killExecutor(t)
 
 	job := waitJob(ctx, t, client, id, func(j *authorityv1.Job) bool { return j.GetState() == authorityv1.JobState_JOB_STATE_FAILED })
 	if r := job.GetResult().GetReason(); r != typesv1.TerminationReason_TERMINATION_REASON_EXECUTOR_RESTARTED {
@@ -188,6 +168,158 @@ func TestExecutorKilledMidRunLeavesNothing(t *testing.T) {
 	res := s.airlock(t, "job", "submit", "--repo", "sample", "--wait", "--", "true")
 	if res.code != 0 {
 		t.Fatalf("a job after the restart: exit %d\n%s", res.code, res.stderr)
+	}
+}
+
+// killExecutor SIGKILLs the executor dev up started and starts it again,
+// as an operator would, with the same config; the new process is stopped
+// in t.Cleanup.
+func (s *stack) killExecutor(t *testing.T) {
+	t.Helper()
+	ex := s.services["executor"]
+	if err := syscall.Kill(ex.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	reap(ex.PID, stopTimeout)
+	logf, err := os.OpenFile(ex.Log, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin("executor"), "--config", ex.Config)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	logf.Close()
+	pidFile := filepath.Join(s.dir, "executor", "executor.pid")
+	if err := os.WriteFile(pidFile, []byte(fmt.Sprintf("%d\n", cmd.Process.Pid)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+}
+
+// TestSessionSurvivesExecutorKill kills the executor with SIGKILL under a
+// session with an exec running, starts it again, and drives the session
+// through the CLI as its client would: it reads suspended because the
+// executor restarted, its running exec ended EXECUTOR_RESTARTED, no
+// process of it survived, and once resumed it has its /work changes and
+// /out and finishes with them in its patch.
+func TestSessionSurvivesExecutorKill(t *testing.T) {
+	repo, _ := sampleRepo(t)
+	s := startStack(t, "--repo", "sample="+repo)
+	res := s.airlock(t, "session", "create", "--repo", "sample", "--rev", "main", "-o", "json")
+	if res.code != 0 {
+		t.Fatalf("session create: exit %d\n%s", res.code, res.stderr)
+	}
+	sess := &authorityv1.Job{}
+	if err := protojson.Unmarshal([]byte(res.stdout), sess); err != nil {
+		t.Fatal(err)
+	}
+	id := sess.GetJobId()
+	if r := s.airlock(t, "session", "exec", id, "--exec-id", "write", "--", "sh", "-c", "echo kept > /work/kept.txt && echo out > /out/o.txt"); r.code != 0 {
+		t.Fatalf("write: exit %d\n%s", r.code, r.stderr)
+	}
+	long := s.startAirlock(t, "session", "exec", id, "--exec-id", "long", "--", "sh", "-c", "echo started; sleep 300")
+	for start := time.Now(); !strings.Contains(long.stdout.String(), "started"); time.Sleep(20 * time.Millisecond) {
+		if time.Since(start) > 60*time.Second {
+			t.Fatalf("the long exec never started:\n%s", long.stderr.String())
+		}
+	}
+	ex := s.services["executor"]
+	sum := sha256.Sum256([]byte(ex.DataDir))
+	cgroupParent := "/airlock/" + hex.EncodeToString(sum[:6])
+
+	s.killExecutor(t)
+
+	var got result
+	for start := time.Now(); ; time.Sleep(100 * time.Millisecond) {
+		got = s.airlock(t, "session", "get", id)
+		if got.code == 0 && strings.Contains(got.stdout, "executor restarted") {
+			break
+		}
+		if time.Since(start) > 60*time.Second {
+			t.Fatalf("session get after the executor's restart: exit %d\n%s\n%s", got.code, got.stdout, got.stderr)
+		}
+	}
+	if !strings.Contains(got.stdout, "running, suspended") {
+		t.Errorf("session get after the restart:\n%s", got.stdout)
+	}
+	// Killed processes may take a moment to finish exiting. The killed
+	// executor's exec'd processes were orphaned to this test process (the
+	// subreaper) and the session's init waits, exiting, until they are
+	// reaped: reap them, as init does on a host.
+	for start := time.Now(); sandboxProcs(cgroupParent) != 0; time.Sleep(50 * time.Millisecond) {
+		reapSandboxOrphans()
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("%d processes of the session survive the restart", sandboxProcs(cgroupParent))
+		}
+	}
+	if r := s.airlock(t, "session", "exec", id, "--exec-id", "early", "--", "true"); r.code == 0 || !strings.Contains(r.stderr, "suspended") {
+		t.Errorf("an exec before resuming: exit %d, want a refusal naming the suspension\n%s", r.code, r.stderr)
+	}
+	if code := long.exitCode(30 * time.Second); code == 0 {
+		t.Errorf("the CLI following the killed exec exited 0")
+	}
+	if r := s.airlock(t, "session", "resume", id); r.code != 0 {
+		t.Fatalf("session resume: exit %d\n%s", r.code, r.stderr)
+	}
+	if r := s.airlock(t, "session", "exec", id, "--exec-id", "read", "--", "sh", "-c", "cat /work/kept.txt /out/o.txt"); r.code != 0 || r.stdout != "kept\nout\n" {
+		t.Fatalf("after resuming: exit %d %q\n%s", r.code, r.stdout, r.stderr)
+	}
+	r := s.airlock(t, "session", "get", id, "-o", "json")
+	view := &authorityv1.GetSessionResponse{}
+	if err := protojson.Unmarshal([]byte(r.stdout), view); err != nil {
+		t.Fatalf("session get -o json: %v\n%s", err, r.stdout)
+	}
+	reasons := map[string]typesv1.TerminationReason{}
+	for _, x := range view.GetExecs() {
+		reasons[x.GetSpec().GetExecId()] = x.GetReason()
+	}
+	if reasons["long"] != typesv1.TerminationReason_TERMINATION_REASON_EXECUTOR_RESTARTED || reasons["write"] != typesv1.TerminationReason_TERMINATION_REASON_EXITED {
+		t.Errorf("exec reasons after the restart: %v", reasons)
+	}
+	res = s.airlock(t, "session", "finish", id, "-o", "json")
+	final := &authorityv1.Job{}
+	if err := protojson.Unmarshal([]byte(res.stdout), final); res.code != 0 || err != nil {
+		t.Fatalf("session finish: exit %d, %v\n%s", res.code, err, res.stderr)
+	}
+	if final.GetState() != authorityv1.JobState_JOB_STATE_FINISHED {
+		t.Fatalf("finished session: %s %v", final.GetState(), final.GetResult())
+	}
+	bundleBytes, _ := fetchArtifact(t, s, id, final.GetResult().GetBundleDigest())
+	if patch := string(tarEntry(t, bundleBytes, "patch.diff")); !strings.Contains(patch, "+kept") {
+		t.Errorf("the bundle's patch lacks the change made before the restart:\n%s", patch)
+	}
+}
+
+// reapSandboxOrphans reaps the zombies in the sandbox uid range whose
+// parent is this process: orphans it adopted as the subreaper, never a
+// child it started itself (those run as root).
+func reapSandboxOrphans() {
+	self := os.Getpid()
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		var pid int
+		if _, err := fmt.Sscan(e.Name(), &pid); err != nil || procState(pid) != "Z" {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		var ppid, uid int
+		for _, line := range strings.Split(string(data), "\n") {
+			if f := strings.Fields(line); len(f) > 1 && f[0] == "PPid:" {
+				fmt.Sscan(f[1], &ppid)
+			} else if len(f) > 1 && f[0] == "Uid:" {
+				fmt.Sscan(f[1], &uid)
+			}
+		}
+		if ppid == self && uid >= 1000000 && uid < 1000000+65536 {
+			var ws syscall.WaitStatus
+			_, _ = syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
+		}
 	}
 }
 
@@ -236,7 +368,8 @@ func sandboxProcs(cgroupParent string) int {
 					n++
 					if debugProcs {
 						cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-						fmt.Fprintf(os.Stderr, "sandbox process %s uid %d: %q\n%s\n", e.Name(), uid, cmdline, cg)
+						stack, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stack"))
+						fmt.Fprintf(os.Stderr, "sandbox process %s uid %d: %q\n%s\n%s\n%s\n", e.Name(), uid, cmdline, cg, data, stack)
 					}
 				}
 			}
