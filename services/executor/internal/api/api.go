@@ -1,6 +1,7 @@
-// Package api is the executor's thin gRPC adapter: it validates requests,
-// calls the run manager and maps its errors with pkg/errdefs. It is
-// imported only by the executor's composition root.
+// Package api is the executor's thin gRPC adapter: it validates requests
+// (a grant's signature among them, with package convert), calls the run
+// manager and maps its errors with pkg/errdefs. It is imported only by the
+// executor's composition root.
 package api
 
 import (
@@ -9,11 +10,13 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"time"
 
 	"google.golang.org/grpc"
 
 	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/grant"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/convert"
 	"github.com/airlockhq/airlock/services/executor/internal/runs"
@@ -21,8 +24,11 @@ import (
 
 // Config holds the executor's domain services.
 type Config struct {
-	Runs   *runs.Manager
-	Logger *slog.Logger
+	Runs *runs.Manager
+	// Verifier checks the authority's signature on every grant.
+	Verifier *grant.Verifier
+	Logger   *slog.Logger
+	Now      func() time.Time
 }
 
 // Service implements airlock.executor.v1.ExecutorService; the Unsafe
@@ -36,6 +42,9 @@ type Service struct {
 func New(cfg Config) *Service {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	return &Service{cfg: cfg}
 }
@@ -64,7 +73,11 @@ func (s *Service) StartJob(ctx context.Context, req *executorv1.StartJobRequest)
 	if req.GetGrant() == nil {
 		return nil, errdefs.ToGRPC(fmt.Errorf("%w: grant is required", errdefs.ErrInvalidArgument))
 	}
-	run, created, err := s.cfg.Runs.Start(req.GetGrant())
+	g, err := convert.Grant(s.cfg.Verifier, req.GetGrant(), s.cfg.Now())
+	if err != nil {
+		return nil, s.fail(ctx, "StartJob", err)
+	}
+	run, created, err := s.cfg.Runs.Start(g)
 	if err != nil {
 		return nil, s.fail(ctx, "StartJob", err)
 	}
@@ -113,7 +126,11 @@ func (s *Service) UpdateRun(ctx context.Context, req *executorv1.UpdateRunReques
 	if req.GetGrant() == nil {
 		return nil, errdefs.ToGRPC(fmt.Errorf("%w: grant is required", errdefs.ErrInvalidArgument))
 	}
-	run, err := s.cfg.Runs.Update(ctx, req.GetGrant())
+	g, err := convert.Grant(s.cfg.Verifier, req.GetGrant(), s.cfg.Now())
+	if err != nil {
+		return nil, s.fail(ctx, "UpdateRun", err)
+	}
+	run, err := s.cfg.Runs.Update(ctx, g)
 	if err != nil {
 		return nil, s.fail(ctx, "UpdateRun", err)
 	}

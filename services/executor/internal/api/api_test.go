@@ -26,11 +26,11 @@ func TestUpdateRunErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mgr, err := runs.New(runs.Config{Dir: t.TempDir(), Verifier: grant.NewVerifier(pub)})
+	mgr, err := runs.New(runs.Config{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := New(Config{Runs: mgr})
+	s := New(Config{Runs: mgr, Verifier: grant.NewVerifier(pub)})
 	issued, expires := grant.Timestamps(time.Now(), time.Hour)
 	sg, err := grant.NewSigner(key).Sign(&typesv1.Grant{
 		JobId: "job-1", Tenant: "acme", Commit: strings.Repeat("a", 40), Command: []string{"true"},
@@ -66,9 +66,9 @@ func TestContract(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mgr, err := runs.New(runs.Config{Dir: t.TempDir(), Verifier: grant.NewVerifier(pub)})
+	mgr, err := runs.New(runs.Config{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	executorcontract.Run(t, executorcontract.Env{Server: New(Config{Runs: mgr}), Signer: grant.NewSigner(key)})
+	executorcontract.Run(t, executorcontract.Env{Server: New(Config{Runs: mgr, Verifier: grant.NewVerifier(pub)}), Signer: grant.NewSigner(key)})
 }

@@ -1,6 +1,8 @@
 // Package convert owns the executor's one mapping between the run
 // manager's types and the API's messages, used by both the server-side API
-// adapter and the client of the authority. Only those two import it.
+// adapter and the client of the authority: among them, a signed grant is
+// verified and checked here and becomes a runs.Grant. Only those two and
+// the composition root (which decodes old run records with it) import it.
 package convert
 
 import (
@@ -76,7 +78,7 @@ func Run(r runs.Run) *executorv1.Run {
 	if r.Suspended && r.SuspendReason != "" {
 		out.SuspendReason = reasons[string(r.SuspendReason)]
 	}
-	if sg, err := r.Grant(); err == nil {
+	if sg, err := signedGrant(r); err == nil {
 		out.Grant = sg
 	}
 	out.NetworkPolicyStatus = NetworkPolicyStatus(r)
@@ -97,7 +99,7 @@ func NetworkPolicyStatus(r runs.Run) *typesv1.NetworkPolicyStatus {
 		State:     typesv1.NetworkPolicyState_NETWORK_POLICY_STATE_APPLIED,
 		UpdatedAt: timestamppb.New(r.CreatedAt),
 	}
-	sg, err := r.Grant()
+	sg, err := signedGrant(r)
 	if err != nil {
 		return st
 	}

@@ -34,7 +34,7 @@ func (m *Manager) held(skip *entry) holding {
 		if e == skip || e.run.State.Terminal() {
 			continue
 		}
-		l := limitsOf(e.grant.GetLimits())
+		l := e.run.Grant.Limits
 		if e.run.Suspended && !e.resumeAsked {
 			// A suspended session runs nothing: it holds its disk and its
 			// place, not memory or CPU, until Resume admits it again.

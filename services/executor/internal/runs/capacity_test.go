@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
-	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
 
@@ -29,62 +28,62 @@ func wantRefusal(t *testing.T, what string, err, code error, msg string) {
 func TestCapacityMemory(t *testing.T) {
 	h, _ := newHarnessWith(t, false, Capacity{MemoryBytes: 512 << 20})
 	g1, g2 := h.grantFor(waitForGo+"echo done"), h.grantFor(waitForGo+"echo done")
-	for _, g := range []*typesv1.Grant{g1, g2} {
+	for _, g := range []*Grant{g1, g2} {
 		h.start(t, g)
-		h.waitRunning(t, g.JobId, "ready")
+		h.waitRunning(t, g.JobID, "ready")
 	}
 
 	g3 := h.grantFor(waitForGo + "echo done")
-	_, _, err := h.m.Start(h.sign(t, g3))
+	_, _, err := h.m.Start(h.seal(t, g3))
 	wantRefusal(t, "a third job", err, errdefs.ErrResourceExhausted, "capacity: memory: 512.0MiB of 512.0MiB in use by 2 jobs; this job asks 256.0MiB")
 	big := h.grantFor("true")
 	big.Limits.MemoryBytes = 1 << 30
-	_, _, err = h.m.Start(h.sign(t, big))
+	_, _, err = h.m.Start(h.seal(t, big))
 	wantRefusal(t, "a job larger than the capacity", err, errdefs.ErrFailedPrecondition,
 		"capacity: memory: this job asks 1.0GiB, more than this executor's whole capacity of 512.0MiB")
-	for _, id := range []string{g3.JobId, big.JobId} {
+	for _, id := range []string{g3.JobID, big.JobID} {
 		if _, err := h.m.Get(id); !errors.Is(err, errdefs.ErrNotFound) {
 			t.Errorf("refused job %s has a run: %v", id, err)
 		}
 	}
-	if run, created, err := h.m.Start(h.sign(t, g1)); err != nil || created || run.JobID != g1.JobId {
+	if run, created, err := h.m.Start(h.seal(t, g1)); err != nil || created || run.JobID != g1.JobID {
 		t.Fatalf("Start of a job with a run: %s created %v, %v; want its run", run.JobID, created, err)
 	}
 
-	raised := next(g1, func(g *typesv1.Grant) { g.Limits.MemoryBytes = 384 << 20 })
-	_, err = h.m.Update(context.Background(), h.sign(t, raised))
+	raised := next(g1, func(g *Grant) { g.Limits.MemoryBytes = 384 << 20 })
+	_, err = h.m.Update(context.Background(), h.seal(t, raised))
 	wantRefusal(t, "raising memory", err, errdefs.ErrResourceExhausted, "capacity: memory: 256.0MiB of 512.0MiB in use by 1 job; this job asks 384.0MiB")
-	if r, _ := h.m.Get(g1.JobId); grantOf(t, r).GetGeneration() != 1 {
-		t.Errorf("a refused raise left the run under generation %d", grantOf(t, r).GetGeneration())
+	if r, _ := h.m.Get(g1.JobID); r.Grant.Generation != 1 {
+		t.Errorf("a refused raise left the run under generation %d", r.Grant.Generation)
 	}
-	e := h.entry(g1.JobId)
+	e := h.entry(g1.JobID)
 	e.updateMu.Lock()
 	got := e.sb.Limits().MemoryBytes
 	e.updateMu.Unlock()
 	if got != 256<<20 {
 		t.Errorf("a refused raise left the sandbox's memory limit at %d", got)
 	}
-	lowered := next(g1, func(g *typesv1.Grant) { g.Limits.MemoryBytes = 128 << 20 })
-	if _, err := h.m.Update(context.Background(), h.sign(t, lowered)); err != nil {
+	lowered := next(g1, func(g *Grant) { g.Limits.MemoryBytes = 128 << 20 })
+	if _, err := h.m.Update(context.Background(), h.seal(t, lowered)); err != nil {
 		t.Fatalf("lowering memory: %v", err)
 	}
 	g4 := h.grantFor(waitForGo + "echo done")
 	g4.Limits.MemoryBytes = 128 << 20
 	h.start(t, g4) // 128 + 256 + 128 MiB
 
-	h.signal(t, g2.JobId)
-	if run := h.waitEnd(t, g2.JobId); run.State != Finished {
+	h.signal(t, g2.JobID)
+	if run := h.waitEnd(t, g2.JobID); run.State != Finished {
 		t.Fatalf("job 2 ended %s: %+v", run.State, run.Result)
 	}
 	h.start(t, g3) // in the 256 MiB job 2 held
-	h.waitRunning(t, g3.JobId, "ready")
-	for _, g := range []*typesv1.Grant{g1, g3, g4} {
-		h.waitRunning(t, g.JobId, "ready")
-		h.signal(t, g.JobId)
+	h.waitRunning(t, g3.JobID, "ready")
+	for _, g := range []*Grant{g1, g3, g4} {
+		h.waitRunning(t, g.JobID, "ready")
+		h.signal(t, g.JobID)
 	}
-	for _, g := range []*typesv1.Grant{g1, g3, g4} {
-		if run := h.waitEnd(t, g.JobId); run.State != Finished {
-			t.Errorf("job %s ended %s: %+v", g.JobId, run.State, run.Result)
+	for _, g := range []*Grant{g1, g3, g4} {
+		if run := h.waitEnd(t, g.JobID); run.State != Finished {
+			t.Errorf("job %s ended %s: %+v", g.JobID, run.State, run.Result)
 		}
 	}
 }
@@ -94,24 +93,24 @@ func TestCapacityMemory(t *testing.T) {
 func TestCapacityJobs(t *testing.T) {
 	h, _ := newHarnessWith(t, false, Capacity{Jobs: 2})
 	g1, g2, g3 := h.grantFor(waitForGo+"echo done"), h.grantFor(waitForGo+"echo done"), h.grantFor("true")
-	for _, g := range []*typesv1.Grant{g1, g2} {
+	for _, g := range []*Grant{g1, g2} {
 		h.start(t, g)
-		h.waitRunning(t, g.JobId, "ready")
+		h.waitRunning(t, g.JobID, "ready")
 	}
-	_, _, err := h.m.Start(h.sign(t, g3))
+	_, _, err := h.m.Start(h.seal(t, g3))
 	wantRefusal(t, "a third job", err, errdefs.ErrResourceExhausted, "capacity: jobs: 2 of 2 in use")
-	if _, created, err := h.m.Start(h.sign(t, g2)); err != nil || created {
+	if _, created, err := h.m.Start(h.seal(t, g2)); err != nil || created {
 		t.Fatalf("Start of a running job again: created %v, %v", created, err)
 	}
-	h.signal(t, g1.JobId)
-	if run := h.waitEnd(t, g1.JobId); run.State != Finished {
+	h.signal(t, g1.JobID)
+	if run := h.waitEnd(t, g1.JobID); run.State != Finished {
 		t.Fatalf("job 1 ended %s: %+v", run.State, run.Result)
 	}
 	h.start(t, g3)
-	h.signal(t, g2.JobId)
-	for _, g := range []*typesv1.Grant{g2, g3} {
-		if run := h.waitEnd(t, g.JobId); run.State != Finished {
-			t.Errorf("job %s ended %s: %+v", g.JobId, run.State, run.Result)
+	h.signal(t, g2.JobID)
+	for _, g := range []*Grant{g2, g3} {
+		if run := h.waitEnd(t, g.JobID); run.State != Finished {
+			t.Errorf("job %s ended %s: %+v", g.JobID, run.State, run.Result)
 		}
 	}
 }
@@ -187,13 +186,13 @@ func TestCapacityChecks(t *testing.T) {
 // What runs hold is summed from the runs not yet ended; a run whose Update
 // raises its limits holds the larger of each until it is done.
 func TestCapacityHeld(t *testing.T) {
-	limits := func(mem, cpu int64) *typesv1.Grant {
-		return &typesv1.Grant{Limits: &typesv1.ResourceLimits{MemoryBytes: mem, CpuMillis: cpu, DiskBytes: 1 << 20}}
+	limits := func(mem, cpu int64) Grant {
+		return Grant{Limits: sandbox.Limits{MemoryBytes: mem, CPUMillis: cpu, DiskBytes: 1 << 20}}
 	}
 	raising := &sandbox.Limits{MemoryBytes: 300, CPUMillis: 50, DiskBytes: 1 << 20}
-	a := &entry{run: Run{State: Running}, grant: limits(100, 100), raising: raising}
-	b := &entry{run: Run{State: Staging}, grant: limits(10, 10)}
-	done := &entry{run: Run{State: Finished}, grant: limits(1000, 1000)}
+	a := &entry{run: Run{State: Running, Grant: limits(100, 100)}, raising: raising}
+	b := &entry{run: Run{State: Staging, Grant: limits(10, 10)}}
+	done := &entry{run: Run{State: Finished, Grant: limits(1000, 1000)}}
 	m := &Manager{runs: map[string]*entry{"a": a, "b": b, "done": done}}
 	if got, want := m.held(nil), (holding{memory: 310, cpu: 110, disk: 2 << 20, jobs: 2}); got != want {
 		t.Errorf("held = %+v, want %+v", got, want)

@@ -17,13 +17,12 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/nettest"
-	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
+	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
 
 // These tests run real jobs (runc and runsc) with a domains policy against
@@ -71,8 +70,13 @@ func withDomainsNetwork(t *testing.T, h *harness, resolver netip.AddrPort) *netp
 	return nm
 }
 
-func domainsPolicy(names ...string) *typesv1.NetworkPolicy {
-	return &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Domains{Domains: &typesv1.DomainList{Domains: names}}}
+func domainsPolicy(names ...string) NetworkPolicy {
+	p := egress.Policy{Names: namesOf(names)}
+	p, err := p.Normalize()
+	if err != nil {
+		panic(err)
+	}
+	return NetworkPolicy{Net: netpolicy.Policy{Proxied: true}, Names: p}
 }
 
 // The names of the boundary tests, and what the upstream answers for them.
@@ -240,14 +244,14 @@ func readEgress(t *testing.T, h *harness, jobID string) []egress.Record {
 // reaches the upstream resolver, and a live narrowing cuts an open
 // connection.
 func TestDomainsPolicyBoundary(t *testing.T) {
-	for _, class := range []typesv1.RuntimeClass{typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC} {
-		t.Run(strings.ToLower(strings.TrimPrefix(class.String(), "RUNTIME_CLASS_")), func(t *testing.T) {
+	for _, class := range []sandbox.Class{sandbox.ClassRunc, sandbox.ClassRunsc} {
+		t.Run(string(class), func(t *testing.T) {
 			testDomainsBoundary(t, class)
 		})
 	}
 }
 
-func testDomainsBoundary(t *testing.T, class typesv1.RuntimeClass) {
+func testDomainsBoundary(t *testing.T, class sandbox.Class) {
 	h, _ := newHarness(t, false)
 	w := startWebHost(t)
 	u := nettest.StartDNS(t, egressRecords(w))
@@ -255,26 +259,26 @@ func testDomainsBoundary(t *testing.T, class typesv1.RuntimeClass) {
 
 	// Another domains job, whose proxy the first must not reach.
 	other := h.grantFor("echo ready; sleep 120")
-	other.NetworkPolicy = domainsPolicy("allowed.test")
-	other.RuntimeClass = class
+	other.Network = domainsPolicy("allowed.test")
+	other.Class = class
 	h.start(t, other)
-	h.waitRunning(t, other.JobId, "ready")
-	otherProxy := h.entry(other.JobId).egress.addrs[0]
+	h.waitRunning(t, other.JobID, "ready")
+	otherProxy := h.entry(other.JobID).egress.addrs[0]
 
 	g := h.grantFor(waitForGo + ". /work/cases.sh")
-	g.NetworkPolicy = domainsPolicy(egressNames...)
-	g.RuntimeClass = class
+	g.Network = domainsPolicy(egressNames...)
+	g.Class = class
 	g.Limits.Pids = 256
 	g.Limits.MemoryBytes = 512 << 20
-	g.Limits.Deadline = durationpb.New(4 * time.Minute)
+	g.Limits.Deadline = 4 * time.Minute
 	h.start(t, g)
-	h.waitRunning(t, g.JobId, "ready")
-	h.writeWork(t, g.JobId, "sni.py", sniMismatch)
-	h.writeWork(t, g.JobId, "udp.py", udpProbe)
-	h.writeWork(t, g.JobId, "tcp.py", tcpProbe)
-	h.writeWork(t, g.JobId, "cases.sh", boundaryScript(w, otherProxy))
-	h.signal(t, g.JobId)
-	out := h.waitStdout(t, g.JobId, "streaming", 3*time.Minute)
+	h.waitRunning(t, g.JobID, "ready")
+	h.writeWork(t, g.JobID, "sni.py", sniMismatch)
+	h.writeWork(t, g.JobID, "udp.py", udpProbe)
+	h.writeWork(t, g.JobID, "tcp.py", tcpProbe)
+	h.writeWork(t, g.JobID, "cases.sh", boundaryScript(w, otherProxy))
+	h.signal(t, g.JobID)
+	out := h.waitStdout(t, g.JobID, "streaming", 3*time.Minute)
 	cases := caseLines(out)
 	t.Logf("cases:\n%s", out)
 
@@ -321,20 +325,20 @@ func testDomainsBoundary(t *testing.T, class typesv1.RuntimeClass) {
 
 	// Live narrowing: allowed.test leaves the policy; the open stream is
 	// cut, a new connection refused, the wildcard still works.
-	g2 := next(g, func(g *typesv1.Grant) {
-		g.NetworkPolicy = domainsPolicy(slices.DeleteFunc(slices.Clone(egressNames), func(n string) bool { return n == "allowed.test" })...)
-		g.NetworkPolicyGeneration = 2
+	g2 := next(g, func(g *Grant) {
+		g.Network = domainsPolicy(slices.DeleteFunc(slices.Clone(egressNames), func(n string) bool { return n == "allowed.test" })...)
+		g.NetworkGeneration = 2
 	})
-	if _, err := h.m.Update(context.Background(), h.sign(t, g2)); err != nil {
+	if _, err := h.m.Update(context.Background(), h.seal(t, g2)); err != nil {
 		t.Fatal(err)
 	}
-	out = h.waitStdout(t, g.JobId, "STREAM rc=", 10*time.Second)
+	out = h.waitStdout(t, g.JobID, "STREAM rc=", 10*time.Second)
 	if strings.Contains(out, "STREAM rc=0 ") {
 		t.Errorf("the stream to allowed.test ended cleanly after the narrowing; want it cut")
 	}
-	h.writeWork(t, g.JobId, "go2", "")
-	run := h.waitEnd(t, g.JobId)
-	stdout, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobId), "stdout.log"))
+	h.writeWork(t, g.JobID, "go2", "")
+	run := h.waitEnd(t, g.JobID)
+	stdout, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobID), "stdout.log"))
 	cases = caseLines(string(stdout))
 	refused("after-narrow")
 	ok("wildcard-after-narrow", "hello a.wild.test")
@@ -343,7 +347,7 @@ func testDomainsBoundary(t *testing.T, class typesv1.RuntimeClass) {
 	}
 
 	// The record: every attempt, with why.
-	recs := readEgress(t, h, g.JobId)
+	recs := readEgress(t, h, g.JobID)
 	has := func(via, name string, allowed bool, reason string) {
 		t.Helper()
 		for _, r := range recs {
@@ -439,13 +443,13 @@ func TestDomainsFailClosed(t *testing.T) {
 	// proxy port before the job exists.
 	freebindListen(t, net.JoinHostPort(nextHostEnd(t, nm).String(), fmt.Sprint(netpolicy.ExplicitProxyPort)))
 	g := h.grantFor("echo started")
-	g.NetworkPolicy = domainsPolicy("allowed.test")
+	g.Network = domainsPolicy("allowed.test")
 	h.start(t, g)
-	run := h.waitEnd(t, g.JobId)
+	run := h.waitEnd(t, g.JobID)
 	if run.State != Failed || !strings.Contains(run.NetworkFailure, "egress proxy") {
 		t.Fatalf("a job whose proxy could not listen: state %s, network failure %q; want failed for the egress proxy", run.State, run.NetworkFailure)
 	}
-	if out, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobId), "stdout.log")); bytes.Contains(out, []byte("started")) {
+	if out, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobID), "stdout.log")); bytes.Contains(out, []byte("started")) {
 		t.Errorf("the job ran: %q", out)
 	}
 
@@ -457,17 +461,17 @@ done
 if getent hosts allowed.test; then echo "REACHED dns"; else echo "refused dns"; fi
 if curl -sS --max-time 5 http://` + w.IP.String() + `:8080/ >/dev/null 2>&1; then echo "REACHED other port"; else echo "refused other port"; fi
 echo done`)
-	g.NetworkPolicy = domainsPolicy("allowed.test")
+	g.Network = domainsPolicy("allowed.test")
 	h.start(t, g)
-	h.waitRunning(t, g.JobId, "ready")
-	e := h.entry(g.JobId)
+	h.waitRunning(t, g.JobID, "ready")
+	e := h.entry(g.JobID)
 	e.updateMu.Lock()
 	e.egress.proxy.Close()
 	e.egress.dns.Close()
 	e.updateMu.Unlock()
-	h.signal(t, g.JobId)
-	run = h.waitEnd(t, g.JobId)
-	out, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobId), "stdout.log"))
+	h.signal(t, g.JobID)
+	run = h.waitEnd(t, g.JobID)
+	out, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobID), "stdout.log"))
 	if bytes.Contains(out, []byte("REACHED")) || !bytes.Contains(out, []byte("done")) {
 		t.Errorf("after the egress services died, the job printed:\n%s", out)
 	}
@@ -514,10 +518,10 @@ func TestDomainsRebinding(t *testing.T) {
 	withDomainsNetwork(t, h, dns.Addr)
 
 	other := h.grantFor("echo ready; sleep 120")
-	other.NetworkPolicy = domainsPolicy("flip.test")
+	other.Network = domainsPolicy("flip.test")
 	h.start(t, other)
-	h.waitRunning(t, other.JobId, "ready")
-	otherJob := h.entry(other.JobId).egress.addrs[0].Next() // the other job's own address
+	h.waitRunning(t, other.JobID, "ready")
+	otherJob := h.entry(other.JobID).egress.addrs[0].Next() // the other job's own address
 
 	var script strings.Builder
 	script.WriteString(waitForGo)
@@ -529,12 +533,12 @@ func TestDomainsRebinding(t *testing.T) {
 	}
 	fmt.Fprintf(&script, "if timeout 3 bash -c 'exec 3<>/dev/tcp/%s/8080' 2>/dev/null; then echo 'other job REACHED'; else echo 'other job refused'; fi\n", otherJob)
 	g := h.grantFor(script.String())
-	g.NetworkPolicy = domainsPolicy("flip.test", "flip-dns.test")
+	g.Network = domainsPolicy("flip.test", "flip-dns.test")
 	h.start(t, g)
-	h.waitRunning(t, g.JobId, "ready")
-	h.signal(t, g.JobId)
-	run := h.waitEnd(t, g.JobId)
-	out, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobId), "stdout.log"))
+	h.waitRunning(t, g.JobID, "ready")
+	h.signal(t, g.JobID)
+	run := h.waitEnd(t, g.JobID)
+	out, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobID), "stdout.log"))
 	t.Logf("%s: %s", run.State, out)
 	for i := range internal {
 		if !strings.Contains(string(out), fmt.Sprintf("flip %d refused", i)) {
@@ -564,7 +568,7 @@ func TestDomainsRebinding(t *testing.T) {
 		t.Errorf("the job reached another job's address %s", otherJob)
 	}
 	var dialled []string
-	for _, r := range readEgress(t, h, g.JobId) {
+	for _, r := range readEgress(t, h, g.JobID) {
 		if r.Name == "flip.test" && r.Allowed {
 			dialled = append(dialled, r.Addr)
 		}
@@ -590,60 +594,59 @@ func TestDomainsModeChanges(t *testing.T) {
 		script += fmt.Sprintf("while [ ! -e /work/go%d ]; do sleep 0.05; done; try %d\n", i, i)
 	}
 	g1 := h.grantFor(script)
-	g1.NetworkPolicy = domainsPolicy("allowed.test")
+	g1.Network = domainsPolicy("allowed.test")
 	h.start(t, g1)
-	h.waitRunning(t, g1.JobId, "ready")
+	h.waitRunning(t, g1.JobID, "ready")
 	step := func(i int, want string) {
 		t.Helper()
-		h.writeWork(t, g1.JobId, fmt.Sprintf("go%d", i), "")
-		out := h.waitStdout(t, g1.JobId, fmt.Sprintf(" %d\n", i), 30*time.Second)
+		h.writeWork(t, g1.JobID, fmt.Sprintf("go%d", i), "")
+		out := h.waitStdout(t, g1.JobID, fmt.Sprintf(" %d\n", i), 30*time.Second)
 		if !strings.Contains(out, fmt.Sprintf("%s %d\n", want, i)) {
 			t.Fatalf("step %d: want %s; stdout %q", i, want, out)
 		}
 	}
 	step(1, "reached")
 
-	g2 := next(g1, func(g *typesv1.Grant) {
-		g.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_DenyAll{DenyAll: &typesv1.DenyAll{}}}
-		g.NetworkPolicyGeneration = 2
+	g2 := next(g1, func(g *Grant) {
+		g.Network = NetworkPolicy{}
+		g.NetworkGeneration = 2
 	})
-	if _, err := h.m.Update(context.Background(), h.sign(t, g2)); err != nil {
+	if _, err := h.m.Update(context.Background(), h.seal(t, g2)); err != nil {
 		t.Fatal(err)
 	}
 	step(2, "refused")
 
-	allow := next(g2, func(g *typesv1.Grant) {
-		g.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Allow{Allow: &typesv1.AllowList{
-			Rules: []*typesv1.AllowRule{{Cidr: w.IP.String() + "/32"}}}}}
-		g.NetworkPolicyGeneration = 3
+	allow := next(g2, func(g *Grant) {
+		g.Network = allowPolicy(w.IP.String() + "/32")
+		g.NetworkGeneration = 3
 	})
-	if _, err := h.m.Update(context.Background(), h.sign(t, allow)); err == nil || !strings.Contains(err.Error(), "started with a domains policy") {
+	if _, err := h.m.Update(context.Background(), h.seal(t, allow)); err == nil || !strings.Contains(err.Error(), "started with a domains policy") {
 		t.Fatalf("a domains job moved to allow: %v", err)
 	}
 
-	g3 := next(g2, func(g *typesv1.Grant) {
-		g.NetworkPolicy = domainsPolicy("allowed.test")
-		g.NetworkPolicyGeneration = 3
+	g3 := next(g2, func(g *Grant) {
+		g.Network = domainsPolicy("allowed.test")
+		g.NetworkGeneration = 3
 	})
-	if _, err := h.m.Update(context.Background(), h.sign(t, g3)); err != nil {
+	if _, err := h.m.Update(context.Background(), h.seal(t, g3)); err != nil {
 		t.Fatal(err)
 	}
 	step(3, "reached")
-	if run := h.waitEnd(t, g1.JobId); run.State != Finished {
+	if run := h.waitEnd(t, g1.JobID); run.State != Finished {
 		t.Fatalf("run ended %s %+v", run.State, run.Result)
 	}
 
 	// A job started deny_all has no proxy to move to.
 	d := h.grantFor(waitForGo)
 	h.start(t, d)
-	h.waitRunning(t, d.JobId, "ready")
-	d2 := next(d, func(g *typesv1.Grant) {
-		g.NetworkPolicy = domainsPolicy("allowed.test")
-		g.NetworkPolicyGeneration = 2
+	h.waitRunning(t, d.JobID, "ready")
+	d2 := next(d, func(g *Grant) {
+		g.Network = domainsPolicy("allowed.test")
+		g.NetworkGeneration = 2
 	})
-	if _, err := h.m.Update(context.Background(), h.sign(t, d2)); err == nil || !strings.Contains(err.Error(), "did not start with a domains policy") {
+	if _, err := h.m.Update(context.Background(), h.seal(t, d2)); err == nil || !strings.Contains(err.Error(), "did not start with a domains policy") {
 		t.Fatalf("a deny_all job moved to domains: %v", err)
 	}
-	h.signal(t, d.JobId)
-	h.waitEnd(t, d.JobId)
+	h.signal(t, d.JobID)
+	h.waitEnd(t, d.JobID)
 }

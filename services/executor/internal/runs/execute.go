@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 	"github.com/airlockhq/airlock/services/executor/internal/stage"
@@ -21,9 +20,9 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 	// What identifies the job never changes; limits and network policy
 	// are read from the grant in force when the sandbox is made.
 	m.mu.Lock()
-	g := e.grant
+	g := e.run.Grant
 	m.mu.Unlock()
-	log := m.cfg.Logger.With("job_id", g.GetJobId(), "tenant", g.GetTenant())
+	log := m.cfg.Logger.With("job_id", g.JobID, "tenant", g.Tenant)
 	// Closed on every path; the bundle reads the files by name, not these handles.
 	defer e.stdout.close()
 	defer e.stderr.close()
@@ -35,9 +34,9 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		log.Error("run failed", "error", err)
 		m.finish(e, state, &Result{Reason: reason, ExitCode: -1, Message: err.Error()})
 	}
-	src, err := m.cfg.Sources.Get(ctx, stage.Key{Tenant: g.GetTenant(), Repository: g.GetRepository(), Commit: g.GetCommit()},
+	src, err := m.cfg.Sources.Get(ctx, stage.Key{Tenant: g.Tenant, Repository: g.Repository, Commit: g.Commit},
 		func(ctx context.Context) (stage.Header, io.ReadCloser, error) {
-			return m.cfg.Authority.FetchSource(ctx, g.GetJobId())
+			return m.cfg.Authority.FetchSource(ctx, g.JobID)
 		})
 	if err != nil {
 		fail(fmt.Errorf("stage source: %w", err))
@@ -151,7 +150,7 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		note := fmt.Sprintf("left out of the patch: %d .git entries (%s)", len(gitPaths), strings.Join(gitPaths, ", "))
 		result.Message = strings.TrimPrefix(result.Message+"; "+note, "; ")
 	}
-	if err := m.writeBundle(e, g, result, patch, stat.Files, sb.OutDir()); err != nil {
+	if err := m.writeBundle(e, result, patch, stat.Files, sb.OutDir()); err != nil {
 		fail(fmt.Errorf("bundle: %w", err))
 		return
 	}
@@ -171,16 +170,16 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source) 
 	e.updateMu.Lock()
 	defer e.updateMu.Unlock()
 	m.mu.Lock()
-	g := e.grant
+	g := e.run.Grant
 	m.mu.Unlock()
 	spec := sandbox.Spec{
-		ID:         g.GetJobId(),
-		Class:      sandbox.Class(classOf(g.GetRuntimeClass())),
+		ID:         g.JobID,
+		Class:      g.Class,
 		Source:     src.Dir,
 		GitObjects: src.GitObjects,
-		Command:    g.GetCommand(),
-		Env:        g.GetEnv(),
-		Limits:     limitsOf(g.GetLimits()),
+		Command:    g.Command,
+		Env:        g.Env,
+		Limits:     g.Limits,
 		Stdout:     e.stdout,
 		Stderr:     e.stderr,
 	}
@@ -189,15 +188,14 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source) 
 		eg *jobEgress
 	)
 	if m.cfg.Network != nil {
-		p, err := policyFromProto(g.GetNetworkPolicy())
-		if err == nil {
-			opts := append(netOptions(spec.Class, p), netpolicy.Generation(g.GetNetworkPolicyGeneration()))
-			n, err = m.cfg.Network.Create(ctx, g.GetJobId(), p.net, opts...)
-		}
+		p := g.Network
+		opts := append(netOptions(spec.Class, p), netpolicy.Generation(g.NetworkGeneration))
+		var err error
+		n, err = m.cfg.Network.Create(ctx, g.JobID, p.Net, opts...)
 		if err == nil && p.domains() {
 			// Fail closed: a domains job whose proxy or DNS server cannot
 			// serve does not start.
-			if eg, err = m.startEgress(g.GetJobId(), n, p.names); err != nil {
+			if eg, err = m.startEgress(g.JobID, n, p.Names); err != nil {
 				m.closeNet(n)
 				n = nil
 			}
@@ -218,7 +216,7 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source) 
 			spec.Nameservers = eg.addrs[:1]
 		}
 	}
-	if g.GetSession() != nil {
+	if g.Session != nil {
 		spec.Command = sandbox.IdleCommand
 	}
 	if e.kept {
@@ -238,8 +236,8 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source) 
 	}
 	if src.GitObjects != "" && !e.kept {
 		// The job's own .git at its base commit; the patch never reads it.
-		if err := worktree.SeedGitDir(sb.WorkDir(), g.GetCommit(), src.Index, int(m.cfg.Sandbox.UIDBase())); err != nil {
-			m.cfg.Logger.Warn("the job gets no .git", "job_id", g.GetJobId(), "error", err)
+		if err := worktree.SeedGitDir(sb.WorkDir(), g.Commit, src.Index, int(m.cfg.Sandbox.UIDBase())); err != nil {
+			m.cfg.Logger.Warn("the job gets no .git", "job_id", g.JobID, "error", err)
 		}
 	}
 	e.sb, e.net, e.egress = sb, n, eg
@@ -274,11 +272,4 @@ func (m *Manager) closeNet(n *netpolicy.Net) {
 			log.Warn("remove network namespace", "error", err, "retry_in", min(delay*2, 30*time.Second))
 		}
 	}()
-}
-
-func limitsOf(l *typesv1.ResourceLimits) sandbox.Limits {
-	return sandbox.Limits{
-		CPUMillis: l.GetCpuMillis(), MemoryBytes: l.GetMemoryBytes(), Pids: l.GetPids(),
-		DiskBytes: l.GetDiskBytes(), Deadline: l.GetDeadline().AsDuration(),
-	}
 }

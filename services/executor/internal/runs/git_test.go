@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 	"github.com/airlockhq/airlock/services/executor/internal/stage"
 )
 
@@ -37,15 +37,15 @@ if echo x > /.airlock/git-objects/pack/planted 2>/dev/null; then echo objects:wr
 // runsc; whatever the job does to its .git changes nothing outside the
 // sandbox, and the patch is exactly its changes against the base.
 func TestJobGitRepository(t *testing.T) {
-	for _, class := range []typesv1.RuntimeClass{typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC} {
-		t.Run(class.String(), func(t *testing.T) {
+	for _, class := range []sandbox.Class{sandbox.ClassRunc, sandbox.ClassRunsc} {
+		t.Run(string(class), func(t *testing.T) {
 			h, _ := newHarness(t, false)
 			g := h.grantFor(gitScript)
-			g.RuntimeClass = class
+			g.Class = class
 			h.start(t, g)
-			run := h.waitEnd(t, g.GetJobId())
-			out, _ := os.ReadFile(filepath.Join(h.m.runDir(g.GetJobId()), "stdout.log"))
-			errOut, _ := os.ReadFile(filepath.Join(h.m.runDir(g.GetJobId()), "stderr.log"))
+			run := h.waitEnd(t, g.JobID)
+			out, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobID), "stdout.log"))
+			errOut, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobID), "stderr.log"))
 			if run.Result.ExitCode != 0 {
 				t.Fatalf("the git job failed: %+v\nstdout:\n%s\nstderr:\n%s", run.Result, out, errOut)
 			}
@@ -54,7 +54,7 @@ func TestJobGitRepository(t *testing.T) {
 					t.Errorf("stdout lacks %q:\n%s\nstderr:\n%s", want, out, errOut)
 				}
 			}
-			patch, _ := os.ReadFile(filepath.Join(h.m.runDir(g.GetJobId()), "review.patch"))
+			patch, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobID), "review.patch"))
 			p := string(patch)
 			if run.Result.FilesChanged != 2 || !strings.Contains(p, "+changed") || !strings.Contains(p, "new.txt") || strings.Contains(p, ".git/") {
 				t.Fatalf("the patch is not exactly the job's changes (%d files):\n%s", run.Result.FilesChanged, p)
@@ -78,6 +78,6 @@ func TestJobGitRepository(t *testing.T) {
 	}
 }
 
-func stageKey(h *harness, g *typesv1.Grant) stage.Key {
-	return stage.Key{Tenant: g.GetTenant(), Repository: g.GetRepository(), Commit: g.GetCommit()}
+func stageKey(h *harness, g *Grant) stage.Key {
+	return stage.Key{Tenant: g.Tenant, Repository: g.Repository, Commit: g.Commit}
 }

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/nettest"
-	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 )
 
 // startTestHost makes a test host (package nettest) with a TCP listener
@@ -47,19 +46,19 @@ func TestUpdateNetworkPolicy(t *testing.T) {
 	}
 	g1 := h.grantFor(script)
 	h.start(t, g1)
-	h.waitRunning(t, g1.JobId, "ready")
+	h.waitRunning(t, g1.JobID, "ready")
 
 	step := func(i int, want string) {
 		t.Helper()
 		h.m.mu.Lock()
-		sb := h.m.runs[g1.JobId].sb
+		sb := h.m.runs[g1.JobID].sb
 		h.m.mu.Unlock()
 		if err := os.WriteFile(filepath.Join(sb.WorkDir(), fmt.Sprintf("go%d", i)), nil, 0o644); err != nil {
 			t.Fatal(err)
 		}
 		end := time.Now().Add(30 * time.Second)
 		for {
-			out, _ := os.ReadFile(filepath.Join(h.m.runDir(g1.JobId), "stdout.log"))
+			out, _ := os.ReadFile(filepath.Join(h.m.runDir(g1.JobID), "stdout.log"))
 			if strings.Contains(string(out), fmt.Sprintf("reached %d", i)) || strings.Contains(string(out), fmt.Sprintf("refused %d", i)) {
 				if !strings.Contains(string(out), fmt.Sprintf("%s %d", want, i)) {
 					t.Fatalf("step %d: want %q; stdout %q (a job that never reaches an allowed host may not be in its Net's namespace: sandbox.Spec.NetNS)", i, want, out)
@@ -77,39 +76,38 @@ func TestUpdateNetworkPolicy(t *testing.T) {
 	var applied time.Time
 	check := func(r Run, gen int64) {
 		t.Helper()
-		g := grantOf(t, r)
-		if g.GetNetworkPolicyGeneration() != gen || r.NetworkFailure != "" || !r.NetworkUpdatedAt.After(applied) {
+		g := r.Grant
+		if g.NetworkGeneration != gen || r.NetworkFailure != "" || !r.NetworkUpdatedAt.After(applied) {
 			t.Fatalf("run under network generation %d (failure %q, applied at %s); want %d applied after %s",
-				g.GetNetworkPolicyGeneration(), r.NetworkFailure, r.NetworkUpdatedAt, gen, applied)
+				g.NetworkGeneration, r.NetworkFailure, r.NetworkUpdatedAt, gen, applied)
 		}
 		applied = r.NetworkUpdatedAt
 	}
-	check(must2(h.m.Get(g1.JobId)), 1)
+	check(must2(h.m.Get(g1.JobID)), 1)
 	step(1, "refused")
 
-	g2 := next(g1, func(g *typesv1.Grant) {
-		g.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Allow{Allow: &typesv1.AllowList{
-			Rules: []*typesv1.AllowRule{{Cidr: dest.Addr().String() + "/32", Ports: []uint32{uint32(dest.Port())}}}}}}
-		g.NetworkPolicyGeneration = 2
+	g2 := next(g1, func(g *Grant) {
+		g.Network = allowPolicy(dest.Addr().String()+"/32", dest.Port())
+		g.NetworkGeneration = 2
 	})
-	r2, err := h.m.Update(context.Background(), h.sign(t, g2))
+	r2, err := h.m.Update(context.Background(), h.seal(t, g2))
 	if err != nil {
 		t.Fatal(err)
 	}
 	check(r2, 2)
 	step(2, "reached")
 
-	g3 := next(g2, func(g *typesv1.Grant) {
-		g.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_DenyAll{DenyAll: &typesv1.DenyAll{}}}
-		g.NetworkPolicyGeneration = 3
+	g3 := next(g2, func(g *Grant) {
+		g.Network = NetworkPolicy{}
+		g.NetworkGeneration = 3
 	})
-	r3, err := h.m.Update(context.Background(), h.sign(t, g3))
+	r3, err := h.m.Update(context.Background(), h.seal(t, g3))
 	if err != nil {
 		t.Fatal(err)
 	}
 	check(r3, 3)
 	step(3, "refused")
-	if run := h.waitEnd(t, g1.JobId); run.State != Finished || run.Result.ExitCode != 0 {
+	if run := h.waitEnd(t, g1.JobID); run.State != Finished || run.Result.ExitCode != 0 {
 		t.Fatalf("run ended %s %+v", run.State, run.Result)
 	}
 }

@@ -2,10 +2,14 @@ package runs
 
 import (
 	"context"
+	"encoding/json"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
 
 // TestRecoverReportsRestartOnce leaves a run in flight, as an executor
@@ -44,5 +48,46 @@ func TestRecoverReportsRestartOnce(t *testing.T) {
 			t.Fatal("Recover reported nothing")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestNewOldRecord: a record written before records kept the Grant gets
+// it from Config.DecodeGrant, given its signed grant; one that keeps it is
+// read as it is, with its signed grant beside it.
+func TestNewOldRecord(t *testing.T) {
+	dir := t.TempDir()
+	kept := Grant{JobID: "job-new", Generation: 2, Limits: sandbox.Limits{Pids: 7}, Session: &SessionSpec{MaxConcurrentExecs: 3}}
+	for _, r := range []Run{
+		{JobID: "job-old", State: Finished, SignedGrant: []byte("old signed grant")},
+		{JobID: "job-new", State: Finished, SignedGrant: []byte("new signed grant"), Grant: kept},
+	} {
+		data, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(dir, r.JobID), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, r.JobID, "run.json"), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var decoded [][]byte
+	m, err := New(Config{Dir: dir, DecodeGrant: func(signed []byte) (Grant, error) {
+		decoded = append(decoded, signed)
+		return Grant{JobID: "job-old", Generation: 5}, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(decoded) != 1 || string(decoded[0]) != "old signed grant" {
+		t.Fatalf("DecodeGrant was given %q, want the old record's signed grant alone", decoded)
+	}
+	if r, _ := m.Get("job-old"); r.Grant.JobID != "job-old" || r.Grant.Generation != 5 {
+		t.Errorf("old record's grant: %+v", r.Grant)
+	}
+	r, _ := m.Get("job-new")
+	if r.Grant.Generation != 2 || r.Grant.Limits.Pids != 7 || r.Grant.Session == nil || r.Grant.Session.MaxConcurrentExecs != 3 || string(r.Grant.Signed) != "new signed grant" {
+		t.Errorf("new record's grant: %+v", r.Grant)
 	}
 }

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
-	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
 
 // TestSessionKeptAcrossRestart stops the executor under a running session
@@ -21,8 +21,8 @@ import (
 // /work changes and /out, not /tmp; a retried exec id is still the exec it
 // was; and its bundle at the finish has the whole patch and every exec.
 func TestSessionKeptAcrossRestart(t *testing.T) {
-	for _, class := range []typesv1.RuntimeClass{typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC} {
-		t.Run(class.String(), func(t *testing.T) {
+	for _, class := range []sandbox.Class{sandbox.ClassRunc, sandbox.ClassRunsc} {
+		t.Run(string(class), func(t *testing.T) {
 			h, _ := newHarness(t, false)
 			sid := h.startSession(t, h.sessionGrant(class, time.Minute))
 			h.execWait(t, sid, sh("write", "echo kept > /work/kept.txt && echo out > /out/o.txt && echo tmp > /tmp/t"))
@@ -103,8 +103,8 @@ func TestSessionKeptAcrossRestart(t *testing.T) {
 // is still bound by its deadline, counted from its first start.
 func TestSessionSuspendedExpiresAfterRestart(t *testing.T) {
 	h, _ := newHarness(t, false)
-	g := h.sessionGrant(typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, time.Minute)
-	g.Limits.Deadline.Seconds = 6
+	g := h.sessionGrant(sandbox.ClassRunc, time.Minute)
+	g.Limits.Deadline = 6 * time.Second
 	sid := h.startSession(t, g)
 	h.execWait(t, sid, sh("write", "echo x > /work/x"))
 	h.m.Close()

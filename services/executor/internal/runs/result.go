@@ -5,13 +5,9 @@ import (
 	"path/filepath"
 	"slices"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/airlockhq/airlock/pkg/atomicfile"
 	"github.com/airlockhq/airlock/pkg/bundle"
-	"github.com/airlockhq/airlock/pkg/grant"
 	"github.com/airlockhq/airlock/pkg/provenance"
-	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 )
 
 // bundleMeta is result.json inside a bundle.
@@ -34,7 +30,7 @@ type bundleMeta struct {
 	FileWrites []FileWrite `json:"file_writes,omitempty"`
 }
 
-func (m *Manager) writeBundle(e *entry, g *typesv1.Grant, result *Result, patch []byte, files []bundle.FileChange, outDir string) error {
+func (m *Manager) writeBundle(e *entry, result *Result, patch []byte, files []bundle.FileChange, outDir string) error {
 	// The grant in force at the end: the one the run's last limits and
 	// network policy came from.
 	m.mu.Lock()
@@ -42,26 +38,19 @@ func (m *Manager) writeBundle(e *entry, g *typesv1.Grant, result *Result, patch 
 	execs := e.execRecords()
 	writes := slices.Clone(e.writes)
 	m.mu.Unlock()
-	sg, err := run.Grant()
-	if err != nil {
-		return err
-	}
+	g := run.Grant
 	_, outCut := e.stdout.state()
 	_, errCut := e.stderr.state()
 	dir := m.runDir(e.run.JobID)
 	meta := bundleMeta{
-		JobID: g.GetJobId(), Tenant: g.GetTenant(), Repository: g.GetRepository(), Commit: g.GetCommit(),
-		GrantDigest: grant.Digest(sg), Command: g.GetCommand(), Result: result,
+		JobID: g.JobID, Tenant: g.Tenant, Repository: g.Repository, Commit: g.Commit,
+		GrantDigest: g.Digest, Command: g.Command, Result: result,
 		StdoutTruncated: outCut, StderrTruncated: errCut, Execs: execs, FileWrites: writes,
 	}
 	// The whole signed grant (body, signature, key id), so whoever holds
 	// the bundle can check the authority signed what it says.
-	signedGrant, err := proto.MarshalOptions{Deterministic: true}.Marshal(sg)
-	if err != nil {
-		return err
-	}
 	in := bundle.Input{
-		Meta: &meta, Grant: signedGrant, Files: files, Patch: patch,
+		Meta: &meta, Grant: run.SignedGrant, Files: files, Patch: patch,
 		StdoutPath: filepath.Join(dir, "stdout.log"), StderrPath: filepath.Join(dir, "stderr.log"),
 		OutDir: outDir,
 	}
@@ -74,8 +63,8 @@ func (m *Manager) writeBundle(e *entry, g *typesv1.Grant, result *Result, patch 
 	}
 	result.BundleDigest, result.BundleSize = res.Digest, res.Size
 	env, err := m.cfg.Sign("bundle.tar", res.Digest, provenance.Run{
-		JobID: g.GetJobId(), Tenant: g.GetTenant(), Requester: g.GetRequester(), Repository: g.GetRepository(),
-		BaseCommit: g.GetCommit(), GrantDigest: grant.Digest(sg), Executor: m.cfg.Executor,
+		JobID: g.JobID, Tenant: g.Tenant, Requester: g.Requester, Repository: g.Repository,
+		BaseCommit: g.Commit, GrantDigest: g.Digest, Executor: m.cfg.Executor,
 		RuntimeClass: string(result.Class), RuntimeVersion: result.RuntimeVersion, TemplateVersion: result.TemplateVersion,
 		Reason: string(result.Reason), ExitCode: result.ExitCode, StartedOn: run.StartedAt, FinishedOn: m.cfg.Now(),
 	})

@@ -1,11 +1,13 @@
-// Package runs owns the executor's runs: it accepts a job only with a valid
-// grant the authority signed, runs it at most once per job id, stages its
-// source, runs it in the sandbox behind its network policy, puts a newer
-// grant's limits and policy in force while it runs, builds and signs its
-// result bundle, reports the outcome to the authority, and serves state,
-// output and bundles to the API. Run records survive restarts; a run that was in
-// flight when the executor died is cleaned up and reported failed. Only the
-// executor's api and server packages import it.
+// Package runs owns the executor's runs: it takes a job's grant (a Grant,
+// which the adapter made from a grant whose signature it verified), runs it
+// at most once per job id, stages its source, runs it in the sandbox behind
+// its network policy, puts a newer grant's limits and policy in force while
+// it runs, builds and signs its result bundle, reports the outcome to the
+// authority, and serves state, output and bundles to the API. Run records
+// survive restarts; a run that was in flight when the executor died is
+// cleaned up and reported failed. It imports no grpc or proto: the signed
+// grant is opaque bytes here. Only the executor's api, convert and server
+// packages import it.
 package runs
 
 import (
@@ -16,16 +18,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sync"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/airlockhq/airlock/pkg/atomicfile"
-	"github.com/airlockhq/airlock/pkg/grant"
 	"github.com/airlockhq/airlock/pkg/provenance"
-	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 	"github.com/airlockhq/airlock/services/executor/internal/stage"
@@ -69,9 +66,12 @@ type Result struct {
 
 // Run is the record of one job's execution.
 type Run struct {
-	JobID       string    `json:"job_id"`
-	State       State     `json:"state"`
-	SignedGrant []byte    `json:"signed_grant"` // the grant in force (Update replaces it), a serialized typesv1.SignedGrant
+	JobID string `json:"job_id"`
+	State State  `json:"state"`
+	// SignedGrant is the grant in force (Update replaces it) as the
+	// authority signed it, and Grant the same grant as runs uses it.
+	SignedGrant []byte    `json:"signed_grant"`
+	Grant       Grant     `json:"grant"`
 	CreatedAt   time.Time `json:"created_at"`
 	StartedAt   time.Time `json:"started_at,omitzero"`
 	FinishedAt  time.Time `json:"finished_at,omitzero"`
@@ -95,12 +95,6 @@ type Run struct {
 	SuspendReason sandbox.Reason `json:"suspend_reason,omitempty"`
 }
 
-// Grant returns the run's signed grant.
-func (r *Run) Grant() (*typesv1.SignedGrant, error) {
-	sg := &typesv1.SignedGrant{}
-	return sg, proto.Unmarshal(r.SignedGrant, sg)
-}
-
 // Authority is the executor's view of the authority.
 type Authority interface {
 	// FetchSource opens the tree of the job's commit.
@@ -114,10 +108,13 @@ type Signer func(bundleName, digest string, run provenance.Run) ([]byte, error)
 
 // Config is what the manager needs.
 type Config struct {
-	Dir      string // where run records, output and bundles live
-	Verifier *grant.Verifier
-	Sandbox  *sandbox.Manager
-	Sources  *stage.Cache
+	Dir string // where run records, output and bundles live
+	// DecodeGrant makes the Grant of a record written before records kept
+	// one, from its signed grant (verified when the run was accepted);
+	// nil leaves such a record's Grant zero.
+	DecodeGrant func(signed []byte) (Grant, error)
+	Sandbox     *sandbox.Manager
+	Sources     *stage.Cache
 	// Network makes each job's network namespace and enforces its policy.
 	Network *netpolicy.Manager
 	// Resolver resolves names for jobs with a domains policy (their egress
@@ -158,7 +155,6 @@ type Manager struct {
 // entry is a run in memory: its record, its output, and how to stop it.
 type entry struct {
 	run     Run
-	grant   *typesv1.Grant // the grant in force; written under both locks
 	stdout  *output
 	stderr  *output
 	cancel  context.CancelFunc
@@ -218,8 +214,6 @@ type entry struct {
 	kept bool
 }
 
-var jobIDFormat = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
-
 // New loads existing run records from cfg.Dir.
 func New(cfg Config) (*Manager, error) {
 	if cfg.OutputLimit == 0 {
@@ -252,15 +246,15 @@ func New(cfg Config) (*Manager, error) {
 		if err := json.Unmarshal(data, &r); err != nil {
 			return nil, fmt.Errorf("runs: %s: %w", d.Name(), err)
 		}
-		e := &entry{run: r, changed: make(chan struct{})}
 		// The grant was verified when the run was accepted; the record is
 		// the executor's own.
-		if sg, err := r.Grant(); err == nil {
-			g := &typesv1.Grant{}
-			if proto.Unmarshal(sg.GetBody(), g) == nil {
-				e.grant = g
+		r.Grant.Signed = r.SignedGrant
+		if r.Grant.JobID == "" && cfg.DecodeGrant != nil {
+			if g, err := cfg.DecodeGrant(r.SignedGrant); err == nil {
+				r.Grant = g
 			}
 		}
+		e := &entry{run: r, changed: make(chan struct{})}
 		if err := m.loadExecs(e); err != nil {
 			return nil, err
 		}

@@ -113,11 +113,11 @@ type execEntry struct {
 
 // sessionOf is e's session spec, nil for a job. Callers hold m.mu.
 func (e *entry) session() (idle time.Duration, maxExecs int, ok bool) {
-	s := e.grant.GetSession()
+	s := e.run.Grant.Session
 	if s == nil {
 		return 0, 0, false
 	}
-	idle, maxExecs = s.GetIdleTimeout().AsDuration(), int(s.GetMaxConcurrentExecs())
+	idle, maxExecs = s.IdleTimeout, s.MaxConcurrentExecs
 	if idle <= 0 {
 		idle = DefaultIdleTimeout
 	}
@@ -544,7 +544,7 @@ func (m *Manager) Resume(jobID string) (Run, error) {
 	switch {
 	case e.run.Suspended && !e.resumeAsked:
 		// Its memory and CPU were given back while it was suspended.
-		if err := m.cfg.Capacity.admit(m.held(e), limitsOf(e.grant.GetLimits())); err != nil {
+		if err := m.cfg.Capacity.admit(m.held(e), e.run.Grant.Limits); err != nil {
 			return Run{}, fmt.Errorf("session %s stays suspended: %w", jobID, err)
 		}
 		e.resumeAsked = true

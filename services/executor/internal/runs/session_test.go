@@ -13,42 +13,38 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/durationpb"
-
 	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/pkg/errdefs"
-	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
 
 // sessionGrant is generation 1 of a session.
-func (h *harness) sessionGrant(class typesv1.RuntimeClass, idle time.Duration) *typesv1.Grant {
+func (h *harness) sessionGrant(class sandbox.Class, idle time.Duration) *Grant {
 	g := h.grantFor("")
-	g.JobId = fmt.Sprintf("sess-%d", testSeq.Add(1))
+	g.JobID = fmt.Sprintf("sess-%d", testSeq.Add(1))
 	g.Command = nil
-	g.RuntimeClass = class
-	g.Session = &typesv1.SessionSpec{IdleTimeout: durationpb.New(idle), MaxConcurrentExecs: 4}
+	g.Class = class
+	g.Session = &SessionSpec{IdleTimeout: idle, MaxConcurrentExecs: 4}
 	return g
 }
 
-func (h *harness) startSession(t *testing.T, g *typesv1.Grant) string {
+func (h *harness) startSession(t *testing.T, g *Grant) string {
 	t.Helper()
 	h.start(t, g)
 	end := time.Now().Add(60 * time.Second)
 	for {
-		run, err := h.m.Get(g.GetJobId())
+		run, err := h.m.Get(g.JobID)
 		if err != nil {
 			t.Fatal(err)
 		}
 		h.m.mu.Lock()
-		up := h.m.runs[g.GetJobId()].live != nil
+		up := h.m.runs[g.JobID].live != nil
 		h.m.mu.Unlock()
 		if run.State == Running && up {
-			return g.GetJobId()
+			return g.JobID
 		}
 		if run.State.Terminal() || time.Now().After(end) {
-			t.Fatalf("session %s did not come up: %s %+v", g.GetJobId(), run.State, run.Result)
+			t.Fatalf("session %s did not come up: %s %+v", g.JobID, run.State, run.Result)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -88,8 +84,8 @@ func sh(id, script string) ExecSpec { return ExecSpec{ID: id, Argv: []string{"sh
 // runsc: write a file, run a failing test, edit, run it again, passing;
 // finish. The bundle carries the patch and every exec, in order.
 func TestSessionAgentLoop(t *testing.T) {
-	for _, class := range []typesv1.RuntimeClass{typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC} {
-		t.Run(class.String(), func(t *testing.T) {
+	for _, class := range []sandbox.Class{sandbox.ClassRunc, sandbox.ClassRunsc} {
+		t.Run(string(class), func(t *testing.T) {
 			h, _ := newHarness(t, false)
 			sid := h.startSession(t, h.sessionGrant(class, time.Minute))
 			test := `[ "$(cat answer)" = 42 ] || { echo "want 42, got $(cat answer)" >&2; exit 1; }`
@@ -154,7 +150,7 @@ func TestSessionAgentLoop(t *testing.T) {
 // watcher that drops mid-exec changes nothing.
 func TestExecIDs(t *testing.T) {
 	h, _ := newHarness(t, false)
-	sid := h.startSession(t, h.sessionGrant(typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, time.Minute))
+	sid := h.startSession(t, h.sessionGrant(sandbox.ClassRunc, time.Minute))
 	appendOnce := sh("append-1", "echo line >> /work/log; echo 0123456789; sleep 1")
 	x, created, err := h.m.StartExec(sid, appendOnce)
 	if err != nil || !created || x.State != ExecRunning {
@@ -265,7 +261,7 @@ func TestExecIDs(t *testing.T) {
 // deadline ends timeout.
 func TestSessionTimeouts(t *testing.T) {
 	h, _ := newHarness(t, false)
-	sid := h.startSession(t, h.sessionGrant(typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, time.Minute))
+	sid := h.startSession(t, h.sessionGrant(sandbox.ClassRunc, time.Minute))
 	if _, _, err := h.m.StartExec(sid, sh("bg", "sleep 30")); err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +282,7 @@ func TestSessionTimeouts(t *testing.T) {
 		t.Fatalf("cancelled exec: %+v", bg)
 	}
 
-	idle := h.startSession(t, h.sessionGrant(typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, 2*time.Second))
+	idle := h.startSession(t, h.sessionGrant(sandbox.ClassRunc, 2*time.Second))
 	h.execWait(t, idle, sh("one", "true"))
 	start := time.Now()
 	if run := h.waitEnd(t, idle); run.Result.Reason != ReasonIdleTimeout || run.State != Finished {
@@ -296,9 +292,9 @@ func TestSessionTimeouts(t *testing.T) {
 		t.Fatalf("the idle session ended %s after its last exec", d)
 	}
 
-	g := h.sessionGrant(typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, time.Minute)
-	g.Limits = proto.Clone(baseLimits).(*typesv1.ResourceLimits)
-	g.Limits.Deadline = durationpb.New(3 * time.Second)
+	g := h.sessionGrant(sandbox.ClassRunc, time.Minute)
+	g.Limits = baseLimits
+	g.Limits.Deadline = 3 * time.Second
 	late := h.startSession(t, g)
 	if _, _, err := h.m.StartExec(late, sh("long", "sleep 60")); err != nil {
 		t.Fatal(err)
@@ -322,13 +318,9 @@ func TestSessionRecover(t *testing.T) {
 	h, _ := newHarness(t, false)
 	sid := "sess-crashed"
 	dir := h.m.runDir(sid)
-	sg := h.sign(t, h.sessionGrant(typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, time.Minute))
-	raw, err := proto.Marshal(sg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := h.seal(t, h.sessionGrant(sandbox.ClassRunc, time.Minute))
 	h.m.mu.Lock()
-	e := &entry{run: Run{JobID: sid, State: Running, SignedGrant: raw, CreatedAt: time.Now()}, changed: make(chan struct{})}
+	e := &entry{run: Run{JobID: sid, State: Running, SignedGrant: g.Signed, Grant: g, CreatedAt: time.Now()}, changed: make(chan struct{})}
 	h.m.mu.Unlock()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
@@ -374,14 +366,14 @@ func TestSessionRecover(t *testing.T) {
 // and its execs alive past the old one, and the sandbox's limits follow.
 func TestSessionUpdate(t *testing.T) {
 	h, _ := newHarness(t, false)
-	g := h.sessionGrant(typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, time.Minute)
-	g.Limits.Deadline = durationpb.New(4 * time.Second)
+	g := h.sessionGrant(sandbox.ClassRunc, time.Minute)
+	g.Limits.Deadline = 4 * time.Second
 	sid := h.startSession(t, g)
-	g2 := next(g, func(g *typesv1.Grant) {
-		g.Limits.Deadline = durationpb.New(time.Minute)
+	g2 := next(g, func(g *Grant) {
+		g.Limits.Deadline = time.Minute
 		g.Limits.Pids = 100
 	})
-	if _, err := h.m.Update(context.Background(), h.sign(t, g2)); err != nil {
+	if _, err := h.m.Update(context.Background(), h.seal(t, g2)); err != nil {
 		t.Fatalf("Update: %v", err)
 	}
 	time.Sleep(5 * time.Second)
@@ -396,8 +388,8 @@ func TestSessionUpdate(t *testing.T) {
 		t.Fatalf("the sandbox's limits after the update: %+v", lim)
 	}
 	// A changed session spec is not a change Update applies.
-	g3 := next(g2, func(g *typesv1.Grant) { g.Session.MaxConcurrentExecs = 16 })
-	if _, err := h.m.Update(context.Background(), h.sign(t, g3)); err == nil {
+	g3 := next(g2, func(g *Grant) { g.Session.MaxConcurrentExecs = 16 })
+	if _, err := h.m.Update(context.Background(), h.seal(t, g3)); err == nil {
 		t.Fatal("Update changed the session spec")
 	}
 	if _, err := h.m.Finish(sid); err != nil {
@@ -434,8 +426,8 @@ func (h *harness) waitRun(t *testing.T, sid, what string, cond func(Run, bool) b
 // resumed session runs on them; another session sees none of it; a
 // suspended session can be finished, and its deadline counts on.
 func TestSessionSuspendResume(t *testing.T) {
-	for _, class := range []typesv1.RuntimeClass{typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC} {
-		t.Run(class.String(), func(t *testing.T) {
+	for _, class := range []sandbox.Class{sandbox.ClassRunc, sandbox.ClassRunsc} {
+		t.Run(string(class), func(t *testing.T) {
 			h, _ := newHarness(t, false)
 			sid := h.startSession(t, h.sessionGrant(class, time.Minute))
 			h.execWait(t, sid, sh("setup", "echo kept >> README; mkdir -p /out/r; echo out > /out/r/x; echo t > /tmp/t; echo h > /root/h"))
@@ -488,8 +480,8 @@ func TestSessionSuspendResume(t *testing.T) {
 	}
 	t.Run("deadline", func(t *testing.T) {
 		h, _ := newHarness(t, false)
-		g := h.sessionGrant(typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, time.Minute)
-		g.Limits.Deadline = durationpb.New(4 * time.Second)
+		g := h.sessionGrant(sandbox.ClassRunc, time.Minute)
+		g.Limits.Deadline = 4 * time.Second
 		sid := h.startSession(t, g)
 		if _, err := h.m.Suspend(sid); err != nil {
 			t.Fatal(err)
@@ -522,7 +514,7 @@ func (r *stallReader) Read(p []byte) (int, error) {
 // upload is refused and nothing of it reaches the patch.
 func TestSessionFilesFence(t *testing.T) {
 	h, _ := newHarness(t, false)
-	sid := h.startSession(t, h.sessionGrant(typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, time.Minute))
+	sid := h.startSession(t, h.sessionGrant(sandbox.ClassRunc, time.Minute))
 	h.execWait(t, sid, sh("big", "head -c 4000000 /dev/zero > /work/big.bin"))
 	stall := &stallReader{first: []byte("half of it\n"), release: make(chan struct{})}
 	defer close(stall.release)
@@ -562,9 +554,9 @@ func TestSessionFilesFence(t *testing.T) {
 // to the executor's capacity, and is resumed only when it fits again.
 func TestSessionSuspendedCapacity(t *testing.T) {
 	h, _ := newHarnessWith(t, false, Capacity{MemoryBytes: 384 << 20})
-	sid := h.startSession(t, h.sessionGrant(typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, time.Minute))
+	sid := h.startSession(t, h.sessionGrant(sandbox.ClassRunc, time.Minute))
 	job := h.grantFor("echo up; sleep 60")
-	if _, _, err := h.m.Start(h.sign(t, job)); !errors.Is(err, errdefs.ErrResourceExhausted) {
+	if _, _, err := h.m.Start(h.seal(t, job)); !errors.Is(err, errdefs.ErrResourceExhausted) {
 		t.Fatalf("a second 256 MiB run beside a running 256 MiB session in 384 MiB: %v", err)
 	}
 	if _, err := h.m.Suspend(sid); err != nil {
@@ -572,14 +564,14 @@ func TestSessionSuspendedCapacity(t *testing.T) {
 	}
 	h.waitRun(t, sid, "suspended", func(r Run, _ bool) bool { return r.Suspended })
 	h.start(t, job)
-	h.waitRunning(t, job.GetJobId(), "up")
+	h.waitRunning(t, job.JobID, "up")
 	if _, err := h.m.Resume(sid); !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "stays suspended") {
 		t.Fatalf("Resume beside the job that took its memory: %v", err)
 	}
-	if _, err := h.m.Cancel(job.GetJobId()); err != nil {
+	if _, err := h.m.Cancel(job.JobID); err != nil {
 		t.Fatal(err)
 	}
-	h.waitEnd(t, job.GetJobId())
+	h.waitEnd(t, job.JobID)
 	if _, err := h.m.Resume(sid); err != nil {
 		t.Fatalf("Resume once it fits: %v", err)
 	}

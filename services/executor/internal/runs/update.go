@@ -1,37 +1,19 @@
 package runs
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
-
 	"github.com/airlockhq/airlock/pkg/errdefs"
-	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
 
-// changeable are the Grant fields a newer grant of a running job may
-// change. Every other field, including any added later, must stay as it
-// was: a grant cannot make a job run something else, somewhere else, for
-// someone else.
-var changeable = map[protoreflect.Name]bool{
-	"limits":                    true,
-	"network_policy":            true,
-	"network_policy_generation": true,
-	"generation":                true,
-	"issued_at":                 true,
-	"expires_at":                true,
-}
-
 // Update puts a newer grant of a staging or running job in force: its
 // limits on the live sandbox and its network policy in the job's
 // namespace, and only once both are in force does the run's grant become
-// sg. A run still staging takes the new grant's limits and policy when its
+// g. A run still staging takes the new grant's limits and policy when its
 // sandbox is made. On error the grant in force stays and so do its limits
 // and policy. Sending the grant in force again returns the run as it is.
 //
@@ -42,16 +24,14 @@ var changeable = map[protoreflect.Name]bool{
 // job is then stopped (failed, its result saying why) rather than left
 // running under limits no grant in force gave it.
 //
-// sg must verify like a grant to Start, have a higher generation than the
-// grant in force, and differ from it only in limits, network policy and
-// their generations and times. Raised memory or CPU must fit beside the
+// g must have been verified like a grant to Start, have a higher
+// generation than the grant in force, and differ from it only in limits,
+// network policy and their generations and times (its Fixed fields must
+// be those of the grant in force: a grant cannot make a job run something
+// else, somewhere else, for someone else). Raised memory or CPU must fit beside the
 // other runs (Config.Capacity); lowered limits always do.
-func (m *Manager) Update(ctx context.Context, sg *typesv1.SignedGrant) (Run, error) {
-	g, err := m.verify(sg)
-	if err != nil {
-		return Run{}, err
-	}
-	id := g.GetJobId()
+func (m *Manager) Update(ctx context.Context, g Grant) (Run, error) {
+	id := g.JobID
 	m.mu.Lock()
 	e, ok := m.runs[id]
 	m.mu.Unlock()
@@ -63,43 +43,35 @@ func (m *Manager) Update(ctx context.Context, sg *typesv1.SignedGrant) (Run, err
 	m.mu.Lock()
 	run := e.run
 	m.mu.Unlock()
-	curSG, err := run.Grant()
-	if err != nil {
-		return Run{}, fmt.Errorf("run %s: stored grant: %w", id, err)
-	}
-	if bytes.Equal(curSG.GetBody(), sg.GetBody()) {
+	cur := run.Grant
+	if cur.Digest == g.Digest {
 		return run, nil
 	}
 	if run.State.Terminal() {
 		return Run{}, fmt.Errorf("%w: job %s has ended (%s)", errdefs.ErrFailedPrecondition, id, run.State)
 	}
-	// The stored body verified when it was accepted.
-	cur := &typesv1.Grant{}
-	if err := proto.Unmarshal(curSG.GetBody(), cur); err != nil {
-		return Run{}, fmt.Errorf("run %s: stored grant: %w", id, err)
-	}
 	// A grant without a generation is generation 1, as the authority
 	// takes it.
-	if max(g.GetGeneration(), 1) <= max(cur.GetGeneration(), 1) {
+	if max(g.Generation, 1) <= max(cur.Generation, 1) {
 		return Run{}, fmt.Errorf("%w: grant generation %d: job %s runs under generation %d; only a higher one applies",
-			errdefs.ErrFailedPrecondition, g.GetGeneration(), id, cur.GetGeneration())
+			errdefs.ErrFailedPrecondition, g.Generation, id, cur.Generation)
 	}
 	if f := fixedFieldChanged(cur, g); f != "" {
 		return Run{}, fmt.Errorf("%w: grant field %s differs from the grant job %s runs under; only limits and network policy may change",
 			errdefs.ErrPermissionDenied, f, id)
 	}
-	lim := limitsOf(g.GetLimits())
-	if lim.DiskBytes != cur.GetLimits().GetDiskBytes() {
+	lim := g.Limits
+	if lim.DiskBytes != cur.Limits.DiskBytes {
 		// Refused in staging too, so the answer does not depend on how far
 		// the job has got.
 		return Run{}, fmt.Errorf("%w: limits.disk_bytes %d: cannot change on a running job: the scratch filesystem is sized when the sandbox is made",
 			errdefs.ErrInvalidArgument, lim.DiskBytes)
 	}
-	if err := sandbox.CheckLimits(sandbox.Class(classOf(g.GetRuntimeClass())), lim); err != nil {
+	if err := sandbox.CheckLimits(g.Class, lim); err != nil {
 		return Run{}, err
 	}
-	policy, err := m.policyOf(g.GetNetworkPolicy())
-	if err != nil {
+	policy := g.Network
+	if err := m.checkEnforceable(policy); err != nil {
 		return Run{}, err
 	}
 	netChanged, err := networkChange(cur, g)
@@ -111,7 +83,7 @@ func (m *Manager) Update(ctx context.Context, sg *typesv1.SignedGrant) (Run, err
 	// force is the new one or the update failed, so no Start or other
 	// Update takes what this one may put in force meanwhile.
 	m.mu.Lock()
-	err = m.cfg.Capacity.refit(m.held(e), limitsOf(cur.GetLimits()), lim)
+	err = m.cfg.Capacity.refit(m.held(e), cur.Limits, lim)
 	if err == nil {
 		e.raising = &lim
 	}
@@ -125,7 +97,7 @@ func (m *Manager) Update(ctx context.Context, sg *typesv1.SignedGrant) (Run, err
 		m.mu.Unlock()
 	}()
 
-	netGen := g.GetNetworkPolicyGeneration()
+	netGen := g.NetworkGeneration
 	netErr := func(err error) error {
 		if errors.Is(err, netpolicy.ErrUnavailable) {
 			err = fmt.Errorf("%w: %v", errdefs.ErrUnavailable, err)
@@ -136,11 +108,11 @@ func (m *Manager) Update(ctx context.Context, sg *typesv1.SignedGrant) (Run, err
 	// changes (runsc's deny-all cannot be widened, the namespace is gone):
 	// a shortened deadline must not end the job for an update that fails.
 	if netChanged && e.net != nil {
-		started := jobPolicy{net: netpolicy.Policy{Proxied: e.egress != nil}}
+		started := NetworkPolicy{Net: netpolicy.Policy{Proxied: e.egress != nil}}
 		if err := checkModeChange(started, policy); err != nil {
 			return Run{}, netErr(err)
 		}
-		if err := e.net.CanApply(policy.net, netGen); err != nil {
+		if err := e.net.CanApply(policy.Net, netGen); err != nil {
 			return Run{}, netErr(err)
 		}
 	}
@@ -160,7 +132,7 @@ func (m *Manager) Update(ctx context.Context, sg *typesv1.SignedGrant) (Run, err
 					// gave it (say a raised memory limit it now uses):
 					// it is stopped instead, and its result says why.
 					m.abort(e, fmt.Sprintf("grant generation %d failed (%v) and the limits of the grant in force could not be restored (%v); the job was stopped rather than run under limits no grant in force gave it",
-						g.GetGeneration(), err, rerr))
+						g.Generation, err, rerr))
 					return Run{}, fmt.Errorf("job %s: network policy generation %d: %v; restoring the limits in force failed too (%v): the job was stopped", id, netGen, err, rerr)
 				}
 				return Run{}, netErr(err)
@@ -175,10 +147,6 @@ func (m *Manager) Update(ctx context.Context, sg *typesv1.SignedGrant) (Run, err
 			}
 		}
 	}
-	raw, err := proto.Marshal(sg)
-	if err != nil {
-		return Run{}, err
-	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	// execute may have recorded the end meanwhile (it does so before it
@@ -187,8 +155,8 @@ func (m *Manager) Update(ctx context.Context, sg *typesv1.SignedGrant) (Run, err
 	if e.run.State.Terminal() {
 		return Run{}, fmt.Errorf("%w: job %s has ended (%s)", errdefs.ErrFailedPrecondition, id, e.run.State)
 	}
-	e.grant = g
-	e.run.SignedGrant = raw
+	e.run.Grant = g
+	e.run.SignedGrant = g.Signed
 	if netChanged && e.net != nil {
 		e.run.NetworkUpdatedAt = m.cfg.Now()
 	}
@@ -198,8 +166,8 @@ func (m *Manager) Update(ctx context.Context, sg *typesv1.SignedGrant) (Run, err
 		m.cfg.Logger.Error("persist run", "job_id", id, "error", err)
 	}
 	e.notify()
-	m.cfg.Logger.Info("grant updated", "job_id", id, "generation", g.GetGeneration(),
-		"network_policy_generation", g.GetNetworkPolicyGeneration(), "network_changed", netChanged)
+	m.cfg.Logger.Info("grant updated", "job_id", id, "generation", g.Generation,
+		"network_policy_generation", g.NetworkGeneration, "network_changed", netChanged)
 	return e.run, nil
 }
 
@@ -225,36 +193,16 @@ func (m *Manager) abort(e *entry, why string) {
 	}
 }
 
-// fixedFieldChanged names the first field other than the changeable ones in
-// which a and b differ, unknown fields included, or returns "".
-func fixedFieldChanged(a, b *typesv1.Grant) string {
-	ma, mb := a.ProtoReflect(), b.ProtoReflect()
-	fields := ma.Descriptor().Fields()
-	for i := 0; i < fields.Len(); i++ {
-		fd := fields.Get(i)
-		if changeable[fd.Name()] {
-			continue
-		}
-		if ma.Has(fd) != mb.Has(fd) || !ma.Get(fd).Equal(mb.Get(fd)) {
-			return string(fd.Name())
-		}
-	}
-	if !bytes.Equal(ma.GetUnknown(), mb.GetUnknown()) {
-		return "(unknown fields)"
-	}
-	return ""
-}
-
 // networkChange reports whether next changes cur's network policy; a
 // change needs a higher network_policy_generation, and the generation
 // never goes down.
-func networkChange(cur, next *typesv1.Grant) (bool, error) {
-	cg, ng := cur.GetNetworkPolicyGeneration(), next.GetNetworkPolicyGeneration()
+func networkChange(cur, next Grant) (bool, error) {
+	cg, ng := cur.NetworkGeneration, next.NetworkGeneration
 	switch {
 	case ng < cg:
 		return false, fmt.Errorf("%w: network_policy_generation %d: the job's policy is at generation %d",
 			errdefs.ErrFailedPrecondition, ng, cg)
-	case ng == cg && !proto.Equal(cur.GetNetworkPolicy(), next.GetNetworkPolicy()):
+	case ng == cg && !cur.Network.equal(next.Network):
 		return false, fmt.Errorf("%w: network_policy changed without a higher network_policy_generation (still %d)",
 			errdefs.ErrFailedPrecondition, ng)
 	}

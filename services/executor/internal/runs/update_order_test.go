@@ -12,10 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/types/known/durationpb"
-
 	"github.com/airlockhq/airlock/pkg/errdefs"
-	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 )
 
@@ -58,8 +55,8 @@ func TestUpdateRefusedNetworkLeavesLimits(t *testing.T) {
 	withNetwork(t, h)
 	g1 := h.grantFor("echo ready; exec sleep 300")
 	h.start(t, g1)
-	h.waitRunning(t, g1.JobId, "ready")
-	e := h.entry(g1.JobId)
+	h.waitRunning(t, g1.JobID, "ready")
+	e := h.entry(g1.JobID)
 	e.updateMu.Lock()
 	n := e.net
 	e.updateMu.Unlock()
@@ -68,31 +65,30 @@ func TestUpdateRefusedNetworkLeavesLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	g2 := next(g1, func(g *typesv1.Grant) {
-		g.Limits.Deadline = durationpb.New(time.Millisecond)
-		g.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Allow{Allow: &typesv1.AllowList{
-			Rules: []*typesv1.AllowRule{{Cidr: "192.0.2.0/24", Ports: []uint32{443}}}}}}
-		g.NetworkPolicyGeneration = 2
+	g2 := next(g1, func(g *Grant) {
+		g.Limits.Deadline = time.Millisecond
+		g.Network = allowPolicy("192.0.2.0/24", 443)
+		g.NetworkGeneration = 2
 	})
-	_, err := h.m.Update(context.Background(), h.sign(t, g2))
+	_, err := h.m.Update(context.Background(), h.seal(t, g2))
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "closed") {
 		t.Fatalf("Update: %v; want failed precondition, the namespace is closed", err)
 	}
 	time.Sleep(time.Second)
-	run, err := h.m.Get(g1.JobId)
+	run, err := h.m.Get(g1.JobID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if run.State != Running || grantOf(t, run).GetGeneration() != 1 {
-		t.Fatalf("after a refused update the job is %s under generation %d (%+v); want running under 1", run.State, grantOf(t, run).GetGeneration(), run.Result)
+	if run.State != Running || run.Grant.Generation != 1 {
+		t.Fatalf("after a refused update the job is %s under generation %d (%+v); want running under 1", run.State, run.Grant.Generation, run.Result)
 	}
 	if d := e.sb.Limits().Deadline; d != time.Minute {
 		t.Errorf("deadline %s after a refused update, want the 1m in force", d)
 	}
-	if _, err := h.m.Cancel(g1.JobId); err != nil {
+	if _, err := h.m.Cancel(g1.JobID); err != nil {
 		t.Fatal(err)
 	}
-	h.waitEnd(t, g1.JobId)
+	h.waitEnd(t, g1.JobID)
 }
 
 // The job's namespace starts at the grant's network_policy_generation,
@@ -102,16 +98,16 @@ func TestStartNetworkGeneration(t *testing.T) {
 	withNetwork(t, h)
 
 	bad := h.grantFor("true")
-	bad.NetworkPolicyGeneration = 0
-	if _, _, err := h.m.Start(h.sign(t, bad)); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "network_policy_generation") {
+	bad.NetworkGeneration = 0
+	if _, _, err := h.m.Start(h.seal(t, bad)); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "network_policy_generation") {
 		t.Errorf("Start with network_policy_generation 0: %v; want invalid argument naming it", err)
 	}
 
 	g := h.grantFor("echo ready; exec sleep 300")
-	g.NetworkPolicyGeneration = 3
+	g.NetworkGeneration = 3
 	h.start(t, g)
-	h.waitRunning(t, g.JobId, "ready")
-	e := h.entry(g.JobId)
+	h.waitRunning(t, g.JobID, "ready")
+	e := h.entry(g.JobID)
 	e.updateMu.Lock()
 	_, gen := e.net.Current()
 	e.updateMu.Unlock()
@@ -119,16 +115,15 @@ func TestStartNetworkGeneration(t *testing.T) {
 		t.Errorf("the namespace is at policy generation %d, want the grant's 3", gen)
 	}
 	// And the next change applies at 4.
-	g4 := next(g, func(g *typesv1.Grant) {
-		g.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Allow{Allow: &typesv1.AllowList{
-			Rules: []*typesv1.AllowRule{{Cidr: "192.0.2.0/24", Ports: []uint32{443}}}}}}
-		g.NetworkPolicyGeneration = 4
+	g4 := next(g, func(g *Grant) {
+		g.Network = allowPolicy("192.0.2.0/24", 443)
+		g.NetworkGeneration = 4
 	})
-	if _, err := h.m.Update(context.Background(), h.sign(t, g4)); err != nil {
+	if _, err := h.m.Update(context.Background(), h.seal(t, g4)); err != nil {
 		t.Fatalf("Update to network generation 4: %v", err)
 	}
-	if _, err := h.m.Cancel(g.JobId); err != nil {
+	if _, err := h.m.Cancel(g.JobID); err != nil {
 		t.Fatal(err)
 	}
-	h.waitEnd(t, g.JobId)
+	h.waitEnd(t, g.JobID)
 }

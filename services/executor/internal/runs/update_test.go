@@ -3,12 +3,14 @@ package runs
 import (
 	"bytes"
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,14 +20,9 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/timestamppb"
-
 	"github.com/airlockhq/airlock/pkg/errdefs"
-	"github.com/airlockhq/airlock/pkg/grant"
 	"github.com/airlockhq/airlock/pkg/provenance"
-	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 	"github.com/airlockhq/airlock/services/executor/internal/stage"
 )
@@ -68,7 +65,6 @@ func (a *fakeAuthority) ReportResult(ctx context.Context, r Report) error {
 type harness struct {
 	m      *Manager
 	auth   *fakeAuthority
-	signer *grant.Signer
 	commit string
 }
 
@@ -177,13 +173,8 @@ func newHarnessWith(t *testing.T, gated bool, capacity Capacity) (*harness, func
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, key, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
 	m, err := New(Config{
 		Dir:       filepath.Join(base, "runs"),
-		Verifier:  grant.NewVerifier(pub),
 		Sandbox:   sb,
 		Sources:   sources,
 		Authority: auth,
@@ -204,7 +195,7 @@ func newHarnessWith(t *testing.T, gated bool, capacity Capacity) (*harness, func
 			t.Errorf("sandbox Close: %v", err)
 		}
 	})
-	return &harness{m: m, auth: auth, signer: grant.NewSigner(key), commit: auth.hdr.Commit}, release
+	return &harness{m: m, auth: auth, commit: auth.hdr.Commit}, release
 }
 
 type testWriter struct{ t testing.TB }
@@ -214,51 +205,84 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-var baseLimits = &typesv1.ResourceLimits{CpuMillis: 1000, MemoryBytes: 256 << 20, Pids: 64, DiskBytes: 32 << 20, Deadline: durationpb.New(time.Minute)}
+var baseLimits = sandbox.Limits{CPUMillis: 1000, MemoryBytes: 256 << 20, Pids: 64, DiskBytes: 32 << 20, Deadline: time.Minute}
 
 // grantFor is generation 1 of a job running script.
-func (h *harness) grantFor(script string) *typesv1.Grant {
-	issued, expires := grant.Timestamps(time.Now(), time.Hour)
-	return &typesv1.Grant{
-		JobId:                   fmt.Sprintf("job-%d", testSeq.Add(1)),
-		Tenant:                  "acme",
-		Requester:               "spiffe://test.example/client/alice",
-		Repository:              "widgets",
-		Commit:                  h.commit,
-		Command:                 []string{"sh", "-c", script},
-		Env:                     map[string]string{"GREETING": "hi"},
-		Limits:                  proto.Clone(baseLimits).(*typesv1.ResourceLimits),
-		NetworkPolicy:           &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_DenyAll{DenyAll: &typesv1.DenyAll{}}},
-		NetworkPolicyGeneration: 1,
-		RuntimeClass:            typesv1.RuntimeClass_RUNTIME_CLASS_RUNC,
-		PublishTarget:           &typesv1.PublishTarget{Repository: "widgets", Branch: "main"},
-		IssuedAt:                issued,
-		ExpiresAt:               expires,
-		Generation:              1,
+func (h *harness) grantFor(script string) *Grant {
+	return &Grant{
+		JobID:             fmt.Sprintf("job-%d", testSeq.Add(1)),
+		Tenant:            "acme",
+		Requester:         "spiffe://test.example/client/alice",
+		Repository:        "widgets",
+		Commit:            h.commit,
+		Command:           []string{"sh", "-c", script},
+		Env:               map[string]string{"GREETING": "hi"},
+		Limits:            baseLimits,
+		NetworkGeneration: 1,
+		Class:             sandbox.ClassRunc,
+		Generation:        1,
 	}
 }
 
-func (h *harness) sign(t *testing.T, g *typesv1.Grant) *typesv1.SignedGrant {
+// seal stands in for the authority signing g and package convert
+// verifying it: it fills in what convert derives from the signed grant.
+// Fixed holds the fields runs sees, as convert's hold every fixed field
+// of the grant format; Signed is g as JSON, the digest's input.
+func (h *harness) seal(t *testing.T, g *Grant) Grant {
 	t.Helper()
-	sg, err := h.signer.Sign(g)
+	s := clone(g)
+	s.Fixed, s.Digest, s.Signed = nil, "", nil
+	for _, f := range []struct {
+		name string
+		v    any
+	}{
+		{"tenant", s.Tenant}, {"requester", s.Requester}, {"repository", s.Repository}, {"commit", s.Commit},
+		{"command", s.Command}, {"env", s.Env}, {"runtime_class", s.Class}, {"session", s.Session},
+	} {
+		v, err := json.Marshal(f.v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Fixed = append(s.Fixed, Field{Name: f.name, Value: v})
+	}
+	body, err := json.Marshal(s)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return sg
+	sum := sha256.Sum256(body)
+	s.Digest, s.Signed = "sha256:"+hex.EncodeToString(sum[:]), body
+	return *s
+}
+
+// clone is a deep copy of g.
+func clone(g *Grant) *Grant {
+	data, err := json.Marshal(g)
+	if err != nil {
+		panic(err)
+	}
+	n := &Grant{}
+	if err := json.Unmarshal(data, n); err != nil {
+		panic(err)
+	}
+	return n
 }
 
 // next is g's successor: a copy with the next generation, changed by f.
-func next(g *typesv1.Grant, f func(g *typesv1.Grant)) *typesv1.Grant {
-	n := proto.Clone(g).(*typesv1.Grant)
+func next(g *Grant, f func(g *Grant)) *Grant {
+	n := clone(g)
 	n.Generation++
-	n.IssuedAt = timestamppb.New(time.Now())
 	f(n)
 	return n
 }
 
-func (h *harness) start(t *testing.T, g *typesv1.Grant) {
+// allowPolicy allows cidr on ports (every port when none).
+func allowPolicy(cidr string, ports ...uint16) NetworkPolicy {
+	return NetworkPolicy{Net: netpolicy.Policy{Allow: []netpolicy.Rule{{Prefix: netip.MustParsePrefix(cidr), Ports: ports}}}}
+}
+
+func (h *harness) start(t *testing.T, g *Grant) {
 	t.Helper()
-	if _, created, err := h.m.Start(h.sign(t, g)); err != nil || !created {
+	if _, created, err := h.m.Start(h.seal(t, g)); err != nil || !created {
 		t.Fatalf("Start: created %v, %v", created, err)
 	}
 }
@@ -319,19 +343,6 @@ func (h *harness) signal(t *testing.T, jobID string) {
 	}
 }
 
-func grantOf(t *testing.T, r Run) *typesv1.Grant {
-	t.Helper()
-	sg, err := r.Grant()
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := &typesv1.Grant{}
-	if err := proto.Unmarshal(sg.GetBody(), g); err != nil {
-		t.Fatal(err)
-	}
-	return g
-}
-
 const waitForGo = "echo ready; while [ ! -e /work/go ]; do sleep 0.05; done; "
 
 // Every grant that may not replace the one in force is refused with the
@@ -340,56 +351,45 @@ func TestUpdateRefusals(t *testing.T) {
 	h, _ := newHarness(t, false)
 	g1 := h.grantFor(waitForGo + "echo done")
 	h.start(t, g1)
-	h.waitRunning(t, g1.JobId, "ready")
-	before, _ := h.m.Get(g1.JobId)
+	h.waitRunning(t, g1.JobID, "ready")
+	before, _ := h.m.Get(g1.JobID)
 
-	otherPub, otherKey, _ := ed25519.GenerateKey(rand.Reader)
-	_ = otherPub
-	tampered := h.sign(t, next(g1, func(g *typesv1.Grant) {}))
-	tampered.Body = append([]byte(nil), tampered.Body...)
-	tampered.Body[len(tampered.Body)-1] ^= 1
-	expired := next(g1, func(g *typesv1.Grant) {
-		g.IssuedAt, g.ExpiresAt = grant.Timestamps(time.Now().Add(-2*time.Hour), time.Hour)
-	})
-	unknown := next(g1, func(g *typesv1.Grant) { g.JobId = "no-such-job" })
-	lower := proto.Clone(g1).(*typesv1.Grant)
+	// A bad signature, an unknown key or an expired grant never gets here
+	// (package convert refuses them; TestGrantRefusals there).
+	unknown := next(g1, func(g *Grant) { g.JobID = "no-such-job" })
+	lower := clone(g1)
 	lower.Generation = 0
-	sameGenDifferent := proto.Clone(g1).(*typesv1.Grant)
+	sameGenDifferent := clone(g1)
 	sameGenDifferent.Limits.Pids = 100
 
 	for _, tc := range []struct {
 		name string
-		sg   *typesv1.SignedGrant
+		sg   Grant
 		want error
 		text string
 	}{
-		{"bad signature", tampered, errdefs.ErrPermissionDenied, "bad signature"},
-		{"unknown key", must(grant.NewSigner(otherKey).Sign(next(g1, func(*typesv1.Grant) {}))), errdefs.ErrPermissionDenied, "unknown key"},
-		{"expired", h.sign(t, expired), errdefs.ErrFailedPrecondition, "expired"},
-		{"unknown job", h.sign(t, unknown), errdefs.ErrNotFound, "no-such-job"},
-		{"lower generation", h.sign(t, lower), errdefs.ErrFailedPrecondition, "generation 0"},
-		{"same generation, different", h.sign(t, sameGenDifferent), errdefs.ErrFailedPrecondition, "generation 1"},
-		{"command", h.sign(t, next(g1, func(g *typesv1.Grant) { g.Command = []string{"sh", "-c", "curl evil"} })), errdefs.ErrPermissionDenied, "field command"},
-		{"env", h.sign(t, next(g1, func(g *typesv1.Grant) { g.Env["EXTRA"] = "1" })), errdefs.ErrPermissionDenied, "field env"},
-		{"tenant", h.sign(t, next(g1, func(g *typesv1.Grant) { g.Tenant = "other" })), errdefs.ErrPermissionDenied, "field tenant"},
-		{"requester", h.sign(t, next(g1, func(g *typesv1.Grant) { g.Requester = "spiffe://test.example/client/mallory" })), errdefs.ErrPermissionDenied, "field requester"},
-		{"repository", h.sign(t, next(g1, func(g *typesv1.Grant) { g.Repository = "gadgets" })), errdefs.ErrPermissionDenied, "field repository"},
-		{"commit", h.sign(t, next(g1, func(g *typesv1.Grant) { g.Commit = strings.Repeat("a", 40) })), errdefs.ErrPermissionDenied, "field commit"},
-		{"runtime class", h.sign(t, next(g1, func(g *typesv1.Grant) { g.RuntimeClass = typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC })), errdefs.ErrPermissionDenied, "field runtime_class"},
-		{"publish target", h.sign(t, next(g1, func(g *typesv1.Grant) { g.PublishTarget.Branch = "release" })), errdefs.ErrPermissionDenied, "field publish_target"},
-		{"publish target removed", h.sign(t, next(g1, func(g *typesv1.Grant) { g.PublishTarget = nil })), errdefs.ErrPermissionDenied, "field publish_target"},
-		{"disk", h.sign(t, next(g1, func(g *typesv1.Grant) { g.Limits.DiskBytes *= 2 })), errdefs.ErrInvalidArgument, "limits.disk_bytes"},
-		{"memory below the minimum", h.sign(t, next(g1, func(g *typesv1.Grant) { g.Limits.MemoryBytes = 1 << 20 })), errdefs.ErrInvalidArgument, "limits.memory_bytes"},
-		{"no deadline", h.sign(t, next(g1, func(g *typesv1.Grant) { g.Limits.Deadline = nil })), errdefs.ErrInvalidArgument, "limits.deadline"},
-		{"allow without a network manager", h.sign(t, next(g1, func(g *typesv1.Grant) {
-			g.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Allow{Allow: &typesv1.AllowList{Rules: []*typesv1.AllowRule{{Cidr: "192.0.2.0/24"}}}}}
-			g.NetworkPolicyGeneration = 2
+		{"unknown job", h.seal(t, unknown), errdefs.ErrNotFound, "no-such-job"},
+		{"lower generation", h.seal(t, lower), errdefs.ErrFailedPrecondition, "generation 0"},
+		{"same generation, different", h.seal(t, sameGenDifferent), errdefs.ErrFailedPrecondition, "generation 1"},
+		{"command", h.seal(t, next(g1, func(g *Grant) { g.Command = []string{"sh", "-c", "curl evil"} })), errdefs.ErrPermissionDenied, "field command"},
+		{"env", h.seal(t, next(g1, func(g *Grant) { g.Env["EXTRA"] = "1" })), errdefs.ErrPermissionDenied, "field env"},
+		{"tenant", h.seal(t, next(g1, func(g *Grant) { g.Tenant = "other" })), errdefs.ErrPermissionDenied, "field tenant"},
+		{"requester", h.seal(t, next(g1, func(g *Grant) { g.Requester = "spiffe://test.example/client/mallory" })), errdefs.ErrPermissionDenied, "field requester"},
+		{"repository", h.seal(t, next(g1, func(g *Grant) { g.Repository = "gadgets" })), errdefs.ErrPermissionDenied, "field repository"},
+		{"commit", h.seal(t, next(g1, func(g *Grant) { g.Commit = strings.Repeat("a", 40) })), errdefs.ErrPermissionDenied, "field commit"},
+		{"runtime class", h.seal(t, next(g1, func(g *Grant) { g.Class = sandbox.ClassRunsc })), errdefs.ErrPermissionDenied, "field runtime_class"},
+		{"disk", h.seal(t, next(g1, func(g *Grant) { g.Limits.DiskBytes *= 2 })), errdefs.ErrInvalidArgument, "limits.disk_bytes"},
+		{"memory below the minimum", h.seal(t, next(g1, func(g *Grant) { g.Limits.MemoryBytes = 1 << 20 })), errdefs.ErrInvalidArgument, "limits.memory_bytes"},
+		{"no deadline", h.seal(t, next(g1, func(g *Grant) { g.Limits.Deadline = 0 })), errdefs.ErrInvalidArgument, "limits.deadline"},
+		{"allow without a network manager", h.seal(t, next(g1, func(g *Grant) {
+			g.Network = allowPolicy("192.0.2.0/24")
+			g.NetworkGeneration = 2
 		})), errdefs.ErrFailedPrecondition, "only deny_all"},
-		{"domains", h.sign(t, next(g1, func(g *typesv1.Grant) {
-			g.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Domains{Domains: &typesv1.DomainList{Domains: []string{"example.com"}}}}
-			g.NetworkPolicyGeneration = 2
+		{"domains", h.seal(t, next(g1, func(g *Grant) {
+			g.Network = domainsPolicy("example.com")
+			g.NetworkGeneration = 2
 		})), errdefs.ErrFailedPrecondition, "network_policy"},
-		{"network generation lowered", h.sign(t, next(g1, func(g *typesv1.Grant) { g.NetworkPolicyGeneration = 0 })), errdefs.ErrFailedPrecondition, "network_policy_generation 0"},
+		{"network generation lowered", h.seal(t, next(g1, func(g *Grant) { g.NetworkGeneration = 0 })), errdefs.ErrFailedPrecondition, "network_policy_generation 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := h.m.Update(context.Background(), tc.sg)
@@ -399,32 +399,25 @@ func TestUpdateRefusals(t *testing.T) {
 			t.Log(err)
 		})
 	}
-	after, _ := h.m.Get(g1.JobId)
+	after, _ := h.m.Get(g1.JobID)
 	if !bytes.Equal(after.SignedGrant, before.SignedGrant) {
 		t.Fatal("a refused update changed the run's grant")
 	}
 
 	// The grant in force, sent again, is no change and no error.
-	same, err := h.m.Update(context.Background(), h.sign(t, g1))
+	same, err := h.m.Update(context.Background(), h.seal(t, g1))
 	if err != nil || !bytes.Equal(same.SignedGrant, before.SignedGrant) {
 		t.Fatalf("Update with the grant in force: %v", err)
 	}
 
-	h.signal(t, g1.JobId)
-	if run := h.waitEnd(t, g1.JobId); run.State != Finished || run.Result.ExitCode != 0 {
+	h.signal(t, g1.JobID)
+	if run := h.waitEnd(t, g1.JobID); run.State != Finished || run.Result.ExitCode != 0 {
 		t.Fatalf("run ended %s %+v", run.State, run.Result)
 	}
-	_, err = h.m.Update(context.Background(), h.sign(t, next(g1, func(g *typesv1.Grant) { g.Limits.Pids = 100 })))
+	_, err = h.m.Update(context.Background(), h.seal(t, next(g1, func(g *Grant) { g.Limits.Pids = 100 })))
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "has ended") {
 		t.Fatalf("Update of an ended job: %v", err)
 	}
-}
-
-func must(sg *typesv1.SignedGrant, err error) *typesv1.SignedGrant {
-	if err != nil {
-		panic(err)
-	}
-	return sg
 }
 
 // A newer grant's limits reach the live sandbox: a job blocked at 16 pids
@@ -437,41 +430,41 @@ while [ $i -lt 24 ]; do sleep 60 & i=$((i+1)); done
 echo "all spawned"`)
 	g1.Limits.Pids = 16
 	h.start(t, g1)
-	h.waitRunning(t, g1.JobId, "ready")
+	h.waitRunning(t, g1.JobID, "ready")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	events := make(chan Run, 16)
 	go func() {
-		_ = h.m.Watch(ctx, g1.JobId, 0, 0, func(ev Event) error {
+		_ = h.m.Watch(ctx, g1.JobID, 0, 0, func(ev Event) error {
 			if ev.Run != nil {
 				events <- *ev.Run
 			}
 			return nil
 		})
 	}()
-	if r := <-events; r.State != Running || grantOf(t, r).GetGeneration() != 1 {
-		t.Fatalf("first watch event: %s generation %d", r.State, grantOf(t, r).GetGeneration())
+	if r := <-events; r.State != Running || r.Grant.Generation != 1 {
+		t.Fatalf("first watch event: %s generation %d", r.State, r.Grant.Generation)
 	}
 
-	g2 := next(g1, func(g *typesv1.Grant) { g.Limits.Pids = 64; g.Limits.MemoryBytes = 384 << 20 })
-	sg2 := h.sign(t, g2)
+	g2 := next(g1, func(g *Grant) { g.Limits.Pids = 64; g.Limits.MemoryBytes = 384 << 20 })
+	sg2 := h.seal(t, g2)
 	run, err := h.m.Update(context.Background(), sg2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := grantOf(t, run); got.GetGeneration() != 2 || got.GetLimits().GetPids() != 64 {
+	if got := run.Grant; got.Generation != 2 || got.Limits.Pids != 64 {
 		t.Fatalf("Update returned a run under %v", got)
 	}
 	select {
 	case r := <-events:
-		if grantOf(t, r).GetGeneration() != 2 {
-			t.Fatalf("watch event after the update has generation %d", grantOf(t, r).GetGeneration())
+		if r.Grant.Generation != 2 {
+			t.Fatalf("watch event after the update has generation %d", r.Grant.Generation)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("watchers were not told of the new grant")
 	}
-	rec, err := os.ReadFile(filepath.Join(h.m.runDir(g1.JobId), "run.json"))
+	rec, err := os.ReadFile(filepath.Join(h.m.runDir(g1.JobID), "run.json"))
 	if err != nil || !bytes.Contains(rec, []byte(`"signed_grant"`)) {
 		t.Fatalf("run.json: %v", err)
 	}
@@ -479,7 +472,7 @@ echo "all spawned"`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r, _ := loaded.Get(g1.JobId); grantOf(t, r).GetGeneration() != 2 {
+	if r, _ := loaded.Get(g1.JobID); r.Grant.Generation != 2 {
 		t.Fatal("the run's record on disk does not hold generation 2")
 	}
 	// Sending it again changes nothing.
@@ -487,17 +480,17 @@ echo "all spawned"`)
 		t.Fatalf("repeated Update: %v", err)
 	}
 
-	h.signal(t, g1.JobId)
-	end := h.waitEnd(t, g1.JobId)
-	out, _ := os.ReadFile(filepath.Join(h.m.runDir(g1.JobId), "stdout.log"))
+	h.signal(t, g1.JobID)
+	end := h.waitEnd(t, g1.JobID)
+	out, _ := os.ReadFile(filepath.Join(h.m.runDir(g1.JobID), "stdout.log"))
 	if end.State != Finished || end.Result.Reason != sandbox.ReasonExited || end.Result.ExitCode != 0 || !strings.Contains(string(out), "all spawned") {
 		t.Fatalf("run ended %s %+v, stdout %q; want all 24 sleeps spawned under 64 pids", end.State, end.Result, out)
 	}
-	bundleTar, err := os.ReadFile(filepath.Join(h.m.runDir(g1.JobId), "bundle.tar"))
+	bundleTar, err := os.ReadFile(filepath.Join(h.m.runDir(g1.JobID), "bundle.tar"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Contains(bundleTar, sg2.GetBody()) {
+	if !bytes.Contains(bundleTar, sg2.Signed) {
 		t.Error("the bundle does not carry the grant in force at the end")
 	}
 }
@@ -508,8 +501,8 @@ func TestUpdateWhileStaging(t *testing.T) {
 	h, release := newHarness(t, true)
 	g1 := h.grantFor("echo started; exec sleep 300")
 	h.start(t, g1)
-	g2 := next(g1, func(g *typesv1.Grant) { g.Limits.Deadline = durationpb.New(time.Second) })
-	run, err := h.m.Update(context.Background(), h.sign(t, g2))
+	g2 := next(g1, func(g *Grant) { g.Limits.Deadline = time.Second })
+	run, err := h.m.Update(context.Background(), h.seal(t, g2))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -517,7 +510,7 @@ func TestUpdateWhileStaging(t *testing.T) {
 		t.Fatalf("state %s, want staging", run.State)
 	}
 	release()
-	end := h.waitEnd(t, g1.JobId)
+	end := h.waitEnd(t, g1.JobID)
 	if end.Result.Reason != sandbox.ReasonTimeout || !strings.Contains(end.Result.Message, "deadline of 1s") {
 		t.Fatalf("run ended %s %+v, want a timeout at the updated 1s", end.State, end.Result)
 	}
@@ -528,12 +521,12 @@ func TestUpdateLowerDeadline(t *testing.T) {
 	h, _ := newHarness(t, false)
 	g1 := h.grantFor("echo started; exec sleep 300")
 	h.start(t, g1)
-	h.waitRunning(t, g1.JobId, "started")
-	g2 := next(g1, func(g *typesv1.Grant) { g.Limits.Deadline = durationpb.New(time.Millisecond) })
-	if _, err := h.m.Update(context.Background(), h.sign(t, g2)); err != nil {
+	h.waitRunning(t, g1.JobID, "started")
+	g2 := next(g1, func(g *Grant) { g.Limits.Deadline = time.Millisecond })
+	if _, err := h.m.Update(context.Background(), h.seal(t, g2)); err != nil {
 		t.Fatal(err)
 	}
-	end := h.waitEnd(t, g1.JobId)
+	end := h.waitEnd(t, g1.JobID)
 	if end.Result.Reason != sandbox.ReasonTimeout || !strings.Contains(end.Result.Message, "deadline of 1ms") {
 		t.Fatalf("run ended %s %+v, want a timeout at 1ms", end.State, end.Result)
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/airlockhq/airlock/services/executor/internal/api"
 	"github.com/airlockhq/airlock/services/executor/internal/authority"
 	"github.com/airlockhq/airlock/services/executor/internal/config"
+	"github.com/airlockhq/airlock/services/executor/internal/convert"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 	"github.com/airlockhq/airlock/services/executor/internal/runs"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
@@ -100,7 +101,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			}
 			mgr, err := runs.New(runs.Config{
 				Dir:         env.DataDir.Join("runs"),
-				Verifier:    grant.NewVerifier(pub),
+				DecodeGrant: convert.DecodeGrant,
 				Sandbox:     sb,
 				Sources:     sources,
 				Network:     netm,
@@ -122,7 +123,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			if err := mgr.Recover(ctx); err != nil {
 				return err
 			}
-			api.New(api.Config{Runs: mgr, Logger: logger}).Register(env.Server)
+			api.New(api.Config{Runs: mgr, Verifier: grant.NewVerifier(pub), Logger: logger}).Register(env.Server)
 			return nil
 		},
 	})

@@ -1,0 +1,206 @@
+package convert
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/airlockhq/airlock/pkg/egress"
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/grant"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
+	"github.com/airlockhq/airlock/services/executor/internal/runs"
+	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
+)
+
+var jobIDFormat = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// Grant verifies sg's signature, format and expiry at now and converts it
+// for the run manager. A bad signature or an unknown key is
+// PermissionDenied, an expired grant FailedPrecondition, a job id or
+// network policy the executor cannot take InvalidArgument.
+func Grant(v *grant.Verifier, sg *typesv1.SignedGrant, now time.Time) (runs.Grant, error) {
+	g, err := v.Verify(sg, now)
+	if err != nil {
+		// The verifier's errors begin "grant: ".
+		switch {
+		case errors.Is(err, grant.ErrExpired):
+			return runs.Grant{}, fmt.Errorf("%w: %v", errdefs.ErrFailedPrecondition, err)
+		default:
+			return runs.Grant{}, fmt.Errorf("%w: %v", errdefs.ErrPermissionDenied, err)
+		}
+	}
+	if !jobIDFormat.MatchString(g.GetJobId()) {
+		return runs.Grant{}, fmt.Errorf("%w: grant job_id %q: want 1-64 of [A-Za-z0-9_-]", errdefs.ErrInvalidArgument, g.GetJobId())
+	}
+	return grantOf(sg, g)
+}
+
+// DecodeGrant converts the signed grant of a run record written before
+// records kept the run manager's Grant (runs.Config.DecodeGrant). The grant
+// was verified when the run was accepted, and may have expired since.
+func DecodeGrant(signed []byte) (runs.Grant, error) {
+	sg := &typesv1.SignedGrant{}
+	if err := proto.Unmarshal(signed, sg); err != nil {
+		return runs.Grant{}, err
+	}
+	g := &typesv1.Grant{}
+	if err := proto.Unmarshal(sg.GetBody(), g); err != nil {
+		return runs.Grant{}, err
+	}
+	return grantOf(sg, g)
+}
+
+// grantOf is g, the body of sg, for the run manager.
+func grantOf(sg *typesv1.SignedGrant, g *typesv1.Grant) (runs.Grant, error) {
+	policy, err := policyFromProto(g.GetNetworkPolicy())
+	if err != nil {
+		return runs.Grant{}, err
+	}
+	signed, err := proto.MarshalOptions{Deterministic: true}.Marshal(sg)
+	if err != nil {
+		return runs.Grant{}, err
+	}
+	fixed, err := fixedFields(g)
+	if err != nil {
+		return runs.Grant{}, err
+	}
+	out := runs.Grant{
+		JobID: g.GetJobId(), Tenant: g.GetTenant(), Requester: g.GetRequester(),
+		Repository: g.GetRepository(), Commit: g.GetCommit(), Command: g.GetCommand(), Env: g.GetEnv(),
+		Class:             classOf(g.GetRuntimeClass()),
+		Limits:            limitsOf(g.GetLimits()),
+		Network:           policy,
+		NetworkGeneration: g.GetNetworkPolicyGeneration(),
+		Generation:        g.GetGeneration(),
+		Digest:            grant.Digest(sg),
+		Fixed:             fixed,
+		Signed:            signed,
+	}
+	if s := g.GetSession(); s != nil {
+		out.Session = &runs.SessionSpec{IdleTimeout: s.GetIdleTimeout().AsDuration(), MaxConcurrentExecs: int(s.GetMaxConcurrentExecs())}
+	}
+	return out, nil
+}
+
+// changeable are the Grant fields a newer grant of a running job may
+// change. Every other field, including any added later, must stay as it
+// was: a grant cannot make a job run something else, somewhere else, for
+// someone else.
+var changeable = map[protoreflect.Name]bool{
+	"limits":                    true,
+	"network_policy":            true,
+	"network_policy_generation": true,
+	"generation":                true,
+	"issued_at":                 true,
+	"expires_at":                true,
+}
+
+// fixedFields are g's fields but the changeable ones, each as the
+// deterministic encoding of a grant holding it alone (so a set but empty
+// message differs from an unset one), then its unknown fields.
+func fixedFields(g *typesv1.Grant) ([]runs.Field, error) {
+	m := g.ProtoReflect()
+	fields := m.Descriptor().Fields()
+	var out []runs.Field
+	for i := 0; i < fields.Len(); i++ {
+		fd := fields.Get(i)
+		if changeable[fd.Name()] {
+			continue
+		}
+		one := &typesv1.Grant{}
+		if m.Has(fd) {
+			one.ProtoReflect().Set(fd, m.Get(fd))
+		}
+		v, err := proto.MarshalOptions{Deterministic: true}.Marshal(one)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, runs.Field{Name: string(fd.Name()), Value: v})
+	}
+	return append(out, runs.Field{Name: "(unknown fields)", Value: m.GetUnknown()}), nil
+}
+
+func classOf(c typesv1.RuntimeClass) sandbox.Class {
+	if c == typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC {
+		return sandbox.ClassRunsc
+	}
+	return sandbox.ClassRunc
+}
+
+func limitsOf(l *typesv1.ResourceLimits) sandbox.Limits {
+	return sandbox.Limits{
+		CPUMillis: l.GetCpuMillis(), MemoryBytes: l.GetMemoryBytes(), Pids: l.GetPids(),
+		DiskBytes: l.GetDiskBytes(), Deadline: l.GetDeadline().AsDuration(),
+	}
+}
+
+// policyFromProto converts a grant's network policy, checking it as the
+// authority does (package egress).
+func policyFromProto(np *typesv1.NetworkPolicy) (runs.NetworkPolicy, error) {
+	switch {
+	case np.GetDenyAll() != nil:
+		return runs.NetworkPolicy{}, nil
+	case np.GetAllow() != nil:
+		rules := np.GetAllow().GetRules()
+		if len(rules) == 0 {
+			return runs.NetworkPolicy{}, fmt.Errorf("%w: network_policy.allow.rules: need at least one rule", errdefs.ErrInvalidArgument)
+		}
+		var p netpolicy.Policy
+		for i, r := range rules {
+			pfx, err := egress.ParsePrefix(r.GetCidr())
+			if err != nil {
+				return runs.NetworkPolicy{}, fmt.Errorf("%w: network_policy.allow.rules[%d].cidr: %v", errdefs.ErrInvalidArgument, i, err)
+			}
+			ports, err := portsOf(fmt.Sprintf("network_policy.allow.rules[%d].ports", i), r.GetPorts())
+			if err != nil {
+				return runs.NetworkPolicy{}, err
+			}
+			p.Allow = append(p.Allow, netpolicy.Rule{Prefix: pfx, Ports: ports})
+		}
+		if err := p.Validate(); err != nil {
+			return runs.NetworkPolicy{}, err
+		}
+		return runs.NetworkPolicy{Net: p}, nil
+	case np.GetDomains() != nil:
+		d := np.GetDomains()
+		if len(d.GetDomains()) == 0 {
+			return runs.NetworkPolicy{}, fmt.Errorf("%w: network_policy.domains.domains: need at least one name", errdefs.ErrInvalidArgument)
+		}
+		ports, err := portsOf("network_policy.domains.ports", d.GetPorts())
+		if err != nil {
+			return runs.NetworkPolicy{}, err
+		}
+		var names egress.Policy
+		for _, n := range d.GetDomains() {
+			names.Names = append(names.Names, egress.Name{Name: n, Ports: ports})
+		}
+		names, err = names.Normalize()
+		if err != nil {
+			return runs.NetworkPolicy{}, fmt.Errorf("%w: network_policy.domains: %v", errdefs.ErrInvalidArgument, err)
+		}
+		return runs.NetworkPolicy{Net: netpolicy.Policy{Proxied: true}, Names: names}, nil
+	default:
+		return runs.NetworkPolicy{}, fmt.Errorf("%w: network_policy: exactly one mode is required", errdefs.ErrInvalidArgument)
+	}
+}
+
+func portsOf(field string, in []uint32) ([]uint16, error) {
+	ports, err := egress.Ports(in)
+	var pe *egress.PortError
+	if errors.As(err, &pe) {
+		return nil, fmt.Errorf("%w: %s[%d]: %v", errdefs.ErrInvalidArgument, field, pe.Index, err)
+	}
+	return ports, err
+}
+
+// signedGrant is r's signed grant.
+func signedGrant(r runs.Run) (*typesv1.SignedGrant, error) {
+	sg := &typesv1.SignedGrant{}
+	return sg, proto.Unmarshal(r.SignedGrant, sg)
+}

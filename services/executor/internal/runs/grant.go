@@ -1,0 +1,73 @@
+package runs
+
+import (
+	"slices"
+	"time"
+
+	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
+)
+
+// Grant is a grant the authority signed, as the run manager uses it. The
+// adapter (package convert) verifies the signature, checks the format and
+// builds it; nothing here parses the signed bytes. A run's record keeps
+// it (field grant) beside those bytes.
+type Grant struct {
+	JobID      string            `json:"job_id"`
+	Tenant     string            `json:"tenant"`
+	Requester  string            `json:"requester"`
+	Repository string            `json:"repository"`
+	Commit     string            `json:"commit"`
+	Command    []string          `json:"command,omitempty"`
+	Env        map[string]string `json:"env,omitempty"`
+	Class      sandbox.Class     `json:"runtime_class"`
+	Limits     sandbox.Limits    `json:"limits"`
+	Network    NetworkPolicy     `json:"network_policy"`
+	// NetworkGeneration counts the changes of the network policy; the
+	// first policy is 1.
+	NetworkGeneration int64 `json:"network_policy_generation"`
+	// Generation counts the grants of the job; a newer grant has a higher
+	// one.
+	Generation int64 `json:"generation"`
+	// Session is a session's spec, nil for a job.
+	Session *SessionSpec `json:"session,omitempty"`
+	// Digest names exactly what was granted ("sha256:<hex>" of the signed
+	// body): the same grant sent again has the same digest.
+	Digest string `json:"digest"`
+	// Fixed are the fields a newer grant of the same job may not change
+	// (all but limits, network policy, their generations and times, and
+	// unknown fields among them), in the grant format's order, each as
+	// bytes equal only when the fields are.
+	Fixed []Field `json:"fixed,omitempty"`
+	// Signed is the whole signed grant (body, signature, key id) as
+	// serialized for the run record and the bundle, which keep it so
+	// whoever holds them can check what the authority signed.
+	Signed []byte `json:"-"`
+}
+
+// SessionSpec is what a session's grant says of it; zero values take the
+// defaults (DefaultIdleTimeout, DefaultMaxConcurrentExecs).
+type SessionSpec struct {
+	IdleTimeout        time.Duration `json:"idle_timeout"`
+	MaxConcurrentExecs int           `json:"max_concurrent_execs"`
+}
+
+// Field is one of a grant's fixed fields: its name in the grant format and
+// an encoding of its value.
+type Field struct {
+	Name  string `json:"name"`
+	Value []byte `json:"value"`
+}
+
+// fixedFieldChanged names the first fixed field in which a and b differ,
+// or returns "".
+func fixedFieldChanged(a, b Grant) string {
+	for i, f := range a.Fixed {
+		if i >= len(b.Fixed) || b.Fixed[i].Name != f.Name || !slices.Equal(b.Fixed[i].Value, f.Value) {
+			return f.Name
+		}
+	}
+	if len(b.Fixed) > len(a.Fixed) {
+		return b.Fixed[len(a.Fixed)].Name
+	}
+	return ""
+}
