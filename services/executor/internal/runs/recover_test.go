@@ -29,25 +29,13 @@ func TestRecoverReportsRestartOnce(t *testing.T) {
 	if err := h.m.Recover(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		h.auth.mu.Lock()
-		reports := append([]Report(nil), h.auth.reports...)
-		h.auth.mu.Unlock()
-		if len(reports) > 0 {
-			r := reports[0].Result
-			if reports[0].JobID != id || r.Reason != ReasonExecutorRestarted || r.ExitCode != -1 {
-				t.Errorf("reported %s: reason %q, exit %d; want %s: %q, exit -1", reports[0].JobID, r.Reason, r.ExitCode, id, ReasonExecutorRestarted)
-			}
-			if strings.Contains(r.Message, "restarted") {
-				t.Errorf("message %q says again what the reason says", r.Message)
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("Recover reported nothing")
-		}
-		time.Sleep(10 * time.Millisecond)
+	reports := h.waitReports(t, 1)
+	r := reports[0].Result
+	if reports[0].JobID != id || r.Reason != ReasonExecutorRestarted || r.ExitCode != -1 {
+		t.Errorf("reported %s: reason %q, exit %d; want %s: %q, exit -1", reports[0].JobID, r.Reason, r.ExitCode, id, ReasonExecutorRestarted)
+	}
+	if strings.Contains(r.Message, "restarted") {
+		t.Errorf("message %q says again what the reason says", r.Message)
 	}
 }
 

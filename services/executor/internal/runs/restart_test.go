@@ -79,21 +79,8 @@ func TestSessionKeptAcrossRestart(t *testing.T) {
 			if !strings.Contains(string(patch), "+kept") {
 				t.Fatalf("the patch lost the change made before the restart:\n%s", patch)
 			}
-			// The report follows the record.
-			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-				h.auth.mu.Lock()
-				n := len(h.auth.reports)
-				execs := 0
-				if n > 0 {
-					execs = len(h.auth.reports[0].Execs)
-				}
-				h.auth.mu.Unlock()
-				if n == 1 && execs == 3 {
-					break
-				}
-				if n > 1 || n == 1 && execs != 3 || time.Now().After(deadline) {
-					t.Fatalf("reports after the restart: %d (execs in the first %d), want 1 with the 3 execs", n, execs)
-				}
+			if reports := h.waitReports(t, 1); len(reports) != 1 || len(reports[0].Execs) != 3 {
+				t.Fatalf("reports after the restart: %d (execs in the first %d), want 1 with the 3 execs", len(reports), len(reports[0].Execs))
 			}
 		})
 	}

@@ -135,10 +135,8 @@ func TestSessionAgentLoop(t *testing.T) {
 			if !strings.Contains(string(patch), "+42") || strings.Contains(string(patch), "+41") {
 				t.Errorf("patch is not the session's end state against the base:\n%s", patch)
 			}
-			h.auth.mu.Lock()
-			defer h.auth.mu.Unlock()
-			if len(h.auth.reports) != 1 || len(h.auth.reports[0].Execs) != len(steps) {
-				t.Fatalf("reports: %d, execs in the first: %v", len(h.auth.reports), h.auth.reports)
+			if reports := h.waitReports(t, 1); len(reports) != 1 || len(reports[0].Execs) != len(steps) {
+				t.Fatalf("reports: %d, execs in the first: %v", len(reports), reports)
 			}
 		})
 	}

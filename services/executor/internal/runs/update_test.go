@@ -326,6 +326,23 @@ func (h *harness) waitEnd(t *testing.T, jobID string) Run {
 	}
 }
 
+// waitReports waits until the fake authority has at least n reports and
+// returns them: a run's report follows its ended record.
+func (h *harness) waitReports(t *testing.T, n int) []Report {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		h.auth.mu.Lock()
+		reports := append([]Report(nil), h.auth.reports...)
+		h.auth.mu.Unlock()
+		if len(reports) >= n {
+			return reports
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d reports, want %d", len(reports), n)
+		}
+	}
+}
+
 // signal makes /work/go appear inside the job.
 func (h *harness) signal(t *testing.T, jobID string) {
 	t.Helper()
