@@ -213,7 +213,7 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source) 
 	}
 	if src.GitObjects != "" {
 		// The job's own .git at its base commit; the patch never reads it.
-		if err := worktree.SeedGitDir(sb.WorkDir(), g.GetCommit(), src.Index, int(m.cfg.Sandbox.UIDBase())); err != nil {
+		if err := worktree.SeedGitDir(sb.WorkDir(), g.GetCommit(), src.Shallow, src.Index, int(m.cfg.Sandbox.UIDBase())); err != nil {
 			m.cfg.Logger.Warn("the job gets no .git", "job_id", g.GetJobId(), "error", err)
 		}
 	}
