@@ -2,7 +2,9 @@
 // repository, commit) tree is fetched once through the authority, extracted
 // without ever writing outside its directory, checked against the commit's
 // git tree hash, and then kept read-only as the lower layer every job on
-// that commit starts from. Trees are never shared across tenants. Only the
+// that commit starts from; beside it, the git objects of the job's .git,
+// per history depth, the history checked to be exactly the commit's
+// (worktree.AddHistory). Trees are never shared across tenants. Only the
 // executor's run manager imports it.
 package stage
 
@@ -138,7 +140,8 @@ func (c *Cache) lock(k Key) func() {
 // history depth the authority's header names, fetching and verifying what
 // is not yet retained. The tree is kept per commit; the git objects per
 // commit and depth, so a policy that changes the depth never gets another
-// depth's objects. Concurrent calls for one key fetch once.
+// depth's objects. fetch is called every time, for the header; concurrent
+// calls for one key read the archive once.
 func (c *Cache) Get(ctx context.Context, k Key, fetch FetchFunc) (*Source, error) {
 	if err := k.validate(); err != nil {
 		return nil, err

@@ -51,7 +51,7 @@ func (r *Repo) AddHistory(ctx context.Context, commit string, depth, commits int
 	}
 	if commits == 0 {
 		// The base commit is a root: there is no history to send.
-		if n, _ := pack.Read(make([]byte, 1)); n > 0 {
+		if _, err := io.ReadFull(pack, make([]byte, 1)); err == nil {
 			return nil, fmt.Errorf("%w: the sender said no commits but sent a pack", ErrBadHistory)
 		}
 		obj, err := r.git(ctx, "", []string{"GIT_OBJECT_DIRECTORY=" + abs}, "cat-file", "commit", commit)
