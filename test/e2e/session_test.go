@@ -217,16 +217,27 @@ func TestSessionEndToEnd(t *testing.T) {
 
 // TestJobGitEndToEnd: through the whole stack a job's /work answers git as
 // a clone at its base commit would, and its commits stay out of the patch.
+// By default (depth 1) its history is the base commit alone; once the
+// tenant's policy says git_history_depth: 3, a job on the same commit sees
+// three commits, under runc and runsc, from the authority's mirror.
 func TestJobGitEndToEnd(t *testing.T) {
-	repo, base := sampleRepo(t)
+	repo, _ := sampleRepo(t)
+	for _, msg := range []string{"second", "third", "fourth"} {
+		if err := os.WriteFile(filepath.Join(repo, "lib", msg+".txt"), []byte(msg+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		git(t, repo, "add", "-A")
+		git(t, repo, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "-m", msg)
+	}
+	base := strings.TrimSpace(git(t, repo, "rev-parse", "HEAD"))
 	s := startStack(t, "--repo", "sample="+repo)
 	res := s.airlock(t, "job", "submit", "--repo", "sample", "--rev", "main", "--wait", "-o", "json", "--", "sh", "-c",
 		`set -e; git status --short; git log --format=%H%n%s; echo x >> README.md; git commit -qam local; git log --oneline | wc -l`)
 	if res.code != 0 {
 		t.Fatalf("git job: exit %d\n%s\n%s", res.code, res.stdout, res.stderr)
 	}
-	if !strings.Contains(res.stderr, base+"\nsample\n2\n") {
-		t.Fatalf("the job's git log (on stderr with -o json) is not its base commit's:\n%s", res.stderr)
+	if !strings.Contains(res.stderr, base+"\nfourth\n2\n") {
+		t.Fatalf("the job's git log (on stderr with -o json) is not its base commit's alone:\n%s", res.stderr)
 	}
 	job := &authorityv1.Job{}
 	if err := protojson.Unmarshal([]byte(res.stdout), job); err != nil {
@@ -234,5 +245,29 @@ func TestJobGitEndToEnd(t *testing.T) {
 	}
 	if ds := job.GetResult().GetDiffStat(); ds.GetFilesChanged() != 1 || ds.GetInsertions() != 1 {
 		t.Fatalf("diff stat %+v, want the one changed file", ds)
+	}
+
+	s.restartServiceAfter(t, "authority", func() {
+		s.editTenants(t, func(_, dev map[string]any) { dev["git_history_depth"] = 3 })
+	})
+	for _, runtime := range []string{"runc", "runsc"} {
+		res := s.airlock(t, "job", "submit", "--repo", "sample", "--rev", "main", "--runtime", runtime, "--wait", "-o", "json", "--", "sh", "-c",
+			`set -e; echo "log:$(git log --oneline | wc -l)"; git diff HEAD~2 --stat | grep -c 'lib/' | sed 's/^/stat:/'; `+
+				`git rev-parse -q --verify HEAD~3 >/dev/null || echo beyond:absent; echo x >> README.md`)
+		if res.code != 0 {
+			t.Fatalf("%s: depth-3 git job: exit %d\n%s\n%s", runtime, res.code, res.stdout, res.stderr)
+		}
+		for _, want := range []string{"log:3\n", "stat:2\n", "beyond:absent\n"} {
+			if !strings.Contains(res.stderr, want) {
+				t.Fatalf("%s: the depth-3 job's output lacks %q:\n%s", runtime, want, res.stderr)
+			}
+		}
+		job := &authorityv1.Job{}
+		if err := protojson.Unmarshal([]byte(res.stdout), job); err != nil {
+			t.Fatal(err)
+		}
+		if ds := job.GetResult().GetDiffStat(); ds.GetFilesChanged() != 1 || ds.GetInsertions() != 1 {
+			t.Fatalf("%s: diff stat %+v, want the one changed file against the base", runtime, ds)
+		}
 	}
 }

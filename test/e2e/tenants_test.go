@@ -35,6 +35,28 @@ func (s *stack) addTenant(t *testing.T, name string, repos map[string]string) {
 	if res.code != 0 {
 		t.Fatalf("pki issue client/%s: exit %d\n%s", name, res.code, res.stderr)
 	}
+	s.editTenants(t, func(tenants, dev map[string]any) {
+		if _, dup := tenants[name]; dup {
+			t.Fatalf("tenant %s already exists", name)
+		}
+		rs := map[string]any{}
+		for r, url := range repos {
+			rs[r] = map[string]any{"url": url}
+		}
+		tenants[name] = map[string]any{
+			"clients":         []string{"client/" + name},
+			"repositories":    rs,
+			"limits":          dev["limits"],
+			"runtime_classes": dev["runtime_classes"],
+		}
+	})
+}
+
+// editTenants rewrites the tenants of the authority's config file with
+// edit, which gets them all and the dev tenant. The authority reads the
+// file at start: restart it afterwards.
+func (s *stack) editTenants(t *testing.T, edit func(tenants, dev map[string]any)) {
+	t.Helper()
 	path := s.services["authority"].Config
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -52,19 +74,7 @@ func (s *stack) addTenant(t *testing.T, name string, repos map[string]string) {
 	if !ok {
 		t.Fatalf("%s: no dev tenant", path)
 	}
-	if _, dup := tenants[name]; dup {
-		t.Fatalf("%s: tenant %s already exists", path, name)
-	}
-	rs := map[string]any{}
-	for r, url := range repos {
-		rs[r] = map[string]any{"url": url}
-	}
-	tenants[name] = map[string]any{
-		"clients":         []string{"client/" + name},
-		"repositories":    rs,
-		"limits":          dev["limits"],
-		"runtime_classes": dev["runtime_classes"],
-	}
+	edit(tenants, dev)
 	out, err := yaml.Marshal(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -1492,7 +1492,14 @@ func (x *CancelJobResponse) GetJob() *Job {
 type FetchSourceRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Required: a job the calling executor holds a grant for.
-	JobId         string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// Optional: send the header alone, with no archive and no history. The
+	// executor asks this first to learn the commit and the history depth,
+	// which name what it may have staged already, and asks for the whole
+	// stream only when it has not. An authority that predates this field
+	// sends the whole stream, and the executor stops reading after the
+	// header.
+	HeaderOnly    bool `protobuf:"varint,2,opt,name=header_only,json=headerOnly,proto3" json:"header_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1534,6 +1541,13 @@ func (x *FetchSourceRequest) GetJobId() string {
 	return ""
 }
 
+func (x *FetchSourceRequest) GetHeaderOnly() bool {
+	if x != nil {
+		return x.HeaderOnly
+	}
+	return false
+}
+
 // SourceHeader is the first message of a FetchSource stream.
 type SourceHeader struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1548,7 +1562,13 @@ type SourceHeader struct {
 	// The commit object itself (as git cat-file commit prints it), for the
 	// job's own .git at the base commit. The executor checks it hashes to
 	// commit and names tree_hash.
-	CommitObject  []byte `protobuf:"bytes,5,opt,name=commit_object,json=commitObject,proto3" json:"commit_object,omitempty"`
+	CommitObject []byte `protobuf:"bytes,5,opt,name=commit_object,json=commitObject,proto3" json:"commit_object,omitempty"`
+	// How many commits of history the tenant's policy gives the job's .git,
+	// counted as git clone --depth counts: 1 is the base commit alone (0,
+	// from an authority that predates this field, means 1 too). Above 1,
+	// and unless header_only was asked, the archive is followed by a
+	// history part and its chunks.
+	HistoryDepth  uint32 `protobuf:"varint,6,opt,name=history_depth,json=historyDepth,proto3" json:"history_depth,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1618,15 +1638,90 @@ func (x *SourceHeader) GetCommitObject() []byte {
 	return nil
 }
 
-// FetchSourceResponse is a header followed by archive chunks.
+func (x *SourceHeader) GetHistoryDepth() uint32 {
+	if x != nil {
+		return x.HistoryDepth
+	}
+	return 0
+}
+
+// SourceHistory describes the git pack of the job's history that follows
+// the archive.
+type SourceHistory struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The depth the history was taken at: the header's history_depth, or
+	// less when the authority's size bound cut it; never more, never 0. The
+	// pack holds exactly the base commit's ancestors within this depth
+	// (every parent followed, as git clone --depth does) with their trees
+	// and blobs, less the objects of the base commit's tree, which the
+	// archive carries. The executor refuses a pack that holds anything else
+	// or lacks any of it.
+	Depth uint32 `protobuf:"varint,1,opt,name=depth,proto3" json:"depth,omitempty"`
+	// How many ancestor commits the pack holds (0: the history ends at the
+	// base commit, and no chunks follow).
+	Commits       uint32 `protobuf:"varint,2,opt,name=commits,proto3" json:"commits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SourceHistory) Reset() {
+	*x = SourceHistory{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SourceHistory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SourceHistory) ProtoMessage() {}
+
+func (x *SourceHistory) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SourceHistory.ProtoReflect.Descriptor instead.
+func (*SourceHistory) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *SourceHistory) GetDepth() uint32 {
+	if x != nil {
+		return x.Depth
+	}
+	return 0
+}
+
+func (x *SourceHistory) GetCommits() uint32 {
+	if x != nil {
+		return x.Commits
+	}
+	return 0
+}
+
+// FetchSourceResponse is a header followed by archive chunks, and then,
+// when the header's history_depth is above 1, a history part followed by
+// history chunks.
 type FetchSourceResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Exactly one is set; the header comes first.
+	// Exactly one is set; the header comes first, then every archive chunk,
+	// then the history part and every history chunk.
 	//
 	// Types that are valid to be assigned to Part:
 	//
 	//	*FetchSourceResponse_Header
 	//	*FetchSourceResponse_Chunk
+	//	*FetchSourceResponse_History
+	//	*FetchSourceResponse_HistoryChunk
 	Part          isFetchSourceResponse_Part `protobuf_oneof:"part"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1634,7 +1729,7 @@ type FetchSourceResponse struct {
 
 func (x *FetchSourceResponse) Reset() {
 	*x = FetchSourceResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[16]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1646,7 +1741,7 @@ func (x *FetchSourceResponse) String() string {
 func (*FetchSourceResponse) ProtoMessage() {}
 
 func (x *FetchSourceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[16]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1659,7 +1754,7 @@ func (x *FetchSourceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchSourceResponse.ProtoReflect.Descriptor instead.
 func (*FetchSourceResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{16}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *FetchSourceResponse) GetPart() isFetchSourceResponse_Part {
@@ -1687,6 +1782,24 @@ func (x *FetchSourceResponse) GetChunk() []byte {
 	return nil
 }
 
+func (x *FetchSourceResponse) GetHistory() *SourceHistory {
+	if x != nil {
+		if x, ok := x.Part.(*FetchSourceResponse_History); ok {
+			return x.History
+		}
+	}
+	return nil
+}
+
+func (x *FetchSourceResponse) GetHistoryChunk() []byte {
+	if x != nil {
+		if x, ok := x.Part.(*FetchSourceResponse_HistoryChunk); ok {
+			return x.HistoryChunk
+		}
+	}
+	return nil
+}
+
 type isFetchSourceResponse_Part interface {
 	isFetchSourceResponse_Part()
 }
@@ -1701,9 +1814,24 @@ type FetchSourceResponse_Chunk struct {
 	Chunk []byte `protobuf:"bytes,2,opt,name=chunk,proto3,oneof"`
 }
 
+type FetchSourceResponse_History struct {
+	// Describes the history pack; sent once, after the last archive chunk.
+	History *SourceHistory `protobuf:"bytes,3,opt,name=history,proto3,oneof"`
+}
+
+type FetchSourceResponse_HistoryChunk struct {
+	// The next bytes of the history: one self-contained git pack
+	// (version 2, no deltas against objects outside it).
+	HistoryChunk []byte `protobuf:"bytes,4,opt,name=history_chunk,json=historyChunk,proto3,oneof"`
+}
+
 func (*FetchSourceResponse_Header) isFetchSourceResponse_Part() {}
 
 func (*FetchSourceResponse_Chunk) isFetchSourceResponse_Part() {}
+
+func (*FetchSourceResponse_History) isFetchSourceResponse_Part() {}
+
+func (*FetchSourceResponse_HistoryChunk) isFetchSourceResponse_Part() {}
 
 // ReportResultRequest records a run's outcome.
 type ReportResultRequest struct {
@@ -1727,7 +1855,7 @@ type ReportResultRequest struct {
 
 func (x *ReportResultRequest) Reset() {
 	*x = ReportResultRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[17]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1739,7 +1867,7 @@ func (x *ReportResultRequest) String() string {
 func (*ReportResultRequest) ProtoMessage() {}
 
 func (x *ReportResultRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[17]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1752,7 +1880,7 @@ func (x *ReportResultRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResultRequest.ProtoReflect.Descriptor instead.
 func (*ReportResultRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{17}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReportResultRequest) GetJobId() string {
@@ -1825,7 +1953,7 @@ type FileChange struct {
 
 func (x *FileChange) Reset() {
 	*x = FileChange{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[18]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1837,7 +1965,7 @@ func (x *FileChange) String() string {
 func (*FileChange) ProtoMessage() {}
 
 func (x *FileChange) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[18]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1850,7 +1978,7 @@ func (x *FileChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileChange.ProtoReflect.Descriptor instead.
 func (*FileChange) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{18}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *FileChange) GetPath() string {
@@ -1939,7 +2067,7 @@ type OutputTail struct {
 
 func (x *OutputTail) Reset() {
 	*x = OutputTail{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[19]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1951,7 +2079,7 @@ func (x *OutputTail) String() string {
 func (*OutputTail) ProtoMessage() {}
 
 func (x *OutputTail) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[19]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1964,7 +2092,7 @@ func (x *OutputTail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputTail.ProtoReflect.Descriptor instead.
 func (*OutputTail) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{19}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *OutputTail) GetData() []byte {
@@ -2024,7 +2152,7 @@ type ReviewDetail struct {
 
 func (x *ReviewDetail) Reset() {
 	*x = ReviewDetail{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[20]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2036,7 +2164,7 @@ func (x *ReviewDetail) String() string {
 func (*ReviewDetail) ProtoMessage() {}
 
 func (x *ReviewDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[20]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2049,7 +2177,7 @@ func (x *ReviewDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReviewDetail.ProtoReflect.Descriptor instead.
 func (*ReviewDetail) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{20}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReviewDetail) GetFiles() []*FileChange {
@@ -2142,7 +2270,7 @@ type FileWrite struct {
 
 func (x *FileWrite) Reset() {
 	*x = FileWrite{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[21]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2154,7 +2282,7 @@ func (x *FileWrite) String() string {
 func (*FileWrite) ProtoMessage() {}
 
 func (x *FileWrite) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[21]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2167,7 +2295,7 @@ func (x *FileWrite) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileWrite.ProtoReflect.Descriptor instead.
 func (*FileWrite) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{21}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *FileWrite) GetPath() string {
@@ -2245,7 +2373,7 @@ type EgressRecord struct {
 
 func (x *EgressRecord) Reset() {
 	*x = EgressRecord{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[22]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2257,7 +2385,7 @@ func (x *EgressRecord) String() string {
 func (*EgressRecord) ProtoMessage() {}
 
 func (x *EgressRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[22]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2270,7 +2398,7 @@ func (x *EgressRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressRecord.ProtoReflect.Descriptor instead.
 func (*EgressRecord) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{22}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *EgressRecord) GetTime() *timestamppb.Timestamp {
@@ -2391,7 +2519,7 @@ type EgressLog struct {
 
 func (x *EgressLog) Reset() {
 	*x = EgressLog{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[23]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2403,7 +2531,7 @@ func (x *EgressLog) String() string {
 func (*EgressLog) ProtoMessage() {}
 
 func (x *EgressLog) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[23]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2416,7 +2544,7 @@ func (x *EgressLog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressLog.ProtoReflect.Descriptor instead.
 func (*EgressLog) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{23}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *EgressLog) GetRecords() []*EgressRecord {
@@ -2466,7 +2594,7 @@ type EgressName struct {
 
 func (x *EgressName) Reset() {
 	*x = EgressName{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[24]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2478,7 +2606,7 @@ func (x *EgressName) String() string {
 func (*EgressName) ProtoMessage() {}
 
 func (x *EgressName) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[24]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2491,7 +2619,7 @@ func (x *EgressName) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressName.ProtoReflect.Descriptor instead.
 func (*EgressName) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{24}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *EgressName) GetName() string {
@@ -2540,7 +2668,7 @@ type ReportResultResponse struct {
 
 func (x *ReportResultResponse) Reset() {
 	*x = ReportResultResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2552,7 +2680,7 @@ func (x *ReportResultResponse) String() string {
 func (*ReportResultResponse) ProtoMessage() {}
 
 func (x *ReportResultResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2565,7 +2693,7 @@ func (x *ReportResultResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResultResponse.ProtoReflect.Descriptor instead.
 func (*ReportResultResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{25}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReportResultResponse) GetJob() *Job {
@@ -2598,7 +2726,7 @@ type JobChange struct {
 
 func (x *JobChange) Reset() {
 	*x = JobChange{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2610,7 +2738,7 @@ func (x *JobChange) String() string {
 func (*JobChange) ProtoMessage() {}
 
 func (x *JobChange) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2623,7 +2751,7 @@ func (x *JobChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobChange.ProtoReflect.Descriptor instead.
 func (*JobChange) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{26}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *JobChange) GetBaseGeneration() int64 {
@@ -2685,7 +2813,7 @@ type ApprovalVote struct {
 
 func (x *ApprovalVote) Reset() {
 	*x = ApprovalVote{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2697,7 +2825,7 @@ func (x *ApprovalVote) String() string {
 func (*ApprovalVote) ProtoMessage() {}
 
 func (x *ApprovalVote) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2710,7 +2838,7 @@ func (x *ApprovalVote) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApprovalVote.ProtoReflect.Descriptor instead.
 func (*ApprovalVote) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{27}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ApprovalVote) GetApprover() string {
@@ -2779,7 +2907,7 @@ type Approval struct {
 
 func (x *Approval) Reset() {
 	*x = Approval{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2791,7 +2919,7 @@ func (x *Approval) String() string {
 func (*Approval) ProtoMessage() {}
 
 func (x *Approval) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2804,7 +2932,7 @@ func (x *Approval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Approval.ProtoReflect.Descriptor instead.
 func (*Approval) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{28}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Approval) GetApprovalId() string {
@@ -2923,7 +3051,7 @@ type ReviewMaterial struct {
 
 func (x *ReviewMaterial) Reset() {
 	*x = ReviewMaterial{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2935,7 +3063,7 @@ func (x *ReviewMaterial) String() string {
 func (*ReviewMaterial) ProtoMessage() {}
 
 func (x *ReviewMaterial) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2948,7 +3076,7 @@ func (x *ReviewMaterial) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReviewMaterial.ProtoReflect.Descriptor instead.
 func (*ReviewMaterial) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{29}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReviewMaterial) GetPatch() []byte {
@@ -3007,7 +3135,7 @@ type ReadReviewRequest struct {
 
 func (x *ReadReviewRequest) Reset() {
 	*x = ReadReviewRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3019,7 +3147,7 @@ func (x *ReadReviewRequest) String() string {
 func (*ReadReviewRequest) ProtoMessage() {}
 
 func (x *ReadReviewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3032,7 +3160,7 @@ func (x *ReadReviewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadReviewRequest.ProtoReflect.Descriptor instead.
 func (*ReadReviewRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{30}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReadReviewRequest) GetApprovalId() string {
@@ -3062,7 +3190,7 @@ type ReviewPartStart struct {
 
 func (x *ReviewPartStart) Reset() {
 	*x = ReviewPartStart{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3074,7 +3202,7 @@ func (x *ReviewPartStart) String() string {
 func (*ReviewPartStart) ProtoMessage() {}
 
 func (x *ReviewPartStart) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3087,7 +3215,7 @@ func (x *ReviewPartStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReviewPartStart.ProtoReflect.Descriptor instead.
 func (*ReviewPartStart) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{31}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReviewPartStart) GetPart() ReviewPart {
@@ -3115,7 +3243,7 @@ type ReviewFiles struct {
 
 func (x *ReviewFiles) Reset() {
 	*x = ReviewFiles{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3127,7 +3255,7 @@ func (x *ReviewFiles) String() string {
 func (*ReviewFiles) ProtoMessage() {}
 
 func (x *ReviewFiles) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3140,7 +3268,7 @@ func (x *ReviewFiles) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReviewFiles.ProtoReflect.Descriptor instead.
 func (*ReviewFiles) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{32}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReviewFiles) GetFiles() []*FileChange {
@@ -3169,7 +3297,7 @@ type ReadReviewResponse struct {
 
 func (x *ReadReviewResponse) Reset() {
 	*x = ReadReviewResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3181,7 +3309,7 @@ func (x *ReadReviewResponse) String() string {
 func (*ReadReviewResponse) ProtoMessage() {}
 
 func (x *ReadReviewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3194,7 +3322,7 @@ func (x *ReadReviewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadReviewResponse.ProtoReflect.Descriptor instead.
 func (*ReadReviewResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{33}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReadReviewResponse) GetMsg() isReadReviewResponse_Msg {
@@ -3290,7 +3418,7 @@ type ListApprovalsRequest struct {
 
 func (x *ListApprovalsRequest) Reset() {
 	*x = ListApprovalsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3302,7 +3430,7 @@ func (x *ListApprovalsRequest) String() string {
 func (*ListApprovalsRequest) ProtoMessage() {}
 
 func (x *ListApprovalsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3315,7 +3443,7 @@ func (x *ListApprovalsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApprovalsRequest.ProtoReflect.Descriptor instead.
 func (*ListApprovalsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{34}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListApprovalsRequest) GetTenant() string {
@@ -3359,7 +3487,7 @@ type ListApprovalsResponse struct {
 
 func (x *ListApprovalsResponse) Reset() {
 	*x = ListApprovalsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3371,7 +3499,7 @@ func (x *ListApprovalsResponse) String() string {
 func (*ListApprovalsResponse) ProtoMessage() {}
 
 func (x *ListApprovalsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3384,7 +3512,7 @@ func (x *ListApprovalsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApprovalsResponse.ProtoReflect.Descriptor instead.
 func (*ListApprovalsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{35}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListApprovalsResponse) GetApprovals() []*Approval {
@@ -3412,7 +3540,7 @@ type GetApprovalRequest struct {
 
 func (x *GetApprovalRequest) Reset() {
 	*x = GetApprovalRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3424,7 +3552,7 @@ func (x *GetApprovalRequest) String() string {
 func (*GetApprovalRequest) ProtoMessage() {}
 
 func (x *GetApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3437,7 +3565,7 @@ func (x *GetApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetApprovalRequest.ProtoReflect.Descriptor instead.
 func (*GetApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{36}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetApprovalRequest) GetApprovalId() string {
@@ -3460,7 +3588,7 @@ type GetApprovalResponse struct {
 
 func (x *GetApprovalResponse) Reset() {
 	*x = GetApprovalResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3472,7 +3600,7 @@ func (x *GetApprovalResponse) String() string {
 func (*GetApprovalResponse) ProtoMessage() {}
 
 func (x *GetApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3485,7 +3613,7 @@ func (x *GetApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetApprovalResponse.ProtoReflect.Descriptor instead.
 func (*GetApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{37}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetApprovalResponse) GetApproval() *Approval {
@@ -3520,7 +3648,7 @@ type DecideApprovalRequest struct {
 
 func (x *DecideApprovalRequest) Reset() {
 	*x = DecideApprovalRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3532,7 +3660,7 @@ func (x *DecideApprovalRequest) String() string {
 func (*DecideApprovalRequest) ProtoMessage() {}
 
 func (x *DecideApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3545,7 +3673,7 @@ func (x *DecideApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideApprovalRequest.ProtoReflect.Descriptor instead.
 func (*DecideApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{38}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DecideApprovalRequest) GetApprovalId() string {
@@ -3587,7 +3715,7 @@ type DecideApprovalResponse struct {
 
 func (x *DecideApprovalResponse) Reset() {
 	*x = DecideApprovalResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3599,7 +3727,7 @@ func (x *DecideApprovalResponse) String() string {
 func (*DecideApprovalResponse) ProtoMessage() {}
 
 func (x *DecideApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3612,7 +3740,7 @@ func (x *DecideApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideApprovalResponse.ProtoReflect.Descriptor instead.
 func (*DecideApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{39}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DecideApprovalResponse) GetApproval() *Approval {
@@ -3639,7 +3767,7 @@ type ConsumeApprovalRequest struct {
 
 func (x *ConsumeApprovalRequest) Reset() {
 	*x = ConsumeApprovalRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3651,7 +3779,7 @@ func (x *ConsumeApprovalRequest) String() string {
 func (*ConsumeApprovalRequest) ProtoMessage() {}
 
 func (x *ConsumeApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3664,7 +3792,7 @@ func (x *ConsumeApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumeApprovalRequest.ProtoReflect.Descriptor instead.
 func (*ConsumeApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{40}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ConsumeApprovalRequest) GetApprovalId() string {
@@ -3706,7 +3834,7 @@ type ConsumeApprovalResponse struct {
 
 func (x *ConsumeApprovalResponse) Reset() {
 	*x = ConsumeApprovalResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3718,7 +3846,7 @@ func (x *ConsumeApprovalResponse) String() string {
 func (*ConsumeApprovalResponse) ProtoMessage() {}
 
 func (x *ConsumeApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3731,7 +3859,7 @@ func (x *ConsumeApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumeApprovalResponse.ProtoReflect.Descriptor instead.
 func (*ConsumeApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{41}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ConsumeApprovalResponse) GetApproval() *Approval {
@@ -3766,7 +3894,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3778,7 +3906,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3791,7 +3919,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{42}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Lease) GetLeaseId() string {
@@ -3867,7 +3995,7 @@ type LeaseCredentialRequest struct {
 
 func (x *LeaseCredentialRequest) Reset() {
 	*x = LeaseCredentialRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3879,7 +4007,7 @@ func (x *LeaseCredentialRequest) String() string {
 func (*LeaseCredentialRequest) ProtoMessage() {}
 
 func (x *LeaseCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3892,7 +4020,7 @@ func (x *LeaseCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseCredentialRequest.ProtoReflect.Descriptor instead.
 func (*LeaseCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{43}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *LeaseCredentialRequest) GetPurpose() LeasePurpose {
@@ -3936,7 +4064,7 @@ type LeaseCredentialResponse struct {
 
 func (x *LeaseCredentialResponse) Reset() {
 	*x = LeaseCredentialResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3948,7 +4076,7 @@ func (x *LeaseCredentialResponse) String() string {
 func (*LeaseCredentialResponse) ProtoMessage() {}
 
 func (x *LeaseCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3961,7 +4089,7 @@ func (x *LeaseCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseCredentialResponse.ProtoReflect.Descriptor instead.
 func (*LeaseCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{44}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *LeaseCredentialResponse) GetLease() *Lease {
@@ -3991,7 +4119,7 @@ type RevokeCredentialRequest struct {
 
 func (x *RevokeCredentialRequest) Reset() {
 	*x = RevokeCredentialRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[45]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4003,7 +4131,7 @@ func (x *RevokeCredentialRequest) String() string {
 func (*RevokeCredentialRequest) ProtoMessage() {}
 
 func (x *RevokeCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[45]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4016,7 +4144,7 @@ func (x *RevokeCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCredentialRequest.ProtoReflect.Descriptor instead.
 func (*RevokeCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{45}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RevokeCredentialRequest) GetLeaseId() string {
@@ -4044,7 +4172,7 @@ type RevokeCredentialResponse struct {
 
 func (x *RevokeCredentialResponse) Reset() {
 	*x = RevokeCredentialResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[46]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4056,7 +4184,7 @@ func (x *RevokeCredentialResponse) String() string {
 func (*RevokeCredentialResponse) ProtoMessage() {}
 
 func (x *RevokeCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[46]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4069,7 +4197,7 @@ func (x *RevokeCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCredentialResponse.ProtoReflect.Descriptor instead.
 func (*RevokeCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{46}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RevokeCredentialResponse) GetLease() *Lease {
@@ -4096,7 +4224,7 @@ type ListLeasesRequest struct {
 
 func (x *ListLeasesRequest) Reset() {
 	*x = ListLeasesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[47]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4108,7 +4236,7 @@ func (x *ListLeasesRequest) String() string {
 func (*ListLeasesRequest) ProtoMessage() {}
 
 func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[47]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4121,7 +4249,7 @@ func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{47}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListLeasesRequest) GetJobId() string {
@@ -4165,7 +4293,7 @@ type ListLeasesResponse struct {
 
 func (x *ListLeasesResponse) Reset() {
 	*x = ListLeasesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[48]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4177,7 +4305,7 @@ func (x *ListLeasesResponse) String() string {
 func (*ListLeasesResponse) ProtoMessage() {}
 
 func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[48]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4190,7 +4318,7 @@ func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{48}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListLeasesResponse) GetLeases() []*Lease {
@@ -4220,7 +4348,7 @@ type UpdateNetworkPolicyRequest struct {
 
 func (x *UpdateNetworkPolicyRequest) Reset() {
 	*x = UpdateNetworkPolicyRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[49]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4232,7 +4360,7 @@ func (x *UpdateNetworkPolicyRequest) String() string {
 func (*UpdateNetworkPolicyRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[49]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4245,7 +4373,7 @@ func (x *UpdateNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkPolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{49}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *UpdateNetworkPolicyRequest) GetJobId() string {
@@ -4276,7 +4404,7 @@ type UpdateNetworkPolicyResponse struct {
 
 func (x *UpdateNetworkPolicyResponse) Reset() {
 	*x = UpdateNetworkPolicyResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[50]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4288,7 +4416,7 @@ func (x *UpdateNetworkPolicyResponse) String() string {
 func (*UpdateNetworkPolicyResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[50]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4301,7 +4429,7 @@ func (x *UpdateNetworkPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkPolicyResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{50}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *UpdateNetworkPolicyResponse) GetStatus() *v1.NetworkPolicyStatus {
@@ -4332,7 +4460,7 @@ type UpdateJobLimitsRequest struct {
 
 func (x *UpdateJobLimitsRequest) Reset() {
 	*x = UpdateJobLimitsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[51]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4344,7 +4472,7 @@ func (x *UpdateJobLimitsRequest) String() string {
 func (*UpdateJobLimitsRequest) ProtoMessage() {}
 
 func (x *UpdateJobLimitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[51]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4357,7 +4485,7 @@ func (x *UpdateJobLimitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateJobLimitsRequest.ProtoReflect.Descriptor instead.
 func (*UpdateJobLimitsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{51}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *UpdateJobLimitsRequest) GetJobId() string {
@@ -4387,7 +4515,7 @@ type UpdateJobLimitsResponse struct {
 
 func (x *UpdateJobLimitsResponse) Reset() {
 	*x = UpdateJobLimitsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[52]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4399,7 +4527,7 @@ func (x *UpdateJobLimitsResponse) String() string {
 func (*UpdateJobLimitsResponse) ProtoMessage() {}
 
 func (x *UpdateJobLimitsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[52]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4412,7 +4540,7 @@ func (x *UpdateJobLimitsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateJobLimitsResponse.ProtoReflect.Descriptor instead.
 func (*UpdateJobLimitsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{52}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *UpdateJobLimitsResponse) GetJob() *Job {
@@ -4445,7 +4573,7 @@ type UseLeaseRequest struct {
 
 func (x *UseLeaseRequest) Reset() {
 	*x = UseLeaseRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[53]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4457,7 +4585,7 @@ func (x *UseLeaseRequest) String() string {
 func (*UseLeaseRequest) ProtoMessage() {}
 
 func (x *UseLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[53]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4470,7 +4598,7 @@ func (x *UseLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UseLeaseRequest.ProtoReflect.Descriptor instead.
 func (*UseLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{53}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *UseLeaseRequest) GetLeaseId() string {
@@ -4505,7 +4633,7 @@ type UseLeaseResponse struct {
 
 func (x *UseLeaseResponse) Reset() {
 	*x = UseLeaseResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[54]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4517,7 +4645,7 @@ func (x *UseLeaseResponse) String() string {
 func (*UseLeaseResponse) ProtoMessage() {}
 
 func (x *UseLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[54]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4530,7 +4658,7 @@ func (x *UseLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UseLeaseResponse.ProtoReflect.Descriptor instead.
 func (*UseLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{54}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *UseLeaseResponse) GetLease() *Lease {
@@ -4571,7 +4699,7 @@ type AuditEvent struct {
 
 func (x *AuditEvent) Reset() {
 	*x = AuditEvent{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[55]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4583,7 +4711,7 @@ func (x *AuditEvent) String() string {
 func (*AuditEvent) ProtoMessage() {}
 
 func (x *AuditEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[55]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4596,7 +4724,7 @@ func (x *AuditEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEvent.ProtoReflect.Descriptor instead.
 func (*AuditEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{55}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *AuditEvent) GetSequence() int64 {
@@ -4701,7 +4829,7 @@ type ListAuditEventsRequest struct {
 
 func (x *ListAuditEventsRequest) Reset() {
 	*x = ListAuditEventsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[56]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4713,7 +4841,7 @@ func (x *ListAuditEventsRequest) String() string {
 func (*ListAuditEventsRequest) ProtoMessage() {}
 
 func (x *ListAuditEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[56]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4726,7 +4854,7 @@ func (x *ListAuditEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditEventsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{56}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListAuditEventsRequest) GetJobId() string {
@@ -4798,7 +4926,7 @@ type ListAuditEventsResponse struct {
 
 func (x *ListAuditEventsResponse) Reset() {
 	*x = ListAuditEventsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[57]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4810,7 +4938,7 @@ func (x *ListAuditEventsResponse) String() string {
 func (*ListAuditEventsResponse) ProtoMessage() {}
 
 func (x *ListAuditEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[57]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4823,7 +4951,7 @@ func (x *ListAuditEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditEventsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{57}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ListAuditEventsResponse) GetEvents() []*AuditEvent {
@@ -4863,7 +4991,7 @@ type AuditCheckpoint struct {
 
 func (x *AuditCheckpoint) Reset() {
 	*x = AuditCheckpoint{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[58]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4875,7 +5003,7 @@ func (x *AuditCheckpoint) String() string {
 func (*AuditCheckpoint) ProtoMessage() {}
 
 func (x *AuditCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[58]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4888,7 +5016,7 @@ func (x *AuditCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditCheckpoint.ProtoReflect.Descriptor instead.
 func (*AuditCheckpoint) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{58}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *AuditCheckpoint) GetSequence() int64 {
@@ -4946,7 +5074,7 @@ type ListAuditCheckpointsRequest struct {
 
 func (x *ListAuditCheckpointsRequest) Reset() {
 	*x = ListAuditCheckpointsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[59]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4958,7 +5086,7 @@ func (x *ListAuditCheckpointsRequest) String() string {
 func (*ListAuditCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListAuditCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[59]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4971,7 +5099,7 @@ func (x *ListAuditCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{59}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ListAuditCheckpointsRequest) GetAfterSequence() int64 {
@@ -5008,7 +5136,7 @@ type ListAuditCheckpointsResponse struct {
 
 func (x *ListAuditCheckpointsResponse) Reset() {
 	*x = ListAuditCheckpointsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[60]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5020,7 +5148,7 @@ func (x *ListAuditCheckpointsResponse) String() string {
 func (*ListAuditCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListAuditCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[60]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5033,7 +5161,7 @@ func (x *ListAuditCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{60}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ListAuditCheckpointsResponse) GetCheckpoints() []*AuditCheckpoint {
@@ -5082,7 +5210,7 @@ type GetPublishSpecRequest struct {
 
 func (x *GetPublishSpecRequest) Reset() {
 	*x = GetPublishSpecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[61]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5094,7 +5222,7 @@ func (x *GetPublishSpecRequest) String() string {
 func (*GetPublishSpecRequest) ProtoMessage() {}
 
 func (x *GetPublishSpecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[61]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5107,7 +5235,7 @@ func (x *GetPublishSpecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPublishSpecRequest.ProtoReflect.Descriptor instead.
 func (*GetPublishSpecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{61}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *GetPublishSpecRequest) GetApprovalId() string {
@@ -5138,7 +5266,7 @@ type PublishPolicy struct {
 
 func (x *PublishPolicy) Reset() {
 	*x = PublishPolicy{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[62]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5150,7 +5278,7 @@ func (x *PublishPolicy) String() string {
 func (*PublishPolicy) ProtoMessage() {}
 
 func (x *PublishPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[62]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5163,7 +5291,7 @@ func (x *PublishPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishPolicy.ProtoReflect.Descriptor instead.
 func (*PublishPolicy) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{62}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *PublishPolicy) GetProtected() []string {
@@ -5236,7 +5364,7 @@ type GetPublishSpecResponse struct {
 
 func (x *GetPublishSpecResponse) Reset() {
 	*x = GetPublishSpecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[63]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5248,7 +5376,7 @@ func (x *GetPublishSpecResponse) String() string {
 func (*GetPublishSpecResponse) ProtoMessage() {}
 
 func (x *GetPublishSpecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[63]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5261,7 +5389,7 @@ func (x *GetPublishSpecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPublishSpecResponse.ProtoReflect.Descriptor instead.
 func (*GetPublishSpecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{63}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *GetPublishSpecResponse) GetApproval() *Approval {
@@ -5358,7 +5486,7 @@ type CreateSessionRequest struct {
 
 func (x *CreateSessionRequest) Reset() {
 	*x = CreateSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[64]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5370,7 +5498,7 @@ func (x *CreateSessionRequest) String() string {
 func (*CreateSessionRequest) ProtoMessage() {}
 
 func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[64]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5383,7 +5511,7 @@ func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionRequest.ProtoReflect.Descriptor instead.
 func (*CreateSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{64}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *CreateSessionRequest) GetTenant() string {
@@ -5420,7 +5548,7 @@ type CreateSessionResponse struct {
 
 func (x *CreateSessionResponse) Reset() {
 	*x = CreateSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[65]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5432,7 +5560,7 @@ func (x *CreateSessionResponse) String() string {
 func (*CreateSessionResponse) ProtoMessage() {}
 
 func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[65]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5445,7 +5573,7 @@ func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionResponse.ProtoReflect.Descriptor instead.
 func (*CreateSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{65}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *CreateSessionResponse) GetSession() *Job {
@@ -5473,7 +5601,7 @@ type GetSessionRequest struct {
 
 func (x *GetSessionRequest) Reset() {
 	*x = GetSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[66]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5485,7 +5613,7 @@ func (x *GetSessionRequest) String() string {
 func (*GetSessionRequest) ProtoMessage() {}
 
 func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[66]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5498,7 +5626,7 @@ func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionRequest.ProtoReflect.Descriptor instead.
 func (*GetSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{66}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *GetSessionRequest) GetSessionId() string {
@@ -5533,7 +5661,7 @@ type GetSessionResponse struct {
 
 func (x *GetSessionResponse) Reset() {
 	*x = GetSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[67]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5545,7 +5673,7 @@ func (x *GetSessionResponse) String() string {
 func (*GetSessionResponse) ProtoMessage() {}
 
 func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[67]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5558,7 +5686,7 @@ func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionResponse.ProtoReflect.Descriptor instead.
 func (*GetSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{67}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *GetSessionResponse) GetSession() *Job {
@@ -5613,7 +5741,7 @@ type ListSessionsRequest struct {
 
 func (x *ListSessionsRequest) Reset() {
 	*x = ListSessionsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[68]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5625,7 +5753,7 @@ func (x *ListSessionsRequest) String() string {
 func (*ListSessionsRequest) ProtoMessage() {}
 
 func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[68]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5638,7 +5766,7 @@ func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
 func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{68}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ListSessionsRequest) GetTenant() string {
@@ -5682,7 +5810,7 @@ type ListSessionsResponse struct {
 
 func (x *ListSessionsResponse) Reset() {
 	*x = ListSessionsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[69]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5694,7 +5822,7 @@ func (x *ListSessionsResponse) String() string {
 func (*ListSessionsResponse) ProtoMessage() {}
 
 func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[69]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5707,7 +5835,7 @@ func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
 func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{69}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ListSessionsResponse) GetSessions() []*Job {
@@ -5735,7 +5863,7 @@ type FinishSessionRequest struct {
 
 func (x *FinishSessionRequest) Reset() {
 	*x = FinishSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[70]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5747,7 +5875,7 @@ func (x *FinishSessionRequest) String() string {
 func (*FinishSessionRequest) ProtoMessage() {}
 
 func (x *FinishSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[70]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5760,7 +5888,7 @@ func (x *FinishSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishSessionRequest.ProtoReflect.Descriptor instead.
 func (*FinishSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{70}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *FinishSessionRequest) GetSessionId() string {
@@ -5781,7 +5909,7 @@ type FinishSessionResponse struct {
 
 func (x *FinishSessionResponse) Reset() {
 	*x = FinishSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[71]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5793,7 +5921,7 @@ func (x *FinishSessionResponse) String() string {
 func (*FinishSessionResponse) ProtoMessage() {}
 
 func (x *FinishSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[71]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5806,7 +5934,7 @@ func (x *FinishSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishSessionResponse.ProtoReflect.Descriptor instead.
 func (*FinishSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{71}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *FinishSessionResponse) GetSession() *Job {
@@ -5829,7 +5957,7 @@ type CancelSessionRequest struct {
 
 func (x *CancelSessionRequest) Reset() {
 	*x = CancelSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[72]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5841,7 +5969,7 @@ func (x *CancelSessionRequest) String() string {
 func (*CancelSessionRequest) ProtoMessage() {}
 
 func (x *CancelSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[72]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5854,7 +5982,7 @@ func (x *CancelSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelSessionRequest.ProtoReflect.Descriptor instead.
 func (*CancelSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{72}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *CancelSessionRequest) GetSessionId() string {
@@ -5882,7 +6010,7 @@ type CancelSessionResponse struct {
 
 func (x *CancelSessionResponse) Reset() {
 	*x = CancelSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[73]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5894,7 +6022,7 @@ func (x *CancelSessionResponse) String() string {
 func (*CancelSessionResponse) ProtoMessage() {}
 
 func (x *CancelSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[73]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5907,7 +6035,7 @@ func (x *CancelSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelSessionResponse.ProtoReflect.Descriptor instead.
 func (*CancelSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{73}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *CancelSessionResponse) GetSession() *Job {
@@ -5930,7 +6058,7 @@ type StartExecRequest struct {
 
 func (x *StartExecRequest) Reset() {
 	*x = StartExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[74]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5942,7 +6070,7 @@ func (x *StartExecRequest) String() string {
 func (*StartExecRequest) ProtoMessage() {}
 
 func (x *StartExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[74]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5955,7 +6083,7 @@ func (x *StartExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartExecRequest.ProtoReflect.Descriptor instead.
 func (*StartExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{74}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *StartExecRequest) GetSessionId() string {
@@ -5985,7 +6113,7 @@ type StartExecResponse struct {
 
 func (x *StartExecResponse) Reset() {
 	*x = StartExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[75]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5997,7 +6125,7 @@ func (x *StartExecResponse) String() string {
 func (*StartExecResponse) ProtoMessage() {}
 
 func (x *StartExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[75]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6010,7 +6138,7 @@ func (x *StartExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartExecResponse.ProtoReflect.Descriptor instead.
 func (*StartExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{75}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *StartExecResponse) GetExec() *v1.Exec {
@@ -6040,7 +6168,7 @@ type GetExecRequest struct {
 
 func (x *GetExecRequest) Reset() {
 	*x = GetExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[76]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6052,7 +6180,7 @@ func (x *GetExecRequest) String() string {
 func (*GetExecRequest) ProtoMessage() {}
 
 func (x *GetExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[76]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6065,7 +6193,7 @@ func (x *GetExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetExecRequest.ProtoReflect.Descriptor instead.
 func (*GetExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{76}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *GetExecRequest) GetSessionId() string {
@@ -6093,7 +6221,7 @@ type GetExecResponse struct {
 
 func (x *GetExecResponse) Reset() {
 	*x = GetExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[77]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6105,7 +6233,7 @@ func (x *GetExecResponse) String() string {
 func (*GetExecResponse) ProtoMessage() {}
 
 func (x *GetExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[77]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6118,7 +6246,7 @@ func (x *GetExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetExecResponse.ProtoReflect.Descriptor instead.
 func (*GetExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{77}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *GetExecResponse) GetExec() *v1.Exec {
@@ -6145,7 +6273,7 @@ type WatchExecRequest struct {
 
 func (x *WatchExecRequest) Reset() {
 	*x = WatchExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[78]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6157,7 +6285,7 @@ func (x *WatchExecRequest) String() string {
 func (*WatchExecRequest) ProtoMessage() {}
 
 func (x *WatchExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[78]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6170,7 +6298,7 @@ func (x *WatchExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchExecRequest.ProtoReflect.Descriptor instead.
 func (*WatchExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{78}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *WatchExecRequest) GetSessionId() string {
@@ -6217,7 +6345,7 @@ type WatchExecResponse struct {
 
 func (x *WatchExecResponse) Reset() {
 	*x = WatchExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[79]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6229,7 +6357,7 @@ func (x *WatchExecResponse) String() string {
 func (*WatchExecResponse) ProtoMessage() {}
 
 func (x *WatchExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[79]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6242,7 +6370,7 @@ func (x *WatchExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchExecResponse.ProtoReflect.Descriptor instead.
 func (*WatchExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{79}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *WatchExecResponse) GetEvent() isWatchExecResponse_Event {
@@ -6301,7 +6429,7 @@ type CancelExecRequest struct {
 
 func (x *CancelExecRequest) Reset() {
 	*x = CancelExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6313,7 +6441,7 @@ func (x *CancelExecRequest) String() string {
 func (*CancelExecRequest) ProtoMessage() {}
 
 func (x *CancelExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6326,7 +6454,7 @@ func (x *CancelExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelExecRequest.ProtoReflect.Descriptor instead.
 func (*CancelExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{80}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *CancelExecRequest) GetSessionId() string {
@@ -6354,7 +6482,7 @@ type CancelExecResponse struct {
 
 func (x *CancelExecResponse) Reset() {
 	*x = CancelExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6366,7 +6494,7 @@ func (x *CancelExecResponse) String() string {
 func (*CancelExecResponse) ProtoMessage() {}
 
 func (x *CancelExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6379,7 +6507,7 @@ func (x *CancelExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelExecResponse.ProtoReflect.Descriptor instead.
 func (*CancelExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{81}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *CancelExecResponse) GetExec() *v1.Exec {
@@ -6404,7 +6532,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6416,7 +6544,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6429,7 +6557,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{82}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ReadFileRequest) GetSessionId() string {
@@ -6463,7 +6591,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6475,7 +6603,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6488,7 +6616,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{83}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ReadFileResponse) GetPart() isReadFileResponse_Part {
@@ -6549,7 +6677,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6561,7 +6689,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6574,7 +6702,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{84}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *WriteFileHeader) GetSessionId() string {
@@ -6614,7 +6742,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6626,7 +6754,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6639,7 +6767,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{85}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *WriteFileRequest) GetPart() isWriteFileRequest_Part {
@@ -6696,7 +6824,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6708,7 +6836,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6721,7 +6849,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{86}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *WriteFileResponse) GetSize() int64 {
@@ -6746,7 +6874,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6758,7 +6886,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6771,7 +6899,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{87}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ListFilesRequest) GetSessionId() string {
@@ -6808,7 +6936,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6820,7 +6948,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6833,7 +6961,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{88}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *ListFilesResponse) GetEntries() []*v1.FileEntry {
@@ -6861,7 +6989,7 @@ type SuspendSessionRequest struct {
 
 func (x *SuspendSessionRequest) Reset() {
 	*x = SuspendSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6873,7 +7001,7 @@ func (x *SuspendSessionRequest) String() string {
 func (*SuspendSessionRequest) ProtoMessage() {}
 
 func (x *SuspendSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6886,7 +7014,7 @@ func (x *SuspendSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendSessionRequest.ProtoReflect.Descriptor instead.
 func (*SuspendSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{89}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *SuspendSessionRequest) GetSessionId() string {
@@ -6907,7 +7035,7 @@ type SuspendSessionResponse struct {
 
 func (x *SuspendSessionResponse) Reset() {
 	*x = SuspendSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6919,7 +7047,7 @@ func (x *SuspendSessionResponse) String() string {
 func (*SuspendSessionResponse) ProtoMessage() {}
 
 func (x *SuspendSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6932,7 +7060,7 @@ func (x *SuspendSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendSessionResponse.ProtoReflect.Descriptor instead.
 func (*SuspendSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{90}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *SuspendSessionResponse) GetSession() *Job {
@@ -6953,7 +7081,7 @@ type ResumeSessionRequest struct {
 
 func (x *ResumeSessionRequest) Reset() {
 	*x = ResumeSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6965,7 +7093,7 @@ func (x *ResumeSessionRequest) String() string {
 func (*ResumeSessionRequest) ProtoMessage() {}
 
 func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6978,7 +7106,7 @@ func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSessionRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{91}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *ResumeSessionRequest) GetSessionId() string {
@@ -6999,7 +7127,7 @@ type ResumeSessionResponse struct {
 
 func (x *ResumeSessionResponse) Reset() {
 	*x = ResumeSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7011,7 +7139,7 @@ func (x *ResumeSessionResponse) String() string {
 func (*ResumeSessionResponse) ProtoMessage() {}
 
 func (x *ResumeSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7024,7 +7152,7 @@ func (x *ResumeSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSessionResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{92}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *ResumeSessionResponse) GetSession() *Job {
@@ -7111,18 +7239,26 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"@\n" +
 	"\x11CancelJobResponse\x12+\n" +
-	"\x03job\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\x03job\"+\n" +
+	"\x03job\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\x03job\"L\n" +
 	"\x12FetchSourceRequest\x12\x15\n" +
-	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\x94\x01\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1f\n" +
+	"\vheader_only\x18\x02 \x01(\bR\n" +
+	"headerOnly\"\xb9\x01\n" +
 	"\fSourceHeader\x12\x16\n" +
 	"\x06commit\x18\x01 \x01(\tR\x06commit\x12\x1b\n" +
 	"\ttree_hash\x18\x02 \x01(\tR\btreeHash\x12\x12\n" +
 	"\x04size\x18\x03 \x01(\x03R\x04size\x12\x16\n" +
 	"\x06format\x18\x04 \x01(\tR\x06format\x12#\n" +
-	"\rcommit_object\x18\x05 \x01(\fR\fcommitObject\"s\n" +
+	"\rcommit_object\x18\x05 \x01(\fR\fcommitObject\x12#\n" +
+	"\rhistory_depth\x18\x06 \x01(\rR\fhistoryDepth\"?\n" +
+	"\rSourceHistory\x12\x14\n" +
+	"\x05depth\x18\x01 \x01(\rR\x05depth\x12\x18\n" +
+	"\acommits\x18\x02 \x01(\rR\acommits\"\xdb\x01\n" +
 	"\x13FetchSourceResponse\x12<\n" +
 	"\x06header\x18\x01 \x01(\v2\".airlock.authority.v1.SourceHeaderH\x00R\x06header\x12\x16\n" +
-	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x06\n" +
+	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunk\x12?\n" +
+	"\ahistory\x18\x03 \x01(\v2#.airlock.authority.v1.SourceHistoryH\x00R\ahistory\x12%\n" +
+	"\rhistory_chunk\x18\x04 \x01(\fH\x00R\fhistoryChunkB\x06\n" +
 	"\x04part\"\xe6\x01\n" +
 	"\x13ReportResultRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x123\n" +
@@ -7622,7 +7758,7 @@ func file_airlock_authority_v1_authority_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_authority_v1_authority_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 94)
+var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 95)
 var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(JobState)(0),                        // 0: airlock.authority.v1.JobState
 	(FileStatus)(0),                      // 1: airlock.authority.v1.FileStatus
@@ -7648,290 +7784,292 @@ var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(*CancelJobResponse)(nil),            // 21: airlock.authority.v1.CancelJobResponse
 	(*FetchSourceRequest)(nil),           // 22: airlock.authority.v1.FetchSourceRequest
 	(*SourceHeader)(nil),                 // 23: airlock.authority.v1.SourceHeader
-	(*FetchSourceResponse)(nil),          // 24: airlock.authority.v1.FetchSourceResponse
-	(*ReportResultRequest)(nil),          // 25: airlock.authority.v1.ReportResultRequest
-	(*FileChange)(nil),                   // 26: airlock.authority.v1.FileChange
-	(*OutputTail)(nil),                   // 27: airlock.authority.v1.OutputTail
-	(*ReviewDetail)(nil),                 // 28: airlock.authority.v1.ReviewDetail
-	(*FileWrite)(nil),                    // 29: airlock.authority.v1.FileWrite
-	(*EgressRecord)(nil),                 // 30: airlock.authority.v1.EgressRecord
-	(*EgressLog)(nil),                    // 31: airlock.authority.v1.EgressLog
-	(*EgressName)(nil),                   // 32: airlock.authority.v1.EgressName
-	(*ReportResultResponse)(nil),         // 33: airlock.authority.v1.ReportResultResponse
-	(*JobChange)(nil),                    // 34: airlock.authority.v1.JobChange
-	(*ApprovalVote)(nil),                 // 35: airlock.authority.v1.ApprovalVote
-	(*Approval)(nil),                     // 36: airlock.authority.v1.Approval
-	(*ReviewMaterial)(nil),               // 37: airlock.authority.v1.ReviewMaterial
-	(*ReadReviewRequest)(nil),            // 38: airlock.authority.v1.ReadReviewRequest
-	(*ReviewPartStart)(nil),              // 39: airlock.authority.v1.ReviewPartStart
-	(*ReviewFiles)(nil),                  // 40: airlock.authority.v1.ReviewFiles
-	(*ReadReviewResponse)(nil),           // 41: airlock.authority.v1.ReadReviewResponse
-	(*ListApprovalsRequest)(nil),         // 42: airlock.authority.v1.ListApprovalsRequest
-	(*ListApprovalsResponse)(nil),        // 43: airlock.authority.v1.ListApprovalsResponse
-	(*GetApprovalRequest)(nil),           // 44: airlock.authority.v1.GetApprovalRequest
-	(*GetApprovalResponse)(nil),          // 45: airlock.authority.v1.GetApprovalResponse
-	(*DecideApprovalRequest)(nil),        // 46: airlock.authority.v1.DecideApprovalRequest
-	(*DecideApprovalResponse)(nil),       // 47: airlock.authority.v1.DecideApprovalResponse
-	(*ConsumeApprovalRequest)(nil),       // 48: airlock.authority.v1.ConsumeApprovalRequest
-	(*ConsumeApprovalResponse)(nil),      // 49: airlock.authority.v1.ConsumeApprovalResponse
-	(*Lease)(nil),                        // 50: airlock.authority.v1.Lease
-	(*LeaseCredentialRequest)(nil),       // 51: airlock.authority.v1.LeaseCredentialRequest
-	(*LeaseCredentialResponse)(nil),      // 52: airlock.authority.v1.LeaseCredentialResponse
-	(*RevokeCredentialRequest)(nil),      // 53: airlock.authority.v1.RevokeCredentialRequest
-	(*RevokeCredentialResponse)(nil),     // 54: airlock.authority.v1.RevokeCredentialResponse
-	(*ListLeasesRequest)(nil),            // 55: airlock.authority.v1.ListLeasesRequest
-	(*ListLeasesResponse)(nil),           // 56: airlock.authority.v1.ListLeasesResponse
-	(*UpdateNetworkPolicyRequest)(nil),   // 57: airlock.authority.v1.UpdateNetworkPolicyRequest
-	(*UpdateNetworkPolicyResponse)(nil),  // 58: airlock.authority.v1.UpdateNetworkPolicyResponse
-	(*UpdateJobLimitsRequest)(nil),       // 59: airlock.authority.v1.UpdateJobLimitsRequest
-	(*UpdateJobLimitsResponse)(nil),      // 60: airlock.authority.v1.UpdateJobLimitsResponse
-	(*UseLeaseRequest)(nil),              // 61: airlock.authority.v1.UseLeaseRequest
-	(*UseLeaseResponse)(nil),             // 62: airlock.authority.v1.UseLeaseResponse
-	(*AuditEvent)(nil),                   // 63: airlock.authority.v1.AuditEvent
-	(*ListAuditEventsRequest)(nil),       // 64: airlock.authority.v1.ListAuditEventsRequest
-	(*ListAuditEventsResponse)(nil),      // 65: airlock.authority.v1.ListAuditEventsResponse
-	(*AuditCheckpoint)(nil),              // 66: airlock.authority.v1.AuditCheckpoint
-	(*ListAuditCheckpointsRequest)(nil),  // 67: airlock.authority.v1.ListAuditCheckpointsRequest
-	(*ListAuditCheckpointsResponse)(nil), // 68: airlock.authority.v1.ListAuditCheckpointsResponse
-	(*GetPublishSpecRequest)(nil),        // 69: airlock.authority.v1.GetPublishSpecRequest
-	(*PublishPolicy)(nil),                // 70: airlock.authority.v1.PublishPolicy
-	(*GetPublishSpecResponse)(nil),       // 71: airlock.authority.v1.GetPublishSpecResponse
-	(*CreateSessionRequest)(nil),         // 72: airlock.authority.v1.CreateSessionRequest
-	(*CreateSessionResponse)(nil),        // 73: airlock.authority.v1.CreateSessionResponse
-	(*GetSessionRequest)(nil),            // 74: airlock.authority.v1.GetSessionRequest
-	(*GetSessionResponse)(nil),           // 75: airlock.authority.v1.GetSessionResponse
-	(*ListSessionsRequest)(nil),          // 76: airlock.authority.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),         // 77: airlock.authority.v1.ListSessionsResponse
-	(*FinishSessionRequest)(nil),         // 78: airlock.authority.v1.FinishSessionRequest
-	(*FinishSessionResponse)(nil),        // 79: airlock.authority.v1.FinishSessionResponse
-	(*CancelSessionRequest)(nil),         // 80: airlock.authority.v1.CancelSessionRequest
-	(*CancelSessionResponse)(nil),        // 81: airlock.authority.v1.CancelSessionResponse
-	(*StartExecRequest)(nil),             // 82: airlock.authority.v1.StartExecRequest
-	(*StartExecResponse)(nil),            // 83: airlock.authority.v1.StartExecResponse
-	(*GetExecRequest)(nil),               // 84: airlock.authority.v1.GetExecRequest
-	(*GetExecResponse)(nil),              // 85: airlock.authority.v1.GetExecResponse
-	(*WatchExecRequest)(nil),             // 86: airlock.authority.v1.WatchExecRequest
-	(*WatchExecResponse)(nil),            // 87: airlock.authority.v1.WatchExecResponse
-	(*CancelExecRequest)(nil),            // 88: airlock.authority.v1.CancelExecRequest
-	(*CancelExecResponse)(nil),           // 89: airlock.authority.v1.CancelExecResponse
-	(*ReadFileRequest)(nil),              // 90: airlock.authority.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),             // 91: airlock.authority.v1.ReadFileResponse
-	(*WriteFileHeader)(nil),              // 92: airlock.authority.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),             // 93: airlock.authority.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),            // 94: airlock.authority.v1.WriteFileResponse
-	(*ListFilesRequest)(nil),             // 95: airlock.authority.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),            // 96: airlock.authority.v1.ListFilesResponse
-	(*SuspendSessionRequest)(nil),        // 97: airlock.authority.v1.SuspendSessionRequest
-	(*SuspendSessionResponse)(nil),       // 98: airlock.authority.v1.SuspendSessionResponse
-	(*ResumeSessionRequest)(nil),         // 99: airlock.authority.v1.ResumeSessionRequest
-	(*ResumeSessionResponse)(nil),        // 100: airlock.authority.v1.ResumeSessionResponse
-	nil,                                  // 101: airlock.authority.v1.JobSpec.EnvEntry
-	(*v1.ResourceLimits)(nil),            // 102: airlock.types.v1.ResourceLimits
-	(*v1.NetworkPolicy)(nil),             // 103: airlock.types.v1.NetworkPolicy
-	(v1.RuntimeClass)(0),                 // 104: airlock.types.v1.RuntimeClass
-	(*v1.PublishTarget)(nil),             // 105: airlock.types.v1.PublishTarget
-	(*v1.SessionSpec)(nil),               // 106: airlock.types.v1.SessionSpec
-	(*timestamppb.Timestamp)(nil),        // 107: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),                 // 108: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil),       // 109: airlock.types.v1.NetworkPolicyStatus
-	(*v1.OutputChunk)(nil),               // 110: airlock.types.v1.OutputChunk
-	(*v1.Exec)(nil),                      // 111: airlock.types.v1.Exec
-	(*durationpb.Duration)(nil),          // 112: google.protobuf.Duration
-	(v1.TerminationReason)(0),            // 113: airlock.types.v1.TerminationReason
-	(*v1.ExecSpec)(nil),                  // 114: airlock.types.v1.ExecSpec
-	(*v1.FileHeader)(nil),                // 115: airlock.types.v1.FileHeader
-	(*v1.FileEntry)(nil),                 // 116: airlock.types.v1.FileEntry
+	(*SourceHistory)(nil),                // 24: airlock.authority.v1.SourceHistory
+	(*FetchSourceResponse)(nil),          // 25: airlock.authority.v1.FetchSourceResponse
+	(*ReportResultRequest)(nil),          // 26: airlock.authority.v1.ReportResultRequest
+	(*FileChange)(nil),                   // 27: airlock.authority.v1.FileChange
+	(*OutputTail)(nil),                   // 28: airlock.authority.v1.OutputTail
+	(*ReviewDetail)(nil),                 // 29: airlock.authority.v1.ReviewDetail
+	(*FileWrite)(nil),                    // 30: airlock.authority.v1.FileWrite
+	(*EgressRecord)(nil),                 // 31: airlock.authority.v1.EgressRecord
+	(*EgressLog)(nil),                    // 32: airlock.authority.v1.EgressLog
+	(*EgressName)(nil),                   // 33: airlock.authority.v1.EgressName
+	(*ReportResultResponse)(nil),         // 34: airlock.authority.v1.ReportResultResponse
+	(*JobChange)(nil),                    // 35: airlock.authority.v1.JobChange
+	(*ApprovalVote)(nil),                 // 36: airlock.authority.v1.ApprovalVote
+	(*Approval)(nil),                     // 37: airlock.authority.v1.Approval
+	(*ReviewMaterial)(nil),               // 38: airlock.authority.v1.ReviewMaterial
+	(*ReadReviewRequest)(nil),            // 39: airlock.authority.v1.ReadReviewRequest
+	(*ReviewPartStart)(nil),              // 40: airlock.authority.v1.ReviewPartStart
+	(*ReviewFiles)(nil),                  // 41: airlock.authority.v1.ReviewFiles
+	(*ReadReviewResponse)(nil),           // 42: airlock.authority.v1.ReadReviewResponse
+	(*ListApprovalsRequest)(nil),         // 43: airlock.authority.v1.ListApprovalsRequest
+	(*ListApprovalsResponse)(nil),        // 44: airlock.authority.v1.ListApprovalsResponse
+	(*GetApprovalRequest)(nil),           // 45: airlock.authority.v1.GetApprovalRequest
+	(*GetApprovalResponse)(nil),          // 46: airlock.authority.v1.GetApprovalResponse
+	(*DecideApprovalRequest)(nil),        // 47: airlock.authority.v1.DecideApprovalRequest
+	(*DecideApprovalResponse)(nil),       // 48: airlock.authority.v1.DecideApprovalResponse
+	(*ConsumeApprovalRequest)(nil),       // 49: airlock.authority.v1.ConsumeApprovalRequest
+	(*ConsumeApprovalResponse)(nil),      // 50: airlock.authority.v1.ConsumeApprovalResponse
+	(*Lease)(nil),                        // 51: airlock.authority.v1.Lease
+	(*LeaseCredentialRequest)(nil),       // 52: airlock.authority.v1.LeaseCredentialRequest
+	(*LeaseCredentialResponse)(nil),      // 53: airlock.authority.v1.LeaseCredentialResponse
+	(*RevokeCredentialRequest)(nil),      // 54: airlock.authority.v1.RevokeCredentialRequest
+	(*RevokeCredentialResponse)(nil),     // 55: airlock.authority.v1.RevokeCredentialResponse
+	(*ListLeasesRequest)(nil),            // 56: airlock.authority.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),           // 57: airlock.authority.v1.ListLeasesResponse
+	(*UpdateNetworkPolicyRequest)(nil),   // 58: airlock.authority.v1.UpdateNetworkPolicyRequest
+	(*UpdateNetworkPolicyResponse)(nil),  // 59: airlock.authority.v1.UpdateNetworkPolicyResponse
+	(*UpdateJobLimitsRequest)(nil),       // 60: airlock.authority.v1.UpdateJobLimitsRequest
+	(*UpdateJobLimitsResponse)(nil),      // 61: airlock.authority.v1.UpdateJobLimitsResponse
+	(*UseLeaseRequest)(nil),              // 62: airlock.authority.v1.UseLeaseRequest
+	(*UseLeaseResponse)(nil),             // 63: airlock.authority.v1.UseLeaseResponse
+	(*AuditEvent)(nil),                   // 64: airlock.authority.v1.AuditEvent
+	(*ListAuditEventsRequest)(nil),       // 65: airlock.authority.v1.ListAuditEventsRequest
+	(*ListAuditEventsResponse)(nil),      // 66: airlock.authority.v1.ListAuditEventsResponse
+	(*AuditCheckpoint)(nil),              // 67: airlock.authority.v1.AuditCheckpoint
+	(*ListAuditCheckpointsRequest)(nil),  // 68: airlock.authority.v1.ListAuditCheckpointsRequest
+	(*ListAuditCheckpointsResponse)(nil), // 69: airlock.authority.v1.ListAuditCheckpointsResponse
+	(*GetPublishSpecRequest)(nil),        // 70: airlock.authority.v1.GetPublishSpecRequest
+	(*PublishPolicy)(nil),                // 71: airlock.authority.v1.PublishPolicy
+	(*GetPublishSpecResponse)(nil),       // 72: airlock.authority.v1.GetPublishSpecResponse
+	(*CreateSessionRequest)(nil),         // 73: airlock.authority.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),        // 74: airlock.authority.v1.CreateSessionResponse
+	(*GetSessionRequest)(nil),            // 75: airlock.authority.v1.GetSessionRequest
+	(*GetSessionResponse)(nil),           // 76: airlock.authority.v1.GetSessionResponse
+	(*ListSessionsRequest)(nil),          // 77: airlock.authority.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),         // 78: airlock.authority.v1.ListSessionsResponse
+	(*FinishSessionRequest)(nil),         // 79: airlock.authority.v1.FinishSessionRequest
+	(*FinishSessionResponse)(nil),        // 80: airlock.authority.v1.FinishSessionResponse
+	(*CancelSessionRequest)(nil),         // 81: airlock.authority.v1.CancelSessionRequest
+	(*CancelSessionResponse)(nil),        // 82: airlock.authority.v1.CancelSessionResponse
+	(*StartExecRequest)(nil),             // 83: airlock.authority.v1.StartExecRequest
+	(*StartExecResponse)(nil),            // 84: airlock.authority.v1.StartExecResponse
+	(*GetExecRequest)(nil),               // 85: airlock.authority.v1.GetExecRequest
+	(*GetExecResponse)(nil),              // 86: airlock.authority.v1.GetExecResponse
+	(*WatchExecRequest)(nil),             // 87: airlock.authority.v1.WatchExecRequest
+	(*WatchExecResponse)(nil),            // 88: airlock.authority.v1.WatchExecResponse
+	(*CancelExecRequest)(nil),            // 89: airlock.authority.v1.CancelExecRequest
+	(*CancelExecResponse)(nil),           // 90: airlock.authority.v1.CancelExecResponse
+	(*ReadFileRequest)(nil),              // 91: airlock.authority.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),             // 92: airlock.authority.v1.ReadFileResponse
+	(*WriteFileHeader)(nil),              // 93: airlock.authority.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),             // 94: airlock.authority.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),            // 95: airlock.authority.v1.WriteFileResponse
+	(*ListFilesRequest)(nil),             // 96: airlock.authority.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),            // 97: airlock.authority.v1.ListFilesResponse
+	(*SuspendSessionRequest)(nil),        // 98: airlock.authority.v1.SuspendSessionRequest
+	(*SuspendSessionResponse)(nil),       // 99: airlock.authority.v1.SuspendSessionResponse
+	(*ResumeSessionRequest)(nil),         // 100: airlock.authority.v1.ResumeSessionRequest
+	(*ResumeSessionResponse)(nil),        // 101: airlock.authority.v1.ResumeSessionResponse
+	nil,                                  // 102: airlock.authority.v1.JobSpec.EnvEntry
+	(*v1.ResourceLimits)(nil),            // 103: airlock.types.v1.ResourceLimits
+	(*v1.NetworkPolicy)(nil),             // 104: airlock.types.v1.NetworkPolicy
+	(v1.RuntimeClass)(0),                 // 105: airlock.types.v1.RuntimeClass
+	(*v1.PublishTarget)(nil),             // 106: airlock.types.v1.PublishTarget
+	(*v1.SessionSpec)(nil),               // 107: airlock.types.v1.SessionSpec
+	(*timestamppb.Timestamp)(nil),        // 108: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),                 // 109: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil),       // 110: airlock.types.v1.NetworkPolicyStatus
+	(*v1.OutputChunk)(nil),               // 111: airlock.types.v1.OutputChunk
+	(*v1.Exec)(nil),                      // 112: airlock.types.v1.Exec
+	(*durationpb.Duration)(nil),          // 113: google.protobuf.Duration
+	(v1.TerminationReason)(0),            // 114: airlock.types.v1.TerminationReason
+	(*v1.ExecSpec)(nil),                  // 115: airlock.types.v1.ExecSpec
+	(*v1.FileHeader)(nil),                // 116: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),                 // 117: airlock.types.v1.FileEntry
 }
 var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
-	101, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
-	102, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
-	103, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	104, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	105, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
-	106, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
+	102, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
+	103, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
+	104, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	105, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	106, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
+	107, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
 	8,   // 6: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
 	0,   // 7: airlock.authority.v1.Job.state:type_name -> airlock.authority.v1.JobState
-	107, // 8: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	107, // 9: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	108, // 10: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
-	109, // 11: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	102, // 12: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
+	108, // 8: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	108, // 9: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	109, // 10: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
+	110, // 11: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	103, // 12: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
 	8,   // 13: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
 	9,   // 14: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
 	9,   // 15: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
-	31,  // 16: airlock.authority.v1.GetJobEgressResponse.egress:type_name -> airlock.authority.v1.EgressLog
+	32,  // 16: airlock.authority.v1.GetJobEgressResponse.egress:type_name -> airlock.authority.v1.EgressLog
 	0,   // 17: airlock.authority.v1.GetJobEgressResponse.state:type_name -> airlock.authority.v1.JobState
 	0,   // 18: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
 	9,   // 19: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
 	9,   // 20: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
-	110, // 21: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
+	111, // 21: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
 	9,   // 22: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
 	23,  // 23: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
-	108, // 24: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
-	28,  // 25: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
-	1,   // 26: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
-	26,  // 27: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
-	27,  // 28: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
-	27,  // 29: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
-	31,  // 30: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
-	111, // 31: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
-	29,  // 32: airlock.authority.v1.ReviewDetail.file_writes:type_name -> airlock.authority.v1.FileWrite
-	107, // 33: airlock.authority.v1.FileWrite.written_at:type_name -> google.protobuf.Timestamp
-	107, // 34: airlock.authority.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
-	30,  // 35: airlock.authority.v1.EgressLog.records:type_name -> airlock.authority.v1.EgressRecord
-	32,  // 36: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
-	30,  // 37: airlock.authority.v1.EgressLog.last:type_name -> airlock.authority.v1.EgressRecord
-	9,   // 38: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
-	102, // 39: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
-	102, // 40: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
-	103, // 41: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	103, // 42: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	3,   // 43: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
-	107, // 44: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
-	105, // 45: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
-	2,   // 46: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
-	35,  // 47: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
-	107, // 48: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
-	107, // 49: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
-	4,   // 50: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
-	34,  // 51: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
-	108, // 52: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
-	103, // 53: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	28,  // 54: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
-	5,   // 55: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
-	5,   // 56: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
-	26,  // 57: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
-	39,  // 58: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
-	40,  // 59: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
-	2,   // 60: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
-	36,  // 61: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
-	36,  // 62: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	37,  // 63: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
-	3,   // 64: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
-	36,  // 65: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	105, // 66: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
-	36,  // 67: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	6,   // 68: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	107, // 69: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
-	107, // 70: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	107, // 71: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
-	6,   // 72: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	112, // 73: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
-	50,  // 74: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	50,  // 75: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	50,  // 76: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
-	103, // 77: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
-	109, // 78: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	102, // 79: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
-	9,   // 80: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
-	50,  // 81: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
-	107, // 82: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
-	7,   // 83: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
-	107, // 84: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
-	107, // 85: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
-	63,  // 86: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
-	107, // 87: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
-	66,  // 88: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
-	36,  // 89: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
-	107, // 90: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
-	70,  // 91: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
-	8,   // 92: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
-	9,   // 93: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
-	9,   // 94: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
-	111, // 95: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
-	113, // 96: airlock.authority.v1.GetSessionResponse.suspend_reason:type_name -> airlock.types.v1.TerminationReason
-	0,   // 97: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
-	9,   // 98: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
-	9,   // 99: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
-	9,   // 100: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
-	114, // 101: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	111, // 102: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	111, // 103: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	110, // 104: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	111, // 105: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	111, // 106: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
-	115, // 107: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
-	92,  // 108: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
-	116, // 109: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
-	9,   // 110: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
-	9,   // 111: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
-	10,  // 112: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
-	12,  // 113: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
-	14,  // 114: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
-	16,  // 115: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
-	18,  // 116: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
-	20,  // 117: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
-	72,  // 118: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
-	74,  // 119: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
-	76,  // 120: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
-	78,  // 121: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
-	80,  // 122: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
-	97,  // 123: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
-	99,  // 124: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
-	82,  // 125: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
-	84,  // 126: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
-	86,  // 127: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
-	88,  // 128: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
-	90,  // 129: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
-	93,  // 130: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
-	95,  // 131: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
-	22,  // 132: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
-	25,  // 133: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	42,  // 134: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	44,  // 135: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	38,  // 136: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
-	46,  // 137: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	48,  // 138: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	69,  // 139: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
-	51,  // 140: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	53,  // 141: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	55,  // 142: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	57,  // 143: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	59,  // 144: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
-	61,  // 145: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
-	64,  // 146: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	67,  // 147: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
-	11,  // 148: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
-	13,  // 149: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
-	15,  // 150: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
-	17,  // 151: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
-	19,  // 152: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
-	21,  // 153: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
-	73,  // 154: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
-	75,  // 155: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
-	77,  // 156: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
-	79,  // 157: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
-	81,  // 158: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
-	98,  // 159: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
-	100, // 160: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
-	83,  // 161: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
-	85,  // 162: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
-	87,  // 163: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
-	89,  // 164: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
-	91,  // 165: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
-	94,  // 166: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
-	96,  // 167: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
-	24,  // 168: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	33,  // 169: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	43,  // 170: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	45,  // 171: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	41,  // 172: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
-	47,  // 173: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	49,  // 174: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	71,  // 175: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
-	52,  // 176: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	54,  // 177: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	56,  // 178: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	58,  // 179: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	60,  // 180: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
-	62,  // 181: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
-	65,  // 182: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	68,  // 183: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
-	148, // [148:184] is the sub-list for method output_type
-	112, // [112:148] is the sub-list for method input_type
-	112, // [112:112] is the sub-list for extension type_name
-	112, // [112:112] is the sub-list for extension extendee
-	0,   // [0:112] is the sub-list for field type_name
+	24,  // 24: airlock.authority.v1.FetchSourceResponse.history:type_name -> airlock.authority.v1.SourceHistory
+	109, // 25: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
+	29,  // 26: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
+	1,   // 27: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
+	27,  // 28: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
+	28,  // 29: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
+	28,  // 30: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
+	32,  // 31: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
+	112, // 32: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
+	30,  // 33: airlock.authority.v1.ReviewDetail.file_writes:type_name -> airlock.authority.v1.FileWrite
+	108, // 34: airlock.authority.v1.FileWrite.written_at:type_name -> google.protobuf.Timestamp
+	108, // 35: airlock.authority.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
+	31,  // 36: airlock.authority.v1.EgressLog.records:type_name -> airlock.authority.v1.EgressRecord
+	33,  // 37: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
+	31,  // 38: airlock.authority.v1.EgressLog.last:type_name -> airlock.authority.v1.EgressRecord
+	9,   // 39: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
+	103, // 40: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
+	103, // 41: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
+	104, // 42: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	104, // 43: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	3,   // 44: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
+	108, // 45: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
+	106, // 46: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
+	2,   // 47: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
+	36,  // 48: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
+	108, // 49: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
+	108, // 50: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	4,   // 51: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
+	35,  // 52: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
+	109, // 53: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
+	104, // 54: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	29,  // 55: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
+	5,   // 56: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
+	5,   // 57: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
+	27,  // 58: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
+	40,  // 59: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
+	41,  // 60: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
+	2,   // 61: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
+	37,  // 62: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
+	37,  // 63: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	38,  // 64: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
+	3,   // 65: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
+	37,  // 66: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	106, // 67: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
+	37,  // 68: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	6,   // 69: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	108, // 70: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
+	108, // 71: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	108, // 72: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
+	6,   // 73: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	113, // 74: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
+	51,  // 75: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	51,  // 76: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	51,  // 77: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
+	104, // 78: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
+	110, // 79: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	103, // 80: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
+	9,   // 81: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
+	51,  // 82: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
+	108, // 83: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	7,   // 84: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
+	108, // 85: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
+	108, // 86: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
+	64,  // 87: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
+	108, // 88: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
+	67,  // 89: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
+	37,  // 90: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
+	108, // 91: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
+	71,  // 92: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
+	8,   // 93: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
+	9,   // 94: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
+	9,   // 95: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
+	112, // 96: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
+	114, // 97: airlock.authority.v1.GetSessionResponse.suspend_reason:type_name -> airlock.types.v1.TerminationReason
+	0,   // 98: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
+	9,   // 99: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
+	9,   // 100: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
+	9,   // 101: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
+	115, // 102: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	112, // 103: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	112, // 104: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	111, // 105: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	112, // 106: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	112, // 107: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	116, // 108: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	93,  // 109: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
+	117, // 110: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	9,   // 111: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
+	9,   // 112: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
+	10,  // 113: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
+	12,  // 114: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
+	14,  // 115: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
+	16,  // 116: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
+	18,  // 117: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
+	20,  // 118: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
+	73,  // 119: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
+	75,  // 120: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
+	77,  // 121: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
+	79,  // 122: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
+	81,  // 123: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
+	98,  // 124: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
+	100, // 125: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
+	83,  // 126: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
+	85,  // 127: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
+	87,  // 128: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
+	89,  // 129: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
+	91,  // 130: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
+	94,  // 131: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
+	96,  // 132: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
+	22,  // 133: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
+	26,  // 134: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
+	43,  // 135: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	45,  // 136: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	39,  // 137: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
+	47,  // 138: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	49,  // 139: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	70,  // 140: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
+	52,  // 141: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	54,  // 142: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	56,  // 143: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	58,  // 144: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	60,  // 145: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	62,  // 146: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	65,  // 147: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	68,  // 148: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
+	11,  // 149: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
+	13,  // 150: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
+	15,  // 151: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
+	17,  // 152: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
+	19,  // 153: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
+	21,  // 154: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
+	74,  // 155: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
+	76,  // 156: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
+	78,  // 157: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
+	80,  // 158: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
+	82,  // 159: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
+	99,  // 160: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
+	101, // 161: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
+	84,  // 162: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
+	86,  // 163: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
+	88,  // 164: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
+	90,  // 165: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
+	92,  // 166: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
+	95,  // 167: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
+	97,  // 168: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
+	25,  // 169: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
+	34,  // 170: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	44,  // 171: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	46,  // 172: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	42,  // 173: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
+	48,  // 174: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	50,  // 175: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	72,  // 176: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
+	53,  // 177: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	55,  // 178: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	57,  // 179: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	59,  // 180: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	61,  // 181: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	63,  // 182: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	66,  // 183: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	69,  // 184: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
+	149, // [149:185] is the sub-list for method output_type
+	113, // [113:149] is the sub-list for method input_type
+	113, // [113:113] is the sub-list for extension type_name
+	113, // [113:113] is the sub-list for extension extendee
+	0,   // [0:113] is the sub-list for field type_name
 }
 
 func init() { file_airlock_authority_v1_authority_proto_init() }
@@ -7943,25 +8081,27 @@ func file_airlock_authority_v1_authority_proto_init() {
 		(*WatchJobResponse_Job)(nil),
 		(*WatchJobResponse_Output)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[16].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[17].OneofWrappers = []any{
 		(*FetchSourceResponse_Header)(nil),
 		(*FetchSourceResponse_Chunk)(nil),
+		(*FetchSourceResponse_History)(nil),
+		(*FetchSourceResponse_HistoryChunk)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[33].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[34].OneofWrappers = []any{
 		(*ReadReviewResponse_Start)(nil),
 		(*ReadReviewResponse_Files)(nil),
 		(*ReadReviewResponse_Chunk)(nil),
 		(*ReadReviewResponse_VerifiedDigest)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[79].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[80].OneofWrappers = []any{
 		(*WatchExecResponse_Output)(nil),
 		(*WatchExecResponse_Exec)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[83].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[84].OneofWrappers = []any{
 		(*ReadFileResponse_Header)(nil),
 		(*ReadFileResponse_Chunk)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[85].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[86].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Chunk)(nil),
 	}
@@ -7971,7 +8111,7 @@ func file_airlock_authority_v1_authority_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_authority_v1_authority_proto_rawDesc), len(file_airlock_authority_v1_authority_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   94,
+			NumMessages:   95,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -7,6 +7,7 @@ package api
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 
 	"google.golang.org/grpc"
@@ -228,7 +229,7 @@ func (s *Service) FetchSource(req *authorityv1.FetchSourceRequest, stream grpc.S
 		return err
 	}
 	w := &sourceStream{stream: stream, buf: make([]byte, 0, maxChunk)}
-	if err := s.cfg.Jobs.FetchSource(ctx, id, req.GetJobId(), w); err != nil {
+	if err := s.cfg.Jobs.FetchSource(ctx, id, req.GetJobId(), req.GetHeaderOnly(), w); err != nil {
 		return s.fail(ctx, err)
 	}
 	if err := w.flush(); err != nil {
@@ -238,15 +239,26 @@ func (s *Service) FetchSource(req *authorityv1.FetchSourceRequest, stream grpc.S
 }
 
 // sourceStream sends the header, then the archive in chunks of maxChunk
-// (the last one shorter).
+// (the last one shorter), then the history part and its chunks.
 type sourceStream struct {
-	stream grpc.ServerStreamingServer[authorityv1.FetchSourceResponse]
-	buf    []byte
+	stream  grpc.ServerStreamingServer[authorityv1.FetchSourceResponse]
+	buf     []byte
+	history bool
 }
 
-func (w *sourceStream) Header(commit, tree string, commitObject []byte) error {
+func (w *sourceStream) Header(commit, tree string, commitObject []byte, historyDepth int) error {
 	return w.stream.Send(&authorityv1.FetchSourceResponse{Part: &authorityv1.FetchSourceResponse_Header{
-		Header: &authorityv1.SourceHeader{Commit: commit, TreeHash: tree, Format: "tar", CommitObject: commitObject},
+		Header: &authorityv1.SourceHeader{Commit: commit, TreeHash: tree, Format: "tar", CommitObject: commitObject, HistoryDepth: uint32(historyDepth)},
+	}})
+}
+
+func (w *sourceStream) History(depth, commits int) (io.Writer, error) {
+	if err := w.flush(); err != nil {
+		return nil, err
+	}
+	w.history = true
+	return w, w.stream.Send(&authorityv1.FetchSourceResponse{Part: &authorityv1.FetchSourceResponse_History{
+		History: &authorityv1.SourceHistory{Depth: uint32(depth), Commits: uint32(commits)},
 	}})
 }
 
@@ -271,7 +283,11 @@ func (w *sourceStream) flush() error {
 	}
 	// Send serializes the message before returning, so the buffer can be
 	// reused at once.
-	err := w.stream.Send(&authorityv1.FetchSourceResponse{Part: &authorityv1.FetchSourceResponse_Chunk{Chunk: w.buf}})
+	msg := &authorityv1.FetchSourceResponse{Part: &authorityv1.FetchSourceResponse_Chunk{Chunk: w.buf}}
+	if w.history {
+		msg.Part = &authorityv1.FetchSourceResponse_HistoryChunk{HistoryChunk: w.buf}
+	}
+	err := w.stream.Send(msg)
 	w.buf = w.buf[:0]
 	return err
 }

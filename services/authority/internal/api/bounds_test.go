@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -274,8 +275,9 @@ func TestRegrantRechecksThePolicy(t *testing.T) {
 // discard is a SourceWriter that keeps nothing.
 type discard struct{}
 
-func (discard) Header(string, string, []byte) error { return nil }
-func (discard) Write(p []byte) (int, error)         { return len(p), nil }
+func (discard) Header(string, string, []byte, int) error { return nil }
+func (discard) Write(p []byte) (int, error)              { return len(p), nil }
+func (d discard) History(int, int) (io.Writer, error)    { return d, nil }
 
 // TestOnlyTheExecutorDispatchedToReports is issue 9 §3: each dispatch is
 // bound to the executor identity the authority verified when it handed the
@@ -290,7 +292,7 @@ func TestOnlyTheExecutorDispatchedToReports(t *testing.T) {
 	j := h.submit(dev, "bound", spec()).GetJob()
 	h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_RUNNING)
 	other := identity.MustParse("spiffe://elsewhere.test/service/executor")
-	err := h.auth.jobs.FetchSource(t.Context(), other, j.GetJobId(), discard{})
+	err := h.auth.jobs.FetchSource(t.Context(), other, j.GetJobId(), false, discard{})
 	if !errors.Is(err, errdefs.ErrPermissionDenied) || !strings.Contains(err.Error(), "was dispatched to spiffe://airlock.test/service/executor") {
 		t.Fatalf("another executor fetching the source: %v", err)
 	}
@@ -302,7 +304,7 @@ func TestOnlyTheExecutorDispatchedToReports(t *testing.T) {
 		t.Fatalf("the job is %v after a refused report", got.GetState())
 	}
 	// The executor it was dispatched to still may.
-	if err := h.auth.jobs.FetchSource(t.Context(), executorID, j.GetJobId(), discard{}); err != nil {
+	if err := h.auth.jobs.FetchSource(t.Context(), executorID, j.GetJobId(), false, discard{}); err != nil {
 		t.Fatalf("the executor dispatched to fetching the source: %v", err)
 	}
 }

@@ -102,6 +102,8 @@ type harnessOptions struct {
 	checkpointInterval time.Duration
 	// devQuota is tenant dev's quota.
 	devQuota policy.Quota
+	// devHistoryDepth is tenant dev's git history depth.
+	devHistoryDepth int
 }
 
 func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
@@ -133,6 +135,7 @@ func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
 			Approvals:         policy.Approvals{Approvers: []string{"approver/alice", "approver/bob", "approver/dev"}, Required: 1, TTL: time.Hour},
 			DeployCredentials: map[string]string{"demo": deployFile},
 			Quota:             opts.devQuota,
+			GitHistoryDepth:   opts.devHistoryDepth,
 		},
 		"other": {
 			Name: "other", Clients: []string{"client/other"},

@@ -147,6 +147,9 @@ type TenantFile struct {
 	// Publish is what the tenant's approved results may write: checked by
 	// the publisher before an approval is spent.
 	Publish PublishFile `yaml:"publish"`
+	// GitHistoryDepth is how many commits of history a job's /work/.git
+	// holds, the base commit included; default 1, between 1 and 1000.
+	GitHistoryDepth int `yaml:"git_history_depth"`
 }
 
 // PublishFile is a tenant's publish policy as the file writes it.
@@ -364,6 +367,12 @@ func (c *Config) tenant(name string, f TenantFile) (*policy.Tenant, error) {
 		t.StartDeadline = policy.DefaultStartDeadline
 	case t.StartDeadline < time.Minute || t.StartDeadline > 7*24*time.Hour:
 		errs = append(errs, config.Field(field+".start_deadline", "%v: must be between 1m and 168h", t.StartDeadline))
+	}
+	switch t.GitHistoryDepth = f.GitHistoryDepth; {
+	case t.GitHistoryDepth == 0:
+		t.GitHistoryDepth = policy.DefaultGitHistoryDepth
+	case t.GitHistoryDepth < 1 || t.GitHistoryDepth > policy.MaxGitHistoryDepth:
+		errs = append(errs, config.Field(field+".git_history_depth", "%d: must be between 1 and %d", t.GitHistoryDepth, policy.MaxGitHistoryDepth))
 	}
 	t.DeployCredentials = map[string]string{}
 	for _, repo := range sortedKeys(f.DeployCredentials) {

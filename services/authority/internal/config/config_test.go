@@ -220,6 +220,9 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 		{"negative required", tenant("    approvals: {required: -1}\n"), []string{"tenants.dev.approvals.required: -1: must be at least 1"}},
 		{"approval ttl too short", tenant("    approvals: {ttl: 1s}\n"), []string{"tenants.dev.approvals.ttl: 1s: must be between"}},
 		{"start deadline too long", tenant("    start_deadline: 200h\n"), []string{"tenants.dev.start_deadline: 200h0m0s: must be between 1m and 168h"}},
+		{"git history too deep", tenant("    git_history_depth: 1001\n"), []string{"tenants.dev.git_history_depth: 1001: must be between 1 and 1000"}},
+		{"negative git history", tenant("    git_history_depth: -1\n"), []string{"tenants.dev.git_history_depth: -1: must be between 1 and 1000"}},
+		{"git history not a number", tenant("    git_history_depth: deep\n"), []string{"tenants.dev.git_history_depth"}},
 		{"approval widening unknown", tenant("    approvals: {widening: maybe}\n"), []string{`tenants.dev.approvals.widening: "maybe": want approve, allow or deny`}},
 		{"deploy credential for unknown repo", tenant("    deploy_credentials: {nope: demo.token}\n"), []string{`tenants.dev.deploy_credentials.nope: "nope" is not a repository`}},
 		{"missing deploy credential file", tenant("    repositories: {demo: {url: /x}}\n    deploy_credentials: {demo: gone.token}\n"), []string{"tenants.dev.deploy_credentials.demo:", "gone.token"}},
@@ -249,6 +252,23 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 				t.Errorf("error leaks the password in a URL: %v", err)
 			}
 		})
+	}
+}
+
+// TestGitHistoryDepth: a tenant's .git history is the base commit alone
+// unless its policy says more; both ends of the range load.
+func TestGitHistoryDepth(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		want int
+	}{{"", 1}, {"    git_history_depth: 1\n", 1}, {"    git_history_depth: 3\n", 3}, {"    git_history_depth: 1000\n", 1000}} {
+		c, err := config.Load(write(t, common+"tenants:\n  dev:\n    clients: [client/dev]\n"+tc.line), nil)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.line, err)
+		}
+		if got := c.Policy["dev"].GitHistoryDepth; got != tc.want {
+			t.Errorf("%q: depth %d, want %d", tc.line, got, tc.want)
+		}
 	}
 }
 

@@ -167,6 +167,10 @@ type Source interface {
 	Archive(ctx context.Context, repo policy.Repository, commit string, w io.Writer) error
 	// CommitObject returns the commit object of commit, as git stores it.
 	CommitObject(ctx context.Context, repo policy.Repository, commit string) ([]byte, error)
+	// PlanHistory chooses the history beyond commit a job's .git gets at
+	// depth; WritePack writes it as a git pack.
+	PlanHistory(ctx context.Context, repo policy.Repository, commit string, depth int) (source.History, error)
+	WritePack(ctx context.Context, repo policy.Repository, h source.History, w io.Writer) error
 }
 
 // RunState is the executor's view of a run.
@@ -631,15 +635,22 @@ func (s *Service) Cancel(ctx context.Context, caller identity.ID, id, reason str
 	}
 }
 
-// SourceWriter receives a job's source: the header, then the archive.
+// SourceWriter receives a job's source: the header, then the archive,
+// then, when the header's history depth is above 1, the history.
 type SourceWriter interface {
-	Header(commit, tree string, commitObject []byte) error
+	Header(commit, tree string, commitObject []byte, historyDepth int) error
 	io.Writer
+	// History ends the archive and starts the history pack of the given
+	// depth and number of commits, which the returned writer takes.
+	History(depth, commits int) (io.Writer, error)
 }
 
 // FetchSource streams the job's recorded commit, read with the authority's
-// credential, to the executor it was dispatched to, while it may run.
-func (s *Service) FetchSource(ctx context.Context, caller identity.ID, id string, w SourceWriter) error {
+// credential, to the executor it was dispatched to, while it may run: the
+// header, the tree's archive and the history the tenant's policy gives the
+// job's .git, from the job's own repository. headerOnly sends the header
+// alone.
+func (s *Service) FetchSource(ctx context.Context, caller identity.ID, id string, headerOnly bool, w SourceWriter) error {
 	if !isExecutor(caller) {
 		return fmt.Errorf("%w: only the executor fetches source", errdefs.ErrPermissionDenied)
 	}
@@ -669,15 +680,45 @@ func (s *Service) FetchSource(ctx context.Context, caller identity.ID, id string
 	if err != nil {
 		return err
 	}
-	hw := &headerFirst{w: w, commit: j.Commit, tree: j.TreeHash, object: obj}
+	depth := s.historyDepth(j)
+	if headerOnly {
+		return w.Header(j.Commit, j.TreeHash, obj, depth)
+	}
+	hw := &headerFirst{w: w, commit: j.Commit, tree: j.TreeHash, object: obj, depth: depth}
 	if err := s.cfg.Source.Archive(ctx, repo, j.Commit, hw); err != nil {
 		return err
 	}
 	if err := hw.ensureHeader(); err != nil {
 		return err
 	}
+	history := ""
+	if depth > 1 {
+		h, err := s.cfg.Source.PlanHistory(ctx, repo, j.Commit, depth)
+		if err != nil {
+			return err
+		}
+		pw, err := w.History(h.Depth, h.Commits)
+		if err != nil {
+			return err
+		}
+		if h.Commits > 0 {
+			if err := s.cfg.Source.WritePack(ctx, repo, h, pw); err != nil {
+				return err
+			}
+		}
+		history = fmt.Sprintf(", git history depth %d of %d (%d commits)", h.Depth, depth, h.Commits)
+	}
 	return s.audit(ctx, audit.Event{Kind: audit.KindSourceFetched, Caller: caller.String(), Subject: j.ID, Tenant: j.Tenant, JobID: j.ID,
-		Outcome: outcomeAllowed, Reason: fmt.Sprintf("repository %s at %s (tree %s)", j.Repository, j.Commit, j.TreeHash)})
+		Outcome: outcomeAllowed, Reason: fmt.Sprintf("repository %s at %s (tree %s)%s", j.Repository, j.Commit, j.TreeHash, history)})
+}
+
+// historyDepth is the git history depth the job's tenant's policy gives
+// its .git now: at least 1.
+func (s *Service) historyDepth(j store.Job) int {
+	if t := s.cfg.Tenants[j.Tenant]; t != nil && t.GitHistoryDepth > 1 {
+		return t.GitHistoryDepth
+	}
+	return 1
 }
 
 func (s *Service) repository(j store.Job) (policy.Repository, bool) {
@@ -695,6 +736,7 @@ type headerFirst struct {
 	w            SourceWriter
 	commit, tree string
 	object       []byte
+	depth        int
 	sent         bool
 }
 
@@ -703,7 +745,7 @@ func (h *headerFirst) ensureHeader() error {
 		return nil
 	}
 	h.sent = true
-	return h.w.Header(h.commit, h.tree, h.object)
+	return h.w.Header(h.commit, h.tree, h.object, h.depth)
 }
 
 func (h *headerFirst) Write(p []byte) (int, error) {

@@ -117,6 +117,10 @@ type Tenant struct {
 	Quota Quota
 	// Publish is what the tenant's approved results may write.
 	Publish Publish
+	// GitHistoryDepth is how many commits of the repository's own history
+	// a job's .git holds, counted as git clone --depth counts: 1 is the
+	// base commit alone.
+	GitHistoryDepth int
 }
 
 // Publish is a tenant's publish policy: the content rules the publisher
@@ -157,6 +161,14 @@ type Quota struct {
 // DefaultQueuedJobs is how many jobs a tenant may have queued at once when
 // its policy does not say.
 const DefaultQueuedJobs = 1000
+
+// A job's git history depth: the base commit alone unless the tenant's
+// policy says more, and never more than MaxGitHistoryDepth, which bounds
+// the commits the authority walks and packs for one job.
+const (
+	DefaultGitHistoryDepth = 1
+	MaxGitHistoryDepth     = 1000
+)
 
 // Default approval settings.
 const (

@@ -57,6 +57,8 @@ type Source struct {
 	shadows string
 	home    string
 	logger  *slog.Logger
+	// maxHistory is MaxHistoryBytes but in tests.
+	maxHistory int64
 
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex
@@ -69,7 +71,7 @@ func New(dir string, logger *slog.Logger) (*Source, error) {
 	}
 	s := &Source{
 		mirrors: filepath.Join(dir, "mirrors"), shadows: filepath.Join(dir, "shadows"), home: filepath.Join(dir, "home"),
-		logger: logger, locks: map[string]*sync.Mutex{},
+		logger: logger, locks: map[string]*sync.Mutex{}, maxHistory: MaxHistoryBytes,
 	}
 	for _, d := range []string{s.mirrors, s.shadows, s.home} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -466,16 +468,28 @@ func authHeader(path string) (string, error) {
 // repository's credential removed; the returned error carries no git
 // output at all.
 func (s *Source) git(ctx context.Context, repo policy.Repository, gitDir string, extra [][2]string, w io.Writer, args ...string) ([]byte, error) {
+	return s.gitInput(ctx, repo, gitDir, extra, nil, w, args...)
+}
+
+// command is git with args in the sealed environment, not yet started.
+func (s *Source) command(ctx context.Context, repo policy.Repository, gitDir string, extra [][2]string, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, "git", args...)
 	cmd.Env = s.env(gitDir, append(sealedConfig(repo, gitDir), extra...))
 	cmd.Dir = s.home
+	cmd.WaitDelay = 5 * time.Second
+	return cmd
+}
+
+// gitInput is git with stdin.
+func (s *Source) gitInput(ctx context.Context, repo policy.Repository, gitDir string, extra [][2]string, stdin io.Reader, w io.Writer, args ...string) ([]byte, error) {
+	cmd := s.command(ctx, repo, gitDir, extra, args...)
+	cmd.Stdin = stdin
 	var stdout bytes.Buffer
 	stderr := &limitedBuffer{max: 8 << 10}
 	cmd.Stdout, cmd.Stderr = &stdout, stderr
 	if w != nil {
 		cmd.Stdout = w
 	}
-	cmd.WaitDelay = 5 * time.Second
 	err := cmd.Run()
 	if err != nil {
 		msg := redact(repo, stderr.String())

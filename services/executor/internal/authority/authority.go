@@ -36,53 +36,154 @@ func New(cc grpc.ClientConnInterface) *Client {
 	return &Client{api: authorityv1.NewAuthorityServiceClient(cc)}
 }
 
-// FetchSource implements runs.Authority.
+// FetchSource implements runs.Authority. It asks the authority for the
+// header alone first (the stage needs it every time, to name what it may
+// have retained) and opens the whole stream only when the archive or the
+// history is read; that stream's header must be the same.
 func (c *Client) FetchSource(ctx context.Context, jobID string) (stage.Header, io.ReadCloser, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	stream, err := c.api.FetchSource(ctx, &authorityv1.FetchSourceRequest{JobId: jobID})
+	h, err := c.sourceHeader(ctx, jobID)
 	if err != nil {
-		cancel()
-		return stage.Header{}, nil, errdefs.FromGRPC(err)
+		return stage.Header{}, nil, err
 	}
+	s := &sourceStream{c: c, ctx: ctx, jobID: jobID, want: h}
+	hdr := stage.Header{Commit: h.GetCommit(), TreeHash: h.GetTreeHash(), CommitObject: h.GetCommitObject(), HistoryDepth: int(h.GetHistoryDepth())}
+	if hdr.HistoryDepth > 1 {
+		hdr.History = s.history
+	}
+	return hdr, s, nil
+}
+
+// sourceHeader asks for the header alone. An authority that predates
+// header_only sends the whole stream, which is cut after the header.
+func (c *Client) sourceHeader(ctx context.Context, jobID string) (*authorityv1.SourceHeader, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.api.FetchSource(ctx, &authorityv1.FetchSourceRequest{JobId: jobID, HeaderOnly: true})
+	if err != nil {
+		return nil, errdefs.FromGRPC(err)
+	}
+	return firstHeader(stream)
+}
+
+func firstHeader(stream grpc.ServerStreamingClient[authorityv1.FetchSourceResponse]) (*authorityv1.SourceHeader, error) {
 	first, err := stream.Recv()
 	if err != nil {
-		cancel()
-		return stage.Header{}, nil, errdefs.FromGRPC(err)
+		return nil, errdefs.FromGRPC(err)
 	}
 	h := first.GetHeader()
 	if h == nil {
-		cancel()
-		return stage.Header{}, nil, errors.New("authority: FetchSource did not start with a header")
+		return nil, errors.New("authority: FetchSource did not start with a header")
 	}
 	if h.GetFormat() != "tar" {
-		cancel()
-		return stage.Header{}, nil, fmt.Errorf("authority: source format %q, want tar", h.GetFormat())
+		return nil, fmt.Errorf("authority: source format %q, want tar", h.GetFormat())
 	}
-	return stage.Header{Commit: h.GetCommit(), TreeHash: h.GetTreeHash(), CommitObject: h.GetCommitObject()}, newChunkReader(stream, cancel), nil
+	return h, nil
 }
 
-// chunkReader turns the stream's chunks into a reader; Close ends the
-// stream.
-type chunkReader struct {
-	*chunkio.Reader
-	cancel context.CancelFunc
+// sourceStream is the whole FetchSource stream, opened on first use: the
+// archive's chunks through Read, then the history part and its chunks.
+type sourceStream struct {
+	c     *Client
+	ctx   context.Context
+	jobID string
+	want  *authorityv1.SourceHeader
+
+	stream  grpc.ServerStreamingClient[authorityv1.FetchSourceResponse]
+	cancel  context.CancelFunc
+	err     error
+	archive *chunkio.Reader
+	// hist is the history part, once the archive's chunks have ended.
+	hist *authorityv1.SourceHistory
 }
 
-func newChunkReader(stream grpc.ServerStreamingClient[authorityv1.FetchSourceResponse], cancel context.CancelFunc) *chunkReader {
-	return &chunkReader{cancel: cancel, Reader: chunkio.NewReader(func() ([]byte, error) {
-		msg, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
+func (s *sourceStream) open() error {
+	if s.stream != nil || s.err != nil {
+		return s.err
+	}
+	ctx, cancel := context.WithCancel(s.ctx)
+	stream, err := s.c.api.FetchSource(ctx, &authorityv1.FetchSourceRequest{JobId: s.jobID})
+	if err != nil {
+		cancel()
+		s.err = errdefs.FromGRPC(err)
+		return s.err
+	}
+	s.stream, s.cancel = stream, cancel
+	h, err := firstHeader(stream)
+	if err == nil && !proto.Equal(h, s.want) {
+		err = errors.New("authority: the source stream's header is not the one the authority first sent")
+	}
+	if err != nil {
+		s.err = err
+		return err
+	}
+	s.archive = chunkio.NewReader(func() ([]byte, error) {
+		if s.hist != nil {
 			return nil, io.EOF
 		}
+		msg, err := s.recv()
 		if err != nil {
-			return nil, errdefs.FromGRPC(err)
+			return nil, err
 		}
-		return msg.GetChunk(), nil
-	})}
+		switch p := msg.GetPart().(type) {
+		case *authorityv1.FetchSourceResponse_Chunk:
+			return p.Chunk, nil
+		case *authorityv1.FetchSourceResponse_History:
+			s.hist = p.History
+			return nil, io.EOF
+		default:
+			return nil, fmt.Errorf("authority: FetchSource sent %T inside the archive", p)
+		}
+	})
+	return nil
 }
 
-func (r *chunkReader) Close() error {
-	r.cancel()
+func (s *sourceStream) recv() (*authorityv1.FetchSourceResponse, error) {
+	msg, err := s.stream.Recv()
+	if errors.Is(err, io.EOF) {
+		return nil, io.EOF
+	}
+	if err != nil {
+		return nil, errdefs.FromGRPC(err)
+	}
+	return msg, nil
+}
+
+func (s *sourceStream) Read(p []byte) (int, error) {
+	if err := s.open(); err != nil {
+		return 0, err
+	}
+	return s.archive.Read(p)
+}
+
+// history skips what is left of the archive and returns the history.
+func (s *sourceStream) history() (stage.History, error) {
+	if err := s.open(); err != nil {
+		return stage.History{}, err
+	}
+	if _, err := io.Copy(io.Discard, s.archive); err != nil {
+		return stage.History{}, err
+	}
+	if s.hist == nil {
+		return stage.History{}, fmt.Errorf("authority: the source stream ended without the history of depth %d its header promised", s.want.GetHistoryDepth())
+	}
+	pack := chunkio.NewReader(func() ([]byte, error) {
+		msg, err := s.recv()
+		if err != nil {
+			return nil, err
+		}
+		c, ok := msg.GetPart().(*authorityv1.FetchSourceResponse_HistoryChunk)
+		if !ok {
+			return nil, fmt.Errorf("authority: FetchSource sent %T inside the history", msg.GetPart())
+		}
+		return c.HistoryChunk, nil
+	})
+	return stage.History{Depth: int(s.hist.GetDepth()), Commits: int(s.hist.GetCommits()), Pack: pack}, nil
+}
+
+func (s *sourceStream) Close() error {
+	if s.cancel != nil {
+		s.cancel()
+	}
 	return nil
 }
 

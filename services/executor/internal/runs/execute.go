@@ -236,7 +236,7 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source) 
 	}
 	if src.GitObjects != "" && !e.kept {
 		// The job's own .git at its base commit; the patch never reads it.
-		if err := worktree.SeedGitDir(sb.WorkDir(), g.Commit, src.Index, int(m.cfg.Sandbox.UIDBase())); err != nil {
+		if err := worktree.SeedGitDir(sb.WorkDir(), g.Commit, src.Shallow, src.Index, int(m.cfg.Sandbox.UIDBase())); err != nil {
 			m.cfg.Logger.Warn("the job gets no .git", "job_id", g.JobID, "error", err)
 		}
 	}

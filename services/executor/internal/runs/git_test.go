@@ -1,7 +1,12 @@
 package runs
 
 import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -40,20 +45,8 @@ func TestJobGitRepository(t *testing.T) {
 	for _, class := range []sandbox.Class{sandbox.ClassRunc, sandbox.ClassRunsc} {
 		t.Run(string(class), func(t *testing.T) {
 			h, _ := newHarness(t, false)
-			g := h.grantFor(gitScript)
-			g.Class = class
-			h.start(t, g)
-			run := h.waitEnd(t, g.JobID)
-			out, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobID), "stdout.log"))
-			errOut, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobID), "stderr.log"))
-			if run.Result.ExitCode != 0 {
-				t.Fatalf("the git job failed: %+v\nstdout:\n%s\nstderr:\n%s", run.Result, out, errOut)
-			}
-			for _, want := range []string{"status:[]", "log:1", "head:" + h.commit, "diff:ok", "stash:ok", "blame:ok", "commit:2", "amend:ok", "objects:readonly"} {
-				if !strings.Contains(string(out), want+"\n") {
-					t.Errorf("stdout lacks %q:\n%s\nstderr:\n%s", want, out, errOut)
-				}
-			}
+			g, run := gitJob(t, h, class, gitScript,
+				"status:[]", "log:1", "head:"+h.commit, "diff:ok", "stash:ok", "blame:ok", "commit:2", "amend:ok", "objects:readonly")
 			patch, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobID), "review.patch"))
 			p := string(patch)
 			if run.Result.FilesChanged != 2 || !strings.Contains(p, "+changed") || !strings.Contains(p, "new.txt") || strings.Contains(p, ".git/") {
@@ -64,7 +57,9 @@ func TestJobGitRepository(t *testing.T) {
 			}
 			// Nothing the job's git config or hooks named ran outside, and
 			// the borrowed objects are as staged.
-			src, err := h.m.cfg.Sources.Get(t.Context(), stageKey(h, g), nil)
+			src, err := h.m.cfg.Sources.Get(t.Context(), stageKey(h, g), func(ctx context.Context) (stage.Header, io.ReadCloser, error) {
+				return h.auth.FetchSource(ctx, g.JobID)
+			})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -78,6 +73,111 @@ func TestJobGitRepository(t *testing.T) {
 	}
 }
 
+// gitJob runs script as a job under class, and checks it exits 0 and
+// prints every line of want.
+func gitJob(t *testing.T, h *harness, class sandbox.Class, script string, want ...string) (*Grant, Run) {
+	t.Helper()
+	g := h.grantFor(script)
+	g.Class = class
+	h.start(t, g)
+	run := h.waitEnd(t, g.JobID)
+	out, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobID), "stdout.log"))
+	errOut, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobID), "stderr.log"))
+	if run.Result.ExitCode != 0 {
+		t.Fatalf("the git job failed: %+v\nstdout:\n%s\nstderr:\n%s", run.Result, out, errOut)
+	}
+	for _, w := range want {
+		if !strings.Contains(string(out), w+"\n") {
+			t.Errorf("stdout lacks %q:\n%s\nstderr:\n%s", w, out, errOut)
+		}
+	}
+	return g, run
+}
+
 func stageKey(h *harness, g *Grant) stage.Key {
 	return stage.Key{Tenant: g.Tenant, Repository: g.Repository, Commit: g.Commit}
+}
+
+// historyScript is a job that reads the history its tenant's depth of 3
+// gives its .git, and looks past it.
+const historyScript = `set -e
+echo "log:$(git log --oneline | wc -l)"
+echo "first:$(git log --format=%s | tail -1)"
+git diff HEAD~2 --stat > /tmp/stat
+grep -q 'f9.txt' /tmp/stat && grep -q 'README' /tmp/stat && echo diff:ok
+git diff HEAD~1 --quiet -- f9.txt && echo unchanged:ok
+git blame README | grep -q 'version 10' && echo blame:ok
+if git rev-parse -q --verify HEAD~3 >/dev/null 2>&1; then echo beyond:there; else echo beyond:absent; fi
+echo "status:[$(git status --porcelain)]"
+echo "shallow:$(cat .git/shallow)"
+`
+
+// TestJobGitHistory: a job whose tenant's policy gives depth 3 sees
+// exactly three commits in /work (log, diff against HEAD~2, blame), and
+// nothing beyond, under runc and runsc; the patch is still against the
+// base alone.
+func TestJobGitHistory(t *testing.T) {
+	for _, class := range []sandbox.Class{sandbox.ClassRunc, sandbox.ClassRunsc} {
+		t.Run(string(class), func(t *testing.T) {
+			h, _ := newHarness(t, false)
+			parents := withHistory(t, h, 10, 3)
+			g, run := gitJob(t, h, class, historyScript+"echo changed >> README\n",
+				"log:3", "first:commit 8", "diff:ok", "unchanged:ok", "blame:ok", "beyond:absent", "status:[]", "shallow:"+parents[1])
+			patch, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobID), "review.patch"))
+			if run.Result.FilesChanged != 1 || !strings.Contains(string(patch), "+changed") || strings.Contains(string(patch), "f9.txt") {
+				t.Fatalf("the patch is not the job's one change against the base:\n%s", patch)
+			}
+		})
+	}
+}
+
+// withHistory makes the harness serve a repository of n commits whose
+// header promises depth, with the history pack an honest authority sends
+// (the base's ancestors within depth, less the base tree's objects). It
+// returns the base's ancestors in that history.
+func withHistory(t *testing.T, h *harness, n, depth int) []string {
+	t.Helper()
+	dir := t.TempDir()
+	git(t, dir, "init", "--quiet", "-b", "main")
+	for i := 1; i <= n; i++ {
+		for name, data := range map[string]string{"README": fmt.Sprintf("version %d\n", i), fmt.Sprintf("f%d.txt", i): "file\n"} {
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		git(t, dir, "add", "--all")
+		git(t, dir, "commit", "--quiet", "-m", fmt.Sprintf("commit %d", i))
+	}
+	var parents []string
+	for d := 1; d < depth; d++ {
+		parents = append(parents, strings.TrimSpace(git(t, dir, "rev-parse", fmt.Sprintf("HEAD~%d", d))))
+	}
+	inTree := map[string]bool{}
+	for _, line := range strings.Split(git(t, dir, "rev-list", "--objects", "HEAD^{tree}"), "\n") {
+		inTree[strings.Fields(line + " x")[0]] = true
+	}
+	var list bytes.Buffer
+	for _, line := range strings.Split(strings.TrimSpace(git(t, dir, append([]string{"rev-list", "--objects", "--no-walk"}, parents...)...)), "\n") {
+		if id := strings.Fields(line)[0]; !inTree[id] {
+			list.WriteString(id + "\n")
+		}
+	}
+	cmd := exec.Command("git", "pack-objects", "--stdout", "--quiet")
+	cmd.Dir, cmd.Stdin = dir, &list
+	pack, err := cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.commit = strings.TrimSpace(git(t, dir, "rev-parse", "HEAD"))
+	h.auth.archive = []byte(git(t, dir, "archive", "--format=tar", "HEAD"))
+	h.auth.hdr = stage.Header{
+		Commit:       h.commit,
+		TreeHash:     strings.TrimSpace(git(t, dir, "rev-parse", "HEAD^{tree}")),
+		CommitObject: []byte(git(t, dir, "cat-file", "commit", "HEAD")),
+		HistoryDepth: depth,
+		History: func() (stage.History, error) {
+			return stage.History{Depth: depth, Commits: len(parents), Pack: bytes.NewReader(pack)}, nil
+		},
+	}
+	return parents
 }

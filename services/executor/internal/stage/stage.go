@@ -2,7 +2,9 @@
 // repository, commit) tree is fetched once through the authority, extracted
 // without ever writing outside its directory, checked against the commit's
 // git tree hash, and then kept read-only as the lower layer every job on
-// that commit starts from. Trees are never shared across tenants. Only the
+// that commit starts from; beside it, the git objects of the job's .git,
+// per history depth, the history checked to be exactly the commit's
+// (worktree.AddHistory). Trees are never shared across tenants. Only the
 // executor's run manager imports it.
 package stage
 
@@ -51,9 +53,34 @@ type Header struct {
 	// CommitObject is the commit object itself, for the job's .git; nil
 	// when the authority sent none.
 	CommitObject []byte
+	// HistoryDepth is how many commits of history the job's .git gets,
+	// the base commit included; 0 (an authority that predates it) and 1
+	// are the base commit alone.
+	HistoryDepth int
+	// History opens the history that follows the archive, when
+	// HistoryDepth is above 1; the archive need not have been read.
+	History func() (History, error)
 }
 
-// FetchFunc opens the authority's stream of the tree as a tar archive.
+// History is the git history the authority sends after the archive.
+type History struct {
+	// Depth is the depth it was taken at: at most the header's
+	// HistoryDepth, less when the authority's size bound cut it.
+	Depth int
+	// Commits is how many ancestors the authority says Pack holds.
+	Commits int
+	// Pack is one git pack; empty when Commits is 0.
+	Pack io.Reader
+}
+
+// MaxHistoryDepth bounds a header's HistoryDepth (the authority's policy
+// bound).
+const MaxHistoryDepth = 1000
+
+// FetchFunc opens the authority's stream of the tree as a tar archive. Get
+// calls it every time, for the header, and reads the archive only when
+// the tree is not retained yet: a FetchFunc should open the archive itself
+// on the first read.
 type FetchFunc func(ctx context.Context) (Header, io.ReadCloser, error)
 
 // Source is a staged tree.
@@ -70,8 +97,14 @@ type Source struct {
 	// Cached is true when no fetch was needed.
 	Cached bool
 	// GitObjects, if set, is a git objects directory holding exactly the
-	// commit, its tree and their blobs (for the job's own .git).
+	// commit, its tree and their blobs, and its history within the
+	// tenant's depth (for the job's own .git).
 	GitObjects string
+	// Shallow is the history's boundary for the job's .git: the commits
+	// in GitObjects whose parents are not there.
+	Shallow []string
+	// HistoryDepth is the depth GitObjects holds.
+	HistoryDepth int
 }
 
 // Cache holds retained sources under Root.
@@ -103,8 +136,12 @@ func (c *Cache) lock(k Key) func() {
 	return l.Unlock
 }
 
-// Get returns the staged tree for k, fetching and verifying it if it is
-// not yet retained. Concurrent calls for one key fetch once.
+// Get returns the staged tree for k, with the job's git objects at the
+// history depth the authority's header names, fetching and verifying what
+// is not yet retained. The tree is kept per commit; the git objects per
+// commit and depth, so a policy that changes the depth never gets another
+// depth's objects. fetch is called every time, for the header; concurrent
+// calls for one key read the archive once.
 func (c *Cache) Get(ctx context.Context, k Key, fetch FetchFunc) (*Source, error) {
 	if err := k.validate(); err != nil {
 		return nil, err
@@ -115,26 +152,6 @@ func (c *Cache) Get(ctx context.Context, k Key, fetch FetchFunc) (*Source, error
 	if err != nil {
 		return nil, fmt.Errorf("stage: %w", err)
 	}
-	dir := filepath.Join(repoDir, "trees", k.Commit)
-	ready := dir + ".ready"
-	objects := dir + ".objects"
-	if data, err := os.ReadFile(ready); err == nil {
-		src := &Source{Dir: dir, TreeHash: strings.TrimSpace(string(data)), Repo: repo, Index: dir + ".index", Cached: true}
-		if _, err := os.Stat(objects + ".ready"); err == nil {
-			src.GitObjects = objects
-		}
-		return src, nil
-	}
-	// A tree without its ready marker is a leftover of an interrupted
-	// fetch: start over rather than trust any of it.
-	if err := os.RemoveAll(dir); err != nil {
-		return nil, err
-	}
-	os.Remove(dir + ".index")
-	os.Remove(objects + ".ready")
-	if err := os.RemoveAll(objects); err != nil {
-		return nil, err
-	}
 	hdr, rc, err := fetch(ctx)
 	if err != nil {
 		return nil, err
@@ -142,6 +159,64 @@ func (c *Cache) Get(ctx context.Context, k Key, fetch FetchFunc) (*Source, error
 	defer rc.Close()
 	if hdr.Commit != k.Commit {
 		return nil, fmt.Errorf("stage: authority sent commit %s, want %s", hdr.Commit, k.Commit)
+	}
+	depth := max(1, hdr.HistoryDepth)
+	if depth > MaxHistoryDepth {
+		return nil, fmt.Errorf("stage %s@%s: the authority asks a git history depth of %d; at most %d", k.Repository, k.Commit, depth, MaxHistoryDepth)
+	}
+	dir := filepath.Join(repoDir, "trees", k.Commit)
+	src, err := c.tree(ctx, k, repo, hdr, rc, dir)
+	if err != nil {
+		return nil, err
+	}
+	if hdr.CommitObject == nil {
+		return src, nil
+	}
+	objects := dir + ".objects"
+	if depth > 1 {
+		objects = fmt.Sprintf("%s.objects-%d", dir, depth)
+	}
+	if data, err := os.ReadFile(objects + ".ready"); err == nil {
+		src.GitObjects, src.Shallow, src.HistoryDepth = objects, strings.Fields(string(data)), depth
+		return src, nil
+	}
+	// Objects without their ready marker are a leftover of an
+	// interrupted staging: start over.
+	if err := os.RemoveAll(objects); err != nil {
+		return nil, err
+	}
+	shallow, err := c.gitObjects(ctx, repo, k, hdr, depth, src.TreeHash, objects)
+	if err != nil {
+		os.RemoveAll(objects)
+		return nil, fmt.Errorf("stage %s@%s: %w", k.Repository, k.Commit, err)
+	}
+	if err := writeMarker(objects+".ready", strings.Join(shallow, "\n")); err != nil {
+		return nil, err
+	}
+	src.GitObjects, src.Shallow, src.HistoryDepth = objects, shallow, depth
+	return src, nil
+}
+
+// tree returns the retained tree of k, extracting and verifying the
+// archive from rc when there is none.
+func (c *Cache) tree(ctx context.Context, k Key, repo *worktree.Repo, hdr Header, rc io.Reader, dir string) (*Source, error) {
+	ready := dir + ".ready"
+	if data, err := os.ReadFile(ready); err == nil {
+		src := &Source{Dir: dir, TreeHash: strings.TrimSpace(string(data)), Repo: repo, Index: dir + ".index", Cached: true}
+		if src.TreeHash != hdr.TreeHash {
+			return nil, fmt.Errorf("stage %s@%s: %w: the authority names tree %s, the retained tree is %s", k.Repository, k.Commit, worktree.ErrTreeMismatch, hdr.TreeHash, src.TreeHash)
+		}
+		return src, nil
+	}
+	// A tree without its ready marker is a leftover of an interrupted
+	// fetch: start over rather than trust any of it, and its git objects
+	// with it.
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, err
+	}
+	os.Remove(dir + ".index")
+	if err := c.removeObjects(dir); err != nil {
+		return nil, err
 	}
 	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
 		return nil, err
@@ -159,24 +234,54 @@ func (c *Cache) Get(ctx context.Context, k Key, fetch FetchFunc) (*Source, error
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("stage %s@%s: %w: got tree %s, the commit's is %s", k.Repository, k.Commit, worktree.ErrTreeMismatch, tree, hdr.TreeHash)
 	}
-	src := &Source{Dir: dir, TreeHash: tree, Repo: repo, Index: dir + ".index"}
-	if hdr.CommitObject != nil {
-		// A commit object that is not the commit is refused outright: the
-		// authority (or what stands between) sent something false.
-		if err := repo.PackCommit(ctx, k.Commit, tree, hdr.CommitObject, objects); err != nil {
-			os.RemoveAll(dir)
-			os.RemoveAll(objects)
-			return nil, fmt.Errorf("stage %s@%s: %w", k.Repository, k.Commit, err)
-		}
-		if err := writeMarker(objects+".ready", k.Commit); err != nil {
-			return nil, err
-		}
-		src.GitObjects = objects
-	}
 	if err := writeMarker(ready, tree); err != nil {
 		return nil, err
 	}
-	return src, nil
+	return &Source{Dir: dir, TreeHash: tree, Repo: repo, Index: dir + ".index"}, nil
+}
+
+// removeObjects removes every git objects directory of the tree at dir,
+// whatever its depth.
+func (c *Cache) removeObjects(dir string) error {
+	matches, err := filepath.Glob(dir + ".objects*")
+	if err != nil {
+		return err
+	}
+	for _, m := range matches {
+		if err := os.RemoveAll(m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// gitObjects writes the job's git objects for k at depth into objects and
+// returns the shallow boundary. A commit object that is not the commit, or
+// a history that is not exactly the commit's, is refused outright: the
+// authority (or what stands between) sent something false, and no job
+// starts on it.
+func (c *Cache) gitObjects(ctx context.Context, repo *worktree.Repo, k Key, hdr Header, depth int, tree, objects string) ([]string, error) {
+	if err := repo.PackCommit(ctx, k.Commit, tree, hdr.CommitObject, objects); err != nil {
+		return nil, err
+	}
+	if depth == 1 {
+		return []string{k.Commit}, nil
+	}
+	if hdr.History == nil {
+		return nil, fmt.Errorf("%w: the authority promised depth %d and sent no history", worktree.ErrBadHistory, depth)
+	}
+	h, err := hdr.History()
+	if err != nil {
+		return nil, fmt.Errorf("history: %w", err)
+	}
+	if h.Depth < 1 || h.Depth > depth {
+		return nil, fmt.Errorf("%w: the authority sent depth %d for a policy depth of %d", worktree.ErrBadHistory, h.Depth, depth)
+	}
+	if h.Depth == 1 {
+		// The authority's size bound cut the history to the base alone.
+		return []string{k.Commit}, nil
+	}
+	return repo.AddHistory(ctx, k.Commit, h.Depth, h.Commits, h.Pack, objects)
 }
 
 func writeMarker(path, content string) error {

@@ -27,6 +27,17 @@ const uid, gid = 12345, 12345
 // git runs the real git in dir with no user or system configuration.
 func git(t *testing.T, dir string, args ...string) string {
 	t.Helper()
+	cmd := gitCmd(dir, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("git %s: %v: %s", strings.Join(args, " "), err, stderr.String())
+	}
+	return stdout.String()
+}
+
+// gitCmd is git in dir with no user or system configuration, not yet run.
+func gitCmd(dir string, args ...string) *exec.Cmd {
 	cmd := exec.Command("git", args...)
 	cmd.Dir = dir
 	cmd.Env = []string{
@@ -37,12 +48,13 @@ func git(t *testing.T, dir string, args ...string) string {
 		"GIT_AUTHOR_NAME=Test", "GIT_AUTHOR_EMAIL=test@example.com", "GIT_AUTHOR_DATE=2030-01-02T03:04:05Z",
 		"GIT_COMMITTER_NAME=Test", "GIT_COMMITTER_EMAIL=test@example.com", "GIT_COMMITTER_DATE=2030-01-02T03:04:05Z",
 	}
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("git %s: %v: %s", strings.Join(args, " "), err, stderr.String())
-	}
-	return stdout.String()
+	return cmd
+}
+
+// gitOut is git's output, for a command the caller knows succeeds.
+func gitOut(dir string, args ...string) string {
+	out, _ := gitCmd(dir, args...).Output()
+	return string(out)
 }
 
 // repo is a real git repository with one commit.
@@ -115,22 +127,36 @@ func richRepo(t *testing.T) *repo {
 	}
 }
 
-// fetcher serves one archive and counts what was asked of it.
+// fetcher serves one archive and counts what was asked of it: calls
+// (headers) and opened (archives read).
 type fetcher struct {
 	hdr    stage.Header
 	data   []byte
 	err    error
 	delay  time.Duration
 	calls  atomic.Int32
+	opened atomic.Int32
 	closed atomic.Int32
 }
 
-type closeCounter struct {
+// archiveStream counts its Close, and its first Read as an archive
+// fetched, as the authority client opens the archive on the first read.
+type archiveStream struct {
 	io.Reader
-	n *atomic.Int32
+	read   bool
+	opened *atomic.Int32
+	n      *atomic.Int32
 }
 
-func (c closeCounter) Close() error { c.n.Add(1); return nil }
+func (c *archiveStream) Read(p []byte) (int, error) {
+	if !c.read {
+		c.read = true
+		c.opened.Add(1)
+	}
+	return c.Reader.Read(p)
+}
+
+func (c *archiveStream) Close() error { c.n.Add(1); return nil }
 
 func (f *fetcher) fetch(ctx context.Context) (stage.Header, io.ReadCloser, error) {
 	f.calls.Add(1)
@@ -138,7 +164,7 @@ func (f *fetcher) fetch(ctx context.Context) (stage.Header, io.ReadCloser, error
 	if f.err != nil {
 		return stage.Header{}, nil, f.err
 	}
-	return f.hdr, closeCounter{bytes.NewReader(f.data), &f.closed}, nil
+	return f.hdr, &archiveStream{Reader: bytes.NewReader(f.data), opened: &f.opened, n: &f.closed}, nil
 }
 
 func (f *fetcher) checkClosed(t *testing.T) {
@@ -253,7 +279,7 @@ func TestGetStagesARealTree(t *testing.T) {
 	if !again.Cached || again.Dir != src.Dir || again.TreeHash != r.tree {
 		t.Errorf("second Get = %+v, want the cached tree", again)
 	}
-	if n := f.calls.Load(); n != 1 {
+	if n := f.opened.Load(); n != 1 {
 		t.Errorf("fetched %d times, want 1", n)
 	}
 
@@ -265,7 +291,7 @@ func TestGetStagesARealTree(t *testing.T) {
 	if src, err := c2.Get(context.Background(), k, f.fetch); err != nil || !src.Cached || src.TreeHash != r.tree {
 		t.Errorf("after restart: %+v, %v; want cached", src, err)
 	}
-	if n := f.calls.Load(); n != 1 {
+	if n := f.opened.Load(); n != 1 {
 		t.Errorf("fetched %d times after a restart, want 1", n)
 	}
 	f.checkClosed(t)
@@ -681,7 +707,7 @@ func TestConcurrentGetsFetchOnce(t *testing.T) {
 			fresh++
 		}
 	}
-	if got := f.calls.Load(); got != 1 {
+	if got := f.opened.Load(); got != 1 {
 		t.Errorf("%d concurrent Gets fetched %d times, want 1", n, got)
 	}
 	if fresh != 1 {

@@ -11,12 +11,13 @@ import (
 )
 
 // A job's /work is a git repository at its base commit, as a shallow clone
-// of depth 1 is: its .git is the job's own, made fresh in the job's upper
+// is (of depth 1 unless its tenant's policy gives it history; see
+// history.go): its .git is the job's own, made fresh in the job's upper
 // layer (so whatever the job does to it is thrown away with the sandbox
 // and never reaches the patch, which the executor computes with its own
 // git directory), and it borrows the base commit's objects, read-only,
 // through alternates from a pack of exactly those objects: the commit,
-// its tree and their blobs. Nothing else of the executor's object store
+// its tree and their blobs, and the checked history pack. Nothing else of the executor's object store
 // (other jobs' work among it) is in the pack.
 
 // ErrBadCommit is wrapped when a commit object is not the commit it is
@@ -70,10 +71,11 @@ func (r *Repo) PackCommit(ctx context.Context, commit, tree string, object []byt
 }
 
 // SeedGitDir makes workDir/.git: a repository at commit with HEAD
-// detached there, shallow (its parents are not there), its index a copy of
-// index (the staged tree's), and its objects borrowed from
-// GitObjectsMount. Everything is owned by uid.
-func SeedGitDir(workDir, commit, index string, uid int) error {
+// detached there, shallow at the given boundary (the commits whose parents
+// are not there: the base alone at depth 1, none when the history reaches
+// its root), its index a copy of index (the staged tree's), and its
+// objects borrowed from GitObjectsMount. Everything is owned by uid.
+func SeedGitDir(workDir, commit string, shallow []string, index string, uid int) error {
 	git := filepath.Join(workDir, ".git")
 	if _, err := os.Lstat(git); err == nil {
 		// The repository has a .git of its own in its tree (a file or a
@@ -81,12 +83,14 @@ func SeedGitDir(workDir, commit, index string, uid int) error {
 		return nil
 	}
 	files := map[string]string{
-		"HEAD":    commit + "\n",
-		"shallow": commit + "\n",
+		"HEAD": commit + "\n",
 		"config": "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n\tlogallrefupdates = true\n" +
 			"[user]\n\tname = Airlock job\n\temail = job@airlock.invalid\n",
 		"description":             "Airlock job: a disposable repository at the job's base commit\n",
 		"objects/info/alternates": GitObjectsMount + "\n",
+	}
+	if len(shallow) > 0 {
+		files["shallow"] = strings.Join(shallow, "\n") + "\n"
 	}
 	for _, d := range []string{"", "objects", "objects/info", "objects/pack", "refs", "refs/heads", "refs/tags", "info", "hooks"} {
 		p := filepath.Join(git, d)

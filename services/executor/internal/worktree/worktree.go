@@ -1,6 +1,7 @@
 // Package worktree owns every git command the executor runs: hashing a
-// staged source tree to check it against the commit's tree, and computing a
-// job's patch against its base. Git always runs with the executor's own git
+// staged source tree to check it against the commit's tree, packing and
+// checking the objects of a job's own .git (gitdir.go, history.go), and
+// computing a job's patch against its base. Git always runs with the executor's own git
 // directory and a scrubbed environment; it never reads a .git, config,
 // hook or attribute driver the job could have written, because the job's
 // files are only ever a work tree here. Only the executor's run manager
