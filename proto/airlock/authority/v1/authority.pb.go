@@ -1492,14 +1492,7 @@ func (x *CancelJobResponse) GetJob() *Job {
 type FetchSourceRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Required: a job the calling executor holds a grant for.
-	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
-	// Optional: send the header alone, with no archive and no history. The
-	// executor asks this first to learn the commit and the history depth,
-	// which name what it may have staged already, and asks for the whole
-	// stream only when it has not. An authority that predates this field
-	// sends the whole stream, and the executor stops reading after the
-	// header.
-	HeaderOnly    bool `protobuf:"varint,2,opt,name=header_only,json=headerOnly,proto3" json:"header_only,omitempty"`
+	JobId         string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1541,13 +1534,6 @@ func (x *FetchSourceRequest) GetJobId() string {
 	return ""
 }
 
-func (x *FetchSourceRequest) GetHeaderOnly() bool {
-	if x != nil {
-		return x.HeaderOnly
-	}
-	return false
-}
-
 // SourceHeader is the first message of a FetchSource stream.
 type SourceHeader struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1563,11 +1549,11 @@ type SourceHeader struct {
 	// job's own .git at the base commit. The executor checks it hashes to
 	// commit and names tree_hash.
 	CommitObject []byte `protobuf:"bytes,5,opt,name=commit_object,json=commitObject,proto3" json:"commit_object,omitempty"`
-	// How many commits of history the tenant's policy gives the job's .git,
-	// counted as git clone --depth counts: 1 is the base commit alone (0,
-	// from an authority that predates this field, means 1 too). Above 1,
-	// and unless header_only was asked, the archive is followed by a
-	// history part and its chunks.
+	// How many commits of history the job's .git gets: its grant's
+	// git_history_depth, counted as git clone --depth counts: 1 is the base
+	// commit alone (0, from an authority that predates this field, means 1
+	// too). Above 1, the archive is followed by a history part and its
+	// chunks.
 	HistoryDepth  uint32 `protobuf:"varint,6,opt,name=history_depth,json=historyDepth,proto3" json:"history_depth,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -7239,11 +7225,9 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"@\n" +
 	"\x11CancelJobResponse\x12+\n" +
-	"\x03job\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\x03job\"L\n" +
+	"\x03job\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\x03job\"+\n" +
 	"\x12FetchSourceRequest\x12\x15\n" +
-	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1f\n" +
-	"\vheader_only\x18\x02 \x01(\bR\n" +
-	"headerOnly\"\xb9\x01\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xb9\x01\n" +
 	"\fSourceHeader\x12\x16\n" +
 	"\x06commit\x18\x01 \x01(\tR\x06commit\x12\x1b\n" +
 	"\ttree_hash\x18\x02 \x01(\tR\btreeHash\x12\x12\n" +

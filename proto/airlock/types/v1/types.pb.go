@@ -889,9 +889,14 @@ type Grant struct {
 	// Set for a session: the sandbox stays up running nothing of its own
 	// (command is empty) and the client runs execs in it until it is
 	// finished, cancelled, its deadline passes or it sits idle too long.
-	Session       *SessionSpec `protobuf:"bytes,17,opt,name=session,proto3" json:"session,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Session *SessionSpec `protobuf:"bytes,17,opt,name=session,proto3" json:"session,omitempty"`
+	// How many commits of history the job's /work/.git gets, counted as git
+	// clone --depth counts: the tenant's git_history_depth when the job was
+	// submitted. 0 and 1 are the base commit alone. It never changes for a
+	// job; the executor stages exactly this depth.
+	GitHistoryDepth uint32 `protobuf:"varint,18,opt,name=git_history_depth,json=gitHistoryDepth,proto3" json:"git_history_depth,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Grant) Reset() {
@@ -1041,6 +1046,13 @@ func (x *Grant) GetSession() *SessionSpec {
 		return x.Session
 	}
 	return nil
+}
+
+func (x *Grant) GetGitHistoryDepth() uint32 {
+	if x != nil {
+		return x.GitHistoryDepth
+	}
+	return 0
 }
 
 // SessionSpec makes a job a session.
@@ -2027,7 +2039,7 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"repository\x18\x01 \x01(\tR\n" +
 	"repository\x12\x16\n" +
-	"\x06branch\x18\x02 \x01(\tR\x06branch\"\xc4\x06\n" +
+	"\x06branch\x18\x02 \x01(\tR\x06branch\"\xf0\x06\n" +
 	"\x05Grant\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x16\n" +
@@ -2051,7 +2063,8 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x10 \x01(\x03R\n" +
 	"generation\x127\n" +
-	"\asession\x18\x11 \x01(\v2\x1d.airlock.types.v1.SessionSpecR\asession\x1a6\n" +
+	"\asession\x18\x11 \x01(\v2\x1d.airlock.types.v1.SessionSpecR\asession\x12*\n" +
+	"\x11git_history_depth\x18\x12 \x01(\rR\x0fgitHistoryDepth\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"}\n" +

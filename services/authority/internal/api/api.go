@@ -229,7 +229,7 @@ func (s *Service) FetchSource(req *authorityv1.FetchSourceRequest, stream grpc.S
 		return err
 	}
 	w := &sourceStream{stream: stream, buf: make([]byte, 0, maxChunk)}
-	if err := s.cfg.Jobs.FetchSource(ctx, id, req.GetJobId(), req.GetHeaderOnly(), w); err != nil {
+	if err := s.cfg.Jobs.FetchSource(ctx, id, req.GetJobId(), w); err != nil {
 		return s.fail(ctx, err)
 	}
 	if err := w.flush(); err != nil {

@@ -73,6 +73,7 @@ func TestSubmitDispatchesSignedGrant(t *testing.T) {
 		Generation:              1,
 		RuntimeClass:            typesv1.RuntimeClass_RUNTIME_CLASS_RUNC,
 		PublishTarget:           s.GetPublishTarget(),
+		GitHistoryDepth:         1,
 		IssuedAt:                g.GetIssuedAt(),
 		ExpiresAt:               g.GetExpiresAt(),
 	}

@@ -292,7 +292,7 @@ func TestOnlyTheExecutorDispatchedToReports(t *testing.T) {
 	j := h.submit(dev, "bound", spec()).GetJob()
 	h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_RUNNING)
 	other := identity.MustParse("spiffe://elsewhere.test/service/executor")
-	err := h.auth.jobs.FetchSource(t.Context(), other, j.GetJobId(), false, discard{})
+	err := h.auth.jobs.FetchSource(t.Context(), other, j.GetJobId(), discard{})
 	if !errors.Is(err, errdefs.ErrPermissionDenied) || !strings.Contains(err.Error(), "was dispatched to spiffe://airlock.test/service/executor") {
 		t.Fatalf("another executor fetching the source: %v", err)
 	}
@@ -304,7 +304,7 @@ func TestOnlyTheExecutorDispatchedToReports(t *testing.T) {
 		t.Fatalf("the job is %v after a refused report", got.GetState())
 	}
 	// The executor it was dispatched to still may.
-	if err := h.auth.jobs.FetchSource(t.Context(), executorID, j.GetJobId(), false, discard{}); err != nil {
+	if err := h.auth.jobs.FetchSource(t.Context(), executorID, j.GetJobId(), discard{}); err != nil {
 		t.Fatalf("the executor dispatched to fetching the source: %v", err)
 	}
 }

@@ -13,7 +13,7 @@ import (
 
 // TestFetchSourceHistory: for a tenant of depth 3 the stream is the
 // header (saying 3), the archive, then the history part and a git pack of
-// the base's two parents, in that order; header_only is the header alone.
+// the base's two parents, in that order; the depth is the job's grant's.
 func TestFetchSourceHistory(t *testing.T) {
 	h := newHarnessWith(t, harnessOptions{devHistoryDepth: 3})
 	for _, v := range []string{"two", "three"} {
@@ -27,23 +27,9 @@ func TestFetchSourceHistory(t *testing.T) {
 	j := h.submit(dev, "history", spec()).GetJob()
 	h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_RUNNING)
 
-	probe, err := executor.FetchSource(t.Context(), &authorityv1.FetchSourceRequest{JobId: j.GetJobId(), HeaderOnly: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var parts []*authorityv1.FetchSourceResponse
-	for {
-		msg, err := probe.Recv()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		parts = append(parts, msg)
-	}
-	if len(parts) != 1 || parts[0].GetHeader().GetHistoryDepth() != 3 || parts[0].GetHeader().GetCommit() != h.origin.revParse("main") {
-		t.Fatalf("header_only: %d messages, first %v; want the header alone, depth 3", len(parts), parts[0])
+	// The depth is the grant's: read once, at submission.
+	if gs := h.fake.Grants(j.GetJobId()); len(gs) == 0 || gs[0].GetGitHistoryDepth() != 3 {
+		t.Fatalf("the job's grant: %v; want git_history_depth 3", gs)
 	}
 
 	stream, err := executor.FetchSource(t.Context(), &authorityv1.FetchSourceRequest{JobId: j.GetJobId()})

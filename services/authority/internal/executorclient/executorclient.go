@@ -58,6 +58,7 @@ func (s *Signer) Sign(r jobs.GrantRequest) (jobs.SignedGrant, error) {
 		NetworkPolicyGeneration: r.NetworkGeneration,
 		Generation:              r.Generation,
 		RuntimeClass:            rc,
+		GitHistoryDepth:         uint32(max(r.HistoryDepth, 0)),
 		IssuedAt:                timestamppb.New(r.IssuedAt),
 		ExpiresAt:               timestamppb.New(r.ExpiresAt),
 	}
@@ -103,8 +104,8 @@ func (s *Signer) Decode(wire []byte) (jobs.GrantRequest, error) {
 		Commit: g.GetCommit(), Command: g.GetCommand(), Env: g.GetEnv(),
 		Limits: limits, Network: network,
 		NetworkGeneration: g.GetNetworkPolicyGeneration(), Generation: max(g.GetGeneration(), 1),
-		RuntimeClass: policy.RuntimeRunc,
-		IssuedAt:     g.GetIssuedAt().AsTime(), ExpiresAt: g.GetExpiresAt().AsTime(),
+		RuntimeClass: policy.RuntimeRunc, HistoryDepth: int(g.GetGitHistoryDepth()),
+		IssuedAt: g.GetIssuedAt().AsTime(), ExpiresAt: g.GetExpiresAt().AsTime(),
 	}
 	if g.GetRuntimeClass() == typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC {
 		r.RuntimeClass = policy.RuntimeRunsc

@@ -141,9 +141,11 @@ type GrantRequest struct {
 	RuntimeClass  string
 	PublishTarget *PublishTarget
 	// Session is set, defaults filled in, for a session.
-	Session   *Session
-	IssuedAt  time.Time
-	ExpiresAt time.Time
+	Session *Session
+	// HistoryDepth is how many commits of history the job's .git gets.
+	HistoryDepth int
+	IssuedAt     time.Time
+	ExpiresAt    time.Time
 }
 
 // SignedGrant is a signed grant in its wire form.
@@ -647,10 +649,9 @@ type SourceWriter interface {
 
 // FetchSource streams the job's recorded commit, read with the authority's
 // credential, to the executor it was dispatched to, while it may run: the
-// header, the tree's archive and the history the tenant's policy gives the
-// job's .git, from the job's own repository. headerOnly sends the header
-// alone.
-func (s *Service) FetchSource(ctx context.Context, caller identity.ID, id string, headerOnly bool, w SourceWriter) error {
+// header, the tree's archive and the history the job's grant gives its
+// .git, from the job's own repository.
+func (s *Service) FetchSource(ctx context.Context, caller identity.ID, id string, w SourceWriter) error {
 	if !isExecutor(caller) {
 		return fmt.Errorf("%w: only the executor fetches source", errdefs.ErrPermissionDenied)
 	}
@@ -680,10 +681,11 @@ func (s *Service) FetchSource(ctx context.Context, caller identity.ID, id string
 	if err != nil {
 		return err
 	}
-	depth := s.historyDepth(j)
-	if headerOnly {
-		return w.Header(j.Commit, j.TreeHash, obj, depth)
+	g, err := s.cfg.Signer.Decode(j.Grant)
+	if err != nil {
+		return err
 	}
+	depth := max(1, g.HistoryDepth)
 	hw := &headerFirst{w: w, commit: j.Commit, tree: j.TreeHash, object: obj, depth: depth}
 	if err := s.cfg.Source.Archive(ctx, repo, j.Commit, hw); err != nil {
 		return err
@@ -712,10 +714,10 @@ func (s *Service) FetchSource(ctx context.Context, caller identity.ID, id string
 		Outcome: outcomeAllowed, Reason: fmt.Sprintf("repository %s at %s (tree %s)%s", j.Repository, j.Commit, j.TreeHash, history)})
 }
 
-// historyDepth is the git history depth the job's tenant's policy gives
-// its .git now: at least 1.
-func (s *Service) historyDepth(j store.Job) int {
-	if t := s.cfg.Tenants[j.Tenant]; t != nil && t.GitHistoryDepth > 1 {
+// historyDepth is the git history depth the tenant's policy gives a job's
+// .git: at least 1. It is read once, into the job's grant.
+func (s *Service) historyDepth(tenant string) int {
+	if t := s.cfg.Tenants[tenant]; t != nil && t.GitHistoryDepth > 1 {
 		return t.GitHistoryDepth
 	}
 	return 1

@@ -104,7 +104,7 @@ func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequ
 			JobID: j.ID, Tenant: j.Tenant, Requester: j.Requester, Repository: d.repo.Name, Commit: rev.Commit,
 			Command: req.Spec.Command, Env: req.Spec.Env, Limits: d.limits, Network: d.network, NetworkGeneration: 1, Generation: 1,
 			RuntimeClass: d.runtime, PublishTarget: req.Spec.PublishTarget, Session: d.session,
-			IssuedAt: now, ExpiresAt: now.Add(s.cfg.GrantTTL),
+			HistoryDepth: s.historyDepth(j.Tenant), IssuedAt: now, ExpiresAt: now.Add(s.cfg.GrantTTL),
 		})
 		if err != nil {
 			return store.Job{}, false, fmt.Errorf("jobs: sign grant: %w", err)

@@ -36,86 +36,31 @@ func New(cc grpc.ClientConnInterface) *Client {
 	return &Client{api: authorityv1.NewAuthorityServiceClient(cc)}
 }
 
-// FetchSource implements runs.Authority. It asks the authority for the
-// header alone first (the stage needs it every time, to name what it may
-// have retained) and opens the whole stream only when the archive or the
-// history is read; that stream's header must be the same.
+// FetchSource implements runs.Authority: the stream's header, and a
+// reader of its archive chunks; the history part and its chunks follow
+// the archive.
 func (c *Client) FetchSource(ctx context.Context, jobID string) (stage.Header, io.ReadCloser, error) {
-	h, err := c.sourceHeader(ctx, jobID)
-	if err != nil {
-		return stage.Header{}, nil, err
-	}
-	s := &sourceStream{c: c, ctx: ctx, jobID: jobID, want: h}
-	hdr := stage.Header{Commit: h.GetCommit(), TreeHash: h.GetTreeHash(), CommitObject: h.GetCommitObject(), HistoryDepth: int(h.GetHistoryDepth())}
-	if hdr.HistoryDepth > 1 {
-		hdr.History = s.history
-	}
-	return hdr, s, nil
-}
-
-// sourceHeader asks for the header alone. An authority that predates
-// header_only sends the whole stream, which is cut after the header.
-func (c *Client) sourceHeader(ctx context.Context, jobID string) (*authorityv1.SourceHeader, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stream, err := c.api.FetchSource(ctx, &authorityv1.FetchSourceRequest{JobId: jobID, HeaderOnly: true})
+	stream, err := c.api.FetchSource(ctx, &authorityv1.FetchSourceRequest{JobId: jobID})
 	if err != nil {
-		return nil, errdefs.FromGRPC(err)
+		cancel()
+		return stage.Header{}, nil, errdefs.FromGRPC(err)
 	}
-	return firstHeader(stream)
-}
-
-func firstHeader(stream grpc.ServerStreamingClient[authorityv1.FetchSourceResponse]) (*authorityv1.SourceHeader, error) {
 	first, err := stream.Recv()
 	if err != nil {
-		return nil, errdefs.FromGRPC(err)
+		cancel()
+		return stage.Header{}, nil, errdefs.FromGRPC(err)
 	}
 	h := first.GetHeader()
 	if h == nil {
-		return nil, errors.New("authority: FetchSource did not start with a header")
+		cancel()
+		return stage.Header{}, nil, errors.New("authority: FetchSource did not start with a header")
 	}
 	if h.GetFormat() != "tar" {
-		return nil, fmt.Errorf("authority: source format %q, want tar", h.GetFormat())
-	}
-	return h, nil
-}
-
-// sourceStream is the whole FetchSource stream, opened on first use: the
-// archive's chunks through Read, then the history part and its chunks.
-type sourceStream struct {
-	c     *Client
-	ctx   context.Context
-	jobID string
-	want  *authorityv1.SourceHeader
-
-	stream  grpc.ServerStreamingClient[authorityv1.FetchSourceResponse]
-	cancel  context.CancelFunc
-	err     error
-	archive *chunkio.Reader
-	// hist is the history part, once the archive's chunks have ended.
-	hist *authorityv1.SourceHistory
-}
-
-func (s *sourceStream) open() error {
-	if s.stream != nil || s.err != nil {
-		return s.err
-	}
-	ctx, cancel := context.WithCancel(s.ctx)
-	stream, err := s.c.api.FetchSource(ctx, &authorityv1.FetchSourceRequest{JobId: s.jobID})
-	if err != nil {
 		cancel()
-		s.err = errdefs.FromGRPC(err)
-		return s.err
+		return stage.Header{}, nil, fmt.Errorf("authority: source format %q, want tar", h.GetFormat())
 	}
-	s.stream, s.cancel = stream, cancel
-	h, err := firstHeader(stream)
-	if err == nil && !proto.Equal(h, s.want) {
-		err = errors.New("authority: the source stream's header is not the one the authority first sent")
-	}
-	if err != nil {
-		s.err = err
-		return err
-	}
+	s := &sourceStream{stream: stream, cancel: cancel, depth: h.GetHistoryDepth()}
 	s.archive = chunkio.NewReader(func() ([]byte, error) {
 		if s.hist != nil {
 			return nil, io.EOF
@@ -134,7 +79,22 @@ func (s *sourceStream) open() error {
 			return nil, fmt.Errorf("authority: FetchSource sent %T inside the archive", p)
 		}
 	})
-	return nil
+	hdr := stage.Header{Commit: h.GetCommit(), TreeHash: h.GetTreeHash(), CommitObject: h.GetCommitObject(), HistoryDepth: int(h.GetHistoryDepth())}
+	if hdr.HistoryDepth > 1 {
+		hdr.History = s.history
+	}
+	return hdr, s, nil
+}
+
+// sourceStream is the FetchSource stream after its header: the archive's
+// chunks through Read, then the history part and its chunks.
+type sourceStream struct {
+	stream  grpc.ServerStreamingClient[authorityv1.FetchSourceResponse]
+	cancel  context.CancelFunc
+	depth   uint32 // the header's history depth
+	archive *chunkio.Reader
+	// hist is the history part, once the archive's chunks have ended.
+	hist *authorityv1.SourceHistory
 }
 
 func (s *sourceStream) recv() (*authorityv1.FetchSourceResponse, error) {
@@ -148,23 +108,15 @@ func (s *sourceStream) recv() (*authorityv1.FetchSourceResponse, error) {
 	return msg, nil
 }
 
-func (s *sourceStream) Read(p []byte) (int, error) {
-	if err := s.open(); err != nil {
-		return 0, err
-	}
-	return s.archive.Read(p)
-}
+func (s *sourceStream) Read(p []byte) (int, error) { return s.archive.Read(p) }
 
 // history skips what is left of the archive and returns the history.
 func (s *sourceStream) history() (stage.History, error) {
-	if err := s.open(); err != nil {
-		return stage.History{}, err
-	}
 	if _, err := io.Copy(io.Discard, s.archive); err != nil {
 		return stage.History{}, err
 	}
 	if s.hist == nil {
-		return stage.History{}, fmt.Errorf("authority: the source stream ended without the history of depth %d its header promised", s.want.GetHistoryDepth())
+		return stage.History{}, fmt.Errorf("authority: the source stream ended without the history of depth %d its header promised", s.depth)
 	}
 	pack := chunkio.NewReader(func() ([]byte, error) {
 		msg, err := s.recv()
@@ -181,9 +133,7 @@ func (s *sourceStream) history() (stage.History, error) {
 }
 
 func (s *sourceStream) Close() error {
-	if s.cancel != nil {
-		s.cancel()
-	}
+	s.cancel()
 	return nil
 }
 

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -25,27 +24,11 @@ type sourceServer struct {
 	archive []byte
 	history *authorityv1.SourceHistory
 	pack    []byte
-	// ignoreHeaderOnly plays an authority that predates header_only;
-	// changeHeader one whose full stream says something else.
-	ignoreHeaderOnly, changeHeader bool
-
-	mu   sync.Mutex
-	reqs []*authorityv1.FetchSourceRequest
 }
 
 func (s *sourceServer) FetchSource(req *authorityv1.FetchSourceRequest, stream grpc.ServerStreamingServer[authorityv1.FetchSourceResponse]) error {
-	s.mu.Lock()
-	s.reqs = append(s.reqs, req)
-	s.mu.Unlock()
-	h := s.header
-	if s.changeHeader && !req.GetHeaderOnly() {
-		h = &authorityv1.SourceHeader{Commit: h.GetCommit(), TreeHash: h.GetTreeHash(), Format: "tar", CommitObject: h.GetCommitObject(), HistoryDepth: 1}
-	}
-	if err := stream.Send(&authorityv1.FetchSourceResponse{Part: &authorityv1.FetchSourceResponse_Header{Header: h}}); err != nil {
+	if err := stream.Send(&authorityv1.FetchSourceResponse{Part: &authorityv1.FetchSourceResponse_Header{Header: s.header}}); err != nil {
 		return err
-	}
-	if req.GetHeaderOnly() && !s.ignoreHeaderOnly {
-		return nil
 	}
 	for _, c := range [][]byte{s.archive[:len(s.archive)/2], s.archive[len(s.archive)/2:]} {
 		if err := stream.Send(&authorityv1.FetchSourceResponse{Part: &authorityv1.FetchSourceResponse_Chunk{Chunk: c}}); err != nil {
@@ -59,19 +42,6 @@ func (s *sourceServer) FetchSource(req *authorityv1.FetchSourceRequest, stream g
 		return err
 	}
 	return stream.Send(&authorityv1.FetchSourceResponse{Part: &authorityv1.FetchSourceResponse_HistoryChunk{HistoryChunk: s.pack}})
-}
-
-func (s *sourceServer) requests() (headerOnly, full int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, r := range s.reqs {
-		if r.GetHeaderOnly() {
-			headerOnly++
-		} else {
-			full++
-		}
-	}
-	return headerOnly, full
 }
 
 func dial(t *testing.T, srv *sourceServer) *Client {
@@ -99,28 +69,6 @@ func newSourceServer() *sourceServer {
 	}
 }
 
-// TestFetchSourceHeaderFirst: the header alone is asked first, and the
-// whole stream opened only when the archive or the history is read, so a
-// retained tree costs no archive.
-func TestFetchSourceHeaderFirst(t *testing.T) {
-	for _, old := range []bool{false, true} {
-		srv := newSourceServer()
-		srv.ignoreHeaderOnly = old
-		c := dial(t, srv)
-		hdr, rc, err := c.FetchSource(t.Context(), "job-1")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if hdr.HistoryDepth != 3 || hdr.Commit != srv.header.GetCommit() || hdr.History == nil {
-			t.Fatalf("header %+v", hdr)
-		}
-		rc.Close()
-		if h, f := srv.requests(); h != 1 || f != 0 {
-			t.Errorf("old authority %v: %d header-only and %d full requests for a header, want 1 and 0", old, h, f)
-		}
-	}
-}
-
 // TestFetchSourceArchiveThenHistory: the archive reads to its end, and the
 // history follows it, whether the archive was read or not.
 func TestFetchSourceArchiveThenHistory(t *testing.T) {
@@ -144,7 +92,7 @@ func TestFetchSourceArchiveThenHistory(t *testing.T) {
 	}
 	rc.Close()
 
-	// The tree retained, the history alone: the archive is skipped.
+	// The history alone: the archive is skipped.
 	hdr, rc, err = c.FetchSource(t.Context(), "job-1")
 	if err != nil {
 		t.Fatal(err)
@@ -159,23 +107,10 @@ func TestFetchSourceArchiveThenHistory(t *testing.T) {
 	}
 }
 
-// TestFetchSourceRefusesAChangedHeader: the whole stream must say what the
-// header alone said, or nothing of it is read; a history promised and not
-// sent is an error, not an empty history.
-func TestFetchSourceRefusesAChangedHeader(t *testing.T) {
+// TestFetchSourceMissingHistory: a history the header promised and the
+// stream does not send is an error, not an empty history.
+func TestFetchSourceMissingHistory(t *testing.T) {
 	srv := newSourceServer()
-	srv.changeHeader = true
-	c := dial(t, srv)
-	_, rc, err := c.FetchSource(t.Context(), "job-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rc.Close()
-	if _, err := io.ReadAll(rc); err == nil || !strings.Contains(err.Error(), "not the one the authority first sent") {
-		t.Fatalf("a changed header: %v", err)
-	}
-
-	srv = newSourceServer()
 	srv.history = nil
 	hdr, rc, err := dial(t, srv).FetchSource(t.Context(), "job-1")
 	if err != nil {

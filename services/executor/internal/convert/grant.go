@@ -16,6 +16,7 @@ import (
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 	"github.com/airlockhq/airlock/services/executor/internal/runs"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
+	"github.com/airlockhq/airlock/services/executor/internal/stage"
 )
 
 var jobIDFormat = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -70,6 +71,9 @@ func grantOf(sg *typesv1.SignedGrant, g *typesv1.Grant) (runs.Grant, error) {
 	if err != nil {
 		return runs.Grant{}, err
 	}
+	if d := g.GetGitHistoryDepth(); d > stage.MaxHistoryDepth {
+		return runs.Grant{}, fmt.Errorf("%w: grant git_history_depth %d: at most %d", errdefs.ErrInvalidArgument, d, stage.MaxHistoryDepth)
+	}
 	out := runs.Grant{
 		JobID: g.GetJobId(), Tenant: g.GetTenant(), Requester: g.GetRequester(),
 		Repository: g.GetRepository(), Commit: g.GetCommit(), Command: g.GetCommand(), Env: g.GetEnv(),
@@ -78,6 +82,7 @@ func grantOf(sg *typesv1.SignedGrant, g *typesv1.Grant) (runs.Grant, error) {
 		Network:           policy,
 		NetworkGeneration: g.GetNetworkPolicyGeneration(),
 		Generation:        g.GetGeneration(),
+		HistoryDepth:      int(g.GetGitHistoryDepth()),
 		Digest:            grant.Digest(sg),
 		Fixed:             fixed,
 		Signed:            signed,

@@ -34,7 +34,7 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		log.Error("run failed", "error", err)
 		m.finish(e, state, &Result{Reason: reason, ExitCode: -1, Message: err.Error()})
 	}
-	src, err := m.cfg.Sources.Get(ctx, stage.Key{Tenant: g.Tenant, Repository: g.Repository, Commit: g.Commit},
+	src, err := m.cfg.Sources.Get(ctx, stage.Key{Tenant: g.Tenant, Repository: g.Repository, Commit: g.Commit, Depth: g.HistoryDepth},
 		func(ctx context.Context) (stage.Header, io.ReadCloser, error) {
 			return m.cfg.Authority.FetchSource(ctx, g.JobID)
 		})

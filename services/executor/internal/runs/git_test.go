@@ -95,7 +95,7 @@ func gitJob(t *testing.T, h *harness, class sandbox.Class, script string, want .
 }
 
 func stageKey(h *harness, g *Grant) stage.Key {
-	return stage.Key{Tenant: g.Tenant, Repository: g.Repository, Commit: g.Commit}
+	return stage.Key{Tenant: g.Tenant, Repository: g.Repository, Commit: g.Commit, Depth: g.HistoryDepth}
 }
 
 // historyScript is a job that reads the history its tenant's depth of 3

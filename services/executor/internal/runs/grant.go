@@ -30,6 +30,9 @@ type Grant struct {
 	Generation int64 `json:"generation"`
 	// Session is a session's spec, nil for a job.
 	Session *SessionSpec `json:"session,omitempty"`
+	// HistoryDepth is how many commits of history the job's .git gets;
+	// 0 and 1 are the base commit alone.
+	HistoryDepth int `json:"git_history_depth,omitempty"`
 	// Digest names exactly what was granted ("sha256:<hex>" of the signed
 	// body): the same grant sent again has the same digest.
 	Digest string `json:"digest"`

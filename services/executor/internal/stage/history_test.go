@@ -121,6 +121,7 @@ func TestHistoryDepth3(t *testing.T) {
 	k := stage.Key{Tenant: "acme", Repository: "widgets", Commit: r.commit}
 
 	one, err := c.Get(context.Background(), k, historyFetcher(r, 1, stage.History{}, nil).fetch)
+	k.Depth = 3
 	if err != nil {
 		t.Fatalf("depth 1: %v", err)
 	}
@@ -157,9 +158,19 @@ func TestHistoryDepth3(t *testing.T) {
 			t.Errorf("%s is in the depth-3 objects", beyond)
 		}
 	}
-	again, err := c.Get(context.Background(), k, historyFetcher(r, 3, stage.History{}, nil).fetch)
-	if err != nil || again.GitObjects != three.GitObjects || !slices.Equal(again.Shallow, three.Shallow) {
+	noFetch := func(context.Context) (stage.Header, io.ReadCloser, error) {
+		t.Error("a retained tree and depth fetched again")
+		return stage.Header{}, nil, errors.New("no fetch")
+	}
+	again, err := c.Get(context.Background(), k, noFetch)
+	if err != nil || again.GitObjects != three.GitObjects || !slices.Equal(again.Shallow, three.Shallow) || !again.Cached {
 		t.Fatalf("depth 3 again: %+v, %v; want the retained objects", again, err)
+	}
+	// An authority whose header names another depth than the grant's is
+	// refused.
+	c2, _ := newCache(t)
+	if _, err := c2.Get(context.Background(), k, historyFetcher(r, 5, stage.History{}, nil).fetch); err == nil || !strings.Contains(err.Error(), "depth of 5; the job's grant says 3") {
+		t.Fatalf("a header of another depth: %v", err)
 	}
 	// The depth-1 staging is untouched by the depth-3 one.
 	if got := strings.Fields(logOf(t, one, r.commit, "log", "--format=%H")); len(got) != 1 {
@@ -173,7 +184,7 @@ func TestHistoryDepth3(t *testing.T) {
 func TestHistoryCutByAuthority(t *testing.T) {
 	r := historyRepo(t, 10)
 	c, _ := newCache(t)
-	k := stage.Key{Tenant: "acme", Repository: "widgets", Commit: r.commit}
+	k := stage.Key{Tenant: "acme", Repository: "widgets", Commit: r.commit, Depth: 8}
 	src, err := c.Get(context.Background(), k, historyFetcher(r, 8, stage.History{Depth: 2, Commits: 1}, r.pack(t, []string{r.rev(t, "HEAD~1")})).fetch)
 	if err != nil {
 		t.Fatal(err)
@@ -182,6 +193,7 @@ func TestHistoryCutByAuthority(t *testing.T) {
 		t.Errorf("cut to depth 2: log %v", got)
 	}
 	c2, _ := newCache(t)
+	k.Depth = 2
 	_, err = c2.Get(context.Background(), k, historyFetcher(r, 2, stage.History{Depth: 3, Commits: 2}, r.pack(t, []string{r.rev(t, "HEAD~1"), r.rev(t, "HEAD~2")})).fetch)
 	if !errors.Is(err, worktree.ErrBadHistory) || !strings.Contains(err.Error(), "sent depth 3 for a policy depth of 2") {
 		t.Fatalf("a history deeper than promised: %v", err)
@@ -226,7 +238,7 @@ func TestHistoryRefusals(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, root := newCache(t)
-			k := stage.Key{Tenant: "acme", Repository: "widgets", Commit: r.commit}
+			k := stage.Key{Tenant: "acme", Repository: "widgets", Commit: r.commit, Depth: 3}
 			f := historyFetcher(r, 3, tc.hist, tc.pack)
 			_, err := c.Get(context.Background(), k, f.fetch)
 			if !errors.Is(err, worktree.ErrBadHistory) || !strings.Contains(err.Error(), tc.want) {
@@ -249,7 +261,7 @@ func TestHistoryRefusals(t *testing.T) {
 		c, _ := newCache(t)
 		f := historyFetcher(r, 3, stage.History{}, nil)
 		f.hdr.History = func() (stage.History, error) { return stage.History{}, io.ErrUnexpectedEOF }
-		_, err := c.Get(context.Background(), stage.Key{Tenant: "acme", Repository: "widgets", Commit: r.commit}, f.fetch)
+		_, err := c.Get(context.Background(), stage.Key{Tenant: "acme", Repository: "widgets", Commit: r.commit, Depth: 3}, f.fetch)
 		if err == nil || !strings.Contains(err.Error(), "history: unexpected EOF") {
 			t.Fatalf("a stream without its history: %v", err)
 		}
@@ -261,7 +273,7 @@ func TestHistoryRefusals(t *testing.T) {
 func TestHistoryOfARootCommit(t *testing.T) {
 	r := historyRepo(t, 2)
 	c, _ := newCache(t)
-	k := stage.Key{Tenant: "acme", Repository: "widgets", Commit: r.commit}
+	k := stage.Key{Tenant: "acme", Repository: "widgets", Commit: r.commit, Depth: 5}
 	src, err := c.Get(context.Background(), k, historyFetcher(r, 5, stage.History{Depth: 5, Commits: 1}, r.pack(t, []string{r.rev(t, "HEAD~1")})).fetch)
 	if err != nil {
 		t.Fatal(err)

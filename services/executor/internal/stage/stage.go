@@ -25,9 +25,11 @@ import (
 	"github.com/airlockhq/airlock/services/executor/internal/worktree"
 )
 
-// Key names one retained source.
+// Key names one retained source: a tree, and its git objects at a history
+// depth (the job's grant's; 0 is 1).
 type Key struct {
 	Tenant, Repository, Commit string
+	Depth                      int
 }
 
 var (
@@ -43,6 +45,8 @@ func (k Key) validate() error {
 		return fmt.Errorf("%w: repository %q is not a safe name", errdefs.ErrInvalidArgument, k.Repository)
 	case !shaFormat.MatchString(k.Commit):
 		return fmt.Errorf("%w: commit %q is not a full SHA", errdefs.ErrInvalidArgument, k.Commit)
+	case k.Depth < 0 || k.Depth > MaxHistoryDepth:
+		return fmt.Errorf("%w: git history depth %d: want 1 to %d", errdefs.ErrInvalidArgument, k.Depth, MaxHistoryDepth)
 	}
 	return nil
 }
@@ -78,9 +82,8 @@ type History struct {
 const MaxHistoryDepth = 1000
 
 // FetchFunc opens the authority's stream of the tree as a tar archive. Get
-// calls it every time, for the header, and reads the archive only when
-// the tree is not retained yet: a FetchFunc should open the archive itself
-// on the first read.
+// calls it only when the tree or its git objects at the key's depth are
+// not retained yet.
 type FetchFunc func(ctx context.Context) (Header, io.ReadCloser, error)
 
 // Source is a staged tree.
@@ -136,21 +139,30 @@ func (c *Cache) lock(k Key) func() {
 	return l.Unlock
 }
 
-// Get returns the staged tree for k, with the job's git objects at the
-// history depth the authority's header names, fetching and verifying what
-// is not yet retained. The tree is kept per commit; the git objects per
-// commit and depth, so a policy that changes the depth never gets another
-// depth's objects. fetch is called every time, for the header; concurrent
-// calls for one key read the archive once.
+// Get returns the staged tree for k, with the job's git objects at k's
+// history depth, fetching and verifying what is not yet retained: the
+// tree is kept per commit, the git objects per commit and depth. The
+// authority must send the depth k names. Concurrent calls for one key
+// fetch once; a retained key needs no fetch at all.
 func (c *Cache) Get(ctx context.Context, k Key, fetch FetchFunc) (*Source, error) {
 	if err := k.validate(); err != nil {
 		return nil, err
 	}
-	defer c.lock(k)()
+	// One lock for every depth: they share the tree.
+	defer c.lock(Key{Tenant: k.Tenant, Repository: k.Repository, Commit: k.Commit})()
 	repoDir := filepath.Join(c.root, k.Tenant, k.Repository)
 	repo, err := worktree.Open(ctx, filepath.Join(repoDir, "git"))
 	if err != nil {
 		return nil, fmt.Errorf("stage: %w", err)
+	}
+	depth := max(1, k.Depth)
+	dir := filepath.Join(repoDir, "trees", k.Commit)
+	objects := dir + ".objects"
+	if depth > 1 {
+		objects = fmt.Sprintf("%s.objects-%d", dir, depth)
+	}
+	if src, ok := c.retained(repo, dir, objects, depth); ok {
+		return src, nil
 	}
 	hdr, rc, err := fetch(ctx)
 	if err != nil {
@@ -160,21 +172,15 @@ func (c *Cache) Get(ctx context.Context, k Key, fetch FetchFunc) (*Source, error
 	if hdr.Commit != k.Commit {
 		return nil, fmt.Errorf("stage: authority sent commit %s, want %s", hdr.Commit, k.Commit)
 	}
-	depth := max(1, hdr.HistoryDepth)
-	if depth > MaxHistoryDepth {
-		return nil, fmt.Errorf("stage %s@%s: the authority asks a git history depth of %d; at most %d", k.Repository, k.Commit, depth, MaxHistoryDepth)
+	if got := max(1, hdr.HistoryDepth); got != depth {
+		return nil, fmt.Errorf("stage %s@%s: the authority sends a git history depth of %d; the job's grant says %d", k.Repository, k.Commit, got, depth)
 	}
-	dir := filepath.Join(repoDir, "trees", k.Commit)
 	src, err := c.tree(ctx, k, repo, hdr, rc, dir)
 	if err != nil {
 		return nil, err
 	}
 	if hdr.CommitObject == nil {
 		return src, nil
-	}
-	objects := dir + ".objects"
-	if depth > 1 {
-		objects = fmt.Sprintf("%s.objects-%d", dir, depth)
 	}
 	if data, err := os.ReadFile(objects + ".ready"); err == nil {
 		src.GitObjects, src.Shallow, src.HistoryDepth = objects, strings.Fields(string(data)), depth
@@ -195,6 +201,21 @@ func (c *Cache) Get(ctx context.Context, k Key, fetch FetchFunc) (*Source, error
 	}
 	src.GitObjects, src.Shallow, src.HistoryDepth = objects, shallow, depth
 	return src, nil
+}
+
+// retained is the source staged already for the tree at dir with its git
+// objects at depth, if both are there.
+func (c *Cache) retained(repo *worktree.Repo, dir, objects string, depth int) (*Source, bool) {
+	tree, err := os.ReadFile(dir + ".ready")
+	if err != nil {
+		return nil, false
+	}
+	shallow, err := os.ReadFile(objects + ".ready")
+	if err != nil {
+		return nil, false
+	}
+	return &Source{Dir: dir, TreeHash: strings.TrimSpace(string(tree)), Repo: repo, Index: dir + ".index", Cached: true,
+		GitObjects: objects, Shallow: strings.Fields(string(shallow)), HistoryDepth: depth}, true
 }
 
 // tree returns the retained tree of k, extracting and verifying the

@@ -61,6 +61,12 @@ func gitOut(dir string, args ...string) string {
 type repo struct {
 	dir, commit, tree string
 	archive           []byte
+	commitObject      []byte
+}
+
+// header is what an authority says of r's commit.
+func (r *repo) header() stage.Header {
+	return stage.Header{Commit: r.commit, TreeHash: r.tree, CommitObject: r.commitObject}
 }
 
 func writeFiles(t *testing.T, dir string, files map[string]string) {
@@ -89,6 +95,7 @@ func newRepo(t *testing.T, files map[string]string) *repo {
 		tree:   strings.TrimSpace(git(t, dir, "rev-parse", "HEAD^{tree}")),
 	}
 	r.archive = []byte(git(t, dir, "archive", "--format=tar", "HEAD"))
+	r.commitObject = []byte(git(t, dir, "cat-file", "commit", "HEAD"))
 	return r
 }
 
@@ -120,15 +127,16 @@ func richRepo(t *testing.T) *repo {
 	git(t, dir, "add", "--all", "--force")
 	git(t, dir, "commit", "--quiet", "-m", "base")
 	return &repo{
-		dir:     dir,
-		commit:  strings.TrimSpace(git(t, dir, "rev-parse", "HEAD")),
-		tree:    strings.TrimSpace(git(t, dir, "rev-parse", "HEAD^{tree}")),
-		archive: []byte(git(t, dir, "archive", "--format=tar", "HEAD")),
+		dir:          dir,
+		commit:       strings.TrimSpace(git(t, dir, "rev-parse", "HEAD")),
+		tree:         strings.TrimSpace(git(t, dir, "rev-parse", "HEAD^{tree}")),
+		archive:      []byte(git(t, dir, "archive", "--format=tar", "HEAD")),
+		commitObject: []byte(git(t, dir, "cat-file", "commit", "HEAD")),
 	}
 }
 
 // fetcher serves one archive and counts what was asked of it: calls
-// (headers) and opened (archives read).
+// (streams opened) and opened (archives read).
 type fetcher struct {
 	hdr    stage.Header
 	data   []byte
@@ -139,8 +147,7 @@ type fetcher struct {
 	closed atomic.Int32
 }
 
-// archiveStream counts its Close, and its first Read as an archive
-// fetched, as the authority client opens the archive on the first read.
+// archiveStream counts its Close, and its first Read as an archive read.
 type archiveStream struct {
 	io.Reader
 	read   bool
@@ -212,7 +219,7 @@ func TestGetStagesARealTree(t *testing.T) {
 	r := richRepo(t)
 	c, root := newCache(t)
 	k := stage.Key{Tenant: "acme", Repository: "widgets", Commit: r.commit}
-	f := &fetcher{hdr: stage.Header{Commit: r.commit, TreeHash: r.tree}, data: r.archive}
+	f := &fetcher{hdr: r.header(), data: r.archive}
 
 	src, err := c.Get(context.Background(), k, f.fetch)
 	if err != nil {
@@ -279,7 +286,7 @@ func TestGetStagesARealTree(t *testing.T) {
 	if !again.Cached || again.Dir != src.Dir || again.TreeHash != r.tree {
 		t.Errorf("second Get = %+v, want the cached tree", again)
 	}
-	if n := f.opened.Load(); n != 1 {
+	if n := f.calls.Load(); n != 1 {
 		t.Errorf("fetched %d times, want 1", n)
 	}
 
@@ -291,7 +298,7 @@ func TestGetStagesARealTree(t *testing.T) {
 	if src, err := c2.Get(context.Background(), k, f.fetch); err != nil || !src.Cached || src.TreeHash != r.tree {
 		t.Errorf("after restart: %+v, %v; want cached", src, err)
 	}
-	if n := f.opened.Load(); n != 1 {
+	if n := f.calls.Load(); n != 1 {
 		t.Errorf("fetched %d times after a restart, want 1", n)
 	}
 	f.checkClosed(t)
@@ -551,27 +558,29 @@ func TestGetRefusesInvalidKeys(t *testing.T) {
 		key  stage.Key
 		msg  string
 	}{
-		{"tenant climbing out", stage.Key{"../x", "widgets", good}, "tenant"},
-		{"tenant dot-dot", stage.Key{"..", "widgets", good}, "tenant"},
-		{"tenant empty", stage.Key{"", "widgets", good}, "tenant"},
-		{"tenant hidden", stage.Key{".acme", "widgets", good}, "tenant"},
-		{"tenant with slash", stage.Key{"acme/other", "widgets", good}, "tenant"},
-		{"tenant absolute", stage.Key{"/etc", "widgets", good}, "tenant"},
-		{"tenant too long", stage.Key{strings.Repeat("a", 129), "widgets", good}, "tenant"},
-		{"tenant with NUL", stage.Key{"acme\x00", "widgets", good}, "tenant"},
-		{"tenant with newline", stage.Key{"acme\n", "widgets", good}, "tenant"},
-		{"repository with slash", stage.Key{"acme", "org/widgets", good}, "repository"},
-		{"repository climbing out", stage.Key{"acme", "../../x", good}, "repository"},
-		{"repository dot-dot", stage.Key{"acme", "..", good}, "repository"},
-		{"repository empty", stage.Key{"acme", "", good}, "repository"},
-		{"commit short", stage.Key{"acme", "widgets", good[:12]}, "commit"},
-		{"commit 39", stage.Key{"acme", "widgets", good[:39]}, "commit"},
-		{"commit 41", stage.Key{"acme", "widgets", good + "0"}, "commit"},
-		{"commit not hex", stage.Key{"acme", "widgets", strings.Repeat("g", 40)}, "commit"},
-		{"commit upper case", stage.Key{"acme", "widgets", strings.ToUpper(good)}, "commit"},
-		{"commit a path", stage.Key{"acme", "widgets", "../../../../../../../../../../../../../x"}, "commit"},
-		{"commit a ref", stage.Key{"acme", "widgets", "HEAD"}, "commit"},
-		{"commit empty", stage.Key{"acme", "widgets", ""}, "commit"},
+		{"tenant climbing out", stage.Key{Tenant: "../x", Repository: "widgets", Commit: good}, "tenant"},
+		{"tenant dot-dot", stage.Key{Tenant: "..", Repository: "widgets", Commit: good}, "tenant"},
+		{"tenant empty", stage.Key{Tenant: "", Repository: "widgets", Commit: good}, "tenant"},
+		{"tenant hidden", stage.Key{Tenant: ".acme", Repository: "widgets", Commit: good}, "tenant"},
+		{"tenant with slash", stage.Key{Tenant: "acme/other", Repository: "widgets", Commit: good}, "tenant"},
+		{"tenant absolute", stage.Key{Tenant: "/etc", Repository: "widgets", Commit: good}, "tenant"},
+		{"tenant too long", stage.Key{Tenant: strings.Repeat("a", 129), Repository: "widgets", Commit: good}, "tenant"},
+		{"tenant with NUL", stage.Key{Tenant: "acme\x00", Repository: "widgets", Commit: good}, "tenant"},
+		{"tenant with newline", stage.Key{Tenant: "acme\n", Repository: "widgets", Commit: good}, "tenant"},
+		{"repository with slash", stage.Key{Tenant: "acme", Repository: "org/widgets", Commit: good}, "repository"},
+		{"repository climbing out", stage.Key{Tenant: "acme", Repository: "../../x", Commit: good}, "repository"},
+		{"repository dot-dot", stage.Key{Tenant: "acme", Repository: "..", Commit: good}, "repository"},
+		{"repository empty", stage.Key{Tenant: "acme", Repository: "", Commit: good}, "repository"},
+		{"commit short", stage.Key{Tenant: "acme", Repository: "widgets", Commit: good[:12]}, "commit"},
+		{"commit 39", stage.Key{Tenant: "acme", Repository: "widgets", Commit: good[:39]}, "commit"},
+		{"commit 41", stage.Key{Tenant: "acme", Repository: "widgets", Commit: good + "0"}, "commit"},
+		{"commit not hex", stage.Key{Tenant: "acme", Repository: "widgets", Commit: strings.Repeat("g", 40)}, "commit"},
+		{"commit upper case", stage.Key{Tenant: "acme", Repository: "widgets", Commit: strings.ToUpper(good)}, "commit"},
+		{"commit a path", stage.Key{Tenant: "acme", Repository: "widgets", Commit: "../../../../../../../../../../../../../x"}, "commit"},
+		{"commit a ref", stage.Key{Tenant: "acme", Repository: "widgets", Commit: "HEAD"}, "commit"},
+		{"commit empty", stage.Key{Tenant: "acme", Repository: "widgets", Commit: ""}, "commit"},
+		{"depth negative", stage.Key{Tenant: "acme", Repository: "widgets", Commit: good, Depth: -1}, "depth"},
+		{"depth past the bound", stage.Key{Tenant: "acme", Repository: "widgets", Commit: good, Depth: stage.MaxHistoryDepth + 1}, "depth"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, root := newCache(t)
@@ -679,7 +688,7 @@ func TestConcurrentGetsFetchOnce(t *testing.T) {
 	r := richRepo(t)
 	c, _ := newCache(t)
 	k := stage.Key{Tenant: "acme", Repository: "widgets", Commit: r.commit}
-	f := &fetcher{hdr: stage.Header{Commit: r.commit, TreeHash: r.tree}, data: r.archive, delay: 50 * time.Millisecond}
+	f := &fetcher{hdr: r.header(), data: r.archive, delay: 50 * time.Millisecond}
 
 	const n = 8
 	var wg sync.WaitGroup
@@ -707,7 +716,7 @@ func TestConcurrentGetsFetchOnce(t *testing.T) {
 			fresh++
 		}
 	}
-	if got := f.opened.Load(); got != 1 {
+	if got := f.calls.Load(); got != 1 {
 		t.Errorf("%d concurrent Gets fetched %d times, want 1", n, got)
 	}
 	if fresh != 1 {
