@@ -221,6 +221,8 @@ func (h *harness) grantFor(script string) *Grant {
 		NetworkGeneration: 1,
 		Class:             sandbox.ClassRunc,
 		Generation:        1,
+		// The depth the fake authority serves, as a real one grants it.
+		HistoryDepth: h.auth.hdr.HistoryDepth,
 	}
 }
 
