@@ -366,14 +366,25 @@ func (s *Service) UpdateJobLimits(ctx context.Context, req *authorityv1.UpdateJo
 	if err != nil {
 		return nil, err
 	}
-	if req.GetLimits() == nil {
-		return nil, s.fail(ctx, invalid("limits", "required: the limits to change"))
+	if req.GetLimits() == nil && req.GetSession() == nil {
+		return nil, s.fail(ctx, invalid("limits", "required: the limits (or a session's settings) to change"))
 	}
-	l, err := executorclient.LimitsFromProto("limits", req.GetLimits())
-	if err != nil {
-		return nil, s.fail(ctx, err)
+	change := jobs.ChangeRequest{JobID: req.GetJobId()}
+	if req.GetLimits() != nil {
+		l, err := executorclient.LimitsFromProto("limits", req.GetLimits())
+		if err != nil {
+			return nil, s.fail(ctx, err)
+		}
+		change.Limits = &l
 	}
-	res, err := s.cfg.Jobs.RequestChange(ctx, id, jobs.ChangeRequest{JobID: req.GetJobId(), Limits: &l})
+	if req.GetSession() != nil {
+		sess, err := sessionFromProto("session", req.GetSession())
+		if err != nil {
+			return nil, s.fail(ctx, err)
+		}
+		change.Session = sess
+	}
+	res, err := s.cfg.Jobs.RequestChange(ctx, id, change)
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}

@@ -100,8 +100,9 @@ type harnessOptions struct {
 	// checkpointEvery and checkpointInterval default to 100 and 1 minute.
 	checkpointEvery    int64
 	checkpointInterval time.Duration
-	// devQuota is tenant dev's quota.
-	devQuota policy.Quota
+	// devQuota is tenant dev's quota, devSessions its session bounds.
+	devQuota    policy.Quota
+	devSessions policy.Sessions
 }
 
 func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
@@ -133,6 +134,7 @@ func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
 			Approvals:         policy.Approvals{Approvers: []string{"approver/alice", "approver/bob", "approver/dev"}, Required: 1, TTL: time.Hour},
 			DeployCredentials: map[string]string{"demo": deployFile},
 			Quota:             opts.devQuota,
+			Sessions:          opts.devSessions,
 		},
 		"other": {
 			Name: "other", Clients: []string{"client/other"},

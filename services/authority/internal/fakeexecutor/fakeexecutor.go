@@ -184,8 +184,8 @@ func (e *Executor) Updates(job string) []*typesv1.Grant {
 }
 
 // UpdateRun verifies a newer grant of a running job, as the real executor
-// does (same job, higher generation, nothing but limits and network policy
-// changed), and puts it in force.
+// does (same job, higher generation, nothing but limits, network policy
+// and a session's settings changed), and puts it in force.
 func (e *Executor) UpdateRun(_ context.Context, req *executorv1.UpdateRunRequest) (*executorv1.UpdateRunResponse, error) {
 	g, verr := e.verifier.Verify(req.GetGrant(), time.Now())
 	e.mu.Lock()
@@ -213,12 +213,15 @@ func (e *Executor) UpdateRun(_ context.Context, req *executorv1.UpdateRunRequest
 	if g.GetGeneration() <= max(cur.GetGeneration(), 1) {
 		return nil, status.Errorf(codes.FailedPrecondition, "grant generation %d is not newer than %d", g.GetGeneration(), cur.GetGeneration())
 	}
+	if (cur.GetSession() == nil) != (g.GetSession() == nil) {
+		return nil, status.Error(codes.PermissionDenied, "grant field session: a job cannot become a session, nor a session a job")
+	}
 	a, b := proto.Clone(cur).(*typesv1.Grant), proto.Clone(g).(*typesv1.Grant)
 	for _, x := range []*typesv1.Grant{a, b} {
-		x.Limits, x.NetworkPolicy, x.NetworkPolicyGeneration, x.Generation, x.IssuedAt, x.ExpiresAt = nil, nil, 0, 0, nil, nil
+		x.Limits, x.NetworkPolicy, x.NetworkPolicyGeneration, x.Generation, x.IssuedAt, x.ExpiresAt, x.Session = nil, nil, 0, 0, nil, nil, nil
 	}
 	if !proto.Equal(a, b) {
-		return nil, status.Error(codes.PermissionDenied, "the grant changes more than limits and network policy")
+		return nil, status.Error(codes.PermissionDenied, "the grant changes more than limits, network policy and session settings")
 	}
 	r.grant = proto.Clone(req.GetGrant()).(*typesv1.SignedGrant)
 	e.updates[g.GetJobId()] = append(e.updates[g.GetJobId()], g)

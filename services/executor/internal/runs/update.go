@@ -26,6 +26,10 @@ var changeable = map[protoreflect.Name]bool{
 	"generation":                true,
 	"issued_at":                 true,
 	"expires_at":                true,
+
+	// A session's idle timeout and concurrent execs; a job cannot become
+	// a session nor a session a job (checked in Update).
+	"session": true,
 }
 
 // Update puts a newer grant of a staging or running job in force: its
@@ -85,8 +89,11 @@ func (m *Manager) Update(ctx context.Context, sg *typesv1.SignedGrant) (Run, err
 			errdefs.ErrFailedPrecondition, g.GetGeneration(), id, cur.GetGeneration())
 	}
 	if f := fixedFieldChanged(cur, g); f != "" {
-		return Run{}, fmt.Errorf("%w: grant field %s differs from the grant job %s runs under; only limits and network policy may change",
+		return Run{}, fmt.Errorf("%w: grant field %s differs from the grant job %s runs under; only limits, network policy and a session's settings may change",
 			errdefs.ErrPermissionDenied, f, id)
+	}
+	if err := checkSessionChange(cur.GetSession(), g.GetSession()); err != nil {
+		return Run{}, fmt.Errorf("job %s: %w", id, err)
 	}
 	lim := limitsOf(g.GetLimits())
 	if lim.DiskBytes != cur.GetLimits().GetDiskBytes() {
@@ -187,6 +194,8 @@ func (m *Manager) Update(ctx context.Context, sg *typesv1.SignedGrant) (Run, err
 	if e.run.State.Terminal() {
 		return Run{}, fmt.Errorf("%w: job %s has ended (%s)", errdefs.ErrFailedPrecondition, id, e.run.State)
 	}
+	// From here StartExec bounds concurrent execs by the new grant, and
+	// the idle watcher, woken by notify, times idleness by it.
 	e.grant = g
 	e.run.SignedGrant = raw
 	if netChanged && e.net != nil {
@@ -201,6 +210,24 @@ func (m *Manager) Update(ctx context.Context, sg *typesv1.SignedGrant) (Run, err
 	m.cfg.Logger.Info("grant updated", "job_id", id, "generation", g.GetGeneration(),
 		"network_policy_generation", g.GetNetworkPolicyGeneration(), "network_changed", netChanged)
 	return e.run, nil
+}
+
+// checkSessionChange refuses a grant that would make a job a session or a
+// session a job, or that gives a session settings no session could have.
+// Lowering max_concurrent_execs stops no exec: StartExec refuses new ones
+// until fewer run.
+func checkSessionChange(cur, next *typesv1.SessionSpec) error {
+	switch {
+	case (cur == nil) != (next == nil):
+		return fmt.Errorf("%w: grant field session: a job cannot become a session, nor a session a job", errdefs.ErrPermissionDenied)
+	case next == nil:
+		return nil
+	case next.GetIdleTimeout() != nil && (next.GetIdleTimeout().CheckValid() != nil || next.GetIdleTimeout().AsDuration() < 0):
+		return fmt.Errorf("%w: session.idle_timeout: not a duration of zero or more", errdefs.ErrInvalidArgument)
+	case next.GetMaxConcurrentExecs() < 0:
+		return fmt.Errorf("%w: session.max_concurrent_execs %d: must not be negative", errdefs.ErrInvalidArgument, next.GetMaxConcurrentExecs())
+	}
+	return nil
 }
 
 // limitsErr is the error of a refused limits change of job id.
