@@ -306,6 +306,9 @@ func (s *Service) ReportResult(ctx context.Context, req *authorityv1.ReportResul
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
+	// A session's report carries its execs (the first and the last, when
+	// not all fit): the authority's records take their final state.
+	s.observeExecs(ctx, j.ID, req.GetDetail().GetExecs()...)
 	pj, err := jobToProto(j)
 	if err != nil {
 		return nil, s.fail(ctx, err)
