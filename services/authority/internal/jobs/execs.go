@@ -149,17 +149,18 @@ func ExecRecordSpec(x store.Exec) (ExecSpec, bool) {
 	return ExecSpec{ID: x.ExecID, Argv: sm.Argv, Env: sm.Env, Cwd: sm.Cwd, Timeout: sm.Timeout, StdinSize: sm.StdinSize, StdinSHA256: sm.StdinSHA256}, sm.Cut || x.SpecDigest == ""
 }
 
-// differingField names the first field in which spec differs from the one
-// record x was asked with, "" if none (or if x does not say).
+// differingField names the field in which spec differs from the one
+// record x was asked with ("spec.argv", ...), or "spec" when x does not
+// say.
 func differingField(x store.Exec, spec ExecSpec) string {
 	var sm execSummary
-	if err := json.Unmarshal(x.Summary, &sm); err != nil || len(sm.Fields) == 0 {
+	if err := json.Unmarshal(x.Summary, &sm); err != nil {
 		return "spec"
 	}
 	fields, _ := spec.digests()
 	for _, f := range execFields {
 		if sm.Fields[f] != fields[f] {
-			return f
+			return "spec." + f
 		}
 	}
 	return "spec"
@@ -193,7 +194,7 @@ func (s *Service) RequestExec(ctx context.Context, caller identity.ID, j store.J
 		Outcome: outcomeAllowed, Reason: reason}
 	x, created, err := s.cfg.Store.CreateExecAudited(ctx, rec, func(existing *store.Exec) (audit.Event, error) {
 		if existing != nil && existing.SpecDigest != "" && existing.SpecDigest != digest {
-			return audit.Event{}, fmt.Errorf("%w: spec.exec_id %q: an exec of this id was requested with a different spec.%s",
+			return audit.Event{}, fmt.Errorf("%w: spec.exec_id %q: an exec of this id was requested with a different %s",
 				errdefs.ErrAlreadyExists, spec.ID, differingField(*existing, spec))
 		}
 		if existing != nil {
