@@ -143,3 +143,25 @@ func TestFinalReportFillsExecRecords(t *testing.T) {
 	_, err = dev.StartExec(ctx, &authorityv1.StartExecRequest{SessionId: sid, Spec: &typesv1.ExecSpec{ExecId: "unseen", Argv: []string{"other"}}})
 	wantStatus(t, err, codes.Unavailable)
 }
+
+// TestExecRecordsWhenTheExecutorForgot: an executor that answers but has
+// lost the session (its disk, say) is NotFound for it; the authority's
+// records answer instead, marked stale.
+func TestExecRecordsWhenTheExecutorForgot(t *testing.T) {
+	h := newHarness(t)
+	ctx := t.Context()
+	dev := h.client(devID)
+	sid := h.runningSession("forgot", nil).GetJobId()
+	if _, err := dev.StartExec(ctx, &authorityv1.StartExecRequest{SessionId: sid, Spec: &typesv1.ExecSpec{ExecId: "a", Argv: []string{"true"}}}); err != nil {
+		t.Fatal(err)
+	}
+	h.fake.Forget(sid)
+	got, err := dev.GetExec(ctx, &authorityv1.GetExecRequest{SessionId: sid, ExecId: "a"})
+	if err != nil || !got.GetStale() || got.GetExec().GetState() != typesv1.ExecState_EXEC_STATE_ENDED || got.GetExec().GetSeq() != 1 {
+		t.Fatalf("GetExec from an executor that forgot the session: %v, %v", got, err)
+	}
+	gs, err := dev.GetSession(ctx, &authorityv1.GetSessionRequest{SessionId: sid})
+	if err != nil || !gs.GetExecsStale() || len(gs.GetExecs()) != 1 {
+		t.Fatalf("GetSession from an executor that forgot the session: %v, %v", gs, err)
+	}
+}

@@ -394,6 +394,15 @@ func (e *Executor) GetArtifact(req *executorv1.GetArtifactRequest, stream grpc.S
 	return nil
 }
 
+// Forget drops job's run and execs, as an executor that lost its disk
+// would: every call about it is NotFound from then on.
+func (e *Executor) Forget(job string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.runs, job)
+	delete(e.execs, job)
+}
+
 // ExecAsks returns how many StartExec calls for session job reached the
 // fake.
 func (e *Executor) ExecAsks(job string) int {
