@@ -135,14 +135,24 @@ func TestSessionEndToEnd(t *testing.T) {
 		t.Fatalf("after resume: exit %d %q\n%s", r.code, r.stdout, r.stderr)
 	}
 
+	// Narrowing the session's settings applies at once: the executor took
+	// the new grant.
+	if r := s.airlock(t, "job", "update", id, "--max-execs", "1", "--idle-timeout", "4m"); r.code != 0 ||
+		!strings.Contains(r.stdout, "session: applied") || !strings.Contains(r.stdout, "idle timeout 4m0s, at most 1 execs at once") {
+		t.Fatalf("job update --max-execs --idle-timeout: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+
 	res = s.airlock(t, "session", "get", id, "-o", "json")
 	got := &authorityv1.GetSessionResponse{}
 	if err := protojson.Unmarshal([]byte(res.stdout), got); res.code != 0 || err != nil {
 		t.Fatalf("session get: exit %d, %v\n%s", res.code, err, res.stderr)
 	}
 	wantIDs := []string{"test-1", "edit", "test-2", "append", "slow", "count", "hostile", "plant", "tmp", "after-resume"}
-	if len(got.GetExecs()) != len(wantIDs) {
-		t.Fatalf("session get lists %d execs, want %d", len(got.GetExecs()), len(wantIDs))
+	if len(got.GetExecs()) != len(wantIDs) || got.GetExecsStale() {
+		t.Fatalf("session get lists %d execs (stale %v), want %d from the executor", len(got.GetExecs()), got.GetExecsStale(), len(wantIDs))
+	}
+	if ss := got.GetSession().GetSession(); ss.GetMaxConcurrentExecs() != 1 || ss.GetIdleTimeout().AsDuration() != 4*time.Minute {
+		t.Fatalf("the session's settings in force: %v", ss)
 	}
 
 	res = s.airlock(t, "session", "finish", id, "-o", "json")

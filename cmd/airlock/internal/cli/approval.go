@@ -167,6 +167,9 @@ only their totals by name.`,
 					fmt.Fprintf(w, "command    %s\n", commandText(rv.GetCommand()))
 					fmt.Fprintf(w, "limits     %s\n        ->  %s\n", limitsText(c.GetFromLimits()), limitsText(c.GetToLimits()))
 					fmt.Fprintf(w, "network    %s\n        ->  %s\n", termtext.Line(policyText(c.GetFromNetworkPolicy())), termtext.Line(policyText(c.GetToNetworkPolicy())))
+					if c.GetFromSession() != nil {
+						fmt.Fprintf(w, "session    %s\n        ->  %s\n", sessionText(c.GetFromSession()), sessionText(c.GetToSession()))
+					}
 					for _, x := range c.GetWidens() {
 						fmt.Fprintf(w, "widens     %s\n", termtext.Line(x))
 					}

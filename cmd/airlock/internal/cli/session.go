@@ -313,7 +313,11 @@ func finishExec(g *globals, x *typesv1.Exec) error {
 }
 
 func execOutcome(x *typesv1.Exec) string {
-	if x.GetState() != typesv1.ExecState_EXEC_STATE_ENDED {
+	switch x.GetState() {
+	case typesv1.ExecState_EXEC_STATE_ENDED:
+	case typesv1.ExecState_EXEC_STATE_REQUESTED:
+		return "requested (not seen started at the executor)"
+	default:
 		return "running"
 	}
 	s := strings.ToLower(strings.TrimPrefix(x.GetReason().String(), "TERMINATION_REASON_"))
@@ -355,6 +359,9 @@ func newSessionGet(g *globals) *cobra.Command {
 				}
 				fmt.Fprintf(w, "state      %s\n", state)
 				writeLimits(w, s)
+				if resp.GetExecsStale() {
+					fmt.Fprintln(w, "note       the executor could not answer: these are the authority's records of the execs, which may be behind")
+				}
 				writeExecs(w, resp.GetExecs())
 				if terminal(s.GetState()) {
 					writeSummary(w, s)

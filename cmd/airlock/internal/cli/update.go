@@ -26,6 +26,9 @@ type updateFlags struct {
 	pids    int64
 	timeout time.Duration
 	net     networkFlags
+	// A session's settings.
+	idleTimeout time.Duration
+	maxExecs    int32
 }
 
 // networkFlags are the network-policy flags of job submit and job update.
@@ -105,10 +108,13 @@ func parsePorts(flag, arg, ports string) ([]uint32, error) {
 func newJobUpdate(g *globals) *cobra.Command {
 	var f updateFlags
 	cmd := &cobra.Command{
-		Use:   "update JOB_ID [--memory SIZE] [--cpu CORES] [--pids N] [--timeout D] [--allow CIDR[:PORT,...]]... [--allow-domain NAME[:PORT,...]]... [--deny-all]",
-		Short: "Change a running job's limits or network policy",
+		Use:   "update JOB_ID [--memory SIZE] [--cpu CORES] [--pids N] [--timeout D] [--idle-timeout D] [--max-execs N] [--allow CIDR[:PORT,...]]... [--allow-domain NAME[:PORT,...]]... [--deny-all]",
+		Short: "Change a running job's limits or network policy, or a session's idle timeout and concurrent execs",
 		Long: `Changes a running job's limits (only those given) or replaces its network
-policy (--allow or --allow-domain, repeatable, or --deny-all).
+policy (--allow or --allow-domain, repeatable, or --deny-all). For a session,
+--idle-timeout and --max-execs change how long it may sit with no exec
+running and how many execs may run at once; lowering --max-execs stops no
+running exec, it only refuses new ones until fewer run.
 
 Narrowing (lower limits, fewer destinations) takes effect at once. Widening
 needs an approval where the tenant's policy says so: the command then prints
@@ -124,6 +130,8 @@ the approval's id, and the change applies when another approver approves it
 	fl.StringVar(&f.memory, "memory", "", "memory limit, e.g. 1GiB")
 	fl.Int64Var(&f.pids, "pids", 0, "process limit")
 	fl.DurationVar(&f.timeout, "timeout", 0, "deadline, counted from the job's start, e.g. 20m")
+	fl.DurationVar(&f.idleTimeout, "idle-timeout", 0, "a session's idle timeout, e.g. 1h")
+	fl.Int32Var(&f.maxExecs, "max-execs", 0, "how many execs a session may run at once")
 	f.net.register(fl, "; replaces the policy")
 	return cmd
 }
@@ -166,12 +174,22 @@ func jobUpdate(ctx context.Context, g *globals, f *updateFlags, jobID string) er
 			limits.Deadline = durationpb.New(f.timeout)
 		}
 	}
+	var session *typesv1.SessionSpec
+	if f.idleTimeout != 0 || f.maxExecs != 0 {
+		if f.idleTimeout < 0 || f.maxExecs < 0 {
+			return usageError{errors.New("--idle-timeout and --max-execs must not be negative")}
+		}
+		session = &typesv1.SessionSpec{MaxConcurrentExecs: f.maxExecs}
+		if f.idleTimeout > 0 {
+			session.IdleTimeout = durationpb.New(f.idleTimeout)
+		}
+	}
 	np, err := f.net.policy()
 	if err != nil {
 		return err
 	}
-	if limits == nil && np == nil {
-		return usageError{errors.New("nothing to change: give --memory, --cpu, --pids, --timeout, --allow, --allow-domain or --deny-all")}
+	if limits == nil && session == nil && np == nil {
+		return usageError{errors.New("nothing to change: give --memory, --cpu, --pids, --timeout, --idle-timeout, --max-execs, --allow, --allow-domain or --deny-all")}
 	}
 	client, _, done, err := g.authority()
 	if err != nil {
@@ -183,12 +201,17 @@ func jobUpdate(ctx context.Context, g *globals, f *updateFlags, jobID string) er
 		ApprovalID string `json:"approval_id,omitempty"`
 	}
 	var results []outcome
-	if limits != nil {
-		resp, err := client.UpdateJobLimits(ctx, &authorityv1.UpdateJobLimitsRequest{JobId: jobID, Limits: limits})
+	if limits != nil || session != nil {
+		// One change: limits and session settings widen or narrow together.
+		resp, err := client.UpdateJobLimits(ctx, &authorityv1.UpdateJobLimitsRequest{JobId: jobID, Limits: limits, Session: session})
 		if err != nil {
 			return rpcError(err)
 		}
-		results = append(results, outcome{"limits", resp.GetApprovalId()})
+		what := "limits"
+		if limits == nil {
+			what = "session"
+		}
+		results = append(results, outcome{what, resp.GetApprovalId()})
 	}
 	if np != nil {
 		resp, err := client.UpdateNetworkPolicy(ctx, &authorityv1.UpdateNetworkPolicyRequest{JobId: jobID, Policy: np})
@@ -223,6 +246,9 @@ func writeLimits(w io.Writer, job *authorityv1.Job) {
 	fmt.Fprintf(w, "limits     cpu %.2f, memory %s, pids %d, disk %s, deadline %s (grant generation %d)\n",
 		float64(l.GetCpuMillis())/1000, humanBytes(l.GetMemoryBytes()), l.GetPids(), humanBytes(l.GetDiskBytes()),
 		l.GetDeadline().AsDuration(), job.GetGrantGeneration())
+	if s := job.GetSession(); s != nil {
+		fmt.Fprintf(w, "session    %s\n", sessionText(s))
+	}
 	st := job.GetNetworkPolicyStatus()
 	fmt.Fprintf(w, "network    %s (generation %d, %s)\n", termtext.Line(policyText(st.GetPolicy())), st.GetGeneration(),
 		strings.ToLower(strings.TrimPrefix(st.GetState().String(), "NETWORK_POLICY_STATE_")))
@@ -249,6 +275,11 @@ func policyText(p *typesv1.NetworkPolicy) string {
 		return "domains " + strings.Join(m.Domains.GetDomains(), " ")
 	}
 	return "deny_all"
+}
+
+// sessionText is a session's settings in one line.
+func sessionText(s *typesv1.SessionSpec) string {
+	return fmt.Sprintf("idle timeout %s, at most %d execs at once", s.GetIdleTimeout().AsDuration(), s.GetMaxConcurrentExecs())
 }
 
 // limitsText is limits in one line.

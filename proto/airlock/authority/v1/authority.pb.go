@@ -655,8 +655,11 @@ type Job struct {
 	Limits *v1.ResourceLimits `protobuf:"bytes,14,opt,name=limits,proto3" json:"limits,omitempty"`
 	// The generation of the grant in force; 1 until a change is granted.
 	GrantGeneration int64 `protobuf:"varint,15,opt,name=grant_generation,json=grantGeneration,proto3" json:"grant_generation,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// For a session, its idle timeout and concurrent execs in force: the
+	// spec's with tenant defaults filled in, and any granted change applied.
+	Session       *v1.SessionSpec `protobuf:"bytes,16,opt,name=session,proto3" json:"session,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
@@ -792,6 +795,13 @@ func (x *Job) GetGrantGeneration() int64 {
 		return x.GrantGeneration
 	}
 	return 0
+}
+
+func (x *Job) GetSession() *v1.SessionSpec {
+	if x != nil {
+		return x.Session
+	}
+	return nil
 }
 
 // SubmitJobRequest asks to run a job.
@@ -2705,7 +2715,11 @@ type JobChange struct {
 	// Network policy after the change.
 	ToNetworkPolicy *v1.NetworkPolicy `protobuf:"bytes,5,opt,name=to_network_policy,json=toNetworkPolicy,proto3" json:"to_network_policy,omitempty"`
 	// What widens, one line each, e.g. "memory_bytes: 268435456 -> 1073741824".
-	Widens        []string `protobuf:"bytes,6,rep,name=widens,proto3" json:"widens,omitempty"`
+	Widens []string `protobuf:"bytes,6,rep,name=widens,proto3" json:"widens,omitempty"`
+	// A session's idle timeout and concurrent execs before and after the
+	// change; unset for a job.
+	FromSession   *v1.SessionSpec `protobuf:"bytes,7,opt,name=from_session,json=fromSession,proto3" json:"from_session,omitempty"`
+	ToSession     *v1.SessionSpec `protobuf:"bytes,8,opt,name=to_session,json=toSession,proto3" json:"to_session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2778,6 +2792,20 @@ func (x *JobChange) GetToNetworkPolicy() *v1.NetworkPolicy {
 func (x *JobChange) GetWidens() []string {
 	if x != nil {
 		return x.Widens
+	}
+	return nil
+}
+
+func (x *JobChange) GetFromSession() *v1.SessionSpec {
+	if x != nil {
+		return x.FromSession
+	}
+	return nil
+}
+
+func (x *JobChange) GetToSession() *v1.SessionSpec {
+	if x != nil {
+		return x.ToSession
 	}
 	return nil
 }
@@ -4432,14 +4460,22 @@ func (x *UpdateNetworkPolicyResponse) GetApprovalId() string {
 	return ""
 }
 
-// UpdateJobLimitsRequest asks to change a running job's limits.
+// UpdateJobLimitsRequest asks to change a running job's limits, or a
+// running session's idle timeout and concurrent execs. Raising either is a
+// widening, lowering a narrowing.
 type UpdateJobLimitsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Required.
 	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
-	// Required: the limits to change; zero fields keep their current value.
-	// disk_bytes cannot change on a running job.
-	Limits        *v1.ResourceLimits `protobuf:"bytes,2,opt,name=limits,proto3" json:"limits,omitempty"`
+	// The limits to change; zero fields keep their current value.
+	// disk_bytes cannot change on a running job. Required unless session is
+	// set.
+	Limits *v1.ResourceLimits `protobuf:"bytes,2,opt,name=limits,proto3" json:"limits,omitempty"`
+	// For a session: the idle timeout and concurrent execs to change, zero
+	// fields keeping their current value, within the tenant's ceilings.
+	// Lowering max_concurrent_execs stops no running exec; new ones are
+	// refused until fewer run.
+	Session       *v1.SessionSpec `protobuf:"bytes,3,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4484,6 +4520,13 @@ func (x *UpdateJobLimitsRequest) GetJobId() string {
 func (x *UpdateJobLimitsRequest) GetLimits() *v1.ResourceLimits {
 	if x != nil {
 		return x.Limits
+	}
+	return nil
+}
+
+func (x *UpdateJobLimitsRequest) GetSession() *v1.SessionSpec {
+	if x != nil {
+		return x.Session
 	}
 	return nil
 }
@@ -5641,6 +5684,10 @@ type GetSessionResponse struct {
 	// suspended it; EXECUTOR_RESTARTED when its executor restarted under it
 	// and kept its /work changes and /out: ResumeSession goes on.
 	SuspendReason v1.TerminationReason `protobuf:"varint,5,opt,name=suspend_reason,json=suspendReason,proto3,enum=airlock.types.v1.TerminationReason" json:"suspend_reason,omitempty"`
+	// Set when the executor could not be reached or no longer has the
+	// session, and execs are the authority's own records instead: they may
+	// be behind, and carry no output tails.
+	ExecsStale    bool `protobuf:"varint,6,opt,name=execs_stale,json=execsStale,proto3" json:"execs_stale,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5708,6 +5755,13 @@ func (x *GetSessionResponse) GetSuspendReason() v1.TerminationReason {
 		return x.SuspendReason
 	}
 	return v1.TerminationReason(0)
+}
+
+func (x *GetSessionResponse) GetExecsStale() bool {
+	if x != nil {
+		return x.ExecsStale
+	}
+	return false
 }
 
 // ListSessionsRequest asks for a tenant's sessions.
@@ -6200,7 +6254,12 @@ func (x *GetExecRequest) GetExecId() string {
 type GetExecResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The exec.
-	Exec          *v1.Exec `protobuf:"bytes,1,opt,name=exec,proto3" json:"exec,omitempty"`
+	Exec *v1.Exec `protobuf:"bytes,1,opt,name=exec,proto3" json:"exec,omitempty"`
+	// Set when the executor could not be reached or no longer has the exec,
+	// and exec is the authority's own record instead: it may be behind (an
+	// exec it last saw running may have ended), and it carries no output
+	// tails.
+	Stale         bool `protobuf:"varint,2,opt,name=stale,proto3" json:"stale,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6240,6 +6299,13 @@ func (x *GetExecResponse) GetExec() *v1.Exec {
 		return x.Exec
 	}
 	return nil
+}
+
+func (x *GetExecResponse) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
 }
 
 // WatchExecRequest names an exec to follow.
@@ -7167,7 +7233,7 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\asession\x18\t \x01(\v2\x1d.airlock.types.v1.SessionSpecR\asession\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa2\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdb\x05\n" +
 	"\x03Job\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1c\n" +
@@ -7187,7 +7253,8 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"approvalId\x12\x18\n" +
 	"\amessage\x18\r \x01(\tR\amessage\x128\n" +
 	"\x06limits\x18\x0e \x01(\v2 .airlock.types.v1.ResourceLimitsR\x06limits\x12)\n" +
-	"\x10grant_generation\x18\x0f \x01(\x03R\x0fgrantGeneration\"\x86\x01\n" +
+	"\x10grant_generation\x18\x0f \x01(\x03R\x0fgrantGeneration\x127\n" +
+	"\asession\x18\x10 \x01(\v2\x1d.airlock.types.v1.SessionSpecR\asession\"\x86\x01\n" +
 	"\x10SubmitJobRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x121\n" +
 	"\x04spec\x18\x02 \x01(\v2\x1d.airlock.authority.v1.JobSpecR\x04spec\x12'\n" +
@@ -7329,7 +7396,7 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\bbytes_in\x18\x04 \x01(\x03R\abytesIn\x12\x1b\n" +
 	"\tbytes_out\x18\x05 \x01(\x03R\bbytesOut\"C\n" +
 	"\x14ReportResultResponse\x12+\n" +
-	"\x03job\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\x03job\"\xec\x02\n" +
+	"\x03job\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\x03job\"\xec\x03\n" +
 	"\tJobChange\x12'\n" +
 	"\x0fbase_generation\x18\x01 \x01(\x03R\x0ebaseGeneration\x12A\n" +
 	"\vfrom_limits\x18\x02 \x01(\v2 .airlock.types.v1.ResourceLimitsR\n" +
@@ -7337,7 +7404,10 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\tto_limits\x18\x03 \x01(\v2 .airlock.types.v1.ResourceLimitsR\btoLimits\x12O\n" +
 	"\x13from_network_policy\x18\x04 \x01(\v2\x1f.airlock.types.v1.NetworkPolicyR\x11fromNetworkPolicy\x12K\n" +
 	"\x11to_network_policy\x18\x05 \x01(\v2\x1f.airlock.types.v1.NetworkPolicyR\x0ftoNetworkPolicy\x12\x16\n" +
-	"\x06widens\x18\x06 \x03(\tR\x06widens\"\xbb\x01\n" +
+	"\x06widens\x18\x06 \x03(\tR\x06widens\x12@\n" +
+	"\ffrom_session\x18\a \x01(\v2\x1d.airlock.types.v1.SessionSpecR\vfromSession\x12<\n" +
+	"\n" +
+	"to_session\x18\b \x01(\v2\x1d.airlock.types.v1.SessionSpecR\ttoSession\"\xbb\x01\n" +
 	"\fApprovalVote\x12\x1a\n" +
 	"\bapprover\x18\x01 \x01(\tR\bapprover\x12:\n" +
 	"\bdecision\x18\x02 \x01(\x0e2\x1e.airlock.authority.v1.DecisionR\bdecision\x12\x18\n" +
@@ -7454,10 +7524,11 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x1bUpdateNetworkPolicyResponse\x12=\n" +
 	"\x06status\x18\x01 \x01(\v2%.airlock.types.v1.NetworkPolicyStatusR\x06status\x12\x1f\n" +
 	"\vapproval_id\x18\x02 \x01(\tR\n" +
-	"approvalId\"i\n" +
+	"approvalId\"\xa2\x01\n" +
 	"\x16UpdateJobLimitsRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x128\n" +
-	"\x06limits\x18\x02 \x01(\v2 .airlock.types.v1.ResourceLimitsR\x06limits\"g\n" +
+	"\x06limits\x18\x02 \x01(\v2 .airlock.types.v1.ResourceLimitsR\x06limits\x127\n" +
+	"\asession\x18\x03 \x01(\v2\x1d.airlock.types.v1.SessionSpecR\asession\"g\n" +
 	"\x17UpdateJobLimitsResponse\x12+\n" +
 	"\x03job\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\x03job\x12\x1f\n" +
 	"\vapproval_id\x18\x02 \x01(\tR\n" +
@@ -7547,14 +7618,16 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\acreated\x18\x02 \x01(\bR\acreated\"2\n" +
 	"\x11GetSessionRequest\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\tR\tsessionId\"\x82\x02\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\"\xa3\x02\n" +
 	"\x12GetSessionResponse\x123\n" +
 	"\asession\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\asession\x12,\n" +
 	"\x05execs\x18\x02 \x03(\v2\x16.airlock.types.v1.ExecR\x05execs\x12\x1c\n" +
 	"\tsuspended\x18\x03 \x01(\bR\tsuspended\x12\x1f\n" +
 	"\vexecs_total\x18\x04 \x01(\x03R\n" +
 	"execsTotal\x12J\n" +
-	"\x0esuspend_reason\x18\x05 \x01(\x0e2#.airlock.types.v1.TerminationReasonR\rsuspendReason\"\xa1\x01\n" +
+	"\x0esuspend_reason\x18\x05 \x01(\x0e2#.airlock.types.v1.TerminationReasonR\rsuspendReason\x12\x1f\n" +
+	"\vexecs_stale\x18\x06 \x01(\bR\n" +
+	"execsStale\"\xa1\x01\n" +
 	"\x13ListSessionsRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x126\n" +
 	"\x06states\x18\x02 \x03(\x0e2\x1e.airlock.authority.v1.JobStateR\x06states\x12\x1b\n" +
@@ -7585,9 +7658,10 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x0eGetExecRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x17\n" +
-	"\aexec_id\x18\x02 \x01(\tR\x06execId\"=\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\"S\n" +
 	"\x0fGetExecResponse\x12*\n" +
-	"\x04exec\x18\x01 \x01(\v2\x16.airlock.types.v1.ExecR\x04exec\"\x94\x01\n" +
+	"\x04exec\x18\x01 \x01(\v2\x16.airlock.types.v1.ExecR\x04exec\x12\x14\n" +
+	"\x05stale\x18\x02 \x01(\bR\x05stale\"\x94\x01\n" +
 	"\x10WatchExecRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x17\n" +
@@ -7877,183 +7951,187 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	109, // 10: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
 	110, // 11: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
 	103, // 12: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
-	8,   // 13: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
-	9,   // 14: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
-	9,   // 15: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
-	32,  // 16: airlock.authority.v1.GetJobEgressResponse.egress:type_name -> airlock.authority.v1.EgressLog
-	0,   // 17: airlock.authority.v1.GetJobEgressResponse.state:type_name -> airlock.authority.v1.JobState
-	0,   // 18: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
-	9,   // 19: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
-	9,   // 20: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
-	111, // 21: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
-	9,   // 22: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
-	23,  // 23: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
-	24,  // 24: airlock.authority.v1.FetchSourceResponse.history:type_name -> airlock.authority.v1.SourceHistory
-	109, // 25: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
-	29,  // 26: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
-	1,   // 27: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
-	27,  // 28: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
-	28,  // 29: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
-	28,  // 30: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
-	32,  // 31: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
-	112, // 32: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
-	30,  // 33: airlock.authority.v1.ReviewDetail.file_writes:type_name -> airlock.authority.v1.FileWrite
-	108, // 34: airlock.authority.v1.FileWrite.written_at:type_name -> google.protobuf.Timestamp
-	108, // 35: airlock.authority.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
-	31,  // 36: airlock.authority.v1.EgressLog.records:type_name -> airlock.authority.v1.EgressRecord
-	33,  // 37: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
-	31,  // 38: airlock.authority.v1.EgressLog.last:type_name -> airlock.authority.v1.EgressRecord
-	9,   // 39: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
-	103, // 40: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
-	103, // 41: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
-	104, // 42: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	104, // 43: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	3,   // 44: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
-	108, // 45: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
-	106, // 46: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
-	2,   // 47: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
-	36,  // 48: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
-	108, // 49: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
-	108, // 50: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
-	4,   // 51: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
-	35,  // 52: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
-	109, // 53: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
-	104, // 54: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	29,  // 55: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
-	5,   // 56: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
-	5,   // 57: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
-	27,  // 58: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
-	40,  // 59: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
-	41,  // 60: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
-	2,   // 61: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
-	37,  // 62: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
-	37,  // 63: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	38,  // 64: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
-	3,   // 65: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
-	37,  // 66: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	106, // 67: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
-	37,  // 68: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	6,   // 69: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	108, // 70: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
-	108, // 71: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	108, // 72: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
-	6,   // 73: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	113, // 74: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
-	51,  // 75: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	51,  // 76: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	51,  // 77: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
-	104, // 78: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
-	110, // 79: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	103, // 80: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
-	9,   // 81: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
-	51,  // 82: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
-	108, // 83: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
-	7,   // 84: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
-	108, // 85: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
-	108, // 86: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
-	64,  // 87: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
-	108, // 88: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
-	67,  // 89: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
-	37,  // 90: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
-	108, // 91: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
-	71,  // 92: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
-	8,   // 93: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
-	9,   // 94: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
-	9,   // 95: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
-	112, // 96: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
-	114, // 97: airlock.authority.v1.GetSessionResponse.suspend_reason:type_name -> airlock.types.v1.TerminationReason
-	0,   // 98: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
-	9,   // 99: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
-	9,   // 100: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
-	9,   // 101: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
-	115, // 102: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	112, // 103: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	112, // 104: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	111, // 105: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	112, // 106: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	112, // 107: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
-	116, // 108: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
-	93,  // 109: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
-	117, // 110: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
-	9,   // 111: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
-	9,   // 112: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
-	10,  // 113: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
-	12,  // 114: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
-	14,  // 115: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
-	16,  // 116: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
-	18,  // 117: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
-	20,  // 118: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
-	73,  // 119: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
-	75,  // 120: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
-	77,  // 121: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
-	79,  // 122: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
-	81,  // 123: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
-	98,  // 124: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
-	100, // 125: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
-	83,  // 126: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
-	85,  // 127: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
-	87,  // 128: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
-	89,  // 129: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
-	91,  // 130: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
-	94,  // 131: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
-	96,  // 132: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
-	22,  // 133: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
-	26,  // 134: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	43,  // 135: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	45,  // 136: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	39,  // 137: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
-	47,  // 138: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	49,  // 139: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	70,  // 140: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
-	52,  // 141: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	54,  // 142: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	56,  // 143: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	58,  // 144: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	60,  // 145: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
-	62,  // 146: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
-	65,  // 147: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	68,  // 148: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
-	11,  // 149: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
-	13,  // 150: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
-	15,  // 151: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
-	17,  // 152: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
-	19,  // 153: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
-	21,  // 154: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
-	74,  // 155: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
-	76,  // 156: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
-	78,  // 157: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
-	80,  // 158: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
-	82,  // 159: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
-	99,  // 160: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
-	101, // 161: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
-	84,  // 162: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
-	86,  // 163: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
-	88,  // 164: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
-	90,  // 165: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
-	92,  // 166: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
-	95,  // 167: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
-	97,  // 168: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
-	25,  // 169: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	34,  // 170: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	44,  // 171: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	46,  // 172: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	42,  // 173: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
-	48,  // 174: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	50,  // 175: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	72,  // 176: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
-	53,  // 177: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	55,  // 178: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	57,  // 179: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	59,  // 180: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	61,  // 181: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
-	63,  // 182: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
-	66,  // 183: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	69,  // 184: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
-	149, // [149:185] is the sub-list for method output_type
-	113, // [113:149] is the sub-list for method input_type
-	113, // [113:113] is the sub-list for extension type_name
-	113, // [113:113] is the sub-list for extension extendee
-	0,   // [0:113] is the sub-list for field type_name
+	107, // 13: airlock.authority.v1.Job.session:type_name -> airlock.types.v1.SessionSpec
+	8,   // 14: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
+	9,   // 15: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
+	9,   // 16: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
+	32,  // 17: airlock.authority.v1.GetJobEgressResponse.egress:type_name -> airlock.authority.v1.EgressLog
+	0,   // 18: airlock.authority.v1.GetJobEgressResponse.state:type_name -> airlock.authority.v1.JobState
+	0,   // 19: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
+	9,   // 20: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
+	9,   // 21: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
+	111, // 22: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
+	9,   // 23: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
+	23,  // 24: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
+	24,  // 25: airlock.authority.v1.FetchSourceResponse.history:type_name -> airlock.authority.v1.SourceHistory
+	109, // 26: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
+	29,  // 27: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
+	1,   // 28: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
+	27,  // 29: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
+	28,  // 30: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
+	28,  // 31: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
+	32,  // 32: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
+	112, // 33: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
+	30,  // 34: airlock.authority.v1.ReviewDetail.file_writes:type_name -> airlock.authority.v1.FileWrite
+	108, // 35: airlock.authority.v1.FileWrite.written_at:type_name -> google.protobuf.Timestamp
+	108, // 36: airlock.authority.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
+	31,  // 37: airlock.authority.v1.EgressLog.records:type_name -> airlock.authority.v1.EgressRecord
+	33,  // 38: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
+	31,  // 39: airlock.authority.v1.EgressLog.last:type_name -> airlock.authority.v1.EgressRecord
+	9,   // 40: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
+	103, // 41: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
+	103, // 42: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
+	104, // 43: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	104, // 44: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	107, // 45: airlock.authority.v1.JobChange.from_session:type_name -> airlock.types.v1.SessionSpec
+	107, // 46: airlock.authority.v1.JobChange.to_session:type_name -> airlock.types.v1.SessionSpec
+	3,   // 47: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
+	108, // 48: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
+	106, // 49: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
+	2,   // 50: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
+	36,  // 51: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
+	108, // 52: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
+	108, // 53: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	4,   // 54: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
+	35,  // 55: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
+	109, // 56: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
+	104, // 57: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	29,  // 58: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
+	5,   // 59: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
+	5,   // 60: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
+	27,  // 61: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
+	40,  // 62: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
+	41,  // 63: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
+	2,   // 64: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
+	37,  // 65: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
+	37,  // 66: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	38,  // 67: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
+	3,   // 68: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
+	37,  // 69: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	106, // 70: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
+	37,  // 71: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	6,   // 72: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	108, // 73: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
+	108, // 74: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	108, // 75: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
+	6,   // 76: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	113, // 77: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
+	51,  // 78: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	51,  // 79: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	51,  // 80: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
+	104, // 81: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
+	110, // 82: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	103, // 83: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
+	107, // 84: airlock.authority.v1.UpdateJobLimitsRequest.session:type_name -> airlock.types.v1.SessionSpec
+	9,   // 85: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
+	51,  // 86: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
+	108, // 87: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	7,   // 88: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
+	108, // 89: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
+	108, // 90: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
+	64,  // 91: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
+	108, // 92: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
+	67,  // 93: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
+	37,  // 94: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
+	108, // 95: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
+	71,  // 96: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
+	8,   // 97: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
+	9,   // 98: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
+	9,   // 99: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
+	112, // 100: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
+	114, // 101: airlock.authority.v1.GetSessionResponse.suspend_reason:type_name -> airlock.types.v1.TerminationReason
+	0,   // 102: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
+	9,   // 103: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
+	9,   // 104: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
+	9,   // 105: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
+	115, // 106: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	112, // 107: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	112, // 108: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	111, // 109: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	112, // 110: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	112, // 111: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	116, // 112: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	93,  // 113: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
+	117, // 114: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	9,   // 115: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
+	9,   // 116: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
+	10,  // 117: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
+	12,  // 118: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
+	14,  // 119: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
+	16,  // 120: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
+	18,  // 121: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
+	20,  // 122: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
+	73,  // 123: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
+	75,  // 124: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
+	77,  // 125: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
+	79,  // 126: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
+	81,  // 127: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
+	98,  // 128: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
+	100, // 129: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
+	83,  // 130: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
+	85,  // 131: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
+	87,  // 132: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
+	89,  // 133: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
+	91,  // 134: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
+	94,  // 135: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
+	96,  // 136: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
+	22,  // 137: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
+	26,  // 138: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
+	43,  // 139: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	45,  // 140: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	39,  // 141: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
+	47,  // 142: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	49,  // 143: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	70,  // 144: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
+	52,  // 145: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	54,  // 146: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	56,  // 147: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	58,  // 148: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	60,  // 149: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	62,  // 150: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	65,  // 151: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	68,  // 152: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
+	11,  // 153: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
+	13,  // 154: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
+	15,  // 155: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
+	17,  // 156: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
+	19,  // 157: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
+	21,  // 158: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
+	74,  // 159: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
+	76,  // 160: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
+	78,  // 161: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
+	80,  // 162: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
+	82,  // 163: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
+	99,  // 164: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
+	101, // 165: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
+	84,  // 166: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
+	86,  // 167: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
+	88,  // 168: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
+	90,  // 169: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
+	92,  // 170: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
+	95,  // 171: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
+	97,  // 172: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
+	25,  // 173: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
+	34,  // 174: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	44,  // 175: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	46,  // 176: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	42,  // 177: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
+	48,  // 178: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	50,  // 179: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	72,  // 180: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
+	53,  // 181: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	55,  // 182: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	57,  // 183: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	59,  // 184: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	61,  // 185: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	63,  // 186: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	66,  // 187: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	69,  // 188: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
+	153, // [153:189] is the sub-list for method output_type
+	117, // [117:153] is the sub-list for method input_type
+	117, // [117:117] is the sub-list for extension type_name
+	117, // [117:117] is the sub-list for extension extendee
+	0,   // [0:117] is the sub-list for field type_name
 }
 
 func init() { file_airlock_authority_v1_authority_proto_init() }

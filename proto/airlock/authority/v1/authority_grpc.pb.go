@@ -115,9 +115,13 @@ type AuthorityServiceClient interface {
 	// StartExec runs a command in a running session. The client names it:
 	// the same exec_id with the same spec returns the same exec, running or
 	// ended, and never runs it again; with a different spec it is
-	// ALREADY_EXISTS naming the field. Callers: client/* of the session's tenant.
+	// ALREADY_EXISTS naming the field. The authority records the request
+	// before the executor sees it (and refuses a reused id with another spec
+	// itself). Callers: client/* of the session's tenant.
 	StartExec(ctx context.Context, in *StartExecRequest, opts ...grpc.CallOption) (*StartExecResponse, error)
-	// GetExec returns one exec. Callers: client/* of the session's tenant.
+	// GetExec returns one exec: the executor's record, or when the executor
+	// cannot answer the authority's own (stale set). Callers: client/* of
+	// the session's tenant.
 	GetExec(ctx context.Context, in *GetExecRequest, opts ...grpc.CallOption) (*GetExecResponse, error)
 	// WatchExec streams an exec's output from byte offsets until it ends,
 	// then its record. Callers: client/* of the session's tenant.
@@ -669,9 +673,13 @@ type AuthorityServiceServer interface {
 	// StartExec runs a command in a running session. The client names it:
 	// the same exec_id with the same spec returns the same exec, running or
 	// ended, and never runs it again; with a different spec it is
-	// ALREADY_EXISTS naming the field. Callers: client/* of the session's tenant.
+	// ALREADY_EXISTS naming the field. The authority records the request
+	// before the executor sees it (and refuses a reused id with another spec
+	// itself). Callers: client/* of the session's tenant.
 	StartExec(context.Context, *StartExecRequest) (*StartExecResponse, error)
-	// GetExec returns one exec. Callers: client/* of the session's tenant.
+	// GetExec returns one exec: the executor's record, or when the executor
+	// cannot answer the authority's own (stale set). Callers: client/* of
+	// the session's tenant.
 	GetExec(context.Context, *GetExecRequest) (*GetExecResponse, error)
 	// WatchExec streams an exec's output from byte offsets until it ends,
 	// then its record. Callers: client/* of the session's tenant.

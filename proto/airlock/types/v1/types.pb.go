@@ -148,6 +148,9 @@ const (
 	ExecState_EXEC_STATE_RUNNING ExecState = 1
 	// Ended; reason says how.
 	ExecState_EXEC_STATE_ENDED ExecState = 2
+	// Asked of the authority, not yet seen started at the executor: only
+	// the authority's own record says this.
+	ExecState_EXEC_STATE_REQUESTED ExecState = 3
 )
 
 // Enum value maps for ExecState.
@@ -156,11 +159,13 @@ var (
 		0: "EXEC_STATE_UNSPECIFIED",
 		1: "EXEC_STATE_RUNNING",
 		2: "EXEC_STATE_ENDED",
+		3: "EXEC_STATE_REQUESTED",
 	}
 	ExecState_value = map[string]int32{
 		"EXEC_STATE_UNSPECIFIED": 0,
 		"EXEC_STATE_RUNNING":     1,
 		"EXEC_STATE_ENDED":       2,
+		"EXEC_STATE_REQUESTED":   3,
 	}
 )
 
@@ -2168,11 +2173,12 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	" NETWORK_POLICY_STATE_UNSPECIFIED\x10\x00\x12 \n" +
 	"\x1cNETWORK_POLICY_STATE_PENDING\x10\x01\x12 \n" +
 	"\x1cNETWORK_POLICY_STATE_APPLIED\x10\x02\x12\x1f\n" +
-	"\x1bNETWORK_POLICY_STATE_FAILED\x10\x03*U\n" +
+	"\x1bNETWORK_POLICY_STATE_FAILED\x10\x03*o\n" +
 	"\tExecState\x12\x1a\n" +
 	"\x16EXEC_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12EXEC_STATE_RUNNING\x10\x01\x12\x14\n" +
-	"\x10EXEC_STATE_ENDED\x10\x02*\xed\x02\n" +
+	"\x10EXEC_STATE_ENDED\x10\x02\x12\x18\n" +
+	"\x14EXEC_STATE_REQUESTED\x10\x03*\xed\x02\n" +
 	"\x11TerminationReason\x12\"\n" +
 	"\x1eTERMINATION_REASON_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19TERMINATION_REASON_EXITED\x10\x01\x12\x1e\n" +

@@ -322,6 +322,9 @@ func (s *Service) ReportResult(ctx context.Context, req *authorityv1.ReportResul
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
+	// A session's report carries its execs (the first and the last, when
+	// not all fit): the authority's records take their final state.
+	s.observeExecs(ctx, j.ID, req.GetDetail().GetExecs()...)
 	pj, err := jobToProto(j)
 	if err != nil {
 		return nil, s.fail(ctx, err)
@@ -382,14 +385,25 @@ func (s *Service) UpdateJobLimits(ctx context.Context, req *authorityv1.UpdateJo
 	if err != nil {
 		return nil, err
 	}
-	if req.GetLimits() == nil {
-		return nil, s.fail(ctx, invalid("limits", "required: the limits to change"))
+	if req.GetLimits() == nil && req.GetSession() == nil {
+		return nil, s.fail(ctx, invalid("limits", "required: the limits (or a session's settings) to change"))
 	}
-	l, err := executorclient.LimitsFromProto("limits", req.GetLimits())
-	if err != nil {
-		return nil, s.fail(ctx, err)
+	change := jobs.ChangeRequest{JobID: req.GetJobId()}
+	if req.GetLimits() != nil {
+		l, err := executorclient.LimitsFromProto("limits", req.GetLimits())
+		if err != nil {
+			return nil, s.fail(ctx, err)
+		}
+		change.Limits = &l
 	}
-	res, err := s.cfg.Jobs.RequestChange(ctx, id, jobs.ChangeRequest{JobID: req.GetJobId(), Limits: &l})
+	if req.GetSession() != nil {
+		sess, err := sessionFromProto("session", req.GetSession())
+		if err != nil {
+			return nil, s.fail(ctx, err)
+		}
+		change.Session = sess
+	}
+	res, err := s.cfg.Jobs.RequestChange(ctx, id, change)
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}

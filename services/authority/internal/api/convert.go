@@ -80,13 +80,23 @@ func specFromProto(p *authorityv1.JobSpec) (jobs.Spec, error) {
 		s.PublishTarget = &jobs.PublishTarget{Repository: t.GetRepository(), Branch: t.GetBranch()}
 	}
 	if x := p.GetSession(); x != nil {
-		s.Session = &jobs.Session{MaxConcurrentExecs: int(x.GetMaxConcurrentExecs())}
-		if d := x.GetIdleTimeout(); d != nil {
-			if err := d.CheckValid(); err != nil {
-				return s, invalid("spec.session.idle_timeout", "%v", err)
-			}
-			s.Session.IdleTimeout = d.AsDuration()
+		sess, err := sessionFromProto("spec.session", x)
+		if err != nil {
+			return s, err
 		}
+		s.Session = sess
+	}
+	return s, nil
+}
+
+// sessionFromProto reads a session spec; errors name fields under prefix.
+func sessionFromProto(prefix string, x *typesv1.SessionSpec) (*jobs.Session, error) {
+	s := &jobs.Session{MaxConcurrentExecs: int(x.GetMaxConcurrentExecs())}
+	if d := x.GetIdleTimeout(); d != nil {
+		if err := d.CheckValid(); err != nil {
+			return nil, invalid(prefix+".idle_timeout", "%v", err)
+		}
+		s.IdleTimeout = d.AsDuration()
 	}
 	return s, nil
 }
@@ -97,7 +107,8 @@ func changeToProto(c jobs.Change) *authorityv1.JobChange {
 		BaseGeneration: c.BaseGeneration,
 		FromLimits:     executorclient.LimitsToProto(c.FromLimits), ToLimits: executorclient.LimitsToProto(c.ToLimits),
 		FromNetworkPolicy: executorclient.NetworkToProto(c.FromNetwork), ToNetworkPolicy: executorclient.NetworkToProto(c.ToNetwork),
-		Widens: c.Widens,
+		Widens:      c.Widens,
+		FromSession: executorclient.SessionToProto(c.FromSession), ToSession: executorclient.SessionToProto(c.ToSession),
 	}
 }
 
@@ -142,7 +153,7 @@ func jobToProto(j store.Job) (*authorityv1.Job, error) {
 			return nil, fmt.Errorf("api: stored grant of job %s: %w", j.ID, err)
 		}
 		np, gen = g.GetNetworkPolicy(), g.GetNetworkPolicyGeneration()
-		out.Limits, out.GrantGeneration = g.GetLimits(), max(g.GetGeneration(), 1)
+		out.Limits, out.GrantGeneration, out.Session = g.GetLimits(), max(g.GetGeneration(), 1), g.GetSession()
 	}
 	out.NetworkPolicyStatus = &typesv1.NetworkPolicyStatus{
 		Policy: np, Generation: gen, State: networkStateToProto[j.NetworkState], UpdatedAt: timestamppb.New(j.UpdatedAt),

@@ -29,6 +29,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/pki"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/api"
 	"github.com/airlockhq/airlock/services/authority/internal/approvals"
 	"github.com/airlockhq/airlock/services/authority/internal/checkpoints"
@@ -77,8 +78,10 @@ type harness struct {
 	cpKey   ed25519.PrivateKey // signs audit checkpoints
 	fake    *fakeexecutor.Executor
 	exec    string
-	logs    *logtest.Buffer
-	auth    *authority
+	// stopExec stops the fake executor's server: the executor is gone.
+	stopExec func()
+	logs     *logtest.Buffer
+	auth     *authority
 }
 
 type authority struct {
@@ -100,8 +103,9 @@ type harnessOptions struct {
 	// checkpointEvery and checkpointInterval default to 100 and 1 minute.
 	checkpointEvery    int64
 	checkpointInterval time.Duration
-	// devQuota is tenant dev's quota.
-	devQuota policy.Quota
+	// devQuota is tenant dev's quota, devSessions its session bounds.
+	devQuota    policy.Quota
+	devSessions policy.Sessions
 	// devHistoryDepth is tenant dev's git history depth.
 	devHistoryDepth int
 }
@@ -136,6 +140,7 @@ func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
 			DeployCredentials: map[string]string{"demo": deployFile},
 			Quota:             opts.devQuota,
 			GitHistoryDepth:   opts.devHistoryDepth,
+			Sessions:          opts.devSessions,
 		},
 		"other": {
 			Name: "other", Clients: []string{"client/other"},
@@ -153,7 +158,7 @@ func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
 		t.Fatal(err)
 	}
 	h.fake = fakeexecutor.New(grant.NewVerifier(h.signer.PublicKey()))
-	h.exec = h.serve(executorID, authz.ExecutorTable, h.fake.Register)
+	h.exec, h.stopExec = h.serveStoppable(executorID, authz.ExecutorTable, h.fake.Register)
 	h.start()
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -181,6 +186,14 @@ func (h *harness) logger() *slog.Logger {
 // returns its address.
 func (h *harness) serve(id identity.ID, table authz.Table, register func(grpc.ServiceRegistrar)) string {
 	h.t.Helper()
+	addr, _ := h.serveStoppable(id, table, register)
+	return addr
+}
+
+// serveStoppable is serve that also returns a function stopping the
+// server before the test ends.
+func (h *harness) serveStoppable(id identity.ID, table authz.Table, register func(grpc.ServiceRegistrar)) (string, func()) {
+	h.t.Helper()
 	srv, err := grpcserver.New(grpcserver.Config{
 		Listen: "127.0.0.1:0", TLS: tlsconfig.ServerConfig(h.source(id), td),
 		Authorizer: authz.New(table, h.logger(), nil), Logger: h.logger(), ShutdownTimeout: 2 * time.Second,
@@ -193,8 +206,9 @@ func (h *harness) serve(id identity.ID, table authz.Table, register func(grpc.Se
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(ctx) }()
 	srv.SetServing(true)
-	h.t.Cleanup(func() { cancel(); <-done })
-	return srv.Addr().String()
+	stop := sync.OnceFunc(func() { cancel(); <-done })
+	h.t.Cleanup(stop)
+	return srv.Addr().String(), stop
 }
 
 // start runs an authority on the harness's data directory, as the
@@ -256,7 +270,7 @@ func (h *harness) start() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	api.New(api.Config{Jobs: svc, Approvals: appr, Flow: wf, Checkpoints: cps, Logger: h.logger()}).Register(srv.Registrar())
+	api.New(api.Config{Jobs: svc, Approvals: appr, Flow: wf, Checkpoints: cps, Executor: executorv1.NewExecutorServiceClient(conn), Logger: h.logger()}).Register(srv.Registrar())
 	serveDone := make(chan struct{})
 	go func() { defer close(serveDone); _ = srv.Serve(runCtx) }()
 	srv.SetServing(true)

@@ -95,11 +95,22 @@ func (s *Service) GetSession(ctx context.Context, req *authorityv1.GetSessionReq
 	}
 	list, err := s.cfg.Executor.ListExecs(ctx, &executorv1.ListExecsRequest{JobId: j.ID})
 	switch {
-	case status.Code(err) == codes.NotFound:
+	case executorLost(err):
+		// The executor cannot say: the authority's own records do, maybe
+		// behind it.
+		own, total, oerr := s.cfg.Jobs.Execs(ctx, j, 1000)
+		if oerr != nil {
+			return nil, s.fail(ctx, oerr)
+		}
+		for _, x := range own {
+			resp.Execs = append(resp.Execs, execRecordToProto(x))
+		}
+		resp.ExecsTotal, resp.ExecsStale = total, total > 0
 	case err != nil:
 		return nil, err
 	default:
 		resp.Execs, resp.ExecsTotal = list.GetExecs(), list.GetTotal()
+		s.observeExecs(ctx, j.ID, list.GetExecs()...)
 	}
 	return resp, nil
 }
@@ -180,17 +191,19 @@ func (s *Service) StartExec(ctx context.Context, req *authorityv1.StartExecReque
 	if j.DispatchedAt.IsZero() {
 		return nil, s.fail(ctx, fmt.Errorf("%w: session %q is %s: it takes execs only once it runs", errdefs.ErrFailedPrecondition, j.ID, j.State))
 	}
-	// Every request is in the audit log before it can reach the sandbox;
-	// one that cannot be recorded is refused. Whether it starts a new exec
-	// or names one already started (a retry, even after the session
-	// ended) the executor decides: it alone holds the exec records.
-	if err := s.cfg.Jobs.RecordExec(ctx, id, j, req.GetSpec().GetExecId(), req.GetSpec().GetArgv()); err != nil {
+	// Every request is recorded (with its audit entry) before it can
+	// reach the sandbox; one that cannot be recorded, or that reuses an id
+	// with another spec, is refused here. Whether it starts a new exec or
+	// names one already started (a retry, even after the session ended)
+	// the executor decides.
+	if _, _, err := s.cfg.Jobs.RequestExec(ctx, id, j, execSpecFromProto(req.GetSpec()), req.GetSpec().GetStdin()); err != nil {
 		return nil, s.fail(ctx, err)
 	}
 	resp, err := s.cfg.Executor.StartExec(ctx, &executorv1.StartExecRequest{JobId: j.ID, Spec: req.GetSpec()})
 	if err != nil {
 		return nil, err
 	}
+	s.observeExecs(ctx, j.ID, resp.GetExec())
 	return &authorityv1.StartExecResponse{Exec: resp.GetExec(), Created: resp.GetCreated()}, nil
 }
 
@@ -200,9 +213,17 @@ func (s *Service) GetExec(ctx context.Context, req *authorityv1.GetExecRequest) 
 		return nil, err
 	}
 	resp, err := s.cfg.Executor.GetExec(ctx, &executorv1.GetExecRequest{JobId: j.ID, ExecId: req.GetExecId()})
+	if executorLost(err) {
+		// The authority's own record answers, marked as maybe behind.
+		x, oerr := s.cfg.Jobs.Exec(ctx, j, req.GetExecId())
+		if oerr == nil {
+			return &authorityv1.GetExecResponse{Exec: execRecordToProto(x), Stale: true}, nil
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
+	s.observeExecs(ctx, j.ID, resp.GetExec())
 	return &authorityv1.GetExecResponse{Exec: resp.GetExec()}, nil
 }
 
@@ -223,6 +244,7 @@ func (s *Service) WatchExec(req *authorityv1.WatchExecRequest, stream grpc.Serve
 		case *executorv1.WatchExecResponse_Output:
 			return &authorityv1.WatchExecResponse{Event: &authorityv1.WatchExecResponse_Output{Output: ev.Output}}
 		case *executorv1.WatchExecResponse_Exec:
+			s.observeExecs(ctx, j.ID, ev.Exec)
 			return &authorityv1.WatchExecResponse{Event: &authorityv1.WatchExecResponse_Exec{Exec: ev.Exec}}
 		}
 		return nil
@@ -257,6 +279,7 @@ func (s *Service) CancelExec(ctx context.Context, req *authorityv1.CancelExecReq
 	if err != nil {
 		return nil, err
 	}
+	s.observeExecs(ctx, j.ID, resp.GetExec())
 	return &authorityv1.CancelExecResponse{Exec: resp.GetExec()}, nil
 }
 

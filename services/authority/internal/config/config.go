@@ -150,6 +150,52 @@ type TenantFile struct {
 	// GitHistoryDepth is how many commits of history a job's /work/.git
 	// holds, the base commit included; default 1, between 1 and 1000.
 	GitHistoryDepth int `yaml:"git_history_depth"`
+	// Sessions bounds the tenant's sessions: a default and a ceiling of
+	// their idle timeout and of how many execs run at once.
+	Sessions SessionsFile `yaml:"sessions"`
+}
+
+// SessionsFile is a tenant's session bounds as the file writes them.
+// Omitted fields take built-in values (15m up to 24h idle, 4 up to 16
+// execs at once), a default lowered to its ceiling and a ceiling raised to
+// its default.
+type SessionsFile struct {
+	// DefaultIdleTimeout and MaxIdleTimeout: between 1s and 168h.
+	DefaultIdleTimeout time.Duration `yaml:"default_idle_timeout"`
+	MaxIdleTimeout     time.Duration `yaml:"max_idle_timeout"`
+	// DefaultConcurrentExecs and MaxConcurrentExecs: between 1 and 64.
+	DefaultConcurrentExecs int `yaml:"default_concurrent_execs"`
+	MaxConcurrentExecs     int `yaml:"max_concurrent_execs"`
+}
+
+// sessions checks a tenant's session bounds and fills in their defaults.
+func sessions(field string, f SessionsFile) (policy.Sessions, []error) {
+	var errs []error
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"default_idle_timeout", f.DefaultIdleTimeout}, {"max_idle_timeout", f.MaxIdleTimeout}} {
+		if d.v != 0 && (d.v < policy.MinIdleTimeout || d.v > policy.MaxIdleTimeoutCeiling) {
+			errs = append(errs, config.Field(field+"."+d.name, "%v: must be between %v and %v", d.v, policy.MinIdleTimeout, policy.MaxIdleTimeoutCeiling))
+		}
+	}
+	for _, n := range []struct {
+		name string
+		v    int
+	}{{"default_concurrent_execs", f.DefaultConcurrentExecs}, {"max_concurrent_execs", f.MaxConcurrentExecs}} {
+		if n.v < 0 || n.v > policy.MaxExecsCeiling {
+			errs = append(errs, config.Field(field+"."+n.name, "%d: must be between 1 and %d", n.v, policy.MaxExecsCeiling))
+		}
+	}
+	s := policy.Sessions{DefaultIdleTimeout: f.DefaultIdleTimeout, MaxIdleTimeout: f.MaxIdleTimeout,
+		DefaultConcurrentExecs: f.DefaultConcurrentExecs, MaxConcurrentExecs: f.MaxConcurrentExecs}.Filled()
+	if s.MaxIdleTimeout < s.DefaultIdleTimeout {
+		errs = append(errs, config.Field(field+".max_idle_timeout", "ceiling %v is below the default %v", s.MaxIdleTimeout, s.DefaultIdleTimeout))
+	}
+	if s.MaxConcurrentExecs < s.DefaultConcurrentExecs {
+		errs = append(errs, config.Field(field+".max_concurrent_execs", "ceiling %d is below the default %d", s.MaxConcurrentExecs, s.DefaultConcurrentExecs))
+	}
+	return s, errs
 }
 
 // PublishFile is a tenant's publish policy as the file writes it.
@@ -397,6 +443,9 @@ func (c *Config) tenant(name string, f TenantFile) (*policy.Tenant, error) {
 	}
 	t.Publish, err = publishPolicy(field+".publish", f.Publish)
 	errs = append(errs, err)
+	sess, serrs := sessions(field+".sessions", f.Sessions)
+	t.Sessions = sess
+	errs = append(errs, serrs...)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -588,21 +637,9 @@ func limitSet(field string, f LimitSet) (policy.Limits, error) {
 	}, errors.Join(errs...)
 }
 
-// fillLimits completes def and max field by field. An omitted default is
-// the built-in default, lowered to the tenant's ceiling; an omitted ceiling
-// is the built-in ceiling, raised to the tenant's default. So writing only
-// one side never produces a default above its ceiling.
+// fillLimits completes def and max field by field (policy.CompletePair).
 func fillLimits(def, ceil policy.Limits) (policy.Limits, policy.Limits) {
-	fill := func(d, m *int64, bd, bm int64) {
-		switch {
-		case *d == 0 && *m == 0:
-			*d, *m = bd, bm
-		case *d == 0:
-			*d = min(bd, *m)
-		case *m == 0:
-			*m = max(bm, *d)
-		}
-	}
+	fill := policy.CompletePair
 	fill(&def.CPUMillis, &ceil.CPUMillis, policy.DefaultLimits.CPUMillis, policy.DefaultMax.CPUMillis)
 	fill(&def.MemoryBytes, &ceil.MemoryBytes, policy.DefaultLimits.MemoryBytes, policy.DefaultMax.MemoryBytes)
 	fill(&def.Pids, &ceil.Pids, policy.DefaultLimits.Pids, policy.DefaultMax.Pids)

@@ -175,6 +175,25 @@ func TestPartialLimitsKeepDefaultBelowCeiling(t *testing.T) {
 	}
 }
 
+func TestSessionsSection(t *testing.T) {
+	c, err := config.Load(write(t, common+`tenants:
+  dev:
+    clients: [client/dev]
+    sessions: {max_idle_timeout: 5m, max_concurrent_execs: 32, default_concurrent_execs: 8}
+  other:
+    clients: [client/other]
+`), nil)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if got, want := c.Policy["dev"].Sessions, (policy.Sessions{DefaultIdleTimeout: 5 * time.Minute, MaxIdleTimeout: 5 * time.Minute, DefaultConcurrentExecs: 8, MaxConcurrentExecs: 32}); got != want {
+		t.Errorf("dev's sessions = %+v, want %+v (an omitted default lowered to its ceiling)", got, want)
+	}
+	if got := c.Policy["other"].Sessions; got != policy.DefaultSessions {
+		t.Errorf("other's sessions = %+v, want the built-in %+v", got, policy.DefaultSessions)
+	}
+}
+
 func TestLoadErrorsNameTheField(t *testing.T) {
 	tenant := func(body string) string { return common + "tenants:\n  dev:\n    clients: [client/dev]\n" + body }
 	for _, tc := range []struct {
@@ -184,6 +203,12 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 	}{
 		{"unknown tenant field", tenant("    limitz: {}\n"), []string{"tenants.dev.limitz (line 10): unknown field"}},
 		{"unknown limit field", tenant("    limits: {max: {gpus: 1}}\n"), []string{"tenants.dev.limits.max.gpus", "unknown field"}},
+		{"unknown sessions field", tenant("    sessions: {idle_timeout: 1m}\n"), []string{"tenants.dev.sessions.idle_timeout", "unknown field"}},
+		{"idle ceiling below its default", tenant("    sessions: {default_idle_timeout: 2h, max_idle_timeout: 1h}\n"), []string{"tenants.dev.sessions.max_idle_timeout: ceiling 1h0m0s is below the default 2h0m0s"}},
+		{"idle too long", tenant("    sessions: {max_idle_timeout: 200h}\n"), []string{"tenants.dev.sessions.max_idle_timeout: 200h0m0s: must be between 1s and 168h0m0s"}},
+		{"too many execs", tenant("    sessions: {max_concurrent_execs: 65}\n"), []string{"tenants.dev.sessions.max_concurrent_execs: 65: must be between 1 and 64"}},
+		{"negative execs", tenant("    sessions: {default_concurrent_execs: -1}\n"), []string{"tenants.dev.sessions.default_concurrent_execs: -1: must be between 1 and 64"}},
+		{"execs ceiling below its default", tenant("    sessions: {default_concurrent_execs: 8, max_concurrent_execs: 2}\n"), []string{"tenants.dev.sessions.max_concurrent_execs: ceiling 2 is below the default 8"}},
 		{"bad size", tenant("    limits: {max: {memory: lots}}\n"), []string{`tenants.dev.limits.max.memory: "lots" is not a size`}},
 		{"negative size", tenant("    limits: {default: {disk: -1GiB}}\n"), []string{"tenants.dev.limits.default.disk:", "is not a size"}},
 		{"size as a list", tenant("    limits: {default: {disk: [1]}}\n"), []string{"tenants.dev.limits.default.disk:", "not a list"}},

@@ -65,9 +65,7 @@ func (s *Signer) Sign(r jobs.GrantRequest) (jobs.SignedGrant, error) {
 	if p := r.PublishTarget; p != nil {
 		g.PublishTarget = &typesv1.PublishTarget{Repository: p.Repository, Branch: p.Branch}
 	}
-	if x := r.Session; x != nil {
-		g.Session = &typesv1.SessionSpec{IdleTimeout: durationpb.New(x.IdleTimeout), MaxConcurrentExecs: int32(x.MaxConcurrentExecs)}
-	}
+	g.Session = SessionToProto(r.Session)
 	sg, err := s.s.Sign(g)
 	if err != nil {
 		return jobs.SignedGrant{}, err
@@ -162,6 +160,14 @@ func RuntimeClassToProto(name string) (typesv1.RuntimeClass, error) {
 		return typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC, nil
 	}
 	return 0, fmt.Errorf("executorclient: unknown runtime class %q", name)
+}
+
+// SessionToProto converts a session's settings; nil (a job) stays nil.
+func SessionToProto(s *jobs.Session) *typesv1.SessionSpec {
+	if s == nil {
+		return nil
+	}
+	return &typesv1.SessionSpec{IdleTimeout: durationpb.New(s.IdleTimeout), MaxConcurrentExecs: int32(s.MaxConcurrentExecs)}
 }
 
 // LimitsToProto converts limits.

@@ -7,6 +7,8 @@ package fakeexecutor
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"slices"
 	"sync"
@@ -16,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/airlockhq/airlock/pkg/grant"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
@@ -49,6 +52,10 @@ type Executor struct {
 	// once; beyond it StartJob is ResourceExhausted, as the real
 	// executor's capacity admission answers.
 	capacity int
+	// execs are each session's execs in order; execAsks counts the
+	// StartExec calls that reached the fake, per session.
+	execs    map[string][]*typesv1.Exec
+	execAsks map[string]int
 }
 
 type run struct {
@@ -62,6 +69,7 @@ func New(v *grant.Verifier) *Executor {
 	return &Executor{
 		verifier: v, attempts: map[string]int{}, grants: map[string][]*typesv1.Grant{}, runs: map[string]*run{},
 		watches: map[string][]*executorv1.WatchRunRequest{}, updates: map[string][]*typesv1.Grant{},
+		execs: map[string][]*typesv1.Exec{}, execAsks: map[string]int{},
 	}
 }
 
@@ -184,8 +192,8 @@ func (e *Executor) Updates(job string) []*typesv1.Grant {
 }
 
 // UpdateRun verifies a newer grant of a running job, as the real executor
-// does (same job, higher generation, nothing but limits and network policy
-// changed), and puts it in force.
+// does (same job, higher generation, nothing but limits, network policy
+// and a session's settings changed), and puts it in force.
 func (e *Executor) UpdateRun(_ context.Context, req *executorv1.UpdateRunRequest) (*executorv1.UpdateRunResponse, error) {
 	g, verr := e.verifier.Verify(req.GetGrant(), time.Now())
 	e.mu.Lock()
@@ -213,12 +221,15 @@ func (e *Executor) UpdateRun(_ context.Context, req *executorv1.UpdateRunRequest
 	if g.GetGeneration() <= max(cur.GetGeneration(), 1) {
 		return nil, status.Errorf(codes.FailedPrecondition, "grant generation %d is not newer than %d", g.GetGeneration(), cur.GetGeneration())
 	}
+	if (cur.GetSession() == nil) != (g.GetSession() == nil) {
+		return nil, status.Error(codes.PermissionDenied, "grant field session: a job cannot become a session, nor a session a job")
+	}
 	a, b := proto.Clone(cur).(*typesv1.Grant), proto.Clone(g).(*typesv1.Grant)
 	for _, x := range []*typesv1.Grant{a, b} {
-		x.Limits, x.NetworkPolicy, x.NetworkPolicyGeneration, x.Generation, x.IssuedAt, x.ExpiresAt = nil, nil, 0, 0, nil, nil
+		x.Limits, x.NetworkPolicy, x.NetworkPolicyGeneration, x.Generation, x.IssuedAt, x.ExpiresAt, x.Session = nil, nil, 0, 0, nil, nil, nil
 	}
 	if !proto.Equal(a, b) {
-		return nil, status.Error(codes.PermissionDenied, "the grant changes more than limits and network policy")
+		return nil, status.Error(codes.PermissionDenied, "the grant changes more than limits, network policy and session settings")
 	}
 	r.grant = proto.Clone(req.GetGrant()).(*typesv1.SignedGrant)
 	e.updates[g.GetJobId()] = append(e.updates[g.GetJobId()], g)
@@ -381,4 +392,84 @@ func (e *Executor) GetArtifact(req *executorv1.GetArtifactRequest, stream grpc.S
 		data = data[n:]
 	}
 	return nil
+}
+
+// Forget drops job's run and execs, as an executor that lost its disk
+// would: every call about it is NotFound from then on.
+func (e *Executor) Forget(job string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.runs, job)
+	delete(e.execs, job)
+}
+
+// ExecAsks returns how many StartExec calls for session job reached the
+// fake.
+func (e *Executor) ExecAsks(job string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.execAsks[job]
+}
+
+// StartExec runs an exec of a session at once: it ends, exited 0, having
+// written Stdout. The same id again returns it (created false); with
+// another argv it is AlreadyExists, as the real executor answers.
+func (e *Executor) StartExec(_ context.Context, req *executorv1.StartExecRequest) (*executorv1.StartExecResponse, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.execAsks[req.GetJobId()]++
+	r := e.runs[req.GetJobId()]
+	if r == nil {
+		return nil, status.Errorf(codes.NotFound, "run %q", req.GetJobId())
+	}
+	spec := proto.Clone(req.GetSpec()).(*typesv1.ExecSpec)
+	stdin := spec.GetStdin()
+	spec.Stdin = nil
+	for _, x := range e.execs[req.GetJobId()] {
+		if x.GetSpec().GetExecId() == spec.GetExecId() {
+			if !slices.Equal(x.GetSpec().GetArgv(), spec.GetArgv()) {
+				return nil, status.Errorf(codes.AlreadyExists, "spec.exec_id %q: an exec of this id was started with a different spec.argv", spec.GetExecId())
+			}
+			return &executorv1.StartExecResponse{Exec: x}, nil
+		}
+	}
+	now := timestamppb.Now()
+	sum := sha256.Sum256(stdin)
+	var size int64
+	for _, b := range Stdout {
+		size += int64(len(b))
+	}
+	x := &typesv1.Exec{
+		SessionId: req.GetJobId(), Spec: spec, Seq: int64(len(e.execs[req.GetJobId()])) + 1, State: typesv1.ExecState_EXEC_STATE_ENDED,
+		Reason: typesv1.TerminationReason_TERMINATION_REASON_EXITED, Message: "exited with status 0", StartedAt: now, EndedAt: now,
+		StdoutSize: size, StdinSize: int64(len(stdin)), StdinSha256: hex.EncodeToString(sum[:]),
+	}
+	e.execs[req.GetJobId()] = append(e.execs[req.GetJobId()], x)
+	return &executorv1.StartExecResponse{Exec: x, Created: true}, nil
+}
+
+// GetExec returns an exec of a session.
+func (e *Executor) GetExec(_ context.Context, req *executorv1.GetExecRequest) (*executorv1.GetExecResponse, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.runs[req.GetJobId()] == nil {
+		return nil, status.Errorf(codes.NotFound, "run %q", req.GetJobId())
+	}
+	for _, x := range e.execs[req.GetJobId()] {
+		if x.GetSpec().GetExecId() == req.GetExecId() {
+			return &executorv1.GetExecResponse{Exec: x}, nil
+		}
+	}
+	return nil, status.Errorf(codes.NotFound, "exec %q", req.GetExecId())
+}
+
+// ListExecs lists a session's execs, first to last.
+func (e *Executor) ListExecs(_ context.Context, req *executorv1.ListExecsRequest) (*executorv1.ListExecsResponse, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.runs[req.GetJobId()] == nil {
+		return nil, status.Errorf(codes.NotFound, "run %q", req.GetJobId())
+	}
+	list := e.execs[req.GetJobId()]
+	return &executorv1.ListExecsResponse{Execs: list, Total: int64(len(list))}, nil
 }

@@ -39,6 +39,8 @@ type ChangeRequest struct {
 	Limits *policy.Limits
 	// Network replaces the whole policy.
 	Network *Network
+	// Session, for a session: zero fields keep their current value.
+	Session *Session
 }
 
 // Change is a change to one job, as an approval records it: the whole
@@ -51,6 +53,10 @@ type Change struct {
 	ToLimits       policy.Limits `json:"to_limits"`
 	FromNetwork    Network       `json:"from_network"`
 	ToNetwork      Network       `json:"to_network"`
+	// FromSession and ToSession are a session's idle timeout and
+	// concurrent execs before and after; nil for a job.
+	FromSession *Session `json:"from_session,omitempty"`
+	ToSession   *Session `json:"to_session,omitempty"`
 	// Widens says what widens, one line each; empty for a narrowing.
 	Widens []string `json:"widens,omitempty"`
 }
@@ -113,8 +119,8 @@ func changeRefusal(err error) bool {
 }
 
 func (s *Service) requestChange(ctx context.Context, caller identity.ID, req ChangeRequest) (ChangeResult, error) {
-	if req.Limits == nil && req.Network == nil {
-		return ChangeResult{}, invalid("change", "name the limits or the network policy to change")
+	if req.Limits == nil && req.Network == nil && req.Session == nil {
+		return ChangeResult{}, invalid("change", "name the limits, the network policy or the session settings to change")
 	}
 	j, err := s.visible(ctx, caller, req.JobID)
 	if err != nil {
@@ -184,6 +190,20 @@ func (s *Service) changeWithinQuota(t *policy.Tenant, id string, ch Change) erro
 // out what widens.
 func planChange(t *policy.Tenant, cur GrantRequest, req ChangeRequest) (Change, error) {
 	ch := Change{BaseGeneration: cur.Generation, FromLimits: cur.Limits, ToLimits: cur.Limits, FromNetwork: cur.Network, ToNetwork: cur.Network}
+	if cur.Session != nil {
+		from, to := *cur.Session, *cur.Session
+		ch.FromSession, ch.ToSession = &from, &to
+	}
+	if req.Session != nil {
+		if cur.Session == nil {
+			return ch, fmt.Errorf("%w: session: job %s is not a session; it has no idle timeout or execs", errdefs.ErrFailedPrecondition, cur.JobID)
+		}
+		to, err := effectiveSession("session", *req.Session, *cur.Session, t.Sessions)
+		if err != nil {
+			return ch, err
+		}
+		ch.ToSession = &to
+	}
 	if l := req.Limits; l != nil {
 		if l.DiskBytes != 0 && l.DiskBytes != cur.Limits.DiskBytes {
 			return ch, invalid("limits.disk_bytes", "cannot change on a running job: its scratch filesystem is sized when the sandbox is made")
@@ -225,8 +245,8 @@ func planChange(t *policy.Tenant, cur GrantRequest, req ChangeRequest) (Change, 
 		}
 		ch.ToNetwork = to
 	}
-	if ch.ToLimits == ch.FromLimits && sameNetwork(ch.FromNetwork, ch.ToNetwork) {
-		return ch, invalid("change", "the job already runs under exactly these limits and network policy")
+	if ch.ToLimits == ch.FromLimits && sameNetwork(ch.FromNetwork, ch.ToNetwork) && sameSession(ch.FromSession, ch.ToSession) {
+		return ch, invalid("change", "the job already runs under exactly these limits, network policy and session settings")
 	}
 	ch.Widens = widens(ch)
 	return ch, nil
@@ -240,15 +260,28 @@ type limitStep struct {
 }
 
 // limitSteps lists the changeable limits of c, before and after (the disk
-// limit never changes on a running job).
+// limit never changes on a running job), and a session's settings, which
+// widen and narrow as limits do.
 func limitSteps(c Change) []limitStep {
 	f, to := c.FromLimits, c.ToLimits
-	return []limitStep{
+	steps := []limitStep{
 		{"cpu_millis", f.CPUMillis, to.CPUMillis, plain},
 		{"memory_bytes", f.MemoryBytes, to.MemoryBytes, bytesText},
 		{"pids", f.Pids, to.Pids, plain},
 		{"deadline", int64(f.Deadline), int64(to.Deadline), durationText},
 	}
+	if fs, ts := c.FromSession, c.ToSession; fs != nil && ts != nil {
+		steps = append(steps,
+			limitStep{"session.idle_timeout", int64(fs.IdleTimeout), int64(ts.IdleTimeout), durationText},
+			limitStep{"session.max_concurrent_execs", int64(fs.MaxConcurrentExecs), int64(ts.MaxConcurrentExecs), plain})
+	}
+	return steps
+}
+
+// sameSession reports whether a and b are the same session settings (or
+// both no session).
+func sameSession(a, b *Session) bool {
+	return (a == nil) == (b == nil) && (a == nil || *a == *b)
 }
 
 // widens lists what the change widens.
@@ -426,6 +459,10 @@ func (s *Service) applyChange(ctx context.Context, caller identity.ID, cur Grant
 	now := s.now()
 	next := cur
 	next.Limits, next.Network = ch.ToLimits, ch.ToNetwork
+	if ch.ToSession != nil && cur.Session != nil {
+		to := *ch.ToSession
+		next.Session = &to
+	}
 	next.Generation = cur.Generation + 1
 	if !sameNetwork(ch.FromNetwork, ch.ToNetwork) {
 		next.NetworkGeneration = cur.NetworkGeneration + 1

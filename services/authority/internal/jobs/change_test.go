@@ -1,11 +1,13 @@
 package jobs
 
 import (
+	"errors"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 )
 
@@ -94,5 +96,89 @@ func TestPlanChange(t *testing.T) {
 	ch.ToLimits.Pids++
 	if _, d2, _ := ch.Encode(); d1 == d2 {
 		t.Fatal("two different changes have one digest")
+	}
+}
+
+// TestSessionBounds: a session's idle timeout and concurrent execs take
+// the tenant's defaults and may not pass its ceilings, at submission or by
+// a change; the refusal names the field and the ceiling.
+func TestSessionBounds(t *testing.T) {
+	bounds := policy.Sessions{DefaultIdleTimeout: 5 * time.Minute, MaxIdleTimeout: time.Hour, DefaultConcurrentExecs: 2, MaxConcurrentExecs: 3}
+	got, err := effectiveSession("spec.session", Session{}, Session{}, bounds)
+	if err != nil || got != (Session{IdleTimeout: 5 * time.Minute, MaxConcurrentExecs: 2}) {
+		t.Fatalf("defaults: %+v, %v", got, err)
+	}
+	if got, err := effectiveSession("spec.session", Session{}, Session{}, policy.Sessions{}); err != nil ||
+		got != (Session{IdleTimeout: policy.DefaultSessions.DefaultIdleTimeout, MaxConcurrentExecs: policy.DefaultSessions.DefaultConcurrentExecs}) {
+		t.Fatalf("a policy that says nothing takes the built-in defaults: %+v, %v", got, err)
+	}
+	if got, err := effectiveSession("session", Session{MaxConcurrentExecs: 1}, Session{IdleTimeout: 2 * time.Hour, MaxConcurrentExecs: 3}, bounds); err != nil ||
+		got != (Session{IdleTimeout: 2 * time.Hour, MaxConcurrentExecs: 1}) {
+		t.Fatalf("a change keeps what it does not name (even past a ceiling lowered since): %+v, %v", got, err)
+	}
+	for _, tc := range []struct {
+		name string
+		req  Session
+		want string
+	}{
+		{"idle above the ceiling", Session{IdleTimeout: 2 * time.Hour}, "spec.session.idle_timeout: 2h0m0s is above the tenant's ceiling of 1h0m0s"},
+		{"execs above the ceiling", Session{MaxConcurrentExecs: 4}, "spec.session.max_concurrent_execs: 4 is above the tenant's ceiling of 3"},
+		{"idle too short", Session{IdleTimeout: time.Millisecond}, "spec.session.idle_timeout: 1ms: at least 1s"},
+		{"negative idle", Session{IdleTimeout: -time.Second}, "spec.session.idle_timeout: -1s: must not be negative"},
+		{"negative execs", Session{MaxConcurrentExecs: -1}, "spec.session.max_concurrent_execs: -1: must not be negative"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := effectiveSession("spec.session", tc.req, Session{}, bounds)
+			if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestPlanSessionChange: raising a session's idle timeout or concurrent
+// execs widens, as raising memory does; lowering them narrows; a job has
+// no session to change.
+func TestPlanSessionChange(t *testing.T) {
+	tenant := &policy.Tenant{Name: "dev", Max: policy.DefaultMax,
+		Sessions: policy.Sessions{DefaultIdleTimeout: 5 * time.Minute, MaxIdleTimeout: time.Hour, DefaultConcurrentExecs: 2, MaxConcurrentExecs: 8}}
+	sess := Session{IdleTimeout: 5 * time.Minute, MaxConcurrentExecs: 2}
+	cur := GrantRequest{JobID: "s1", Generation: 1, Limits: policy.DefaultLimits, Network: Network{Mode: NetworkDenyAll}, RuntimeClass: "runc", Session: &sess}
+
+	ch, err := planChange(tenant, cur, ChangeRequest{Session: &Session{IdleTimeout: 30 * time.Minute}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *ch.ToSession != (Session{IdleTimeout: 30 * time.Minute, MaxConcurrentExecs: 2}) || *ch.FromSession != sess || ch.ToLimits != ch.FromLimits {
+		t.Fatalf("change = %+v", ch)
+	}
+	if len(ch.Widens) != 1 || ch.Widens[0] != "session.idle_timeout: 5m0s -> 30m0s" {
+		t.Fatalf("widens = %q", ch.Widens)
+	}
+	ch, err = planChange(tenant, cur, ChangeRequest{Session: &Session{MaxConcurrentExecs: 1}})
+	if err != nil || len(ch.Widens) != 0 || ch.ToSession.MaxConcurrentExecs != 1 || !strings.Contains(describe(ch), "session.max_concurrent_execs 2 -> 1") {
+		t.Fatalf("lowering execs: %+v (%q), %v", ch, describe(ch), err)
+	}
+	ch, err = planChange(tenant, cur, ChangeRequest{Session: &Session{MaxConcurrentExecs: 4}, Limits: &policy.Limits{Pids: 10}})
+	if err != nil || len(ch.Widens) != 1 || ch.Widens[0] != "session.max_concurrent_execs: 2 -> 4" {
+		t.Fatalf("raising execs, lowering pids: %+v, %v", ch, err)
+	}
+	if _, err := planChange(tenant, cur, ChangeRequest{Session: &Session{MaxConcurrentExecs: 9}}); !errors.Is(err, errdefs.ErrInvalidArgument) ||
+		!strings.Contains(err.Error(), "session.max_concurrent_execs: 9 is above the tenant's ceiling of 8") {
+		t.Fatalf("past the ceiling: %v", err)
+	}
+	if _, err := planChange(tenant, cur, ChangeRequest{Session: &Session{MaxConcurrentExecs: 2}}); err == nil || !strings.Contains(err.Error(), "already runs under exactly") {
+		t.Fatalf("no change: %v", err)
+	}
+	job := cur
+	job.Session = nil
+	if _, err := planChange(tenant, job, ChangeRequest{Session: &Session{MaxConcurrentExecs: 1}}); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "not a session") {
+		t.Fatalf("a job's session: %v", err)
+	}
+	// The change's digest binds its session settings too.
+	_, d1, _ := ch.Encode()
+	ch.ToSession.IdleTimeout++
+	if _, d2, _ := ch.Encode(); d1 == d2 {
+		t.Fatal("two different session changes have one digest")
 	}
 }

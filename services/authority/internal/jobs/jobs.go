@@ -98,20 +98,12 @@ type Spec struct {
 }
 
 // Session is what makes a job a session: its sandbox stays up for the
-// client's execs. Zero fields take the defaults.
+// client's execs. Zero fields take the tenant's defaults (policy.Sessions),
+// and none may pass its ceilings.
 type Session struct {
 	IdleTimeout        time.Duration
 	MaxConcurrentExecs int
 }
-
-// Session bounds: the defaults a zero field takes and the most a session
-// may ask for.
-const (
-	DefaultIdleTimeout        = 15 * time.Minute
-	MaxIdleTimeout            = 24 * time.Hour
-	DefaultMaxConcurrentExecs = 4
-	MaxConcurrentExecs        = 16
-)
 
 // SubmitRequest is one submission.
 type SubmitRequest struct {

@@ -62,24 +62,6 @@ func (s *Service) ListSessions(ctx context.Context, caller identity.ID, req List
 	}
 }
 
-// RecordExec appends an exec request to the audit log: the authority's
-// own record of every command asked of a session, before it reaches the
-// executor. A retry of an exec id is recorded again; the executor runs it
-// once.
-func (s *Service) RecordExec(ctx context.Context, caller identity.ID, j store.Job, execID string, argv []string) error {
-	reason := fmt.Sprintf("exec %q requested: argv %q", execID, argv)
-	if len(reason) > 2048 {
-		reason = strings.ToValidUTF8(reason[:2048], "") + "…"
-	}
-	_, err := s.cfg.Store.AppendAudit(ctx, audit.Event{
-		Kind: audit.KindExecRequested, Caller: caller.String(), Subject: j.ID, Tenant: j.Tenant, JobID: j.ID, Outcome: outcomeAllowed, Reason: reason,
-	})
-	if err != nil {
-		return fmt.Errorf("audit the exec request: %w", err)
-	}
-	return nil
-}
-
 // RecordWrite appends a client's upload into a session to the audit log.
 func (s *Service) RecordWrite(ctx context.Context, caller identity.ID, j store.Job, path string, size int64) error {
 	if len(path) > 1024 {

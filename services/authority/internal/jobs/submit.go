@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -218,7 +219,7 @@ func (s *Service) check(ctx context.Context, t *policy.Tenant, spec Spec) (decis
 		if len(spec.Command) > 0 {
 			return d, invalid("spec.command", "must be empty for a session: its execs are the work")
 		}
-		sess, err := checkSession(*spec.Session)
+		sess, err := effectiveSession("spec.session", *spec.Session, Session{}, t.Sessions)
 		if err != nil {
 			return d, err
 		}
@@ -262,23 +263,32 @@ func (s *Service) check(ctx context.Context, t *policy.Tenant, spec Spec) (decis
 	return d, nil
 }
 
-// checkSession fills in a session's defaults and checks its bounds.
-func checkSession(s Session) (Session, error) {
+// effectiveSession checks the session fields req names against the
+// tenant's ceilings; a zero field takes base's value, or where that is
+// zero too (a submission) the tenant's default. Errors name fields under
+// prefix.
+func effectiveSession(prefix string, req, base Session, bounds policy.Sessions) (Session, error) {
+	b := bounds.Filled()
+	out := req
 	switch {
-	case s.IdleTimeout < 0 || s.IdleTimeout > MaxIdleTimeout:
-		return s, invalid("spec.session.idle_timeout", "%s: want 0 (the default, %s) up to %s", s.IdleTimeout, DefaultIdleTimeout, MaxIdleTimeout)
-	case s.IdleTimeout > 0 && s.IdleTimeout < time.Second:
-		return s, invalid("spec.session.idle_timeout", "%s: at least 1s", s.IdleTimeout)
-	case s.MaxConcurrentExecs < 0 || s.MaxConcurrentExecs > MaxConcurrentExecs:
-		return s, invalid("spec.session.max_concurrent_execs", "%d: want 0 (the default, %d) up to %d", s.MaxConcurrentExecs, DefaultMaxConcurrentExecs, MaxConcurrentExecs)
+	case req.IdleTimeout < 0:
+		return out, invalid(prefix+".idle_timeout", "%s: must not be negative", req.IdleTimeout)
+	case req.IdleTimeout == 0:
+		out.IdleTimeout = cmp.Or(base.IdleTimeout, b.DefaultIdleTimeout)
+	case req.IdleTimeout < policy.MinIdleTimeout:
+		return out, invalid(prefix+".idle_timeout", "%s: at least %s", req.IdleTimeout, policy.MinIdleTimeout)
+	case req.IdleTimeout > b.MaxIdleTimeout:
+		return out, invalid(prefix+".idle_timeout", "%s is above the tenant's ceiling of %s", req.IdleTimeout, b.MaxIdleTimeout)
 	}
-	if s.IdleTimeout == 0 {
-		s.IdleTimeout = DefaultIdleTimeout
+	switch {
+	case req.MaxConcurrentExecs < 0:
+		return out, invalid(prefix+".max_concurrent_execs", "%d: must not be negative", req.MaxConcurrentExecs)
+	case req.MaxConcurrentExecs == 0:
+		out.MaxConcurrentExecs = cmp.Or(base.MaxConcurrentExecs, b.DefaultConcurrentExecs)
+	case req.MaxConcurrentExecs > b.MaxConcurrentExecs:
+		return out, invalid(prefix+".max_concurrent_execs", "%d is above the tenant's ceiling of %d", req.MaxConcurrentExecs, b.MaxConcurrentExecs)
 	}
-	if s.MaxConcurrentExecs == 0 {
-		s.MaxConcurrentExecs = DefaultMaxConcurrentExecs
-	}
-	return s, nil
+	return out, nil
 }
 
 func checkCommand(argv []string) error {

@@ -121,6 +121,54 @@ type Tenant struct {
 	// a job's .git holds, counted as git clone --depth counts: 1 is the
 	// base commit alone.
 	GitHistoryDepth int
+	// Sessions bounds the tenant's sessions.
+	Sessions Sessions
+}
+
+// Sessions bounds a tenant's sessions: how long one may sit with no exec
+// running, and how many execs may run in it at once. A session that names
+// neither takes the default; none may ask for more than the ceiling, at
+// submission or by a change while it runs.
+type Sessions struct {
+	DefaultIdleTimeout, MaxIdleTimeout         time.Duration
+	DefaultConcurrentExecs, MaxConcurrentExecs int
+}
+
+// DefaultSessions are the session defaults and ceilings where a tenant's
+// policy leaves them out.
+var DefaultSessions = Sessions{DefaultIdleTimeout: 15 * time.Minute, MaxIdleTimeout: 24 * time.Hour, DefaultConcurrentExecs: 4, MaxConcurrentExecs: 16}
+
+// Bounds on what a tenant's policy may set for its sessions.
+const (
+	MinIdleTimeout        = time.Second
+	MaxIdleTimeoutCeiling = 7 * 24 * time.Hour
+	MaxExecsCeiling       = 64
+)
+
+// Filled is s with each zero field completed as CompletePair completes
+// one from the built-in DefaultSessions.
+func (s Sessions) Filled() Sessions {
+	di, mi := int64(s.DefaultIdleTimeout), int64(s.MaxIdleTimeout)
+	CompletePair(&di, &mi, int64(DefaultSessions.DefaultIdleTimeout), int64(DefaultSessions.MaxIdleTimeout))
+	de, me := int64(s.DefaultConcurrentExecs), int64(s.MaxConcurrentExecs)
+	CompletePair(&de, &me, int64(DefaultSessions.DefaultConcurrentExecs), int64(DefaultSessions.MaxConcurrentExecs))
+	return Sessions{DefaultIdleTimeout: time.Duration(di), MaxIdleTimeout: time.Duration(mi), DefaultConcurrentExecs: int(de), MaxConcurrentExecs: int(me)}
+}
+
+// CompletePair completes a default and its ceiling, either of which a
+// policy may leave out (zero): an omitted default is the built-in one,
+// lowered to the ceiling; an omitted ceiling is the built-in one, raised
+// to the default. So writing only one side never gives a default above
+// its ceiling.
+func CompletePair(def, ceil *int64, builtinDef, builtinMax int64) {
+	switch {
+	case *def == 0 && *ceil == 0:
+		*def, *ceil = builtinDef, builtinMax
+	case *def == 0:
+		*def = min(builtinDef, *ceil)
+	case *ceil == 0:
+		*ceil = max(builtinMax, *def)
+	}
 }
 
 // Publish is a tenant's publish policy: the content rules the publisher

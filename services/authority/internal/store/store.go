@@ -1,5 +1,6 @@
-// Package store owns the authority's persistent records — jobs, approvals,
-// credential leases and the hash-chained audit log — and the one interface every storage backend
+// Package store owns the authority's persistent records — jobs, a session's
+// execs, approvals, credential leases and the hash-chained audit log — and
+// the one interface every storage backend
 // implements: the embedded SQLite store in store/sqlite and PostgreSQL for
 // replicated authorities in store/postgres, both held to the same
 // conformance suite in store/storetest. It knows nothing of job policy; the
@@ -179,6 +180,7 @@ type Store interface {
 	AuditHead(ctx context.Context) (sequence int64, hash string, err error)
 
 	ApprovalStore
+	ExecStore
 
 	// Close releases the store.
 	Close() error
@@ -369,3 +371,74 @@ type ApprovalStore interface {
 
 // ExpiredReason is the revoke reason of a lease that ran out.
 const ExpiredReason = "expired"
+
+// ExecState is where an exec is, as the authority last knew it. The values
+// are what the database holds, so they never change.
+type ExecState string
+
+// Exec states: requested (recorded, not yet seen at the executor) →
+// running → ended. A record never moves back.
+const (
+	ExecRequested ExecState = "requested"
+	ExecRunning   ExecState = "running"
+	ExecEnded     ExecState = "ended"
+)
+
+// Exec is the authority's own record of one exec of a session: what was
+// asked, by whom, and what the executor last said of it. The executor's
+// record is the fuller one; this one answers when the executor cannot.
+type Exec struct {
+	// SessionID and ExecID name it; together they are unique.
+	SessionID, ExecID string
+	// Seq is its place in the session, 0 until the executor said.
+	Seq int64
+	// SpecDigest identifies the whole spec (stdin by its digest), so a
+	// retry with another spec is caught; "" when the authority never saw
+	// the whole spec (a record learnt from a cut-down listing).
+	SpecDigest string
+	// Summary is the jobs package's bounded summary of the spec; the store
+	// does not interpret it.
+	Summary []byte
+	State   ExecState
+	// Reason names how it ended ("exited", "timeout", ...); ExitCode is
+	// its status when it exited, otherwise -1; Message is a sentence.
+	Reason   string
+	ExitCode int32
+	Message  string
+	// RequestedBy is the caller's SPIFFE ID, "" for a record learnt from
+	// the executor.
+	RequestedBy string
+	RequestedAt time.Time
+	StartedAt   time.Time
+	EndedAt     time.Time
+	// Output kept at the executor, once known: sizes, whether each stream
+	// was cut, and the SHA-256 (hex) of the bytes kept.
+	StdoutSize, StderrSize           int64
+	StdoutTruncated, StderrTruncated bool
+	StdoutSHA256, StderrSHA256       string
+	UpdatedAt                        time.Time
+	// Version increases by one with every stored change.
+	Version int64
+}
+
+// ExecStore is the part of Store that keeps a session's execs.
+type ExecStore interface {
+	// CreateExecAudited records x unless (x.SessionID, x.ExecID) already
+	// exists, and appends the audit event event returns, in one
+	// transaction. event is called with nil when x is new and with the
+	// stored record otherwise; an error from it writes nothing and is
+	// returned. created says whether x was recorded.
+	CreateExecAudited(ctx context.Context, x Exec, event func(existing *Exec) (audit.Event, error)) (stored Exec, created bool, err error)
+	// UpdateExec reads the exec, lets update change it, and writes it back
+	// atomically with Version incremented; when there is none, update gets
+	// a record holding only the two ids and found false, and what it makes
+	// of it is created. update returning an error writes nothing. The ids
+	// are not written even if update changes them.
+	UpdateExec(ctx context.Context, sessionID, execID string, update func(x *Exec, found bool) error) (Exec, error)
+	// GetExec returns one exec, or an error wrapping ErrNotFound.
+	GetExec(ctx context.Context, sessionID, execID string) (Exec, error)
+	// ListExecs returns a session's last execs, at most last of them,
+	// oldest first by RequestedAt (for a record learnt from the executor,
+	// when it started) then ExecID, and how many the session has in all.
+	ListExecs(ctx context.Context, sessionID string, last int) ([]Exec, int64, error)
+}

@@ -88,6 +88,9 @@ func grantOf(sg *typesv1.SignedGrant, g *typesv1.Grant) (runs.Grant, error) {
 		Signed:            signed,
 	}
 	if s := g.GetSession(); s != nil {
+		if d := s.GetIdleTimeout(); d != nil && (d.CheckValid() != nil || d.AsDuration() < 0) {
+			return runs.Grant{}, fmt.Errorf("%w: grant session.idle_timeout: not a duration of zero or more", errdefs.ErrInvalidArgument)
+		}
 		out.Session = &runs.SessionSpec{IdleTimeout: s.GetIdleTimeout().AsDuration(), MaxConcurrentExecs: int(s.GetMaxConcurrentExecs())}
 	}
 	return out, nil
@@ -104,6 +107,10 @@ var changeable = map[protoreflect.Name]bool{
 	"generation":                true,
 	"issued_at":                 true,
 	"expires_at":                true,
+
+	// A session's idle timeout and concurrent execs; a job cannot become
+	// a session nor a session a job (runs checks).
+	"session": true,
 }
 
 // fixedFields are g's fields but the changeable ones, each as the

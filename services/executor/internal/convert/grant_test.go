@@ -159,8 +159,7 @@ func TestGrantFixed(t *testing.T) {
 		{"publish_target", func(g *typesv1.Grant) { g.PublishTarget.Branch = "release" }},
 		{"publish_target", func(g *typesv1.Grant) { g.PublishTarget = nil }},
 		{"publish_target", func(g *typesv1.Grant) { g.PublishTarget = &typesv1.PublishTarget{} }},
-		{"session", func(g *typesv1.Grant) { g.Session.MaxConcurrentExecs = 16 }},
-		{"session", func(g *typesv1.Grant) { g.Session = nil }},
+		{"git_history_depth", func(g *typesv1.Grant) { g.GitHistoryDepth = 5 }},
 		{"version", func(g *typesv1.Grant) { g.Version = 9 }},
 		{"(unknown fields)", func(g *typesv1.Grant) {
 			g.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 99, protowire.VarintType), 1))
@@ -170,6 +169,9 @@ func TestGrantFixed(t *testing.T) {
 			g.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_DenyAll{DenyAll: &typesv1.DenyAll{}}}
 			g.NetworkPolicyGeneration, g.Generation = 5, 6
 			g.IssuedAt, g.ExpiresAt = grant.Timestamps(time.Now().Add(time.Minute), time.Hour)
+			// A session's settings change as limits do; a job becoming a
+			// session, or back, is refused by runs.
+			g.Session.MaxConcurrentExecs = 16
 		}},
 	} {
 		g := testGrant()

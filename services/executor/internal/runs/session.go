@@ -715,6 +715,7 @@ func (m *Manager) watchIdle(ctx context.Context, e *entry) {
 	m.mu.Lock()
 	idle, _, _ := e.session()
 	e.lastActive = m.cfg.Now()
+	changed := e.changed
 	m.mu.Unlock()
 	t := time.NewTimer(idle)
 	defer t.Stop()
@@ -723,8 +724,13 @@ func (m *Manager) watchIdle(ctx context.Context, e *entry) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-changed:
+			// An Update may have changed the idle timeout: it counts
+			// from the last activity as the new one from now on.
 		}
 		m.mu.Lock()
+		idle, _, _ = e.session()
+		changed = e.changed
 		if e.run.Suspended || e.suspending || e.filesActive > 0 {
 			// Suspended is not idle (the deadline alone bounds it), nor
 			// is a session whose files are being read or written.

@@ -364,12 +364,15 @@ func TestSessionRecover(t *testing.T) {
 // and its execs alive past the old one, and the sandbox's limits follow.
 func TestSessionUpdate(t *testing.T) {
 	h, _ := newHarness(t, false)
-	g := h.sessionGrant(sandbox.ClassRunc, time.Minute)
+	// An idle timeout shorter than the wait below: only the raised one
+	// keeps the session alive through it.
+	g := h.sessionGrant(sandbox.ClassRunc, 2*time.Second)
 	g.Limits.Deadline = 4 * time.Second
 	sid := h.startSession(t, g)
 	g2 := next(g, func(g *Grant) {
 		g.Limits.Deadline = time.Minute
 		g.Limits.Pids = 100
+		g.Session.IdleTimeout = time.Minute
 	})
 	if _, err := h.m.Update(context.Background(), h.seal(t, g2)); err != nil {
 		t.Fatalf("Update: %v", err)
@@ -377,7 +380,7 @@ func TestSessionUpdate(t *testing.T) {
 	time.Sleep(5 * time.Second)
 	x := h.execWait(t, sid, sh("after-old-deadline", "cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || echo gone; echo alive"))
 	if x.ExitCode != 0 || !strings.Contains(string(x.StdoutTail), "alive") {
-		t.Fatalf("the session past its old deadline: %+v", x)
+		t.Fatalf("the session past its old deadline and idle timeout: %+v", x)
 	}
 	h.m.mu.Lock()
 	lim := h.m.runs[sid].live.Limits()
@@ -385,16 +388,44 @@ func TestSessionUpdate(t *testing.T) {
 	if lim.Deadline != time.Minute || lim.Pids != 100 {
 		t.Fatalf("the sandbox's limits after the update: %+v", lim)
 	}
-	// A changed session spec is not a change Update applies.
-	g3 := next(g2, func(g *Grant) { g.Session.MaxConcurrentExecs = 16 })
-	if _, err := h.m.Update(context.Background(), h.seal(t, g3)); err == nil {
-		t.Fatal("Update changed the session spec")
-	}
-	if _, err := h.m.Finish(sid); err != nil {
+
+	// Lowering max_concurrent_execs below what runs stops nothing: the
+	// running exec finishes, a new one is refused until it has.
+	if _, _, err := h.m.StartExec(sid, sh("slow-1", "sleep 2; echo done")); err != nil {
 		t.Fatal(err)
 	}
-	if run := h.waitEnd(t, sid); run.Result.Reason != ReasonFinished {
-		t.Fatalf("finished: %+v", run.Result)
+	if _, _, err := h.m.StartExec(sid, sh("slow-2", "sleep 2; echo done")); err != nil {
+		t.Fatal(err)
+	}
+	g3 := next(g2, func(g *Grant) { g.Session.MaxConcurrentExecs = 1 })
+	if _, err := h.m.Update(context.Background(), h.seal(t, g3)); err != nil {
+		t.Fatalf("Update lowering max_concurrent_execs: %v", err)
+	}
+	if _, _, err := h.m.StartExec(sid, sh("third", "true")); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("an exec beyond the lowered bound: %v, want ResourceExhausted", err)
+	}
+	for _, id := range []string{"slow-1", "slow-2"} {
+		if x := h.waitExec(t, sid, id); x.Reason != sandbox.ReasonExited || x.ExitCode != 0 || !strings.Contains(string(x.StdoutTail), "done") {
+			t.Fatalf("exec %s running when the bound was lowered: %+v", id, x)
+		}
+	}
+	if _, _, err := h.m.StartExec(sid, sh("two-at-once", "sleep 1")); err != nil {
+		t.Fatalf("one exec under the lowered bound: %v", err)
+	}
+	if _, _, err := h.m.StartExec(sid, sh("three-at-once", "true")); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("a second exec at once under a bound of 1: %v", err)
+	}
+	h.waitExec(t, sid, "two-at-once")
+
+	// A lowered idle timeout holds from the update on, not from when the
+	// old one would have run out.
+	g5 := next(g3, func(g *Grant) { g.Session.IdleTimeout = time.Second })
+	lowered := time.Now()
+	if _, err := h.m.Update(context.Background(), h.seal(t, g5)); err != nil {
+		t.Fatalf("Update lowering idle_timeout: %v", err)
+	}
+	if run := h.waitEnd(t, sid); run.Result.Reason != ReasonIdleTimeout || time.Since(lowered) > 30*time.Second {
+		t.Fatalf("after lowering the idle timeout to 1s: %+v after %s", run.Result, time.Since(lowered))
 	}
 }
 

@@ -57,8 +57,11 @@ func (m *Manager) Update(ctx context.Context, g Grant) (Run, error) {
 			errdefs.ErrFailedPrecondition, g.Generation, id, cur.Generation)
 	}
 	if f := fixedFieldChanged(cur, g); f != "" {
-		return Run{}, fmt.Errorf("%w: grant field %s differs from the grant job %s runs under; only limits and network policy may change",
+		return Run{}, fmt.Errorf("%w: grant field %s differs from the grant job %s runs under; only limits, network policy and a session's settings may change",
 			errdefs.ErrPermissionDenied, f, id)
+	}
+	if err := checkSessionChange(cur.Session, g.Session); err != nil {
+		return Run{}, fmt.Errorf("job %s: %w", id, err)
 	}
 	lim := g.Limits
 	if lim.DiskBytes != cur.Limits.DiskBytes {
@@ -155,6 +158,8 @@ func (m *Manager) Update(ctx context.Context, g Grant) (Run, error) {
 	if e.run.State.Terminal() {
 		return Run{}, fmt.Errorf("%w: job %s has ended (%s)", errdefs.ErrFailedPrecondition, id, e.run.State)
 	}
+	// From here StartExec bounds concurrent execs by the new grant, and
+	// the idle watcher, woken by notify, times idleness by it.
 	e.run.Grant = g
 	e.run.SignedGrant = g.Signed
 	if netChanged && e.net != nil {
@@ -169,6 +174,24 @@ func (m *Manager) Update(ctx context.Context, g Grant) (Run, error) {
 	m.cfg.Logger.Info("grant updated", "job_id", id, "generation", g.Generation,
 		"network_policy_generation", g.NetworkGeneration, "network_changed", netChanged)
 	return e.run, nil
+}
+
+// checkSessionChange refuses a grant that would make a job a session or a
+// session a job, or that gives a session settings no session could have.
+// Lowering max_concurrent_execs stops no exec: StartExec refuses new ones
+// until fewer run.
+func checkSessionChange(cur, next *SessionSpec) error {
+	switch {
+	case (cur == nil) != (next == nil):
+		return fmt.Errorf("%w: grant field session: a job cannot become a session, nor a session a job", errdefs.ErrPermissionDenied)
+	case next == nil:
+		return nil
+	case next.IdleTimeout < 0:
+		return fmt.Errorf("%w: session.idle_timeout %s: must not be negative", errdefs.ErrInvalidArgument, next.IdleTimeout)
+	case next.MaxConcurrentExecs < 0:
+		return fmt.Errorf("%w: session.max_concurrent_execs %d: must not be negative", errdefs.ErrInvalidArgument, next.MaxConcurrentExecs)
+	}
+	return nil
 }
 
 // limitsErr is the error of a refused limits change of job id.

@@ -239,7 +239,7 @@ func (h *harness) seal(t *testing.T, g *Grant) Grant {
 		v    any
 	}{
 		{"tenant", s.Tenant}, {"requester", s.Requester}, {"repository", s.Repository}, {"commit", s.Commit},
-		{"command", s.Command}, {"env", s.Env}, {"runtime_class", s.Class}, {"session", s.Session},
+		{"command", s.Command}, {"env", s.Env}, {"runtime_class", s.Class}, {"git_history_depth", s.HistoryDepth},
 	} {
 		v, err := json.Marshal(f.v)
 		if err != nil {
@@ -397,6 +397,8 @@ func TestUpdateRefusals(t *testing.T) {
 		{"repository", h.seal(t, next(g1, func(g *Grant) { g.Repository = "gadgets" })), errdefs.ErrPermissionDenied, "field repository"},
 		{"commit", h.seal(t, next(g1, func(g *Grant) { g.Commit = strings.Repeat("a", 40) })), errdefs.ErrPermissionDenied, "field commit"},
 		{"runtime class", h.seal(t, next(g1, func(g *Grant) { g.Class = sandbox.ClassRunsc })), errdefs.ErrPermissionDenied, "field runtime_class"},
+		{"history depth", h.seal(t, next(g1, func(g *Grant) { g.HistoryDepth = 5 })), errdefs.ErrPermissionDenied, "field git_history_depth"},
+		{"a job becoming a session", h.seal(t, next(g1, func(g *Grant) { g.Session = &SessionSpec{IdleTimeout: time.Minute} })), errdefs.ErrPermissionDenied, "cannot become a session"},
 		{"disk", h.seal(t, next(g1, func(g *Grant) { g.Limits.DiskBytes *= 2 })), errdefs.ErrInvalidArgument, "limits.disk_bytes"},
 		{"memory below the minimum", h.seal(t, next(g1, func(g *Grant) { g.Limits.MemoryBytes = 1 << 20 })), errdefs.ErrInvalidArgument, "limits.memory_bytes"},
 		{"no deadline", h.seal(t, next(g1, func(g *Grant) { g.Limits.Deadline = 0 })), errdefs.ErrInvalidArgument, "limits.deadline"},

@@ -181,6 +181,35 @@ var migrations = []string{
 	// 7: the SPIFFE ID of the executor a job was dispatched to; only it
 	// fetches the job's source and reports its result.
 	`ALTER TABLE jobs ADD COLUMN executor TEXT NOT NULL DEFAULT '';`,
+
+	// 8: the authority's own record of each exec of a session: what was
+	// asked and what the executor last said of it, so the authority can
+	// answer when the executor cannot.
+	`CREATE TABLE execs (
+		session_id       TEXT   NOT NULL,
+		exec_id          TEXT   NOT NULL,
+		seq              BIGINT NOT NULL,
+		spec_digest      TEXT   NOT NULL,
+		summary          BLOB     NOT NULL,
+		state            TEXT   NOT NULL,
+		reason           TEXT   NOT NULL,
+		exit_code        BIGINT NOT NULL,
+		message          TEXT   NOT NULL,
+		requested_by     TEXT   NOT NULL,
+		requested_at     BIGINT NOT NULL,
+		started_at       BIGINT NOT NULL,
+		ended_at         BIGINT NOT NULL,
+		stdout_size      BIGINT NOT NULL,
+		stderr_size      BIGINT NOT NULL,
+		stdout_truncated BIGINT NOT NULL,
+		stderr_truncated BIGINT NOT NULL,
+		stdout_sha256    TEXT   NOT NULL,
+		stderr_sha256    TEXT   NOT NULL,
+		updated_at       BIGINT NOT NULL,
+		version          BIGINT NOT NULL,
+		PRIMARY KEY (session_id, exec_id)
+	);
+	CREATE INDEX execs_by_session ON execs (session_id, requested_at, exec_id);`,
 }
 
 // DropAuditGuards removes the triggers that keep audit_log append-only; the

@@ -71,7 +71,7 @@ func Run(t *testing.T, b Backend) {
 			tc.fn(t, open)
 		})
 	}
-	for _, tc := range approvalTests {
+	for _, tc := range append(approvalTests, execTests...) {
 		t.Run(tc.name, func(t *testing.T) {
 			open, _ := b.New(t)
 			tc.fn(t, open)

@@ -1,0 +1,93 @@
+package jobs
+
+import (
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/services/authority/internal/store"
+	"github.com/airlockhq/airlock/services/authority/internal/store/sqlite"
+)
+
+// unreached stand in for the boundaries the exec records never cross:
+// calling one panics on its nil interface.
+type (
+	unreachedSource   struct{ Source }
+	unreachedSigner   struct{ Signer }
+	unreachedExecutor struct{ Executor }
+)
+
+func newExecService(t *testing.T) *Service {
+	t.Helper()
+	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "authority.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	s, err := New(Config{Store: st, Source: unreachedSource{}, Signer: unreachedSigner{}, Executor: unreachedExecutor{}, GrantTTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestExecRecordsInTheDomain: a request is recorded with a bounded summary
+// and a digest of each field; none and an empty environment are one;
+// another spec under a used id is refused naming the field; a report
+// never moves a record back.
+func TestExecRecordsInTheDomain(t *testing.T) {
+	s := newExecService(t)
+	ctx := t.Context()
+	dev := identity.MustParse("spiffe://airlock.test/client/dev")
+	j := store.Job{ID: "s1", Tenant: "dev"}
+	long := ExecSpec{ID: "long", Argv: []string{"echo", strings.Repeat("x", 5000)}, Env: map[string]string{}}
+	x, created, err := s.RequestExec(ctx, dev, j, long, nil)
+	if err != nil || !created || x.State != store.ExecRequested || x.ExitCode != -1 || x.RequestedBy != dev.String() {
+		t.Fatalf("RequestExec: %+v, %v, %v", x, created, err)
+	}
+	if spec, cut := ExecRecordSpec(x); !cut || len(spec.Argv) != 1 || len(x.Summary) > 2*execSummaryBytes {
+		t.Fatalf("the record of a 5000-byte argv keeps %d bytes, cut %v", len(x.Summary), cut)
+	}
+	long.Env = nil
+	if _, created, err := s.RequestExec(ctx, dev, j, long, nil); err != nil || created {
+		t.Fatalf("a retry (no environment for an empty one): created %v, %v", created, err)
+	}
+	for _, tc := range []struct {
+		field string
+		spec  ExecSpec
+		stdin []byte
+	}{
+		{"spec.argv", ExecSpec{ID: "long", Argv: []string{"echo", strings.Repeat("x", 5001)}}, nil},
+		{"spec.env", ExecSpec{ID: "long", Argv: long.Argv, Env: map[string]string{"A": "b"}}, nil},
+		{"spec.timeout", ExecSpec{ID: "long", Argv: long.Argv, Timeout: time.Second}, nil},
+		{"spec.stdin", ExecSpec{ID: "long", Argv: long.Argv}, []byte("x")},
+	} {
+		if _, _, err := s.RequestExec(ctx, dev, j, tc.spec, tc.stdin); !errors.Is(err, errdefs.ErrAlreadyExists) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("another %s under a used id: %v", tc.field, err)
+		}
+	}
+	if _, _, err := s.RequestExec(ctx, dev, j, ExecSpec{ID: "a/b", Argv: []string{"true"}}, nil); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "spec.exec_id") {
+		t.Errorf("a malformed exec id: %v", err)
+	}
+
+	ended := ExecSeen{Spec: long, Seq: 1, Ended: true, Reason: "exited", ExitCode: 0, StartedAt: time.Now(), EndedAt: time.Now(), StdoutSize: 5002}
+	if err := s.ObserveExec(ctx, j.ID, ended); err != nil {
+		t.Fatal(err)
+	}
+	stale := ended
+	stale.Ended, stale.Reason, stale.ExitCode, stale.StdoutSize = false, "", -1, 10
+	if err := s.ObserveExec(ctx, j.ID, stale); err != nil {
+		t.Fatal(err)
+	}
+	x, err = s.Exec(ctx, j, "long")
+	if err != nil || x.State != store.ExecEnded || x.Reason != "exited" || x.ExitCode != 0 || x.StdoutSize != 5002 || x.Seq != 1 {
+		t.Fatalf("after an older report: %+v, %v", x, err)
+	}
+	if list, total, err := s.Execs(ctx, j, 10); err != nil || total != 1 || len(list) != 1 {
+		t.Fatalf("Execs: %v of %d, %v", list, total, err)
+	}
+}
