@@ -281,3 +281,81 @@ func TestJobGitEndToEnd(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionChangesAreGated: a running session's limits and settings
+// change as a job's do, through the CLI: raising its concurrent execs,
+// idle timeout or memory waits for an approval from someone other than
+// the requester and changes nothing before it, then is in force (a second
+// exec runs beside the first; the memory is in the session's cgroup);
+// lowering applies at once.
+func TestSessionChangesAreGated(t *testing.T) {
+	repo, _ := sampleRepo(t)
+	s := startStack(t, "--repo", "sample="+repo)
+	res := s.airlock(t, "session", "create", "--repo", "sample", "--rev", "main", "--memory", "256MiB",
+		"--max-execs", "1", "--idle-timeout", "2m", "-o", "json")
+	sess := &authorityv1.Job{}
+	if err := protojson.Unmarshal([]byte(res.stdout), sess); res.code != 0 || err != nil {
+		t.Fatalf("session create: exit %d, %v\n%s", res.code, err, res.stderr)
+	}
+	id := sess.GetJobId()
+	defer s.airlock(t, "session", "cancel", id)
+	startSlow := func(execID string) *background {
+		t.Helper()
+		b := s.startAirlock(t, "session", "exec", id, "--exec-id", execID, "--", "sh", "-c", "echo started; sleep 4")
+		for start := time.Now(); !strings.Contains(b.stdout.String(), "started"); time.Sleep(20 * time.Millisecond) {
+			if time.Since(start) > 60*time.Second {
+				t.Fatalf("exec %s never started:\n%s", execID, b.stderr.String())
+			}
+		}
+		return b
+	}
+
+	res = s.airlock(t, "job", "update", id, "--max-execs", "3", "--idle-timeout", "30m")
+	m := approvalIDLine.FindStringSubmatch(res.stdout)
+	if res.code != 0 || m == nil {
+		t.Fatalf("job update --max-execs 3 --idle-timeout 30m: exit %d, want an approval\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	slow := startSlow("slow-1")
+	if r := s.airlock(t, "session", "exec", id, "--exec-id", "beside-1", "--", "true"); r.code == 0 {
+		t.Fatal("a second exec ran at once before the raise was approved")
+	}
+	slow.exitCode(30 * time.Second)
+	if r := s.airlock(t, "approval", "approve", m[1], "--as", "approver/dev"); r.code == 0 {
+		t.Fatal("the requester approved its own session's change")
+	}
+	if r := s.airlock(t, "approval", "approve", m[1], "--as", "approver/alice"); r.code != 0 {
+		t.Fatalf("alice approves: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if got := s.job(t, id).GetSession(); got.GetMaxConcurrentExecs() != 3 || got.GetIdleTimeout().AsDuration() != 30*time.Minute {
+		t.Fatalf("the session's settings after the approved raise: %v", got)
+	}
+	slow = startSlow("slow-2")
+	if r := s.airlock(t, "session", "exec", id, "--exec-id", "beside-2", "--", "true"); r.code != 0 {
+		t.Fatalf("a second exec beside the first after the approved raise: exit %d\n%s", r.code, r.stderr)
+	}
+	slow.exitCode(30 * time.Second)
+
+	// Memory: approved, then in the session's cgroup.
+	res = s.airlock(t, "job", "update", id, "--memory", "512MiB")
+	if m = approvalIDLine.FindStringSubmatch(res.stdout); res.code != 0 || m == nil {
+		t.Fatalf("job update --memory: exit %d, want an approval\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	limitFile := filepath.Join("/sys/fs/cgroup/memory", s.executorCgroupParent(), id, "memory.limit_in_bytes")
+	if got := readTrim(t, limitFile); got != fmt.Sprint(256<<20) {
+		t.Fatalf("the session's memory limit before approval = %s, want %d", got, 256<<20)
+	}
+	if r := s.airlock(t, "approval", "approve", m[1], "--as", "approver/bob"); r.code != 0 {
+		t.Fatalf("bob approves: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if got := readTrim(t, limitFile); got != fmt.Sprint(512<<20) {
+		t.Fatalf("the session's memory limit after approval = %s, want %d", got, 512<<20)
+	}
+
+	// Lowering applies at once.
+	if r := s.airlock(t, "job", "update", id, "--max-execs", "1"); r.code != 0 || approvalIDLine.MatchString(r.stdout) {
+		t.Fatalf("job update --max-execs 1: exit %d, want it applied\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if got := s.job(t, id).GetSession().GetMaxConcurrentExecs(); got != 1 {
+		t.Fatalf("max execs after lowering: %d", got)
+	}
+}

@@ -88,8 +88,8 @@ func newSessionCreate(g *globals) *cobra.Command {
 	}
 	f.register(cmd)
 	fl := cmd.Flags()
-	fl.DurationVar(&idle, "idle-timeout", 0, "end the session after this long with no exec running (default: 15m)")
-	fl.Int32Var(&maxExecs, "max-execs", 0, "how many execs may run at once (default: 4)")
+	fl.DurationVar(&idle, "idle-timeout", 0, "end the session after this long with no exec running (default: the tenant's, 15m unless its policy says)")
+	fl.Int32Var(&maxExecs, "max-execs", 0, "how many execs may run at once (default: the tenant's, 4 unless its policy says)")
 	fl.BoolVar(&noWait, "no-wait", false, "print the id at once, without waiting for the sandbox to run")
 	return cmd
 }
