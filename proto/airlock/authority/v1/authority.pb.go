@@ -6277,6 +6277,296 @@ func (*WatchExecResponse_Output) isWatchExecResponse_Event() {}
 
 func (*WatchExecResponse_Exec) isWatchExecResponse_Event() {}
 
+// RunExecStart is the first request of a RunExec call.
+type RunExecStart struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Required: the exec, as StartExec takes it. With stdin_stream set the
+	// call's later requests are its stdin.
+	Spec *v1.ExecSpec `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	// Send stdout from this byte offset (0 for the start): a client that
+	// attaches again after a dropped call asks for what it has not seen.
+	StdoutOffset int64 `protobuf:"varint,3,opt,name=stdout_offset,json=stdoutOffset,proto3" json:"stdout_offset,omitempty"`
+	// Send stderr from this byte offset (0 for the start).
+	StderrOffset  int64 `protobuf:"varint,4,opt,name=stderr_offset,json=stderrOffset,proto3" json:"stderr_offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunExecStart) Reset() {
+	*x = RunExecStart{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunExecStart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunExecStart) ProtoMessage() {}
+
+func (x *RunExecStart) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunExecStart.ProtoReflect.Descriptor instead.
+func (*RunExecStart) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{80}
+}
+
+func (x *RunExecStart) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *RunExecStart) GetSpec() *v1.ExecSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *RunExecStart) GetStdoutOffset() int64 {
+	if x != nil {
+		return x.StdoutOffset
+	}
+	return 0
+}
+
+func (x *RunExecStart) GetStderrOffset() int64 {
+	if x != nil {
+		return x.StderrOffset
+	}
+	return 0
+}
+
+// RunExecRequest is one request of a RunExec call: start first, then
+// stdin chunks, then close_stdin (or the client's half-close, which closes
+// stdin too).
+type RunExecRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Exactly one is set.
+	//
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*RunExecRequest_Start
+	//	*RunExecRequest_Stdin
+	//	*RunExecRequest_CloseStdin
+	Msg           isRunExecRequest_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunExecRequest) Reset() {
+	*x = RunExecRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunExecRequest) ProtoMessage() {}
+
+func (x *RunExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunExecRequest.ProtoReflect.Descriptor instead.
+func (*RunExecRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{81}
+}
+
+func (x *RunExecRequest) GetMsg() isRunExecRequest_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *RunExecRequest) GetStart() *RunExecStart {
+	if x != nil {
+		if x, ok := x.Msg.(*RunExecRequest_Start); ok {
+			return x.Start
+		}
+	}
+	return nil
+}
+
+func (x *RunExecRequest) GetStdin() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*RunExecRequest_Stdin); ok {
+			return x.Stdin
+		}
+	}
+	return nil
+}
+
+func (x *RunExecRequest) GetCloseStdin() bool {
+	if x != nil {
+		if x, ok := x.Msg.(*RunExecRequest_CloseStdin); ok {
+			return x.CloseStdin
+		}
+	}
+	return false
+}
+
+type isRunExecRequest_Msg interface {
+	isRunExecRequest_Msg()
+}
+
+type RunExecRequest_Start struct {
+	// The first request, and only the first.
+	Start *RunExecStart `protobuf:"bytes,1,opt,name=start,proto3,oneof"`
+}
+
+type RunExecRequest_Stdin struct {
+	// The next bytes of the exec's stdin; only for an exec this call
+	// started with spec.stdin_stream, before close_stdin.
+	Stdin []byte `protobuf:"bytes,2,opt,name=stdin,proto3,oneof"`
+}
+
+type RunExecRequest_CloseStdin struct {
+	// Set (true) once, after the last stdin chunk: the command reads end
+	// of file, and the record gets stdin's size and SHA-256.
+	CloseStdin bool `protobuf:"varint,3,opt,name=close_stdin,json=closeStdin,proto3,oneof"`
+}
+
+func (*RunExecRequest_Start) isRunExecRequest_Msg() {}
+
+func (*RunExecRequest_Stdin) isRunExecRequest_Msg() {}
+
+func (*RunExecRequest_CloseStdin) isRunExecRequest_Msg() {}
+
+// RunExecResponse is one response of a RunExec call: started first, then
+// output, then the ended exec, last.
+type RunExecResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Exactly one is set.
+	//
+	// Types that are valid to be assigned to Event:
+	//
+	//	*RunExecResponse_Started
+	//	*RunExecResponse_Output
+	//	*RunExecResponse_Exec
+	Event         isRunExecResponse_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunExecResponse) Reset() {
+	*x = RunExecResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunExecResponse) ProtoMessage() {}
+
+func (x *RunExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunExecResponse.ProtoReflect.Descriptor instead.
+func (*RunExecResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{82}
+}
+
+func (x *RunExecResponse) GetEvent() isRunExecResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *RunExecResponse) GetStarted() *StartExecResponse {
+	if x != nil {
+		if x, ok := x.Event.(*RunExecResponse_Started); ok {
+			return x.Started
+		}
+	}
+	return nil
+}
+
+func (x *RunExecResponse) GetOutput() *v1.OutputChunk {
+	if x != nil {
+		if x, ok := x.Event.(*RunExecResponse_Output); ok {
+			return x.Output
+		}
+	}
+	return nil
+}
+
+func (x *RunExecResponse) GetExec() *v1.Exec {
+	if x != nil {
+		if x, ok := x.Event.(*RunExecResponse_Exec); ok {
+			return x.Exec
+		}
+	}
+	return nil
+}
+
+type isRunExecResponse_Event interface {
+	isRunExecResponse_Event()
+}
+
+type RunExecResponse_Started struct {
+	// The exec as started (created true) or as it was found (created
+	// false: this call attached to an exec of that id, started before,
+	// and does not run it again or feed its stdin).
+	Started *StartExecResponse `protobuf:"bytes,1,opt,name=started,proto3,oneof"`
+}
+
+type RunExecResponse_Output struct {
+	// Output the exec wrote, from the requested offsets.
+	Output *v1.OutputChunk `protobuf:"bytes,2,opt,name=output,proto3,oneof"`
+}
+
+type RunExecResponse_Exec struct {
+	// The exec once it has ended, after all of its output; the last message.
+	Exec *v1.Exec `protobuf:"bytes,3,opt,name=exec,proto3,oneof"`
+}
+
+func (*RunExecResponse_Started) isRunExecResponse_Event() {}
+
+func (*RunExecResponse_Output) isRunExecResponse_Event() {}
+
+func (*RunExecResponse_Exec) isRunExecResponse_Event() {}
+
 // CancelExecRequest names an exec to stop.
 type CancelExecRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -6290,7 +6580,7 @@ type CancelExecRequest struct {
 
 func (x *CancelExecRequest) Reset() {
 	*x = CancelExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6302,7 +6592,7 @@ func (x *CancelExecRequest) String() string {
 func (*CancelExecRequest) ProtoMessage() {}
 
 func (x *CancelExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6315,7 +6605,7 @@ func (x *CancelExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelExecRequest.ProtoReflect.Descriptor instead.
 func (*CancelExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{80}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *CancelExecRequest) GetSessionId() string {
@@ -6343,7 +6633,7 @@ type CancelExecResponse struct {
 
 func (x *CancelExecResponse) Reset() {
 	*x = CancelExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6355,7 +6645,7 @@ func (x *CancelExecResponse) String() string {
 func (*CancelExecResponse) ProtoMessage() {}
 
 func (x *CancelExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6368,7 +6658,7 @@ func (x *CancelExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelExecResponse.ProtoReflect.Descriptor instead.
 func (*CancelExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{81}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *CancelExecResponse) GetExec() *v1.Exec {
@@ -6393,7 +6683,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6405,7 +6695,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6418,7 +6708,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{82}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ReadFileRequest) GetSessionId() string {
@@ -6452,7 +6742,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6464,7 +6754,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6477,7 +6767,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{83}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ReadFileResponse) GetPart() isReadFileResponse_Part {
@@ -6538,7 +6828,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6550,7 +6840,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6563,7 +6853,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{84}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *WriteFileHeader) GetSessionId() string {
@@ -6603,7 +6893,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6615,7 +6905,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6628,7 +6918,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{85}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *WriteFileRequest) GetPart() isWriteFileRequest_Part {
@@ -6685,7 +6975,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6697,7 +6987,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6710,7 +7000,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{86}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *WriteFileResponse) GetSize() int64 {
@@ -6735,7 +7025,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6747,7 +7037,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6760,7 +7050,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{87}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *ListFilesRequest) GetSessionId() string {
@@ -6797,7 +7087,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6809,7 +7099,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6822,7 +7112,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{88}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *ListFilesResponse) GetEntries() []*v1.FileEntry {
@@ -6850,7 +7140,7 @@ type SuspendSessionRequest struct {
 
 func (x *SuspendSessionRequest) Reset() {
 	*x = SuspendSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6862,7 +7152,7 @@ func (x *SuspendSessionRequest) String() string {
 func (*SuspendSessionRequest) ProtoMessage() {}
 
 func (x *SuspendSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6875,7 +7165,7 @@ func (x *SuspendSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendSessionRequest.ProtoReflect.Descriptor instead.
 func (*SuspendSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{89}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *SuspendSessionRequest) GetSessionId() string {
@@ -6896,7 +7186,7 @@ type SuspendSessionResponse struct {
 
 func (x *SuspendSessionResponse) Reset() {
 	*x = SuspendSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6908,7 +7198,7 @@ func (x *SuspendSessionResponse) String() string {
 func (*SuspendSessionResponse) ProtoMessage() {}
 
 func (x *SuspendSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6921,7 +7211,7 @@ func (x *SuspendSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendSessionResponse.ProtoReflect.Descriptor instead.
 func (*SuspendSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{90}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *SuspendSessionResponse) GetSession() *Job {
@@ -6942,7 +7232,7 @@ type ResumeSessionRequest struct {
 
 func (x *ResumeSessionRequest) Reset() {
 	*x = ResumeSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6954,7 +7244,7 @@ func (x *ResumeSessionRequest) String() string {
 func (*ResumeSessionRequest) ProtoMessage() {}
 
 func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6967,7 +7257,7 @@ func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSessionRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{91}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *ResumeSessionRequest) GetSessionId() string {
@@ -6988,7 +7278,7 @@ type ResumeSessionResponse struct {
 
 func (x *ResumeSessionResponse) Reset() {
 	*x = ResumeSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7000,7 +7290,7 @@ func (x *ResumeSessionResponse) String() string {
 func (*ResumeSessionResponse) ProtoMessage() {}
 
 func (x *ResumeSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7013,7 +7303,7 @@ func (x *ResumeSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSessionResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{92}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *ResumeSessionResponse) GetSession() *Job {
@@ -7465,6 +7755,23 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x11WatchExecResponse\x127\n" +
 	"\x06output\x18\x01 \x01(\v2\x1d.airlock.types.v1.OutputChunkH\x00R\x06output\x12,\n" +
 	"\x04exec\x18\x02 \x01(\v2\x16.airlock.types.v1.ExecH\x00R\x04execB\a\n" +
+	"\x05event\"\xa7\x01\n" +
+	"\fRunExecStart\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12.\n" +
+	"\x04spec\x18\x02 \x01(\v2\x1a.airlock.types.v1.ExecSpecR\x04spec\x12#\n" +
+	"\rstdout_offset\x18\x03 \x01(\x03R\fstdoutOffset\x12#\n" +
+	"\rstderr_offset\x18\x04 \x01(\x03R\fstderrOffset\"\x8e\x01\n" +
+	"\x0eRunExecRequest\x12:\n" +
+	"\x05start\x18\x01 \x01(\v2\".airlock.authority.v1.RunExecStartH\x00R\x05start\x12\x16\n" +
+	"\x05stdin\x18\x02 \x01(\fH\x00R\x05stdin\x12!\n" +
+	"\vclose_stdin\x18\x03 \x01(\bH\x00R\n" +
+	"closeStdinB\x05\n" +
+	"\x03msg\"\xc6\x01\n" +
+	"\x0fRunExecResponse\x12C\n" +
+	"\astarted\x18\x01 \x01(\v2'.airlock.authority.v1.StartExecResponseH\x00R\astarted\x127\n" +
+	"\x06output\x18\x02 \x01(\v2\x1d.airlock.types.v1.OutputChunkH\x00R\x06output\x12,\n" +
+	"\x04exec\x18\x03 \x01(\v2\x16.airlock.types.v1.ExecH\x00R\x04execB\a\n" +
 	"\x05event\"K\n" +
 	"\x11CancelExecRequest\x12\x1d\n" +
 	"\n" +
@@ -7554,7 +7861,7 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x19AUDIT_OUTCOME_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15AUDIT_OUTCOME_ALLOWED\x10\x01\x12\x18\n" +
 	"\x14AUDIT_OUTCOME_DENIED\x10\x02\x12\x18\n" +
-	"\x14AUDIT_OUTCOME_FAILED\x10\x032\xf3\x1c\n" +
+	"\x14AUDIT_OUTCOME_FAILED\x10\x032\xcf\x1d\n" +
 	"\x10AuthorityService\x12\\\n" +
 	"\tSubmitJob\x12&.airlock.authority.v1.SubmitJobRequest\x1a'.airlock.authority.v1.SubmitJobResponse\x12S\n" +
 	"\x06GetJob\x12#.airlock.authority.v1.GetJobRequest\x1a$.airlock.authority.v1.GetJobResponse\x12e\n" +
@@ -7574,7 +7881,8 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\aGetExec\x12$.airlock.authority.v1.GetExecRequest\x1a%.airlock.authority.v1.GetExecResponse\x12^\n" +
 	"\tWatchExec\x12&.airlock.authority.v1.WatchExecRequest\x1a'.airlock.authority.v1.WatchExecResponse0\x01\x12_\n" +
 	"\n" +
-	"CancelExec\x12'.airlock.authority.v1.CancelExecRequest\x1a(.airlock.authority.v1.CancelExecResponse\x12[\n" +
+	"CancelExec\x12'.airlock.authority.v1.CancelExecRequest\x1a(.airlock.authority.v1.CancelExecResponse\x12Z\n" +
+	"\aRunExec\x12$.airlock.authority.v1.RunExecRequest\x1a%.airlock.authority.v1.RunExecResponse(\x010\x01\x12[\n" +
 	"\bReadFile\x12%.airlock.authority.v1.ReadFileRequest\x1a&.airlock.authority.v1.ReadFileResponse0\x01\x12^\n" +
 	"\tWriteFile\x12&.airlock.authority.v1.WriteFileRequest\x1a'.airlock.authority.v1.WriteFileResponse(\x01\x12\\\n" +
 	"\tListFiles\x12&.airlock.authority.v1.ListFilesRequest\x1a'.airlock.authority.v1.ListFilesResponse\x12d\n" +
@@ -7610,7 +7918,7 @@ func file_airlock_authority_v1_authority_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_authority_v1_authority_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 94)
+var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 97)
 var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(JobState)(0),                        // 0: airlock.authority.v1.JobState
 	(FileStatus)(0),                      // 1: airlock.authority.v1.FileStatus
@@ -7700,49 +8008,52 @@ var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(*GetExecResponse)(nil),              // 85: airlock.authority.v1.GetExecResponse
 	(*WatchExecRequest)(nil),             // 86: airlock.authority.v1.WatchExecRequest
 	(*WatchExecResponse)(nil),            // 87: airlock.authority.v1.WatchExecResponse
-	(*CancelExecRequest)(nil),            // 88: airlock.authority.v1.CancelExecRequest
-	(*CancelExecResponse)(nil),           // 89: airlock.authority.v1.CancelExecResponse
-	(*ReadFileRequest)(nil),              // 90: airlock.authority.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),             // 91: airlock.authority.v1.ReadFileResponse
-	(*WriteFileHeader)(nil),              // 92: airlock.authority.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),             // 93: airlock.authority.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),            // 94: airlock.authority.v1.WriteFileResponse
-	(*ListFilesRequest)(nil),             // 95: airlock.authority.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),            // 96: airlock.authority.v1.ListFilesResponse
-	(*SuspendSessionRequest)(nil),        // 97: airlock.authority.v1.SuspendSessionRequest
-	(*SuspendSessionResponse)(nil),       // 98: airlock.authority.v1.SuspendSessionResponse
-	(*ResumeSessionRequest)(nil),         // 99: airlock.authority.v1.ResumeSessionRequest
-	(*ResumeSessionResponse)(nil),        // 100: airlock.authority.v1.ResumeSessionResponse
-	nil,                                  // 101: airlock.authority.v1.JobSpec.EnvEntry
-	(*v1.ResourceLimits)(nil),            // 102: airlock.types.v1.ResourceLimits
-	(*v1.NetworkPolicy)(nil),             // 103: airlock.types.v1.NetworkPolicy
-	(v1.RuntimeClass)(0),                 // 104: airlock.types.v1.RuntimeClass
-	(*v1.PublishTarget)(nil),             // 105: airlock.types.v1.PublishTarget
-	(*v1.SessionSpec)(nil),               // 106: airlock.types.v1.SessionSpec
-	(*timestamppb.Timestamp)(nil),        // 107: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),                 // 108: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil),       // 109: airlock.types.v1.NetworkPolicyStatus
-	(*v1.OutputChunk)(nil),               // 110: airlock.types.v1.OutputChunk
-	(*v1.Exec)(nil),                      // 111: airlock.types.v1.Exec
-	(*durationpb.Duration)(nil),          // 112: google.protobuf.Duration
-	(*v1.ExecSpec)(nil),                  // 113: airlock.types.v1.ExecSpec
-	(*v1.FileHeader)(nil),                // 114: airlock.types.v1.FileHeader
-	(*v1.FileEntry)(nil),                 // 115: airlock.types.v1.FileEntry
+	(*RunExecStart)(nil),                 // 88: airlock.authority.v1.RunExecStart
+	(*RunExecRequest)(nil),               // 89: airlock.authority.v1.RunExecRequest
+	(*RunExecResponse)(nil),              // 90: airlock.authority.v1.RunExecResponse
+	(*CancelExecRequest)(nil),            // 91: airlock.authority.v1.CancelExecRequest
+	(*CancelExecResponse)(nil),           // 92: airlock.authority.v1.CancelExecResponse
+	(*ReadFileRequest)(nil),              // 93: airlock.authority.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),             // 94: airlock.authority.v1.ReadFileResponse
+	(*WriteFileHeader)(nil),              // 95: airlock.authority.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),             // 96: airlock.authority.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),            // 97: airlock.authority.v1.WriteFileResponse
+	(*ListFilesRequest)(nil),             // 98: airlock.authority.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),            // 99: airlock.authority.v1.ListFilesResponse
+	(*SuspendSessionRequest)(nil),        // 100: airlock.authority.v1.SuspendSessionRequest
+	(*SuspendSessionResponse)(nil),       // 101: airlock.authority.v1.SuspendSessionResponse
+	(*ResumeSessionRequest)(nil),         // 102: airlock.authority.v1.ResumeSessionRequest
+	(*ResumeSessionResponse)(nil),        // 103: airlock.authority.v1.ResumeSessionResponse
+	nil,                                  // 104: airlock.authority.v1.JobSpec.EnvEntry
+	(*v1.ResourceLimits)(nil),            // 105: airlock.types.v1.ResourceLimits
+	(*v1.NetworkPolicy)(nil),             // 106: airlock.types.v1.NetworkPolicy
+	(v1.RuntimeClass)(0),                 // 107: airlock.types.v1.RuntimeClass
+	(*v1.PublishTarget)(nil),             // 108: airlock.types.v1.PublishTarget
+	(*v1.SessionSpec)(nil),               // 109: airlock.types.v1.SessionSpec
+	(*timestamppb.Timestamp)(nil),        // 110: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),                 // 111: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil),       // 112: airlock.types.v1.NetworkPolicyStatus
+	(*v1.OutputChunk)(nil),               // 113: airlock.types.v1.OutputChunk
+	(*v1.Exec)(nil),                      // 114: airlock.types.v1.Exec
+	(*durationpb.Duration)(nil),          // 115: google.protobuf.Duration
+	(*v1.ExecSpec)(nil),                  // 116: airlock.types.v1.ExecSpec
+	(*v1.FileHeader)(nil),                // 117: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),                 // 118: airlock.types.v1.FileEntry
 }
 var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
-	101, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
-	102, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
-	103, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	104, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	105, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
-	106, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
+	104, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
+	105, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
+	106, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	107, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	108, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
+	109, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
 	8,   // 6: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
 	0,   // 7: airlock.authority.v1.Job.state:type_name -> airlock.authority.v1.JobState
-	107, // 8: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	107, // 9: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	108, // 10: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
-	109, // 11: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	102, // 12: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
+	110, // 8: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	110, // 9: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	111, // 10: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
+	112, // 11: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	105, // 12: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
 	8,   // 13: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
 	9,   // 14: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
 	9,   // 15: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
@@ -7751,39 +8062,39 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	0,   // 18: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
 	9,   // 19: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
 	9,   // 20: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
-	110, // 21: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
+	113, // 21: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
 	9,   // 22: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
 	23,  // 23: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
-	108, // 24: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
+	111, // 24: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
 	28,  // 25: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
 	1,   // 26: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
 	26,  // 27: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
 	27,  // 28: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
 	27,  // 29: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
 	31,  // 30: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
-	111, // 31: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
+	114, // 31: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
 	29,  // 32: airlock.authority.v1.ReviewDetail.file_writes:type_name -> airlock.authority.v1.FileWrite
-	107, // 33: airlock.authority.v1.FileWrite.written_at:type_name -> google.protobuf.Timestamp
-	107, // 34: airlock.authority.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
+	110, // 33: airlock.authority.v1.FileWrite.written_at:type_name -> google.protobuf.Timestamp
+	110, // 34: airlock.authority.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
 	30,  // 35: airlock.authority.v1.EgressLog.records:type_name -> airlock.authority.v1.EgressRecord
 	32,  // 36: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
 	30,  // 37: airlock.authority.v1.EgressLog.last:type_name -> airlock.authority.v1.EgressRecord
 	9,   // 38: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
-	102, // 39: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
-	102, // 40: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
-	103, // 41: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	103, // 42: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	105, // 39: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
+	105, // 40: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
+	106, // 41: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	106, // 42: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
 	3,   // 43: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
-	107, // 44: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
-	105, // 45: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
+	110, // 44: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
+	108, // 45: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
 	2,   // 46: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
 	35,  // 47: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
-	107, // 48: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
-	107, // 49: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	110, // 48: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
+	110, // 49: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
 	4,   // 50: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
 	34,  // 51: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
-	108, // 52: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
-	103, // 53: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	111, // 52: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
+	106, // 53: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
 	28,  // 54: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
 	5,   // 55: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
 	5,   // 56: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
@@ -7796,128 +8107,135 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	37,  // 63: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
 	3,   // 64: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
 	36,  // 65: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	105, // 66: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
+	108, // 66: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
 	36,  // 67: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
 	6,   // 68: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	107, // 69: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
-	107, // 70: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	107, // 71: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
+	110, // 69: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
+	110, // 70: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	110, // 71: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
 	6,   // 72: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	112, // 73: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
+	115, // 73: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
 	50,  // 74: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
 	50,  // 75: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
 	50,  // 76: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
-	103, // 77: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
-	109, // 78: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	102, // 79: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
+	106, // 77: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
+	112, // 78: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	105, // 79: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
 	9,   // 80: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
 	50,  // 81: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
-	107, // 82: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	110, // 82: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
 	7,   // 83: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
-	107, // 84: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
-	107, // 85: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
+	110, // 84: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
+	110, // 85: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
 	63,  // 86: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
-	107, // 87: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
+	110, // 87: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
 	66,  // 88: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
 	36,  // 89: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
-	107, // 90: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
+	110, // 90: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
 	70,  // 91: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
 	8,   // 92: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
 	9,   // 93: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
 	9,   // 94: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
-	111, // 95: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
+	114, // 95: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
 	0,   // 96: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
 	9,   // 97: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
 	9,   // 98: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
 	9,   // 99: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
-	113, // 100: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	111, // 101: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	111, // 102: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	110, // 103: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	111, // 104: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	111, // 105: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
-	114, // 106: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
-	92,  // 107: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
-	115, // 108: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
-	9,   // 109: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
-	9,   // 110: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
-	10,  // 111: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
-	12,  // 112: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
-	14,  // 113: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
-	16,  // 114: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
-	18,  // 115: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
-	20,  // 116: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
-	72,  // 117: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
-	74,  // 118: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
-	76,  // 119: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
-	78,  // 120: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
-	80,  // 121: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
-	97,  // 122: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
-	99,  // 123: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
-	82,  // 124: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
-	84,  // 125: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
-	86,  // 126: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
-	88,  // 127: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
-	90,  // 128: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
-	93,  // 129: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
-	95,  // 130: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
-	22,  // 131: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
-	25,  // 132: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	42,  // 133: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	44,  // 134: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	38,  // 135: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
-	46,  // 136: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	48,  // 137: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	69,  // 138: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
-	51,  // 139: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	53,  // 140: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	55,  // 141: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	57,  // 142: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	59,  // 143: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
-	61,  // 144: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
-	64,  // 145: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	67,  // 146: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
-	11,  // 147: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
-	13,  // 148: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
-	15,  // 149: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
-	17,  // 150: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
-	19,  // 151: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
-	21,  // 152: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
-	73,  // 153: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
-	75,  // 154: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
-	77,  // 155: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
-	79,  // 156: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
-	81,  // 157: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
-	98,  // 158: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
-	100, // 159: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
-	83,  // 160: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
-	85,  // 161: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
-	87,  // 162: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
-	89,  // 163: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
-	91,  // 164: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
-	94,  // 165: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
-	96,  // 166: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
-	24,  // 167: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	33,  // 168: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	43,  // 169: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	45,  // 170: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	41,  // 171: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
-	47,  // 172: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	49,  // 173: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	71,  // 174: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
-	52,  // 175: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	54,  // 176: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	56,  // 177: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	58,  // 178: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	60,  // 179: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
-	62,  // 180: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
-	65,  // 181: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	68,  // 182: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
-	147, // [147:183] is the sub-list for method output_type
-	111, // [111:147] is the sub-list for method input_type
-	111, // [111:111] is the sub-list for extension type_name
-	111, // [111:111] is the sub-list for extension extendee
-	0,   // [0:111] is the sub-list for field type_name
+	116, // 100: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	114, // 101: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	114, // 102: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	113, // 103: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	114, // 104: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	116, // 105: airlock.authority.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
+	88,  // 106: airlock.authority.v1.RunExecRequest.start:type_name -> airlock.authority.v1.RunExecStart
+	83,  // 107: airlock.authority.v1.RunExecResponse.started:type_name -> airlock.authority.v1.StartExecResponse
+	113, // 108: airlock.authority.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	114, // 109: airlock.authority.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
+	114, // 110: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	117, // 111: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	95,  // 112: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
+	118, // 113: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	9,   // 114: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
+	9,   // 115: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
+	10,  // 116: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
+	12,  // 117: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
+	14,  // 118: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
+	16,  // 119: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
+	18,  // 120: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
+	20,  // 121: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
+	72,  // 122: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
+	74,  // 123: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
+	76,  // 124: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
+	78,  // 125: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
+	80,  // 126: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
+	100, // 127: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
+	102, // 128: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
+	82,  // 129: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
+	84,  // 130: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
+	86,  // 131: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
+	91,  // 132: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
+	89,  // 133: airlock.authority.v1.AuthorityService.RunExec:input_type -> airlock.authority.v1.RunExecRequest
+	93,  // 134: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
+	96,  // 135: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
+	98,  // 136: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
+	22,  // 137: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
+	25,  // 138: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
+	42,  // 139: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	44,  // 140: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	38,  // 141: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
+	46,  // 142: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	48,  // 143: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	69,  // 144: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
+	51,  // 145: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	53,  // 146: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	55,  // 147: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	57,  // 148: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	59,  // 149: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	61,  // 150: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	64,  // 151: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	67,  // 152: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
+	11,  // 153: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
+	13,  // 154: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
+	15,  // 155: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
+	17,  // 156: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
+	19,  // 157: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
+	21,  // 158: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
+	73,  // 159: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
+	75,  // 160: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
+	77,  // 161: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
+	79,  // 162: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
+	81,  // 163: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
+	101, // 164: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
+	103, // 165: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
+	83,  // 166: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
+	85,  // 167: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
+	87,  // 168: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
+	92,  // 169: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
+	90,  // 170: airlock.authority.v1.AuthorityService.RunExec:output_type -> airlock.authority.v1.RunExecResponse
+	94,  // 171: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
+	97,  // 172: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
+	99,  // 173: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
+	24,  // 174: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
+	33,  // 175: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	43,  // 176: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	45,  // 177: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	41,  // 178: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
+	47,  // 179: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	49,  // 180: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	71,  // 181: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
+	52,  // 182: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	54,  // 183: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	56,  // 184: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	58,  // 185: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	60,  // 186: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	62,  // 187: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	65,  // 188: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	68,  // 189: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
+	153, // [153:190] is the sub-list for method output_type
+	116, // [116:153] is the sub-list for method input_type
+	116, // [116:116] is the sub-list for extension type_name
+	116, // [116:116] is the sub-list for extension extendee
+	0,   // [0:116] is the sub-list for field type_name
 }
 
 func init() { file_airlock_authority_v1_authority_proto_init() }
@@ -7943,11 +8261,21 @@ func file_airlock_authority_v1_authority_proto_init() {
 		(*WatchExecResponse_Output)(nil),
 		(*WatchExecResponse_Exec)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[83].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[81].OneofWrappers = []any{
+		(*RunExecRequest_Start)(nil),
+		(*RunExecRequest_Stdin)(nil),
+		(*RunExecRequest_CloseStdin)(nil),
+	}
+	file_airlock_authority_v1_authority_proto_msgTypes[82].OneofWrappers = []any{
+		(*RunExecResponse_Started)(nil),
+		(*RunExecResponse_Output)(nil),
+		(*RunExecResponse_Exec)(nil),
+	}
+	file_airlock_authority_v1_authority_proto_msgTypes[86].OneofWrappers = []any{
 		(*ReadFileResponse_Header)(nil),
 		(*ReadFileResponse_Chunk)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[85].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[88].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Chunk)(nil),
 	}
@@ -7957,7 +8285,7 @@ func file_airlock_authority_v1_authority_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_authority_v1_authority_proto_rawDesc), len(file_airlock_authority_v1_authority_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   94,
+			NumMessages:   97,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,77 @@
+//go:build linux
+
+package e2e
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+)
+
+// TestSessionExecStdin streams stdin through the CLI's RunExec: a pipe
+// into `wc -l`, retried by id (the same output, no second run), and
+// --stdin FILE through sha256sum; the records carry what each was given.
+func TestSessionExecStdin(t *testing.T) {
+	repo, _ := sampleRepo(t)
+	s := startStack(t, "--repo", "sample="+repo)
+	res := s.airlock(t, "session", "create", "--repo", "sample", "--rev", "main", "--idle-timeout", "5m")
+	if res.code != 0 {
+		t.Fatalf("session create: exit %d\n%s", res.code, res.stderr)
+	}
+	id := strings.TrimSpace(res.stdout)
+
+	var seq strings.Builder
+	for i := 1; i <= 100000; i++ {
+		fmt.Fprintf(&seq, "%d\n", i)
+	}
+	piped := fmt.Sprintf("seq 1 100000 | %s session exec %s --exec-id x -- wc -l", bin("airlock"), id)
+	for i := range 2 {
+		r := runCommand(t, s.env(), "sh", "-c", piped)
+		if r.code != 0 || strings.TrimSpace(r.stdout) != "100000" {
+			t.Fatalf("attempt %d: seq 1 100000 | session exec -- wc -l: exit %d, stdout %q\n%s", i, r.code, r.stdout, r.stderr)
+		}
+		if again := strings.Contains(r.stderr, "started before"); again != (i == 1) {
+			t.Fatalf("attempt %d: says started before: %v\n%s", i, again, r.stderr)
+		}
+	}
+
+	data := []byte(strings.Repeat("a streamed file\n", 200000)) // 3.2 MB, past the 1 MiB of bytes stdin
+	local := filepath.Join(t.TempDir(), "in.txt")
+	if err := os.WriteFile(local, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(data)
+	r := s.airlock(t, "session", "exec", id, "--exec-id", "digest", "--stdin", local, "--", "sha256sum")
+	if r.code != 0 || !strings.HasPrefix(r.stdout, hex.EncodeToString(sum[:])) {
+		t.Fatalf("--stdin FILE through sha256sum: exit %d %q, want %x\n%s", r.code, r.stdout, sum, r.stderr)
+	}
+
+	res = s.airlock(t, "session", "get", id, "-o", "json")
+	got := &authorityv1.GetSessionResponse{}
+	if err := protojson.Unmarshal([]byte(res.stdout), got); res.code != 0 || err != nil {
+		t.Fatalf("session get: exit %d, %v\n%s", res.code, err, res.stderr)
+	}
+	seqSum := sha256.Sum256([]byte(seq.String()))
+	want := map[string][2]string{
+		"x":      {fmt.Sprint(seq.Len()), hex.EncodeToString(seqSum[:])},
+		"digest": {fmt.Sprint(len(data)), hex.EncodeToString(sum[:])},
+	}
+	if len(got.GetExecs()) != len(want) {
+		t.Fatalf("the session ran %d execs, want %d: %v", len(got.GetExecs()), len(want), got.GetExecs())
+	}
+	for _, x := range got.GetExecs() {
+		w := want[x.GetSpec().GetExecId()]
+		if !x.GetSpec().GetStdinStream() || fmt.Sprint(x.GetStdinSize()) != w[0] || x.GetStdinSha256() != w[1] {
+			t.Errorf("exec %s: stdin_stream %v, %d bytes, sha256 %s; want streamed, %s bytes, %s",
+				x.GetSpec().GetExecId(), x.GetSpec().GetStdinStream(), x.GetStdinSize(), x.GetStdinSha256(), w[0], w[1])
+		}
+	}
+}
