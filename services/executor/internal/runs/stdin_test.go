@@ -19,10 +19,16 @@ import (
 // through sha256sum, the record showing what was given; a stream past
 // the limit refused and its exec cancelled; a re-attach that neither runs
 // the exec again nor may feed it; an exec whose stdin is never closed
-// ended by its own timeout.
+// ended by its own timeout. Under runc and runsc.
 func TestExecStdinStream(t *testing.T) {
+	for _, class := range []typesv1.RuntimeClass{typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC} {
+		t.Run(class.String(), func(t *testing.T) { testExecStdinStream(t, class) })
+	}
+}
+
+func testExecStdinStream(t *testing.T, class typesv1.RuntimeClass) {
 	h, _ := newHarness(t, false)
-	sid := h.startSession(t, h.sessionGrant(typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, time.Minute))
+	sid := h.startSession(t, h.sessionGrant(class, time.Minute))
 	stream := func(x ExecSpec) ExecSpec { x.StdinStream = true; return x }
 
 	t.Run("5MiB through sha256sum", func(t *testing.T) {
