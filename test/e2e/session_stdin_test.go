@@ -25,9 +25,12 @@ import (
 // TestSessionExecStdin streams stdin through the CLI's RunExec: a pipe
 // into `wc -l`, retried by id (the same output, no second run), and
 // --stdin FILE through sha256sum; the records carry what each was given.
+// Stdin from a call that attached, or from another tenant, reaches nothing.
 func TestSessionExecStdin(t *testing.T) {
 	repo, _ := sampleRepo(t)
 	s := startStack(t, "--repo", "sample="+repo)
+	s.addTenant(t, "other", map[string]string{"sample": repo})
+	s.restartService(t, "authority")
 	res := s.airlock(t, "session", "create", "--repo", "sample", "--rev", "main", "--idle-timeout", "5m")
 	if res.code != 0 {
 		t.Fatalf("session create: exit %d\n%s", res.code, res.stderr)
@@ -124,6 +127,24 @@ func TestSessionExecStdin(t *testing.T) {
 		}
 	}
 	want["fed"] = [2]string{"15", sha256Hex("from the owner\n")}
+
+	// Another tenant's client cannot start, attach to or feed an exec in
+	// this session.
+	intruder := authorityv1.NewAuthorityServiceClient(s.dial(t, "client/other", "authority"))
+	for _, execID := range []string{"fed", "intruder"} {
+		stream, err := intruder.RunExec(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = stream.Send(&authorityv1.RunExecRequest{Msg: &authorityv1.RunExecRequest_Start{Start: &authorityv1.RunExecStart{
+			SessionId: id, Spec: &typesv1.ExecSpec{ExecId: execID, Argv: []string{"sh", "-c", "cat > /work/planted"}, StdinStream: true},
+		}}})
+		_ = stream.Send(&authorityv1.RunExecRequest{Msg: &authorityv1.RunExecRequest_Stdin{Stdin: []byte("planted")}})
+		msg, err := stream.Recv()
+		if code := status.Code(err); code != codes.NotFound && code != codes.PermissionDenied {
+			t.Fatalf("tenant other's RunExec %s into dev's session: %v, %v; want NOT_FOUND or PERMISSION_DENIED", execID, msg, err)
+		}
+	}
 
 	res = s.airlock(t, "session", "get", id, "-o", "json")
 	got := &authorityv1.GetSessionResponse{}
