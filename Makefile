@@ -61,7 +61,7 @@ unit:
 e2e:
 	$(GO) test $(GOTESTFLAGS) ./test/e2e/...
 
-## bench: raw `runc run` vs the sandbox vs the whole submit→result path, `true` as a session exec vs a job vs raw `runc exec`, a 20-step agent loop in one session vs 20 jobs, a publish vs the same change landed with git alone, the content scan's MB/s, making, changing and removing an allow job's network, and the egress proxy's connect latency and 100 MB download vs an allow-CIDR policy (benchstat -col /via bench.out for the ratios); benchstat summarizes
+## bench: raw `runc run` vs the sandbox vs the whole submit→result path, `true` as a session exec (RunExec, and StartExec+WatchExec) vs a job vs raw `runc exec`, a 20-step agent loop in one session vs 20 jobs, a publish vs the same change landed with git alone, the content scan's MB/s, making, changing and removing an allow job's network, and the egress proxy's connect latency and 100 MB download vs an allow-CIDR policy (benchstat -col /via bench.out for the ratios); benchstat summarizes
 # -p 1: one package at a time, so neither runs under the other's load (two
 # cores here); the ratios are between benchmarks of one run.
 BENCHCOUNT ?= 6

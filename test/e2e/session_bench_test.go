@@ -47,19 +47,28 @@ func execWait(ctx context.Context, client authorityv1.AuthorityServiceClient, si
 	if err != nil {
 		return "", err
 	}
+	return execStdout(execID, func() (*typesv1.OutputChunk, *typesv1.Exec, error) {
+		msg, err := stream.Recv()
+		return msg.GetOutput(), msg.GetExec(), err
+	})
+}
+
+// execStdout reads an exec's events until its record and returns its
+// stdout once it has ended with status 0.
+func execStdout(execID string, next func() (*typesv1.OutputChunk, *typesv1.Exec, error)) (string, error) {
 	var out []byte
 	for {
-		msg, err := stream.Recv()
+		o, x, err := next()
 		if errors.Is(err, io.EOF) {
 			return "", fmt.Errorf("exec %s: the stream ended without its record", execID)
 		}
 		if err != nil {
 			return "", err
 		}
-		if o := msg.GetOutput(); o != nil && o.GetStream() == typesv1.OutputStream_OUTPUT_STREAM_STDOUT {
+		if o != nil && o.GetStream() == typesv1.OutputStream_OUTPUT_STREAM_STDOUT {
 			out = append(out, o.GetData()...)
 		}
-		if x := msg.GetExec(); x != nil {
+		if x != nil {
 			if x.GetReason() != typesv1.TerminationReason_TERMINATION_REASON_EXITED || x.GetExitCode() != 0 {
 				return "", fmt.Errorf("exec %s: %v %d %s", execID, x.GetReason(), x.GetExitCode(), x.GetMessage())
 			}
@@ -68,11 +77,32 @@ func execWait(ctx context.Context, client authorityv1.AuthorityServiceClient, si
 	}
 }
 
-// BenchmarkSessionTrue is `true` three ways, in one run: a fresh job end
-// to end (via=job), an exec in a warm session end to end (via=exec:
-// StartExec and WatchExec over mTLS through the authority to the
-// executor), and raw `runc exec` into the same session's container
-// (via=raw). benchstat -col /via gives the ratios.
+// runExecWait is execWait in one RunExec call, as the CLI runs an exec.
+func runExecWait(ctx context.Context, client authorityv1.AuthorityServiceClient, sid, execID string, argv ...string) (string, error) {
+	stream, err := client.RunExec(ctx)
+	if err != nil {
+		return "", err
+	}
+	if err := stream.Send(&authorityv1.RunExecRequest{Msg: &authorityv1.RunExecRequest_Start{Start: &authorityv1.RunExecStart{
+		SessionId: sid, Spec: &typesv1.ExecSpec{ExecId: execID, Argv: argv},
+	}}}); err != nil {
+		return "", err
+	}
+	if err := stream.CloseSend(); err != nil {
+		return "", err
+	}
+	return execStdout(execID, func() (*typesv1.OutputChunk, *typesv1.Exec, error) {
+		msg, err := stream.Recv()
+		return msg.GetOutput(), msg.GetExec(), err
+	})
+}
+
+// BenchmarkSessionTrue is `true` four ways, in one run: a fresh job end
+// to end (via=job), an exec in a warm session end to end over mTLS
+// through the authority to the executor, in one RunExec call (via=exec)
+// and as StartExec then WatchExec (via=start+watch), and raw `runc exec`
+// into the same session's container (via=raw). benchstat -col /via gives
+// the ratios.
 func BenchmarkSessionTrue(b *testing.B) {
 	repo := benchRepo(b, 3)
 	s := startStack(b, "--repo", "bench="+repo)
@@ -100,6 +130,14 @@ func BenchmarkSessionTrue(b *testing.B) {
 		}
 	})
 	b.Run("via=exec", func(b *testing.B) {
+		for range b.N {
+			seq++
+			if _, err := runExecWait(ctx, client, sid, fmt.Sprintf("true-%d", seq), "true"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("via=start+watch", func(b *testing.B) {
 		for range b.N {
 			seq++
 			if _, err := execWait(ctx, client, sid, fmt.Sprintf("true-%d", seq), "true"); err != nil {

@@ -163,7 +163,10 @@ func writeReviewExecs(w io.Writer, d *authorityv1.ReviewDetail) {
 		if c := x.GetSpec().GetCwd(); c != "" {
 			fmt.Fprintf(w, "  cwd     %s\n", termtext.Line(c))
 		}
-		if n := x.GetStdinSize(); n > 0 {
+		switch n := x.GetStdinSize(); {
+		case x.GetSpec().GetStdinStream():
+			fmt.Fprintf(w, "  stdin   %d bytes streamed, sha256 %s\n", n, termtext.Line(x.GetStdinSha256()))
+		case n > 0:
 			fmt.Fprintf(w, "  stdin   %d bytes, sha256 %s\n", n, termtext.Line(x.GetStdinSha256()))
 		}
 		for _, o := range []struct {

@@ -124,10 +124,10 @@ func waitRunning(ctx context.Context, g *globals, client authorityv1.AuthoritySe
 
 func newSessionExec(g *globals) *cobra.Command {
 	var (
-		execID, cwd, stdin string
-		env                []string
-		timeout            time.Duration
-		raw, detach        bool
+		execID, cwd, stdin   string
+		env                  []string
+		timeout              time.Duration
+		raw, detach, noStdin bool
 	)
 	cmd := &cobra.Command{
 		Use:   "exec SESSION [flags] -- CMD [ARGS...]",
@@ -140,6 +140,14 @@ it could not run.
 stderr first; retrying with it returns the same exec (its recorded output
 and status once it has ended) and never runs the command again. The same
 id with a different command, env, cwd, stdin or timeout is refused.
+
+Standard input, when it is a pipe or a file (not a terminal), is streamed
+to the command as it is read, up to 64MiB; so is --stdin FILE. The exec's
+record keeps its size and SHA-256. A retry attaches to the exec without
+sending stdin again; a stream cut off before its end cancels the exec, as
+the command must not take part of its input for the whole. --no-stdin
+gives the command none. With --detach, --stdin FILE (at most 1MiB) is sent
+whole and piped input is not read.
 
 ` + streamHelp,
 		Args: cobra.MinimumNArgs(2),
@@ -154,6 +162,27 @@ id with a different command, env, cwd, stdin or timeout is refused.
 			spec := &typesv1.ExecSpec{ExecId: execID, Argv: args[1:], Env: e, Cwd: cwd}
 			if timeout > 0 {
 				spec.Timeout = durationpb.New(timeout)
+			}
+			if stdin != "" && noStdin {
+				return usageError{errors.New("--stdin and --no-stdin: at most one")}
+			}
+			if spec.ExecId == "" {
+				spec.ExecId = randomID("x-")
+				fmt.Fprintf(g.stderr, "[airlock] exec id %s (retry with --exec-id %s)\n", spec.ExecId, spec.ExecId)
+			}
+			if !detach {
+				in, closeIn, err := execStdin(stdin, noStdin)
+				if err != nil {
+					return err
+				}
+				defer closeIn()
+				spec.StdinStream = in != nil
+				client, _, done, err := g.authority()
+				if err != nil {
+					return err
+				}
+				defer done()
+				return runExec(cmd.Context(), g, client, args[0], spec, in, raw)
 			}
 			if stdin != "" {
 				var data []byte
@@ -170,10 +199,6 @@ id with a different command, env, cwd, stdin or timeout is refused.
 				}
 				spec.Stdin = data
 			}
-			if spec.ExecId == "" {
-				spec.ExecId = randomID("x-")
-				fmt.Fprintf(g.stderr, "[airlock] exec id %s (retry with --exec-id %s)\n", spec.ExecId, spec.ExecId)
-			}
 			client, _, done, err := g.authority()
 			if err != nil {
 				return err
@@ -186,10 +211,7 @@ id with a different command, env, cwd, stdin or timeout is refused.
 			if !resp.GetCreated() && g.output == "text" {
 				fmt.Fprintf(g.stderr, "[airlock] exec %s was started before: following it, not running it again\n", termtext.Line(spec.ExecId))
 			}
-			if detach {
-				return g.printProto(resp.GetExec(), func(w io.Writer) { fmt.Fprintln(w, termtext.Line(spec.ExecId)) })
-			}
-			return followExec(cmd.Context(), g, client, args[0], spec.ExecId, raw)
+			return g.printProto(resp.GetExec(), func(w io.Writer) { fmt.Fprintln(w, termtext.Line(spec.ExecId)) })
 		},
 	}
 	fl := cmd.Flags()
@@ -197,7 +219,8 @@ id with a different command, env, cwd, stdin or timeout is refused.
 	fl.StringVar(&cwd, "cwd", "", "working directory: /work or a path under it (default /work)")
 	fl.StringArrayVar(&env, "env", nil, "KEY=VALUE for the command (repeatable; never a credential)")
 	fl.DurationVar(&timeout, "exec-timeout", 0, "kill the exec's process group after this long; the session lives on")
-	fl.StringVar(&stdin, "stdin", "", "a file (or - for standard input) given to the command, at most 1MiB")
+	fl.StringVar(&stdin, "stdin", "", "a file (or - for standard input, even a terminal) streamed to the command, at most 64MiB")
+	fl.BoolVar(&noStdin, "no-stdin", false, "give the command no stdin, even when standard input is a pipe")
 	fl.BoolVar(&raw, "raw", false, "copy the exec's output to a terminal unescaped")
 	fl.BoolVar(&detach, "detach", false, "print the exec id once it has started; follow it later with session watch")
 	return cmd

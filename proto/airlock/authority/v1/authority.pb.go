@@ -6468,6 +6468,296 @@ func (*WatchExecResponse_Output) isWatchExecResponse_Event() {}
 
 func (*WatchExecResponse_Exec) isWatchExecResponse_Event() {}
 
+// RunExecStart is the first request of a RunExec call.
+type RunExecStart struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Required: the exec, as StartExec takes it. With stdin_stream set the
+	// call's later requests are its stdin.
+	Spec *v1.ExecSpec `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	// Send stdout from this byte offset (0 for the start): a client that
+	// attaches again after a dropped call asks for what it has not seen.
+	StdoutOffset int64 `protobuf:"varint,3,opt,name=stdout_offset,json=stdoutOffset,proto3" json:"stdout_offset,omitempty"`
+	// Send stderr from this byte offset (0 for the start).
+	StderrOffset  int64 `protobuf:"varint,4,opt,name=stderr_offset,json=stderrOffset,proto3" json:"stderr_offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunExecStart) Reset() {
+	*x = RunExecStart{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunExecStart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunExecStart) ProtoMessage() {}
+
+func (x *RunExecStart) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunExecStart.ProtoReflect.Descriptor instead.
+func (*RunExecStart) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{81}
+}
+
+func (x *RunExecStart) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *RunExecStart) GetSpec() *v1.ExecSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *RunExecStart) GetStdoutOffset() int64 {
+	if x != nil {
+		return x.StdoutOffset
+	}
+	return 0
+}
+
+func (x *RunExecStart) GetStderrOffset() int64 {
+	if x != nil {
+		return x.StderrOffset
+	}
+	return 0
+}
+
+// RunExecRequest is one request of a RunExec call: start first, then
+// stdin chunks, then close_stdin (or the client's half-close, which closes
+// stdin too).
+type RunExecRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Exactly one is set.
+	//
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*RunExecRequest_Start
+	//	*RunExecRequest_Stdin
+	//	*RunExecRequest_CloseStdin
+	Msg           isRunExecRequest_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunExecRequest) Reset() {
+	*x = RunExecRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunExecRequest) ProtoMessage() {}
+
+func (x *RunExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunExecRequest.ProtoReflect.Descriptor instead.
+func (*RunExecRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{82}
+}
+
+func (x *RunExecRequest) GetMsg() isRunExecRequest_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *RunExecRequest) GetStart() *RunExecStart {
+	if x != nil {
+		if x, ok := x.Msg.(*RunExecRequest_Start); ok {
+			return x.Start
+		}
+	}
+	return nil
+}
+
+func (x *RunExecRequest) GetStdin() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*RunExecRequest_Stdin); ok {
+			return x.Stdin
+		}
+	}
+	return nil
+}
+
+func (x *RunExecRequest) GetCloseStdin() bool {
+	if x != nil {
+		if x, ok := x.Msg.(*RunExecRequest_CloseStdin); ok {
+			return x.CloseStdin
+		}
+	}
+	return false
+}
+
+type isRunExecRequest_Msg interface {
+	isRunExecRequest_Msg()
+}
+
+type RunExecRequest_Start struct {
+	// The first request, and only the first.
+	Start *RunExecStart `protobuf:"bytes,1,opt,name=start,proto3,oneof"`
+}
+
+type RunExecRequest_Stdin struct {
+	// The next bytes of the exec's stdin; only for an exec this call
+	// started with spec.stdin_stream, before close_stdin.
+	Stdin []byte `protobuf:"bytes,2,opt,name=stdin,proto3,oneof"`
+}
+
+type RunExecRequest_CloseStdin struct {
+	// Set (true) once, after the last stdin chunk: the command reads end
+	// of file, and the record gets stdin's size and SHA-256.
+	CloseStdin bool `protobuf:"varint,3,opt,name=close_stdin,json=closeStdin,proto3,oneof"`
+}
+
+func (*RunExecRequest_Start) isRunExecRequest_Msg() {}
+
+func (*RunExecRequest_Stdin) isRunExecRequest_Msg() {}
+
+func (*RunExecRequest_CloseStdin) isRunExecRequest_Msg() {}
+
+// RunExecResponse is one response of a RunExec call: started first, then
+// output, then the ended exec, last.
+type RunExecResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Exactly one is set.
+	//
+	// Types that are valid to be assigned to Event:
+	//
+	//	*RunExecResponse_Started
+	//	*RunExecResponse_Output
+	//	*RunExecResponse_Exec
+	Event         isRunExecResponse_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunExecResponse) Reset() {
+	*x = RunExecResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunExecResponse) ProtoMessage() {}
+
+func (x *RunExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunExecResponse.ProtoReflect.Descriptor instead.
+func (*RunExecResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{83}
+}
+
+func (x *RunExecResponse) GetEvent() isRunExecResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *RunExecResponse) GetStarted() *StartExecResponse {
+	if x != nil {
+		if x, ok := x.Event.(*RunExecResponse_Started); ok {
+			return x.Started
+		}
+	}
+	return nil
+}
+
+func (x *RunExecResponse) GetOutput() *v1.OutputChunk {
+	if x != nil {
+		if x, ok := x.Event.(*RunExecResponse_Output); ok {
+			return x.Output
+		}
+	}
+	return nil
+}
+
+func (x *RunExecResponse) GetExec() *v1.Exec {
+	if x != nil {
+		if x, ok := x.Event.(*RunExecResponse_Exec); ok {
+			return x.Exec
+		}
+	}
+	return nil
+}
+
+type isRunExecResponse_Event interface {
+	isRunExecResponse_Event()
+}
+
+type RunExecResponse_Started struct {
+	// The exec as started (created true) or as it was found (created
+	// false: this call attached to an exec of that id, started before,
+	// and does not run it again or feed its stdin).
+	Started *StartExecResponse `protobuf:"bytes,1,opt,name=started,proto3,oneof"`
+}
+
+type RunExecResponse_Output struct {
+	// Output the exec wrote, from the requested offsets.
+	Output *v1.OutputChunk `protobuf:"bytes,2,opt,name=output,proto3,oneof"`
+}
+
+type RunExecResponse_Exec struct {
+	// The exec once it has ended, after all of its output; the last message.
+	Exec *v1.Exec `protobuf:"bytes,3,opt,name=exec,proto3,oneof"`
+}
+
+func (*RunExecResponse_Started) isRunExecResponse_Event() {}
+
+func (*RunExecResponse_Output) isRunExecResponse_Event() {}
+
+func (*RunExecResponse_Exec) isRunExecResponse_Event() {}
+
 // CancelExecRequest names an exec to stop.
 type CancelExecRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -6481,7 +6771,7 @@ type CancelExecRequest struct {
 
 func (x *CancelExecRequest) Reset() {
 	*x = CancelExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6493,7 +6783,7 @@ func (x *CancelExecRequest) String() string {
 func (*CancelExecRequest) ProtoMessage() {}
 
 func (x *CancelExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6506,7 +6796,7 @@ func (x *CancelExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelExecRequest.ProtoReflect.Descriptor instead.
 func (*CancelExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{81}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *CancelExecRequest) GetSessionId() string {
@@ -6534,7 +6824,7 @@ type CancelExecResponse struct {
 
 func (x *CancelExecResponse) Reset() {
 	*x = CancelExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6546,7 +6836,7 @@ func (x *CancelExecResponse) String() string {
 func (*CancelExecResponse) ProtoMessage() {}
 
 func (x *CancelExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6559,7 +6849,7 @@ func (x *CancelExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelExecResponse.ProtoReflect.Descriptor instead.
 func (*CancelExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{82}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *CancelExecResponse) GetExec() *v1.Exec {
@@ -6584,7 +6874,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6596,7 +6886,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6609,7 +6899,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{83}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ReadFileRequest) GetSessionId() string {
@@ -6643,7 +6933,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6655,7 +6945,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6668,7 +6958,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{84}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ReadFileResponse) GetPart() isReadFileResponse_Part {
@@ -6729,7 +7019,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6741,7 +7031,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6754,7 +7044,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{85}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *WriteFileHeader) GetSessionId() string {
@@ -6794,7 +7084,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6806,7 +7096,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6819,7 +7109,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{86}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *WriteFileRequest) GetPart() isWriteFileRequest_Part {
@@ -6876,7 +7166,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6888,7 +7178,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6901,7 +7191,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{87}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *WriteFileResponse) GetSize() int64 {
@@ -6926,7 +7216,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6938,7 +7228,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6951,7 +7241,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{88}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *ListFilesRequest) GetSessionId() string {
@@ -6988,7 +7278,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7000,7 +7290,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7013,7 +7303,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{89}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *ListFilesResponse) GetEntries() []*v1.FileEntry {
@@ -7041,7 +7331,7 @@ type SuspendSessionRequest struct {
 
 func (x *SuspendSessionRequest) Reset() {
 	*x = SuspendSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7053,7 +7343,7 @@ func (x *SuspendSessionRequest) String() string {
 func (*SuspendSessionRequest) ProtoMessage() {}
 
 func (x *SuspendSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7066,7 +7356,7 @@ func (x *SuspendSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendSessionRequest.ProtoReflect.Descriptor instead.
 func (*SuspendSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{90}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *SuspendSessionRequest) GetSessionId() string {
@@ -7087,7 +7377,7 @@ type SuspendSessionResponse struct {
 
 func (x *SuspendSessionResponse) Reset() {
 	*x = SuspendSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7099,7 +7389,7 @@ func (x *SuspendSessionResponse) String() string {
 func (*SuspendSessionResponse) ProtoMessage() {}
 
 func (x *SuspendSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7112,7 +7402,7 @@ func (x *SuspendSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendSessionResponse.ProtoReflect.Descriptor instead.
 func (*SuspendSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{91}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *SuspendSessionResponse) GetSession() *Job {
@@ -7133,7 +7423,7 @@ type ResumeSessionRequest struct {
 
 func (x *ResumeSessionRequest) Reset() {
 	*x = ResumeSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7145,7 +7435,7 @@ func (x *ResumeSessionRequest) String() string {
 func (*ResumeSessionRequest) ProtoMessage() {}
 
 func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7158,7 +7448,7 @@ func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSessionRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{92}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *ResumeSessionRequest) GetSessionId() string {
@@ -7179,7 +7469,7 @@ type ResumeSessionResponse struct {
 
 func (x *ResumeSessionResponse) Reset() {
 	*x = ResumeSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[93]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7191,7 +7481,7 @@ func (x *ResumeSessionResponse) String() string {
 func (*ResumeSessionResponse) ProtoMessage() {}
 
 func (x *ResumeSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[93]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7204,7 +7494,7 @@ func (x *ResumeSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSessionResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{93}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *ResumeSessionResponse) GetSession() *Job {
@@ -7671,6 +7961,23 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x11WatchExecResponse\x127\n" +
 	"\x06output\x18\x01 \x01(\v2\x1d.airlock.types.v1.OutputChunkH\x00R\x06output\x12,\n" +
 	"\x04exec\x18\x02 \x01(\v2\x16.airlock.types.v1.ExecH\x00R\x04execB\a\n" +
+	"\x05event\"\xa7\x01\n" +
+	"\fRunExecStart\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12.\n" +
+	"\x04spec\x18\x02 \x01(\v2\x1a.airlock.types.v1.ExecSpecR\x04spec\x12#\n" +
+	"\rstdout_offset\x18\x03 \x01(\x03R\fstdoutOffset\x12#\n" +
+	"\rstderr_offset\x18\x04 \x01(\x03R\fstderrOffset\"\x8e\x01\n" +
+	"\x0eRunExecRequest\x12:\n" +
+	"\x05start\x18\x01 \x01(\v2\".airlock.authority.v1.RunExecStartH\x00R\x05start\x12\x16\n" +
+	"\x05stdin\x18\x02 \x01(\fH\x00R\x05stdin\x12!\n" +
+	"\vclose_stdin\x18\x03 \x01(\bH\x00R\n" +
+	"closeStdinB\x05\n" +
+	"\x03msg\"\xc6\x01\n" +
+	"\x0fRunExecResponse\x12C\n" +
+	"\astarted\x18\x01 \x01(\v2'.airlock.authority.v1.StartExecResponseH\x00R\astarted\x127\n" +
+	"\x06output\x18\x02 \x01(\v2\x1d.airlock.types.v1.OutputChunkH\x00R\x06output\x12,\n" +
+	"\x04exec\x18\x03 \x01(\v2\x16.airlock.types.v1.ExecH\x00R\x04execB\a\n" +
 	"\x05event\"K\n" +
 	"\x11CancelExecRequest\x12\x1d\n" +
 	"\n" +
@@ -7760,7 +8067,7 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x19AUDIT_OUTCOME_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15AUDIT_OUTCOME_ALLOWED\x10\x01\x12\x18\n" +
 	"\x14AUDIT_OUTCOME_DENIED\x10\x02\x12\x18\n" +
-	"\x14AUDIT_OUTCOME_FAILED\x10\x032\xf3\x1c\n" +
+	"\x14AUDIT_OUTCOME_FAILED\x10\x032\xcf\x1d\n" +
 	"\x10AuthorityService\x12\\\n" +
 	"\tSubmitJob\x12&.airlock.authority.v1.SubmitJobRequest\x1a'.airlock.authority.v1.SubmitJobResponse\x12S\n" +
 	"\x06GetJob\x12#.airlock.authority.v1.GetJobRequest\x1a$.airlock.authority.v1.GetJobResponse\x12e\n" +
@@ -7780,7 +8087,8 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\aGetExec\x12$.airlock.authority.v1.GetExecRequest\x1a%.airlock.authority.v1.GetExecResponse\x12^\n" +
 	"\tWatchExec\x12&.airlock.authority.v1.WatchExecRequest\x1a'.airlock.authority.v1.WatchExecResponse0\x01\x12_\n" +
 	"\n" +
-	"CancelExec\x12'.airlock.authority.v1.CancelExecRequest\x1a(.airlock.authority.v1.CancelExecResponse\x12[\n" +
+	"CancelExec\x12'.airlock.authority.v1.CancelExecRequest\x1a(.airlock.authority.v1.CancelExecResponse\x12Z\n" +
+	"\aRunExec\x12$.airlock.authority.v1.RunExecRequest\x1a%.airlock.authority.v1.RunExecResponse(\x010\x01\x12[\n" +
 	"\bReadFile\x12%.airlock.authority.v1.ReadFileRequest\x1a&.airlock.authority.v1.ReadFileResponse0\x01\x12^\n" +
 	"\tWriteFile\x12&.airlock.authority.v1.WriteFileRequest\x1a'.airlock.authority.v1.WriteFileResponse(\x01\x12\\\n" +
 	"\tListFiles\x12&.airlock.authority.v1.ListFilesRequest\x1a'.airlock.authority.v1.ListFilesResponse\x12d\n" +
@@ -7816,7 +8124,7 @@ func file_airlock_authority_v1_authority_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_authority_v1_authority_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 95)
+var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 98)
 var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(JobState)(0),                        // 0: airlock.authority.v1.JobState
 	(FileStatus)(0),                      // 1: airlock.authority.v1.FileStatus
@@ -7907,51 +8215,54 @@ var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(*GetExecResponse)(nil),              // 86: airlock.authority.v1.GetExecResponse
 	(*WatchExecRequest)(nil),             // 87: airlock.authority.v1.WatchExecRequest
 	(*WatchExecResponse)(nil),            // 88: airlock.authority.v1.WatchExecResponse
-	(*CancelExecRequest)(nil),            // 89: airlock.authority.v1.CancelExecRequest
-	(*CancelExecResponse)(nil),           // 90: airlock.authority.v1.CancelExecResponse
-	(*ReadFileRequest)(nil),              // 91: airlock.authority.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),             // 92: airlock.authority.v1.ReadFileResponse
-	(*WriteFileHeader)(nil),              // 93: airlock.authority.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),             // 94: airlock.authority.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),            // 95: airlock.authority.v1.WriteFileResponse
-	(*ListFilesRequest)(nil),             // 96: airlock.authority.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),            // 97: airlock.authority.v1.ListFilesResponse
-	(*SuspendSessionRequest)(nil),        // 98: airlock.authority.v1.SuspendSessionRequest
-	(*SuspendSessionResponse)(nil),       // 99: airlock.authority.v1.SuspendSessionResponse
-	(*ResumeSessionRequest)(nil),         // 100: airlock.authority.v1.ResumeSessionRequest
-	(*ResumeSessionResponse)(nil),        // 101: airlock.authority.v1.ResumeSessionResponse
-	nil,                                  // 102: airlock.authority.v1.JobSpec.EnvEntry
-	(*v1.ResourceLimits)(nil),            // 103: airlock.types.v1.ResourceLimits
-	(*v1.NetworkPolicy)(nil),             // 104: airlock.types.v1.NetworkPolicy
-	(v1.RuntimeClass)(0),                 // 105: airlock.types.v1.RuntimeClass
-	(*v1.PublishTarget)(nil),             // 106: airlock.types.v1.PublishTarget
-	(*v1.SessionSpec)(nil),               // 107: airlock.types.v1.SessionSpec
-	(*timestamppb.Timestamp)(nil),        // 108: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),                 // 109: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil),       // 110: airlock.types.v1.NetworkPolicyStatus
-	(*v1.OutputChunk)(nil),               // 111: airlock.types.v1.OutputChunk
-	(*v1.Exec)(nil),                      // 112: airlock.types.v1.Exec
-	(*durationpb.Duration)(nil),          // 113: google.protobuf.Duration
-	(v1.TerminationReason)(0),            // 114: airlock.types.v1.TerminationReason
-	(*v1.ExecSpec)(nil),                  // 115: airlock.types.v1.ExecSpec
-	(*v1.FileHeader)(nil),                // 116: airlock.types.v1.FileHeader
-	(*v1.FileEntry)(nil),                 // 117: airlock.types.v1.FileEntry
+	(*RunExecStart)(nil),                 // 89: airlock.authority.v1.RunExecStart
+	(*RunExecRequest)(nil),               // 90: airlock.authority.v1.RunExecRequest
+	(*RunExecResponse)(nil),              // 91: airlock.authority.v1.RunExecResponse
+	(*CancelExecRequest)(nil),            // 92: airlock.authority.v1.CancelExecRequest
+	(*CancelExecResponse)(nil),           // 93: airlock.authority.v1.CancelExecResponse
+	(*ReadFileRequest)(nil),              // 94: airlock.authority.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),             // 95: airlock.authority.v1.ReadFileResponse
+	(*WriteFileHeader)(nil),              // 96: airlock.authority.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),             // 97: airlock.authority.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),            // 98: airlock.authority.v1.WriteFileResponse
+	(*ListFilesRequest)(nil),             // 99: airlock.authority.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),            // 100: airlock.authority.v1.ListFilesResponse
+	(*SuspendSessionRequest)(nil),        // 101: airlock.authority.v1.SuspendSessionRequest
+	(*SuspendSessionResponse)(nil),       // 102: airlock.authority.v1.SuspendSessionResponse
+	(*ResumeSessionRequest)(nil),         // 103: airlock.authority.v1.ResumeSessionRequest
+	(*ResumeSessionResponse)(nil),        // 104: airlock.authority.v1.ResumeSessionResponse
+	nil,                                  // 105: airlock.authority.v1.JobSpec.EnvEntry
+	(*v1.ResourceLimits)(nil),            // 106: airlock.types.v1.ResourceLimits
+	(*v1.NetworkPolicy)(nil),             // 107: airlock.types.v1.NetworkPolicy
+	(v1.RuntimeClass)(0),                 // 108: airlock.types.v1.RuntimeClass
+	(*v1.PublishTarget)(nil),             // 109: airlock.types.v1.PublishTarget
+	(*v1.SessionSpec)(nil),               // 110: airlock.types.v1.SessionSpec
+	(*timestamppb.Timestamp)(nil),        // 111: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),                 // 112: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil),       // 113: airlock.types.v1.NetworkPolicyStatus
+	(*v1.OutputChunk)(nil),               // 114: airlock.types.v1.OutputChunk
+	(*v1.Exec)(nil),                      // 115: airlock.types.v1.Exec
+	(*durationpb.Duration)(nil),          // 116: google.protobuf.Duration
+	(v1.TerminationReason)(0),            // 117: airlock.types.v1.TerminationReason
+	(*v1.ExecSpec)(nil),                  // 118: airlock.types.v1.ExecSpec
+	(*v1.FileHeader)(nil),                // 119: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),                 // 120: airlock.types.v1.FileEntry
 }
 var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
-	102, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
-	103, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
-	104, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	105, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	106, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
-	107, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
+	105, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
+	106, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
+	107, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	108, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	109, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
+	110, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
 	8,   // 6: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
 	0,   // 7: airlock.authority.v1.Job.state:type_name -> airlock.authority.v1.JobState
-	108, // 8: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	108, // 9: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	109, // 10: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
-	110, // 11: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	103, // 12: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
-	107, // 13: airlock.authority.v1.Job.session:type_name -> airlock.types.v1.SessionSpec
+	111, // 8: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	111, // 9: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	112, // 10: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
+	113, // 11: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	106, // 12: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
+	110, // 13: airlock.authority.v1.Job.session:type_name -> airlock.types.v1.SessionSpec
 	8,   // 14: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
 	9,   // 15: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
 	9,   // 16: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
@@ -7960,42 +8271,42 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	0,   // 19: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
 	9,   // 20: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
 	9,   // 21: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
-	111, // 22: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
+	114, // 22: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
 	9,   // 23: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
 	23,  // 24: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
 	24,  // 25: airlock.authority.v1.FetchSourceResponse.history:type_name -> airlock.authority.v1.SourceHistory
-	109, // 26: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
+	112, // 26: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
 	29,  // 27: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
 	1,   // 28: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
 	27,  // 29: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
 	28,  // 30: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
 	28,  // 31: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
 	32,  // 32: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
-	112, // 33: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
+	115, // 33: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
 	30,  // 34: airlock.authority.v1.ReviewDetail.file_writes:type_name -> airlock.authority.v1.FileWrite
-	108, // 35: airlock.authority.v1.FileWrite.written_at:type_name -> google.protobuf.Timestamp
-	108, // 36: airlock.authority.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
+	111, // 35: airlock.authority.v1.FileWrite.written_at:type_name -> google.protobuf.Timestamp
+	111, // 36: airlock.authority.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
 	31,  // 37: airlock.authority.v1.EgressLog.records:type_name -> airlock.authority.v1.EgressRecord
 	33,  // 38: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
 	31,  // 39: airlock.authority.v1.EgressLog.last:type_name -> airlock.authority.v1.EgressRecord
 	9,   // 40: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
-	103, // 41: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
-	103, // 42: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
-	104, // 43: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	104, // 44: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	107, // 45: airlock.authority.v1.JobChange.from_session:type_name -> airlock.types.v1.SessionSpec
-	107, // 46: airlock.authority.v1.JobChange.to_session:type_name -> airlock.types.v1.SessionSpec
+	106, // 41: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
+	106, // 42: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
+	107, // 43: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	107, // 44: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	110, // 45: airlock.authority.v1.JobChange.from_session:type_name -> airlock.types.v1.SessionSpec
+	110, // 46: airlock.authority.v1.JobChange.to_session:type_name -> airlock.types.v1.SessionSpec
 	3,   // 47: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
-	108, // 48: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
-	106, // 49: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
+	111, // 48: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
+	109, // 49: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
 	2,   // 50: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
 	36,  // 51: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
-	108, // 52: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
-	108, // 53: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	111, // 52: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
+	111, // 53: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
 	4,   // 54: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
 	35,  // 55: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
-	109, // 56: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
-	104, // 57: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	112, // 56: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
+	107, // 57: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
 	29,  // 58: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
 	5,   // 59: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
 	5,   // 60: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
@@ -8008,130 +8319,137 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	38,  // 67: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
 	3,   // 68: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
 	37,  // 69: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	106, // 70: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
+	109, // 70: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
 	37,  // 71: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
 	6,   // 72: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	108, // 73: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
-	108, // 74: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	108, // 75: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
+	111, // 73: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
+	111, // 74: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	111, // 75: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
 	6,   // 76: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	113, // 77: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
+	116, // 77: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
 	51,  // 78: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
 	51,  // 79: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
 	51,  // 80: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
-	104, // 81: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
-	110, // 82: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	103, // 83: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
-	107, // 84: airlock.authority.v1.UpdateJobLimitsRequest.session:type_name -> airlock.types.v1.SessionSpec
+	107, // 81: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
+	113, // 82: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	106, // 83: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
+	110, // 84: airlock.authority.v1.UpdateJobLimitsRequest.session:type_name -> airlock.types.v1.SessionSpec
 	9,   // 85: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
 	51,  // 86: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
-	108, // 87: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	111, // 87: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
 	7,   // 88: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
-	108, // 89: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
-	108, // 90: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
+	111, // 89: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
+	111, // 90: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
 	64,  // 91: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
-	108, // 92: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
+	111, // 92: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
 	67,  // 93: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
 	37,  // 94: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
-	108, // 95: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
+	111, // 95: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
 	71,  // 96: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
 	8,   // 97: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
 	9,   // 98: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
 	9,   // 99: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
-	112, // 100: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
-	114, // 101: airlock.authority.v1.GetSessionResponse.suspend_reason:type_name -> airlock.types.v1.TerminationReason
+	115, // 100: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
+	117, // 101: airlock.authority.v1.GetSessionResponse.suspend_reason:type_name -> airlock.types.v1.TerminationReason
 	0,   // 102: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
 	9,   // 103: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
 	9,   // 104: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
 	9,   // 105: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
-	115, // 106: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	112, // 107: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	112, // 108: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	111, // 109: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	112, // 110: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	112, // 111: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
-	116, // 112: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
-	93,  // 113: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
-	117, // 114: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
-	9,   // 115: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
-	9,   // 116: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
-	10,  // 117: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
-	12,  // 118: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
-	14,  // 119: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
-	16,  // 120: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
-	18,  // 121: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
-	20,  // 122: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
-	73,  // 123: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
-	75,  // 124: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
-	77,  // 125: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
-	79,  // 126: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
-	81,  // 127: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
-	98,  // 128: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
-	100, // 129: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
-	83,  // 130: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
-	85,  // 131: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
-	87,  // 132: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
-	89,  // 133: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
-	91,  // 134: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
-	94,  // 135: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
-	96,  // 136: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
-	22,  // 137: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
-	26,  // 138: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	43,  // 139: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	45,  // 140: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	39,  // 141: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
-	47,  // 142: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	49,  // 143: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	70,  // 144: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
-	52,  // 145: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	54,  // 146: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	56,  // 147: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	58,  // 148: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	60,  // 149: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
-	62,  // 150: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
-	65,  // 151: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	68,  // 152: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
-	11,  // 153: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
-	13,  // 154: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
-	15,  // 155: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
-	17,  // 156: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
-	19,  // 157: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
-	21,  // 158: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
-	74,  // 159: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
-	76,  // 160: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
-	78,  // 161: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
-	80,  // 162: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
-	82,  // 163: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
-	99,  // 164: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
-	101, // 165: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
-	84,  // 166: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
-	86,  // 167: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
-	88,  // 168: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
-	90,  // 169: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
-	92,  // 170: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
-	95,  // 171: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
-	97,  // 172: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
-	25,  // 173: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	34,  // 174: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	44,  // 175: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	46,  // 176: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	42,  // 177: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
-	48,  // 178: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	50,  // 179: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	72,  // 180: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
-	53,  // 181: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	55,  // 182: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	57,  // 183: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	59,  // 184: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	61,  // 185: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
-	63,  // 186: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
-	66,  // 187: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	69,  // 188: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
-	153, // [153:189] is the sub-list for method output_type
-	117, // [117:153] is the sub-list for method input_type
-	117, // [117:117] is the sub-list for extension type_name
-	117, // [117:117] is the sub-list for extension extendee
-	0,   // [0:117] is the sub-list for field type_name
+	118, // 106: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	115, // 107: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	115, // 108: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	114, // 109: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	115, // 110: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	118, // 111: airlock.authority.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
+	89,  // 112: airlock.authority.v1.RunExecRequest.start:type_name -> airlock.authority.v1.RunExecStart
+	84,  // 113: airlock.authority.v1.RunExecResponse.started:type_name -> airlock.authority.v1.StartExecResponse
+	114, // 114: airlock.authority.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	115, // 115: airlock.authority.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
+	115, // 116: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	119, // 117: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	96,  // 118: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
+	120, // 119: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	9,   // 120: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
+	9,   // 121: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
+	10,  // 122: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
+	12,  // 123: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
+	14,  // 124: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
+	16,  // 125: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
+	18,  // 126: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
+	20,  // 127: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
+	73,  // 128: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
+	75,  // 129: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
+	77,  // 130: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
+	79,  // 131: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
+	81,  // 132: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
+	101, // 133: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
+	103, // 134: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
+	83,  // 135: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
+	85,  // 136: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
+	87,  // 137: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
+	92,  // 138: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
+	90,  // 139: airlock.authority.v1.AuthorityService.RunExec:input_type -> airlock.authority.v1.RunExecRequest
+	94,  // 140: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
+	97,  // 141: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
+	99,  // 142: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
+	22,  // 143: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
+	26,  // 144: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
+	43,  // 145: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	45,  // 146: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	39,  // 147: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
+	47,  // 148: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	49,  // 149: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	70,  // 150: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
+	52,  // 151: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	54,  // 152: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	56,  // 153: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	58,  // 154: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	60,  // 155: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	62,  // 156: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	65,  // 157: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	68,  // 158: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
+	11,  // 159: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
+	13,  // 160: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
+	15,  // 161: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
+	17,  // 162: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
+	19,  // 163: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
+	21,  // 164: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
+	74,  // 165: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
+	76,  // 166: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
+	78,  // 167: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
+	80,  // 168: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
+	82,  // 169: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
+	102, // 170: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
+	104, // 171: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
+	84,  // 172: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
+	86,  // 173: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
+	88,  // 174: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
+	93,  // 175: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
+	91,  // 176: airlock.authority.v1.AuthorityService.RunExec:output_type -> airlock.authority.v1.RunExecResponse
+	95,  // 177: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
+	98,  // 178: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
+	100, // 179: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
+	25,  // 180: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
+	34,  // 181: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	44,  // 182: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	46,  // 183: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	42,  // 184: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
+	48,  // 185: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	50,  // 186: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	72,  // 187: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
+	53,  // 188: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	55,  // 189: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	57,  // 190: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	59,  // 191: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	61,  // 192: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	63,  // 193: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	66,  // 194: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	69,  // 195: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
+	159, // [159:196] is the sub-list for method output_type
+	122, // [122:159] is the sub-list for method input_type
+	122, // [122:122] is the sub-list for extension type_name
+	122, // [122:122] is the sub-list for extension extendee
+	0,   // [0:122] is the sub-list for field type_name
 }
 
 func init() { file_airlock_authority_v1_authority_proto_init() }
@@ -8159,11 +8477,21 @@ func file_airlock_authority_v1_authority_proto_init() {
 		(*WatchExecResponse_Output)(nil),
 		(*WatchExecResponse_Exec)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[84].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[82].OneofWrappers = []any{
+		(*RunExecRequest_Start)(nil),
+		(*RunExecRequest_Stdin)(nil),
+		(*RunExecRequest_CloseStdin)(nil),
+	}
+	file_airlock_authority_v1_authority_proto_msgTypes[83].OneofWrappers = []any{
+		(*RunExecResponse_Started)(nil),
+		(*RunExecResponse_Output)(nil),
+		(*RunExecResponse_Exec)(nil),
+	}
+	file_airlock_authority_v1_authority_proto_msgTypes[87].OneofWrappers = []any{
 		(*ReadFileResponse_Header)(nil),
 		(*ReadFileResponse_Chunk)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[86].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[89].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Chunk)(nil),
 	}
@@ -8173,7 +8501,7 @@ func file_airlock_authority_v1_authority_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_authority_v1_authority_proto_rawDesc), len(file_airlock_authority_v1_authority_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   95,
+			NumMessages:   98,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

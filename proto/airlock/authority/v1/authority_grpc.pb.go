@@ -42,6 +42,7 @@ const (
 	AuthorityService_GetExec_FullMethodName              = "/airlock.authority.v1.AuthorityService/GetExec"
 	AuthorityService_WatchExec_FullMethodName            = "/airlock.authority.v1.AuthorityService/WatchExec"
 	AuthorityService_CancelExec_FullMethodName           = "/airlock.authority.v1.AuthorityService/CancelExec"
+	AuthorityService_RunExec_FullMethodName              = "/airlock.authority.v1.AuthorityService/RunExec"
 	AuthorityService_ReadFile_FullMethodName             = "/airlock.authority.v1.AuthorityService/ReadFile"
 	AuthorityService_WriteFile_FullMethodName            = "/airlock.authority.v1.AuthorityService/WriteFile"
 	AuthorityService_ListFiles_FullMethodName            = "/airlock.authority.v1.AuthorityService/ListFiles"
@@ -129,6 +130,16 @@ type AuthorityServiceClient interface {
 	// CancelExec sends an exec's process group SIGTERM, then SIGKILL after a
 	// grace period; the session lives on. Callers: client/* of the session's tenant.
 	CancelExec(ctx context.Context, in *CancelExecRequest, opts ...grpc.CallOption) (*CancelExecResponse, error)
+	// RunExec is StartExec, stdin and WatchExec in one call: the first
+	// request starts the exec (or attaches to the one of that id, as
+	// StartExec does), later ones feed its streamed stdin, and the responses
+	// are the exec, its output from the given offsets, and its final record.
+	// Only the call that started an exec with a streamed stdin feeds it;
+	// stdin sent to any other exec is FAILED_PRECONDITION. The exec outlives
+	// the call unless its streamed stdin was still open when the call broke
+	// off: a command must not run to an end on input cut short, so it is
+	// cancelled. Callers: client/* of the session's tenant.
+	RunExec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[RunExecRequest, RunExecResponse], error)
 	// ReadFile streams a regular file of a running session's /work or /out.
 	// Callers: client/* of the session's tenant.
 	ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadFileResponse], error)
@@ -401,9 +412,22 @@ func (c *authorityServiceClient) CancelExec(ctx context.Context, in *CancelExecR
 	return out, nil
 }
 
+func (c *authorityServiceClient) RunExec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[RunExecRequest, RunExecResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[2], AuthorityService_RunExec_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[RunExecRequest, RunExecResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AuthorityService_RunExecClient = grpc.BidiStreamingClient[RunExecRequest, RunExecResponse]
+
 func (c *authorityServiceClient) ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadFileResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[2], AuthorityService_ReadFile_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[3], AuthorityService_ReadFile_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -422,7 +446,7 @@ type AuthorityService_ReadFileClient = grpc.ServerStreamingClient[ReadFileRespon
 
 func (c *authorityServiceClient) WriteFile(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[WriteFileRequest, WriteFileResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[3], AuthorityService_WriteFile_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[4], AuthorityService_WriteFile_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -445,7 +469,7 @@ func (c *authorityServiceClient) ListFiles(ctx context.Context, in *ListFilesReq
 
 func (c *authorityServiceClient) FetchSource(ctx context.Context, in *FetchSourceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FetchSourceResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[4], AuthorityService_FetchSource_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[5], AuthorityService_FetchSource_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -494,7 +518,7 @@ func (c *authorityServiceClient) GetApproval(ctx context.Context, in *GetApprova
 
 func (c *authorityServiceClient) ReadReview(ctx context.Context, in *ReadReviewRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadReviewResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[5], AuthorityService_ReadReview_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[6], AuthorityService_ReadReview_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -687,6 +711,16 @@ type AuthorityServiceServer interface {
 	// CancelExec sends an exec's process group SIGTERM, then SIGKILL after a
 	// grace period; the session lives on. Callers: client/* of the session's tenant.
 	CancelExec(context.Context, *CancelExecRequest) (*CancelExecResponse, error)
+	// RunExec is StartExec, stdin and WatchExec in one call: the first
+	// request starts the exec (or attaches to the one of that id, as
+	// StartExec does), later ones feed its streamed stdin, and the responses
+	// are the exec, its output from the given offsets, and its final record.
+	// Only the call that started an exec with a streamed stdin feeds it;
+	// stdin sent to any other exec is FAILED_PRECONDITION. The exec outlives
+	// the call unless its streamed stdin was still open when the call broke
+	// off: a command must not run to an end on input cut short, so it is
+	// cancelled. Callers: client/* of the session's tenant.
+	RunExec(grpc.BidiStreamingServer[RunExecRequest, RunExecResponse]) error
 	// ReadFile streams a regular file of a running session's /work or /out.
 	// Callers: client/* of the session's tenant.
 	ReadFile(*ReadFileRequest, grpc.ServerStreamingServer[ReadFileResponse]) error
@@ -821,6 +855,9 @@ func (UnimplementedAuthorityServiceServer) WatchExec(*WatchExecRequest, grpc.Ser
 }
 func (UnimplementedAuthorityServiceServer) CancelExec(context.Context, *CancelExecRequest) (*CancelExecResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CancelExec not implemented")
+}
+func (UnimplementedAuthorityServiceServer) RunExec(grpc.BidiStreamingServer[RunExecRequest, RunExecResponse]) error {
+	return status.Error(codes.Unimplemented, "method RunExec not implemented")
 }
 func (UnimplementedAuthorityServiceServer) ReadFile(*ReadFileRequest, grpc.ServerStreamingServer[ReadFileResponse]) error {
 	return status.Error(codes.Unimplemented, "method ReadFile not implemented")
@@ -1191,6 +1228,13 @@ func _AuthorityService_CancelExec_Handler(srv interface{}, ctx context.Context, 
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _AuthorityService_RunExec_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(AuthorityServiceServer).RunExec(&grpc.GenericServerStream[RunExecRequest, RunExecResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AuthorityService_RunExecServer = grpc.BidiStreamingServer[RunExecRequest, RunExecResponse]
 
 func _AuthorityService_ReadFile_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(ReadFileRequest)
@@ -1640,6 +1684,12 @@ var AuthorityService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "WatchExec",
 			Handler:       _AuthorityService_WatchExec_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "RunExec",
+			Handler:       _AuthorityService_RunExec_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 		{
 			StreamName:    "ReadFile",

@@ -1459,6 +1459,290 @@ func (*WatchExecResponse_Output) isWatchExecResponse_Event() {}
 
 func (*WatchExecResponse_Exec) isWatchExecResponse_Event() {}
 
+// RunExecStart is the first request of a RunExec call.
+type RunExecStart struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required: the session.
+	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// Required: the exec.
+	Spec *v1.ExecSpec `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	// Send stdout from this byte offset.
+	StdoutOffset int64 `protobuf:"varint,3,opt,name=stdout_offset,json=stdoutOffset,proto3" json:"stdout_offset,omitempty"`
+	// Send stderr from this byte offset.
+	StderrOffset  int64 `protobuf:"varint,4,opt,name=stderr_offset,json=stderrOffset,proto3" json:"stderr_offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunExecStart) Reset() {
+	*x = RunExecStart{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunExecStart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunExecStart) ProtoMessage() {}
+
+func (x *RunExecStart) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunExecStart.ProtoReflect.Descriptor instead.
+func (*RunExecStart) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *RunExecStart) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *RunExecStart) GetSpec() *v1.ExecSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *RunExecStart) GetStdoutOffset() int64 {
+	if x != nil {
+		return x.StdoutOffset
+	}
+	return 0
+}
+
+func (x *RunExecStart) GetStderrOffset() int64 {
+	if x != nil {
+		return x.StderrOffset
+	}
+	return 0
+}
+
+// RunExecRequest is one request of a RunExec call: start first, then
+// stdin chunks, then close_stdin (or the half-close, which closes stdin).
+type RunExecRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Exactly one is set.
+	//
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*RunExecRequest_Start
+	//	*RunExecRequest_Stdin
+	//	*RunExecRequest_CloseStdin
+	Msg           isRunExecRequest_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunExecRequest) Reset() {
+	*x = RunExecRequest{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunExecRequest) ProtoMessage() {}
+
+func (x *RunExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunExecRequest.ProtoReflect.Descriptor instead.
+func (*RunExecRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *RunExecRequest) GetMsg() isRunExecRequest_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *RunExecRequest) GetStart() *RunExecStart {
+	if x != nil {
+		if x, ok := x.Msg.(*RunExecRequest_Start); ok {
+			return x.Start
+		}
+	}
+	return nil
+}
+
+func (x *RunExecRequest) GetStdin() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*RunExecRequest_Stdin); ok {
+			return x.Stdin
+		}
+	}
+	return nil
+}
+
+func (x *RunExecRequest) GetCloseStdin() bool {
+	if x != nil {
+		if x, ok := x.Msg.(*RunExecRequest_CloseStdin); ok {
+			return x.CloseStdin
+		}
+	}
+	return false
+}
+
+type isRunExecRequest_Msg interface {
+	isRunExecRequest_Msg()
+}
+
+type RunExecRequest_Start struct {
+	// The first request, and only the first.
+	Start *RunExecStart `protobuf:"bytes,1,opt,name=start,proto3,oneof"`
+}
+
+type RunExecRequest_Stdin struct {
+	// The next bytes of stdin of the exec this call started with
+	// spec.stdin_stream.
+	Stdin []byte `protobuf:"bytes,2,opt,name=stdin,proto3,oneof"`
+}
+
+type RunExecRequest_CloseStdin struct {
+	// Set (true) once, after the last stdin chunk.
+	CloseStdin bool `protobuf:"varint,3,opt,name=close_stdin,json=closeStdin,proto3,oneof"`
+}
+
+func (*RunExecRequest_Start) isRunExecRequest_Msg() {}
+
+func (*RunExecRequest_Stdin) isRunExecRequest_Msg() {}
+
+func (*RunExecRequest_CloseStdin) isRunExecRequest_Msg() {}
+
+// RunExecResponse is one response of a RunExec call: started first, then
+// output, then the ended exec, last.
+type RunExecResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Exactly one is set.
+	//
+	// Types that are valid to be assigned to Event:
+	//
+	//	*RunExecResponse_Started
+	//	*RunExecResponse_Output
+	//	*RunExecResponse_Exec
+	Event         isRunExecResponse_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunExecResponse) Reset() {
+	*x = RunExecResponse{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunExecResponse) ProtoMessage() {}
+
+func (x *RunExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunExecResponse.ProtoReflect.Descriptor instead.
+func (*RunExecResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *RunExecResponse) GetEvent() isRunExecResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *RunExecResponse) GetStarted() *StartExecResponse {
+	if x != nil {
+		if x, ok := x.Event.(*RunExecResponse_Started); ok {
+			return x.Started
+		}
+	}
+	return nil
+}
+
+func (x *RunExecResponse) GetOutput() *v1.OutputChunk {
+	if x != nil {
+		if x, ok := x.Event.(*RunExecResponse_Output); ok {
+			return x.Output
+		}
+	}
+	return nil
+}
+
+func (x *RunExecResponse) GetExec() *v1.Exec {
+	if x != nil {
+		if x, ok := x.Event.(*RunExecResponse_Exec); ok {
+			return x.Exec
+		}
+	}
+	return nil
+}
+
+type isRunExecResponse_Event interface {
+	isRunExecResponse_Event()
+}
+
+type RunExecResponse_Started struct {
+	// The exec as started (created true) or found (created false).
+	Started *StartExecResponse `protobuf:"bytes,1,opt,name=started,proto3,oneof"`
+}
+
+type RunExecResponse_Output struct {
+	// Output the exec wrote.
+	Output *v1.OutputChunk `protobuf:"bytes,2,opt,name=output,proto3,oneof"`
+}
+
+type RunExecResponse_Exec struct {
+	// The exec once it has ended, after all of its output; the last message.
+	Exec *v1.Exec `protobuf:"bytes,3,opt,name=exec,proto3,oneof"`
+}
+
+func (*RunExecResponse_Started) isRunExecResponse_Event() {}
+
+func (*RunExecResponse_Output) isRunExecResponse_Event() {}
+
+func (*RunExecResponse_Exec) isRunExecResponse_Event() {}
+
 // CancelExecRequest names an exec to stop.
 type CancelExecRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1472,7 +1756,7 @@ type CancelExecRequest struct {
 
 func (x *CancelExecRequest) Reset() {
 	*x = CancelExecRequest{}
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[22]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1484,7 +1768,7 @@ func (x *CancelExecRequest) String() string {
 func (*CancelExecRequest) ProtoMessage() {}
 
 func (x *CancelExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[22]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1497,7 +1781,7 @@ func (x *CancelExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelExecRequest.ProtoReflect.Descriptor instead.
 func (*CancelExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{22}
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CancelExecRequest) GetJobId() string {
@@ -1525,7 +1809,7 @@ type CancelExecResponse struct {
 
 func (x *CancelExecResponse) Reset() {
 	*x = CancelExecResponse{}
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[23]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1537,7 +1821,7 @@ func (x *CancelExecResponse) String() string {
 func (*CancelExecResponse) ProtoMessage() {}
 
 func (x *CancelExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[23]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1550,7 +1834,7 @@ func (x *CancelExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelExecResponse.ProtoReflect.Descriptor instead.
 func (*CancelExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{23}
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CancelExecResponse) GetExec() *v1.Exec {
@@ -1571,7 +1855,7 @@ type FinishRunRequest struct {
 
 func (x *FinishRunRequest) Reset() {
 	*x = FinishRunRequest{}
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[24]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1583,7 +1867,7 @@ func (x *FinishRunRequest) String() string {
 func (*FinishRunRequest) ProtoMessage() {}
 
 func (x *FinishRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[24]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1596,7 +1880,7 @@ func (x *FinishRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishRunRequest.ProtoReflect.Descriptor instead.
 func (*FinishRunRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{24}
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *FinishRunRequest) GetJobId() string {
@@ -1617,7 +1901,7 @@ type FinishRunResponse struct {
 
 func (x *FinishRunResponse) Reset() {
 	*x = FinishRunResponse{}
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[25]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1629,7 +1913,7 @@ func (x *FinishRunResponse) String() string {
 func (*FinishRunResponse) ProtoMessage() {}
 
 func (x *FinishRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[25]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1642,7 +1926,7 @@ func (x *FinishRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishRunResponse.ProtoReflect.Descriptor instead.
 func (*FinishRunResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{25}
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *FinishRunResponse) GetRun() *Run {
@@ -1667,7 +1951,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[26]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1679,7 +1963,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[26]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1692,7 +1976,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{26}
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReadFileRequest) GetJobId() string {
@@ -1726,7 +2010,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[27]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1738,7 +2022,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[27]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1751,7 +2035,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{27}
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReadFileResponse) GetPart() isReadFileResponse_Part {
@@ -1812,7 +2096,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[28]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1824,7 +2108,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[28]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1837,7 +2121,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{28}
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WriteFileHeader) GetJobId() string {
@@ -1877,7 +2161,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[29]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1889,7 +2173,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[29]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1902,7 +2186,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{29}
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *WriteFileRequest) GetPart() isWriteFileRequest_Part {
@@ -1959,7 +2243,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[30]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1971,7 +2255,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[30]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1984,7 +2268,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{30}
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *WriteFileResponse) GetSize() int64 {
@@ -2009,7 +2293,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[31]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2021,7 +2305,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[31]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2034,7 +2318,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{31}
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListFilesRequest) GetJobId() string {
@@ -2071,7 +2355,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[32]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2083,7 +2367,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[32]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2096,7 +2380,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{32}
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListFilesResponse) GetEntries() []*v1.FileEntry {
@@ -2124,7 +2408,7 @@ type SuspendRunRequest struct {
 
 func (x *SuspendRunRequest) Reset() {
 	*x = SuspendRunRequest{}
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[33]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2136,7 +2420,7 @@ func (x *SuspendRunRequest) String() string {
 func (*SuspendRunRequest) ProtoMessage() {}
 
 func (x *SuspendRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[33]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2149,7 +2433,7 @@ func (x *SuspendRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendRunRequest.ProtoReflect.Descriptor instead.
 func (*SuspendRunRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{33}
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SuspendRunRequest) GetJobId() string {
@@ -2170,7 +2454,7 @@ type SuspendRunResponse struct {
 
 func (x *SuspendRunResponse) Reset() {
 	*x = SuspendRunResponse{}
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[34]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2182,7 +2466,7 @@ func (x *SuspendRunResponse) String() string {
 func (*SuspendRunResponse) ProtoMessage() {}
 
 func (x *SuspendRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[34]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2195,7 +2479,7 @@ func (x *SuspendRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendRunResponse.ProtoReflect.Descriptor instead.
 func (*SuspendRunResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{34}
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SuspendRunResponse) GetRun() *Run {
@@ -2216,7 +2500,7 @@ type ResumeRunRequest struct {
 
 func (x *ResumeRunRequest) Reset() {
 	*x = ResumeRunRequest{}
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[35]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2228,7 +2512,7 @@ func (x *ResumeRunRequest) String() string {
 func (*ResumeRunRequest) ProtoMessage() {}
 
 func (x *ResumeRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[35]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2241,7 +2525,7 @@ func (x *ResumeRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRunRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRunRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{35}
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ResumeRunRequest) GetJobId() string {
@@ -2262,7 +2546,7 @@ type ResumeRunResponse struct {
 
 func (x *ResumeRunResponse) Reset() {
 	*x = ResumeRunResponse{}
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[36]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2274,7 +2558,7 @@ func (x *ResumeRunResponse) String() string {
 func (*ResumeRunResponse) ProtoMessage() {}
 
 func (x *ResumeRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_executor_v1_executor_proto_msgTypes[36]
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2287,7 +2571,7 @@ func (x *ResumeRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRunResponse.ProtoReflect.Descriptor instead.
 func (*ResumeRunResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{36}
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ResumeRunResponse) GetRun() *Run {
@@ -2383,6 +2667,22 @@ const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"\x11WatchExecResponse\x127\n" +
 	"\x06output\x18\x01 \x01(\v2\x1d.airlock.types.v1.OutputChunkH\x00R\x06output\x12,\n" +
 	"\x04exec\x18\x02 \x01(\v2\x16.airlock.types.v1.ExecH\x00R\x04execB\a\n" +
+	"\x05event\"\x9f\x01\n" +
+	"\fRunExecStart\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12.\n" +
+	"\x04spec\x18\x02 \x01(\v2\x1a.airlock.types.v1.ExecSpecR\x04spec\x12#\n" +
+	"\rstdout_offset\x18\x03 \x01(\x03R\fstdoutOffset\x12#\n" +
+	"\rstderr_offset\x18\x04 \x01(\x03R\fstderrOffset\"\x8d\x01\n" +
+	"\x0eRunExecRequest\x129\n" +
+	"\x05start\x18\x01 \x01(\v2!.airlock.executor.v1.RunExecStartH\x00R\x05start\x12\x16\n" +
+	"\x05stdin\x18\x02 \x01(\fH\x00R\x05stdin\x12!\n" +
+	"\vclose_stdin\x18\x03 \x01(\bH\x00R\n" +
+	"closeStdinB\x05\n" +
+	"\x03msg\"\xc5\x01\n" +
+	"\x0fRunExecResponse\x12B\n" +
+	"\astarted\x18\x01 \x01(\v2&.airlock.executor.v1.StartExecResponseH\x00R\astarted\x127\n" +
+	"\x06output\x18\x02 \x01(\v2\x1d.airlock.types.v1.OutputChunkH\x00R\x06output\x12,\n" +
+	"\x04exec\x18\x03 \x01(\v2\x16.airlock.types.v1.ExecH\x00R\x04execB\a\n" +
 	"\x05event\"C\n" +
 	"\x11CancelExecRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x17\n" +
@@ -2431,7 +2731,7 @@ const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"\x11RUN_STATE_RUNNING\x10\x02\x12\x16\n" +
 	"\x12RUN_STATE_FINISHED\x10\x03\x12\x14\n" +
 	"\x10RUN_STATE_FAILED\x10\x04\x12\x17\n" +
-	"\x13RUN_STATE_CANCELLED\x10\x052\xab\f\n" +
+	"\x13RUN_STATE_CANCELLED\x10\x052\x85\r\n" +
 	"\x0fExecutorService\x12W\n" +
 	"\bStartJob\x12$.airlock.executor.v1.StartJobRequest\x1a%.airlock.executor.v1.StartJobResponse\x12Q\n" +
 	"\x06GetRun\x12\".airlock.executor.v1.GetRunRequest\x1a#.airlock.executor.v1.GetRunResponse\x12Y\n" +
@@ -2444,7 +2744,8 @@ const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"\tListExecs\x12%.airlock.executor.v1.ListExecsRequest\x1a&.airlock.executor.v1.ListExecsResponse\x12\\\n" +
 	"\tWatchExec\x12%.airlock.executor.v1.WatchExecRequest\x1a&.airlock.executor.v1.WatchExecResponse0\x01\x12]\n" +
 	"\n" +
-	"CancelExec\x12&.airlock.executor.v1.CancelExecRequest\x1a'.airlock.executor.v1.CancelExecResponse\x12Z\n" +
+	"CancelExec\x12&.airlock.executor.v1.CancelExecRequest\x1a'.airlock.executor.v1.CancelExecResponse\x12X\n" +
+	"\aRunExec\x12#.airlock.executor.v1.RunExecRequest\x1a$.airlock.executor.v1.RunExecResponse(\x010\x01\x12Z\n" +
 	"\tFinishRun\x12%.airlock.executor.v1.FinishRunRequest\x1a&.airlock.executor.v1.FinishRunResponse\x12]\n" +
 	"\n" +
 	"SuspendRun\x12&.airlock.executor.v1.SuspendRunRequest\x1a'.airlock.executor.v1.SuspendRunResponse\x12Z\n" +
@@ -2466,7 +2767,7 @@ func file_airlock_executor_v1_executor_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_executor_v1_executor_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_airlock_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_airlock_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_airlock_executor_v1_executor_proto_goTypes = []any{
 	(RunState)(0),                  // 0: airlock.executor.v1.RunState
 	(*Run)(nil),                    // 1: airlock.executor.v1.Run
@@ -2491,103 +2792,113 @@ var file_airlock_executor_v1_executor_proto_goTypes = []any{
 	(*ListExecsResponse)(nil),      // 20: airlock.executor.v1.ListExecsResponse
 	(*WatchExecRequest)(nil),       // 21: airlock.executor.v1.WatchExecRequest
 	(*WatchExecResponse)(nil),      // 22: airlock.executor.v1.WatchExecResponse
-	(*CancelExecRequest)(nil),      // 23: airlock.executor.v1.CancelExecRequest
-	(*CancelExecResponse)(nil),     // 24: airlock.executor.v1.CancelExecResponse
-	(*FinishRunRequest)(nil),       // 25: airlock.executor.v1.FinishRunRequest
-	(*FinishRunResponse)(nil),      // 26: airlock.executor.v1.FinishRunResponse
-	(*ReadFileRequest)(nil),        // 27: airlock.executor.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),       // 28: airlock.executor.v1.ReadFileResponse
-	(*WriteFileHeader)(nil),        // 29: airlock.executor.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),       // 30: airlock.executor.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),      // 31: airlock.executor.v1.WriteFileResponse
-	(*ListFilesRequest)(nil),       // 32: airlock.executor.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),      // 33: airlock.executor.v1.ListFilesResponse
-	(*SuspendRunRequest)(nil),      // 34: airlock.executor.v1.SuspendRunRequest
-	(*SuspendRunResponse)(nil),     // 35: airlock.executor.v1.SuspendRunResponse
-	(*ResumeRunRequest)(nil),       // 36: airlock.executor.v1.ResumeRunRequest
-	(*ResumeRunResponse)(nil),      // 37: airlock.executor.v1.ResumeRunResponse
-	(*v1.SignedGrant)(nil),         // 38: airlock.types.v1.SignedGrant
-	(*timestamppb.Timestamp)(nil),  // 39: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),           // 40: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil), // 41: airlock.types.v1.NetworkPolicyStatus
-	(v1.TerminationReason)(0),      // 42: airlock.types.v1.TerminationReason
-	(*v1.OutputChunk)(nil),         // 43: airlock.types.v1.OutputChunk
-	(*v1.ExecSpec)(nil),            // 44: airlock.types.v1.ExecSpec
-	(*v1.Exec)(nil),                // 45: airlock.types.v1.Exec
-	(*v1.FileHeader)(nil),          // 46: airlock.types.v1.FileHeader
-	(*v1.FileEntry)(nil),           // 47: airlock.types.v1.FileEntry
+	(*RunExecStart)(nil),           // 23: airlock.executor.v1.RunExecStart
+	(*RunExecRequest)(nil),         // 24: airlock.executor.v1.RunExecRequest
+	(*RunExecResponse)(nil),        // 25: airlock.executor.v1.RunExecResponse
+	(*CancelExecRequest)(nil),      // 26: airlock.executor.v1.CancelExecRequest
+	(*CancelExecResponse)(nil),     // 27: airlock.executor.v1.CancelExecResponse
+	(*FinishRunRequest)(nil),       // 28: airlock.executor.v1.FinishRunRequest
+	(*FinishRunResponse)(nil),      // 29: airlock.executor.v1.FinishRunResponse
+	(*ReadFileRequest)(nil),        // 30: airlock.executor.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),       // 31: airlock.executor.v1.ReadFileResponse
+	(*WriteFileHeader)(nil),        // 32: airlock.executor.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),       // 33: airlock.executor.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),      // 34: airlock.executor.v1.WriteFileResponse
+	(*ListFilesRequest)(nil),       // 35: airlock.executor.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),      // 36: airlock.executor.v1.ListFilesResponse
+	(*SuspendRunRequest)(nil),      // 37: airlock.executor.v1.SuspendRunRequest
+	(*SuspendRunResponse)(nil),     // 38: airlock.executor.v1.SuspendRunResponse
+	(*ResumeRunRequest)(nil),       // 39: airlock.executor.v1.ResumeRunRequest
+	(*ResumeRunResponse)(nil),      // 40: airlock.executor.v1.ResumeRunResponse
+	(*v1.SignedGrant)(nil),         // 41: airlock.types.v1.SignedGrant
+	(*timestamppb.Timestamp)(nil),  // 42: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),           // 43: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil), // 44: airlock.types.v1.NetworkPolicyStatus
+	(v1.TerminationReason)(0),      // 45: airlock.types.v1.TerminationReason
+	(*v1.OutputChunk)(nil),         // 46: airlock.types.v1.OutputChunk
+	(*v1.ExecSpec)(nil),            // 47: airlock.types.v1.ExecSpec
+	(*v1.Exec)(nil),                // 48: airlock.types.v1.Exec
+	(*v1.FileHeader)(nil),          // 49: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),           // 50: airlock.types.v1.FileEntry
 }
 var file_airlock_executor_v1_executor_proto_depIdxs = []int32{
 	0,  // 0: airlock.executor.v1.Run.state:type_name -> airlock.executor.v1.RunState
-	38, // 1: airlock.executor.v1.Run.grant:type_name -> airlock.types.v1.SignedGrant
-	39, // 2: airlock.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	39, // 3: airlock.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
-	39, // 4: airlock.executor.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
-	40, // 5: airlock.executor.v1.Run.result:type_name -> airlock.types.v1.RunResult
-	41, // 6: airlock.executor.v1.Run.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	42, // 7: airlock.executor.v1.Run.suspend_reason:type_name -> airlock.types.v1.TerminationReason
-	38, // 8: airlock.executor.v1.StartJobRequest.grant:type_name -> airlock.types.v1.SignedGrant
+	41, // 1: airlock.executor.v1.Run.grant:type_name -> airlock.types.v1.SignedGrant
+	42, // 2: airlock.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	42, // 3: airlock.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
+	42, // 4: airlock.executor.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
+	43, // 5: airlock.executor.v1.Run.result:type_name -> airlock.types.v1.RunResult
+	44, // 6: airlock.executor.v1.Run.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	45, // 7: airlock.executor.v1.Run.suspend_reason:type_name -> airlock.types.v1.TerminationReason
+	41, // 8: airlock.executor.v1.StartJobRequest.grant:type_name -> airlock.types.v1.SignedGrant
 	1,  // 9: airlock.executor.v1.StartJobResponse.run:type_name -> airlock.executor.v1.Run
 	1,  // 10: airlock.executor.v1.GetRunResponse.run:type_name -> airlock.executor.v1.Run
 	1,  // 11: airlock.executor.v1.WatchRunResponse.run:type_name -> airlock.executor.v1.Run
-	43, // 12: airlock.executor.v1.WatchRunResponse.output:type_name -> airlock.types.v1.OutputChunk
+	46, // 12: airlock.executor.v1.WatchRunResponse.output:type_name -> airlock.types.v1.OutputChunk
 	1,  // 13: airlock.executor.v1.CancelRunResponse.run:type_name -> airlock.executor.v1.Run
-	38, // 14: airlock.executor.v1.UpdateRunRequest.grant:type_name -> airlock.types.v1.SignedGrant
+	41, // 14: airlock.executor.v1.UpdateRunRequest.grant:type_name -> airlock.types.v1.SignedGrant
 	1,  // 15: airlock.executor.v1.UpdateRunResponse.run:type_name -> airlock.executor.v1.Run
-	41, // 16: airlock.executor.v1.UpdateRunResponse.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	44, // 16: airlock.executor.v1.UpdateRunResponse.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
 	13, // 17: airlock.executor.v1.GetArtifactResponse.header:type_name -> airlock.executor.v1.ArtifactHeader
-	44, // 18: airlock.executor.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	45, // 19: airlock.executor.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	45, // 20: airlock.executor.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	45, // 21: airlock.executor.v1.ListExecsResponse.execs:type_name -> airlock.types.v1.Exec
-	43, // 22: airlock.executor.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	45, // 23: airlock.executor.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	45, // 24: airlock.executor.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
-	1,  // 25: airlock.executor.v1.FinishRunResponse.run:type_name -> airlock.executor.v1.Run
-	46, // 26: airlock.executor.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
-	29, // 27: airlock.executor.v1.WriteFileRequest.header:type_name -> airlock.executor.v1.WriteFileHeader
-	47, // 28: airlock.executor.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
-	1,  // 29: airlock.executor.v1.SuspendRunResponse.run:type_name -> airlock.executor.v1.Run
-	1,  // 30: airlock.executor.v1.ResumeRunResponse.run:type_name -> airlock.executor.v1.Run
-	2,  // 31: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
-	4,  // 32: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
-	6,  // 33: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
-	8,  // 34: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
-	10, // 35: airlock.executor.v1.ExecutorService.UpdateRun:input_type -> airlock.executor.v1.UpdateRunRequest
-	12, // 36: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
-	15, // 37: airlock.executor.v1.ExecutorService.StartExec:input_type -> airlock.executor.v1.StartExecRequest
-	17, // 38: airlock.executor.v1.ExecutorService.GetExec:input_type -> airlock.executor.v1.GetExecRequest
-	19, // 39: airlock.executor.v1.ExecutorService.ListExecs:input_type -> airlock.executor.v1.ListExecsRequest
-	21, // 40: airlock.executor.v1.ExecutorService.WatchExec:input_type -> airlock.executor.v1.WatchExecRequest
-	23, // 41: airlock.executor.v1.ExecutorService.CancelExec:input_type -> airlock.executor.v1.CancelExecRequest
-	25, // 42: airlock.executor.v1.ExecutorService.FinishRun:input_type -> airlock.executor.v1.FinishRunRequest
-	34, // 43: airlock.executor.v1.ExecutorService.SuspendRun:input_type -> airlock.executor.v1.SuspendRunRequest
-	36, // 44: airlock.executor.v1.ExecutorService.ResumeRun:input_type -> airlock.executor.v1.ResumeRunRequest
-	27, // 45: airlock.executor.v1.ExecutorService.ReadFile:input_type -> airlock.executor.v1.ReadFileRequest
-	30, // 46: airlock.executor.v1.ExecutorService.WriteFile:input_type -> airlock.executor.v1.WriteFileRequest
-	32, // 47: airlock.executor.v1.ExecutorService.ListFiles:input_type -> airlock.executor.v1.ListFilesRequest
-	3,  // 48: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
-	5,  // 49: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
-	7,  // 50: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
-	9,  // 51: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
-	11, // 52: airlock.executor.v1.ExecutorService.UpdateRun:output_type -> airlock.executor.v1.UpdateRunResponse
-	14, // 53: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
-	16, // 54: airlock.executor.v1.ExecutorService.StartExec:output_type -> airlock.executor.v1.StartExecResponse
-	18, // 55: airlock.executor.v1.ExecutorService.GetExec:output_type -> airlock.executor.v1.GetExecResponse
-	20, // 56: airlock.executor.v1.ExecutorService.ListExecs:output_type -> airlock.executor.v1.ListExecsResponse
-	22, // 57: airlock.executor.v1.ExecutorService.WatchExec:output_type -> airlock.executor.v1.WatchExecResponse
-	24, // 58: airlock.executor.v1.ExecutorService.CancelExec:output_type -> airlock.executor.v1.CancelExecResponse
-	26, // 59: airlock.executor.v1.ExecutorService.FinishRun:output_type -> airlock.executor.v1.FinishRunResponse
-	35, // 60: airlock.executor.v1.ExecutorService.SuspendRun:output_type -> airlock.executor.v1.SuspendRunResponse
-	37, // 61: airlock.executor.v1.ExecutorService.ResumeRun:output_type -> airlock.executor.v1.ResumeRunResponse
-	28, // 62: airlock.executor.v1.ExecutorService.ReadFile:output_type -> airlock.executor.v1.ReadFileResponse
-	31, // 63: airlock.executor.v1.ExecutorService.WriteFile:output_type -> airlock.executor.v1.WriteFileResponse
-	33, // 64: airlock.executor.v1.ExecutorService.ListFiles:output_type -> airlock.executor.v1.ListFilesResponse
-	48, // [48:65] is the sub-list for method output_type
-	31, // [31:48] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	47, // 18: airlock.executor.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	48, // 19: airlock.executor.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	48, // 20: airlock.executor.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	48, // 21: airlock.executor.v1.ListExecsResponse.execs:type_name -> airlock.types.v1.Exec
+	46, // 22: airlock.executor.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	48, // 23: airlock.executor.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	47, // 24: airlock.executor.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
+	23, // 25: airlock.executor.v1.RunExecRequest.start:type_name -> airlock.executor.v1.RunExecStart
+	16, // 26: airlock.executor.v1.RunExecResponse.started:type_name -> airlock.executor.v1.StartExecResponse
+	46, // 27: airlock.executor.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	48, // 28: airlock.executor.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
+	48, // 29: airlock.executor.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	1,  // 30: airlock.executor.v1.FinishRunResponse.run:type_name -> airlock.executor.v1.Run
+	49, // 31: airlock.executor.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	32, // 32: airlock.executor.v1.WriteFileRequest.header:type_name -> airlock.executor.v1.WriteFileHeader
+	50, // 33: airlock.executor.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	1,  // 34: airlock.executor.v1.SuspendRunResponse.run:type_name -> airlock.executor.v1.Run
+	1,  // 35: airlock.executor.v1.ResumeRunResponse.run:type_name -> airlock.executor.v1.Run
+	2,  // 36: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
+	4,  // 37: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
+	6,  // 38: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
+	8,  // 39: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
+	10, // 40: airlock.executor.v1.ExecutorService.UpdateRun:input_type -> airlock.executor.v1.UpdateRunRequest
+	12, // 41: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
+	15, // 42: airlock.executor.v1.ExecutorService.StartExec:input_type -> airlock.executor.v1.StartExecRequest
+	17, // 43: airlock.executor.v1.ExecutorService.GetExec:input_type -> airlock.executor.v1.GetExecRequest
+	19, // 44: airlock.executor.v1.ExecutorService.ListExecs:input_type -> airlock.executor.v1.ListExecsRequest
+	21, // 45: airlock.executor.v1.ExecutorService.WatchExec:input_type -> airlock.executor.v1.WatchExecRequest
+	26, // 46: airlock.executor.v1.ExecutorService.CancelExec:input_type -> airlock.executor.v1.CancelExecRequest
+	24, // 47: airlock.executor.v1.ExecutorService.RunExec:input_type -> airlock.executor.v1.RunExecRequest
+	28, // 48: airlock.executor.v1.ExecutorService.FinishRun:input_type -> airlock.executor.v1.FinishRunRequest
+	37, // 49: airlock.executor.v1.ExecutorService.SuspendRun:input_type -> airlock.executor.v1.SuspendRunRequest
+	39, // 50: airlock.executor.v1.ExecutorService.ResumeRun:input_type -> airlock.executor.v1.ResumeRunRequest
+	30, // 51: airlock.executor.v1.ExecutorService.ReadFile:input_type -> airlock.executor.v1.ReadFileRequest
+	33, // 52: airlock.executor.v1.ExecutorService.WriteFile:input_type -> airlock.executor.v1.WriteFileRequest
+	35, // 53: airlock.executor.v1.ExecutorService.ListFiles:input_type -> airlock.executor.v1.ListFilesRequest
+	3,  // 54: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
+	5,  // 55: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
+	7,  // 56: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
+	9,  // 57: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
+	11, // 58: airlock.executor.v1.ExecutorService.UpdateRun:output_type -> airlock.executor.v1.UpdateRunResponse
+	14, // 59: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
+	16, // 60: airlock.executor.v1.ExecutorService.StartExec:output_type -> airlock.executor.v1.StartExecResponse
+	18, // 61: airlock.executor.v1.ExecutorService.GetExec:output_type -> airlock.executor.v1.GetExecResponse
+	20, // 62: airlock.executor.v1.ExecutorService.ListExecs:output_type -> airlock.executor.v1.ListExecsResponse
+	22, // 63: airlock.executor.v1.ExecutorService.WatchExec:output_type -> airlock.executor.v1.WatchExecResponse
+	27, // 64: airlock.executor.v1.ExecutorService.CancelExec:output_type -> airlock.executor.v1.CancelExecResponse
+	25, // 65: airlock.executor.v1.ExecutorService.RunExec:output_type -> airlock.executor.v1.RunExecResponse
+	29, // 66: airlock.executor.v1.ExecutorService.FinishRun:output_type -> airlock.executor.v1.FinishRunResponse
+	38, // 67: airlock.executor.v1.ExecutorService.SuspendRun:output_type -> airlock.executor.v1.SuspendRunResponse
+	40, // 68: airlock.executor.v1.ExecutorService.ResumeRun:output_type -> airlock.executor.v1.ResumeRunResponse
+	31, // 69: airlock.executor.v1.ExecutorService.ReadFile:output_type -> airlock.executor.v1.ReadFileResponse
+	34, // 70: airlock.executor.v1.ExecutorService.WriteFile:output_type -> airlock.executor.v1.WriteFileResponse
+	36, // 71: airlock.executor.v1.ExecutorService.ListFiles:output_type -> airlock.executor.v1.ListFilesResponse
+	54, // [54:72] is the sub-list for method output_type
+	36, // [36:54] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_airlock_executor_v1_executor_proto_init() }
@@ -2607,11 +2918,21 @@ func file_airlock_executor_v1_executor_proto_init() {
 		(*WatchExecResponse_Output)(nil),
 		(*WatchExecResponse_Exec)(nil),
 	}
-	file_airlock_executor_v1_executor_proto_msgTypes[27].OneofWrappers = []any{
+	file_airlock_executor_v1_executor_proto_msgTypes[23].OneofWrappers = []any{
+		(*RunExecRequest_Start)(nil),
+		(*RunExecRequest_Stdin)(nil),
+		(*RunExecRequest_CloseStdin)(nil),
+	}
+	file_airlock_executor_v1_executor_proto_msgTypes[24].OneofWrappers = []any{
+		(*RunExecResponse_Started)(nil),
+		(*RunExecResponse_Output)(nil),
+		(*RunExecResponse_Exec)(nil),
+	}
+	file_airlock_executor_v1_executor_proto_msgTypes[30].OneofWrappers = []any{
 		(*ReadFileResponse_Header)(nil),
 		(*ReadFileResponse_Chunk)(nil),
 	}
-	file_airlock_executor_v1_executor_proto_msgTypes[29].OneofWrappers = []any{
+	file_airlock_executor_v1_executor_proto_msgTypes[32].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Chunk)(nil),
 	}
@@ -2621,7 +2942,7 @@ func file_airlock_executor_v1_executor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_executor_v1_executor_proto_rawDesc), len(file_airlock_executor_v1_executor_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   37,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

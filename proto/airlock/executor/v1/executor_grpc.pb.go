@@ -34,6 +34,7 @@ const (
 	ExecutorService_ListExecs_FullMethodName   = "/airlock.executor.v1.ExecutorService/ListExecs"
 	ExecutorService_WatchExec_FullMethodName   = "/airlock.executor.v1.ExecutorService/WatchExec"
 	ExecutorService_CancelExec_FullMethodName  = "/airlock.executor.v1.ExecutorService/CancelExec"
+	ExecutorService_RunExec_FullMethodName     = "/airlock.executor.v1.ExecutorService/RunExec"
 	ExecutorService_FinishRun_FullMethodName   = "/airlock.executor.v1.ExecutorService/FinishRun"
 	ExecutorService_SuspendRun_FullMethodName  = "/airlock.executor.v1.ExecutorService/SuspendRun"
 	ExecutorService_ResumeRun_FullMethodName   = "/airlock.executor.v1.ExecutorService/ResumeRun"
@@ -77,6 +78,12 @@ type ExecutorServiceClient interface {
 	// CancelExec sends the exec's process group SIGTERM, then SIGKILL after
 	// a grace period. Callers: service/authority.
 	CancelExec(ctx context.Context, in *CancelExecRequest, opts ...grpc.CallOption) (*CancelExecResponse, error)
+	// RunExec is StartExec, stdin and WatchExec in one call, as the
+	// authority's RunExec (which relays it) says: the first request starts
+	// or attaches, later ones feed the stdin of an exec this call started
+	// with a streamed stdin, and the responses are the exec, its output and
+	// its final record. Callers: service/authority.
+	RunExec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[RunExecRequest, RunExecResponse], error)
 	// FinishRun ends a session: its sandbox stops and its result bundle is
 	// built, as a job's is when its command ends. Callers: service/authority.
 	FinishRun(ctx context.Context, in *FinishRunRequest, opts ...grpc.CallOption) (*FinishRunResponse, error)
@@ -244,6 +251,19 @@ func (c *executorServiceClient) CancelExec(ctx context.Context, in *CancelExecRe
 	return out, nil
 }
 
+func (c *executorServiceClient) RunExec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[RunExecRequest, RunExecResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &ExecutorService_ServiceDesc.Streams[3], ExecutorService_RunExec_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[RunExecRequest, RunExecResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ExecutorService_RunExecClient = grpc.BidiStreamingClient[RunExecRequest, RunExecResponse]
+
 func (c *executorServiceClient) FinishRun(ctx context.Context, in *FinishRunRequest, opts ...grpc.CallOption) (*FinishRunResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(FinishRunResponse)
@@ -276,7 +296,7 @@ func (c *executorServiceClient) ResumeRun(ctx context.Context, in *ResumeRunRequ
 
 func (c *executorServiceClient) ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadFileResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &ExecutorService_ServiceDesc.Streams[3], ExecutorService_ReadFile_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &ExecutorService_ServiceDesc.Streams[4], ExecutorService_ReadFile_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -295,7 +315,7 @@ type ExecutorService_ReadFileClient = grpc.ServerStreamingClient[ReadFileRespons
 
 func (c *executorServiceClient) WriteFile(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[WriteFileRequest, WriteFileResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &ExecutorService_ServiceDesc.Streams[4], ExecutorService_WriteFile_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &ExecutorService_ServiceDesc.Streams[5], ExecutorService_WriteFile_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -351,6 +371,12 @@ type ExecutorServiceServer interface {
 	// CancelExec sends the exec's process group SIGTERM, then SIGKILL after
 	// a grace period. Callers: service/authority.
 	CancelExec(context.Context, *CancelExecRequest) (*CancelExecResponse, error)
+	// RunExec is StartExec, stdin and WatchExec in one call, as the
+	// authority's RunExec (which relays it) says: the first request starts
+	// or attaches, later ones feed the stdin of an exec this call started
+	// with a streamed stdin, and the responses are the exec, its output and
+	// its final record. Callers: service/authority.
+	RunExec(grpc.BidiStreamingServer[RunExecRequest, RunExecResponse]) error
 	// FinishRun ends a session: its sandbox stops and its result bundle is
 	// built, as a job's is when its command ends. Callers: service/authority.
 	FinishRun(context.Context, *FinishRunRequest) (*FinishRunResponse, error)
@@ -413,6 +439,9 @@ func (UnimplementedExecutorServiceServer) WatchExec(*WatchExecRequest, grpc.Serv
 }
 func (UnimplementedExecutorServiceServer) CancelExec(context.Context, *CancelExecRequest) (*CancelExecResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CancelExec not implemented")
+}
+func (UnimplementedExecutorServiceServer) RunExec(grpc.BidiStreamingServer[RunExecRequest, RunExecResponse]) error {
+	return status.Error(codes.Unimplemented, "method RunExec not implemented")
 }
 func (UnimplementedExecutorServiceServer) FinishRun(context.Context, *FinishRunRequest) (*FinishRunResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method FinishRun not implemented")
@@ -630,6 +659,13 @@ func _ExecutorService_CancelExec_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ExecutorService_RunExec_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(ExecutorServiceServer).RunExec(&grpc.GenericServerStream[RunExecRequest, RunExecResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ExecutorService_RunExecServer = grpc.BidiStreamingServer[RunExecRequest, RunExecResponse]
+
 func _ExecutorService_FinishRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(FinishRunRequest)
 	if err := dec(in); err != nil {
@@ -791,6 +827,12 @@ var ExecutorService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "WatchExec",
 			Handler:       _ExecutorService_WatchExec_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "RunExec",
+			Handler:       _ExecutorService_RunExec_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 		{
 			StreamName:    "ReadFile",

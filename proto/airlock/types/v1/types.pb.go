@@ -1129,11 +1129,19 @@ type ExecSpec struct {
 	Env map[string]string `protobuf:"bytes,3,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// The working directory: /work, or a path under it. Empty is /work.
 	Cwd string `protobuf:"bytes,4,opt,name=cwd,proto3" json:"cwd,omitempty"`
-	// Standard input, at most 1 MiB; empty is /dev/null.
+	// Standard input given whole, at most 1 MiB; empty (with stdin_stream
+	// unset) is /dev/null.
 	Stdin []byte `protobuf:"bytes,5,opt,name=stdin,proto3" json:"stdin,omitempty"`
 	// The exec's own timeout; past it its whole process group is killed and
 	// the session lives on. Zero means the session's deadline alone.
-	Timeout       *durationpb.Duration `protobuf:"bytes,6,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	Timeout *durationpb.Duration `protobuf:"bytes,6,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// Standard input comes as a stream, from the RunExec call that starts
+	// the exec (at most 64 MiB), until that call closes it; stdin must then
+	// be empty. Its size and SHA-256 are not known in advance: the record's
+	// stdin_size and stdin_sha256 are the bytes given, once stdin closed.
+	// StartExec cannot start such an exec (it has no stream to feed it),
+	// only attach to one.
+	StdinStream   bool `protobuf:"varint,7,opt,name=stdin_stream,json=stdinStream,proto3" json:"stdin_stream,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1210,6 +1218,13 @@ func (x *ExecSpec) GetTimeout() *durationpb.Duration {
 	return nil
 }
 
+func (x *ExecSpec) GetStdinStream() bool {
+	if x != nil {
+		return x.StdinStream
+	}
+	return false
+}
+
 // Exec is the record of one exec in a session.
 type Exec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1242,7 +1257,9 @@ type Exec struct {
 	StderrTruncated bool   `protobuf:"varint,14,opt,name=stderr_truncated,json=stderrTruncated,proto3" json:"stderr_truncated,omitempty"`
 	StdoutSha256    string `protobuf:"bytes,15,opt,name=stdout_sha256,json=stdoutSha256,proto3" json:"stdout_sha256,omitempty"`
 	StderrSha256    string `protobuf:"bytes,16,opt,name=stderr_sha256,json=stderrSha256,proto3" json:"stderr_sha256,omitempty"`
-	// Size and SHA-256 (hex) of the stdin it was given.
+	// Size and SHA-256 (hex) of the stdin it was given; for a streamed
+	// stdin, the bytes given so far, final once stdin closed (stdin_sha256
+	// is empty until then).
 	StdinSize   int64  `protobuf:"varint,17,opt,name=stdin_size,json=stdinSize,proto3" json:"stdin_size,omitempty"`
 	StdinSha256 string `protobuf:"bytes,18,opt,name=stdin_sha256,json=stdinSha256,proto3" json:"stdin_sha256,omitempty"`
 	// The last bytes (at most 2 KiB) of each stream, once ended. They come
@@ -2075,14 +2092,15 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"}\n" +
 	"\vSessionSpec\x12<\n" +
 	"\fidle_timeout\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x120\n" +
-	"\x14max_concurrent_execs\x18\x02 \x01(\x05R\x12maxConcurrentExecs\"\x83\x02\n" +
+	"\x14max_concurrent_execs\x18\x02 \x01(\x05R\x12maxConcurrentExecs\"\xa6\x02\n" +
 	"\bExecSpec\x12\x17\n" +
 	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12\x12\n" +
 	"\x04argv\x18\x02 \x03(\tR\x04argv\x125\n" +
 	"\x03env\x18\x03 \x03(\v2#.airlock.types.v1.ExecSpec.EnvEntryR\x03env\x12\x10\n" +
 	"\x03cwd\x18\x04 \x01(\tR\x03cwd\x12\x14\n" +
 	"\x05stdin\x18\x05 \x01(\fR\x05stdin\x123\n" +
-	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x1a6\n" +
+	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12!\n" +
+	"\fstdin_stream\x18\a \x01(\bR\vstdinStream\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb8\x06\n" +

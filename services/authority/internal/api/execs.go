@@ -19,7 +19,7 @@ import (
 
 // execSpecFromProto is an exec spec in the domain's terms (stdin apart).
 func execSpecFromProto(x *typesv1.ExecSpec) jobs.ExecSpec {
-	return jobs.ExecSpec{ID: x.GetExecId(), Argv: x.GetArgv(), Env: x.GetEnv(), Cwd: x.GetCwd(), Timeout: x.GetTimeout().AsDuration()}
+	return jobs.ExecSpec{ID: x.GetExecId(), Argv: x.GetArgv(), Env: x.GetEnv(), Cwd: x.GetCwd(), Timeout: x.GetTimeout().AsDuration(), StdinStream: x.GetStdinStream()}
 }
 
 // execSeenFromProto is an executor's exec record in the domain's terms.

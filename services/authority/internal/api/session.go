@@ -173,31 +173,9 @@ func (s *Service) CancelSession(ctx context.Context, req *authorityv1.CancelSess
 }
 
 func (s *Service) StartExec(ctx context.Context, req *authorityv1.StartExecRequest) (*authorityv1.StartExecResponse, error) {
-	id, j, err := s.session(ctx, req.GetSessionId())
+	j, err := s.execRequested(ctx, req.GetSessionId(), req.GetSpec())
 	if err != nil {
 		return nil, err
-	}
-	if req.GetSpec() == nil {
-		return nil, status.Error(codes.InvalidArgument, "spec: required")
-	}
-	if d := req.GetSpec().GetTimeout(); d != nil {
-		if err := d.CheckValid(); err != nil {
-			return nil, status.Errorf(codes.InvalidArgument, "spec.timeout: %v", err)
-		}
-	}
-	if err := s.cfg.Jobs.CheckExecEnv(ctx, req.GetSpec().GetEnv()); err != nil {
-		return nil, s.fail(ctx, err)
-	}
-	if j.DispatchedAt.IsZero() {
-		return nil, s.fail(ctx, fmt.Errorf("%w: session %q is %s: it takes execs only once it runs", errdefs.ErrFailedPrecondition, j.ID, j.State))
-	}
-	// Every request is recorded (with its audit entry) before it can
-	// reach the sandbox; one that cannot be recorded, or that reuses an id
-	// with another spec, is refused here. Whether it starts a new exec or
-	// names one already started (a retry, even after the session ended)
-	// the executor decides.
-	if _, _, err := s.cfg.Jobs.RequestExec(ctx, id, j, execSpecFromProto(req.GetSpec()), req.GetSpec().GetStdin()); err != nil {
-		return nil, s.fail(ctx, err)
 	}
 	resp, err := s.cfg.Executor.StartExec(ctx, &executorv1.StartExecRequest{JobId: j.ID, Spec: req.GetSpec()})
 	if err != nil {
@@ -205,6 +183,38 @@ func (s *Service) StartExec(ctx context.Context, req *authorityv1.StartExecReque
 	}
 	s.observeExecs(ctx, j.ID, resp.GetExec())
 	return &authorityv1.StartExecResponse{Exec: resp.GetExec(), Created: resp.GetCreated()}, nil
+}
+
+// execRequested checks a request to run spec in a session (StartExec,
+// RunExec) and records it in the audit log.
+func (s *Service) execRequested(ctx context.Context, sessionID string, spec *typesv1.ExecSpec) (store.Job, error) {
+	id, j, err := s.session(ctx, sessionID)
+	if err != nil {
+		return j, err
+	}
+	if spec == nil {
+		return j, status.Error(codes.InvalidArgument, "spec: required")
+	}
+	if d := spec.GetTimeout(); d != nil {
+		if err := d.CheckValid(); err != nil {
+			return j, status.Errorf(codes.InvalidArgument, "spec.timeout: %v", err)
+		}
+	}
+	if err := s.cfg.Jobs.CheckExecEnv(ctx, spec.GetEnv()); err != nil {
+		return j, s.fail(ctx, err)
+	}
+	if j.DispatchedAt.IsZero() {
+		return j, s.fail(ctx, fmt.Errorf("%w: session %q is %s: it takes execs only once it runs", errdefs.ErrFailedPrecondition, j.ID, j.State))
+	}
+	// Every request is recorded (with its audit entry) before it can
+	// reach the sandbox; one that cannot be recorded, or that reuses an id
+	// with another spec, is refused here. Whether it starts a new exec or
+	// names one already started (a retry, even after the session ended)
+	// the executor decides.
+	if _, _, err := s.cfg.Jobs.RequestExec(ctx, id, j, execSpecFromProto(spec), spec.GetStdin()); err != nil {
+		return j, s.fail(ctx, err)
+	}
+	return j, nil
 }
 
 func (s *Service) GetExec(ctx context.Context, req *authorityv1.GetExecRequest) (*authorityv1.GetExecResponse, error) {

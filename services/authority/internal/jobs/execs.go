@@ -38,6 +38,10 @@ type ExecSpec struct {
 	Timeout     time.Duration
 	StdinSize   int64
 	StdinSHA256 string
+	// StdinStream says stdin comes as a stream (RunExec): its size and
+	// digest are known only once it closes, so the spec's stdin is the
+	// stream itself, not its bytes.
+	StdinStream bool
 }
 
 // ExecSeen is an exec as the executor last reported it.
@@ -99,6 +103,9 @@ func (x ExecSpec) digests() (map[string]string, string) {
 	fields := map[string]string{
 		"argv": sum(x.Argv), "env": sum(env), "cwd": sum(x.Cwd), "timeout": sum(int64(x.Timeout)),
 		"stdin": sum([]any{x.StdinSize, x.StdinSHA256}),
+	}
+	if x.StdinStream {
+		fields["stdin"] = sum("stream")
 	}
 	all := make([]string, 0, len(execFields))
 	for _, f := range execFields {

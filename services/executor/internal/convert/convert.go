@@ -121,7 +121,7 @@ func NetworkPolicyStatus(r runs.Run) *typesv1.NetworkPolicyStatus {
 func ExecSpec(x *typesv1.ExecSpec) runs.ExecSpec {
 	return runs.ExecSpec{
 		ID: x.GetExecId(), Argv: x.GetArgv(), Env: x.GetEnv(), Cwd: x.GetCwd(),
-		Stdin: x.GetStdin(), Timeout: x.GetTimeout().AsDuration(),
+		Stdin: x.GetStdin(), Timeout: x.GetTimeout().AsDuration(), StdinStream: x.GetStdinStream(),
 	}
 }
 
@@ -130,7 +130,7 @@ func Exec(x runs.Exec) *typesv1.Exec {
 	out := &typesv1.Exec{
 		SessionId: x.SessionID,
 		Spec: &typesv1.ExecSpec{
-			ExecId: x.Spec.ID, Argv: x.Spec.Argv, Env: x.Spec.Env, Cwd: x.Spec.Cwd,
+			ExecId: x.Spec.ID, Argv: x.Spec.Argv, Env: x.Spec.Env, Cwd: x.Spec.Cwd, StdinStream: x.Spec.StdinStream,
 		},
 		Seq:      x.Seq,
 		State:    typesv1.ExecState_EXEC_STATE_RUNNING,

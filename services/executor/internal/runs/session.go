@@ -65,6 +65,9 @@ type ExecSpec struct {
 	Cwd     string            `json:"cwd,omitempty"`
 	Stdin   []byte            `json:"-"`
 	Timeout time.Duration     `json:"timeout,omitempty"`
+	// StdinStream: stdin comes from the RunExec call that starts the
+	// exec (stdin.go), not from Stdin.
+	StdinStream bool `json:"stdin_stream,omitempty"`
 }
 
 // ExecState is where an exec is.
@@ -109,6 +112,7 @@ type execEntry struct {
 	stdout, stderr *output
 	cancel         context.CancelFunc
 	done           chan struct{} // closed once the record says ended
+	stdin          *stdinPipe    // a streamed stdin, nil otherwise
 }
 
 // sessionOf is e's session spec, nil for a job. Callers hold m.mu.
@@ -158,6 +162,9 @@ func checkExecSpec(x *ExecSpec) error {
 	if len(x.Stdin) > MaxExecStdin {
 		return invalidf("spec.stdin: %d bytes, at most %d", len(x.Stdin), MaxExecStdin)
 	}
+	if x.StdinStream && len(x.Stdin) > 0 {
+		return invalidf("spec.stdin: %d bytes with spec.stdin_stream set: stdin comes one way or the other", len(x.Stdin))
+	}
 	if x.Timeout < 0 {
 		return invalidf("spec.timeout %s: must not be negative", x.Timeout)
 	}
@@ -176,7 +183,9 @@ func (r *Exec) differs(x *ExecSpec) string {
 		return "cwd"
 	case r.Spec.Timeout != x.Timeout:
 		return "timeout"
-	case r.StdinSize != int64(len(x.Stdin)) || r.StdinSHA256 != sha256Hex(x.Stdin):
+	case r.Spec.StdinStream != x.StdinStream:
+		return "stdin_stream"
+	case !x.StdinStream && (r.StdinSize != int64(len(x.Stdin)) || r.StdinSHA256 != sha256Hex(x.Stdin)):
 		return "stdin"
 	}
 	return ""
@@ -206,41 +215,50 @@ func (m *Manager) persistExec(x *Exec) error {
 // or ended. The same id with another spec is ErrAlreadyExists naming the
 // field. Concurrent calls with one id start it once.
 func (m *Manager) StartExec(jobID string, x ExecSpec) (Exec, bool, error) {
+	rec, created, _, err := m.startExec(jobID, x, false)
+	return rec, created, err
+}
+
+// startExec is StartExec; a caller that can feed a streamed stdin (fed)
+// may start an exec that takes one, and gets its entry to feed it.
+func (m *Manager) startExec(jobID string, x ExecSpec, fed bool) (Exec, bool, *execEntry, error) {
 	if err := checkExecSpec(&x); err != nil {
-		return Exec{}, false, err
+		return Exec{}, false, nil, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e, ok := m.runs[jobID]
 	if !ok {
-		return Exec{}, false, fmt.Errorf("%w: run %q", errdefs.ErrNotFound, jobID)
+		return Exec{}, false, nil, fmt.Errorf("%w: run %q", errdefs.ErrNotFound, jobID)
 	}
 	if _, _, ok := e.session(); !ok {
-		return Exec{}, false, fmt.Errorf("%w: run %s is a job, not a session: it takes no execs", errdefs.ErrFailedPrecondition, jobID)
+		return Exec{}, false, nil, fmt.Errorf("%w: run %s is a job, not a session: it takes no execs", errdefs.ErrFailedPrecondition, jobID)
 	}
 	if xe, ok := e.execs[x.ID]; ok {
 		if f := xe.rec.differs(&x); f != "" {
-			return Exec{}, false, fmt.Errorf("%w: spec.exec_id %q: an exec of this id was started with a different spec.%s", errdefs.ErrAlreadyExists, x.ID, f)
+			return Exec{}, false, nil, fmt.Errorf("%w: spec.exec_id %q: an exec of this id was started with a different spec.%s", errdefs.ErrAlreadyExists, x.ID, f)
 		}
-		return xe.rec, false, nil
+		return xe.rec, false, xe, nil
 	}
 	_, maxExecs, _ := e.session()
 	switch {
+	case x.StdinStream && !fed:
+		return Exec{}, false, nil, fmt.Errorf("%w: spec.stdin_stream: StartExec has no stream to feed stdin from; start the exec with RunExec", errdefs.ErrFailedPrecondition)
 	case e.run.State != Running || e.live == nil || e.stopping != "" || e.suspending:
-		return Exec{}, false, fmt.Errorf("%w: session %s is %s: it takes no new exec", errdefs.ErrFailedPrecondition, jobID, e.sessionState())
+		return Exec{}, false, nil, fmt.Errorf("%w: session %s is %s: it takes no new exec", errdefs.ErrFailedPrecondition, jobID, e.sessionState())
 	case e.runningExecs >= maxExecs:
-		return Exec{}, false, fmt.Errorf("%w: session %s runs %d execs, its most at once", errdefs.ErrResourceExhausted, jobID, maxExecs)
+		return Exec{}, false, nil, fmt.Errorf("%w: session %s runs %d execs, its most at once", errdefs.ErrResourceExhausted, jobID, maxExecs)
 	case len(e.execs) >= MaxExecs:
-		return Exec{}, false, fmt.Errorf("%w: session %s has run %d execs, its most", errdefs.ErrResourceExhausted, jobID, MaxExecs)
+		return Exec{}, false, nil, fmt.Errorf("%w: session %s has run %d execs, its most", errdefs.ErrResourceExhausted, jobID, MaxExecs)
 	case e.execOutput >= SessionOutputBudget:
-		return Exec{}, false, fmt.Errorf("%w: session %s's execs have written %d bytes of output, its most (%d): finish it and start another",
+		return Exec{}, false, nil, fmt.Errorf("%w: session %s's execs have written %d bytes of output, its most (%d): finish it and start another",
 			errdefs.ErrResourceExhausted, jobID, e.execOutput, SessionOutputBudget)
 	}
 	if x.Cwd != "" {
 		// Resolved as the files API resolves paths: a directory the job
 		// sees, not one a symlink leads out to.
 		if err := e.live.CheckDir("spec.cwd", x.Cwd); err != nil {
-			return Exec{}, false, err
+			return Exec{}, false, nil, err
 		}
 	}
 	rec := Exec{
@@ -248,25 +266,31 @@ func (m *Manager) StartExec(jobID string, x ExecSpec) (Exec, bool, error) {
 		Seq: int64(len(e.execs)) + 1, State: ExecRunning, ExitCode: -1, StartedAt: m.cfg.Now(),
 	}
 	rec.Spec.Stdin = nil
+	if x.StdinStream {
+		rec.StdinSHA256 = "" // known once stdin closes
+	}
 	dir := m.execDir(jobID, rec.Seq)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return Exec{}, false, err
+		return Exec{}, false, nil, err
 	}
 	xe := &execEntry{rec: rec, done: make(chan struct{})}
+	if x.StdinStream {
+		xe.stdin = newStdinPipe()
+	}
 	notify := func() { m.mu.Lock(); e.notify(); m.mu.Unlock() }
 	var err error
 	limit := min(m.cfg.OutputLimit, ExecOutputLimit)
 	if xe.stdout, err = newOutput(filepath.Join(dir, "stdout.log"), limit, notify); err != nil {
-		return Exec{}, false, err
+		return Exec{}, false, nil, err
 	}
 	if xe.stderr, err = newOutput(filepath.Join(dir, "stderr.log"), limit, notify); err != nil {
 		xe.stdout.close()
-		return Exec{}, false, err
+		return Exec{}, false, nil, err
 	}
 	if err := m.persistExec(&xe.rec); err != nil {
 		xe.stdout.close()
 		xe.stderr.close()
-		return Exec{}, false, err
+		return Exec{}, false, nil, err
 	}
 	if e.execs == nil {
 		e.execs = map[string]*execEntry{}
@@ -285,7 +309,7 @@ func (m *Manager) StartExec(jobID string, x ExecSpec) (Exec, bool, error) {
 		m.runExec(ctx, e, xe, sb, x)
 	}()
 	e.notify()
-	return xe.rec, true, nil
+	return xe.rec, true, xe, nil
 }
 
 // runExec runs one exec to its end and records how it ended.
@@ -294,7 +318,15 @@ func (m *Manager) runExec(ctx context.Context, e *entry, xe *execEntry, sb *sand
 	if len(x.Stdin) > 0 {
 		spec.Stdin = bytes.NewReader(x.Stdin)
 	}
+	if xe.stdin != nil {
+		spec.Stdin = xe.stdin.r
+	}
 	res, err := sb.Exec(ctx, spec)
+	var stdinSize int64
+	var stdinSum, stdinCut string
+	if xe.stdin != nil {
+		stdinSize, stdinSum, stdinCut = xe.stdin.finish()
+	}
 	switch {
 	case m.ctx.Err() != nil:
 		// The executor stopped, and the sandbox with it.
@@ -314,6 +346,12 @@ func (m *Manager) runExec(ctx context.Context, e *entry, xe *execEntry, sb *sand
 	m.endExec(e, xe, func(r *Exec) {
 		r.Reason, r.ExitCode, r.Message = res.Reason, res.ExitCode, res.Message
 		r.WallTime, r.CPUTime = res.WallTime, res.CPUTime
+		if xe.stdin != nil {
+			r.StdinSize, r.StdinSHA256 = stdinSize, stdinSum
+		}
+		if stdinCut != "" {
+			r.Message = stdinCut + "; " + r.Message
+		}
 	})
 }
 

@@ -250,12 +250,23 @@ type cgroupStats struct {
 
 func (c *cgroups) stats(rel string) cgroupStats {
 	var s cgroupStats
-	s.cpu = time.Duration(readInt(filepath.Join(c.dir("cpuacct", rel), "cpuacct.usage")))
+	s.cpu = c.cpuTime(rel)
 	s.peakMemory = readInt(filepath.Join(c.dir("memory", rel), "memory.max_usage_in_bytes"))
-	s.oomKills = readKey(filepath.Join(c.dir("memory", rel), "memory.oom_control"), "oom_kill")
+	s.oomKills = c.oomKills(rel)
 	s.peakPids = readInt(filepath.Join(c.dir("pids", rel), "pids.peak"))
 	s.pidsMaxHit = readKey(filepath.Join(c.dir("pids", rel), "pids.events"), "max")
 	return s
+}
+
+// cpuTime is rel's CPU time, the one statistic an exec reads besides its
+// OOM kills: an exec reads them before and after, so it reads no others.
+func (c *cgroups) cpuTime(rel string) time.Duration {
+	return time.Duration(readInt(filepath.Join(c.dir("cpuacct", rel), "cpuacct.usage")))
+}
+
+// oomKills counts the OOM kills in rel.
+func (c *cgroups) oomKills(rel string) int64 {
+	return readKey(filepath.Join(c.dir("memory", rel), "memory.oom_control"), "oom_kill")
 }
 
 func readInt(path string) int64 {

@@ -237,7 +237,7 @@ func (s *Sandbox) exec(ctx context.Context, x ExecSpec, res ExecResult, procFile
 	// The runtime process leads a group of its own, so a terminal's
 	// signals to the executor do not reach it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cpu0, oom0 := s.m.cg.stats(s.cgRel), s.oomKills()
+	cpu0, oom0 := s.m.cg.cpuTime(s.cgRel), s.oomKills()
 	start := time.Now()
 	err = cmd.Start()
 	pipes.started(err == nil)
@@ -345,8 +345,8 @@ wait:
 	}
 	wall := time.Since(start)
 	pipes.drain(outputDrainGrace) // a process the exec left running may hold it open
-	cpu1, oom1 := s.m.cg.stats(s.cgRel), s.oomKills()
-	res.WallTime, res.CPUTime = wall, max(0, cpu1.cpu-cpu0.cpu)
+	cpu1, oom1 := s.m.cg.cpuTime(s.cgRel), s.oomKills()
+	res.WallTime, res.CPUTime = wall, max(0, cpu1-cpu0)
 	code := exitCode(werr)
 	s.mu.Lock()
 	ending := s.ending || s.state != stateRunning
@@ -400,7 +400,7 @@ func readPid(p string) int {
 // oomKills counts the OOM kills in the job's cgroup and the runtime's
 // below it (where a cgroup v1 memory controller counts them).
 func (s *Sandbox) oomKills() int64 {
-	return s.m.cg.stats(s.cgRel).oomKills + s.m.cg.stats(filepath.Join(s.cgRel, runtimeCgroup)).oomKills
+	return s.m.cg.oomKills(s.cgRel) + s.m.cg.oomKills(filepath.Join(s.cgRel, runtimeCgroup))
 }
 
 // CheckDir reports whether p, as the job sees it, is a directory under
