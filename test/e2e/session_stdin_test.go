@@ -161,6 +161,39 @@ func TestSessionExecStdin(t *testing.T) {
 				x.GetSpec().GetExecId(), x.GetSpec().GetStdinStream(), x.GetStdinSize(), x.GetStdinSha256(), w[0], w[1])
 		}
 	}
+
+	// A call refused mid-stream (a second start) takes its exec with it:
+	// a command left reading a stdin nobody may feed, with no timeout of
+	// its own, would hold a slot of the session for ever.
+	spec = &typesv1.ExecSpec{ExecId: "refused", Argv: []string{"cat"}, StdinStream: true}
+	refused := call()
+	if first, err := refused.Recv(); err != nil || !first.GetStarted().GetCreated() {
+		t.Fatalf("RunExec starting refused: %v, %v", first, err)
+	}
+	_ = refused.Send(stdin("some input\n"))
+	_ = refused.Send(&authorityv1.RunExecRequest{Msg: &authorityv1.RunExecRequest_Start{Start: &authorityv1.RunExecStart{SessionId: id, Spec: spec}}})
+	for {
+		msg, err := refused.Recv()
+		if err == nil && msg.GetExec() == nil {
+			continue
+		}
+		if status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("a second start on one call: %v %v, want INVALID_ARGUMENT", msg, err)
+		}
+		break
+	}
+	for start := time.Now(); ; time.Sleep(100 * time.Millisecond) {
+		x, err := client.GetExec(ctx, &authorityv1.GetExecRequest{SessionId: id, ExecId: "refused"})
+		if err == nil && x.GetExec().GetState() == typesv1.ExecState_EXEC_STATE_ENDED {
+			if x.GetExec().GetReason() != typesv1.TerminationReason_TERMINATION_REASON_CANCELLED {
+				t.Fatalf("the refused call's exec ended %v, want CANCELLED", x.GetExec().GetReason())
+			}
+			break
+		}
+		if time.Since(start) > 30*time.Second {
+			t.Fatalf("the refused call's exec still runs 30s later: %v, %v", x, err)
+		}
+	}
 }
 
 func sha256Hex(s string) string {

@@ -7,6 +7,7 @@ import (
 	"io"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
@@ -75,7 +76,16 @@ func (s *Service) RunExec(stream grpc.BidiStreamingServer[executorv1.RunExecRequ
 // half-close. A refusal ends the call; a call that breaks off with stdin
 // open cancels the exec (ExecStdin.Abort). It returns once stdin is
 // closed, or the call is over.
-func feedStdin(stream grpc.BidiStreamingServer[executorv1.RunExecRequest, executorv1.RunExecResponse], x runs.Exec, stdin *runs.ExecStdin) error {
+func feedStdin(stream grpc.BidiStreamingServer[executorv1.RunExecRequest, executorv1.RunExecResponse], x runs.Exec, stdin *runs.ExecStdin) (err error) {
+	defer func() {
+		// A refused request ends the call, and the exec with it: nothing
+		// else may feed its stdin, and a command left reading it would
+		// hold a slot of the session (and its idle watcher) until its
+		// timeout, or for ever without one.
+		if err != nil && stdin != nil {
+			stdin.Abort("the call that started it was refused: " + status.Convert(err).Message())
+		}
+	}()
 	for {
 		msg, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
