@@ -56,7 +56,7 @@ func execRecordToProto(x store.Exec) *typesv1.Exec {
 	spec, cut := jobs.ExecRecordSpec(x)
 	out := &typesv1.Exec{
 		SessionId: x.SessionID, Seq: x.Seq, State: execStateToProto[x.State], ExitCode: x.ExitCode, Message: x.Message,
-		Spec:       &typesv1.ExecSpec{ExecId: x.ExecID, Argv: spec.Argv, Env: spec.Env, Cwd: spec.Cwd},
+		Spec:       &typesv1.ExecSpec{ExecId: x.ExecID, Argv: spec.Argv, Env: spec.Env, Cwd: spec.Cwd, StdinStream: spec.StdinStream},
 		StdoutSize: x.StdoutSize, StderrSize: x.StderrSize, StdoutTruncated: x.StdoutTruncated, StderrTruncated: x.StderrTruncated,
 		StdoutSha256: x.StdoutSHA256, StderrSha256: x.StderrSHA256, StdinSize: spec.StdinSize, StdinSha256: spec.StdinSHA256, SpecCut: cut,
 	}

@@ -80,6 +80,9 @@ type execSummary struct {
 	Timeout     time.Duration     `json:"timeout,omitempty"`
 	StdinSize   int64             `json:"stdin_size"`
 	StdinSHA256 string            `json:"stdin_sha256"`
+	// StdinStream: stdin was streamed; its size and digest are known once
+	// the executor reports them.
+	StdinStream bool `json:"stdin_stream,omitempty"`
 	// Cut is set when Argv or Env were cut short.
 	Cut bool `json:"cut,omitempty"`
 	// Fields maps argv, env, cwd, timeout and stdin to a digest of each.
@@ -117,7 +120,7 @@ func (x ExecSpec) digests() (map[string]string, string) {
 // summarize is x's record summary and digest.
 func (x ExecSpec) summarize() ([]byte, string) {
 	fields, digest := x.digests()
-	sm := execSummary{Cwd: x.Cwd, Timeout: x.Timeout, StdinSize: x.StdinSize, StdinSHA256: x.StdinSHA256, Fields: fields}
+	sm := execSummary{Cwd: x.Cwd, Timeout: x.Timeout, StdinSize: x.StdinSize, StdinSHA256: x.StdinSHA256, StdinStream: x.StdinStream, Fields: fields}
 	if len(sm.Cwd) > 1024 {
 		sm.Cwd, sm.Cut = strings.ToValidUTF8(sm.Cwd[:1024], ""), true
 	}
@@ -153,7 +156,8 @@ func ExecRecordSpec(x store.Exec) (ExecSpec, bool) {
 	if err := json.Unmarshal(x.Summary, &sm); err != nil {
 		return ExecSpec{ID: x.ExecID}, true
 	}
-	return ExecSpec{ID: x.ExecID, Argv: sm.Argv, Env: sm.Env, Cwd: sm.Cwd, Timeout: sm.Timeout, StdinSize: sm.StdinSize, StdinSHA256: sm.StdinSHA256}, sm.Cut || x.SpecDigest == ""
+	return ExecSpec{ID: x.ExecID, Argv: sm.Argv, Env: sm.Env, Cwd: sm.Cwd, Timeout: sm.Timeout,
+		StdinSize: sm.StdinSize, StdinSHA256: sm.StdinSHA256, StdinStream: sm.StdinStream}, sm.Cut || x.SpecDigest == ""
 }
 
 // differingField names the field in which spec differs from the one
@@ -185,8 +189,10 @@ func (s *Service) RequestExec(ctx context.Context, caller identity.ID, j store.J
 	if !execIDFormat.MatchString(spec.ID) {
 		return store.Exec{}, false, invalid("spec.exec_id", "%q: want 1 to 128 of [A-Za-z0-9._:-]", spec.ID)
 	}
-	sum := sha256.Sum256(stdin)
-	spec.StdinSize, spec.StdinSHA256 = int64(len(stdin)), hex.EncodeToString(sum[:])
+	if !spec.StdinStream {
+		sum := sha256.Sum256(stdin)
+		spec.StdinSize, spec.StdinSHA256 = int64(len(stdin)), hex.EncodeToString(sum[:])
+	}
 	summary, digest := spec.summarize()
 	now := s.now()
 	rec := store.Exec{
@@ -250,6 +256,16 @@ func (s *Service) ObserveExec(ctx context.Context, sessionID string, seen ExecSe
 		}
 		if !found {
 			x.RequestedAt = seen.StartedAt
+		}
+		if seen.Spec.StdinStream && seen.Ended {
+			// A streamed stdin's size and digest, once it closed: the
+			// summary says what the command read; the spec digest (the
+			// stream itself) stays.
+			var sm execSummary
+			if json.Unmarshal(x.Summary, &sm) == nil && sm.StdinStream {
+				sm.StdinSize, sm.StdinSHA256 = seen.Spec.StdinSize, seen.Spec.StdinSHA256
+				x.Summary, _ = json.Marshal(sm)
+			}
 		}
 		if found && (execRank(state) < execRank(x.State) || (x.State == store.ExecEnded && x.Seq == seen.Seq)) {
 			return errUnchanged

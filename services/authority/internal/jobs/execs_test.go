@@ -91,3 +91,42 @@ func TestExecRecordsInTheDomain(t *testing.T) {
 		t.Fatalf("Execs: %v of %d, %v", list, total, err)
 	}
 }
+
+// TestExecRecordStreamedStdin: a streamed stdin is its own spec (a retry
+// without the stream is refused naming spec.stdin), recorded as a stream
+// with no size until the executor reports the ended exec's, which the
+// record then keeps.
+func TestExecRecordStreamedStdin(t *testing.T) {
+	s := newExecService(t)
+	ctx := t.Context()
+	dev := identity.MustParse("spiffe://airlock.test/client/dev")
+	j := store.Job{ID: "s1", Tenant: "dev"}
+	spec := ExecSpec{ID: "fed", Argv: []string{"cat"}, StdinStream: true}
+	x, _, err := s.RequestExec(ctx, dev, j, spec, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := ExecRecordSpec(x); !got.StdinStream || got.StdinSize != 0 || got.StdinSHA256 != "" {
+		t.Fatalf("a streamed exec's request recorded stdin %+v", got)
+	}
+	if _, created, err := s.RequestExec(ctx, dev, j, spec, nil); err != nil || created {
+		t.Fatalf("a retry with the stream: created %v, %v", created, err)
+	}
+	bytesSpec := spec
+	bytesSpec.StdinStream = false
+	if _, _, err := s.RequestExec(ctx, dev, j, bytesSpec, nil); !errors.Is(err, errdefs.ErrAlreadyExists) || !strings.Contains(err.Error(), "spec.stdin") {
+		t.Fatalf("a retry without the stream: %v, want AlreadyExists naming spec.stdin", err)
+	}
+	seen := spec
+	seen.StdinSize, seen.StdinSHA256 = 5, strings.Repeat("ab", 32)
+	if err := s.ObserveExec(ctx, j.ID, ExecSeen{Spec: seen, Seq: 1, Ended: true, Reason: "exited", StartedAt: time.Now(), EndedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	x, err = s.Exec(ctx, j, "fed")
+	if got, _ := ExecRecordSpec(x); err != nil || !got.StdinStream || got.StdinSize != 5 || got.StdinSHA256 != seen.StdinSHA256 {
+		t.Fatalf("after the ended report: %+v, %v", got, err)
+	}
+	if _, created, err := s.RequestExec(ctx, dev, j, spec, nil); err != nil || created {
+		t.Fatalf("a retry with the stream after the end: created %v, %v", created, err)
+	}
+}

@@ -34,17 +34,39 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		log.Error("run failed", "error", err)
 		m.finish(e, state, &Result{Reason: reason, ExitCode: -1, Message: err.Error()})
 	}
-	src, err := m.cfg.Sources.Get(ctx, stage.Key{Tenant: g.Tenant, Repository: g.Repository, Commit: g.Commit, Depth: g.HistoryDepth},
+	makeCtx := ctx
+	if e.kept {
+		// A session kept across a restart is made again whatever its
+		// client asks meanwhile: a finish or cancel takes effect once its
+		// sandbox exists, and finds its files there.
+		makeCtx = m.ctx
+	}
+	// failEarly is fail before the sandbox exists. A kept session's files
+	// stay kept while the executor stops (the next start tries again);
+	// otherwise they are of no more use.
+	failEarly := func(err error) {
+		if e.kept {
+			if m.ctx.Err() != nil {
+				log.Info("executor stopping while a kept session was being made again; its files stay kept", "error", err)
+				return
+			}
+			if derr := m.cfg.Sandbox.DiscardKept(g.JobID); derr != nil {
+				log.Error("discard a kept session's files", "error", derr)
+			}
+		}
+		fail(err)
+	}
+	src, err := m.cfg.Sources.Get(makeCtx, stage.Key{Tenant: g.Tenant, Repository: g.Repository, Commit: g.Commit, Depth: g.HistoryDepth},
 		func(ctx context.Context) (stage.Header, io.ReadCloser, error) {
 			return m.cfg.Authority.FetchSource(ctx, g.JobID)
 		})
 	if err != nil {
-		fail(fmt.Errorf("stage source: %w", err))
+		failEarly(fmt.Errorf("stage source: %w", err))
 		return
 	}
-	sb, err := m.makeSandbox(ctx, e, src)
+	sb, err := m.makeSandbox(makeCtx, e, src)
 	if err != nil {
-		fail(err)
+		failEarly(err)
 		return
 	}
 	// keep is set when the executor stops under a session: its files
@@ -112,7 +134,10 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		fail(fmt.Errorf("run: %w", runErr))
 		return
 	}
-	if m.ctx.Err() != nil && abort == "" && isSession {
+	m.mu.Lock()
+	stopped := e.stopping // a session its client finished or cancelled, or that sat idle
+	m.mu.Unlock()
+	if m.ctx.Err() != nil && abort == "" && isSession && stopped == "" {
 		// The executor is shutting down under a session: it keeps its
 		// files and waits, suspended, for the next start's Recover and
 		// its client. Nothing is reported: it has not ended.
@@ -123,7 +148,7 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		log.Info("executor stopping: the session's files are kept for its next start")
 		return
 	}
-	if m.ctx.Err() != nil && abort == "" {
+	if m.ctx.Err() != nil && abort == "" && !isSession {
 		// The executor is shutting down, not the caller cancelling: say so,
 		// and leave the report to the next start's Recover.
 		m.finish(e, Failed, &Result{Reason: ReasonExecutorRestarted, ExitCode: -1, Class: res.Class, Usage: res.Usage,
@@ -234,8 +259,10 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source) 
 		}
 		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
-	if src.GitObjects != "" && !e.kept {
+	if src.GitObjects != "" {
 		// The job's own .git at its base commit; the patch never reads it.
+		// A kept session has its own already, unless the executor stopped
+		// before it was made (SeedGitDir leaves one that is there).
 		if err := worktree.SeedGitDir(sb.WorkDir(), g.Commit, src.Shallow, src.Index, int(m.cfg.Sandbox.UIDBase())); err != nil {
 			m.cfg.Logger.Warn("the job gets no .git", "job_id", g.JobID, "error", err)
 		}

@@ -37,16 +37,7 @@ func TestSessionKeptAcrossRestart(t *testing.T) {
 			if got, _ := h.m.Get(sid); got.State.Terminal() {
 				t.Fatalf("a graceful stop ended the session: %s %+v", got.State, got.Result)
 			}
-
-			m2, err := New(h.m.cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer m2.Close()
-			if err := m2.Recover(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			h.m = m2
+			m2 := h.restart(t, nil)
 			run := h.waitRun(t, sid, "kept, suspended", func(r Run, _ bool) bool { return r.Suspended })
 			if run.State != Running || run.SuspendReason != ReasonExecutorRestarted || !run.StartedAt.Equal(before.StartedAt) {
 				t.Fatalf("session after the restart: %s suspended=%v reason=%q started %s (was %s)", run.State, run.Suspended, run.SuspendReason, run.StartedAt, before.StartedAt)
@@ -95,20 +86,91 @@ func TestSessionSuspendedExpiresAfterRestart(t *testing.T) {
 	sid := h.startSession(t, g)
 	h.execWait(t, sid, sh("write", "echo x > /work/x"))
 	h.m.Close()
-	m2, err := New(h.m.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m2.Close()
-	if err := m2.Recover(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	h.m = m2
+	h.restart(t, nil)
 	run := h.waitEnd(t, sid)
 	if run.Result.Reason != "timeout" || time.Since(run.StartedAt) > 20*time.Second {
 		t.Fatalf("a kept session past its deadline: %s %+v", run.State, run.Result)
 	}
-	if m2.cfg.Sandbox.Kept(sid) {
-		t.Fatal("the ended session's scratch is still kept")
+	assertNothingKept(t, h)
+}
+
+// restart starts a new manager on h's directories, as the next executor
+// process does once the old one stopped: prepare (if any) runs first, then
+// Recover; h.m is the new manager, closed at the test's end.
+func (h *harness) restart(t *testing.T, prepare func()) *Manager {
+	t.Helper()
+	m, err := New(h.m.cfg)
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(m.Close)
+	if prepare != nil {
+		prepare()
+	}
+	if err := m.Recover(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h.m = m
+	return m
+}
+
+// assertNothingKept fails if any scratch is still kept in the harness's
+// sandbox state directory.
+func assertNothingKept(t *testing.T, h *harness) {
+	t.Helper()
+	if ents, err := os.ReadDir(filepath.Join(h.base, "sandbox", "kept")); err != nil || len(ents) > 0 {
+		t.Fatalf("kept after the session ended: %v, %v", ents, err)
+	}
+}
+
+// TestSessionFinishedAsTheExecutorStops: a session its client finished
+// just as the executor stops is finished, with its bundle, not kept and
+// brought back suspended.
+func TestSessionFinishedAsTheExecutorStops(t *testing.T) {
+	h, _ := newHarness(t, false)
+	sid := h.startSession(t, h.sessionGrant(sandbox.ClassRunc, time.Minute))
+	h.execWait(t, sid, sh("write", "echo x > /work/x"))
+	if _, err := h.m.Finish(sid); err != nil {
+		t.Fatal(err)
+	}
+	h.m.Close()
+	run, err := h.m.Get(sid)
+	if err != nil || run.State != Finished || run.Result.Reason != ReasonFinished || run.Result.BundleDigest == "" {
+		t.Fatalf("a session finished as the executor stopped: %s %+v, %v", run.State, run.Result, err)
+	}
+	assertNothingKept(t, h)
+}
+
+// TestSessionCancelledWhileBeingRecovered: a kept session its client
+// cancels before its sandbox is made again ends cancelled with its bundle
+// (the cancel waits for the sandbox), and leaves nothing kept.
+func TestSessionCancelledWhileBeingRecovered(t *testing.T) {
+	h, _ := newHarness(t, false)
+	sid := h.startSession(t, h.sessionGrant(sandbox.ClassRunc, time.Minute))
+	h.execWait(t, sid, sh("write", "echo x > /work/x"))
+	h.m.Close()
+	// Its git objects are to be staged again, and the authority holds
+	// that fetch: the cancel comes while the session is being made again.
+	gate := make(chan struct{})
+	m2 := h.restart(t, func() {
+		objects, _ := filepath.Glob(filepath.Join(h.base, "sources", "*", "*", "trees", h.commit+".objects*.ready"))
+		if len(objects) == 0 {
+			t.Fatal("no staged git objects to remove: this test would prove nothing")
+		}
+		for _, p := range objects {
+			if err := os.Remove(p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h.auth.gate = gate
+	})
+	if _, err := m2.Cancel(sid); err != nil {
+		t.Fatal(err)
+	}
+	close(gate)
+	run := h.waitEnd(t, sid)
+	if run.State != Cancelled || run.Result.FilesChanged != 1 || run.Result.BundleDigest == "" {
+		t.Fatalf("a kept session cancelled while recovered: %s %+v", run.State, run.Result)
+	}
+	assertNothingKept(t, h)
 }

@@ -208,6 +208,9 @@ type entry struct {
 	suspending  bool
 	stopRun     context.CancelFunc
 	resumeAsked bool
+	// idleChanged is closed and replaced (under the manager's mu) when
+	// an Update changes a session's settings, to wake its idle watcher.
+	idleChanged chan struct{}
 	// kept is set for a session whose sandbox the previous executor
 	// process kept (Recover): it is made again on the kept scratch, and
 	// waits suspended for its client.

@@ -528,7 +528,9 @@ func (m *Manager) waitSuspended(ctx context.Context, e *entry, sb *sandbox.Sandb
 // client finished, or that sat idle, was stopped, not cancelled.
 func (m *Manager) sessionEnded(e *entry, res sandbox.Result) sandbox.Result {
 	m.mu.Lock()
-	if e.stopping == "" {
+	if e.stopping == "" && m.ctx.Err() == nil {
+		// Not when the executor stops: a session it stops under is kept
+		// (execute), not ended.
 		e.stopping = res.Reason
 	}
 	stopping := e.stopping
@@ -753,7 +755,10 @@ func (m *Manager) watchIdle(ctx context.Context, e *entry) {
 	m.mu.Lock()
 	idle, _, _ := e.session()
 	e.lastActive = m.cfg.Now()
-	changed := e.changed
+	if e.idleChanged == nil {
+		e.idleChanged = make(chan struct{})
+	}
+	changed := e.idleChanged
 	m.mu.Unlock()
 	t := time.NewTimer(idle)
 	defer t.Stop()
@@ -768,7 +773,7 @@ func (m *Manager) watchIdle(ctx context.Context, e *entry) {
 		}
 		m.mu.Lock()
 		idle, _, _ = e.session()
-		changed = e.changed
+		changed = e.idleChanged
 		if e.run.Suspended || e.suspending || e.filesActive > 0 {
 			// Suspended is not idle (the deadline alone bounds it), nor
 			// is a session whose files are being read or written.

@@ -162,6 +162,10 @@ func (m *Manager) Update(ctx context.Context, g Grant) (Run, error) {
 	// the idle watcher, woken by notify, times idleness by it.
 	e.run.Grant = g
 	e.run.SignedGrant = g.Signed
+	if e.idleChanged != nil {
+		close(e.idleChanged)
+		e.idleChanged = make(chan struct{})
+	}
 	if netChanged && e.net != nil {
 		e.run.NetworkUpdatedAt = m.cfg.Now()
 	}

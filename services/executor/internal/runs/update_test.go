@@ -66,6 +66,7 @@ type harness struct {
 	m      *Manager
 	auth   *fakeAuthority
 	commit string
+	base   string // the harness's directories: sandbox, sources, runs
 }
 
 func runcPath(t *testing.T) string {
@@ -195,7 +196,7 @@ func newHarnessWith(t *testing.T, gated bool, capacity Capacity) (*harness, func
 			t.Errorf("sandbox Close: %v", err)
 		}
 	})
-	return &harness{m: m, auth: auth, commit: auth.hdr.Commit}, release
+	return &harness{m: m, auth: auth, commit: auth.hdr.Commit, base: base}, release
 }
 
 type testWriter struct{ t testing.TB }

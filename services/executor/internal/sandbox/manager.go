@@ -277,7 +277,8 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	}
 	defer func() {
 		if err != nil {
-			if terr := s.teardown(false); terr != nil {
+			// A kept scratch goes back where it was kept.
+			if terr := s.teardown(spec.Kept); terr != nil {
 				m.log.Error("sandbox: undo a failed create", "job_id", spec.ID, "error", terr)
 			}
 			m.forget(spec.ID)
@@ -592,8 +593,23 @@ func (m *Manager) Recover(ctx context.Context, keep func(id string) bool) ([]str
 	}
 	detachLoopsUnder(m.cfg.StateDir)
 	for id := range keepMounted {
-		if err := keepScratch(filepath.Join(m.jobsDir, id), m.keptDir, id); err != nil {
-			errs = append(errs, fmt.Errorf("keep the scratch of %s: %w", id, err))
+		// Only an image nothing uses any more: a mount a host process
+		// held was only detached lazily, and its file system may still be
+		// live on the old loop device, where a second mount would
+		// corrupt it. Not kept, the session ends saying so.
+		dir := filepath.Join(m.jobsDir, id)
+		img := filepath.Join(dir, scratchImage)
+		// Autoclear detaches a loop device asynchronously after its
+		// unmount: give it a moment.
+		for end := time.Now().Add(2 * time.Second); len(loopsBacking(img)) > 0 && time.Now().Before(end); {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if points, _ := mountsUnder(dir); len(points) > 0 || len(loopsBacking(img)) > 0 {
+			m.log.Warn("a session's scratch is still in use after Recover; not kept", "job_id", id, "mounts", points)
+			continue
+		}
+		if err := keepScratch(dir, m.keptDir, id); err != nil {
+			m.log.Warn("a session's scratch could not be kept", "job_id", id, "error", err)
 		}
 	}
 	if ents, err := os.ReadDir(m.keptDir); err == nil {

@@ -108,8 +108,10 @@ func (p *scratchPool) image(size int64) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	// No journal: the file system lives for one job and is never
-	// remounted after a crash. Lazy inode tables keep the image sparse
+	// No journal: the file system lives for one job, and is remounted
+	// only after an executor restart that found it still mounted (the
+	// host stayed up, so it was whole once unmounted), never after a
+	// host crash. Lazy inode tables keep the image sparse
 	// (noinit_itable at mount keeps the kernel from filling them in
 	// later). No reserved blocks: the job gets the whole size.
 	cmd := exec.Command(p.mkfs, "-q", "-F", "-b", "4096", "-m", "0",
@@ -482,25 +484,42 @@ func attachLoop(backing string) (*os.File, error) {
 	return nil, errors.New("no free loop device after 64 tries")
 }
 
-// detachLoopsUnder clears every loop device whose backing file lies under
-// dir: one a crashed executor attached and never mounted.
-func detachLoopsUnder(dir string) {
+// loopDevices calls f with each attached loop device and its backing
+// file (without the " (deleted)" the kernel adds to a removed one).
+func loopDevices(f func(dev, backing string)) {
 	ents, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	for _, f := range ents {
-		b, err := os.ReadFile(f)
+	for _, p := range ents {
+		b, err := os.ReadFile(p)
 		if err != nil {
 			continue
 		}
-		back := filepath.Clean(string(trimNL(b)))
-		if !isUnder(back, dir) && !isUnder(trimDeleted(back), dir) {
-			continue
+		f("/dev/"+filepath.Base(filepath.Dir(filepath.Dir(p))), trimDeleted(filepath.Clean(string(trimNL(b)))))
+	}
+}
+
+// loopsBacking lists the loop devices attached to the file at path.
+func loopsBacking(path string) []string {
+	var devs []string
+	loopDevices(func(dev, backing string) {
+		if backing == path {
+			devs = append(devs, dev)
 		}
-		name := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(f)))
+	})
+	return devs
+}
+
+// detachLoopsUnder clears every loop device whose backing file lies under
+// dir: one a crashed executor attached and never mounted.
+func detachLoopsUnder(dir string) {
+	loopDevices(func(name, backing string) {
+		if !isUnder(backing, dir) {
+			return
+		}
 		if dev, err := os.OpenFile(name, os.O_RDWR, 0); err == nil {
 			_ = unix.IoctlSetInt(int(dev.Fd()), unix.LOOP_CLR_FD, 0)
 			dev.Close()
 		}
-	}
+	})
 }
 
 func trimNL(b []byte) []byte {
