@@ -13,6 +13,8 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"sort"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -86,18 +88,43 @@ func Digest(sg *typesv1.SignedGrant) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// Verifier checks grants against the authority's public keys.
+// Verifier checks grants against the authority's public keys, any of a
+// set (more than one during a key rotation), chosen by the grant's key id.
 type Verifier struct {
+	mu   sync.RWMutex
 	keys map[string]ed25519.PublicKey
+	file *keyFile // set by NewFileVerifier: the keys' source, re-read on change
 }
 
-// NewVerifier trusts keys (more than one during a key rotation).
+// NewVerifier trusts keys.
 func NewVerifier(keys ...ed25519.PublicKey) *Verifier {
-	v := &Verifier{keys: map[string]ed25519.PublicKey{}}
-	for _, k := range keys {
-		v.keys[KeyID(k)] = k
-	}
+	v := &Verifier{}
+	v.SetKeys(keys...)
 	return v
+}
+
+// SetKeys replaces the trusted set with keys, for grants verified from now on.
+func (v *Verifier) SetKeys(keys ...ed25519.PublicKey) {
+	m := make(map[string]ed25519.PublicKey, len(keys))
+	for _, k := range keys {
+		m[KeyID(k)] = k
+	}
+	v.mu.Lock()
+	v.keys = m
+	v.mu.Unlock()
+}
+
+// KeyIDs lists the trusted keys' ids, sorted.
+func (v *Verifier) KeyIDs() []string {
+	v.refresh()
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	ids := make([]string, 0, len(v.keys))
+	for id := range v.keys {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
 }
 
 // Verify checks the signature over the exact body bytes first, then parses
@@ -121,7 +148,10 @@ func (v *Verifier) VerifyRecord(sg *typesv1.SignedGrant) (*typesv1.Grant, error)
 	if sg == nil || len(sg.GetBody()) == 0 || len(sg.GetSignature()) == 0 {
 		return nil, fmt.Errorf("%w: body and signature are required", ErrMalformed)
 	}
+	v.refresh()
+	v.mu.RLock()
 	key, ok := v.keys[sg.GetKeyId()]
+	v.mu.RUnlock()
 	if !ok {
 		return nil, fmt.Errorf("%w: key id %q", ErrUnknownKey, sg.GetKeyId())
 	}

@@ -31,6 +31,20 @@ func LoadOrCreateEd25519(path string) (ed25519.PrivateKey, error) {
 	if err != nil {
 		return nil, err
 	}
+	return parseEd25519Private(path, data)
+}
+
+// LoadEd25519 reads an existing PKCS#8 PEM Ed25519 key; unlike
+// LoadOrCreateEd25519 it never makes one. Errors name the path.
+func LoadEd25519(path string) (ed25519.PrivateKey, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return parseEd25519Private(path, data)
+}
+
+func parseEd25519Private(path string, data []byte) (ed25519.PrivateKey, error) {
 	block, _ := pem.Decode(data)
 	if block == nil || block.Type != "PRIVATE KEY" {
 		return nil, fmt.Errorf("%s: not a PEM PRIVATE KEY", path)

@@ -57,7 +57,24 @@ func (s *stack) addTenant(t *testing.T, name string, repos map[string]string) {
 // file at start: restart it afterwards.
 func (s *stack) editTenants(t *testing.T, edit func(tenants, dev map[string]any)) {
 	t.Helper()
-	path := s.services["authority"].Config
+	s.editConfig(t, "authority", func(path string, cfg map[string]any) {
+		tenants, ok := cfg["tenants"].(map[string]any)
+		if !ok {
+			t.Fatalf("%s: no tenants map", path)
+		}
+		dev, ok := tenants["dev"].(map[string]any)
+		if !ok {
+			t.Fatalf("%s: no dev tenant", path)
+		}
+		edit(tenants, dev)
+	})
+}
+
+// editConfig rewrites the config file of service with edit. The services
+// read the file at start: restart it afterwards.
+func (s *stack) editConfig(t *testing.T, service string, edit func(path string, cfg map[string]any)) {
+	t.Helper()
+	path := s.services[service].Config
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -66,15 +83,7 @@ func (s *stack) editTenants(t *testing.T, edit func(tenants, dev map[string]any)
 	if err := yaml.Unmarshal(data, &cfg); err != nil {
 		t.Fatal(err)
 	}
-	tenants, ok := cfg["tenants"].(map[string]any)
-	if !ok {
-		t.Fatalf("%s: no tenants map", path)
-	}
-	dev, ok := tenants["dev"].(map[string]any)
-	if !ok {
-		t.Fatalf("%s: no dev tenant", path)
-	}
-	edit(tenants, dev)
+	edit(path, cfg)
 	out, err := yaml.Marshal(cfg)
 	if err != nil {
 		t.Fatal(err)

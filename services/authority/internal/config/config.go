@@ -37,7 +37,9 @@ type Config struct {
 	Executor config.Peer `yaml:"executor"`
 	// GrantKey is the Ed25519 PKCS#8 PEM key grants are signed with;
 	// default <data_dir>/grant.key, created (0600, with grant.key.pub beside
-	// it) when missing.
+	// it) when missing. It may instead name an existing directory of *.key
+	// files, for a rotation: the last by name signs, and every one's public
+	// key is written to <grant_key>.pub for the executors' trusted set.
 	GrantKey string `yaml:"grant_key"`
 	// GrantTTL is how long a grant may wait before an executor must start
 	// it; default 10m.

@@ -98,7 +98,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			env.OnStop(cps.Close)
 			env.Go(cps.Run)
 
-			key, err := grant.LoadOrCreateSigner(cfg.GrantKey)
+			key, published, err := grant.LoadSigningKeys(cfg.GrantKey)
 			if err != nil {
 				return err
 			}
@@ -168,7 +168,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			}
 			api.New(api.Config{Jobs: svc, Approvals: appr, Flow: wf, Checkpoints: cps, Executor: executorv1.NewExecutorServiceClient(conn), Logger: env.Logger}).Register(env.Server)
 			env.Logger.Info("authority ready", "tenants", len(cfg.Policy), "grant_key_id", key.KeyID(),
-				"grant_public_key", cfg.GrantKey+".pub",
+				"grant_public_key", cfg.GrantKey+".pub", "grant_public_keys", len(published),
 				"audit_checkpoint_key_id", pki.Ed25519KeyID(cpKey.Public().(ed25519.PublicKey)), "audit_checkpoints", cfg.Audit.CheckpointFile, "executor", cfg.Executor.Address)
 			if len(cfg.Policy) == 0 {
 				env.Logger.Warn("no tenants configured; every SubmitJob will be refused")

@@ -15,6 +15,7 @@ import (
 	"regexp"
 
 	"github.com/airlockhq/airlock/pkg/config"
+	"github.com/airlockhq/airlock/pkg/grant"
 )
 
 // Config is the executor's whole config file, validated.
@@ -97,7 +98,11 @@ func defaultPool4(dataDir string) netip.Prefix {
 // Authority is the executor's authority peer.
 type Authority struct {
 	config.Peer `yaml:",inline"`
-	// GrantPublicKey is the PEM Ed25519 key grants must be signed with.
+	// GrantPublicKey is the set of PEM Ed25519 keys a grant may be signed
+	// with: a file holding one or more PUBLIC KEY blocks (the authority's
+	// grant.key.pub), or a directory of *.pub files. It is re-read when it
+	// changes, with no restart; an unreadable or invalid change keeps the
+	// last good set.
 	GrantPublicKey string `yaml:"grant_public_key"`
 }
 
@@ -124,7 +129,11 @@ func (c *Config) Common() *config.Server { return &c.Server }
 func (c *Config) ValidatePeers() error {
 	var errs []error
 	errs = append(errs, config.ValidatePeer("authority", c.Authority.Peer))
-	errs = append(errs, c.Server.CheckFile("authority.grant_public_key", &c.Authority.GrantPublicKey, true))
+	if err := c.Server.CheckFile("authority.grant_public_key", &c.Authority.GrantPublicKey, true); err != nil {
+		errs = append(errs, err)
+	} else if _, err := grant.LoadPublicKeys(c.Authority.GrantPublicKey); err != nil {
+		errs = append(errs, config.Field("authority.grant_public_key", "%v", err))
+	}
 	errs = append(errs, c.Server.CheckFile("sandbox.runc", &c.Sandbox.Runc, true))
 	errs = append(errs, c.Server.CheckFile("sandbox.runsc", &c.Sandbox.Runsc, false))
 	if c.Sandbox.UIDBase == 0 {

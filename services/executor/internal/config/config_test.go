@@ -1,8 +1,10 @@
 package config
 
 import (
+	"crypto/ed25519"
 	"errors"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -12,6 +14,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/airlockhq/airlock/pkg/config"
+	"github.com/airlockhq/airlock/pkg/grant"
 )
 
 // fieldErrors maps each field ValidatePeers complains about to its reason.
@@ -226,6 +229,49 @@ func TestCapacityValues(t *testing.T) {
 		}
 		if len(errs) != 1 {
 			t.Errorf("%s: errors %v; want only %s", tc.yaml, errs, tc.field)
+		}
+	}
+}
+
+// authority.grant_public_key names a file of one or more keys or a
+// directory of *.pub files; anything else is refused at start, naming the
+// field, never left to refuse every grant later.
+func TestGrantPublicKey(t *testing.T) {
+	dir := t.TempDir()
+	pub, _, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := grant.MarshalPublicKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := filepath.Join(dir, "keys")
+	if err := os.Mkdir(keys, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	empty := filepath.Join(dir, "empty")
+	if err := os.Mkdir(empty, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{"one.pub": p, "two.pub": append(append([]byte{}, p...), p...), "bad.pub": []byte("not a key\n"), "keys/a.pub": p}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for path, want := range map[string]string{
+		"one.pub": "", "two.pub": "", "keys": "",
+		"bad.pub": "not a PEM PUBLIC KEY", "empty": "holds no PEM PUBLIC KEY", "missing.pub": "no such file", "": "required",
+	} {
+		c := &Config{}
+		c.DataDir = dir
+		if path != "" {
+			c.Authority.GrantPublicKey = filepath.Join(dir, path)
+		}
+		got := fieldErrors(c.ValidatePeers())["authority.grant_public_key"]
+		if want == "" && got != "" || !strings.Contains(got, want) {
+			t.Errorf("%q: authority.grant_public_key error %q, want %q", path, got, want)
 		}
 	}
 }

@@ -48,7 +48,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		Table:   authz.ExecutorTable,
 		Logger:  logger,
 		Start: func(ctx context.Context, env *daemon.Env) error {
-			pub, err := grant.LoadPublicKey(cfg.Authority.GrantPublicKey)
+			verifier, err := grant.NewFileVerifier(cfg.Authority.GrantPublicKey, logger)
 			if err != nil {
 				return err
 			}
@@ -123,7 +123,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			if err := mgr.Recover(ctx); err != nil {
 				return err
 			}
-			api.New(api.Config{Runs: mgr, Verifier: grant.NewVerifier(pub), Logger: logger}).Register(env.Server)
+			api.New(api.Config{Runs: mgr, Verifier: verifier, Logger: logger}).Register(env.Server)
 			return nil
 		},
 	})

@@ -29,8 +29,10 @@ type Config struct {
 // Authority is the publisher's authority peer.
 type Authority struct {
 	config.Peer `yaml:",inline"`
-	// GrantPublicKey is the PEM Ed25519 key the grant inside each bundle
-	// must be signed with (the authority's grant key).
+	// GrantPublicKey is the set of PEM Ed25519 keys the grant inside each
+	// bundle may be signed with (the authority's grant keys): a file of one
+	// or more keys or a directory of *.pub files, re-read on change as the
+	// executor's is.
 	GrantPublicKey string `yaml:"grant_public_key"`
 }
 

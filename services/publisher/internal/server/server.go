@@ -55,7 +55,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			env.Logger.Info("store opened", "driver", cfg.Store.Driver, "database", where)
 			env.OnStop(st.Close)
 
-			pub, err := grant.LoadPublicKey(cfg.Authority.GrantPublicKey)
+			grants, err := grant.NewFileVerifier(cfg.Authority.GrantPublicKey, logger)
 			if err != nil {
 				return err
 			}
@@ -80,7 +80,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 
 			svc, err := publish.New(ctx, publish.Config{
 				Store: st, Authority: peers.NewAuthority(ac, env.TLS), Executor: peers.NewExecutor(ec), Checker: checker,
-				Trust: publish.Trust{Roots: roots, Executor: env.PeerID(identity.ServiceExecutor), Grants: grant.NewVerifier(pub)},
+				Trust: publish.Trust{Roots: roots, Executor: env.PeerID(identity.ServiceExecutor), Grants: grants},
 				Dir:   env.DataDir.Join("work"), Logger: logger,
 				// The data directory is one process's at a time (locked): a
 				// publisher restarted on it takes its claims up at once.
