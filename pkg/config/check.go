@@ -37,15 +37,8 @@ func Check(name, path string, cfg Checker, override func(*Server)) (string, []er
 	if err := Decode(data, cfg); err != nil {
 		return "", []error{err}
 	}
-	if override != nil {
-		override(cfg.Common())
-	}
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return "", []error{err}
-	}
+	errs := Problems(validateService(path, cfg, override))
 	s := cfg.Common()
-	errs := Problems(s.Validate(filepath.Dir(abs)), cfg.ValidatePeers())
 	if s.TLS.CA != "" && s.TLS.Cert != "" && s.TLS.Key != "" && !mentions(errs, "tls.") && !mentions(errs, "trust_domain") {
 		if _, _, err := s.LoadTLS(name); err != nil {
 			errs = append(errs, err)
