@@ -345,17 +345,24 @@ func LoadService(path string, cfg Service, override func(*Server)) error {
 	if err := Load(path, cfg); err != nil {
 		return err
 	}
+	if err := validateService(path, cfg, override); err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	return nil
+}
+
+// validateService applies override to a decoded cfg and validates all of
+// it, relative paths from path's directory: what LoadService and Check do
+// after decoding.
+func validateService(path string, cfg Service, override func(*Server)) error {
 	if override != nil {
 		override(cfg.Common())
 	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
-		return fmt.Errorf("config: %w", err)
+		return err
 	}
-	if err := errors.Join(cfg.Common().Validate(filepath.Dir(abs)), cfg.ValidatePeers()); err != nil {
-		return fmt.Errorf("config %s: %w", path, err)
-	}
-	return nil
+	return errors.Join(cfg.Common().Validate(filepath.Dir(abs)), cfg.ValidatePeers())
 }
 
 // CheckFile checks the file field names of a service's config: made

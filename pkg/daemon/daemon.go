@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
@@ -21,7 +20,6 @@ import (
 	"github.com/airlockhq/airlock/pkg/datadir"
 	"github.com/airlockhq/airlock/pkg/grpcserver"
 	"github.com/airlockhq/airlock/pkg/identity"
-	"github.com/airlockhq/airlock/pkg/pki"
 	"github.com/airlockhq/airlock/pkg/telemetry"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
 )
@@ -105,11 +103,7 @@ func Run(ctx context.Context, spec Spec) (err error) {
 	}
 	defer dir.Close()
 
-	src, err := tlsconfig.NewFileSource(cfg.TLS.CA, cfg.TLS.Cert, cfg.TLS.Key)
-	if err != nil {
-		return err
-	}
-	self, err := checkIdentity(src, cfg, spec.Name)
+	src, self, err := cfg.LoadTLS(spec.Name)
 	if err != nil {
 		return err
 	}
@@ -152,34 +146,4 @@ func Run(ctx context.Context, spec Spec) (err error) {
 	env.stops = nil
 	log.Info("stopped", "error", err)
 	return err
-}
-
-// checkIdentity returns our identity, or an error when tls.cert is not the
-// named service's that says what to fix: the files, trust_domain, or the
-// certificate (reissued with `airlock pki issue`).
-func checkIdentity(src *tlsconfig.Source, cfg config.Server, name string) (identity.ID, error) {
-	self, err := src.ID()
-	if err != nil {
-		return identity.ID{}, err
-	}
-	want := identity.Service(cfg.TrustDomain, name)
-	if self == want {
-		return self, nil
-	}
-	dir := "DIR"
-	if pki.CAPath(filepath.Dir(cfg.TLS.CA)) == cfg.TLS.CA {
-		dir = filepath.Dir(cfg.TLS.CA)
-	}
-	issue := fmt.Sprintf("`airlock pki issue --dir %s --id %s`", dir, want.Principal())
-	switch {
-	case self.Principal() != want.Principal():
-		return identity.ID{}, fmt.Errorf("tls.cert is for %s, not the %s (%s): point tls.cert and tls.key at the %s's certificate and key, or issue them with %s",
-			self, name, want, name, issue)
-	case src.Verify() == nil:
-		return identity.ID{}, fmt.Errorf("tls.cert is for %s, but trust_domain is %s: the certificate and the CA in tls.ca are both of trust domain %s, so fix trust_domain in the config (trust_domain: %s)",
-			self, cfg.TrustDomain, self.TrustDomain, self.TrustDomain)
-	default:
-		return identity.ID{}, fmt.Errorf("tls.cert is for %s, but trust_domain is %s, and the certificate does not verify against the CA in tls.ca: reissue it from that CA with %s",
-			self, cfg.TrustDomain, issue)
-	}
 }

@@ -73,7 +73,7 @@ func TestWrongCertificate(t *testing.T) {
 				},
 			}
 			var stderr bytes.Buffer
-			code := main("authority", []string{"--config", "unused.yaml"}, &stderr, func(ctx context.Context, _ *Flags) error {
+			code := main("authority", []string{"--config", "unused.yaml"}, io.Discard, &stderr, nil, func(ctx context.Context, _ *Flags) error {
 				return Run(ctx, spec)
 			})
 			if code != 1 || stderr.String() != tc.want {

@@ -21,7 +21,14 @@ type Flags struct {
 	Listen   string
 	DataDir  string
 	LogLevel string
+	// CheckConfig checks the config and exits, starting nothing.
+	CheckConfig bool
 }
+
+// Check is a service's --check-config: its config package's Check, which
+// loads path as a start would and reads every file it names (config.Check),
+// returning the summary line or every problem.
+type Check func(path string, override func(*config.Server)) (string, []error)
 
 // Apply overrides s with the flags that were set.
 func (f *Flags) Apply(s *config.Server) {
@@ -38,12 +45,13 @@ func (f *Flags) Apply(s *config.Server) {
 
 // Main is the whole of a service's main: it parses flags, runs run under a
 // context cancelled by SIGINT or SIGTERM, and exits 0 on a clean stop, 1 on
-// failure and 2 on bad usage.
-func Main(name string, run func(ctx context.Context, f *Flags) error) {
-	os.Exit(main(name, os.Args[1:], os.Stderr, run))
+// failure and 2 on bad usage. With --check-config it runs check instead and
+// exits 0 with the ok line on stdout, or 2 with one problem a line on stderr.
+func Main(name string, check Check, run func(ctx context.Context, f *Flags) error) {
+	os.Exit(main(name, os.Args[1:], os.Stdout, os.Stderr, check, run))
 }
 
-func main(name string, args []string, stderr io.Writer, run func(ctx context.Context, f *Flags) error) int {
+func main(name string, args []string, stdout, stderr io.Writer, check Check, run func(ctx context.Context, f *Flags) error) int {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var f Flags
@@ -53,6 +61,7 @@ func main(name string, args []string, stderr io.Writer, run func(ctx context.Con
 	fs.StringVar(&f.DataDir, "data-dir", "", "override the config's data directory")
 	fs.StringVar(&f.LogLevel, "log-level", "", "override the config's log level (debug, info, warn, error)")
 	fs.BoolVar(&showVersion, "version", false, "print the version and exit")
+	fs.BoolVar(&f.CheckConfig, "check-config", false, "check the config and every file it names as a start would, bind and write nothing, and exit (0 good, 2 not)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: %s --config FILE [flags]\n\nThe Airlock %s service.\n\nFlags:\n", name, name)
 		fs.PrintDefaults()
@@ -75,11 +84,26 @@ func main(name string, args []string, stderr io.Writer, run func(ctx context.Con
 		fmt.Fprintf(stderr, "%s: --config is required\n", name)
 		return 2
 	}
+	if f.CheckConfig {
+		return checkConfig(name, &f, stdout, stderr, check)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, &f); err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 1
 	}
+	return 0
+}
+
+func checkConfig(name string, f *Flags, stdout, stderr io.Writer, check Check) int {
+	summary, problems := check(f.Config, f.Apply)
+	if len(problems) > 0 {
+		for _, err := range problems {
+			fmt.Fprintf(stderr, "%s: config %s: %v\n", name, f.Config, err)
+		}
+		return 2
+	}
+	fmt.Fprintf(stdout, "ok: %s config %s\n%s\n", name, f.Config, summary)
 	return 0
 }

@@ -24,10 +24,18 @@ func Ed25519KeyID(pub ed25519.PublicKey) string {
 // (0600, with its public key beside it as path + ".pub", 0644) when
 // missing. Errors name the path.
 func LoadOrCreateEd25519(path string) (ed25519.PrivateKey, error) {
-	data, err := os.ReadFile(path)
+	key, err := LoadEd25519(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return createEd25519(path)
 	}
+	return key, err
+}
+
+// LoadEd25519 reads the PKCS#8 PEM Ed25519 key at path; a missing file is
+// an error that is os.ErrNotExist, which LoadOrCreateEd25519 creates and
+// --check-config reports as to be created.
+func LoadEd25519(path string) (ed25519.PrivateKey, error) {
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
@@ -60,11 +68,20 @@ func parseEd25519Private(path string, data []byte) (ed25519.PrivateKey, error) {
 	return key, nil
 }
 
-func createEd25519(path string) (ed25519.PrivateKey, error) {
+// CanCreateEd25519 says whether LoadOrCreateEd25519 would make the missing
+// key at path: an error when it would refuse.
+func CanCreateEd25519(path string) error {
 	// A public key without its private key is a key lost, not one never
 	// made: whoever pinned it must hear of a new one, so none is made here.
 	if _, err := os.Stat(path + ".pub"); err == nil {
-		return nil, fmt.Errorf("%s is missing but its public key %s.pub exists: restore the private key, or move the .pub aside to make a new key (and re-pin it wherever the old one was pinned)", path, path)
+		return fmt.Errorf("%s is missing but its public key %s.pub exists: restore the private key, or move the .pub aside to make a new key (and re-pin it wherever the old one was pinned)", path, path)
+	}
+	return nil
+}
+
+func createEd25519(path string) (ed25519.PrivateKey, error) {
+	if err := CanCreateEd25519(path); err != nil {
+		return nil, err
 	}
 	_, key, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {

@@ -11,7 +11,7 @@ import (
 )
 
 func main() {
-	daemon.Main("authority", func(ctx context.Context, f *daemon.Flags) error {
+	daemon.Main("authority", config.Check, func(ctx context.Context, f *daemon.Flags) error {
 		cfg, err := config.Load(f.Config, f.Apply)
 		if err != nil {
 			return err

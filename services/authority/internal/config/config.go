@@ -8,6 +8,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/pki"
 	"github.com/airlockhq/airlock/pkg/runspec"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
 	"github.com/airlockhq/airlock/services/authority/internal/checkpoints"
@@ -701,4 +703,71 @@ func Load(path string, override func(*config.Server)) (*Config, error) {
 		return nil, err
 	}
 	return &c, nil
+}
+
+// Check is --check-config: the file at path loaded as Load does, and every
+// file it names read as a start would (config.Check), creating nothing: a
+// missing key a start would make is a note in the summary.
+func Check(path string, override func(*config.Server)) (string, []error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", []error{err}
+	}
+	return config.Check("authority", path, &Config{base: filepath.Dir(abs)}, override)
+}
+
+// CheckFiles implements config.Checker: the grant and checkpoint keys
+// parse or can be made, and the checkpoint file can be opened.
+func (c *Config) CheckFiles() ([]string, error) {
+	var (
+		notes []string
+		errs  []error
+	)
+	for _, k := range []struct{ field, path string }{
+		{"grant_key", c.GrantKey}, {"audit.checkpoint_key", c.Audit.CheckpointKey},
+	} {
+		if k.path == "" {
+			continue
+		}
+		note, err := checkKey(k.field, k.path)
+		errs = append(errs, err)
+		if note != "" {
+			notes = append(notes, note)
+		}
+	}
+	if f := c.Audit.CheckpointFile; f != "" {
+		// Opened O_CREATE, appended to: its directory must be there, unless
+		// it is the data directory, which a start makes.
+		if st, err := os.Stat(f); err == nil && !st.Mode().IsRegular() {
+			errs = append(errs, config.Field("audit.checkpoint_file", "%s is not a regular file", f))
+		} else if dir := filepath.Dir(f); dir != c.DataDir {
+			if st, err := os.Stat(dir); err != nil {
+				errs = append(errs, config.Field("audit.checkpoint_file", "%v", err))
+			} else if !st.IsDir() {
+				errs = append(errs, config.Field("audit.checkpoint_file", "%s is not a directory", dir))
+			}
+		}
+	}
+	return notes, errors.Join(errs...)
+}
+
+// checkKey reads the Ed25519 key a start loads or creates
+// (pki.LoadOrCreateEd25519), creating none.
+func checkKey(field, path string) (note string, err error) {
+	_, err = pki.LoadEd25519(path)
+	switch {
+	case err == nil:
+		return "", nil
+	case !errors.Is(err, fs.ErrNotExist):
+		return "", config.Field(field, "%v", err)
+	}
+	if err := pki.CanCreateEd25519(path); err != nil {
+		return "", config.Field(field, "%v", err)
+	}
+	return fmt.Sprintf("%s %s will be created", field, path), nil
+}
+
+// Summary implements config.Checker.
+func (c *Config) Summary() string {
+	return fmt.Sprintf("executor %s, store %s, %d tenants", c.Executor.Address, c.Store.Driver, len(c.Policy))
 }

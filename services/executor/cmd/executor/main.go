@@ -11,7 +11,7 @@ import (
 )
 
 func main() {
-	daemon.Main("executor", func(ctx context.Context, f *daemon.Flags) error {
+	daemon.Main("executor", config.Check, func(ctx context.Context, f *daemon.Flags) error {
 		cfg, err := config.Load(f.Config, f.Apply)
 		if err != nil {
 			return err

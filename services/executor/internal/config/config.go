@@ -226,3 +226,30 @@ func Load(path string, override func(*config.Server)) (*Config, error) {
 	}
 	return &c, nil
 }
+
+// Check is --check-config: the file at path loaded as Load does, and every
+// file it names read as a start would (config.Check), creating nothing and
+// running no runtime.
+func Check(path string, override func(*config.Server)) (string, []error) {
+	return config.Check("executor", path, &Config{}, override)
+}
+
+// CheckFiles implements config.Checker: the grant public key parses and
+// the runtimes are executable.
+func (c *Config) CheckFiles() ([]string, error) {
+	return nil, errors.Join(
+		config.CheckPublicKey("authority.grant_public_key", c.Authority.GrantPublicKey),
+		config.CheckExecutable("sandbox.runc", c.Sandbox.Runc),
+		config.CheckExecutable("sandbox.runsc", c.Sandbox.Runsc),
+	)
+}
+
+// Summary implements config.Checker.
+func (c *Config) Summary() string {
+	classes := "runc"
+	if c.Sandbox.Runsc != "" {
+		classes += " and runsc"
+	}
+	return fmt.Sprintf("authority %s, %s, cgroup parent %s, network %s pool %s, capacity %d jobs",
+		c.Authority.Address, classes, c.Sandbox.CgroupParent, c.Network.Name, c.Network.Pool4Prefix, c.Capacity.Jobs)
+}

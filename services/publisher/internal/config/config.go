@@ -5,6 +5,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/contentcheck"
@@ -70,4 +71,20 @@ func Load(path string, override func(*config.Server)) (*Config, error) {
 		return nil, err
 	}
 	return &c, nil
+}
+
+// Check is --check-config: the file at path loaded as Load does, and every
+// file it names read as a start would (config.Check), creating nothing.
+func Check(path string, override func(*config.Server)) (string, []error) {
+	return config.Check("publisher", path, &Config{}, override)
+}
+
+// CheckFiles implements config.Checker: the grant public key must parse.
+func (c *Config) CheckFiles() ([]string, error) {
+	return nil, config.CheckPublicKey("authority.grant_public_key", c.Authority.GrantPublicKey)
+}
+
+// Summary implements config.Checker.
+func (c *Config) Summary() string {
+	return fmt.Sprintf("authority %s, executor %s, store %s", c.Authority.Address, c.Executor.Address, c.Store.Driver)
 }
