@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/airlockhq/airlock/pkg/pki"
+	"github.com/airlockhq/airlock/pkg/grant"
 )
 
 // Checker is a Service whose config --check-config can check beyond
@@ -130,14 +130,15 @@ func CheckExecutable(field, path string) error {
 	return nil
 }
 
-// CheckPublicKey parses the PEM Ed25519 public key field names, as a
-// start loads it (grant.LoadPublicKey); one validation found missing is
+// CheckPublicKey reads the set of trusted Ed25519 public keys field
+// names (a file of one or more, or a directory of *.pub files), as a
+// start loads it (grant.LoadPublicKeys); one validation found missing is
 // skipped.
 func CheckPublicKey(field, path string) error {
 	if _, err := os.Stat(path); err != nil {
 		return nil
 	}
-	if _, err := pki.LoadEd25519Public(path); err != nil {
+	if _, err := grant.LoadPublicKeys(path); err != nil {
 		return Field(field, "%v", err)
 	}
 	return nil

@@ -182,30 +182,51 @@ func LoadSigningKeys(path string) (*Signer, []ed25519.PublicKey, error) {
 		}
 		return s, []ed25519.PublicKey{s.PublicKey()}, nil
 	}
-	files, err := keyFiles(path, ".key")
+	keys, err := signingKeyDir(path)
 	if err != nil {
-		return nil, nil, fmt.Errorf("grant key: %w", err)
-	}
-	if len(files) == 0 {
-		return nil, nil, fmt.Errorf("grant key: directory %s holds no *.key file", path)
+		return nil, nil, err
 	}
 	var pubs []ed25519.PublicKey
 	var pemAll []byte
-	var last ed25519.PrivateKey
-	for _, f := range files {
-		key, err := pki.LoadEd25519(f)
-		if err != nil {
-			return nil, nil, fmt.Errorf("grant key: %w", err)
-		}
+	for _, key := range keys {
 		pub := key.Public().(ed25519.PublicKey)
 		p, err := MarshalPublicKey(pub)
 		if err != nil {
 			return nil, nil, fmt.Errorf("grant key: %w", err)
 		}
-		pubs, pemAll, last = append(pubs, pub), append(pemAll, p...), key
+		pubs, pemAll = append(pubs, pub), append(pemAll, p...)
 	}
+	last := keys[len(keys)-1]
 	if err := pki.WriteFileAtomic(path+".pub", pemAll, 0o644); err != nil {
 		return nil, nil, fmt.Errorf("grant key: %w", err)
 	}
 	return NewSigner(last), pubs, nil
+}
+
+// signingKeyDir reads the *.key files of the directory path in signing
+// order: the last signs.
+func signingKeyDir(path string) ([]ed25519.PrivateKey, error) {
+	files, err := keyFiles(path, ".key")
+	if err != nil {
+		return nil, fmt.Errorf("grant key: %w", err)
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("grant key: directory %s holds no *.key file", path)
+	}
+	keys := make([]ed25519.PrivateKey, 0, len(files))
+	for _, f := range files {
+		key, err := pki.LoadEd25519(f)
+		if err != nil {
+			return nil, fmt.Errorf("grant key: %w", err)
+		}
+		keys = append(keys, key)
+	}
+	return keys, nil
+}
+
+// CheckSigningKeyDir reads the signing keys of the directory path as
+// LoadSigningKeys does, writing nothing (--check-config).
+func CheckSigningKeyDir(path string) error {
+	_, err := signingKeyDir(path)
+	return err
 }

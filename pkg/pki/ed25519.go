@@ -31,19 +31,9 @@ func LoadOrCreateEd25519(path string) (ed25519.PrivateKey, error) {
 	return key, err
 }
 
-// LoadEd25519 reads the PKCS#8 PEM Ed25519 key at path; a missing file is
-// an error that is os.ErrNotExist, which LoadOrCreateEd25519 creates and
-// --check-config reports as to be created.
-func LoadEd25519(path string) (ed25519.PrivateKey, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	return parseEd25519Private(path, data)
-}
-
-// LoadEd25519 reads an existing PKCS#8 PEM Ed25519 key; unlike
-// LoadOrCreateEd25519 it never makes one. Errors name the path.
+// LoadEd25519 reads an existing PKCS#8 PEM Ed25519 key at path; it never
+// makes one. A missing file is an error that is os.ErrNotExist, which
+// LoadOrCreateEd25519 creates and --check-config reports as to be created.
 func LoadEd25519(path string) (ed25519.PrivateKey, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {

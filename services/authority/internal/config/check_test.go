@@ -23,7 +23,28 @@ tenants:
 	if err := os.WriteFile(filepath.Join(f.Dir, "lost.key.pub"), []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// Signing keys during a rotation: a directory of *.key files; one
+	// with a bad key among them.
+	key, err := os.ReadFile(filepath.Join(f.Dir, "grant.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for dir, files := range map[string]map[string][]byte{
+		"grant-keys": {"1.key": key},
+		"bad-keys":   {"1.key": key, "2.key": []byte("not a key")},
+	} {
+		if err := os.Mkdir(filepath.Join(f.Dir, dir), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		for name, data := range files {
+			if err := os.WriteFile(filepath.Join(f.Dir, dir, name), data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	cases := append([]configtest.Case{
+		{Name: "a directory of signing keys", Body: good + "grant_key: grant-keys\n", Summary: "1 tenants; data_dir"},
+		{Name: "a bad key among the signing keys", Body: good + "grant_key: bad-keys\n", Field: "grant_key"},
 		{Name: "good, keys to be made", Body: good, Summary: "executor 127.0.0.1:7402, store sqlite, 1 tenants; data_dir " + f.Dir +
 			"/data/authority will be created; grant_key " + f.Dir + "/data/authority/grant.key will be created"},
 		{Name: "good, grant key there", Body: good + "grant_key: grant.key\n", Summary: "1 tenants; data_dir"},

@@ -20,6 +20,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"github.com/airlockhq/airlock/pkg/egress"
+	"github.com/airlockhq/airlock/pkg/grant"
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/pki"
 	"github.com/airlockhq/airlock/pkg/runspec"
@@ -754,6 +755,13 @@ func (c *Config) CheckFiles() ([]string, error) {
 // checkKey reads the Ed25519 key a start loads or creates
 // (pki.LoadOrCreateEd25519), creating none.
 func checkKey(field, path string) (note string, err error) {
+	if st, serr := os.Stat(path); serr == nil && st.IsDir() && field == "grant_key" {
+		// A directory of signing keys (grant key rotation).
+		if err := grant.CheckSigningKeyDir(path); err != nil {
+			return "", config.Field(field, "%v", err)
+		}
+		return "", nil
+	}
 	_, err = pki.LoadEd25519(path)
 	switch {
 	case err == nil:

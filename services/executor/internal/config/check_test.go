@@ -23,10 +23,24 @@ func TestCheck(t *testing.T) {
 		}
 	}
 	good := f.Common() + "authority: {address: 127.0.0.1:7401, grant_public_key: grant.key.pub}\nsandbox: {runc: runc}\n"
+	// A trusted set during a grant-key rotation: a directory of *.pub
+	// files, one of them the fixture's key.
+	pub, err := os.ReadFile(filepath.Join(f.Dir, "grant.key.pub"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := filepath.Join(f.Dir, "grant-keys")
+	if err := os.Mkdir(keys, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(keys, "1.pub"), pub, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cases := append([]configtest.Case{
 		{Name: "good", Body: good, Summary: "authority 127.0.0.1:7401, runc, cgroup parent /airlock/"},
 		{Name: "runc not executable", Body: strings.Replace(good, "runc: runc", "runc: runc-noexec", 1), Field: "sandbox.runc"},
 		{Name: "runsc missing", Body: strings.Replace(good, "runc: runc", "runc: runc, runsc: gone", 1), Field: "sandbox.runsc"},
+		{Name: "a directory of trusted keys", Body: strings.Replace(good, "grant.key.pub", "grant-keys", 1), Summary: "authority 127.0.0.1:7401"},
 		{Name: "grant public key not PEM", Body: strings.Replace(good, "grant.key.pub", "not-pem.crt", 1), Field: "authority.grant_public_key"},
 		{Name: "uid base out of range", Body: strings.Replace(good, "runc: runc", "runc: runc, uid_base: 5", 1), Field: "sandbox.uid_base"},
 	}, f.BadCommon(good)...)
