@@ -1,6 +1,6 @@
 // Package runspec owns what a job's grant may say and still run: the least
-// resources each runtime class needs, and the form of an allowed network
-// prefix. The authority checks every submission and change with it, so a
+// resources each runtime class needs, the form of an allowed network
+// prefix, and the form of a session's exec id. The authority checks every submission and change with it, so a
 // job the executor would refuse is refused at once with the field named;
 // the executor checks every grant it is handed with it too. It imports no
 // grpc or proto; anything may import it.
@@ -9,6 +9,7 @@ package runspec
 import (
 	"fmt"
 	"net/netip"
+	"regexp"
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/egress"
@@ -76,3 +77,11 @@ func CheckLimits(class string, l Limits) error {
 // and matches another). (A netip.Prefix never holds a zone.) pkg/egress
 // decides; the name stays for the executor's netpolicy.
 func CheckPrefix(p netip.Prefix) error { return egress.CheckPrefix(p) }
+
+// execID is a session exec's id as clients choose it: the key of the
+// executor's and the authority's exec records.
+var execID = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
+
+// ValidExecID reports whether id is a well-formed exec id: 1 to 128 of
+// [A-Za-z0-9._:-].
+func ValidExecID(id string) bool { return execID.MatchString(id) }

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/runspec"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 )
 
@@ -61,10 +61,6 @@ type ExecSeen struct {
 	StdoutTruncated, StderrTruncated bool
 	StdoutSHA256, StderrSHA256       string
 }
-
-// execIDFormat is the API's exec id: the executor's rule, checked here too
-// since the id keys the authority's record.
-var execIDFormat = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
 
 // execSummaryBytes bounds the argv and env an exec's record keeps; the
 // whole spec is named by its digest and each field's.
@@ -186,7 +182,7 @@ func differingField(x store.Exec, spec ExecSpec) string {
 // reached. (Whether the exec runs is the executor's to decide: it runs
 // each id once.)
 func (s *Service) RequestExec(ctx context.Context, caller identity.ID, j store.Job, spec ExecSpec, stdin []byte) (store.Exec, bool, error) {
-	if !execIDFormat.MatchString(spec.ID) {
+	if !runspec.ValidExecID(spec.ID) {
 		return store.Exec{}, false, invalid("spec.exec_id", "%q: want 1 to 128 of [A-Za-z0-9._:-]", spec.ID)
 	}
 	if !spec.StdinStream {
@@ -238,7 +234,7 @@ func execRank(st store.ExecState) int {
 // never saw it asked. A report older than the record (running for an
 // exec recorded ended) changes nothing.
 func (s *Service) ObserveExec(ctx context.Context, sessionID string, seen ExecSeen) error {
-	if !execIDFormat.MatchString(seen.Spec.ID) {
+	if !runspec.ValidExecID(seen.Spec.ID) {
 		return fmt.Errorf("jobs: the executor reported exec id %q", seen.Spec.ID)
 	}
 	state := store.ExecRunning

@@ -13,7 +13,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/atomicfile"
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/runspec"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
 
@@ -54,8 +54,6 @@ const (
 // execTail is how much of the end of each stream an exec's record in the
 // bundle and the review carries.
 const execTail = 2 << 10
-
-var execIDFormat = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
 
 // ExecSpec is one command a client runs in a session.
 type ExecSpec struct {
@@ -137,7 +135,7 @@ func invalidf(format string, args ...any) error {
 
 // checkExecSpec checks everything about x that needs no session.
 func checkExecSpec(x *ExecSpec) error {
-	if !execIDFormat.MatchString(x.ID) {
+	if !runspec.ValidExecID(x.ID) {
 		return invalidf("spec.exec_id %q: want 1 to 128 of [A-Za-z0-9._:-]", x.ID)
 	}
 	if err := sandbox.CheckCommand("spec.argv", "spec.env", x.Argv, x.Env); err != nil {
