@@ -28,7 +28,24 @@ type statusReport struct {
 		Address string `json:"address"`
 		Status  string `json:"status"`
 		Error   string `json:"error"`
+		Cgroups *struct {
+			Mode        string   `json:"mode"`
+			Controllers []string `json:"controllers"`
+		} `json:"cgroups"`
 	} `json:"services"`
+}
+
+// hostCgroupMode is "v2" where /sys/fs/cgroup is the unified hierarchy.
+func hostCgroupMode(t *testing.T) string {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs("/sys/fs/cgroup", &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Type == unix.CGROUP2_SUPER_MAGIC {
+		return "v2"
+	}
+	return "v1"
 }
 
 func TestDevUpDown(t *testing.T) {
@@ -56,6 +73,23 @@ func TestDevUpDown(t *testing.T) {
 			if h.Status != "SERVING" || h.Error != "" || h.Address != want.Address {
 				t.Errorf("status of %s: %+v, want SERVING at %s with no error", h.Service, h, want.Address)
 			}
+			// The executor says how it uses cgroups.
+			if h.Service != identity.ServiceExecutor {
+				continue
+			}
+			if h.Cgroups == nil || h.Cgroups.Mode != hostCgroupMode(t) {
+				t.Errorf("executor cgroups %+v, want mode %s", h.Cgroups, hostCgroupMode(t))
+			} else {
+				for _, ctl := range []string{"memory", "pids", "cpu"} {
+					if !slices.Contains(h.Cgroups.Controllers, ctl) {
+						t.Errorf("executor cgroup controllers %v lack %s", h.Cgroups.Controllers, ctl)
+					}
+				}
+			}
+		}
+		text := runCommand(t, s.env(), bin("airlock"), "status")
+		if want := "executor cgroup " + hostCgroupMode(t); !strings.Contains(text.stdout, want) {
+			t.Errorf("airlock status does not say %q:\n%s", want, text.stdout)
 		}
 	})
 

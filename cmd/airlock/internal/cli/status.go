@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"sort"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -25,6 +27,15 @@ type serviceHealth struct {
 	Status   string            `json:"status"`
 	Error    string            `json:"error,omitempty"`
 	Runtimes map[string]string `json:"runtimes,omitempty"`
+	// Cgroups is the executor's cgroup mode and the controllers its jobs
+	// use, from its health components "cgroup/MODE" and
+	// "cgroup/MODE/CONTROLLER".
+	Cgroups *cgroupUse `json:"cgroups,omitempty"`
+}
+
+type cgroupUse struct {
+	Mode        string   `json:"mode"`
+	Controllers []string `json:"controllers"`
 }
 
 // runtimeClasses are the executor's runtime classes, reported as health
@@ -59,6 +70,9 @@ func newStatus(g *globals) *cobra.Command {
 						if st, ok := h.Runtimes[c]; ok {
 							fmt.Fprintf(w, "%s runtime %s\t\t%s\t\n", h.Service, c, termtext.Line(st))
 						}
+					}
+					if h.Cgroups != nil {
+						fmt.Fprintf(w, "%s cgroup %s\t\t%s\t\n", h.Service, termtext.Line(h.Cgroups.Mode), termtext.Line(strings.Join(h.Cgroups.Controllers, " ")))
 					}
 				}
 			}); err != nil {
@@ -105,6 +119,7 @@ func checkAll(ctx context.Context, cfg *clientconfig.Config, src *tlsconfig.Sour
 						h.Runtimes[c] = "NOT_CONFIGURED"
 					}
 				}
+				h.Cgroups = cgroupComponents(ctx, addr, src, identity.Service(cfg.TrustDomain, name))
 			}
 			out[i] = h
 		}()
@@ -128,4 +143,36 @@ func checkHealth(ctx context.Context, addr string, src *tlsconfig.Source, server
 		return "UNREACHABLE", err
 	}
 	return resp.GetStatus().String(), nil
+}
+
+// cgroupComponents reads the executor's cgroup mode and controllers from
+// its health components; nil when it reports none (an older executor).
+func cgroupComponents(ctx context.Context, addr string, src *tlsconfig.Source, server identity.ID) *cgroupUse {
+	cc, err := grpcclient.Dial(addr, src, server)
+	if err != nil {
+		return nil
+	}
+	defer cc.Close()
+	resp, err := healthpb.NewHealthClient(cc).List(ctx, &healthpb.HealthListRequest{})
+	if err != nil {
+		return nil
+	}
+	var use cgroupUse
+	for name := range resp.GetStatuses() {
+		rest, ok := strings.CutPrefix(name, "cgroup/")
+		if !ok {
+			continue
+		}
+		if mode, ctl, ok := strings.Cut(rest, "/"); ok {
+			use.Mode = mode
+			use.Controllers = append(use.Controllers, ctl)
+		} else {
+			use.Mode = rest
+		}
+	}
+	if use.Mode == "" {
+		return nil
+	}
+	sort.Strings(use.Controllers)
+	return &use
 }

@@ -118,6 +118,12 @@ type Sandbox struct {
 	// be this executor's alone: at start the executor removes every job
 	// cgroup under it as a leftover. Default /airlock/<hash of data_dir>.
 	CgroupParent string `yaml:"cgroup_parent"`
+	// DiskReadBPS and DiskWriteBPS bound, per second, what each job reads
+	// from and writes to its scratch disk (a size such as 50MiB); unset is
+	// no bound. cgroup v2 io.max; on v1, blkio throttling, which binds
+	// direct I/O only.
+	DiskReadBPS  config.ByteSize `yaml:"disk_read_bps"`
+	DiskWriteBPS config.ByteSize `yaml:"disk_write_bps"`
 }
 
 var networkName = regexp.MustCompile(`^[a-z0-9_]{1,32}$`)
@@ -146,6 +152,16 @@ func (c *Config) ValidatePeers() error {
 		c.Sandbox.CgroupParent = "/airlock/" + hex.EncodeToString(sum[:6])
 	} else if !filepath.IsAbs(c.Sandbox.CgroupParent) {
 		errs = append(errs, config.Field("sandbox.cgroup_parent", "%q: must be an absolute cgroup path", c.Sandbox.CgroupParent))
+	}
+	for _, b := range []struct {
+		field string
+		v     config.ByteSize
+	}{{"sandbox.disk_read_bps", c.Sandbox.DiskReadBPS}, {"sandbox.disk_write_bps", c.Sandbox.DiskWriteBPS}} {
+		if err := b.v.Check(b.field); err != nil {
+			errs = append(errs, err)
+		} else if b.v.IsSet() && b.v.Bytes() <= 0 {
+			errs = append(errs, config.Field(b.field, "%s: must be positive (leave it out for no bound)", config.FormatByteSize(b.v.Bytes())))
+		}
 	}
 	if c.Network.Name == "" {
 		sum := sha256.Sum256([]byte(c.DataDir))

@@ -275,3 +275,38 @@ func TestGrantPublicKey(t *testing.T) {
 		}
 	}
 }
+
+// The disk bandwidth bounds take sizes per second; a bad or non-positive
+// one names its field.
+func TestDiskBandwidth(t *testing.T) {
+	for _, tc := range []struct {
+		yaml, field, reason string
+		read, write         int64
+	}{
+		{yaml: "{}"},
+		{yaml: "disk_read_bps: 50MiB\ndisk_write_bps: 1048576", read: 50 << 20, write: 1 << 20},
+		{yaml: "disk_read_bps: fast", field: "sandbox.disk_read_bps", reason: "fast"},
+		{yaml: "disk_write_bps: 0", field: "sandbox.disk_write_bps", reason: "must be positive"},
+		{yaml: "disk_write_bps: [1]", field: "sandbox.disk_write_bps", reason: "not a list"},
+	} {
+		c := &Config{}
+		if err := yaml.Unmarshal([]byte(tc.yaml), &c.Sandbox); err != nil {
+			t.Fatalf("%s: %v", tc.yaml, err)
+		}
+		errs := fieldErrors(c.ValidatePeers())
+		if tc.field == "" {
+			for _, f := range []string{"sandbox.disk_read_bps", "sandbox.disk_write_bps"} {
+				if r, bad := errs[f]; bad {
+					t.Errorf("%q: %s: %s", tc.yaml, f, r)
+				}
+			}
+			if c.Sandbox.DiskReadBPS.Bytes() != tc.read || c.Sandbox.DiskWriteBPS.Bytes() != tc.write {
+				t.Errorf("%q: read %d write %d, want %d %d", tc.yaml, c.Sandbox.DiskReadBPS.Bytes(), c.Sandbox.DiskWriteBPS.Bytes(), tc.read, tc.write)
+			}
+			continue
+		}
+		if r, bad := errs[tc.field]; !bad || !strings.Contains(r, tc.reason) {
+			t.Errorf("%q: %s error %q, want one saying %q", tc.yaml, tc.field, r, tc.reason)
+		}
+	}
+}

@@ -3,7 +3,6 @@ package sandbox
 import (
 	"bufio"
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -14,229 +13,82 @@ import (
 	"strings"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
 
-// The v1 controllers a job's own cgroup lives in. The limits and the usage
-// counters sit in that cgroup, which this package owns; the runtime gets a
-// child of it without limits. The runtime deletes its child when the
-// container ends, and the counters outlive it for Usage and the OOM reason.
-var jobControllers = []string{"memory", "pids", "cpu", "cpuacct", "freezer"}
-
-// runtimeCgroup is the name of the child handed to the runtime.
-const runtimeCgroup = "ctr"
-
-const cfsPeriodMicros = 100000
-
-// cgroups knows where each cgroup hierarchy is mounted.
-type cgroups struct {
-	// controllers maps a v1 controller to its hierarchy's mount point.
-	controllers map[string]string
-	// roots is every cgroup mount point, v1 and v2, named ones included: a
-	// runtime makes directories in all of them, and all must be removed.
-	roots []string
+// A job's own cgroup owns its limits and counters; the runtime gets a
+// child of it without limits, which it deletes when the container ends,
+// so the counters and the OOM reason are read after the runtime is gone.
+// Two drivers do this: cgroupsV1 on hosts that mount the v1 hierarchies,
+// cgroupsV2 on unified (v2-only) hosts. chooseCgroups picks one at start
+// from what the host has.
+type cgroupDriver interface {
+	// mode is "v1" or "v2"; controllers are the ones the jobs' cgroups
+	// use, for the executor's health report.
+	mode() string
+	controllers() []string
+	// parentPath maps the configured cgroup_parent to the path, relative
+	// to each hierarchy's root, that holds the job cgroups.
+	parentPath(configured string) string
+	// prepareParent makes the parent of every job cgroup (rel), with the
+	// controllers the jobs need and, if limit is positive, a memory limit
+	// over all of them.
+	prepareParent(rel string, limit int64) error
+	// checkOutside fails if this process is in rel or below it.
+	checkOutside(rel string) error
+	// create makes rel with l's limits; dev, if set, is the block device
+	// ("major:minor") io bounds the job's disk bandwidth on.
+	create(rel string, l Limits, io ioLimits, dev string) error
+	// runtimeBlockIO is what the runtime must set in its own cgroup to
+	// bound the disk bandwidth, where the job's cgroup cannot.
+	runtimeBlockIO(io ioLimits, dev string) *specs.LinuxBlockIO
+	// setLimits changes rel's memory, pids and CPU limits from cur to l,
+	// all or nothing; an error wrapping EBUSY means the memory limit
+	// cannot go below what the job holds.
+	setLimits(rel string, cur, l Limits) error
+	// readLimits reads rel's limits back from the kernel.
+	readLimits(rel string) (cgroupLimits, error)
+	// watchOOM returns an eventfd signalled on rel's OOMs, or -1 where
+	// the counters in stats outlive the runtime's child by themselves.
+	watchOOM(rel string) (int, error)
+	stats(rel string) cgroupStats
+	// cpuTime and oomKills are what an exec reads before and after.
+	cpuTime(rel string) time.Duration
+	oomKills(rel string) int64
+	// current is rel's memory and task count now, for the peaks where
+	// the kernel keeps none (sampling says whether it is needed).
+	current(rel string) (memory, pids int64)
+	sampling() bool
+	// procs lists the processes in rel and below; kill ends them all and
+	// waits until none is left.
+	procs(rel string) []int
+	kill(rel string, wait time.Duration) error
+	// remove deletes rel and everything below it; children lists the
+	// cgroups directly below rel; removeParent deletes the (empty) parent.
+	remove(rel string) error
+	children(rel string) []string
+	removeParent(rel string) error
+	// dirs lists rel's directory in every hierarchy, for tests and checks.
+	dirs(rel string) []string
 }
 
-func discoverCgroups() (*cgroups, error) {
-	ms, err := readMounts()
-	if err != nil {
-		return nil, err
-	}
-	c := &cgroups{controllers: map[string]string{}}
-	seen := map[string]bool{}
-	for _, m := range ms {
-		switch m.fstype {
-		case "cgroup2":
-			if m.point == "/sys/fs/cgroup" {
-				return nil, errors.New("cgroups: this host runs cgroup v2 only; the sandbox needs the v1 hierarchies")
-			}
-		case "cgroup":
-		default:
-			continue
-		}
-		if m.root != "/" {
-			// Only a hierarchy mounted from its root has the absolute
-			// paths the runtime's cgroupsPath names.
-			continue
-		}
-		if !seen[m.point] {
-			seen[m.point] = true
-			c.roots = append(c.roots, m.point)
-		}
-		if m.fstype == "cgroup" {
-			for _, opt := range strings.Split(m.superOptions, ",") {
-				if _, ok := c.controllers[opt]; !ok {
-					c.controllers[opt] = m.point
-				}
-			}
-		}
-	}
-	for _, ctl := range jobControllers {
-		if _, ok := c.controllers[ctl]; !ok {
-			return nil, fmt.Errorf("cgroups: no v1 hierarchy with the %s controller is mounted", ctl)
-		}
-	}
-	return c, nil
+// ioLimits bound a job's disk bandwidth, in bytes per second; 0 is none.
+type ioLimits struct {
+	ReadBPS, WriteBPS int64
 }
 
-func (c *cgroups) dir(ctl, rel string) string { return filepath.Join(c.controllers[ctl], rel) }
+func (l ioLimits) set() bool { return l.ReadBPS > 0 || l.WriteBPS > 0 }
 
-// create makes rel in every job controller and sets the limits. It fails if
-// rel exists: a leftover of a crashed executor that Recover has not removed.
-func (c *cgroups) create(rel string, l Limits) error {
-	for _, ctl := range jobControllers {
-		d := c.dir(ctl, rel)
-		if err := os.MkdirAll(filepath.Dir(d), 0o755); err != nil {
-			return fmt.Errorf("cgroup %s: %w", ctl, err)
-		}
-		if err := os.Mkdir(d, 0o755); err != nil {
-			return fmt.Errorf("cgroup %s %s: %w", ctl, rel, err)
-		}
-	}
-	mem := strconv.FormatInt(l.MemoryBytes, 10)
-	writes := []struct{ ctl, file, value string }{
-		{"memory", "memory.limit_in_bytes", mem},
-		// memsw bounds memory plus swap; equal to the limit, no swap.
-		{"memory", "memory.memsw.limit_in_bytes", mem},
-		{"pids", "pids.max", strconv.FormatInt(l.Pids, 10)},
-		{"cpu", "cpu.cfs_period_us", strconv.Itoa(cfsPeriodMicros)},
-		{"cpu", "cpu.cfs_quota_us", strconv.FormatInt(l.CPUMillis*cfsPeriodMicros/1000, 10)},
-	}
-	for _, w := range writes {
-		err := os.WriteFile(filepath.Join(c.dir(w.ctl, rel), w.file), []byte(w.value), 0)
-		if err != nil && !(w.file == "memory.memsw.limit_in_bytes" && errors.Is(err, fs.ErrNotExist)) {
-			return fmt.Errorf("cgroup %s: set %s=%s: %w", rel, w.file, w.value, err)
-		}
-	}
-	return nil
-}
-
-// limitParent bounds the memory of rel, the parent of every job's cgroup,
-// to limit bytes, making rel if it does not exist. Job cgroups are made
-// below it afterwards, so its memory.use_hierarchy can still be turned on
-// where the kernel leaves it off: without it a parent's limit does not
-// cover its children.
-func (c *cgroups) limitParent(rel string, limit int64) error {
-	dir := c.dir("memory", rel)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("cgroup memory: %w", err)
-	}
-	hier := filepath.Join(dir, "memory.use_hierarchy")
-	if b, err := os.ReadFile(hier); err == nil && strings.TrimSpace(string(b)) == "0" {
-		if err := os.WriteFile(hier, []byte("1"), 0); err != nil {
-			return fmt.Errorf("cgroup %s: set memory.use_hierarchy=1: %w", rel, err)
-		}
-	}
-	// A parent left by an earlier executor may have another limit:
-	// setLimits orders the writes for either direction.
-	cur := readInt(filepath.Join(dir, "memory.limit_in_bytes"))
-	return c.setLimits(rel, Limits{MemoryBytes: cur}, Limits{MemoryBytes: limit})
-}
-
-// checkOutside fails if this process is in rel or below it in a job
-// controller's hierarchy: job limits there would bound the executor, and
-// Recover would kill it as a leftover job.
-func (c *cgroups) checkOutside(rel string) error {
-	data, err := os.ReadFile("/proc/self/cgroup")
-	if err != nil {
-		return err
-	}
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		// hierarchy-id:controllers:path
-		f := strings.SplitN(line, ":", 3)
-		if len(f) != 3 {
-			continue
-		}
-		for _, ctl := range strings.Split(f[1], ",") {
-			if slices.Contains(jobControllers, ctl) && (f[2] == rel || strings.HasPrefix(f[2], rel+"/")) {
-				return fmt.Errorf("the executor itself is in %s cgroup %s; job cgroups must be made elsewhere", ctl, f[2])
-			}
-		}
-	}
-	return nil
-}
-
-// setLimits changes rel's memory, pids and CPU limits from cur to l. On
-// any failure it puts back what it had already written, so cur stays in
-// force, and returns the write's error: EBUSY when the kernel cannot
-// reclaim the job's memory down to a lower limit.
-func (c *cgroups) setLimits(rel string, cur, l Limits) error {
-	type write struct {
-		ctl, file string
-		old, new  int64
-	}
-	var ws []write
-	if l.MemoryBytes != cur.MemoryBytes {
-		mem := write{"memory", "memory.limit_in_bytes", cur.MemoryBytes, l.MemoryBytes}
-		sw := write{"memory", "memory.memsw.limit_in_bytes", cur.MemoryBytes, l.MemoryBytes}
-		// The kernel refuses memsw below the memory limit: it goes up
-		// first and down last. Memory goes before pids and CPU because it
-		// is the one a live job can refuse.
-		if l.MemoryBytes > cur.MemoryBytes {
-			ws = append(ws, sw, mem)
-		} else {
-			ws = append(ws, mem, sw)
-		}
-	}
-	if l.Pids != cur.Pids {
-		ws = append(ws, write{"pids", "pids.max", cur.Pids, l.Pids})
-	}
-	if l.CPUMillis != cur.CPUMillis {
-		ws = append(ws, write{"cpu", "cpu.cfs_quota_us", cur.CPUMillis * cfsPeriodMicros / 1000, l.CPUMillis * cfsPeriodMicros / 1000})
-	}
-	set := func(w write, v int64) error {
-		err := os.WriteFile(filepath.Join(c.dir(w.ctl, rel), w.file), []byte(strconv.FormatInt(v, 10)), 0)
-		if err != nil && w.file == "memory.memsw.limit_in_bytes" && errors.Is(err, fs.ErrNotExist) {
-			return nil // no swap accounting: nothing to bound
-		}
-		return err
-	}
-	for i, w := range ws {
-		if err := set(w, w.new); err != nil {
-			for j := i - 1; j >= 0; j-- {
-				_ = set(ws[j], ws[j].old)
-			}
-			return fmt.Errorf("cgroup %s: set %s=%d: %w", rel, w.file, w.new, err)
-		}
-	}
-	return nil
-}
-
-// watchOOM registers an eventfd that the kernel signals whenever rel's
-// memory cgroup runs out of memory. The oom_kill counter in
-// memory.oom_control cannot say it: it counts only kills of tasks in that
-// very cgroup, and the job's tasks live in the runtime's child, which the
-// runtime deletes with its counter when the container ends.
-func (c *cgroups) watchOOM(rel string) (int, error) {
-	dir := c.dir("memory", rel)
-	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	if err != nil {
-		return -1, fmt.Errorf("oom eventfd: %w", err)
-	}
-	ctl, err := os.Open(filepath.Join(dir, "memory.oom_control"))
-	if err != nil {
-		unix.Close(efd)
-		return -1, err
-	}
-	defer ctl.Close()
-	reg := fmt.Sprintf("%d %d", efd, ctl.Fd())
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.event_control"), []byte(reg), 0); err != nil {
-		unix.Close(efd)
-		return -1, fmt.Errorf("register oom notification: %w", err)
-	}
-	return efd, nil
-}
-
-// oomEvents reads (and resets) the count of OOM notifications on efd.
-func oomEvents(efd int) uint64 {
-	if efd < 0 {
-		return 0
-	}
-	var buf [8]byte
-	if n, err := unix.Read(efd, buf[:]); err != nil || n != 8 {
-		return 0
-	}
-	return binary.NativeEndian.Uint64(buf[:])
+// cgroupLimits are the limits a job's cgroup holds, as the kernel reports
+// them. SwapBytes is what the job may swap beyond MemoryBytes: always 0.
+type cgroupLimits struct {
+	MemoryBytes int64
+	SwapBytes   int64
+	Pids        int64
+	CPUMillis   int64
+	ReadBPS     int64
+	WriteBPS    int64
 }
 
 // cgroupStats are the counters of a job's cgroup.
@@ -248,25 +100,42 @@ type cgroupStats struct {
 	pidsMaxHit int64
 }
 
-func (c *cgroups) stats(rel string) cgroupStats {
-	var s cgroupStats
-	s.cpu = c.cpuTime(rel)
-	s.peakMemory = readInt(filepath.Join(c.dir("memory", rel), "memory.max_usage_in_bytes"))
-	s.oomKills = c.oomKills(rel)
-	s.peakPids = readInt(filepath.Join(c.dir("pids", rel), "pids.peak"))
-	s.pidsMaxHit = readKey(filepath.Join(c.dir("pids", rel), "pids.events"), "max")
-	return s
+const cfsPeriodMicros = 100000
+
+// runtimeCgroup is the name of the child handed to the runtime.
+const runtimeCgroup = "ctr"
+
+// cgroupHost is what the driver choice reads of the host: its mounts, this
+// process's /proc/self/cgroup and a way to read the cgroup files.
+type cgroupHost struct {
+	mounts   []mount
+	self     string
+	readFile func(string) ([]byte, error)
 }
 
-// cpuTime is rel's CPU time, the one statistic an exec reads besides its
-// OOM kills: an exec reads them before and after, so it reads no others.
-func (c *cgroups) cpuTime(rel string) time.Duration {
-	return time.Duration(readInt(filepath.Join(c.dir("cpuacct", rel), "cpuacct.usage")))
+func discoverCgroups() (cgroupDriver, error) {
+	ms, err := readMounts()
+	if err != nil {
+		return nil, err
+	}
+	self, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return nil, err
+	}
+	return chooseCgroups(cgroupHost{mounts: ms, self: string(self), readFile: os.ReadFile})
 }
 
-// oomKills counts the OOM kills in rel.
-func (c *cgroups) oomKills(rel string) int64 {
-	return readKey(filepath.Join(c.dir("memory", rel), "memory.oom_control"), "oom_kill")
+// chooseCgroups picks the driver: v2 where /sys/fs/cgroup is the unified
+// hierarchy, v1 where the v1 hierarchies are mounted (a "hybrid" host's
+// cgroup2 mount beside them, with no controllers, is left alone). It fails
+// naming what is missing.
+func chooseCgroups(h cgroupHost) (cgroupDriver, error) {
+	for _, m := range h.mounts {
+		if m.point == unifiedMount && m.fstype == "cgroup2" {
+			return newCgroupsV2(h, m)
+		}
+	}
+	return newCgroupsV1(h.mounts)
 }
 
 func readInt(path string) int64 {
@@ -295,10 +164,10 @@ func readKey(path, key string) int64 {
 	return 0
 }
 
-// procs lists the processes in rel and every cgroup below it.
-func (c *cgroups) procs(rel string) []int {
+// procsUnder lists the processes in the cgroup directory root and every
+// cgroup below it.
+func procsUnder(root string) []int {
 	var out []int
-	root := c.dir("freezer", rel)
 	_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || !d.IsDir() {
 			return nil
@@ -317,35 +186,12 @@ func (c *cgroups) procs(rel string) []int {
 	return out
 }
 
-// kill ends every process in rel and below. It freezes the tree first so
-// nothing can fork between reading the process list and the kills (a fork
-// bomb would otherwise outrun it), sends SIGKILL to every process, thaws so
-// the signals are delivered, and waits until the cgroups are empty.
-func (c *cgroups) kill(rel string, wait time.Duration) error {
-	if len(c.procs(rel)) == 0 {
-		return nil
-	}
-	state := filepath.Join(c.dir("freezer", rel), "freezer.state")
-	frozen := os.WriteFile(state, []byte("FROZEN"), 0) == nil
-	if frozen {
-		// A task in uninterruptible sleep can hold FREEZING for a while;
-		// the kills below are sent regardless.
-		for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); {
-			if b, _ := os.ReadFile(state); strings.TrimSpace(string(b)) == "FROZEN" {
-				break
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
-	for _, pid := range c.procs(rel) {
-		_ = unix.Kill(pid, unix.SIGKILL)
-	}
-	if frozen {
-		_ = os.WriteFile(state, []byte("THAWED"), 0)
-	}
+// killLeft sends SIGKILL to what is left under root until nothing is, or
+// wait passes.
+func killLeft(rel, root string, wait time.Duration) error {
 	end := time.Now().Add(wait)
 	for {
-		left := c.procs(rel)
+		left := procsUnder(root)
 		if len(left) == 0 {
 			return nil
 		}
@@ -357,18 +203,6 @@ func (c *cgroups) kill(rel string, wait time.Duration) error {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-}
-
-// remove deletes rel and everything below it from every hierarchy,
-// including those where only the runtime made directories.
-func (c *cgroups) remove(rel string) error {
-	var errs []error
-	for _, root := range c.roots {
-		if err := rmdirTree(filepath.Join(root, rel)); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // rmdirTree removes a cgroup directory bottom-up. Cgroup directories hold
@@ -411,21 +245,67 @@ func rmdirTree(dir string) error {
 	return nil
 }
 
-// children lists the cgroup names directly below rel in any hierarchy.
-func (c *cgroups) children(rel string) []string {
-	seen := map[string]bool{}
+// childDirs lists the directory names directly below each of dirs.
+func childDirs(dirs []string) []string {
 	var out []string
-	for _, root := range c.roots {
-		ents, err := os.ReadDir(filepath.Join(root, rel))
+	for _, d := range dirs {
+		ents, err := os.ReadDir(d)
 		if err != nil {
 			continue
 		}
 		for _, e := range ents {
-			if e.IsDir() && !seen[e.Name()] {
-				seen[e.Name()] = true
+			if e.IsDir() && !slices.Contains(out, e.Name()) {
 				out = append(out, e.Name())
 			}
 		}
 	}
 	return out
+}
+
+// rmdirEach removes each of dirs, which must be empty; one already gone is
+// fine.
+func rmdirEach(dirs []string) error {
+	var errs []error
+	for _, d := range dirs {
+		if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("remove cgroup parent %s: %w", d, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// writeCgroupFile writes value to a cgroup file, naming both on error.
+func writeCgroupFile(dir, rel, file, value string) error {
+	if err := os.WriteFile(filepath.Join(dir, file), []byte(value), 0); err != nil {
+		return fmt.Errorf("cgroup %s: set %s=%s: %w", rel, file, value, err)
+	}
+	return nil
+}
+
+// blockDevice returns "major:minor" of the block device at path.
+func blockDevice(path string) (string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return "", err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		return "", fmt.Errorf("%s is not a block device", path)
+	}
+	return fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev)), nil
+}
+
+// CgroupInfo says how this executor uses cgroups.
+type CgroupInfo struct {
+	// Mode is "v1" or "v2".
+	Mode string
+	// Controllers are the controllers job cgroups use.
+	Controllers []string
+	// Parent is the cgroup, relative to the hierarchy root, that holds the
+	// job cgroups.
+	Parent string
+}
+
+// Cgroups reports the cgroup mode and controllers in use.
+func (m *Manager) Cgroups() CgroupInfo {
+	return CgroupInfo{Mode: m.cg.mode(), Controllers: m.cg.controllers(), Parent: m.cgParent}
 }

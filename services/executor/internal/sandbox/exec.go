@@ -397,11 +397,8 @@ func readPid(p string) int {
 	return n
 }
 
-// oomKills counts the OOM kills in the job's cgroup and the runtime's
-// below it (where a cgroup v1 memory controller counts them).
-func (s *Sandbox) oomKills() int64 {
-	return s.m.cg.oomKills(s.cgRel) + s.m.cg.oomKills(filepath.Join(s.cgRel, runtimeCgroup))
-}
+// oomKills counts the OOM kills in the job's cgroup and below.
+func (s *Sandbox) oomKills() int64 { return s.m.cg.oomKills(s.cgRel) }
 
 // CheckDir reports whether p, as the job sees it, is a directory under
 // /work or /out, resolved as the files API resolves paths.

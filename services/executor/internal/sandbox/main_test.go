@@ -132,9 +132,9 @@ func newEnv(t testing.TB, opts ...func(*Config)) *env {
 		if err := m.Close(); err != nil {
 			t.Errorf("Close: %v", err)
 		}
-		for _, root := range m.cg.roots {
-			if _, err := os.Stat(filepath.Join(root, e.cfg.CgroupParent)); err == nil {
-				t.Errorf("cgroup parent left after Close: %s", filepath.Join(root, e.cfg.CgroupParent))
+		for _, dir := range m.cg.dirs(m.cgParent) {
+			if _, err := os.Stat(dir); err == nil {
+				t.Errorf("cgroup parent left after Close: %s", dir)
 			}
 		}
 	})
@@ -282,11 +282,11 @@ func (e *env) assertClean(t testing.TB) {
 	if len(points) > 0 {
 		t.Errorf("mounts left under the state dir: %v", points)
 	}
-	for _, root := range e.m.cg.roots {
-		ents, _ := os.ReadDir(filepath.Join(root, e.cfg.CgroupParent))
+	for _, dir := range e.m.cg.dirs(e.m.cgParent) {
+		ents, _ := os.ReadDir(dir)
 		for _, ent := range ents {
 			if ent.IsDir() {
-				t.Errorf("cgroup left: %s", filepath.Join(root, e.cfg.CgroupParent, ent.Name()))
+				t.Errorf("cgroup left: %s", filepath.Join(dir, ent.Name()))
 			}
 		}
 	}

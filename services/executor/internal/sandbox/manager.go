@@ -43,11 +43,16 @@ type Config struct {
 	// UIDBase is the host uid and gid mapped to root inside every sandbox;
 	// the 65536 ids from it up are mapped to 0..65535. Default 1000000.
 	UIDBase uint32
-	// CgroupParent is the cgroup path, under each v1 hierarchy, that holds
-	// one cgroup per job. This executor owns it exclusively: Recover
-	// removes every job cgroup below it. Default "/airlock". It must not
-	// hold the executor itself.
+	// CgroupParent is the cgroup path that holds one cgroup per job: on
+	// cgroup v1 under each hierarchy's root, on v2 below the executor's
+	// own cgroup (the subtree it was given). This executor owns it
+	// exclusively: Recover removes every job cgroup below it. Default
+	// "/airlock". It must not hold the executor itself.
 	CgroupParent string
+	// DiskReadBPS and DiskWriteBPS, if positive, bound each job's reads
+	// from and writes to its scratch disk, in bytes per second (v2 io.max,
+	// v1 blkio throttling, which binds direct I/O only).
+	DiskReadBPS, DiskWriteBPS int64
 	// MemoryLimit, if positive, is the memory limit of CgroupParent's
 	// memory cgroup: every job together, probes included, never takes
 	// more, whatever their own limits say.
@@ -63,9 +68,11 @@ type Config struct {
 
 // Manager creates sandboxes and cleans up after them.
 type Manager struct {
-	cfg      Config
-	log      *slog.Logger
-	cg       *cgroups
+	cfg Config
+	log *slog.Logger
+	cg  cgroupDriver
+	// cgParent holds the job cgroups: CgroupParent where the driver puts it.
+	cgParent string
 	tmpl     *rootfsTemplate
 	seccomp  *specs.LinuxSeccomp
 	rlimits  []specs.POSIXRlimit
@@ -107,6 +114,8 @@ func New(cfg Config) (*Manager, error) {
 		return nil, invalid("sandbox.uid_base %d: the %d ids from it must fit below 2^32-1", cfg.UIDBase, uidRange)
 	case !filepath.IsAbs(cfg.CgroupParent) || filepath.Clean(cfg.CgroupParent) != cfg.CgroupParent || cfg.CgroupParent == "/":
 		return nil, invalid("sandbox.cgroup_parent %q: must be a clean absolute cgroup path other than /", cfg.CgroupParent)
+	case cfg.DiskReadBPS < 0 || cfg.DiskWriteBPS < 0:
+		return nil, invalid("sandbox.disk_read_bps %d, disk_write_bps %d: must not be negative (0 is no bound)", cfg.DiskReadBPS, cfg.DiskWriteBPS)
 	case !filepath.IsAbs(cfg.RootfsDir) || filepath.Clean(cfg.RootfsDir) != cfg.RootfsDir:
 		return nil, invalid("sandbox.rootfs_dir %q: must be a clean absolute path", cfg.RootfsDir)
 	case isUnder(cfg.RootfsDir, cfg.StateDir) || cfg.RootfsDir == cfg.StateDir:
@@ -141,12 +150,21 @@ func New(cfg Config) (*Manager, error) {
 	if m.cg, err = discoverCgroups(); err != nil {
 		return nil, fmt.Errorf("%w: sandbox: %v", errdefs.ErrFailedPrecondition, err)
 	}
-	if err := m.cg.checkOutside(cfg.CgroupParent); err != nil {
+	m.cgParent = m.cg.parentPath(cfg.CgroupParent)
+	if m.cg.mode() == "v2" && strings.Split(cfg.CgroupParent, "/")[1] == supervisorCgroup {
+		return nil, invalid("sandbox.cgroup_parent %q: %s is the executor's own cgroup on cgroup v2", cfg.CgroupParent, supervisorCgroup)
+	}
+	if err := m.cg.checkOutside(m.cgParent); err != nil {
 		return nil, fmt.Errorf("%w: sandbox.cgroup_parent %s: %v", errdefs.ErrFailedPrecondition, cfg.CgroupParent, err)
 	}
-	if cfg.MemoryLimit > 0 {
-		if err := m.cg.limitParent(cfg.CgroupParent, cfg.MemoryLimit); err != nil {
-			return nil, fmt.Errorf("sandbox.cgroup_parent %s: %w", cfg.CgroupParent, err)
+	if err := m.cg.prepareParent(m.cgParent, cfg.MemoryLimit); err != nil {
+		return nil, fmt.Errorf("%w: sandbox.cgroup_parent %s: %v", errdefs.ErrFailedPrecondition, cfg.CgroupParent, err)
+	}
+	if m.diskLimits().set() {
+		io := map[string]string{"v1": "blkio", "v2": "io"}[m.cg.mode()]
+		if !slices.Contains(m.cg.controllers(), io) {
+			return nil, fmt.Errorf("%w: sandbox.disk_read_bps, disk_write_bps: bounding disk bandwidth needs the cgroup %s %s controller, which this host does not give the executor",
+				errdefs.ErrFailedPrecondition, m.cg.mode(), io)
 		}
 	}
 	def, err := buildTemplateDef()
@@ -168,6 +186,9 @@ func New(cfg Config) (*Manager, error) {
 	m.pool = newScratchPool(filepath.Join(cfg.StateDir, "images"))
 	if m.pool.kind != scratchExt4 {
 		m.log.Warn("sandbox scratch falls back to tmpfs (no /dev/loop-control or mkfs.ext4): a job's written files count against its memory limit too")
+		if m.diskLimits().set() {
+			m.log.Warn("sandbox.disk_read_bps and disk_write_bps bound nothing: a tmpfs scratch has no disk")
+		}
 	}
 	m.runtimes = map[Class]*runtimeBin{
 		ClassRunc:  {class: ClassRunc, path: cfg.RuncPath, root: filepath.Join(cfg.StateDir, "runc")},
@@ -250,7 +271,7 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		rt:             rt,
 		runtimeVersion: version,
 		dir:            filepath.Join(m.jobsDir, spec.ID),
-		cgRel:          cgroupRel(m.cfg.CgroupParent, spec.ID),
+		cgRel:          cgroupRel(m.cgParent, spec.ID),
 		stop:           make(chan struct{}, 1),
 		oomFD:          -1,
 		firstStart:     spec.Started,
@@ -302,7 +323,13 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err := unix.Mount("overlay", s.workDir, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 		return nil, fmt.Errorf("sandbox %s: mount /work overlay: %w", spec.ID, err)
 	}
-	if err := m.cg.create(s.cgRel, spec.Limits); err != nil {
+	var dev string
+	if m.diskLimits().set() && s.scr.loop != "" {
+		if dev, err = blockDevice(s.scr.loop); err != nil {
+			return nil, fmt.Errorf("sandbox %s: scratch device: %w", spec.ID, err)
+		}
+	}
+	if err := m.cg.create(s.cgRel, spec.Limits, m.diskLimits(), dev); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	if s.oomFD, err = m.cg.watchOOM(s.cgRel); err != nil {
@@ -333,6 +360,7 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		home:         filepath.Join(s.scr.point, scratchHome),
 		uidBase:      m.cfg.UIDBase,
 		cgroupsPath:  filepath.Join(s.cgRel, runtimeCgroup),
+		blockIO:      m.cg.runtimeBlockIO(m.diskLimits(), dev),
 		seccomp:      m.seccomp,
 		rlimits:      m.rlimits,
 		command:      spec.Command,
@@ -552,9 +580,9 @@ func (m *Manager) Recover(ctx context.Context, keep func(id string) bool) ([]str
 	if err := killProcsNaming(m.cfg.StateDir, 5*time.Second); err != nil {
 		errs = append(errs, err)
 	}
-	for _, id := range m.cg.children(m.cfg.CgroupParent) {
+	for _, id := range m.cg.children(m.cgParent) {
 		ids[id] = true
-		if err := m.cg.kill(cgroupRel(m.cfg.CgroupParent, id), 5*time.Second); err != nil {
+		if err := m.cg.kill(cgroupRel(m.cgParent, id), 5*time.Second); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -626,7 +654,7 @@ func (m *Manager) Recover(ctx context.Context, keep func(id string) bool) ([]str
 	}
 	var out []string
 	for id := range ids {
-		if err := m.cg.remove(cgroupRel(m.cfg.CgroupParent, id)); err != nil {
+		if err := m.cg.remove(cgroupRel(m.cgParent, id)); err != nil {
 			errs = append(errs, err)
 		}
 		if err := removeJobDir(filepath.Join(m.jobsDir, id)); err != nil {
@@ -673,20 +701,17 @@ func (m *Manager) Close() error {
 	if busy > 0 {
 		return fmt.Errorf("%w: sandbox: Close with %d sandbox(es) not destroyed", errdefs.ErrFailedPrecondition, busy)
 	}
-	var errs []error
-	for _, root := range m.cg.roots {
-		err := unix.Rmdir(filepath.Join(root, m.cfg.CgroupParent))
-		if err != nil && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("remove cgroup parent %s: %w", filepath.Join(root, m.cfg.CgroupParent), err))
-		}
-	}
-	return errors.Join(errs...)
+	return m.cg.removeParent(m.cgParent)
+}
+
+func (m *Manager) diskLimits() ioLimits {
+	return ioLimits{ReadBPS: m.cfg.DiskReadBPS, WriteBPS: m.cfg.DiskWriteBPS}
 }
 
 // removeLeftover removes one sandbox a previous process left behind, by id.
 func (m *Manager) removeLeftover(id string) error {
 	var errs []error
-	rel := cgroupRel(m.cfg.CgroupParent, id)
+	rel := cgroupRel(m.cgParent, id)
 	if err := m.cg.kill(rel, 5*time.Second); err != nil {
 		errs = append(errs, err)
 	}

@@ -135,6 +135,7 @@ type bundleInputs struct {
 	out, home    string
 	uidBase      uint32
 	cgroupsPath  string
+	blockIO      *specs.LinuxBlockIO
 	seccomp      *specs.LinuxSeccomp
 	rlimits      []specs.POSIXRlimit
 	command      []string
@@ -214,8 +215,9 @@ func ociSpec(in bundleInputs) *specs.Spec {
 			},
 			CgroupsPath: in.cgroupsPath,
 			// Limits live on the parent cgroup this package made; the
-			// runtime's own cgroup has none.
-			Resources:         &specs.LinuxResources{},
+			// runtime's own cgroup has none but v1's disk bandwidth
+			// bounds (cgroupsV1.runtimeBlockIO).
+			Resources:         &specs.LinuxResources{BlockIO: in.blockIO},
 			Seccomp:           in.seccomp,
 			MaskedPaths:       maskedPaths,
 			ReadonlyPaths:     readonlyPaths,

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,15 +20,11 @@ import (
 func TestJobsAreOOMKilledFirst(t *testing.T) {
 	const limit = 768 << 20
 	e := newEnv(t, func(c *Config) { c.MemoryLimit = limit })
-	parent := e.m.cg.dir("memory", e.cfg.CgroupParent)
 	wantLimit := func(want int64) {
 		t.Helper()
-		for _, file := range []string{"memory.limit_in_bytes", "memory.memsw.limit_in_bytes"} {
-			if _, err := os.Stat(filepath.Join(parent, file)); os.IsNotExist(err) && file != "memory.limit_in_bytes" {
-				continue // no swap accounting on this host
-			}
-			if got := strings.TrimSpace(readFile(t, filepath.Join(parent, file))); got != fmt.Sprint(want) {
-				t.Errorf("%s of the cgroup parent = %s, want %d", file, got, want)
+		for file, limit := range parentMemoryLimits(t, e) {
+			if limit != want {
+				t.Errorf("%s of the cgroup parent = %d, want %d", file, limit, want)
 			}
 		}
 	}
@@ -35,8 +32,8 @@ func TestJobsAreOOMKilledFirst(t *testing.T) {
 	// A parent an earlier executor left with another limit takes the new
 	// one, higher or lower (memsw must never be below the memory limit).
 	for _, l := range []int64{2 << 30, 512 << 20, limit} {
-		if err := e.m.cg.limitParent(e.cfg.CgroupParent, l); err != nil {
-			t.Fatalf("limitParent(%d): %v", l, err)
+		if err := e.m.cg.prepareParent(e.m.cgParent, l); err != nil {
+			t.Fatalf("prepareParent(%d): %v", l, err)
 		}
 		wantLimit(l)
 	}
@@ -97,16 +94,18 @@ func TestJobsAreOOMKilledFirst(t *testing.T) {
 // would bound it and Recover would kill it as a job's leftover.
 func TestCgroupParentOutsideExecutor(t *testing.T) {
 	e := newEnv(t)
+	// v1: the memory hierarchy's line; v2: the unified one's.
+	ctl := map[string]string{"v1": "memory", "v2": ""}[e.m.cg.mode()]
 	self := ""
 	for _, line := range strings.Split(readFile(t, "/proc/self/cgroup"), "\n") {
-		if f := strings.SplitN(line, ":", 3); len(f) == 3 && f[1] == "memory" {
+		if f := strings.SplitN(line, ":", 3); len(f) == 3 && f[1] == ctl {
 			self = f[2]
 		}
 	}
 	if self == "" {
-		t.Fatal("this process has no v1 memory cgroup")
+		t.Fatalf("this process has no %s cgroup", e.m.cg.mode())
 	}
-	if err := e.m.cg.checkOutside(self); err == nil || !strings.Contains(err.Error(), "the executor itself is in memory cgroup") {
+	if err := e.m.cg.checkOutside(self); err == nil || !strings.Contains(err.Error(), "the executor itself is in") {
 		t.Errorf("checkOutside(%s), this process's own cgroup: %v", self, err)
 	}
 	if self != "/" {
@@ -114,7 +113,45 @@ func TestCgroupParentOutsideExecutor(t *testing.T) {
 			t.Errorf("checkOutside(%s), above this process's cgroup, passed", filepath.Dir(self))
 		}
 	}
-	if err := e.m.cg.checkOutside(e.cfg.CgroupParent); err != nil {
-		t.Errorf("checkOutside(%s): %v", e.cfg.CgroupParent, err)
+	if err := e.m.cg.checkOutside(e.m.cgParent); err != nil {
+		t.Errorf("checkOutside(%s): %v", e.m.cgParent, err)
 	}
+}
+
+// parentMemoryLimits reads the memory limits of the cgroup holding every
+// job's, by file: on v1 the memory limit and, where swap is accounted, the
+// memory+swap one (the same: no swap); on v2 memory.max, and swap.max
+// reported as the memory limit when it is 0 (no swap beyond it).
+func parentMemoryLimits(t *testing.T, e *env) map[string]int64 {
+	t.Helper()
+	dir := e.m.cg.dirs(e.m.cgParent)[0]
+	files := map[string][]string{
+		"v1": {"memory.limit_in_bytes", "memory.memsw.limit_in_bytes"},
+		"v2": {"memory.max", "memory.swap.max"},
+	}[e.m.cg.mode()]
+	out := map[string]int64{}
+	if e.m.cg.mode() == "v1" {
+		dir = e.m.cg.(*cgroupsV1).dir("memory", e.m.cgParent)
+	}
+	for i, file := range files {
+		b, err := os.ReadFile(filepath.Join(dir, file))
+		if os.IsNotExist(err) && i > 0 {
+			continue // no swap accounting on this host
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		if file == "memory.swap.max" {
+			if n != 0 {
+				t.Errorf("memory.swap.max of the cgroup parent = %d, want 0", n)
+			}
+			continue
+		}
+		out[file] = n
+	}
+	return out
 }

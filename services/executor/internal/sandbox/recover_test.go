@@ -29,7 +29,7 @@ func testRecover(t *testing.T, e *env, class Class) {
 	src := e.source(t, nil)
 	id := "crashed-" + string(class)
 	crashHelper(t, e, class, src, id)
-	rel := cgroupRel(e.cfg.CgroupParent, id)
+	rel := cgroupRel(e.m.cgParent, id)
 
 	m, err := New(e.cfg)
 	if err != nil {
@@ -46,9 +46,9 @@ func testRecover(t *testing.T, e *env, class Class) {
 	if hasProcNaming(e.cfg.StateDir) {
 		t.Fatal("a runtime process survived Recover")
 	}
-	for _, root := range e.m.cg.roots {
-		if _, err := os.Stat(filepath.Join(root, rel)); err == nil {
-			t.Fatalf("cgroup %s survived Recover", filepath.Join(root, rel))
+	for _, dir := range e.m.cg.dirs(rel) {
+		if _, err := os.Stat(dir); err == nil {
+			t.Fatalf("cgroup %s survived Recover", dir)
 		}
 	}
 	// The id is free again, and a second Recover finds nothing.
@@ -110,7 +110,7 @@ func crashHelper(t *testing.T, e *env, class Class, src, id string) {
 	_ = cmd.Wait()
 
 	// The executor is gone; its sandbox is not.
-	rel := cgroupRel(e.cfg.CgroupParent, id)
+	rel := cgroupRel(e.m.cgParent, id)
 	if len(e.m.cg.procs(rel)) == 0 {
 		t.Fatal("no job processes survived the executor, so this test proves nothing")
 	}

@@ -207,6 +207,15 @@ func (s *Sandbox) run(ctx context.Context, res Result) (Result, error) {
 			escalate = time.After(runtimeExitGrace)
 		}
 	}
+	// Where the kernel keeps no peak of memory or tasks (cgroup v2 before
+	// 5.19 and 6.13), they are sampled.
+	var peaks peakSampler
+	var sampleC <-chan time.Time
+	if s.m.cg.sampling() {
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		sampleC = t.C
+	}
 	// Each stop source fires once; a closed ctx.Done must not spin.
 	done, stop := ctx.Done(), s.stop
 wait:
@@ -232,6 +241,8 @@ wait:
 		case <-stop:
 			stop = nil
 			kill(ReasonCancelled)
+		case <-sampleC:
+			peaks.sample(s.m.cg.current(s.cgRel))
 		case <-sweepC:
 			_ = s.m.cg.kill(s.cgRel, killWait)
 		case <-escalate:
@@ -261,6 +272,7 @@ wait:
 	}
 
 	st := s.m.cg.stats(s.cgRel)
+	st.peakMemory, st.peakPids = max(st.peakMemory, peaks.memory), max(st.peakPids, peaks.pids)
 	res.Usage = Usage{
 		CPUTime:         st.cpu,
 		WallTime:        wall,
@@ -442,4 +454,11 @@ func (s *Sandbox) teardown(keep bool) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// peakSampler keeps the highest memory and task counts sampled.
+type peakSampler struct{ memory, pids int64 }
+
+func (p *peakSampler) sample(memory, pids int64) {
+	p.memory, p.pids = max(p.memory, memory), max(p.pids, pids)
 }

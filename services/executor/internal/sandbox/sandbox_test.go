@@ -697,15 +697,9 @@ func TestCreateValidates(t *testing.T) {
 	}
 	defer sb.Destroy()
 	// The limits sit on the job's own cgroup.
-	for _, c := range []struct{ ctl, file, want string }{
-		{"memory", "memory.limit_in_bytes", fmt.Sprint(good.Limits.MemoryBytes)},
-		{"pids", "pids.max", fmt.Sprint(good.Limits.Pids)},
-		{"cpu", "cpu.cfs_quota_us", fmt.Sprint(good.Limits.CPUMillis * 100)},
-		{"cpu", "cpu.cfs_period_us", "100000"},
-	} {
-		if got := strings.TrimSpace(readFile(t, filepath.Join(e.m.cg.dir(c.ctl, sb.cgRel), c.file))); got != c.want {
-			t.Errorf("%s = %s, want %s", c.file, got, c.want)
-		}
+	want := cgroupLimits{MemoryBytes: good.Limits.MemoryBytes, Pids: good.Limits.Pids, CPUMillis: good.Limits.CPUMillis}
+	if got := jobLimits(t, e, sb); got != want {
+		t.Errorf("cgroup limits %+v, want %+v", got, want)
 	}
 	if _, err := e.m.Create(context.Background(), good); !errors.Is(err, errdefs.ErrAlreadyExists) {
 		t.Fatalf("second Create with the same id: %v", err)

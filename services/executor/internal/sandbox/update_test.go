@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -79,17 +78,18 @@ func (l *live) wait(t *testing.T) ran {
 
 const waitForGo = "echo ready; while [ ! -e /work/go ]; do sleep 0.05; done; "
 
-func cgroupValue(t *testing.T, e *env, sb *Sandbox, ctl, file string) int64 {
+// jobLimits reads the limits of sb's cgroup back from the kernel. No swap
+// beyond the memory limit is ever allowed.
+func jobLimits(t *testing.T, e *env, sb *Sandbox) cgroupLimits {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(e.m.cg.dir(ctl, sb.cgRel), file))
+	l, err := e.m.cg.readLimits(sb.cgRel)
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil {
-		t.Fatal(err)
+	if l.SwapBytes != 0 {
+		t.Errorf("the job may swap %d bytes beyond its memory limit", l.SwapBytes)
 	}
-	return n
+	return l
 }
 
 // A lower memory limit binds what the job allocates afterwards: 100 MiB
@@ -103,10 +103,8 @@ func TestUpdateLowerMemory(t *testing.T) {
 	if err := l.sb.UpdateLimits(lim); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{"memory.limit_in_bytes", "memory.memsw.limit_in_bytes"} {
-		if got := cgroupValue(t, e, l.sb, "memory", f); got != lim.MemoryBytes {
-			t.Errorf("%s = %d, want %d", f, got, lim.MemoryBytes)
-		}
+	if got := jobLimits(t, e, l.sb).MemoryBytes; got != lim.MemoryBytes {
+		t.Errorf("memory limit = %d, want %d", got, lim.MemoryBytes)
 	}
 	l.signal(t)
 	r := l.wait(t)
@@ -135,13 +133,12 @@ func TestUpdateMemoryBelowUsageRefused(t *testing.T) {
 		t.Fatalf("UpdateLimits below usage: %v, want failed precondition", err)
 	}
 	t.Log(err)
-	for _, f := range []string{"memory.limit_in_bytes", "memory.memsw.limit_in_bytes"} {
-		if got := cgroupValue(t, e, l.sb, "memory", f); got != defaultLimits.MemoryBytes {
-			t.Errorf("%s = %d after a refused update, want the old %d", f, got, defaultLimits.MemoryBytes)
-		}
+	got := jobLimits(t, e, l.sb)
+	if got.MemoryBytes != defaultLimits.MemoryBytes {
+		t.Errorf("memory limit = %d after a refused update, want the old %d", got.MemoryBytes, defaultLimits.MemoryBytes)
 	}
-	if got := cgroupValue(t, e, l.sb, "pids", "pids.max"); got != defaultLimits.Pids {
-		t.Errorf("pids.max = %d after a refused update, want the old %d", got, defaultLimits.Pids)
+	if got.Pids != defaultLimits.Pids {
+		t.Errorf("pids.max = %d after a refused update, want the old %d", got.Pids, defaultLimits.Pids)
 	}
 	if got := l.sb.Limits(); got != defaultLimits {
 		t.Errorf("Limits() = %+v after a refused update", got)
@@ -175,7 +172,7 @@ func TestUpdateRaisePids(t *testing.T) {
 				if err := l.sb.UpdateLimits(more); err != nil {
 					t.Fatal(err)
 				}
-				if got := cgroupValue(t, e, l.sb, "pids", "pids.max"); got != 64 {
+				if got := jobLimits(t, e, l.sb).Pids; got != 64 {
 					t.Fatalf("pids.max = %d, want 64", got)
 				}
 			}
@@ -291,19 +288,8 @@ func TestUpdateLimitsChecks(t *testing.T) {
 	if err := sb.UpdateLimits(lim); err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []struct {
-		ctl, file string
-		want      int64
-	}{
-		{"memory", "memory.limit_in_bytes", 128 << 20},
-		{"memory", "memory.memsw.limit_in_bytes", 128 << 20},
-		{"pids", "pids.max", 40},
-		{"cpu", "cpu.cfs_quota_us", 50000},
-		{"cpu", "cpu.cfs_period_us", cfsPeriodMicros},
-	} {
-		if got := cgroupValue(t, e, sb, c.ctl, c.file); got != c.want {
-			t.Errorf("%s = %d, want %d", c.file, got, c.want)
-		}
+	if got, want := jobLimits(t, e, sb), (cgroupLimits{MemoryBytes: 128 << 20, Pids: 40, CPUMillis: 500}); got != want {
+		t.Errorf("cgroup limits %+v, want %+v", got, want)
 	}
 	res, err := sb.Run(context.Background())
 	if err != nil || res.Reason != ReasonTimeout || !strings.Contains(res.Message, "deadline of 500ms") {

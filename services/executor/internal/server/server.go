@@ -61,6 +61,8 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				RunscPath:    cfg.Sandbox.Runsc,
 				UIDBase:      cfg.Sandbox.UIDBase,
 				CgroupParent: cfg.Sandbox.CgroupParent,
+				DiskReadBPS:  cfg.Sandbox.DiskReadBPS.Bytes(),
+				DiskWriteBPS: cfg.Sandbox.DiskWriteBPS.Bytes(),
 				MemoryLimit:  cfg.Capacity.MemoryBytes,
 				Logger:       logger,
 			})
@@ -68,6 +70,12 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				return err
 			}
 			env.OnStop(sb.Close)
+			cg := sb.Cgroups()
+			logger.Info("cgroups", "mode", cg.Mode, "controllers", cg.Controllers, "job_parent", cg.Parent)
+			env.SetComponent(CgroupComponent(cg.Mode, ""), true)
+			for _, ctl := range cg.Controllers {
+				env.SetComponent(CgroupComponent(cg.Mode, ctl), true)
+			}
 			for _, st := range sb.Probe(ctx) {
 				logger.Info("runtime class", "class", st.Class, "available", st.Available, "version", st.Version, "reason", st.Reason)
 				env.SetComponent(RuntimeComponent(string(st.Class)), st.Available)
@@ -151,6 +159,17 @@ func protectFromOOM(logger *slog.Logger) error {
 		return fmt.Errorf("set the executor's oom_score_adj to %d: %w", executorOOMScoreAdj, err)
 	}
 	return nil
+}
+
+// CgroupComponent is the health service name under which the executor
+// reports its cgroup mode ("cgroup/v2") and each controller its jobs use
+// ("cgroup/v2/memory"), always SERVING: the executor does not start
+// without them.
+func CgroupComponent(mode, controller string) string {
+	if controller == "" {
+		return "cgroup/" + mode
+	}
+	return "cgroup/" + mode + "/" + controller
 }
 
 // RuntimeComponent is the health service name under which the executor
