@@ -4,9 +4,11 @@
 // Docker's default seccomp profile, Docker's masked and read-only /proc and
 // /sys paths, its own PID, mount, IPC, UTS and cgroup namespaces, a network
 // namespace (a new, loopback-only one, or one the executor's netpolicy
-// package made and enforces from outside: Spec.NetNS), and cgroup v1
-// limits on memory, pids and CPU that a running job's newer grant may
-// change (Sandbox.UpdateLimits).
+// package made and enforces from outside: Spec.NetNS), and cgroup limits
+// on memory, pids and CPU that a running job's newer grant may change
+// (Sandbox.UpdateLimits), and optionally on its disk bandwidth. Cgroup v1
+// hierarchies and the v2 unified hierarchy both work; on v2 the package
+// stays inside the cgroup the executor was started in (cgroupsV2).
 //
 // A job sees a versioned root filesystem template (the host's /usr read-only
 // and a synthesized /etc holding nothing of the host's), /work as an overlay
@@ -20,6 +22,7 @@
 // behind (Manager.Recover).
 //
 // Only the executor's run manager and its composition root import it. It
-// needs root, cgroups v1, overlayfs, and loop devices with ext4 (it falls back
+// needs root, cgroup v1 or v2 (memory, pids and cpu controllers; v1 also
+// cpuacct and freezer), overlayfs, and loop devices with ext4 (it falls back
 // to a size-limited tmpfs for scratch when those are missing).
 package sandbox

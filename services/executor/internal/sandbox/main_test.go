@@ -17,7 +17,8 @@ import (
 	"time"
 )
 
-// These tests run real sandboxes: they need root, cgroups v1 and the runc
+// These tests run real sandboxes: they need root, cgroups (v1 here; v2 in
+// the VM of `make test-cgroup2`) and the runc
 // binary (AIRLOCK_RUNC, default <module root>/bin/runc) and, for the runsc
 // tests, runsc (AIRLOCK_RUNSC, default <module root>/bin/runsc). Build both
 // with `tools/sandbox/build.sh bin` from the module root. A missing

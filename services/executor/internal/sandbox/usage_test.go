@@ -1,0 +1,64 @@
+package sandbox
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A CPU quota holds: two busy loops in a job bounded to half a core get
+// about half a core between them, not the two cores they could use.
+func TestCPUQuota(t *testing.T) {
+	e := newEnv(t)
+	lim := defaultLimits
+	lim.CPUMillis = 500
+	const burn = 3 * time.Second
+	script := "timeout 3 sh -c 'while :; do :; done' & timeout 3 sh -c 'while :; do :; done'; wait"
+	r := e.run(t, context.Background(), job{src: e.source(t, nil), cmd: []string{"sh", "-c", script}, limits: &lim})
+	wantExit(t, r, 0)
+	share := r.res.Usage.CPUTime.Seconds() / burn.Seconds()
+	t.Logf("CPU %s over %s of busy loops: %.2f cores (quota %.2f)", r.res.Usage.CPUTime, burn, share, float64(lim.CPUMillis)/1000)
+	// The quota is enforced per 100 ms period; start-up and the last
+	// period let a little more through.
+	if share > 0.6 {
+		t.Errorf("the job used %.2f cores; its quota is 0.5", share)
+	}
+	if share < 0.3 {
+		t.Errorf("the job used %.2f cores; its quota of 0.5 should let it have about that", share)
+	}
+}
+
+// The usage a job reports is what it did: its memory high-water mark
+// covers what it allocated, its task peak the processes it ran at once,
+// its CPU time is positive and below its wall time times its quota.
+func TestUsagePlausible(t *testing.T) {
+	e := newEnv(t)
+	for _, c := range testClasses(t, e) {
+		t.Run(string(c), func(t *testing.T) {
+			lim := defaultLimits
+			// Twelve sleeps beside the balloon, alive for a second at least
+			// (the task peak may be sampled every 100 ms).
+			script := "for i in 1 2 3 4 5 6 7 8 9 10 11 12; do sleep 2 & done; /work/probe balloon 96; wait"
+			r := e.run(t, context.Background(), job{class: c, src: e.source(t, nil), cmd: []string{"sh", "-c", script}, limits: &lim})
+			wantExit(t, r, 0)
+			if !strings.Contains(r.stdout, "allocated all 96") {
+				t.Fatalf("the balloon did not finish: %q", r.stdout)
+			}
+			u := r.res.Usage
+			t.Logf("usage %+v", u)
+			if u.PeakMemoryBytes < 96<<20 || u.PeakMemoryBytes > lim.MemoryBytes {
+				t.Errorf("peak memory %d, want between 96 MiB and the %d limit", u.PeakMemoryBytes, lim.MemoryBytes)
+			}
+			if u.PeakPids < 13 || u.PeakPids > lim.Pids {
+				t.Errorf("peak tasks %d, want at least the 13 processes that ran at once and at most %d", u.PeakPids, lim.Pids)
+			}
+			if u.CPUTime <= 0 || u.CPUTime > time.Duration(float64(u.WallTime)*float64(lim.CPUMillis)/1000*1.1) {
+				t.Errorf("CPU time %s for %s of wall time at a quota of %d millicores", u.CPUTime, u.WallTime, lim.CPUMillis)
+			}
+			if u.WallTime < 2*time.Second {
+				t.Errorf("wall time %s, but the job slept 2 s", u.WallTime)
+			}
+		})
+	}
+}
