@@ -28,8 +28,9 @@ var exampleCallers = []string{"client/ci", "approver/alice", "approver/bob", "pi
 // every absolute path of the file moved into that tree, and returns the
 // copy's path. The tree has the PKI `airlock pki init` makes (in ca/, and
 // at etc/airlock/pki), the authority's grant key in its data directory
-// with its public key copied to etc/airlock/grant-keys, stand-ins for the
-// runtimes (never run), and the repository directory. The file itself is
+// with its public key copied to etc/airlock/grant-keys, a deploy
+// credential, stand-ins for the runtimes (never run), and the repository
+// directory. The file itself is
 // not changed otherwise, so a field the loaders do not know, or a value
 // they refuse, fails the caller's check.
 func Example(t *testing.T, name string) string {
@@ -53,7 +54,10 @@ func Example(t *testing.T, name string) string {
 		t.Fatal(err)
 	}
 	mkdir(t, filepath.Join(root, "etc/airlock"), filepath.Join(root, "etc/airlock/grant-keys"),
-		filepath.Join(root, "usr/local/lib/airlock"), filepath.Join(root, "srv/git/demo.git"))
+		filepath.Join(root, "etc/airlock/credentials"), filepath.Join(root, "usr/local/lib/airlock"), filepath.Join(root, "srv/git/demo.git"))
+	if err := os.WriteFile(filepath.Join(root, "etc/airlock/credentials/demo.deploy"), []byte("token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.Symlink(filepath.Join(root, "ca"), filepath.Join(root, "etc/airlock/pki")); err != nil {
 		t.Fatal(err)
 	}
