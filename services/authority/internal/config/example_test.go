@@ -1,0 +1,30 @@
+package config
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/airlockhq/airlock/pkg/config/configtest"
+)
+
+// The operator's guide's example (docs/examples/two-host/authority.yaml)
+// is a config this build checks and loads, so the guide cannot drift from
+// the code: a field renamed or removed here fails this test.
+func TestTwoHostExample(t *testing.T) {
+	path := configtest.Example(t, "authority.yaml")
+	summary, problems := Check(path, nil)
+	if len(problems) > 0 {
+		t.Fatalf("the example does not check: %v", problems)
+	}
+	t.Log(summary)
+	cfg, err := Load(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if team, ok := cfg.Policy["team"]; !ok || cfg.Executor.Address != "10.77.0.2:7402" || len(team.RuntimeClasses) != 2 {
+		t.Errorf("the example loads as executor %q, tenants %v", cfg.Executor.Address, cfg.Policy)
+	}
+	if _, problems := Check(configtest.WithUnknownField(t, path), nil); len(problems) == 0 || !strings.Contains(problems[0].Error(), "colour") {
+		t.Errorf("an unknown field in the example: problems %v, want one naming colour", problems)
+	}
+}
