@@ -13,13 +13,14 @@ import (
 // LoadTLS loads the files of tls (the CA bundle, the certificate and its
 // key) and checks the certificate is the named service's in trust_domain.
 // A start and --check-config both call it, so a config that checks is one
-// whose identity loads.
-func (s *Server) LoadTLS(name string) (*tlsconfig.Source, identity.ID, error) {
+// whose identity loads. opts go to the file source (a start passes its
+// logger, so a failed certificate reload is logged where its logs go).
+func (s *Server) LoadTLS(name string, opts ...tlsconfig.Option) (*tlsconfig.Source, identity.ID, error) {
 	// The bundle first, on its own, so its problems name tls.ca.
 	if _, err := tlsconfig.LoadRoots(s.TLS.CA); err != nil {
 		return nil, identity.ID{}, Field("tls.ca", "%v", err)
 	}
-	src, err := tlsconfig.NewFileSource(s.TLS.CA, s.TLS.Cert, s.TLS.Key)
+	src, err := tlsconfig.NewFileSource(s.TLS.CA, s.TLS.Cert, s.TLS.Key, opts...)
 	if err != nil {
 		field := "tls.cert"
 		if msg := err.Error(); strings.Contains(msg, "key input") || strings.Contains(msg, "private key") {

@@ -103,7 +103,7 @@ func Run(ctx context.Context, spec Spec) (err error) {
 	}
 	defer dir.Close()
 
-	src, self, err := cfg.LoadTLS(spec.Name)
+	src, self, err := cfg.LoadTLS(spec.Name, tlsconfig.WithLogger(log))
 	if err != nil {
 		return err
 	}

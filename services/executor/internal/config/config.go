@@ -25,8 +25,9 @@ type Config struct {
 	Authority Authority `yaml:"authority"`
 	// Sandbox configures the OCI runtimes.
 	Sandbox Sandbox `yaml:"sandbox"`
-	// OutputLimit caps each of a job's stdout and stderr, in bytes; default 4 MiB.
-	OutputLimit int64 `yaml:"output_limit"`
+	// OutputLimit caps each of a job's stdout and stderr, a size such as
+	// 4MiB or a number of bytes; default (unset or 0) 4 MiB.
+	OutputLimit config.ByteSize `yaml:"output_limit"`
 	// Network configures per-job egress enforcement.
 	Network Network `yaml:"network"`
 	// Capacity bounds what the jobs running at once may hold together.
@@ -223,7 +224,9 @@ func (c *Config) ValidatePeers() error {
 	case c.Network.MaxConnections < 1 || c.Network.MaxConnections > 1<<20:
 		errs = append(errs, config.Field("network.max_connections", "%d: want 1 to %d", c.Network.MaxConnections, 1<<20))
 	}
-	if c.OutputLimit < 0 {
+	if err := c.OutputLimit.Check("output_limit"); err != nil {
+		errs = append(errs, err)
+	} else if c.OutputLimit.Bytes() < 0 {
 		errs = append(errs, config.Field("output_limit", "must not be negative"))
 	}
 	if h, err := measureHost(c.DataDir); err != nil {

@@ -117,7 +117,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				Authority:   authority.New(cc),
 				Sign:        signer(env.TLS),
 				Executor:    self.String(),
-				OutputLimit: cfg.OutputLimit,
+				OutputLimit: cfg.OutputLimit.Bytes(),
 				Capacity: runs.Capacity{
 					MemoryBytes: cfg.Capacity.MemoryBytes, CPUMillis: cfg.Capacity.CPUMillis,
 					DiskBytes: cfg.Capacity.DiskBytes, Jobs: cfg.Capacity.Jobs,
