@@ -59,6 +59,9 @@ func Check(name, path string, cfg Checker, override func(*Server)) (string, []er
 		return "", errs
 	}
 	summary := fmt.Sprintf("listen %s, trust domain %s, data dir %s", s.Listen, s.TrustDomain, s.DataDir)
+	if s.Telemetry.PrometheusListen != "" {
+		summary += fmt.Sprintf(", metrics http://%s/metrics", s.Telemetry.PrometheusListen)
+	}
 	if more := cfg.Summary(); more != "" {
 		summary += ", " + more
 	}

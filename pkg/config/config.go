@@ -67,6 +67,10 @@ type Telemetry struct {
 	Insecure bool `yaml:"insecure"`
 	// SampleRatio is the fraction of traces recorded, 0..1; 0 means all.
 	SampleRatio float64 `yaml:"sample_ratio"`
+	// PrometheusListen is host:port for a plain-HTTP /metrics endpoint in
+	// the Prometheus format; empty (the default) serves none. It has no
+	// authentication: use loopback or a private interface.
+	PrometheusListen string `yaml:"prometheus_listen"`
 }
 
 // Peer is another Airlock service this one calls.
@@ -261,12 +265,31 @@ func (s *Server) Validate(base string) error {
 	if s.Telemetry.SampleRatio < 0 || s.Telemetry.SampleRatio > 1 {
 		errs = append(errs, Field("telemetry.sample_ratio", "%v: must be between 0 and 1", s.Telemetry.SampleRatio))
 	}
+	if err := s.checkPrometheusListen(); err != nil {
+		errs = append(errs, err)
+	}
 	if s.ShutdownTimeout < 0 {
 		errs = append(errs, Field("shutdown_timeout", "%v: must not be negative", s.ShutdownTimeout))
 	} else if s.ShutdownTimeout == 0 {
 		s.ShutdownTimeout = 10 * time.Second
 	}
 	return errors.Join(errs...)
+}
+
+// checkPrometheusListen checks telemetry.prometheus_listen, which is
+// optional, without binding it.
+func (s *Server) checkPrometheusListen() error {
+	addr := s.Telemetry.PrometheusListen
+	if addr == "" {
+		return nil
+	}
+	if err := CheckAddress(addr); err != nil {
+		return Field("telemetry.prometheus_listen", "%v", err)
+	}
+	if _, port, _ := net.SplitHostPort(addr); port != "0" && addr == s.Listen {
+		return Field("telemetry.prometheus_listen", "%q is also the gRPC listen address; give metrics a port of their own", addr)
+	}
+	return nil
 }
 
 // ValidatePeer checks a peer entry named field.

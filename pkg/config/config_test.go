@@ -90,6 +90,10 @@ func TestLoadServiceErrorsNameTheField(t *testing.T) {
 		{"bad peer", strings.Replace(good, "127.0.0.1:7402", "", 1), []string{"executor.address: required"}},
 		{"wrong type", strings.Replace(good, "version: 1", "version: one", 1), []string{"version (line 1)", `"one"`}},
 		{"wrong nested type", good + "telemetry: {insecure: maybe}\n", []string{"telemetry.insecure (line 7)", `"maybe"`}},
+		{"metrics address not host:port", good + "telemetry: {prometheus_listen: localhost}\n", []string{"telemetry.prometheus_listen:", `"localhost": must be host:port`}},
+		{"metrics address without host", good + "telemetry: {prometheus_listen: \":9464\"}\n", []string{"telemetry.prometheus_listen:", "host is required"}},
+		{"metrics port out of range", good + "telemetry: {prometheus_listen: \"127.0.0.1:70000\"}\n", []string{"telemetry.prometheus_listen:", "port must be a number"}},
+		{"metrics on the gRPC address", good + "telemetry: {prometheus_listen: \"127.0.0.1:7401\"}\n", []string{"telemetry.prometheus_listen:", "also the gRPC listen address"}},
 		{"not yaml", "version: 1\n\t- [", []string{"yaml"}},
 		{"several at once", strings.Replace(strings.Replace(good, "127.0.0.1:7401", "x", 1), "cert: svc.crt", "cert: gone", 1), []string{"listen:", "tls.cert:"}},
 	} {
@@ -105,6 +109,24 @@ func TestLoadServiceErrorsNameTheField(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// telemetry.prometheus_listen is off unless given, and kept as given.
+func TestPrometheusListen(t *testing.T) {
+	var f file
+	if err := config.LoadService(writeConfig(t, good), &f, nil); err != nil {
+		t.Fatal(err)
+	}
+	if f.Telemetry.PrometheusListen != "" {
+		t.Errorf("prometheus_listen defaults to %q, want empty (no endpoint)", f.Telemetry.PrometheusListen)
+	}
+	f = file{}
+	if err := config.LoadService(writeConfig(t, good+"telemetry: {prometheus_listen: \"127.0.0.1:9464\"}\n"), &f, nil); err != nil {
+		t.Fatal(err)
+	}
+	if f.Telemetry.PrometheusListen != "127.0.0.1:9464" {
+		t.Errorf("prometheus_listen = %q, want 127.0.0.1:9464", f.Telemetry.PrometheusListen)
 	}
 }
 

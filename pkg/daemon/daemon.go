@@ -1,6 +1,7 @@
 // Package daemon owns the life of an Airlock service process, the part the
-// three services share: telemetry, the locked data directory, the reloading
-// TLS source, the gRPC server with its chain and health, readiness, and
+// three services share: telemetry (and its optional /metrics endpoint), the
+// locked data directory, the reloading TLS source, the gRPC server with its
+// chain and health, readiness, and
 // shutdown where the first task to fail cancels the rest. Each service's
 // internal/server builds its domain inside Start and calls Run; nothing
 // else starts a server.
@@ -84,6 +85,7 @@ func Run(ctx context.Context, spec Spec) (err error) {
 	cfg, log := spec.Config, spec.Logger
 	providers, err := telemetry.Setup(ctx, "airlock-"+spec.Name, spec.Version, telemetry.Config{
 		OTLPEndpoint: cfg.Telemetry.OTLPEndpoint, Insecure: cfg.Telemetry.Insecure, SampleRatio: cfg.Telemetry.SampleRatio,
+		Prometheus: cfg.Telemetry.PrometheusListen != "",
 	})
 	if err != nil {
 		return err
@@ -106,6 +108,17 @@ func Run(ctx context.Context, spec Spec) (err error) {
 	src, self, err := cfg.LoadTLS(spec.Name, tlsconfig.WithLogger(log))
 	if err != nil {
 		return err
+	}
+
+	var metrics *telemetry.MetricsServer
+	if addr := cfg.Telemetry.PrometheusListen; addr != "" {
+		metrics, err = telemetry.ListenMetrics(addr, providers.Metrics)
+		if err != nil {
+			return config.Field("telemetry.prometheus_listen", "%v", err)
+		}
+		// Released here if the start fails before Serve; Serve closes it
+		// on a clean stop.
+		defer metrics.Close()
 	}
 
 	srv, err := grpcserver.New(grpcserver.Config{
@@ -134,6 +147,10 @@ func Run(ctx context.Context, spec Spec) (err error) {
 		}
 	}
 	g.Go(func() error { return srv.Serve(gctx) })
+	if metrics != nil {
+		g.Go(func() error { return metrics.Serve(gctx) })
+		log.Info("serving metrics", "address", metrics.Addr().String(), "path", telemetry.MetricsPath)
+	}
 	srv.SetServing(true)
 	log.Info("serving", "address", srv.Addr().String(), "identity", self.String(), "data_dir", dir.Path(), "reflection", cfg.Reflection)
 	err = g.Wait()

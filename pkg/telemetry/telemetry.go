@@ -1,14 +1,16 @@
 // Package telemetry owns OpenTelemetry set-up for Airlock processes: one
 // tracer provider, one meter provider and the W3C propagators, installed
 // globally so the otelgrpc stats handlers on servers and clients put every
-// hop of a call on one trace. Composition roots call Setup once; nothing else
-// installs providers.
+// hop of a call on one trace, and the optional Prometheus /metrics endpoint
+// that reads the same meter provider. Composition roots call Setup once;
+// nothing else installs providers.
 package telemetry
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -31,12 +33,19 @@ type Config struct {
 	Insecure bool
 	// SampleRatio is the fraction of new traces recorded, 0..1; 0 means 1.
 	SampleRatio float64
+	// Prometheus adds a reader that Providers.Metrics serves in the
+	// Prometheus text format.
+	Prometheus bool
 }
 
 // Providers are what Setup installed.
 type Providers struct {
 	Tracer *sdktrace.TracerProvider
 	Meter  *sdkmetric.MeterProvider
+	// Metrics serves the meter provider's metrics, with the Go runtime's
+	// and the process's, in the Prometheus format; nil unless
+	// Config.Prometheus.
+	Metrics http.Handler
 }
 
 // Shutdown flushes and stops both providers.
@@ -76,7 +85,16 @@ func Setup(ctx context.Context, service, version string, cfg Config) (*Providers
 		topts = append(topts, sdktrace.WithBatcher(texp))
 		mopts = append(mopts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(mexp, sdkmetric.WithInterval(15*time.Second))))
 	}
-	p := &Providers{Tracer: sdktrace.NewTracerProvider(topts...), Meter: sdkmetric.NewMeterProvider(mopts...)}
+	var metrics http.Handler
+	if cfg.Prometheus {
+		reader, handler, err := prometheusReader()
+		if err != nil {
+			return nil, err
+		}
+		mopts = append(mopts, sdkmetric.WithReader(reader))
+		metrics = handler
+	}
+	p := &Providers{Tracer: sdktrace.NewTracerProvider(topts...), Meter: sdkmetric.NewMeterProvider(mopts...), Metrics: metrics}
 	otel.SetTracerProvider(p.Tracer)
 	otel.SetMeterProvider(p.Meter)
 	otel.SetTextMapPropagator(Propagator())

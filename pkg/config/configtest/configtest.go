@@ -27,7 +27,9 @@ type Fixture struct {
 	Dir string
 	// Listen is an address this test holds bound: a Check that tried to
 	// bind it would fail.
-	Listen  string
+	Listen string
+	// Metrics is another address held bound, for telemetry.prometheus_listen.
+	Metrics string
 	service string
 }
 
@@ -44,12 +46,18 @@ func New(t *testing.T, service string) *Fixture {
 	if err := os.WriteFile(filepath.Join(dir, "not-pem.crt"), []byte("this is not PEM\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	return &Fixture{Dir: dir, Listen: holdAddr(t), Metrics: holdAddr(t), service: service}
+}
+
+// holdAddr binds a loopback address until the test ends.
+func holdAddr(t *testing.T) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	return &Fixture{Dir: dir, Listen: ln.Addr().String(), service: service}
+	return ln.Addr().String()
 }
 
 // Common is the part of the config every service has, with the
@@ -82,6 +90,17 @@ func (f *Fixture) BadCommon(good string) []Case {
 		{"cert not PEM", strings.Replace(good, "cert: "+cert, "cert: not-pem.crt", 1), "tls.cert", ""},
 		{"another service's cert", strings.NewReplacer("cert: "+cert, "cert: "+otherCert, "key: "+key, "key: "+otherKey).Replace(good), "tls.cert", ""},
 		{"out of range", good + "telemetry: {sample_ratio: 2}\n", "telemetry.sample_ratio", ""},
+		{"metrics address not host:port", good + "telemetry: {prometheus_listen: nonsense}\n", "telemetry.prometheus_listen", ""},
+		{"metrics on the gRPC address", good + "telemetry: {prometheus_listen: \"" + f.Listen + "\"}\n", "telemetry.prometheus_listen", ""},
+	}
+}
+
+// GoodCommon are good configs made from good that every service accepts:
+// one serving metrics on an address the test holds bound, which the check
+// must not try to bind.
+func (f *Fixture) GoodCommon(good string) []Case {
+	return []Case{
+		{Name: "metrics endpoint", Body: good + "telemetry: {prometheus_listen: \"" + f.Metrics + "\"}\n", Summary: "metrics http://" + f.Metrics + "/metrics"},
 	}
 }
 
@@ -108,6 +127,9 @@ func (f *Fixture) Run(t *testing.T, check Check, cases []Case) {
 			if tc.Field == "" {
 				if len(problems) > 0 || summary == "" {
 					t.Fatalf("good config: summary %q, problems %v", summary, problems)
+				}
+				if !strings.Contains(summary, tc.Summary) {
+					t.Errorf("summary %q, want it to hold %q", summary, tc.Summary)
 				}
 				return
 			}

@@ -53,6 +53,6 @@ tenants:
 		{Name: "grant ttl out of range", Body: good + "grant_ttl: 1s\n", Field: "grant_ttl"},
 		{Name: "tenant policy", Body: strings.Replace(good, "client/dev", "approver/dev", 1), Field: "tenants.dev.clients[0]"},
 		{Name: "checkpoint file's directory missing", Body: good + "audit: {checkpoint_file: nowhere/cp.jsonl}\n", Field: "audit.checkpoint_file"},
-	}, f.BadCommon(good)...)
+	}, append(f.GoodCommon(good), f.BadCommon(good)...)...)
 	f.Run(t, Check, cases)
 }

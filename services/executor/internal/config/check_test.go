@@ -43,6 +43,6 @@ func TestCheck(t *testing.T) {
 		{Name: "a directory of trusted keys", Body: strings.Replace(good, "grant.key.pub", "grant-keys", 1), Summary: "authority 127.0.0.1:7401"},
 		{Name: "grant public key not PEM", Body: strings.Replace(good, "grant.key.pub", "not-pem.crt", 1), Field: "authority.grant_public_key"},
 		{Name: "uid base out of range", Body: strings.Replace(good, "runc: runc", "runc: runc, uid_base: 5", 1), Field: "sandbox.uid_base"},
-	}, f.BadCommon(good)...)
+	}, append(f.GoodCommon(good), f.BadCommon(good)...)...)
 	f.Run(t, Check, cases)
 }
