@@ -11,7 +11,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -178,7 +177,7 @@ func TestRunningJobChangesAreGatedAndEnforced(t *testing.T) {
 	if m = approvalIDLine.FindStringSubmatch(res.stdout); res.code != 0 || m == nil {
 		t.Fatalf("job update --memory: exit %d, want an approval\n%s%s", res.code, res.stdout, res.stderr)
 	}
-	limitFile := filepath.Join("/sys/fs/cgroup/memory", s.executorCgroupParent(), id, "memory.limit_in_bytes")
+	limitFile := jobLimitFile(s.executorCgroupParent(), id, "memory")
 	if got := readTrim(t, limitFile); got != fmt.Sprint(256<<20) {
 		t.Fatalf("memory limit in the cgroup before approval = %s, want %d", got, 256<<20)
 	}

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -286,7 +285,7 @@ func changeProblems(ctx context.Context, t *testing.T, s *stack, alice authority
 			out = append(out, fmt.Sprintf("job %s: the executor runs generation %d (pids %d), the authority recorded %d (pids %d)",
 				id, g.GetGeneration(), g.GetLimits().GetPids(), gen, j.GetLimits().GetPids()))
 		}
-		if pidsMax := readTrim(t, filepath.Join("/sys/fs/cgroup/pids", s.executorCgroupParent(), id, "pids.max")); pidsMax != fmt.Sprint(g.GetLimits().GetPids()) {
+		if pidsMax := readTrim(t, jobLimitFile(s.executorCgroupParent(), id, "pids")); pidsMax != fmt.Sprint(g.GetLimits().GetPids()) {
 			out = append(out, fmt.Sprintf("job %s: pids.max in its cgroup %s, the executor's grant says %d", id, pidsMax, g.GetLimits().GetPids()))
 		}
 	}

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -148,9 +149,37 @@ func lastLines(path string, n int) string {
 
 // executorCgroupParent is the cgroup parent the executor of s uses by
 // default: one per data directory, so other tests' executors do not count.
+//
+// On cgroup v2 the executor makes it below its own cgroup, the one this
+// test process is in (dev up's processes inherit it), less the
+// supervisor leaf the executor moves into.
 func (s *stack) executorCgroupParent() string {
 	sum := sha256.Sum256([]byte(s.services["executor"].DataDir))
-	return "/airlock/" + hex.EncodeToString(sum[:6])
+	parent := "/airlock/" + hex.EncodeToString(sum[:6])
+	if cgroupV2() {
+		b, _ := os.ReadFile("/proc/self/cgroup")
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			if base, ok := strings.CutPrefix(line, "0::"); ok {
+				return filepath.Join(strings.TrimSuffix(base, "/supervisor"), parent)
+			}
+		}
+	}
+	return parent
+}
+
+// cgroupV2 reports whether /sys/fs/cgroup is the unified hierarchy.
+func cgroupV2() bool {
+	var st unix.Statfs_t
+	return unix.Statfs("/sys/fs/cgroup", &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
+}
+
+// jobLimitFile is the file of a job's cgroup that holds its memory or
+// pids limit, on v1 or v2.
+func jobLimitFile(parent, id, limit string) string {
+	if cgroupV2() {
+		return filepath.Join("/sys/fs/cgroup", parent, id, map[string]string{"memory": "memory.max", "pids": "pids.max"}[limit])
+	}
+	return filepath.Join("/sys/fs/cgroup", limit, parent, id, map[string]string{"memory": "memory.limit_in_bytes", "pids": "pids.max"}[limit])
 }
 
 // jobMounts lists the mounts a job left under the executor's data
@@ -171,7 +200,11 @@ func jobMounts(dataDir string) []string {
 // jobCgroups lists the job cgroups under the executor's cgroup parent.
 func jobCgroups(parent string) []string {
 	var out []string
-	for _, h := range []string{"memory", "pids", "cpu", "freezer"} {
+	hierarchies := []string{"memory", "pids", "cpu", "freezer"}
+	if cgroupV2() {
+		hierarchies = []string{""}
+	}
+	for _, h := range hierarchies {
 		dir := filepath.Join("/sys/fs/cgroup", h, parent)
 		ents, _ := os.ReadDir(dir)
 		for _, e := range ents {

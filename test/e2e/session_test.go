@@ -340,7 +340,7 @@ func TestSessionChangesAreGated(t *testing.T) {
 	if m = approvalIDLine.FindStringSubmatch(res.stdout); res.code != 0 || m == nil {
 		t.Fatalf("job update --memory: exit %d, want an approval\n%s%s", res.code, res.stdout, res.stderr)
 	}
-	limitFile := filepath.Join("/sys/fs/cgroup/memory", s.executorCgroupParent(), id, "memory.limit_in_bytes")
+	limitFile := jobLimitFile(s.executorCgroupParent(), id, "memory")
 	if got := readTrim(t, limitFile); got != fmt.Sprint(256<<20) {
 		t.Fatalf("the session's memory limit before approval = %s, want %d", got, 256<<20)
 	}
