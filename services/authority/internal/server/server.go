@@ -133,6 +133,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				GrantTTL: cfg.GrantTTL,
 				Auditors: cfg.Audit.Auditors,
 				Refusals: refusals,
+				Meter:    env.Meter,
 				Logger:   env.Logger,
 			})
 			if err != nil {
@@ -147,7 +148,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			// Resumes unfinished jobs now and stops background work (before
 			// the store closes) when the process stops.
 			env.Go(svc.Run)
-			appr, err := approvals.New(approvals.Config{Store: st, Tenants: cfg.Policy, Artifacts: exec, Refusals: refusals, Logger: env.Logger})
+			appr, err := approvals.New(approvals.Config{Store: st, Tenants: cfg.Policy, Artifacts: exec, Refusals: refusals, Meter: env.Meter, Logger: env.Logger})
 			if err != nil {
 				return err
 			}
