@@ -95,24 +95,18 @@ func (r Recorded) Histogram(name string, want map[string]string) (count uint64, 
 // for a histogram), for a failure's message.
 func (r Recorded) Points(name string) string {
 	var lines []string
-	add := func(s attribute.Set, v any) { lines = append(lines, fmt.Sprintf("%s %v", s.Encoded(attribute.DefaultEncoder()), v)) }
+	add := func(s attribute.Set, v any) {
+		lines = append(lines, fmt.Sprintf("%s %v", s.Encoded(attribute.DefaultEncoder()), v))
+	}
 	switch d := r[name].(type) {
 	case metricdata.Sum[int64]:
-		for _, p := range d.DataPoints {
-			add(p.Attributes, p.Value)
-		}
+		eachPoint(d.DataPoints, add)
 	case metricdata.Sum[float64]:
-		for _, p := range d.DataPoints {
-			add(p.Attributes, p.Value)
-		}
+		eachPoint(d.DataPoints, add)
 	case metricdata.Gauge[int64]:
-		for _, p := range d.DataPoints {
-			add(p.Attributes, p.Value)
-		}
+		eachPoint(d.DataPoints, add)
 	case metricdata.Gauge[float64]:
-		for _, p := range d.DataPoints {
-			add(p.Attributes, p.Value)
-		}
+		eachPoint(d.DataPoints, add)
 	case metricdata.Histogram[float64]:
 		for _, p := range d.DataPoints {
 			add(p.Attributes, fmt.Sprintf("count=%d sum=%g", p.Count, p.Sum))
@@ -122,6 +116,12 @@ func (r Recorded) Points(name string) string {
 	}
 	sort.Strings(lines)
 	return name + ":\n  " + strings.Join(lines, "\n  ")
+}
+
+func eachPoint[N int64 | float64](points []metricdata.DataPoint[N], f func(attribute.Set, any)) {
+	for _, p := range points {
+		f(p.Attributes, p.Value)
+	}
 }
 
 func sameAttrs(s attribute.Set, want map[string]string) bool {

@@ -2,12 +2,11 @@ package approvals
 
 import (
 	"context"
-	"errors"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/airlockhq/airlock/pkg/telemetry/instruments"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 )
 
@@ -22,19 +21,13 @@ type metrics struct {
 }
 
 func newMetrics(mp metric.MeterProvider) (*metrics, error) {
-	if mp == nil {
-		mp = otel.GetMeterProvider()
+	set := instruments.New(mp, meterName)
+	x := metrics{
+		votes:   set.Counter("airlock.authority.approvals.votes", "{vote}", "Approvers' votes recorded, by decision."),
+		decided: set.Counter("airlock.authority.approvals.decided", "{approval}", "Approval requests that became approved, denied or expired."),
+		leases:  set.Counter("airlock.authority.leases.issued", "{lease}", "Credential leases issued, by purpose."),
 	}
-	meter := mp.Meter(meterName)
-	var x metrics
-	var errs [3]error
-	x.votes, errs[0] = meter.Int64Counter("airlock.authority.approvals.votes", metric.WithUnit("{vote}"),
-		metric.WithDescription("Approvers' votes recorded, by decision."))
-	x.decided, errs[1] = meter.Int64Counter("airlock.authority.approvals.decided", metric.WithUnit("{approval}"),
-		metric.WithDescription("Approval requests that became approved, denied or expired."))
-	x.leases, errs[2] = meter.Int64Counter("airlock.authority.leases.issued", metric.WithUnit("{lease}"),
-		metric.WithDescription("Credential leases issued, by purpose."))
-	if err := errors.Join(errs[:]...); err != nil {
+	if err := set.Err(); err != nil {
 		return nil, err
 	}
 	return &x, nil

@@ -2,12 +2,11 @@ package jobs
 
 import (
 	"context"
-	"errors"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/airlockhq/airlock/pkg/telemetry/instruments"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 )
 
@@ -32,31 +31,21 @@ type metrics struct {
 // newMetrics makes the instruments on mp (nil: the global provider) and
 // the gauge of the jobs waiting at g.
 func newMetrics(mp metric.MeterProvider, g *gate) (*metrics, error) {
-	if mp == nil {
-		mp = otel.GetMeterProvider()
+	set := instruments.New(mp, meterName)
+	x := metrics{
+		submitted: set.Counter("airlock.authority.jobs.submitted", "{job}", "Job and session submissions, by outcome."),
+		ended:     set.Counter("airlock.authority.jobs.ended", "{job}", "Jobs that reached an end state here, by that state."),
 	}
-	meter := mp.Meter(meterName)
-	var x metrics
-	var errs [4]error
-	x.submitted, errs[0] = meter.Int64Counter("airlock.authority.jobs.submitted", metric.WithUnit("{job}"),
-		metric.WithDescription("Job and session submissions, by outcome."))
-	x.ended, errs[1] = meter.Int64Counter("airlock.authority.jobs.ended", metric.WithUnit("{job}"),
-		metric.WithDescription("Jobs that reached an end state here, by that state."))
-	var waiting metric.Int64ObservableGauge
-	waiting, errs[2] = meter.Int64ObservableGauge("airlock.authority.jobs.waiting", metric.WithUnit("{job}"),
-		metric.WithDescription("Queued jobs waiting at the admission gate for their tenant's quota or the executor's capacity."))
-	if err := errors.Join(errs[:]...); err != nil {
-		return nil, err
-	}
-	var err error
-	x.observed, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+	waiting := set.IntGauge("airlock.authority.jobs.waiting", "{job}",
+		"Queued jobs waiting at the admission gate for their tenant's quota or the executor's capacity.")
+	x.observed = set.Observe(func(_ context.Context, o metric.Observer) error {
 		g.mu.Lock()
 		n := len(g.waiting)
 		g.mu.Unlock()
 		o.ObserveInt64(waiting, int64(n))
 		return nil
 	}, waiting)
-	if err != nil {
+	if err := set.Err(); err != nil {
 		return nil, err
 	}
 	return &x, nil

@@ -2,13 +2,12 @@ package runs
 
 import (
 	"context"
-	"errors"
 	"time"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/airlockhq/airlock/pkg/telemetry/instruments"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
 
@@ -59,48 +58,31 @@ type metrics struct {
 // newMetrics makes the instruments on mp (nil: the global provider) and
 // the callback that reads the gauges from m.
 func newMetrics(mp metric.MeterProvider, m *Manager) (*metrics, error) {
-	if mp == nil {
-		mp = otel.GetMeterProvider()
+	set := instruments.New(mp, meterName)
+	x := metrics{
+		started: set.Counter("airlock.executor.jobs.started", "{job}",
+			"Runs accepted: jobs and sessions this executor took a grant for and began to stage."),
+		ended:   set.Counter("airlock.executor.jobs.ended", "{job}", "Runs ended, by why they ended."),
+		refused: set.Counter("airlock.executor.jobs.refused", "{job}", "Starts refused, by cause."),
+		execs:   set.Counter("airlock.executor.execs.started", "{exec}", "Execs started in sessions."),
+		duration: set.Histogram("airlock.executor.job.duration", "s",
+			"How long a run lasted, from its acceptance to its end.", jobBuckets...),
+		create: set.Histogram("airlock.executor.sandbox.create.duration", "s",
+			"How long making a run's sandbox took (the runtime's create, mounts and cgroup).", createBuckets...),
 	}
-	meter := mp.Meter(meterName)
-	var x metrics
-	var errs [20]error
-	x.started, errs[0] = meter.Int64Counter("airlock.executor.jobs.started", metric.WithUnit("{job}"),
-		metric.WithDescription("Runs accepted: jobs and sessions this executor took a grant for and began to stage."))
-	x.ended, errs[1] = meter.Int64Counter("airlock.executor.jobs.ended", metric.WithUnit("{job}"),
-		metric.WithDescription("Runs ended, by why they ended."))
-	x.refused, errs[2] = meter.Int64Counter("airlock.executor.jobs.refused", metric.WithUnit("{job}"),
-		metric.WithDescription("Starts refused, by cause."))
-	x.execs, errs[3] = meter.Int64Counter("airlock.executor.execs.started", metric.WithUnit("{exec}"),
-		metric.WithDescription("Execs started in sessions."))
-	x.duration, errs[4] = meter.Float64Histogram("airlock.executor.job.duration", metric.WithUnit("s"),
-		metric.WithDescription("How long a run lasted, from its acceptance to its end."),
-		metric.WithExplicitBucketBoundaries(jobBuckets...))
-	x.create, errs[5] = meter.Float64Histogram("airlock.executor.sandbox.create.duration", metric.WithUnit("s"),
-		metric.WithDescription("How long making a run's sandbox took (the runtime's create, mounts and cgroup)."),
-		metric.WithExplicitBucketBoundaries(createBuckets...))
-	var active metric.Int64ObservableGauge
-	active, errs[6] = meter.Int64ObservableGauge("airlock.executor.jobs.active", metric.WithUnit("{job}"),
-		metric.WithDescription("Runs not yet ended, by state."))
+	active := set.IntGauge("airlock.executor.jobs.active", "{job}", "Runs not yet ended, by state.")
 	type pair struct{ reserved, limit metric.Float64ObservableGauge }
-	gauge := func(i int, name, unit, what string) pair {
-		var p pair
-		p.reserved, errs[i] = meter.Float64ObservableGauge("airlock.executor.capacity."+name+".reserved", metric.WithUnit(unit),
-			metric.WithDescription(what+" the limits of the runs not yet ended add up to, as admission counts them."))
-		p.limit, errs[i+1] = meter.Float64ObservableGauge("airlock.executor.capacity."+name+".limit", metric.WithUnit(unit),
-			metric.WithDescription(what+" this executor admits in all (capacity in its config); absent when unbounded."))
-		return p
+	gauge := func(name, unit, what string) pair {
+		return pair{
+			reserved: set.FloatGauge("airlock.executor.capacity."+name+".reserved", unit,
+				what+" the limits of the runs not yet ended add up to, as admission counts them."),
+			limit: set.FloatGauge("airlock.executor.capacity."+name+".limit", unit,
+				what+" this executor admits in all (capacity in its config); absent when unbounded."),
+		}
 	}
-	memory := gauge(7, "memory", "By", "Memory")
-	cpu := gauge(9, "cpu", "{cpu}", "CPUs")
-	disk := gauge(11, "disk", "By", "Disk")
-	jobs := gauge(13, "jobs", "{job}", "Runs")
-	if err := errors.Join(errs[:]...); err != nil {
-		return nil, err
-	}
+	memory, cpu, disk, jobs := gauge("memory", "By", "Memory"), gauge("cpu", "{cpu}", "CPUs"), gauge("disk", "By", "Disk"), gauge("jobs", "{job}", "Runs")
 	c := m.cfg.Capacity
-	var err error
-	x.observed, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+	x.observed = set.Observe(func(_ context.Context, o metric.Observer) error {
 		m.mu.Lock()
 		h := m.held(nil)
 		counts := map[[2]string]int64{}
@@ -135,7 +117,7 @@ func newMetrics(mp metric.MeterProvider, m *Manager) (*metrics, error) {
 		observe(jobs, float64(h.jobs), float64(c.Jobs))
 		return nil
 	}, active, memory.reserved, memory.limit, cpu.reserved, cpu.limit, disk.reserved, disk.limit, jobs.reserved, jobs.limit)
-	if err != nil {
+	if err := set.Err(); err != nil {
 		return nil, err
 	}
 	return &x, nil

@@ -38,9 +38,11 @@ func (m *Manager) Start(g Grant) (Run, bool, error) {
 	// so); without one, a later change could not be told from it. A
 	// generation of 0 is taken as 1, as the authority does.
 	if gen := g.NetworkGeneration; gen < 1 {
+		m.metrics.runRefused(refusedOther)
 		return Run{}, false, fmt.Errorf("%w: grant network_policy_generation %d: must be at least 1", errdefs.ErrInvalidArgument, gen)
 	}
 	if gen := g.Generation; gen < 0 {
+		m.metrics.runRefused(refusedOther)
 		return Run{}, false, fmt.Errorf("%w: grant generation %d: must not be negative", errdefs.ErrInvalidArgument, gen)
 	}
 	if err := m.cfg.Capacity.admit(m.held(nil), g.Limits); err != nil {

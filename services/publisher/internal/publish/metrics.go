@@ -2,12 +2,12 @@ package publish
 
 import (
 	"context"
-	"errors"
 	"time"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/airlockhq/airlock/pkg/telemetry/instruments"
 )
 
 // meterName is the instrumentation scope of the publish metrics.
@@ -33,18 +33,14 @@ type metrics struct {
 }
 
 func newMetrics(mp metric.MeterProvider) (*metrics, error) {
-	if mp == nil {
-		mp = otel.GetMeterProvider()
+	set := instruments.New(mp, meterName)
+	x := metrics{
+		runs: set.Counter("airlock.publisher.runs", "{run}",
+			"Runs of deployments (a first attempt, a retry or a resume), by how they ended."),
+		duration: set.Histogram("airlock.publisher.run.duration", "s",
+			"How long one run of a deployment took, from its last recorded step to how it ended.", runBuckets...),
 	}
-	meter := mp.Meter(meterName)
-	var x metrics
-	var errs [2]error
-	x.runs, errs[0] = meter.Int64Counter("airlock.publisher.runs", metric.WithUnit("{run}"),
-		metric.WithDescription("Runs of deployments (a first attempt, a retry or a resume), by how they ended."))
-	x.duration, errs[1] = meter.Float64Histogram("airlock.publisher.run.duration", metric.WithUnit("s"),
-		metric.WithDescription("How long one run of a deployment took, from its last recorded step to how it ended."),
-		metric.WithExplicitBucketBoundaries(runBuckets...))
-	if err := errors.Join(errs[:]...); err != nil {
+	if err := set.Err(); err != nil {
 		return nil, err
 	}
 	return &x, nil
