@@ -101,6 +101,9 @@ func TestPrometheusMetrics(t *testing.T) {
 			{"airlock_authority_jobs_submitted_total", dto.MetricType_COUNTER, map[string]string{"outcome": "accepted", "kind": "job"}, 1},
 			{"airlock_authority_jobs_ended_total", dto.MetricType_COUNTER, map[string]string{"state": "finished"}, 1},
 			{"airlock_authority_jobs_waiting", dto.MetricType_GAUGE, nil, 0},
+			{"airlock_authority_audit_entries_total", dto.MetricType_COUNTER, nil, 1},
+			{"airlock_authority_audit_checkpoint_sequence", dto.MetricType_GAUGE, nil, 0},
+			{"airlock_authority_audit_halted", dto.MetricType_GAUGE, nil, 0},
 		},
 		identity.ServiceExecutor: {
 			{"airlock_executor_jobs_started_total", dto.MetricType_COUNTER, job, 1},

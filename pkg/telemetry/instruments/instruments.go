@@ -63,6 +63,14 @@ func (s *Set) FloatGauge(name, unit, description string) metric.Float64Observabl
 	return g
 }
 
+// ObservedCounter makes a counter whose running total a callback
+// (Observe) reads from what it counts.
+func (s *Set) ObservedCounter(name, unit, description string) metric.Int64ObservableCounter {
+	c, err := s.meter.Int64ObservableCounter(name, metric.WithUnit(unit), metric.WithDescription(description))
+	s.keep(err)
+	return c
+}
+
 // Observe registers f to observe gauges at every collection; Unregister
 // the result when what f reads goes away.
 func (s *Set) Observe(f metric.Callback, gauges ...metric.Observable) metric.Registration {

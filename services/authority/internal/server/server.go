@@ -88,6 +88,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			cps, err := checkpoints.Open(ctx, checkpoints.Config{
 				Store: st, Key: cpKey, File: cfg.Audit.CheckpointFile,
 				Every: cfg.Audit.CheckpointEvery, Interval: cfg.Audit.CheckpointInterval, Logger: env.Logger,
+				Meter: env.Meter,
 			})
 			if err != nil {
 				return err
