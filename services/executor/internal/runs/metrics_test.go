@@ -2,15 +2,18 @@ package runs
 
 import (
 	"testing"
+	"time"
 
 	"github.com/airlockhq/airlock/pkg/telemetry/metricstest"
+	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
 
 // Real jobs move the executor's metrics, each with its fixed attributes:
 // a start counted by class and kind and seen running in the gauges with
 // what it holds of the capacity; a start past the capacity counted
 // refused; a job that exits and one cancelled counted ended by reason,
-// with their durations; the gauges back at zero after.
+// with their durations; the gauges back at zero after; a session's execs
+// counted and its end by its own reason.
 func TestMetrics(t *testing.T) {
 	rd := metricstest.NewReader(t)
 	h, _ := newHarnessMeter(t, false, Capacity{Jobs: 1, MemoryBytes: 1 << 30}, rd.Provider)
@@ -77,4 +80,20 @@ func TestMetrics(t *testing.T) {
 	if n, sum, ok := got.Histogram("airlock.executor.job.duration", runc("kind", "job")); !ok || n != 2 || sum <= 0 {
 		t.Errorf("job.duration count %d sum %v (%v), want 2 runs of some time\n%s", n, sum, ok, got.Points("airlock.executor.job.duration"))
 	}
+
+	// A session: its execs counted, its end by its own reason.
+	sid := h.startSession(t, h.sessionGrant(sandbox.ClassRunc, time.Minute))
+	for _, id := range []string{"a", "b"} {
+		h.execWait(t, sid, ExecSpec{ID: id, Argv: []string{"true"}})
+	}
+	want(rd.Collect(t), "airlock.executor.jobs.active", runc("state", "running"), 1)
+	if _, err := h.m.Finish(sid); err != nil {
+		t.Fatal(err)
+	}
+	h.waitEnd(t, sid)
+	got = rd.Collect(t)
+	want(got, "airlock.executor.jobs.started", runc("kind", "session"), 1)
+	want(got, "airlock.executor.execs.started", map[string]string{}, 2)
+	want(got, "airlock.executor.jobs.ended", runc("kind", "session", "reason", "finished"), 1)
+	want(got, "airlock.executor.jobs.active", runc("state", "running"), 0)
 }
