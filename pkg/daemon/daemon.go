@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	"go.opentelemetry.io/otel/metric"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
@@ -57,6 +58,9 @@ type Env struct {
 	TrustDomain string
 	// Logger is the process logger.
 	Logger *slog.Logger
+	// Meter is the process's meter provider (the one Setup installed
+	// globally), for the domain's own metrics.
+	Meter metric.MeterProvider
 
 	// SetComponent reports a named component's health (see grpcserver).
 	SetComponent func(name string, serving bool)
@@ -135,7 +139,7 @@ func Run(ctx context.Context, spec Spec) (err error) {
 
 	g, gctx := errgroup.WithContext(ctx)
 	env := &Env{Server: srv.Registrar(), DataDir: dir, TLS: src, TrustDomain: cfg.TrustDomain, Logger: log,
-		SetComponent: srv.SetComponent, group: g, ctx: gctx}
+		Meter: providers.Meter, SetComponent: srv.SetComponent, group: g, ctx: gctx}
 	defer func() {
 		for i := len(env.stops) - 1; i >= 0; i-- {
 			err = errors.Join(err, env.stops[i]())

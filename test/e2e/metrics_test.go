@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 	"testing"
@@ -21,7 +22,9 @@ import (
 // telemetry.prometheus_listen, restarts it, runs a job and a publisher
 // call, and scrapes every service's /metrics over plain HTTP: each shows
 // itself in target_info and the calls it served (and, for the authority
-// and the executor, made) in the otelgrpc histograms, by method and status.
+// and the executor, made) in the otelgrpc histograms, by method and
+// status; the authority and the executor show the job in their own
+// metrics (docs/metrics.md), with its labels.
 func TestPrometheusMetrics(t *testing.T) {
 	t.Parallel()
 	repo, _ := sampleRepo(t)
@@ -77,6 +80,43 @@ func TestPrometheusMetrics(t *testing.T) {
 			{server, ok("airlock.publisher.v1.PublisherService/ListDeployments")},
 		},
 	}
+	// Airlock's own: the job counted by each service with its fixed
+	// labels, and the gauges read at the scrape.
+	job := map[string]string{"runtime_class": "runc", "kind": "job"}
+	with := func(base map[string]string, kv ...string) map[string]string {
+		m := maps.Clone(base)
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
+	type own struct {
+		name    string
+		typ     dto.MetricType
+		labels  map[string]string
+		atLeast float64
+	}
+	owns := map[string][]own{
+		identity.ServiceAuthority: {
+			{"airlock_authority_jobs_submitted_total", dto.MetricType_COUNTER, map[string]string{"outcome": "accepted", "kind": "job"}, 1},
+			{"airlock_authority_jobs_ended_total", dto.MetricType_COUNTER, map[string]string{"state": "finished"}, 1},
+			{"airlock_authority_jobs_waiting", dto.MetricType_GAUGE, nil, 0},
+			{"airlock_authority_audit_entries_total", dto.MetricType_COUNTER, nil, 1},
+			{"airlock_authority_audit_checkpoint_sequence", dto.MetricType_GAUGE, nil, 0},
+			{"airlock_authority_audit_halted", dto.MetricType_GAUGE, nil, 0},
+		},
+		identity.ServiceExecutor: {
+			{"airlock_executor_jobs_started_total", dto.MetricType_COUNTER, job, 1},
+			{"airlock_executor_jobs_ended_total", dto.MetricType_COUNTER, with(job, "reason", "exited"), 1},
+			{"airlock_executor_job_duration_seconds", dto.MetricType_HISTOGRAM, job, 1},
+			{"airlock_executor_sandbox_create_duration_seconds", dto.MetricType_HISTOGRAM, map[string]string{"runtime_class": "runc", "outcome": "ok"}, 1},
+			{"airlock_executor_jobs_active", dto.MetricType_GAUGE, map[string]string{"runtime_class": "runc", "state": "running"}, 0},
+			{"airlock_executor_capacity_memory_reserved_bytes", dto.MetricType_GAUGE, nil, 0},
+			{"airlock_executor_capacity_cpu_reserved", dto.MetricType_GAUGE, nil, 0},
+			{"airlock_executor_capacity_disk_reserved_bytes", dto.MetricType_GAUGE, nil, 0},
+			{"airlock_executor_capacity_jobs_reserved", dto.MetricType_GAUGE, nil, 0},
+		},
+	}
 	for _, name := range identity.ServiceNames() {
 		fams := metricstest.Await(t, metrics[name], 10*time.Second, func(f metricstest.Families) error {
 			if _, err := f.Series("target_info", dto.MetricType_GAUGE, map[string]string{"service_name": "airlock-" + name}); err != nil {
@@ -87,6 +127,15 @@ func TestPrometheusMetrics(t *testing.T) {
 					return fmt.Errorf("%s: %w", name, err)
 				}
 			}
+			for _, w := range owns[name] {
+				got, err := f.Series(w.name, w.typ, w.labels)
+				if err != nil {
+					return fmt.Errorf("%s: %w", name, err)
+				}
+				if v := value(got[0]); v < w.atLeast {
+					return fmt.Errorf("%s: %s%s = %v, want at least %v", name, w.name, metricstest.Labels(got[0]), v, w.atLeast)
+				}
+			}
 			return nil
 		})
 		for _, fam := range []string{"go_goroutines", "process_resident_memory_bytes"} {
@@ -94,6 +143,19 @@ func TestPrometheusMetrics(t *testing.T) {
 		}
 		logScrape(t, name, fams)
 	}
+}
+
+// value is a series' value: a counter's or gauge's, a histogram's count.
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.GetCounter() != nil:
+		return m.GetCounter().GetValue()
+	case m.GetGauge() != nil:
+		return m.GetGauge().GetValue()
+	case m.GetHistogram() != nil:
+		return float64(m.GetHistogram().GetSampleCount())
+	}
+	return 0
 }
 
 // logScrape logs a scrape's families and their label sets, the record
@@ -115,7 +177,7 @@ func logScrape(t *testing.T, service string, fams metricstest.Families) {
 		}
 		sort.Strings(ks)
 		fmt.Fprintf(&b, "%s %v [%s] %d series\n", name, fam.GetType(), strings.Join(ks, " "), len(fam.Metric))
-		if strings.HasPrefix(name, "rpc_") || name == "target_info" {
+		if strings.HasPrefix(name, "rpc_") || strings.HasPrefix(name, "airlock_") || name == "target_info" {
 			for _, m := range fam.Metric {
 				fmt.Fprintf(&b, "    %s\n", metricstest.Labels(m))
 			}

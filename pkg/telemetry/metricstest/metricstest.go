@@ -1,7 +1,8 @@
 // Package metricstest scrapes a service's Prometheus /metrics endpoint the
 // way Prometheus does, over plain HTTP, and finds series in what it got,
-// for the tests of the endpoint (pkg/daemon, test/e2e). Only tests import
-// it.
+// for the tests of the endpoint (pkg/daemon, test/e2e); and gives a
+// domain package's tests an in-process meter provider whose recordings
+// they read by OpenTelemetry name (Reader). Only tests import it.
 package metricstest
 
 import (

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -108,6 +109,8 @@ type harnessOptions struct {
 	devSessions policy.Sessions
 	// devHistoryDepth is tenant dev's git history depth.
 	devHistoryDepth int
+	// meter, if set, records the job and approval metrics.
+	meter metric.MeterProvider
 }
 
 func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
@@ -235,6 +238,7 @@ func (h *harness) start() {
 		Executor: execClient, ExecutorID: executorID, GrantTTL: cmp.Or(h.opts.grantTTL, 10*time.Minute), StartDeadline: h.opts.startDeadline, Logger: h.logger(),
 		Auditors: []string{"approver/alice"},
 		Retry:    jobs.Retry{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}, DrainTimeout: 5 * time.Second,
+		Meter: h.opts.meter,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -250,7 +254,7 @@ func (h *harness) start() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	appr, err := approvals.New(approvals.Config{Store: st, Tenants: h.tenants, Artifacts: execClient, Logger: h.logger()})
+	appr, err := approvals.New(approvals.Config{Store: st, Tenants: h.tenants, Artifacts: execClient, Meter: h.opts.meter, Logger: h.logger()})
 	if err != nil {
 		t.Fatal(err)
 	}

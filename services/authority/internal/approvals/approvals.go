@@ -16,6 +16,8 @@ import (
 	"os"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/identity"
@@ -68,6 +70,9 @@ type Config struct {
 	// throttle of its own (audit.NewRefusalThrottle). Whoever owns it runs
 	// its Flush.
 	Refusals *audit.Throttle
+	// Meter makes the approval metrics (metrics.go); nil is the global
+	// meter provider.
+	Meter metric.MeterProvider
 }
 
 // Service is the approval and lease logic; safe for concurrent use.
@@ -75,6 +80,7 @@ type Service struct {
 	cfg Config
 	// refusals keeps one caller's repeated refusal from filling the log.
 	refusals *audit.Throttle
+	metrics  *metrics
 }
 
 // New returns a Service.
@@ -97,7 +103,11 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Refusals == nil {
 		cfg.Refusals = audit.NewRefusalThrottle()
 	}
-	return &Service{cfg: cfg, refusals: cfg.Refusals}, nil
+	m, err := newMetrics(cfg.Meter)
+	if err != nil {
+		return nil, fmt.Errorf("approvals: metrics: %w", err)
+	}
+	return &Service{cfg: cfg, refusals: cfg.Refusals, metrics: m}, nil
 }
 
 func (s *Service) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }
@@ -358,6 +368,7 @@ func (s *Service) Decide(ctx context.Context, caller identity.ID, req DecideRequ
 		}
 		return store.Approval{}, s.refused(ctx, ev, err)
 	}
+	s.metrics.voted(a, req.Decision)
 	return a, nil
 }
 
@@ -520,6 +531,7 @@ func (s *Service) Lease(ctx context.Context, caller identity.ID, cert *x509.Cert
 	if err != nil {
 		return store.Lease{}, nil, err
 	}
+	s.metrics.leased(stored.Purpose)
 	return stored, box, nil
 }
 
@@ -908,6 +920,7 @@ func (s *Service) Sweep(ctx context.Context, caller identity.ID) (approvalsExpir
 		list, err := s.cfg.Store.ExpireApprovalsAudited(ctx, now, batch, func(a store.Approval) audit.Event {
 			return expired(a, fmt.Sprintf("%s request expired at %s undecided or unconsumed", a.Kind, a.ExpiresAt.Format(time.RFC3339)))
 		})
+		s.metrics.expired(list)
 		return len(list), err
 	})
 	approvalsExpired += n
@@ -918,6 +931,7 @@ func (s *Service) Sweep(ctx context.Context, caller identity.ID) (approvalsExpir
 		list, err := s.cfg.Store.ExpireChangesOfEndedJobsAudited(ctx, batch, func(a store.Approval) audit.Event {
 			return expired(a, fmt.Sprintf("change request for job %s: the job has ended, so the change can no longer apply", a.JobID))
 		})
+		s.metrics.expired(list)
 		return len(list), err
 	})
 	approvalsExpired += n

@@ -22,6 +22,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/pki"
@@ -48,6 +50,9 @@ type Config struct {
 	Interval time.Duration
 	Logger   *slog.Logger
 	Now      func() time.Time
+	// Meter makes the audit log metrics (metrics.go); nil is the global
+	// meter provider.
+	Meter metric.MeterProvider
 }
 
 // Service signs, keeps and serves the checkpoints.
@@ -61,6 +66,9 @@ type Service struct {
 	lastTime time.Time // when the last checkpoint was signed (or the service opened)
 	halted   string    // why no checkpoint is signed any more; "" when it is
 	file     *os.File
+
+	seen     seen
+	observed metric.Registration
 }
 
 // Open reads the checkpoint file (creating it when missing; a torn last
@@ -96,6 +104,14 @@ func Open(ctx context.Context, cfg Config) (*Service, error) {
 	if err := s.checkLog(ctx); err != nil {
 		f.Close()
 		return nil, err
+	}
+	if n := len(s.cps); n > 0 {
+		s.seen.signed.Store(s.cps[n-1].Sequence)
+	}
+	s.seen.halted.Store(s.halted != "")
+	if s.observed, err = s.observe(cfg.Meter); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("audit checkpoints: metrics: %w", err)
 	}
 	return s, nil
 }
@@ -208,6 +224,9 @@ func (s *Service) Close() error {
 	if err := s.Tick(ctx, true); err != nil {
 		s.cfg.Logger.Error("audit checkpoint at shutdown", "error", err)
 	}
+	if err := s.observed.Unregister(); err != nil {
+		s.cfg.Logger.Warn("unregister the audit log gauges", "error", err)
+	}
 	return s.file.Close()
 }
 
@@ -228,6 +247,7 @@ func (s *Service) Tick(ctx context.Context, final bool) error {
 	if err != nil {
 		return err
 	}
+	s.seen.head.Store(head)
 	var last int64
 	if n := len(s.cps); n > 0 {
 		last = s.cps[n-1].Sequence
@@ -306,6 +326,7 @@ func (s *Service) unbrokenSince(ctx context.Context, head int64) (string, error)
 
 func (s *Service) halt(reason string) {
 	s.halted = reason
+	s.seen.halted.Store(true)
 	s.cfg.Logger.Error("AUDIT LOG TAMPERED: no more checkpoints are signed until an operator investigates", "reason", reason)
 }
 
@@ -344,6 +365,7 @@ func (s *Service) sign(ctx context.Context, seq int64) error {
 		return fmt.Errorf("audit checkpoint: %w", err)
 	}
 	s.cps = append(s.cps, c)
+	s.seen.signed.Store(c.Sequence)
 	s.lastTime = now
 	// The log is a second copy, wherever the service's log goes.
 	s.cfg.Logger.Info("audit checkpoint", "sequence", c.Sequence, "hash", c.Hash, "time", c.Time.Format(time.RFC3339Nano),

@@ -14,10 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
 	_ "modernc.org/sqlite"
 
 	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/pkg/logging/logtest"
+	"github.com/airlockhq/airlock/pkg/telemetry/metricstest"
 	"github.com/airlockhq/airlock/services/authority/internal/checkpoints"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 	"github.com/airlockhq/airlock/services/authority/internal/store/sqlite"
@@ -59,9 +61,15 @@ func (f *fixture) file() string { return filepath.Join(f.dir, "audit-checkpoints
 
 func (f *fixture) open(every int64) *checkpoints.Service {
 	f.t.Helper()
+	return f.openMeter(every, nil)
+}
+
+// openMeter is open recording the metrics on mp.
+func (f *fixture) openMeter(every int64, mp metric.MeterProvider) *checkpoints.Service {
+	f.t.Helper()
 	s, err := checkpoints.Open(context.Background(), checkpoints.Config{
 		Store: f.st, Key: f.key, File: f.file(), Every: every, Interval: time.Minute,
-		Logger: slog.New(slog.NewTextHandler(f.logs, nil)), Now: func() time.Time { return f.now },
+		Logger: slog.New(slog.NewTextHandler(f.logs, nil)), Now: func() time.Time { return f.now }, Meter: mp,
 	})
 	if err != nil {
 		f.t.Fatal(err)
@@ -76,6 +84,20 @@ func (f *fixture) append(n int) {
 			Subject: fmt.Sprintf("job-%d", i), Tenant: "dev", Outcome: "allowed", Reason: "test"}); err != nil {
 			f.t.Fatal(err)
 		}
+	}
+}
+
+// rewrite rewrites entry seq of the log, as an attacker with the
+// database would, chain and head included.
+func (f *fixture) rewrite(seq int64) {
+	f.t.Helper()
+	db, err := sql.Open("sqlite", filepath.Join(f.dir, "authority.db"))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer db.Close()
+	if err := audittamper.Rewrite(db, seq, "nothing happened"); err != nil {
+		f.t.Fatal(err)
 	}
 }
 
@@ -227,14 +249,7 @@ func TestRewrittenLogIsNeverSignedOver(t *testing.T) {
 	f.tick(s, true) // 4, 8, 10
 	f.st.Close()
 
-	db, err := sql.Open("sqlite", filepath.Join(f.dir, "authority.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := audittamper.Rewrite(db, 6, "nothing happened"); err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
+	f.rewrite(6)
 	f.openStore()
 	events, err := f.st.ListAudit(context.Background(), storeAll)
 	if err != nil {
@@ -267,14 +282,7 @@ func TestRewriteWhileRunningHaltsSigning(t *testing.T) {
 	s := f.open(4)
 	f.append(4)
 	f.tick(s, false)
-	db, err := sql.Open("sqlite", filepath.Join(f.dir, "authority.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if err := audittamper.Rewrite(db, 2, "nothing happened"); err != nil {
-		t.Fatal(err)
-	}
+	f.rewrite(2)
 	f.append(4)
 	f.tick(s, false)
 	p := list(t, s)
@@ -310,4 +318,33 @@ func TestEntryRemovedSinceTheLastCheckpointHaltsSigning(t *testing.T) {
 	if fmt.Sprint(sequences(p)) != "[4]" || !strings.Contains(p.Halted, "broken") {
 		t.Errorf("checkpoints %v, halted %q: want [4] and the break named", sequences(p), p.Halted)
 	}
+}
+
+// TestMetrics: the gauges follow the log's head, the last checkpoint and
+// a rewrite that halts signing.
+func TestMetrics(t *testing.T) {
+	rd := metricstest.NewReader(t)
+	f := newFixture(t)
+	s := f.openMeter(4, rd.Provider)
+	want := func(name string, v float64) {
+		t.Helper()
+		got := rd.Collect(t)
+		if n, ok := got.Value(name, map[string]string{}); !ok || n != v {
+			t.Errorf("%s = %v (recorded %v), want %v\n%s", name, n, ok, v, got.Points(name))
+		}
+	}
+	want("airlock.authority.audit.halted", 0)
+	want("airlock.authority.audit.checkpoint.sequence", 0)
+	f.append(5)
+	f.tick(s, false)
+	want("airlock.authority.audit.entries", 5)
+	want("airlock.authority.audit.checkpoint.sequence", 4)
+	want("airlock.authority.audit.halted", 0)
+
+	f.rewrite(2)
+	f.append(4)
+	f.tick(s, false)
+	want("airlock.authority.audit.entries", 9)
+	want("airlock.authority.audit.checkpoint.sequence", 4)
+	want("airlock.authority.audit.halted", 1)
 }

@@ -25,6 +25,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"github.com/airlockhq/airlock/pkg/errdefs"
@@ -270,6 +272,9 @@ type Config struct {
 	// DrainTimeout bounds how long a watcher waits for the rest of the
 	// output after the job has ended; default 30s.
 	DrainTimeout time.Duration
+	// Meter makes the job metrics (metrics.go); nil is the global meter
+	// provider.
+	Meter metric.MeterProvider
 }
 
 // Service is the authority's job logic. Its methods are safe for concurrent
@@ -290,7 +295,8 @@ type Service struct {
 	// refusals keeps one caller's repeated refusal from filling the log.
 	refusals *audit.Throttle
 	// gate decides which queued job asks the executor next.
-	gate *gate
+	gate    *gate
+	metrics *metrics
 }
 
 // New returns a Service. Call Run to resume unfinished jobs and to stop
@@ -337,8 +343,14 @@ func New(cfg Config) (*Service, error) {
 		}
 		return policy.Quota{}
 	}
-	return &Service{cfg: cfg, hub: newHub(), ctx: ctx, cancel: cancel, active: map[string]bool{},
-		refusals: cmp.Or(cfg.Refusals, audit.NewRefusalThrottle()), gate: newGate(cfg.Now, quota)}, nil
+	s := &Service{cfg: cfg, hub: newHub(), ctx: ctx, cancel: cancel, active: map[string]bool{},
+		refusals: cmp.Or(cfg.Refusals, audit.NewRefusalThrottle()), gate: newGate(cfg.Now, quota)}
+	var err error
+	if s.metrics, err = newMetrics(cfg.Meter, s.gate); err != nil {
+		cancel()
+		return nil, fmt.Errorf("jobs: metrics: %w", err)
+	}
+	return s, nil
 }
 
 // Run resumes every unfinished job (dispatching queued ones again, which
@@ -347,6 +359,11 @@ func New(cfg Config) (*Service, error) {
 func (s *Service) Run(ctx context.Context) error {
 	defer s.wg.Wait()
 	defer s.cancel()
+	defer func() {
+		if err := s.metrics.observed.Unregister(); err != nil {
+			s.cfg.Logger.Warn("unregister the job gauges", "error", err)
+		}
+	}()
 	pending, err := s.cfg.Store.JobsInStates(ctx, store.StateQueued, store.StateStaging, store.StateRunning)
 	if ctx.Err() != nil {
 		return nil // stopped while starting: not a failure
@@ -435,6 +452,9 @@ func (s *Service) updateAudited(ctx context.Context, id string, fn func(*store.J
 	}
 	if err != nil {
 		return store.Job{}, err
+	}
+	if j.State != before && j.State.Terminal() {
+		s.metrics.jobEnded(j.State)
 	}
 	if j.State != before {
 		s.cfg.Logger.Info("job state", "job", j.ID, "tenant", j.Tenant, "from", string(before), "to", string(j.State), "message", j.Message)

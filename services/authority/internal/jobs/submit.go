@@ -43,6 +43,7 @@ type decision struct {
 // key) returns the job recorded first, with created=false.
 func (s *Service) Submit(ctx context.Context, caller identity.ID, req SubmitRequest) (store.Job, bool, error) {
 	j, created, err := s.submit(ctx, caller, req)
+	s.metrics.submission(req, created, err)
 	if err != nil && refusal(err) {
 		// The refusal is a decision too; the caller still learns of it if
 		// it cannot be recorded.

@@ -88,6 +88,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			cps, err := checkpoints.Open(ctx, checkpoints.Config{
 				Store: st, Key: cpKey, File: cfg.Audit.CheckpointFile,
 				Every: cfg.Audit.CheckpointEvery, Interval: cfg.Audit.CheckpointInterval, Logger: env.Logger,
+				Meter: env.Meter,
 			})
 			if err != nil {
 				return err
@@ -133,6 +134,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				GrantTTL: cfg.GrantTTL,
 				Auditors: cfg.Audit.Auditors,
 				Refusals: refusals,
+				Meter:    env.Meter,
 				Logger:   env.Logger,
 			})
 			if err != nil {
@@ -147,7 +149,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			// Resumes unfinished jobs now and stops background work (before
 			// the store closes) when the process stops.
 			env.Go(svc.Run)
-			appr, err := approvals.New(approvals.Config{Store: st, Tenants: cfg.Policy, Artifacts: exec, Refusals: refusals, Logger: env.Logger})
+			appr, err := approvals.New(approvals.Config{Store: st, Tenants: cfg.Policy, Artifacts: exec, Refusals: refusals, Meter: env.Meter, Logger: env.Logger})
 			if err != nil {
 				return err
 			}

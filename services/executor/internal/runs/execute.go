@@ -249,7 +249,9 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source) 
 		// executor process left them.
 		spec.Kept, spec.Started = true, e.run.StartedAt
 	}
+	began := time.Now()
 	sb, err := m.cfg.Sandbox.Create(ctx, spec)
+	m.metrics.sandboxMade(spec.Class, time.Since(began), err)
 	if err != nil {
 		if eg != nil {
 			eg.close()

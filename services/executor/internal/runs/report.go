@@ -68,6 +68,9 @@ func (m *Manager) finish(e *entry, state State, result *Result) {
 				r.Truncated[name] = true
 			}
 		}
+		// Counted with the change, so whoever sees the run ended sees it
+		// counted.
+		m.metrics.runEnded(*r)
 	})
 	m.report(e.run.JobID)
 }

@@ -21,6 +21,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/airlockhq/airlock/pkg/atomicfile"
 	"github.com/airlockhq/airlock/pkg/provenance"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
@@ -131,8 +133,11 @@ type Config struct {
 	// Capacity bounds what the runs not yet ended hold together; a new
 	// run or a raised limit beyond it is refused. Zero bounds nothing.
 	Capacity Capacity
-	Logger   *slog.Logger
-	Now      func() time.Time
+	// Meter makes the executor's metrics (metrics.go); nil is the global
+	// meter provider.
+	Meter  metric.MeterProvider
+	Logger *slog.Logger
+	Now    func() time.Time
 }
 
 // Manager runs jobs.
@@ -150,6 +155,7 @@ type Manager struct {
 	// refused is what the egress proxies refuse, the host's current
 	// addresses among it.
 	refused refusedCache
+	metrics *metrics
 }
 
 // entry is a run in memory: its record, its output, and how to stop it.
@@ -263,6 +269,9 @@ func New(cfg Config) (*Manager, error) {
 		}
 		m.runs[r.JobID] = e
 	}
+	if m.metrics, err = newMetrics(cfg.Meter, m); err != nil {
+		return nil, fmt.Errorf("runs: metrics: %w", err)
+	}
 	return m, nil
 }
 
@@ -306,6 +315,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 			if err := m.persist(&e.run); err != nil {
 				return err
 			}
+			m.metrics.runEnded(e.run)
 		}
 		if !e.run.Reported {
 			m.reportLater(e.run.JobID)
@@ -359,6 +369,9 @@ func (m *Manager) resumeKept(e *entry) error {
 func (m *Manager) Close() {
 	m.cancel()
 	m.wg.Wait()
+	if err := m.metrics.observed.Unregister(); err != nil {
+		m.cfg.Logger.Warn("unregister the run gauges", "error", err)
+	}
 }
 
 func (m *Manager) runDir(jobID string) string { return filepath.Join(m.cfg.Dir, jobID) }

@@ -294,6 +294,7 @@ func (m *Manager) startExec(jobID string, x ExecSpec, fed bool) (Exec, bool, *ex
 		e.execs = map[string]*execEntry{}
 	}
 	e.execs[x.ID] = xe
+	m.metrics.execStarted()
 	e.execOrder = append(e.execOrder, xe)
 	e.runningExecs++
 	e.lastActive = m.cfg.Now()

@@ -23,24 +23,30 @@ func (m *Manager) Start(g Grant) (Run, bool, error) {
 		return e.run, false, nil
 	}
 	if _, ok := m.unstarted[g.JobID]; ok {
+		m.metrics.runRefused(refusedOther)
 		return Run{}, false, fmt.Errorf("%w: job %s was cancelled before it started", errdefs.ErrFailedPrecondition, g.JobID)
 	}
 	if st, ok := m.cfg.Sandbox.Available(g.Class); !ok {
+		m.metrics.runRefused(refusedUnavailable)
 		return Run{}, false, fmt.Errorf("%w: runtime_class %s is not available on this executor: %s", errdefs.ErrFailedPrecondition, g.Class, st.Reason)
 	}
 	if err := m.checkEnforceable(g.Network); err != nil {
+		m.metrics.runRefused(refusedOther)
 		return Run{}, false, err
 	}
 	// The first policy is generation 1 (the authority's first grant says
 	// so); without one, a later change could not be told from it. A
 	// generation of 0 is taken as 1, as the authority does.
 	if gen := g.NetworkGeneration; gen < 1 {
+		m.metrics.runRefused(refusedOther)
 		return Run{}, false, fmt.Errorf("%w: grant network_policy_generation %d: must be at least 1", errdefs.ErrInvalidArgument, gen)
 	}
 	if gen := g.Generation; gen < 0 {
+		m.metrics.runRefused(refusedOther)
 		return Run{}, false, fmt.Errorf("%w: grant generation %d: must not be negative", errdefs.ErrInvalidArgument, gen)
 	}
 	if err := m.cfg.Capacity.admit(m.held(nil), g.Limits); err != nil {
+		m.metrics.runRefused(refusedCapacity)
 		return Run{}, false, err
 	}
 	if err := os.MkdirAll(m.runDir(g.JobID), 0o700); err != nil {
@@ -62,6 +68,7 @@ func (m *Manager) Start(g Grant) (Run, bool, error) {
 		return Run{}, false, err
 	}
 	m.runs[e.run.JobID] = e
+	m.metrics.runStarted(g)
 	m.launch(e)
 	return e.run, true, nil
 }

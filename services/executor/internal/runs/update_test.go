@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/provenance"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
@@ -119,6 +121,13 @@ func newHarness(t *testing.T, gated bool) (*harness, func()) {
 // sandbox's cgroup parent's limit, as the executor sets them.
 func newHarnessWith(t *testing.T, gated bool, capacity Capacity) (*harness, func()) {
 	t.Helper()
+	return newHarnessMeter(t, gated, capacity, nil)
+}
+
+// newHarnessMeter is newHarnessWith whose manager records its metrics on
+// mp.
+func newHarnessMeter(t *testing.T, gated bool, capacity Capacity, mp metric.MeterProvider) (*harness, func()) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatalf("the runs tests must run as root, not uid %d", os.Geteuid())
 	}
@@ -184,6 +193,7 @@ func newHarnessWith(t *testing.T, gated bool, capacity Capacity) (*harness, func
 		},
 		Executor: "spiffe://test.example/service/executor",
 		Capacity: capacity,
+		Meter:    mp,
 		Logger:   logger,
 	})
 	if err != nil {

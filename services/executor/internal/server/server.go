@@ -122,6 +122,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 					MemoryBytes: cfg.Capacity.MemoryBytes, CPUMillis: cfg.Capacity.CPUMillis,
 					DiskBytes: cfg.Capacity.DiskBytes, Jobs: cfg.Capacity.Jobs,
 				},
+				Meter:  env.Meter,
 				Logger: logger,
 			})
 			if err != nil {

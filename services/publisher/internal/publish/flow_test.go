@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/airlockhq/airlock/pkg/bundle"
@@ -300,6 +301,8 @@ type harness struct {
 	auth   *fakeAuthority
 	exec   *fakeExecutor
 	store  *store.Store
+	// meter, if set, records the services' metrics.
+	meter metric.MeterProvider
 }
 
 // newHarness makes a job whose result writes files (path -> content) on
@@ -375,7 +378,7 @@ func (h *harness) service(owner string) (s *publish.Service, stop context.Cancel
 	ctx, cancel := context.WithCancel(context.Background())
 	s, err = publish.New(ctx, publish.Config{Store: h.store, Authority: h.auth.as(owner), Executor: h.exec, Checker: checker,
 		Trust: h.trust, Dir: h.t.TempDir(), Logger: slog.New(slog.NewTextHandler(testLog{h.t, owner}, nil)),
-		Owner: owner, ClaimTTL: claimTTL, RetryEvery: retryEvery})
+		Owner: owner, ClaimTTL: claimTTL, RetryEvery: retryEvery, Meter: h.meter})
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/ids"
@@ -148,6 +150,9 @@ type Config struct {
 	// RetryEvery is how often unfinished deployments are taken up again
 	// (default 30s).
 	RetryEvery time.Duration
+	// Meter makes the publish metrics (metrics.go); nil is the global
+	// meter provider.
+	Meter metric.MeterProvider
 }
 
 // Service runs publishes; safe for concurrent use.
@@ -159,6 +164,7 @@ type Service struct {
 	running map[string]chan struct{} // deployment id -> closed when its run ends
 	repoMu  map[string]*sync.Mutex   // scratch repository dir -> its lock
 	wg      sync.WaitGroup
+	metrics *metrics
 }
 
 // New returns a Service whose runs live as long as ctx.
@@ -187,7 +193,11 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 			return nil, err
 		}
 	}
-	return &Service{cfg: cfg, ctx: ctx, running: map[string]chan struct{}{}, repoMu: map[string]*sync.Mutex{}}, nil
+	m, err := newMetrics(cfg.Meter)
+	if err != nil {
+		return nil, fmt.Errorf("publish: metrics: %w", err)
+	}
+	return &Service{cfg: cfg, ctx: ctx, running: map[string]chan struct{}{}, repoMu: map[string]*sync.Mutex{}, metrics: m}, nil
 }
 
 // Wait waits for every run to end (after the context ends).
@@ -489,15 +499,20 @@ func (s *Service) run(ctx context.Context, id string) {
 	}
 	r := &runState{s: s, d: d, log: log}
 	defer r.close()
+	began := time.Now()
 	err = r.drive(ctx)
 	switch {
 	case err == nil:
+		s.metrics.ran(runSucceeded, began)
 	case ctx.Err() != nil:
+		s.metrics.ran(runInterrupted, began)
 		log.Info("publish interrupted; it resumes later", "after_step", r.d.Step)
 	case refused(err):
 		log.Warn("publish refused", "after_step", r.d.Step, "error", err)
 		r.fail(context.WithoutCancel(ctx), err)
+		s.metrics.ran(runRefused, began)
 	default:
+		s.metrics.ran(runPaused, began)
 		// Said to the pipeline in general terms: the error may carry paths
 		// and peers' words; the log has it whole.
 		log.Warn("publish paused; it is retried", "after_step", r.d.Step, "error", err)

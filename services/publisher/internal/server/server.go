@@ -81,7 +81,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			svc, err := publish.New(ctx, publish.Config{
 				Store: st, Authority: peers.NewAuthority(ac, env.TLS), Executor: peers.NewExecutor(ec), Checker: checker,
 				Trust: publish.Trust{Roots: roots, Executor: env.PeerID(identity.ServiceExecutor), Grants: grants},
-				Dir:   env.DataDir.Join("work"), Logger: logger,
+				Dir:   env.DataDir.Join("work"), Logger: logger, Meter: env.Meter,
 				// The data directory is one process's at a time (locked): a
 				// publisher restarted on it takes its claims up at once.
 				Owner: owner(env.DataDir.Path()),
