@@ -11,7 +11,7 @@ BIN   := bin
 PKGS  := ./...
 GOTESTFLAGS ?= -race -count=1 -timeout 15m
 
-.PHONY: all build runtimes bench generate generate-check lint fmt vet test unit e2e demo clean
+.PHONY: all build runtimes bench generate generate-check lint fmt vet test unit e2e test-cgroup2 demo clean
 
 all: build
 
@@ -60,6 +60,10 @@ unit:
 ## e2e: the end-to-end suite against the real binaries
 e2e:
 	$(GO) test $(GOTESTFLAGS) ./test/e2e/...
+
+## test-cgroup2: a command as root in a cgroup-v2-only QEMU machine (TCG) on this machine's root filesystem (tools/cgroup2vm/run.sh; as root)
+test-cgroup2:
+	tools/cgroup2vm/run.sh -- bash -c 'cat /sys/fs/cgroup/cgroup.controllers; go version; mount | grep cgroup; test ! -e /sys/fs/cgroup/memory'
 
 ## bench: raw `runc run` vs the sandbox vs the whole submit→result path, `true` as a session exec (RunExec, and StartExec+WatchExec) vs a job vs raw `runc exec`, a 20-step agent loop in one session vs 20 jobs, a publish vs the same change landed with git alone, the content scan's MB/s, making, changing and removing an allow job's network, and the egress proxy's connect latency and 100 MB download vs an allow-CIDR policy (benchstat -col /via bench.out for the ratios); benchstat summarizes
 # -p 1: one package at a time, so neither runs under the other's load (two
