@@ -102,7 +102,12 @@ func TestPrometheusEndpoint(t *testing.T) {
 		"rpc_response_status_code": "OK", "otel_scope_name": otelgrpcScope,
 	}
 	const histogram = "rpc_server_call_duration_seconds"
-	before := metricstest.Scrape(t, metricsAddr)
+	// The server records a call as it ends, which may be just after the
+	// client has its answer: wait for the checks above to show.
+	before := metricstest.Await(t, metricsAddr, 5*time.Second, func(f metricstest.Families) error {
+		_, err := f.Series(histogram, dto.MetricType_HISTOGRAM, okCheck)
+		return err
+	})
 	checks := before.Find(t, histogram, dto.MetricType_HISTOGRAM, okCheck)
 	n0 := checks[0].GetHistogram().GetSampleCount()
 
