@@ -61,9 +61,9 @@ unit:
 e2e:
 	$(GO) test $(GOTESTFLAGS) ./test/e2e/...
 
-## test-cgroup2: a command as root in a cgroup-v2-only QEMU machine (TCG) on this machine's root filesystem (tools/cgroup2vm/run.sh; as root)
-test-cgroup2:
-	tools/cgroup2vm/run.sh -- bash -c 'cat /sys/fs/cgroup/cgroup.controllers; go version; mount | grep cgroup; test ! -e /sys/fs/cgroup/memory'
+## test-cgroup2: the cgroup tests of the sandbox package and an end-to-end smoke in a cgroup-v2-only QEMU machine (TCG) on this machine's root filesystem (tools/cgroup2vm; as root)
+test-cgroup2: build
+	bash tools/cgroup2vm/suite.sh
 
 ## bench: raw `runc run` vs the sandbox vs the whole submit→result path, `true` as a session exec (RunExec, and StartExec+WatchExec) vs a job vs raw `runc exec`, a 20-step agent loop in one session vs 20 jobs, a publish vs the same change landed with git alone, the content scan's MB/s, making, changing and removing an allow job's network, and the egress proxy's connect latency and 100 MB download vs an allow-CIDR policy (benchstat -col /via bench.out for the ratios); benchstat summarizes
 # -p 1: one package at a time, so neither runs under the other's load (two

@@ -270,9 +270,11 @@ func (c *cgroupsV2) create(rel string, l Limits, io ioLimits, dev string) error 
 
 // setLimits changes rel's limits from cur to l. The kernel lowers
 // memory.max below what a job holds by reclaiming and then OOM-killing,
-// where v1 refuses: so a lower limit is first checked against the usage
-// after asking the kernel to reclaim the difference (memory.reclaim), and
-// refused with EBUSY, the old limit kept, when the job still holds more.
+// where v1 refuses: so a lower limit is first checked against what the
+// job holds that no reclaim can free (with no swap: anonymous and shared
+// memory, and the kernel's own), and refused with EBUSY, the old limit
+// kept, when that is more. What is left above the limit is page cache,
+// which the kernel drops to meet it.
 func (c *cgroupsV2) setLimits(rel string, cur, l Limits) error {
 	dir := c.dir(rel)
 	type write struct {
@@ -305,19 +307,25 @@ func (c *cgroupsV2) setLimits(rel string, cur, l Limits) error {
 	return nil
 }
 
-// reclaimTo asks the kernel to bring rel's memory down to limit and fails
-// with EBUSY if it cannot.
+// reclaimTo fails with EBUSY if rel holds more than limit bytes that no
+// reclaim can free. (memory.reclaim is no test: a job that keeps faulting
+// its pages back in keeps it reclaiming for as long as it runs.)
 func (c *cgroupsV2) reclaimTo(rel string, limit int64) error {
 	dir := c.dir(rel)
-	usage := readInt(filepath.Join(dir, "memory.current"))
-	if usage <= limit {
+	if readInt(filepath.Join(dir, "memory.current")) <= limit {
 		return nil
 	}
-	// memory.reclaim (5.19) answers EAGAIN when it reclaims less than
-	// asked; the usage below is what decides.
-	_ = os.WriteFile(filepath.Join(dir, "memory.reclaim"), []byte(strconv.FormatInt(usage-limit, 10)), 0)
-	if usage = readInt(filepath.Join(dir, "memory.current")); usage > limit {
-		return fmt.Errorf("cgroup %s: memory.max=%d: the job holds %d bytes: %w", rel, limit, usage, unix.EBUSY)
+	stat, _ := os.ReadFile(filepath.Join(dir, "memory.stat"))
+	var held int64
+	for _, line := range strings.Split(string(stat), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && slices.Contains([]string{"anon", "shmem", "kernel_stack", "pagetables", "percpu", "sock", "slab_unreclaimable", "unevictable"}, f[0]) {
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			held += n
+		}
+	}
+	if held > limit {
+		return fmt.Errorf("cgroup %s: memory.max=%d: the job holds %d bytes no reclaim can free: %w", rel, limit, held, unix.EBUSY)
 	}
 	return nil
 }
