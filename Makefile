@@ -46,12 +46,13 @@ fmt:
 vet:
 	$(GO) vet $(PKGS)
 
-## test: everything CI runs: lint, generated-code check, all tests with -race (as root: the sandbox tests use real namespaces and cgroups)
+## test: everything CI runs: lint, generated-code check, all tests with -race (as root: the sandbox tests use real namespaces and cgroups), then the cgroup-v2 VM suite (test-cgroup2)
 # The PostgreSQL store tests take their database from AIRLOCK_TEST_POSTGRES_DSN,
 # which .ci/run sets to a throwaway loopback cluster; without it they skip,
 # and with CI=true they fail.
 test: lint generate-check runtimes
 	$(GO) test $(GOTESTFLAGS) $(PKGS)
+	$(MAKE) --no-print-directory test-cgroup2
 
 ## unit: tests without the end-to-end suite
 unit:

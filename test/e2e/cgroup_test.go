@@ -81,9 +81,13 @@ func TestCgroupLimitsEndToEnd(t *testing.T) {
 	t.Run("cpu", func(t *testing.T) {
 		job := run(t, "--cpu", "0.5", "--", "sh", "-c", "timeout 4 sh -c 'while :; do :; done' & timeout 4 sh -c 'while :; do :; done'; wait")
 		wantReason(t, job, typesv1.TerminationReason_TERMINATION_REASON_EXITED)
-		cores := job.GetResult().GetUsage().GetCpuTime().AsDuration().Seconds() / 4
-		if cores > 0.6 || cores < 0.3 {
-			t.Errorf("two busy loops at a 0.5-core quota used %.2f cores", cores)
+		u := job.GetResult().GetUsage()
+		cpu := u.GetCpuTime().AsDuration().Seconds()
+		if cores := cpu / u.GetWallTime().AsDuration().Seconds(); cores > 0.6 {
+			t.Errorf("two busy loops at a 0.5-core quota used %.2f cores over the job", cores)
+		}
+		if cores := cpu / 4; cores < 0.3 {
+			t.Errorf("two busy loops at a 0.5-core quota had %.2f cores over their 4 s", cores)
 		}
 	})
 	t.Run("disk bandwidth", func(t *testing.T) {
