@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -14,8 +15,8 @@ import (
 func TestDeadlineTimerRechecksExtendedDeadline(t *testing.T) {
 	e := newEnv(t)
 	lim := defaultLimits
-	lim.Deadline = 1500 * time.Millisecond
-	l := e.start(t, "echo started; sleep 3; echo finished", lim)
+	lim.Deadline = slowdown * 1500 * time.Millisecond
+	l := e.start(t, fmt.Sprintf("echo started; sleep %d; echo finished", 3*slowdown), lim)
 	l.waitOutput(t, "started")
 	l.sb.mu.Lock()
 	l.sb.spec.Limits.Deadline = time.Minute
