@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/clientconfig"
 	"github.com/airlockhq/airlock/pkg/config"
+	"github.com/airlockhq/airlock/pkg/delegate"
 	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/gitserve"
 	"github.com/airlockhq/airlock/pkg/grant"
@@ -374,7 +376,14 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 	exited := map[string]chan error{}
 	for _, name := range identity.ServiceNames() {
 		s := services[name]
-		pid, done, err := startProcess([]string{bins[name], "--config", s.Config}, s)
+		argv := []string{bins[name], "--config", s.Config}
+		if name == identity.ServiceExecutor {
+			// On a cgroup v2 host the executor needs a cgroup of its
+			// own; systemd, where it runs the host, makes one.
+			sum := sha256.Sum256([]byte(dir))
+			argv = append(delegate.ReadHost().Prefix("airlock-dev-"+hex.EncodeToString(sum[:6])+"-executor"), argv...)
+		}
+		pid, done, err := startProcess(argv, s)
 		if err != nil {
 			return stack, err
 		}

@@ -71,6 +71,9 @@ type cgroupDriver interface {
 	removeParent(rel string) error
 	// dirs lists rel's directory in every hierarchy, for tests and checks.
 	dirs(rel string) []string
+	// fallBack makes the driver do without what older kernels lack (the
+	// peaks it then samples, cgroup.kill), so tests run those paths.
+	fallBack()
 }
 
 // ioLimits bound a job's disk bandwidth, in bytes per second; 0 is none.

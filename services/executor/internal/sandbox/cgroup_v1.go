@@ -31,6 +31,8 @@ type cgroupsV1 struct {
 	// roots is every cgroup mount point, v1 and v2, named ones included: a
 	// runtime makes directories in all of them, and all must be removed.
 	roots []string
+	// noPeaks samples the peaks instead of reading the kernel's (fallBack).
+	noPeaks bool
 }
 
 func newCgroupsV1(ms []mount) (*cgroupsV1, error) {
@@ -72,7 +74,8 @@ func newCgroupsV1(ms []mount) (*cgroupsV1, error) {
 func (c *cgroupsV1) mode() string                        { return "v1" }
 func (c *cgroupsV1) controllers() []string               { return slices.Clone(c.used) }
 func (c *cgroupsV1) parentPath(configured string) string { return configured }
-func (c *cgroupsV1) sampling() bool                      { return false }
+func (c *cgroupsV1) sampling() bool                      { return c.noPeaks }
+func (c *cgroupsV1) fallBack()                           { c.noPeaks = true }
 
 func (c *cgroupsV1) dirs(rel string) []string {
 	var out []string
@@ -254,9 +257,11 @@ func oomEvents(efd int) uint64 {
 func (c *cgroupsV1) stats(rel string) cgroupStats {
 	var s cgroupStats
 	s.cpu = c.cpuTime(rel)
-	s.peakMemory = readInt(filepath.Join(c.dir("memory", rel), "memory.max_usage_in_bytes"))
+	if !c.noPeaks {
+		s.peakMemory = readInt(filepath.Join(c.dir("memory", rel), "memory.max_usage_in_bytes"))
+		s.peakPids = readInt(filepath.Join(c.dir("pids", rel), "pids.peak"))
+	}
 	s.oomKills = c.oomKills(rel)
-	s.peakPids = readInt(filepath.Join(c.dir("pids", rel), "pids.peak"))
 	s.pidsMaxHit = readKey(filepath.Join(c.dir("pids", rel), "pids.events"), "max")
 	return s
 }

@@ -37,6 +37,10 @@ type cgroupsV2 struct {
 	root string
 	base string
 	used []string
+	// mountRoot is the cgroup the hierarchy is mounted from ("/" but in a
+	// container without a cgroup namespace of its own): /proc/self/cgroup
+	// names cgroups from the real root.
+	mountRoot string
 	// Whether the kernel keeps memory.peak (5.19) and pids.peak (newer),
 	// without which the peaks are sampled, and has cgroup.kill (5.14);
 	// prepareParent finds out.
@@ -47,6 +51,9 @@ type cgroupsV2 struct {
 }
 
 func newCgroupsV2(h cgroupHost, m mount) (*cgroupsV2, error) {
+	if slices.Contains(strings.Split(m.superOptions, ","), "memory_localevents") {
+		return nil, fmt.Errorf("cgroups: %s is mounted with memory_localevents, so a job cgroup's memory.events misses the OOM kills in the runtime's child, gone by the time they are read; remount it without that option", unifiedMount)
+	}
 	var self string
 	for _, line := range strings.Split(strings.TrimSpace(h.self), "\n") {
 		if rest, ok := strings.CutPrefix(line, "0::"); ok {
@@ -69,7 +76,7 @@ func newCgroupsV2(h cgroupHost, m mount) (*cgroupsV2, error) {
 	if filepath.Base(self) == supervisorCgroup {
 		self = filepath.Dir(self)
 	}
-	c := &cgroupsV2{root: unifiedMount, base: self, moveSelf: moveSelf}
+	c := &cgroupsV2{root: unifiedMount, base: self, mountRoot: m.root, moveSelf: moveSelf}
 	b, err := h.readFile(filepath.Join(c.root, self, "cgroup.controllers"))
 	if err != nil {
 		return nil, fmt.Errorf("cgroups: read the controllers of this process's cgroup: %w", err)
@@ -78,7 +85,7 @@ func newCgroupsV2(h cgroupHost, m mount) (*cgroupsV2, error) {
 	for _, ctl := range v2Required {
 		if !slices.Contains(have, ctl) {
 			return nil, fmt.Errorf("cgroups: the %s controller is not available in this process's cgroup %s (it has: %s); "+
-				"delegate it: run the executor from a systemd unit with Delegate=yes, or, by hand, write +%s to cgroup.subtree_control of every cgroup above %s",
+				"delegate it: run the executor from a systemd unit with Delegate=yes (or start it with `systemd-run --scope -p Delegate=yes EXECUTOR...`), or, by hand, write +%s to cgroup.subtree_control of every cgroup above %s",
 				ctl, self, orNone(have), ctl, self)
 		}
 	}
@@ -104,6 +111,7 @@ func moveSelf(dir string) error {
 func (c *cgroupsV2) mode() string          { return "v2" }
 func (c *cgroupsV2) controllers() []string { return slices.Clone(c.used) }
 func (c *cgroupsV2) sampling() bool        { return !c.memPeak || !c.pidsPeak }
+func (c *cgroupsV2) fallBack()             { c.memPeak, c.pidsPeak, c.killFile = false, false, false }
 
 // parentPath puts the configured parent below the delegated subtree.
 func (c *cgroupsV2) parentPath(configured string) string { return filepath.Join(c.base, configured) }
@@ -154,7 +162,8 @@ func (c *cgroupsV2) prepareParent(rel string, limit int64) error {
 			if errors.Is(err, unix.EBUSY) {
 				others := procsIn(c.dir(c.base))
 				return fmt.Errorf("cgroup %s holds other processes (%v) besides the executor; "+
-					"the executor needs the cgroup it is started in to itself (a systemd unit with Delegate=yes gives it one): %w", c.base, others, err)
+					"the executor needs the cgroup it is started in to itself: run it from a systemd unit with Delegate=yes, "+
+					"or start it with `systemd-run --scope -p Delegate=yes EXECUTOR...`: %w", c.base, others, err)
 			}
 			return err
 		}
@@ -220,7 +229,14 @@ func (c *cgroupsV2) checkOutside(rel string) error {
 		return err
 	}
 	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		if self, ok := strings.CutPrefix(line, "0::"); ok && (self == rel || strings.HasPrefix(self, rel+"/")) {
+		self, ok := strings.CutPrefix(line, "0::")
+		if !ok {
+			continue
+		}
+		if c.mountRoot != "/" {
+			self = "/" + strings.TrimPrefix(strings.TrimPrefix(self, c.mountRoot), "/")
+		}
+		if self == rel || strings.HasPrefix(self, strings.TrimSuffix(rel, "/")+"/") {
 			return fmt.Errorf("the executor itself is in cgroup %s; job cgroups must be made elsewhere", self)
 		}
 	}
@@ -268,27 +284,25 @@ func (c *cgroupsV2) create(rel string, l Limits, io ioLimits, dev string) error 
 	return c.enable(dir, rel)
 }
 
-// setLimits changes rel's limits from cur to l. The kernel lowers
-// memory.max below what a job holds by reclaiming and then OOM-killing,
-// where v1 refuses: so a lower limit is first checked against what the
-// job holds that no reclaim can free (with no swap: anonymous and shared
-// memory, and the kernel's own), and refused with EBUSY, the old limit
-// kept, when that is more. What is left above the limit is page cache,
-// which the kernel drops to meet it.
+// setLimits changes rel's limits from cur to l, all or nothing. A lower
+// memory limit goes first, through shrinkTo, since it is the one a live
+// job can refuse.
 func (c *cgroupsV2) setLimits(rel string, cur, l Limits) error {
 	dir := c.dir(rel)
 	type write struct {
 		file     string
 		old, new string
 	}
-	var ws []write
-	if l.MemoryBytes != cur.MemoryBytes {
-		if l.MemoryBytes < cur.MemoryBytes {
-			if err := c.reclaimTo(rel, l.MemoryBytes); err != nil {
-				return err
-			}
+	var done, ws []write
+	memory := write{"memory.max", strconv.FormatInt(cur.MemoryBytes, 10), strconv.FormatInt(l.MemoryBytes, 10)}
+	switch {
+	case l.MemoryBytes < cur.MemoryBytes:
+		if err := c.shrinkTo(rel, l.MemoryBytes); err != nil {
+			return err
 		}
-		ws = append(ws, write{"memory.max", strconv.FormatInt(cur.MemoryBytes, 10), strconv.FormatInt(l.MemoryBytes, 10)})
+		done = append(done, memory)
+	case l.MemoryBytes > cur.MemoryBytes:
+		ws = append(ws, memory)
 	}
 	if l.Pids != cur.Pids {
 		ws = append(ws, write{"pids.max", strconv.FormatInt(cur.Pids, 10), strconv.FormatInt(l.Pids, 10)})
@@ -296,38 +310,76 @@ func (c *cgroupsV2) setLimits(rel string, cur, l Limits) error {
 	if l.CPUMillis != cur.CPUMillis {
 		ws = append(ws, write{"cpu.max", cpuMax(cur.CPUMillis), cpuMax(l.CPUMillis)})
 	}
-	for i, w := range ws {
+	for _, w := range ws {
 		if err := writeCgroupFile(dir, rel, w.file, w.new); err != nil {
-			for j := i - 1; j >= 0; j-- {
-				_ = writeCgroupFile(dir, rel, ws[j].file, ws[j].old)
+			for j := len(done) - 1; j >= 0; j-- {
+				_ = writeCgroupFile(dir, rel, done[j].file, done[j].old)
 			}
 			return err
 		}
+		done = append(done, w)
 	}
 	return nil
 }
 
-// reclaimTo fails with EBUSY if rel holds more than limit bytes that no
-// reclaim can free. (memory.reclaim is no test: a job that keeps faulting
-// its pages back in keeps it reclaiming for as long as it runs.)
-func (c *cgroupsV2) reclaimTo(rel string, limit int64) error {
+// shrinkWait bounds how long shrinkTo waits for a job's memory to come
+// down to a lower limit.
+const shrinkWait = time.Second
+
+// shrinkTo lowers rel's memory.max to limit, or fails with EBUSY leaving
+// it as it was. Lowered below the usage, memory.max makes the kernel
+// reclaim and then OOM-kill, where v1 refuses; memory.high reclaims and
+// throttles but never kills. So shrinkTo refuses at once when the job
+// holds more than limit that no reclaim can free (with no swap: anonymous
+// and shared memory, and the kernel's own for it); otherwise it sets
+// memory.high to limit, waits up to shrinkWait for the usage to come
+// down to it, and only then lowers memory.max, or puts memory.high back
+// and refuses. (memory.reclaim is no way to wait: a job that keeps
+// faulting its pages back in keeps it reclaiming while it runs.)
+func (c *cgroupsV2) shrinkTo(rel string, limit int64) error {
 	dir := c.dir(rel)
+	lower := func() error { return writeCgroupFile(dir, rel, "memory.max", strconv.FormatInt(limit, 10)) }
 	if readInt(filepath.Join(dir, "memory.current")) <= limit {
-		return nil
+		return lower()
 	}
-	stat, _ := os.ReadFile(filepath.Join(dir, "memory.stat"))
-	var held int64
-	for _, line := range strings.Split(string(stat), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 2 && slices.Contains([]string{"anon", "shmem", "kernel_stack", "pagetables", "percpu", "sock", "slab_unreclaimable", "unevictable"}, f[0]) {
-			n, _ := strconv.ParseInt(f[1], 10, 64)
-			held += n
-		}
+	held, err := unreclaimable(dir)
+	if err != nil {
+		return fmt.Errorf("cgroup %s: %w", rel, err)
 	}
 	if held > limit {
 		return fmt.Errorf("cgroup %s: memory.max=%d: the job holds %d bytes no reclaim can free: %w", rel, limit, held, unix.EBUSY)
 	}
-	return nil
+	if err := writeCgroupFile(dir, rel, "memory.high", strconv.FormatInt(limit, 10)); err != nil {
+		return err
+	}
+	defer writeCgroupFile(dir, rel, "memory.high", "max")
+	for end := time.Now().Add(shrinkWait); ; time.Sleep(10 * time.Millisecond) {
+		usage := readInt(filepath.Join(dir, "memory.current"))
+		if usage <= limit {
+			return lower()
+		}
+		if time.Now().After(end) {
+			return fmt.Errorf("cgroup %s: memory.max=%d: the job still holds %d bytes after %s of reclaim: %w", rel, limit, usage, shrinkWait, unix.EBUSY)
+		}
+	}
+}
+
+// unreclaimable sums what a cgroup holds that no reclaim can free, swap
+// being off: anonymous and shared memory and the kernel's own.
+func unreclaimable(dir string) (int64, error) {
+	stat, err := os.ReadFile(filepath.Join(dir, "memory.stat"))
+	if err != nil {
+		return 0, err
+	}
+	var held int64
+	for _, line := range strings.Split(string(stat), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && slices.Contains([]string{"anon", "shmem", "kernel_stack", "pagetables", "percpu", "sock", "slab_unreclaimable"}, f[0]) {
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			held += n
+		}
+	}
+	return held, nil
 }
 
 // readLimits reads rel's limits back.

@@ -13,8 +13,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/airlockhq/airlock/pkg/delegate"
 )
 
 // These tests run real sandboxes: they need root, cgroups (v1 here; v2 in
@@ -41,6 +44,16 @@ var slowdown = time.Duration(map[bool]int{false: 1, true: 5}[os.Getenv("AIRLOCK_
 func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		os.Exit(runHelper())
+	}
+	// On a cgroup v2 host run by systemd, the tests run in a scope of
+	// their own, delegated to them, as the executor would in its unit: a
+	// shell's session scope holds other processes (package delegate).
+	if os.Getenv("AIRLOCK_TEST_SCOPED") == "" {
+		if p := delegate.ReadHost().Prefix(fmt.Sprintf("airlock-sandbox-test-%d", os.Getpid())); p != nil {
+			argv := append(p, os.Args...)
+			err := syscall.Exec(argv[0], argv, append(os.Environ(), "AIRLOCK_TEST_SCOPED=1"))
+			fmt.Fprintln(os.Stderr, "run the tests in a delegated systemd scope:", err)
+		}
 	}
 	tmp, err := os.MkdirTemp("", "sandbox-test-bin-")
 	if err != nil {

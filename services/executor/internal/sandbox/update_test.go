@@ -119,6 +119,34 @@ func TestUpdateLowerMemory(t *testing.T) {
 	}
 }
 
+// A lower memory limit above what the job holds that cannot be reclaimed
+// is put in force, the page cache above it dropped, and the job lives on:
+// 56 MiB of a file's cache and 24 MiB of its own memory fit 48 MiB. (On
+// cgroup v2, lowering memory.max at once would have the kernel reclaim
+// and then OOM-kill; the limit goes through memory.high first.)
+func TestUpdateLowerMemoryDropsCache(t *testing.T) {
+	e := newEnv(t)
+	l := e.start(t, "head -c 56m /dev/zero > /tmp/cache && exec /work/probe balloon 24 hold", defaultLimits)
+	l.waitOutput(t, "allocated all 24")
+	if cur, _ := e.m.cg.current(l.sb.cgRel); cur < 72<<20 {
+		t.Fatalf("the job holds %d bytes, not the 80 MiB of cache and memory this test lowers the limit below", cur)
+	}
+	lim := defaultLimits
+	lim.MemoryBytes = 48 << 20
+	if err := l.sb.UpdateLimits(lim); err != nil {
+		t.Fatalf("UpdateLimits to 48 MiB with 24 MiB held and the rest cache: %v", err)
+	}
+	if got := jobLimits(t, e, l.sb).MemoryBytes; got != lim.MemoryBytes {
+		t.Errorf("memory limit = %d, want %d", got, lim.MemoryBytes)
+	}
+	l.signal(t)
+	r := l.wait(t)
+	wantExit(t, r, 0)
+	if !strings.Contains(r.stdout, "held 24") {
+		t.Errorf("the job did not finish holding its memory: %q", r.stdout)
+	}
+}
+
 // Memory the job holds and the kernel cannot reclaim (shmem, with no swap
 // to move it to) keeps the limit where it was, and says why.
 func TestUpdateMemoryBelowUsageRefused(t *testing.T) {

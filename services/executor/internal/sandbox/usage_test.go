@@ -67,3 +67,44 @@ func TestUsagePlausible(t *testing.T) {
 		})
 	}
 }
+
+// Where the kernel lacks the peak counters (cgroup v2 before 5.19 for
+// memory, 6.13 for tasks) they are sampled every 100 ms, and where it
+// lacks cgroup.kill (before 5.14) each process is killed in the frozen
+// tree: with the driver made to do without them, a fork bomb is still
+// ended whole at its deadline, and the peaks of a job that holds its
+// memory and tasks for a while are what it reached.
+func TestWithoutNewerKernelFeatures(t *testing.T) {
+	e := newEnv(t)
+	e.m.cg.fallBack()
+	if !e.m.cg.sampling() {
+		t.Fatal("the driver does not sample without the kernel's peaks")
+	}
+	lim := defaultLimits
+	lim.Pids = 32
+	lim.Deadline = slowdown * 2 * time.Second
+	r := e.run(t, context.Background(), job{src: e.source(t, nil), cmd: []string{"sh", "-c", "bomb() { bomb | bomb & }; bomb; sleep 60"}, limits: &lim})
+	if r.err != nil || r.res.Reason != ReasonTimeout {
+		t.Fatalf("fork bomb: %s (%s), %v; want a timeout", r.res.Reason, r.res.Message, r.err)
+	}
+	if pids := e.m.cg.procs(r.sb.cgRel); len(pids) > 0 {
+		t.Fatalf("processes left in the job's cgroup: %v", pids)
+	}
+	if pids := procsInUIDRange(e.cfg.UIDBase); len(pids) > 0 {
+		t.Fatalf("sandbox processes left: %v", pids)
+	}
+
+	l := e.start(t, "for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do sleep 30 & done; exec /work/probe balloon 96 hold", defaultLimits)
+	l.waitOutput(t, "allocated all 96")
+	time.Sleep(slowdown * 500 * time.Millisecond)
+	l.signal(t)
+	b := l.wait(t)
+	wantExit(t, b, 0)
+	u := b.res.Usage
+	if u.PeakMemoryBytes < 96<<20 || u.PeakMemoryBytes > defaultLimits.MemoryBytes {
+		t.Errorf("sampled peak memory %d, want at least the 96 MiB the job held", u.PeakMemoryBytes)
+	}
+	if u.PeakPids < 21 || u.PeakPids > defaultLimits.Pids {
+		t.Errorf("sampled peak tasks %d, want at least the 21 processes the job held", u.PeakPids)
+	}
+}

@@ -19,7 +19,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: probe keyctl|ptrace|mount|clone-userns|chroot|dial ADDR|loopback|balloon MIB|errno NR...")
+		fmt.Fprintln(os.Stderr, "usage: probe keyctl|ptrace|mount|clone-userns|chroot|dial ADDR|loopback|balloon MIB [hold]|errno NR...")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -92,6 +92,16 @@ func main() {
 			}
 		}
 		fmt.Println("allocated all", len(keep))
+		// balloon MIB hold: keep it until /work/go appears.
+		if len(os.Args) > 3 && os.Args[3] == "hold" {
+			for {
+				if _, err := os.Stat("/work/go"); err == nil {
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			fmt.Println("held", len(keep))
+		}
 	case "errno":
 		// errno NR...: each system call by number with every argument
 		// zero, printed as "NR=ERRNO" (0 when it succeeded). Only for
