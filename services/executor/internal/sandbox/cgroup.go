@@ -175,17 +175,21 @@ func procsUnder(root string) []int {
 		if err != nil || !d.IsDir() {
 			return nil
 		}
-		b, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
-		if err != nil {
-			return nil
-		}
-		for _, f := range strings.Fields(string(b)) {
-			if pid, err := strconv.Atoi(f); err == nil {
-				out = append(out, pid)
-			}
-		}
+		out = append(out, pidsIn(p)...)
 		return nil
 	})
+	return out
+}
+
+// pidsIn lists the processes in the cgroup directory dir alone.
+func pidsIn(dir string) []int {
+	b, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			out = append(out, pid)
+		}
+	}
 	return out
 }
 

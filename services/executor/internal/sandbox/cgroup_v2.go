@@ -45,38 +45,26 @@ type cgroupsV2 struct {
 	// without which the peaks are sampled, and has cgroup.kill (5.14);
 	// prepareParent finds out.
 	memPeak, pidsPeak, killFile bool
-	// moveSelf moves this process to a cgroup; it is a field so the choice
-	// can be tested without moving the test binary.
-	moveSelf func(dir string) error
 }
 
 func newCgroupsV2(h cgroupHost, m mount) (*cgroupsV2, error) {
 	if slices.Contains(strings.Split(m.superOptions, ","), "memory_localevents") {
 		return nil, fmt.Errorf("cgroups: %s is mounted with memory_localevents, so a job cgroup's memory.events misses the OOM kills in the runtime's child, gone by the time they are read; remount it without that option", unifiedMount)
 	}
-	var self string
-	for _, line := range strings.Split(strings.TrimSpace(h.self), "\n") {
-		if rest, ok := strings.CutPrefix(line, "0::"); ok {
-			self = rest
-		}
-	}
-	if self == "" || !strings.HasPrefix(self, "/") {
+	abs := unifiedPath(h.self)
+	if !strings.HasPrefix(abs, "/") {
 		return nil, fmt.Errorf("cgroups: %s is the cgroup v2 hierarchy, but /proc/self/cgroup names no v2 cgroup for this process", unifiedMount)
 	}
-	// A hierarchy mounted from below its root (a container without its own
-	// cgroup namespace) shows paths relative to that mount.
-	if m.root != "/" {
-		if self != m.root && !strings.HasPrefix(self, m.root+"/") {
-			return nil, fmt.Errorf("cgroups: this process's cgroup %s is outside the cgroup v2 hierarchy mounted at %s (from %s)", self, unifiedMount, m.root)
-		}
-		self = "/" + strings.TrimPrefix(strings.TrimPrefix(self, m.root), "/")
+	self, ok := belowMount(abs, m.root)
+	if !ok {
+		return nil, fmt.Errorf("cgroups: this process's cgroup %s is outside the cgroup v2 hierarchy mounted at %s (from %s)", abs, unifiedMount, m.root)
 	}
 	// A process started from the leaf of an earlier executor (a restart
 	// from inside it) takes that executor's subtree.
 	if filepath.Base(self) == supervisorCgroup {
 		self = filepath.Dir(self)
 	}
-	c := &cgroupsV2{root: unifiedMount, base: self, mountRoot: m.root, moveSelf: moveSelf}
+	c := &cgroupsV2{root: unifiedMount, base: self, mountRoot: m.root}
 	b, err := h.readFile(filepath.Join(c.root, self, "cgroup.controllers"))
 	if err != nil {
 		return nil, fmt.Errorf("cgroups: read the controllers of this process's cgroup: %w", err)
@@ -94,6 +82,30 @@ func newCgroupsV2(h cgroupHost, m mount) (*cgroupsV2, error) {
 		c.used = append(c.used, "io")
 	}
 	return c, nil
+}
+
+// unifiedPath is the cgroup v2 path in a /proc/PID/cgroup ("0::PATH"), or
+// "" if it names none.
+func unifiedPath(procCgroup string) string {
+	for _, line := range strings.Split(strings.TrimSpace(procCgroup), "\n") {
+		if rest, ok := strings.CutPrefix(line, "0::"); ok {
+			return rest
+		}
+	}
+	return ""
+}
+
+// belowMount maps a cgroup path from /proc (from the real root) to one
+// relative to a hierarchy mounted from mountRoot ("/" but in a container
+// without a cgroup namespace of its own); false if it is outside.
+func belowMount(path, mountRoot string) (string, bool) {
+	if mountRoot == "/" {
+		return path, true
+	}
+	if path != mountRoot && !strings.HasPrefix(path, mountRoot+"/") {
+		return "", false
+	}
+	return "/" + strings.TrimPrefix(strings.TrimPrefix(path, mountRoot), "/"), true
 }
 
 func orNone(s []string) string {
@@ -155,12 +167,12 @@ func (c *cgroupsV2) prepareParent(rel string, limit int64) error {
 		if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("cgroup %s: %w", leaf, err)
 		}
-		if err := c.moveSelf(leaf); err != nil {
+		if err := moveSelf(leaf); err != nil {
 			return fmt.Errorf("move the executor into %s: %w", leaf, err)
 		}
 		if err := c.enable(c.dir(c.base), c.base); err != nil {
 			if errors.Is(err, unix.EBUSY) {
-				others := procsIn(c.dir(c.base))
+				others := pidsIn(c.dir(c.base))
 				return fmt.Errorf("cgroup %s holds other processes (%v) besides the executor; "+
 					"the executor needs the cgroup it is started in to itself: run it from a systemd unit with Delegate=yes, "+
 					"or start it with `systemd-run --scope -p Delegate=yes EXECUTOR...`: %w", c.base, others, err)
@@ -211,34 +223,15 @@ func (c *cgroupsV2) noSwap(rel string) error {
 	return err
 }
 
-func procsIn(dir string) []int {
-	b, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
-	var out []int
-	for _, f := range strings.Fields(string(b)) {
-		if pid, err := strconv.Atoi(f); err == nil {
-			out = append(out, pid)
-		}
-	}
-	return out
-}
-
 // checkOutside fails if this process is in rel or below it.
 func (c *cgroupsV2) checkOutside(rel string) error {
 	b, err := os.ReadFile("/proc/self/cgroup")
 	if err != nil {
 		return err
 	}
-	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		self, ok := strings.CutPrefix(line, "0::")
-		if !ok {
-			continue
-		}
-		if c.mountRoot != "/" {
-			self = "/" + strings.TrimPrefix(strings.TrimPrefix(self, c.mountRoot), "/")
-		}
-		if self == rel || strings.HasPrefix(self, strings.TrimSuffix(rel, "/")+"/") {
-			return fmt.Errorf("the executor itself is in cgroup %s; job cgroups must be made elsewhere", self)
-		}
+	self, ok := belowMount(unifiedPath(string(b)), c.mountRoot)
+	if ok && (self == rel || strings.HasPrefix(self, strings.TrimSuffix(rel, "/")+"/")) {
+		return fmt.Errorf("the executor itself is in cgroup %s; job cgroups must be made elsewhere", self)
 	}
 	return nil
 }
