@@ -19,6 +19,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/errgrpc"
 	"github.com/airlockhq/airlock/pkg/seal"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
@@ -43,7 +44,7 @@ func fromStatus(peer string, err error) error {
 	case codes.Canceled:
 		return context.Canceled
 	}
-	return fmt.Errorf("%s: %w", peer, errdefs.FromGRPC(err))
+	return fmt.Errorf("%s: %w", peer, errgrpc.FromGRPC(err))
 }
 
 // rpcTimeout bounds one call to a peer; artifactTimeout a bundle's
