@@ -68,3 +68,25 @@ func FromGRPC(err error) error {
 	}
 	return err
 }
+
+// FromPeer maps a status from peer (a service's name, for the message) for
+// a client that retries what may pass by itself: the peer restarting, a
+// deadline, a peer out of capacity (Unavailable, Aborted, Internal,
+// Unknown, DeadlineExceeded, ResourceExhausted) is ErrUnavailable; Canceled
+// is context.Canceled; the rest is FromGRPC's sentinel, named after peer.
+func FromPeer(peer string, err error) error {
+	if err == nil {
+		return nil
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	switch st.Code() {
+	case codes.Unavailable, codes.Aborted, codes.Internal, codes.Unknown, codes.DeadlineExceeded, codes.ResourceExhausted:
+		return fmt.Errorf("%w: %s: %s", errdefs.ErrUnavailable, peer, st.Message())
+	case codes.Canceled:
+		return context.Canceled
+	}
+	return fmt.Errorf("%s: %w", peer, FromGRPC(err))
+}

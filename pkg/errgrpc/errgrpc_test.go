@@ -1,6 +1,7 @@
 package errgrpc
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -54,5 +55,25 @@ func TestFromGRPCKeepsUnknownCodes(t *testing.T) {
 	}
 	if errors.Is(FromGRPC(status.Error(codes.NotFound, "x")), errdefs.ErrInvalidArgument) {
 		t.Fatal("NotFound mapped to the wrong sentinel")
+	}
+}
+
+func TestFromPeer(t *testing.T) {
+	for _, tc := range []struct {
+		code codes.Code
+		want error
+		msg  string
+	}{
+		{codes.Unavailable, errdefs.ErrUnavailable, "unavailable: executor: down"},
+		{codes.ResourceExhausted, errdefs.ErrUnavailable, "unavailable: executor: down"},
+		{codes.Internal, errdefs.ErrUnavailable, "unavailable: executor: down"},
+		{codes.NotFound, errdefs.ErrNotFound, "executor: not found: down"},
+		{codes.PermissionDenied, errdefs.ErrPermissionDenied, "executor: permission denied: down"},
+		{codes.Canceled, context.Canceled, "context canceled"},
+	} {
+		got := FromPeer("executor", status.Error(tc.code, "down"))
+		if !errors.Is(got, tc.want) || got.Error() != tc.msg {
+			t.Errorf("FromPeer(%v) = %q, want %q wrapping %v", tc.code, got, tc.msg, tc.want)
+		}
 	}
 }

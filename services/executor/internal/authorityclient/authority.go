@@ -1,8 +1,8 @@
-// Package authority is the executor's client of the authority: it fetches
+// Package authorityclient is the executor's client of the authority: it fetches
 // source trees and reports results over mTLS, pinned to the authority's
 // SPIFFE ID, converting between the run manager's types and the API. Only
 // the executor's composition root imports it.
-package authority
+package authorityclient
 
 import (
 	"context"
