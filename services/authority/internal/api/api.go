@@ -16,7 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/errgrpc"
 	"github.com/airlockhq/airlock/pkg/identity"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
@@ -81,7 +81,7 @@ func caller(ctx context.Context) (identity.ID, error) {
 // fail maps a domain error to a status. Anything that is not one of the
 // sentinels is logged here and reaches the caller only as "internal error".
 func (s *Service) fail(ctx context.Context, err error) error {
-	st := errdefs.ToGRPC(err)
+	st := errgrpc.ToGRPC(err)
 	if c := status.Code(st); c == codes.Internal || c == codes.Unknown {
 		s.cfg.Logger.ErrorContext(ctx, "internal error", "error", err)
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/chunkio"
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/errgrpc"
 	"github.com/airlockhq/airlock/pkg/grant"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
@@ -330,7 +331,7 @@ func fromStatus(err error) error {
 	case codes.Canceled:
 		return context.Canceled
 	}
-	return errdefs.FromGRPC(err)
+	return errgrpc.FromGRPC(err)
 }
 
 // OpenArtifact implements approvals.Artifacts: the bundle of jobID named by

@@ -1,8 +1,8 @@
-// Package authority is the executor's client of the authority: it fetches
+// Package authorityclient is the executor's client of the authority: it fetches
 // source trees and reports results over mTLS, pinned to the authority's
 // SPIFFE ID, converting between the run manager's types and the API. Only
 // the executor's composition root imports it.
-package authority
+package authorityclient
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/bundle/bundlepb"
 	"github.com/airlockhq/airlock/pkg/chunkio"
 	"github.com/airlockhq/airlock/pkg/egress/egresspb"
-	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/errgrpc"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/convert"
@@ -44,12 +44,12 @@ func (c *Client) FetchSource(ctx context.Context, jobID string) (stage.Header, i
 	stream, err := c.api.FetchSource(ctx, &authorityv1.FetchSourceRequest{JobId: jobID})
 	if err != nil {
 		cancel()
-		return stage.Header{}, nil, errdefs.FromGRPC(err)
+		return stage.Header{}, nil, errgrpc.FromGRPC(err)
 	}
 	first, err := stream.Recv()
 	if err != nil {
 		cancel()
-		return stage.Header{}, nil, errdefs.FromGRPC(err)
+		return stage.Header{}, nil, errgrpc.FromGRPC(err)
 	}
 	h := first.GetHeader()
 	if h == nil {
@@ -103,7 +103,7 @@ func (s *sourceStream) recv() (*authorityv1.FetchSourceResponse, error) {
 		return nil, io.EOF
 	}
 	if err != nil {
-		return nil, errdefs.FromGRPC(err)
+		return nil, errgrpc.FromGRPC(err)
 	}
 	return msg, nil
 }
@@ -209,5 +209,5 @@ func (c *Client) ReportResult(ctx context.Context, rep runs.Report) error {
 		Provenance: rep.Provenance,
 		Detail:     detail,
 	})
-	return errdefs.FromGRPC(err)
+	return errgrpc.FromGRPC(err)
 }
