@@ -499,6 +499,7 @@ and the session lives on.`,
 func newSessionCp(g *globals) *cobra.Command {
 	var mode uint32
 	var raw bool
+	var maxSizeOf func() (int64, error)
 	cmd := &cobra.Command{
 		Use:   "cp SRC DST",
 		Short: "Copy one file into or out of a session's /work or /out",
@@ -509,8 +510,10 @@ local file; - is standard input or output.
 An upload replaces the session's file atomically, owned by the sandbox's
 root (mode --mode, default 0644); it counts against the disk limit, and one
 that is refused leaves nothing behind. A download is written to a new file
-beside DST and renamed over it only once complete. Paths are resolved inside
-the sandbox's /work and /out: a symlink or ".." that leads out is refused.
+beside DST and renamed over it only once complete; a file larger than
+--max-size (default 1GiB; a sparse file counts at its full size) is refused
+before anything is written. Paths are resolved inside the sandbox's /work
+and /out: a symlink or ".." that leads out is refused.
 A download to a terminal is escaped unless --raw.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -521,6 +524,10 @@ A download to a terminal is escaped unless --raw.`,
 			if srcRemote == dstRemote {
 				return usageError{errors.New("exactly one of SRC and DST must be SESSION:/work/... or SESSION:/out/...")}
 			}
+			maxSize, err := maxSizeOf()
+			if err != nil {
+				return err
+			}
 			client, _, done, err := g.authority()
 			if err != nil {
 				return err
@@ -529,9 +536,10 @@ A download to a terminal is escaped unless --raw.`,
 			if dstRemote {
 				return uploadFile(cmd.Context(), g, client, args[0], dstSess, dstPath, mode)
 			}
-			return downloadFile(cmd.Context(), g, client, srcSess, srcPath, args[1], raw)
+			return downloadFile(cmd.Context(), g, client, srcSess, srcPath, args[1], raw, maxSize)
 		},
 	}
+	maxSizeOf = maxSizeFlag(cmd)
 	cmd.Flags().Uint32Var(&mode, "mode", 0o644, "permission bits of an uploaded file")
 	cmd.Flags().BoolVar(&raw, "raw", false, "copy a download to a terminal unescaped")
 	return cmd
@@ -588,7 +596,7 @@ func uploadFile(ctx context.Context, g *globals, client authorityv1.AuthoritySer
 	})
 }
 
-func downloadFile(ctx context.Context, g *globals, client authorityv1.AuthorityServiceClient, sess, path, local string, raw bool) error {
+func downloadFile(ctx context.Context, g *globals, client authorityv1.AuthorityServiceClient, sess, path, local string, raw bool, maxSize int64) error {
 	stream, err := client.ReadFile(ctx, &authorityv1.ReadFileRequest{SessionId: sess, Path: path})
 	if err != nil {
 		return rpcError(err)
@@ -622,8 +630,15 @@ func downloadFile(ctx context.Context, g *globals, client authorityv1.AuthorityS
 		}
 		if h := msg.GetHeader(); h != nil {
 			size = h.GetSize()
+			if err := overMaxSize(termtext.Line(sess)+":"+termtext.Line(path), size, maxSize); err != nil {
+				return err
+			}
 		}
 		if c := msg.GetChunk(); len(c) > 0 {
+			// Never more than the size checked against --max-size.
+			if size < 0 || n+int64(len(c)) > size {
+				return remoteError{fmt.Errorf("%s: the server sent more than the %d bytes it announced; nothing was written", termtext.Line(sess)+":"+termtext.Line(path), max(size, 0))}
+			}
 			if _, err := w.Write(c); err != nil {
 				return err
 			}

@@ -820,7 +820,7 @@ func (r Report) outcome() (store.State, string) {
 	case ReasonOOM:
 		return store.StateFinished, "the memory limit was hit and the kernel killed the job"
 	case ReasonDiskFull:
-		return store.StateFinished, "the disk limit was reached"
+		return store.StateFinished, detail("the disk limit was reached")
 	case ReasonCancelled:
 		return store.StateCancelled, detail("cancelled")
 	case ReasonExecutorRestarted:

@@ -78,6 +78,11 @@ func (m *Manager) sessionFiles(jobID string, f func(ctx context.Context, sb *san
 // size first, then its bytes in chunks. A slow receiver does not hold the
 // session's end: the file is read beside the sending, and the reading
 // stops when the session does.
+//
+// A file whose apparent size is over the session's disk limit (sparse, or
+// hole-punched) is refused before anything is sent, and no more than the
+// size sent first is ever read: a file that grows meanwhile (an exec can
+// run beside the read) is refused once that size is reached.
 func (m *Manager) ReadFile(jobID, path string, header func(size int64) error, chunk func([]byte) error) error {
 	chunks := make(chan []byte, 4)
 	read := make(chan error, 1)
@@ -90,10 +95,15 @@ func (m *Manager) ReadFile(jobID, path string, header func(size int64) error, ch
 				return err
 			}
 			defer f.Close()
+			if limit := sb.Limits().DiskBytes; size > limit {
+				return fmt.Errorf("%w: path %q: its apparent size of %d bytes is over the session's disk limit of %d bytes (a sparse or hole-punched file counts at its full size); it is not sent",
+					errdefs.ErrResourceExhausted, path, size, limit)
+			}
 			opened <- size
+			r := io.LimitReader(f, size)
 			for {
 				buf := make([]byte, fileChunk)
-				n, err := f.Read(buf)
+				n, err := r.Read(buf)
 				if n > 0 {
 					select {
 					case chunks <- buf[:n]:
@@ -102,6 +112,9 @@ func (m *Manager) ReadFile(jobID, path string, header func(size int64) error, ch
 					}
 				}
 				if errors.Is(err, io.EOF) {
+					if n, _ := f.Read(make([]byte, 1)); n > 0 {
+						return fmt.Errorf("%w: path %q: the file grew past its %d bytes while it was read", errdefs.ErrFailedPrecondition, path, size)
+					}
 					return nil
 				}
 				if err != nil {

@@ -15,8 +15,7 @@ import (
 	"strings"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/services/executor/internal/worktree"
 )
 
@@ -719,14 +718,9 @@ func TestDiffUpperEqualsDiff(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			upper, work, merged := t.TempDir(), t.TempDir(), t.TempDir()
-			opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work)
-			if err := unix.Mount("overlay", merged, "overlay", 0, opts); err != nil {
-				t.Fatalf("mount overlay: %v", err)
-			}
-			t.Cleanup(func() { unix.Unmount(merged, unix.MNT_DETACH) })
+			merged, upper := overlay(t, lower)
 			tc.change(t, merged)
-			got, gotStat, err := r.DiffUpper(context.Background(), tree, index, merged, upper)
+			got, gotStat, err := r.DiffUpper(context.Background(), tree, index, merged, upper, &bundle.Tally{Limit: 1 << 30})
 			if err != nil {
 				t.Fatalf("DiffUpper: %v", err)
 			}
