@@ -12,93 +12,17 @@ import (
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/airlockhq/airlock/pkg/clientconfig"
+	"github.com/airlockhq/airlock/cmd/airlock/internal/cmdutil"
 	"github.com/airlockhq/airlock/pkg/config"
-	"github.com/airlockhq/airlock/pkg/grpcclient"
-	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/termtext"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 )
-
-// caller is whom a command acts as: the client config and the identity it
-// presents.
-type caller struct {
-	cfg *clientconfig.Config
-	id  identity.ID
-}
-
-// dial connects to one service as the chosen identity.
-func (g *globals) dial(service string) (*grpc.ClientConn, *caller, error) {
-	cfg, err := g.clientConfig()
-	if err != nil {
-		return nil, nil, err
-	}
-	src, err := cfg.Source(g.as)
-	if err != nil {
-		return nil, nil, err
-	}
-	self, err := src.ID()
-	if err != nil {
-		return nil, nil, err
-	}
-	addr, err := cfg.Address(service)
-	if err != nil {
-		return nil, nil, err
-	}
-	cc, err := grpcclient.Dial(addr, src, identity.Service(cfg.TrustDomain, service))
-	return cc, &caller{cfg: cfg, id: self}, err
-}
-
-// authority connects to the authority as the chosen identity; close the
-// returned connection when done.
-func (g *globals) authority() (authorityv1.AuthorityServiceClient, *caller, func(), error) {
-	cc, c, err := g.dial("authority")
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	return authorityv1.NewAuthorityServiceClient(cc), c, func() { cc.Close() }, nil
-}
-
-// tenantFlag registers the --tenant flag of a command that takes one; what
-// says what the tenant is for. Every such command resolves it with tenant.
-func tenantFlag(cmd *cobra.Command, p *string, what string) {
-	cmd.Flags().StringVar(p, "tenant", "", what+" (default for a client: the client config's tenant)")
-}
-
-// tenant is the tenant a command acts for, the one rule for every command
-// with --tenant: the flag when given, else, for a client, the client
-// config's tenant. An approver acts for no tenant, so without the flag it
-// sees every tenant's.
-func (c *caller) tenant(flag string) (string, error) {
-	if flag != "" || c.id.Kind != identity.KindClient {
-		return flag, nil
-	}
-	if c.cfg.Tenant == "" {
-		return "", usageError{errors.New("--tenant is required (the client config names no default tenant)")}
-	}
-	return c.cfg.Tenant, nil
-}
-
-// printProto writes one message as JSON (-o json) or via text.
-func (g *globals) printProto(m proto.Message, text func(w io.Writer)) error {
-	if g.output == "json" {
-		data, err := protojson.MarshalOptions{Multiline: true, Indent: "  ", EmitUnpopulated: false}.Marshal(m)
-		if err != nil {
-			return err
-		}
-		_, err = fmt.Fprintln(g.stdout, string(data))
-		return err
-	}
-	return g.print(nil, text)
-}
 
 func newJob(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "job", Short: "Submit, follow and cancel sandboxed jobs"}
@@ -149,6 +73,7 @@ func (f *submitFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	tenantFlag(cmd, &f.tenant, "tenant to run under")
 	fl.StringVar(&f.repo, "repo", "", "repository name from the tenant's policy (required)")
+	cmdutil.Required(cmd, "repo")
 	fl.StringVar(&f.rev, "rev", "HEAD", "branch, tag or commit")
 	fl.Float64Var(&f.cpu, "cpu", 0, "CPU cores, e.g. 0.5 (default: the tenant's)")
 	fl.StringVar(&f.memory, "memory", "", "memory limit, e.g. 512MiB (default: the tenant's)")
@@ -167,31 +92,28 @@ func jobSubmit(ctx context.Context, g *globals, f *submitFlags, argv []string) e
 	if err != nil {
 		return err
 	}
-	client, self, done, err := g.authority()
-	if err != nil {
-		return err
-	}
-	defer done()
-	tenant, err := self.tenant(f.tenant)
-	if err != nil {
-		return err
-	}
-	resp, err := client.SubmitJob(ctx, &authorityv1.SubmitJobRequest{Tenant: tenant, Spec: spec, IdempotencyKey: f.idempotencyKey()})
-	if err != nil {
-		return rpcError(err)
-	}
-	job := resp.GetJob()
-	if !f.wait {
-		return g.printProto(job, func(w io.Writer) {
-			fmt.Fprintln(w, termtext.Line(job.GetJobId()))
-		})
-	}
-	fmt.Fprintf(g.stderr, "job %s submitted (commit %s)\n", termtext.Line(job.GetJobId()), termtext.Line(short(job.GetCommit())))
-	final, err := watchJob(ctx, g, client, job.GetJobId(), f.raw)
-	if err != nil {
-		return err
-	}
-	return finishWait(g, final)
+	return withAuthority(g, func(client authorityv1.AuthorityServiceClient, self *caller) error {
+		tenant, err := self.tenant(f.tenant)
+		if err != nil {
+			return err
+		}
+		resp, err := client.SubmitJob(ctx, &authorityv1.SubmitJobRequest{Tenant: tenant, Spec: spec, IdempotencyKey: f.idempotencyKey()})
+		if err != nil {
+			return err
+		}
+		job := resp.GetJob()
+		if !f.wait {
+			return g.PrintProto(job, func(w io.Writer) {
+				fmt.Fprintln(w, termtext.Line(job.GetJobId()))
+			})
+		}
+		fmt.Fprintf(g.Stderr, "job %s submitted (commit %s)\n", termtext.Line(job.GetJobId()), termtext.Line(short(job.GetCommit())))
+		final, err := watchJob(ctx, g, client, job.GetJobId(), f.raw)
+		if err != nil {
+			return err
+		}
+		return finishWait(g, final)
+	})
 }
 
 // idempotencyKey is --idempotency-key, or a fresh random key.
@@ -211,9 +133,6 @@ func randomID(prefix string) string {
 
 // spec builds the spec the flags say, running argv.
 func (f *submitFlags) spec(argv []string) (*authorityv1.JobSpec, error) {
-	if f.repo == "" {
-		return nil, usageError{errors.New("--repo is required")}
-	}
 	spec := &authorityv1.JobSpec{Repository: f.repo, Revision: f.rev, Command: argv, Resources: &typesv1.ResourceLimits{}}
 	if f.cpu < 0 {
 		return nil, usageError{errors.New("--cpu must not be negative")}
@@ -282,13 +201,6 @@ func parseSize(flag, s string) (int64, error) {
 	return n, nil
 }
 
-func short(sha string) string {
-	if len(sha) > 12 {
-		return sha[:12]
-	}
-	return sha
-}
-
 // streamHelp says, for the commands that stream a job's output, what
 // reaches the terminal.
 const streamHelp = `On a terminal the job's output is shown with control characters, invalid
@@ -331,8 +243,8 @@ func watchJob(ctx context.Context, g *globals, client authorityv1.AuthorityServi
 			switch ev := msg.GetEvent().(type) {
 			case *authorityv1.WatchJobResponse_Job:
 				last = ev.Job
-				if g.output == "text" && ev.Job.GetState() != printed {
-					fmt.Fprintf(g.stderr, "[airlock] %s\n", strings.TrimPrefix(ev.Job.GetState().String(), "JOB_STATE_"))
+				if g.Output == "text" && ev.Job.GetState() != printed {
+					fmt.Fprintf(g.Stderr, "[airlock] %s\n", jobStateWord(ev.Job.GetState()))
 					printed = ev.Job.GetState()
 				}
 			case *authorityv1.WatchJobResponse_Output:
@@ -356,13 +268,13 @@ type outputSink struct {
 }
 
 func newOutputSink(g *globals, raw bool) *outputSink {
-	stdout := g.stdout
-	if g.output == "json" {
-		stdout = g.stderr // stdout carries the JSON result
+	stdout := g.Stdout
+	if g.Output == "json" {
+		stdout = g.Stderr // stdout carries the JSON result
 	}
 	return &outputSink{g: g, offsets: map[typesv1.OutputStream]int64{}, outs: map[typesv1.OutputStream]io.Writer{
 		typesv1.OutputStream_OUTPUT_STREAM_STDOUT: jobOutput(stdout, raw),
-		typesv1.OutputStream_OUTPUT_STREAM_STDERR: jobOutput(g.stderr, raw),
+		typesv1.OutputStream_OUTPUT_STREAM_STDERR: jobOutput(g.Stderr, raw),
 	}}
 }
 
@@ -380,7 +292,7 @@ func (s *outputSink) write(o *typesv1.OutputChunk) {
 	s.offsets[o.GetStream()] = o.GetOffset() + int64(len(o.GetData()))
 	if o.GetTruncated() {
 		flushOutput(w)
-		fmt.Fprintf(s.g.stderr, "\n[airlock] %s truncated at its size cap\n", strings.ToLower(strings.TrimPrefix(o.GetStream().String(), "OUTPUT_STREAM_")))
+		fmt.Fprintf(s.g.Stderr, "\n[airlock] %s truncated at its size cap\n", streamWord(o.GetStream()))
 	}
 }
 
@@ -414,7 +326,7 @@ func terminal(s authorityv1.JobState) bool {
 
 // finishWait prints the summary and turns the job's outcome into our exit code.
 func finishWait(g *globals, job *authorityv1.Job) error {
-	if err := g.printProto(job, func(w io.Writer) { writeSummary(g.stderr, job) }); err != nil {
+	if err := g.PrintProto(job, func(w io.Writer) { writeSummary(g.Stderr, job) }); err != nil {
 		return err
 	}
 	code := exitCodeOf(job)
@@ -452,8 +364,8 @@ func exitCodeOf(job *authorityv1.Job) int {
 
 func outcome(job *authorityv1.Job) string {
 	r := job.GetResult()
-	s := strings.ToLower(strings.TrimPrefix(job.GetState().String(), "JOB_STATE_"))
-	if reason := strings.ToLower(strings.TrimPrefix(r.GetReason().String(), "TERMINATION_REASON_")); r != nil && reason != s {
+	s := jobStateWord(job.GetState())
+	if reason := reasonWord(r.GetReason()); r != nil && reason != s {
 		s += ", " + reason
 		if r.GetReason() == typesv1.TerminationReason_TERMINATION_REASON_EXITED {
 			s += fmt.Sprintf(" with status %d", r.GetExitCode())
@@ -488,46 +400,11 @@ func writeSummary(w io.Writer, job *authorityv1.Job) {
 	}
 	fmt.Fprintf(w, "changes    %d files, +%d -%d\n", ds.GetFilesChanged(), ds.GetInsertions(), ds.GetDeletions())
 	version, _, _ := strings.Cut(r.GetRuntimeVersion(), ";")
-	fmt.Fprintf(w, "runtime    %s (%s), template %s\n", strings.ToLower(strings.TrimPrefix(r.GetRuntimeClass().String(), "RUNTIME_CLASS_")),
+	fmt.Fprintf(w, "runtime    %s (%s), template %s\n", runtimeClassWord(r.GetRuntimeClass()),
 		termtext.Line(version), termtext.Line(r.GetTemplateVersion()))
 	if r.GetBundleDigest() != "" {
 		fmt.Fprintf(w, "bundle     %s (%s)\n", termtext.Line(r.GetBundleDigest()), humanBytes(r.GetBundleSize()))
 	}
-}
-
-func humanBytes(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1fGiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1fKiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%dB", n)
-}
-
-// rpcError turns a status into a remoteError with the server's message.
-func rpcError(err error) error {
-	if st, ok := status.FromError(err); ok {
-		// "PermissionDenied" -> "permission denied"; servers often start
-		// their message with the same words, so say them once.
-		var words []string
-		word := []rune{}
-		for i, r := range st.Code().String() {
-			if i > 0 && r >= 'A' && r <= 'Z' {
-				words = append(words, string(word))
-				word = word[:0]
-			}
-			word = append(word, r)
-		}
-		human := strings.ToLower(strings.Join(append(words, string(word)), " "))
-		if strings.HasPrefix(st.Message(), human) {
-			return remoteError{errors.New(st.Message())}
-		}
-		return remoteError{fmt.Errorf("%s: %s", human, st.Message())}
-	}
-	return err
 }
 
 func newJobGet(g *globals) *cobra.Command {
@@ -536,24 +413,21 @@ func newJobGet(g *globals) *cobra.Command {
 		Short: "Show one job",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			client, _, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			resp, err := client.GetJob(cmd.Context(), &authorityv1.GetJobRequest{JobId: args[0]})
-			if err != nil {
-				return rpcError(err)
-			}
-			job := resp.GetJob()
-			return g.printProto(job, func(w io.Writer) {
-				fmt.Fprintf(w, "repository %s @ %s (%s)\n", termtext.Line(job.GetSpec().GetRepository()), termtext.Line(job.GetSpec().GetRevision()),
-					termtext.Line(short(job.GetCommit())))
-				fmt.Fprintf(w, "command    %s\n", commandText(job.GetSpec().GetCommand()))
-				fmt.Fprintf(w, "requester  %s\n", termtext.Line(job.GetRequester()))
-				fmt.Fprintf(w, "state      %s\n", strings.ToLower(strings.TrimPrefix(job.GetState().String(), "JOB_STATE_")))
-				writeLimits(w, job)
-				writeSummary(w, job)
+			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, _ *caller) error {
+				resp, err := client.GetJob(cmd.Context(), &authorityv1.GetJobRequest{JobId: args[0]})
+				if err != nil {
+					return err
+				}
+				job := resp.GetJob()
+				return g.PrintProto(job, func(w io.Writer) {
+					fmt.Fprintf(w, "repository %s @ %s (%s)\n", termtext.Line(job.GetSpec().GetRepository()), termtext.Line(job.GetSpec().GetRevision()),
+						termtext.Line(short(job.GetCommit())))
+					fmt.Fprintf(w, "command    %s\n", commandText(job.GetSpec().GetCommand()))
+					fmt.Fprintf(w, "requester  %s\n", termtext.Line(job.GetRequester()))
+					fmt.Fprintf(w, "state      %s\n", jobStateWord(job.GetState()))
+					writeLimits(w, job)
+					writeSummary(w, job)
+				})
 			})
 		},
 	}
@@ -569,7 +443,7 @@ func newJobList(g *globals) *cobra.Command {
 		func(w io.Writer, jobs []*authorityv1.Job) {
 			fmt.Fprintln(w, "JOB\tSTATE\tREPOSITORY\tCOMMIT\tCOMMAND\tCREATED")
 			for _, j := range jobs {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", termtext.Line(j.GetJobId()), strings.TrimPrefix(j.GetState().String(), "JOB_STATE_"),
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", termtext.Line(j.GetJobId()), jobStateWord(j.GetState()),
 					termtext.Line(j.GetSpec().GetRepository()), termtext.Line(short(j.GetCommit())), commandText(j.GetSpec().GetCommand()),
 					j.GetCreatedAt().AsTime().Local().Format(time.DateTime))
 			}
@@ -588,25 +462,22 @@ func listCommand(g *globals, what string,
 		Short: "List a tenant's " + what + ", newest first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			client, self, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			forTenant, err := self.tenant(tenant)
-			if err != nil {
-				return err
-			}
-			if limit < 1 {
-				return usageError{fmt.Errorf("--limit %d: want at least 1", limit)}
-			}
-			list, err := allPages(int(limit), func(token string, size int32) ([]*authorityv1.Job, string, error) {
-				return fetch(cmd.Context(), client, forTenant, token, size)
+			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, self *caller) error {
+				forTenant, err := self.tenant(tenant)
+				if err != nil {
+					return err
+				}
+				if limit < 1 {
+					return usageError{fmt.Errorf("--limit %d: want at least 1", limit)}
+				}
+				list, err := allPages(int(limit), func(token string, size int32) ([]*authorityv1.Job, string, error) {
+					return fetch(cmd.Context(), client, forTenant, token, size)
+				})
+				if err != nil {
+					return err
+				}
+				return g.PrintProto(wrap(list), func(w io.Writer) { text(w, list) })
 			})
-			if err != nil {
-				return rpcError(err)
-			}
-			return g.printProto(wrap(list), func(w io.Writer) { text(w, list) })
 		},
 	}
 	tenantFlag(cmd, &tenant, "whose "+what+" to list")
@@ -622,16 +493,13 @@ func newJobWatch(g *globals) *cobra.Command {
 		Long:  "Streams a job's output and exits with its exit code, as job submit --wait does.\n\n" + streamHelp,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			client, _, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			final, err := watchJob(cmd.Context(), g, client, args[0], raw)
-			if err != nil {
-				return err
-			}
-			return finishWait(g, final)
+			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, _ *caller) error {
+				final, err := watchJob(cmd.Context(), g, client, args[0], raw)
+				if err != nil {
+					return err
+				}
+				return finishWait(g, final)
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&raw, "raw", false, "copy the job's output to a terminal unescaped")
@@ -645,17 +513,14 @@ func newJobCancel(g *globals) *cobra.Command {
 		Short: "Cancel a job; its sandbox is killed",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			client, _, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			resp, err := client.CancelJob(cmd.Context(), &authorityv1.CancelJobRequest{JobId: args[0], Reason: reason})
-			if err != nil {
-				return rpcError(err)
-			}
-			return g.printProto(resp.GetJob(), func(w io.Writer) {
-				fmt.Fprintf(w, "cancel requested for %s (state %s)\n", termtext.Line(args[0]), strings.TrimPrefix(resp.GetJob().GetState().String(), "JOB_STATE_"))
+			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, _ *caller) error {
+				resp, err := client.CancelJob(cmd.Context(), &authorityv1.CancelJobRequest{JobId: args[0], Reason: reason})
+				if err != nil {
+					return err
+				}
+				return g.PrintProto(resp.GetJob(), func(w io.Writer) {
+					fmt.Fprintf(w, "cancel requested for %s (state %s)\n", termtext.Line(args[0]), jobStateWord(resp.GetJob().GetState()))
+				})
 			})
 		},
 	}

@@ -9,35 +9,10 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/status"
 
-	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/termtext"
 	publisherv1 "github.com/airlockhq/airlock/proto/airlock/publisher/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 )
-
-// devPipeline is the pipeline identity the dev stack issues: publish and
-// deployment commands act as it when --as is not given and the client
-// config's own identity is not a pipeline.
-const devPipeline = "pipeline/deploy"
-
-// publisher connects to the publisher, as a pipeline unless --as says
-// otherwise; close the returned connection when done.
-func (g *globals) publisher() (publisherv1.PublisherServiceClient, func(), error) {
-	if g.as == "" {
-		cfg, err := g.clientConfig()
-		if err != nil {
-			return nil, nil, err
-		}
-		if cfg.TLS == nil && !strings.HasPrefix(cfg.Identity, string(identity.KindPipeline)+"/") {
-			g.as = devPipeline
-		}
-	}
-	cc, _, err := g.dial("publisher")
-	if err != nil {
-		return nil, nil, err
-	}
-	return publisherv1.NewPublisherServiceClient(cc), func() { cc.Close() }, nil
-}
 
 func newPublish(g *globals) *cobra.Command {
 	var key, job, digest, to string
@@ -73,21 +48,18 @@ identity.`,
 				}
 				req.Target = &typesv1.PublishTarget{Repository: repo, Branch: branch}
 			}
-			client, done, err := g.publisher()
-			if err != nil {
-				return err
-			}
-			defer done()
-			resp, err := client.Publish(cmd.Context(), req)
-			if err != nil {
-				if d := deploymentDetail(err); d != nil {
-					if perr := g.printDeployment(d); perr != nil {
-						return perr
+			return withPublisher(g, func(client publisherv1.PublisherServiceClient) error {
+				resp, err := client.Publish(cmd.Context(), req)
+				if err != nil {
+					if d := deploymentDetail(err); d != nil {
+						if perr := printDeployment(g, d); perr != nil {
+							return perr
+						}
 					}
+					return err
 				}
-				return rpcError(err)
-			}
-			return g.printDeployment(resp.GetDeployment())
+				return printDeployment(g, resp.GetDeployment())
+			})
 		},
 	}
 	cmd.Flags().StringVar(&key, "idempotency-key", "", "the same key returns the same deployment (default: approval:APPROVAL_ID)")
@@ -123,16 +95,13 @@ func newDeploymentGet(g *globals) *cobra.Command {
 		Short: "Show a deployment: its state, commit, base and parent, approvers, findings and each step's time",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			client, done, err := g.publisher()
-			if err != nil {
-				return err
-			}
-			defer done()
-			resp, err := client.GetDeployment(cmd.Context(), &publisherv1.GetDeploymentRequest{DeploymentId: args[0]})
-			if err != nil {
-				return rpcError(err)
-			}
-			return g.printDeployment(resp.GetDeployment())
+			return withPublisher(g, func(client publisherv1.PublisherServiceClient) error {
+				resp, err := client.GetDeployment(cmd.Context(), &publisherv1.GetDeploymentRequest{DeploymentId: args[0]})
+				if err != nil {
+					return err
+				}
+				return printDeployment(g, resp.GetDeployment())
+			})
 		},
 	}
 }
@@ -144,28 +113,25 @@ func newDeploymentList(g *globals) *cobra.Command {
 		Short: "List deployments, newest first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			client, done, err := g.publisher()
-			if err != nil {
-				return err
-			}
-			defer done()
-			req := &publisherv1.ListDeploymentsRequest{JobId: job, Repository: repo}
-			list, err := allPages(0, func(token string, size int32) ([]*publisherv1.Deployment, string, error) {
-				req.PageToken, req.PageSize = token, size
-				r, err := client.ListDeployments(cmd.Context(), req)
-				return r.GetDeployments(), r.GetNextPageToken(), err
-			})
-			if err != nil {
-				return rpcError(err)
-			}
-			resp := &publisherv1.ListDeploymentsResponse{Deployments: list}
-			return g.printProto(resp, func(w io.Writer) {
-				fmt.Fprintln(w, "DEPLOYMENT\tJOB\tSTATE\tTARGET\tCOMMIT\tCREATED")
-				for _, d := range list {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", termtext.Line(d.GetDeploymentId()), termtext.Line(d.GetJobId()), deploymentState(d.GetState()),
-						termtext.Line(d.GetTarget().GetRepository()+":"+d.GetTarget().GetBranch()), orDash(short(d.GetCommit())),
-						d.GetCreatedAt().AsTime().Local().Format(time.DateTime))
+			return withPublisher(g, func(client publisherv1.PublisherServiceClient) error {
+				req := &publisherv1.ListDeploymentsRequest{JobId: job, Repository: repo}
+				list, err := allPages(0, func(token string, size int32) ([]*publisherv1.Deployment, string, error) {
+					req.PageToken, req.PageSize = token, size
+					r, err := client.ListDeployments(cmd.Context(), req)
+					return r.GetDeployments(), r.GetNextPageToken(), err
+				})
+				if err != nil {
+					return err
 				}
+				resp := &publisherv1.ListDeploymentsResponse{Deployments: list}
+				return g.PrintProto(resp, func(w io.Writer) {
+					fmt.Fprintln(w, "DEPLOYMENT\tJOB\tSTATE\tTARGET\tCOMMIT\tCREATED")
+					for _, d := range list {
+						fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", termtext.Line(d.GetDeploymentId()), termtext.Line(d.GetJobId()), deploymentState(d.GetState()),
+							termtext.Line(d.GetTarget().GetRepository()+":"+d.GetTarget().GetBranch()), orDash(short(d.GetCommit())),
+							d.GetCreatedAt().AsTime().Local().Format(time.DateTime))
+					}
+				})
 			})
 		},
 	}
@@ -174,21 +140,10 @@ func newDeploymentList(g *globals) *cobra.Command {
 	return cmd
 }
 
-func deploymentState(s publisherv1.DeploymentState) string {
-	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(s.String(), "DEPLOYMENT_STATE_")), "_", " ")
-}
-
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}
-
 // printDeployment shows one deployment; every byte that came from a job
 // or a caller (paths, messages, ids) is escaped.
-func (g *globals) printDeployment(d *publisherv1.Deployment) error {
-	return g.printProto(d, func(w io.Writer) {
+func printDeployment(g *globals, d *publisherv1.Deployment) error {
+	return g.PrintProto(d, func(w io.Writer) {
 		fmt.Fprintf(w, "deployment:\t%s\n", termtext.Line(d.GetDeploymentId()))
 		fmt.Fprintf(w, "state:\t%s\n", deploymentState(d.GetState()))
 		if d.GetMessage() != "" {

@@ -191,49 +191,46 @@ func jobUpdate(ctx context.Context, g *globals, f *updateFlags, jobID string) er
 	if limits == nil && session == nil && np == nil {
 		return usageError{errors.New("nothing to change: give --memory, --cpu, --pids, --timeout, --idle-timeout, --max-execs, --allow, --allow-domain or --deny-all")}
 	}
-	client, _, done, err := g.authority()
-	if err != nil {
-		return err
-	}
-	defer done()
-	type outcome struct {
-		What       string `json:"what"`
-		ApprovalID string `json:"approval_id,omitempty"`
-	}
-	var results []outcome
-	if limits != nil || session != nil {
-		// One change: limits and session settings widen or narrow together.
-		resp, err := client.UpdateJobLimits(ctx, &authorityv1.UpdateJobLimitsRequest{JobId: jobID, Limits: limits, Session: session})
-		if err != nil {
-			return rpcError(err)
+	return withAuthority(g, func(client authorityv1.AuthorityServiceClient, _ *caller) error {
+		type outcome struct {
+			What       string `json:"what"`
+			ApprovalID string `json:"approval_id,omitempty"`
 		}
-		what := "limits"
-		if limits == nil {
-			what = "session"
-		}
-		results = append(results, outcome{what, resp.GetApprovalId()})
-	}
-	if np != nil {
-		resp, err := client.UpdateNetworkPolicy(ctx, &authorityv1.UpdateNetworkPolicyRequest{JobId: jobID, Policy: np})
-		if err != nil {
-			return rpcError(err)
-		}
-		results = append(results, outcome{"network_policy", resp.GetApprovalId()})
-	}
-	job, err := client.GetJob(ctx, &authorityv1.GetJobRequest{JobId: jobID})
-	if err != nil {
-		return rpcError(err)
-	}
-	return g.print(results, func(w io.Writer) {
-		for _, r := range results {
-			if r.ApprovalID != "" {
-				id := termtext.Line(r.ApprovalID)
-				fmt.Fprintf(w, "%s: widening; waiting for approval %s (airlock approval show %s --as approver/NAME)\n", r.What, id, id)
-			} else {
-				fmt.Fprintf(w, "%s: applied\n", r.What)
+		var results []outcome
+		if limits != nil || session != nil {
+			// One change: limits and session settings widen or narrow together.
+			resp, err := client.UpdateJobLimits(ctx, &authorityv1.UpdateJobLimitsRequest{JobId: jobID, Limits: limits, Session: session})
+			if err != nil {
+				return err
 			}
+			what := "limits"
+			if limits == nil {
+				what = "session"
+			}
+			results = append(results, outcome{what, resp.GetApprovalId()})
 		}
-		writeLimits(w, job.GetJob())
+		if np != nil {
+			resp, err := client.UpdateNetworkPolicy(ctx, &authorityv1.UpdateNetworkPolicyRequest{JobId: jobID, Policy: np})
+			if err != nil {
+				return err
+			}
+			results = append(results, outcome{"network_policy", resp.GetApprovalId()})
+		}
+		job, err := client.GetJob(ctx, &authorityv1.GetJobRequest{JobId: jobID})
+		if err != nil {
+			return err
+		}
+		return g.Print(results, func(w io.Writer) {
+			for _, r := range results {
+				if r.ApprovalID != "" {
+					id := termtext.Line(r.ApprovalID)
+					fmt.Fprintf(w, "%s: widening; waiting for approval %s (airlock approval show %s --as approver/NAME)\n", r.What, id, id)
+				} else {
+					fmt.Fprintf(w, "%s: applied\n", r.What)
+				}
+			}
+			writeLimits(w, job.GetJob())
+		})
 	})
 }
 
@@ -251,7 +248,7 @@ func writeLimits(w io.Writer, job *authorityv1.Job) {
 	}
 	st := job.GetNetworkPolicyStatus()
 	fmt.Fprintf(w, "network    %s (generation %d, %s)\n", termtext.Line(policyText(st.GetPolicy())), st.GetGeneration(),
-		strings.ToLower(strings.TrimPrefix(st.GetState().String(), "NETWORK_POLICY_STATE_")))
+		networkStateWord(st.GetState()))
 }
 
 // policyText is a network policy in one line.
