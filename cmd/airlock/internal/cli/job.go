@@ -26,7 +26,7 @@ import (
 
 func newJob(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "job", Short: "Submit, follow and cancel sandboxed jobs"}
-	cmd.AddCommand(newJobSubmit(g), newJobGet(g), newJobList(g), newJobWatch(g), newJobCancel(g), newJobUpdate(g), newJobEgress(g))
+	cmd.AddCommand(newJobSubmit(g), newJobGet(g), newJobList(g), newJobWatch(g), newJobCancel(g), newJobUpdate(g), newJobEgress(g), newJobDownload(g))
 	return cmd
 }
 
