@@ -42,9 +42,10 @@ set -- -CAfile "$ca"
 openssl verify "$@" "$work/leaf.pem" >/dev/null 2>"$work/verify.err" ||
 	fail "the signing certificate does not chain to $ca: $(cat "$work/verify.err")"
 openssl x509 -in "$work/leaf.pem" -noout -ext subjectAltName >"$work/san.txt"
-sed -n 's/^ *URI://p' "$work/san.txt" | tr ',' '\n' | sed 's/^ *//' >"$work/uris.txt"
+# The SAN line lists every name, comma-separated: keep the URIs.
+tail -n +2 "$work/san.txt" | tr ',' '\n' | sed -n 's/^ *URI://p' >"$work/uris.txt"
 [ "$(wc -l <"$work/uris.txt")" -eq 1 ] && grep -qxF "$signer" "$work/uris.txt" ||
-	fail "the signing certificate is $(tr '\n' ' ' <"$work/uris.txt"), not $signer"
+	fail "the signing certificate is $(cat "$work/uris.txt"), not $signer"
 
 # 3. The signature: over DSSE's pre-authentication encoding of the
 # payload, "DSSEv1 <len(type)> <type> <len(payload)> <payload>".

@@ -5,6 +5,7 @@ package e2e
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"os"
@@ -100,6 +101,28 @@ func TestDownloadBundleVerifiesOffline(t *testing.T) {
 	}
 	if v := verify(executor, altered); v.code != 1 || !strings.Contains(v.stderr, "NOT VERIFIED: ") || !strings.Contains(v.stderr, "the statement is about") {
 		t.Errorf("verify-provenance.sh on a changed bundle: exit %d\n%s", v.code, v.stderr)
+	}
+	// The statement changed (another exit status), the bundle as it was.
+	var e map[string]any
+	if err := json.Unmarshal(env, &e); err != nil {
+		t.Fatal(err)
+	}
+	payload, err := base64.StdEncoding.DecodeString(e["payload"].(string))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e["payload"] = base64.StdEncoding.EncodeToString(bytes.Replace(payload, []byte(`"exit_code":0`), []byte(`"exit_code":1`), 1))
+	forged, err := json.Marshal(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string][]byte{"bundle.tar": got, "provenance.json": forged} {
+		if err := os.WriteFile(filepath.Join(altered, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v := verify(executor, altered); v.code != 1 || !strings.Contains(v.stderr, "NOT VERIFIED: the signature does not verify") {
+		t.Errorf("verify-provenance.sh on a changed statement: exit %d\n%s", v.code, v.stderr)
 	}
 
 	if res := s.airlock(t, "--as", "approver/alice", "job", "download", jobID, "--out", t.TempDir()); res.code != 0 {

@@ -84,7 +84,7 @@ func writeBundle(stream interface {
 	Recv() (*authorityv1.DownloadBundleResponse, error)
 }, dir string) (*downloaded, error) {
 	first, err := stream.Recv()
-	if err != nil {
+	if err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
 	}
 	h := first.GetHeader()
@@ -145,7 +145,7 @@ func writeBundle(stream interface {
 	// The stream must end here: anything after the confirmation is not
 	// part of what was verified.
 	if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
-		return nil, remoteError{fmt.Errorf("the stream went on after the authority confirmed the digest (%v); nothing was written", err)}
+		return nil, remoteError{errors.New("the stream went on after the authority confirmed the digest; nothing was written")}
 	}
 	if err := env.Commit(atomicfile.Durable); err != nil {
 		return nil, err
