@@ -11,9 +11,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/term"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -201,233 +198,23 @@ func parseSize(flag, s string) (int64, error) {
 	return n, nil
 }
 
-// streamHelp says, for the commands that stream a job's output, what
-// reaches the terminal.
-const streamHelp = `On a terminal the job's output is shown with control characters, invalid
-UTF-8 and invisible or bidi runes escaped (\x1b, \x9b, \u202e; a backslash
-as \\), so it cannot move the cursor, rewrite the screen or set the
-clipboard; --raw copies its bytes unchanged. To a pipe or a file the output
-is always the job's bytes unchanged: they are data there. The [airlock]
-status lines and the summary are always escaped.`
-
-// watchJob streams a job's output to stdout/stderr until it ends and
-// returns the final job. A dropped stream is resumed from the last offsets.
-func watchJob(ctx context.Context, g *globals, client authorityv1.AuthorityServiceClient, jobID string, raw bool) (*authorityv1.Job, error) {
-	var last *authorityv1.Job
-	var printed authorityv1.JobState
-	out := newOutputSink(g, raw)
-	defer out.flush()
-	for attempt := 0; ; attempt++ {
-		stream, err := client.WatchJob(ctx, &authorityv1.WatchJobRequest{
-			JobId:        jobID,
-			StdoutOffset: out.offset(typesv1.OutputStream_OUTPUT_STREAM_STDOUT),
-			StderrOffset: out.offset(typesv1.OutputStream_OUTPUT_STREAM_STDERR),
-		})
-		if err != nil {
-			return nil, rpcError(err)
-		}
-		for {
-			msg, err := stream.Recv()
-			if errors.Is(err, io.EOF) {
-				if last != nil && terminal(last.GetState()) {
-					return last, nil
-				}
-				break // ended early: reconnect
-			}
-			if err != nil {
-				if status.Code(err) == codes.Unavailable && attempt < 10 {
-					break
-				}
-				return nil, rpcError(err)
-			}
-			switch ev := msg.GetEvent().(type) {
-			case *authorityv1.WatchJobResponse_Job:
-				last = ev.Job
-				if g.Output == "text" && ev.Job.GetState() != printed {
-					fmt.Fprintf(g.Stderr, "[airlock] %s\n", jobStateWord(ev.Job.GetState()))
-					printed = ev.Job.GetState()
-				}
-			case *authorityv1.WatchJobResponse_Output:
-				out.write(ev.Output)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
-		}
-	}
-}
-
-// outputSink copies a watched job's or exec's output streams to the
-// terminal or pipe, resuming from what it has written after a reconnect.
-type outputSink struct {
-	g       *globals
-	outs    map[typesv1.OutputStream]io.Writer
-	offsets map[typesv1.OutputStream]int64
-}
-
-func newOutputSink(g *globals, raw bool) *outputSink {
-	stdout := g.Stdout
-	if g.Output == "json" {
-		stdout = g.Stderr // stdout carries the JSON result
-	}
-	return &outputSink{g: g, offsets: map[typesv1.OutputStream]int64{}, outs: map[typesv1.OutputStream]io.Writer{
-		typesv1.OutputStream_OUTPUT_STREAM_STDOUT: jobOutput(stdout, raw),
-		typesv1.OutputStream_OUTPUT_STREAM_STDERR: jobOutput(g.Stderr, raw),
-	}}
-}
-
-// offset is how much of stream has been written: where a watch resumes.
-func (s *outputSink) offset(stream typesv1.OutputStream) int64 { return s.offsets[stream] }
-
-// write copies one chunk, unless a reconnect sent it again, and says when
-// its stream was cut at its size cap.
-func (s *outputSink) write(o *typesv1.OutputChunk) {
-	w, ok := s.outs[o.GetStream()]
-	if !ok || o.GetOffset() < s.offsets[o.GetStream()] {
-		return
-	}
-	w.Write(o.GetData())
-	s.offsets[o.GetStream()] = o.GetOffset() + int64(len(o.GetData()))
-	if o.GetTruncated() {
-		flushOutput(w)
-		fmt.Fprintf(s.g.Stderr, "\n[airlock] %s truncated at its size cap\n", streamWord(o.GetStream()))
-	}
-}
-
-// flush writes what the escaping writers hold back.
-func (s *outputSink) flush() {
-	for _, w := range s.outs {
-		flushOutput(w)
-	}
-}
-
-// jobOutput is where a job's output stream headed for w is copied: w
-// itself when it is not a terminal, or raw, else an escaping writer.
-func jobOutput(w io.Writer, raw bool) io.Writer {
-	if f, ok := w.(interface{ Fd() uintptr }); raw || !ok || !term.IsTerminal(int(f.Fd())) {
-		return w
-	}
-	return termtext.NewWriter(w)
-}
-
-// flushOutput writes what a jobOutput writer holds back: the end of a
-// rune or line the stream never completed.
-func flushOutput(w io.Writer) {
-	if tw, ok := w.(*termtext.Writer); ok {
-		tw.Flush()
-	}
-}
-
-func terminal(s authorityv1.JobState) bool {
-	return s == authorityv1.JobState_JOB_STATE_FINISHED || s == authorityv1.JobState_JOB_STATE_FAILED || s == authorityv1.JobState_JOB_STATE_CANCELLED
-}
-
-// finishWait prints the summary and turns the job's outcome into our exit code.
-func finishWait(g *globals, job *authorityv1.Job) error {
-	if err := g.PrintProto(job, func(w io.Writer) { writeSummary(g.Stderr, job) }); err != nil {
-		return err
-	}
-	code := exitCodeOf(job)
-	if code == 0 {
-		return nil
-	}
-	return &exitError{code: code, err: remoteError{fmt.Errorf("job %s: %s", job.GetJobId(), outcome(job))}}
-}
-
-func exitCodeOf(job *authorityv1.Job) int {
-	r := job.GetResult()
-	switch {
-	case job.GetState() == authorityv1.JobState_JOB_STATE_CANCELLED:
-		return 130
-	case job.GetState() == authorityv1.JobState_JOB_STATE_FAILED || r == nil:
-		return 1
-	}
-	switch r.GetReason() {
-	case typesv1.TerminationReason_TERMINATION_REASON_FINISHED:
-		return 0 // a session its client finished
-	case typesv1.TerminationReason_TERMINATION_REASON_TIMEOUT, typesv1.TerminationReason_TERMINATION_REASON_IDLE_TIMEOUT:
-		return 124
-	case typesv1.TerminationReason_TERMINATION_REASON_OOM:
-		return 137
-	case typesv1.TerminationReason_TERMINATION_REASON_EXITED, typesv1.TerminationReason_TERMINATION_REASON_DISK_FULL:
-		if r.GetExitCode() >= 0 && r.GetExitCode() < 256 {
-			if r.GetExitCode() == 0 && r.GetReason() == typesv1.TerminationReason_TERMINATION_REASON_DISK_FULL {
-				return 1
-			}
-			return int(r.GetExitCode())
-		}
-	}
-	return 1
-}
-
-func outcome(job *authorityv1.Job) string {
-	r := job.GetResult()
-	s := jobStateWord(job.GetState())
-	if reason := reasonWord(r.GetReason()); r != nil && reason != s {
-		s += ", " + reason
-		if r.GetReason() == typesv1.TerminationReason_TERMINATION_REASON_EXITED {
-			s += fmt.Sprintf(" with status %d", r.GetExitCode())
-		}
-	}
-	if m := job.GetMessage(); m != "" && !strings.Contains(s, m) {
-		s += ": " + m
-	}
-	if m := r.GetMessage(); m != "" && m != job.GetMessage() && !strings.Contains(s, m) {
-		s += " (" + m + ")"
-	}
-	return s
-}
-
-func writeSummary(w io.Writer, job *authorityv1.Job) {
-	r := job.GetResult()
-	fmt.Fprintf(w, "\njob        %s\n", termtext.Line(job.GetJobId()))
-	fmt.Fprintf(w, "outcome    %s\n", termtext.Line(outcome(job)))
-	if r == nil {
-		return
-	}
-	u := r.GetUsage()
-	fmt.Fprintf(w, "usage      cpu %s, peak memory %s, wall %s, disk %s\n",
-		u.GetCpuTime().AsDuration().Round(time.Millisecond), humanBytes(u.GetPeakMemoryBytes()),
-		u.GetWallTime().AsDuration().Round(time.Millisecond), humanBytes(u.GetDiskBytes()))
-	ds := r.GetDiffStat()
-	if t := job.GetSpec().GetPublishTarget(); t != nil {
-		fmt.Fprintf(w, "publish to %s:%s (after approval)\n", termtext.Line(t.GetRepository()), termtext.Line(t.GetBranch()))
-	}
-	if id := termtext.Line(job.GetApprovalId()); id != "" {
-		fmt.Fprintf(w, "approval   %s (airlock approval show %s --as approver/NAME)\n", id, id)
-	}
-	fmt.Fprintf(w, "changes    %d files, +%d -%d\n", ds.GetFilesChanged(), ds.GetInsertions(), ds.GetDeletions())
-	version, _, _ := strings.Cut(r.GetRuntimeVersion(), ";")
-	fmt.Fprintf(w, "runtime    %s (%s), template %s\n", runtimeClassWord(r.GetRuntimeClass()),
-		termtext.Line(version), termtext.Line(r.GetTemplateVersion()))
-	if r.GetBundleDigest() != "" {
-		fmt.Fprintf(w, "bundle     %s (%s)\n", termtext.Line(r.GetBundleDigest()), humanBytes(r.GetBundleSize()))
-	}
-}
-
 func newJobGet(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "get JOB_ID",
 		Short: "Show one job",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, _ *caller) error {
-				resp, err := client.GetJob(cmd.Context(), &authorityv1.GetJobRequest{JobId: args[0]})
-				if err != nil {
-					return err
-				}
-				job := resp.GetJob()
-				return g.PrintProto(job, func(w io.Writer) {
-					fmt.Fprintf(w, "repository %s @ %s (%s)\n", termtext.Line(job.GetSpec().GetRepository()), termtext.Line(job.GetSpec().GetRevision()),
-						termtext.Line(short(job.GetCommit())))
-					fmt.Fprintf(w, "command    %s\n", commandText(job.GetSpec().GetCommand()))
-					fmt.Fprintf(w, "requester  %s\n", termtext.Line(job.GetRequester()))
-					fmt.Fprintf(w, "state      %s\n", jobStateWord(job.GetState()))
-					writeLimits(w, job)
-					writeSummary(w, job)
-				})
+			return showAuthority(cmd, g, func(ctx context.Context, c authorityv1.AuthorityServiceClient) (*authorityv1.Job, error) {
+				resp, err := c.GetJob(ctx, &authorityv1.GetJobRequest{JobId: args[0]})
+				return resp.GetJob(), err
+			}, func(w io.Writer, job *authorityv1.Job) {
+				fmt.Fprintf(w, "repository %s @ %s (%s)\n", termtext.Line(job.GetSpec().GetRepository()), termtext.Line(job.GetSpec().GetRevision()),
+					termtext.Line(short(job.GetCommit())))
+				fmt.Fprintf(w, "command    %s\n", commandText(job.GetSpec().GetCommand()))
+				fmt.Fprintf(w, "requester  %s\n", termtext.Line(job.GetRequester()))
+				fmt.Fprintf(w, "state      %s\n", jobStateWord(job.GetState()))
+				writeLimits(w, job)
+				writeSummary(w, job)
 			})
 		},
 	}
@@ -513,14 +300,11 @@ func newJobCancel(g *globals) *cobra.Command {
 		Short: "Cancel a job; its sandbox is killed",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, _ *caller) error {
-				resp, err := client.CancelJob(cmd.Context(), &authorityv1.CancelJobRequest{JobId: args[0], Reason: reason})
-				if err != nil {
-					return err
-				}
-				return g.PrintProto(resp.GetJob(), func(w io.Writer) {
-					fmt.Fprintf(w, "cancel requested for %s (state %s)\n", termtext.Line(args[0]), jobStateWord(resp.GetJob().GetState()))
-				})
+			return showAuthority(cmd, g, func(ctx context.Context, c authorityv1.AuthorityServiceClient) (*authorityv1.Job, error) {
+				resp, err := c.CancelJob(ctx, &authorityv1.CancelJobRequest{JobId: args[0], Reason: reason})
+				return resp.GetJob(), err
+			}, func(w io.Writer, job *authorityv1.Job) {
+				fmt.Fprintf(w, "cancel requested for %s (state %s)\n", termtext.Line(args[0]), jobStateWord(job.GetState()))
 			})
 		},
 	}
