@@ -79,7 +79,7 @@ func eachAuditEvent(ctx context.Context, client authorityv1.AuthorityServiceClie
 		req.PageSize = 1000
 		resp, err := client.ListAuditEvents(ctx, req)
 		if err != nil {
-			return rpcError(err)
+			return err
 		}
 		for _, e := range resp.GetEvents() {
 			if limit > 0 && seen >= limit {

@@ -230,7 +230,7 @@ func fetchCheckpoints(ctx context.Context, client authorityv1.AuthorityServiceCl
 	for {
 		resp, err := client.ListAuditCheckpoints(ctx, req)
 		if err != nil {
-			return nil, nil, rpcError(err)
+			return nil, nil, err
 		}
 		last = resp
 		for _, c := range resp.GetCheckpoints() {

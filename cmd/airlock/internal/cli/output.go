@@ -44,7 +44,7 @@ func watchJob(ctx context.Context, g *globals, client authorityv1.AuthorityServi
 			StderrOffset: out.offset(typesv1.OutputStream_OUTPUT_STREAM_STDERR),
 		})
 		if err != nil {
-			return nil, rpcError(err)
+			return nil, err
 		}
 		for {
 			msg, err := stream.Recv()
@@ -58,7 +58,7 @@ func watchJob(ctx context.Context, g *globals, client authorityv1.AuthorityServi
 				if status.Code(err) == codes.Unavailable && attempt < 10 {
 					break
 				}
-				return nil, rpcError(err)
+				return nil, err
 			}
 			switch ev := msg.GetEvent().(type) {
 			case *authorityv1.WatchJobResponse_Job:

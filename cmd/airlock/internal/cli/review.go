@@ -281,7 +281,7 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 	bare := bareReview(raw, parts) && g.Output != "json"
 	stream, err := client.ReadReview(ctx, req)
 	if err != nil {
-		return rpcError(err)
+		return err
 	}
 	if bare {
 		return streamBare(g, stream, a)
@@ -316,7 +316,7 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 			break
 		}
 		if err != nil && !received {
-			return rpcError(err)
+			return err
 		}
 		if err != nil {
 			endPart()

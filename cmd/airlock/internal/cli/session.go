@@ -98,7 +98,7 @@ func waitRunning(ctx context.Context, g *globals, client authorityv1.AuthoritySe
 	for {
 		resp, err := client.GetSession(ctx, &authorityv1.GetSessionRequest{SessionId: id})
 		if err != nil {
-			return nil, rpcError(err)
+			return nil, err
 		}
 		s := resp.GetSession()
 		if st := s.GetState(); st != printed && g.Output == "text" {
@@ -226,7 +226,7 @@ func startExec(ctx context.Context, client authorityv1.AuthorityServiceClient, r
 			return resp, nil
 		}
 		if status.Code(err) != codes.Unavailable || attempt >= 10 {
-			return nil, rpcError(err)
+			return nil, err
 		}
 		select {
 		case <-ctx.Done():
@@ -265,7 +265,7 @@ func followExec(ctx context.Context, g *globals, client authorityv1.AuthoritySer
 			StdoutOffset: out.offset(typesv1.OutputStream_OUTPUT_STREAM_STDOUT), StderrOffset: out.offset(typesv1.OutputStream_OUTPUT_STREAM_STDERR),
 		})
 		if err != nil {
-			return rpcError(err)
+			return err
 		}
 		for {
 			msg, err := stream.Recv()
@@ -276,7 +276,7 @@ func followExec(ctx context.Context, g *globals, client authorityv1.AuthoritySer
 				if status.Code(err) == codes.Unavailable && attempt < 10 {
 					break
 				}
-				return rpcError(err)
+				return err
 			}
 			switch ev := msg.GetEvent().(type) {
 			case *authorityv1.WatchExecResponse_Output:
