@@ -67,7 +67,7 @@ func TestDownloadMaxSize(t *testing.T) {
 			dir := t.TempDir()
 			local := filepath.Join(dir, "s")
 			var stdout, stderr strings.Builder
-			g := &globals{stdout: &stdout, stderr: &stderr}
+			g := &globals{Stdout: &stdout, Stderr: &stderr}
 			err := downloadFile(t.Context(), g, &fileClient{msgs: tc.msgs}, "sess-1", "/out/s", local, false, 1024)
 			if err == nil || !strings.Contains(err.Error(), "sess-1:/out/s") || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("download over --max-size: %v", err)
@@ -83,7 +83,7 @@ func TestDownloadMaxSize(t *testing.T) {
 	}
 	dir := t.TempDir()
 	local := filepath.Join(dir, "ok")
-	g := &globals{stdout: io.Discard, stderr: io.Discard}
+	g := &globals{Stdout: io.Discard, Stderr: io.Discard}
 	if err := downloadFile(t.Context(), g, &fileClient{msgs: []*authorityv1.ReadFileResponse{header(1024), chunk(strings.Repeat("c", 1024))}}, "sess-1", "/out/ok", local, false, 1024); err != nil {
 		t.Fatal(err)
 	}

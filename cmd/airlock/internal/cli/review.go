@@ -278,15 +278,15 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 	if req.Parts, err = reviewParts(parts); err != nil {
 		return err
 	}
-	bare := bareReview(raw, parts) && g.output != "json"
+	bare := bareReview(raw, parts) && g.Output != "json"
 	stream, err := client.ReadReview(ctx, req)
 	if err != nil {
-		return rpcError(err)
+		return err
 	}
 	if bare {
 		return streamBare(g, stream, a)
 	}
-	w := g.stdout
+	w := g.Stdout
 	gut := &gutter{w: w}
 	var body io.Writer = gut
 	var esc *termtext.Writer
@@ -316,17 +316,17 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 			break
 		}
 		if err != nil && !received {
-			return rpcError(err)
+			return err
 		}
 		if err != nil {
 			endPart()
 			err = remoteError{fmt.Errorf("the stream of the bundle stopped, so what is shown above is incomplete and not verified: %w", rpcError(err))}
-			if g.output != "json" {
+			if g.Output != "json" {
 				fmt.Fprintf(w, "\nNOT VERIFIED: %s\n", errorText(err))
 			}
 			return err
 		}
-		if g.output == "json" {
+		if g.Output == "json" {
 			b, err := protojson.Marshal(msg)
 			if err != nil {
 				return err
@@ -335,7 +335,7 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 		}
 		switch m := msg.GetMsg().(type) {
 		case *authorityv1.ReadReviewResponse_Start:
-			if g.output == "json" {
+			if g.Output == "json" {
 				part = m.Start.GetPart()
 				continue
 			}
@@ -354,7 +354,7 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 				}
 			}
 		case *authorityv1.ReadReviewResponse_Chunk:
-			if g.output != "json" {
+			if g.Output != "json" {
 				if _, err := body.Write(m.Chunk); err != nil {
 					return err
 				}
@@ -363,24 +363,20 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 			verified = m.VerifiedDigest
 		}
 	}
-	if g.output != "json" {
+	if g.Output != "json" {
 		endPart()
 	}
 	if verified == "" || verified != a.GetBundleDigest() {
 		err := remoteError{fmt.Errorf("the authority did not confirm that what is shown above is bundle %s (it said %q): do not rely on it", a.GetBundleDigest(), verified)}
-		if g.output != "json" {
+		if g.Output != "json" {
 			fmt.Fprintf(w, "\nNOT VERIFIED: %s\n", errorText(err))
 		}
 		return err
 	}
-	if g.output != "json" {
+	if g.Output != "json" {
 		fmt.Fprintf(w, "\nverified: everything above is bundle %s, the one this request names\n", termtext.Line(verified))
 	}
 	return nil
-}
-
-func partWord(p authorityv1.ReviewPart) string {
-	return strings.ToLower(strings.TrimPrefix(p.String(), "REVIEW_PART_"))
 }
 
 // reviewParts converts --part values.
@@ -440,9 +436,9 @@ func streamBare(g *globals, stream interface {
 	if _, err := spool.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
-	if _, err := io.Copy(g.stdout, spool); err != nil {
+	if _, err := io.Copy(g.Stdout, spool); err != nil {
 		return err
 	}
-	fmt.Fprintf(g.stderr, "verified: what was written is from bundle %s, the one this request names\n", termtext.Line(verified))
+	fmt.Fprintf(g.Stderr, "verified: what was written is from bundle %s, the one this request names\n", termtext.Line(verified))
 	return nil
 }
