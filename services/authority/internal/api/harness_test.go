@@ -30,7 +30,6 @@ import (
 	"github.com/airlockhq/airlock/pkg/pki"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
-	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/api"
 	"github.com/airlockhq/airlock/services/authority/internal/approvals"
 	"github.com/airlockhq/airlock/services/authority/internal/checkpoints"
@@ -274,7 +273,7 @@ func (h *harness) start() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	api.New(api.Config{Jobs: svc, Approvals: appr, Flow: wf, Checkpoints: cps, Executor: executorv1.NewExecutorServiceClient(conn), Logger: h.logger()}).Register(srv.Registrar())
+	api.New(api.Config{Jobs: svc, Approvals: appr, Flow: wf, Checkpoints: cps, Logger: h.logger()}).Register(srv.Registrar())
 	serveDone := make(chan struct{})
 	go func() { defer close(serveDone); _ = srv.Serve(runCtx) }()
 	srv.SetServing(true)

@@ -60,6 +60,11 @@ type ExecSeen struct {
 	StdoutSize, StderrSize           int64
 	StdoutTruncated, StderrTruncated bool
 	StdoutSHA256, StderrSHA256       string
+
+	// What the executor reports beyond what the record keeps.
+	SessionID              string
+	Usage                  *Usage
+	StdoutTail, StderrTail []byte
 }
 
 // execSummaryBytes bounds the argv and env an exec's record keeps; the

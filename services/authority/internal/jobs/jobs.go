@@ -169,65 +169,6 @@ type Source interface {
 	WritePack(ctx context.Context, repo policy.Repository, h source.History, w io.Writer) error
 }
 
-// RunState is the executor's view of a run.
-type RunState int
-
-const (
-	RunUnknown RunState = iota
-	RunStaging
-	RunRunning
-	RunFinished
-	RunFailed
-	RunCancelled
-)
-
-// Stream names an output stream.
-type Stream int
-
-const (
-	Stdout Stream = iota + 1
-	Stderr
-)
-
-// Output is a piece of a job's output.
-type Output struct {
-	Stream    Stream
-	Offset    int64
-	Data      []byte
-	Truncated bool
-}
-
-// Offsets are where to resume each output stream.
-type Offsets struct{ Stdout, Stderr int64 }
-
-// RunEvent is one message of the executor's run stream: a state (with the
-// network policy state, "" when not reported) or a piece of output.
-type RunEvent struct {
-	State        RunState
-	NetworkState string
-	// GrantGeneration is the generation of the grant the run is under,
-	// which NetworkState is about.
-	GrantGeneration int64
-	Output          *Output
-}
-
-// Executor is the executor as the authority drives it. Errors wrap
-// pkg/errdefs sentinels: ErrUnavailable for anything worth retrying.
-type Executor interface {
-	// Start hands over a signed grant (SignedGrant.Wire); the same job
-	// again returns the existing run.
-	Start(ctx context.Context, grant []byte) (RunState, error)
-	// Watch calls fn with every event of the run's stream, from the given
-	// output offsets, until the run has ended and its output is drained
-	// (then it returns nil), fn fails, or ctx ends.
-	Watch(ctx context.Context, jobID string, from Offsets, fn func(RunEvent) error) error
-	// Cancel asks the executor to kill the run.
-	Cancel(ctx context.Context, jobID, reason string) error
-	// Update hands over a newer grant of a running job and returns once
-	// the executor has put it in force (its network rules in the kernel).
-	Update(ctx context.Context, grant []byte) error
-}
-
 // Retry bounds the back-off between attempts to reach the executor.
 type Retry struct {
 	Min, Max time.Duration
@@ -802,6 +743,10 @@ type Report struct {
 	// refused for a result with a bundle.
 	Review     []byte
 	Provenance []byte
+	// Execs are a session's execs as the report lists them (the first and
+	// the last, when not all fit): the authority's records take their
+	// final state from them.
+	Execs []ExecSeen
 }
 
 // outcome maps a report to the job's final state and a message for people.
@@ -859,7 +804,7 @@ func (s *Service) ReportResult(ctx context.Context, caller identity.ID, id strin
 		// A reviewer must see every file of a bundle that may land.
 		return store.Job{}, fmt.Errorf("%w: detail: required with a bundle (the file list, patch size and output tails)", errdefs.ErrInvalidArgument)
 	}
-	return s.updateAudited(ctx, id, func(j *store.Job) error {
+	j, err := s.updateAudited(ctx, id, func(j *store.Job) error {
 		if j.DispatchedAt.IsZero() {
 			return fmt.Errorf("%w: job %q was never dispatched", errdefs.ErrFailedPrecondition, id)
 		}
@@ -883,6 +828,10 @@ func (s *Service) ReportResult(ctx context.Context, caller identity.ID, id strin
 		return audit.Event{Kind: audit.KindResultRecorded, Caller: caller.String(), Subject: j.ID, Outcome: outcomeAllowed,
 			Reason: fmt.Sprintf("%s, bundle %s: %s", j.State, orNone(j.BundleDigest), j.Message)}
 	})
+	if err == nil && len(r.Execs) > 0 {
+		s.observeExecs(ctx, j.ID, r.Execs...)
+	}
+	return j, err
 }
 
 func orNone(s string) string {

@@ -20,7 +20,6 @@ import (
 	"github.com/airlockhq/airlock/pkg/logging"
 	"github.com/airlockhq/airlock/pkg/pki"
 	"github.com/airlockhq/airlock/pkg/version"
-	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/api"
 	"github.com/airlockhq/airlock/services/authority/internal/approvals"
 	"github.com/airlockhq/airlock/services/authority/internal/checkpoints"
@@ -168,7 +167,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			if err != nil {
 				return err
 			}
-			api.New(api.Config{Jobs: svc, Approvals: appr, Flow: wf, Checkpoints: cps, Executor: executorv1.NewExecutorServiceClient(conn), Logger: env.Logger}).Register(env.Server)
+			api.New(api.Config{Jobs: svc, Approvals: appr, Flow: wf, Checkpoints: cps, Logger: env.Logger}).Register(env.Server)
 			env.Logger.Info("authority ready", "tenants", len(cfg.Policy), "grant_key_id", key.KeyID(),
 				"grant_public_key", cfg.GrantKey+".pub", "grant_public_keys", len(published),
 				"audit_checkpoint_key_id", pki.Ed25519KeyID(cpKey.Public().(ed25519.PublicKey)), "audit_checkpoints", cfg.Audit.CheckpointFile, "executor", cfg.Executor.Address)
