@@ -257,7 +257,11 @@ func (h *harness) start() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := appr.OpenMissing(ctx, authorityID, api.PublishTarget); err != nil {
+	wf, err := flow.New(flow.Config{Jobs: svc, Approvals: appr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := appr.OpenMissing(ctx, authorityID, wf.Target); err != nil {
 		t.Fatal(err)
 	}
 	cps, err := checkpoints.Open(ctx, checkpoints.Config{
@@ -269,10 +273,6 @@ func (h *harness) start() {
 	}
 	cpDone := make(chan struct{})
 	go func() { defer close(cpDone); _ = cps.Run(runCtx) }()
-	wf, err := flow.New(flow.Config{Jobs: svc, Approvals: appr, Target: api.PublishTarget})
-	if err != nil {
-		t.Fatal(err)
-	}
 	api.New(api.Config{Jobs: svc, Approvals: appr, Flow: wf, Checkpoints: cps, Logger: h.logger()}).Register(srv.Registrar())
 	serveDone := make(chan struct{})
 	go func() { defer close(serveDone); _ = srv.Serve(runCtx) }()
