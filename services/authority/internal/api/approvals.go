@@ -343,18 +343,6 @@ func (s *Service) ListLeases(ctx context.Context, req *authorityv1.ListLeasesReq
 	return out, nil
 }
 
-// PublishTarget reads the publish target from a stored job's spec; zero if
-// it has none. The composition root passes it to approvals.OpenMissing and
-// to the workflow.
-func PublishTarget(j store.Job) (approvals.Target, error) {
-	spec := &authorityv1.JobSpec{}
-	if err := proto.Unmarshal(j.Spec, spec); err != nil {
-		return approvals.Target{}, fmt.Errorf("api: stored spec of job %s: %w", j.ID, err)
-	}
-	t := spec.GetPublishTarget()
-	return approvals.Target{Repo: t.GetRepository(), Branch: t.GetBranch()}, nil
-}
-
 // checkReviewDetail refuses a report whose review detail cannot be true: a
 // reviewer reads these counts as what will land.
 func checkReviewDetail(req *authorityv1.ReportResultRequest) error {

@@ -29,7 +29,6 @@ import (
 	"github.com/airlockhq/airlock/pkg/pki"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
-	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/api"
 	"github.com/airlockhq/airlock/services/authority/internal/approvals"
 	"github.com/airlockhq/airlock/services/authority/internal/checkpoints"
@@ -257,7 +256,11 @@ func (h *harness) start() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := appr.OpenMissing(ctx, authorityID, api.PublishTarget); err != nil {
+	wf, err := flow.New(flow.Config{Jobs: svc, Approvals: appr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := appr.OpenMissing(ctx, authorityID, wf.Target); err != nil {
 		t.Fatal(err)
 	}
 	cps, err := checkpoints.Open(ctx, checkpoints.Config{
@@ -269,11 +272,7 @@ func (h *harness) start() {
 	}
 	cpDone := make(chan struct{})
 	go func() { defer close(cpDone); _ = cps.Run(runCtx) }()
-	wf, err := flow.New(flow.Config{Jobs: svc, Approvals: appr, Target: api.PublishTarget})
-	if err != nil {
-		t.Fatal(err)
-	}
-	api.New(api.Config{Jobs: svc, Approvals: appr, Flow: wf, Checkpoints: cps, Executor: executorv1.NewExecutorServiceClient(conn), Logger: h.logger()}).Register(srv.Registrar())
+	api.New(api.Config{Jobs: svc, Approvals: appr, Flow: wf, Checkpoints: cps, Logger: h.logger()}).Register(srv.Registrar())
 	serveDone := make(chan struct{})
 	go func() { defer close(serveDone); _ = srv.Serve(runCtx) }()
 	srv.SetServing(true)

@@ -20,6 +20,19 @@ func (s *Service) IsSession(j store.Job) bool {
 	return err == nil && g.Session != nil
 }
 
+// PublishTarget is where job j's approved result may be published, as
+// its grant says; nil when nowhere, or when j was never granted.
+func (s *Service) PublishTarget(j store.Job) (*PublishTarget, error) {
+	if len(j.Grant) == 0 {
+		return nil, nil
+	}
+	g, err := s.cfg.Signer.Decode(j.Grant)
+	if err != nil {
+		return nil, err
+	}
+	return g.PublishTarget, nil
+}
+
 // Session returns the session id if caller's tenant holds it; a job that
 // is not a session is ErrFailedPrecondition, naming what it is.
 func (s *Service) Session(ctx context.Context, caller identity.ID, id string) (store.Job, error) {

@@ -9,11 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"os"
 	"path"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,6 +19,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/atomicfile"
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/execspec"
 	"github.com/airlockhq/airlock/pkg/runspec"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
@@ -169,24 +168,14 @@ func checkExecSpec(x *ExecSpec) error {
 	return nil
 }
 
-// differs names the first field in which a retried spec differs from the
-// recorded one, "" if none.
+// differs names the first field ("spec.argv", ...) in which a retried
+// spec differs from the recorded one, "" if none (pkg/execspec's rule,
+// the authority's too).
 func (r *Exec) differs(x *ExecSpec) string {
-	switch {
-	case !slices.Equal(r.Spec.Argv, x.Argv):
-		return "argv"
-	case !maps.Equal(r.Spec.Env, x.Env) && (len(r.Spec.Env) > 0 || len(x.Env) > 0):
-		return "env"
-	case r.Spec.Cwd != x.Cwd:
-		return "cwd"
-	case r.Spec.Timeout != x.Timeout:
-		return "timeout"
-	case r.Spec.StdinStream != x.StdinStream:
-		return "stdin_stream"
-	case !x.StdinStream && (r.StdinSize != int64(len(x.Stdin)) || r.StdinSHA256 != sha256Hex(x.Stdin)):
-		return "stdin"
-	}
-	return ""
+	recorded, _ := execspec.Spec{Argv: r.Spec.Argv, Env: r.Spec.Env, Cwd: r.Spec.Cwd, Timeout: r.Spec.Timeout,
+		StdinStream: r.Spec.StdinStream, StdinSize: r.StdinSize, StdinSHA256: r.StdinSHA256}.Digests()
+	return execspec.Differs(recorded, execspec.Spec{Argv: x.Argv, Env: x.Env, Cwd: x.Cwd, Timeout: x.Timeout,
+		StdinStream: x.StdinStream, StdinSize: int64(len(x.Stdin)), StdinSHA256: sha256Hex(x.Stdin)})
 }
 
 func sha256Hex(b []byte) string {
@@ -234,7 +223,7 @@ func (m *Manager) startExec(jobID string, x ExecSpec, fed bool) (Exec, bool, *ex
 	}
 	if xe, ok := e.execs[x.ID]; ok {
 		if f := xe.rec.differs(&x); f != "" {
-			return Exec{}, false, nil, fmt.Errorf("%w: spec.exec_id %q: an exec of this id was started with a different spec.%s", errdefs.ErrAlreadyExists, x.ID, f)
+			return Exec{}, false, nil, fmt.Errorf("%w: spec.exec_id %q: an exec of this id was started with a different %s", errdefs.ErrAlreadyExists, x.ID, f)
 		}
 		return xe.rec, false, xe, nil
 	}
