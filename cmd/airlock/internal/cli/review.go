@@ -136,11 +136,16 @@ func writeReviewExecs(w io.Writer, d *authorityv1.ReviewDetail) {
 	}
 	fmt.Fprintf(w, "\nexecs      %d, in the order they ran, with the client's %d uploads among them\n", total, d.GetFileWritesTotal())
 	writes := d.GetFileWrites()
+	listed := int64(0)
 	upload := func(before int64) {
 		for len(writes) > 0 && writes[0].GetAfterExec() < before {
 			u := writes[0]
 			writes = writes[1:]
 			fmt.Fprintf(w, "\n  upload  %s  %d bytes, sha256 %s\n", termtext.Line(u.GetPath()), u.GetSize(), termtext.Line(u.GetSha256()))
+			if n := u.GetCount(); n > 1 {
+				fmt.Fprintf(w, "          the last of %d uploads of this path, the first after %d execs had started\n", n, u.GetFirstAfterExec())
+			}
+			listed += max(u.GetCount(), 1)
 		}
 	}
 	for _, x := range d.GetExecs() {
@@ -192,7 +197,7 @@ func writeReviewExecs(w io.Writer, d *authorityv1.ReviewDetail) {
 	if n := total - int64(len(d.GetExecs())); n > 0 {
 		fmt.Fprintf(w, "\n  ... and %d more execs, not listed here: the bundle's result.json records every one\n", n)
 	}
-	if n := d.GetFileWritesTotal() - int64(len(d.GetFileWrites())); n > 0 {
+	if n := d.GetFileWritesTotal() - listed; n > 0 {
 		fmt.Fprintf(w, "  ... and %d more uploads, not listed here: the bundle's result.json records every one\n", n)
 	}
 }
