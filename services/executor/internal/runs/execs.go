@@ -173,6 +173,7 @@ func (m *Manager) endExec(e *entry, xe *execEntry, f func(*Exec)) {
 func (m *Manager) endExecLocked(e *entry, xe *execEntry, out, errs summary, f func(*Exec)) {
 	r := &xe.rec
 	f(r)
+	r.Message = m.callerText(e, r.Message)
 	r.State, r.EndedAt = ExecEnded, m.cfg.Now()
 	r.StdoutSize, r.StdoutSHA256, r.StdoutTail = out.size, out.sha, out.tail
 	r.StderrSize, r.StderrSHA256, r.StderrTail = errs.size, errs.sha, errs.tail
