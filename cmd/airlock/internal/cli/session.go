@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
@@ -502,6 +503,13 @@ A download to a terminal is escaped unless --raw.`,
 			dstRemote = dstRemote && strings.HasPrefix(dstPath, "/")
 			if srcRemote == dstRemote {
 				return usageError{errors.New("exactly one of SRC and DST must be SESSION:/work/... or SESSION:/out/...")}
+			}
+			remote := srcPath
+			if dstRemote {
+				remote = dstPath
+			}
+			if !utf8.ValidString(remote) {
+				return usageError{fmt.Errorf("path %q: not valid UTF-8 (a session's file is named by text)", remote)}
 			}
 			maxSize, err := maxSizeOf()
 			if err != nil {

@@ -2356,10 +2356,13 @@ type ReviewDetail struct {
 	Execs []*v1.Exec `protobuf:"bytes,7,rep,name=execs,proto3" json:"execs,omitempty"`
 	// How many execs the session ran.
 	ExecsTotal int64 `protobuf:"varint,8,opt,name=execs_total,json=execsTotal,proto3" json:"execs_total,omitempty"`
-	// The files a session's client uploaded (WriteFile), in order: the
-	// first 500.
+	// The files a session's client uploaded (WriteFile), in order, at most
+	// 500 records: beyond that each path's uploads are folded into one
+	// record (count), and beyond 500 paths the first and the last paths are
+	// kept (the bundle's result.json has every record).
 	FileWrites []*FileWrite `protobuf:"bytes,9,rep,name=file_writes,json=fileWrites,proto3" json:"file_writes,omitempty"`
-	// How many files were uploaded.
+	// How many uploads there were in all (each record stands for count of
+	// them).
 	FileWritesTotal int64 `protobuf:"varint,10,opt,name=file_writes_total,json=fileWritesTotal,proto3" json:"file_writes_total,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
@@ -2477,10 +2480,17 @@ type FileWrite struct {
 	Sha256 string `protobuf:"bytes,3,opt,name=sha256,proto3" json:"sha256,omitempty"`
 	// When.
 	WrittenAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=written_at,json=writtenAt,proto3" json:"written_at,omitempty"`
-	// How many execs had started before it: 0 before the first.
-	AfterExec     int64 `protobuf:"varint,5,opt,name=after_exec,json=afterExec,proto3" json:"after_exec,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// How many execs had started before it (its last upload, when count
+	// is more than 1): 0 before the first.
+	AfterExec int64 `protobuf:"varint,5,opt,name=after_exec,json=afterExec,proto3" json:"after_exec,omitempty"`
+	// How many uploads of path this record stands for, when more than 1:
+	// size, sha256, written_at and after_exec are then the last one's.
+	Count int64 `protobuf:"varint,6,opt,name=count,proto3" json:"count,omitempty"`
+	// When count is more than 1: how many execs had started before the
+	// first of them.
+	FirstAfterExec int64 `protobuf:"varint,7,opt,name=first_after_exec,json=firstAfterExec,proto3" json:"first_after_exec,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *FileWrite) Reset() {
@@ -2544,6 +2554,20 @@ func (x *FileWrite) GetWrittenAt() *timestamppb.Timestamp {
 func (x *FileWrite) GetAfterExec() int64 {
 	if x != nil {
 		return x.AfterExec
+	}
+	return 0
+}
+
+func (x *FileWrite) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *FileWrite) GetFirstAfterExec() int64 {
+	if x != nil {
+		return x.FirstAfterExec
 	}
 	return 0
 }
@@ -7877,7 +7901,7 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\vfile_writes\x18\t \x03(\v2\x1f.airlock.authority.v1.FileWriteR\n" +
 	"fileWrites\x12*\n" +
 	"\x11file_writes_total\x18\n" +
-	" \x01(\x03R\x0ffileWritesTotal\"\xa5\x01\n" +
+	" \x01(\x03R\x0ffileWritesTotal\"\xe5\x01\n" +
 	"\tFileWrite\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x16\n" +
@@ -7885,7 +7909,9 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\n" +
 	"written_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\twrittenAt\x12\x1d\n" +
 	"\n" +
-	"after_exec\x18\x05 \x01(\x03R\tafterExec\"\xf9\x02\n" +
+	"after_exec\x18\x05 \x01(\x03R\tafterExec\x12\x14\n" +
+	"\x05count\x18\x06 \x01(\x03R\x05count\x12(\n" +
+	"\x10first_after_exec\x18\a \x01(\x03R\x0efirstAfterExec\"\xf9\x02\n" +
 	"\fEgressRecord\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x10\n" +
 	"\x03via\x18\x02 \x01(\tR\x03via\x12\x12\n" +

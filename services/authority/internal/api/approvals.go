@@ -372,8 +372,15 @@ func checkReviewDetail(req *authorityv1.ReportResultRequest) error {
 			return bad(name+".size", "%d is less than the %d bytes of tail sent", t.GetSize(), len(t.GetData()))
 		}
 	}
-	if d.GetFileWritesTotal() < int64(len(d.GetFileWrites())) {
-		return bad("file_writes_total", "%d is fewer than the %d uploads listed", d.GetFileWritesTotal(), len(d.GetFileWrites()))
+	listed := int64(0)
+	for i, w := range d.GetFileWrites() {
+		if w.GetCount() < 0 || w.GetFirstAfterExec() > w.GetAfterExec() {
+			return bad(fmt.Sprintf("file_writes[%d]", i), "count %d, first after %d execs, last after %d: not a span of uploads", w.GetCount(), w.GetFirstAfterExec(), w.GetAfterExec())
+		}
+		listed += max(w.GetCount(), 1)
+	}
+	if d.GetFileWritesTotal() < listed {
+		return bad("file_writes_total", "%d is fewer than the %d uploads listed", d.GetFileWritesTotal(), listed)
 	}
 	if d.GetExecsTotal() < int64(len(d.GetExecs())) {
 		return bad("execs_total", "%d is fewer than the %d execs listed", d.GetExecsTotal(), len(d.GetExecs()))
