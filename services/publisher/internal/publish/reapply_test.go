@@ -12,6 +12,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/services/publisher/internal/publish"
+	"github.com/airlockhq/airlock/services/publisher/internal/store"
 )
 
 // These tests are the attacker's: an approved change re-applied on a
@@ -260,4 +261,47 @@ func TestReapplyBinaryChangedOnBothSidesIsRefused(t *testing.T) {
 	tip := rm.moveTo(map[string]string{"blob.bin": "\x00\x01\x02theirs"})
 	_, err := landOn(t, rm, x)
 	wantRefused(t, rm, err, tip, "blob.bin")
+}
+
+// Through the whole flow: the identical-blocks attack lands the approved
+// block; a conflict on a moved branch is refused before the consume, and
+// the approval, unspent, lands once the branch no longer conflicts.
+func TestMovedBranchThroughTheFlow(t *testing.T) {
+	h := newHarnessOn(t, map[string]string{"config.ini": block("off") + block("off")},
+		map[string]string{"config.ini": block("off") + block("on")})
+	header := strings.Repeat("# managed by the platform team\n", 8)
+	h.remote.moveTo(map[string]string{"config.ini": header + block("off") + block("off")})
+	s, _ := h.service("a")
+	d, err := h.publish(s, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantState(t, d, store.Succeeded, store.StepRevoked)
+	wantFile(t, h.remote, "config.ini", header+block("off")+block("on"))
+
+	h = newHarnessOn(t, map[string]string{"config.ini": block("off") + block("off")},
+		map[string]string{"config.ini": block("off") + block("on")})
+	tip := h.remote.moveTo(map[string]string{"config.ini": block("off") + block("maybe")})
+	s, _ = h.service("a")
+	d, err = h.publish(s, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.State != store.Failed || !strings.Contains(d.Message, "conflicting paths: config.ini") || !strings.Contains(d.Message, "the approval was not spent") {
+		t.Fatalf("deployment is %s (%q), want failed naming config.ini, not spent", d.State, d.Message)
+	}
+	if got := run(t, h.remote.bare, "rev-parse", "main"); got != tip || h.auth.consumes() != 0 || h.auth.deployLeases() != 0 {
+		t.Fatalf("main is %s with %d consumes and %d deploy leases, want %s with none", got, h.auth.consumes(), h.auth.deployLeases(), tip)
+	}
+	// The approval is still approved: once the branch no longer holds
+	// the conflicting edit, asking again lands it.
+	h.remote.moveTo(map[string]string{"config.ini": header + block("off") + block("off")})
+	if d, err = h.publish(s, "k"); err != nil {
+		t.Fatal(err)
+	}
+	wantState(t, d, store.Succeeded, store.StepRevoked)
+	wantFile(t, h.remote, "config.ini", header+block("off")+block("on"))
+	if h.auth.consumes() != 1 {
+		t.Errorf("%d consumes, want 1", h.auth.consumes())
+	}
 }
