@@ -66,7 +66,7 @@ func (r *Repo) reapply(ctx context.Context, c Change, tip, applied string) (stri
 
 // conflict is the refusal of a re-apply: nothing is spent by it.
 func (r *Repo) conflict(c Change, tip string, paths []string, why string) error {
-	return fmt.Errorf("%w: the approved patch does not merge onto branch %s, which moved from the approved base %s to %s (%s); conflicting paths: %s",
+	return fmt.Errorf("%w: the approved patch does not apply as approved on branch %s, which moved from the approved base %s to %s (%s); conflicting paths: %s",
 		errdefs.ErrFailedPrecondition, c.Branch, c.Base, tip, why, strings.Join(paths, ", "))
 }
 
