@@ -51,15 +51,18 @@ func (r *Repo) reapply(ctx context.Context, c Change, tip, applied string) (stri
 		return "", fmt.Errorf("publish: merge-tree: unexpected output %q", truncate(string(out), 200))
 	}
 	merged := fields[0]
-	// The check's own verdict names the reason; git's conflicts are
-	// refused even where the check saw none.
-	if err := r.verifyMerge(ctx, c, tip, approved, merged); err != nil {
+	conflicts, wrong, err := r.verifyMerge(ctx, c, tip, approved, merged)
+	switch {
+	case err != nil:
 		return "", err
-	}
-	if conflicted {
+	case len(conflicts) > 0:
+		return "", r.conflict(c, tip, conflicts, "checked against the approved base")
+	case conflicted:
 		paths := fields[1:]
 		sort.Strings(paths)
 		return "", r.conflict(c, tip, slices.Compact(paths), "git's merge found conflicts")
+	case len(wrong) > 0:
+		return "", r.conflict(c, tip, wrong, "git's merge placed the change elsewhere than approved")
 	}
 	return merged, nil
 }
@@ -99,24 +102,25 @@ type sideChange struct{ from, to treeEntry }
 //
 // A path the branch deleted or renamed that the patch changes is refused
 // as a conflict, as is a binary file or symlink both sides changed.
+// conflicts names the paths whose changes conflict, wrong those the merge
+// did not make as they must be.
 // Where the branch's own change is itself ambiguous (it inserted lines
 // identical to lines it sits beside), the line diff names one reading of
 // it, as git's merge does; a reading under which the approved change
 // touches what the branch changed is a conflict.
-func (r *Repo) verifyMerge(ctx context.Context, c Change, tip, approved, merged string) error {
+func (r *Repo) verifyMerge(ctx context.Context, c Change, tip, approved, merged string) (conflicts, wrong []string, err error) {
 	ours, err := r.treeChanges(ctx, c.Base, approved)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	theirs, err := r.treeChanges(ctx, c.Base, tip)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	result, err := r.treeChanges(ctx, tip, merged)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	var conflicts, wrong []string
 	for path := range result {
 		if _, ok := ours[path]; !ok {
 			wrong = append(wrong, path+" (changed by the merge but not by the approved patch)")
@@ -134,7 +138,7 @@ func (r *Repo) verifyMerge(ctx context.Context, c Change, tip, approved, merged 
 		}
 		want, why, err := r.expected(ctx, b, t, a)
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		if why != "" {
 			conflicts = append(conflicts, path+" ("+why+")")
@@ -145,7 +149,7 @@ func (r *Repo) verifyMerge(ctx context.Context, c Change, tip, approved, merged 
 			if want.content != nil {
 				got, err := r.git(ctx, nil, nil, "cat-file", "blob", m.oid)
 				if err != nil {
-					return err
+					return nil, nil, err
 				}
 				same = bytes.Equal(got, want.content)
 			} else {
@@ -156,15 +160,9 @@ func (r *Repo) verifyMerge(ctx context.Context, c Change, tip, approved, merged 
 			wrong = append(wrong, path+" (the merge does not hold exactly the approved change)")
 		}
 	}
-	if len(conflicts) > 0 {
-		sort.Strings(conflicts)
-		return r.conflict(c, tip, conflicts, "checked against the approved base")
-	}
-	if len(wrong) > 0 {
-		sort.Strings(wrong)
-		return r.conflict(c, tip, wrong, "git's merge placed the change elsewhere than approved")
-	}
-	return nil
+	sort.Strings(conflicts)
+	sort.Strings(wrong)
+	return conflicts, wrong, nil
 }
 
 // want is what a path must be after the merge: mode (0: absent) and the
