@@ -170,6 +170,13 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("jobs: resume: %w", err)
 	}
+	// Each job's grant, read once for both passes below.
+	grants := make(map[string]GrantRequest, len(pending))
+	for _, j := range pending {
+		if g, err := s.grantOf(j); err == nil {
+			grants[j.ID] = g
+		}
+	}
 	// What the executor may already run holds its share at the gate
 	// before any waiting job is admitted: staged and running jobs, and
 	// queued ones a StartJob was sent for.
@@ -177,7 +184,7 @@ func (s *Service) Run(ctx context.Context) error {
 		if j.State == store.StateQueued && j.DispatchedAt.IsZero() {
 			continue
 		}
-		if g, err := s.cfg.Signer.Decode(j.Grant); err == nil {
+		if g, ok := grants[j.ID]; ok {
 			s.gate.hold(j.ID, j.Tenant, useOf(g.Limits))
 		}
 	}
@@ -186,7 +193,7 @@ func (s *Service) Run(ctx context.Context) error {
 		// A change stored but not yet confirmed by the executor is handed
 		// over again (the executor applies a generation once).
 		if j.State != store.StateQueued && j.NetworkState == "pending" {
-			if g, err := s.cfg.Signer.Decode(j.Grant); err == nil && g.Generation > 1 {
+			if g, ok := grants[j.ID]; ok && g.Generation > 1 {
 				s.resumeChange(j.ID, j.Grant)
 			}
 		}
@@ -271,4 +278,11 @@ func (s *Service) startDeadline(j store.Job) time.Duration {
 		return t.StartDeadline
 	}
 	return s.cfg.StartDeadline
+}
+
+// grantOf reads the grant stored with j back into the decision it
+// records. It is the one place the jobs package turns a stored grant into
+// a domain value; callers read it once per loaded record.
+func (s *Service) grantOf(j store.Job) (GrantRequest, error) {
+	return s.cfg.Signer.Decode(j.Grant)
 }

@@ -16,7 +16,7 @@ func (s *Service) IsSession(j store.Job) bool {
 	if len(j.Grant) == 0 {
 		return false
 	}
-	g, err := s.cfg.Signer.Decode(j.Grant)
+	g, err := s.grantOf(j)
 	return err == nil && g.Session != nil
 }
 
@@ -26,7 +26,7 @@ func (s *Service) PublishTarget(j store.Job) (*PublishTarget, error) {
 	if len(j.Grant) == 0 {
 		return nil, nil
 	}
-	g, err := s.cfg.Signer.Decode(j.Grant)
+	g, err := s.grantOf(j)
 	if err != nil {
 		return nil, err
 	}

@@ -58,7 +58,7 @@ func (s *Service) FetchSource(ctx context.Context, caller identity.ID, id string
 	if err != nil {
 		return err
 	}
-	g, err := s.cfg.Signer.Decode(j.Grant)
+	g, err := s.grantOf(j)
 	if err != nil {
 		return err
 	}
