@@ -37,6 +37,7 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/fakeexecutor"
 	"github.com/airlockhq/airlock/services/authority/internal/flow"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
+	"github.com/airlockhq/airlock/services/authority/internal/leases"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 	"github.com/airlockhq/airlock/services/authority/internal/source"
 	"github.com/airlockhq/airlock/services/authority/internal/store/sqlite"
@@ -257,6 +258,10 @@ func (h *harness) start() {
 	if err != nil {
 		t.Fatal(err)
 	}
+	lease, err := leases.New(leases.Config{Store: st, Tenants: h.tenants, Approvals: appr, Meter: h.opts.meter, Logger: h.logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := appr.OpenMissing(ctx, authorityID, api.PublishTarget); err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +278,7 @@ func (h *harness) start() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	api.New(api.Config{Jobs: svc, Approvals: appr, Flow: wf, Checkpoints: cps, Executor: executorv1.NewExecutorServiceClient(conn), Logger: h.logger()}).Register(srv.Registrar())
+	api.New(api.Config{Jobs: svc, Approvals: appr, Leases: lease, Flow: wf, Checkpoints: cps, Executor: executorv1.NewExecutorServiceClient(conn), Logger: h.logger()}).Register(srv.Registrar())
 	serveDone := make(chan struct{})
 	go func() { defer close(serveDone); _ = srv.Serve(runCtx) }()
 	srv.SetServing(true)
