@@ -71,7 +71,7 @@ func TestAuthorityKilledMidChangeKeepsGrantsInStep(t *testing.T) {
 		mu        sync.Mutex
 		appliedOK = map[string]bool{} // change approvals a decider saw consumed
 	)
-	cur := &authorityProc{pid: s.services["authority"].PID}
+	cur := s.proc("authority")
 	seed := time.Now().UnixNano()
 	rng := rand.New(rand.NewSource(seed))
 	t.Logf("kill delays drawn with seed %d", seed)
@@ -136,7 +136,7 @@ func TestAuthorityKilledMidChangeKeepsGrantsInStep(t *testing.T) {
 			}
 		}
 		time.Sleep(time.Duration(rng.Int63n(int64(changeCrashMaxDelay) + 1)))
-		killAuthority(t, cur)
+		killService(t, s, cur, false)
 		wg.Wait()
 		cancel()
 		for _, cc := range []*grpc.ClientConn{alice, bob, dev} {

@@ -4,15 +4,10 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -37,113 +32,18 @@ const (
 	crashMaxDelay   = 30 * time.Millisecond
 )
 
-// authorityProc is one authority process of the stack: the one `dev up`
-// started (cmd nil: reaped by pid) or one the test started (cmd set,
-// reaped by cmd.Wait, whose result goes to exited).
-type authorityProc struct {
-	pid    int
-	cmd    *exec.Cmd
-	exited chan error
-	dead   bool
-}
-
-// killAuthority SIGKILLs the running authority and reaps it, failing the
-// test unless it died of that very signal.
-func killAuthority(t *testing.T, p *authorityProc) {
+// startAuthority starts the authority again (startService) and returns
+// once it answers an RPC from alice.
+func startAuthority(t *testing.T, s *stack, alice *tlsconfig.Source) *serviceProc {
 	t.Helper()
-	if err := syscall.Kill(p.pid, syscall.SIGKILL); err != nil {
-		t.Fatalf("SIGKILL authority (pid %d): %v", p.pid, err)
-	}
-	if p.cmd == nil {
-		ws, err := reap(p.pid, stopTimeout)
-		if err != nil {
-			t.Fatalf("reap the killed authority: %v", err)
-		}
-		if !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-			t.Fatalf("authority (pid %d) ended with %v, want death by SIGKILL", p.pid, ws)
-		}
-	} else {
-		select {
-		case err := <-p.exited:
-			var ee *exec.ExitError
-			if !errors.As(err, &ee) || !ee.Sys().(syscall.WaitStatus).Signaled() || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-				t.Fatalf("authority (pid %d) ended with %v, want death by SIGKILL", p.pid, err)
-			}
-		case <-time.After(stopTimeout):
-			t.Fatalf("authority (pid %d) still there %v after SIGKILL", p.pid, stopTimeout)
-		}
-	}
-	p.dead = true
-	if st := procState(p.pid); st != "" {
-		t.Fatalf("killed authority (pid %d) still in the process table (state %s)", p.pid, st)
-	}
-}
-
-// startAuthority starts the authority again with the stack's config, its
-// log appended, in its own session, records its pid in the pid file (so
-// `dev down` would stop it) and registers its graceful stop in t.Cleanup.
-// It returns once the authority answers an RPC.
-func startAuthority(t *testing.T, s *stack, alice *tlsconfig.Source) *authorityProc {
-	t.Helper()
-	svc := s.services["authority"]
-	logf, err := os.OpenFile(svc.Log, os.O_WRONLY|os.O_APPEND, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin("authority"), "--config", svc.Config)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Start()
-	logf.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &authorityProc{pid: cmd.Process.Pid, cmd: cmd, exited: make(chan error, 1)}
-	go func() { p.exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		if p.dead {
-			return
-		}
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-p.exited:
-			if err != nil {
-				t.Errorf("cleanup: restarted authority (pid %d): %v, want a clean exit 0", p.pid, err)
-			}
-		case <-time.After(stopTimeout):
-			_ = cmd.Process.Kill()
-			<-p.exited
-			t.Errorf("cleanup: restarted authority (pid %d) still ran %v after SIGTERM; killed", p.pid, stopTimeout)
-		}
-	})
-	pidFile := filepath.Join(s.dir, "authority", "authority.pid")
-	if err := os.WriteFile(pidFile, []byte(fmt.Sprintf("%d\n", p.pid)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	svc.PID = p.pid
-	s.services["authority"] = svc
-
-	start := time.Now()
-	for {
-		select {
-		case err := <-p.exited:
-			p.dead = true
-			t.Fatalf("restarted authority exited at once (%v); log:\n%s", err, lastLines(svc.Log, 20))
-		default:
-		}
+	return startService(t, s, "authority", 5*time.Millisecond, func() error {
 		cc := crashDial(t, s, alice)
+		defer cc.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
 		_, err := authorityv1.NewAuthorityServiceClient(cc).ListApprovals(ctx, &authorityv1.ListApprovalsRequest{PageSize: 1})
-		cancel()
-		cc.Close()
-		if err == nil {
-			return p
-		}
-		if time.Since(start) > 20*time.Second {
-			t.Fatalf("restarted authority still not answering after 20s: %v\nlog:\n%s", err, lastLines(svc.Log, 20))
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // crashDial opens a new connection to the authority that retries its
@@ -277,7 +177,7 @@ func TestAuthorityKilledMidDecisionKeepsEveryInvariant(t *testing.T) {
 	t.Logf("prepared %d approvals in %v", len(approvals), time.Since(began).Round(time.Millisecond))
 
 	ledger := &crashLedger{consumeOK: map[string]int{}, votesOK: map[string]map[string]bool{}, leasesOK: map[string][]string{}}
-	cur := &authorityProc{pid: s.services["authority"].PID}
+	cur := s.proc("authority")
 	seed := time.Now().UnixNano()
 	rng := rand.New(rand.NewSource(seed))
 	t.Logf("kill delays and targets drawn with seed %d", seed)
@@ -428,7 +328,7 @@ func TestAuthorityKilledMidDecisionKeepsEveryInvariant(t *testing.T) {
 		ledger.mu.Lock()
 		ledger.killAt = time.Now()
 		ledger.mu.Unlock()
-		killAuthority(t, cur)
+		killService(t, s, cur, false)
 		kills++
 		wg.Wait()
 		ledger.mu.Lock()

@@ -10,7 +10,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -171,32 +170,13 @@ func TestExecutorKilledMidRunLeavesNothing(t *testing.T) {
 	}
 }
 
-// killExecutor SIGKILLs the executor dev up started and starts it again,
-// as an operator would, with the same config; the new process is stopped
-// in t.Cleanup.
+// killExecutor SIGKILLs the executor (alone, not its process group) and
+// starts it again, as an operator would, with the same config; the new
+// process is stopped in t.Cleanup.
 func (s *stack) killExecutor(t *testing.T) {
 	t.Helper()
-	ex := s.services["executor"]
-	if err := syscall.Kill(ex.PID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	reap(ex.PID, stopTimeout)
-	logf, err := os.OpenFile(ex.Log, os.O_WRONLY|os.O_APPEND, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin("executor"), "--config", ex.Config)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	logf.Close()
-	pidFile := filepath.Join(s.dir, "executor", "executor.pid")
-	if err := os.WriteFile(pidFile, []byte(fmt.Sprintf("%d\n", cmd.Process.Pid)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+	killService(t, s, s.proc("executor"), false)
+	startService(t, s, "executor", 0, nil)
 }
 
 // TestSessionSurvivesExecutorKill kills the executor with SIGKILL under a

@@ -7,7 +7,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math/rand"
 	"os"
@@ -17,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -66,61 +64,6 @@ const (
 
 // The publisher's steps, in order, as its log and its deployments name them.
 var publishSteps = []string{"accepted", "verified", "validated", "prepared", "consumed", "leased", "pushed", "revoked"}
-
-// serviceProc is one run of a service: the process `dev up` started (cmd
-// nil: reaped by pid) or one the test started (cmd set, reaped by
-// cmd.Wait, whose result goes to exited).
-type serviceProc struct {
-	name   string
-	pid    int
-	cmd    *exec.Cmd
-	exited chan error
-	dead   bool
-}
-
-// killService SIGKILLs p and reaps it, failing the test unless it died of
-// that very signal: a service that exited by itself meanwhile crashed.
-// With group set the signal goes to the process group p leads (its own
-// session's), so the git it runs dies with it, as when a container or a
-// service unit is killed; without, p dies alone, as when the OOM killer
-// picks it, and its children run on. Either way they are this process's
-// to reap (see reapOrphans).
-func killService(t *testing.T, s *stack, p *serviceProc, group bool) {
-	t.Helper()
-	target := p.pid
-	if group {
-		target = -p.pid
-	}
-	if err := syscall.Kill(target, syscall.SIGKILL); err != nil {
-		t.Fatalf("SIGKILL %s (pid %d, group %v): %v", p.name, p.pid, group, err)
-	}
-	var ws syscall.WaitStatus
-	if p.cmd == nil {
-		uws, err := reap(p.pid, stopTimeout)
-		if err != nil {
-			t.Fatalf("reap the killed %s: %v", p.name, err)
-		}
-		ws = syscall.WaitStatus(uws)
-	} else {
-		select {
-		case err := <-p.exited:
-			var ee *exec.ExitError
-			if !errors.As(err, &ee) {
-				t.Fatalf("%s (pid %d) ended with %v, want death by SIGKILL", p.name, p.pid, err)
-			}
-			ws = ee.Sys().(syscall.WaitStatus)
-		case <-time.After(stopTimeout):
-			t.Fatalf("%s (pid %d) still there %v after SIGKILL", p.name, p.pid, stopTimeout)
-		}
-	}
-	p.dead = true
-	if !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		t.Fatalf("%s (pid %d) ended with %v, want death by SIGKILL; log:\n%s", p.name, p.pid, ws, lastLines(s.services[p.name].Log, 20))
-	}
-	if st := procState(p.pid); st != "" {
-		t.Fatalf("killed %s (pid %d) still in the process table (state %s)", p.name, p.pid, st)
-	}
-}
 
 // reapOrphans waits for and reaps the processes left in the process
 // groups of killed services (named by their leaders' pids): children
@@ -209,74 +152,21 @@ func waitUnlocked(t *testing.T, lock string) []string {
 	}
 }
 
-// startPublisher starts the publisher again from the stack's config, its
-// log appended, in its own session, records its pid in the pid file (so
-// `dev down` would stop it) and registers its graceful stop in t.Cleanup.
-// It returns once the publisher answers an RPC from as, with the
-// processes waitUnlocked saw holding its data directory before the start.
+// startPublisher starts the publisher again (startService) and returns
+// once it answers an RPC from as, with the processes waitUnlocked saw
+// holding its data directory before the start.
 func startPublisher(t *testing.T, s *stack, as *tlsconfig.Source) (*serviceProc, []string) {
 	t.Helper()
-	svc := s.services["publisher"]
-	heldBy := waitUnlocked(t, filepath.Join(svc.DataDir, ".lock"))
-	logf, err := os.OpenFile(svc.Log, os.O_WRONLY|os.O_APPEND, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin("publisher"), "--config", svc.Config)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Start()
-	logf.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &serviceProc{name: "publisher", pid: cmd.Process.Pid, cmd: cmd, exited: make(chan error, 1)}
-	go func() { p.exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		if p.dead {
-			return
-		}
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-p.exited:
-			if err != nil {
-				t.Errorf("cleanup: restarted publisher (pid %d): %v, want a clean exit 0", p.pid, err)
-			}
-		case <-time.After(stopTimeout):
-			_ = cmd.Process.Kill()
-			<-p.exited
-			t.Errorf("cleanup: restarted publisher (pid %d) still ran %v after SIGTERM; killed", p.pid, stopTimeout)
-		}
-	})
-	pidFile := filepath.Join(s.dir, "publisher", "publisher.pid")
-	if err := os.WriteFile(pidFile, []byte(fmt.Sprintf("%d\n", p.pid)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	svc.PID = p.pid
-	s.services["publisher"] = svc
-
-	start := time.Now()
-	for {
-		select {
-		case err := <-p.exited:
-			p.dead = true
-			t.Fatalf("restarted publisher exited at once (%v); processes holding its data directory's lock: %v; log:\n%s",
-				err, lockHolders(filepath.Join(svc.DataDir, ".lock")), lastLines(svc.Log, 20))
-		default:
-		}
+	heldBy := waitUnlocked(t, filepath.Join(s.services["publisher"].DataDir, ".lock"))
+	p := startService(t, s, "publisher", 5*time.Millisecond, func() error {
 		cc := publisherDial(t, s, as)
+		defer cc.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
 		_, err := publisherv1.NewPublisherServiceClient(cc).ListDeployments(ctx, &publisherv1.ListDeploymentsRequest{PageSize: 1})
-		cancel()
-		cc.Close()
-		if err == nil {
-			return p, heldBy
-		}
-		if time.Since(start) > 20*time.Second {
-			t.Fatalf("restarted publisher still not answering after 20s: %v\nlog:\n%s", err, lastLines(svc.Log, 20))
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return err
+	})
+	return p, heldBy
 }
 
 // publisherDial opens a connection to the publisher that retries its
@@ -636,7 +526,7 @@ func publisherCrashScenario(t *testing.T, dsn string, pgdb *sql.DB) {
 	}
 	log := s.services["publisher"].Log
 	groups := map[int]bool{s.services["publisher"].PID: true}
-	killService(t, s, &serviceProc{name: "publisher", pid: s.services["publisher"].PID}, true)
+	killService(t, s, s.proc("publisher"), true)
 	scenarioStart := fileSize(t, log)
 	cur, _ := startPublisher(t, s, pipeSrc)
 	db := publisherStore(t, s, pgdb)

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -59,14 +58,15 @@ func (s *stack) restartServiceAfter(t *testing.T, name string, meanwhile func())
 	if err != nil || pid != svc.PID {
 		t.Fatalf("%s: pid file says %q, dev up said %d", pidFile, data, svc.PID)
 	}
+	p := s.proc(name)
 	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
 		t.Fatalf("SIGTERM %s (pid %d): %v", name, pid, err)
 	}
-	if exited, ok := s.exits[pid]; ok {
+	if p.cmd != nil {
 		// Started by an earlier restart: its Wait is ours already.
 		select {
-		case err := <-exited:
-			exited <- err // for its cleanup
+		case err := <-p.exited:
+			p.dead = true
 			if err != nil {
 				t.Fatalf("%s stopped for a restart: %v, want a clean exit 0", name, err)
 			}
@@ -80,61 +80,12 @@ func (s *stack) restartServiceAfter(t *testing.T, name string, meanwhile func())
 		t.Fatalf("%s (pid %d) is still there (state %s) after SIGTERM", name, pid, st)
 	}
 	meanwhile()
-
-	logf, err := os.OpenFile(svc.Log, os.O_WRONLY|os.O_APPEND, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin(name), "--config", svc.Config)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Start()
-	logf.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	if s.exits == nil {
-		s.exits = map[int]chan error{}
-	}
-	s.exits[cmd.Process.Pid] = exited
-	t.Cleanup(func() {
-		// A service that stopped on its own (say a later restart) has
-		// already delivered its status to exited.
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-exited:
-			if err != nil {
-				t.Errorf("cleanup: restarted %s (pid %d): %v, want a clean exit 0", name, cmd.Process.Pid, err)
-			}
-		case <-time.After(stopTimeout):
-			_ = cmd.Process.Kill()
-			<-exited
-			t.Errorf("cleanup: restarted %s (pid %d) still ran %v after SIGTERM; killed", name, cmd.Process.Pid, stopTimeout)
+	startService(t, s, name, 100*time.Millisecond, func() error {
+		if res := s.airlock(t, "status"); res.code != 0 {
+			return fmt.Errorf("airlock status fails:\n%s%s", res.stdout, res.stderr)
 		}
+		return nil
 	})
-	if err := os.WriteFile(pidFile, []byte(fmt.Sprintf("%d\n", cmd.Process.Pid)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	svc.PID = cmd.Process.Pid
-	s.services[name] = svc
-
-	for start := time.Now(); ; time.Sleep(100 * time.Millisecond) {
-		select {
-		case err := <-exited:
-			exited <- err // for the cleanup
-			t.Fatalf("restarted %s exited at once (%v); log:\n%s", name, err, lastLines(svc.Log, 20))
-		default:
-		}
-		res := s.airlock(t, "status")
-		if res.code == 0 {
-			return
-		}
-		if time.Since(start) > 20*time.Second {
-			t.Fatalf("restarted %s: airlock status still fails after 20s:\n%s%s\nlog:\n%s", name, res.stdout, res.stderr, lastLines(svc.Log, 20))
-		}
-	}
 }
 
 // lastLines returns the last n lines of a file, for failure messages.

@@ -89,9 +89,9 @@ type stack struct {
 	services     map[string]devService
 	git          *devService
 	repos        map[string]string
-	// exits holds, by pid, the exit of each service restartServiceAfter
-	// started (this process waits for those itself).
-	exits map[int]chan error
+	// procs holds, by pid, each service a test started (startService):
+	// this process waits for those itself.
+	procs map[int]*serviceProc
 }
 
 // startStack runs `airlock dev up` in a fresh directory and registers `dev

@@ -25,6 +25,7 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
 	"github.com/airlockhq/airlock/services/authority/internal/flow"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
+	"github.com/airlockhq/airlock/services/authority/internal/leases"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 )
 
@@ -32,8 +33,10 @@ import (
 type Config struct {
 	// Jobs is the job domain; required.
 	Jobs *jobs.Service
-	// Approvals is the approval and lease domain; required.
+	// Approvals is the approval domain; required.
 	Approvals *approvals.Service
+	// Leases is the credential lease domain; required.
+	Leases *leases.Service
 	// Flow is the workflow across jobs and approvals; required.
 	Flow *flow.Service
 	// Checkpoints serves the audit log's signed checkpoints; nil answers
@@ -417,18 +420,6 @@ func (s *Service) UpdateJobLimits(ctx context.Context, req *authorityv1.UpdateJo
 		return nil, s.fail(ctx, err)
 	}
 	return &authorityv1.UpdateJobLimitsResponse{Job: pj, ApprovalId: res.ApprovalID}, nil
-}
-
-func (s *Service) UseLease(ctx context.Context, req *authorityv1.UseLeaseRequest) (*authorityv1.UseLeaseResponse, error) {
-	id, err := caller(ctx)
-	if err != nil {
-		return nil, err
-	}
-	l, err := s.cfg.Approvals.UseLease(ctx, id, approvals.UseRequest{LeaseID: req.GetLeaseId(), JobID: req.GetJobId(), Resource: req.GetResource()})
-	if err != nil {
-		return nil, s.fail(ctx, err)
-	}
-	return &authorityv1.UseLeaseResponse{Lease: leaseToProto(l)}, nil
 }
 
 func (s *Service) ListAuditEvents(ctx context.Context, req *authorityv1.ListAuditEventsRequest) (*authorityv1.ListAuditEventsResponse, error) {

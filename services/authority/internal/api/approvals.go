@@ -2,15 +2,12 @@ package api
 
 import (
 	"context"
-	"crypto/x509"
 	"fmt"
 	"os"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -82,19 +79,6 @@ func approvalToProto(a store.Approval, state store.ApprovalState) *authorityv1.A
 
 func (s *Service) approval(a store.Approval) *authorityv1.Approval {
 	return approvalToProto(a, s.cfg.Approvals.State(a))
-}
-
-var leasePurposeToProto = map[string]authorityv1.LeasePurpose{
-	approvals.PurposeDeploy: authorityv1.LeasePurpose_LEASE_PURPOSE_DEPLOY,
-	approvals.PurposeRead:   authorityv1.LeasePurpose_LEASE_PURPOSE_READ,
-}
-
-func leaseToProto(l store.Lease) *authorityv1.Lease {
-	return &authorityv1.Lease{
-		LeaseId: l.ID, Purpose: leasePurposeToProto[l.Purpose], JobId: l.JobID, Resource: l.Resource, Holder: l.Holder,
-		IssuedAt: timestamppb.New(l.IssuedAt), ExpiresAt: timestamppb.New(l.ExpiresAt),
-		RevokedAt: optTime(l.RevokedAt),
-	}
 }
 
 func (s *Service) ListApprovals(ctx context.Context, req *authorityv1.ListApprovalsRequest) (*authorityv1.ListApprovalsResponse, error) {
@@ -267,78 +251,6 @@ func (s *Service) GetPublishSpec(ctx context.Context, req *authorityv1.GetPublis
 			s.cfg.Logger.ErrorContext(ctx, "read repository CA", "repository", spec.Repository.Name, "error", err)
 			return nil, status.Errorf(codes.Unavailable, "the CA of repository %q cannot be read", spec.Repository.Name)
 		}
-	}
-	return out, nil
-}
-
-// peerLeaf returns the caller's verified client certificate.
-func peerLeaf(ctx context.Context) (*x509.Certificate, error) {
-	p, ok := peer.FromContext(ctx)
-	if !ok {
-		return nil, status.Error(codes.Unauthenticated, "no peer")
-	}
-	info, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok || len(info.State.PeerCertificates) == 0 {
-		return nil, status.Error(codes.Unauthenticated, "no client certificate")
-	}
-	return info.State.PeerCertificates[0], nil
-}
-
-func (s *Service) LeaseCredential(ctx context.Context, req *authorityv1.LeaseCredentialRequest) (*authorityv1.LeaseCredentialResponse, error) {
-	id, err := caller(ctx)
-	if err != nil {
-		return nil, err
-	}
-	cert, err := peerLeaf(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var purpose string
-	for p, v := range leasePurposeToProto {
-		if req.GetPurpose() == v {
-			purpose = p
-		}
-	}
-	lr := approvals.LeaseRequest{Purpose: purpose, JobID: req.GetJobId(), Resource: req.GetResource()}
-	if d := req.GetTtl(); d != nil {
-		if err := d.CheckValid(); err != nil {
-			return nil, status.Errorf(codes.InvalidArgument, "ttl: %v", err)
-		}
-		lr.TTL = d.AsDuration()
-	}
-	l, box, err := s.cfg.Approvals.Lease(ctx, id, cert, lr)
-	if err != nil {
-		return nil, s.fail(ctx, err)
-	}
-	return &authorityv1.LeaseCredentialResponse{Lease: leaseToProto(l), SealedCredential: box}, nil
-}
-
-func (s *Service) RevokeCredential(ctx context.Context, req *authorityv1.RevokeCredentialRequest) (*authorityv1.RevokeCredentialResponse, error) {
-	id, err := caller(ctx)
-	if err != nil {
-		return nil, err
-	}
-	l, err := s.cfg.Approvals.Revoke(ctx, id, req.GetLeaseId(), req.GetReason())
-	if err != nil {
-		return nil, s.fail(ctx, err)
-	}
-	return &authorityv1.RevokeCredentialResponse{Lease: leaseToProto(l)}, nil
-}
-
-func (s *Service) ListLeases(ctx context.Context, req *authorityv1.ListLeasesRequest) (*authorityv1.ListLeasesResponse, error) {
-	id, err := caller(ctx)
-	if err != nil {
-		return nil, err
-	}
-	list, next, err := s.cfg.Approvals.ListLeases(ctx, id, approvals.LeaseQuery{
-		JobID: req.GetJobId(), IncludeInactive: req.GetIncludeInactive(), PageSize: int(req.GetPageSize()), PageToken: req.GetPageToken(),
-	})
-	if err != nil {
-		return nil, s.fail(ctx, err)
-	}
-	out := &authorityv1.ListLeasesResponse{NextPageToken: next}
-	for _, l := range list {
-		out.Leases = append(out.Leases, leaseToProto(l))
 	}
 	return out, nil
 }

@@ -15,7 +15,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/seal"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
-	"github.com/airlockhq/airlock/services/authority/internal/approvals"
+	"github.com/airlockhq/airlock/services/authority/internal/leases"
 )
 
 // finishedWithTarget submits a job with a publish target, lets it run and
@@ -135,7 +135,7 @@ func TestApprovalToLeaseStory(t *testing.T) {
 	}
 	l := lr.GetLease()
 	if l.GetHolder() != publisherID.String() || l.GetResource() != "demo" || l.GetJobId() != j.GetJobId() ||
-		l.GetExpiresAt().AsTime().Sub(l.GetIssuedAt().AsTime()) > approvals.MaxLeaseTTL {
+		l.GetExpiresAt().AsTime().Sub(l.GetIssuedAt().AsTime()) > leases.MaxTTL {
 		t.Errorf("lease = %v", l)
 	}
 	if strings.Contains(string(lr.GetSealedCredential()), deploySecret) {
@@ -152,7 +152,7 @@ func TestApprovalToLeaseStory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	secret, err := seal.Open(cert, key.(*ecdsa.PrivateKey), approvals.LeaseContext(l.GetLeaseId(), j.GetJobId(), "demo"), lr.GetSealedCredential())
+	secret, err := seal.Open(cert, key.(*ecdsa.PrivateKey), leases.SealContext(l.GetLeaseId(), j.GetJobId(), "demo"), lr.GetSealedCredential())
 	if err != nil || string(secret) != deploySecret {
 		t.Fatalf("publisher opens its credential: %q, %v", secret, err)
 	}

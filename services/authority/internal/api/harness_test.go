@@ -36,6 +36,7 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/fakeexecutor"
 	"github.com/airlockhq/airlock/services/authority/internal/flow"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
+	"github.com/airlockhq/airlock/services/authority/internal/leases"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 	"github.com/airlockhq/airlock/services/authority/internal/source"
 	"github.com/airlockhq/airlock/services/authority/internal/store/sqlite"
@@ -256,6 +257,10 @@ func (h *harness) start() {
 	if err != nil {
 		t.Fatal(err)
 	}
+	lease, err := leases.New(leases.Config{Store: st, Tenants: h.tenants, Approvals: appr, Meter: h.opts.meter, Logger: h.logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	wf, err := flow.New(flow.Config{Jobs: svc, Approvals: appr})
 	if err != nil {
 		t.Fatal(err)
@@ -272,7 +277,7 @@ func (h *harness) start() {
 	}
 	cpDone := make(chan struct{})
 	go func() { defer close(cpDone); _ = cps.Run(runCtx) }()
-	api.New(api.Config{Jobs: svc, Approvals: appr, Flow: wf, Checkpoints: cps, Logger: h.logger()}).Register(srv.Registrar())
+	api.New(api.Config{Jobs: svc, Approvals: appr, Leases: lease, Flow: wf, Checkpoints: cps, Logger: h.logger()}).Register(srv.Registrar())
 	serveDone := make(chan struct{})
 	go func() { defer close(serveDone); _ = srv.Serve(runCtx) }()
 	srv.SetServing(true)

@@ -23,7 +23,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/seal"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
-	"github.com/airlockhq/airlock/services/authority/internal/approvals"
+	"github.com/airlockhq/airlock/services/authority/internal/leases"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 	"github.com/airlockhq/airlock/services/authority/internal/store/sqlite"
@@ -388,18 +388,18 @@ func TestReadLease(t *testing.T) {
 		l.GetResource() != "mirrored" || l.GetRevokedAt() != nil {
 		t.Errorf("lease = %v", l)
 	}
-	if d := l.GetExpiresAt().AsTime().Sub(l.GetIssuedAt().AsTime()); d <= 0 || d > approvals.MaxLeaseTTL {
-		t.Errorf("an hour's TTL gave a lease of %v, want at most %v", d, approvals.MaxLeaseTTL)
+	if d := l.GetExpiresAt().AsTime().Sub(l.GetIssuedAt().AsTime()); d <= 0 || d > leases.MaxTTL {
+		t.Errorf("an hour's TTL gave a lease of %v, want at most %v", d, leases.MaxTTL)
 	}
 	if bytes.Contains(lr.GetSealedCredential(), []byte(secret)) {
 		t.Fatal("the source credential travels in the clear")
 	}
 	cert, key := h.publisherKey()
-	got, err := seal.Open(cert, key, approvals.LeaseContext(l.GetLeaseId(), j.GetJobId(), "mirrored"), lr.GetSealedCredential())
+	got, err := seal.Open(cert, key, leases.SealContext(l.GetLeaseId(), j.GetJobId(), "mirrored"), lr.GetSealedCredential())
 	if err != nil || string(got) != secret {
 		t.Fatalf("the publisher opens its read credential: %q, %v; want the repository's source credential", got, err)
 	}
-	if _, err := seal.Open(cert, key, approvals.LeaseContext(l.GetLeaseId(), j.GetJobId(), "demo"), lr.GetSealedCredential()); err == nil {
+	if _, err := seal.Open(cert, key, leases.SealContext(l.GetLeaseId(), j.GetJobId(), "demo"), lr.GetSealedCredential()); err == nil {
 		t.Error("the sealed credential opened under another resource's context")
 	}
 	// Approved is not consumed: still no deploy lease.
@@ -498,7 +498,7 @@ func TestPublisherListsOnlyItsLeases(t *testing.T) {
 	}
 	foreign := "spiffe://other.test/service/publisher"
 	now := time.Now()
-	theirs, err := st.CreateLeaseAudited(ctx, store.Lease{ID: "foreign-lease", Purpose: approvals.PurposeDeploy, JobID: j.GetJobId(), Resource: "mirrored",
+	theirs, err := st.CreateLeaseAudited(ctx, store.Lease{ID: "foreign-lease", Purpose: leases.PurposeDeploy, JobID: j.GetJobId(), Resource: "mirrored",
 		Holder: foreign, IssuedAt: now, ExpiresAt: now.Add(10 * time.Minute)},
 		audit.Event{Time: now, Kind: audit.KindLeaseIssued, Caller: foreign, Subject: "foreign-lease", Tenant: "dev", Outcome: "allowed"})
 	if err != nil {

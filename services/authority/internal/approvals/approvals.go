@@ -1,10 +1,10 @@
-// Package approvals owns the authority's approval requests and credential
-// leases: opening a request when a job with a publish target finishes,
-// who may see and decide it, the single-use consumption by the publisher,
-// and the short deploy-credential leases that follow, sealed to the
-// caller's certificate. Every decision and every refusal goes to the audit
-// log. It imports no gRPC; the authority's api and composition root import
-// it.
+// Package approvals owns the authority's approval requests: opening a
+// request when a job with a publish target finishes, who may see and
+// decide it, and the single-use consumption by the publisher. The
+// credential leases that follow a consumption are package leases, which
+// records its refusals and asks who approves a tenant here. Every decision
+// and every refusal goes to the audit log. It imports no gRPC; the
+// authority's api, leases and composition root import it.
 package approvals
 
 import (
@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -25,30 +24,17 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 )
 
-// Lease durations: what a request without a TTL gets, and the most any
-// lease gets, counted also from the consumption of the job's approval.
-const (
-	DefaultLeaseTTL = 5 * time.Minute
-	MaxLeaseTTL     = 15 * time.Minute
-)
-
 // Bounds on what callers send: a vote's comment or a revocation's reason
-// is stored, shown to every approver and audited.
+// is stored, shown to every approver and audited; an id is at most
+// MaxIDBytes.
 const (
 	MaxCommentBytes = 4096
-	maxIDBytes      = 128
-)
-
-// Lease purposes: PurposeDeploy pushes one reviewed commit; PurposeRead
-// fetches the target branch to prepare it, before the approval is spent.
-const (
-	PurposeDeploy = "deploy"
-	PurposeRead   = "read"
+	MaxIDBytes      = 128
 )
 
 // Audit outcomes as the log stores them.
 const (
-	outcomeAllowed = "allowed"
+	OutcomeAllowed = "allowed"
 	outcomeDenied  = "denied"
 )
 
@@ -62,8 +48,6 @@ type Config struct {
 	Logger    *slog.Logger
 	// Now is the clock; default time.Now.
 	Now func() time.Time
-	// ReadFile reads a deploy credential file; default os.ReadFile.
-	ReadFile func(string) ([]byte, error)
 	// Refusals throttles repeated refusals on the log; default a
 	// throttle of its own (audit.NewRefusalThrottle). Whoever owns it runs
 	// its Flush.
@@ -73,7 +57,7 @@ type Config struct {
 	Meter metric.MeterProvider
 }
 
-// Service is the approval and lease logic; safe for concurrent use.
+// Service is the approval logic; safe for concurrent use.
 type Service struct {
 	cfg Config
 	// refusals keeps one caller's repeated refusal from filling the log.
@@ -95,9 +79,6 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	if cfg.ReadFile == nil {
-		cfg.ReadFile = os.ReadFile
-	}
 	if cfg.Refusals == nil {
 		cfg.Refusals = audit.NewRefusalThrottle()
 	}
@@ -109,6 +90,10 @@ func New(cfg Config) (*Service, error) {
 }
 
 func (s *Service) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }
+
+// Now is the time on the service's clock as the store keeps it (UTC, to
+// the microsecond); package leases reads the same clock.
+func (s *Service) Now() time.Time { return s.now() }
 
 // newID returns a random id (pkg/ids).
 func newID() string { return ids.New() }
@@ -137,9 +122,11 @@ func refusable(err error) bool {
 	return false
 }
 
-// refused records a refused decision and returns err. If the log cannot be
-// written the refusal still stands; the failure is logged.
-func (s *Service) refused(ctx context.Context, e audit.Event, err error) error {
+// Refused records a refused decision and returns err; an err that is not
+// a refusal (an internal failure) is returned unrecorded. Repeats go
+// through the throttle that approvals and leases share. If the log cannot
+// be written the refusal still stands; the failure is logged.
+func (s *Service) Refused(ctx context.Context, e audit.Event, err error) error {
 	if !refusable(err) {
 		return err
 	}
@@ -173,7 +160,8 @@ func orDefault(d, def time.Duration) time.Duration {
 	return d
 }
 
-func pageSize(n int) (int, error) {
+// PageSize is a caller's page size checked: 0 is 50, at most 500.
+func PageSize(n int) (int, error) {
 	switch {
 	case n == 0:
 		return 50, nil
@@ -183,13 +171,15 @@ func pageSize(n int) (int, error) {
 	return n, nil
 }
 
-// approverOf reports whether approver caller may see and decide tenant's
-// requests: the tenant lists it (or lists no approvers at all).
-func (s *Service) approverOf(caller identity.ID, tenant string) bool {
+// ApproverOf reports whether approver caller may see and decide tenant's
+// requests (and its leases): the tenant lists it (or lists no approvers at
+// all).
+func (s *Service) ApproverOf(caller identity.ID, tenant string) bool {
 	t := s.cfg.Tenants[tenant]
 	return t != nil && caller.Kind == identity.KindApprover && t.Approvals.AllowsApprover(caller.Principal())
 }
 
-func isPublisher(id identity.ID) bool {
+// IsPublisher reports whether id is the publisher service.
+func IsPublisher(id identity.ID) bool {
 	return id.Kind == identity.KindService && id.Name == identity.ServicePublisher
 }

@@ -1,6 +1,7 @@
 package approvals_test
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"errors"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/pki"
 	"github.com/airlockhq/airlock/pkg/seal"
 	"github.com/airlockhq/airlock/services/authority/internal/approvals"
+	"github.com/airlockhq/airlock/services/authority/internal/leases"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 	"github.com/airlockhq/airlock/services/authority/internal/store/sqlite"
@@ -35,10 +37,11 @@ var (
 const digest = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
 
 type fixture struct {
-	svc   *approvals.Service
-	st    store.Store
-	clock *clock
-	ca    *pki.CA
+	svc    *approvals.Service
+	leases *leases.Service
+	st     store.Store
+	clock  *clock
+	ca     *pki.CA
 }
 
 type clock struct {
@@ -68,7 +71,11 @@ func setup(t *testing.T, required int, approvers ...string) *fixture {
 		"other": {Name: "other", Clients: []string{"client/other"}},
 	}
 	c := &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
-	svc, err := approvals.New(approvals.Config{Store: st, Tenants: tenants, Now: c.now,
+	svc, err := approvals.New(approvals.Config{Store: st, Tenants: tenants, Now: c.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := leases.New(leases.Config{Store: st, Tenants: tenants, Approvals: svc,
 		ReadFile: func(p string) ([]byte, error) { return []byte("token-for:" + p), nil }})
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +84,7 @@ func setup(t *testing.T, required int, approvers ...string) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fixture{svc: svc, st: st, clock: c, ca: ca}
+	return &fixture{svc: svc, leases: ls, st: st, clock: c, ca: ca}
 }
 
 // finished records a finished job of client/dev and opens its approval.
@@ -97,6 +104,16 @@ func (f *fixture) finished(t *testing.T, id string) store.Approval {
 		t.Fatalf("Open again = %s %v %v; want the same approval, not created", again.ID, created, err)
 	}
 	return a
+}
+
+// sweep runs both sweeps as the authority's SweepEvery does: approvals,
+// then leases.
+func (f *fixture) sweep(ctx context.Context, caller identity.ID) (approvalsExpired, leasesExpired int, err error) {
+	if approvalsExpired, err = f.svc.Sweep(ctx, caller); err != nil {
+		return approvalsExpired, 0, err
+	}
+	leasesExpired, err = f.leases.Sweep(ctx, caller)
+	return approvalsExpired, leasesExpired, err
 }
 
 func approve(id string) approvals.DecideRequest {
@@ -306,84 +323,84 @@ func TestLeaseAndRevoke(t *testing.T) {
 	pub, pubKey := f.holder(t, publisher)
 	exe, _ := f.holder(t, executor)
 	a := f.approved(t, "j1")
-	req := approvals.LeaseRequest{Purpose: approvals.PurposeDeploy, JobID: "j1", Resource: "demo"}
+	req := leases.Request{Purpose: leases.PurposeDeploy, JobID: "j1", Resource: "demo"}
 
-	_, _, err := f.svc.Lease(ctx, publisher, pub.Cert, req)
+	_, _, err := f.leases.Lease(ctx, publisher, pub.Cert, req)
 	wantErr(t, "before consume", err, errdefs.ErrFailedPrecondition, "not consumed")
 	if _, err := f.svc.Consume(ctx, publisher, consumeReq(a)); err != nil {
 		t.Fatal(err)
 	}
-	_, _, err = f.svc.Lease(ctx, executor, exe.Cert, req)
+	_, _, err = f.leases.Lease(ctx, executor, exe.Cert, req)
 	wantErr(t, "executor", err, errdefs.ErrPermissionDenied, "only the publisher")
-	_, _, err = f.svc.Lease(ctx, publisher, exe.Cert, req)
+	_, _, err = f.leases.Lease(ctx, publisher, exe.Cert, req)
 	wantErr(t, "someone else's certificate", err, errdefs.ErrPermissionDenied, "certificate")
 	other := req
 	other.Resource = "site"
-	_, _, err = f.svc.Lease(ctx, publisher, pub.Cert, other)
+	_, _, err = f.leases.Lease(ctx, publisher, pub.Cert, other)
 	wantErr(t, "another repository", err, errdefs.ErrPermissionDenied, "resource:")
 	other = req
 	other.JobID = "nope"
-	_, _, err = f.svc.Lease(ctx, publisher, pub.Cert, other)
+	_, _, err = f.leases.Lease(ctx, publisher, pub.Cert, other)
 	wantErr(t, "another job", err, errdefs.ErrFailedPrecondition, "no approval")
 	other = req
 	other.Purpose = "fetch"
-	_, _, err = f.svc.Lease(ctx, publisher, pub.Cert, other)
+	_, _, err = f.leases.Lease(ctx, publisher, pub.Cert, other)
 	wantErr(t, "purpose", err, errdefs.ErrInvalidArgument, "purpose")
 
 	long := req
 	long.TTL = time.Hour
-	l, box, err := f.svc.Lease(ctx, publisher, pub.Cert, long)
+	l, box, err := f.leases.Lease(ctx, publisher, pub.Cert, long)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := l.ExpiresAt.Sub(l.IssuedAt); got != approvals.MaxLeaseTTL {
-		t.Errorf("an hour's TTL gave %v, want the cap %v", got, approvals.MaxLeaseTTL)
+	if got := l.ExpiresAt.Sub(l.IssuedAt); got != leases.MaxTTL {
+		t.Errorf("an hour's TTL gave %v, want the cap %v", got, leases.MaxTTL)
 	}
-	secret, err := seal.Open(pub.Cert, pubKey, approvals.LeaseContext(l.ID, "j1", "demo"), box)
+	secret, err := seal.Open(pub.Cert, pubKey, leases.SealContext(l.ID, "j1", "demo"), box)
 	if err != nil || string(secret) != "token-for:/secret/demo" {
 		t.Fatalf("open the sealed credential: %q, %v", secret, err)
 	}
-	if _, err := seal.Open(pub.Cert, pubKey, approvals.LeaseContext(l.ID, "j2", "demo"), box); err == nil {
+	if _, err := seal.Open(pub.Cert, pubKey, leases.SealContext(l.ID, "j2", "demo"), box); err == nil {
 		t.Error("the box opened under another job's context")
 	}
 
-	// Default TTL, and never past MaxLeaseTTL after the consumption.
+	// Default TTL, and never past leases.MaxTTL after the consumption.
 	f.clock.add(12 * time.Minute)
-	l2, _, err := f.svc.Lease(ctx, publisher, pub.Cert, req)
+	l2, _, err := f.leases.Lease(ctx, publisher, pub.Cert, req)
 	if err != nil || l2.ExpiresAt.Sub(l2.IssuedAt) != 3*time.Minute {
 		t.Fatalf("late lease: %+v, %v; want it cut to 3m", l2, err)
 	}
 	f.clock.add(4 * time.Minute)
-	_, _, err = f.svc.Lease(ctx, publisher, pub.Cert, req)
+	_, _, err = f.leases.Lease(ctx, publisher, pub.Cert, req)
 	wantErr(t, "long after consume", err, errdefs.ErrFailedPrecondition, "consumed more than")
 	f.clock.add(-16 * time.Minute)
 
 	// One active lease per consumed approval: the second replaced the first.
-	active, _, err := f.svc.ListLeases(ctx, alice, approvals.LeaseQuery{})
+	active, _, err := f.leases.List(ctx, alice, leases.Query{})
 	if err != nil || len(active) != 1 || active[0].ID != l2.ID {
 		t.Fatalf("active leases = %v, %v; want only the latest", active, err)
 	}
 	if first, err := f.st.GetLease(ctx, l.ID); err != nil || first.RevokeReason != "replaced by lease "+l2.ID {
 		t.Fatalf("the first lease after the second: %+v, %v", first, err)
 	}
-	if mine, _, err := f.svc.ListLeases(ctx, publisher, approvals.LeaseQuery{}); err != nil || len(mine) != 1 || mine[0].ID != l2.ID {
+	if mine, _, err := f.leases.List(ctx, publisher, leases.Query{}); err != nil || len(mine) != 1 || mine[0].ID != l2.ID {
 		t.Fatalf("the publisher's active leases = %v, %v; want only the latest", mine, err)
 	}
-	_, _, err = f.svc.ListLeases(ctx, devClient, approvals.LeaseQuery{})
+	_, _, err = f.leases.List(ctx, devClient, leases.Query{})
 	wantErr(t, "client lists", err, errdefs.ErrPermissionDenied, "may not list leases")
 
-	_, err = f.svc.Revoke(ctx, devClient, l2.ID, "x")
+	_, err = f.leases.Revoke(ctx, devClient, l2.ID, "x")
 	wantErr(t, "client revokes", err, errdefs.ErrPermissionDenied, "may not revoke")
-	r, err := f.svc.Revoke(ctx, publisher, l2.ID, "pushed")
+	r, err := f.leases.Revoke(ctx, publisher, l2.ID, "pushed")
 	if err != nil || r.RevokedAt.IsZero() || r.RevokeReason != "pushed" {
 		t.Fatalf("revoke = %+v, %v", r, err)
 	}
-	_, err = f.svc.Revoke(ctx, alice, l2.ID, "again")
+	_, err = f.leases.Revoke(ctx, alice, l2.ID, "again")
 	wantErr(t, "revoke twice", err, errdefs.ErrFailedPrecondition, "already revoked")
-	_, err = f.svc.Revoke(ctx, alice, l.ID, "the replaced one")
+	_, err = f.leases.Revoke(ctx, alice, l.ID, "the replaced one")
 	wantErr(t, "revoke the replaced lease", err, errdefs.ErrFailedPrecondition, "already revoked")
-	active, _, _ = f.svc.ListLeases(ctx, alice, approvals.LeaseQuery{})
-	all, _, _ := f.svc.ListLeases(ctx, alice, approvals.LeaseQuery{IncludeInactive: true, JobID: "j1"})
+	active, _, _ = f.leases.List(ctx, alice, leases.Query{})
+	all, _, _ := f.leases.List(ctx, alice, leases.Query{IncludeInactive: true, JobID: "j1"})
 	if len(active) != 0 || len(all) != 2 {
 		t.Fatalf("after revoking: %d active, %d in all; want 0 and 2", len(active), len(all))
 	}
@@ -509,32 +526,32 @@ func TestUseLeaseRefusesExpiredAndRevoked(t *testing.T) {
 	if _, err := f.svc.Consume(ctx, publisher, consumeReq(a)); err != nil {
 		t.Fatal(err)
 	}
-	l, _, err := f.svc.Lease(ctx, publisher, pub.Cert, approvals.LeaseRequest{Purpose: approvals.PurposeDeploy, JobID: "j1", Resource: "demo", TTL: 2 * time.Minute})
+	l, _, err := f.leases.Lease(ctx, publisher, pub.Cert, leases.Request{Purpose: leases.PurposeDeploy, JobID: "j1", Resource: "demo", TTL: 2 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	use := approvals.UseRequest{LeaseID: l.ID, JobID: "j1", Resource: "demo"}
-	if _, err := f.svc.UseLease(ctx, publisher, use); err != nil {
+	use := leases.UseRequest{LeaseID: l.ID, JobID: "j1", Resource: "demo"}
+	if _, err := f.leases.Use(ctx, publisher, use); err != nil {
 		t.Fatalf("use of an active lease: %v", err)
 	}
-	_, err = f.svc.UseLease(ctx, alice, use)
+	_, err = f.leases.Use(ctx, alice, use)
 	wantErr(t, "someone else presents it", err, errdefs.ErrPermissionDenied, "held by")
-	_, err = f.svc.UseLease(ctx, publisher, approvals.UseRequest{LeaseID: "nope", JobID: "j1", Resource: "demo"})
+	_, err = f.leases.Use(ctx, publisher, leases.UseRequest{LeaseID: "nope", JobID: "j1", Resource: "demo"})
 	wantErr(t, "unknown lease", err, errdefs.ErrNotFound, "nope")
-	_, err = f.svc.UseLease(ctx, publisher, approvals.UseRequest{LeaseID: l.ID, JobID: "j1"})
+	_, err = f.leases.Use(ctx, publisher, leases.UseRequest{LeaseID: l.ID, JobID: "j1"})
 	wantErr(t, "no resource", err, errdefs.ErrInvalidArgument, "resource")
 
 	f.clock.add(2 * time.Minute)
-	_, err = f.svc.UseLease(ctx, publisher, use)
+	_, err = f.leases.Use(ctx, publisher, use)
 	wantErr(t, "expired", err, errdefs.ErrFailedPrecondition, "expired")
 	f.clock.add(-time.Minute)
-	if _, err := f.svc.UseLease(ctx, publisher, use); err != nil {
+	if _, err := f.leases.Use(ctx, publisher, use); err != nil {
 		t.Fatalf("use a minute before expiry: %v", err)
 	}
-	if _, err := f.svc.Revoke(ctx, alice, l.ID, "incident"); err != nil {
+	if _, err := f.leases.Revoke(ctx, alice, l.ID, "incident"); err != nil {
 		t.Fatal(err)
 	}
-	_, err = f.svc.UseLease(ctx, publisher, use)
+	_, err = f.leases.Use(ctx, publisher, use)
 	wantErr(t, "revoked", err, errdefs.ErrFailedPrecondition, "revoked")
 
 	evs, err := f.st.ListAudit(ctx, store.AuditFilter{Kind: "lease.used", Limit: 100})
@@ -567,18 +584,18 @@ func TestSweepExpires(t *testing.T) {
 	if _, err := f.svc.Consume(ctx, publisher, consumeReq(a)); err != nil {
 		t.Fatal(err)
 	}
-	l, _, err := f.svc.Lease(ctx, publisher, pub.Cert, approvals.LeaseRequest{Purpose: approvals.PurposeDeploy, JobID: "j1", Resource: "demo"})
+	l, _, err := f.leases.Lease(ctx, publisher, pub.Cert, leases.Request{Purpose: leases.PurposeDeploy, JobID: "j1", Resource: "demo"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, m, err := f.svc.Sweep(ctx, authority); err != nil || n != 0 || m != 0 {
+	if n, m, err := f.sweep(ctx, authority); err != nil || n != 0 || m != 0 {
 		t.Fatalf("sweep before anything expired = %d, %d, %v", n, m, err)
 	}
 	f.clock.add(2 * time.Hour)
-	if n, m, err := f.svc.Sweep(ctx, authority); err != nil || n != 1 || m != 1 {
+	if n, m, err := f.sweep(ctx, authority); err != nil || n != 1 || m != 1 {
 		t.Fatalf("sweep after expiry = %d approvals, %d leases, %v; want 1 and 1", n, m, err)
 	}
-	if n, m, err := f.svc.Sweep(ctx, authority); err != nil || n+m != 0 {
+	if n, m, err := f.sweep(ctx, authority); err != nil || n+m != 0 {
 		t.Fatalf("second sweep = %d, %d, %v", n, m, err)
 	}
 	got, err := f.st.GetApproval(ctx, pending.ID)
@@ -591,6 +608,6 @@ func TestSweepExpires(t *testing.T) {
 	if err != nil || gl.RevokeReason != store.ExpiredReason || !gl.RevokedAt.Equal(gl.ExpiresAt) {
 		t.Fatalf("lease after the sweep = %+v, %v", gl, err)
 	}
-	_, err = f.svc.UseLease(ctx, publisher, approvals.UseRequest{LeaseID: l.ID, JobID: "j1", Resource: "demo"})
+	_, err = f.leases.Use(ctx, publisher, leases.UseRequest{LeaseID: l.ID, JobID: "j1", Resource: "demo"})
 	wantErr(t, "using an expired lease", err, errdefs.ErrFailedPrecondition, "expired")
 }

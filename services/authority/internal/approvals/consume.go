@@ -25,11 +25,11 @@ func (s *Service) Consume(ctx context.Context, caller identity.ID, req ConsumeRe
 	ev := audit.Event{Kind: audit.KindApprovalConsumed, Caller: caller.String(), Subject: req.ID, JobID: req.JobID}
 	a, err := s.checkConsume(ctx, caller, req, &ev)
 	if err != nil {
-		return store.Approval{}, s.refused(ctx, ev, err)
+		return store.Approval{}, s.Refused(ctx, ev, err)
 	}
 	now := s.now()
 	e := ev
-	e.Time, e.Outcome = now, outcomeAllowed
+	e.Time, e.Outcome = now, OutcomeAllowed
 	e.Reason = fmt.Sprintf("bundle %s to %s:%s", a.BundleDigest, a.TargetRepo, a.TargetBranch)
 	out, err := s.cfg.Store.ConsumeApprovalAudited(ctx, store.ConsumeRequest{
 		ID: req.ID, JobID: req.JobID, BundleDigest: req.BundleDigest, TargetRepo: req.Target.Repo, TargetBranch: req.Target.Branch,
@@ -39,13 +39,13 @@ func (s *Service) Consume(ctx context.Context, caller identity.ID, req ConsumeRe
 		if errors.Is(err, errdefs.ErrFailedPrecondition) {
 			err = precondition("approval %q was consumed, or changed, concurrently", req.ID)
 		}
-		return store.Approval{}, s.refused(ctx, ev, err)
+		return store.Approval{}, s.Refused(ctx, ev, err)
 	}
 	return out, nil
 }
 
 func (s *Service) checkConsume(ctx context.Context, caller identity.ID, req ConsumeRequest, ev *audit.Event) (store.Approval, error) {
-	if !isPublisher(caller) {
+	if !IsPublisher(caller) {
 		return store.Approval{}, denied("only the publisher consumes approvals")
 	}
 	switch {
@@ -102,14 +102,14 @@ type PublishSpec struct {
 // PublishSpec returns the publish spec of approval id. Only the publisher
 // asks; a change request has none.
 func (s *Service) PublishSpec(ctx context.Context, caller identity.ID, id string) (PublishSpec, error) {
-	if !isPublisher(caller) {
+	if !IsPublisher(caller) {
 		return PublishSpec{}, denied("only the publisher reads publish specs")
 	}
 	switch {
 	case id == "":
 		return PublishSpec{}, invalid("approval_id", "required")
-	case len(id) > maxIDBytes:
-		return PublishSpec{}, invalid("approval_id", "at most %d bytes", maxIDBytes)
+	case len(id) > MaxIDBytes:
+		return PublishSpec{}, invalid("approval_id", "at most %d bytes", MaxIDBytes)
 	}
 	a, err := s.cfg.Store.GetApproval(ctx, id)
 	if errors.Is(err, errdefs.ErrNotFound) {

@@ -30,7 +30,7 @@ type DecideRequest struct {
 func (s *Service) Decide(ctx context.Context, caller identity.ID, req DecideRequest) (store.Approval, error) {
 	ev := audit.Event{Kind: audit.KindApprovalDecided, Caller: caller.String(), Subject: req.ID}
 	if err := s.checkDecide(caller, req); err != nil {
-		return store.Approval{}, s.refused(ctx, ev, err)
+		return store.Approval{}, s.Refused(ctx, ev, err)
 	}
 	now := s.now()
 	a, err := s.cfg.Store.DecideApprovalAudited(ctx, req.ID, func(a *store.Approval) (store.Vote, audit.Event, error) {
@@ -53,7 +53,7 @@ func (s *Service) Decide(ctx context.Context, caller identity.ID, req DecideRequ
 			}
 		}
 		e := ev
-		e.Time, e.Outcome = now, outcomeAllowed
+		e.Time, e.Outcome = now, OutcomeAllowed
 		e.Reason = fmt.Sprintf("%s (%d of %d approvals), now %s", req.Decision, approvals+boolInt(req.Decision == store.DecisionApprove), a.Required, a.State)
 		if req.Comment != "" {
 			e.Reason += ": " + req.Comment
@@ -64,7 +64,7 @@ func (s *Service) Decide(ctx context.Context, caller identity.ID, req DecideRequ
 		if errors.Is(err, errdefs.ErrNotFound) {
 			err = fmt.Errorf("%w: approval %q", errdefs.ErrNotFound, req.ID)
 		}
-		return store.Approval{}, s.refused(ctx, ev, err)
+		return store.Approval{}, s.Refused(ctx, ev, err)
 	}
 	s.metrics.voted(a, req.Decision)
 	return a, nil
@@ -93,8 +93,8 @@ func (s *Service) checkDecide(caller identity.ID, req DecideRequest) error {
 		return invalid("comment", "required when denying")
 	case len(req.Comment) > MaxCommentBytes:
 		return invalid("comment", "at most %d bytes", MaxCommentBytes)
-	case len(req.ID) > maxIDBytes:
-		return invalid("approval_id", "at most %d bytes", maxIDBytes)
+	case len(req.ID) > MaxIDBytes:
+		return invalid("approval_id", "at most %d bytes", MaxIDBytes)
 	}
 	return nil
 }
@@ -104,7 +104,7 @@ func (s *Service) checkDecide(caller identity.ID, req DecideRequest) error {
 func (s *Service) mayDecide(caller identity.ID, a store.Approval, req DecideRequest, now time.Time) error {
 	// First, and as Get answers: an approver of other tenants learns
 	// nothing of this request, not even that it exists.
-	if !s.approverOf(caller, a.Tenant) {
+	if !s.ApproverOf(caller, a.Tenant) {
 		return fmt.Errorf("%w: approval %q", errdefs.ErrNotFound, a.ID)
 	}
 	if r, err := identity.Parse(a.Requester); err != nil || r.Name == caller.Name {

@@ -48,8 +48,8 @@ func (s *Service) DownloadBundle(ctx context.Context, caller identity.ID, jobID 
 	if jobID == "" {
 		return "", invalid("job_id", "required")
 	}
-	if len(jobID) > maxIDBytes {
-		return "", invalid("job_id", "at most %d bytes", maxIDBytes)
+	if len(jobID) > MaxIDBytes {
+		return "", invalid("job_id", "at most %d bytes", MaxIDBytes)
 	}
 	j, err := s.cfg.Store.GetJob(ctx, jobID)
 	if errors.Is(err, errdefs.ErrNotFound) {
@@ -99,7 +99,7 @@ func (s *Service) auditsTenant(caller identity.ID, tenant string) bool {
 		t := s.cfg.Tenants[tenant]
 		return t != nil && t.HasClient(caller.Principal())
 	case identity.KindApprover:
-		return s.approverOf(caller, tenant)
+		return s.ApproverOf(caller, tenant)
 	}
 	return false
 }

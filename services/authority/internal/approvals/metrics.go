@@ -10,22 +10,22 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 )
 
-// meterName is the instrumentation scope of the approval metrics.
-const meterName = "github.com/airlockhq/airlock/services/authority/internal/approvals"
+// MeterName is the instrumentation scope of the approval metrics, and of
+// the lease metrics (package leases) that were born here.
+const MeterName = "github.com/airlockhq/airlock/services/authority/internal/approvals"
 
 // metrics are the approval service's instruments. Their attributes are
-// the approval's kind (publish, change), a vote's decision, the state a
-// request reached and a lease's purpose: fixed sets, never an id.
+// the approval's kind (publish, change), a vote's decision and the state a
+// request reached: fixed sets, never an id.
 type metrics struct {
-	votes, decided, leases metric.Int64Counter
+	votes, decided metric.Int64Counter
 }
 
 func newMetrics(mp metric.MeterProvider) (*metrics, error) {
-	set := instruments.New(mp, meterName)
+	set := instruments.New(mp, MeterName)
 	x := metrics{
 		votes:   set.Counter("airlock.authority.approvals.votes", "{vote}", "Approvers' votes recorded, by decision."),
 		decided: set.Counter("airlock.authority.approvals.decided", "{approval}", "Approval requests that became approved, denied or expired."),
-		leases:  set.Counter("airlock.authority.leases.issued", "{lease}", "Credential leases issued, by purpose."),
 	}
 	if err := set.Err(); err != nil {
 		return nil, err
@@ -55,9 +55,4 @@ func (x *metrics) expired(list []store.Approval) {
 	for _, a := range list {
 		x.decided.Add(context.Background(), 1, metric.WithAttributes(kindAttr(a.Kind), attribute.String("state", string(store.ApprovalExpired))))
 	}
-}
-
-// leased counts a lease issued for purpose.
-func (x *metrics) leased(purpose string) {
-	x.leases.Add(context.Background(), 1, metric.WithAttributes(attribute.String("purpose", purpose)))
 }

@@ -33,7 +33,7 @@ func (s *Service) Open(ctx context.Context, caller identity.ID, j store.Job, t T
 		Required: max(tenant.Approvals.Required, 1), CreatedAt: now, ExpiresAt: now.Add(orDefault(tenant.Approvals.TTL, policy.DefaultApprovalTTL)),
 	}
 	stored, created, err := s.cfg.Store.CreateApprovalAudited(ctx, a, audit.Event{
-		Time: now, Kind: audit.KindApprovalOpened, Caller: caller.String(), Subject: a.ID, Outcome: outcomeAllowed,
+		Time: now, Kind: audit.KindApprovalOpened, Caller: caller.String(), Subject: a.ID, Outcome: OutcomeAllowed,
 		Reason: fmt.Sprintf("bundle %s to %s:%s, %d approval(s) needed by %s", a.BundleDigest, a.TargetRepo, a.TargetBranch, a.Required, a.ExpiresAt.Format(time.RFC3339)),
 	})
 	if err != nil {
@@ -55,13 +55,13 @@ type ListRequest struct {
 // applies to the state callers see (expired included), so a page may hold
 // fewer requests than asked even when more follow.
 func (s *Service) List(ctx context.Context, caller identity.ID, req ListRequest) ([]store.Approval, string, error) {
-	size, err := pageSize(req.PageSize)
+	size, err := PageSize(req.PageSize)
 	if err != nil {
 		return nil, "", err
 	}
 	switch caller.Kind {
 	case identity.KindApprover:
-		if req.Tenant != "" && !s.approverOf(caller, req.Tenant) {
+		if req.Tenant != "" && !s.ApproverOf(caller, req.Tenant) {
 			return nil, "", denied("tenant: %s is not an approver of tenant %q", caller.Principal(), req.Tenant)
 		}
 	case identity.KindClient:
@@ -92,7 +92,7 @@ func (s *Service) List(ctx context.Context, caller identity.ID, req ListRequest)
 	out := list[:0]
 	for _, a := range list {
 		// An approver sees only the tenants it approves for.
-		if caller.Kind == identity.KindApprover && !s.approverOf(caller, a.Tenant) {
+		if caller.Kind == identity.KindApprover && !s.ApproverOf(caller, a.Tenant) {
 			continue
 		}
 		if len(want) == 0 || want[Effective(a, now)] {
@@ -118,7 +118,7 @@ func (s *Service) Get(ctx context.Context, caller identity.ID, id string) (store
 	}
 	switch caller.Kind {
 	case identity.KindApprover:
-		if !s.approverOf(caller, a.Tenant) {
+		if !s.ApproverOf(caller, a.Tenant) {
 			return store.Approval{}, store.Job{}, fmt.Errorf("%w: approval %q", errdefs.ErrNotFound, id)
 		}
 	case identity.KindClient:

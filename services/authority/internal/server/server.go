@@ -27,6 +27,7 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
 	"github.com/airlockhq/airlock/services/authority/internal/flow"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
+	"github.com/airlockhq/airlock/services/authority/internal/leases"
 	"github.com/airlockhq/airlock/services/authority/internal/source"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 	"github.com/airlockhq/airlock/services/authority/internal/store/postgres"
@@ -162,12 +163,16 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			} else if n > 0 {
 				env.Logger.Info("opened missing approvals", "count", n)
 			}
+			lease, err := leases.New(leases.Config{Store: st, Tenants: cfg.Policy, Approvals: appr, Meter: env.Meter, Logger: env.Logger})
+			if err != nil {
+				return err
+			}
 			// Approvals and leases past their expiry are rewritten as such,
 			// on the log; every replica may sweep (each row changes once).
 			env.Go(func(ctx context.Context) error {
-				return appr.SweepEvery(ctx, identity.Service(cfg.TrustDomain, identity.ServiceAuthority), sweepInterval)
+				return appr.SweepEvery(ctx, identity.Service(cfg.TrustDomain, identity.ServiceAuthority), sweepInterval, lease.Sweep)
 			})
-			api.New(api.Config{Jobs: svc, Approvals: appr, Flow: wf, Checkpoints: cps, Logger: env.Logger}).Register(env.Server)
+			api.New(api.Config{Jobs: svc, Approvals: appr, Leases: lease, Flow: wf, Checkpoints: cps, Logger: env.Logger}).Register(env.Server)
 			env.Logger.Info("authority ready", "tenants", len(cfg.Policy), "grant_key_id", key.KeyID(),
 				"grant_public_key", cfg.GrantKey+".pub", "grant_public_keys", len(published),
 				"audit_checkpoint_key_id", pki.Ed25519KeyID(cpKey.Public().(ed25519.PublicKey)), "audit_checkpoints", cfg.Audit.CheckpointFile, "executor", cfg.Executor.Address)

@@ -1,25 +1,122 @@
-package approvals
+// Package leases owns the authority's credential leases: the short deploy
+// and source credentials the publisher leases for a job whose approval it
+// consumed (or, to read, that is approved), sealed to the caller's
+// certificate; their revocation, listing and announced use; and their
+// expiry on the log. Refusals are recorded through package approvals,
+// whose throttle they share, and who may see a tenant's leases is who may
+// decide its approvals. It imports no gRPC; the authority's api and
+// composition root import it.
+package leases
 
 import (
 	"context"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/ids"
 	"github.com/airlockhq/airlock/pkg/seal"
+	"github.com/airlockhq/airlock/pkg/telemetry/instruments"
+	"github.com/airlockhq/airlock/services/authority/internal/approvals"
+	"github.com/airlockhq/airlock/services/authority/internal/policy"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 )
 
-// LeaseRequest asks for a credential.
-type LeaseRequest struct {
+// Lease durations: what a request without a TTL gets, and the most any
+// lease gets, counted also from the consumption of the job's approval.
+const (
+	DefaultTTL = 5 * time.Minute
+	MaxTTL     = 15 * time.Minute
+)
+
+// Lease purposes: PurposeDeploy pushes one reviewed commit; PurposeRead
+// fetches the target branch to prepare it, before the approval is spent.
+const (
+	PurposeDeploy = "deploy"
+	PurposeRead   = "read"
+)
+
+// Config configures a Service.
+type Config struct {
+	Store   store.Store
+	Tenants policy.Tenants
+	// Approvals records the refusals, says who approves a tenant and is
+	// the clock; required.
+	Approvals *approvals.Service
+	Logger    *slog.Logger
+	// ReadFile reads a credential file; default os.ReadFile.
+	ReadFile func(string) ([]byte, error)
+	// Meter makes the lease metrics; nil is the global meter provider.
+	Meter metric.MeterProvider
+}
+
+// Service is the lease logic; safe for concurrent use.
+type Service struct {
+	cfg Config
+	// issued counts leases issued, by purpose (a fixed set, never an id).
+	issued metric.Int64Counter
+}
+
+// New returns a Service.
+func New(cfg Config) (*Service, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("leases: store is required")
+	}
+	if cfg.Approvals == nil {
+		return nil, errors.New("leases: approvals is required")
+	}
+	if cfg.Tenants == nil {
+		cfg.Tenants = policy.Tenants{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.ReadFile == nil {
+		cfg.ReadFile = os.ReadFile
+	}
+	// The counter keeps the scope it had when leases were part of
+	// approvals, so dashboards see no change.
+	set := instruments.New(cfg.Meter, approvals.MeterName)
+	issued := set.Counter("airlock.authority.leases.issued", "{lease}", "Credential leases issued, by purpose.")
+	if err := set.Err(); err != nil {
+		return nil, fmt.Errorf("leases: metrics: %w", err)
+	}
+	return &Service{cfg: cfg, issued: issued}, nil
+}
+
+func (s *Service) now() time.Time { return s.cfg.Approvals.Now() }
+
+func (s *Service) refused(ctx context.Context, e audit.Event, err error) error {
+	return s.cfg.Approvals.Refused(ctx, e, err)
+}
+
+func invalid(field, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", errdefs.ErrInvalidArgument, field, fmt.Sprintf(format, args...))
+}
+
+func denied(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", errdefs.ErrPermissionDenied, fmt.Sprintf(format, args...))
+}
+
+func precondition(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", errdefs.ErrFailedPrecondition, fmt.Sprintf(format, args...))
+}
+
+// Request asks for a credential.
+type Request struct {
 	Purpose  string
 	JobID    string
 	Resource string
-	// TTL 0 means DefaultLeaseTTL; more than MaxLeaseTTL is cut to it.
+	// TTL 0 means DefaultTTL; more than MaxTTL is cut to it.
 	TTL time.Duration
 }
 
@@ -27,38 +124,38 @@ type LeaseRequest struct {
 // publish target repository: the deploy credential after its approval
 // was consumed, the repository's source credential (PurposeRead) while it
 // is approved. It returns the credential sealed to cert (the caller's own certificate)
-// with the context LeaseContext. A lease ends at most MaxLeaseTTL after
+// with the context SealContext. A lease ends at most MaxTTL after
 // the approval was consumed, and a read lease before a consume when the
 // approval expires.
-func (s *Service) Lease(ctx context.Context, caller identity.ID, cert *x509.Certificate, req LeaseRequest) (store.Lease, []byte, error) {
+func (s *Service) Lease(ctx context.Context, caller identity.ID, cert *x509.Certificate, req Request) (store.Lease, []byte, error) {
 	ev := audit.Event{Kind: audit.KindLeaseIssued, Caller: caller.String(), Subject: req.Resource, JobID: req.JobID}
 	l, secret, err := s.checkLease(ctx, caller, cert, req, &ev)
 	if err != nil {
 		return store.Lease{}, nil, s.refused(ctx, ev, err)
 	}
-	box, err := seal.Seal(cert, LeaseContext(l.ID, l.JobID, l.Resource), secret)
+	box, err := seal.Seal(cert, SealContext(l.ID, l.JobID, l.Resource), secret)
 	clear(secret)
 	if err != nil {
-		return store.Lease{}, nil, fmt.Errorf("approvals: seal the credential: %w", err)
+		return store.Lease{}, nil, fmt.Errorf("leases: seal the credential: %w", err)
 	}
 	e := ev
-	e.Subject, e.Time, e.Outcome = l.ID, l.IssuedAt, outcomeAllowed
+	e.Subject, e.Time, e.Outcome = l.ID, l.IssuedAt, approvals.OutcomeAllowed
 	e.Reason = fmt.Sprintf("%s credential for %s until %s", l.Purpose, l.Resource, l.ExpiresAt.Format(time.RFC3339))
 	stored, err := s.cfg.Store.CreateLeaseAudited(ctx, l, e)
 	if err != nil {
 		return store.Lease{}, nil, err
 	}
-	s.metrics.leased(stored.Purpose)
+	s.issued.Add(context.Background(), 1, metric.WithAttributes(attribute.String("purpose", stored.Purpose)))
 	return stored, box, nil
 }
 
-// LeaseContext is the context a lease's credential is sealed with.
-func LeaseContext(leaseID, jobID, resource string) []byte {
+// SealContext is the context a lease's credential is sealed with.
+func SealContext(leaseID, jobID, resource string) []byte {
 	return seal.LeaseContext(leaseID, jobID, resource)
 }
 
-func (s *Service) checkLease(ctx context.Context, caller identity.ID, cert *x509.Certificate, req LeaseRequest, ev *audit.Event) (store.Lease, []byte, error) {
-	if !isPublisher(caller) {
+func (s *Service) checkLease(ctx context.Context, caller identity.ID, cert *x509.Certificate, req Request, ev *audit.Event) (store.Lease, []byte, error) {
+	if !approvals.IsPublisher(caller) {
 		return store.Lease{}, nil, denied("only the publisher leases deploy credentials")
 	}
 	switch {
@@ -88,12 +185,12 @@ func (s *Service) checkLease(ctx context.Context, caller identity.ID, cert *x509
 		return store.Lease{}, nil, denied("resource: %q is not the publish target of job %q", req.Resource, req.JobID)
 	}
 	now := s.now()
-	st := Effective(a, now)
+	st := approvals.Effective(a, now)
 	consumedHere := a.State == store.ApprovalConsumed && a.ConsumedBy == caller.String()
 	if a.State == store.ApprovalConsumed && !consumedHere {
 		return store.Lease{}, nil, denied("the approval of job %q was consumed by %s", req.JobID, a.ConsumedBy)
 	}
-	ttl := min(orDefault(req.TTL, DefaultLeaseTTL), MaxLeaseTTL)
+	ttl := min(orDefault(req.TTL), MaxTTL)
 	expires := now.Add(ttl)
 	t := s.cfg.Tenants[a.Tenant]
 	path, what := "", "deploy"
@@ -101,11 +198,11 @@ func (s *Service) checkLease(ctx context.Context, caller identity.ID, cert *x509
 		if !consumedHere {
 			return store.Lease{}, nil, precondition("job_id: the approval of job %q is %s, not consumed", req.JobID, st)
 		}
-		if end := a.ConsumedAt.Add(MaxLeaseTTL); expires.After(end) {
+		if end := a.ConsumedAt.Add(MaxTTL); expires.After(end) {
 			expires = end
 		}
 		if !expires.After(now) {
-			return store.Lease{}, nil, precondition("job_id: the approval of job %q was consumed more than %v ago", req.JobID, MaxLeaseTTL)
+			return store.Lease{}, nil, precondition("job_id: the approval of job %q was consumed more than %v ago", req.JobID, MaxTTL)
 		}
 		if t != nil {
 			path = t.DeployCredentials[a.TargetRepo]
@@ -118,13 +215,13 @@ func (s *Service) checkLease(ctx context.Context, caller identity.ID, cert *x509
 		}
 		end := a.ExpiresAt
 		if consumedHere {
-			end = a.ConsumedAt.Add(MaxLeaseTTL)
+			end = a.ConsumedAt.Add(MaxTTL)
 		}
 		if expires.After(end) {
 			expires = end
 		}
 		if !expires.After(now) {
-			return store.Lease{}, nil, precondition("job_id: the approval of job %q was consumed more than %v ago", req.JobID, MaxLeaseTTL)
+			return store.Lease{}, nil, precondition("job_id: the approval of job %q was consumed more than %v ago", req.JobID, MaxTTL)
 		}
 		if t != nil {
 			path = t.Repositories[a.TargetRepo].Credential
@@ -140,7 +237,7 @@ func (s *Service) checkLease(ctx context.Context, caller identity.ID, cert *x509
 		s.cfg.Logger.ErrorContext(ctx, "read "+what+" credential", "tenant", a.Tenant, "repository", a.TargetRepo, "error", err)
 		return store.Lease{}, nil, fmt.Errorf("%w: the %s credential for %q cannot be read", errdefs.ErrUnavailable, what, a.TargetRepo)
 	}
-	return store.Lease{ID: newID(), Purpose: req.Purpose, JobID: req.JobID, Resource: req.Resource, Holder: caller.String(),
+	return store.Lease{ID: ids.New(), Purpose: req.Purpose, JobID: req.JobID, Resource: req.Resource, Holder: caller.String(),
 		IssuedAt: now, ExpiresAt: expires}, secret, nil
 }
 
@@ -151,23 +248,23 @@ func (s *Service) Revoke(ctx context.Context, caller identity.ID, id, reason str
 	switch {
 	case id == "":
 		return store.Lease{}, s.refused(ctx, ev, invalid("lease_id", "required"))
-	case len(id) > maxIDBytes:
-		return store.Lease{}, s.refused(ctx, ev, invalid("lease_id", "at most %d bytes", maxIDBytes))
-	case len(reason) > MaxCommentBytes:
-		return store.Lease{}, s.refused(ctx, ev, invalid("reason", "at most %d bytes", MaxCommentBytes))
+	case len(id) > approvals.MaxIDBytes:
+		return store.Lease{}, s.refused(ctx, ev, invalid("lease_id", "at most %d bytes", approvals.MaxIDBytes))
+	case len(reason) > approvals.MaxCommentBytes:
+		return store.Lease{}, s.refused(ctx, ev, invalid("reason", "at most %d bytes", approvals.MaxCommentBytes))
 	}
 	l, err := s.cfg.Store.GetLease(ctx, id)
 	if err != nil {
 		return store.Lease{}, s.refused(ctx, ev, err)
 	}
 	ev.JobID = l.JobID
-	mayRevoke := isPublisher(caller) && l.Holder == caller.String()
+	mayRevoke := approvals.IsPublisher(caller) && l.Holder == caller.String()
 	if caller.Kind == identity.KindApprover {
 		tenant, err := s.tenantOfJob(ctx, l.JobID)
 		if err != nil {
 			return store.Lease{}, s.refused(ctx, ev, err)
 		}
-		if !s.approverOf(caller, tenant) {
+		if !s.cfg.Approvals.ApproverOf(caller, tenant) {
 			// As for a lease that does not exist: ids reveal nothing.
 			return store.Lease{}, s.refused(ctx, ev, fmt.Errorf("%w: lease %q", errdefs.ErrNotFound, id))
 		}
@@ -178,12 +275,19 @@ func (s *Service) Revoke(ctx context.Context, caller identity.ID, id, reason str
 	}
 	now := s.now()
 	e := ev
-	e.Time, e.Outcome, e.Reason = now, outcomeAllowed, orNone(reason)
+	e.Time, e.Outcome, e.Reason = now, approvals.OutcomeAllowed, orNone(reason)
 	out, err := s.cfg.Store.RevokeLeaseAudited(ctx, id, now, reason, e)
 	if err != nil {
 		return store.Lease{}, s.refused(ctx, ev, err)
 	}
 	return out, nil
+}
+
+func orDefault(ttl time.Duration) time.Duration {
+	if ttl <= 0 {
+		return DefaultTTL
+	}
+	return ttl
 }
 
 func orNone(s string) string {
@@ -193,22 +297,22 @@ func orNone(s string) string {
 	return s
 }
 
-// LeaseQuery selects leases.
-type LeaseQuery struct {
+// Query selects leases.
+type Query struct {
 	JobID           string
 	IncludeInactive bool
 	PageSize        int
 	PageToken       string
 }
 
-// ListLeases returns a page of leases, newest first, only active ones
+// List returns a page of leases, newest first, only active ones
 // unless q.IncludeInactive. Approvers list those of the tenants that list
 // them, the publisher those it holds.
-func (s *Service) ListLeases(ctx context.Context, caller identity.ID, q LeaseQuery) ([]store.Lease, string, error) {
-	if caller.Kind != identity.KindApprover && !isPublisher(caller) {
+func (s *Service) List(ctx context.Context, caller identity.ID, q Query) ([]store.Lease, string, error) {
+	if caller.Kind != identity.KindApprover && !approvals.IsPublisher(caller) {
 		return nil, "", denied("%s may not list leases", caller.Principal())
 	}
-	size, err := pageSize(q.PageSize)
+	size, err := approvals.PageSize(q.PageSize)
 	if err != nil {
 		return nil, "", err
 	}
@@ -220,7 +324,7 @@ func (s *Service) ListLeases(ctx context.Context, caller identity.ID, q LeaseQue
 	if err != nil {
 		return nil, "", err
 	}
-	if isPublisher(caller) {
+	if approvals.IsPublisher(caller) {
 		// The publisher sees the leases it holds, to end any a crash left.
 		out := list[:0]
 		for _, l := range list {
@@ -242,7 +346,7 @@ func (s *Service) ListLeases(ctx context.Context, caller identity.ID, q LeaseQue
 			}
 			tenants[l.JobID] = t
 		}
-		if s.approverOf(caller, t) {
+		if s.cfg.Approvals.ApproverOf(caller, t) {
 			out = append(out, l)
 		}
 	}
@@ -263,12 +367,12 @@ type UseRequest struct {
 	LeaseID, JobID, Resource string
 }
 
-// UseLease is what the holder of a lease calls right before it presents
+// Use is what the holder of a lease calls right before it presents
 // the credential: it refuses anyone but the holder, a lease for another
 // job or resource, and a revoked or expired lease, and records the use.
-// A revocation that commits after UseLease returned ends the lease for the
+// A revocation that commits after Use returned ends the lease for the
 // next use; the one in flight is on the log before the revocation.
-func (s *Service) UseLease(ctx context.Context, caller identity.ID, req UseRequest) (store.Lease, error) {
+func (s *Service) Use(ctx context.Context, caller identity.ID, req UseRequest) (store.Lease, error) {
 	ev := audit.Event{Kind: audit.KindLeaseUsed, Caller: caller.String(), Subject: req.LeaseID, JobID: req.JobID}
 	switch {
 	case req.LeaseID == "":
@@ -299,11 +403,11 @@ func (s *Service) UseLease(ctx context.Context, caller identity.ID, req UseReque
 		return store.Lease{}, s.refused(ctx, ev, err)
 	}
 	e := ev
-	e.Time, e.Outcome = now, outcomeAllowed
+	e.Time, e.Outcome = now, approvals.OutcomeAllowed
 	e.Reason = fmt.Sprintf("%s credential used on %s; the lease ends %s", l.Purpose, l.Resource, l.ExpiresAt.Format(time.RFC3339))
 	if _, err := s.cfg.Store.AppendAudit(ctx, e); err != nil {
 		// A use that is not on the log must not happen.
-		return store.Lease{}, fmt.Errorf("approvals: record the use of lease %q: %w", l.ID, err)
+		return store.Lease{}, fmt.Errorf("leases: record the use of lease %q: %w", l.ID, err)
 	}
 	return l, nil
 }

@@ -1,0 +1,159 @@
+//go:build linux
+
+package e2e
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The one way the e2e tests kill, stop and start a service of the stack
+// as an operator (or the kernel) would: killService, startService, and
+// stack.restartService (restart_test.go) built on them.
+
+// serviceProc is one run of a service: the process `dev up` started (cmd
+// nil: reaped by pid) or one the test started (cmd set, reaped by
+// cmd.Wait, whose result goes to exited).
+type serviceProc struct {
+	name   string
+	pid    int
+	cmd    *exec.Cmd
+	exited chan error
+	dead   bool
+}
+
+// killService SIGKILLs p and reaps it, failing the test unless it died of
+// that very signal: a service that exited by itself meanwhile crashed.
+// With group set the signal goes to the process group p leads (its own
+// session's), so the git it runs dies with it, as when a container or a
+// service unit is killed; without, p dies alone, as when the OOM killer
+// picks it, and its children run on. Either way they are this process's
+// to reap (see reapOrphans).
+func killService(t *testing.T, s *stack, p *serviceProc, group bool) {
+	t.Helper()
+	target := p.pid
+	if group {
+		target = -p.pid
+	}
+	if err := syscall.Kill(target, syscall.SIGKILL); err != nil {
+		t.Fatalf("SIGKILL %s (pid %d, group %v): %v", p.name, p.pid, group, err)
+	}
+	var ws syscall.WaitStatus
+	if p.cmd == nil {
+		uws, err := reap(p.pid, stopTimeout)
+		if err != nil {
+			t.Fatalf("reap the killed %s: %v", p.name, err)
+		}
+		ws = syscall.WaitStatus(uws)
+	} else {
+		select {
+		case err := <-p.exited:
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) {
+				t.Fatalf("%s (pid %d) ended with %v, want death by SIGKILL", p.name, p.pid, err)
+			}
+			ws = ee.Sys().(syscall.WaitStatus)
+		case <-time.After(stopTimeout):
+			t.Fatalf("%s (pid %d) still there %v after SIGKILL", p.name, p.pid, stopTimeout)
+		}
+	}
+	p.dead = true
+	if !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("%s (pid %d) ended with %v, want death by SIGKILL; log:\n%s", p.name, p.pid, ws, lastLines(s.services[p.name].Log, 20))
+	}
+	if st := procState(p.pid); st != "" {
+		t.Fatalf("killed %s (pid %d) still in the process table (state %s)", p.name, p.pid, st)
+	}
+}
+
+// proc returns the running process of service name: the one a test
+// started (its Wait is this process's) or else the one `dev up` started.
+func (s *stack) proc(name string) *serviceProc {
+	pid := s.services[name].PID
+	if p, ok := s.procs[pid]; ok {
+		return p
+	}
+	return &serviceProc{name: name, pid: pid}
+}
+
+// startService starts service name again from the stack's config, its log
+// appended, in its own session, records its pid in the pid file (so `dev
+// down` would stop it) and registers its graceful stop, which must exit 0,
+// in t.Cleanup. Unless ready is nil it returns once ready succeeds, tried
+// every poll, failing the test if the service exits first or is not ready
+// within 20s.
+func startService(t *testing.T, s *stack, name string, poll time.Duration, ready func() error) *serviceProc {
+	t.Helper()
+	svc, ok := s.services[name]
+	if !ok {
+		t.Fatalf("no service %q in the stack", name)
+	}
+	logf, err := os.OpenFile(svc.Log, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin(name), "--config", svc.Config)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err = cmd.Start()
+	logf.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &serviceProc{name: name, pid: cmd.Process.Pid, cmd: cmd, exited: make(chan error, 1)}
+	go func() { p.exited <- cmd.Wait() }()
+	if s.procs == nil {
+		s.procs = map[int]*serviceProc{}
+	}
+	s.procs[p.pid] = p
+	t.Cleanup(func() {
+		// A service killed or stopped meanwhile (say by a later restart)
+		// was reaped by whoever did it.
+		if p.dead {
+			return
+		}
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-p.exited:
+			if err != nil {
+				t.Errorf("cleanup: restarted %s (pid %d): %v, want a clean exit 0", name, p.pid, err)
+			}
+		case <-time.After(stopTimeout):
+			_ = cmd.Process.Kill()
+			<-p.exited
+			t.Errorf("cleanup: restarted %s (pid %d) still ran %v after SIGTERM; killed", name, p.pid, stopTimeout)
+		}
+		p.dead = true
+	})
+	pidFile := filepath.Join(s.dir, name, name+".pid")
+	if err := os.WriteFile(pidFile, []byte(fmt.Sprintf("%d\n", p.pid)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	svc.PID = p.pid
+	s.services[name] = svc
+	if ready == nil {
+		return p
+	}
+	for start := time.Now(); ; time.Sleep(poll) {
+		select {
+		case err := <-p.exited:
+			p.dead = true
+			t.Fatalf("restarted %s exited at once (%v); processes holding its data directory's lock: %v; log:\n%s",
+				name, err, lockHolders(filepath.Join(svc.DataDir, ".lock")), lastLines(svc.Log, 20))
+		default:
+		}
+		err := ready()
+		if err == nil {
+			return p
+		}
+		if time.Since(start) > 20*time.Second {
+			t.Fatalf("restarted %s still not ready after 20s: %v\nlog:\n%s", name, err, lastLines(svc.Log, 20))
+		}
+	}
+}
