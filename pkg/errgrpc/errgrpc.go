@@ -74,7 +74,14 @@ func FromGRPC(err error) error {
 // deadline, a peer out of capacity (Unavailable, Aborted, Internal,
 // Unknown, DeadlineExceeded, ResourceExhausted) is ErrUnavailable; Canceled
 // is context.Canceled; the rest is FromGRPC's sentinel, named after peer.
-func FromPeer(peer string, err error) error {
+func FromPeer(peer string, err error) error { return fromPeer(peer, err, true) }
+
+// FromPeerKeepingCapacity is FromPeer for a client that handles a full
+// peer itself (the authority queues a job the executor has no room for):
+// ResourceExhausted stays ErrResourceExhausted instead of ErrUnavailable.
+func FromPeerKeepingCapacity(peer string, err error) error { return fromPeer(peer, err, false) }
+
+func fromPeer(peer string, err error, fullIsUnavailable bool) error {
 	if err == nil {
 		return nil
 	}
@@ -83,7 +90,12 @@ func FromPeer(peer string, err error) error {
 		return err
 	}
 	switch st.Code() {
-	case codes.Unavailable, codes.Aborted, codes.Internal, codes.Unknown, codes.DeadlineExceeded, codes.ResourceExhausted:
+	case codes.ResourceExhausted:
+		if !fullIsUnavailable {
+			break
+		}
+		fallthrough
+	case codes.Unavailable, codes.Aborted, codes.Internal, codes.Unknown, codes.DeadlineExceeded:
 		return fmt.Errorf("%w: %s: %s", errdefs.ErrUnavailable, peer, st.Message())
 	case codes.Canceled:
 		return context.Canceled

@@ -76,4 +76,12 @@ func TestFromPeer(t *testing.T) {
 			t.Errorf("FromPeer(%v) = %q, want %q wrapping %v", tc.code, got, tc.msg, tc.want)
 		}
 	}
+	// A peer that is full is its own answer for a client that queues.
+	got := FromPeerKeepingCapacity("executor", status.Error(codes.ResourceExhausted, "full"))
+	if !errors.Is(got, errdefs.ErrResourceExhausted) || errors.Is(got, errdefs.ErrUnavailable) || got.Error() != "executor: resource exhausted: full" {
+		t.Errorf("FromPeerKeepingCapacity(ResourceExhausted) = %q", got)
+	}
+	if got := FromPeerKeepingCapacity("executor", status.Error(codes.Aborted, "x")); !errors.Is(got, errdefs.ErrUnavailable) {
+		t.Errorf("FromPeerKeepingCapacity(Aborted) = %q, want unavailable", got)
+	}
 }

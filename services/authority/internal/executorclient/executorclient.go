@@ -14,8 +14,6 @@ import (
 	"io"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -309,26 +307,9 @@ func networkState(s typesv1.NetworkPolicyState) string {
 	return ""
 }
 
-// fromStatus maps the executor's status to a domain sentinel. Codes that
-// mean "try again" all become ErrUnavailable, so the domain retries them
-// and nothing else; codes errdefs does not know stay as they are, which
-// the domain treats as a refusal.
-func fromStatus(err error) error {
-	if err == nil {
-		return nil
-	}
-	st, ok := status.FromError(err)
-	if !ok {
-		return err
-	}
-	switch st.Code() {
-	case codes.Unavailable, codes.Aborted, codes.Internal, codes.Unknown, codes.DeadlineExceeded:
-		return fmt.Errorf("%w: executor: %s", errdefs.ErrUnavailable, st.Message())
-	case codes.Canceled:
-		return context.Canceled
-	}
-	return errgrpc.FromGRPC(err)
-}
+// fromStatus maps the executor's status: the authority queues a job the
+// executor has no room for, so a full executor keeps its own sentinel.
+func fromStatus(err error) error { return errgrpc.FromPeerKeepingCapacity("executor", err) }
 
 // OpenArtifact implements approvals.Artifacts: the bundle of jobID named by
 // digest, streamed from the executor. The executor refuses a digest that is

@@ -2,19 +2,14 @@ package postgres_test
 
 import (
 	"database/sql"
-	"fmt"
-	"os"
 	"strings"
 	"testing"
+
+	"github.com/airlockhq/airlock/services/authority/internal/store/storetest"
 
 	"github.com/airlockhq/airlock/services/authority/internal/store/postgres"
 	"github.com/airlockhq/airlock/test/pgtest"
 )
-
-// The schema the builds before one schema for both dialects made, dumped
-// from them; AIRLOCK_UPDATE_SCHEMA=1 rewrites it (only ever for a new
-// migration).
-const shippedSchema = "testdata/schema.txt"
 
 // dump describes the schema db's search_path names: columns (type,
 // collation, nullability, default), constraints, indexes, triggers and
@@ -54,20 +49,7 @@ func dump(t *testing.T, db *sql.DB) (schema, versions string) {
 		}
 		rows.Close()
 	}
-	var v strings.Builder
-	rows, err := db.Query("SELECT version, applied_at FROM schema_migrations ORDER BY version")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var n, at int64
-		if err := rows.Scan(&n, &at); err != nil {
-			t.Fatal(err)
-		}
-		fmt.Fprintf(&v, "%d@%d ", n, at)
-	}
-	return b.String(), v.String()
+	return b.String(), storetest.Versions(t, db)
 }
 
 // TestSchemaIsTheShippedOne: a new database gets exactly the schema the
@@ -81,18 +63,7 @@ func TestSchemaIsTheShippedOne(t *testing.T) {
 	}
 	s.Close()
 	got, versions := dump(t, db)
-	if os.Getenv("AIRLOCK_UPDATE_SCHEMA") == "1" {
-		if err := os.WriteFile(shippedSchema, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(shippedSchema)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got != string(want) {
-		t.Fatalf("a new database's schema is not the shipped one:\n got:\n%s\nwant:\n%s", got, want)
-	}
+	storetest.ShippedSchema(t, got)
 	if n := strings.Count(versions, "@"); n != 8 {
 		t.Fatalf("versions %s; the shipped schema is version 8", versions)
 	}

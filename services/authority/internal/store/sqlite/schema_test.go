@@ -3,17 +3,13 @@ package sqlite
 import (
 	"database/sql"
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
-)
 
-// The schema the builds before one schema for both dialects made, dumped
-// from them; AIRLOCK_UPDATE_SCHEMA=1 rewrites it (only ever for a new
-// migration).
-const shippedSchema = "testdata/schema.txt"
+	"github.com/airlockhq/airlock/services/authority/internal/store/storetest"
+)
 
 var space = regexp.MustCompile(`\s+`)
 
@@ -37,20 +33,7 @@ func dump(t *testing.T, db *sql.DB) (schema, versions string) {
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	var v strings.Builder
-	vr, err := db.Query("SELECT version, applied_at FROM schema_migrations ORDER BY version")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer vr.Close()
-	for vr.Next() {
-		var n, at int64
-		if err := vr.Scan(&n, &at); err != nil {
-			t.Fatal(err)
-		}
-		fmt.Fprintf(&v, "%d@%d ", n, at)
-	}
-	return b.String(), v.String()
+	return b.String(), storetest.Versions(t, db)
 }
 
 // TestSchemaIsTheShippedOne: a new database gets exactly the schema the
@@ -69,18 +52,7 @@ func TestSchemaIsTheShippedOne(t *testing.T) {
 	}
 	got, _ := dump(t, db)
 	db.Close()
-	if os.Getenv("AIRLOCK_UPDATE_SCHEMA") == "1" {
-		if err := os.WriteFile(shippedSchema, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(shippedSchema)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got != string(want) {
-		t.Fatalf("a new database's schema is not the shipped one:\n got:\n%s\nwant:\n%s", got, want)
-	}
+	want := storetest.ShippedSchema(t, got)
 	if len(migrations) != 8 {
 		t.Fatalf("%d migrations; the shipped schema is version 8", len(migrations))
 	}
@@ -92,7 +64,7 @@ func TestSchemaIsTheShippedOne(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(strings.TrimSpace(string(want)), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(want), "\n") {
 		_, stmt, _ := strings.Cut(line, ": ")
 		if stmt == "" {
 			continue // an index SQLite made itself

@@ -1,0 +1,57 @@
+package storetest
+
+import (
+	"database/sql"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+)
+
+// ShippedSchemaFile holds, in each implementation's testdata, the schema the
+// builds before one schema for both dialects made, dumped from them.
+const ShippedSchemaFile = "testdata/schema.txt"
+
+// ShippedSchema fails t unless got, a new database's schema dumped by the
+// implementation's test, is the one in ShippedSchemaFile, which it returns.
+// AIRLOCK_UPDATE_SCHEMA=1 rewrites the file first (only ever for a new
+// migration).
+func ShippedSchema(t *testing.T, got string) string {
+	t.Helper()
+	if os.Getenv("AIRLOCK_UPDATE_SCHEMA") == "1" {
+		if err := os.WriteFile(ShippedSchemaFile, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(ShippedSchemaFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != string(want) {
+		t.Fatalf("a new database's schema is not the shipped one:\n got:\n%s\nwant:\n%s", got, want)
+	}
+	return string(want)
+}
+
+// Versions lists the migrations db's schema_migrations records, each as
+// version@applied_at, so a test sees any version applied again.
+func Versions(t *testing.T, db *sql.DB) string {
+	t.Helper()
+	rows, err := db.Query("SELECT version, applied_at FROM schema_migrations ORDER BY version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var v strings.Builder
+	for rows.Next() {
+		var n, at int64
+		if err := rows.Scan(&n, &at); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&v, "%d@%d ", n, at)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return v.String()
+}
