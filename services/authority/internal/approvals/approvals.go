@@ -171,6 +171,19 @@ func PageSize(n int) (int, error) {
 	return n, nil
 }
 
+// readsTenant reports whether caller may read the tenant's results whole:
+// one of its clients, or an approver its approval policy lists.
+func (s *Service) readsTenant(caller identity.ID, tenant string) bool {
+	switch caller.Kind {
+	case identity.KindClient:
+		t := s.cfg.Tenants[tenant]
+		return t != nil && t.HasClient(caller.Principal())
+	case identity.KindApprover:
+		return s.ApproverOf(caller, tenant)
+	}
+	return false
+}
+
 // ApproverOf reports whether approver caller may see and decide tenant's
 // requests (and its leases): the tenant lists it (or lists no approvers at
 // all).

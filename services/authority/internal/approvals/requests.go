@@ -117,12 +117,8 @@ func (s *Service) Get(ctx context.Context, caller identity.ID, id string) (store
 		return store.Approval{}, store.Job{}, err
 	}
 	switch caller.Kind {
-	case identity.KindApprover:
-		if !s.ApproverOf(caller, a.Tenant) {
-			return store.Approval{}, store.Job{}, fmt.Errorf("%w: approval %q", errdefs.ErrNotFound, id)
-		}
-	case identity.KindClient:
-		if t := s.cfg.Tenants[a.Tenant]; t == nil || !t.HasClient(caller.Principal()) {
+	case identity.KindApprover, identity.KindClient:
+		if !s.readsTenant(caller, a.Tenant) {
 			return store.Approval{}, store.Job{}, fmt.Errorf("%w: approval %q", errdefs.ErrNotFound, id)
 		}
 	default:
