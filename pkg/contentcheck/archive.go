@@ -107,8 +107,7 @@ func (u *unpacker) layer(ctx context.Context, path string, s *spool, depth int) 
 	kind := archiveKind(head)
 	zipAtEnd := kind != "zip" && hasDirectoryEnd(s)
 	if kind == "" && !zipAtEnd {
-		_, err := u.c.scanStream(ctx, path, s.section(0), s.size, u.secret(path, ""))
-		return err
+		return u.plain(ctx, path, s)
 	}
 	if kind != "" && unpackers[kind] == nil {
 		return &unscannable{fmt.Sprintf("a %s stream, a format not unpacked here", kind)}
@@ -301,20 +300,47 @@ func (u *unpacker) bzip2(ctx context.Context, path string, s *spool, depth int) 
 }
 
 func (u *unpacker) zlib(ctx context.Context, path string, s *spool, depth int) error {
+	// Two bytes announce zlib, and text may start with them ("x^2"): a
+	// stream that does not decode is scanned as the bytes it is, after
+	// what of it did decode (as much as a tool would write out of a
+	// stream cut short).
 	in := &countingReader{r: s.section(0)}
 	br := bufio.NewReader(in)
 	zr, err := zlib.NewReader(br)
 	if err != nil {
+		return u.plain(ctx, path, s)
+	}
+	soft := &softEnd{r: zr}
+	if err := u.member(ctx, path+"!", soft, in.count, depth); err != nil {
 		return err
 	}
-	if err := u.member(ctx, path+"!", zr, in.count, depth); err != nil {
-		return err
+	if soft.err != nil {
+		return u.plain(ctx, path, s)
 	}
-	// Bytes after the stream are not what zlib unpacks.
 	if n, _ := br.Read(make([]byte, 1)); n > 0 {
 		return errors.New("bytes after the end of the stream")
 	}
 	return nil
+}
+
+// softEnd ends the stream at r's first error, keeping it.
+type softEnd struct {
+	r   io.Reader
+	err error
+}
+
+func (s *softEnd) Read(p []byte) (int, error) {
+	n, err := s.r.Read(p)
+	if err != nil && err != io.EOF {
+		s.err, err = err, io.EOF
+	}
+	return n, err
+}
+
+// plain scans a layer as the bytes it is.
+func (u *unpacker) plain(ctx context.Context, path string, s *spool) error {
+	_, err := u.c.scanStream(ctx, path, s.section(0), s.size, u.secret(path, ""))
+	return err
 }
 
 func (u *unpacker) tar(ctx context.Context, path string, s *spool, depth int) error {
@@ -377,6 +403,9 @@ func (u *unpacker) entry(kind string) error {
 // context, a bound already named) and calls the rest a kind that does
 // not unpack.
 func unpackError(kind string, err error) error {
+	if err == nil {
+		return nil
+	}
 	var se *sourceError
 	var un *unscannable
 	switch {
