@@ -19,18 +19,30 @@ import (
 	gitleaksreport "github.com/zricethezav/gitleaks/v8/report"
 )
 
-// An /out file that is a gzip stream, a zip or a tar archive is unpacked
-// and what it holds is scanned too (names included), as deep as
-// MaxArchiveDepth archives within archives: a token zipped is as much a
-// token. Unpacking is bounded the way decoding is (DecodeDepth): in
-// depth, in the bytes unpacked (all layers of one /out file together at
-// most the policy's MaxFileBytes, the cap on any file), in the ratio of
-// unpacked to packed bytes (maxUnpackRatio, past unpackRatioFloor, so a
-// bomb stops within its first MiBs), and in entries. An archive over a
-// bound, or one that does not unpack (corrupt, truncated, encrypted, an
-// unknown method), is a RuleArchiveUnscannable finding: refused, never
-// passed unread. A member's findings name it "/out/NAME!MEMBER" ("!" alone
-// for a gzip stream's content).
+// An /out file that is an archive or a compressed stream is unpacked and
+// what it holds is scanned too (names and header fields included), as deep
+// as MaxArchiveDepth archives within archives: a token zipped is as much a
+// token. A format is known by its first bytes (gzip, bzip2, zlib, zip, tar
+// with or without the ustar magic) and a zip by its directory's end too,
+// as unzip finds it after other bytes (zip.go). Formats known but not
+// unpacked here (xz, lzma, zstd, lz4, 7z, rar, zip methods other than
+// store, deflate and bzip2) are refused, not scanned as the opaque bytes
+// they are. Each layer is spooled (spool.go) so it can be read from its
+// end and more than once. Unpacking is bounded the way decoding is
+// (DecodeDepth): in depth, in the bytes unpacked (all layers of one /out
+// file together at most the policy's MaxFileBytes, the cap on any file),
+// in the ratio of unpacked to packed bytes (maxUnpackRatio, past
+// unpackRatioFloor, so a bomb stops within its first MiBs), and in the
+// members of all its archives together. An archive over a bound, or one
+// that does not unpack (corrupt, truncated, encrypted, with bytes no
+// member accounts for), is a RuleArchiveUnscannable finding: refused,
+// never passed unread. A member's findings name it "/out/NAME!MEMBER"
+// ("!" alone for a compressed stream's content).
+//
+// What this cannot see: a format without a signature (raw deflate,
+// brotli), one with an unusual header (an lzma stream with an odd
+// dictionary size), an archive at an offset that only a tool told where
+// it starts would read, and anything encoded or encrypted on purpose.
 
 // MaxArchiveDepth is how many archives within archives an /out file may
 // hold; one deeper is unscannable.

@@ -172,8 +172,10 @@ func localEntries(s *spool, files []*zip.File) error {
 		}
 		p = end
 	}
-	for _, f := range byData {
-		return &unscannable{"a zip member the local entries, walked in order, do not reach (members that overlap, or bytes between them): " + f.Name}
+	for _, f := range files {
+		if off, _ := f.DataOffset(); byData[off] == f {
+			return &unscannable{"a zip member the local entries, walked in order, do not reach (members that overlap, or bytes between them): " + f.Name}
+		}
 	}
 	if q := s.index([]byte(localSignature), max(p, 0)); p >= 0 && q >= 0 {
 		return &unscannable{fmt.Sprintf("a zip local entry's signature at offset %d, outside every member", q)}
