@@ -48,28 +48,37 @@ func zipBuilt(t testing.TB, offset int64, members ...string) []byte {
 	return b.Bytes()
 }
 
+// dirRecord finds name's record in a zip's central directory: the
+// directory end's offset, the directory's length, and the record's offset
+// and length.
+func dirRecord(t testing.TB, z []byte, name string) (end, dirLen, at, size int) {
+	t.Helper()
+	le := binary.LittleEndian
+	end = bytes.LastIndex(z, []byte("PK\x05\x06"))
+	dirOff, dirLen := int(le.Uint32(z[end+16:])), int(le.Uint32(z[end+12:]))
+	for p := dirOff; p < dirOff+dirLen; p += size {
+		n, m, k := int(le.Uint16(z[p+28:])), int(le.Uint16(z[p+30:])), int(le.Uint16(z[p+32:]))
+		size = 46 + n + m + k
+		if string(z[p+46:p+46+n]) == name {
+			return end, dirLen, p, size
+		}
+	}
+	t.Fatalf("no %q in the directory", name)
+	return
+}
+
 // unlist removes name's record from a zip's central directory (the
 // local entry stays where it is) and fixes the directory's end to match.
 func unlist(t testing.TB, z []byte, name string) []byte {
 	t.Helper()
+	end, dirLen, at, size := dirRecord(t, z, name)
+	out := append(bytes.Clone(z[:at]), z[at+size:]...)
+	e := end - size
 	le := binary.LittleEndian
-	end := bytes.LastIndex(z, []byte("PK\x05\x06"))
-	dirOff, dirLen := int(le.Uint32(z[end+16:])), int(le.Uint32(z[end+12:]))
-	for p := dirOff; p < dirOff+dirLen; {
-		n, m, k := int(le.Uint16(z[p+28:])), int(le.Uint16(z[p+30:])), int(le.Uint16(z[p+32:]))
-		size := 46 + n + m + k
-		if string(z[p+46:p+46+n]) == name {
-			out := append(bytes.Clone(z[:p]), z[p+size:]...)
-			e := end - size
-			le.PutUint16(out[e+8:], le.Uint16(out[e+8:])-1)
-			le.PutUint16(out[e+10:], le.Uint16(out[e+10:])-1)
-			le.PutUint32(out[e+12:], uint32(dirLen-size))
-			return out
-		}
-		p += size
-	}
-	t.Fatalf("no %q in the directory", name)
-	return nil
+	le.PutUint16(out[e+8:], le.Uint16(out[e+8:])-1)
+	le.PutUint16(out[e+10:], le.Uint16(out[e+10:])-1)
+	le.PutUint32(out[e+12:], uint32(dirLen-size))
+	return out
 }
 
 func TestUnlistHelper(t *testing.T) {
@@ -218,33 +227,23 @@ func rawZip(t testing.TB, fh *zip.FileHeader, raw []byte) []byte {
 	return b.Bytes()
 }
 
-// relist adds a copy of name's directory record under another name of the
-// same length: two members of the directory with one local entry.
+// relist adds copies of name's directory record under another name of
+// the same length: more members of the directory with one local entry.
 func relist(t testing.TB, z []byte, name, other string, copies int) []byte {
 	t.Helper()
-	le := binary.LittleEndian
-	end := bytes.LastIndex(z, []byte("PK\x05\x06"))
-	dirOff, dirLen := int(le.Uint32(z[end+16:])), int(le.Uint32(z[end+12:]))
-	for p := dirOff; p < dirOff+dirLen; {
-		n, m, k := int(le.Uint16(z[p+28:])), int(le.Uint16(z[p+30:])), int(le.Uint16(z[p+32:]))
-		size := 46 + n + m + k
-		if string(z[p+46:p+46+n]) == name {
-			rec := bytes.Clone(z[p : p+size])
-			copy(rec[46:], other)
-			out := bytes.Clone(z[:dirOff+dirLen])
-			for range copies {
-				out = append(out, rec...)
-			}
-			tail := bytes.Clone(z[end:])
-			le.PutUint16(tail[8:], le.Uint16(tail[8:])+uint16(copies))
-			le.PutUint16(tail[10:], le.Uint16(tail[10:])+uint16(copies))
-			le.PutUint32(tail[12:], uint32(dirLen+copies*size))
-			return append(out, tail...)
-		}
-		p += size
+	end, dirLen, at, size := dirRecord(t, z, name)
+	rec := bytes.Clone(z[at : at+size])
+	copy(rec[46:], other)
+	out := bytes.Clone(z[:end])
+	for range copies {
+		out = append(out, rec...)
 	}
-	t.Fatalf("no %q in the directory", name)
-	return nil
+	tail := bytes.Clone(z[end:])
+	le := binary.LittleEndian
+	le.PutUint16(tail[8:], le.Uint16(tail[8:])+uint16(copies))
+	le.PutUint16(tail[10:], le.Uint16(tail[10:])+uint16(copies))
+	le.PutUint32(tail[12:], uint32(dirLen+copies*size))
+	return append(out, tail...)
 }
 
 // A local entry the directory does not list is read by a reader that
