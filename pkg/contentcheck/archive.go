@@ -356,29 +356,55 @@ func (u *unpacker) plain(ctx context.Context, path string, s *spool) error {
 }
 
 func (u *unpacker) tar(ctx context.Context, path string, s *spool, depth int) error {
+	for off := int64(0); ; {
+		end, err := u.tarArchive(ctx, path, s, off, depth)
+		if err != nil {
+			return err
+		}
+		// GNU tar -i reads on past an archive's end (its zero blocks)
+		// and takes a header there for another member: so does this.
+		for block := s.bytesAt(end, 512); len(block) == 512 && allZero(block); block = s.bytesAt(end, 512) {
+			end += 512
+		}
+		if !isTarHeader(s.bytesAt(end, 512)) {
+			// What follows the archive is scanned as it is.
+			_, err := u.c.scanStream(ctx, path, s.section(end), s.size-end, u.secret(path, ""))
+			return err
+		}
+		off = end
+	}
+}
+
+// tarArchive reads the tar archive at off to its end blocks and returns
+// the offset after them.
+func (u *unpacker) tarArchive(ctx context.Context, path string, s *spool, off int64, depth int) (int64, error) {
 	// Every byte the reader takes outside the members' data (headers,
 	// padding, the end) is scanned as it is: a header has fields the
 	// reader passes over, and a secret there is in the file all the same.
-	in := &captureReader{r: &countingReader{r: s.section(0)}}
+	packed := &countingReader{r: s.section(off), n: off}
+	in := &captureReader{r: packed}
 	tr := tar.NewReader(in)
 	for {
 		in.capture = true
 		h, err := tr.Next()
 		in.capture = false
 		if _, serr := u.c.scanStream(ctx, path, bytes.NewReader(in.buf), int64(len(in.buf)), u.secret(path, "")); serr != nil {
-			return serr
+			return 0, serr
 		}
 		in.buf = in.buf[:0]
 		if err == io.EOF {
-			// What follows the archive's end is scanned as it is.
-			_, err := u.c.scanStream(ctx, path, in, s.size, u.secret(path, ""))
-			return err
+			return packed.n, nil
 		}
 		if err != nil {
-			return err
+			return 0, err
 		}
 		if err := u.entry("tar"); err != nil {
-			return err
+			return 0, err
+		}
+		if headerOnly(h.Typeflag) && h.Size > 0 {
+			// Readers differ on whether data follows such a header: what
+			// one reads as data another reads as the next members.
+			return 0, &unscannable{fmt.Sprintf("a tar member of type %q that declares %d bytes of data: %s", h.Typeflag, h.Size, h.Name)}
 		}
 		p := path + "!" + h.Name
 		names := []struct{ text, where string }{
@@ -392,15 +418,34 @@ func (u *unpacker) tar(ctx context.Context, path string, s *spool, depth int) er
 		}
 		for _, n := range names {
 			if err := u.name(ctx, p, n.text, n.where); err != nil {
-				return err
+				return 0, err
 			}
 		}
 		// A sparse member unpacks to more than it holds: the ratio
 		// counts it.
-		if err := u.member(ctx, p, tr, in.r.(*countingReader).count, depth); err != nil {
-			return err
+		if err := u.member(ctx, p, tr, packed.count, depth); err != nil {
+			return 0, err
 		}
 	}
+}
+
+// headerOnly are the tar types whose data Go's reader takes to be none,
+// whatever the size field says.
+func headerOnly(t byte) bool {
+	switch t {
+	case tar.TypeLink, tar.TypeSymlink, tar.TypeChar, tar.TypeBlock, tar.TypeDir, tar.TypeFifo:
+		return true
+	}
+	return false
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // entry counts one more member of any archive of the /out file.

@@ -459,3 +459,89 @@ func TestOutZipBombsAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// Where two readers of one format read different things, the one this
+// package reads could be the clean one: each such shape is refused, or
+// read the way the reader that sees more reads it.
+func TestOutReaderDifferentials(t *testing.T) {
+	hidden := gz(t, "", []byte(secretText(69)))
+	// GNU tar -i reads on past an archive's end blocks.
+	ignoreZeros := append(tarOf(t, "a.txt", []byte("hello\n")), tarOf(t, "s.gz", hidden)...)
+
+	// A symlink declaring data: GNU tar skips it, Go's reader does not,
+	// and reads the header within as the next member, whose data starts
+	// with junk, then GNU tar's next member.
+	inner := tarOf(t, "s.gz", hidden)
+	inner = inner[:len(inner)-1024] // without its end blocks
+	coverHeader := tarOf(t, "cover.txt", append(bytes.Repeat([]byte("J"), 512), inner...))[:512]
+	link := tarOf(t, "l", make([]byte, 1024))
+	link[156] = tar.TypeSymlink
+	setChecksum(link[:512])
+	symlinkData := append(append(bytes.Clone(link[:512]), coverHeader...), append(bytes.Repeat([]byte("J"), 512), inner...)...)
+	symlinkData = append(symlinkData, make([]byte, 1024)...)
+	if h, err := tar.NewReader(bytes.NewReader(symlinkData)).Next(); err != nil || h.Typeflag != tar.TypeSymlink || h.Size != 1024 {
+		t.Fatalf("the crafted tar reads as %v (%v)", h, err)
+	}
+
+	// A stored member (sizes in a data descriptor, as Go writes every
+	// member) holding a descriptor of its own first bytes and then a
+	// local entry: libarchive, streaming, ends the member at the first
+	// and reads the second.
+	one := zipBuilt(t, 0, "h", secretText(70))
+	entry := one[:bytes.Index(one, []byte("PK\x01\x02"))]
+	first := []byte("clean text\n")
+	desc := binary.LittleEndian.AppendUint32([]byte("PK\x07\x08"), crc32.ChecksumIEEE(first))
+	desc = binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint32(desc, uint32(len(first))), uint32(len(first)))
+	var sb bytes.Buffer
+	zw := zip.NewWriter(&sb)
+	f, _ := zw.CreateHeader(&zip.FileHeader{Name: "a.txt", Method: zip.Store})
+	f.Write(append(append(bytes.Clone(first), desc...), entry...))
+	zw.Close()
+
+	// A second directory end in the comment, with a comment that does
+	// not fit: Python's reader takes it, Info-ZIP's passes over it; Go's
+	// refuses the zip (it takes the last signature only), and so must
+	// this package.
+	var cb bytes.Buffer
+	zw = zip.NewWriter(&cb)
+	f, _ = zw.Create("a.txt")
+	f.Write([]byte("hello\n"))
+	zw.SetComment("PK\x05\x06" + strings.Repeat("\x00", 16) + "\xf4\x01")
+	zw.Close()
+
+	for _, tc := range []struct {
+		name string
+		data []byte
+		rule string
+		path string
+	}{
+		{"tar read past its end blocks", ignoreZeros, "secret.github-pat", "/out/x!s.gz!"},
+		{"tar symlink with data", symlinkData, RuleArchiveUnscannable, "/out/x"},
+		{"stored member ending early for a streaming reader", sb.Bytes(), RuleArchiveUnscannable, "/out/x"},
+		{"two zip directory ends", cb.Bytes(), RuleArchiveUnscannable, "/out/x"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if fs := checkOut(t, Policy{}, "x", tc.data); !hasFinding(fs, tc.rule, tc.path) {
+				t.Errorf("want %s on %s:%s", tc.rule, tc.path, show(fs))
+			}
+		})
+	}
+	// Legitimate neighbours pass: a stored zip within a zip (its own
+	// descriptors are not of the outer member's bytes), a tar padded
+	// with zeros to its record size, a directory end alone in a comment
+	// that fits.
+	stored := zipBuilt(t, 0, "in.txt", "hello\n")
+	var nb bytes.Buffer
+	zw = zip.NewWriter(&nb)
+	f, _ = zw.CreateHeader(&zip.FileHeader{Name: "in.zip", Method: zip.Store})
+	f.Write(stored)
+	zw.Close()
+	for name, data := range map[string][]byte{
+		"stored.zip": nb.Bytes(),
+		"padded.tar": append(tarOf(t, "a", []byte("hi\n")), make([]byte, 8192)...),
+	} {
+		if fs := checkOut(t, Policy{}, name, data); len(fs) != 0 {
+			t.Errorf("%s:%s", name, show(fs))
+		}
+	}
+}

@@ -109,11 +109,18 @@ func (u *unpacker) zipMember(ctx context.Context, path string, s *spool, e *zip.
 		return &unscannable{fmt.Sprintf("a zip member packed by method %d, which is not unpacked here: %s", e.Method, e.Name)}
 	}
 	sum := crc32.NewIEEE()
-	out := &countingReader{r: io.TeeReader(body, sum)}
+	var look descriptorLookalike
+	var seen io.Writer = sum
+	if e.Method == zip.Store && e.Flags&0x8 != 0 {
+		seen = io.MultiWriter(sum, &look)
+	}
+	out := &countingReader{r: io.TeeReader(body, seen)}
 	if err := u.member(ctx, path, out, packed.count, depth); err != nil {
 		return err
 	}
 	switch {
+	case look.found:
+		return &unscannable{"a stored zip member holding a data descriptor of its own first bytes, where a streaming reader ends it and reads on as another entry: " + e.Name}
 	case sum.Sum32() != e.CRC32 && e.CRC32 != 0:
 		return &unscannable{"a zip member whose checksum does not match: " + e.Name}
 	case uint64(out.n) != e.UncompressedSize64:
@@ -248,4 +255,44 @@ func descriptorLen(s *spool, off int64, f *zip.File) int64 {
 		return agree[0]
 	}
 	return 0
+}
+
+// descriptorLookalike looks, in a stored member's data, for a data
+// descriptor's signature followed by the checksum of the data before it:
+// libarchive, streaming a stored member that has its sizes in a
+// descriptor, ends the member there.
+type descriptorLookalike struct {
+	crc   uint32
+	held  []byte // the last bytes, not yet in crc, where a signature may start
+	found bool
+}
+
+func (d *descriptorLookalike) Write(p []byte) (int, error) {
+	if d.found {
+		return len(p), nil
+	}
+	buf := append(d.held, p...)
+	sig := []byte("PK\x07\x08")
+	i := 0
+	for {
+		k := bytes.Index(buf[i:], sig)
+		if k < 0 {
+			k = max(len(buf)-7, i) // a signature and its checksum may start past here
+		} else {
+			k += i
+		}
+		d.crc = crc32.Update(d.crc, crc32.IEEETable, buf[i:k])
+		i = k
+		if len(buf)-k < 8 {
+			break
+		}
+		if bytes.HasPrefix(buf[k:], sig) && binary.LittleEndian.Uint32(buf[k+4:]) == d.crc {
+			d.found = true
+			return len(p), nil
+		}
+		d.crc = crc32.Update(d.crc, crc32.IEEETable, buf[k:k+1])
+		i = k + 1
+	}
+	d.held = append(d.held[:0:0], buf[i:]...)
+	return len(p), nil
 }
