@@ -115,33 +115,29 @@ func (u *unpacker) scan(ctx context.Context, path string, r io.Reader, limit int
 
 // layer scans one spooled layer as what its bytes say it is.
 func (u *unpacker) layer(ctx context.Context, path string, s *spool, depth int) error {
-	head := s.bytesAt(0, sniffBytes)
-	kind := archiveKind(head)
-	zipAtEnd := kind != "zip" && hasDirectoryEnd(s)
-	if kind == "" && !zipAtEnd {
+	kind := archiveKind(s.bytesAt(0, sniffBytes))
+	switch {
+	case kind == "":
+		return u.unannounced(ctx, path, s, depth)
+	case unpackers[kind] == nil:
+		return &unscannable{fmt.Sprintf("a %s stream, a format not unpacked here", kind)}
+	case depth >= MaxArchiveDepth:
+		return &unscannable{fmt.Sprintf("a %s archive nested more than %d archives deep", kind, MaxArchiveDepth)}
+	}
+	return unpackError(kind, unpackers[kind](u, ctx, path, s, depth))
+}
+
+// unannounced scans bytes whose start names no format: as they are, or,
+// if they end like a zip, as the zip unzip finds there (after a
+// self-extracting program, say), the bytes before it with it.
+func (u *unpacker) unannounced(ctx context.Context, path string, s *spool, depth int) error {
+	if !hasDirectoryEnd(s, 0) {
 		return u.plain(ctx, path, s)
 	}
-	if kind != "" && unpackers[kind] == nil {
-		return &unscannable{fmt.Sprintf("a %s stream, a format not unpacked here", kind)}
-	}
-	what := kind
-	if what == "" {
-		what = "zip"
-	}
 	if depth >= MaxArchiveDepth {
-		return &unscannable{fmt.Sprintf("a %s archive nested more than %d archives deep", what, MaxArchiveDepth)}
+		return &unscannable{fmt.Sprintf("a zip archive nested more than %d archives deep", MaxArchiveDepth)}
 	}
-	if kind != "" {
-		if err := unpackers[kind](u, ctx, path, s, depth); err != nil {
-			return unpackError(kind, err)
-		}
-	}
-	if zipAtEnd {
-		// A zip after other bytes (a program, a tar): unzip finds it
-		// from its end. The bytes before it are scanned with it.
-		return unpackError("zip", u.zip(ctx, path, s, depth))
-	}
-	return nil
+	return unpackError("zip", u.zip(ctx, path, s, 0, depth))
 }
 
 // unpackers unpack each kind archiveKind knows and this package reads;
@@ -151,7 +147,10 @@ var unpackers map[string]func(*unpacker, context.Context, string, *spool, int) e
 func init() {
 	unpackers = map[string]func(*unpacker, context.Context, string, *spool, int) error{
 		"gzip": (*unpacker).gzip, "bzip2": (*unpacker).bzip2, "zlib": (*unpacker).zlib,
-		"zip": (*unpacker).zip, "tar": (*unpacker).tar,
+		"zip": func(u *unpacker, ctx context.Context, path string, s *spool, depth int) error {
+			return u.zip(ctx, path, s, 0, depth)
+		},
+		"tar": (*unpacker).tar,
 	}
 }
 
@@ -320,14 +319,14 @@ func (u *unpacker) zlib(ctx context.Context, path string, s *spool, depth int) e
 	br := bufio.NewReader(in)
 	zr, err := zlib.NewReader(br)
 	if err != nil {
-		return u.plain(ctx, path, s)
+		return u.unannounced(ctx, path, s, depth)
 	}
 	soft := &softEnd{r: zr}
 	if err := u.member(ctx, path+"!", soft, in.count, depth); err != nil {
 		return err
 	}
 	if soft.err != nil {
-		return u.plain(ctx, path, s)
+		return u.unannounced(ctx, path, s, depth)
 	}
 	if n, _ := br.Read(make([]byte, 1)); n > 0 {
 		return errors.New("bytes after the end of the stream")
@@ -367,7 +366,12 @@ func (u *unpacker) tar(ctx context.Context, path string, s *spool, depth int) er
 			end += 512
 		}
 		if !isTarHeader(s.bytesAt(end, 512)) {
-			// What follows the archive is scanned as it is.
+			// What follows the archive is scanned as it is, or as the zip
+			// unzip finds there (a zip appended to a tar). A zip the
+			// archive holds is one of its members, unpacked as such.
+			if hasDirectoryEnd(s, end) {
+				return u.zip(ctx, path, s, end, depth)
+			}
 			_, err := u.c.scanStream(ctx, path, s.section(end), s.size-end, u.secret(path, ""))
 			return err
 		}

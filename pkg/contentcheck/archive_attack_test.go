@@ -113,6 +113,22 @@ func TestOutZipAfterOtherBytesIsUnpacked(t *testing.T) {
 			}
 		})
 	}
+	// A tar (or tar.gz) of zips ends like a zip, its last member's: that
+	// zip is read as the member it is, and the others are not taken for
+	// members of an appended zip.
+	var tb bytes.Buffer
+	tw := tar.NewWriter(&tb)
+	for _, m := range []struct{ name, body string }{{"a.zip", string(zipBuilt(t, 0, "a.txt", secretText(71)))}, {"b.zip", string(zipBuilt(t, 0, "b.txt", "hello\n"))}} {
+		tw.WriteHeader(&tar.Header{Name: m.name, Mode: 0o644, Size: int64(len(m.body)), Typeflag: tar.TypeReg})
+		tw.Write([]byte(m.body))
+	}
+	tw.Close()
+	for name, data := range map[string][]byte{"zips.tar": tb.Bytes(), "zips.tgz": gz(t, "", tb.Bytes())} {
+		fs := checkOut(t, Policy{}, name, data)
+		if len(fs) != 1 || fs[0].Rule != "secret.github-pat" || !strings.HasSuffix(fs[0].Path, "!a.zip!a.txt") {
+			t.Errorf("%s: want the one secret in a.zip:%s", name, show(fs))
+		}
+	}
 	// Clean, it passes; and it counts as a layer for the depth bound.
 	if fs := checkOut(t, Policy{}, "sfx", append(bytes.Clone(stub), zipBuilt(t, 0, "a.txt", "hello\n")...)); len(fs) != 0 {
 		t.Errorf("a clean self-extracting zip:%s", show(fs))

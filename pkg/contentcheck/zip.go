@@ -36,15 +36,18 @@ const (
 )
 
 // hasDirectoryEnd reports whether the signature of a zip's directory end
-// is near the end of s, where unzip would look for it.
-func hasDirectoryEnd(s *spool) bool {
-	return s.index([]byte(endSignature), s.size-endSearch) >= 0
+// is near the end of s, where unzip would look for it, and at or after
+// from.
+func hasDirectoryEnd(s *spool, from int64) bool {
+	return s.index([]byte(endSignature), max(from, s.size-endSearch)) >= 0
 }
 
-func (u *unpacker) zip(ctx context.Context, path string, s *spool, depth int) error {
+// zip reads the zip that ends s and starts at or after start: what is
+// before start is another reader's (a tar's) and already scanned.
+func (u *unpacker) zip(ctx context.Context, path string, s *spool, start int64, depth int) error {
 	// Every byte is scanned as it is too: names, comments and extra
 	// fields in headers, stored members, the bytes before the zip.
-	if _, err := u.c.scanStream(ctx, path, s.section(0), s.size, u.secret(path, "")); err != nil {
+	if _, err := u.c.scanStream(ctx, path, s.section(start), s.size-start, u.secret(path, "")); err != nil {
 		return err
 	}
 	zr, err := zip.NewReader(s, s.size)
@@ -57,7 +60,7 @@ func (u *unpacker) zip(ctx context.Context, path string, s *spool, depth int) er
 	if err := u.name(ctx, path, zr.Comment, " (in the zip's comment)"); err != nil {
 		return err
 	}
-	if err := localEntries(s, zr.File); err != nil {
+	if err := localEntries(s, start, zr.File); err != nil {
 		return err
 	}
 	for _, e := range zr.File {
@@ -131,9 +134,10 @@ func (u *unpacker) zipMember(ctx context.Context, path string, s *spool, e *zip.
 	return nil
 }
 
-// localEntries walks the local entries of a zip from the first, matching
-// each to the member of the directory whose data follows it.
-func localEntries(s *spool, files []*zip.File) error {
+// localEntries walks the local entries of a zip from the first at or
+// after start, matching each to the member of the directory whose data
+// follows it.
+func localEntries(s *spool, start int64, files []*zip.File) error {
 	byData := make(map[int64]*zip.File, len(files))
 	for _, f := range files {
 		off, err := f.DataOffset()
@@ -145,7 +149,7 @@ func localEntries(s *spool, files []*zip.File) error {
 		}
 		byData[off] = f
 	}
-	p := s.index([]byte(localSignature), 0)
+	p := s.index([]byte(localSignature), start)
 	for p >= 0 && string(s.bytesAt(p, 4)) == localSignature {
 		h := s.bytesAt(p, 30)
 		if len(h) < 30 {
