@@ -451,8 +451,8 @@ func TestOutArchiveEvasions(t *testing.T) {
 }
 
 // Bombs end in a finding quickly: members listed many times over one
-// packed kernel (refused before anything is unpacked), and zips of zips
-// of a GiB of zeros (refused by the ratio at the first).
+// packed kernel (refused before anything is unpacked), zips of zips of
+// 64 MiB of zeros and a bzip2 of a GiB (refused by the ratio).
 func TestOutZipBombsAreRefused(t *testing.T) {
 	kernel := deflatedZeros(t, 64<<20).Bytes()
 	sum := uint32(0)
@@ -466,12 +466,37 @@ func TestOutZipBombsAreRefused(t *testing.T) {
 	for range MaxArchiveDepth - 1 {
 		nested = zipBuilt(t, 0, "a.zip", string(nested), "b.zip", string(nested))
 	}
-	for name, data := range map[string][]byte{"overlap.zip": overlap, "nested.zip": nested} {
+	// A GiB of zeros by bzip2 -9: 785 bytes.
+	bz := mustHex("425a68393141592653590e09e2df015f8e4000c0000008200030804d4642a025a90a80973141592653590e09e2df015f8e40" +
+		"00c0000008200030804d4642a025a90a80973141592653590e09e2df015f8e4000c0000008200030804d4642a025a90a8097" +
+		"3141592653590e09e2df015f8e4000c0000008200030804d4642a025a90a80973141592653590e09e2df015f8e4000c00000" +
+		"08200030804d4642a025a90a80973141592653590e09e2df015f8e4000c0000008200030804d4642a025a90a809731415926" +
+		"53590e09e2df015f8e4000c0000008200030804d4642a025a90a80973141592653590e09e2df015f8e4000c0000008200030" +
+		"804d4642a025a90a80973141592653590e09e2df015f8e4000c0000008200030804d4642a025a90a80973141592653590e09" +
+		"e2df015f8e4000c0000008200030804d4642a025a90a80973141592653590e09e2df015f8e4000c0000008200030804d4642" +
+		"a025a90a80973141592653590e09e2df015f8e4000c0000008200030804d4642a025a90a80973141592653590e09e2df015f" +
+		"8e4000c0000008200030804d4642a025a90a80973141592653590e09e2df015f8e4000c0000008200030804d4642a025a90a" +
+		"80973141592653590e09e2df015f8e4000c0000008200030804d4642a025a90a80973141592653590e09e2df015f8e4000c0" +
+		"000008200030804d4642a025a90a80973141592653590e09e2df015f8e4000c0000008200030804d4642a025a90a80973141" +
+		"592653590e09e2df015f8e4000c0000008200030804d4642a025a90a80973141592653590e09e2df015f8e4000c000000820" +
+		"0030804d4642a025a90a80973141592653590e09e2df015f8e4000c0000008200030804d4642a025a90a8097314159265359" +
+		"0e09e2df015f8e4000c0000008200030804d4642a025a90a80973141592653590e09e2df015f8e4000c0000008200030804d" +
+		"4642a025a90a80973141592653590e09e2df015f8e4000c0000008200030804d4642a025a90a8097314159265359487c5fc9" +
+		"008a52c800c00000040008200030cc0529a69122436144890f177245385090f688e402")
+	for _, tc := range []struct {
+		name string
+		data []byte
+		why  string
+	}{
+		{"overlap.zip", overlap, "with the same data"},
+		{"nested.zip", nested, "for each packed byte"},
+		{"zeros.bz2", bz, "for each packed byte"},
+	} {
 		start := time.Now()
-		fs := checkOut(t, Policy{MaxFileBytes: 1 << 30}, name, data)
-		t.Logf("%s (%d bytes): %v", name, len(data), time.Since(start))
-		if !hasFinding(fs, RuleArchiveUnscannable, "/out/"+name) {
-			t.Errorf("%s:%s", name, show(fs))
+		fs := checkOut(t, Policy{MaxFileBytes: 1 << 30}, tc.name, tc.data)
+		t.Logf("%s (%d bytes): %v", tc.name, len(tc.data), time.Since(start))
+		if !hasFinding(fs, RuleArchiveUnscannable, "/out/"+tc.name) || !strings.Contains(show(fs), tc.why) {
+			t.Errorf("%s: want refused, %q:%s", tc.name, tc.why, show(fs))
 		}
 	}
 }
