@@ -158,7 +158,7 @@ func escape(dst, src []byte, m mode, atEOF, lineStart bool) ([]byte, int) {
 	multiline := m != line
 	for i := 0; i < len(src); {
 		c := src[i]
-		if m == patch && !(c == ' ' && (i == 0 && lineStart || i > 0 && src[i-1] == '\n')) {
+		if m == patch && (c == ' ' || c == '\t' || c >= utf8.RuneSelf) && !(c == ' ' && (i == 0 && lineStart || i > 0 && src[i-1] == '\n')) {
 			if j := i + spaceRunEnd(src[i:]); j > i {
 				switch {
 				case j == len(src) && !atEOF, j+utf8.UTFMax > len(src) && !atEOF && !utf8.FullRune(src[j:]):
