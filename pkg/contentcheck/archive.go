@@ -254,13 +254,23 @@ func (u *unpacker) secret(path, where string) func(gitleaksreport.Finding, int) 
 	return func(f gitleaksreport.Finding, line int) { u.r.add(secretFinding(f, path, line, where)) }
 }
 
-// name scans a name (a file's, a member's, a header's) as text.
-func (u *unpacker) name(ctx context.Context, path, name, where string) error {
-	if name == "" {
+// field is a name (a file's, a member's, a header field's) and where it
+// is, for a finding's message.
+type field struct{ text, where string }
+
+// names scans names as text, one a line, in one pass of the detector.
+func (u *unpacker) names(ctx context.Context, path string, fields ...field) error {
+	lines := make([]Line, 0, len(fields))
+	for i, f := range fields {
+		if f.text != "" {
+			lines = append(lines, Line{Num: i, Text: []byte(f.text)})
+		}
+	}
+	if len(lines) == 0 {
 		return nil
 	}
-	return u.c.scanLines(ctx, "", []Line{{Text: []byte(name)}}, func(f gitleaksreport.Finding, _ Line) {
-		u.r.add(secretFinding(f, path, 0, where))
+	return u.c.scanLines(ctx, "", lines, func(f gitleaksreport.Finding, l Line) {
+		u.r.add(secretFinding(f, path, 0, fields[l.Num].where))
 	})
 }
 
@@ -283,14 +293,11 @@ func (u *unpacker) gzip(ctx context.Context, path string, s *spool, depth int) e
 	}
 	zr.Multistream(false) // each member's header is scanned
 	for {
-		for _, f := range []struct{ text, where string }{
-			{zr.Name, " (in the gzip header's name)"},
-			{zr.Comment, " (in the gzip header's comment)"},
-			{string(zr.Extra), " (in the gzip header's extra field)"},
-		} {
-			if err := u.name(ctx, path, f.text, f.where); err != nil {
-				return err
-			}
+		if err := u.names(ctx, path,
+			field{zr.Name, " (in the gzip header's name)"},
+			field{zr.Comment, " (in the gzip header's comment)"},
+			field{string(zr.Extra), " (in the gzip header's extra field)"}); err != nil {
+			return err
 		}
 		if err := u.member(ctx, path+"!", zr, in.count, depth); err != nil {
 			return err
@@ -387,17 +394,27 @@ func (u *unpacker) tarArchive(ctx context.Context, path string, s *spool, off in
 	// reader passes over, and a secret there is in the file all the same.
 	packed := &countingReader{r: s.section(off), n: off}
 	in := &captureReader{r: packed}
+	// The captured bytes are scanned a batch at a time: most headers are
+	// a block each, and one pass of the detector a header would cost more
+	// than the rest of reading a tar of small members.
+	flush := func(atLeast int) error {
+		if len(in.buf) < atLeast || len(in.buf) == 0 {
+			return nil
+		}
+		_, err := u.c.scanStream(ctx, path, bytes.NewReader(in.buf), int64(len(in.buf)), u.secret(path, ""))
+		in.buf = in.buf[:0]
+		return err
+	}
 	tr := tar.NewReader(in)
 	for {
 		in.capture = true
 		h, err := tr.Next()
 		in.capture = false
-		if _, serr := u.c.scanStream(ctx, path, bytes.NewReader(in.buf), int64(len(in.buf)), u.secret(path, "")); serr != nil {
-			return 0, serr
-		}
-		in.buf = in.buf[:0]
 		if err == io.EOF {
-			return packed.n, nil
+			return packed.n, flush(0)
+		}
+		if ferr := flush(fragmentBytes); ferr != nil {
+			return 0, ferr
 		}
 		if err != nil {
 			return 0, err
@@ -411,19 +428,17 @@ func (u *unpacker) tarArchive(ctx context.Context, path string, s *spool, off in
 			return 0, &unscannable{fmt.Sprintf("a tar member of type %q that declares %d bytes of data: %s", h.Typeflag, h.Size, h.Name)}
 		}
 		p := path + "!" + h.Name
-		names := []struct{ text, where string }{
+		names := []field{
 			{h.Name, " (in the member's name)"},
 			{h.Linkname, " (in the member's link target)"},
 			{h.Uname, " (in the member's owner name)"},
 			{h.Gname, " (in the member's group name)"},
 		}
 		for _, k := range slices.Sorted(maps.Keys(h.PAXRecords)) {
-			names = append(names, struct{ text, where string }{k + "=" + h.PAXRecords[k], " (in the member's PAX record " + strconv.Quote(k) + ")"})
+			names = append(names, field{k + "=" + h.PAXRecords[k], " (in the member's PAX record " + strconv.Quote(k) + ")"})
 		}
-		for _, n := range names {
-			if err := u.name(ctx, p, n.text, n.where); err != nil {
-				return 0, err
-			}
+		if err := u.names(ctx, p, names...); err != nil {
+			return 0, err
 		}
 		// A sparse member unpacks to more than it holds: the ratio
 		// counts it.

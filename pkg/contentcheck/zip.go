@@ -57,7 +57,7 @@ func (u *unpacker) zip(ctx context.Context, path string, s *spool, start int64, 
 	if u.entries+len(zr.File) > maxArchiveEntries {
 		return &unscannable{fmt.Sprintf("a zip archive: more than %d members in all", maxArchiveEntries)}
 	}
-	if err := u.name(ctx, path, zr.Comment, " (in the zip's comment)"); err != nil {
+	if err := u.names(ctx, path, field{zr.Comment, " (in the zip's comment)"}); err != nil {
 		return err
 	}
 	if err := localEntries(s, start, zr.File); err != nil {
@@ -68,10 +68,7 @@ func (u *unpacker) zip(ctx context.Context, path string, s *spool, start int64, 
 			return err
 		}
 		p := path + "!" + e.Name
-		if err := u.name(ctx, p, e.Name, " (in the member's name)"); err != nil {
-			return err
-		}
-		if err := u.name(ctx, p, e.Comment, " (in the member's comment)"); err != nil {
+		if err := u.names(ctx, p, field{e.Name, " (in the member's name)"}, field{e.Comment, " (in the member's comment)"}); err != nil {
 			return err
 		}
 		if e.Flags&0x1 != 0 {
