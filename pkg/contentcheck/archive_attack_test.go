@@ -8,6 +8,7 @@ import (
 	"compress/flate"
 	"compress/gzip"
 	"compress/zlib"
+	"context"
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
@@ -585,4 +586,28 @@ func TestOutReaderDifferentials(t *testing.T) {
 			t.Errorf("%s:%s", name, show(fs))
 		}
 	}
+}
+
+// FuzzOutArchive feeds the unpacking hostile bytes shaped like the
+// archives it reads: it must end in findings or none, never a panic, an
+// error (the source cannot fail here) or a hang.
+func FuzzOutArchive(f *testing.F) {
+	for _, seed := range [][]byte{
+		zipBuilt(f, 0, "a", "hello\n", "b/c", "more\n"),
+		append([]byte("#!/bin/sh\n"), zipBuilt(f, 0, "a", "x")...),
+		zip64Of(f, []byte("zip64\n")),
+		tarOf(f, "a", []byte("hi\n")),
+		gz(f, "n", tarOf(f, "a", []byte("hi\n"))),
+		append(tarOf(f, "a", []byte("hi\n")), zipBuilt(f, 0, "b", "x")...),
+		mustHex("425a683931415926535900000000000000000000"),
+		{0x78, 0x9c, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01},
+	} {
+		f.Add(seed)
+	}
+	c := checkerAt(f, DefaultDecodeDepth)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if _, err := c.CheckOut(context.Background(), Policy{MaxFileBytes: 1 << 20}, OutFile{Name: "f", Content: bytes.NewReader(data)}); err != nil {
+			t.Fatalf("error: %v", err)
+		}
+	})
 }

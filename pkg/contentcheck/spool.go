@@ -2,6 +2,7 @@ package contentcheck
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"os"
 )
@@ -53,7 +54,12 @@ func spoolOf(r io.Reader, limit int64) (s *spool, more bool, err error) {
 	return s, more, nil
 }
 
+var errNegativeOffset = errors.New("a read at a negative offset")
+
 func (s *spool) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, errNegativeOffset // a zip's fields can point anywhere
+	}
 	if s.f != nil {
 		return s.f.ReadAt(p, off)
 	}
