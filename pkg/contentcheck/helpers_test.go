@@ -201,18 +201,6 @@ func (zeros) Read(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// countingReader counts what is read from it.
-type countingReader struct {
-	r io.Reader
-	n int64
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += int64(n)
-	return n, err
-}
-
 var (
 	checkersMu sync.Mutex
 	checkers   = map[int]*Checker{}

@@ -225,7 +225,8 @@ func splitLong(lines []Line) []Line {
 // It returns whether r held more than limit.
 func (c *Checker) scanStream(ctx context.Context, path string, r io.Reader, limit int64, found func(gitleaksreport.Finding, int)) (more bool, err error) {
 	r = truncation{r}
-	buf := make([]byte, 0, fragmentBytes+overlapBytes)
+	// A short stream (a small member, a header) gets a buffer its size.
+	buf := make([]byte, 0, min(fragmentBytes+overlapBytes, max(limit, 0)+1))
 	line := 1 // the line buf starts on
 	left := limit
 	for {
@@ -338,7 +339,7 @@ func (c *Checker) scanOut(ctx context.Context, pol Policy, o OutFile, r *report)
 	p := "/out/" + o.Name
 	u := &unpacker{c: c, r: r, budget: pol.MaxFileBytes, left: pol.MaxFileBytes}
 	// A token can be a file's name.
-	if err := u.name(ctx, p, o.Name, " (in the file's name)"); err != nil {
+	if err := u.names(ctx, p, field{o.Name, " (in the file's name)"}); err != nil {
 		return err
 	}
 	tooLarge := Finding{Rule: RuleFileTooLarge, Path: p,

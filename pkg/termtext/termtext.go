@@ -28,7 +28,13 @@
 // by a newline is always escaped: it would return the cursor over what a
 // line showed so far. [Patch] keeps newline and tab but escapes every
 // carriage return, CRLF's too: in a patch, a line that changes only its
-// line end must not look like the line it replaces.
+// line end must not look like the line it replaces. For the same reason
+// [Patch] escapes the spaces, tabs and other space characters (Unicode
+// category Zs) that end a line: "+x \t" shows as "+x\x20\x09", and a
+// no-break space there as \u00a0. The space that opens a context line is
+// the diff's, not the text's, and stays; so does git's "\ No newline at
+// end of file" (as "\\ No newline at end of file"), which is how a change
+// that only removes a file's last newline shows.
 package termtext
 
 import (
@@ -40,7 +46,7 @@ import (
 // Line returns s escaped for a single-line field: a name, id, comment,
 // reason, path, command argument or table cell.
 func Line(s string) string {
-	out, _ := escape(nil, []byte(s), line, true)
+	out, _ := escape(nil, []byte(s), line, true, true)
 	return string(out)
 }
 
@@ -56,7 +62,7 @@ const (
 // Block returns s escaped for a multi-line body such as a patch or a
 // program's output: newlines, tabs and CRLF line ends are kept.
 func Block(s string) string {
-	out, _ := escape(nil, []byte(s), block, true)
+	out, _ := escape(nil, []byte(s), block, true, true)
 	return string(out)
 }
 
@@ -64,7 +70,7 @@ func Block(s string) string {
 // does, except that a carriage return is shown as \x0d before a newline
 // too, so "-line\x0d" and "+line" differ on the screen as in the file.
 func Patch(s string) string {
-	out, _ := escape(nil, []byte(s), patch, true)
+	out, _ := escape(nil, []byte(s), patch, true, true)
 	return string(out)
 }
 
@@ -74,35 +80,48 @@ func Patch(s string) string {
 // most utf8.UTFMax-1 bytes between writes. Call Flush when the stream ends
 // to write what it still holds. A Writer is not safe for concurrent use.
 type Writer struct {
-	w      io.Writer
-	mode   mode
-	carry  [utf8.UTFMax - 1]byte // the held-back tail of the last write
-	ncarry int
-	in     []byte // the tail joined to the next write
-	out    []byte
+	w         io.Writer
+	mode      mode
+	carry     []byte // the held-back tail of the last write
+	lineStart bool   // the next byte starts a line
+	in        []byte // the tail joined to the next write
+	out       []byte
 }
+
+// maxHeld bounds the run of spaces at the end of a write that a patch
+// Writer holds back until it knows whether the line ends there; a longer
+// one is written as escapes, visible whichever way the line goes on.
+const maxHeld = 4096
 
 // NewWriter returns a Writer that writes escaped text to w.
 func NewWriter(w io.Writer) *Writer {
-	return &Writer{w: w, mode: block}
+	return &Writer{w: w, mode: block, lineStart: true}
 }
 
 // NewPatchWriter returns a Writer that escapes a patch as [Patch] does.
 func NewPatchWriter(w io.Writer) *Writer {
-	return &Writer{w: w, mode: patch}
+	return &Writer{w: w, mode: patch, lineStart: true}
 }
 
 // Write escapes p and writes the result, less any held-back tail. It
 // reports len(p) when the underlying write succeeds.
 func (w *Writer) Write(p []byte) (int, error) {
 	src := p
-	if w.ncarry > 0 {
-		w.in = append(append(w.in[:0], w.carry[:w.ncarry]...), p...)
+	if len(w.carry) > 0 {
+		w.in = append(append(w.in[:0], w.carry...), p...)
 		src = w.in
 	}
 	var n int
-	w.out, n = escape(w.out[:0], src, w.mode, false)
-	w.ncarry = copy(w.carry[:], src[n:])
+	w.out, n = escape(w.out[:0], src, w.mode, false, w.lineStart)
+	w.consumed(src[:n])
+	w.carry = append(w.carry[:0], src[n:]...)
+	if len(w.carry) > maxHeld {
+		// Only a run of spaces is held back this long.
+		end := spaceRunEnd(w.carry)
+		w.out = appendSpaces(w.out, w.carry[:end], true)
+		w.consumed(w.carry[:end])
+		w.carry = append(w.carry[:0], w.carry[end:]...)
+	}
 	if len(w.out) == 0 {
 		return len(p), nil
 	}
@@ -112,13 +131,21 @@ func (w *Writer) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// consumed notes where what was written leaves the line.
+func (w *Writer) consumed(b []byte) {
+	if len(b) > 0 {
+		w.lineStart = b[len(b)-1] == '\n'
+	}
+}
+
 // Flush writes the held-back tail, escaped as the end of the stream.
 func (w *Writer) Flush() error {
-	if w.ncarry == 0 {
+	if len(w.carry) == 0 {
 		return nil
 	}
-	w.out, _ = escape(w.out[:0], w.carry[:w.ncarry], w.mode, true)
-	w.ncarry = 0
+	w.out, _ = escape(w.out[:0], w.carry, w.mode, true, w.lineStart)
+	w.consumed(w.carry)
+	w.carry = w.carry[:0]
 	_, err := w.w.Write(w.out)
 	return err
 }
@@ -126,11 +153,22 @@ func (w *Writer) Flush() error {
 // escape appends src to dst with every unsafe byte and rune escaped,
 // keeping what m keeps. Unless atEOF it stops before a tail that more input
 // could change (an incomplete rune, a final carriage return) and reports
-// how much of src it consumed.
-func escape(dst, src []byte, m mode, atEOF bool) ([]byte, int) {
+// how much of src it consumed. lineStart says whether src starts a line.
+func escape(dst, src []byte, m mode, atEOF, lineStart bool) ([]byte, int) {
 	multiline := m != line
 	for i := 0; i < len(src); {
 		c := src[i]
+		if m == patch && (c == ' ' || c == '\t' || c >= utf8.RuneSelf) && !(c == ' ' && (i == 0 && lineStart || i > 0 && src[i-1] == '\n')) {
+			if j := i + spaceRunEnd(src[i:]); j > i {
+				switch {
+				case j == len(src) && !atEOF, j+utf8.UTFMax > len(src) && !atEOF && !utf8.FullRune(src[j:]):
+					return dst, i // where the line goes on is not known yet
+				}
+				dst = appendSpaces(dst, src[i:j], j == len(src) || src[j] == '\n')
+				i = j
+				continue
+			}
+		}
 		if c < utf8.RuneSelf {
 			switch {
 			case c == '\\':
@@ -186,6 +224,40 @@ func appendHex(dst []byte, verb byte, v uint32, digits int) []byte {
 	dst = append(dst, '\\', verb)
 	for shift := 4 * (digits - 1); shift >= 0; shift -= 4 {
 		dst = append(dst, hex[v>>uint(shift)&0xf])
+	}
+	return dst
+}
+
+// spaceRunEnd is the length of the run of spaces, tabs and other space
+// characters (Zs) that b starts with.
+func spaceRunEnd(b []byte) int {
+	i := 0
+	for i < len(b) {
+		if b[i] == ' ' || b[i] == '\t' {
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRune(b[i:])
+		if b[i] < utf8.RuneSelf || r == utf8.RuneError || !unicode.Is(unicode.Zs, r) {
+			break
+		}
+		i += size
+	}
+	return i
+}
+
+// appendSpaces appends a run of spaces as it is, or escaped where it
+// ends a line (and would show as nothing).
+func appendSpaces(dst, run []byte, trailing bool) []byte {
+	if !trailing {
+		return append(dst, run...)
+	}
+	for _, r := range string(run) {
+		if r < utf8.RuneSelf {
+			dst = appendHex(dst, 'x', uint32(r), 2)
+		} else {
+			dst = appendHex(dst, 'u', uint32(r), 4)
+		}
 	}
 	return dst
 }

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -265,4 +266,90 @@ func unescape(s string) (string, error) {
 		i += 1 + digits
 	}
 	return b.String(), nil
+}
+
+// shown is what a terminal shows of text: each line without what ends it
+// unseen (spaces, tabs and other space characters).
+func shown(text string) []string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		out = append(out, strings.TrimRightFunc(l, unicode.IsSpace))
+	}
+	return out
+}
+
+// A change an approver reads in a patch must look like a change: one that
+// only adds or removes whitespace at the end of a line, or only removes
+// the newline at the end of the file, is visible, and a context line
+// stays as it was.
+func TestPatchShowsWhitespaceOnlyChanges(t *testing.T) {
+	for _, tc := range []struct {
+		name, old, new string
+	}{
+		{"trailing spaces added", "\tx := 1", "\tx := 1   "},
+		{"trailing tab added", "x := 1", "x := 1\t"},
+		{"trailing spaces removed", "x := 1  ", "x := 1"},
+		{"a space changed to a tab", "x := 1 ", "x := 1\t"},
+		{"trailing no-break space", "x := 1", "x := 1\u00a0"},
+		{"trailing ideographic space", "x := 1", "x := 1\u3000"},
+		{"blank line gains spaces", "", "    "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := "@@ -1 +1 @@\n-" + tc.old + "\n+" + tc.new + "\n"
+			for _, got := range []string{Patch(p), writeAll(t, NewPatchWriter, p)} {
+				lines := shown(got)
+				if strings.TrimPrefix(lines[1], "-") == strings.TrimPrefix(lines[2], "+") {
+					t.Errorf("%q shows as %q: the two lines look the same", p, got)
+				}
+			}
+		})
+	}
+	// The final newline removed: git's marker stays, visibly.
+	p := "@@ -1 +1 @@\n-last\n+last\n\\ No newline at end of file\n"
+	if got := Patch(p); !strings.Contains(got, "\n\\\\ No newline at end of file\n") {
+		t.Errorf("%q shows as %q: the marker is gone", p, got)
+	}
+	// Unchanged: a context line of an empty line (its space is the
+	// diff's), whitespace inside a line, CRLF as before.
+	for in, want := range map[string]string{
+		"@@ -1,3 +1,3 @@\n \n a\tb c\n-x\n+y\n": "@@ -1,3 +1,3 @@\n \n a\tb c\n-x\n+y\n",
+		" x \n":                                 " x\\x20\n",
+		"+\t\n":                                 "+\\x09\n",
+		"+a \r\n":                               "+a \\x0d\n",
+		" x  ":                                  " x\\x20\\x20",
+	} {
+		if got := Patch(in); got != want {
+			t.Errorf("Patch(%q) = %q, want %q", in, got, want)
+		}
+		if got := writeAll(t, NewPatchWriter, in); got != want {
+			t.Errorf("patch Writer(%q) = %q, want %q", in, got, want)
+		}
+	}
+	// A long run of spaces split between writes is held back up to a
+	// bound, then shown as escapes: never left unseen at a line's end.
+	long := "+x" + strings.Repeat(" ", 10000)
+	var out bytes.Buffer
+	w := NewPatchWriter(&out)
+	w.Write([]byte(long))
+	w.Write([]byte("\n"))
+	w.Flush()
+	if l := shown(out.String())[0]; len(l) < 10000 {
+		t.Errorf("a 10,000-space tail written before its newline shows as %d bytes", len(l))
+	}
+}
+
+// writeAll writes in through a new Writer one byte at a time.
+func writeAll(t *testing.T, newWriter func(io.Writer) *Writer, in string) string {
+	t.Helper()
+	var out bytes.Buffer
+	w := newWriter(&out)
+	for i := 0; i < len(in); i++ {
+		if _, err := w.Write([]byte{in[i]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return out.String()
 }
