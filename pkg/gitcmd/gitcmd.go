@@ -98,12 +98,12 @@ func (c Cmd) Run(ctx context.Context, args ...string) ([]byte, error) {
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	err := cmd.Run()
 	if stdout.over {
-		return nil, &Error{Command: firstCommand(args), Err: ErrOutputLimit, Stderr: strings.TrimSpace(stderr.String())}
+		return nil, &Error{Command: firstCommand(args), Err: ErrOutputLimit, Stderr: strings.TrimSpace(stderr.buf.String())}
 	}
 	if err != nil {
-		return stdout.Bytes(), &Error{Command: firstCommand(args), Err: err, Stderr: strings.TrimSpace(stderr.String())}
+		return stdout.buf.Bytes(), &Error{Command: firstCommand(args), Err: err, Stderr: strings.TrimSpace(stderr.buf.String())}
 	}
-	return stdout.Bytes(), nil
+	return stdout.buf.Bytes(), nil
 }
 
 // joinCgroups is the shell that moves itself into each cgroup.procs file
@@ -119,24 +119,25 @@ const maxStderr = 64 << 10
 
 // capped is a buffer that keeps at most max bytes (max <= 0: all). Past
 // it, a failing one refuses the write (closing the pipe it is fed from)
-// and says so in over; another drops the rest.
+// and says so in over; another drops the rest. It has no ReadFrom, which
+// io.Copy would call instead of Write.
 type capped struct {
-	bytes.Buffer
+	buf  bytes.Buffer
 	max  int64
 	fail bool
 	over bool
 }
 
 func (w *capped) Write(p []byte) (int, error) {
-	if w.max > 0 && int64(w.Len())+int64(len(p)) > w.max {
+	if w.max > 0 && int64(w.buf.Len())+int64(len(p)) > w.max {
 		if w.fail {
 			w.over = true
 			return 0, ErrOutputLimit
 		}
-		w.Buffer.Write(p[:max(0, w.max-int64(w.Len()))])
+		w.buf.Write(p[:max(0, w.max-int64(w.buf.Len()))])
 		return len(p), nil
 	}
-	return w.Buffer.Write(p)
+	return w.buf.Write(p)
 }
 
 // Error is a failed git run.
