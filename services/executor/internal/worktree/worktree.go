@@ -4,8 +4,10 @@
 // computing a job's patch against its base. Git always runs with the executor's own git
 // directory and a scrubbed environment; it never reads a .git, config,
 // hook or attribute driver the job could have written, because the job's
-// files are only ever a work tree here. Only the executor's run manager
-// imports it.
+// files are only ever a work tree here, and the repository's
+// info/attributes overrides every attribute that would convert or filter
+// them. Over a job's files it runs Confined: in the job's cgroup, under
+// its memory limit. Only the executor's run manager imports it.
 package worktree
 
 import (
@@ -181,6 +183,9 @@ func (r *Repo) run(ctx context.Context, c gitcmd.Cmd, args ...string) ([]byte, e
 		return c.Run(ctx, args...)
 	}
 	c.Cgroups, c.MaxOutput = r.conf.CgroupProcs(), r.conf.MemoryBytes()
+	// One thread: the job's pids limit binds there too, and git dies
+	// when it cannot start the threads it would use on a large index.
+	args = append([]string{"-c", "core.preloadIndex=false", "-c", "index.threads=1"}, args...)
 	before := r.conf.OOMKills()
 	out, err := c.Run(ctx, args...)
 	var ge *gitcmd.Error
@@ -334,9 +339,9 @@ func (r *Repo) tempIndex() (string, func(), error) {
 // entries, which are removed) is counted in exported by its apparent size,
 // as /work/PATH; past exported's limit DiffUpper returns the
 // *bundle.TooLargeError and git never runs. git reads a changed file whole
-// (and diff-index --binary holds it in memory), outside the job's cgroup:
-// a sparse file of a few blocks inside the job would otherwise cost the
-// executor its full size in memory.
+// (and diff-index --binary holds it in memory): a sparse file of a few
+// blocks inside the job would otherwise cost the executor its full size.
+// What it costs within that bound is the job's memory when r is Confined.
 func (r *Repo) DiffUpper(ctx context.Context, baseTree, baseIndex, workDir, upperDir string, exported *bundle.Tally) ([]byte, DiffStat, error) {
 	changes, err := scanUpper(upperDir, exported)
 	var tooLarge *bundle.TooLargeError
