@@ -21,7 +21,7 @@ type Cgroup struct {
 
 // ExportCgroup makes a cgroup below the job's, with the job's memory, pids
 // and CPU limits, for what the executor runs over the job's files after
-// the job has ended: the git that computes its patch reads files the job
+// the job has ended (or when it never ran: a suspended session's): the git that computes its patch reads files the job
 // chose, and without it would spend the host's memory on them, not the
 // job's. Memory the job's files still hold there (a tmpfs scratch) counts
 // against the same limit. Close removes it; Destroy would too.
@@ -29,8 +29,8 @@ func (s *Sandbox) ExportCgroup() (*Cgroup, error) {
 	s.mu.Lock()
 	state, l := s.state, s.spec.Limits
 	s.mu.Unlock()
-	if state != stateFinished {
-		return nil, fmt.Errorf("%w: sandbox %s: an export cgroup is made once the job has ended", errdefs.ErrFailedPrecondition, s.spec.ID)
+	if state == stateRunning || state == stateDestroyed {
+		return nil, fmt.Errorf("%w: sandbox %s: an export cgroup is made while the sandbox exists and runs nothing", errdefs.ErrFailedPrecondition, s.spec.ID)
 	}
 	rel := cgroupRel(s.cgRel, exportCgroup)
 	// One left by an export that never closed it (the executor died in

@@ -13,7 +13,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/gitcmd"
 )
 
-// TestExportCgroup: once a job has ended (not before), its export cgroup
+// TestExportCgroup: once a job has ended (not once destroyed), its export cgroup
 // holds what the executor runs over its files under the job's memory
 // limit: a git diff that would take ~700 MB is OOM-killed there, counted,
 // and never passes the limit; Close removes the cgroup from every
@@ -32,9 +32,6 @@ func TestExportCgroup(t *testing.T) {
 			t.Errorf("Destroy: %v", err)
 		}
 	})
-	if _, err := sb.ExportCgroup(); !errors.Is(err, errdefs.ErrFailedPrecondition) {
-		t.Fatalf("ExportCgroup before the job ran: %v", err)
-	}
 	if _, err := sb.Run(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -64,5 +61,11 @@ func TestExportCgroup(t *testing.T) {
 		if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s is still there after Close: %v", d, err)
 		}
+	}
+	if err := sb.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sb.ExportCgroup(); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("ExportCgroup of a destroyed sandbox: %v", err)
 	}
 }
