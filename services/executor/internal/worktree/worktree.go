@@ -195,7 +195,7 @@ func (r *Repo) run(ctx context.Context, c gitcmd.Cmd, args ...string) ([]byte, e
 	switch {
 	case errors.Is(err, gitcmd.ErrOutputLimit):
 		return nil, &MemoryError{Command: ge.Command, Limit: c.MaxOutput, Output: true}
-	case r.conf.OOMKills() > before || strings.Contains(ge.Stderr, "Out of memory"):
+	case r.conf.OOMKills() > before || strings.Contains(ge.Stderr, "fatal: Out of memory"):
 		// Killed by the kernel, or git's own "fatal: Out of memory,
 		// malloc failed" (an allocation the limit refused outright).
 		return nil, &MemoryError{Command: ge.Command, Limit: c.MaxOutput}
