@@ -61,6 +61,16 @@ type Cmd struct {
 	Env []string
 	// Stdin, when set, is the command's input.
 	Stdin io.Reader
+	// Cgroups, when set, are the cgroup.procs files of the cgroups git runs
+	// in (one per v1 hierarchy, or one v2 cgroup): a shell moves itself
+	// into each, then becomes git, so everything git allocates is charged
+	// there from its first page. A move that fails fails the run before git
+	// starts.
+	Cgroups []string
+	// MaxOutput, when positive, bounds the standard output Run keeps:
+	// past it, git's output pipe is closed (git ends on it) and Run
+	// returns an *Error wrapping ErrOutputLimit.
+	MaxOutput int64
 	// DieWithParent has git killed if the thread that started it ends
 	// (Linux's parent-death signal): a git left working after its
 	// process crashed would race the next life's git over the same
@@ -72,19 +82,62 @@ type Cmd struct {
 // Run runs git with args and returns its standard output; an error carries
 // git's standard error.
 func (c Cmd) Run(ctx context.Context, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, "git", append(append([]string(nil), hardening...), args...)...)
+	argv := append(append([]string{"git"}, hardening...), args...)
+	if len(c.Cgroups) > 0 {
+		argv = append(append(append([]string{"/bin/sh", "-c", joinCgroups, "airlock-git"}, c.Cgroups...), "--"), argv...)
+	}
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = c.Env
 	cmd.Dir = c.Dir
 	cmd.Stdin = c.Stdin
 	if c.DieWithParent {
 		cmd.SysProcAttr = dieWithParent()
 	}
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return stdout.Bytes(), &Error{Command: firstCommand(args), Err: err, Stderr: strings.TrimSpace(stderr.String())}
+	stdout := &capped{max: c.MaxOutput, fail: true}
+	stderr := &capped{max: maxStderr}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	err := cmd.Run()
+	if stdout.over {
+		return nil, &Error{Command: firstCommand(args), Err: ErrOutputLimit, Stderr: strings.TrimSpace(stderr.buf.String())}
 	}
-	return stdout.Bytes(), nil
+	if err != nil {
+		return stdout.buf.Bytes(), &Error{Command: firstCommand(args), Err: err, Stderr: strings.TrimSpace(stderr.buf.String())}
+	}
+	return stdout.buf.Bytes(), nil
+}
+
+// joinCgroups is the shell that moves itself into each cgroup.procs file
+// named before "--" (writing 0 moves the writer) and then becomes the
+// command after it.
+const joinCgroups = `for f in "$@"; do [ "$f" = -- ] && break; echo 0 >"$f" || exit 125; shift; done; shift; exec "$@"`
+
+// ErrOutputLimit is wrapped when git printed more than Cmd.MaxOutput.
+var ErrOutputLimit = errors.New("the output passed its bound")
+
+// maxStderr is how much of git's standard error a run keeps for its error.
+const maxStderr = 64 << 10
+
+// capped is a buffer that keeps at most max bytes (max <= 0: all). Past
+// it, a failing one refuses the write (closing the pipe it is fed from)
+// and says so in over; another drops the rest. It has no ReadFrom, which
+// io.Copy would call instead of Write.
+type capped struct {
+	buf  bytes.Buffer
+	max  int64
+	fail bool
+	over bool
+}
+
+func (w *capped) Write(p []byte) (int, error) {
+	if w.max > 0 && int64(w.buf.Len())+int64(len(p)) > w.max {
+		if w.fail {
+			w.over = true
+			return 0, ErrOutputLimit
+		}
+		w.buf.Write(p[:max(0, w.max-int64(w.buf.Len()))])
+		return len(p), nil
+	}
+	return w.buf.Write(p)
 }
 
 // Error is a failed git run.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -40,5 +41,42 @@ func TestHooksAndConfigDoNotRun(t *testing.T) {
 	var ge *gitcmd.Error
 	if !errors.As(err, &ge) || ge.Command != "no-such-command" || ge.Stderr == "" {
 		t.Errorf("a failed run: %v", err)
+	}
+}
+
+// TestMaxOutputAndCgroups: output past MaxOutput ends the run with
+// ErrOutputLimit and no output (a buffer with ReadFrom would have taken
+// it all, bypassing the bound); a cgroup git cannot join fails the run
+// before git starts.
+func TestMaxOutputAndCgroups(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	c := gitcmd.Cmd{Dir: dir, Env: gitcmd.Env(dir)}
+	if _, err := c.Run(ctx, "init", "-q", "."); err != nil {
+		t.Fatal(err)
+	}
+	c.Stdin = strings.NewReader(strings.Repeat("x", 1<<20))
+	blob, err := c.Run(ctx, "hash-object", "-w", "--stdin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Stdin, c.MaxOutput = nil, 64<<10
+	out, err := c.Run(ctx, "cat-file", "blob", strings.TrimSpace(string(blob)))
+	var ge *gitcmd.Error
+	if !errors.Is(err, gitcmd.ErrOutputLimit) || !errors.As(err, &ge) || ge.Command != "cat-file" || out != nil {
+		t.Fatalf("1 MiB printed under a 64 KiB bound: %d bytes, %v", len(out), err)
+	}
+	c.MaxOutput = 2 << 20
+	if out, err := c.Run(ctx, "cat-file", "blob", strings.TrimSpace(string(blob))); err != nil || len(out) != 1<<20 {
+		t.Fatalf("within the bound: %d bytes, %v", len(out), err)
+	}
+	c.Cgroups = []string{filepath.Join(dir, "no-such-cgroup", "cgroup.procs")}
+	var ee *exec.ExitError
+	if out, err := c.Run(ctx, "version"); !errors.As(err, &ee) || ee.ExitCode() != 125 || len(out) != 0 {
+		t.Fatalf("git ran though it could not join its cgroup: %q, %v", out, err)
+	}
+	c.Cgroups = []string{filepath.Join(dir, "joined")} // a plain file takes the write
+	if out, err := c.Run(ctx, "version"); err != nil || !strings.HasPrefix(string(out), "git version") {
+		t.Fatalf("through the shell: %q, %v", out, err)
 	}
 }

@@ -1,16 +1,18 @@
 package runs
 
 import (
+	"context"
 	"errors"
 	"strings"
 
 	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
+	"github.com/airlockhq/airlock/services/executor/internal/stage"
 	"github.com/airlockhq/airlock/services/executor/internal/worktree"
 )
 
 // What leaves a sandbox is bounded by its apparent size: the regular files
-// of /work's overlay upper layer (git reads each whole, outside the job's
+// of /work's overlay upper layer (git reads each whole, in the job's export
 // cgroup) and of /out (the bundle copies each whole) count together
 // against the job's disk limit. A job can pass it only with files whose
 // blocks are not all there (sparse, hole-punched) or with many names for
@@ -20,16 +22,47 @@ import (
 // more memory or disk on a job than its disk limit. /tmp and $HOME never
 // leave the sandbox and do not count.
 
-// exportRefused reports whether err is the bound above, and if so makes
-// result say so: disk_full, with the paths and sizes err names after what
-// the run's end said.
+//
+// The git that computes the patch runs in the job's export cgroup, under
+// the job's own memory limit (and pids and CPU), and the patch it prints
+// is held to that limit too: a job whose changes would cost more to diff
+// (a line diff takes tens of bytes per line, a binary patch holds both
+// versions of a file) ends oom, saying so, with nothing of /work or /out
+// exported.
+
+// diffJob computes the job's patch with git confined to the job's export
+// cgroup, removed again before it returns.
+func (m *Manager) diffJob(ctx context.Context, src *stage.Source, sb *sandbox.Sandbox, exported *bundle.Tally) ([]byte, worktree.DiffStat, error) {
+	cg, err := sb.ExportCgroup()
+	if err != nil {
+		return nil, worktree.DiffStat{}, err
+	}
+	defer func() {
+		if err := cg.Close(); err != nil {
+			m.cfg.Logger.Error("remove a job's export cgroup", "error", err)
+		}
+	}()
+	return src.Repo.Confined(cg).DiffUpper(ctx, src.TreeHash, src.Index, sb.WorkDir(), sb.UpperDir(), exported)
+}
+
+// exportRefused reports whether err is one of the bounds above, and if so
+// makes result say so: disk_full with the paths and sizes err names, or
+// oom with what passed the memory limit, after what the run's end said.
 func exportRefused(result *Result, err error) bool {
-	var tooLarge *bundle.TooLargeError
-	if !errors.As(err, &tooLarge) {
+	var (
+		tooLarge *bundle.TooLargeError
+		memory   *worktree.MemoryError
+		note     string
+	)
+	switch {
+	case errors.As(err, &tooLarge):
+		result.Reason, note = sandbox.ReasonDiskFull, tooLarge.Error()
+	case errors.As(err, &memory):
+		result.Reason, note = sandbox.ReasonOOM, memory.Error()
+	default:
 		return false
 	}
-	result.Reason = sandbox.ReasonDiskFull
-	note := tooLarge.Error() + "; nothing of /work or /out was exported"
+	note += "; nothing of /work or /out was exported"
 	result.Message = strings.TrimPrefix(result.Message+"; "+note, "; ")
 	return true
 }

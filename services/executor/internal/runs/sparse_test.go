@@ -51,6 +51,13 @@ func wantOverDisk(t *testing.T, h *harness, run Run, bundlePath string, size int
 	if strings.Contains(msg, h.base) {
 		t.Errorf("the message names a host path: %q", msg)
 	}
+	wantNothingExported(t, run, bundlePath, size)
+}
+
+// wantNothingExported checks that a run's bundle (of size bytes) holds
+// nothing of /work or /out: no /out file, an empty patch.
+func wantNothingExported(t *testing.T, run Run, bundlePath string, size int64) {
+	t.Helper()
 	if size > 1<<20 {
 		t.Errorf("the bundle has %d bytes: what the job left was copied into it", size)
 	}
@@ -60,12 +67,12 @@ func wantOverDisk(t *testing.T, h *harness, run Run, bundlePath string, size int
 	}
 	for _, n := range names {
 		if strings.HasPrefix(n, bundle.OutDir) {
-			t.Errorf("the bundle of a job over its disk limit holds %s", n)
+			t.Errorf("the bundle of a job over its limits holds %s", n)
 		}
 	}
 	patch, err := bundle.ReadEntry(bundlePath, bundle.PatchFile)
 	if err != nil || len(patch) != 0 || run.Result.FilesChanged != 0 {
-		t.Errorf("the bundle of a job over its disk limit has a patch of %d bytes (%d files, %v)", len(patch), run.Result.FilesChanged, err)
+		t.Errorf("the bundle of a job over its limits has a patch of %d bytes (%d files, %v)", len(patch), run.Result.FilesChanged, err)
 	}
 }
 

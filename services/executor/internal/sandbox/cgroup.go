@@ -40,6 +40,13 @@ type cgroupDriver interface {
 	// create makes rel with l's limits; dev, if set, is the block device
 	// ("major:minor") io bounds the job's disk bandwidth on.
 	create(rel string, l Limits, io ioLimits, dev string) error
+	// createLeaf makes rel with l's memory, pids and CPU limits, for
+	// processes the executor starts in it itself (procsFiles): on v2 it
+	// hands no controller down, so processes may join it.
+	createLeaf(rel string, l Limits) error
+	// procsFiles are rel's cgroup.procs files, one in each hierarchy a job
+	// cgroup is made in: a process that writes 0 to each is in rel.
+	procsFiles(rel string) []string
 	// runtimeBlockIO is what the runtime must set in its own cgroup to
 	// bound the disk bandwidth, where the job's cgroup cannot.
 	runtimeBlockIO(io ioLimits, dev string) *specs.LinuxBlockIO

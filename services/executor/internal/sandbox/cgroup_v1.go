@@ -122,6 +122,18 @@ func (c *cgroupsV1) create(rel string, l Limits, _ ioLimits, _ string) error {
 	return nil
 }
 
+func (c *cgroupsV1) createLeaf(rel string, l Limits) error { return c.create(rel, l, ioLimits{}, "") }
+
+func (c *cgroupsV1) procsFiles(rel string) []string {
+	var out []string
+	for _, ctl := range c.used {
+		if f := filepath.Join(c.dir(ctl, rel), "cgroup.procs"); !slices.Contains(out, f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
 // prepareParent bounds the memory of rel, the parent of every job's
 // cgroup, to limit bytes, making rel if it does not exist. Job cgroups are
 // made below it afterwards, so its memory.use_hierarchy can still be turned

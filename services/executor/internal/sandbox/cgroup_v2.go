@@ -244,6 +244,25 @@ func cpuMax(millis int64) string {
 // runtime's child. It fails if rel exists: a leftover Recover has not
 // removed.
 func (c *cgroupsV2) create(rel string, l Limits, io ioLimits, dev string) error {
+	if err := c.makeCgroup(rel, l, io, dev); err != nil {
+		return err
+	}
+	return c.enable(c.dir(rel), rel)
+}
+
+func (c *cgroupsV2) procsFiles(rel string) []string {
+	return []string{filepath.Join(c.dir(rel), "cgroup.procs")}
+}
+
+// createLeaf is create without handing the controllers down: a cgroup
+// that hands them down may hold no process ("no internal processes"). The
+// disk bandwidth bounds of the job's cgroup above it bind it already.
+func (c *cgroupsV2) createLeaf(rel string, l Limits) error {
+	return c.makeCgroup(rel, l, ioLimits{}, "")
+}
+
+// makeCgroup makes rel with its limits.
+func (c *cgroupsV2) makeCgroup(rel string, l Limits, io ioLimits, dev string) error {
 	dir := c.dir(rel)
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		return fmt.Errorf("cgroup %s: %w", rel, err)
@@ -271,10 +290,7 @@ func (c *cgroupsV2) create(rel string, l Limits, io ioLimits, dev string) error 
 			return err
 		}
 	}
-	if err := c.noSwap(rel); err != nil {
-		return err
-	}
-	return c.enable(dir, rel)
+	return c.noSwap(rel)
 }
 
 // setLimits changes rel's limits from cur to l, all or nothing. A lower

@@ -4,8 +4,10 @@
 // computing a job's patch against its base. Git always runs with the executor's own git
 // directory and a scrubbed environment; it never reads a .git, config,
 // hook or attribute driver the job could have written, because the job's
-// files are only ever a work tree here. Only the executor's run manager
-// imports it.
+// files are only ever a work tree here, and the repository's
+// info/attributes overrides every attribute that would convert or filter
+// them. Over a job's files it runs Confined: in the job's cgroup, under
+// its memory limit. Only the executor's run manager imports it.
 package worktree
 
 import (
@@ -45,7 +47,57 @@ type DiffStat struct {
 type Repo struct {
 	gitDir string
 	home   string
+	// conf, when set, is where every git runs (Confined).
+	conf Confinement
 }
+
+// Confinement is where git runs over a finished job's files: its memory is
+// the job's to spend, not the host's (sandbox.Cgroup is one). git holds a
+// changed file whole, and a line diff takes tens of bytes per line, so a
+// job could otherwise leave, within its disk limit, files that cost the
+// executor many times its memory limit.
+type Confinement interface {
+	// CgroupProcs are the cgroup.procs files git joins before it starts.
+	CgroupProcs() []string
+	// MemoryBytes is the memory limit there. What git prints, which the
+	// executor holds (the patch), is bounded by it too.
+	MemoryBytes() int64
+	// OOMKills counts the kernel's OOM kills there so far.
+	OOMKills() int64
+}
+
+// Confined is r with every git it runs in c.
+func (r *Repo) Confined(c Confinement) *Repo {
+	cp := *r
+	cp.conf = c
+	return &cp
+}
+
+// MemoryError is a job's patch that would have cost more memory than the
+// job's limit: git, computing it in the job's Confinement, was killed by
+// the kernel's OOM killer or could not allocate, or what it printed passed
+// the limit. Nothing of the patch is returned.
+type MemoryError struct {
+	// Command is the git command that failed ("diff-index", ...).
+	Command string
+	// Limit is the job's memory limit in bytes.
+	Limit int64
+	// Output is set when the patch itself passed the limit.
+	Output bool
+}
+
+func (e *MemoryError) Error() string {
+	if e.Output {
+		return fmt.Sprintf("the patch of the job's changes is larger than its memory limit of %d bytes", e.Limit)
+	}
+	return fmt.Sprintf("computing the patch of the job's changes (git %s) needed more than its memory limit of %d bytes", e.Command, e.Limit)
+}
+
+// noAttributes is the repository's info/attributes, which takes precedence
+// over any .gitattributes: no attribute the job's files (or the staged
+// source's) set may change the bytes git records or run a filter, so a
+// patch holds exactly what the job left, and costs no conversion.
+const noAttributes = "* -text -filter -ident -working-tree-encoding\n"
 
 // Open initializes (if needed) a bare git directory at gitDir.
 //
@@ -68,12 +120,30 @@ func Open(ctx context.Context, gitDir string) (*Repo, error) {
 		if _, err := r.git(ictx, "", nil, "init", "--quiet", "--bare", gitDir); err != nil {
 			return nil, err
 		}
+		if err := r.writeAttributes(); err != nil {
+			return nil, err
+		}
 		return r, nil
 	}
 	if err := os.MkdirAll(r.home, 0o700); err != nil {
 		return nil, err
 	}
+	if err := r.writeAttributes(); err != nil {
+		return nil, err
+	}
 	return r, nil
+}
+
+// writeAttributes writes noAttributes where it is not already.
+func (r *Repo) writeAttributes() error {
+	p := filepath.Join(r.gitDir, "info", "attributes")
+	if b, err := os.ReadFile(p); err == nil && string(b) == noAttributes {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return err
+	}
+	return atomicfile.Write(p, []byte(noAttributes), 0o644, atomicfile.Durable)
 }
 
 // initTimeout bounds one git init.
@@ -103,7 +173,34 @@ func (r *Repo) gitInput(ctx context.Context, workTree string, extraEnv []string,
 	if stdin != nil {
 		c.Stdin = bytes.NewReader(stdin)
 	}
-	return c.Run(ctx, args...)
+	return r.run(ctx, c, args...)
+}
+
+// run runs c, in r's Confinement when it has one, and turns a run that
+// passed the memory limit there into a *MemoryError.
+func (r *Repo) run(ctx context.Context, c gitcmd.Cmd, args ...string) ([]byte, error) {
+	if r.conf == nil {
+		return c.Run(ctx, args...)
+	}
+	c.Cgroups, c.MaxOutput = r.conf.CgroupProcs(), r.conf.MemoryBytes()
+	// One thread: the job's pids limit binds there too, and git dies
+	// when it cannot start the threads it would use on a large index.
+	args = append([]string{"-c", "core.preloadIndex=false", "-c", "index.threads=1"}, args...)
+	before := r.conf.OOMKills()
+	out, err := c.Run(ctx, args...)
+	var ge *gitcmd.Error
+	if err == nil || !errors.As(err, &ge) {
+		return out, err
+	}
+	switch {
+	case errors.Is(err, gitcmd.ErrOutputLimit):
+		return nil, &MemoryError{Command: ge.Command, Limit: c.MaxOutput, Output: true}
+	case r.conf.OOMKills() > before || strings.Contains(ge.Stderr, "fatal: Out of memory"):
+		// Killed by the kernel, or git's own "fatal: Out of memory,
+		// malloc failed" (an allocation the limit refused outright).
+		return nil, &MemoryError{Command: ge.Command, Limit: c.MaxOutput}
+	}
+	return out, err
 }
 
 // TreeHash writes every file under dir (ignored ones too: this is the
@@ -242,9 +339,9 @@ func (r *Repo) tempIndex() (string, func(), error) {
 // entries, which are removed) is counted in exported by its apparent size,
 // as /work/PATH; past exported's limit DiffUpper returns the
 // *bundle.TooLargeError and git never runs. git reads a changed file whole
-// (and diff-index --binary holds it in memory), outside the job's cgroup:
-// a sparse file of a few blocks inside the job would otherwise cost the
-// executor its full size in memory.
+// (and diff-index --binary holds it in memory): a sparse file of a few
+// blocks inside the job would otherwise cost the executor its full size.
+// What it costs within that bound is the job's memory when r is Confined.
 func (r *Repo) DiffUpper(ctx context.Context, baseTree, baseIndex, workDir, upperDir string, exported *bundle.Tally) ([]byte, DiffStat, error) {
 	changes, err := scanUpper(upperDir, exported)
 	var tooLarge *bundle.TooLargeError
@@ -306,6 +403,10 @@ func (r *Repo) DiffUpper(ctx context.Context, baseTree, baseIndex, workDir, uppe
 	specFile.Close()
 	if len(spec) > 0 {
 		if _, err := r.git(ctx, workDir, env, "add", "--all", "--pathspec-from-file="+specFile.Name(), "--pathspec-file-nul"); err != nil {
+			var mem *MemoryError
+			if errors.As(err, &mem) {
+				return nil, DiffStat{}, err
+			}
 			// A layer git cannot take path by path (say, a whiteout for a
 			// path the base never had) is still diffed exactly, the slow way.
 			return r.DiffFrom(ctx, baseTree, baseIndex, workDir)
@@ -335,21 +436,16 @@ func (r *Repo) ignored(ctx context.Context, workDir string, env []string, paths 
 		in.WriteString(p)
 		in.WriteByte(0)
 	}
-	cmd := exec.CommandContext(ctx, "git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "safe.directory=*",
-		"--work-tree", workDir, "check-ignore", "-z", "--stdin")
-	cmd.Env = append(r.env(""), env...)
-	cmd.Dir = r.home
-	cmd.Stdin = &in
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
+	c := gitcmd.Cmd{Dir: r.home, Env: append(r.env(""), env...), Stdin: &in}
+	stdout, err := r.run(ctx, c, "--work-tree", workDir, "check-ignore", "-z", "--stdin")
+	if err != nil {
 		// Exit status 1 means "none of them is ignored".
 		var ee *exec.ExitError
 		if !errors.As(err, &ee) || ee.ExitCode() != 1 {
-			return nil, fmt.Errorf("git check-ignore: %w: %s", err, strings.TrimSpace(stderr.String()))
+			return nil, err
 		}
 	}
-	for _, p := range bytes.Split(stdout.Bytes(), []byte{0}) {
+	for _, p := range bytes.Split(stdout, []byte{0}) {
 		if len(p) > 0 {
 			out[string(p)] = true
 		}
