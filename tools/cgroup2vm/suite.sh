@@ -13,7 +13,8 @@
 # the old limit kept, pids, deadline), cancel and destroy, the parent's
 # memory limit and OOM preference, the executor outside its job parent,
 # Recover after a kill -9 of the process that made the sandboxes, real work
-# (threads, make, a compiler) under runc and runsc, and session execs.
+# (threads, make, a compiler) under runc and runsc, session execs, and the
+# export cgroup the executor's git runs in after a job.
 # End to end: dev up and `airlock status` (the cgroup mode and
 # controllers), one job per limit through the CLI, cancel, a live memory
 # change, and kill -9 of the executor then restart leaving nothing.
