@@ -113,6 +113,9 @@ type Sandbox struct {
 	Runc string `yaml:"runc"`
 	// Runsc is the gVisor runsc binary; empty disables the runsc class.
 	Runsc string `yaml:"runsc"`
+	// RunscPlatform is gVisor's platform for runsc jobs: ptrace (default)
+	// or systrap (see docs/operations.md on why ptrace is the default).
+	RunscPlatform string `yaml:"runsc_platform"`
 	// UIDBase is the host uid and gid that root inside a sandbox maps to; default 1000000.
 	UIDBase uint32 `yaml:"uid_base"`
 	// CgroupParent is the cgroup under which job cgroups are made. It must

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -28,7 +29,22 @@ const (
 	DefaultUIDBase      uint32 = 1000000
 	DefaultCgroupParent        = "/airlock"
 	DefaultRootfsDir           = "/run/airlock/rootfs"
+	// DefaultRunscPlatform is how gVisor's sentry runs the job's threads
+	// unless Config.RunscPlatform says otherwise: see runscPlatforms.
+	DefaultRunscPlatform = "ptrace"
 )
+
+// runscPlatforms are the gVisor platforms the executor may run runsc with,
+// each with why it may be chosen. Issue 20: under systrap, gVisor's
+// default, on a loaded AMD EPYC host (AVX-512, XSAVEOPT, no XSAVES) the
+// Go compiler inside a job died once in a few builds with a corrupted
+// stack ("unexpected return pc ... called from 0x87d8bacbfe281392"); under
+// ptrace the host kernel itself saves and restores each thread's
+// registers and FPU state. kvm needs /dev/kvm and is not offered.
+var runscPlatforms = map[string]string{
+	"ptrace":  "the host kernel switches the job's threads (PTRACE_SYSEMU); the default",
+	"systrap": "gVisor's stub threads switch the job's threads themselves (seccomp traps, patched syscalls, XSAVE in user space); faster where it is reliable",
+}
 
 // Config configures a Manager.
 type Config struct {
@@ -63,7 +79,10 @@ type Config struct {
 	// resolves the root's path itself from inside the user namespace; so
 	// it cannot live inside StateDir. Default "/run/airlock/rootfs".
 	RootfsDir string
-	Logger    *slog.Logger
+	// RunscPlatform is gVisor's platform for runsc jobs: "ptrace" (the
+	// default) or "systrap". See runscPlatforms.
+	RunscPlatform string
+	Logger        *slog.Logger
 }
 
 // Manager creates sandboxes and cleans up after them.
@@ -105,6 +124,9 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.RunscPlatform == "" {
+		cfg.RunscPlatform = DefaultRunscPlatform
+	}
 	switch {
 	case cfg.StateDir == "" || !filepath.IsAbs(cfg.StateDir) || filepath.Clean(cfg.StateDir) != cfg.StateDir:
 		return nil, invalid("sandbox.state_dir %q: must be a clean absolute path", cfg.StateDir)
@@ -120,6 +142,8 @@ func New(cfg Config) (*Manager, error) {
 		return nil, invalid("sandbox.rootfs_dir %q: must be a clean absolute path", cfg.RootfsDir)
 	case isUnder(cfg.RootfsDir, cfg.StateDir) || cfg.RootfsDir == cfg.StateDir:
 		return nil, invalid("sandbox.rootfs_dir %q: must be outside state_dir, which stays private (0700)", cfg.RootfsDir)
+	case runscPlatforms[cfg.RunscPlatform] == "":
+		return nil, invalid("sandbox.runsc_platform %q: must be one of %s", cfg.RunscPlatform, strings.Join(slices.Sorted(maps.Keys(runscPlatforms)), ", "))
 	}
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("%w: sandbox: must run as root (uid 0) to create namespaces, mounts and cgroups", errdefs.ErrFailedPrecondition)
@@ -192,7 +216,7 @@ func New(cfg Config) (*Manager, error) {
 	}
 	m.runtimes = map[Class]*runtimeBin{
 		ClassRunc:  {class: ClassRunc, path: cfg.RuncPath, root: filepath.Join(cfg.StateDir, "runc")},
-		ClassRunsc: {class: ClassRunsc, path: cfg.RunscPath, root: filepath.Join(cfg.StateDir, "runsc")},
+		ClassRunsc: {class: ClassRunsc, path: cfg.RunscPath, root: filepath.Join(cfg.StateDir, "runsc"), platform: cfg.RunscPlatform},
 	}
 	return m, nil
 }
@@ -471,6 +495,9 @@ const runscErrnoMark = "+airlock.errnoret"
 
 func (m *Manager) probe(ctx context.Context, c Class) RuntimeStatus {
 	st := RuntimeStatus{Class: c}
+	if c == ClassRunsc {
+		st.Platform = m.cfg.RunscPlatform
+	}
 	rt := m.runtimes[c]
 	if rt.path == "" {
 		st.Reason = fmt.Sprintf("no %s binary is configured", c)
@@ -486,12 +513,6 @@ func (m *Manager) probe(ctx context.Context, c Class) RuntimeStatus {
 			"or posix_spawn a child under it; use the runsc tools/sandbox/build.sh builds (its version ends in " + runscErrnoMark + ")"
 		return st
 	}
-	// '.' is outside the job id alphabet: a probe never meets a job.
-	id := "probe." + string(c)
-	if err := m.removeLeftover(id); err != nil {
-		st.Reason = fmt.Sprintf("remove a previous probe's sandbox: %v", err)
-		return st
-	}
 	src := filepath.Join(m.cfg.StateDir, "probe", "src")
 	if err := os.MkdirAll(src, 0o755); err != nil {
 		st.Reason = err.Error()
@@ -501,36 +522,57 @@ func (m *Manager) probe(ctx context.Context, c Class) RuntimeStatus {
 		st.Reason = err.Error()
 		return st
 	}
-	var stdout, stderr bytes.Buffer
-	sb, err := m.create(ctx, Spec{
-		ID: id, Class: c, Source: src,
-		Command: []string{"/bin/sh", "-c", "echo " + probeOutput},
-		Limits:  probeLimits,
-		Stdout:  &limitedBuffer{b: &stdout, max: 4096}, Stderr: &limitedBuffer{b: &stderr, max: 4096},
-	})
-	if err != nil {
-		st.Reason = fmt.Sprintf("create a test sandbox: %v", err)
+	// '.' is outside the job id alphabet: a probe never meets a job.
+	if why := m.probeJob(ctx, c, Spec{ID: "probe." + string(c), Source: src, Command: []string{"/bin/sh", "-c", "echo " + probeOutput}, Limits: probeLimits}, probeOutput); why != "" {
+		st.Reason = why
 		return st
+	}
+	if c == ClassRunsc {
+		if why := m.selfCheck(ctx, src); why != "" {
+			st.SelfCheck = SelfCheckFailed
+			st.Reason = fmt.Sprintf("runsc (platform %s) failed the self-check, so it is not trusted with jobs: %s", m.cfg.RunscPlatform, why)
+			return st
+		}
+		st.SelfCheck = SelfCheckPassed
+	}
+	st.Available = true
+	return st
+}
+
+// probeJob runs spec (its class c) as a test job and says what was wrong
+// with it: "" when it exited 0 having printed want (its whole stdout,
+// trimmed) or, with want empty, anything.
+func (m *Manager) probeJob(ctx context.Context, c Class, spec Spec, want string) string {
+	if err := m.removeLeftover(spec.ID); err != nil {
+		return fmt.Sprintf("remove a previous probe's sandbox: %v", err)
+	}
+	var stdout, stderr bytes.Buffer
+	spec.Class = c
+	spec.Stdout = &limitedBuffer{b: &stdout, max: 4096}
+	spec.Stderr = &limitedBuffer{b: &stderr, max: 4096}
+	sb, err := m.create(ctx, spec)
+	if err != nil {
+		return fmt.Sprintf("create a test sandbox: %v", err)
 	}
 	res, runErr := sb.Run(ctx)
 	if err := sb.Destroy(); err != nil {
 		m.log.Error("sandbox: destroy the probe sandbox", "class", c, "error", err)
 	}
+	var why string
 	switch {
 	case runErr != nil:
-		st.Reason = fmt.Sprintf("a test job could not run: %v", runErr)
+		why = fmt.Sprintf("a test job could not run: %v", runErr)
 	case res.Reason != ReasonExited || res.ExitCode != 0:
-		st.Reason = fmt.Sprintf("a test job ended %s (exit %d): %s", res.Reason, res.ExitCode, res.Message)
-	case strings.TrimSpace(stdout.String()) != probeOutput:
-		st.Reason = fmt.Sprintf("a test job printed %q, want %q", stdout.String(), probeOutput)
+		why = fmt.Sprintf("a test job ended %s (exit %d): %s", res.Reason, res.ExitCode, res.Message)
+	case want != "" && strings.TrimSpace(stdout.String()) != want:
+		why = fmt.Sprintf("a test job printed %q, want %q", stdout.String(), want)
 	default:
-		st.Available = true
-		return st
+		return ""
 	}
 	if e := strings.TrimSpace(stderr.String()); e != "" {
-		st.Reason += "; stderr: " + e
+		why += "; stderr: " + e
 	}
-	return st
+	return why
 }
 
 // limitedBuffer keeps the first max bytes written to it.

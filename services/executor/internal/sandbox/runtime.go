@@ -27,6 +27,8 @@ type runtimeBin struct {
 	class Class
 	path  string
 	root  string
+	// platform is gVisor's platform (runsc only; see runscPlatforms).
+	platform string
 
 	mu      sync.Mutex
 	version string // cached once read successfully
@@ -40,6 +42,7 @@ func (r *runtimeBin) global(logPath string) []string {
 	}
 	if r.class == ClassRunsc {
 		args = append(args,
+			"--platform="+r.platform,
 			// Apply the bundle's seccomp filter to the job inside the
 			// sandbox; runsc otherwise ignores it.
 			"--oci-seccomp",
@@ -172,6 +175,11 @@ func (r *runtimeBin) readVersion(ctx context.Context) (string, error) {
 		return "", err
 	}
 	lines = append(lines, "sha256:"+hex.EncodeToString(h.Sum(nil)))
+	if r.class == ClassRunsc {
+		// The platform changes how the job's threads run as much as the
+		// binary does, so a result names it too.
+		lines = append(lines, "platform="+r.platform)
+	}
 	return strings.Join(lines, "; "), nil
 }
 

@@ -102,8 +102,11 @@ func TestProbe(t *testing.T) {
 	}
 	runsc := st[1]
 	if runsc.Available {
-		if !strings.Contains(runsc.Version, "runsc version") {
-			t.Errorf("runsc version %q", runsc.Version)
+		if !strings.Contains(runsc.Version, "runsc version") || !strings.HasSuffix(runsc.Version, "; platform="+DefaultRunscPlatform) {
+			t.Errorf("runsc version %q, want runsc's own and the platform", runsc.Version)
+		}
+		if runsc.Platform != DefaultRunscPlatform || runsc.SelfCheck != SelfCheckPassed {
+			t.Errorf("runsc platform %q, self-check %q; want %s, passed", runsc.Platform, runsc.SelfCheck, DefaultRunscPlatform)
 		}
 	} else if runsc.Reason == "" {
 		t.Errorf("runsc unavailable without a reason: %+v", runsc)
@@ -155,6 +158,22 @@ func TestProbeReportsBrokenRuntime(t *testing.T) {
 	}
 	if st, ok := m.Available(ClassRunsc); ok || !strings.Contains(st.Reason, "EPERM") || !strings.Contains(st.Reason, "tools/sandbox/build.sh") {
 		t.Fatalf("Available(upstream runsc) = %+v, %v; want refused for its errno handling", st, ok)
+	}
+	// A runsc that runs the echo probe but whose self-check job fails (as
+	// a Go program crashing on a corrupted stack fails) is refused, naming
+	// the self-check, the platform and what the job printed.
+	crashing := filepath.Join(e.base, "crashing-runsc")
+	script := fmt.Sprintf("#!/bin/sh\ncase \"$*\" in *probe.runsc-selfcheck*) echo 'runtime: unexpected return pc for main.f called from 0x87d8bacbfe281392' >&2; exit 2;; esac\nexec %s \"$@\"\n", runscPath)
+	if err := os.WriteFile(crashing, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg.RunscPath = crashing
+	cfg.StateDir = filepath.Join(e.base, "state5")
+	if m, err = New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if st, ok := m.Available(ClassRunsc); ok || !strings.Contains(st.Reason, "self-check") || !strings.Contains(st.Reason, "platform "+DefaultRunscPlatform) || !strings.Contains(st.Reason, "unexpected return pc") || st.SelfCheck != SelfCheckFailed {
+		t.Fatalf("Available(runsc failing its self-check) = %+v, %v; want refused, naming the self-check, the platform and the crash", st, ok)
 	}
 	cfg.RunscPath = ""
 	cfg.StateDir = filepath.Join(e.base, "state3")
@@ -716,6 +735,7 @@ func TestNewValidates(t *testing.T) {
 		{"cgroup root", "cgroup_parent", Config{StateDir: "/tmp/x", CgroupParent: "/"}},
 		{"cgroup relative", "cgroup_parent", Config{StateDir: "/tmp/x", CgroupParent: "airlock"}},
 		{"rootfs inside state", "rootfs_dir", Config{StateDir: "/tmp/x", RootfsDir: "/tmp/x/rootfs"}},
+		{"runsc platform", "runsc_platform", Config{StateDir: "/tmp/x", RunscPlatform: "kvm"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := New(tc.cfg)

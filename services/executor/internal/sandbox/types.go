@@ -32,7 +32,19 @@ type RuntimeStatus struct {
 	Version string
 	// Reason says why the class is unavailable.
 	Reason string
+	// Platform is gVisor's platform (runsc only).
+	Platform string
+	// SelfCheck is the runsc self-check's outcome: SelfCheckPassed,
+	// SelfCheckFailed, or "" when it did not run (runc, or runsc failed
+	// before it).
+	SelfCheck string
 }
+
+// The outcomes of RuntimeStatus.SelfCheck.
+const (
+	SelfCheckPassed = "passed"
+	SelfCheckFailed = "failed"
+)
 
 // Limits bound one job. Every field must be positive.
 type Limits struct {
