@@ -36,14 +36,17 @@ const (
 
 // runscPlatforms are the gVisor platforms the executor may run runsc with,
 // each with why it may be chosen. Issue 20: under systrap, gVisor's
-// default, on a loaded AMD EPYC host (AVX-512, XSAVEOPT, no XSAVES) the
-// Go compiler inside a job died once in a few builds with a corrupted
-// stack ("unexpected return pc ... called from 0x87d8bacbfe281392"); under
-// ptrace the host kernel itself saves and restores each thread's
-// registers and FPU state. kvm needs /dev/kvm and is not offered.
+// default, a thread interrupted by a signal on this project's AMD EPYC
+// host (AVX-512) came back, a few times in 20,000 signals, with another
+// thread's vector registers (tools/sandbox/runsc/fpcheck; the self-check
+// finds it in seconds), which is how the Go compiler inside a job died
+// with "unexpected return pc ... called from 0x87d8bacbfe281392"; XSAVE in
+// place of XSAVEOPT and --systrap-disable-syscall-patching did not stop it.
+// Under ptrace the host kernel saves and restores each thread's registers,
+// and no run corrupted one. kvm needs /dev/kvm and is not offered.
 var runscPlatforms = map[string]string{
 	"ptrace":  "the host kernel switches the job's threads (PTRACE_SYSEMU); the default",
-	"systrap": "gVisor's stub threads switch the job's threads themselves (seccomp traps, patched syscalls, XSAVE in user space); faster where it is reliable",
+	"systrap": "gVisor's stub threads switch the job's threads themselves; it must pass the self-check, which it fails on the issue 20 host",
 }
 
 // Config configures a Manager.
@@ -82,7 +85,11 @@ type Config struct {
 	// RunscPlatform is gVisor's platform for runsc jobs: "ptrace" (the
 	// default) or "systrap". See runscPlatforms.
 	RunscPlatform string
-	Logger        *slog.Logger
+	// RunscSelfCheck is how long the runsc self-check job computes before
+	// runsc is trusted with jobs (see selfCheckMain). Default
+	// DefaultSelfCheck.
+	RunscSelfCheck time.Duration
+	Logger         *slog.Logger
 }
 
 // Manager creates sandboxes and cleans up after them.
@@ -127,6 +134,9 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.RunscPlatform == "" {
 		cfg.RunscPlatform = DefaultRunscPlatform
 	}
+	if cfg.RunscSelfCheck == 0 {
+		cfg.RunscSelfCheck = DefaultSelfCheck
+	}
 	switch {
 	case cfg.StateDir == "" || !filepath.IsAbs(cfg.StateDir) || filepath.Clean(cfg.StateDir) != cfg.StateDir:
 		return nil, invalid("sandbox.state_dir %q: must be a clean absolute path", cfg.StateDir)
@@ -142,6 +152,8 @@ func New(cfg Config) (*Manager, error) {
 		return nil, invalid("sandbox.rootfs_dir %q: must be a clean absolute path", cfg.RootfsDir)
 	case isUnder(cfg.RootfsDir, cfg.StateDir) || cfg.RootfsDir == cfg.StateDir:
 		return nil, invalid("sandbox.rootfs_dir %q: must be outside state_dir, which stays private (0700)", cfg.RootfsDir)
+	case cfg.RunscSelfCheck < 0:
+		return nil, invalid("sandbox.runsc_self_check %v: must not be negative", cfg.RunscSelfCheck)
 	case runscPlatforms[cfg.RunscPlatform] == "":
 		return nil, invalid("sandbox.runsc_platform %q: must be one of %s", cfg.RunscPlatform, strings.Join(slices.Sorted(maps.Keys(runscPlatforms)), ", "))
 	}
