@@ -114,7 +114,8 @@ type Sandbox struct {
 	// Runsc is the gVisor runsc binary; empty disables the runsc class.
 	Runsc string `yaml:"runsc"`
 	// RunscPlatform is gVisor's platform for runsc jobs: ptrace (default)
-	// or systrap (see docs/operations.md on why ptrace is the default).
+	// or systrap, which must pass the self-check (docs/operations.md: on
+	// issue 20's host it corrupts vector registers and is refused).
 	RunscPlatform string `yaml:"runsc_platform"`
 	// UIDBase is the host uid and gid that root inside a sandbox maps to; default 1000000.
 	UIDBase uint32 `yaml:"uid_base"`
