@@ -42,7 +42,6 @@ func (r *runtimeBin) global(logPath string) []string {
 	}
 	if r.class == ClassRunsc {
 		args = append(args,
-			"--platform="+r.platform,
 			// Apply the bundle's seccomp filter to the job inside the
 			// sandbox; runsc otherwise ignores it.
 			"--oci-seccomp",
@@ -61,7 +60,9 @@ func (r *runtimeBin) global(logPath string) []string {
 func (r *runtimeBin) runCmd(bundle, id, logPath, pidFile string) *exec.Cmd {
 	args := r.global(logPath)
 	if r.class == ClassRunsc {
-		args = append(args, runscNetwork(bundle))
+		// The platform is the sandbox's, chosen when it starts; runsc's
+		// other commands (exec, kill, delete) are not given it.
+		args = append(args, "--platform="+r.platform, runscNetwork(bundle))
 	}
 	args = append(args, "run", "--bundle", bundle, "--pid-file", pidFile, id)
 	cmd := exec.Command(r.path, args...)
