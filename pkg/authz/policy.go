@@ -20,6 +20,9 @@ var AuthorityTable = Merge(Infrastructure, Table{
 	authorityv1.AuthorityService_ListJobs_FullMethodName:     {Clients},
 	authorityv1.AuthorityService_WatchJob_FullMethodName:     {Clients},
 	authorityv1.AuthorityService_CancelJob_FullMethodName:    {Clients},
+	// An auditor's copy of a result bundle: the tenant's clients and the
+	// approvers its policy lists (the handler scopes it), as ReadReview.
+	authorityv1.AuthorityService_DownloadBundle_FullMethodName: {Clients, Approvers},
 	// Sessions are jobs: the same callers, the handler scoping each to
 	// the session's tenant.
 	authorityv1.AuthorityService_CreateSession_FullMethodName:  {Clients},

@@ -53,6 +53,7 @@ var expected = map[string]map[string]bool{
 	"/airlock.authority.v1.AuthorityService/ListJobs":             only(client),
 	"/airlock.authority.v1.AuthorityService/WatchJob":             only(client),
 	"/airlock.authority.v1.AuthorityService/CancelJob":            only(client),
+	"/airlock.authority.v1.AuthorityService/DownloadBundle":       only(client, approver),
 	"/airlock.authority.v1.AuthorityService/CreateSession":        only(client),
 	"/airlock.authority.v1.AuthorityService/GetSession":           only(client),
 	"/airlock.authority.v1.AuthorityService/ListSessions":         only(client),

@@ -70,6 +70,11 @@ type Input struct {
 	// symlinks (as links, never followed) are taken, anything else is
 	// listed in Skipped.
 	OutDir string
+	// Exported, if set, counts the apparent size of each regular file of
+	// OutDir on top of what it holds already (the patch's files): when
+	// they pass its limit, Write refuses with a *TooLargeError before
+	// writing anything, so a sparse file is never copied whole.
+	Exported *Tally
 }
 
 // Result describes a written bundle.
@@ -83,6 +88,13 @@ type Result struct {
 // Write builds the bundle at path (a durable atomicfile replacement) and
 // returns its digest.
 func Write(path string, in Input) (*Result, error) {
+	var out []treeEntry
+	if in.OutDir != "" {
+		var err error
+		if out, err = listTree(OutDir, in.OutDir, in.Exported); err != nil {
+			return nil, err
+		}
+	}
 	tmp, err := atomicfile.Create(path, 0o600)
 	if err != nil {
 		return nil, err
@@ -120,7 +132,7 @@ func Write(path string, in Input) (*Result, error) {
 		}
 	}
 	if in.OutDir != "" {
-		skipped, err := addTree(tw, OutDir, in.OutDir)
+		skipped, err := addTree(tw, out)
 		if err != nil {
 			return nil, err
 		}
@@ -186,11 +198,18 @@ func addFile(tw *tar.Writer, name, path string) error {
 	return err
 }
 
-// addTree adds the regular files and symlinks under root, in sorted order.
-// Files are opened with O_NOFOLLOW, and links are stored as links, so
-// nothing outside root is ever read through a link the job planted.
-func addTree(tw *tar.Writer, prefix, root string) ([]string, error) {
-	var skipped []string
+// treeEntry is one entry under a tree's root: its name in the bundle, its
+// host path and what lstat said of it.
+type treeEntry struct {
+	name, path string
+	st         fs.FileInfo
+}
+
+// listTree lists the entries under root in sorted order, with lstat (no
+// link followed, nothing read), counting each regular file's apparent size
+// in exported (if set) under its path as the job sees it: prefix "out/" is
+// /out.
+func listTree(prefix, root string, exported *Tally) ([]treeEntry, error) {
 	var paths []string
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -205,6 +224,7 @@ func addTree(tw *tar.Writer, prefix, root string) ([]string, error) {
 		return nil, err
 	}
 	sort.Strings(paths)
+	entries := make([]treeEntry, 0, len(paths))
 	for _, p := range paths {
 		rel, _ := filepath.Rel(root, p)
 		name := prefix + filepath.ToSlash(rel)
@@ -212,6 +232,24 @@ func addTree(tw *tar.Writer, prefix, root string) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
+		if exported != nil && st.Mode().IsRegular() {
+			exported.Add("/"+name, st.Size())
+		}
+		entries = append(entries, treeEntry{name: name, path: p, st: st})
+	}
+	if err := exported.Err(); err != nil {
+		return nil, err
+	}
+	return entries, nil
+}
+
+// addTree adds the regular files and symlinks listTree listed. Files are
+// opened with O_NOFOLLOW, and links are stored as links, so nothing outside
+// root is ever read through a link the job planted.
+func addTree(tw *tar.Writer, entries []treeEntry) ([]string, error) {
+	var skipped []string
+	for _, e := range entries {
+		name, p, st := e.name, e.path, e.st
 		switch {
 		case st.Mode().IsDir():
 			if err := tw.WriteHeader(&tar.Header{Name: name + "/", Mode: 0o755, ModTime: epoch, Typeflag: tar.TypeDir, Format: tar.FormatPAX}); err != nil {
@@ -247,7 +285,9 @@ func addRegular(tw *tar.Writer, name, path string, st fs.FileInfo) error {
 	if err != nil {
 		return err
 	}
-	if !fst.Mode().IsRegular() || !os.SameFile(st, fst) {
+	// The size counted is the size copied: a file that grew since it was
+	// listed is not taken at its new size.
+	if !fst.Mode().IsRegular() || !os.SameFile(st, fst) || fst.Size() != st.Size() {
 		return fmt.Errorf("bundle: %s changed while being read", name)
 	}
 	mode := int64(0o644)

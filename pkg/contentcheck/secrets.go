@@ -329,12 +329,18 @@ func (c *Checker) scanPatch(ctx context.Context, pol Policy, patch *Patch, r *re
 	})
 }
 
-// scanOut scans one /out file and checks its size.
+// scanOut scans one /out file, its name, and what it unpacks to
+// (archive.go), and checks its size.
 func (c *Checker) scanOut(ctx context.Context, pol Policy, o OutFile, r *report) error {
 	if o.Content == nil {
 		return errNilContent
 	}
 	p := "/out/" + o.Name
+	u := &unpacker{c: c, r: r, budget: pol.MaxFileBytes, left: pol.MaxFileBytes}
+	// A token can be a file's name.
+	if err := u.name(ctx, p, o.Name, " (in the file's name)"); err != nil {
+		return err
+	}
 	tooLarge := Finding{Rule: RuleFileTooLarge, Path: p,
 		Message: fmt.Sprintf("more than the %d bytes allowed (not scanned past them)", pol.MaxFileBytes)}
 	if o.Size > pol.MaxFileBytes {
@@ -342,9 +348,11 @@ func (c *Checker) scanOut(ctx context.Context, pol Policy, o OutFile, r *report)
 		r.add(tooLarge)
 		return nil
 	}
-	more, err := c.scanStream(ctx, p, o.Content, pol.MaxFileBytes, func(f gitleaksreport.Finding, line int) {
-		r.add(secretFinding(f, p, line, ""))
-	})
+	more, err := u.scan(ctx, p, sourceReader{o.Content}, pol.MaxFileBytes, 0)
+	if un := (*unscannable)(nil); errors.As(err, &un) {
+		r.add(Finding{Rule: RuleArchiveUnscannable, Path: p, Message: un.reason + "; what it holds was not scanned"})
+		err = nil
+	}
 	if err != nil {
 		if cerr := ctxErr(ctx); cerr != nil {
 			return cerr

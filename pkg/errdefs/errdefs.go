@@ -1,17 +1,12 @@
 // Package errdefs owns Airlock's error vocabulary: the sentinel errors domain
-// packages wrap, and the one mapping from them to gRPC status codes. Domain
-// packages return wrapped sentinels and never import grpc; API adapters call
-// ToGRPC and nothing else to turn an error into a status.
+// packages wrap. It imports no grpc: domain packages return wrapped sentinels,
+// and pkg/errgrpc alone maps them to gRPC status codes and back.
 package errdefs
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // Sentinels. Wrap them with detail meant for the caller:
@@ -30,58 +25,12 @@ var (
 	ErrDataLoss = errors.New("data loss")
 )
 
-var codeOf = []struct {
-	err  error
-	code codes.Code
-}{
-	{ErrInvalidArgument, codes.InvalidArgument},
-	{ErrNotFound, codes.NotFound},
-	{ErrAlreadyExists, codes.AlreadyExists},
-	{ErrPermissionDenied, codes.PermissionDenied},
-	{ErrFailedPrecondition, codes.FailedPrecondition},
-	{ErrResourceExhausted, codes.ResourceExhausted},
-	{ErrUnavailable, codes.Unavailable},
-	{ErrNotImplemented, codes.Unimplemented},
-	{ErrDataLoss, codes.DataLoss},
-	{context.Canceled, codes.Canceled},
-	{context.DeadlineExceeded, codes.DeadlineExceeded},
-}
-
-// ToGRPC maps err to a status error. An error that wraps a sentinel keeps its
-// message, which is written for the caller; any other error becomes Internal
-// with a generic message, because its text may carry internal detail — the
-// caller of ToGRPC logs the original. A status error passes through.
-func ToGRPC(err error) error {
-	if err == nil {
-		return nil
-	}
-	if _, ok := status.FromError(err); ok {
-		return err
-	}
-	for _, c := range codeOf {
-		if errors.Is(err, c.err) {
-			return status.Error(c.code, err.Error())
-		}
-	}
-	return status.Error(codes.Internal, "internal error")
-}
-
-// FromGRPC maps a status error from a peer back to a wrapped sentinel, so a
-// domain package can test it with errors.Is.
-func FromGRPC(err error) error {
-	if err == nil {
-		return nil
-	}
-	st, ok := status.FromError(err)
-	if !ok {
-		return err
-	}
-	for _, c := range codeOf {
-		if c.code == st.Code() {
-			return fmt.Errorf("%w: %s", c.err, st.Message())
-		}
-	}
-	return err
+// kinds are the errors whose words Detail strips: the sentinels and the
+// context errors a caller is also told by kind.
+var kinds = []error{
+	ErrInvalidArgument, ErrNotFound, ErrAlreadyExists, ErrPermissionDenied,
+	ErrFailedPrecondition, ErrResourceExhausted, ErrUnavailable, ErrNotImplemented,
+	ErrDataLoss, context.Canceled, context.DeadlineExceeded,
 }
 
 // Detail is err's message without the sentinel's words it starts with
@@ -89,8 +38,8 @@ func FromGRPC(err error) error {
 // status that says its kind elsewhere.
 func Detail(err error) string {
 	msg := err.Error()
-	for _, c := range codeOf {
-		if rest, ok := strings.CutPrefix(msg, c.err.Error()+": "); ok && errors.Is(err, c.err) {
+	for _, k := range kinds {
+		if rest, ok := strings.CutPrefix(msg, k.Error()+": "); ok && errors.Is(err, k) {
 			return rest
 		}
 	}

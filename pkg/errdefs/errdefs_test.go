@@ -3,6 +3,10 @@ package errdefs
 import (
 	"errors"
 	"fmt"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -19,6 +23,29 @@ func TestDetail(t *testing.T) {
 	} {
 		if got := Detail(tc.err); got != tc.want {
 			t.Errorf("Detail(%q) = %q, want %q", tc.err, got, tc.want)
+		}
+	}
+}
+
+// TestImportsNoGRPC keeps the vocabulary plain: domain packages import
+// errdefs, and they import no grpc; the mapping lives in pkg/errgrpc.
+func TestImportsNoGRPC(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no Go files: %v", err)
+	}
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), name, nil, parser.ImportsOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, imp := range f.Imports {
+			if p := strings.Trim(imp.Path.Value, `"`); strings.HasPrefix(p, "google.golang.org/grpc") || strings.HasPrefix(p, "google.golang.org/protobuf") {
+				t.Errorf("%s imports %s", name, p)
+			}
 		}
 	}
 }

@@ -31,17 +31,24 @@ var hardening = []string{
 	"-c", "diff.external=",
 }
 
-// Env is the base environment: home is HOME (git reads nothing there, the
-// global config being /dev/null, but some commands want one).
+// Env is git's whole base environment, the one every Airlock process that
+// runs git starts from: nothing of the caller's own environment reaches git,
+// so no GIT_* variable set around a service can redirect or trace it. No
+// system or global config, no prompt, no replace objects, C locale; home is
+// HOME and XDG_CONFIG_HOME (git reads nothing there, the global config
+// being /dev/null, but some commands want one). PATH is fixed: the git
+// binary is found by the caller, git's helpers in its own exec path.
 func Env(home string) []string {
 	return []string{
 		"PATH=/usr/local/bin:/usr/bin:/bin",
 		"HOME=" + home,
+		"XDG_CONFIG_HOME=" + home,
 		"GIT_CONFIG_NOSYSTEM=1",
 		"GIT_CONFIG_GLOBAL=/dev/null",
 		"GIT_TERMINAL_PROMPT=0",
 		"GIT_ASKPASS=/bin/false",
 		"GIT_OPTIONAL_LOCKS=0",
+		"GIT_NO_REPLACE_OBJECTS=1",
 		"LC_ALL=C",
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/airlockhq/airlock/pkg/gitcmd"
 )
 
 // protection is the branch protection git itself enforces in receive-pack:
@@ -76,22 +78,10 @@ func isBare(dir string) bool {
 	return os.IsNotExist(err)
 }
 
-// sealedEnv is git's whole environment: no system or global config, no
-// prompt, and cfg as command-line config, on top of PATH alone.
+// sealedEnv is git's whole environment (gitcmd.Env) with cfg as
+// configuration that outranks every file.
 func sealedEnv(home string, cfg [][2]string) []string {
-	env := []string{
-		"PATH=" + os.Getenv("PATH"),
-		"HOME=" + home,
-		"LC_ALL=C",
-		"GIT_CONFIG_NOSYSTEM=1",
-		"GIT_CONFIG_GLOBAL=" + os.DevNull,
-		"GIT_TERMINAL_PROMPT=0",
-		"GIT_CONFIG_COUNT=" + strconv.Itoa(len(cfg)),
-	}
-	for i, kv := range cfg {
-		env = append(env, fmt.Sprintf("GIT_CONFIG_KEY_%d=%s", i, kv[0]), fmt.Sprintf("GIT_CONFIG_VALUE_%d=%s", i, kv[1]))
-	}
-	return env
+	return append(gitcmd.Env(home), gitcmd.ConfigEnv(cfg)...)
 }
 
 // run runs git in dir (default: the current directory) in the sealed

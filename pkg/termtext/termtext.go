@@ -26,7 +26,9 @@
 // which belong in a multi-line body; [Line] escapes them too, so one field
 // cannot start another line or table column. A carriage return not followed
 // by a newline is always escaped: it would return the cursor over what a
-// line showed so far.
+// line showed so far. [Patch] keeps newline and tab but escapes every
+// carriage return, CRLF's too: in a patch, a line that changes only its
+// line end must not look like the line it replaces.
 package termtext
 
 import (
@@ -38,14 +40,31 @@ import (
 // Line returns s escaped for a single-line field: a name, id, comment,
 // reason, path, command argument or table cell.
 func Line(s string) string {
-	out, _ := escape(nil, []byte(s), false, true)
+	out, _ := escape(nil, []byte(s), line, true)
 	return string(out)
 }
+
+// mode is what a text keeps of its line structure.
+type mode int
+
+const (
+	line  mode = iota // one line: newline and tab escaped
+	block             // a body: newline, tab and CRLF kept
+	patch             // a patch: newline and tab kept, every CR escaped
+)
 
 // Block returns s escaped for a multi-line body such as a patch or a
 // program's output: newlines, tabs and CRLF line ends are kept.
 func Block(s string) string {
-	out, _ := escape(nil, []byte(s), true, true)
+	out, _ := escape(nil, []byte(s), block, true)
+	return string(out)
+}
+
+// Patch returns a patch (or any diff) escaped for a terminal as [Block]
+// does, except that a carriage return is shown as \x0d before a newline
+// too, so "-line\x0d" and "+line" differ on the screen as in the file.
+func Patch(s string) string {
+	out, _ := escape(nil, []byte(s), patch, true)
 	return string(out)
 }
 
@@ -56,6 +75,7 @@ func Block(s string) string {
 // to write what it still holds. A Writer is not safe for concurrent use.
 type Writer struct {
 	w      io.Writer
+	mode   mode
 	carry  [utf8.UTFMax - 1]byte // the held-back tail of the last write
 	ncarry int
 	in     []byte // the tail joined to the next write
@@ -64,7 +84,12 @@ type Writer struct {
 
 // NewWriter returns a Writer that writes escaped text to w.
 func NewWriter(w io.Writer) *Writer {
-	return &Writer{w: w}
+	return &Writer{w: w, mode: block}
+}
+
+// NewPatchWriter returns a Writer that escapes a patch as [Patch] does.
+func NewPatchWriter(w io.Writer) *Writer {
+	return &Writer{w: w, mode: patch}
 }
 
 // Write escapes p and writes the result, less any held-back tail. It
@@ -76,7 +101,7 @@ func (w *Writer) Write(p []byte) (int, error) {
 		src = w.in
 	}
 	var n int
-	w.out, n = escape(w.out[:0], src, true, false)
+	w.out, n = escape(w.out[:0], src, w.mode, false)
 	w.ncarry = copy(w.carry[:], src[n:])
 	if len(w.out) == 0 {
 		return len(p), nil
@@ -92,17 +117,18 @@ func (w *Writer) Flush() error {
 	if w.ncarry == 0 {
 		return nil
 	}
-	w.out, _ = escape(w.out[:0], w.carry[:w.ncarry], true, true)
+	w.out, _ = escape(w.out[:0], w.carry[:w.ncarry], w.mode, true)
 	w.ncarry = 0
 	_, err := w.w.Write(w.out)
 	return err
 }
 
-// escape appends src to dst with every unsafe byte and rune escaped; with
-// multiline, newline, tab and CRLF are kept. Unless atEOF it stops before a
-// tail that more input could change (an incomplete rune, a final carriage
-// return) and reports how much of src it consumed.
-func escape(dst, src []byte, multiline, atEOF bool) ([]byte, int) {
+// escape appends src to dst with every unsafe byte and rune escaped,
+// keeping what m keeps. Unless atEOF it stops before a tail that more input
+// could change (an incomplete rune, a final carriage return) and reports
+// how much of src it consumed.
+func escape(dst, src []byte, m mode, atEOF bool) ([]byte, int) {
+	multiline := m != line
 	for i := 0; i < len(src); {
 		c := src[i]
 		if c < utf8.RuneSelf {
@@ -111,9 +137,9 @@ func escape(dst, src []byte, multiline, atEOF bool) ([]byte, int) {
 				dst = append(dst, '\\', '\\')
 			case multiline && (c == '\n' || c == '\t'):
 				dst = append(dst, c)
-			case multiline && c == '\r' && i+1 == len(src) && !atEOF:
+			case m == block && c == '\r' && i+1 == len(src) && !atEOF:
 				return dst, i
-			case multiline && c == '\r' && i+1 < len(src) && src[i+1] == '\n':
+			case m == block && c == '\r' && i+1 < len(src) && src[i+1] == '\n':
 				dst = append(dst, '\r', '\n')
 				i++
 			case c < 0x20 || c == 0x7f:

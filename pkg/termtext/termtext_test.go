@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,6 +16,7 @@ func TestEscape(t *testing.T) {
 		name        string
 		in          string
 		line, block string // block "" means the same as line
+		patch       string // "" means the same as block
 	}{
 		{name: "hidden patch line", in: "+\x1b[8mrm -rf /\x1b[0m", line: `+\x1b[8mrm -rf /\x1b[0m`},
 		{name: "cursor up, erase line", in: "\x1b[1A\x1b[2K", line: `\x1b[1A\x1b[2K`},
@@ -27,8 +29,9 @@ func TestEscape(t *testing.T) {
 		{name: "DEL", in: "a\x7fb", line: `a\x7fb`},
 		{name: "lone carriage return", in: "ok\rFAIL", line: `ok\x0dFAIL`},
 		{name: "carriage return at the end", in: "ok\r", line: `ok\x0d`},
-		{name: "CRLF", in: "a\r\nb", line: `a\x0d\x0ab`, block: "a\r\nb"},
-		{name: "CR CR LF", in: "a\r\r\nb", line: `a\x0d\x0d\x0ab`, block: "a\\x0d\r\nb"},
+		{name: "CRLF", in: "a\r\nb", line: `a\x0d\x0ab`, block: "a\r\nb", patch: "a\\x0d\nb"},
+		{name: "CR CR LF", in: "a\r\r\nb", line: `a\x0d\x0d\x0ab`, block: "a\\x0d\r\nb", patch: "a\\x0d\\x0d\nb"},
+		{name: "a line whose CRLF end became LF", in: "-line1\r\n+line1\n", line: `-line1\x0d\x0a+line1\x0a`, block: "-line1\r\n+line1\n", patch: "-line1\\x0d\n+line1\n"},
 		{name: "newline and tab", in: "a\nb\tc\n", line: `a\x0ab\x09c\x0a`, block: "a\nb\tc\n"},
 		{name: "other C0 controls", in: "\x00\x07\x08\x0b\x0c\x1b\x1f", line: `\x00\x07\x08\x0b\x0c\x1b\x1f`},
 		{name: "invalid UTF-8", in: "\xff\xfeok", line: `\xff\xfeok`},
@@ -52,6 +55,13 @@ func TestEscape(t *testing.T) {
 			}
 			if got := Block(tc.in); got != block {
 				t.Errorf("Block(%q) = %q, want %q", tc.in, got, block)
+			}
+			patch := tc.patch
+			if patch == "" {
+				patch = block
+			}
+			if got := Patch(tc.in); got != patch {
+				t.Errorf("Patch(%q) = %q, want %q", tc.in, got, patch)
 			}
 		})
 	}
@@ -96,11 +106,24 @@ var writes = []string{
 
 func TestWriterSplitAnywhere(t *testing.T) {
 	for _, in := range writes {
-		want := Block(in)
+		for _, m := range []struct {
+			escape    func(string) string
+			newWriter func(io.Writer) *Writer
+		}{{Block, NewWriter}, {Patch, NewPatchWriter}} {
+			splitAnywhere(t, in, m.escape(in), m.newWriter)
+		}
+	}
+}
+
+// splitAnywhere checks that in, written in three chunks split anywhere,
+// comes out as want.
+func splitAnywhere(t *testing.T, in, want string, newWriter func(io.Writer) *Writer) {
+	t.Helper()
+	{
 		for i := 0; i <= len(in); i++ {
 			for j := i; j <= len(in); j++ {
 				var out bytes.Buffer
-				w := NewWriter(&out)
+				w := newWriter(&out)
 				for _, chunk := range []string{in[:i], in[i:j], in[j:]} {
 					if n, err := w.Write([]byte(chunk)); n != len(chunk) || err != nil {
 						t.Fatalf("Write(%q) = %d, %v", chunk, n, err)
@@ -172,6 +195,9 @@ func FuzzEscape(f *testing.F) {
 	}
 	f.Add(`\\x1b\u202e\`)
 	f.Fuzz(func(t *testing.T, in string) {
+		if out := Patch(in); strings.Contains(out, "\r") {
+			t.Fatalf("Patch(%q) = %q, which keeps a carriage return", in, out)
+		}
 		for _, multiline := range []bool{false, true} {
 			out := Line(in)
 			if multiline {

@@ -147,8 +147,8 @@ func TestCancelStopsTheSandbox(t *testing.T) {
 	if len(mounts) != 0 || len(cgroups) != 0 {
 		t.Errorf("5s after the cancel: mounts %v, cgroups %v; want none", mounts, cgroups)
 	}
-	if code := watch.exitCode(10 * time.Second); code != 130 || !strings.Contains(watch.stderr.String(), "CANCELLED") {
-		t.Errorf("`airlock job watch`: exit %d, want 130 with CANCELLED on stderr\n%s", code, watch.stderr.String())
+	if code := watch.exitCode(10 * time.Second); code != 130 || !strings.Contains(watch.stderr.String(), "[airlock] cancelled") {
+		t.Errorf("`airlock job watch`: exit %d, want 130 with [airlock] cancelled on stderr\n%s", code, watch.stderr.String())
 	}
 	if n := sandboxProcs(parent); n != 0 {
 		t.Errorf("%d processes of the cancelled job appeared after it ended", n)

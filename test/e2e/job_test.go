@@ -9,9 +9,9 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
+	"github.com/airlockhq/airlock/test/gittest"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -55,15 +55,11 @@ func sampleRepo(t testing.TB) (dir, commit string) {
 	return dir, strings.TrimSpace(git(t, dir, "rev-parse", "HEAD"))
 }
 
+// git runs git in dir in gittest's sealed environment (fixed identity and
+// dates, nobody's configuration) and returns its standard output.
 func git(t testing.TB, dir string, args ...string) string {
 	t.Helper()
-	cmd := exec.Command("git", args...)
-	cmd.Dir = dir
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
+	return gittest.Run(t, dir, args...)
 }
 
 // submit runs `airlock job submit` with args and returns the result.

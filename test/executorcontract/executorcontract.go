@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -117,6 +118,54 @@ func Run(t *testing.T, e Env) {
 			_, err := e.Server.UpdateRun(ctx, &executorv1.UpdateRunRequest{Grant: sign(Grant("contract-unknown", time.Hour))})
 			return err
 		}, codes.NotFound},
+		// A session's calls (the authority's jobs.Sessions) about a run the
+		// executor does not have, and without what they require.
+		{"GetExec unknown job", func() error {
+			_, err := e.Server.GetExec(ctx, &executorv1.GetExecRequest{JobId: "contract-unknown", ExecId: "e1"})
+			return err
+		}, codes.NotFound},
+		{"GetExec no exec_id", func() error {
+			_, err := e.Server.GetExec(ctx, &executorv1.GetExecRequest{JobId: "contract-unknown"})
+			return err
+		}, codes.InvalidArgument},
+		{"StartExec unknown job", func() error {
+			_, err := e.Server.StartExec(ctx, &executorv1.StartExecRequest{JobId: "contract-unknown", Spec: &typesv1.ExecSpec{ExecId: "e1", Argv: []string{"true"}}})
+			return err
+		}, codes.NotFound},
+		{"StartExec no spec", func() error {
+			_, err := e.Server.StartExec(ctx, &executorv1.StartExecRequest{JobId: "contract-unknown"})
+			return err
+		}, codes.InvalidArgument},
+		{"ListExecs unknown job", func() error {
+			_, err := e.Server.ListExecs(ctx, &executorv1.ListExecsRequest{JobId: "contract-unknown"})
+			return err
+		}, codes.NotFound},
+		{"CancelExec unknown job", func() error {
+			_, err := e.Server.CancelExec(ctx, &executorv1.CancelExecRequest{JobId: "contract-unknown", ExecId: "e1"})
+			return err
+		}, codes.NotFound},
+		{"WatchExec unknown job", func() error {
+			return e.Server.WatchExec(&executorv1.WatchExecRequest{JobId: "contract-unknown", ExecId: "e1"}, &sink[executorv1.WatchExecResponse]{ctx: ctx})
+		}, codes.NotFound},
+		{"FinishRun unknown job", func() error {
+			_, err := e.Server.FinishRun(ctx, &executorv1.FinishRunRequest{JobId: "contract-unknown"})
+			return err
+		}, codes.NotFound},
+		{"SuspendRun unknown job", func() error {
+			_, err := e.Server.SuspendRun(ctx, &executorv1.SuspendRunRequest{JobId: "contract-unknown"})
+			return err
+		}, codes.NotFound},
+		{"ResumeRun unknown job", func() error {
+			_, err := e.Server.ResumeRun(ctx, &executorv1.ResumeRunRequest{JobId: "contract-unknown"})
+			return err
+		}, codes.NotFound},
+		{"ReadFile unknown job", func() error {
+			return e.Server.ReadFile(&executorv1.ReadFileRequest{JobId: "contract-unknown", Path: "/work/a"}, &sink[executorv1.ReadFileResponse]{ctx: ctx})
+		}, codes.NotFound},
+		{"ListFiles unknown job", func() error {
+			_, err := e.Server.ListFiles(ctx, &executorv1.ListFilesRequest{JobId: "contract-unknown", Path: "/work"})
+			return err
+		}, codes.NotFound},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := status.Code(tc.call()); got != tc.code {
@@ -124,4 +173,18 @@ func Run(t *testing.T, e Env) {
 			}
 		})
 	}
+}
+
+// sink is a server stream that takes what is sent and nothing else: the
+// calls above end before they receive or set headers.
+type sink[T any] struct {
+	grpc.ServerStream
+	ctx  context.Context
+	sent []*T
+}
+
+func (s *sink[T]) Context() context.Context { return s.ctx }
+func (s *sink[T]) Send(m *T) error {
+	s.sent = append(s.sent, m)
+	return nil
 }

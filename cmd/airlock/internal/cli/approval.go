@@ -30,10 +30,6 @@ var approvalStates = map[string]authorityv1.ApprovalState{
 	"expired":  authorityv1.ApprovalState_APPROVAL_STATE_EXPIRED,
 }
 
-func stateWord(s authorityv1.ApprovalState) string {
-	return strings.ToLower(strings.TrimPrefix(s.String(), "APPROVAL_STATE_"))
-}
-
 func newApprovalList(g *globals) *cobra.Command {
 	var tenant string
 	var states []string
@@ -50,34 +46,31 @@ func newApprovalList(g *globals) *cobra.Command {
 				}
 				req.States = append(req.States, st)
 			}
-			client, self, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			if req.Tenant, err = self.tenant(tenant); err != nil {
-				return err
-			}
-			list, err := allPages(0, func(token string, size int32) ([]*authorityv1.Approval, string, error) {
-				req.PageToken, req.PageSize = token, size
-				r, err := client.ListApprovals(cmd.Context(), req)
-				return r.GetApprovals(), r.GetNextPageToken(), err
-			})
-			if err != nil {
-				return rpcError(err)
-			}
-			resp := &authorityv1.ListApprovalsResponse{Approvals: list}
-			return g.printProto(resp, func(w io.Writer) {
-				fmt.Fprintln(w, "APPROVAL\tJOB\tSTATE\tVOTES\tFOR\tDIGEST\tEXPIRES")
-				for _, a := range resp.GetApprovals() {
-					what := "publish " + a.GetTarget().GetRepository() + ":" + a.GetTarget().GetBranch()
-					if a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
-						what = "change: " + strings.Join(a.GetChange().GetWidens(), "; ")
-					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", termtext.Line(a.GetApprovalId()), termtext.Line(a.GetJobId()), stateWord(a.GetState()),
-						approvals(a), a.GetRequiredApprovals(), termtext.Line(what),
-						termtext.Line(short(strings.TrimPrefix(a.GetBundleDigest(), "sha256:"))), a.GetExpiresAt().AsTime().Local().Format(time.DateTime))
+			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, self *caller) (err error) {
+				if req.Tenant, err = self.tenant(tenant); err != nil {
+					return err
 				}
+				list, err := allPages(0, func(token string, size int32) ([]*authorityv1.Approval, string, error) {
+					req.PageToken, req.PageSize = token, size
+					r, err := client.ListApprovals(cmd.Context(), req)
+					return r.GetApprovals(), r.GetNextPageToken(), err
+				})
+				if err != nil {
+					return err
+				}
+				resp := &authorityv1.ListApprovalsResponse{Approvals: list}
+				return g.PrintProto(resp, func(w io.Writer) {
+					fmt.Fprintln(w, "APPROVAL\tJOB\tSTATE\tVOTES\tFOR\tDIGEST\tEXPIRES")
+					for _, a := range resp.GetApprovals() {
+						what := "publish " + a.GetTarget().GetRepository() + ":" + a.GetTarget().GetBranch()
+						if a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
+							what = "change: " + strings.Join(a.GetChange().GetWidens(), "; ")
+						}
+						fmt.Fprintf(w, "%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", termtext.Line(a.GetApprovalId()), termtext.Line(a.GetJobId()), stateWord(a.GetState()),
+							approvals(a), a.GetRequiredApprovals(), termtext.Line(what),
+							termtext.Line(short(strings.TrimPrefix(a.GetBundleDigest(), "sha256:"))), a.GetExpiresAt().AsTime().Local().Format(time.DateTime))
+					}
+				})
 			})
 		},
 	}
@@ -139,73 +132,70 @@ only their totals by name.`,
 			if _, err := reviewParts(parts); err != nil {
 				return err
 			}
-			client, _, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			resp, err := client.GetApproval(cmd.Context(), &authorityv1.GetApprovalRequest{ApprovalId: args[0]})
-			if err != nil {
-				return rpcError(err)
-			}
-			a, rv := resp.GetApproval(), resp.GetReview()
-			if full && a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
-				return usageError{errors.New("--full: a change request has no result bundle; approval show prints all of it")}
-			}
-			if full && (g.output == "json" || bareReview(raw, parts)) {
-				// One JSON object a line, each a ReadReview message; or
-				// one part's bytes and nothing else.
-				return streamReview(cmd.Context(), g, client, a, raw, parts)
-			}
-			err = g.printProto(resp, func(w io.Writer) {
-				r := rv.GetResult()
-				fmt.Fprintf(w, "approval   %s (%s, %d of %d approvals)\n", termtext.Line(a.GetApprovalId()), stateWord(a.GetState()), approvals(a), a.GetRequiredApprovals())
-				if a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
-					c := a.GetChange()
-					fmt.Fprintf(w, "change to  running job %s, asked by %s\n", termtext.Line(a.GetJobId()), termtext.Line(a.GetRequester()))
-					fmt.Fprintf(w, "digest     %s\n", termtext.Line(a.GetBundleDigest()))
+			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, _ *caller) error {
+				resp, err := client.GetApproval(cmd.Context(), &authorityv1.GetApprovalRequest{ApprovalId: args[0]})
+				if err != nil {
+					return err
+				}
+				a, rv := resp.GetApproval(), resp.GetReview()
+				if full && a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
+					return usageError{errors.New("--full: a change request has no result bundle; approval show prints all of it")}
+				}
+				if full && (g.Output == "json" || bareReview(raw, parts)) {
+					// One JSON object a line, each a ReadReview message; or
+					// one part's bytes and nothing else.
+					return streamReview(cmd.Context(), g, client, a, raw, parts)
+				}
+				err = g.PrintProto(resp, func(w io.Writer) {
+					r := rv.GetResult()
+					fmt.Fprintf(w, "approval   %s (%s, %d of %d approvals)\n", termtext.Line(a.GetApprovalId()), stateWord(a.GetState()), approvals(a), a.GetRequiredApprovals())
+					if a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
+						c := a.GetChange()
+						fmt.Fprintf(w, "change to  running job %s, asked by %s\n", termtext.Line(a.GetJobId()), termtext.Line(a.GetRequester()))
+						fmt.Fprintf(w, "digest     %s\n", termtext.Line(a.GetBundleDigest()))
+						fmt.Fprintf(w, "command    %s\n", commandText(rv.GetCommand()))
+						fmt.Fprintf(w, "limits     %s\n        ->  %s\n", limitsText(c.GetFromLimits()), limitsText(c.GetToLimits()))
+						fmt.Fprintf(w, "network    %s\n        ->  %s\n", termtext.Line(policyText(c.GetFromNetworkPolicy())), termtext.Line(policyText(c.GetToNetworkPolicy())))
+						if c.GetFromSession() != nil {
+							fmt.Fprintf(w, "session    %s\n        ->  %s\n", sessionText(c.GetFromSession()), sessionText(c.GetToSession()))
+						}
+						for _, x := range c.GetWidens() {
+							fmt.Fprintf(w, "widens     %s\n", termtext.Line(x))
+						}
+						writeVotes(w, a)
+						return
+					}
+					fmt.Fprintf(w, "job        %s by %s\n", termtext.Line(a.GetJobId()), termtext.Line(a.GetRequester()))
+					fmt.Fprintf(w, "target     %s:%s\n", termtext.Line(a.GetTarget().GetRepository()), termtext.Line(a.GetTarget().GetBranch()))
+					fmt.Fprintf(w, "bundle     %s\n", termtext.Line(a.GetBundleDigest()))
+					fmt.Fprintf(w, "base       %s\n", termtext.Line(rv.GetCommit()))
 					fmt.Fprintf(w, "command    %s\n", commandText(rv.GetCommand()))
-					fmt.Fprintf(w, "limits     %s\n        ->  %s\n", limitsText(c.GetFromLimits()), limitsText(c.GetToLimits()))
-					fmt.Fprintf(w, "network    %s\n        ->  %s\n", termtext.Line(policyText(c.GetFromNetworkPolicy())), termtext.Line(policyText(c.GetToNetworkPolicy())))
-					if c.GetFromSession() != nil {
-						fmt.Fprintf(w, "session    %s\n        ->  %s\n", sessionText(c.GetFromSession()), sessionText(c.GetToSession()))
-					}
-					for _, x := range c.GetWidens() {
-						fmt.Fprintf(w, "widens     %s\n", termtext.Line(x))
-					}
+					fmt.Fprintf(w, "result     %s, exit %d, %s\n", reasonWord(r.GetReason()),
+						r.GetExitCode(), termtext.Line(strings.Split(r.GetRuntimeVersion(), ";")[0]))
 					writeVotes(w, a)
-					return
+				})
+				if err != nil {
+					return err
 				}
-				fmt.Fprintf(w, "job        %s by %s\n", termtext.Line(a.GetJobId()), termtext.Line(a.GetRequester()))
-				fmt.Fprintf(w, "target     %s:%s\n", termtext.Line(a.GetTarget().GetRepository()), termtext.Line(a.GetTarget().GetBranch()))
-				fmt.Fprintf(w, "bundle     %s\n", termtext.Line(a.GetBundleDigest()))
-				fmt.Fprintf(w, "base       %s\n", termtext.Line(rv.GetCommit()))
-				fmt.Fprintf(w, "command    %s\n", commandText(rv.GetCommand()))
-				fmt.Fprintf(w, "result     %s, exit %d, %s\n", strings.ToLower(strings.TrimPrefix(r.GetReason().String(), "TERMINATION_REASON_")),
-					r.GetExitCode(), termtext.Line(strings.Split(r.GetRuntimeVersion(), ";")[0]))
-				writeVotes(w, a)
-			})
-			if err != nil {
-				return err
-			}
-			if !full {
-				if g.output != "json" && a.GetKind() != authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
-					// Not through the table writer: a tab in the patch
-					// stays a tab.
-					writeReview(g.stdout, a, rv)
-				}
-				if egressToo && g.output != "json" {
-					l := rv.GetDetail().GetEgress()
-					if l == nil {
-						fmt.Fprintln(g.stdout, "\negress     nothing recorded: the job had no domains policy")
-						return nil
+				if !full {
+					if g.Output != "json" && a.GetKind() != authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
+						// Not through the table writer: a tab in the patch
+						// stays a tab.
+						writeReview(g.Stdout, a, rv)
 					}
-					fmt.Fprintln(g.stdout, "\n--- egress decisions ---")
-					return g.print(nil, func(w io.Writer) { writeEgressLog(w, l, int64(len(l.GetRecords())+len(l.GetLast()))) })
+					if egressToo && g.Output != "json" {
+						l := rv.GetDetail().GetEgress()
+						if l == nil {
+							fmt.Fprintln(g.Stdout, "\negress     nothing recorded: the job had no domains policy")
+							return nil
+						}
+						fmt.Fprintln(g.Stdout, "\n--- egress decisions ---")
+						return g.Print(nil, func(w io.Writer) { writeEgressLog(w, l, int64(len(l.GetRecords())+len(l.GetLast()))) })
+					}
+					return nil
 				}
-				return nil
-			}
-			return streamReview(cmd.Context(), g, client, a, raw, parts)
+				return streamReview(cmd.Context(), g, client, a, raw, parts)
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&full, "full", false, "stream the complete file list, patch and output from the result bundle, verified against its digest")
@@ -219,7 +209,7 @@ only their totals by name.`,
 func writeVotes(w io.Writer, a *authorityv1.Approval) {
 	fmt.Fprintf(w, "expires    %s\n", a.GetExpiresAt().AsTime().Local().Format(time.DateTime))
 	for _, v := range a.GetVotes() {
-		fmt.Fprintf(w, "vote       %s %s: %s\n", termtext.Line(v.GetApprover()), strings.ToLower(strings.TrimPrefix(v.GetDecision().String(), "DECISION_")), termtext.Line(v.GetComment()))
+		fmt.Fprintf(w, "vote       %s %s: %s\n", termtext.Line(v.GetApprover()), decisionWord(v.GetDecision()), termtext.Line(v.GetComment()))
 	}
 }
 
@@ -244,93 +234,28 @@ digest you reviewed, so nothing else can be approved in its place.`,
 			if !approve && strings.TrimSpace(comment) == "" {
 				return usageError{errors.New("--comment is required when denying")}
 			}
-			client, _, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			if digest == "" {
-				resp, err := client.GetApproval(cmd.Context(), &authorityv1.GetApprovalRequest{ApprovalId: args[0]})
-				if err != nil {
-					return rpcError(err)
+			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, _ *caller) error {
+				if digest == "" {
+					resp, err := client.GetApproval(cmd.Context(), &authorityv1.GetApprovalRequest{ApprovalId: args[0]})
+					if err != nil {
+						return err
+					}
+					digest = resp.GetApproval().GetBundleDigest()
 				}
-				digest = resp.GetApproval().GetBundleDigest()
-			}
-			resp, err := client.DecideApproval(cmd.Context(), &authorityv1.DecideApprovalRequest{
-				ApprovalId: args[0], BundleDigest: digest, Decision: decision, Comment: comment,
-			})
-			if err != nil {
-				return rpcError(err)
-			}
-			a := resp.GetApproval()
-			return g.printProto(a, func(w io.Writer) {
-				fmt.Fprintf(w, "%s: %s (%d of %d approvals)\n", termtext.Line(a.GetApprovalId()), stateWord(a.GetState()), approvals(a), a.GetRequiredApprovals())
+				resp, err := client.DecideApproval(cmd.Context(), &authorityv1.DecideApprovalRequest{
+					ApprovalId: args[0], BundleDigest: digest, Decision: decision, Comment: comment,
+				})
+				if err != nil {
+					return err
+				}
+				a := resp.GetApproval()
+				return g.PrintProto(a, func(w io.Writer) {
+					fmt.Fprintf(w, "%s: %s (%d of %d approvals)\n", termtext.Line(a.GetApprovalId()), stateWord(a.GetState()), approvals(a), a.GetRequiredApprovals())
+				})
 			})
 		},
 	}
 	cmd.Flags().StringVar(&comment, "comment", "", "why (required to deny)")
 	cmd.Flags().StringVar(&digest, "digest", "", "the bundle digest you reviewed (default: the request's)")
-	return cmd
-}
-
-func newLease(g *globals) *cobra.Command {
-	cmd := &cobra.Command{Use: "lease", Short: "List and revoke leased credentials (as an approver: --as approver/NAME)"}
-	var job string
-	var all bool
-	list := &cobra.Command{
-		Use:   "list",
-		Short: "List leases, active ones unless --all",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			client, _, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			leases, err := allPages(0, func(token string, size int32) ([]*authorityv1.Lease, string, error) {
-				r, err := client.ListLeases(cmd.Context(), &authorityv1.ListLeasesRequest{JobId: job, IncludeInactive: all, PageSize: size, PageToken: token})
-				return r.GetLeases(), r.GetNextPageToken(), err
-			})
-			if err != nil {
-				return rpcError(err)
-			}
-			resp := &authorityv1.ListLeasesResponse{Leases: leases}
-			return g.printProto(resp, func(w io.Writer) {
-				fmt.Fprintln(w, "LEASE\tPURPOSE\tJOB\tRESOURCE\tHOLDER\tEXPIRES\tREVOKED")
-				for _, l := range resp.GetLeases() {
-					revoked := "-"
-					if l.GetRevokedAt() != nil {
-						revoked = l.GetRevokedAt().AsTime().Local().Format(time.DateTime)
-					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", termtext.Line(l.GetLeaseId()), strings.ToLower(strings.TrimPrefix(l.GetPurpose().String(), "LEASE_PURPOSE_")),
-						termtext.Line(l.GetJobId()), termtext.Line(l.GetResource()), termtext.Line(l.GetHolder()), l.GetExpiresAt().AsTime().Local().Format(time.DateTime), revoked)
-				}
-			})
-		},
-	}
-	list.Flags().StringVar(&job, "job", "", "only this job's leases")
-	list.Flags().BoolVar(&all, "all", false, "include expired and revoked leases")
-	var reason string
-	revoke := &cobra.Command{
-		Use:   "revoke LEASE_ID",
-		Short: "Revoke a lease now; it is refused wherever it is presented afterwards",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			client, _, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			resp, err := client.RevokeCredential(cmd.Context(), &authorityv1.RevokeCredentialRequest{LeaseId: args[0], Reason: reason})
-			if err != nil {
-				return rpcError(err)
-			}
-			return g.printProto(resp.GetLease(), func(w io.Writer) {
-				fmt.Fprintf(w, "revoked %s\n", termtext.Line(resp.GetLease().GetLeaseId()))
-			})
-		},
-	}
-	revoke.Flags().StringVar(&reason, "reason", "revoked from the CLI", "why, for the audit log")
-	cmd.AddCommand(list, revoke)
 	return cmd
 }

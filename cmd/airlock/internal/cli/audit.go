@@ -79,7 +79,7 @@ func eachAuditEvent(ctx context.Context, client authorityv1.AuthorityServiceClie
 		req.PageSize = 1000
 		resp, err := client.ListAuditEvents(ctx, req)
 		if err != nil {
-			return rpcError(err)
+			return err
 		}
 		for _, e := range resp.GetEvents() {
 			if limit > 0 && seen >= limit {
@@ -118,45 +118,30 @@ func newAuditList(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			client, self, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			if req.Tenant, err = self.tenant(f.tenant); err != nil {
-				return err
-			}
-			resp := &authorityv1.ListAuditEventsResponse{}
-			if err := eachAuditEvent(cmd.Context(), client, req, f.limit, func(e *authorityv1.AuditEvent) error {
-				resp.Events = append(resp.Events, e)
-				return nil
-			}); err != nil {
-				return err
-			}
-			return g.printProto(resp, func(w io.Writer) {
-				fmt.Fprintln(w, "SEQ\tTIME\tKIND\tOUTCOME\tCALLER\tSUBJECT\tREASON")
-				for _, e := range resp.GetEvents() {
-					fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", e.GetSequence(), e.GetTime().AsTime().Local().Format(time.DateTime),
-						termtext.Line(e.GetKind()), outcomeWord(e.GetOutcome()), termtext.Line(e.GetCaller()), termtext.Line(e.GetSubject()), termtext.Line(e.GetReason()))
+			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, self *caller) error {
+				if req.Tenant, err = self.tenant(f.tenant); err != nil {
+					return err
 				}
+				resp := &authorityv1.ListAuditEventsResponse{}
+				if err := eachAuditEvent(cmd.Context(), client, req, f.limit, func(e *authorityv1.AuditEvent) error {
+					resp.Events = append(resp.Events, e)
+					return nil
+				}); err != nil {
+					return err
+				}
+				return g.PrintProto(resp, func(w io.Writer) {
+					fmt.Fprintln(w, "SEQ\tTIME\tKIND\tOUTCOME\tCALLER\tSUBJECT\tREASON")
+					for _, e := range resp.GetEvents() {
+						fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", e.GetSequence(), e.GetTime().AsTime().Local().Format(time.DateTime),
+							termtext.Line(e.GetKind()), outcomeWord(e.GetOutcome()), termtext.Line(e.GetCaller()), termtext.Line(e.GetSubject()), termtext.Line(e.GetReason()))
+					}
+				})
 			})
 		},
 	}
 	f.register(cmd)
 	cmd.Flags().IntVar(&f.limit, "limit", 200, "at most this many events (0: all)")
 	return cmd
-}
-
-func outcomeWord(o authorityv1.AuditOutcome) string {
-	switch o {
-	case authorityv1.AuditOutcome_AUDIT_OUTCOME_ALLOWED:
-		return "allowed"
-	case authorityv1.AuditOutcome_AUDIT_OUTCOME_DENIED:
-		return "denied"
-	case authorityv1.AuditOutcome_AUDIT_OUTCOME_FAILED:
-		return "failed"
-	}
-	return "-"
 }
 
 func newAuditExport(g *globals) *cobra.Command {
@@ -172,46 +157,43 @@ func newAuditExport(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			client, self, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			if req.Tenant, err = self.tenant(f.tenant); err != nil {
-				return err
-			}
-			w := g.stdout
-			var file *atomicfile.File
-			if out != "" {
-				// Written beside the target and renamed, so an interrupted
-				// export never leaves a partial file under the name asked for.
-				file, err = atomicfile.Create(out, 0o600)
+			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, self *caller) error {
+				if req.Tenant, err = self.tenant(f.tenant); err != nil {
+					return err
+				}
+				w := g.Stdout
+				var file *atomicfile.File
+				if out != "" {
+					// Written beside the target and renamed, so an interrupted
+					// export never leaves a partial file under the name asked for.
+					file, err = atomicfile.Create(out, 0o600)
+					if err != nil {
+						return err
+					}
+					defer file.Abort()
+					w = file
+				}
+				n := 0
+				err = eachAuditEvent(cmd.Context(), client, req, 0, func(e *authorityv1.AuditEvent) error {
+					line, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(e)
+					if err != nil {
+						return err
+					}
+					n++
+					_, err = fmt.Fprintf(w, "%s\n", line)
+					return err
+				})
+				if file != nil && err == nil {
+					err = file.Commit(atomicfile.Durable)
+				}
 				if err != nil {
 					return err
 				}
-				defer file.Abort()
-				w = file
-			}
-			n := 0
-			err = eachAuditEvent(cmd.Context(), client, req, 0, func(e *authorityv1.AuditEvent) error {
-				line, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(e)
-				if err != nil {
-					return err
+				if out != "" {
+					fmt.Fprintf(g.Stderr, "exported %d events to %s\n", n, out)
 				}
-				n++
-				_, err = fmt.Fprintf(w, "%s\n", line)
-				return err
+				return nil
 			})
-			if file != nil && err == nil {
-				err = file.Commit(atomicfile.Durable)
-			}
-			if err != nil {
-				return err
-			}
-			if out != "" {
-				fmt.Fprintf(g.stderr, "exported %d events to %s\n", n, out)
-			}
-			return nil
 		},
 	}
 	f.register(cmd)

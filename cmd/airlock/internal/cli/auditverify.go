@@ -93,70 +93,70 @@ it does not.`,
 				}
 				cps = kept
 			}
-			var rep verifyReport
-			var walk func(fn func(audit.Event) error) error
 			if file != "" {
-				walk = func(fn func(audit.Event) error) error { return eachExportedEvent(file, fn) }
-			} else {
-				client, _, done, err := g.authority()
-				if err != nil {
-					return err
-				}
-				defer done()
+				return checkLog(g, func(fn func(audit.Event) error) error { return eachExportedEvent(file, fn) }, cps, pinned, file, cpFile, "")
+			}
+			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, _ *caller) error {
 				page, served, err := fetchCheckpoints(cmd.Context(), client)
 				if err != nil {
 					return err
 				}
-				cps = append(cps, served...)
-				rep.Halted = page.GetHalted()
 				if pinned == nil && len(page.GetPublicKey()) == ed25519.PublicKeySize {
 					pinned = ed25519.PublicKey(page.GetPublicKey())
 				}
-				walk = func(fn func(audit.Event) error) error {
+				return checkLog(g, func(fn func(audit.Event) error) error {
 					return eachAuditEvent(cmd.Context(), client, &authorityv1.ListAuditEventsRequest{}, 0, func(e *authorityv1.AuditEvent) error {
 						return fn(auditEvent(e))
 					})
-				}
-			}
-			anchors, err := audit.NewAnchors(cps, pinned)
-			if err != nil {
-				return &exitError{code: 1, err: fmt.Errorf("checkpoints: %w", err)}
-			}
-			rep.Checkpoints = anchors.Total()
-			if file != "" && rep.Checkpoints == 0 {
-				return &exitError{code: 1, err: fmt.Errorf("--checkpoints %s: no checkpoints: nothing anchors the export", cpFile)}
-			}
-			if c, ok := anchors.Newest(); ok {
-				rep.NewestCheckpoint = c.Time.UTC().Format(time.RFC3339)
-			}
-			if pinned != nil {
-				rep.KeyID = pki.Ed25519KeyID(pinned)
-			} else if len(cps) > 0 {
-				rep.KeyID = cps[0].KeyID
-			}
-			err = verifyChain(walk, anchors, &rep)
-			if err != nil && !errors.Is(err, errChainBroken) {
-				return err
-			}
-			rep.Unbroken = err == nil
-			if perr := g.print(rep, func(w io.Writer) { printVerify(w, rep) }); perr != nil {
-				return perr
-			}
-			switch {
-			case rep.Disagrees != "":
-				return &exitError{code: 1, err: fmt.Errorf("%w: %s", audit.ErrCheckpoint, rep.Disagrees)}
-			case !rep.Unbroken:
-				return &exitError{code: 1, err: fmt.Errorf("%w at sequence %d", errChainBroken, rep.BrokenAt)}
-			case rep.Halted != "":
-				return &exitError{code: 1, err: fmt.Errorf("the authority reports its log disagrees with its checkpoints: %s", rep.Halted)}
-			}
-			return nil
+				}, append(cps, served...), pinned, file, cpFile, page.GetHalted())
+			})
 		},
 	}
 	cmd.Flags().StringVar(&file, "file", "", "verify this export (JSON lines from 'airlock audit export') offline, with no authority")
 	cmd.Flags().StringVar(&cpFile, "checkpoints", "", "check against the signed checkpoints in FILE too (JSON lines, as the authority writes them)")
 	cmd.Flags().StringVar(&keyFile, "key", "", "the checkpoint public key to pin (PEM), e.g. the authority's audit-checkpoint.key.pub")
 	return cmd
+}
+
+// checkLog walks the log (an export's, or the authority's) against the
+// checkpoints cps, pinned to a key when one is known, prints the report
+// and turns what it found into the exit status; halted is the authority's
+// own word that its log disagrees with its checkpoints.
+func checkLog(g *globals, walk func(fn func(audit.Event) error) error, cps []audit.Checkpoint, pinned ed25519.PublicKey, file, cpFile, halted string) error {
+	rep := verifyReport{Halted: halted}
+	anchors, err := audit.NewAnchors(cps, pinned)
+	if err != nil {
+		return &exitError{code: 1, err: fmt.Errorf("checkpoints: %w", err)}
+	}
+	rep.Checkpoints = anchors.Total()
+	if file != "" && rep.Checkpoints == 0 {
+		return &exitError{code: 1, err: fmt.Errorf("--checkpoints %s: no checkpoints: nothing anchors the export", cpFile)}
+	}
+	if c, ok := anchors.Newest(); ok {
+		rep.NewestCheckpoint = c.Time.UTC().Format(time.RFC3339)
+	}
+	if pinned != nil {
+		rep.KeyID = pki.Ed25519KeyID(pinned)
+	} else if len(cps) > 0 {
+		rep.KeyID = cps[0].KeyID
+	}
+	err = verifyChain(walk, anchors, &rep)
+	if err != nil && !errors.Is(err, errChainBroken) {
+		return err
+	}
+	rep.Unbroken = err == nil
+	if perr := g.Print(rep, func(w io.Writer) { printVerify(w, rep) }); perr != nil {
+		return perr
+	}
+	switch {
+	case rep.Disagrees != "":
+		return &exitError{code: 1, err: fmt.Errorf("%w: %s", audit.ErrCheckpoint, rep.Disagrees)}
+	case !rep.Unbroken:
+		return &exitError{code: 1, err: fmt.Errorf("%w at sequence %d", errChainBroken, rep.BrokenAt)}
+	case rep.Halted != "":
+		return &exitError{code: 1, err: fmt.Errorf("the authority reports its log disagrees with its checkpoints: %s", rep.Halted)}
+	}
+	return nil
 }
 
 // verifyChain walks the log, checking the chain and the anchors, and fills
@@ -230,7 +230,7 @@ func fetchCheckpoints(ctx context.Context, client authorityv1.AuthorityServiceCl
 	for {
 		resp, err := client.ListAuditCheckpoints(ctx, req)
 		if err != nil {
-			return nil, nil, rpcError(err)
+			return nil, nil, err
 		}
 		last = resp
 		for _, c := range resp.GetCheckpoints() {
@@ -301,33 +301,30 @@ rewritten after that point: 'airlock audit verify --checkpoints FILE'.
 With --out an existing FILE is extended with the checkpoints it lacks.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			client, _, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			page, cps, err := fetchCheckpoints(cmd.Context(), client)
-			if err != nil {
-				return err
-			}
-			// Every one must be signed by the key the authority says it
-			// uses; what is written is what verify will trust.
-			if _, err := audit.NewAnchors(cps, ed25519.PublicKey(page.GetPublicKey())); err != nil {
-				return &exitError{code: 1, err: fmt.Errorf("the authority served a checkpoint that does not verify: %w", err)}
-			}
-			if out == "" {
-				for _, c := range cps {
-					line, err := c.MarshalLine()
-					if err != nil {
-						return err
-					}
-					if _, err := g.stdout.Write(line); err != nil {
-						return err
-					}
+			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, _ *caller) error {
+				page, cps, err := fetchCheckpoints(cmd.Context(), client)
+				if err != nil {
+					return err
 				}
-				return nil
-			}
-			return appendCheckpoints(out, cps, g.stderr)
+				// Every one must be signed by the key the authority says it
+				// uses; what is written is what verify will trust.
+				if _, err := audit.NewAnchors(cps, ed25519.PublicKey(page.GetPublicKey())); err != nil {
+					return &exitError{code: 1, err: fmt.Errorf("the authority served a checkpoint that does not verify: %w", err)}
+				}
+				if out == "" {
+					for _, c := range cps {
+						line, err := c.MarshalLine()
+						if err != nil {
+							return err
+						}
+						if _, err := g.Stdout.Write(line); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+				return appendCheckpoints(out, cps, g.Stderr)
+			})
 		},
 	}
 	cmd.Flags().StringVar(&out, "out", "", "add to FILE (created when missing) the checkpoints it does not have yet")

@@ -29,28 +29,25 @@ line. The record arrives with the job's result; the bundle's egress.jsonl
 has all of it.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			client, _, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			resp, err := client.GetJobEgress(cmd.Context(), &authorityv1.GetJobEgressRequest{JobId: args[0]})
-			if err != nil {
-				return rpcError(err)
-			}
-			l := resp.GetEgress()
-			shown := int64(len(l.GetRecords()) + len(l.GetLast()))
-			if refused && l != nil {
-				only := func(recs []*authorityv1.EgressRecord) []*authorityv1.EgressRecord {
-					return slices.DeleteFunc(slices.Clone(recs), func(r *authorityv1.EgressRecord) bool { return r.GetAllowed() })
+			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, _ *caller) error {
+				resp, err := client.GetJobEgress(cmd.Context(), &authorityv1.GetJobEgressRequest{JobId: args[0]})
+				if err != nil {
+					return err
 				}
-				l.Records, l.Last = only(l.GetRecords()), only(l.GetLast())
-			}
-			return g.printProto(resp, func(w io.Writer) {
-				writeEgress(w, resp, shown)
+				l := resp.GetEgress()
+				shown := int64(len(l.GetRecords()) + len(l.GetLast()))
 				if refused && l != nil {
-					fmt.Fprintln(w, "(allowed decisions left out: --refused)")
+					only := func(recs []*authorityv1.EgressRecord) []*authorityv1.EgressRecord {
+						return slices.DeleteFunc(slices.Clone(recs), func(r *authorityv1.EgressRecord) bool { return r.GetAllowed() })
+					}
+					l.Records, l.Last = only(l.GetRecords()), only(l.GetLast())
 				}
+				return g.PrintProto(resp, func(w io.Writer) {
+					writeEgress(w, resp, shown)
+					if refused && l != nil {
+						fmt.Fprintln(w, "(allowed decisions left out: --refused)")
+					}
+				})
 			})
 		},
 	}
@@ -63,7 +60,7 @@ has all of it.`,
 func writeEgress(w io.Writer, resp *authorityv1.GetJobEgressResponse, shown int64) {
 	l := resp.GetEgress()
 	if l == nil {
-		state := strings.ToLower(strings.TrimPrefix(resp.GetState().String(), "JOB_STATE_"))
+		state := jobStateWord(resp.GetState())
 		switch resp.GetState() {
 		case authorityv1.JobState_JOB_STATE_QUEUED, authorityv1.JobState_JOB_STATE_STAGING, authorityv1.JobState_JOB_STATE_RUNNING:
 			fmt.Fprintf(w, "no egress record yet: the job is %s, and the record arrives with its result\n", state)

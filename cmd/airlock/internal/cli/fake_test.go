@@ -28,15 +28,17 @@ import (
 // Fill it in before serveFake: the server reads it from other goroutines.
 type fakeAuthority struct {
 	authorityv1.UnimplementedAuthorityServiceServer
-	err       error
-	job       *authorityv1.Job
-	approval  *authorityv1.GetApprovalResponse
-	approvals []*authorityv1.Approval
-	events    []*authorityv1.AuditEvent
-	leases    []*authorityv1.Lease
-	watch     []*authorityv1.WatchJobResponse
-	review    []*authorityv1.ReadReviewResponse // ReadReview sends these, then returns reviewErr
-	reviewErr error
+	err         error
+	job         *authorityv1.Job
+	approval    *authorityv1.GetApprovalResponse
+	approvals   []*authorityv1.Approval
+	events      []*authorityv1.AuditEvent
+	leases      []*authorityv1.Lease
+	watch       []*authorityv1.WatchJobResponse
+	review      []*authorityv1.ReadReviewResponse // ReadReview sends these, then returns reviewErr
+	reviewErr   error
+	download    []*authorityv1.DownloadBundleResponse // DownloadBundle sends these, then returns downloadErr
+	downloadErr error
 
 	mu      sync.Mutex
 	tenants []string // the tenant of each SubmitJob, ListJobs, ListApprovals and ListAuditEvents, in order

@@ -11,98 +11,19 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/term"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/airlockhq/airlock/pkg/clientconfig"
+	"github.com/airlockhq/airlock/cmd/airlock/internal/cmdutil"
 	"github.com/airlockhq/airlock/pkg/config"
-	"github.com/airlockhq/airlock/pkg/grpcclient"
-	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/termtext"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 )
 
-// caller is whom a command acts as: the client config and the identity it
-// presents.
-type caller struct {
-	cfg *clientconfig.Config
-	id  identity.ID
-}
-
-// dial connects to one service as the chosen identity.
-func (g *globals) dial(service string) (*grpc.ClientConn, *caller, error) {
-	cfg, err := g.clientConfig()
-	if err != nil {
-		return nil, nil, err
-	}
-	src, err := cfg.Source(g.as)
-	if err != nil {
-		return nil, nil, err
-	}
-	self, err := src.ID()
-	if err != nil {
-		return nil, nil, err
-	}
-	addr, err := cfg.Address(service)
-	if err != nil {
-		return nil, nil, err
-	}
-	cc, err := grpcclient.Dial(addr, src, identity.Service(cfg.TrustDomain, service))
-	return cc, &caller{cfg: cfg, id: self}, err
-}
-
-// authority connects to the authority as the chosen identity; close the
-// returned connection when done.
-func (g *globals) authority() (authorityv1.AuthorityServiceClient, *caller, func(), error) {
-	cc, c, err := g.dial("authority")
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	return authorityv1.NewAuthorityServiceClient(cc), c, func() { cc.Close() }, nil
-}
-
-// tenantFlag registers the --tenant flag of a command that takes one; what
-// says what the tenant is for. Every such command resolves it with tenant.
-func tenantFlag(cmd *cobra.Command, p *string, what string) {
-	cmd.Flags().StringVar(p, "tenant", "", what+" (default for a client: the client config's tenant)")
-}
-
-// tenant is the tenant a command acts for, the one rule for every command
-// with --tenant: the flag when given, else, for a client, the client
-// config's tenant. An approver acts for no tenant, so without the flag it
-// sees every tenant's.
-func (c *caller) tenant(flag string) (string, error) {
-	if flag != "" || c.id.Kind != identity.KindClient {
-		return flag, nil
-	}
-	if c.cfg.Tenant == "" {
-		return "", usageError{errors.New("--tenant is required (the client config names no default tenant)")}
-	}
-	return c.cfg.Tenant, nil
-}
-
-// printProto writes one message as JSON (-o json) or via text.
-func (g *globals) printProto(m proto.Message, text func(w io.Writer)) error {
-	if g.output == "json" {
-		data, err := protojson.MarshalOptions{Multiline: true, Indent: "  ", EmitUnpopulated: false}.Marshal(m)
-		if err != nil {
-			return err
-		}
-		_, err = fmt.Fprintln(g.stdout, string(data))
-		return err
-	}
-	return g.print(nil, text)
-}
-
 func newJob(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "job", Short: "Submit, follow and cancel sandboxed jobs"}
-	cmd.AddCommand(newJobSubmit(g), newJobGet(g), newJobList(g), newJobWatch(g), newJobCancel(g), newJobUpdate(g), newJobEgress(g))
+	cmd.AddCommand(newJobSubmit(g), newJobGet(g), newJobList(g), newJobWatch(g), newJobCancel(g), newJobUpdate(g), newJobEgress(g), newJobDownload(g))
 	return cmd
 }
 
@@ -149,6 +70,7 @@ func (f *submitFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	tenantFlag(cmd, &f.tenant, "tenant to run under")
 	fl.StringVar(&f.repo, "repo", "", "repository name from the tenant's policy (required)")
+	cmdutil.Required(cmd, "repo")
 	fl.StringVar(&f.rev, "rev", "HEAD", "branch, tag or commit")
 	fl.Float64Var(&f.cpu, "cpu", 0, "CPU cores, e.g. 0.5 (default: the tenant's)")
 	fl.StringVar(&f.memory, "memory", "", "memory limit, e.g. 512MiB (default: the tenant's)")
@@ -167,31 +89,28 @@ func jobSubmit(ctx context.Context, g *globals, f *submitFlags, argv []string) e
 	if err != nil {
 		return err
 	}
-	client, self, done, err := g.authority()
-	if err != nil {
-		return err
-	}
-	defer done()
-	tenant, err := self.tenant(f.tenant)
-	if err != nil {
-		return err
-	}
-	resp, err := client.SubmitJob(ctx, &authorityv1.SubmitJobRequest{Tenant: tenant, Spec: spec, IdempotencyKey: f.idempotencyKey()})
-	if err != nil {
-		return rpcError(err)
-	}
-	job := resp.GetJob()
-	if !f.wait {
-		return g.printProto(job, func(w io.Writer) {
-			fmt.Fprintln(w, termtext.Line(job.GetJobId()))
-		})
-	}
-	fmt.Fprintf(g.stderr, "job %s submitted (commit %s)\n", termtext.Line(job.GetJobId()), termtext.Line(short(job.GetCommit())))
-	final, err := watchJob(ctx, g, client, job.GetJobId(), f.raw)
-	if err != nil {
-		return err
-	}
-	return finishWait(g, final)
+	return withAuthority(g, func(client authorityv1.AuthorityServiceClient, self *caller) error {
+		tenant, err := self.tenant(f.tenant)
+		if err != nil {
+			return err
+		}
+		resp, err := client.SubmitJob(ctx, &authorityv1.SubmitJobRequest{Tenant: tenant, Spec: spec, IdempotencyKey: f.idempotencyKey()})
+		if err != nil {
+			return err
+		}
+		job := resp.GetJob()
+		if !f.wait {
+			return g.PrintProto(job, func(w io.Writer) {
+				fmt.Fprintln(w, termtext.Line(job.GetJobId()))
+			})
+		}
+		fmt.Fprintf(g.Stderr, "job %s submitted (commit %s)\n", termtext.Line(job.GetJobId()), termtext.Line(short(job.GetCommit())))
+		final, err := watchJob(ctx, g, client, job.GetJobId(), f.raw)
+		if err != nil {
+			return err
+		}
+		return finishWait(g, final)
+	})
 }
 
 // idempotencyKey is --idempotency-key, or a fresh random key.
@@ -211,9 +130,6 @@ func randomID(prefix string) string {
 
 // spec builds the spec the flags say, running argv.
 func (f *submitFlags) spec(argv []string) (*authorityv1.JobSpec, error) {
-	if f.repo == "" {
-		return nil, usageError{errors.New("--repo is required")}
-	}
 	spec := &authorityv1.JobSpec{Repository: f.repo, Revision: f.rev, Command: argv, Resources: &typesv1.ResourceLimits{}}
 	if f.cpu < 0 {
 		return nil, usageError{errors.New("--cpu must not be negative")}
@@ -282,276 +198,21 @@ func parseSize(flag, s string) (int64, error) {
 	return n, nil
 }
 
-func short(sha string) string {
-	if len(sha) > 12 {
-		return sha[:12]
-	}
-	return sha
-}
-
-// streamHelp says, for the commands that stream a job's output, what
-// reaches the terminal.
-const streamHelp = `On a terminal the job's output is shown with control characters, invalid
-UTF-8 and invisible or bidi runes escaped (\x1b, \x9b, \u202e; a backslash
-as \\), so it cannot move the cursor, rewrite the screen or set the
-clipboard; --raw copies its bytes unchanged. To a pipe or a file the output
-is always the job's bytes unchanged: they are data there. The [airlock]
-status lines and the summary are always escaped.`
-
-// watchJob streams a job's output to stdout/stderr until it ends and
-// returns the final job. A dropped stream is resumed from the last offsets.
-func watchJob(ctx context.Context, g *globals, client authorityv1.AuthorityServiceClient, jobID string, raw bool) (*authorityv1.Job, error) {
-	var last *authorityv1.Job
-	var printed authorityv1.JobState
-	out := newOutputSink(g, raw)
-	defer out.flush()
-	for attempt := 0; ; attempt++ {
-		stream, err := client.WatchJob(ctx, &authorityv1.WatchJobRequest{
-			JobId:        jobID,
-			StdoutOffset: out.offset(typesv1.OutputStream_OUTPUT_STREAM_STDOUT),
-			StderrOffset: out.offset(typesv1.OutputStream_OUTPUT_STREAM_STDERR),
-		})
-		if err != nil {
-			return nil, rpcError(err)
-		}
-		for {
-			msg, err := stream.Recv()
-			if errors.Is(err, io.EOF) {
-				if last != nil && terminal(last.GetState()) {
-					return last, nil
-				}
-				break // ended early: reconnect
-			}
-			if err != nil {
-				if status.Code(err) == codes.Unavailable && attempt < 10 {
-					break
-				}
-				return nil, rpcError(err)
-			}
-			switch ev := msg.GetEvent().(type) {
-			case *authorityv1.WatchJobResponse_Job:
-				last = ev.Job
-				if g.output == "text" && ev.Job.GetState() != printed {
-					fmt.Fprintf(g.stderr, "[airlock] %s\n", strings.TrimPrefix(ev.Job.GetState().String(), "JOB_STATE_"))
-					printed = ev.Job.GetState()
-				}
-			case *authorityv1.WatchJobResponse_Output:
-				out.write(ev.Output)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
-		}
-	}
-}
-
-// outputSink copies a watched job's or exec's output streams to the
-// terminal or pipe, resuming from what it has written after a reconnect.
-type outputSink struct {
-	g       *globals
-	outs    map[typesv1.OutputStream]io.Writer
-	offsets map[typesv1.OutputStream]int64
-}
-
-func newOutputSink(g *globals, raw bool) *outputSink {
-	stdout := g.stdout
-	if g.output == "json" {
-		stdout = g.stderr // stdout carries the JSON result
-	}
-	return &outputSink{g: g, offsets: map[typesv1.OutputStream]int64{}, outs: map[typesv1.OutputStream]io.Writer{
-		typesv1.OutputStream_OUTPUT_STREAM_STDOUT: jobOutput(stdout, raw),
-		typesv1.OutputStream_OUTPUT_STREAM_STDERR: jobOutput(g.stderr, raw),
-	}}
-}
-
-// offset is how much of stream has been written: where a watch resumes.
-func (s *outputSink) offset(stream typesv1.OutputStream) int64 { return s.offsets[stream] }
-
-// write copies one chunk, unless a reconnect sent it again, and says when
-// its stream was cut at its size cap.
-func (s *outputSink) write(o *typesv1.OutputChunk) {
-	w, ok := s.outs[o.GetStream()]
-	if !ok || o.GetOffset() < s.offsets[o.GetStream()] {
-		return
-	}
-	w.Write(o.GetData())
-	s.offsets[o.GetStream()] = o.GetOffset() + int64(len(o.GetData()))
-	if o.GetTruncated() {
-		flushOutput(w)
-		fmt.Fprintf(s.g.stderr, "\n[airlock] %s truncated at its size cap\n", strings.ToLower(strings.TrimPrefix(o.GetStream().String(), "OUTPUT_STREAM_")))
-	}
-}
-
-// flush writes what the escaping writers hold back.
-func (s *outputSink) flush() {
-	for _, w := range s.outs {
-		flushOutput(w)
-	}
-}
-
-// jobOutput is where a job's output stream headed for w is copied: w
-// itself when it is not a terminal, or raw, else an escaping writer.
-func jobOutput(w io.Writer, raw bool) io.Writer {
-	if f, ok := w.(interface{ Fd() uintptr }); raw || !ok || !term.IsTerminal(int(f.Fd())) {
-		return w
-	}
-	return termtext.NewWriter(w)
-}
-
-// flushOutput writes what a jobOutput writer holds back: the end of a
-// rune or line the stream never completed.
-func flushOutput(w io.Writer) {
-	if tw, ok := w.(*termtext.Writer); ok {
-		tw.Flush()
-	}
-}
-
-func terminal(s authorityv1.JobState) bool {
-	return s == authorityv1.JobState_JOB_STATE_FINISHED || s == authorityv1.JobState_JOB_STATE_FAILED || s == authorityv1.JobState_JOB_STATE_CANCELLED
-}
-
-// finishWait prints the summary and turns the job's outcome into our exit code.
-func finishWait(g *globals, job *authorityv1.Job) error {
-	if err := g.printProto(job, func(w io.Writer) { writeSummary(g.stderr, job) }); err != nil {
-		return err
-	}
-	code := exitCodeOf(job)
-	if code == 0 {
-		return nil
-	}
-	return &exitError{code: code, err: remoteError{fmt.Errorf("job %s: %s", job.GetJobId(), outcome(job))}}
-}
-
-func exitCodeOf(job *authorityv1.Job) int {
-	r := job.GetResult()
-	switch {
-	case job.GetState() == authorityv1.JobState_JOB_STATE_CANCELLED:
-		return 130
-	case job.GetState() == authorityv1.JobState_JOB_STATE_FAILED || r == nil:
-		return 1
-	}
-	switch r.GetReason() {
-	case typesv1.TerminationReason_TERMINATION_REASON_FINISHED:
-		return 0 // a session its client finished
-	case typesv1.TerminationReason_TERMINATION_REASON_TIMEOUT, typesv1.TerminationReason_TERMINATION_REASON_IDLE_TIMEOUT:
-		return 124
-	case typesv1.TerminationReason_TERMINATION_REASON_OOM:
-		return 137
-	case typesv1.TerminationReason_TERMINATION_REASON_EXITED, typesv1.TerminationReason_TERMINATION_REASON_DISK_FULL:
-		if r.GetExitCode() >= 0 && r.GetExitCode() < 256 {
-			if r.GetExitCode() == 0 && r.GetReason() == typesv1.TerminationReason_TERMINATION_REASON_DISK_FULL {
-				return 1
-			}
-			return int(r.GetExitCode())
-		}
-	}
-	return 1
-}
-
-func outcome(job *authorityv1.Job) string {
-	r := job.GetResult()
-	s := strings.ToLower(strings.TrimPrefix(job.GetState().String(), "JOB_STATE_"))
-	if reason := strings.ToLower(strings.TrimPrefix(r.GetReason().String(), "TERMINATION_REASON_")); r != nil && reason != s {
-		s += ", " + reason
-		if r.GetReason() == typesv1.TerminationReason_TERMINATION_REASON_EXITED {
-			s += fmt.Sprintf(" with status %d", r.GetExitCode())
-		}
-	}
-	if m := job.GetMessage(); m != "" && !strings.Contains(s, m) {
-		s += ": " + m
-	}
-	if m := r.GetMessage(); m != "" && m != job.GetMessage() && !strings.Contains(s, m) {
-		s += " (" + m + ")"
-	}
-	return s
-}
-
-func writeSummary(w io.Writer, job *authorityv1.Job) {
-	r := job.GetResult()
-	fmt.Fprintf(w, "\njob        %s\n", termtext.Line(job.GetJobId()))
-	fmt.Fprintf(w, "outcome    %s\n", termtext.Line(outcome(job)))
-	if r == nil {
-		return
-	}
-	u := r.GetUsage()
-	fmt.Fprintf(w, "usage      cpu %s, peak memory %s, wall %s, disk %s\n",
-		u.GetCpuTime().AsDuration().Round(time.Millisecond), humanBytes(u.GetPeakMemoryBytes()),
-		u.GetWallTime().AsDuration().Round(time.Millisecond), humanBytes(u.GetDiskBytes()))
-	ds := r.GetDiffStat()
-	if t := job.GetSpec().GetPublishTarget(); t != nil {
-		fmt.Fprintf(w, "publish to %s:%s (after approval)\n", termtext.Line(t.GetRepository()), termtext.Line(t.GetBranch()))
-	}
-	if id := termtext.Line(job.GetApprovalId()); id != "" {
-		fmt.Fprintf(w, "approval   %s (airlock approval show %s --as approver/NAME)\n", id, id)
-	}
-	fmt.Fprintf(w, "changes    %d files, +%d -%d\n", ds.GetFilesChanged(), ds.GetInsertions(), ds.GetDeletions())
-	version, _, _ := strings.Cut(r.GetRuntimeVersion(), ";")
-	fmt.Fprintf(w, "runtime    %s (%s), template %s\n", strings.ToLower(strings.TrimPrefix(r.GetRuntimeClass().String(), "RUNTIME_CLASS_")),
-		termtext.Line(version), termtext.Line(r.GetTemplateVersion()))
-	if r.GetBundleDigest() != "" {
-		fmt.Fprintf(w, "bundle     %s (%s)\n", termtext.Line(r.GetBundleDigest()), humanBytes(r.GetBundleSize()))
-	}
-}
-
-func humanBytes(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1fGiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1fKiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%dB", n)
-}
-
-// rpcError turns a status into a remoteError with the server's message.
-func rpcError(err error) error {
-	if st, ok := status.FromError(err); ok {
-		// "PermissionDenied" -> "permission denied"; servers often start
-		// their message with the same words, so say them once.
-		var words []string
-		word := []rune{}
-		for i, r := range st.Code().String() {
-			if i > 0 && r >= 'A' && r <= 'Z' {
-				words = append(words, string(word))
-				word = word[:0]
-			}
-			word = append(word, r)
-		}
-		human := strings.ToLower(strings.Join(append(words, string(word)), " "))
-		if strings.HasPrefix(st.Message(), human) {
-			return remoteError{errors.New(st.Message())}
-		}
-		return remoteError{fmt.Errorf("%s: %s", human, st.Message())}
-	}
-	return err
-}
-
 func newJobGet(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "get JOB_ID",
 		Short: "Show one job",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			client, _, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			resp, err := client.GetJob(cmd.Context(), &authorityv1.GetJobRequest{JobId: args[0]})
-			if err != nil {
-				return rpcError(err)
-			}
-			job := resp.GetJob()
-			return g.printProto(job, func(w io.Writer) {
+			return showAuthority(cmd, g, func(ctx context.Context, c authorityv1.AuthorityServiceClient) (*authorityv1.Job, error) {
+				resp, err := c.GetJob(ctx, &authorityv1.GetJobRequest{JobId: args[0]})
+				return resp.GetJob(), err
+			}, func(w io.Writer, job *authorityv1.Job) {
 				fmt.Fprintf(w, "repository %s @ %s (%s)\n", termtext.Line(job.GetSpec().GetRepository()), termtext.Line(job.GetSpec().GetRevision()),
 					termtext.Line(short(job.GetCommit())))
 				fmt.Fprintf(w, "command    %s\n", commandText(job.GetSpec().GetCommand()))
 				fmt.Fprintf(w, "requester  %s\n", termtext.Line(job.GetRequester()))
-				fmt.Fprintf(w, "state      %s\n", strings.ToLower(strings.TrimPrefix(job.GetState().String(), "JOB_STATE_")))
+				fmt.Fprintf(w, "state      %s\n", jobStateWord(job.GetState()))
 				writeLimits(w, job)
 				writeSummary(w, job)
 			})
@@ -569,7 +230,7 @@ func newJobList(g *globals) *cobra.Command {
 		func(w io.Writer, jobs []*authorityv1.Job) {
 			fmt.Fprintln(w, "JOB\tSTATE\tREPOSITORY\tCOMMIT\tCOMMAND\tCREATED")
 			for _, j := range jobs {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", termtext.Line(j.GetJobId()), strings.TrimPrefix(j.GetState().String(), "JOB_STATE_"),
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", termtext.Line(j.GetJobId()), jobStateWord(j.GetState()),
 					termtext.Line(j.GetSpec().GetRepository()), termtext.Line(short(j.GetCommit())), commandText(j.GetSpec().GetCommand()),
 					j.GetCreatedAt().AsTime().Local().Format(time.DateTime))
 			}
@@ -588,25 +249,22 @@ func listCommand(g *globals, what string,
 		Short: "List a tenant's " + what + ", newest first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			client, self, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			forTenant, err := self.tenant(tenant)
-			if err != nil {
-				return err
-			}
-			if limit < 1 {
-				return usageError{fmt.Errorf("--limit %d: want at least 1", limit)}
-			}
-			list, err := allPages(int(limit), func(token string, size int32) ([]*authorityv1.Job, string, error) {
-				return fetch(cmd.Context(), client, forTenant, token, size)
+			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, self *caller) error {
+				forTenant, err := self.tenant(tenant)
+				if err != nil {
+					return err
+				}
+				if limit < 1 {
+					return usageError{fmt.Errorf("--limit %d: want at least 1", limit)}
+				}
+				list, err := allPages(int(limit), func(token string, size int32) ([]*authorityv1.Job, string, error) {
+					return fetch(cmd.Context(), client, forTenant, token, size)
+				})
+				if err != nil {
+					return err
+				}
+				return g.PrintProto(wrap(list), func(w io.Writer) { text(w, list) })
 			})
-			if err != nil {
-				return rpcError(err)
-			}
-			return g.printProto(wrap(list), func(w io.Writer) { text(w, list) })
 		},
 	}
 	tenantFlag(cmd, &tenant, "whose "+what+" to list")
@@ -622,16 +280,13 @@ func newJobWatch(g *globals) *cobra.Command {
 		Long:  "Streams a job's output and exits with its exit code, as job submit --wait does.\n\n" + streamHelp,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			client, _, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			final, err := watchJob(cmd.Context(), g, client, args[0], raw)
-			if err != nil {
-				return err
-			}
-			return finishWait(g, final)
+			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, _ *caller) error {
+				final, err := watchJob(cmd.Context(), g, client, args[0], raw)
+				if err != nil {
+					return err
+				}
+				return finishWait(g, final)
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&raw, "raw", false, "copy the job's output to a terminal unescaped")
@@ -645,17 +300,11 @@ func newJobCancel(g *globals) *cobra.Command {
 		Short: "Cancel a job; its sandbox is killed",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			client, _, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			resp, err := client.CancelJob(cmd.Context(), &authorityv1.CancelJobRequest{JobId: args[0], Reason: reason})
-			if err != nil {
-				return rpcError(err)
-			}
-			return g.printProto(resp.GetJob(), func(w io.Writer) {
-				fmt.Fprintf(w, "cancel requested for %s (state %s)\n", termtext.Line(args[0]), strings.TrimPrefix(resp.GetJob().GetState().String(), "JOB_STATE_"))
+			return showAuthority(cmd, g, func(ctx context.Context, c authorityv1.AuthorityServiceClient) (*authorityv1.Job, error) {
+				resp, err := c.CancelJob(ctx, &authorityv1.CancelJobRequest{JobId: args[0], Reason: reason})
+				return resp.GetJob(), err
+			}, func(w io.Writer, job *authorityv1.Job) {
+				fmt.Fprintf(w, "cancel requested for %s (state %s)\n", termtext.Line(args[0]), jobStateWord(job.GetState()))
 			})
 		},
 	}

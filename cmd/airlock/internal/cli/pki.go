@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/airlockhq/airlock/cmd/airlock/internal/cmdutil"
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/pki"
 )
@@ -42,9 +43,6 @@ service/executor and service/publisher, and one for each caller named with
 that already holds a CA key.`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			if dir == "" || td == "" {
-				return usageError{fmt.Errorf("--dir and --trust-domain are required")}
-			}
 			var callers []identity.ID
 			for kind, names := range map[identity.Kind][]string{identity.KindClient: clients, identity.KindApprover: approvers, identity.KindPipeline: pipelines} {
 				for _, n := range names {
@@ -70,6 +68,7 @@ that already holds a CA key.`,
 	cmd.Flags().StringSliceVar(&clients, "client", nil, "issue client/NAME (repeatable)")
 	cmd.Flags().StringSliceVar(&approvers, "approver", nil, "issue approver/NAME (repeatable)")
 	cmd.Flags().StringSliceVar(&pipelines, "pipeline", nil, "issue pipeline/NAME (repeatable)")
+	cmdutil.Required(cmd, "dir", "trust-domain")
 	return cmd
 }
 
@@ -86,9 +85,6 @@ replacing any earlier one: servers and clients pick up the new files
 without a restart.`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			if dir == "" || id == "" {
-				return usageError{fmt.Errorf("--dir and --id are required")}
-			}
 			ca, err := pki.LoadCA(dir)
 			if err != nil {
 				return err
@@ -124,6 +120,7 @@ without a restart.`,
 	cmd.Flags().DurationVar(&validity, "validity", 0, "certificate lifetime (default 1 year, capped at the CA's)")
 	cmd.Flags().StringSliceVar(&dnsNames, "dns", nil, "extra DNS SAN (repeatable)")
 	cmd.Flags().StringSliceVar(&ips, "ip", nil, "extra IP SAN (repeatable)")
+	cmdutil.Required(cmd, "dir", "id")
 	return cmd
 }
 
@@ -137,7 +134,7 @@ func printIssued(g *globals, dir string, ids []identity.ID) error {
 		}
 		out = append(out, f)
 	}
-	return g.print(map[string]any{"ca": pki.CAPath(dir), "issued": out}, func(w io.Writer) {
+	return g.Print(map[string]any{"ca": pki.CAPath(dir), "issued": out}, func(w io.Writer) {
 		fmt.Fprintf(w, "CA\t%s\n", pki.CAPath(dir))
 		fmt.Fprintln(w, "IDENTITY\tCERTIFICATE\tEXPIRES")
 		for _, f := range out {

@@ -83,7 +83,7 @@ func writeReview(w io.Writer, a *authorityv1.Approval, rv *authorityv1.ReviewMat
 		fmt.Fprintf(w, "\nfiles      %d changed, %d insertions(+), %d deletions(-)\n", st.GetFilesChanged(), st.GetInsertions(), st.GetDeletions())
 		fmt.Fprintf(w, "           no file list was recorded with this result; %s streams the whole patch from the bundle\n", full)
 		fmt.Fprintf(w, "\n--- patch: %d bytes shown; how long the whole patch is was not recorded, so it may be cut: %s shows every byte ---\n", len(patch), full)
-		writeBody(w, string(patch))
+		writePatch(w, patch)
 		fmt.Fprintf(w, "--- end of what was recorded of the patch ---\n\n--- output: not recorded with this result; %s shows it ---\n", full)
 		return
 	}
@@ -106,11 +106,11 @@ func writeReview(w io.Writer, a *authorityv1.Approval, rv *authorityv1.ReviewMat
 		fmt.Fprintf(w, "\n--- patch: empty ---\n")
 	case int64(len(patch)) < size:
 		fmt.Fprintf(w, "\n--- patch: the first %d of %d bytes; the files marked above are shown in part or not at all ---\n", len(patch), size)
-		writeBody(w, string(patch))
+		writePatch(w, patch)
 		fmt.Fprintf(w, "--- patch cut here: %d bytes not shown; %s shows every byte ---\n", size-int64(len(patch)), full)
 	default:
 		fmt.Fprintf(w, "\n--- patch: %d bytes ---\n", len(patch))
-		writeBody(w, string(patch))
+		writePatch(w, patch)
 		fmt.Fprintf(w, "--- end of patch ---\n")
 	}
 	if e := d.GetEgress(); e != nil {
@@ -136,11 +136,16 @@ func writeReviewExecs(w io.Writer, d *authorityv1.ReviewDetail) {
 	}
 	fmt.Fprintf(w, "\nexecs      %d, in the order they ran, with the client's %d uploads among them\n", total, d.GetFileWritesTotal())
 	writes := d.GetFileWrites()
+	listed := int64(0)
 	upload := func(before int64) {
 		for len(writes) > 0 && writes[0].GetAfterExec() < before {
 			u := writes[0]
 			writes = writes[1:]
 			fmt.Fprintf(w, "\n  upload  %s  %d bytes, sha256 %s\n", termtext.Line(u.GetPath()), u.GetSize(), termtext.Line(u.GetSha256()))
+			if n := u.GetCount(); n > 1 {
+				fmt.Fprintf(w, "          the last of %d uploads of this path, the first after %d execs had started\n", n, u.GetFirstAfterExec())
+			}
+			listed += max(u.GetCount(), 1)
 		}
 	}
 	for _, x := range d.GetExecs() {
@@ -192,7 +197,7 @@ func writeReviewExecs(w io.Writer, d *authorityv1.ReviewDetail) {
 	if n := total - int64(len(d.GetExecs())); n > 0 {
 		fmt.Fprintf(w, "\n  ... and %d more execs, not listed here: the bundle's result.json records every one\n", n)
 	}
-	if n := d.GetFileWritesTotal() - int64(len(d.GetFileWrites())); n > 0 {
+	if n := d.GetFileWritesTotal() - listed; n > 0 {
 		fmt.Fprintf(w, "  ... and %d more uploads, not listed here: the bundle's result.json records every one\n", n)
 	}
 }
@@ -239,9 +244,16 @@ func (g *gutter) end() {
 }
 
 // writeBody writes a job's text, escaped, behind the gutter.
-func writeBody(w io.Writer, s string) {
+func writeBody(w io.Writer, s string) { writeEscaped(w, termtext.Block(s)) }
+
+// writePatch writes a patch as writeBody writes text, with every carriage
+// return shown: a line that changes only its CRLF end looks changed.
+func writePatch(w io.Writer, patch []byte) { writeEscaped(w, termtext.Patch(string(patch))) }
+
+// writeEscaped writes already escaped text in the gutter.
+func writeEscaped(w io.Writer, text string) {
 	g := &gutter{w: w}
-	io.WriteString(g, termtext.Block(s))
+	io.WriteString(g, text)
 	g.end()
 }
 
@@ -278,15 +290,15 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 	if req.Parts, err = reviewParts(parts); err != nil {
 		return err
 	}
-	bare := bareReview(raw, parts) && g.output != "json"
+	bare := bareReview(raw, parts) && g.Output != "json"
 	stream, err := client.ReadReview(ctx, req)
 	if err != nil {
-		return rpcError(err)
+		return err
 	}
 	if bare {
 		return streamBare(g, stream, a)
 	}
-	w := g.stdout
+	w := g.Stdout
 	gut := &gutter{w: w}
 	var body io.Writer = gut
 	var esc *termtext.Writer
@@ -316,17 +328,17 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 			break
 		}
 		if err != nil && !received {
-			return rpcError(err)
+			return err
 		}
 		if err != nil {
 			endPart()
 			err = remoteError{fmt.Errorf("the stream of the bundle stopped, so what is shown above is incomplete and not verified: %w", rpcError(err))}
-			if g.output != "json" {
+			if g.Output != "json" {
 				fmt.Fprintf(w, "\nNOT VERIFIED: %s\n", errorText(err))
 			}
 			return err
 		}
-		if g.output == "json" {
+		if g.Output == "json" {
 			b, err := protojson.Marshal(msg)
 			if err != nil {
 				return err
@@ -335,12 +347,19 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 		}
 		switch m := msg.GetMsg().(type) {
 		case *authorityv1.ReadReviewResponse_Start:
-			if g.output == "json" {
+			if g.Output == "json" {
 				part = m.Start.GetPart()
 				continue
 			}
 			endPart()
 			part = m.Start.GetPart()
+			if !raw {
+				esc = termtext.NewWriter(gut)
+				if part == authorityv1.ReviewPart_REVIEW_PART_PATCH {
+					esc = termtext.NewPatchWriter(gut)
+				}
+				body = esc
+			}
 			if part == authorityv1.ReviewPart_REVIEW_PART_FILES {
 				fmt.Fprintf(w, "\n--- files: %d ---\n", m.Start.GetSize())
 				table = newFileTable(w)
@@ -354,7 +373,7 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 				}
 			}
 		case *authorityv1.ReadReviewResponse_Chunk:
-			if g.output != "json" {
+			if g.Output != "json" {
 				if _, err := body.Write(m.Chunk); err != nil {
 					return err
 				}
@@ -363,24 +382,20 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 			verified = m.VerifiedDigest
 		}
 	}
-	if g.output != "json" {
+	if g.Output != "json" {
 		endPart()
 	}
 	if verified == "" || verified != a.GetBundleDigest() {
 		err := remoteError{fmt.Errorf("the authority did not confirm that what is shown above is bundle %s (it said %q): do not rely on it", a.GetBundleDigest(), verified)}
-		if g.output != "json" {
+		if g.Output != "json" {
 			fmt.Fprintf(w, "\nNOT VERIFIED: %s\n", errorText(err))
 		}
 		return err
 	}
-	if g.output != "json" {
+	if g.Output != "json" {
 		fmt.Fprintf(w, "\nverified: everything above is bundle %s, the one this request names\n", termtext.Line(verified))
 	}
 	return nil
-}
-
-func partWord(p authorityv1.ReviewPart) string {
-	return strings.ToLower(strings.TrimPrefix(p.String(), "REVIEW_PART_"))
 }
 
 // reviewParts converts --part values.
@@ -440,9 +455,9 @@ func streamBare(g *globals, stream interface {
 	if _, err := spool.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
-	if _, err := io.Copy(g.stdout, spool); err != nil {
+	if _, err := io.Copy(g.Stdout, spool); err != nil {
 		return err
 	}
-	fmt.Fprintf(g.stderr, "verified: what was written is from bundle %s, the one this request names\n", termtext.Line(verified))
+	fmt.Fprintf(g.Stderr, "verified: what was written is from bundle %s, the one this request names\n", termtext.Line(verified))
 	return nil
 }

@@ -1,35 +1,45 @@
-// Package cli implements the airlock command. Each command group lives in
-// its own file; this file holds the root command, the global flags and the
-// output helpers every command uses. Only cmd/airlock imports it.
+// Package cli implements the airlock command: the root and every client
+// command. Each command group (a noun: job, session, approval, lease,
+// audit, publish and deployment, pki, status) is a file of its own; rpc.go
+// is the one way a command dials a service, calls it and prints the
+// answer, and words.go the one word for each state and kind. The local
+// dev stack is package dev, and what both share is package cmdutil. This
+// file holds the root command, the global flags and the exit codes. Only
+// cmd/airlock imports it.
 package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+
+	"github.com/airlockhq/airlock/cmd/airlock/internal/cmdutil"
+	"github.com/airlockhq/airlock/cmd/airlock/internal/dev"
 
 	"github.com/airlockhq/airlock/pkg/clientconfig"
 	"github.com/airlockhq/airlock/pkg/termtext"
 	"github.com/airlockhq/airlock/pkg/version"
 )
 
-// globals are the flags every command shares.
-type globals struct {
-	output string
-	config string
-	as     string
-	stdout io.Writer
-	stderr io.Writer
-}
+// globals are the flags every command shares (cmdutil.Globals).
+type globals = cmdutil.Globals
+
+// usageError marks bad command-line input, exit status 2, as
+// cmdutil.UsageError does for the commands outside this package.
+type usageError struct{ error }
+
+// Usage marks the error for cmdutil.IsUsage.
+func (usageError) Usage() {}
+
+// remoteError marks an error whose message carries a server's text, and
+// through it perhaps a caller's or a job's.
+type remoteError struct{ error }
 
 // exitError carries a specific exit code out of a command.
 type exitError struct {
@@ -43,7 +53,7 @@ func (e *exitError) Unwrap() error { return e.err }
 // Main runs the airlock command with args and returns the exit code: 0 on
 // success, 1 on failure, 2 on bad usage, or the code a command chose.
 func Main(args []string, stdout, stderr io.Writer) int {
-	g := &globals{stdout: stdout, stderr: stderr}
+	g := &globals{Stdout: stdout, Stderr: stderr}
 	root := newRoot(g)
 	root.SetArgs(args)
 	root.SetOut(stdout)
@@ -65,19 +75,11 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if errors.As(err, &ee) {
 		return ee.code
 	}
-	var ue usageError
-	if errors.As(err, &ue) {
+	if cmdutil.IsUsage(err) {
 		return 2
 	}
 	return 1
 }
-
-// usageError marks bad command-line input.
-type usageError struct{ error }
-
-// remoteError marks an error whose message carries a server's text, and
-// through it perhaps a caller's or a job's.
-type remoteError struct{ error }
 
 // errorText is err as Main prints it, escaped: a remoteError on one line, so
 // a server cannot add lines of its own; any other keeps its line breaks (a
@@ -101,87 +103,16 @@ the authority, executor and publisher.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			if g.output != "text" && g.output != "json" {
-				return usageError{fmt.Errorf("-o %q: must be text or json", g.output)}
+			if g.Output != "text" && g.Output != "json" {
+				return usageError{fmt.Errorf("-o %q: must be text or json", g.Output)}
 			}
 			return nil
 		},
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.PersistentFlags().StringVarP(&g.output, "output", "o", "text", "output format: text or json")
-	root.PersistentFlags().StringVar(&g.config, "config", "", "client config file (default $"+clientconfig.EnvVar+")")
-	root.PersistentFlags().StringVar(&g.as, "as", "", "identity to act as, KIND/NAME from the client config's pki_dir (default: the config's identity)")
-	root.AddCommand(newPKI(g), newDev(g), newStatus(g), newJob(g), newSession(g), newApproval(g), newLease(g), newAudit(g), newPublish(g), newDeployment(g))
+	root.PersistentFlags().StringVarP(&g.Output, "output", "o", "text", "output format: text or json")
+	root.PersistentFlags().StringVar(&g.Config, "config", "", "client config file (default $"+clientconfig.EnvVar+")")
+	root.PersistentFlags().StringVar(&g.As, "as", "", "identity to act as, KIND/NAME from the client config's pki_dir (default: the config's identity)")
+	root.AddCommand(newPKI(g), dev.New(g), newStatus(g), newJob(g), newSession(g), newApproval(g), newLease(g), newAudit(g), newPublish(g), newDeployment(g))
 	return root
-}
-
-// clientConfig loads the client config named by --config or $AIRLOCK_CONFIG.
-func (g *globals) clientConfig() (*clientconfig.Config, error) {
-	path := g.config
-	if path == "" {
-		path = os.Getenv(clientconfig.EnvVar)
-	}
-	if path == "" {
-		return nil, usageError{fmt.Errorf("no client config: pass --config FILE or set %s (airlock dev up writes DIR/client.yaml)", clientconfig.EnvVar)}
-	}
-	return clientconfig.Load(path)
-}
-
-// print writes v as indented JSON with -o json, else calls text.
-func (g *globals) print(v any, text func(w io.Writer)) error {
-	if g.output == "json" {
-		enc := json.NewEncoder(g.stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(v)
-	}
-	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-	text(tw)
-	return tw.Flush()
-}
-
-// commandText is a job's argv in one line, each argument escaped.
-func commandText(argv []string) string {
-	args := make([]string, len(argv))
-	for i, a := range argv {
-		args[i] = shellWord(termtext.Line(a))
-	}
-	return strings.Join(args, " ")
-}
-
-// shellWord quotes an (already escaped) argument as a POSIX shell would
-// need it, so a reader can tell `a b` from `a` `b`.
-func shellWord(a string) string {
-	// The escaped text has no control characters left, and a backslash
-	// in it begins termtext's own escapes: neither needs quoting.
-	if a != "" && !strings.ContainsAny(a, " '\"$&|;<>()~#!`") {
-		return a
-	}
-	return "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
-}
-
-// allPages gathers a listing page by page: fetch gets the page token ("" for
-// the first) and returns a page and the next token. It stops on the last
-// page or once want items are in (want 0: all of them). A server ends its
-// pages by bytes as well as by count, so one page is never the whole story.
-func allPages[T any](want int, fetch func(token string, size int32) ([]T, string, error)) ([]T, error) {
-	var out []T
-	token := ""
-	for {
-		size := int32(500)
-		if want > 0 {
-			size = int32(min(want-len(out), 500))
-		}
-		page, next, err := fetch(token, size)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, page...)
-		if next == "" || (want > 0 && len(out) >= want) {
-			if want > 0 && len(out) > want {
-				out = out[:want]
-			}
-			return out, nil
-		}
-		token = next
-	}
 }

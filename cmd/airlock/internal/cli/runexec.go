@@ -97,8 +97,8 @@ func runExecOnce(ctx context.Context, g *globals, client authorityv1.AuthoritySe
 	if started == nil {
 		return nil, false, remoteError{errors.New("the authority's RunExec began without the exec")}
 	}
-	if !started.GetCreated() && first && g.output == "text" {
-		fmt.Fprintf(g.stderr, "[airlock] exec %s was started before: following it, not running it again\n", termtext.Line(spec.GetExecId()))
+	if !started.GetCreated() && first && g.Output == "text" {
+		fmt.Fprintf(g.Stderr, "[airlock] exec %s was started before: following it, not running it again\n", termtext.Line(spec.GetExecId()))
 	}
 	feedErr := make(chan error, 1)
 	if started.GetCreated() && in != nil {

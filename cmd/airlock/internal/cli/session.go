@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
@@ -64,26 +65,23 @@ func newSessionCreate(g *globals) *cobra.Command {
 			if idle > 0 {
 				spec.Session.IdleTimeout = durationpb.New(idle)
 			}
-			client, self, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			tenant, err := self.tenant(f.tenant)
-			if err != nil {
-				return err
-			}
-			resp, err := client.CreateSession(cmd.Context(), &authorityv1.CreateSessionRequest{Tenant: tenant, Spec: spec, IdempotencyKey: f.idempotencyKey()})
-			if err != nil {
-				return rpcError(err)
-			}
-			s := resp.GetSession()
-			if !noWait {
-				if s, err = waitRunning(cmd.Context(), g, client, s.GetJobId()); err != nil {
+			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, self *caller) error {
+				tenant, err := self.tenant(f.tenant)
+				if err != nil {
 					return err
 				}
-			}
-			return g.printProto(s, func(w io.Writer) { fmt.Fprintln(w, termtext.Line(s.GetJobId())) })
+				resp, err := client.CreateSession(cmd.Context(), &authorityv1.CreateSessionRequest{Tenant: tenant, Spec: spec, IdempotencyKey: f.idempotencyKey()})
+				if err != nil {
+					return err
+				}
+				s := resp.GetSession()
+				if !noWait {
+					if s, err = waitRunning(cmd.Context(), g, client, s.GetJobId()); err != nil {
+						return err
+					}
+				}
+				return g.PrintProto(s, func(w io.Writer) { fmt.Fprintln(w, termtext.Line(s.GetJobId())) })
+			})
 		},
 	}
 	f.register(cmd)
@@ -101,11 +99,11 @@ func waitRunning(ctx context.Context, g *globals, client authorityv1.AuthoritySe
 	for {
 		resp, err := client.GetSession(ctx, &authorityv1.GetSessionRequest{SessionId: id})
 		if err != nil {
-			return nil, rpcError(err)
+			return nil, err
 		}
 		s := resp.GetSession()
-		if st := s.GetState(); st != printed && g.output == "text" {
-			fmt.Fprintf(g.stderr, "[airlock] session %s %s\n", termtext.Line(id), strings.TrimPrefix(st.String(), "JOB_STATE_"))
+		if st := s.GetState(); st != printed && g.Output == "text" {
+			fmt.Fprintf(g.Stderr, "[airlock] session %s %s\n", termtext.Line(id), jobStateWord(st))
 			printed = st
 		}
 		switch {
@@ -168,7 +166,7 @@ whole and piped input is not read.
 			}
 			if spec.ExecId == "" {
 				spec.ExecId = randomID("x-")
-				fmt.Fprintf(g.stderr, "[airlock] exec id %s (retry with --exec-id %s)\n", spec.ExecId, spec.ExecId)
+				fmt.Fprintf(g.Stderr, "[airlock] exec id %s (retry with --exec-id %s)\n", spec.ExecId, spec.ExecId)
 			}
 			if !detach {
 				in, closeIn, err := execStdin(stdin, noStdin)
@@ -177,12 +175,9 @@ whole and piped input is not read.
 				}
 				defer closeIn()
 				spec.StdinStream = in != nil
-				client, _, done, err := g.authority()
-				if err != nil {
-					return err
-				}
-				defer done()
-				return runExec(cmd.Context(), g, client, args[0], spec, in, raw)
+				return withAuthority(g, func(client authorityv1.AuthorityServiceClient, _ *caller) error {
+					return runExec(cmd.Context(), g, client, args[0], spec, in, raw)
+				})
 			}
 			if stdin != "" {
 				var data []byte
@@ -199,19 +194,16 @@ whole and piped input is not read.
 				}
 				spec.Stdin = data
 			}
-			client, _, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			resp, err := startExec(cmd.Context(), client, &authorityv1.StartExecRequest{SessionId: args[0], Spec: spec})
-			if err != nil {
-				return err
-			}
-			if !resp.GetCreated() && g.output == "text" {
-				fmt.Fprintf(g.stderr, "[airlock] exec %s was started before: following it, not running it again\n", termtext.Line(spec.ExecId))
-			}
-			return g.printProto(resp.GetExec(), func(w io.Writer) { fmt.Fprintln(w, termtext.Line(spec.ExecId)) })
+			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, _ *caller) error {
+				resp, err := startExec(cmd.Context(), client, &authorityv1.StartExecRequest{SessionId: args[0], Spec: spec})
+				if err != nil {
+					return err
+				}
+				if !resp.GetCreated() && g.Output == "text" {
+					fmt.Fprintf(g.Stderr, "[airlock] exec %s was started before: following it, not running it again\n", termtext.Line(spec.ExecId))
+				}
+				return g.PrintProto(resp.GetExec(), func(w io.Writer) { fmt.Fprintln(w, termtext.Line(spec.ExecId)) })
+			})
 		},
 	}
 	fl := cmd.Flags()
@@ -235,7 +227,7 @@ func startExec(ctx context.Context, client authorityv1.AuthorityServiceClient, r
 			return resp, nil
 		}
 		if status.Code(err) != codes.Unavailable || attempt >= 10 {
-			return nil, rpcError(err)
+			return nil, err
 		}
 		select {
 		case <-ctx.Done():
@@ -253,12 +245,9 @@ func newSessionWatch(g *globals) *cobra.Command {
 		Long:  "Streams an exec's output, from its start, and exits with its exit status as session exec does.\n\n" + streamHelp,
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			client, _, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			return followExec(cmd.Context(), g, client, args[0], args[1], raw)
+			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, _ *caller) error {
+				return followExec(cmd.Context(), g, client, args[0], args[1], raw)
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&raw, "raw", false, "copy the exec's output to a terminal unescaped")
@@ -277,7 +266,7 @@ func followExec(ctx context.Context, g *globals, client authorityv1.AuthoritySer
 			StdoutOffset: out.offset(typesv1.OutputStream_OUTPUT_STREAM_STDOUT), StderrOffset: out.offset(typesv1.OutputStream_OUTPUT_STREAM_STDERR),
 		})
 		if err != nil {
-			return rpcError(err)
+			return err
 		}
 		for {
 			msg, err := stream.Recv()
@@ -288,7 +277,7 @@ func followExec(ctx context.Context, g *globals, client authorityv1.AuthoritySer
 				if status.Code(err) == codes.Unavailable && attempt < 10 {
 					break
 				}
-				return rpcError(err)
+				return err
 			}
 			switch ev := msg.GetEvent().(type) {
 			case *authorityv1.WatchExecResponse_Output:
@@ -309,9 +298,9 @@ func followExec(ctx context.Context, g *globals, client authorityv1.AuthoritySer
 // finishExec prints an ended exec's summary and turns its ending into the
 // exit status.
 func finishExec(g *globals, x *typesv1.Exec) error {
-	if err := g.printProto(x, func(io.Writer) {
-		if g.output == "text" {
-			fmt.Fprintf(g.stderr, "[airlock] exec %s: %s\n", termtext.Line(x.GetSpec().GetExecId()), termtext.Line(execOutcome(x)))
+	if err := g.PrintProto(x, func(io.Writer) {
+		if g.Output == "text" {
+			fmt.Fprintf(g.Stderr, "[airlock] exec %s: %s\n", termtext.Line(x.GetSpec().GetExecId()), termtext.Line(execOutcome(x)))
 		}
 	}); err != nil {
 		return err
@@ -343,7 +332,7 @@ func execOutcome(x *typesv1.Exec) string {
 	default:
 		return "running"
 	}
-	s := strings.ToLower(strings.TrimPrefix(x.GetReason().String(), "TERMINATION_REASON_"))
+	s := reasonWord(x.GetReason())
 	if x.GetReason() == typesv1.TerminationReason_TERMINATION_REASON_EXITED {
 		s += fmt.Sprintf(" with status %d", x.GetExitCode())
 	}
@@ -359,36 +348,33 @@ func newSessionGet(g *globals) *cobra.Command {
 		Short: "Show a session and its execs",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			client, _, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			resp, err := client.GetSession(cmd.Context(), &authorityv1.GetSessionRequest{SessionId: args[0]})
-			if err != nil {
-				return rpcError(err)
-			}
-			s := resp.GetSession()
-			return g.printProto(resp, func(w io.Writer) {
-				fmt.Fprintf(w, "session    %s\n", termtext.Line(s.GetJobId()))
-				fmt.Fprintf(w, "repository %s @ %s (%s)\n", termtext.Line(s.GetSpec().GetRepository()), termtext.Line(s.GetSpec().GetRevision()),
-					termtext.Line(short(s.GetCommit())))
-				state := strings.ToLower(strings.TrimPrefix(s.GetState().String(), "JOB_STATE_"))
-				switch {
-				case resp.GetSuspendReason() == typesv1.TerminationReason_TERMINATION_REASON_EXECUTOR_RESTARTED:
-					state += ", suspended: its executor restarted, keeping /work and /out (session resume goes on)"
-				case resp.GetSuspended():
-					state += ", suspended"
+			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, _ *caller) error {
+				resp, err := client.GetSession(cmd.Context(), &authorityv1.GetSessionRequest{SessionId: args[0]})
+				if err != nil {
+					return err
 				}
-				fmt.Fprintf(w, "state      %s\n", state)
-				writeLimits(w, s)
-				if resp.GetExecsStale() {
-					fmt.Fprintln(w, "note       the executor could not answer: these are the authority's records of the execs, which may be behind")
-				}
-				writeExecs(w, resp.GetExecs())
-				if terminal(s.GetState()) {
-					writeSummary(w, s)
-				}
+				s := resp.GetSession()
+				return g.PrintProto(resp, func(w io.Writer) {
+					fmt.Fprintf(w, "session    %s\n", termtext.Line(s.GetJobId()))
+					fmt.Fprintf(w, "repository %s @ %s (%s)\n", termtext.Line(s.GetSpec().GetRepository()), termtext.Line(s.GetSpec().GetRevision()),
+						termtext.Line(short(s.GetCommit())))
+					state := jobStateWord(s.GetState())
+					switch {
+					case resp.GetSuspendReason() == typesv1.TerminationReason_TERMINATION_REASON_EXECUTOR_RESTARTED:
+						state += ", suspended: its executor restarted, keeping /work and /out (session resume goes on)"
+					case resp.GetSuspended():
+						state += ", suspended"
+					}
+					fmt.Fprintf(w, "state      %s\n", state)
+					writeLimits(w, s)
+					if resp.GetExecsStale() {
+						fmt.Fprintln(w, "note       the executor could not answer: these are the authority's records of the execs, which may be behind")
+					}
+					writeExecs(w, resp.GetExecs())
+					if terminal(s.GetState()) {
+						writeSummary(w, s)
+					}
+				})
 			})
 		},
 	}
@@ -412,7 +398,7 @@ func newSessionList(g *globals) *cobra.Command {
 		func(w io.Writer, list []*authorityv1.Job) {
 			fmt.Fprintln(w, "SESSION\tSTATE\tREPOSITORY\tCOMMIT\tCREATED")
 			for _, s := range list {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", termtext.Line(s.GetJobId()), strings.TrimPrefix(s.GetState().String(), "JOB_STATE_"),
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", termtext.Line(s.GetJobId()), jobStateWord(s.GetState()),
 					termtext.Line(s.GetSpec().GetRepository()), termtext.Line(short(s.GetCommit())), s.GetCreatedAt().AsTime().Local().Format(time.DateTime))
 			}
 		})
@@ -425,32 +411,29 @@ func newSessionFinish(g *globals) *cobra.Command {
 		Short: "Finish a session: stop its sandbox, build its result and wait for it",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			client, _, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			resp, err := client.FinishSession(cmd.Context(), &authorityv1.FinishSessionRequest{SessionId: args[0]})
-			if err != nil {
-				return rpcError(err)
-			}
-			if noWait {
-				return g.printProto(resp.GetSession(), func(w io.Writer) { fmt.Fprintf(w, "finishing %s\n", termtext.Line(args[0])) })
-			}
-			for {
-				r, err := client.GetSession(cmd.Context(), &authorityv1.GetSessionRequest{SessionId: args[0]})
+			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, _ *caller) error {
+				resp, err := client.FinishSession(cmd.Context(), &authorityv1.FinishSessionRequest{SessionId: args[0]})
 				if err != nil {
-					return rpcError(err)
+					return err
 				}
-				if s := r.GetSession(); terminal(s.GetState()) {
-					return g.printProto(s, func(w io.Writer) { writeSummary(w, s) })
+				if noWait {
+					return g.PrintProto(resp.GetSession(), func(w io.Writer) { fmt.Fprintf(w, "finishing %s\n", termtext.Line(args[0])) })
 				}
-				select {
-				case <-cmd.Context().Done():
-					return cmd.Context().Err()
-				case <-time.After(200 * time.Millisecond):
+				for {
+					r, err := client.GetSession(cmd.Context(), &authorityv1.GetSessionRequest{SessionId: args[0]})
+					if err != nil {
+						return err
+					}
+					if s := r.GetSession(); terminal(s.GetState()) {
+						return g.PrintProto(s, func(w io.Writer) { writeSummary(w, s) })
+					}
+					select {
+					case <-cmd.Context().Done():
+						return cmd.Context().Err()
+					case <-time.After(200 * time.Millisecond):
+					}
 				}
-			}
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&noWait, "no-wait", false, "return once finishing has begun")
@@ -468,26 +451,23 @@ is stopped: its process group gets SIGTERM, then SIGKILL after 10 seconds,
 and the session lives on.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			client, _, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			if execID != "" {
-				resp, err := client.CancelExec(cmd.Context(), &authorityv1.CancelExecRequest{SessionId: args[0], ExecId: execID})
-				if err != nil {
-					return rpcError(err)
+			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, _ *caller) error {
+				if execID != "" {
+					resp, err := client.CancelExec(cmd.Context(), &authorityv1.CancelExecRequest{SessionId: args[0], ExecId: execID})
+					if err != nil {
+						return err
+					}
+					return g.PrintProto(resp.GetExec(), func(w io.Writer) {
+						fmt.Fprintf(w, "cancel requested for exec %s (%s)\n", termtext.Line(execID), termtext.Line(execOutcome(resp.GetExec())))
+					})
 				}
-				return g.printProto(resp.GetExec(), func(w io.Writer) {
-					fmt.Fprintf(w, "cancel requested for exec %s (%s)\n", termtext.Line(execID), termtext.Line(execOutcome(resp.GetExec())))
+				resp, err := client.CancelSession(cmd.Context(), &authorityv1.CancelSessionRequest{SessionId: args[0], Reason: reason})
+				if err != nil {
+					return err
+				}
+				return g.PrintProto(resp.GetSession(), func(w io.Writer) {
+					fmt.Fprintf(w, "cancel requested for %s (state %s)\n", termtext.Line(args[0]), jobStateWord(resp.GetSession().GetState()))
 				})
-			}
-			resp, err := client.CancelSession(cmd.Context(), &authorityv1.CancelSessionRequest{SessionId: args[0], Reason: reason})
-			if err != nil {
-				return rpcError(err)
-			}
-			return g.printProto(resp.GetSession(), func(w io.Writer) {
-				fmt.Fprintf(w, "cancel requested for %s (state %s)\n", termtext.Line(args[0]), strings.TrimPrefix(resp.GetSession().GetState().String(), "JOB_STATE_"))
 			})
 		},
 	}
@@ -499,6 +479,7 @@ and the session lives on.`,
 func newSessionCp(g *globals) *cobra.Command {
 	var mode uint32
 	var raw bool
+	var maxSizeOf func() (int64, error)
 	cmd := &cobra.Command{
 		Use:   "cp SRC DST",
 		Short: "Copy one file into or out of a session's /work or /out",
@@ -509,8 +490,10 @@ local file; - is standard input or output.
 An upload replaces the session's file atomically, owned by the sandbox's
 root (mode --mode, default 0644); it counts against the disk limit, and one
 that is refused leaves nothing behind. A download is written to a new file
-beside DST and renamed over it only once complete. Paths are resolved inside
-the sandbox's /work and /out: a symlink or ".." that leads out is refused.
+beside DST and renamed over it only once complete; a file larger than
+--max-size (default 1GiB; a sparse file counts at its full size) is refused
+before anything is written. Paths are resolved inside the sandbox's /work
+and /out: a symlink or ".." that leads out is refused.
 A download to a terminal is escaped unless --raw.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -521,17 +504,26 @@ A download to a terminal is escaped unless --raw.`,
 			if srcRemote == dstRemote {
 				return usageError{errors.New("exactly one of SRC and DST must be SESSION:/work/... or SESSION:/out/...")}
 			}
-			client, _, done, err := g.authority()
+			remote := srcPath
+			if dstRemote {
+				remote = dstPath
+			}
+			if !utf8.ValidString(remote) {
+				return usageError{fmt.Errorf("path %q: not valid UTF-8 (a session's file is named by text)", remote)}
+			}
+			maxSize, err := maxSizeOf()
 			if err != nil {
 				return err
 			}
-			defer done()
-			if dstRemote {
-				return uploadFile(cmd.Context(), g, client, args[0], dstSess, dstPath, mode)
-			}
-			return downloadFile(cmd.Context(), g, client, srcSess, srcPath, args[1], raw)
+			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, _ *caller) error {
+				if dstRemote {
+					return uploadFile(cmd.Context(), g, client, args[0], dstSess, dstPath, mode)
+				}
+				return downloadFile(cmd.Context(), g, client, srcSess, srcPath, args[1], raw, maxSize)
+			})
 		},
 	}
+	maxSizeOf = maxSizeFlag(cmd)
 	cmd.Flags().Uint32Var(&mode, "mode", 0o644, "permission bits of an uploaded file")
 	cmd.Flags().BoolVar(&raw, "raw", false, "copy a download to a terminal unescaped")
 	return cmd
@@ -583,12 +575,12 @@ func uploadFile(ctx context.Context, g *globals, client authorityv1.AuthoritySer
 	if err != nil {
 		return rpcError(err)
 	}
-	return g.printProto(resp, func(w io.Writer) {
+	return g.PrintProto(resp, func(w io.Writer) {
 		fmt.Fprintf(w, "%s:%s: %d bytes written\n", termtext.Line(sess), termtext.Line(path), resp.GetSize())
 	})
 }
 
-func downloadFile(ctx context.Context, g *globals, client authorityv1.AuthorityServiceClient, sess, path, local string, raw bool) error {
+func downloadFile(ctx context.Context, g *globals, client authorityv1.AuthorityServiceClient, sess, path, local string, raw bool, maxSize int64) error {
 	stream, err := client.ReadFile(ctx, &authorityv1.ReadFileRequest{SessionId: sess, Path: path})
 	if err != nil {
 		return rpcError(err)
@@ -596,7 +588,7 @@ func downloadFile(ctx context.Context, g *globals, client authorityv1.AuthorityS
 	var w io.Writer
 	var tmp *os.File
 	if local == "-" {
-		w = jobOutput(g.stdout, raw)
+		w = jobOutput(g.Stdout, raw)
 		defer flushOutput(w)
 	} else {
 		if tmp, err = os.CreateTemp(filepath.Dir(local), ".airlock-cp-*"); err != nil {
@@ -622,8 +614,15 @@ func downloadFile(ctx context.Context, g *globals, client authorityv1.AuthorityS
 		}
 		if h := msg.GetHeader(); h != nil {
 			size = h.GetSize()
+			if err := overMaxSize(termtext.Line(sess)+":"+termtext.Line(path), size, maxSize); err != nil {
+				return err
+			}
 		}
 		if c := msg.GetChunk(); len(c) > 0 {
+			// Never more than the size checked against --max-size.
+			if size < 0 || n+int64(len(c)) > size {
+				return remoteError{fmt.Errorf("%s: the server sent more than the %d bytes it announced; nothing was written", termtext.Line(sess)+":"+termtext.Line(path), max(size, 0))}
+			}
 			if _, err := w.Write(c); err != nil {
 				return err
 			}
@@ -642,7 +641,7 @@ func downloadFile(ctx context.Context, g *globals, client authorityv1.AuthorityS
 			return err
 		}
 		tmp = nil
-		fmt.Fprintf(g.stderr, "%s: %d bytes\n", termtext.Line(local), n)
+		fmt.Fprintf(g.Stderr, "%s: %d bytes\n", termtext.Line(local), n)
 	}
 	return nil
 }
@@ -658,26 +657,23 @@ func newSessionLs(g *globals) *cobra.Command {
 			if len(args) == 2 {
 				path = args[1]
 			}
-			client, _, done, err := g.authority()
-			if err != nil {
-				return err
-			}
-			defer done()
-			resp, err := client.ListFiles(cmd.Context(), &authorityv1.ListFilesRequest{SessionId: args[0], Path: path, Recursive: recursive})
-			if err != nil {
-				return rpcError(err)
-			}
-			return g.printProto(resp, func(w io.Writer) {
-				for _, f := range resp.GetEntries() {
-					line := fmt.Sprintf("%-7s %04o %10d  %s", f.GetType(), f.GetMode(), f.GetSize(), termtext.Line(f.GetPath()))
-					if f.GetType() == "symlink" {
-						line += " -> " + termtext.Line(f.GetTarget())
+			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, _ *caller) error {
+				resp, err := client.ListFiles(cmd.Context(), &authorityv1.ListFilesRequest{SessionId: args[0], Path: path, Recursive: recursive})
+				if err != nil {
+					return err
+				}
+				return g.PrintProto(resp, func(w io.Writer) {
+					for _, f := range resp.GetEntries() {
+						line := fmt.Sprintf("%-7s %04o %10d  %s", f.GetType(), f.GetMode(), f.GetSize(), termtext.Line(f.GetPath()))
+						if f.GetType() == "symlink" {
+							line += " -> " + termtext.Line(f.GetTarget())
+						}
+						fmt.Fprintln(w, line)
 					}
-					fmt.Fprintln(w, line)
-				}
-				if resp.GetTruncated() {
-					fmt.Fprintln(w, "... more entries not listed")
-				}
+					if resp.GetTruncated() {
+						fmt.Fprintln(w, "... more entries not listed")
+					}
+				})
 			})
 		},
 	}
@@ -713,36 +709,33 @@ func newSessionResume(g *globals) *cobra.Command {
 
 // suspendOrResume asks for either and waits until the session is there.
 func suspendOrResume(ctx context.Context, g *globals, id string, suspend bool) error {
-	client, _, done, err := g.authority()
-	if err != nil {
-		return err
-	}
-	defer done()
-	if suspend {
-		_, err = client.SuspendSession(ctx, &authorityv1.SuspendSessionRequest{SessionId: id})
-	} else {
-		_, err = client.ResumeSession(ctx, &authorityv1.ResumeSessionRequest{SessionId: id})
-	}
-	if err != nil {
-		return rpcError(err)
-	}
-	for {
-		resp, err := client.GetSession(ctx, &authorityv1.GetSessionRequest{SessionId: id})
+	return withAuthority(g, func(client authorityv1.AuthorityServiceClient, _ *caller) (err error) {
+		if suspend {
+			_, err = client.SuspendSession(ctx, &authorityv1.SuspendSessionRequest{SessionId: id})
+		} else {
+			_, err = client.ResumeSession(ctx, &authorityv1.ResumeSessionRequest{SessionId: id})
+		}
 		if err != nil {
-			return rpcError(err)
+			return err
 		}
-		s := resp.GetSession()
-		if terminal(s.GetState()) {
-			return remoteError{fmt.Errorf("session %s ended: %s", termtext.Line(id), termtext.Line(outcome(s)))}
+		for {
+			resp, err := client.GetSession(ctx, &authorityv1.GetSessionRequest{SessionId: id})
+			if err != nil {
+				return err
+			}
+			s := resp.GetSession()
+			if terminal(s.GetState()) {
+				return remoteError{fmt.Errorf("session %s ended: %s", termtext.Line(id), termtext.Line(outcome(s)))}
+			}
+			if resp.GetSuspended() == suspend {
+				word := map[bool]string{true: "suspended", false: "running"}[suspend]
+				return g.PrintProto(resp, func(w io.Writer) { fmt.Fprintf(w, "session %s %s\n", termtext.Line(id), word) })
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(200 * time.Millisecond):
+			}
 		}
-		if resp.GetSuspended() == suspend {
-			word := map[bool]string{true: "suspended", false: "running"}[suspend]
-			return g.printProto(resp, func(w io.Writer) { fmt.Fprintf(w, "session %s %s\n", termtext.Line(id), word) })
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+	})
 }

@@ -13,6 +13,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/airlockhq/airlock/cmd/airlock/internal/cmdutil"
 	"github.com/airlockhq/airlock/pkg/clientconfig"
 	"github.com/airlockhq/airlock/pkg/grpcclient"
 	"github.com/airlockhq/airlock/pkg/identity"
@@ -54,18 +55,18 @@ func newStatus(g *globals) *cobra.Command {
 		Short: "Show each service's health, checked over mTLS",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := g.clientConfig()
+			cfg, err := g.ClientConfig()
 			if err != nil {
 				return err
 			}
-			src, err := cfg.Source(g.as)
+			src, err := cfg.Source(g.As)
 			if err != nil {
 				return err
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
 			report := checkAll(ctx, cfg, src)
-			if err := g.print(map[string]any{"services": report}, func(w io.Writer) {
+			if err := g.Print(map[string]any{"services": report}, func(w io.Writer) {
 				fmt.Fprintln(w, "SERVICE\tADDRESS\tSTATUS\tERROR")
 				for _, h := range report {
 					fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", h.Service, termtext.Line(h.Address), termtext.Line(h.Status), termtext.Line(h.Error))
@@ -111,14 +112,14 @@ func checkAll(ctx context.Context, cfg *clientconfig.Config, src *tlsconfig.Sour
 				return
 			}
 			h.Address = addr
-			h.Status, err = checkHealth(ctx, addr, src, identity.Service(cfg.TrustDomain, name), "")
+			h.Status, err = cmdutil.CheckHealth(ctx, addr, src, identity.Service(cfg.TrustDomain, name), "")
 			if err != nil {
 				h.Error = err.Error()
 			}
 			if name == identity.ServiceExecutor && err == nil {
 				h.Runtimes = map[string]string{}
 				for _, c := range runtimeClasses {
-					if st, err := checkHealth(ctx, addr, src, identity.Service(cfg.TrustDomain, name), "runtime/"+c); err == nil {
+					if st, err := cmdutil.CheckHealth(ctx, addr, src, identity.Service(cfg.TrustDomain, name), "runtime/"+c); err == nil {
 						h.Runtimes[c] = st
 					} else if status.Code(err) == codes.NotFound {
 						h.Runtimes[c] = "NOT_CONFIGURED"
@@ -135,21 +136,6 @@ func checkAll(ctx context.Context, cfg *clientconfig.Config, src *tlsconfig.Sour
 		<-done
 	}
 	return out
-}
-
-// checkHealth asks one server for the health of component ("" for the
-// whole server), pinning its identity.
-func checkHealth(ctx context.Context, addr string, src *tlsconfig.Source, server identity.ID, component string) (string, error) {
-	cc, err := grpcclient.Dial(addr, src, server)
-	if err != nil {
-		return "UNREACHABLE", err
-	}
-	defer cc.Close()
-	resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{Service: component})
-	if err != nil {
-		return "UNREACHABLE", err
-	}
-	return resp.GetStatus().String(), nil
 }
 
 // components lists a server's health components and their statuses; nil

@@ -122,7 +122,14 @@ the approval's id, and the change applies when another approver approves it
 (never the one who asked). The disk limit cannot change on a running job.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return jobUpdate(cmd.Context(), g, &f, args[0])
+			var u jobUpdate
+			if err := u.Complete(&f, args); err != nil {
+				return err
+			}
+			if err := u.Validate(); err != nil {
+				return err
+			}
+			return u.Run(cmd.Context(), g)
 		},
 	}
 	fl := cmd.Flags()
@@ -159,81 +166,93 @@ func parseAllow(s string) (*typesv1.AllowRule, error) {
 	return &typesv1.AllowRule{Cidr: cidr, Ports: p}, nil
 }
 
-func jobUpdate(ctx context.Context, g *globals, f *updateFlags, jobID string) error {
-	var limits *typesv1.ResourceLimits
+// jobUpdate is one job update in kubectl's Complete/Validate/Run shape:
+// Complete reads the flags into the change (each flag checked as it is
+// read), Validate checks the change as a whole, Run asks for it.
+type jobUpdate struct {
+	jobID   string
+	limits  *typesv1.ResourceLimits
+	session *typesv1.SessionSpec
+	network *typesv1.NetworkPolicy
+}
+
+func (u *jobUpdate) Complete(f *updateFlags, args []string) error {
+	u.jobID = args[0]
 	if f.memory != "" || f.cpu != 0 || f.pids != 0 || f.timeout != 0 {
 		if f.cpu < 0 || f.pids < 0 || f.timeout < 0 {
 			return usageError{errors.New("--cpu, --pids and --timeout must not be negative")}
 		}
-		limits = &typesv1.ResourceLimits{CpuMillis: int64(f.cpu * 1000), Pids: f.pids}
+		u.limits = &typesv1.ResourceLimits{CpuMillis: int64(f.cpu * 1000), Pids: f.pids}
 		var err error
-		if limits.MemoryBytes, err = parseSize("--memory", f.memory); err != nil {
+		if u.limits.MemoryBytes, err = parseSize("--memory", f.memory); err != nil {
 			return err
 		}
 		if f.timeout > 0 {
-			limits.Deadline = durationpb.New(f.timeout)
+			u.limits.Deadline = durationpb.New(f.timeout)
 		}
 	}
-	var session *typesv1.SessionSpec
 	if f.idleTimeout != 0 || f.maxExecs != 0 {
 		if f.idleTimeout < 0 || f.maxExecs < 0 {
 			return usageError{errors.New("--idle-timeout and --max-execs must not be negative")}
 		}
-		session = &typesv1.SessionSpec{MaxConcurrentExecs: f.maxExecs}
+		u.session = &typesv1.SessionSpec{MaxConcurrentExecs: f.maxExecs}
 		if f.idleTimeout > 0 {
-			session.IdleTimeout = durationpb.New(f.idleTimeout)
+			u.session.IdleTimeout = durationpb.New(f.idleTimeout)
 		}
 	}
-	np, err := f.net.policy()
-	if err != nil {
-		return err
-	}
-	if limits == nil && session == nil && np == nil {
+	var err error
+	u.network, err = f.net.policy()
+	return err
+}
+
+func (u *jobUpdate) Validate() error {
+	if u.limits == nil && u.session == nil && u.network == nil {
 		return usageError{errors.New("nothing to change: give --memory, --cpu, --pids, --timeout, --idle-timeout, --max-execs, --allow, --allow-domain or --deny-all")}
 	}
-	client, _, done, err := g.authority()
-	if err != nil {
-		return err
-	}
-	defer done()
-	type outcome struct {
-		What       string `json:"what"`
-		ApprovalID string `json:"approval_id,omitempty"`
-	}
-	var results []outcome
-	if limits != nil || session != nil {
-		// One change: limits and session settings widen or narrow together.
-		resp, err := client.UpdateJobLimits(ctx, &authorityv1.UpdateJobLimitsRequest{JobId: jobID, Limits: limits, Session: session})
-		if err != nil {
-			return rpcError(err)
+	return nil
+}
+
+func (u *jobUpdate) Run(ctx context.Context, g *globals) error {
+	return withAuthority(g, func(client authorityv1.AuthorityServiceClient, _ *caller) error {
+		type outcome struct {
+			What       string `json:"what"`
+			ApprovalID string `json:"approval_id,omitempty"`
 		}
-		what := "limits"
-		if limits == nil {
-			what = "session"
-		}
-		results = append(results, outcome{what, resp.GetApprovalId()})
-	}
-	if np != nil {
-		resp, err := client.UpdateNetworkPolicy(ctx, &authorityv1.UpdateNetworkPolicyRequest{JobId: jobID, Policy: np})
-		if err != nil {
-			return rpcError(err)
-		}
-		results = append(results, outcome{"network_policy", resp.GetApprovalId()})
-	}
-	job, err := client.GetJob(ctx, &authorityv1.GetJobRequest{JobId: jobID})
-	if err != nil {
-		return rpcError(err)
-	}
-	return g.print(results, func(w io.Writer) {
-		for _, r := range results {
-			if r.ApprovalID != "" {
-				id := termtext.Line(r.ApprovalID)
-				fmt.Fprintf(w, "%s: widening; waiting for approval %s (airlock approval show %s --as approver/NAME)\n", r.What, id, id)
-			} else {
-				fmt.Fprintf(w, "%s: applied\n", r.What)
+		var results []outcome
+		if u.limits != nil || u.session != nil {
+			// One change: limits and session settings widen or narrow together.
+			resp, err := client.UpdateJobLimits(ctx, &authorityv1.UpdateJobLimitsRequest{JobId: u.jobID, Limits: u.limits, Session: u.session})
+			if err != nil {
+				return err
 			}
+			what := "limits"
+			if u.limits == nil {
+				what = "session"
+			}
+			results = append(results, outcome{what, resp.GetApprovalId()})
 		}
-		writeLimits(w, job.GetJob())
+		if u.network != nil {
+			resp, err := client.UpdateNetworkPolicy(ctx, &authorityv1.UpdateNetworkPolicyRequest{JobId: u.jobID, Policy: u.network})
+			if err != nil {
+				return err
+			}
+			results = append(results, outcome{"network_policy", resp.GetApprovalId()})
+		}
+		job, err := client.GetJob(ctx, &authorityv1.GetJobRequest{JobId: u.jobID})
+		if err != nil {
+			return err
+		}
+		return g.Print(results, func(w io.Writer) {
+			for _, r := range results {
+				if r.ApprovalID != "" {
+					id := termtext.Line(r.ApprovalID)
+					fmt.Fprintf(w, "%s: widening; waiting for approval %s (airlock approval show %s --as approver/NAME)\n", r.What, id, id)
+				} else {
+					fmt.Fprintf(w, "%s: applied\n", r.What)
+				}
+			}
+			writeLimits(w, job.GetJob())
+		})
 	})
 }
 
@@ -251,7 +270,7 @@ func writeLimits(w io.Writer, job *authorityv1.Job) {
 	}
 	st := job.GetNetworkPolicyStatus()
 	fmt.Fprintf(w, "network    %s (generation %d, %s)\n", termtext.Line(policyText(st.GetPolicy())), st.GetGeneration(),
-		strings.ToLower(strings.TrimPrefix(st.GetState().String(), "NETWORK_POLICY_STATE_")))
+		networkStateWord(st.GetState()))
 }
 
 // policyText is a network policy in one line.

@@ -31,6 +31,7 @@ const (
 	AuthorityService_ListJobs_FullMethodName             = "/airlock.authority.v1.AuthorityService/ListJobs"
 	AuthorityService_WatchJob_FullMethodName             = "/airlock.authority.v1.AuthorityService/WatchJob"
 	AuthorityService_CancelJob_FullMethodName            = "/airlock.authority.v1.AuthorityService/CancelJob"
+	AuthorityService_DownloadBundle_FullMethodName       = "/airlock.authority.v1.AuthorityService/DownloadBundle"
 	AuthorityService_CreateSession_FullMethodName        = "/airlock.authority.v1.AuthorityService/CreateSession"
 	AuthorityService_GetSession_FullMethodName           = "/airlock.authority.v1.AuthorityService/GetSession"
 	AuthorityService_ListSessions_FullMethodName         = "/airlock.authority.v1.AuthorityService/ListSessions"
@@ -88,6 +89,16 @@ type AuthorityServiceClient interface {
 	WatchJob(ctx context.Context, in *WatchJobRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchJobResponse], error)
 	// CancelJob stops a job wherever it is. Callers: client/* of the job's tenant.
 	CancelJob(ctx context.Context, in *CancelJobRequest, opts ...grpc.CallOption) (*CancelJobResponse, error)
+	// DownloadBundle streams a finished job's (or session's) whole result
+	// bundle, as the executor holds it, with the provenance envelope the
+	// executor reported beside it, for an auditor to keep and verify offline.
+	// The first message names the bundle digest the authority recorded for the
+	// job's result and carries the envelope; the bundle's bytes follow, checked
+	// against that digest as they go; the last message names the digest once
+	// every byte matched. A stream that ends without it, or with an error, did
+	// not deliver the recorded bundle. Callers: client/* of the job's tenant
+	// and approver/* the tenant's approval policy lists.
+	DownloadBundle(ctx context.Context, in *DownloadBundleRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DownloadBundleResponse], error)
 	// CreateSession checks a session against the tenant's policy, records
 	// it, signs a grant and dispatches it, as SubmitJob does a job: a session
 	// is a job whose sandbox stays up for the client's execs. Callers: client/*.
@@ -293,6 +304,25 @@ func (c *authorityServiceClient) CancelJob(ctx context.Context, in *CancelJobReq
 	return out, nil
 }
 
+func (c *authorityServiceClient) DownloadBundle(ctx context.Context, in *DownloadBundleRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DownloadBundleResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[1], AuthorityService_DownloadBundle_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[DownloadBundleRequest, DownloadBundleResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AuthorityService_DownloadBundleClient = grpc.ServerStreamingClient[DownloadBundleResponse]
+
 func (c *authorityServiceClient) CreateSession(ctx context.Context, in *CreateSessionRequest, opts ...grpc.CallOption) (*CreateSessionResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CreateSessionResponse)
@@ -385,7 +415,7 @@ func (c *authorityServiceClient) GetExec(ctx context.Context, in *GetExecRequest
 
 func (c *authorityServiceClient) WatchExec(ctx context.Context, in *WatchExecRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchExecResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[1], AuthorityService_WatchExec_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[2], AuthorityService_WatchExec_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -414,7 +444,7 @@ func (c *authorityServiceClient) CancelExec(ctx context.Context, in *CancelExecR
 
 func (c *authorityServiceClient) RunExec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[RunExecRequest, RunExecResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[2], AuthorityService_RunExec_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[3], AuthorityService_RunExec_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -427,7 +457,7 @@ type AuthorityService_RunExecClient = grpc.BidiStreamingClient[RunExecRequest, R
 
 func (c *authorityServiceClient) ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadFileResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[3], AuthorityService_ReadFile_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[4], AuthorityService_ReadFile_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -446,7 +476,7 @@ type AuthorityService_ReadFileClient = grpc.ServerStreamingClient[ReadFileRespon
 
 func (c *authorityServiceClient) WriteFile(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[WriteFileRequest, WriteFileResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[4], AuthorityService_WriteFile_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[5], AuthorityService_WriteFile_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -469,7 +499,7 @@ func (c *authorityServiceClient) ListFiles(ctx context.Context, in *ListFilesReq
 
 func (c *authorityServiceClient) FetchSource(ctx context.Context, in *FetchSourceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FetchSourceResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[5], AuthorityService_FetchSource_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[6], AuthorityService_FetchSource_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -518,7 +548,7 @@ func (c *authorityServiceClient) GetApproval(ctx context.Context, in *GetApprova
 
 func (c *authorityServiceClient) ReadReview(ctx context.Context, in *ReadReviewRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadReviewResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[6], AuthorityService_ReadReview_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[7], AuthorityService_ReadReview_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -669,6 +699,16 @@ type AuthorityServiceServer interface {
 	WatchJob(*WatchJobRequest, grpc.ServerStreamingServer[WatchJobResponse]) error
 	// CancelJob stops a job wherever it is. Callers: client/* of the job's tenant.
 	CancelJob(context.Context, *CancelJobRequest) (*CancelJobResponse, error)
+	// DownloadBundle streams a finished job's (or session's) whole result
+	// bundle, as the executor holds it, with the provenance envelope the
+	// executor reported beside it, for an auditor to keep and verify offline.
+	// The first message names the bundle digest the authority recorded for the
+	// job's result and carries the envelope; the bundle's bytes follow, checked
+	// against that digest as they go; the last message names the digest once
+	// every byte matched. A stream that ends without it, or with an error, did
+	// not deliver the recorded bundle. Callers: client/* of the job's tenant
+	// and approver/* the tenant's approval policy lists.
+	DownloadBundle(*DownloadBundleRequest, grpc.ServerStreamingServer[DownloadBundleResponse]) error
 	// CreateSession checks a session against the tenant's policy, records
 	// it, signs a grant and dispatches it, as SubmitJob does a job: a session
 	// is a job whose sandbox stays up for the client's execs. Callers: client/*.
@@ -822,6 +862,9 @@ func (UnimplementedAuthorityServiceServer) WatchJob(*WatchJobRequest, grpc.Serve
 }
 func (UnimplementedAuthorityServiceServer) CancelJob(context.Context, *CancelJobRequest) (*CancelJobResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CancelJob not implemented")
+}
+func (UnimplementedAuthorityServiceServer) DownloadBundle(*DownloadBundleRequest, grpc.ServerStreamingServer[DownloadBundleResponse]) error {
+	return status.Error(codes.Unimplemented, "method DownloadBundle not implemented")
 }
 func (UnimplementedAuthorityServiceServer) CreateSession(context.Context, *CreateSessionRequest) (*CreateSessionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CreateSession not implemented")
@@ -1037,6 +1080,17 @@ func _AuthorityService_CancelJob_Handler(srv interface{}, ctx context.Context, d
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _AuthorityService_DownloadBundle_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(DownloadBundleRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AuthorityServiceServer).DownloadBundle(m, &grpc.GenericServerStream[DownloadBundleRequest, DownloadBundleResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AuthorityService_DownloadBundleServer = grpc.ServerStreamingServer[DownloadBundleResponse]
 
 func _AuthorityService_CreateSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CreateSessionRequest)
@@ -1678,6 +1732,11 @@ var AuthorityService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "WatchJob",
 			Handler:       _AuthorityService_WatchJob_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "DownloadBundle",
+			Handler:       _AuthorityService_DownloadBundle_Handler,
 			ServerStreams: true,
 		},
 		{

@@ -16,10 +16,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/errgrpc"
 	"github.com/airlockhq/airlock/pkg/identity"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
-	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/approvals"
 	"github.com/airlockhq/airlock/services/authority/internal/checkpoints"
@@ -40,9 +39,6 @@ type Config struct {
 	// Checkpoints serves the audit log's signed checkpoints; nil answers
 	// Unimplemented.
 	Checkpoints *checkpoints.Service
-	// Executor is the executor's API, to which a session's execs are
-	// forwarded once the caller's access to the session is checked.
-	Executor executorv1.ExecutorServiceClient
 	// Logger receives internal errors; default slog.Default().
 	Logger *slog.Logger
 }
@@ -81,7 +77,7 @@ func caller(ctx context.Context) (identity.ID, error) {
 // fail maps a domain error to a status. Anything that is not one of the
 // sentinels is logged here and reaches the caller only as "internal error".
 func (s *Service) fail(ctx context.Context, err error) error {
-	st := errdefs.ToGRPC(err)
+	st := errgrpc.ToGRPC(err)
 	if c := status.Code(st); c == codes.Internal || c == codes.Unknown {
 		s.cfg.Logger.ErrorContext(ctx, "internal error", "error", err)
 	}
@@ -318,19 +314,28 @@ func (s *Service) ReportResult(ctx context.Context, req *authorityv1.ReportResul
 	j, approvalID, err := s.cfg.Flow.ReportResult(ctx, id, req.GetJobId(), jobs.Report{
 		Reason: reasonFromProto(r.GetReason()), ExitCode: r.GetExitCode(), BundleDigest: r.GetBundleDigest(), Message: r.GetMessage(),
 		Result: wire, Patch: req.GetPatch(), Review: review, Provenance: req.GetProvenance(),
+		Execs: execsFromProto(req.GetDetail().GetExecs()),
 	})
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
-	// A session's report carries its execs (the first and the last, when
-	// not all fit): the authority's records take their final state.
-	s.observeExecs(ctx, j.ID, req.GetDetail().GetExecs()...)
 	pj, err := jobToProto(j)
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
 	pj.ApprovalId = approvalID
 	return &authorityv1.ReportResultResponse{Job: pj}, nil
+}
+
+// execsFromProto are a report's execs in the domain's terms.
+func execsFromProto(xs []*typesv1.Exec) []jobs.ExecSeen {
+	var out []jobs.ExecSeen
+	for _, x := range xs {
+		if x != nil {
+			out = append(out, executorclient.ExecFromProto(x))
+		}
+	}
+	return out
 }
 
 func reasonFromProto(r typesv1.TerminationReason) jobs.Reason {

@@ -48,7 +48,7 @@ func TestSubmitDispatchesSignedGrant(t *testing.T) {
 	if !resp.GetCreated() || j.GetState() != authorityv1.JobState_JOB_STATE_QUEUED {
 		t.Fatalf("submit: created=%v state=%v, want a new QUEUED job", resp.GetCreated(), j.GetState())
 	}
-	commit := h.origin.revParse("main")
+	commit := h.origin.RevParse("main")
 	if j.GetCommit() != commit || j.GetTenant() != "dev" || j.GetRequester() != devID.String() || j.GetIdempotencyKey() != "k1" {
 		t.Fatalf("job = %v", j)
 	}
@@ -375,11 +375,11 @@ func TestFetchSource(t *testing.T) {
 			if err != nil {
 				t.Fatalf("FetchSource: %v", err)
 			}
-			commit := h.origin.revParse("feature")
-			if header.GetCommit() != commit || header.GetTreeHash() != h.origin.revParse(commit+"^{tree}") || header.GetFormat() != "tar" {
+			commit := h.origin.RevParse("feature")
+			if header.GetCommit() != commit || header.GetTreeHash() != h.origin.RevParse(commit+"^{tree}") || header.GetFormat() != "tar" {
 				t.Errorf("header = %v", header)
 			}
-			if want := h.origin.run("archive", "--format=tar", commit); !bytes.Equal(data, []byte(want)) {
+			if want := h.origin.Run("archive", "--format=tar", commit); !bytes.Equal(data, []byte(want)) {
 				t.Errorf("archive: %d bytes, want the %d bytes of git archive", len(data), len(want))
 			}
 			if len(data) <= 256<<10 {

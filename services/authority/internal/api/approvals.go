@@ -343,18 +343,6 @@ func (s *Service) ListLeases(ctx context.Context, req *authorityv1.ListLeasesReq
 	return out, nil
 }
 
-// PublishTarget reads the publish target from a stored job's spec; zero if
-// it has none. The composition root passes it to approvals.OpenMissing and
-// to the workflow.
-func PublishTarget(j store.Job) (approvals.Target, error) {
-	spec := &authorityv1.JobSpec{}
-	if err := proto.Unmarshal(j.Spec, spec); err != nil {
-		return approvals.Target{}, fmt.Errorf("api: stored spec of job %s: %w", j.ID, err)
-	}
-	t := spec.GetPublishTarget()
-	return approvals.Target{Repo: t.GetRepository(), Branch: t.GetBranch()}, nil
-}
-
 // checkReviewDetail refuses a report whose review detail cannot be true: a
 // reviewer reads these counts as what will land.
 func checkReviewDetail(req *authorityv1.ReportResultRequest) error {
@@ -384,8 +372,15 @@ func checkReviewDetail(req *authorityv1.ReportResultRequest) error {
 			return bad(name+".size", "%d is less than the %d bytes of tail sent", t.GetSize(), len(t.GetData()))
 		}
 	}
-	if d.GetFileWritesTotal() < int64(len(d.GetFileWrites())) {
-		return bad("file_writes_total", "%d is fewer than the %d uploads listed", d.GetFileWritesTotal(), len(d.GetFileWrites()))
+	listed := int64(0)
+	for i, w := range d.GetFileWrites() {
+		if w.GetCount() < 0 || w.GetFirstAfterExec() > w.GetAfterExec() {
+			return bad(fmt.Sprintf("file_writes[%d]", i), "count %d, first after %d execs, last after %d: not a span of uploads", w.GetCount(), w.GetFirstAfterExec(), w.GetAfterExec())
+		}
+		listed += max(w.GetCount(), 1)
+	}
+	if d.GetFileWritesTotal() < listed {
+		return bad("file_writes_total", "%d is fewer than the %d uploads listed", d.GetFileWritesTotal(), listed)
 	}
 	if d.GetExecsTotal() < int64(len(d.GetExecs())) {
 		return bad("execs_total", "%d is fewer than the %d execs listed", d.GetExecsTotal(), len(d.GetExecs()))

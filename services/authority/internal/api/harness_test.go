@@ -1,15 +1,14 @@
 package api_test
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"github.com/airlockhq/airlock/test/gittest"
 	"log/slog"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -30,7 +29,6 @@ import (
 	"github.com/airlockhq/airlock/pkg/pki"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
-	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/api"
 	"github.com/airlockhq/airlock/services/authority/internal/approvals"
 	"github.com/airlockhq/airlock/services/authority/internal/checkpoints"
@@ -73,7 +71,7 @@ type harness struct {
 	t       *testing.T
 	pkiDir  string
 	data    string
-	origin  *gitRepo
+	origin  *gittest.Repo
 	tenants policy.Tenants
 	signer  *grant.Signer
 	cpKey   ed25519.PrivateKey // signs audit checkpoints
@@ -133,8 +131,8 @@ func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
 		"dev": {
 			Name: "dev", Clients: []string{"client/dev"},
 			Repositories: map[string]policy.Repository{
-				"demo":     {Tenant: "dev", Name: "demo", URL: h.origin.dir},
-				"mirrored": {Tenant: "dev", Name: "mirrored", URL: "file://" + h.origin.dir, Credential: credFile},
+				"demo":     {Tenant: "dev", Name: "demo", URL: h.origin.Dir},
+				"mirrored": {Tenant: "dev", Name: "mirrored", URL: "file://" + h.origin.Dir, Credential: credFile},
 			},
 			Default: policy.DefaultLimits, Max: policy.DefaultMax,
 			RuntimeClasses:    []string{policy.RuntimeRunc, policy.RuntimeRunsc},
@@ -147,7 +145,7 @@ func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
 		},
 		"other": {
 			Name: "other", Clients: []string{"client/other"},
-			Repositories: map[string]policy.Repository{"tools": {Tenant: "other", Name: "tools", URL: tools.dir}},
+			Repositories: map[string]policy.Repository{"tools": {Tenant: "other", Name: "tools", URL: tools.Dir}},
 			Default:      policy.DefaultLimits, Max: policy.DefaultMax,
 			RuntimeClasses: []string{policy.RuntimeRunc},
 		},
@@ -258,7 +256,11 @@ func (h *harness) start() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := appr.OpenMissing(ctx, authorityID, api.PublishTarget); err != nil {
+	wf, err := flow.New(flow.Config{Jobs: svc, Approvals: appr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := appr.OpenMissing(ctx, authorityID, wf.Target); err != nil {
 		t.Fatal(err)
 	}
 	cps, err := checkpoints.Open(ctx, checkpoints.Config{
@@ -270,11 +272,7 @@ func (h *harness) start() {
 	}
 	cpDone := make(chan struct{})
 	go func() { defer close(cpDone); _ = cps.Run(runCtx) }()
-	wf, err := flow.New(flow.Config{Jobs: svc, Approvals: appr, Target: api.PublishTarget})
-	if err != nil {
-		t.Fatal(err)
-	}
-	api.New(api.Config{Jobs: svc, Approvals: appr, Flow: wf, Checkpoints: cps, Executor: executorv1.NewExecutorServiceClient(conn), Logger: h.logger()}).Register(srv.Registrar())
+	api.New(api.Config{Jobs: svc, Approvals: appr, Flow: wf, Checkpoints: cps, Logger: h.logger()}).Register(srv.Registrar())
 	serveDone := make(chan struct{})
 	go func() { defer close(serveDone); _ = srv.Serve(runCtx) }()
 	srv.SetServing(true)
@@ -366,48 +364,23 @@ func wantStatus(t *testing.T, err error, code codes.Code, want ...string) {
 	}
 }
 
-// gitRepo is a real repository made for a test.
-type gitRepo struct {
-	t   *testing.T
-	dir string
-}
-
-func (r *gitRepo) run(args ...string) string {
-	r.t.Helper()
-	cmd := exec.Command("git", args...)
-	cmd.Dir = r.dir
-	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null",
-		"GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		r.t.Fatalf("git %v: %v\n%s", args, err, stderr.String())
-	}
-	return stdout.String()
-}
-
-func (r *gitRepo) revParse(expr string) string {
-	return strings.TrimSpace(r.run("rev-parse", "--verify", expr))
-}
-
 // newRepo makes a repository whose main branch holds a file large enough
 // to need several FetchSource chunks, and a feature branch.
-func newRepo(t *testing.T) *gitRepo {
+func newRepo(t *testing.T) *gittest.Repo {
 	t.Helper()
-	r := &gitRepo{t: t, dir: filepath.Join(t.TempDir(), "origin")}
-	if err := os.MkdirAll(filepath.Join(r.dir, "data"), 0o755); err != nil {
+	r := gittest.Init(t, filepath.Join(t.TempDir(), "origin"))
+	if err := os.MkdirAll(filepath.Join(r.Dir, "data"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	r.run("init", "-q", "-b", "main")
 	big := make([]byte, 700<<10)
 	_, _ = rand.Read(big)
 	for name, data := range map[string][]byte{"README.md": []byte("hello\n"), "data/blob.bin": big} {
-		if err := os.WriteFile(filepath.Join(r.dir, name), data, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(r.Dir, name), data, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	r.run("add", "-A")
-	r.run("commit", "-q", "-m", "first")
-	r.run("branch", "feature")
+	r.Run("add", "-A")
+	r.Run("commit", "-q", "-m", "first")
+	r.Run("branch", "feature")
 	return r
 }

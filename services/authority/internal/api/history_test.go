@@ -17,11 +17,11 @@ import (
 func TestFetchSourceHistory(t *testing.T) {
 	h := newHarnessWith(t, harnessOptions{devHistoryDepth: 3})
 	for _, v := range []string{"two", "three"} {
-		if err := os.WriteFile(filepath.Join(h.origin.dir, v+".txt"), []byte(v+"\n"), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(h.origin.Dir, v+".txt"), []byte(v+"\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		h.origin.run("add", "-A")
-		h.origin.run("commit", "-q", "-m", v)
+		h.origin.Run("add", "-A")
+		h.origin.Run("commit", "-q", "-m", v)
 	}
 	dev, executor := h.client(devID), h.client(executorID)
 	j := h.submit(dev, "history", spec()).GetJob()
@@ -68,7 +68,7 @@ func TestFetchSourceHistory(t *testing.T) {
 			pack.Write(p.HistoryChunk)
 		}
 	}
-	if want := h.origin.run("archive", "--format=tar", "main"); !bytes.Equal(archive.Bytes(), []byte(want)) {
+	if want := h.origin.Run("archive", "--format=tar", "main"); !bytes.Equal(archive.Bytes(), []byte(want)) {
 		t.Errorf("archive: %d bytes, want %d", archive.Len(), len(want))
 	}
 	if hist.GetDepth() != 3 || hist.GetCommits() != 2 || !bytes.HasPrefix(pack.Bytes(), []byte("PACK")) {

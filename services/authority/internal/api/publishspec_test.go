@@ -127,7 +127,7 @@ func TestGetPublishSpec(t *testing.T) {
 	publisher, alice, bob := h.client(publisherID), h.client(aliceID), h.client(bobID)
 	j := h.finishedPublishingTo("spec", "mirrored")
 	aid := j.GetApprovalId()
-	base := h.origin.revParse("main")
+	base := h.origin.RevParse("main")
 	if j.GetCommit() != base {
 		t.Fatalf("job ran on %q, want main's %q", j.GetCommit(), base)
 	}
@@ -165,7 +165,7 @@ func TestGetPublishSpec(t *testing.T) {
 		a.GetTarget().GetRepository() != "mirrored" || a.GetTarget().GetBranch() != "main" || a.GetBundleDigest() != digestA {
 		t.Errorf("approval = %v", a)
 	}
-	if resp.GetRepositoryUrl() != "file://"+h.origin.dir || !bytes.Equal(resp.GetRepositoryCa(), caPEM) || !resp.GetReadCredential() {
+	if resp.GetRepositoryUrl() != "file://"+h.origin.Dir || !bytes.Equal(resp.GetRepositoryCa(), caPEM) || !resp.GetReadCredential() {
 		t.Errorf("repository: url %q, ca %d bytes (want %d), read_credential %v", resp.GetRepositoryUrl(), len(resp.GetRepositoryCa()), len(caPEM), resp.GetReadCredential())
 	}
 	if resp.GetBaseCommit() != base {
@@ -259,7 +259,7 @@ func TestGetPublishSpecWithoutCredential(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.GetRepositoryUrl() != h.origin.dir || resp.GetReadCredential() || len(resp.GetRepositoryCa()) != 0 || resp.GetBaseCommit() != h.origin.revParse("main") {
+	if resp.GetRepositoryUrl() != h.origin.Dir || resp.GetReadCredential() || len(resp.GetRepositoryCa()) != 0 || resp.GetBaseCommit() != h.origin.RevParse("main") {
 		t.Errorf("spec of demo = url %q, read_credential %v, ca %q, base %q", resp.GetRepositoryUrl(), resp.GetReadCredential(), resp.GetRepositoryCa(), resp.GetBaseCommit())
 	}
 	// The harness writes no publish policy: the digest still names it.

@@ -1,9 +1,10 @@
 // Package executorclient is the authority's side of the executor boundary:
 // it turns the jobs domain's decisions into signed airlock.types.v1.Grant
-// messages (pkg/grant) and drives the executor's gRPC API with them,
-// translating messages and status codes both ways. It implements
-// jobs.Signer and jobs.Executor; only the authority's composition root
-// imports it.
+// messages (pkg/grant) and drives the executor's gRPC API with them (runs,
+// and sessions' execs and files), translating messages and status codes
+// both ways. It implements jobs.Signer and jobs.Executor; only the
+// authority's composition root and its api package (for the conversions
+// of shared messages) import it.
 package executorclient
 
 import (
@@ -21,6 +22,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/chunkio"
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/errgrpc"
 	"github.com/airlockhq/airlock/pkg/grant"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
@@ -243,12 +245,7 @@ func (c *Client) Watch(ctx context.Context, jobID string, from jobs.Offsets, fn 
 			ev.NetworkState = networkState(e.Run.GetNetworkPolicyStatus().GetState())
 			ev.GrantGeneration = grantGeneration(e.Run.GetGrant())
 		case *executorv1.WatchRunResponse_Output:
-			o := e.Output
-			stream := jobs.Stdout
-			if o.GetStream() == typesv1.OutputStream_OUTPUT_STREAM_STDERR {
-				stream = jobs.Stderr
-			}
-			ev.Output = &jobs.Output{Stream: stream, Offset: o.GetOffset(), Data: o.GetData(), Truncated: o.GetTruncated()}
+			ev.Output = outputFromProto(e.Output)
 		default:
 			continue
 		}
@@ -330,7 +327,7 @@ func fromStatus(err error) error {
 	case codes.Canceled:
 		return context.Canceled
 	}
-	return errdefs.FromGRPC(err)
+	return errgrpc.FromGRPC(err)
 }
 
 // OpenArtifact implements approvals.Artifacts: the bundle of jobID named by

@@ -7,8 +7,6 @@ package fakeexecutor
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"slices"
 	"sync"
@@ -18,7 +16,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/airlockhq/airlock/pkg/grant"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
@@ -34,7 +31,7 @@ var (
 
 // Executor is the fake. The zero value is not usable; use New.
 type Executor struct {
-	executorv1.UnimplementedExecutorServiceServer
+	executorv1.UnsafeExecutorServiceServer
 	verifier *grant.Verifier
 
 	mu         sync.Mutex
@@ -62,6 +59,10 @@ type run struct {
 	grant *typesv1.SignedGrant
 	state executorv1.RunState
 	ended chan struct{}
+	// A session's: suspended by SuspendRun until ResumeRun, and the files
+	// WriteFile wrote, by path.
+	suspended bool
+	files     map[string][]byte
 }
 
 // New returns a fake that trusts grants verified by v.
@@ -171,7 +172,7 @@ func (e *Executor) End(job string, state executorv1.RunState) {
 func (e *Executor) runView(id string, r *run) *executorv1.Run {
 	g := &typesv1.Grant{}
 	_ = proto.Unmarshal(r.grant.GetBody(), g)
-	return &executorv1.Run{JobId: id, State: r.state, Grant: r.grant, NetworkPolicyStatus: &typesv1.NetworkPolicyStatus{
+	return &executorv1.Run{JobId: id, State: r.state, Grant: r.grant, Suspended: r.suspended, NetworkPolicyStatus: &typesv1.NetworkPolicyStatus{
 		Policy: g.GetNetworkPolicy(), Generation: max(g.GetNetworkPolicyGeneration(), 1), State: typesv1.NetworkPolicyState_NETWORK_POLICY_STATE_APPLIED,
 	}}
 }
@@ -409,67 +410,4 @@ func (e *Executor) ExecAsks(job string) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.execAsks[job]
-}
-
-// StartExec runs an exec of a session at once: it ends, exited 0, having
-// written Stdout. The same id again returns it (created false); with
-// another argv it is AlreadyExists, as the real executor answers.
-func (e *Executor) StartExec(_ context.Context, req *executorv1.StartExecRequest) (*executorv1.StartExecResponse, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.execAsks[req.GetJobId()]++
-	r := e.runs[req.GetJobId()]
-	if r == nil {
-		return nil, status.Errorf(codes.NotFound, "run %q", req.GetJobId())
-	}
-	spec := proto.Clone(req.GetSpec()).(*typesv1.ExecSpec)
-	stdin := spec.GetStdin()
-	spec.Stdin = nil
-	for _, x := range e.execs[req.GetJobId()] {
-		if x.GetSpec().GetExecId() == spec.GetExecId() {
-			if !slices.Equal(x.GetSpec().GetArgv(), spec.GetArgv()) {
-				return nil, status.Errorf(codes.AlreadyExists, "spec.exec_id %q: an exec of this id was started with a different spec.argv", spec.GetExecId())
-			}
-			return &executorv1.StartExecResponse{Exec: x}, nil
-		}
-	}
-	now := timestamppb.Now()
-	sum := sha256.Sum256(stdin)
-	var size int64
-	for _, b := range Stdout {
-		size += int64(len(b))
-	}
-	x := &typesv1.Exec{
-		SessionId: req.GetJobId(), Spec: spec, Seq: int64(len(e.execs[req.GetJobId()])) + 1, State: typesv1.ExecState_EXEC_STATE_ENDED,
-		Reason: typesv1.TerminationReason_TERMINATION_REASON_EXITED, Message: "exited with status 0", StartedAt: now, EndedAt: now,
-		StdoutSize: size, StdinSize: int64(len(stdin)), StdinSha256: hex.EncodeToString(sum[:]),
-	}
-	e.execs[req.GetJobId()] = append(e.execs[req.GetJobId()], x)
-	return &executorv1.StartExecResponse{Exec: x, Created: true}, nil
-}
-
-// GetExec returns an exec of a session.
-func (e *Executor) GetExec(_ context.Context, req *executorv1.GetExecRequest) (*executorv1.GetExecResponse, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.runs[req.GetJobId()] == nil {
-		return nil, status.Errorf(codes.NotFound, "run %q", req.GetJobId())
-	}
-	for _, x := range e.execs[req.GetJobId()] {
-		if x.GetSpec().GetExecId() == req.GetExecId() {
-			return &executorv1.GetExecResponse{Exec: x}, nil
-		}
-	}
-	return nil, status.Errorf(codes.NotFound, "exec %q", req.GetExecId())
-}
-
-// ListExecs lists a session's execs, first to last.
-func (e *Executor) ListExecs(_ context.Context, req *executorv1.ListExecsRequest) (*executorv1.ListExecsResponse, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.runs[req.GetJobId()] == nil {
-		return nil, status.Errorf(codes.NotFound, "run %q", req.GetJobId())
-	}
-	list := e.execs[req.GetJobId()]
-	return &executorv1.ListExecsResponse{Execs: list, Total: int64(len(list))}, nil
 }

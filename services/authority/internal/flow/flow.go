@@ -21,9 +21,6 @@ import (
 type Config struct {
 	Jobs      *jobs.Service
 	Approvals *approvals.Service
-	// Target reads a stored job's publish target (zero when it has none);
-	// the job's spec is in the API's wire form, so an adapter reads it.
-	Target func(store.Job) (approvals.Target, error)
 }
 
 // Service runs the workflow.
@@ -31,8 +28,8 @@ type Service struct{ cfg Config }
 
 // New returns the workflow.
 func New(cfg Config) (*Service, error) {
-	if cfg.Jobs == nil || cfg.Approvals == nil || cfg.Target == nil {
-		return nil, errors.New("flow: jobs, approvals and target are required")
+	if cfg.Jobs == nil || cfg.Approvals == nil {
+		return nil, errors.New("flow: jobs and approvals are required")
 	}
 	return &Service{cfg: cfg}, nil
 }
@@ -47,7 +44,7 @@ func (s *Service) ReportResult(ctx context.Context, caller identity.ID, id strin
 	if err != nil {
 		return store.Job{}, "", err
 	}
-	t, err := s.cfg.Target(j)
+	t, err := s.Target(j)
 	if err != nil {
 		return store.Job{}, "", err
 	}
@@ -59,6 +56,16 @@ func (s *Service) ReportResult(ctx context.Context, caller identity.ID, id strin
 		return store.Job{}, "", err
 	}
 	return j, a.ID, nil
+}
+
+// Target is where job j's approved result may be published, as its grant
+// says (zero when nowhere); approvals.OpenMissing takes it.
+func (s *Service) Target(j store.Job) (approvals.Target, error) {
+	p, err := s.cfg.Jobs.PublishTarget(j)
+	if err != nil || p == nil {
+		return approvals.Target{}, err
+	}
+	return approvals.Target{Repo: p.Repository, Branch: p.Branch}, nil
 }
 
 // Decide records an approver's vote. The deciding vote on a change request

@@ -131,7 +131,7 @@ func (s *Service) requestChange(ctx context.Context, caller identity.ID, req Cha
 	if !changeable(j.State) {
 		return res, fmt.Errorf("%w: job %s is %s; only a staging or running job can change", errdefs.ErrFailedPrecondition, j.ID, j.State)
 	}
-	cur, err := s.cfg.Signer.Decode(j.Grant)
+	cur, err := s.grantOf(j)
 	if err != nil {
 		return res, err
 	}
@@ -425,7 +425,7 @@ func (s *Service) ApplyApproved(ctx context.Context, by identity.ID, id string) 
 	if err != nil {
 		return store.Job{}, err
 	}
-	cur, err := s.cfg.Signer.Decode(j.Grant)
+	cur, err := s.grantOf(j)
 	if err != nil {
 		return store.Job{}, err
 	}
@@ -476,7 +476,7 @@ func (s *Service) applyChange(ctx context.Context, caller identity.ID, cur Grant
 		if !changeable(j.State) {
 			return audit.Event{}, fmt.Errorf("%w: job %s is %s; the change can no longer apply", errdefs.ErrFailedPrecondition, j.ID, j.State)
 		}
-		g, err := s.cfg.Signer.Decode(j.Grant)
+		g, err := s.grantOf(*j)
 		if err != nil {
 			return audit.Event{}, err
 		}
@@ -653,7 +653,7 @@ func (s *Service) resumeApproved(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			g, err := s.cfg.Signer.Decode(j.Grant)
+			g, err := s.grantOf(j)
 			if err != nil || !changeable(j.State) || g.Generation != ch.BaseGeneration {
 				continue
 			}

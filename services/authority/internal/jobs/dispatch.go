@@ -98,7 +98,7 @@ func (s *Service) dispatch(j store.Job) (done bool, err error) {
 			fmt.Sprintf("no executor accepted the job within its tenant's start deadline (%v after submission)", s.startDeadline(j)))
 		return true, err
 	}
-	g, err := s.cfg.Signer.Decode(j.Grant)
+	g, err := s.grantOf(j)
 	if err != nil {
 		return false, fmt.Errorf("jobs: decode the grant of job %s: %w", j.ID, err)
 	}
@@ -228,7 +228,7 @@ func (s *Service) noteWaiting(id, why string) error {
 func (s *Service) follow(j store.Job) (done bool, err error) {
 	// A run the executor has holds its share at the gate (after a restart
 	// too), until the drive ends.
-	if g, err := s.cfg.Signer.Decode(j.Grant); err == nil {
+	if g, err := s.grantOf(j); err == nil {
 		s.gate.hold(j.ID, j.Tenant, useOf(g.Limits))
 	}
 	// Offsets past any output: the follower wants states, not the job's
@@ -277,7 +277,7 @@ func (s *Service) follow(j store.Job) (done bool, err error) {
 // pending change is replacing: "applied" means the whole grant (limits and
 // network policy) is in force.
 func (s *Service) current(j *store.Job, gen int64) bool {
-	g, err := s.cfg.Signer.Decode(j.Grant)
+	g, err := s.grantOf(*j)
 	return err != nil || gen >= g.Generation
 }
 
@@ -326,7 +326,7 @@ func (s *Service) stillAllowed(j store.Job) string {
 	if r, err := identity.Parse(j.Requester); err != nil || !t.HasClient(r.Principal()) {
 		return fmt.Sprintf("%s no longer acts for tenant %s", j.Requester, j.Tenant)
 	}
-	g, err := s.cfg.Signer.Decode(j.Grant)
+	g, err := s.grantOf(j)
 	if err != nil {
 		return "its grant cannot be read: " + err.Error()
 	}
@@ -360,7 +360,7 @@ func withoutKind(err error) string {
 // regrant replaces a queued job's expired grant with a fresh one for the
 // same decision (limits, policy, everything but the times), on the log.
 func (s *Service) regrant(j store.Job) (store.Job, error) {
-	req, err := s.cfg.Signer.Decode(j.Grant)
+	req, err := s.grantOf(j)
 	if err != nil {
 		return store.Job{}, fmt.Errorf("jobs: decode the grant of job %s: %w", j.ID, err)
 	}

@@ -1,19 +1,20 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/execspec"
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/runspec"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
@@ -60,15 +61,19 @@ type ExecSeen struct {
 	StdoutSize, StderrSize           int64
 	StdoutTruncated, StderrTruncated bool
 	StdoutSHA256, StderrSHA256       string
+
+	// What the executor reports beyond what the record keeps.
+	SessionID              string
+	Usage                  *Usage
+	StdoutTail, StderrTail []byte
 }
 
-// execSummaryBytes bounds the argv and env an exec's record keeps; the
-// whole spec is named by its digest and each field's.
-const execSummaryBytes = 4 << 10
+// execSummaryBytes bounds the argv and env an exec's record keeps.
+const execSummaryBytes = execspec.CutBytes
 
 // execSummary is what an exec's record keeps of its spec (store.Exec's
-// Summary): argv and env cut to execSummaryBytes, and a digest of each
-// field, so a different retry is named by the field that differs.
+// Summary): argv and env cut (execspec.Cut), and a digest of each field,
+// so a different retry is named by the field that differs.
 type execSummary struct {
 	Argv        []string          `json:"argv"`
 	Env         map[string]string `json:"env,omitempty"`
@@ -81,64 +86,25 @@ type execSummary struct {
 	StdinStream bool `json:"stdin_stream,omitempty"`
 	// Cut is set when Argv or Env were cut short.
 	Cut bool `json:"cut,omitempty"`
-	// Fields maps argv, env, cwd, timeout and stdin to a digest of each.
+	// Fields maps each field (execspec.Digests) to a digest of it.
 	Fields map[string]string `json:"fields,omitempty"`
 }
 
-// execFields are the spec's fields in the order a difference is named.
-var execFields = []string{"argv", "env", "cwd", "timeout", "stdin"}
-
-// digests returns a digest of each field of x and one of the whole.
-func (x ExecSpec) digests() (map[string]string, string) {
-	env := x.Env
-	if len(env) == 0 {
-		env = nil // none and empty are the same environment
-	}
-	sum := func(v any) string {
-		b, _ := json.Marshal(v) // strings, maps of strings and numbers: never fails
-		h := sha256.Sum256(b)
-		return "sha256:" + hex.EncodeToString(h[:])
-	}
-	fields := map[string]string{
-		"argv": sum(x.Argv), "env": sum(env), "cwd": sum(x.Cwd), "timeout": sum(int64(x.Timeout)),
-		"stdin": sum([]any{x.StdinSize, x.StdinSHA256}),
-	}
-	if x.StdinStream {
-		fields["stdin"] = sum("stream")
-	}
-	all := make([]string, 0, len(execFields))
-	for _, f := range execFields {
-		all = append(all, fields[f])
-	}
-	return fields, sum(all)
+// rule is x as the shared exec rules (pkg/execspec) read it.
+func (x ExecSpec) rule() execspec.Spec {
+	return execspec.Spec{Argv: x.Argv, Env: x.Env, Cwd: x.Cwd, Timeout: x.Timeout, StdinStream: x.StdinStream, StdinSize: x.StdinSize, StdinSHA256: x.StdinSHA256}
 }
 
 // summarize is x's record summary and digest.
 func (x ExecSpec) summarize() ([]byte, string) {
-	fields, digest := x.digests()
+	fields, digest := x.rule().Digests()
 	sm := execSummary{Cwd: x.Cwd, Timeout: x.Timeout, StdinSize: x.StdinSize, StdinSHA256: x.StdinSHA256, StdinStream: x.StdinStream, Fields: fields}
+	var cut bool
+	sm.Argv, sm.Env, cut = execspec.Cut(x.Argv, x.Env, execSummaryBytes)
 	if len(sm.Cwd) > 1024 {
-		sm.Cwd, sm.Cut = strings.ToValidUTF8(sm.Cwd[:1024], ""), true
+		sm.Cwd, cut = strings.ToValidUTF8(sm.Cwd[:1024], ""), true
 	}
-	left := execSummaryBytes
-	for _, a := range x.Argv {
-		if len(a) > left {
-			sm.Cut = true
-			break
-		}
-		sm.Argv, left = append(sm.Argv, a), left-len(a)
-	}
-	for _, k := range slices.Sorted(maps.Keys(x.Env)) {
-		v := x.Env[k]
-		if len(k)+len(v) > left {
-			sm.Cut = true
-			break
-		}
-		if sm.Env == nil {
-			sm.Env = map[string]string{}
-		}
-		sm.Env[k], left = v, left-len(k)-len(v)
-	}
+	sm.Cut = cut
 	b, _ := json.Marshal(sm) // plain values: never fails
 	return b, digest
 }
@@ -157,20 +123,14 @@ func ExecRecordSpec(x store.Exec) (ExecSpec, bool) {
 }
 
 // differingField names the field in which spec differs from the one
-// record x was asked with ("spec.argv", ...), or "spec" when x does not
-// say.
+// record x was asked with ("spec.argv", ...; execspec.Differs), or "spec"
+// when x does not say.
 func differingField(x store.Exec, spec ExecSpec) string {
 	var sm execSummary
 	if err := json.Unmarshal(x.Summary, &sm); err != nil {
 		return "spec"
 	}
-	fields, _ := spec.digests()
-	for _, f := range execFields {
-		if sm.Fields[f] != fields[f] {
-			return "spec." + f
-		}
-	}
-	return "spec"
+	return cmp.Or(execspec.Differs(sm.Fields, spec.rule()), "spec")
 }
 
 // RequestExec records that caller asked session j for the exec spec with

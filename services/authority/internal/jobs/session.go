@@ -16,8 +16,21 @@ func (s *Service) IsSession(j store.Job) bool {
 	if len(j.Grant) == 0 {
 		return false
 	}
-	g, err := s.cfg.Signer.Decode(j.Grant)
+	g, err := s.grantOf(j)
 	return err == nil && g.Session != nil
+}
+
+// PublishTarget is where job j's approved result may be published, as
+// its grant says; nil when nowhere, or when j was never granted.
+func (s *Service) PublishTarget(j store.Job) (*PublishTarget, error) {
+	if len(j.Grant) == 0 {
+		return nil, nil
+	}
+	g, err := s.grantOf(j)
+	if err != nil {
+		return nil, err
+	}
+	return g.PublishTarget, nil
 }
 
 // Session returns the session id if caller's tenant holds it; a job that

@@ -20,7 +20,6 @@ import (
 	"github.com/airlockhq/airlock/pkg/logging"
 	"github.com/airlockhq/airlock/pkg/pki"
 	"github.com/airlockhq/airlock/pkg/version"
-	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/api"
 	"github.com/airlockhq/airlock/services/authority/internal/approvals"
 	"github.com/airlockhq/airlock/services/authority/internal/checkpoints"
@@ -153,8 +152,12 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			if err != nil {
 				return err
 			}
+			wf, err := flow.New(flow.Config{Jobs: svc, Approvals: appr})
+			if err != nil {
+				return err
+			}
 			// A result recorded just before a crash may still lack its approval.
-			if n, err := appr.OpenMissing(ctx, identity.Service(cfg.TrustDomain, identity.ServiceAuthority), api.PublishTarget); err != nil {
+			if n, err := appr.OpenMissing(ctx, identity.Service(cfg.TrustDomain, identity.ServiceAuthority), wf.Target); err != nil {
 				return err
 			} else if n > 0 {
 				env.Logger.Info("opened missing approvals", "count", n)
@@ -164,11 +167,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			env.Go(func(ctx context.Context) error {
 				return appr.SweepEvery(ctx, identity.Service(cfg.TrustDomain, identity.ServiceAuthority), sweepInterval)
 			})
-			wf, err := flow.New(flow.Config{Jobs: svc, Approvals: appr, Target: api.PublishTarget})
-			if err != nil {
-				return err
-			}
-			api.New(api.Config{Jobs: svc, Approvals: appr, Flow: wf, Checkpoints: cps, Executor: executorv1.NewExecutorServiceClient(conn), Logger: env.Logger}).Register(env.Server)
+			api.New(api.Config{Jobs: svc, Approvals: appr, Flow: wf, Checkpoints: cps, Logger: env.Logger}).Register(env.Server)
 			env.Logger.Info("authority ready", "tenants", len(cfg.Policy), "grant_key_id", key.KeyID(),
 				"grant_public_key", cfg.GrantKey+".pub", "grant_public_keys", len(published),
 				"audit_checkpoint_key_id", pki.Ed25519KeyID(cpKey.Public().(ed25519.PublicKey)), "audit_checkpoints", cfg.Audit.CheckpointFile, "executor", cfg.Executor.Address)

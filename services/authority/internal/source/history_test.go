@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/airlockhq/airlock/test/gittest"
 	"os/exec"
 	"slices"
 	"strings"
@@ -16,14 +17,13 @@ import (
 
 // linearRepo is a repository of n commits on main, each changing
 // README.md and adding a file.
-func linearRepo(t *testing.T, n int) *gitRepo {
+func linearRepo(t *testing.T, n int) *gittest.Repo {
 	t.Helper()
-	r := &gitRepo{t: t, dir: t.TempDir()}
-	r.run("init", "-q", "-b", "main")
+	r := gittest.Init(t, t.TempDir())
 	for i := 1; i <= n; i++ {
-		r.write("README.md", fmt.Sprintf("version %d\n%s\n", i, strings.Repeat("x", 4096)))
-		r.write(fmt.Sprintf("f%d.txt", i), fmt.Sprintf("file %d\n", i))
-		r.commit(fmt.Sprintf("commit %d", i))
+		r.Write("README.md", fmt.Sprintf("version %d\n%s\n", i, strings.Repeat("x", 4096)))
+		r.Write(fmt.Sprintf("f%d.txt", i), fmt.Sprintf("file %d\n", i))
+		r.Commit(fmt.Sprintf("commit %d", i))
 	}
 	return r
 }
@@ -33,8 +33,8 @@ func linearRepo(t *testing.T, n int) *gitRepo {
 func packed(t *testing.T, pack []byte) []string {
 	t.Helper()
 	dir := t.TempDir()
-	r := &gitRepo{t: t, dir: dir}
-	r.run("init", "-q", "--bare")
+	r := gittest.At(t, dir)
+	r.Run("init", "-q", "--bare")
 	cmd := exec.Command("git", "index-pack", "--stdin")
 	cmd.Dir, cmd.Stdin = dir, bytes.NewReader(pack)
 	out, err := cmd.CombinedOutput()
@@ -58,13 +58,13 @@ func packed(t *testing.T, pack []byte) []string {
 
 // historyObjects is what the pack for commits must hold: their objects,
 // less those of the base tree.
-func historyObjects(r *gitRepo, commits ...string) []string {
+func historyObjects(r *gittest.Repo, commits ...string) []string {
 	inTree := map[string]bool{}
-	for line := range strings.Lines(r.run("rev-list", "--objects", "HEAD^{tree}")) {
+	for line := range strings.Lines(r.Run("rev-list", "--objects", "HEAD^{tree}")) {
 		inTree[strings.Fields(line)[0]] = true
 	}
 	var ids []string
-	for line := range strings.Lines(r.run(append([]string{"rev-list", "--objects", "--no-walk"}, commits...)...)) {
+	for line := range strings.Lines(r.Run(append([]string{"rev-list", "--objects", "--no-walk"}, commits...)...)) {
 		if id := strings.Fields(line)[0]; !inTree[id] {
 			ids = append(ids, id)
 		}
@@ -79,7 +79,7 @@ func historyObjects(r *gitRepo, commits ...string) []string {
 func TestHistoryDepth3(t *testing.T) {
 	r := linearRepo(t, 10)
 	s, _, _ := newSource(t)
-	head := r.revParse("HEAD")
+	head := r.RevParse("HEAD")
 	for kind, repo := range repos(r) {
 		t.Run(kind, func(t *testing.T) {
 			if _, err := s.Resolve(t.Context(), repo, "main"); err != nil {
@@ -96,11 +96,11 @@ func TestHistoryDepth3(t *testing.T) {
 			if err := s.WritePack(t.Context(), repo, h, &pack); err != nil {
 				t.Fatal(err)
 			}
-			got, want := packed(t, pack.Bytes()), historyObjects(r, r.revParse("HEAD~1"), r.revParse("HEAD~2"))
+			got, want := packed(t, pack.Bytes()), historyObjects(r, r.RevParse("HEAD~1"), r.RevParse("HEAD~2"))
 			if !slices.Equal(got, want) {
 				t.Fatalf("the pack holds %d objects %v, want %d %v", len(got), got, len(want), want)
 			}
-			for _, absent := range []string{head, r.revParse("HEAD~3"), r.revParse("HEAD:f1.txt")} {
+			for _, absent := range []string{head, r.RevParse("HEAD~3"), r.RevParse("HEAD:f1.txt")} {
 				if slices.Contains(got, absent) {
 					t.Errorf("the pack holds %s, which the executor already has or must not get", absent)
 				}
@@ -117,14 +117,14 @@ func TestHistoryDepth3(t *testing.T) {
 // --depth does, so the shallow file can describe the history.
 func TestHistoryMerge(t *testing.T) {
 	r := linearRepo(t, 3)
-	r.run("checkout", "-q", "-b", "side", "HEAD~1")
-	r.write("side.txt", "side\n")
-	r.commit("side")
-	r.run("checkout", "-q", "main")
-	r.run("merge", "-q", "--no-ff", "-m", "merge", "side")
+	r.Run("checkout", "-q", "-b", "side", "HEAD~1")
+	r.Write("side.txt", "side\n")
+	r.Commit("side")
+	r.Run("checkout", "-q", "main")
+	r.Run("merge", "-q", "--no-ff", "-m", "merge", "side")
 	s, _, _ := newSource(t)
-	repo := policy.Repository{Tenant: "dev", Name: "demo", URL: r.dir}
-	h, err := s.PlanHistory(t.Context(), repo, r.revParse("HEAD"), 2)
+	repo := policy.Repository{Tenant: "dev", Name: "demo", URL: r.Dir}
+	h, err := s.PlanHistory(t.Context(), repo, r.RevParse("HEAD"), 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +133,7 @@ func TestHistoryMerge(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := packed(t, pack.Bytes())
-	if h.Commits != 2 || !slices.Contains(got, r.revParse("HEAD^1")) || !slices.Contains(got, r.revParse("HEAD^2")) {
+	if h.Commits != 2 || !slices.Contains(got, r.RevParse("HEAD^1")) || !slices.Contains(got, r.RevParse("HEAD^2")) {
 		t.Fatalf("depth 2 of a merge: %d commits, objects %v; want both parents", h.Commits, got)
 	}
 }
@@ -143,10 +143,10 @@ func TestHistoryMerge(t *testing.T) {
 func TestHistoryCutBySize(t *testing.T) {
 	r := linearRepo(t, 10)
 	s, logs, _ := newSource(t)
-	repo := policy.Repository{Tenant: "dev", Name: "demo", URL: r.dir}
+	repo := policy.Repository{Tenant: "dev", Name: "demo", URL: r.Dir}
 	// Each commit's README.md is just over 4 KiB: 3 ancestors fit, 7 do not.
 	source.SetMaxHistoryBytes(s, 20<<10)
-	h, err := s.PlanHistory(t.Context(), repo, r.revParse("HEAD"), 8)
+	h, err := s.PlanHistory(t.Context(), repo, r.RevParse("HEAD"), 8)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func TestHistoryCutBySize(t *testing.T) {
 		t.Errorf("the cut is not logged:\n%s", logs)
 	}
 	source.SetMaxHistoryBytes(s, 1)
-	if h, err := s.PlanHistory(t.Context(), repo, r.revParse("HEAD"), 8); err != nil || h.Depth != 1 || h.Commits != 0 {
+	if h, err := s.PlanHistory(t.Context(), repo, r.RevParse("HEAD"), 8); err != nil || h.Depth != 1 || h.Commits != 0 {
 		t.Errorf("nothing fits: %+v, %v; want the base alone", h, err)
 	}
 }
@@ -166,17 +166,17 @@ func TestHistoryCutBySize(t *testing.T) {
 // not found in the tenant's, and a depth out of policy's range is refused.
 func TestHistoryOnlyTheTenantsRepository(t *testing.T) {
 	r, other := linearRepo(t, 3), linearRepo(t, 2)
-	other.write("secret.txt", "another tenant's\n")
-	foreign := other.commit("secret")
+	other.Write("secret.txt", "another tenant's\n")
+	foreign := other.Commit("secret")
 	s, _, _ := newSource(t)
 	for kind, repo := range repos(r) {
 		if _, err := s.PlanHistory(t.Context(), repo, foreign, 2); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 			t.Errorf("%s: another repository's commit: %v", kind, err)
 		}
 	}
-	repo := policy.Repository{Tenant: "dev", Name: "demo", URL: r.dir}
+	repo := policy.Repository{Tenant: "dev", Name: "demo", URL: r.Dir}
 	for _, d := range []int{0, policy.MaxGitHistoryDepth + 1} {
-		if _, err := s.PlanHistory(t.Context(), repo, r.revParse("HEAD"), d); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		if _, err := s.PlanHistory(t.Context(), repo, r.RevParse("HEAD"), d); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("depth %d: %v", d, err)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"errors"
+	"github.com/airlockhq/airlock/test/gittest"
 	"io"
 	"os"
 	"os/exec"
@@ -27,11 +28,11 @@ const (
 // with a throwaway CA (gitservetest), and returns the repository as the
 // authority's config would give it (URL, read credential, CA), the bare
 // repository the server serves, and the server's log.
-func httpsRemote(t *testing.T, origin *gitRepo) (policy.Repository, string, *logtest.Buffer) {
+func httpsRemote(t *testing.T, origin *gittest.Repo) (policy.Repository, string, *logtest.Buffer) {
 	t.Helper()
 	root := filepath.Join(t.TempDir(), "served")
 	bare := filepath.Join(root, "demo.git")
-	if err := gitserve.CloneBare(t.Context(), "", origin.dir, bare); err != nil {
+	if err := gitserve.CloneBare(t.Context(), "", origin.Dir, bare); err != nil {
 		t.Fatal(err)
 	}
 	remote := gitservetest.Start(t, gitserve.Config{
@@ -54,7 +55,7 @@ func TestFetchOverHTTPS(t *testing.T) {
 	repo, bare, serverLogs := httpsRemote(t, r)
 	s, logs, dir := newSource(t)
 
-	for rev, want := range map[string]string{"main": r.revParse("main"), "feature": r.revParse("feature"), "HEAD": r.revParse("main")} {
+	for rev, want := range map[string]string{"main": r.RevParse("main"), "feature": r.RevParse("feature"), "HEAD": r.RevParse("main")} {
 		got, err := s.Resolve(t.Context(), repo, rev)
 		if err != nil {
 			t.Fatalf("Resolve(%s) over https: %v\nserver log:\n%s", rev, err, serverLogs.String())
@@ -67,7 +68,7 @@ func TestFetchOverHTTPS(t *testing.T) {
 		t.Errorf("the server did not see the read credential:\n%s", serverLogs.String())
 	}
 	var buf bytes.Buffer
-	if err := s.Archive(t.Context(), repo, r.revParse("main"), &buf); err != nil {
+	if err := s.Archive(t.Context(), repo, r.RevParse("main"), &buf); err != nil {
 		t.Fatalf("Archive: %v", err)
 	}
 	if !tarHas(t, buf.Bytes(), "README.md") {
@@ -78,8 +79,8 @@ func TestFetchOverHTTPS(t *testing.T) {
 	if out, err := exec.Command("git", "--git-dir="+bare, "symbolic-ref", "HEAD", "refs/heads/feature").CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if got, err := s.Resolve(t.Context(), repo, "HEAD"); err != nil || got.Commit != r.revParse("feature") {
-		t.Errorf("HEAD after the remote's HEAD moved to feature: %v, %v; want %s", got.Commit, err, r.revParse("feature"))
+	if got, err := s.Resolve(t.Context(), repo, "HEAD"); err != nil || got.Commit != r.RevParse("feature") {
+		t.Errorf("HEAD after the remote's HEAD moved to feature: %v, %v; want %s", got.Commit, err, r.RevParse("feature"))
 	}
 
 	wrong := filepath.Join(t.TempDir(), "wrong.token")

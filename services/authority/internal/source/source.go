@@ -531,20 +531,10 @@ func sealedConfig(repo policy.Repository, gitDir string) [][2]string {
 	return cfg
 }
 
-// env builds git's whole environment from scratch: nothing of the
-// authority's own environment but PATH reaches git, so no GIT_* variable
-// set around the authority can redirect or trace it.
+// env is git's sealed environment (gitcmd.Env), with GIT_DIR when given
+// and cfg passed where no command line shows it.
 func (s *Source) env(gitDir string, cfg [][2]string) []string {
-	env := []string{
-		"PATH=" + os.Getenv("PATH"),
-		"HOME=" + s.home,
-		"XDG_CONFIG_HOME=" + s.home,
-		"LC_ALL=C",
-		"GIT_CONFIG_NOSYSTEM=1",
-		"GIT_CONFIG_GLOBAL=" + os.DevNull,
-		"GIT_TERMINAL_PROMPT=0",
-		"GIT_NO_REPLACE_OBJECTS=1",
-	}
+	env := gitcmd.Env(s.home)
 	if gitDir != "" {
 		env = append(env, "GIT_DIR="+gitDir)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"errors"
+	"github.com/airlockhq/airlock/test/gittest"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -18,68 +19,22 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/source"
 )
 
-// gitRepo is a real repository made for a test.
-type gitRepo struct {
-	t   *testing.T
-	dir string
-}
-
-// run runs git in the repository with a fixed identity and no user config.
-func (r *gitRepo) run(args ...string) string {
-	r.t.Helper()
-	cmd := exec.Command("git", args...)
-	cmd.Dir = r.dir
-	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null",
-		"GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com",
-		"GIT_AUTHOR_DATE=2030-01-01T00:00:00Z", "GIT_COMMITTER_DATE=2030-01-01T00:00:00Z")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		r.t.Fatalf("git %v: %v\n%s", args, err, stderr.String())
-	}
-	return stdout.String()
-}
-
-func (r *gitRepo) revParse(expr string) string {
-	return strings.TrimSpace(r.run("rev-parse", "--verify", expr))
-}
-
-func (r *gitRepo) write(name, content string) {
-	r.t.Helper()
-	if err := os.MkdirAll(filepath.Dir(filepath.Join(r.dir, name)), 0o755); err != nil {
-		r.t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(r.dir, name), []byte(content), 0o644); err != nil {
-		r.t.Fatal(err)
-	}
-}
-
-func (r *gitRepo) commit(msg string) string {
-	r.run("add", "-A")
-	r.run("commit", "-q", "-m", msg)
-	return r.revParse("HEAD")
-}
-
 // newRepo makes a repository with two commits on main, a feature branch,
 // a lightweight tag v1 and an annotated tag v2.
-func newRepo(t *testing.T) *gitRepo {
+func newRepo(t *testing.T) *gittest.Repo {
 	t.Helper()
-	r := &gitRepo{t: t, dir: filepath.Join(t.TempDir(), "origin")}
-	if err := os.MkdirAll(r.dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	r.run("init", "-q", "-b", "main")
-	r.write("README.md", "hello\n")
-	r.write("src/main.go", "package main\n")
-	r.commit("first")
-	r.run("tag", "v1")
-	r.write("src/lib.go", "package main\n\nfunc f() {}\n")
-	r.commit("second")
-	r.run("tag", "-a", "-m", "release", "v2")
-	r.run("checkout", "-q", "-b", "feature")
-	r.write("feature.txt", "feature\n")
-	r.commit("feature")
-	r.run("checkout", "-q", "main")
+	r := gittest.Init(t, filepath.Join(t.TempDir(), "origin"))
+	r.Write("README.md", "hello\n")
+	r.Write("src/main.go", "package main\n")
+	r.Commit("first")
+	r.Run("tag", "v1")
+	r.Write("src/lib.go", "package main\n\nfunc f() {}\n")
+	r.Commit("second")
+	r.Run("tag", "-a", "-m", "release", "v2")
+	r.Run("checkout", "-q", "-b", "feature")
+	r.Write("feature.txt", "feature\n")
+	r.Commit("feature")
+	r.Run("checkout", "-q", "main")
 	return r
 }
 
@@ -96,17 +51,17 @@ func newSource(t *testing.T) (*source.Source, *logtest.Buffer, string) {
 
 // repos returns the same origin as a local path and as a file:// URL
 // fetched into a mirror.
-func repos(r *gitRepo) map[string]policy.Repository {
+func repos(r *gittest.Repo) map[string]policy.Repository {
 	return map[string]policy.Repository{
-		"local":  {Tenant: "dev", Name: "demo", URL: r.dir},
-		"mirror": {Tenant: "dev", Name: "demo", URL: "file://" + r.dir},
+		"local":  {Tenant: "dev", Name: "demo", URL: r.Dir},
+		"mirror": {Tenant: "dev", Name: "demo", URL: "file://" + r.Dir},
 	}
 }
 
 func TestResolve(t *testing.T) {
 	r := newRepo(t)
 	s, _, _ := newSource(t)
-	main, feature := r.revParse("main"), r.revParse("feature")
+	main, feature := r.RevParse("main"), r.RevParse("feature")
 	for kind, repo := range repos(r) {
 		for _, tc := range []struct {
 			rev  string
@@ -114,8 +69,8 @@ func TestResolve(t *testing.T) {
 		}{
 			{"main", main},
 			{"feature", feature},
-			{"v1", r.revParse("v1^{commit}")},
-			{"v2", r.revParse("v2^{commit}")}, // annotated: the commit, not the tag object
+			{"v1", r.RevParse("v1^{commit}")},
+			{"v2", r.RevParse("v2^{commit}")}, // annotated: the commit, not the tag object
 			{"refs/heads/feature", feature},
 			{main[:7], main},
 			{main, main},
@@ -129,7 +84,7 @@ func TestResolve(t *testing.T) {
 				if got.Commit != tc.want {
 					t.Errorf("commit = %s, want %s", got.Commit, tc.want)
 				}
-				if want := r.revParse(tc.want + "^{tree}"); got.Tree != want {
+				if want := r.RevParse(tc.want + "^{tree}"); got.Tree != want {
 					t.Errorf("tree = %s, want %s (git rev-parse %s^{tree})", got.Tree, want, tc.want)
 				}
 			})
@@ -187,7 +142,7 @@ func TestArchiveIsGitArchive(t *testing.T) {
 				if err := s.Archive(t.Context(), repo, res.Commit, &got); err != nil {
 					t.Fatalf("Archive: %v", err)
 				}
-				want := r.run("archive", "--format=tar", res.Commit)
+				want := r.Run("archive", "--format=tar", res.Commit)
 				if got.String() != want {
 					t.Fatalf("archive of %s: %d bytes, want the %d bytes of git archive", rev, got.Len(), len(want))
 				}
@@ -225,10 +180,10 @@ func TestMirrorFollowsAndKeepsCommits(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Rewrite main: the old commit is no longer on any branch of the origin.
-	r.run("reset", "-q", "--hard", "v1")
-	r.write("other.txt", "x\n")
-	after := r.commit("rewritten")
-	r.run("tag", "-d", "v2")
+	r.Run("reset", "-q", "--hard", "v1")
+	r.Write("other.txt", "x\n")
+	after := r.Commit("rewritten")
+	r.Run("tag", "-d", "v2")
 	got, err := s.Resolve(t.Context(), repo, "main")
 	if err != nil {
 		t.Fatal(err)
@@ -294,7 +249,7 @@ func TestCredentialNeverLeaks(t *testing.T) {
 	t.Setenv("PATH", wrapDir+string(os.PathListSeparator)+os.Getenv("PATH"))
 
 	s, logs, dir := newSource(t)
-	good := policy.Repository{Tenant: "dev", Name: "demo", URL: "file://" + r.dir, Credential: credFile}
+	good := policy.Repository{Tenant: "dev", Name: "demo", URL: "file://" + r.Dir, Credential: credFile}
 	if _, err := s.Resolve(t.Context(), good, "main"); err != nil {
 		t.Fatalf("fetch with a credential: %v", err)
 	}
@@ -345,11 +300,11 @@ func TestCredentialNeverLeaks(t *testing.T) {
 // against the tree hash and would refuse anything else.
 func TestArchiveIgnoresAttributes(t *testing.T) {
 	r := newRepo(t)
-	r.write(".gitattributes", "secret.txt export-ignore\nsub.txt export-subst\nid.txt ident\n*.txt text eol=crlf\n")
-	r.write("secret.txt", "kept\n")
-	r.write("sub.txt", "$Format:%H$\n")
-	r.write("id.txt", "$Id$\n")
-	commit := r.commit("attributes")
+	r.Write(".gitattributes", "secret.txt export-ignore\nsub.txt export-subst\nid.txt ident\n*.txt text eol=crlf\n")
+	r.Write("secret.txt", "kept\n")
+	r.Write("sub.txt", "$Format:%H$\n")
+	r.Write("id.txt", "$Id$\n")
+	commit := r.Commit("attributes")
 	s, _, _ := newSource(t)
 	for kind, repo := range repos(r) {
 		t.Run(kind, func(t *testing.T) {
@@ -361,21 +316,21 @@ func TestArchiveIgnoresAttributes(t *testing.T) {
 			if err := s.Archive(t.Context(), repo, commit, &buf); err != nil {
 				t.Fatal(err)
 			}
-			out := &gitRepo{t: t, dir: t.TempDir()}
-			cmd := exec.Command("tar", "-x", "-C", out.dir)
+			out := gittest.At(t, t.TempDir())
+			cmd := exec.Command("tar", "-x", "-C", out.Dir)
 			cmd.Stdin = &buf
 			if b, err := cmd.CombinedOutput(); err != nil {
 				t.Fatalf("tar: %v\n%s", err, b)
 			}
-			out.run("init", "-q")
-			out.run("-c", "core.autocrlf=false", "add", "-A")
-			if got := strings.TrimSpace(out.run("write-tree")); got != res.Tree {
+			out.Run("init", "-q")
+			out.Run("-c", "core.autocrlf=false", "add", "-A")
+			if got := strings.TrimSpace(out.Run("write-tree")); got != res.Tree {
 				t.Fatalf("the extracted archive's tree is %s, the commit's is %s", got, res.Tree)
 			}
 		})
 	}
 	for _, f := range []string{"info/attributes", "objects/info/alternates"} {
-		if _, err := os.Stat(filepath.Join(r.dir, ".git", f)); err == nil {
+		if _, err := os.Stat(filepath.Join(r.Dir, ".git", f)); err == nil {
 			t.Errorf("the authority wrote %s into the tenant's repository", f)
 		}
 	}
@@ -386,18 +341,18 @@ func TestArchiveIgnoresAttributes(t *testing.T) {
 func TestLinkedWorktree(t *testing.T) {
 	r := newRepo(t)
 	wt := filepath.Join(t.TempDir(), "wt")
-	r.run("worktree", "add", "-q", wt, "feature")
+	r.Run("worktree", "add", "-q", wt, "feature")
 	s, _, _ := newSource(t)
 	repo := policy.Repository{Tenant: "dev", Name: "wt", URL: wt}
 	res, err := s.Resolve(t.Context(), repo, "HEAD")
-	if err != nil || res.Commit != r.revParse("feature") {
+	if err != nil || res.Commit != r.RevParse("feature") {
 		t.Fatalf("Resolve(HEAD) in a worktree = %v, %v; want feature's commit", res, err)
 	}
 	var buf bytes.Buffer
 	if err := s.Archive(t.Context(), repo, res.Commit, &buf); err != nil {
 		t.Fatal(err)
 	}
-	if want := r.run("archive", "--format=tar", res.Commit); buf.String() != want {
+	if want := r.Run("archive", "--format=tar", res.Commit); buf.String() != want {
 		t.Fatalf("archive from a worktree differs from git archive")
 	}
 }

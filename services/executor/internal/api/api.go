@@ -16,6 +16,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/errgrpc"
 	"github.com/airlockhq/airlock/pkg/grant"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/convert"
@@ -55,7 +56,7 @@ func (s *Service) Register(r grpc.ServiceRegistrar) { executorv1.RegisterExecuto
 // fail maps a domain error for the caller and logs what the caller does
 // not get to see.
 func (s *Service) fail(ctx context.Context, method string, err error) error {
-	st := errdefs.ToGRPC(err)
+	st := errgrpc.ToGRPC(err)
 	if st != nil && st.Error() != err.Error() {
 		s.cfg.Logger.ErrorContext(ctx, "request failed", "method", method, "error", err)
 	}
@@ -71,7 +72,7 @@ func required(field, value string) error {
 
 func (s *Service) StartJob(ctx context.Context, req *executorv1.StartJobRequest) (*executorv1.StartJobResponse, error) {
 	if req.GetGrant() == nil {
-		return nil, errdefs.ToGRPC(fmt.Errorf("%w: grant is required", errdefs.ErrInvalidArgument))
+		return nil, errgrpc.ToGRPC(fmt.Errorf("%w: grant is required", errdefs.ErrInvalidArgument))
 	}
 	g, err := convert.Grant(s.cfg.Verifier, req.GetGrant(), s.cfg.Now())
 	if err != nil {
@@ -86,7 +87,7 @@ func (s *Service) StartJob(ctx context.Context, req *executorv1.StartJobRequest)
 
 func (s *Service) GetRun(ctx context.Context, req *executorv1.GetRunRequest) (*executorv1.GetRunResponse, error) {
 	if err := required("job_id", req.GetJobId()); err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, errgrpc.ToGRPC(err)
 	}
 	run, err := s.cfg.Runs.Get(req.GetJobId())
 	if err != nil {
@@ -97,7 +98,7 @@ func (s *Service) GetRun(ctx context.Context, req *executorv1.GetRunRequest) (*e
 
 func (s *Service) WatchRun(req *executorv1.WatchRunRequest, stream grpc.ServerStreamingServer[executorv1.WatchRunResponse]) error {
 	if err := required("job_id", req.GetJobId()); err != nil {
-		return errdefs.ToGRPC(err)
+		return errgrpc.ToGRPC(err)
 	}
 	err := s.cfg.Runs.Watch(stream.Context(), req.GetJobId(), req.GetStdoutOffset(), req.GetStderrOffset(), func(ev runs.Event) error {
 		if ev.Run != nil {
@@ -113,7 +114,7 @@ func (s *Service) WatchRun(req *executorv1.WatchRunRequest, stream grpc.ServerSt
 
 func (s *Service) CancelRun(ctx context.Context, req *executorv1.CancelRunRequest) (*executorv1.CancelRunResponse, error) {
 	if err := required("job_id", req.GetJobId()); err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, errgrpc.ToGRPC(err)
 	}
 	run, err := s.cfg.Runs.Cancel(req.GetJobId())
 	if err != nil {
@@ -124,7 +125,7 @@ func (s *Service) CancelRun(ctx context.Context, req *executorv1.CancelRunReques
 
 func (s *Service) UpdateRun(ctx context.Context, req *executorv1.UpdateRunRequest) (*executorv1.UpdateRunResponse, error) {
 	if req.GetGrant() == nil {
-		return nil, errdefs.ToGRPC(fmt.Errorf("%w: grant is required", errdefs.ErrInvalidArgument))
+		return nil, errgrpc.ToGRPC(fmt.Errorf("%w: grant is required", errdefs.ErrInvalidArgument))
 	}
 	g, err := convert.Grant(s.cfg.Verifier, req.GetGrant(), s.cfg.Now())
 	if err != nil {
@@ -142,10 +143,10 @@ const artifactChunk = 256 << 10
 
 func (s *Service) GetArtifact(req *executorv1.GetArtifactRequest, stream grpc.ServerStreamingServer[executorv1.GetArtifactResponse]) error {
 	if err := required("job_id", req.GetJobId()); err != nil {
-		return errdefs.ToGRPC(err)
+		return errgrpc.ToGRPC(err)
 	}
 	if err := required("bundle_digest", req.GetBundleDigest()); err != nil {
-		return errdefs.ToGRPC(err)
+		return errgrpc.ToGRPC(err)
 	}
 	art, err := s.cfg.Runs.Artifact(req.GetJobId(), req.GetBundleDigest())
 	if err != nil {

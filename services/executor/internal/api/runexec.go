@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/errgrpc"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/convert"
 	"github.com/airlockhq/airlock/services/executor/internal/runs"
@@ -25,13 +26,13 @@ func (s *Service) RunExec(stream grpc.BidiStreamingServer[executorv1.RunExecRequ
 	}
 	start := first.GetStart()
 	if start == nil {
-		return errdefs.ToGRPC(fmt.Errorf("%w: the first request must be start", errdefs.ErrInvalidArgument))
+		return errgrpc.ToGRPC(fmt.Errorf("%w: the first request must be start", errdefs.ErrInvalidArgument))
 	}
 	if err := required("start.job_id", start.GetJobId()); err != nil {
-		return errdefs.ToGRPC(err)
+		return errgrpc.ToGRPC(err)
 	}
 	if start.GetSpec() == nil {
-		return errdefs.ToGRPC(fmt.Errorf("%w: start.spec is required", errdefs.ErrInvalidArgument))
+		return errgrpc.ToGRPC(fmt.Errorf("%w: start.spec is required", errdefs.ErrInvalidArgument))
 	}
 	x, created, stdin, err := s.cfg.Runs.RunExec(start.GetJobId(), convert.ExecSpec(start.GetSpec()))
 	if err != nil {
@@ -103,17 +104,17 @@ func feedStdin(stream grpc.BidiStreamingServer[executorv1.RunExecRequest, execut
 		switch m := msg.GetMsg().(type) {
 		case *executorv1.RunExecRequest_Stdin:
 			if stdin == nil {
-				return errdefs.ToGRPC(noStdin(x))
+				return errgrpc.ToGRPC(noStdin(x))
 			}
 			if err := stdin.Write(m.Stdin); err != nil {
-				return errdefs.ToGRPC(err)
+				return errgrpc.ToGRPC(err)
 			}
 		case *executorv1.RunExecRequest_CloseStdin:
 			if stdin != nil {
 				stdin.Close()
 			}
 		default:
-			return errdefs.ToGRPC(fmt.Errorf("%w: after start, a request is stdin or close_stdin", errdefs.ErrInvalidArgument))
+			return errgrpc.ToGRPC(fmt.Errorf("%w: after start, a request is stdin or close_stdin", errdefs.ErrInvalidArgument))
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/chunkio"
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/errgrpc"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/convert"
@@ -20,10 +21,10 @@ import (
 
 func (s *Service) StartExec(ctx context.Context, req *executorv1.StartExecRequest) (*executorv1.StartExecResponse, error) {
 	if err := required("job_id", req.GetJobId()); err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, errgrpc.ToGRPC(err)
 	}
 	if req.GetSpec() == nil {
-		return nil, errdefs.ToGRPC(fmt.Errorf("%w: spec is required", errdefs.ErrInvalidArgument))
+		return nil, errgrpc.ToGRPC(fmt.Errorf("%w: spec is required", errdefs.ErrInvalidArgument))
 	}
 	x, created, err := s.cfg.Runs.StartExec(req.GetJobId(), convert.ExecSpec(req.GetSpec()))
 	if err != nil {
@@ -45,7 +46,7 @@ func (s *Service) GetExec(ctx context.Context, req *executorv1.GetExecRequest) (
 
 func (s *Service) ListExecs(ctx context.Context, req *executorv1.ListExecsRequest) (*executorv1.ListExecsResponse, error) {
 	if err := required("job_id", req.GetJobId()); err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, errgrpc.ToGRPC(err)
 	}
 	xs, err := s.cfg.Runs.ListExecs(req.GetJobId())
 	if err != nil {
@@ -90,7 +91,7 @@ func (s *Service) CancelExec(ctx context.Context, req *executorv1.CancelExecRequ
 
 func (s *Service) FinishRun(ctx context.Context, req *executorv1.FinishRunRequest) (*executorv1.FinishRunResponse, error) {
 	if err := required("job_id", req.GetJobId()); err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, errgrpc.ToGRPC(err)
 	}
 	run, err := s.cfg.Runs.Finish(req.GetJobId())
 	if err != nil {
@@ -105,10 +106,10 @@ const maxListedExecs = 1000
 
 func requiredExec(jobID, execID string) error {
 	if err := required("job_id", jobID); err != nil {
-		return errdefs.ToGRPC(err)
+		return errgrpc.ToGRPC(err)
 	}
 	if err := required("exec_id", execID); err != nil {
-		return errdefs.ToGRPC(err)
+		return errgrpc.ToGRPC(err)
 	}
 	return nil
 }
@@ -124,7 +125,7 @@ func outputChunk(stream string, offset int64, data []byte, cut bool) *typesv1.Ou
 
 func (s *Service) ReadFile(req *executorv1.ReadFileRequest, stream grpc.ServerStreamingServer[executorv1.ReadFileResponse]) error {
 	if err := required("job_id", req.GetJobId()); err != nil {
-		return errdefs.ToGRPC(err)
+		return errgrpc.ToGRPC(err)
 	}
 	err := s.cfg.Runs.ReadFile(req.GetJobId(), req.GetPath(),
 		func(size int64) error {
@@ -146,10 +147,10 @@ func (s *Service) WriteFile(stream grpc.ClientStreamingServer[executorv1.WriteFi
 	}
 	h := first.GetHeader()
 	if h == nil {
-		return errdefs.ToGRPC(fmt.Errorf("%w: the first message must be the header", errdefs.ErrInvalidArgument))
+		return errgrpc.ToGRPC(fmt.Errorf("%w: the first message must be the header", errdefs.ErrInvalidArgument))
 	}
 	if err := required("job_id", h.GetJobId()); err != nil {
-		return errdefs.ToGRPC(err)
+		return errgrpc.ToGRPC(err)
 	}
 	n, err := s.cfg.Runs.WriteFile(h.GetJobId(), h.GetPath(), fs.FileMode(h.GetMode()), chunkio.NewReader(func() ([]byte, error) {
 		m, err := stream.Recv()
@@ -169,7 +170,7 @@ func (s *Service) WriteFile(stream grpc.ClientStreamingServer[executorv1.WriteFi
 
 func (s *Service) ListFiles(ctx context.Context, req *executorv1.ListFilesRequest) (*executorv1.ListFilesResponse, error) {
 	if err := required("job_id", req.GetJobId()); err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, errgrpc.ToGRPC(err)
 	}
 	list, cut, err := s.cfg.Runs.ListFiles(req.GetJobId(), req.GetPath(), req.GetRecursive())
 	if err != nil {
@@ -187,7 +188,7 @@ func (s *Service) ListFiles(ctx context.Context, req *executorv1.ListFilesReques
 
 func (s *Service) SuspendRun(ctx context.Context, req *executorv1.SuspendRunRequest) (*executorv1.SuspendRunResponse, error) {
 	if err := required("job_id", req.GetJobId()); err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, errgrpc.ToGRPC(err)
 	}
 	run, err := s.cfg.Runs.Suspend(req.GetJobId())
 	if err != nil {
@@ -198,7 +199,7 @@ func (s *Service) SuspendRun(ctx context.Context, req *executorv1.SuspendRunRequ
 
 func (s *Service) ResumeRun(ctx context.Context, req *executorv1.ResumeRunRequest) (*executorv1.ResumeRunResponse, error) {
 	if err := required("job_id", req.GetJobId()); err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, errgrpc.ToGRPC(err)
 	}
 	run, err := s.cfg.Runs.Resume(req.GetJobId())
 	if err != nil {

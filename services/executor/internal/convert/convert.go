@@ -6,12 +6,11 @@
 package convert
 
 import (
-	"sort"
-
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/airlockhq/airlock/pkg/execspec"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/runs"
@@ -155,39 +154,26 @@ func Exec(x runs.Exec) *typesv1.Exec {
 }
 
 // ExecSpecCut is how much of an exec's argv and env a listing or a review
-// carries.
-const ExecSpecCut = 4 << 10
+// carries (pkg/execspec's, as the authority's records keep).
+const ExecSpecCut = execspec.CutBytes
 
 // CutSpec cuts x's argv and env to about max bytes in all (whole
-// arguments and variables, the last cut one marked with "…"), marking x
-// as cut when anything was.
+// arguments and variables, execspec.Cut; a cut argv ends with "…"),
+// marking x as cut when anything was.
 func CutSpec(x *typesv1.Exec, max int) {
 	spec := x.GetSpec()
-	size := 0
-	for i, a := range spec.GetArgv() {
-		if size+len(a) > max {
-			spec.Argv = append(spec.Argv[:i:i], "…")
-			x.SpecCut = true
-			break
-		}
-		size += len(a)
+	if spec == nil {
+		return
+	}
+	argv, env, cut := execspec.Cut(spec.GetArgv(), spec.GetEnv(), max)
+	if len(argv) < len(spec.GetArgv()) {
+		argv = append(argv, "…")
 	}
 	if len(spec.GetEnv()) > 0 {
-		keys := make([]string, 0, len(spec.Env))
-		for k := range spec.Env {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		env := map[string]string{}
-		for _, k := range keys {
-			v := spec.Env[k]
-			if size+len(k)+len(v) > max {
-				x.SpecCut = true
-				break
-			}
-			size += len(k) + len(v)
-			env[k] = v
-		}
 		spec.Env = env
+	}
+	spec.Argv = argv
+	if cut {
+		x.SpecCut = true
 	}
 }

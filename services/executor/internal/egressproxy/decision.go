@@ -1,11 +1,11 @@
 package egressproxy
 
 import (
-	"fmt"
 	"net/netip"
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/refusalcap"
+	"github.com/airlockhq/airlock/services/executor/internal/egressbase"
 )
 
 // Mode is how a connection reached the proxy.
@@ -58,15 +58,7 @@ type Decision struct {
 }
 
 // emit records d, unless it is a refusal past the cap, which is counted.
-func (p *Proxy) emit(d Decision) {
-	p.emitMu.Lock()
-	defer p.emitMu.Unlock()
-	if d.Allowed {
-		p.cfg.Record(d)
-		return
-	}
-	p.gate.Refused(d.Name, d, time.Now())
-}
+func (p *Proxy) emit(d Decision) { p.log.Emit(d, d.Allowed, d.Name) }
 
 // summary is the record of the refusals a window of the cap held back.
 func summary(w refusalcap.Summary[Decision]) Decision {
@@ -74,7 +66,7 @@ func summary(w refusalcap.Summary[Decision]) Decision {
 		Time:       w.Start,
 		Mode:       w.First.Mode,
 		Name:       w.Key,
-		Reason:     fmt.Sprintf("%d more refusals %s in the %s from %s, not recorded one by one (the cap is %d)", w.Suppressed, w.What("names"), w.Every, w.Start.Format(time.RFC3339), w.Limit),
+		Reason:     egressbase.SummaryReason("refusals", w),
 		Suppressed: w.Suppressed,
 	}
 }

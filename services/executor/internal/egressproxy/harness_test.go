@@ -303,7 +303,7 @@ func withConfig(f func(*Config)) option { return option{config: f} }
 
 // withFloodWindow makes the refusal cap's minute d.
 func withFloodWindow(d time.Duration) option {
-	return option{proxy: func(p *Proxy) { p.gate.Every = d }}
+	return option{proxy: func(p *Proxy) { p.log.Gate.Every = d }}
 }
 
 // waitDecisions waits until n decisions have been recorded and returns them.

@@ -44,15 +44,12 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/egress"
-	"github.com/airlockhq/airlock/pkg/refusalcap"
 	"github.com/airlockhq/airlock/services/executor/internal/acceptloop"
+	"github.com/airlockhq/airlock/services/executor/internal/egressbase"
 )
 
-// Resolver answers a name with addresses. *net.Resolver is one; production
-// passes one bound to the executor's configured upstream resolvers.
-type Resolver interface {
-	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
-}
+// Resolver answers a name with addresses (egressbase.Resolver).
+type Resolver = egressbase.Resolver
 
 // Config is what a Proxy is made with.
 type Config struct {
@@ -109,33 +106,24 @@ type Proxy struct {
 	closed    bool
 	handlers  sync.WaitGroup
 
-	emitMu sync.Mutex
-	gate   refusalcap.Gate[Decision]
+	log *egressbase.Log[Decision]
 }
 
 // New checks cfg and returns a Proxy that serves nothing until Serve or
 // ServeTransparent.
 func New(cfg Config) (*Proxy, error) {
-	if cfg.Resolver == nil {
-		return nil, errors.New("egressproxy: a Resolver is required")
+	if err := egressbase.Check("egressproxy", cfg.Resolver, cfg.Extra); err != nil {
+		return nil, err
 	}
 	names, err := policyNames(cfg.Policy)
 	if err != nil {
 		return nil, err
-	}
-	for _, p := range cfg.Extra {
-		if !p.IsValid() {
-			return nil, errors.New("egressproxy: an Extra prefix is not valid")
-		}
 	}
 	if cfg.Dial == nil {
 		var d net.Dialer
 		cfg.Dial = func(ctx context.Context, network string, addr netip.AddrPort) (net.Conn, error) {
 			return d.DialContext(ctx, network, addr.String())
 		}
-	}
-	if cfg.Record == nil {
-		cfg.Record = func(Decision) {}
 	}
 	if cfg.ConnectTimeout <= 0 {
 		cfg.ConnectTimeout = 10 * time.Second
@@ -146,29 +134,17 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = 1024
 	}
-	if cfg.DenialsPerMinute <= 0 {
-		cfg.DenialsPerMinute = 20
-	}
 	p := &Proxy{
 		cfg:       cfg,
 		names:     names,
 		conns:     make(map[*conn]struct{}),
 		listeners: make(map[net.Listener]struct{}),
 	}
-	p.gate = refusalcap.Gate[Decision]{
-		PerKey: cfg.DenialsPerMinute, Overall: 10 * cfg.DenialsPerMinute, Every: time.Minute,
-		Record: cfg.Record, Summarise: summary, Mu: &p.emitMu,
-	}
+	p.log = egressbase.NewLog(cfg.DenialsPerMinute, cfg.Record, summary)
 	return p, nil
 }
 
-func policyNames(p egress.Policy) ([]egress.Name, error) {
-	n, err := egress.Policy{Names: p.Names}.Normalize()
-	if err != nil {
-		return nil, fmt.Errorf("egressproxy: policy: %v", err)
-	}
-	return n.Names, nil
-}
+func policyNames(p egress.Policy) ([]egress.Name, error) { return egressbase.Names("egressproxy", p) }
 
 // SetPolicy makes p's name rules the ones in force, at once: a connection
 // decided after it returns is decided on p, and every open connection to a
@@ -218,9 +194,7 @@ func (p *Proxy) Close() error {
 	}
 	p.mu.Unlock()
 	p.handlers.Wait()
-	p.emitMu.Lock()
-	p.gate.Flush()
-	p.emitMu.Unlock()
+	p.log.Flush()
 	return nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/egress"
+	"github.com/airlockhq/airlock/services/executor/internal/egressbase"
 )
 
 // admit decides c on name and port against the policy in force. It marks an
@@ -48,10 +49,7 @@ func (p *Proxy) vet(c *conn, name string) ([]netip.Addr, int) {
 		c.refuse(fmt.Sprintf("%s has no address", name))
 		return nil, http.StatusBadGateway
 	}
-	extra := p.cfg.Extra
-	if p.cfg.Refused != nil {
-		extra = append(slices.Clip(extra), p.cfg.Refused()...)
-	}
+	extra := egressbase.Refused(p.cfg.Extra, p.cfg.Refused)
 	for _, a := range answers {
 		if why := egress.Internal(a, extra); why != "" {
 			c.refuse(fmt.Sprintf("%s resolves to an internal address, so the name is refused whatever else it resolves to: %s", name, why))

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/net/dns/dnsmessage"
 
 	"github.com/airlockhq/airlock/pkg/egress"
+	"github.com/airlockhq/airlock/services/executor/internal/egressbase"
 )
 
 const (
@@ -111,10 +112,7 @@ func (s *Server) answer(msg []byte, proto string, lookup bool) []byte {
 		}
 		return refuse(dnsmessage.RCodeServerFailure, q, fmt.Sprintf("%s; the upstream lookup failed: %v", why, err))
 	}
-	extra := s.cfg.Extra
-	if s.cfg.Refused != nil {
-		extra = append(slices.Clip(extra), s.cfg.Refused()...)
-	}
+	extra := egressbase.Refused(s.cfg.Extra, s.cfg.Refused)
 	for _, a := range addrs {
 		if bad := egress.Internal(a, extra); bad != "" {
 			return refuse(dnsmessage.RCodeRefused, q, fmt.Sprintf("%s resolves to an address no job may reach: %s", name, bad))

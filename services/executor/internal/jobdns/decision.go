@@ -1,13 +1,13 @@
 package jobdns
 
 import (
-	"fmt"
 	"net/netip"
 	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
 
 	"github.com/airlockhq/airlock/pkg/refusalcap"
+	"github.com/airlockhq/airlock/services/executor/internal/egressbase"
 )
 
 // QueryDecision is the record of one query: what it asked, whether it was
@@ -41,15 +41,7 @@ type QueryDecision struct {
 }
 
 // emit records d, unless it is a refusal past the cap, which is counted.
-func (s *Server) emit(d QueryDecision) {
-	s.emitMu.Lock()
-	defer s.emitMu.Unlock()
-	if d.Allowed {
-		s.cfg.Record(d)
-		return
-	}
-	s.gate.Refused(d.Name, d, time.Now())
-}
+func (s *Server) emit(d QueryDecision) { s.log.Emit(d, d.Allowed, d.Name) }
 
 // summary is the record of the refused queries a window of the cap held
 // back.
@@ -57,7 +49,7 @@ func summary(w refusalcap.Summary[QueryDecision]) QueryDecision {
 	return QueryDecision{
 		Time:       w.Start,
 		Name:       w.Key,
-		Reason:     fmt.Sprintf("%d more refused queries %s in the %s from %s, not recorded one by one (the cap is %d)", w.Suppressed, w.What("names"), w.Every, w.Start.Format(time.RFC3339), w.Limit),
+		Reason:     egressbase.SummaryReason("refused queries", w),
 		Suppressed: w.Suppressed,
 	}
 }

@@ -40,16 +40,12 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/egress"
-	"github.com/airlockhq/airlock/pkg/refusalcap"
 	"github.com/airlockhq/airlock/services/executor/internal/acceptloop"
+	"github.com/airlockhq/airlock/services/executor/internal/egressbase"
 )
 
-// Resolver answers a name with addresses. *net.Resolver is one; production
-// passes one bound to the executor's configured upstream resolvers
-// (network.resolvers).
-type Resolver interface {
-	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
-}
+// Resolver answers a name with addresses (egressbase.Resolver).
+type Resolver = egressbase.Resolver
 
 // Config is what a Server is made with.
 type Config struct {
@@ -111,27 +107,18 @@ type Server struct {
 	conns     map[net.Conn]struct{}
 	handlers  sync.WaitGroup
 
-	emitMu sync.Mutex
-	gate   refusalcap.Gate[QueryDecision]
+	log *egressbase.Log[QueryDecision]
 }
 
 // New checks cfg and returns a Server that serves nothing until Serve or
 // ServeTCP.
 func New(cfg Config) (*Server, error) {
-	if cfg.Resolver == nil {
-		return nil, errors.New("jobdns: a Resolver is required")
+	if err := egressbase.Check("jobdns", cfg.Resolver, cfg.Extra); err != nil {
+		return nil, err
 	}
 	names, err := policyNames(cfg.Policy)
 	if err != nil {
 		return nil, err
-	}
-	for _, p := range cfg.Extra {
-		if !p.IsValid() {
-			return nil, errors.New("jobdns: an Extra prefix is not valid")
-		}
-	}
-	if cfg.Record == nil {
-		cfg.Record = func(QueryDecision) {}
 	}
 	if cfg.TTL <= 0 {
 		cfg.TTL = 5 * time.Second
@@ -155,9 +142,6 @@ func New(cfg Config) (*Server, error) {
 	if cfg.TCPIdleTimeout <= 0 {
 		cfg.TCPIdleTimeout = 10 * time.Second
 	}
-	if cfg.DenialsPerMinute <= 0 {
-		cfg.DenialsPerMinute = 20
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
 		cfg:       cfg,
@@ -169,20 +153,11 @@ func New(cfg Config) (*Server, error) {
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[net.Conn]struct{}),
 	}
-	s.gate = refusalcap.Gate[QueryDecision]{
-		PerKey: cfg.DenialsPerMinute, Overall: 10 * cfg.DenialsPerMinute, Every: time.Minute,
-		Record: cfg.Record, Summarise: summary, Mu: &s.emitMu,
-	}
+	s.log = egressbase.NewLog(cfg.DenialsPerMinute, cfg.Record, summary)
 	return s, nil
 }
 
-func policyNames(p egress.Policy) ([]egress.Name, error) {
-	n, err := egress.Policy{Names: p.Names}.Normalize()
-	if err != nil {
-		return nil, fmt.Errorf("jobdns: policy: %v", err)
-	}
-	return n.Names, nil
-}
+func policyNames(p egress.Policy) ([]egress.Name, error) { return egressbase.Names("jobdns", p) }
 
 // SetPolicy makes p's name rules the ones in force: every query decided
 // after it returns is decided on p. A p that does not normalise is refused
@@ -222,9 +197,7 @@ func (s *Server) Close() error {
 	s.mu.Unlock()
 	s.cancel()
 	s.handlers.Wait()
-	s.emitMu.Lock()
-	s.gate.Flush()
-	s.emitMu.Unlock()
+	s.log.Flush()
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 	"github.com/airlockhq/airlock/services/executor/internal/stage"
@@ -160,14 +161,18 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		RuntimeVersion: res.RuntimeVersion, TemplateVersion: res.TemplateVersion, Message: res.Message,
 	}
 	// The patch and bundle are built even for a cancelled or timed-out run:
-	// reviewers and operators may want to see what it did.
-	patch, stat, err := src.Repo.DiffUpper(context.WithoutCancel(ctx), src.TreeHash, src.Index, sb.WorkDir(), sb.UpperDir())
-	if err != nil {
+	// reviewers and operators may want to see what it did. What leaves the
+	// sandbox is bounded by apparent size (export.go).
+	exported := &bundle.Tally{Limit: g.Limits.DiskBytes}
+	patch, stat, err := src.Repo.DiffUpper(context.WithoutCancel(ctx), src.TreeHash, src.Index, sb.WorkDir(), sb.UpperDir(), exported)
+	outDir := sb.OutDir()
+	if exportRefused(result, err) {
+		patch, stat, outDir = nil, worktree.DiffStat{}, ""
+	} else if err != nil {
 		fail(fmt.Errorf("compute patch: %w", err))
 		return
 	}
-	result.FilesChanged, result.Insertions, result.Deletions = stat.FilesChanged, stat.Insertions, stat.Deletions
-	result.PatchSize = int64(len(patch))
+	setPatch(result, patch, stat)
 	// The .git the job was given is its own to change; others it made
 	// are worth a word.
 	gitPaths := slices.DeleteFunc(stat.GitPaths, func(p string) bool { return p == ".git" && src.GitObjects != "" })
@@ -175,7 +180,12 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		note := fmt.Sprintf("left out of the patch: %d .git entries (%s)", len(gitPaths), strings.Join(gitPaths, ", "))
 		result.Message = strings.TrimPrefix(result.Message+"; "+note, "; ")
 	}
-	if err := m.writeBundle(e, result, patch, stat.Files, sb.OutDir()); err != nil {
+	err = m.writeBundle(e, result, patch, stat.Files, outDir, exported)
+	if exportRefused(result, err) {
+		setPatch(result, nil, worktree.DiffStat{})
+		err = m.writeBundle(e, result, nil, nil, "", nil)
+	}
+	if err != nil {
 		fail(fmt.Errorf("bundle: %w", err))
 		return
 	}

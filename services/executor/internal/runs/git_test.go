@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/airlockhq/airlock/test/gittest"
 	"io"
 	"os"
 	"os/exec"
@@ -138,26 +139,26 @@ func TestJobGitHistory(t *testing.T) {
 func withHistory(t *testing.T, h *harness, n, depth int) []string {
 	t.Helper()
 	dir := t.TempDir()
-	git(t, dir, "init", "--quiet", "-b", "main")
+	gittest.Run(t, dir, "init", "--quiet", "-b", "main")
 	for i := 1; i <= n; i++ {
 		for name, data := range map[string]string{"README": fmt.Sprintf("version %d\n", i), fmt.Sprintf("f%d.txt", i): "file\n"} {
 			if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
 				t.Fatal(err)
 			}
 		}
-		git(t, dir, "add", "--all")
-		git(t, dir, "commit", "--quiet", "-m", fmt.Sprintf("commit %d", i))
+		gittest.Run(t, dir, "add", "--all")
+		gittest.Run(t, dir, "commit", "--quiet", "-m", fmt.Sprintf("commit %d", i))
 	}
 	var parents []string
 	for d := 1; d < depth; d++ {
-		parents = append(parents, strings.TrimSpace(git(t, dir, "rev-parse", fmt.Sprintf("HEAD~%d", d))))
+		parents = append(parents, strings.TrimSpace(gittest.Run(t, dir, "rev-parse", fmt.Sprintf("HEAD~%d", d))))
 	}
 	inTree := map[string]bool{}
-	for _, line := range strings.Split(git(t, dir, "rev-list", "--objects", "HEAD^{tree}"), "\n") {
+	for _, line := range strings.Split(gittest.Run(t, dir, "rev-list", "--objects", "HEAD^{tree}"), "\n") {
 		inTree[strings.Fields(line + " x")[0]] = true
 	}
 	var list bytes.Buffer
-	for _, line := range strings.Split(strings.TrimSpace(git(t, dir, append([]string{"rev-list", "--objects", "--no-walk"}, parents...)...)), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(gittest.Run(t, dir, append([]string{"rev-list", "--objects", "--no-walk"}, parents...)...)), "\n") {
 		if id := strings.Fields(line)[0]; !inTree[id] {
 			list.WriteString(id + "\n")
 		}
@@ -168,12 +169,12 @@ func withHistory(t *testing.T, h *harness, n, depth int) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.commit = strings.TrimSpace(git(t, dir, "rev-parse", "HEAD"))
-	h.auth.archive = []byte(git(t, dir, "archive", "--format=tar", "HEAD"))
+	h.commit = strings.TrimSpace(gittest.Run(t, dir, "rev-parse", "HEAD"))
+	h.auth.archive = []byte(gittest.Run(t, dir, "archive", "--format=tar", "HEAD"))
 	h.auth.hdr = stage.Header{
 		Commit:       h.commit,
-		TreeHash:     strings.TrimSpace(git(t, dir, "rev-parse", "HEAD^{tree}")),
-		CommitObject: []byte(git(t, dir, "cat-file", "commit", "HEAD")),
+		TreeHash:     strings.TrimSpace(gittest.Run(t, dir, "rev-parse", "HEAD^{tree}")),
+		CommitObject: []byte(gittest.Run(t, dir, "cat-file", "commit", "HEAD")),
 		HistoryDepth: depth,
 		History: func() (stage.History, error) {
 			return stage.History{Depth: depth, Commits: len(parents), Pack: bytes.NewReader(pack)}, nil

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/bundle"
@@ -53,6 +54,7 @@ const reviewTail = 8 << 10
 
 // finish records the end of a run and reports it.
 func (m *Manager) finish(e *entry, state State, result *Result) {
+	result.Message = m.callerText(e, result.Message)
 	m.update(e, func(r *Run) {
 		r.State = state
 		r.FinishedAt = m.cfg.Now()
@@ -73,6 +75,16 @@ func (m *Manager) finish(e *entry, state State, result *Result) {
 		m.metrics.runEnded(*r)
 	})
 	m.report(e.run.JobID)
+}
+
+// callerText rewrites text for the caller of run e so it names no host
+// path: the sandbox's directories as the job sees them, the executor's own
+// as "<executor>" (sandbox.JobText).
+func (m *Manager) callerText(e *entry, text string) string {
+	if e.sb != nil {
+		text = e.sb.JobText(text)
+	}
+	return strings.ReplaceAll(text, m.cfg.Dir, "<executor>/runs")
 }
 
 // reportLater reports a run in the background. Callers hold m.mu.

@@ -30,7 +30,9 @@ type bundleMeta struct {
 	FileWrites []FileWrite `json:"file_writes,omitempty"`
 }
 
-func (m *Manager) writeBundle(e *entry, result *Result, patch []byte, files []bundle.FileChange, outDir string) error {
+// writeBundle writes the run's bundle, provenance and review patch;
+// exported (see export.go) bounds /out on top of the patch's files.
+func (m *Manager) writeBundle(e *entry, result *Result, patch []byte, files []bundle.FileChange, outDir string, exported *bundle.Tally) error {
 	// The grant in force at the end: the one the run's last limits and
 	// network policy came from.
 	m.mu.Lock()
@@ -52,7 +54,7 @@ func (m *Manager) writeBundle(e *entry, result *Result, patch []byte, files []bu
 	in := bundle.Input{
 		Meta: &meta, Grant: run.SignedGrant, Files: files, Patch: patch,
 		StdoutPath: filepath.Join(dir, "stdout.log"), StderrPath: filepath.Join(dir, "stderr.log"),
-		OutDir: outDir,
+		OutDir: outDir, Exported: exported,
 	}
 	if _, err := os.Stat(filepath.Join(dir, bundle.EgressFile)); err == nil {
 		in.EgressPath = filepath.Join(dir, bundle.EgressFile)

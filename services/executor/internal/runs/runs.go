@@ -197,8 +197,9 @@ type entry struct {
 	live         *sandbox.Sandbox
 	stopping     sandbox.Reason
 	execWG       sync.WaitGroup
-	execOutput   int64       // bytes the ended execs' output files hold
-	writes       []FileWrite // the client's uploads, in order
+	execOutput   int64               // bytes the ended execs' output files hold
+	writes       []FileWrite         // the client's uploads, in order (recordWrite)
+	writePaths   map[string]struct{} // the paths they went to (reserveWritePath)
 	// filesMu is held for reading by each files API call while it uses
 	// the sandbox, and for writing once the sandbox stops taking calls
 	// (before its patch is taken) and while it is torn down. filesCtx

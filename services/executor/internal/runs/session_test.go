@@ -2,7 +2,6 @@ package runs
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
@@ -111,14 +109,7 @@ func TestSessionAgentLoop(t *testing.T) {
 			if run.State != Finished || run.Result.Reason != ReasonFinished || run.Result.FilesChanged != 1 {
 				t.Fatalf("finished session: %s %+v", run.State, run.Result)
 			}
-			data, err := bundle.ReadEntry(filepath.Join(h.m.runDir(sid), "bundle.tar"), "result.json")
-			if err != nil {
-				t.Fatal(err)
-			}
-			var meta bundleMeta
-			if err := json.Unmarshal(data, &meta); err != nil {
-				t.Fatal(err)
-			}
+			meta := h.bundleMeta(t, sid)
 			if len(meta.Execs) != len(steps) {
 				t.Fatalf("bundle has %d execs, want %d", len(meta.Execs), len(steps))
 			}

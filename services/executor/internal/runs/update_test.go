@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/airlockhq/airlock/test/gittest"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -96,19 +97,6 @@ func runscPath(runc string) string {
 	return p
 }
 
-func git(t *testing.T, dir string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command("git", args...)
-	cmd.Dir = dir
-	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + dir, "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null",
-		"GIT_AUTHOR_NAME=Test", "GIT_AUTHOR_EMAIL=test@example.com", "GIT_COMMITTER_NAME=Test", "GIT_COMMITTER_EMAIL=test@example.com"}
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("git %v: %v", args, err)
-	}
-	return string(out)
-}
-
 // newHarness builds a run manager over a real sandbox manager (runc only)
 // and source cache, a fake authority and a throwaway grant key. gated
 // holds every job in staging until the returned release is called.
@@ -140,20 +128,20 @@ func newHarnessMeter(t *testing.T, gated bool, capacity Capacity, mp metric.Mete
 	if err := os.MkdirAll(repo, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	git(t, repo, "init", "--quiet", "-b", "main")
+	gittest.Run(t, repo, "init", "--quiet", "-b", "main")
 	if err := os.WriteFile(filepath.Join(repo, "README"), []byte("hello\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	git(t, repo, "add", "--all")
-	git(t, repo, "commit", "--quiet", "-m", "base")
+	gittest.Run(t, repo, "add", "--all")
+	gittest.Run(t, repo, "commit", "--quiet", "-m", "base")
 	auth := &fakeAuthority{
 		hdr: stage.Header{
-			Commit:   strings.TrimSpace(git(t, repo, "rev-parse", "HEAD")),
-			TreeHash: strings.TrimSpace(git(t, repo, "rev-parse", "HEAD^{tree}")),
+			Commit:   strings.TrimSpace(gittest.Run(t, repo, "rev-parse", "HEAD")),
+			TreeHash: strings.TrimSpace(gittest.Run(t, repo, "rev-parse", "HEAD^{tree}")),
 			// The authority sends the commit object for the job's .git.
-			CommitObject: []byte(git(t, repo, "cat-file", "commit", "HEAD")),
+			CommitObject: []byte(gittest.Run(t, repo, "cat-file", "commit", "HEAD")),
 		},
-		archive: []byte(git(t, repo, "archive", "--format=tar", "HEAD")),
+		archive: []byte(gittest.Run(t, repo, "archive", "--format=tar", "HEAD")),
 	}
 	release := func() {}
 	if gated {

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
@@ -45,8 +46,16 @@ var resolveHow = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLV
 // splitPath maps a path as the job sees it to the host directory it lies
 // in and the path relative to it ("." for the directory itself).
 func (s *Sandbox) splitPath(field, p string) (root, rel string, err error) {
+	if !utf8.ValidString(p) {
+		// Only a caller inside the executor can get here (a proto string
+		// is UTF-8), but the record and review of the path must be text.
+		return "", "", invalid("%s %q: not valid UTF-8", field, p)
+	}
 	if p == "" || !path.IsAbs(p) || path.Clean(p) != p || strings.IndexByte(p, 0) >= 0 {
 		return "", "", invalid("%s %q: must be a clean absolute path under /work or /out", field, p)
+	}
+	if err := checkNameLengths(field, p); err != nil {
+		return "", "", err
 	}
 	for _, m := range []struct{ prefix, dir string }{{"/work", s.workDir}, {"/out", s.OutDir()}} {
 		if p == m.prefix {
@@ -57,6 +66,28 @@ func (s *Sandbox) splitPath(field, p string) (root, rel string, err error) {
 		}
 	}
 	return "", "", fmt.Errorf("%w: %s %q: only /work and /out can be read or written", errdefs.ErrPermissionDenied, field, p)
+}
+
+// checkNameLengths refuses, before anything is opened or written, a path
+// the kernel would refuse as too long.
+func checkNameLengths(field, p string) error {
+	if len(p) >= unix.PathMax {
+		return nameTooLong(field, p)
+	}
+	for _, name := range strings.Split(p, "/") {
+		if len(name) > unix.NAME_MAX {
+			return nameTooLong(field, p)
+		}
+	}
+	return nil
+}
+
+func nameTooLong(field, p string) error {
+	shown := p
+	if len(shown) > 256 {
+		shown = fmt.Sprintf("%s... (%d bytes)", shown[:256], len(p))
+	}
+	return invalid("%s %q: name too long (a name is at most %d bytes, a path %d)", field, shown, unix.NAME_MAX, unix.PathMax-1)
 }
 
 // alive refuses the files API once the sandbox is being destroyed.
@@ -96,6 +127,8 @@ func pathError(field, p string, err error) error {
 		return fmt.Errorf("%w: %s %q: a part of the path is not a directory", errdefs.ErrInvalidArgument, field, p)
 	case errors.Is(err, unix.EISDIR):
 		return fmt.Errorf("%w: %s %q: is a directory", errdefs.ErrInvalidArgument, field, p)
+	case errors.Is(err, unix.ENAMETOOLONG):
+		return nameTooLong(field, p)
 	case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
 		return fmt.Errorf("%w: %s %q: the sandbox's disk limit is reached", errdefs.ErrResourceExhausted, field, p)
 	}
@@ -124,9 +157,26 @@ func (s *Sandbox) OpenFile(p string) (*os.File, int64, error) {
 	}
 	if !st.Mode().IsRegular() {
 		f.Close()
-		return nil, 0, fmt.Errorf("%w: path %q: a %s, not a regular file", errdefs.ErrInvalidArgument, p, kindOf(st.Mode()))
+		return nil, 0, fmt.Errorf("%w: path %q: is %s, not a regular file", errdefs.ErrInvalidArgument, p, kindPhrase(st.Mode()))
 	}
 	return f, st.Size(), nil
+}
+
+// kindPhrase names what m is, for a refusal: "a FIFO", "a directory".
+func kindPhrase(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&fs.ModeSymlink != 0:
+		return "a symlink"
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	}
+	return "a special file"
 }
 
 func kindOf(m fs.FileMode) string {

@@ -140,3 +140,35 @@ echo result > /out/o/r.txt`
 		})
 	}
 }
+
+// TestFilesRefusalsNameTheField: what the files API refuses because of the
+// path it was given is InvalidArgument naming the field and the reason,
+// never an internal error: a name or a path too long for the kernel, a path
+// that is not UTF-8, and a FIFO the job planted.
+func TestFilesRefusalsNameTheField(t *testing.T) {
+	e := newEnv(t)
+	src := e.source(t, map[string]string{"README": "hello\n"})
+	sb, _ := e.session(t, ClassRunc, src)
+	if r := runExec(t, context.Background(), sb, ExecSpec{Argv: []string{"mkfifo", "/out/f"}}); r.res.ExitCode != 0 {
+		t.Fatalf("mkfifo: %+v %s", r.res, r.stderr)
+	}
+	longName := "/work/" + strings.Repeat("n", 300)
+	longPath := "/out" + strings.Repeat("/e", 3000)
+	for _, tc := range []struct{ path, want string }{
+		{longName, "name too long"},
+		{longPath, "name too long"},
+		{"/work/\xff\xfe", "not valid UTF-8"},
+		{"/out/f", `path "/out/f": is a FIFO, not a regular file`},
+	} {
+		_, _, rerr := sb.OpenFile(tc.path)
+		_, werr := sb.WriteFile(tc.path, strings.NewReader("x"), 0o644, 1<<20)
+		for op, err := range map[string]error{"read": rerr, "write": werr} {
+			if tc.path == "/out/f" && op == "write" {
+				continue // an upload replaces a FIFO as it would a file
+			}
+			if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(strings.TrimPrefix(err.Error(), errdefs.ErrInvalidArgument.Error()+": "), "path ") {
+				t.Errorf("%s %.40q: %v; want invalid argument naming path: %s", op, tc.path, err, tc.want)
+			}
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -352,11 +353,7 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err := os.Mkdir(s.workDir, 0o700); err != nil {
 		return nil, err
 	}
-	// volatile: the upper layer is thrown away with the job, so overlayfs
-	// need not sync it.
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,volatile", spec.Source,
-		filepath.Join(s.scr.point, scratchUpper), filepath.Join(s.scr.point, scratchOvl))
-	if err := unix.Mount("overlay", s.workDir, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+	if err := mountWork(s.dir, spec.Source, s.scr.point, s.workDir); err != nil {
 		return nil, fmt.Errorf("sandbox %s: mount /work overlay: %w", spec.ID, err)
 	}
 	var dev string
@@ -901,4 +898,35 @@ func killProcsNaming(dir string, wait time.Duration) error {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// mountWork mounts /work's overlay at target: source under the upper and
+// work directories of the scratch at point. The job can read the mount's
+// options in /proc/mounts, so they name no host directory: the layers are
+// given as links in dir (lower, upper, ovlwork), relative to it, by a
+// thread whose working directory is its own (the executor's is not
+// changed). volatile: the upper layer is thrown away with the job, so
+// overlayfs need not sync it.
+func mountWork(dir, source, point, target string) error {
+	for name, to := range map[string]string{"lower": source, "upper": filepath.Join(point, scratchUpper), "ovlwork": filepath.Join(point, scratchOvl)} {
+		if err := os.Symlink(to, filepath.Join(dir, name)); err != nil {
+			return err
+		}
+	}
+	done := make(chan error, 1)
+	go func() {
+		// Never unlocked: the thread, with its own working directory,
+		// ends with this goroutine.
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			done <- fmt.Errorf("unshare the working directory: %w", err)
+			return
+		}
+		if err := unix.Chdir(dir); err != nil {
+			done <- err
+			return
+		}
+		done <- unix.Mount("overlay", target, "overlay", unix.MS_NOSUID|unix.MS_NODEV, "lowerdir=lower,upperdir=upper,workdir=ovlwork,volatile")
+	}()
+	return <-done
 }

@@ -89,6 +89,21 @@ func (s *Sandbox) UpperDir() string { return filepath.Join(s.scr.point, scratchU
 // Destroy.
 func (s *Sandbox) OutDir() string { return filepath.Join(s.dir, "scratch", scratchOut) }
 
+// JobText rewrites text meant for the job's caller (an error's message)
+// so it names no host path: each of the job's directories becomes the path
+// the job sees (/work, /out, /tmp, /root), and anything else under the
+// executor's state directory "<executor>", so a message such as "open
+// /var/lib/.../scratch/out/e/e: file name too long" reads "open /out/e/e:
+// ...". The host paths go to the executor's log, not to callers.
+func (s *Sandbox) JobText(text string) string {
+	sp := s.scr.point
+	return strings.NewReplacer(
+		s.UpperDir(), "/work", s.workDir, "/work", s.OutDir(), "/out", filepath.Join(sp, scratchOut), "/out",
+		filepath.Join(sp, scratchTmp), "/tmp", filepath.Join(sp, scratchHome), "/root",
+		s.m.cfg.StateDir, "<executor>",
+	).Replace(text)
+}
+
 // BaseResult is the Result of a sandbox that has not run: its runtime,
 // versions and no exit status.
 func (s *Sandbox) BaseResult() Result {

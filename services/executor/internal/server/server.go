@@ -26,7 +26,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
 	"github.com/airlockhq/airlock/pkg/version"
 	"github.com/airlockhq/airlock/services/executor/internal/api"
-	"github.com/airlockhq/airlock/services/executor/internal/authority"
+	"github.com/airlockhq/airlock/services/executor/internal/authorityclient"
 	"github.com/airlockhq/airlock/services/executor/internal/config"
 	"github.com/airlockhq/airlock/services/executor/internal/convert"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
@@ -121,7 +121,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				Sources:     sources,
 				Network:     netm,
 				Resolver:    resolverOf(cfg.Network.ResolverAddrs),
-				Authority:   authority.New(cc),
+				Authority:   authorityclient.New(cc),
 				Sign:        signer(env.TLS),
 				Executor:    self.String(),
 				OutputLimit: cfg.OutputLimit.Bytes(),

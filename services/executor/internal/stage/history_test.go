@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/airlockhq/airlock/test/gittest"
 	"io"
 	"io/fs"
 	"os"
@@ -22,23 +23,23 @@ import (
 func historyRepo(t *testing.T, n int) *repo {
 	t.Helper()
 	dir := t.TempDir()
-	git(t, dir, "init", "--quiet", "-b", "main")
+	gittest.Run(t, dir, "init", "--quiet", "-b", "main")
 	for i := 1; i <= n; i++ {
 		writeFiles(t, dir, map[string]string{"README.md": fmt.Sprintf("version %d\n", i), fmt.Sprintf("f%d.txt", i): fmt.Sprintf("file %d\n", i)})
-		git(t, dir, "add", "--all")
-		git(t, dir, "commit", "--quiet", "-m", fmt.Sprintf("commit %d", i))
+		gittest.Run(t, dir, "add", "--all")
+		gittest.Run(t, dir, "commit", "--quiet", "-m", fmt.Sprintf("commit %d", i))
 	}
 	return &repo{
 		dir:     dir,
-		commit:  strings.TrimSpace(git(t, dir, "rev-parse", "HEAD")),
-		tree:    strings.TrimSpace(git(t, dir, "rev-parse", "HEAD^{tree}")),
-		archive: []byte(git(t, dir, "archive", "--format=tar", "HEAD")),
+		commit:  strings.TrimSpace(gittest.Run(t, dir, "rev-parse", "HEAD")),
+		tree:    strings.TrimSpace(gittest.Run(t, dir, "rev-parse", "HEAD^{tree}")),
+		archive: []byte(gittest.Run(t, dir, "archive", "--format=tar", "HEAD")),
 	}
 }
 
 func (r *repo) rev(t *testing.T, expr string) string {
 	t.Helper()
-	return strings.TrimSpace(git(t, r.dir, "rev-parse", "--verify", expr))
+	return strings.TrimSpace(gittest.Run(t, r.dir, "rev-parse", "--verify", expr))
 }
 
 // pack is what the authority sends: the objects of the given commits
@@ -47,13 +48,13 @@ func (r *repo) rev(t *testing.T, expr string) string {
 func (r *repo) pack(t *testing.T, commits []string, extra ...string) []byte {
 	t.Helper()
 	inTree := map[string]bool{}
-	for _, line := range strings.Split(git(t, r.dir, "rev-list", "--objects", "HEAD^{tree}"), "\n") {
+	for _, line := range strings.Split(gittest.Run(t, r.dir, "rev-list", "--objects", "HEAD^{tree}"), "\n") {
 		id, _, _ := strings.Cut(line, " ")
 		inTree[id] = true
 	}
 	var list []string
 	if len(commits) > 0 {
-		for _, line := range strings.Split(strings.TrimSpace(git(t, r.dir, append([]string{"rev-list", "--objects", "--no-walk"}, commits...)...)), "\n") {
+		for _, line := range strings.Split(strings.TrimSpace(gittest.Run(t, r.dir, append([]string{"rev-list", "--objects", "--no-walk"}, commits...)...)), "\n") {
 			id, _, _ := strings.Cut(line, " ")
 			if !inTree[id] {
 				list = append(list, id)
@@ -66,7 +67,7 @@ func (r *repo) pack(t *testing.T, commits []string, extra ...string) []byte {
 
 func packOf(t *testing.T, dir string, ids []string) []byte {
 	t.Helper()
-	cmd := gitCmd(dir, "pack-objects", "--stdout", "--quiet")
+	cmd := gittest.Cmd(dir, "pack-objects", "--stdout", "--quiet")
 	cmd.Stdin = strings.NewReader(strings.Join(ids, "\n") + "\n")
 	var out, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &stderr
@@ -96,7 +97,7 @@ func historyFetcher(r *repo, depth int, hist stage.History, pack []byte) *fetche
 func jobGitDir(t *testing.T, src *stage.Source) string {
 	t.Helper()
 	gitDir := filepath.Join(t.TempDir(), "job.git")
-	git(t, t.TempDir(), "init", "--quiet", "--bare", gitDir)
+	gittest.Run(t, t.TempDir(), "init", "--quiet", "--bare", gitDir)
 	writeFiles(t, gitDir, map[string]string{"objects/info/alternates": src.GitObjects + "\n"})
 	if len(src.Shallow) > 0 {
 		writeFiles(t, gitDir, map[string]string{"shallow": strings.Join(src.Shallow, "\n") + "\n"})
@@ -108,7 +109,7 @@ func jobGitDir(t *testing.T, src *stage.Source) string {
 func logOf(t *testing.T, src *stage.Source, commit string, args ...string) string {
 	t.Helper()
 	gitDir := jobGitDir(t, src)
-	return git(t, gitDir, append([]string{"--git-dir", gitDir}, append(args, commit)...)...)
+	return gittest.Run(t, gitDir, append([]string{"--git-dir", gitDir}, append(args, commit)...)...)
 }
 
 // TestHistoryDepth3: a tenant of depth 3 over a 10-commit repository gets
@@ -154,7 +155,7 @@ func TestHistoryDepth3(t *testing.T) {
 	// HEAD~3 and beyond are not there at all.
 	gitDir := jobGitDir(t, three)
 	for _, beyond := range []string{"HEAD~3", "HEAD~3^{tree}", "HEAD~3:README.md"} {
-		if gitCmd(gitDir, "--git-dir", gitDir, "cat-file", "-e", r.rev(t, beyond)).Run() == nil {
+		if gittest.Cmd(gitDir, "--git-dir", gitDir, "cat-file", "-e", r.rev(t, beyond)).Run() == nil {
 			t.Errorf("%s is in the depth-3 objects", beyond)
 		}
 	}
@@ -208,12 +209,12 @@ func TestHistoryRefusals(t *testing.T) {
 	r := historyRepo(t, 10)
 	other := historyRepo(t, 4)
 	writeFiles(t, other.dir, map[string]string{"secret.txt": "another tenant's secret\n"})
-	git(t, other.dir, "add", "--all")
-	git(t, other.dir, "commit", "--quiet", "-m", "secret")
-	foreignBlob := strings.TrimSpace(git(t, other.dir, "rev-parse", "HEAD:secret.txt"))
+	gittest.Run(t, other.dir, "add", "--all")
+	gittest.Run(t, other.dir, "commit", "--quiet", "-m", "secret")
+	foreignBlob := strings.TrimSpace(gittest.Run(t, other.dir, "rev-parse", "HEAD:secret.txt"))
 	// other's blob must be packable from r's directory for the splice.
 	otherPack := packOf(t, other.dir, []string{foreignBlob})
-	cmd := gitCmd(r.dir, "index-pack", "--stdin")
+	cmd := gittest.Cmd(r.dir, "index-pack", "--stdin")
 	cmd.Stdin = bytes.NewReader(otherPack)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("splice: %v: %s", err, out)

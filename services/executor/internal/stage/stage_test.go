@@ -5,10 +5,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/airlockhq/airlock/test/gittest"
 	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -24,36 +24,9 @@ import (
 
 const uid, gid = 12345, 12345
 
-// git runs the real git in dir with no user or system configuration.
-func git(t *testing.T, dir string, args ...string) string {
-	t.Helper()
-	cmd := gitCmd(dir, args...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("git %s: %v: %s", strings.Join(args, " "), err, stderr.String())
-	}
-	return stdout.String()
-}
-
-// gitCmd is git in dir with no user or system configuration, not yet run.
-func gitCmd(dir string, args ...string) *exec.Cmd {
-	cmd := exec.Command("git", args...)
-	cmd.Dir = dir
-	cmd.Env = []string{
-		"PATH=/usr/local/bin:/usr/bin:/bin",
-		"HOME=" + dir,
-		"GIT_CONFIG_NOSYSTEM=1",
-		"GIT_CONFIG_GLOBAL=/dev/null",
-		"GIT_AUTHOR_NAME=Test", "GIT_AUTHOR_EMAIL=test@example.com", "GIT_AUTHOR_DATE=2030-01-02T03:04:05Z",
-		"GIT_COMMITTER_NAME=Test", "GIT_COMMITTER_EMAIL=test@example.com", "GIT_COMMITTER_DATE=2030-01-02T03:04:05Z",
-	}
-	return cmd
-}
-
 // gitOut is git's output, for a command the caller knows succeeds.
 func gitOut(dir string, args ...string) string {
-	out, _ := gitCmd(dir, args...).Output()
+	out, _ := gittest.Cmd(dir, args...).Output()
 	return string(out)
 }
 
@@ -85,17 +58,17 @@ func writeFiles(t *testing.T, dir string, files map[string]string) {
 func newRepo(t *testing.T, files map[string]string) *repo {
 	t.Helper()
 	dir := t.TempDir()
-	git(t, dir, "init", "--quiet", "-b", "main")
+	gittest.Run(t, dir, "init", "--quiet", "-b", "main")
 	writeFiles(t, dir, files)
-	git(t, dir, "add", "--all", "--force")
-	git(t, dir, "commit", "--quiet", "-m", "base")
+	gittest.Run(t, dir, "add", "--all", "--force")
+	gittest.Run(t, dir, "commit", "--quiet", "-m", "base")
 	r := &repo{
 		dir:    dir,
-		commit: strings.TrimSpace(git(t, dir, "rev-parse", "HEAD")),
-		tree:   strings.TrimSpace(git(t, dir, "rev-parse", "HEAD^{tree}")),
+		commit: strings.TrimSpace(gittest.Run(t, dir, "rev-parse", "HEAD")),
+		tree:   strings.TrimSpace(gittest.Run(t, dir, "rev-parse", "HEAD^{tree}")),
 	}
-	r.archive = []byte(git(t, dir, "archive", "--format=tar", "HEAD"))
-	r.commitObject = []byte(git(t, dir, "cat-file", "commit", "HEAD"))
+	r.archive = []byte(gittest.Run(t, dir, "archive", "--format=tar", "HEAD"))
+	r.commitObject = []byte(gittest.Run(t, dir, "cat-file", "commit", "HEAD"))
 	return r
 }
 
@@ -104,7 +77,7 @@ func newRepo(t *testing.T, files map[string]string) *repo {
 func richRepo(t *testing.T) *repo {
 	t.Helper()
 	dir := t.TempDir()
-	git(t, dir, "init", "--quiet", "-b", "main")
+	gittest.Run(t, dir, "init", "--quiet", "-b", "main")
 	writeFiles(t, dir, map[string]string{
 		"README.md":          "# widgets\n",
 		"a/b/c/deep.txt":     "deep\n",
@@ -124,14 +97,14 @@ func richRepo(t *testing.T) *repo {
 	if err := os.Symlink("a/b", filepath.Join(dir, "dirlink")); err != nil {
 		t.Fatal(err)
 	}
-	git(t, dir, "add", "--all", "--force")
-	git(t, dir, "commit", "--quiet", "-m", "base")
+	gittest.Run(t, dir, "add", "--all", "--force")
+	gittest.Run(t, dir, "commit", "--quiet", "-m", "base")
 	return &repo{
 		dir:          dir,
-		commit:       strings.TrimSpace(git(t, dir, "rev-parse", "HEAD")),
-		tree:         strings.TrimSpace(git(t, dir, "rev-parse", "HEAD^{tree}")),
-		archive:      []byte(git(t, dir, "archive", "--format=tar", "HEAD")),
-		commitObject: []byte(git(t, dir, "cat-file", "commit", "HEAD")),
+		commit:       strings.TrimSpace(gittest.Run(t, dir, "rev-parse", "HEAD")),
+		tree:         strings.TrimSpace(gittest.Run(t, dir, "rev-parse", "HEAD^{tree}")),
+		archive:      []byte(gittest.Run(t, dir, "archive", "--format=tar", "HEAD")),
+		commitObject: []byte(gittest.Run(t, dir, "cat-file", "commit", "HEAD")),
 	}
 }
 

@@ -237,8 +237,20 @@ func (r *Repo) tempIndex() (string, func(), error) {
 // git, so the cost follows what the job changed, not the repository's size.
 // Anything it cannot read exactly (a directory renamed with overlayfs
 // redirects) falls back to DiffFrom over the whole tree.
-func (r *Repo) DiffUpper(ctx context.Context, baseTree, baseIndex, workDir, upperDir string) ([]byte, DiffStat, error) {
-	changes, err := scanUpper(upperDir)
+//
+// Before git runs, every regular file of the upper layer (but .git
+// entries, which are removed) is counted in exported by its apparent size,
+// as /work/PATH; past exported's limit DiffUpper returns the
+// *bundle.TooLargeError and git never runs. git reads a changed file whole
+// (and diff-index --binary holds it in memory), outside the job's cgroup:
+// a sparse file of a few blocks inside the job would otherwise cost the
+// executor its full size in memory.
+func (r *Repo) DiffUpper(ctx context.Context, baseTree, baseIndex, workDir, upperDir string, exported *bundle.Tally) ([]byte, DiffStat, error) {
+	changes, err := scanUpper(upperDir, exported)
+	var tooLarge *bundle.TooLargeError
+	if errors.As(err, &tooLarge) {
+		return nil, DiffStat{}, err
+	}
 	if err != nil {
 		return nil, DiffStat{}, fmt.Errorf("read overlay upper layer: %w", err)
 	}
@@ -353,9 +365,12 @@ type upperChanges struct {
 	redirect bool     // a renamed directory: the layer alone does not say what moved
 }
 
-// scanUpper reads an overlayfs upper layer without following links.
-func scanUpper(upper string) (*upperChanges, error) {
+// scanUpper reads an overlayfs upper layer without following links or
+// reading a file, and counts every regular file but .git entries in
+// exported (as /work/PATH), its error once they pass its limit.
+func scanUpper(upper string, exported *bundle.Tally) (*upperChanges, error) {
 	c := &upperChanges{}
+	covered := "" // an opaque directory: git takes all of it by its path
 	err := filepath.WalkDir(upper, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -371,14 +386,22 @@ func scanUpper(upper string) (*upperChanges, error) {
 			}
 			return nil
 		}
+		if d.Type().IsRegular() {
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			exported.Add("/work/"+filepath.ToSlash(rel), info.Size())
+		}
+		if c.redirect || (covered != "" && strings.HasPrefix(rel, covered+"/")) {
+			return nil // only counted: its paths are decided already
+		}
 		if d.IsDir() {
 			if xattr(p, "trusted.overlay.redirect") != "" {
 				c.redirect = true
-				return filepath.SkipAll
-			}
-			if xattr(p, "trusted.overlay.opaque") == "y" {
+			} else if xattr(p, "trusted.overlay.opaque") == "y" {
 				c.paths = append(c.paths, rel)
-				return filepath.SkipDir
+				covered = rel
 			}
 			return nil
 		}
@@ -386,7 +409,10 @@ func scanUpper(upper string) (*upperChanges, error) {
 		c.files = append(c.files, rel)
 		return nil
 	})
-	return c, err
+	if err != nil {
+		return nil, err
+	}
+	return c, exported.Err()
 }
 
 func xattr(path, name string) string {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/airlockhq/airlock/test/gittest"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -14,37 +15,12 @@ import (
 	"strings"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/services/executor/internal/worktree"
 )
 
-// gitEnv is what every git the test itself runs gets: no user or system
-// configuration, fixed identities and dates.
-func gitEnv(home string) []string {
-	return []string{
-		"PATH=/usr/local/bin:/usr/bin:/bin",
-		"HOME=" + home,
-		"GIT_CONFIG_NOSYSTEM=1",
-		"GIT_CONFIG_GLOBAL=/dev/null",
-		"GIT_AUTHOR_NAME=Test", "GIT_AUTHOR_EMAIL=test@example.com", "GIT_AUTHOR_DATE=2030-01-02T03:04:05Z",
-		"GIT_COMMITTER_NAME=Test", "GIT_COMMITTER_EMAIL=test@example.com", "GIT_COMMITTER_DATE=2030-01-02T03:04:05Z",
-	}
-}
-
-func git(t *testing.T, dir string, args ...string) string {
-	t.Helper()
-	out, err := gitErr(dir, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
 func gitErr(dir string, args ...string) (string, error) {
-	cmd := exec.Command("git", args...)
-	cmd.Dir = dir
-	cmd.Env = gitEnv(dir)
+	cmd := gittest.Cmd(dir, args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -86,7 +62,7 @@ type base struct {
 func newBase(t *testing.T) *base {
 	t.Helper()
 	dir := t.TempDir()
-	git(t, dir, "init", "--quiet", "-b", "main")
+	gittest.Run(t, dir, "init", "--quiet", "-b", "main")
 	writeFile(t, filepath.Join(dir, "README.md"), "line1\nline2\nline3\n", 0o644)
 	writeFile(t, filepath.Join(dir, "src/main.go"), "package main\n\nfunc main() {}\n", 0o644)
 	writeFile(t, filepath.Join(dir, "script.sh"), "#!/bin/sh\necho hi\n", 0o755)
@@ -98,12 +74,12 @@ func newBase(t *testing.T) *base {
 	writeFile(t, filepath.Join(dir, "conf/app.txt"), "setting=1\n", 0o644)
 	writeFile(t, filepath.Join(dir, "a/b/c/deep.txt"), "deep\n", 0o644)
 	symlink(t, "README.md", filepath.Join(dir, "link"))
-	git(t, dir, "add", "--all", "--force")
-	git(t, dir, "commit", "--quiet", "-m", "base")
+	gittest.Run(t, dir, "add", "--all", "--force")
+	gittest.Run(t, dir, "commit", "--quiet", "-m", "base")
 	return &base{
 		dir:    dir,
-		commit: strings.TrimSpace(git(t, dir, "rev-parse", "HEAD")),
-		tree:   strings.TrimSpace(git(t, dir, "rev-parse", "HEAD^{tree}")),
+		commit: strings.TrimSpace(gittest.Run(t, dir, "rev-parse", "HEAD")),
+		tree:   strings.TrimSpace(gittest.Run(t, dir, "rev-parse", "HEAD^{tree}")),
 	}
 }
 
@@ -113,7 +89,7 @@ func (b *base) export(t *testing.T) string {
 	t.Helper()
 	dst := t.TempDir()
 	archive := exec.Command("git", "archive", "--format=tar", "HEAD")
-	archive.Dir, archive.Env = b.dir, gitEnv(b.dir)
+	archive.Dir, archive.Env = b.dir, gittest.Env(b.dir)
 	untar := exec.Command("tar", "-x", "-C", dst)
 	pipe, err := archive.StdoutPipe()
 	if err != nil {
@@ -136,7 +112,7 @@ func (b *base) export(t *testing.T) string {
 func (b *base) clone(t *testing.T) string {
 	t.Helper()
 	dst := filepath.Join(t.TempDir(), "clone")
-	git(t, filepath.Dir(dst), "clone", "--quiet", b.dir, dst)
+	gittest.Run(t, filepath.Dir(dst), "clone", "--quiet", b.dir, dst)
 	return dst
 }
 
@@ -283,8 +259,8 @@ func applyTo(t *testing.T, b *base, patch []byte) string {
 	if err := os.WriteFile(patchFile, patch, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	git(t, clone, "apply", "--check", patchFile)
-	git(t, clone, "apply", patchFile)
+	gittest.Run(t, clone, "apply", "--check", patchFile)
+	gittest.Run(t, clone, "apply", patchFile)
 	return clone
 }
 
@@ -379,8 +355,8 @@ func trap(t *testing.T, dir, markers string) []string {
 	}
 	// A repository with a commit, armed afterwards, so that it is a valid
 	// repository any git would accept.
-	git(t, dir, "init", "--quiet")
-	git(t, dir, "commit", "--quiet", "--allow-empty", "-m", "job's own commit")
+	gittest.Run(t, dir, "init", "--quiet")
+	gittest.Run(t, dir, "commit", "--quiet", "--allow-empty", "-m", "job's own commit")
 	cfg := fmt.Sprintf(`
 [core]
 	fsmonitor = %[1]s/fsmonitor
@@ -595,22 +571,22 @@ func TestDiffNestedRepositories(t *testing.T) {
 	// sources on a single-machine install, another checkout.
 	hostRepo := newBase(t)
 	writeFile(t, filepath.Join(hostRepo.dir, "host.txt"), "host\n", 0o644)
-	git(t, hostRepo.dir, "add", "host.txt")
-	git(t, hostRepo.dir, "commit", "--quiet", "-m", "host commit")
-	hostHead := strings.TrimSpace(git(t, hostRepo.dir, "rev-parse", "HEAD"))
+	gittest.Run(t, hostRepo.dir, "add", "host.txt")
+	gittest.Run(t, hostRepo.dir, "commit", "--quiet", "-m", "host commit")
+	hostHead := strings.TrimSpace(gittest.Run(t, hostRepo.dir, "rev-parse", "HEAD"))
 
 	for _, tc := range []struct {
 		name string
 		make func(t *testing.T, work string)
 	}{
 		{"repository without a commit", func(t *testing.T, work string) {
-			git(t, filepath.Join(work, "sub"), "init", "--quiet")
+			gittest.Run(t, filepath.Join(work, "sub"), "init", "--quiet")
 		}},
 		{"repository with a commit", func(t *testing.T, work string) {
 			sub := filepath.Join(work, "sub")
-			git(t, sub, "init", "--quiet")
-			git(t, sub, "add", "file.txt")
-			git(t, sub, "commit", "--quiet", "-m", "nested")
+			gittest.Run(t, sub, "init", "--quiet")
+			gittest.Run(t, sub, "add", "file.txt")
+			gittest.Run(t, sub, "commit", "--quiet", "-m", "nested")
 		}},
 		{".git file naming a host repository", func(t *testing.T, work string) {
 			writeFile(t, filepath.Join(work, "sub", ".git"), "gitdir: "+filepath.Join(hostRepo.dir, ".git")+"\n", 0o644)
@@ -738,18 +714,13 @@ func TestDiffUpperEqualsDiff(t *testing.T) {
 		}},
 		{"nested repository", func(t *testing.T, work string) {
 			writeFile(t, filepath.Join(work, "vendor", "dep", "code.txt"), "vendored\n", 0o644)
-			git(t, filepath.Join(work, "vendor", "dep"), "init", "--quiet")
+			gittest.Run(t, filepath.Join(work, "vendor", "dep"), "init", "--quiet")
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			upper, work, merged := t.TempDir(), t.TempDir(), t.TempDir()
-			opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work)
-			if err := unix.Mount("overlay", merged, "overlay", 0, opts); err != nil {
-				t.Fatalf("mount overlay: %v", err)
-			}
-			t.Cleanup(func() { unix.Unmount(merged, unix.MNT_DETACH) })
+			merged, upper := overlay(t, lower)
 			tc.change(t, merged)
-			got, gotStat, err := r.DiffUpper(context.Background(), tree, index, merged, upper)
+			got, gotStat, err := r.DiffUpper(context.Background(), tree, index, merged, upper, &bundle.Tally{Limit: 1 << 30})
 			if err != nil {
 				t.Fatalf("DiffUpper: %v", err)
 			}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/errgrpc"
 	"github.com/airlockhq/airlock/pkg/identity"
 	publisherv1 "github.com/airlockhq/airlock/proto/airlock/publisher/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
@@ -58,7 +59,7 @@ func caller(ctx context.Context) (identity.ID, error) {
 // fail maps a domain error to a status; anything that is not a sentinel
 // is logged and reaches the caller as "internal error".
 func (s *Service) fail(ctx context.Context, err error) error {
-	st := errdefs.ToGRPC(err)
+	st := errgrpc.ToGRPC(err)
 	if c := status.Code(st); c == codes.Internal || c == codes.Unknown {
 		s.cfg.Logger.ErrorContext(ctx, "request failed", "error", err)
 	}

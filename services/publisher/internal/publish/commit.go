@@ -26,7 +26,9 @@ import (
 // attribute or filter of the repository runs — and the commit is written
 // from that index with fixed author, committer and times taken from the
 // approval. The same approval on the same parent always yields the same
-// commit id.
+// commit id. On a branch that moved past the base, the change is merged
+// onto the tip with the base as merge base, and the result is proved to
+// be exactly the approved change (merge.go), never placed by context.
 
 // Change is what one approval lands.
 type Change struct {
@@ -44,8 +46,8 @@ type Change struct {
 	// At is when the approval was approved: the commit's author and
 	// committer time.
 	At time.Time
-	// OnMoved says what to do when the branch has moved past Base: re-apply
-	// on its tip when the patch applies cleanly (OnMovedReapply, the
+	// OnMoved says what to do when the branch has moved past Base: merge
+	// onto its tip when the change merges exactly (OnMovedReapply, the
 	// default) or refuse (OnMovedRefuse).
 	OnMoved string
 }
@@ -180,33 +182,43 @@ func (r *Repo) Prepare(ctx context.Context, c Change, tip string) (Prepared, err
 		}
 		parent = tip
 	}
+	tree, err := r.applyOnBase(ctx, c)
+	if err != nil {
+		return Prepared{}, err
+	}
+	if parent != c.Base {
+		if tree, err = r.reapply(ctx, c, tip, tree); err != nil {
+			return Prepared{}, err
+		}
+	}
+	out, err := r.git(ctx, commitEnv(c), []byte(message(c)), "commit-tree", tree, "-p", parent, "-F", "-")
+	if err != nil {
+		return Prepared{}, err
+	}
+	return Prepared{Commit: strings.TrimSpace(string(out)), Parent: parent, Tip: tip}, nil
+}
+
+// applyOnBase returns the tree of c's patch applied on its base, where
+// it was made: there every hunk's line numbers and context are exact.
+func (r *Repo) applyOnBase(ctx context.Context, c Change) (string, error) {
 	// An index of its own per attempt: one a killed git left locked
 	// never blocks the next.
 	index := filepath.Join(r.dir, indexPrefix+c.ApprovalID+"-"+ids.New()[:8])
 	defer os.Remove(index)
 	ienv := []string{"GIT_INDEX_FILE=" + index}
-	if _, err := r.git(ctx, ienv, nil, "read-tree", parent); err != nil {
-		return Prepared{}, err
+	if _, err := r.git(ctx, ienv, nil, "read-tree", c.Base); err != nil {
+		return "", err
 	}
 	if len(c.Patch) > 0 {
 		if _, err := r.git(ctx, ienv, c.Patch, "apply", "--cached", "--binary", "--whitespace=nowarn", "-"); err != nil {
-			return Prepared{}, fmt.Errorf("%w: the patch does not apply on %s: %s", errdefs.ErrFailedPrecondition, parent, conflictPaths(err))
+			return "", fmt.Errorf("%w: the patch does not apply on its base %s: %s", errdefs.ErrFailedPrecondition, c.Base, conflictPaths(err))
 		}
 	}
 	tree, err := r.git(ctx, ienv, nil, "write-tree")
 	if err != nil {
-		return Prepared{}, err
+		return "", err
 	}
-	at := c.At.UTC().Format(time.RFC3339)
-	env := []string{
-		"GIT_AUTHOR_NAME=" + authorName, "GIT_AUTHOR_EMAIL=" + authorEmail, "GIT_AUTHOR_DATE=" + at,
-		"GIT_COMMITTER_NAME=" + authorName, "GIT_COMMITTER_EMAIL=" + authorEmail, "GIT_COMMITTER_DATE=" + at,
-	}
-	out, err := r.git(ctx, env, []byte(message(c)), "commit-tree", strings.TrimSpace(string(tree)), "-p", parent, "-F", "-")
-	if err != nil {
-		return Prepared{}, err
-	}
-	return Prepared{Commit: strings.TrimSpace(string(out)), Parent: parent, Tip: tip}, nil
+	return strings.TrimSpace(string(tree)), nil
 }
 
 // message is the commit message: a subject, and the trailers that link

@@ -61,19 +61,14 @@ func (r *remote) write(name, content string) {
 }
 
 // patchOf is the patch an agent's job would produce from base: files
-// written as given, as the executor diffs them (binary, no renames).
+// written as given ("" removes one), as the executor diffs them (binary, no renames).
 func (r *remote) patchOf(files map[string]string) []byte {
 	t := r.t
 	t.Helper()
 	work := filepath.Join(t.TempDir(), "job")
 	run(t, ".", "clone", "-q", r.bare, work)
 	run(t, work, "checkout", "-q", r.base)
-	for name, content := range files {
-		if err := os.WriteFile(filepath.Join(work, name), []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	run(t, work, "add", "-A")
+	writeFiles(t, work, files)
 	cmd := exec.Command("git", "diff", "--cached", "--binary", "--no-renames", r.base)
 	cmd.Dir = work
 	out, err := cmd.Output()

@@ -309,8 +309,18 @@ type harness struct {
 // the remote's base commit.
 func newHarness(t *testing.T, files map[string]string) *harness {
 	t.Helper()
+	return newHarnessOn(t, nil, files)
+}
+
+// newHarnessOn is newHarness on a base that also writes base (path ->
+// content).
+func newHarnessOn(t *testing.T, base, files map[string]string) *harness {
+	t.Helper()
 	w := newWorld(t)
 	rm := newRemote(t)
+	if base != nil {
+		rm.rebase(base)
+	}
 	patch := rm.patchOf(files)
 	inBase := strings.Split(run(t, rm.bare, "ls-tree", "--name-only", rm.base), "\n")
 	var list []bundle.FileChange

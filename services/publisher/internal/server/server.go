@@ -17,8 +17,9 @@ import (
 	"github.com/airlockhq/airlock/pkg/sqldb"
 	"github.com/airlockhq/airlock/pkg/version"
 	"github.com/airlockhq/airlock/services/publisher/internal/api"
+	"github.com/airlockhq/airlock/services/publisher/internal/authorityclient"
 	"github.com/airlockhq/airlock/services/publisher/internal/config"
-	"github.com/airlockhq/airlock/services/publisher/internal/peers"
+	"github.com/airlockhq/airlock/services/publisher/internal/executorclient"
 	"github.com/airlockhq/airlock/services/publisher/internal/publish"
 	"github.com/airlockhq/airlock/services/publisher/internal/store"
 )
@@ -79,7 +80,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			env.OnStop(ec.Close)
 
 			svc, err := publish.New(ctx, publish.Config{
-				Store: st, Authority: peers.NewAuthority(ac, env.TLS), Executor: peers.NewExecutor(ec), Checker: checker,
+				Store: st, Authority: authorityclient.New(ac, env.TLS), Executor: executorclient.New(ec), Checker: checker,
 				Trust: publish.Trust{Roots: roots, Executor: env.PeerID(identity.ServiceExecutor), Grants: grants},
 				Dir:   env.DataDir.Join("work"), Logger: logger, Meter: env.Meter,
 				// The data directory is one process's at a time (locked): a

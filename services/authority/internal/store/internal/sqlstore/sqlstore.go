@@ -1,9 +1,10 @@
 // Package sqlstore is the one implementation of store.Store that both SQL
-// backends share: queries, row mapping, page tokens and the audit chain,
-// written once in the SQL that SQLite and PostgreSQL both speak, so the two
-// cannot drift apart. pkg/sqldb opens the database, runs the migrations and
-// supplies the Dialect for what differs (placeholders, row locks, the
-// schema). Only store/sqlite and store/postgres import it.
+// backends share: the schema (schema.go), queries, row mapping, page
+// tokens and the audit chain, written once in the SQL that SQLite and
+// PostgreSQL both speak, so the two cannot drift apart. pkg/sqldb opens
+// the database, runs the migrations and supplies the Dialect for what
+// differs (placeholders, row locks). Only store/sqlite and store/postgres
+// import it.
 package sqlstore
 
 import (

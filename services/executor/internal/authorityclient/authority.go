@@ -1,8 +1,8 @@
-// Package authority is the executor's client of the authority: it fetches
+// Package authorityclient is the executor's client of the authority: it fetches
 // source trees and reports results over mTLS, pinned to the authority's
 // SPIFFE ID, converting between the run manager's types and the API. Only
 // the executor's composition root imports it.
-package authority
+package authorityclient
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/bundle/bundlepb"
 	"github.com/airlockhq/airlock/pkg/chunkio"
 	"github.com/airlockhq/airlock/pkg/egress/egresspb"
-	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/errgrpc"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/convert"
@@ -44,12 +44,12 @@ func (c *Client) FetchSource(ctx context.Context, jobID string) (stage.Header, i
 	stream, err := c.api.FetchSource(ctx, &authorityv1.FetchSourceRequest{JobId: jobID})
 	if err != nil {
 		cancel()
-		return stage.Header{}, nil, errdefs.FromGRPC(err)
+		return stage.Header{}, nil, errgrpc.FromGRPC(err)
 	}
 	first, err := stream.Recv()
 	if err != nil {
 		cancel()
-		return stage.Header{}, nil, errdefs.FromGRPC(err)
+		return stage.Header{}, nil, errgrpc.FromGRPC(err)
 	}
 	h := first.GetHeader()
 	if h == nil {
@@ -103,7 +103,7 @@ func (s *sourceStream) recv() (*authorityv1.FetchSourceResponse, error) {
 		return nil, io.EOF
 	}
 	if err != nil {
-		return nil, errdefs.FromGRPC(err)
+		return nil, errgrpc.FromGRPC(err)
 	}
 	return msg, nil
 }
@@ -179,6 +179,11 @@ func reviewExecs(execs []runs.Exec) ([]*typesv1.Exec, int64) {
 	return append(all[:head:head], all[tail:]...), int64(len(execs))
 }
 
+// reviewWrites is how many upload records the review carries: more are
+// folded by path, and past that the first and the last paths are kept
+// (runs.FoldWrites); the bundle's result.json has every record.
+const reviewWrites = 500
+
 // ReportResult implements runs.Authority.
 func (c *Client) ReportResult(ctx context.Context, rep runs.Report) error {
 	files, err := bundlepb.Files(rep.Files, reviewFilesBudget)
@@ -196,10 +201,14 @@ func (c *Client) ReportResult(ctx context.Context, rep runs.Report) error {
 		detail.Egress = egresspb.Log(rep.Egress, rep.EgressLast, rep.EgressTotal, rep.EgressNames)
 	}
 	detail.Execs, detail.ExecsTotal = reviewExecs(rep.Execs)
-	detail.FileWritesTotal = int64(len(rep.FileWrites))
-	for _, w := range rep.FileWrites[:min(len(rep.FileWrites), 500)] {
+	for i := range rep.FileWrites {
+		detail.FileWritesTotal += rep.FileWrites[i].Uploads()
+	}
+	writes, _ := runs.FoldWrites(rep.FileWrites, reviewWrites)
+	for _, w := range writes {
 		detail.FileWrites = append(detail.FileWrites, &authorityv1.FileWrite{
 			Path: strings.ToValidUTF8(w.Path, "\uFFFD"), Size: w.Size, Sha256: w.SHA256, WrittenAt: timestamppb.New(w.At), AfterExec: w.AfterExec,
+			Count: w.Count, FirstAfterExec: w.FirstAfterExec,
 		})
 	}
 	_, err = c.api.ReportResult(ctx, &authorityv1.ReportResultRequest{
@@ -209,5 +218,5 @@ func (c *Client) ReportResult(ctx context.Context, rep runs.Report) error {
 		Provenance: rep.Provenance,
 		Detail:     detail,
 	})
-	return errdefs.FromGRPC(err)
+	return errgrpc.FromGRPC(err)
 }

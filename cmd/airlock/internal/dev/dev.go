@@ -1,4 +1,10 @@
-package cli
+// Package dev is `airlock dev`, the local development stack: dev up makes
+// a fresh PKI and a config for each service, starts the authority, executor
+// and publisher (and a git server for the repositories it is given) as
+// detached processes and waits until each serves over mTLS; dev down stops
+// them. dev.go holds the commands and the configs, git.go the git server,
+// proc.go the processes. Only the airlock command's root (cli) imports it.
+package dev
 
 import (
 	"context"
@@ -20,6 +26,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"gopkg.in/yaml.v3"
 
+	"github.com/airlockhq/airlock/cmd/airlock/internal/cmdutil"
 	"github.com/airlockhq/airlock/pkg/clientconfig"
 	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/delegate"
@@ -62,7 +69,8 @@ func devPaths(dir, name string) devService {
 	}
 }
 
-func newDev(g *globals) *cobra.Command {
+// New returns the dev command group.
+func New(g *cmdutil.Globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run the three services as local processes for development",
@@ -71,7 +79,7 @@ func newDev(g *globals) *cobra.Command {
 	return cmd
 }
 
-func newDevUp(g *globals) *cobra.Command {
+func newDevUp(g *cmdutil.Globals) *cobra.Command {
 	var dir, binDir, host string
 	var repoFlags, resolvers, domains []string
 	var timeout time.Duration
@@ -102,9 +110,6 @@ Logs go to DIR/SERVICE/SERVICE.log and DIR/git/git.log. Stop everything with
 airlock dev down.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if dir == "" {
-				return usageError{errors.New("--dir is required")}
-			}
 			abs, err := filepath.Abs(dir)
 			if err != nil {
 				return err
@@ -119,10 +124,10 @@ airlock dev down.`,
 			for _, r := range repoFlags {
 				name, path, ok := strings.Cut(r, "=")
 				if !ok || name == "" || path == "" {
-					return usageError{fmt.Errorf("--repo %q: want NAME=PATH", r)}
+					return cmdutil.UsageError{Err: fmt.Errorf("--repo %q: want NAME=PATH", r)}
 				}
 				if err := gitserve.CheckName(name); err != nil {
-					return usageError{fmt.Errorf("--repo %s: %w", name, err)}
+					return cmdutil.UsageError{Err: fmt.Errorf("--repo %s: %w", name, err)}
 				}
 				abs, err := filepath.Abs(path)
 				if err != nil {
@@ -130,25 +135,25 @@ airlock dev down.`,
 				}
 				if _, err := os.Stat(filepath.Join(abs, ".git")); err != nil {
 					if _, berr := os.Stat(filepath.Join(abs, "HEAD")); berr != nil {
-						return usageError{fmt.Errorf("--repo %s: %s is not a git repository", name, abs)}
+						return cmdutil.UsageError{Err: fmt.Errorf("--repo %s: %s is not a git repository", name, abs)}
 					}
 				}
 				repos[name] = abs
 			}
 			for _, r := range resolvers {
 				if _, err := config.ParseResolver(r); err != nil {
-					return usageError{fmt.Errorf("--resolver %q: %v", r, err)}
+					return cmdutil.UsageError{Err: fmt.Errorf("--resolver %q: %v", r, err)}
 				}
 			}
 			if len(resolvers) > 3 {
-				return usageError{fmt.Errorf("--resolver: %d given, at most 3", len(resolvers))}
+				return cmdutil.UsageError{Err: fmt.Errorf("--resolver: %d given, at most 3", len(resolvers))}
 			}
 			for _, d := range domains {
 				if _, err := egress.NormalizeName(d); err != nil {
-					return usageError{fmt.Errorf("--egress-domain %q: %v", d, err)}
+					return cmdutil.UsageError{Err: fmt.Errorf("--egress-domain %q: %v", d, err)}
 				}
 			}
-			stack, err := devUp(ctx, abs, devOptions{host: host, repos: repos, resolvers: resolvers, domains: domains}, bins, g.stderr)
+			stack, err := devUp(ctx, abs, devOptions{host: host, repos: repos, resolvers: resolvers, domains: domains}, bins, g.Stderr)
 			if err != nil {
 				return err
 			}
@@ -157,7 +162,7 @@ airlock dev down.`,
 			if stack.git != nil {
 				out["git"], out["repositories"] = stack.git, stack.repos
 			}
-			return g.print(out, func(w io.Writer) {
+			return g.Print(out, func(w io.Writer) {
 				fmt.Fprintln(w, "SERVICE\tADDRESS\tPID\tSTATUS\tLOG")
 				for _, s := range stack.all() {
 					fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", s.Name, s.Address, s.PID, s.Status, s.Log)
@@ -173,6 +178,7 @@ airlock dev down.`,
 		},
 	}
 	cmd.Flags().StringVar(&dir, "dir", "", "directory for the stack's PKI, configs, data and logs (required)")
+	cmdutil.Required(cmd, "dir")
 	cmd.Flags().StringVar(&binDir, "bin-dir", "", "where the authority, executor and publisher binaries are (default: beside airlock, then $PATH)")
 	cmd.Flags().StringVar(&host, "host", "127.0.0.1", "address the services listen on")
 	cmd.Flags().StringArrayVar(&repoFlags, "repo", nil, "NAME=PATH: a local git repository the dev tenant may run jobs on, served by the stack's git server (repeatable)")
@@ -408,7 +414,7 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 			default:
 			}
 			cctx, cancel := context.WithTimeout(ctx, time.Second)
-			st, err := checkHealth(cctx, s.Address, src, identity.Service(devTrustDomain, name), "")
+			st, err := cmdutil.CheckHealth(cctx, s.Address, src, identity.Service(devTrustDomain, name), "")
 			cancel()
 			if err == nil && st == healthpb.HealthCheckResponse_SERVING.String() {
 				s.Status = st
@@ -495,7 +501,7 @@ func writeYAML(path string, v any) error {
 	return pki.WriteFileAtomic(path, data, 0o600)
 }
 
-func newDevDown(g *globals) *cobra.Command {
+func newDevDown(g *cmdutil.Globals) *cobra.Command {
 	var dir string
 	var timeout time.Duration
 	cmd := &cobra.Command{
@@ -506,9 +512,6 @@ waits for a graceful stop, and sends SIGKILL to any that are still running
 after --timeout. Data, logs, the PKI and the served repositories stay in DIR.`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			if dir == "" {
-				return usageError{errors.New("--dir is required")}
-			}
 			abs, err := filepath.Abs(dir)
 			if err != nil {
 				return err
@@ -533,7 +536,7 @@ after --timeout. Data, logs, the PKI and the served repositories stay in DIR.`,
 			if stack.git != nil {
 				out["git"] = stack.git
 			}
-			return g.print(out, func(w io.Writer) {
+			return g.Print(out, func(w io.Writer) {
 				fmt.Fprintln(w, "SERVICE\tPID\tRESULT")
 				for _, s := range stack.all() {
 					fmt.Fprintf(w, "%s\t%d\t%s\n", s.Name, s.PID, s.Status)
@@ -542,6 +545,7 @@ after --timeout. Data, logs, the PKI and the served repositories stay in DIR.`,
 		},
 	}
 	cmd.Flags().StringVar(&dir, "dir", "", "the directory given to dev up (required)")
+	cmdutil.Required(cmd, "dir")
 	cmd.Flags().DurationVar(&timeout, "timeout", 15*time.Second, "how long to wait for a graceful stop before SIGKILL")
 	return cmd
 }

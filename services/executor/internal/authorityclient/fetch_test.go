@@ -1,4 +1,4 @@
-package authority
+package authorityclient
 
 import (
 	"bytes"
@@ -44,7 +44,7 @@ func (s *sourceServer) FetchSource(req *authorityv1.FetchSourceRequest, stream g
 	return stream.Send(&authorityv1.FetchSourceResponse{Part: &authorityv1.FetchSourceResponse_HistoryChunk{HistoryChunk: s.pack}})
 }
 
-func dial(t *testing.T, srv *sourceServer) *Client {
+func dial(t *testing.T, srv authorityv1.AuthorityServiceServer) *Client {
 	t.Helper()
 	lis := bufconn.Listen(1 << 20)
 	gs := grpc.NewServer()

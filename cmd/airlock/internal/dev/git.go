@@ -1,4 +1,4 @@
-package cli
+package dev
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/airlockhq/airlock/cmd/airlock/internal/cmdutil"
 	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/gitserve"
 	"github.com/airlockhq/airlock/pkg/logging"
@@ -62,7 +63,7 @@ type gitServeRepo struct {
 	PushCredential string `yaml:"push_credential"`
 }
 
-func newDevGitServe(g *globals) *cobra.Command {
+func newDevGitServe(g *cmdutil.Globals) *cobra.Command {
 	var path string
 	cmd := &cobra.Command{
 		Use:    "git-serve --config FILE",
@@ -70,15 +71,13 @@ func newDevGitServe(g *globals) *cobra.Command {
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if path == "" {
-				return usageError{errors.New("--config is required")}
-			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			return runGitServe(ctx, path)
 		},
 	}
 	cmd.Flags().StringVar(&path, "config", "", "the git server's config file, written by dev up (required)")
+	cmdutil.Required(cmd, "config")
 	return cmd
 }
 

@@ -1,0 +1,173 @@
+package api_test
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/authority/internal/fakeexecutor"
+)
+
+// TestSessionCallsReachTheExecutor: every session call the authority
+// forwards (files both ways, a listing, a streamed exec, a watch, a
+// cancel, suspend and resume) reaches the executor through the domain's
+// one executor interface and comes back whole, and the executor's own
+// refusal reaches the caller with its code and words.
+func TestSessionCallsReachTheExecutor(t *testing.T) {
+	h := newHarness(t)
+	ctx := t.Context()
+	dev := h.client(devID)
+	sid := h.runningSession("calls", nil).GetJobId()
+
+	up, err := dev.WriteFile(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := []byte("#!/bin/sh\necho hi\n")
+	for _, m := range []*authorityv1.WriteFileRequest{
+		{Part: &authorityv1.WriteFileRequest_Header{Header: &authorityv1.WriteFileHeader{SessionId: sid, Path: "/work/run.sh", Mode: 0o755}}},
+		{Part: &authorityv1.WriteFileRequest_Chunk{Chunk: body[:5]}},
+		{Part: &authorityv1.WriteFileRequest_Chunk{Chunk: body[5:]}},
+	} {
+		if err := up.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if resp, err := up.CloseAndRecv(); err != nil || resp.GetSize() != int64(len(body)) {
+		t.Fatalf("WriteFile: %v, %v", resp, err)
+	}
+
+	rd, err := dev.ReadFile(ctx, &authorityv1.ReadFileRequest{SessionId: sid, Path: "/work/run.sh"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	var size int64 = -1
+	for {
+		msg, err := rd.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hd := msg.GetHeader(); hd != nil {
+			size = hd.GetSize()
+		}
+		got = append(got, msg.GetChunk()...)
+	}
+	if !bytes.Equal(got, body) || size != int64(len(body)) {
+		t.Fatalf("ReadFile: %q (header size %d), want %q", got, size, body)
+	}
+	_, err = readAll(dev.ReadFile(ctx, &authorityv1.ReadFileRequest{SessionId: sid, Path: "/work/none"}))
+	wantStatus(t, err, codes.NotFound, `path "/work/none": no such file`)
+
+	list, err := dev.ListFiles(ctx, &authorityv1.ListFilesRequest{SessionId: sid, Path: "/work"})
+	if err != nil || len(list.GetEntries()) != 1 || list.GetEntries()[0].GetPath() != "/work/run.sh" || list.GetEntries()[0].GetModifiedAt() == nil {
+		t.Fatalf("ListFiles: %v, %v", list, err)
+	}
+
+	run, err := dev.RunExec(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := &typesv1.ExecSpec{ExecId: "stream", Argv: []string{"sh", "/work/run.sh"}, StdinStream: true}
+	for _, m := range []*authorityv1.RunExecRequest{
+		{Msg: &authorityv1.RunExecRequest_Start{Start: &authorityv1.RunExecStart{SessionId: sid, Spec: spec}}},
+		{Msg: &authorityv1.RunExecRequest_Stdin{Stdin: []byte("input")}},
+		{Msg: &authorityv1.RunExecRequest_CloseStdin{CloseStdin: true}},
+	} {
+		if err := run.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var started, ended bool
+	var out []byte
+	for {
+		msg, err := run.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch ev := msg.GetEvent().(type) {
+		case *authorityv1.RunExecResponse_Started:
+			started = ev.Started.GetCreated() && ev.Started.GetExec().GetSpec().GetExecId() == "stream"
+		case *authorityv1.RunExecResponse_Output:
+			out = append(out, ev.Output.GetData()...)
+		case *authorityv1.RunExecResponse_Exec:
+			ended = ev.Exec.GetState() == typesv1.ExecState_EXEC_STATE_ENDED && ev.Exec.GetReason() == typesv1.TerminationReason_TERMINATION_REASON_EXITED
+		}
+	}
+	if !started || !ended || !bytes.Equal(out, bytes.Join(fakeexecutor.Stdout, nil)) {
+		t.Fatalf("RunExec: started %v, ended %v, output %q", started, ended, out)
+	}
+
+	watch, err := dev.WatchExec(ctx, &authorityv1.WatchExecRequest{SessionId: sid, ExecId: "stream", StdoutOffset: 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, ended = nil, false
+	for {
+		msg, err := watch.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, msg.GetOutput().GetData()...)
+		ended = ended || msg.GetExec().GetSpec().GetExecId() == "stream"
+	}
+	if string(out) != "world\n" || !ended {
+		t.Fatalf("WatchExec from offset 6: %q, record %v", out, ended)
+	}
+	// The authority recorded the streamed exec from what the executor said.
+	if x, err := dev.GetExec(ctx, &authorityv1.GetExecRequest{SessionId: sid, ExecId: "stream"}); err != nil || x.GetExec().GetState() != typesv1.ExecState_EXEC_STATE_ENDED {
+		t.Fatalf("GetExec: %v, %v", x, err)
+	}
+	if x, err := dev.CancelExec(ctx, &authorityv1.CancelExecRequest{SessionId: sid, ExecId: "stream"}); err != nil || x.GetExec().GetSeq() != 1 {
+		t.Fatalf("CancelExec: %v, %v", x, err)
+	}
+	_, err = dev.CancelExec(ctx, &authorityv1.CancelExecRequest{SessionId: sid, ExecId: "none"})
+	wantStatus(t, err, codes.NotFound, `exec "none"`)
+
+	if _, err := dev.SuspendSession(ctx, &authorityv1.SuspendSessionRequest{SessionId: sid}); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := dev.GetSession(ctx, &authorityv1.GetSessionRequest{SessionId: sid}); err != nil || !s.GetSuspended() || s.GetExecsTotal() != 1 {
+		t.Fatalf("GetSession after suspend: %v, %v", s, err)
+	}
+	if _, err := dev.ResumeSession(ctx, &authorityv1.ResumeSessionRequest{SessionId: sid}); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := dev.GetSession(ctx, &authorityv1.GetSessionRequest{SessionId: sid}); err != nil || s.GetSuspended() {
+		t.Fatalf("GetSession after resume: %v, %v", s, err)
+	}
+}
+
+// readAll drains a ReadFile stream.
+func readAll(stream interface {
+	Recv() (*authorityv1.ReadFileResponse, error)
+}, err error) ([]byte, error) {
+	if err != nil {
+		return nil, err
+	}
+	var b []byte
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+		b = append(b, msg.GetChunk()...)
+	}
+}

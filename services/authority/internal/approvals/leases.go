@@ -1,0 +1,309 @@
+package approvals
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/airlockhq/airlock/pkg/audit"
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/seal"
+	"github.com/airlockhq/airlock/services/authority/internal/store"
+)
+
+// LeaseRequest asks for a credential.
+type LeaseRequest struct {
+	Purpose  string
+	JobID    string
+	Resource string
+	// TTL 0 means DefaultLeaseTTL; more than MaxLeaseTTL is cut to it.
+	TTL time.Duration
+}
+
+// Lease issues a credential lease to the publisher for job req.JobID's
+// publish target repository: the deploy credential after its approval
+// was consumed, the repository's source credential (PurposeRead) while it
+// is approved. It returns the credential sealed to cert (the caller's own certificate)
+// with the context LeaseContext. A lease ends at most MaxLeaseTTL after
+// the approval was consumed, and a read lease before a consume when the
+// approval expires.
+func (s *Service) Lease(ctx context.Context, caller identity.ID, cert *x509.Certificate, req LeaseRequest) (store.Lease, []byte, error) {
+	ev := audit.Event{Kind: audit.KindLeaseIssued, Caller: caller.String(), Subject: req.Resource, JobID: req.JobID}
+	l, secret, err := s.checkLease(ctx, caller, cert, req, &ev)
+	if err != nil {
+		return store.Lease{}, nil, s.refused(ctx, ev, err)
+	}
+	box, err := seal.Seal(cert, LeaseContext(l.ID, l.JobID, l.Resource), secret)
+	clear(secret)
+	if err != nil {
+		return store.Lease{}, nil, fmt.Errorf("approvals: seal the credential: %w", err)
+	}
+	e := ev
+	e.Subject, e.Time, e.Outcome = l.ID, l.IssuedAt, outcomeAllowed
+	e.Reason = fmt.Sprintf("%s credential for %s until %s", l.Purpose, l.Resource, l.ExpiresAt.Format(time.RFC3339))
+	stored, err := s.cfg.Store.CreateLeaseAudited(ctx, l, e)
+	if err != nil {
+		return store.Lease{}, nil, err
+	}
+	s.metrics.leased(stored.Purpose)
+	return stored, box, nil
+}
+
+// LeaseContext is the context a lease's credential is sealed with.
+func LeaseContext(leaseID, jobID, resource string) []byte {
+	return seal.LeaseContext(leaseID, jobID, resource)
+}
+
+func (s *Service) checkLease(ctx context.Context, caller identity.ID, cert *x509.Certificate, req LeaseRequest, ev *audit.Event) (store.Lease, []byte, error) {
+	if !isPublisher(caller) {
+		return store.Lease{}, nil, denied("only the publisher leases deploy credentials")
+	}
+	switch {
+	case req.Purpose != PurposeDeploy && req.Purpose != PurposeRead:
+		return store.Lease{}, nil, invalid("purpose", "must be deploy or read")
+	case req.JobID == "":
+		return store.Lease{}, nil, invalid("job_id", "required")
+	case req.Resource == "":
+		return store.Lease{}, nil, invalid("resource", "required: the publish target repository")
+	case req.TTL < 0:
+		return store.Lease{}, nil, invalid("ttl", "must not be negative")
+	case cert == nil:
+		return store.Lease{}, nil, denied("no client certificate to seal the credential to")
+	}
+	if id, err := identity.FromCertificate(cert); err != nil || id != caller {
+		return store.Lease{}, nil, denied("the certificate is not the caller's")
+	}
+	a, err := s.cfg.Store.ApprovalForJob(ctx, req.JobID)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return store.Lease{}, nil, precondition("job_id: job %q has no approval", req.JobID)
+	}
+	if err != nil {
+		return store.Lease{}, nil, err
+	}
+	ev.Tenant = a.Tenant
+	if req.Resource != a.TargetRepo {
+		return store.Lease{}, nil, denied("resource: %q is not the publish target of job %q", req.Resource, req.JobID)
+	}
+	now := s.now()
+	st := Effective(a, now)
+	consumedHere := a.State == store.ApprovalConsumed && a.ConsumedBy == caller.String()
+	if a.State == store.ApprovalConsumed && !consumedHere {
+		return store.Lease{}, nil, denied("the approval of job %q was consumed by %s", req.JobID, a.ConsumedBy)
+	}
+	ttl := min(orDefault(req.TTL, DefaultLeaseTTL), MaxLeaseTTL)
+	expires := now.Add(ttl)
+	t := s.cfg.Tenants[a.Tenant]
+	path, what := "", "deploy"
+	if req.Purpose == PurposeDeploy {
+		if !consumedHere {
+			return store.Lease{}, nil, precondition("job_id: the approval of job %q is %s, not consumed", req.JobID, st)
+		}
+		if end := a.ConsumedAt.Add(MaxLeaseTTL); expires.After(end) {
+			expires = end
+		}
+		if !expires.After(now) {
+			return store.Lease{}, nil, precondition("job_id: the approval of job %q was consumed more than %v ago", req.JobID, MaxLeaseTTL)
+		}
+		if t != nil {
+			path = t.DeployCredentials[a.TargetRepo]
+		}
+	} else {
+		// Reading the branch needs a result approved and not yet spent
+		// elsewhere: the publisher prepares the commit before it consumes.
+		if st != store.ApprovalApproved && !consumedHere {
+			return store.Lease{}, nil, precondition("job_id: the approval of job %q is %s, not approved", req.JobID, st)
+		}
+		end := a.ExpiresAt
+		if consumedHere {
+			end = a.ConsumedAt.Add(MaxLeaseTTL)
+		}
+		if expires.After(end) {
+			expires = end
+		}
+		if !expires.After(now) {
+			return store.Lease{}, nil, precondition("job_id: the approval of job %q was consumed more than %v ago", req.JobID, MaxLeaseTTL)
+		}
+		if t != nil {
+			path = t.Repositories[a.TargetRepo].Credential
+		}
+		what = "source"
+	}
+	if path == "" {
+		return store.Lease{}, nil, precondition("resource: tenant %q has no %s credential for %q", a.Tenant, what, a.TargetRepo)
+	}
+	secret, err := s.cfg.ReadFile(path)
+	if err != nil {
+		// The path is the operator's, not the caller's: log it, say less.
+		s.cfg.Logger.ErrorContext(ctx, "read "+what+" credential", "tenant", a.Tenant, "repository", a.TargetRepo, "error", err)
+		return store.Lease{}, nil, fmt.Errorf("%w: the %s credential for %q cannot be read", errdefs.ErrUnavailable, what, a.TargetRepo)
+	}
+	return store.Lease{ID: newID(), Purpose: req.Purpose, JobID: req.JobID, Resource: req.Resource, Holder: caller.String(),
+		IssuedAt: now, ExpiresAt: expires}, secret, nil
+}
+
+// Revoke ends a lease. The publisher may revoke the leases it holds;
+// approvers any.
+func (s *Service) Revoke(ctx context.Context, caller identity.ID, id, reason string) (store.Lease, error) {
+	ev := audit.Event{Kind: audit.KindLeaseRevoked, Caller: caller.String(), Subject: id}
+	switch {
+	case id == "":
+		return store.Lease{}, s.refused(ctx, ev, invalid("lease_id", "required"))
+	case len(id) > maxIDBytes:
+		return store.Lease{}, s.refused(ctx, ev, invalid("lease_id", "at most %d bytes", maxIDBytes))
+	case len(reason) > MaxCommentBytes:
+		return store.Lease{}, s.refused(ctx, ev, invalid("reason", "at most %d bytes", MaxCommentBytes))
+	}
+	l, err := s.cfg.Store.GetLease(ctx, id)
+	if err != nil {
+		return store.Lease{}, s.refused(ctx, ev, err)
+	}
+	ev.JobID = l.JobID
+	mayRevoke := isPublisher(caller) && l.Holder == caller.String()
+	if caller.Kind == identity.KindApprover {
+		tenant, err := s.tenantOfJob(ctx, l.JobID)
+		if err != nil {
+			return store.Lease{}, s.refused(ctx, ev, err)
+		}
+		if !s.approverOf(caller, tenant) {
+			// As for a lease that does not exist: ids reveal nothing.
+			return store.Lease{}, s.refused(ctx, ev, fmt.Errorf("%w: lease %q", errdefs.ErrNotFound, id))
+		}
+		mayRevoke = true
+	}
+	if !mayRevoke {
+		return store.Lease{}, s.refused(ctx, ev, denied("%s may not revoke lease %q", caller.Principal(), id))
+	}
+	now := s.now()
+	e := ev
+	e.Time, e.Outcome, e.Reason = now, outcomeAllowed, orNone(reason)
+	out, err := s.cfg.Store.RevokeLeaseAudited(ctx, id, now, reason, e)
+	if err != nil {
+		return store.Lease{}, s.refused(ctx, ev, err)
+	}
+	return out, nil
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "no reason given"
+	}
+	return s
+}
+
+// LeaseQuery selects leases.
+type LeaseQuery struct {
+	JobID           string
+	IncludeInactive bool
+	PageSize        int
+	PageToken       string
+}
+
+// ListLeases returns a page of leases, newest first, only active ones
+// unless q.IncludeInactive. Approvers list those of the tenants that list
+// them, the publisher those it holds.
+func (s *Service) ListLeases(ctx context.Context, caller identity.ID, q LeaseQuery) ([]store.Lease, string, error) {
+	if caller.Kind != identity.KindApprover && !isPublisher(caller) {
+		return nil, "", denied("%s may not list leases", caller.Principal())
+	}
+	size, err := pageSize(q.PageSize)
+	if err != nil {
+		return nil, "", err
+	}
+	f := store.LeaseFilter{JobID: q.JobID, Limit: size, PageToken: q.PageToken}
+	if !q.IncludeInactive {
+		f.ActiveAt = s.now()
+	}
+	list, next, err := s.cfg.Store.ListLeases(ctx, f)
+	if err != nil {
+		return nil, "", err
+	}
+	if isPublisher(caller) {
+		// The publisher sees the leases it holds, to end any a crash left.
+		out := list[:0]
+		for _, l := range list {
+			if l.Holder == caller.String() {
+				out = append(out, l)
+			}
+		}
+		return out, next, nil
+	}
+	// Only the leases of tenants the approver approves for (a page may
+	// then hold fewer than asked while more follow).
+	tenants := map[string]string{}
+	out := list[:0]
+	for _, l := range list {
+		t, ok := tenants[l.JobID]
+		if !ok {
+			if t, err = s.tenantOfJob(ctx, l.JobID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+				return nil, "", err
+			}
+			tenants[l.JobID] = t
+		}
+		if s.approverOf(caller, t) {
+			out = append(out, l)
+		}
+	}
+	return out, next, nil
+}
+
+// tenantOfJob is the tenant of job jobID.
+func (s *Service) tenantOfJob(ctx context.Context, jobID string) (string, error) {
+	j, err := s.cfg.Store.GetJob(ctx, jobID)
+	if err != nil {
+		return "", err
+	}
+	return j.Tenant, nil
+}
+
+// UseRequest announces the use of a leased credential.
+type UseRequest struct {
+	LeaseID, JobID, Resource string
+}
+
+// UseLease is what the holder of a lease calls right before it presents
+// the credential: it refuses anyone but the holder, a lease for another
+// job or resource, and a revoked or expired lease, and records the use.
+// A revocation that commits after UseLease returned ends the lease for the
+// next use; the one in flight is on the log before the revocation.
+func (s *Service) UseLease(ctx context.Context, caller identity.ID, req UseRequest) (store.Lease, error) {
+	ev := audit.Event{Kind: audit.KindLeaseUsed, Caller: caller.String(), Subject: req.LeaseID, JobID: req.JobID}
+	switch {
+	case req.LeaseID == "":
+		return store.Lease{}, s.refused(ctx, ev, invalid("lease_id", "required"))
+	case req.JobID == "":
+		return store.Lease{}, s.refused(ctx, ev, invalid("job_id", "required"))
+	case req.Resource == "":
+		return store.Lease{}, s.refused(ctx, ev, invalid("resource", "required"))
+	}
+	l, err := s.cfg.Store.GetLease(ctx, req.LeaseID)
+	if err != nil {
+		return store.Lease{}, s.refused(ctx, ev, err)
+	}
+	now := s.now()
+	switch {
+	case l.Holder != caller.String():
+		err = denied("lease %q is held by %s, not %s", l.ID, l.Holder, caller)
+	case l.JobID != req.JobID:
+		err = denied("job_id: lease %q is for job %q", l.ID, l.JobID)
+	case l.Resource != req.Resource:
+		err = denied("resource: lease %q is for %q", l.ID, l.Resource)
+	case !l.RevokedAt.IsZero():
+		err = precondition("lease %q was revoked at %s (%s)", l.ID, l.RevokedAt.Format(time.RFC3339), orNone(l.RevokeReason))
+	case !now.Before(l.ExpiresAt):
+		err = precondition("lease %q expired at %s", l.ID, l.ExpiresAt.Format(time.RFC3339))
+	}
+	if err != nil {
+		return store.Lease{}, s.refused(ctx, ev, err)
+	}
+	e := ev
+	e.Time, e.Outcome = now, outcomeAllowed
+	e.Reason = fmt.Sprintf("%s credential used on %s; the lease ends %s", l.Purpose, l.Resource, l.ExpiresAt.Format(time.RFC3339))
+	if _, err := s.cfg.Store.AppendAudit(ctx, e); err != nil {
+		// A use that is not on the log must not happen.
+		return store.Lease{}, fmt.Errorf("approvals: record the use of lease %q: %w", l.ID, err)
+	}
+	return l, nil
+}

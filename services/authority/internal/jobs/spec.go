@@ -1,0 +1,146 @@
+package jobs
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/airlockhq/airlock/services/authority/internal/policy"
+	"github.com/airlockhq/airlock/services/authority/internal/source"
+)
+
+// What a client asks to run and what the authority grants it, in the
+// domain's terms, and the interfaces that sign grants and read sources.
+
+// NetworkMode is which kind of network policy a job asks for.
+type NetworkMode int
+
+const (
+	// NetworkUnset means the spec gave none: deny-all.
+	NetworkUnset NetworkMode = iota
+	NetworkDenyAll
+	NetworkAllow
+	NetworkDomains
+)
+
+// String is the mode's name as the API spells it.
+func (m NetworkMode) String() string {
+	switch m {
+	case NetworkDenyAll, NetworkUnset:
+		return "deny_all"
+	case NetworkAllow:
+		return "allow"
+	case NetworkDomains:
+		return "domains"
+	}
+	return fmt.Sprintf("mode(%d)", int(m))
+}
+
+// AllowRule permits one CIDR on some ports (none means every port).
+type AllowRule struct {
+	CIDR  string
+	Ports []uint32
+}
+
+// Network is a job's network policy.
+type Network struct {
+	Mode NetworkMode
+	// Rules are the allow mode's destinations.
+	Rules []AllowRule
+	// Domains and DomainPorts are the domains mode's names and ports.
+	Domains     []string
+	DomainPorts []uint32
+}
+
+// PublishTarget is where an approved result may be published.
+type PublishTarget struct {
+	Repository string
+	Branch     string
+}
+
+// Spec is what a client asks to run, as the domain reads it.
+type Spec struct {
+	Repository string
+	Revision   string
+	Command    []string
+	Env        map[string]string
+	// Resources with zero fields taking the tenant's defaults.
+	Resources policy.Limits
+	Network   Network
+	// RuntimeClass is a policy runtime class name, or "" for the default.
+	RuntimeClass  string
+	PublishTarget *PublishTarget
+	// Session, if set, makes the job a session: Command is then empty.
+	Session *Session
+}
+
+// Session is what makes a job a session: its sandbox stays up for the
+// client's execs. Zero fields take the tenant's defaults (policy.Sessions),
+// and none may pass its ceilings.
+type Session struct {
+	IdleTimeout        time.Duration
+	MaxConcurrentExecs int
+}
+
+// SubmitRequest is one submission.
+type SubmitRequest struct {
+	Tenant         string
+	IdempotencyKey string
+	Spec           Spec
+	// SpecWire is the spec exactly as submitted, serialized by the caller;
+	// it is stored and given back by Get, never interpreted here.
+	SpecWire []byte
+}
+
+// GrantRequest is everything the authority decided for one job: what the
+// Signer turns into a signed grant.
+type GrantRequest struct {
+	JobID, Tenant, Requester string
+	Repository, Commit       string
+	Command                  []string
+	Env                      map[string]string
+	// Limits are the effective limits, defaults filled in.
+	Limits policy.Limits
+	// Network is the effective policy; its mode is never NetworkUnset.
+	Network           Network
+	NetworkGeneration int64
+	// Generation is 1 for the first grant and one more for every change
+	// granted to the running job.
+	Generation    int64
+	RuntimeClass  string
+	PublishTarget *PublishTarget
+	// Session is set, defaults filled in, for a session.
+	Session *Session
+	// HistoryDepth is how many commits of history the job's .git gets.
+	HistoryDepth int
+	IssuedAt     time.Time
+	ExpiresAt    time.Time
+}
+
+// SignedGrant is a signed grant in its wire form.
+type SignedGrant struct {
+	// Wire is the serialized SignedGrant the executor receives.
+	Wire []byte
+	// Digest names exactly what was granted.
+	Digest string
+}
+
+// Signer signs grants with the authority's key, and reads back the ones it
+// signed (the stored grant is the record of what a job may do).
+type Signer interface {
+	Sign(GrantRequest) (SignedGrant, error)
+	Decode(wire []byte) (GrantRequest, error)
+}
+
+// Source reads tenants' repositories (see package source).
+type Source interface {
+	Resolve(ctx context.Context, repo policy.Repository, rev string) (source.Revision, error)
+	Archive(ctx context.Context, repo policy.Repository, commit string, w io.Writer) error
+	// CommitObject returns the commit object of commit, as git stores it.
+	CommitObject(ctx context.Context, repo policy.Repository, commit string) ([]byte, error)
+	// PlanHistory chooses the history beyond commit a job's .git gets at
+	// depth; WritePack writes it as a git pack.
+	PlanHistory(ctx context.Context, repo policy.Repository, commit string, depth int) (source.History, error)
+	WritePack(ctx context.Context, repo policy.Repository, h source.History, w io.Writer) error
+}
