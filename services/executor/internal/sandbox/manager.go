@@ -362,7 +362,7 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 			return nil, fmt.Errorf("sandbox %s: scratch device: %w", spec.ID, err)
 		}
 	}
-	if err := m.cg.create(s.cgRel, spec.Limits, m.diskLimits(), dev); err != nil {
+	if err := m.cg.create(s.cgRel, cgroupLimitsOf(spec.Class, spec.Limits), m.diskLimits(), dev); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	if s.oomFD, err = m.cg.watchOOM(s.cgRel); err != nil {
@@ -396,6 +396,7 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		blockIO:      m.cg.runtimeBlockIO(m.diskLimits(), dev),
 		seccomp:      m.seccomp,
 		rlimits:      m.rlimits,
+		pids:         spec.Limits.Pids,
 		command:      spec.Command,
 		env:          spec.Env,
 		shmSizeBytes: min(64<<20, spec.Limits.MemoryBytes/2),

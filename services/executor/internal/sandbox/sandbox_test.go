@@ -23,6 +23,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/nettest"
+	"github.com/airlockhq/airlock/pkg/runspec"
 )
 
 // testClasses are the runtime classes a test runs under: runc always, and
@@ -332,30 +333,66 @@ func TestRmRfWorkLeavesSource(t *testing.T) {
 	}
 }
 
-// A fork bomb stays inside the pids limit; the host can still fork.
+// A fork bomb stays inside the pids limit; the host can still fork. Under
+// runsc the job's tasks are gVisor's, not the host's: the job counts its
+// own tasks from inside (the most it saw must be near and at most the
+// limit), and the host tasks gVisor runs them on stay under the cgroup's
+// bound (cgroupLimitsOf). On ptrace every guest process costs host tasks
+// that grow with the sentry's threads, so a bomb may reach that bound:
+// the sandbox then ends as a sandbox error that says so, never as the
+// job's exit. Before gVisor held the job's limit itself, the cgroup held
+// gVisor's host tasks to the job's limit and the bomb broke out of it.
 func TestForkBomb(t *testing.T) {
 	e := newEnv(t)
-	lim := defaultLimits
-	lim.Pids = 32
-	lim.Deadline = 3 * time.Second
-	r := e.run(t, context.Background(), job{src: e.source(t, nil), cmd: []string{"sh", "-c", "bomb() { bomb | bomb & }; bomb; sleep 60"}, limits: &lim})
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	if r.res.Reason != ReasonTimeout && r.res.Reason != ReasonExited {
-		t.Fatalf("reason %s", r.res.Reason)
-	}
-	if r.res.Usage.PeakPids > lim.Pids || r.res.Usage.PeakPids < lim.Pids/2 {
-		t.Fatalf("peak pids %d, want near and at most %d", r.res.Usage.PeakPids, lim.Pids)
-	}
-	if pids := e.m.cg.procs(r.sb.cgRel); len(pids) > 0 {
-		t.Fatalf("processes left in the job's cgroup: %v", pids)
-	}
-	if pids := procsInUIDRange(e.cfg.UIDBase); len(pids) > 0 {
-		t.Fatalf("sandbox processes left: %v", pids)
-	}
-	if out, err := execHost("echo", "host fine"); err != nil || out != "host fine\n" {
-		t.Fatalf("the host cannot fork: %v %q", err, out)
+	// The job's shell counts every task it can see with builtins only
+	// (it cannot fork once the bomb holds the limit) until the deadline,
+	// printing each new most.
+	const count = `(bomb() { bomb | bomb & }; bomb) &
+m=0
+while :; do
+  n=0; for p in /proc/[0-9]*/task/[0-9]*; do n=$((n+1)); done
+  [ $n -gt $m ] && m=$n && echo "max $m"
+done`
+	for _, c := range testClasses(t, e) {
+		t.Run(string(c), func(t *testing.T) {
+			lim := defaultLimits
+			lim.Pids = runspec.MinRunscPids
+			lim.Deadline = 8 * slowdown * time.Second
+			r := e.run(t, context.Background(), job{class: c, src: e.source(t, nil), cmd: []string{"sh", "-c", count}, limits: &lim})
+			host := cgroupLimitsOf(c, lim).Pids
+			switch {
+			case r.err == nil && r.res.Reason == ReasonTimeout:
+			case c == ClassRunsc && r.err != nil && r.res.Reason == ReasonSandboxError &&
+				strings.Contains(r.res.Message, fmt.Sprintf("gVisor's host tasks reached their bound of %d", host)):
+				t.Logf("the sandbox ended at its host bound: %s", r.res.Message)
+			default:
+				t.Fatalf("reason %s (%s), error %v; want a timeout", r.res.Reason, r.res.Message, r.err)
+			}
+			lines := strings.Fields(strings.ReplaceAll(r.stdout, "max", ""))
+			if len(lines) == 0 {
+				t.Fatalf("stdout %q: the job counted nothing", r.stdout)
+			}
+			seen, err := strconv.ParseInt(lines[len(lines)-1], 10, 64)
+			if err != nil {
+				t.Fatalf("stdout %q: %v", r.stdout, err)
+			}
+			if seen > lim.Pids || seen < lim.Pids/2 {
+				t.Fatalf("the job saw at most %d of its tasks, want near and at most %d", seen, lim.Pids)
+			}
+			if r.res.Usage.PeakPids > host || r.res.Usage.PeakPids < lim.Pids/2 {
+				t.Fatalf("peak pids %d, want near and at most %d", r.res.Usage.PeakPids, host)
+			}
+			t.Logf("%s: the job saw %d tasks at most; its cgroup peaked at %d host tasks (bound %d)", c, seen, r.res.Usage.PeakPids, host)
+			if pids := e.m.cg.procs(r.sb.cgRel); len(pids) > 0 {
+				t.Fatalf("processes left in the job's cgroup: %v", pids)
+			}
+			if pids := procsInUIDRange(e.cfg.UIDBase); len(pids) > 0 {
+				t.Fatalf("sandbox processes left: %v", pids)
+			}
+			if out, err := execHost("echo", "host fine"); err != nil || out != "host fine\n" {
+				t.Fatalf("the host cannot fork: %v %q", err, out)
+			}
+		})
 	}
 }
 
