@@ -164,6 +164,7 @@ func runtimeNotes(comps map[string]healthpb.HealthCheckResponse_ServingStatus) m
 	notes := map[string]string{}
 	for _, c := range runtimeClasses {
 		var parts []string
+		_, cached := comps["runtime/"+c+"/self-check/cached"]
 		for name, st := range comps {
 			rest, ok := strings.CutPrefix(name, "runtime/"+c+"/")
 			if !ok {
@@ -172,7 +173,11 @@ func runtimeNotes(comps map[string]healthpb.HealthCheckResponse_ServingStatus) m
 			if p, ok := strings.CutPrefix(rest, "platform/"); ok {
 				parts = append(parts, "platform "+p)
 			} else if rest == "self-check" {
-				parts = append(parts, map[bool]string{true: "self-check passed", false: "self-check FAILED: refused (see the executor's log)"}[st == healthpb.HealthCheckResponse_SERVING])
+				note := map[bool]string{true: "self-check passed", false: "self-check FAILED: refused (see the executor's log)"}[st == healthpb.HealthCheckResponse_SERVING]
+				if cached && st == healthpb.HealthCheckResponse_SERVING {
+					note += " (cached from an earlier start)"
+				}
+				parts = append(parts, note)
 			}
 		}
 		if len(parts) > 0 {

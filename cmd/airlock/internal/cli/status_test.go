@@ -20,6 +20,9 @@ func TestRuntimeNotes(t *testing.T) {
 		{"passed", map[string]healthpb.HealthCheckResponse_ServingStatus{
 			"runtime/runsc": serving, "runtime/runsc/platform/ptrace": serving, "runtime/runsc/self-check": serving,
 		}, map[string]string{"runsc": "platform ptrace, self-check passed"}},
+		{"cached", map[string]healthpb.HealthCheckResponse_ServingStatus{
+			"runtime/runsc": serving, "runtime/runsc/platform/ptrace": serving, "runtime/runsc/self-check": serving, "runtime/runsc/self-check/cached": serving,
+		}, map[string]string{"runsc": "platform ptrace, self-check passed (cached from an earlier start)"}},
 		{"failed", map[string]healthpb.HealthCheckResponse_ServingStatus{
 			"runtime/runsc": notServing, "runtime/runsc/platform/systrap": notServing, "runtime/runsc/self-check": notServing,
 		}, map[string]string{"runsc": "platform systrap, self-check FAILED: refused (see the executor's log)"}},

@@ -90,7 +90,11 @@ type Config struct {
 	// runsc is trusted with jobs (see selfCheckMain). Default
 	// DefaultSelfCheck.
 	RunscSelfCheck time.Duration
-	Logger         *slog.Logger
+	// RunscSelfCheckCache is the directory where a passed self-check is
+	// recorded (see Manager.selfCheck); "" is StateDir/probe. Executors
+	// that share one (a developer's stacks) check once between them.
+	RunscSelfCheckCache string
+	Logger              *slog.Logger
 }
 
 // Manager creates sandboxes and cleans up after them.
@@ -135,6 +139,9 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.RunscPlatform == "" {
 		cfg.RunscPlatform = DefaultRunscPlatform
 	}
+	if cfg.RunscSelfCheckCache == "" && cfg.StateDir != "" {
+		cfg.RunscSelfCheckCache = filepath.Join(cfg.StateDir, "probe")
+	}
 	if cfg.RunscSelfCheck == 0 {
 		cfg.RunscSelfCheck = DefaultSelfCheck
 	}
@@ -153,6 +160,8 @@ func New(cfg Config) (*Manager, error) {
 		return nil, invalid("sandbox.rootfs_dir %q: must be a clean absolute path", cfg.RootfsDir)
 	case isUnder(cfg.RootfsDir, cfg.StateDir) || cfg.RootfsDir == cfg.StateDir:
 		return nil, invalid("sandbox.rootfs_dir %q: must be outside state_dir, which stays private (0700)", cfg.RootfsDir)
+	case cfg.RunscSelfCheckCache != "" && (!filepath.IsAbs(cfg.RunscSelfCheckCache) || filepath.Clean(cfg.RunscSelfCheckCache) != cfg.RunscSelfCheckCache):
+		return nil, invalid("sandbox.runsc_self_check_cache %q: must be a clean absolute path", cfg.RunscSelfCheckCache)
 	case cfg.RunscSelfCheck < 0:
 		return nil, invalid("sandbox.runsc_self_check %v: must not be negative", cfg.RunscSelfCheck)
 	case runscPlatforms[cfg.RunscPlatform] == "":
@@ -538,12 +547,13 @@ func (m *Manager) probe(ctx context.Context, c Class) RuntimeStatus {
 		return st
 	}
 	if c == ClassRunsc {
-		if why := m.selfCheck(ctx, src); why != "" {
+		why, cached := m.selfCheck(ctx, src, st.Version)
+		if why != "" {
 			st.SelfCheck = SelfCheckFailed
 			st.Reason = fmt.Sprintf("runsc (platform %s) failed the self-check, so it is not trusted with jobs: %s", m.cfg.RunscPlatform, why)
 			return st
 		}
-		st.SelfCheck = SelfCheckPassed
+		st.SelfCheck, st.SelfCheckCached = SelfCheckPassed, cached
 	}
 	st.Available = true
 	return st

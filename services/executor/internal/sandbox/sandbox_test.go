@@ -773,6 +773,7 @@ func TestNewValidates(t *testing.T) {
 		{"cgroup relative", "cgroup_parent", Config{StateDir: "/tmp/x", CgroupParent: "airlock"}},
 		{"rootfs inside state", "rootfs_dir", Config{StateDir: "/tmp/x", RootfsDir: "/tmp/x/rootfs"}},
 		{"runsc platform", "runsc_platform", Config{StateDir: "/tmp/x", RunscPlatform: "kvm"}},
+		{"self-check cache", "runsc_self_check_cache", Config{StateDir: "/tmp/x", RunscSelfCheckCache: "cache"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := New(tc.cfg)

@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
@@ -9,11 +11,14 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/airlockhq/airlock/pkg/atomicfile"
 )
 
 // selfCheckEnv, in a probe job's environment, makes the process's own
@@ -42,13 +47,85 @@ func init() {
 }
 
 // selfCheck runs the process's own binary in a runsc job as selfCheckMain
-// and says what went wrong, "" if nothing did. src is the probe's source
-// directory, owned by the sandbox's root.
-func (m *Manager) selfCheck(ctx context.Context, src string) string {
+// and says what went wrong, "" if nothing did; cached says a pass recorded
+// by an earlier start stood in for the run. src is the probe's source
+// directory, owned by the sandbox's root; version is runsc's (with its
+// binary's digest).
+//
+// A pass is recorded in Config.RunscSelfCheckCache, in a file named by a key
+// of everything the outcome depends on: runsc's binary, the platform, the
+// check's length, the executor's own binary (the workload), the kernel and
+// the CPU. An executor
+// that starts again on the same machine with the same binaries skips the
+// check, so it costs its length once, not at every start. A failure is
+// never recorded: every start checks again.
+func (m *Manager) selfCheck(ctx context.Context, src, version string) (why string, cached bool) {
 	self, err := os.Executable()
 	if err != nil {
-		return fmt.Sprintf("find the executor's own binary: %v", err)
+		return fmt.Sprintf("find the executor's own binary: %v", err), false
 	}
+	key, err := m.selfCheckKey(self, version)
+	if err != nil {
+		return fmt.Sprintf("read what the self-check depends on: %v", err), false
+	}
+	stamp := filepath.Join(m.cfg.RunscSelfCheckCache, "runsc-selfcheck-"+key+".passed")
+	if got, err := os.ReadFile(stamp); err == nil && string(got) == key {
+		return "", true
+	}
+	if why := m.runSelfCheck(ctx, src, self); why != "" {
+		return why, false
+	}
+	err = os.MkdirAll(m.cfg.RunscSelfCheckCache, 0o700)
+	if err == nil {
+		err = atomicfile.Write(stamp, []byte(key), 0o600, atomicfile.Durable)
+	}
+	if err != nil {
+		m.log.Warn("sandbox: record the runsc self-check's pass", "error", err)
+	}
+	return "", false
+}
+
+// selfCheckKey names everything a self-check's outcome depends on: see
+// selfCheck.
+func (m *Manager) selfCheckKey(self, version string) (string, error) {
+	h := sha256.New()
+	f, err := os.Open(self)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		return "", err
+	}
+	cpu, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return "", err
+	}
+	// The first CPU's model, microcode and flags; the rest repeat them.
+	var model []string
+	for line := range strings.Lines(string(cpu)) {
+		if strings.TrimSpace(line) == "" {
+			break
+		}
+		for _, k := range []string{"vendor_id", "model name", "microcode", "flags"} {
+			if strings.HasPrefix(line, k) {
+				model = append(model, strings.TrimSpace(line))
+			}
+		}
+	}
+	fmt.Fprintf(h, "\x00%s\x00%s\x00%s\x00%s %s %s\x00%s", version, m.cfg.RunscPlatform, m.cfg.RunscSelfCheck,
+		unix.ByteSliceToString(uts.Release[:]), unix.ByteSliceToString(uts.Version[:]), unix.ByteSliceToString(uts.Machine[:]),
+		strings.Join(model, "\n"))
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// runSelfCheck runs self, the process's own binary, in a runsc job as
+// selfCheckMain and says what went wrong, "" if nothing did.
+func (m *Manager) runSelfCheck(ctx context.Context, src, self string) string {
 	dst := filepath.Join(src, "selfcheck")
 	if err := copyExecutable(self, dst, int(m.cfg.UIDBase)); err != nil {
 		return err.Error()

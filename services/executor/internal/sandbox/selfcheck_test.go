@@ -20,3 +20,43 @@ func TestSelfCheckMain(t *testing.T) {
 		}
 	}
 }
+
+// A pass is recorded under the executor's state dir: an executor that
+// starts again there with the same binaries, platform, check length, kernel
+// and CPU skips the check (and says it did); a change of any of them runs
+// it again.
+func TestSelfCheckCached(t *testing.T) {
+	first := newEnv(t)
+	probe := func(e *env) (RuntimeStatus, time.Duration) {
+		t.Helper()
+		start := time.Now()
+		st, ok := e.m.Available(ClassRunsc)
+		if !ok {
+			t.Fatalf("runsc unavailable: %s", st.Reason)
+		}
+		if st.SelfCheck != SelfCheckPassed {
+			t.Fatalf("self-check %q, want passed", st.SelfCheck)
+		}
+		return st, time.Since(start)
+	}
+	st, cold := probe(first)
+	if st.SelfCheckCached {
+		t.Fatal("the first probe in a new state dir says its self-check was cached")
+	}
+	again := newEnv(t, func(c *Config) { c.StateDir = first.cfg.StateDir })
+	st, warm := probe(again)
+	if !st.SelfCheckCached {
+		t.Fatal("a second start in the same state dir ran the self-check again")
+	}
+	longer := newEnv(t, func(c *Config) {
+		c.StateDir = first.cfg.StateDir
+		c.RunscSelfCheck = first.cfg.RunscSelfCheck + time.Second
+	})
+	if st, _ := probe(longer); st.SelfCheckCached {
+		t.Fatal("a longer self-check was taken from a shorter one's pass")
+	}
+	t.Logf("probe with the self-check (%s): %s; with its pass cached: %s", first.cfg.RunscSelfCheck, cold.Round(time.Millisecond), warm.Round(time.Millisecond))
+	if warm >= cold-first.cfg.RunscSelfCheck/2 {
+		t.Errorf("the cached probe took %s, the full one %s", warm, cold)
+	}
+}

@@ -38,6 +38,10 @@ type RuntimeStatus struct {
 	// SelfCheckFailed, or "" when it did not run (runc, or runsc failed
 	// before it).
 	SelfCheck string
+	// SelfCheckCached says the pass is one an earlier start recorded for
+	// the same runsc, platform, executor, kernel and CPU (see
+	// Manager.selfCheck), so the check did not run again.
+	SelfCheckCached bool
 }
 
 // The outcomes of RuntimeStatus.SelfCheck.

@@ -56,16 +56,17 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				return err
 			}
 			sb, err := sandbox.New(sandbox.Config{
-				StateDir:      env.DataDir.Join("sandbox"),
-				RuncPath:      cfg.Sandbox.Runc,
-				RunscPath:     cfg.Sandbox.Runsc,
-				RunscPlatform: cfg.Sandbox.RunscPlatform,
-				UIDBase:       cfg.Sandbox.UIDBase,
-				CgroupParent:  cfg.Sandbox.CgroupParent,
-				DiskReadBPS:   cfg.Sandbox.DiskReadBPS.Bytes(),
-				DiskWriteBPS:  cfg.Sandbox.DiskWriteBPS.Bytes(),
-				MemoryLimit:   cfg.Capacity.MemoryBytes,
-				Logger:        logger,
+				StateDir:            env.DataDir.Join("sandbox"),
+				RuncPath:            cfg.Sandbox.Runc,
+				RunscPath:           cfg.Sandbox.Runsc,
+				RunscPlatform:       cfg.Sandbox.RunscPlatform,
+				RunscSelfCheckCache: cfg.Sandbox.RunscSelfCheckCache,
+				UIDBase:             cfg.Sandbox.UIDBase,
+				CgroupParent:        cfg.Sandbox.CgroupParent,
+				DiskReadBPS:         cfg.Sandbox.DiskReadBPS.Bytes(),
+				DiskWriteBPS:        cfg.Sandbox.DiskWriteBPS.Bytes(),
+				MemoryLimit:         cfg.Capacity.MemoryBytes,
+				Logger:              logger,
 			})
 			if err != nil {
 				return err
@@ -78,13 +79,18 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				env.SetComponent(CgroupComponent(cg.Mode, ctl), true)
 			}
 			for _, st := range sb.Probe(ctx) {
-				logger.Info("runtime class", "class", st.Class, "available", st.Available, "version", st.Version, "reason", st.Reason)
+				logger.Info("runtime class", "class", st.Class, "available", st.Available, "version", st.Version, "reason", st.Reason, "self_check", st.SelfCheck, "self_check_cached", st.SelfCheckCached)
 				env.SetComponent(RuntimeComponent(string(st.Class)), st.Available)
 				if st.Platform != "" {
 					env.SetComponent(RuntimeComponent(string(st.Class))+"/platform/"+st.Platform, st.Available)
 				}
 				if st.SelfCheck != "" {
 					env.SetComponent(RuntimeComponent(string(st.Class))+"/self-check", st.SelfCheck == sandbox.SelfCheckPassed)
+				}
+				if st.SelfCheckCached {
+					// The pass an earlier start recorded for the same
+					// binaries, kernel and CPU stood in for the check.
+					env.SetComponent(RuntimeComponent(string(st.Class))+"/self-check/cached", true)
 				}
 			}
 			sources, err := stage.New(env.DataDir.Join("sources"), int(cfg.Sandbox.UIDBase), int(cfg.Sandbox.UIDBase))
