@@ -26,17 +26,22 @@ import (
 // dies, and the job ends as a sandbox error that names the bound.
 
 // runscHostPidsPerTask and runscHostPidsBase size the host bound of a
-// runsc job of n tasks: n*runscHostPidsPerTask + runscHostPidsBase.
+// runsc job of n tasks: n*runscHostPidsPerTask + runscHostPidsBase, at most
+// runscHostPidsMax (a quarter of Linux's default pid_max, 32,768: a job
+// with a large limit must not take the host's pids) unless 2n +
+// runscHostPidsBase is more. A Go build with every package recompiled
+// needs under 1,024.
 const (
 	runscHostPidsPerTask = 16
 	runscHostPidsBase    = 512
+	runscHostPidsMax     = 8192
 )
 
 // cgroupLimitsOf are the limits the cgroup of a job of class c holds for
 // the job's limits l: l itself but for runsc's pids (see above).
 func cgroupLimitsOf(c Class, l Limits) Limits {
 	if c == ClassRunsc {
-		l.Pids = l.Pids*runscHostPidsPerTask + runscHostPidsBase
+		l.Pids = min(l.Pids*runscHostPidsPerTask, max(runscHostPidsMax-runscHostPidsBase, 2*l.Pids)) + runscHostPidsBase
 	}
 	return l
 }

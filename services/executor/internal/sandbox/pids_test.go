@@ -20,11 +20,19 @@ func TestCgroupLimitsOf(t *testing.T) {
 	if got := cgroupLimitsOf(ClassRunc, defaultLimits); got != defaultLimits {
 		t.Errorf("runc: %+v, want %+v", got, defaultLimits)
 	}
-	got := cgroupLimitsOf(ClassRunsc, defaultLimits)
-	want := defaultLimits
-	want.Pids = defaultLimits.Pids*runscHostPidsPerTask + runscHostPidsBase
-	if got != want {
-		t.Errorf("runsc: %+v, want %+v", got, want)
+	for _, tc := range []struct{ pids, host int64 }{
+		{64, 64*16 + 512},
+		{128, 128*16 + 512},
+		{1024, 8192},
+		{8192, 2*8192 + 512},
+	} {
+		l := defaultLimits
+		l.Pids = tc.pids
+		want := l
+		want.Pids = tc.host
+		if got := cgroupLimitsOf(ClassRunsc, l); got != want {
+			t.Errorf("runsc, pids %d: %+v, want %+v", tc.pids, got, want)
+		}
 	}
 }
 
