@@ -28,6 +28,11 @@ type serviceHealth struct {
 	Status   string            `json:"status"`
 	Error    string            `json:"error,omitempty"`
 	Runtimes map[string]string `json:"runtimes,omitempty"`
+	// RuntimeNotes say more of a class where the executor reports it:
+	// for runsc, gVisor's platform and the self-check's outcome, from its
+	// health components "runtime/runsc/platform/P" and
+	// "runtime/runsc/self-check".
+	RuntimeNotes map[string]string `json:"runtime_notes,omitempty"`
 	// Cgroups is the executor's cgroup mode and the controllers its jobs
 	// use, from its health components "cgroup/MODE" and
 	// "cgroup/MODE/CONTROLLER".
@@ -69,7 +74,7 @@ func newStatus(g *globals) *cobra.Command {
 				for _, h := range report {
 					for _, c := range runtimeClasses {
 						if st, ok := h.Runtimes[c]; ok {
-							fmt.Fprintf(w, "%s runtime %s\t\t%s\t\n", h.Service, c, termtext.Line(st))
+							fmt.Fprintf(w, "%s runtime %s\t\t%s\t%s\n", h.Service, c, termtext.Line(st), termtext.Line(h.RuntimeNotes[c]))
 						}
 					}
 					if h.Cgroups != nil {
@@ -120,7 +125,9 @@ func checkAll(ctx context.Context, cfg *clientconfig.Config, src *tlsconfig.Sour
 						h.Runtimes[c] = "NOT_CONFIGURED"
 					}
 				}
-				h.Cgroups = cgroupComponents(ctx, addr, src, identity.Service(cfg.TrustDomain, name))
+				comps := components(ctx, addr, src, identity.Service(cfg.TrustDomain, name))
+				h.Cgroups = cgroupUseOf(comps)
+				h.RuntimeNotes = runtimeNotes(comps)
 			}
 			out[i] = h
 		}()
@@ -131,9 +138,9 @@ func checkAll(ctx context.Context, cfg *clientconfig.Config, src *tlsconfig.Sour
 	return out
 }
 
-// cgroupComponents reads the executor's cgroup mode and controllers from
-// its health components; nil when it reports none (an older executor).
-func cgroupComponents(ctx context.Context, addr string, src *tlsconfig.Source, server identity.ID) *cgroupUse {
+// components lists a server's health components and their statuses; nil
+// when it cannot (an older executor).
+func components(ctx context.Context, addr string, src *tlsconfig.Source, server identity.ID) map[string]healthpb.HealthCheckResponse_ServingStatus {
 	cc, err := grpcclient.Dial(addr, src, server)
 	if err != nil {
 		return nil
@@ -143,8 +150,52 @@ func cgroupComponents(ctx context.Context, addr string, src *tlsconfig.Source, s
 	if err != nil {
 		return nil
 	}
+	out := map[string]healthpb.HealthCheckResponse_ServingStatus{}
+	for name, st := range resp.GetStatuses() {
+		out[name] = st.GetStatus()
+	}
+	return out
+}
+
+// runtimeNotes says, per runtime class, what the executor's components
+// below "runtime/CLASS/" report: gVisor's platform and whether runsc
+// passed its self-check.
+func runtimeNotes(comps map[string]healthpb.HealthCheckResponse_ServingStatus) map[string]string {
+	notes := map[string]string{}
+	for _, c := range runtimeClasses {
+		var parts []string
+		_, cached := comps["runtime/"+c+"/self-check/cached"]
+		for name, st := range comps {
+			rest, ok := strings.CutPrefix(name, "runtime/"+c+"/")
+			if !ok {
+				continue
+			}
+			if p, ok := strings.CutPrefix(rest, "platform/"); ok {
+				parts = append(parts, "platform "+p)
+			} else if rest == "self-check" {
+				note := map[bool]string{true: "self-check passed", false: "self-check FAILED: refused (see the executor's log)"}[st == healthpb.HealthCheckResponse_SERVING]
+				if cached && st == healthpb.HealthCheckResponse_SERVING {
+					note += " (cached from an earlier start)"
+				}
+				parts = append(parts, note)
+			}
+		}
+		if len(parts) > 0 {
+			sort.Strings(parts)
+			notes[c] = strings.Join(parts, ", ")
+		}
+	}
+	if len(notes) == 0 {
+		return nil
+	}
+	return notes
+}
+
+// cgroupUseOf reads the executor's cgroup mode and controllers from its
+// health components; nil when it reports none (an older executor).
+func cgroupUseOf(comps map[string]healthpb.HealthCheckResponse_ServingStatus) *cgroupUse {
 	var use cgroupUse
-	for name := range resp.GetStatuses() {
+	for name := range comps {
 		rest, ok := strings.CutPrefix(name, "cgroup/")
 		if !ok {
 			continue

@@ -351,6 +351,11 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 			sandbox := map[string]any{"runc": bins["runc"]}
 			if bins["runsc"] != "" {
 				sandbox["runsc"] = bins["runsc"]
+				// Stacks share the record of runsc's self-check, so it
+				// runs once for the binaries, not at every dev up.
+				if cache, err := os.UserCacheDir(); err == nil {
+					sandbox["runsc_self_check_cache"] = filepath.Join(cache, "airlock")
+				}
 			}
 			file["sandbox"] = sandbox
 			if len(opts.resolvers) > 0 {

@@ -113,6 +113,15 @@ type Sandbox struct {
 	Runc string `yaml:"runc"`
 	// Runsc is the gVisor runsc binary; empty disables the runsc class.
 	Runsc string `yaml:"runsc"`
+	// RunscPlatform is gVisor's platform for runsc jobs: ptrace (default)
+	// or systrap, which must pass the self-check (docs/operations.md: on
+	// issue 20's host it corrupts vector registers and is refused).
+	RunscPlatform string `yaml:"runsc_platform"`
+	// RunscSelfCheckCache is the directory where a passed runsc
+	// self-check is recorded, so a start with the same runsc, executor,
+	// kernel and CPU skips it; default data_dir/sandbox/probe. Executors
+	// that share one check once between them.
+	RunscSelfCheckCache string `yaml:"runsc_self_check_cache"`
 	// UIDBase is the host uid and gid that root inside a sandbox maps to; default 1000000.
 	UIDBase uint32 `yaml:"uid_base"`
 	// CgroupParent is the cgroup under which job cgroups are made. It must

@@ -156,13 +156,14 @@ func newHarnessMeter(t *testing.T, gated bool, capacity Capacity, mp metric.Mete
 	uidBase := uint32(1100000 + ((os.Getpid()+int(n))%13)*65536)
 	logger := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	sb, err := sandbox.New(sandbox.Config{
-		StateDir:     filepath.Join(base, "sandbox"),
-		RuncPath:     runc,
-		RunscPath:    runscPath(runc),
-		UIDBase:      uidBase,
-		CgroupParent: fmt.Sprintf("/airlock-runs-test-%d-%d", os.Getpid(), n),
-		MemoryLimit:  capacity.MemoryBytes,
-		Logger:       logger,
+		StateDir:            filepath.Join(base, "sandbox"),
+		RuncPath:            runc,
+		RunscPath:           runscPath(runc),
+		UIDBase:             uidBase,
+		CgroupParent:        fmt.Sprintf("/airlock-runs-test-%d-%d", os.Getpid(), n),
+		MemoryLimit:         capacity.MemoryBytes,
+		Logger:              logger,
+		RunscSelfCheckCache: selfCheckCache,
 	})
 	if err != nil {
 		t.Fatal(err)

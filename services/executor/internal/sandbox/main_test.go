@@ -144,7 +144,10 @@ func newEnv(t testing.TB, opts ...func(*Config)) *env {
 		RunscPath:    runscPath,
 		UIDBase:      testUIDBase(n),
 		CgroupParent: fmt.Sprintf("/airlock-test-%d-%d", os.Getpid(), n),
-		Logger:       slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		// Most tests only need runsc to work; TestRunscPlatforms runs the
+		// self-check at its full length.
+		RunscSelfCheck: 2 * time.Second,
+		Logger:         slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	for _, o := range opts {
 		o(&e.cfg)

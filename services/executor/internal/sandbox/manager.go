@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -29,7 +30,25 @@ const (
 	DefaultUIDBase      uint32 = 1000000
 	DefaultCgroupParent        = "/airlock"
 	DefaultRootfsDir           = "/run/airlock/rootfs"
+	// DefaultRunscPlatform is how gVisor's sentry runs the job's threads
+	// unless Config.RunscPlatform says otherwise: see runscPlatforms.
+	DefaultRunscPlatform = "ptrace"
 )
+
+// runscPlatforms are the gVisor platforms the executor may run runsc with,
+// each with why it may be chosen. Issue 20: under systrap, gVisor's
+// default, a thread interrupted by a signal on this project's AMD EPYC
+// host (AVX-512) came back, a few times in 20,000 signals, with another
+// thread's vector registers (tools/sandbox/runsc/fpcheck; the self-check
+// finds it in seconds), which is how the Go compiler inside a job died
+// with "unexpected return pc ... called from 0x87d8bacbfe281392"; XSAVE in
+// place of XSAVEOPT and --systrap-disable-syscall-patching did not stop it.
+// Under ptrace the host kernel saves and restores each thread's registers,
+// and no run corrupted one. kvm needs /dev/kvm and is not offered.
+var runscPlatforms = map[string]string{
+	"ptrace":  "the host kernel switches the job's threads (PTRACE_SYSEMU); the default",
+	"systrap": "gVisor's stub threads switch the job's threads themselves; it must pass the self-check, which it fails on the issue 20 host",
+}
 
 // Config configures a Manager.
 type Config struct {
@@ -64,7 +83,18 @@ type Config struct {
 	// resolves the root's path itself from inside the user namespace; so
 	// it cannot live inside StateDir. Default "/run/airlock/rootfs".
 	RootfsDir string
-	Logger    *slog.Logger
+	// RunscPlatform is gVisor's platform for runsc jobs: "ptrace" (the
+	// default) or "systrap". See runscPlatforms.
+	RunscPlatform string
+	// RunscSelfCheck is how long the runsc self-check job computes before
+	// runsc is trusted with jobs (see selfCheckMain). Default
+	// DefaultSelfCheck.
+	RunscSelfCheck time.Duration
+	// RunscSelfCheckCache is the directory where a passed self-check is
+	// recorded (see Manager.selfCheck); "" is StateDir/probe. Executors
+	// that share one (a developer's stacks) check once between them.
+	RunscSelfCheckCache string
+	Logger              *slog.Logger
 }
 
 // Manager creates sandboxes and cleans up after them.
@@ -106,6 +136,15 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.RunscPlatform == "" {
+		cfg.RunscPlatform = DefaultRunscPlatform
+	}
+	if cfg.RunscSelfCheckCache == "" && cfg.StateDir != "" {
+		cfg.RunscSelfCheckCache = filepath.Join(cfg.StateDir, "probe")
+	}
+	if cfg.RunscSelfCheck == 0 {
+		cfg.RunscSelfCheck = DefaultSelfCheck
+	}
 	switch {
 	case cfg.StateDir == "" || !filepath.IsAbs(cfg.StateDir) || filepath.Clean(cfg.StateDir) != cfg.StateDir:
 		return nil, invalid("sandbox.state_dir %q: must be a clean absolute path", cfg.StateDir)
@@ -121,6 +160,12 @@ func New(cfg Config) (*Manager, error) {
 		return nil, invalid("sandbox.rootfs_dir %q: must be a clean absolute path", cfg.RootfsDir)
 	case isUnder(cfg.RootfsDir, cfg.StateDir) || cfg.RootfsDir == cfg.StateDir:
 		return nil, invalid("sandbox.rootfs_dir %q: must be outside state_dir, which stays private (0700)", cfg.RootfsDir)
+	case cfg.RunscSelfCheckCache != "" && (!filepath.IsAbs(cfg.RunscSelfCheckCache) || filepath.Clean(cfg.RunscSelfCheckCache) != cfg.RunscSelfCheckCache):
+		return nil, invalid("sandbox.runsc_self_check_cache %q: must be a clean absolute path", cfg.RunscSelfCheckCache)
+	case cfg.RunscSelfCheck < 0:
+		return nil, invalid("sandbox.runsc_self_check %v: must not be negative", cfg.RunscSelfCheck)
+	case runscPlatforms[cfg.RunscPlatform] == "":
+		return nil, invalid("sandbox.runsc_platform %q: must be one of %s", cfg.RunscPlatform, strings.Join(slices.Sorted(maps.Keys(runscPlatforms)), ", "))
 	}
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("%w: sandbox: must run as root (uid 0) to create namespaces, mounts and cgroups", errdefs.ErrFailedPrecondition)
@@ -193,7 +238,7 @@ func New(cfg Config) (*Manager, error) {
 	}
 	m.runtimes = map[Class]*runtimeBin{
 		ClassRunc:  {class: ClassRunc, path: cfg.RuncPath, root: filepath.Join(cfg.StateDir, "runc")},
-		ClassRunsc: {class: ClassRunsc, path: cfg.RunscPath, root: filepath.Join(cfg.StateDir, "runsc")},
+		ClassRunsc: {class: ClassRunsc, path: cfg.RunscPath, root: filepath.Join(cfg.StateDir, "runsc"), platform: cfg.RunscPlatform},
 	}
 	return m, nil
 }
@@ -326,7 +371,7 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 			return nil, fmt.Errorf("sandbox %s: scratch device: %w", spec.ID, err)
 		}
 	}
-	if err := m.cg.create(s.cgRel, spec.Limits, m.diskLimits(), dev); err != nil {
+	if err := m.cg.create(s.cgRel, cgroupLimitsOf(spec.Class, spec.Limits), m.diskLimits(), dev); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	if s.oomFD, err = m.cg.watchOOM(s.cgRel); err != nil {
@@ -360,6 +405,7 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		blockIO:      m.cg.runtimeBlockIO(m.diskLimits(), dev),
 		seccomp:      m.seccomp,
 		rlimits:      m.rlimits,
+		pids:         spec.Limits.Pids,
 		command:      spec.Command,
 		env:          spec.Env,
 		shmSizeBytes: min(64<<20, spec.Limits.MemoryBytes/2),
@@ -468,6 +514,9 @@ const runscErrnoMark = "+airlock.errnoret"
 
 func (m *Manager) probe(ctx context.Context, c Class) RuntimeStatus {
 	st := RuntimeStatus{Class: c}
+	if c == ClassRunsc {
+		st.Platform = m.cfg.RunscPlatform
+	}
 	rt := m.runtimes[c]
 	if rt.path == "" {
 		st.Reason = fmt.Sprintf("no %s binary is configured", c)
@@ -483,12 +532,6 @@ func (m *Manager) probe(ctx context.Context, c Class) RuntimeStatus {
 			"or posix_spawn a child under it; use the runsc tools/sandbox/build.sh builds (its version ends in " + runscErrnoMark + ")"
 		return st
 	}
-	// '.' is outside the job id alphabet: a probe never meets a job.
-	id := "probe." + string(c)
-	if err := m.removeLeftover(id); err != nil {
-		st.Reason = fmt.Sprintf("remove a previous probe's sandbox: %v", err)
-		return st
-	}
 	src := filepath.Join(m.cfg.StateDir, "probe", "src")
 	if err := os.MkdirAll(src, 0o755); err != nil {
 		st.Reason = err.Error()
@@ -498,36 +541,58 @@ func (m *Manager) probe(ctx context.Context, c Class) RuntimeStatus {
 		st.Reason = err.Error()
 		return st
 	}
-	var stdout, stderr bytes.Buffer
-	sb, err := m.create(ctx, Spec{
-		ID: id, Class: c, Source: src,
-		Command: []string{"/bin/sh", "-c", "echo " + probeOutput},
-		Limits:  probeLimits,
-		Stdout:  &limitedBuffer{b: &stdout, max: 4096}, Stderr: &limitedBuffer{b: &stderr, max: 4096},
-	})
-	if err != nil {
-		st.Reason = fmt.Sprintf("create a test sandbox: %v", err)
+	// '.' is outside the job id alphabet: a probe never meets a job.
+	if why := m.probeJob(ctx, c, Spec{ID: "probe." + string(c), Source: src, Command: []string{"/bin/sh", "-c", "echo " + probeOutput}, Limits: probeLimits}, probeOutput); why != "" {
+		st.Reason = why
 		return st
+	}
+	if c == ClassRunsc {
+		why, cached := m.selfCheck(ctx, src, st.Version)
+		if why != "" {
+			st.SelfCheck = SelfCheckFailed
+			st.Reason = fmt.Sprintf("runsc (platform %s) failed the self-check, so it is not trusted with jobs: %s", m.cfg.RunscPlatform, why)
+			return st
+		}
+		st.SelfCheck, st.SelfCheckCached = SelfCheckPassed, cached
+	}
+	st.Available = true
+	return st
+}
+
+// probeJob runs spec (its class c) as a test job and says what was wrong
+// with it: "" when it exited 0 having printed want (its whole stdout,
+// trimmed) or, with want empty, anything.
+func (m *Manager) probeJob(ctx context.Context, c Class, spec Spec, want string) string {
+	if err := m.removeLeftover(spec.ID); err != nil {
+		return fmt.Sprintf("remove a previous probe's sandbox: %v", err)
+	}
+	var stdout, stderr bytes.Buffer
+	spec.Class = c
+	spec.Stdout = &limitedBuffer{b: &stdout, max: 4096}
+	spec.Stderr = &limitedBuffer{b: &stderr, max: 4096}
+	sb, err := m.create(ctx, spec)
+	if err != nil {
+		return fmt.Sprintf("create a test sandbox: %v", err)
 	}
 	res, runErr := sb.Run(ctx)
 	if err := sb.Destroy(); err != nil {
 		m.log.Error("sandbox: destroy the probe sandbox", "class", c, "error", err)
 	}
+	var why string
 	switch {
 	case runErr != nil:
-		st.Reason = fmt.Sprintf("a test job could not run: %v", runErr)
+		why = fmt.Sprintf("a test job could not run: %v", runErr)
 	case res.Reason != ReasonExited || res.ExitCode != 0:
-		st.Reason = fmt.Sprintf("a test job ended %s (exit %d): %s", res.Reason, res.ExitCode, res.Message)
-	case strings.TrimSpace(stdout.String()) != probeOutput:
-		st.Reason = fmt.Sprintf("a test job printed %q, want %q", stdout.String(), probeOutput)
+		why = fmt.Sprintf("a test job ended %s (exit %d): %s", res.Reason, res.ExitCode, res.Message)
+	case want != "" && strings.TrimSpace(stdout.String()) != want:
+		why = fmt.Sprintf("a test job printed %q, want %q", stdout.String(), want)
 	default:
-		st.Available = true
-		return st
+		return ""
 	}
 	if e := strings.TrimSpace(stderr.String()); e != "" {
-		st.Reason += "; stderr: " + e
+		why += "; stderr: " + e
 	}
-	return st
+	return why
 }
 
 // limitedBuffer keeps the first max bytes written to it.

@@ -129,15 +129,18 @@ func jobEnv(env map[string]string) []string {
 
 // bundleInputs is what the OCI spec of one job depends on.
 type bundleInputs struct {
-	rootfs       string
-	binds        []string
-	work, tmp    string
-	out, home    string
-	uidBase      uint32
-	cgroupsPath  string
-	blockIO      *specs.LinuxBlockIO
-	seccomp      *specs.LinuxSeccomp
-	rlimits      []specs.POSIXRlimit
+	rootfs      string
+	binds       []string
+	work, tmp   string
+	out, home   string
+	uidBase     uint32
+	cgroupsPath string
+	blockIO     *specs.LinuxBlockIO
+	seccomp     *specs.LinuxSeccomp
+	rlimits     []specs.POSIXRlimit
+	// pids is the job's pids limit, which gVisor holds itself under
+	// runsc (see cgroupLimitsOf).
+	pids         int64
 	command      []string
 	env          map[string]string
 	shmSizeBytes int64
@@ -183,6 +186,10 @@ func ociSpec(in bundleInputs) *specs.Spec {
 		mounts = append(mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: in.resolvConf, Options: []string{"bind", "ro", nosuid, nodev, noexec}})
 	}
 	idmap := []specs.LinuxIDMapping{{ContainerID: 0, HostID: in.uidBase, Size: uidRange}}
+	rlimits := in.rlimits
+	if in.class == ClassRunsc {
+		rlimits = append(slices.Clone(rlimits), nprocRlimit(in.pids))
+	}
 	return &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{
@@ -194,7 +201,7 @@ func ociSpec(in bundleInputs) *specs.Spec {
 			// empty. (A missing capabilities object would leave the
 			// runtime's defaults.)
 			Capabilities:    &specs.LinuxCapabilities{},
-			Rlimits:         in.rlimits,
+			Rlimits:         rlimits,
 			NoNewPrivileges: true,
 			OOMScoreAdj:     &jobOOMScoreAdj,
 		},

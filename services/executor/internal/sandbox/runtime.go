@@ -27,6 +27,8 @@ type runtimeBin struct {
 	class Class
 	path  string
 	root  string
+	// platform is gVisor's platform (runsc only; see runscPlatforms).
+	platform string
 
 	mu      sync.Mutex
 	version string // cached once read successfully
@@ -58,7 +60,9 @@ func (r *runtimeBin) global(logPath string) []string {
 func (r *runtimeBin) runCmd(bundle, id, logPath, pidFile string) *exec.Cmd {
 	args := r.global(logPath)
 	if r.class == ClassRunsc {
-		args = append(args, runscNetwork(bundle))
+		// The platform is the sandbox's, chosen when it starts; runsc's
+		// other commands (exec, kill, delete) are not given it.
+		args = append(args, "--platform="+r.platform, runscNetwork(bundle))
 	}
 	args = append(args, "run", "--bundle", bundle, "--pid-file", pidFile, id)
 	cmd := exec.Command(r.path, args...)
@@ -172,6 +176,11 @@ func (r *runtimeBin) readVersion(ctx context.Context) (string, error) {
 		return "", err
 	}
 	lines = append(lines, "sha256:"+hex.EncodeToString(h.Sum(nil)))
+	if r.class == ClassRunsc {
+		// The platform changes how the job's threads run as much as the
+		// binary does, so a result names it too.
+		lines = append(lines, "platform="+r.platform)
+	}
 	return strings.Join(lines, "; "), nil
 }
 

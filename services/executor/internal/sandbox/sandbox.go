@@ -296,6 +296,9 @@ wait:
 		PeakPids:        st.peakPids,
 	}
 	code := exitCode(werr)
+	// Under runsc the cgroup's tasks are gVisor's: at their bound the
+	// sandbox fails, whatever the job was doing (see cgroupLimitsOf).
+	hostPidsHit := s.rt.class == ClassRunsc && (st.pidsMaxHit > 0 || st.peakPids >= cgroupLimitsOf(ClassRunsc, lim).Pids)
 	_, started := os.Stat(s.pidFile)
 	msgs := logErrors(s.logPath)
 	execCode, execMsg, execFailed := execFailure(msgs)
@@ -317,6 +320,10 @@ wait:
 			msgs = append(msgs, werr.Error())
 		}
 		errs = append(errs, fmt.Errorf("%s did not start the job (exit %d): %s", s.rt.class, code, strings.Join(msgs, "; ")))
+	case hostPidsHit && code != 0:
+		// gVisor's sentry dies when it cannot start a host task (a Go
+		// panic: status 2), so the status is not the job's.
+		errs = append(errs, fmt.Errorf("runsc ended with status %d: %s", code, strings.Join(append([]string{runscHostPidsHit(lim)}, msgs...), "; ")))
 	case s.rt.class == ClassRunsc && code == runscFailureExit && len(msgs) > 0:
 		errs = append(errs, fmt.Errorf("runsc failed: %s", strings.Join(msgs, "; ")))
 	case s.scr.full():
@@ -327,7 +334,10 @@ wait:
 	default:
 		res.Reason, res.ExitCode = ReasonExited, code
 		res.Message = fmt.Sprintf("exited with status %d", code)
-		if st.pidsMaxHit > 0 {
+		switch {
+		case hostPidsHit:
+			res.Message += "; " + runscHostPidsHit(lim)
+		case st.pidsMaxHit > 0:
 			res.Message += fmt.Sprintf("; %d fork(s) failed at the pids limit of %d", st.pidsMaxHit, lim.Pids)
 		}
 	}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/nettest"
+	"github.com/airlockhq/airlock/pkg/runspec"
 )
 
 // testClasses are the runtime classes a test runs under: runc always, and
@@ -102,8 +103,11 @@ func TestProbe(t *testing.T) {
 	}
 	runsc := st[1]
 	if runsc.Available {
-		if !strings.Contains(runsc.Version, "runsc version") {
-			t.Errorf("runsc version %q", runsc.Version)
+		if !strings.Contains(runsc.Version, "runsc version") || !strings.HasSuffix(runsc.Version, "; platform="+DefaultRunscPlatform) {
+			t.Errorf("runsc version %q, want runsc's own and the platform", runsc.Version)
+		}
+		if runsc.Platform != DefaultRunscPlatform || runsc.SelfCheck != SelfCheckPassed {
+			t.Errorf("runsc platform %q, self-check %q; want %s, passed", runsc.Platform, runsc.SelfCheck, DefaultRunscPlatform)
 		}
 	} else if runsc.Reason == "" {
 		t.Errorf("runsc unavailable without a reason: %+v", runsc)
@@ -155,6 +159,22 @@ func TestProbeReportsBrokenRuntime(t *testing.T) {
 	}
 	if st, ok := m.Available(ClassRunsc); ok || !strings.Contains(st.Reason, "EPERM") || !strings.Contains(st.Reason, "tools/sandbox/build.sh") {
 		t.Fatalf("Available(upstream runsc) = %+v, %v; want refused for its errno handling", st, ok)
+	}
+	// A runsc that runs the echo probe but whose self-check job fails (as
+	// a Go program crashing on a corrupted stack fails) is refused, naming
+	// the self-check, the platform and what the job printed.
+	crashing := filepath.Join(e.base, "crashing-runsc")
+	script := fmt.Sprintf("#!/bin/sh\ncase \"$*\" in *probe.runsc-selfcheck*) echo 'runtime: unexpected return pc for main.f called from 0x87d8bacbfe281392' >&2; exit 2;; esac\nexec %s \"$@\"\n", runscPath)
+	if err := os.WriteFile(crashing, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg.RunscPath = crashing
+	cfg.StateDir = filepath.Join(e.base, "state5")
+	if m, err = New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if st, ok := m.Available(ClassRunsc); ok || !strings.Contains(st.Reason, "self-check") || !strings.Contains(st.Reason, "platform "+DefaultRunscPlatform) || !strings.Contains(st.Reason, "unexpected return pc") || st.SelfCheck != SelfCheckFailed {
+		t.Fatalf("Available(runsc failing its self-check) = %+v, %v; want refused, naming the self-check, the platform and the crash", st, ok)
 	}
 	cfg.RunscPath = ""
 	cfg.StateDir = filepath.Join(e.base, "state3")
@@ -313,30 +333,66 @@ func TestRmRfWorkLeavesSource(t *testing.T) {
 	}
 }
 
-// A fork bomb stays inside the pids limit; the host can still fork.
+// A fork bomb stays inside the pids limit; the host can still fork. Under
+// runsc the job's tasks are gVisor's, not the host's: the job counts its
+// own tasks from inside (the most it saw must be near and at most the
+// limit), and the host tasks gVisor runs them on stay under the cgroup's
+// bound (cgroupLimitsOf). On ptrace every guest process costs host tasks
+// that grow with the sentry's threads, so a bomb may reach that bound:
+// the sandbox then ends as a sandbox error that says so, never as the
+// job's exit. Before gVisor held the job's limit itself, the cgroup held
+// gVisor's host tasks to the job's limit and the bomb broke out of it.
 func TestForkBomb(t *testing.T) {
 	e := newEnv(t)
-	lim := defaultLimits
-	lim.Pids = 32
-	lim.Deadline = 3 * time.Second
-	r := e.run(t, context.Background(), job{src: e.source(t, nil), cmd: []string{"sh", "-c", "bomb() { bomb | bomb & }; bomb; sleep 60"}, limits: &lim})
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	if r.res.Reason != ReasonTimeout && r.res.Reason != ReasonExited {
-		t.Fatalf("reason %s", r.res.Reason)
-	}
-	if r.res.Usage.PeakPids > lim.Pids || r.res.Usage.PeakPids < lim.Pids/2 {
-		t.Fatalf("peak pids %d, want near and at most %d", r.res.Usage.PeakPids, lim.Pids)
-	}
-	if pids := e.m.cg.procs(r.sb.cgRel); len(pids) > 0 {
-		t.Fatalf("processes left in the job's cgroup: %v", pids)
-	}
-	if pids := procsInUIDRange(e.cfg.UIDBase); len(pids) > 0 {
-		t.Fatalf("sandbox processes left: %v", pids)
-	}
-	if out, err := execHost("echo", "host fine"); err != nil || out != "host fine\n" {
-		t.Fatalf("the host cannot fork: %v %q", err, out)
+	// The job's shell counts every task it can see with builtins only
+	// (it cannot fork once the bomb holds the limit) until the deadline,
+	// printing each new most.
+	const count = `(bomb() { bomb | bomb & }; bomb) &
+m=0
+while :; do
+  n=0; for p in /proc/[0-9]*/task/[0-9]*; do n=$((n+1)); done
+  [ $n -gt $m ] && m=$n && echo "max $m"
+done`
+	for _, c := range testClasses(t, e) {
+		t.Run(string(c), func(t *testing.T) {
+			lim := defaultLimits
+			lim.Pids = runspec.MinRunscPids
+			lim.Deadline = 8 * slowdown * time.Second
+			r := e.run(t, context.Background(), job{class: c, src: e.source(t, nil), cmd: []string{"sh", "-c", count}, limits: &lim})
+			host := cgroupLimitsOf(c, lim).Pids
+			switch {
+			case r.err == nil && r.res.Reason == ReasonTimeout:
+			case c == ClassRunsc && r.err != nil && r.res.Reason == ReasonSandboxError &&
+				strings.Contains(r.res.Message, fmt.Sprintf("gVisor's host tasks reached their bound of %d", host)):
+				t.Logf("the sandbox ended at its host bound: %s", r.res.Message)
+			default:
+				t.Fatalf("reason %s (%s), error %v; want a timeout", r.res.Reason, r.res.Message, r.err)
+			}
+			lines := strings.Fields(strings.ReplaceAll(r.stdout, "max", ""))
+			if len(lines) == 0 {
+				t.Fatalf("stdout %q: the job counted nothing", r.stdout)
+			}
+			seen, err := strconv.ParseInt(lines[len(lines)-1], 10, 64)
+			if err != nil {
+				t.Fatalf("stdout %q: %v", r.stdout, err)
+			}
+			if seen > lim.Pids || seen < lim.Pids/2 {
+				t.Fatalf("the job saw at most %d of its tasks, want near and at most %d", seen, lim.Pids)
+			}
+			if r.res.Usage.PeakPids > host || r.res.Usage.PeakPids < lim.Pids/2 {
+				t.Fatalf("peak pids %d, want near and at most %d", r.res.Usage.PeakPids, host)
+			}
+			t.Logf("%s: the job saw %d tasks at most; its cgroup peaked at %d host tasks (bound %d)", c, seen, r.res.Usage.PeakPids, host)
+			if pids := e.m.cg.procs(r.sb.cgRel); len(pids) > 0 {
+				t.Fatalf("processes left in the job's cgroup: %v", pids)
+			}
+			if pids := procsInUIDRange(e.cfg.UIDBase); len(pids) > 0 {
+				t.Fatalf("sandbox processes left: %v", pids)
+			}
+			if out, err := execHost("echo", "host fine"); err != nil || out != "host fine\n" {
+				t.Fatalf("the host cannot fork: %v %q", err, out)
+			}
+		})
 	}
 }
 
@@ -716,6 +772,8 @@ func TestNewValidates(t *testing.T) {
 		{"cgroup root", "cgroup_parent", Config{StateDir: "/tmp/x", CgroupParent: "/"}},
 		{"cgroup relative", "cgroup_parent", Config{StateDir: "/tmp/x", CgroupParent: "airlock"}},
 		{"rootfs inside state", "rootfs_dir", Config{StateDir: "/tmp/x", RootfsDir: "/tmp/x/rootfs"}},
+		{"runsc platform", "runsc_platform", Config{StateDir: "/tmp/x", RunscPlatform: "kvm"}},
+		{"self-check cache", "runsc_self_check_cache", Config{StateDir: "/tmp/x", RunscSelfCheckCache: "cache"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := New(tc.cfg)

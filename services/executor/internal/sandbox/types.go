@@ -32,7 +32,23 @@ type RuntimeStatus struct {
 	Version string
 	// Reason says why the class is unavailable.
 	Reason string
+	// Platform is gVisor's platform (runsc only).
+	Platform string
+	// SelfCheck is the runsc self-check's outcome: SelfCheckPassed,
+	// SelfCheckFailed, or "" when it did not run (runc, or runsc failed
+	// before it).
+	SelfCheck string
+	// SelfCheckCached says the pass is one an earlier start recorded for
+	// the same runsc, platform, executor, kernel and CPU (see
+	// Manager.selfCheck), so the check did not run again.
+	SelfCheckCached bool
 }
+
+// The outcomes of RuntimeStatus.SelfCheck.
+const (
+	SelfCheckPassed = "passed"
+	SelfCheckFailed = "failed"
+)
 
 // Limits bound one job. Every field must be positive.
 type Limits struct {
@@ -40,7 +56,8 @@ type Limits struct {
 	CPUMillis int64
 	// MemoryBytes bounds the job's memory, page cache included.
 	MemoryBytes int64
-	// Pids bounds the tasks (processes and threads) alive at once.
+	// Pids bounds the job's tasks (processes and threads) alive at once:
+	// under runc in the job's cgroup, under runsc inside gVisor.
 	Pids int64
 	// DiskBytes bounds everything the job writes: /work's upper layer,
 	// /tmp, /out and $HOME together.
@@ -103,7 +120,9 @@ type Usage struct {
 	PeakMemoryBytes   int64
 	// DiskBytes is what the job left on its scratch filesystem.
 	DiskBytes int64
-	PeakPids  int64
+	// PeakPids is the most tasks the job's cgroup held: the job's own
+	// under runc, gVisor's host tasks under runsc (see cgroupLimitsOf).
+	PeakPids int64
 }
 
 // Result is how a run ended.
@@ -188,9 +207,9 @@ func (s *Spec) validateBody() error {
 		}
 	}
 	// The minimums are the ones the authority checks every grant against
-	// (pkg/runspec). Under runsc the limits cover gVisor's own sandbox
-	// process too: its threads (about 30 at rest) count as pids and its
-	// memory as the job's.
+	// (pkg/runspec). Under runsc the memory limit covers gVisor's own
+	// sandbox process too; the pids limit is the job's own tasks, which
+	// gVisor holds (see cgroupLimitsOf).
 	l := s.Limits
 	if err := runspec.CheckLimits(string(s.Class), runspec.Limits{CPUMillis: l.CPUMillis, MemoryBytes: l.MemoryBytes, Pids: l.Pids,
 		DiskBytes: l.DiskBytes, Deadline: l.Deadline}); err != nil {

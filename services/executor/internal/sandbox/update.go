@@ -40,7 +40,9 @@ func (s *Sandbox) markEnding() {
 // UpdateLimits puts l in force for a created or running job: memory, pids
 // and CPU in its cgroup at once, and the deadline, still counted from when
 // Run started; a deadline already past times the job out now. DiskBytes
-// cannot change: the scratch filesystem is sized when the sandbox is made.
+// cannot change: the scratch filesystem is sized when the sandbox is made;
+// nor can a runsc job's Pids, which gVisor's sentry holds from its start
+// (see cgroupLimitsOf).
 //
 // On error nothing changes. A memory limit below what the job holds and the
 // kernel cannot reclaim is refused (errdefs.ErrFailedPrecondition), as is
@@ -52,6 +54,9 @@ func (s *Sandbox) UpdateLimits(l Limits) error {
 	if l.DiskBytes != cur.DiskBytes {
 		return invalid("limits.disk_bytes %d: cannot change on a running job: the scratch filesystem is sized when the sandbox is made (it is %d)", l.DiskBytes, cur.DiskBytes)
 	}
+	if l.Pids != cur.Pids && s.spec.Class == ClassRunsc {
+		return invalid("limits.pids %d: cannot change on a running runsc job: gVisor holds the job to the limit it started with (it is %d)", l.Pids, cur.Pids)
+	}
 	next := s.spec
 	next.Limits = l
 	if err := next.validateBody(); err != nil {
@@ -60,7 +65,7 @@ func (s *Sandbox) UpdateLimits(l Limits) error {
 	if (s.state != stateCreated && s.state != stateRunning) || s.ending {
 		return fmt.Errorf("%w: sandbox %s: %w; its limits can no longer change", errdefs.ErrFailedPrecondition, s.spec.ID, ErrEnded)
 	}
-	if err := s.m.cg.setLimits(s.cgRel, cur, l); err != nil {
+	if err := s.m.cg.setLimits(s.cgRel, cgroupLimitsOf(s.spec.Class, cur), cgroupLimitsOf(s.spec.Class, l)); err != nil {
 		if errors.Is(err, unix.EBUSY) {
 			return fmt.Errorf("%w: limits.memory_bytes %d: the job holds more memory than that and the kernel cannot reclaim it; the limit stays %d",
 				errdefs.ErrFailedPrecondition, l.MemoryBytes, cur.MemoryBytes)

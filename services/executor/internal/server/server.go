@@ -56,15 +56,17 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				return err
 			}
 			sb, err := sandbox.New(sandbox.Config{
-				StateDir:     env.DataDir.Join("sandbox"),
-				RuncPath:     cfg.Sandbox.Runc,
-				RunscPath:    cfg.Sandbox.Runsc,
-				UIDBase:      cfg.Sandbox.UIDBase,
-				CgroupParent: cfg.Sandbox.CgroupParent,
-				DiskReadBPS:  cfg.Sandbox.DiskReadBPS.Bytes(),
-				DiskWriteBPS: cfg.Sandbox.DiskWriteBPS.Bytes(),
-				MemoryLimit:  cfg.Capacity.MemoryBytes,
-				Logger:       logger,
+				StateDir:            env.DataDir.Join("sandbox"),
+				RuncPath:            cfg.Sandbox.Runc,
+				RunscPath:           cfg.Sandbox.Runsc,
+				RunscPlatform:       cfg.Sandbox.RunscPlatform,
+				RunscSelfCheckCache: cfg.Sandbox.RunscSelfCheckCache,
+				UIDBase:             cfg.Sandbox.UIDBase,
+				CgroupParent:        cfg.Sandbox.CgroupParent,
+				DiskReadBPS:         cfg.Sandbox.DiskReadBPS.Bytes(),
+				DiskWriteBPS:        cfg.Sandbox.DiskWriteBPS.Bytes(),
+				MemoryLimit:         cfg.Capacity.MemoryBytes,
+				Logger:              logger,
 			})
 			if err != nil {
 				return err
@@ -77,8 +79,19 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				env.SetComponent(CgroupComponent(cg.Mode, ctl), true)
 			}
 			for _, st := range sb.Probe(ctx) {
-				logger.Info("runtime class", "class", st.Class, "available", st.Available, "version", st.Version, "reason", st.Reason)
+				logger.Info("runtime class", "class", st.Class, "available", st.Available, "version", st.Version, "reason", st.Reason, "self_check", st.SelfCheck, "self_check_cached", st.SelfCheckCached)
 				env.SetComponent(RuntimeComponent(string(st.Class)), st.Available)
+				if st.Platform != "" {
+					env.SetComponent(RuntimeComponent(string(st.Class))+"/platform/"+st.Platform, st.Available)
+				}
+				if st.SelfCheck != "" {
+					env.SetComponent(RuntimeComponent(string(st.Class))+"/self-check", st.SelfCheck == sandbox.SelfCheckPassed)
+				}
+				if st.SelfCheckCached {
+					// The pass an earlier start recorded for the same
+					// binaries, kernel and CPU stood in for the check.
+					env.SetComponent(RuntimeComponent(string(st.Class))+"/self-check/cached", true)
+				}
 			}
 			sources, err := stage.New(env.DataDir.Join("sources"), int(cfg.Sandbox.UIDBase), int(cfg.Sandbox.UIDBase))
 			if err != nil {
@@ -174,7 +187,10 @@ func CgroupComponent(mode, controller string) string {
 }
 
 // RuntimeComponent is the health service name under which the executor
-// reports whether it can run a runtime class.
+// reports whether it can run a runtime class. Below it, for runsc:
+// "runtime/runsc/platform/PLATFORM" (gVisor's platform, with the class's
+// status) and "runtime/runsc/self-check" (SERVING when the self-check job
+// passed, NOT_SERVING when runsc failed it and is refused).
 func RuntimeComponent(class string) string { return "runtime/" + class }
 
 // signer signs provenance with the executor's current mTLS key, so the

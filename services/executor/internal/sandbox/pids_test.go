@@ -1,0 +1,112 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/airlockhq/airlock/pkg/errdefs"
+)
+
+// Under runc the cgroup holds the job's limits as given; under runsc all
+// but pids, which bound gVisor's host tasks with room to spare.
+func TestCgroupLimitsOf(t *testing.T) {
+	if got := cgroupLimitsOf(ClassRunc, defaultLimits); got != defaultLimits {
+		t.Errorf("runc: %+v, want %+v", got, defaultLimits)
+	}
+	for _, tc := range []struct{ pids, host int64 }{
+		{64, 64*16 + 512},
+		{128, 128*16 + 512},
+		{1024, 8192},
+		{8192, 2*8192 + 512},
+	} {
+		l := defaultLimits
+		l.Pids = tc.pids
+		want := l
+		want.Pids = tc.host
+		if got := cgroupLimitsOf(ClassRunsc, l); got != want {
+			t.Errorf("runsc, pids %d: %+v, want %+v", tc.pids, got, want)
+		}
+	}
+}
+
+// A runsc job's bundle holds it to its pids limit inside gVisor, soft and
+// hard alike (the job can lower but never raise it); its cgroup holds the
+// host bound. A running runsc job's pids cannot change: the sentry keeps
+// the limit it started with. A runc job has no RLIMIT_NPROC: there it
+// would count the host user's tasks, not the job's.
+func TestRunscPidsLimit(t *testing.T) {
+	e := newEnv(t)
+	for _, c := range []Class{ClassRunc, ClassRunsc} {
+		t.Run(string(c), func(t *testing.T) {
+			sb, err := e.m.Create(context.Background(), Spec{ID: "pids-" + string(c), Class: c, Source: e.source(t, nil),
+				Command: []string{"true"}, Limits: defaultLimits})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if err := sb.Destroy(); err != nil {
+					t.Errorf("Destroy: %v", err)
+				}
+			})
+			data, err := os.ReadFile(filepath.Join(sb.bundle, "config.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var spec specs.Spec
+			if err := json.Unmarshal(data, &spec); err != nil {
+				t.Fatal(err)
+			}
+			var nproc []specs.POSIXRlimit
+			for _, r := range spec.Process.Rlimits {
+				if r.Type == "RLIMIT_NPROC" {
+					nproc = append(nproc, r)
+				}
+			}
+			want := cgroupLimits{MemoryBytes: defaultLimits.MemoryBytes, Pids: defaultLimits.Pids, CPUMillis: defaultLimits.CPUMillis}
+			if c == ClassRunsc {
+				n := uint64(defaultLimits.Pids)
+				if len(nproc) != 1 || nproc[0].Soft != n || nproc[0].Hard != n {
+					t.Errorf("RLIMIT_NPROC %+v, want soft and hard %d", nproc, n)
+				}
+				want.Pids = cgroupLimitsOf(ClassRunsc, defaultLimits).Pids
+			} else if len(nproc) != 0 {
+				t.Errorf("RLIMIT_NPROC %+v under runc", nproc)
+			}
+			if got := jobLimits(t, e, sb); got != want {
+				t.Errorf("cgroup limits %+v, want %+v", got, want)
+			}
+			more := defaultLimits
+			more.Pids *= 2
+			err = sb.UpdateLimits(more)
+			if c == ClassRunc {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "limits.pids") {
+				t.Fatalf("UpdateLimits of a runsc job's pids: %v, want invalid argument naming limits.pids", err)
+			}
+			if got := jobLimits(t, e, sb); got != want {
+				t.Errorf("cgroup limits %+v after a refused update, want %+v", got, want)
+			}
+			// The other limits still change, the host bound staying.
+			more = defaultLimits
+			more.MemoryBytes *= 2
+			if err := sb.UpdateLimits(more); err != nil {
+				t.Fatal(err)
+			}
+			want.MemoryBytes = more.MemoryBytes
+			if got := jobLimits(t, e, sb); got != want {
+				t.Errorf("cgroup limits %+v after a memory update, want %+v", got, want)
+			}
+		})
+	}
+}
