@@ -62,7 +62,7 @@ func CheckLimits(class string, l Limits) error {
 	case l.MemoryBytes < mem:
 		return &FieldError{"memory_bytes", fmt.Sprintf("%d: must be at least %d under %s (the runtime's own start-up needs it)", l.MemoryBytes, mem, class)}
 	case l.Pids < pids:
-		return &FieldError{"pids", fmt.Sprintf("%d: must be at least %d under %s (the runtime's own start-up needs them)", l.Pids, pids, class)}
+		return &FieldError{"pids", fmt.Sprintf("%d: must be at least %d under %s", l.Pids, pids, class)}
 	case l.DiskBytes < MinDiskBytes:
 		return &FieldError{"disk_bytes", fmt.Sprintf("%d: must be at least %d", l.DiskBytes, MinDiskBytes)}
 	case l.Deadline <= 0:

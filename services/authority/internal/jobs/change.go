@@ -215,6 +215,10 @@ func planChange(t *policy.Tenant, cur GrantRequest, req ChangeRequest) (Change, 
 		if err := runnable("limits", cur.RuntimeClass, to); err != nil {
 			return ch, err
 		}
+		// gVisor holds a job's tasks to the RLIMIT_NPROC it started with.
+		if cur.RuntimeClass == policy.RuntimeRunsc && to.Pids != cur.Limits.Pids {
+			return ch, invalid("limits.pids", "cannot change on a running runsc job: gVisor keeps the task limit the job started with")
+		}
 		if err := withinQuota("limits", t, to); err != nil {
 			return ch, err
 		}

@@ -91,6 +91,13 @@ func TestPlanChange(t *testing.T) {
 	if _, err := planChange(tenant, runsc, ChangeRequest{Network: &Network{Mode: NetworkAllow, Rules: []AllowRule{{CIDR: "10.0.0.0/8"}}}}); err == nil || !strings.Contains(err.Error(), "runsc job started deny_all") {
 		t.Fatalf("widening a deny-all runsc job's network: %v", err)
 	}
+	if _, err := planChange(tenant, runsc, ChangeRequest{Limits: &policy.Limits{Pids: 512}}); !errors.Is(err, errdefs.ErrInvalidArgument) ||
+		!strings.Contains(err.Error(), "limits.pids: cannot change on a running runsc job") {
+		t.Fatalf("changing a runsc job's pids: %v", err)
+	}
+	if _, err := planChange(tenant, runsc, ChangeRequest{Limits: &policy.Limits{MemoryBytes: 1 << 30}}); err != nil {
+		t.Fatalf("a runsc job's memory still changes: %v", err)
+	}
 	// Digest binds the exact change.
 	_, d1, _ := ch.Encode()
 	ch.ToLimits.Pids++
