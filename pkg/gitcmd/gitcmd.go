@@ -209,3 +209,12 @@ func AuthHeader(credential []byte) (string, error) {
 	}
 	return "Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte(secret)), nil
 }
+
+// PlainAttributes is the info/attributes of every git directory Airlock
+// runs git in over a repository's or a job's files. info/attributes
+// outranks every .gitattributes, so no attribute the files set can make
+// git's bytes differ from the tree's (export-ignore, export-subst, ident,
+// text and eol conversion, working-tree-encoding) or run a filter: an
+// archive is the commit's tree exactly, a staged tree hashes as the
+// commit's, and a patch holds exactly what a job left.
+const PlainAttributes = "* -export-ignore -export-subst -ident -text -eol -filter -working-tree-encoding\n"

@@ -218,10 +218,6 @@ func (s *Source) CommitObject(ctx context.Context, repo policy.Repository, commi
 	return s.git(ctx, repo, gitDir, nil, nil, "cat-file", "commit", commit)
 }
 
-// plainAttributes switches off every attribute that would make an archive
-// differ from the tree it comes from.
-const plainAttributes = "* -export-ignore -export-subst -ident -text -eol -filter -working-tree-encoding\n"
-
 // archiveDir returns the authority's own git directory to archive repo's
 // commits from, making it if needed.
 func (s *Source) archiveDir(ctx context.Context, repo policy.Repository) (string, error) {
@@ -306,7 +302,7 @@ func (s *Source) initBare(ctx context.Context, repo policy.Repository, dir strin
 			return fmt.Errorf("source: %w", err)
 		}
 	}
-	return writeIfChanged(filepath.Join(dir, "info", "attributes"), plainAttributes)
+	return writeIfChanged(filepath.Join(dir, "info", "attributes"), gitcmd.PlainAttributes)
 }
 
 // open returns the git directory to read repo from. For a URL it makes the

@@ -108,6 +108,13 @@ func watchGit(t *testing.T) func() []seenGit {
 				status, _ := os.ReadFile(filepath.Join(p, "status"))
 				cg, _ := os.ReadFile(filepath.Join(p, "cgroup"))
 				cmdline, _ := os.ReadFile(filepath.Join(p, "cmdline"))
+				// A process past exit_mm has no command line, and the
+				// kernel has moved it to the root cgroup on its way out
+				// (v1's cgroup_exit): what it reads then is not where it
+				// ran. Read it only while it still runs.
+				if len(cmdline) == 0 {
+					continue
+				}
 				mu.Lock()
 				g := seen[p]
 				if g == nil {

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"github.com/airlockhq/airlock/test/gittest"
 	"io"
 	"io/fs"
 	"os"
@@ -18,8 +17,10 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/gitcmd"
 	"github.com/airlockhq/airlock/services/executor/internal/stage"
 	"github.com/airlockhq/airlock/services/executor/internal/worktree"
+	"github.com/airlockhq/airlock/test/gittest"
 )
 
 const uid, gid = 12345, 12345
@@ -66,6 +67,11 @@ func newRepo(t *testing.T, files map[string]string) *repo {
 		dir:    dir,
 		commit: strings.TrimSpace(gittest.Run(t, dir, "rev-parse", "HEAD")),
 		tree:   strings.TrimSpace(gittest.Run(t, dir, "rev-parse", "HEAD^{tree}")),
+	}
+	// The archive as the authority makes it: its info/attributes keeps
+	// every byte the tree's.
+	if err := os.WriteFile(filepath.Join(dir, ".git", "info", "attributes"), []byte(gitcmd.PlainAttributes), 0o644); err != nil {
+		t.Fatal(err)
 	}
 	r.archive = []byte(gittest.Run(t, dir, "archive", "--format=tar", "HEAD"))
 	r.commitObject = []byte(gittest.Run(t, dir, "cat-file", "commit", "HEAD"))
@@ -740,9 +746,10 @@ func TestGetRefusesForeignGitDirectory(t *testing.T) {
 }
 
 // TestGetStagesRepositoriesUsingArchiveAttributes: attributes that change
-// checkout but not archive content stage fine. (export-ignore and
-// export-subst, which do change `git archive` output, are neutralized by
-// the authority; its source tests cover them.)
+// a checkout stage fine from the archive the authority makes (its
+// info/attributes keeps the tree's bytes), and the same files converted
+// (as a plain git archive converts them) are refused: the job sees
+// exactly the commit's bytes or nothing.
 func TestGetStagesRepositoriesUsingArchiveAttributes(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -758,11 +765,26 @@ func TestGetStagesRepositoriesUsingArchiveAttributes(t *testing.T) {
 			f := &fetcher{hdr: stage.Header{Commit: r.commit, TreeHash: r.tree}, data: r.archive}
 			src, err := c.Get(context.Background(), k, f.fetch)
 			if err != nil {
-				t.Fatalf("Get of a git archive of the commit: %v", err)
+				t.Fatalf("Get of the authority's archive of the commit: %v", err)
 			}
 			if src.TreeHash != r.tree {
 				t.Errorf("TreeHash = %s, want %s", src.TreeHash, r.tree)
 			}
+
+			// Converted bytes are not the commit's.
+			if err := os.Remove(filepath.Join(r.dir, ".git", "info", "attributes")); err != nil {
+				t.Fatal(err)
+			}
+			converted := []byte(gittest.Run(t, r.dir, "archive", "--format=tar", "HEAD"))
+			if bytes.Equal(converted, r.archive) {
+				t.Fatal("the plain archive converted nothing; the case tests nothing")
+			}
+			c2, root2 := newCache(t)
+			f2 := &fetcher{hdr: stage.Header{Commit: r.commit, TreeHash: r.tree}, data: converted}
+			if src, err := c2.Get(context.Background(), k, f2.fetch); err == nil {
+				t.Fatalf("staged converted bytes as the commit: %s", src.Dir)
+			}
+			checkNothingStaged(t, root2, k)
 		})
 	}
 }

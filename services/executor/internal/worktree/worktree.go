@@ -93,12 +93,6 @@ func (e *MemoryError) Error() string {
 	return fmt.Sprintf("computing the patch of the job's changes (git %s) needed more than its memory limit of %d bytes", e.Command, e.Limit)
 }
 
-// noAttributes is the repository's info/attributes, which takes precedence
-// over any .gitattributes: no attribute the job's files (or the staged
-// source's) set may change the bytes git records or run a filter, so a
-// patch holds exactly what the job left, and costs no conversion.
-const noAttributes = "* -text -filter -ident -working-tree-encoding\n"
-
 // Open initializes (if needed) a bare git directory at gitDir.
 //
 // git init writes HEAD last, so a directory without HEAD is an init that
@@ -134,16 +128,16 @@ func Open(ctx context.Context, gitDir string) (*Repo, error) {
 	return r, nil
 }
 
-// writeAttributes writes noAttributes where it is not already.
+// writeAttributes writes gitcmd.PlainAttributes where it is not already.
 func (r *Repo) writeAttributes() error {
 	p := filepath.Join(r.gitDir, "info", "attributes")
-	if b, err := os.ReadFile(p); err == nil && string(b) == noAttributes {
+	if b, err := os.ReadFile(p); err == nil && string(b) == gitcmd.PlainAttributes {
 		return nil
 	}
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return err
 	}
-	return atomicfile.Write(p, []byte(noAttributes), 0o644, atomicfile.Durable)
+	return atomicfile.Write(p, []byte(gitcmd.PlainAttributes), 0o644, atomicfile.Durable)
 }
 
 // initTimeout bounds one git init.
