@@ -47,6 +47,12 @@ type Event struct {
 	Hash string
 }
 
+// Outcomes as the log stores them.
+const (
+	OutcomeAllowed = "allowed"
+	OutcomeDenied  = "denied"
+)
+
 // canonicalTag starts every encoding, so a hash over some other structure
 // can never be mistaken for one over an event (and a later format changes
 // the tag).

@@ -32,12 +32,6 @@ const (
 	MaxIDBytes      = 128
 )
 
-// Audit outcomes as the log stores them.
-const (
-	OutcomeAllowed = "allowed"
-	outcomeDenied  = "denied"
-)
-
 // Config configures a Service.
 type Config struct {
 	Store   store.Store
@@ -130,7 +124,7 @@ func (s *Service) Refused(ctx context.Context, e audit.Event, err error) error {
 	if !refusable(err) {
 		return err
 	}
-	e.Outcome, e.Reason, e.Time = outcomeDenied, err.Error(), s.now()
+	e.Outcome, e.Reason, e.Time = audit.OutcomeDenied, err.Error(), s.now()
 	e, ok := s.refusals.Admit(e, e.Time)
 	if !ok {
 		return err // the same refusal was logged within the window; the next says how many

@@ -29,7 +29,7 @@ func (s *Service) Consume(ctx context.Context, caller identity.ID, req ConsumeRe
 	}
 	now := s.now()
 	e := ev
-	e.Time, e.Outcome = now, OutcomeAllowed
+	e.Time, e.Outcome = now, audit.OutcomeAllowed
 	e.Reason = fmt.Sprintf("bundle %s to %s:%s", a.BundleDigest, a.TargetRepo, a.TargetBranch)
 	out, err := s.cfg.Store.ConsumeApprovalAudited(ctx, store.ConsumeRequest{
 		ID: req.ID, JobID: req.JobID, BundleDigest: req.BundleDigest, TargetRepo: req.Target.Repo, TargetBranch: req.Target.Branch,

@@ -53,7 +53,7 @@ func (s *Service) Decide(ctx context.Context, caller identity.ID, req DecideRequ
 			}
 		}
 		e := ev
-		e.Time, e.Outcome = now, OutcomeAllowed
+		e.Time, e.Outcome = now, audit.OutcomeAllowed
 		e.Reason = fmt.Sprintf("%s (%d of %d approvals), now %s", req.Decision, approvals+boolInt(req.Decision == store.DecisionApprove), a.Required, a.State)
 		if req.Comment != "" {
 			e.Reason += ": " + req.Comment

@@ -79,7 +79,7 @@ func (s *Service) DownloadBundle(ctx context.Context, caller identity.ID, jobID 
 	if errors.Is(err, bundle.ErrDigestMismatch) {
 		s.cfg.Logger.Error("a bundle read for download does not match its job's result", "job_id", j.ID, "error", err)
 		ev := audit.Event{Time: s.now(), Kind: audit.KindReviewBundleMismatch, Caller: caller.String(), Subject: j.ID, Tenant: j.Tenant,
-			JobID: j.ID, Outcome: outcomeDenied, Reason: err.Error()}
+			JobID: j.ID, Outcome: audit.OutcomeDenied, Reason: err.Error()}
 		if _, aerr := s.cfg.Store.AppendAudit(ctx, ev); aerr != nil {
 			s.cfg.Logger.ErrorContext(ctx, "audit a bundle mismatch", "error", aerr)
 		}

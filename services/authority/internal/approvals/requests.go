@@ -33,7 +33,7 @@ func (s *Service) Open(ctx context.Context, caller identity.ID, j store.Job, t T
 		Required: max(tenant.Approvals.Required, 1), CreatedAt: now, ExpiresAt: now.Add(orDefault(tenant.Approvals.TTL, policy.DefaultApprovalTTL)),
 	}
 	stored, created, err := s.cfg.Store.CreateApprovalAudited(ctx, a, audit.Event{
-		Time: now, Kind: audit.KindApprovalOpened, Caller: caller.String(), Subject: a.ID, Outcome: OutcomeAllowed,
+		Time: now, Kind: audit.KindApprovalOpened, Caller: caller.String(), Subject: a.ID, Outcome: audit.OutcomeAllowed,
 		Reason: fmt.Sprintf("bundle %s to %s:%s, %d approval(s) needed by %s", a.BundleDigest, a.TargetRepo, a.TargetBranch, a.Required, a.ExpiresAt.Format(time.RFC3339)),
 	})
 	if err != nil {

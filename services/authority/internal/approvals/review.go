@@ -117,7 +117,7 @@ func (s *Service) ReadReview(ctx context.Context, caller identity.ID, id string,
 		// On the record, for whoever decides next: the bundle the
 		// executor holds is not the one this request names.
 		ev := audit.Event{Time: s.now(), Kind: audit.KindReviewBundleMismatch, Caller: caller.String(), Subject: id, JobID: j.ID,
-			Outcome: outcomeDenied, Reason: err.Error()}
+			Outcome: audit.OutcomeDenied, Reason: err.Error()}
 		if _, aerr := s.cfg.Store.AppendAudit(ctx, ev); aerr != nil {
 			s.cfg.Logger.ErrorContext(ctx, "audit a bundle mismatch", "error", aerr)
 		}

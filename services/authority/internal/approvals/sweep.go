@@ -17,7 +17,7 @@ import (
 func (s *Service) Sweep(ctx context.Context, caller identity.ID) (approvalsExpired int, err error) {
 	now := s.now()
 	expired := func(a store.Approval, reason string) audit.Event {
-		return audit.Event{Kind: audit.KindApprovalExpired, Caller: caller.String(), Subject: a.ID, Time: now, Outcome: OutcomeAllowed, Reason: reason}
+		return audit.Event{Kind: audit.KindApprovalExpired, Caller: caller.String(), Subject: a.ID, Time: now, Outcome: audit.OutcomeAllowed, Reason: reason}
 	}
 	n, err := Drain(func(batch int) (int, error) {
 		list, err := s.cfg.Store.ExpireApprovalsAudited(ctx, now, batch, func(a store.Approval) audit.Event {
@@ -62,14 +62,14 @@ func (s *Service) SweepEvery(ctx context.Context, caller identity.ID, interval t
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		a, err := s.Sweep(ctx, caller)
-		l := 0
-		if err == nil {
-			l, err = leases(ctx, caller)
-		}
+		// Each sweep runs whatever the other did: a failing approvals
+		// sweep must not keep expired leases usable.
+		a, aerr := s.Sweep(ctx, caller)
+		l, lerr := leases(ctx, caller)
 		switch {
-		case err != nil && ctx.Err() == nil:
-			s.cfg.Logger.ErrorContext(ctx, "expiry sweep", "error", err)
+		case (aerr != nil || lerr != nil) && ctx.Err() == nil:
+			s.cfg.Logger.ErrorContext(ctx, "expiry sweep", "approvals_error", aerr, "leases_error", lerr,
+				"approvals_expired", a, "leases_expired", l)
 		case a+l > 0:
 			s.cfg.Logger.InfoContext(ctx, "expiry sweep", "approvals_expired", a, "leases_expired", l)
 		}

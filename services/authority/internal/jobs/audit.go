@@ -21,12 +21,6 @@ import (
 // The audit log: appending entries (throttling repeated refusals),
 // reading it for approvers, and recording the policy in force.
 
-// Audit outcomes as the log stores them.
-const (
-	outcomeAllowed = "allowed"
-	outcomeDenied  = "denied"
-)
-
 // audit appends an event that goes with no job change (a refusal, a read).
 // A log that cannot be written is an error the caller must see: a decision
 // that is not recorded must not take effect.
@@ -55,7 +49,7 @@ func (s *Service) auditRefusal(ctx context.Context, e audit.Event) error {
 
 // AuditDenied records a call the authorization table refused.
 func (s *Service) AuditDenied(ctx context.Context, method string, caller identity.ID, reason string) {
-	if err := s.auditRefusal(ctx, audit.Event{Kind: audit.KindRpcDenied, Caller: caller.String(), Subject: method, Outcome: outcomeDenied, Reason: reason}); err != nil {
+	if err := s.auditRefusal(ctx, audit.Event{Kind: audit.KindRpcDenied, Caller: caller.String(), Subject: method, Outcome: audit.OutcomeDenied, Reason: reason}); err != nil {
 		s.cfg.Logger.Error("audit a denied call", "method", method, "caller", caller.String(), "error", err)
 	}
 }
@@ -178,6 +172,6 @@ func (s *Service) RecordPolicy(ctx context.Context, caller identity.ID) error {
 		}
 		parts = append(parts, name+" "+d)
 	}
-	return s.audit(ctx, audit.Event{Kind: audit.KindPolicyLoaded, Caller: caller.String(), Subject: all, Outcome: outcomeAllowed,
+	return s.audit(ctx, audit.Event{Kind: audit.KindPolicyLoaded, Caller: caller.String(), Subject: all, Outcome: audit.OutcomeAllowed,
 		Reason: strings.Join(parts, "; ")})
 }

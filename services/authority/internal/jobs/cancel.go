@@ -42,7 +42,7 @@ func (s *Service) Cancel(ctx context.Context, caller identity.ID, id, reason str
 		}
 		return nil
 	}, func(j *store.Job) audit.Event {
-		return audit.Event{Kind: audit.KindJobCancelled, Caller: caller.String(), Subject: j.ID, Outcome: outcomeAllowed, Reason: j.Message}
+		return audit.Event{Kind: audit.KindJobCancelled, Caller: caller.String(), Subject: j.ID, Outcome: audit.OutcomeAllowed, Reason: j.Message}
 	})
 	if err == nil && wasQueued {
 		s.gate.withdraw(id) // no longer waits for its turn

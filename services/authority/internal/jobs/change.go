@@ -100,7 +100,7 @@ func (s *Service) RequestChange(ctx context.Context, caller identity.ID, req Cha
 	res, err := s.requestChange(ctx, caller, req)
 	if err != nil && changeRefusal(err) {
 		if aerr := s.audit(ctx, audit.Event{Kind: audit.KindJobChangeRefused, Caller: caller.String(), Subject: req.JobID,
-			JobID: res.Job.ID, Tenant: res.Job.Tenant, Outcome: outcomeDenied, Reason: err.Error()}); aerr != nil {
+			JobID: res.Job.ID, Tenant: res.Job.Tenant, Outcome: audit.OutcomeDenied, Reason: err.Error()}); aerr != nil {
 			return ChangeResult{}, aerr
 		}
 	}
@@ -399,7 +399,7 @@ func (s *Service) openChange(ctx context.Context, caller identity.ID, j store.Jo
 		CreatedAt: now, ExpiresAt: now.Add(t.Approvals.TTL),
 	}
 	a, _, err = s.cfg.Store.CreateApprovalAudited(ctx, a, audit.Event{
-		Kind: audit.KindApprovalOpened, Caller: caller.String(), Subject: a.ID, Time: now, Outcome: outcomeAllowed,
+		Kind: audit.KindApprovalOpened, Caller: caller.String(), Subject: a.ID, Time: now, Outcome: audit.OutcomeAllowed,
 		Reason: fmt.Sprintf("change of job %s needs %d approval(s): %s", j.ID, a.Required, strings.Join(ch.Widens, "; ")),
 	})
 	if err != nil {
@@ -442,7 +442,7 @@ func (s *Service) ApplyApproved(ctx context.Context, by identity.ID, id string) 
 	if err != nil && changeRefusal(err) {
 		// The approval stays unspent; the log says why it did not apply.
 		if aerr := s.audit(ctx, audit.Event{Kind: audit.KindJobChangeRefused, Caller: by.String(), Subject: a.JobID,
-			JobID: a.JobID, Tenant: a.Tenant, Outcome: outcomeDenied, Reason: fmt.Sprintf("approval %s: %v", a.ID, err)}); aerr != nil {
+			JobID: a.JobID, Tenant: a.Tenant, Outcome: audit.OutcomeDenied, Reason: fmt.Sprintf("approval %s: %v", a.ID, err)}); aerr != nil {
 			return store.Job{}, aerr
 		}
 	}
@@ -489,7 +489,7 @@ func (s *Service) applyChange(ctx context.Context, caller identity.ID, cur Grant
 				errdefs.ErrFailedPrecondition, j.ID, g.Generation, ch.BaseGeneration)
 		}
 		j.Grant, j.NetworkState, j.UpdatedAt = sg.Wire, "pending", now
-		return audit.Event{Kind: audit.KindJobChanged, Caller: caller.String(), Subject: j.ID, Time: now, Outcome: outcomeAllowed,
+		return audit.Event{Kind: audit.KindJobChanged, Caller: caller.String(), Subject: j.ID, Time: now, Outcome: audit.OutcomeAllowed,
 			Reason: fmt.Sprintf("grant generation %d: %s", next.Generation, reason)}, nil
 	}
 	var j store.Job
@@ -497,7 +497,7 @@ func (s *Service) applyChange(ctx context.Context, caller identity.ID, cur Grant
 		j, err = s.cfg.Store.UpdateJobAudited(ctx, cur.JobID, update)
 	} else {
 		_, j, err = s.cfg.Store.ApplyChangeAudited(ctx, *consume, audit.Event{
-			Kind: audit.KindApprovalConsumed, Caller: consume.By, Subject: consume.ID, Time: now, Outcome: outcomeAllowed,
+			Kind: audit.KindApprovalConsumed, Caller: consume.By, Subject: consume.ID, Time: now, Outcome: audit.OutcomeAllowed,
 			Reason: "change applied to job " + cur.JobID,
 		}, update)
 	}
@@ -543,7 +543,7 @@ func (s *Service) pushChange(ctx context.Context, id string, grant []byte, prev 
 		j.Grant, j.NetworkState = prevWire.Wire, "applied"
 		return nil
 	}, func(j *store.Job) audit.Event {
-		return audit.Event{Kind: audit.KindJobChangeFailed, Caller: caller.String(), Subject: j.ID, Outcome: outcomeDenied,
+		return audit.Event{Kind: audit.KindJobChangeFailed, Caller: caller.String(), Subject: j.ID, Outcome: audit.OutcomeDenied,
 			Reason: "the executor refused the new grant; the previous one stays in force: " + reason}
 	})
 	if uerr != nil {
@@ -616,7 +616,7 @@ func (s *Service) resumeChange(id string, grant []byte) {
 					j.NetworkState, j.Message = "failed", "the executor refused the job's latest grant: "+reason
 					return nil
 				}, func(j *store.Job) audit.Event {
-					return audit.Event{Kind: audit.KindJobChangeFailed, Subject: j.ID, Outcome: outcomeDenied,
+					return audit.Event{Kind: audit.KindJobChangeFailed, Subject: j.ID, Outcome: audit.OutcomeDenied,
 						Reason: "the executor refused the pending grant after a restart: " + reason}
 				}); uerr != nil {
 					s.cfg.Logger.Error("record a refused change", "job", id, "error", uerr)

@@ -382,7 +382,7 @@ func (s *Service) regrant(j store.Job) (store.Job, error) {
 		if r, err := identity.Parse(cur.Requester); err == nil {
 			by = identity.Service(r.TrustDomain, identity.ServiceAuthority).String()
 		}
-		return audit.Event{Kind: audit.KindJobRegranted, Caller: by, Subject: cur.ID, Outcome: outcomeAllowed,
+		return audit.Event{Kind: audit.KindJobRegranted, Caller: by, Subject: cur.ID, Outcome: audit.OutcomeAllowed,
 			Reason: fmt.Sprintf("no executor accepted the grant before it expired; the same decision, granted again until %s (start deadline %s)",
 				req.ExpiresAt.Format(time.RFC3339), cur.CreatedAt.Add(s.startDeadline(*cur)).Format(time.RFC3339))}
 	})

@@ -160,7 +160,7 @@ func (s *Service) RequestExec(ctx context.Context, caller identity.ID, j store.J
 		reason = strings.ToValidUTF8(reason[:2048], "") + "…"
 	}
 	event := audit.Event{Kind: audit.KindExecRequested, Caller: caller.String(), Subject: j.ID, Tenant: j.Tenant, JobID: j.ID, Time: now,
-		Outcome: outcomeAllowed, Reason: reason}
+		Outcome: audit.OutcomeAllowed, Reason: reason}
 	x, created, err := s.cfg.Store.CreateExecAudited(ctx, rec, func(existing *store.Exec) (audit.Event, error) {
 		if existing != nil && existing.SpecDigest != "" && existing.SpecDigest != digest {
 			return audit.Event{}, fmt.Errorf("%w: spec.exec_id %q: an exec of this id was requested with a different %s",
@@ -173,7 +173,7 @@ func (s *Service) RequestExec(ctx context.Context, caller identity.ID, j store.J
 	})
 	if errors.Is(err, errdefs.ErrAlreadyExists) {
 		if aerr := s.auditRefusal(ctx, audit.Event{Kind: audit.KindExecRequested, Caller: caller.String(), Subject: j.ID, Tenant: j.Tenant, JobID: j.ID,
-			Outcome: outcomeDenied, Reason: err.Error()}); aerr != nil {
+			Outcome: audit.OutcomeDenied, Reason: err.Error()}); aerr != nil {
 			return store.Exec{}, false, aerr
 		}
 		return store.Exec{}, false, err

@@ -128,7 +128,7 @@ func (s *Service) ReportResult(ctx context.Context, caller identity.ID, id strin
 		}
 		return nil
 	}, func(j *store.Job) audit.Event {
-		return audit.Event{Kind: audit.KindResultRecorded, Caller: caller.String(), Subject: j.ID, Outcome: outcomeAllowed,
+		return audit.Event{Kind: audit.KindResultRecorded, Caller: caller.String(), Subject: j.ID, Outcome: audit.OutcomeAllowed,
 			Reason: fmt.Sprintf("%s, bundle %s: %s", j.State, orNone(j.BundleDigest), j.Message)}
 	})
 	if err == nil && len(r.Execs) > 0 {

@@ -81,7 +81,7 @@ func (s *Service) RecordWrite(ctx context.Context, caller identity.ID, j store.J
 		path = strings.ToValidUTF8(path[:1024], "") + "…"
 	}
 	_, err := s.cfg.Store.AppendAudit(ctx, audit.Event{
-		Kind: audit.KindFileWritten, Caller: caller.String(), Subject: j.ID, Tenant: j.Tenant, JobID: j.ID, Outcome: outcomeAllowed,
+		Kind: audit.KindFileWritten, Caller: caller.String(), Subject: j.ID, Tenant: j.Tenant, JobID: j.ID, Outcome: audit.OutcomeAllowed,
 		Reason: fmt.Sprintf("%q: %d bytes", path, size),
 	})
 	return err

@@ -88,7 +88,7 @@ func (s *Service) FetchSource(ctx context.Context, caller identity.ID, id string
 		history = fmt.Sprintf(", git history depth %d of %d (%d commits)", h.Depth, depth, h.Commits)
 	}
 	return s.audit(ctx, audit.Event{Kind: audit.KindSourceFetched, Caller: caller.String(), Subject: j.ID, Tenant: j.Tenant, JobID: j.ID,
-		Outcome: outcomeAllowed, Reason: fmt.Sprintf("repository %s at %s (tree %s)%s", j.Repository, j.Commit, j.TreeHash, history)})
+		Outcome: audit.OutcomeAllowed, Reason: fmt.Sprintf("repository %s at %s (tree %s)%s", j.Repository, j.Commit, j.TreeHash, history)})
 }
 
 // historyDepth is the git history depth the tenant's policy gives a job's

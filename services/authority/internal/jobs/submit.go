@@ -48,7 +48,7 @@ func (s *Service) Submit(ctx context.Context, caller identity.ID, req SubmitRequ
 		// The refusal is a decision too; the caller still learns of it if
 		// it cannot be recorded.
 		if aerr := s.auditRefusal(ctx, audit.Event{Kind: audit.KindJobRefused, Caller: caller.String(), Subject: req.Spec.Repository,
-			Tenant: req.Tenant, Outcome: outcomeDenied, Reason: err.Error()}); aerr != nil {
+			Tenant: req.Tenant, Outcome: audit.OutcomeDenied, Reason: err.Error()}); aerr != nil {
 			s.cfg.Logger.Error("audit a refused job", "error", aerr)
 		}
 	}
@@ -114,14 +114,14 @@ func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequ
 		j.State, j.NetworkState = store.StateQueued, "pending"
 		j.Grant, j.GrantExpiresAt = g.Wire, now.Add(s.cfg.GrantTTL)
 	}
-	ev := audit.Event{Kind: audit.KindJobGranted, Caller: caller.String(), Subject: j.ID, Outcome: outcomeAllowed,
+	ev := audit.Event{Kind: audit.KindJobGranted, Caller: caller.String(), Subject: j.ID, Outcome: audit.OutcomeAllowed,
 		Reason: fmt.Sprintf("repository %s at %s, command %q; grant expires %s", j.Repository, j.Commit, req.Spec.Command, j.GrantExpiresAt.Format(time.RFC3339))}
 	if d.session != nil {
 		ev.Reason = fmt.Sprintf("session on repository %s at %s, idle timeout %s, at most %d execs at once; grant expires %s",
 			j.Repository, j.Commit, d.session.IdleTimeout, d.session.MaxConcurrentExecs, j.GrantExpiresAt.Format(time.RFC3339))
 	}
 	if j.State == store.StateFailed {
-		ev.Kind, ev.Outcome, ev.Reason = audit.KindJobRefused, outcomeDenied, j.Message
+		ev.Kind, ev.Outcome, ev.Reason = audit.KindJobRefused, audit.OutcomeDenied, j.Message
 	}
 	stored, created, err := s.cfg.Store.CreateJobAudited(ctx, j, ev)
 	if err != nil {

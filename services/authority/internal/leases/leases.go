@@ -139,7 +139,7 @@ func (s *Service) Lease(ctx context.Context, caller identity.ID, cert *x509.Cert
 		return store.Lease{}, nil, fmt.Errorf("leases: seal the credential: %w", err)
 	}
 	e := ev
-	e.Subject, e.Time, e.Outcome = l.ID, l.IssuedAt, approvals.OutcomeAllowed
+	e.Subject, e.Time, e.Outcome = l.ID, l.IssuedAt, audit.OutcomeAllowed
 	e.Reason = fmt.Sprintf("%s credential for %s until %s", l.Purpose, l.Resource, l.ExpiresAt.Format(time.RFC3339))
 	stored, err := s.cfg.Store.CreateLeaseAudited(ctx, l, e)
 	if err != nil {
@@ -275,7 +275,7 @@ func (s *Service) Revoke(ctx context.Context, caller identity.ID, id, reason str
 	}
 	now := s.now()
 	e := ev
-	e.Time, e.Outcome, e.Reason = now, approvals.OutcomeAllowed, orNone(reason)
+	e.Time, e.Outcome, e.Reason = now, audit.OutcomeAllowed, orNone(reason)
 	out, err := s.cfg.Store.RevokeLeaseAudited(ctx, id, now, reason, e)
 	if err != nil {
 		return store.Lease{}, s.refused(ctx, ev, err)
@@ -403,7 +403,7 @@ func (s *Service) Use(ctx context.Context, caller identity.ID, req UseRequest) (
 		return store.Lease{}, s.refused(ctx, ev, err)
 	}
 	e := ev
-	e.Time, e.Outcome = now, approvals.OutcomeAllowed
+	e.Time, e.Outcome = now, audit.OutcomeAllowed
 	e.Reason = fmt.Sprintf("%s credential used on %s; the lease ends %s", l.Purpose, l.Resource, l.ExpiresAt.Format(time.RFC3339))
 	if _, err := s.cfg.Store.AppendAudit(ctx, e); err != nil {
 		// A use that is not on the log must not happen.

@@ -19,7 +19,7 @@ func (s *Service) Sweep(ctx context.Context, caller identity.ID) (int, error) {
 	now := s.now()
 	return approvals.Drain(func(batch int) (int, error) {
 		list, err := s.cfg.Store.ExpireLeasesAudited(ctx, now, batch, func(l store.Lease) audit.Event {
-			return audit.Event{Kind: audit.KindLeaseExpired, Caller: caller.String(), Subject: l.ID, Time: now, Outcome: approvals.OutcomeAllowed,
+			return audit.Event{Kind: audit.KindLeaseExpired, Caller: caller.String(), Subject: l.ID, Time: now, Outcome: audit.OutcomeAllowed,
 				Reason: fmt.Sprintf("%s lease on %s ended at %s", l.Purpose, l.Resource, l.ExpiresAt.Format(time.RFC3339))}
 		})
 		return len(list), err
