@@ -125,3 +125,26 @@ func TestRunscPidsLimit(t *testing.T) {
 		})
 	}
 }
+
+// At the host-task bound only runsc's exit as a panicking sentry (status
+// 2) is taken for the sandbox's failure; a job that met the bound and then
+// exited on its own keeps its status (its Result says the bound was met).
+func TestSentryDiedAtHostPids(t *testing.T) {
+	for _, tc := range []struct {
+		hit  bool
+		code int
+		want bool
+	}{
+		{true, 2, true},
+		{true, 1, false},
+		{true, 3, false},
+		{true, 137, false},
+		{true, 0, false},
+		{false, 2, false},
+		{false, 1, false},
+	} {
+		if got := sentryDiedAtHostPids(tc.hit, tc.code); got != tc.want {
+			t.Errorf("bound reached %v, exit %d: sandbox error %v, want %v", tc.hit, tc.code, got, tc.want)
+		}
+	}
+}

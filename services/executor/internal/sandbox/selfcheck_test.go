@@ -236,3 +236,36 @@ func TestSelfCheckPidsFitProcs(t *testing.T) {
 		}
 	}
 }
+
+// Under systrap no start takes the self-check from a stamp, even one the
+// executor itself could have written for exactly this runsc, executor,
+// kernel and CPU: one lucky pass of a probabilistic failure is not trusted.
+func TestSelfCheckNotCachedOffPtrace(t *testing.T) {
+	systrap := func(c *Config) { c.RunscPlatform = "systrap" }
+	first := newEnv(t, systrap)
+	st, _ := first.m.Available(ClassRunsc)
+	if st.Version == "" {
+		t.Fatalf("runsc unavailable before the self-check: %s", st.Reason)
+	}
+	t.Logf("systrap's self-check: %s %s", st.SelfCheck, st.Reason)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := first.m.selfCheckKey(self, st.Version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := passStamp{dir: first.m.cfg.RunscSelfCheckCache, key: key}
+	if err := os.MkdirAll(p.dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p.path(), []byte(key), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	again := newEnv(t, systrap, func(c *Config) { c.StateDir = first.cfg.StateDir })
+	st, _ = again.m.Available(ClassRunsc)
+	if st.SelfCheckCached || st.SelfCheck == "" {
+		t.Fatalf("systrap's self-check %q, cached %v: want it run", st.SelfCheck, st.SelfCheckCached)
+	}
+}
