@@ -23,7 +23,8 @@ import (
 // That growth is not linear in the job's tasks (a guest process gains a
 // stub thread for every sentry thread that runs it), so no linear bound
 // fits every job: at the bound the sentry cannot start a stub thread and
-// dies, and the job ends as a sandbox error that names the bound.
+// dies (runsc exits 2), and the job ends as a sandbox error that names the
+// bound (see sentryDiedAtHostPids).
 
 // runscHostPidsPerTask and runscHostPidsBase size the host bound of a
 // runsc job of n tasks: n*runscHostPidsPerTask + runscHostPidsBase, and
