@@ -269,3 +269,13 @@ func TestSelfCheckNotCachedOffPtrace(t *testing.T) {
 		t.Fatalf("systrap's self-check %q, cached %v: want it run", st.SelfCheck, st.SelfCheckCached)
 	}
 }
+
+// A self-check job that exits 0 without a pass of some rounds (here its
+// length, a nanosecond, is over before any round starts, so it prints
+// rounds=0) is refused: an exit status alone proves nothing.
+func TestSelfCheckWithoutRoundsRefused(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.RunscSelfCheck = time.Nanosecond })
+	if st, ok := e.m.Available(ClassRunsc); ok || st.SelfCheck != SelfCheckFailed || !strings.Contains(st.Reason, selfCheckOutput+" rounds=0") {
+		t.Fatalf("Available(a self-check of no rounds) = %+v, %v; want refused, naming what it printed", st, ok)
+	}
+}
