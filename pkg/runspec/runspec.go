@@ -21,8 +21,12 @@ const (
 	ClassRunsc = "runsc"
 )
 
-// The least a job may be given; below it the runtime itself cannot start
-// (gVisor's sentry and gofer take memory and threads of their own).
+// The least a job may be given. Below the memory minimums the runtime
+// itself cannot start (gVisor's sentry and gofer take memory of their
+// own); the pids minimums leave a job room for a shell and its children
+// (under runsc the job's pids are the tasks inside gVisor, which holds
+// them to the limit itself, and its own host tasks are bounded apart:
+// see the executor's sandbox.cgroupLimitsOf).
 const (
 	MinCPUMillis        = 10
 	MinMemoryBytes      = 16 << 20
@@ -31,6 +35,12 @@ const (
 	MinRunscPids        = 64
 	MinDiskBytes        = 4 << 20
 )
+
+// MaxRunscPids is the most pids a runsc job may be given: its gVisor's
+// host tasks are bounded at 16 per job task plus 512 but never above
+// 8,192, and 2*3,840+512 is 8,192, so the bound leaves every job at least
+// two host tasks per task of its own.
+const MaxRunscPids = 3840
 
 // Limits are a job's resource limits.
 type Limits struct {
@@ -46,7 +56,8 @@ type FieldError struct {
 
 func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
 
-// CheckLimits reports the first limit under what class needs.
+// CheckLimits reports the first limit under what class needs, or above
+// what it allows.
 func CheckLimits(class string, l Limits) error {
 	mem, pids := int64(MinMemoryBytes), int64(MinPids)
 	switch class {
@@ -63,6 +74,8 @@ func CheckLimits(class string, l Limits) error {
 		return &FieldError{"memory_bytes", fmt.Sprintf("%d: must be at least %d under %s (the runtime's own start-up needs it)", l.MemoryBytes, mem, class)}
 	case l.Pids < pids:
 		return &FieldError{"pids", fmt.Sprintf("%d: must be at least %d under %s", l.Pids, pids, class)}
+	case class == ClassRunsc && l.Pids > MaxRunscPids:
+		return &FieldError{"pids", fmt.Sprintf("%d: must be at most %d under runsc (gVisor's own host tasks are bounded for it)", l.Pids, MaxRunscPids)}
 	case l.DiskBytes < MinDiskBytes:
 		return &FieldError{"disk_bytes", fmt.Sprintf("%d: must be at least %d", l.DiskBytes, MinDiskBytes)}
 	case l.Deadline <= 0:

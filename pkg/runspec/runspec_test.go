@@ -17,6 +17,14 @@ func TestCheckLimits(t *testing.T) {
 			t.Errorf("%s: %v", c, err)
 		}
 	}
+	// The runsc maximum is runsc's alone.
+	for c, pids := range map[string]int64{runspec.ClassRunsc: runspec.MaxRunscPids, runspec.ClassRunc: 1 << 20} {
+		l := ok
+		l.Pids = pids
+		if err := runspec.CheckLimits(c, l); err != nil {
+			t.Errorf("%s, pids %d: %v", c, pids, err)
+		}
+	}
 	for _, tc := range []struct {
 		class string
 		edit  func(*runspec.Limits)
@@ -29,6 +37,8 @@ func TestCheckLimits(t *testing.T) {
 		{"runc", func(l *runspec.Limits) { l.Deadline = 0 }, "deadline"},
 		{"runsc", func(l *runspec.Limits) { l.MemoryBytes = 32 << 20 }, "memory_bytes"},
 		{"runsc", func(l *runspec.Limits) { l.Pids = 32 }, "pids"},
+		{"runsc", func(l *runspec.Limits) { l.Pids = runspec.MaxRunscPids + 1 }, "pids"},
+		{"runsc", func(l *runspec.Limits) { l.Pids = 1 << 40 }, "pids"},
 		{"kata", func(*runspec.Limits) {}, "runtime_class"},
 	} {
 		l := ok

@@ -542,7 +542,12 @@ func (m *Manager) probe(ctx context.Context, c Class) RuntimeStatus {
 		return st
 	}
 	// '.' is outside the job id alphabet: a probe never meets a job.
-	if why := m.probeJob(ctx, c, Spec{ID: "probe." + string(c), Source: src, Command: []string{"/bin/sh", "-c", "echo " + probeOutput}, Limits: probeLimits}, probeOutput); why != "" {
+	if why := m.probeJob(ctx, c, Spec{ID: "probe." + string(c), Source: src, Command: []string{"/bin/sh", "-c", "echo " + probeOutput}, Limits: probeLimits}, func(stdout string) string {
+		if strings.TrimSpace(stdout) != probeOutput {
+			return fmt.Sprintf("a test job printed %q, want %q", stdout, probeOutput)
+		}
+		return ""
+	}); why != "" {
 		st.Reason = why
 		return st
 	}
@@ -560,9 +565,9 @@ func (m *Manager) probe(ctx context.Context, c Class) RuntimeStatus {
 }
 
 // probeJob runs spec (its class c) as a test job and says what was wrong
-// with it: "" when it exited 0 having printed want (its whole stdout,
-// trimmed) or, with want empty, anything.
-func (m *Manager) probeJob(ctx context.Context, c Class, spec Spec, want string) string {
+// with it: "" when it exited 0 and verdict found nothing wrong with its
+// stdout.
+func (m *Manager) probeJob(ctx context.Context, c Class, spec Spec, verdict func(stdout string) string) string {
 	if err := m.removeLeftover(spec.ID); err != nil {
 		return fmt.Sprintf("remove a previous probe's sandbox: %v", err)
 	}
@@ -584,8 +589,8 @@ func (m *Manager) probeJob(ctx context.Context, c Class, spec Spec, want string)
 		why = fmt.Sprintf("a test job could not run: %v", runErr)
 	case res.Reason != ReasonExited || res.ExitCode != 0:
 		why = fmt.Sprintf("a test job ended %s (exit %d): %s", res.Reason, res.ExitCode, res.Message)
-	case want != "" && strings.TrimSpace(stdout.String()) != want:
-		why = fmt.Sprintf("a test job printed %q, want %q", stdout.String(), want)
+	case verdict(stdout.String()) != "":
+		why = verdict(stdout.String())
 	default:
 		return ""
 	}

@@ -23,14 +23,16 @@ import (
 // That growth is not linear in the job's tasks (a guest process gains a
 // stub thread for every sentry thread that runs it), so no linear bound
 // fits every job: at the bound the sentry cannot start a stub thread and
-// dies, and the job ends as a sandbox error that names the bound.
+// dies (runsc exits 2), and the job ends as a sandbox error that names the
+// bound (see sentryDiedAtHostPids).
 
 // runscHostPidsPerTask and runscHostPidsBase size the host bound of a
-// runsc job of n tasks: n*runscHostPidsPerTask + runscHostPidsBase, at most
-// runscHostPidsMax (a quarter of Linux's default pid_max, 32,768: a job
-// with a large limit must not take the host's pids) unless 2n +
-// runscHostPidsBase is more. A Go build with every package recompiled
-// needs under 1,024.
+// runsc job of n tasks: n*runscHostPidsPerTask + runscHostPidsBase, and
+// never above runscHostPidsMax (a quarter of Linux's default pid_max,
+// 32,768: a job with a large limit must not take the host's pids).
+// runspec.MaxRunscPids keeps n low enough that the bound is at least 2n +
+// runscHostPidsBase. A Go build with every package recompiled needs under
+// 1,024. (Each job is bounded alone: jobs together may take more.)
 const (
 	runscHostPidsPerTask = 16
 	runscHostPidsBase    = 512
@@ -41,7 +43,8 @@ const (
 // the job's limits l: l itself but for runsc's pids (see above).
 func cgroupLimitsOf(c Class, l Limits) Limits {
 	if c == ClassRunsc {
-		l.Pids = min(l.Pids*runscHostPidsPerTask, max(runscHostPidsMax-runscHostPidsBase, 2*l.Pids)) + runscHostPidsBase
+		// (The inner min keeps the product from overflowing.)
+		l.Pids = min(min(l.Pids, runscHostPidsMax)*runscHostPidsPerTask+runscHostPidsBase, runscHostPidsMax)
 	}
 	return l
 }

@@ -12,6 +12,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/runspec"
 )
 
 // Under runc the cgroup holds the job's limits as given; under runsc all
@@ -23,8 +24,13 @@ func TestCgroupLimitsOf(t *testing.T) {
 	for _, tc := range []struct{ pids, host int64 }{
 		{64, 64*16 + 512},
 		{128, 128*16 + 512},
+		{480, 480*16 + 512},
 		{1024, 8192},
-		{8192, 2*8192 + 512},
+		{runspec.MaxRunscPids, 8192},
+		// Above runspec's maximum (refused before a job is made) the
+		// bound still holds.
+		{8192, 8192},
+		{1 << 40, 8192},
 	} {
 		l := defaultLimits
 		l.Pids = tc.pids
@@ -32,6 +38,15 @@ func TestCgroupLimitsOf(t *testing.T) {
 		want.Pids = tc.host
 		if got := cgroupLimitsOf(ClassRunsc, l); got != want {
 			t.Errorf("runsc, pids %d: %+v, want %+v", tc.pids, got, want)
+		}
+	}
+	// Every limit runspec allows leaves at least two host tasks per job
+	// task, and none takes more than the cap.
+	for n := int64(runspec.MinRunscPids); n <= runspec.MaxRunscPids; n++ {
+		l := defaultLimits
+		l.Pids = n
+		if got := cgroupLimitsOf(ClassRunsc, l).Pids; got < 2*n+runscHostPidsBase || got > runscHostPidsMax {
+			t.Fatalf("runsc, pids %d: host bound %d", n, got)
 		}
 	}
 }
@@ -108,5 +123,28 @@ func TestRunscPidsLimit(t *testing.T) {
 				t.Errorf("cgroup limits %+v after a memory update, want %+v", got, want)
 			}
 		})
+	}
+}
+
+// At the host-task bound only runsc's exit as a panicking sentry (status
+// 2) is taken for the sandbox's failure; a job that met the bound and then
+// exited on its own keeps its status (its Result says the bound was met).
+func TestSentryDiedAtHostPids(t *testing.T) {
+	for _, tc := range []struct {
+		hit  bool
+		code int
+		want bool
+	}{
+		{true, 2, true},
+		{true, 1, false},
+		{true, 3, false},
+		{true, 137, false},
+		{true, 0, false},
+		{false, 2, false},
+		{false, 1, false},
+	} {
+		if got := sentryDiedAtHostPids(tc.hit, tc.code); got != tc.want {
+			t.Errorf("bound reached %v, exit %d: sandbox error %v, want %v", tc.hit, tc.code, got, tc.want)
+		}
 	}
 }

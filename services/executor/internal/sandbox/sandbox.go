@@ -320,9 +320,7 @@ wait:
 			msgs = append(msgs, werr.Error())
 		}
 		errs = append(errs, fmt.Errorf("%s did not start the job (exit %d): %s", s.rt.class, code, strings.Join(msgs, "; ")))
-	case hostPidsHit && code != 0:
-		// gVisor's sentry dies when it cannot start a host task (a Go
-		// panic: status 2), so the status is not the job's.
+	case sentryDiedAtHostPids(hostPidsHit, code):
 		errs = append(errs, fmt.Errorf("runsc ended with status %d: %s", code, strings.Join(append([]string{runscHostPidsHit(lim)}, msgs...), "; ")))
 	case s.rt.class == ClassRunsc && code == runscFailureExit && len(msgs) > 0:
 		errs = append(errs, fmt.Errorf("runsc failed: %s", strings.Join(msgs, "; ")))
@@ -352,6 +350,18 @@ func untilDeadline(start, now time.Time, d time.Duration) time.Duration {
 
 // runscFailureExit is how runsc exits on its own errors.
 const runscFailureExit = 128
+
+// sentryPanicExit is runsc's status when gVisor's sentry dies of a Go
+// panic, as it does when it cannot start a host task.
+const sentryPanicExit = 2
+
+// sentryDiedAtHostPids says that a runsc job's status code is not the
+// job's but its sentry's, dead at the host-task bound: the bound was
+// reached (hit) and runsc exited as a panicking sentry does. A job that
+// met the bound and then exited with a status of its own gets that status.
+func sentryDiedAtHostPids(hit bool, code int) bool {
+	return hit && code == sentryPanicExit
+}
 
 // exitCode is the runtime's exit status, which is the job's: runc and runsc
 // exit with the container process's status, or 128+N when it died of

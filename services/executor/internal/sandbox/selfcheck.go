@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -27,7 +29,8 @@ import (
 // initialization runs before main.
 const selfCheckEnv = "AIRLOCK_SANDBOX_SELFCHECK"
 
-// selfCheckOutput starts the line a passing self-check prints.
+// selfCheckOutput starts the line a passing self-check prints; the runner
+// requires it (see selfCheckVerdict).
 const selfCheckOutput = "airlock-selfcheck ok"
 
 // DefaultSelfCheck is how long the runsc self-check computes unless
@@ -52,13 +55,14 @@ func init() {
 // directory, owned by the sandbox's root; version is runsc's (with its
 // binary's digest).
 //
-// A pass is recorded in Config.RunscSelfCheckCache, in a file named by a key
-// of everything the outcome depends on: runsc's binary, the platform, the
-// check's length, the executor's own binary (the workload), the kernel and
-// the CPU. An executor
-// that starts again on the same machine with the same binaries skips the
-// check, so it costs its length once, not at every start. A failure is
-// never recorded: every start checks again.
+// A pass under the ptrace platform is recorded in
+// Config.RunscSelfCheckCache, in a file named by a key of everything the
+// outcome depends on: runsc's binary, the platform, the check's length,
+// the executor's own binary (the workload), the kernel and the CPU. An
+// executor that starts again on the same machine with the same binaries
+// skips the check, so it costs its length once, not at every start. A
+// failure is never recorded, nor a pass under another platform: every
+// start checks again.
 func (m *Manager) selfCheck(ctx context.Context, src, version string) (why string, cached bool) {
 	self, err := os.Executable()
 	if err != nil {
@@ -68,21 +72,71 @@ func (m *Manager) selfCheck(ctx context.Context, src, version string) (why strin
 	if err != nil {
 		return fmt.Sprintf("read what the self-check depends on: %v", err), false
 	}
-	stamp := filepath.Join(m.cfg.RunscSelfCheckCache, "runsc-selfcheck-"+key+".passed")
-	if got, err := os.ReadFile(stamp); err == nil && string(got) == key {
+	// Only ptrace's pass is recorded: under another platform the check's
+	// failures are matters of luck (systrap's came after 2 and 8 s of 10),
+	// so one pass on an idle host says little of the next start.
+	return passStamp{dir: m.cfg.RunscSelfCheckCache, key: key}.check(m.cfg.RunscPlatform == "ptrace", func() string {
+		return m.runSelfCheck(ctx, src, self)
+	}, m.log)
+}
+
+// passStamp is the record of a passed self-check: a file in dir named by
+// key, holding key.
+type passStamp struct{ dir, key string }
+
+func (p passStamp) path() string {
+	return filepath.Join(p.dir, "runsc-selfcheck-"+p.key+".passed")
+}
+
+// check says what run, the self-check, found wrong, "" if nothing; cached
+// says the stamp stood in for it. Where cache is false the stamp is
+// neither trusted nor written.
+func (p passStamp) check(cache bool, run func() string, log *slog.Logger) (why string, cached bool) {
+	if cache && p.passed() {
 		return "", true
 	}
-	if why := m.runSelfCheck(ctx, src, self); why != "" {
+	if why := run(); why != "" {
 		return why, false
 	}
-	err = os.MkdirAll(m.cfg.RunscSelfCheckCache, 0o700)
+	if !cache {
+		return "", false
+	}
+	err := os.MkdirAll(p.dir, 0o700)
 	if err == nil {
-		err = atomicfile.Write(stamp, []byte(key), 0o600, atomicfile.Durable)
+		err = atomicfile.Write(p.path(), []byte(p.key), 0o600, atomicfile.Durable)
 	}
 	if err != nil {
-		m.log.Warn("sandbox: record the runsc self-check's pass", "error", err)
+		log.Warn("sandbox: record the runsc self-check's pass", "error", err)
 	}
 	return "", false
+}
+
+// passed says the stamp records a pass. Its content is computable, so it
+// is trusted only where no one but the executor's user could have written
+// it: a directory (not a link) and a plain file (not a link, a FIFO or a
+// device: opened without following a link or blocking) that user owns and
+// no group or other may write, holding exactly the key.
+func (p passStamp) passed() bool {
+	euid := uint32(os.Geteuid())
+	var dir unix.Stat_t
+	if err := unix.Lstat(p.dir, &dir); err != nil ||
+		dir.Mode&unix.S_IFMT != unix.S_IFDIR || dir.Uid != euid || dir.Mode&0o022 != 0 {
+		return false
+	}
+	fd, err := unix.Open(p.path(), unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	f := os.NewFile(uintptr(fd), p.path())
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil ||
+		st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != euid || st.Mode&0o022 != 0 || st.Size != int64(len(p.key)) {
+		return false
+	}
+	got := make([]byte, len(p.key)+1)
+	n, err := io.ReadFull(f, got)
+	return errors.Is(err, io.ErrUnexpectedEOF) && string(got[:n]) == p.key
 }
 
 // selfCheckKey names everything a self-check's outcome depends on: see
@@ -131,12 +185,32 @@ func (m *Manager) runSelfCheck(ctx context.Context, src, self string) string {
 		return err.Error()
 	}
 	defer os.Remove(dst)
-	limits := Limits{CPUMillis: 2000, MemoryBytes: 512 << 20, Pids: 256, DiskBytes: 16 << 20, Deadline: 2 * time.Minute}
-	why := m.probeJob(ctx, ClassRunsc, Spec{
+	limits := Limits{CPUMillis: 2000, MemoryBytes: 512 << 20, Pids: selfCheckPids(runtime.NumCPU()), DiskBytes: 16 << 20, Deadline: 2 * time.Minute}
+	return m.probeJob(ctx, ClassRunsc, Spec{
 		ID: "probe.runsc-selfcheck", Source: src, Command: []string{"./selfcheck"},
 		Env: map[string]string{selfCheckEnv: m.cfg.RunscSelfCheck.String()}, Limits: limits,
-	}, "")
-	return why
+	}, selfCheckVerdict)
+}
+
+// selfCheckProcs is the self-check's GOMAXPROCS on a machine of ncpu CPUs:
+// more than the CPUs, so threads are switched and migrated, but at most 64,
+// so a large host's check stays within its pids limit.
+func selfCheckProcs(ncpu int) int { return min(max(4, 2*ncpu), 64) }
+
+// selfCheckPids is the self-check job's pids limit on a machine of ncpu
+// CPUs: room for its Go runtime's threads (GOMAXPROCS running, more in
+// system calls and sleeps) with plenty to spare.
+func selfCheckPids(ncpu int) int64 { return int64(4*selfCheckProcs(ncpu) + 64) }
+
+// selfCheckVerdict says what is wrong with the self-check job's stdout, ""
+// if it is the one line of a pass, "airlock-selfcheck ok rounds=N" with N
+// above zero: a job that exits 0 having run nothing has not passed.
+func selfCheckVerdict(stdout string) string {
+	rounds, ok := strings.CutPrefix(strings.TrimSpace(stdout), selfCheckOutput+" rounds=")
+	if n, err := strconv.ParseInt(rounds, 10, 64); !ok || err != nil || n <= 0 {
+		return fmt.Sprintf("the self-check printed %q, want %q with a count above zero", stdout, selfCheckOutput+" rounds=N")
+	}
+	return ""
 }
 
 // copyExecutable copies the file src to dst, mode 0755, owned by uid.
@@ -172,7 +246,7 @@ func copyExecutable(src, dst string, uid int) error {
 // a system call and read them back, while a timer signal interrupts them
 // all. Any wrong result exits 3; a corrupted runtime crashes on its own.
 func selfCheckMain(d time.Duration, stdout, stderr io.Writer) int {
-	runtime.GOMAXPROCS(max(4, 2*runtime.NumCPU()))
+	runtime.GOMAXPROCS(selfCheckProcs(runtime.NumCPU()))
 	// A timer signal every 200µs, handled, interrupts the workers all the
 	// while: each delivery saves and restores a thread's whole state.
 	sigs := make(chan os.Signal, 1)
