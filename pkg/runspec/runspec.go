@@ -37,10 +37,10 @@ const (
 )
 
 // MaxRunscPids is the most pids a runsc job may be given: its gVisor's
-// host tasks are bounded at 16 per job task plus 512 but never above
-// 8,192, and 2*3,840+512 is 8,192, so the bound leaves every job at least
-// two host tasks per task of its own.
-const MaxRunscPids = 3840
+// host tasks are bounded at 64 per job task plus 1,024 but never above
+// 8,192, and 2*3,584+1,024 is 8,192, so the bound leaves every job at
+// least two host tasks per task of its own.
+const MaxRunscPids = 3584
 
 // Limits are a job's resource limits.
 type Limits struct {

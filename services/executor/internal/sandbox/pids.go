@@ -19,7 +19,9 @@ import (
 // the job's tasks need of them, so that the host stays bounded.
 //
 // Measured on ptrace: 181 host tasks for a session of 8 processes; a fork
-// bomb held at 64 tasks makes 1,210 host tasks in 8 s and 1,834 in 25 s.
+// bomb held at 64 tasks makes 1,210 host tasks in 8 s and 1,834 in 25 s,
+// and in the cgroup-v2 VM under emulation 1,515 host tasks for 31 of its
+// tasks (a bound of 16 per task stopped it at half its limit).
 // That growth is not linear in the job's tasks (a guest process gains a
 // stub thread for every sentry thread that runs it), so no linear bound
 // fits every job: at the bound the sentry cannot start a stub thread and
@@ -29,13 +31,14 @@ import (
 // runscHostPidsPerTask and runscHostPidsBase size the host bound of a
 // runsc job of n tasks: n*runscHostPidsPerTask + runscHostPidsBase, and
 // never above runscHostPidsMax (a quarter of Linux's default pid_max,
-// 32,768: a job with a large limit must not take the host's pids).
-// runspec.MaxRunscPids keeps n low enough that the bound is at least 2n +
-// runscHostPidsBase. A Go build with every package recompiled needs under
+// 32,768: a job with a large limit must not take the host's pids). 64
+// per task lets a fork bomb reach its own limit before the bound even
+// under emulation; runspec.MaxRunscPids keeps n low enough that the bound
+// is at least 2n + runscHostPidsBase. A Go build with every package recompiled needs under
 // 1,024. (Each job is bounded alone: jobs together may take more.)
 const (
-	runscHostPidsPerTask = 16
-	runscHostPidsBase    = 512
+	runscHostPidsPerTask = 64
+	runscHostPidsBase    = 1024
 	runscHostPidsMax     = 8192
 )
 

@@ -22,9 +22,10 @@ func TestCgroupLimitsOf(t *testing.T) {
 		t.Errorf("runc: %+v, want %+v", got, defaultLimits)
 	}
 	for _, tc := range []struct{ pids, host int64 }{
-		{64, 64*16 + 512},
-		{128, 128*16 + 512},
-		{480, 480*16 + 512},
+		{64, 64*64 + 1024},
+		{100, 100*64 + 1024},
+		{112, 8192},
+		{128, 8192},
 		{1024, 8192},
 		{runspec.MaxRunscPids, 8192},
 		// Above runspec's maximum (refused before a job is made) the
