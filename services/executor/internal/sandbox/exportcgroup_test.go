@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/gitcmd"
@@ -67,5 +68,49 @@ func TestExportCgroup(t *testing.T) {
 	}
 	if _, err := sb.ExportCgroup(); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("ExportCgroup of a destroyed sandbox: %v", err)
+	}
+}
+
+// TestExportCgroupNotThrottled: a job of 10 millicores (1% of a core)
+// does not stretch its export a hundredfold: hashing 64 MiB, ~0.1 s of a
+// core, took over 10 s at the job's quota; in the export cgroup it
+// finishes in well under that.
+func TestExportCgroupNotThrottled(t *testing.T) {
+	e := newEnv(t)
+	lim := defaultLimits
+	lim.CPUMillis = 10
+	sb, err := e.m.Create(context.Background(), Spec{ID: fmt.Sprintf("export-cpu-%d", testSeq.Add(1)), Class: ClassRunc,
+		Source: e.source(t, nil), Command: []string{"true"}, Limits: lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := sb.Destroy(); err != nil {
+			t.Errorf("Destroy: %v", err)
+		}
+	})
+	if _, err := sb.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "big"), make([]byte, 64<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cg, err := sb.ExportCgroup()
+	if err != nil {
+		t.Fatal(err)
+	}
+	git := gitcmd.Cmd{Dir: dir, Env: gitcmd.Env(dir), Cgroups: cg.CgroupProcs()}
+	start := time.Now()
+	if _, err := git.Run(context.Background(), "hash-object", "big"); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	t.Logf("hashing 64 MiB in the export cgroup of a 10-millicore job took %v", took)
+	if took > 3*time.Second {
+		t.Errorf("hashing 64 MiB took %v: the export runs at the job's 1%% of a core", took)
+	}
+	if err := cg.Close(); err != nil {
+		t.Fatal(err)
 	}
 }
