@@ -3,6 +3,7 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"runtime"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
@@ -25,7 +26,8 @@ type Cgroup struct {
 // the job has ended (or when it never ran: a suspended session's): the
 // git that computes its patch reads files the job chose, and without it
 // would spend the host's memory on them, not the job's. Memory the job's
-// files still hold there (a tmpfs scratch) counts against the same limit.
+// files still hold there (a tmpfs scratch) counts against the same limit;
+// what the job left in /tmp and $HOME, never exported, is removed first.
 // CPU is not what needs bounding there, and the job's quota would let a
 // job of a few millicores stretch its export to hours: the job's cgroup
 // (nothing of the job runs in it any more) and the export's get every
@@ -40,6 +42,16 @@ func (s *Sandbox) ExportCgroup() (*Cgroup, error) {
 	s.mu.Unlock()
 	if state == stateRunning || state == stateDestroyed {
 		return nil, fmt.Errorf("%w: sandbox %s: an export cgroup is made while the sandbox exists and runs nothing", errdefs.ErrFailedPrecondition, s.spec.ID)
+	}
+	if s.scr.kind == scratchTmpfs {
+		// A tmpfs scratch's pages stay charged to the job's cgroup: what
+		// the job left in /tmp and $HOME (never exported) would take the
+		// export's memory.
+		for _, d := range []string{scratchTmp, scratchHome} {
+			if err := emptyDir(filepath.Join(s.scr.point, d)); err != nil {
+				return nil, fmt.Errorf("sandbox %s: empty the scratch's %s before the export: %w", s.spec.ID, d, err)
+			}
+		}
 	}
 	rel := cgroupRel(s.cgRel, exportCgroup)
 	// One left by an export that never closed it (the executor died in
