@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // hardening is the configuration every run gets.
@@ -36,8 +37,9 @@ var hardening = []string{
 // so no GIT_* variable set around a service can redirect or trace it. No
 // system or global config, no prompt, no replace objects, C locale; home is
 // HOME and XDG_CONFIG_HOME (git reads nothing there, the global config
-// being /dev/null, but some commands want one). PATH is fixed: the git
-// binary is found by the caller, git's helpers in its own exec path.
+// being /dev/null, but some commands want one). PATH is fixed; it finds
+// no git: Run runs the one at Path, and git finds its helpers in its own
+// exec path.
 func Env(home string) []string {
 	return []string{
 		"PATH=/usr/local/bin:/usr/bin:/bin",
@@ -79,10 +81,19 @@ type Cmd struct {
 	DieWithParent bool
 }
 
+// Path is the absolute path of the git every Run runs, looked up once in
+// this process's PATH at first use: a run in cgroups (through a shell,
+// whose PATH is Env's) and one without run the same git.
+var Path = sync.OnceValues(func() (string, error) { return exec.LookPath("git") })
+
 // Run runs git with args and returns its standard output; an error carries
 // git's standard error.
 func (c Cmd) Run(ctx context.Context, args ...string) ([]byte, error) {
-	argv := append(append([]string{"git"}, hardening...), args...)
+	git, err := Path()
+	if err != nil {
+		return nil, &Error{Command: firstCommand(args), Err: err}
+	}
+	argv := append(append([]string{git}, hardening...), args...)
 	if len(c.Cgroups) > 0 {
 		argv = append(append(append([]string{"/bin/sh", "-c", joinCgroups, "airlock-git"}, c.Cgroups...), "--"), argv...)
 	}
@@ -96,7 +107,7 @@ func (c Cmd) Run(ctx context.Context, args ...string) ([]byte, error) {
 	stdout := &capped{max: c.MaxOutput, fail: true}
 	stderr := &capped{max: maxStderr}
 	cmd.Stdout, cmd.Stderr = stdout, stderr
-	err := cmd.Run()
+	err = cmd.Run()
 	if stdout.over {
 		return nil, &Error{Command: firstCommand(args), Err: ErrOutputLimit, Stderr: strings.TrimSpace(stderr.buf.String())}
 	}

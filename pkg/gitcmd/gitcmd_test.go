@@ -80,3 +80,37 @@ func TestMaxOutputAndCgroups(t *testing.T) {
 		t.Fatalf("through the shell: %q, %v", out, err)
 	}
 }
+
+// TestOneGit: a run in cgroups goes through a shell whose PATH is Env's,
+// one without is started by this process: both used to look "git" up,
+// each in its own PATH, so two different gits could run over one
+// repository. A "git" first in either PATH (one that only says "fake")
+// is never run: both run the absolute path looked up once.
+func TestOneGit(t *testing.T) {
+	fake := t.TempDir()
+	if err := os.WriteFile(filepath.Join(fake, "git"), []byte("#!/bin/sh\necho fake\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path, err := gitcmd.Path()
+	if err != nil || !filepath.IsAbs(path) {
+		t.Fatalf("git is %q (%v), want an absolute path", path, err)
+	}
+	t.Setenv("PATH", fake+":"+os.Getenv("PATH"))
+	env := append(gitcmd.Env(t.TempDir()), "PATH="+fake+":/usr/local/bin:/usr/bin:/bin")
+	procs := filepath.Join(t.TempDir(), "cgroup.procs") // the shell writes 0 to it
+	for _, c := range []struct {
+		name string
+		cmd  gitcmd.Cmd
+	}{
+		{"plain", gitcmd.Cmd{Dir: fake, Env: env}},
+		{"cgroups", gitcmd.Cmd{Dir: fake, Env: env, Cgroups: []string{procs}}},
+	} {
+		out, err := c.cmd.Run(context.Background(), "version")
+		if err != nil || !strings.HasPrefix(string(out), "git version") {
+			t.Errorf("%s: git version printed %q (%v): not the git at %s", c.name, out, err, path)
+		}
+	}
+	if again, _ := gitcmd.Path(); again != path {
+		t.Errorf("git was looked up again: %s, then %s", path, again)
+	}
+}

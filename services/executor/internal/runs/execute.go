@@ -164,7 +164,7 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 	// reviewers and operators may want to see what it did. What leaves the
 	// sandbox is bounded by apparent size (export.go).
 	exported := &bundle.Tally{Limit: g.Limits.DiskBytes}
-	patch, stat, err := m.diffJob(context.WithoutCancel(ctx), src, sb, exported)
+	patch, stat, err := m.diffJob(ctx, src, sb, exported)
 	outDir := sb.OutDir()
 	if exportRefused(result, err) {
 		patch, stat, outDir = nil, worktree.DiffStat{}, ""

@@ -3,7 +3,9 @@ package runs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"time"
 
 	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
@@ -24,15 +26,45 @@ import (
 
 //
 // The git that computes the patch runs in the job's export cgroup, under
-// the job's own memory limit (and pids and CPU), and the patch it prints
+// the job's own memory and pids limits (not its CPU quota: a job of a few
+// millicores would stretch its export to hours), and the patch it prints
 // is held to that limit too: a job whose changes would cost more to diff
 // (a line diff takes tens of bytes per line, a binary patch holds both
 // versions of a file) ends oom, saying so, with nothing of /work or /out
-// exported.
+// exported. Computing the patch has a deadline (Config.ExportTimeout,
+// default 10 minutes): past it, git is killed and the job ends timeout,
+// saying so, with nothing of /work or /out exported; an executor shutting
+// down waits for an export no longer than that.
+
+// defaultExportTimeout is Config.ExportTimeout's default.
+const defaultExportTimeout = 10 * time.Minute
+
+// ExportTimeoutError is an export that passed its deadline.
+type ExportTimeoutError struct {
+	// Timeout is the deadline's length.
+	Timeout time.Duration
+}
+
+func (e *ExportTimeoutError) Error() string {
+	return fmt.Sprintf("computing the patch of the job's changes passed its deadline of %v", e.Timeout)
+}
 
 // diffJob computes the job's patch with git confined to the job's export
-// cgroup, removed again before it returns.
+// cgroup, removed again before it returns, within Config.ExportTimeout:
+// past it the error is an *ExportTimeoutError. It ignores ctx's
+// cancellation (a cancelled job's patch is still computed), not its values.
 func (m *Manager) diffJob(ctx context.Context, src *stage.Source, sb *sandbox.Sandbox, exported *bundle.Tally) ([]byte, worktree.DiffStat, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.ExportTimeout)
+	defer cancel()
+	patch, stat, err := m.diffConfined(ctx, src, sb, exported)
+	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return nil, worktree.DiffStat{}, fmt.Errorf("%w (%v)", &ExportTimeoutError{Timeout: m.cfg.ExportTimeout}, err)
+	}
+	return patch, stat, err
+}
+
+// diffConfined is diffJob without its deadline.
+func (m *Manager) diffConfined(ctx context.Context, src *stage.Source, sb *sandbox.Sandbox, exported *bundle.Tally) ([]byte, worktree.DiffStat, error) {
 	cg, err := sb.ExportCgroup()
 	if err != nil {
 		return nil, worktree.DiffStat{}, err
@@ -46,12 +78,14 @@ func (m *Manager) diffJob(ctx context.Context, src *stage.Source, sb *sandbox.Sa
 }
 
 // exportRefused reports whether err is one of the bounds above, and if so
-// makes result say so: disk_full with the paths and sizes err names, or
-// oom with what passed the memory limit, after what the run's end said.
+// makes result say so: disk_full with the paths and sizes err names, oom
+// with what passed the memory limit, or timeout with the export's
+// deadline, after what the run's end said.
 func exportRefused(result *Result, err error) bool {
 	var (
 		tooLarge *bundle.TooLargeError
 		memory   *worktree.MemoryError
+		timeout  *ExportTimeoutError
 		note     string
 	)
 	switch {
@@ -59,6 +93,8 @@ func exportRefused(result *Result, err error) bool {
 		result.Reason, note = sandbox.ReasonDiskFull, tooLarge.Error()
 	case errors.As(err, &memory):
 		result.Reason, note = sandbox.ReasonOOM, memory.Error()
+	case errors.As(err, &timeout):
+		result.Reason, note = sandbox.ReasonTimeout, timeout.Error()
 	default:
 		return false
 	}

@@ -130,6 +130,9 @@ type Config struct {
 	// ReviewPatchLimit caps the patch sent to the authority for review;
 	// the bundle always has the whole patch. Default 1 MiB.
 	ReviewPatchLimit int64
+	// ExportTimeout bounds computing a job's patch once it has ended
+	// (export.go); default 10 minutes.
+	ExportTimeout time.Duration
 	// Capacity bounds what the runs not yet ended hold together; a new
 	// run or a raised limit beyond it is refused. Zero bounds nothing.
 	Capacity Capacity
@@ -231,6 +234,9 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.ReviewPatchLimit == 0 {
 		cfg.ReviewPatchLimit = 1 << 20
+	}
+	if cfg.ExportTimeout <= 0 {
+		cfg.ExportTimeout = defaultExportTimeout
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

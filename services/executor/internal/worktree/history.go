@@ -99,7 +99,11 @@ func (r *Repo) AddHistory(ctx context.Context, commit string, depth, commits int
 	if len(base) > 0 && !inPack[base[0]] {
 		return nil, fmt.Errorf("%w: the pack does not start at the base commit %s: its parent %s is not in it", ErrBadHistory, commit, base[0])
 	}
-	cmd := exec.CommandContext(ctx, "git", "cat-file", "--batch")
+	git, err := gitcmd.Path()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, git, "cat-file", "--batch")
 	cmd.Dir, cmd.Env = r.home, append(r.env(""), env...)
 	g, err := githistory.WalkBatch(ctx, cmd, commit, depth)
 	if errors.Is(err, githistory.ErrMissing) {
