@@ -115,7 +115,7 @@ func TestTerminalWithSplitWrites(t *testing.T) {
 
 func TestUnwrap(t *testing.T) {
 	var b bytes.Buffer
-	if Unwrap(NewTerminal(&b)) != io.Writer(&b) || Unwrap(&b) != io.Writer(&b) {
+	if Unwrap(NewWatcher(NewTerminal(&b))) != io.Writer(&b) || Unwrap(&b) != io.Writer(&b) {
 		t.Error("Unwrap does not return the writer under a Terminal, or a writer itself")
 	}
 }

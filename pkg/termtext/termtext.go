@@ -244,13 +244,20 @@ type Terminal struct {
 // NewTerminal returns a Terminal that writes to w.
 func NewTerminal(w io.Writer) *Terminal { return &Terminal{w: w} }
 
-// Unwrap returns the writer a Terminal w writes to, for bytes that are
-// data rather than text for people (JSON, --raw output), or w itself.
+// Unwrap returns the writer under w's Terminal and Watcher wrappers, for
+// bytes that are data rather than text for people (JSON, --raw output),
+// or w itself.
 func Unwrap(w io.Writer) io.Writer {
-	if t, ok := w.(*Terminal); ok {
-		return t.w
+	for {
+		switch t := w.(type) {
+		case *Terminal:
+			w = t.w
+		case *Watcher:
+			w = t.w
+		default:
+			return w
+		}
 	}
-	return w
 }
 
 // Write writes p with its marks turned into the highlight, less a tail

@@ -203,3 +203,20 @@ func checkShown(t *testing.T, what, out string) {
 		i += size
 	}
 }
+
+// runCLIOnTerminal runs the airlock command as runCLI does with its
+// stdout a pseudo-terminal, and returns what the terminal was sent.
+func runCLIOnTerminal(t *testing.T, cfg string, args ...string) (int, string, string) {
+	t.Helper()
+	pty, tty := openPTY(t)
+	var shown bytes.Buffer
+	read := make(chan struct{})
+	go func() {
+		io.Copy(&shown, pty)
+		close(read)
+	}()
+	code, _, errOut := runCLI(t, cfg, tty, args...)
+	tty.Close()
+	<-read
+	return code, shown.String(), errOut
+}

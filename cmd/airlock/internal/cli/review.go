@@ -71,6 +71,36 @@ func (t *fileTable) row(f *authorityv1.FileChange, note string) {
 
 func (t *fileTable) flush() { t.tw.Flush() }
 
+// writeReviewHeader prints what a publish request's job was and how it
+// ended: its command and exit status, or a session's execs and theirs.
+func writeReviewHeader(w io.Writer, a *authorityv1.Approval, rv *authorityv1.ReviewMaterial) {
+	r := rv.GetResult()
+	fmt.Fprintf(w, "job        %s by %s\n", termtext.Line(a.GetJobId()), termtext.Line(a.GetRequester()))
+	fmt.Fprintf(w, "target     %s:%s\n", termtext.Line(a.GetTarget().GetRepository()), termtext.Line(a.GetTarget().GetBranch()))
+	fmt.Fprintf(w, "bundle     %s\n", termtext.Line(a.GetBundleDigest()))
+	fmt.Fprintf(w, "base       %s\n", termtext.Line(rv.GetCommit()))
+	runtime := termtext.Line(strings.Split(r.GetRuntimeVersion(), ";")[0])
+	if len(rv.GetCommand()) > 0 {
+		fmt.Fprintf(w, "command    %s\n", commandText(rv.GetCommand()))
+		fmt.Fprintf(w, "result     %s, exit %d, %s\n", reasonWord(r.GetReason()), r.GetExitCode(), runtime)
+		return
+	}
+	// A session has no command of its own: its execs are what ran, and
+	// their statuses are its result.
+	d := rv.GetDetail()
+	fmt.Fprintf(w, "command    session of %d execs\n", d.GetExecsTotal())
+	writeExecLines(w, d.GetExecs(), d.GetExecsTotal())
+	fmt.Fprintf(w, "result     session %s, %s\n", reasonWord(r.GetReason()), runtime)
+}
+
+// writeLegend explains the escapes, after a review printed through a
+// termtext.Watcher that saw any.
+func writeLegend(w io.Writer) {
+	if v, ok := w.(*termtext.Watcher); ok && v.Escaped() {
+		fmt.Fprintf(w, "\nlegend     %s\n", termtext.Legend)
+	}
+}
+
 // writeReview prints a publish request's review material.
 func writeReview(w io.Writer, a *authorityv1.Approval, rv *authorityv1.ReviewMaterial) {
 	d, st := rv.GetDetail(), rv.GetResult().GetDiffStat()
@@ -159,7 +189,7 @@ func writeReviewExecs(w io.Writer, d *authorityv1.ReviewDetail) {
 			}
 			sort.Strings(keys)
 			for _, k := range keys {
-				fmt.Fprintf(w, "  env     %s=%s\n", termtext.Line(k), shellWord(termtext.Line(env[k])))
+				fmt.Fprintf(w, "  env     %s=%s\n", termtext.Line(k), shellWord(env[k]))
 			}
 		}
 		if x.GetSpecCut() {
@@ -300,6 +330,10 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 	}
 	w := g.Stdout
 	gut := &gutter{w: w}
+	if raw {
+		// The job's bytes as they are, not through a terminal's writer.
+		gut.w = termtext.Unwrap(w)
+	}
 	var body io.Writer = gut
 	var esc *termtext.Writer
 	if !raw {
@@ -334,6 +368,7 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 			endPart()
 			err = remoteError{fmt.Errorf("the stream of the bundle stopped, so what is shown above is incomplete and not verified: %w", rpcError(err))}
 			if g.Output != "json" {
+				writeLegend(w)
 				fmt.Fprintf(w, "\nNOT VERIFIED: %s\n", errorText(err))
 			}
 			return err
@@ -384,6 +419,7 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 	}
 	if g.Output != "json" {
 		endPart()
+		writeLegend(w)
 	}
 	if verified == "" || verified != a.GetBundleDigest() {
 		err := remoteError{fmt.Errorf("the authority did not confirm that what is shown above is bundle %s (it said %q): do not rely on it", a.GetBundleDigest(), verified)}
@@ -455,7 +491,7 @@ func streamBare(g *globals, stream interface {
 	if _, err := spool.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
-	if _, err := io.Copy(g.Stdout, spool); err != nil {
+	if _, err := io.Copy(termtext.Unwrap(g.Stdout), spool); err != nil {
 		return err
 	}
 	fmt.Fprintf(g.Stderr, "verified: what was written is from bundle %s, the one this request names\n", termtext.Line(verified))
