@@ -219,7 +219,11 @@ func outcome(job *authorityv1.Job) string {
 			s += fmt.Sprintf(" with status %d", r.GetExitCode())
 		}
 	}
-	if m := job.GetMessage(); m != "" && !strings.Contains(s, m) {
+	switch m := job.GetMessage(); {
+	case m == "" || strings.Contains(s, m):
+	case strings.HasPrefix(m, s+" ") || strings.HasPrefix(m, s+";") || strings.HasPrefix(m, s+":"):
+		s = m // "cancelled by client/dev", not "cancelled: cancelled by client/dev"
+	default:
 		s += ": " + m
 	}
 	if m := r.GetMessage(); m != "" && m != job.GetMessage() && !strings.Contains(s, m) {
