@@ -716,6 +716,7 @@ func TestNewValidates(t *testing.T) {
 		{"cgroup root", "cgroup_parent", Config{StateDir: "/tmp/x", CgroupParent: "/"}},
 		{"cgroup relative", "cgroup_parent", Config{StateDir: "/tmp/x", CgroupParent: "airlock"}},
 		{"rootfs inside state", "rootfs_dir", Config{StateDir: "/tmp/x", RootfsDir: "/tmp/x/rootfs"}},
+		{"path searching the current directory", "path", Config{StateDir: "/tmp/x", Path: "/usr/bin::/bin"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := New(tc.cfg)
