@@ -31,6 +31,7 @@ type fakeAuthority struct {
 	err         error
 	job         *authorityv1.Job
 	approval    *authorityv1.GetApprovalResponse
+	session     *authorityv1.GetSessionResponse
 	approvals   []*authorityv1.Approval
 	events      []*authorityv1.AuditEvent
 	leases      []*authorityv1.Lease
@@ -95,6 +96,10 @@ func (f *fakeAuthority) WatchJob(_ *authorityv1.WatchJobRequest, stream grpc.Ser
 		}
 	}
 	return f.err
+}
+
+func (f *fakeAuthority) GetSession(context.Context, *authorityv1.GetSessionRequest) (*authorityv1.GetSessionResponse, error) {
+	return f.session, f.err
 }
 
 func (f *fakeAuthority) GetApproval(context.Context, *authorityv1.GetApprovalRequest) (*authorityv1.GetApprovalResponse, error) {
