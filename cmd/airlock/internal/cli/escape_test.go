@@ -20,9 +20,9 @@ import (
 const (
 	// hostile is text a caller, a job or a repository can put in any string
 	// field (proto strings are valid UTF-8; raw bytes go in bytes fields).
-	hostile = "x\x1b[2J\x1b]52;c;aGk=\x07\u009b\u202e\u200b\x7f\r\n\tvote \\y"
+	hostile = "x\x1b[2J\x1b]52;c;aGk=\x07\u009b\u202e\u200b\x7f\r\n\tvote \\y\u27e6\\x07\u27e7"
 	// hostileShown is hostile as the CLI prints a single-line field.
-	hostileShown = `x⟦\x1b⟧[2J⟦\x1b⟧]52;c;aGk=⟦\x07⟧⟦\u009b⟧⟦\u202e⟧⟦\u200b⟧⟦\x7f⟧⟦\x0d⟧⟦\x0a⟧⟦\x09⟧vote \y`
+	hostileShown = `x⟦\x1b⟧[2J⟦\x1b⟧]52;c;aGk=⟦\x07⟧⟦\u009b⟧⟦\u202e⟧⟦\u200b⟧⟦\x7f⟧⟦\x0d⟧⟦\x0a⟧⟦\x09⟧vote \y⟦\u27e6⟧\x07⟦\u27e7⟧`
 )
 
 // fakeWith is an authority whose every string field is s.
