@@ -177,7 +177,6 @@ func reviewExecs(execs []runs.Exec) ([]*typesv1.Exec, int64) {
 	return append(all[:head:head], all[tail:]...), int64(len(execs))
 }
 
-
 // ReportResult implements runs.Authority.
 func (c *Client) ReportResult(ctx context.Context, rep runs.Report) error {
 	files, err := bundlepb.Files(rep.Files, reviewFilesBudget)
