@@ -19,30 +19,32 @@ func TestEscape(t *testing.T) {
 		line, block string // block "" means the same as line
 		patch       string // "" means the same as block
 	}{
-		{name: "hidden patch line", in: "+\x1b[8mrm -rf /\x1b[0m", line: `+\x1b[8mrm -rf /\x1b[0m`},
-		{name: "cursor up, erase line", in: "\x1b[1A\x1b[2K", line: `\x1b[1A\x1b[2K`},
-		{name: "clear screen, home", in: "\x1b[2J\x1b[H", line: `\x1b[2J\x1b[H`},
-		{name: "OSC 52 clipboard write", in: "\x1b]52;c;aGVsbG8=\x07", line: `\x1b]52;c;aGVsbG8=\x07`},
-		{name: "C1 CSI rune in a file name", in: "a\u009b2Jb.go", line: `a\u009b2Jb.go`},
-		{name: "right-to-left override in a file name", in: "invoice\u202egpj.exe", line: `invoice\u202egpj.exe`},
-		{name: "raw C1 byte", in: "a\x9b2Jb", line: `a\x9b2Jb`},
-		{name: "raw C1 OSC byte", in: "\x9d52;c;aGk=\x9c", line: `\x9d52;c;aGk=\x9c`},
-		{name: "DEL", in: "a\x7fb", line: `a\x7fb`},
-		{name: "lone carriage return", in: "ok\rFAIL", line: `ok\x0dFAIL`},
-		{name: "carriage return at the end", in: "ok\r", line: `ok\x0d`},
-		{name: "CRLF", in: "a\r\nb", line: `a\x0d\x0ab`, block: "a\r\nb", patch: "a\\x0d\nb"},
-		{name: "CR CR LF", in: "a\r\r\nb", line: `a\x0d\x0d\x0ab`, block: "a\\x0d\r\nb", patch: "a\\x0d\\x0d\nb"},
-		{name: "a line whose CRLF end became LF", in: "-line1\r\n+line1\n", line: `-line1\x0d\x0a+line1\x0a`, block: "-line1\r\n+line1\n", patch: "-line1\\x0d\n+line1\n"},
-		{name: "newline and tab", in: "a\nb\tc\n", line: `a\x0ab\x09c\x0a`, block: "a\nb\tc\n"},
-		{name: "other C0 controls", in: "\x00\x07\x08\x0b\x0c\x1b\x1f", line: `\x00\x07\x08\x0b\x0c\x1b\x1f`},
-		{name: "invalid UTF-8", in: "\xff\xfeok", line: `\xff\xfeok`},
-		{name: "truncated rune at the end", in: "ok\xe2\x80", line: `ok\xe2\x80`},
-		{name: "truncated rune before ASCII", in: "\xe2\x80ok", line: `\xe2\x80ok`},
-		{name: "overlong encoding", in: "\xc0\xaf", line: `\xc0\xaf`},
-		{name: "encoded surrogate", in: "\xed\xa0\x80", line: `\xed\xa0\x80`},
-		{name: "backslash", in: `a\b`, line: `a\\b`},
-		{name: "text that looks like an escape", in: `\x1b[2J`, line: `\\x1b[2J`},
-		{name: "tag character above U+FFFF", in: "a\U000e0001b", line: `a\U000e0001b`},
+		{name: "hidden patch line", in: "+\x1b[8mrm -rf /\x1b[0m", line: `+⟦\x1b⟧[8mrm -rf /⟦\x1b⟧[0m`},
+		{name: "cursor up, erase line", in: "\x1b[1A\x1b[2K", line: `⟦\x1b⟧[1A⟦\x1b⟧[2K`},
+		{name: "clear screen, home", in: "\x1b[2J\x1b[H", line: `⟦\x1b⟧[2J⟦\x1b⟧[H`},
+		{name: "OSC 52 clipboard write", in: "\x1b]52;c;aGVsbG8=\x07", line: `⟦\x1b⟧]52;c;aGVsbG8=⟦\x07⟧`},
+		{name: "C1 CSI rune in a file name", in: "a\u009b2Jb.go", line: `a⟦\u009b⟧2Jb.go`},
+		{name: "right-to-left override in a file name", in: "invoice\u202egpj.exe", line: `invoice⟦\u202e⟧gpj.exe`},
+		{name: "raw C1 byte", in: "a\x9b2Jb", line: `a⟦\x9b⟧2Jb`},
+		{name: "raw C1 OSC byte", in: "\x9d52;c;aGk=\x9c", line: `⟦\x9d⟧52;c;aGk=⟦\x9c⟧`},
+		{name: "DEL", in: "a\x7fb", line: `a⟦\x7f⟧b`},
+		{name: "lone carriage return", in: "ok\rFAIL", line: `ok⟦\x0d⟧FAIL`},
+		{name: "carriage return at the end", in: "ok\r", line: `ok⟦\x0d⟧`},
+		{name: "CRLF", in: "a\r\nb", line: `a⟦\x0d⟧⟦\x0a⟧b`, block: "a\r\nb", patch: "a⟦\\x0d⟧\nb"},
+		{name: "CR CR LF", in: "a\r\r\nb", line: `a⟦\x0d⟧⟦\x0d⟧⟦\x0a⟧b`, block: "a⟦\\x0d⟧\r\nb", patch: "a⟦\\x0d⟧⟦\\x0d⟧\nb"},
+		{name: "a line whose CRLF end became LF", in: "-line1\r\n+line1\n", line: `-line1⟦\x0d⟧⟦\x0a⟧+line1⟦\x0a⟧`, block: "-line1\r\n+line1\n", patch: "-line1⟦\\x0d⟧\n+line1\n"},
+		{name: "newline and tab", in: "a\nb\tc\n", line: `a⟦\x0a⟧b⟦\x09⟧c⟦\x0a⟧`, block: "a\nb\tc\n"},
+		{name: "other C0 controls", in: "\x00\x07\x08\x0b\x0c\x1b\x1f", line: `⟦\x00⟧⟦\x07⟧⟦\x08⟧⟦\x0b⟧⟦\x0c⟧⟦\x1b⟧⟦\x1f⟧`},
+		{name: "invalid UTF-8", in: "\xff\xfeok", line: `⟦\xff⟧⟦\xfe⟧ok`},
+		{name: "truncated rune at the end", in: "ok\xe2\x80", line: `ok⟦\xe2⟧⟦\x80⟧`},
+		{name: "truncated rune before ASCII", in: "\xe2\x80ok", line: `⟦\xe2⟧⟦\x80⟧ok`},
+		{name: "overlong encoding", in: "\xc0\xaf", line: `⟦\xc0⟧⟦\xaf⟧`},
+		{name: "encoded surrogate", in: "\xed\xa0\x80", line: `⟦\xed⟧⟦\xa0⟧⟦\x80⟧`},
+		{name: "backslash shown as itself", in: `"Hello airlock!\n" exit\.`, line: `"Hello airlock!\n" exit\.`},
+		{name: "text that looks like an escape", in: `\x1b[2J`, line: `\x1b[2J`},
+		{name: "text that looks like a marked escape", in: "\u27e6\\x1b\u27e7[2J", line: `⟦\u27e6⟧\x1b⟦\u27e7⟧[2J`},
+		{name: "a lone closing mark", in: "a\u27e7b", line: `a⟦\u27e7⟧b`},
+		{name: "tag character above U+FFFF", in: "a\U000e0001b", line: `a⟦\U000e0001⟧b`},
 		{name: "kept as is", in: "héllo wörld ✓ 日本語 🙂 \ufffd ~", line: "héllo wörld ✓ 日本語 🙂 \ufffd ~"},
 		{name: "empty", in: "", line: ""},
 	} {
@@ -81,9 +83,9 @@ func TestHiddenRunes(t *testing.T) {
 		}
 	}
 	for _, r := range runes {
-		want := fmt.Sprintf(`x\u%04xy`, r)
+		want := fmt.Sprintf(`x⟦\u%04x⟧y`, r)
 		if r > 0xffff {
-			want = fmt.Sprintf(`x\U%08xy`, r)
+			want = fmt.Sprintf(`x⟦\U%08x⟧y`, r)
 		}
 		in := "x" + string(r) + "y"
 		if got := Line(in); got != want {
@@ -145,12 +147,13 @@ func TestWriterHoldsBackOnlyAnIncompleteTail(t *testing.T) {
 	for _, tc := range []struct {
 		name, write, before, after string
 	}{
-		{name: "escape split after ESC", write: "a\x1b", before: `a\x1b`, after: `a\x1b`},
-		{name: "rune split after its first byte", write: "a\xe2", before: "a", after: `a\xe2`},
-		{name: "4-byte rune split after 3 bytes", write: "a\xf0\x9f\x99", before: "a", after: `a\xf0\x9f\x99`},
-		{name: "C1 rune split", write: "a\xc2", before: "a", after: `a\xc2`},
-		{name: "carriage return last", write: "a\r", before: "a", after: `a\x0d`},
-		{name: "complete", write: "a\u202e", before: `a\u202e`, after: `a\u202e`},
+		{name: "escape split after ESC", write: "a\x1b", before: `a⟦\x1b⟧`, after: `a⟦\x1b⟧`},
+		{name: "rune split after its first byte", write: "a\xe2", before: "a", after: `a⟦\xe2⟧`},
+		{name: "4-byte rune split after 3 bytes", write: "a\xf0\x9f\x99", before: "a", after: `a⟦\xf0⟧⟦\x9f⟧⟦\x99⟧`},
+		{name: "C1 rune split", write: "a\xc2", before: "a", after: `a⟦\xc2⟧`},
+		{name: "carriage return last", write: "a\r", before: "a", after: `a⟦\x0d⟧`},
+		{name: "complete", write: "a\u202e", before: `a⟦\u202e⟧`, after: `a⟦\u202e⟧`},
+		{name: "a mark split after its first byte", write: "a\xe2\x9f", before: "a", after: `a⟦\xe2⟧⟦\x9f⟧`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
@@ -195,6 +198,7 @@ func FuzzEscape(f *testing.F) {
 		f.Add(s)
 	}
 	f.Add(`\\x1b\u202e\`)
+	f.Add("\u27e6\\x1b\u27e7")
 	f.Fuzz(func(t *testing.T, in string) {
 		if out := Patch(in); strings.Contains(out, "\r") {
 			t.Fatalf("Patch(%q) = %q, which keeps a carriage return", in, out)
@@ -234,38 +238,44 @@ func checkSafe(s string, multiline bool) error {
 	return nil
 }
 
-// unescape reverses the escaping described in the package comment.
+// unescape reverses the escaping described in the package comment: every
+// ⟦ opens one escape, which the next ⟧ closes; all else is the text.
 func unescape(s string) (string, error) {
 	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] != '\\' {
-			b.WriteByte(s[i])
-			continue
+	for {
+		i := strings.Index(s, Open)
+		if i < 0 {
+			if strings.Contains(s, Close) {
+				return "", errors.New("a closing mark with no escape")
+			}
+			b.WriteString(s)
+			return b.String(), nil
 		}
-		if i+1 == len(s) {
-			return "", errors.New("a lone backslash at the end")
+		if strings.Contains(s[:i], Close) {
+			return "", errors.New("a closing mark with no escape")
 		}
-		if s[i+1] == '\\' {
-			b.WriteByte('\\')
-			i++
-			continue
+		b.WriteString(s[:i])
+		s = s[i+len(Open):]
+		j := strings.Index(s, Close)
+		if j < 0 {
+			return "", errors.New("an escape that is not closed")
 		}
-		digits := map[byte]int{'x': 2, 'u': 4, 'U': 8}[s[i+1]]
-		if digits == 0 || i+2+digits > len(s) {
-			return "", fmt.Errorf("unknown escape at byte %d", i)
+		esc := s[:j]
+		s = s[j+len(Close):]
+		digits := map[string]int{`\x`: 2, `\u`: 4, `\U`: 8}[esc[:min(2, len(esc))]]
+		if digits == 0 || len(esc) != 2+digits {
+			return "", fmt.Errorf("unknown escape %q", esc)
 		}
-		v, err := strconv.ParseUint(s[i+2:i+2+digits], 16, 32)
+		v, err := strconv.ParseUint(esc[2:], 16, 32)
 		if err != nil {
 			return "", err
 		}
-		if s[i+1] == 'x' {
+		if esc[1] == 'x' {
 			b.WriteByte(byte(v))
 		} else {
 			b.WriteRune(rune(v))
 		}
-		i += 1 + digits
 	}
-	return b.String(), nil
 }
 
 // shown is what a terminal shows of text: each line without what ends it
@@ -306,17 +316,17 @@ func TestPatchShowsWhitespaceOnlyChanges(t *testing.T) {
 	}
 	// The final newline removed: git's marker stays, visibly.
 	p := "@@ -1 +1 @@\n-last\n+last\n\\ No newline at end of file\n"
-	if got := Patch(p); !strings.Contains(got, "\n\\\\ No newline at end of file\n") {
+	if got := Patch(p); !strings.Contains(got, "\n\\ No newline at end of file\n") {
 		t.Errorf("%q shows as %q: the marker is gone", p, got)
 	}
 	// Unchanged: a context line of an empty line (its space is the
 	// diff's), whitespace inside a line, CRLF as before.
 	for in, want := range map[string]string{
 		"@@ -1,3 +1,3 @@\n \n a\tb c\n-x\n+y\n": "@@ -1,3 +1,3 @@\n \n a\tb c\n-x\n+y\n",
-		" x \n":                                 " x\\x20\n",
-		"+\t\n":                                 "+\\x09\n",
-		"+a \r\n":                               "+a \\x0d\n",
-		" x  ":                                  " x\\x20\\x20",
+		" x \n":                                 " x⟦\\x20⟧\n",
+		"+\t\n":                                 "+⟦\\x09⟧\n",
+		"+a \r\n":                               "+a ⟦\\x0d⟧\n",
+		" x  ":                                  " x⟦\\x20⟧⟦\\x20⟧",
 	} {
 		if got := Patch(in); got != want {
 			t.Errorf("Patch(%q) = %q, want %q", in, got, want)

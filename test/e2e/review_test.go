@@ -113,7 +113,7 @@ printf 'y\n' > "$(printf 'c1-\302\233-name')"`, small)
 	for _, want := range []string{
 		fmt.Sprintf("files      %d changed, %d insertions(+), 0 deletions(-); patch %d bytes\n", wantFiles, small+2, len(patch)),
 		"z/f1499.txt", "(patch not shown)",
-		"evil\\u202etxt.sh", "c1-\\u009b-name",
+		"evil⟦\\u202e⟧txt.sh", "c1-⟦\\u009b⟧-name",
 		fmt.Sprintf("--- patch: the first %d of %d bytes;", 1<<20, len(patch)),
 		fmt.Sprintf("--- patch cut here: %d bytes not shown; airlock approval show --full %s shows every byte ---", len(patch)-(1<<20), job.ApprovalID),
 	} {
@@ -173,7 +173,7 @@ printf 'y\n' > "$(printf 'c1-\302\233-name')"`, small)
 	// The text form ends by saying what it verified.
 	text := s.airlock(t, "approval", "show", job.ApprovalID, "--full", "--as", "approver/alice")
 	if text.code != 0 || !strings.Contains(text.stdout, "verified: everything above is bundle "+job.Result.BundleDigest) ||
-		!strings.Contains(text.stdout, fmt.Sprintf("--- files: %d ---", wantFiles)) || !strings.Contains(text.stdout, "evil\\u202etxt.sh") {
+		!strings.Contains(text.stdout, fmt.Sprintf("--- files: %d ---", wantFiles)) || !strings.Contains(text.stdout, "evil⟦\\u202e⟧txt.sh") {
 		t.Errorf("approval show --full (text): exit %d\n%s", text.code, text.stderr)
 	}
 

@@ -217,7 +217,7 @@ func TestSessionEndToEnd(t *testing.T) {
 	if strings.ContainsRune(show.stdout, 0x1b) || strings.ContainsRune(show.stdout, 0x07) {
 		t.Fatalf("approval show passed a job's terminal escape through:\n%q", show.stdout)
 	}
-	if !strings.Contains(show.stdout, "| \\x1b]52;c;ZXZpbA==") || strings.Contains(show.stdout, "\n[airlock] approved") {
+	if !strings.Contains(show.stdout, "| ⟦\\x1b⟧]52;c;ZXZpbA==") || strings.Contains(show.stdout, "\n[airlock] approved") {
 		t.Fatalf("approval show does not show the exec's output escaped behind the gutter:\n%s", show.stdout)
 	}
 	if r := exec("after-finish", "true"); r.code == 0 {

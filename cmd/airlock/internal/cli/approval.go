@@ -105,10 +105,14 @@ diffs are shown only in part or not at all.
 bundle itself, through the authority, and ends by confirming that every
 byte was the bundle this request names (it fails otherwise).
 
-Everything the job wrote (paths, patch, output) is shown with control
-characters and invisible or bidirectional characters escaped (\x1b,
-\u202e, \\ for a backslash), each of its lines behind a "| " gutter so no
-line of it can pass for one of ours. With --full, --part picks what is
+Everything the job wrote (paths, patch, output) is shown as it lands, a
+backslash as a backslash, except control characters, invalid UTF-8 and
+invisible or bidirectional characters: each is shown escaped (\x1b,
+\u202e), in reverse video on a terminal and between the marks ⟦ ⟧ in a
+file or pipe (where a ⟦ or ⟧ of the job's own is escaped too, so no text
+passes for an escape); a legend line says so when there are any. Each
+line of the job's stands behind a "| " gutter so no line of it can pass
+for one of ours. With --full, --part picks what is
 streamed (files, patch, stdout, stderr; all by default), and --raw with one
 part of bytes writes exactly those bytes and nothing else, once the whole
 bundle has been verified:
@@ -132,6 +136,11 @@ only their totals by name.`,
 			if _, err := reviewParts(parts); err != nil {
 				return err
 			}
+			// What is printed goes through a watcher, so the legend
+			// comes only after text that has escapes.
+			gw := *g
+			gw.Stdout = termtext.NewWatcher(g.Stdout)
+			g := &gw
 			return withAuthority(g, func(client authorityv1.AuthorityServiceClient, _ *caller) error {
 				resp, err := client.GetApproval(cmd.Context(), &authorityv1.GetApprovalRequest{ApprovalId: args[0]})
 				if err != nil {
@@ -147,7 +156,6 @@ only their totals by name.`,
 					return streamReview(cmd.Context(), g, client, a, raw, parts)
 				}
 				err = g.PrintProto(resp, func(w io.Writer) {
-					r := rv.GetResult()
 					fmt.Fprintf(w, "approval   %s (%s, %d of %d approvals)\n", termtext.Line(a.GetApprovalId()), stateWord(a.GetState()), approvals(a), a.GetRequiredApprovals())
 					if a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
 						c := a.GetChange()
@@ -165,19 +173,14 @@ only their totals by name.`,
 						writeVotes(w, a)
 						return
 					}
-					fmt.Fprintf(w, "job        %s by %s\n", termtext.Line(a.GetJobId()), termtext.Line(a.GetRequester()))
-					fmt.Fprintf(w, "target     %s:%s\n", termtext.Line(a.GetTarget().GetRepository()), termtext.Line(a.GetTarget().GetBranch()))
-					fmt.Fprintf(w, "bundle     %s\n", termtext.Line(a.GetBundleDigest()))
-					fmt.Fprintf(w, "base       %s\n", termtext.Line(rv.GetCommit()))
-					fmt.Fprintf(w, "command    %s\n", commandText(rv.GetCommand()))
-					fmt.Fprintf(w, "result     %s, exit %d, %s\n", reasonWord(r.GetReason()),
-						r.GetExitCode(), termtext.Line(strings.Split(r.GetRuntimeVersion(), ";")[0]))
+					writeReviewHeader(w, a, rv)
 					writeVotes(w, a)
 				})
 				if err != nil {
 					return err
 				}
 				if !full {
+					defer writeLegend(g.Stdout)
 					if g.Output != "json" && a.GetKind() != authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
 						// Not through the table writer: a tab in the patch
 						// stays a tab.

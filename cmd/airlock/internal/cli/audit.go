@@ -161,7 +161,7 @@ func newAuditExport(g *globals) *cobra.Command {
 				if req.Tenant, err = self.tenant(f.tenant); err != nil {
 					return err
 				}
-				w := g.Stdout
+				w := termtext.Unwrap(g.Stdout) // JSON lines: data
 				var file *atomicfile.File
 				if out != "" {
 					// Written beside the target and renamed, so an interrupted

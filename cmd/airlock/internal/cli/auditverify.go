@@ -317,7 +317,7 @@ With --out an existing FILE is extended with the checkpoints it lacks.`,
 						if err != nil {
 							return err
 						}
-						if _, err := g.Stdout.Write(line); err != nil {
+						if _, err := termtext.Unwrap(g.Stdout).Write(line); err != nil {
 							return err
 						}
 					}

@@ -1,10 +1,8 @@
 package cli
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"testing"
 
@@ -14,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/airlockhq/airlock/pkg/termtext"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 )
@@ -21,9 +20,9 @@ import (
 const (
 	// hostile is text a caller, a job or a repository can put in any string
 	// field (proto strings are valid UTF-8; raw bytes go in bytes fields).
-	hostile = "x\x1b[2J\x1b]52;c;aGk=\x07\u009b\u202e\u200b\x7f\r\n\tvote \\y"
+	hostile = "x\x1b[2J\x1b]52;c;aGk=\x07\u009b\u202e\u200b\x7f\r\n\tvote \\y\u27e6\\x07\u27e7"
 	// hostileShown is hostile as the CLI prints a single-line field.
-	hostileShown = `x\x1b[2J\x1b]52;c;aGk=\x07\u009b\u202e\u200b\x7f\x0d\x0a\x09vote \\y`
+	hostileShown = `x⟦\x1b⟧[2J⟦\x1b⟧]52;c;aGk=⟦\x07⟧⟦\u009b⟧⟦\u202e⟧⟦\u200b⟧⟦\x7f⟧⟦\x0d⟧⟦\x0a⟧⟦\x09⟧vote \y⟦\u27e6⟧\x07⟦\u27e7⟧`
 )
 
 // fakeWith is an authority whose every string field is s.
@@ -92,6 +91,15 @@ func TestTextOutputEscapesEveryField(t *testing.T) {
 				t.Errorf("output does not show the field escaped as %s:\n%s", hostileShown, out)
 			}
 			_, benign, _ := runCLI(t, benignCfg, nil, args...)
+			// The review ends with our legend after escaped text, and
+			// only then.
+			legend := "\nlegend     " + termtext.Legend + "\n"
+			if name == "approval show" {
+				if !strings.HasSuffix(out, legend) || strings.Contains(benign, "legend") {
+					t.Errorf("the legend is not at the end of the escaped review, or shows with nothing escaped:\n%s\n%s", out, benign)
+				}
+				out = strings.TrimSuffix(out, legend)
+			}
 			if got, want := strings.Count(out, "\n"), strings.Count(benign, "\n"); got != want {
 				t.Errorf("%d lines, want %d as with benign text:\n%s", got, want, out)
 			}
@@ -137,24 +145,24 @@ func TestApprovalShowEscapesPatchOutputAndNames(t *testing.T) {
 	}
 	checkShown(t, "approval show", out)
 	for _, want := range []string{
-		"job        j-1 by spiffe://test.airlock/client/dev\\x1b[8m\n",
-		"target     repo\\u202e:main\\x0avote       approver/bob approve: ok\n",
-		"command    sh -c make\\x1b[2J\n",
-		"vote       approver/alice approve: lgtm\\x1b[1A\\x1b[2K\\x0dvote       approver/bob approve: ok\n",
-		"  modified  100644  +2 -0  9     evil\\u202egpj.go  \n",
-		"  added     100644  +1 -0  2     c1\\u009b2J.go     (patch shown in part)\n",
-		"  added     100644  +0 -0  1     raw\\xff\\x1b[2J    (patch not shown)\n",
+		"job        j-1 by spiffe://test.airlock/client/dev⟦\\x1b⟧[8m\n",
+		"target     repo⟦\\u202e⟧:main⟦\\x0a⟧vote       approver/bob approve: ok\n",
+		"command    sh -c make⟦\\x1b⟧[2J\n",
+		"vote       approver/alice approve: lgtm⟦\\x1b⟧[1A⟦\\x1b⟧[2K⟦\\x0d⟧vote       approver/bob approve: ok\n",
+		"  modified  100644  +2 -0  9     evil⟦\\u202e⟧gpj.go  \n",
+		"  added     100644  +1 -0  2     c1⟦\\u009b⟧2J.go     (patch shown in part)\n",
+		"  added     100644  +0 -0  1     raw⟦\\xff⟧⟦\\x1b⟧[2J  (patch not shown)\n",
 		"... and 2 more files, not listed here",
 		"--- patch: the first 144 of 673 bytes",
 		"--- patch cut here: 529 bytes not shown; airlock approval show --full a-1 shows every byte ---\n",
 		"--- stderr: the last 4 of 5000 bytes; the first 4996 are not shown",
 		"--- stderr: the job wrote more than the executor records",
-		"\n| +\\x1b[8mrm -rf /\\x1b[0m\n",
-		"\n| +x\\x9b2J\\xff\\u009b\\x7f\\\\\n",
-		"\n| \\x1b[2J\\x1b[Happroval   a-1 (approved, 2 of 2 approvals)\n",
-		"\n| \\x1b]52;c;aGVsbG8=\\x07\\x0dover",
-		"\n| \\u202e\\x9b",
-		"runc 1.2\\x1b[0m",
+		"\n| +⟦\\x1b⟧[8mrm -rf /⟦\\x1b⟧[0m\n",
+		"\n| +x⟦\\x9b⟧2J⟦\\xff⟧⟦\\u009b⟧⟦\\x7f⟧\\\n",
+		"\n| ⟦\\x1b⟧[2J⟦\\x1b⟧[Happroval   a-1 (approved, 2 of 2 approvals)\n",
+		"\n| ⟦\\x1b⟧]52;c;aGVsbG8=⟦\\x07⟧⟦\\x0d⟧over",
+		"\n| ⟦\\u202e⟧⟦\\x9b⟧",
+		"runc 1.2⟦\\x1b⟧[0m",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
@@ -217,11 +225,11 @@ func TestErrorText(t *testing.T) {
 		err  error
 		want string
 	}{
-		{"a server's message", remote, `denied: \x1b[2J\x0aairlock: approved`},
-		{"a server's message, wrapped", fmt.Errorf("watch: %w", remote), `watch: denied: \x1b[2J\x0aairlock: approved`},
-		{"a job's outcome", &exitError{code: 3, err: remote}, `denied: \x1b[2J\x0aairlock: approved`},
+		{"a server's message", remote, `denied: ⟦\x1b⟧[2J⟦\x0a⟧airlock: approved`},
+		{"a server's message, wrapped", fmt.Errorf("watch: %w", remote), `watch: denied: ⟦\x1b⟧[2J⟦\x0a⟧airlock: approved`},
+		{"a job's outcome", &exitError{code: 3, err: remote}, `denied: ⟦\x1b⟧[2J⟦\x0a⟧airlock: approved`},
 		{"our own lines", errors.Join(errors.New("trust_domain: bad"), errors.New("tls: required")), "trust_domain: bad\ntls: required"},
-		{"our own message, with a control", usageError{errors.New("--repo \"a\x1b[2J\\\"")}, `--repo "a\x1b[2J\\"`},
+		{"our own message, with a control", usageError{errors.New("--repo \"a\x1b[2J\\\"")}, `--repo "a⟦\x1b⟧[2J\"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := errorText(tc.err); got != tc.want {
@@ -263,8 +271,11 @@ func streamedJob() *fakeAuthority {
 
 const (
 	streamedStdout = "ok \x1b[2J\xe2\x80\xaeend\r\ntail\xe2"
-	streamedShown  = "ok \\x1b[2J\\u202eend\r\ntail\\xe2"
-	streamedStderr = "\x1b]52;c;aGk=\x07"
+	streamedShown  = "ok ⟦\\x1b⟧[2J⟦\\u202e⟧end\r\ntail⟦\\xe2⟧"
+	// streamedHighlighted is how a terminal gets it: each escape in
+	// reverse video.
+	streamedHighlighted = "ok \x1b[7m\\x1b\x1b[27m[2J\x1b[7m\\u202e\x1b[27mend\r\ntail\x1b[7m\\xe2\x1b[27m"
+	streamedStderr      = "\x1b]52;c;aGk=\x07"
 )
 
 // TestStreamedOutput: a job's output reaching a terminal is escaped unless
@@ -275,30 +286,24 @@ func TestStreamedOutput(t *testing.T) {
 		name     string
 		args     []string
 		terminal bool
+		noColor  string // $NO_COLOR
 		want     string
 	}{
-		{"watch to a terminal", []string{"job", "watch", "j-1"}, true, streamedShown},
-		{"watch --raw to a terminal", []string{"job", "watch", "j-1", "--raw"}, true, streamedStdout},
-		{"watch to a pipe", []string{"job", "watch", "j-1"}, false, streamedStdout},
-		{"submit --wait to a terminal", []string{"job", "submit", "--repo", "r", "--wait", "--", "true"}, true, streamedShown},
-		{"submit --wait --raw to a terminal", []string{"job", "submit", "--repo", "r", "--wait", "--raw", "--", "true"}, true, streamedStdout},
-		{"submit --wait to a pipe", []string{"job", "submit", "--repo", "r", "--wait", "--", "true"}, false, streamedStdout},
+		{"watch to a terminal", []string{"job", "watch", "j-1"}, true, "", streamedHighlighted},
+		{"watch to a terminal, NO_COLOR", []string{"job", "watch", "j-1"}, true, "1", streamedShown},
+		{"watch --raw to a terminal", []string{"job", "watch", "j-1", "--raw"}, true, "", streamedStdout},
+		{"watch to a pipe", []string{"job", "watch", "j-1"}, false, "", streamedStdout},
+		{"submit --wait to a terminal", []string{"job", "submit", "--repo", "r", "--wait", "--", "true"}, true, "", streamedHighlighted},
+		{"submit --wait --raw to a terminal", []string{"job", "submit", "--repo", "r", "--wait", "--raw", "--", "true"}, true, "", streamedStdout},
+		{"submit --wait to a pipe", []string{"job", "submit", "--repo", "r", "--wait", "--", "true"}, false, "", streamedStdout},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("TERM", "xterm")
+			t.Setenv("NO_COLOR", tc.noColor)
 			var code int
 			var out, errOut string
 			if tc.terminal {
-				pty, tty := openPTY(t)
-				var shown bytes.Buffer
-				read := make(chan struct{})
-				go func() {
-					io.Copy(&shown, pty)
-					close(read)
-				}()
-				code, _, errOut = runCLI(t, cfg, tty, tc.args...)
-				tty.Close()
-				<-read
-				out = shown.String()
+				code, out, errOut = runCLIOnTerminal(t, cfg, tc.args...)
 			} else {
 				code, out, errOut = runCLI(t, cfg, nil, tc.args...)
 			}
@@ -315,7 +320,7 @@ func TestStreamedOutput(t *testing.T) {
 			}
 			summary := errOut[strings.Index(errOut, streamedStderr)+len(streamedStderr):]
 			checkShown(t, "summary", summary)
-			for _, want := range []string{"outcome    finished, exited with status 0: exit\\x1b[2J\n", "template t\\u202e\n"} {
+			for _, want := range []string{"outcome    finished, exited with status 0: exit⟦\\x1b⟧[2J\n", "template t⟦\\u202e⟧\n"} {
 				if !strings.Contains(summary, want) {
 					t.Errorf("summary lacks %q: %q", want, summary)
 				}

@@ -7,7 +7,9 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"unicode"
@@ -31,6 +33,7 @@ type fakeAuthority struct {
 	err         error
 	job         *authorityv1.Job
 	approval    *authorityv1.GetApprovalResponse
+	session     *authorityv1.GetSessionResponse
 	approvals   []*authorityv1.Approval
 	events      []*authorityv1.AuditEvent
 	leases      []*authorityv1.Lease
@@ -95,6 +98,10 @@ func (f *fakeAuthority) WatchJob(_ *authorityv1.WatchJobRequest, stream grpc.Ser
 		}
 	}
 	return f.err
+}
+
+func (f *fakeAuthority) GetSession(context.Context, *authorityv1.GetSessionRequest) (*authorityv1.GetSessionResponse, error) {
+	return f.session, f.err
 }
 
 func (f *fakeAuthority) GetApproval(context.Context, *authorityv1.GetApprovalRequest) (*authorityv1.GetApprovalResponse, error) {
@@ -180,9 +187,14 @@ func runCLI(t *testing.T, cfg string, stdout io.Writer, args ...string) (int, st
 
 // checkShown fails t when out holds anything a terminal would act on or
 // hide: a control byte other than newline and tab, DEL, invalid UTF-8
-// (such as a raw C1 byte), a C1 control rune, or a format rune.
+// (such as a raw C1 byte), a C1 control rune, or a format rune; or a mark
+// of termtext's that is not around exactly one escape (text passing for
+// an escape).
 func checkShown(t *testing.T, what, out string) {
 	t.Helper()
+	if marks := markedEscape.ReplaceAllString(out, ""); strings.ContainsAny(marks, "\u27e6\u27e7") {
+		t.Errorf("%s: a mark not around one escape reaches the terminal:\n%s", what, out)
+	}
 	for i := 0; i < len(out); {
 		r, size := utf8.DecodeRuneInString(out[i:])
 		bad := ""
@@ -202,4 +214,24 @@ func checkShown(t *testing.T, what, out string) {
 		}
 		i += size
 	}
+}
+
+// markedEscape is one escape between termtext's marks.
+var markedEscape = regexp.MustCompile(`\x{27e6}(\\x[0-9a-f]{2}|\\u[0-9a-f]{4}|\\U[0-9a-f]{8})\x{27e7}`)
+
+// runCLIOnTerminal runs the airlock command as runCLI does with its
+// stdout a pseudo-terminal, and returns what the terminal was sent.
+func runCLIOnTerminal(t *testing.T, cfg string, args ...string) (int, string, string) {
+	t.Helper()
+	pty, tty := openPTY(t)
+	var shown bytes.Buffer
+	read := make(chan struct{})
+	go func() {
+		io.Copy(&shown, pty)
+		close(read)
+	}()
+	code, _, errOut := runCLI(t, cfg, tty, args...)
+	tty.Close()
+	<-read
+	return code, shown.String(), errOut
 }

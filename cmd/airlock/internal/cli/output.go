@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
@@ -24,11 +25,12 @@ import (
 // streamHelp says, for the commands that stream a job's output, what
 // reaches the terminal.
 const streamHelp = `On a terminal the job's output is shown with control characters, invalid
-UTF-8 and invisible or bidi runes escaped (\x1b, \x9b, \u202e; a backslash
-as \\), so it cannot move the cursor, rewrite the screen or set the
-clipboard; --raw copies its bytes unchanged. To a pipe or a file the output
-is always the job's bytes unchanged: they are data there. The [airlock]
-status lines and the summary are always escaped.`
+UTF-8 and invisible or bidi runes escaped (\x1b, \x9b, \u202e, each in
+reverse video; with TERM=dumb or NO_COLOR set, between the marks ⟦ ⟧), so
+it cannot move the cursor, rewrite the screen or set the clipboard; a
+backslash is shown as itself. --raw copies its bytes unchanged. To a pipe
+or a file the output is always the job's bytes unchanged: they are data
+there. The [airlock] status lines and the summary are always escaped.`
 
 // watchJob streams a job's output to stdout/stderr until it ends and
 // returns the final job. A dropped stream is resumed from the last offsets.
@@ -123,11 +125,11 @@ func (s *outputSink) flush() {
 	}
 }
 
-// jobOutput is where a job's output stream headed for w is copied: w
-// itself when it is not a terminal, or raw, else an escaping writer.
+// jobOutput is where a job's output stream headed for w is copied: the
+// file under w when it is not a terminal, or raw, else an escaping writer.
 func jobOutput(w io.Writer, raw bool) io.Writer {
-	if f, ok := w.(interface{ Fd() uintptr }); raw || !ok || !term.IsTerminal(int(f.Fd())) {
-		return w
+	if raw || !isTerminal(w) {
+		return termtext.Unwrap(w)
 	}
 	return termtext.NewWriter(w)
 }
@@ -137,6 +139,32 @@ func jobOutput(w io.Writer, raw bool) io.Writer {
 func flushOutput(w io.Writer) {
 	if tw, ok := w.(*termtext.Writer); ok {
 		tw.Flush()
+	}
+}
+
+// isTerminal reports whether w (or what a termtext writer wraps) is a
+// terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := termtext.Unwrap(w).(interface{ Fd() uintptr })
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// textWriter is where text for people headed for w goes: on a terminal a
+// termtext.Terminal, which shows each escape highlighted; elsewhere, or
+// where the terminal cannot highlight (TERM=dumb) or the user asked for
+// no styling (NO_COLOR), w itself, where each escape stands between
+// termtext's marks.
+func textWriter(w io.Writer) io.Writer {
+	if !isTerminal(w) || os.Getenv("TERM") == "dumb" || os.Getenv("NO_COLOR") != "" {
+		return w
+	}
+	return termtext.NewTerminal(w)
+}
+
+// flushText writes what a textWriter holds back.
+func flushText(w io.Writer) {
+	if t, ok := w.(*termtext.Terminal); ok {
+		t.Flush()
 	}
 }
 
@@ -191,7 +219,11 @@ func outcome(job *authorityv1.Job) string {
 			s += fmt.Sprintf(" with status %d", r.GetExitCode())
 		}
 	}
-	if m := job.GetMessage(); m != "" && !strings.Contains(s, m) {
+	switch m := job.GetMessage(); {
+	case m == "" || strings.Contains(s, m):
+	case strings.HasPrefix(m, s+" ") || strings.HasPrefix(m, s+";") || strings.HasPrefix(m, s+":"):
+		s = m // "cancelled by client/dev", not "cancelled: cancelled by client/dev"
+	default:
 		s += ": " + m
 	}
 	if m := r.GetMessage(); m != "" && m != job.GetMessage() && !strings.Contains(s, m) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"sort"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/bundle/bundlepb"
 	"github.com/airlockhq/airlock/pkg/termtext"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 )
 
 // The review of a publish request as approval show prints it: the complete
@@ -70,6 +72,36 @@ func (t *fileTable) row(f *authorityv1.FileChange, note string) {
 }
 
 func (t *fileTable) flush() { t.tw.Flush() }
+
+// writeReviewHeader prints what a publish request's job was and how it
+// ended: its command and exit status, or a session's execs and theirs.
+func writeReviewHeader(w io.Writer, a *authorityv1.Approval, rv *authorityv1.ReviewMaterial) {
+	r := rv.GetResult()
+	fmt.Fprintf(w, "job        %s by %s\n", termtext.Line(a.GetJobId()), termtext.Line(a.GetRequester()))
+	fmt.Fprintf(w, "target     %s:%s\n", termtext.Line(a.GetTarget().GetRepository()), termtext.Line(a.GetTarget().GetBranch()))
+	fmt.Fprintf(w, "bundle     %s\n", termtext.Line(a.GetBundleDigest()))
+	fmt.Fprintf(w, "base       %s\n", termtext.Line(rv.GetCommit()))
+	runtime := termtext.Line(strings.Split(r.GetRuntimeVersion(), ";")[0])
+	if len(rv.GetCommand()) > 0 {
+		fmt.Fprintf(w, "command    %s\n", commandText(rv.GetCommand()))
+		fmt.Fprintf(w, "result     %s, exit %d, %s\n", reasonWord(r.GetReason()), r.GetExitCode(), runtime)
+		return
+	}
+	// A session has no command of its own: its execs are what ran, and
+	// their statuses are its result.
+	d := rv.GetDetail()
+	fmt.Fprintf(w, "command    session of %d execs\n", d.GetExecsTotal())
+	writeExecLines(w, d.GetExecs(), d.GetExecsTotal(), nil)
+	fmt.Fprintf(w, "result     session %s, %s\n", reasonWord(r.GetReason()), runtime)
+}
+
+// writeLegend explains the escapes, after a review printed through a
+// termtext.Watcher that saw any.
+func writeLegend(w io.Writer) {
+	if v, ok := w.(*termtext.Watcher); ok && v.Escaped() {
+		fmt.Fprintf(w, "\nlegend     %s\n", termtext.Legend)
+	}
+}
 
 // writeReview prints a publish request's review material.
 func writeReview(w io.Writer, a *authorityv1.Approval, rv *authorityv1.ReviewMaterial) {
@@ -135,21 +167,9 @@ func writeReviewExecs(w io.Writer, d *authorityv1.ReviewDetail) {
 		return
 	}
 	fmt.Fprintf(w, "\nexecs      %d, in the order they ran, with the client's %d uploads among them\n", total, d.GetFileWritesTotal())
-	writes := d.GetFileWrites()
-	listed := int64(0)
-	upload := func(before int64) {
-		for len(writes) > 0 && writes[0].GetAfterExec() < before {
-			u := writes[0]
-			writes = writes[1:]
-			fmt.Fprintf(w, "\n  upload  %s  %d bytes, sha256 %s\n", termtext.Line(u.GetPath()), u.GetSize(), termtext.Line(u.GetSha256()))
-			if n := u.GetCount(); n > 1 {
-				fmt.Fprintf(w, "          the last of %d uploads of this path, the first after %d execs had started\n", n, u.GetFirstAfterExec())
-			}
-			listed += max(u.GetCount(), 1)
-		}
-	}
+	ups := &uploadList{w: w, left: d.GetFileWrites(), sep: "\n"}
 	for _, x := range d.GetExecs() {
-		upload(x.GetSeq())
+		ups.before(x.GetSeq())
 		fmt.Fprintf(w, "\n  exec %d  %s  %s\n", x.GetSeq(), termtext.Line(x.GetSpec().GetExecId()), termtext.Line(execOutcome(x)))
 		fmt.Fprintf(w, "  argv    %s\n", commandText(x.GetSpec().GetArgv()))
 		if env := x.GetSpec().GetEnv(); len(env) > 0 {
@@ -159,7 +179,7 @@ func writeReviewExecs(w io.Writer, d *authorityv1.ReviewDetail) {
 			}
 			sort.Strings(keys)
 			for _, k := range keys {
-				fmt.Fprintf(w, "  env     %s=%s\n", termtext.Line(k), shellWord(termtext.Line(env[k])))
+				fmt.Fprintf(w, "  env     %s=%s\n", termtext.Line(k), shellWord(env[k]))
 			}
 		}
 		if x.GetSpecCut() {
@@ -193,12 +213,42 @@ func writeReviewExecs(w io.Writer, d *authorityv1.ReviewDetail) {
 			}
 		}
 	}
-	upload(total + 1)
+	ups.before(total + 1)
 	if n := total - int64(len(d.GetExecs())); n > 0 {
 		fmt.Fprintf(w, "\n  ... and %d more execs, not listed here: the bundle's result.json records every one\n", n)
 	}
-	if n := d.GetFileWritesTotal() - listed; n > 0 {
-		fmt.Fprintf(w, "  ... and %d more uploads, not listed here: the bundle's result.json records every one\n", n)
+	ups.end(d.GetFileWritesTotal(), ": the bundle's result.json records every one")
+}
+
+// uploadList writes a session's uploads among its execs, as the review and
+// session get list them: each just before the first exec that started
+// after it, sep before each.
+type uploadList struct {
+	w      io.Writer
+	left   []*typesv1.FileWrite
+	sep    string
+	listed int64 // uploads written so far (a folded record counts each)
+}
+
+// before writes the uploads made before exec seq started.
+func (u *uploadList) before(seq int64) {
+	for len(u.left) > 0 && u.left[0].GetAfterExec() < seq {
+		f := u.left[0]
+		u.left = u.left[1:]
+		fmt.Fprintf(u.w, "%s  upload  %s  %d bytes, sha256 %s\n", u.sep, termtext.Line(f.GetPath()), f.GetSize(), termtext.Line(f.GetSha256()))
+		if n := f.GetCount(); n > 1 {
+			fmt.Fprintf(u.w, "          the last of %d uploads of this path, the first after %d execs had started\n", n, f.GetFirstAfterExec())
+		}
+		u.listed += max(f.GetCount(), 1)
+	}
+}
+
+// end writes the uploads left and says how many of total are not listed,
+// and where they are (where).
+func (u *uploadList) end(total int64, where string) {
+	u.before(math.MaxInt64)
+	if n := total - u.listed; n > 0 {
+		fmt.Fprintf(u.w, "  ... and %d more uploads, not listed here%s\n", n, where)
 	}
 }
 
@@ -300,6 +350,10 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 	}
 	w := g.Stdout
 	gut := &gutter{w: w}
+	if raw {
+		// The job's bytes as they are, not through a terminal's writer.
+		gut.w = termtext.Unwrap(w)
+	}
 	var body io.Writer = gut
 	var esc *termtext.Writer
 	if !raw {
@@ -334,6 +388,7 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 			endPart()
 			err = remoteError{fmt.Errorf("the stream of the bundle stopped, so what is shown above is incomplete and not verified: %w", rpcError(err))}
 			if g.Output != "json" {
+				writeLegend(w)
 				fmt.Fprintf(w, "\nNOT VERIFIED: %s\n", errorText(err))
 			}
 			return err
@@ -384,6 +439,7 @@ func streamReview(ctx context.Context, g *globals, client authorityv1.AuthorityS
 	}
 	if g.Output != "json" {
 		endPart()
+		writeLegend(w)
 	}
 	if verified == "" || verified != a.GetBundleDigest() {
 		err := remoteError{fmt.Errorf("the authority did not confirm that what is shown above is bundle %s (it said %q): do not rely on it", a.GetBundleDigest(), verified)}
@@ -455,7 +511,7 @@ func streamBare(g *globals, stream interface {
 	if _, err := spool.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
-	if _, err := io.Copy(g.Stdout, spool); err != nil {
+	if _, err := io.Copy(termtext.Unwrap(g.Stdout), spool); err != nil {
 		return err
 	}
 	fmt.Fprintf(g.Stderr, "verified: what was written is from bundle %s, the one this request names\n", termtext.Line(verified))

@@ -22,7 +22,7 @@ func TestShowCRLFChange(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("%v: exit %d: %s", args, code, errOut)
 		}
-		if !strings.Contains(out, "| -line1\\x0d\n| +line1\n") || strings.Contains(out, "\r") {
+		if !strings.Contains(out, "| -line1⟦\\x0d⟧\n| +line1\n") || strings.Contains(out, "\r") {
 			t.Errorf("%v shows the CRLF change as:\n%q", args, out)
 		}
 	}

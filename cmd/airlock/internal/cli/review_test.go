@@ -49,7 +49,7 @@ func TestShowFull(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
 	checkShown(t, "approval show --full", out)
-	for _, want := range []string{"--- files: 1 ---", "evil\\u202e.go", "--- patch: 9 bytes ---\n| +a\\x1b[2Jb\n| verified: everything above",
+	for _, want := range []string{"--- files: 1 ---", "evil⟦\\u202e⟧.go", "--- patch: 9 bytes ---\n| +a⟦\\x1b⟧[2Jb\n| verified: everything above",
 		"\nverified: everything above is bundle sha256:ab, the one this request names\n"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("--full lacks %q:\n%s", want, out)
@@ -105,7 +105,7 @@ func TestShowEgress(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	for _, want := range []string{"egress     3 records", "ok.test  allowed 1, refused 0, in 2.0KiB", "evil\\x1b[2J.test  allowed 0, refused 2"} {
+	for _, want := range []string{"egress     3 records", "ok.test  allowed 1, refused 0, in 2.0KiB", "evil⟦\\x1b⟧[2J.test  allowed 0, refused 2"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("approval show lacks %q:\n%s", want, out)
 		}
@@ -120,7 +120,7 @@ func TestShowEgress(t *testing.T) {
 	if strings.Contains(out, "\x1b") {
 		t.Errorf("a raw escape reached the terminal:\n%q", out)
 	}
-	for _, want := range []string{"--- egress decisions ---", "203.0.113.5:443", "evil\\x1b[2J.test is not in the policy"} {
+	for _, want := range []string{"--- egress decisions ---", "203.0.113.5:443", "evil⟦\\x1b⟧[2J.test is not in the policy"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("--egress lacks %q:\n%s", want, out)
 		}

@@ -53,7 +53,9 @@ func (e *exitError) Unwrap() error { return e.err }
 // Main runs the airlock command with args and returns the exit code: 0 on
 // success, 1 on failure, 2 on bad usage, or the code a command chose.
 func Main(args []string, stdout, stderr io.Writer) int {
-	g := &globals{Stdout: stdout, Stderr: stderr}
+	g := &globals{Stdout: textWriter(stdout), Stderr: textWriter(stderr)}
+	defer flushText(g.Stdout)
+	defer flushText(g.Stderr)
 	root := newRoot(g)
 	root.SetArgs(args)
 	root.SetOut(stdout)
@@ -67,10 +69,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	if ctx.Err() != nil {
-		fmt.Fprintln(stderr, "airlock: interrupted")
+		fmt.Fprintln(g.Stderr, "airlock: interrupted")
 		return 130
 	}
-	fmt.Fprintf(stderr, "airlock: %s\n", errorText(err))
+	fmt.Fprintf(g.Stderr, "airlock: %s\n", errorText(err))
 	var ee *exitError
 	if errors.As(err, &ee) {
 		return ee.code

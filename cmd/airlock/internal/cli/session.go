@@ -370,7 +370,14 @@ func newSessionGet(g *globals) *cobra.Command {
 					if resp.GetExecsStale() {
 						fmt.Fprintln(w, "note       the executor could not answer: these are the authority's records of the execs, which may be behind")
 					}
-					writeExecs(w, resp.GetExecs())
+					execs := fmt.Sprintf("%d", max(resp.GetExecsTotal(), int64(len(resp.GetExecs()))))
+					if n := resp.GetFileWritesTotal(); n > 0 {
+						execs += fmt.Sprintf(", with the client's %d uploads among them", n)
+					}
+					fmt.Fprintf(w, "execs      %s\n", execs)
+					ups := &uploadList{w: w, left: resp.GetFileWrites()}
+					writeExecLines(w, resp.GetExecs(), resp.GetExecsTotal(), ups)
+					ups.end(resp.GetFileWritesTotal(), "")
 					if terminal(s.GetState()) {
 						writeSummary(w, s)
 					}
@@ -380,11 +387,18 @@ func newSessionGet(g *globals) *cobra.Command {
 	}
 }
 
-// writeExecs lists execs, one line each, every job-chosen string escaped.
-func writeExecs(w io.Writer, execs []*typesv1.Exec) {
-	fmt.Fprintf(w, "execs      %d\n", len(execs))
+// writeExecLines lists execs, one line each with its status, every
+// job-chosen string escaped, and says how many of total are not listed;
+// with ups, the uploads made before each exec come before it.
+func writeExecLines(w io.Writer, execs []*typesv1.Exec, total int64, ups *uploadList) {
 	for _, x := range execs {
+		if ups != nil {
+			ups.before(x.GetSeq())
+		}
 		fmt.Fprintf(w, "  %3d  %s  %s  %s\n", x.GetSeq(), termtext.Line(x.GetSpec().GetExecId()), termtext.Line(execOutcome(x)), commandText(x.GetSpec().GetArgv()))
+	}
+	if n := total - int64(len(execs)); n > 0 {
+		fmt.Fprintf(w, "       ... and %d more execs, not listed here\n", n)
 	}
 }
 

@@ -71,20 +71,21 @@ func outcomeWord(o authorityv1.AuditOutcome) string {
 func commandText(argv []string) string {
 	args := make([]string, len(argv))
 	for i, a := range argv {
-		args[i] = shellWord(termtext.Line(a))
+		args[i] = shellWord(a)
 	}
 	return strings.Join(args, " ")
 }
 
-// shellWord quotes an (already escaped) argument as a POSIX shell would
-// need it, so a reader can tell `a b` from `a` `b`.
+// shellWord is an argument escaped (termtext.Line), and quoted where a
+// POSIX shell would need it, so a reader can tell `a b` from `a` `b`.
 func shellWord(a string) string {
-	// The escaped text has no control characters left, and a backslash
-	// in it begins termtext's own escapes: neither needs quoting.
-	if a != "" && !strings.ContainsAny(a, " '\"$&|;<>()~#!`") {
-		return a
+	shown := termtext.Line(a)
+	// Whether to quote depends on the argument, not on the escapes'
+	// backslashes; the escaped text has no quote the argument lacks.
+	if a != "" && !strings.ContainsAny(a, " \t\n'\"$&|;<>()~#!`\\") {
+		return shown
 	}
-	return "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	return "'" + strings.ReplaceAll(shown, "'", `'\''`) + "'"
 }
 
 func short(sha string) string {

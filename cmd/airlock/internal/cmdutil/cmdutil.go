@@ -23,6 +23,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/clientconfig"
 	"github.com/airlockhq/airlock/pkg/grpcclient"
 	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/termtext"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
 )
 
@@ -33,7 +34,10 @@ type Globals struct {
 	// Config is --config, the client config file.
 	Config string
 	// As is --as, the identity to act as.
-	As     string
+	As string
+	// Stdout and Stderr take text for people; on a terminal they may be
+	// termtext writers, so data (JSON, raw bytes) goes to
+	// termtext.Unwrap of them.
 	Stdout io.Writer
 	Stderr io.Writer
 }
@@ -72,7 +76,7 @@ func (g *Globals) ClientConfig() (*clientconfig.Config, error) {
 // writer that lines up tab-separated columns.
 func (g *Globals) Print(v any, text func(w io.Writer)) error {
 	if g.Output == "json" {
-		enc := json.NewEncoder(g.Stdout)
+		enc := json.NewEncoder(termtext.Unwrap(g.Stdout))
 		enc.SetIndent("", "  ")
 		return enc.Encode(v)
 	}
@@ -88,7 +92,7 @@ func (g *Globals) PrintProto(m proto.Message, text func(w io.Writer)) error {
 		if err != nil {
 			return err
 		}
-		_, err = fmt.Fprintln(g.Stdout, string(data))
+		_, err = fmt.Fprintln(termtext.Unwrap(g.Stdout), string(data))
 		return err
 	}
 	return g.Print(nil, text)

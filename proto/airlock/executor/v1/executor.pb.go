@@ -1250,9 +1250,14 @@ type ListExecsResponse struct {
 	// The execs.
 	Execs []*v1.Exec `protobuf:"bytes,1,rep,name=execs,proto3" json:"execs,omitempty"`
 	// How many execs the session has run.
-	Total         int64 `protobuf:"varint,2,opt,name=total,proto3" json:"total,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Total int64 `protobuf:"varint,2,opt,name=total,proto3" json:"total,omitempty"`
+	// The files the session's client uploaded (WriteFile), in order: at
+	// most 500 records, folded as the result's are.
+	FileWrites []*v1.FileWrite `protobuf:"bytes,3,rep,name=file_writes,json=fileWrites,proto3" json:"file_writes,omitempty"`
+	// How many uploads there were in all.
+	FileWritesTotal int64 `protobuf:"varint,4,opt,name=file_writes_total,json=fileWritesTotal,proto3" json:"file_writes_total,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ListExecsResponse) Reset() {
@@ -1295,6 +1300,20 @@ func (x *ListExecsResponse) GetExecs() []*v1.Exec {
 func (x *ListExecsResponse) GetTotal() int64 {
 	if x != nil {
 		return x.Total
+	}
+	return 0
+}
+
+func (x *ListExecsResponse) GetFileWrites() []*v1.FileWrite {
+	if x != nil {
+		return x.FileWrites
+	}
+	return nil
+}
+
+func (x *ListExecsResponse) GetFileWritesTotal() int64 {
+	if x != nil {
+		return x.FileWritesTotal
 	}
 	return 0
 }
@@ -2655,10 +2674,13 @@ const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"\x0fGetExecResponse\x12*\n" +
 	"\x04exec\x18\x01 \x01(\v2\x16.airlock.types.v1.ExecR\x04exec\")\n" +
 	"\x10ListExecsRequest\x12\x15\n" +
-	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"W\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xc1\x01\n" +
 	"\x11ListExecsResponse\x12,\n" +
 	"\x05execs\x18\x01 \x03(\v2\x16.airlock.types.v1.ExecR\x05execs\x12\x14\n" +
-	"\x05total\x18\x02 \x01(\x03R\x05total\"\x8c\x01\n" +
+	"\x05total\x18\x02 \x01(\x03R\x05total\x12<\n" +
+	"\vfile_writes\x18\x03 \x03(\v2\x1b.airlock.types.v1.FileWriteR\n" +
+	"fileWrites\x12*\n" +
+	"\x11file_writes_total\x18\x04 \x01(\x03R\x0ffileWritesTotal\"\x8c\x01\n" +
 	"\x10WatchExecRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12#\n" +
@@ -2818,8 +2840,9 @@ var file_airlock_executor_v1_executor_proto_goTypes = []any{
 	(*v1.OutputChunk)(nil),         // 46: airlock.types.v1.OutputChunk
 	(*v1.ExecSpec)(nil),            // 47: airlock.types.v1.ExecSpec
 	(*v1.Exec)(nil),                // 48: airlock.types.v1.Exec
-	(*v1.FileHeader)(nil),          // 49: airlock.types.v1.FileHeader
-	(*v1.FileEntry)(nil),           // 50: airlock.types.v1.FileEntry
+	(*v1.FileWrite)(nil),           // 49: airlock.types.v1.FileWrite
+	(*v1.FileHeader)(nil),          // 50: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),           // 51: airlock.types.v1.FileEntry
 }
 var file_airlock_executor_v1_executor_proto_depIdxs = []int32{
 	0,  // 0: airlock.executor.v1.Run.state:type_name -> airlock.executor.v1.RunState
@@ -2844,61 +2867,62 @@ var file_airlock_executor_v1_executor_proto_depIdxs = []int32{
 	48, // 19: airlock.executor.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
 	48, // 20: airlock.executor.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
 	48, // 21: airlock.executor.v1.ListExecsResponse.execs:type_name -> airlock.types.v1.Exec
-	46, // 22: airlock.executor.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	48, // 23: airlock.executor.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	47, // 24: airlock.executor.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
-	23, // 25: airlock.executor.v1.RunExecRequest.start:type_name -> airlock.executor.v1.RunExecStart
-	16, // 26: airlock.executor.v1.RunExecResponse.started:type_name -> airlock.executor.v1.StartExecResponse
-	46, // 27: airlock.executor.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	48, // 28: airlock.executor.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
-	48, // 29: airlock.executor.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
-	1,  // 30: airlock.executor.v1.FinishRunResponse.run:type_name -> airlock.executor.v1.Run
-	49, // 31: airlock.executor.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
-	32, // 32: airlock.executor.v1.WriteFileRequest.header:type_name -> airlock.executor.v1.WriteFileHeader
-	50, // 33: airlock.executor.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
-	1,  // 34: airlock.executor.v1.SuspendRunResponse.run:type_name -> airlock.executor.v1.Run
-	1,  // 35: airlock.executor.v1.ResumeRunResponse.run:type_name -> airlock.executor.v1.Run
-	2,  // 36: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
-	4,  // 37: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
-	6,  // 38: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
-	8,  // 39: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
-	10, // 40: airlock.executor.v1.ExecutorService.UpdateRun:input_type -> airlock.executor.v1.UpdateRunRequest
-	12, // 41: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
-	15, // 42: airlock.executor.v1.ExecutorService.StartExec:input_type -> airlock.executor.v1.StartExecRequest
-	17, // 43: airlock.executor.v1.ExecutorService.GetExec:input_type -> airlock.executor.v1.GetExecRequest
-	19, // 44: airlock.executor.v1.ExecutorService.ListExecs:input_type -> airlock.executor.v1.ListExecsRequest
-	21, // 45: airlock.executor.v1.ExecutorService.WatchExec:input_type -> airlock.executor.v1.WatchExecRequest
-	26, // 46: airlock.executor.v1.ExecutorService.CancelExec:input_type -> airlock.executor.v1.CancelExecRequest
-	24, // 47: airlock.executor.v1.ExecutorService.RunExec:input_type -> airlock.executor.v1.RunExecRequest
-	28, // 48: airlock.executor.v1.ExecutorService.FinishRun:input_type -> airlock.executor.v1.FinishRunRequest
-	37, // 49: airlock.executor.v1.ExecutorService.SuspendRun:input_type -> airlock.executor.v1.SuspendRunRequest
-	39, // 50: airlock.executor.v1.ExecutorService.ResumeRun:input_type -> airlock.executor.v1.ResumeRunRequest
-	30, // 51: airlock.executor.v1.ExecutorService.ReadFile:input_type -> airlock.executor.v1.ReadFileRequest
-	33, // 52: airlock.executor.v1.ExecutorService.WriteFile:input_type -> airlock.executor.v1.WriteFileRequest
-	35, // 53: airlock.executor.v1.ExecutorService.ListFiles:input_type -> airlock.executor.v1.ListFilesRequest
-	3,  // 54: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
-	5,  // 55: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
-	7,  // 56: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
-	9,  // 57: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
-	11, // 58: airlock.executor.v1.ExecutorService.UpdateRun:output_type -> airlock.executor.v1.UpdateRunResponse
-	14, // 59: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
-	16, // 60: airlock.executor.v1.ExecutorService.StartExec:output_type -> airlock.executor.v1.StartExecResponse
-	18, // 61: airlock.executor.v1.ExecutorService.GetExec:output_type -> airlock.executor.v1.GetExecResponse
-	20, // 62: airlock.executor.v1.ExecutorService.ListExecs:output_type -> airlock.executor.v1.ListExecsResponse
-	22, // 63: airlock.executor.v1.ExecutorService.WatchExec:output_type -> airlock.executor.v1.WatchExecResponse
-	27, // 64: airlock.executor.v1.ExecutorService.CancelExec:output_type -> airlock.executor.v1.CancelExecResponse
-	25, // 65: airlock.executor.v1.ExecutorService.RunExec:output_type -> airlock.executor.v1.RunExecResponse
-	29, // 66: airlock.executor.v1.ExecutorService.FinishRun:output_type -> airlock.executor.v1.FinishRunResponse
-	38, // 67: airlock.executor.v1.ExecutorService.SuspendRun:output_type -> airlock.executor.v1.SuspendRunResponse
-	40, // 68: airlock.executor.v1.ExecutorService.ResumeRun:output_type -> airlock.executor.v1.ResumeRunResponse
-	31, // 69: airlock.executor.v1.ExecutorService.ReadFile:output_type -> airlock.executor.v1.ReadFileResponse
-	34, // 70: airlock.executor.v1.ExecutorService.WriteFile:output_type -> airlock.executor.v1.WriteFileResponse
-	36, // 71: airlock.executor.v1.ExecutorService.ListFiles:output_type -> airlock.executor.v1.ListFilesResponse
-	54, // [54:72] is the sub-list for method output_type
-	36, // [36:54] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	49, // 22: airlock.executor.v1.ListExecsResponse.file_writes:type_name -> airlock.types.v1.FileWrite
+	46, // 23: airlock.executor.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	48, // 24: airlock.executor.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	47, // 25: airlock.executor.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
+	23, // 26: airlock.executor.v1.RunExecRequest.start:type_name -> airlock.executor.v1.RunExecStart
+	16, // 27: airlock.executor.v1.RunExecResponse.started:type_name -> airlock.executor.v1.StartExecResponse
+	46, // 28: airlock.executor.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	48, // 29: airlock.executor.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
+	48, // 30: airlock.executor.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	1,  // 31: airlock.executor.v1.FinishRunResponse.run:type_name -> airlock.executor.v1.Run
+	50, // 32: airlock.executor.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	32, // 33: airlock.executor.v1.WriteFileRequest.header:type_name -> airlock.executor.v1.WriteFileHeader
+	51, // 34: airlock.executor.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	1,  // 35: airlock.executor.v1.SuspendRunResponse.run:type_name -> airlock.executor.v1.Run
+	1,  // 36: airlock.executor.v1.ResumeRunResponse.run:type_name -> airlock.executor.v1.Run
+	2,  // 37: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
+	4,  // 38: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
+	6,  // 39: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
+	8,  // 40: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
+	10, // 41: airlock.executor.v1.ExecutorService.UpdateRun:input_type -> airlock.executor.v1.UpdateRunRequest
+	12, // 42: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
+	15, // 43: airlock.executor.v1.ExecutorService.StartExec:input_type -> airlock.executor.v1.StartExecRequest
+	17, // 44: airlock.executor.v1.ExecutorService.GetExec:input_type -> airlock.executor.v1.GetExecRequest
+	19, // 45: airlock.executor.v1.ExecutorService.ListExecs:input_type -> airlock.executor.v1.ListExecsRequest
+	21, // 46: airlock.executor.v1.ExecutorService.WatchExec:input_type -> airlock.executor.v1.WatchExecRequest
+	26, // 47: airlock.executor.v1.ExecutorService.CancelExec:input_type -> airlock.executor.v1.CancelExecRequest
+	24, // 48: airlock.executor.v1.ExecutorService.RunExec:input_type -> airlock.executor.v1.RunExecRequest
+	28, // 49: airlock.executor.v1.ExecutorService.FinishRun:input_type -> airlock.executor.v1.FinishRunRequest
+	37, // 50: airlock.executor.v1.ExecutorService.SuspendRun:input_type -> airlock.executor.v1.SuspendRunRequest
+	39, // 51: airlock.executor.v1.ExecutorService.ResumeRun:input_type -> airlock.executor.v1.ResumeRunRequest
+	30, // 52: airlock.executor.v1.ExecutorService.ReadFile:input_type -> airlock.executor.v1.ReadFileRequest
+	33, // 53: airlock.executor.v1.ExecutorService.WriteFile:input_type -> airlock.executor.v1.WriteFileRequest
+	35, // 54: airlock.executor.v1.ExecutorService.ListFiles:input_type -> airlock.executor.v1.ListFilesRequest
+	3,  // 55: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
+	5,  // 56: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
+	7,  // 57: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
+	9,  // 58: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
+	11, // 59: airlock.executor.v1.ExecutorService.UpdateRun:output_type -> airlock.executor.v1.UpdateRunResponse
+	14, // 60: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
+	16, // 61: airlock.executor.v1.ExecutorService.StartExec:output_type -> airlock.executor.v1.StartExecResponse
+	18, // 62: airlock.executor.v1.ExecutorService.GetExec:output_type -> airlock.executor.v1.GetExecResponse
+	20, // 63: airlock.executor.v1.ExecutorService.ListExecs:output_type -> airlock.executor.v1.ListExecsResponse
+	22, // 64: airlock.executor.v1.ExecutorService.WatchExec:output_type -> airlock.executor.v1.WatchExecResponse
+	27, // 65: airlock.executor.v1.ExecutorService.CancelExec:output_type -> airlock.executor.v1.CancelExecResponse
+	25, // 66: airlock.executor.v1.ExecutorService.RunExec:output_type -> airlock.executor.v1.RunExecResponse
+	29, // 67: airlock.executor.v1.ExecutorService.FinishRun:output_type -> airlock.executor.v1.FinishRunResponse
+	38, // 68: airlock.executor.v1.ExecutorService.SuspendRun:output_type -> airlock.executor.v1.SuspendRunResponse
+	40, // 69: airlock.executor.v1.ExecutorService.ResumeRun:output_type -> airlock.executor.v1.ResumeRunResponse
+	31, // 70: airlock.executor.v1.ExecutorService.ReadFile:output_type -> airlock.executor.v1.ReadFileResponse
+	34, // 71: airlock.executor.v1.ExecutorService.WriteFile:output_type -> airlock.executor.v1.WriteFileResponse
+	36, // 72: airlock.executor.v1.ExecutorService.ListFiles:output_type -> airlock.executor.v1.ListFilesResponse
+	55, // [55:73] is the sub-list for method output_type
+	37, // [37:55] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_airlock_executor_v1_executor_proto_init() }

@@ -2020,6 +2020,110 @@ func (x *FileHeader) GetSize() int64 {
 	return 0
 }
 
+// FileWrite is one upload into a session. The path comes from the client:
+// show it escaped.
+type FileWrite struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The path written, e.g. "/work/fix.patch".
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// Bytes written.
+	Size int64 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	// SHA-256 of them, as hex.
+	Sha256 string `protobuf:"bytes,3,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	// When.
+	WrittenAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=written_at,json=writtenAt,proto3" json:"written_at,omitempty"`
+	// How many execs had started before it (its last upload, when count
+	// is more than 1): 0 before the first.
+	AfterExec int64 `protobuf:"varint,5,opt,name=after_exec,json=afterExec,proto3" json:"after_exec,omitempty"`
+	// How many uploads of path this record stands for, when more than 1:
+	// size, sha256, written_at and after_exec are then the last one's.
+	Count int64 `protobuf:"varint,6,opt,name=count,proto3" json:"count,omitempty"`
+	// When count is more than 1: how many execs had started before the
+	// first of them.
+	FirstAfterExec int64 `protobuf:"varint,7,opt,name=first_after_exec,json=firstAfterExec,proto3" json:"first_after_exec,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *FileWrite) Reset() {
+	*x = FileWrite{}
+	mi := &file_airlock_types_v1_types_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileWrite) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileWrite) ProtoMessage() {}
+
+func (x *FileWrite) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_types_v1_types_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileWrite.ProtoReflect.Descriptor instead.
+func (*FileWrite) Descriptor() ([]byte, []int) {
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *FileWrite) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *FileWrite) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *FileWrite) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+func (x *FileWrite) GetWrittenAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.WrittenAt
+	}
+	return nil
+}
+
+func (x *FileWrite) GetAfterExec() int64 {
+	if x != nil {
+		return x.AfterExec
+	}
+	return 0
+}
+
+func (x *FileWrite) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *FileWrite) GetFirstAfterExec() int64 {
+	if x != nil {
+		return x.FirstAfterExec
+	}
+	return 0
+}
+
 var File_airlock_types_v1_types_proto protoreflect.FileDescriptor
 
 const file_airlock_types_v1_types_proto_rawDesc = "" +
@@ -2182,7 +2286,17 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"raw_target\x18\b \x01(\fR\trawTarget\" \n" +
 	"\n" +
 	"FileHeader\x12\x12\n" +
-	"\x04size\x18\x01 \x01(\x03R\x04size*^\n" +
+	"\x04size\x18\x01 \x01(\x03R\x04size\"\xe5\x01\n" +
+	"\tFileWrite\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x16\n" +
+	"\x06sha256\x18\x03 \x01(\tR\x06sha256\x129\n" +
+	"\n" +
+	"written_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\twrittenAt\x12\x1d\n" +
+	"\n" +
+	"after_exec\x18\x05 \x01(\x03R\tafterExec\x12\x14\n" +
+	"\x05count\x18\x06 \x01(\x03R\x05count\x12(\n" +
+	"\x10first_after_exec\x18\a \x01(\x03R\x0efirstAfterExec*^\n" +
 	"\fRuntimeClass\x12\x1d\n" +
 	"\x19RUNTIME_CLASS_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12RUNTIME_CLASS_RUNC\x10\x01\x12\x17\n" +
@@ -2226,7 +2340,7 @@ func file_airlock_types_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_types_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_airlock_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_airlock_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_airlock_types_v1_types_proto_goTypes = []any{
 	(RuntimeClass)(0),             // 0: airlock.types.v1.RuntimeClass
 	(NetworkPolicyState)(0),       // 1: airlock.types.v1.NetworkPolicyState
@@ -2252,50 +2366,52 @@ var file_airlock_types_v1_types_proto_goTypes = []any{
 	(*OutputChunk)(nil),           // 21: airlock.types.v1.OutputChunk
 	(*FileEntry)(nil),             // 22: airlock.types.v1.FileEntry
 	(*FileHeader)(nil),            // 23: airlock.types.v1.FileHeader
-	nil,                           // 24: airlock.types.v1.Grant.EnvEntry
-	nil,                           // 25: airlock.types.v1.ExecSpec.EnvEntry
-	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
+	(*FileWrite)(nil),             // 24: airlock.types.v1.FileWrite
+	nil,                           // 25: airlock.types.v1.Grant.EnvEntry
+	nil,                           // 26: airlock.types.v1.ExecSpec.EnvEntry
+	(*durationpb.Duration)(nil),   // 27: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
 }
 var file_airlock_types_v1_types_proto_depIdxs = []int32{
-	26, // 0: airlock.types.v1.ResourceLimits.deadline:type_name -> google.protobuf.Duration
+	27, // 0: airlock.types.v1.ResourceLimits.deadline:type_name -> google.protobuf.Duration
 	7,  // 1: airlock.types.v1.NetworkPolicy.deny_all:type_name -> airlock.types.v1.DenyAll
 	8,  // 2: airlock.types.v1.NetworkPolicy.allow:type_name -> airlock.types.v1.AllowList
 	10, // 3: airlock.types.v1.NetworkPolicy.domains:type_name -> airlock.types.v1.DomainList
 	9,  // 4: airlock.types.v1.AllowList.rules:type_name -> airlock.types.v1.AllowRule
 	6,  // 5: airlock.types.v1.NetworkPolicyStatus.policy:type_name -> airlock.types.v1.NetworkPolicy
 	1,  // 6: airlock.types.v1.NetworkPolicyStatus.state:type_name -> airlock.types.v1.NetworkPolicyState
-	27, // 7: airlock.types.v1.NetworkPolicyStatus.updated_at:type_name -> google.protobuf.Timestamp
-	24, // 8: airlock.types.v1.Grant.env:type_name -> airlock.types.v1.Grant.EnvEntry
+	28, // 7: airlock.types.v1.NetworkPolicyStatus.updated_at:type_name -> google.protobuf.Timestamp
+	25, // 8: airlock.types.v1.Grant.env:type_name -> airlock.types.v1.Grant.EnvEntry
 	5,  // 9: airlock.types.v1.Grant.limits:type_name -> airlock.types.v1.ResourceLimits
 	6,  // 10: airlock.types.v1.Grant.network_policy:type_name -> airlock.types.v1.NetworkPolicy
 	0,  // 11: airlock.types.v1.Grant.runtime_class:type_name -> airlock.types.v1.RuntimeClass
 	12, // 12: airlock.types.v1.Grant.publish_target:type_name -> airlock.types.v1.PublishTarget
-	27, // 13: airlock.types.v1.Grant.issued_at:type_name -> google.protobuf.Timestamp
-	27, // 14: airlock.types.v1.Grant.expires_at:type_name -> google.protobuf.Timestamp
+	28, // 13: airlock.types.v1.Grant.issued_at:type_name -> google.protobuf.Timestamp
+	28, // 14: airlock.types.v1.Grant.expires_at:type_name -> google.protobuf.Timestamp
 	14, // 15: airlock.types.v1.Grant.session:type_name -> airlock.types.v1.SessionSpec
-	26, // 16: airlock.types.v1.SessionSpec.idle_timeout:type_name -> google.protobuf.Duration
-	25, // 17: airlock.types.v1.ExecSpec.env:type_name -> airlock.types.v1.ExecSpec.EnvEntry
-	26, // 18: airlock.types.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
+	27, // 16: airlock.types.v1.SessionSpec.idle_timeout:type_name -> google.protobuf.Duration
+	26, // 17: airlock.types.v1.ExecSpec.env:type_name -> airlock.types.v1.ExecSpec.EnvEntry
+	27, // 18: airlock.types.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
 	15, // 19: airlock.types.v1.Exec.spec:type_name -> airlock.types.v1.ExecSpec
 	2,  // 20: airlock.types.v1.Exec.state:type_name -> airlock.types.v1.ExecState
 	3,  // 21: airlock.types.v1.Exec.reason:type_name -> airlock.types.v1.TerminationReason
-	27, // 22: airlock.types.v1.Exec.started_at:type_name -> google.protobuf.Timestamp
-	27, // 23: airlock.types.v1.Exec.ended_at:type_name -> google.protobuf.Timestamp
+	28, // 22: airlock.types.v1.Exec.started_at:type_name -> google.protobuf.Timestamp
+	28, // 23: airlock.types.v1.Exec.ended_at:type_name -> google.protobuf.Timestamp
 	18, // 24: airlock.types.v1.Exec.usage:type_name -> airlock.types.v1.ResourceUsage
-	26, // 25: airlock.types.v1.ResourceUsage.cpu_time:type_name -> google.protobuf.Duration
-	26, // 26: airlock.types.v1.ResourceUsage.wall_time:type_name -> google.protobuf.Duration
+	27, // 25: airlock.types.v1.ResourceUsage.cpu_time:type_name -> google.protobuf.Duration
+	27, // 26: airlock.types.v1.ResourceUsage.wall_time:type_name -> google.protobuf.Duration
 	3,  // 27: airlock.types.v1.RunResult.reason:type_name -> airlock.types.v1.TerminationReason
 	18, // 28: airlock.types.v1.RunResult.usage:type_name -> airlock.types.v1.ResourceUsage
 	0,  // 29: airlock.types.v1.RunResult.runtime_class:type_name -> airlock.types.v1.RuntimeClass
 	19, // 30: airlock.types.v1.RunResult.diff_stat:type_name -> airlock.types.v1.DiffStat
 	4,  // 31: airlock.types.v1.OutputChunk.stream:type_name -> airlock.types.v1.OutputStream
-	27, // 32: airlock.types.v1.FileEntry.modified_at:type_name -> google.protobuf.Timestamp
-	33, // [33:33] is the sub-list for method output_type
-	33, // [33:33] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	28, // 32: airlock.types.v1.FileEntry.modified_at:type_name -> google.protobuf.Timestamp
+	28, // 33: airlock.types.v1.FileWrite.written_at:type_name -> google.protobuf.Timestamp
+	34, // [34:34] is the sub-list for method output_type
+	34, // [34:34] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_airlock_types_v1_types_proto_init() }
@@ -2314,7 +2430,7 @@ func file_airlock_types_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_types_v1_types_proto_rawDesc), len(file_airlock_types_v1_types_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

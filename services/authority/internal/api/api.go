@@ -145,15 +145,24 @@ func (s *Service) GetJobEgress(ctx context.Context, req *authorityv1.GetJobEgres
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
-	resp := &authorityv1.GetJobEgressResponse{State: pj.GetState()}
-	if len(j.Review) > 0 {
-		var d authorityv1.ReviewDetail
-		if err := proto.Unmarshal(j.Review, &d); err != nil {
-			return nil, s.fail(ctx, fmt.Errorf("job %s: stored review detail: %w", j.ID, err))
-		}
-		resp.Egress = d.GetEgress()
+	d, err := storedReview(j)
+	if err != nil {
+		return nil, s.fail(ctx, err)
 	}
-	return resp, nil
+	return &authorityv1.GetJobEgressResponse{State: pj.GetState(), Egress: d.GetEgress()}, nil
+}
+
+// storedReview is the review detail recorded with j's result, or nil
+// when it has none.
+func storedReview(j store.Job) (*authorityv1.ReviewDetail, error) {
+	if len(j.Review) == 0 {
+		return nil, nil
+	}
+	var d authorityv1.ReviewDetail
+	if err := proto.Unmarshal(j.Review, &d); err != nil {
+		return nil, fmt.Errorf("stored review detail of job %s: %w", j.ID, err)
+	}
+	return &d, nil
 }
 
 func (s *Service) ListJobs(ctx context.Context, req *authorityv1.ListJobsRequest) (*authorityv1.ListJobsResponse, error) {

@@ -647,11 +647,16 @@ func TestCancelRunningJob(t *testing.T) {
 	if !slices.Contains(h.fake.Cancels(), j.GetJobId()) {
 		t.Fatalf("the executor was not asked to cancel: %v", h.fake.Cancels())
 	}
-	cancelled := &typesv1.RunResult{Reason: typesv1.TerminationReason_TERMINATION_REASON_CANCELLED, ExitCode: -1, BundleDigest: digestA}
+	cancelled := &typesv1.RunResult{Reason: typesv1.TerminationReason_TERMINATION_REASON_CANCELLED, ExitCode: -1, BundleDigest: digestA,
+		Message: "every process of the job was killed"}
 	if _, err := executor.ReportResult(t.Context(), &authorityv1.ReportResultRequest{JobId: j.GetJobId(), Result: cancelled, Detail: noFiles()}); err != nil {
 		t.Fatal(err)
 	}
 	h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_CANCELLED)
+	// Who cancelled it and what the executor did, each said once.
+	if got, _ := dev.GetJob(t.Context(), &authorityv1.GetJobRequest{JobId: j.GetJobId()}); got.GetJob().GetMessage() != "cancelled by client/dev: too slow; every process of the job was killed" {
+		t.Errorf("the cancelled job's message: %q", got.GetJob().GetMessage())
+	}
 	_, err = dev.CancelJob(t.Context(), &authorityv1.CancelJobRequest{JobId: j.GetJobId()})
 	if err != nil {
 		t.Errorf("cancelling a cancelled job: %v", err)

@@ -9,7 +9,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/airlockhq/airlock/pkg/bundle"
@@ -124,11 +123,8 @@ func (s *Service) GetApproval(ctx context.Context, req *authorityv1.GetApprovalR
 		Patch: j.Patch, Result: pj.GetResult(),
 		NetworkPolicy: pj.GetNetworkPolicyStatus().GetPolicy(), Command: pj.GetSpec().GetCommand(), Commit: j.Commit,
 	}
-	if len(j.Review) > 0 {
-		rv.Detail = &authorityv1.ReviewDetail{}
-		if err := proto.Unmarshal(j.Review, rv.Detail); err != nil {
-			return nil, s.fail(ctx, fmt.Errorf("stored review detail of job %s: %w", j.ID, err))
-		}
+	if rv.Detail, err = storedReview(j); err != nil {
+		return nil, s.fail(ctx, err)
 	}
 	return &authorityv1.GetApprovalResponse{Approval: s.approval(a), Review: rv}, nil
 }

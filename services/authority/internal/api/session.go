@@ -90,6 +90,20 @@ func (s *Service) GetSession(ctx context.Context, req *authorityv1.GetSessionReq
 	for _, x := range v.Records {
 		resp.Execs = append(resp.Execs, execRecordToProto(x))
 	}
+	// The result's record of the uploads once there is one; before, the
+	// executor's.
+	d, err := storedReview(j)
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	if d != nil {
+		resp.FileWrites, resp.FileWritesTotal = d.GetFileWrites(), d.GetFileWritesTotal()
+	} else {
+		for _, u := range v.Uploads {
+			resp.FileWrites = append(resp.FileWrites, executorclient.UploadToProto(u))
+		}
+		resp.FileWritesTotal = v.UploadsTotal
+	}
 	return resp, nil
 }
 

@@ -109,6 +109,16 @@ func TestSessionCallsReachTheExecutor(t *testing.T) {
 		t.Fatalf("RunExec: started %v, ended %v, output %q", started, ended, out)
 	}
 
+	// While the session runs, GetSession lists the uploads as the
+	// executor keeps them, each placed among the execs.
+	sess, err := dev.GetSession(ctx, &authorityv1.GetSessionRequest{SessionId: sid})
+	if err != nil || sess.GetFileWritesTotal() != 1 || len(sess.GetFileWrites()) != 1 {
+		t.Fatalf("GetSession's uploads: %v of %d, %v", sess.GetFileWrites(), sess.GetFileWritesTotal(), err)
+	}
+	if w := sess.GetFileWrites()[0]; w.GetPath() != "/work/run.sh" || w.GetSize() != int64(len(body)) || w.GetAfterExec() != 0 || len(w.GetSha256()) != 64 {
+		t.Fatalf("GetSession's upload: %v", w)
+	}
+
 	watch, err := dev.WatchExec(ctx, &authorityv1.WatchExecRequest{SessionId: sid, ExecId: "stream", StdoutOffset: 6})
 	if err != nil {
 		t.Fatal(err)

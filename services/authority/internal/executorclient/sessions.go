@@ -90,18 +90,32 @@ func (c *Client) GetExec(ctx context.Context, jobID, execID string) (jobs.ExecSe
 }
 
 // ListExecs implements jobs.Sessions.
-func (c *Client) ListExecs(ctx context.Context, jobID string) ([]jobs.ExecSeen, int64, error) {
+func (c *Client) ListExecs(ctx context.Context, jobID string) (jobs.ExecList, error) {
 	resp, err := c.c.ListExecs(ctx, &executorv1.ListExecsRequest{JobId: jobID})
 	if err != nil {
-		return nil, 0, relay(err)
+		return jobs.ExecList{}, relay(err)
 	}
-	var out []jobs.ExecSeen
+	out := jobs.ExecList{Total: resp.GetTotal(), UploadsTotal: resp.GetFileWritesTotal()}
 	for _, x := range resp.GetExecs() {
 		if x != nil {
-			out = append(out, ExecFromProto(x))
+			out.Execs = append(out.Execs, ExecFromProto(x))
 		}
 	}
-	return out, resp.GetTotal(), nil
+	for _, w := range resp.GetFileWrites() {
+		out.Uploads = append(out.Uploads, jobs.Upload{
+			Path: w.GetPath(), Size: w.GetSize(), SHA256: w.GetSha256(), At: w.GetWrittenAt().AsTime(),
+			AfterExec: w.GetAfterExec(), Count: w.GetCount(), FirstAfterExec: w.GetFirstAfterExec(),
+		})
+	}
+	return out, nil
+}
+
+// UploadToProto converts an upload record for the authority's API.
+func UploadToProto(u jobs.Upload) *typesv1.FileWrite {
+	return &typesv1.FileWrite{
+		Path: u.Path, Size: u.Size, Sha256: u.SHA256, WrittenAt: timestamppb.New(u.At),
+		AfterExec: u.AfterExec, Count: u.Count, FirstAfterExec: u.FirstAfterExec,
+	}
 }
 
 // CancelExec implements jobs.Sessions.

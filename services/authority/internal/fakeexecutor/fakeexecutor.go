@@ -63,6 +63,7 @@ type run struct {
 	// WriteFile wrote, by path.
 	suspended bool
 	files     map[string][]byte
+	uploads   []*typesv1.FileWrite // WriteFile's records, unfolded
 }
 
 // New returns a fake that trusts grants verified by v.

@@ -132,7 +132,8 @@ func (e *Executor) ListExecs(_ context.Context, req *executorv1.ListExecsRequest
 		return nil, status.Errorf(codes.NotFound, "run %q", job)
 	}
 	list := e.execs[job]
-	return &executorv1.ListExecsResponse{Execs: list, Total: int64(len(list))}, nil
+	ups := e.runs[job].uploads
+	return &executorv1.ListExecsResponse{Execs: list, Total: int64(len(list)), FileWrites: ups, FileWritesTotal: int64(len(ups))}, nil
 }
 
 // CancelExec returns the exec: every exec of the fake has already ended.
@@ -324,6 +325,9 @@ func (e *Executor) WriteFile(stream grpc.ClientStreamingServer[executorv1.WriteF
 			r.files = map[string][]byte{}
 		}
 		r.files[h.GetPath()] = data
+		sum := sha256.Sum256(data)
+		r.uploads = append(r.uploads, &typesv1.FileWrite{Path: h.GetPath(), Size: int64(len(data)), Sha256: hex.EncodeToString(sum[:]),
+			WrittenAt: timestamppb.Now(), AfterExec: int64(len(e.execs[h.GetJobId()]))})
 	}
 	e.mu.Unlock()
 	if err != nil {

@@ -11,6 +11,11 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 )
 
+// cancelRequested starts the message of a job the executor was asked to
+// cancel; the rest says who asked and why, until the result's outcome
+// takes it over.
+const cancelRequested = "cancel requested: "
+
 // Cancel stops a job. A queued job is cancelled here and never dispatched;
 // a job the executor holds is cancelled there, and its final state arrives
 // with its result.
@@ -37,7 +42,7 @@ func (s *Service) Cancel(ctx context.Context, caller identity.ID, id, reason str
 			// A StartJob may already be on its way; make sure it is undone.
 			atExecutor, wasQueued = !j.DispatchedAt.IsZero(), true
 		default:
-			j.Message = "cancel requested: " + who
+			j.Message = cancelRequested + who
 			atExecutor = true
 		}
 		return nil

@@ -68,6 +68,29 @@ type ExecSeen struct {
 	StdoutTail, StderrTail []byte
 }
 
+// Upload is one record of the files a session's client uploaded, as the
+// executor keeps them: uploads of one path may be folded into one record
+// that counts them (Count), the others' fields then the last one's.
+type Upload struct {
+	Path   string
+	Size   int64
+	SHA256 string
+	At     time.Time
+	// AfterExec is how many execs had started before the (last) upload,
+	// FirstAfterExec before the first of Count.
+	AfterExec, Count, FirstAfterExec int64
+}
+
+// ExecList is what the executor lists of a session: its last execs (argv
+// and env cut, no output tails) and how many it has run, and its client's
+// uploads (at most 500 records) and how many there were.
+type ExecList struct {
+	Execs        []ExecSeen
+	Total        int64
+	Uploads      []Upload
+	UploadsTotal int64
+}
+
 // execSummaryBytes bounds the argv and env an exec's record keeps.
 const execSummaryBytes = execspec.CutBytes
 

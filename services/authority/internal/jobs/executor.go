@@ -89,9 +89,8 @@ type Sessions interface {
 	// returns the exec it started (created false).
 	StartExec(ctx context.Context, jobID string, spec ExecSpec, stdin []byte) (ExecSeen, bool, error)
 	GetExec(ctx context.Context, jobID, execID string) (ExecSeen, error)
-	// ListExecs returns the session's last execs (argv and env cut, no
-	// output tails) and how many it has in all.
-	ListExecs(ctx context.Context, jobID string) ([]ExecSeen, int64, error)
+	// ListExecs lists the session's last execs and its uploads.
+	ListExecs(ctx context.Context, jobID string) (ExecList, error)
 	// WatchExec calls fn with the exec's output from the given offsets and
 	// its record as it changes, until it has ended and its output is
 	// drained, fn fails, or ctx ends.

@@ -53,7 +53,8 @@ type Report struct {
 }
 
 // outcome maps a report to the job's final state and a message for people.
-func (r Report) outcome() (store.State, string) {
+// prior is the job's message until then: for a cancel, who asked for it.
+func (r Report) outcome(prior string) (store.State, string) {
 	detail := func(s string) string {
 		if r.Message != "" {
 			return s + ": " + r.Message
@@ -70,7 +71,16 @@ func (r Report) outcome() (store.State, string) {
 	case ReasonDiskFull:
 		return store.StateFinished, detail("the disk limit was reached")
 	case ReasonCancelled:
-		return store.StateCancelled, detail("cancelled")
+		// The state already says cancelled: the message says who asked
+		// and what the executor did, each once.
+		who, ok := strings.CutPrefix(prior, cancelRequested)
+		if !ok {
+			who = "cancelled"
+		}
+		if r.Message != "" {
+			who += "; " + r.Message
+		}
+		return store.StateCancelled, who
 	case ReasonExecutorRestarted:
 		return store.StateFailed, detail("the executor restarted while the job was in flight")
 	case ReasonFinished:
@@ -99,7 +109,7 @@ func (s *Service) ReportResult(ctx context.Context, caller identity.ID, id strin
 		return store.Job{}, fmt.Errorf("%w: result.bundle_digest: %q is not sha256:<64 hex>", errdefs.ErrInvalidArgument, r.BundleDigest)
 	}
 	if r.BundleDigest == "" {
-		if st, _ := r.outcome(); st == store.StateFinished {
+		if st, _ := r.outcome(""); st == store.StateFinished {
 			return store.Job{}, fmt.Errorf("%w: result.bundle_digest: required when the run finished", errdefs.ErrInvalidArgument)
 		}
 	}
@@ -124,7 +134,7 @@ func (s *Service) ReportResult(ctx context.Context, caller identity.ID, id strin
 		if !j.State.Terminal() {
 			// A job already ended here (cancelled while queued, say)
 			// keeps its state; the result is recorded beside it.
-			j.State, j.Message = r.outcome()
+			j.State, j.Message = r.outcome(j.Message)
 		}
 		return nil
 	}, func(j *store.Job) audit.Event {

@@ -29,6 +29,11 @@ type SessionView struct {
 	Records []store.Exec
 	Total   int64
 	Stale   bool
+	// Uploads are the executor's records of the client's uploads (none
+	// when it could not answer), UploadsTotal how many uploads they
+	// stand for.
+	Uploads      []Upload
+	UploadsTotal int64
 }
 
 // SessionState asks the executor about session j (nothing before it was
@@ -43,7 +48,7 @@ func (s *Service) SessionState(ctx context.Context, j store.Job) (SessionView, e
 			v.Suspended, v.SuspendReason = st.Suspended, st.SuspendReason
 		}
 	}
-	list, total, err := s.cfg.Executor.ListExecs(ctx, j.ID)
+	list, err := s.cfg.Executor.ListExecs(ctx, j.ID)
 	switch {
 	case executorLost(err):
 		// The executor cannot say: the authority's own records do, maybe
@@ -56,8 +61,8 @@ func (s *Service) SessionState(ctx context.Context, j store.Job) (SessionView, e
 	case err != nil:
 		return v, err
 	default:
-		v.Execs, v.Total = list, total
-		s.observeExecs(ctx, j.ID, list...)
+		v.Execs, v.Total, v.Uploads, v.UploadsTotal = list.Execs, list.Total, list.Uploads, list.UploadsTotal
+		s.observeExecs(ctx, j.ID, list.Execs...)
 	}
 	return v, nil
 }

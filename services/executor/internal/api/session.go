@@ -48,11 +48,12 @@ func (s *Service) ListExecs(ctx context.Context, req *executorv1.ListExecsReques
 	if err := required("job_id", req.GetJobId()); err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
-	xs, err := s.cfg.Runs.ListExecs(req.GetJobId())
+	xs, writes, err := s.cfg.Runs.ListExecs(req.GetJobId())
 	if err != nil {
 		return nil, s.fail(ctx, "ListExecs", err)
 	}
 	out := &executorv1.ListExecsResponse{Total: int64(len(xs))}
+	out.FileWrites, out.FileWritesTotal = convert.FileWrites(writes, convert.ListedWrites)
 	for _, x := range xs[max(0, len(xs)-maxListedExecs):] {
 		p := convert.Exec(x)
 		p.StdoutTail, p.StderrTail = nil, nil

@@ -9,11 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/airlockhq/airlock/pkg/bundle/bundlepb"
 	"github.com/airlockhq/airlock/pkg/chunkio"
@@ -179,11 +177,6 @@ func reviewExecs(execs []runs.Exec) ([]*typesv1.Exec, int64) {
 	return append(all[:head:head], all[tail:]...), int64(len(execs))
 }
 
-// reviewWrites is how many upload records the review carries: more are
-// folded by path, and past that the first and the last paths are kept
-// (runs.FoldWrites); the bundle's result.json has every record.
-const reviewWrites = 500
-
 // ReportResult implements runs.Authority.
 func (c *Client) ReportResult(ctx context.Context, rep runs.Report) error {
 	files, err := bundlepb.Files(rep.Files, reviewFilesBudget)
@@ -201,16 +194,7 @@ func (c *Client) ReportResult(ctx context.Context, rep runs.Report) error {
 		detail.Egress = egresspb.Log(rep.Egress, rep.EgressLast, rep.EgressTotal, rep.EgressNames)
 	}
 	detail.Execs, detail.ExecsTotal = reviewExecs(rep.Execs)
-	for i := range rep.FileWrites {
-		detail.FileWritesTotal += rep.FileWrites[i].Uploads()
-	}
-	writes, _ := runs.FoldWrites(rep.FileWrites, reviewWrites)
-	for _, w := range writes {
-		detail.FileWrites = append(detail.FileWrites, &authorityv1.FileWrite{
-			Path: strings.ToValidUTF8(w.Path, "\uFFFD"), Size: w.Size, Sha256: w.SHA256, WrittenAt: timestamppb.New(w.At), AfterExec: w.AfterExec,
-			Count: w.Count, FirstAfterExec: w.FirstAfterExec,
-		})
-	}
+	detail.FileWrites, detail.FileWritesTotal = convert.FileWrites(rep.FileWrites, convert.ListedWrites)
 	_, err = c.api.ReportResult(ctx, &authorityv1.ReportResultRequest{
 		JobId:      rep.JobID,
 		Result:     convert.RunResult(&rep.Result),

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	"github.com/airlockhq/airlock/services/executor/internal/convert"
 	"github.com/airlockhq/airlock/services/executor/internal/runs"
 )
 
@@ -39,8 +40,8 @@ func TestReviewUploadsBeforeTheirExec(t *testing.T) {
 	}
 	d := srv.detail
 	got := d.GetFileWrites()
-	if len(got) > reviewWrites || d.GetFileWritesTotal() != 2001 {
-		t.Fatalf("%d records, total %d; want at most %d, total 2001", len(got), d.GetFileWritesTotal(), reviewWrites)
+	if len(got) > convert.ListedWrites || d.GetFileWritesTotal() != 2001 {
+		t.Fatalf("%d records, total %d; want at most %d, total 2001", len(got), d.GetFileWritesTotal(), convert.ListedWrites)
 	}
 	if last := got[len(got)-1]; last.GetPath() != "/work/run.sh" || last.GetAfterExec() != 0 {
 		t.Errorf("the last upload listed is %v, want /work/run.sh before exec 1", last)

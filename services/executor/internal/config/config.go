@@ -16,6 +16,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/grant"
+	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
 
 // Config is the executor's whole config file, validated.
@@ -134,6 +135,12 @@ type Sandbox struct {
 	// direct I/O only.
 	DiskReadBPS  config.ByteSize `yaml:"disk_read_bps"`
 	DiskWriteBPS config.ByteSize `yaml:"disk_write_bps"`
+	// Path is the PATH every job and exec starts with unless its own
+	// environment sets one: absolute, clean directories separated by ':',
+	// no empty entry, at most 4096 bytes. Default
+	// /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin; add a
+	// toolchain the host keeps outside those, e.g. /usr/local/go/bin.
+	Path string `yaml:"path"`
 }
 
 var networkName = regexp.MustCompile(`^[a-z0-9_]{1,32}$`)
@@ -156,6 +163,11 @@ func (c *Config) ValidatePeers() error {
 		c.Sandbox.UIDBase = 1000000
 	} else if c.Sandbox.UIDBase < 65536 {
 		errs = append(errs, config.Field("sandbox.uid_base", "%d: must be at least 65536 so no sandbox uid is a real host user", c.Sandbox.UIDBase))
+	}
+	if c.Sandbox.Path != "" {
+		if err := sandbox.ValidPath(c.Sandbox.Path); err != nil {
+			errs = append(errs, config.Field("sandbox.path", "%q: %v", c.Sandbox.Path, err))
+		}
 	}
 	if c.Sandbox.CgroupParent == "" {
 		sum := sha256.Sum256([]byte(c.DataDir))

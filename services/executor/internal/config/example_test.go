@@ -22,9 +22,9 @@ func TestTwoHostExample(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.Authority.Address != "10.77.0.1:7401" || cfg.Sandbox.Runsc == "" || !strings.HasPrefix(cfg.Sandbox.CgroupParent, "/airlock/") ||
-		len(cfg.Network.AlwaysDenyPrefixes) != 1 {
-		t.Errorf("the example loads as authority %q, runsc %q, cgroup parent %q, always deny %v",
-			cfg.Authority.Address, cfg.Sandbox.Runsc, cfg.Sandbox.CgroupParent, cfg.Network.AlwaysDenyPrefixes)
+		len(cfg.Network.AlwaysDenyPrefixes) != 1 || !strings.HasPrefix(cfg.Sandbox.Path, "/usr/local/go/bin:") {
+		t.Errorf("the example loads as authority %q, runsc %q, cgroup parent %q, always deny %v, path %q",
+			cfg.Authority.Address, cfg.Sandbox.Runsc, cfg.Sandbox.CgroupParent, cfg.Network.AlwaysDenyPrefixes, cfg.Sandbox.Path)
 	}
 	if _, problems := Check(configtest.WithUnknownField(t, path), nil); len(problems) == 0 || !strings.Contains(problems[0].Error(), "colour") {
 		t.Errorf("an unknown field in the example: problems %v, want one naming colour", problems)

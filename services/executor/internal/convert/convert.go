@@ -6,6 +6,8 @@
 package convert
 
 import (
+	"strings"
+
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -176,4 +178,28 @@ func CutSpec(x *typesv1.Exec, max int) {
 	if cut {
 		x.SpecCut = true
 	}
+}
+
+// ListedWrites is how many upload records a review or a session's listing
+// carries: more are folded (runs.FoldWrites) into records that each count
+// their uploads, so none is left out unsaid.
+const ListedWrites = 500
+
+// FileWrites converts a session's upload records, folded to at most max,
+// and returns how many uploads they stand for in all. A path that is not
+// valid UTF-8 has its bad bytes replaced (proto strings are UTF-8).
+func FileWrites(ws []runs.FileWrite, max int) ([]*typesv1.FileWrite, int64) {
+	var total int64
+	for i := range ws {
+		total += ws[i].Uploads()
+	}
+	folded, _ := runs.FoldWrites(ws, max)
+	out := make([]*typesv1.FileWrite, 0, len(folded))
+	for _, w := range folded {
+		out = append(out, &typesv1.FileWrite{
+			Path: strings.ToValidUTF8(w.Path, "\uFFFD"), Size: w.Size, Sha256: w.SHA256, WrittenAt: timestamppb.New(w.At), AfterExec: w.AfterExec,
+			Count: w.Count, FirstAfterExec: w.FirstAfterExec,
+		})
+	}
+	return out, total
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -200,15 +201,16 @@ func (m *Manager) GetExec(jobID, execID string) (Exec, error) {
 	return xe.rec, nil
 }
 
-// ListExecs returns a session's execs, first to last.
-func (m *Manager) ListExecs(jobID string) ([]Exec, error) {
+// ListExecs returns a session's execs, first to last, and its client's
+// uploads among them, in order.
+func (m *Manager) ListExecs(jobID string) ([]Exec, []FileWrite, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e, ok := m.runs[jobID]
 	if !ok {
-		return nil, fmt.Errorf("%w: run %q", errdefs.ErrNotFound, jobID)
+		return nil, nil, fmt.Errorf("%w: run %q", errdefs.ErrNotFound, jobID)
 	}
-	return e.execRecords(), nil
+	return e.execRecords(), slices.Clone(e.writes), nil
 }
 
 // execRecords are e's exec records in order. Callers hold m.mu.

@@ -135,7 +135,7 @@ func (m *Manager) runExec(ctx context.Context, e *entry, xe *execEntry, sb *sand
 		// The executor stopped, and the sandbox with it.
 		res.Reason, res.ExitCode, res.Message = ReasonExecutorRestarted, -1, "the executor stopped while the exec ran"
 	case errors.Is(err, context.Canceled):
-		res.Reason, res.ExitCode, res.Message = sandbox.ReasonCancelled, -1, "the exec was cancelled before it started"
+		res.Reason, res.ExitCode, res.Message = sandbox.ReasonCancelled, -1, "it had not started"
 	case errors.Is(err, errdefs.ErrFailedPrecondition):
 		// The sandbox stopped (suspended, finished, cancelled) before the
 		// command could start.

@@ -151,7 +151,7 @@ func (m *Manager) waitSuspended(ctx context.Context, e *entry, sb *sandbox.Sandb
 		}
 		select {
 		case <-ctx.Done():
-			res.Reason, res.ExitCode, res.Message = sandbox.ReasonCancelled, -1, "the session was cancelled while suspended"
+			res.Reason, res.ExitCode, res.Message = sandbox.ReasonCancelled, -1, "the session was suspended: no process was running"
 			return res, true
 		case <-tick.C:
 			m.mu.Lock()

@@ -334,7 +334,7 @@ func TestSessionRecover(t *testing.T) {
 	if err := m2.Recover(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	xs, err := m2.ListExecs(sid)
+	xs, _, err := m2.ListExecs(sid)
 	if err != nil || len(xs) != 2 {
 		t.Fatalf("execs after the restart: %v %v", xs, err)
 	}

@@ -130,8 +130,8 @@ func TestFoldWrites(t *testing.T) {
 
 // TestSessionUploadAfter2000IsBeforeItsExec is the attack of issue 20: a
 // client uploads 2,000 files, then /work/run.sh, then runs it. The bundle
-// and the report record run.sh uploaded before that exec, and count every
-// upload.
+// and the report, and the running session's listing, record run.sh
+// uploaded before that exec, and count every upload.
 func TestSessionUploadAfter2000IsBeforeItsExec(t *testing.T) {
 	h, _ := newHarness(t, false)
 	sid := h.startSession(t, h.sessionGrant(sandbox.ClassRunc, time.Minute))
@@ -146,13 +146,18 @@ func TestSessionUploadAfter2000IsBeforeItsExec(t *testing.T) {
 	if x := h.execWait(t, sid, ExecSpec{ID: "t1", Argv: []string{"sh", "/work/run.sh"}}); x.ExitCode != 0 {
 		t.Fatalf("t1: %+v", x)
 	}
+	// The listing of the running session (session get) has them too.
+	_, listed, err := h.m.ListExecs(sid)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := h.m.Finish(sid); err != nil {
 		t.Fatal(err)
 	}
 	h.waitEnd(t, sid)
 	meta := h.bundleMeta(t, sid)
 	reports := h.waitReports(t, 1)
-	for name, ws := range map[string][]FileWrite{"bundle": meta.FileWrites, "report": reports[0].FileWrites} {
+	for name, ws := range map[string][]FileWrite{"bundle": meta.FileWrites, "report": reports[0].FileWrites, "listing": listed} {
 		if len(ws) == 0 || uploads(ws) != 2001 {
 			t.Fatalf("%s: %d records for %d uploads, want 2001 uploads", name, len(ws), uploads(ws))
 		}

@@ -126,7 +126,7 @@ func (s *Sandbox) Exec(ctx context.Context, x ExecSpec) (ExecResult, error) {
 		env = map[string]string{}
 	}
 	maps.Copy(env, x.Env)
-	proc.Env = jobEnv(env)
+	proc.Env = jobEnv(s.m.cfg.Path, env)
 	proc.Cwd = x.Cwd
 	if proc.Cwd == "" {
 		proc.Cwd = "/work"
@@ -359,7 +359,7 @@ wait:
 		res.Message = fmt.Sprintf("the exec's timeout of %s passed; its process group was killed", x.Timeout)
 	case stopped == ReasonCancelled:
 		res.Reason = ReasonCancelled
-		res.Message = "the exec was cancelled; its process group was sent SIGTERM, then SIGKILL after the grace period"
+		res.Message = "its process group was sent SIGTERM, then SIGKILL after the grace period"
 	case ending:
 		res.Reason = ReasonCancelled
 		res.Message = "the sandbox stopped while the exec ran"

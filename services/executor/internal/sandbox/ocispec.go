@@ -23,7 +23,7 @@ var jobOOMScoreAdj = 1000
 
 // defaultEnv is what every job gets before Spec.Env, which may override it.
 var defaultEnv = map[string]string{
-	"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	"PATH": DefaultPath,
 	"HOME": "/root",
 	// Output goes to pipes, never a terminal.
 	"TERM": "dumb",
@@ -110,11 +110,15 @@ func rlimits() []specs.POSIXRlimit {
 	return out
 }
 
-// jobEnv is the job's whole environment, sorted for a stable bundle.
-func jobEnv(env map[string]string) []string {
+// jobEnv is the job's whole environment, sorted for a stable bundle: the
+// defaults, PATH as the operator set it (path, unless empty), then env.
+func jobEnv(path string, env map[string]string) []string {
 	all := map[string]string{}
 	for k, v := range defaultEnv {
 		all[k] = v
+	}
+	if path != "" {
+		all["PATH"] = path
 	}
 	for k, v := range env {
 		all[k] = v
@@ -143,6 +147,7 @@ type bundleInputs struct {
 	pids         int64
 	command      []string
 	env          map[string]string
+	path         string // the default PATH (Config.Path)
 	shmSizeBytes int64
 	// netNS is the network namespace to join (package netpolicy made it,
 	// owned by the host's user namespace); "" makes a new, empty one.
@@ -195,7 +200,7 @@ func ociSpec(in bundleInputs) *specs.Spec {
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},
 			Args: in.command,
-			Env:  jobEnv(in.env),
+			Env:  jobEnv(in.path, in.env),
 			Cwd:  "/work",
 			// Present and empty: every set, bounding and ambient too, is
 			// empty. (A missing capabilities object would leave the

@@ -152,7 +152,7 @@ func (s *Sandbox) Run(ctx context.Context) (Result, error) {
 func (s *Sandbox) run(ctx context.Context, res Result) (Result, error) {
 	if ctx.Err() != nil {
 		res.Reason = ReasonCancelled
-		res.Message = "the job was cancelled before it started"
+		res.Message = "no process of the job had started"
 		return res, nil
 	}
 	pipes, err := newOutputPipes()
@@ -308,7 +308,7 @@ wait:
 		res.Message = fmt.Sprintf("the deadline of %s passed; every process of the job was killed", lim.Deadline)
 	case stopped == ReasonCancelled:
 		res.Reason = ReasonCancelled
-		res.Message = "the job was cancelled; every process of the job was killed"
+		res.Message = "every process of the job was killed"
 	case oomEvents(s.oomFD) > 0 || st.oomKills > 0:
 		res.Reason = ReasonOOM
 		res.Message = fmt.Sprintf("the memory limit of %d bytes was reached and the kernel's OOM killer killed a process of the job", lim.MemoryBytes)

@@ -774,6 +774,7 @@ func TestNewValidates(t *testing.T) {
 		{"rootfs inside state", "rootfs_dir", Config{StateDir: "/tmp/x", RootfsDir: "/tmp/x/rootfs"}},
 		{"runsc platform", "runsc_platform", Config{StateDir: "/tmp/x", RunscPlatform: "kvm"}},
 		{"self-check cache", "runsc_self_check_cache", Config{StateDir: "/tmp/x", RunscSelfCheckCache: "cache"}},
+		{"path searching the current directory", "path", Config{StateDir: "/tmp/x", Path: "/usr/bin::/bin"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := New(tc.cfg)

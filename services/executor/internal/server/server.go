@@ -65,6 +65,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				CgroupParent:        cfg.Sandbox.CgroupParent,
 				DiskReadBPS:         cfg.Sandbox.DiskReadBPS.Bytes(),
 				DiskWriteBPS:        cfg.Sandbox.DiskWriteBPS.Bytes(),
+				Path:                cfg.Sandbox.Path,
 				MemoryLimit:         cfg.Capacity.MemoryBytes,
 				Logger:              logger,
 			})
