@@ -247,8 +247,11 @@ func TestHostileEntriesAreDefused(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	must(os.Chmod(filepath.Join(up, "suid"), 0o6755|os.ModeSetuid|os.ModeSetgid))
 	must(os.Chown(filepath.Join(up, "suid"), testBase, testBase))
+	must(os.Chmod(filepath.Join(up, "suid"), 0o755|os.ModeSetuid|os.ModeSetgid)) // after chown, which clears them
+	if fi, _ := os.Stat(filepath.Join(up, "suid")); fi.Mode()&os.ModeSetuid == 0 {
+		t.Fatal("the planted file is not setuid")
+	}
 	must(os.Chown(filepath.Join(up, "rootowned"), 0, 0)) // host root
 	must(os.Chown(filepath.Join(up, "caps"), testBase+1000, testBase+1000))
 	must(unix.Setxattr(filepath.Join(up, "caps"), "security.capability", []byte{1, 0, 0, 2, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, 0))
