@@ -42,6 +42,10 @@ import (
 	"github.com/airlockhq/airlock/pkg/errdefs"
 )
 
+// ErrRefused wraps a commit refused for what the job's layer holds; its
+// message names only paths inside the cache.
+var ErrRefused = errors.New("refused")
+
 // EntryBytes is what each entry (file, directory or link) of a cache
 // counts on top of its bytes: so a million empty files are not free.
 const EntryBytes = 4096
@@ -312,6 +316,9 @@ func (s *Store) Commit(l Lease, upper string, maxSize int64) (Outcome, error) {
 	}
 	var out Outcome
 	if out.Dropped, err = s.apply(upper, next); err != nil {
+		if errors.Is(err, ErrRefused) {
+			return Outcome{}, err
+		}
 		return Outcome{}, fmt.Errorf("cache %s: commit: %w", l.Key, err)
 	}
 	size, err := Size(next)

@@ -73,7 +73,7 @@ func (s *Store) apply(upper, dst string) (int, error) {
 		if hasXattr(p, "trusted.overlay.redirect") || hasXattr(p, "trusted.overlay.metacopy") {
 			// Mounted with redirect_dir=off and metacopy=off, the layer
 			// never holds these: refuse rather than guess what moved.
-			return fmt.Errorf("%s: a renamed directory or metadata-only copy in the layer; not committed", rel)
+			return fmt.Errorf("%w: %s: a renamed directory or metadata-only copy in the layer", ErrRefused, rel)
 		}
 		target := filepath.Join(dst, rel)
 		if err := checkParent(dst, target); err != nil {
