@@ -82,14 +82,14 @@ func (m *Manager) commitCaches(g Grant, leases []cache.Lease, sb *sandbox.Sandbo
 		c := g.Caches[i]
 		u := CacheUse{Name: c.Name, Path: c.Path, SizeBefore: l.SizeBefore, SizeAfter: l.SizeBefore}
 		if !commits(reason) {
-			u.Message = fmt.Sprintf("not committed: the run ended %s", reason)
+			u.Message = fmt.Sprintf("the run ended %s", reason)
 			uses = append(uses, u)
 			continue
 		}
 		out, err := m.cfg.Caches.Commit(l, sb.CacheUpper(i), c.MaxSize)
 		if err != nil {
 			m.cfg.Logger.Error("commit a cache", "cache", l.Key.String(), "job_id", g.JobID, "error", err)
-			u.Message = "not committed: " + commitError(err)
+			u.Message = commitError(err)
 			uses = append(uses, u)
 			continue
 		}
@@ -114,7 +114,7 @@ func (m *Manager) commitCaches(g Grant, leases []cache.Lease, sb *sandbox.Sandbo
 // host paths, which go to the log alone.
 func commitError(err error) string {
 	if errors.Is(err, cache.ErrRefused) {
-		return err.Error()
+		return "commit refused: " + err.Error()
 	}
 	return "the commit failed (the executor's log says why)"
 }
