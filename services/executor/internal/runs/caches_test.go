@@ -164,3 +164,69 @@ func TestCacheUnderRunsc(t *testing.T) {
 		}
 	}
 }
+
+// A session's cache survives its suspension (the cache's layer lives with
+// its /work, not its emptied $HOME) and is committed when its client
+// finishes it; the next job of the repository finds it.
+func TestSessionCacheSurvivesSuspendAndCommitsOnFinish(t *testing.T) {
+	h, _ := newHarness(t, false)
+	g := h.sessionGrant(sandbox.ClassRunc, time.Minute)
+	g.Caches = []CacheGrant{goBuild}
+	sid := h.startSession(t, g)
+	h.execWait(t, sid, sh("write", "echo from-session > /root/.cache/go-build/s"))
+	if _, err := h.m.Suspend(sid); err != nil {
+		t.Fatal(err)
+	}
+	h.waitRun(t, sid, "suspended", func(r Run, up bool) bool { return r.Suspended && !up })
+	if _, err := h.m.Resume(sid); err != nil {
+		t.Fatal(err)
+	}
+	h.waitRun(t, sid, "resumed", func(r Run, up bool) bool { return !r.Suspended && up })
+	if x := h.execWait(t, sid, sh("read", "cat /root/.cache/go-build/s")); string(x.StdoutTail) != "from-session\n" {
+		t.Fatalf("after resume the cache reads %q", x.StdoutTail)
+	}
+	if _, err := h.m.Finish(sid); err != nil {
+		t.Fatal(err)
+	}
+	run := h.waitEnd(t, sid)
+	if len(run.Result.Caches) != 1 || !run.Result.Caches[0].Committed {
+		t.Fatalf("finished session: %s, caches %+v", run.Result.Reason, run.Result.Caches)
+	}
+	r := h.cacheJob(t, "acme", "widgets", `cat /root/.cache/go-build/s`, goBuild)
+	if out := stdoutOf(t, h, r); out != "from-session\n" {
+		t.Errorf("the next job reads %q", out)
+	}
+}
+
+// A session kept across an executor restart keeps its cache layer and the
+// generation it started with, even after another job committed a newer
+// one meanwhile: its writes are committed when it is finished.
+func TestKeptSessionKeepsItsCache(t *testing.T) {
+	h, _ := newHarness(t, false)
+	g := h.sessionGrant(sandbox.ClassRunc, time.Minute)
+	g.Caches = []CacheGrant{goBuild}
+	sid := h.startSession(t, g)
+	h.execWait(t, sid, sh("write", "echo kept > /root/.cache/go-build/k"))
+	h.cacheJob(t, "acme", "widgets", `echo other > /root/.cache/go-build/o`, goBuild)
+	h.m.Close()
+	h.restart(t, nil)
+	h.waitRun(t, sid, "kept, suspended", func(r Run, _ bool) bool { return r.Suspended })
+	if _, err := h.m.Resume(sid); err != nil {
+		t.Fatal(err)
+	}
+	h.waitRun(t, sid, "resumed", func(r Run, up bool) bool { return !r.Suspended && up })
+	x := h.execWait(t, sid, sh("read", "cat /root/.cache/go-build/k; ls /root/.cache/go-build"))
+	if string(x.StdoutTail) != "kept\nk\n" {
+		t.Fatalf("after the restart the session's cache reads %q; want its own write and not the newer commit", x.StdoutTail)
+	}
+	if _, err := h.m.Finish(sid); err != nil {
+		t.Fatal(err)
+	}
+	if run := h.waitEnd(t, sid); len(run.Result.Caches) != 1 || !run.Result.Caches[0].Committed {
+		t.Fatalf("finished: %+v", run.Result.Caches)
+	}
+	r := h.cacheJob(t, "acme", "widgets", `cat /root/.cache/go-build/k /root/.cache/go-build/o`, goBuild)
+	if out := stdoutOf(t, h, r); out != "kept\nother\n" {
+		t.Errorf("the next job reads %q, want both commits", out)
+	}
+}
