@@ -252,12 +252,15 @@ func (s *Store) Release(l Lease) error {
 	if err := os.Remove(refPath(dir, l.JobID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	return s.collectLocked(dir)
+	return s.collectLocked(dir, false)
 }
 
 // collectLocked removes dir's generations that are neither current nor
-// held, and any half-built one. Called with s.mu held.
-func (s *Store) collectLocked(dir string) error {
+// held, and, at start-up (halfBuilt), the commits a previous process left
+// half built; while the executor runs, a commit in progress holds only
+// its cache's commit lock, so its directory is not touched. Called with
+// s.mu held.
+func (s *Store) collectLocked(dir string, halfBuilt bool) error {
 	m, err := readMeta(dir)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -282,7 +285,7 @@ func (s *Store) collectLocked(dir string) error {
 	for _, e := range ents {
 		p := filepath.Join(dir, e.Name())
 		gen := strings.HasPrefix(e.Name(), "g") && e.IsDir()
-		if (gen && !held[p]) || strings.HasPrefix(e.Name(), "tmp-") {
+		if (gen && !held[p]) || (halfBuilt && strings.HasPrefix(e.Name(), "tmp-")) {
 			errs = append(errs, os.RemoveAll(p))
 		}
 	}
@@ -348,7 +351,7 @@ func (s *Store) Commit(l Lease, upper string, maxSize int64) (Outcome, error) {
 	if err := writeMeta(dir, m); err != nil {
 		return Outcome{}, err
 	}
-	if err := s.collectLocked(dir); err != nil {
+	if err := s.collectLocked(dir, false); err != nil {
 		s.cfg.Logger.Warn("cache: remove old generations", "cache", l.Key.String(), "error", err)
 	}
 	return out, nil
@@ -421,7 +424,7 @@ func (s *Store) clear(k Key) error {
 		return err
 	}
 	s.cfg.Logger.Info("cache cleared", "cache", k.String())
-	return s.collectLocked(dir)
+	return s.collectLocked(dir, false)
 }
 
 // Recover drops, at start-up, the holds of jobs that no longer run (keep
@@ -443,7 +446,7 @@ func (s *Store) Recover(keep func(jobID string) bool) error {
 				errs = append(errs, os.Remove(filepath.Join(dir, "refs", r.Name())))
 			}
 		}
-		errs = append(errs, s.collectLocked(dir))
+		errs = append(errs, s.collectLocked(dir, true))
 	}
 	return errors.Join(errs...)
 }

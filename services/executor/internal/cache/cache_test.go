@@ -397,6 +397,10 @@ func TestRecoverKeepsKeptSessions(t *testing.T) {
 		t.Fatal(err)
 	}
 	commit(t, s, k, "j2", upper(t, map[string]string{"g": "2"}), 1<<20)
+	half := filepath.Join(s.dirOf(k), "tmp-crashed")
+	if err := os.MkdirAll(filepath.Join(half, "tree"), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	if err := s.Recover(func(id string) bool { return id == "session" }); err != nil {
 		t.Fatal(err)
 	}
@@ -412,5 +416,8 @@ func TestRecoverKeepsKeptSessions(t *testing.T) {
 	}
 	if _, err := os.Stat(refPath(s.dirOf(k), "lost")); err == nil {
 		t.Error("a lost run's hold survived Recover")
+	}
+	if _, err := os.Stat(half); err == nil {
+		t.Error("a half-built commit survived Recover")
 	}
 }

@@ -82,10 +82,10 @@ func (s *Store) apply(upper, dst string) (int, error) {
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFCHR:
 			if st.Rdev == 0 { // a whiteout: the job removed what was here
-				return removeAll(target)
+				return os.RemoveAll(target)
 			}
 			dropped++
-			return removeAll(target)
+			return os.RemoveAll(target)
 		case unix.S_IFDIR:
 			old, err := lstat(target)
 			if err != nil {
@@ -94,7 +94,7 @@ func (s *Store) apply(upper, dst string) (int, error) {
 			if old != nil && (!old.IsDir() || getXattr(p, "trusted.overlay.opaque") == "y") {
 				// A directory replacing a file or link, or one the job
 				// emptied and made again: nothing of the old one shows.
-				if err := removeAll(target); err != nil {
+				if err := os.RemoveAll(target); err != nil {
 					return err
 				}
 				old = nil
@@ -106,12 +106,12 @@ func (s *Store) apply(upper, dst string) (int, error) {
 			}
 			return s.own(target, st)
 		case unix.S_IFREG:
-			if err := removeAll(target); err != nil {
+			if err := os.RemoveAll(target); err != nil {
 				return err
 			}
 			return s.copyFile(p, target, st)
 		case unix.S_IFLNK:
-			if err := removeAll(target); err != nil {
+			if err := os.RemoveAll(target); err != nil {
 				return err
 			}
 			link, err := os.Readlink(p)
@@ -128,7 +128,7 @@ func (s *Store) apply(upper, dst string) (int, error) {
 			// FIFOs, sockets, block devices: nothing a cache needs, and
 			// things the next job should not find planted.
 			dropped++
-			return removeAll(target)
+			return os.RemoveAll(target)
 		}
 	})
 	return dropped, err
@@ -211,7 +211,6 @@ func lstat(p string) (fs.FileInfo, error) {
 	return fi, err
 }
 
-func removeAll(p string) error { return os.RemoveAll(p) }
 
 func getXattr(p, name string) string {
 	buf := make([]byte, 64)
