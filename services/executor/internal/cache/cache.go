@@ -89,6 +89,9 @@ type meta struct {
 	Gen        int64     `json:"generation"`
 	Size       int64     `json:"size"`
 	LastUsed   time.Time `json:"last_used"`
+	// Cleared hides a cache Clear wiped from List until a run uses it
+	// again.
+	Cleared bool `json:"cleared,omitempty"`
 }
 
 // Info describes one cache.
@@ -221,13 +224,16 @@ func (s *Store) Open(k Key, jobID string) (Lease, error) {
 	}
 	size := m.Size
 	if gen != m.Gen {
-		size = -1 // an older generation: its size is not on record
+		// A kept session's older generation: its size is not on record.
+		if size, err = Size(genDir(dir, gen)); err != nil {
+			return Lease{}, err
+		}
 	}
-	m.LastUsed = s.cfg.Now()
+	m.LastUsed, m.Cleared = s.cfg.Now(), false
 	if err := writeMeta(dir, m); err != nil {
 		return Lease{}, err
 	}
-	return Lease{Key: k, JobID: jobID, Lower: genDir(dir, gen), Gen: gen, SizeBefore: max(size, 0)}, nil
+	return Lease{Key: k, JobID: jobID, Lower: genDir(dir, gen), Gen: gen, SizeBefore: size}, nil
 }
 
 // emptyGen makes an empty generation directory, owned by the sandbox's
@@ -347,7 +353,7 @@ func (s *Store) Commit(l Lease, upper string, maxSize int64) (Outcome, error) {
 	if err := os.Rename(next, genDir(dir, m.Gen)); err != nil {
 		return Outcome{}, err
 	}
-	m.Size, m.LastUsed = size, s.cfg.Now()
+	m.Size, m.LastUsed, m.Cleared = size, s.cfg.Now(), false
 	if err := writeMeta(dir, m); err != nil {
 		return Outcome{}, err
 	}
@@ -357,7 +363,8 @@ func (s *Store) Commit(l Lease, upper string, maxSize int64) (Outcome, error) {
 	return out, nil
 }
 
-// List returns tenant's caches, by repository and name.
+// List returns tenant's caches, by repository and name: every one a run
+// used, but those cleared since.
 func (s *Store) List(tenant string) ([]Info, error) {
 	ents, err := os.ReadDir(s.cfg.Dir)
 	if err != nil {
@@ -366,7 +373,7 @@ func (s *Store) List(tenant string) ([]Info, error) {
 	var out []Info
 	for _, e := range ents {
 		m, err := readMeta(filepath.Join(s.cfg.Dir, e.Name()))
-		if err != nil || m.Tenant != tenant {
+		if err != nil || m.Tenant != tenant || m.Cleared {
 			continue
 		}
 		out = append(out, Info{Key: Key{Tenant: m.Tenant, Repository: m.Repository, Name: m.Name}, Size: m.Size, LastUsed: m.LastUsed})
@@ -419,7 +426,7 @@ func (s *Store) clear(k Key) error {
 	if err := s.emptyGen(genDir(dir, m.Gen)); err != nil {
 		return err
 	}
-	m.Size = 0
+	m.Size, m.Cleared = 0, true
 	if err := writeMeta(dir, m); err != nil {
 		return err
 	}

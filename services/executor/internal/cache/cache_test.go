@@ -375,11 +375,18 @@ func TestClear(t *testing.T) {
 	if err != nil || len(got) != 1 || got[0].Key != a || got[0].Size == 0 {
 		t.Fatalf("cleared %+v, %v", got, err)
 	}
+	if list, _ := s.List("acme"); len(list) != 1 || list[0].Key != b {
+		t.Errorf("after the clear the list is %+v, want lib's alone", list)
+	}
 	if _, ok := read(t, s, a, "f"); ok {
 		t.Error("app's cache survived its clear")
 	}
 	if _, ok := read(t, s, b, "f"); !ok {
 		t.Error("lib's cache went with app's")
+	}
+	// Used again, it is listed again, empty.
+	if list, _ := s.List("acme"); len(list) != 2 || list[0].Key != a || list[0].Size != 0 {
+		t.Errorf("after a run used it again the list is %+v", list)
 	}
 }
 

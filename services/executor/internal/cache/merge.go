@@ -211,7 +211,6 @@ func lstat(p string) (fs.FileInfo, error) {
 	return fi, err
 }
 
-
 func getXattr(p, name string) string {
 	buf := make([]byte, 64)
 	n, err := unix.Lgetxattr(p, name, buf)
