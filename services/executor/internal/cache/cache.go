@@ -304,6 +304,7 @@ func (s *Store) collectLocked(dir string, halfBuilt bool) error {
 // the cache is wiped instead (Outcome.Evicted). Commit does not release
 // l. upper must not change while Commit runs: the run has ended.
 func (s *Store) Commit(l Lease, upper string, maxSize int64) (Outcome, error) {
+	began := time.Now()
 	dir := s.dirOf(l.Key)
 	lock := s.commitLock(dir)
 	lock.Lock()
@@ -360,6 +361,8 @@ func (s *Store) Commit(l Lease, upper string, maxSize int64) (Outcome, error) {
 	if err := s.collectLocked(dir, false); err != nil {
 		s.cfg.Logger.Warn("cache: remove old generations", "cache", l.Key.String(), "error", err)
 	}
+	s.cfg.Logger.Info("cache committed", "cache", l.Key.String(), "job_id", l.JobID, "generation", m.Gen, "size", size,
+		"evicted", out.Evicted, "dropped", out.Dropped, "took", time.Since(began))
 	return out, nil
 }
 

@@ -230,3 +230,36 @@ func TestKeptSessionKeepsItsCache(t *testing.T) {
 		t.Errorf("the next job reads %q, want both commits", out)
 	}
 }
+
+// A real build cache: the repository's first job builds a Go program cold
+// with GOCACHE in the go-build cache; the second builds nothing again.
+// Their wall times go to the log.
+func TestGoBuildCacheWarmsTheSecondJob(t *testing.T) {
+	if _, err := os.Stat("/usr/local/go/bin/go"); err != nil {
+		t.Fatalf("this test builds with the host's Go at /usr/local/go (bound read-only in the sandbox): %v", err)
+	}
+	h, _ := newHarness(t, false)
+	build := `mkdir -p /tmp/hello && cd /tmp/hello && printf 'module hello\ngo 1.21\n' > go.mod && ` +
+		`printf 'package main\nimport "fmt"\nfunc main() { fmt.Println("hi") }\n' > main.go && ` +
+		`/usr/local/go/bin/go build -v -o /tmp/hello/hello . 2>&1 | wc -l && /tmp/hello/hello`
+	c := CacheGrant{Name: "go-build", Path: "/root/.cache/go-build", MaxSize: 1 << 30}
+	var wall [2]time.Duration
+	var compiled [2]string
+	for i := range 2 {
+		g := h.grantFor(build)
+		g.Caches = []CacheGrant{c}
+		g.Env = map[string]string{"GOCACHE": c.Path, "GOTOOLCHAIN": "local", "GOTELEMETRY": "off", "GOFLAGS": "-buildvcs=false"}
+		g.Limits = sandbox.Limits{CPUMillis: 2000, MemoryBytes: 1 << 30, Pids: 512, DiskBytes: 1 << 30, Deadline: 5 * time.Minute}
+		h.start(t, g)
+		r := h.waitEnd(t, g.JobID)
+		out := stdoutOf(t, h, r)
+		if r.Result.ExitCode != 0 || !strings.HasSuffix(out, "hi\n") {
+			t.Fatalf("build %d: %+v\n%s", i+1, r.Result, out)
+		}
+		wall[i], compiled[i] = r.Result.Usage.WallTime, strings.TrimSpace(strings.TrimSuffix(out, "hi\n"))
+		t.Logf("build %d: %s packages compiled, wall %s, cache %+v", i+1, compiled[i], wall[i].Round(time.Millisecond), r.Result.Caches[0])
+	}
+	if compiled[0] == "0" || compiled[1] != "0" {
+		t.Fatalf("packages compiled: first %s, second %s; want some, then none", compiled[0], compiled[1])
+	}
+}
