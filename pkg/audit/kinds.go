@@ -7,6 +7,7 @@ const (
 	KindApprovalDecided      = "approval.decided"
 	KindApprovalExpired      = "approval.expired"
 	KindApprovalOpened       = "approval.opened"
+	KindCachesCleared        = "caches.cleared"
 	KindExecRequested        = "exec.requested"
 	KindFileWritten          = "file.written"
 	KindJobCancelled         = "job.cancelled"
@@ -34,6 +35,7 @@ func Kinds() []string {
 		KindApprovalDecided,
 		KindApprovalExpired,
 		KindApprovalOpened,
+		KindCachesCleared,
 		KindExecRequested,
 		KindFileWritten,
 		KindJobCancelled,

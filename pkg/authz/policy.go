@@ -40,6 +40,8 @@ var AuthorityTable = Merge(Infrastructure, Table{
 	authorityv1.AuthorityService_ReadFile_FullMethodName:       {Clients},
 	authorityv1.AuthorityService_WriteFile_FullMethodName:      {Clients},
 	authorityv1.AuthorityService_ListFiles_FullMethodName:      {Clients},
+	authorityv1.AuthorityService_ListCaches_FullMethodName:     {Clients},
+	authorityv1.AuthorityService_ClearCaches_FullMethodName:    {Clients},
 
 	// Only the executor stages source and reports results; the executor
 	// never gets a credential, only the bytes the authority read with it.
@@ -96,6 +98,8 @@ var ExecutorTable = Merge(Infrastructure, Table{
 	executorv1.ExecutorService_ReadFile_FullMethodName:    {Authority},
 	executorv1.ExecutorService_WriteFile_FullMethodName:   {Authority},
 	executorv1.ExecutorService_ListFiles_FullMethodName:   {Authority},
+	executorv1.ExecutorService_ListCaches_FullMethodName:  {Authority},
+	executorv1.ExecutorService_ClearCaches_FullMethodName: {Authority},
 })
 
 // PublisherTable is the publisher's table.

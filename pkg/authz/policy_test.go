@@ -69,6 +69,8 @@ var expected = map[string]map[string]bool{
 	"/airlock.authority.v1.AuthorityService/ReadFile":             only(client),
 	"/airlock.authority.v1.AuthorityService/WriteFile":            only(client),
 	"/airlock.authority.v1.AuthorityService/ListFiles":            only(client),
+	"/airlock.authority.v1.AuthorityService/ListCaches":           only(client),
+	"/airlock.authority.v1.AuthorityService/ClearCaches":          only(client),
 	"/airlock.authority.v1.AuthorityService/FetchSource":          only(executor),
 	"/airlock.authority.v1.AuthorityService/ReportResult":         only(executor),
 	"/airlock.authority.v1.AuthorityService/ListApprovals":        only(approver, client),
@@ -104,6 +106,8 @@ var expected = map[string]map[string]bool{
 	"/airlock.executor.v1.ExecutorService/ReadFile":    only(authority),
 	"/airlock.executor.v1.ExecutorService/WriteFile":   only(authority),
 	"/airlock.executor.v1.ExecutorService/ListFiles":   only(authority),
+	"/airlock.executor.v1.ExecutorService/ListCaches":  only(authority),
+	"/airlock.executor.v1.ExecutorService/ClearCaches": only(authority),
 
 	"/airlock.publisher.v1.PublisherService/Publish":         only(pipeline),
 	"/airlock.publisher.v1.PublisherService/GetDeployment":   only(pipeline, approver),

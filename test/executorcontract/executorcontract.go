@@ -166,6 +166,15 @@ func Run(t *testing.T, e Env) {
 			_, err := e.Server.ListFiles(ctx, &executorv1.ListFilesRequest{JobId: "contract-unknown", Path: "/work"})
 			return err
 		}, codes.NotFound},
+		// The authority's jobs.Caches.
+		{"ListCaches no tenant", func() error {
+			_, err := e.Server.ListCaches(ctx, &executorv1.ListCachesRequest{})
+			return err
+		}, codes.InvalidArgument},
+		{"ClearCaches no tenant", func() error {
+			_, err := e.Server.ClearCaches(ctx, &executorv1.ClearCachesRequest{Name: "go-build"})
+			return err
+		}, codes.InvalidArgument},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := status.Code(tc.call()); got != tc.code {

@@ -24,6 +24,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/pki"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 )
 
 // fakeAuthority answers the CLI's calls with canned responses, or err.
@@ -43,8 +44,12 @@ type fakeAuthority struct {
 	download    []*authorityv1.DownloadBundleResponse // DownloadBundle sends these, then returns downloadErr
 	downloadErr error
 
+	caches []*typesv1.CacheInfo // ListCaches and ClearCaches answer these
+
 	mu      sync.Mutex
-	tenants []string // the tenant of each SubmitJob, ListJobs, ListApprovals and ListAuditEvents, in order
+	tenants []string               // the tenant of each SubmitJob, ListJobs, ListApprovals and ListAuditEvents, in order
+	specs   []*authorityv1.JobSpec // each SubmitJob's spec
+	clears  []*authorityv1.ClearCachesRequest
 }
 
 func (f *fakeAuthority) sawTenant(tenant string) {
@@ -71,6 +76,9 @@ func (f *fakeAuthority) ReadReview(_ *authorityv1.ReadReviewRequest, stream grpc
 
 func (f *fakeAuthority) SubmitJob(_ context.Context, req *authorityv1.SubmitJobRequest) (*authorityv1.SubmitJobResponse, error) {
 	f.sawTenant(req.GetTenant())
+	f.mu.Lock()
+	f.specs = append(f.specs, req.GetSpec())
+	f.mu.Unlock()
 	return &authorityv1.SubmitJobResponse{Job: f.job}, f.err
 }
 

@@ -33,7 +33,7 @@ type submitFlags struct {
 	cpu                                           float64
 	pids                                          int64
 	timeout                                       time.Duration
-	env                                           []string
+	env, caches                                   []string
 	wait, raw                                     bool
 	net                                           networkFlags
 }
@@ -79,6 +79,7 @@ func (f *submitFlags) register(cmd *cobra.Command) {
 	fl.DurationVar(&f.timeout, "timeout", 0, "deadline, e.g. 10m (default: the tenant's)")
 	fl.StringVar(&f.runtime, "runtime", "", "runtime class: runc or runsc (default: the tenant's)")
 	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE for the command (repeatable; never a credential)")
+	fl.StringArrayVar(&f.caches, "cache", nil, "a named cache of the tenant's policy to mount, kept per repository (repeatable)")
 	fl.StringVar(&f.key, "idempotency-key", "", "the same key returns the same job (default: a fresh random key)")
 	fl.StringVar(&f.publishTo, "publish-to", "", "REPO:BRANCH where the result may be published after approval")
 	f.net.register(fl, "; default: deny-all")
@@ -130,7 +131,7 @@ func randomID(prefix string) string {
 
 // spec builds the spec the flags say, running argv.
 func (f *submitFlags) spec(argv []string) (*authorityv1.JobSpec, error) {
-	spec := &authorityv1.JobSpec{Repository: f.repo, Revision: f.rev, Command: argv, Resources: &typesv1.ResourceLimits{}}
+	spec := &authorityv1.JobSpec{Repository: f.repo, Revision: f.rev, Command: argv, Resources: &typesv1.ResourceLimits{}, Caches: f.caches}
 	if f.cpu < 0 {
 		return nil, usageError{errors.New("--cpu must not be negative")}
 	}

@@ -257,4 +257,5 @@ func writeSummary(w io.Writer, job *authorityv1.Job) {
 	if r.GetBundleDigest() != "" {
 		fmt.Fprintf(w, "bundle     %s (%s)\n", termtext.Line(r.GetBundleDigest()), humanBytes(r.GetBundleSize()))
 	}
+	writeCacheUses(w, r)
 }

@@ -109,6 +109,7 @@ func writeReview(w io.Writer, a *authorityv1.Approval, rv *authorityv1.ReviewMat
 	patch := rv.GetPatch()
 	id := termtext.Line(a.GetApprovalId())
 	full := "airlock approval show --full " + id
+	writeCacheUses(w, rv.GetResult())
 	if d == nil {
 		// A result recorded before the authority kept file lists: say
 		// what is not known rather than guess it.

@@ -523,7 +523,11 @@ type JobSpec struct {
 	// Where the result may be published after approval; optional.
 	PublishTarget *v1.PublishTarget `protobuf:"bytes,8,opt,name=publish_target,json=publishTarget,proto3" json:"publish_target,omitempty"`
 	// Set for a session (CreateSession sets it): command is then empty.
-	Session       *v1.SessionSpec `protobuf:"bytes,9,opt,name=session,proto3" json:"session,omitempty"`
+	Session *v1.SessionSpec `protobuf:"bytes,9,opt,name=session,proto3" json:"session,omitempty"`
+	// Named caches from the tenant's policy (caches) to mount at their
+	// paths, each kept per tenant and repository; a name the policy lacks
+	// is refused. Each at most once.
+	Caches        []string `protobuf:"bytes,10,rep,name=caches,proto3" json:"caches,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -617,6 +621,13 @@ func (x *JobSpec) GetPublishTarget() *v1.PublishTarget {
 func (x *JobSpec) GetSession() *v1.SessionSpec {
 	if x != nil {
 		return x.Session
+	}
+	return nil
+}
+
+func (x *JobSpec) GetCaches() []string {
+	if x != nil {
+		return x.Caches
 	}
 	return nil
 }
@@ -7664,11 +7675,213 @@ func (x *ResumeSessionResponse) GetSession() *Job {
 	return nil
 }
 
+// ListCachesRequest names a tenant.
+type ListCachesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required: the caller must belong to it.
+	Tenant        string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCachesRequest) Reset() {
+	*x = ListCachesRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[99]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCachesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCachesRequest) ProtoMessage() {}
+
+func (x *ListCachesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[99]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCachesRequest.ProtoReflect.Descriptor instead.
+func (*ListCachesRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{99}
+}
+
+func (x *ListCachesRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// ListCachesResponse lists a tenant's caches.
+type ListCachesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Ordered by repository, then name.
+	Caches        []*v1.CacheInfo `protobuf:"bytes,1,rep,name=caches,proto3" json:"caches,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCachesResponse) Reset() {
+	*x = ListCachesResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[100]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCachesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCachesResponse) ProtoMessage() {}
+
+func (x *ListCachesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[100]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCachesResponse.ProtoReflect.Descriptor instead.
+func (*ListCachesResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{100}
+}
+
+func (x *ListCachesResponse) GetCaches() []*v1.CacheInfo {
+	if x != nil {
+		return x.Caches
+	}
+	return nil
+}
+
+// ClearCachesRequest names the caches to wipe.
+type ClearCachesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required: the caller must belong to it.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Only this repository's caches; empty for every repository.
+	Repository string `protobuf:"bytes,2,opt,name=repository,proto3" json:"repository,omitempty"`
+	// Only caches of this name; empty for every name.
+	Name          string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClearCachesRequest) Reset() {
+	*x = ClearCachesRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[101]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClearCachesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClearCachesRequest) ProtoMessage() {}
+
+func (x *ClearCachesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[101]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClearCachesRequest.ProtoReflect.Descriptor instead.
+func (*ClearCachesRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{101}
+}
+
+func (x *ClearCachesRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ClearCachesRequest) GetRepository() string {
+	if x != nil {
+		return x.Repository
+	}
+	return ""
+}
+
+func (x *ClearCachesRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// ClearCachesResponse lists what was wiped.
+type ClearCachesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The caches wiped, as they were.
+	Cleared       []*v1.CacheInfo `protobuf:"bytes,1,rep,name=cleared,proto3" json:"cleared,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClearCachesResponse) Reset() {
+	*x = ClearCachesResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[102]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClearCachesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClearCachesResponse) ProtoMessage() {}
+
+func (x *ClearCachesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[102]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClearCachesResponse.ProtoReflect.Descriptor instead.
+func (*ClearCachesResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{102}
+}
+
+func (x *ClearCachesResponse) GetCleared() []*v1.CacheInfo {
+	if x != nil {
+		return x.Cleared
+	}
+	return nil
+}
+
 var File_airlock_authority_v1_authority_proto protoreflect.FileDescriptor
 
 const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\n" +
-	"$airlock/authority/v1/authority.proto\x12\x14airlock.authority.v1\x1a\x1cairlock/types/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9f\x04\n" +
+	"$airlock/authority/v1/authority.proto\x12\x14airlock.authority.v1\x1a\x1cairlock/types/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb7\x04\n" +
 	"\aJobSpec\x12\x1e\n" +
 	"\n" +
 	"repository\x18\x01 \x01(\tR\n" +
@@ -7680,7 +7893,9 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x0enetwork_policy\x18\x06 \x01(\v2\x1f.airlock.types.v1.NetworkPolicyR\rnetworkPolicy\x12C\n" +
 	"\rruntime_class\x18\a \x01(\x0e2\x1e.airlock.types.v1.RuntimeClassR\fruntimeClass\x12F\n" +
 	"\x0epublish_target\x18\b \x01(\v2\x1f.airlock.types.v1.PublishTargetR\rpublishTarget\x127\n" +
-	"\asession\x18\t \x01(\v2\x1d.airlock.types.v1.SessionSpecR\asession\x1a6\n" +
+	"\asession\x18\t \x01(\v2\x1d.airlock.types.v1.SessionSpecR\asession\x12\x16\n" +
+	"\x06caches\x18\n" +
+	" \x03(\tR\x06caches\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdb\x05\n" +
@@ -8189,7 +8404,19 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\"L\n" +
 	"\x15ResumeSessionResponse\x123\n" +
-	"\asession\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\asession*\xb0\x01\n" +
+	"\asession\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\asession\"+\n" +
+	"\x11ListCachesRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"I\n" +
+	"\x12ListCachesResponse\x123\n" +
+	"\x06caches\x18\x01 \x03(\v2\x1b.airlock.types.v1.CacheInfoR\x06caches\"`\n" +
+	"\x12ClearCachesRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1e\n" +
+	"\n" +
+	"repository\x18\x02 \x01(\tR\n" +
+	"repository\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\"L\n" +
+	"\x13ClearCachesResponse\x125\n" +
+	"\acleared\x18\x01 \x03(\v2\x1b.airlock.types.v1.CacheInfoR\acleared*\xb0\x01\n" +
 	"\bJobState\x12\x19\n" +
 	"\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n" +
@@ -8235,7 +8462,7 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x19AUDIT_OUTCOME_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15AUDIT_OUTCOME_ALLOWED\x10\x01\x12\x18\n" +
 	"\x14AUDIT_OUTCOME_DENIED\x10\x02\x12\x18\n" +
-	"\x14AUDIT_OUTCOME_FAILED\x10\x032\xbe\x1e\n" +
+	"\x14AUDIT_OUTCOME_FAILED\x10\x032\x83 \n" +
 	"\x10AuthorityService\x12\\\n" +
 	"\tSubmitJob\x12&.airlock.authority.v1.SubmitJobRequest\x1a'.airlock.authority.v1.SubmitJobResponse\x12S\n" +
 	"\x06GetJob\x12#.airlock.authority.v1.GetJobRequest\x1a$.airlock.authority.v1.GetJobResponse\x12e\n" +
@@ -8278,7 +8505,10 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x0fUpdateJobLimits\x12,.airlock.authority.v1.UpdateJobLimitsRequest\x1a-.airlock.authority.v1.UpdateJobLimitsResponse\x12Y\n" +
 	"\bUseLease\x12%.airlock.authority.v1.UseLeaseRequest\x1a&.airlock.authority.v1.UseLeaseResponse\x12n\n" +
 	"\x0fListAuditEvents\x12,.airlock.authority.v1.ListAuditEventsRequest\x1a-.airlock.authority.v1.ListAuditEventsResponse\x12}\n" +
-	"\x14ListAuditCheckpoints\x121.airlock.authority.v1.ListAuditCheckpointsRequest\x1a2.airlock.authority.v1.ListAuditCheckpointsResponseBEZCgithub.com/airlockhq/airlock/proto/airlock/authority/v1;authorityv1b\x06proto3"
+	"\x14ListAuditCheckpoints\x121.airlock.authority.v1.ListAuditCheckpointsRequest\x1a2.airlock.authority.v1.ListAuditCheckpointsResponse\x12_\n" +
+	"\n" +
+	"ListCaches\x12'.airlock.authority.v1.ListCachesRequest\x1a(.airlock.authority.v1.ListCachesResponse\x12b\n" +
+	"\vClearCaches\x12(.airlock.authority.v1.ClearCachesRequest\x1a).airlock.authority.v1.ClearCachesResponseBEZCgithub.com/airlockhq/airlock/proto/airlock/authority/v1;authorityv1b\x06proto3"
 
 var (
 	file_airlock_authority_v1_authority_proto_rawDescOnce sync.Once
@@ -8293,7 +8523,7 @@ func file_airlock_authority_v1_authority_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_authority_v1_authority_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 100)
+var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 104)
 var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(JobState)(0),                        // 0: airlock.authority.v1.JobState
 	(FileStatus)(0),                      // 1: airlock.authority.v1.FileStatus
@@ -8402,39 +8632,44 @@ var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(*SuspendSessionResponse)(nil),       // 104: airlock.authority.v1.SuspendSessionResponse
 	(*ResumeSessionRequest)(nil),         // 105: airlock.authority.v1.ResumeSessionRequest
 	(*ResumeSessionResponse)(nil),        // 106: airlock.authority.v1.ResumeSessionResponse
-	nil,                                  // 107: airlock.authority.v1.JobSpec.EnvEntry
-	(*v1.ResourceLimits)(nil),            // 108: airlock.types.v1.ResourceLimits
-	(*v1.NetworkPolicy)(nil),             // 109: airlock.types.v1.NetworkPolicy
-	(v1.RuntimeClass)(0),                 // 110: airlock.types.v1.RuntimeClass
-	(*v1.PublishTarget)(nil),             // 111: airlock.types.v1.PublishTarget
-	(*v1.SessionSpec)(nil),               // 112: airlock.types.v1.SessionSpec
-	(*timestamppb.Timestamp)(nil),        // 113: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),                 // 114: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil),       // 115: airlock.types.v1.NetworkPolicyStatus
-	(*v1.OutputChunk)(nil),               // 116: airlock.types.v1.OutputChunk
-	(*v1.Exec)(nil),                      // 117: airlock.types.v1.Exec
-	(*v1.FileWrite)(nil),                 // 118: airlock.types.v1.FileWrite
-	(*durationpb.Duration)(nil),          // 119: google.protobuf.Duration
-	(v1.TerminationReason)(0),            // 120: airlock.types.v1.TerminationReason
-	(*v1.ExecSpec)(nil),                  // 121: airlock.types.v1.ExecSpec
-	(*v1.FileHeader)(nil),                // 122: airlock.types.v1.FileHeader
-	(*v1.FileEntry)(nil),                 // 123: airlock.types.v1.FileEntry
+	(*ListCachesRequest)(nil),            // 107: airlock.authority.v1.ListCachesRequest
+	(*ListCachesResponse)(nil),           // 108: airlock.authority.v1.ListCachesResponse
+	(*ClearCachesRequest)(nil),           // 109: airlock.authority.v1.ClearCachesRequest
+	(*ClearCachesResponse)(nil),          // 110: airlock.authority.v1.ClearCachesResponse
+	nil,                                  // 111: airlock.authority.v1.JobSpec.EnvEntry
+	(*v1.ResourceLimits)(nil),            // 112: airlock.types.v1.ResourceLimits
+	(*v1.NetworkPolicy)(nil),             // 113: airlock.types.v1.NetworkPolicy
+	(v1.RuntimeClass)(0),                 // 114: airlock.types.v1.RuntimeClass
+	(*v1.PublishTarget)(nil),             // 115: airlock.types.v1.PublishTarget
+	(*v1.SessionSpec)(nil),               // 116: airlock.types.v1.SessionSpec
+	(*timestamppb.Timestamp)(nil),        // 117: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),                 // 118: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil),       // 119: airlock.types.v1.NetworkPolicyStatus
+	(*v1.OutputChunk)(nil),               // 120: airlock.types.v1.OutputChunk
+	(*v1.Exec)(nil),                      // 121: airlock.types.v1.Exec
+	(*v1.FileWrite)(nil),                 // 122: airlock.types.v1.FileWrite
+	(*durationpb.Duration)(nil),          // 123: google.protobuf.Duration
+	(v1.TerminationReason)(0),            // 124: airlock.types.v1.TerminationReason
+	(*v1.ExecSpec)(nil),                  // 125: airlock.types.v1.ExecSpec
+	(*v1.FileHeader)(nil),                // 126: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),                 // 127: airlock.types.v1.FileEntry
+	(*v1.CacheInfo)(nil),                 // 128: airlock.types.v1.CacheInfo
 }
 var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
-	107, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
-	108, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
-	109, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	110, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	111, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
-	112, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
+	111, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
+	112, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
+	113, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	114, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	115, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
+	116, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
 	8,   // 6: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
 	0,   // 7: airlock.authority.v1.Job.state:type_name -> airlock.authority.v1.JobState
-	113, // 8: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	113, // 9: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	114, // 10: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
-	115, // 11: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	108, // 12: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
-	112, // 13: airlock.authority.v1.Job.session:type_name -> airlock.types.v1.SessionSpec
+	117, // 8: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	117, // 9: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	118, // 10: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
+	119, // 11: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	112, // 12: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
+	116, // 13: airlock.authority.v1.Job.session:type_name -> airlock.types.v1.SessionSpec
 	8,   // 14: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
 	9,   // 15: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
 	9,   // 16: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
@@ -8444,41 +8679,41 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	0,   // 20: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
 	9,   // 21: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
 	9,   // 22: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
-	116, // 23: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
+	120, // 23: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
 	9,   // 24: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
 	26,  // 25: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
 	27,  // 26: airlock.authority.v1.FetchSourceResponse.history:type_name -> airlock.authority.v1.SourceHistory
-	114, // 27: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
+	118, // 27: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
 	32,  // 28: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
 	1,   // 29: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
 	30,  // 30: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
 	31,  // 31: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
 	31,  // 32: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
 	34,  // 33: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
-	117, // 34: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
-	118, // 35: airlock.authority.v1.ReviewDetail.file_writes:type_name -> airlock.types.v1.FileWrite
-	113, // 36: airlock.authority.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
+	121, // 34: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
+	122, // 35: airlock.authority.v1.ReviewDetail.file_writes:type_name -> airlock.types.v1.FileWrite
+	117, // 36: airlock.authority.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
 	33,  // 37: airlock.authority.v1.EgressLog.records:type_name -> airlock.authority.v1.EgressRecord
 	35,  // 38: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
 	33,  // 39: airlock.authority.v1.EgressLog.last:type_name -> airlock.authority.v1.EgressRecord
 	9,   // 40: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
-	108, // 41: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
-	108, // 42: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
-	109, // 43: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	109, // 44: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	112, // 45: airlock.authority.v1.JobChange.from_session:type_name -> airlock.types.v1.SessionSpec
-	112, // 46: airlock.authority.v1.JobChange.to_session:type_name -> airlock.types.v1.SessionSpec
+	112, // 41: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
+	112, // 42: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
+	113, // 43: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	113, // 44: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	116, // 45: airlock.authority.v1.JobChange.from_session:type_name -> airlock.types.v1.SessionSpec
+	116, // 46: airlock.authority.v1.JobChange.to_session:type_name -> airlock.types.v1.SessionSpec
 	3,   // 47: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
-	113, // 48: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
-	111, // 49: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
+	117, // 48: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
+	115, // 49: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
 	2,   // 50: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
 	38,  // 51: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
-	113, // 52: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
-	113, // 53: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	117, // 52: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
+	117, // 53: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
 	4,   // 54: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
 	37,  // 55: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
-	114, // 56: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
-	109, // 57: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	118, // 56: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
+	113, // 57: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
 	32,  // 58: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
 	5,   // 59: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
 	5,   // 60: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
@@ -8491,140 +8726,146 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	40,  // 67: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
 	3,   // 68: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
 	39,  // 69: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	111, // 70: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
+	115, // 70: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
 	39,  // 71: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
 	6,   // 72: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	113, // 73: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
-	113, // 74: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	113, // 75: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
+	117, // 73: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
+	117, // 74: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	117, // 75: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
 	6,   // 76: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	119, // 77: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
+	123, // 77: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
 	53,  // 78: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
 	53,  // 79: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
 	53,  // 80: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
-	109, // 81: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
-	115, // 82: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	108, // 83: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
-	112, // 84: airlock.authority.v1.UpdateJobLimitsRequest.session:type_name -> airlock.types.v1.SessionSpec
+	113, // 81: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
+	119, // 82: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	112, // 83: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
+	116, // 84: airlock.authority.v1.UpdateJobLimitsRequest.session:type_name -> airlock.types.v1.SessionSpec
 	9,   // 85: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
 	53,  // 86: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
-	113, // 87: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	117, // 87: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
 	7,   // 88: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
-	113, // 89: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
-	113, // 90: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
+	117, // 89: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
+	117, // 90: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
 	66,  // 91: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
-	113, // 92: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
+	117, // 92: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
 	69,  // 93: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
 	39,  // 94: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
-	113, // 95: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
+	117, // 95: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
 	73,  // 96: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
 	8,   // 97: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
 	9,   // 98: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
 	9,   // 99: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
-	117, // 100: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
-	120, // 101: airlock.authority.v1.GetSessionResponse.suspend_reason:type_name -> airlock.types.v1.TerminationReason
-	118, // 102: airlock.authority.v1.GetSessionResponse.file_writes:type_name -> airlock.types.v1.FileWrite
+	121, // 100: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
+	124, // 101: airlock.authority.v1.GetSessionResponse.suspend_reason:type_name -> airlock.types.v1.TerminationReason
+	122, // 102: airlock.authority.v1.GetSessionResponse.file_writes:type_name -> airlock.types.v1.FileWrite
 	0,   // 103: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
 	9,   // 104: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
 	9,   // 105: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
 	9,   // 106: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
-	121, // 107: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	117, // 108: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	117, // 109: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	116, // 110: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	117, // 111: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	121, // 112: airlock.authority.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
+	125, // 107: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	121, // 108: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	121, // 109: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	120, // 110: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	121, // 111: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	125, // 112: airlock.authority.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
 	91,  // 113: airlock.authority.v1.RunExecRequest.start:type_name -> airlock.authority.v1.RunExecStart
 	86,  // 114: airlock.authority.v1.RunExecResponse.started:type_name -> airlock.authority.v1.StartExecResponse
-	116, // 115: airlock.authority.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	117, // 116: airlock.authority.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
-	117, // 117: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
-	122, // 118: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	120, // 115: airlock.authority.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	121, // 116: airlock.authority.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
+	121, // 117: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	126, // 118: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
 	98,  // 119: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
-	123, // 120: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	127, // 120: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
 	9,   // 121: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
 	9,   // 122: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
-	10,  // 123: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
-	12,  // 124: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
-	14,  // 125: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
-	19,  // 126: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
-	21,  // 127: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
-	23,  // 128: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
-	15,  // 129: airlock.authority.v1.AuthorityService.DownloadBundle:input_type -> airlock.authority.v1.DownloadBundleRequest
-	75,  // 130: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
-	77,  // 131: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
-	79,  // 132: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
-	81,  // 133: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
-	83,  // 134: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
-	103, // 135: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
-	105, // 136: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
-	85,  // 137: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
-	87,  // 138: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
-	89,  // 139: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
-	94,  // 140: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
-	92,  // 141: airlock.authority.v1.AuthorityService.RunExec:input_type -> airlock.authority.v1.RunExecRequest
-	96,  // 142: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
-	99,  // 143: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
-	101, // 144: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
-	25,  // 145: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
-	29,  // 146: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	45,  // 147: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	47,  // 148: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	41,  // 149: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
-	49,  // 150: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	51,  // 151: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	72,  // 152: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
-	54,  // 153: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	56,  // 154: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	58,  // 155: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	60,  // 156: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	62,  // 157: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
-	64,  // 158: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
-	67,  // 159: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	70,  // 160: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
-	11,  // 161: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
-	13,  // 162: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
-	18,  // 163: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
-	20,  // 164: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
-	22,  // 165: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
-	24,  // 166: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
-	17,  // 167: airlock.authority.v1.AuthorityService.DownloadBundle:output_type -> airlock.authority.v1.DownloadBundleResponse
-	76,  // 168: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
-	78,  // 169: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
-	80,  // 170: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
-	82,  // 171: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
-	84,  // 172: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
-	104, // 173: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
-	106, // 174: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
-	86,  // 175: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
-	88,  // 176: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
-	90,  // 177: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
-	95,  // 178: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
-	93,  // 179: airlock.authority.v1.AuthorityService.RunExec:output_type -> airlock.authority.v1.RunExecResponse
-	97,  // 180: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
-	100, // 181: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
-	102, // 182: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
-	28,  // 183: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	36,  // 184: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	46,  // 185: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	48,  // 186: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	44,  // 187: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
-	50,  // 188: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	52,  // 189: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	74,  // 190: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
-	55,  // 191: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	57,  // 192: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	59,  // 193: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	61,  // 194: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	63,  // 195: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
-	65,  // 196: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
-	68,  // 197: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	71,  // 198: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
-	161, // [161:199] is the sub-list for method output_type
-	123, // [123:161] is the sub-list for method input_type
-	123, // [123:123] is the sub-list for extension type_name
-	123, // [123:123] is the sub-list for extension extendee
-	0,   // [0:123] is the sub-list for field type_name
+	128, // 123: airlock.authority.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
+	128, // 124: airlock.authority.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
+	10,  // 125: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
+	12,  // 126: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
+	14,  // 127: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
+	19,  // 128: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
+	21,  // 129: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
+	23,  // 130: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
+	15,  // 131: airlock.authority.v1.AuthorityService.DownloadBundle:input_type -> airlock.authority.v1.DownloadBundleRequest
+	75,  // 132: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
+	77,  // 133: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
+	79,  // 134: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
+	81,  // 135: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
+	83,  // 136: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
+	103, // 137: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
+	105, // 138: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
+	85,  // 139: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
+	87,  // 140: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
+	89,  // 141: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
+	94,  // 142: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
+	92,  // 143: airlock.authority.v1.AuthorityService.RunExec:input_type -> airlock.authority.v1.RunExecRequest
+	96,  // 144: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
+	99,  // 145: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
+	101, // 146: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
+	25,  // 147: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
+	29,  // 148: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
+	45,  // 149: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	47,  // 150: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	41,  // 151: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
+	49,  // 152: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	51,  // 153: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	72,  // 154: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
+	54,  // 155: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	56,  // 156: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	58,  // 157: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	60,  // 158: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	62,  // 159: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	64,  // 160: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	67,  // 161: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	70,  // 162: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
+	107, // 163: airlock.authority.v1.AuthorityService.ListCaches:input_type -> airlock.authority.v1.ListCachesRequest
+	109, // 164: airlock.authority.v1.AuthorityService.ClearCaches:input_type -> airlock.authority.v1.ClearCachesRequest
+	11,  // 165: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
+	13,  // 166: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
+	18,  // 167: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
+	20,  // 168: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
+	22,  // 169: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
+	24,  // 170: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
+	17,  // 171: airlock.authority.v1.AuthorityService.DownloadBundle:output_type -> airlock.authority.v1.DownloadBundleResponse
+	76,  // 172: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
+	78,  // 173: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
+	80,  // 174: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
+	82,  // 175: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
+	84,  // 176: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
+	104, // 177: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
+	106, // 178: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
+	86,  // 179: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
+	88,  // 180: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
+	90,  // 181: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
+	95,  // 182: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
+	93,  // 183: airlock.authority.v1.AuthorityService.RunExec:output_type -> airlock.authority.v1.RunExecResponse
+	97,  // 184: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
+	100, // 185: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
+	102, // 186: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
+	28,  // 187: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
+	36,  // 188: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	46,  // 189: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	48,  // 190: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	44,  // 191: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
+	50,  // 192: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	52,  // 193: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	74,  // 194: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
+	55,  // 195: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	57,  // 196: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	59,  // 197: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	61,  // 198: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	63,  // 199: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	65,  // 200: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	68,  // 201: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	71,  // 202: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
+	108, // 203: airlock.authority.v1.AuthorityService.ListCaches:output_type -> airlock.authority.v1.ListCachesResponse
+	110, // 204: airlock.authority.v1.AuthorityService.ClearCaches:output_type -> airlock.authority.v1.ClearCachesResponse
+	165, // [165:205] is the sub-list for method output_type
+	125, // [125:165] is the sub-list for method input_type
+	125, // [125:125] is the sub-list for extension type_name
+	125, // [125:125] is the sub-list for extension extendee
+	0,   // [0:125] is the sub-list for field type_name
 }
 
 func init() { file_airlock_authority_v1_authority_proto_init() }
@@ -8681,7 +8922,7 @@ func file_airlock_authority_v1_authority_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_authority_v1_authority_proto_rawDesc), len(file_airlock_authority_v1_authority_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   100,
+			NumMessages:   104,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

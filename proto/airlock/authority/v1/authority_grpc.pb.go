@@ -63,6 +63,8 @@ const (
 	AuthorityService_UseLease_FullMethodName             = "/airlock.authority.v1.AuthorityService/UseLease"
 	AuthorityService_ListAuditEvents_FullMethodName      = "/airlock.authority.v1.AuthorityService/ListAuditEvents"
 	AuthorityService_ListAuditCheckpoints_FullMethodName = "/airlock.authority.v1.AuthorityService/ListAuditCheckpoints"
+	AuthorityService_ListCaches_FullMethodName           = "/airlock.authority.v1.AuthorityService/ListCaches"
+	AuthorityService_ClearCaches_FullMethodName          = "/airlock.authority.v1.AuthorityService/ClearCaches"
 )
 
 // AuthorityServiceClient is the client API for AuthorityService service.
@@ -225,6 +227,12 @@ type AuthorityServiceClient interface {
 	// its database). Monitors poll and keep them, so a log rewritten later
 	// can be told from the one they saw. Callers: approver/*.
 	ListAuditCheckpoints(ctx context.Context, in *ListAuditCheckpointsRequest, opts ...grpc.CallOption) (*ListAuditCheckpointsResponse, error)
+	// ListCaches lists a tenant's named caches on its executors.
+	// Callers: client/* of the tenant.
+	ListCaches(ctx context.Context, in *ListCachesRequest, opts ...grpc.CallOption) (*ListCachesResponse, error)
+	// ClearCaches wipes a tenant's named caches (all, a repository's, or
+	// one name's); audited. Callers: client/* of the tenant.
+	ClearCaches(ctx context.Context, in *ClearCachesRequest, opts ...grpc.CallOption) (*ClearCachesResponse, error)
 }
 
 type authorityServiceClient struct {
@@ -675,6 +683,26 @@ func (c *authorityServiceClient) ListAuditCheckpoints(ctx context.Context, in *L
 	return out, nil
 }
 
+func (c *authorityServiceClient) ListCaches(ctx context.Context, in *ListCachesRequest, opts ...grpc.CallOption) (*ListCachesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListCachesResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_ListCaches_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *authorityServiceClient) ClearCaches(ctx context.Context, in *ClearCachesRequest, opts ...grpc.CallOption) (*ClearCachesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClearCachesResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_ClearCaches_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AuthorityServiceServer is the server API for AuthorityService service.
 // All implementations must embed UnimplementedAuthorityServiceServer
 // for forward compatibility.
@@ -835,6 +863,12 @@ type AuthorityServiceServer interface {
 	// its database). Monitors poll and keep them, so a log rewritten later
 	// can be told from the one they saw. Callers: approver/*.
 	ListAuditCheckpoints(context.Context, *ListAuditCheckpointsRequest) (*ListAuditCheckpointsResponse, error)
+	// ListCaches lists a tenant's named caches on its executors.
+	// Callers: client/* of the tenant.
+	ListCaches(context.Context, *ListCachesRequest) (*ListCachesResponse, error)
+	// ClearCaches wipes a tenant's named caches (all, a repository's, or
+	// one name's); audited. Callers: client/* of the tenant.
+	ClearCaches(context.Context, *ClearCachesRequest) (*ClearCachesResponse, error)
 	mustEmbedUnimplementedAuthorityServiceServer()
 }
 
@@ -958,6 +992,12 @@ func (UnimplementedAuthorityServiceServer) ListAuditEvents(context.Context, *Lis
 }
 func (UnimplementedAuthorityServiceServer) ListAuditCheckpoints(context.Context, *ListAuditCheckpointsRequest) (*ListAuditCheckpointsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListAuditCheckpoints not implemented")
+}
+func (UnimplementedAuthorityServiceServer) ListCaches(context.Context, *ListCachesRequest) (*ListCachesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListCaches not implemented")
+}
+func (UnimplementedAuthorityServiceServer) ClearCaches(context.Context, *ClearCachesRequest) (*ClearCachesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ClearCaches not implemented")
 }
 func (UnimplementedAuthorityServiceServer) mustEmbedUnimplementedAuthorityServiceServer() {}
 func (UnimplementedAuthorityServiceServer) testEmbeddedByValue()                          {}
@@ -1600,6 +1640,42 @@ func _AuthorityService_ListAuditCheckpoints_Handler(srv interface{}, ctx context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AuthorityService_ListCaches_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListCachesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).ListCaches(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_ListCaches_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).ListCaches(ctx, req.(*ListCachesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AuthorityService_ClearCaches_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClearCachesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).ClearCaches(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_ClearCaches_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).ClearCaches(ctx, req.(*ClearCachesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AuthorityService_ServiceDesc is the grpc.ServiceDesc for AuthorityService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1726,6 +1802,14 @@ var AuthorityService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListAuditCheckpoints",
 			Handler:    _AuthorityService_ListAuditCheckpoints_Handler,
+		},
+		{
+			MethodName: "ListCaches",
+			Handler:    _AuthorityService_ListCaches_Handler,
+		},
+		{
+			MethodName: "ClearCaches",
+			Handler:    _AuthorityService_ClearCaches_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -2600,6 +2600,208 @@ func (x *ResumeRunResponse) GetRun() *Run {
 	return nil
 }
 
+// ListCachesRequest names a tenant.
+type ListCachesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	Tenant        string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCachesRequest) Reset() {
+	*x = ListCachesRequest{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCachesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCachesRequest) ProtoMessage() {}
+
+func (x *ListCachesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCachesRequest.ProtoReflect.Descriptor instead.
+func (*ListCachesRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *ListCachesRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// ListCachesResponse lists a tenant's caches.
+type ListCachesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Ordered by repository, then name.
+	Caches        []*v1.CacheInfo `protobuf:"bytes,1,rep,name=caches,proto3" json:"caches,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCachesResponse) Reset() {
+	*x = ListCachesResponse{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCachesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCachesResponse) ProtoMessage() {}
+
+func (x *ListCachesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCachesResponse.ProtoReflect.Descriptor instead.
+func (*ListCachesResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *ListCachesResponse) GetCaches() []*v1.CacheInfo {
+	if x != nil {
+		return x.Caches
+	}
+	return nil
+}
+
+// ClearCachesRequest names the caches to wipe.
+type ClearCachesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Only this repository's caches; empty for every repository.
+	Repository string `protobuf:"bytes,2,opt,name=repository,proto3" json:"repository,omitempty"`
+	// Only caches of this name; empty for every name.
+	Name          string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClearCachesRequest) Reset() {
+	*x = ClearCachesRequest{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClearCachesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClearCachesRequest) ProtoMessage() {}
+
+func (x *ClearCachesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClearCachesRequest.ProtoReflect.Descriptor instead.
+func (*ClearCachesRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *ClearCachesRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ClearCachesRequest) GetRepository() string {
+	if x != nil {
+		return x.Repository
+	}
+	return ""
+}
+
+func (x *ClearCachesRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// ClearCachesResponse lists what was wiped.
+type ClearCachesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The caches wiped, as they were.
+	Cleared       []*v1.CacheInfo `protobuf:"bytes,1,rep,name=cleared,proto3" json:"cleared,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClearCachesResponse) Reset() {
+	*x = ClearCachesResponse{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClearCachesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClearCachesResponse) ProtoMessage() {}
+
+func (x *ClearCachesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClearCachesResponse.ProtoReflect.Descriptor instead.
+func (*ClearCachesResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ClearCachesResponse) GetCleared() []*v1.CacheInfo {
+	if x != nil {
+		return x.Cleared
+	}
+	return nil
+}
+
 var File_airlock_executor_v1_executor_proto protoreflect.FileDescriptor
 
 const file_airlock_executor_v1_executor_proto_rawDesc = "" +
@@ -2746,14 +2948,26 @@ const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"\x10ResumeRunRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"?\n" +
 	"\x11ResumeRunResponse\x12*\n" +
-	"\x03run\x18\x01 \x01(\v2\x18.airlock.executor.v1.RunR\x03run*\x9a\x01\n" +
+	"\x03run\x18\x01 \x01(\v2\x18.airlock.executor.v1.RunR\x03run\"+\n" +
+	"\x11ListCachesRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"I\n" +
+	"\x12ListCachesResponse\x123\n" +
+	"\x06caches\x18\x01 \x03(\v2\x1b.airlock.types.v1.CacheInfoR\x06caches\"`\n" +
+	"\x12ClearCachesRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1e\n" +
+	"\n" +
+	"repository\x18\x02 \x01(\tR\n" +
+	"repository\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\"L\n" +
+	"\x13ClearCachesResponse\x125\n" +
+	"\acleared\x18\x01 \x03(\v2\x1b.airlock.types.v1.CacheInfoR\acleared*\x9a\x01\n" +
 	"\bRunState\x12\x19\n" +
 	"\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11RUN_STATE_STAGING\x10\x01\x12\x15\n" +
 	"\x11RUN_STATE_RUNNING\x10\x02\x12\x16\n" +
 	"\x12RUN_STATE_FINISHED\x10\x03\x12\x14\n" +
 	"\x10RUN_STATE_FAILED\x10\x04\x12\x17\n" +
-	"\x13RUN_STATE_CANCELLED\x10\x052\x85\r\n" +
+	"\x13RUN_STATE_CANCELLED\x10\x052\xc6\x0e\n" +
 	"\x0fExecutorService\x12W\n" +
 	"\bStartJob\x12$.airlock.executor.v1.StartJobRequest\x1a%.airlock.executor.v1.StartJobResponse\x12Q\n" +
 	"\x06GetRun\x12\".airlock.executor.v1.GetRunRequest\x1a#.airlock.executor.v1.GetRunResponse\x12Y\n" +
@@ -2774,7 +2988,10 @@ const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"\tResumeRun\x12%.airlock.executor.v1.ResumeRunRequest\x1a&.airlock.executor.v1.ResumeRunResponse\x12Y\n" +
 	"\bReadFile\x12$.airlock.executor.v1.ReadFileRequest\x1a%.airlock.executor.v1.ReadFileResponse0\x01\x12\\\n" +
 	"\tWriteFile\x12%.airlock.executor.v1.WriteFileRequest\x1a&.airlock.executor.v1.WriteFileResponse(\x01\x12Z\n" +
-	"\tListFiles\x12%.airlock.executor.v1.ListFilesRequest\x1a&.airlock.executor.v1.ListFilesResponseBCZAgithub.com/airlockhq/airlock/proto/airlock/executor/v1;executorv1b\x06proto3"
+	"\tListFiles\x12%.airlock.executor.v1.ListFilesRequest\x1a&.airlock.executor.v1.ListFilesResponse\x12]\n" +
+	"\n" +
+	"ListCaches\x12&.airlock.executor.v1.ListCachesRequest\x1a'.airlock.executor.v1.ListCachesResponse\x12`\n" +
+	"\vClearCaches\x12'.airlock.executor.v1.ClearCachesRequest\x1a(.airlock.executor.v1.ClearCachesResponseBCZAgithub.com/airlockhq/airlock/proto/airlock/executor/v1;executorv1b\x06proto3"
 
 var (
 	file_airlock_executor_v1_executor_proto_rawDescOnce sync.Once
@@ -2789,7 +3006,7 @@ func file_airlock_executor_v1_executor_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_executor_v1_executor_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_airlock_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_airlock_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_airlock_executor_v1_executor_proto_goTypes = []any{
 	(RunState)(0),                  // 0: airlock.executor.v1.RunState
 	(*Run)(nil),                    // 1: airlock.executor.v1.Run
@@ -2832,97 +3049,108 @@ var file_airlock_executor_v1_executor_proto_goTypes = []any{
 	(*SuspendRunResponse)(nil),     // 38: airlock.executor.v1.SuspendRunResponse
 	(*ResumeRunRequest)(nil),       // 39: airlock.executor.v1.ResumeRunRequest
 	(*ResumeRunResponse)(nil),      // 40: airlock.executor.v1.ResumeRunResponse
-	(*v1.SignedGrant)(nil),         // 41: airlock.types.v1.SignedGrant
-	(*timestamppb.Timestamp)(nil),  // 42: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),           // 43: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil), // 44: airlock.types.v1.NetworkPolicyStatus
-	(v1.TerminationReason)(0),      // 45: airlock.types.v1.TerminationReason
-	(*v1.OutputChunk)(nil),         // 46: airlock.types.v1.OutputChunk
-	(*v1.ExecSpec)(nil),            // 47: airlock.types.v1.ExecSpec
-	(*v1.Exec)(nil),                // 48: airlock.types.v1.Exec
-	(*v1.FileWrite)(nil),           // 49: airlock.types.v1.FileWrite
-	(*v1.FileHeader)(nil),          // 50: airlock.types.v1.FileHeader
-	(*v1.FileEntry)(nil),           // 51: airlock.types.v1.FileEntry
+	(*ListCachesRequest)(nil),      // 41: airlock.executor.v1.ListCachesRequest
+	(*ListCachesResponse)(nil),     // 42: airlock.executor.v1.ListCachesResponse
+	(*ClearCachesRequest)(nil),     // 43: airlock.executor.v1.ClearCachesRequest
+	(*ClearCachesResponse)(nil),    // 44: airlock.executor.v1.ClearCachesResponse
+	(*v1.SignedGrant)(nil),         // 45: airlock.types.v1.SignedGrant
+	(*timestamppb.Timestamp)(nil),  // 46: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),           // 47: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil), // 48: airlock.types.v1.NetworkPolicyStatus
+	(v1.TerminationReason)(0),      // 49: airlock.types.v1.TerminationReason
+	(*v1.OutputChunk)(nil),         // 50: airlock.types.v1.OutputChunk
+	(*v1.ExecSpec)(nil),            // 51: airlock.types.v1.ExecSpec
+	(*v1.Exec)(nil),                // 52: airlock.types.v1.Exec
+	(*v1.FileWrite)(nil),           // 53: airlock.types.v1.FileWrite
+	(*v1.FileHeader)(nil),          // 54: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),           // 55: airlock.types.v1.FileEntry
+	(*v1.CacheInfo)(nil),           // 56: airlock.types.v1.CacheInfo
 }
 var file_airlock_executor_v1_executor_proto_depIdxs = []int32{
 	0,  // 0: airlock.executor.v1.Run.state:type_name -> airlock.executor.v1.RunState
-	41, // 1: airlock.executor.v1.Run.grant:type_name -> airlock.types.v1.SignedGrant
-	42, // 2: airlock.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	42, // 3: airlock.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
-	42, // 4: airlock.executor.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
-	43, // 5: airlock.executor.v1.Run.result:type_name -> airlock.types.v1.RunResult
-	44, // 6: airlock.executor.v1.Run.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	45, // 7: airlock.executor.v1.Run.suspend_reason:type_name -> airlock.types.v1.TerminationReason
-	41, // 8: airlock.executor.v1.StartJobRequest.grant:type_name -> airlock.types.v1.SignedGrant
+	45, // 1: airlock.executor.v1.Run.grant:type_name -> airlock.types.v1.SignedGrant
+	46, // 2: airlock.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	46, // 3: airlock.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
+	46, // 4: airlock.executor.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
+	47, // 5: airlock.executor.v1.Run.result:type_name -> airlock.types.v1.RunResult
+	48, // 6: airlock.executor.v1.Run.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	49, // 7: airlock.executor.v1.Run.suspend_reason:type_name -> airlock.types.v1.TerminationReason
+	45, // 8: airlock.executor.v1.StartJobRequest.grant:type_name -> airlock.types.v1.SignedGrant
 	1,  // 9: airlock.executor.v1.StartJobResponse.run:type_name -> airlock.executor.v1.Run
 	1,  // 10: airlock.executor.v1.GetRunResponse.run:type_name -> airlock.executor.v1.Run
 	1,  // 11: airlock.executor.v1.WatchRunResponse.run:type_name -> airlock.executor.v1.Run
-	46, // 12: airlock.executor.v1.WatchRunResponse.output:type_name -> airlock.types.v1.OutputChunk
+	50, // 12: airlock.executor.v1.WatchRunResponse.output:type_name -> airlock.types.v1.OutputChunk
 	1,  // 13: airlock.executor.v1.CancelRunResponse.run:type_name -> airlock.executor.v1.Run
-	41, // 14: airlock.executor.v1.UpdateRunRequest.grant:type_name -> airlock.types.v1.SignedGrant
+	45, // 14: airlock.executor.v1.UpdateRunRequest.grant:type_name -> airlock.types.v1.SignedGrant
 	1,  // 15: airlock.executor.v1.UpdateRunResponse.run:type_name -> airlock.executor.v1.Run
-	44, // 16: airlock.executor.v1.UpdateRunResponse.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	48, // 16: airlock.executor.v1.UpdateRunResponse.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
 	13, // 17: airlock.executor.v1.GetArtifactResponse.header:type_name -> airlock.executor.v1.ArtifactHeader
-	47, // 18: airlock.executor.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	48, // 19: airlock.executor.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	48, // 20: airlock.executor.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	48, // 21: airlock.executor.v1.ListExecsResponse.execs:type_name -> airlock.types.v1.Exec
-	49, // 22: airlock.executor.v1.ListExecsResponse.file_writes:type_name -> airlock.types.v1.FileWrite
-	46, // 23: airlock.executor.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	48, // 24: airlock.executor.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	47, // 25: airlock.executor.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
+	51, // 18: airlock.executor.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	52, // 19: airlock.executor.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	52, // 20: airlock.executor.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	52, // 21: airlock.executor.v1.ListExecsResponse.execs:type_name -> airlock.types.v1.Exec
+	53, // 22: airlock.executor.v1.ListExecsResponse.file_writes:type_name -> airlock.types.v1.FileWrite
+	50, // 23: airlock.executor.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	52, // 24: airlock.executor.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	51, // 25: airlock.executor.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
 	23, // 26: airlock.executor.v1.RunExecRequest.start:type_name -> airlock.executor.v1.RunExecStart
 	16, // 27: airlock.executor.v1.RunExecResponse.started:type_name -> airlock.executor.v1.StartExecResponse
-	46, // 28: airlock.executor.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	48, // 29: airlock.executor.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
-	48, // 30: airlock.executor.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	50, // 28: airlock.executor.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	52, // 29: airlock.executor.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
+	52, // 30: airlock.executor.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
 	1,  // 31: airlock.executor.v1.FinishRunResponse.run:type_name -> airlock.executor.v1.Run
-	50, // 32: airlock.executor.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	54, // 32: airlock.executor.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
 	32, // 33: airlock.executor.v1.WriteFileRequest.header:type_name -> airlock.executor.v1.WriteFileHeader
-	51, // 34: airlock.executor.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	55, // 34: airlock.executor.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
 	1,  // 35: airlock.executor.v1.SuspendRunResponse.run:type_name -> airlock.executor.v1.Run
 	1,  // 36: airlock.executor.v1.ResumeRunResponse.run:type_name -> airlock.executor.v1.Run
-	2,  // 37: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
-	4,  // 38: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
-	6,  // 39: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
-	8,  // 40: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
-	10, // 41: airlock.executor.v1.ExecutorService.UpdateRun:input_type -> airlock.executor.v1.UpdateRunRequest
-	12, // 42: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
-	15, // 43: airlock.executor.v1.ExecutorService.StartExec:input_type -> airlock.executor.v1.StartExecRequest
-	17, // 44: airlock.executor.v1.ExecutorService.GetExec:input_type -> airlock.executor.v1.GetExecRequest
-	19, // 45: airlock.executor.v1.ExecutorService.ListExecs:input_type -> airlock.executor.v1.ListExecsRequest
-	21, // 46: airlock.executor.v1.ExecutorService.WatchExec:input_type -> airlock.executor.v1.WatchExecRequest
-	26, // 47: airlock.executor.v1.ExecutorService.CancelExec:input_type -> airlock.executor.v1.CancelExecRequest
-	24, // 48: airlock.executor.v1.ExecutorService.RunExec:input_type -> airlock.executor.v1.RunExecRequest
-	28, // 49: airlock.executor.v1.ExecutorService.FinishRun:input_type -> airlock.executor.v1.FinishRunRequest
-	37, // 50: airlock.executor.v1.ExecutorService.SuspendRun:input_type -> airlock.executor.v1.SuspendRunRequest
-	39, // 51: airlock.executor.v1.ExecutorService.ResumeRun:input_type -> airlock.executor.v1.ResumeRunRequest
-	30, // 52: airlock.executor.v1.ExecutorService.ReadFile:input_type -> airlock.executor.v1.ReadFileRequest
-	33, // 53: airlock.executor.v1.ExecutorService.WriteFile:input_type -> airlock.executor.v1.WriteFileRequest
-	35, // 54: airlock.executor.v1.ExecutorService.ListFiles:input_type -> airlock.executor.v1.ListFilesRequest
-	3,  // 55: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
-	5,  // 56: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
-	7,  // 57: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
-	9,  // 58: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
-	11, // 59: airlock.executor.v1.ExecutorService.UpdateRun:output_type -> airlock.executor.v1.UpdateRunResponse
-	14, // 60: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
-	16, // 61: airlock.executor.v1.ExecutorService.StartExec:output_type -> airlock.executor.v1.StartExecResponse
-	18, // 62: airlock.executor.v1.ExecutorService.GetExec:output_type -> airlock.executor.v1.GetExecResponse
-	20, // 63: airlock.executor.v1.ExecutorService.ListExecs:output_type -> airlock.executor.v1.ListExecsResponse
-	22, // 64: airlock.executor.v1.ExecutorService.WatchExec:output_type -> airlock.executor.v1.WatchExecResponse
-	27, // 65: airlock.executor.v1.ExecutorService.CancelExec:output_type -> airlock.executor.v1.CancelExecResponse
-	25, // 66: airlock.executor.v1.ExecutorService.RunExec:output_type -> airlock.executor.v1.RunExecResponse
-	29, // 67: airlock.executor.v1.ExecutorService.FinishRun:output_type -> airlock.executor.v1.FinishRunResponse
-	38, // 68: airlock.executor.v1.ExecutorService.SuspendRun:output_type -> airlock.executor.v1.SuspendRunResponse
-	40, // 69: airlock.executor.v1.ExecutorService.ResumeRun:output_type -> airlock.executor.v1.ResumeRunResponse
-	31, // 70: airlock.executor.v1.ExecutorService.ReadFile:output_type -> airlock.executor.v1.ReadFileResponse
-	34, // 71: airlock.executor.v1.ExecutorService.WriteFile:output_type -> airlock.executor.v1.WriteFileResponse
-	36, // 72: airlock.executor.v1.ExecutorService.ListFiles:output_type -> airlock.executor.v1.ListFilesResponse
-	55, // [55:73] is the sub-list for method output_type
-	37, // [37:55] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	56, // 37: airlock.executor.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
+	56, // 38: airlock.executor.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
+	2,  // 39: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
+	4,  // 40: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
+	6,  // 41: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
+	8,  // 42: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
+	10, // 43: airlock.executor.v1.ExecutorService.UpdateRun:input_type -> airlock.executor.v1.UpdateRunRequest
+	12, // 44: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
+	15, // 45: airlock.executor.v1.ExecutorService.StartExec:input_type -> airlock.executor.v1.StartExecRequest
+	17, // 46: airlock.executor.v1.ExecutorService.GetExec:input_type -> airlock.executor.v1.GetExecRequest
+	19, // 47: airlock.executor.v1.ExecutorService.ListExecs:input_type -> airlock.executor.v1.ListExecsRequest
+	21, // 48: airlock.executor.v1.ExecutorService.WatchExec:input_type -> airlock.executor.v1.WatchExecRequest
+	26, // 49: airlock.executor.v1.ExecutorService.CancelExec:input_type -> airlock.executor.v1.CancelExecRequest
+	24, // 50: airlock.executor.v1.ExecutorService.RunExec:input_type -> airlock.executor.v1.RunExecRequest
+	28, // 51: airlock.executor.v1.ExecutorService.FinishRun:input_type -> airlock.executor.v1.FinishRunRequest
+	37, // 52: airlock.executor.v1.ExecutorService.SuspendRun:input_type -> airlock.executor.v1.SuspendRunRequest
+	39, // 53: airlock.executor.v1.ExecutorService.ResumeRun:input_type -> airlock.executor.v1.ResumeRunRequest
+	30, // 54: airlock.executor.v1.ExecutorService.ReadFile:input_type -> airlock.executor.v1.ReadFileRequest
+	33, // 55: airlock.executor.v1.ExecutorService.WriteFile:input_type -> airlock.executor.v1.WriteFileRequest
+	35, // 56: airlock.executor.v1.ExecutorService.ListFiles:input_type -> airlock.executor.v1.ListFilesRequest
+	41, // 57: airlock.executor.v1.ExecutorService.ListCaches:input_type -> airlock.executor.v1.ListCachesRequest
+	43, // 58: airlock.executor.v1.ExecutorService.ClearCaches:input_type -> airlock.executor.v1.ClearCachesRequest
+	3,  // 59: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
+	5,  // 60: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
+	7,  // 61: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
+	9,  // 62: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
+	11, // 63: airlock.executor.v1.ExecutorService.UpdateRun:output_type -> airlock.executor.v1.UpdateRunResponse
+	14, // 64: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
+	16, // 65: airlock.executor.v1.ExecutorService.StartExec:output_type -> airlock.executor.v1.StartExecResponse
+	18, // 66: airlock.executor.v1.ExecutorService.GetExec:output_type -> airlock.executor.v1.GetExecResponse
+	20, // 67: airlock.executor.v1.ExecutorService.ListExecs:output_type -> airlock.executor.v1.ListExecsResponse
+	22, // 68: airlock.executor.v1.ExecutorService.WatchExec:output_type -> airlock.executor.v1.WatchExecResponse
+	27, // 69: airlock.executor.v1.ExecutorService.CancelExec:output_type -> airlock.executor.v1.CancelExecResponse
+	25, // 70: airlock.executor.v1.ExecutorService.RunExec:output_type -> airlock.executor.v1.RunExecResponse
+	29, // 71: airlock.executor.v1.ExecutorService.FinishRun:output_type -> airlock.executor.v1.FinishRunResponse
+	38, // 72: airlock.executor.v1.ExecutorService.SuspendRun:output_type -> airlock.executor.v1.SuspendRunResponse
+	40, // 73: airlock.executor.v1.ExecutorService.ResumeRun:output_type -> airlock.executor.v1.ResumeRunResponse
+	31, // 74: airlock.executor.v1.ExecutorService.ReadFile:output_type -> airlock.executor.v1.ReadFileResponse
+	34, // 75: airlock.executor.v1.ExecutorService.WriteFile:output_type -> airlock.executor.v1.WriteFileResponse
+	36, // 76: airlock.executor.v1.ExecutorService.ListFiles:output_type -> airlock.executor.v1.ListFilesResponse
+	42, // 77: airlock.executor.v1.ExecutorService.ListCaches:output_type -> airlock.executor.v1.ListCachesResponse
+	44, // 78: airlock.executor.v1.ExecutorService.ClearCaches:output_type -> airlock.executor.v1.ClearCachesResponse
+	59, // [59:79] is the sub-list for method output_type
+	39, // [39:59] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_airlock_executor_v1_executor_proto_init() }
@@ -2966,7 +3194,7 @@ func file_airlock_executor_v1_executor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_executor_v1_executor_proto_rawDesc), len(file_airlock_executor_v1_executor_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   40,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -41,6 +41,8 @@ const (
 	ExecutorService_ReadFile_FullMethodName    = "/airlock.executor.v1.ExecutorService/ReadFile"
 	ExecutorService_WriteFile_FullMethodName   = "/airlock.executor.v1.ExecutorService/WriteFile"
 	ExecutorService_ListFiles_FullMethodName   = "/airlock.executor.v1.ExecutorService/ListFiles"
+	ExecutorService_ListCaches_FullMethodName  = "/airlock.executor.v1.ExecutorService/ListCaches"
+	ExecutorService_ClearCaches_FullMethodName = "/airlock.executor.v1.ExecutorService/ClearCaches"
 )
 
 // ExecutorServiceClient is the client API for ExecutorService service.
@@ -104,6 +106,14 @@ type ExecutorServiceClient interface {
 	// ListFiles lists a directory of a running session's /work or /out.
 	// Callers: service/authority.
 	ListFiles(ctx context.Context, in *ListFilesRequest, opts ...grpc.CallOption) (*ListFilesResponse, error)
+	// ListCaches lists the named caches this executor keeps for a tenant.
+	// Callers: service/authority.
+	ListCaches(ctx context.Context, in *ListCachesRequest, opts ...grpc.CallOption) (*ListCachesResponse, error)
+	// ClearCaches wipes a tenant's caches: all of them, a repository's, or
+	// those of one name. A run using one keeps the copy it started with,
+	// and its commit finds the cache cleared and starts it afresh.
+	// Callers: service/authority.
+	ClearCaches(ctx context.Context, in *ClearCachesRequest, opts ...grpc.CallOption) (*ClearCachesResponse, error)
 }
 
 type executorServiceClient struct {
@@ -336,6 +346,26 @@ func (c *executorServiceClient) ListFiles(ctx context.Context, in *ListFilesRequ
 	return out, nil
 }
 
+func (c *executorServiceClient) ListCaches(ctx context.Context, in *ListCachesRequest, opts ...grpc.CallOption) (*ListCachesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListCachesResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_ListCaches_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *executorServiceClient) ClearCaches(ctx context.Context, in *ClearCachesRequest, opts ...grpc.CallOption) (*ClearCachesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClearCachesResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_ClearCaches_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ExecutorServiceServer is the server API for ExecutorService service.
 // All implementations must embed UnimplementedExecutorServiceServer
 // for forward compatibility.
@@ -397,6 +427,14 @@ type ExecutorServiceServer interface {
 	// ListFiles lists a directory of a running session's /work or /out.
 	// Callers: service/authority.
 	ListFiles(context.Context, *ListFilesRequest) (*ListFilesResponse, error)
+	// ListCaches lists the named caches this executor keeps for a tenant.
+	// Callers: service/authority.
+	ListCaches(context.Context, *ListCachesRequest) (*ListCachesResponse, error)
+	// ClearCaches wipes a tenant's caches: all of them, a repository's, or
+	// those of one name. A run using one keeps the copy it started with,
+	// and its commit finds the cache cleared and starts it afresh.
+	// Callers: service/authority.
+	ClearCaches(context.Context, *ClearCachesRequest) (*ClearCachesResponse, error)
 	mustEmbedUnimplementedExecutorServiceServer()
 }
 
@@ -460,6 +498,12 @@ func (UnimplementedExecutorServiceServer) WriteFile(grpc.ClientStreamingServer[W
 }
 func (UnimplementedExecutorServiceServer) ListFiles(context.Context, *ListFilesRequest) (*ListFilesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListFiles not implemented")
+}
+func (UnimplementedExecutorServiceServer) ListCaches(context.Context, *ListCachesRequest) (*ListCachesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListCaches not implemented")
+}
+func (UnimplementedExecutorServiceServer) ClearCaches(context.Context, *ClearCachesRequest) (*ClearCachesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ClearCaches not implemented")
 }
 func (UnimplementedExecutorServiceServer) mustEmbedUnimplementedExecutorServiceServer() {}
 func (UnimplementedExecutorServiceServer) testEmbeddedByValue()                         {}
@@ -756,6 +800,42 @@ func _ExecutorService_ListFiles_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ExecutorService_ListCaches_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListCachesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).ListCaches(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_ListCaches_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).ListCaches(ctx, req.(*ListCachesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ExecutorService_ClearCaches_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClearCachesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).ClearCaches(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_ClearCaches_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).ClearCaches(ctx, req.(*ClearCachesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ExecutorService_ServiceDesc is the grpc.ServiceDesc for ExecutorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -810,6 +890,14 @@ var ExecutorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListFiles",
 			Handler:    _ExecutorService_ListFiles_Handler,
+		},
+		{
+			MethodName: "ListCaches",
+			Handler:    _ExecutorService_ListCaches_Handler,
+		},
+		{
+			MethodName: "ClearCaches",
+			Handler:    _ExecutorService_ClearCaches_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

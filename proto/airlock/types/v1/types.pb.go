@@ -900,8 +900,12 @@ type Grant struct {
 	// submitted. 0 and 1 are the base commit alone. It never changes for a
 	// job; the executor stages exactly this depth.
 	GitHistoryDepth uint32 `protobuf:"varint,18,opt,name=git_history_depth,json=gitHistoryDepth,proto3" json:"git_history_depth,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The named caches the job mounts, from the tenant's policy: each kept
+	// by the executor per (tenant, repository, name), mounted read-write at
+	// its path as a copy-on-write layer and committed when the run exits.
+	Caches        []*CacheGrant `protobuf:"bytes,19,rep,name=caches,proto3" json:"caches,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Grant) Reset() {
@@ -1060,6 +1064,255 @@ func (x *Grant) GetGitHistoryDepth() uint32 {
 	return 0
 }
 
+func (x *Grant) GetCaches() []*CacheGrant {
+	if x != nil {
+		return x.Caches
+	}
+	return nil
+}
+
+// CacheGrant is one named cache a grant lets a job use.
+type CacheGrant struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The cache's name in the tenant's policy: 1 to 63 of [a-z0-9._-],
+	// starting with a letter or digit.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Where the job sees it: an absolute, clean path under /root or /tmp.
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// The size past which the executor evicts (wipes) the cache after a
+	// commit, in bytes.
+	MaxSizeBytes  int64 `protobuf:"varint,3,opt,name=max_size_bytes,json=maxSizeBytes,proto3" json:"max_size_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CacheGrant) Reset() {
+	*x = CacheGrant{}
+	mi := &file_airlock_types_v1_types_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CacheGrant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CacheGrant) ProtoMessage() {}
+
+func (x *CacheGrant) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_types_v1_types_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CacheGrant.ProtoReflect.Descriptor instead.
+func (*CacheGrant) Descriptor() ([]byte, []int) {
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *CacheGrant) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CacheGrant) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *CacheGrant) GetMaxSizeBytes() int64 {
+	if x != nil {
+		return x.MaxSizeBytes
+	}
+	return 0
+}
+
+// CacheUse is what one run did with one named cache, so a reviewer knows
+// the run did not start clean.
+type CacheUse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The cache's name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Where the job saw it.
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// The cache's size when the run started (0: it started empty).
+	SizeBefore int64 `protobuf:"varint,3,opt,name=size_before,json=sizeBefore,proto3" json:"size_before,omitempty"`
+	// Its size once the run ended: after the commit and any eviction, or
+	// size_before when nothing was committed.
+	SizeAfter int64 `protobuf:"varint,4,opt,name=size_after,json=sizeAfter,proto3" json:"size_after,omitempty"`
+	// The run's writes became the cache the next run starts from.
+	Committed bool `protobuf:"varint,5,opt,name=committed,proto3" json:"committed,omitempty"`
+	// The committed cache passed its max_size and was wiped.
+	Evicted bool `protobuf:"varint,6,opt,name=evicted,proto3" json:"evicted,omitempty"`
+	// Why nothing was committed, what the commit left out (links to
+	// nowhere, device nodes, FIFOs), or why it failed.
+	Message       string `protobuf:"bytes,7,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CacheUse) Reset() {
+	*x = CacheUse{}
+	mi := &file_airlock_types_v1_types_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CacheUse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CacheUse) ProtoMessage() {}
+
+func (x *CacheUse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_types_v1_types_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CacheUse.ProtoReflect.Descriptor instead.
+func (*CacheUse) Descriptor() ([]byte, []int) {
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *CacheUse) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CacheUse) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *CacheUse) GetSizeBefore() int64 {
+	if x != nil {
+		return x.SizeBefore
+	}
+	return 0
+}
+
+func (x *CacheUse) GetSizeAfter() int64 {
+	if x != nil {
+		return x.SizeAfter
+	}
+	return 0
+}
+
+func (x *CacheUse) GetCommitted() bool {
+	if x != nil {
+		return x.Committed
+	}
+	return false
+}
+
+func (x *CacheUse) GetEvicted() bool {
+	if x != nil {
+		return x.Evicted
+	}
+	return false
+}
+
+func (x *CacheUse) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+// CacheInfo describes one cache an executor keeps for a tenant.
+type CacheInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The repository it belongs to.
+	Repository string `protobuf:"bytes,1,opt,name=repository,proto3" json:"repository,omitempty"`
+	// The cache's name.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// Its size in bytes (file bytes plus 4 KiB per entry).
+	SizeBytes int64 `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// When a run last started with it or committed to it.
+	LastUsed      *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=last_used,json=lastUsed,proto3" json:"last_used,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CacheInfo) Reset() {
+	*x = CacheInfo{}
+	mi := &file_airlock_types_v1_types_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CacheInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CacheInfo) ProtoMessage() {}
+
+func (x *CacheInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_types_v1_types_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CacheInfo.ProtoReflect.Descriptor instead.
+func (*CacheInfo) Descriptor() ([]byte, []int) {
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *CacheInfo) GetRepository() string {
+	if x != nil {
+		return x.Repository
+	}
+	return ""
+}
+
+func (x *CacheInfo) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CacheInfo) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *CacheInfo) GetLastUsed() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastUsed
+	}
+	return nil
+}
+
 // SessionSpec makes a job a session.
 type SessionSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1074,7 +1327,7 @@ type SessionSpec struct {
 
 func (x *SessionSpec) Reset() {
 	*x = SessionSpec{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[9]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1086,7 +1339,7 @@ func (x *SessionSpec) String() string {
 func (*SessionSpec) ProtoMessage() {}
 
 func (x *SessionSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[9]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1099,7 +1352,7 @@ func (x *SessionSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionSpec.ProtoReflect.Descriptor instead.
 func (*SessionSpec) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SessionSpec) GetIdleTimeout() *durationpb.Duration {
@@ -1148,7 +1401,7 @@ type ExecSpec struct {
 
 func (x *ExecSpec) Reset() {
 	*x = ExecSpec{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[10]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1160,7 +1413,7 @@ func (x *ExecSpec) String() string {
 func (*ExecSpec) ProtoMessage() {}
 
 func (x *ExecSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[10]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1173,7 +1426,7 @@ func (x *ExecSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSpec.ProtoReflect.Descriptor instead.
 func (*ExecSpec) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{10}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExecSpec) GetExecId() string {
@@ -1275,7 +1528,7 @@ type Exec struct {
 
 func (x *Exec) Reset() {
 	*x = Exec{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[11]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1287,7 +1540,7 @@ func (x *Exec) String() string {
 func (*Exec) ProtoMessage() {}
 
 func (x *Exec) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[11]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1300,7 +1553,7 @@ func (x *Exec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Exec.ProtoReflect.Descriptor instead.
 func (*Exec) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{11}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Exec) GetSessionId() string {
@@ -1467,7 +1720,7 @@ type SignedGrant struct {
 
 func (x *SignedGrant) Reset() {
 	*x = SignedGrant{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[12]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1479,7 +1732,7 @@ func (x *SignedGrant) String() string {
 func (*SignedGrant) ProtoMessage() {}
 
 func (x *SignedGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[12]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1492,7 +1745,7 @@ func (x *SignedGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignedGrant.ProtoReflect.Descriptor instead.
 func (*SignedGrant) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{12}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SignedGrant) GetBody() []byte {
@@ -1535,7 +1788,7 @@ type ResourceUsage struct {
 
 func (x *ResourceUsage) Reset() {
 	*x = ResourceUsage{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[13]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1547,7 +1800,7 @@ func (x *ResourceUsage) String() string {
 func (*ResourceUsage) ProtoMessage() {}
 
 func (x *ResourceUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[13]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1560,7 +1813,7 @@ func (x *ResourceUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceUsage.ProtoReflect.Descriptor instead.
 func (*ResourceUsage) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{13}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ResourceUsage) GetCpuTime() *durationpb.Duration {
@@ -1613,7 +1866,7 @@ type DiffStat struct {
 
 func (x *DiffStat) Reset() {
 	*x = DiffStat{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[14]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1625,7 +1878,7 @@ func (x *DiffStat) String() string {
 func (*DiffStat) ProtoMessage() {}
 
 func (x *DiffStat) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[14]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1638,7 +1891,7 @@ func (x *DiffStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiffStat.ProtoReflect.Descriptor instead.
 func (*DiffStat) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{14}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DiffStat) GetFilesChanged() int64 {
@@ -1684,14 +1937,16 @@ type RunResult struct {
 	// Summary of the patch against the base commit.
 	DiffStat *DiffStat `protobuf:"bytes,9,opt,name=diff_stat,json=diffStat,proto3" json:"diff_stat,omitempty"`
 	// Human-readable detail for SANDBOX_ERROR and other failures.
-	Message       string `protobuf:"bytes,10,opt,name=message,proto3" json:"message,omitempty"`
+	Message string `protobuf:"bytes,10,opt,name=message,proto3" json:"message,omitempty"`
+	// The named caches the run used: the run did not start clean.
+	Caches        []*CacheUse `protobuf:"bytes,11,rep,name=caches,proto3" json:"caches,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunResult) Reset() {
 	*x = RunResult{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[15]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1703,7 +1958,7 @@ func (x *RunResult) String() string {
 func (*RunResult) ProtoMessage() {}
 
 func (x *RunResult) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[15]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1716,7 +1971,7 @@ func (x *RunResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResult.ProtoReflect.Descriptor instead.
 func (*RunResult) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{15}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RunResult) GetReason() TerminationReason {
@@ -1789,6 +2044,13 @@ func (x *RunResult) GetMessage() string {
 	return ""
 }
 
+func (x *RunResult) GetCaches() []*CacheUse {
+	if x != nil {
+		return x.Caches
+	}
+	return nil
+}
+
 // OutputChunk is a piece of a job's output. Offsets let a watcher that
 // reconnects resume exactly where it stopped.
 type OutputChunk struct {
@@ -1807,7 +2069,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[16]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1819,7 +2081,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[16]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1832,7 +2094,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{16}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *OutputChunk) GetStream() OutputStream {
@@ -1890,7 +2152,7 @@ type FileEntry struct {
 
 func (x *FileEntry) Reset() {
 	*x = FileEntry{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[17]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1902,7 +2164,7 @@ func (x *FileEntry) String() string {
 func (*FileEntry) ProtoMessage() {}
 
 func (x *FileEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[17]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1915,7 +2177,7 @@ func (x *FileEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEntry.ProtoReflect.Descriptor instead.
 func (*FileEntry) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{17}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *FileEntry) GetPath() string {
@@ -1985,7 +2247,7 @@ type FileHeader struct {
 
 func (x *FileHeader) Reset() {
 	*x = FileHeader{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[18]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1997,7 +2259,7 @@ func (x *FileHeader) String() string {
 func (*FileHeader) ProtoMessage() {}
 
 func (x *FileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[18]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2010,7 +2272,7 @@ func (x *FileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileHeader.ProtoReflect.Descriptor instead.
 func (*FileHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{18}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *FileHeader) GetSize() int64 {
@@ -2047,7 +2309,7 @@ type FileWrite struct {
 
 func (x *FileWrite) Reset() {
 	*x = FileWrite{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[19]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2059,7 +2321,7 @@ func (x *FileWrite) String() string {
 func (*FileWrite) ProtoMessage() {}
 
 func (x *FileWrite) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[19]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2072,7 +2334,7 @@ func (x *FileWrite) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileWrite.ProtoReflect.Descriptor instead.
 func (*FileWrite) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{19}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *FileWrite) GetPath() string {
@@ -2165,7 +2427,7 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"repository\x18\x01 \x01(\tR\n" +
 	"repository\x12\x16\n" +
-	"\x06branch\x18\x02 \x01(\tR\x06branch\"\xf0\x06\n" +
+	"\x06branch\x18\x02 \x01(\tR\x06branch\"\xa6\a\n" +
 	"\x05Grant\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x16\n" +
@@ -2190,10 +2452,34 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"generation\x18\x10 \x01(\x03R\n" +
 	"generation\x127\n" +
 	"\asession\x18\x11 \x01(\v2\x1d.airlock.types.v1.SessionSpecR\asession\x12*\n" +
-	"\x11git_history_depth\x18\x12 \x01(\rR\x0fgitHistoryDepth\x1a6\n" +
+	"\x11git_history_depth\x18\x12 \x01(\rR\x0fgitHistoryDepth\x124\n" +
+	"\x06caches\x18\x13 \x03(\v2\x1c.airlock.types.v1.CacheGrantR\x06caches\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"}\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Z\n" +
+	"\n" +
+	"CacheGrant\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12$\n" +
+	"\x0emax_size_bytes\x18\x03 \x01(\x03R\fmaxSizeBytes\"\xc4\x01\n" +
+	"\bCacheUse\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1f\n" +
+	"\vsize_before\x18\x03 \x01(\x03R\n" +
+	"sizeBefore\x12\x1d\n" +
+	"\n" +
+	"size_after\x18\x04 \x01(\x03R\tsizeAfter\x12\x1c\n" +
+	"\tcommitted\x18\x05 \x01(\bR\tcommitted\x12\x18\n" +
+	"\aevicted\x18\x06 \x01(\bR\aevicted\x12\x18\n" +
+	"\amessage\x18\a \x01(\tR\amessage\"\x97\x01\n" +
+	"\tCacheInfo\x12\x1e\n" +
+	"\n" +
+	"repository\x18\x01 \x01(\tR\n" +
+	"repository\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x03 \x01(\x03R\tsizeBytes\x127\n" +
+	"\tlast_used\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastUsed\"}\n" +
 	"\vSessionSpec\x12<\n" +
 	"\fidle_timeout\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x120\n" +
 	"\x14max_concurrent_execs\x18\x02 \x01(\x05R\x12maxConcurrentExecs\"\xa6\x02\n" +
@@ -2254,7 +2540,7 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"insertions\x18\x02 \x01(\x03R\n" +
 	"insertions\x12\x1c\n" +
-	"\tdeletions\x18\x03 \x01(\x03R\tdeletions\"\xce\x03\n" +
+	"\tdeletions\x18\x03 \x01(\x03R\tdeletions\"\x82\x04\n" +
 	"\tRunResult\x12;\n" +
 	"\x06reason\x18\x01 \x01(\x0e2#.airlock.types.v1.TerminationReasonR\x06reason\x12\x1b\n" +
 	"\texit_code\x18\x02 \x01(\x05R\bexitCode\x125\n" +
@@ -2267,7 +2553,8 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"bundleSize\x127\n" +
 	"\tdiff_stat\x18\t \x01(\v2\x1a.airlock.types.v1.DiffStatR\bdiffStat\x12\x18\n" +
 	"\amessage\x18\n" +
-	" \x01(\tR\amessage\"\x8f\x01\n" +
+	" \x01(\tR\amessage\x122\n" +
+	"\x06caches\x18\v \x03(\v2\x1a.airlock.types.v1.CacheUseR\x06caches\"\x8f\x01\n" +
 	"\vOutputChunk\x126\n" +
 	"\x06stream\x18\x01 \x01(\x0e2\x1e.airlock.types.v1.OutputStreamR\x06stream\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x12\n" +
@@ -2340,7 +2627,7 @@ func file_airlock_types_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_types_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_airlock_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_airlock_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_airlock_types_v1_types_proto_goTypes = []any{
 	(RuntimeClass)(0),             // 0: airlock.types.v1.RuntimeClass
 	(NetworkPolicyState)(0),       // 1: airlock.types.v1.NetworkPolicyState
@@ -2356,62 +2643,68 @@ var file_airlock_types_v1_types_proto_goTypes = []any{
 	(*NetworkPolicyStatus)(nil),   // 11: airlock.types.v1.NetworkPolicyStatus
 	(*PublishTarget)(nil),         // 12: airlock.types.v1.PublishTarget
 	(*Grant)(nil),                 // 13: airlock.types.v1.Grant
-	(*SessionSpec)(nil),           // 14: airlock.types.v1.SessionSpec
-	(*ExecSpec)(nil),              // 15: airlock.types.v1.ExecSpec
-	(*Exec)(nil),                  // 16: airlock.types.v1.Exec
-	(*SignedGrant)(nil),           // 17: airlock.types.v1.SignedGrant
-	(*ResourceUsage)(nil),         // 18: airlock.types.v1.ResourceUsage
-	(*DiffStat)(nil),              // 19: airlock.types.v1.DiffStat
-	(*RunResult)(nil),             // 20: airlock.types.v1.RunResult
-	(*OutputChunk)(nil),           // 21: airlock.types.v1.OutputChunk
-	(*FileEntry)(nil),             // 22: airlock.types.v1.FileEntry
-	(*FileHeader)(nil),            // 23: airlock.types.v1.FileHeader
-	(*FileWrite)(nil),             // 24: airlock.types.v1.FileWrite
-	nil,                           // 25: airlock.types.v1.Grant.EnvEntry
-	nil,                           // 26: airlock.types.v1.ExecSpec.EnvEntry
-	(*durationpb.Duration)(nil),   // 27: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
+	(*CacheGrant)(nil),            // 14: airlock.types.v1.CacheGrant
+	(*CacheUse)(nil),              // 15: airlock.types.v1.CacheUse
+	(*CacheInfo)(nil),             // 16: airlock.types.v1.CacheInfo
+	(*SessionSpec)(nil),           // 17: airlock.types.v1.SessionSpec
+	(*ExecSpec)(nil),              // 18: airlock.types.v1.ExecSpec
+	(*Exec)(nil),                  // 19: airlock.types.v1.Exec
+	(*SignedGrant)(nil),           // 20: airlock.types.v1.SignedGrant
+	(*ResourceUsage)(nil),         // 21: airlock.types.v1.ResourceUsage
+	(*DiffStat)(nil),              // 22: airlock.types.v1.DiffStat
+	(*RunResult)(nil),             // 23: airlock.types.v1.RunResult
+	(*OutputChunk)(nil),           // 24: airlock.types.v1.OutputChunk
+	(*FileEntry)(nil),             // 25: airlock.types.v1.FileEntry
+	(*FileHeader)(nil),            // 26: airlock.types.v1.FileHeader
+	(*FileWrite)(nil),             // 27: airlock.types.v1.FileWrite
+	nil,                           // 28: airlock.types.v1.Grant.EnvEntry
+	nil,                           // 29: airlock.types.v1.ExecSpec.EnvEntry
+	(*durationpb.Duration)(nil),   // 30: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
 }
 var file_airlock_types_v1_types_proto_depIdxs = []int32{
-	27, // 0: airlock.types.v1.ResourceLimits.deadline:type_name -> google.protobuf.Duration
+	30, // 0: airlock.types.v1.ResourceLimits.deadline:type_name -> google.protobuf.Duration
 	7,  // 1: airlock.types.v1.NetworkPolicy.deny_all:type_name -> airlock.types.v1.DenyAll
 	8,  // 2: airlock.types.v1.NetworkPolicy.allow:type_name -> airlock.types.v1.AllowList
 	10, // 3: airlock.types.v1.NetworkPolicy.domains:type_name -> airlock.types.v1.DomainList
 	9,  // 4: airlock.types.v1.AllowList.rules:type_name -> airlock.types.v1.AllowRule
 	6,  // 5: airlock.types.v1.NetworkPolicyStatus.policy:type_name -> airlock.types.v1.NetworkPolicy
 	1,  // 6: airlock.types.v1.NetworkPolicyStatus.state:type_name -> airlock.types.v1.NetworkPolicyState
-	28, // 7: airlock.types.v1.NetworkPolicyStatus.updated_at:type_name -> google.protobuf.Timestamp
-	25, // 8: airlock.types.v1.Grant.env:type_name -> airlock.types.v1.Grant.EnvEntry
+	31, // 7: airlock.types.v1.NetworkPolicyStatus.updated_at:type_name -> google.protobuf.Timestamp
+	28, // 8: airlock.types.v1.Grant.env:type_name -> airlock.types.v1.Grant.EnvEntry
 	5,  // 9: airlock.types.v1.Grant.limits:type_name -> airlock.types.v1.ResourceLimits
 	6,  // 10: airlock.types.v1.Grant.network_policy:type_name -> airlock.types.v1.NetworkPolicy
 	0,  // 11: airlock.types.v1.Grant.runtime_class:type_name -> airlock.types.v1.RuntimeClass
 	12, // 12: airlock.types.v1.Grant.publish_target:type_name -> airlock.types.v1.PublishTarget
-	28, // 13: airlock.types.v1.Grant.issued_at:type_name -> google.protobuf.Timestamp
-	28, // 14: airlock.types.v1.Grant.expires_at:type_name -> google.protobuf.Timestamp
-	14, // 15: airlock.types.v1.Grant.session:type_name -> airlock.types.v1.SessionSpec
-	27, // 16: airlock.types.v1.SessionSpec.idle_timeout:type_name -> google.protobuf.Duration
-	26, // 17: airlock.types.v1.ExecSpec.env:type_name -> airlock.types.v1.ExecSpec.EnvEntry
-	27, // 18: airlock.types.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
-	15, // 19: airlock.types.v1.Exec.spec:type_name -> airlock.types.v1.ExecSpec
-	2,  // 20: airlock.types.v1.Exec.state:type_name -> airlock.types.v1.ExecState
-	3,  // 21: airlock.types.v1.Exec.reason:type_name -> airlock.types.v1.TerminationReason
-	28, // 22: airlock.types.v1.Exec.started_at:type_name -> google.protobuf.Timestamp
-	28, // 23: airlock.types.v1.Exec.ended_at:type_name -> google.protobuf.Timestamp
-	18, // 24: airlock.types.v1.Exec.usage:type_name -> airlock.types.v1.ResourceUsage
-	27, // 25: airlock.types.v1.ResourceUsage.cpu_time:type_name -> google.protobuf.Duration
-	27, // 26: airlock.types.v1.ResourceUsage.wall_time:type_name -> google.protobuf.Duration
-	3,  // 27: airlock.types.v1.RunResult.reason:type_name -> airlock.types.v1.TerminationReason
-	18, // 28: airlock.types.v1.RunResult.usage:type_name -> airlock.types.v1.ResourceUsage
-	0,  // 29: airlock.types.v1.RunResult.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	19, // 30: airlock.types.v1.RunResult.diff_stat:type_name -> airlock.types.v1.DiffStat
-	4,  // 31: airlock.types.v1.OutputChunk.stream:type_name -> airlock.types.v1.OutputStream
-	28, // 32: airlock.types.v1.FileEntry.modified_at:type_name -> google.protobuf.Timestamp
-	28, // 33: airlock.types.v1.FileWrite.written_at:type_name -> google.protobuf.Timestamp
-	34, // [34:34] is the sub-list for method output_type
-	34, // [34:34] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	31, // 13: airlock.types.v1.Grant.issued_at:type_name -> google.protobuf.Timestamp
+	31, // 14: airlock.types.v1.Grant.expires_at:type_name -> google.protobuf.Timestamp
+	17, // 15: airlock.types.v1.Grant.session:type_name -> airlock.types.v1.SessionSpec
+	14, // 16: airlock.types.v1.Grant.caches:type_name -> airlock.types.v1.CacheGrant
+	31, // 17: airlock.types.v1.CacheInfo.last_used:type_name -> google.protobuf.Timestamp
+	30, // 18: airlock.types.v1.SessionSpec.idle_timeout:type_name -> google.protobuf.Duration
+	29, // 19: airlock.types.v1.ExecSpec.env:type_name -> airlock.types.v1.ExecSpec.EnvEntry
+	30, // 20: airlock.types.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
+	18, // 21: airlock.types.v1.Exec.spec:type_name -> airlock.types.v1.ExecSpec
+	2,  // 22: airlock.types.v1.Exec.state:type_name -> airlock.types.v1.ExecState
+	3,  // 23: airlock.types.v1.Exec.reason:type_name -> airlock.types.v1.TerminationReason
+	31, // 24: airlock.types.v1.Exec.started_at:type_name -> google.protobuf.Timestamp
+	31, // 25: airlock.types.v1.Exec.ended_at:type_name -> google.protobuf.Timestamp
+	21, // 26: airlock.types.v1.Exec.usage:type_name -> airlock.types.v1.ResourceUsage
+	30, // 27: airlock.types.v1.ResourceUsage.cpu_time:type_name -> google.protobuf.Duration
+	30, // 28: airlock.types.v1.ResourceUsage.wall_time:type_name -> google.protobuf.Duration
+	3,  // 29: airlock.types.v1.RunResult.reason:type_name -> airlock.types.v1.TerminationReason
+	21, // 30: airlock.types.v1.RunResult.usage:type_name -> airlock.types.v1.ResourceUsage
+	0,  // 31: airlock.types.v1.RunResult.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	22, // 32: airlock.types.v1.RunResult.diff_stat:type_name -> airlock.types.v1.DiffStat
+	15, // 33: airlock.types.v1.RunResult.caches:type_name -> airlock.types.v1.CacheUse
+	4,  // 34: airlock.types.v1.OutputChunk.stream:type_name -> airlock.types.v1.OutputStream
+	31, // 35: airlock.types.v1.FileEntry.modified_at:type_name -> google.protobuf.Timestamp
+	31, // 36: airlock.types.v1.FileWrite.written_at:type_name -> google.protobuf.Timestamp
+	37, // [37:37] is the sub-list for method output_type
+	37, // [37:37] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_airlock_types_v1_types_proto_init() }
@@ -2430,7 +2723,7 @@ func file_airlock_types_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_types_v1_types_proto_rawDesc), len(file_airlock_types_v1_types_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   22,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

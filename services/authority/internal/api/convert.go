@@ -50,6 +50,7 @@ func specFromProto(p *authorityv1.JobSpec) (jobs.Spec, error) {
 		Revision:   p.GetRevision(),
 		Command:    p.GetCommand(),
 		Env:        p.GetEnv(),
+		Caches:     p.GetCaches(),
 	}
 	if r := p.GetResources(); r != nil {
 		s.Resources = policy.Limits{CPUMillis: r.GetCpuMillis(), MemoryBytes: r.GetMemoryBytes(), Pids: r.GetPids(), DiskBytes: r.GetDiskBytes()}

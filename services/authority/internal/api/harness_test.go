@@ -143,6 +143,7 @@ func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
 			Quota:             opts.devQuota,
 			GitHistoryDepth:   opts.devHistoryDepth,
 			Sessions:          opts.devSessions,
+			Caches:            map[string]policy.Cache{"go-build": {Path: "/root/.cache/go-build", MaxSize: 1 << 30}},
 		},
 		"other": {
 			Name: "other", Clients: []string{"client/other"},

@@ -245,6 +245,21 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 		{"negative required", tenant("    approvals: {required: -1}\n"), []string{"tenants.dev.approvals.required: -1: must be at least 1"}},
 		{"approval ttl too short", tenant("    approvals: {ttl: 1s}\n"), []string{"tenants.dev.approvals.ttl: 1s: must be between"}},
 		{"start deadline too long", tenant("    start_deadline: 200h\n"), []string{"tenants.dev.start_deadline: 200h0m0s: must be between 1m and 168h"}},
+		{"cache name", tenant("    caches: {Go_Build: {path: /root/.cache/go-build, max_size: 1GiB}}\n"), []string{`tenants.dev.caches.Go_Build: cache name "Go_Build": want 1 to 63 of lower-case letters`}},
+		{"cache path relative", tenant("    caches: {go: {path: root/go, max_size: 1GiB}}\n"), []string{`tenants.dev.caches.go.path: "root/go": must be a clean absolute path`}},
+		{"cache path unclean", tenant("    caches: {go: {path: /root/../etc, max_size: 1GiB}}\n"), []string{`tenants.dev.caches.go.path: "/root/../etc": must be a clean absolute path`}},
+		{"cache path in work", tenant("    caches: {go: {path: /work/.cache, max_size: 1GiB}}\n"), []string{`tenants.dev.caches.go.path: "/work/.cache": must lie below /root or /tmp`}},
+		{"cache path in out", tenant("    caches: {go: {path: /out/c, max_size: 1GiB}}\n"), []string{`tenants.dev.caches.go.path: "/out/c": must lie below /root or /tmp`}},
+		{"cache path in proc", tenant("    caches: {go: {path: /proc/self, max_size: 1GiB}}\n"), []string{`tenants.dev.caches.go.path: "/proc/self": must lie below`}},
+		{"cache path is etc", tenant("    caches: {go: {path: /etc, max_size: 1GiB}}\n"), []string{`tenants.dev.caches.go.path: "/etc": must lie below`}},
+		{"cache path in usr", tenant("    caches: {go: {path: /usr/lib/go, max_size: 1GiB}}\n"), []string{`tenants.dev.caches.go.path: "/usr/lib/go": must lie below`}},
+		{"cache path is home", tenant("    caches: {go: {path: /root, max_size: 1GiB}}\n"), []string{`tenants.dev.caches.go.path: "/root": must lie below`}},
+		{"cache path with comma", tenant("    caches: {go: {path: '/root/a,b', max_size: 1GiB}}\n"), []string{`tenants.dev.caches.go.path: "/root/a,b": must not contain ','`}},
+		{"cache paths overlap", tenant("    caches: {a: {path: /root/.cache, max_size: 1GiB}, b: {path: /root/.cache/go, max_size: 1GiB}}\n"), []string{`tenants.dev.caches.b.path: "/root/.cache/go" overlaps cache a's path "/root/.cache"`}},
+		{"cache size missing", tenant("    caches: {go: {path: /root/go}}\n"), []string{"tenants.dev.caches.go.max_size: required"}},
+		{"cache size too small", tenant("    caches: {go: {path: /root/go, max_size: 1KiB}}\n"), []string{"tenants.dev.caches.go.max_size: 1024: must be between 4096 (4KiB) and"}},
+		{"cache size too large", tenant("    caches: {go: {path: /root/go, max_size: 2TiB}}\n"), []string{"tenants.dev.caches.go.max_size: 2199023255552: must be between"}},
+		{"cache unknown field", tenant("    caches: {go: {path: /root/go, max_size: 1GiB, shared: true}}\n"), []string{"shared"}},
 		{"git history too deep", tenant("    git_history_depth: 1001\n"), []string{"tenants.dev.git_history_depth: 1001: must be between 1 and 1000"}},
 		{"negative git history", tenant("    git_history_depth: -1\n"), []string{"tenants.dev.git_history_depth: -1: must be between 1 and 1000"}},
 		{"git history not a number", tenant("    git_history_depth: deep\n"), []string{"tenants.dev.git_history_depth"}},
@@ -277,6 +292,19 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 				t.Errorf("error leaks the password in a URL: %v", err)
 			}
 		})
+	}
+}
+
+// A tenant's caches load with their paths and sizes.
+func TestCachesSection(t *testing.T) {
+	c, err := config.Load(write(t, common+"tenants:\n  dev:\n    clients: [client/dev]\n"+
+		"    caches:\n      go-build: {path: /root/.cache/go-build, max_size: 2GiB}\n      npm: {path: /tmp/npm, max_size: 4KiB}\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := c.Policy["dev"].Caches
+	if len(got) != 2 || got["go-build"].Path != "/root/.cache/go-build" || got["go-build"].MaxSize != 2<<30 || got["npm"].MaxSize != 4096 {
+		t.Errorf("caches %+v", got)
 	}
 }
 

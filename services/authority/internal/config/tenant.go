@@ -189,10 +189,50 @@ func (c *Config) tenant(name string, f TenantFile) (*policy.Tenant, error) {
 	sess, serrs := sessions(field+".sessions", f.Sessions)
 	t.Sessions = sess
 	errs = append(errs, serrs...)
+	caches, cerrs := cachesOf(field+".caches", f.Caches)
+	t.Caches = caches
+	errs = append(errs, cerrs...)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	return t, nil
+}
+
+// cachesOf checks a tenant's named caches (pkg/runspec's rules, which the
+// executor applies to every grant too).
+func cachesOf(field string, f map[string]CacheFile) (map[string]policy.Cache, []error) {
+	out := map[string]policy.Cache{}
+	var errs []error
+	names := sortedKeys(f)
+	for i, name := range names {
+		cf, c := f[name], field+"."+name
+		if err := runspec.CheckCacheName(name); err != nil {
+			errs = append(errs, config.Field(c, "cache name %v", err))
+			continue
+		}
+		ok := true
+		if err := runspec.CheckCachePath(cf.Path); err != nil {
+			errs = append(errs, config.Field(c+".path", "%v", err))
+			ok = false
+		}
+		if !cf.MaxSize.IsSet() {
+			errs = append(errs, config.Field(c+".max_size", "required (say 1GiB)"))
+			ok = false
+		} else if r := runspec.CacheSizeReason(cf.MaxSize.Bytes()); r != "" {
+			errs = append(errs, config.Field(c+".max_size", "%s", r))
+			ok = false
+		}
+		for _, other := range names[:i] {
+			if o, seen := out[other]; seen && runspec.CachePathsOverlap(o.Path, cf.Path) {
+				errs = append(errs, config.Field(c+".path", "%q overlaps cache %s's path %q", cf.Path, other, o.Path))
+				ok = false
+			}
+		}
+		if ok {
+			out[name] = policy.Cache{Path: cf.Path, MaxSize: cf.MaxSize.Bytes()}
+		}
+	}
+	return out, errs
 }
 
 // publishPolicy checks a tenant's publish policy and fills in its default.

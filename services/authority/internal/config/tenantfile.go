@@ -41,6 +41,19 @@ type TenantFile struct {
 	// Sessions bounds the tenant's sessions: a default and a ceiling of
 	// their idle timeout and of how many execs run at once.
 	Sessions SessionsFile `yaml:"sessions"`
+	// Caches are the named caches the tenant's jobs may ask for (--cache
+	// NAME), by name.
+	Caches map[string]CacheFile `yaml:"caches"`
+}
+
+// CacheFile is one named cache as the file writes it.
+type CacheFile struct {
+	// Path is where a job sees it: a clean absolute path below /root or
+	// /tmp.
+	Path string `yaml:"path"`
+	// MaxSize is the size past which the cache is wiped after a commit;
+	// required, between 4KiB and 1TiB.
+	MaxSize config.ByteSize `yaml:"max_size"`
 }
 
 // SessionsFile is a tenant's session bounds as the file writes them.

@@ -66,6 +66,9 @@ func (s *Signer) Sign(r jobs.GrantRequest) (jobs.SignedGrant, error) {
 		g.PublishTarget = &typesv1.PublishTarget{Repository: p.Repository, Branch: p.Branch}
 	}
 	g.Session = SessionToProto(r.Session)
+	for _, c := range r.Caches {
+		g.Caches = append(g.Caches, &typesv1.CacheGrant{Name: c.Name, Path: c.Path, MaxSizeBytes: c.MaxSize})
+	}
 	sg, err := s.s.Sign(g)
 	if err != nil {
 		return jobs.SignedGrant{}, err
@@ -113,6 +116,9 @@ func (s *Signer) Decode(wire []byte) (jobs.GrantRequest, error) {
 	}
 	if x := g.GetSession(); x != nil {
 		r.Session = &jobs.Session{IdleTimeout: x.GetIdleTimeout().AsDuration(), MaxConcurrentExecs: int(x.GetMaxConcurrentExecs())}
+	}
+	for _, c := range g.GetCaches() {
+		r.Caches = append(r.Caches, jobs.CacheGrant{Name: c.GetName(), Path: c.GetPath(), MaxSize: c.GetMaxSizeBytes()})
 	}
 	return r, nil
 }

@@ -53,6 +53,9 @@ type Executor struct {
 	// StartExec calls that reached the fake, per session.
 	execs    map[string][]*typesv1.Exec
 	execAsks map[string]int
+	// cleared are the caches ClearCaches wiped (tenant, repository and
+	// name joined by NUL); the fake forgets them.
+	cleared map[string]bool
 }
 
 type run struct {

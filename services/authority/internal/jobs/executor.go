@@ -56,6 +56,22 @@ type RunEvent struct {
 type Executor interface {
 	Runs
 	Sessions
+	Caches
+}
+
+// Caches reaches a tenant's named caches on the executor.
+type Caches interface {
+	ListCaches(ctx context.Context, tenant string) ([]CacheInfo, error)
+	// ClearCaches wipes the tenant's caches of repository (all if "")
+	// named name (all if "") and returns them as they were.
+	ClearCaches(ctx context.Context, tenant, repository, name string) ([]CacheInfo, error)
+}
+
+// CacheInfo is one named cache an executor keeps.
+type CacheInfo struct {
+	Repository, Name string
+	Size             int64
+	LastUsed         time.Time
 }
 
 // Runs drives runs by their grants.

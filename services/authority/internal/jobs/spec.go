@@ -73,6 +73,8 @@ type Spec struct {
 	PublishTarget *PublishTarget
 	// Session, if set, makes the job a session: Command is then empty.
 	Session *Session
+	// Caches names caches of the tenant's policy to mount.
+	Caches []string `json:",omitempty"`
 }
 
 // Session is what makes a job a session: its sandbox stays up for the
@@ -114,8 +116,17 @@ type GrantRequest struct {
 	Session *Session
 	// HistoryDepth is how many commits of history the job's .git gets.
 	HistoryDepth int
-	IssuedAt     time.Time
-	ExpiresAt    time.Time
+	// Caches are the named caches the job mounts, as the tenant's policy
+	// had them at submission.
+	Caches    []CacheGrant
+	IssuedAt  time.Time
+	ExpiresAt time.Time
+}
+
+// CacheGrant is one named cache granted to a job.
+type CacheGrant struct {
+	Name, Path string
+	MaxSize    int64
 }
 
 // SignedGrant is a signed grant in its wire form.

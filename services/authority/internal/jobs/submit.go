@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"sort"
@@ -35,6 +36,7 @@ type decision struct {
 	network Network
 	runtime string
 	session *Session // set, defaults filled in, for a session
+	caches  []CacheGrant
 }
 
 // Submit checks a job against its tenant's policy, resolves its revision,
@@ -106,7 +108,7 @@ func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequ
 			JobID: j.ID, Tenant: j.Tenant, Requester: j.Requester, Repository: d.repo.Name, Commit: rev.Commit,
 			Command: req.Spec.Command, Env: req.Spec.Env, Limits: d.limits, Network: d.network, NetworkGeneration: 1, Generation: 1,
 			RuntimeClass: d.runtime, PublishTarget: req.Spec.PublishTarget, Session: d.session,
-			HistoryDepth: s.historyDepth(j.Tenant), IssuedAt: now, ExpiresAt: now.Add(s.cfg.GrantTTL),
+			HistoryDepth: s.historyDepth(j.Tenant), Caches: d.caches, IssuedAt: now, ExpiresAt: now.Add(s.cfg.GrantTTL),
 		})
 		if err != nil {
 			return store.Job{}, false, fmt.Errorf("jobs: sign grant: %w", err)
@@ -231,6 +233,11 @@ func (s *Service) check(ctx context.Context, t *policy.Tenant, spec Spec) (decis
 	if err := checkEnv(ctx, s.cfg.Secrets, spec.Env); err != nil {
 		return d, err
 	}
+	caches, err := checkCaches(t, spec.Caches)
+	if err != nil {
+		return d, err
+	}
+	d.caches = caches
 	limits, err := effectiveLimits("spec.resources", spec.Resources, t.Default, t.Max)
 	if err != nil {
 		return d, err
@@ -288,6 +295,34 @@ func effectiveSession(prefix string, req, base Session, bounds policy.Sessions) 
 		out.MaxConcurrentExecs = cmp.Or(base.MaxConcurrentExecs, b.DefaultConcurrentExecs)
 	case req.MaxConcurrentExecs > b.MaxConcurrentExecs:
 		return out, invalid(prefix+".max_concurrent_execs", "%d is above the tenant's ceiling of %d", req.MaxConcurrentExecs, b.MaxConcurrentExecs)
+	}
+	return out, nil
+}
+
+// checkCaches takes the named caches a spec asks for from the tenant's
+// policy; a name the policy lacks is refused, naming it.
+func checkCaches(t *policy.Tenant, names []string) ([]CacheGrant, error) {
+	if len(names) > runspec.MaxCaches {
+		return nil, invalid("spec.caches", "%d given, at most %d", len(names), runspec.MaxCaches)
+	}
+	var out []CacheGrant
+	for i, n := range names {
+		field := fmt.Sprintf("spec.caches[%d]", i)
+		if len(n) > maxNameBytes {
+			return nil, invalid(field, "at most %d bytes (got %d)", maxNameBytes, len(n))
+		}
+		c, ok := t.Caches[n]
+		if !ok {
+			have := slices.Sorted(maps.Keys(t.Caches))
+			if len(have) == 0 {
+				return nil, denied(field, "%q: tenant %q has no caches in its policy", n, t.Name)
+			}
+			return nil, denied(field, "%q is not a cache of tenant %q (it has: %s)", n, t.Name, strings.Join(have, ", "))
+		}
+		if slices.Contains(names[:i], n) {
+			return nil, invalid(field, "%q is listed twice", n)
+		}
+		out = append(out, CacheGrant{Name: n, Path: c.Path, MaxSize: c.MaxSize})
 	}
 	return out, nil
 }

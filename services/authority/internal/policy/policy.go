@@ -123,6 +123,16 @@ type Tenant struct {
 	GitHistoryDepth int
 	// Sessions bounds the tenant's sessions.
 	Sessions Sessions
+	// Caches are the named caches its jobs may ask for, by name.
+	Caches map[string]Cache
+}
+
+// Cache is one named cache a tenant's jobs may mount: kept by the
+// executor per (tenant, repository, name), seen by the job at Path, wiped
+// once a commit leaves it above MaxSize bytes.
+type Cache struct {
+	Path    string
+	MaxSize int64
 }
 
 // Sessions bounds a tenant's sessions: how long one may sit with no exec

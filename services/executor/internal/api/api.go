@@ -19,6 +19,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/errgrpc"
 	"github.com/airlockhq/airlock/pkg/grant"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
+	"github.com/airlockhq/airlock/services/executor/internal/cache"
 	"github.com/airlockhq/airlock/services/executor/internal/convert"
 	"github.com/airlockhq/airlock/services/executor/internal/runs"
 )
@@ -26,6 +27,8 @@ import (
 // Config holds the executor's domain services.
 type Config struct {
 	Runs *runs.Manager
+	// Caches keeps the tenants' named caches; nil answers FailedPrecondition.
+	Caches *cache.Store
 	// Verifier checks the authority's signature on every grant.
 	Verifier *grant.Verifier
 	Logger   *slog.Logger

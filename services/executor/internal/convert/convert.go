@@ -15,6 +15,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/execspec"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
+	"github.com/airlockhq/airlock/services/executor/internal/cache"
 	"github.com/airlockhq/airlock/services/executor/internal/runs"
 )
 
@@ -56,7 +57,17 @@ func RunResult(r *runs.Result) *typesv1.RunResult {
 		BundleSize:      r.BundleSize,
 		DiffStat:        &typesv1.DiffStat{FilesChanged: r.FilesChanged, Insertions: r.Insertions, Deletions: r.Deletions},
 		Message:         r.Message,
+		Caches:          cacheUses(r.Caches),
 	}
+}
+
+func cacheUses(in []runs.CacheUse) []*typesv1.CacheUse {
+	var out []*typesv1.CacheUse
+	for _, u := range in {
+		out = append(out, &typesv1.CacheUse{Name: u.Name, Path: u.Path, SizeBefore: u.SizeBefore, SizeAfter: u.SizeAfter,
+			Committed: u.Committed, Evicted: u.Evicted, Message: u.Message})
+	}
+	return out
 }
 
 var states = map[runs.State]executorv1.RunState{
@@ -202,4 +213,13 @@ func FileWrites(ws []runs.FileWrite, max int) ([]*typesv1.FileWrite, int64) {
 		})
 	}
 	return out, total
+}
+
+// CacheInfos converts a tenant's caches for the API.
+func CacheInfos(in []cache.Info) []*typesv1.CacheInfo {
+	out := make([]*typesv1.CacheInfo, 0, len(in))
+	for _, c := range in {
+		out = append(out, &typesv1.CacheInfo{Repository: c.Repository, Name: c.Name, SizeBytes: c.Size, LastUsed: timestamppb.New(c.LastUsed)})
+	}
+	return out
 }

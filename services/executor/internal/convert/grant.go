@@ -12,6 +12,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/grant"
+	"github.com/airlockhq/airlock/pkg/runspec"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 	"github.com/airlockhq/airlock/services/executor/internal/runs"
@@ -87,6 +88,9 @@ func grantOf(sg *typesv1.SignedGrant, g *typesv1.Grant) (runs.Grant, error) {
 		Fixed:             fixed,
 		Signed:            signed,
 	}
+	if out.Caches, err = cachesOf(g.GetCaches()); err != nil {
+		return runs.Grant{}, err
+	}
 	if s := g.GetSession(); s != nil {
 		if d := s.GetIdleTimeout(); d != nil && (d.CheckValid() != nil || d.AsDuration() < 0) {
 			return runs.Grant{}, fmt.Errorf("%w: grant session.idle_timeout: not a duration of zero or more", errdefs.ErrInvalidArgument)
@@ -136,6 +140,34 @@ func fixedFields(g *typesv1.Grant) ([]runs.Field, error) {
 		out = append(out, runs.Field{Name: string(fd.Name()), Value: v})
 	}
 	return append(out, runs.Field{Name: "(unknown fields)", Value: m.GetUnknown()}), nil
+}
+
+// cachesOf checks a grant's caches as the authority checked the tenant's
+// policy (pkg/runspec): the executor trusts the signature, not the shape.
+func cachesOf(in []*typesv1.CacheGrant) ([]runs.CacheGrant, error) {
+	if len(in) > runspec.MaxCaches {
+		return nil, fmt.Errorf("%w: grant caches: %d, at most %d", errdefs.ErrInvalidArgument, len(in), runspec.MaxCaches)
+	}
+	var out []runs.CacheGrant
+	for i, c := range in {
+		field := fmt.Sprintf("grant caches[%d]", i)
+		if err := runspec.CheckCacheName(c.GetName()); err != nil {
+			return nil, fmt.Errorf("%w: %s.name %v", errdefs.ErrInvalidArgument, field, err)
+		}
+		if err := runspec.CheckCachePath(c.GetPath()); err != nil {
+			return nil, fmt.Errorf("%w: %s.path %v", errdefs.ErrInvalidArgument, field, err)
+		}
+		if r := runspec.CacheSizeReason(c.GetMaxSizeBytes()); r != "" {
+			return nil, fmt.Errorf("%w: %s.max_size_bytes %s", errdefs.ErrInvalidArgument, field, r)
+		}
+		for j, o := range out {
+			if o.Name == c.GetName() || runspec.CachePathsOverlap(o.Path, c.GetPath()) {
+				return nil, fmt.Errorf("%w: %s: same name as, or a path overlapping, grant caches[%d]", errdefs.ErrInvalidArgument, field, j)
+			}
+		}
+		out = append(out, runs.CacheGrant{Name: c.GetName(), Path: c.GetPath(), MaxSize: c.GetMaxSizeBytes()})
+	}
+	return out, nil
 }
 
 func classOf(c typesv1.RuntimeClass) sandbox.Class {

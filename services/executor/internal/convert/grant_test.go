@@ -36,6 +36,7 @@ func testGrant() *typesv1.Grant {
 		RuntimeClass:  typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC,
 		PublishTarget: &typesv1.PublishTarget{Repository: "widgets", Branch: "main"},
 		Session:       &typesv1.SessionSpec{IdleTimeout: durationpb.New(time.Minute), MaxConcurrentExecs: 4},
+		Caches:        []*typesv1.CacheGrant{{Name: "go-build", Path: "/root/.cache/go-build", MaxSizeBytes: 1 << 30}},
 		IssuedAt:      issued, ExpiresAt: expires,
 	}
 }
@@ -62,6 +63,7 @@ func TestGrant(t *testing.T) {
 			{Prefix: netip.MustParsePrefix("192.0.2.0/24"), Ports: []uint16{443}}}}},
 		NetworkGeneration: 2, Generation: 3,
 		Session: &runs.SessionSpec{IdleTimeout: time.Minute, MaxConcurrentExecs: 4},
+		Caches:  []runs.CacheGrant{{Name: "go-build", Path: "/root/.cache/go-build", MaxSize: 1 << 30}},
 		Digest:  grant.Digest(sg),
 	}
 	got := g
@@ -120,6 +122,15 @@ func TestGrantRefusals(t *testing.T) {
 			g.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Allow{Allow: &typesv1.AllowList{
 				Rules: []*typesv1.AllowRule{{Cidr: "192.0.2.1/24"}}}}}
 		}), errdefs.ErrInvalidArgument, "network_policy.allow.rules[0].cidr"},
+		// A grant is signed, but the executor checks a cache's shape
+		// itself: it is what decides where a host directory is mounted.
+		{"cache path outside", sign(func(g *typesv1.Grant) { g.Caches[0].Path = "/etc" }), errdefs.ErrInvalidArgument, `grant caches[0].path "/etc": must lie below /root or /tmp`},
+		{"cache path climbs", sign(func(g *typesv1.Grant) { g.Caches[0].Path = "/root/../proc" }), errdefs.ErrInvalidArgument, `grant caches[0].path "/root/../proc": must be a clean absolute path`},
+		{"cache name", sign(func(g *typesv1.Grant) { g.Caches[0].Name = "../x" }), errdefs.ErrInvalidArgument, `grant caches[0].name "../x"`},
+		{"cache size", sign(func(g *typesv1.Grant) { g.Caches[0].MaxSizeBytes = 0 }), errdefs.ErrInvalidArgument, "grant caches[0].max_size_bytes 0: must be between"},
+		{"cache twice", sign(func(g *typesv1.Grant) {
+			g.Caches = append(g.Caches, &typesv1.CacheGrant{Name: "other", Path: "/root/.cache", MaxSizeBytes: 4096})
+		}), errdefs.ErrInvalidArgument, "grant caches[1]: same name as, or a path overlapping, grant caches[0]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Grant(v, tc.sg, time.Now())

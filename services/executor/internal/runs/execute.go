@@ -91,7 +91,11 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		if e.net != nil {
 			m.closeNet(e.net)
 		}
-		e.sb, e.net, e.egress = nil, nil, nil
+		if !keep {
+			// A kept session keeps its generations for its next start.
+			m.releaseCaches(e.caches)
+		}
+		e.sb, e.net, e.egress, e.caches = nil, nil, nil, nil
 	}()
 	m.mu.Lock()
 	_, _, isSession := e.session()
@@ -160,6 +164,11 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		Reason: res.Reason, ExitCode: res.ExitCode, Usage: res.Usage, Class: res.Class,
 		RuntimeVersion: res.RuntimeVersion, TemplateVersion: res.TemplateVersion, Message: res.Message,
 	}
+	// Every process of the job is gone: its caches' upper layers are final.
+	e.updateMu.Lock()
+	leases := e.caches
+	e.updateMu.Unlock()
+	result.Caches = m.commitCaches(g, leases, sb, res.Reason)
 	// The patch and bundle are built even for a cancelled or timed-out run:
 	// reviewers and operators may want to see what it did. What leaves the
 	// sandbox is bounded by apparent size (export.go).
@@ -254,6 +263,17 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source) 
 	if g.Session != nil {
 		spec.Command = sandbox.IdleCommand
 	}
+	leases, mounts, err := m.openCaches(g)
+	if err != nil {
+		if eg != nil {
+			eg.close()
+		}
+		if n != nil {
+			m.closeNet(n)
+		}
+		return nil, err
+	}
+	spec.Caches = mounts
 	if e.kept {
 		// Its /work (its own .git among it) and /out as the previous
 		// executor process left them.
@@ -263,6 +283,7 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source) 
 	sb, err := m.cfg.Sandbox.Create(ctx, spec)
 	m.metrics.sandboxMade(spec.Class, time.Since(began), err)
 	if err != nil {
+		m.releaseCaches(leases)
 		if eg != nil {
 			eg.close()
 		}
@@ -279,7 +300,7 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source) 
 			m.cfg.Logger.Warn("the job gets no .git", "job_id", g.JobID, "error", err)
 		}
 	}
-	e.sb, e.net, e.egress = sb, n, eg
+	e.sb, e.net, e.egress, e.caches = sb, n, eg, leases
 	return sb, nil
 }
 

@@ -33,6 +33,8 @@ type Grant struct {
 	// HistoryDepth is how many commits of history the job's .git gets;
 	// 0 and 1 are the base commit alone.
 	HistoryDepth int `json:"git_history_depth,omitempty"`
+	// Caches are the named caches the job mounts (caches.go).
+	Caches []CacheGrant `json:"caches,omitempty"`
 	// Digest names exactly what was granted ("sha256:<hex>" of the signed
 	// body): the same grant sent again has the same digest.
 	Digest string `json:"digest"`
@@ -45,6 +47,14 @@ type Grant struct {
 	// serialized for the run record and the bundle, which keep it so
 	// whoever holds them can check what the authority signed.
 	Signed []byte `json:"-"`
+}
+
+// CacheGrant is one named cache a grant gives the job: kept per (tenant,
+// repository, name), mounted at Path, wiped past MaxSize bytes.
+type CacheGrant struct {
+	Name    string `json:"name"`
+	Path    string `json:"path"`
+	MaxSize int64  `json:"max_size"`
 }
 
 // SessionSpec is what a session's grant says of it; zero values take the

@@ -25,6 +25,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/atomicfile"
 	"github.com/airlockhq/airlock/pkg/provenance"
+	"github.com/airlockhq/airlock/services/executor/internal/cache"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 	"github.com/airlockhq/airlock/services/executor/internal/stage"
@@ -64,6 +65,8 @@ type Result struct {
 	// PatchSize is the whole patch's size in bytes.
 	PatchSize int64  `json:"patch_size"`
 	Message   string `json:"message,omitempty"`
+	// Caches are the named caches the run used: it did not start clean.
+	Caches []CacheUse `json:"caches,omitempty"`
 }
 
 // Run is the record of one job's execution.
@@ -117,6 +120,9 @@ type Config struct {
 	DecodeGrant func(signed []byte) (Grant, error)
 	Sandbox     *sandbox.Manager
 	Sources     *stage.Cache
+	// Caches keeps the tenants' named caches; nil refuses every grant
+	// that names one.
+	Caches *cache.Store
 	// Network makes each job's network namespace and enforces its policy.
 	Network *netpolicy.Manager
 	// Resolver resolves names for jobs with a domains policy (their egress
@@ -179,6 +185,9 @@ type entry struct {
 	// exists; guarded by updateMu. Set only when the job started with a
 	// domains policy (the mode it may not leave but for deny_all).
 	egress *jobEgress
+	// caches are the job's holds on its named caches while its sandbox
+	// exists; guarded by updateMu.
+	caches []cache.Lease
 
 	// abort, once set (under the manager's mu), is why the job was
 	// stopped because its grant could no longer be enforced.
@@ -295,6 +304,13 @@ func (m *Manager) Recover(ctx context.Context) error {
 	cleaned, err := m.cfg.Sandbox.Recover(ctx, m.keepSession)
 	if err != nil {
 		return fmt.Errorf("runs: recover sandboxes: %w", err)
+	}
+	if m.cfg.Caches != nil {
+		// Holds of jobs gone with the previous process go; a kept
+		// session's stay, for the generation it started with.
+		if err := m.cfg.Caches.Recover(m.keepSession); err != nil {
+			return fmt.Errorf("runs: recover caches: %w", err)
+		}
 	}
 	if len(cleaned) > 0 {
 		m.cfg.Logger.Warn("removed sandboxes left by a previous executor", "jobs", cleaned)

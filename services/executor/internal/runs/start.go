@@ -30,6 +30,10 @@ func (m *Manager) Start(g Grant) (Run, bool, error) {
 		m.metrics.runRefused(refusedUnavailable)
 		return Run{}, false, fmt.Errorf("%w: runtime_class %s is not available on this executor: %s", errdefs.ErrFailedPrecondition, g.Class, st.Reason)
 	}
+	if err := m.checkCaches(g); err != nil {
+		m.metrics.runRefused(refusedOther)
+		return Run{}, false, err
+	}
 	if err := m.checkEnforceable(g.Network); err != nil {
 		m.metrics.runRefused(refusedOther)
 		return Run{}, false, err

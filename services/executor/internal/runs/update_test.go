@@ -25,6 +25,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/provenance"
+	"github.com/airlockhq/airlock/services/executor/internal/cache"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 	"github.com/airlockhq/airlock/services/executor/internal/stage"
@@ -172,10 +173,15 @@ func newHarnessMeter(t *testing.T, gated bool, capacity Capacity, mp metric.Mete
 	if err != nil {
 		t.Fatal(err)
 	}
+	caches, err := cache.New(cache.Config{Dir: filepath.Join(base, "caches"), IDBase: uidBase, IDRange: sandbox.IDRange, Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
 	m, err := New(Config{
 		Dir:       filepath.Join(base, "runs"),
 		Sandbox:   sb,
 		Sources:   sources,
+		Caches:    caches,
 		Authority: auth,
 		Sign: func(string, string, provenance.Run) ([]byte, error) {
 			return []byte(`{"test":"unsigned"}`), nil

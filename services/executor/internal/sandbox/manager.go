@@ -395,8 +395,12 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err := os.Mkdir(s.workDir, 0o700); err != nil {
 		return nil, err
 	}
-	if err := mountWork(s.dir, spec.Source, s.scr.point, s.workDir); err != nil {
+	if err := mountWork(s.dir, spec.Source, s.scr.point, s.workDir, ""); err != nil {
 		return nil, fmt.Errorf("sandbox %s: mount /work overlay: %w", spec.ID, err)
+	}
+	cacheBinds, err := s.mountCaches()
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: mount caches: %w", spec.ID, err)
 	}
 	var dev string
 	if m.diskLimits().set() && s.scr.loop != "" {
@@ -446,6 +450,7 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		netNS:        spec.NetNS,
 		resolvConf:   resolvConf,
 		gitObjects:   spec.GitObjects,
+		caches:       cacheBinds,
 		class:        spec.Class,
 	})
 	data, err := json.Marshal(cfg)
@@ -955,9 +960,10 @@ func killProcsNaming(dir string, wait time.Duration) error {
 // options in /proc/mounts, so they name no host directory: the layers are
 // given as links in dir (lower, upper, ovlwork), relative to it, by a
 // thread whose working directory is its own (the executor's is not
-// changed). volatile: the upper layer is thrown away with the job, so
-// overlayfs need not sync it.
-func mountWork(dir, source, point, target string) error {
+// changed). volatile: the upper layer is thrown away with the job (or
+// read once it ended), so overlayfs need not sync it. extra, if set, is
+// more options.
+func mountWork(dir, source, point, target, extra string) error {
 	for name, to := range map[string]string{"lower": source, "upper": filepath.Join(point, scratchUpper), "ovlwork": filepath.Join(point, scratchOvl)} {
 		if err := os.Symlink(to, filepath.Join(dir, name)); err != nil {
 			return err
@@ -976,7 +982,11 @@ func mountWork(dir, source, point, target string) error {
 			done <- err
 			return
 		}
-		done <- unix.Mount("overlay", target, "overlay", unix.MS_NOSUID|unix.MS_NODEV, "lowerdir=lower,upperdir=upper,workdir=ovlwork,volatile")
+		opts := "lowerdir=lower,upperdir=upper,workdir=ovlwork,volatile"
+		if extra != "" {
+			opts += "," + extra
+		}
+		done <- unix.Mount("overlay", target, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts)
 	}()
 	return <-done
 }

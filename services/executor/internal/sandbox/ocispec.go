@@ -14,6 +14,10 @@ import (
 // uidRange is the size of the uid and gid ranges mapped into every sandbox.
 const uidRange = 65536
 
+// IDRange is how many host uids and gids, from Config.UIDBase up, every
+// sandbox maps.
+const IDRange = uidRange
+
 const hostname = "airlock"
 
 // jobOOMScoreAdj is the most the kernel allows: when the host runs short
@@ -157,7 +161,9 @@ type bundleInputs struct {
 	resolvConf string
 	// gitObjects, if set, is bound read-only at /.airlock/git-objects.
 	gitObjects string
-	class      Class
+	// caches are the named caches' overlays, bound read-write.
+	caches []cacheBind
+	class  Class
 }
 
 func ociSpec(in bundleInputs) *specs.Spec {
@@ -183,6 +189,9 @@ func ociSpec(in bundleInputs) *specs.Spec {
 		{"/work", in.work}, {"/tmp", in.tmp}, {"/out", in.out}, {"/root", in.home},
 	} {
 		mounts = append(mounts, specs.Mount{Destination: b.dst, Type: "bind", Source: b.src, Options: []string{"bind", "rw", nosuid, nodev}})
+	}
+	for _, c := range in.caches {
+		mounts = append(mounts, specs.Mount{Destination: c.dst, Type: "bind", Source: c.src, Options: []string{"bind", "rw", nosuid, nodev}})
 	}
 	if in.gitObjects != "" {
 		mounts = append(mounts, specs.Mount{Destination: "/.airlock/git-objects", Type: "bind", Source: in.gitObjects, Options: []string{"rbind", "ro", nosuid, nodev, noexec}})

@@ -93,12 +93,26 @@ type Spec struct {
 	GitObjects string
 	// Stdout and Stderr receive the job's output as it runs. Nil discards.
 	Stdout, Stderr io.Writer
+	// Caches are named caches mounted read-write at their paths, each an
+	// overlay whose lower layer is the cache as it was (never written)
+	// and whose upper layer lies in the scratch (CacheUpper), so the
+	// job's writes count against its disk limit.
+	Caches []CacheMount
 	// Kept makes the sandbox on the scratch a previous executor process
 	// kept for this id (Recover's keep, DestroyKeeping): the job's /work
 	// changes and /out as they were, /tmp and $HOME empty. Started is
 	// when that job first started: its deadline counts from then.
 	Kept    bool
 	Started time.Time
+}
+
+// CacheMount is one named cache of a job.
+type CacheMount struct {
+	// Path is where the job sees it (runspec.CheckCachePath: under /root
+	// or /tmp, where the runtime can make a mount point).
+	Path string
+	// Lower is the host directory of the cache as the job starts with it.
+	Lower string
 }
 
 // Reason says why a run ended.
@@ -198,6 +212,9 @@ func (s *Spec) validateBody() error {
 	if s.GitObjects != "" && (!strings.HasPrefix(s.GitObjects, "/") || strings.ContainsAny(s.GitObjects, ",:\\\n")) {
 		return invalid("spec.git_objects %q: must be an absolute path without ',', ':', '\\' or a newline", s.GitObjects)
 	}
+	if err := checkCaches(s.Caches); err != nil {
+		return err
+	}
 	if len(s.Nameservers) > 3 {
 		return invalid("spec.nameservers: %d given, at most 3 (the resolver reads no more)", len(s.Nameservers))
 	}
@@ -214,6 +231,26 @@ func (s *Spec) validateBody() error {
 	if err := runspec.CheckLimits(string(s.Class), runspec.Limits{CPUMillis: l.CPUMillis, MemoryBytes: l.MemoryBytes, Pids: l.Pids,
 		DiskBytes: l.DiskBytes, Deadline: l.Deadline}); err != nil {
 		return invalid("spec.limits.%v", err)
+	}
+	return nil
+}
+
+func checkCaches(cs []CacheMount) error {
+	if len(cs) > runspec.MaxCaches {
+		return invalid("spec.caches: %d given, at most %d", len(cs), runspec.MaxCaches)
+	}
+	for i, c := range cs {
+		if err := runspec.CheckCachePath(c.Path); err != nil {
+			return invalid("spec.caches[%d].path %v", i, err)
+		}
+		if !strings.HasPrefix(c.Lower, "/") || strings.ContainsAny(c.Lower, ",:\\\n") {
+			return invalid("spec.caches[%d].lower %q: must be an absolute path without ',', ':', '\\' or a newline", i, c.Lower)
+		}
+		for j := range i {
+			if runspec.CachePathsOverlap(cs[j].Path, c.Path) {
+				return invalid("spec.caches[%d].path %q: overlaps spec.caches[%d].path %q", i, c.Path, j, cs[j].Path)
+			}
+		}
 	}
 	return nil
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/version"
 	"github.com/airlockhq/airlock/services/executor/internal/api"
 	"github.com/airlockhq/airlock/services/executor/internal/authorityclient"
+	"github.com/airlockhq/airlock/services/executor/internal/cache"
 	"github.com/airlockhq/airlock/services/executor/internal/config"
 	"github.com/airlockhq/airlock/services/executor/internal/convert"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
@@ -121,8 +122,15 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			} else if len(ids) > 0 {
 				logger.Info("removed network namespaces left by an earlier run", "job_ids", ids)
 			}
+			caches, err := cache.New(cache.Config{
+				Dir: env.DataDir.Join("caches"), IDBase: sb.UIDBase(), IDRange: sandbox.IDRange, Logger: logger,
+			})
+			if err != nil {
+				return err
+			}
 			mgr, err := runs.New(runs.Config{
 				Dir:         env.DataDir.Join("runs"),
+				Caches:      caches,
 				DecodeGrant: convert.DecodeGrant,
 				Sandbox:     sb,
 				Sources:     sources,
@@ -146,7 +154,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			if err := mgr.Recover(ctx); err != nil {
 				return err
 			}
-			api.New(api.Config{Runs: mgr, Verifier: verifier, Logger: logger}).Register(env.Server)
+			api.New(api.Config{Runs: mgr, Caches: caches, Verifier: verifier, Logger: logger}).Register(env.Server)
 			return nil
 		},
 	})

@@ -1,0 +1,32 @@
+package api
+
+import (
+	"context"
+
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
+)
+
+func (s *Service) ListCaches(ctx context.Context, req *authorityv1.ListCachesRequest) (*authorityv1.ListCachesResponse, error) {
+	id, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	list, err := s.cfg.Jobs.ListCaches(ctx, id, req.GetTenant())
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	return &authorityv1.ListCachesResponse{Caches: executorclient.CacheInfosToProto(list)}, nil
+}
+
+func (s *Service) ClearCaches(ctx context.Context, req *authorityv1.ClearCachesRequest) (*authorityv1.ClearCachesResponse, error) {
+	id, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cleared, err := s.cfg.Jobs.ClearCaches(ctx, id, req.GetTenant(), req.GetRepository(), req.GetName())
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	return &authorityv1.ClearCachesResponse{Cleared: executorclient.CacheInfosToProto(cleared)}, nil
+}
