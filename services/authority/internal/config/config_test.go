@@ -155,6 +155,25 @@ func TestLoadWithoutTenants(t *testing.T) {
 	}
 }
 
+// TestRunscWithAHighCeiling: a pids ceiling above what runsc takes still
+// serves runc jobs; runsc jobs asking past runsc's own maximum are
+// refused at submission.
+func TestRunscWithAHighCeiling(t *testing.T) {
+	c, err := config.Load(write(t, common+`tenants:
+  dev:
+    clients: [client/dev]
+    runtime_classes: [runc, runsc]
+    limits:
+      max: {pids: 8000}
+`), nil)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if got := c.Policy["dev"].Max.Pids; got != 8000 {
+		t.Errorf("max pids %d, want 8000", got)
+	}
+}
+
 func TestPartialLimitsKeepDefaultBelowCeiling(t *testing.T) {
 	c, err := config.Load(write(t, common+`tenants:
   dev:
@@ -215,6 +234,8 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 		{"zero memory", tenant("    limits: {default: {memory: 0}}\n"), []string{"tenants.dev.limits.default.memory: must be more than 0"}},
 		{"default memory no runtime starts in", tenant("    limits: {default: {memory: 1MiB}}\n"), []string{"tenants.dev.limits.default.memory: 1048576: must be at least 16777216 under runc"}},
 		{"runsc needs more pids", tenant("    runtime_classes: [runc, runsc]\n    limits: {default: {pids: 32}}\n"), []string{"tenants.dev.limits.default.pids: 32: must be at least 64 under runsc"}},
+		{"runsc default above what runsc takes", tenant("    runtime_classes: [runc, runsc]\n    limits: {default: {pids: 4000}, max: {pids: 8000}}\n"),
+			[]string{"tenants.dev.limits.default.pids: 4000: must be at most 3584 under runsc"}},
 		{"negative pids", tenant("    limits: {max: {pids: -3}}\n"), []string{"tenants.dev.limits.max.pids: must not be negative"}},
 		{"ceiling below default", tenant("    limits: {default: {memory: 2GiB}, max: {memory: 1GiB}}\n"),
 			[]string{"tenants.dev.limits.max.memory: ceiling 1GiB is below the default 2GiB"}},

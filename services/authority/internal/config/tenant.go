@@ -95,7 +95,14 @@ func (c *Config) tenant(name string, f TenantFile) (*policy.Tenant, error) {
 				name string
 				l    policy.Limits
 			}{{"default", t.Default}, {"max", t.Max}} {
-				err := runspec.CheckLimits(rc, runspec.Limits{CPUMillis: set.l.CPUMillis, MemoryBytes: set.l.MemoryBytes, Pids: set.l.Pids,
+				pids := set.l.Pids
+				if set.name == "max" && rc == runspec.ClassRunsc {
+					// A ceiling above what runsc takes still serves
+					// runc: a runsc job asking for more is refused at
+					// submission, naming pids.
+					pids = min(pids, runspec.MaxRunscPids)
+				}
+				err := runspec.CheckLimits(rc, runspec.Limits{CPUMillis: set.l.CPUMillis, MemoryBytes: set.l.MemoryBytes, Pids: pids,
 					DiskBytes: set.l.DiskBytes, Deadline: set.l.Deadline})
 				var fe *runspec.FieldError
 				if errors.As(err, &fe) {
