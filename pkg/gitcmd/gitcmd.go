@@ -15,7 +15,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -229,3 +231,16 @@ func AuthHeader(credential []byte) (string, error) {
 // archive is the commit's tree exactly, a staged tree hashes as the
 // commit's, and a patch holds exactly what a job left.
 const PlainAttributes = "* -export-ignore -export-subst -ident -text -eol -filter -working-tree-encoding\n"
+
+// Initialized reports whether git init finished in the bare git directory
+// dir. git init writes HEAD before it makes objects/, and a kill between
+// leaves a directory git refuses as "not a git repository": all four of
+// its parts must be there, or the directory is to be made again.
+func Initialized(dir string) bool {
+	for _, name := range []string{"HEAD", "config", "objects", "refs"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			return false
+		}
+	}
+	return true
+}

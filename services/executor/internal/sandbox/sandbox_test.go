@@ -428,7 +428,10 @@ func TestDeadline(t *testing.T) {
 	for _, c := range testClasses(t, e) {
 		t.Run(string(c), func(t *testing.T) {
 			lim := defaultLimits
-			lim.Deadline = slowdown * time.Second
+			// Long enough for the job to start and say so under runsc on
+			// ptrace on a loaded host (1 s was not, once), short beside
+			// the sleeps it kills.
+			lim.Deadline = slowdown * 3 * time.Second
 			start := time.Now()
 			r := e.run(t, context.Background(), job{class: c, src: e.source(t, nil), cmd: []string{"sh", "-c", "(setsid sleep 300 &); nohup sleep 300 >/dev/null 2>&1 & echo started; exec sleep 300"}, limits: &lim})
 			if r.err != nil {

@@ -95,14 +95,13 @@ func (e *MemoryError) Error() string {
 
 // Open initializes (if needed) a bare git directory at gitDir.
 //
-// git init writes HEAD last, so a directory without HEAD is an init that
-// never finished (the process died in it): nothing was ever stored there,
-// and it is made again from nothing. The init itself is not cut short when
+// A directory git init did not finish in (gitcmd.Initialized: the process
+// died in it) never stored anything, and it is made again from nothing. The init itself is not cut short when
 // ctx ends (a cancelled job used to leave HEAD.lock behind, failing every
 // later job of the repository); it takes milliseconds and is bounded.
 func Open(ctx context.Context, gitDir string) (*Repo, error) {
 	r := &Repo{gitDir: gitDir, home: filepath.Join(gitDir, "airlock-home")}
-	if _, err := os.Stat(filepath.Join(gitDir, "HEAD")); err != nil {
+	if !gitcmd.Initialized(gitDir) {
 		if err := os.RemoveAll(gitDir); err != nil {
 			return nil, err
 		}

@@ -100,7 +100,7 @@ func OpenRepo(ctx context.Context, dir string) (*Repo, error) {
 	if err := removeLeftovers(dir); err != nil {
 		return nil, err
 	}
-	if _, err := os.Stat(filepath.Join(dir, "HEAD")); err != nil {
+	if !gitcmd.Initialized(dir) {
 		if err := os.RemoveAll(dir); err != nil {
 			return nil, err
 		}

@@ -305,3 +305,25 @@ func TestMovedBranchThroughTheFlow(t *testing.T) {
 		t.Errorf("%d consumes, want 1", h.auth.consumes())
 	}
 }
+
+// TestOpenRepoAfterAKilledInit: a git init killed after HEAD but before
+// objects/ left a directory git refuses; OpenRepo makes it again rather
+// than leaving every publish to the target waiting on it.
+func TestOpenRepoAfterAKilledInit(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "repo")
+	if err := os.MkdirAll(filepath.Join(dir, "refs", "heads"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "HEAD"), []byte("ref: refs/heads/main\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config"), []byte("[core]\n\tbare = true\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := publish.OpenRepo(t.Context(), dir); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("git", "--git-dir", dir, "rev-parse", "--git-dir").CombinedOutput(); err != nil {
+		t.Fatalf("the repository is still not one: %v: %s", err, out)
+	}
+}
