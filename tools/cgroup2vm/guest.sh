@@ -55,7 +55,11 @@ echo "== end to end: exit $rc after $((SECONDS - t0)) s"
 # /airlock, removed at their stop).
 rmdir $cg/airlock-test.service/supervisor $cg/airlock-test.service 2>/dev/null
 after=$(cd $cg && find . -mindepth 1 -maxdepth 1 -type d | sort)
-extra=$(comm -13 <(echo "$before") <(echo "$after") | grep -v '^\./airlock$')
+if ! extra=$(comm -13 <(echo "$before") <(echo "$after")); then
+  echo "cannot compare the cgroups before and after"
+  fail=1
+fi
+extra=$(grep -v '^\./airlock$' <<<"$extra")
 if [[ -n $extra ]]; then
   echo "cgroups made outside the executors' subtrees: $extra"
   fail=1
