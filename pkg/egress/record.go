@@ -48,6 +48,12 @@ type Record struct {
 	DurationMS int64 `json:"duration_ms,omitempty"`
 	// End says how an allowed connection ended.
 	End string `json:"end,omitempty"`
+	// ClosedFirst is the end that closed its side first, when one did (a
+	// reset, an idle or a cut connection has none).
+	ClosedFirst Side `json:"closed_first,omitempty"`
+	// TLS is what the record layer showed of an allowed connection that
+	// began with a ClientHello; nil for plain HTTP and refusals.
+	TLS *TLS `json:"tls,omitempty"`
 	// Suppressed, when not zero, makes this a summary of that many
 	// decisions (refusals, or allowed ones when Allowed) not recorded one
 	// by one: refusals past the cap per name per minute, or anything past
@@ -81,6 +87,10 @@ func Cut(s string, n int) string {
 // a record is written.
 func (r Record) Bounded() Record {
 	r.Name, r.Reason, r.Addr, r.End, r.QType = Cut(r.Name, MaxText), Cut(r.Reason, MaxText), Cut(r.Addr, MaxText), Cut(r.End, MaxText), Cut(r.QType, 16)
+	r.TLS = r.TLS.Bounded()
+	if !r.ClosedFirst.Known() {
+		r.ClosedFirst = ""
+	}
 	if len(r.Answers) > 16 {
 		r.Answers = r.Answers[:16]
 	}

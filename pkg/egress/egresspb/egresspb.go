@@ -16,6 +16,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/egress"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 )
 
 // Bounds of the copy a report carries (the bundle has the whole record).
@@ -46,8 +47,8 @@ func Log(first, last []egress.Record, total int, names []egress.NameSummary) *au
 	out := &authorityv1.EgressLog{Total: int64(max(total, len(first)+len(last))), Names: namesOf(names)}
 	size := proto.Size(out)
 	kept := 0
-	add := func(recs []egress.Record, budget, most int) []*authorityv1.EgressRecord {
-		var to []*authorityv1.EgressRecord
+	add := func(recs []egress.Record, budget, most int) []*typesv1.EgressRecord {
+		var to []*typesv1.EgressRecord
 		for _, r := range recs {
 			p := toProto(r.Bounded())
 			if size+proto.Size(p)+4 > budget || len(to) >= most || kept >= MaxRecords {
@@ -109,12 +110,63 @@ func namesOf(names []egress.NameSummary) []*authorityv1.EgressName {
 	return out
 }
 
-func toProto(r egress.Record) *authorityv1.EgressRecord {
-	return &authorityv1.EgressRecord{
+func toProto(r egress.Record) *typesv1.EgressRecord {
+	return &typesv1.EgressRecord{
 		Time: timestamppb.New(r.Time), Via: r.Via, Name: r.Name, Port: uint32(r.Port), Qtype: r.QType,
 		Allowed: r.Allowed, Reason: r.Reason, Addr: r.Addr, Answers: r.Answers, BytesIn: r.BytesIn, BytesOut: r.BytesOut,
 		DurationMs: r.DurationMS, End: r.End, Suppressed: int64(r.Suppressed),
+		ClosedFirst: sideToProto[r.ClosedFirst], Tls: tlsToProto(r.TLS),
 	}
+}
+
+var (
+	sideToProto = map[egress.Side]typesv1.EgressSide{
+		egress.SideJob: typesv1.EgressSide_EGRESS_SIDE_JOB, egress.SideServer: typesv1.EgressSide_EGRESS_SIDE_SERVER,
+	}
+	handshakeToProto = map[egress.Handshake]typesv1.EgressHandshake{
+		egress.HandshakeCompleted: typesv1.EgressHandshake_EGRESS_HANDSHAKE_COMPLETED,
+		egress.HandshakeFailed:    typesv1.EgressHandshake_EGRESS_HANDSHAKE_FAILED,
+		egress.HandshakeNotTLS:    typesv1.EgressHandshake_EGRESS_HANDSHAKE_NOT_TLS,
+		egress.HandshakeUndecided: typesv1.EgressHandshake_EGRESS_HANDSHAKE_UNDECIDED,
+	}
+	sideFromProto      = invert(sideToProto)
+	handshakeFromProto = invert(handshakeToProto)
+)
+
+func invert[K, V comparable](m map[K]V) map[V]K {
+	out := make(map[V]K, len(m))
+	for k, v := range m {
+		out[v] = k
+	}
+	return out
+}
+
+func tlsToProto(t *egress.TLS) *typesv1.EgressTLS {
+	t = t.Bounded()
+	if t == nil {
+		return nil
+	}
+	return &typesv1.EgressTLS{Handshake: handshakeToProto[t.Handshake], By: sideToProto[t.By], After: t.After}
+}
+
+// Event is the watch's message for r, the job's record at index.
+func Event(index int64, r egress.Record) *typesv1.EgressEvent {
+	return &typesv1.EgressEvent{Index: index, Record: toProto(r.Bounded())}
+}
+
+// FromEvent converts a watch's message back, refusing what a record may
+// not carry (CheckRecord) and bounding the rest.
+func FromEvent(field string, e *typesv1.EgressEvent) (int64, egress.Record, error) {
+	if e.GetIndex() < 0 {
+		return 0, egress.Record{}, fmt.Errorf("%s.index: %d is negative", field, e.GetIndex())
+	}
+	if e.GetRecord() == nil {
+		return 0, egress.Record{}, fmt.Errorf("%s.record: required", field)
+	}
+	if err := CheckRecord(field+".record", e.GetRecord()); err != nil {
+		return 0, egress.Record{}, err
+	}
+	return e.GetIndex(), Records([]*typesv1.EgressRecord{e.GetRecord()})[0], nil
 }
 
 // Names converts a log's summary by name back.
@@ -127,13 +179,17 @@ func Names(l *authorityv1.EgressLog) []egress.NameSummary {
 }
 
 // Records converts records back.
-func Records(recs []*authorityv1.EgressRecord) []egress.Record {
+func Records(recs []*typesv1.EgressRecord) []egress.Record {
 	var out []egress.Record
 	for _, p := range recs {
 		r := egress.Record{
 			Via: p.GetVia(), Name: p.GetName(), Port: uint16(p.GetPort()), QType: p.GetQtype(), Allowed: p.GetAllowed(),
 			Reason: p.GetReason(), Addr: p.GetAddr(), Answers: slices.Clone(p.GetAnswers()), BytesIn: p.GetBytesIn(),
 			BytesOut: p.GetBytesOut(), DurationMS: p.GetDurationMs(), End: p.GetEnd(), Suppressed: int(p.GetSuppressed()),
+			ClosedFirst: sideFromProto[p.GetClosedFirst()],
+		}
+		if t := p.GetTls(); t != nil {
+			r.TLS = (&egress.TLS{Handshake: handshakeFromProto[t.GetHandshake()], By: sideFromProto[t.GetBy()], After: t.GetAfter()}).Bounded()
 		}
 		if p.GetTime() != nil {
 			r.Time = p.GetTime().AsTime()
@@ -171,29 +227,46 @@ func Check(field string, l *authorityv1.EgressLog) error {
 		if i >= len(l.GetRecords()) {
 			at = fmt.Sprintf("%s.last[%d]", field, i-len(l.GetRecords()))
 		}
-		switch {
-		case !slices.Contains(vias, r.GetVia()) && !(r.GetVia() == "" && r.GetSuppressed() > 0):
-			return fmt.Errorf("%s.via: %q is not one of %s", at, r.GetVia(), strings.Join(vias, ", "))
-		case r.GetPort() > 65535:
-			return fmt.Errorf("%s.port: %d is not a TCP port", at, r.GetPort())
-		case !qtypeFormat.MatchString(r.GetQtype()):
-			return fmt.Errorf("%s.qtype: %q is not a DNS type name", at, r.GetQtype())
-		case len(r.GetAnswers()) > MaxAnswers:
-			return fmt.Errorf("%s.answers: %d; at most %d", at, len(r.GetAnswers()), MaxAnswers)
-		case r.GetBytesIn() < 0 || r.GetBytesOut() < 0 || r.GetDurationMs() < 0 || r.GetSuppressed() < 0:
-			return fmt.Errorf("%s: negative counts", at)
-		case r.GetTime() != nil && r.GetTime().CheckValid() != nil:
-			return fmt.Errorf("%s.time: %v", at, r.GetTime().CheckValid())
+		if err := CheckRecord(at, r); err != nil {
+			return err
 		}
-		for name, v := range map[string]string{"name": r.GetName(), "reason": r.GetReason(), "addr": r.GetAddr(), "end": r.GetEnd(), "qtype": r.GetQtype()} {
-			if len(v) > MaxText {
-				return fmt.Errorf("%s.%s: %d bytes; at most %d", at, name, len(v), MaxText)
-			}
+	}
+	return nil
+}
+
+// CheckRecord refuses a record a report or a watch may not carry, naming
+// the field (at) and the reason.
+func CheckRecord(at string, r *typesv1.EgressRecord) error {
+	switch {
+	case !slices.Contains(vias, r.GetVia()) && !(r.GetVia() == "" && r.GetSuppressed() > 0):
+		return fmt.Errorf("%s.via: %q is not one of %s", at, r.GetVia(), strings.Join(vias, ", "))
+	case r.GetPort() > 65535:
+		return fmt.Errorf("%s.port: %d is not a TCP port", at, r.GetPort())
+	case !qtypeFormat.MatchString(r.GetQtype()):
+		return fmt.Errorf("%s.qtype: %q is not a DNS type name", at, r.GetQtype())
+	case len(r.GetAnswers()) > MaxAnswers:
+		return fmt.Errorf("%s.answers: %d; at most %d", at, len(r.GetAnswers()), MaxAnswers)
+	case r.GetBytesIn() < 0 || r.GetBytesOut() < 0 || r.GetDurationMs() < 0 || r.GetSuppressed() < 0:
+		return fmt.Errorf("%s: negative counts", at)
+	case r.GetTime() != nil && r.GetTime().CheckValid() != nil:
+		return fmt.Errorf("%s.time: %v", at, r.GetTime().CheckValid())
+	case r.GetClosedFirst() != typesv1.EgressSide_EGRESS_SIDE_UNSPECIFIED && sideFromProto[r.GetClosedFirst()] == "":
+		return fmt.Errorf("%s.closed_first: %v is not a side", at, r.GetClosedFirst())
+	case r.GetTls() != nil && handshakeFromProto[r.GetTls().GetHandshake()] == "":
+		return fmt.Errorf("%s.tls.handshake: %v is not an outcome", at, r.GetTls().GetHandshake())
+	case r.GetTls().GetBy() != typesv1.EgressSide_EGRESS_SIDE_UNSPECIFIED && sideFromProto[r.GetTls().GetBy()] == "":
+		return fmt.Errorf("%s.tls.by: %v is not a side", at, r.GetTls().GetBy())
+	case r.GetTls().GetAfter() < 0:
+		return fmt.Errorf("%s.tls.after: %d is negative", at, r.GetTls().GetAfter())
+	}
+	for name, v := range map[string]string{"name": r.GetName(), "reason": r.GetReason(), "addr": r.GetAddr(), "end": r.GetEnd(), "qtype": r.GetQtype()} {
+		if len(v) > MaxText {
+			return fmt.Errorf("%s.%s: %d bytes; at most %d", at, name, len(v), MaxText)
 		}
-		for j, a := range r.GetAnswers() {
-			if len(a) > MaxText {
-				return fmt.Errorf("%s.answers[%d]: %d bytes; at most %d", at, j, len(a), MaxText)
-			}
+	}
+	for j, a := range r.GetAnswers() {
+		if len(a) > MaxText {
+			return fmt.Errorf("%s.answers[%d]: %d bytes; at most %d", at, j, len(a), MaxText)
 		}
 	}
 	return nil

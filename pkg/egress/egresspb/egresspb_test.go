@@ -10,6 +10,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/egress"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 )
 
 func hostile(n int) []egress.Record {
@@ -49,24 +50,24 @@ func TestLogStaysInBudget(t *testing.T) {
 
 // What a report may not carry is refused, naming the field.
 func TestCheckRefuses(t *testing.T) {
-	rec := func(f func(r *authorityv1.EgressRecord)) *authorityv1.EgressLog {
-		r := &authorityv1.EgressRecord{Via: egress.ViaConnect, Name: "a.test", Port: 443}
+	rec := func(f func(r *typesv1.EgressRecord)) *authorityv1.EgressLog {
+		r := &typesv1.EgressRecord{Via: egress.ViaConnect, Name: "a.test", Port: 443}
 		f(r)
-		return &authorityv1.EgressLog{Records: []*authorityv1.EgressRecord{r}, Total: 1}
+		return &authorityv1.EgressLog{Records: []*typesv1.EgressRecord{r}, Total: 1}
 	}
 	for _, tc := range []struct {
 		l    *authorityv1.EgressLog
 		want string
 	}{
-		{rec(func(r *authorityv1.EgressRecord) { r.Via = "smtp" }), "records[0].via"},
-		{rec(func(r *authorityv1.EgressRecord) { r.Port = 70000 }), "records[0].port"},
-		{rec(func(r *authorityv1.EgressRecord) { r.Qtype = "A\x1b[2J" }), "records[0].qtype"},
-		{rec(func(r *authorityv1.EgressRecord) { r.Name = strings.Repeat("x", MaxText+1) }), "records[0].name"},
-		{rec(func(r *authorityv1.EgressRecord) { r.Answers = make([]string, MaxAnswers+1) }), "records[0].answers"},
-		{rec(func(r *authorityv1.EgressRecord) { r.BytesIn = -1 }), "negative"},
-		{&authorityv1.EgressLog{Records: make([]*authorityv1.EgressRecord, MaxRecords+1), Total: MaxRecords + 1}, "at most 1000"},
-		{&authorityv1.EgressLog{Records: []*authorityv1.EgressRecord{{Via: egress.ViaDNS}}, Total: 0}, "total"},
-		{&authorityv1.EgressLog{Last: []*authorityv1.EgressRecord{{Via: "x"}}, Total: 1}, "last[0].via"},
+		{rec(func(r *typesv1.EgressRecord) { r.Via = "smtp" }), "records[0].via"},
+		{rec(func(r *typesv1.EgressRecord) { r.Port = 70000 }), "records[0].port"},
+		{rec(func(r *typesv1.EgressRecord) { r.Qtype = "A\x1b[2J" }), "records[0].qtype"},
+		{rec(func(r *typesv1.EgressRecord) { r.Name = strings.Repeat("x", MaxText+1) }), "records[0].name"},
+		{rec(func(r *typesv1.EgressRecord) { r.Answers = make([]string, MaxAnswers+1) }), "records[0].answers"},
+		{rec(func(r *typesv1.EgressRecord) { r.BytesIn = -1 }), "negative"},
+		{&authorityv1.EgressLog{Records: make([]*typesv1.EgressRecord, MaxRecords+1), Total: MaxRecords + 1}, "at most 1000"},
+		{&authorityv1.EgressLog{Records: []*typesv1.EgressRecord{{Via: egress.ViaDNS}}, Total: 0}, "total"},
+		{&authorityv1.EgressLog{Last: []*typesv1.EgressRecord{{Via: "x"}}, Total: 1}, "last[0].via"},
 		{&authorityv1.EgressLog{Names: []*authorityv1.EgressName{{Name: "a", Allowed: -3}}}, "names[0]"},
 	} {
 		err := Check("detail.egress", tc.l)

@@ -50,6 +50,7 @@ type fakeAuthority struct {
 	tenants []string               // the tenant of each SubmitJob, ListJobs, ListApprovals and ListAuditEvents, in order
 	specs   []*authorityv1.JobSpec // each SubmitJob's spec
 	clears  []*authorityv1.ClearCachesRequest
+	watches []*authorityv1.WatchJobRequest
 }
 
 func (f *fakeAuthority) sawTenant(tenant string) {
@@ -99,7 +100,10 @@ func (f *fakeAuthority) UpdateJobLimits(context.Context, *authorityv1.UpdateJobL
 	return &authorityv1.UpdateJobLimitsResponse{ApprovalId: f.job.GetApprovalId()}, f.err
 }
 
-func (f *fakeAuthority) WatchJob(_ *authorityv1.WatchJobRequest, stream grpc.ServerStreamingServer[authorityv1.WatchJobResponse]) error {
+func (f *fakeAuthority) WatchJob(req *authorityv1.WatchJobRequest, stream grpc.ServerStreamingServer[authorityv1.WatchJobResponse]) error {
+	f.mu.Lock()
+	f.watches = append(f.watches, req)
+	f.mu.Unlock()
 	for _, m := range f.watch {
 		if err := stream.Send(m); err != nil {
 			return err

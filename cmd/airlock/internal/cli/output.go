@@ -35,16 +35,32 @@ there. The [airlock] status lines and the summary are always escaped.`
 // watchJob streams a job's output to stdout/stderr until it ends and
 // returns the final job. A dropped stream is resumed from the last offsets.
 func watchJob(ctx context.Context, g *globals, client authorityv1.AuthorityServiceClient, jobID string, raw bool) (*authorityv1.Job, error) {
-	var last *authorityv1.Job
-	var printed authorityv1.JobState
 	out := newOutputSink(g, raw)
 	defer out.flush()
-	for attempt := 0; ; attempt++ {
-		stream, err := client.WatchJob(ctx, &authorityv1.WatchJobRequest{
+	return followJob(ctx, g, client, func() *authorityv1.WatchJobRequest {
+		return &authorityv1.WatchJobRequest{
 			JobId:        jobID,
 			StdoutOffset: out.offset(typesv1.OutputStream_OUTPUT_STREAM_STDOUT),
 			StderrOffset: out.offset(typesv1.OutputStream_OUTPUT_STREAM_STDERR),
-		})
+		}
+	}, func(msg *authorityv1.WatchJobResponse) error {
+		if o := msg.GetOutput(); o != nil {
+			out.write(o)
+		}
+		return nil
+	})
+}
+
+// followJob watches a job until it ends and returns the final job, saying
+// each state it reaches on stderr and handing every other event to handle.
+// A dropped stream is watched again with request's answer then, which
+// resumes where handle got to.
+func followJob(ctx context.Context, g *globals, client authorityv1.AuthorityServiceClient,
+	request func() *authorityv1.WatchJobRequest, handle func(*authorityv1.WatchJobResponse) error) (*authorityv1.Job, error) {
+	var last *authorityv1.Job
+	var printed authorityv1.JobState
+	for attempt := 0; ; attempt++ {
+		stream, err := client.WatchJob(ctx, request())
 		if err != nil {
 			return nil, err
 		}
@@ -62,15 +78,16 @@ func watchJob(ctx context.Context, g *globals, client authorityv1.AuthorityServi
 				}
 				return nil, err
 			}
-			switch ev := msg.GetEvent().(type) {
-			case *authorityv1.WatchJobResponse_Job:
-				last = ev.Job
-				if g.Output == "text" && ev.Job.GetState() != printed {
-					fmt.Fprintf(g.Stderr, "[airlock] %s\n", jobStateWord(ev.Job.GetState()))
-					printed = ev.Job.GetState()
+			if j := msg.GetJob(); j != nil {
+				last = j
+				if g.Output == "text" && j.GetState() != printed {
+					fmt.Fprintf(g.Stderr, "[airlock] %s\n", jobStateWord(j.GetState()))
+					printed = j.GetState()
 				}
-			case *authorityv1.WatchJobResponse_Output:
-				out.write(ev.Output)
+				continue
+			}
+			if err := handle(msg); err != nil {
+				return nil, err
 			}
 		}
 		select {

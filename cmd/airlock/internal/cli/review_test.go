@@ -93,11 +93,11 @@ func TestShowEgress(t *testing.T) {
 	resp.Review.Detail = &authorityv1.ReviewDetail{Egress: &authorityv1.EgressLog{
 		Total: 3,
 		Names: []*authorityv1.EgressName{{Name: "ok.test", Allowed: 1, BytesIn: 2048}, {Name: "evil\x1b[2J.test", Refused: 2}},
-		Records: []*authorityv1.EgressRecord{
+		Records: []*typesv1.EgressRecord{
 			{Via: "connect", Name: "ok.test", Port: 443, Allowed: true, Reason: "allowed by ok.test ports [80 443]", Addr: "203.0.113.5:443", BytesIn: 2048},
 			{Via: "dns", Name: "evil\x1b[2J.test", Qtype: "A", Reason: "evil\x1b[2J.test is not in the policy"},
 		},
-		Last: []*authorityv1.EgressRecord{{Via: "connect", Name: "evil\x1b[2J.test", Port: 443, Reason: "not in the policy"}},
+		Last: []*typesv1.EgressRecord{{Via: "connect", Name: "evil\x1b[2J.test", Port: 443, Reason: "not in the policy"}},
 	}}
 	f := &fakeAuthority{approval: resp}
 	cfg := serveFake(t, f)

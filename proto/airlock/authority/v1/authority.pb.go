@@ -1484,7 +1484,13 @@ type WatchJobRequest struct {
 	// Resume stdout from this byte offset (0 for the start).
 	StdoutOffset int64 `protobuf:"varint,2,opt,name=stdout_offset,json=stdoutOffset,proto3" json:"stdout_offset,omitempty"`
 	// Resume stderr from this byte offset (0 for the start).
-	StderrOffset  int64 `protobuf:"varint,3,opt,name=stderr_offset,json=stderrOffset,proto3" json:"stderr_offset,omitempty"`
+	StderrOffset int64 `protobuf:"varint,3,opt,name=stderr_offset,json=stderrOffset,proto3" json:"stderr_offset,omitempty"`
+	// Send the job's egress record too (a domains job's connections and DNS
+	// queries, each as it is decided), from the record at egress_offset (0
+	// for the first). Output offsets past the end (2^63-1) send no output.
+	Egress bool `protobuf:"varint,4,opt,name=egress,proto3" json:"egress,omitempty"`
+	// Where to resume the egress record: the index after the last received.
+	EgressOffset  int64 `protobuf:"varint,5,opt,name=egress_offset,json=egressOffset,proto3" json:"egress_offset,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1540,6 +1546,20 @@ func (x *WatchJobRequest) GetStderrOffset() int64 {
 	return 0
 }
 
+func (x *WatchJobRequest) GetEgress() bool {
+	if x != nil {
+		return x.Egress
+	}
+	return false
+}
+
+func (x *WatchJobRequest) GetEgressOffset() int64 {
+	if x != nil {
+		return x.EgressOffset
+	}
+	return 0
+}
+
 // WatchJobResponse is one event of a watched job.
 type WatchJobResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1549,6 +1569,7 @@ type WatchJobResponse struct {
 	//
 	//	*WatchJobResponse_Job
 	//	*WatchJobResponse_Output
+	//	*WatchJobResponse_Egress
 	Event         isWatchJobResponse_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1609,6 +1630,15 @@ func (x *WatchJobResponse) GetOutput() *v1.OutputChunk {
 	return nil
 }
 
+func (x *WatchJobResponse) GetEgress() *v1.EgressEvent {
+	if x != nil {
+		if x, ok := x.Event.(*WatchJobResponse_Egress); ok {
+			return x.Egress
+		}
+	}
+	return nil
+}
+
 type isWatchJobResponse_Event interface {
 	isWatchJobResponse_Event()
 }
@@ -1623,9 +1653,16 @@ type WatchJobResponse_Output struct {
 	Output *v1.OutputChunk `protobuf:"bytes,2,opt,name=output,proto3,oneof"`
 }
 
+type WatchJobResponse_Egress struct {
+	// One decision of the egress record (only when the request asks).
+	Egress *v1.EgressEvent `protobuf:"bytes,3,opt,name=egress,proto3,oneof"`
+}
+
 func (*WatchJobResponse_Job) isWatchJobResponse_Event() {}
 
 func (*WatchJobResponse_Output) isWatchJobResponse_Event() {}
+
+func (*WatchJobResponse_Egress) isWatchJobResponse_Event() {}
 
 // CancelJobRequest names a job to stop.
 type CancelJobRequest struct {
@@ -2479,178 +2516,12 @@ func (x *ReviewDetail) GetFileWritesTotal() int64 {
 	return 0
 }
 
-// EgressRecord is one decision of a domains job's egress proxy (one
-// connection) or DNS server (one query). The name, and parts of the reason,
-// come from the job: show them escaped.
-type EgressRecord struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// When the connection was accepted or the query read.
-	Time *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
-	// "connect" (explicit proxy, TLS), "http" (explicit proxy, plain HTTP),
-	// "transparent" (TCP 80 or 443 redirected) or "dns".
-	Via string `protobuf:"bytes,2,opt,name=via,proto3" json:"via,omitempty"`
-	// The name decided on; "" when none was read.
-	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
-	// The TCP port asked for (connections).
-	Port uint32 `protobuf:"varint,4,opt,name=port,proto3" json:"port,omitempty"`
-	// "A" or "AAAA" (queries).
-	Qtype string `protobuf:"bytes,5,opt,name=qtype,proto3" json:"qtype,omitempty"`
-	// Whether it went through (a query: was answered).
-	Allowed bool `protobuf:"varint,6,opt,name=allowed,proto3" json:"allowed,omitempty"`
-	// The rule that allowed it, or what refused it.
-	Reason string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
-	// The vetted address the proxy connected to.
-	Addr string `protobuf:"bytes,8,opt,name=addr,proto3" json:"addr,omitempty"`
-	// The addresses a query was answered with.
-	Answers []string `protobuf:"bytes,9,rep,name=answers,proto3" json:"answers,omitempty"`
-	// Bytes to the job and from it.
-	BytesIn  int64 `protobuf:"varint,10,opt,name=bytes_in,json=bytesIn,proto3" json:"bytes_in,omitempty"`
-	BytesOut int64 `protobuf:"varint,11,opt,name=bytes_out,json=bytesOut,proto3" json:"bytes_out,omitempty"`
-	// How long the connection was open.
-	DurationMs int64 `protobuf:"varint,12,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
-	// How an allowed connection ended ("closed", "cut: ...", ...).
-	End string `protobuf:"bytes,13,opt,name=end,proto3" json:"end,omitempty"`
-	// When not zero, this is a summary of that many refusals not listed one
-	// by one (at most 20 per name per minute are).
-	Suppressed    int64 `protobuf:"varint,14,opt,name=suppressed,proto3" json:"suppressed,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *EgressRecord) Reset() {
-	*x = EgressRecord{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *EgressRecord) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*EgressRecord) ProtoMessage() {}
-
-func (x *EgressRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use EgressRecord.ProtoReflect.Descriptor instead.
-func (*EgressRecord) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{25}
-}
-
-func (x *EgressRecord) GetTime() *timestamppb.Timestamp {
-	if x != nil {
-		return x.Time
-	}
-	return nil
-}
-
-func (x *EgressRecord) GetVia() string {
-	if x != nil {
-		return x.Via
-	}
-	return ""
-}
-
-func (x *EgressRecord) GetName() string {
-	if x != nil {
-		return x.Name
-	}
-	return ""
-}
-
-func (x *EgressRecord) GetPort() uint32 {
-	if x != nil {
-		return x.Port
-	}
-	return 0
-}
-
-func (x *EgressRecord) GetQtype() string {
-	if x != nil {
-		return x.Qtype
-	}
-	return ""
-}
-
-func (x *EgressRecord) GetAllowed() bool {
-	if x != nil {
-		return x.Allowed
-	}
-	return false
-}
-
-func (x *EgressRecord) GetReason() string {
-	if x != nil {
-		return x.Reason
-	}
-	return ""
-}
-
-func (x *EgressRecord) GetAddr() string {
-	if x != nil {
-		return x.Addr
-	}
-	return ""
-}
-
-func (x *EgressRecord) GetAnswers() []string {
-	if x != nil {
-		return x.Answers
-	}
-	return nil
-}
-
-func (x *EgressRecord) GetBytesIn() int64 {
-	if x != nil {
-		return x.BytesIn
-	}
-	return 0
-}
-
-func (x *EgressRecord) GetBytesOut() int64 {
-	if x != nil {
-		return x.BytesOut
-	}
-	return 0
-}
-
-func (x *EgressRecord) GetDurationMs() int64 {
-	if x != nil {
-		return x.DurationMs
-	}
-	return 0
-}
-
-func (x *EgressRecord) GetEnd() string {
-	if x != nil {
-		return x.End
-	}
-	return ""
-}
-
-func (x *EgressRecord) GetSuppressed() int64 {
-	if x != nil {
-		return x.Suppressed
-	}
-	return 0
-}
-
 // EgressLog is a job's egress record.
 type EgressLog struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The first decisions in order: all of them, unless total is larger than
 	// records and last together (the bundle's egress.jsonl has every one).
-	Records []*EgressRecord `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
+	Records []*v1.EgressRecord `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
 	// How many decisions the job's egress.jsonl holds.
 	Total int64 `protobuf:"varint,2,opt,name=total,proto3" json:"total,omitempty"`
 	// The whole record summed by name, in order of first use (at most 1,000
@@ -2658,14 +2529,14 @@ type EgressLog struct {
 	Names []*EgressName `protobuf:"bytes,3,rep,name=names,proto3" json:"names,omitempty"`
 	// The last decisions in order, when not all fit in records: those
 	// between the two are left out (total says how many there are).
-	Last          []*EgressRecord `protobuf:"bytes,4,rep,name=last,proto3" json:"last,omitempty"`
+	Last          []*v1.EgressRecord `protobuf:"bytes,4,rep,name=last,proto3" json:"last,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EgressLog) Reset() {
 	*x = EgressLog{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2677,7 +2548,7 @@ func (x *EgressLog) String() string {
 func (*EgressLog) ProtoMessage() {}
 
 func (x *EgressLog) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2690,10 +2561,10 @@ func (x *EgressLog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressLog.ProtoReflect.Descriptor instead.
 func (*EgressLog) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{26}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{25}
 }
 
-func (x *EgressLog) GetRecords() []*EgressRecord {
+func (x *EgressLog) GetRecords() []*v1.EgressRecord {
 	if x != nil {
 		return x.Records
 	}
@@ -2714,7 +2585,7 @@ func (x *EgressLog) GetNames() []*EgressName {
 	return nil
 }
 
-func (x *EgressLog) GetLast() []*EgressRecord {
+func (x *EgressLog) GetLast() []*v1.EgressRecord {
 	if x != nil {
 		return x.Last
 	}
@@ -2740,7 +2611,7 @@ type EgressName struct {
 
 func (x *EgressName) Reset() {
 	*x = EgressName{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2752,7 +2623,7 @@ func (x *EgressName) String() string {
 func (*EgressName) ProtoMessage() {}
 
 func (x *EgressName) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2765,7 +2636,7 @@ func (x *EgressName) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressName.ProtoReflect.Descriptor instead.
 func (*EgressName) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{27}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *EgressName) GetName() string {
@@ -2814,7 +2685,7 @@ type ReportResultResponse struct {
 
 func (x *ReportResultResponse) Reset() {
 	*x = ReportResultResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2826,7 +2697,7 @@ func (x *ReportResultResponse) String() string {
 func (*ReportResultResponse) ProtoMessage() {}
 
 func (x *ReportResultResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2839,7 +2710,7 @@ func (x *ReportResultResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResultResponse.ProtoReflect.Descriptor instead.
 func (*ReportResultResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{28}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReportResultResponse) GetJob() *Job {
@@ -2876,7 +2747,7 @@ type JobChange struct {
 
 func (x *JobChange) Reset() {
 	*x = JobChange{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2888,7 +2759,7 @@ func (x *JobChange) String() string {
 func (*JobChange) ProtoMessage() {}
 
 func (x *JobChange) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2901,7 +2772,7 @@ func (x *JobChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobChange.ProtoReflect.Descriptor instead.
 func (*JobChange) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{29}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *JobChange) GetBaseGeneration() int64 {
@@ -2977,7 +2848,7 @@ type ApprovalVote struct {
 
 func (x *ApprovalVote) Reset() {
 	*x = ApprovalVote{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2989,7 +2860,7 @@ func (x *ApprovalVote) String() string {
 func (*ApprovalVote) ProtoMessage() {}
 
 func (x *ApprovalVote) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3002,7 +2873,7 @@ func (x *ApprovalVote) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApprovalVote.ProtoReflect.Descriptor instead.
 func (*ApprovalVote) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{30}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ApprovalVote) GetApprover() string {
@@ -3071,7 +2942,7 @@ type Approval struct {
 
 func (x *Approval) Reset() {
 	*x = Approval{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3083,7 +2954,7 @@ func (x *Approval) String() string {
 func (*Approval) ProtoMessage() {}
 
 func (x *Approval) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3096,7 +2967,7 @@ func (x *Approval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Approval.ProtoReflect.Descriptor instead.
 func (*Approval) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{31}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Approval) GetApprovalId() string {
@@ -3215,7 +3086,7 @@ type ReviewMaterial struct {
 
 func (x *ReviewMaterial) Reset() {
 	*x = ReviewMaterial{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3227,7 +3098,7 @@ func (x *ReviewMaterial) String() string {
 func (*ReviewMaterial) ProtoMessage() {}
 
 func (x *ReviewMaterial) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3240,7 +3111,7 @@ func (x *ReviewMaterial) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReviewMaterial.ProtoReflect.Descriptor instead.
 func (*ReviewMaterial) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{32}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReviewMaterial) GetPatch() []byte {
@@ -3299,7 +3170,7 @@ type ReadReviewRequest struct {
 
 func (x *ReadReviewRequest) Reset() {
 	*x = ReadReviewRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3311,7 +3182,7 @@ func (x *ReadReviewRequest) String() string {
 func (*ReadReviewRequest) ProtoMessage() {}
 
 func (x *ReadReviewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3324,7 +3195,7 @@ func (x *ReadReviewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadReviewRequest.ProtoReflect.Descriptor instead.
 func (*ReadReviewRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{33}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReadReviewRequest) GetApprovalId() string {
@@ -3354,7 +3225,7 @@ type ReviewPartStart struct {
 
 func (x *ReviewPartStart) Reset() {
 	*x = ReviewPartStart{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3366,7 +3237,7 @@ func (x *ReviewPartStart) String() string {
 func (*ReviewPartStart) ProtoMessage() {}
 
 func (x *ReviewPartStart) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3379,7 +3250,7 @@ func (x *ReviewPartStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReviewPartStart.ProtoReflect.Descriptor instead.
 func (*ReviewPartStart) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{34}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReviewPartStart) GetPart() ReviewPart {
@@ -3407,7 +3278,7 @@ type ReviewFiles struct {
 
 func (x *ReviewFiles) Reset() {
 	*x = ReviewFiles{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3419,7 +3290,7 @@ func (x *ReviewFiles) String() string {
 func (*ReviewFiles) ProtoMessage() {}
 
 func (x *ReviewFiles) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3432,7 +3303,7 @@ func (x *ReviewFiles) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReviewFiles.ProtoReflect.Descriptor instead.
 func (*ReviewFiles) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{35}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReviewFiles) GetFiles() []*FileChange {
@@ -3461,7 +3332,7 @@ type ReadReviewResponse struct {
 
 func (x *ReadReviewResponse) Reset() {
 	*x = ReadReviewResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3473,7 +3344,7 @@ func (x *ReadReviewResponse) String() string {
 func (*ReadReviewResponse) ProtoMessage() {}
 
 func (x *ReadReviewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3486,7 +3357,7 @@ func (x *ReadReviewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadReviewResponse.ProtoReflect.Descriptor instead.
 func (*ReadReviewResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{36}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReadReviewResponse) GetMsg() isReadReviewResponse_Msg {
@@ -3582,7 +3453,7 @@ type ListApprovalsRequest struct {
 
 func (x *ListApprovalsRequest) Reset() {
 	*x = ListApprovalsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3594,7 +3465,7 @@ func (x *ListApprovalsRequest) String() string {
 func (*ListApprovalsRequest) ProtoMessage() {}
 
 func (x *ListApprovalsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3607,7 +3478,7 @@ func (x *ListApprovalsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApprovalsRequest.ProtoReflect.Descriptor instead.
 func (*ListApprovalsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{37}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListApprovalsRequest) GetTenant() string {
@@ -3651,7 +3522,7 @@ type ListApprovalsResponse struct {
 
 func (x *ListApprovalsResponse) Reset() {
 	*x = ListApprovalsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3663,7 +3534,7 @@ func (x *ListApprovalsResponse) String() string {
 func (*ListApprovalsResponse) ProtoMessage() {}
 
 func (x *ListApprovalsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3676,7 +3547,7 @@ func (x *ListApprovalsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApprovalsResponse.ProtoReflect.Descriptor instead.
 func (*ListApprovalsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{38}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListApprovalsResponse) GetApprovals() []*Approval {
@@ -3704,7 +3575,7 @@ type GetApprovalRequest struct {
 
 func (x *GetApprovalRequest) Reset() {
 	*x = GetApprovalRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3716,7 +3587,7 @@ func (x *GetApprovalRequest) String() string {
 func (*GetApprovalRequest) ProtoMessage() {}
 
 func (x *GetApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3729,7 +3600,7 @@ func (x *GetApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetApprovalRequest.ProtoReflect.Descriptor instead.
 func (*GetApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{39}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetApprovalRequest) GetApprovalId() string {
@@ -3752,7 +3623,7 @@ type GetApprovalResponse struct {
 
 func (x *GetApprovalResponse) Reset() {
 	*x = GetApprovalResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3764,7 +3635,7 @@ func (x *GetApprovalResponse) String() string {
 func (*GetApprovalResponse) ProtoMessage() {}
 
 func (x *GetApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3777,7 +3648,7 @@ func (x *GetApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetApprovalResponse.ProtoReflect.Descriptor instead.
 func (*GetApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{40}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GetApprovalResponse) GetApproval() *Approval {
@@ -3812,7 +3683,7 @@ type DecideApprovalRequest struct {
 
 func (x *DecideApprovalRequest) Reset() {
 	*x = DecideApprovalRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3824,7 +3695,7 @@ func (x *DecideApprovalRequest) String() string {
 func (*DecideApprovalRequest) ProtoMessage() {}
 
 func (x *DecideApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3837,7 +3708,7 @@ func (x *DecideApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideApprovalRequest.ProtoReflect.Descriptor instead.
 func (*DecideApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{41}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DecideApprovalRequest) GetApprovalId() string {
@@ -3879,7 +3750,7 @@ type DecideApprovalResponse struct {
 
 func (x *DecideApprovalResponse) Reset() {
 	*x = DecideApprovalResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3891,7 +3762,7 @@ func (x *DecideApprovalResponse) String() string {
 func (*DecideApprovalResponse) ProtoMessage() {}
 
 func (x *DecideApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3904,7 +3775,7 @@ func (x *DecideApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideApprovalResponse.ProtoReflect.Descriptor instead.
 func (*DecideApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{42}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DecideApprovalResponse) GetApproval() *Approval {
@@ -3931,7 +3802,7 @@ type ConsumeApprovalRequest struct {
 
 func (x *ConsumeApprovalRequest) Reset() {
 	*x = ConsumeApprovalRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3943,7 +3814,7 @@ func (x *ConsumeApprovalRequest) String() string {
 func (*ConsumeApprovalRequest) ProtoMessage() {}
 
 func (x *ConsumeApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3956,7 +3827,7 @@ func (x *ConsumeApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumeApprovalRequest.ProtoReflect.Descriptor instead.
 func (*ConsumeApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{43}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ConsumeApprovalRequest) GetApprovalId() string {
@@ -3998,7 +3869,7 @@ type ConsumeApprovalResponse struct {
 
 func (x *ConsumeApprovalResponse) Reset() {
 	*x = ConsumeApprovalResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4010,7 +3881,7 @@ func (x *ConsumeApprovalResponse) String() string {
 func (*ConsumeApprovalResponse) ProtoMessage() {}
 
 func (x *ConsumeApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4023,7 +3894,7 @@ func (x *ConsumeApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumeApprovalResponse.ProtoReflect.Descriptor instead.
 func (*ConsumeApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{44}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ConsumeApprovalResponse) GetApproval() *Approval {
@@ -4058,7 +3929,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[45]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4070,7 +3941,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[45]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4083,7 +3954,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{45}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Lease) GetLeaseId() string {
@@ -4159,7 +4030,7 @@ type LeaseCredentialRequest struct {
 
 func (x *LeaseCredentialRequest) Reset() {
 	*x = LeaseCredentialRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[46]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4171,7 +4042,7 @@ func (x *LeaseCredentialRequest) String() string {
 func (*LeaseCredentialRequest) ProtoMessage() {}
 
 func (x *LeaseCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[46]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4184,7 +4055,7 @@ func (x *LeaseCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseCredentialRequest.ProtoReflect.Descriptor instead.
 func (*LeaseCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{46}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *LeaseCredentialRequest) GetPurpose() LeasePurpose {
@@ -4228,7 +4099,7 @@ type LeaseCredentialResponse struct {
 
 func (x *LeaseCredentialResponse) Reset() {
 	*x = LeaseCredentialResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[47]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4240,7 +4111,7 @@ func (x *LeaseCredentialResponse) String() string {
 func (*LeaseCredentialResponse) ProtoMessage() {}
 
 func (x *LeaseCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[47]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4253,7 +4124,7 @@ func (x *LeaseCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseCredentialResponse.ProtoReflect.Descriptor instead.
 func (*LeaseCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{47}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *LeaseCredentialResponse) GetLease() *Lease {
@@ -4283,7 +4154,7 @@ type RevokeCredentialRequest struct {
 
 func (x *RevokeCredentialRequest) Reset() {
 	*x = RevokeCredentialRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[48]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4295,7 +4166,7 @@ func (x *RevokeCredentialRequest) String() string {
 func (*RevokeCredentialRequest) ProtoMessage() {}
 
 func (x *RevokeCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[48]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4308,7 +4179,7 @@ func (x *RevokeCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCredentialRequest.ProtoReflect.Descriptor instead.
 func (*RevokeCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{48}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RevokeCredentialRequest) GetLeaseId() string {
@@ -4336,7 +4207,7 @@ type RevokeCredentialResponse struct {
 
 func (x *RevokeCredentialResponse) Reset() {
 	*x = RevokeCredentialResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[49]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4348,7 +4219,7 @@ func (x *RevokeCredentialResponse) String() string {
 func (*RevokeCredentialResponse) ProtoMessage() {}
 
 func (x *RevokeCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[49]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4361,7 +4232,7 @@ func (x *RevokeCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCredentialResponse.ProtoReflect.Descriptor instead.
 func (*RevokeCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{49}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RevokeCredentialResponse) GetLease() *Lease {
@@ -4388,7 +4259,7 @@ type ListLeasesRequest struct {
 
 func (x *ListLeasesRequest) Reset() {
 	*x = ListLeasesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[50]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4400,7 +4271,7 @@ func (x *ListLeasesRequest) String() string {
 func (*ListLeasesRequest) ProtoMessage() {}
 
 func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[50]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4413,7 +4284,7 @@ func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{50}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListLeasesRequest) GetJobId() string {
@@ -4457,7 +4328,7 @@ type ListLeasesResponse struct {
 
 func (x *ListLeasesResponse) Reset() {
 	*x = ListLeasesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[51]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4469,7 +4340,7 @@ func (x *ListLeasesResponse) String() string {
 func (*ListLeasesResponse) ProtoMessage() {}
 
 func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[51]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4482,7 +4353,7 @@ func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{51}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListLeasesResponse) GetLeases() []*Lease {
@@ -4512,7 +4383,7 @@ type UpdateNetworkPolicyRequest struct {
 
 func (x *UpdateNetworkPolicyRequest) Reset() {
 	*x = UpdateNetworkPolicyRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[52]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4524,7 +4395,7 @@ func (x *UpdateNetworkPolicyRequest) String() string {
 func (*UpdateNetworkPolicyRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[52]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4537,7 +4408,7 @@ func (x *UpdateNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkPolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{52}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *UpdateNetworkPolicyRequest) GetJobId() string {
@@ -4568,7 +4439,7 @@ type UpdateNetworkPolicyResponse struct {
 
 func (x *UpdateNetworkPolicyResponse) Reset() {
 	*x = UpdateNetworkPolicyResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[53]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4580,7 +4451,7 @@ func (x *UpdateNetworkPolicyResponse) String() string {
 func (*UpdateNetworkPolicyResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[53]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4593,7 +4464,7 @@ func (x *UpdateNetworkPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkPolicyResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{53}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *UpdateNetworkPolicyResponse) GetStatus() *v1.NetworkPolicyStatus {
@@ -4632,7 +4503,7 @@ type UpdateJobLimitsRequest struct {
 
 func (x *UpdateJobLimitsRequest) Reset() {
 	*x = UpdateJobLimitsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[54]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4644,7 +4515,7 @@ func (x *UpdateJobLimitsRequest) String() string {
 func (*UpdateJobLimitsRequest) ProtoMessage() {}
 
 func (x *UpdateJobLimitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[54]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4657,7 +4528,7 @@ func (x *UpdateJobLimitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateJobLimitsRequest.ProtoReflect.Descriptor instead.
 func (*UpdateJobLimitsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{54}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *UpdateJobLimitsRequest) GetJobId() string {
@@ -4694,7 +4565,7 @@ type UpdateJobLimitsResponse struct {
 
 func (x *UpdateJobLimitsResponse) Reset() {
 	*x = UpdateJobLimitsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[55]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4706,7 +4577,7 @@ func (x *UpdateJobLimitsResponse) String() string {
 func (*UpdateJobLimitsResponse) ProtoMessage() {}
 
 func (x *UpdateJobLimitsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[55]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4719,7 +4590,7 @@ func (x *UpdateJobLimitsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateJobLimitsResponse.ProtoReflect.Descriptor instead.
 func (*UpdateJobLimitsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{55}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *UpdateJobLimitsResponse) GetJob() *Job {
@@ -4752,7 +4623,7 @@ type UseLeaseRequest struct {
 
 func (x *UseLeaseRequest) Reset() {
 	*x = UseLeaseRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[56]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4764,7 +4635,7 @@ func (x *UseLeaseRequest) String() string {
 func (*UseLeaseRequest) ProtoMessage() {}
 
 func (x *UseLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[56]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4777,7 +4648,7 @@ func (x *UseLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UseLeaseRequest.ProtoReflect.Descriptor instead.
 func (*UseLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{56}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *UseLeaseRequest) GetLeaseId() string {
@@ -4812,7 +4683,7 @@ type UseLeaseResponse struct {
 
 func (x *UseLeaseResponse) Reset() {
 	*x = UseLeaseResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[57]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4824,7 +4695,7 @@ func (x *UseLeaseResponse) String() string {
 func (*UseLeaseResponse) ProtoMessage() {}
 
 func (x *UseLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[57]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4837,7 +4708,7 @@ func (x *UseLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UseLeaseResponse.ProtoReflect.Descriptor instead.
 func (*UseLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{57}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *UseLeaseResponse) GetLease() *Lease {
@@ -4878,7 +4749,7 @@ type AuditEvent struct {
 
 func (x *AuditEvent) Reset() {
 	*x = AuditEvent{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[58]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4890,7 +4761,7 @@ func (x *AuditEvent) String() string {
 func (*AuditEvent) ProtoMessage() {}
 
 func (x *AuditEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[58]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4903,7 +4774,7 @@ func (x *AuditEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEvent.ProtoReflect.Descriptor instead.
 func (*AuditEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{58}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *AuditEvent) GetSequence() int64 {
@@ -5008,7 +4879,7 @@ type ListAuditEventsRequest struct {
 
 func (x *ListAuditEventsRequest) Reset() {
 	*x = ListAuditEventsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[59]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5020,7 +4891,7 @@ func (x *ListAuditEventsRequest) String() string {
 func (*ListAuditEventsRequest) ProtoMessage() {}
 
 func (x *ListAuditEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[59]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5033,7 +4904,7 @@ func (x *ListAuditEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditEventsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{59}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ListAuditEventsRequest) GetJobId() string {
@@ -5105,7 +4976,7 @@ type ListAuditEventsResponse struct {
 
 func (x *ListAuditEventsResponse) Reset() {
 	*x = ListAuditEventsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[60]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5117,7 +4988,7 @@ func (x *ListAuditEventsResponse) String() string {
 func (*ListAuditEventsResponse) ProtoMessage() {}
 
 func (x *ListAuditEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[60]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5130,7 +5001,7 @@ func (x *ListAuditEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditEventsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{60}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListAuditEventsResponse) GetEvents() []*AuditEvent {
@@ -5170,7 +5041,7 @@ type AuditCheckpoint struct {
 
 func (x *AuditCheckpoint) Reset() {
 	*x = AuditCheckpoint{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[61]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5182,7 +5053,7 @@ func (x *AuditCheckpoint) String() string {
 func (*AuditCheckpoint) ProtoMessage() {}
 
 func (x *AuditCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[61]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5195,7 +5066,7 @@ func (x *AuditCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditCheckpoint.ProtoReflect.Descriptor instead.
 func (*AuditCheckpoint) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{61}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *AuditCheckpoint) GetSequence() int64 {
@@ -5253,7 +5124,7 @@ type ListAuditCheckpointsRequest struct {
 
 func (x *ListAuditCheckpointsRequest) Reset() {
 	*x = ListAuditCheckpointsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[62]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5265,7 +5136,7 @@ func (x *ListAuditCheckpointsRequest) String() string {
 func (*ListAuditCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListAuditCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[62]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5278,7 +5149,7 @@ func (x *ListAuditCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{62}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ListAuditCheckpointsRequest) GetAfterSequence() int64 {
@@ -5315,7 +5186,7 @@ type ListAuditCheckpointsResponse struct {
 
 func (x *ListAuditCheckpointsResponse) Reset() {
 	*x = ListAuditCheckpointsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[63]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5327,7 +5198,7 @@ func (x *ListAuditCheckpointsResponse) String() string {
 func (*ListAuditCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListAuditCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[63]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5340,7 +5211,7 @@ func (x *ListAuditCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{63}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ListAuditCheckpointsResponse) GetCheckpoints() []*AuditCheckpoint {
@@ -5389,7 +5260,7 @@ type GetPublishSpecRequest struct {
 
 func (x *GetPublishSpecRequest) Reset() {
 	*x = GetPublishSpecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[64]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5401,7 +5272,7 @@ func (x *GetPublishSpecRequest) String() string {
 func (*GetPublishSpecRequest) ProtoMessage() {}
 
 func (x *GetPublishSpecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[64]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5414,7 +5285,7 @@ func (x *GetPublishSpecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPublishSpecRequest.ProtoReflect.Descriptor instead.
 func (*GetPublishSpecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{64}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *GetPublishSpecRequest) GetApprovalId() string {
@@ -5445,7 +5316,7 @@ type PublishPolicy struct {
 
 func (x *PublishPolicy) Reset() {
 	*x = PublishPolicy{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[65]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5457,7 +5328,7 @@ func (x *PublishPolicy) String() string {
 func (*PublishPolicy) ProtoMessage() {}
 
 func (x *PublishPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[65]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5470,7 +5341,7 @@ func (x *PublishPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishPolicy.ProtoReflect.Descriptor instead.
 func (*PublishPolicy) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{65}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *PublishPolicy) GetProtected() []string {
@@ -5543,7 +5414,7 @@ type GetPublishSpecResponse struct {
 
 func (x *GetPublishSpecResponse) Reset() {
 	*x = GetPublishSpecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[66]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5555,7 +5426,7 @@ func (x *GetPublishSpecResponse) String() string {
 func (*GetPublishSpecResponse) ProtoMessage() {}
 
 func (x *GetPublishSpecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[66]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5568,7 +5439,7 @@ func (x *GetPublishSpecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPublishSpecResponse.ProtoReflect.Descriptor instead.
 func (*GetPublishSpecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{66}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *GetPublishSpecResponse) GetApproval() *Approval {
@@ -5665,7 +5536,7 @@ type CreateSessionRequest struct {
 
 func (x *CreateSessionRequest) Reset() {
 	*x = CreateSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[67]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5677,7 +5548,7 @@ func (x *CreateSessionRequest) String() string {
 func (*CreateSessionRequest) ProtoMessage() {}
 
 func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[67]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5690,7 +5561,7 @@ func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionRequest.ProtoReflect.Descriptor instead.
 func (*CreateSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{67}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *CreateSessionRequest) GetTenant() string {
@@ -5727,7 +5598,7 @@ type CreateSessionResponse struct {
 
 func (x *CreateSessionResponse) Reset() {
 	*x = CreateSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[68]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5739,7 +5610,7 @@ func (x *CreateSessionResponse) String() string {
 func (*CreateSessionResponse) ProtoMessage() {}
 
 func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[68]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5752,7 +5623,7 @@ func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionResponse.ProtoReflect.Descriptor instead.
 func (*CreateSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{68}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *CreateSessionResponse) GetSession() *Job {
@@ -5780,7 +5651,7 @@ type GetSessionRequest struct {
 
 func (x *GetSessionRequest) Reset() {
 	*x = GetSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[69]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5792,7 +5663,7 @@ func (x *GetSessionRequest) String() string {
 func (*GetSessionRequest) ProtoMessage() {}
 
 func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[69]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5805,7 +5676,7 @@ func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionRequest.ProtoReflect.Descriptor instead.
 func (*GetSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{69}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *GetSessionRequest) GetSessionId() string {
@@ -5851,7 +5722,7 @@ type GetSessionResponse struct {
 
 func (x *GetSessionResponse) Reset() {
 	*x = GetSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[70]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5863,7 +5734,7 @@ func (x *GetSessionResponse) String() string {
 func (*GetSessionResponse) ProtoMessage() {}
 
 func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[70]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5876,7 +5747,7 @@ func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionResponse.ProtoReflect.Descriptor instead.
 func (*GetSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{70}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *GetSessionResponse) GetSession() *Job {
@@ -5952,7 +5823,7 @@ type ListSessionsRequest struct {
 
 func (x *ListSessionsRequest) Reset() {
 	*x = ListSessionsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[71]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5964,7 +5835,7 @@ func (x *ListSessionsRequest) String() string {
 func (*ListSessionsRequest) ProtoMessage() {}
 
 func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[71]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5977,7 +5848,7 @@ func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
 func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{71}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ListSessionsRequest) GetTenant() string {
@@ -6021,7 +5892,7 @@ type ListSessionsResponse struct {
 
 func (x *ListSessionsResponse) Reset() {
 	*x = ListSessionsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[72]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6033,7 +5904,7 @@ func (x *ListSessionsResponse) String() string {
 func (*ListSessionsResponse) ProtoMessage() {}
 
 func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[72]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6046,7 +5917,7 @@ func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
 func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{72}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ListSessionsResponse) GetSessions() []*Job {
@@ -6074,7 +5945,7 @@ type FinishSessionRequest struct {
 
 func (x *FinishSessionRequest) Reset() {
 	*x = FinishSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[73]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6086,7 +5957,7 @@ func (x *FinishSessionRequest) String() string {
 func (*FinishSessionRequest) ProtoMessage() {}
 
 func (x *FinishSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[73]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6099,7 +5970,7 @@ func (x *FinishSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishSessionRequest.ProtoReflect.Descriptor instead.
 func (*FinishSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{73}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *FinishSessionRequest) GetSessionId() string {
@@ -6120,7 +5991,7 @@ type FinishSessionResponse struct {
 
 func (x *FinishSessionResponse) Reset() {
 	*x = FinishSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[74]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6132,7 +6003,7 @@ func (x *FinishSessionResponse) String() string {
 func (*FinishSessionResponse) ProtoMessage() {}
 
 func (x *FinishSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[74]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6145,7 +6016,7 @@ func (x *FinishSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishSessionResponse.ProtoReflect.Descriptor instead.
 func (*FinishSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{74}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *FinishSessionResponse) GetSession() *Job {
@@ -6168,7 +6039,7 @@ type CancelSessionRequest struct {
 
 func (x *CancelSessionRequest) Reset() {
 	*x = CancelSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[75]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6180,7 +6051,7 @@ func (x *CancelSessionRequest) String() string {
 func (*CancelSessionRequest) ProtoMessage() {}
 
 func (x *CancelSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[75]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6193,7 +6064,7 @@ func (x *CancelSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelSessionRequest.ProtoReflect.Descriptor instead.
 func (*CancelSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{75}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *CancelSessionRequest) GetSessionId() string {
@@ -6221,7 +6092,7 @@ type CancelSessionResponse struct {
 
 func (x *CancelSessionResponse) Reset() {
 	*x = CancelSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[76]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6233,7 +6104,7 @@ func (x *CancelSessionResponse) String() string {
 func (*CancelSessionResponse) ProtoMessage() {}
 
 func (x *CancelSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[76]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6246,7 +6117,7 @@ func (x *CancelSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelSessionResponse.ProtoReflect.Descriptor instead.
 func (*CancelSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{76}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *CancelSessionResponse) GetSession() *Job {
@@ -6269,7 +6140,7 @@ type StartExecRequest struct {
 
 func (x *StartExecRequest) Reset() {
 	*x = StartExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[77]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6281,7 +6152,7 @@ func (x *StartExecRequest) String() string {
 func (*StartExecRequest) ProtoMessage() {}
 
 func (x *StartExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[77]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6294,7 +6165,7 @@ func (x *StartExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartExecRequest.ProtoReflect.Descriptor instead.
 func (*StartExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{77}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *StartExecRequest) GetSessionId() string {
@@ -6324,7 +6195,7 @@ type StartExecResponse struct {
 
 func (x *StartExecResponse) Reset() {
 	*x = StartExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[78]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6336,7 +6207,7 @@ func (x *StartExecResponse) String() string {
 func (*StartExecResponse) ProtoMessage() {}
 
 func (x *StartExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[78]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6349,7 +6220,7 @@ func (x *StartExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartExecResponse.ProtoReflect.Descriptor instead.
 func (*StartExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{78}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *StartExecResponse) GetExec() *v1.Exec {
@@ -6379,7 +6250,7 @@ type GetExecRequest struct {
 
 func (x *GetExecRequest) Reset() {
 	*x = GetExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[79]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6391,7 +6262,7 @@ func (x *GetExecRequest) String() string {
 func (*GetExecRequest) ProtoMessage() {}
 
 func (x *GetExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[79]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6404,7 +6275,7 @@ func (x *GetExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetExecRequest.ProtoReflect.Descriptor instead.
 func (*GetExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{79}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *GetExecRequest) GetSessionId() string {
@@ -6437,7 +6308,7 @@ type GetExecResponse struct {
 
 func (x *GetExecResponse) Reset() {
 	*x = GetExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6449,7 +6320,7 @@ func (x *GetExecResponse) String() string {
 func (*GetExecResponse) ProtoMessage() {}
 
 func (x *GetExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6462,7 +6333,7 @@ func (x *GetExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetExecResponse.ProtoReflect.Descriptor instead.
 func (*GetExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{80}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *GetExecResponse) GetExec() *v1.Exec {
@@ -6496,7 +6367,7 @@ type WatchExecRequest struct {
 
 func (x *WatchExecRequest) Reset() {
 	*x = WatchExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6508,7 +6379,7 @@ func (x *WatchExecRequest) String() string {
 func (*WatchExecRequest) ProtoMessage() {}
 
 func (x *WatchExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6521,7 +6392,7 @@ func (x *WatchExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchExecRequest.ProtoReflect.Descriptor instead.
 func (*WatchExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{81}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *WatchExecRequest) GetSessionId() string {
@@ -6568,7 +6439,7 @@ type WatchExecResponse struct {
 
 func (x *WatchExecResponse) Reset() {
 	*x = WatchExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6580,7 +6451,7 @@ func (x *WatchExecResponse) String() string {
 func (*WatchExecResponse) ProtoMessage() {}
 
 func (x *WatchExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6593,7 +6464,7 @@ func (x *WatchExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchExecResponse.ProtoReflect.Descriptor instead.
 func (*WatchExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{82}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *WatchExecResponse) GetEvent() isWatchExecResponse_Event {
@@ -6658,7 +6529,7 @@ type RunExecStart struct {
 
 func (x *RunExecStart) Reset() {
 	*x = RunExecStart{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6670,7 +6541,7 @@ func (x *RunExecStart) String() string {
 func (*RunExecStart) ProtoMessage() {}
 
 func (x *RunExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6683,7 +6554,7 @@ func (x *RunExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunExecStart.ProtoReflect.Descriptor instead.
 func (*RunExecStart) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{83}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *RunExecStart) GetSessionId() string {
@@ -6733,7 +6604,7 @@ type RunExecRequest struct {
 
 func (x *RunExecRequest) Reset() {
 	*x = RunExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6745,7 +6616,7 @@ func (x *RunExecRequest) String() string {
 func (*RunExecRequest) ProtoMessage() {}
 
 func (x *RunExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6758,7 +6629,7 @@ func (x *RunExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunExecRequest.ProtoReflect.Descriptor instead.
 func (*RunExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{84}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *RunExecRequest) GetMsg() isRunExecRequest_Msg {
@@ -6840,7 +6711,7 @@ type RunExecResponse struct {
 
 func (x *RunExecResponse) Reset() {
 	*x = RunExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6852,7 +6723,7 @@ func (x *RunExecResponse) String() string {
 func (*RunExecResponse) ProtoMessage() {}
 
 func (x *RunExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6865,7 +6736,7 @@ func (x *RunExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunExecResponse.ProtoReflect.Descriptor instead.
 func (*RunExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{85}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *RunExecResponse) GetEvent() isRunExecResponse_Event {
@@ -6942,7 +6813,7 @@ type CancelExecRequest struct {
 
 func (x *CancelExecRequest) Reset() {
 	*x = CancelExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6954,7 +6825,7 @@ func (x *CancelExecRequest) String() string {
 func (*CancelExecRequest) ProtoMessage() {}
 
 func (x *CancelExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6967,7 +6838,7 @@ func (x *CancelExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelExecRequest.ProtoReflect.Descriptor instead.
 func (*CancelExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{86}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *CancelExecRequest) GetSessionId() string {
@@ -6995,7 +6866,7 @@ type CancelExecResponse struct {
 
 func (x *CancelExecResponse) Reset() {
 	*x = CancelExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7007,7 +6878,7 @@ func (x *CancelExecResponse) String() string {
 func (*CancelExecResponse) ProtoMessage() {}
 
 func (x *CancelExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7020,7 +6891,7 @@ func (x *CancelExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelExecResponse.ProtoReflect.Descriptor instead.
 func (*CancelExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{87}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *CancelExecResponse) GetExec() *v1.Exec {
@@ -7045,7 +6916,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7057,7 +6928,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7070,7 +6941,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{88}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ReadFileRequest) GetSessionId() string {
@@ -7104,7 +6975,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7116,7 +6987,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7129,7 +7000,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{89}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ReadFileResponse) GetPart() isReadFileResponse_Part {
@@ -7190,7 +7061,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7202,7 +7073,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7215,7 +7086,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{90}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *WriteFileHeader) GetSessionId() string {
@@ -7255,7 +7126,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7267,7 +7138,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7280,7 +7151,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{91}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *WriteFileRequest) GetPart() isWriteFileRequest_Part {
@@ -7337,7 +7208,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7349,7 +7220,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7362,7 +7233,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{92}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *WriteFileResponse) GetSize() int64 {
@@ -7387,7 +7258,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[93]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7399,7 +7270,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[93]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7412,7 +7283,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{93}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *ListFilesRequest) GetSessionId() string {
@@ -7449,7 +7320,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[94]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7461,7 +7332,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[94]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7474,7 +7345,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{94}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *ListFilesResponse) GetEntries() []*v1.FileEntry {
@@ -7502,7 +7373,7 @@ type SuspendSessionRequest struct {
 
 func (x *SuspendSessionRequest) Reset() {
 	*x = SuspendSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[95]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7514,7 +7385,7 @@ func (x *SuspendSessionRequest) String() string {
 func (*SuspendSessionRequest) ProtoMessage() {}
 
 func (x *SuspendSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[95]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7527,7 +7398,7 @@ func (x *SuspendSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendSessionRequest.ProtoReflect.Descriptor instead.
 func (*SuspendSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{95}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *SuspendSessionRequest) GetSessionId() string {
@@ -7548,7 +7419,7 @@ type SuspendSessionResponse struct {
 
 func (x *SuspendSessionResponse) Reset() {
 	*x = SuspendSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[96]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7560,7 +7431,7 @@ func (x *SuspendSessionResponse) String() string {
 func (*SuspendSessionResponse) ProtoMessage() {}
 
 func (x *SuspendSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[96]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7573,7 +7444,7 @@ func (x *SuspendSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendSessionResponse.ProtoReflect.Descriptor instead.
 func (*SuspendSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{96}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *SuspendSessionResponse) GetSession() *Job {
@@ -7594,7 +7465,7 @@ type ResumeSessionRequest struct {
 
 func (x *ResumeSessionRequest) Reset() {
 	*x = ResumeSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[97]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7606,7 +7477,7 @@ func (x *ResumeSessionRequest) String() string {
 func (*ResumeSessionRequest) ProtoMessage() {}
 
 func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[97]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7619,7 +7490,7 @@ func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSessionRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{97}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *ResumeSessionRequest) GetSessionId() string {
@@ -7640,7 +7511,7 @@ type ResumeSessionResponse struct {
 
 func (x *ResumeSessionResponse) Reset() {
 	*x = ResumeSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[98]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7652,7 +7523,7 @@ func (x *ResumeSessionResponse) String() string {
 func (*ResumeSessionResponse) ProtoMessage() {}
 
 func (x *ResumeSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[98]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7665,7 +7536,7 @@ func (x *ResumeSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSessionResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{98}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *ResumeSessionResponse) GetSession() *Job {
@@ -7686,7 +7557,7 @@ type ListCachesRequest struct {
 
 func (x *ListCachesRequest) Reset() {
 	*x = ListCachesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[99]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7698,7 +7569,7 @@ func (x *ListCachesRequest) String() string {
 func (*ListCachesRequest) ProtoMessage() {}
 
 func (x *ListCachesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[99]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7711,7 +7582,7 @@ func (x *ListCachesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCachesRequest.ProtoReflect.Descriptor instead.
 func (*ListCachesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{99}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *ListCachesRequest) GetTenant() string {
@@ -7732,7 +7603,7 @@ type ListCachesResponse struct {
 
 func (x *ListCachesResponse) Reset() {
 	*x = ListCachesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[100]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7744,7 +7615,7 @@ func (x *ListCachesResponse) String() string {
 func (*ListCachesResponse) ProtoMessage() {}
 
 func (x *ListCachesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[100]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7757,7 +7628,7 @@ func (x *ListCachesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCachesResponse.ProtoReflect.Descriptor instead.
 func (*ListCachesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{100}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *ListCachesResponse) GetCaches() []*v1.CacheInfo {
@@ -7782,7 +7653,7 @@ type ClearCachesRequest struct {
 
 func (x *ClearCachesRequest) Reset() {
 	*x = ClearCachesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[101]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7794,7 +7665,7 @@ func (x *ClearCachesRequest) String() string {
 func (*ClearCachesRequest) ProtoMessage() {}
 
 func (x *ClearCachesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[101]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7807,7 +7678,7 @@ func (x *ClearCachesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClearCachesRequest.ProtoReflect.Descriptor instead.
 func (*ClearCachesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{101}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *ClearCachesRequest) GetTenant() string {
@@ -7842,7 +7713,7 @@ type ClearCachesResponse struct {
 
 func (x *ClearCachesResponse) Reset() {
 	*x = ClearCachesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[102]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7854,7 +7725,7 @@ func (x *ClearCachesResponse) String() string {
 func (*ClearCachesResponse) ProtoMessage() {}
 
 func (x *ClearCachesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[102]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7867,7 +7738,7 @@ func (x *ClearCachesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClearCachesResponse.ProtoReflect.Descriptor instead.
 func (*ClearCachesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{102}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *ClearCachesResponse) GetCleared() []*v1.CacheInfo {
@@ -7957,14 +7828,17 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\"i\n" +
 	"\x10ListJobsResponse\x12-\n" +
 	"\x04jobs\x18\x01 \x03(\v2\x19.airlock.authority.v1.JobR\x04jobs\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"r\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xaf\x01\n" +
 	"\x0fWatchJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12#\n" +
 	"\rstdout_offset\x18\x02 \x01(\x03R\fstdoutOffset\x12#\n" +
-	"\rstderr_offset\x18\x03 \x01(\x03R\fstderrOffset\"\x83\x01\n" +
+	"\rstderr_offset\x18\x03 \x01(\x03R\fstderrOffset\x12\x16\n" +
+	"\x06egress\x18\x04 \x01(\bR\x06egress\x12#\n" +
+	"\regress_offset\x18\x05 \x01(\x03R\fegressOffset\"\xbc\x01\n" +
 	"\x10WatchJobResponse\x12-\n" +
 	"\x03job\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobH\x00R\x03job\x127\n" +
-	"\x06output\x18\x02 \x01(\v2\x1d.airlock.types.v1.OutputChunkH\x00R\x06outputB\a\n" +
+	"\x06output\x18\x02 \x01(\v2\x1d.airlock.types.v1.OutputChunkH\x00R\x06output\x127\n" +
+	"\x06egress\x18\x03 \x01(\v2\x1d.airlock.types.v1.EgressEventH\x00R\x06egressB\a\n" +
 	"\x05event\"A\n" +
 	"\x10CancelJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x16\n" +
@@ -8033,31 +7907,12 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\vfile_writes\x18\t \x03(\v2\x1b.airlock.types.v1.FileWriteR\n" +
 	"fileWrites\x12*\n" +
 	"\x11file_writes_total\x18\n" +
-	" \x01(\x03R\x0ffileWritesTotal\"\xf9\x02\n" +
-	"\fEgressRecord\x12.\n" +
-	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x10\n" +
-	"\x03via\x18\x02 \x01(\tR\x03via\x12\x12\n" +
-	"\x04name\x18\x03 \x01(\tR\x04name\x12\x12\n" +
-	"\x04port\x18\x04 \x01(\rR\x04port\x12\x14\n" +
-	"\x05qtype\x18\x05 \x01(\tR\x05qtype\x12\x18\n" +
-	"\aallowed\x18\x06 \x01(\bR\aallowed\x12\x16\n" +
-	"\x06reason\x18\a \x01(\tR\x06reason\x12\x12\n" +
-	"\x04addr\x18\b \x01(\tR\x04addr\x12\x18\n" +
-	"\aanswers\x18\t \x03(\tR\aanswers\x12\x19\n" +
-	"\bbytes_in\x18\n" +
-	" \x01(\x03R\abytesIn\x12\x1b\n" +
-	"\tbytes_out\x18\v \x01(\x03R\bbytesOut\x12\x1f\n" +
-	"\vduration_ms\x18\f \x01(\x03R\n" +
-	"durationMs\x12\x10\n" +
-	"\x03end\x18\r \x01(\tR\x03end\x12\x1e\n" +
-	"\n" +
-	"suppressed\x18\x0e \x01(\x03R\n" +
-	"suppressed\"\xcf\x01\n" +
-	"\tEgressLog\x12<\n" +
-	"\arecords\x18\x01 \x03(\v2\".airlock.authority.v1.EgressRecordR\arecords\x12\x14\n" +
+	" \x01(\x03R\x0ffileWritesTotal\"\xc7\x01\n" +
+	"\tEgressLog\x128\n" +
+	"\arecords\x18\x01 \x03(\v2\x1e.airlock.types.v1.EgressRecordR\arecords\x12\x14\n" +
 	"\x05total\x18\x02 \x01(\x03R\x05total\x126\n" +
-	"\x05names\x18\x03 \x03(\v2 .airlock.authority.v1.EgressNameR\x05names\x126\n" +
-	"\x04last\x18\x04 \x03(\v2\".airlock.authority.v1.EgressRecordR\x04last\"\x8c\x01\n" +
+	"\x05names\x18\x03 \x03(\v2 .airlock.authority.v1.EgressNameR\x05names\x122\n" +
+	"\x04last\x18\x04 \x03(\v2\x1e.airlock.types.v1.EgressRecordR\x04last\"\x8c\x01\n" +
 	"\n" +
 	"EgressName\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
@@ -8523,7 +8378,7 @@ func file_airlock_authority_v1_authority_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_authority_v1_authority_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 104)
+var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 103)
 var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(JobState)(0),                        // 0: airlock.authority.v1.JobState
 	(FileStatus)(0),                      // 1: airlock.authority.v1.FileStatus
@@ -8558,229 +8413,230 @@ var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(*FileChange)(nil),                   // 30: airlock.authority.v1.FileChange
 	(*OutputTail)(nil),                   // 31: airlock.authority.v1.OutputTail
 	(*ReviewDetail)(nil),                 // 32: airlock.authority.v1.ReviewDetail
-	(*EgressRecord)(nil),                 // 33: airlock.authority.v1.EgressRecord
-	(*EgressLog)(nil),                    // 34: airlock.authority.v1.EgressLog
-	(*EgressName)(nil),                   // 35: airlock.authority.v1.EgressName
-	(*ReportResultResponse)(nil),         // 36: airlock.authority.v1.ReportResultResponse
-	(*JobChange)(nil),                    // 37: airlock.authority.v1.JobChange
-	(*ApprovalVote)(nil),                 // 38: airlock.authority.v1.ApprovalVote
-	(*Approval)(nil),                     // 39: airlock.authority.v1.Approval
-	(*ReviewMaterial)(nil),               // 40: airlock.authority.v1.ReviewMaterial
-	(*ReadReviewRequest)(nil),            // 41: airlock.authority.v1.ReadReviewRequest
-	(*ReviewPartStart)(nil),              // 42: airlock.authority.v1.ReviewPartStart
-	(*ReviewFiles)(nil),                  // 43: airlock.authority.v1.ReviewFiles
-	(*ReadReviewResponse)(nil),           // 44: airlock.authority.v1.ReadReviewResponse
-	(*ListApprovalsRequest)(nil),         // 45: airlock.authority.v1.ListApprovalsRequest
-	(*ListApprovalsResponse)(nil),        // 46: airlock.authority.v1.ListApprovalsResponse
-	(*GetApprovalRequest)(nil),           // 47: airlock.authority.v1.GetApprovalRequest
-	(*GetApprovalResponse)(nil),          // 48: airlock.authority.v1.GetApprovalResponse
-	(*DecideApprovalRequest)(nil),        // 49: airlock.authority.v1.DecideApprovalRequest
-	(*DecideApprovalResponse)(nil),       // 50: airlock.authority.v1.DecideApprovalResponse
-	(*ConsumeApprovalRequest)(nil),       // 51: airlock.authority.v1.ConsumeApprovalRequest
-	(*ConsumeApprovalResponse)(nil),      // 52: airlock.authority.v1.ConsumeApprovalResponse
-	(*Lease)(nil),                        // 53: airlock.authority.v1.Lease
-	(*LeaseCredentialRequest)(nil),       // 54: airlock.authority.v1.LeaseCredentialRequest
-	(*LeaseCredentialResponse)(nil),      // 55: airlock.authority.v1.LeaseCredentialResponse
-	(*RevokeCredentialRequest)(nil),      // 56: airlock.authority.v1.RevokeCredentialRequest
-	(*RevokeCredentialResponse)(nil),     // 57: airlock.authority.v1.RevokeCredentialResponse
-	(*ListLeasesRequest)(nil),            // 58: airlock.authority.v1.ListLeasesRequest
-	(*ListLeasesResponse)(nil),           // 59: airlock.authority.v1.ListLeasesResponse
-	(*UpdateNetworkPolicyRequest)(nil),   // 60: airlock.authority.v1.UpdateNetworkPolicyRequest
-	(*UpdateNetworkPolicyResponse)(nil),  // 61: airlock.authority.v1.UpdateNetworkPolicyResponse
-	(*UpdateJobLimitsRequest)(nil),       // 62: airlock.authority.v1.UpdateJobLimitsRequest
-	(*UpdateJobLimitsResponse)(nil),      // 63: airlock.authority.v1.UpdateJobLimitsResponse
-	(*UseLeaseRequest)(nil),              // 64: airlock.authority.v1.UseLeaseRequest
-	(*UseLeaseResponse)(nil),             // 65: airlock.authority.v1.UseLeaseResponse
-	(*AuditEvent)(nil),                   // 66: airlock.authority.v1.AuditEvent
-	(*ListAuditEventsRequest)(nil),       // 67: airlock.authority.v1.ListAuditEventsRequest
-	(*ListAuditEventsResponse)(nil),      // 68: airlock.authority.v1.ListAuditEventsResponse
-	(*AuditCheckpoint)(nil),              // 69: airlock.authority.v1.AuditCheckpoint
-	(*ListAuditCheckpointsRequest)(nil),  // 70: airlock.authority.v1.ListAuditCheckpointsRequest
-	(*ListAuditCheckpointsResponse)(nil), // 71: airlock.authority.v1.ListAuditCheckpointsResponse
-	(*GetPublishSpecRequest)(nil),        // 72: airlock.authority.v1.GetPublishSpecRequest
-	(*PublishPolicy)(nil),                // 73: airlock.authority.v1.PublishPolicy
-	(*GetPublishSpecResponse)(nil),       // 74: airlock.authority.v1.GetPublishSpecResponse
-	(*CreateSessionRequest)(nil),         // 75: airlock.authority.v1.CreateSessionRequest
-	(*CreateSessionResponse)(nil),        // 76: airlock.authority.v1.CreateSessionResponse
-	(*GetSessionRequest)(nil),            // 77: airlock.authority.v1.GetSessionRequest
-	(*GetSessionResponse)(nil),           // 78: airlock.authority.v1.GetSessionResponse
-	(*ListSessionsRequest)(nil),          // 79: airlock.authority.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),         // 80: airlock.authority.v1.ListSessionsResponse
-	(*FinishSessionRequest)(nil),         // 81: airlock.authority.v1.FinishSessionRequest
-	(*FinishSessionResponse)(nil),        // 82: airlock.authority.v1.FinishSessionResponse
-	(*CancelSessionRequest)(nil),         // 83: airlock.authority.v1.CancelSessionRequest
-	(*CancelSessionResponse)(nil),        // 84: airlock.authority.v1.CancelSessionResponse
-	(*StartExecRequest)(nil),             // 85: airlock.authority.v1.StartExecRequest
-	(*StartExecResponse)(nil),            // 86: airlock.authority.v1.StartExecResponse
-	(*GetExecRequest)(nil),               // 87: airlock.authority.v1.GetExecRequest
-	(*GetExecResponse)(nil),              // 88: airlock.authority.v1.GetExecResponse
-	(*WatchExecRequest)(nil),             // 89: airlock.authority.v1.WatchExecRequest
-	(*WatchExecResponse)(nil),            // 90: airlock.authority.v1.WatchExecResponse
-	(*RunExecStart)(nil),                 // 91: airlock.authority.v1.RunExecStart
-	(*RunExecRequest)(nil),               // 92: airlock.authority.v1.RunExecRequest
-	(*RunExecResponse)(nil),              // 93: airlock.authority.v1.RunExecResponse
-	(*CancelExecRequest)(nil),            // 94: airlock.authority.v1.CancelExecRequest
-	(*CancelExecResponse)(nil),           // 95: airlock.authority.v1.CancelExecResponse
-	(*ReadFileRequest)(nil),              // 96: airlock.authority.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),             // 97: airlock.authority.v1.ReadFileResponse
-	(*WriteFileHeader)(nil),              // 98: airlock.authority.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),             // 99: airlock.authority.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),            // 100: airlock.authority.v1.WriteFileResponse
-	(*ListFilesRequest)(nil),             // 101: airlock.authority.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),            // 102: airlock.authority.v1.ListFilesResponse
-	(*SuspendSessionRequest)(nil),        // 103: airlock.authority.v1.SuspendSessionRequest
-	(*SuspendSessionResponse)(nil),       // 104: airlock.authority.v1.SuspendSessionResponse
-	(*ResumeSessionRequest)(nil),         // 105: airlock.authority.v1.ResumeSessionRequest
-	(*ResumeSessionResponse)(nil),        // 106: airlock.authority.v1.ResumeSessionResponse
-	(*ListCachesRequest)(nil),            // 107: airlock.authority.v1.ListCachesRequest
-	(*ListCachesResponse)(nil),           // 108: airlock.authority.v1.ListCachesResponse
-	(*ClearCachesRequest)(nil),           // 109: airlock.authority.v1.ClearCachesRequest
-	(*ClearCachesResponse)(nil),          // 110: airlock.authority.v1.ClearCachesResponse
-	nil,                                  // 111: airlock.authority.v1.JobSpec.EnvEntry
-	(*v1.ResourceLimits)(nil),            // 112: airlock.types.v1.ResourceLimits
-	(*v1.NetworkPolicy)(nil),             // 113: airlock.types.v1.NetworkPolicy
-	(v1.RuntimeClass)(0),                 // 114: airlock.types.v1.RuntimeClass
-	(*v1.PublishTarget)(nil),             // 115: airlock.types.v1.PublishTarget
-	(*v1.SessionSpec)(nil),               // 116: airlock.types.v1.SessionSpec
-	(*timestamppb.Timestamp)(nil),        // 117: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),                 // 118: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil),       // 119: airlock.types.v1.NetworkPolicyStatus
-	(*v1.OutputChunk)(nil),               // 120: airlock.types.v1.OutputChunk
+	(*EgressLog)(nil),                    // 33: airlock.authority.v1.EgressLog
+	(*EgressName)(nil),                   // 34: airlock.authority.v1.EgressName
+	(*ReportResultResponse)(nil),         // 35: airlock.authority.v1.ReportResultResponse
+	(*JobChange)(nil),                    // 36: airlock.authority.v1.JobChange
+	(*ApprovalVote)(nil),                 // 37: airlock.authority.v1.ApprovalVote
+	(*Approval)(nil),                     // 38: airlock.authority.v1.Approval
+	(*ReviewMaterial)(nil),               // 39: airlock.authority.v1.ReviewMaterial
+	(*ReadReviewRequest)(nil),            // 40: airlock.authority.v1.ReadReviewRequest
+	(*ReviewPartStart)(nil),              // 41: airlock.authority.v1.ReviewPartStart
+	(*ReviewFiles)(nil),                  // 42: airlock.authority.v1.ReviewFiles
+	(*ReadReviewResponse)(nil),           // 43: airlock.authority.v1.ReadReviewResponse
+	(*ListApprovalsRequest)(nil),         // 44: airlock.authority.v1.ListApprovalsRequest
+	(*ListApprovalsResponse)(nil),        // 45: airlock.authority.v1.ListApprovalsResponse
+	(*GetApprovalRequest)(nil),           // 46: airlock.authority.v1.GetApprovalRequest
+	(*GetApprovalResponse)(nil),          // 47: airlock.authority.v1.GetApprovalResponse
+	(*DecideApprovalRequest)(nil),        // 48: airlock.authority.v1.DecideApprovalRequest
+	(*DecideApprovalResponse)(nil),       // 49: airlock.authority.v1.DecideApprovalResponse
+	(*ConsumeApprovalRequest)(nil),       // 50: airlock.authority.v1.ConsumeApprovalRequest
+	(*ConsumeApprovalResponse)(nil),      // 51: airlock.authority.v1.ConsumeApprovalResponse
+	(*Lease)(nil),                        // 52: airlock.authority.v1.Lease
+	(*LeaseCredentialRequest)(nil),       // 53: airlock.authority.v1.LeaseCredentialRequest
+	(*LeaseCredentialResponse)(nil),      // 54: airlock.authority.v1.LeaseCredentialResponse
+	(*RevokeCredentialRequest)(nil),      // 55: airlock.authority.v1.RevokeCredentialRequest
+	(*RevokeCredentialResponse)(nil),     // 56: airlock.authority.v1.RevokeCredentialResponse
+	(*ListLeasesRequest)(nil),            // 57: airlock.authority.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),           // 58: airlock.authority.v1.ListLeasesResponse
+	(*UpdateNetworkPolicyRequest)(nil),   // 59: airlock.authority.v1.UpdateNetworkPolicyRequest
+	(*UpdateNetworkPolicyResponse)(nil),  // 60: airlock.authority.v1.UpdateNetworkPolicyResponse
+	(*UpdateJobLimitsRequest)(nil),       // 61: airlock.authority.v1.UpdateJobLimitsRequest
+	(*UpdateJobLimitsResponse)(nil),      // 62: airlock.authority.v1.UpdateJobLimitsResponse
+	(*UseLeaseRequest)(nil),              // 63: airlock.authority.v1.UseLeaseRequest
+	(*UseLeaseResponse)(nil),             // 64: airlock.authority.v1.UseLeaseResponse
+	(*AuditEvent)(nil),                   // 65: airlock.authority.v1.AuditEvent
+	(*ListAuditEventsRequest)(nil),       // 66: airlock.authority.v1.ListAuditEventsRequest
+	(*ListAuditEventsResponse)(nil),      // 67: airlock.authority.v1.ListAuditEventsResponse
+	(*AuditCheckpoint)(nil),              // 68: airlock.authority.v1.AuditCheckpoint
+	(*ListAuditCheckpointsRequest)(nil),  // 69: airlock.authority.v1.ListAuditCheckpointsRequest
+	(*ListAuditCheckpointsResponse)(nil), // 70: airlock.authority.v1.ListAuditCheckpointsResponse
+	(*GetPublishSpecRequest)(nil),        // 71: airlock.authority.v1.GetPublishSpecRequest
+	(*PublishPolicy)(nil),                // 72: airlock.authority.v1.PublishPolicy
+	(*GetPublishSpecResponse)(nil),       // 73: airlock.authority.v1.GetPublishSpecResponse
+	(*CreateSessionRequest)(nil),         // 74: airlock.authority.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),        // 75: airlock.authority.v1.CreateSessionResponse
+	(*GetSessionRequest)(nil),            // 76: airlock.authority.v1.GetSessionRequest
+	(*GetSessionResponse)(nil),           // 77: airlock.authority.v1.GetSessionResponse
+	(*ListSessionsRequest)(nil),          // 78: airlock.authority.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),         // 79: airlock.authority.v1.ListSessionsResponse
+	(*FinishSessionRequest)(nil),         // 80: airlock.authority.v1.FinishSessionRequest
+	(*FinishSessionResponse)(nil),        // 81: airlock.authority.v1.FinishSessionResponse
+	(*CancelSessionRequest)(nil),         // 82: airlock.authority.v1.CancelSessionRequest
+	(*CancelSessionResponse)(nil),        // 83: airlock.authority.v1.CancelSessionResponse
+	(*StartExecRequest)(nil),             // 84: airlock.authority.v1.StartExecRequest
+	(*StartExecResponse)(nil),            // 85: airlock.authority.v1.StartExecResponse
+	(*GetExecRequest)(nil),               // 86: airlock.authority.v1.GetExecRequest
+	(*GetExecResponse)(nil),              // 87: airlock.authority.v1.GetExecResponse
+	(*WatchExecRequest)(nil),             // 88: airlock.authority.v1.WatchExecRequest
+	(*WatchExecResponse)(nil),            // 89: airlock.authority.v1.WatchExecResponse
+	(*RunExecStart)(nil),                 // 90: airlock.authority.v1.RunExecStart
+	(*RunExecRequest)(nil),               // 91: airlock.authority.v1.RunExecRequest
+	(*RunExecResponse)(nil),              // 92: airlock.authority.v1.RunExecResponse
+	(*CancelExecRequest)(nil),            // 93: airlock.authority.v1.CancelExecRequest
+	(*CancelExecResponse)(nil),           // 94: airlock.authority.v1.CancelExecResponse
+	(*ReadFileRequest)(nil),              // 95: airlock.authority.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),             // 96: airlock.authority.v1.ReadFileResponse
+	(*WriteFileHeader)(nil),              // 97: airlock.authority.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),             // 98: airlock.authority.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),            // 99: airlock.authority.v1.WriteFileResponse
+	(*ListFilesRequest)(nil),             // 100: airlock.authority.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),            // 101: airlock.authority.v1.ListFilesResponse
+	(*SuspendSessionRequest)(nil),        // 102: airlock.authority.v1.SuspendSessionRequest
+	(*SuspendSessionResponse)(nil),       // 103: airlock.authority.v1.SuspendSessionResponse
+	(*ResumeSessionRequest)(nil),         // 104: airlock.authority.v1.ResumeSessionRequest
+	(*ResumeSessionResponse)(nil),        // 105: airlock.authority.v1.ResumeSessionResponse
+	(*ListCachesRequest)(nil),            // 106: airlock.authority.v1.ListCachesRequest
+	(*ListCachesResponse)(nil),           // 107: airlock.authority.v1.ListCachesResponse
+	(*ClearCachesRequest)(nil),           // 108: airlock.authority.v1.ClearCachesRequest
+	(*ClearCachesResponse)(nil),          // 109: airlock.authority.v1.ClearCachesResponse
+	nil,                                  // 110: airlock.authority.v1.JobSpec.EnvEntry
+	(*v1.ResourceLimits)(nil),            // 111: airlock.types.v1.ResourceLimits
+	(*v1.NetworkPolicy)(nil),             // 112: airlock.types.v1.NetworkPolicy
+	(v1.RuntimeClass)(0),                 // 113: airlock.types.v1.RuntimeClass
+	(*v1.PublishTarget)(nil),             // 114: airlock.types.v1.PublishTarget
+	(*v1.SessionSpec)(nil),               // 115: airlock.types.v1.SessionSpec
+	(*timestamppb.Timestamp)(nil),        // 116: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),                 // 117: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil),       // 118: airlock.types.v1.NetworkPolicyStatus
+	(*v1.OutputChunk)(nil),               // 119: airlock.types.v1.OutputChunk
+	(*v1.EgressEvent)(nil),               // 120: airlock.types.v1.EgressEvent
 	(*v1.Exec)(nil),                      // 121: airlock.types.v1.Exec
 	(*v1.FileWrite)(nil),                 // 122: airlock.types.v1.FileWrite
-	(*durationpb.Duration)(nil),          // 123: google.protobuf.Duration
-	(v1.TerminationReason)(0),            // 124: airlock.types.v1.TerminationReason
-	(*v1.ExecSpec)(nil),                  // 125: airlock.types.v1.ExecSpec
-	(*v1.FileHeader)(nil),                // 126: airlock.types.v1.FileHeader
-	(*v1.FileEntry)(nil),                 // 127: airlock.types.v1.FileEntry
-	(*v1.CacheInfo)(nil),                 // 128: airlock.types.v1.CacheInfo
+	(*v1.EgressRecord)(nil),              // 123: airlock.types.v1.EgressRecord
+	(*durationpb.Duration)(nil),          // 124: google.protobuf.Duration
+	(v1.TerminationReason)(0),            // 125: airlock.types.v1.TerminationReason
+	(*v1.ExecSpec)(nil),                  // 126: airlock.types.v1.ExecSpec
+	(*v1.FileHeader)(nil),                // 127: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),                 // 128: airlock.types.v1.FileEntry
+	(*v1.CacheInfo)(nil),                 // 129: airlock.types.v1.CacheInfo
 }
 var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
-	111, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
-	112, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
-	113, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	114, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	115, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
-	116, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
+	110, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
+	111, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
+	112, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	113, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	114, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
+	115, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
 	8,   // 6: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
 	0,   // 7: airlock.authority.v1.Job.state:type_name -> airlock.authority.v1.JobState
-	117, // 8: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	117, // 9: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	118, // 10: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
-	119, // 11: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	112, // 12: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
-	116, // 13: airlock.authority.v1.Job.session:type_name -> airlock.types.v1.SessionSpec
+	116, // 8: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	116, // 9: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	117, // 10: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
+	118, // 11: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	111, // 12: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
+	115, // 13: airlock.authority.v1.Job.session:type_name -> airlock.types.v1.SessionSpec
 	8,   // 14: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
 	9,   // 15: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
 	9,   // 16: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
 	16,  // 17: airlock.authority.v1.DownloadBundleResponse.header:type_name -> airlock.authority.v1.BundleHeader
-	34,  // 18: airlock.authority.v1.GetJobEgressResponse.egress:type_name -> airlock.authority.v1.EgressLog
+	33,  // 18: airlock.authority.v1.GetJobEgressResponse.egress:type_name -> airlock.authority.v1.EgressLog
 	0,   // 19: airlock.authority.v1.GetJobEgressResponse.state:type_name -> airlock.authority.v1.JobState
 	0,   // 20: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
 	9,   // 21: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
 	9,   // 22: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
-	120, // 23: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
-	9,   // 24: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
-	26,  // 25: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
-	27,  // 26: airlock.authority.v1.FetchSourceResponse.history:type_name -> airlock.authority.v1.SourceHistory
-	118, // 27: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
-	32,  // 28: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
-	1,   // 29: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
-	30,  // 30: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
-	31,  // 31: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
-	31,  // 32: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
-	34,  // 33: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
-	121, // 34: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
-	122, // 35: airlock.authority.v1.ReviewDetail.file_writes:type_name -> airlock.types.v1.FileWrite
-	117, // 36: airlock.authority.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
-	33,  // 37: airlock.authority.v1.EgressLog.records:type_name -> airlock.authority.v1.EgressRecord
-	35,  // 38: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
-	33,  // 39: airlock.authority.v1.EgressLog.last:type_name -> airlock.authority.v1.EgressRecord
+	119, // 23: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
+	120, // 24: airlock.authority.v1.WatchJobResponse.egress:type_name -> airlock.types.v1.EgressEvent
+	9,   // 25: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
+	26,  // 26: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
+	27,  // 27: airlock.authority.v1.FetchSourceResponse.history:type_name -> airlock.authority.v1.SourceHistory
+	117, // 28: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
+	32,  // 29: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
+	1,   // 30: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
+	30,  // 31: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
+	31,  // 32: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
+	31,  // 33: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
+	33,  // 34: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
+	121, // 35: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
+	122, // 36: airlock.authority.v1.ReviewDetail.file_writes:type_name -> airlock.types.v1.FileWrite
+	123, // 37: airlock.authority.v1.EgressLog.records:type_name -> airlock.types.v1.EgressRecord
+	34,  // 38: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
+	123, // 39: airlock.authority.v1.EgressLog.last:type_name -> airlock.types.v1.EgressRecord
 	9,   // 40: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
-	112, // 41: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
-	112, // 42: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
-	113, // 43: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	113, // 44: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	116, // 45: airlock.authority.v1.JobChange.from_session:type_name -> airlock.types.v1.SessionSpec
-	116, // 46: airlock.authority.v1.JobChange.to_session:type_name -> airlock.types.v1.SessionSpec
+	111, // 41: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
+	111, // 42: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
+	112, // 43: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	112, // 44: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	115, // 45: airlock.authority.v1.JobChange.from_session:type_name -> airlock.types.v1.SessionSpec
+	115, // 46: airlock.authority.v1.JobChange.to_session:type_name -> airlock.types.v1.SessionSpec
 	3,   // 47: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
-	117, // 48: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
-	115, // 49: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
+	116, // 48: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
+	114, // 49: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
 	2,   // 50: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
-	38,  // 51: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
-	117, // 52: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
-	117, // 53: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	37,  // 51: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
+	116, // 52: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
+	116, // 53: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
 	4,   // 54: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
-	37,  // 55: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
-	118, // 56: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
-	113, // 57: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	36,  // 55: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
+	117, // 56: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
+	112, // 57: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
 	32,  // 58: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
 	5,   // 59: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
 	5,   // 60: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
 	30,  // 61: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
-	42,  // 62: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
-	43,  // 63: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
+	41,  // 62: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
+	42,  // 63: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
 	2,   // 64: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
-	39,  // 65: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
-	39,  // 66: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	40,  // 67: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
+	38,  // 65: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
+	38,  // 66: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	39,  // 67: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
 	3,   // 68: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
-	39,  // 69: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	115, // 70: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
-	39,  // 71: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	38,  // 69: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	114, // 70: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
+	38,  // 71: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
 	6,   // 72: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	117, // 73: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
-	117, // 74: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	117, // 75: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
+	116, // 73: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
+	116, // 74: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	116, // 75: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
 	6,   // 76: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	123, // 77: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
-	53,  // 78: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	53,  // 79: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	53,  // 80: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
-	113, // 81: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
-	119, // 82: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	112, // 83: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
-	116, // 84: airlock.authority.v1.UpdateJobLimitsRequest.session:type_name -> airlock.types.v1.SessionSpec
+	124, // 77: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
+	52,  // 78: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	52,  // 79: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	52,  // 80: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
+	112, // 81: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
+	118, // 82: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	111, // 83: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
+	115, // 84: airlock.authority.v1.UpdateJobLimitsRequest.session:type_name -> airlock.types.v1.SessionSpec
 	9,   // 85: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
-	53,  // 86: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
-	117, // 87: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	52,  // 86: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
+	116, // 87: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
 	7,   // 88: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
-	117, // 89: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
-	117, // 90: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
-	66,  // 91: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
-	117, // 92: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
-	69,  // 93: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
-	39,  // 94: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
-	117, // 95: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
-	73,  // 96: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
+	116, // 89: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
+	116, // 90: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
+	65,  // 91: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
+	116, // 92: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
+	68,  // 93: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
+	38,  // 94: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
+	116, // 95: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
+	72,  // 96: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
 	8,   // 97: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
 	9,   // 98: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
 	9,   // 99: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
 	121, // 100: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
-	124, // 101: airlock.authority.v1.GetSessionResponse.suspend_reason:type_name -> airlock.types.v1.TerminationReason
+	125, // 101: airlock.authority.v1.GetSessionResponse.suspend_reason:type_name -> airlock.types.v1.TerminationReason
 	122, // 102: airlock.authority.v1.GetSessionResponse.file_writes:type_name -> airlock.types.v1.FileWrite
 	0,   // 103: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
 	9,   // 104: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
 	9,   // 105: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
 	9,   // 106: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
-	125, // 107: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	126, // 107: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
 	121, // 108: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
 	121, // 109: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	120, // 110: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	119, // 110: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
 	121, // 111: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	125, // 112: airlock.authority.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
-	91,  // 113: airlock.authority.v1.RunExecRequest.start:type_name -> airlock.authority.v1.RunExecStart
-	86,  // 114: airlock.authority.v1.RunExecResponse.started:type_name -> airlock.authority.v1.StartExecResponse
-	120, // 115: airlock.authority.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	126, // 112: airlock.authority.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
+	90,  // 113: airlock.authority.v1.RunExecRequest.start:type_name -> airlock.authority.v1.RunExecStart
+	85,  // 114: airlock.authority.v1.RunExecResponse.started:type_name -> airlock.authority.v1.StartExecResponse
+	119, // 115: airlock.authority.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
 	121, // 116: airlock.authority.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
 	121, // 117: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
-	126, // 118: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
-	98,  // 119: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
-	127, // 120: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	127, // 118: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	97,  // 119: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
+	128, // 120: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
 	9,   // 121: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
 	9,   // 122: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
-	128, // 123: airlock.authority.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
-	128, // 124: airlock.authority.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
+	129, // 123: airlock.authority.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
+	129, // 124: airlock.authority.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
 	10,  // 125: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
 	12,  // 126: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
 	14,  // 127: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
@@ -8788,39 +8644,39 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	21,  // 129: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
 	23,  // 130: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
 	15,  // 131: airlock.authority.v1.AuthorityService.DownloadBundle:input_type -> airlock.authority.v1.DownloadBundleRequest
-	75,  // 132: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
-	77,  // 133: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
-	79,  // 134: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
-	81,  // 135: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
-	83,  // 136: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
-	103, // 137: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
-	105, // 138: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
-	85,  // 139: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
-	87,  // 140: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
-	89,  // 141: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
-	94,  // 142: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
-	92,  // 143: airlock.authority.v1.AuthorityService.RunExec:input_type -> airlock.authority.v1.RunExecRequest
-	96,  // 144: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
-	99,  // 145: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
-	101, // 146: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
+	74,  // 132: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
+	76,  // 133: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
+	78,  // 134: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
+	80,  // 135: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
+	82,  // 136: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
+	102, // 137: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
+	104, // 138: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
+	84,  // 139: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
+	86,  // 140: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
+	88,  // 141: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
+	93,  // 142: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
+	91,  // 143: airlock.authority.v1.AuthorityService.RunExec:input_type -> airlock.authority.v1.RunExecRequest
+	95,  // 144: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
+	98,  // 145: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
+	100, // 146: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
 	25,  // 147: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
 	29,  // 148: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	45,  // 149: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	47,  // 150: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	41,  // 151: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
-	49,  // 152: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	51,  // 153: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	72,  // 154: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
-	54,  // 155: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	56,  // 156: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	58,  // 157: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	60,  // 158: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	62,  // 159: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
-	64,  // 160: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
-	67,  // 161: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	70,  // 162: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
-	107, // 163: airlock.authority.v1.AuthorityService.ListCaches:input_type -> airlock.authority.v1.ListCachesRequest
-	109, // 164: airlock.authority.v1.AuthorityService.ClearCaches:input_type -> airlock.authority.v1.ClearCachesRequest
+	44,  // 149: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	46,  // 150: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	40,  // 151: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
+	48,  // 152: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	50,  // 153: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	71,  // 154: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
+	53,  // 155: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	55,  // 156: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	57,  // 157: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	59,  // 158: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	61,  // 159: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	63,  // 160: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	66,  // 161: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	69,  // 162: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
+	106, // 163: airlock.authority.v1.AuthorityService.ListCaches:input_type -> airlock.authority.v1.ListCachesRequest
+	108, // 164: airlock.authority.v1.AuthorityService.ClearCaches:input_type -> airlock.authority.v1.ClearCachesRequest
 	11,  // 165: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
 	13,  // 166: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
 	18,  // 167: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
@@ -8828,39 +8684,39 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	22,  // 169: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
 	24,  // 170: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
 	17,  // 171: airlock.authority.v1.AuthorityService.DownloadBundle:output_type -> airlock.authority.v1.DownloadBundleResponse
-	76,  // 172: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
-	78,  // 173: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
-	80,  // 174: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
-	82,  // 175: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
-	84,  // 176: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
-	104, // 177: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
-	106, // 178: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
-	86,  // 179: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
-	88,  // 180: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
-	90,  // 181: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
-	95,  // 182: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
-	93,  // 183: airlock.authority.v1.AuthorityService.RunExec:output_type -> airlock.authority.v1.RunExecResponse
-	97,  // 184: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
-	100, // 185: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
-	102, // 186: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
+	75,  // 172: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
+	77,  // 173: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
+	79,  // 174: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
+	81,  // 175: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
+	83,  // 176: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
+	103, // 177: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
+	105, // 178: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
+	85,  // 179: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
+	87,  // 180: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
+	89,  // 181: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
+	94,  // 182: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
+	92,  // 183: airlock.authority.v1.AuthorityService.RunExec:output_type -> airlock.authority.v1.RunExecResponse
+	96,  // 184: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
+	99,  // 185: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
+	101, // 186: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
 	28,  // 187: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	36,  // 188: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	46,  // 189: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	48,  // 190: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	44,  // 191: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
-	50,  // 192: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	52,  // 193: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	74,  // 194: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
-	55,  // 195: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	57,  // 196: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	59,  // 197: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	61,  // 198: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	63,  // 199: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
-	65,  // 200: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
-	68,  // 201: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	71,  // 202: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
-	108, // 203: airlock.authority.v1.AuthorityService.ListCaches:output_type -> airlock.authority.v1.ListCachesResponse
-	110, // 204: airlock.authority.v1.AuthorityService.ClearCaches:output_type -> airlock.authority.v1.ClearCachesResponse
+	35,  // 188: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	45,  // 189: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	47,  // 190: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	43,  // 191: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
+	49,  // 192: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	51,  // 193: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	73,  // 194: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
+	54,  // 195: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	56,  // 196: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	58,  // 197: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	60,  // 198: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	62,  // 199: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	64,  // 200: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	67,  // 201: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	70,  // 202: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
+	107, // 203: airlock.authority.v1.AuthorityService.ListCaches:output_type -> airlock.authority.v1.ListCachesResponse
+	109, // 204: airlock.authority.v1.AuthorityService.ClearCaches:output_type -> airlock.authority.v1.ClearCachesResponse
 	165, // [165:205] is the sub-list for method output_type
 	125, // [125:165] is the sub-list for method input_type
 	125, // [125:125] is the sub-list for extension type_name
@@ -8881,6 +8737,7 @@ func file_airlock_authority_v1_authority_proto_init() {
 	file_airlock_authority_v1_authority_proto_msgTypes[14].OneofWrappers = []any{
 		(*WatchJobResponse_Job)(nil),
 		(*WatchJobResponse_Output)(nil),
+		(*WatchJobResponse_Egress)(nil),
 	}
 	file_airlock_authority_v1_authority_proto_msgTypes[20].OneofWrappers = []any{
 		(*FetchSourceResponse_Header)(nil),
@@ -8888,31 +8745,31 @@ func file_airlock_authority_v1_authority_proto_init() {
 		(*FetchSourceResponse_History)(nil),
 		(*FetchSourceResponse_HistoryChunk)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[36].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[35].OneofWrappers = []any{
 		(*ReadReviewResponse_Start)(nil),
 		(*ReadReviewResponse_Files)(nil),
 		(*ReadReviewResponse_Chunk)(nil),
 		(*ReadReviewResponse_VerifiedDigest)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[82].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[81].OneofWrappers = []any{
 		(*WatchExecResponse_Output)(nil),
 		(*WatchExecResponse_Exec)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[84].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[83].OneofWrappers = []any{
 		(*RunExecRequest_Start)(nil),
 		(*RunExecRequest_Stdin)(nil),
 		(*RunExecRequest_CloseStdin)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[85].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[84].OneofWrappers = []any{
 		(*RunExecResponse_Started)(nil),
 		(*RunExecResponse_Output)(nil),
 		(*RunExecResponse_Exec)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[89].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[88].OneofWrappers = []any{
 		(*ReadFileResponse_Header)(nil),
 		(*ReadFileResponse_Chunk)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[91].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[90].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Chunk)(nil),
 	}
@@ -8922,7 +8779,7 @@ func file_airlock_authority_v1_authority_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_authority_v1_authority_proto_rawDesc), len(file_airlock_authority_v1_authority_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   104,
+			NumMessages:   103,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -424,7 +424,13 @@ type WatchRunRequest struct {
 	// Resume stdout from this byte offset.
 	StdoutOffset int64 `protobuf:"varint,2,opt,name=stdout_offset,json=stdoutOffset,proto3" json:"stdout_offset,omitempty"`
 	// Resume stderr from this byte offset.
-	StderrOffset  int64 `protobuf:"varint,3,opt,name=stderr_offset,json=stderrOffset,proto3" json:"stderr_offset,omitempty"`
+	StderrOffset int64 `protobuf:"varint,3,opt,name=stderr_offset,json=stderrOffset,proto3" json:"stderr_offset,omitempty"`
+	// Send the run's egress record too (a domains job's connections and DNS
+	// queries, each as it is decided), from the record at egress_offset (0
+	// for the first). Output offsets past the end (2^63-1) send no output.
+	Egress bool `protobuf:"varint,4,opt,name=egress,proto3" json:"egress,omitempty"`
+	// Where to resume the egress record: the index after the last received.
+	EgressOffset  int64 `protobuf:"varint,5,opt,name=egress_offset,json=egressOffset,proto3" json:"egress_offset,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -480,6 +486,20 @@ func (x *WatchRunRequest) GetStderrOffset() int64 {
 	return 0
 }
 
+func (x *WatchRunRequest) GetEgress() bool {
+	if x != nil {
+		return x.Egress
+	}
+	return false
+}
+
+func (x *WatchRunRequest) GetEgressOffset() int64 {
+	if x != nil {
+		return x.EgressOffset
+	}
+	return 0
+}
+
 // WatchRunResponse is one event of a watched run.
 type WatchRunResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -489,6 +509,7 @@ type WatchRunResponse struct {
 	//
 	//	*WatchRunResponse_Run
 	//	*WatchRunResponse_Output
+	//	*WatchRunResponse_Egress
 	Event         isWatchRunResponse_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -549,6 +570,15 @@ func (x *WatchRunResponse) GetOutput() *v1.OutputChunk {
 	return nil
 }
 
+func (x *WatchRunResponse) GetEgress() *v1.EgressEvent {
+	if x != nil {
+		if x, ok := x.Event.(*WatchRunResponse_Egress); ok {
+			return x.Egress
+		}
+	}
+	return nil
+}
+
 type isWatchRunResponse_Event interface {
 	isWatchRunResponse_Event()
 }
@@ -563,9 +593,16 @@ type WatchRunResponse_Output struct {
 	Output *v1.OutputChunk `protobuf:"bytes,2,opt,name=output,proto3,oneof"`
 }
 
+type WatchRunResponse_Egress struct {
+	// One decision of the egress record (only when the request asks).
+	Egress *v1.EgressEvent `protobuf:"bytes,3,opt,name=egress,proto3,oneof"`
+}
+
 func (*WatchRunResponse_Run) isWatchRunResponse_Event() {}
 
 func (*WatchRunResponse_Output) isWatchRunResponse_Event() {}
+
+func (*WatchRunResponse_Egress) isWatchRunResponse_Event() {}
 
 // CancelRunRequest names a run to stop.
 type CancelRunRequest struct {
@@ -2830,14 +2867,17 @@ const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"\rGetRunRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"<\n" +
 	"\x0eGetRunResponse\x12*\n" +
-	"\x03run\x18\x01 \x01(\v2\x18.airlock.executor.v1.RunR\x03run\"r\n" +
+	"\x03run\x18\x01 \x01(\v2\x18.airlock.executor.v1.RunR\x03run\"\xaf\x01\n" +
 	"\x0fWatchRunRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12#\n" +
 	"\rstdout_offset\x18\x02 \x01(\x03R\fstdoutOffset\x12#\n" +
-	"\rstderr_offset\x18\x03 \x01(\x03R\fstderrOffset\"\x82\x01\n" +
+	"\rstderr_offset\x18\x03 \x01(\x03R\fstderrOffset\x12\x16\n" +
+	"\x06egress\x18\x04 \x01(\bR\x06egress\x12#\n" +
+	"\regress_offset\x18\x05 \x01(\x03R\fegressOffset\"\xbb\x01\n" +
 	"\x10WatchRunResponse\x12,\n" +
 	"\x03run\x18\x01 \x01(\v2\x18.airlock.executor.v1.RunH\x00R\x03run\x127\n" +
-	"\x06output\x18\x02 \x01(\v2\x1d.airlock.types.v1.OutputChunkH\x00R\x06outputB\a\n" +
+	"\x06output\x18\x02 \x01(\v2\x1d.airlock.types.v1.OutputChunkH\x00R\x06output\x127\n" +
+	"\x06egress\x18\x03 \x01(\v2\x1d.airlock.types.v1.EgressEventH\x00R\x06egressB\a\n" +
 	"\x05event\"A\n" +
 	"\x10CancelRunRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x16\n" +
@@ -3059,12 +3099,13 @@ var file_airlock_executor_v1_executor_proto_goTypes = []any{
 	(*v1.NetworkPolicyStatus)(nil), // 48: airlock.types.v1.NetworkPolicyStatus
 	(v1.TerminationReason)(0),      // 49: airlock.types.v1.TerminationReason
 	(*v1.OutputChunk)(nil),         // 50: airlock.types.v1.OutputChunk
-	(*v1.ExecSpec)(nil),            // 51: airlock.types.v1.ExecSpec
-	(*v1.Exec)(nil),                // 52: airlock.types.v1.Exec
-	(*v1.FileWrite)(nil),           // 53: airlock.types.v1.FileWrite
-	(*v1.FileHeader)(nil),          // 54: airlock.types.v1.FileHeader
-	(*v1.FileEntry)(nil),           // 55: airlock.types.v1.FileEntry
-	(*v1.CacheInfo)(nil),           // 56: airlock.types.v1.CacheInfo
+	(*v1.EgressEvent)(nil),         // 51: airlock.types.v1.EgressEvent
+	(*v1.ExecSpec)(nil),            // 52: airlock.types.v1.ExecSpec
+	(*v1.Exec)(nil),                // 53: airlock.types.v1.Exec
+	(*v1.FileWrite)(nil),           // 54: airlock.types.v1.FileWrite
+	(*v1.FileHeader)(nil),          // 55: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),           // 56: airlock.types.v1.FileEntry
+	(*v1.CacheInfo)(nil),           // 57: airlock.types.v1.CacheInfo
 }
 var file_airlock_executor_v1_executor_proto_depIdxs = []int32{
 	0,  // 0: airlock.executor.v1.Run.state:type_name -> airlock.executor.v1.RunState
@@ -3080,77 +3121,78 @@ var file_airlock_executor_v1_executor_proto_depIdxs = []int32{
 	1,  // 10: airlock.executor.v1.GetRunResponse.run:type_name -> airlock.executor.v1.Run
 	1,  // 11: airlock.executor.v1.WatchRunResponse.run:type_name -> airlock.executor.v1.Run
 	50, // 12: airlock.executor.v1.WatchRunResponse.output:type_name -> airlock.types.v1.OutputChunk
-	1,  // 13: airlock.executor.v1.CancelRunResponse.run:type_name -> airlock.executor.v1.Run
-	45, // 14: airlock.executor.v1.UpdateRunRequest.grant:type_name -> airlock.types.v1.SignedGrant
-	1,  // 15: airlock.executor.v1.UpdateRunResponse.run:type_name -> airlock.executor.v1.Run
-	48, // 16: airlock.executor.v1.UpdateRunResponse.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	13, // 17: airlock.executor.v1.GetArtifactResponse.header:type_name -> airlock.executor.v1.ArtifactHeader
-	51, // 18: airlock.executor.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	52, // 19: airlock.executor.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	52, // 20: airlock.executor.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	52, // 21: airlock.executor.v1.ListExecsResponse.execs:type_name -> airlock.types.v1.Exec
-	53, // 22: airlock.executor.v1.ListExecsResponse.file_writes:type_name -> airlock.types.v1.FileWrite
-	50, // 23: airlock.executor.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	52, // 24: airlock.executor.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	51, // 25: airlock.executor.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
-	23, // 26: airlock.executor.v1.RunExecRequest.start:type_name -> airlock.executor.v1.RunExecStart
-	16, // 27: airlock.executor.v1.RunExecResponse.started:type_name -> airlock.executor.v1.StartExecResponse
-	50, // 28: airlock.executor.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	52, // 29: airlock.executor.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
-	52, // 30: airlock.executor.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
-	1,  // 31: airlock.executor.v1.FinishRunResponse.run:type_name -> airlock.executor.v1.Run
-	54, // 32: airlock.executor.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
-	32, // 33: airlock.executor.v1.WriteFileRequest.header:type_name -> airlock.executor.v1.WriteFileHeader
-	55, // 34: airlock.executor.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
-	1,  // 35: airlock.executor.v1.SuspendRunResponse.run:type_name -> airlock.executor.v1.Run
-	1,  // 36: airlock.executor.v1.ResumeRunResponse.run:type_name -> airlock.executor.v1.Run
-	56, // 37: airlock.executor.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
-	56, // 38: airlock.executor.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
-	2,  // 39: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
-	4,  // 40: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
-	6,  // 41: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
-	8,  // 42: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
-	10, // 43: airlock.executor.v1.ExecutorService.UpdateRun:input_type -> airlock.executor.v1.UpdateRunRequest
-	12, // 44: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
-	15, // 45: airlock.executor.v1.ExecutorService.StartExec:input_type -> airlock.executor.v1.StartExecRequest
-	17, // 46: airlock.executor.v1.ExecutorService.GetExec:input_type -> airlock.executor.v1.GetExecRequest
-	19, // 47: airlock.executor.v1.ExecutorService.ListExecs:input_type -> airlock.executor.v1.ListExecsRequest
-	21, // 48: airlock.executor.v1.ExecutorService.WatchExec:input_type -> airlock.executor.v1.WatchExecRequest
-	26, // 49: airlock.executor.v1.ExecutorService.CancelExec:input_type -> airlock.executor.v1.CancelExecRequest
-	24, // 50: airlock.executor.v1.ExecutorService.RunExec:input_type -> airlock.executor.v1.RunExecRequest
-	28, // 51: airlock.executor.v1.ExecutorService.FinishRun:input_type -> airlock.executor.v1.FinishRunRequest
-	37, // 52: airlock.executor.v1.ExecutorService.SuspendRun:input_type -> airlock.executor.v1.SuspendRunRequest
-	39, // 53: airlock.executor.v1.ExecutorService.ResumeRun:input_type -> airlock.executor.v1.ResumeRunRequest
-	30, // 54: airlock.executor.v1.ExecutorService.ReadFile:input_type -> airlock.executor.v1.ReadFileRequest
-	33, // 55: airlock.executor.v1.ExecutorService.WriteFile:input_type -> airlock.executor.v1.WriteFileRequest
-	35, // 56: airlock.executor.v1.ExecutorService.ListFiles:input_type -> airlock.executor.v1.ListFilesRequest
-	41, // 57: airlock.executor.v1.ExecutorService.ListCaches:input_type -> airlock.executor.v1.ListCachesRequest
-	43, // 58: airlock.executor.v1.ExecutorService.ClearCaches:input_type -> airlock.executor.v1.ClearCachesRequest
-	3,  // 59: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
-	5,  // 60: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
-	7,  // 61: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
-	9,  // 62: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
-	11, // 63: airlock.executor.v1.ExecutorService.UpdateRun:output_type -> airlock.executor.v1.UpdateRunResponse
-	14, // 64: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
-	16, // 65: airlock.executor.v1.ExecutorService.StartExec:output_type -> airlock.executor.v1.StartExecResponse
-	18, // 66: airlock.executor.v1.ExecutorService.GetExec:output_type -> airlock.executor.v1.GetExecResponse
-	20, // 67: airlock.executor.v1.ExecutorService.ListExecs:output_type -> airlock.executor.v1.ListExecsResponse
-	22, // 68: airlock.executor.v1.ExecutorService.WatchExec:output_type -> airlock.executor.v1.WatchExecResponse
-	27, // 69: airlock.executor.v1.ExecutorService.CancelExec:output_type -> airlock.executor.v1.CancelExecResponse
-	25, // 70: airlock.executor.v1.ExecutorService.RunExec:output_type -> airlock.executor.v1.RunExecResponse
-	29, // 71: airlock.executor.v1.ExecutorService.FinishRun:output_type -> airlock.executor.v1.FinishRunResponse
-	38, // 72: airlock.executor.v1.ExecutorService.SuspendRun:output_type -> airlock.executor.v1.SuspendRunResponse
-	40, // 73: airlock.executor.v1.ExecutorService.ResumeRun:output_type -> airlock.executor.v1.ResumeRunResponse
-	31, // 74: airlock.executor.v1.ExecutorService.ReadFile:output_type -> airlock.executor.v1.ReadFileResponse
-	34, // 75: airlock.executor.v1.ExecutorService.WriteFile:output_type -> airlock.executor.v1.WriteFileResponse
-	36, // 76: airlock.executor.v1.ExecutorService.ListFiles:output_type -> airlock.executor.v1.ListFilesResponse
-	42, // 77: airlock.executor.v1.ExecutorService.ListCaches:output_type -> airlock.executor.v1.ListCachesResponse
-	44, // 78: airlock.executor.v1.ExecutorService.ClearCaches:output_type -> airlock.executor.v1.ClearCachesResponse
-	59, // [59:79] is the sub-list for method output_type
-	39, // [39:59] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	51, // 13: airlock.executor.v1.WatchRunResponse.egress:type_name -> airlock.types.v1.EgressEvent
+	1,  // 14: airlock.executor.v1.CancelRunResponse.run:type_name -> airlock.executor.v1.Run
+	45, // 15: airlock.executor.v1.UpdateRunRequest.grant:type_name -> airlock.types.v1.SignedGrant
+	1,  // 16: airlock.executor.v1.UpdateRunResponse.run:type_name -> airlock.executor.v1.Run
+	48, // 17: airlock.executor.v1.UpdateRunResponse.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	13, // 18: airlock.executor.v1.GetArtifactResponse.header:type_name -> airlock.executor.v1.ArtifactHeader
+	52, // 19: airlock.executor.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	53, // 20: airlock.executor.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	53, // 21: airlock.executor.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	53, // 22: airlock.executor.v1.ListExecsResponse.execs:type_name -> airlock.types.v1.Exec
+	54, // 23: airlock.executor.v1.ListExecsResponse.file_writes:type_name -> airlock.types.v1.FileWrite
+	50, // 24: airlock.executor.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	53, // 25: airlock.executor.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	52, // 26: airlock.executor.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
+	23, // 27: airlock.executor.v1.RunExecRequest.start:type_name -> airlock.executor.v1.RunExecStart
+	16, // 28: airlock.executor.v1.RunExecResponse.started:type_name -> airlock.executor.v1.StartExecResponse
+	50, // 29: airlock.executor.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	53, // 30: airlock.executor.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
+	53, // 31: airlock.executor.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	1,  // 32: airlock.executor.v1.FinishRunResponse.run:type_name -> airlock.executor.v1.Run
+	55, // 33: airlock.executor.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	32, // 34: airlock.executor.v1.WriteFileRequest.header:type_name -> airlock.executor.v1.WriteFileHeader
+	56, // 35: airlock.executor.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	1,  // 36: airlock.executor.v1.SuspendRunResponse.run:type_name -> airlock.executor.v1.Run
+	1,  // 37: airlock.executor.v1.ResumeRunResponse.run:type_name -> airlock.executor.v1.Run
+	57, // 38: airlock.executor.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
+	57, // 39: airlock.executor.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
+	2,  // 40: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
+	4,  // 41: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
+	6,  // 42: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
+	8,  // 43: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
+	10, // 44: airlock.executor.v1.ExecutorService.UpdateRun:input_type -> airlock.executor.v1.UpdateRunRequest
+	12, // 45: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
+	15, // 46: airlock.executor.v1.ExecutorService.StartExec:input_type -> airlock.executor.v1.StartExecRequest
+	17, // 47: airlock.executor.v1.ExecutorService.GetExec:input_type -> airlock.executor.v1.GetExecRequest
+	19, // 48: airlock.executor.v1.ExecutorService.ListExecs:input_type -> airlock.executor.v1.ListExecsRequest
+	21, // 49: airlock.executor.v1.ExecutorService.WatchExec:input_type -> airlock.executor.v1.WatchExecRequest
+	26, // 50: airlock.executor.v1.ExecutorService.CancelExec:input_type -> airlock.executor.v1.CancelExecRequest
+	24, // 51: airlock.executor.v1.ExecutorService.RunExec:input_type -> airlock.executor.v1.RunExecRequest
+	28, // 52: airlock.executor.v1.ExecutorService.FinishRun:input_type -> airlock.executor.v1.FinishRunRequest
+	37, // 53: airlock.executor.v1.ExecutorService.SuspendRun:input_type -> airlock.executor.v1.SuspendRunRequest
+	39, // 54: airlock.executor.v1.ExecutorService.ResumeRun:input_type -> airlock.executor.v1.ResumeRunRequest
+	30, // 55: airlock.executor.v1.ExecutorService.ReadFile:input_type -> airlock.executor.v1.ReadFileRequest
+	33, // 56: airlock.executor.v1.ExecutorService.WriteFile:input_type -> airlock.executor.v1.WriteFileRequest
+	35, // 57: airlock.executor.v1.ExecutorService.ListFiles:input_type -> airlock.executor.v1.ListFilesRequest
+	41, // 58: airlock.executor.v1.ExecutorService.ListCaches:input_type -> airlock.executor.v1.ListCachesRequest
+	43, // 59: airlock.executor.v1.ExecutorService.ClearCaches:input_type -> airlock.executor.v1.ClearCachesRequest
+	3,  // 60: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
+	5,  // 61: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
+	7,  // 62: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
+	9,  // 63: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
+	11, // 64: airlock.executor.v1.ExecutorService.UpdateRun:output_type -> airlock.executor.v1.UpdateRunResponse
+	14, // 65: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
+	16, // 66: airlock.executor.v1.ExecutorService.StartExec:output_type -> airlock.executor.v1.StartExecResponse
+	18, // 67: airlock.executor.v1.ExecutorService.GetExec:output_type -> airlock.executor.v1.GetExecResponse
+	20, // 68: airlock.executor.v1.ExecutorService.ListExecs:output_type -> airlock.executor.v1.ListExecsResponse
+	22, // 69: airlock.executor.v1.ExecutorService.WatchExec:output_type -> airlock.executor.v1.WatchExecResponse
+	27, // 70: airlock.executor.v1.ExecutorService.CancelExec:output_type -> airlock.executor.v1.CancelExecResponse
+	25, // 71: airlock.executor.v1.ExecutorService.RunExec:output_type -> airlock.executor.v1.RunExecResponse
+	29, // 72: airlock.executor.v1.ExecutorService.FinishRun:output_type -> airlock.executor.v1.FinishRunResponse
+	38, // 73: airlock.executor.v1.ExecutorService.SuspendRun:output_type -> airlock.executor.v1.SuspendRunResponse
+	40, // 74: airlock.executor.v1.ExecutorService.ResumeRun:output_type -> airlock.executor.v1.ResumeRunResponse
+	31, // 75: airlock.executor.v1.ExecutorService.ReadFile:output_type -> airlock.executor.v1.ReadFileResponse
+	34, // 76: airlock.executor.v1.ExecutorService.WriteFile:output_type -> airlock.executor.v1.WriteFileResponse
+	36, // 77: airlock.executor.v1.ExecutorService.ListFiles:output_type -> airlock.executor.v1.ListFilesResponse
+	42, // 78: airlock.executor.v1.ExecutorService.ListCaches:output_type -> airlock.executor.v1.ListCachesResponse
+	44, // 79: airlock.executor.v1.ExecutorService.ClearCaches:output_type -> airlock.executor.v1.ClearCachesResponse
+	60, // [60:80] is the sub-list for method output_type
+	40, // [40:60] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_airlock_executor_v1_executor_proto_init() }
@@ -3161,6 +3203,7 @@ func file_airlock_executor_v1_executor_proto_init() {
 	file_airlock_executor_v1_executor_proto_msgTypes[6].OneofWrappers = []any{
 		(*WatchRunResponse_Run)(nil),
 		(*WatchRunResponse_Output)(nil),
+		(*WatchRunResponse_Egress)(nil),
 	}
 	file_airlock_executor_v1_executor_proto_msgTypes[13].OneofWrappers = []any{
 		(*GetArtifactResponse_Header)(nil),

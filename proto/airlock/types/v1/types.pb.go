@@ -330,6 +330,121 @@ func (OutputStream) EnumDescriptor() ([]byte, []int) {
 	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{4}
 }
 
+// EgressHandshake is how a proxied connection's TLS handshake went.
+type EgressHandshake int32
+
+const (
+	// Not set.
+	EgressHandshake_EGRESS_HANDSHAKE_UNSPECIFIED EgressHandshake = 0
+	// Both ends went on past the handshake.
+	EgressHandshake_EGRESS_HANDSHAKE_COMPLETED EgressHandshake = 1
+	// The connection ended before the handshake completed.
+	EgressHandshake_EGRESS_HANDSHAKE_FAILED EgressHandshake = 2
+	// An end sent bytes that are not TLS records after the ClientHello.
+	EgressHandshake_EGRESS_HANDSHAKE_NOT_TLS EgressHandshake = 3
+	// Neither completed nor failed within the first MiB each way, past
+	// which the proxy stops watching.
+	EgressHandshake_EGRESS_HANDSHAKE_UNDECIDED EgressHandshake = 4
+)
+
+// Enum value maps for EgressHandshake.
+var (
+	EgressHandshake_name = map[int32]string{
+		0: "EGRESS_HANDSHAKE_UNSPECIFIED",
+		1: "EGRESS_HANDSHAKE_COMPLETED",
+		2: "EGRESS_HANDSHAKE_FAILED",
+		3: "EGRESS_HANDSHAKE_NOT_TLS",
+		4: "EGRESS_HANDSHAKE_UNDECIDED",
+	}
+	EgressHandshake_value = map[string]int32{
+		"EGRESS_HANDSHAKE_UNSPECIFIED": 0,
+		"EGRESS_HANDSHAKE_COMPLETED":   1,
+		"EGRESS_HANDSHAKE_FAILED":      2,
+		"EGRESS_HANDSHAKE_NOT_TLS":     3,
+		"EGRESS_HANDSHAKE_UNDECIDED":   4,
+	}
+)
+
+func (x EgressHandshake) Enum() *EgressHandshake {
+	p := new(EgressHandshake)
+	*p = x
+	return p
+}
+
+func (x EgressHandshake) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (EgressHandshake) Descriptor() protoreflect.EnumDescriptor {
+	return file_airlock_types_v1_types_proto_enumTypes[5].Descriptor()
+}
+
+func (EgressHandshake) Type() protoreflect.EnumType {
+	return &file_airlock_types_v1_types_proto_enumTypes[5]
+}
+
+func (x EgressHandshake) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use EgressHandshake.Descriptor instead.
+func (EgressHandshake) EnumDescriptor() ([]byte, []int) {
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{5}
+}
+
+// EgressSide is one end of a connection through a job's egress proxy.
+type EgressSide int32
+
+const (
+	// Not set.
+	EgressSide_EGRESS_SIDE_UNSPECIFIED EgressSide = 0
+	// The job (the TLS client).
+	EgressSide_EGRESS_SIDE_JOB EgressSide = 1
+	// The upstream server.
+	EgressSide_EGRESS_SIDE_SERVER EgressSide = 2
+)
+
+// Enum value maps for EgressSide.
+var (
+	EgressSide_name = map[int32]string{
+		0: "EGRESS_SIDE_UNSPECIFIED",
+		1: "EGRESS_SIDE_JOB",
+		2: "EGRESS_SIDE_SERVER",
+	}
+	EgressSide_value = map[string]int32{
+		"EGRESS_SIDE_UNSPECIFIED": 0,
+		"EGRESS_SIDE_JOB":         1,
+		"EGRESS_SIDE_SERVER":      2,
+	}
+)
+
+func (x EgressSide) Enum() *EgressSide {
+	p := new(EgressSide)
+	*p = x
+	return p
+}
+
+func (x EgressSide) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (EgressSide) Descriptor() protoreflect.EnumDescriptor {
+	return file_airlock_types_v1_types_proto_enumTypes[6].Descriptor()
+}
+
+func (EgressSide) Type() protoreflect.EnumType {
+	return &file_airlock_types_v1_types_proto_enumTypes[6]
+}
+
+func (x EgressSide) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use EgressSide.Descriptor instead.
+func (EgressSide) EnumDescriptor() ([]byte, []int) {
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{6}
+}
+
 // ResourceLimits bound one job. Zero means "the tenant's default"; a value
 // above the tenant's ceiling is refused, never silently lowered.
 type ResourceLimits struct {
@@ -2386,6 +2501,316 @@ func (x *FileWrite) GetFirstAfterExec() int64 {
 	return 0
 }
 
+// EgressRecord is one decision of a domains job's egress proxy (one
+// connection) or DNS server (one query). The name, and parts of the reason,
+// come from the job: show them escaped.
+type EgressRecord struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// When the connection was accepted or the query read.
+	Time *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
+	// "connect" (explicit proxy, TLS), "http" (explicit proxy, plain HTTP),
+	// "transparent" (TCP 80 or 443 redirected) or "dns".
+	Via string `protobuf:"bytes,2,opt,name=via,proto3" json:"via,omitempty"`
+	// The name decided on; "" when none was read.
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// The TCP port asked for (connections).
+	Port uint32 `protobuf:"varint,4,opt,name=port,proto3" json:"port,omitempty"`
+	// "A" or "AAAA" (queries).
+	Qtype string `protobuf:"bytes,5,opt,name=qtype,proto3" json:"qtype,omitempty"`
+	// Whether it went through (a query: was answered).
+	Allowed bool `protobuf:"varint,6,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	// The rule that allowed it, or what refused it.
+	Reason string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The vetted address the proxy connected to.
+	Addr string `protobuf:"bytes,8,opt,name=addr,proto3" json:"addr,omitempty"`
+	// The addresses a query was answered with.
+	Answers []string `protobuf:"bytes,9,rep,name=answers,proto3" json:"answers,omitempty"`
+	// Bytes to the job and from it.
+	BytesIn  int64 `protobuf:"varint,10,opt,name=bytes_in,json=bytesIn,proto3" json:"bytes_in,omitempty"`
+	BytesOut int64 `protobuf:"varint,11,opt,name=bytes_out,json=bytesOut,proto3" json:"bytes_out,omitempty"`
+	// How long the connection was open.
+	DurationMs int64 `protobuf:"varint,12,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	// How an allowed connection ended ("closed", "cut: ...", ...).
+	End string `protobuf:"bytes,13,opt,name=end,proto3" json:"end,omitempty"`
+	// When not zero, this is a summary of that many refusals not listed one
+	// by one (at most 20 per name per minute are).
+	Suppressed int64 `protobuf:"varint,14,opt,name=suppressed,proto3" json:"suppressed,omitempty"`
+	// The end that closed its side of an allowed connection first, when one
+	// did (unset after a reset, an idle timeout or a cut).
+	ClosedFirst EgressSide `protobuf:"varint,15,opt,name=closed_first,json=closedFirst,proto3,enum=airlock.types.v1.EgressSide" json:"closed_first,omitempty"`
+	// What the TLS record layer showed of an allowed connection that began
+	// with a ClientHello; unset for plain HTTP, refusals and queries.
+	Tls           *EgressTLS `protobuf:"bytes,16,opt,name=tls,proto3" json:"tls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressRecord) Reset() {
+	*x = EgressRecord{}
+	mi := &file_airlock_types_v1_types_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressRecord) ProtoMessage() {}
+
+func (x *EgressRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_types_v1_types_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressRecord.ProtoReflect.Descriptor instead.
+func (*EgressRecord) Descriptor() ([]byte, []int) {
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *EgressRecord) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *EgressRecord) GetVia() string {
+	if x != nil {
+		return x.Via
+	}
+	return ""
+}
+
+func (x *EgressRecord) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EgressRecord) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *EgressRecord) GetQtype() string {
+	if x != nil {
+		return x.Qtype
+	}
+	return ""
+}
+
+func (x *EgressRecord) GetAllowed() bool {
+	if x != nil {
+		return x.Allowed
+	}
+	return false
+}
+
+func (x *EgressRecord) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *EgressRecord) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *EgressRecord) GetAnswers() []string {
+	if x != nil {
+		return x.Answers
+	}
+	return nil
+}
+
+func (x *EgressRecord) GetBytesIn() int64 {
+	if x != nil {
+		return x.BytesIn
+	}
+	return 0
+}
+
+func (x *EgressRecord) GetBytesOut() int64 {
+	if x != nil {
+		return x.BytesOut
+	}
+	return 0
+}
+
+func (x *EgressRecord) GetDurationMs() int64 {
+	if x != nil {
+		return x.DurationMs
+	}
+	return 0
+}
+
+func (x *EgressRecord) GetEnd() string {
+	if x != nil {
+		return x.End
+	}
+	return ""
+}
+
+func (x *EgressRecord) GetSuppressed() int64 {
+	if x != nil {
+		return x.Suppressed
+	}
+	return 0
+}
+
+func (x *EgressRecord) GetClosedFirst() EgressSide {
+	if x != nil {
+		return x.ClosedFirst
+	}
+	return EgressSide_EGRESS_SIDE_UNSPECIFIED
+}
+
+func (x *EgressRecord) GetTls() *EgressTLS {
+	if x != nil {
+		return x.Tls
+	}
+	return nil
+}
+
+// EgressTLS is what a domains job's egress proxy saw of a connection's TLS
+// handshake from the record headers alone (nothing is decrypted; TLS 1.3
+// seals its handshake and alerts, which are told apart by order and size).
+type EgressTLS struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required: how the handshake went.
+	Handshake EgressHandshake `protobuf:"varint,1,opt,name=handshake,proto3,enum=airlock.types.v1.EgressHandshake" json:"handshake,omitempty"`
+	// Who sent the first alert before the handshake completed (unset when
+	// none was seen); for NOT_TLS, whose bytes were not TLS records.
+	By EgressSide `protobuf:"varint,2,opt,name=by,proto3,enum=airlock.types.v1.EgressSide" json:"by,omitempty"`
+	// How many bytes the other end had sent by then.
+	After         int64 `protobuf:"varint,3,opt,name=after,proto3" json:"after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressTLS) Reset() {
+	*x = EgressTLS{}
+	mi := &file_airlock_types_v1_types_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressTLS) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressTLS) ProtoMessage() {}
+
+func (x *EgressTLS) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_types_v1_types_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressTLS.ProtoReflect.Descriptor instead.
+func (*EgressTLS) Descriptor() ([]byte, []int) {
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *EgressTLS) GetHandshake() EgressHandshake {
+	if x != nil {
+		return x.Handshake
+	}
+	return EgressHandshake_EGRESS_HANDSHAKE_UNSPECIFIED
+}
+
+func (x *EgressTLS) GetBy() EgressSide {
+	if x != nil {
+		return x.By
+	}
+	return EgressSide_EGRESS_SIDE_UNSPECIFIED
+}
+
+func (x *EgressTLS) GetAfter() int64 {
+	if x != nil {
+		return x.After
+	}
+	return 0
+}
+
+// EgressEvent is one record of a running job's egress record, as a watch
+// sends it.
+type EgressEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The record's place in the job's egress.jsonl, from 0: a watch resumed
+	// with egress_offset index+1 sends the ones after it.
+	Index int64 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// The record.
+	Record        *EgressRecord `protobuf:"bytes,2,opt,name=record,proto3" json:"record,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressEvent) Reset() {
+	*x = EgressEvent{}
+	mi := &file_airlock_types_v1_types_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressEvent) ProtoMessage() {}
+
+func (x *EgressEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_types_v1_types_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressEvent.ProtoReflect.Descriptor instead.
+func (*EgressEvent) Descriptor() ([]byte, []int) {
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *EgressEvent) GetIndex() int64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *EgressEvent) GetRecord() *EgressRecord {
+	if x != nil {
+		return x.Record
+	}
+	return nil
+}
+
 var File_airlock_types_v1_types_proto protoreflect.FileDescriptor
 
 const file_airlock_types_v1_types_proto_rawDesc = "" +
@@ -2583,7 +3008,35 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"after_exec\x18\x05 \x01(\x03R\tafterExec\x12\x14\n" +
 	"\x05count\x18\x06 \x01(\x03R\x05count\x12(\n" +
-	"\x10first_after_exec\x18\a \x01(\x03R\x0efirstAfterExec*^\n" +
+	"\x10first_after_exec\x18\a \x01(\x03R\x0efirstAfterExec\"\xe9\x03\n" +
+	"\fEgressRecord\x12.\n" +
+	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x10\n" +
+	"\x03via\x18\x02 \x01(\tR\x03via\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x12\n" +
+	"\x04port\x18\x04 \x01(\rR\x04port\x12\x14\n" +
+	"\x05qtype\x18\x05 \x01(\tR\x05qtype\x12\x18\n" +
+	"\aallowed\x18\x06 \x01(\bR\aallowed\x12\x16\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\x12\x12\n" +
+	"\x04addr\x18\b \x01(\tR\x04addr\x12\x18\n" +
+	"\aanswers\x18\t \x03(\tR\aanswers\x12\x19\n" +
+	"\bbytes_in\x18\n" +
+	" \x01(\x03R\abytesIn\x12\x1b\n" +
+	"\tbytes_out\x18\v \x01(\x03R\bbytesOut\x12\x1f\n" +
+	"\vduration_ms\x18\f \x01(\x03R\n" +
+	"durationMs\x12\x10\n" +
+	"\x03end\x18\r \x01(\tR\x03end\x12\x1e\n" +
+	"\n" +
+	"suppressed\x18\x0e \x01(\x03R\n" +
+	"suppressed\x12?\n" +
+	"\fclosed_first\x18\x0f \x01(\x0e2\x1c.airlock.types.v1.EgressSideR\vclosedFirst\x12-\n" +
+	"\x03tls\x18\x10 \x01(\v2\x1b.airlock.types.v1.EgressTLSR\x03tls\"\x90\x01\n" +
+	"\tEgressTLS\x12?\n" +
+	"\thandshake\x18\x01 \x01(\x0e2!.airlock.types.v1.EgressHandshakeR\thandshake\x12,\n" +
+	"\x02by\x18\x02 \x01(\x0e2\x1c.airlock.types.v1.EgressSideR\x02by\x12\x14\n" +
+	"\x05after\x18\x03 \x01(\x03R\x05after\"[\n" +
+	"\vEgressEvent\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x03R\x05index\x126\n" +
+	"\x06record\x18\x02 \x01(\v2\x1e.airlock.types.v1.EgressRecordR\x06record*^\n" +
 	"\fRuntimeClass\x12\x1d\n" +
 	"\x19RUNTIME_CLASS_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12RUNTIME_CLASS_RUNC\x10\x01\x12\x17\n" +
@@ -2612,7 +3065,18 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\fOutputStream\x12\x1d\n" +
 	"\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n" +
-	"\x14OUTPUT_STREAM_STDERR\x10\x02B=Z;github.com/airlockhq/airlock/proto/airlock/types/v1;typesv1b\x06proto3"
+	"\x14OUTPUT_STREAM_STDERR\x10\x02*\xae\x01\n" +
+	"\x0fEgressHandshake\x12 \n" +
+	"\x1cEGRESS_HANDSHAKE_UNSPECIFIED\x10\x00\x12\x1e\n" +
+	"\x1aEGRESS_HANDSHAKE_COMPLETED\x10\x01\x12\x1b\n" +
+	"\x17EGRESS_HANDSHAKE_FAILED\x10\x02\x12\x1c\n" +
+	"\x18EGRESS_HANDSHAKE_NOT_TLS\x10\x03\x12\x1e\n" +
+	"\x1aEGRESS_HANDSHAKE_UNDECIDED\x10\x04*V\n" +
+	"\n" +
+	"EgressSide\x12\x1b\n" +
+	"\x17EGRESS_SIDE_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fEGRESS_SIDE_JOB\x10\x01\x12\x16\n" +
+	"\x12EGRESS_SIDE_SERVER\x10\x02B=Z;github.com/airlockhq/airlock/proto/airlock/types/v1;typesv1b\x06proto3"
 
 var (
 	file_airlock_types_v1_types_proto_rawDescOnce sync.Once
@@ -2626,85 +3090,96 @@ func file_airlock_types_v1_types_proto_rawDescGZIP() []byte {
 	return file_airlock_types_v1_types_proto_rawDescData
 }
 
-var file_airlock_types_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_airlock_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_airlock_types_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_airlock_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_airlock_types_v1_types_proto_goTypes = []any{
 	(RuntimeClass)(0),             // 0: airlock.types.v1.RuntimeClass
 	(NetworkPolicyState)(0),       // 1: airlock.types.v1.NetworkPolicyState
 	(ExecState)(0),                // 2: airlock.types.v1.ExecState
 	(TerminationReason)(0),        // 3: airlock.types.v1.TerminationReason
 	(OutputStream)(0),             // 4: airlock.types.v1.OutputStream
-	(*ResourceLimits)(nil),        // 5: airlock.types.v1.ResourceLimits
-	(*NetworkPolicy)(nil),         // 6: airlock.types.v1.NetworkPolicy
-	(*DenyAll)(nil),               // 7: airlock.types.v1.DenyAll
-	(*AllowList)(nil),             // 8: airlock.types.v1.AllowList
-	(*AllowRule)(nil),             // 9: airlock.types.v1.AllowRule
-	(*DomainList)(nil),            // 10: airlock.types.v1.DomainList
-	(*NetworkPolicyStatus)(nil),   // 11: airlock.types.v1.NetworkPolicyStatus
-	(*PublishTarget)(nil),         // 12: airlock.types.v1.PublishTarget
-	(*Grant)(nil),                 // 13: airlock.types.v1.Grant
-	(*CacheGrant)(nil),            // 14: airlock.types.v1.CacheGrant
-	(*CacheUse)(nil),              // 15: airlock.types.v1.CacheUse
-	(*CacheInfo)(nil),             // 16: airlock.types.v1.CacheInfo
-	(*SessionSpec)(nil),           // 17: airlock.types.v1.SessionSpec
-	(*ExecSpec)(nil),              // 18: airlock.types.v1.ExecSpec
-	(*Exec)(nil),                  // 19: airlock.types.v1.Exec
-	(*SignedGrant)(nil),           // 20: airlock.types.v1.SignedGrant
-	(*ResourceUsage)(nil),         // 21: airlock.types.v1.ResourceUsage
-	(*DiffStat)(nil),              // 22: airlock.types.v1.DiffStat
-	(*RunResult)(nil),             // 23: airlock.types.v1.RunResult
-	(*OutputChunk)(nil),           // 24: airlock.types.v1.OutputChunk
-	(*FileEntry)(nil),             // 25: airlock.types.v1.FileEntry
-	(*FileHeader)(nil),            // 26: airlock.types.v1.FileHeader
-	(*FileWrite)(nil),             // 27: airlock.types.v1.FileWrite
-	nil,                           // 28: airlock.types.v1.Grant.EnvEntry
-	nil,                           // 29: airlock.types.v1.ExecSpec.EnvEntry
-	(*durationpb.Duration)(nil),   // 30: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
+	(EgressHandshake)(0),          // 5: airlock.types.v1.EgressHandshake
+	(EgressSide)(0),               // 6: airlock.types.v1.EgressSide
+	(*ResourceLimits)(nil),        // 7: airlock.types.v1.ResourceLimits
+	(*NetworkPolicy)(nil),         // 8: airlock.types.v1.NetworkPolicy
+	(*DenyAll)(nil),               // 9: airlock.types.v1.DenyAll
+	(*AllowList)(nil),             // 10: airlock.types.v1.AllowList
+	(*AllowRule)(nil),             // 11: airlock.types.v1.AllowRule
+	(*DomainList)(nil),            // 12: airlock.types.v1.DomainList
+	(*NetworkPolicyStatus)(nil),   // 13: airlock.types.v1.NetworkPolicyStatus
+	(*PublishTarget)(nil),         // 14: airlock.types.v1.PublishTarget
+	(*Grant)(nil),                 // 15: airlock.types.v1.Grant
+	(*CacheGrant)(nil),            // 16: airlock.types.v1.CacheGrant
+	(*CacheUse)(nil),              // 17: airlock.types.v1.CacheUse
+	(*CacheInfo)(nil),             // 18: airlock.types.v1.CacheInfo
+	(*SessionSpec)(nil),           // 19: airlock.types.v1.SessionSpec
+	(*ExecSpec)(nil),              // 20: airlock.types.v1.ExecSpec
+	(*Exec)(nil),                  // 21: airlock.types.v1.Exec
+	(*SignedGrant)(nil),           // 22: airlock.types.v1.SignedGrant
+	(*ResourceUsage)(nil),         // 23: airlock.types.v1.ResourceUsage
+	(*DiffStat)(nil),              // 24: airlock.types.v1.DiffStat
+	(*RunResult)(nil),             // 25: airlock.types.v1.RunResult
+	(*OutputChunk)(nil),           // 26: airlock.types.v1.OutputChunk
+	(*FileEntry)(nil),             // 27: airlock.types.v1.FileEntry
+	(*FileHeader)(nil),            // 28: airlock.types.v1.FileHeader
+	(*FileWrite)(nil),             // 29: airlock.types.v1.FileWrite
+	(*EgressRecord)(nil),          // 30: airlock.types.v1.EgressRecord
+	(*EgressTLS)(nil),             // 31: airlock.types.v1.EgressTLS
+	(*EgressEvent)(nil),           // 32: airlock.types.v1.EgressEvent
+	nil,                           // 33: airlock.types.v1.Grant.EnvEntry
+	nil,                           // 34: airlock.types.v1.ExecSpec.EnvEntry
+	(*durationpb.Duration)(nil),   // 35: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
 }
 var file_airlock_types_v1_types_proto_depIdxs = []int32{
-	30, // 0: airlock.types.v1.ResourceLimits.deadline:type_name -> google.protobuf.Duration
-	7,  // 1: airlock.types.v1.NetworkPolicy.deny_all:type_name -> airlock.types.v1.DenyAll
-	8,  // 2: airlock.types.v1.NetworkPolicy.allow:type_name -> airlock.types.v1.AllowList
-	10, // 3: airlock.types.v1.NetworkPolicy.domains:type_name -> airlock.types.v1.DomainList
-	9,  // 4: airlock.types.v1.AllowList.rules:type_name -> airlock.types.v1.AllowRule
-	6,  // 5: airlock.types.v1.NetworkPolicyStatus.policy:type_name -> airlock.types.v1.NetworkPolicy
+	35, // 0: airlock.types.v1.ResourceLimits.deadline:type_name -> google.protobuf.Duration
+	9,  // 1: airlock.types.v1.NetworkPolicy.deny_all:type_name -> airlock.types.v1.DenyAll
+	10, // 2: airlock.types.v1.NetworkPolicy.allow:type_name -> airlock.types.v1.AllowList
+	12, // 3: airlock.types.v1.NetworkPolicy.domains:type_name -> airlock.types.v1.DomainList
+	11, // 4: airlock.types.v1.AllowList.rules:type_name -> airlock.types.v1.AllowRule
+	8,  // 5: airlock.types.v1.NetworkPolicyStatus.policy:type_name -> airlock.types.v1.NetworkPolicy
 	1,  // 6: airlock.types.v1.NetworkPolicyStatus.state:type_name -> airlock.types.v1.NetworkPolicyState
-	31, // 7: airlock.types.v1.NetworkPolicyStatus.updated_at:type_name -> google.protobuf.Timestamp
-	28, // 8: airlock.types.v1.Grant.env:type_name -> airlock.types.v1.Grant.EnvEntry
-	5,  // 9: airlock.types.v1.Grant.limits:type_name -> airlock.types.v1.ResourceLimits
-	6,  // 10: airlock.types.v1.Grant.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	36, // 7: airlock.types.v1.NetworkPolicyStatus.updated_at:type_name -> google.protobuf.Timestamp
+	33, // 8: airlock.types.v1.Grant.env:type_name -> airlock.types.v1.Grant.EnvEntry
+	7,  // 9: airlock.types.v1.Grant.limits:type_name -> airlock.types.v1.ResourceLimits
+	8,  // 10: airlock.types.v1.Grant.network_policy:type_name -> airlock.types.v1.NetworkPolicy
 	0,  // 11: airlock.types.v1.Grant.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	12, // 12: airlock.types.v1.Grant.publish_target:type_name -> airlock.types.v1.PublishTarget
-	31, // 13: airlock.types.v1.Grant.issued_at:type_name -> google.protobuf.Timestamp
-	31, // 14: airlock.types.v1.Grant.expires_at:type_name -> google.protobuf.Timestamp
-	17, // 15: airlock.types.v1.Grant.session:type_name -> airlock.types.v1.SessionSpec
-	14, // 16: airlock.types.v1.Grant.caches:type_name -> airlock.types.v1.CacheGrant
-	31, // 17: airlock.types.v1.CacheInfo.last_used:type_name -> google.protobuf.Timestamp
-	30, // 18: airlock.types.v1.SessionSpec.idle_timeout:type_name -> google.protobuf.Duration
-	29, // 19: airlock.types.v1.ExecSpec.env:type_name -> airlock.types.v1.ExecSpec.EnvEntry
-	30, // 20: airlock.types.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
-	18, // 21: airlock.types.v1.Exec.spec:type_name -> airlock.types.v1.ExecSpec
+	14, // 12: airlock.types.v1.Grant.publish_target:type_name -> airlock.types.v1.PublishTarget
+	36, // 13: airlock.types.v1.Grant.issued_at:type_name -> google.protobuf.Timestamp
+	36, // 14: airlock.types.v1.Grant.expires_at:type_name -> google.protobuf.Timestamp
+	19, // 15: airlock.types.v1.Grant.session:type_name -> airlock.types.v1.SessionSpec
+	16, // 16: airlock.types.v1.Grant.caches:type_name -> airlock.types.v1.CacheGrant
+	36, // 17: airlock.types.v1.CacheInfo.last_used:type_name -> google.protobuf.Timestamp
+	35, // 18: airlock.types.v1.SessionSpec.idle_timeout:type_name -> google.protobuf.Duration
+	34, // 19: airlock.types.v1.ExecSpec.env:type_name -> airlock.types.v1.ExecSpec.EnvEntry
+	35, // 20: airlock.types.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
+	20, // 21: airlock.types.v1.Exec.spec:type_name -> airlock.types.v1.ExecSpec
 	2,  // 22: airlock.types.v1.Exec.state:type_name -> airlock.types.v1.ExecState
 	3,  // 23: airlock.types.v1.Exec.reason:type_name -> airlock.types.v1.TerminationReason
-	31, // 24: airlock.types.v1.Exec.started_at:type_name -> google.protobuf.Timestamp
-	31, // 25: airlock.types.v1.Exec.ended_at:type_name -> google.protobuf.Timestamp
-	21, // 26: airlock.types.v1.Exec.usage:type_name -> airlock.types.v1.ResourceUsage
-	30, // 27: airlock.types.v1.ResourceUsage.cpu_time:type_name -> google.protobuf.Duration
-	30, // 28: airlock.types.v1.ResourceUsage.wall_time:type_name -> google.protobuf.Duration
+	36, // 24: airlock.types.v1.Exec.started_at:type_name -> google.protobuf.Timestamp
+	36, // 25: airlock.types.v1.Exec.ended_at:type_name -> google.protobuf.Timestamp
+	23, // 26: airlock.types.v1.Exec.usage:type_name -> airlock.types.v1.ResourceUsage
+	35, // 27: airlock.types.v1.ResourceUsage.cpu_time:type_name -> google.protobuf.Duration
+	35, // 28: airlock.types.v1.ResourceUsage.wall_time:type_name -> google.protobuf.Duration
 	3,  // 29: airlock.types.v1.RunResult.reason:type_name -> airlock.types.v1.TerminationReason
-	21, // 30: airlock.types.v1.RunResult.usage:type_name -> airlock.types.v1.ResourceUsage
+	23, // 30: airlock.types.v1.RunResult.usage:type_name -> airlock.types.v1.ResourceUsage
 	0,  // 31: airlock.types.v1.RunResult.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	22, // 32: airlock.types.v1.RunResult.diff_stat:type_name -> airlock.types.v1.DiffStat
-	15, // 33: airlock.types.v1.RunResult.caches:type_name -> airlock.types.v1.CacheUse
+	24, // 32: airlock.types.v1.RunResult.diff_stat:type_name -> airlock.types.v1.DiffStat
+	17, // 33: airlock.types.v1.RunResult.caches:type_name -> airlock.types.v1.CacheUse
 	4,  // 34: airlock.types.v1.OutputChunk.stream:type_name -> airlock.types.v1.OutputStream
-	31, // 35: airlock.types.v1.FileEntry.modified_at:type_name -> google.protobuf.Timestamp
-	31, // 36: airlock.types.v1.FileWrite.written_at:type_name -> google.protobuf.Timestamp
-	37, // [37:37] is the sub-list for method output_type
-	37, // [37:37] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	36, // 35: airlock.types.v1.FileEntry.modified_at:type_name -> google.protobuf.Timestamp
+	36, // 36: airlock.types.v1.FileWrite.written_at:type_name -> google.protobuf.Timestamp
+	36, // 37: airlock.types.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
+	6,  // 38: airlock.types.v1.EgressRecord.closed_first:type_name -> airlock.types.v1.EgressSide
+	31, // 39: airlock.types.v1.EgressRecord.tls:type_name -> airlock.types.v1.EgressTLS
+	5,  // 40: airlock.types.v1.EgressTLS.handshake:type_name -> airlock.types.v1.EgressHandshake
+	6,  // 41: airlock.types.v1.EgressTLS.by:type_name -> airlock.types.v1.EgressSide
+	30, // 42: airlock.types.v1.EgressEvent.record:type_name -> airlock.types.v1.EgressRecord
+	43, // [43:43] is the sub-list for method output_type
+	43, // [43:43] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_airlock_types_v1_types_proto_init() }
@@ -2722,8 +3197,8 @@ func file_airlock_types_v1_types_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_types_v1_types_proto_rawDesc), len(file_airlock_types_v1_types_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   25,
+			NumEnums:      7,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

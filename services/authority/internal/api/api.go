@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/airlockhq/airlock/pkg/egress/egresspb"
 	"github.com/airlockhq/airlock/pkg/errgrpc"
 	"github.com/airlockhq/airlock/pkg/identity"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
@@ -197,14 +198,17 @@ func (s *Service) WatchJob(req *authorityv1.WatchJobRequest, stream grpc.ServerS
 	if err != nil {
 		return err
 	}
-	from := jobs.Offsets{Stdout: req.GetStdoutOffset(), Stderr: req.GetStderrOffset()}
+	from := jobs.Offsets{Stdout: req.GetStdoutOffset(), Stderr: req.GetStderrOffset(), Egress: req.GetEgress(), EgressIndex: req.GetEgressOffset()}
 	err = s.cfg.Jobs.Watch(ctx, id, req.GetJobId(), from, func(ev jobs.WatchEvent) error {
-		if ev.Job != nil {
+		switch {
+		case ev.Job != nil:
 			pj, err := jobToProto(*ev.Job)
 			if err != nil {
 				return err
 			}
 			return stream.Send(&authorityv1.WatchJobResponse{Event: &authorityv1.WatchJobResponse_Job{Job: pj}})
+		case ev.Egress != nil:
+			return stream.Send(&authorityv1.WatchJobResponse{Event: &authorityv1.WatchJobResponse_Egress{Egress: egresspb.Event(ev.Egress.Index, ev.Egress.Record)}})
 		}
 		return stream.Send(&authorityv1.WatchJobResponse{Event: &authorityv1.WatchJobResponse_Output{Output: outputToProto(*ev.Output)}})
 	})

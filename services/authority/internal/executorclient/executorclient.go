@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/airlockhq/airlock/pkg/chunkio"
+	"github.com/airlockhq/airlock/pkg/egress/egresspb"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/errgrpc"
 	"github.com/airlockhq/airlock/pkg/grant"
@@ -230,7 +231,8 @@ func (c *Client) Start(ctx context.Context, wire []byte) (jobs.RunState, error) 
 func (c *Client) Watch(ctx context.Context, jobID string, from jobs.Offsets, fn func(jobs.RunEvent) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := c.c.WatchRun(ctx, &executorv1.WatchRunRequest{JobId: jobID, StdoutOffset: from.Stdout, StderrOffset: from.Stderr})
+	stream, err := c.c.WatchRun(ctx, &executorv1.WatchRunRequest{JobId: jobID, StdoutOffset: from.Stdout, StderrOffset: from.Stderr,
+		Egress: from.Egress, EgressOffset: from.EgressIndex})
 	if err != nil {
 		return fromStatus(err)
 	}
@@ -250,6 +252,12 @@ func (c *Client) Watch(ctx context.Context, jobID string, from jobs.Offsets, fn 
 			ev.GrantGeneration = grantGeneration(e.Run.GetGrant())
 		case *executorv1.WatchRunResponse_Output:
 			ev.Output = outputFromProto(e.Output)
+		case *executorv1.WatchRunResponse_Egress:
+			index, r, err := egresspb.FromEvent("egress", e.Egress)
+			if err != nil {
+				return fmt.Errorf("executorclient: WatchRun of %s sent %w", jobID, err)
+			}
+			ev.Egress = &jobs.EgressEntry{Index: index, Record: r}
 		default:
 			continue
 		}

@@ -3,6 +3,8 @@ package jobs
 import (
 	"context"
 	"time"
+
+	"github.com/airlockhq/airlock/pkg/egress"
 )
 
 // RunState is the executor's view of a run.
@@ -33,8 +35,21 @@ type Output struct {
 	Truncated bool
 }
 
-// Offsets are where to resume each output stream.
-type Offsets struct{ Stdout, Stderr int64 }
+// Offsets are where to resume each output stream (past its end: none of
+// it), and, when Egress is set, the run's egress record.
+type Offsets struct {
+	Stdout, Stderr int64
+	// Egress asks for the egress record from the decision at EgressIndex.
+	Egress      bool
+	EgressIndex int64
+}
+
+// EgressEntry is one decision of a running job's egress record, at Index
+// (from 0) in the executor's egress.jsonl.
+type EgressEntry struct {
+	Index  int64
+	Record egress.Record
+}
 
 // RunEvent is one message of the executor's run stream: a state (with the
 // network policy state, "" when not reported) or a piece of output.
@@ -45,6 +60,7 @@ type RunEvent struct {
 	// which NetworkState is about.
 	GrantGeneration int64
 	Output          *Output
+	Egress          *EgressEntry
 }
 
 // Executor is every call the authority makes to an executor: runs (jobs

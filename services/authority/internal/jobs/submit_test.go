@@ -2,12 +2,14 @@ package jobs
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/contentcheck"
+	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
@@ -221,14 +223,38 @@ func TestHubNeverBlocks(t *testing.T) {
 
 func TestWatchOffsetsTrimOverlap(t *testing.T) {
 	w := &outputWatch{next: Offsets{Stdout: 8}}
-	if _, ok := w.advance(Output{Stream: Stdout, Offset: 0, Data: []byte("hello ")}); ok {
+	if _, ok := w.advanceOutput(Output{Stream: Stdout, Offset: 0, Data: []byte("hello ")}); ok {
 		t.Error("output before the offset was forwarded")
 	}
-	o, ok := w.advance(Output{Stream: Stdout, Offset: 6, Data: []byte("world\n")})
+	o, ok := w.advanceOutput(Output{Stream: Stdout, Offset: 6, Data: []byte("world\n")})
 	if !ok || string(o.Data) != "rld\n" || o.Offset != 8 {
 		t.Errorf("overlap = %q at %d, want \"rld\\n\" at 8", o.Data, o.Offset)
 	}
-	if o, ok := w.advance(Output{Stream: Stderr, Offset: 0, Data: []byte("e")}); !ok || string(o.Data) != "e" || w.next.Stderr != 1 {
+	if o, ok := w.advanceOutput(Output{Stream: Stderr, Offset: 0, Data: []byte("e")}); !ok || string(o.Data) != "e" || w.next.Stderr != 1 {
 		t.Errorf("stderr = %q %v, next %d", o.Data, ok, w.next.Stderr)
+	}
+}
+
+// A watch resumed after a broken executor stream forwards each egress
+// decision once, and none to a watcher that did not ask for them.
+func TestWatchEgressOnce(t *testing.T) {
+	ev := func(i int64) RunEvent {
+		return RunEvent{Egress: &EgressEntry{Index: i, Record: egress.Record{Name: fmt.Sprint(i)}}}
+	}
+	if _, ok := (&outputWatch{}).advance(ev(0)); ok {
+		t.Error("an egress decision went to a watcher that did not ask for the record")
+	}
+	w := &outputWatch{next: Offsets{Egress: true, EgressIndex: 2}}
+	var got []string
+	for _, i := range []int64{0, 1, 2, 3, 3, 2, 4} {
+		if out, ok := w.advance(ev(i)); ok {
+			got = append(got, out.Egress.Record.Name)
+		}
+	}
+	if strings.Join(got, ",") != "2,3,4" || w.next.EgressIndex != 5 {
+		t.Errorf("forwarded %v, next %d; want 2,3,4 and 5", got, w.next.EgressIndex)
+	}
+	if out, ok := w.advance(RunEvent{Output: &Output{Stream: Stdout, Offset: 0, Data: []byte("x")}}); !ok || out.Output == nil {
+		t.Errorf("output beside the record: %+v %v", out, ok)
 	}
 }

@@ -62,18 +62,24 @@ func (h *hub) publish(j store.Job) {
 	}
 }
 
-// WatchEvent is one message to a watcher: a job or a piece of output.
+// WatchEvent is one message to a watcher: a job, a piece of output, or a
+// decision of the egress record.
 type WatchEvent struct {
 	Job    *store.Job
 	Output *Output
+	Egress *EgressEntry
 }
 
 // Watch sends the job as it is, then the job again on every change and the
-// run's output from the executor starting at from, until the job has ended
-// and its output is drained (then it returns nil), send fails, or ctx ends.
+// run's output (and egress record, when from asks) from the executor
+// starting at from, until the job has ended and its output is drained
+// (then it returns nil), send fails, or ctx ends.
 func (s *Service) Watch(ctx context.Context, caller identity.ID, id string, from Offsets, send func(WatchEvent) error) error {
 	if from.Stdout < 0 || from.Stderr < 0 {
 		return fmt.Errorf("%w: stdout_offset and stderr_offset must not be negative", errdefs.ErrInvalidArgument)
+	}
+	if from.EgressIndex < 0 {
+		return fmt.Errorf("%w: egress_offset must not be negative", errdefs.ErrInvalidArgument)
 	}
 	// Subscribe before reading, so no change falls in between.
 	changes, unsubscribe := s.hub.subscribe(id)
@@ -119,9 +125,9 @@ func (s *Service) Watch(ctx context.Context, caller identity.ID, id string, from
 					return err
 				}
 			}
-		case o := <-w.out:
-			if o, ok := w.advance(o); ok {
-				if err := send(WatchEvent{Output: &o}); err != nil {
+		case ev := <-w.out:
+			if out, ok := w.advance(ev); ok {
+				if err := send(out); err != nil {
 					return err
 				}
 			}
@@ -150,27 +156,29 @@ func (s *Service) Watch(ctx context.Context, caller identity.ID, id string, from
 }
 
 // outputWatch proxies one executor output stream at a time to a watcher,
-// remembering how far each stream got so a broken stream resumes there.
+// remembering how far each stream (output and egress record) got so a
+// broken stream resumes there. One event is in flight at a time: a slow
+// watcher holds the executor's stream back rather than growing a queue.
 type outputWatch struct {
 	s      *Service
 	id     string
 	next   Offsets
-	out    chan Output
+	out    chan RunEvent
 	done   chan error
 	cancel context.CancelFunc
 }
 
 func (w *outputWatch) start(ctx context.Context) {
 	ctx, w.cancel = context.WithCancel(ctx)
-	w.out, w.done = make(chan Output), make(chan error, 1)
+	w.out, w.done = make(chan RunEvent), make(chan error, 1)
 	out, done, from := w.out, w.done, w.next
 	go func() {
 		done <- w.s.cfg.Executor.Watch(ctx, w.id, from, func(ev RunEvent) error {
-			if ev.Output == nil {
+			if ev.Output == nil && ev.Egress == nil {
 				return nil
 			}
 			select {
-			case out <- *ev.Output:
+			case out <- ev:
 				return nil
 			case <-ctx.Done():
 				return ctx.Err()
@@ -186,8 +194,22 @@ func (w *outputWatch) stop() {
 }
 
 // advance drops what the watcher already has and moves the stream's
-// offset past o.
-func (w *outputWatch) advance(o Output) (Output, bool) {
+// offset past ev.
+func (w *outputWatch) advance(ev RunEvent) (WatchEvent, bool) {
+	if e := ev.Egress; e != nil {
+		if !w.next.Egress || e.Index < w.next.EgressIndex {
+			return WatchEvent{}, false
+		}
+		w.next.EgressIndex = e.Index + 1
+		return WatchEvent{Egress: e}, true
+	}
+	o, ok := w.advanceOutput(*ev.Output)
+	return WatchEvent{Output: &o}, ok
+}
+
+// advanceOutput drops what the watcher already has of o and moves its
+// stream's offset past it.
+func (w *outputWatch) advanceOutput(o Output) (Output, bool) {
 	next := &w.next.Stdout
 	if o.Stream == Stderr {
 		next = &w.next.Stderr

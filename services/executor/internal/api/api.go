@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/airlockhq/airlock/pkg/bundle"
+	"github.com/airlockhq/airlock/pkg/egress/egresspb"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/errgrpc"
 	"github.com/airlockhq/airlock/pkg/grant"
@@ -103,9 +104,13 @@ func (s *Service) WatchRun(req *executorv1.WatchRunRequest, stream grpc.ServerSt
 	if err := required("job_id", req.GetJobId()); err != nil {
 		return errgrpc.ToGRPC(err)
 	}
-	err := s.cfg.Runs.Watch(stream.Context(), req.GetJobId(), req.GetStdoutOffset(), req.GetStderrOffset(), func(ev runs.Event) error {
-		if ev.Run != nil {
+	from := runs.WatchFrom{Stdout: req.GetStdoutOffset(), Stderr: req.GetStderrOffset(), Egress: req.GetEgress(), EgressIndex: req.GetEgressOffset()}
+	err := s.cfg.Runs.Watch(stream.Context(), req.GetJobId(), from, func(ev runs.Event) error {
+		switch {
+		case ev.Run != nil:
 			return stream.Send(&executorv1.WatchRunResponse{Event: &executorv1.WatchRunResponse_Run{Run: convert.Run(*ev.Run)}})
+		case ev.Egress != nil:
+			return stream.Send(&executorv1.WatchRunResponse{Event: &executorv1.WatchRunResponse_Egress{Egress: egresspb.Event(ev.EgressIndex, *ev.Egress)}})
 		}
 		return stream.Send(&executorv1.WatchRunResponse{Event: &executorv1.WatchRunResponse_Output{Output: outputChunk(ev.Stream, ev.Offset, ev.Data, ev.Cut)}})
 	})

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/refusalcap"
 	"github.com/airlockhq/airlock/services/executor/internal/egressbase"
 )
@@ -50,6 +51,11 @@ type Decision struct {
 	// owner closed), "idle for ...", "cut: ..." by the proxy, or the error
 	// that broke it and in which direction.
 	End string
+	// ClosedFirst is the end whose side closed first, when one did.
+	ClosedFirst egress.Side
+	// TLS is what the record layer showed of an allowed connection that
+	// began with a ClientHello (nil otherwise).
+	TLS *egress.TLS
 	// Suppressed, when not zero, makes this a summary: that many refusals
 	// of Name past the cap, from Time over a minute, were not recorded one
 	// by one. Name is "" both for refusals that named nothing and for the

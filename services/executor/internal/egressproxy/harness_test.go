@@ -484,7 +484,7 @@ func (tu *tunnel) readLine() (string, error) {
 
 // testCertificate is a throwaway CA and a certificate it signed for the
 // test names.
-func testCertificate(t *testing.T) (tls.Certificate, *x509.CertPool) {
+func testCertificate(t testing.TB) (tls.Certificate, *x509.CertPool) {
 	t.Helper()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {

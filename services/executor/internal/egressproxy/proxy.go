@@ -255,6 +255,9 @@ type conn struct {
 
 	// d is filled in by the connection's own goroutine only.
 	d Decision
+	// tls watches the record layer of a connection that began with a
+	// ClientHello (nil for plain HTTP), from the splice's two goroutines.
+	tls *tlsWatch
 
 	// Guarded by Proxy.mu.
 	admitted bool // name and port passed the policy; SetPolicy rechecks them
@@ -318,6 +321,9 @@ func (p *Proxy) finish(c *conn) {
 	d := c.d
 	d.BytesIn, d.BytesOut = c.bytesIn.Load(), c.bytesOut.Load()
 	d.Duration = time.Since(c.start)
+	if c.tls != nil && d.Allowed {
+		d.TLS = c.tls.result()
+	}
 	switch {
 	case cut == "":
 	case d.Allowed:

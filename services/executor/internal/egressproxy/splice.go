@@ -109,7 +109,12 @@ func (p *Proxy) splice(c *conn, up net.Conn, prelude func(io.Writer) error) {
 	}
 	done := make(chan end, 2)
 	var draining atomic.Bool
-	pump := func(dst *idleWriter, src io.Reader, raw net.Conn, first func(io.Writer) error, dir string) {
+	// closedFirst is the first end seen to close (its EOF, or its reset
+	// while the handshake was watched), taken before either end is told,
+	// so the other's answer to that cannot come first.
+	var closedFirst atomic.Int32
+	closedFirst.Store(-1)
+	pump := func(dst *idleWriter, src io.Reader, raw net.Conn, first func(io.Writer) error, from int, dir string) {
 		var err error
 		if first != nil {
 			err = first(dst)
@@ -124,7 +129,10 @@ func (p *Proxy) splice(c *conn, up net.Conn, prelude func(io.Writer) error) {
 			// unread to reset the response on its way.
 			_, err = io.Copy(io.Discard, src)
 		case err == nil:
-			err = pipe(dst, src, raw)
+			err = pipe(dst, src, raw, c.tls, from)
+		}
+		if !drained && (err == nil || sourceReset(err)) {
+			closedFirst.CompareAndSwap(-1, int32(from))
 		}
 		switch {
 		case drained:
@@ -140,8 +148,8 @@ func (p *Proxy) splice(c *conn, up net.Conn, prelude func(io.Writer) error) {
 		}
 		done <- end{ending(err, dir, idle), false}
 	}
-	go pump(toClient, fromUp, up, nil, "upstream to job")
-	go pump(toUp, c.in, c.client, prelude, "job to upstream")
+	go pump(toClient, fromUp, up, nil, dirServer, "upstream to job")
+	go pump(toUp, c.in, c.client, prelude, dirJob, "job to upstream")
 	// The first to end says how, unless it ended well and the other did
 	// not; an end closing both makes the other's error only an echo.
 	first := <-done
@@ -153,6 +161,9 @@ func (p *Proxy) splice(c *conn, up net.Conn, prelude func(io.Writer) error) {
 		c.client.Close()
 	}
 	second = <-done
+	if f := closedFirst.Load(); f >= 0 {
+		c.d.ClosedFirst = sideOf[f]
+	}
 	c.d.End = first.how
 	if first.how == "closed" || first.how == "" {
 		c.d.End = cmp.Or(second.how, "closed")
@@ -175,7 +186,16 @@ const spliceChunk = 1 << 20
 // since a kernel that wakes a blocked writer only when much of a large send
 // buffer is free would otherwise cut a slow but steady reader; it also keeps
 // the activity both directions share fresh while bytes trickle.
-func pipe(dst *idleWriter, src io.Reader, raw net.Conn) error {
+//
+// With w set, the bytes pass through the proxy's memory, each chunk shown
+// to w as direction dir, until w has decided the handshake; then the rest
+// goes as above.
+func pipe(dst *idleWriter, src io.Reader, raw net.Conn, w *tlsWatch, dir int) error {
+	if w != nil {
+		if eof, err := watched(dst, src, w, dir); eof || err != nil {
+			return err
+		}
+	}
 	to, ok1 := dst.conn.(*net.TCPConn)
 	from, ok2 := raw.(*net.TCPConn)
 	if ok1 {
@@ -227,6 +247,47 @@ func pipe(dst *idleWriter, src io.Reader, raw net.Conn) error {
 			return err
 		}
 	}
+}
+
+// watchChunk is the most one read moves while a handshake is watched.
+const watchChunk = 32 << 10
+
+// watched copies src to dst, showing each chunk to w as direction dir
+// before it is written, until w has decided (eof false, err nil: the rest
+// is to be copied unwatched), src's EOF (eof true), or an error.
+func watched(dst *idleWriter, src io.Reader, w *tlsWatch, dir int) (eof bool, err error) {
+	buf := make([]byte, watchChunk)
+	for !w.done() {
+		n, rerr := src.Read(buf)
+		if n > 0 {
+			w.feed(dir, buf[:n])
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return false, err
+			}
+		}
+		switch {
+		case errors.Is(rerr, io.EOF):
+			return true, nil
+		case rerr != nil:
+			return false, readError{rerr}
+		}
+	}
+	return false, nil
+}
+
+// readError is an error reading a direction's source, as opposed to
+// writing its destination.
+type readError struct{ err error }
+
+func (e readError) Error() string { return e.err.Error() }
+func (e readError) Unwrap() error { return e.err }
+
+// sourceReset reports whether err is the source's end resetting the
+// connection (as a TLS client does that closes with bytes unread): that
+// end went first.
+func sourceReset(err error) bool {
+	var re readError
+	return errors.As(err, &re) && errors.Is(err, syscall.ECONNRESET)
 }
 
 // stallWatch looks at c every idle/4. While c's peer takes bytes (its

@@ -62,5 +62,5 @@ func (p *Proxy) serveTransparent(c *conn) {
 	if up == nil {
 		return
 	}
-	p.splice(c, up, replay(hello))
+	p.spliceTLS(c, up, hello)
 }

@@ -145,7 +145,9 @@ type jobEgress struct {
 
 // startEgress starts job n's egress services for pol on n's host end. It
 // fails, and leaves nothing running, when any listener cannot be bound.
-func (m *Manager) startEgress(jobID string, n *netpolicy.Net, pol egress.Policy) (_ *jobEgress, err error) {
+// notify, if set, is called after each decision is written (a watch of
+// the run wakes on it).
+func (m *Manager) startEgress(jobID string, n *netpolicy.Net, pol egress.Policy, notify func()) (_ *jobEgress, err error) {
 	addrs := n.ProxyAddrs()
 	if len(addrs) == 0 {
 		return nil, fmt.Errorf("job %s: the network namespace has no interface for the egress proxy", jobID)
@@ -164,7 +166,7 @@ func (m *Manager) startEgress(jobID string, n *netpolicy.Net, pol egress.Policy)
 		resolver = HostResolver()
 	}
 	log := m.cfg.Logger.With("job_id", jobID)
-	rec, err := openEgressLog(m.runDir(jobID), log)
+	rec, err := openEgressLog(m.runDir(jobID), log, notify)
 	if err != nil {
 		return nil, err
 	}
@@ -320,7 +322,8 @@ func egressOf(path string, log *slog.Logger) (first, last []egress.Record, total
 // those counts as summary lines when it closes, so the record's totals by
 // name stay whole.
 type egressLog struct {
-	log *slog.Logger
+	log    *slog.Logger
+	notify func() // after each line written; nil: none
 
 	mu      sync.Mutex
 	f       *os.File
@@ -335,18 +338,22 @@ type dropKey struct {
 	allowed bool
 }
 
-func openEgressLog(dir string, log *slog.Logger) (*egressLog, error) {
+func openEgressLog(dir string, log *slog.Logger, notify func()) (*egressLog, error) {
 	f, err := os.OpenFile(filepath.Join(dir, bundle.EgressFile), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("egress record: %w", err)
 	}
-	return &egressLog{log: log, f: f, dropped: map[dropKey]*egress.Record{}}, nil
+	if notify == nil {
+		notify = func() {}
+	}
+	return &egressLog{log: log, notify: notify, f: f, dropped: map[dropKey]*egress.Record{}}, nil
 }
 
 func (l *egressLog) connection(d egressproxy.Decision) {
 	r := egress.Record{
 		Time: d.Time.UTC(), Via: string(d.Mode), Name: d.Name, Port: d.Port, Allowed: d.Allowed, Reason: d.Reason,
 		BytesIn: d.BytesIn, BytesOut: d.BytesOut, DurationMS: d.Duration.Milliseconds(), End: d.End, Suppressed: d.Suppressed,
+		ClosedFirst: d.ClosedFirst, TLS: d.TLS,
 	}
 	if d.Addr.IsValid() {
 		r.Addr = d.Addr.String()
@@ -365,15 +372,23 @@ func (l *egressLog) query(d jobdns.QueryDecision) {
 func (l *egressLog) write(r egress.Record) {
 	r = r.Bounded()
 	l.log.Info("egress", "via", r.Via, "name", r.Name, "port", r.Port, "qtype", r.QType, "allowed", r.Allowed, "reason", r.Reason,
-		"addr", r.Addr, "answers", r.Answers, "bytes_in", r.BytesIn, "bytes_out", r.BytesOut, "duration_ms", r.DurationMS, "end", r.End, "suppressed", r.Suppressed)
+		"addr", r.Addr, "answers", r.Answers, "bytes_in", r.BytesIn, "bytes_out", r.BytesOut, "duration_ms", r.DurationMS, "end", r.End, "closed_first", r.ClosedFirst, "tls", r.TLS, "suppressed", r.Suppressed)
+	if l.append(r) {
+		l.notify()
+	}
+}
+
+// append writes r, or counts it when past the caps, and reports whether a
+// line was written.
+func (l *egressLog) append(r egress.Record) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.f == nil || l.err != nil {
-		return
+		return false
 	}
 	if l.n >= 2*maxEgressRecords || r.Allowed && l.allowed >= maxEgressRecords {
 		l.drop(r)
-		return
+		return false
 	}
 	b, err := json.Marshal(r)
 	if err == nil {
@@ -382,12 +397,13 @@ func (l *egressLog) write(r egress.Record) {
 	if err != nil {
 		l.err = err
 		l.log.Error("egress record: write; the rest is in the executor's log only", "error", err)
-		return
+		return false
 	}
 	l.n++
 	if r.Allowed {
 		l.allowed++
 	}
+	return true
 }
 
 // drop counts r into its name's summary; past egress.MaxNames names, into

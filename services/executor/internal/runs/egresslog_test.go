@@ -20,7 +20,7 @@ import (
 // and a name as long as the job likes is cut when written.
 func TestEgressLogFlood(t *testing.T) {
 	dir := t.TempDir()
-	l, err := openEgressLog(dir, slog.New(slog.DiscardHandler))
+	l, err := openEgressLog(dir, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func TestEgressLogFlood(t *testing.T) {
 // them an allowed connection still has its own line.
 func TestEgressLogRefusalsLeaveRoomForAllowed(t *testing.T) {
 	dir := t.TempDir()
-	l, err := openEgressLog(dir, slog.New(slog.DiscardHandler))
+	l, err := openEgressLog(dir, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

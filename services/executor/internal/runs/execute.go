@@ -239,7 +239,7 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source) 
 		if err == nil && p.domains() {
 			// Fail closed: a domains job whose proxy or DNS server cannot
 			// serve does not start.
-			if eg, err = m.startEgress(g.JobID, n, p.Names); err != nil {
+			if eg, err = m.startEgress(g.JobID, n, p.Names, func() { m.mu.Lock(); e.notify(); m.mu.Unlock() }); err != nil {
 				m.closeNet(n)
 				n = nil
 			}

@@ -11,6 +11,7 @@ import (
 	"sort"
 
 	"github.com/airlockhq/airlock/pkg/bundle"
+	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 )
 
@@ -75,27 +76,46 @@ func (m *Manager) Artifact(jobID, digest string) (*Artifact, error) {
 	return &Artifact{Path: filepath.Join(dir, "bundle.tar"), Digest: got, Size: size, Provenance: prov}, nil
 }
 
-// Event is one message of a watch: a run state, or output.
+// Event is one message of a watch: a run state, output, or a decision of
+// the egress record.
 type Event struct {
 	Run    *Run
 	Stream string // "stdout" or "stderr"
 	Offset int64
 	Data   []byte
 	Cut    bool // the stream was truncated at its cap after this chunk
+	// Egress is the record's decision at EgressIndex (from 0).
+	Egress      *egress.Record
+	EgressIndex int64
+}
+
+// WatchFrom is where a watch starts: each output stream's byte offset
+// (past its end: none of it), and, when Egress is set, the egress record's
+// index.
+type WatchFrom struct {
+	Stdout, Stderr int64
+	Egress         bool
+	EgressIndex    int64
 }
 
 // Watch sends the run's current state, then output from the given offsets
-// and every change of state or grant, until the run has ended and its
-// output is drained, or ctx ends.
-func (m *Manager) Watch(ctx context.Context, jobID string, stdoutOffset, stderrOffset int64, send func(Event) error) error {
+// (and the egress record, when from asks for it) and every change of
+// state or grant, until the run has ended and its output is drained, or
+// ctx ends.
+func (m *Manager) Watch(ctx context.Context, jobID string, from WatchFrom, send func(Event) error) error {
+	stdoutOffset, stderrOffset := from.Stdout, from.Stderr
 	m.mu.Lock()
 	e, ok := m.runs[jobID]
 	m.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("%w: run %q", errdefs.ErrNotFound, jobID)
 	}
-	if stdoutOffset < 0 || stderrOffset < 0 {
+	if stdoutOffset < 0 || stderrOffset < 0 || from.EgressIndex < 0 {
 		return fmt.Errorf("%w: offsets must not be negative", errdefs.ErrInvalidArgument)
+	}
+	var records *egressTail
+	if from.Egress {
+		records = &egressTail{path: filepath.Join(m.runDir(jobID), bundle.EgressFile), from: from.EgressIndex}
 	}
 	offsets := map[string]int64{"stdout": stdoutOffset, "stderr": stderrOffset}
 	cutSent := map[string]bool{}
@@ -119,6 +139,11 @@ func (m *Manager) Watch(ctx context.Context, jobID string, stdoutOffset, stderrO
 		}{{"stdout", e.stdout}, {"stderr", e.stderr}} {
 			path := filepath.Join(m.runDir(e.run.JobID), s.name+".log")
 			if err := sendStream(path, s.name, s.o, run.Truncated[s.name], offsets, cutSent, send); err != nil {
+				return err
+			}
+		}
+		if records != nil {
+			if err := records.send(send); err != nil {
 				return err
 			}
 		}

@@ -463,7 +463,7 @@ echo "all spawned"`)
 	defer cancel()
 	events := make(chan Run, 16)
 	go func() {
-		_ = h.m.Watch(ctx, g1.JobID, 0, 0, func(ev Event) error {
+		_ = h.m.Watch(ctx, g1.JobID, WatchFrom{}, func(ev Event) error {
 			if ev.Run != nil {
 				events <- *ev.Run
 			}
