@@ -42,6 +42,9 @@ func TestCheck(t *testing.T) {
 		{Name: "runsc missing", Body: strings.Replace(good, "runc: runc", "runc: runc, runsc: gone", 1), Field: "sandbox.runsc"},
 		{Name: "a directory of trusted keys", Body: strings.Replace(good, "grant.key.pub", "grant-keys", 1), Summary: "authority 127.0.0.1:7401"},
 		{Name: "grant public key not PEM", Body: strings.Replace(good, "grant.key.pub", "not-pem.crt", 1), Field: "authority.grant_public_key"},
+		{Name: "an extra CA", Body: strings.Replace(good, "runc: runc", "runc: runc, extra_cas: [pki/ca.crt]", 1), Summary: "authority 127.0.0.1:7401"},
+		{Name: "a CA bundle that is a private key", Body: strings.Replace(good, "runc: runc", "runc: runc, ca_bundle: pki/ca.key", 1), Field: "sandbox.ca_bundle"},
+		{Name: "an extra CA missing", Body: strings.Replace(good, "runc: runc", "runc: runc, extra_cas: [pki/ca.crt, gone.pem]", 1), Field: "sandbox.extra_cas[1]"},
 		{Name: "uid base out of range", Body: strings.Replace(good, "runc: runc", "runc: runc, uid_base: 5", 1), Field: "sandbox.uid_base"},
 	}, append(f.GoodCommon(good), f.BadCommon(good)...)...)
 	f.Run(t, Check, cases)

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"regexp"
 
@@ -141,6 +142,69 @@ type Sandbox struct {
 	// /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin; add a
 	// toolchain the host keeps outside those, e.g. /usr/local/go/bin.
 	Path string `yaml:"path"`
+	// CABundle is the PEM file of CA certificates every job trusts,
+	// default the host's public bundle, /etc/ssl/certs/ca-certificates.crt
+	// (a start without it and without this setting is refused). ExtraCAs
+	// are more PEM files appended to it, such as the CA of an egress that
+	// inspects TLS. Each must hold CA certificates and no other PEM block,
+	// at most 1 MiB; at most 16 extra files. They are read once, at start,
+	// into the jobs' root filesystem template: a later change on the host
+	// reaches no job until the executor restarts.
+	CABundle string   `yaml:"ca_bundle"`
+	ExtraCAs []string `yaml:"extra_cas"`
+
+	// CAs is the trust store read from CABundle and ExtraCAs, set by
+	// validation.
+	CAs []byte `yaml:"-"`
+}
+
+// maxExtraCAs bounds Sandbox.ExtraCAs.
+const maxExtraCAs = 16
+
+// defaultCABundle is Sandbox.CABundle's default (a variable for tests).
+var defaultCABundle = sandbox.DefaultCABundle
+
+// validateCAs reads the jobs' trust store into s.CAs.
+func (c *Config) validateCAs() error {
+	s := &c.Sandbox
+	s.CAs = nil
+	var errs []error
+	read := func(field, path string) {
+		b, err := sandbox.ReadCAFile(path)
+		if err != nil {
+			errs = append(errs, config.Field(field, "%v", err))
+			return
+		}
+		s.CAs = append(s.CAs, b...)
+	}
+	if s.CABundle == "" {
+		if _, err := os.Stat(defaultCABundle); err != nil {
+			errs = append(errs, config.Field("sandbox.ca_bundle", "not set, and this host has no %s (Debian's ca-certificates package): install it, or name a PEM file of CA certificates", defaultCABundle))
+		} else {
+			read("sandbox.ca_bundle", defaultCABundle)
+		}
+	} else if err := c.Server.CheckFile("sandbox.ca_bundle", &s.CABundle, true); err != nil {
+		errs = append(errs, err)
+	} else {
+		read("sandbox.ca_bundle", s.CABundle)
+	}
+	if len(s.ExtraCAs) > maxExtraCAs {
+		errs = append(errs, config.Field("sandbox.extra_cas", "%d files: at most %d", len(s.ExtraCAs), maxExtraCAs))
+		s.CAs = nil
+		return errors.Join(errs...)
+	}
+	for i := range s.ExtraCAs {
+		field := fmt.Sprintf("sandbox.extra_cas[%d]", i)
+		if err := c.Server.CheckFile(field, &s.ExtraCAs[i], true); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		read(field, s.ExtraCAs[i])
+	}
+	if len(errs) > 0 {
+		s.CAs = nil
+	}
+	return errors.Join(errs...)
 }
 
 var networkName = regexp.MustCompile(`^[a-z0-9_]{1,32}$`)
@@ -169,6 +233,7 @@ func (c *Config) ValidatePeers() error {
 			errs = append(errs, config.Field("sandbox.path", "%q: %v", c.Sandbox.Path, err))
 		}
 	}
+	errs = append(errs, c.validateCAs())
 	if c.Sandbox.CgroupParent == "" {
 		sum := sha256.Sum256([]byte(c.DataDir))
 		c.Sandbox.CgroupParent = "/airlock/" + hex.EncodeToString(sum[:6])

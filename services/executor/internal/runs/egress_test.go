@@ -31,17 +31,22 @@ import (
 // public, and an upstream DNS server the test runs on loopback, which
 // logs every name it is asked.
 
-// startWebHost is the boundary tests' web host (nettest.StartWeb) on a
-// /30 of 203.0.113.0/25 (the end-to-end tests take the other half) and
-// 2001:db8:7a00::/40.
+// startWebHost is the boundary tests' web host (nettest.StartWeb) on
+// webHostConfig's addresses.
 func startWebHost(t *testing.T) *nettest.Web {
 	t.Helper()
+	return nettest.StartWeb(t, webHostConfig())
+}
+
+// webHostConfig is a test host on a /30 of 203.0.113.0/25 (the end-to-end
+// tests take the other half) and 2001:db8:7a00::/40.
+func webHostConfig() nettest.Config {
 	n := int(testSeq.Add(1))
-	return nettest.StartWeb(t, nettest.Config{
+	return nettest.Config{
 		Name:    fmt.Sprintf("rw%04x%02x", os.Getpid()&0xffff, n&0xff),
 		Prefix:  nettest.Subnet(netip.MustParsePrefix("203.0.113.0/25"), 30, (os.Getpid()+n)%32),
 		Prefix6: nettest.Subnet(netip.MustParsePrefix("2001:db8:7a00::/40"), 64, (os.Getpid()&0xffff)<<8|n&0xff),
-	})
+	}
 }
 
 // withDomainsNetwork gives h a network manager with IPv6 (so the jobs

@@ -114,8 +114,8 @@ func newHarnessWith(t *testing.T, gated bool, capacity Capacity) (*harness, func
 }
 
 // newHarnessMeter is newHarnessWith whose manager records its metrics on
-// mp.
-func newHarnessMeter(t *testing.T, gated bool, capacity Capacity, mp metric.MeterProvider) (*harness, func()) {
+// mp; opts adjust the sandbox's config.
+func newHarnessMeter(t *testing.T, gated bool, capacity Capacity, mp metric.MeterProvider, opts ...func(*sandbox.Config)) (*harness, func()) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatalf("the runs tests must run as root, not uid %d", os.Geteuid())
@@ -156,7 +156,7 @@ func newHarnessMeter(t *testing.T, gated bool, capacity Capacity, mp metric.Mete
 	// executor default (1000000), so parallel test binaries never share one.
 	uidBase := uint32(1100000 + ((os.Getpid()+int(n))%13)*65536)
 	logger := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	sb, err := sandbox.New(sandbox.Config{
+	sbCfg := sandbox.Config{
 		StateDir:            filepath.Join(base, "sandbox"),
 		RuncPath:            runc,
 		RunscPath:           runscPath(runc),
@@ -165,7 +165,11 @@ func newHarnessMeter(t *testing.T, gated bool, capacity Capacity, mp metric.Mete
 		MemoryLimit:         capacity.MemoryBytes,
 		Logger:              logger,
 		RunscSelfCheckCache: selfCheckCache,
-	})
+	}
+	for _, o := range opts {
+		o(&sbCfg)
+	}
+	sb, err := sandbox.New(sbCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +321,12 @@ func (h *harness) waitRunning(t *testing.T, jobID, want string) {
 
 func (h *harness) waitEnd(t *testing.T, jobID string) Run {
 	t.Helper()
-	end := time.Now().Add(90 * time.Second)
+	return h.waitEndWithin(t, jobID, 90*time.Second)
+}
+
+func (h *harness) waitEndWithin(t *testing.T, jobID string, d time.Duration) Run {
+	t.Helper()
+	end := time.Now().Add(d)
 	for {
 		run, err := h.m.Get(jobID)
 		if err != nil {

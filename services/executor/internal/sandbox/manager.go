@@ -121,8 +121,12 @@ type Config struct {
 	RunscSelfCheckCache string
 	// Path is every job's and exec's PATH unless its own environment sets
 	// one (ValidPath); "" is DefaultPath.
-	Path   string
-	Logger *slog.Logger
+	Path string
+	// CABundle is the PEM CA certificates every job trusts (ReadCAFile's,
+	// one file's after another), written into the template at each path
+	// tools look for them (catrust.go); nil reads DefaultCABundle.
+	CABundle []byte
+	Logger   *slog.Logger
 }
 
 // Manager creates sandboxes and cleans up after them.
@@ -200,6 +204,10 @@ func New(cfg Config) (*Manager, error) {
 	case runscPlatforms[cfg.RunscPlatform] == "":
 		return nil, invalid("sandbox.runsc_platform %q: must be one of %s", cfg.RunscPlatform, strings.Join(slices.Sorted(maps.Keys(runscPlatforms)), ", "))
 	}
+	cas, err := trustedCAs(cfg.CABundle)
+	if err != nil {
+		return nil, err
+	}
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("%w: sandbox: must run as root (uid 0) to create namespaces, mounts and cgroups", errdefs.ErrFailedPrecondition)
 	}
@@ -225,7 +233,6 @@ func New(cfg Config) (*Manager, error) {
 	if err := makePrivate(cfg.StateDir); err != nil {
 		return nil, fmt.Errorf("sandbox.state_dir: %w", err)
 	}
-	var err error
 	if m.cg, err = discoverCgroups(); err != nil {
 		return nil, fmt.Errorf("%w: sandbox: %v", errdefs.ErrFailedPrecondition, err)
 	}
@@ -246,7 +253,7 @@ func New(cfg Config) (*Manager, error) {
 				errdefs.ErrFailedPrecondition, m.cg.mode(), io)
 		}
 	}
-	def, err := buildTemplateDef()
+	def, err := buildTemplateDef(cas)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: rootfs template: %w", err)
 	}

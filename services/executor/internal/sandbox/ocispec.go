@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -115,12 +116,14 @@ func rlimits() []specs.POSIXRlimit {
 }
 
 // jobEnv is the job's whole environment, sorted for a stable bundle: the
-// defaults, PATH as the operator set it (path, unless empty), then env.
+// defaults and the trust store's variables (caEnv), PATH as the operator
+// set it (path, unless empty), then env.
 func jobEnv(path string, env map[string]string) []string {
 	all := map[string]string{}
 	for k, v := range defaultEnv {
 		all[k] = v
 	}
+	maps.Copy(all, caEnv)
 	if path != "" {
 		all["PATH"] = path
 	}

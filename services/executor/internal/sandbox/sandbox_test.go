@@ -801,6 +801,7 @@ func TestNewValidates(t *testing.T) {
 		{"runsc platform", "runsc_platform", Config{StateDir: "/tmp/x", RunscPlatform: "kvm"}},
 		{"self-check cache", "runsc_self_check_cache", Config{StateDir: "/tmp/x", RunscSelfCheckCache: "cache"}},
 		{"path searching the current directory", "path", Config{StateDir: "/tmp/x", Path: "/usr/bin::/bin"}},
+		{"a CA bundle with a private key", "ca_bundle", Config{StateDir: "/tmp/x", CABundle: []byte("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := New(tc.cfg)

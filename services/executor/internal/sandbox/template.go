@@ -67,7 +67,9 @@ type rootfsTemplate struct {
 // symlinks into it; they become the same symlinks in the template.
 var hostTopDirs = []string{"bin", "lib", "lib32", "lib64", "libx32", "sbin"}
 
-func buildTemplateDef() (templateDef, error) {
+// buildTemplateDef defines the template; cas is the jobs' trust store
+// (caEntries).
+func buildTemplateDef(cas []byte) (templateDef, error) {
 	def := templateDef{Format: templateFormat, Binds: []string{"/usr"}}
 	var entries []templateEntry
 	for _, d := range mountPoints {
@@ -93,6 +95,7 @@ func buildTemplateDef() (templateDef, error) {
 		}
 	}
 	entries = append(entries, etcFiles...)
+	entries = append(entries, caEntries(cas)...)
 	alts, err := alternatives()
 	if err != nil {
 		return def, err

@@ -67,6 +67,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				DiskReadBPS:         cfg.Sandbox.DiskReadBPS.Bytes(),
 				DiskWriteBPS:        cfg.Sandbox.DiskWriteBPS.Bytes(),
 				Path:                cfg.Sandbox.Path,
+				CABundle:            cfg.Sandbox.CAs,
 				MemoryLimit:         cfg.Capacity.MemoryBytes,
 				Logger:              logger,
 			})
