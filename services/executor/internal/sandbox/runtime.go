@@ -22,6 +22,17 @@ import (
 // and variables such as XDG_RUNTIME_DIR would change how runc behaves.
 var runtimeEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 
+// runscFSFlags are the filesystem flags every runsc command gets.
+//
+// --overlay2=none: the root is read-only and shared by every job; runsc
+// must not put a writable layer (or its backing file) over it. runsc
+// ignores a root overlay for a read-only root anyway, so root:memory and
+// root:self measure the same as none; an overlay over every mount
+// (all:...) would keep /work's and /out's writes inside the sandbox,
+// where no patch or bundle could see them. docs/performance.md has the
+// measurements of these and of --directfs and --file-access-mounts.
+var runscFSFlags = []string{"--overlay2=none"}
+
 // runtimeBin is one OCI runtime binary with its own state root.
 type runtimeBin struct {
 	class Class
@@ -29,6 +40,9 @@ type runtimeBin struct {
 	root  string
 	// platform is gVisor's platform (runsc only; see runscPlatforms).
 	platform string
+	// fsFlags are runsc's filesystem flags (runsc only): runscFSFlags
+	// but in the benchmarks that compare gVisor's options.
+	fsFlags []string
 
 	mu      sync.Mutex
 	version string // cached once read successfully
@@ -45,9 +59,9 @@ func (r *runtimeBin) global(logPath string) []string {
 			// Apply the bundle's seccomp filter to the job inside the
 			// sandbox; runsc otherwise ignores it.
 			"--oci-seccomp",
-			// The root is read-only and shared by every job; runsc must not
-			// put a writable layer (or its backing file) over it.
-			"--overlay2=none",
+		)
+		args = append(args, r.fsFlags...)
+		args = append(args,
 			// A new empty network namespace per gofer, gone with it; the
 			// default pins one shared namespace under --root, which would
 			// outlive every job.
