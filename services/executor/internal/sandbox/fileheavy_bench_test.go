@@ -42,8 +42,9 @@ func BenchmarkRunscFileHeavy(b *testing.B) {
 		for _, rt := range fileHeavyRuntimes {
 			b.Run("work="+w.name+"/rt="+rt.name, func(b *testing.B) {
 				if rt.class == ClassRunsc {
-					e.m.runtimes[ClassRunsc].fsFlags = rt.flags
-					defer func() { e.m.runtimes[ClassRunsc].fsFlags = runscFSFlags }()
+					r := e.m.runtimes[ClassRunsc]
+					r.fsFlags, r.batchFlags = rt.flags, rt.batch
+					defer func() { r.fsFlags, r.batchFlags = runscFSFlags, runscBatchFlags }()
 				}
 				var work time.Duration
 				n := 0
@@ -58,20 +59,23 @@ func BenchmarkRunscFileHeavy(b *testing.B) {
 }
 
 // fileHeavyRuntimes are the configurations compared: runc as the
-// baseline, runsc as the executor starts it (runscFSFlags), and runsc
-// with one option changed each. root:self is not among them: runsc
+// baseline, runsc as the executor starts a batch job, and runsc with one
+// option changed each. root:self is not among them: runsc
 // applies no root overlay to a read-only root whatever the medium
 // (runsc/container's initGoferConfs), so root:memory stands for both.
 var fileHeavyRuntimes = []struct {
-	name  string
-	class Class
-	flags []string
+	name         string
+	class        Class
+	flags, batch []string
 }{
-	{"runc", ClassRunc, nil},
-	{"runsc", ClassRunsc, runscFSFlags},
-	{"runsc-overlay-root-memory", ClassRunsc, []string{"--overlay2=root:memory"}},
-	{"runsc-nodirectfs", ClassRunsc, []string{"--overlay2=none", "--directfs=false"}},
-	{"runsc-mounts-exclusive", ClassRunsc, []string{"--overlay2=none", "--file-access-mounts=exclusive"}},
+	{"runc", ClassRunc, nil, nil},
+	// runsc-mounts-shared is how the executor started runsc before
+	// runscBatchFlags; runsc-mounts-exclusive is how it starts a batch
+	// job now.
+	{"runsc-mounts-shared", ClassRunsc, []string{"--overlay2=none"}, nil},
+	{"runsc-overlay-root-memory", ClassRunsc, []string{"--overlay2=root:memory"}, nil},
+	{"runsc-nodirectfs", ClassRunsc, []string{"--overlay2=none", "--directfs=false"}, nil},
+	{"runsc-mounts-exclusive", ClassRunsc, runscFSFlags, runscBatchFlags},
 }
 
 type fileHeavyWorkload struct {
