@@ -66,7 +66,11 @@ func (r *Repo) PackCommit(ctx context.Context, commit, tree string, object []byt
 	if err := os.MkdirAll(filepath.Join(dir, "pack"), 0o755); err != nil {
 		return err
 	}
-	_, err = r.gitInput(ctx, "", nil, []byte(strings.Join(names, "\n")+"\n"), "pack-objects", "--quiet", filepath.Join(dir, "pack", "pack"))
+	// --window=0: no delta search. The objects of one tree seldom delta
+	// against each other, the pack stays on this disk, and the search was
+	// most of staging a large tree (58% of a 66 MB, 6,813-file one:
+	// docs/performance.md).
+	_, err = r.gitInput(ctx, "", nil, []byte(strings.Join(names, "\n")+"\n"), "pack-objects", "--quiet", "--window=0", filepath.Join(dir, "pack", "pack"))
 	return err
 }
 
