@@ -69,13 +69,12 @@ var fileHeavyRuntimes = []struct {
 	flags, batch []string
 }{
 	{"runc", ClassRunc, nil, nil},
-	// runsc-mounts-shared is how the executor started runsc before
-	// runscBatchFlags; runsc-mounts-exclusive is how it starts a batch
-	// job now.
-	{"runsc-mounts-shared", ClassRunsc, []string{"--overlay2=none"}, nil},
+	// runsc-mounts-shared is how the executor starts runsc;
+	// runsc-mounts-exclusive is runscBatchFlags' candidate.
+	{"runsc-mounts-shared", ClassRunsc, runscFSFlags, runscBatchFlags},
 	{"runsc-overlay-root-memory", ClassRunsc, []string{"--overlay2=root:memory"}, nil},
 	{"runsc-nodirectfs", ClassRunsc, []string{"--overlay2=none", "--directfs=false"}, nil},
-	{"runsc-mounts-exclusive", ClassRunsc, runscFSFlags, runscBatchFlags},
+	{"runsc-mounts-exclusive", ClassRunsc, runscFSFlags, []string{"--file-access-mounts=exclusive"}},
 }
 
 type fileHeavyWorkload struct {

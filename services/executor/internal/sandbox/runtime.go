@@ -33,21 +33,23 @@ var runtimeEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 // measurements of these and of --directfs and --file-access-mounts.
 var runscFSFlags = []string{"--overlay2=none"}
 
-// runscBatchFlags are added when runsc starts a job that is not a session.
+// runscBatchFlags are added when runsc starts a job that is not a session;
+// none yet.
 //
-// --file-access-mounts=exclusive: gVisor caches what it learns of the
-// job's mounts (/work, /out, /tmp, /root, caches) instead of checking
-// every cached name and attribute against the host again on each use:
-// about 30% off a C build; a small-file tree's untar, walk and grep
-// within noise (docs/performance.md). It is right only while nothing but the job
-// changes those mounts, which holds for a batch job: the executor reads
-// them only after the job ends. A session's /work and /out take uploads
-// from the host while it runs (Sandbox.WriteFile), which a cached view
-// would miss (a file replaced on the host still showed the symlink the
-// job had made), so sessions keep gVisor's default, "shared". File data
-// is written to the host file at once either way (directfs writes
-// through the host descriptor), so the disk limit holds the same.
-var runscBatchFlags = []string{"--file-access-mounts=exclusive"}
+// --file-access-mounts=exclusive is the candidate: gVisor caches what it
+// learns of the job's mounts (/work, /out, /tmp, /root, caches) instead
+// of checking every cached name and attribute against the host again on
+// each use: about 30% off a C build; a small-file tree's untar, walk and
+// grep within noise (docs/performance.md). It is right only while nothing
+// but the job changes those mounts. A session's /work and /out take
+// uploads from the host while it runs (Sandbox.WriteFile), which a cached
+// view misses (a file the host wrote over the job's symlink still showed
+// as the symlink), so sessions must keep "shared". A batch job's mounts
+// take no host write in production, but four of this package's tests
+// signal a running batch job by creating /work/go from the host
+// (waitForGo), which a job under exclusive never sees; they need another
+// signal before the flag can go here.
+var runscBatchFlags []string
 
 // runtimeBin is one OCI runtime binary with its own state root.
 type runtimeBin struct {

@@ -5,13 +5,14 @@ import (
 	"testing"
 )
 
-// A batch job's runsc gets runscBatchFlags; a session's, whose mounts
+// A batch job's runsc gets the batch flags; a session's, whose mounts
 // take the host's uploads while it runs, never does.
 func TestRunscBatchFlagsOnlyForBatchJobs(t *testing.T) {
-	r := &runtimeBin{class: ClassRunsc, path: "runsc", root: "/r", platform: "ptrace", fsFlags: runscFSFlags, batchFlags: runscBatchFlags}
+	batch := []string{"--file-access-mounts=exclusive"}
+	r := &runtimeBin{class: ClassRunsc, path: "runsc", root: "/r", platform: "ptrace", fsFlags: runscFSFlags, batchFlags: batch}
 	for _, session := range []bool{false, true} {
 		args := r.runCmd(t.TempDir(), "id", "", "/pid", session).Args
-		for _, f := range runscBatchFlags {
+		for _, f := range batch {
 			if got := slices.Contains(args, f); got == session {
 				t.Errorf("session=%v: %s in %v: %v", session, f, args, got)
 			}

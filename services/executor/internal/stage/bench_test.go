@@ -105,6 +105,9 @@ func BenchmarkStageLargeTree(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
+			if err := os.MkdirAll(filepath.Join(root, "old"), 0o755); err != nil {
+				b.Fatal(err)
+			}
 			pack := gittest.Cmd(root, "--git-dir", filepath.Join(root, "git"), "pack-objects", "--quiet", filepath.Join(root, "old", "pack"))
 			pack.Stdin = bytes.NewReader(names)
 			if out, err := pack.CombinedOutput(); err != nil {
