@@ -67,9 +67,9 @@ func (r *Repo) PackCommit(ctx context.Context, commit, tree string, object []byt
 		return err
 	}
 	// --window=0: no delta search. The objects of one tree seldom delta
-	// against each other, the pack stays on this disk, and the search was
-	// most of staging a large tree (58% of a 66 MB, 6,813-file one:
-	// docs/performance.md).
+	// against each other and the pack stays on this disk; the search took
+	// 6 to 55 s of staging a 66 MB, 6,813-file tree on a loaded machine,
+	// 2.4 times the pack without it (docs/performance.md).
 	_, err = r.gitInput(ctx, "", nil, []byte(strings.Join(names, "\n")+"\n"), "pack-objects", "--quiet", "--window=0", filepath.Join(dir, "pack", "pack"))
 	return err
 }
