@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -28,6 +29,10 @@ import (
 // send it, and the kernel drops SIGKILL and SIGSTOP sent to an init from
 // inside its namespace: a session ends only from outside.
 var IdleCommand = []string{"bash", "-c", "trap '' HUP INT QUIT TERM USR1 USR2 PIPE ALRM; while :; do sleep 3600 & wait $!; done"}
+
+// isSession reports whether the spec is a session's: one that runs
+// IdleCommand, with execs and file uploads while it runs.
+func (s Spec) isSession() bool { return slices.Equal(s.Command, IdleCommand) }
 
 // How long an exec's process group has, after SIGTERM, before SIGKILL;
 // and how long a started sandbox has to come up before an Exec gives up.

@@ -157,6 +157,16 @@ func newEnv(t testing.TB, opts ...func(*Config)) *env {
 		t.Fatal(err)
 	}
 	e.m = m
+	// AIRLOCK_TEST_RUNSC_FS and AIRLOCK_TEST_RUNSC_BATCH run every runsc
+	// test with other filesystem flags than runscFSFlags and
+	// runscBatchFlags, to check a candidate before it becomes the
+	// default (docs/performance.md).
+	if v, ok := os.LookupEnv("AIRLOCK_TEST_RUNSC_FS"); ok {
+		m.runtimes[ClassRunsc].fsFlags = strings.Fields(v)
+	}
+	if v, ok := os.LookupEnv("AIRLOCK_TEST_RUNSC_BATCH"); ok {
+		m.runtimes[ClassRunsc].batchFlags = strings.Fields(v)
+	}
 	t.Cleanup(func() {
 		e.assertClean(t)
 		if err := m.Close(); err != nil {

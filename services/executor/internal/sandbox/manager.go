@@ -278,7 +278,7 @@ func New(cfg Config) (*Manager, error) {
 	}
 	m.runtimes = map[Class]*runtimeBin{
 		ClassRunc:  {class: ClassRunc, path: cfg.RuncPath, root: filepath.Join(cfg.StateDir, "runc")},
-		ClassRunsc: {class: ClassRunsc, path: cfg.RunscPath, root: filepath.Join(cfg.StateDir, "runsc"), platform: cfg.RunscPlatform},
+		ClassRunsc: {class: ClassRunsc, path: cfg.RunscPath, root: filepath.Join(cfg.StateDir, "runsc"), platform: cfg.RunscPlatform, fsFlags: runscFSFlags, batchFlags: runscBatchFlags},
 	}
 	return m, nil
 }

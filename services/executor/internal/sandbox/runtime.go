@@ -22,6 +22,35 @@ import (
 // and variables such as XDG_RUNTIME_DIR would change how runc behaves.
 var runtimeEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 
+// runscFSFlags are the filesystem flags every runsc command gets.
+//
+// --overlay2=none: the root is read-only and shared by every job; runsc
+// must not put a writable layer (or its backing file) over it. runsc
+// ignores a root overlay for a read-only root anyway, so root:memory and
+// root:self measure the same as none; an overlay over every mount
+// (all:...) would keep /work's and /out's writes inside the sandbox,
+// where no patch or bundle could see them. docs/performance.md has the
+// measurements of these and of --directfs and --file-access-mounts.
+var runscFSFlags = []string{"--overlay2=none"}
+
+// runscBatchFlags are added when runsc starts a job that is not a session;
+// none yet.
+//
+// --file-access-mounts=exclusive is the candidate: gVisor caches what it
+// learns of the job's mounts (/work, /out, /tmp, /root, caches) instead
+// of checking every cached name and attribute against the host again on
+// each use: about 30% off a C build; a small-file tree's untar, walk and
+// grep within noise (docs/performance.md). It is right only while nothing
+// but the job changes those mounts. A session's /work and /out take
+// uploads from the host while it runs (Sandbox.WriteFile), which a cached
+// view misses (a file the host wrote over the job's symlink still showed
+// as the symlink), so sessions must keep "shared". A batch job's mounts
+// take no host write in production, but four of this package's tests
+// signal a running batch job by creating /work/go from the host
+// (waitForGo), which a job under exclusive never sees; they need another
+// signal before the flag can go here.
+var runscBatchFlags []string
+
 // runtimeBin is one OCI runtime binary with its own state root.
 type runtimeBin struct {
 	class Class
@@ -29,6 +58,10 @@ type runtimeBin struct {
 	root  string
 	// platform is gVisor's platform (runsc only; see runscPlatforms).
 	platform string
+	// fsFlags and batchFlags are runsc's filesystem flags (runsc only):
+	// runscFSFlags and runscBatchFlags but in the benchmarks that compare
+	// gVisor's options.
+	fsFlags, batchFlags []string
 
 	mu      sync.Mutex
 	version string // cached once read successfully
@@ -45,9 +78,9 @@ func (r *runtimeBin) global(logPath string) []string {
 			// Apply the bundle's seccomp filter to the job inside the
 			// sandbox; runsc otherwise ignores it.
 			"--oci-seccomp",
-			// The root is read-only and shared by every job; runsc must not
-			// put a writable layer (or its backing file) over it.
-			"--overlay2=none",
+		)
+		args = append(args, r.fsFlags...)
+		args = append(args,
 			// A new empty network namespace per gofer, gone with it; the
 			// default pins one shared namespace under --root, which would
 			// outlive every job.
@@ -57,12 +90,18 @@ func (r *runtimeBin) global(logPath string) []string {
 	return args
 }
 
-func (r *runtimeBin) runCmd(bundle, id, logPath, pidFile string) *exec.Cmd {
+// runCmd starts the job; session says whether it is a session's sandbox
+// (see runscBatchFlags).
+func (r *runtimeBin) runCmd(bundle, id, logPath, pidFile string, session bool) *exec.Cmd {
 	args := r.global(logPath)
 	if r.class == ClassRunsc {
 		// The platform is the sandbox's, chosen when it starts; runsc's
-		// other commands (exec, kill, delete) are not given it.
+		// other commands (exec, kill, delete) are not given it, nor the
+		// batch flags, which also act only when the sandbox starts.
 		args = append(args, "--platform="+r.platform, runscNetwork(bundle))
+		if !session {
+			args = append(args, r.batchFlags...)
+		}
 	}
 	args = append(args, "run", "--bundle", bundle, "--pid-file", pidFile, id)
 	cmd := exec.Command(r.path, args...)

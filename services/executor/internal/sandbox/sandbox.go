@@ -159,7 +159,7 @@ func (s *Sandbox) run(ctx context.Context, res Result) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	cmd := s.rt.runCmd(s.bundle, s.spec.ID, s.logPath, s.pidFile)
+	cmd := s.rt.runCmd(s.bundle, s.spec.ID, s.logPath, s.pidFile, s.spec.isSession())
 	// The runtime hands its own stdio to the job: stdin is /dev/null, and
 	// the write ends of the pipes go straight to the job's processes.
 	cmd.Stdout, cmd.Stderr = pipes.outW, pipes.errW
