@@ -12,7 +12,7 @@ import (
 // A job's named caches (Spec.Caches): each an overlay mounted on the host
 // at dir/cacheN/mnt, its lower layer the cache as it was, its upper and
 // work directories scratch/caches/N/{upper,ovl}, then bound at its path
-// inside. The runtime makes the mount point in the job's /root or /tmp.
+// inside. The runtime makes the mount point in the job's home or /tmp.
 
 // scratchCaches is the scratch directory holding the caches' layers.
 const scratchCaches = "caches"
@@ -32,7 +32,7 @@ func (s *Sandbox) CacheUpper(i int) string {
 // the upper layer says exactly what the job's cache holds.
 func (s *Sandbox) mountCaches() ([]cacheBind, error) {
 	var out []cacheBind
-	uid := int(s.m.cfg.UIDBase)
+	uid, gid := s.m.hostIDs(s.spec.User)
 	for i, c := range s.spec.Caches {
 		n := strconv.Itoa(i)
 		point := filepath.Join(s.scr.point, scratchCaches, n)
@@ -46,9 +46,9 @@ func (s *Sandbox) mountCaches() ([]cacheBind, error) {
 		if err := emptyDir(filepath.Join(point, scratchOvl)); err != nil {
 			return nil, err
 		}
-		// The upper root is the mount's root: owned by the sandbox's root
-		// like the cache's own root.
-		if err := os.Chown(filepath.Join(point, scratchUpper), uid, uid); err != nil {
+		// The upper root is the mount's root: owned by the job's user.
+		// (Files in the cache keep the owner that wrote them.)
+		if err := os.Chown(filepath.Join(point, scratchUpper), uid, gid); err != nil {
 			return nil, err
 		}
 		if err := os.Chmod(filepath.Join(point, scratchUpper), 0o755); err != nil {

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -9,10 +10,12 @@ import (
 	seccompprofile "github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/airlockhq/airlock/pkg/runspec"
 )
 
 // uidRange is the size of the uid and gid ranges mapped into every sandbox.
-const uidRange = 65536
+const uidRange = runspec.IDRange
 
 // IDRange is how many host uids and gids, from Config.UIDBase up, every
 // sandbox maps.
@@ -25,10 +28,10 @@ const hostname = "airlock"
 // the executor (which lowers its own score) above all.
 var jobOOMScoreAdj = 1000
 
-// defaultEnv is what every job gets before Spec.Env, which may override it.
+// defaultEnv is what every job gets before Spec.Env, which may override it
+// (with HOME, USER and LOGNAME of its user: userEnv).
 var defaultEnv = map[string]string{
 	"PATH": DefaultPath,
-	"HOME": "/root",
 	// Output goes to pipes, never a terminal.
 	"TERM": "dumb",
 }
@@ -115,10 +118,14 @@ func rlimits() []specs.POSIXRlimit {
 }
 
 // jobEnv is the job's whole environment, sorted for a stable bundle: the
-// defaults, PATH as the operator set it (path, unless empty), then env.
-func jobEnv(path string, env map[string]string) []string {
+// defaults, its user's, PATH as the operator set it (path, unless empty),
+// then env.
+func jobEnv(path string, user runspec.User, env map[string]string) []string {
 	all := map[string]string{}
 	for k, v := range defaultEnv {
+		all[k] = v
+	}
+	for k, v := range userEnv(user) {
 		all[k] = v
 	}
 	if path != "" {
@@ -137,11 +144,15 @@ func jobEnv(path string, env map[string]string) []string {
 
 // bundleInputs is what the OCI spec of one job depends on.
 type bundleInputs struct {
-	rootfs      string
-	binds       []string
-	work, tmp   string
-	out, home   string
-	uidBase     uint32
+	rootfs    string
+	binds     []string
+	work, tmp string
+	out, home string
+	uidBase   uint32
+	// user is who the job runs as; userFiles, if any, are its
+	// /etc/passwd and /etc/group (destination to host path).
+	user        runspec.User
+	userFiles   map[string]string
 	cgroupsPath string
 	blockIO     *specs.LinuxBlockIO
 	seccomp     *specs.LinuxSeccomp
@@ -185,8 +196,14 @@ func ociSpec(in bundleInputs) *specs.Spec {
 	for _, b := range in.binds {
 		mounts = append(mounts, specs.Mount{Destination: b, Type: "bind", Source: b, Options: []string{"rbind", "ro", nosuid, nodev}})
 	}
+	if !in.user.IsRoot() {
+		// Another user's home lies below /home, which the template's
+		// read-only root cannot hold a mount point in: a small tmpfs,
+		// root's, holds it instead.
+		mounts = append(mounts, specs.Mount{Destination: "/home", Type: "tmpfs", Source: "tmpfs", Options: []string{nosuid, nodev, noexec, "mode=755", "size=64k"}})
+	}
 	for _, b := range []struct{ dst, src string }{
-		{"/work", in.work}, {"/tmp", in.tmp}, {"/out", in.out}, {"/root", in.home},
+		{"/work", in.work}, {"/tmp", in.tmp}, {"/out", in.out}, {in.user.Home(), in.home},
 	} {
 		mounts = append(mounts, specs.Mount{Destination: b.dst, Type: "bind", Source: b.src, Options: []string{"bind", "rw", nosuid, nodev}})
 	}
@@ -195,6 +212,9 @@ func ociSpec(in bundleInputs) *specs.Spec {
 	}
 	if in.gitObjects != "" {
 		mounts = append(mounts, specs.Mount{Destination: "/.airlock/git-objects", Type: "bind", Source: in.gitObjects, Options: []string{"rbind", "ro", nosuid, nodev, noexec}})
+	}
+	for _, dst := range slices.Sorted(maps.Keys(in.userFiles)) {
+		mounts = append(mounts, specs.Mount{Destination: dst, Type: "bind", Source: in.userFiles[dst], Options: []string{"bind", "ro", nosuid, nodev, noexec}})
 	}
 	if in.resolvConf != "" {
 		mounts = append(mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: in.resolvConf, Options: []string{"bind", "ro", nosuid, nodev, noexec}})
@@ -207,9 +227,9 @@ func ociSpec(in bundleInputs) *specs.Spec {
 	return &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{
-			User: specs.User{UID: 0, GID: 0},
+			User: specs.User{UID: in.user.UID, GID: in.user.GID},
 			Args: in.command,
-			Env:  jobEnv(in.path, in.env),
+			Env:  jobEnv(in.path, in.user, in.env),
 			Cwd:  "/work",
 			// Present and empty: every set, bounding and ambient too, is
 			// empty. (A missing capabilities object would leave the
