@@ -223,6 +223,7 @@ func newJobGet(g *globals) *cobra.Command {
 				fmt.Fprintf(w, "command    %s\n", commandText(job.GetSpec().GetCommand()))
 				fmt.Fprintf(w, "requester  %s\n", termtext.Line(job.GetRequester()))
 				fmt.Fprintf(w, "state      %s\n", jobStateWord(job.GetState()))
+				writeUser(w, job)
 				writeLimits(w, job)
 				writeSummary(w, job)
 			})

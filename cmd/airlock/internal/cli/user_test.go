@@ -5,7 +5,18 @@ import (
 	"testing"
 
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 )
+
+// TestJobGetUser: job get says who a granted job runs as.
+func TestJobGetUser(t *testing.T) {
+	f := &fakeAuthority{job: &authorityv1.Job{JobId: "j1", User: &typesv1.JobUser{Uid: 1000, Gid: 1000}}}
+	cfg := serveFake(t, f)
+	code, out, errOut := runCLI(t, cfg, nil, "job", "get", "j1")
+	if code != 0 || !strings.Contains(out, "user       agent (1000:1000)\n") {
+		t.Errorf("job get: %d %q %q; want a line saying agent (1000:1000)", code, out, errOut)
+	}
+}
 
 // TestSubmitUser: --user (shared by job submit and session create, which
 // build their spec with the same flags) reaches the spec as uid and gid;

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 )
 
 // A job's named caches (Spec.Caches): each an overlay mounted on the host
@@ -25,6 +26,32 @@ type cacheBind struct{ dst, src string }
 // after Run until Destroy.
 func (s *Sandbox) CacheUpper(i int) string {
 	return filepath.Join(s.scr.point, scratchCaches, strconv.Itoa(i), scratchUpper)
+}
+
+// makeHomeDirs makes the directories down to p, a cache's path, in the
+// job's home (if p lies there) owned by the job's user, so that the
+// runtime, which makes a missing mount point owned by root, leaves the
+// user a home it can write all of (~/.cache beside ~/.cache/go-build).
+// The home is new or emptied, and nothing of the job has run yet.
+func (s *Sandbox) makeHomeDirs(p string, uid, gid int) error {
+	rel, ok := strings.CutPrefix(p, s.spec.User.Home()+"/")
+	if !ok {
+		return nil
+	}
+	dir := filepath.Join(s.scr.point, scratchHome)
+	for _, part := range strings.Split(rel, "/") {
+		dir = filepath.Join(dir, part)
+		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+		if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() {
+			return fmt.Errorf("%s: not a directory", dir)
+		}
+		if err := os.Lchown(dir, uid, gid); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // mountCaches mounts the spec's caches. redirect_dir and metacopy are off
@@ -53,6 +80,9 @@ func (s *Sandbox) mountCaches() ([]cacheBind, error) {
 		}
 		if err := os.Chmod(filepath.Join(point, scratchUpper), 0o755); err != nil {
 			return nil, err
+		}
+		if err := s.makeHomeDirs(c.Path, uid, gid); err != nil {
+			return nil, fmt.Errorf("cache %d mount point: %w", i, err)
 		}
 		if fi, err := os.Stat(c.Lower); err != nil || !fi.IsDir() {
 			return nil, fmt.Errorf("cache %d lower %s: not a directory", i, c.Lower)

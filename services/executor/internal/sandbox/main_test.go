@@ -254,6 +254,7 @@ type job struct {
 	env    map[string]string
 	limits *Limits
 	user   runspec.User
+	caches []CacheMount
 }
 
 type ran struct {
@@ -276,7 +277,7 @@ func (e *env) run(t testing.TB, ctx context.Context, j job) ran {
 	}
 	var out, errb syncBuffer
 	id := fmt.Sprintf("job-%d", testSeq.Add(1))
-	sb, err := e.m.Create(ctx, Spec{ID: id, Class: j.class, Source: j.src, Command: j.cmd, Env: j.env, Limits: lim, User: j.user, Stdout: &out, Stderr: &errb})
+	sb, err := e.m.Create(ctx, Spec{ID: id, Class: j.class, Source: j.src, Command: j.cmd, Env: j.env, Limits: lim, User: j.user, Caches: j.caches, Stdout: &out, Stderr: &errb})
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}

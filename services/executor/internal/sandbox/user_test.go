@@ -41,12 +41,20 @@ mkdir newdir && echo y > newdir/f
 rm sub/data.txt
 echo built > /out/a
 echo h > "$HOME/h"
+echo new > ~/.cache/go-build/new && echo other > ~/.cache/other
+stat -c '%U:%G' ~/.cache ~/.cache/go-build
+cat ~/.cache/go-build/old
 cd && pwd`
-				r := e.run(t, context.Background(), job{class: c, src: src, cmd: []string{"sh", "-c", script}, user: tc.user})
+				// A cache in the home: the directories down to it are the
+				// user's, as is the cache's root.
+				lower := e.source(t, map[string]string{"old": "old\n"})
+				caches := []CacheMount{{Path: tc.home + "/.cache/go-build", Lower: lower}}
+				r := e.run(t, context.Background(), job{class: c, src: src, cmd: []string{"sh", "-c", script}, user: tc.user, caches: caches})
 				wantExit(t, r, 0)
 				want := fmt.Sprintf("%d\n%d\n%s\n%s\n%s\n%s %s %s\n", tc.user.UID, tc.user.GID, tc.name, tc.group, tc.name, tc.home, tc.name, tc.name) +
-					fmt.Sprintf("%s 755 /work\n%s 644 /work/hello.txt\n%s 644 /work/untouched/a.txt\n%s 755 /out\n%s 700 %s\n%s\n",
-						tc.stat, tc.stat, tc.stat, tc.stat, tc.stat, tc.home, tc.home)
+					fmt.Sprintf("%s 755 /work\n%s 644 /work/hello.txt\n%s 644 /work/untouched/a.txt\n%s 755 /out\n%s 700 %s\n",
+						tc.stat, tc.stat, tc.stat, tc.stat, tc.stat, tc.home) +
+					fmt.Sprintf("%s\n%s\nold\n%s\n", tc.stat, tc.stat, tc.home)
 				if r.stdout != want {
 					t.Errorf("stdout:\n%s\nwant:\n%s", r.stdout, want)
 				}
