@@ -210,7 +210,6 @@ func (c *Config) tenant(name string, f TenantFile) (*policy.Tenant, error) {
 	if f.AllowRoot && t.User.IsRoot() {
 		errs = append(errs, config.Field(field+".allow_root", "the tenant's jobs run as root already (user omitted or root): allow_root is for a tenant whose user is not root"))
 	}
-
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
