@@ -903,7 +903,11 @@ type Grant struct {
 	// The named caches the job mounts, from the tenant's policy: each kept
 	// by the executor per (tenant, repository, name), mounted read-write at
 	// its path as a copy-on-write layer and committed when the run exits.
-	Caches        []*CacheGrant `protobuf:"bytes,19,rep,name=caches,proto3" json:"caches,omitempty"`
+	Caches []*CacheGrant `protobuf:"bytes,19,rep,name=caches,proto3" json:"caches,omitempty"`
+	// Who the job's processes run as inside the sandbox (with no
+	// capabilities either way). The authority always sets it; unset (a
+	// grant from before the field) is root. It never changes for a job.
+	User          *JobUser `protobuf:"bytes,20,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1071,6 +1075,72 @@ func (x *Grant) GetCaches() []*CacheGrant {
 	return nil
 }
 
+func (x *Grant) GetUser() *JobUser {
+	if x != nil {
+		return x.User
+	}
+	return nil
+}
+
+// JobUser is who a job's processes run as inside its sandbox's user
+// namespace, which maps ids 0 to 65535 to the executor's host range: both
+// ids must be 0 to 65533 (65534 is nobody, 65535 is -1 to 16-bit
+// interfaces). 1000:1000 is the user "agent", home /home/agent; any other
+// non-root user is "userUID", home /home/userUID; root's home is /root.
+type JobUser struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The uid; 0 is root.
+	Uid uint32 `protobuf:"varint,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	// The gid of the user's group.
+	Gid           uint32 `protobuf:"varint,2,opt,name=gid,proto3" json:"gid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobUser) Reset() {
+	*x = JobUser{}
+	mi := &file_airlock_types_v1_types_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobUser) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobUser) ProtoMessage() {}
+
+func (x *JobUser) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_types_v1_types_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobUser.ProtoReflect.Descriptor instead.
+func (*JobUser) Descriptor() ([]byte, []int) {
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *JobUser) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *JobUser) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
 // CacheGrant is one named cache a grant lets a job use.
 type CacheGrant struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1088,7 +1158,7 @@ type CacheGrant struct {
 
 func (x *CacheGrant) Reset() {
 	*x = CacheGrant{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[9]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1100,7 +1170,7 @@ func (x *CacheGrant) String() string {
 func (*CacheGrant) ProtoMessage() {}
 
 func (x *CacheGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[9]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1113,7 +1183,7 @@ func (x *CacheGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheGrant.ProtoReflect.Descriptor instead.
 func (*CacheGrant) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CacheGrant) GetName() string {
@@ -1163,7 +1233,7 @@ type CacheUse struct {
 
 func (x *CacheUse) Reset() {
 	*x = CacheUse{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[10]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1175,7 +1245,7 @@ func (x *CacheUse) String() string {
 func (*CacheUse) ProtoMessage() {}
 
 func (x *CacheUse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[10]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1188,7 +1258,7 @@ func (x *CacheUse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheUse.ProtoReflect.Descriptor instead.
 func (*CacheUse) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{10}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CacheUse) GetName() string {
@@ -1257,7 +1327,7 @@ type CacheInfo struct {
 
 func (x *CacheInfo) Reset() {
 	*x = CacheInfo{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[11]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1269,7 +1339,7 @@ func (x *CacheInfo) String() string {
 func (*CacheInfo) ProtoMessage() {}
 
 func (x *CacheInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[11]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1282,7 +1352,7 @@ func (x *CacheInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheInfo.ProtoReflect.Descriptor instead.
 func (*CacheInfo) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{11}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CacheInfo) GetRepository() string {
@@ -1327,7 +1397,7 @@ type SessionSpec struct {
 
 func (x *SessionSpec) Reset() {
 	*x = SessionSpec{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[12]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1339,7 +1409,7 @@ func (x *SessionSpec) String() string {
 func (*SessionSpec) ProtoMessage() {}
 
 func (x *SessionSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[12]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1352,7 +1422,7 @@ func (x *SessionSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionSpec.ProtoReflect.Descriptor instead.
 func (*SessionSpec) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{12}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SessionSpec) GetIdleTimeout() *durationpb.Duration {
@@ -1401,7 +1471,7 @@ type ExecSpec struct {
 
 func (x *ExecSpec) Reset() {
 	*x = ExecSpec{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[13]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1413,7 +1483,7 @@ func (x *ExecSpec) String() string {
 func (*ExecSpec) ProtoMessage() {}
 
 func (x *ExecSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[13]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1426,7 +1496,7 @@ func (x *ExecSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSpec.ProtoReflect.Descriptor instead.
 func (*ExecSpec) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{13}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecSpec) GetExecId() string {
@@ -1528,7 +1598,7 @@ type Exec struct {
 
 func (x *Exec) Reset() {
 	*x = Exec{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[14]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1540,7 +1610,7 @@ func (x *Exec) String() string {
 func (*Exec) ProtoMessage() {}
 
 func (x *Exec) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[14]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1553,7 +1623,7 @@ func (x *Exec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Exec.ProtoReflect.Descriptor instead.
 func (*Exec) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{14}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Exec) GetSessionId() string {
@@ -1720,7 +1790,7 @@ type SignedGrant struct {
 
 func (x *SignedGrant) Reset() {
 	*x = SignedGrant{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[15]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1732,7 +1802,7 @@ func (x *SignedGrant) String() string {
 func (*SignedGrant) ProtoMessage() {}
 
 func (x *SignedGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[15]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1745,7 +1815,7 @@ func (x *SignedGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignedGrant.ProtoReflect.Descriptor instead.
 func (*SignedGrant) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{15}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SignedGrant) GetBody() []byte {
@@ -1788,7 +1858,7 @@ type ResourceUsage struct {
 
 func (x *ResourceUsage) Reset() {
 	*x = ResourceUsage{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[16]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1800,7 +1870,7 @@ func (x *ResourceUsage) String() string {
 func (*ResourceUsage) ProtoMessage() {}
 
 func (x *ResourceUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[16]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1813,7 +1883,7 @@ func (x *ResourceUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceUsage.ProtoReflect.Descriptor instead.
 func (*ResourceUsage) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{16}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ResourceUsage) GetCpuTime() *durationpb.Duration {
@@ -1866,7 +1936,7 @@ type DiffStat struct {
 
 func (x *DiffStat) Reset() {
 	*x = DiffStat{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[17]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1878,7 +1948,7 @@ func (x *DiffStat) String() string {
 func (*DiffStat) ProtoMessage() {}
 
 func (x *DiffStat) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[17]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1891,7 +1961,7 @@ func (x *DiffStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiffStat.ProtoReflect.Descriptor instead.
 func (*DiffStat) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{17}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DiffStat) GetFilesChanged() int64 {
@@ -1946,7 +2016,7 @@ type RunResult struct {
 
 func (x *RunResult) Reset() {
 	*x = RunResult{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[18]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1958,7 +2028,7 @@ func (x *RunResult) String() string {
 func (*RunResult) ProtoMessage() {}
 
 func (x *RunResult) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[18]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1971,7 +2041,7 @@ func (x *RunResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResult.ProtoReflect.Descriptor instead.
 func (*RunResult) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{18}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RunResult) GetReason() TerminationReason {
@@ -2069,7 +2139,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[19]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2081,7 +2151,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[19]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2094,7 +2164,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{19}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *OutputChunk) GetStream() OutputStream {
@@ -2152,7 +2222,7 @@ type FileEntry struct {
 
 func (x *FileEntry) Reset() {
 	*x = FileEntry{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[20]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2164,7 +2234,7 @@ func (x *FileEntry) String() string {
 func (*FileEntry) ProtoMessage() {}
 
 func (x *FileEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[20]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2177,7 +2247,7 @@ func (x *FileEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEntry.ProtoReflect.Descriptor instead.
 func (*FileEntry) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{20}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *FileEntry) GetPath() string {
@@ -2247,7 +2317,7 @@ type FileHeader struct {
 
 func (x *FileHeader) Reset() {
 	*x = FileHeader{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[21]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2259,7 +2329,7 @@ func (x *FileHeader) String() string {
 func (*FileHeader) ProtoMessage() {}
 
 func (x *FileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[21]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2272,7 +2342,7 @@ func (x *FileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileHeader.ProtoReflect.Descriptor instead.
 func (*FileHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{21}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *FileHeader) GetSize() int64 {
@@ -2309,7 +2379,7 @@ type FileWrite struct {
 
 func (x *FileWrite) Reset() {
 	*x = FileWrite{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[22]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2321,7 +2391,7 @@ func (x *FileWrite) String() string {
 func (*FileWrite) ProtoMessage() {}
 
 func (x *FileWrite) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[22]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2334,7 +2404,7 @@ func (x *FileWrite) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileWrite.ProtoReflect.Descriptor instead.
 func (*FileWrite) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{22}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *FileWrite) GetPath() string {
@@ -2427,7 +2497,7 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"repository\x18\x01 \x01(\tR\n" +
 	"repository\x12\x16\n" +
-	"\x06branch\x18\x02 \x01(\tR\x06branch\"\xa6\a\n" +
+	"\x06branch\x18\x02 \x01(\tR\x06branch\"\xd5\a\n" +
 	"\x05Grant\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x16\n" +
@@ -2453,10 +2523,14 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"generation\x127\n" +
 	"\asession\x18\x11 \x01(\v2\x1d.airlock.types.v1.SessionSpecR\asession\x12*\n" +
 	"\x11git_history_depth\x18\x12 \x01(\rR\x0fgitHistoryDepth\x124\n" +
-	"\x06caches\x18\x13 \x03(\v2\x1c.airlock.types.v1.CacheGrantR\x06caches\x1a6\n" +
+	"\x06caches\x18\x13 \x03(\v2\x1c.airlock.types.v1.CacheGrantR\x06caches\x12-\n" +
+	"\x04user\x18\x14 \x01(\v2\x19.airlock.types.v1.JobUserR\x04user\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Z\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"-\n" +
+	"\aJobUser\x12\x10\n" +
+	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\x02 \x01(\rR\x03gid\"Z\n" +
 	"\n" +
 	"CacheGrant\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
@@ -2627,7 +2701,7 @@ func file_airlock_types_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_types_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_airlock_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_airlock_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_airlock_types_v1_types_proto_goTypes = []any{
 	(RuntimeClass)(0),             // 0: airlock.types.v1.RuntimeClass
 	(NetworkPolicyState)(0),       // 1: airlock.types.v1.NetworkPolicyState
@@ -2643,68 +2717,70 @@ var file_airlock_types_v1_types_proto_goTypes = []any{
 	(*NetworkPolicyStatus)(nil),   // 11: airlock.types.v1.NetworkPolicyStatus
 	(*PublishTarget)(nil),         // 12: airlock.types.v1.PublishTarget
 	(*Grant)(nil),                 // 13: airlock.types.v1.Grant
-	(*CacheGrant)(nil),            // 14: airlock.types.v1.CacheGrant
-	(*CacheUse)(nil),              // 15: airlock.types.v1.CacheUse
-	(*CacheInfo)(nil),             // 16: airlock.types.v1.CacheInfo
-	(*SessionSpec)(nil),           // 17: airlock.types.v1.SessionSpec
-	(*ExecSpec)(nil),              // 18: airlock.types.v1.ExecSpec
-	(*Exec)(nil),                  // 19: airlock.types.v1.Exec
-	(*SignedGrant)(nil),           // 20: airlock.types.v1.SignedGrant
-	(*ResourceUsage)(nil),         // 21: airlock.types.v1.ResourceUsage
-	(*DiffStat)(nil),              // 22: airlock.types.v1.DiffStat
-	(*RunResult)(nil),             // 23: airlock.types.v1.RunResult
-	(*OutputChunk)(nil),           // 24: airlock.types.v1.OutputChunk
-	(*FileEntry)(nil),             // 25: airlock.types.v1.FileEntry
-	(*FileHeader)(nil),            // 26: airlock.types.v1.FileHeader
-	(*FileWrite)(nil),             // 27: airlock.types.v1.FileWrite
-	nil,                           // 28: airlock.types.v1.Grant.EnvEntry
-	nil,                           // 29: airlock.types.v1.ExecSpec.EnvEntry
-	(*durationpb.Duration)(nil),   // 30: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
+	(*JobUser)(nil),               // 14: airlock.types.v1.JobUser
+	(*CacheGrant)(nil),            // 15: airlock.types.v1.CacheGrant
+	(*CacheUse)(nil),              // 16: airlock.types.v1.CacheUse
+	(*CacheInfo)(nil),             // 17: airlock.types.v1.CacheInfo
+	(*SessionSpec)(nil),           // 18: airlock.types.v1.SessionSpec
+	(*ExecSpec)(nil),              // 19: airlock.types.v1.ExecSpec
+	(*Exec)(nil),                  // 20: airlock.types.v1.Exec
+	(*SignedGrant)(nil),           // 21: airlock.types.v1.SignedGrant
+	(*ResourceUsage)(nil),         // 22: airlock.types.v1.ResourceUsage
+	(*DiffStat)(nil),              // 23: airlock.types.v1.DiffStat
+	(*RunResult)(nil),             // 24: airlock.types.v1.RunResult
+	(*OutputChunk)(nil),           // 25: airlock.types.v1.OutputChunk
+	(*FileEntry)(nil),             // 26: airlock.types.v1.FileEntry
+	(*FileHeader)(nil),            // 27: airlock.types.v1.FileHeader
+	(*FileWrite)(nil),             // 28: airlock.types.v1.FileWrite
+	nil,                           // 29: airlock.types.v1.Grant.EnvEntry
+	nil,                           // 30: airlock.types.v1.ExecSpec.EnvEntry
+	(*durationpb.Duration)(nil),   // 31: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
 }
 var file_airlock_types_v1_types_proto_depIdxs = []int32{
-	30, // 0: airlock.types.v1.ResourceLimits.deadline:type_name -> google.protobuf.Duration
+	31, // 0: airlock.types.v1.ResourceLimits.deadline:type_name -> google.protobuf.Duration
 	7,  // 1: airlock.types.v1.NetworkPolicy.deny_all:type_name -> airlock.types.v1.DenyAll
 	8,  // 2: airlock.types.v1.NetworkPolicy.allow:type_name -> airlock.types.v1.AllowList
 	10, // 3: airlock.types.v1.NetworkPolicy.domains:type_name -> airlock.types.v1.DomainList
 	9,  // 4: airlock.types.v1.AllowList.rules:type_name -> airlock.types.v1.AllowRule
 	6,  // 5: airlock.types.v1.NetworkPolicyStatus.policy:type_name -> airlock.types.v1.NetworkPolicy
 	1,  // 6: airlock.types.v1.NetworkPolicyStatus.state:type_name -> airlock.types.v1.NetworkPolicyState
-	31, // 7: airlock.types.v1.NetworkPolicyStatus.updated_at:type_name -> google.protobuf.Timestamp
-	28, // 8: airlock.types.v1.Grant.env:type_name -> airlock.types.v1.Grant.EnvEntry
+	32, // 7: airlock.types.v1.NetworkPolicyStatus.updated_at:type_name -> google.protobuf.Timestamp
+	29, // 8: airlock.types.v1.Grant.env:type_name -> airlock.types.v1.Grant.EnvEntry
 	5,  // 9: airlock.types.v1.Grant.limits:type_name -> airlock.types.v1.ResourceLimits
 	6,  // 10: airlock.types.v1.Grant.network_policy:type_name -> airlock.types.v1.NetworkPolicy
 	0,  // 11: airlock.types.v1.Grant.runtime_class:type_name -> airlock.types.v1.RuntimeClass
 	12, // 12: airlock.types.v1.Grant.publish_target:type_name -> airlock.types.v1.PublishTarget
-	31, // 13: airlock.types.v1.Grant.issued_at:type_name -> google.protobuf.Timestamp
-	31, // 14: airlock.types.v1.Grant.expires_at:type_name -> google.protobuf.Timestamp
-	17, // 15: airlock.types.v1.Grant.session:type_name -> airlock.types.v1.SessionSpec
-	14, // 16: airlock.types.v1.Grant.caches:type_name -> airlock.types.v1.CacheGrant
-	31, // 17: airlock.types.v1.CacheInfo.last_used:type_name -> google.protobuf.Timestamp
-	30, // 18: airlock.types.v1.SessionSpec.idle_timeout:type_name -> google.protobuf.Duration
-	29, // 19: airlock.types.v1.ExecSpec.env:type_name -> airlock.types.v1.ExecSpec.EnvEntry
-	30, // 20: airlock.types.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
-	18, // 21: airlock.types.v1.Exec.spec:type_name -> airlock.types.v1.ExecSpec
-	2,  // 22: airlock.types.v1.Exec.state:type_name -> airlock.types.v1.ExecState
-	3,  // 23: airlock.types.v1.Exec.reason:type_name -> airlock.types.v1.TerminationReason
-	31, // 24: airlock.types.v1.Exec.started_at:type_name -> google.protobuf.Timestamp
-	31, // 25: airlock.types.v1.Exec.ended_at:type_name -> google.protobuf.Timestamp
-	21, // 26: airlock.types.v1.Exec.usage:type_name -> airlock.types.v1.ResourceUsage
-	30, // 27: airlock.types.v1.ResourceUsage.cpu_time:type_name -> google.protobuf.Duration
-	30, // 28: airlock.types.v1.ResourceUsage.wall_time:type_name -> google.protobuf.Duration
-	3,  // 29: airlock.types.v1.RunResult.reason:type_name -> airlock.types.v1.TerminationReason
-	21, // 30: airlock.types.v1.RunResult.usage:type_name -> airlock.types.v1.ResourceUsage
-	0,  // 31: airlock.types.v1.RunResult.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	22, // 32: airlock.types.v1.RunResult.diff_stat:type_name -> airlock.types.v1.DiffStat
-	15, // 33: airlock.types.v1.RunResult.caches:type_name -> airlock.types.v1.CacheUse
-	4,  // 34: airlock.types.v1.OutputChunk.stream:type_name -> airlock.types.v1.OutputStream
-	31, // 35: airlock.types.v1.FileEntry.modified_at:type_name -> google.protobuf.Timestamp
-	31, // 36: airlock.types.v1.FileWrite.written_at:type_name -> google.protobuf.Timestamp
-	37, // [37:37] is the sub-list for method output_type
-	37, // [37:37] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	32, // 13: airlock.types.v1.Grant.issued_at:type_name -> google.protobuf.Timestamp
+	32, // 14: airlock.types.v1.Grant.expires_at:type_name -> google.protobuf.Timestamp
+	18, // 15: airlock.types.v1.Grant.session:type_name -> airlock.types.v1.SessionSpec
+	15, // 16: airlock.types.v1.Grant.caches:type_name -> airlock.types.v1.CacheGrant
+	14, // 17: airlock.types.v1.Grant.user:type_name -> airlock.types.v1.JobUser
+	32, // 18: airlock.types.v1.CacheInfo.last_used:type_name -> google.protobuf.Timestamp
+	31, // 19: airlock.types.v1.SessionSpec.idle_timeout:type_name -> google.protobuf.Duration
+	30, // 20: airlock.types.v1.ExecSpec.env:type_name -> airlock.types.v1.ExecSpec.EnvEntry
+	31, // 21: airlock.types.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
+	19, // 22: airlock.types.v1.Exec.spec:type_name -> airlock.types.v1.ExecSpec
+	2,  // 23: airlock.types.v1.Exec.state:type_name -> airlock.types.v1.ExecState
+	3,  // 24: airlock.types.v1.Exec.reason:type_name -> airlock.types.v1.TerminationReason
+	32, // 25: airlock.types.v1.Exec.started_at:type_name -> google.protobuf.Timestamp
+	32, // 26: airlock.types.v1.Exec.ended_at:type_name -> google.protobuf.Timestamp
+	22, // 27: airlock.types.v1.Exec.usage:type_name -> airlock.types.v1.ResourceUsage
+	31, // 28: airlock.types.v1.ResourceUsage.cpu_time:type_name -> google.protobuf.Duration
+	31, // 29: airlock.types.v1.ResourceUsage.wall_time:type_name -> google.protobuf.Duration
+	3,  // 30: airlock.types.v1.RunResult.reason:type_name -> airlock.types.v1.TerminationReason
+	22, // 31: airlock.types.v1.RunResult.usage:type_name -> airlock.types.v1.ResourceUsage
+	0,  // 32: airlock.types.v1.RunResult.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	23, // 33: airlock.types.v1.RunResult.diff_stat:type_name -> airlock.types.v1.DiffStat
+	16, // 34: airlock.types.v1.RunResult.caches:type_name -> airlock.types.v1.CacheUse
+	4,  // 35: airlock.types.v1.OutputChunk.stream:type_name -> airlock.types.v1.OutputStream
+	32, // 36: airlock.types.v1.FileEntry.modified_at:type_name -> google.protobuf.Timestamp
+	32, // 37: airlock.types.v1.FileWrite.written_at:type_name -> google.protobuf.Timestamp
+	38, // [38:38] is the sub-list for method output_type
+	38, // [38:38] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_airlock_types_v1_types_proto_init() }
@@ -2723,7 +2799,7 @@ func file_airlock_types_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_types_v1_types_proto_rawDesc), len(file_airlock_types_v1_types_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   25,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -442,6 +442,10 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err != nil {
 		return nil, err
 	}
+	homes, err := s.makeHomes()
+	if err != nil {
+		return nil, err
+	}
 	cfg := ociSpec(bundleInputs{
 		rootfs:       m.tmpl.dir,
 		binds:        m.tmpl.def.Binds,
@@ -452,6 +456,7 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		uidBase:      m.cfg.UIDBase,
 		user:         spec.User,
 		userFiles:    userFiles,
+		homes:        homes,
 		cgroupsPath:  filepath.Join(s.cgRel, runtimeCgroup),
 		blockIO:      m.cg.runtimeBlockIO(m.diskLimits(), dev),
 		seccomp:      m.seccomp,

@@ -151,8 +151,11 @@ type bundleInputs struct {
 	uidBase   uint32
 	// user is who the job runs as; userFiles, if any, are its
 	// /etc/passwd and /etc/group (destination to host path).
-	user        runspec.User
-	userFiles   map[string]string
+	user      runspec.User
+	userFiles map[string]string
+	// homes, if set, is bound read-only at /home: root's, holding the
+	// mount point of a non-root user's home.
+	homes       string
 	cgroupsPath string
 	blockIO     *specs.LinuxBlockIO
 	seccomp     *specs.LinuxSeccomp
@@ -196,11 +199,11 @@ func ociSpec(in bundleInputs) *specs.Spec {
 	for _, b := range in.binds {
 		mounts = append(mounts, specs.Mount{Destination: b, Type: "bind", Source: b, Options: []string{"rbind", "ro", nosuid, nodev}})
 	}
-	if !in.user.IsRoot() {
-		// Another user's home lies below /home, which the template's
-		// read-only root cannot hold a mount point in: a small tmpfs,
-		// root's, holds it instead.
-		mounts = append(mounts, specs.Mount{Destination: "/home", Type: "tmpfs", Source: "tmpfs", Options: []string{nosuid, nodev, noexec, "mode=755", "size=64k"}})
+	if in.homes != "" {
+		// Another user's home lies below /home, where the template's
+		// read-only root has no mount point for it (and runsc's gofer
+		// makes a missing one on the host, in the shared template).
+		mounts = append(mounts, specs.Mount{Destination: "/home", Type: "bind", Source: in.homes, Options: []string{"bind", "ro", nosuid, nodev, noexec}})
 	}
 	for _, b := range []struct{ dst, src string }{
 		{"/work", in.work}, {"/tmp", in.tmp}, {"/out", in.out}, {in.user.Home(), in.home},
@@ -260,11 +263,25 @@ func ociSpec(in bundleInputs) *specs.Spec {
 			// bounds (cgroupsV1.runtimeBlockIO).
 			Resources:         &specs.LinuxResources{BlockIO: in.blockIO},
 			Seccomp:           in.seccomp,
+			Sysctl:            sysctls(in),
 			MaskedPaths:       maskedPaths,
 			ReadonlyPaths:     readonlyPaths,
 			RootfsPropagation: "rprivate",
 		},
 	}
+}
+
+// sysctls are the job's sysctls. A job may bind any port in its own
+// network namespace, as under runsc, whose netstack has no privileged
+// ports (and as Docker sets it): a port below 1024 guards nothing there,
+// and the two runtimes then agree (TestUserPermissionParity). A namespace
+// the job joins (package netpolicy's, owned by the host's user namespace)
+// is set so when it is made; here runc sets its own new one.
+func sysctls(in bundleInputs) map[string]string {
+	if in.class != ClassRunc || in.netNS != "" {
+		return nil
+	}
+	return map[string]string{"net.ipv4.ip_unprivileged_port_start": "0"}
 }
 
 // sysMount is the job's /sys. In a network namespace of its own, a sysfs

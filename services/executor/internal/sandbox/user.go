@@ -75,6 +75,27 @@ func (s *Sandbox) writeUserFiles() (map[string]string, error) {
 	return out, nil
 }
 
+// makeHomes makes, for a user other than root, the directory bound
+// read-only at /home: the sandbox's root's, holding only the empty mount
+// point of the user's home. "" for root, whose home is /root.
+func (s *Sandbox) makeHomes() (string, error) {
+	u := s.spec.User
+	if u.IsRoot() {
+		return "", nil
+	}
+	homes := filepath.Join(s.dir, "homes")
+	root := int(s.m.cfg.UIDBase)
+	for _, d := range []string{homes, filepath.Join(homes, u.Name())} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return "", err
+		}
+		if err := os.Chown(d, root, root); err != nil {
+			return "", err
+		}
+	}
+	return homes, nil
+}
+
 // userEnv is what the environment says of u.
 func userEnv(u runspec.User) map[string]string {
 	return map[string]string{"HOME": u.Home(), "USER": u.Name(), "LOGNAME": u.Name()}
