@@ -11,11 +11,21 @@ import (
 // authority checks a tenant's policy with these, the executor every grant.
 
 // CacheRoots are the directories a cache's path must lie below: the
-// sandbox's writable scratch directories ($HOME and /tmp), where the
-// runtime can make a mount point. The rest of the root file system is
-// read-only, /work and /out are the job's result, and /proc, /sys, /dev,
-// /etc and /usr are the system's.
-var CacheRoots = []string{"/root", "/tmp"}
+// sandbox's writable scratch directories (root's home /root, the other
+// users' homes below /home, and /tmp), where the runtime can make a mount
+// point. The rest of the root file system is read-only, /work and /out are
+// the job's result, and /proc, /sys, /dev, /etc and /usr are the system's.
+var CacheRoots = []string{"/home", "/root", "/tmp"}
+
+// CheckCacheUser checks that a job running as u can have a cache at p
+// (CheckCachePath's already): one below /root only for root, whose home
+// it is; any other user has no /root to mount in.
+func CheckCacheUser(p string, u User) error {
+	if strings.HasPrefix(p, "/root/") && !u.IsRoot() {
+		return fmt.Errorf("%q: lies in root's home, and the job runs as %s (uid %d), whose home is %s", p, u.Name(), u.UID, u.Home())
+	}
+	return nil
+}
 
 // Bounds on named caches.
 const (

@@ -16,6 +16,7 @@ import (
 
 	"github.com/airlockhq/airlock/cmd/airlock/internal/cmdutil"
 	"github.com/airlockhq/airlock/pkg/config"
+	"github.com/airlockhq/airlock/pkg/runspec"
 	"github.com/airlockhq/airlock/pkg/termtext"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
@@ -29,7 +30,7 @@ func newJob(g *globals) *cobra.Command {
 
 type submitFlags struct {
 	tenant, repo, rev, runtime, key, memory, disk string
-	publishTo                                     string
+	publishTo, user                               string
 	cpu                                           float64
 	pids                                          int64
 	timeout                                       time.Duration
@@ -80,6 +81,7 @@ func (f *submitFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.runtime, "runtime", "", "runtime class: runc or runsc (default: the tenant's)")
 	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE for the command (repeatable; never a credential)")
 	fl.StringArrayVar(&f.caches, "cache", nil, "a named cache of the tenant's policy to mount, kept per repository (repeatable)")
+	fl.StringVar(&f.user, "user", "", "who the job runs as: agent, root, UID or UID:GID, ids 0 to 65533 (default: the tenant's)")
 	fl.StringVar(&f.key, "idempotency-key", "", "the same key returns the same job (default: a fresh random key)")
 	fl.StringVar(&f.publishTo, "publish-to", "", "REPO:BRANCH where the result may be published after approval")
 	f.net.register(fl, "; default: deny-all")
@@ -169,6 +171,13 @@ func (f *submitFlags) spec(argv []string) (*authorityv1.JobSpec, error) {
 	if spec.Env, err = parseEnv(f.env); err != nil {
 		return nil, err
 	}
+	if f.user != "" {
+		u, err := runspec.ParseUser(f.user)
+		if err != nil {
+			return nil, usageError{fmt.Errorf("--user %v", err)}
+		}
+		spec.User = &typesv1.JobUser{Uid: u.UID, Gid: u.GID}
+	}
 	return spec, nil
 }
 
@@ -214,6 +223,7 @@ func newJobGet(g *globals) *cobra.Command {
 				fmt.Fprintf(w, "command    %s\n", commandText(job.GetSpec().GetCommand()))
 				fmt.Fprintf(w, "requester  %s\n", termtext.Line(job.GetRequester()))
 				fmt.Fprintf(w, "state      %s\n", jobStateWord(job.GetState()))
+				writeUser(w, job)
 				writeLimits(w, job)
 				writeSummary(w, job)
 			})

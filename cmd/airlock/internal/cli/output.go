@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/airlockhq/airlock/pkg/runspec"
 	"github.com/airlockhq/airlock/pkg/termtext"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
@@ -247,6 +248,14 @@ func outcome(job *authorityv1.Job) string {
 		s += " (" + m + ")"
 	}
 	return s
+}
+
+// writeUser says who a granted job runs as.
+func writeUser(w io.Writer, job *authorityv1.Job) {
+	if ju := job.GetUser(); ju != nil {
+		u := runspec.User{UID: ju.GetUid(), GID: ju.GetGid()}
+		fmt.Fprintf(w, "user       %s (%s)\n", u.Name(), u)
+	}
 }
 
 func writeSummary(w io.Writer, job *authorityv1.Job) {

@@ -527,7 +527,11 @@ type JobSpec struct {
 	// Named caches from the tenant's policy (caches) to mount at their
 	// paths, each kept per tenant and repository; a name the policy lacks
 	// is refused. Each at most once.
-	Caches        []string `protobuf:"bytes,10,rep,name=caches,proto3" json:"caches,omitempty"`
+	Caches []string `protobuf:"bytes,10,rep,name=caches,proto3" json:"caches,omitempty"`
+	// Who the job runs as; unset for the tenant's default (its policy's
+	// user). Root only where the tenant's policy allows it (its default is
+	// root, or allow_root); any other uid and gid 0 to 65533.
+	User          *v1.JobUser `protobuf:"bytes,11,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -632,6 +636,13 @@ func (x *JobSpec) GetCaches() []string {
 	return nil
 }
 
+func (x *JobSpec) GetUser() *v1.JobUser {
+	if x != nil {
+		return x.User
+	}
+	return nil
+}
+
 // Job is the authority's record of one job.
 type Job struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -668,7 +679,10 @@ type Job struct {
 	GrantGeneration int64 `protobuf:"varint,15,opt,name=grant_generation,json=grantGeneration,proto3" json:"grant_generation,omitempty"`
 	// For a session, its idle timeout and concurrent execs in force: the
 	// spec's with tenant defaults filled in, and any granted change applied.
-	Session       *v1.SessionSpec `protobuf:"bytes,16,opt,name=session,proto3" json:"session,omitempty"`
+	Session *v1.SessionSpec `protobuf:"bytes,16,opt,name=session,proto3" json:"session,omitempty"`
+	// Who the job runs as, from its grant (the spec's, or the tenant's
+	// default); unset before it is granted.
+	User          *v1.JobUser `protobuf:"bytes,17,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -811,6 +825,13 @@ func (x *Job) GetGrantGeneration() int64 {
 func (x *Job) GetSession() *v1.SessionSpec {
 	if x != nil {
 		return x.Session
+	}
+	return nil
+}
+
+func (x *Job) GetUser() *v1.JobUser {
+	if x != nil {
+		return x.User
 	}
 	return nil
 }
@@ -7752,7 +7773,7 @@ var File_airlock_authority_v1_authority_proto protoreflect.FileDescriptor
 
 const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\n" +
-	"$airlock/authority/v1/authority.proto\x12\x14airlock.authority.v1\x1a\x1cairlock/types/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb7\x04\n" +
+	"$airlock/authority/v1/authority.proto\x12\x14airlock.authority.v1\x1a\x1cairlock/types/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe6\x04\n" +
 	"\aJobSpec\x12\x1e\n" +
 	"\n" +
 	"repository\x18\x01 \x01(\tR\n" +
@@ -7766,10 +7787,11 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x0epublish_target\x18\b \x01(\v2\x1f.airlock.types.v1.PublishTargetR\rpublishTarget\x127\n" +
 	"\asession\x18\t \x01(\v2\x1d.airlock.types.v1.SessionSpecR\asession\x12\x16\n" +
 	"\x06caches\x18\n" +
-	" \x03(\tR\x06caches\x1a6\n" +
+	" \x03(\tR\x06caches\x12-\n" +
+	"\x04user\x18\v \x01(\v2\x19.airlock.types.v1.JobUserR\x04user\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdb\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8a\x06\n" +
 	"\x03Job\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1c\n" +
@@ -7790,7 +7812,8 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\amessage\x18\r \x01(\tR\amessage\x128\n" +
 	"\x06limits\x18\x0e \x01(\v2 .airlock.types.v1.ResourceLimitsR\x06limits\x12)\n" +
 	"\x10grant_generation\x18\x0f \x01(\x03R\x0fgrantGeneration\x127\n" +
-	"\asession\x18\x10 \x01(\v2\x1d.airlock.types.v1.SessionSpecR\asession\"\x86\x01\n" +
+	"\asession\x18\x10 \x01(\v2\x1d.airlock.types.v1.SessionSpecR\asession\x12-\n" +
+	"\x04user\x18\x11 \x01(\v2\x19.airlock.types.v1.JobUserR\x04user\"\x86\x01\n" +
 	"\x10SubmitJobRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x121\n" +
 	"\x04spec\x18\x02 \x01(\v2\x1d.airlock.authority.v1.JobSpecR\x04spec\x12'\n" +
@@ -8496,20 +8519,21 @@ var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(v1.RuntimeClass)(0),                 // 113: airlock.types.v1.RuntimeClass
 	(*v1.PublishTarget)(nil),             // 114: airlock.types.v1.PublishTarget
 	(*v1.SessionSpec)(nil),               // 115: airlock.types.v1.SessionSpec
-	(*timestamppb.Timestamp)(nil),        // 116: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),                 // 117: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil),       // 118: airlock.types.v1.NetworkPolicyStatus
-	(*v1.OutputChunk)(nil),               // 119: airlock.types.v1.OutputChunk
-	(*v1.EgressEvent)(nil),               // 120: airlock.types.v1.EgressEvent
-	(*v1.Exec)(nil),                      // 121: airlock.types.v1.Exec
-	(*v1.FileWrite)(nil),                 // 122: airlock.types.v1.FileWrite
-	(*v1.EgressRecord)(nil),              // 123: airlock.types.v1.EgressRecord
-	(*durationpb.Duration)(nil),          // 124: google.protobuf.Duration
-	(v1.TerminationReason)(0),            // 125: airlock.types.v1.TerminationReason
-	(*v1.ExecSpec)(nil),                  // 126: airlock.types.v1.ExecSpec
-	(*v1.FileHeader)(nil),                // 127: airlock.types.v1.FileHeader
-	(*v1.FileEntry)(nil),                 // 128: airlock.types.v1.FileEntry
-	(*v1.CacheInfo)(nil),                 // 129: airlock.types.v1.CacheInfo
+	(*v1.JobUser)(nil),                   // 116: airlock.types.v1.JobUser
+	(*timestamppb.Timestamp)(nil),        // 117: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),                 // 118: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil),       // 119: airlock.types.v1.NetworkPolicyStatus
+	(*v1.OutputChunk)(nil),               // 120: airlock.types.v1.OutputChunk
+	(*v1.EgressEvent)(nil),               // 121: airlock.types.v1.EgressEvent
+	(*v1.Exec)(nil),                      // 122: airlock.types.v1.Exec
+	(*v1.FileWrite)(nil),                 // 123: airlock.types.v1.FileWrite
+	(*v1.EgressRecord)(nil),              // 124: airlock.types.v1.EgressRecord
+	(*durationpb.Duration)(nil),          // 125: google.protobuf.Duration
+	(v1.TerminationReason)(0),            // 126: airlock.types.v1.TerminationReason
+	(*v1.ExecSpec)(nil),                  // 127: airlock.types.v1.ExecSpec
+	(*v1.FileHeader)(nil),                // 128: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),                 // 129: airlock.types.v1.FileEntry
+	(*v1.CacheInfo)(nil),                 // 130: airlock.types.v1.CacheInfo
 }
 var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	110, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
@@ -8518,210 +8542,212 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	113, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
 	114, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
 	115, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
-	8,   // 6: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
-	0,   // 7: airlock.authority.v1.Job.state:type_name -> airlock.authority.v1.JobState
-	116, // 8: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	116, // 9: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	117, // 10: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
-	118, // 11: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	111, // 12: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
-	115, // 13: airlock.authority.v1.Job.session:type_name -> airlock.types.v1.SessionSpec
-	8,   // 14: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
-	9,   // 15: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
-	9,   // 16: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
-	16,  // 17: airlock.authority.v1.DownloadBundleResponse.header:type_name -> airlock.authority.v1.BundleHeader
-	33,  // 18: airlock.authority.v1.GetJobEgressResponse.egress:type_name -> airlock.authority.v1.EgressLog
-	0,   // 19: airlock.authority.v1.GetJobEgressResponse.state:type_name -> airlock.authority.v1.JobState
-	0,   // 20: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
-	9,   // 21: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
-	9,   // 22: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
-	119, // 23: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
-	120, // 24: airlock.authority.v1.WatchJobResponse.egress:type_name -> airlock.types.v1.EgressEvent
-	9,   // 25: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
-	26,  // 26: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
-	27,  // 27: airlock.authority.v1.FetchSourceResponse.history:type_name -> airlock.authority.v1.SourceHistory
-	117, // 28: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
-	32,  // 29: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
-	1,   // 30: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
-	30,  // 31: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
-	31,  // 32: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
-	31,  // 33: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
-	33,  // 34: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
-	121, // 35: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
-	122, // 36: airlock.authority.v1.ReviewDetail.file_writes:type_name -> airlock.types.v1.FileWrite
-	123, // 37: airlock.authority.v1.EgressLog.records:type_name -> airlock.types.v1.EgressRecord
-	34,  // 38: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
-	123, // 39: airlock.authority.v1.EgressLog.last:type_name -> airlock.types.v1.EgressRecord
-	9,   // 40: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
-	111, // 41: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
-	111, // 42: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
-	112, // 43: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	112, // 44: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	115, // 45: airlock.authority.v1.JobChange.from_session:type_name -> airlock.types.v1.SessionSpec
-	115, // 46: airlock.authority.v1.JobChange.to_session:type_name -> airlock.types.v1.SessionSpec
-	3,   // 47: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
-	116, // 48: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
-	114, // 49: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
-	2,   // 50: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
-	37,  // 51: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
-	116, // 52: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
-	116, // 53: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
-	4,   // 54: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
-	36,  // 55: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
-	117, // 56: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
-	112, // 57: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	32,  // 58: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
-	5,   // 59: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
-	5,   // 60: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
-	30,  // 61: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
-	41,  // 62: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
-	42,  // 63: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
-	2,   // 64: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
-	38,  // 65: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
-	38,  // 66: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	39,  // 67: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
-	3,   // 68: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
-	38,  // 69: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	114, // 70: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
-	38,  // 71: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	6,   // 72: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	116, // 73: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
-	116, // 74: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	116, // 75: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
-	6,   // 76: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	124, // 77: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
-	52,  // 78: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	52,  // 79: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	52,  // 80: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
-	112, // 81: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
-	118, // 82: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	111, // 83: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
-	115, // 84: airlock.authority.v1.UpdateJobLimitsRequest.session:type_name -> airlock.types.v1.SessionSpec
-	9,   // 85: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
-	52,  // 86: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
-	116, // 87: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
-	7,   // 88: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
-	116, // 89: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
-	116, // 90: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
-	65,  // 91: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
-	116, // 92: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
-	68,  // 93: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
-	38,  // 94: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
-	116, // 95: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
-	72,  // 96: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
-	8,   // 97: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
-	9,   // 98: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
-	9,   // 99: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
-	121, // 100: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
-	125, // 101: airlock.authority.v1.GetSessionResponse.suspend_reason:type_name -> airlock.types.v1.TerminationReason
-	122, // 102: airlock.authority.v1.GetSessionResponse.file_writes:type_name -> airlock.types.v1.FileWrite
-	0,   // 103: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
-	9,   // 104: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
-	9,   // 105: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
-	9,   // 106: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
-	126, // 107: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	121, // 108: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	121, // 109: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	119, // 110: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	121, // 111: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	126, // 112: airlock.authority.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
-	90,  // 113: airlock.authority.v1.RunExecRequest.start:type_name -> airlock.authority.v1.RunExecStart
-	85,  // 114: airlock.authority.v1.RunExecResponse.started:type_name -> airlock.authority.v1.StartExecResponse
-	119, // 115: airlock.authority.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	121, // 116: airlock.authority.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
-	121, // 117: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
-	127, // 118: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
-	97,  // 119: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
-	128, // 120: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
-	9,   // 121: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
-	9,   // 122: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
-	129, // 123: airlock.authority.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
-	129, // 124: airlock.authority.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
-	10,  // 125: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
-	12,  // 126: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
-	14,  // 127: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
-	19,  // 128: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
-	21,  // 129: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
-	23,  // 130: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
-	15,  // 131: airlock.authority.v1.AuthorityService.DownloadBundle:input_type -> airlock.authority.v1.DownloadBundleRequest
-	74,  // 132: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
-	76,  // 133: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
-	78,  // 134: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
-	80,  // 135: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
-	82,  // 136: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
-	102, // 137: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
-	104, // 138: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
-	84,  // 139: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
-	86,  // 140: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
-	88,  // 141: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
-	93,  // 142: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
-	91,  // 143: airlock.authority.v1.AuthorityService.RunExec:input_type -> airlock.authority.v1.RunExecRequest
-	95,  // 144: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
-	98,  // 145: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
-	100, // 146: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
-	25,  // 147: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
-	29,  // 148: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	44,  // 149: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	46,  // 150: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	40,  // 151: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
-	48,  // 152: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	50,  // 153: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	71,  // 154: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
-	53,  // 155: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	55,  // 156: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	57,  // 157: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	59,  // 158: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	61,  // 159: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
-	63,  // 160: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
-	66,  // 161: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	69,  // 162: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
-	106, // 163: airlock.authority.v1.AuthorityService.ListCaches:input_type -> airlock.authority.v1.ListCachesRequest
-	108, // 164: airlock.authority.v1.AuthorityService.ClearCaches:input_type -> airlock.authority.v1.ClearCachesRequest
-	11,  // 165: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
-	13,  // 166: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
-	18,  // 167: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
-	20,  // 168: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
-	22,  // 169: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
-	24,  // 170: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
-	17,  // 171: airlock.authority.v1.AuthorityService.DownloadBundle:output_type -> airlock.authority.v1.DownloadBundleResponse
-	75,  // 172: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
-	77,  // 173: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
-	79,  // 174: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
-	81,  // 175: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
-	83,  // 176: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
-	103, // 177: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
-	105, // 178: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
-	85,  // 179: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
-	87,  // 180: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
-	89,  // 181: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
-	94,  // 182: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
-	92,  // 183: airlock.authority.v1.AuthorityService.RunExec:output_type -> airlock.authority.v1.RunExecResponse
-	96,  // 184: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
-	99,  // 185: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
-	101, // 186: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
-	28,  // 187: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	35,  // 188: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	45,  // 189: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	47,  // 190: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	43,  // 191: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
-	49,  // 192: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	51,  // 193: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	73,  // 194: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
-	54,  // 195: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	56,  // 196: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	58,  // 197: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	60,  // 198: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	62,  // 199: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
-	64,  // 200: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
-	67,  // 201: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	70,  // 202: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
-	107, // 203: airlock.authority.v1.AuthorityService.ListCaches:output_type -> airlock.authority.v1.ListCachesResponse
-	109, // 204: airlock.authority.v1.AuthorityService.ClearCaches:output_type -> airlock.authority.v1.ClearCachesResponse
-	165, // [165:205] is the sub-list for method output_type
-	125, // [125:165] is the sub-list for method input_type
-	125, // [125:125] is the sub-list for extension type_name
-	125, // [125:125] is the sub-list for extension extendee
-	0,   // [0:125] is the sub-list for field type_name
+	116, // 6: airlock.authority.v1.JobSpec.user:type_name -> airlock.types.v1.JobUser
+	8,   // 7: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
+	0,   // 8: airlock.authority.v1.Job.state:type_name -> airlock.authority.v1.JobState
+	117, // 9: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	117, // 10: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	118, // 11: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
+	119, // 12: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	111, // 13: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
+	115, // 14: airlock.authority.v1.Job.session:type_name -> airlock.types.v1.SessionSpec
+	116, // 15: airlock.authority.v1.Job.user:type_name -> airlock.types.v1.JobUser
+	8,   // 16: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
+	9,   // 17: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
+	9,   // 18: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
+	16,  // 19: airlock.authority.v1.DownloadBundleResponse.header:type_name -> airlock.authority.v1.BundleHeader
+	33,  // 20: airlock.authority.v1.GetJobEgressResponse.egress:type_name -> airlock.authority.v1.EgressLog
+	0,   // 21: airlock.authority.v1.GetJobEgressResponse.state:type_name -> airlock.authority.v1.JobState
+	0,   // 22: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
+	9,   // 23: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
+	9,   // 24: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
+	120, // 25: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
+	121, // 26: airlock.authority.v1.WatchJobResponse.egress:type_name -> airlock.types.v1.EgressEvent
+	9,   // 27: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
+	26,  // 28: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
+	27,  // 29: airlock.authority.v1.FetchSourceResponse.history:type_name -> airlock.authority.v1.SourceHistory
+	118, // 30: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
+	32,  // 31: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
+	1,   // 32: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
+	30,  // 33: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
+	31,  // 34: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
+	31,  // 35: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
+	33,  // 36: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
+	122, // 37: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
+	123, // 38: airlock.authority.v1.ReviewDetail.file_writes:type_name -> airlock.types.v1.FileWrite
+	124, // 39: airlock.authority.v1.EgressLog.records:type_name -> airlock.types.v1.EgressRecord
+	34,  // 40: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
+	124, // 41: airlock.authority.v1.EgressLog.last:type_name -> airlock.types.v1.EgressRecord
+	9,   // 42: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
+	111, // 43: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
+	111, // 44: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
+	112, // 45: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	112, // 46: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	115, // 47: airlock.authority.v1.JobChange.from_session:type_name -> airlock.types.v1.SessionSpec
+	115, // 48: airlock.authority.v1.JobChange.to_session:type_name -> airlock.types.v1.SessionSpec
+	3,   // 49: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
+	117, // 50: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
+	114, // 51: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
+	2,   // 52: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
+	37,  // 53: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
+	117, // 54: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
+	117, // 55: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	4,   // 56: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
+	36,  // 57: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
+	118, // 58: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
+	112, // 59: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	32,  // 60: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
+	5,   // 61: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
+	5,   // 62: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
+	30,  // 63: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
+	41,  // 64: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
+	42,  // 65: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
+	2,   // 66: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
+	38,  // 67: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
+	38,  // 68: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	39,  // 69: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
+	3,   // 70: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
+	38,  // 71: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	114, // 72: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
+	38,  // 73: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	6,   // 74: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	117, // 75: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
+	117, // 76: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	117, // 77: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
+	6,   // 78: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	125, // 79: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
+	52,  // 80: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	52,  // 81: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	52,  // 82: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
+	112, // 83: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
+	119, // 84: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	111, // 85: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
+	115, // 86: airlock.authority.v1.UpdateJobLimitsRequest.session:type_name -> airlock.types.v1.SessionSpec
+	9,   // 87: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
+	52,  // 88: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
+	117, // 89: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	7,   // 90: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
+	117, // 91: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
+	117, // 92: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
+	65,  // 93: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
+	117, // 94: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
+	68,  // 95: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
+	38,  // 96: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
+	117, // 97: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
+	72,  // 98: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
+	8,   // 99: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
+	9,   // 100: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
+	9,   // 101: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
+	122, // 102: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
+	126, // 103: airlock.authority.v1.GetSessionResponse.suspend_reason:type_name -> airlock.types.v1.TerminationReason
+	123, // 104: airlock.authority.v1.GetSessionResponse.file_writes:type_name -> airlock.types.v1.FileWrite
+	0,   // 105: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
+	9,   // 106: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
+	9,   // 107: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
+	9,   // 108: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
+	127, // 109: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	122, // 110: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	122, // 111: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	120, // 112: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	122, // 113: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	127, // 114: airlock.authority.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
+	90,  // 115: airlock.authority.v1.RunExecRequest.start:type_name -> airlock.authority.v1.RunExecStart
+	85,  // 116: airlock.authority.v1.RunExecResponse.started:type_name -> airlock.authority.v1.StartExecResponse
+	120, // 117: airlock.authority.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	122, // 118: airlock.authority.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
+	122, // 119: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	128, // 120: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	97,  // 121: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
+	129, // 122: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	9,   // 123: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
+	9,   // 124: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
+	130, // 125: airlock.authority.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
+	130, // 126: airlock.authority.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
+	10,  // 127: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
+	12,  // 128: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
+	14,  // 129: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
+	19,  // 130: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
+	21,  // 131: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
+	23,  // 132: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
+	15,  // 133: airlock.authority.v1.AuthorityService.DownloadBundle:input_type -> airlock.authority.v1.DownloadBundleRequest
+	74,  // 134: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
+	76,  // 135: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
+	78,  // 136: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
+	80,  // 137: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
+	82,  // 138: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
+	102, // 139: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
+	104, // 140: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
+	84,  // 141: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
+	86,  // 142: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
+	88,  // 143: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
+	93,  // 144: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
+	91,  // 145: airlock.authority.v1.AuthorityService.RunExec:input_type -> airlock.authority.v1.RunExecRequest
+	95,  // 146: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
+	98,  // 147: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
+	100, // 148: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
+	25,  // 149: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
+	29,  // 150: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
+	44,  // 151: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	46,  // 152: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	40,  // 153: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
+	48,  // 154: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	50,  // 155: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	71,  // 156: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
+	53,  // 157: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	55,  // 158: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	57,  // 159: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	59,  // 160: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	61,  // 161: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	63,  // 162: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	66,  // 163: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	69,  // 164: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
+	106, // 165: airlock.authority.v1.AuthorityService.ListCaches:input_type -> airlock.authority.v1.ListCachesRequest
+	108, // 166: airlock.authority.v1.AuthorityService.ClearCaches:input_type -> airlock.authority.v1.ClearCachesRequest
+	11,  // 167: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
+	13,  // 168: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
+	18,  // 169: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
+	20,  // 170: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
+	22,  // 171: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
+	24,  // 172: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
+	17,  // 173: airlock.authority.v1.AuthorityService.DownloadBundle:output_type -> airlock.authority.v1.DownloadBundleResponse
+	75,  // 174: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
+	77,  // 175: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
+	79,  // 176: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
+	81,  // 177: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
+	83,  // 178: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
+	103, // 179: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
+	105, // 180: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
+	85,  // 181: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
+	87,  // 182: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
+	89,  // 183: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
+	94,  // 184: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
+	92,  // 185: airlock.authority.v1.AuthorityService.RunExec:output_type -> airlock.authority.v1.RunExecResponse
+	96,  // 186: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
+	99,  // 187: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
+	101, // 188: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
+	28,  // 189: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
+	35,  // 190: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	45,  // 191: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	47,  // 192: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	43,  // 193: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
+	49,  // 194: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	51,  // 195: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	73,  // 196: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
+	54,  // 197: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	56,  // 198: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	58,  // 199: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	60,  // 200: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	62,  // 201: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	64,  // 202: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	67,  // 203: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	70,  // 204: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
+	107, // 205: airlock.authority.v1.AuthorityService.ListCaches:output_type -> airlock.authority.v1.ListCachesResponse
+	109, // 206: airlock.authority.v1.AuthorityService.ClearCaches:output_type -> airlock.authority.v1.ClearCachesResponse
+	167, // [167:207] is the sub-list for method output_type
+	127, // [127:167] is the sub-list for method input_type
+	127, // [127:127] is the sub-list for extension type_name
+	127, // [127:127] is the sub-list for extension extendee
+	0,   // [0:127] is the sub-list for field type_name
 }
 
 func init() { file_airlock_authority_v1_authority_proto_init() }

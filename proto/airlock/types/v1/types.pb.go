@@ -1018,7 +1018,11 @@ type Grant struct {
 	// The named caches the job mounts, from the tenant's policy: each kept
 	// by the executor per (tenant, repository, name), mounted read-write at
 	// its path as a copy-on-write layer and committed when the run exits.
-	Caches        []*CacheGrant `protobuf:"bytes,19,rep,name=caches,proto3" json:"caches,omitempty"`
+	Caches []*CacheGrant `protobuf:"bytes,19,rep,name=caches,proto3" json:"caches,omitempty"`
+	// Who the job's processes run as inside the sandbox (with no
+	// capabilities either way). The authority always sets it; unset (a
+	// grant from before the field) is root. It never changes for a job.
+	User          *JobUser `protobuf:"bytes,20,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1186,6 +1190,72 @@ func (x *Grant) GetCaches() []*CacheGrant {
 	return nil
 }
 
+func (x *Grant) GetUser() *JobUser {
+	if x != nil {
+		return x.User
+	}
+	return nil
+}
+
+// JobUser is who a job's processes run as inside its sandbox's user
+// namespace, which maps ids 0 to 65535 to the executor's host range: both
+// ids must be 0 to 65533 (65534 is nobody, 65535 is -1 to 16-bit
+// interfaces). 1000:1000 is the user "agent", home /home/agent; any other
+// non-root user is "userUID", home /home/userUID; root's home is /root.
+type JobUser struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The uid; 0 is root.
+	Uid uint32 `protobuf:"varint,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	// The gid of the user's group.
+	Gid           uint32 `protobuf:"varint,2,opt,name=gid,proto3" json:"gid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobUser) Reset() {
+	*x = JobUser{}
+	mi := &file_airlock_types_v1_types_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobUser) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobUser) ProtoMessage() {}
+
+func (x *JobUser) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_types_v1_types_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobUser.ProtoReflect.Descriptor instead.
+func (*JobUser) Descriptor() ([]byte, []int) {
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *JobUser) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *JobUser) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
 // CacheGrant is one named cache a grant lets a job use.
 type CacheGrant struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1203,7 +1273,7 @@ type CacheGrant struct {
 
 func (x *CacheGrant) Reset() {
 	*x = CacheGrant{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[9]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1215,7 +1285,7 @@ func (x *CacheGrant) String() string {
 func (*CacheGrant) ProtoMessage() {}
 
 func (x *CacheGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[9]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1228,7 +1298,7 @@ func (x *CacheGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheGrant.ProtoReflect.Descriptor instead.
 func (*CacheGrant) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CacheGrant) GetName() string {
@@ -1278,7 +1348,7 @@ type CacheUse struct {
 
 func (x *CacheUse) Reset() {
 	*x = CacheUse{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[10]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1290,7 +1360,7 @@ func (x *CacheUse) String() string {
 func (*CacheUse) ProtoMessage() {}
 
 func (x *CacheUse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[10]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1303,7 +1373,7 @@ func (x *CacheUse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheUse.ProtoReflect.Descriptor instead.
 func (*CacheUse) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{10}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CacheUse) GetName() string {
@@ -1372,7 +1442,7 @@ type CacheInfo struct {
 
 func (x *CacheInfo) Reset() {
 	*x = CacheInfo{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[11]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1384,7 +1454,7 @@ func (x *CacheInfo) String() string {
 func (*CacheInfo) ProtoMessage() {}
 
 func (x *CacheInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[11]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1397,7 +1467,7 @@ func (x *CacheInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheInfo.ProtoReflect.Descriptor instead.
 func (*CacheInfo) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{11}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CacheInfo) GetRepository() string {
@@ -1442,7 +1512,7 @@ type SessionSpec struct {
 
 func (x *SessionSpec) Reset() {
 	*x = SessionSpec{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[12]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1454,7 +1524,7 @@ func (x *SessionSpec) String() string {
 func (*SessionSpec) ProtoMessage() {}
 
 func (x *SessionSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[12]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1467,7 +1537,7 @@ func (x *SessionSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionSpec.ProtoReflect.Descriptor instead.
 func (*SessionSpec) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{12}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SessionSpec) GetIdleTimeout() *durationpb.Duration {
@@ -1516,7 +1586,7 @@ type ExecSpec struct {
 
 func (x *ExecSpec) Reset() {
 	*x = ExecSpec{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[13]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1528,7 +1598,7 @@ func (x *ExecSpec) String() string {
 func (*ExecSpec) ProtoMessage() {}
 
 func (x *ExecSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[13]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1541,7 +1611,7 @@ func (x *ExecSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSpec.ProtoReflect.Descriptor instead.
 func (*ExecSpec) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{13}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecSpec) GetExecId() string {
@@ -1643,7 +1713,7 @@ type Exec struct {
 
 func (x *Exec) Reset() {
 	*x = Exec{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[14]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1655,7 +1725,7 @@ func (x *Exec) String() string {
 func (*Exec) ProtoMessage() {}
 
 func (x *Exec) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[14]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1668,7 +1738,7 @@ func (x *Exec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Exec.ProtoReflect.Descriptor instead.
 func (*Exec) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{14}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Exec) GetSessionId() string {
@@ -1835,7 +1905,7 @@ type SignedGrant struct {
 
 func (x *SignedGrant) Reset() {
 	*x = SignedGrant{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[15]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1847,7 +1917,7 @@ func (x *SignedGrant) String() string {
 func (*SignedGrant) ProtoMessage() {}
 
 func (x *SignedGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[15]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1860,7 +1930,7 @@ func (x *SignedGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignedGrant.ProtoReflect.Descriptor instead.
 func (*SignedGrant) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{15}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SignedGrant) GetBody() []byte {
@@ -1903,7 +1973,7 @@ type ResourceUsage struct {
 
 func (x *ResourceUsage) Reset() {
 	*x = ResourceUsage{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[16]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1915,7 +1985,7 @@ func (x *ResourceUsage) String() string {
 func (*ResourceUsage) ProtoMessage() {}
 
 func (x *ResourceUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[16]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1928,7 +1998,7 @@ func (x *ResourceUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceUsage.ProtoReflect.Descriptor instead.
 func (*ResourceUsage) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{16}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ResourceUsage) GetCpuTime() *durationpb.Duration {
@@ -1981,7 +2051,7 @@ type DiffStat struct {
 
 func (x *DiffStat) Reset() {
 	*x = DiffStat{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[17]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1993,7 +2063,7 @@ func (x *DiffStat) String() string {
 func (*DiffStat) ProtoMessage() {}
 
 func (x *DiffStat) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[17]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2006,7 +2076,7 @@ func (x *DiffStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiffStat.ProtoReflect.Descriptor instead.
 func (*DiffStat) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{17}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DiffStat) GetFilesChanged() int64 {
@@ -2061,7 +2131,7 @@ type RunResult struct {
 
 func (x *RunResult) Reset() {
 	*x = RunResult{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[18]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2073,7 +2143,7 @@ func (x *RunResult) String() string {
 func (*RunResult) ProtoMessage() {}
 
 func (x *RunResult) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[18]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2086,7 +2156,7 @@ func (x *RunResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResult.ProtoReflect.Descriptor instead.
 func (*RunResult) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{18}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RunResult) GetReason() TerminationReason {
@@ -2184,7 +2254,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[19]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2196,7 +2266,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[19]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2209,7 +2279,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{19}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *OutputChunk) GetStream() OutputStream {
@@ -2267,7 +2337,7 @@ type FileEntry struct {
 
 func (x *FileEntry) Reset() {
 	*x = FileEntry{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[20]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2279,7 +2349,7 @@ func (x *FileEntry) String() string {
 func (*FileEntry) ProtoMessage() {}
 
 func (x *FileEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[20]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2292,7 +2362,7 @@ func (x *FileEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEntry.ProtoReflect.Descriptor instead.
 func (*FileEntry) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{20}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *FileEntry) GetPath() string {
@@ -2362,7 +2432,7 @@ type FileHeader struct {
 
 func (x *FileHeader) Reset() {
 	*x = FileHeader{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[21]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2374,7 +2444,7 @@ func (x *FileHeader) String() string {
 func (*FileHeader) ProtoMessage() {}
 
 func (x *FileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[21]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2387,7 +2457,7 @@ func (x *FileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileHeader.ProtoReflect.Descriptor instead.
 func (*FileHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{21}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *FileHeader) GetSize() int64 {
@@ -2424,7 +2494,7 @@ type FileWrite struct {
 
 func (x *FileWrite) Reset() {
 	*x = FileWrite{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[22]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2436,7 +2506,7 @@ func (x *FileWrite) String() string {
 func (*FileWrite) ProtoMessage() {}
 
 func (x *FileWrite) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[22]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2449,7 +2519,7 @@ func (x *FileWrite) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileWrite.ProtoReflect.Descriptor instead.
 func (*FileWrite) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{22}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *FileWrite) GetPath() string {
@@ -2547,7 +2617,7 @@ type EgressRecord struct {
 
 func (x *EgressRecord) Reset() {
 	*x = EgressRecord{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[23]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2559,7 +2629,7 @@ func (x *EgressRecord) String() string {
 func (*EgressRecord) ProtoMessage() {}
 
 func (x *EgressRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[23]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2572,7 +2642,7 @@ func (x *EgressRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressRecord.ProtoReflect.Descriptor instead.
 func (*EgressRecord) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{23}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *EgressRecord) GetTime() *timestamppb.Timestamp {
@@ -2705,7 +2775,7 @@ type EgressTLS struct {
 
 func (x *EgressTLS) Reset() {
 	*x = EgressTLS{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[24]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2717,7 +2787,7 @@ func (x *EgressTLS) String() string {
 func (*EgressTLS) ProtoMessage() {}
 
 func (x *EgressTLS) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[24]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2730,7 +2800,7 @@ func (x *EgressTLS) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressTLS.ProtoReflect.Descriptor instead.
 func (*EgressTLS) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{24}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *EgressTLS) GetHandshake() EgressHandshake {
@@ -2769,7 +2839,7 @@ type EgressEvent struct {
 
 func (x *EgressEvent) Reset() {
 	*x = EgressEvent{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[25]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2781,7 +2851,7 @@ func (x *EgressEvent) String() string {
 func (*EgressEvent) ProtoMessage() {}
 
 func (x *EgressEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[25]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2794,7 +2864,7 @@ func (x *EgressEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressEvent.ProtoReflect.Descriptor instead.
 func (*EgressEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{25}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *EgressEvent) GetIndex() int64 {
@@ -2852,7 +2922,7 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"repository\x18\x01 \x01(\tR\n" +
 	"repository\x12\x16\n" +
-	"\x06branch\x18\x02 \x01(\tR\x06branch\"\xa6\a\n" +
+	"\x06branch\x18\x02 \x01(\tR\x06branch\"\xd5\a\n" +
 	"\x05Grant\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x16\n" +
@@ -2878,10 +2948,14 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"generation\x127\n" +
 	"\asession\x18\x11 \x01(\v2\x1d.airlock.types.v1.SessionSpecR\asession\x12*\n" +
 	"\x11git_history_depth\x18\x12 \x01(\rR\x0fgitHistoryDepth\x124\n" +
-	"\x06caches\x18\x13 \x03(\v2\x1c.airlock.types.v1.CacheGrantR\x06caches\x1a6\n" +
+	"\x06caches\x18\x13 \x03(\v2\x1c.airlock.types.v1.CacheGrantR\x06caches\x12-\n" +
+	"\x04user\x18\x14 \x01(\v2\x19.airlock.types.v1.JobUserR\x04user\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Z\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"-\n" +
+	"\aJobUser\x12\x10\n" +
+	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\x02 \x01(\rR\x03gid\"Z\n" +
 	"\n" +
 	"CacheGrant\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
@@ -3091,7 +3165,7 @@ func file_airlock_types_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_types_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_airlock_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_airlock_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_airlock_types_v1_types_proto_goTypes = []any{
 	(RuntimeClass)(0),             // 0: airlock.types.v1.RuntimeClass
 	(NetworkPolicyState)(0),       // 1: airlock.types.v1.NetworkPolicyState
@@ -3109,77 +3183,79 @@ var file_airlock_types_v1_types_proto_goTypes = []any{
 	(*NetworkPolicyStatus)(nil),   // 13: airlock.types.v1.NetworkPolicyStatus
 	(*PublishTarget)(nil),         // 14: airlock.types.v1.PublishTarget
 	(*Grant)(nil),                 // 15: airlock.types.v1.Grant
-	(*CacheGrant)(nil),            // 16: airlock.types.v1.CacheGrant
-	(*CacheUse)(nil),              // 17: airlock.types.v1.CacheUse
-	(*CacheInfo)(nil),             // 18: airlock.types.v1.CacheInfo
-	(*SessionSpec)(nil),           // 19: airlock.types.v1.SessionSpec
-	(*ExecSpec)(nil),              // 20: airlock.types.v1.ExecSpec
-	(*Exec)(nil),                  // 21: airlock.types.v1.Exec
-	(*SignedGrant)(nil),           // 22: airlock.types.v1.SignedGrant
-	(*ResourceUsage)(nil),         // 23: airlock.types.v1.ResourceUsage
-	(*DiffStat)(nil),              // 24: airlock.types.v1.DiffStat
-	(*RunResult)(nil),             // 25: airlock.types.v1.RunResult
-	(*OutputChunk)(nil),           // 26: airlock.types.v1.OutputChunk
-	(*FileEntry)(nil),             // 27: airlock.types.v1.FileEntry
-	(*FileHeader)(nil),            // 28: airlock.types.v1.FileHeader
-	(*FileWrite)(nil),             // 29: airlock.types.v1.FileWrite
-	(*EgressRecord)(nil),          // 30: airlock.types.v1.EgressRecord
-	(*EgressTLS)(nil),             // 31: airlock.types.v1.EgressTLS
-	(*EgressEvent)(nil),           // 32: airlock.types.v1.EgressEvent
-	nil,                           // 33: airlock.types.v1.Grant.EnvEntry
-	nil,                           // 34: airlock.types.v1.ExecSpec.EnvEntry
-	(*durationpb.Duration)(nil),   // 35: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
+	(*JobUser)(nil),               // 16: airlock.types.v1.JobUser
+	(*CacheGrant)(nil),            // 17: airlock.types.v1.CacheGrant
+	(*CacheUse)(nil),              // 18: airlock.types.v1.CacheUse
+	(*CacheInfo)(nil),             // 19: airlock.types.v1.CacheInfo
+	(*SessionSpec)(nil),           // 20: airlock.types.v1.SessionSpec
+	(*ExecSpec)(nil),              // 21: airlock.types.v1.ExecSpec
+	(*Exec)(nil),                  // 22: airlock.types.v1.Exec
+	(*SignedGrant)(nil),           // 23: airlock.types.v1.SignedGrant
+	(*ResourceUsage)(nil),         // 24: airlock.types.v1.ResourceUsage
+	(*DiffStat)(nil),              // 25: airlock.types.v1.DiffStat
+	(*RunResult)(nil),             // 26: airlock.types.v1.RunResult
+	(*OutputChunk)(nil),           // 27: airlock.types.v1.OutputChunk
+	(*FileEntry)(nil),             // 28: airlock.types.v1.FileEntry
+	(*FileHeader)(nil),            // 29: airlock.types.v1.FileHeader
+	(*FileWrite)(nil),             // 30: airlock.types.v1.FileWrite
+	(*EgressRecord)(nil),          // 31: airlock.types.v1.EgressRecord
+	(*EgressTLS)(nil),             // 32: airlock.types.v1.EgressTLS
+	(*EgressEvent)(nil),           // 33: airlock.types.v1.EgressEvent
+	nil,                           // 34: airlock.types.v1.Grant.EnvEntry
+	nil,                           // 35: airlock.types.v1.ExecSpec.EnvEntry
+	(*durationpb.Duration)(nil),   // 36: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 37: google.protobuf.Timestamp
 }
 var file_airlock_types_v1_types_proto_depIdxs = []int32{
-	35, // 0: airlock.types.v1.ResourceLimits.deadline:type_name -> google.protobuf.Duration
+	36, // 0: airlock.types.v1.ResourceLimits.deadline:type_name -> google.protobuf.Duration
 	9,  // 1: airlock.types.v1.NetworkPolicy.deny_all:type_name -> airlock.types.v1.DenyAll
 	10, // 2: airlock.types.v1.NetworkPolicy.allow:type_name -> airlock.types.v1.AllowList
 	12, // 3: airlock.types.v1.NetworkPolicy.domains:type_name -> airlock.types.v1.DomainList
 	11, // 4: airlock.types.v1.AllowList.rules:type_name -> airlock.types.v1.AllowRule
 	8,  // 5: airlock.types.v1.NetworkPolicyStatus.policy:type_name -> airlock.types.v1.NetworkPolicy
 	1,  // 6: airlock.types.v1.NetworkPolicyStatus.state:type_name -> airlock.types.v1.NetworkPolicyState
-	36, // 7: airlock.types.v1.NetworkPolicyStatus.updated_at:type_name -> google.protobuf.Timestamp
-	33, // 8: airlock.types.v1.Grant.env:type_name -> airlock.types.v1.Grant.EnvEntry
+	37, // 7: airlock.types.v1.NetworkPolicyStatus.updated_at:type_name -> google.protobuf.Timestamp
+	34, // 8: airlock.types.v1.Grant.env:type_name -> airlock.types.v1.Grant.EnvEntry
 	7,  // 9: airlock.types.v1.Grant.limits:type_name -> airlock.types.v1.ResourceLimits
 	8,  // 10: airlock.types.v1.Grant.network_policy:type_name -> airlock.types.v1.NetworkPolicy
 	0,  // 11: airlock.types.v1.Grant.runtime_class:type_name -> airlock.types.v1.RuntimeClass
 	14, // 12: airlock.types.v1.Grant.publish_target:type_name -> airlock.types.v1.PublishTarget
-	36, // 13: airlock.types.v1.Grant.issued_at:type_name -> google.protobuf.Timestamp
-	36, // 14: airlock.types.v1.Grant.expires_at:type_name -> google.protobuf.Timestamp
-	19, // 15: airlock.types.v1.Grant.session:type_name -> airlock.types.v1.SessionSpec
-	16, // 16: airlock.types.v1.Grant.caches:type_name -> airlock.types.v1.CacheGrant
-	36, // 17: airlock.types.v1.CacheInfo.last_used:type_name -> google.protobuf.Timestamp
-	35, // 18: airlock.types.v1.SessionSpec.idle_timeout:type_name -> google.protobuf.Duration
-	34, // 19: airlock.types.v1.ExecSpec.env:type_name -> airlock.types.v1.ExecSpec.EnvEntry
-	35, // 20: airlock.types.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
-	20, // 21: airlock.types.v1.Exec.spec:type_name -> airlock.types.v1.ExecSpec
-	2,  // 22: airlock.types.v1.Exec.state:type_name -> airlock.types.v1.ExecState
-	3,  // 23: airlock.types.v1.Exec.reason:type_name -> airlock.types.v1.TerminationReason
-	36, // 24: airlock.types.v1.Exec.started_at:type_name -> google.protobuf.Timestamp
-	36, // 25: airlock.types.v1.Exec.ended_at:type_name -> google.protobuf.Timestamp
-	23, // 26: airlock.types.v1.Exec.usage:type_name -> airlock.types.v1.ResourceUsage
-	35, // 27: airlock.types.v1.ResourceUsage.cpu_time:type_name -> google.protobuf.Duration
-	35, // 28: airlock.types.v1.ResourceUsage.wall_time:type_name -> google.protobuf.Duration
-	3,  // 29: airlock.types.v1.RunResult.reason:type_name -> airlock.types.v1.TerminationReason
-	23, // 30: airlock.types.v1.RunResult.usage:type_name -> airlock.types.v1.ResourceUsage
-	0,  // 31: airlock.types.v1.RunResult.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	24, // 32: airlock.types.v1.RunResult.diff_stat:type_name -> airlock.types.v1.DiffStat
-	17, // 33: airlock.types.v1.RunResult.caches:type_name -> airlock.types.v1.CacheUse
-	4,  // 34: airlock.types.v1.OutputChunk.stream:type_name -> airlock.types.v1.OutputStream
-	36, // 35: airlock.types.v1.FileEntry.modified_at:type_name -> google.protobuf.Timestamp
-	36, // 36: airlock.types.v1.FileWrite.written_at:type_name -> google.protobuf.Timestamp
-	36, // 37: airlock.types.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
-	6,  // 38: airlock.types.v1.EgressRecord.closed_first:type_name -> airlock.types.v1.EgressSide
-	31, // 39: airlock.types.v1.EgressRecord.tls:type_name -> airlock.types.v1.EgressTLS
-	5,  // 40: airlock.types.v1.EgressTLS.handshake:type_name -> airlock.types.v1.EgressHandshake
-	6,  // 41: airlock.types.v1.EgressTLS.by:type_name -> airlock.types.v1.EgressSide
-	30, // 42: airlock.types.v1.EgressEvent.record:type_name -> airlock.types.v1.EgressRecord
-	43, // [43:43] is the sub-list for method output_type
-	43, // [43:43] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	37, // 13: airlock.types.v1.Grant.issued_at:type_name -> google.protobuf.Timestamp
+	37, // 14: airlock.types.v1.Grant.expires_at:type_name -> google.protobuf.Timestamp
+	20, // 15: airlock.types.v1.Grant.session:type_name -> airlock.types.v1.SessionSpec
+	17, // 16: airlock.types.v1.Grant.caches:type_name -> airlock.types.v1.CacheGrant
+	16, // 17: airlock.types.v1.Grant.user:type_name -> airlock.types.v1.JobUser
+	37, // 18: airlock.types.v1.CacheInfo.last_used:type_name -> google.protobuf.Timestamp
+	36, // 19: airlock.types.v1.SessionSpec.idle_timeout:type_name -> google.protobuf.Duration
+	35, // 20: airlock.types.v1.ExecSpec.env:type_name -> airlock.types.v1.ExecSpec.EnvEntry
+	36, // 21: airlock.types.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
+	21, // 22: airlock.types.v1.Exec.spec:type_name -> airlock.types.v1.ExecSpec
+	2,  // 23: airlock.types.v1.Exec.state:type_name -> airlock.types.v1.ExecState
+	3,  // 24: airlock.types.v1.Exec.reason:type_name -> airlock.types.v1.TerminationReason
+	37, // 25: airlock.types.v1.Exec.started_at:type_name -> google.protobuf.Timestamp
+	37, // 26: airlock.types.v1.Exec.ended_at:type_name -> google.protobuf.Timestamp
+	24, // 27: airlock.types.v1.Exec.usage:type_name -> airlock.types.v1.ResourceUsage
+	36, // 28: airlock.types.v1.ResourceUsage.cpu_time:type_name -> google.protobuf.Duration
+	36, // 29: airlock.types.v1.ResourceUsage.wall_time:type_name -> google.protobuf.Duration
+	3,  // 30: airlock.types.v1.RunResult.reason:type_name -> airlock.types.v1.TerminationReason
+	24, // 31: airlock.types.v1.RunResult.usage:type_name -> airlock.types.v1.ResourceUsage
+	0,  // 32: airlock.types.v1.RunResult.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	25, // 33: airlock.types.v1.RunResult.diff_stat:type_name -> airlock.types.v1.DiffStat
+	18, // 34: airlock.types.v1.RunResult.caches:type_name -> airlock.types.v1.CacheUse
+	4,  // 35: airlock.types.v1.OutputChunk.stream:type_name -> airlock.types.v1.OutputStream
+	37, // 36: airlock.types.v1.FileEntry.modified_at:type_name -> google.protobuf.Timestamp
+	37, // 37: airlock.types.v1.FileWrite.written_at:type_name -> google.protobuf.Timestamp
+	37, // 38: airlock.types.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
+	6,  // 39: airlock.types.v1.EgressRecord.closed_first:type_name -> airlock.types.v1.EgressSide
+	32, // 40: airlock.types.v1.EgressRecord.tls:type_name -> airlock.types.v1.EgressTLS
+	5,  // 41: airlock.types.v1.EgressTLS.handshake:type_name -> airlock.types.v1.EgressHandshake
+	6,  // 42: airlock.types.v1.EgressTLS.by:type_name -> airlock.types.v1.EgressSide
+	31, // 43: airlock.types.v1.EgressEvent.record:type_name -> airlock.types.v1.EgressRecord
+	44, // [44:44] is the sub-list for method output_type
+	44, // [44:44] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_airlock_types_v1_types_proto_init() }
@@ -3198,7 +3274,7 @@ func file_airlock_types_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_types_v1_types_proto_rawDesc), len(file_airlock_types_v1_types_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   28,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

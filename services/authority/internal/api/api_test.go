@@ -74,6 +74,7 @@ func TestSubmitDispatchesSignedGrant(t *testing.T) {
 		RuntimeClass:            typesv1.RuntimeClass_RUNTIME_CLASS_RUNC,
 		PublishTarget:           s.GetPublishTarget(),
 		GitHistoryDepth:         1,
+		User:                    &typesv1.JobUser{}, // root, dev's default, signed explicitly
 		IssuedAt:                g.GetIssuedAt(),
 		ExpiresAt:               g.GetExpiresAt(),
 	}

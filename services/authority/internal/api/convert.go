@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/runspec"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
@@ -51,6 +52,9 @@ func specFromProto(p *authorityv1.JobSpec) (jobs.Spec, error) {
 		Command:    p.GetCommand(),
 		Env:        p.GetEnv(),
 		Caches:     p.GetCaches(),
+	}
+	if u := p.GetUser(); u != nil {
+		s.User = &runspec.User{UID: u.GetUid(), GID: u.GetGid()}
 	}
 	if r := p.GetResources(); r != nil {
 		s.Resources = policy.Limits{CPUMillis: r.GetCpuMillis(), MemoryBytes: r.GetMemoryBytes(), Pids: r.GetPids(), DiskBytes: r.GetDiskBytes()}
@@ -155,6 +159,7 @@ func jobToProto(j store.Job) (*authorityv1.Job, error) {
 		}
 		np, gen = g.GetNetworkPolicy(), g.GetNetworkPolicyGeneration()
 		out.Limits, out.GrantGeneration, out.Session = g.GetLimits(), max(g.GetGeneration(), 1), g.GetSession()
+		out.User = g.GetUser()
 	}
 	out.NetworkPolicyStatus = &typesv1.NetworkPolicyStatus{
 		Policy: np, Generation: gen, State: networkStateToProto[j.NetworkState], UpdatedAt: timestamppb.New(j.UpdatedAt),

@@ -27,6 +27,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/logging/logtest"
 	"github.com/airlockhq/airlock/pkg/pki"
+	"github.com/airlockhq/airlock/pkg/runspec"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/api"
@@ -150,6 +151,9 @@ func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
 			Repositories: map[string]policy.Repository{"tools": {Tenant: "other", Name: "tools", URL: tools.Dir}},
 			Default:      policy.DefaultLimits, Max: policy.DefaultMax,
 			RuntimeClasses: []string{policy.RuntimeRunc},
+			// A tenant as new ones are written: jobs run as agent, and
+			// root is not allowed.
+			User: runspec.Agent,
 		},
 	}
 	_, key, err := ed25519.GenerateKey(rand.Reader)

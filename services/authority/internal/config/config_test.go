@@ -13,6 +13,7 @@ import (
 
 	pkgconfig "github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/pki"
+	"github.com/airlockhq/airlock/pkg/runspec"
 	"github.com/airlockhq/airlock/services/authority/internal/config"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 )
@@ -269,8 +270,8 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 		{"cache name", tenant("    caches: {Go_Build: {path: /root/.cache/go-build, max_size: 1GiB}}\n"), []string{`tenants.dev.caches.Go_Build: cache name "Go_Build": want 1 to 63 of lower-case letters`}},
 		{"cache path relative", tenant("    caches: {go: {path: root/go, max_size: 1GiB}}\n"), []string{`tenants.dev.caches.go.path: "root/go": must be a clean absolute path`}},
 		{"cache path unclean", tenant("    caches: {go: {path: /root/../etc, max_size: 1GiB}}\n"), []string{`tenants.dev.caches.go.path: "/root/../etc": must be a clean absolute path`}},
-		{"cache path in work", tenant("    caches: {go: {path: /work/.cache, max_size: 1GiB}}\n"), []string{`tenants.dev.caches.go.path: "/work/.cache": must lie below /root or /tmp`}},
-		{"cache path in out", tenant("    caches: {go: {path: /out/c, max_size: 1GiB}}\n"), []string{`tenants.dev.caches.go.path: "/out/c": must lie below /root or /tmp`}},
+		{"cache path in work", tenant("    caches: {go: {path: /work/.cache, max_size: 1GiB}}\n"), []string{`tenants.dev.caches.go.path: "/work/.cache": must lie below /home or /root or /tmp`}},
+		{"cache path in out", tenant("    caches: {go: {path: /out/c, max_size: 1GiB}}\n"), []string{`tenants.dev.caches.go.path: "/out/c": must lie below /home or /root or /tmp`}},
 		{"cache path in proc", tenant("    caches: {go: {path: /proc/self, max_size: 1GiB}}\n"), []string{`tenants.dev.caches.go.path: "/proc/self": must lie below`}},
 		{"cache path is etc", tenant("    caches: {go: {path: /etc, max_size: 1GiB}}\n"), []string{`tenants.dev.caches.go.path: "/etc": must lie below`}},
 		{"cache path in usr", tenant("    caches: {go: {path: /usr/lib/go, max_size: 1GiB}}\n"), []string{`tenants.dev.caches.go.path: "/usr/lib/go": must lie below`}},
@@ -281,6 +282,10 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 		{"cache size too small", tenant("    caches: {go: {path: /root/go, max_size: 1KiB}}\n"), []string{"tenants.dev.caches.go.max_size: 1024: must be between 4096 (4KiB) and"}},
 		{"cache size too large", tenant("    caches: {go: {path: /root/go, max_size: 2TiB}}\n"), []string{"tenants.dev.caches.go.max_size: 2199023255552: must be between"}},
 		{"cache unknown field", tenant("    caches: {go: {path: /root/go, max_size: 1GiB, shared: true}}\n"), []string{"shared"}},
+		{"user unknown", tenant("    user: nobody\n"), []string{`tenants.dev.user: "nobody": want root, agent, UID or UID:GID`}},
+		{"user outside the mapping", tenant("    user: 65534\n"), []string{"tenants.dev.user: uid 65534: must be 0 to 65533"}},
+		{"group outside the mapping", tenant("    user: '1000:70000'\n"), []string{"tenants.dev.user: gid 70000: must be 0 to 65533"}},
+		{"allow_root for root", tenant("    allow_root: true\n"), []string{"tenants.dev.allow_root: the tenant's jobs run as root already"}},
 		{"git history too deep", tenant("    git_history_depth: 1001\n"), []string{"tenants.dev.git_history_depth: 1001: must be between 1 and 1000"}},
 		{"negative git history", tenant("    git_history_depth: -1\n"), []string{"tenants.dev.git_history_depth: -1: must be between 1 and 1000"}},
 		{"git history not a number", tenant("    git_history_depth: deep\n"), []string{"tenants.dev.git_history_depth"}},
@@ -342,6 +347,33 @@ func TestGitHistoryDepth(t *testing.T) {
 		}
 		if got := c.Policy["dev"].GitHistoryDepth; got != tc.want {
 			t.Errorf("%q: depth %d, want %d", tc.line, got, tc.want)
+		}
+	}
+}
+
+// TestTenantUser: a tenant without user runs its jobs as root, as every
+// tenant did before the field (a policy written for root, caches below
+// /root, keeps working); user names the default, allow_root lets a job of
+// a non-root tenant ask for root.
+func TestTenantUser(t *testing.T) {
+	for _, tc := range []struct {
+		lines     string
+		want      runspec.User
+		allowRoot bool
+	}{
+		{"", runspec.Root, false},
+		{"    user: agent\n", runspec.Agent, false},
+		{"    user: agent\n    allow_root: true\n", runspec.Agent, true},
+		{"    user: root\n", runspec.Root, false},
+		{"    user: '2000:3000'\n", runspec.User{UID: 2000, GID: 3000}, false},
+		{"    user: 1500\n", runspec.User{UID: 1500, GID: 1500}, false},
+	} {
+		c, err := config.Load(write(t, common+"tenants:\n  dev:\n    clients: [client/dev]\n"+tc.lines), nil)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.lines, err)
+		}
+		if got := c.Policy["dev"]; got.User != tc.want || got.AllowRoot != tc.allowRoot {
+			t.Errorf("%q: user %v allow_root %v; want %v %v", tc.lines, got.User, got.AllowRoot, tc.want, tc.allowRoot)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/airlockhq/airlock/pkg/config/configtest"
+	"github.com/airlockhq/airlock/pkg/runspec"
 )
 
 // The operator's guide's example (docs/examples/two-host/authority.yaml)
@@ -21,7 +22,7 @@ func TestTwoHostExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if team, ok := cfg.Policy["team"]; !ok || cfg.Executor.Address != "10.77.0.2:7402" || len(team.RuntimeClasses) != 2 {
+	if team, ok := cfg.Policy["team"]; !ok || cfg.Executor.Address != "10.77.0.2:7402" || len(team.RuntimeClasses) != 2 || team.User != runspec.Agent || team.AllowRoot {
 		t.Errorf("the example loads as executor %q, tenants %v", cfg.Executor.Address, cfg.Policy)
 	}
 	if _, problems := Check(configtest.WithUnknownField(t, path), nil); len(problems) == 0 || !strings.Contains(problems[0].Error(), "colour") {

@@ -199,6 +199,17 @@ func (c *Config) tenant(name string, f TenantFile) (*policy.Tenant, error) {
 	caches, cerrs := cachesOf(field+".caches", f.Caches)
 	t.Caches = caches
 	errs = append(errs, cerrs...)
+	t.AllowRoot = f.AllowRoot
+	if f.User != "" {
+		u, err := runspec.ParseUser(f.User)
+		if err != nil {
+			errs = append(errs, config.Field(field+".user", "%v", err))
+		}
+		t.User = u
+	}
+	if f.AllowRoot && t.User.IsRoot() {
+		errs = append(errs, config.Field(field+".allow_root", "the tenant's jobs run as root already (user omitted or root): allow_root is for a tenant whose user is not root"))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}

@@ -44,12 +44,20 @@ type TenantFile struct {
 	// Caches are the named caches the tenant's jobs may ask for (--cache
 	// NAME), by name.
 	Caches map[string]CacheFile `yaml:"caches"`
+	// User is who the tenant's jobs run as unless one asks (--user):
+	// "agent" (1000:1000, the non-root user new tenants should take),
+	// "root", "UID" or "UID:GID". Omitted is root, as before the field
+	// existed, so a policy written for root-owned jobs (caches below
+	// /root) keeps working.
+	User string `yaml:"user"`
+	// AllowRoot lets a job ask to run as root when User is not root.
+	AllowRoot bool `yaml:"allow_root"`
 }
 
 // CacheFile is one named cache as the file writes it.
 type CacheFile struct {
-	// Path is where a job sees it: a clean absolute path below /root or
-	// /tmp.
+	// Path is where a job sees it: a clean absolute path below /home,
+	// /root (root's jobs only) or /tmp.
 	Path string `yaml:"path"`
 	// MaxSize is the size past which the cache is wiped after a commit;
 	// required, between 4KiB and 1TiB.

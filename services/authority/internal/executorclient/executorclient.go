@@ -23,6 +23,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/errgrpc"
 	"github.com/airlockhq/airlock/pkg/grant"
+	"github.com/airlockhq/airlock/pkg/runspec"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
@@ -70,6 +71,7 @@ func (s *Signer) Sign(r jobs.GrantRequest) (jobs.SignedGrant, error) {
 	for _, c := range r.Caches {
 		g.Caches = append(g.Caches, &typesv1.CacheGrant{Name: c.Name, Path: c.Path, MaxSizeBytes: c.MaxSize})
 	}
+	g.User = &typesv1.JobUser{Uid: r.User.UID, Gid: r.User.GID}
 	sg, err := s.s.Sign(g)
 	if err != nil {
 		return jobs.SignedGrant{}, err
@@ -121,6 +123,7 @@ func (s *Signer) Decode(wire []byte) (jobs.GrantRequest, error) {
 	for _, c := range g.GetCaches() {
 		r.Caches = append(r.Caches, jobs.CacheGrant{Name: c.GetName(), Path: c.GetPath(), MaxSize: c.GetMaxSizeBytes()})
 	}
+	r.User = runspec.User{UID: g.GetUser().GetUid(), GID: g.GetUser().GetGid()}
 	return r, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/airlockhq/airlock/pkg/runspec"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 	"github.com/airlockhq/airlock/services/authority/internal/source"
 )
@@ -75,6 +76,8 @@ type Spec struct {
 	Session *Session
 	// Caches names caches of the tenant's policy to mount.
 	Caches []string `json:",omitempty"`
+	// User is who the job asks to run as; nil is the tenant's default.
+	User *runspec.User `json:",omitempty"`
 }
 
 // Session is what makes a job a session: its sandbox stays up for the
@@ -118,7 +121,9 @@ type GrantRequest struct {
 	HistoryDepth int
 	// Caches are the named caches the job mounts, as the tenant's policy
 	// had them at submission.
-	Caches    []CacheGrant
+	Caches []CacheGrant
+	// User is who the job runs as.
+	User      runspec.User
 	IssuedAt  time.Time
 	ExpiresAt time.Time
 }

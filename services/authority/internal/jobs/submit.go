@@ -37,6 +37,7 @@ type decision struct {
 	runtime string
 	session *Session // set, defaults filled in, for a session
 	caches  []CacheGrant
+	user    runspec.User
 }
 
 // Submit checks a job against its tenant's policy, resolves its revision,
@@ -108,7 +109,7 @@ func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequ
 			JobID: j.ID, Tenant: j.Tenant, Requester: j.Requester, Repository: d.repo.Name, Commit: rev.Commit,
 			Command: req.Spec.Command, Env: req.Spec.Env, Limits: d.limits, Network: d.network, NetworkGeneration: 1, Generation: 1,
 			RuntimeClass: d.runtime, PublishTarget: req.Spec.PublishTarget, Session: d.session,
-			HistoryDepth: s.historyDepth(j.Tenant), Caches: d.caches, IssuedAt: now, ExpiresAt: now.Add(s.cfg.GrantTTL),
+			HistoryDepth: s.historyDepth(j.Tenant), Caches: d.caches, User: d.user, IssuedAt: now, ExpiresAt: now.Add(s.cfg.GrantTTL),
 		})
 		if err != nil {
 			return store.Job{}, false, fmt.Errorf("jobs: sign grant: %w", err)
@@ -233,9 +234,19 @@ func (s *Service) check(ctx context.Context, t *policy.Tenant, spec Spec) (decis
 	if err := checkEnv(ctx, s.cfg.Secrets, spec.Env); err != nil {
 		return d, err
 	}
+	user, err := checkUser(t, spec.User)
+	if err != nil {
+		return d, err
+	}
+	d.user = user
 	caches, err := checkCaches(t, spec.Caches)
 	if err != nil {
 		return d, err
+	}
+	for i, c := range caches {
+		if err := runspec.CheckCacheUser(c.Path, d.user); err != nil {
+			return d, invalid(fmt.Sprintf("spec.caches[%d]", i), "%q: the cache's path %v", c.Name, err)
+		}
 	}
 	d.caches = caches
 	limits, err := effectiveLimits("spec.resources", spec.Resources, t.Default, t.Max)
@@ -297,6 +308,22 @@ func effectiveSession(prefix string, req, base Session, bounds policy.Sessions) 
 		return out, invalid(prefix+".max_concurrent_execs", "%d is above the tenant's ceiling of %d", req.MaxConcurrentExecs, b.MaxConcurrentExecs)
 	}
 	return out, nil
+}
+
+// checkUser is who a job runs as: the one it asks for, ids every sandbox
+// maps and root only where the tenant's policy allows it, or the tenant's
+// default.
+func checkUser(t *policy.Tenant, u *runspec.User) (runspec.User, error) {
+	if u == nil {
+		return t.User, nil
+	}
+	if err := runspec.CheckUser(*u); err != nil {
+		return runspec.User{}, invalid("spec.user", "%v", err)
+	}
+	if why := t.UserAllowed(*u); why != "" {
+		return runspec.User{}, denied("spec.user", "root: %s", why)
+	}
+	return *u, nil
 }
 
 // checkCaches takes the named caches a spec asks for from the tenant's

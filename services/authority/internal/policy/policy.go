@@ -17,6 +17,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"github.com/airlockhq/airlock/pkg/egress"
+	"github.com/airlockhq/airlock/pkg/runspec"
 )
 
 // Limits bound one job. In a Tenant they are complete (no zero fields).
@@ -125,6 +126,19 @@ type Tenant struct {
 	Sessions Sessions
 	// Caches are the named caches its jobs may ask for, by name.
 	Caches map[string]Cache
+	// User is who a job runs as when its spec names no one.
+	User runspec.User
+	// AllowRoot lets a job ask to run as root (uid 0) when User is not
+	// root; any other user's ids may be asked for (runspec.CheckUser).
+	AllowRoot bool
+}
+
+// UserAllowed says why t's jobs may not run as u, "" when they may.
+func (t *Tenant) UserAllowed(u runspec.User) string {
+	if u.IsRoot() && !t.User.IsRoot() && !t.AllowRoot {
+		return fmt.Sprintf("tenant %q runs jobs as %s (%s) and does not allow root (its policy's allow_root)", t.Name, t.User.Name(), t.User)
+	}
+	return ""
 }
 
 // Cache is one named cache a tenant's jobs may mount: kept by the

@@ -91,6 +91,9 @@ func grantOf(sg *typesv1.SignedGrant, g *typesv1.Grant) (runs.Grant, error) {
 	if out.Caches, err = cachesOf(g.GetCaches()); err != nil {
 		return runs.Grant{}, err
 	}
+	if out.User, err = userOf(g.GetUser(), out.Caches); err != nil {
+		return runs.Grant{}, err
+	}
 	if s := g.GetSession(); s != nil {
 		if d := s.GetIdleTimeout(); d != nil && (d.CheckValid() != nil || d.AsDuration() < 0) {
 			return runs.Grant{}, fmt.Errorf("%w: grant session.idle_timeout: not a duration of zero or more", errdefs.ErrInvalidArgument)
@@ -140,6 +143,22 @@ func fixedFields(g *typesv1.Grant) ([]runs.Field, error) {
 		out = append(out, runs.Field{Name: string(fd.Name()), Value: v})
 	}
 	return append(out, runs.Field{Name: "(unknown fields)", Value: m.GetUnknown()}), nil
+}
+
+// userOf checks who a grant says the job runs as (unset is root) as the
+// authority did (pkg/runspec): ids every sandbox maps, and no cache in a
+// home the user has not.
+func userOf(u *typesv1.JobUser, caches []runs.CacheGrant) (runspec.User, error) {
+	out := runspec.User{UID: u.GetUid(), GID: u.GetGid()}
+	if err := runspec.CheckUser(out); err != nil {
+		return runspec.User{}, fmt.Errorf("%w: grant user %v", errdefs.ErrInvalidArgument, err)
+	}
+	for i, c := range caches {
+		if err := runspec.CheckCacheUser(c.Path, out); err != nil {
+			return runspec.User{}, fmt.Errorf("%w: grant caches[%d].path %v", errdefs.ErrInvalidArgument, i, err)
+		}
+	}
+	return out, nil
 }
 
 // cachesOf checks a grant's caches as the authority checked the tenant's

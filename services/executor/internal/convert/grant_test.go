@@ -18,6 +18,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/grant"
+	"github.com/airlockhq/airlock/pkg/runspec"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 	"github.com/airlockhq/airlock/services/executor/internal/runs"
@@ -36,7 +37,8 @@ func testGrant() *typesv1.Grant {
 		RuntimeClass:  typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC,
 		PublishTarget: &typesv1.PublishTarget{Repository: "widgets", Branch: "main"},
 		Session:       &typesv1.SessionSpec{IdleTimeout: durationpb.New(time.Minute), MaxConcurrentExecs: 4},
-		Caches:        []*typesv1.CacheGrant{{Name: "go-build", Path: "/root/.cache/go-build", MaxSizeBytes: 1 << 30}},
+		Caches:        []*typesv1.CacheGrant{{Name: "go-build", Path: "/home/agent/.cache/go-build", MaxSizeBytes: 1 << 30}},
+		User:          &typesv1.JobUser{Uid: 1000, Gid: 1000},
 		IssuedAt:      issued, ExpiresAt: expires,
 	}
 }
@@ -63,7 +65,8 @@ func TestGrant(t *testing.T) {
 			{Prefix: netip.MustParsePrefix("192.0.2.0/24"), Ports: []uint16{443}}}}},
 		NetworkGeneration: 2, Generation: 3,
 		Session: &runs.SessionSpec{IdleTimeout: time.Minute, MaxConcurrentExecs: 4},
-		Caches:  []runs.CacheGrant{{Name: "go-build", Path: "/root/.cache/go-build", MaxSize: 1 << 30}},
+		Caches:  []runs.CacheGrant{{Name: "go-build", Path: "/home/agent/.cache/go-build", MaxSize: 1 << 30}},
+		User:    runspec.Agent,
 		Digest:  grant.Digest(sg),
 	}
 	got := g
@@ -124,13 +127,19 @@ func TestGrantRefusals(t *testing.T) {
 		}), errdefs.ErrInvalidArgument, "network_policy.allow.rules[0].cidr"},
 		// A grant is signed, but the executor checks a cache's shape
 		// itself: it is what decides where a host directory is mounted.
-		{"cache path outside", sign(func(g *typesv1.Grant) { g.Caches[0].Path = "/etc" }), errdefs.ErrInvalidArgument, `grant caches[0].path "/etc": must lie below /root or /tmp`},
+		{"cache path outside", sign(func(g *typesv1.Grant) { g.Caches[0].Path = "/etc" }), errdefs.ErrInvalidArgument, `grant caches[0].path "/etc": must lie below /home or /root or /tmp`},
 		{"cache path climbs", sign(func(g *typesv1.Grant) { g.Caches[0].Path = "/root/../proc" }), errdefs.ErrInvalidArgument, `grant caches[0].path "/root/../proc": must be a clean absolute path`},
 		{"cache name", sign(func(g *typesv1.Grant) { g.Caches[0].Name = "../x" }), errdefs.ErrInvalidArgument, `grant caches[0].name "../x"`},
 		{"cache size", sign(func(g *typesv1.Grant) { g.Caches[0].MaxSizeBytes = 0 }), errdefs.ErrInvalidArgument, "grant caches[0].max_size_bytes 0: must be between"},
 		{"cache twice", sign(func(g *typesv1.Grant) {
-			g.Caches = append(g.Caches, &typesv1.CacheGrant{Name: "other", Path: "/root/.cache", MaxSizeBytes: 4096})
+			g.Caches = append(g.Caches, &typesv1.CacheGrant{Name: "other", Path: "/home/agent/.cache", MaxSizeBytes: 4096})
 		}), errdefs.ErrInvalidArgument, "grant caches[1]: same name as, or a path overlapping, grant caches[0]"},
+		// Who the job runs as decides host ids: a signed grant still
+		// names only ids every sandbox maps.
+		{"uid outside the mapping", sign(func(g *typesv1.Grant) { g.User.Uid = 65534 }), errdefs.ErrInvalidArgument, "grant user uid 65534: must be 0 to 65533"},
+		{"gid outside the mapping", sign(func(g *typesv1.Grant) { g.User.Gid = 1 << 20 }), errdefs.ErrInvalidArgument, "grant user gid 1048576: must be 0 to 65533"},
+		{"cache in root's home for agent", sign(func(g *typesv1.Grant) { g.Caches[0].Path = "/root/.cache/go-build" }), errdefs.ErrInvalidArgument,
+			`grant caches[0].path "/root/.cache/go-build": lies in root's home, and the job runs as agent`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Grant(v, tc.sg, time.Now())

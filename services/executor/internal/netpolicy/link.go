@@ -33,6 +33,13 @@ func makeNetns(path string) error {
 			if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
 				return fmt.Errorf("unshare a network namespace: %w", err)
 			}
+			// Any port is the job's to bind in a namespace of its own, as
+			// under runsc (gVisor's netstack has no privileged ports) and
+			// as Docker sets it: the sandbox package's permission parity.
+			// This thread's /proc/sys/net is the new namespace's.
+			if err := os.WriteFile("/proc/sys/net/ipv4/ip_unprivileged_port_start", []byte("0\n"), 0o644); err != nil {
+				return fmt.Errorf("let the job bind any port: %w", err)
+			}
 			src := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
 			if err := unix.Mount(src, path, "", unix.MS_BIND, ""); err != nil {
 				return fmt.Errorf("bind %s on %s: %w", src, path, err)

@@ -224,6 +224,7 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source) 
 		Command:    g.Command,
 		Env:        g.Env,
 		Limits:     g.Limits,
+		User:       g.User,
 		Stdout:     e.stdout,
 		Stderr:     e.stderr,
 	}
@@ -296,7 +297,8 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source) 
 		// The job's own .git at its base commit; the patch never reads it.
 		// A kept session has its own already, unless the executor stopped
 		// before it was made (SeedGitDir leaves one that is there).
-		if err := worktree.SeedGitDir(sb.WorkDir(), g.Commit, src.Shallow, src.Index, int(m.cfg.Sandbox.UIDBase())); err != nil {
+		uid, gid := sb.HostIDs()
+		if err := worktree.SeedGitDir(sb.WorkDir(), g.Commit, src.Shallow, src.Index, uid, gid); err != nil {
 			m.cfg.Logger.Warn("the job gets no .git", "job_id", g.JobID, "error", err)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/airlockhq/airlock/pkg/runspec"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 	"github.com/airlockhq/airlock/services/executor/internal/stage"
 )
@@ -74,12 +75,39 @@ func TestJobGitRepository(t *testing.T) {
 	}
 }
 
+// TestJobGitRepositoryAsAgent: a job running as agent finds its /work a
+// git repository it owns (the seeded .git included), works in it as root's
+// job does, under runc and runsc, and its patch is exactly its changes:
+// no mode or owner of the idmapped source leaks into it.
+func TestJobGitRepositoryAsAgent(t *testing.T) {
+	for _, class := range []sandbox.Class{sandbox.ClassRunc, sandbox.ClassRunsc} {
+		t.Run(string(class), func(t *testing.T) {
+			h, _ := newHarness(t, false)
+			script := `echo "user:$(id -un):$(stat -c %U:%G README .git .git/index | tr '\n' ' ')"` + "\n" + gitScript
+			g, run := gitJobAs(t, h, class, runspec.Agent, script,
+				"user:agent:agent:agent agent:agent agent:agent ", "status:[]", "log:1", "head:"+h.commit, "diff:ok", "stash:ok", "blame:ok", "commit:2", "amend:ok", "objects:readonly")
+			patch, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobID), "review.patch"))
+			p := string(patch)
+			if run.Result.FilesChanged != 2 || !strings.Contains(p, "+changed") || !strings.Contains(p, "new.txt") || strings.Contains(p, ".git/") ||
+				strings.Contains(p, "old mode") || strings.Contains(p, "new mode 10") {
+				t.Fatalf("the patch is not exactly the job's changes (%d files):\n%s", run.Result.FilesChanged, p)
+			}
+		})
+	}
+}
+
 // gitJob runs script as a job under class, and checks it exits 0 and
 // prints every line of want.
 func gitJob(t *testing.T, h *harness, class sandbox.Class, script string, want ...string) (*Grant, Run) {
 	t.Helper()
+	return gitJobAs(t, h, class, runspec.Root, script, want...)
+}
+
+// gitJobAs is gitJob with the job running as user.
+func gitJobAs(t *testing.T, h *harness, class sandbox.Class, user runspec.User, script string, want ...string) (*Grant, Run) {
+	t.Helper()
 	g := h.grantFor(script)
-	g.Class = class
+	g.Class, g.User = class, user
 	h.start(t, g)
 	run := h.waitEnd(t, g.JobID)
 	out, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobID), "stdout.log"))

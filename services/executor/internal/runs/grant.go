@@ -4,6 +4,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/airlockhq/airlock/pkg/runspec"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
 
@@ -35,6 +36,9 @@ type Grant struct {
 	HistoryDepth int `json:"git_history_depth,omitempty"`
 	// Caches are the named caches the job mounts (caches.go).
 	Caches []CacheGrant `json:"caches,omitempty"`
+	// User is who the job's processes run as; the zero value is root
+	// (a grant from before the field).
+	User runspec.User `json:"user"`
 	// Digest names exactly what was granted ("sha256:<hex>" of the signed
 	// body): the same grant sent again has the same digest.
 	Digest string `json:"digest"`

@@ -131,7 +131,7 @@ func (s *Sandbox) Exec(ctx context.Context, x ExecSpec) (ExecResult, error) {
 		env = map[string]string{}
 	}
 	maps.Copy(env, x.Env)
-	proc.Env = jobEnv(s.m.cfg.Path, env)
+	proc.Env = jobEnv(s.m.cfg.Path, s.spec.User, env)
 	proc.Cwd = x.Cwd
 	if proc.Cwd == "" {
 		proc.Cwd = "/work"

@@ -246,8 +246,8 @@ func (s *Sandbox) WriteFile(p string, r io.Reader, perm fs.FileMode, limit int64
 	case n > limit:
 		return 0, fmt.Errorf("%w: path %q: more than %d bytes", errdefs.ErrResourceExhausted, p, limit)
 	}
-	uid := int(s.m.cfg.UIDBase)
-	if err := f.Chown(uid, uid); err != nil {
+	uid, gid := s.m.hostIDs(s.spec.User)
+	if err := f.Chown(uid, gid); err != nil {
 		return 0, err
 	}
 	if err := f.Chmod(perm); err != nil {

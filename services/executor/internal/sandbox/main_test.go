@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/delegate"
+	"github.com/airlockhq/airlock/pkg/runspec"
 )
 
 // These tests run real sandboxes: they need root, cgroups (v1 here; v2 in
@@ -262,6 +263,8 @@ type job struct {
 	cmd    []string
 	env    map[string]string
 	limits *Limits
+	user   runspec.User
+	caches []CacheMount
 }
 
 type ran struct {
@@ -284,7 +287,7 @@ func (e *env) run(t testing.TB, ctx context.Context, j job) ran {
 	}
 	var out, errb syncBuffer
 	id := fmt.Sprintf("job-%d", testSeq.Add(1))
-	sb, err := e.m.Create(ctx, Spec{ID: id, Class: j.class, Source: j.src, Command: j.cmd, Env: j.env, Limits: lim, Stdout: &out, Stderr: &errb})
+	sb, err := e.m.Create(ctx, Spec{ID: id, Class: j.class, Source: j.src, Command: j.cmd, Env: j.env, Limits: lim, User: j.user, Caches: j.caches, Stdout: &out, Stderr: &errb})
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}

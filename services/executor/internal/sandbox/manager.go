@@ -151,6 +151,9 @@ type Manager struct {
 
 	probeMu sync.Mutex
 	status  map[Class]RuntimeStatus
+
+	// idmaps are the user namespaces of jobs' idmapped sources (user.go).
+	idmaps idmapCache
 }
 
 // New checks the host, prepares StateDir and the root filesystem template,
@@ -394,7 +397,8 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if spec.Kept {
 		s.scr, err = reuseScratch(m.keptDir, spec.ID, s.dir)
 	} else {
-		s.scr, err = m.pool.makeScratch(s.dir, spec.Limits.DiskBytes, m.cfg.UIDBase)
+		uid, gid := m.hostIDs(spec.User)
+		s.scr, err = m.pool.makeScratch(s.dir, spec.Limits.DiskBytes, int(m.cfg.UIDBase), uid, gid)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: scratch: %w", spec.ID, err)
@@ -402,7 +406,11 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err := os.Mkdir(s.workDir, 0o700); err != nil {
 		return nil, err
 	}
-	if err := mountWork(s.dir, spec.Source, s.scr.point, s.workDir, ""); err != nil {
+	lower, err := s.workLower()
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	if err := mountWork(s.dir, lower, s.scr.point, s.workDir, ""); err != nil {
 		return nil, fmt.Errorf("sandbox %s: mount /work overlay: %w", spec.ID, err)
 	}
 	cacheBinds, err := s.mountCaches()
@@ -437,6 +445,14 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 			return nil, err
 		}
 	}
+	userFiles, err := s.writeUserFiles()
+	if err != nil {
+		return nil, err
+	}
+	homes, err := s.makeHomes()
+	if err != nil {
+		return nil, err
+	}
 	cfg := ociSpec(bundleInputs{
 		rootfs:       m.tmpl.dir,
 		binds:        m.tmpl.def.Binds,
@@ -445,6 +461,9 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		out:          filepath.Join(s.scr.point, scratchOut),
 		home:         filepath.Join(s.scr.point, scratchHome),
 		uidBase:      m.cfg.UIDBase,
+		user:         spec.User,
+		userFiles:    userFiles,
+		homes:        homes,
 		cgroupsPath:  filepath.Join(s.cgRel, runtimeCgroup),
 		blockIO:      m.cg.runtimeBlockIO(m.diskLimits(), dev),
 		seccomp:      m.seccomp,
@@ -814,6 +833,7 @@ func (m *Manager) Close() error {
 	if busy > 0 {
 		return fmt.Errorf("%w: sandbox: Close with %d sandbox(es) not destroyed", errdefs.ErrFailedPrecondition, busy)
 	}
+	m.idmaps.close()
 	return m.cg.removeParent(m.cgParent)
 }
 

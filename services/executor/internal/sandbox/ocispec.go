@@ -10,10 +10,12 @@ import (
 	seccompprofile "github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/airlockhq/airlock/pkg/runspec"
 )
 
 // uidRange is the size of the uid and gid ranges mapped into every sandbox.
-const uidRange = 65536
+const uidRange = runspec.IDRange
 
 // IDRange is how many host uids and gids, from Config.UIDBase up, every
 // sandbox maps.
@@ -26,10 +28,10 @@ const hostname = "airlock"
 // the executor (which lowers its own score) above all.
 var jobOOMScoreAdj = 1000
 
-// defaultEnv is what every job gets before Spec.Env, which may override it.
+// defaultEnv is what every job gets before Spec.Env, which may override it
+// (with HOME, USER and LOGNAME of its user: userEnv).
 var defaultEnv = map[string]string{
 	"PATH": DefaultPath,
-	"HOME": "/root",
 	// Output goes to pipes, never a terminal.
 	"TERM": "dumb",
 }
@@ -116,14 +118,15 @@ func rlimits() []specs.POSIXRlimit {
 }
 
 // jobEnv is the job's whole environment, sorted for a stable bundle: the
-// defaults and the trust store's variables (caEnv), PATH as the operator
-// set it (path, unless empty), then env.
-func jobEnv(path string, env map[string]string) []string {
+// defaults, the trust store's variables (caEnv), its user's, PATH as the
+// operator set it (path, unless empty), then env.
+func jobEnv(path string, user runspec.User, env map[string]string) []string {
 	all := map[string]string{}
 	for k, v := range defaultEnv {
 		all[k] = v
 	}
 	maps.Copy(all, caEnv)
+	maps.Copy(all, userEnv(user))
 	if path != "" {
 		all["PATH"] = path
 	}
@@ -140,11 +143,18 @@ func jobEnv(path string, env map[string]string) []string {
 
 // bundleInputs is what the OCI spec of one job depends on.
 type bundleInputs struct {
-	rootfs      string
-	binds       []string
-	work, tmp   string
-	out, home   string
-	uidBase     uint32
+	rootfs    string
+	binds     []string
+	work, tmp string
+	out, home string
+	uidBase   uint32
+	// user is who the job runs as; userFiles, if any, are its
+	// /etc/passwd and /etc/group (destination to host path).
+	user      runspec.User
+	userFiles map[string]string
+	// homes, if set, is bound read-only at /home: root's, holding the
+	// mount point of a non-root user's home.
+	homes       string
 	cgroupsPath string
 	blockIO     *specs.LinuxBlockIO
 	seccomp     *specs.LinuxSeccomp
@@ -188,8 +198,14 @@ func ociSpec(in bundleInputs) *specs.Spec {
 	for _, b := range in.binds {
 		mounts = append(mounts, specs.Mount{Destination: b, Type: "bind", Source: b, Options: []string{"rbind", "ro", nosuid, nodev}})
 	}
+	if in.homes != "" {
+		// Another user's home lies below /home, where the template's
+		// read-only root has no mount point for it (and runsc's gofer
+		// makes a missing one on the host, in the shared template).
+		mounts = append(mounts, specs.Mount{Destination: "/home", Type: "bind", Source: in.homes, Options: []string{"bind", "ro", nosuid, nodev, noexec}})
+	}
 	for _, b := range []struct{ dst, src string }{
-		{"/work", in.work}, {"/tmp", in.tmp}, {"/out", in.out}, {"/root", in.home},
+		{"/work", in.work}, {"/tmp", in.tmp}, {"/out", in.out}, {in.user.Home(), in.home},
 	} {
 		mounts = append(mounts, specs.Mount{Destination: b.dst, Type: "bind", Source: b.src, Options: []string{"bind", "rw", nosuid, nodev}})
 	}
@@ -198,6 +214,9 @@ func ociSpec(in bundleInputs) *specs.Spec {
 	}
 	if in.gitObjects != "" {
 		mounts = append(mounts, specs.Mount{Destination: "/.airlock/git-objects", Type: "bind", Source: in.gitObjects, Options: []string{"rbind", "ro", nosuid, nodev, noexec}})
+	}
+	for _, dst := range slices.Sorted(maps.Keys(in.userFiles)) {
+		mounts = append(mounts, specs.Mount{Destination: dst, Type: "bind", Source: in.userFiles[dst], Options: []string{"bind", "ro", nosuid, nodev, noexec}})
 	}
 	if in.resolvConf != "" {
 		mounts = append(mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: in.resolvConf, Options: []string{"bind", "ro", nosuid, nodev, noexec}})
@@ -210,9 +229,9 @@ func ociSpec(in bundleInputs) *specs.Spec {
 	return &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{
-			User: specs.User{UID: 0, GID: 0},
+			User: specs.User{UID: in.user.UID, GID: in.user.GID},
 			Args: in.command,
-			Env:  jobEnv(in.path, in.env),
+			Env:  jobEnv(in.path, in.user, in.env),
 			Cwd:  "/work",
 			// Present and empty: every set, bounding and ambient too, is
 			// empty. (A missing capabilities object would leave the
@@ -243,11 +262,25 @@ func ociSpec(in bundleInputs) *specs.Spec {
 			// bounds (cgroupsV1.runtimeBlockIO).
 			Resources:         &specs.LinuxResources{BlockIO: in.blockIO},
 			Seccomp:           in.seccomp,
+			Sysctl:            sysctls(in),
 			MaskedPaths:       maskedPaths,
 			ReadonlyPaths:     readonlyPaths,
 			RootfsPropagation: "rprivate",
 		},
 	}
+}
+
+// sysctls are the job's sysctls. A job may bind any port in its own
+// network namespace, as under runsc, whose netstack has no privileged
+// ports (and as Docker sets it): a port below 1024 guards nothing there,
+// and the two runtimes then agree (TestUserPermissionParity). A namespace
+// the job joins (package netpolicy's, owned by the host's user namespace)
+// is set so when it is made; here runc sets its own new one.
+func sysctls(in bundleInputs) map[string]string {
+	if in.class != ClassRunc || in.netNS != "" {
+		return nil
+	}
+	return map[string]string{"net.ipv4.ip_unprivileged_port_start": "0"}
 }
 
 // sysMount is the job's /sys. In a network namespace of its own, a sysfs

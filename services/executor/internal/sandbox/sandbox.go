@@ -91,7 +91,7 @@ func (s *Sandbox) OutDir() string { return filepath.Join(s.dir, "scratch", scrat
 
 // JobText rewrites text meant for the job's caller (an error's message)
 // so it names no host path: each of the job's directories becomes the path
-// the job sees (/work, /out, /tmp, /root), and anything else under the
+// the job sees (/work, /out, /tmp, $HOME), and anything else under the
 // executor's state directory "<executor>", so a message such as "open
 // /var/lib/.../scratch/out/e/e: file name too long" reads "open /out/e/e:
 // ...". The host paths go to the executor's log, not to callers.
@@ -99,7 +99,7 @@ func (s *Sandbox) JobText(text string) string {
 	sp := s.scr.point
 	return strings.NewReplacer(
 		s.UpperDir(), "/work", s.workDir, "/work", s.OutDir(), "/out", filepath.Join(sp, scratchOut), "/out",
-		filepath.Join(sp, scratchTmp), "/tmp", filepath.Join(sp, scratchHome), "/root",
+		filepath.Join(sp, scratchTmp), "/tmp", filepath.Join(sp, scratchHome), s.spec.User.Home(),
 		s.m.cfg.StateDir, "<executor>",
 	).Replace(text)
 }

@@ -763,6 +763,14 @@ func TestCreateValidates(t *testing.T) {
 		{"runsc memory", "spec.limits.memory_bytes", func(s *Spec) { s.Class, s.Limits.MemoryBytes = ClassRunsc, 32<<20 }},
 		{"disk", "spec.limits.disk_bytes", func(s *Spec) { s.Limits.DiskBytes = 0 }},
 		{"deadline", "spec.limits.deadline", func(s *Spec) { s.Limits.Deadline = 0 }},
+		// A uid or gid the user namespace does not map is refused here,
+		// not left to fail in the runtime.
+		{"uid nobody", "spec.user uid 65534", func(s *Spec) { s.User = runspec.User{UID: 65534} }},
+		{"uid past the range", "spec.user uid 65536", func(s *Spec) { s.User = runspec.User{UID: 65536} }},
+		{"gid past the range", "spec.user gid 4294967295", func(s *Spec) { s.User = runspec.User{UID: 1000, GID: 1<<32 - 1} }},
+		{"cache in root's home for agent", "spec.caches[0].path", func(s *Spec) {
+			s.User, s.Caches = runspec.Agent, []CacheMount{{Path: "/root/.cache", Lower: src}}
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := good

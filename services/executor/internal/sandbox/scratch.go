@@ -152,9 +152,10 @@ type scratchMeta struct {
 	BaseUsed int64 `json:"base_used"`
 }
 
-// makeScratch mounts a scratch of size bytes at dir/scratch, with its
-// subdirectories owned by the sandbox's root.
-func (p *scratchPool) makeScratch(dir string, size int64, uid uint32) (*scratch, error) {
+// makeScratch mounts a scratch of size bytes at dir/scratch, with /tmp
+// owned by the sandbox's root (host uid and gid root) and the directories
+// of /work's root, /out and $HOME by the job's user (host uid, gid).
+func (p *scratchPool) makeScratch(dir string, size int64, root, uid, gid int) (*scratch, error) {
 	size = (size + 4095) &^ 4095
 	s := &scratch{kind: p.kind, point: filepath.Join(dir, "scratch"), size: size}
 	if err := os.Mkdir(s.point, 0o700); err != nil {
@@ -180,15 +181,15 @@ func (p *scratchPool) makeScratch(dir string, size int64, uid uint32) (*scratch,
 		}
 	}
 	subdirs := []struct {
-		name  string
-		mode  fs.FileMode
-		owned bool
+		name     string
+		mode     fs.FileMode
+		uid, gid int // -1: the host's root
 	}{
-		{scratchUpper, 0o755, true},
-		{scratchOvl, 0o700, false},
-		{scratchTmp, 0o1777, true},
-		{scratchOut, 0o755, true},
-		{scratchHome, 0o700, true},
+		{scratchUpper, 0o755, uid, gid},
+		{scratchOvl, 0o700, -1, -1},
+		{scratchTmp, 0o1777, root, root},
+		{scratchOut, 0o755, uid, gid},
+		{scratchHome, 0o700, uid, gid},
 	}
 	for _, d := range subdirs {
 		p := filepath.Join(s.point, d.name)
@@ -198,8 +199,8 @@ func (p *scratchPool) makeScratch(dir string, size int64, uid uint32) (*scratch,
 		if err := os.Chmod(p, d.mode); err != nil {
 			return s, err
 		}
-		if d.owned {
-			if err := os.Chown(p, int(uid), int(uid)); err != nil {
+		if d.uid >= 0 {
+			if err := os.Chown(p, d.uid, d.gid); err != nil {
 				return s, err
 			}
 		}

@@ -22,8 +22,8 @@ const templateFormat = "airlock-rootfs/1"
 // The synthesized /etc. Nothing in it comes from the host's /etc: the host's
 // files hold host users, host names, resolvers and, at worst, secrets.
 var etcFiles = []templateEntry{
-	{Path: "etc/passwd", Kind: "file", Mode: 0o644, Content: "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"},
-	{Path: "etc/group", Kind: "file", Mode: 0o644, Content: "root:x:0:\nnogroup:x:65534:\n"},
+	{Path: "etc/passwd", Kind: "file", Mode: 0o644, Content: basePasswd},
+	{Path: "etc/group", Kind: "file", Mode: 0o644, Content: baseGroup},
 	{Path: "etc/hosts", Kind: "file", Mode: 0o644, Content: "127.0.0.1\tlocalhost airlock\n::1\tlocalhost ip6-localhost ip6-loopback\n"},
 	{Path: "etc/hostname", Kind: "file", Mode: 0o644, Content: "airlock\n"},
 	// Empty: a deny-all sandbox has no resolver to reach (a domains job
@@ -36,7 +36,7 @@ var etcFiles = []templateEntry{
 // Directories the runtime mounts over. The root is read-only and owned by
 // the host's root, so the runtime, running as the sandbox's root, could not
 // create them itself.
-var mountPoints = []string{".airlock", ".airlock/git-objects", "dev", "etc", "out", "proc", "root", "sys", "tmp", "usr", "work"}
+var mountPoints = []string{".airlock", ".airlock/git-objects", "dev", "etc", "home", "out", "proc", "root", "sys", "tmp", "usr", "work"}
 
 // templateEntry is one node of the root filesystem, relative to its root.
 type templateEntry struct {

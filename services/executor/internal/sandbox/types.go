@@ -73,12 +73,13 @@ type Spec struct {
 	Class Class
 	// Source is the host path of the retained, read-only source tree: the
 	// lower layer of /work. It is never written. Its files are owned by
-	// Config.UIDBase so root inside can edit its copies.
+	// Config.UIDBase, the sandbox's root; a job running as another user
+	// sees them as its own (user.go), so it can edit its copies.
 	Source string
 	// Command is the argv; argv[0] is resolved through PATH inside.
 	Command []string
 	// Env is the whole environment inside, on top of defaults for PATH,
-	// HOME and TERM (which it may override).
+	// HOME, USER, LOGNAME and TERM (which it may override).
 	Env    map[string]string
 	Limits Limits
 	// NetNS, if set, is the path of a network namespace the caller made
@@ -98,6 +99,10 @@ type Spec struct {
 	// and whose upper layer lies in the scratch (CacheUpper), so the
 	// job's writes count against its disk limit.
 	Caches []CacheMount
+	// User is who the job's processes run as (user.go): root (the zero
+	// value) or another user of ids 0 to runspec.MaxUserID, with no
+	// capabilities either way. Its home ($HOME) is its own.
+	User runspec.User
 	// Kept makes the sandbox on the scratch a previous executor process
 	// kept for this id (Recover's keep, DestroyKeeping): the job's /work
 	// changes and /out as they were, /tmp and $HOME empty. Started is
@@ -108,8 +113,8 @@ type Spec struct {
 
 // CacheMount is one named cache of a job.
 type CacheMount struct {
-	// Path is where the job sees it (runspec.CheckCachePath: under /root
-	// or /tmp, where the runtime can make a mount point).
+	// Path is where the job sees it (runspec.CheckCachePath: under /root,
+	// /home or /tmp, where the runtime can make a mount point).
 	Path string
 	// Lower is the host directory of the cache as the job starts with it.
 	Lower string
@@ -212,8 +217,16 @@ func (s *Spec) validateBody() error {
 	if s.GitObjects != "" && (!strings.HasPrefix(s.GitObjects, "/") || strings.ContainsAny(s.GitObjects, ",:\\\n")) {
 		return invalid("spec.git_objects %q: must be an absolute path without ',', ':', '\\' or a newline", s.GitObjects)
 	}
+	if err := runspec.CheckUser(s.User); err != nil {
+		return invalid("spec.user %v", err)
+	}
 	if err := checkCaches(s.Caches); err != nil {
 		return err
+	}
+	for i, c := range s.Caches {
+		if err := runspec.CheckCacheUser(c.Path, s.User); err != nil {
+			return invalid("spec.caches[%d].path %v", i, err)
+		}
 	}
 	if len(s.Nameservers) > 3 {
 		return invalid("spec.nameservers: %d given, at most 3 (the resolver reads no more)", len(s.Nameservers))

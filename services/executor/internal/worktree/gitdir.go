@@ -78,8 +78,9 @@ func (r *Repo) PackCommit(ctx context.Context, commit, tree string, object []byt
 // detached there, shallow at the given boundary (the commits whose parents
 // are not there: the base alone at depth 1, none when the history reaches
 // its root), its index a copy of index (the staged tree's), and its
-// objects borrowed from GitObjectsMount. Everything is owned by uid.
-func SeedGitDir(workDir, commit string, shallow []string, index string, uid int) error {
+// objects borrowed from GitObjectsMount. Everything is owned by uid:gid
+// (the host ids of the job's user).
+func SeedGitDir(workDir, commit string, shallow []string, index string, uid, gid int) error {
 	git := filepath.Join(workDir, ".git")
 	if _, err := os.Lstat(git); err == nil {
 		// The repository has a .git of its own in its tree (a file or a
@@ -101,7 +102,7 @@ func SeedGitDir(workDir, commit string, shallow []string, index string, uid int)
 		if err := os.Mkdir(p, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 			return err
 		}
-		if err := os.Lchown(p, uid, uid); err != nil {
+		if err := os.Lchown(p, uid, gid); err != nil {
 			return err
 		}
 	}
@@ -114,7 +115,7 @@ func SeedGitDir(workDir, commit string, shallow []string, index string, uid int)
 		if err := os.WriteFile(p, content, 0o644); err != nil {
 			return err
 		}
-		return os.Lchown(p, uid, uid)
+		return os.Lchown(p, uid, gid)
 	}
 	if err := write("index", data); err != nil {
 		return err

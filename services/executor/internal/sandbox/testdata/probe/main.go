@@ -19,7 +19,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: probe keyctl|ptrace|mount|clone-userns|chroot|dial ADDR|loopback|balloon MIB [hold]|errno NR...|inotify DIR")
+		fmt.Fprintln(os.Stderr, "usage: probe keyctl|ptrace|mount|clone-userns|chroot|dial ADDR|loopback|balloon MIB [hold]|errno NR...|inotify DIR|perms OTHER_UID")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -102,6 +102,14 @@ func main() {
 			}
 			fmt.Println("held", len(keep))
 		}
+	case "perms":
+		// perms OTHER_UID: the permission probes of perms.go.
+		other, err := strconv.Atoi(os.Args[2])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "perms: not a uid:", os.Args[2])
+			os.Exit(2)
+		}
+		perms(other)
 	case "errno":
 		// errno NR...: each system call by number with every argument
 		// zero, printed as "NR=ERRNO" (0 when it succeeded). Only for
