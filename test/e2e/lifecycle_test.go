@@ -267,3 +267,26 @@ func parseStatus(t *testing.T, stdout string) statusReport {
 	}
 	return r
 }
+
+// dev up --sandbox-path sets the PATH every job starts with (a Go kept in
+// /usr/local/go runs by name); a PATH that would search /work is refused
+// before anything is made.
+func TestDevUpSandboxPath(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "stack")
+	res := runCommand(t, nil, bin("airlock"), "dev", "up", "--dir", dir, "--bin-dir", binDir, "--sandbox-path", "/usr/local/go/bin::/usr/bin")
+	if res.code != 2 || !strings.Contains(res.stderr, "--sandbox-path: entry 2 is empty") {
+		t.Fatalf("dev up with an empty PATH entry: exit %d, want 2 naming the flag\nstderr:\n%s", res.code, res.stderr)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("a refused dev up made %s (%v)", dir, err)
+	}
+
+	repo, _ := sampleRepo(t)
+	const path = "/usr/local/go/bin:/usr/local/bin:/usr/bin:/bin"
+	s := startStack(t, "--repo", "sample="+repo, "--sandbox-path", path)
+	res = s.airlock(t, "job", "submit", "--repo", "sample", "--rev", "main", "--wait", "--", "sh", "-c", `echo "PATH=$PATH"; command -v go`)
+	if res.code != 0 || !strings.Contains(res.stdout, "PATH="+path+"\n") || !strings.Contains(res.stdout, "/usr/local/go/bin/go") {
+		t.Fatalf("job: exit %d, want PATH=%s and go found in /usr/local/go/bin\nstdout:\n%s\nstderr:\n%s", res.code, path, res.stdout, res.stderr)
+	}
+}

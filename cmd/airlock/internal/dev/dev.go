@@ -35,6 +35,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/grant"
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/pki"
+	"github.com/airlockhq/airlock/pkg/runspec"
 )
 
 // The dev stack's fixed choices.
@@ -80,7 +81,7 @@ func New(g *cmdutil.Globals) *cobra.Command {
 }
 
 func newDevUp(g *cmdutil.Globals) *cobra.Command {
-	var dir, binDir, host string
+	var dir, binDir, host, sandboxPath string
 	var repoFlags, resolvers, domains []string
 	var timeout time.Duration
 	cmd := &cobra.Command{
@@ -148,12 +149,17 @@ airlock dev down.`,
 			if len(resolvers) > 3 {
 				return cmdutil.UsageError{Err: fmt.Errorf("--resolver: %d given, at most 3", len(resolvers))}
 			}
+			if sandboxPath != "" {
+				if err := runspec.ValidPath(sandboxPath); err != nil {
+					return cmdutil.UsageError{Err: fmt.Errorf("--sandbox-path: %v", err)}
+				}
+			}
 			for _, d := range domains {
 				if _, err := egress.NormalizeName(d); err != nil {
 					return cmdutil.UsageError{Err: fmt.Errorf("--egress-domain %q: %v", d, err)}
 				}
 			}
-			stack, err := devUp(ctx, abs, devOptions{host: host, repos: repos, resolvers: resolvers, domains: domains}, bins, g.Stderr)
+			stack, err := devUp(ctx, abs, devOptions{host: host, repos: repos, resolvers: resolvers, domains: domains, sandboxPath: sandboxPath}, bins, g.Stderr)
 			if err != nil {
 				return err
 			}
@@ -184,6 +190,7 @@ airlock dev down.`,
 	cmd.Flags().StringArrayVar(&repoFlags, "repo", nil, "NAME=PATH: a local git repository the dev tenant may run jobs on, served by the stack's git server (repeatable)")
 	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for all three to serve")
 	cmd.Flags().StringArrayVar(&resolvers, "resolver", nil, "IP[:PORT]: the DNS server the executor asks for jobs with a domains policy (repeatable, at most 3; default: the host's resolver)")
+	cmd.Flags().StringVar(&sandboxPath, "sandbox-path", "", "the PATH jobs start with (the executor's sandbox.path), e.g. /usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin for a Go in /usr/local/go (default: the executor's)")
 	cmd.Flags().StringArrayVar(&domains, "egress-domain", nil, "NAME or *.SUFFIX the dev tenant's jobs may list with --allow-domain (repeatable; default: none, so domains jobs are refused)")
 	return cmd
 }
@@ -240,6 +247,8 @@ type devOptions struct {
 	// domains are the names the dev tenant's jobs may list in a domains
 	// policy (its egress ceiling).
 	domains []string
+	// sandboxPath is the executor's sandbox.path; "" keeps its default.
+	sandboxPath string
 }
 
 // devStack is what dev up started: the three services and, when it was
@@ -356,6 +365,9 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 				if cache, err := os.UserCacheDir(); err == nil {
 					sandbox["runsc_self_check_cache"] = filepath.Join(cache, "airlock")
 				}
+			}
+			if opts.sandboxPath != "" {
+				sandbox["path"] = opts.sandboxPath
 			}
 			file["sandbox"] = sandbox
 			if len(opts.resolvers) > 0 {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/grant"
+	"github.com/airlockhq/airlock/pkg/runspec"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
 
@@ -229,7 +230,7 @@ func (c *Config) ValidatePeers() error {
 		errs = append(errs, config.Field("sandbox.uid_base", "%d: must be at least 65536 so no sandbox uid is a real host user", c.Sandbox.UIDBase))
 	}
 	if c.Sandbox.Path != "" {
-		if err := sandbox.ValidPath(c.Sandbox.Path); err != nil {
+		if err := runspec.ValidPath(c.Sandbox.Path); err != nil {
 			errs = append(errs, config.Field("sandbox.path", "%q: %v", c.Sandbox.Path, err))
 		}
 	}

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/runspec"
 )
 
 // Defaults for Config's optional fields.
@@ -49,30 +50,6 @@ const (
 var runscPlatforms = map[string]string{
 	"ptrace":  "the host kernel switches the job's threads (PTRACE_SYSEMU); the default",
 	"systrap": "gVisor's stub threads switch the job's threads themselves; it must pass the self-check, which it fails on the issue 20 host",
-}
-
-// maxPath bounds Config.Path.
-const maxPath = 4096
-
-// ValidPath checks a PATH for jobs: at most 4096 bytes of absolute, clean
-// directories separated by ':', with no empty entry (which a shell would
-// search as the current directory, /work, where the job's own files
-// could stand in for a command) and no control character.
-func ValidPath(p string) error {
-	if len(p) > maxPath {
-		return fmt.Errorf("%d bytes: at most %d", len(p), maxPath)
-	}
-	for i, dir := range strings.Split(p, ":") {
-		switch {
-		case dir == "":
-			return fmt.Errorf("entry %d is empty (an empty entry, as in a leading, trailing or doubled ':', means the current directory)", i+1)
-		case strings.ContainsFunc(dir, func(r rune) bool { return r < 0x20 || r == 0x7f }):
-			return fmt.Errorf("entry %d %q has a control character", i+1, dir)
-		case !filepath.IsAbs(dir) || filepath.Clean(dir) != dir:
-			return fmt.Errorf("entry %d %q: want a clean absolute directory such as /usr/local/go/bin", i+1, dir)
-		}
-	}
-	return nil
 }
 
 // Config configures a Manager.
@@ -120,7 +97,7 @@ type Config struct {
 	// that share one (a developer's stacks) check once between them.
 	RunscSelfCheckCache string
 	// Path is every job's and exec's PATH unless its own environment sets
-	// one (ValidPath); "" is DefaultPath.
+	// one (runspec.ValidPath); "" is DefaultPath.
 	Path string
 	// CABundle is the PEM CA certificates every job trusts (ReadCAFile's,
 	// one file's after another), written into the template at each path
@@ -188,8 +165,8 @@ func New(cfg Config) (*Manager, error) {
 		return nil, invalid("sandbox.state_dir %q: must be a clean absolute path", cfg.StateDir)
 	case strings.ContainsAny(cfg.StateDir, ",:\\\n"):
 		return nil, invalid("sandbox.state_dir %q: must not contain ',', ':', '\\' or a newline (it is named in overlay mount options)", cfg.StateDir)
-	case ValidPath(cfg.Path) != nil:
-		return nil, invalid("sandbox.path %q: %v", cfg.Path, ValidPath(cfg.Path))
+	case runspec.ValidPath(cfg.Path) != nil:
+		return nil, invalid("sandbox.path %q: %v", cfg.Path, runspec.ValidPath(cfg.Path))
 	case uint64(cfg.UIDBase)+uidRange > 1<<32-1:
 		return nil, invalid("sandbox.uid_base %d: the %d ids from it must fit below 2^32-1", cfg.UIDBase, uidRange)
 	case !filepath.IsAbs(cfg.CgroupParent) || filepath.Clean(cfg.CgroupParent) != cfg.CgroupParent || cfg.CgroupParent == "/":
