@@ -68,7 +68,8 @@ func TestCapacityBoundsWhatRunsAtOnce(t *testing.T) {
 	})
 	// Submitted from several clients at once and long enough asleep that
 	// jobs wait for each other whatever the machine's load (submitted one
-	// by one, a loaded machine finished each before the next came).
+	// by one, a loaded machine finished each before the next came; asleep
+	// 1 s, a loaded CI host started each only after the last had ended).
 	const n = 40
 	ids := make([]string, n)
 	var wg sync.WaitGroup
@@ -79,7 +80,7 @@ func TestCapacityBoundsWhatRunsAtOnce(t *testing.T) {
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			res := s.airlock(t, "job", "submit", "--repo", "sample", "--memory", "1GiB", "--idempotency-key", fmt.Sprintf("cap-%d", i), "-o", "json", "--", "sleep", "1")
+			res := s.airlock(t, "job", "submit", "--repo", "sample", "--memory", "1GiB", "--idempotency-key", fmt.Sprintf("cap-%d", i), "-o", "json", "--", "sleep", "3")
 			if res.code != 0 {
 				t.Errorf("submit %d: exit %d\n%s", i, res.code, res.stderr)
 				return

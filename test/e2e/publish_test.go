@@ -491,7 +491,7 @@ func TestPublishRefusesHostileResults(t *testing.T) {
 		{name: "case-colliding paths", script: `printf 'upper\n' > lib/A.txt && printf 'lower\n' > lib/a.txt`,
 			rule: "path.case-collision", path: "lib/A.txt", message: `"lib/a.txt"`},
 		{name: "control characters in a path", script: `printf 'x\n' > "$(printf 'evil\033[2Jname')"`,
-			rule: "path.control", path: "evil\x1b[2Jname", shown: `evil\x1b[2Jname`},
+			rule: "path.control", path: "evil\x1b[2Jname", shown: `evil⟦\x1b⟧[2Jname`},
 		// The tenant's cap is the default 10 MiB; the sandbox's disk (1 GiB)
 		// holds the file, and the executor's diff passes it on.
 		{name: "50 MB file", script: `yes 'a line of padding that makes this file far too large' | head -c 52428800 > big.txt`,

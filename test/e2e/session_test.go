@@ -211,7 +211,7 @@ func TestSessionEndToEnd(t *testing.T) {
 	if !strings.Contains(show.stdout, "upload  /work/notes.txt  16 bytes, sha256 ") {
 		t.Fatalf("approval show does not list the client's upload:\n%s", show.stdout)
 	}
-	if strings.Index(show.stdout, "upload  /work/notes.txt") > strings.Index(show.stdout, "  plant  ") {
+	if strings.Index(show.stdout, "upload  /work/notes.txt") > strings.Index(show.stdout, "exec 8  plant  ") {
 		t.Fatalf("approval show lists the upload after the exec that read it:\n%s", show.stdout)
 	}
 	if strings.ContainsRune(show.stdout, 0x1b) || strings.ContainsRune(show.stdout, 0x07) {
