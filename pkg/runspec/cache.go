@@ -18,11 +18,17 @@ import (
 var CacheRoots = []string{"/home", "/root", "/tmp"}
 
 // CheckCacheUser checks that a job running as u can have a cache at p
-// (CheckCachePath's already): one below /root only for root, whose home
-// it is; any other user has no /root to mount in.
+// (CheckCachePath's already): below /tmp, or below u's own home, the one
+// home the sandbox gives it a writable place for (/root for root,
+// /home/NAME for another user). Any other home is part of the shared,
+// read-only template, where a mount point cannot be made (under runsc
+// its gofer would make it in the template every job shares).
 func CheckCacheUser(p string, u User) error {
-	if strings.HasPrefix(p, "/root/") && !u.IsRoot() {
-		return fmt.Errorf("%q: lies in root's home, and the job runs as %s (uid %d), whose home is %s", p, u.Name(), u.UID, u.Home())
+	if strings.HasPrefix(p, "/tmp/") {
+		return nil
+	}
+	if home := u.Home(); !strings.HasPrefix(p, home+"/") {
+		return fmt.Errorf("%q: lies outside the home of the job's user %s (uid %d), %s, and /tmp", p, u.Name(), u.UID, home)
 	}
 	return nil
 }

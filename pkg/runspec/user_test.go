@@ -50,20 +50,28 @@ func TestUserNames(t *testing.T) {
 	}
 }
 
-// A cache below /root is root's alone: another user has no /root to
-// mount it in. Below /home and /tmp any user may have one.
+// A cache lies below /tmp or the job user's own home: /root is root's
+// alone, /home/agent agent's; any other home is the shared template's.
 func TestCheckCacheUser(t *testing.T) {
-	if err := runspec.CheckCacheUser("/root/.cache/go-build", runspec.Agent); err == nil || !strings.Contains(err.Error(), "/home/agent") {
-		t.Errorf("agent, /root cache: %v", err)
-	}
-	for _, p := range []string{"/root/.cache/go-build", "/home/agent/.cache", "/tmp/c"} {
-		if err := runspec.CheckCacheUser(p, runspec.Root); err != nil {
-			t.Errorf("root, %s: %v", p, err)
-		}
-	}
-	for _, p := range []string{"/home/agent/.cache", "/tmp/c"} {
-		if err := runspec.CheckCacheUser(p, runspec.Agent); err != nil {
-			t.Errorf("agent, %s: %v", p, err)
+	other := runspec.User{UID: 2000, GID: 2000}
+	for _, c := range []struct {
+		p    string
+		u    runspec.User
+		want string // "" for allowed, else a part of the error
+	}{
+		{"/root/.cache/go-build", runspec.Agent, "/home/agent"},
+		{"/home/agent/.cache", runspec.Root, "/root"},
+		{"/home/agent/.cache", other, other.Home()},
+		{"/home/agentx/.cache", runspec.Agent, "/home/agent"},
+		{"/root/.cache/go-build", runspec.Root, ""},
+		{"/tmp/c", runspec.Root, ""},
+		{"/home/agent/.cache", runspec.Agent, ""},
+		{"/tmp/c", runspec.Agent, ""},
+		{other.Home() + "/.npm", other, ""},
+	} {
+		err := runspec.CheckCacheUser(c.p, c.u)
+		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("uid %d, %s: %v, want %q", c.u.UID, c.p, err, c.want)
 		}
 	}
 	if err := runspec.CheckCachePath("/home/agent/.npm"); err != nil {

@@ -71,7 +71,7 @@ func TestJobUser(t *testing.T) {
 		{"uid past the mapping", dev, "dev", &typesv1.JobUser{Uid: 1 << 20}, nil, codes.InvalidArgument, []string{"spec.user", "uid 1048576"}},
 		{"gid past the mapping", other, "other", &typesv1.JobUser{Uid: 1000, Gid: 65536}, nil, codes.InvalidArgument, []string{"spec.user", "gid 65536"}},
 		{"cache in root's home for agent", dev, "dev", &typesv1.JobUser{Uid: 1000, Gid: 1000}, []string{"go-build"}, codes.InvalidArgument,
-			[]string{"spec.caches[0]", `"go-build"`, "lies in root's home, and the job runs as agent"}},
+			[]string{"spec.caches[0]", `"go-build"`, "lies outside the home of the job's user agent"}},
 	} {
 		s := spec()
 		if tc.tenant == "other" {

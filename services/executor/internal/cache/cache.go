@@ -321,19 +321,29 @@ func (s *Store) Commit(l Lease, upper string, maxSize int64) (Outcome, error) {
 	}
 	defer os.RemoveAll(tmp) // gone once renamed
 	next := filepath.Join(tmp, "tree")
-	if err := linkTree(genDir(dir, m.Gen), next); err != nil {
-		return Outcome{}, fmt.Errorf("cache %s: copy generation %d: %w", l.Key, m.Gen, err)
-	}
+	// Everything the layer keeps lands in the new generation, so a layer
+	// whose kept entries alone pass maxSize is evicted before a byte is
+	// copied: counted at apparent size, a sparse file of 10 TiB that
+	// cost the job's scratch nothing would otherwise be written out whole
+	// on the executor's disk before the size check.
 	var out Outcome
-	if out.Dropped, err = s.apply(upper, next); err != nil {
-		if errors.Is(err, ErrRefused) {
-			return Outcome{}, err
-		}
+	size, err := keptSize(upper)
+	if err != nil {
 		return Outcome{}, fmt.Errorf("cache %s: commit: %w", l.Key, err)
 	}
-	size, err := Size(next)
-	if err != nil {
-		return Outcome{}, err
+	if size <= maxSize {
+		if err := linkTree(genDir(dir, m.Gen), next); err != nil {
+			return Outcome{}, fmt.Errorf("cache %s: copy generation %d: %w", l.Key, m.Gen, err)
+		}
+		if out.Dropped, err = s.apply(upper, next); err != nil {
+			if errors.Is(err, ErrRefused) {
+				return Outcome{}, err
+			}
+			return Outcome{}, fmt.Errorf("cache %s: commit: %w", l.Key, err)
+		}
+		if size, err = Size(next); err != nil {
+			return Outcome{}, err
+		}
 	}
 	if size > maxSize {
 		// Wiped whole: the next run starts cold, never from a cache cut

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -200,6 +201,51 @@ func TestOverMaxSizeIsEvicted(t *testing.T) {
 	list, _ := s.List("acme")
 	if len(list) != 1 || list[0].Size != 0 {
 		t.Errorf("list %+v", list)
+	}
+}
+
+// A sparse file costs a job's scratch nothing, but a cache counts it at
+// its apparent size: a layer over the bound is evicted before anything is
+// copied, so the executor's disk never holds the file written out (before
+// the fix, the commit wrote all of it, then found it too big).
+func TestSparseLayerOverMaxSizeIsNeverWritten(t *testing.T) {
+	s := newStore(t)
+	k := Key{Tenant: "acme", Repository: "app", Name: "c"}
+	commit(t, s, k, "job1", upper(t, map[string]string{"small": "s"}), 64<<10)
+	up := upper(t, map[string]string{"keep": "k"})
+	const huge = 2 << 30
+	if err := os.Truncate(filepath.Join(up, "keep"), huge); err != nil {
+		t.Fatal(err)
+	}
+	free := func() int64 {
+		var st unix.Statfs_t
+		if err := unix.Statfs(s.cfg.Dir, &st); err != nil {
+			t.Error(err)
+		}
+		return int64(st.Bfree) * st.Bsize
+	}
+	// The least free space seen while the commit runs: a written copy
+	// shows at once (ext4 reserves delayed allocations).
+	before, least := free(), free()
+	done := make(chan Outcome, 1)
+	go func() { _, out := commit(t, s, k, "job2", up, 64<<10); done <- out }()
+	var out Outcome
+	for watching := true; watching; {
+		select {
+		case out = <-done:
+			watching = false
+		case <-time.After(5 * time.Millisecond):
+			least = min(least, free())
+		}
+	}
+	if !out.Evicted || out.SizeAfter != 0 {
+		t.Fatalf("outcome %+v, want evicted to 0", out)
+	}
+	if used := before - least; used > huge/2 {
+		t.Fatalf("the commit used %d bytes of the executor's disk for a sparse file of %d", used, int64(huge))
+	}
+	if _, ok := read(t, s, k, "small"); ok {
+		t.Error("the generation before survived the eviction")
 	}
 }
 

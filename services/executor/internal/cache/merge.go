@@ -225,6 +225,30 @@ func hasXattr(p, name string) bool {
 	return err == nil
 }
 
+// keptSize is what the entries of upper layer upper that apply keeps
+// (files, directories, links; not whiteouts, devices, FIFOs or sockets)
+// add up to as Size counts them, files at their apparent size.
+func keptSize(upper string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(upper, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == upper {
+			return err
+		}
+		switch t := d.Type(); {
+		case t.IsRegular():
+			fi, err := d.Info()
+			if err != nil {
+				return err
+			}
+			n += EntryBytes + fi.Size()
+		case t.IsDir(), t&fs.ModeSymlink != 0:
+			n += EntryBytes
+		}
+		return nil
+	})
+	return n, err
+}
+
 // Size is a tree's size as a cache counts it: its regular files' bytes
 // plus EntryBytes for each entry below the root.
 func Size(root string) (int64, error) {

@@ -139,7 +139,7 @@ func TestGrantRefusals(t *testing.T) {
 		{"uid outside the mapping", sign(func(g *typesv1.Grant) { g.User.Uid = 65534 }), errdefs.ErrInvalidArgument, "grant user uid 65534: must be 0 to 65533"},
 		{"gid outside the mapping", sign(func(g *typesv1.Grant) { g.User.Gid = 1 << 20 }), errdefs.ErrInvalidArgument, "grant user gid 1048576: must be 0 to 65533"},
 		{"cache in root's home for agent", sign(func(g *typesv1.Grant) { g.Caches[0].Path = "/root/.cache/go-build" }), errdefs.ErrInvalidArgument,
-			`grant caches[0].path "/root/.cache/go-build": lies in root's home, and the job runs as agent`},
+			`grant caches[0].path "/root/.cache/go-build": lies outside the home of the job's user agent`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Grant(v, tc.sg, time.Now())
