@@ -109,16 +109,12 @@ func (s *Sandbox) workLower() (string, error) {
 	if u == runspec.Root {
 		return s.spec.Source, nil
 	}
-	ns, err := s.m.idmaps.get(s.m.cfg.UIDBase, u)
-	if err != nil {
-		return "", fmt.Errorf("user namespace for %s: %w", u, err)
-	}
 	target := filepath.Join(s.dir, "source")
 	if err := os.Mkdir(target, 0o700); err != nil {
 		return "", err
 	}
-	if err := idmappedBind(s.spec.Source, target, ns); err != nil {
-		return "", fmt.Errorf("idmapped mount of the source for %s (needs Linux 5.19 or later and a file system that supports idmapped mounts): %w", u, err)
+	if err := s.m.idmaps.bind(s.m.cfg.UIDBase, u, s.spec.Source, target); err != nil {
+		return "", err
 	}
 	return target, nil
 }
@@ -141,32 +137,50 @@ func idmappedBind(src, dst string, ns *os.File) error {
 	return nil
 }
 
-// idmapCache holds one user namespace per id mapping, made once: a
-// namespace lives as long as a file holds it, and mount_setattr needs one
-// for each idmapped mount.
+// maxIdmaps bounds the user namespaces an idmapCache keeps: a tenant may
+// ask for any uid and gid, and each pair would otherwise keep a file and
+// a namespace of the host's for as long as the executor runs.
+const maxIdmaps = 32
+
+// idmapCache holds a user namespace per id mapping, made once and kept
+// (up to maxIdmaps): mount_setattr needs one for each idmapped mount, and
+// the mount keeps its own reference, so a namespace may be dropped as
+// soon as no bind is using it.
 type idmapCache struct {
 	mu  sync.Mutex
 	nss map[[3]uint32]*os.File
 }
 
-// get returns a user namespace mapping the host uid and gid base (as ids
-// inside it) to base+u.UID and base+u.GID (on the host).
-func (c *idmapCache) get(base uint32, u runspec.User) (*os.File, error) {
+// bind binds src at dst (a directory) through a user namespace mapping
+// the host uid and gid base (as ids inside it) to base+u.UID and
+// base+u.GID (on the host). The lock is held throughout, so a namespace
+// is never closed while a bind uses it.
+func (c *idmapCache) bind(base uint32, u runspec.User, src, dst string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	key := [3]uint32{base, u.UID, u.GID}
-	if f, ok := c.nss[key]; ok {
-		return f, nil
+	ns, ok := c.nss[key]
+	if !ok {
+		var err error
+		if ns, err = newIDMapNS(base, base+u.UID, base+u.GID); err != nil {
+			return fmt.Errorf("user namespace for %s: %w", u, err)
+		}
+		if c.nss == nil {
+			c.nss = map[[3]uint32]*os.File{}
+		}
+		for k, f := range c.nss {
+			if len(c.nss) < maxIdmaps {
+				break
+			}
+			f.Close()
+			delete(c.nss, k)
+		}
+		c.nss[key] = ns
 	}
-	f, err := newIDMapNS(base, base+u.UID, base+u.GID)
-	if err != nil {
-		return nil, err
+	if err := idmappedBind(src, dst, ns); err != nil {
+		return fmt.Errorf("idmapped mount of the source for %s (needs Linux 5.19 or later and a file system that supports idmapped mounts): %w", u, err)
 	}
-	if c.nss == nil {
-		c.nss = map[[3]uint32]*os.File{}
-	}
-	c.nss[key] = f
-	return f, nil
+	return nil
 }
 
 // close releases every namespace.

@@ -222,3 +222,45 @@ func allowed(result string) string {
 	}
 	return "refused"
 }
+
+// A tenant may ask for any uid and gid: the namespaces kept for idmapped
+// mounts stay at most maxIdmaps however many pairs come, and every bind
+// still maps the source's owner to the job's user.
+func TestIdmapCacheIsBounded(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("idmapped mounts need root")
+	}
+	const base = 3_800_000
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "f"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(filepath.Join(src, "f"), base, base); err != nil {
+		t.Fatal(err)
+	}
+	fds := func() int { ents, _ := os.ReadDir("/proc/self/fd"); return len(ents) }
+	var c idmapCache
+	defer c.close()
+	before := fds()
+	for i := range uint32(3 * maxIdmaps) {
+		u := runspec.User{UID: 1000 + i, GID: 2000 + i}
+		dst := t.TempDir()
+		if err := c.bind(base, u, src, dst); err != nil {
+			t.Fatalf("bind as %v: %v", u, err)
+		}
+		var st syscall.Stat_t
+		err := syscall.Stat(filepath.Join(dst, "f"), &st)
+		if uerr := syscall.Unmount(dst, syscall.MNT_DETACH); uerr != nil {
+			t.Fatal(uerr)
+		}
+		if err != nil || st.Uid != base+u.UID || st.Gid != base+u.GID {
+			t.Fatalf("as %v the source's file is owned by %d:%d (%v), want %d:%d", u, st.Uid, st.Gid, err, base+u.UID, base+u.GID)
+		}
+	}
+	if n := len(c.nss); n > maxIdmaps {
+		t.Fatalf("%d namespaces kept, want at most %d", n, maxIdmaps)
+	}
+	if grown := fds() - before; grown > maxIdmaps {
+		t.Fatalf("the executor holds %d more files after %d users, want at most %d", grown, 3*maxIdmaps, maxIdmaps)
+	}
+}
