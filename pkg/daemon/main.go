@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
 	"syscall"
 
 	"github.com/airlockhq/airlock/pkg/config"
@@ -89,11 +91,39 @@ func main(name string, args []string, stdout, stderr io.Writer, check Check, run
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if dir := os.Getenv(CPUProfileDirEnv); dir != "" {
+		end, err := startCPUProfile(filepath.Join(dir, name+".pprof"))
+		if err != nil {
+			fmt.Fprintf(stderr, "%s: %s: %v\n", name, CPUProfileDirEnv, err)
+			return 1
+		}
+		defer end()
+	}
 	if err := run(ctx, &f); err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 1
 	}
 	return 0
+}
+
+// CPUProfileDirEnv names a directory where a service writes a CPU profile
+// of its whole run (DIR/NAME.pprof, for go tool pprof) when it stops: for
+// performance work on a running stack (docs/performance.md).
+const CPUProfileDirEnv = "AIRLOCK_CPU_PROFILE_DIR"
+
+func startCPUProfile(path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
 
 func checkConfig(name string, f *Flags, stdout, stderr io.Writer, check Check) int {

@@ -1,15 +1,22 @@
 // Package source owns the authority's read access to tenants' repositories:
 // resolving a revision to a full commit and its tree, and streaming the
-// commit's tree as a tar archive for FetchSource. It runs git as a
-// subprocess in a sealed environment (no system or global config, no
-// prompts, an empty HOME, only the file and https protocols). Local paths
-// are read in place; URLs are fetched into a bare mirror in the data
-// directory, with the repository's credential handed to git through the
-// environment (http.extraHeader in GIT_CONFIG_*), never on a command line,
-// in a URL or in a config file, and never in an error, a log line or
-// anything the executor receives; an https server's certificate is checked
-// against the repository's CA bundle when it names one. Only the
-// authority's jobs domain uses it, through its own interface.
+// commit's tree as a tar archive for FetchSource.
+//
+// A submission resolves in-process, with no git process: refs are read in
+// place (a local path or file:// URL) or listed with one smart-HTTP request
+// over a pooled connection (https), and commits are read from the object
+// store (package gitobj). git runs only where it must write or pack: to
+// fetch a commit a mirror lacks, and to make archives and history packs.
+// It runs in a sealed environment (no system or global config, no prompts,
+// an empty HOME, only the file and https protocols). Local paths are read
+// in place; URLs are fetched into a bare mirror in the data directory. The
+// repository's credential goes to git through the environment
+// (http.extraHeader in GIT_CONFIG_*) and to the ref listing as a request
+// header, never on a command line, in a URL or in a config file, and never
+// in an error, a log line or anything the executor receives; an https
+// server's certificate is checked against the repository's CA bundle when
+// it names one, and no redirect is followed. Only the authority's jobs
+// domain uses it, through its own interface.
 package source
 
 import (
@@ -31,6 +38,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/gitcmd"
+	"github.com/airlockhq/airlock/pkg/gitobj"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 )
 
@@ -60,8 +68,11 @@ type Source struct {
 	// maxHistory is MaxHistoryBytes but in tests.
 	maxHistory int64
 
-	mu    sync.Mutex
-	locks map[string]*sync.Mutex
+	mu     sync.Mutex
+	locks  map[string]*sync.Mutex
+	stores map[string]*gitobj.Store
+
+	http httpRemotes
 }
 
 // New returns a Source keeping its mirrors and git's empty HOME under dir.
@@ -71,7 +82,7 @@ func New(dir string, logger *slog.Logger) (*Source, error) {
 	}
 	s := &Source{
 		mirrors: filepath.Join(dir, "mirrors"), shadows: filepath.Join(dir, "shadows"), home: filepath.Join(dir, "home"),
-		logger: logger, locks: map[string]*sync.Mutex{}, maxHistory: MaxHistoryBytes,
+		logger: logger, locks: map[string]*sync.Mutex{}, stores: map[string]*gitobj.Store{}, maxHistory: MaxHistoryBytes,
 	}
 	for _, d := range []string{s.mirrors, s.shadows, s.home} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -107,54 +118,227 @@ func CheckRevision(rev string) error {
 	return nil
 }
 
-// Resolve turns rev into a full commit SHA and its tree hash. A URL
-// repository is fetched first, so a branch resolves to where it is now.
+// Resolve turns rev into a full commit SHA and its tree hash, in-process:
+// no git process runs. A local repository is read in place. For a URL
+// repository a name (branch, tag, HEAD) is resolved where it is now on the
+// remote, with one request (git ls-remote's), and the commit is read from
+// the mirror; a full SHA needs no request at all. Only a commit the mirror
+// does not hold yet is fetched (by git, once, whoever else waits for it).
 func (s *Source) Resolve(ctx context.Context, repo policy.Repository, rev string) (Revision, error) {
 	if err := CheckRevision(rev); err != nil {
 		return Revision{}, err
 	}
-	gitDir, unlock, err := s.open(ctx, repo, true)
+	if repo.IsLocal() {
+		gitDir, err := localGitDir(repo.URL)
+		if err != nil {
+			return Revision{}, fmt.Errorf("%w: repository %q: %v", errdefs.ErrFailedPrecondition, repo.Name, err)
+		}
+		var r refs
+		if !isFullSHA(rev) {
+			if r, err = readLocalRefs(gitDir); err != nil {
+				return Revision{}, err
+			}
+		}
+		return s.resolveIn(ctx, repo, gitDir, r, rev, nil)
+	}
+	dir, unlock, err := s.open(ctx, repo, false)
 	if err != nil {
 		return Revision{}, err
 	}
-	defer unlock()
-	if rev == "HEAD" && !repo.IsLocal() {
-		if err := s.followHead(ctx, repo, gitDir); err != nil {
+	unlock()
+	var r refs
+	if !isFullSHA(rev) {
+		if r, err = s.remoteRefs(ctx, repo); err != nil {
 			return Revision{}, err
 		}
 	}
-	commit, err := s.revParse(ctx, repo, gitDir, rev+"^{commit}")
+	rv, err := s.resolveIn(ctx, repo, dir, r, rev, func(id string) error { return s.fetchFor(ctx, repo, dir, id) })
 	if err != nil {
 		return Revision{}, err
 	}
-	tree, err := s.revParse(ctx, repo, gitDir, commit+"^{tree}")
-	if err != nil {
+	// Keep the commit in the mirror even if its branch is rewritten and
+	// pruned before the executor fetches it.
+	if err := keepRef(dir, rv.Commit); err != nil {
 		return Revision{}, err
 	}
-	if !repo.IsLocal() {
-		// Keep the commit in the mirror even if its branch is rewritten
-		// and pruned before the executor fetches it.
-		if _, err := s.git(ctx, repo, gitDir, nil, nil, "update-ref", "refs/airlock/keep/"+commit, commit); err != nil {
-			return Revision{}, err
-		}
-	}
-	return Revision{Commit: commit, Tree: tree}, nil
+	return rv, nil
 }
 
-func (s *Source) revParse(ctx context.Context, repo policy.Repository, gitDir, expr string) (string, error) {
-	out, err := s.git(ctx, repo, gitDir, nil, nil, "rev-parse", "--verify", "--quiet", "--end-of-options", expr)
-	var exit *exec.ExitError
-	if errors.As(err, &exit) {
-		return "", fmt.Errorf("%w: %q in repository %q", ErrUnknownRevision, strings.TrimSuffix(expr, "^{commit}"), repo.Name)
-	}
+// resolveIn resolves rev against refs r and the objects of gitDir. fetch,
+// when set, brings an object the directory lacks ("" for "whatever the
+// remote has") before resolveIn gives up on it.
+func (s *Source) resolveIn(ctx context.Context, repo policy.Repository, gitDir string, r refs, rev string, fetch func(id string) error) (Revision, error) {
+	store, err := s.objects(gitDir)
 	if err != nil {
-		return "", err
+		return Revision{}, err
 	}
-	sha := strings.TrimSpace(string(out))
-	if !isFullSHA(sha) {
-		return "", fmt.Errorf("source: rev-parse printed %q", sha)
+	unknown := func(why string) error {
+		return fmt.Errorf("%w: %q in repository %q%s", ErrUnknownRevision, rev, repo.Name, why)
 	}
-	return sha, nil
+	id := rev
+	if !isFullSHA(rev) {
+		named, ok := r.lookup(rev)
+		switch {
+		case ok:
+			id = named
+		case isHexPrefix(rev):
+			ids, err := store.Prefix(rev, 2)
+			if err != nil {
+				return Revision{}, fmt.Errorf("source: repository %q: %w", repo.Name, err)
+			}
+			if len(ids) == 0 && fetch != nil {
+				if err := fetch(""); err != nil {
+					return Revision{}, err
+				}
+				if ids, err = store.Prefix(rev, 2); err != nil {
+					return Revision{}, fmt.Errorf("source: repository %q: %w", repo.Name, err)
+				}
+			}
+			switch len(ids) {
+			case 0:
+				return Revision{}, unknown("")
+			case 1:
+				id = ids[0]
+			default:
+				return Revision{}, unknown(": the abbreviation is ambiguous; give more of the SHA")
+			}
+		default:
+			return Revision{}, unknown("")
+		}
+	}
+	rv, err := peelCommit(store, id)
+	if errors.Is(err, gitobj.ErrNotFound) && fetch != nil {
+		if err := fetch(id); err != nil {
+			return Revision{}, err
+		}
+		rv, err = peelCommit(store, id)
+	}
+	switch {
+	case errors.Is(err, gitobj.ErrNotFound):
+		return Revision{}, unknown("")
+	case errors.Is(err, errNotCommit):
+		return Revision{}, unknown(": " + err.Error())
+	case err != nil:
+		return Revision{}, fmt.Errorf("source: repository %q: %w", repo.Name, err)
+	}
+	return rv, nil
+}
+
+// maxCommitBytes bounds a commit or tag object read to resolve a revision.
+const maxCommitBytes = 16 << 20
+
+var errNotCommit = errors.New("names no commit")
+
+// peelCommit follows id through annotated tags to a commit and reads its
+// tree, as rev^{commit} does.
+func peelCommit(store *gitobj.Store, id string) (Revision, error) {
+	for range 16 {
+		typ, data, err := store.Read(id, maxCommitBytes)
+		if err != nil {
+			return Revision{}, err
+		}
+		switch typ {
+		case "commit":
+			tree, ok := header(data, "tree")
+			if !ok || !isFullSHA(tree) {
+				return Revision{}, fmt.Errorf("commit %s has no tree line", id)
+			}
+			return Revision{Commit: id, Tree: tree}, nil
+		case "tag":
+			target, ok := header(data, "object")
+			if !ok || !isFullSHA(target) {
+				return Revision{}, fmt.Errorf("tag %s has no object line", id)
+			}
+			id = target
+		default:
+			return Revision{}, fmt.Errorf("%w: it names a %s", errNotCommit, typ)
+		}
+	}
+	return Revision{}, fmt.Errorf("%w: tags nested too deep", errNotCommit)
+}
+
+// header returns the value of an object header line ("tree ID") before
+// the first blank line.
+func header(data []byte, key string) (string, bool) {
+	for line := range strings.Lines(string(data)) {
+		line = strings.TrimSuffix(line, "\n")
+		if line == "" {
+			return "", false
+		}
+		if v, ok := strings.CutPrefix(line, key+" "); ok {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+func isHexPrefix(s string) bool {
+	if len(s) < 4 || len(s) > 64 {
+		return false
+	}
+	for _, r := range s {
+		if !('0' <= r && r <= '9') && !('a' <= r && r <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// objects returns the object store of gitDir, opened once. A linked
+// worktree's objects are in its common directory.
+func (s *Source) objects(gitDir string) (*gitobj.Store, error) {
+	dir := filepath.Join(gitDir, "objects")
+	if data, err := os.ReadFile(filepath.Join(gitDir, "commondir")); err == nil {
+		common := strings.TrimSpace(string(data))
+		if !filepath.IsAbs(common) {
+			common = filepath.Join(gitDir, common)
+		}
+		dir = filepath.Join(common, "objects")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st, ok := s.stores[dir]; ok {
+		return st, nil
+	}
+	st, err := gitobj.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("source: %w", err)
+	}
+	s.stores[dir] = st
+	return st, nil
+}
+
+// fetchFor fetches the mirror dir unless it already holds id (another
+// submission may have fetched it while this one waited for the lock):
+// concurrent submissions wanting one new commit fetch once.
+func (s *Source) fetchFor(ctx context.Context, repo policy.Repository, dir, id string) error {
+	lock := s.lock(dir)
+	lock.Lock()
+	defer lock.Unlock()
+	if id != "" {
+		store, err := s.objects(dir)
+		if err != nil {
+			return err
+		}
+		if ok, err := store.Has(id); err == nil && ok {
+			return nil
+		}
+	}
+	return s.fetch(ctx, repo, dir)
+}
+
+// keepRef records refs/airlock/keep/COMMIT in the mirror dir, as a loose
+// ref written whole (by rename) once: git keeps what a ref reaches, and no
+// fetch prunes outside refs/heads and refs/tags.
+func keepRef(dir, commit string) error {
+	p := filepath.Join(dir, "refs", "airlock", "keep", commit)
+	if _, err := os.Stat(p); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return fmt.Errorf("source: %w", err)
+	}
+	return writeIfChanged(p, commit+"\n")
 }
 
 // Archive writes `git archive --format=tar <commit>` to w. commit must be a
@@ -188,11 +372,13 @@ func (s *Source) commitDir(ctx context.Context, repo policy.Repository, commit s
 	if err != nil {
 		return "", err
 	}
-	if _, err := s.git(ctx, repo, gitDir, nil, nil, "cat-file", "-e", "--end-of-options", commit+"^{commit}"); err != nil {
-		var exit *exec.ExitError
-		if !errors.As(err, &exit) {
-			return "", err
-		}
+	store, err := s.objects(gitDir)
+	if err != nil {
+		return "", err
+	}
+	if ok, err := store.Has(commit); err != nil {
+		return "", fmt.Errorf("source: repository %q: %w", repo.Name, err)
+	} else if !ok {
 		if repo.IsLocal() {
 			return "", fmt.Errorf("%w: commit %s is no longer in repository %q", errdefs.ErrFailedPrecondition, commit, repo.Name)
 		}
@@ -215,7 +401,18 @@ func (s *Source) CommitObject(ctx context.Context, repo policy.Repository, commi
 	if err != nil {
 		return nil, err
 	}
-	return s.git(ctx, repo, gitDir, nil, nil, "cat-file", "commit", commit)
+	store, err := s.objects(gitDir)
+	if err != nil {
+		return nil, err
+	}
+	typ, data, err := store.Read(commit, maxCommitBytes)
+	if err != nil {
+		return nil, fmt.Errorf("source: repository %q: commit %s: %w", repo.Name, commit, err)
+	}
+	if typ != "commit" {
+		return nil, fmt.Errorf("%w: %s in repository %q is a %s, not a commit", errdefs.ErrInvalidArgument, commit, repo.Name, typ)
+	}
+	return data, nil
 }
 
 // archiveDir returns the authority's own git directory to archive repo's
@@ -363,38 +560,6 @@ func (s *Source) fetch(ctx context.Context, repo policy.Repository, dir string) 
 		return fmt.Errorf("%w: repository %q could not be fetched", errdefs.ErrUnavailable, repo.Name)
 	}
 	s.logger.Debug("fetched repository", "tenant", repo.Tenant, "repository", repo.Name, "duration", time.Since(start))
-	return nil
-}
-
-// followHead points the mirror's HEAD at the branch the remote's HEAD
-// names, so that "HEAD" means in a mirror what it means in a local
-// repository: the default branch, as it is now. A remote whose HEAD names
-// no branch leaves the mirror's HEAD as it was.
-func (s *Source) followHead(ctx context.Context, repo policy.Repository, dir string) error {
-	cfg, err := remoteConfig(repo)
-	if err != nil {
-		return err
-	}
-	out, err := s.git(ctx, repo, dir, cfg, nil, "ls-remote", "--symref", "--end-of-options", repo.URL, "HEAD")
-	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return fmt.Errorf("%w: repository %q could not be reached", errdefs.ErrUnavailable, repo.Name)
-	}
-	for line := range strings.Lines(string(out)) {
-		target, ok := strings.CutPrefix(strings.TrimRight(line, "\n"), "ref: ")
-		if !ok {
-			continue
-		}
-		ref, name, ok := strings.Cut(target, "\t")
-		branch, isBranch := strings.CutPrefix(ref, "refs/heads/")
-		if !ok || name != "HEAD" || !isBranch || CheckRevision(branch) != nil {
-			continue
-		}
-		_, err := s.git(ctx, repo, dir, nil, nil, "symbolic-ref", "HEAD", ref)
-		return err
-	}
 	return nil
 }
 
