@@ -253,7 +253,20 @@ func TestCredentialNeverLeaks(t *testing.T) {
 	if _, err := s.Resolve(t.Context(), good, "main"); err != nil {
 		t.Fatalf("fetch with a credential: %v", err)
 	}
-	bad := policy.Repository{Tenant: "dev", Name: "gone", URL: "file://" + filepath.Join(t.TempDir(), "missing.git"), Credential: credFile}
+	// An origin whose main names a commit it does not hold: the ref
+	// listing answers, the fetch of the commit fails.
+	broken := filepath.Join(t.TempDir(), "broken.git")
+	for _, d := range []string{"objects", "refs/heads"} {
+		if err := os.MkdirAll(filepath.Join(broken, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, content := range map[string]string{"HEAD": "ref: refs/heads/main\n", "refs/heads/main": strings.Repeat("1", 40) + "\n"} {
+		if err := os.WriteFile(filepath.Join(broken, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bad := policy.Repository{Tenant: "dev", Name: "gone", URL: "file://" + broken, Credential: credFile}
 	_, err = s.Resolve(t.Context(), bad, "main")
 	if !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("fetch from a missing origin: %v, want unavailable", err)
