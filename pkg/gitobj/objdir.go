@@ -194,14 +194,14 @@ func (d *objdir) readLoose(id []byte, max int64) (string, []byte, error) {
 	if size > max {
 		return "", nil, fmt.Errorf("%w: %s %x is %d bytes, the limit is %d", ErrTooLarge, typ, id, size, max)
 	}
-	data := make([]byte, size)
-	got := copy(data, head[hlen:n])
-	if int64(got) < size {
-		if _, err := io.ReadFull(zr, data[got:]); err != nil {
-			return "", nil, fmt.Errorf("%w: loose object %x: content shorter than its header's %d bytes: %v", ErrCorrupt, id, size, err)
-		}
-	} else if hlen+got < n {
+	// The header's read may have taken the start of the content too.
+	start := head[hlen:n]
+	if int64(len(start)) > size {
 		return "", nil, fmt.Errorf("%w: loose object %x: content longer than its header's %d bytes", ErrCorrupt, id, size)
+	}
+	data, err := readN(io.MultiReader(bytes.NewReader(start), zr), size)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: loose object %x: content shorter than its header's %d bytes: %v", ErrCorrupt, id, size, err)
 	}
 	if err := expectEnd(zr); err != nil {
 		return "", nil, fmt.Errorf("%w: loose object %x: %v", ErrCorrupt, id, err)
