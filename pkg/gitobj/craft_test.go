@@ -109,15 +109,24 @@ func writePack(t *testing.T, objects, name string, entries []rawEntry, large boo
 	}
 	sum := sha1.Sum(pack.Bytes())
 	pack.Write(sum[:])
-
-	type row struct {
-		id  []byte
-		off int64
-	}
-	var rows []row
+	var rows []idxRow
 	for i, e := range entries {
-		rows = append(rows, row{e.id, offs[i]})
+		rows = append(rows, idxRow{e.id, offs[i]})
 	}
+	writeFile(t, filepath.Join(objects, "pack", "pack-"+name+".pack"), pack.Bytes())
+	writeIndex(t, filepath.Join(objects, "pack", "pack-"+name+".idx"), sum[:], rows, large)
+}
+
+// idxRow is an object an index lists, and where its entry is.
+type idxRow struct {
+	id  []byte
+	off int64
+}
+
+// writeIndex writes a version 2 index of rows for the pack whose checksum
+// is packSum; with large every offset goes through the 64-bit table.
+func writeIndex(t *testing.T, path string, packSum []byte, rows []idxRow, large bool) {
+	t.Helper()
 	sort.Slice(rows, func(i, j int) bool { return bytes.Compare(rows[i].id, rows[j].id) < 0 })
 	var idx bytes.Buffer
 	idx.WriteString("\377tOc")
@@ -147,11 +156,10 @@ func writePack(t *testing.T, objects, name string, entries []rawEntry, large boo
 			binary.Write(&idx, binary.BigEndian, uint64(r.off))
 		}
 	}
-	idx.Write(sum[:])
+	idx.Write(packSum)
 	isum := sha1.Sum(idx.Bytes())
 	idx.Write(isum[:])
-	writeFile(t, filepath.Join(objects, "pack", "pack-"+name+".pack"), pack.Bytes())
-	writeFile(t, filepath.Join(objects, "pack", "pack-"+name+".idx"), idx.Bytes())
+	writeFile(t, path, idx.Bytes())
 }
 
 // makeDelta returns a delta turning base into base[:cut] + insert +

@@ -1,10 +1,15 @@
 package gitobj
 
 import (
+	"bytes"
+	"crypto/sha1"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -328,4 +333,81 @@ func TestConcurrentReads(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
+}
+
+// TestThinPack stores a thin pack as git sends it over the wire: its
+// reference deltas name bases that are in another pack. Git itself never
+// keeps such a pack (index-pack completes it), but it is what a reader
+// must handle for a base "possibly in another pack", and git makes it.
+func TestThinPack(t *testing.T) {
+	src := newRepo(t, "sha1")
+	runGit(t, src, nil, "branch", "old", "HEAD~5")
+	dst := filepath.Join(t.TempDir(), "dst")
+	runGit(t, src, nil, "clone", "-q", "--no-local", "--bare", "--single-branch", "--branch", "old", src, dst)
+	thin := runGit(t, src, []byte("HEAD\n^HEAD~5\n"), "pack-objects", "-q", "--thin", "--stdout", "--revs")
+
+	// Git completes the thin pack in a copy, appending the bases; the
+	// thin pack's own entries keep their offsets, which gives the ids
+	// and offsets for an index of the thin pack as it is.
+	fixed := filepath.Join(t.TempDir(), "fixed.pack")
+	runGit(t, dst, thin, "index-pack", "--stdin", "--fix-thin", fixed)
+	out := runGit(t, dst, nil, "verify-pack", "-v", strings.TrimSuffix(fixed, ".pack")+".idx")
+	end := int64(len(thin) - sha1.Size)
+	var rows []idxRow
+	inThin := map[string]bool{}
+	var bases []string
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 5 || len(f[0]) != 40 {
+			continue
+		}
+		off, err := strconv.ParseInt(f[4], 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if off >= end {
+			continue // a base index-pack appended
+		}
+		id, _ := hex.DecodeString(f[0])
+		rows = append(rows, idxRow{id, off})
+		inThin[f[0]] = true
+		if len(f) == 7 {
+			bases = append(bases, f[6])
+		}
+	}
+	if want := int(binary.BigEndian.Uint32(thin[8:12])); len(rows) != want {
+		t.Fatalf("found %d of the thin pack's %d entries", len(rows), want)
+	}
+	outside := 0
+	for _, b := range bases {
+		if !inThin[b] {
+			outside++
+		}
+	}
+	if outside == 0 {
+		t.Fatal("no delta of the thin pack has its base outside it")
+	}
+	writeFile(t, filepath.Join(dst, "objects/pack/pack-thin.pack"), thin)
+	writeIndex(t, filepath.Join(dst, "objects/pack/pack-thin.idx"), thin[end:], rows, false)
+
+	s, err := Open(filepath.Join(dst, "objects"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	checked := 0
+	for _, o := range allObjects(t, src) {
+		if !inThin[o.id] {
+			continue
+		}
+		typ, data, err := s.Read(o.id, 1<<24)
+		if err != nil || typ != o.typ || !bytes.Equal(data, o.data) {
+			t.Fatalf("Read(%s): %s, %d bytes, %v; git has %s, %d bytes", o.id, typ, len(data), err, o.typ, len(o.data))
+		}
+		checked++
+	}
+	if checked != len(rows) {
+		t.Fatalf("checked %d of %d objects", checked, len(rows))
+	}
+	t.Logf("%d objects, %d deltas on bases in another pack", checked, outside)
 }
