@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -285,4 +286,46 @@ func TestCorruptPack(t *testing.T) {
 			t.Fatalf("an object whose pack gc deleted: %v, want ErrNotFound", err)
 		}
 	})
+}
+
+// TestNotRegularFiles puts a FIFO and a device where git keeps files: a
+// read must fail at once, not block or read the device.
+func TestNotRegularFiles(t *testing.T) {
+	objects := newObjects(t)
+	id := hex.EncodeToString(objectID("blob", []byte("x")))
+	loose := filepath.Join(objects, id[:2], id[2:])
+	if err := os.MkdirAll(filepath.Dir(loose), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(loose, 0o644); err != nil {
+		t.Skipf("mkfifo: %v", err)
+	}
+	s, err := Open(objects)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// Not an object, and not opened.
+	if _, _, err := s.Read(id, 100); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a FIFO as a loose object: %v", err)
+	}
+	if err := os.Symlink("/dev/zero", filepath.Join(objects, "pack", "pack-z.pack")); err != nil {
+		t.Fatal(err)
+	}
+	writeIndex(t, filepath.Join(objects, "pack", "pack-z.idx"), make([]byte, 20), nil, false)
+	other := hex.EncodeToString(objectID("blob", []byte("y")))
+	if _, _, err := s.Read(other, 100); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "not a regular file") {
+		t.Fatalf("a device as a pack: %v", err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(objects, "info", "alternates"), 0o644); err != nil {
+		if err := os.MkdirAll(filepath.Join(objects, "info"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Mkfifo(filepath.Join(objects, "info", "alternates"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := Open(objects); err == nil {
+		t.Fatal("a FIFO as the alternates file was accepted")
+	}
 }

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"hash"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -293,15 +294,27 @@ func alternates(dir string) ([]string, error) {
 	return out, nil
 }
 
+// maxAlternatesFile bounds what is read of an alternates file, a few
+// paths in any repository git made.
+const maxAlternatesFile = 64 << 10
+
 // readAlternates returns the paths objects/info/alternates lists, skipping
 // blank lines and comments and unquoting C-style quoted paths as git does.
 func readAlternates(dir string) ([]string, error) {
-	b, err := os.ReadFile(filepath.Join(dir, "info", "alternates"))
+	f, err := openRegular(filepath.Join(dir, "info", "alternates"))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("gitobj: %w", err)
+		return nil, fmt.Errorf("gitobj: alternates: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxAlternatesFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("gitobj: alternates: %w", err)
+	}
+	if len(b) > maxAlternatesFile {
+		return nil, fmt.Errorf("gitobj: %s/info/alternates is larger than %d bytes", dir, maxAlternatesFile)
 	}
 	var out []string
 	for _, l := range strings.Split(string(b), "\n") {

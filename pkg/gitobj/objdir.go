@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 )
 
 // objdir is one object directory: its loose objects are read by name, its
@@ -171,8 +172,7 @@ const maxLooseHeader = 32
 // and exactly size bytes of content. It returns os.ErrNotExist (wrapped)
 // when the file is gone, as after gc packed it.
 func (d *objdir) readLoose(id []byte, max int64) (string, []byte, error) {
-	path := d.loosePath(id)
-	f, err := os.Open(path)
+	f, err := openRegular(d.loosePath(id))
 	if err != nil {
 		return "", nil, err
 	}
@@ -250,6 +250,26 @@ func parseLooseHeader(b []byte) (typ string, size int64, n int, err error) {
 		return "", 0, 0, fmt.Errorf("bad size %q", s)
 	}
 	return t, size, nul + 1, nil
+}
+
+// openRegular opens a file for reading and refuses anything but a regular
+// file: a hostile repository could put a FIFO (which would block a reader
+// for ever) or a device where an object belongs. The open itself does not
+// block on a FIFO.
+func openRegular(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = fmt.Errorf("%w: %s is not a regular file", ErrCorrupt, path)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // loosePrefix returns the ids of loose objects starting with prefix (at

@@ -46,7 +46,7 @@ type pack struct {
 // counts the same objects and its trailer is the checksum the index
 // recorded. A missing pack is returned as os.ErrNotExist.
 func openPack(dir, name string) (*pack, error) {
-	idx, err := os.Open(filepath.Join(dir, name))
+	idx, err := openRegular(filepath.Join(dir, name))
 	if err != nil {
 		return nil, err
 	}
@@ -96,7 +96,7 @@ func (p *pack) load(packPath string) error {
 	if p.hashLen == 0 {
 		return fmt.Errorf("index size %d fits no hash length for %d objects", size, p.count)
 	}
-	p.data, err = os.Open(packPath)
+	p.data, err = openRegular(packPath)
 	if err != nil {
 		return err
 	}

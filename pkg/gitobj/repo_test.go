@@ -198,6 +198,9 @@ func allObjects(t testing.TB, dir string) []gitObject {
 func compareAll(t *testing.T, s *Store, dir string) []gitObject {
 	t.Helper()
 	objs := allObjects(t, dir)
+	if got, err := s.Prefix(objs[0].id[:10], 5); err != nil || len(got) != 1 || got[0] != objs[0].id {
+		t.Fatalf("Prefix(%s) = %v, %v", objs[0].id[:10], got, err)
+	}
 	for i, o := range objs {
 		typ, data, err := s.Read(o.id, int64(len(o.data)))
 		if err != nil {
