@@ -95,9 +95,11 @@ func (s *Store) Close() error {
 // Read returns the object's type ("commit", "tree", "blob" or "tag") and
 // its content, inflated, with deltas applied and checked against id. An
 // object larger than max bytes is refused with ErrTooLarge before it is
-// allocated; a delta base may be larger than the object rebuilt from it, up
-// to baseLimit(max). ErrNotFound (errors.Is) when no loose object or pack
-// holds it.
+// allocated. A delta base may be larger than the object rebuilt from it
+// (git deltas a small file against a larger one): bases up to 64 times max,
+// and at least 16 MiB, are read. ErrNotFound (errors.Is) when no loose
+// object or pack holds the id; ErrCorrupt when one that might cannot be
+// read.
 func (s *Store) Read(id string, max int64) (typ string, data []byte, err error) {
 	raw, err := parseID(id)
 	if err != nil {
@@ -157,12 +159,11 @@ func (s *Store) Prefix(prefix string, limit int) ([]string, error) {
 		return nil, err
 	}
 	defer r.end()
+	if err := r.refresh(); err != nil {
+		return nil, err
+	}
 	seen := map[string]bool{}
 	for i, d := range s.dirs {
-		if err := d.rescan(); err != nil {
-			return nil, err
-		}
-		r.held[i] = append(r.held[i], d.acquire()...)
 		for _, p := range r.held[i] {
 			ids, err := p.prefix(prefix, limit)
 			if err != nil {
