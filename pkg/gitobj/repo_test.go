@@ -209,6 +209,13 @@ func compareAll(t *testing.T, s *Store, dir string) []gitObject {
 		if typ != o.typ || !bytes.Equal(data, o.data) {
 			t.Fatalf("Read(%s): got %s of %d bytes, git has %s of %d bytes", o.id, typ, len(data), o.typ, len(o.data))
 		}
+		if i%97 == 0 {
+			// --batch printed what "git cat-file TYPE ID" prints; make
+			// sure for a few.
+			if out := runGit(t, dir, nil, "cat-file", o.typ, o.id); !bytes.Equal(out, data) {
+				t.Fatalf("git cat-file %s %s differs from what the store read", o.typ, o.id)
+			}
+		}
 		if i%5 == 0 {
 			if has, err := s.Has(o.id); !has || err != nil {
 				t.Fatalf("Has(%s) = %v, %v", o.id, has, err)
