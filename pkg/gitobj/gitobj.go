@@ -63,10 +63,10 @@ type Store struct {
 
 // Open returns a Store reading the object directory dir (a GIT_DIR's
 // "objects"). It follows objects/info/alternates (absolute paths or paths
-// relative to the directory naming them) up to maxAlternateDepth deep, and
-// refuses a cycle or a missing alternate, because git would read a
-// different set of objects than the caller expects. Packs are opened on
-// the first read that needs them.
+// relative to the directory naming them), and refuses a cycle, nesting
+// deeper than five and a missing alternate with an error rather than guess
+// which objects the repository was meant to have. Packs are opened on the
+// first read that needs them.
 func Open(dir string) (*Store, error) {
 	paths, err := alternates(dir)
 	if err != nil {
