@@ -41,8 +41,7 @@ func deltaSizes(delta []byte) (src, dst int64, n int, err error) {
 // base (the top bit set, the low four bits saying which offset bytes
 // follow, the next three which size bytes, a size of 0 meaning 0x10000) or
 // insert the next 1 to 127 bytes of the delta. The result must have the
-// size the delta states, which may not exceed limit; it is refused before
-// anything of that size is allocated.
+// size the delta states, which may not exceed limit.
 func applyDelta(base, delta []byte, limit int64) ([]byte, error) {
 	src, dst, i, err := deltaSizes(delta)
 	if err != nil {
@@ -54,7 +53,10 @@ func applyDelta(base, delta []byte, limit int64) ([]byte, error) {
 	if dst > limit {
 		return nil, fmt.Errorf("%w: delta result is %d bytes, the limit is %d", ErrTooLarge, dst, limit)
 	}
-	out := make([]byte, 0, dst)
+	// Sized for the usual result, a little more or less than its base;
+	// a larger one grows as the instructions really produce it, so a
+	// stated size is never allocated on trust.
+	out := make([]byte, 0, min(dst, int64(len(base)+len(delta))))
 	for i < len(delta) {
 		op := delta[i]
 		i++

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"hash"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -62,10 +63,10 @@ type Store struct {
 
 // Open returns a Store reading the object directory dir (a GIT_DIR's
 // "objects"). It follows objects/info/alternates (absolute paths or paths
-// relative to the directory naming them) up to maxAlternateDepth deep, and
-// refuses a cycle or a missing alternate, because git would read a
-// different set of objects than the caller expects. Packs are opened on
-// the first read that needs them.
+// relative to the directory naming them), and refuses a cycle, nesting
+// deeper than five and a missing alternate with an error rather than guess
+// which objects the repository was meant to have. Packs are opened on the
+// first read that needs them.
 func Open(dir string) (*Store, error) {
 	paths, err := alternates(dir)
 	if err != nil {
@@ -94,9 +95,11 @@ func (s *Store) Close() error {
 // Read returns the object's type ("commit", "tree", "blob" or "tag") and
 // its content, inflated, with deltas applied and checked against id. An
 // object larger than max bytes is refused with ErrTooLarge before it is
-// allocated; a delta base may be larger than the object rebuilt from it, up
-// to baseLimit(max). ErrNotFound (errors.Is) when no loose object or pack
-// holds it.
+// allocated. A delta base may be larger than the object rebuilt from it
+// (git deltas a small file against a larger one): bases up to 64 times max,
+// and at least 16 MiB, are read. ErrNotFound (errors.Is) when no loose
+// object or pack holds the id; ErrCorrupt when one that might cannot be
+// read.
 func (s *Store) Read(id string, max int64) (typ string, data []byte, err error) {
 	raw, err := parseID(id)
 	if err != nil {
@@ -156,12 +159,11 @@ func (s *Store) Prefix(prefix string, limit int) ([]string, error) {
 		return nil, err
 	}
 	defer r.end()
+	if err := r.refresh(); err != nil {
+		return nil, err
+	}
 	seen := map[string]bool{}
 	for i, d := range s.dirs {
-		if err := d.rescan(); err != nil {
-			return nil, err
-		}
-		r.held[i] = append(r.held[i], d.acquire()...)
 		for _, p := range r.held[i] {
 			ids, err := p.prefix(prefix, limit)
 			if err != nil {
@@ -293,15 +295,27 @@ func alternates(dir string) ([]string, error) {
 	return out, nil
 }
 
+// maxAlternatesFile bounds what is read of an alternates file, a few
+// paths in any repository git made.
+const maxAlternatesFile = 64 << 10
+
 // readAlternates returns the paths objects/info/alternates lists, skipping
 // blank lines and comments and unquoting C-style quoted paths as git does.
 func readAlternates(dir string) ([]string, error) {
-	b, err := os.ReadFile(filepath.Join(dir, "info", "alternates"))
+	f, err := openRegular(filepath.Join(dir, "info", "alternates"))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("gitobj: %w", err)
+		return nil, fmt.Errorf("gitobj: alternates: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxAlternatesFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("gitobj: alternates: %w", err)
+	}
+	if len(b) > maxAlternatesFile {
+		return nil, fmt.Errorf("gitobj: %s/info/alternates is larger than %d bytes", dir, maxAlternatesFile)
 	}
 	var out []string
 	for _, l := range strings.Split(string(b), "\n") {

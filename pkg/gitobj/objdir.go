@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 )
 
 // objdir is one object directory: its loose objects are read by name, its
@@ -171,8 +172,7 @@ const maxLooseHeader = 32
 // and exactly size bytes of content. It returns os.ErrNotExist (wrapped)
 // when the file is gone, as after gc packed it.
 func (d *objdir) readLoose(id []byte, max int64) (string, []byte, error) {
-	path := d.loosePath(id)
-	f, err := os.Open(path)
+	f, err := openRegular(d.loosePath(id))
 	if err != nil {
 		return "", nil, err
 	}
@@ -194,14 +194,14 @@ func (d *objdir) readLoose(id []byte, max int64) (string, []byte, error) {
 	if size > max {
 		return "", nil, fmt.Errorf("%w: %s %x is %d bytes, the limit is %d", ErrTooLarge, typ, id, size, max)
 	}
-	data := make([]byte, size)
-	got := copy(data, head[hlen:n])
-	if int64(got) < size {
-		if _, err := io.ReadFull(zr, data[got:]); err != nil {
-			return "", nil, fmt.Errorf("%w: loose object %x: content shorter than its header's %d bytes: %v", ErrCorrupt, id, size, err)
-		}
-	} else if hlen+got < n {
+	// The header's read may have taken the start of the content too.
+	start := head[hlen:n]
+	if int64(len(start)) > size {
 		return "", nil, fmt.Errorf("%w: loose object %x: content longer than its header's %d bytes", ErrCorrupt, id, size)
+	}
+	data, err := readN(io.MultiReader(bytes.NewReader(start), zr), size)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: loose object %x: content shorter than its header's %d bytes: %v", ErrCorrupt, id, size, err)
 	}
 	if err := expectEnd(zr); err != nil {
 		return "", nil, fmt.Errorf("%w: loose object %x: %v", ErrCorrupt, id, err)
@@ -250,6 +250,26 @@ func parseLooseHeader(b []byte) (typ string, size int64, n int, err error) {
 		return "", 0, 0, fmt.Errorf("bad size %q", s)
 	}
 	return t, size, nul + 1, nil
+}
+
+// openRegular opens a file for reading and refuses anything but a regular
+// file: a hostile repository could put a FIFO (which would block a reader
+// for ever) or a device where an object belongs. The open itself does not
+// block on a FIFO.
+func openRegular(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = fmt.Errorf("%w: %s is not a regular file", ErrCorrupt, path)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // loosePrefix returns the ids of loose objects starting with prefix (at

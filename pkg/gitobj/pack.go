@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 )
@@ -45,7 +46,7 @@ type pack struct {
 // counts the same objects and its trailer is the checksum the index
 // recorded. A missing pack is returned as os.ErrNotExist.
 func openPack(dir, name string) (*pack, error) {
-	idx, err := os.Open(filepath.Join(dir, name))
+	idx, err := openRegular(filepath.Join(dir, name))
 	if err != nil {
 		return nil, err
 	}
@@ -95,7 +96,7 @@ func (p *pack) load(packPath string) error {
 	if p.hashLen == 0 {
 		return fmt.Errorf("index size %d fits no hash length for %d objects", size, p.count)
 	}
-	p.data, err = os.Open(packPath)
+	p.data, err = openRegular(packPath)
 	if err != nil {
 		return err
 	}
@@ -410,14 +411,36 @@ func (p *pack) inflate(off, size int64) ([]byte, error) {
 		return nil, err
 	}
 	defer inflaters.Put(in)
-	data := make([]byte, size)
-	if _, err := io.ReadFull(in.zr, data); err != nil {
+	data, err := readN(in.zr, size)
+	if err != nil {
 		return nil, fmt.Errorf("%w: pack %s offset %d: content shorter than its header's %d bytes: %v", ErrCorrupt, p.name, off, size, err)
 	}
 	if err := expectEnd(in.zr); err != nil {
 		return nil, fmt.Errorf("%w: pack %s offset %d: %v", ErrCorrupt, p.name, off, err)
 	}
 	return data, nil
+}
+
+// readStep is how much readN allocates before the data has shown up.
+const readStep = 1 << 20
+
+// readN reads exactly size bytes. It allocates as the data arrives rather
+// than all at once, so that a size a hostile header states, when the
+// caller's limit lets it through, costs memory only as far as the stream
+// really holds data.
+func readN(r io.Reader, size int64) ([]byte, error) {
+	buf := make([]byte, 0, min(size, readStep))
+	for int64(len(buf)) < size {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, int(min(size-int64(len(buf)), int64(len(buf)))))
+		}
+		n, err := io.ReadFull(r, buf[len(buf):min(int64(cap(buf)), size)])
+		buf = buf[:len(buf)+n]
+		if err != nil {
+			return nil, err
+		}
+	}
+	return buf, nil
 }
 
 // inflateHead returns the first n bytes of the entry data at off (fewer

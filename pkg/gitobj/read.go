@@ -81,15 +81,8 @@ func (r *reader) locate(id []byte) (location, error) {
 	if ok || err != nil {
 		return loc, err
 	}
-	if r.s.closed.Load() {
-		return location{}, ErrClosed
-	}
-	for i, d := range r.s.dirs {
-		if err := d.rescan(); err != nil {
-			return location{}, err
-		}
-		r.old[i] = append(r.old[i], r.held[i]...)
-		r.held[i] = d.acquire()
+	if err := r.refresh(); err != nil {
+		return location{}, err
 	}
 	loc, ok, err = r.lookup(id)
 	if ok || err != nil {
@@ -105,6 +98,23 @@ func (r *reader) locate(id []byte) (location, error) {
 		return location{}, fmt.Errorf("%w: object %x not found, and packs that may hold it cannot be read: %v", ErrCorrupt, id, errors.Join(broken...))
 	}
 	return location{}, fmt.Errorf("%w: %x", ErrNotFound, id)
+}
+
+// refresh rescans every object directory's packs and holds the current
+// ones, keeping those held before until the call ends: a delta chain may
+// still be reading them.
+func (r *reader) refresh() error {
+	if r.s.closed.Load() {
+		return ErrClosed
+	}
+	for i, d := range r.s.dirs {
+		if err := d.rescan(); err != nil {
+			return err
+		}
+		r.old[i] = append(r.old[i], r.held[i]...)
+		r.held[i] = d.acquire()
+	}
+	return nil
 }
 
 func (r *reader) lookup(id []byte) (location, bool, error) {
