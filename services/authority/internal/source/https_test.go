@@ -28,7 +28,7 @@ const (
 // with a throwaway CA (gitservetest), and returns the repository as the
 // authority's config would give it (URL, read credential, CA), the bare
 // repository the server serves, and the server's log.
-func httpsRemote(t *testing.T, origin *gittest.Repo) (policy.Repository, string, *logtest.Buffer) {
+func httpsRemote(t testing.TB, origin *gittest.Repo) (policy.Repository, string, *logtest.Buffer) {
 	t.Helper()
 	root := filepath.Join(t.TempDir(), "served")
 	bare := filepath.Join(root, "demo.git")

@@ -209,7 +209,11 @@ func (h *httpRemotes) fetchRefs(ctx context.Context, repo policy.Repository) (re
 		// what failed: DNS, TCP, TLS.
 		return refs{}, unreachable(redact(repo, err.Error()))
 	}
-	defer resp.Body.Close()
+	defer func() {
+		// Read to the end, so the connection goes back to the pool.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+	}()
 	switch {
 	case resp.StatusCode >= 300 && resp.StatusCode < 400:
 		return refs{}, unreachable(fmt.Sprintf("the server answered %s; a redirect is not followed (it could carry the credential elsewhere): configure the repository's final URL", resp.Status))

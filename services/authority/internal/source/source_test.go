@@ -21,7 +21,7 @@ import (
 
 // newRepo makes a repository with two commits on main, a feature branch,
 // a lightweight tag v1 and an annotated tag v2.
-func newRepo(t *testing.T) *gittest.Repo {
+func newRepo(t testing.TB) *gittest.Repo {
 	t.Helper()
 	r := gittest.Init(t, filepath.Join(t.TempDir(), "origin"))
 	r.Write("README.md", "hello\n")
@@ -38,7 +38,7 @@ func newRepo(t *testing.T) *gittest.Repo {
 	return r
 }
 
-func newSource(t *testing.T) (*source.Source, *logtest.Buffer, string) {
+func newSource(t testing.TB) (*source.Source, *logtest.Buffer, string) {
 	t.Helper()
 	logs := &logtest.Buffer{}
 	dir := filepath.Join(t.TempDir(), "source")
