@@ -146,13 +146,25 @@ func (s *Source) Resolve(ctx context.Context, repo policy.Repository, rev string
 		return Revision{}, err
 	}
 	unlock()
-	var r refs
-	if !isFullSHA(rev) {
-		if r, err = s.remoteRefs(ctx, repo); err != nil {
-			return Revision{}, err
+	var rv Revision
+	for attempt := 0; ; attempt++ {
+		var r refs
+		if !isFullSHA(rev) {
+			if r, err = s.remoteRefs(ctx, repo); err != nil {
+				return Revision{}, err
+			}
+		}
+		fetched := false
+		rv, err = s.resolveIn(ctx, repo, dir, r, rev, func(id string) error {
+			fetched = true
+			return s.fetchFor(ctx, repo, dir, id)
+		})
+		// A branch that moved again between the listing and the fetch
+		// names a commit the fetch did not bring: list it once more.
+		if err == nil || !fetched || attempt > 0 || isFullSHA(rev) || !errors.Is(err, ErrUnknownRevision) {
+			break
 		}
 	}
-	rv, err := s.resolveIn(ctx, repo, dir, r, rev, func(id string) error { return s.fetchFor(ctx, repo, dir, id) })
 	if err != nil {
 		return Revision{}, err
 	}
