@@ -27,13 +27,13 @@ func wantRefusal(t *testing.T, what string, err, code error, msg string) {
 // its memory is free for the next.
 func TestCapacityMemory(t *testing.T) {
 	h, _ := newHarnessWith(t, false, Capacity{MemoryBytes: 512 << 20})
-	g1, g2 := h.grantFor(waitForGo+"echo done"), h.grantFor(waitForGo+"echo done")
+	g1, g2 := h.grantFor(waitForSignal+"echo done"), h.grantFor(waitForSignal+"echo done")
 	for _, g := range []*Grant{g1, g2} {
 		h.start(t, g)
 		h.waitRunning(t, g.JobID, "ready")
 	}
 
-	g3 := h.grantFor(waitForGo + "echo done")
+	g3 := h.grantFor(waitForSignal + "echo done")
 	_, _, err := h.m.Start(h.seal(t, g3))
 	wantRefusal(t, "a third job", err, errdefs.ErrResourceExhausted, "capacity: memory: 512.0MiB of 512.0MiB in use by 2 jobs; this job asks 256.0MiB")
 	big := h.grantFor("true")
@@ -67,7 +67,7 @@ func TestCapacityMemory(t *testing.T) {
 	if _, err := h.m.Update(context.Background(), h.seal(t, lowered)); err != nil {
 		t.Fatalf("lowering memory: %v", err)
 	}
-	g4 := h.grantFor(waitForGo + "echo done")
+	g4 := h.grantFor(waitForSignal + "echo done")
 	g4.Limits.MemoryBytes = 128 << 20
 	h.start(t, g4) // 128 + 256 + 128 MiB
 
@@ -92,7 +92,7 @@ func TestCapacityMemory(t *testing.T) {
 // of one of them again is not, and once one has ended the third starts.
 func TestCapacityJobs(t *testing.T) {
 	h, _ := newHarnessWith(t, false, Capacity{Jobs: 2})
-	g1, g2, g3 := h.grantFor(waitForGo+"echo done"), h.grantFor(waitForGo+"echo done"), h.grantFor("true")
+	g1, g2, g3 := h.grantFor(waitForSignal+"echo done"), h.grantFor(waitForSignal+"echo done"), h.grantFor("true")
 	for _, g := range []*Grant{g1, g2} {
 		h.start(t, g)
 		h.waitRunning(t, g.JobID, "ready")

@@ -182,7 +182,7 @@ func boundaryScript(w *nettest.Web, otherProxy netip.Addr) string {
 	b.WriteString(`(curl -sSk -N --max-time 60 https://allowed.test/stream >/tmp/stream 2>&1; echo "STREAM rc=$? $(tail -c 200 /tmp/stream | tr '\n' ' ')") &
 while ! grep -q tick /tmp/stream 2>/dev/null; do sleep 0.05; done
 echo streaming
-while [ ! -e /work/go2 ]; do sleep 0.05; done
+` + awaitSignal(1) + `
 c after-narrow curl -sSk --max-time 10 https://allowed.test/
 c wildcard-after-narrow curl -sSk --max-time 10 https://a.wild.test/
 wait
@@ -202,15 +202,15 @@ func caseLines(stdout string) map[string]string {
 	return out
 }
 
-func (h *harness) writeWork(t *testing.T, jobID, name, content string) {
-	t.Helper()
-	e := h.entry(jobID)
-	e.updateMu.Lock()
-	sb := e.sb
-	e.updateMu.Unlock()
-	if err := os.WriteFile(filepath.Join(sb.WorkDir(), name), []byte(content), 0o644); err != nil {
-		t.Fatal(err)
+// workFile is a script's lines that write content to /work/name: the job
+// writes its own files, since a batch job under runsc may not see a file
+// the host adds to its mounts while it runs.
+func workFile(name, content string) string {
+	const eof = "AIRLOCK_TEST_EOF"
+	if strings.Contains(content, eof) {
+		panic("workFile: content holds the terminator")
 	}
+	return "cat > /work/" + name + " <<'" + eof + "'\n" + content + "\n" + eof + "\n"
 }
 
 func (h *harness) waitStdout(t *testing.T, jobID, want string, d time.Duration) string {
@@ -270,7 +270,8 @@ func testDomainsBoundary(t *testing.T, class sandbox.Class) {
 	h.waitRunning(t, other.JobID, "ready")
 	otherProxy := h.entry(other.JobID).egress.addrs[0]
 
-	g := h.grantFor(waitForGo + ". /work/cases.sh")
+	g := h.grantFor(workFile("sni.py", sniMismatch) + workFile("udp.py", udpProbe) + workFile("tcp.py", tcpProbe) +
+		stepHandler + boundaryScript(w, otherProxy))
 	g.Network = domainsPolicy(egressNames...)
 	g.Class = class
 	g.Limits.Pids = 256
@@ -278,11 +279,6 @@ func testDomainsBoundary(t *testing.T, class sandbox.Class) {
 	g.Limits.Deadline = 4 * time.Minute
 	h.start(t, g)
 	h.waitRunning(t, g.JobID, "ready")
-	h.writeWork(t, g.JobID, "sni.py", sniMismatch)
-	h.writeWork(t, g.JobID, "udp.py", udpProbe)
-	h.writeWork(t, g.JobID, "tcp.py", tcpProbe)
-	h.writeWork(t, g.JobID, "cases.sh", boundaryScript(w, otherProxy))
-	h.signal(t, g.JobID)
 	out := h.waitStdout(t, g.JobID, "streaming", 3*time.Minute)
 	cases := caseLines(out)
 	t.Logf("cases:\n%s", out)
@@ -341,7 +337,7 @@ func testDomainsBoundary(t *testing.T, class sandbox.Class) {
 	if strings.Contains(out, "STREAM rc=0 ") {
 		t.Errorf("the stream to allowed.test ended cleanly after the narrowing; want it cut")
 	}
-	h.writeWork(t, g.JobID, "go2", "")
+	h.signal(t, g.JobID)
 	run := h.waitEnd(t, g.JobID)
 	stdout, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobID), "stdout.log"))
 	cases = caseLines(string(stdout))
@@ -459,7 +455,7 @@ func TestDomainsFailClosed(t *testing.T) {
 	}
 
 	// The services die mid-job.
-	g = h.grantFor(waitForGo + `for u in https://allowed.test/ http://allowed.test/; do
+	g = h.grantFor(waitForSignal + `for u in https://allowed.test/ http://allowed.test/; do
   if curl -sSk --max-time 5 "$u" >/dev/null 2>&1; then echo "REACHED $u"; else echo "refused $u"; fi
   if curl -sSk --noproxy '*' --max-time 5 --resolve allowed.test:443:` + w.IP.String() + ` --resolve allowed.test:80:` + w.IP.String() + ` "$u" >/dev/null 2>&1; then echo "REACHED direct $u"; else echo "refused direct $u"; fi
 done
@@ -529,7 +525,7 @@ func TestDomainsRebinding(t *testing.T) {
 	otherJob := h.entry(other.JobID).egress.addrs[0].Next() // the other job's own address
 
 	var script strings.Builder
-	script.WriteString(waitForGo)
+	script.WriteString(waitForSignal)
 	for i := range len(internal) + 1 {
 		fmt.Fprintf(&script, "if out=$(curl -sSk --max-time 10 https://flip.test/ 2>&1); then echo \"flip %d reached $out\"; else echo \"flip %d refused\"; fi\n", i, i)
 	}
@@ -594,9 +590,9 @@ func TestDomainsModeChanges(t *testing.T) {
 	withDomainsNetwork(t, h, u.Addr)
 
 	try := "if curl -sSk --max-time 5 -o /dev/null https://allowed.test/; then echo \"reached $1\"; else echo \"refused $1\"; fi"
-	script := "try() { " + try + "; }\necho ready\n"
+	script := "try() { " + try + "; }\n" + stepHandler + "\n"
 	for i := 1; i <= 3; i++ {
-		script += fmt.Sprintf("while [ ! -e /work/go%d ]; do sleep 0.05; done; try %d\n", i, i)
+		script += awaitSignal(i) + fmt.Sprintf("try %d\n", i)
 	}
 	g1 := h.grantFor(script)
 	g1.Network = domainsPolicy("allowed.test")
@@ -604,7 +600,7 @@ func TestDomainsModeChanges(t *testing.T) {
 	h.waitRunning(t, g1.JobID, "ready")
 	step := func(i int, want string) {
 		t.Helper()
-		h.writeWork(t, g1.JobID, fmt.Sprintf("go%d", i), "")
+		h.signal(t, g1.JobID)
 		out := h.waitStdout(t, g1.JobID, fmt.Sprintf(" %d\n", i), 30*time.Second)
 		if !strings.Contains(out, fmt.Sprintf("%s %d\n", want, i)) {
 			t.Fatalf("step %d: want %s; stdout %q", i, want, out)
@@ -642,7 +638,7 @@ func TestDomainsModeChanges(t *testing.T) {
 	}
 
 	// A job started deny_all has no proxy to move to.
-	d := h.grantFor(waitForGo)
+	d := h.grantFor(waitForSignal)
 	h.start(t, d)
 	h.waitRunning(t, d.JobID, "ready")
 	d2 := next(d, func(g *Grant) {

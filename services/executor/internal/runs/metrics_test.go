@@ -31,7 +31,7 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 
-	g1 := h.grantFor(waitForGo + "echo done")
+	g1 := h.grantFor(waitForSignal + "echo done")
 	h.start(t, g1)
 	h.waitRunning(t, g1.JobID, "ready")
 	got := rd.Collect(t)
@@ -60,7 +60,7 @@ func TestMetrics(t *testing.T) {
 	if run := h.waitEnd(t, g1.JobID); run.State != Finished {
 		t.Fatalf("job 1 ended %s: %+v", run.State, run.Result)
 	}
-	g3 := h.grantFor(waitForGo + "echo done")
+	g3 := h.grantFor(waitForSignal + "echo done")
 	h.start(t, g3)
 	h.waitRunning(t, g3.JobID, "ready")
 	if _, err := h.m.Cancel(g3.JobID); err != nil {

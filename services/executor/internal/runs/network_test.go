@@ -40,9 +40,9 @@ func TestUpdateNetworkPolicy(t *testing.T) {
 	dest := startTestHost(t)
 
 	try := fmt.Sprintf(`if timeout 5 bash -c 'cat </dev/tcp/%s/%d'; then echo "reached $1"; else echo "refused $1"; fi`, dest.Addr(), dest.Port())
-	script := "try() { " + try + "; }\necho ready\n"
+	script := "try() { " + try + "; }\n" + stepHandler + "\n"
 	for i := 1; i <= 3; i++ {
-		script += fmt.Sprintf("while [ ! -e /work/go%d ]; do sleep 0.05; done; try %d\n", i, i)
+		script += awaitSignal(i) + fmt.Sprintf("try %d\n", i)
 	}
 	g1 := h.grantFor(script)
 	h.start(t, g1)
@@ -50,12 +50,7 @@ func TestUpdateNetworkPolicy(t *testing.T) {
 
 	step := func(i int, want string) {
 		t.Helper()
-		h.m.mu.Lock()
-		sb := h.m.runs[g1.JobID].sb
-		h.m.mu.Unlock()
-		if err := os.WriteFile(filepath.Join(sb.WorkDir(), fmt.Sprintf("go%d", i)), nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		h.signal(t, g1.JobID)
 		end := time.Now().Add(30 * time.Second)
 		for {
 			out, _ := os.ReadFile(filepath.Join(h.m.runDir(g1.JobID), "stdout.log"))

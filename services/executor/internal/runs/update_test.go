@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -360,30 +361,41 @@ func (h *harness) waitReports(t *testing.T, n int) []Report {
 	}
 }
 
-// signal makes /work/go appear inside the job.
+// signal sends the job's first process SIGUSR1, which a job started with
+// stepHandler counts. The job must have printed ready: a namespace's init
+// drops a signal it has no handler for.
 func (h *harness) signal(t *testing.T, jobID string) {
 	t.Helper()
-	h.m.mu.Lock()
-	e := h.m.runs[jobID]
-	h.m.mu.Unlock()
+	e := h.entry(jobID)
 	e.updateMu.Lock()
 	sb := e.sb
 	e.updateMu.Unlock()
 	if sb == nil {
 		t.Fatalf("job %s has no sandbox", jobID)
 	}
-	if err := os.WriteFile(filepath.Join(sb.WorkDir(), "go"), nil, 0o644); err != nil {
+	if err := sb.Signal(syscall.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}
 }
 
-const waitForGo = "echo ready; while [ ! -e /work/go ]; do sleep 0.05; done; "
+// stepHandler counts the SIGUSR1s the job takes in $signals, then prints
+// ready; awaitSignal(n) waits for the nth. A running job is stepped by a
+// signal, never by a file the host writes into its mounts: a batch job
+// under runsc caches what it knows of them and would never see the file.
+const stepHandler = `signals=0; trap 'signals=$((signals+1))' USR1; echo ready; `
+
+func awaitSignal(n int) string {
+	return fmt.Sprintf(`while [ "$signals" -lt %d ]; do sleep 0.05; done; `, n)
+}
+
+// waitForSignal is a job's first line that waits for one signal.
+var waitForSignal = stepHandler + awaitSignal(1)
 
 // Every grant that may not replace the one in force is refused with the
 // right code and a message naming what is wrong, and changes nothing.
 func TestUpdateRefusals(t *testing.T) {
 	h, _ := newHarness(t, false)
-	g1 := h.grantFor(waitForGo + "echo done")
+	g1 := h.grantFor(waitForSignal + "echo done")
 	h.start(t, g1)
 	h.waitRunning(t, g1.JobID, "ready")
 	before, _ := h.m.Get(g1.JobID)
@@ -461,7 +473,7 @@ func TestUpdateRefusals(t *testing.T) {
 // on disk, its watchers and its bundle carry the new grant.
 func TestUpdateLiveLimits(t *testing.T) {
 	h, _ := newHarness(t, false)
-	g1 := h.grantFor(waitForGo + `i=0
+	g1 := h.grantFor(waitForSignal + `i=0
 while [ $i -lt 24 ]; do sleep 60 & i=$((i+1)); done
 echo "all spawned"`)
 	g1.Limits.Pids = 16

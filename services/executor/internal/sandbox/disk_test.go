@@ -51,7 +51,7 @@ func TestDiskBandwidthBound(t *testing.T) {
 	}
 
 	e := newEnv(t, func(c *Config) { c.DiskReadBPS, c.DiskWriteBPS = bound, bound })
-	l := e.start(t, waitForGo+ddScript, defaultLimits)
+	l := e.start(t, waitForSignal+ddScript, defaultLimits)
 	l.waitOutput(t, "ready")
 	got, err := e.m.cg.readLimits(l.sb.cgRel)
 	if err != nil {

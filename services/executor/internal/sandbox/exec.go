@@ -283,12 +283,8 @@ func (s *Sandbox) exec(ctx context.Context, x ExecSpec, res ExecResult, procFile
 			_ = cmd.Process.Signal(sig)
 			return
 		}
-		kctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		k := exec.CommandContext(kctx, s.rt.path, append(s.rt.global(""), "kill", "--pgid", strconv.Itoa(pid), s.spec.ID, strconv.Itoa(int(sig)))...)
-		k.Env = runtimeEnv
-		if out, err := k.CombinedOutput(); err != nil {
-			s.m.log.Warn("sandbox: signal an exec's process group", "job_id", s.spec.ID, "error", err, "output", strings.TrimSpace(string(out)))
+		if err := s.rt.kill(s.spec.ID, pid, sig); err != nil {
+			s.m.log.Warn("sandbox: signal an exec's process group", "job_id", s.spec.ID, "error", err)
 		}
 	}
 	var timeoutC <-chan time.Time

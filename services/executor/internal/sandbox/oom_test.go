@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -41,7 +42,7 @@ func TestJobsAreOOMKilledFirst(t *testing.T) {
 		t.Run(string(c), func(t *testing.T) {
 			var out syncBuffer
 			sb, err := e.m.Create(context.Background(), Spec{ID: fmt.Sprintf("oom-%d", testSeq.Add(1)), Class: c, Source: e.source(t, nil),
-				Command: []string{"sh", "-c", "echo adj=$(cat /proc/self/oom_score_adj); " + waitForGo + "echo done"},
+				Command: []string{"sh", "-c", "echo adj=$(cat /proc/self/oom_score_adj); " + waitForSignal + "echo done"},
 				Limits:  defaultLimits, Stdout: &out})
 			if err != nil {
 				t.Fatal(err)
@@ -77,7 +78,7 @@ func TestJobsAreOOMKilledFirst(t *testing.T) {
 					t.Errorf("process %d (%s) of the job has oom_score_adj %s, want 1000", pid, strings.TrimSpace(string(comm)), adj)
 				}
 			}
-			if err := os.WriteFile(filepath.Join(sb.WorkDir(), "go"), nil, 0o644); err != nil {
+			if err := sb.Signal(syscall.SIGUSR1); err != nil {
 				t.Fatal(err)
 			}
 			select {

@@ -12,8 +12,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -33,23 +35,22 @@ var runtimeEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 // measurements of these and of --directfs and --file-access-mounts.
 var runscFSFlags = []string{"--overlay2=none"}
 
-// runscBatchFlags are added when runsc starts a job that is not a session;
-// none yet.
+// runscBatchFlags are added when runsc starts a job that is not a session.
 //
-// --file-access-mounts=exclusive is the candidate: gVisor caches what it
-// learns of the job's mounts (/work, /out, /tmp, /root, caches) instead
-// of checking every cached name and attribute against the host again on
-// each use: about 30% off a C build; a small-file tree's untar, walk and
-// grep within noise (docs/performance.md). It is right only while nothing
-// but the job changes those mounts. A session's /work and /out take
-// uploads from the host while it runs (Sandbox.WriteFile), which a cached
-// view misses (a file the host wrote over the job's symlink still showed
-// as the symlink), so sessions must keep "shared". A batch job's mounts
-// take no host write in production, but four of this package's tests
-// signal a running batch job by creating /work/go from the host
-// (waitForGo), which a job under exclusive never sees; they need another
-// signal before the flag can go here.
-var runscBatchFlags []string
+// --file-access-mounts=exclusive: gVisor caches what it learns of the
+// job's mounts (/work, /out, /tmp, /root, caches) instead of checking
+// every cached name and attribute against the host again on each use:
+// about 30% off a C build; a small-file tree's untar, walk and grep
+// within noise (docs/performance.md). It is right only while nothing but
+// the job changes those mounts, which holds for a batch job: the host
+// writes its mounts before it starts and reads them after it ends. A
+// session's /work and /out take uploads from the host while it runs
+// (Sandbox.WriteFile), which a cached view misses (a file the host wrote
+// over the job's symlink still showed as the symlink), so sessions keep
+// "shared". Writes still reach the host as they are made (gVisor writes
+// through the host file it holds), so a job killed at its deadline loses
+// nothing it wrote (TestWritesOutliveAKill).
+var runscBatchFlags = []string{"--file-access-mounts=exclusive"}
 
 // runtimeBin is one OCI runtime binary with its own state root.
 type runtimeBin struct {
@@ -162,6 +163,23 @@ func (r *runtimeBin) forceDelete(id string) error {
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("%s delete --force %s: %v: %s", r.class, id, err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// kill sends sig to the container's first process, or with pgid > 0 to
+// that process group (runsc names it by its pid inside gVisor).
+func (r *runtimeBin) kill(id string, pgid int, sig syscall.Signal) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	args := append(r.global(""), "kill")
+	if pgid > 0 {
+		args = append(args, "--pgid", strconv.Itoa(pgid))
+	}
+	cmd := exec.CommandContext(ctx, r.path, append(args, id, strconv.Itoa(int(sig)))...)
+	cmd.Env = runtimeEnv
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%s kill %s %d: %v: %s", r.class, id, sig, err, bytes.TrimSpace(out))
 	}
 	return nil
 }

@@ -8,7 +8,10 @@ import (
 // A batch job's runsc gets the batch flags; a session's, whose mounts
 // take the host's uploads while it runs, never does.
 func TestRunscBatchFlagsOnlyForBatchJobs(t *testing.T) {
-	batch := []string{"--file-access-mounts=exclusive"}
+	batch := runscBatchFlags
+	if len(batch) == 0 {
+		t.Fatal("no batch flags")
+	}
 	r := &runtimeBin{class: ClassRunsc, path: "runsc", root: "/r", platform: "ptrace", fsFlags: runscFSFlags, batchFlags: batch}
 	for _, session := range []bool{false, true} {
 		args := r.runCmd(t.TempDir(), "id", "", "/pid", session).Args

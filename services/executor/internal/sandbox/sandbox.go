@@ -409,6 +409,19 @@ func (s *Sandbox) Restart() error {
 	return nil
 }
 
+// Signal sends sig to the job's first process through the runtime. That
+// process is its PID namespace's init: a signal it has no handler for is
+// dropped, by the kernel and by gVisor alike, so only a job that asks for
+// a signal gets it. Tests use it to step a running job without writing
+// its mounts, which a batch job under runsc does not see while it runs
+// (runscBatchFlags).
+func (s *Sandbox) Signal(sig syscall.Signal) error {
+	if err := s.alive(); err != nil {
+		return err
+	}
+	return s.rt.kill(s.spec.ID, 0, sig)
+}
+
 // Destroy kills anything of the job still running, then unmounts and
 // removes its scratch, overlay, cgroups, runtime state and directories.
 // It is idempotent; after it returns nil nothing of the sandbox is left.

@@ -4,9 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -52,10 +51,12 @@ func (l *live) waitOutput(t *testing.T, s string) {
 	waitFor(t, fmt.Sprintf("the job to print %q", s), 20*time.Second, func() bool { return strings.Contains(l.out.String(), s) })
 }
 
-// signal makes /work/go appear inside the job.
+// signal sends the job's first process SIGUSR1, which waitForSignal's
+// loop waits for. The job must have installed its handler: a namespace's
+// init drops a signal it has none for.
 func (l *live) signal(t *testing.T) {
 	t.Helper()
-	if err := os.WriteFile(filepath.Join(l.sb.WorkDir(), "go"), nil, 0o644); err != nil {
+	if err := l.sb.Signal(syscall.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -76,7 +77,11 @@ func (l *live) wait(t *testing.T) ran {
 	}
 }
 
-const waitForGo = "echo ready; while [ ! -e /work/go ]; do sleep 0.05; done; "
+// waitForSignal prints ready once it takes SIGUSR1, then waits for one.
+// A running job is stepped by a signal, never by a file the host writes
+// into its mounts: a batch job under runsc caches what it knows of them
+// (runscBatchFlags) and would never see the file.
+const waitForSignal = `go=; trap 'go=1' USR1; echo ready; while [ -z "$go" ]; do sleep 0.05; done; `
 
 // jobLimits reads the limits of sb's cgroup back from the kernel. No swap
 // beyond the memory limit is ever allowed.
@@ -96,7 +101,7 @@ func jobLimits(t *testing.T, e *env, sb *Sandbox) cgroupLimits {
 // fits the 256 MiB it started with, not the 48 MiB it was lowered to.
 func TestUpdateLowerMemory(t *testing.T) {
 	e := newEnv(t)
-	l := e.start(t, waitForGo+"exec /work/probe balloon 100", defaultLimits)
+	l := e.start(t, waitForSignal+"exec /work/probe balloon 100", defaultLimits)
 	l.waitOutput(t, "ready")
 	lim := defaultLimits
 	lim.MemoryBytes = 48 << 20
@@ -151,7 +156,7 @@ func TestUpdateLowerMemoryDropsCache(t *testing.T) {
 // to move it to) keeps the limit where it was, and says why.
 func TestUpdateMemoryBelowUsageRefused(t *testing.T) {
 	e := newEnv(t)
-	l := e.start(t, "head -c 40m /dev/zero > /dev/shm/hold; "+waitForGo+"rm /dev/shm/hold; echo done", defaultLimits)
+	l := e.start(t, "head -c 40m /dev/zero > /dev/shm/hold; "+waitForSignal+"rm /dev/shm/hold; echo done", defaultLimits)
 	l.waitOutput(t, "ready")
 	lim := defaultLimits
 	lim.MemoryBytes = 24 << 20
@@ -175,9 +180,9 @@ func TestUpdateMemoryBelowUsageRefused(t *testing.T) {
 	wantExit(t, l.wait(t), 0)
 }
 
-// spawnScript starts 24 sleeps once /work/go appears, printing a line per
+// spawnScript starts 24 sleeps once signalled, printing a line per
 // success; a failed fork ends the loop.
-const spawnScript = waitForGo + `i=0
+const spawnScript = waitForSignal + `i=0
 while [ $i -lt 24 ]; do
   sleep 60 & 
   i=$((i+1))

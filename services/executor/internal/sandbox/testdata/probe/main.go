@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strconv"
 	"syscall"
 	"time"
@@ -91,15 +92,17 @@ func main() {
 				fmt.Println("allocated MiB", i)
 			}
 		}
+		// balloon MIB hold: keep it until SIGUSR1 comes (the test's
+		// Sandbox.Signal; the probe is the job's init, which gets only
+		// the signals it asks for).
+		hold := len(os.Args) > 3 && os.Args[3] == "hold"
+		usr1 := make(chan os.Signal, 1)
+		if hold {
+			signal.Notify(usr1, syscall.SIGUSR1)
+		}
 		fmt.Println("allocated all", len(keep))
-		// balloon MIB hold: keep it until /work/go appears.
-		if len(os.Args) > 3 && os.Args[3] == "hold" {
-			for {
-				if _, err := os.Stat("/work/go"); err == nil {
-					break
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
+		if hold {
+			<-usr1
 			fmt.Println("held", len(keep))
 		}
 	case "perms":
