@@ -354,7 +354,10 @@ func (s *scratch) waitDetached(wait time.Duration) error {
 	}
 	backing := filepath.Join("/sys/block", filepath.Base(s.loop), "loop", "backing_file")
 	end := time.Now().Add(wait)
-	for {
+	// The kernel detaches in its own time (tens of milliseconds when
+	// busy): poll often at first, then back off, so many jobs ending at
+	// once do not spin on sysfs.
+	for pause := time.Millisecond; ; pause = min(2*pause, 16*time.Millisecond) {
 		b, err := os.ReadFile(backing)
 		if err != nil || trimDeleted(string(trimNL(b))) != s.image {
 			return nil // detached, or already reused for another image
@@ -362,7 +365,7 @@ func (s *scratch) waitDetached(wait time.Duration) error {
 		if time.Now().After(end) {
 			break
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(pause)
 	}
 	dev, err := os.OpenFile(s.loop, os.O_RDWR, 0)
 	if err != nil {
