@@ -111,18 +111,24 @@ func main(name string, args []string, stdout, stderr io.Writer, check Check, run
 // performance work on a running stack (docs/performance.md).
 const CPUProfileDirEnv = "AIRLOCK_CPU_PROFILE_DIR"
 
+// startCPUProfile profiles into a new file of its own in path's directory
+// (O_EXCL: nothing planted there, a symlink included, is opened or
+// truncated) and renames it to path when the returned function stops it.
 func startCPUProfile(path string) (func(), error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
 		return nil, err
 	}
 	if err := pprof.StartCPUProfile(f); err != nil {
 		f.Close()
+		os.Remove(f.Name())
 		return nil, err
 	}
 	return func() {
 		pprof.StopCPUProfile()
-		f.Close()
+		if err := f.Close(); err == nil {
+			_ = os.Rename(f.Name(), path)
+		}
 	}, nil
 }
 

@@ -291,3 +291,24 @@ func (d *objdir) loosePrefix(prefix string) ([]string, error) {
 	}
 	return out, nil
 }
+
+// ReadFile reads a small file of a repository (a ref, packed-refs,
+// commondir, info/alternates) the way this package reads its objects: a
+// regular file only (a FIFO or device is refused without blocking), and at
+// most max bytes (ErrTooLarge past it). A missing file's error matches
+// os.ErrNotExist.
+func ReadFile(path string, max int64) ([]byte, error) {
+	f, err := openRegular(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > max {
+		return nil, fmt.Errorf("%w: %s is over %d bytes", ErrTooLarge, path, max)
+	}
+	return data, nil
+}

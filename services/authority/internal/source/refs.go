@@ -7,11 +7,11 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,15 +20,16 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/gitobj"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 )
 
-// refs are the names a repository resolves: HEAD and its branches and tags,
-// each to the object it names and, for an annotated tag, to what the tag
-// points at (peeled).
+// refs are the names a repository resolves: each full ref name ("HEAD",
+// "refs/heads/main") to the object it names. An annotated tag names the
+// tag object; peelCommit follows it from the objects themselves, never
+// from what a listing claims the tag points at.
 type refs struct {
-	ids    map[string]string // full ref name ("HEAD", "refs/heads/main") → object id
-	peeled map[string]string // ref name → the tag's target, when the server said
+	ids map[string]string
 }
 
 // candidates are the full names git tries for rev, in git's order
@@ -43,14 +44,10 @@ func candidates(rev string) []string {
 	return append(out, "refs/"+rev, "refs/tags/"+rev, "refs/heads/"+rev, "refs/remotes/"+rev, "refs/remotes/"+rev+"/HEAD")
 }
 
-// lookup returns the object rev names in r, peeled where the listing says
-// what an annotated tag points at, and whether any name matched.
+// lookup returns the object rev names in r, and whether any name matched.
 func (r refs) lookup(rev string) (string, bool) {
 	for _, name := range candidates(rev) {
 		if id, ok := r.ids[name]; ok {
-			if p, ok := r.peeled[name]; ok {
-				return p, true
-			}
 			return id, true
 		}
 	}
@@ -73,77 +70,75 @@ const (
 // remoteRefs lists a URL repository's refs: for https, with one request
 // over the repository's pooled connection (git's smart HTTP protocol, the
 // same GET git ls-remote makes); for file://, by reading the repository's
-// refs in place. Concurrent listings of one repository share one request.
+// refs in place. Concurrent listings of one repository share one request,
+// never one that started before they asked (flights).
 func (s *Source) remoteRefs(ctx context.Context, repo policy.Repository) (refs, error) {
-	if path, ok := strings.CutPrefix(repo.URL, "file://"); ok {
-		gitDir, err := localGitDir(path)
+	if strings.HasPrefix(repo.URL, "file://") {
+		u, err := url.Parse(repo.URL)
 		if err != nil {
-			return refs{}, fmt.Errorf("%w: repository %q: %v", errdefs.ErrUnavailable, repo.Name, err)
+			return refs{}, fmt.Errorf("%w: repository %q: url: %v", errdefs.ErrFailedPrecondition, repo.Name, err)
 		}
-		return readLocalRefs(gitDir)
+		gitDir, err := localGitDir(u.Path)
+		if err != nil {
+			return refs{}, fmt.Errorf("%w: repository %q could not be reached: %v", errdefs.ErrUnavailable, repo.Name, err)
+		}
+		r, err := readLocalRefs(gitDir)
+		if err != nil {
+			return refs{}, fmt.Errorf("%w: repository %q could not be reached: %v", errdefs.ErrUnavailable, repo.Name, err)
+		}
+		// What a mirror fetched by git would hold: HEAD, branches, tags.
+		for name := range r.ids {
+			if !mirrored(name) {
+				delete(r.ids, name)
+			}
+		}
+		return r, nil
 	}
-	return s.http.list(ctx, repo)
-}
-
-// httpRemotes keeps one HTTP client per (CA bundle) and coalesces
-// concurrent listings of the same repository.
-type httpRemotes struct {
-	mu      sync.Mutex
-	clients map[string]*http.Client
-	flights map[string]*flight
-}
-
-type flight struct {
-	done chan struct{}
-	refs refs
-	err  error
-}
-
-func (h *httpRemotes) list(ctx context.Context, repo policy.Repository) (refs, error) {
 	key := repo.URL + "\x00" + repo.CA + "\x00" + repo.Credential
-	h.mu.Lock()
-	if f, ok := h.flights[key]; ok {
-		h.mu.Unlock()
-		select {
-		case <-f.done:
-			return f.refs, f.err
-		case <-ctx.Done():
+	r, err := s.listings.do(ctx, key, time.Minute, func(ctx context.Context) (refs, error) {
+		return s.http.fetchRefs(ctx, repo)
+	})
+	if err != nil {
+		if ctx.Err() != nil {
 			return refs{}, ctx.Err()
 		}
+		// The reason is the server's and the transport's: it may echo
+		// what it was sent.
+		return refs{}, fmt.Errorf("%w: repository %q could not be reached: %s", errdefs.ErrUnavailable, repo.Name, redact(repo, err.Error()))
 	}
-	f := &flight{done: make(chan struct{})}
-	if h.flights == nil {
-		h.flights = map[string]*flight{}
-	}
-	h.flights[key] = f
-	h.mu.Unlock()
-	// The listing outlives a caller that gives up: others may wait on it.
-	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-	f.refs, f.err = h.fetchRefs(lctx, repo)
-	cancel()
-	h.mu.Lock()
-	delete(h.flights, key)
-	h.mu.Unlock()
-	close(f.done)
-	return f.refs, f.err
+	return r, nil
 }
 
-// client returns the pooled client for repo's CA bundle, made once per
-// bundle content (an operator who replaces the file gets a new one).
+// httpRemotes keeps one HTTP client per CA bundle.
+type httpRemotes struct {
+	mu      sync.Mutex
+	clients map[string]remoteClient
+}
+
+type remoteClient struct {
+	sum    [32]byte
+	client *http.Client
+}
+
+// client returns the pooled client for repo's CA bundle. A bundle whose
+// content changed (an operator replaced the file) gets a new client, and
+// the old one's idle connections are closed.
 func (h *httpRemotes) client(repo policy.Repository) (*http.Client, error) {
 	var pem []byte
 	if repo.CA != "" {
 		var err error
-		if pem, err = os.ReadFile(repo.CA); err != nil {
+		if pem, err = gitobj.ReadFile(repo.CA, maxCABytes); err != nil {
 			return nil, fmt.Errorf("%w: repository %q: ca: %v", errdefs.ErrFailedPrecondition, repo.Name, err)
 		}
 	}
 	sum := sha256.Sum256(pem)
-	key := repo.CA + "\x00" + hex.EncodeToString(sum[:])
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if c, ok := h.clients[key]; ok {
-		return c, nil
+	if c, ok := h.clients[repo.CA]; ok {
+		if c.sum == sum {
+			return c.client, nil
+		}
+		c.client.CloseIdleConnections()
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}
 	if repo.CA != "" {
@@ -170,11 +165,14 @@ func (h *httpRemotes) client(repo policy.Repository) (*http.Client, error) {
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 	if h.clients == nil {
-		h.clients = map[string]*http.Client{}
+		h.clients = map[string]remoteClient{}
 	}
-	h.clients[key] = c
+	h.clients[repo.CA] = remoteClient{sum: sum, client: c}
 	return c, nil
 }
+
+// maxCABytes bounds a repository's CA bundle.
+const maxCABytes = 1 << 20
 
 func (h *httpRemotes) fetchRefs(ctx context.Context, repo policy.Repository) (refs, error) {
 	c, err := h.client(repo)
@@ -197,9 +195,6 @@ func (h *httpRemotes) fetchRefs(ctx context.Context, repo policy.Repository) (re
 			req.Header.Set(name, value)
 		}
 	}
-	unreachable := func(why string) error {
-		return fmt.Errorf("%w: repository %q could not be reached: %s", errdefs.ErrUnavailable, repo.Name, why)
-	}
 	resp, err := c.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -207,24 +202,27 @@ func (h *httpRemotes) fetchRefs(ctx context.Context, repo policy.Repository) (re
 		}
 		// The error names the URL (configuration, never a secret) and
 		// what failed: DNS, TCP, TLS.
-		return refs{}, unreachable(redact(repo, err.Error()))
+		return refs{}, err
 	}
 	defer func() {
 		// Read to the end, so the connection goes back to the pool.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		resp.Body.Close()
 	}()
+	// Nothing the server wrote reaches an error: it may echo the
+	// credential it was sent, or bytes meant for a terminal.
+	status := fmt.Sprintf("%d %s", resp.StatusCode, http.StatusText(resp.StatusCode))
 	switch {
 	case resp.StatusCode >= 300 && resp.StatusCode < 400:
-		return refs{}, unreachable(fmt.Sprintf("the server answered %s; a redirect is not followed (it could carry the credential elsewhere): configure the repository's final URL", resp.Status))
+		return refs{}, fmt.Errorf("the server answered %s; a redirect is not followed (it could carry the credential elsewhere): configure the repository's final URL", status)
 	case resp.StatusCode != http.StatusOK:
-		return refs{}, unreachable("the server answered " + resp.Status)
+		return refs{}, fmt.Errorf("the server answered %s", status)
 	case resp.Header.Get("Content-Type") != "application/x-git-upload-pack-advertisement":
-		return refs{}, unreachable(fmt.Sprintf("the server does not speak git's smart HTTP protocol (Content-Type %q)", resp.Header.Get("Content-Type")))
+		return refs{}, errors.New("the server does not speak git's smart HTTP protocol (its answer is not a git-upload-pack advertisement)")
 	}
 	r, err := parseAdvertisement(io.LimitReader(resp.Body, maxAdvertisement+1))
 	if err != nil {
-		return refs{}, unreachable("its ref listing: " + err.Error())
+		return refs{}, fmt.Errorf("its ref listing: %v", err)
 	}
 	return r, nil
 }
@@ -235,7 +233,7 @@ func (h *httpRemotes) fetchRefs(ctx context.Context, repo policy.Repository) (re
 // annotated tag's target), ending in a flush packet. Only HEAD, branches
 // and tags are kept.
 func parseAdvertisement(r io.Reader) (refs, error) {
-	out := refs{ids: map[string]string{}, peeled: map[string]string{}}
+	out := refs{ids: map[string]string{}}
 	br := bufio.NewReader(r)
 	total := 0
 	next := func() ([]byte, bool, error) {
@@ -268,7 +266,7 @@ func parseAdvertisement(r io.Reader) (refs, error) {
 		return refs{}, err
 	}
 	if flush || string(first) != "# service=git-upload-pack" {
-		return refs{}, fmt.Errorf("no service line (got %q)", first)
+		return refs{}, errors.New("no service line")
 	}
 	if _, flush, err := next(); err != nil || !flush {
 		return refs{}, fmt.Errorf("no flush after the service line")
@@ -286,13 +284,10 @@ func parseAdvertisement(r io.Reader) (refs, error) {
 		}
 		id, name, ok := strings.Cut(string(line), " ")
 		if !ok || !isFullSHA(id) {
-			return refs{}, fmt.Errorf("bad ref line %q", truncate(string(line), 120))
+			return refs{}, fmt.Errorf("ref line %d is not an object id and a name", i+1)
 		}
-		if base, ok := strings.CutSuffix(name, "^{}"); ok {
-			if mirrored(base) {
-				out.peeled[base] = id
-			}
-			continue
+		if strings.HasSuffix(name, "^{}") {
+			continue // a tag's target, which peelCommit reads itself
 		}
 		if mirrored(name) {
 			out.ids[name] = id
@@ -300,77 +295,96 @@ func parseAdvertisement(r io.Reader) (refs, error) {
 	}
 }
 
+// Bounds on the files of a repository read in place.
+const (
+	maxRefFileBytes    = 4 << 10
+	maxPackedRefsBytes = 64 << 20
+	maxRefs            = 1 << 20
+)
+
 // readLocalRefs reads the refs of the repository at gitDir in place, the
 // way git does: HEAD from the git directory itself (a linked worktree has
-// its own), the rest from the common directory's loose ref files, then
-// its packed-refs file. Symbolic refs are followed.
+// its own), every other ref from the common directory's loose ref files,
+// which outrank its packed-refs file. Symbolic refs are followed. Only
+// regular files are read, each within a bound: the repository may be
+// hostile, and a FIFO or /dev/zero where a ref belongs must not hang or
+// fill the authority.
 func readLocalRefs(gitDir string) (refs, error) {
-	common := gitDir
-	if data, err := os.ReadFile(filepath.Join(gitDir, "commondir")); err == nil {
-		c := strings.TrimSpace(string(data))
-		if !filepath.IsAbs(c) {
-			c = filepath.Join(gitDir, c)
-		}
-		common = c
+	common, err := commonDir(gitDir)
+	if err != nil {
+		return refs{}, err
 	}
-	out := refs{ids: map[string]string{}, peeled: map[string]string{}}
 	raw := map[string]string{}
-	if data, err := os.ReadFile(filepath.Join(common, "packed-refs")); err == nil {
-		last := ""
+	data, err := gitobj.ReadFile(filepath.Join(common, "packed-refs"), maxPackedRefsBytes)
+	switch {
+	case err == nil:
 		for line := range strings.Lines(string(data)) {
 			line = strings.TrimRight(line, "\n")
-			switch {
-			case strings.HasPrefix(line, "#") || line == "":
-			case strings.HasPrefix(line, "^"):
-				if last != "" && isFullSHA(line[1:]) {
-					out.peeled[last] = line[1:]
-				}
-			default:
-				id, name, ok := strings.Cut(line, " ")
-				if ok && isFullSHA(id) {
-					raw[name], last = id, name
-				}
+			if strings.HasPrefix(line, "#") || strings.HasPrefix(line, "^") || line == "" {
+				continue
+			}
+			if id, name, ok := strings.Cut(line, " "); ok && isFullSHA(id) {
+				raw[name] = id
 			}
 		}
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return refs{}, fmt.Errorf("source: %w", err)
+	case !errors.Is(err, os.ErrNotExist):
+		return refs{}, fmt.Errorf("packed-refs: %v", err)
 	}
-	for _, dir := range []string{"refs/heads", "refs/tags"} {
-		root := filepath.Join(common, dir)
-		err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
-			if err != nil {
-				if errors.Is(err, os.ErrNotExist) {
-					return nil
-				}
-				return err
-			}
-			if !d.Type().IsRegular() {
+	root := filepath.Join(common, "refs")
+	err = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
 				return nil
 			}
-			rel, _ := filepath.Rel(common, p)
-			data, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			name := filepath.ToSlash(rel)
-			raw[name] = strings.TrimSpace(string(data))
-			// A loose ref outranks a packed one, and its peeled value.
-			delete(out.peeled, name)
-			return nil
-		})
-		if err != nil {
-			return refs{}, fmt.Errorf("source: refs: %w", err)
+			return err
 		}
+		if d.IsDir() || len(raw) > maxRefs {
+			if len(raw) > maxRefs {
+				return fmt.Errorf("more than %d refs", maxRefs)
+			}
+			return nil
+		}
+		if !d.Type().IsRegular() {
+			return nil // git's own files backend reads no FIFO or device either
+		}
+		data, err := gitobj.ReadFile(p, maxRefFileBytes)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(common, p)
+		raw[filepath.ToSlash(rel)] = strings.TrimSpace(string(data))
+		return nil
+	})
+	if err != nil {
+		return refs{}, fmt.Errorf("refs: %v", err)
 	}
-	if data, err := os.ReadFile(filepath.Join(gitDir, "HEAD")); err == nil {
+	if data, err := gitobj.ReadFile(filepath.Join(gitDir, "HEAD"), maxRefFileBytes); err == nil {
 		raw["HEAD"] = strings.TrimSpace(string(data))
 	}
+	out := refs{ids: map[string]string{}}
 	for name := range raw {
 		if id, ok := follow(raw, name); ok {
 			out.ids[name] = id
 		}
 	}
 	return out, nil
+}
+
+// commonDir is where a git directory's objects and refs live: its own, or
+// a linked worktree's common directory.
+func commonDir(gitDir string) (string, error) {
+	data, err := gitobj.ReadFile(filepath.Join(gitDir, "commondir"), maxRefFileBytes)
+	if errors.Is(err, os.ErrNotExist) {
+		return gitDir, nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("commondir: %v", err)
+	}
+	c := strings.TrimSpace(string(data))
+	if !filepath.IsAbs(c) {
+		c = filepath.Join(gitDir, c)
+	}
+	return c, nil
 }
 
 // follow resolves a ref to an object id through symbolic refs ("ref:
@@ -388,11 +402,4 @@ func follow(raw map[string]string, name string) (string, bool) {
 		name = strings.TrimSpace(target)
 	}
 	return "", false
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "..."
 }

@@ -72,7 +72,9 @@ type Source struct {
 	locks  map[string]*sync.Mutex
 	stores map[string]*gitobj.Store
 
-	http httpRemotes
+	http     httpRemotes
+	listings flights[refs]
+	fetches  flights[struct{}]
 }
 
 // New returns a Source keeping its mirrors and git's empty HOME under dir.
@@ -134,9 +136,9 @@ func (s *Source) Resolve(ctx context.Context, repo policy.Repository, rev string
 			return Revision{}, fmt.Errorf("%w: repository %q: %v", errdefs.ErrFailedPrecondition, repo.Name, err)
 		}
 		var r refs
-		if !isFullSHA(rev) {
+		if !isFullSHA(strings.ToLower(rev)) {
 			if r, err = readLocalRefs(gitDir); err != nil {
-				return Revision{}, err
+				return Revision{}, fmt.Errorf("%w: repository %q: %v", errdefs.ErrFailedPrecondition, repo.Name, err)
 			}
 		}
 		return s.resolveIn(ctx, repo, gitDir, r, rev, nil)
@@ -149,7 +151,7 @@ func (s *Source) Resolve(ctx context.Context, repo policy.Repository, rev string
 	var rv Revision
 	for attempt := 0; ; attempt++ {
 		var r refs
-		if !isFullSHA(rev) {
+		if !isFullSHA(strings.ToLower(rev)) {
 			if r, err = s.remoteRefs(ctx, repo); err != nil {
 				return Revision{}, err
 			}
@@ -161,7 +163,7 @@ func (s *Source) Resolve(ctx context.Context, repo policy.Repository, rev string
 		})
 		// A branch that moved again between the listing and the fetch
 		// names a commit the fetch did not bring: list it once more.
-		if err == nil || !fetched || attempt > 0 || isFullSHA(rev) || !errors.Is(err, ErrUnknownRevision) {
+		if err == nil || !fetched || attempt > 0 || isFullSHA(strings.ToLower(rev)) || !errors.Is(err, ErrUnknownRevision) {
 			break
 		}
 	}
@@ -182,19 +184,22 @@ func (s *Source) Resolve(ctx context.Context, repo policy.Repository, rev string
 func (s *Source) resolveIn(ctx context.Context, repo policy.Repository, gitDir string, r refs, rev string, fetch func(id string) error) (Revision, error) {
 	store, err := s.objects(gitDir)
 	if err != nil {
-		return Revision{}, err
+		return Revision{}, fmt.Errorf("%w: repository %q: %v", errdefs.ErrFailedPrecondition, repo.Name, err)
 	}
 	unknown := func(why string) error {
 		return fmt.Errorf("%w: %q in repository %q%s", ErrUnknownRevision, rev, repo.Name, why)
 	}
-	id := rev
-	if !isFullSHA(rev) {
+	// git takes a SHA in either case.
+	id, hex := rev, strings.ToLower(rev)
+	if isFullSHA(hex) {
+		id = hex
+	} else {
 		named, ok := r.lookup(rev)
 		switch {
 		case ok:
 			id = named
-		case isHexPrefix(rev):
-			ids, err := store.Prefix(rev, 2)
+		case isHexPrefix(hex):
+			ids, err := commitishPrefix(store, hex)
 			if err != nil {
 				return Revision{}, fmt.Errorf("source: repository %q: %w", repo.Name, err)
 			}
@@ -202,7 +207,7 @@ func (s *Source) resolveIn(ctx context.Context, repo policy.Repository, gitDir s
 				if err := fetch(""); err != nil {
 					return Revision{}, err
 				}
-				if ids, err = store.Prefix(rev, 2); err != nil {
+				if ids, err = commitishPrefix(store, hex); err != nil {
 					return Revision{}, fmt.Errorf("source: repository %q: %w", repo.Name, err)
 				}
 			}
@@ -236,8 +241,32 @@ func (s *Source) resolveIn(ctx context.Context, repo policy.Repository, gitDir s
 	return rv, nil
 }
 
-// maxCommitBytes bounds a commit or tag object read to resolve a revision.
-const maxCommitBytes = 16 << 20
+// maxCommitBytes bounds a commit or tag object read to resolve a revision
+// (and so, through gitobj, a delta base it is rebuilt from to 64 MiB).
+const maxCommitBytes = 1 << 20
+
+// commitishPrefix returns the commits and tags whose ids start with prefix,
+// as rev^{commit} disambiguates: a blob or tree sharing the prefix does
+// not make it ambiguous.
+func commitishPrefix(store *gitobj.Store, prefix string) ([]string, error) {
+	ids, err := store.Prefix(prefix, 16)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, id := range ids {
+		typ, _, err := store.Read(id, maxCommitBytes)
+		switch {
+		case errors.Is(err, gitobj.ErrTooLarge):
+			continue // no commit or tag this package would read
+		case err != nil:
+			return nil, err
+		case typ == "commit" || typ == "tag":
+			out = append(out, id)
+		}
+	}
+	return out, nil
+}
 
 var errNotCommit = errors.New("names no commit")
 
@@ -296,47 +325,68 @@ func isHexPrefix(s string) bool {
 	return true
 }
 
-// objects returns the object store of gitDir, opened once. A linked
-// worktree's objects are in its common directory.
+// objects returns the object store of gitDir (a linked worktree's is its
+// common directory's). A store is kept open and made again when the
+// directory's alternates change (a local repository moved, or its owner
+// borrowed objects from elsewhere).
 func (s *Source) objects(gitDir string) (*gitobj.Store, error) {
-	dir := filepath.Join(gitDir, "objects")
-	if data, err := os.ReadFile(filepath.Join(gitDir, "commondir")); err == nil {
-		common := strings.TrimSpace(string(data))
-		if !filepath.IsAbs(common) {
-			common = filepath.Join(gitDir, common)
-		}
-		dir = filepath.Join(common, "objects")
+	common, err := commonDir(gitDir)
+	if err != nil {
+		return nil, err
 	}
+	dir := filepath.Join(common, "objects")
+	alt, err := gitobj.ReadFile(filepath.Join(dir, "info", "alternates"), maxRefFileBytes)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("alternates: %v", err)
+	}
+	key := dir + "\x00" + string(alt)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if st, ok := s.stores[dir]; ok {
+	if st, ok := s.stores[key]; ok {
 		return st, nil
 	}
 	st, err := gitobj.Open(dir)
 	if err != nil {
-		return nil, fmt.Errorf("source: %w", err)
+		return nil, err
 	}
-	s.stores[dir] = st
+	for k, old := range s.stores {
+		if strings.HasPrefix(k, dir+"\x00") {
+			old.Close() // reads under way finish with the files they hold
+			delete(s.stores, k)
+		}
+	}
+	s.stores[key] = st
 	return st, nil
 }
 
-// fetchFor fetches the mirror dir unless it already holds id (another
-// submission may have fetched it while this one waited for the lock):
-// concurrent submissions wanting one new commit fetch once.
+// fetchFor fetches the mirror dir unless it already holds id. Concurrent
+// submissions that need a fetch share one that started after they asked
+// (flights): 8 submissions of a branch that moved fetch once, and a caller
+// sending unknown SHAs over and over queues at most one fetch behind the
+// one running. Each waits under its own context.
 func (s *Source) fetchFor(ctx context.Context, repo policy.Repository, dir, id string) error {
-	lock := s.lock(dir)
-	lock.Lock()
-	defer lock.Unlock()
 	if id != "" {
 		store, err := s.objects(dir)
 		if err != nil {
-			return err
+			return fmt.Errorf("source: repository %q: %w", repo.Name, err)
 		}
-		if ok, err := store.Has(id); err == nil && ok {
-			return nil
+		// A fetch already running may bring it.
+		for range 2 {
+			if ok, err := store.Has(id); err == nil && ok {
+				return nil
+			}
+			if err := s.fetches.wait(ctx, dir); err != nil {
+				return err
+			}
 		}
 	}
-	return s.fetch(ctx, repo, dir)
+	_, err := s.fetches.do(ctx, dir, 10*time.Minute, func(fctx context.Context) (struct{}, error) {
+		lock := s.lock(dir)
+		lock.Lock()
+		defer lock.Unlock()
+		return struct{}{}, s.fetch(fctx, repo, dir)
+	})
+	return err
 }
 
 // keepRef records refs/airlock/keep/COMMIT in the mirror dir, as a loose
@@ -386,7 +436,7 @@ func (s *Source) commitDir(ctx context.Context, repo policy.Repository, commit s
 	}
 	store, err := s.objects(gitDir)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("%w: repository %q: %v", errdefs.ErrFailedPrecondition, repo.Name, err)
 	}
 	if ok, err := store.Has(commit); err != nil {
 		return "", fmt.Errorf("source: repository %q: %w", repo.Name, err)
@@ -415,7 +465,7 @@ func (s *Source) CommitObject(ctx context.Context, repo policy.Repository, commi
 	}
 	store, err := s.objects(gitDir)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: repository %q: %v", errdefs.ErrFailedPrecondition, repo.Name, err)
 	}
 	typ, data, err := store.Read(commit, maxCommitBytes)
 	if err != nil {
@@ -443,12 +493,8 @@ func (s *Source) archiveDir(ctx context.Context, repo policy.Repository) (string
 		return "", fmt.Errorf("%w: repository %q: %v", errdefs.ErrFailedPrecondition, repo.Name, err)
 	}
 	// A linked worktree's objects live in its common directory.
-	if data, err := os.ReadFile(filepath.Join(gitDir, "commondir")); err == nil {
-		common := strings.TrimSpace(string(data))
-		if !filepath.IsAbs(common) {
-			common = filepath.Join(gitDir, common)
-		}
-		gitDir = common
+	if gitDir, err = commonDir(gitDir); err != nil {
+		return "", fmt.Errorf("%w: repository %q: %v", errdefs.ErrFailedPrecondition, repo.Name, err)
 	}
 	objects, err := filepath.Abs(filepath.Join(gitDir, "objects"))
 	if err != nil {
@@ -599,7 +645,7 @@ func localGitDir(path string) (string, error) {
 		if st.IsDir() {
 			return dotGit, nil
 		}
-		data, err := os.ReadFile(dotGit)
+		data, err := gitobj.ReadFile(dotGit, maxRefFileBytes)
 		if err != nil {
 			return "", err
 		}

@@ -1,0 +1,96 @@
+package source
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// flights runs one call per key at a time and lets concurrent callers share
+// it, but only a call that started after they asked: a caller never gets an
+// answer older than its own request (a ref listing from before a push, a
+// fetch that began before the commit it wants existed). While a call runs,
+// callers that arrive wait for the next one, which all of them share. Each
+// caller waits under its own context; the call itself runs under its own
+// deadline, whoever gave up on it.
+type flights[T any] struct {
+	mu    sync.Mutex
+	calls map[string]*pending[T]
+}
+
+type pending[T any] struct {
+	running, next *call[T]
+}
+
+type call[T any] struct {
+	done chan struct{}
+	val  T
+	err  error
+}
+
+// do returns the result of fn for key from a call that started after do
+// was called, or ctx's error once ctx ends first.
+func (f *flights[T]) do(ctx context.Context, key string, timeout time.Duration, fn func(context.Context) (T, error)) (T, error) {
+	f.mu.Lock()
+	if f.calls == nil {
+		f.calls = map[string]*pending[T]{}
+	}
+	p := f.calls[key]
+	var c *call[T]
+	switch {
+	case p == nil:
+		c = &call[T]{done: make(chan struct{})}
+		f.calls[key] = &pending[T]{running: c}
+		go f.run(key, c, timeout, fn)
+	case p.next == nil:
+		c = &call[T]{done: make(chan struct{})}
+		p.next = c
+	default:
+		c = p.next
+	}
+	f.mu.Unlock()
+	select {
+	case <-c.done:
+		return c.val, c.err
+	case <-ctx.Done():
+		var zero T
+		return zero, ctx.Err()
+	}
+}
+
+// wait waits for the call for key running now, if any, without asking
+// for another: for a caller that may find what it needs in its result.
+func (f *flights[T]) wait(ctx context.Context, key string) error {
+	f.mu.Lock()
+	var c *call[T]
+	if p := f.calls[key]; p != nil {
+		c = p.running
+	}
+	f.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	select {
+	case <-c.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// run runs c, then the call that waited behind it, if any.
+func (f *flights[T]) run(key string, c *call[T], timeout time.Duration, fn func(context.Context) (T, error)) {
+	for c != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		c.val, c.err = fn(ctx)
+		cancel()
+		close(c.done)
+		f.mu.Lock()
+		p := f.calls[key]
+		c, p.running, p.next = p.next, p.next, nil
+		if c == nil {
+			delete(f.calls, key)
+		}
+		f.mu.Unlock()
+	}
+}
