@@ -143,7 +143,7 @@ func (s *Source) Resolve(ctx context.Context, repo policy.Repository, rev string
 		}
 		return s.resolveIn(ctx, repo, gitDir, r, rev, nil)
 	}
-	dir, unlock, err := s.open(ctx, repo, false)
+	dir, unlock, err := s.open(ctx, repo)
 	if err != nil {
 		return Revision{}, err
 	}
@@ -481,7 +481,7 @@ func (s *Source) CommitObject(ctx context.Context, repo policy.Repository, commi
 // commits from, making it if needed.
 func (s *Source) archiveDir(ctx context.Context, repo policy.Repository) (string, error) {
 	if !repo.IsLocal() {
-		dir, unlock, err := s.open(ctx, repo, false)
+		dir, unlock, err := s.open(ctx, repo)
 		if err != nil {
 			return "", err
 		}
@@ -561,9 +561,8 @@ func (s *Source) initBare(ctx context.Context, repo policy.Repository, dir strin
 }
 
 // open returns the git directory to read repo from. For a URL it makes the
-// mirror if needed and, when fetch is set, fetches into it; the returned
-// unlock ends the mirror's exclusive use.
-func (s *Source) open(ctx context.Context, repo policy.Repository, fetch bool) (string, func(), error) {
+// mirror if needed; the returned unlock ends the mirror's exclusive use.
+func (s *Source) open(ctx context.Context, repo policy.Repository) (string, func(), error) {
 	if repo.IsLocal() {
 		dir, err := localGitDir(repo.URL)
 		if err != nil {
@@ -577,12 +576,6 @@ func (s *Source) open(ctx context.Context, repo policy.Repository, fetch bool) (
 	if err := s.initBare(ctx, repo, dir); err != nil {
 		lock.Unlock()
 		return "", nil, err
-	}
-	if fetch {
-		if err := s.fetch(ctx, repo, dir); err != nil {
-			lock.Unlock()
-			return "", nil, err
-		}
 	}
 	return dir, lock.Unlock, nil
 }

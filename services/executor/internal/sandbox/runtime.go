@@ -22,7 +22,7 @@ import (
 // runtimeEnv is the runtime process's whole environment. Nothing of the
 // executor's own environment reaches it (the job's comes from the bundle),
 // and variables such as XDG_RUNTIME_DIR would change how runc behaves.
-var runtimeEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+var runtimeEnv = []string{"PATH=" + DefaultPath}
 
 // runscFSFlags are the filesystem flags every runsc command gets.
 //
