@@ -263,6 +263,19 @@ func TestOneTraceAcrossServices(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := span.SpanContext().TraceID()
+	// A server span ends after its response is sent, so the client can
+	// return before the last hop's span is recorded: wait for it a while.
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		n := 0
+		for _, s := range rec.Ended() {
+			if s.Name() == healthpb.Health_Check_FullMethodName[1:] && s.SpanKind() == trace.SpanKindServer {
+				n++
+			}
+		}
+		if n >= 2 {
+			break
+		}
+	}
 	var servers, clients int
 	for _, s := range rec.Ended() {
 		if s.Name() != healthpb.Health_Check_FullMethodName[1:] {
