@@ -26,6 +26,8 @@ const (
 	KindReviewBundleMismatch = "review.bundle_mismatch"
 	KindRpcDenied            = "rpc.denied"
 	KindSourceFetched        = "source.fetched"
+	KindImageFetched         = "image.fetched"
+	KindImagesPruned         = "images.pruned"
 )
 
 // Kinds lists every kind, sorted.
@@ -54,5 +56,7 @@ func Kinds() []string {
 		KindReviewBundleMismatch,
 		KindRpcDenied,
 		KindSourceFetched,
+		KindImageFetched,
+		KindImagesPruned,
 	}
 }

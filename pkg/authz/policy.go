@@ -42,11 +42,15 @@ var AuthorityTable = Merge(Infrastructure, Table{
 	authorityv1.AuthorityService_ListFiles_FullMethodName:      {Clients},
 	authorityv1.AuthorityService_ListCaches_FullMethodName:     {Clients},
 	authorityv1.AuthorityService_ClearCaches_FullMethodName:    {Clients},
+	authorityv1.AuthorityService_ListImages_FullMethodName:     {Clients},
+	authorityv1.AuthorityService_PruneImages_FullMethodName:    {Clients},
 
 	// Only the executor stages source and reports results; the executor
 	// never gets a credential, only the bytes the authority read with it.
-	authorityv1.AuthorityService_FetchSource_FullMethodName:  {Executor},
-	authorityv1.AuthorityService_ReportResult_FullMethodName: {Executor},
+	authorityv1.AuthorityService_FetchSource_FullMethodName: {Executor},
+	// Images too: the registry credential stays here.
+	authorityv1.AuthorityService_FetchImageBlob_FullMethodName: {Executor},
+	authorityv1.AuthorityService_ReportResult_FullMethodName:   {Executor},
 
 	// Clients may read their own tenant's approvals (the handler scopes it);
 	// only approvers decide, and only the publisher consumes.
@@ -99,6 +103,8 @@ var ExecutorTable = Merge(Infrastructure, Table{
 	executorv1.ExecutorService_WriteFile_FullMethodName:   {Authority},
 	executorv1.ExecutorService_ListFiles_FullMethodName:   {Authority},
 	executorv1.ExecutorService_ListCaches_FullMethodName:  {Authority},
+	executorv1.ExecutorService_ListImages_FullMethodName:  {Authority},
+	executorv1.ExecutorService_PruneImages_FullMethodName: {Authority},
 	executorv1.ExecutorService_ClearCaches_FullMethodName: {Authority},
 })
 

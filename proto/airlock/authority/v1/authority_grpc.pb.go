@@ -48,6 +48,7 @@ const (
 	AuthorityService_WriteFile_FullMethodName            = "/airlock.authority.v1.AuthorityService/WriteFile"
 	AuthorityService_ListFiles_FullMethodName            = "/airlock.authority.v1.AuthorityService/ListFiles"
 	AuthorityService_FetchSource_FullMethodName          = "/airlock.authority.v1.AuthorityService/FetchSource"
+	AuthorityService_FetchImageBlob_FullMethodName       = "/airlock.authority.v1.AuthorityService/FetchImageBlob"
 	AuthorityService_ReportResult_FullMethodName         = "/airlock.authority.v1.AuthorityService/ReportResult"
 	AuthorityService_ListApprovals_FullMethodName        = "/airlock.authority.v1.AuthorityService/ListApprovals"
 	AuthorityService_GetApproval_FullMethodName          = "/airlock.authority.v1.AuthorityService/GetApproval"
@@ -65,6 +66,8 @@ const (
 	AuthorityService_ListAuditCheckpoints_FullMethodName = "/airlock.authority.v1.AuthorityService/ListAuditCheckpoints"
 	AuthorityService_ListCaches_FullMethodName           = "/airlock.authority.v1.AuthorityService/ListCaches"
 	AuthorityService_ClearCaches_FullMethodName          = "/airlock.authority.v1.AuthorityService/ClearCaches"
+	AuthorityService_ListImages_FullMethodName           = "/airlock.authority.v1.AuthorityService/ListImages"
+	AuthorityService_PruneImages_FullMethodName          = "/airlock.authority.v1.AuthorityService/PruneImages"
 )
 
 // AuthorityServiceClient is the client API for AuthorityService service.
@@ -168,6 +171,13 @@ type AuthorityServiceClient interface {
 	// with the authority's own credential. Callers: service/executor, only for
 	// a job it holds a grant for.
 	FetchSource(ctx context.Context, in *FetchSourceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FetchSourceResponse], error)
+	// FetchImageBlob streams one blob of a job's image (its manifest, its
+	// config or one of its layers, by digest), read from the registry with
+	// the tenant's credential, which never leaves the authority. The
+	// executor verifies the digest of what arrives. Callers:
+	// service/executor, only for a job it holds a grant for, and only the
+	// blobs of that grant's image.
+	FetchImageBlob(ctx context.Context, in *FetchImageBlobRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FetchImageBlobResponse], error)
 	// ReportResult records a run's outcome and its bundle digest.
 	// Callers: service/executor.
 	ReportResult(ctx context.Context, in *ReportResultRequest, opts ...grpc.CallOption) (*ReportResultResponse, error)
@@ -233,6 +243,14 @@ type AuthorityServiceClient interface {
 	// ClearCaches wipes a tenant's named caches (all, a repository's, or
 	// one name's); audited. Callers: client/* of the tenant.
 	ClearCaches(ctx context.Context, in *ClearCachesRequest, opts ...grpc.CallOption) (*ClearCachesResponse, error)
+	// ListImages lists the images the executor's cache holds that the
+	// tenant's jobs used (one, with its layers, when digest is set), and the
+	// whole cache's size. Callers: client/*, for its own tenant.
+	ListImages(ctx context.Context, in *ListImagesRequest, opts ...grpc.CallOption) (*ListImagesResponse, error)
+	// PruneImages drops the tenant's hold on its cached images (all, or the
+	// one named) that none of its jobs runs on; a layer no tenant holds and
+	// no job uses is deleted. Callers: client/*, for its own tenant.
+	PruneImages(ctx context.Context, in *PruneImagesRequest, opts ...grpc.CallOption) (*PruneImagesResponse, error)
 }
 
 type authorityServiceClient struct {
@@ -524,6 +542,25 @@ func (c *authorityServiceClient) FetchSource(ctx context.Context, in *FetchSourc
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AuthorityService_FetchSourceClient = grpc.ServerStreamingClient[FetchSourceResponse]
 
+func (c *authorityServiceClient) FetchImageBlob(ctx context.Context, in *FetchImageBlobRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FetchImageBlobResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[7], AuthorityService_FetchImageBlob_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FetchImageBlobRequest, FetchImageBlobResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AuthorityService_FetchImageBlobClient = grpc.ServerStreamingClient[FetchImageBlobResponse]
+
 func (c *authorityServiceClient) ReportResult(ctx context.Context, in *ReportResultRequest, opts ...grpc.CallOption) (*ReportResultResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ReportResultResponse)
@@ -556,7 +593,7 @@ func (c *authorityServiceClient) GetApproval(ctx context.Context, in *GetApprova
 
 func (c *authorityServiceClient) ReadReview(ctx context.Context, in *ReadReviewRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadReviewResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[7], AuthorityService_ReadReview_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[8], AuthorityService_ReadReview_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -703,6 +740,26 @@ func (c *authorityServiceClient) ClearCaches(ctx context.Context, in *ClearCache
 	return out, nil
 }
 
+func (c *authorityServiceClient) ListImages(ctx context.Context, in *ListImagesRequest, opts ...grpc.CallOption) (*ListImagesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListImagesResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_ListImages_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *authorityServiceClient) PruneImages(ctx context.Context, in *PruneImagesRequest, opts ...grpc.CallOption) (*PruneImagesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PruneImagesResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_PruneImages_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AuthorityServiceServer is the server API for AuthorityService service.
 // All implementations must embed UnimplementedAuthorityServiceServer
 // for forward compatibility.
@@ -804,6 +861,13 @@ type AuthorityServiceServer interface {
 	// with the authority's own credential. Callers: service/executor, only for
 	// a job it holds a grant for.
 	FetchSource(*FetchSourceRequest, grpc.ServerStreamingServer[FetchSourceResponse]) error
+	// FetchImageBlob streams one blob of a job's image (its manifest, its
+	// config or one of its layers, by digest), read from the registry with
+	// the tenant's credential, which never leaves the authority. The
+	// executor verifies the digest of what arrives. Callers:
+	// service/executor, only for a job it holds a grant for, and only the
+	// blobs of that grant's image.
+	FetchImageBlob(*FetchImageBlobRequest, grpc.ServerStreamingServer[FetchImageBlobResponse]) error
 	// ReportResult records a run's outcome and its bundle digest.
 	// Callers: service/executor.
 	ReportResult(context.Context, *ReportResultRequest) (*ReportResultResponse, error)
@@ -869,6 +933,14 @@ type AuthorityServiceServer interface {
 	// ClearCaches wipes a tenant's named caches (all, a repository's, or
 	// one name's); audited. Callers: client/* of the tenant.
 	ClearCaches(context.Context, *ClearCachesRequest) (*ClearCachesResponse, error)
+	// ListImages lists the images the executor's cache holds that the
+	// tenant's jobs used (one, with its layers, when digest is set), and the
+	// whole cache's size. Callers: client/*, for its own tenant.
+	ListImages(context.Context, *ListImagesRequest) (*ListImagesResponse, error)
+	// PruneImages drops the tenant's hold on its cached images (all, or the
+	// one named) that none of its jobs runs on; a layer no tenant holds and
+	// no job uses is deleted. Callers: client/*, for its own tenant.
+	PruneImages(context.Context, *PruneImagesRequest) (*PruneImagesResponse, error)
 	mustEmbedUnimplementedAuthorityServiceServer()
 }
 
@@ -948,6 +1020,9 @@ func (UnimplementedAuthorityServiceServer) ListFiles(context.Context, *ListFiles
 func (UnimplementedAuthorityServiceServer) FetchSource(*FetchSourceRequest, grpc.ServerStreamingServer[FetchSourceResponse]) error {
 	return status.Error(codes.Unimplemented, "method FetchSource not implemented")
 }
+func (UnimplementedAuthorityServiceServer) FetchImageBlob(*FetchImageBlobRequest, grpc.ServerStreamingServer[FetchImageBlobResponse]) error {
+	return status.Error(codes.Unimplemented, "method FetchImageBlob not implemented")
+}
 func (UnimplementedAuthorityServiceServer) ReportResult(context.Context, *ReportResultRequest) (*ReportResultResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReportResult not implemented")
 }
@@ -998,6 +1073,12 @@ func (UnimplementedAuthorityServiceServer) ListCaches(context.Context, *ListCach
 }
 func (UnimplementedAuthorityServiceServer) ClearCaches(context.Context, *ClearCachesRequest) (*ClearCachesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ClearCaches not implemented")
+}
+func (UnimplementedAuthorityServiceServer) ListImages(context.Context, *ListImagesRequest) (*ListImagesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListImages not implemented")
+}
+func (UnimplementedAuthorityServiceServer) PruneImages(context.Context, *PruneImagesRequest) (*PruneImagesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PruneImages not implemented")
 }
 func (UnimplementedAuthorityServiceServer) mustEmbedUnimplementedAuthorityServiceServer() {}
 func (UnimplementedAuthorityServiceServer) testEmbeddedByValue()                          {}
@@ -1377,6 +1458,17 @@ func _AuthorityService_FetchSource_Handler(srv interface{}, stream grpc.ServerSt
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AuthorityService_FetchSourceServer = grpc.ServerStreamingServer[FetchSourceResponse]
 
+func _AuthorityService_FetchImageBlob_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FetchImageBlobRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AuthorityServiceServer).FetchImageBlob(m, &grpc.GenericServerStream[FetchImageBlobRequest, FetchImageBlobResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AuthorityService_FetchImageBlobServer = grpc.ServerStreamingServer[FetchImageBlobResponse]
+
 func _AuthorityService_ReportResult_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ReportResultRequest)
 	if err := dec(in); err != nil {
@@ -1676,6 +1768,42 @@ func _AuthorityService_ClearCaches_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AuthorityService_ListImages_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListImagesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).ListImages(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_ListImages_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).ListImages(ctx, req.(*ListImagesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AuthorityService_PruneImages_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PruneImagesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).PruneImages(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_PruneImages_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).PruneImages(ctx, req.(*PruneImagesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AuthorityService_ServiceDesc is the grpc.ServiceDesc for AuthorityService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1811,6 +1939,14 @@ var AuthorityService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ClearCaches",
 			Handler:    _AuthorityService_ClearCaches_Handler,
 		},
+		{
+			MethodName: "ListImages",
+			Handler:    _AuthorityService_ListImages_Handler,
+		},
+		{
+			MethodName: "PruneImages",
+			Handler:    _AuthorityService_PruneImages_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -1847,6 +1983,11 @@ var AuthorityService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "FetchSource",
 			Handler:       _AuthorityService_FetchSource_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "FetchImageBlob",
+			Handler:       _AuthorityService_FetchImageBlob_Handler,
 			ServerStreams: true,
 		},
 		{

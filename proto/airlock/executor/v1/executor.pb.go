@@ -2839,6 +2839,235 @@ func (x *ClearCachesResponse) GetCleared() []*v1.CacheInfo {
 	return nil
 }
 
+// ListImagesRequest names a tenant, and optionally one image.
+type ListImagesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Only this image ("sha256:<hex>", a manifest digest), with its layers.
+	Digest        string `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListImagesRequest) Reset() {
+	*x = ListImagesRequest{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListImagesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListImagesRequest) ProtoMessage() {}
+
+func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
+func (*ListImagesRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *ListImagesRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ListImagesRequest) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+// ListImagesResponse lists a tenant's cached images.
+type ListImagesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Most recently used first.
+	Images []*v1.ImageInfo `protobuf:"bytes,1,rep,name=images,proto3" json:"images,omitempty"`
+	// The executor's whole cache.
+	Cache         *v1.ImageCacheStats `protobuf:"bytes,2,opt,name=cache,proto3" json:"cache,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListImagesResponse) Reset() {
+	*x = ListImagesResponse{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListImagesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListImagesResponse) ProtoMessage() {}
+
+func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
+func (*ListImagesResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *ListImagesResponse) GetImages() []*v1.ImageInfo {
+	if x != nil {
+		return x.Images
+	}
+	return nil
+}
+
+func (x *ListImagesResponse) GetCache() *v1.ImageCacheStats {
+	if x != nil {
+		return x.Cache
+	}
+	return nil
+}
+
+// PruneImagesRequest names what to prune.
+type PruneImagesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Only this image; empty for every image the tenant holds.
+	Digest        string `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PruneImagesRequest) Reset() {
+	*x = PruneImagesRequest{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PruneImagesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PruneImagesRequest) ProtoMessage() {}
+
+func (x *PruneImagesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PruneImagesRequest.ProtoReflect.Descriptor instead.
+func (*PruneImagesRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *PruneImagesRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *PruneImagesRequest) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+// PruneImagesResponse says what was pruned.
+type PruneImagesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The images the tenant no longer holds.
+	Pruned []*v1.ImageInfo `protobuf:"bytes,1,rep,name=pruned,proto3" json:"pruned,omitempty"`
+	// Bytes deleted from the executor's disk (layers no one holds).
+	FreedBytes int64 `protobuf:"varint,2,opt,name=freed_bytes,json=freedBytes,proto3" json:"freed_bytes,omitempty"`
+	// Images kept because a job of the tenant runs on them.
+	InUse         []string `protobuf:"bytes,3,rep,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PruneImagesResponse) Reset() {
+	*x = PruneImagesResponse{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PruneImagesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PruneImagesResponse) ProtoMessage() {}
+
+func (x *PruneImagesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PruneImagesResponse.ProtoReflect.Descriptor instead.
+func (*PruneImagesResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *PruneImagesResponse) GetPruned() []*v1.ImageInfo {
+	if x != nil {
+		return x.Pruned
+	}
+	return nil
+}
+
+func (x *PruneImagesResponse) GetFreedBytes() int64 {
+	if x != nil {
+		return x.FreedBytes
+	}
+	return 0
+}
+
+func (x *PruneImagesResponse) GetInUse() []string {
+	if x != nil {
+		return x.InUse
+	}
+	return nil
+}
+
 var File_airlock_executor_v1_executor_proto protoreflect.FileDescriptor
 
 const file_airlock_executor_v1_executor_proto_rawDesc = "" +
@@ -3000,14 +3229,28 @@ const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"repository\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\"L\n" +
 	"\x13ClearCachesResponse\x125\n" +
-	"\acleared\x18\x01 \x03(\v2\x1b.airlock.types.v1.CacheInfoR\acleared*\x9a\x01\n" +
+	"\acleared\x18\x01 \x03(\v2\x1b.airlock.types.v1.CacheInfoR\acleared\"C\n" +
+	"\x11ListImagesRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06digest\x18\x02 \x01(\tR\x06digest\"\x82\x01\n" +
+	"\x12ListImagesResponse\x123\n" +
+	"\x06images\x18\x01 \x03(\v2\x1b.airlock.types.v1.ImageInfoR\x06images\x127\n" +
+	"\x05cache\x18\x02 \x01(\v2!.airlock.types.v1.ImageCacheStatsR\x05cache\"D\n" +
+	"\x12PruneImagesRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06digest\x18\x02 \x01(\tR\x06digest\"\x82\x01\n" +
+	"\x13PruneImagesResponse\x123\n" +
+	"\x06pruned\x18\x01 \x03(\v2\x1b.airlock.types.v1.ImageInfoR\x06pruned\x12\x1f\n" +
+	"\vfreed_bytes\x18\x02 \x01(\x03R\n" +
+	"freedBytes\x12\x15\n" +
+	"\x06in_use\x18\x03 \x03(\tR\x05inUse*\x9a\x01\n" +
 	"\bRunState\x12\x19\n" +
 	"\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11RUN_STATE_STAGING\x10\x01\x12\x15\n" +
 	"\x11RUN_STATE_RUNNING\x10\x02\x12\x16\n" +
 	"\x12RUN_STATE_FINISHED\x10\x03\x12\x14\n" +
 	"\x10RUN_STATE_FAILED\x10\x04\x12\x17\n" +
-	"\x13RUN_STATE_CANCELLED\x10\x052\xc6\x0e\n" +
+	"\x13RUN_STATE_CANCELLED\x10\x052\x87\x10\n" +
 	"\x0fExecutorService\x12W\n" +
 	"\bStartJob\x12$.airlock.executor.v1.StartJobRequest\x1a%.airlock.executor.v1.StartJobResponse\x12Q\n" +
 	"\x06GetRun\x12\".airlock.executor.v1.GetRunRequest\x1a#.airlock.executor.v1.GetRunResponse\x12Y\n" +
@@ -3031,7 +3274,10 @@ const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"\tListFiles\x12%.airlock.executor.v1.ListFilesRequest\x1a&.airlock.executor.v1.ListFilesResponse\x12]\n" +
 	"\n" +
 	"ListCaches\x12&.airlock.executor.v1.ListCachesRequest\x1a'.airlock.executor.v1.ListCachesResponse\x12`\n" +
-	"\vClearCaches\x12'.airlock.executor.v1.ClearCachesRequest\x1a(.airlock.executor.v1.ClearCachesResponseBCZAgithub.com/airlockhq/airlock/proto/airlock/executor/v1;executorv1b\x06proto3"
+	"\vClearCaches\x12'.airlock.executor.v1.ClearCachesRequest\x1a(.airlock.executor.v1.ClearCachesResponse\x12]\n" +
+	"\n" +
+	"ListImages\x12&.airlock.executor.v1.ListImagesRequest\x1a'.airlock.executor.v1.ListImagesResponse\x12`\n" +
+	"\vPruneImages\x12'.airlock.executor.v1.PruneImagesRequest\x1a(.airlock.executor.v1.PruneImagesResponseBCZAgithub.com/airlockhq/airlock/proto/airlock/executor/v1;executorv1b\x06proto3"
 
 var (
 	file_airlock_executor_v1_executor_proto_rawDescOnce sync.Once
@@ -3046,7 +3292,7 @@ func file_airlock_executor_v1_executor_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_executor_v1_executor_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_airlock_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_airlock_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_airlock_executor_v1_executor_proto_goTypes = []any{
 	(RunState)(0),                  // 0: airlock.executor.v1.RunState
 	(*Run)(nil),                    // 1: airlock.executor.v1.Run
@@ -3093,106 +3339,119 @@ var file_airlock_executor_v1_executor_proto_goTypes = []any{
 	(*ListCachesResponse)(nil),     // 42: airlock.executor.v1.ListCachesResponse
 	(*ClearCachesRequest)(nil),     // 43: airlock.executor.v1.ClearCachesRequest
 	(*ClearCachesResponse)(nil),    // 44: airlock.executor.v1.ClearCachesResponse
-	(*v1.SignedGrant)(nil),         // 45: airlock.types.v1.SignedGrant
-	(*timestamppb.Timestamp)(nil),  // 46: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),           // 47: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil), // 48: airlock.types.v1.NetworkPolicyStatus
-	(v1.TerminationReason)(0),      // 49: airlock.types.v1.TerminationReason
-	(*v1.OutputChunk)(nil),         // 50: airlock.types.v1.OutputChunk
-	(*v1.EgressEvent)(nil),         // 51: airlock.types.v1.EgressEvent
-	(*v1.ExecSpec)(nil),            // 52: airlock.types.v1.ExecSpec
-	(*v1.Exec)(nil),                // 53: airlock.types.v1.Exec
-	(*v1.FileWrite)(nil),           // 54: airlock.types.v1.FileWrite
-	(*v1.FileHeader)(nil),          // 55: airlock.types.v1.FileHeader
-	(*v1.FileEntry)(nil),           // 56: airlock.types.v1.FileEntry
-	(*v1.CacheInfo)(nil),           // 57: airlock.types.v1.CacheInfo
+	(*ListImagesRequest)(nil),      // 45: airlock.executor.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),     // 46: airlock.executor.v1.ListImagesResponse
+	(*PruneImagesRequest)(nil),     // 47: airlock.executor.v1.PruneImagesRequest
+	(*PruneImagesResponse)(nil),    // 48: airlock.executor.v1.PruneImagesResponse
+	(*v1.SignedGrant)(nil),         // 49: airlock.types.v1.SignedGrant
+	(*timestamppb.Timestamp)(nil),  // 50: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),           // 51: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil), // 52: airlock.types.v1.NetworkPolicyStatus
+	(v1.TerminationReason)(0),      // 53: airlock.types.v1.TerminationReason
+	(*v1.OutputChunk)(nil),         // 54: airlock.types.v1.OutputChunk
+	(*v1.EgressEvent)(nil),         // 55: airlock.types.v1.EgressEvent
+	(*v1.ExecSpec)(nil),            // 56: airlock.types.v1.ExecSpec
+	(*v1.Exec)(nil),                // 57: airlock.types.v1.Exec
+	(*v1.FileWrite)(nil),           // 58: airlock.types.v1.FileWrite
+	(*v1.FileHeader)(nil),          // 59: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),           // 60: airlock.types.v1.FileEntry
+	(*v1.CacheInfo)(nil),           // 61: airlock.types.v1.CacheInfo
+	(*v1.ImageInfo)(nil),           // 62: airlock.types.v1.ImageInfo
+	(*v1.ImageCacheStats)(nil),     // 63: airlock.types.v1.ImageCacheStats
 }
 var file_airlock_executor_v1_executor_proto_depIdxs = []int32{
 	0,  // 0: airlock.executor.v1.Run.state:type_name -> airlock.executor.v1.RunState
-	45, // 1: airlock.executor.v1.Run.grant:type_name -> airlock.types.v1.SignedGrant
-	46, // 2: airlock.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	46, // 3: airlock.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
-	46, // 4: airlock.executor.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
-	47, // 5: airlock.executor.v1.Run.result:type_name -> airlock.types.v1.RunResult
-	48, // 6: airlock.executor.v1.Run.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	49, // 7: airlock.executor.v1.Run.suspend_reason:type_name -> airlock.types.v1.TerminationReason
-	45, // 8: airlock.executor.v1.StartJobRequest.grant:type_name -> airlock.types.v1.SignedGrant
+	49, // 1: airlock.executor.v1.Run.grant:type_name -> airlock.types.v1.SignedGrant
+	50, // 2: airlock.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	50, // 3: airlock.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
+	50, // 4: airlock.executor.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
+	51, // 5: airlock.executor.v1.Run.result:type_name -> airlock.types.v1.RunResult
+	52, // 6: airlock.executor.v1.Run.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	53, // 7: airlock.executor.v1.Run.suspend_reason:type_name -> airlock.types.v1.TerminationReason
+	49, // 8: airlock.executor.v1.StartJobRequest.grant:type_name -> airlock.types.v1.SignedGrant
 	1,  // 9: airlock.executor.v1.StartJobResponse.run:type_name -> airlock.executor.v1.Run
 	1,  // 10: airlock.executor.v1.GetRunResponse.run:type_name -> airlock.executor.v1.Run
 	1,  // 11: airlock.executor.v1.WatchRunResponse.run:type_name -> airlock.executor.v1.Run
-	50, // 12: airlock.executor.v1.WatchRunResponse.output:type_name -> airlock.types.v1.OutputChunk
-	51, // 13: airlock.executor.v1.WatchRunResponse.egress:type_name -> airlock.types.v1.EgressEvent
+	54, // 12: airlock.executor.v1.WatchRunResponse.output:type_name -> airlock.types.v1.OutputChunk
+	55, // 13: airlock.executor.v1.WatchRunResponse.egress:type_name -> airlock.types.v1.EgressEvent
 	1,  // 14: airlock.executor.v1.CancelRunResponse.run:type_name -> airlock.executor.v1.Run
-	45, // 15: airlock.executor.v1.UpdateRunRequest.grant:type_name -> airlock.types.v1.SignedGrant
+	49, // 15: airlock.executor.v1.UpdateRunRequest.grant:type_name -> airlock.types.v1.SignedGrant
 	1,  // 16: airlock.executor.v1.UpdateRunResponse.run:type_name -> airlock.executor.v1.Run
-	48, // 17: airlock.executor.v1.UpdateRunResponse.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	52, // 17: airlock.executor.v1.UpdateRunResponse.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
 	13, // 18: airlock.executor.v1.GetArtifactResponse.header:type_name -> airlock.executor.v1.ArtifactHeader
-	52, // 19: airlock.executor.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	53, // 20: airlock.executor.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	53, // 21: airlock.executor.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	53, // 22: airlock.executor.v1.ListExecsResponse.execs:type_name -> airlock.types.v1.Exec
-	54, // 23: airlock.executor.v1.ListExecsResponse.file_writes:type_name -> airlock.types.v1.FileWrite
-	50, // 24: airlock.executor.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	53, // 25: airlock.executor.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	52, // 26: airlock.executor.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
+	56, // 19: airlock.executor.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	57, // 20: airlock.executor.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	57, // 21: airlock.executor.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	57, // 22: airlock.executor.v1.ListExecsResponse.execs:type_name -> airlock.types.v1.Exec
+	58, // 23: airlock.executor.v1.ListExecsResponse.file_writes:type_name -> airlock.types.v1.FileWrite
+	54, // 24: airlock.executor.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	57, // 25: airlock.executor.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	56, // 26: airlock.executor.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
 	23, // 27: airlock.executor.v1.RunExecRequest.start:type_name -> airlock.executor.v1.RunExecStart
 	16, // 28: airlock.executor.v1.RunExecResponse.started:type_name -> airlock.executor.v1.StartExecResponse
-	50, // 29: airlock.executor.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	53, // 30: airlock.executor.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
-	53, // 31: airlock.executor.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	54, // 29: airlock.executor.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	57, // 30: airlock.executor.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
+	57, // 31: airlock.executor.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
 	1,  // 32: airlock.executor.v1.FinishRunResponse.run:type_name -> airlock.executor.v1.Run
-	55, // 33: airlock.executor.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	59, // 33: airlock.executor.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
 	32, // 34: airlock.executor.v1.WriteFileRequest.header:type_name -> airlock.executor.v1.WriteFileHeader
-	56, // 35: airlock.executor.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	60, // 35: airlock.executor.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
 	1,  // 36: airlock.executor.v1.SuspendRunResponse.run:type_name -> airlock.executor.v1.Run
 	1,  // 37: airlock.executor.v1.ResumeRunResponse.run:type_name -> airlock.executor.v1.Run
-	57, // 38: airlock.executor.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
-	57, // 39: airlock.executor.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
-	2,  // 40: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
-	4,  // 41: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
-	6,  // 42: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
-	8,  // 43: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
-	10, // 44: airlock.executor.v1.ExecutorService.UpdateRun:input_type -> airlock.executor.v1.UpdateRunRequest
-	12, // 45: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
-	15, // 46: airlock.executor.v1.ExecutorService.StartExec:input_type -> airlock.executor.v1.StartExecRequest
-	17, // 47: airlock.executor.v1.ExecutorService.GetExec:input_type -> airlock.executor.v1.GetExecRequest
-	19, // 48: airlock.executor.v1.ExecutorService.ListExecs:input_type -> airlock.executor.v1.ListExecsRequest
-	21, // 49: airlock.executor.v1.ExecutorService.WatchExec:input_type -> airlock.executor.v1.WatchExecRequest
-	26, // 50: airlock.executor.v1.ExecutorService.CancelExec:input_type -> airlock.executor.v1.CancelExecRequest
-	24, // 51: airlock.executor.v1.ExecutorService.RunExec:input_type -> airlock.executor.v1.RunExecRequest
-	28, // 52: airlock.executor.v1.ExecutorService.FinishRun:input_type -> airlock.executor.v1.FinishRunRequest
-	37, // 53: airlock.executor.v1.ExecutorService.SuspendRun:input_type -> airlock.executor.v1.SuspendRunRequest
-	39, // 54: airlock.executor.v1.ExecutorService.ResumeRun:input_type -> airlock.executor.v1.ResumeRunRequest
-	30, // 55: airlock.executor.v1.ExecutorService.ReadFile:input_type -> airlock.executor.v1.ReadFileRequest
-	33, // 56: airlock.executor.v1.ExecutorService.WriteFile:input_type -> airlock.executor.v1.WriteFileRequest
-	35, // 57: airlock.executor.v1.ExecutorService.ListFiles:input_type -> airlock.executor.v1.ListFilesRequest
-	41, // 58: airlock.executor.v1.ExecutorService.ListCaches:input_type -> airlock.executor.v1.ListCachesRequest
-	43, // 59: airlock.executor.v1.ExecutorService.ClearCaches:input_type -> airlock.executor.v1.ClearCachesRequest
-	3,  // 60: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
-	5,  // 61: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
-	7,  // 62: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
-	9,  // 63: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
-	11, // 64: airlock.executor.v1.ExecutorService.UpdateRun:output_type -> airlock.executor.v1.UpdateRunResponse
-	14, // 65: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
-	16, // 66: airlock.executor.v1.ExecutorService.StartExec:output_type -> airlock.executor.v1.StartExecResponse
-	18, // 67: airlock.executor.v1.ExecutorService.GetExec:output_type -> airlock.executor.v1.GetExecResponse
-	20, // 68: airlock.executor.v1.ExecutorService.ListExecs:output_type -> airlock.executor.v1.ListExecsResponse
-	22, // 69: airlock.executor.v1.ExecutorService.WatchExec:output_type -> airlock.executor.v1.WatchExecResponse
-	27, // 70: airlock.executor.v1.ExecutorService.CancelExec:output_type -> airlock.executor.v1.CancelExecResponse
-	25, // 71: airlock.executor.v1.ExecutorService.RunExec:output_type -> airlock.executor.v1.RunExecResponse
-	29, // 72: airlock.executor.v1.ExecutorService.FinishRun:output_type -> airlock.executor.v1.FinishRunResponse
-	38, // 73: airlock.executor.v1.ExecutorService.SuspendRun:output_type -> airlock.executor.v1.SuspendRunResponse
-	40, // 74: airlock.executor.v1.ExecutorService.ResumeRun:output_type -> airlock.executor.v1.ResumeRunResponse
-	31, // 75: airlock.executor.v1.ExecutorService.ReadFile:output_type -> airlock.executor.v1.ReadFileResponse
-	34, // 76: airlock.executor.v1.ExecutorService.WriteFile:output_type -> airlock.executor.v1.WriteFileResponse
-	36, // 77: airlock.executor.v1.ExecutorService.ListFiles:output_type -> airlock.executor.v1.ListFilesResponse
-	42, // 78: airlock.executor.v1.ExecutorService.ListCaches:output_type -> airlock.executor.v1.ListCachesResponse
-	44, // 79: airlock.executor.v1.ExecutorService.ClearCaches:output_type -> airlock.executor.v1.ClearCachesResponse
-	60, // [60:80] is the sub-list for method output_type
-	40, // [40:60] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	61, // 38: airlock.executor.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
+	61, // 39: airlock.executor.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
+	62, // 40: airlock.executor.v1.ListImagesResponse.images:type_name -> airlock.types.v1.ImageInfo
+	63, // 41: airlock.executor.v1.ListImagesResponse.cache:type_name -> airlock.types.v1.ImageCacheStats
+	62, // 42: airlock.executor.v1.PruneImagesResponse.pruned:type_name -> airlock.types.v1.ImageInfo
+	2,  // 43: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
+	4,  // 44: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
+	6,  // 45: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
+	8,  // 46: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
+	10, // 47: airlock.executor.v1.ExecutorService.UpdateRun:input_type -> airlock.executor.v1.UpdateRunRequest
+	12, // 48: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
+	15, // 49: airlock.executor.v1.ExecutorService.StartExec:input_type -> airlock.executor.v1.StartExecRequest
+	17, // 50: airlock.executor.v1.ExecutorService.GetExec:input_type -> airlock.executor.v1.GetExecRequest
+	19, // 51: airlock.executor.v1.ExecutorService.ListExecs:input_type -> airlock.executor.v1.ListExecsRequest
+	21, // 52: airlock.executor.v1.ExecutorService.WatchExec:input_type -> airlock.executor.v1.WatchExecRequest
+	26, // 53: airlock.executor.v1.ExecutorService.CancelExec:input_type -> airlock.executor.v1.CancelExecRequest
+	24, // 54: airlock.executor.v1.ExecutorService.RunExec:input_type -> airlock.executor.v1.RunExecRequest
+	28, // 55: airlock.executor.v1.ExecutorService.FinishRun:input_type -> airlock.executor.v1.FinishRunRequest
+	37, // 56: airlock.executor.v1.ExecutorService.SuspendRun:input_type -> airlock.executor.v1.SuspendRunRequest
+	39, // 57: airlock.executor.v1.ExecutorService.ResumeRun:input_type -> airlock.executor.v1.ResumeRunRequest
+	30, // 58: airlock.executor.v1.ExecutorService.ReadFile:input_type -> airlock.executor.v1.ReadFileRequest
+	33, // 59: airlock.executor.v1.ExecutorService.WriteFile:input_type -> airlock.executor.v1.WriteFileRequest
+	35, // 60: airlock.executor.v1.ExecutorService.ListFiles:input_type -> airlock.executor.v1.ListFilesRequest
+	41, // 61: airlock.executor.v1.ExecutorService.ListCaches:input_type -> airlock.executor.v1.ListCachesRequest
+	43, // 62: airlock.executor.v1.ExecutorService.ClearCaches:input_type -> airlock.executor.v1.ClearCachesRequest
+	45, // 63: airlock.executor.v1.ExecutorService.ListImages:input_type -> airlock.executor.v1.ListImagesRequest
+	47, // 64: airlock.executor.v1.ExecutorService.PruneImages:input_type -> airlock.executor.v1.PruneImagesRequest
+	3,  // 65: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
+	5,  // 66: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
+	7,  // 67: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
+	9,  // 68: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
+	11, // 69: airlock.executor.v1.ExecutorService.UpdateRun:output_type -> airlock.executor.v1.UpdateRunResponse
+	14, // 70: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
+	16, // 71: airlock.executor.v1.ExecutorService.StartExec:output_type -> airlock.executor.v1.StartExecResponse
+	18, // 72: airlock.executor.v1.ExecutorService.GetExec:output_type -> airlock.executor.v1.GetExecResponse
+	20, // 73: airlock.executor.v1.ExecutorService.ListExecs:output_type -> airlock.executor.v1.ListExecsResponse
+	22, // 74: airlock.executor.v1.ExecutorService.WatchExec:output_type -> airlock.executor.v1.WatchExecResponse
+	27, // 75: airlock.executor.v1.ExecutorService.CancelExec:output_type -> airlock.executor.v1.CancelExecResponse
+	25, // 76: airlock.executor.v1.ExecutorService.RunExec:output_type -> airlock.executor.v1.RunExecResponse
+	29, // 77: airlock.executor.v1.ExecutorService.FinishRun:output_type -> airlock.executor.v1.FinishRunResponse
+	38, // 78: airlock.executor.v1.ExecutorService.SuspendRun:output_type -> airlock.executor.v1.SuspendRunResponse
+	40, // 79: airlock.executor.v1.ExecutorService.ResumeRun:output_type -> airlock.executor.v1.ResumeRunResponse
+	31, // 80: airlock.executor.v1.ExecutorService.ReadFile:output_type -> airlock.executor.v1.ReadFileResponse
+	34, // 81: airlock.executor.v1.ExecutorService.WriteFile:output_type -> airlock.executor.v1.WriteFileResponse
+	36, // 82: airlock.executor.v1.ExecutorService.ListFiles:output_type -> airlock.executor.v1.ListFilesResponse
+	42, // 83: airlock.executor.v1.ExecutorService.ListCaches:output_type -> airlock.executor.v1.ListCachesResponse
+	44, // 84: airlock.executor.v1.ExecutorService.ClearCaches:output_type -> airlock.executor.v1.ClearCachesResponse
+	46, // 85: airlock.executor.v1.ExecutorService.ListImages:output_type -> airlock.executor.v1.ListImagesResponse
+	48, // 86: airlock.executor.v1.ExecutorService.PruneImages:output_type -> airlock.executor.v1.PruneImagesResponse
+	65, // [65:87] is the sub-list for method output_type
+	43, // [43:65] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_airlock_executor_v1_executor_proto_init() }
@@ -3237,7 +3496,7 @@ func file_airlock_executor_v1_executor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_executor_v1_executor_proto_rawDesc), len(file_airlock_executor_v1_executor_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   44,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -43,6 +43,8 @@ const (
 	ExecutorService_ListFiles_FullMethodName   = "/airlock.executor.v1.ExecutorService/ListFiles"
 	ExecutorService_ListCaches_FullMethodName  = "/airlock.executor.v1.ExecutorService/ListCaches"
 	ExecutorService_ClearCaches_FullMethodName = "/airlock.executor.v1.ExecutorService/ClearCaches"
+	ExecutorService_ListImages_FullMethodName  = "/airlock.executor.v1.ExecutorService/ListImages"
+	ExecutorService_PruneImages_FullMethodName = "/airlock.executor.v1.ExecutorService/PruneImages"
 )
 
 // ExecutorServiceClient is the client API for ExecutorService service.
@@ -114,6 +116,14 @@ type ExecutorServiceClient interface {
 	// and its commit finds the cache cleared and starts it afresh.
 	// Callers: service/authority.
 	ClearCaches(ctx context.Context, in *ClearCachesRequest, opts ...grpc.CallOption) (*ClearCachesResponse, error)
+	// ListImages lists the images the executor's cache holds that the
+	// tenant's jobs used (one, with its layers, when digest is set), and the
+	// whole cache's size. Callers: service/authority.
+	ListImages(ctx context.Context, in *ListImagesRequest, opts ...grpc.CallOption) (*ListImagesResponse, error)
+	// PruneImages drops the tenant's hold on its cached images (all, or the
+	// one named) that none of its jobs runs on; a layer no tenant holds and
+	// no job uses is deleted. Callers: service/authority.
+	PruneImages(ctx context.Context, in *PruneImagesRequest, opts ...grpc.CallOption) (*PruneImagesResponse, error)
 }
 
 type executorServiceClient struct {
@@ -366,6 +376,26 @@ func (c *executorServiceClient) ClearCaches(ctx context.Context, in *ClearCaches
 	return out, nil
 }
 
+func (c *executorServiceClient) ListImages(ctx context.Context, in *ListImagesRequest, opts ...grpc.CallOption) (*ListImagesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListImagesResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_ListImages_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *executorServiceClient) PruneImages(ctx context.Context, in *PruneImagesRequest, opts ...grpc.CallOption) (*PruneImagesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PruneImagesResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_PruneImages_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ExecutorServiceServer is the server API for ExecutorService service.
 // All implementations must embed UnimplementedExecutorServiceServer
 // for forward compatibility.
@@ -435,6 +465,14 @@ type ExecutorServiceServer interface {
 	// and its commit finds the cache cleared and starts it afresh.
 	// Callers: service/authority.
 	ClearCaches(context.Context, *ClearCachesRequest) (*ClearCachesResponse, error)
+	// ListImages lists the images the executor's cache holds that the
+	// tenant's jobs used (one, with its layers, when digest is set), and the
+	// whole cache's size. Callers: service/authority.
+	ListImages(context.Context, *ListImagesRequest) (*ListImagesResponse, error)
+	// PruneImages drops the tenant's hold on its cached images (all, or the
+	// one named) that none of its jobs runs on; a layer no tenant holds and
+	// no job uses is deleted. Callers: service/authority.
+	PruneImages(context.Context, *PruneImagesRequest) (*PruneImagesResponse, error)
 	mustEmbedUnimplementedExecutorServiceServer()
 }
 
@@ -504,6 +542,12 @@ func (UnimplementedExecutorServiceServer) ListCaches(context.Context, *ListCache
 }
 func (UnimplementedExecutorServiceServer) ClearCaches(context.Context, *ClearCachesRequest) (*ClearCachesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ClearCaches not implemented")
+}
+func (UnimplementedExecutorServiceServer) ListImages(context.Context, *ListImagesRequest) (*ListImagesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListImages not implemented")
+}
+func (UnimplementedExecutorServiceServer) PruneImages(context.Context, *PruneImagesRequest) (*PruneImagesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PruneImages not implemented")
 }
 func (UnimplementedExecutorServiceServer) mustEmbedUnimplementedExecutorServiceServer() {}
 func (UnimplementedExecutorServiceServer) testEmbeddedByValue()                         {}
@@ -836,6 +880,42 @@ func _ExecutorService_ClearCaches_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ExecutorService_ListImages_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListImagesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).ListImages(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_ListImages_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).ListImages(ctx, req.(*ListImagesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ExecutorService_PruneImages_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PruneImagesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).PruneImages(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_PruneImages_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).PruneImages(ctx, req.(*PruneImagesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ExecutorService_ServiceDesc is the grpc.ServiceDesc for ExecutorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -898,6 +978,14 @@ var ExecutorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ClearCaches",
 			Handler:    _ExecutorService_ClearCaches_Handler,
+		},
+		{
+			MethodName: "ListImages",
+			Handler:    _ExecutorService_ListImages_Handler,
+		},
+		{
+			MethodName: "PruneImages",
+			Handler:    _ExecutorService_PruneImages_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

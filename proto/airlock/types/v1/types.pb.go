@@ -1022,7 +1022,12 @@ type Grant struct {
 	// Who the job's processes run as inside the sandbox (with no
 	// capabilities either way). The authority always sets it; unset (a
 	// grant from before the field) is root. It never changes for a job.
-	User          *JobUser `protobuf:"bytes,20,opt,name=user,proto3" json:"user,omitempty"`
+	User *JobUser `protobuf:"bytes,20,opt,name=user,proto3" json:"user,omitempty"`
+	// The OCI image the job runs on, resolved to a manifest digest at
+	// submission; unset runs it on the executor's host template (the host's
+	// /usr, read-only). The executor runs exactly this digest, pulling it
+	// through the authority. It never changes for a job.
+	Image         *ImageGrant `protobuf:"bytes,21,opt,name=image,proto3" json:"image,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1197,6 +1202,107 @@ func (x *Grant) GetUser() *JobUser {
 	return nil
 }
 
+func (x *Grant) GetImage() *ImageGrant {
+	if x != nil {
+		return x.Image
+	}
+	return nil
+}
+
+// ImageGrant is the image a grant lets a job run on.
+type ImageGrant struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The reference as the job or the tenant's default named it, e.g.
+	// "registry.example:5000/team/python:3.12".
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The registry host (and port) and the repository within it.
+	Registry string `protobuf:"bytes,2,opt,name=registry,proto3" json:"registry,omitempty"`
+	// The repository path within the registry, e.g. "team/python".
+	Repository string `protobuf:"bytes,3,opt,name=repository,proto3" json:"repository,omitempty"`
+	// The linux/amd64 image manifest's digest, "sha256:<hex>" (for a
+	// multi-arch index, the digest of the platform's manifest, not the
+	// index's).
+	Digest string `protobuf:"bytes,4,opt,name=digest,proto3" json:"digest,omitempty"`
+	// The manifest's media type (OCI or Docker schema 2).
+	MediaType string `protobuf:"bytes,5,opt,name=media_type,json=mediaType,proto3" json:"media_type,omitempty"`
+	// The image's size: its config and compressed layers together.
+	SizeBytes     int64 `protobuf:"varint,6,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImageGrant) Reset() {
+	*x = ImageGrant{}
+	mi := &file_airlock_types_v1_types_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImageGrant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImageGrant) ProtoMessage() {}
+
+func (x *ImageGrant) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_types_v1_types_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImageGrant.ProtoReflect.Descriptor instead.
+func (*ImageGrant) Descriptor() ([]byte, []int) {
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ImageGrant) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ImageGrant) GetRegistry() string {
+	if x != nil {
+		return x.Registry
+	}
+	return ""
+}
+
+func (x *ImageGrant) GetRepository() string {
+	if x != nil {
+		return x.Repository
+	}
+	return ""
+}
+
+func (x *ImageGrant) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *ImageGrant) GetMediaType() string {
+	if x != nil {
+		return x.MediaType
+	}
+	return ""
+}
+
+func (x *ImageGrant) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
 // JobUser is who a job's processes run as inside its sandbox's user
 // namespace, which maps ids 0 to 65535 to the executor's host range: both
 // ids must be 0 to 65533 (65534 is nobody, 65535 is -1 to 16-bit
@@ -1214,7 +1320,7 @@ type JobUser struct {
 
 func (x *JobUser) Reset() {
 	*x = JobUser{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[9]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1226,7 +1332,7 @@ func (x *JobUser) String() string {
 func (*JobUser) ProtoMessage() {}
 
 func (x *JobUser) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[9]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1239,7 +1345,7 @@ func (x *JobUser) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobUser.ProtoReflect.Descriptor instead.
 func (*JobUser) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *JobUser) GetUid() uint32 {
@@ -1273,7 +1379,7 @@ type CacheGrant struct {
 
 func (x *CacheGrant) Reset() {
 	*x = CacheGrant{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[10]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1285,7 +1391,7 @@ func (x *CacheGrant) String() string {
 func (*CacheGrant) ProtoMessage() {}
 
 func (x *CacheGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[10]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1298,7 +1404,7 @@ func (x *CacheGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheGrant.ProtoReflect.Descriptor instead.
 func (*CacheGrant) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{10}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CacheGrant) GetName() string {
@@ -1348,7 +1454,7 @@ type CacheUse struct {
 
 func (x *CacheUse) Reset() {
 	*x = CacheUse{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[11]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1360,7 +1466,7 @@ func (x *CacheUse) String() string {
 func (*CacheUse) ProtoMessage() {}
 
 func (x *CacheUse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[11]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1373,7 +1479,7 @@ func (x *CacheUse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheUse.ProtoReflect.Descriptor instead.
 func (*CacheUse) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{11}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CacheUse) GetName() string {
@@ -1442,7 +1548,7 @@ type CacheInfo struct {
 
 func (x *CacheInfo) Reset() {
 	*x = CacheInfo{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[12]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1454,7 +1560,7 @@ func (x *CacheInfo) String() string {
 func (*CacheInfo) ProtoMessage() {}
 
 func (x *CacheInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[12]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1467,7 +1573,7 @@ func (x *CacheInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheInfo.ProtoReflect.Descriptor instead.
 func (*CacheInfo) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{12}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CacheInfo) GetRepository() string {
@@ -1498,6 +1604,297 @@ func (x *CacheInfo) GetLastUsed() *timestamppb.Timestamp {
 	return nil
 }
 
+// ImageInfo describes one image an executor holds in its cache, as one
+// tenant sees it: only images its own jobs used.
+type ImageInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "HOST/REPOSITORY@sha256:<hex>".
+	Reference string `protobuf:"bytes,1,opt,name=reference,proto3" json:"reference,omitempty"`
+	// The manifest digest.
+	Digest string `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
+	// The disk the image's layers take on the executor (compressed blobs
+	// plus unpacked trees); layers shared with other images count in each.
+	SizeBytes int64 `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// When a job of the tenant last started on it.
+	LastUsed *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=last_used,json=lastUsed,proto3" json:"last_used,omitempty"`
+	// The tenant's jobs that ran on it, most recent first (at most 20).
+	Jobs []string `protobuf:"bytes,5,rep,name=jobs,proto3" json:"jobs,omitempty"`
+	// How many of the tenant's jobs run on it now.
+	InUse int32 `protobuf:"varint,6,opt,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
+	// Its layers, bottom first (filled by an inspect).
+	Layers        []*ImageLayerInfo `protobuf:"bytes,7,rep,name=layers,proto3" json:"layers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImageInfo) Reset() {
+	*x = ImageInfo{}
+	mi := &file_airlock_types_v1_types_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImageInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImageInfo) ProtoMessage() {}
+
+func (x *ImageInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_types_v1_types_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImageInfo.ProtoReflect.Descriptor instead.
+func (*ImageInfo) Descriptor() ([]byte, []int) {
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ImageInfo) GetReference() string {
+	if x != nil {
+		return x.Reference
+	}
+	return ""
+}
+
+func (x *ImageInfo) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *ImageInfo) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *ImageInfo) GetLastUsed() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastUsed
+	}
+	return nil
+}
+
+func (x *ImageInfo) GetJobs() []string {
+	if x != nil {
+		return x.Jobs
+	}
+	return nil
+}
+
+func (x *ImageInfo) GetInUse() int32 {
+	if x != nil {
+		return x.InUse
+	}
+	return 0
+}
+
+func (x *ImageInfo) GetLayers() []*ImageLayerInfo {
+	if x != nil {
+		return x.Layers
+	}
+	return nil
+}
+
+// ImageLayerInfo describes one cached layer.
+type ImageLayerInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The compressed blob's digest, as the manifest names it.
+	Digest string `protobuf:"bytes,1,opt,name=digest,proto3" json:"digest,omitempty"`
+	// The uncompressed tar's digest (the config's diff_id).
+	DiffId string `protobuf:"bytes,2,opt,name=diff_id,json=diffId,proto3" json:"diff_id,omitempty"`
+	// The layer's media type.
+	MediaType string `protobuf:"bytes,3,opt,name=media_type,json=mediaType,proto3" json:"media_type,omitempty"`
+	// The compressed blob's size.
+	CompressedBytes int64 `protobuf:"varint,4,opt,name=compressed_bytes,json=compressedBytes,proto3" json:"compressed_bytes,omitempty"`
+	// The unpacked tree's size on disk.
+	UnpackedBytes int64 `protobuf:"varint,5,opt,name=unpacked_bytes,json=unpackedBytes,proto3" json:"unpacked_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImageLayerInfo) Reset() {
+	*x = ImageLayerInfo{}
+	mi := &file_airlock_types_v1_types_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImageLayerInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImageLayerInfo) ProtoMessage() {}
+
+func (x *ImageLayerInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_types_v1_types_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImageLayerInfo.ProtoReflect.Descriptor instead.
+func (*ImageLayerInfo) Descriptor() ([]byte, []int) {
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ImageLayerInfo) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *ImageLayerInfo) GetDiffId() string {
+	if x != nil {
+		return x.DiffId
+	}
+	return ""
+}
+
+func (x *ImageLayerInfo) GetMediaType() string {
+	if x != nil {
+		return x.MediaType
+	}
+	return ""
+}
+
+func (x *ImageLayerInfo) GetCompressedBytes() int64 {
+	if x != nil {
+		return x.CompressedBytes
+	}
+	return 0
+}
+
+func (x *ImageLayerInfo) GetUnpackedBytes() int64 {
+	if x != nil {
+		return x.UnpackedBytes
+	}
+	return 0
+}
+
+// ImageCacheStats is an executor's whole image cache.
+type ImageCacheStats struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bytes the cache holds now, blobs and unpacked layers together.
+	SizeBytes int64 `protobuf:"varint,1,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// The bound past which unused layers are evicted, least recently used
+	// first.
+	MaxBytes int64 `protobuf:"varint,2,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	// Layers and images held.
+	Layers int32 `protobuf:"varint,3,opt,name=layers,proto3" json:"layers,omitempty"`
+	Images int32 `protobuf:"varint,4,opt,name=images,proto3" json:"images,omitempty"`
+	// Since the executor started: blobs pulled, bytes pulled, layers found
+	// already cached, layers evicted.
+	Pulls         int64 `protobuf:"varint,5,opt,name=pulls,proto3" json:"pulls,omitempty"`
+	PulledBytes   int64 `protobuf:"varint,6,opt,name=pulled_bytes,json=pulledBytes,proto3" json:"pulled_bytes,omitempty"`
+	Hits          int64 `protobuf:"varint,7,opt,name=hits,proto3" json:"hits,omitempty"`
+	Evictions     int64 `protobuf:"varint,8,opt,name=evictions,proto3" json:"evictions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImageCacheStats) Reset() {
+	*x = ImageCacheStats{}
+	mi := &file_airlock_types_v1_types_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImageCacheStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImageCacheStats) ProtoMessage() {}
+
+func (x *ImageCacheStats) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_types_v1_types_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImageCacheStats.ProtoReflect.Descriptor instead.
+func (*ImageCacheStats) Descriptor() ([]byte, []int) {
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ImageCacheStats) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *ImageCacheStats) GetMaxBytes() int64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+func (x *ImageCacheStats) GetLayers() int32 {
+	if x != nil {
+		return x.Layers
+	}
+	return 0
+}
+
+func (x *ImageCacheStats) GetImages() int32 {
+	if x != nil {
+		return x.Images
+	}
+	return 0
+}
+
+func (x *ImageCacheStats) GetPulls() int64 {
+	if x != nil {
+		return x.Pulls
+	}
+	return 0
+}
+
+func (x *ImageCacheStats) GetPulledBytes() int64 {
+	if x != nil {
+		return x.PulledBytes
+	}
+	return 0
+}
+
+func (x *ImageCacheStats) GetHits() int64 {
+	if x != nil {
+		return x.Hits
+	}
+	return 0
+}
+
+func (x *ImageCacheStats) GetEvictions() int64 {
+	if x != nil {
+		return x.Evictions
+	}
+	return 0
+}
+
 // SessionSpec makes a job a session.
 type SessionSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1512,7 +1909,7 @@ type SessionSpec struct {
 
 func (x *SessionSpec) Reset() {
 	*x = SessionSpec{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[13]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1524,7 +1921,7 @@ func (x *SessionSpec) String() string {
 func (*SessionSpec) ProtoMessage() {}
 
 func (x *SessionSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[13]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1537,7 +1934,7 @@ func (x *SessionSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionSpec.ProtoReflect.Descriptor instead.
 func (*SessionSpec) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{13}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SessionSpec) GetIdleTimeout() *durationpb.Duration {
@@ -1586,7 +1983,7 @@ type ExecSpec struct {
 
 func (x *ExecSpec) Reset() {
 	*x = ExecSpec{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[14]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1598,7 +1995,7 @@ func (x *ExecSpec) String() string {
 func (*ExecSpec) ProtoMessage() {}
 
 func (x *ExecSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[14]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1611,7 +2008,7 @@ func (x *ExecSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSpec.ProtoReflect.Descriptor instead.
 func (*ExecSpec) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{14}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExecSpec) GetExecId() string {
@@ -1713,7 +2110,7 @@ type Exec struct {
 
 func (x *Exec) Reset() {
 	*x = Exec{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[15]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1725,7 +2122,7 @@ func (x *Exec) String() string {
 func (*Exec) ProtoMessage() {}
 
 func (x *Exec) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[15]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1738,7 +2135,7 @@ func (x *Exec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Exec.ProtoReflect.Descriptor instead.
 func (*Exec) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{15}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Exec) GetSessionId() string {
@@ -1905,7 +2302,7 @@ type SignedGrant struct {
 
 func (x *SignedGrant) Reset() {
 	*x = SignedGrant{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[16]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1917,7 +2314,7 @@ func (x *SignedGrant) String() string {
 func (*SignedGrant) ProtoMessage() {}
 
 func (x *SignedGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[16]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1930,7 +2327,7 @@ func (x *SignedGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignedGrant.ProtoReflect.Descriptor instead.
 func (*SignedGrant) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{16}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SignedGrant) GetBody() []byte {
@@ -1973,7 +2370,7 @@ type ResourceUsage struct {
 
 func (x *ResourceUsage) Reset() {
 	*x = ResourceUsage{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[17]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1985,7 +2382,7 @@ func (x *ResourceUsage) String() string {
 func (*ResourceUsage) ProtoMessage() {}
 
 func (x *ResourceUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[17]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1998,7 +2395,7 @@ func (x *ResourceUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceUsage.ProtoReflect.Descriptor instead.
 func (*ResourceUsage) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{17}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ResourceUsage) GetCpuTime() *durationpb.Duration {
@@ -2051,7 +2448,7 @@ type DiffStat struct {
 
 func (x *DiffStat) Reset() {
 	*x = DiffStat{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[18]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2063,7 +2460,7 @@ func (x *DiffStat) String() string {
 func (*DiffStat) ProtoMessage() {}
 
 func (x *DiffStat) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[18]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2076,7 +2473,7 @@ func (x *DiffStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiffStat.ProtoReflect.Descriptor instead.
 func (*DiffStat) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{18}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DiffStat) GetFilesChanged() int64 {
@@ -2124,14 +2521,17 @@ type RunResult struct {
 	// Human-readable detail for SANDBOX_ERROR and other failures.
 	Message string `protobuf:"bytes,10,opt,name=message,proto3" json:"message,omitempty"`
 	// The named caches the run used: the run did not start clean.
-	Caches        []*CacheUse `protobuf:"bytes,11,rep,name=caches,proto3" json:"caches,omitempty"`
+	Caches []*CacheUse `protobuf:"bytes,11,rep,name=caches,proto3" json:"caches,omitempty"`
+	// The image the run's root filesystem was, "HOST/REPOSITORY@sha256:<hex>";
+	// empty for the host template (template_version names it).
+	Image         string `protobuf:"bytes,12,opt,name=image,proto3" json:"image,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunResult) Reset() {
 	*x = RunResult{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[19]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2143,7 +2543,7 @@ func (x *RunResult) String() string {
 func (*RunResult) ProtoMessage() {}
 
 func (x *RunResult) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[19]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2156,7 +2556,7 @@ func (x *RunResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResult.ProtoReflect.Descriptor instead.
 func (*RunResult) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{19}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RunResult) GetReason() TerminationReason {
@@ -2236,6 +2636,13 @@ func (x *RunResult) GetCaches() []*CacheUse {
 	return nil
 }
 
+func (x *RunResult) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
 // OutputChunk is a piece of a job's output. Offsets let a watcher that
 // reconnects resume exactly where it stopped.
 type OutputChunk struct {
@@ -2254,7 +2661,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[20]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2266,7 +2673,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[20]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2279,7 +2686,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{20}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *OutputChunk) GetStream() OutputStream {
@@ -2337,7 +2744,7 @@ type FileEntry struct {
 
 func (x *FileEntry) Reset() {
 	*x = FileEntry{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[21]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2349,7 +2756,7 @@ func (x *FileEntry) String() string {
 func (*FileEntry) ProtoMessage() {}
 
 func (x *FileEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[21]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2362,7 +2769,7 @@ func (x *FileEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEntry.ProtoReflect.Descriptor instead.
 func (*FileEntry) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{21}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *FileEntry) GetPath() string {
@@ -2432,7 +2839,7 @@ type FileHeader struct {
 
 func (x *FileHeader) Reset() {
 	*x = FileHeader{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[22]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2444,7 +2851,7 @@ func (x *FileHeader) String() string {
 func (*FileHeader) ProtoMessage() {}
 
 func (x *FileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[22]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2457,7 +2864,7 @@ func (x *FileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileHeader.ProtoReflect.Descriptor instead.
 func (*FileHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{22}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *FileHeader) GetSize() int64 {
@@ -2494,7 +2901,7 @@ type FileWrite struct {
 
 func (x *FileWrite) Reset() {
 	*x = FileWrite{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[23]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2506,7 +2913,7 @@ func (x *FileWrite) String() string {
 func (*FileWrite) ProtoMessage() {}
 
 func (x *FileWrite) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[23]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2519,7 +2926,7 @@ func (x *FileWrite) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileWrite.ProtoReflect.Descriptor instead.
 func (*FileWrite) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{23}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *FileWrite) GetPath() string {
@@ -2617,7 +3024,7 @@ type EgressRecord struct {
 
 func (x *EgressRecord) Reset() {
 	*x = EgressRecord{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[24]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2629,7 +3036,7 @@ func (x *EgressRecord) String() string {
 func (*EgressRecord) ProtoMessage() {}
 
 func (x *EgressRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[24]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2642,7 +3049,7 @@ func (x *EgressRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressRecord.ProtoReflect.Descriptor instead.
 func (*EgressRecord) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{24}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *EgressRecord) GetTime() *timestamppb.Timestamp {
@@ -2775,7 +3182,7 @@ type EgressTLS struct {
 
 func (x *EgressTLS) Reset() {
 	*x = EgressTLS{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[25]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2787,7 +3194,7 @@ func (x *EgressTLS) String() string {
 func (*EgressTLS) ProtoMessage() {}
 
 func (x *EgressTLS) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[25]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2800,7 +3207,7 @@ func (x *EgressTLS) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressTLS.ProtoReflect.Descriptor instead.
 func (*EgressTLS) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{25}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *EgressTLS) GetHandshake() EgressHandshake {
@@ -2839,7 +3246,7 @@ type EgressEvent struct {
 
 func (x *EgressEvent) Reset() {
 	*x = EgressEvent{}
-	mi := &file_airlock_types_v1_types_proto_msgTypes[26]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2851,7 +3258,7 @@ func (x *EgressEvent) String() string {
 func (*EgressEvent) ProtoMessage() {}
 
 func (x *EgressEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_types_v1_types_proto_msgTypes[26]
+	mi := &file_airlock_types_v1_types_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2864,7 +3271,7 @@ func (x *EgressEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressEvent.ProtoReflect.Descriptor instead.
 func (*EgressEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{26}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *EgressEvent) GetIndex() int64 {
@@ -2922,7 +3329,7 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"repository\x18\x01 \x01(\tR\n" +
 	"repository\x12\x16\n" +
-	"\x06branch\x18\x02 \x01(\tR\x06branch\"\xd5\a\n" +
+	"\x06branch\x18\x02 \x01(\tR\x06branch\"\x89\b\n" +
 	"\x05Grant\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x16\n" +
@@ -2949,10 +3356,23 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\asession\x18\x11 \x01(\v2\x1d.airlock.types.v1.SessionSpecR\asession\x12*\n" +
 	"\x11git_history_depth\x18\x12 \x01(\rR\x0fgitHistoryDepth\x124\n" +
 	"\x06caches\x18\x13 \x03(\v2\x1c.airlock.types.v1.CacheGrantR\x06caches\x12-\n" +
-	"\x04user\x18\x14 \x01(\v2\x19.airlock.types.v1.JobUserR\x04user\x1a6\n" +
+	"\x04user\x18\x14 \x01(\v2\x19.airlock.types.v1.JobUserR\x04user\x122\n" +
+	"\x05image\x18\x15 \x01(\v2\x1c.airlock.types.v1.ImageGrantR\x05image\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"-\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb2\x01\n" +
+	"\n" +
+	"ImageGrant\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\bregistry\x18\x02 \x01(\tR\bregistry\x12\x1e\n" +
+	"\n" +
+	"repository\x18\x03 \x01(\tR\n" +
+	"repository\x12\x16\n" +
+	"\x06digest\x18\x04 \x01(\tR\x06digest\x12\x1d\n" +
+	"\n" +
+	"media_type\x18\x05 \x01(\tR\tmediaType\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x06 \x01(\x03R\tsizeBytes\"-\n" +
 	"\aJobUser\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x10\n" +
 	"\x03gid\x18\x02 \x01(\rR\x03gid\"Z\n" +
@@ -2978,7 +3398,33 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x03 \x01(\x03R\tsizeBytes\x127\n" +
-	"\tlast_used\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastUsed\"}\n" +
+	"\tlast_used\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastUsed\"\xfe\x01\n" +
+	"\tImageInfo\x12\x1c\n" +
+	"\treference\x18\x01 \x01(\tR\treference\x12\x16\n" +
+	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x03 \x01(\x03R\tsizeBytes\x127\n" +
+	"\tlast_used\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastUsed\x12\x12\n" +
+	"\x04jobs\x18\x05 \x03(\tR\x04jobs\x12\x15\n" +
+	"\x06in_use\x18\x06 \x01(\x05R\x05inUse\x128\n" +
+	"\x06layers\x18\a \x03(\v2 .airlock.types.v1.ImageLayerInfoR\x06layers\"\xb2\x01\n" +
+	"\x0eImageLayerInfo\x12\x16\n" +
+	"\x06digest\x18\x01 \x01(\tR\x06digest\x12\x17\n" +
+	"\adiff_id\x18\x02 \x01(\tR\x06diffId\x12\x1d\n" +
+	"\n" +
+	"media_type\x18\x03 \x01(\tR\tmediaType\x12)\n" +
+	"\x10compressed_bytes\x18\x04 \x01(\x03R\x0fcompressedBytes\x12%\n" +
+	"\x0eunpacked_bytes\x18\x05 \x01(\x03R\runpackedBytes\"\xe8\x01\n" +
+	"\x0fImageCacheStats\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x01 \x01(\x03R\tsizeBytes\x12\x1b\n" +
+	"\tmax_bytes\x18\x02 \x01(\x03R\bmaxBytes\x12\x16\n" +
+	"\x06layers\x18\x03 \x01(\x05R\x06layers\x12\x16\n" +
+	"\x06images\x18\x04 \x01(\x05R\x06images\x12\x14\n" +
+	"\x05pulls\x18\x05 \x01(\x03R\x05pulls\x12!\n" +
+	"\fpulled_bytes\x18\x06 \x01(\x03R\vpulledBytes\x12\x12\n" +
+	"\x04hits\x18\a \x01(\x03R\x04hits\x12\x1c\n" +
+	"\tevictions\x18\b \x01(\x03R\tevictions\"}\n" +
 	"\vSessionSpec\x12<\n" +
 	"\fidle_timeout\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x120\n" +
 	"\x14max_concurrent_execs\x18\x02 \x01(\x05R\x12maxConcurrentExecs\"\xa6\x02\n" +
@@ -3039,7 +3485,7 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"insertions\x18\x02 \x01(\x03R\n" +
 	"insertions\x12\x1c\n" +
-	"\tdeletions\x18\x03 \x01(\x03R\tdeletions\"\x82\x04\n" +
+	"\tdeletions\x18\x03 \x01(\x03R\tdeletions\"\x98\x04\n" +
 	"\tRunResult\x12;\n" +
 	"\x06reason\x18\x01 \x01(\x0e2#.airlock.types.v1.TerminationReasonR\x06reason\x12\x1b\n" +
 	"\texit_code\x18\x02 \x01(\x05R\bexitCode\x125\n" +
@@ -3053,7 +3499,8 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\tdiff_stat\x18\t \x01(\v2\x1a.airlock.types.v1.DiffStatR\bdiffStat\x12\x18\n" +
 	"\amessage\x18\n" +
 	" \x01(\tR\amessage\x122\n" +
-	"\x06caches\x18\v \x03(\v2\x1a.airlock.types.v1.CacheUseR\x06caches\"\x8f\x01\n" +
+	"\x06caches\x18\v \x03(\v2\x1a.airlock.types.v1.CacheUseR\x06caches\x12\x14\n" +
+	"\x05image\x18\f \x01(\tR\x05image\"\x8f\x01\n" +
 	"\vOutputChunk\x126\n" +
 	"\x06stream\x18\x01 \x01(\x0e2\x1e.airlock.types.v1.OutputStreamR\x06stream\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x12\n" +
@@ -3165,7 +3612,7 @@ func file_airlock_types_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_types_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_airlock_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_airlock_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_airlock_types_v1_types_proto_goTypes = []any{
 	(RuntimeClass)(0),             // 0: airlock.types.v1.RuntimeClass
 	(NetworkPolicyState)(0),       // 1: airlock.types.v1.NetworkPolicyState
@@ -3183,79 +3630,86 @@ var file_airlock_types_v1_types_proto_goTypes = []any{
 	(*NetworkPolicyStatus)(nil),   // 13: airlock.types.v1.NetworkPolicyStatus
 	(*PublishTarget)(nil),         // 14: airlock.types.v1.PublishTarget
 	(*Grant)(nil),                 // 15: airlock.types.v1.Grant
-	(*JobUser)(nil),               // 16: airlock.types.v1.JobUser
-	(*CacheGrant)(nil),            // 17: airlock.types.v1.CacheGrant
-	(*CacheUse)(nil),              // 18: airlock.types.v1.CacheUse
-	(*CacheInfo)(nil),             // 19: airlock.types.v1.CacheInfo
-	(*SessionSpec)(nil),           // 20: airlock.types.v1.SessionSpec
-	(*ExecSpec)(nil),              // 21: airlock.types.v1.ExecSpec
-	(*Exec)(nil),                  // 22: airlock.types.v1.Exec
-	(*SignedGrant)(nil),           // 23: airlock.types.v1.SignedGrant
-	(*ResourceUsage)(nil),         // 24: airlock.types.v1.ResourceUsage
-	(*DiffStat)(nil),              // 25: airlock.types.v1.DiffStat
-	(*RunResult)(nil),             // 26: airlock.types.v1.RunResult
-	(*OutputChunk)(nil),           // 27: airlock.types.v1.OutputChunk
-	(*FileEntry)(nil),             // 28: airlock.types.v1.FileEntry
-	(*FileHeader)(nil),            // 29: airlock.types.v1.FileHeader
-	(*FileWrite)(nil),             // 30: airlock.types.v1.FileWrite
-	(*EgressRecord)(nil),          // 31: airlock.types.v1.EgressRecord
-	(*EgressTLS)(nil),             // 32: airlock.types.v1.EgressTLS
-	(*EgressEvent)(nil),           // 33: airlock.types.v1.EgressEvent
-	nil,                           // 34: airlock.types.v1.Grant.EnvEntry
-	nil,                           // 35: airlock.types.v1.ExecSpec.EnvEntry
-	(*durationpb.Duration)(nil),   // 36: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 37: google.protobuf.Timestamp
+	(*ImageGrant)(nil),            // 16: airlock.types.v1.ImageGrant
+	(*JobUser)(nil),               // 17: airlock.types.v1.JobUser
+	(*CacheGrant)(nil),            // 18: airlock.types.v1.CacheGrant
+	(*CacheUse)(nil),              // 19: airlock.types.v1.CacheUse
+	(*CacheInfo)(nil),             // 20: airlock.types.v1.CacheInfo
+	(*ImageInfo)(nil),             // 21: airlock.types.v1.ImageInfo
+	(*ImageLayerInfo)(nil),        // 22: airlock.types.v1.ImageLayerInfo
+	(*ImageCacheStats)(nil),       // 23: airlock.types.v1.ImageCacheStats
+	(*SessionSpec)(nil),           // 24: airlock.types.v1.SessionSpec
+	(*ExecSpec)(nil),              // 25: airlock.types.v1.ExecSpec
+	(*Exec)(nil),                  // 26: airlock.types.v1.Exec
+	(*SignedGrant)(nil),           // 27: airlock.types.v1.SignedGrant
+	(*ResourceUsage)(nil),         // 28: airlock.types.v1.ResourceUsage
+	(*DiffStat)(nil),              // 29: airlock.types.v1.DiffStat
+	(*RunResult)(nil),             // 30: airlock.types.v1.RunResult
+	(*OutputChunk)(nil),           // 31: airlock.types.v1.OutputChunk
+	(*FileEntry)(nil),             // 32: airlock.types.v1.FileEntry
+	(*FileHeader)(nil),            // 33: airlock.types.v1.FileHeader
+	(*FileWrite)(nil),             // 34: airlock.types.v1.FileWrite
+	(*EgressRecord)(nil),          // 35: airlock.types.v1.EgressRecord
+	(*EgressTLS)(nil),             // 36: airlock.types.v1.EgressTLS
+	(*EgressEvent)(nil),           // 37: airlock.types.v1.EgressEvent
+	nil,                           // 38: airlock.types.v1.Grant.EnvEntry
+	nil,                           // 39: airlock.types.v1.ExecSpec.EnvEntry
+	(*durationpb.Duration)(nil),   // 40: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 41: google.protobuf.Timestamp
 }
 var file_airlock_types_v1_types_proto_depIdxs = []int32{
-	36, // 0: airlock.types.v1.ResourceLimits.deadline:type_name -> google.protobuf.Duration
+	40, // 0: airlock.types.v1.ResourceLimits.deadline:type_name -> google.protobuf.Duration
 	9,  // 1: airlock.types.v1.NetworkPolicy.deny_all:type_name -> airlock.types.v1.DenyAll
 	10, // 2: airlock.types.v1.NetworkPolicy.allow:type_name -> airlock.types.v1.AllowList
 	12, // 3: airlock.types.v1.NetworkPolicy.domains:type_name -> airlock.types.v1.DomainList
 	11, // 4: airlock.types.v1.AllowList.rules:type_name -> airlock.types.v1.AllowRule
 	8,  // 5: airlock.types.v1.NetworkPolicyStatus.policy:type_name -> airlock.types.v1.NetworkPolicy
 	1,  // 6: airlock.types.v1.NetworkPolicyStatus.state:type_name -> airlock.types.v1.NetworkPolicyState
-	37, // 7: airlock.types.v1.NetworkPolicyStatus.updated_at:type_name -> google.protobuf.Timestamp
-	34, // 8: airlock.types.v1.Grant.env:type_name -> airlock.types.v1.Grant.EnvEntry
+	41, // 7: airlock.types.v1.NetworkPolicyStatus.updated_at:type_name -> google.protobuf.Timestamp
+	38, // 8: airlock.types.v1.Grant.env:type_name -> airlock.types.v1.Grant.EnvEntry
 	7,  // 9: airlock.types.v1.Grant.limits:type_name -> airlock.types.v1.ResourceLimits
 	8,  // 10: airlock.types.v1.Grant.network_policy:type_name -> airlock.types.v1.NetworkPolicy
 	0,  // 11: airlock.types.v1.Grant.runtime_class:type_name -> airlock.types.v1.RuntimeClass
 	14, // 12: airlock.types.v1.Grant.publish_target:type_name -> airlock.types.v1.PublishTarget
-	37, // 13: airlock.types.v1.Grant.issued_at:type_name -> google.protobuf.Timestamp
-	37, // 14: airlock.types.v1.Grant.expires_at:type_name -> google.protobuf.Timestamp
-	20, // 15: airlock.types.v1.Grant.session:type_name -> airlock.types.v1.SessionSpec
-	17, // 16: airlock.types.v1.Grant.caches:type_name -> airlock.types.v1.CacheGrant
-	16, // 17: airlock.types.v1.Grant.user:type_name -> airlock.types.v1.JobUser
-	37, // 18: airlock.types.v1.CacheInfo.last_used:type_name -> google.protobuf.Timestamp
-	36, // 19: airlock.types.v1.SessionSpec.idle_timeout:type_name -> google.protobuf.Duration
-	35, // 20: airlock.types.v1.ExecSpec.env:type_name -> airlock.types.v1.ExecSpec.EnvEntry
-	36, // 21: airlock.types.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
-	21, // 22: airlock.types.v1.Exec.spec:type_name -> airlock.types.v1.ExecSpec
-	2,  // 23: airlock.types.v1.Exec.state:type_name -> airlock.types.v1.ExecState
-	3,  // 24: airlock.types.v1.Exec.reason:type_name -> airlock.types.v1.TerminationReason
-	37, // 25: airlock.types.v1.Exec.started_at:type_name -> google.protobuf.Timestamp
-	37, // 26: airlock.types.v1.Exec.ended_at:type_name -> google.protobuf.Timestamp
-	24, // 27: airlock.types.v1.Exec.usage:type_name -> airlock.types.v1.ResourceUsage
-	36, // 28: airlock.types.v1.ResourceUsage.cpu_time:type_name -> google.protobuf.Duration
-	36, // 29: airlock.types.v1.ResourceUsage.wall_time:type_name -> google.protobuf.Duration
-	3,  // 30: airlock.types.v1.RunResult.reason:type_name -> airlock.types.v1.TerminationReason
-	24, // 31: airlock.types.v1.RunResult.usage:type_name -> airlock.types.v1.ResourceUsage
-	0,  // 32: airlock.types.v1.RunResult.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	25, // 33: airlock.types.v1.RunResult.diff_stat:type_name -> airlock.types.v1.DiffStat
-	18, // 34: airlock.types.v1.RunResult.caches:type_name -> airlock.types.v1.CacheUse
-	4,  // 35: airlock.types.v1.OutputChunk.stream:type_name -> airlock.types.v1.OutputStream
-	37, // 36: airlock.types.v1.FileEntry.modified_at:type_name -> google.protobuf.Timestamp
-	37, // 37: airlock.types.v1.FileWrite.written_at:type_name -> google.protobuf.Timestamp
-	37, // 38: airlock.types.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
-	6,  // 39: airlock.types.v1.EgressRecord.closed_first:type_name -> airlock.types.v1.EgressSide
-	32, // 40: airlock.types.v1.EgressRecord.tls:type_name -> airlock.types.v1.EgressTLS
-	5,  // 41: airlock.types.v1.EgressTLS.handshake:type_name -> airlock.types.v1.EgressHandshake
-	6,  // 42: airlock.types.v1.EgressTLS.by:type_name -> airlock.types.v1.EgressSide
-	31, // 43: airlock.types.v1.EgressEvent.record:type_name -> airlock.types.v1.EgressRecord
-	44, // [44:44] is the sub-list for method output_type
-	44, // [44:44] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	41, // 13: airlock.types.v1.Grant.issued_at:type_name -> google.protobuf.Timestamp
+	41, // 14: airlock.types.v1.Grant.expires_at:type_name -> google.protobuf.Timestamp
+	24, // 15: airlock.types.v1.Grant.session:type_name -> airlock.types.v1.SessionSpec
+	18, // 16: airlock.types.v1.Grant.caches:type_name -> airlock.types.v1.CacheGrant
+	17, // 17: airlock.types.v1.Grant.user:type_name -> airlock.types.v1.JobUser
+	16, // 18: airlock.types.v1.Grant.image:type_name -> airlock.types.v1.ImageGrant
+	41, // 19: airlock.types.v1.CacheInfo.last_used:type_name -> google.protobuf.Timestamp
+	41, // 20: airlock.types.v1.ImageInfo.last_used:type_name -> google.protobuf.Timestamp
+	22, // 21: airlock.types.v1.ImageInfo.layers:type_name -> airlock.types.v1.ImageLayerInfo
+	40, // 22: airlock.types.v1.SessionSpec.idle_timeout:type_name -> google.protobuf.Duration
+	39, // 23: airlock.types.v1.ExecSpec.env:type_name -> airlock.types.v1.ExecSpec.EnvEntry
+	40, // 24: airlock.types.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
+	25, // 25: airlock.types.v1.Exec.spec:type_name -> airlock.types.v1.ExecSpec
+	2,  // 26: airlock.types.v1.Exec.state:type_name -> airlock.types.v1.ExecState
+	3,  // 27: airlock.types.v1.Exec.reason:type_name -> airlock.types.v1.TerminationReason
+	41, // 28: airlock.types.v1.Exec.started_at:type_name -> google.protobuf.Timestamp
+	41, // 29: airlock.types.v1.Exec.ended_at:type_name -> google.protobuf.Timestamp
+	28, // 30: airlock.types.v1.Exec.usage:type_name -> airlock.types.v1.ResourceUsage
+	40, // 31: airlock.types.v1.ResourceUsage.cpu_time:type_name -> google.protobuf.Duration
+	40, // 32: airlock.types.v1.ResourceUsage.wall_time:type_name -> google.protobuf.Duration
+	3,  // 33: airlock.types.v1.RunResult.reason:type_name -> airlock.types.v1.TerminationReason
+	28, // 34: airlock.types.v1.RunResult.usage:type_name -> airlock.types.v1.ResourceUsage
+	0,  // 35: airlock.types.v1.RunResult.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	29, // 36: airlock.types.v1.RunResult.diff_stat:type_name -> airlock.types.v1.DiffStat
+	19, // 37: airlock.types.v1.RunResult.caches:type_name -> airlock.types.v1.CacheUse
+	4,  // 38: airlock.types.v1.OutputChunk.stream:type_name -> airlock.types.v1.OutputStream
+	41, // 39: airlock.types.v1.FileEntry.modified_at:type_name -> google.protobuf.Timestamp
+	41, // 40: airlock.types.v1.FileWrite.written_at:type_name -> google.protobuf.Timestamp
+	41, // 41: airlock.types.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
+	6,  // 42: airlock.types.v1.EgressRecord.closed_first:type_name -> airlock.types.v1.EgressSide
+	36, // 43: airlock.types.v1.EgressRecord.tls:type_name -> airlock.types.v1.EgressTLS
+	5,  // 44: airlock.types.v1.EgressTLS.handshake:type_name -> airlock.types.v1.EgressHandshake
+	6,  // 45: airlock.types.v1.EgressTLS.by:type_name -> airlock.types.v1.EgressSide
+	35, // 46: airlock.types.v1.EgressEvent.record:type_name -> airlock.types.v1.EgressRecord
+	47, // [47:47] is the sub-list for method output_type
+	47, // [47:47] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_airlock_types_v1_types_proto_init() }
@@ -3274,7 +3728,7 @@ func file_airlock_types_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_types_v1_types_proto_rawDesc), len(file_airlock_types_v1_types_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   29,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/airlockhq/airlock/pkg/chunkio"
 	"github.com/airlockhq/airlock/pkg/egress/egresspb"
 	"github.com/airlockhq/airlock/pkg/errgrpc"
 	"github.com/airlockhq/airlock/pkg/identity"
@@ -240,22 +241,68 @@ func (s *Service) FetchSource(req *authorityv1.FetchSourceRequest, stream grpc.S
 	if err != nil {
 		return err
 	}
-	w := &sourceStream{stream: stream, buf: make([]byte, 0, maxChunk)}
+	w := newSourceStream(stream)
 	if err := s.cfg.Jobs.FetchSource(ctx, id, req.GetJobId(), w); err != nil {
 		return s.fail(ctx, err)
 	}
-	if err := w.flush(); err != nil {
+	if err := w.Flush(); err != nil {
 		return s.fail(ctx, err)
 	}
 	return nil
+}
+
+func (s *Service) FetchImageBlob(req *authorityv1.FetchImageBlobRequest, stream grpc.ServerStreamingServer[authorityv1.FetchImageBlobResponse]) error {
+	ctx := stream.Context()
+	id, err := caller(ctx)
+	if err != nil {
+		return err
+	}
+	w := newBlobStream(stream)
+	if err := s.cfg.Jobs.FetchImageBlob(ctx, id, req.GetJobId(), req.GetDigest(), req.GetCheckOnly(), w); err != nil {
+		return s.fail(ctx, err)
+	}
+	if err := w.Flush(); err != nil {
+		return s.fail(ctx, err)
+	}
+	return nil
+}
+
+// blobStream sends the header, then the blob in chunks of maxChunk.
+type blobStream struct {
+	stream grpc.ServerStreamingServer[authorityv1.FetchImageBlobResponse]
+	*chunkio.Writer
+}
+
+func newBlobStream(stream grpc.ServerStreamingServer[authorityv1.FetchImageBlobResponse]) *blobStream {
+	return &blobStream{stream: stream, Writer: chunkio.NewWriter(maxChunk, func(b []byte) error {
+		return stream.Send(&authorityv1.FetchImageBlobResponse{Part: &authorityv1.FetchImageBlobResponse_Chunk{Chunk: b}})
+	})}
+}
+
+func (w *blobStream) Header(digest, mediaType string, size int64) error {
+	return w.stream.Send(&authorityv1.FetchImageBlobResponse{Part: &authorityv1.FetchImageBlobResponse_Header{
+		Header: &authorityv1.ImageBlobHeader{Digest: digest, MediaType: mediaType, Size: size},
+	}})
 }
 
 // sourceStream sends the header, then the archive in chunks of maxChunk
 // (the last one shorter), then the history part and its chunks.
 type sourceStream struct {
 	stream  grpc.ServerStreamingServer[authorityv1.FetchSourceResponse]
-	buf     []byte
 	history bool
+	*chunkio.Writer
+}
+
+func newSourceStream(stream grpc.ServerStreamingServer[authorityv1.FetchSourceResponse]) *sourceStream {
+	w := &sourceStream{stream: stream}
+	w.Writer = chunkio.NewWriter(maxChunk, func(b []byte) error {
+		msg := &authorityv1.FetchSourceResponse{Part: &authorityv1.FetchSourceResponse_Chunk{Chunk: b}}
+		if w.history {
+			msg.Part = &authorityv1.FetchSourceResponse_HistoryChunk{HistoryChunk: b}
+		}
+		return stream.Send(msg)
+	})
+	return w
 }
 
 func (w *sourceStream) Header(commit, tree string, commitObject []byte, historyDepth int) error {
@@ -265,43 +312,13 @@ func (w *sourceStream) Header(commit, tree string, commitObject []byte, historyD
 }
 
 func (w *sourceStream) History(depth, commits int) (io.Writer, error) {
-	if err := w.flush(); err != nil {
+	if err := w.Flush(); err != nil {
 		return nil, err
 	}
 	w.history = true
 	return w, w.stream.Send(&authorityv1.FetchSourceResponse{Part: &authorityv1.FetchSourceResponse_History{
 		History: &authorityv1.SourceHistory{Depth: uint32(depth), Commits: uint32(commits)},
 	}})
-}
-
-func (w *sourceStream) Write(p []byte) (int, error) {
-	n := len(p)
-	for len(p) > 0 {
-		k := min(len(p), maxChunk-len(w.buf))
-		w.buf = append(w.buf, p[:k]...)
-		p = p[k:]
-		if len(w.buf) == maxChunk {
-			if err := w.flush(); err != nil {
-				return 0, err
-			}
-		}
-	}
-	return n, nil
-}
-
-func (w *sourceStream) flush() error {
-	if len(w.buf) == 0 {
-		return nil
-	}
-	// Send serializes the message before returning, so the buffer can be
-	// reused at once.
-	msg := &authorityv1.FetchSourceResponse{Part: &authorityv1.FetchSourceResponse_Chunk{Chunk: w.buf}}
-	if w.history {
-		msg.Part = &authorityv1.FetchSourceResponse_HistoryChunk{HistoryChunk: w.buf}
-	}
-	err := w.stream.Send(msg)
-	w.buf = w.buf[:0]
-	return err
 }
 
 func (s *Service) ReportResult(ctx context.Context, req *authorityv1.ReportResultRequest) (*authorityv1.ReportResultResponse, error) {

@@ -30,3 +30,27 @@ func (s *Service) ClearCaches(ctx context.Context, req *authorityv1.ClearCachesR
 	}
 	return &authorityv1.ClearCachesResponse{Cleared: executorclient.CacheInfosToProto(cleared)}, nil
 }
+
+func (s *Service) ListImages(ctx context.Context, req *authorityv1.ListImagesRequest) (*authorityv1.ListImagesResponse, error) {
+	id, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	l, err := s.cfg.Jobs.ListImages(ctx, id, req.GetTenant(), req.GetDigest())
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	return &authorityv1.ListImagesResponse{Images: executorclient.ImagesToProto(l.Images), Cache: executorclient.ImageStatsToProto(l.Stats)}, nil
+}
+
+func (s *Service) PruneImages(ctx context.Context, req *authorityv1.PruneImagesRequest) (*authorityv1.PruneImagesResponse, error) {
+	id, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p, err := s.cfg.Jobs.PruneImages(ctx, id, req.GetTenant(), req.GetDigest())
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	return &authorityv1.PruneImagesResponse{Pruned: executorclient.ImagesToProto(p.Images), FreedBytes: p.Freed, InUse: p.InUse}, nil
+}

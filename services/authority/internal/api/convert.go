@@ -52,6 +52,7 @@ func specFromProto(p *authorityv1.JobSpec) (jobs.Spec, error) {
 		Command:    p.GetCommand(),
 		Env:        p.GetEnv(),
 		Caches:     p.GetCaches(),
+		Image:      p.GetImage(),
 	}
 	if u := p.GetUser(); u != nil {
 		s.User = &runspec.User{UID: u.GetUid(), GID: u.GetGid()}
@@ -160,6 +161,7 @@ func jobToProto(j store.Job) (*authorityv1.Job, error) {
 		np, gen = g.GetNetworkPolicy(), g.GetNetworkPolicyGeneration()
 		out.Limits, out.GrantGeneration, out.Session = g.GetLimits(), max(g.GetGeneration(), 1), g.GetSession()
 		out.User = g.GetUser()
+		out.Image = g.GetImage()
 	}
 	out.NetworkPolicyStatus = &typesv1.NetworkPolicyStatus{
 		Policy: np, Generation: gen, State: networkStateToProto[j.NetworkState], UpdatedAt: timestamppb.New(j.UpdatedAt),

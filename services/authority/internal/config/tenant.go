@@ -15,6 +15,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/runspec"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
+	"github.com/airlockhq/airlock/services/authority/internal/images"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 )
 
@@ -207,6 +208,9 @@ func (c *Config) tenant(name string, f TenantFile) (*policy.Tenant, error) {
 		}
 		t.User = u
 	}
+	imgs, ierrs := c.images(field+".images", f.Images)
+	t.Images = imgs
+	errs = append(errs, ierrs...)
 	if f.AllowRoot && t.User.IsRoot() {
 		errs = append(errs, config.Field(field+".allow_root", "the tenant's jobs run as root already (user omitted or root): allow_root is for a tenant whose user is not root"))
 	}
@@ -214,6 +218,100 @@ func (c *Config) tenant(name string, f TenantFile) (*policy.Tenant, error) {
 		return nil, err
 	}
 	return t, nil
+}
+
+// images checks a tenant's image policy.
+func (c *Config) images(field string, f ImagesFile) (policy.Images, []error) {
+	var errs []error
+	out := policy.Images{Registries: map[string]policy.Registry{}}
+	for i, a := range f.Allowed {
+		af := fmt.Sprintf("%s.allowed[%d]", field, i)
+		pat, err := imagePattern(a)
+		if err != nil {
+			errs = append(errs, config.Field(af, "%q: %v", a, err))
+			continue
+		}
+		out.Allowed = append(out.Allowed, pat)
+	}
+	if err := f.MaxSize.Check(field + ".max_size"); err != nil {
+		errs = append(errs, err)
+	}
+	out.MaxBytes = f.MaxSize.Bytes()
+	switch d := f.Default; {
+	case d == "" || d == policy.HostImage:
+		out.Default = policy.HostImage
+	default:
+		ref, err := images.Parse(d)
+		if err != nil {
+			errs = append(errs, config.Field(field+".default", "%v", err))
+			break
+		}
+		if _, ok := images.Allowed(out, ref); !ok {
+			errs = append(errs, config.Field(field+".default", "%q is not covered by %s.allowed", d, field))
+			break
+		}
+		out.Default = d
+	}
+	for _, host := range sortedKeys(f.Registries) {
+		rf, r := f.Registries[host], field+".registries."+host
+		if _, err := images.Parse(host + "/x"); err != nil || strings.ContainsAny(host, "/@") {
+			errs = append(errs, config.Field(r, "%q is not a registry host (HOST or HOST:PORT)", host))
+			continue
+		}
+		var reg policy.Registry
+		if rf.Credential != "" {
+			reg.Credential = resolve(c.base, rf.Credential)
+			if err := images.CheckCredentialFile(reg.Credential); err != nil {
+				errs = append(errs, config.Field(r+".credential", "%s %v", reg.Credential, err))
+			}
+		}
+		if rf.CA != "" {
+			reg.CA = resolve(c.base, rf.CA)
+			if _, err := tlsconfig.LoadRoots(reg.CA); err != nil {
+				errs = append(errs, config.Field(r+".ca", "%v", err))
+			}
+		}
+		out.Registries[host] = reg
+	}
+	return out, errs
+}
+
+// imagePattern parses one entry of a tenant's images.allowed.
+func imagePattern(s string) (policy.ImagePattern, error) {
+	var p policy.ImagePattern
+	rest, digest, pinned := strings.Cut(s, "@")
+	if pinned {
+		if err := images.CheckDigest(digest); err != nil {
+			return p, err
+		}
+		p.Digest = digest
+	}
+	if r, ok := strings.CutSuffix(rest, "/*"); ok {
+		p.Prefix, rest = true, r
+		if pinned {
+			return p, errors.New("a pinned digest names one repository, not a pattern")
+		}
+	}
+	host, repo, _ := strings.Cut(rest, "/")
+	if !p.Prefix && repo == "" {
+		return p, errors.New("want HOST[:PORT]/REPOSITORY, HOST[:PORT]/PATH/*, HOST[:PORT]/* or HOST[:PORT]/REPOSITORY@sha256:DIGEST")
+	}
+	probe := rest
+	if repo == "" {
+		probe = host + "/x"
+	}
+	ref, err := images.Parse(probe)
+	if err != nil {
+		return p, err
+	}
+	if _, tagged := ref.(interface{ TagStr() string }); tagged && strings.Contains(strings.TrimPrefix(probe, host), ":") {
+		return p, errors.New("a pattern names repositories, not tags: drop the tag (or pin a digest with @sha256:...)")
+	}
+	p.Registry, p.Repository = ref.Context().RegistryStr(), repo
+	if repo != "" && ref.Context().RepositoryStr() != repo {
+		return p, fmt.Errorf("repository %q is not in its canonical form %q", repo, ref.Context().RepositoryStr())
+	}
+	return p, nil
 }
 
 // cachesOf checks a tenant's named caches (pkg/runspec's rules, which the

@@ -52,6 +52,39 @@ type TenantFile struct {
 	User string `yaml:"user"`
 	// AllowRoot lets a job ask to run as root when User is not root.
 	AllowRoot bool `yaml:"allow_root"`
+	// Images is which OCI images the tenant's jobs may run on (--image),
+	// and how the authority reaches their registries. Omitted, jobs run
+	// on the executor's host template only.
+	Images ImagesFile `yaml:"images"`
+}
+
+// ImagesFile is a tenant's image policy as the file writes it.
+type ImagesFile struct {
+	// Default is the image a job that names none runs on: a reference
+	// HOST[:PORT]/REPOSITORY[:TAG|@sha256:DIGEST] that Allowed covers, or
+	// "host" (the default) for the executor's host template.
+	Default string `yaml:"default"`
+	// Allowed are the images a job may name, each HOST[:PORT]/REPOSITORY
+	// (any tag or digest), HOST[:PORT]/PATH/* (every repository below
+	// PATH), HOST[:PORT]/* (the whole registry), or
+	// HOST[:PORT]/REPOSITORY@sha256:DIGEST (only that manifest, or that
+	// multi-arch index).
+	Allowed []string `yaml:"allowed"`
+	// MaxSize bounds an image's config and compressed layers; default 4GiB.
+	MaxSize config.ByteSize `yaml:"max_size"`
+	// Registries maps a registry host ("host[:port]") to how the
+	// authority reaches it.
+	Registries map[string]RegistryFile `yaml:"registries"`
+}
+
+// RegistryFile is how the authority reaches one registry for a tenant.
+type RegistryFile struct {
+	// Credential is a file holding "USERNAME:PASSWORD" (one line); optional.
+	// It stays in the authority: executors get the image's bytes only.
+	Credential string `yaml:"credential"`
+	// CA is a PEM file of the certificate authorities the registry's
+	// certificate must chain to; optional (the system's roots).
+	CA string `yaml:"ca"`
 }
 
 // CacheFile is one named cache as the file writes it.

@@ -72,6 +72,7 @@ func (s *Signer) Sign(r jobs.GrantRequest) (jobs.SignedGrant, error) {
 		g.Caches = append(g.Caches, &typesv1.CacheGrant{Name: c.Name, Path: c.Path, MaxSizeBytes: c.MaxSize})
 	}
 	g.User = &typesv1.JobUser{Uid: r.User.UID, Gid: r.User.GID}
+	g.Image = ImageToProto(r.Image)
 	sg, err := s.s.Sign(g)
 	if err != nil {
 		return jobs.SignedGrant{}, err
@@ -124,7 +125,19 @@ func (s *Signer) Decode(wire []byte) (jobs.GrantRequest, error) {
 		r.Caches = append(r.Caches, jobs.CacheGrant{Name: c.GetName(), Path: c.GetPath(), MaxSize: c.GetMaxSizeBytes()})
 	}
 	r.User = runspec.User{UID: g.GetUser().GetUid(), GID: g.GetUser().GetGid()}
+	if x := g.GetImage(); x != nil {
+		r.Image = &jobs.ImageGrant{Name: x.GetName(), Registry: x.GetRegistry(), Repository: x.GetRepository(),
+			Digest: x.GetDigest(), MediaType: x.GetMediaType(), Size: x.GetSizeBytes()}
+	}
 	return r, nil
+}
+
+// ImageToProto converts a granted image; nil (the host template) stays nil.
+func ImageToProto(g *jobs.ImageGrant) *typesv1.ImageGrant {
+	if g == nil {
+		return nil
+	}
+	return &typesv1.ImageGrant{Name: g.Name, Registry: g.Registry, Repository: g.Repository, Digest: g.Digest, MediaType: g.MediaType, SizeBytes: g.Size}
 }
 
 // LimitsFromProto reads limits (zero fields stay zero); errors name

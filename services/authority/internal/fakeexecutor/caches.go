@@ -67,3 +67,19 @@ func (e *Executor) ClearCaches(_ context.Context, req *executorv1.ClearCachesReq
 	}
 	return &executorv1.ClearCachesResponse{Cleared: out}, nil
 }
+
+// The fake pulls no images: its cache is always empty.
+
+func (e *Executor) ListImages(_ context.Context, req *executorv1.ListImagesRequest) (*executorv1.ListImagesResponse, error) {
+	if req.GetTenant() == "" {
+		return nil, status.Error(codes.InvalidArgument, "tenant is required")
+	}
+	return &executorv1.ListImagesResponse{Cache: &typesv1.ImageCacheStats{}}, nil
+}
+
+func (e *Executor) PruneImages(_ context.Context, req *executorv1.PruneImagesRequest) (*executorv1.PruneImagesResponse, error) {
+	if req.GetTenant() == "" {
+		return nil, status.Error(codes.InvalidArgument, "tenant is required")
+	}
+	return &executorv1.PruneImagesResponse{}, nil
+}

@@ -8,6 +8,8 @@ import (
 	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/imagecache"
+	"github.com/airlockhq/airlock/services/authority/internal/images"
 )
 
 // ListCaches lists tenant's named caches on its executor, for a client
@@ -55,4 +57,42 @@ func (s *Service) ClearCaches(ctx context.Context, caller identity.ID, tenant, r
 		return cleared, err
 	}
 	return cleared, nil
+}
+
+// ListImages lists the images tenant's jobs ran on that its executor
+// holds, for a client acting for it.
+func (s *Service) ListImages(ctx context.Context, caller identity.ID, tenant, digest string) (imagecache.List, error) {
+	if _, err := s.tenantFor(caller, tenant); err != nil {
+		return imagecache.List{}, err
+	}
+	if digest != "" {
+		if err := images.CheckDigest(digest); err != nil {
+			return imagecache.List{}, fmt.Errorf("%w: digest: %v", errdefs.ErrInvalidArgument, err)
+		}
+	}
+	return s.cfg.Executor.ListImages(ctx, tenant, digest)
+}
+
+// PruneImages drops tenant's hold on its cached images (one when digest
+// is set) for a client acting for it, and records it on the audit log.
+func (s *Service) PruneImages(ctx context.Context, caller identity.ID, tenant, digest string) (imagecache.Pruned, error) {
+	if _, err := s.tenantFor(caller, tenant); err != nil {
+		return imagecache.Pruned{}, err
+	}
+	if digest != "" {
+		if err := images.CheckDigest(digest); err != nil {
+			return imagecache.Pruned{}, fmt.Errorf("%w: digest: %v", errdefs.ErrInvalidArgument, err)
+		}
+	}
+	p, err := s.cfg.Executor.PruneImages(ctx, tenant, digest)
+	if err != nil {
+		return p, err
+	}
+	what := "every image"
+	if digest != "" {
+		what = "image " + digest
+	}
+	err = s.audit(ctx, audit.Event{Kind: audit.KindImagesPruned, Caller: caller.String(), Subject: tenant, Tenant: tenant, Outcome: audit.OutcomeAllowed,
+		Reason: fmt.Sprintf("images: %s: %d pruned, %d kept in use, %s freed", what, len(p.Images), len(p.InUse), config.FormatByteSize(p.Freed))})
+	return p, err
 }

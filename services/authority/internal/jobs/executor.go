@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"github.com/airlockhq/airlock/pkg/imagecache"
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/egress"
@@ -73,6 +74,17 @@ type Executor interface {
 	Runs
 	Sessions
 	Caches
+	ImageCache
+}
+
+// ImageCache reaches the executor's image cache, as one tenant sees it.
+type ImageCache interface {
+	// ListImages lists the images the tenant's jobs used (one, with its
+	// layers, when digest is set) and the whole cache's stats.
+	ListImages(ctx context.Context, tenant, digest string) (imagecache.List, error)
+	// PruneImages drops the tenant's hold on its images (one when digest
+	// is set) that none of its jobs runs on.
+	PruneImages(ctx context.Context, tenant, digest string) (imagecache.Pruned, error)
 }
 
 // Caches reaches a tenant's named caches on the executor.

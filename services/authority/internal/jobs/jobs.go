@@ -34,9 +34,12 @@ type Retry struct {
 
 // Config is what the Service needs.
 type Config struct {
-	Store    store.Store
-	Tenants  policy.Tenants
-	Source   Source
+	Store   store.Store
+	Tenants policy.Tenants
+	Source  Source
+	// Images resolves and reads jobs' OCI images; nil refuses every job
+	// that names one (the host template still runs).
+	Images   Images
 	Signer   Signer
 	Executor Executor
 	// ExecutorID is the identity the Executor connection verified of its

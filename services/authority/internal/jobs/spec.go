@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/runspec"
+	"github.com/airlockhq/airlock/services/authority/internal/images"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 	"github.com/airlockhq/airlock/services/authority/internal/source"
 )
@@ -78,6 +79,9 @@ type Spec struct {
 	Caches []string `json:",omitempty"`
 	// User is who the job asks to run as; nil is the tenant's default.
 	User *runspec.User `json:",omitempty"`
+	// Image is the OCI image reference to run on, "" for the tenant's
+	// default, policy.HostImage for the host template.
+	Image string `json:",omitempty"`
 }
 
 // Session is what makes a job a session: its sandbox stays up for the
@@ -123,9 +127,34 @@ type GrantRequest struct {
 	// had them at submission.
 	Caches []CacheGrant
 	// User is who the job runs as.
-	User      runspec.User
+	User runspec.User
+	// Image is the image the job runs on; nil is the host template.
+	Image     *ImageGrant
 	IssuedAt  time.Time
 	ExpiresAt time.Time
+}
+
+// ImageGrant is the image granted to a job: resolved at submission, run
+// by digest.
+type ImageGrant struct {
+	// Name is the reference as asked (or the tenant's default).
+	Name string
+	// Registry and Repository locate it; Digest is its linux/amd64
+	// manifest's, of MediaType.
+	Registry, Repository, Digest, MediaType string
+	// Size is its config's and compressed layers' bytes.
+	Size int64
+}
+
+// Reference is "registry/repository@digest".
+func (g ImageGrant) Reference() string { return g.Registry + "/" + g.Repository + "@" + g.Digest }
+
+// Images reads tenants' images from their registries (see package images).
+type Images interface {
+	Resolve(ctx context.Context, p policy.Images, ref string) (images.Resolved, error)
+	Manifest(ctx context.Context, p policy.Images, registry, repository, digest string) (images.Resolved, error)
+	Blob(ctx context.Context, p policy.Images, registry, repository, digest string) (io.ReadCloser, error)
+	CheckBlob(ctx context.Context, p policy.Images, registry, repository, digest string) error
 }
 
 // CacheGrant is one named cache granted to a job.

@@ -38,6 +38,11 @@ type decision struct {
 	session *Session // set, defaults filled in, for a session
 	caches  []CacheGrant
 	user    runspec.User
+	// image is the image reference to resolve, "" for the host template.
+	image string
+	// userAsked says the spec named its user (an image's config then
+	// does not choose it).
+	userAsked bool
 }
 
 // Submit checks a job against its tenant's policy, resolves its revision,
@@ -97,6 +102,10 @@ func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequ
 	case err != nil:
 		return store.Job{}, false, err
 	}
+	img, err := s.resolveImage(ctx, t, &d)
+	if err != nil {
+		return store.Job{}, false, err
+	}
 
 	now := s.now()
 	j := store.Job{
@@ -109,7 +118,7 @@ func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequ
 			JobID: j.ID, Tenant: j.Tenant, Requester: j.Requester, Repository: d.repo.Name, Commit: rev.Commit,
 			Command: req.Spec.Command, Env: req.Spec.Env, Limits: d.limits, Network: d.network, NetworkGeneration: 1, Generation: 1,
 			RuntimeClass: d.runtime, PublishTarget: req.Spec.PublishTarget, Session: d.session,
-			HistoryDepth: s.historyDepth(j.Tenant), Caches: d.caches, User: d.user, IssuedAt: now, ExpiresAt: now.Add(s.cfg.GrantTTL),
+			HistoryDepth: s.historyDepth(j.Tenant), Caches: d.caches, User: d.user, Image: img, IssuedAt: now, ExpiresAt: now.Add(s.cfg.GrantTTL),
 		})
 		if err != nil {
 			return store.Job{}, false, fmt.Errorf("jobs: sign grant: %w", err)
@@ -118,10 +127,10 @@ func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequ
 		j.Grant, j.GrantExpiresAt = g.Wire, now.Add(s.cfg.GrantTTL)
 	}
 	ev := audit.Event{Kind: audit.KindJobGranted, Caller: caller.String(), Subject: j.ID, Outcome: audit.OutcomeAllowed,
-		Reason: fmt.Sprintf("repository %s at %s, command %q; grant expires %s", j.Repository, j.Commit, req.Spec.Command, j.GrantExpiresAt.Format(time.RFC3339))}
+		Reason: fmt.Sprintf("repository %s at %s, command %q%s; grant expires %s", j.Repository, j.Commit, req.Spec.Command, imageNote(img), j.GrantExpiresAt.Format(time.RFC3339))}
 	if d.session != nil {
-		ev.Reason = fmt.Sprintf("session on repository %s at %s, idle timeout %s, at most %d execs at once; grant expires %s",
-			j.Repository, j.Commit, d.session.IdleTimeout, d.session.MaxConcurrentExecs, j.GrantExpiresAt.Format(time.RFC3339))
+		ev.Reason = fmt.Sprintf("session on repository %s at %s%s, idle timeout %s, at most %d execs at once; grant expires %s",
+			j.Repository, j.Commit, imageNote(img), d.session.IdleTimeout, d.session.MaxConcurrentExecs, j.GrantExpiresAt.Format(time.RFC3339))
 	}
 	if j.State == store.StateFailed {
 		ev.Kind, ev.Outcome, ev.Reason = audit.KindJobRefused, audit.OutcomeDenied, j.Message
@@ -238,7 +247,13 @@ func (s *Service) check(ctx context.Context, t *policy.Tenant, spec Spec) (decis
 	if err != nil {
 		return d, err
 	}
-	d.user = user
+	d.user, d.userAsked = user, spec.User != nil
+	switch d.image = cmp.Or(spec.Image, t.Images.Default, policy.HostImage); {
+	case d.image == policy.HostImage:
+		d.image = ""
+	case len(d.image) > maxNameBytes:
+		return d, invalid("spec.image", "at most %d bytes (got %d)", maxNameBytes, len(d.image))
+	}
 	caches, err := checkCaches(t, spec.Caches)
 	if err != nil {
 		return d, err
@@ -280,6 +295,41 @@ func (s *Service) check(ctx context.Context, t *policy.Tenant, spec Spec) (decis
 		}
 	}
 	return d, nil
+}
+
+// resolveImage resolves the decision's image, if any, to a digest under
+// the tenant's policy. A job that asked for no user runs as the image's,
+// where the image names one by number and the tenant's policy allows it.
+func (s *Service) resolveImage(ctx context.Context, t *policy.Tenant, d *decision) (*ImageGrant, error) {
+	if d.image == "" {
+		return nil, nil
+	}
+	if s.cfg.Images == nil {
+		return nil, fmt.Errorf("%w: spec.image: this authority runs no images (the host template only)", errdefs.ErrFailedPrecondition)
+	}
+	r, err := s.cfg.Images.Resolve(ctx, t.Images, d.image)
+	if err != nil {
+		return nil, err
+	}
+	if !d.userAsked && r.Config.User != "" {
+		if u, err := runspec.ParseUser(r.Config.User); err == nil && r.Config.User != "agent" && runspec.CheckUser(u) == nil && t.UserAllowed(u) == "" {
+			d.user = u
+		}
+	}
+	for i, c := range d.caches {
+		if err := runspec.CheckCacheUser(c.Path, d.user); err != nil {
+			return nil, invalid(fmt.Sprintf("spec.caches[%d]", i), "%q: the cache's path %v (the job runs as the image's user %s)", c.Name, err, d.user)
+		}
+	}
+	return &ImageGrant{Name: d.image, Registry: r.Registry, Repository: r.Repository, Digest: r.Digest, MediaType: r.MediaType, Size: r.Size}, nil
+}
+
+// imageNote says which image a grant runs on, for the audit log.
+func imageNote(g *ImageGrant) string {
+	if g == nil {
+		return ""
+	}
+	return ", image " + g.Reference()
 }
 
 // effectiveSession checks the session fields req names against the

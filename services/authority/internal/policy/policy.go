@@ -131,6 +131,86 @@ type Tenant struct {
 	// AllowRoot lets a job ask to run as root (uid 0) when User is not
 	// root; any other user's ids may be asked for (runspec.CheckUser).
 	AllowRoot bool
+	// Images is which OCI images its jobs may run on, and how the
+	// authority reaches their registries.
+	Images Images
+}
+
+// HostImage is the name of the executor's host template (the host's /usr,
+// read-only) where a job names an image.
+const HostImage = "host"
+
+// Images is a tenant's image policy. With no Allowed patterns its jobs run
+// on the host template only.
+type Images struct {
+	// Default is the image a job that names none runs on: a reference, or
+	// HostImage ("" is HostImage too).
+	Default string
+	// Allowed are the images a job may name; the host template is always
+	// allowed.
+	Allowed []ImagePattern
+	// MaxBytes bounds an image's size (config and compressed layers); 0 is
+	// DefaultMaxImageBytes.
+	MaxBytes int64
+	// Registries are how to reach each registry host ("host[:port]"): its
+	// CA and the tenant's credential for it. A registry missing here is
+	// reached with the system's roots and no credential.
+	Registries map[string]Registry
+}
+
+// DefaultMaxImageBytes bounds an image's size where the policy names no
+// max_size.
+const DefaultMaxImageBytes = 4 << 30
+
+// ImagePattern allows images of one registry: one repository, every
+// repository below a path (Prefix), and optionally only one digest.
+type ImagePattern struct {
+	// Registry is "host[:port]"; Repository is a path within it, ""
+	// with Prefix for every repository of the registry.
+	Registry, Repository string
+	// Prefix allows every repository below Repository ("team/*").
+	Prefix bool
+	// Digest, if set, is the only manifest digest allowed (pinned): the
+	// platform manifest's, or the multi-arch index's it was picked from.
+	Digest string
+}
+
+// String is the pattern as the policy file writes it.
+func (p ImagePattern) String() string {
+	s := p.Registry
+	if p.Repository != "" {
+		s += "/" + p.Repository
+	}
+	if p.Prefix {
+		s += "/*"
+	}
+	if p.Digest != "" {
+		s += "@" + p.Digest
+	}
+	return s
+}
+
+// Matches reports whether the pattern allows repository repo of registry
+// reg (any digest; Digest is checked once the reference is resolved).
+func (p ImagePattern) Matches(reg, repo string) bool {
+	if reg != p.Registry {
+		return false
+	}
+	if !p.Prefix {
+		return repo == p.Repository
+	}
+	return p.Repository == "" || strings.HasPrefix(repo, p.Repository+"/")
+}
+
+// Registry is how the authority reaches one registry for a tenant.
+type Registry struct {
+	// Credential is the path of a file holding "USERNAME:PASSWORD" for the
+	// registry's basic or token authentication, or "". Only the images
+	// package reads it, for each request; it never leaves the authority.
+	Credential string
+	// CA is the path of a PEM bundle of the certificate authorities the
+	// registry's certificate must chain to, or "" for the system's.
+	CA string
 }
 
 // UserAllowed says why t's jobs may not run as u, "" when they may.

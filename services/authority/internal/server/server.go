@@ -26,6 +26,7 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/config"
 	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
 	"github.com/airlockhq/airlock/services/authority/internal/flow"
+	"github.com/airlockhq/airlock/services/authority/internal/images"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
 	"github.com/airlockhq/airlock/services/authority/internal/leases"
 	"github.com/airlockhq/airlock/services/authority/internal/source"
@@ -125,10 +126,13 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				}, func(err error) { env.Logger.Error("audit left-out refusals", "error", err) })
 				return nil
 			})
+			imgs := images.New()
+			env.OnStop(func() error { imgs.Close(); return nil })
 			svc, err := jobs.New(jobs.Config{
 				Store:    st,
 				Tenants:  cfg.Policy,
 				Source:   src,
+				Images:   imgs,
 				Signer:   executorclient.NewSigner(key),
 				Executor: exec, ExecutorID: env.PeerID(identity.ServiceExecutor),
 				GrantTTL: cfg.GrantTTL,
