@@ -50,20 +50,23 @@ type Subject struct {
 
 // Run is the predicate: what ran, where, under which grant, with what end.
 type Run struct {
-	JobID           string    `json:"job_id"`
-	Tenant          string    `json:"tenant"`
-	Requester       string    `json:"requester"`
-	Repository      string    `json:"repository"`
-	BaseCommit      string    `json:"base_commit"`
-	GrantDigest     string    `json:"grant_digest"`
-	Executor        string    `json:"executor"`
-	RuntimeClass    string    `json:"runtime_class"`
-	RuntimeVersion  string    `json:"runtime_version"`
-	TemplateVersion string    `json:"template_version"`
-	Reason          string    `json:"reason"`
-	ExitCode        int       `json:"exit_code"`
-	StartedOn       time.Time `json:"started_on"`
-	FinishedOn      time.Time `json:"finished_on"`
+	JobID           string `json:"job_id"`
+	Tenant          string `json:"tenant"`
+	Requester       string `json:"requester"`
+	Repository      string `json:"repository"`
+	BaseCommit      string `json:"base_commit"`
+	GrantDigest     string `json:"grant_digest"`
+	Executor        string `json:"executor"`
+	RuntimeClass    string `json:"runtime_class"`
+	RuntimeVersion  string `json:"runtime_version"`
+	TemplateVersion string `json:"template_version"`
+	// Image is the OCI image the run's root was, by digest
+	// ("registry/repository@sha256:..."); empty for the host template.
+	Image      string    `json:"image,omitempty"`
+	Reason     string    `json:"reason"`
+	ExitCode   int       `json:"exit_code"`
+	StartedOn  time.Time `json:"started_on"`
+	FinishedOn time.Time `json:"finished_on"`
 }
 
 // Envelope is a DSSE envelope plus the signer's certificate chain (leaf

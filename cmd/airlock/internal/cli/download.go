@@ -6,13 +6,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"regexp"
 
 	"github.com/spf13/cobra"
 
 	"github.com/airlockhq/airlock/pkg/atomicfile"
 	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/pkg/chunkio"
+	"github.com/airlockhq/airlock/pkg/digest"
 	"github.com/airlockhq/airlock/pkg/termtext"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 )
@@ -31,8 +31,6 @@ type downloaded struct {
 	Bundle     string `json:"bundle"`
 	Provenance string `json:"provenance"`
 }
-
-var bundleDigest = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
 
 func newJobDownload(g *globals) *cobra.Command {
 	var dir string
@@ -91,7 +89,7 @@ func writeBundle(stream interface {
 	if h == nil {
 		return nil, remoteError{errors.New("the authority's DownloadBundle began without its header")}
 	}
-	if !bundleDigest.MatchString(h.GetBundleDigest()) {
+	if !digest.Valid(h.GetBundleDigest()) {
 		return nil, remoteError{fmt.Errorf("the authority named bundle digest %q, not sha256:<64 hex>", h.GetBundleDigest())}
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {

@@ -30,7 +30,7 @@ func newJob(g *globals) *cobra.Command {
 
 type submitFlags struct {
 	tenant, repo, rev, runtime, key, memory, disk string
-	publishTo, user                               string
+	publishTo, user, image                        string
 	cpu                                           float64
 	pids                                          int64
 	timeout                                       time.Duration
@@ -82,6 +82,7 @@ func (f *submitFlags) register(cmd *cobra.Command) {
 	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE for the command (repeatable; never a credential)")
 	fl.StringArrayVar(&f.caches, "cache", nil, "a named cache of the tenant's policy to mount, kept per repository (repeatable)")
 	fl.StringVar(&f.user, "user", "", "who the job runs as: agent, root, UID or UID:GID, ids 0 to 65533 (default: the tenant's)")
+	fl.StringVar(&f.image, "image", "", "OCI image to run on, HOST[:PORT]/REPOSITORY[:TAG|@sha256:DIGEST] within the tenant's image policy, or host for the executor's host template (default: the tenant's)")
 	fl.StringVar(&f.key, "idempotency-key", "", "the same key returns the same job (default: a fresh random key)")
 	fl.StringVar(&f.publishTo, "publish-to", "", "REPO:BRANCH where the result may be published after approval")
 	f.net.register(fl, "; default: deny-all")
@@ -133,7 +134,7 @@ func randomID(prefix string) string {
 
 // spec builds the spec the flags say, running argv.
 func (f *submitFlags) spec(argv []string) (*authorityv1.JobSpec, error) {
-	spec := &authorityv1.JobSpec{Repository: f.repo, Revision: f.rev, Command: argv, Resources: &typesv1.ResourceLimits{}, Caches: f.caches}
+	spec := &authorityv1.JobSpec{Repository: f.repo, Revision: f.rev, Command: argv, Resources: &typesv1.ResourceLimits{}, Caches: f.caches, Image: f.image}
 	if f.cpu < 0 {
 		return nil, usageError{errors.New("--cpu must not be negative")}
 	}

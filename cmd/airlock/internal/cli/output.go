@@ -250,11 +250,17 @@ func outcome(job *authorityv1.Job) string {
 	return s
 }
 
-// writeUser says who a granted job runs as.
+// writeUser says who a granted job runs as, and on which image.
 func writeUser(w io.Writer, job *authorityv1.Job) {
 	if ju := job.GetUser(); ju != nil {
 		u := runspec.User{UID: ju.GetUid(), GID: ju.GetGid()}
 		fmt.Fprintf(w, "user       %s (%s)\n", u.Name(), u)
+	}
+	if img := job.GetImage(); img != nil {
+		fmt.Fprintf(w, "image      %s/%s@%s (asked as %s, %s)\n", termtext.Line(img.GetRegistry()), termtext.Line(img.GetRepository()),
+			termtext.Line(img.GetDigest()), termtext.Line(img.GetName()), humanBytes(img.GetSizeBytes()))
+	} else if job.GetUser() != nil {
+		fmt.Fprintf(w, "image      host template\n")
 	}
 }
 
@@ -280,6 +286,9 @@ func writeSummary(w io.Writer, job *authorityv1.Job) {
 	version, _, _ := strings.Cut(r.GetRuntimeVersion(), ";")
 	fmt.Fprintf(w, "runtime    %s (%s), template %s\n", runtimeClassWord(r.GetRuntimeClass()),
 		termtext.Line(version), termtext.Line(r.GetTemplateVersion()))
+	if img := r.GetImage(); img != "" {
+		fmt.Fprintf(w, "image      %s\n", termtext.Line(img))
+	}
 	if r.GetBundleDigest() != "" {
 		fmt.Fprintf(w, "bundle     %s (%s)\n", termtext.Line(r.GetBundleDigest()), humanBytes(r.GetBundleSize()))
 	}

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 
+	"github.com/airlockhq/airlock/pkg/imagecache/imagecachepb"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
 )
@@ -40,7 +41,7 @@ func (s *Service) ListImages(ctx context.Context, req *authorityv1.ListImagesReq
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
-	return &authorityv1.ListImagesResponse{Images: executorclient.ImagesToProto(l.Images), Cache: executorclient.ImageStatsToProto(l.Stats)}, nil
+	return &authorityv1.ListImagesResponse{Images: imagecachepb.ImagesToProto(l.Images), Cache: imagecachepb.StatsToProto(l.Stats)}, nil
 }
 
 func (s *Service) PruneImages(ctx context.Context, req *authorityv1.PruneImagesRequest) (*authorityv1.PruneImagesResponse, error) {
@@ -52,5 +53,5 @@ func (s *Service) PruneImages(ctx context.Context, req *authorityv1.PruneImagesR
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
-	return &authorityv1.PruneImagesResponse{Pruned: executorclient.ImagesToProto(p.Images), FreedBytes: p.Freed, InUse: p.InUse}, nil
+	return &authorityv1.PruneImagesResponse{Pruned: imagecachepb.ImagesToProto(p.Images), FreedBytes: p.Freed, InUse: p.InUse}, nil
 }

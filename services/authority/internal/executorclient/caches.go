@@ -6,6 +6,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/airlockhq/airlock/pkg/imagecache"
+	"github.com/airlockhq/airlock/pkg/imagecache/imagecachepb"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
@@ -52,7 +53,7 @@ func (c *Client) ListImages(ctx context.Context, tenant, digest string) (imageca
 	if err != nil {
 		return imagecache.List{}, fromStatus(err)
 	}
-	return imagecache.List{Images: ImagesFromProto(resp.GetImages()), Stats: ImageStatsFromProto(resp.GetCache())}, nil
+	return imagecache.List{Images: imagecachepb.ImagesFromProto(resp.GetImages()), Stats: imagecachepb.StatsFromProto(resp.GetCache())}, nil
 }
 
 // PruneImages implements jobs.ImageCache.
@@ -61,47 +62,5 @@ func (c *Client) PruneImages(ctx context.Context, tenant, digest string) (imagec
 	if err != nil {
 		return imagecache.Pruned{}, fromStatus(err)
 	}
-	return imagecache.Pruned{Images: ImagesFromProto(resp.GetPruned()), Freed: resp.GetFreedBytes(), InUse: resp.GetInUse()}, nil
-}
-
-// ImagesFromProto reads cached images.
-func ImagesFromProto(in []*typesv1.ImageInfo) []imagecache.Image {
-	out := make([]imagecache.Image, 0, len(in))
-	for _, i := range in {
-		img := imagecache.Image{Reference: i.GetReference(), Digest: i.GetDigest(), Size: i.GetSizeBytes(), LastUsed: i.GetLastUsed().AsTime(),
-			Jobs: i.GetJobs(), InUse: int(i.GetInUse())}
-		for _, l := range i.GetLayers() {
-			img.Layers = append(img.Layers, imagecache.Layer{Digest: l.GetDigest(), DiffID: l.GetDiffId(), MediaType: l.GetMediaType(),
-				Compressed: l.GetCompressedBytes(), Unpacked: l.GetUnpackedBytes()})
-		}
-		out = append(out, img)
-	}
-	return out
-}
-
-// ImagesToProto converts cached images for an API.
-func ImagesToProto(in []imagecache.Image) []*typesv1.ImageInfo {
-	out := make([]*typesv1.ImageInfo, 0, len(in))
-	for _, i := range in {
-		p := &typesv1.ImageInfo{Reference: i.Reference, Digest: i.Digest, SizeBytes: i.Size, LastUsed: timestamppb.New(i.LastUsed),
-			Jobs: i.Jobs, InUse: int32(i.InUse)}
-		for _, l := range i.Layers {
-			p.Layers = append(p.Layers, &typesv1.ImageLayerInfo{Digest: l.Digest, DiffId: l.DiffID, MediaType: l.MediaType,
-				CompressedBytes: l.Compressed, UnpackedBytes: l.Unpacked})
-		}
-		out = append(out, p)
-	}
-	return out
-}
-
-// ImageStatsFromProto reads a cache's stats.
-func ImageStatsFromProto(s *typesv1.ImageCacheStats) imagecache.Stats {
-	return imagecache.Stats{Size: s.GetSizeBytes(), MaxSize: s.GetMaxBytes(), Layers: int(s.GetLayers()), Images: int(s.GetImages()),
-		Pulls: s.GetPulls(), PulledBytes: s.GetPulledBytes(), Hits: s.GetHits(), Evictions: s.GetEvictions()}
-}
-
-// ImageStatsToProto converts a cache's stats for an API.
-func ImageStatsToProto(s imagecache.Stats) *typesv1.ImageCacheStats {
-	return &typesv1.ImageCacheStats{SizeBytes: s.Size, MaxBytes: s.MaxSize, Layers: int32(s.Layers), Images: int32(s.Images),
-		Pulls: s.Pulls, PulledBytes: s.PulledBytes, Hits: s.Hits, Evictions: s.Evictions}
+	return imagecache.Pruned{Images: imagecachepb.ImagesFromProto(resp.GetPruned()), Freed: resp.GetFreedBytes(), InUse: resp.GetInUse()}, nil
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
+	"github.com/airlockhq/airlock/pkg/digest"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
@@ -144,15 +145,8 @@ func (c *Client) Close() {
 	}
 }
 
-var digestRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
-
 // CheckDigest says whether d is "sha256:" and 64 lowercase hex digits.
-func CheckDigest(d string) error {
-	if !digestRE.MatchString(d) {
-		return fmt.Errorf("%q is not a sha256 digest (sha256:<64 hex>)", d)
-	}
-	return nil
-}
+func CheckDigest(d string) error { return digest.Check(d) }
 
 // Parse checks a reference as a job or a policy writes it and splits it
 // into registry and repository. It names a registry explicitly: a bare

@@ -22,6 +22,7 @@ import (
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/cache"
 	"github.com/airlockhq/airlock/services/executor/internal/convert"
+	"github.com/airlockhq/airlock/services/executor/internal/images"
 	"github.com/airlockhq/airlock/services/executor/internal/runs"
 )
 
@@ -30,6 +31,8 @@ type Config struct {
 	Runs *runs.Manager
 	// Caches keeps the tenants' named caches; nil answers FailedPrecondition.
 	Caches *cache.Store
+	// Images keeps the images jobs run on; nil answers FailedPrecondition.
+	Images *images.Store
 	// Verifier checks the authority's signature on every grant.
 	Verifier *grant.Verifier
 	Logger   *slog.Logger

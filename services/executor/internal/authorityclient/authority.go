@@ -20,6 +20,7 @@ import (
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/convert"
+	"github.com/airlockhq/airlock/services/executor/internal/images"
 	"github.com/airlockhq/airlock/services/executor/internal/runs"
 	"github.com/airlockhq/airlock/services/executor/internal/stage"
 )
@@ -204,3 +205,48 @@ func (c *Client) ReportResult(ctx context.Context, rep runs.Report) error {
 	})
 	return errgrpc.FromGRPC(err)
 }
+
+// FetchImageBlob implements images.Fetcher: the stream's header, and a
+// reader of the blob's chunks (none for checkOnly). The caller checks the
+// digest of what it reads.
+func (c *Client) FetchImageBlob(ctx context.Context, jobID, digest string, checkOnly bool) (images.Blob, io.ReadCloser, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	stream, err := c.api.FetchImageBlob(ctx, &authorityv1.FetchImageBlobRequest{JobId: jobID, Digest: digest, CheckOnly: checkOnly})
+	if err != nil {
+		cancel()
+		return images.Blob{}, nil, errgrpc.FromGRPC(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		cancel()
+		return images.Blob{}, nil, errgrpc.FromGRPC(err)
+	}
+	h := first.GetHeader()
+	if h == nil || h.GetDigest() != digest {
+		cancel()
+		return images.Blob{}, nil, fmt.Errorf("authority: FetchImageBlob did not start with the header of %s", digest)
+	}
+	r := chunkio.NewReader(func() ([]byte, error) {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil, io.EOF
+		}
+		if err != nil {
+			return nil, errgrpc.FromGRPC(err)
+		}
+		c, ok := msg.GetPart().(*authorityv1.FetchImageBlobResponse_Chunk)
+		if !ok {
+			return nil, fmt.Errorf("authority: FetchImageBlob sent %T after its header", msg.GetPart())
+		}
+		return c.Chunk, nil
+	})
+	return images.Blob{MediaType: h.GetMediaType(), Size: h.GetSize()}, &blobReader{Reader: r, cancel: cancel}, nil
+}
+
+// blobReader ends its stream on Close.
+type blobReader struct {
+	*chunkio.Reader
+	cancel context.CancelFunc
+}
+
+func (b *blobReader) Close() error { b.cancel(); return nil }

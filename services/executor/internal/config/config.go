@@ -35,6 +35,15 @@ type Config struct {
 	Network Network `yaml:"network"`
 	// Capacity bounds what the jobs running at once may hold together.
 	Capacity Capacity `yaml:"capacity"`
+	// Images configures the cache of the OCI images jobs run on.
+	Images Images `yaml:"images"`
+}
+
+// Images configures the image cache (under data_dir/images).
+type Images struct {
+	// MaxSize bounds the cache's disk: past it the least recently used
+	// layers no running job holds are evicted. Default 20GiB.
+	MaxSize config.ByteSize `yaml:"max_size"`
 }
 
 // Network configures the per-job network namespaces and their rules.
@@ -315,6 +324,11 @@ func (c *Config) ValidatePeers() error {
 		errs = append(errs, err)
 	} else if c.OutputLimit.Bytes() < 0 {
 		errs = append(errs, config.Field("output_limit", "must not be negative"))
+	}
+	if err := c.Images.MaxSize.Check("images.max_size"); err != nil {
+		errs = append(errs, err)
+	} else if n := c.Images.MaxSize.Bytes(); n != 0 && n < 64<<20 {
+		errs = append(errs, config.Field("images.max_size", "%d bytes: at least 64MiB (0 or unset is 20GiB)", n))
 	}
 	if h, err := measureHost(c.DataDir); err != nil {
 		errs = append(errs, config.Field("capacity", "measure this host: %v", err))

@@ -53,6 +53,7 @@ func RunResult(r *runs.Result) *typesv1.RunResult {
 		RuntimeClass:    class,
 		RuntimeVersion:  r.RuntimeVersion,
 		TemplateVersion: r.TemplateVersion,
+		Image:           r.Image,
 		BundleDigest:    r.BundleDigest,
 		BundleSize:      r.BundleSize,
 		DiffStat:        &typesv1.DiffStat{FilesChanged: r.FilesChanged, Insertions: r.Insertions, Deletions: r.Deletions},

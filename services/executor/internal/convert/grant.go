@@ -4,11 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"github.com/airlockhq/airlock/pkg/digest"
 	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/grant"
@@ -94,6 +96,9 @@ func grantOf(sg *typesv1.SignedGrant, g *typesv1.Grant) (runs.Grant, error) {
 	if out.User, err = userOf(g.GetUser(), out.Caches); err != nil {
 		return runs.Grant{}, err
 	}
+	if out.Image, err = imageOf(g.GetImage()); err != nil {
+		return runs.Grant{}, err
+	}
 	if s := g.GetSession(); s != nil {
 		if d := s.GetIdleTimeout(); d != nil && (d.CheckValid() != nil || d.AsDuration() < 0) {
 			return runs.Grant{}, fmt.Errorf("%w: grant session.idle_timeout: not a duration of zero or more", errdefs.ErrInvalidArgument)
@@ -101,6 +106,25 @@ func grantOf(sg *typesv1.SignedGrant, g *typesv1.Grant) (runs.Grant, error) {
 		out.Session = &runs.SessionSpec{IdleTimeout: s.GetIdleTimeout().AsDuration(), MaxConcurrentExecs: int(s.GetMaxConcurrentExecs())}
 	}
 	return out, nil
+}
+
+// imageOf checks a grant's image: a registry, a repository and a sha256
+// manifest digest, each well formed (the store reads them from disk paths
+// and the authority from its policy, but neither trusts them blindly).
+func imageOf(i *typesv1.ImageGrant) (*runs.ImageRef, error) {
+	if i == nil {
+		return nil, nil
+	}
+	ref := &runs.ImageRef{Registry: i.GetRegistry(), Repository: i.GetRepository(), Digest: i.GetDigest()}
+	switch {
+	case !digest.Valid(ref.Digest):
+		return nil, fmt.Errorf("%w: grant image.digest %q: not a sha256 digest", errdefs.ErrInvalidArgument, ref.Digest)
+	case ref.Registry == "" || len(ref.Registry) > 255 || strings.ContainsAny(ref.Registry, "/@ \n"):
+		return nil, fmt.Errorf("%w: grant image.registry %q: not a registry host", errdefs.ErrInvalidArgument, ref.Registry)
+	case ref.Repository == "" || len(ref.Repository) > 255 || strings.ContainsAny(ref.Repository, "@: \n"):
+		return nil, fmt.Errorf("%w: grant image.repository %q: not a repository path", errdefs.ErrInvalidArgument, ref.Repository)
+	}
+	return ref, nil
 }
 
 // changeable are the Grant fields a newer grant of a running job may

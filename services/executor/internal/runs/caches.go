@@ -43,6 +43,9 @@ func (m *Manager) checkCaches(g Grant) error {
 	if len(g.Caches) > 0 && m.cfg.Caches == nil {
 		return fmt.Errorf("%w: grant caches: this executor keeps no caches", errdefs.ErrFailedPrecondition)
 	}
+	if g.Image != nil && m.cfg.Images == nil {
+		return fmt.Errorf("%w: grant image: this executor runs no images (the host template only)", errdefs.ErrFailedPrecondition)
+	}
 	return nil
 }
 

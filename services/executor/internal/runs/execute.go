@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/bundle"
+	"github.com/airlockhq/airlock/services/executor/internal/images"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 	"github.com/airlockhq/airlock/services/executor/internal/stage"
@@ -65,7 +66,18 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		failEarly(fmt.Errorf("stage source: %w", err))
 		return
 	}
-	sb, err := m.makeSandbox(makeCtx, e, src)
+	var img *images.Image
+	if g.Image != nil {
+		img, err = m.cfg.Images.Acquire(makeCtx, images.Ref{Tenant: g.Tenant, JobID: g.JobID,
+			Registry: g.Image.Registry, Repository: g.Image.Repository, Digest: g.Image.Digest}, m.cfg.Authority)
+		if err != nil {
+			failEarly(fmt.Errorf("pull image: %w", err))
+			return
+		}
+		// After the sandbox is gone (deferred calls run last first).
+		defer img.Release()
+	}
+	sb, err := m.makeSandbox(makeCtx, e, src, img)
 	if err != nil {
 		failEarly(err)
 		return
@@ -157,12 +169,12 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		// The executor is shutting down, not the caller cancelling: say so,
 		// and leave the report to the next start's Recover.
 		m.finish(e, Failed, &Result{Reason: ReasonExecutorRestarted, ExitCode: -1, Class: res.Class, Usage: res.Usage,
-			RuntimeVersion: res.RuntimeVersion, TemplateVersion: res.TemplateVersion, Message: "the executor shut down while this job was running"})
+			RuntimeVersion: res.RuntimeVersion, TemplateVersion: res.TemplateVersion, Image: imageOf(g), Message: "the executor shut down while this job was running"})
 		return
 	}
 	result := &Result{
 		Reason: res.Reason, ExitCode: res.ExitCode, Usage: res.Usage, Class: res.Class,
-		RuntimeVersion: res.RuntimeVersion, TemplateVersion: res.TemplateVersion, Message: res.Message,
+		RuntimeVersion: res.RuntimeVersion, TemplateVersion: res.TemplateVersion, Image: imageOf(g), Message: res.Message,
 	}
 	// Every process of the job is gone: its caches' upper layers are final.
 	e.updateMu.Lock()
@@ -210,7 +222,15 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 
 // makeSandbox makes the job's network namespace and sandbox from the grant
 // in force, which no Update changes meanwhile.
-func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source) (*sandbox.Sandbox, error) {
+// imageOf is the reference of g's image, "" for the host template.
+func imageOf(g Grant) string {
+	if g.Image == nil {
+		return ""
+	}
+	return g.Image.Reference()
+}
+
+func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source, img *images.Image) (*sandbox.Sandbox, error) {
 	e.updateMu.Lock()
 	defer e.updateMu.Unlock()
 	m.mu.Lock()
@@ -227,6 +247,9 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source) 
 		User:       g.User,
 		Stdout:     e.stdout,
 		Stderr:     e.stderr,
+	}
+	if img != nil {
+		spec.Image = &sandbox.ImageRoot{Digest: img.Digest, Layers: img.Layers, Env: img.Env, WorkingDir: img.WorkingDir}
 	}
 	var (
 		n  *netpolicy.Net

@@ -39,6 +39,9 @@ type Grant struct {
 	// User is who the job's processes run as; the zero value is root
 	// (a grant from before the field).
 	User runspec.User `json:"user"`
+	// Image is the OCI image the job runs on, by manifest digest; nil is
+	// the host template.
+	Image *ImageRef `json:"image,omitempty"`
 	// Digest names exactly what was granted ("sha256:<hex>" of the signed
 	// body): the same grant sent again has the same digest.
 	Digest string `json:"digest"`
@@ -52,6 +55,16 @@ type Grant struct {
 	// whoever holds them can check what the authority signed.
 	Signed []byte `json:"-"`
 }
+
+// ImageRef names a job's image.
+type ImageRef struct {
+	Registry   string `json:"registry"`
+	Repository string `json:"repository"`
+	Digest     string `json:"digest"`
+}
+
+// Reference is "registry/repository@digest".
+func (r ImageRef) Reference() string { return r.Registry + "/" + r.Repository + "@" + r.Digest }
 
 // CacheGrant is one named cache a grant gives the job: kept per (tenant,
 // repository, name), mounted at Path, wiped past MaxSize bytes.

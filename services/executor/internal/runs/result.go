@@ -68,7 +68,7 @@ func (m *Manager) writeBundle(e *entry, result *Result, patch []byte, files []bu
 		JobID: g.JobID, Tenant: g.Tenant, Requester: g.Requester, Repository: g.Repository,
 		BaseCommit: g.Commit, GrantDigest: g.Digest, Executor: m.cfg.Executor,
 		RuntimeClass: string(result.Class), RuntimeVersion: result.RuntimeVersion, TemplateVersion: result.TemplateVersion,
-		Reason: string(result.Reason), ExitCode: result.ExitCode, StartedOn: run.StartedAt, FinishedOn: m.cfg.Now(),
+		Image: result.Image, Reason: string(result.Reason), ExitCode: result.ExitCode, StartedOn: run.StartedAt, FinishedOn: m.cfg.Now(),
 	})
 	if err != nil {
 		return err

@@ -26,6 +26,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/atomicfile"
 	"github.com/airlockhq/airlock/pkg/provenance"
 	"github.com/airlockhq/airlock/services/executor/internal/cache"
+	"github.com/airlockhq/airlock/services/executor/internal/images"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 	"github.com/airlockhq/airlock/services/executor/internal/stage"
@@ -67,6 +68,9 @@ type Result struct {
 	Message   string `json:"message,omitempty"`
 	// Caches are the named caches the run used: it did not start clean.
 	Caches []CacheUse `json:"caches,omitempty"`
+	// Image is the image the run's root was ("registry/repository@digest"),
+	// "" for the host template.
+	Image string `json:"image,omitempty"`
 }
 
 // Run is the record of one job's execution.
@@ -106,6 +110,8 @@ type Authority interface {
 	FetchSource(ctx context.Context, jobID string) (stage.Header, io.ReadCloser, error)
 	// ReportResult records the outcome.
 	ReportResult(ctx context.Context, r Report) error
+	// FetchImageBlob opens one blob of the job's image (package images).
+	images.Fetcher
 }
 
 // Signer signs provenance with the executor's identity.
@@ -123,6 +129,9 @@ type Config struct {
 	// Caches keeps the tenants' named caches; nil refuses every grant
 	// that names one.
 	Caches *cache.Store
+	// Images keeps the images jobs run on; nil refuses every grant that
+	// names one.
+	Images *images.Store
 	// Network makes each job's network namespace and enforces its policy.
 	Network *netpolicy.Manager
 	// Resolver resolves names for jobs with a domains policy (their egress

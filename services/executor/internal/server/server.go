@@ -30,6 +30,7 @@ import (
 	"github.com/airlockhq/airlock/services/executor/internal/cache"
 	"github.com/airlockhq/airlock/services/executor/internal/config"
 	"github.com/airlockhq/airlock/services/executor/internal/convert"
+	"github.com/airlockhq/airlock/services/executor/internal/images"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 	"github.com/airlockhq/airlock/services/executor/internal/runs"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
@@ -129,9 +130,17 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			if err != nil {
 				return err
 			}
+			imgs, err := images.New(images.Config{
+				Dir: env.DataDir.Join("images"), MaxBytes: cfg.Images.MaxSize.Bytes(),
+				UIDBase: sb.UIDBase(), IDRange: sandbox.IDRange, Logger: logger, Meter: env.Meter,
+			})
+			if err != nil {
+				return err
+			}
 			mgr, err := runs.New(runs.Config{
 				Dir:         env.DataDir.Join("runs"),
 				Caches:      caches,
+				Images:      imgs,
 				DecodeGrant: convert.DecodeGrant,
 				Sandbox:     sb,
 				Sources:     sources,
@@ -155,7 +164,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			if err := mgr.Recover(ctx); err != nil {
 				return err
 			}
-			api.New(api.Config{Runs: mgr, Caches: caches, Verifier: verifier, Logger: logger}).Register(env.Server)
+			api.New(api.Config{Runs: mgr, Caches: caches, Images: imgs, Verifier: verifier, Logger: logger}).Register(env.Server)
 			return nil
 		},
 	})
