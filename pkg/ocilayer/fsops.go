@@ -12,13 +12,14 @@ import (
 // beneath resolves within a directory fd, never through a link.
 const beneath = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
 
-// openBeneath opens rel beneath dirfd with flags, following no link.
+// openBeneath opens rel beneath dirfd with flags, following no link, not
+// even as its last component (ELOOP).
 func openBeneath(dirfd int, rel string, flags int) (int, error) {
 	if rel == "" {
 		rel = "."
 	}
 	for {
-		fd, err := unix.Openat2(dirfd, rel, &unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC | unix.O_NOFOLLOW), Resolve: beneath})
+		fd, err := unix.Openat2(dirfd, rel, &unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Resolve: beneath})
 		if !errors.Is(err, unix.EINTR) && !errors.Is(err, unix.EAGAIN) {
 			return fd, err
 		}

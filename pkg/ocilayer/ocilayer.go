@@ -194,7 +194,11 @@ func Unpack(ctx context.Context, r io.Reader, mediaType, dst string, opt Options
 			break
 		}
 		if err != nil {
-			return t.stats, s.failure(last, fmt.Errorf("reading the next tar header: %w", err))
+			err = s.cause(fmt.Errorf("reading the next tar header: %w", err))
+			if last == "" {
+				return t.stats, fmt.Errorf("layer: %w", err)
+			}
+			return t.stats, &EntryError{last, fmt.Errorf("after this entry: %w", err)}
 		}
 		last = hdr.Name
 		t.stats.Entries++
@@ -202,13 +206,13 @@ func Unpack(ctx context.Context, r io.Reader, mediaType, dst string, opt Options
 			return t.stats, &EntryError{hdr.Name, overBound("more than %d entries", opt.MaxEntries)}
 		}
 		if err := t.apply(hdr, tr); err != nil {
-			return t.stats, s.failure(hdr.Name, err)
+			return t.stats, &EntryError{hdr.Name, s.cause(err)}
 		}
 	}
 	// The tar end may be followed by padding archive/tar does not read; the
 	// diff ID covers it, and the decompressor's checksum is checked at EOF.
 	if _, err := io.Copy(io.Discard, s); err != nil {
-		return t.stats, s.failure("", fmt.Errorf("after the tar end: %w", err))
+		return t.stats, fmt.Errorf("layer: after the tar end: %w", s.cause(err))
 	}
 	if err := t.finishDirs(); err != nil {
 		return t.stats, err

@@ -106,17 +106,13 @@ func (s *stream) overRatio() bool {
 	return hi == 0 && uint64(s.n) > lo
 }
 
-// failure names what failed: the entry being read (or, between entries,
-// the layer), preferring the stream's own refusal to what a reader above
-// it made of it.
-func (s *stream) failure(entry string, err error) error {
+// cause is err, or the stream's own refusal that err is what a reader
+// above the stream made of.
+func (s *stream) cause(err error) error {
 	if s.err != nil {
-		err = s.err
+		return s.err
 	}
-	if entry == "" {
-		return fmt.Errorf("layer: %w", err)
-	}
-	return &EntryError{entry, err}
+	return err
 }
 
 // lazyGzip opens the gzip stream on the first read.
