@@ -190,8 +190,9 @@ func TestZstdWindowBound(t *testing.T) {
 	}
 	s = newSandbox(t)
 	_, err := unpackBytes(t, rawZstdFrame(30, raw), MediaTypeOCILayerZstd, s.dst, Options{})
-	if err == nil || !strings.Contains(err.Error(), "window size") {
+	if err == nil || !strings.Contains(err.Error(), "layer: reading the next tar header: zstd: window size exceeded") {
 		t.Errorf("error = %v, want a window size refusal", err)
+
 	}
 }
 

@@ -2,6 +2,7 @@ package ocilayer
 
 import (
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"hash"
 	"io"
@@ -78,7 +79,7 @@ func newStream(r io.Reader, comp compression, maxRatio int64) (*stream, error) {
 		if err != nil {
 			return nil, fmt.Errorf("ocilayer: zstd: %w", err)
 		}
-		s.src, s.close = d, d.Close
+		s.src, s.close = zstdReader{d}, d.Close
 	}
 	return s, nil
 }
@@ -113,6 +114,17 @@ func (s *stream) cause(err error) error {
 		return s.err
 	}
 	return err
+}
+
+// zstdReader says its errors are zstd's, as the gzip reader's say theirs are.
+type zstdReader struct{ d *zstd.Decoder }
+
+func (z zstdReader) Read(p []byte) (int, error) {
+	n, err := z.d.Read(p)
+	if err != nil && !errors.Is(err, io.EOF) {
+		err = fmt.Errorf("zstd: %w", err)
+	}
+	return n, err
 }
 
 // lazyGzip opens the gzip stream on the first read.
