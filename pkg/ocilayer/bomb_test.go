@@ -12,31 +12,9 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/klauspost/compress/gzip"
-	"github.com/klauspost/compress/zstd"
 )
 
 const bombBytes = 1 << 30
-
-// compressor wraps w in one of the layer compressions.
-type compressor func(t testing.TB, w io.Writer) io.WriteCloser
-
-func gzipCompressor(t testing.TB, w io.Writer) io.WriteCloser {
-	zw, err := gzip.NewWriterLevel(w, gzip.BestCompression)
-	if err != nil {
-		t.Error(err)
-	}
-	return zw
-}
-
-func zstdCompressor(t testing.TB, w io.Writer) io.WriteCloser {
-	zw, err := zstd.NewWriter(w, zstd.WithEncoderConcurrency(1), zstd.WithEncoderLevel(zstd.SpeedBestCompression))
-	if err != nil {
-		t.Error(err)
-	}
-	return zw
-}
 
 // streamed is a layer written on demand by gen through compress: it is
 // never held whole, in memory or on disk. The writer stops when the reader

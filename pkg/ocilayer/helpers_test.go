@@ -74,10 +74,29 @@ func layerTar(t testing.TB, ents ...entry) []byte {
 	return b.Bytes()
 }
 
-func gzipBytes(t testing.TB, raw []byte) []byte {
+// compressor wraps w in one of the layer compressions.
+type compressor func(t testing.TB, w io.Writer) io.WriteCloser
+
+func gzipCompressor(t testing.TB, w io.Writer) io.WriteCloser {
+	zw, err := gzip.NewWriterLevel(w, gzip.DefaultCompression)
+	if err != nil {
+		t.Error(err)
+	}
+	return zw
+}
+
+func zstdCompressor(t testing.TB, w io.Writer) io.WriteCloser {
+	zw, err := zstd.NewWriter(w, zstd.WithEncoderConcurrency(1))
+	if err != nil {
+		t.Error(err)
+	}
+	return zw
+}
+
+func compressed(t testing.TB, c compressor, raw []byte) []byte {
 	t.Helper()
 	var b bytes.Buffer
-	zw := gzip.NewWriter(&b)
+	zw := c(t, &b)
 	zw.Write(raw)
 	if err := zw.Close(); err != nil {
 		t.Fatal(err)
@@ -85,19 +104,8 @@ func gzipBytes(t testing.TB, raw []byte) []byte {
 	return b.Bytes()
 }
 
-func zstdBytes(t testing.TB, raw []byte) []byte {
-	t.Helper()
-	var b bytes.Buffer
-	zw, err := zstd.NewWriter(&b, zstd.WithEncoderConcurrency(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	zw.Write(raw)
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return b.Bytes()
-}
+func gzipBytes(t testing.TB, raw []byte) []byte { return compressed(t, gzipCompressor, raw) }
+func zstdBytes(t testing.TB, raw []byte) []byte { return compressed(t, zstdCompressor, raw) }
 
 func diffID(raw []byte) string {
 	sum := sha256.Sum256(raw)
