@@ -22,7 +22,8 @@
 // Whiteouts are converted to overlayfs's own format: "DIR/.wh.NAME" becomes
 // a 0:0 character device DIR/NAME and "DIR/.wh..wh..opq" sets
 // trusted.overlay.opaque="y" on DIR, so unpacked layers stack as overlayfs
-// lower directories.
+// lower directories. It needs Linux 5.6 or later (openat2) and, for
+// whiteouts, CAP_MKNOD and CAP_SYS_ADMIN (trusted.* xattrs) on the host.
 package ocilayer
 
 import (
@@ -157,8 +158,11 @@ func (o Options) withDefaults() (Options, error) {
 }
 
 // Unpack reads the layer r of mediaType into dst, an existing empty
-// directory. On error dst holds a partial tree the caller removes; the
-// error names the offending entry.
+// directory, which becomes the layer root: 0755 and owned by UIDBase
+// unless the layer's "./" entry says otherwise. On error dst holds a
+// partial tree the caller removes; the error names the offending entry
+// (an *EntryError) and wraps errdefs.ErrInvalidArgument for a malformed or
+// hostile layer, errdefs.ErrResourceExhausted for one past a bound.
 func Unpack(ctx context.Context, r io.Reader, mediaType, dst string, opt Options) (Stats, error) {
 	opt, err := opt.withDefaults()
 	if err != nil {
@@ -211,8 +215,14 @@ func Unpack(ctx context.Context, r io.Reader, mediaType, dst string, opt Options
 	}
 	// The tar end may be followed by padding archive/tar does not read; the
 	// diff ID covers it, and the decompressor's checksum is checked at EOF.
-	if _, err := io.Copy(io.Discard, s); err != nil {
+	// It counts against MaxTotalBytes, as file contents do.
+	room := opt.MaxTotalBytes - t.stats.Bytes
+	n, err := io.Copy(io.Discard, io.LimitReader(s, room+1))
+	if err != nil {
 		return t.stats, fmt.Errorf("layer: after the tar end: %w", s.cause(err))
+	}
+	if n > room {
+		return t.stats, fmt.Errorf("layer: after the tar end: %w", overBound("layer over the bound of %d bytes", opt.MaxTotalBytes))
 	}
 	if err := t.finishDirs(); err != nil {
 		return t.stats, err

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -312,6 +313,23 @@ func TestDiffIDCoversPadding(t *testing.T) {
 		if err != nil || st.DiffID != diffID(raw) {
 			t.Errorf("%s: DiffID %s, %v; want %s", c.mediaType, st.DiffID, err, diffID(raw))
 		}
+	}
+}
+
+// TestBytesAfterTheEndCount: what follows the tar end counts against
+// MaxTotalBytes, so a layer cannot make Unpack hash without end.
+func TestBytesAfterTheEndCount(t *testing.T) {
+	trailer := make([]byte, 4096)
+	rand.Read(trailer)
+	raw := append(layerTar(t, reg("f", "123")), trailer...)
+	s := newSandbox(t)
+	_, err := unpackBytes(t, raw, MediaTypeOCILayer, s.dst, Options{MaxTotalBytes: 4000})
+	if err == nil || !strings.Contains(err.Error(), "layer: after the tar end: layer over the bound of 4000 bytes") || !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Errorf("error = %v", err)
+	}
+	s = newSandbox(t)
+	if st, err := unpackBytes(t, raw, MediaTypeOCILayer, s.dst, Options{MaxTotalBytes: 4099}); err != nil || st.DiffID != diffID(raw) {
+		t.Errorf("within the bound: %v, %v", st, err)
 	}
 }
 
