@@ -176,9 +176,7 @@ func (t *tree) regular(hdr *tar.Header, content io.Reader, pfd int, base, rel st
 	if err := t.owner(hdr, fd, rel, false); err != nil {
 		return err
 	}
-	if err := t.xattrs(hdr, fd, rel); err != nil {
-		return err
-	}
+	t.xattrs(hdr, fd, rel)
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("close: %w", err)
 	}
@@ -195,9 +193,7 @@ func (t *tree) directory(hdr *tar.Header, pfd int, base, rel string) error {
 	if err := t.owner(hdr, fd, rel, true); err != nil {
 		return err
 	}
-	if err := t.xattrs(hdr, fd, rel); err != nil {
-		return err
-	}
+	t.xattrs(hdr, fd, rel)
 	if _, seen := t.dirTimes[rel]; !seen {
 		t.dirOrder = append(t.dirOrder, rel)
 	}
@@ -366,8 +362,9 @@ func keptXattr(name string) bool {
 	return strings.HasPrefix(name, "user.") && !strings.HasPrefix(name, "user.overlay.")
 }
 
-// xattrs sets fd's kept extended attributes and records the others.
-func (t *tree) xattrs(hdr *tar.Header, fd int, rel string) error {
+// xattrs sets fd's kept extended attributes and records the others, and
+// those the file system would not take.
+func (t *tree) xattrs(hdr *tar.Header, fd int, rel string) {
 	for _, name := range xattrNames(hdr) {
 		value, ok := hdr.PAXRecords[paxXattr+name]
 		if !ok || !keptXattr(name) {
@@ -378,7 +375,6 @@ func (t *tree) xattrs(hdr *tar.Header, fd int, rel string) error {
 			t.drop(rel, "xattr %s not kept: %v", name, err)
 		}
 	}
-	return nil
 }
 
 // entryTimes are hdr's access and modification times for utimensat.
