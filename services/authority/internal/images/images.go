@@ -33,6 +33,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/digest"
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/ocilayer"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 )
@@ -106,13 +107,6 @@ func (r Resolved) Blob(digest string) (Blob, bool) {
 		}
 	}
 	return Blob{}, false
-}
-
-// The layer media types the executor unpacks: OCI's and Docker's, plain,
-// gzip and zstd.
-var layerTypes = map[types.MediaType]bool{
-	types.OCILayer: true, types.OCIUncompressedLayer: true, types.OCILayerZStd: true,
-	types.DockerLayer: true, types.DockerUncompressedLayer: true,
 }
 
 // Client reads registries for the authority.
@@ -300,8 +294,8 @@ func (r *Resolved) parseManifest() error {
 		switch {
 		case CheckDigest(l.Digest.String()) != nil:
 			return fmt.Errorf("layers[%d]: %v", i, CheckDigest(l.Digest.String()))
-		case !layerTypes[l.MediaType]:
-			return fmt.Errorf("layers[%d]: media type %q is not a layer type this executor unpacks (OCI or Docker tar, tar+gzip, tar+zstd)", i, clip(string(l.MediaType)))
+		case ocilayer.CheckMediaType(string(l.MediaType)) != nil:
+			return fmt.Errorf("layers[%d]: media type %q is not a layer type the executor unpacks (OCI or Docker tar, tar+gzip, tar+zstd)", i, clip(string(l.MediaType)))
 		case len(l.URLs) > 0:
 			return fmt.Errorf("layers[%d]: a foreign layer (fetched from its own URLs) is not supported", i)
 		case l.Size <= 0:

@@ -24,7 +24,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -437,7 +436,7 @@ func checkManifest(m *v1.Manifest) error {
 		if !digest.Valid(l.Digest.String()) || l.Size <= 0 || len(l.URLs) > 0 {
 			return fmt.Errorf("layers[%d]: want a sha256 digest, a positive size and no foreign URLs", i)
 		}
-		if _, err := ocilayer.CheckMediaType(string(l.MediaType)); err != nil {
+		if err := ocilayer.CheckMediaType(string(l.MediaType)); err != nil {
 			return fmt.Errorf("layers[%d]: %v", i, err)
 		}
 	}
