@@ -114,6 +114,10 @@ type Manager struct {
 	// cgParent holds the job cgroups: CgroupParent where the driver puts it.
 	cgParent string
 	tmpl     *rootfsTemplate
+	// imageTop is Airlock's layer over every image (imageTopDef), and
+	// rootsDir holds the mount points of image jobs' roots (image.go).
+	imageTop *rootfsTemplate
+	rootsDir string
 	seccomp  *specs.LinuxSeccomp
 	rlimits  []specs.POSIXRlimit
 	pool     *scratchPool
@@ -246,6 +250,19 @@ func New(cfg Config) (*Manager, error) {
 	if m.tmpl, err = def.materialize(cfg.RootfsDir); err != nil {
 		return nil, fmt.Errorf("sandbox.rootfs_dir: %w", err)
 	}
+	if m.imageTop, err = imageTopDef(cas).materialize(cfg.RootfsDir); err != nil {
+		return nil, fmt.Errorf("sandbox.rootfs_dir: %w", err)
+	}
+	m.rootsDir = rootsDirFor(cfg.RootfsDir, cfg.StateDir)
+	if err := os.MkdirAll(m.rootsDir, 0o755); err != nil {
+		return nil, fmt.Errorf("sandbox.rootfs_dir: %w", err)
+	}
+	if err := os.Chmod(m.rootsDir, 0o755); err != nil {
+		return nil, fmt.Errorf("sandbox.rootfs_dir: %w", err)
+	}
+	if err := makePrivate(m.rootsDir); err != nil {
+		return nil, fmt.Errorf("sandbox.rootfs_dir: %w", err)
+	}
 	if m.seccomp, err = seccompProfile(); err != nil {
 		return nil, err
 	}
@@ -329,6 +346,14 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		if fi, err := os.Stat(spec.GitObjects); err != nil || !fi.IsDir() {
 			return nil, invalid("spec.git_objects %q: not a directory", spec.GitObjects)
 		}
+	}
+	if spec.Image != nil {
+		im := *spec.Image
+		im.Layers, im.Env = slices.Clone(im.Layers), slices.Clone(im.Env)
+		if err := im.checkLayers(); err != nil {
+			return nil, err
+		}
+		spec.Image = &im
 	}
 	spec.Command = append([]string(nil), spec.Command...)
 	s := &Sandbox{
@@ -422,17 +447,24 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 			return nil, err
 		}
 	}
-	userFiles, err := s.writeUserFiles()
-	if err != nil {
+	rootfs, binds := m.tmpl.dir, m.tmpl.def.Binds
+	var userFiles map[string]string
+	if spec.Image != nil {
+		if err := s.mountImage(); err != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+		rootfs, binds = s.rootDir, nil
+	} else if userFiles, err = s.writeUserFiles(); err != nil {
 		return nil, err
 	}
 	homes, err := s.makeHomes()
 	if err != nil {
 		return nil, err
 	}
+	path, imageEnv := s.envBase()
 	cfg := ociSpec(bundleInputs{
-		rootfs:       m.tmpl.dir,
-		binds:        m.tmpl.def.Binds,
+		rootfs:       rootfs,
+		binds:        binds,
 		work:         s.workDir,
 		tmp:          filepath.Join(s.scr.point, scratchTmp),
 		out:          filepath.Join(s.scr.point, scratchOut),
@@ -448,7 +480,8 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		pids:         spec.Limits.Pids,
 		command:      spec.Command,
 		env:          spec.Env,
-		path:         m.cfg.Path,
+		path:         path,
+		imageEnv:     imageEnv,
 		shmSizeBytes: min(64<<20, spec.Limits.MemoryBytes/2),
 		netNS:        spec.NetNS,
 		resolvConf:   resolvConf,
@@ -728,6 +761,14 @@ func (m *Manager) Recover(ctx context.Context, keep func(id string) bool) ([]str
 	if err := unmountAll(m.cfg.StateDir); err != nil {
 		errs = append(errs, err)
 	}
+	if ents, err := os.ReadDir(m.rootsDir); err == nil {
+		for _, e := range ents {
+			ids[e.Name()] = true
+			if err := removeRoot(filepath.Join(m.rootsDir, e.Name())); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
 	detachLoopsUnder(m.cfg.StateDir)
 	for id := range keepMounted {
 		// Only an image nothing uses any more: a mount a host process
@@ -811,7 +852,7 @@ func (m *Manager) Close() error {
 		return fmt.Errorf("%w: sandbox: Close with %d sandbox(es) not destroyed", errdefs.ErrFailedPrecondition, busy)
 	}
 	m.idmaps.close()
-	return m.cg.removeParent(m.cgParent)
+	return errors.Join(m.removeRootsDir(), m.cg.removeParent(m.cgParent))
 }
 
 func (m *Manager) diskLimits() ioLimits {
@@ -836,6 +877,9 @@ func (m *Manager) removeLeftover(id string) error {
 				}
 			}
 		}
+	}
+	if err := removeRoot(filepath.Join(m.rootsDir, id)); err != nil {
+		errs = append(errs, err)
 	}
 	dir := filepath.Join(m.jobsDir, id)
 	if err := unmountAll(dir); err != nil {
