@@ -473,3 +473,50 @@ func TestImageRefused(t *testing.T) {
 		})
 	}
 }
+
+// A session on an image kept across an executor restart (DestroyKeeping,
+// Recover's keep, Create with Kept) comes back on the same image with its
+// /out; nothing of the first root is left in between.
+func TestImageKept(t *testing.T) {
+	e := newEnv(t)
+	im := testImage(t, e)
+	id := "kept-image"
+	spec := Spec{ID: id, Class: ClassRunc, Source: e.source(t, nil), Limits: defaultLimits, Image: im,
+		Command: []string{"/bin/probe", "write", "/out/r.txt", "result"}}
+	sb, err := e.m.Create(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := sb.Run(context.Background()); err != nil || res.ExitCode != 0 {
+		t.Fatalf("first run: %+v, %v", res, err)
+	}
+	if err := sb.DestroyKeeping(); err != nil {
+		t.Fatalf("DestroyKeeping: %v", err)
+	}
+	if ents, _ := os.ReadDir(e.m.rootsDir); len(ents) > 0 {
+		t.Fatalf("left in %s after DestroyKeeping: %v", e.m.rootsDir, ents)
+	}
+	m2, err := New(e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m2.Recover(context.Background(), func(got string) bool { return got == id }); err != nil {
+		t.Fatal(err)
+	}
+	var out syncBuffer
+	spec.Kept, spec.Stdout = true, &out
+	spec.Command = []string{"/bin/probe", "cat", "/out/r.txt", "/over.txt"}
+	sb2, err := m2.Create(context.Background(), spec)
+	if err != nil {
+		t.Fatalf("Create on the kept scratch: %v", err)
+	}
+	res, err := sb2.Run(context.Background())
+	if err != nil || res.ExitCode != 0 || res.TemplateVersion != im.Digest {
+		t.Fatalf("second run: %+v, %v", res, err)
+	}
+	wantLines(t, out.String(), "/out/r.txt: result", "/over.txt: upper")
+	if err := sb2.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	e.assertClean(t)
+}

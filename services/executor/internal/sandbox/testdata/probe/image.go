@@ -16,6 +16,7 @@ import (
 //	cat PATH...  "PATH: CONTENT" (newlines as \n), or "PATH: absent"
 //	ls DIR...    "DIR: NAME NAME...", sorted, or "DIR: absent"
 //	env          the environment, one variable a line
+//	write P T    writes T to the file P
 //	writeall     tries to change everything in the root outside the job's
 //	             own mounts, printing "CHANGED HOW PATH" for each change
 //	             that worked, then "done"
@@ -54,6 +55,11 @@ func imageProbe(cmd string, args []string) {
 	case "env":
 		for _, kv := range os.Environ() {
 			fmt.Println(kv)
+		}
+	case "write":
+		if err := os.WriteFile(args[0], []byte(args[1]), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
 		}
 	case "writeall":
 		writeAll()
