@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -194,28 +193,16 @@ func mountImageRoot(linkDir string, layers []string, target string) error {
 			return err
 		}
 	}
-	opts := "lowerdir=" + strings.Join(names, ":")
+	// An image's layers mean what OCI says: files, whiteouts and opaque
+	// directories. overlayfs's own redirects and metacopy files (trusted
+	// xattrs an unpacker should never set) are not followed.
+	opts := "lowerdir=" + strings.Join(names, ":") + ",redirect_dir=nofollow,metacopy=off"
 	if len(opts) >= 4096 {
 		return fmt.Errorf("%d layers: the overlay's options take %d bytes, more than a page", len(layers), len(opts))
 	}
 	// A single lower layer and no upper is refused by older kernels;
 	// every job has Airlock's layer over the image's, so there are two.
-	done := make(chan error, 1)
-	go func() {
-		// Never unlocked: the thread, with its own working directory,
-		// ends with this goroutine.
-		runtime.LockOSThread()
-		if err := unix.Unshare(unix.CLONE_FS); err != nil {
-			done <- fmt.Errorf("unshare the working directory: %w", err)
-			return
-		}
-		if err := unix.Chdir(linkDir); err != nil {
-			done <- err
-			return
-		}
-		done <- unix.Mount("overlay", target, "overlay", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, opts)
-	}()
-	return <-done
+	return mountOverlayIn(linkDir, target, unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, opts)
 }
 
 // readInRoot reads the regular file at name inside the directory tree at

@@ -179,6 +179,25 @@ func TestImageRoot(t *testing.T) {
 			}
 			r = e.runImage(t, c, im, runspec.Root, nil, "/bin/probe", "ls", "/opq", "/usr", "/bin", "/etc")
 			wantExit(t, r, 0)
+			if c == ClassRunc {
+				// The root as the job sees it mounted: read-only, nosuid,
+				// nodev, its layers named by links that say nothing of the
+				// host (gVisor shows mounts of its own).
+				r := e.runImage(t, c, im, runspec.Root, nil, "/bin/probe", "cat", "/proc/self/mounts")
+				wantExit(t, r, 0)
+				var root string
+				for _, m := range strings.Split(strings.TrimPrefix(r.stdout, "/proc/self/mounts: "), `\n`) {
+					if strings.HasPrefix(m, "overlay / overlay ") {
+						root = m
+					}
+				}
+				opts := strings.Split(strings.Fields(root + " x x x")[3], ",")
+				for _, o := range []string{"ro", "nosuid", "nodev", "lowerdir=0:1:2", "redirect_dir=nofollow"} {
+					if !slices.Contains(opts, o) {
+						t.Errorf("the root's mount %q lacks %s", root, o)
+					}
+				}
+			}
 			// /etc: the image's and Airlock's, merged.
 			wantLines(t, r.stdout, "/opq: c", "/usr: share", "/bin: probe", "/etc: group hostname hosts os-release passwd pki resolv.conf ssl")
 		})

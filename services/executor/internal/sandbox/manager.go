@@ -1017,6 +1017,17 @@ func mountWork(dir, source, point, target, extra string) error {
 			return err
 		}
 	}
+	opts := "lowerdir=lower,upperdir=upper,workdir=ovlwork,volatile"
+	if extra != "" {
+		opts += "," + extra
+	}
+	return mountOverlayIn(dir, target, unix.MS_NOSUID|unix.MS_NODEV, opts)
+}
+
+// mountOverlayIn mounts an overlay at target whose options name layers
+// relative to dir, from a thread whose working directory is dir (the
+// executor's is not changed).
+func mountOverlayIn(dir, target string, flags uintptr, opts string) error {
 	done := make(chan error, 1)
 	go func() {
 		// Never unlocked: the thread, with its own working directory,
@@ -1030,11 +1041,7 @@ func mountWork(dir, source, point, target, extra string) error {
 			done <- err
 			return
 		}
-		opts := "lowerdir=lower,upperdir=upper,workdir=ovlwork,volatile"
-		if extra != "" {
-			opts += "," + extra
-		}
-		done <- unix.Mount("overlay", target, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts)
+		done <- unix.Mount("overlay", target, "overlay", flags, opts)
 	}()
 	return <-done
 }
