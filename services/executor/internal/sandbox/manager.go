@@ -80,7 +80,9 @@ type Config struct {
 	// more, whatever their own limits say.
 	MemoryLimit int64
 	// RootfsDir holds the root filesystem templates: directory skeletons,
-	// symlinks and the synthesized /etc, nothing secret. It must be
+	// symlinks and the synthesized /etc, nothing secret; and, in a
+	// directory of this executor's own, the mount points of its image
+	// jobs' roots (image.go). It must be
 	// searchable by the sandbox's root down from /, because runc's init
 	// resolves the root's path itself from inside the user namespace; so
 	// it cannot live inside StateDir. Default "/run/airlock/rootfs".
@@ -97,7 +99,9 @@ type Config struct {
 	// that share one (a developer's stacks) check once between them.
 	RunscSelfCheckCache string
 	// Path is every job's and exec's PATH unless its own environment sets
-	// one (runspec.ValidPath); "" is DefaultPath.
+	// one (runspec.ValidPath); "" is DefaultPath. It names directories of
+	// the host template: a job on an image gets the image's PATH, or
+	// DefaultPath (jobEnv).
 	Path string
 	// CABundle is the PEM CA certificates every job trusts (ReadCAFile's,
 	// one file's after another), written into the template at each path
@@ -283,7 +287,8 @@ func New(cfg Config) (*Manager, error) {
 // UIDBase is the host uid (and gid) of root inside every sandbox.
 func (m *Manager) UIDBase() uint32 { return m.cfg.UIDBase }
 
-// TemplateVersion is the digest of the root filesystem template definition.
+// TemplateVersion is the digest of the root filesystem template definition
+// (of host-template jobs; a job on an image reports the image's digest).
 func (m *Manager) TemplateVersion() string { return m.tmpl.version }
 
 // makePrivate keeps mounts made below dir from propagating to other mount
