@@ -14,7 +14,10 @@
 // and a synthesized /etc holding nothing of the host's), /work as an overlay
 // whose lower layer is the retained source tree, and /tmp, /out and $HOME.
 // Everything the job can write lives on one size-limited scratch filesystem
-// per job, so the disk limit covers all of it together.
+// per job, so the disk limit covers all of it together. A job may instead
+// run on an OCI image's unpacked layers (Spec.Image, image.go): a
+// read-only overlay of them under Airlock's own mount points and /etc
+// pieces, with nothing of the host's.
 //
 // The package kills the whole process tree whenever a job ends (exit,
 // deadline, OOM, full disk, cancellation), removes every mount, cgroup and

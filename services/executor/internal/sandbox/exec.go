@@ -131,7 +131,8 @@ func (s *Sandbox) Exec(ctx context.Context, x ExecSpec) (ExecResult, error) {
 		env = map[string]string{}
 	}
 	maps.Copy(env, x.Env)
-	proc.Env = jobEnv(s.m.cfg.Path, s.spec.User, env)
+	path, imageEnv := s.envBase()
+	proc.Env = jobEnv(path, imageEnv, s.spec.User, env)
 	proc.Cwd = x.Cwd
 	if proc.Cwd == "" {
 		proc.Cwd = "/work"

@@ -80,7 +80,9 @@ type Config struct {
 	// more, whatever their own limits say.
 	MemoryLimit int64
 	// RootfsDir holds the root filesystem templates: directory skeletons,
-	// symlinks and the synthesized /etc, nothing secret. It must be
+	// symlinks and the synthesized /etc, nothing secret; and, in a
+	// directory of this executor's own, the mount points of its image
+	// jobs' roots (image.go). It must be
 	// searchable by the sandbox's root down from /, because runc's init
 	// resolves the root's path itself from inside the user namespace; so
 	// it cannot live inside StateDir. Default "/run/airlock/rootfs".
@@ -97,7 +99,9 @@ type Config struct {
 	// that share one (a developer's stacks) check once between them.
 	RunscSelfCheckCache string
 	// Path is every job's and exec's PATH unless its own environment sets
-	// one (runspec.ValidPath); "" is DefaultPath.
+	// one (runspec.ValidPath); "" is DefaultPath. It names directories of
+	// the host template: a job on an image gets the image's PATH, or
+	// DefaultPath (jobEnv).
 	Path string
 	// CABundle is the PEM CA certificates every job trusts (ReadCAFile's,
 	// one file's after another), written into the template at each path
@@ -114,6 +118,10 @@ type Manager struct {
 	// cgParent holds the job cgroups: CgroupParent where the driver puts it.
 	cgParent string
 	tmpl     *rootfsTemplate
+	// imageTop is Airlock's layer over every image (imageTopDef), and
+	// rootsDir holds the mount points of image jobs' roots (image.go).
+	imageTop *rootfsTemplate
+	rootsDir string
 	seccomp  *specs.LinuxSeccomp
 	rlimits  []specs.POSIXRlimit
 	pool     *scratchPool
@@ -246,6 +254,19 @@ func New(cfg Config) (*Manager, error) {
 	if m.tmpl, err = def.materialize(cfg.RootfsDir); err != nil {
 		return nil, fmt.Errorf("sandbox.rootfs_dir: %w", err)
 	}
+	if m.imageTop, err = imageTopDef(cas).materialize(cfg.RootfsDir); err != nil {
+		return nil, fmt.Errorf("sandbox.rootfs_dir: %w", err)
+	}
+	m.rootsDir = rootsDirFor(cfg.RootfsDir, cfg.StateDir)
+	if err := os.MkdirAll(m.rootsDir, 0o755); err != nil {
+		return nil, fmt.Errorf("sandbox.rootfs_dir: %w", err)
+	}
+	if err := os.Chmod(m.rootsDir, 0o755); err != nil {
+		return nil, fmt.Errorf("sandbox.rootfs_dir: %w", err)
+	}
+	if err := makePrivate(m.rootsDir); err != nil {
+		return nil, fmt.Errorf("sandbox.rootfs_dir: %w", err)
+	}
 	if m.seccomp, err = seccompProfile(); err != nil {
 		return nil, err
 	}
@@ -266,7 +287,8 @@ func New(cfg Config) (*Manager, error) {
 // UIDBase is the host uid (and gid) of root inside every sandbox.
 func (m *Manager) UIDBase() uint32 { return m.cfg.UIDBase }
 
-// TemplateVersion is the digest of the root filesystem template definition.
+// TemplateVersion is the digest of the root filesystem template definition
+// (of host-template jobs; a job on an image reports the image's digest).
 func (m *Manager) TemplateVersion() string { return m.tmpl.version }
 
 // makePrivate keeps mounts made below dir from propagating to other mount
@@ -329,6 +351,14 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		if fi, err := os.Stat(spec.GitObjects); err != nil || !fi.IsDir() {
 			return nil, invalid("spec.git_objects %q: not a directory", spec.GitObjects)
 		}
+	}
+	if spec.Image != nil {
+		im := *spec.Image
+		im.Layers, im.Env = slices.Clone(im.Layers), slices.Clone(im.Env)
+		if err := im.checkLayers(); err != nil {
+			return nil, err
+		}
+		spec.Image = &im
 	}
 	spec.Command = append([]string(nil), spec.Command...)
 	s := &Sandbox{
@@ -422,17 +452,24 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 			return nil, err
 		}
 	}
-	userFiles, err := s.writeUserFiles()
-	if err != nil {
+	rootfs, binds := m.tmpl.dir, m.tmpl.def.Binds
+	var userFiles map[string]string
+	if spec.Image != nil {
+		if err := s.mountImage(); err != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+		rootfs, binds = s.rootDir, nil
+	} else if userFiles, err = s.writeUserFiles(); err != nil {
 		return nil, err
 	}
 	homes, err := s.makeHomes()
 	if err != nil {
 		return nil, err
 	}
+	path, imageEnv := s.envBase()
 	cfg := ociSpec(bundleInputs{
-		rootfs:       m.tmpl.dir,
-		binds:        m.tmpl.def.Binds,
+		rootfs:       rootfs,
+		binds:        binds,
 		work:         s.workDir,
 		tmp:          filepath.Join(s.scr.point, scratchTmp),
 		out:          filepath.Join(s.scr.point, scratchOut),
@@ -448,7 +485,8 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		pids:         spec.Limits.Pids,
 		command:      spec.Command,
 		env:          spec.Env,
-		path:         m.cfg.Path,
+		path:         path,
+		imageEnv:     imageEnv,
 		shmSizeBytes: min(64<<20, spec.Limits.MemoryBytes/2),
 		netNS:        spec.NetNS,
 		resolvConf:   resolvConf,
@@ -728,6 +766,14 @@ func (m *Manager) Recover(ctx context.Context, keep func(id string) bool) ([]str
 	if err := unmountAll(m.cfg.StateDir); err != nil {
 		errs = append(errs, err)
 	}
+	if ents, err := os.ReadDir(m.rootsDir); err == nil {
+		for _, e := range ents {
+			ids[e.Name()] = true
+			if err := removeRoot(filepath.Join(m.rootsDir, e.Name())); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
 	detachLoopsUnder(m.cfg.StateDir)
 	for id := range keepMounted {
 		// Only an image nothing uses any more: a mount a host process
@@ -811,7 +857,7 @@ func (m *Manager) Close() error {
 		return fmt.Errorf("%w: sandbox: Close with %d sandbox(es) not destroyed", errdefs.ErrFailedPrecondition, busy)
 	}
 	m.idmaps.close()
-	return m.cg.removeParent(m.cgParent)
+	return errors.Join(m.removeRootsDir(), m.cg.removeParent(m.cgParent))
 }
 
 func (m *Manager) diskLimits() ioLimits {
@@ -836,6 +882,9 @@ func (m *Manager) removeLeftover(id string) error {
 				}
 			}
 		}
+	}
+	if err := removeRoot(filepath.Join(m.rootsDir, id)); err != nil {
+		errs = append(errs, err)
 	}
 	dir := filepath.Join(m.jobsDir, id)
 	if err := unmountAll(dir); err != nil {
@@ -973,6 +1022,17 @@ func mountWork(dir, source, point, target, extra string) error {
 			return err
 		}
 	}
+	opts := "lowerdir=lower,upperdir=upper,workdir=ovlwork,volatile"
+	if extra != "" {
+		opts += "," + extra
+	}
+	return mountOverlayIn(dir, target, unix.MS_NOSUID|unix.MS_NODEV, opts)
+}
+
+// mountOverlayIn mounts an overlay at target whose options name layers
+// relative to dir, from a thread whose working directory is dir (the
+// executor's is not changed).
+func mountOverlayIn(dir, target string, flags uintptr, opts string) error {
 	done := make(chan error, 1)
 	go func() {
 		// Never unlocked: the thread, with its own working directory,
@@ -986,11 +1046,7 @@ func mountWork(dir, source, point, target, extra string) error {
 			done <- err
 			return
 		}
-		opts := "lowerdir=lower,upperdir=upper,workdir=ovlwork,volatile"
-		if extra != "" {
-			opts += "," + extra
-		}
-		done <- unix.Mount("overlay", target, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts)
+		done <- unix.Mount("overlay", target, "overlay", flags, opts)
 	}()
 	return <-done
 }

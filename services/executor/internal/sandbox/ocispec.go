@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 
 	seccompprofile "github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -29,7 +30,9 @@ const hostname = "airlock"
 var jobOOMScoreAdj = 1000
 
 // defaultEnv is what every job gets before Spec.Env, which may override it
-// (with HOME, USER and LOGNAME of its user: userEnv).
+// (with HOME, USER and LOGNAME of its user: userEnv). A job on an image
+// starts from the image's Env instead: of these, its PATH replaces
+// DefaultPath, and TERM stays Airlock's (jobEnv).
 var defaultEnv = map[string]string{
 	"PATH": DefaultPath,
 	// Output goes to pipes, never a terminal.
@@ -118,13 +121,21 @@ func rlimits() []specs.POSIXRlimit {
 }
 
 // jobEnv is the job's whole environment, sorted for a stable bundle: the
-// defaults, the trust store's variables (caEnv), its user's, PATH as the
-// operator set it (path, unless empty), then env.
-func jobEnv(path string, user runspec.User, env map[string]string) []string {
-	all := map[string]string{}
-	for k, v := range defaultEnv {
-		all[k] = v
+// defaults, then the image's Env (image, for a job on an image), TERM
+// again, the trust store's variables (caEnv), its user's, PATH as the
+// operator set it (path, unless empty), then env. So a job on an image
+// sees the image's variables, its PATH too (or DefaultPath when it sets
+// none), under the ones Airlock's sandbox needs; the operator's PATH
+// (Config.Path) names host-template directories and is passed only for
+// host-template jobs.
+func jobEnv(path string, image []string, user runspec.User, env map[string]string) []string {
+	all := maps.Clone(defaultEnv)
+	for _, kv := range image {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
+			all[k] = v
+		}
 	}
+	all["TERM"] = defaultEnv["TERM"]
 	maps.Copy(all, caEnv)
 	maps.Copy(all, userEnv(user))
 	if path != "" {
@@ -164,7 +175,8 @@ type bundleInputs struct {
 	pids         int64
 	command      []string
 	env          map[string]string
-	path         string // the default PATH (Config.Path)
+	path         string   // the default PATH (Config.Path); "" for an image job
+	imageEnv     []string // the image's Env, for a job on an image
 	shmSizeBytes int64
 	// netNS is the network namespace to join (package netpolicy made it,
 	// owned by the host's user namespace); "" makes a new, empty one.
@@ -231,7 +243,7 @@ func ociSpec(in bundleInputs) *specs.Spec {
 		Process: &specs.Process{
 			User: specs.User{UID: in.user.UID, GID: in.user.GID},
 			Args: in.command,
-			Env:  jobEnv(in.path, in.user, in.env),
+			Env:  jobEnv(in.path, in.imageEnv, in.user, in.env),
 			Cwd:  "/work",
 			// Present and empty: every set, bounding and ambient too, is
 			// empty. (A missing capabilities object would leave the

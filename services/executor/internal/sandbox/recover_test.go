@@ -65,7 +65,10 @@ func testRecover(t *testing.T, e *env, class Class) {
 // crashHelper starts an executor (a child process) whose job id runs a
 // long job in class, and kills it with SIGKILL once the job runs; the
 // job's processes, mounts and runtime outlive it.
-func crashHelper(t *testing.T, e *env, class Class, src, id string) {
+//
+// With layers, the job runs on an image of them (imageOf), running the
+// probe the image holds.
+func crashHelper(t *testing.T, e *env, class Class, src, id string, layers ...string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(),
@@ -78,6 +81,7 @@ func crashHelper(t *testing.T, e *env, class Class, src, id string) {
 		"HELPER_RUNC="+runcPath,
 		"HELPER_RUNSC="+runscPath,
 		"HELPER_CLASS="+string(class),
+		"HELPER_IMAGE_LAYERS="+strings.Join(layers, "\n"),
 	)
 	cmd.Stderr = testWriter{t}
 	out, err := cmd.StdoutPipe()
@@ -151,11 +155,16 @@ func runHelper() int {
 		fmt.Fprintln(os.Stderr, "helper:", err)
 		return 1
 	}
-	sb, err := m.Create(context.Background(), Spec{
+	spec := Spec{
 		ID: os.Getenv("HELPER_ID"), Class: Class(os.Getenv("HELPER_CLASS")), Source: os.Getenv("HELPER_SOURCE"),
 		Command: []string{"sh", "-c", "echo data > /work/x; echo tmp > /tmp/y; sleep 1000 & echo running; wait"},
 		Limits:  defaultLimits, Stdout: os.Stdout, Stderr: os.Stderr,
-	})
+	}
+	if l := os.Getenv("HELPER_IMAGE_LAYERS"); l != "" {
+		spec.Image = &ImageRoot{Digest: testImageDigest, Layers: strings.Split(l, "\n")}
+		spec.Command = []string{"/bin/probe", "idle"}
+	}
+	sb, err := m.Create(context.Background(), spec)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "helper:", err)
 		return 1

@@ -49,6 +49,9 @@ type Sandbox struct {
 	cgRel                                  string
 	scr                                    *scratch
 	oomFD                                  int // eventfd of OOM notifications, -1 if none
+	// rootDir is the mount point of a job on an image's root (image.go),
+	// below Manager.rootsDir; "" for a job on the host template.
+	rootDir string
 
 	// stop asks a running Run to kill the job (Destroy does).
 	stop chan struct{}
@@ -111,8 +114,27 @@ func (s *Sandbox) BaseResult() Result {
 		ExitCode:        -1,
 		Class:           s.spec.Class,
 		RuntimeVersion:  s.runtimeVersion,
-		TemplateVersion: s.m.tmpl.version,
+		TemplateVersion: s.templateVersion(),
 	}
+}
+
+// templateVersion is what the job's root filesystem is: the image's digest
+// for a job on an image, else the host template's.
+func (s *Sandbox) templateVersion() string {
+	if s.spec.Image != nil {
+		return s.spec.Image.Digest
+	}
+	return s.m.tmpl.version
+}
+
+// envBase is what jobEnv builds the job's environment on: the operator's
+// PATH for a job on the host template, the image's Env for one on an
+// image.
+func (s *Sandbox) envBase() (path string, image []string) {
+	if s.spec.Image != nil {
+		return "", s.spec.Image.Env
+	}
+	return s.m.cfg.Path, nil
 }
 
 // Run runs the job to its end and returns how it ended. Cancelling ctx
@@ -485,6 +507,11 @@ func (s *Sandbox) teardown(keep bool) error {
 	if s.oomFD >= 0 {
 		unix.Close(s.oomFD)
 		s.oomFD = -1
+	}
+	if s.rootDir != "" {
+		if err := removeRoot(s.rootDir); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := unmountAll(s.dir); err != nil {
 		errs = append(errs, err)

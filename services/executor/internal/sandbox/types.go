@@ -79,7 +79,8 @@ type Spec struct {
 	// Command is the argv; argv[0] is resolved through PATH inside.
 	Command []string
 	// Env is the whole environment inside, on top of defaults for PATH,
-	// HOME, USER, LOGNAME and TERM (which it may override).
+	// HOME, USER, LOGNAME and TERM (which it may override) and, for a job
+	// on an image, the image's Env (jobEnv).
 	Env    map[string]string
 	Limits Limits
 	// NetNS, if set, is the path of a network namespace the caller made
@@ -109,6 +110,9 @@ type Spec struct {
 	// when that job first started: its deadline counts from then.
 	Kept    bool
 	Started time.Time
+	// Image, if set, is the image the job runs on (image.go) in place of
+	// the host template; nil runs it on the template.
+	Image *ImageRoot
 }
 
 // CacheMount is one named cache of a job.
@@ -149,10 +153,13 @@ type Result struct {
 	Reason Reason
 	// ExitCode is the job's exit status when Reason is ReasonExited, else -1.
 	// A job killed by signal N exits 128+N.
-	ExitCode        int
-	Usage           Usage
-	Class           Class
-	RuntimeVersion  string
+	ExitCode       int
+	Usage          Usage
+	Class          Class
+	RuntimeVersion string
+	// TemplateVersion is what the job's root filesystem was: the host
+	// template's digest (Manager.TemplateVersion), or for a job on an
+	// image (Spec.Image) the image's manifest digest.
 	TemplateVersion string
 	// Message explains the reason in a sentence.
 	Message string
@@ -222,6 +229,11 @@ func (s *Spec) validateBody() error {
 	}
 	if err := checkCaches(s.Caches); err != nil {
 		return err
+	}
+	if s.Image != nil {
+		if err := s.Image.validate(); err != nil {
+			return err
+		}
 	}
 	for i, c := range s.Caches {
 		if err := runspec.CheckCacheUser(c.Path, s.User); err != nil {

@@ -20,7 +20,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: probe keyctl|ptrace|mount|clone-userns|chroot|dial ADDR|loopback|balloon MIB [hold]|errno NR...|inotify DIR|perms OTHER_UID")
+		fmt.Fprintln(os.Stderr, "usage: probe cat PATH...|ls DIR...|env|write PATH TEXT|writeall|idle|keyctl|ptrace|mount|clone-userns|chroot|dial ADDR|loopback|balloon MIB [hold]|errno NR...|inotify DIR|perms OTHER_UID")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -131,6 +131,9 @@ func main() {
 		// Not a boundary: what inotify reports, as fsnotify's users
 		// see it, printed so the runtimes' differences can be compared.
 		inotifyProbe(os.Args[2])
+	case "cat", "ls", "env", "write", "writeall", "idle":
+		// What a job on an image sees of its root (image.go).
+		imageProbe(os.Args[1], os.Args[2:])
 	default:
 		fmt.Fprintln(os.Stderr, "unknown probe", os.Args[1])
 		os.Exit(2)
