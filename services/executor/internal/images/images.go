@@ -565,7 +565,16 @@ func (s *Store) layer(ctx context.Context, ref Ref, f Fetcher, l v1.Descriptor, 
 			if err != nil {
 				return err
 			}
-			continue // held as any cached layer is
+			// Held as any cached layer is, but not counted as a hit.
+			s.mu.Lock()
+			e := s.idx.Layers[d]
+			if e == nil {
+				s.mu.Unlock()
+				continue // evicted at once by another pull: fetch again
+			}
+			e.inUse++
+			s.mu.Unlock()
+			return nil
 		}
 		s.mu.Unlock()
 		if err := p.wait(ctx); err != nil {
@@ -605,8 +614,16 @@ func (s *Store) pullLayer(ctx context.Context, ref Ref, f Fetcher, l v1.Descript
 	v := &verifier{r: io.LimitReader(rc, l.Size+1), h: sha256.New()}
 	st, err := ocilayer.Unpack(ctx, v, string(l.MediaType), tree, ocilayer.Options{UIDBase: s.cfg.UIDBase, IDRange: s.cfg.IDRange})
 	if err != nil {
-		if v.n > l.Size {
+		// Tampered bytes often fail the decompressor first: say what
+		// they are when the digest shows it.
+		if ctx.Err() == nil {
+			io.Copy(io.Discard, v)
+		}
+		switch got := digest.FromSum(v.h.Sum(nil)); {
+		case v.n > l.Size:
 			return fmt.Errorf("%w: more than the manifest's %d bytes arrived", errdefs.ErrDataLoss, l.Size)
+		case ctx.Err() == nil && v.n == l.Size && got != d:
+			return fmt.Errorf("%w: what arrived hashes to %s", errdefs.ErrDataLoss, got)
 		}
 		return fmt.Errorf("unpack: %w", err)
 	}

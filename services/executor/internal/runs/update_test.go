@@ -27,6 +27,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/provenance"
 	"github.com/airlockhq/airlock/services/executor/internal/cache"
+	"github.com/airlockhq/airlock/services/executor/internal/images"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 	"github.com/airlockhq/airlock/services/executor/internal/stage"
@@ -47,6 +48,12 @@ type fakeAuthority struct {
 
 	mu      sync.Mutex
 	reports []Report
+}
+
+// FetchImageBlob: these tests run on the host template; a grant naming an
+// image is refused before it would fetch.
+func (a *fakeAuthority) FetchImageBlob(ctx context.Context, jobID, digest string, checkOnly bool) (images.Blob, io.ReadCloser, error) {
+	return images.Blob{}, nil, fmt.Errorf("%w: the fake authority serves no images", errdefs.ErrUnavailable)
 }
 
 func (a *fakeAuthority) FetchSource(ctx context.Context, jobID string) (stage.Header, io.ReadCloser, error) {
