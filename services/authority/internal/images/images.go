@@ -88,6 +88,11 @@ type Resolved struct {
 	ConfigBlob Blob
 	Layers     []Blob
 	Config     Config
+
+	// credential is the credential file it was resolved with; hasConfig
+	// says Config was read.
+	credential string
+	hasConfig  bool
 }
 
 // Reference is "registry/repository@digest".
@@ -200,6 +205,14 @@ func (c *Client) Resolve(ctx context.Context, p policy.Images, ref string) (Reso
 	ctx, cancel := context.WithTimeout(ctx, c.timeout())
 	defer cancel()
 	reg, repo := r.Context().RegistryStr(), r.Context().RepositoryStr()
+	cred := p.Registries[reg].Credential
+	if d, ok := r.(name.Digest); ok {
+		// Resolved before with the same credential: nothing to ask the
+		// registry (the digest cannot have changed).
+		if known, ok := c.cached(reg+"/"+repo+"@"+d.DigestStr(), cred); ok && known.IndexDigest == "" {
+			return known.checked(ref, pat, p)
+		}
+	}
 	opts, err := c.options(ctx, p, reg)
 	if err != nil {
 		return Resolved{}, err
@@ -230,26 +243,52 @@ func (c *Client) Resolve(ctx context.Context, p policy.Images, ref string) (Reso
 		return Resolved{}, fmt.Errorf("%w: spec.image: %s is a %q, not an image manifest (OCI or Docker schema 2)", errdefs.ErrInvalidArgument, ref, clip(string(desc.MediaType)))
 	}
 	out.Digest, out.MediaType, out.Manifest = img.Digest.String(), string(img.MediaType), img.Manifest
+	if known, ok := c.cached(out.Reference(), cred); ok {
+		// A tag that names a manifest this credential read before: its
+		// config is known.
+		known.IndexDigest = out.IndexDigest
+		return known.checked(ref, pat, p)
+	}
 	if err := out.parseManifest(); err != nil {
 		return Resolved{}, fmt.Errorf("%w: spec.image: %s: %v", errdefs.ErrInvalidArgument, ref, err)
 	}
-	if pat.Digest != "" && pat.Digest != out.Digest && pat.Digest != out.IndexDigest {
-		return Resolved{}, fmt.Errorf("%w: spec.image: %s resolves to %s, but the tenant's policy pins %s to %s", errdefs.ErrPermissionDenied, ref, out.Digest, pat.Registry+"/"+pat.Repository, pat.Digest)
-	}
-	max := p.MaxBytes
-	if max <= 0 {
-		max = policy.DefaultMaxImageBytes
-	}
-	if out.Size > max {
-		return Resolved{}, fmt.Errorf("%w: spec.image: %s is %d bytes, above the tenant's max_size of %d", errdefs.ErrPermissionDenied, ref, out.Size, max)
+	if _, err := out.checked(ref, pat, p); err != nil {
+		return Resolved{}, err
 	}
 	cfg, err := c.readConfig(ctx, opts, r, out.ConfigBlob, len(out.Layers))
 	if err != nil {
 		return Resolved{}, err
 	}
-	out.Config = cfg
+	out.Config, out.credential, out.hasConfig = cfg, cred, true
 	c.remember(out)
 	return out, nil
+}
+
+// checked is r as resolved for ref, if the policy's pin and size bound
+// allow it.
+func (r Resolved) checked(ref string, pat policy.ImagePattern, p policy.Images) (Resolved, error) {
+	r.Name = ref
+	if pat.Digest != "" && pat.Digest != r.Digest && pat.Digest != r.IndexDigest {
+		return Resolved{}, fmt.Errorf("%w: spec.image: %s resolves to %s, but the tenant's policy pins %s to %s", errdefs.ErrPermissionDenied, ref, r.Digest, pat.Registry+"/"+pat.Repository, pat.Digest)
+	}
+	max := p.MaxBytes
+	if max <= 0 {
+		max = policy.DefaultMaxImageBytes
+	}
+	if r.Size > max {
+		return Resolved{}, fmt.Errorf("%w: spec.image: %s is %d bytes, above the tenant's max_size of %d", errdefs.ErrPermissionDenied, ref, r.Size, max)
+	}
+	return r, nil
+}
+
+// cached is the resolution of key (registry/repository@digest) made with
+// credential cred (a file path, "" for none), if one is held with its
+// config.
+func (c *Client) cached(key, cred string) (Resolved, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r, ok := c.resolved[key]
+	return r, ok && r.hasConfig && r.credential == cred
 }
 
 // pick is the index's linux/amd64 image.
