@@ -1,0 +1,79 @@
+package registrytest
+
+import (
+	"archive/tar"
+	"io"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+)
+
+// ToolchainPackages are the packages of the image the compatibility suite
+// and the demo run in.
+var ToolchainPackages = []string{"gcc", "libc6-dev", "make", "git", "golang-go", "nodejs", "ca-certificates"}
+
+// TestDebianImage builds (or loads from the cache) the toolchain image and
+// checks it is Debian, carries the toolchain and no device node, and
+// survives a push to and a pull from the real registry. The first run on a
+// machine takes minutes; set AIRLOCK_SKIP_DEBIAN=1 to leave it out.
+func TestDebianImage(t *testing.T) {
+	if os.Getenv("AIRLOCK_SKIP_DEBIAN") != "" {
+		t.Skip("AIRLOCK_SKIP_DEBIAN is set")
+	}
+	img := DebianImage(t, ToolchainPackages...)
+	layers, err := img.Layers()
+	if err != nil || len(layers) != 1 {
+		t.Fatalf("%d layers, %v; want 1", len(layers), err)
+	}
+	rc, err := layers[0].Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	want := map[string]bool{"etc/os-release": false, "usr/bin/gcc": false, "usr/bin/make": false, "usr/bin/git": false,
+		"usr/bin/go": false, "usr/bin/node": false, "etc/ssl/certs/ca-certificates.crt": false}
+	tr := tar.NewReader(rc)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := strings.TrimPrefix(hdr.Name, "./")
+		if hdr.Typeflag == tar.TypeChar || hdr.Typeflag == tar.TypeBlock || hdr.Typeflag == tar.TypeFifo {
+			t.Errorf("device node %s in the layer", hdr.Name)
+		}
+		if _, ok := want[name]; ok {
+			want[name] = true
+		}
+		if name == "etc/os-release" || name == "usr/lib/os-release" {
+			if hdr.Typeflag == tar.TypeReg {
+				b, _ := io.ReadAll(tr)
+				if !strings.Contains(string(b), "ID=debian") || !strings.Contains(string(b), DebianSuite) {
+					t.Errorf("%s: %q, want Debian %s", name, b, DebianSuite)
+				}
+			}
+		}
+	}
+	for name, found := range want {
+		if !found {
+			t.Errorf("%s not in the image", name)
+		}
+	}
+
+	r := Start(t, Options{})
+	digest := r.Push(t, "debian/toolchain", "latest", img)
+	pulled, err := remote.Image(r.Ref(t, "debian/toolchain", "@"+digest), r.Remote(t.Context(), "")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := pulled.Digest(); err != nil || d.String() != digest {
+		t.Fatalf("pulled %v (%v), pushed %s", d, err, digest)
+	}
+	size, _ := layers[0].Size()
+	t.Logf("Debian toolchain image %s: layer %d MB compressed", digest, size>>20)
+}
