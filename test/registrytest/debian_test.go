@@ -4,10 +4,15 @@ import (
 	"archive/tar"
 	"io"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"golang.org/x/sys/unix"
 )
 
 // ToolchainPackages are the packages of the image the compatibility suite
@@ -65,6 +70,8 @@ func TestDebianImage(t *testing.T) {
 		}
 	}
 
+	t.Run("self-contained", func(t *testing.T) { runInChroot(t, layers[0]) })
+
 	r := Start(t, Options{})
 	digest := r.Push(t, "debian/toolchain", "latest", img)
 	pulled, err := remote.Image(r.Ref(t, "debian/toolchain", "@"+digest), r.Remote(t.Context(), "")...)
@@ -76,4 +83,50 @@ func TestDebianImage(t *testing.T) {
 	}
 	size, _ := layers[0].Size()
 	t.Logf("Debian toolchain image %s: layer %d MB compressed", digest, size>>20)
+}
+
+// runInChroot unpacks layer and runs the toolchain in a chroot of it with
+// an empty environment and nothing of the host but /dev/null (a runtime
+// mounts /dev): the image depends on nothing outside itself.
+func runInChroot(t *testing.T, layer v1.Layer) {
+	if os.Geteuid() != 0 {
+		t.Skip("chroot needs root")
+	}
+	root := t.TempDir()
+	rc, err := layer.Compressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	untar := exec.Command("tar", "-xzf", "-", "-C", root)
+	untar.Stdin = rc
+	if out, err := untar.CombinedOutput(); err != nil {
+		t.Fatalf("unpack: %v: %s", err, out)
+	}
+	if err := syscall.Mknod(filepath.Join(root, "dev", "null"), syscall.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+		t.Fatal(err)
+	}
+	c := "int main(void) { puts(\"hello from c\"); return 0; }"
+	g := "package main\nimport \"fmt\"\nfunc main() { fmt.Println(\"hello from go\") }\n"
+	script := `set -e
+printf '#include <stdio.h>\n%s\n' "$C" > /tmp/h.c && gcc -o /tmp/h /tmp/h.c && /tmp/h
+printf '%s' "$G" > /tmp/h.go && go run /tmp/h.go
+node -e 'console.log("hello from node " + process.version)'
+git --version
+make --version | head -n1
+. /etc/os-release && echo "$PRETTY_NAME"`
+	cmd := exec.Command("/bin/sh", "-c", script)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: root}
+	cmd.Dir = "/"
+	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/tmp", "GOCACHE=/tmp/gocache", "GO111MODULE=off", "C=" + c, "G=" + g}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("in the image: %v:\n%s", err, out)
+	}
+	for _, want := range []string{"hello from c", "hello from go", "hello from node v", "git version", "GNU Make", "Debian GNU/Linux"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("in the image: no %q in:\n%s", want, out)
+		}
+	}
+	t.Logf("in the image:\n%s", out)
 }
