@@ -33,6 +33,10 @@ const DebianSuite = "bookworm"
 // DebianPath is the PATH of a Debian image's configuration.
 const DebianPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
+// ToolchainPackages are the packages of the image the compatibility suite
+// and the demo run in: DebianImage(t, ToolchainPackages...).
+var ToolchainPackages = []string{"gcc", "libc6-dev", "make", "git", "golang-go", "nodejs", "ca-certificates"}
+
 // ErrNoMmdebstrap is returned by BuildDebianImage when mmdebstrap is not
 // installed.
 var ErrNoMmdebstrap = errors.New("mmdebstrap is not installed (apt-get install -y mmdebstrap)")

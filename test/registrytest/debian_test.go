@@ -1,8 +1,7 @@
 package registrytest
 
 import (
-	"archive/tar"
-	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,10 +13,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"golang.org/x/sys/unix"
 )
-
-// ToolchainPackages are the packages of the image the compatibility suite
-// and the demo run in.
-var ToolchainPackages = []string{"gcc", "libc6-dev", "make", "git", "golang-go", "nodejs", "ca-certificates"}
 
 // TestDebianImage builds (or loads from the cache) the toolchain image and
 // checks it is Debian, carries the toolchain and no device node, and
@@ -32,45 +27,29 @@ func TestDebianImage(t *testing.T) {
 	if err != nil || len(layers) != 1 {
 		t.Fatalf("%d layers, %v; want 1", len(layers), err)
 	}
-	rc, err := layers[0].Uncompressed()
+	root := unpack(t, layers[0])
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type()&(fs.ModeDevice|fs.ModeCharDevice|fs.ModeNamedPipe|fs.ModeSocket) != 0 {
+			t.Errorf("%s in the image is a %v", strings.TrimPrefix(path, root), d.Type())
+		}
+		return nil
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rc.Close()
-	want := map[string]bool{"etc/os-release": false, "usr/bin/gcc": false, "usr/bin/make": false, "usr/bin/git": false,
-		"usr/bin/go": false, "usr/bin/node": false, "etc/ssl/certs/ca-certificates.crt": false}
-	tr := tar.NewReader(rc)
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		name := strings.TrimPrefix(hdr.Name, "./")
-		if hdr.Typeflag == tar.TypeChar || hdr.Typeflag == tar.TypeBlock || hdr.Typeflag == tar.TypeFifo {
-			t.Errorf("device node %s in the layer", hdr.Name)
-		}
-		if _, ok := want[name]; ok {
-			want[name] = true
-		}
-		if name == "etc/os-release" || name == "usr/lib/os-release" {
-			if hdr.Typeflag == tar.TypeReg {
-				b, _ := io.ReadAll(tr)
-				if !strings.Contains(string(b), "ID=debian") || !strings.Contains(string(b), DebianSuite) {
-					t.Errorf("%s: %q, want Debian %s", name, b, DebianSuite)
-				}
-			}
-		}
+	// /etc/os-release is a link to ../usr/lib/os-release, resolved in the
+	// image.
+	osRelease, err := os.ReadFile(filepath.Join(root, "usr", "lib", "os-release"))
+	if err != nil || !strings.Contains(string(osRelease), "ID=debian") || !strings.Contains(string(osRelease), DebianSuite) {
+		t.Errorf("usr/lib/os-release: %q, %v; want Debian %s", osRelease, err, DebianSuite)
 	}
-	for name, found := range want {
-		if !found {
-			t.Errorf("%s not in the image", name)
-		}
+	if link, err := os.Readlink(filepath.Join(root, "etc", "os-release")); err != nil || link != "../usr/lib/os-release" {
+		t.Errorf("etc/os-release links to %q (%v)", link, err)
 	}
-
-	t.Run("self-contained", func(t *testing.T) { runInChroot(t, layers[0]) })
+	t.Run("self-contained", func(t *testing.T) { runInChroot(t, root) })
 
 	r := Start(t, Options{})
 	digest := r.Push(t, "debian/toolchain", "latest", img)
@@ -85,23 +64,29 @@ func TestDebianImage(t *testing.T) {
 	t.Logf("Debian toolchain image %s: layer %d MB compressed", digest, size>>20)
 }
 
-// runInChroot unpacks layer and runs the toolchain in a chroot of it with
-// an empty environment and nothing of the host but /dev/null (a runtime
-// mounts /dev): the image depends on nothing outside itself.
-func runInChroot(t *testing.T, layer v1.Layer) {
-	if os.Geteuid() != 0 {
-		t.Skip("chroot needs root")
-	}
+// unpack extracts layer (gzip) into a new directory with the system's tar,
+// much faster than archive/tar under the race detector.
+func unpack(t *testing.T, layer v1.Layer) string {
 	root := t.TempDir()
 	rc, err := layer.Compressed()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rc.Close()
-	untar := exec.Command("tar", "-xzf", "-", "-C", root)
+	untar := exec.Command("tar", "-xzf", "-", "--no-same-owner", "-C", root)
 	untar.Stdin = rc
 	if out, err := untar.CombinedOutput(); err != nil {
 		t.Fatalf("unpack: %v: %s", err, out)
+	}
+	return root
+}
+
+// runInChroot runs the toolchain in a chroot of root with an empty
+// environment and nothing of the host but /dev/null (a runtime mounts
+// /dev): the image depends on nothing outside itself.
+func runInChroot(t *testing.T, root string) {
+	if os.Geteuid() != 0 {
+		t.Skip("chroot needs root")
 	}
 	if err := syscall.Mknod(filepath.Join(root, "dev", "null"), syscall.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
 		t.Fatal(err)
