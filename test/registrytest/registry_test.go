@@ -352,3 +352,22 @@ func TestTag(t *testing.T) {
 		t.Fatalf("the first image by digest: %v", err)
 	}
 }
+
+// TestTamperedManifest: a registry serving another valid manifest under an
+// image's digest is caught by a pull by digest.
+func TestTamperedManifest(t *testing.T) {
+	r := Start(t, Options{})
+	digest := r.Push(t, "app", "", Image(t, OCI, Config{Env: []string{"V=1"}}, LayerFromFiles(t, testFiles(), compression.GZip)))
+	other := Image(t, OCI, Config{Env: []string{"V=2"}}, LayerFromFiles(t, testFiles(), compression.GZip))
+	r.Push(t, "app", "", other)
+	raw, err := other.RawManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.ReplaceBlob(t, "app", digest, raw)
+	_, err = remote.Image(r.Ref(t, "app", "@"+digest), r.Remote(t.Context(), "")...)
+	if err == nil || !strings.Contains(err.Error(), strings.TrimPrefix(digest, "sha256:")) {
+		t.Fatalf("pull of the tampered manifest: %v, want a refusal naming %s", err, digest)
+	}
+	t.Logf("refused: %v", err)
+}
