@@ -14,6 +14,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -181,7 +182,7 @@ func freePort(t testing.TB) string {
 
 func writeHtpasswd(t testing.TB, path string, users map[string]string) {
 	var b strings.Builder
-	for _, user := range slices.Sorted(mapsKeys(users)) {
+	for _, user := range slices.Sorted(maps.Keys(users)) {
 		// MinCost: the registry checks a hash per request, and these
 		// passwords protect nothing.
 		hash, err := bcrypt.GenerateFromPassword([]byte(users[user]), bcrypt.MinCost)
@@ -192,16 +193,6 @@ func writeHtpasswd(t testing.TB, path string, users map[string]string) {
 	}
 	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
-	}
-}
-
-func mapsKeys(m map[string]string) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
 	}
 }
 
@@ -271,7 +262,7 @@ func (r *Registry) pushUser() string {
 	if len(r.Users) == 0 {
 		return ""
 	}
-	return slices.Sorted(mapsKeys(r.Users))[0]
+	return slices.Sorted(maps.Keys(r.Users))[0]
 }
 
 // Push writes img (a v1.Image or a v1.ImageIndex with everything it
@@ -343,31 +334,42 @@ func (r *Registry) BlobPath(digest string) string {
 // only a client that checks digests notices.
 func (r *Registry) CorruptBlob(t testing.TB, repo, digest string) {
 	t.Helper()
-	algo, hex, _ := strings.Cut(digest, ":")
-	repoDir := filepath.Join(r.Dir, "docker", "registry", "v2", "repositories", filepath.FromSlash(repo))
-	linked := false
-	for _, link := range []string{
-		filepath.Join(repoDir, "_layers", algo, hex, "link"),
-		filepath.Join(repoDir, "_manifests", "revisions", algo, hex, "link"),
-	} {
-		if _, err := os.Stat(link); err == nil {
-			linked = true
-		}
-	}
-	if !linked {
-		t.Fatalf("registrytest: corrupt %s: not a blob or manifest of %s", digest, repo)
-	}
-	path := r.BlobPath(digest)
-	b, err := os.ReadFile(path)
+	b, err := os.ReadFile(r.linkedBlob(t, repo, digest))
 	if err != nil {
 		t.Fatalf("registrytest: corrupt %s: %v", digest, err)
 	}
 	for i := range b {
 		b[i] ^= 0xff
 	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
+	r.ReplaceBlob(t, repo, digest, b)
+}
+
+// ReplaceBlob makes the registry serve data as the blob or manifest digest
+// of repo: for a manifest, a valid manifest of other content is served
+// where flipped bytes would only be refused by the registry's parser.
+func (r *Registry) ReplaceBlob(t testing.TB, repo, digest string, data []byte) {
+	t.Helper()
+	if err := os.WriteFile(r.linkedBlob(t, repo, digest), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// linkedBlob is BlobPath(digest), failing t unless repo holds digest as a
+// layer or config (_layers) or a manifest (_manifests/revisions).
+func (r *Registry) linkedBlob(t testing.TB, repo, digest string) string {
+	t.Helper()
+	algo, hex, _ := strings.Cut(digest, ":")
+	repoDir := filepath.Join(r.Dir, "docker", "registry", "v2", "repositories", filepath.FromSlash(repo))
+	for _, link := range []string{
+		filepath.Join(repoDir, "_layers", algo, hex, "link"),
+		filepath.Join(repoDir, "_manifests", "revisions", algo, hex, "link"),
+	} {
+		if _, err := os.Stat(link); err == nil {
+			return r.BlobPath(digest)
+		}
+	}
+	t.Fatalf("registrytest: %s is not a blob or manifest of %s", digest, repo)
+	return ""
 }
 
 // Request is one request in the registry's access log.

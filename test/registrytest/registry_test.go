@@ -323,3 +323,51 @@ func TestCorruptBlob(t *testing.T) {
 		t.Fatalf("verify: %v, want a refusal naming %s", err, ld)
 	}
 }
+
+// TestTag: Tag moves a tag to another manifest of the repository, with
+// users (Push and Tag act as the first user), and a digest keeps naming
+// what it named.
+func TestTag(t *testing.T) {
+	r := Start(t, Options{Users: map[string]string{"bob": "pw", "alice": "pw2"}})
+	first := r.Push(t, "app", "stable", Image(t, OCI, Config{Env: []string{"V=1"}}, LayerFromFiles(t, testFiles(), compression.GZip)))
+	second := r.Push(t, "app", "", Image(t, OCI, Config{Env: []string{"V=2"}}, LayerFromFiles(t, testFiles(), compression.GZip)))
+	if first == second {
+		t.Fatal("two different images have one digest")
+	}
+	head := func() string {
+		desc, err := remote.Head(r.Ref(t, "app", ":stable"), r.Remote(t.Context(), "bob")...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return desc.Digest.String()
+	}
+	if got := head(); got != first {
+		t.Fatalf("stable is %s, want %s", got, first)
+	}
+	r.Tag(t, "app", "stable", second)
+	if got := head(); got != second {
+		t.Fatalf("after Tag, stable is %s, want %s", got, second)
+	}
+	if _, err := remote.Head(r.Ref(t, "app", "@"+first), r.Remote(t.Context(), "bob")...); err != nil {
+		t.Fatalf("the first image by digest: %v", err)
+	}
+}
+
+// TestTamperedManifest: a registry serving another valid manifest under an
+// image's digest is caught by a pull by digest.
+func TestTamperedManifest(t *testing.T) {
+	r := Start(t, Options{})
+	digest := r.Push(t, "app", "", Image(t, OCI, Config{Env: []string{"V=1"}}, LayerFromFiles(t, testFiles(), compression.GZip)))
+	other := Image(t, OCI, Config{Env: []string{"V=2"}}, LayerFromFiles(t, testFiles(), compression.GZip))
+	r.Push(t, "app", "", other)
+	raw, err := other.RawManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.ReplaceBlob(t, "app", digest, raw)
+	_, err = remote.Image(r.Ref(t, "app", "@"+digest), r.Remote(t.Context(), "")...)
+	if err == nil || !strings.Contains(err.Error(), strings.TrimPrefix(digest, "sha256:")) {
+		t.Fatalf("pull of the tampered manifest: %v, want a refusal naming %s", err, digest)
+	}
+	t.Logf("refused: %v", err)
+}
