@@ -71,6 +71,9 @@ var expected = map[string]map[string]bool{
 	"/airlock.authority.v1.AuthorityService/ListFiles":            only(client),
 	"/airlock.authority.v1.AuthorityService/ListCaches":           only(client),
 	"/airlock.authority.v1.AuthorityService/ClearCaches":          only(client),
+	"/airlock.authority.v1.AuthorityService/ListImages":           only(client),
+	"/airlock.authority.v1.AuthorityService/PruneImages":          only(client),
+	"/airlock.authority.v1.AuthorityService/FetchImageBlob":       only(executor),
 	"/airlock.authority.v1.AuthorityService/FetchSource":          only(executor),
 	"/airlock.authority.v1.AuthorityService/ReportResult":         only(executor),
 	"/airlock.authority.v1.AuthorityService/ListApprovals":        only(approver, client),
@@ -108,6 +111,8 @@ var expected = map[string]map[string]bool{
 	"/airlock.executor.v1.ExecutorService/ListFiles":   only(authority),
 	"/airlock.executor.v1.ExecutorService/ListCaches":  only(authority),
 	"/airlock.executor.v1.ExecutorService/ClearCaches": only(authority),
+	"/airlock.executor.v1.ExecutorService/ListImages":  only(authority),
+	"/airlock.executor.v1.ExecutorService/PruneImages": only(authority),
 
 	"/airlock.publisher.v1.PublisherService/Publish":         only(pipeline),
 	"/airlock.publisher.v1.PublisherService/GetDeployment":   only(pipeline, approver),

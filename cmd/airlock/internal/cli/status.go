@@ -19,6 +19,8 @@ import (
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/termtext"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 )
 
 // serviceHealth is one service's health as seen over mTLS.
@@ -66,7 +68,12 @@ func newStatus(g *globals) *cobra.Command {
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
 			report := checkAll(ctx, cfg, src)
-			if err := g.Print(map[string]any{"services": report}, func(w io.Writer) {
+			out := map[string]any{"services": report}
+			cache := imageCacheOf(ctx, g, report)
+			if cache != nil {
+				out["image_cache"] = cache
+			}
+			if err := g.Print(out, func(w io.Writer) {
 				fmt.Fprintln(w, "SERVICE\tADDRESS\tSTATUS\tERROR")
 				for _, h := range report {
 					fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", h.Service, termtext.Line(h.Address), termtext.Line(h.Status), termtext.Line(h.Error))
@@ -80,6 +87,9 @@ func newStatus(g *globals) *cobra.Command {
 					if h.Cgroups != nil {
 						fmt.Fprintf(w, "%s cgroup %s\t\t%s\t\n", h.Service, termtext.Line(h.Cgroups.Mode), termtext.Line(strings.Join(h.Cgroups.Controllers, " ")))
 					}
+				}
+				if cache != nil {
+					writeImageCache(w, cache)
 				}
 			}); err != nil {
 				return err
@@ -212,4 +222,29 @@ func cgroupUseOf(comps map[string]healthpb.HealthCheckResponse_ServingStatus) *c
 	}
 	sort.Strings(use.Controllers)
 	return &use
+}
+
+// imageCacheOf is the executor's image cache as the authority reports it
+// to a client of a tenant (airlock image list shows the tenant's images in
+// it); nil for another caller, or when the authority or the executor is
+// not serving.
+func imageCacheOf(ctx context.Context, g *globals, report []serviceHealth) *typesv1.ImageCacheStats {
+	for _, h := range report {
+		if h.Status != healthpb.HealthCheckResponse_SERVING.String() {
+			return nil
+		}
+	}
+	var out *typesv1.ImageCacheStats
+	_ = withAuthority(g, func(client authorityv1.AuthorityServiceClient, self *caller) error {
+		tenant, err := self.tenant("")
+		if err != nil || tenant == "" {
+			return err
+		}
+		resp, err := client.ListImages(ctx, &authorityv1.ListImagesRequest{Tenant: tenant})
+		if err == nil {
+			out = resp.GetCache()
+		}
+		return err
+	})
+	return out
 }
