@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/airlockhq/airlock/pkg/ocilayer"
+	"github.com/airlockhq/airlock/test/registrytest"
 )
 
 // compatWorkload is a real program a job runs, as users' jobs do: the
@@ -172,6 +178,88 @@ func TestCompat(t *testing.T) {
 		})
 	}
 	t.Logf("timings:\n%s", strings.Join(timings, "\n"))
+}
+
+// TestCompatImage runs the workloads (all but Python's, which the image
+// does not carry) under every runtime class on a real Debian image built
+// from Debian's packages with mmdebstrap (registrytest.DebianImage), its
+// layers unpacked by pkg/ocilayer as the executor's image cache unpacks
+// them. The programs are the image's, never the host's: its gcc, make,
+// git, node and Go (Debian's, older than the host's), its glibc under the
+// host-built cgo binary, and its /etc/os-release.
+func TestCompatImage(t *testing.T) {
+	e := newEnv(t)
+	root := unpackedImage(t, e, registrytest.DebianImage(t, registrytest.ToolchainPackages...))
+	var workloads []compatWorkload
+	for _, w := range compatWorkloads(t) {
+		switch w.name {
+		case "python-threads":
+			continue
+		case "go-test-uuid":
+			// The image's go, on the image's PATH.
+			w.env = maps.Clone(w.env)
+			delete(w.env, "PATH")
+		}
+		workloads = append(workloads, w)
+	}
+	workloads = append(workloads, compatWorkload{
+		name:   "image-root",
+		cmd:    []string{"sh", "-c", "cat /etc/os-release; go version; test -e /usr/local/go && echo host-go || echo no-host-go"},
+		limits: compatLimits,
+		want:   []*regexp.Regexp{wantLine("ID=debian"), wantLine("VERSION_CODENAME=bookworm"), regexp.MustCompile(`(?m)^go version go1\.19`), wantLine("no-host-go")},
+	})
+	srcs := map[string]string{}
+	for _, w := range workloads {
+		srcs[w.name] = w.source(t, e)
+	}
+	for _, c := range testClasses(t, e) {
+		t.Run(string(c), func(t *testing.T) {
+			for _, w := range workloads {
+				t.Run(w.name, func(t *testing.T) {
+					r := e.run(t, context.Background(), job{class: c, src: srcs[w.name], cmd: w.cmd, env: w.env, limits: &w.limits, image: root})
+					w.check(t, c, r)
+				})
+			}
+		})
+	}
+}
+
+// unpackedImage unpacks img's layers with pkg/ocilayer, owned by the
+// sandboxes' host ids, as the executor's image cache does.
+func unpackedImage(t *testing.T, e *env, img v1.Image) *ImageRoot {
+	t.Helper()
+	d, err := img.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := &ImageRoot{Digest: d.String()}
+	for i, l := range layers {
+		mt, err := l.MediaType()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc, err := l.Compressed()
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := filepath.Join(e.base, fmt.Sprintf("image-layer-%d", i))
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		began := time.Now()
+		st, err := ocilayer.Unpack(t.Context(), rc, string(mt), dir, ocilayer.Options{UIDBase: e.cfg.UIDBase, IDRange: IDRange})
+		rc.Close()
+		if err != nil {
+			t.Fatalf("unpack layer %d: %v", i, err)
+		}
+		t.Logf("layer %d: %d entries, %d MiB unpacked in %s", i, st.Entries, st.Bytes>>20, time.Since(began).Round(time.Millisecond))
+		root.Layers = append(root.Layers, dir)
+	}
+	return root
 }
 
 // source makes the workload's source tree: its testdata directory and
