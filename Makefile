@@ -66,12 +66,12 @@ e2e:
 test-cgroup2: build
 	bash tools/cgroup2vm/suite.sh
 
-## bench: raw `runc run` vs the sandbox vs the whole submit→result path, `true` as a session exec (RunExec, and StartExec+WatchExec) vs a job vs raw `runc exec`, a 20-step agent loop in one session vs 20 jobs, a publish vs the same change landed with git alone, the content scan's MB/s, making, changing and removing an allow job's network, the egress proxy's connect latency and 100 MB download vs an allow-CIDR policy, 8 clients submitting `true` jobs at once (jobs/s, the authority's and the executor's CPU per job, SubmitJob's latency; docs/performance.md has the figures from before revisions resolved in-process), and one revision's resolution by branch, by SHA and by the four git processes it took before (benchstat -col /via bench.out for the ratios); benchstat summarizes
+## bench: raw `runc run` vs the sandbox vs the whole submit→result path, `true` as a session exec (RunExec, and StartExec+WatchExec) vs a job vs raw `runc exec`, a 20-step agent loop in one session vs 20 jobs, a publish vs the same change landed with git alone, the content scan's MB/s, making, changing and removing an allow job's network, the egress proxy's connect latency and 100 MB download vs an allow-CIDR policy, 8 clients submitting `true` jobs at once (jobs/s, the authority's and the executor's CPU per job, SubmitJob's latency; docs/performance.md has the figures from before revisions resolved in-process), one revision's resolution by branch, by SHA and by the four git processes it took before, a sandbox on an image vs on the host template, the first job on an uncached 280 MB image vs podman pull and skopeo copy of it (installed if missing), and a job on a cached image vs on the host template (benchstat -col /via or /on bench.out for the ratios); benchstat summarizes
 # -p 1: one package at a time, so neither runs under the other's load (two
 # cores here); the ratios are between benchmarks of one run.
 BENCHCOUNT ?= 6
 bench: runtimes
-	$(GO) test -p 1 -run '^$$' -bench 'RawRuncTrue|SandboxTrue|EndToEnd|Publish$$|RawGitPublish' -benchtime 50x -count $(BENCHCOUNT) -timeout 60m \
+	$(GO) test -p 1 -run '^$$' -bench 'RawRuncTrue|SandboxTrue|SandboxImageTrue|EndToEnd|Publish$$|RawGitPublish' -benchtime 50x -count $(BENCHCOUNT) -timeout 60m \
 		./services/executor/internal/sandbox ./test/e2e | tee bench.out
 	$(GO) test -p 1 -run '^$$' -bench 'ExecTrue|SessionTrue' -benchtime 30x -count $(BENCHCOUNT) -timeout 60m \
 		./services/executor/internal/sandbox ./test/e2e | tee -a bench.out
@@ -81,6 +81,9 @@ bench: runtimes
 	$(GO) test -run '^$$' -bench 'Egress' -benchtime 1s -count $(BENCHCOUNT) -timeout 30m ./services/executor/internal/runs | tee -a bench.out
 	$(GO) test -run '^$$' -bench 'Submit8' -benchtime 80x -count $(BENCHCOUNT) -timeout 60m ./test/e2e | tee -a bench.out
 	$(GO) test -run '^$$' -bench 'Resolve' -benchtime 40x -count $(BENCHCOUNT) -timeout 30m ./services/authority/internal/source | tee -a bench.out
+	@for p in podman skopeo; do command -v $$p >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends podman skopeo; break; }; done
+	$(GO) test -run '^$$' -bench 'ImagePull' -benchtime 2x -count $(BENCHCOUNT) -timeout 60m ./test/e2e | tee -a bench.out
+	$(GO) test -run '^$$' -bench 'ImageJob' -benchtime 30x -count $(BENCHCOUNT) -timeout 60m ./test/e2e | tee -a bench.out
 	$(TOOL) benchstat bench.out
 
 ## demo: the product's main job on one machine with embedded defaults

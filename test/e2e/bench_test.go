@@ -42,10 +42,13 @@ func runTrue(ctx context.Context, client authorityv1.AuthorityServiceClient, rep
 
 // runJob submits argv on repo and waits for the job to finish with status 0.
 func runJob(ctx context.Context, client authorityv1.AuthorityServiceClient, repo, key string, argv []string) error {
-	resp, err := client.SubmitJob(ctx, &authorityv1.SubmitJobRequest{
-		Tenant: "dev", IdempotencyKey: key,
-		Spec: &authorityv1.JobSpec{Repository: repo, Revision: "main", Command: argv},
-	})
+	return runSpec(ctx, client, key, &authorityv1.JobSpec{Repository: repo, Revision: "main", Command: argv})
+}
+
+// runSpec submits spec for the dev tenant and waits for the job to finish
+// with status 0.
+func runSpec(ctx context.Context, client authorityv1.AuthorityServiceClient, key string, spec *authorityv1.JobSpec) error {
+	resp, err := client.SubmitJob(ctx, &authorityv1.SubmitJobRequest{Tenant: "dev", IdempotencyKey: key, Spec: spec})
 	if err != nil {
 		return err
 	}

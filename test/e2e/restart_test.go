@@ -36,14 +36,14 @@ import (
 //
 // The service must still be the process `dev up` started: only those are
 // reaped here by pid.
-func (s *stack) restartService(t *testing.T, name string) {
+func (s *stack) restartService(t testing.TB, name string) {
 	t.Helper()
 	s.restartServiceAfter(t, name, func() {})
 }
 
 // restartServiceAfter stops service name, runs meanwhile while it is down,
 // and starts it again, returning once `airlock status` passes.
-func (s *stack) restartServiceAfter(t *testing.T, name string, meanwhile func()) {
+func (s *stack) restartServiceAfter(t testing.TB, name string, meanwhile func()) {
 	t.Helper()
 	svc, ok := s.services[name]
 	if !ok {

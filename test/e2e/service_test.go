@@ -88,7 +88,7 @@ func (s *stack) proc(name string) *serviceProc {
 // in t.Cleanup. Unless ready is nil it returns once ready succeeds, tried
 // every poll, failing the test if the service exits first or is not ready
 // within 20s.
-func startService(t *testing.T, s *stack, name string, poll time.Duration, ready func() error) *serviceProc {
+func startService(t testing.TB, s *stack, name string, poll time.Duration, ready func() error) *serviceProc {
 	t.Helper()
 	svc, ok := s.services[name]
 	if !ok {

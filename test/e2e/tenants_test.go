@@ -55,7 +55,7 @@ func (s *stack) addTenant(t *testing.T, name string, repos map[string]string) {
 // editTenants rewrites the tenants of the authority's config file with
 // edit, which gets them all and the dev tenant. The authority reads the
 // file at start: restart it afterwards.
-func (s *stack) editTenants(t *testing.T, edit func(tenants, dev map[string]any)) {
+func (s *stack) editTenants(t testing.TB, edit func(tenants, dev map[string]any)) {
 	t.Helper()
 	s.editConfig(t, "authority", func(path string, cfg map[string]any) {
 		tenants, ok := cfg["tenants"].(map[string]any)
@@ -72,7 +72,7 @@ func (s *stack) editTenants(t *testing.T, edit func(tenants, dev map[string]any)
 
 // editConfig rewrites the config file of service with edit. The services
 // read the file at start: restart it afterwards.
-func (s *stack) editConfig(t *testing.T, service string, edit func(path string, cfg map[string]any)) {
+func (s *stack) editConfig(t testing.TB, service string, edit func(path string, cfg map[string]any)) {
 	t.Helper()
 	path := s.services[service].Config
 	data, err := os.ReadFile(path)
