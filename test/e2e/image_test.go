@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -53,7 +54,7 @@ func imageStack(t *testing.T) (*stack, *registrytest.Registry) {
 // libraries) whose /etc/os-release says id, and whose config sets
 // IMAGE_VAR.
 func toolsImage(t *testing.T, id string) v1.Image {
-	files := registrytest.HostPrograms(t, "ID="+id+"\nNAME=\"Airlock test image\"\n", "cat")
+	files := registrytest.HostPrograms(t, "ID="+id+"\nNAME=\"Airlock test image\"\n", "cat", "sleep")
 	return registrytest.Image(t, registrytest.OCI, registrytest.Config{Env: []string{"PATH=/usr/bin:/bin", "IMAGE_VAR=from-" + id}},
 		registrytest.LayerFromFiles(t, files, compression.GZip),
 		registrytest.LayerFromFiles(t, []registrytest.File{{Path: "opt/marker", Mode: 0o644, Content: []byte(id + "\n")}}, compression.ZStd))
@@ -155,6 +156,67 @@ func TestImageEndToEnd(t *testing.T) {
 	tampered := s.airlock(t, "job", "submit", "--repo", "sample", "--image", reg.Host+"/team/bad@"+bd, "--wait", "--", "cat", "/opt/marker")
 	if tampered.code == 0 || strings.Contains(tampered.stdout, "airlock-bad") {
 		t.Errorf("a job on a tampered layer: exit %d\n%s", tampered.code, tampered.stderr)
+	}
+
+	// Jobs that want a new image at once pull each layer once.
+	conc := toolsImage(t, "airlock-conc")
+	cd := reg.Push(t, "team/conc", "v1", conc)
+	var ids []string
+	for i := range 3 {
+		r := s.airlock(t, "job", "submit", "--repo", "sample", "--image", reg.Host+"/team/conc@"+cd, "-o", "json",
+			"--idempotency-key", fmt.Sprintf("conc-%d", i), "--", "cat", "/opt/marker")
+		j := &authorityv1.Job{}
+		if r.code != 0 || protojson.Unmarshal([]byte(r.stdout), j) != nil {
+			t.Fatalf("submit: exit %d\n%s", r.code, r.stderr)
+		}
+		ids = append(ids, j.GetJobId())
+	}
+	for _, id := range ids {
+		if j := s.ended(t, id); j.GetResult().GetExitCode() != 0 || j.GetState() != authorityv1.JobState_JOB_STATE_FINISHED {
+			t.Errorf("concurrent job %s: %v %s", id, j.GetState(), j.GetMessage())
+		}
+	}
+	cl, _ := conc.Layers()
+	reqs := reg.Requests(t)
+	for _, l := range cl {
+		ld, _ := l.Digest()
+		if n := registrytest.Count(reqs, "GET", "/v2/team/conc/blobs/"+ld.String()); n != 1 {
+			t.Errorf("layer %s: %d GETs for 3 concurrent jobs, want 1", ld, n)
+		}
+	}
+
+	// A manifest that does not hash to its digest is refused at submission.
+	forged := toolsImage(t, "airlock-forged")
+	fd := reg.Push(t, "team/forged", "", forged)
+	other, _ := toolsImage(t, "airlock-other").RawManifest()
+	reg.ReplaceBlob(t, "team/forged", fd, other)
+	if r := s.airlock(t, "job", "submit", "--repo", "sample", "--image", reg.Host+"/team/forged@"+fd, "--", "true"); r.code == 0 {
+		t.Errorf("a job on a manifest that does not hash to its digest was accepted\n%s", r.stdout)
+	}
+
+	// A hostile layer is refused by the executor, which names the entry.
+	hostile := registrytest.Image(t, registrytest.OCI, registrytest.Config{},
+		registrytest.LayerFromFiles(t, registrytest.HostPrograms(t, "ID=hostile\n"), compression.GZip),
+		registrytest.LayerFromFiles(t, []registrytest.File{{Path: "../../escape", Mode: 0o644, Content: []byte("out")}}, compression.GZip))
+	hd := reg.Push(t, "team/hostile", "v1", hostile)
+	hr := s.airlock(t, "job", "submit", "--repo", "sample", "--image", reg.Host+"/team/hostile@"+hd, "--wait", "-o", "json", "--", "true")
+	hj := &authorityv1.Job{}
+	protojson.Unmarshal([]byte(hr.stdout), hj)
+	if hr.code == 0 || !strings.Contains(hj.GetMessage()+hj.GetResult().GetMessage(), `"../../escape"`) {
+		t.Errorf("a hostile layer: exit %d, message %q %q\n%s", hr.code, hj.GetMessage(), hj.GetResult().GetMessage(), hr.stderr)
+	}
+
+	// A session runs on an image too.
+	cr := s.airlock(t, "session", "create", "--repo", "sample", "--image", ref, "-o", "json")
+	sess := &authorityv1.Job{}
+	if cr.code != 0 || protojson.Unmarshal([]byte(cr.stdout), sess) != nil {
+		t.Fatalf("session create on an image: exit %d\n%s", cr.code, cr.stderr)
+	}
+	if r := s.airlock(t, "session", "exec", sess.GetJobId(), "--exec-id", "e1", "--", "cat", "/opt/marker"); r.code != 0 || !strings.Contains(r.stdout, "airlock-two") {
+		t.Errorf("session exec on the image: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := s.airlock(t, "session", "finish", sess.GetJobId()); r.code != 0 {
+		t.Errorf("session finish: exit %d\n%s", r.code, r.stderr)
 	}
 
 	// The credential stayed in the authority: nothing under the

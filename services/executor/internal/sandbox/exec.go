@@ -30,6 +30,11 @@ import (
 // inside its namespace: a session ends only from outside.
 var IdleCommand = []string{"bash", "-c", "trap '' HUP INT QUIT TERM USR1 USR2 PIPE ALRM; while :; do sleep 3600 & wait $!; done"}
 
+// imageIdleCommand is IdleCommand on an image, which need not have bash:
+// the same loop in /bin/sh (dash, busybox and bash as sh all reap any child
+// in wait), needing sleep, which every distribution image has.
+var imageIdleCommand = []string{"/bin/sh", "-c", IdleCommand[2]}
+
 // isSession reports whether the spec is a session's: one that runs
 // IdleCommand, with execs and file uploads while it runs.
 func (s Spec) isSession() bool { return slices.Equal(s.Command, IdleCommand) }

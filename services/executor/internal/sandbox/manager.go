@@ -483,7 +483,7 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		seccomp:      m.seccomp,
 		rlimits:      m.rlimits,
 		pids:         spec.Limits.Pids,
-		command:      spec.Command,
+		command:      commandOf(spec),
 		env:          spec.Env,
 		path:         path,
 		imageEnv:     imageEnv,
@@ -502,6 +502,15 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		return nil, err
 	}
 	return s, nil
+}
+
+// commandOf is the process the sandbox runs: the spec's command, but a
+// session on an image idles in the image's /bin/sh.
+func commandOf(spec Spec) []string {
+	if spec.Image != nil && spec.isSession() {
+		return imageIdleCommand
+	}
+	return spec.Command
 }
 
 // checkNetNS checks that p, if set, is a network namespace: the runtime
