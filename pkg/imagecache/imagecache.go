@@ -55,3 +55,7 @@ type Pruned struct {
 
 // MaxJobs bounds Image.Jobs.
 const MaxJobs = 20
+
+// MaxLayers bounds an image's layers, as Docker's own bound does; the
+// authority refuses more at submission and the executor at its pull.
+const MaxLayers = 127

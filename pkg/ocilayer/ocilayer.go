@@ -184,6 +184,7 @@ func Unpack(ctx context.Context, r io.Reader, mediaType, dst string, opt Options
 	defer s.Close()
 
 	t := newTree(int(root.Fd()), opt)
+	t.overRatio = s.past
 	if err := t.initRoot(); err != nil {
 		return Stats{}, fmt.Errorf("ocilayer: %s: %w", dst, err)
 	}

@@ -102,9 +102,13 @@ func (s *stream) Read(p []byte) (int, error) {
 
 // overRatio reports whether uncompressed > maxRatio*compressed, without
 // overflowing.
-func (s *stream) overRatio() bool {
+func (s *stream) overRatio() bool { return s.past(s.n) }
+
+// past reports whether n bytes are more than maxRatio times the compressed
+// bytes read so far.
+func (s *stream) past(n int64) bool {
 	hi, lo := bits.Mul64(uint64(s.maxRatio), uint64(s.compressed.n))
-	return hi == 0 && uint64(s.n) > lo
+	return hi == 0 && uint64(n) > lo
 }
 
 // cause is err, or the stream's own refusal that err is what a reader

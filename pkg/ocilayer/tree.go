@@ -32,6 +32,11 @@ type tree struct {
 	root  int
 	opt   Options
 	stats Stats
+	// overRatio says whether written bytes pass the decompression ratio
+	// against the compressed bytes read so far: a sparse entry's holes
+	// are written as zeros the compressed stream never carried, so the
+	// stream's own check cannot see them.
+	overRatio func(written int64) bool
 	// dirTimes are the directories' times, set once their contents are
 	// written; dirOrder keeps the order they came in.
 	dirTimes map[string][2]unix.Timespec
@@ -165,7 +170,7 @@ func (t *tree) regular(hdr *tar.Header, content io.Reader, pfd int, base, rel st
 	}
 	f := os.NewFile(uintptr(fd), rel)
 	defer f.Close()
-	n, err := io.Copy(f, io.LimitReader(content, t.opt.MaxFileBytes+1))
+	n, err := io.Copy(f, &ratioReader{r: io.LimitReader(content, t.opt.MaxFileBytes+1), t: t})
 	if err != nil {
 		return fmt.Errorf("writing content: %w", err)
 	}
@@ -429,4 +434,21 @@ func (t *tree) finishDirs() error {
 		}
 	}
 	return nil
+}
+
+// ratioReader fails once what the tree has written, this file's bytes so
+// far included, passes the decompression ratio.
+type ratioReader struct {
+	r io.Reader
+	t *tree
+	n int64
+}
+
+func (r *ratioReader) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	r.n += int64(n)
+	if written := r.t.stats.Bytes + r.n; written > ratioGrace && r.t.overRatio != nil && r.t.overRatio(written) {
+		return n, overBound("decompression ratio over %d (a sparse file's holes count)", r.t.opt.MaxRatio)
+	}
+	return n, err
 }

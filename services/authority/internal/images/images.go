@@ -33,6 +33,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/digest"
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/imagecache"
 	"github.com/airlockhq/airlock/pkg/ocilayer"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
@@ -40,8 +41,6 @@ import (
 
 // Bounds on what a registry may make the authority read and hold.
 const (
-	// MaxLayers bounds an image's layers; Docker's own bound is 127.
-	MaxLayers = 127
 	// MaxConfigBytes bounds an image config.
 	MaxConfigBytes = 4 << 20
 	// maxRefBytes bounds a reference as a job writes it.
@@ -56,11 +55,11 @@ const (
 // The platform every image is run as.
 var platform = v1.Platform{OS: "linux", Architecture: "amd64"}
 
-// Config is what the executor honours of an image's config.
+// Config is what the authority honours of an image's config at
+// submission: its user (the executor reads the rest from the config blob
+// it pulls).
 type Config struct {
-	Env        []string `json:"env,omitempty"`
-	User       string   `json:"user,omitempty"`
-	WorkingDir string   `json:"working_dir,omitempty"`
+	User string `json:"user,omitempty"`
 }
 
 // Blob is one blob a manifest names.
@@ -318,8 +317,8 @@ func (r *Resolved) parseManifest() error {
 	if len(m.Layers) == 0 {
 		return errors.New("the image has no layers")
 	}
-	if len(m.Layers) > MaxLayers {
-		return fmt.Errorf("the image has %d layers; at most %d", len(m.Layers), MaxLayers)
+	if len(m.Layers) > imagecache.MaxLayers {
+		return fmt.Errorf("the image has %d layers; at most %d", len(m.Layers), imagecache.MaxLayers)
 	}
 	if err := CheckDigest(m.Config.Digest.String()); err != nil {
 		return fmt.Errorf("config: %v", err)
@@ -371,7 +370,7 @@ func (c *Client) readConfig(ctx context.Context, opts []remote.Option, r name.Re
 	if len(f.RootFS.DiffIDs) != layers {
 		return Config{}, fmt.Errorf("%w: spec.image: %s: its config lists %d layer diff_ids for %d layers", errdefs.ErrInvalidArgument, r, len(f.RootFS.DiffIDs), layers)
 	}
-	return Config{Env: f.Config.Env, User: f.Config.User, WorkingDir: f.Config.WorkingDir}, nil
+	return Config{User: f.Config.User}, nil
 }
 
 // Manifest returns the exact bytes and media type of the manifest with
@@ -429,29 +428,22 @@ func (c *Client) Blob(ctx context.Context, p policy.Images, registry, repository
 	return &errorMapper{rc: rc, c: c, registry: registry, repository: repository}, nil
 }
 
-// CheckBlob checks that the tenant's credential reaches the blob (a HEAD
-// at the registry).
-func (c *Client) CheckBlob(ctx context.Context, p policy.Images, registry, repository, digest string) error {
-	ref, err := name.NewDigest(registry+"/"+repository+"@"+digest, name.StrictValidation)
-	if err != nil {
-		return fmt.Errorf("%w: image blob %s: %v", errdefs.ErrInvalidArgument, digest, err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout())
-	defer cancel()
-	opts, err := c.options(ctx, p, registry)
+// CheckBlob proves that the tenant's credential reaches the blob: its
+// size bytes are read from the registry and must hash to digest. A
+// registry's answer to a HEAD proves nothing (a registry the tenant runs
+// can say yes to any digest); only the bytes do.
+func (c *Client) CheckBlob(ctx context.Context, p policy.Images, registry, repository, digest string, size int64) error {
+	rc, err := c.Blob(ctx, p, registry, repository, digest)
 	if err != nil {
 		return err
 	}
-	l, err := remote.Layer(ref, opts...)
-	if err != nil {
-		return c.registryError(registry, repository, err)
-	}
-	ok, err := l.(interface{ Exists() (bool, error) }).Exists()
-	if err != nil {
-		return c.registryError(registry, repository, err)
-	}
-	if !ok {
-		return fmt.Errorf("%w: registry %s: repository %s has no blob %s", errdefs.ErrNotFound, registry, repository, digest)
+	defer rc.Close()
+	n, err := io.Copy(io.Discard, io.LimitReader(rc, size+1))
+	switch {
+	case err != nil:
+		return err
+	case n != size:
+		return fmt.Errorf("%w: registry %s: blob %s is %d bytes, its manifest says %d", errdefs.ErrUnavailable, registry, digest, n, size)
 	}
 	return nil
 }

@@ -91,7 +91,7 @@ func (s *Service) FetchImageBlob(ctx context.Context, caller identity.ID, id, di
 			return err
 		}
 	case checkOnly:
-		if err := s.cfg.Images.CheckBlob(ctx, t.Images, img.Registry, img.Repository, digest); err != nil {
+		if err := s.cfg.Images.CheckBlob(ctx, t.Images, img.Registry, img.Repository, digest, b.Size); err != nil {
 			return err
 		}
 		what += " (checked)"

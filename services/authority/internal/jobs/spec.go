@@ -154,7 +154,7 @@ type Images interface {
 	Resolve(ctx context.Context, p policy.Images, ref string) (images.Resolved, error)
 	Manifest(ctx context.Context, p policy.Images, registry, repository, digest string) (images.Resolved, error)
 	Blob(ctx context.Context, p policy.Images, registry, repository, digest string) (io.ReadCloser, error)
-	CheckBlob(ctx context.Context, p policy.Images, registry, repository, digest string) error
+	CheckBlob(ctx context.Context, p policy.Images, registry, repository, digest string, size int64) error
 }
 
 // CacheGrant is one named cache granted to a job.

@@ -251,8 +251,6 @@ func (s *Service) check(ctx context.Context, t *policy.Tenant, spec Spec) (decis
 	switch d.image = cmp.Or(spec.Image, t.Images.Default, policy.HostImage); {
 	case d.image == policy.HostImage:
 		d.image = ""
-	case len(d.image) > maxNameBytes:
-		return d, invalid("spec.image", "at most %d bytes (got %d)", maxNameBytes, len(d.image))
 	}
 	caches, err := checkCaches(t, spec.Caches)
 	if err != nil {

@@ -41,6 +41,7 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"go.opentelemetry.io/otel/metric"
+	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/pkg/atomicfile"
 	"github.com/airlockhq/airlock/pkg/digest"
@@ -51,7 +52,6 @@ import (
 
 // Bounds on what an image may make the executor hold.
 const (
-	maxLayers       = 127
 	maxManifestSize = 4 << 20
 	maxConfigSize   = 4 << 20
 	// DefaultMaxBytes bounds the cache where the config names no bound.
@@ -110,9 +110,8 @@ type Image struct {
 	Digest, Reference string
 	// Layers are the unpacked layers' directories, bottom first.
 	Layers []string
-	// Env, User and WorkingDir are its config's.
+	// Env and WorkingDir are its config's.
 	Env        []string
-	User       string
 	WorkingDir string
 
 	once    sync.Once
@@ -289,6 +288,9 @@ func (s *Store) load() error {
 			}
 		}
 	}
+	if err := s.sweepBlobsLocked(); err != nil {
+		return err
+	}
 	return s.saveLocked()
 }
 
@@ -379,12 +381,12 @@ func (s *Store) Acquire(ctx context.Context, ref Ref, f Fetcher) (*Image, error)
 		return nil, fmt.Errorf("image %s: %w", ref.Reference(), err)
 	}
 
-	img := &Image{Digest: ref.Digest, Reference: ref.Reference(), Env: cfg.Config.Env, User: cfg.Config.User, WorkingDir: cfg.Config.WorkingDir}
+	img := &Image{Digest: ref.Digest, Reference: ref.Reference(), Env: cfg.Config.Env, WorkingDir: cfg.Config.WorkingDir}
 	digests := make([]string, len(m.Layers))
 	for i, l := range m.Layers {
 		digests[i] = l.Digest.String()
-		img.Layers = append(img.Layers, s.LayerPath(digests[i]))
 	}
+	img.Layers = s.stack(digests)
 	now := s.cfg.Now()
 	s.mu.Lock()
 	e := s.idx.Images[ref.Digest]
@@ -426,8 +428,8 @@ func (s *Store) Acquire(ctx context.Context, ref Ref, f Fetcher) (*Image, error)
 
 // checkManifest bounds what a manifest may make the store do.
 func checkManifest(m *v1.Manifest) error {
-	if len(m.Layers) == 0 || len(m.Layers) > maxLayers {
-		return fmt.Errorf("%d layers: an image has 1 to %d", len(m.Layers), maxLayers)
+	if len(m.Layers) == 0 || len(m.Layers) > imagecache.MaxLayers {
+		return fmt.Errorf("%d layers: an image has 1 to %d", len(m.Layers), imagecache.MaxLayers)
 	}
 	if !digest.Valid(m.Config.Digest.String()) || m.Config.Size <= 0 || m.Config.Size > maxConfigSize {
 		return fmt.Errorf("config %s of %d bytes: want a sha256 digest and 1 to %d bytes", m.Config.Digest, m.Config.Size, maxConfigSize)
@@ -577,11 +579,10 @@ func (s *Store) layer(ctx context.Context, ref Ref, f Fetcher, l v1.Descriptor, 
 			return nil
 		}
 		s.mu.Unlock()
+		// Only a success is shared: after another job's failed pull
+		// (its registry's bytes, its deadline) this job pulls itself.
 		if err := p.wait(ctx); err != nil {
 			return err
-		}
-		if p.err != nil && !errors.Is(p.err, context.Canceled) {
-			return p.err
 		}
 	}
 }
@@ -612,7 +613,8 @@ func (s *Store) pullLayer(ctx context.Context, ref Ref, f Fetcher, l v1.Descript
 		return err
 	}
 	v := &verifier{r: io.LimitReader(rc, l.Size+1), h: sha256.New()}
-	st, err := ocilayer.Unpack(ctx, v, string(l.MediaType), tree, ocilayer.Options{UIDBase: s.cfg.UIDBase, IDRange: s.cfg.IDRange})
+	// No layer may unpack to more than the whole cache holds.
+	st, err := ocilayer.Unpack(ctx, v, string(l.MediaType), tree, ocilayer.Options{UIDBase: s.cfg.UIDBase, IDRange: s.cfg.IDRange, MaxTotalBytes: s.cfg.MaxBytes})
 	if err != nil {
 		// Tampered bytes often fail the decompressor first: say what
 		// they are when the digest shows it.
@@ -645,6 +647,11 @@ func (s *Store) pullLayer(ctx context.Context, ref Ref, f Fetcher, l v1.Descript
 	if err := os.Chmod(tree, 0o755); err != nil {
 		return err
 	}
+	// On disk before the index says the layer is there and checked: after
+	// a power loss a recorded layer is whole.
+	if err := syncFS(tree); err != nil {
+		return err
+	}
 	if err := os.Rename(tree, s.LayerPath(d)); err != nil {
 		return err
 	}
@@ -659,6 +666,32 @@ func (s *Store) pullLayer(ctx context.Context, ref Ref, f Fetcher, l v1.Descript
 		s.log.Info("image layer unpacked with changes", "layer", d, "changes", len(st.Dropped), "first", st.Dropped[0])
 	}
 	return err
+}
+
+// stack is the layer directories of digests (bottom first) as an overlay
+// stacks them: a layer listed twice (buildkit's empty layer often is) is
+// kept at its topmost place only, which is the same filesystem.
+func (s *Store) stack(digests []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for i := len(digests) - 1; i >= 0; i-- {
+		if !seen[digests[i]] {
+			seen[digests[i]] = true
+			out = append(out, s.LayerPath(digests[i]))
+		}
+	}
+	slices.Reverse(out)
+	return out
+}
+
+// syncFS flushes the filesystem holding dir.
+func syncFS(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.Syncfs(int(f.Fd()))
 }
 
 // verifier hashes and counts what is read through it.
@@ -823,13 +856,23 @@ func (s *Store) Prune(tenant, want string) (imagecache.Pruned, error) {
 		}
 		out.Images = append(out.Images, s.infoLocked(img, u, false))
 		delete(img.Tenants, tenant)
-		for _, d := range img.Layers {
-			if l := s.idx.Layers[d]; l != nil {
-				l.Tenants = slices.DeleteFunc(l.Tenants, func(t string) bool { return t == tenant })
-			}
-		}
 		if len(img.Tenants) == 0 {
 			s.dropImageLocked(id)
+		}
+	}
+	// The tenant keeps its proof of access to the layers of the images
+	// it still holds: their next job asks the registry nothing.
+	kept := map[string]bool{}
+	for _, img := range s.idx.Images {
+		if img.Tenants[tenant] != nil {
+			for _, d := range img.Layers {
+				kept[d] = true
+			}
+		}
+	}
+	for d, l := range s.idx.Layers {
+		if !kept[d] {
+			l.Tenants = slices.DeleteFunc(l.Tenants, func(t string) bool { return t == tenant })
 		}
 	}
 	for d, l := range s.idx.Layers {
@@ -842,7 +885,34 @@ func (s *Store) Prune(tenant, want string) (imagecache.Pruned, error) {
 		out.Freed += l.Unpacked
 	}
 	sort.Strings(out.InUse)
+	if err := s.sweepBlobsLocked(); err != nil {
+		return out, err
+	}
 	return out, s.saveLocked()
+}
+
+// sweepBlobsLocked deletes the manifests and configs no cached image
+// names: those of failed pulls and of dropped images.
+func (s *Store) sweepBlobsLocked() error {
+	named := map[string]bool{}
+	for _, img := range s.idx.Images {
+		named[digest.Hex(img.Digest)], named[digest.Hex(img.Config)] = true, true
+	}
+	for d := range s.pulls {
+		named[digest.Hex(d)] = true // being fetched now
+	}
+	ents, err := os.ReadDir(s.blobDir())
+	if err != nil {
+		return fmt.Errorf("images: %w", err)
+	}
+	for _, e := range ents {
+		if !named[e.Name()] {
+			if err := os.Remove(filepath.Join(s.blobDir(), e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("images: %w", err)
+			}
+		}
+	}
+	return nil
 }
 
 func (s *Store) layerNamedLocked(d string) bool {

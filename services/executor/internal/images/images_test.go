@@ -10,9 +10,12 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
@@ -435,5 +438,110 @@ func TestPrune(t *testing.T) {
 		if _, err := os.Stat(l); err != nil {
 			t.Errorf("a running job's layer was pruned: %v", err)
 		}
+	}
+}
+
+// An image listing one layer twice (buildkit's empty layer) stacks it once,
+// at its topmost place.
+func TestRepeatedLayerStackedOnce(t *testing.T) {
+	base := randomImage(t, 1024, 1)
+	ls, _ := base.Layers()
+	extra, _ := random.Layer(1024, "application/vnd.oci.image.layer.v1.tar+gzip")
+	img, err := mutate.AppendLayers(base, extra, ls[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := serve(t, img)
+	s := newStore(t, t.TempDir(), 0)
+	got, err := s.Acquire(t.Context(), refOf(t, "dev", "job", img), srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer got.Release()
+	ld, _ := ls[0].Digest()
+	ed, _ := extra.Digest()
+	want := []string{s.LayerPath(ed.String()), s.LayerPath(ld.String())}
+	if !slices.Equal(got.Layers, want) {
+		t.Fatalf("layers %v, want %v (the repeated layer at its top place only)", got.Layers, want)
+	}
+}
+
+// Another job's failed pull is not this job's failure: it pulls itself.
+func TestFailedPullNotShared(t *testing.T) {
+	img := randomImage(t, 1<<16, 1)
+	target := layerDigests(t, img)[0]
+	srv := serve(t, img)
+	srv.gate = make(chan struct{})
+	var tampered atomic.Bool
+	tampered.Store(true)
+	srv.tamper = func(d string, b []byte) []byte {
+		if d == target && tampered.Swap(false) {
+			b[len(b)/2] ^= 0xff // the first fetch only
+		}
+		return b
+	}
+	s := newStore(t, t.TempDir(), 0)
+	errs := make(chan error, 2)
+	for i := range 2 {
+		go func() {
+			got, err := s.Acquire(t.Context(), refOf(t, "dev", fmt.Sprintf("job%d", i), img), srv)
+			if err == nil {
+				got.Release()
+			}
+			errs <- err
+		}()
+	}
+	time.Sleep(100 * time.Millisecond) // both wait on the one layer fetch
+	close(srv.gate)
+	var failed, ok int
+	for range 2 {
+		if err := <-errs; err != nil {
+			failed++
+		} else {
+			ok++
+		}
+	}
+	if failed != 1 || ok != 1 {
+		t.Fatalf("%d failed, %d ok: want the tampered fetch's job to fail and the other to pull for itself", failed, ok)
+	}
+}
+
+// Prune keeps the tenant's proof of access to the layers of the images it
+// still holds, and sweeps blobs no image names.
+func TestPruneKeepsSharedProofAndSweepsBlobs(t *testing.T) {
+	a := randomImage(t, 1024, 1)
+	la, _ := a.Layers()
+	extra, _ := random.Layer(1024, "application/vnd.oci.image.layer.v1.tar+gzip")
+	b, err := mutate.AppendLayers(a, extra) // b shares a's layer
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := serve(t, a, b)
+	dir := t.TempDir()
+	s := newStore(t, dir, 0)
+	for _, img := range []v1.Image{a, b} {
+		got, err := s.Acquire(t.Context(), refOf(t, "dev", "job", img), srv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.Release()
+	}
+	ad, _ := a.Digest()
+	if _, err := s.Prune("dev", ad.String()); err != nil {
+		t.Fatal(err)
+	}
+	shared, _ := la[0].Digest()
+	// b's next job: no check for the shared layer.
+	got, err := s.Acquire(t.Context(), refOf(t, "dev", "job2", b), srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.Release()
+	if _, c := srv.count(shared.String()); c != 0 {
+		t.Errorf("the shared layer was checked %d times after a's prune", c)
+	}
+	ents, _ := os.ReadDir(filepath.Join(dir, "blobs"))
+	if len(ents) != 2 {
+		t.Errorf("blobs after the prune: %d, want b's manifest and config", len(ents))
 	}
 }

@@ -9,13 +9,13 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/airlockhq/airlock/pkg/digest"
 	"github.com/airlockhq/airlock/pkg/runspec"
 )
 
@@ -90,11 +90,9 @@ const MaxImageLayers = ovlMaxStack - 2
 // for a job's user.
 const maxImageUserFile = 1 << 20
 
-var digestFormat = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
-
 // validate checks im as far as the host is not needed.
 func (im *ImageRoot) validate() error {
-	if !digestFormat.MatchString(im.Digest) {
+	if !digest.Valid(im.Digest) {
 		return invalid("spec.image.digest %q: want sha256: and 64 lowercase hex digits", im.Digest)
 	}
 	if len(im.Layers) == 0 {
