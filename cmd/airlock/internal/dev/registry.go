@@ -56,15 +56,15 @@ func devRegistrySetup(dir, pkiDir, addr string) (devRegistry, error) {
 	if err != nil {
 		return devRegistry{}, err
 	}
+	if err := os.MkdirAll(s.DataDir, 0o700); err != nil {
+		return devRegistry{}, err
+	}
 	htpasswd := filepath.Join(dir, devRegistryName, "htpasswd")
 	if err := registryserver.WriteHtpasswd(htpasswd, map[string]string{user: password}); err != nil {
 		return devRegistry{}, err
 	}
 	cert, key, err := devHostPair(dir, devRegistryName, pkiDir)
 	if err != nil {
-		return devRegistry{}, err
-	}
-	if err := os.MkdirAll(s.DataDir, 0o700); err != nil {
 		return devRegistry{}, err
 	}
 	err = registryserver.WriteConfig(s.Config, registryserver.Config{
