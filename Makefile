@@ -15,9 +15,10 @@ GOTESTFLAGS ?= -race -count=1 -timeout 15m
 
 all: build
 
-## build: the airlock CLI, the three services and the OCI runtimes into bin/
+## build: the airlock CLI, the three services, the OCI runtimes and the reference OCI registry (dev up --registry) into bin/
 build: runtimes
 	$(GO) build -o $(BIN)/ ./cmd/airlock ./services/authority/cmd/authority ./services/executor/cmd/executor ./services/publisher/cmd/publisher
+	$(GO) build -modfile=tools/go.mod -o $(BIN)/registry github.com/distribution/distribution/v3/cmd/registry
 
 ## runtimes: runc (seccomp) and static runsc from the versions pinned in tools/sandbox
 runtimes:

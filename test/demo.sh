@@ -6,7 +6,9 @@
 # tests); show what the sandbox kept from it; review, approve and publish
 # the result as one commit on the protected branch; show that a result
 # carrying a credential is refused with its approval unspent; run an
-# agent's loop in one session; and bring everything down.
+# agent's loop in one session; run the repository's pytest tests in a
+# Debian image with python3 and pytest, pushed to the stack's registry (the
+# host template has no pytest); and bring everything down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,12 +25,13 @@ mkdir -p "$repo/lib"
 printf 'hello\n' >"$repo/lib/greet.txt"
 printf '#!/bin/sh\ngot=$(cat lib/greet.txt)\n[ "$got" = "hello, airlock" ] || { echo "FAIL: greeting is $got"; exit 1; }\necho "PASS: greeting is $got"\n' >"$repo/test.sh"
 chmod +x "$repo/test.sh"
+printf 'from pathlib import Path\n\n\ndef test_greeting():\n    assert Path("lib/greet.txt").read_text() == "hello, airlock\\n"\n' >"$repo/test_greet.py"
 git -C "$repo" init -q -b main
 git -C "$repo" add -A
 git -C "$repo" -c user.name=demo -c user.email=demo@example.com commit -q -m "sample"
 
-step "airlock dev up --dir $dir --repo sample=$repo"
-"$airlock" dev up --dir "$dir" --repo "sample=$repo"
+step "airlock dev up --dir $dir --repo sample=$repo --registry"
+"$airlock" dev up --dir "$dir" --repo "sample=$repo" --registry
 export AIRLOCK_CONFIG="$dir/client.yaml"
 
 step "airlock status (health over mTLS as client/dev)"
@@ -138,6 +141,51 @@ echo "retrying exec test-2 by its id returns its record; it does not run it agai
 "$airlock" session exec "$sess" --exec-id test-2 -- ./test.sh
 "$airlock" session get "$sess"
 "$airlock" session finish "$sess"
+
+# A Debian root filesystem with python3 and pytest (mmdebstrap, 1-4 minutes
+# the first time), kept under ~/.cache/airlock-demo by the package list and
+# the build script, so later demos reuse it.
+packages=(python3 python3-pytest)
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/airlock-demo
+key=$( { printf '%s\n' "${packages[@]}"; cat tools/images/build.sh; } | sha256sum | cut -c1-16)
+rootfs="$cache/rootfs-$key.tar"
+step "an image: a Debian root filesystem with ${packages[*]}, pushed to the stack's registry"
+if [ -f "$rootfs" ]; then
+  echo "reusing $rootfs (remove it to build again)"
+else
+  if ! command -v mmdebstrap >/dev/null; then
+    echo "installing mmdebstrap"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >/dev/null
+  fi
+  echo "building with tools/images/build.sh (mmdebstrap; minutes the first time)"
+  start=$SECONDS
+  tools/images/build.sh "$dir/image" "${packages[@]}" >"$dir/image-build.log" 2>&1 ||
+    { tail -20 "$dir/image-build.log"; echo "FAIL: tools/images/build.sh" >&2; exit 1; }
+  mkdir -p "$cache"
+  mv "$dir/image/rootfs.tar" "$rootfs.tmp.$$" && mv "$rootfs.tmp.$$" "$rootfs"
+  echo "built in $((SECONDS - start))s, cached as $rootfs"
+fi
+"$airlock" dev image push --dir "$dir" --rootfs "$rootfs" --name dev/python:3
+registry=$(sed -n 's/^ *addr: *"\(.*\)"$/\1/p' "$dir/registry/config.yml")
+image="$registry/dev/python:3"
+
+step "the host template has no pytest"
+"$airlock" job submit --repo sample --rev main --wait -- sh -c 'command -v pytest || echo "no pytest on the host template"'
+
+unfixed=$(git -C "$repo" rev-parse HEAD)
+step "the repository's pytest test in the image ($image): it fails on the sample's first commit"
+set +e
+"$airlock" job submit --repo sample --rev "$unfixed" --image "$image" --wait -- python3 -m pytest -q
+code=$?
+set -e
+[ "$code" = 1 ] || { echo "FAIL: expected pytest's exit status 1 on the unfixed greeting, got $code" >&2; exit 1; }
+step "... and passes on main, after the published fix"
+"$airlock" job submit --repo sample --rev main --image "$image" --wait -- python3 -m pytest -q
+job=$("$airlock" job list -o json | sed -n 's/.*"jobId": *"\([^"]*\)".*/\1/p' | head -1)
+step "airlock job get $job: the image as asked, resolved to its digest"
+"$airlock" job get "$job"
+step "airlock image list: the tenant's images in the executor's cache"
+"$airlock" image list
 
 step "every decision is on the hash-chained audit log"
 "$airlock" audit list --as approver/alice

@@ -11,11 +11,13 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+
+	"github.com/airlockhq/airlock/pkg/registryserver"
 )
 
 // registryPackage is the reference registry's command, pinned as a tool in
 // tools/go.mod.
-const registryPackage = "github.com/distribution/distribution/v3/cmd/registry"
+const registryPackage = registryserver.Package
 
 // CacheDir is where test helpers keep what takes minutes to make (the
 // registry binary, Debian images), shared by every test process of the

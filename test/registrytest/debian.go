@@ -1,7 +1,6 @@
 package registrytest
 
 import (
-	"archive/tar"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -16,14 +15,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/compression"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	"github.com/google/go-containerregistry/pkg/v1/types"
-	"github.com/klauspost/compress/gzip"
+
+	"github.com/airlockhq/airlock/pkg/rootfsimage"
 )
 
 // DebianSuite is the Debian release Debian images are built from (the
@@ -31,7 +27,7 @@ import (
 const DebianSuite = "bookworm"
 
 // DebianPath is the PATH of a Debian image's configuration.
-const DebianPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+const DebianPath = rootfsimage.DefaultPath
 
 // ToolchainPackages are the packages of the image the compatibility suite
 // and the demo run in: DebianImage(t, ToolchainPackages...).
@@ -115,16 +111,7 @@ func BuildDebianImage(ctx context.Context, packages []string, log io.Writer) (v1
 		return nil, "", fmt.Errorf("%s: %w", script, err)
 	}
 	fmt.Fprintf(log, "mmdebstrap: %v\n", time.Since(start).Round(time.Second))
-	layerFile := filepath.Join(tmp, "layer.tar.gz")
-	if err := debianLayer(filepath.Join(tmp, "rootfs.tar"), layerFile); err != nil {
-		return nil, "", err
-	}
-	os.Remove(filepath.Join(tmp, "rootfs.tar"))
-	layer, err := tarball.LayerFromFile(layerFile, tarball.WithMediaType(types.OCILayer), tarball.WithCompression(compression.GZip))
-	if err != nil {
-		return nil, "", err
-	}
-	img, err := debianImage(layer)
+	img, err := rootfsimage.FromTar(filepath.Join(tmp, "rootfs.tar"), filepath.Join(tmp, "layer.tar.gz"), rootfsimage.Options{Env: []string{DebianPath}, Cmd: []string{"/bin/bash"}})
 	if err != nil {
 		return nil, "", err
 	}
@@ -138,7 +125,10 @@ func BuildDebianImage(ctx context.Context, packages []string, log io.Writer) (v1
 	if err := os.Rename(filepath.Join(tmp, "oci"), final); err != nil {
 		return nil, "", err
 	}
-	size, _ := layer.Size()
+	var size int64
+	if layers, err := img.Layers(); err == nil && len(layers) == 1 {
+		size, _ = layers[0].Size()
+	}
 	fmt.Fprintf(log, "Debian image %s built in %v, layer %d MB compressed\n", final, time.Since(start).Round(time.Second), size>>20)
 	img, err = loadLayout(final)
 	return img, final, err
@@ -160,69 +150,6 @@ func debianKey(script string, packages []string) (string, error) {
 	fmt.Fprintf(h, "layer v1\n%s\n%s\n", DebianSuite, strings.Join(pkgs, ","))
 	h.Write(b)
 	return DebianSuite + "-" + hex.EncodeToString(h.Sum(nil))[:16], nil
-}
-
-// debianLayer copies the root filesystem tar to a gzip layer without what
-// is under ./dev: mmdebstrap puts device nodes there, which an image must
-// not carry (the runtime mounts /dev).
-func debianLayer(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.Create(dst)
-	if err != nil {
-		return err
-	}
-	defer out.Close()
-	zw := gzip.NewWriter(out)
-	tw := tar.NewWriter(zw)
-	tr := tar.NewReader(in)
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("read %s: %w", src, err)
-		}
-		name := strings.TrimPrefix(hdr.Name, "./")
-		if strings.HasPrefix(name, "dev/") && name != "dev/" {
-			continue
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return fmt.Errorf("%s: %w", hdr.Name, err)
-		}
-		if _, err := io.Copy(tw, tr); err != nil {
-			return fmt.Errorf("%s: %w", hdr.Name, err)
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	if err := zw.Close(); err != nil {
-		return err
-	}
-	return out.Close()
-}
-
-func debianImage(layer v1.Layer) (v1.Image, error) {
-	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
-	img, err := mutate.AppendLayers(base, layer)
-	if err != nil {
-		return nil, err
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return nil, err
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", "amd64"
-	cf.Created = v1.Time{Time: modTime}
-	cf.Config.Env = []string{DebianPath}
-	cf.Config.Cmd = []string{"/bin/bash"}
-	return mutate.ConfigFile(img, cf)
 }
 
 // loadLayout is the one image of the OCI image layout dir.

@@ -33,9 +33,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"golang.org/x/crypto/bcrypt"
 
 	"github.com/airlockhq/airlock/pkg/pki"
+	"github.com/airlockhq/airlock/pkg/registryserver"
 )
 
 // Options configure a registry.
@@ -96,7 +96,9 @@ func Start(t testing.TB, opts Options) *Registry {
 	var htpasswd string
 	if len(opts.Users) > 0 {
 		htpasswd = filepath.Join(base, "htpasswd")
-		writeHtpasswd(t, htpasswd, opts.Users)
+		if err := registryserver.WriteHtpasswd(htpasswd, opts.Users); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	// The port is picked here and handed over, so another process may
@@ -105,8 +107,14 @@ func Start(t testing.TB, opts Options) *Registry {
 	for attempt := 1; ; attempt++ {
 		r.Host = freePort(t)
 		config := filepath.Join(base, "config.yml")
-		writeConfig(t, config, r, certFile, keyFile, htpasswd)
-		err := r.run(t, bin, config)
+		err := registryserver.WriteConfig(config, registryserver.Config{
+			Addr: r.Host, CertFile: certFile, KeyFile: keyFile,
+			Htpasswd: htpasswd, Realm: "airlock-test", StorageDir: r.Dir, Delete: true,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = r.run(t, bin, config)
 		if err == nil {
 			return r
 		}
@@ -123,14 +131,9 @@ func (r *Registry) run(t testing.TB, bin, config string) error {
 		t.Fatal(err)
 	}
 	defer log.Close()
-	cmd := exec.Command(bin, "serve", config)
+	cmd := exec.Command(bin, registryserver.Args(config)...)
 	cmd.Stdout, cmd.Stderr = log, log
-	// Only what the server needs: no proxy, and no OpenTelemetry exporter
-	// that would try to ship traces somewhere.
-	cmd.Env = []string{
-		"PATH=/usr/bin:/bin", "HOME=" + filepath.Dir(config),
-		"OTEL_SDK_DISABLED=true", "OTEL_TRACES_EXPORTER=none", "OTEL_METRICS_EXPORTER=none", "OTEL_LOGS_EXPORTER=none",
-	}
+	cmd.Env = registryserver.Env(config)
 	if err := cmd.Start(); err != nil {
 		return err
 	}
@@ -178,38 +181,6 @@ func freePort(t testing.TB) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
-}
-
-func writeHtpasswd(t testing.TB, path string, users map[string]string) {
-	var b strings.Builder
-	for _, user := range slices.Sorted(maps.Keys(users)) {
-		// MinCost: the registry checks a hash per request, and these
-		// passwords protect nothing.
-		hash, err := bcrypt.GenerateFromPassword([]byte(users[user]), bcrypt.MinCost)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fmt.Fprintf(&b, "%s:%s\n", user, hash)
-	}
-	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// writeConfig writes the registry's configuration (format version 0.1).
-// Values are quoted with %q, which YAML reads as the same string.
-func writeConfig(t testing.TB, path string, r *Registry, certFile, keyFile, htpasswd string) {
-	var b strings.Builder
-	fmt.Fprintf(&b, "version: 0.1\n")
-	fmt.Fprintf(&b, "log:\n  level: info\n  accesslog:\n    disabled: false\n")
-	fmt.Fprintf(&b, "http:\n  addr: %q\n  tls:\n    certificate: %q\n    key: %q\n", r.Host, certFile, keyFile)
-	if htpasswd != "" {
-		fmt.Fprintf(&b, "auth:\n  htpasswd:\n    realm: %q\n    path: %q\n", "airlock-test", htpasswd)
-	}
-	fmt.Fprintf(&b, "storage:\n  filesystem:\n    rootdirectory: %q\n  delete:\n    enabled: true\n", r.Dir)
-	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
 }
 
 func readTail(path string) string {

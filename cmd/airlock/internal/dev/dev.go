@@ -2,8 +2,10 @@
 // a fresh PKI and a config for each service, starts the authority, executor
 // and publisher (and a git server for the repositories it is given) as
 // detached processes and waits until each serves over mTLS; dev down stops
-// them. dev.go holds the commands and the configs, git.go the git server,
-// proc.go the processes. Only the airlock command's root (cli) imports it.
+// them. With --registry it also runs an OCI registry the dev tenant's jobs
+// may take images from, and dev image push puts a root filesystem tar in it.
+// dev.go holds the commands and the configs, git.go the git server,
+// registry.go the registry, image.go dev image, proc.go the processes. Only the airlock command's root (cli) imports it.
 package dev
 
 import (
@@ -62,9 +64,13 @@ type devService struct {
 
 func devPaths(dir, name string) devService {
 	sdir := filepath.Join(dir, name)
+	config := filepath.Join(sdir, "config.yaml")
+	if name == devRegistryName {
+		config = filepath.Join(sdir, "config.yml") // the registry's own format
+	}
 	return devService{
 		Name:    name,
-		Config:  filepath.Join(sdir, "config.yaml"),
+		Config:  config,
 		Log:     filepath.Join(sdir, name+".log"),
 		DataDir: filepath.Join(sdir, "data"),
 	}
@@ -76,7 +82,7 @@ func New(g *cmdutil.Globals) *cobra.Command {
 		Use:   "dev",
 		Short: "Run the three services as local processes for development",
 	}
-	cmd.AddCommand(newDevUp(g), newDevDown(g), newDevGitServe(g))
+	cmd.AddCommand(newDevUp(g), newDevDown(g), newDevGitServe(g), newDevImage(g))
 	return cmd
 }
 
@@ -84,8 +90,9 @@ func newDevUp(g *cmdutil.Globals) *cobra.Command {
 	var dir, binDir, host, sandboxPath string
 	var repoFlags, resolvers, domains []string
 	var timeout time.Duration
+	var registry bool
 	cmd := &cobra.Command{
-		Use:   "up --dir DIR [--repo NAME=PATH]...",
+		Use:   "up --dir DIR [--repo NAME=PATH]... [--registry]",
 		Short: "Start authority, executor and publisher with a fresh PKI under DIR",
 		Long: `Creates a fresh CA and identities in DIR/pki, writes a config for each
 service, starts the three services as separate background processes, waits
@@ -101,13 +108,23 @@ need the tenant's source credential (DIR/authority/credentials/NAME.read),
 pushes the deploy credential (NAME.deploy), and no push may rewrite or delete
 a branch. The authority fetches the dev tenant's sources from it.
 
+With --registry the stack also runs the reference OCI registry (bin/registry,
+built by make build) at https://127.0.0.1:PORT with a certificate from the
+dev CA and one account, dev, whose random password is kept in
+DIR/authority/credentials/registry.cred (dev:PASSWORD), the credential the
+authority pulls with. The dev tenant may run jobs on 127.0.0.1:PORT/dev/*:
+
+  airlock dev image push --dir DIR --rootfs rootfs.tar --name dev/python:3
+  airlock job submit --repo demo --image 127.0.0.1:PORT/dev/python:3 -- python3 -V
+
 To try a domains policy, name what the dev tenant may reach and, if the
 host's resolver will not do, the DNS server the executor asks:
 
   airlock dev up --dir DIR --egress-domain proxy.golang.org --resolver 192.0.2.53
   airlock job submit --repo demo --allow-domain proxy.golang.org -- curl -sI https://proxy.golang.org/
 
-Logs go to DIR/SERVICE/SERVICE.log and DIR/git/git.log. Stop everything with
+Logs go to DIR/SERVICE/SERVICE.log, DIR/git/git.log and
+DIR/registry/registry.log. Stop everything with
 airlock dev down.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -159,7 +176,15 @@ airlock dev down.`,
 					return cmdutil.UsageError{Err: fmt.Errorf("--egress-domain %q: %v", d, err)}
 				}
 			}
-			stack, err := devUp(ctx, abs, devOptions{host: host, repos: repos, resolvers: resolvers, domains: domains, sandboxPath: sandboxPath}, bins, g.Stderr)
+			if registry && bins[devRegistryName] == "" {
+				where := "beside airlock"
+				if binDir != "" {
+					where = "in " + binDir
+				}
+				return fmt.Errorf("--registry: no registry binary %s (build it with `make build`)", where)
+			}
+			opts := devOptions{host: host, repos: repos, resolvers: resolvers, domains: domains, sandboxPath: sandboxPath, registry: registry}
+			stack, err := devUp(ctx, abs, opts, bins, g.Stderr)
 			if err != nil {
 				return err
 			}
@@ -167,6 +192,9 @@ airlock dev down.`,
 			out := map[string]any{"dir": abs, "client_config": clientPath, "services": stack.services}
 			if stack.git != nil {
 				out["git"], out["repositories"] = stack.git, stack.repos
+			}
+			if stack.registry != nil {
+				out["registry"] = stack.registry
 			}
 			return g.Print(out, func(w io.Writer) {
 				fmt.Fprintln(w, "SERVICE\tADDRESS\tPID\tSTATUS\tLOG")
@@ -178,6 +206,9 @@ airlock dev down.`,
 				}
 				for _, name := range slices.Sorted(maps.Keys(stack.repos)) {
 					fmt.Fprintf(w, "repository %s: %s\n", name, stack.repos[name])
+				}
+				if r := stack.registry; r != nil {
+					fmt.Fprintf(w, "\nregistry: https://%s (dev tenant's images: %s/%s*, push with `airlock dev image push --dir %s`)\n", r.Address, r.Address, devRegistryRepoPrefix, abs)
 				}
 				fmt.Fprintf(w, "\nexport %s=%s\n", clientconfig.EnvVar, clientPath)
 			})
@@ -191,6 +222,7 @@ airlock dev down.`,
 	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for all three to serve")
 	cmd.Flags().StringArrayVar(&resolvers, "resolver", nil, "IP[:PORT]: the DNS server the executor asks for jobs with a domains policy (repeatable, at most 3; default: the host's resolver)")
 	cmd.Flags().StringVar(&sandboxPath, "sandbox-path", "", "the PATH jobs start with (the executor's sandbox.path), e.g. /usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin for a Go in /usr/local/go (default: the executor's)")
+	cmd.Flags().BoolVar(&registry, "registry", false, "also run an OCI registry (bin/registry) on 127.0.0.1 whose dev/* images the dev tenant's jobs may run on")
 	cmd.Flags().StringArrayVar(&domains, "egress-domain", nil, "NAME or *.SUFFIX the dev tenant's jobs may list with --allow-domain (repeatable; default: none, so domains jobs are refused)")
 	return cmd
 }
@@ -204,7 +236,7 @@ func findServiceBinaries(binDir string) (map[string]string, error) {
 		dirs = []string{filepath.Dir(exe)}
 	}
 	bins := map[string]string{}
-	for _, name := range append(identity.ServiceNames(), "runc", "runsc") {
+	for _, name := range append(identity.ServiceNames(), "runc", "runsc", devRegistryName) {
 		for _, d := range dirs {
 			p := filepath.Join(d, name)
 			if st, err := os.Stat(p); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
@@ -213,15 +245,16 @@ func findServiceBinaries(binDir string) (map[string]string, error) {
 			}
 		}
 		// The runtimes are never taken from $PATH: a distribution's runc may
-		// lack security fixes the pinned one has.
+		// lack security fixes the pinned one has. Nor is the registry: a
+		// "registry" in $PATH may be anything.
 		runtime := name == "runc" || name == "runsc"
-		if bins[name] == "" && binDir == "" && !runtime {
+		if bins[name] == "" && binDir == "" && !runtime && name != devRegistryName {
 			if p, err := exec.LookPath(name); err == nil {
 				bins[name] = p
 			}
 		}
-		if bins[name] == "" && name == "runsc" {
-			continue // optional: the runsc class is then unavailable
+		if bins[name] == "" && (name == "runsc" || name == devRegistryName) {
+			continue // optional: the runsc class, or dev up --registry, is then unavailable
 		}
 		if bins[name] == "" {
 			where := "beside airlock or in $PATH"
@@ -249,26 +282,35 @@ type devOptions struct {
 	domains []string
 	// sandboxPath is the executor's sandbox.path; "" keeps its default.
 	sandboxPath string
+	// registry runs the stack's OCI registry.
+	registry bool
 }
 
 // devStack is what dev up started: the three services and, when it was
-// given repositories, the git server and each repository's URL.
+// given repositories, the git server and each repository's URL, and with
+// --registry the registry.
 type devStack struct {
 	services []devService
 	git      *devService
 	repos    map[string]string
+	registry *devService
 }
 
 func (s devStack) all() []devService {
-	if s.git == nil {
-		return s.services
+	all := slices.Clone(s.services)
+	for _, p := range []*devService{s.git, s.registry} {
+		if p != nil {
+			all = append(all, *p)
+		}
 	}
-	return append(slices.Clone(s.services), *s.git)
+	return all
 }
 
 // devProcessNames are the processes a stack may run: the three services,
-// then the git server.
-func devProcessNames() []string { return append(identity.ServiceNames(), devGitName) }
+// then the git server and the registry they read.
+func devProcessNames() []string {
+	return append(identity.ServiceNames(), devGitName, devRegistryName)
+}
 
 func devUp(ctx context.Context, dir string, opts devOptions, bins map[string]string, progress io.Writer) (devStack, error) {
 	for _, name := range devProcessNames() {
@@ -278,7 +320,8 @@ func devUp(ctx context.Context, dir string, opts devOptions, bins map[string]str
 	}
 	stack, err := devStart(ctx, dir, opts, bins, progress)
 	if err != nil {
-		// Stop what started, the services before the git server they read.
+		// Stop what started, the services before the git server and the
+		// registry they read.
 		for _, name := range devProcessNames() {
 			stopProcess(dir, name, 5*time.Second)
 		}
@@ -303,14 +346,13 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 	if _, err := pki.Init(pkiDir, devTrustDomain, callers); err != nil {
 		return stack, err
 	}
-	hosts := []string{opts.host, opts.host, opts.host}
-	if len(opts.repos) > 0 {
-		hosts = append(hosts, "127.0.0.1") // the git server: loopback only
-	}
+	// The git server and the registry listen on loopback only.
+	hosts := []string{opts.host, opts.host, opts.host, "127.0.0.1", "127.0.0.1"}
 	addrs, err := freeAddresses(hosts)
 	if err != nil {
 		return stack, err
 	}
+	gitAddr, registryAddr := addrs[3], addrs[4]
 	services := map[string]*devService{}
 	for i, name := range identity.ServiceNames() {
 		s := devPaths(dir, name)
@@ -320,10 +362,17 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 	peer := func(name string) *config.Peer { return &config.Peer{Address: services[name].Address} }
 	var git devGit
 	if len(opts.repos) > 0 {
-		if git, err = devGitSetup(ctx, dir, pkiDir, addrs[3], opts.repos, progress); err != nil {
+		if git, err = devGitSetup(ctx, dir, pkiDir, gitAddr, opts.repos, progress); err != nil {
 			return stack, err
 		}
 		stack.git, stack.repos = git.server, git.urls
+	}
+	var registry devRegistry
+	if opts.registry {
+		if registry, err = devRegistrySetup(dir, pkiDir, registryAddr); err != nil {
+			return stack, err
+		}
+		stack.registry = registry.server
 	}
 	grantKey := filepath.Join(dir, identity.ServiceAuthority, "grant.key")
 	if _, err := grant.LoadOrCreateSigner(grantKey); err != nil {
@@ -350,6 +399,9 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 			}
 			if len(git.deployCredentials) > 0 {
 				policy["deploy_credentials"] = git.deployCredentials
+			}
+			if registry.images != nil {
+				policy["images"] = registry.images
 			}
 			file["tenants"] = map[string]any{devTenant: policy}
 			// alice reads and verifies the whole log; a checkpoint of its
@@ -396,6 +448,12 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 		}
 		fmt.Fprintf(progress, "started %s (pid %d) on %s\n", devGitName, stack.git.PID, stack.git.Address)
 	}
+	if stack.registry != nil {
+		if err := devRegistryStart(ctx, dir, bins[devRegistryName], stack.registry, pkiDir); err != nil {
+			return stack, err
+		}
+		fmt.Fprintf(progress, "started %s (pid %d) on %s\n", devRegistryName, stack.registry.PID, stack.registry.Address)
+	}
 	exited := map[string]chan error{}
 	for _, name := range identity.ServiceNames() {
 		s := services[name]
@@ -406,7 +464,7 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 			sum := sha256.Sum256([]byte(dir))
 			argv = append(delegate.ReadHost().Prefix("airlock-dev-"+hex.EncodeToString(sum[:6])+"-executor"), argv...)
 		}
-		pid, done, err := startProcess(argv, s)
+		pid, done, err := startProcess(argv, nil, s)
 		if err != nil {
 			return stack, err
 		}
@@ -524,8 +582,8 @@ func newDevDown(g *cmdutil.Globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "down --dir DIR",
 		Short: "Stop the dev stack started in DIR",
-		Long: `Sends SIGTERM to each service of the stack in DIR, then to its git server,
-waits for a graceful stop, and sends SIGKILL to any that are still running
+		Long: `Sends SIGTERM to each service of the stack in DIR, then to its git server
+and its registry, waits for a graceful stop, and sends SIGKILL to any that are still running
 after --timeout. Data, logs, the PKI and the served repositories stay in DIR.`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
@@ -536,22 +594,28 @@ after --timeout. Data, logs, the PKI and the served repositories stay in DIR.`,
 			var stack devStack
 			for _, name := range devProcessNames() {
 				s := devPaths(abs, name)
-				if name == devGitName {
+				if name == devGitName || name == devRegistryName {
 					if _, err := os.Stat(s.Config); err != nil {
-						continue // a stack without repositories has none
+						continue // a stack without repositories, or without --registry, has none
 					}
 				}
 				s.PID, _ = readPID(abs, name)
 				s.Status = stopProcess(abs, name, timeout)
-				if name == devGitName {
+				switch name {
+				case devGitName:
 					stack.git = &s
-				} else {
+				case devRegistryName:
+					stack.registry = &s
+				default:
 					stack.services = append(stack.services, s)
 				}
 			}
 			out := map[string]any{"dir": abs, "services": stack.services}
 			if stack.git != nil {
 				out["git"] = stack.git
+			}
+			if stack.registry != nil {
+				out["registry"] = stack.registry
 			}
 			return g.Print(out, func(w io.Writer) {
 				fmt.Fprintln(w, "SERVICE\tPID\tRESULT")

@@ -232,16 +232,8 @@ func devGitSetup(ctx context.Context, dir, pkiDir, addr string, repos map[string
 		git.tenantRepos[name] = map[string]any{"url": git.urls[name], "credential": read, "ca": pki.CAPath(pkiDir)}
 		git.deployCredentials[name] = push
 	}
-	ca, err := pki.LoadCA(pkiDir)
+	cert, key, err := devHostPair(dir, devGitName, pkiDir)
 	if err != nil {
-		return devGit{}, err
-	}
-	kp, err := ca.IssueHost(pki.IssueOptions{DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}})
-	if err != nil {
-		return devGit{}, err
-	}
-	cert, key := filepath.Join(dir, devGitName, "server.crt"), filepath.Join(dir, devGitName, "server.key")
-	if err := pki.WriteHostPair(cert, key, kp); err != nil {
 		return devGit{}, err
 	}
 	file := map[string]any{
@@ -274,7 +266,7 @@ func devGitStart(ctx context.Context, dir string, s *devService, pkiDir string) 
 	if err != nil {
 		return err
 	}
-	pid, exited, err := startProcess([]string{self, "dev", "git-serve", "--config", s.Config}, s)
+	pid, exited, err := startProcess([]string{self, "dev", "git-serve", "--config", s.Config}, nil, s)
 	if err != nil {
 		return err
 	}
@@ -282,6 +274,13 @@ func devGitStart(ctx context.Context, dir string, s *devService, pkiDir string) 
 	if err := writePID(dir, devGitName, pid); err != nil {
 		return err
 	}
+	return waitHTTPS(ctx, "the git server", "https://"+s.Address+"/healthz", s, pkiDir, exited, http.StatusOK)
+}
+
+// waitHTTPS waits until url, served by the stack's process s (what names
+// it in errors), answers over TLS with the dev CA's certificate: with one
+// of the statuses given, or with any status when none is.
+func waitHTTPS(ctx context.Context, what, url string, s *devService, pkiDir string, exited <-chan error, statuses ...int) error {
 	roots, err := tlsconfig.LoadRoots(pki.CAPath(pkiDir))
 	if err != nil {
 		return err
@@ -291,19 +290,19 @@ func devGitStart(ctx context.Context, dir string, s *devService, pkiDir string) 
 	for {
 		select {
 		case err := <-exited:
-			return fmt.Errorf("the git server exited during start-up (%v); last log lines:\n%s", err, tail(s.Log, 20))
+			return fmt.Errorf("%s exited during start-up (%v); last log lines:\n%s", what, err, tail(s.Log, 20))
 		default:
 		}
-		resp, err := client.Get("https://" + s.Address + "/healthz")
+		resp, err := client.Get(url)
 		if err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
+			if len(statuses) == 0 || slices.Contains(statuses, resp.StatusCode) {
 				s.Status = "SERVING"
 				return nil
 			}
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("the git server did not answer in time (%v); last log lines:\n%s", err, tail(s.Log, 20))
+			return fmt.Errorf("%s did not answer in time (%v); last log lines:\n%s", what, err, tail(s.Log, 20))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

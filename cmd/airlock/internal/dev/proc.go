@@ -48,8 +48,8 @@ func freeAddresses(hosts []string) ([]string, error) {
 
 // startProcess starts one process of the stack, argv, detached from this
 // process, in its own session so it outlives the CLI and a terminal's
-// signals.
-func startProcess(argv []string, s *devService) (int, chan error, error) {
+// signals. env is its whole environment; nil inherits this process's.
+func startProcess(argv, env []string, s *devService) (int, chan error, error) {
 	if err := os.MkdirAll(filepath.Dir(s.Log), 0o700); err != nil {
 		return 0, nil, err
 	}
@@ -60,6 +60,7 @@ func startProcess(argv []string, s *devService) (int, chan error, error) {
 	defer logf.Close()
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return 0, nil, fmt.Errorf("start %s: %w", s.Name, err)
