@@ -175,12 +175,12 @@ step "the host template has no pytest"
 unfixed=$(git -C "$repo" rev-parse HEAD)
 step "the repository's pytest test in the image ($image): it fails on the sample's first commit"
 set +e
-"$airlock" job submit --repo sample --rev "$unfixed" --image "$image" --wait -- python3 -m pytest -q
+"$airlock" job submit --repo sample --rev "$unfixed" --image "$image" --wait -- python3 -m pytest -q -p no:cacheprovider
 code=$?
 set -e
 [ "$code" = 1 ] || { echo "FAIL: expected pytest's exit status 1 on the unfixed greeting, got $code" >&2; exit 1; }
 step "... and passes on main, after the published fix"
-"$airlock" job submit --repo sample --rev main --image "$image" --wait -- python3 -m pytest -q
+"$airlock" job submit --repo sample --rev main --image "$image" --wait -- python3 -m pytest -q -p no:cacheprovider
 job=$("$airlock" job list -o json | sed -n 's/.*"jobId": *"\([^"]*\)".*/\1/p' | head -1)
 step "airlock job get $job: the image as asked, resolved to its digest"
 "$airlock" job get "$job"

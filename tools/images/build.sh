@@ -3,7 +3,7 @@
 # packages into OUTDIR/rootfs.tar, using mmdebstrap (apt-get install
 # mmdebstrap). The tar is the whole root filesystem (everything it needs at
 # run time is in it) minus documentation; it still holds mmdebstrap's
-# device nodes under ./dev, which test/registrytest's DebianImage drops
+# device nodes under ./dev, which pkg/rootfsimage drops
 # when it makes the image's layer (a runtime mounts its own /dev, and a
 # layer with a device node is refused).
 #
