@@ -9,7 +9,6 @@ import (
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/services/authority/internal/images"
-	"github.com/airlockhq/airlock/services/authority/internal/store"
 )
 
 // Serving a job's image to the executor it was dispatched to.
@@ -28,29 +27,12 @@ type BlobWriter interface {
 // against the digest on the way (package images); the executor checks
 // them again on arrival.
 func (s *Service) FetchImageBlob(ctx context.Context, caller identity.ID, id, digest string, checkOnly bool, w BlobWriter) error {
-	if !isExecutor(caller) {
-		return fmt.Errorf("%w: only the executor fetches images", errdefs.ErrPermissionDenied)
-	}
-	if id == "" {
-		return fmt.Errorf("%w: job_id: required", errdefs.ErrInvalidArgument)
-	}
-	if err := images.CheckDigest(digest); err != nil {
-		return fmt.Errorf("%w: digest: %v", errdefs.ErrInvalidArgument, err)
-	}
-	j, err := s.cfg.Store.GetJob(ctx, id)
+	j, err := s.servedJob(ctx, caller, id, "image")
 	if err != nil {
 		return err
 	}
-	switch j.State {
-	case store.StateQueued, store.StateStaging, store.StateRunning:
-	default:
-		return fmt.Errorf("%w: job %q is %s; its image is served only while it runs", errdefs.ErrFailedPrecondition, id, j.State)
-	}
-	if j.DispatchedAt.IsZero() {
-		return fmt.Errorf("%w: job %q has not been dispatched", errdefs.ErrFailedPrecondition, id)
-	}
-	if err := dispatchedTo(j, caller); err != nil {
-		return err
+	if err := images.CheckDigest(digest); err != nil {
+		return fmt.Errorf("%w: digest: %v", errdefs.ErrInvalidArgument, err)
 	}
 	g, err := s.grantOf(j)
 	if err != nil {

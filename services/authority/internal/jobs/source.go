@@ -29,25 +29,8 @@ type SourceWriter interface {
 // header, the tree's archive and the history the job's grant gives its
 // .git, from the job's own repository.
 func (s *Service) FetchSource(ctx context.Context, caller identity.ID, id string, w SourceWriter) error {
-	if !isExecutor(caller) {
-		return fmt.Errorf("%w: only the executor fetches source", errdefs.ErrPermissionDenied)
-	}
-	if id == "" {
-		return fmt.Errorf("%w: job_id: required", errdefs.ErrInvalidArgument)
-	}
-	j, err := s.cfg.Store.GetJob(ctx, id)
+	j, err := s.servedJob(ctx, caller, id, "source")
 	if err != nil {
-		return err
-	}
-	switch j.State {
-	case store.StateQueued, store.StateStaging, store.StateRunning:
-	default:
-		return fmt.Errorf("%w: job %q is %s; its source is served only while it runs", errdefs.ErrFailedPrecondition, id, j.State)
-	}
-	if j.DispatchedAt.IsZero() {
-		return fmt.Errorf("%w: job %q has not been dispatched", errdefs.ErrFailedPrecondition, id)
-	}
-	if err := dispatchedTo(j, caller); err != nil {
 		return err
 	}
 	repo, ok := s.repository(j)
@@ -89,6 +72,30 @@ func (s *Service) FetchSource(ctx context.Context, caller identity.ID, id string
 	}
 	return s.audit(ctx, audit.Event{Kind: audit.KindSourceFetched, Caller: caller.String(), Subject: j.ID, Tenant: j.Tenant, JobID: j.ID,
 		Outcome: audit.OutcomeAllowed, Reason: fmt.Sprintf("repository %s at %s (tree %s)%s", j.Repository, j.Commit, j.TreeHash, history)})
+}
+
+// servedJob is job id, which the executor caller may be served what (its
+// source, its image) for: a job dispatched to it that has not ended.
+func (s *Service) servedJob(ctx context.Context, caller identity.ID, id, what string) (store.Job, error) {
+	if !isExecutor(caller) {
+		return store.Job{}, fmt.Errorf("%w: only the executor fetches %s", errdefs.ErrPermissionDenied, what)
+	}
+	if id == "" {
+		return store.Job{}, fmt.Errorf("%w: job_id: required", errdefs.ErrInvalidArgument)
+	}
+	j, err := s.cfg.Store.GetJob(ctx, id)
+	if err != nil {
+		return store.Job{}, err
+	}
+	switch j.State {
+	case store.StateQueued, store.StateStaging, store.StateRunning:
+	default:
+		return store.Job{}, fmt.Errorf("%w: job %q is %s; its %s is served only while it runs", errdefs.ErrFailedPrecondition, id, j.State, what)
+	}
+	if j.DispatchedAt.IsZero() {
+		return store.Job{}, fmt.Errorf("%w: job %q has not been dispatched", errdefs.ErrFailedPrecondition, id)
+	}
+	return j, dispatchedTo(j, caller)
 }
 
 // historyDepth is the git history depth the tenant's policy gives a job's
