@@ -6,7 +6,9 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -15,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/google/go-containerregistry/pkg/compression"
@@ -214,6 +218,38 @@ func TestImageEndToEnd(t *testing.T) {
 	}
 	if r := s.airlock(t, "session", "exec", sess.GetJobId(), "--exec-id", "e1", "--", "cat", "/opt/marker"); r.code != 0 || !strings.Contains(r.stdout, "airlock-two") {
 		t.Errorf("session exec on the image: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	// FetchImageBlob from the attacker's side, while the session runs:
+	// the executor gets only the blobs of the session's own image, and a
+	// client nothing at all.
+	fetch := func(as, d string) error {
+		c := authorityv1.NewAuthorityServiceClient(s.dial(t, as, "authority"))
+		st, err := c.FetchImageBlob(t.Context(), &authorityv1.FetchImageBlobRequest{JobId: sess.GetJobId(), Digest: d})
+		if err != nil {
+			return err
+		}
+		for {
+			if _, err := st.Recv(); err != nil {
+				if errors.Is(err, io.EOF) {
+					return nil
+				}
+				return err
+			}
+		}
+	}
+	if err := fetch("service/executor", d2); err != nil {
+		t.Errorf("the executor fetching its session's manifest: %v", err)
+	}
+	cl0, _ := cl[0].Digest()
+	for _, c := range []struct{ as, digest, why string }{
+		{"service/executor", cl0.String(), "a layer of another image"},
+		{"service/executor", "sha256:" + strings.Repeat("a", 64), "a digest of no image"},
+		{"client/dev", d2, "a client"},
+		{"service/publisher", d2, "the publisher"},
+	} {
+		if err := fetch(c.as, c.digest); status.Code(err) != codes.PermissionDenied {
+			t.Errorf("%s fetching %s: %v, want permission denied", c.as, c.why, err)
+		}
 	}
 	if r := s.airlock(t, "session", "finish", sess.GetJobId()); r.code != 0 {
 		t.Errorf("session finish: exit %d\n%s", r.code, r.stderr)
