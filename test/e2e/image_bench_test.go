@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	"github.com/airlockhq/airlock/test/registrytest"
 )
@@ -53,10 +55,21 @@ func (bi *benchImage) run(ctx context.Context, image, key string) error {
 	return runSpec(ctx, bi.client, key, &authorityv1.JobSpec{Repository: "bench", Revision: "main", Command: []string{"true"}, Image: image})
 }
 
-// prune empties the executor's image cache of the tenant's images.
+// prune empties the executor's image cache of the tenant's images. A job
+// holds its image until the executor has cleaned up after it, a moment
+// after its result is reported: prune waits for that.
 func (bi *benchImage) prune(ctx context.Context) error {
-	_, err := bi.client.PruneImages(ctx, &authorityv1.PruneImagesRequest{Tenant: "dev"})
-	return err
+	for {
+		resp, err := bi.client.PruneImages(ctx, &authorityv1.PruneImagesRequest{Tenant: "dev"})
+		if err != nil || len(resp.GetInUse()) == 0 {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // BenchmarkImagePull is the first job on an image the executor does not
@@ -122,8 +135,12 @@ func BenchmarkImagePull(b *testing.B) {
 				}
 				if tool == "podman" {
 					exec.Command("podman", "--root", filepath.Join(dir, "root"), "--runroot", filepath.Join(dir, "run"), "--storage-driver", "overlay", "system", "reset", "--force").Run()
+					// podman's storage binds its overlay directory over itself.
+					unix.Unmount(filepath.Join(dir, "root", "overlay"), unix.MNT_DETACH)
 				}
-				os.RemoveAll(dir)
+				if err := os.RemoveAll(dir); err != nil {
+					b.Fatal(err)
+				}
 				b.StartTimer()
 			}
 		})
