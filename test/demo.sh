@@ -155,7 +155,8 @@ if [ -f "$rootfs" ]; then
 else
   if ! command -v mmdebstrap >/dev/null; then
     echo "installing mmdebstrap"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >/dev/null ||
+      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >/dev/null; }
   fi
   echo "building with tools/images/build.sh (mmdebstrap; minutes the first time)"
   start=$SECONDS
