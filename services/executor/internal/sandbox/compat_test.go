@@ -396,5 +396,14 @@ func uuidSource(t *testing.T) map[string]string {
 	if err := json.Unmarshal([]byte(hostGo(t, "mod", "download", "-json", uuidModule)), &mod); err != nil || mod.Dir == "" {
 		t.Fatalf("go mod download %s: %v %s", uuidModule, err, mod.Error)
 	}
-	return readTree(t, mod.Dir)
+	files := readTree(t, mod.Dir)
+	// Upstream's TestVersion6 fails now and then wherever it runs ("time
+	// reversed": a v6 UUID's time is not monotonic, google/uuid#199); it
+	// says nothing of the sandbox, so it is renamed out of the suite.
+	const flaky = "func TestVersion6(t *testing.T) {"
+	if !strings.Contains(files["uuid_test.go"], flaky) {
+		t.Fatalf("%s: uuid_test.go has no %q any more: look again at what to leave out", uuidModule, flaky)
+	}
+	files["uuid_test.go"] = strings.Replace(files["uuid_test.go"], flaky, "func flakyVersion6(t *testing.T) {", 1)
+	return files
 }

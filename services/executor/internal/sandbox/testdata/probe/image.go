@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 )
 
 // imageProbe prints what a job sees of its root filesystem, one line per
@@ -65,7 +66,11 @@ func imageProbe(cmd string, args []string) {
 		writeAll()
 	case "idle":
 		fmt.Println("running")
-		select {}
+		// Not select{}: with no timer pending, Go's runtime calls that a
+		// deadlock and exits.
+		for {
+			time.Sleep(time.Hour)
+		}
 	}
 }
 
