@@ -10,7 +10,9 @@ package registryserver
 import (
 	"errors"
 	"fmt"
+	"io"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -109,3 +111,27 @@ func Env(config string) []string {
 
 // Args are the registry binary's arguments to serve with config.
 func Args(config string) []string { return []string{"serve", config} }
+
+// credentialMax bounds a credential file.
+const credentialMax = 64 << 10
+
+// ReadCredential reads a registry credential file as Airlock keeps them:
+// one line, "USERNAME:PASSWORD" (a trailing newline allowed), at most
+// 64 KiB. The error never holds the file's content.
+func ReadCredential(path string) (user, password string, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", "", errors.New("cannot be read")
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, credentialMax+1))
+	if err != nil || len(data) > credentialMax {
+		return "", "", errors.New("cannot be read, or is over 64 KiB")
+	}
+	line := strings.TrimRight(string(data), "\r\n")
+	user, password, ok := strings.Cut(line, ":")
+	if !ok || user == "" || strings.ContainsAny(line, "\r\n") {
+		return "", "", errors.New(`must hold one line, "USERNAME:PASSWORD"`)
+	}
+	return user, password, nil
+}

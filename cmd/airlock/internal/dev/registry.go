@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"gopkg.in/yaml.v3"
 
@@ -85,13 +84,9 @@ func devRegistrySetup(dir, pkiDir, addr string) (devRegistry, error) {
 // readRegistryCredential reads a USERNAME:PASSWORD file. Errors name the
 // file, never what it holds.
 func readRegistryCredential(path string) (user, password string, err error) {
-	line, err := readToken(path)
+	user, password, err = registryserver.ReadCredential(path)
 	if err != nil {
-		return "", "", err
-	}
-	user, password, ok := strings.Cut(line, ":")
-	if !ok || user == "" || password == "" {
-		return "", "", fmt.Errorf("%s must hold one line, USERNAME:PASSWORD", path)
+		return "", "", fmt.Errorf("%s: %w", path, err)
 	}
 	return user, password, nil
 }

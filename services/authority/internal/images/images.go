@@ -35,6 +35,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/imagecache"
 	"github.com/airlockhq/airlock/pkg/ocilayer"
+	"github.com/airlockhq/airlock/pkg/registryserver"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 )
@@ -45,8 +46,6 @@ const (
 	MaxConfigBytes = 4 << 20
 	// maxRefBytes bounds a reference as a job writes it.
 	maxRefBytes = 512
-	// credentialMax bounds a credential file.
-	credentialMax = 64 << 10
 	// resolvedCache is how many resolved manifests are kept, by digest,
 	// for the executor's blob requests.
 	resolvedCache = 512
@@ -503,7 +502,7 @@ func (c *Client) options(ctx context.Context, p policy.Images, reg string) ([]re
 	}
 	auth := authn.Anonymous
 	if r.Credential != "" {
-		user, pass, err := readCredential(r.Credential)
+		user, pass, err := registryserver.ReadCredential(r.Credential)
 		if err != nil {
 			return nil, fmt.Errorf("%w: registry %s: its credential file: %v", errdefs.ErrFailedPrecondition, reg, err)
 		}
@@ -516,30 +515,10 @@ func (c *Client) options(ctx context.Context, p policy.Images, reg string) ([]re
 	}, nil
 }
 
-// readCredential reads "USERNAME:PASSWORD" (one line, trailing newline
-// allowed) from path.
-func readCredential(path string) (user, pass string, err error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", "", errors.New("cannot be read")
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, credentialMax+1))
-	if err != nil || len(data) > credentialMax {
-		return "", "", errors.New("cannot be read, or is over 64 KiB")
-	}
-	line := strings.TrimRight(string(data), "\r\n")
-	user, pass, ok := strings.Cut(line, ":")
-	if !ok || user == "" || strings.ContainsAny(line, "\r\n") {
-		return "", "", errors.New(`must hold one line, "USERNAME:PASSWORD"`)
-	}
-	return user, pass, nil
-}
-
 // CheckCredentialFile checks a credential file the way each request reads
 // it, for the config's check at start.
 func CheckCredentialFile(path string) error {
-	_, _, err := readCredential(path)
+	_, _, err := registryserver.ReadCredential(path)
 	return err
 }
 
