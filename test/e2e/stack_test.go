@@ -103,19 +103,26 @@ func startStack(t testing.TB, args ...string) *stack {
 	var started []proc
 	t.Cleanup(func() { stopStack(t, dir, started) })
 
-	res := runCommand(t, nil, bin("airlock"), append([]string{"dev", "up", "--dir", dir, "--bin-dir", binDir, "-o", "json"}, args...)...)
-	var up devReport
-	jsonErr := json.Unmarshal([]byte(res.stdout), &up)
-	for _, s := range up.Services {
+	up := []string{"dev", "up", "--dir", dir, "--bin-dir", binDir, "-o", "json"}
+	if os.Getenv("AIRLOCK_CGROUP2VM") != "" {
+		// make test-cgroup2's machine emulates its CPU: the first
+		// executor's runsc self-check alone can take longer than dev
+		// up's default 30s there.
+		up = append(up, "--timeout", "2m")
+	}
+	res := runCommand(t, nil, bin("airlock"), append(up, args...)...)
+	var rep devReport
+	jsonErr := json.Unmarshal([]byte(res.stdout), &rep)
+	for _, s := range rep.Services {
 		started = append(started, proc{pid: s.PID, start: procStart(s.PID)})
 	}
-	if up.Git != nil {
-		started = append(started, proc{pid: up.Git.PID, start: procStart(up.Git.PID)})
+	if rep.Git != nil {
+		started = append(started, proc{pid: rep.Git.PID, start: procStart(rep.Git.PID)})
 	}
 	if res.code != 0 || jsonErr != nil {
 		t.Fatalf("airlock dev up: exit %d, json: %v\nstdout:\n%s\nstderr:\n%s", res.code, jsonErr, res.stdout, res.stderr)
 	}
-	s := &stack{dir: up.Dir, pkiDir: filepath.Join(up.Dir, "pki"), clientConfig: up.ClientConfig, services: up.byName(t), git: up.Git, repos: up.Repositories}
+	s := &stack{dir: rep.Dir, pkiDir: filepath.Join(rep.Dir, "pki"), clientConfig: rep.ClientConfig, services: rep.byName(t), git: rep.Git, repos: rep.Repositories}
 	if s.dir != dir {
 		t.Fatalf("dev up reports dir %q, want %q", s.dir, dir)
 	}
