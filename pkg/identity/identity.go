@@ -67,6 +67,11 @@ type ID struct {
 	TrustDomain string
 	Kind        Kind
 	Name        string
+	// Instance names one executor of a fleet
+	// (spiffe://TRUST_DOMAIN/service/executor/INSTANCE); no other ID has
+	// one. An executor without one is the single executor of a deployment
+	// that has no fleet.
+	Instance string
 }
 
 // New validates the parts and assembles an ID.
@@ -78,7 +83,19 @@ func New(trustDomain string, kind Kind, name string) (ID, error) {
 	return id, nil
 }
 
-// Parse reads an ID in its one canonical form, spiffe://TRUST_DOMAIN/KIND/NAME.
+// Executor returns the ID of the executor named instance ("" for the one
+// executor of a deployment without a fleet), validated.
+func Executor(trustDomain, instance string) (ID, error) {
+	id := ID{TrustDomain: trustDomain, Kind: KindService, Name: ServiceExecutor, Instance: instance}
+	if err := id.validate(); err != nil {
+		return ID{}, invalid(id.format(), err.Error())
+	}
+	return id, nil
+}
+
+// Parse reads an ID in its one canonical form, spiffe://TRUST_DOMAIN/KIND/NAME
+// (spiffe://TRUST_DOMAIN/service/executor/INSTANCE for an executor of a
+// fleet).
 // It is deliberately stricter than RFC 3986: no upper case, no percent
 // escapes, no port, userinfo, query or fragment, so two different strings can
 // never name the same principal.
@@ -98,10 +115,17 @@ func Parse(s string) (ID, error) {
 		return ID{}, invalid(s, "path must be /KIND/NAME")
 	}
 	segments := strings.Split(path, "/")
-	if len(segments) != 2 {
-		return ID{}, invalid(s, "path must be /KIND/NAME")
+	var instance string
+	if len(segments) == 3 && segments[0] == string(KindService) && segments[1] == ServiceExecutor {
+		segments, instance = segments[:2], segments[2]
+		if instance == "" {
+			return ID{}, invalid(s, "executor instance: name is empty")
+		}
 	}
-	id := ID{TrustDomain: td, Kind: Kind(segments[0]), Name: segments[1]}
+	if len(segments) != 2 {
+		return ID{}, invalid(s, "path must be /KIND/NAME (or /service/executor/INSTANCE)")
+	}
+	id := ID{TrustDomain: td, Kind: Kind(segments[0]), Name: segments[1], Instance: instance}
 	if err := id.validate(); err != nil {
 		return ID{}, invalid(s, err.Error())
 	}
@@ -150,7 +174,7 @@ func (id ID) String() string {
 
 // URL returns the ID as a URL, the form x509.Certificate.URIs holds.
 func (id ID) URL() *url.URL {
-	return &url.URL{Scheme: scheme, Host: id.TrustDomain, Path: "/" + string(id.Kind) + "/" + id.Name}
+	return &url.URL{Scheme: scheme, Host: id.TrustDomain, Path: "/" + id.Principal()}
 }
 
 // IsZero reports whether id is the zero ID, meaning no identity.
@@ -158,11 +182,20 @@ func (id ID) IsZero() bool {
 	return id == ID{}
 }
 
-// Principal returns "KIND/NAME", the ID without its trust domain. Within one
+// Principal returns "KIND/NAME" ("service/executor/INSTANCE" for an
+// executor of a fleet), the ID without its trust domain. Within one
 // deployment every principal shares the trust domain, so this is the short
 // form for logs, audit records and authorization tables.
 func (id ID) Principal() string {
+	if id.Instance != "" {
+		return string(id.Kind) + "/" + id.Name + "/" + id.Instance
+	}
 	return string(id.Kind) + "/" + id.Name
+}
+
+// IsExecutor reports whether id is an executor's, of a fleet or not.
+func (id ID) IsExecutor() bool {
+	return id.Kind == KindService && id.Name == ServiceExecutor
 }
 
 // MemberOf reports whether id belongs to trust domain td.
@@ -171,7 +204,7 @@ func (id ID) MemberOf(td string) bool {
 }
 
 func (id ID) format() string {
-	return scheme + "://" + id.TrustDomain + "/" + string(id.Kind) + "/" + id.Name
+	return scheme + "://" + id.TrustDomain + "/" + id.Principal()
 }
 
 func (id ID) validate() error {
@@ -186,6 +219,14 @@ func (id ID) validate() error {
 	}
 	if id.Kind == KindService && !slices.Contains(ServiceNames(), id.Name) {
 		return fmt.Errorf("unknown service %q (want one of %v)", id.Name, ServiceNames())
+	}
+	if id.Instance != "" {
+		if !id.IsExecutor() {
+			return fmt.Errorf("only service/executor has an instance, not %s/%s", id.Kind, id.Name)
+		}
+		if err := validateName(id.Instance); err != nil {
+			return fmt.Errorf("executor instance: %w", err)
+		}
 	}
 	return nil
 }

@@ -12,15 +12,22 @@ func TestParse(t *testing.T) {
 		want    ID
 		wantErr string // substring of the error; empty means success
 	}{
-		{in: "spiffe://airlock.test/service/authority", want: ID{"airlock.test", KindService, "authority"}},
-		{in: "spiffe://airlock.test/service/executor", want: ID{"airlock.test", KindService, "executor"}},
-		{in: "spiffe://airlock.test/service/publisher", want: ID{"airlock.test", KindService, "publisher"}},
-		{in: "spiffe://airlock.test/client/dev", want: ID{"airlock.test", KindClient, "dev"}},
-		{in: "spiffe://airlock.test/approver/alice.smith", want: ID{"airlock.test", KindApprover, "alice.smith"}},
-		{in: "spiffe://a/pipeline/deploy_main-2", want: ID{"a", KindPipeline, "deploy_main-2"}},
-		{in: "spiffe://my_domain-1.example/client/0", want: ID{"my_domain-1.example", KindClient, "0"}},
-		{in: "spiffe://airlock.test/client/" + strings.Repeat("a", 64), want: ID{"airlock.test", KindClient, strings.Repeat("a", 64)}},
-		{in: "spiffe://" + strings.Repeat("d", 255) + "/client/x", want: ID{strings.Repeat("d", 255), KindClient, "x"}},
+		{in: "spiffe://airlock.test/service/authority", want: ID{TrustDomain: "airlock.test", Kind: KindService, Name: "authority"}},
+		{in: "spiffe://airlock.test/service/executor", want: ID{TrustDomain: "airlock.test", Kind: KindService, Name: "executor"}},
+		{in: "spiffe://airlock.test/service/executor/exec-1", want: ID{TrustDomain: "airlock.test", Kind: KindService, Name: "executor", Instance: "exec-1"}},
+		{in: "spiffe://airlock.test/service/authority/a1", wantErr: "path must be"},
+		{in: "spiffe://airlock.test/client/dev/x", wantErr: "path must be"},
+		{in: "spiffe://airlock.test/service/executor/", wantErr: "executor instance: name is empty"},
+		{in: "spiffe://airlock.test/service/executor/..", wantErr: "executor instance: name must not start"},
+		{in: "spiffe://airlock.test/service/executor/A", wantErr: "executor instance: name has character"},
+		{in: "spiffe://airlock.test/service/executor/a/b", wantErr: "path must be"},
+		{in: "spiffe://airlock.test/service/publisher", want: ID{TrustDomain: "airlock.test", Kind: KindService, Name: "publisher"}},
+		{in: "spiffe://airlock.test/client/dev", want: ID{TrustDomain: "airlock.test", Kind: KindClient, Name: "dev"}},
+		{in: "spiffe://airlock.test/approver/alice.smith", want: ID{TrustDomain: "airlock.test", Kind: KindApprover, Name: "alice.smith"}},
+		{in: "spiffe://a/pipeline/deploy_main-2", want: ID{TrustDomain: "a", Kind: KindPipeline, Name: "deploy_main-2"}},
+		{in: "spiffe://my_domain-1.example/client/0", want: ID{TrustDomain: "my_domain-1.example", Kind: KindClient, Name: "0"}},
+		{in: "spiffe://airlock.test/client/" + strings.Repeat("a", 64), want: ID{TrustDomain: "airlock.test", Kind: KindClient, Name: strings.Repeat("a", 64)}},
+		{in: "spiffe://" + strings.Repeat("d", 255) + "/client/x", want: ID{TrustDomain: strings.Repeat("d", 255), Kind: KindClient, Name: "x"}},
 
 		{in: "", wantErr: "must start with spiffe://"},
 		{in: "airlock.test/client/dev", wantErr: "must start with spiffe://"},
@@ -205,5 +212,41 @@ func TestValidateTrustDomain(t *testing.T) {
 		if err := ValidateTrustDomain(bad); err == nil || err.Error() != want {
 			t.Errorf("ValidateTrustDomain(%q) = %v, want %s", bad, err, want)
 		}
+	}
+}
+
+func TestExecutorInstance(t *testing.T) {
+	id, err := Executor("airlock.test", "exec-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := id.String(); got != "spiffe://airlock.test/service/executor/exec-2" {
+		t.Errorf("String = %q", got)
+	}
+	if got := id.Principal(); got != "service/executor/exec-2" {
+		t.Errorf("Principal = %q", got)
+	}
+	if back, err := Parse(id.String()); err != nil || back != id {
+		t.Errorf("Parse(String) = %v, %v; want %v", back, err, id)
+	}
+	if u := id.URL().String(); u != id.String() {
+		t.Errorf("URL = %q, want %q", u, id.String())
+	}
+	if !id.IsExecutor() || !Service("airlock.test", ServiceExecutor).IsExecutor() || Service("airlock.test", ServiceAuthority).IsExecutor() {
+		t.Error("IsExecutor is wrong")
+	}
+	if id == Service("airlock.test", ServiceExecutor) {
+		t.Error("an executor of a fleet equals the single executor's identity")
+	}
+	for _, bad := range []string{"A", "..", strings.Repeat("x", 65)} {
+		if _, err := Executor("airlock.test", bad); err == nil {
+			t.Errorf("Executor(%q) succeeded", bad)
+		}
+	}
+	if _, err := New("airlock.test", KindService, "authority"); err != nil {
+		t.Fatal(err)
+	}
+	if err := (ID{TrustDomain: "airlock.test", Kind: KindClient, Name: "a", Instance: "b"}).validate(); err == nil {
+		t.Error("a client with an instance validated")
 	}
 }

@@ -22,6 +22,11 @@ const (
 // are safe as path elements because identity forbids '/' and a leading '.'.
 func Paths(dir string, id identity.ID) (certFile, keyFile string) {
 	base := filepath.Join(dir, string(id.Kind), id.Name)
+	if id.Instance != "" {
+		// An executor of a fleet: service/executor/NAME.crt, beside the
+		// single executor's service/executor.crt.
+		base = filepath.Join(base, id.Instance)
+	}
 	return base + ".crt", base + ".key"
 }
 

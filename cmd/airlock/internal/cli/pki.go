@@ -82,7 +82,8 @@ func newPKIIssue(g *globals) *cobra.Command {
 		Long: `Issues a certificate for KIND/NAME (client, approver, pipeline or service)
 in the CA's trust domain and writes DIR/KIND/NAME.crt and .key (0600),
 replacing any earlier one: servers and clients pick up the new files
-without a restart.`,
+without a restart. An executor of a fleet is service/executor/NAME
+(written to DIR/service/executor/NAME.crt): each executor has its own.`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			ca, err := pki.LoadCA(dir)
