@@ -28,6 +28,16 @@ const (
 	KindSourceFetched        = "source.fetched"
 	KindImageFetched         = "image.fetched"
 	KindImagesPruned         = "images.pruned"
+	// The executor fleet: an executor joined, was lost, came back, was
+	// drained or undrained; a job was placed anew (its executor lost or
+	// full) or ended because its executor was lost.
+	KindExecutorJoined    = "executor.joined"
+	KindExecutorLost      = "executor.lost"
+	KindExecutorReturned  = "executor.returned"
+	KindExecutorDrained   = "executor.drained"
+	KindExecutorUndrained = "executor.undrained"
+	KindJobPlaced         = "job.placed"
+	KindJobExecutorLost   = "job.executor_lost"
 )
 
 // Kinds lists every kind, sorted.
@@ -58,5 +68,12 @@ func Kinds() []string {
 		KindSourceFetched,
 		KindImageFetched,
 		KindImagesPruned,
+		KindExecutorJoined,
+		KindExecutorLost,
+		KindExecutorReturned,
+		KindExecutorDrained,
+		KindExecutorUndrained,
+		KindJobPlaced,
+		KindJobExecutorLost,
 	}
 }

@@ -22,7 +22,9 @@ import (
 )
 
 // A Principal names who may call: either one exact identity such as
-// "service/executor", or every name of a kind such as "client/*".
+// "service/authority", or every name of a kind such as "client/*".
+// "service/executor" covers every executor of a fleet
+// (service/executor/NAME) as well as a deployment's single executor.
 type Principal string
 
 // Principals used by the table.
@@ -33,11 +35,12 @@ const (
 	Clients   Principal = "client/*"
 	Approvers Principal = "approver/*"
 	Pipelines Principal = "pipeline/*"
+	Operators Principal = "operator/*"
 )
 
 // Everyone is every identity the server's TLS layer accepted. It is meant
 // only for infrastructure RPCs such as health checks, which reveal nothing.
-var Everyone = []Principal{Authority, Executor, Publisher, Clients, Approvers, Pipelines}
+var Everyone = []Principal{Authority, Executor, Publisher, Clients, Approvers, Pipelines, Operators}
 
 // Matches reports whether id is covered by p.
 func (p Principal) Matches(id identity.ID) bool {

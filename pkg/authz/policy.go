@@ -45,6 +45,13 @@ var AuthorityTable = Merge(Infrastructure, Table{
 	authorityv1.AuthorityService_ListImages_FullMethodName:     {Clients},
 	authorityv1.AuthorityService_PruneImages_FullMethodName:    {Clients},
 
+	// Executors report to the fleet (the handler takes the executor's
+	// name from its certificate); operators see and drain it.
+	authorityv1.AuthorityService_Heartbeat_FullMethodName:     {Executor},
+	authorityv1.AuthorityService_ListExecutors_FullMethodName: {Operators},
+	authorityv1.AuthorityService_GetExecutor_FullMethodName:   {Operators},
+	authorityv1.AuthorityService_DrainExecutor_FullMethodName: {Operators},
+
 	// Only the executor stages source and reports results; the executor
 	// never gets a credential, only the bytes the authority read with it.
 	authorityv1.AuthorityService_FetchSource_FullMethodName: {Executor},

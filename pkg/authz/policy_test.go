@@ -39,9 +39,13 @@ const (
 	client    = "client"
 	approver  = "approver"
 	pipeline  = "pipeline"
+	operator  = "operator"
+	// fleetExecutor is one executor of a fleet: it may call exactly what
+	// the single executor may.
+	fleetExecutor = "service/executor/exec-1"
 )
 
-var callerKinds = []string{authority, executor, publisher, client, approver, pipeline}
+var callerKinds = []string{authority, executor, fleetExecutor, publisher, client, approver, pipeline, operator}
 
 // expected is written independently of policy.go on purpose: a change to the
 // table must be made twice, once here, so no boundary moves by accident.
@@ -114,6 +118,11 @@ var expected = map[string]map[string]bool{
 	"/airlock.executor.v1.ExecutorService/ListImages":  only(authority),
 	"/airlock.executor.v1.ExecutorService/PruneImages": only(authority),
 
+	"/airlock.authority.v1.AuthorityService/Heartbeat":     only(executor),
+	"/airlock.authority.v1.AuthorityService/ListExecutors": only(operator),
+	"/airlock.authority.v1.AuthorityService/GetExecutor":   only(operator),
+	"/airlock.authority.v1.AuthorityService/DrainExecutor": only(operator),
+
 	"/airlock.publisher.v1.PublisherService/Publish":         only(pipeline),
 	"/airlock.publisher.v1.PublisherService/GetDeployment":   only(pipeline, approver),
 	"/airlock.publisher.v1.PublisherService/ListDeployments": only(pipeline, approver),
@@ -126,6 +135,9 @@ func only(kinds ...string) map[string]bool {
 	}
 	for _, k := range kinds {
 		m[k] = true
+		if k == executor {
+			m[fleetExecutor] = true
+		}
 	}
 	return m
 }
@@ -133,7 +145,7 @@ func only(kinds ...string) map[string]bool {
 // Sample identities, one per caller kind.
 func sampleID(t *testing.T, kind string) identity.ID {
 	t.Helper()
-	name := map[string]string{client: "client/dev", approver: "approver/alice", pipeline: "pipeline/deploy"}[kind]
+	name := map[string]string{client: "client/dev", approver: "approver/alice", pipeline: "pipeline/deploy", operator: "operator/ops"}[kind]
 	if name == "" {
 		name = kind
 	}

@@ -32,6 +32,9 @@ const (
 	KindClient   Kind = "client"
 	KindApprover Kind = "approver"
 	KindPipeline Kind = "pipeline"
+	// KindOperator runs the deployment: it sees and drains the executor
+	// fleet, and nothing of any tenant's work.
+	KindOperator Kind = "operator"
 )
 
 // The only names a KindService ID may carry: there are exactly three Airlock
@@ -52,7 +55,7 @@ const (
 // Kinds returns every kind in a fixed order. It returns a new slice each time
 // so callers may modify it.
 func Kinds() []Kind {
-	return []Kind{KindService, KindClient, KindApprover, KindPipeline}
+	return []Kind{KindService, KindClient, KindApprover, KindPipeline, KindOperator}
 }
 
 // ServiceNames returns the three names a KindService ID may carry.

@@ -186,8 +186,8 @@ func TestAccessors(t *testing.T) {
 
 func TestKindsAreFresh(t *testing.T) {
 	k := Kinds()
-	if len(k) != 4 {
-		t.Fatalf("Kinds() = %v, want 4 kinds", k)
+	if len(k) != 5 {
+		t.Fatalf("Kinds() = %v, want 5 kinds", k)
 	}
 	k[0] = "tampered"
 	if Kinds()[0] != KindService {

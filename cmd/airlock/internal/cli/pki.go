@@ -33,18 +33,18 @@ func newPKI(g *globals) *cobra.Command {
 
 func newPKIInit(g *globals) *cobra.Command {
 	var dir, td string
-	var clients, approvers, pipelines []string
+	var clients, approvers, pipelines, operators []string
 	cmd := &cobra.Command{
 		Use:   "init --trust-domain D --dir DIR",
 		Short: "Create a CA and certificates for the three services and named callers",
 		Long: `Creates DIR/ca.crt and DIR/ca.key, certificates for service/authority,
 service/executor and service/publisher, and one for each caller named with
---client, --approver and --pipeline. Keys are written 0600. Refuses a DIR
+--client, --approver, --pipeline and --operator. Keys are written 0600. Refuses a DIR
 that already holds a CA key.`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			var callers []identity.ID
-			for kind, names := range map[identity.Kind][]string{identity.KindClient: clients, identity.KindApprover: approvers, identity.KindPipeline: pipelines} {
+			for kind, names := range map[identity.Kind][]string{identity.KindClient: clients, identity.KindApprover: approvers, identity.KindPipeline: pipelines, identity.KindOperator: operators} {
 				for _, n := range names {
 					id, err := identity.New(td, kind, n)
 					if err != nil {
@@ -68,6 +68,7 @@ that already holds a CA key.`,
 	cmd.Flags().StringSliceVar(&clients, "client", nil, "issue client/NAME (repeatable)")
 	cmd.Flags().StringSliceVar(&approvers, "approver", nil, "issue approver/NAME (repeatable)")
 	cmd.Flags().StringSliceVar(&pipelines, "pipeline", nil, "issue pipeline/NAME (repeatable)")
+	cmd.Flags().StringSliceVar(&operators, "operator", nil, "issue operator/NAME, who sees and drains the executor fleet (repeatable)")
 	cmdutil.Required(cmd, "dir", "trust-domain")
 	return cmd
 }
@@ -79,7 +80,7 @@ func newPKIIssue(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "issue --dir DIR --id KIND/NAME",
 		Short: "Issue one more certificate from an existing CA",
-		Long: `Issues a certificate for KIND/NAME (client, approver, pipeline or service)
+		Long: `Issues a certificate for KIND/NAME (client, approver, pipeline, operator or service)
 in the CA's trust domain and writes DIR/KIND/NAME.crt and .key (0600),
 replacing any earlier one: servers and clients pick up the new files
 without a restart. An executor of a fleet is service/executor/NAME

@@ -503,6 +503,60 @@ func (AuditOutcome) EnumDescriptor() ([]byte, []int) {
 	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{7}
 }
 
+// ExecutorState is an executor's health as the fleet sees it.
+type ExecutorState int32
+
+const (
+	ExecutorState_EXECUTOR_STATE_UNSPECIFIED ExecutorState = 0
+	// Its heartbeats arrive.
+	ExecutorState_EXECUTOR_STATE_UP ExecutorState = 1
+	// It missed heartbeats past the fleet's bound: its running jobs ended
+	// executor_lost, its queued ones were placed elsewhere, its sessions
+	// are suspended until it returns.
+	ExecutorState_EXECUTOR_STATE_LOST ExecutorState = 2
+)
+
+// Enum value maps for ExecutorState.
+var (
+	ExecutorState_name = map[int32]string{
+		0: "EXECUTOR_STATE_UNSPECIFIED",
+		1: "EXECUTOR_STATE_UP",
+		2: "EXECUTOR_STATE_LOST",
+	}
+	ExecutorState_value = map[string]int32{
+		"EXECUTOR_STATE_UNSPECIFIED": 0,
+		"EXECUTOR_STATE_UP":          1,
+		"EXECUTOR_STATE_LOST":        2,
+	}
+)
+
+func (x ExecutorState) Enum() *ExecutorState {
+	p := new(ExecutorState)
+	*p = x
+	return p
+}
+
+func (x ExecutorState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ExecutorState) Descriptor() protoreflect.EnumDescriptor {
+	return file_airlock_authority_v1_authority_proto_enumTypes[8].Descriptor()
+}
+
+func (ExecutorState) Type() protoreflect.EnumType {
+	return &file_airlock_authority_v1_authority_proto_enumTypes[8]
+}
+
+func (x ExecutorState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ExecutorState.Descriptor instead.
+func (ExecutorState) EnumDescriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{8}
+}
+
 // JobSpec is what a client asks to run.
 type JobSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -697,7 +751,9 @@ type Job struct {
 	User *v1.JobUser `protobuf:"bytes,17,opt,name=user,proto3" json:"user,omitempty"`
 	// The image the job runs on, from its grant, resolved to a digest at
 	// submission; unset for the host template.
-	Image         *v1.ImageGrant `protobuf:"bytes,18,opt,name=image,proto3" json:"image,omitempty"`
+	Image *v1.ImageGrant `protobuf:"bytes,18,opt,name=image,proto3" json:"image,omitempty"`
+	// The name of the executor the job is placed on ("" until it is).
+	Executor      string `protobuf:"bytes,19,opt,name=executor,proto3" json:"executor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -856,6 +912,13 @@ func (x *Job) GetImage() *v1.ImageGrant {
 		return x.Image
 	}
 	return nil
+}
+
+func (x *Job) GetExecutor() string {
+	if x != nil {
+		return x.Executor
+	}
+	return ""
 }
 
 // SubmitJobRequest asks to run a job.
@@ -8240,6 +8303,792 @@ func (x *PruneImagesResponse) GetInUse() []string {
 	return nil
 }
 
+// HeartbeatRequest is an executor's report to the fleet.
+type HeartbeatRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required: host:port where the authority reaches this executor.
+	Address string `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	// Required: what it can run now.
+	Report        *ExecutorReport `protobuf:"bytes,2,opt,name=report,proto3" json:"report,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeartbeatRequest) Reset() {
+	*x = HeartbeatRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[109]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatRequest) ProtoMessage() {}
+
+func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[109]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
+func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{109}
+}
+
+func (x *HeartbeatRequest) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *HeartbeatRequest) GetReport() *ExecutorReport {
+	if x != nil {
+		return x.Report
+	}
+	return nil
+}
+
+// ExecutorReport is what an executor can run, as it last said.
+type ExecutorReport struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Its build version.
+	Version string `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	// When this executor process started: a restart between two heartbeats
+	// shows as a later time.
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	// The runtime classes it runs.
+	RuntimeClasses []v1.RuntimeClass `protobuf:"varint,3,rep,packed,name=runtime_classes,json=runtimeClasses,proto3,enum=airlock.types.v1.RuntimeClass" json:"runtime_classes,omitempty"`
+	// Its capacity and what of it is free.
+	Capacity *ExecutorCapacity `protobuf:"bytes,4,opt,name=capacity,proto3" json:"capacity,omitempty"`
+	// Manifest digests of the images it holds (at most 1024).
+	Images []string `protobuf:"bytes,5,rep,name=images,proto3" json:"images,omitempty"`
+	// The repositories it holds source of, as TENANT/REPOSITORY (at most
+	// 1024).
+	Sources []string `protobuf:"bytes,6,rep,name=sources,proto3" json:"sources,omitempty"`
+	// The prefixes its jobs' network addresses come from.
+	NetworkPools []string `protobuf:"bytes,7,rep,name=network_pools,json=networkPools,proto3" json:"network_pools,omitempty"`
+	// Job ids of the runs it holds that have not ended (at most 4096; see
+	// runs_truncated).
+	Runs []string `protobuf:"bytes,8,rep,name=runs,proto3" json:"runs,omitempty"`
+	// More runs than runs lists are held.
+	RunsTruncated bool `protobuf:"varint,9,opt,name=runs_truncated,json=runsTruncated,proto3" json:"runs_truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecutorReport) Reset() {
+	*x = ExecutorReport{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[110]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecutorReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecutorReport) ProtoMessage() {}
+
+func (x *ExecutorReport) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[110]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecutorReport.ProtoReflect.Descriptor instead.
+func (*ExecutorReport) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{110}
+}
+
+func (x *ExecutorReport) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *ExecutorReport) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *ExecutorReport) GetRuntimeClasses() []v1.RuntimeClass {
+	if x != nil {
+		return x.RuntimeClasses
+	}
+	return nil
+}
+
+func (x *ExecutorReport) GetCapacity() *ExecutorCapacity {
+	if x != nil {
+		return x.Capacity
+	}
+	return nil
+}
+
+func (x *ExecutorReport) GetImages() []string {
+	if x != nil {
+		return x.Images
+	}
+	return nil
+}
+
+func (x *ExecutorReport) GetSources() []string {
+	if x != nil {
+		return x.Sources
+	}
+	return nil
+}
+
+func (x *ExecutorReport) GetNetworkPools() []string {
+	if x != nil {
+		return x.NetworkPools
+	}
+	return nil
+}
+
+func (x *ExecutorReport) GetRuns() []string {
+	if x != nil {
+		return x.Runs
+	}
+	return nil
+}
+
+func (x *ExecutorReport) GetRunsTruncated() bool {
+	if x != nil {
+		return x.RunsTruncated
+	}
+	return false
+}
+
+// ExecutorCapacity is an executor's capacity: totals and what is free.
+type ExecutorCapacity struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	MemoryBytes     int64                  `protobuf:"varint,1,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	MemoryFreeBytes int64                  `protobuf:"varint,2,opt,name=memory_free_bytes,json=memoryFreeBytes,proto3" json:"memory_free_bytes,omitempty"`
+	CpuMillis       int64                  `protobuf:"varint,3,opt,name=cpu_millis,json=cpuMillis,proto3" json:"cpu_millis,omitempty"`
+	CpuFreeMillis   int64                  `protobuf:"varint,4,opt,name=cpu_free_millis,json=cpuFreeMillis,proto3" json:"cpu_free_millis,omitempty"`
+	DiskBytes       int64                  `protobuf:"varint,5,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
+	DiskFreeBytes   int64                  `protobuf:"varint,6,opt,name=disk_free_bytes,json=diskFreeBytes,proto3" json:"disk_free_bytes,omitempty"`
+	// Jobs and sessions at once.
+	Jobs          int64 `protobuf:"varint,7,opt,name=jobs,proto3" json:"jobs,omitempty"`
+	JobsFree      int64 `protobuf:"varint,8,opt,name=jobs_free,json=jobsFree,proto3" json:"jobs_free,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecutorCapacity) Reset() {
+	*x = ExecutorCapacity{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[111]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecutorCapacity) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecutorCapacity) ProtoMessage() {}
+
+func (x *ExecutorCapacity) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[111]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecutorCapacity.ProtoReflect.Descriptor instead.
+func (*ExecutorCapacity) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{111}
+}
+
+func (x *ExecutorCapacity) GetMemoryBytes() int64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *ExecutorCapacity) GetMemoryFreeBytes() int64 {
+	if x != nil {
+		return x.MemoryFreeBytes
+	}
+	return 0
+}
+
+func (x *ExecutorCapacity) GetCpuMillis() int64 {
+	if x != nil {
+		return x.CpuMillis
+	}
+	return 0
+}
+
+func (x *ExecutorCapacity) GetCpuFreeMillis() int64 {
+	if x != nil {
+		return x.CpuFreeMillis
+	}
+	return 0
+}
+
+func (x *ExecutorCapacity) GetDiskBytes() int64 {
+	if x != nil {
+		return x.DiskBytes
+	}
+	return 0
+}
+
+func (x *ExecutorCapacity) GetDiskFreeBytes() int64 {
+	if x != nil {
+		return x.DiskFreeBytes
+	}
+	return 0
+}
+
+func (x *ExecutorCapacity) GetJobs() int64 {
+	if x != nil {
+		return x.Jobs
+	}
+	return 0
+}
+
+func (x *ExecutorCapacity) GetJobsFree() int64 {
+	if x != nil {
+		return x.JobsFree
+	}
+	return 0
+}
+
+// HeartbeatResponse is the fleet's answer to a heartbeat.
+type HeartbeatResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The executor's name in the fleet, from its certificate.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Send the next heartbeat within this.
+	Interval *durationpb.Duration `protobuf:"bytes,2,opt,name=interval,proto3" json:"interval,omitempty"`
+	// No new work is placed on it.
+	Draining bool `protobuf:"varint,3,opt,name=draining,proto3" json:"draining,omitempty"`
+	// Runs it holds that it must stop: their jobs were ended or placed
+	// elsewhere while it was out of reach.
+	CancelRuns    []string `protobuf:"bytes,4,rep,name=cancel_runs,json=cancelRuns,proto3" json:"cancel_runs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeartbeatResponse) Reset() {
+	*x = HeartbeatResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[112]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatResponse) ProtoMessage() {}
+
+func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[112]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
+func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{112}
+}
+
+func (x *HeartbeatResponse) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *HeartbeatResponse) GetInterval() *durationpb.Duration {
+	if x != nil {
+		return x.Interval
+	}
+	return nil
+}
+
+func (x *HeartbeatResponse) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
+}
+
+func (x *HeartbeatResponse) GetCancelRuns() []string {
+	if x != nil {
+		return x.CancelRuns
+	}
+	return nil
+}
+
+// Executor is one member of the fleet.
+type Executor struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Its name, from its certificate (spiffe://TD/service/executor/NAME).
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Its SPIFFE ID.
+	Id string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	// Where the authority reaches it.
+	Address string        `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
+	State   ExecutorState `protobuf:"varint,4,opt,name=state,proto3,enum=airlock.authority.v1.ExecutorState" json:"state,omitempty"`
+	// No new work is placed on it.
+	Draining bool `protobuf:"varint,5,opt,name=draining,proto3" json:"draining,omitempty"`
+	// Who drained it, when and why.
+	DrainedBy   string                 `protobuf:"bytes,6,opt,name=drained_by,json=drainedBy,proto3" json:"drained_by,omitempty"`
+	DrainedAt   *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=drained_at,json=drainedAt,proto3" json:"drained_at,omitempty"`
+	DrainReason string                 `protobuf:"bytes,8,opt,name=drain_reason,json=drainReason,proto3" json:"drain_reason,omitempty"`
+	// When it first joined, and its last heartbeat.
+	JoinedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=joined_at,json=joinedAt,proto3" json:"joined_at,omitempty"`
+	LastSeen *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=last_seen,json=lastSeen,proto3" json:"last_seen,omitempty"`
+	// Its last report.
+	Report *ExecutorReport `protobuf:"bytes,11,opt,name=report,proto3" json:"report,omitempty"`
+	// Jobs and sessions placed on it that have not ended, as the authority
+	// counts them: a drained executor with none can be stopped.
+	Placed        int64 `protobuf:"varint,12,opt,name=placed,proto3" json:"placed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Executor) Reset() {
+	*x = Executor{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[113]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Executor) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Executor) ProtoMessage() {}
+
+func (x *Executor) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[113]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Executor.ProtoReflect.Descriptor instead.
+func (*Executor) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{113}
+}
+
+func (x *Executor) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Executor) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Executor) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *Executor) GetState() ExecutorState {
+	if x != nil {
+		return x.State
+	}
+	return ExecutorState_EXECUTOR_STATE_UNSPECIFIED
+}
+
+func (x *Executor) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
+}
+
+func (x *Executor) GetDrainedBy() string {
+	if x != nil {
+		return x.DrainedBy
+	}
+	return ""
+}
+
+func (x *Executor) GetDrainedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DrainedAt
+	}
+	return nil
+}
+
+func (x *Executor) GetDrainReason() string {
+	if x != nil {
+		return x.DrainReason
+	}
+	return ""
+}
+
+func (x *Executor) GetJoinedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.JoinedAt
+	}
+	return nil
+}
+
+func (x *Executor) GetLastSeen() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastSeen
+	}
+	return nil
+}
+
+func (x *Executor) GetReport() *ExecutorReport {
+	if x != nil {
+		return x.Report
+	}
+	return nil
+}
+
+func (x *Executor) GetPlaced() int64 {
+	if x != nil {
+		return x.Placed
+	}
+	return 0
+}
+
+// ListExecutorsRequest lists the fleet.
+type ListExecutorsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListExecutorsRequest) Reset() {
+	*x = ListExecutorsRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[114]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListExecutorsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListExecutorsRequest) ProtoMessage() {}
+
+func (x *ListExecutorsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[114]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListExecutorsRequest.ProtoReflect.Descriptor instead.
+func (*ListExecutorsRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{114}
+}
+
+// ListExecutorsResponse is the fleet, by name.
+type ListExecutorsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Executors     []*Executor            `protobuf:"bytes,1,rep,name=executors,proto3" json:"executors,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListExecutorsResponse) Reset() {
+	*x = ListExecutorsResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[115]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListExecutorsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListExecutorsResponse) ProtoMessage() {}
+
+func (x *ListExecutorsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[115]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListExecutorsResponse.ProtoReflect.Descriptor instead.
+func (*ListExecutorsResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{115}
+}
+
+func (x *ListExecutorsResponse) GetExecutors() []*Executor {
+	if x != nil {
+		return x.Executors
+	}
+	return nil
+}
+
+// GetExecutorRequest names one executor.
+type GetExecutorRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetExecutorRequest) Reset() {
+	*x = GetExecutorRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[116]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetExecutorRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetExecutorRequest) ProtoMessage() {}
+
+func (x *GetExecutorRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[116]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetExecutorRequest.ProtoReflect.Descriptor instead.
+func (*GetExecutorRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{116}
+}
+
+func (x *GetExecutorRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// GetExecutorResponse is one executor and the jobs placed on it.
+type GetExecutorResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Executor *Executor              `protobuf:"bytes,1,opt,name=executor,proto3" json:"executor,omitempty"`
+	// Ids of the jobs and sessions placed on it that have not ended (at
+	// most 1000, oldest first).
+	Jobs          []string `protobuf:"bytes,2,rep,name=jobs,proto3" json:"jobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetExecutorResponse) Reset() {
+	*x = GetExecutorResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[117]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetExecutorResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetExecutorResponse) ProtoMessage() {}
+
+func (x *GetExecutorResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[117]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetExecutorResponse.ProtoReflect.Descriptor instead.
+func (*GetExecutorResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{117}
+}
+
+func (x *GetExecutorResponse) GetExecutor() *Executor {
+	if x != nil {
+		return x.Executor
+	}
+	return nil
+}
+
+func (x *GetExecutorResponse) GetJobs() []string {
+	if x != nil {
+		return x.Jobs
+	}
+	return nil
+}
+
+// DrainExecutorRequest drains an executor or ends its drain.
+type DrainExecutorRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// true drains it; false ends the drain.
+	Drain bool `protobuf:"varint,2,opt,name=drain,proto3" json:"drain,omitempty"`
+	// Why, for the audit log (at most 200 bytes).
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainExecutorRequest) Reset() {
+	*x = DrainExecutorRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[118]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainExecutorRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainExecutorRequest) ProtoMessage() {}
+
+func (x *DrainExecutorRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[118]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainExecutorRequest.ProtoReflect.Descriptor instead.
+func (*DrainExecutorRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{118}
+}
+
+func (x *DrainExecutorRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DrainExecutorRequest) GetDrain() bool {
+	if x != nil {
+		return x.Drain
+	}
+	return false
+}
+
+func (x *DrainExecutorRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// DrainExecutorResponse is the executor as it now is.
+type DrainExecutorResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Executor      *Executor              `protobuf:"bytes,1,opt,name=executor,proto3" json:"executor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainExecutorResponse) Reset() {
+	*x = DrainExecutorResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[119]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainExecutorResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainExecutorResponse) ProtoMessage() {}
+
+func (x *DrainExecutorResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[119]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainExecutorResponse.ProtoReflect.Descriptor instead.
+func (*DrainExecutorResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{119}
+}
+
+func (x *DrainExecutorResponse) GetExecutor() *Executor {
+	if x != nil {
+		return x.Executor
+	}
+	return nil
+}
+
 var File_airlock_authority_v1_authority_proto protoreflect.FileDescriptor
 
 const file_airlock_authority_v1_authority_proto_rawDesc = "" +
@@ -8263,7 +9112,7 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x05image\x18\f \x01(\tR\x05image\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbe\x06\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xda\x06\n" +
 	"\x03Job\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1c\n" +
@@ -8286,7 +9135,8 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x10grant_generation\x18\x0f \x01(\x03R\x0fgrantGeneration\x127\n" +
 	"\asession\x18\x10 \x01(\v2\x1d.airlock.types.v1.SessionSpecR\asession\x12-\n" +
 	"\x04user\x18\x11 \x01(\v2\x19.airlock.types.v1.JobUserR\x04user\x122\n" +
-	"\x05image\x18\x12 \x01(\v2\x1c.airlock.types.v1.ImageGrantR\x05image\"\x86\x01\n" +
+	"\x05image\x18\x12 \x01(\v2\x1c.airlock.types.v1.ImageGrantR\x05image\x12\x1a\n" +
+	"\bexecutor\x18\x13 \x01(\tR\bexecutor\"\x86\x01\n" +
 	"\x10SubmitJobRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x121\n" +
 	"\x04spec\x18\x02 \x01(\v2\x1d.airlock.authority.v1.JobSpecR\x04spec\x12'\n" +
@@ -8795,7 +9645,68 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x06pruned\x18\x01 \x03(\v2\x1b.airlock.types.v1.ImageInfoR\x06pruned\x12\x1f\n" +
 	"\vfreed_bytes\x18\x02 \x01(\x03R\n" +
 	"freedBytes\x12\x15\n" +
-	"\x06in_use\x18\x03 \x03(\tR\x05inUse*\xb0\x01\n" +
+	"\x06in_use\x18\x03 \x03(\tR\x05inUse\"j\n" +
+	"\x10HeartbeatRequest\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12<\n" +
+	"\x06report\x18\x02 \x01(\v2$.airlock.authority.v1.ExecutorReportR\x06report\"\x84\x03\n" +
+	"\x0eExecutorReport\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\tR\aversion\x129\n" +
+	"\n" +
+	"started_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12G\n" +
+	"\x0fruntime_classes\x18\x03 \x03(\x0e2\x1e.airlock.types.v1.RuntimeClassR\x0eruntimeClasses\x12B\n" +
+	"\bcapacity\x18\x04 \x01(\v2&.airlock.authority.v1.ExecutorCapacityR\bcapacity\x12\x16\n" +
+	"\x06images\x18\x05 \x03(\tR\x06images\x12\x18\n" +
+	"\asources\x18\x06 \x03(\tR\asources\x12#\n" +
+	"\rnetwork_pools\x18\a \x03(\tR\fnetworkPools\x12\x12\n" +
+	"\x04runs\x18\b \x03(\tR\x04runs\x12%\n" +
+	"\x0eruns_truncated\x18\t \x01(\bR\rrunsTruncated\"\xa0\x02\n" +
+	"\x10ExecutorCapacity\x12!\n" +
+	"\fmemory_bytes\x18\x01 \x01(\x03R\vmemoryBytes\x12*\n" +
+	"\x11memory_free_bytes\x18\x02 \x01(\x03R\x0fmemoryFreeBytes\x12\x1d\n" +
+	"\n" +
+	"cpu_millis\x18\x03 \x01(\x03R\tcpuMillis\x12&\n" +
+	"\x0fcpu_free_millis\x18\x04 \x01(\x03R\rcpuFreeMillis\x12\x1d\n" +
+	"\n" +
+	"disk_bytes\x18\x05 \x01(\x03R\tdiskBytes\x12&\n" +
+	"\x0fdisk_free_bytes\x18\x06 \x01(\x03R\rdiskFreeBytes\x12\x12\n" +
+	"\x04jobs\x18\a \x01(\x03R\x04jobs\x12\x1b\n" +
+	"\tjobs_free\x18\b \x01(\x03R\bjobsFree\"\x9b\x01\n" +
+	"\x11HeartbeatResponse\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x125\n" +
+	"\binterval\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\binterval\x12\x1a\n" +
+	"\bdraining\x18\x03 \x01(\bR\bdraining\x12\x1f\n" +
+	"\vcancel_runs\x18\x04 \x03(\tR\n" +
+	"cancelRuns\"\xe4\x03\n" +
+	"\bExecutor\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +
+	"\aaddress\x18\x03 \x01(\tR\aaddress\x129\n" +
+	"\x05state\x18\x04 \x01(\x0e2#.airlock.authority.v1.ExecutorStateR\x05state\x12\x1a\n" +
+	"\bdraining\x18\x05 \x01(\bR\bdraining\x12\x1d\n" +
+	"\n" +
+	"drained_by\x18\x06 \x01(\tR\tdrainedBy\x129\n" +
+	"\n" +
+	"drained_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tdrainedAt\x12!\n" +
+	"\fdrain_reason\x18\b \x01(\tR\vdrainReason\x127\n" +
+	"\tjoined_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\bjoinedAt\x127\n" +
+	"\tlast_seen\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12<\n" +
+	"\x06report\x18\v \x01(\v2$.airlock.authority.v1.ExecutorReportR\x06report\x12\x16\n" +
+	"\x06placed\x18\f \x01(\x03R\x06placed\"\x16\n" +
+	"\x14ListExecutorsRequest\"U\n" +
+	"\x15ListExecutorsResponse\x12<\n" +
+	"\texecutors\x18\x01 \x03(\v2\x1e.airlock.authority.v1.ExecutorR\texecutors\"(\n" +
+	"\x12GetExecutorRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"e\n" +
+	"\x13GetExecutorResponse\x12:\n" +
+	"\bexecutor\x18\x01 \x01(\v2\x1e.airlock.authority.v1.ExecutorR\bexecutor\x12\x12\n" +
+	"\x04jobs\x18\x02 \x03(\tR\x04jobs\"X\n" +
+	"\x14DrainExecutorRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05drain\x18\x02 \x01(\bR\x05drain\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"S\n" +
+	"\x15DrainExecutorResponse\x12:\n" +
+	"\bexecutor\x18\x01 \x01(\v2\x1e.airlock.authority.v1.ExecutorR\bexecutor*\xb0\x01\n" +
 	"\bJobState\x12\x19\n" +
 	"\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n" +
@@ -8841,7 +9752,11 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x19AUDIT_OUTCOME_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15AUDIT_OUTCOME_ALLOWED\x10\x01\x12\x18\n" +
 	"\x14AUDIT_OUTCOME_DENIED\x10\x02\x12\x18\n" +
-	"\x14AUDIT_OUTCOME_FAILED\x10\x032\xb7\"\n" +
+	"\x14AUDIT_OUTCOME_FAILED\x10\x03*_\n" +
+	"\rExecutorState\x12\x1e\n" +
+	"\x1aEXECUTOR_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11EXECUTOR_STATE_UP\x10\x01\x12\x17\n" +
+	"\x13EXECUTOR_STATE_LOST\x10\x022\xcd%\n" +
 	"\x10AuthorityService\x12\\\n" +
 	"\tSubmitJob\x12&.airlock.authority.v1.SubmitJobRequest\x1a'.airlock.authority.v1.SubmitJobResponse\x12S\n" +
 	"\x06GetJob\x12#.airlock.authority.v1.GetJobRequest\x1a$.airlock.authority.v1.GetJobResponse\x12e\n" +
@@ -8891,7 +9806,11 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\vClearCaches\x12(.airlock.authority.v1.ClearCachesRequest\x1a).airlock.authority.v1.ClearCachesResponse\x12_\n" +
 	"\n" +
 	"ListImages\x12'.airlock.authority.v1.ListImagesRequest\x1a(.airlock.authority.v1.ListImagesResponse\x12b\n" +
-	"\vPruneImages\x12(.airlock.authority.v1.PruneImagesRequest\x1a).airlock.authority.v1.PruneImagesResponseBEZCgithub.com/airlockhq/airlock/proto/airlock/authority/v1;authorityv1b\x06proto3"
+	"\vPruneImages\x12(.airlock.authority.v1.PruneImagesRequest\x1a).airlock.authority.v1.PruneImagesResponse\x12\\\n" +
+	"\tHeartbeat\x12&.airlock.authority.v1.HeartbeatRequest\x1a'.airlock.authority.v1.HeartbeatResponse\x12h\n" +
+	"\rListExecutors\x12*.airlock.authority.v1.ListExecutorsRequest\x1a+.airlock.authority.v1.ListExecutorsResponse\x12b\n" +
+	"\vGetExecutor\x12(.airlock.authority.v1.GetExecutorRequest\x1a).airlock.authority.v1.GetExecutorResponse\x12h\n" +
+	"\rDrainExecutor\x12*.airlock.authority.v1.DrainExecutorRequest\x1a+.airlock.authority.v1.DrainExecutorResponseBEZCgithub.com/airlockhq/airlock/proto/airlock/authority/v1;authorityv1b\x06proto3"
 
 var (
 	file_airlock_authority_v1_authority_proto_rawDescOnce sync.Once
@@ -8905,8 +9824,8 @@ func file_airlock_authority_v1_authority_proto_rawDescGZIP() []byte {
 	return file_airlock_authority_v1_authority_proto_rawDescData
 }
 
-var file_airlock_authority_v1_authority_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 110)
+var file_airlock_authority_v1_authority_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
+var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 121)
 var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(JobState)(0),                        // 0: airlock.authority.v1.JobState
 	(FileStatus)(0),                      // 1: airlock.authority.v1.FileStatus
@@ -8916,364 +9835,397 @@ var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(ReviewPart)(0),                      // 5: airlock.authority.v1.ReviewPart
 	(LeasePurpose)(0),                    // 6: airlock.authority.v1.LeasePurpose
 	(AuditOutcome)(0),                    // 7: airlock.authority.v1.AuditOutcome
-	(*JobSpec)(nil),                      // 8: airlock.authority.v1.JobSpec
-	(*Job)(nil),                          // 9: airlock.authority.v1.Job
-	(*SubmitJobRequest)(nil),             // 10: airlock.authority.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),            // 11: airlock.authority.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),                // 12: airlock.authority.v1.GetJobRequest
-	(*GetJobResponse)(nil),               // 13: airlock.authority.v1.GetJobResponse
-	(*GetJobEgressRequest)(nil),          // 14: airlock.authority.v1.GetJobEgressRequest
-	(*DownloadBundleRequest)(nil),        // 15: airlock.authority.v1.DownloadBundleRequest
-	(*BundleHeader)(nil),                 // 16: airlock.authority.v1.BundleHeader
-	(*DownloadBundleResponse)(nil),       // 17: airlock.authority.v1.DownloadBundleResponse
-	(*GetJobEgressResponse)(nil),         // 18: airlock.authority.v1.GetJobEgressResponse
-	(*ListJobsRequest)(nil),              // 19: airlock.authority.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),             // 20: airlock.authority.v1.ListJobsResponse
-	(*WatchJobRequest)(nil),              // 21: airlock.authority.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),             // 22: airlock.authority.v1.WatchJobResponse
-	(*CancelJobRequest)(nil),             // 23: airlock.authority.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),            // 24: airlock.authority.v1.CancelJobResponse
-	(*FetchSourceRequest)(nil),           // 25: airlock.authority.v1.FetchSourceRequest
-	(*SourceHeader)(nil),                 // 26: airlock.authority.v1.SourceHeader
-	(*SourceHistory)(nil),                // 27: airlock.authority.v1.SourceHistory
-	(*FetchImageBlobRequest)(nil),        // 28: airlock.authority.v1.FetchImageBlobRequest
-	(*ImageBlobHeader)(nil),              // 29: airlock.authority.v1.ImageBlobHeader
-	(*FetchImageBlobResponse)(nil),       // 30: airlock.authority.v1.FetchImageBlobResponse
-	(*FetchSourceResponse)(nil),          // 31: airlock.authority.v1.FetchSourceResponse
-	(*ReportResultRequest)(nil),          // 32: airlock.authority.v1.ReportResultRequest
-	(*FileChange)(nil),                   // 33: airlock.authority.v1.FileChange
-	(*OutputTail)(nil),                   // 34: airlock.authority.v1.OutputTail
-	(*ReviewDetail)(nil),                 // 35: airlock.authority.v1.ReviewDetail
-	(*EgressLog)(nil),                    // 36: airlock.authority.v1.EgressLog
-	(*EgressName)(nil),                   // 37: airlock.authority.v1.EgressName
-	(*ReportResultResponse)(nil),         // 38: airlock.authority.v1.ReportResultResponse
-	(*JobChange)(nil),                    // 39: airlock.authority.v1.JobChange
-	(*ApprovalVote)(nil),                 // 40: airlock.authority.v1.ApprovalVote
-	(*Approval)(nil),                     // 41: airlock.authority.v1.Approval
-	(*ReviewMaterial)(nil),               // 42: airlock.authority.v1.ReviewMaterial
-	(*ReadReviewRequest)(nil),            // 43: airlock.authority.v1.ReadReviewRequest
-	(*ReviewPartStart)(nil),              // 44: airlock.authority.v1.ReviewPartStart
-	(*ReviewFiles)(nil),                  // 45: airlock.authority.v1.ReviewFiles
-	(*ReadReviewResponse)(nil),           // 46: airlock.authority.v1.ReadReviewResponse
-	(*ListApprovalsRequest)(nil),         // 47: airlock.authority.v1.ListApprovalsRequest
-	(*ListApprovalsResponse)(nil),        // 48: airlock.authority.v1.ListApprovalsResponse
-	(*GetApprovalRequest)(nil),           // 49: airlock.authority.v1.GetApprovalRequest
-	(*GetApprovalResponse)(nil),          // 50: airlock.authority.v1.GetApprovalResponse
-	(*DecideApprovalRequest)(nil),        // 51: airlock.authority.v1.DecideApprovalRequest
-	(*DecideApprovalResponse)(nil),       // 52: airlock.authority.v1.DecideApprovalResponse
-	(*ConsumeApprovalRequest)(nil),       // 53: airlock.authority.v1.ConsumeApprovalRequest
-	(*ConsumeApprovalResponse)(nil),      // 54: airlock.authority.v1.ConsumeApprovalResponse
-	(*Lease)(nil),                        // 55: airlock.authority.v1.Lease
-	(*LeaseCredentialRequest)(nil),       // 56: airlock.authority.v1.LeaseCredentialRequest
-	(*LeaseCredentialResponse)(nil),      // 57: airlock.authority.v1.LeaseCredentialResponse
-	(*RevokeCredentialRequest)(nil),      // 58: airlock.authority.v1.RevokeCredentialRequest
-	(*RevokeCredentialResponse)(nil),     // 59: airlock.authority.v1.RevokeCredentialResponse
-	(*ListLeasesRequest)(nil),            // 60: airlock.authority.v1.ListLeasesRequest
-	(*ListLeasesResponse)(nil),           // 61: airlock.authority.v1.ListLeasesResponse
-	(*UpdateNetworkPolicyRequest)(nil),   // 62: airlock.authority.v1.UpdateNetworkPolicyRequest
-	(*UpdateNetworkPolicyResponse)(nil),  // 63: airlock.authority.v1.UpdateNetworkPolicyResponse
-	(*UpdateJobLimitsRequest)(nil),       // 64: airlock.authority.v1.UpdateJobLimitsRequest
-	(*UpdateJobLimitsResponse)(nil),      // 65: airlock.authority.v1.UpdateJobLimitsResponse
-	(*UseLeaseRequest)(nil),              // 66: airlock.authority.v1.UseLeaseRequest
-	(*UseLeaseResponse)(nil),             // 67: airlock.authority.v1.UseLeaseResponse
-	(*AuditEvent)(nil),                   // 68: airlock.authority.v1.AuditEvent
-	(*ListAuditEventsRequest)(nil),       // 69: airlock.authority.v1.ListAuditEventsRequest
-	(*ListAuditEventsResponse)(nil),      // 70: airlock.authority.v1.ListAuditEventsResponse
-	(*AuditCheckpoint)(nil),              // 71: airlock.authority.v1.AuditCheckpoint
-	(*ListAuditCheckpointsRequest)(nil),  // 72: airlock.authority.v1.ListAuditCheckpointsRequest
-	(*ListAuditCheckpointsResponse)(nil), // 73: airlock.authority.v1.ListAuditCheckpointsResponse
-	(*GetPublishSpecRequest)(nil),        // 74: airlock.authority.v1.GetPublishSpecRequest
-	(*PublishPolicy)(nil),                // 75: airlock.authority.v1.PublishPolicy
-	(*GetPublishSpecResponse)(nil),       // 76: airlock.authority.v1.GetPublishSpecResponse
-	(*CreateSessionRequest)(nil),         // 77: airlock.authority.v1.CreateSessionRequest
-	(*CreateSessionResponse)(nil),        // 78: airlock.authority.v1.CreateSessionResponse
-	(*GetSessionRequest)(nil),            // 79: airlock.authority.v1.GetSessionRequest
-	(*GetSessionResponse)(nil),           // 80: airlock.authority.v1.GetSessionResponse
-	(*ListSessionsRequest)(nil),          // 81: airlock.authority.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),         // 82: airlock.authority.v1.ListSessionsResponse
-	(*FinishSessionRequest)(nil),         // 83: airlock.authority.v1.FinishSessionRequest
-	(*FinishSessionResponse)(nil),        // 84: airlock.authority.v1.FinishSessionResponse
-	(*CancelSessionRequest)(nil),         // 85: airlock.authority.v1.CancelSessionRequest
-	(*CancelSessionResponse)(nil),        // 86: airlock.authority.v1.CancelSessionResponse
-	(*StartExecRequest)(nil),             // 87: airlock.authority.v1.StartExecRequest
-	(*StartExecResponse)(nil),            // 88: airlock.authority.v1.StartExecResponse
-	(*GetExecRequest)(nil),               // 89: airlock.authority.v1.GetExecRequest
-	(*GetExecResponse)(nil),              // 90: airlock.authority.v1.GetExecResponse
-	(*WatchExecRequest)(nil),             // 91: airlock.authority.v1.WatchExecRequest
-	(*WatchExecResponse)(nil),            // 92: airlock.authority.v1.WatchExecResponse
-	(*RunExecStart)(nil),                 // 93: airlock.authority.v1.RunExecStart
-	(*RunExecRequest)(nil),               // 94: airlock.authority.v1.RunExecRequest
-	(*RunExecResponse)(nil),              // 95: airlock.authority.v1.RunExecResponse
-	(*CancelExecRequest)(nil),            // 96: airlock.authority.v1.CancelExecRequest
-	(*CancelExecResponse)(nil),           // 97: airlock.authority.v1.CancelExecResponse
-	(*ReadFileRequest)(nil),              // 98: airlock.authority.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),             // 99: airlock.authority.v1.ReadFileResponse
-	(*WriteFileHeader)(nil),              // 100: airlock.authority.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),             // 101: airlock.authority.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),            // 102: airlock.authority.v1.WriteFileResponse
-	(*ListFilesRequest)(nil),             // 103: airlock.authority.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),            // 104: airlock.authority.v1.ListFilesResponse
-	(*SuspendSessionRequest)(nil),        // 105: airlock.authority.v1.SuspendSessionRequest
-	(*SuspendSessionResponse)(nil),       // 106: airlock.authority.v1.SuspendSessionResponse
-	(*ResumeSessionRequest)(nil),         // 107: airlock.authority.v1.ResumeSessionRequest
-	(*ResumeSessionResponse)(nil),        // 108: airlock.authority.v1.ResumeSessionResponse
-	(*ListCachesRequest)(nil),            // 109: airlock.authority.v1.ListCachesRequest
-	(*ListCachesResponse)(nil),           // 110: airlock.authority.v1.ListCachesResponse
-	(*ClearCachesRequest)(nil),           // 111: airlock.authority.v1.ClearCachesRequest
-	(*ClearCachesResponse)(nil),          // 112: airlock.authority.v1.ClearCachesResponse
-	(*ListImagesRequest)(nil),            // 113: airlock.authority.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),           // 114: airlock.authority.v1.ListImagesResponse
-	(*PruneImagesRequest)(nil),           // 115: airlock.authority.v1.PruneImagesRequest
-	(*PruneImagesResponse)(nil),          // 116: airlock.authority.v1.PruneImagesResponse
-	nil,                                  // 117: airlock.authority.v1.JobSpec.EnvEntry
-	(*v1.ResourceLimits)(nil),            // 118: airlock.types.v1.ResourceLimits
-	(*v1.NetworkPolicy)(nil),             // 119: airlock.types.v1.NetworkPolicy
-	(v1.RuntimeClass)(0),                 // 120: airlock.types.v1.RuntimeClass
-	(*v1.PublishTarget)(nil),             // 121: airlock.types.v1.PublishTarget
-	(*v1.SessionSpec)(nil),               // 122: airlock.types.v1.SessionSpec
-	(*v1.JobUser)(nil),                   // 123: airlock.types.v1.JobUser
-	(*timestamppb.Timestamp)(nil),        // 124: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),                 // 125: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil),       // 126: airlock.types.v1.NetworkPolicyStatus
-	(*v1.ImageGrant)(nil),                // 127: airlock.types.v1.ImageGrant
-	(*v1.OutputChunk)(nil),               // 128: airlock.types.v1.OutputChunk
-	(*v1.EgressEvent)(nil),               // 129: airlock.types.v1.EgressEvent
-	(*v1.Exec)(nil),                      // 130: airlock.types.v1.Exec
-	(*v1.FileWrite)(nil),                 // 131: airlock.types.v1.FileWrite
-	(*v1.EgressRecord)(nil),              // 132: airlock.types.v1.EgressRecord
-	(*durationpb.Duration)(nil),          // 133: google.protobuf.Duration
-	(v1.TerminationReason)(0),            // 134: airlock.types.v1.TerminationReason
-	(*v1.ExecSpec)(nil),                  // 135: airlock.types.v1.ExecSpec
-	(*v1.FileHeader)(nil),                // 136: airlock.types.v1.FileHeader
-	(*v1.FileEntry)(nil),                 // 137: airlock.types.v1.FileEntry
-	(*v1.CacheInfo)(nil),                 // 138: airlock.types.v1.CacheInfo
-	(*v1.ImageInfo)(nil),                 // 139: airlock.types.v1.ImageInfo
-	(*v1.ImageCacheStats)(nil),           // 140: airlock.types.v1.ImageCacheStats
+	(ExecutorState)(0),                   // 8: airlock.authority.v1.ExecutorState
+	(*JobSpec)(nil),                      // 9: airlock.authority.v1.JobSpec
+	(*Job)(nil),                          // 10: airlock.authority.v1.Job
+	(*SubmitJobRequest)(nil),             // 11: airlock.authority.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),            // 12: airlock.authority.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),                // 13: airlock.authority.v1.GetJobRequest
+	(*GetJobResponse)(nil),               // 14: airlock.authority.v1.GetJobResponse
+	(*GetJobEgressRequest)(nil),          // 15: airlock.authority.v1.GetJobEgressRequest
+	(*DownloadBundleRequest)(nil),        // 16: airlock.authority.v1.DownloadBundleRequest
+	(*BundleHeader)(nil),                 // 17: airlock.authority.v1.BundleHeader
+	(*DownloadBundleResponse)(nil),       // 18: airlock.authority.v1.DownloadBundleResponse
+	(*GetJobEgressResponse)(nil),         // 19: airlock.authority.v1.GetJobEgressResponse
+	(*ListJobsRequest)(nil),              // 20: airlock.authority.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),             // 21: airlock.authority.v1.ListJobsResponse
+	(*WatchJobRequest)(nil),              // 22: airlock.authority.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),             // 23: airlock.authority.v1.WatchJobResponse
+	(*CancelJobRequest)(nil),             // 24: airlock.authority.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),            // 25: airlock.authority.v1.CancelJobResponse
+	(*FetchSourceRequest)(nil),           // 26: airlock.authority.v1.FetchSourceRequest
+	(*SourceHeader)(nil),                 // 27: airlock.authority.v1.SourceHeader
+	(*SourceHistory)(nil),                // 28: airlock.authority.v1.SourceHistory
+	(*FetchImageBlobRequest)(nil),        // 29: airlock.authority.v1.FetchImageBlobRequest
+	(*ImageBlobHeader)(nil),              // 30: airlock.authority.v1.ImageBlobHeader
+	(*FetchImageBlobResponse)(nil),       // 31: airlock.authority.v1.FetchImageBlobResponse
+	(*FetchSourceResponse)(nil),          // 32: airlock.authority.v1.FetchSourceResponse
+	(*ReportResultRequest)(nil),          // 33: airlock.authority.v1.ReportResultRequest
+	(*FileChange)(nil),                   // 34: airlock.authority.v1.FileChange
+	(*OutputTail)(nil),                   // 35: airlock.authority.v1.OutputTail
+	(*ReviewDetail)(nil),                 // 36: airlock.authority.v1.ReviewDetail
+	(*EgressLog)(nil),                    // 37: airlock.authority.v1.EgressLog
+	(*EgressName)(nil),                   // 38: airlock.authority.v1.EgressName
+	(*ReportResultResponse)(nil),         // 39: airlock.authority.v1.ReportResultResponse
+	(*JobChange)(nil),                    // 40: airlock.authority.v1.JobChange
+	(*ApprovalVote)(nil),                 // 41: airlock.authority.v1.ApprovalVote
+	(*Approval)(nil),                     // 42: airlock.authority.v1.Approval
+	(*ReviewMaterial)(nil),               // 43: airlock.authority.v1.ReviewMaterial
+	(*ReadReviewRequest)(nil),            // 44: airlock.authority.v1.ReadReviewRequest
+	(*ReviewPartStart)(nil),              // 45: airlock.authority.v1.ReviewPartStart
+	(*ReviewFiles)(nil),                  // 46: airlock.authority.v1.ReviewFiles
+	(*ReadReviewResponse)(nil),           // 47: airlock.authority.v1.ReadReviewResponse
+	(*ListApprovalsRequest)(nil),         // 48: airlock.authority.v1.ListApprovalsRequest
+	(*ListApprovalsResponse)(nil),        // 49: airlock.authority.v1.ListApprovalsResponse
+	(*GetApprovalRequest)(nil),           // 50: airlock.authority.v1.GetApprovalRequest
+	(*GetApprovalResponse)(nil),          // 51: airlock.authority.v1.GetApprovalResponse
+	(*DecideApprovalRequest)(nil),        // 52: airlock.authority.v1.DecideApprovalRequest
+	(*DecideApprovalResponse)(nil),       // 53: airlock.authority.v1.DecideApprovalResponse
+	(*ConsumeApprovalRequest)(nil),       // 54: airlock.authority.v1.ConsumeApprovalRequest
+	(*ConsumeApprovalResponse)(nil),      // 55: airlock.authority.v1.ConsumeApprovalResponse
+	(*Lease)(nil),                        // 56: airlock.authority.v1.Lease
+	(*LeaseCredentialRequest)(nil),       // 57: airlock.authority.v1.LeaseCredentialRequest
+	(*LeaseCredentialResponse)(nil),      // 58: airlock.authority.v1.LeaseCredentialResponse
+	(*RevokeCredentialRequest)(nil),      // 59: airlock.authority.v1.RevokeCredentialRequest
+	(*RevokeCredentialResponse)(nil),     // 60: airlock.authority.v1.RevokeCredentialResponse
+	(*ListLeasesRequest)(nil),            // 61: airlock.authority.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),           // 62: airlock.authority.v1.ListLeasesResponse
+	(*UpdateNetworkPolicyRequest)(nil),   // 63: airlock.authority.v1.UpdateNetworkPolicyRequest
+	(*UpdateNetworkPolicyResponse)(nil),  // 64: airlock.authority.v1.UpdateNetworkPolicyResponse
+	(*UpdateJobLimitsRequest)(nil),       // 65: airlock.authority.v1.UpdateJobLimitsRequest
+	(*UpdateJobLimitsResponse)(nil),      // 66: airlock.authority.v1.UpdateJobLimitsResponse
+	(*UseLeaseRequest)(nil),              // 67: airlock.authority.v1.UseLeaseRequest
+	(*UseLeaseResponse)(nil),             // 68: airlock.authority.v1.UseLeaseResponse
+	(*AuditEvent)(nil),                   // 69: airlock.authority.v1.AuditEvent
+	(*ListAuditEventsRequest)(nil),       // 70: airlock.authority.v1.ListAuditEventsRequest
+	(*ListAuditEventsResponse)(nil),      // 71: airlock.authority.v1.ListAuditEventsResponse
+	(*AuditCheckpoint)(nil),              // 72: airlock.authority.v1.AuditCheckpoint
+	(*ListAuditCheckpointsRequest)(nil),  // 73: airlock.authority.v1.ListAuditCheckpointsRequest
+	(*ListAuditCheckpointsResponse)(nil), // 74: airlock.authority.v1.ListAuditCheckpointsResponse
+	(*GetPublishSpecRequest)(nil),        // 75: airlock.authority.v1.GetPublishSpecRequest
+	(*PublishPolicy)(nil),                // 76: airlock.authority.v1.PublishPolicy
+	(*GetPublishSpecResponse)(nil),       // 77: airlock.authority.v1.GetPublishSpecResponse
+	(*CreateSessionRequest)(nil),         // 78: airlock.authority.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),        // 79: airlock.authority.v1.CreateSessionResponse
+	(*GetSessionRequest)(nil),            // 80: airlock.authority.v1.GetSessionRequest
+	(*GetSessionResponse)(nil),           // 81: airlock.authority.v1.GetSessionResponse
+	(*ListSessionsRequest)(nil),          // 82: airlock.authority.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),         // 83: airlock.authority.v1.ListSessionsResponse
+	(*FinishSessionRequest)(nil),         // 84: airlock.authority.v1.FinishSessionRequest
+	(*FinishSessionResponse)(nil),        // 85: airlock.authority.v1.FinishSessionResponse
+	(*CancelSessionRequest)(nil),         // 86: airlock.authority.v1.CancelSessionRequest
+	(*CancelSessionResponse)(nil),        // 87: airlock.authority.v1.CancelSessionResponse
+	(*StartExecRequest)(nil),             // 88: airlock.authority.v1.StartExecRequest
+	(*StartExecResponse)(nil),            // 89: airlock.authority.v1.StartExecResponse
+	(*GetExecRequest)(nil),               // 90: airlock.authority.v1.GetExecRequest
+	(*GetExecResponse)(nil),              // 91: airlock.authority.v1.GetExecResponse
+	(*WatchExecRequest)(nil),             // 92: airlock.authority.v1.WatchExecRequest
+	(*WatchExecResponse)(nil),            // 93: airlock.authority.v1.WatchExecResponse
+	(*RunExecStart)(nil),                 // 94: airlock.authority.v1.RunExecStart
+	(*RunExecRequest)(nil),               // 95: airlock.authority.v1.RunExecRequest
+	(*RunExecResponse)(nil),              // 96: airlock.authority.v1.RunExecResponse
+	(*CancelExecRequest)(nil),            // 97: airlock.authority.v1.CancelExecRequest
+	(*CancelExecResponse)(nil),           // 98: airlock.authority.v1.CancelExecResponse
+	(*ReadFileRequest)(nil),              // 99: airlock.authority.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),             // 100: airlock.authority.v1.ReadFileResponse
+	(*WriteFileHeader)(nil),              // 101: airlock.authority.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),             // 102: airlock.authority.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),            // 103: airlock.authority.v1.WriteFileResponse
+	(*ListFilesRequest)(nil),             // 104: airlock.authority.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),            // 105: airlock.authority.v1.ListFilesResponse
+	(*SuspendSessionRequest)(nil),        // 106: airlock.authority.v1.SuspendSessionRequest
+	(*SuspendSessionResponse)(nil),       // 107: airlock.authority.v1.SuspendSessionResponse
+	(*ResumeSessionRequest)(nil),         // 108: airlock.authority.v1.ResumeSessionRequest
+	(*ResumeSessionResponse)(nil),        // 109: airlock.authority.v1.ResumeSessionResponse
+	(*ListCachesRequest)(nil),            // 110: airlock.authority.v1.ListCachesRequest
+	(*ListCachesResponse)(nil),           // 111: airlock.authority.v1.ListCachesResponse
+	(*ClearCachesRequest)(nil),           // 112: airlock.authority.v1.ClearCachesRequest
+	(*ClearCachesResponse)(nil),          // 113: airlock.authority.v1.ClearCachesResponse
+	(*ListImagesRequest)(nil),            // 114: airlock.authority.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),           // 115: airlock.authority.v1.ListImagesResponse
+	(*PruneImagesRequest)(nil),           // 116: airlock.authority.v1.PruneImagesRequest
+	(*PruneImagesResponse)(nil),          // 117: airlock.authority.v1.PruneImagesResponse
+	(*HeartbeatRequest)(nil),             // 118: airlock.authority.v1.HeartbeatRequest
+	(*ExecutorReport)(nil),               // 119: airlock.authority.v1.ExecutorReport
+	(*ExecutorCapacity)(nil),             // 120: airlock.authority.v1.ExecutorCapacity
+	(*HeartbeatResponse)(nil),            // 121: airlock.authority.v1.HeartbeatResponse
+	(*Executor)(nil),                     // 122: airlock.authority.v1.Executor
+	(*ListExecutorsRequest)(nil),         // 123: airlock.authority.v1.ListExecutorsRequest
+	(*ListExecutorsResponse)(nil),        // 124: airlock.authority.v1.ListExecutorsResponse
+	(*GetExecutorRequest)(nil),           // 125: airlock.authority.v1.GetExecutorRequest
+	(*GetExecutorResponse)(nil),          // 126: airlock.authority.v1.GetExecutorResponse
+	(*DrainExecutorRequest)(nil),         // 127: airlock.authority.v1.DrainExecutorRequest
+	(*DrainExecutorResponse)(nil),        // 128: airlock.authority.v1.DrainExecutorResponse
+	nil,                                  // 129: airlock.authority.v1.JobSpec.EnvEntry
+	(*v1.ResourceLimits)(nil),            // 130: airlock.types.v1.ResourceLimits
+	(*v1.NetworkPolicy)(nil),             // 131: airlock.types.v1.NetworkPolicy
+	(v1.RuntimeClass)(0),                 // 132: airlock.types.v1.RuntimeClass
+	(*v1.PublishTarget)(nil),             // 133: airlock.types.v1.PublishTarget
+	(*v1.SessionSpec)(nil),               // 134: airlock.types.v1.SessionSpec
+	(*v1.JobUser)(nil),                   // 135: airlock.types.v1.JobUser
+	(*timestamppb.Timestamp)(nil),        // 136: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),                 // 137: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil),       // 138: airlock.types.v1.NetworkPolicyStatus
+	(*v1.ImageGrant)(nil),                // 139: airlock.types.v1.ImageGrant
+	(*v1.OutputChunk)(nil),               // 140: airlock.types.v1.OutputChunk
+	(*v1.EgressEvent)(nil),               // 141: airlock.types.v1.EgressEvent
+	(*v1.Exec)(nil),                      // 142: airlock.types.v1.Exec
+	(*v1.FileWrite)(nil),                 // 143: airlock.types.v1.FileWrite
+	(*v1.EgressRecord)(nil),              // 144: airlock.types.v1.EgressRecord
+	(*durationpb.Duration)(nil),          // 145: google.protobuf.Duration
+	(v1.TerminationReason)(0),            // 146: airlock.types.v1.TerminationReason
+	(*v1.ExecSpec)(nil),                  // 147: airlock.types.v1.ExecSpec
+	(*v1.FileHeader)(nil),                // 148: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),                 // 149: airlock.types.v1.FileEntry
+	(*v1.CacheInfo)(nil),                 // 150: airlock.types.v1.CacheInfo
+	(*v1.ImageInfo)(nil),                 // 151: airlock.types.v1.ImageInfo
+	(*v1.ImageCacheStats)(nil),           // 152: airlock.types.v1.ImageCacheStats
 }
 var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
-	117, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
-	118, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
-	119, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	120, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	121, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
-	122, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
-	123, // 6: airlock.authority.v1.JobSpec.user:type_name -> airlock.types.v1.JobUser
-	8,   // 7: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
+	129, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
+	130, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
+	131, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	132, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	133, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
+	134, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
+	135, // 6: airlock.authority.v1.JobSpec.user:type_name -> airlock.types.v1.JobUser
+	9,   // 7: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
 	0,   // 8: airlock.authority.v1.Job.state:type_name -> airlock.authority.v1.JobState
-	124, // 9: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	124, // 10: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	125, // 11: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
-	126, // 12: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	118, // 13: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
-	122, // 14: airlock.authority.v1.Job.session:type_name -> airlock.types.v1.SessionSpec
-	123, // 15: airlock.authority.v1.Job.user:type_name -> airlock.types.v1.JobUser
-	127, // 16: airlock.authority.v1.Job.image:type_name -> airlock.types.v1.ImageGrant
-	8,   // 17: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
-	9,   // 18: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
-	9,   // 19: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
-	16,  // 20: airlock.authority.v1.DownloadBundleResponse.header:type_name -> airlock.authority.v1.BundleHeader
-	36,  // 21: airlock.authority.v1.GetJobEgressResponse.egress:type_name -> airlock.authority.v1.EgressLog
+	136, // 9: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	136, // 10: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	137, // 11: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
+	138, // 12: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	130, // 13: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
+	134, // 14: airlock.authority.v1.Job.session:type_name -> airlock.types.v1.SessionSpec
+	135, // 15: airlock.authority.v1.Job.user:type_name -> airlock.types.v1.JobUser
+	139, // 16: airlock.authority.v1.Job.image:type_name -> airlock.types.v1.ImageGrant
+	9,   // 17: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
+	10,  // 18: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
+	10,  // 19: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
+	17,  // 20: airlock.authority.v1.DownloadBundleResponse.header:type_name -> airlock.authority.v1.BundleHeader
+	37,  // 21: airlock.authority.v1.GetJobEgressResponse.egress:type_name -> airlock.authority.v1.EgressLog
 	0,   // 22: airlock.authority.v1.GetJobEgressResponse.state:type_name -> airlock.authority.v1.JobState
 	0,   // 23: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
-	9,   // 24: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
-	9,   // 25: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
-	128, // 26: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
-	129, // 27: airlock.authority.v1.WatchJobResponse.egress:type_name -> airlock.types.v1.EgressEvent
-	9,   // 28: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
-	29,  // 29: airlock.authority.v1.FetchImageBlobResponse.header:type_name -> airlock.authority.v1.ImageBlobHeader
-	26,  // 30: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
-	27,  // 31: airlock.authority.v1.FetchSourceResponse.history:type_name -> airlock.authority.v1.SourceHistory
-	125, // 32: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
-	35,  // 33: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
+	10,  // 24: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
+	10,  // 25: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
+	140, // 26: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
+	141, // 27: airlock.authority.v1.WatchJobResponse.egress:type_name -> airlock.types.v1.EgressEvent
+	10,  // 28: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
+	30,  // 29: airlock.authority.v1.FetchImageBlobResponse.header:type_name -> airlock.authority.v1.ImageBlobHeader
+	27,  // 30: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
+	28,  // 31: airlock.authority.v1.FetchSourceResponse.history:type_name -> airlock.authority.v1.SourceHistory
+	137, // 32: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
+	36,  // 33: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
 	1,   // 34: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
-	33,  // 35: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
-	34,  // 36: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
-	34,  // 37: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
-	36,  // 38: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
-	130, // 39: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
-	131, // 40: airlock.authority.v1.ReviewDetail.file_writes:type_name -> airlock.types.v1.FileWrite
-	132, // 41: airlock.authority.v1.EgressLog.records:type_name -> airlock.types.v1.EgressRecord
-	37,  // 42: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
-	132, // 43: airlock.authority.v1.EgressLog.last:type_name -> airlock.types.v1.EgressRecord
-	9,   // 44: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
-	118, // 45: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
-	118, // 46: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
-	119, // 47: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	119, // 48: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	122, // 49: airlock.authority.v1.JobChange.from_session:type_name -> airlock.types.v1.SessionSpec
-	122, // 50: airlock.authority.v1.JobChange.to_session:type_name -> airlock.types.v1.SessionSpec
+	34,  // 35: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
+	35,  // 36: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
+	35,  // 37: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
+	37,  // 38: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
+	142, // 39: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
+	143, // 40: airlock.authority.v1.ReviewDetail.file_writes:type_name -> airlock.types.v1.FileWrite
+	144, // 41: airlock.authority.v1.EgressLog.records:type_name -> airlock.types.v1.EgressRecord
+	38,  // 42: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
+	144, // 43: airlock.authority.v1.EgressLog.last:type_name -> airlock.types.v1.EgressRecord
+	10,  // 44: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
+	130, // 45: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
+	130, // 46: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
+	131, // 47: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	131, // 48: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	134, // 49: airlock.authority.v1.JobChange.from_session:type_name -> airlock.types.v1.SessionSpec
+	134, // 50: airlock.authority.v1.JobChange.to_session:type_name -> airlock.types.v1.SessionSpec
 	3,   // 51: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
-	124, // 52: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
-	121, // 53: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
+	136, // 52: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
+	133, // 53: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
 	2,   // 54: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
-	40,  // 55: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
-	124, // 56: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
-	124, // 57: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	41,  // 55: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
+	136, // 56: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
+	136, // 57: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
 	4,   // 58: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
-	39,  // 59: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
-	125, // 60: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
-	119, // 61: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	35,  // 62: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
+	40,  // 59: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
+	137, // 60: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
+	131, // 61: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	36,  // 62: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
 	5,   // 63: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
 	5,   // 64: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
-	33,  // 65: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
-	44,  // 66: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
-	45,  // 67: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
+	34,  // 65: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
+	45,  // 66: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
+	46,  // 67: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
 	2,   // 68: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
-	41,  // 69: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
-	41,  // 70: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	42,  // 71: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
+	42,  // 69: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
+	42,  // 70: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	43,  // 71: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
 	3,   // 72: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
-	41,  // 73: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	121, // 74: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
-	41,  // 75: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	42,  // 73: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	133, // 74: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
+	42,  // 75: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
 	6,   // 76: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	124, // 77: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
-	124, // 78: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	124, // 79: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
+	136, // 77: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
+	136, // 78: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	136, // 79: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
 	6,   // 80: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	133, // 81: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
-	55,  // 82: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	55,  // 83: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	55,  // 84: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
-	119, // 85: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
-	126, // 86: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	118, // 87: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
-	122, // 88: airlock.authority.v1.UpdateJobLimitsRequest.session:type_name -> airlock.types.v1.SessionSpec
-	9,   // 89: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
-	55,  // 90: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
-	124, // 91: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	145, // 81: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
+	56,  // 82: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	56,  // 83: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	56,  // 84: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
+	131, // 85: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
+	138, // 86: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	130, // 87: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
+	134, // 88: airlock.authority.v1.UpdateJobLimitsRequest.session:type_name -> airlock.types.v1.SessionSpec
+	10,  // 89: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
+	56,  // 90: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
+	136, // 91: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
 	7,   // 92: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
-	124, // 93: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
-	124, // 94: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
-	68,  // 95: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
-	124, // 96: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
-	71,  // 97: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
-	41,  // 98: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
-	124, // 99: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
-	75,  // 100: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
-	8,   // 101: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
-	9,   // 102: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
-	9,   // 103: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
-	130, // 104: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
-	134, // 105: airlock.authority.v1.GetSessionResponse.suspend_reason:type_name -> airlock.types.v1.TerminationReason
-	131, // 106: airlock.authority.v1.GetSessionResponse.file_writes:type_name -> airlock.types.v1.FileWrite
+	136, // 93: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
+	136, // 94: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
+	69,  // 95: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
+	136, // 96: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
+	72,  // 97: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
+	42,  // 98: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
+	136, // 99: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
+	76,  // 100: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
+	9,   // 101: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
+	10,  // 102: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
+	10,  // 103: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
+	142, // 104: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
+	146, // 105: airlock.authority.v1.GetSessionResponse.suspend_reason:type_name -> airlock.types.v1.TerminationReason
+	143, // 106: airlock.authority.v1.GetSessionResponse.file_writes:type_name -> airlock.types.v1.FileWrite
 	0,   // 107: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
-	9,   // 108: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
-	9,   // 109: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
-	9,   // 110: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
-	135, // 111: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	130, // 112: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	130, // 113: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	128, // 114: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	130, // 115: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	135, // 116: airlock.authority.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
-	93,  // 117: airlock.authority.v1.RunExecRequest.start:type_name -> airlock.authority.v1.RunExecStart
-	88,  // 118: airlock.authority.v1.RunExecResponse.started:type_name -> airlock.authority.v1.StartExecResponse
-	128, // 119: airlock.authority.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	130, // 120: airlock.authority.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
-	130, // 121: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
-	136, // 122: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
-	100, // 123: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
-	137, // 124: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
-	9,   // 125: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
-	9,   // 126: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
-	138, // 127: airlock.authority.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
-	138, // 128: airlock.authority.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
-	139, // 129: airlock.authority.v1.ListImagesResponse.images:type_name -> airlock.types.v1.ImageInfo
-	140, // 130: airlock.authority.v1.ListImagesResponse.cache:type_name -> airlock.types.v1.ImageCacheStats
-	139, // 131: airlock.authority.v1.PruneImagesResponse.pruned:type_name -> airlock.types.v1.ImageInfo
-	10,  // 132: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
-	12,  // 133: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
-	14,  // 134: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
-	19,  // 135: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
-	21,  // 136: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
-	23,  // 137: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
-	15,  // 138: airlock.authority.v1.AuthorityService.DownloadBundle:input_type -> airlock.authority.v1.DownloadBundleRequest
-	77,  // 139: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
-	79,  // 140: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
-	81,  // 141: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
-	83,  // 142: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
-	85,  // 143: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
-	105, // 144: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
-	107, // 145: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
-	87,  // 146: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
-	89,  // 147: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
-	91,  // 148: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
-	96,  // 149: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
-	94,  // 150: airlock.authority.v1.AuthorityService.RunExec:input_type -> airlock.authority.v1.RunExecRequest
-	98,  // 151: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
-	101, // 152: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
-	103, // 153: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
-	25,  // 154: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
-	28,  // 155: airlock.authority.v1.AuthorityService.FetchImageBlob:input_type -> airlock.authority.v1.FetchImageBlobRequest
-	32,  // 156: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	47,  // 157: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	49,  // 158: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	43,  // 159: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
-	51,  // 160: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	53,  // 161: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	74,  // 162: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
-	56,  // 163: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	58,  // 164: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	60,  // 165: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	62,  // 166: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	64,  // 167: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
-	66,  // 168: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
-	69,  // 169: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	72,  // 170: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
-	109, // 171: airlock.authority.v1.AuthorityService.ListCaches:input_type -> airlock.authority.v1.ListCachesRequest
-	111, // 172: airlock.authority.v1.AuthorityService.ClearCaches:input_type -> airlock.authority.v1.ClearCachesRequest
-	113, // 173: airlock.authority.v1.AuthorityService.ListImages:input_type -> airlock.authority.v1.ListImagesRequest
-	115, // 174: airlock.authority.v1.AuthorityService.PruneImages:input_type -> airlock.authority.v1.PruneImagesRequest
-	11,  // 175: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
-	13,  // 176: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
-	18,  // 177: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
-	20,  // 178: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
-	22,  // 179: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
-	24,  // 180: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
-	17,  // 181: airlock.authority.v1.AuthorityService.DownloadBundle:output_type -> airlock.authority.v1.DownloadBundleResponse
-	78,  // 182: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
-	80,  // 183: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
-	82,  // 184: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
-	84,  // 185: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
-	86,  // 186: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
-	106, // 187: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
-	108, // 188: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
-	88,  // 189: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
-	90,  // 190: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
-	92,  // 191: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
-	97,  // 192: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
-	95,  // 193: airlock.authority.v1.AuthorityService.RunExec:output_type -> airlock.authority.v1.RunExecResponse
-	99,  // 194: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
-	102, // 195: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
-	104, // 196: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
-	31,  // 197: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	30,  // 198: airlock.authority.v1.AuthorityService.FetchImageBlob:output_type -> airlock.authority.v1.FetchImageBlobResponse
-	38,  // 199: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	48,  // 200: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	50,  // 201: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	46,  // 202: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
-	52,  // 203: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	54,  // 204: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	76,  // 205: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
-	57,  // 206: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	59,  // 207: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	61,  // 208: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	63,  // 209: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	65,  // 210: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
-	67,  // 211: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
-	70,  // 212: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	73,  // 213: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
-	110, // 214: airlock.authority.v1.AuthorityService.ListCaches:output_type -> airlock.authority.v1.ListCachesResponse
-	112, // 215: airlock.authority.v1.AuthorityService.ClearCaches:output_type -> airlock.authority.v1.ClearCachesResponse
-	114, // 216: airlock.authority.v1.AuthorityService.ListImages:output_type -> airlock.authority.v1.ListImagesResponse
-	116, // 217: airlock.authority.v1.AuthorityService.PruneImages:output_type -> airlock.authority.v1.PruneImagesResponse
-	175, // [175:218] is the sub-list for method output_type
-	132, // [132:175] is the sub-list for method input_type
-	132, // [132:132] is the sub-list for extension type_name
-	132, // [132:132] is the sub-list for extension extendee
-	0,   // [0:132] is the sub-list for field type_name
+	10,  // 108: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
+	10,  // 109: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
+	10,  // 110: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
+	147, // 111: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	142, // 112: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	142, // 113: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	140, // 114: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	142, // 115: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	147, // 116: airlock.authority.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
+	94,  // 117: airlock.authority.v1.RunExecRequest.start:type_name -> airlock.authority.v1.RunExecStart
+	89,  // 118: airlock.authority.v1.RunExecResponse.started:type_name -> airlock.authority.v1.StartExecResponse
+	140, // 119: airlock.authority.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	142, // 120: airlock.authority.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
+	142, // 121: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	148, // 122: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	101, // 123: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
+	149, // 124: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	10,  // 125: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
+	10,  // 126: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
+	150, // 127: airlock.authority.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
+	150, // 128: airlock.authority.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
+	151, // 129: airlock.authority.v1.ListImagesResponse.images:type_name -> airlock.types.v1.ImageInfo
+	152, // 130: airlock.authority.v1.ListImagesResponse.cache:type_name -> airlock.types.v1.ImageCacheStats
+	151, // 131: airlock.authority.v1.PruneImagesResponse.pruned:type_name -> airlock.types.v1.ImageInfo
+	119, // 132: airlock.authority.v1.HeartbeatRequest.report:type_name -> airlock.authority.v1.ExecutorReport
+	136, // 133: airlock.authority.v1.ExecutorReport.started_at:type_name -> google.protobuf.Timestamp
+	132, // 134: airlock.authority.v1.ExecutorReport.runtime_classes:type_name -> airlock.types.v1.RuntimeClass
+	120, // 135: airlock.authority.v1.ExecutorReport.capacity:type_name -> airlock.authority.v1.ExecutorCapacity
+	145, // 136: airlock.authority.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
+	8,   // 137: airlock.authority.v1.Executor.state:type_name -> airlock.authority.v1.ExecutorState
+	136, // 138: airlock.authority.v1.Executor.drained_at:type_name -> google.protobuf.Timestamp
+	136, // 139: airlock.authority.v1.Executor.joined_at:type_name -> google.protobuf.Timestamp
+	136, // 140: airlock.authority.v1.Executor.last_seen:type_name -> google.protobuf.Timestamp
+	119, // 141: airlock.authority.v1.Executor.report:type_name -> airlock.authority.v1.ExecutorReport
+	122, // 142: airlock.authority.v1.ListExecutorsResponse.executors:type_name -> airlock.authority.v1.Executor
+	122, // 143: airlock.authority.v1.GetExecutorResponse.executor:type_name -> airlock.authority.v1.Executor
+	122, // 144: airlock.authority.v1.DrainExecutorResponse.executor:type_name -> airlock.authority.v1.Executor
+	11,  // 145: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
+	13,  // 146: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
+	15,  // 147: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
+	20,  // 148: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
+	22,  // 149: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
+	24,  // 150: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
+	16,  // 151: airlock.authority.v1.AuthorityService.DownloadBundle:input_type -> airlock.authority.v1.DownloadBundleRequest
+	78,  // 152: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
+	80,  // 153: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
+	82,  // 154: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
+	84,  // 155: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
+	86,  // 156: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
+	106, // 157: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
+	108, // 158: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
+	88,  // 159: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
+	90,  // 160: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
+	92,  // 161: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
+	97,  // 162: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
+	95,  // 163: airlock.authority.v1.AuthorityService.RunExec:input_type -> airlock.authority.v1.RunExecRequest
+	99,  // 164: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
+	102, // 165: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
+	104, // 166: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
+	26,  // 167: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
+	29,  // 168: airlock.authority.v1.AuthorityService.FetchImageBlob:input_type -> airlock.authority.v1.FetchImageBlobRequest
+	33,  // 169: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
+	48,  // 170: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	50,  // 171: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	44,  // 172: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
+	52,  // 173: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	54,  // 174: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	75,  // 175: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
+	57,  // 176: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	59,  // 177: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	61,  // 178: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	63,  // 179: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	65,  // 180: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	67,  // 181: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	70,  // 182: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	73,  // 183: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
+	110, // 184: airlock.authority.v1.AuthorityService.ListCaches:input_type -> airlock.authority.v1.ListCachesRequest
+	112, // 185: airlock.authority.v1.AuthorityService.ClearCaches:input_type -> airlock.authority.v1.ClearCachesRequest
+	114, // 186: airlock.authority.v1.AuthorityService.ListImages:input_type -> airlock.authority.v1.ListImagesRequest
+	116, // 187: airlock.authority.v1.AuthorityService.PruneImages:input_type -> airlock.authority.v1.PruneImagesRequest
+	118, // 188: airlock.authority.v1.AuthorityService.Heartbeat:input_type -> airlock.authority.v1.HeartbeatRequest
+	123, // 189: airlock.authority.v1.AuthorityService.ListExecutors:input_type -> airlock.authority.v1.ListExecutorsRequest
+	125, // 190: airlock.authority.v1.AuthorityService.GetExecutor:input_type -> airlock.authority.v1.GetExecutorRequest
+	127, // 191: airlock.authority.v1.AuthorityService.DrainExecutor:input_type -> airlock.authority.v1.DrainExecutorRequest
+	12,  // 192: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
+	14,  // 193: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
+	19,  // 194: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
+	21,  // 195: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
+	23,  // 196: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
+	25,  // 197: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
+	18,  // 198: airlock.authority.v1.AuthorityService.DownloadBundle:output_type -> airlock.authority.v1.DownloadBundleResponse
+	79,  // 199: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
+	81,  // 200: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
+	83,  // 201: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
+	85,  // 202: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
+	87,  // 203: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
+	107, // 204: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
+	109, // 205: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
+	89,  // 206: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
+	91,  // 207: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
+	93,  // 208: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
+	98,  // 209: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
+	96,  // 210: airlock.authority.v1.AuthorityService.RunExec:output_type -> airlock.authority.v1.RunExecResponse
+	100, // 211: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
+	103, // 212: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
+	105, // 213: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
+	32,  // 214: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
+	31,  // 215: airlock.authority.v1.AuthorityService.FetchImageBlob:output_type -> airlock.authority.v1.FetchImageBlobResponse
+	39,  // 216: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	49,  // 217: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	51,  // 218: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	47,  // 219: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
+	53,  // 220: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	55,  // 221: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	77,  // 222: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
+	58,  // 223: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	60,  // 224: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	62,  // 225: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	64,  // 226: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	66,  // 227: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	68,  // 228: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	71,  // 229: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	74,  // 230: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
+	111, // 231: airlock.authority.v1.AuthorityService.ListCaches:output_type -> airlock.authority.v1.ListCachesResponse
+	113, // 232: airlock.authority.v1.AuthorityService.ClearCaches:output_type -> airlock.authority.v1.ClearCachesResponse
+	115, // 233: airlock.authority.v1.AuthorityService.ListImages:output_type -> airlock.authority.v1.ListImagesResponse
+	117, // 234: airlock.authority.v1.AuthorityService.PruneImages:output_type -> airlock.authority.v1.PruneImagesResponse
+	121, // 235: airlock.authority.v1.AuthorityService.Heartbeat:output_type -> airlock.authority.v1.HeartbeatResponse
+	124, // 236: airlock.authority.v1.AuthorityService.ListExecutors:output_type -> airlock.authority.v1.ListExecutorsResponse
+	126, // 237: airlock.authority.v1.AuthorityService.GetExecutor:output_type -> airlock.authority.v1.GetExecutorResponse
+	128, // 238: airlock.authority.v1.AuthorityService.DrainExecutor:output_type -> airlock.authority.v1.DrainExecutorResponse
+	192, // [192:239] is the sub-list for method output_type
+	145, // [145:192] is the sub-list for method input_type
+	145, // [145:145] is the sub-list for extension type_name
+	145, // [145:145] is the sub-list for extension extendee
+	0,   // [0:145] is the sub-list for field type_name
 }
 
 func init() { file_airlock_authority_v1_authority_proto_init() }
@@ -9334,8 +10286,8 @@ func file_airlock_authority_v1_authority_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_authority_v1_authority_proto_rawDesc), len(file_airlock_authority_v1_authority_proto_rawDesc)),
-			NumEnums:      8,
-			NumMessages:   110,
+			NumEnums:      9,
+			NumMessages:   121,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

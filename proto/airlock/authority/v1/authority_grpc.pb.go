@@ -68,6 +68,10 @@ const (
 	AuthorityService_ClearCaches_FullMethodName          = "/airlock.authority.v1.AuthorityService/ClearCaches"
 	AuthorityService_ListImages_FullMethodName           = "/airlock.authority.v1.AuthorityService/ListImages"
 	AuthorityService_PruneImages_FullMethodName          = "/airlock.authority.v1.AuthorityService/PruneImages"
+	AuthorityService_Heartbeat_FullMethodName            = "/airlock.authority.v1.AuthorityService/Heartbeat"
+	AuthorityService_ListExecutors_FullMethodName        = "/airlock.authority.v1.AuthorityService/ListExecutors"
+	AuthorityService_GetExecutor_FullMethodName          = "/airlock.authority.v1.AuthorityService/GetExecutor"
+	AuthorityService_DrainExecutor_FullMethodName        = "/airlock.authority.v1.AuthorityService/DrainExecutor"
 )
 
 // AuthorityServiceClient is the client API for AuthorityService service.
@@ -251,6 +255,19 @@ type AuthorityServiceClient interface {
 	// one named) that none of its jobs runs on; a layer no tenant holds and
 	// no job uses is deleted. Callers: client/*, for its own tenant.
 	PruneImages(ctx context.Context, in *PruneImagesRequest, opts ...grpc.CallOption) (*PruneImagesResponse, error)
+	// An executor joins the fleet and, on a heartbeat, reports what it can
+	// run; the answer says whether it is drained and which of its runs to
+	// stop. Executors only; the caller's certificate names the executor.
+	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error)
+	// The fleet as the authority's store holds it (any replica answers the
+	// same). Operators only.
+	ListExecutors(ctx context.Context, in *ListExecutorsRequest, opts ...grpc.CallOption) (*ListExecutorsResponse, error)
+	// One executor, with the jobs placed on it that have not ended.
+	// Operators only.
+	GetExecutor(ctx context.Context, in *GetExecutorRequest, opts ...grpc.CallOption) (*GetExecutorResponse, error)
+	// Drains an executor (no new work is placed on it; what runs there
+	// finishes) or ends its drain. On the audit log. Operators only.
+	DrainExecutor(ctx context.Context, in *DrainExecutorRequest, opts ...grpc.CallOption) (*DrainExecutorResponse, error)
 }
 
 type authorityServiceClient struct {
@@ -760,6 +777,46 @@ func (c *authorityServiceClient) PruneImages(ctx context.Context, in *PruneImage
 	return out, nil
 }
 
+func (c *authorityServiceClient) Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HeartbeatResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_Heartbeat_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *authorityServiceClient) ListExecutors(ctx context.Context, in *ListExecutorsRequest, opts ...grpc.CallOption) (*ListExecutorsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListExecutorsResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_ListExecutors_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *authorityServiceClient) GetExecutor(ctx context.Context, in *GetExecutorRequest, opts ...grpc.CallOption) (*GetExecutorResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetExecutorResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_GetExecutor_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *authorityServiceClient) DrainExecutor(ctx context.Context, in *DrainExecutorRequest, opts ...grpc.CallOption) (*DrainExecutorResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DrainExecutorResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_DrainExecutor_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AuthorityServiceServer is the server API for AuthorityService service.
 // All implementations must embed UnimplementedAuthorityServiceServer
 // for forward compatibility.
@@ -941,6 +998,19 @@ type AuthorityServiceServer interface {
 	// one named) that none of its jobs runs on; a layer no tenant holds and
 	// no job uses is deleted. Callers: client/*, for its own tenant.
 	PruneImages(context.Context, *PruneImagesRequest) (*PruneImagesResponse, error)
+	// An executor joins the fleet and, on a heartbeat, reports what it can
+	// run; the answer says whether it is drained and which of its runs to
+	// stop. Executors only; the caller's certificate names the executor.
+	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error)
+	// The fleet as the authority's store holds it (any replica answers the
+	// same). Operators only.
+	ListExecutors(context.Context, *ListExecutorsRequest) (*ListExecutorsResponse, error)
+	// One executor, with the jobs placed on it that have not ended.
+	// Operators only.
+	GetExecutor(context.Context, *GetExecutorRequest) (*GetExecutorResponse, error)
+	// Drains an executor (no new work is placed on it; what runs there
+	// finishes) or ends its drain. On the audit log. Operators only.
+	DrainExecutor(context.Context, *DrainExecutorRequest) (*DrainExecutorResponse, error)
 	mustEmbedUnimplementedAuthorityServiceServer()
 }
 
@@ -1079,6 +1149,18 @@ func (UnimplementedAuthorityServiceServer) ListImages(context.Context, *ListImag
 }
 func (UnimplementedAuthorityServiceServer) PruneImages(context.Context, *PruneImagesRequest) (*PruneImagesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PruneImages not implemented")
+}
+func (UnimplementedAuthorityServiceServer) Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Heartbeat not implemented")
+}
+func (UnimplementedAuthorityServiceServer) ListExecutors(context.Context, *ListExecutorsRequest) (*ListExecutorsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListExecutors not implemented")
+}
+func (UnimplementedAuthorityServiceServer) GetExecutor(context.Context, *GetExecutorRequest) (*GetExecutorResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetExecutor not implemented")
+}
+func (UnimplementedAuthorityServiceServer) DrainExecutor(context.Context, *DrainExecutorRequest) (*DrainExecutorResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DrainExecutor not implemented")
 }
 func (UnimplementedAuthorityServiceServer) mustEmbedUnimplementedAuthorityServiceServer() {}
 func (UnimplementedAuthorityServiceServer) testEmbeddedByValue()                          {}
@@ -1804,6 +1886,78 @@ func _AuthorityService_PruneImages_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AuthorityService_Heartbeat_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HeartbeatRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).Heartbeat(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_Heartbeat_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).Heartbeat(ctx, req.(*HeartbeatRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AuthorityService_ListExecutors_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListExecutorsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).ListExecutors(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_ListExecutors_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).ListExecutors(ctx, req.(*ListExecutorsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AuthorityService_GetExecutor_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetExecutorRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).GetExecutor(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_GetExecutor_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).GetExecutor(ctx, req.(*GetExecutorRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AuthorityService_DrainExecutor_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DrainExecutorRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).DrainExecutor(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_DrainExecutor_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).DrainExecutor(ctx, req.(*DrainExecutorRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AuthorityService_ServiceDesc is the grpc.ServiceDesc for AuthorityService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1946,6 +2100,22 @@ var AuthorityService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "PruneImages",
 			Handler:    _AuthorityService_PruneImages_Handler,
+		},
+		{
+			MethodName: "Heartbeat",
+			Handler:    _AuthorityService_Heartbeat_Handler,
+		},
+		{
+			MethodName: "ListExecutors",
+			Handler:    _AuthorityService_ListExecutors_Handler,
+		},
+		{
+			MethodName: "GetExecutor",
+			Handler:    _AuthorityService_GetExecutor_Handler,
+		},
+		{
+			MethodName: "DrainExecutor",
+			Handler:    _AuthorityService_DrainExecutor_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

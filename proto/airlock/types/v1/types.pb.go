@@ -220,21 +220,26 @@ const (
 	TerminationReason_TERMINATION_REASON_FINISHED TerminationReason = 8
 	// A session that had no exec running for longer than its idle timeout.
 	TerminationReason_TERMINATION_REASON_IDLE_TIMEOUT TerminationReason = 9
+	// The executor running the job stopped answering for longer than the
+	// fleet's bound; the authority ended the job without knowing how far it
+	// got, and never runs it again (it may have had effects).
+	TerminationReason_TERMINATION_REASON_EXECUTOR_LOST TerminationReason = 10
 )
 
 // Enum value maps for TerminationReason.
 var (
 	TerminationReason_name = map[int32]string{
-		0: "TERMINATION_REASON_UNSPECIFIED",
-		1: "TERMINATION_REASON_EXITED",
-		2: "TERMINATION_REASON_TIMEOUT",
-		3: "TERMINATION_REASON_OOM",
-		4: "TERMINATION_REASON_DISK_FULL",
-		5: "TERMINATION_REASON_CANCELLED",
-		6: "TERMINATION_REASON_EXECUTOR_RESTARTED",
-		7: "TERMINATION_REASON_SANDBOX_ERROR",
-		8: "TERMINATION_REASON_FINISHED",
-		9: "TERMINATION_REASON_IDLE_TIMEOUT",
+		0:  "TERMINATION_REASON_UNSPECIFIED",
+		1:  "TERMINATION_REASON_EXITED",
+		2:  "TERMINATION_REASON_TIMEOUT",
+		3:  "TERMINATION_REASON_OOM",
+		4:  "TERMINATION_REASON_DISK_FULL",
+		5:  "TERMINATION_REASON_CANCELLED",
+		6:  "TERMINATION_REASON_EXECUTOR_RESTARTED",
+		7:  "TERMINATION_REASON_SANDBOX_ERROR",
+		8:  "TERMINATION_REASON_FINISHED",
+		9:  "TERMINATION_REASON_IDLE_TIMEOUT",
+		10: "TERMINATION_REASON_EXECUTOR_LOST",
 	}
 	TerminationReason_value = map[string]int32{
 		"TERMINATION_REASON_UNSPECIFIED":        0,
@@ -247,6 +252,7 @@ var (
 		"TERMINATION_REASON_SANDBOX_ERROR":      7,
 		"TERMINATION_REASON_FINISHED":           8,
 		"TERMINATION_REASON_IDLE_TIMEOUT":       9,
+		"TERMINATION_REASON_EXECUTOR_LOST":      10,
 	}
 )
 
@@ -1027,7 +1033,12 @@ type Grant struct {
 	// submission; unset runs it on the executor's host template (the host's
 	// /usr, read-only). The executor runs exactly this digest, pulling it
 	// through the authority. It never changes for a job.
-	Image         *ImageGrant `protobuf:"bytes,21,opt,name=image,proto3" json:"image,omitempty"`
+	Image *ImageGrant `protobuf:"bytes,21,opt,name=image,proto3" json:"image,omitempty"`
+	// SPIFFE ID of the one executor the grant is for
+	// (spiffe://TD/service/executor/NAME in a fleet). Every other executor
+	// refuses it, so a grant cannot be replayed across the fleet; an
+	// executor refuses a grant that names none.
+	Executor      string `protobuf:"bytes,22,opt,name=executor,proto3" json:"executor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1207,6 +1218,13 @@ func (x *Grant) GetImage() *ImageGrant {
 		return x.Image
 	}
 	return nil
+}
+
+func (x *Grant) GetExecutor() string {
+	if x != nil {
+		return x.Executor
+	}
+	return ""
 }
 
 // ImageGrant is the image a grant lets a job run on.
@@ -3329,7 +3347,7 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"repository\x18\x01 \x01(\tR\n" +
 	"repository\x12\x16\n" +
-	"\x06branch\x18\x02 \x01(\tR\x06branch\"\x89\b\n" +
+	"\x06branch\x18\x02 \x01(\tR\x06branch\"\xa5\b\n" +
 	"\x05Grant\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x16\n" +
@@ -3357,7 +3375,8 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\x11git_history_depth\x18\x12 \x01(\rR\x0fgitHistoryDepth\x124\n" +
 	"\x06caches\x18\x13 \x03(\v2\x1c.airlock.types.v1.CacheGrantR\x06caches\x12-\n" +
 	"\x04user\x18\x14 \x01(\v2\x19.airlock.types.v1.JobUserR\x04user\x122\n" +
-	"\x05image\x18\x15 \x01(\v2\x1c.airlock.types.v1.ImageGrantR\x05image\x1a6\n" +
+	"\x05image\x18\x15 \x01(\v2\x1c.airlock.types.v1.ImageGrantR\x05image\x12\x1a\n" +
+	"\bexecutor\x18\x16 \x01(\tR\bexecutor\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb2\x01\n" +
@@ -3571,7 +3590,7 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\x16EXEC_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12EXEC_STATE_RUNNING\x10\x01\x12\x14\n" +
 	"\x10EXEC_STATE_ENDED\x10\x02\x12\x18\n" +
-	"\x14EXEC_STATE_REQUESTED\x10\x03*\xed\x02\n" +
+	"\x14EXEC_STATE_REQUESTED\x10\x03*\x93\x03\n" +
 	"\x11TerminationReason\x12\"\n" +
 	"\x1eTERMINATION_REASON_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19TERMINATION_REASON_EXITED\x10\x01\x12\x1e\n" +
@@ -3582,7 +3601,9 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"%TERMINATION_REASON_EXECUTOR_RESTARTED\x10\x06\x12$\n" +
 	" TERMINATION_REASON_SANDBOX_ERROR\x10\a\x12\x1f\n" +
 	"\x1bTERMINATION_REASON_FINISHED\x10\b\x12#\n" +
-	"\x1fTERMINATION_REASON_IDLE_TIMEOUT\x10\t*a\n" +
+	"\x1fTERMINATION_REASON_IDLE_TIMEOUT\x10\t\x12$\n" +
+	" TERMINATION_REASON_EXECUTOR_LOST\x10\n" +
+	"*a\n" +
 	"\fOutputStream\x12\x1d\n" +
 	"\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n" +

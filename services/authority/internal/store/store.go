@@ -76,10 +76,18 @@ type Job struct {
 	// DispatchedAt is when a StartJob for the grant was first attempted;
 	// zero while the grant has never left the authority.
 	DispatchedAt time.Time
-	// Executor is the SPIFFE ID of the executor the grant was dispatched
-	// to, set with DispatchedAt; only it may fetch the job's source and
-	// report its result. Empty for jobs dispatched before it was recorded.
+	// Executor is the SPIFFE ID of the executor the job is placed on (its
+	// grant names it), set when it is placed and changed only when it is
+	// placed anew; only it may fetch the job's source and report its
+	// result. Empty while the job waits for a place.
 	Executor string
+
+	// ClaimedBy names the authority replica that drives the job, until
+	// ClaimExpiresAt; another replica takes the job up only after that
+	// (ClaimJobs). Written by CreateJob, ClaimJobs, RenewClaims and
+	// ReleaseClaims only: UpdateJob leaves both as they are.
+	ClaimedBy      string
+	ClaimExpiresAt time.Time
 
 	// Result is the serialized airlock.types.v1.RunResult the executor
 	// reported, with the rest of its report; empty until then.
@@ -181,6 +189,7 @@ type Store interface {
 
 	ApprovalStore
 	ExecStore
+	FleetStore
 
 	// Close releases the store.
 	Close() error
@@ -441,4 +450,85 @@ type ExecStore interface {
 	// oldest first by RequestedAt (for a record learnt from the executor,
 	// when it started) then ExecID, and how many the session has in all.
 	ListExecs(ctx context.Context, sessionID string, last int) ([]Exec, int64, error)
+}
+
+// ExecutorState is an executor's health in the fleet. The values are what
+// the database holds, so they never change.
+type ExecutorState string
+
+// Executor states: up while its heartbeats arrive, lost once they stopped
+// for longer than the fleet's bound, up again when one arrives.
+const (
+	ExecutorUp   ExecutorState = "up"
+	ExecutorLost ExecutorState = "lost"
+)
+
+// Executor is one member of the executor fleet as the authority keeps it.
+type Executor struct {
+	// Name is its name in the fleet (its certificate's instance), unique;
+	// ID its SPIFFE ID, unique too.
+	Name string
+	ID   string
+	// Address is the host:port the authority reaches it at.
+	Address string
+	// Report is its last report, serialized by the fleet package; the
+	// store does not interpret it.
+	Report []byte
+	State  ExecutorState
+	// Draining, with who asked, when and why: no new work goes to it.
+	Draining    bool
+	DrainedBy   string
+	DrainedAt   time.Time
+	DrainReason string
+	// JoinedAt is its first heartbeat; LastSeen its last.
+	JoinedAt time.Time
+	LastSeen time.Time
+	// Version increases by one with every stored change.
+	Version int64
+}
+
+// Placement counts the jobs (and sessions) of one tenant placed on one
+// executor that have not ended.
+type Placement struct {
+	// Executor is the executor's SPIFFE ID, as Job.Executor holds it.
+	Executor string
+	Tenant   string
+	Jobs     int64
+}
+
+// FleetStore is the part of Store that keeps the executor fleet and the
+// replicas' claims on unfinished jobs.
+type FleetStore interface {
+	// UpdateExecutorAudited reads executor name (found false and a record
+	// holding only the name when there is none), lets update change it
+	// and return an audit event or nil, and writes the record, and the
+	// event when there is one, in one transaction, Version incremented.
+	// An error from update writes nothing and is returned. Two updates of
+	// one executor never interleave, across replicas too; the name is not
+	// written even if update changes it.
+	UpdateExecutorAudited(ctx context.Context, name string, update func(e *Executor, found bool) (*audit.Event, error)) (Executor, error)
+	// GetExecutor returns one executor, or an error wrapping ErrNotFound.
+	GetExecutor(ctx context.Context, name string) (Executor, error)
+	// ListExecutors returns the whole fleet, by name.
+	ListExecutors(ctx context.Context) ([]Executor, error)
+	// Placements counts the jobs in a state that has not ended (queued,
+	// staging, running) per executor and tenant; jobs placed nowhere are
+	// not counted.
+	Placements(ctx context.Context) ([]Placement, error)
+	// JobsOnExecutor returns up to limit jobs placed on executor (a SPIFFE
+	// ID) in one of states (all unfinished ones when none), oldest first.
+	JobsOnExecutor(ctx context.Context, executor string, limit int, states ...State) ([]Job, error)
+
+	// ClaimJobs takes up to limit unfinished jobs whose claim has expired
+	// at now (or that have none), oldest first, for owner until until,
+	// and returns them as now stored. Two replicas claiming at once never
+	// take the same job: each skips rows the other holds locked.
+	ClaimJobs(ctx context.Context, owner string, now, until time.Time, limit int) ([]Job, error)
+	// RenewClaims extends to until the claims owner still holds on
+	// unfinished jobs, and returns the ids of those jobs: a job missing
+	// from them was taken by another replica (or has ended).
+	RenewClaims(ctx context.Context, owner string, until time.Time) ([]string, error)
+	// ReleaseClaims ends owner's claims (on a clean stop), so another
+	// replica takes the jobs up at once.
+	ReleaseClaims(ctx context.Context, owner string) error
 }
