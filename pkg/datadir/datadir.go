@@ -59,5 +59,18 @@ func (d *Dir) Path() string { return d.path }
 // Join returns a path inside the directory.
 func (d *Dir) Join(elem ...string) string { return filepath.Join(append([]string{d.path}, elem...)...) }
 
+// Owner names the process holding the directory among others on other
+// hosts: the host name and the directory's path, which one process holds
+// at a time. A process restarted on the directory has the same name, so
+// whatever it claimed under it (a publisher's deployments, an authority's
+// jobs) it takes back at once.
+func (d *Dir) Owner() string {
+	host, err := os.Hostname()
+	if err != nil {
+		host = "unknown-host"
+	}
+	return host + ":" + d.path
+}
+
 // Close releases the lock.
 func (d *Dir) Close() error { return d.lock.Close() }

@@ -21,6 +21,9 @@ type Image struct {
 	InUse int
 	// Layers, bottom first, when asked for.
 	Layers []Layer
+	// Executor names the executor holding it, in the authority's view of
+	// a fleet (each executor keeps its own cache); "" at the executor.
+	Executor string
 }
 
 // Layer is one cached layer.
@@ -35,6 +38,12 @@ type Stats struct {
 	Layers, Images int
 	// Counters since the executor started.
 	Pulls, PulledBytes, Hits, Evictions int64
+}
+
+// Add is s and o together: two executors' caches as one.
+func (s Stats) Add(o Stats) Stats {
+	return Stats{Size: s.Size + o.Size, MaxSize: s.MaxSize + o.MaxSize, Layers: s.Layers + o.Layers, Images: s.Images + o.Images,
+		Pulls: s.Pulls + o.Pulls, PulledBytes: s.PulledBytes + o.PulledBytes, Hits: s.Hits + o.Hits, Evictions: s.Evictions + o.Evictions}
 }
 
 // List is a tenant's images and the cache's stats.

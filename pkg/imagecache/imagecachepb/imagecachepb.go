@@ -15,7 +15,7 @@ func ImagesFromProto(in []*typesv1.ImageInfo) []imagecache.Image {
 	out := make([]imagecache.Image, 0, len(in))
 	for _, i := range in {
 		img := imagecache.Image{Reference: i.GetReference(), Digest: i.GetDigest(), Size: i.GetSizeBytes(), LastUsed: i.GetLastUsed().AsTime(),
-			Jobs: i.GetJobs(), InUse: int(i.GetInUse())}
+			Jobs: i.GetJobs(), InUse: int(i.GetInUse()), Executor: i.GetExecutor()}
 		for _, l := range i.GetLayers() {
 			img.Layers = append(img.Layers, imagecache.Layer{Digest: l.GetDigest(), DiffID: l.GetDiffId(), MediaType: l.GetMediaType(),
 				Compressed: l.GetCompressedBytes(), Unpacked: l.GetUnpackedBytes()})
@@ -30,7 +30,7 @@ func ImagesToProto(in []imagecache.Image) []*typesv1.ImageInfo {
 	out := make([]*typesv1.ImageInfo, 0, len(in))
 	for _, i := range in {
 		p := &typesv1.ImageInfo{Reference: i.Reference, Digest: i.Digest, SizeBytes: i.Size, LastUsed: timestamppb.New(i.LastUsed),
-			Jobs: i.Jobs, InUse: int32(i.InUse)}
+			Jobs: i.Jobs, InUse: int32(i.InUse), Executor: i.Executor}
 		for _, l := range i.Layers {
 			p.Layers = append(p.Layers, &typesv1.ImageLayerInfo{Digest: l.Digest, DiffId: l.DiffID, MediaType: l.MediaType,
 				CompressedBytes: l.Compressed, UnpackedBytes: l.Unpacked})

@@ -1559,7 +1559,10 @@ type CacheInfo struct {
 	// Its size in bytes (file bytes plus 4 KiB per entry).
 	SizeBytes int64 `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	// When a run last started with it or committed to it.
-	LastUsed      *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=last_used,json=lastUsed,proto3" json:"last_used,omitempty"`
+	LastUsed *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=last_used,json=lastUsed,proto3" json:"last_used,omitempty"`
+	// The executor keeping it, in the authority's answer (each executor of
+	// a fleet keeps its own copy); unset at the executor.
+	Executor      string `protobuf:"bytes,5,opt,name=executor,proto3" json:"executor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1622,6 +1625,13 @@ func (x *CacheInfo) GetLastUsed() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *CacheInfo) GetExecutor() string {
+	if x != nil {
+		return x.Executor
+	}
+	return ""
+}
+
 // ImageInfo describes one image an executor holds in its cache, as one
 // tenant sees it: only images its own jobs used.
 type ImageInfo struct {
@@ -1640,7 +1650,10 @@ type ImageInfo struct {
 	// How many of the tenant's jobs run on it now.
 	InUse int32 `protobuf:"varint,6,opt,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
 	// Its layers, bottom first (filled by an inspect).
-	Layers        []*ImageLayerInfo `protobuf:"bytes,7,rep,name=layers,proto3" json:"layers,omitempty"`
+	Layers []*ImageLayerInfo `protobuf:"bytes,7,rep,name=layers,proto3" json:"layers,omitempty"`
+	// The executor holding it, in the authority's answer; unset at the
+	// executor.
+	Executor      string `protobuf:"bytes,8,opt,name=executor,proto3" json:"executor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1722,6 +1735,13 @@ func (x *ImageInfo) GetLayers() []*ImageLayerInfo {
 		return x.Layers
 	}
 	return nil
+}
+
+func (x *ImageInfo) GetExecutor() string {
+	if x != nil {
+		return x.Executor
+	}
+	return ""
 }
 
 // ImageLayerInfo describes one cached layer.
@@ -3409,7 +3429,7 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"size_after\x18\x04 \x01(\x03R\tsizeAfter\x12\x1c\n" +
 	"\tcommitted\x18\x05 \x01(\bR\tcommitted\x12\x18\n" +
 	"\aevicted\x18\x06 \x01(\bR\aevicted\x12\x18\n" +
-	"\amessage\x18\a \x01(\tR\amessage\"\x97\x01\n" +
+	"\amessage\x18\a \x01(\tR\amessage\"\xb3\x01\n" +
 	"\tCacheInfo\x12\x1e\n" +
 	"\n" +
 	"repository\x18\x01 \x01(\tR\n" +
@@ -3417,7 +3437,8 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x03 \x01(\x03R\tsizeBytes\x127\n" +
-	"\tlast_used\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastUsed\"\xfe\x01\n" +
+	"\tlast_used\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastUsed\x12\x1a\n" +
+	"\bexecutor\x18\x05 \x01(\tR\bexecutor\"\x9a\x02\n" +
 	"\tImageInfo\x12\x1c\n" +
 	"\treference\x18\x01 \x01(\tR\treference\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x1d\n" +
@@ -3426,7 +3447,8 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\tlast_used\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastUsed\x12\x12\n" +
 	"\x04jobs\x18\x05 \x03(\tR\x04jobs\x12\x15\n" +
 	"\x06in_use\x18\x06 \x01(\x05R\x05inUse\x128\n" +
-	"\x06layers\x18\a \x03(\v2 .airlock.types.v1.ImageLayerInfoR\x06layers\"\xb2\x01\n" +
+	"\x06layers\x18\a \x03(\v2 .airlock.types.v1.ImageLayerInfoR\x06layers\x12\x1a\n" +
+	"\bexecutor\x18\b \x01(\tR\bexecutor\"\xb2\x01\n" +
 	"\x0eImageLayerInfo\x12\x16\n" +
 	"\x06digest\x18\x01 \x01(\tR\x06digest\x12\x17\n" +
 	"\adiff_id\x18\x02 \x01(\tR\x06diffId\x12\x1d\n" +

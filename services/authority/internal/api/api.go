@@ -25,6 +25,7 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/approvals"
 	"github.com/airlockhq/airlock/services/authority/internal/checkpoints"
 	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
+	"github.com/airlockhq/airlock/services/authority/internal/fleet"
 	"github.com/airlockhq/airlock/services/authority/internal/flow"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
 	"github.com/airlockhq/airlock/services/authority/internal/leases"
@@ -44,6 +45,8 @@ type Config struct {
 	// Checkpoints serves the audit log's signed checkpoints; nil answers
 	// Unimplemented.
 	Checkpoints *checkpoints.Service
+	// Fleet is the executor fleet; required.
+	Fleet *fleet.Fleet
 	// Logger receives internal errors; default slog.Default().
 	Logger *slog.Logger
 }

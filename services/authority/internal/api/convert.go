@@ -2,6 +2,7 @@ package api
 
 import (
 	"fmt"
+	"github.com/airlockhq/airlock/pkg/identity"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -11,6 +12,7 @@ import (
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
+	"github.com/airlockhq/airlock/services/authority/internal/fleet"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
@@ -135,6 +137,11 @@ func jobToProto(j store.Job) (*authorityv1.Job, error) {
 		CreatedAt:      timestamppb.New(j.CreatedAt),
 		UpdatedAt:      timestamppb.New(j.UpdatedAt),
 		Message:        j.Message,
+	}
+	if j.Executor != "" {
+		if x, err := identity.Parse(j.Executor); err == nil {
+			out.Executor = fleet.NameOf(x)
+		}
 	}
 	if len(j.Result) > 0 {
 		r := &typesv1.RunResult{}

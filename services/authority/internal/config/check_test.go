@@ -14,7 +14,7 @@ import (
 // each bad one fails naming its field.
 func TestCheck(t *testing.T) {
 	f := configtest.New(t, "authority")
-	good := f.Common() + `executor: {address: 127.0.0.1:7402}
+	good := f.Common() + `fleet: {heartbeat_interval: 2s}
 tenants:
   dev:
     clients: [client/dev]
@@ -45,7 +45,7 @@ tenants:
 	cases := append([]configtest.Case{
 		{Name: "a directory of signing keys", Body: good + "grant_key: grant-keys\n", Summary: "1 tenants; data_dir"},
 		{Name: "a bad key among the signing keys", Body: good + "grant_key: bad-keys\n", Field: "grant_key"},
-		{Name: "good, keys to be made", Body: good, Summary: "executor 127.0.0.1:7402, store sqlite, 1 tenants; data_dir " + f.Dir +
+		{Name: "good, keys to be made", Body: good, Summary: "fleet heartbeat 2s, lost after 30s, store sqlite, 1 tenants; data_dir " + f.Dir +
 			"/data/authority will be created; grant_key " + f.Dir + "/data/authority/grant.key will be created"},
 		{Name: "good, grant key there", Body: good + "grant_key: grant.key\n", Summary: "1 tenants; data_dir"},
 		{Name: "grant key not PEM", Body: good + "grant_key: not-pem.crt\n", Field: "grant_key"},

@@ -27,8 +27,16 @@ const DefaultGrantTTL = 10 * time.Minute
 // Config is the authority's whole config file, validated.
 type Config struct {
 	config.Server `yaml:",inline"`
-	// Executor is the executor the authority dispatches grants to.
-	Executor config.Peer `yaml:"executor"`
+	// Executor was the one executor's address. Executors now join the
+	// fleet by their heartbeat; a file that still sets it is refused with
+	// a sentence saying so.
+	Executor *config.Peer `yaml:"executor"`
+	// Fleet is how the authority keeps its executors.
+	Fleet FleetFile `yaml:"fleet"`
+	// Replica names this authority in its claims on jobs: replicas on one
+	// PostgreSQL database must have different names. Default: the host
+	// name and the data directory.
+	Replica string `yaml:"replica"`
 	// GrantKey is the Ed25519 PKCS#8 PEM key grants are signed with;
 	// default <data_dir>/grant.key, created (0600, with grant.key.pub beside
 	// it) when missing. It may instead name an existing directory of *.key
@@ -60,7 +68,14 @@ func (c *Config) Common() *config.Server { return &c.Server }
 // ValidatePeers implements config.Service: it checks everything beyond the
 // common part and builds Policy.
 func (c *Config) ValidatePeers() error {
-	errs := []error{config.ValidatePeer("executor", c.Executor)}
+	var errs []error
+	if c.Executor != nil {
+		errs = append(errs, config.Field("executor", "no longer used: executors join the fleet by their own heartbeat to the authority (their authority.address); remove it"))
+	}
+	errs = append(errs, c.Fleet.validate())
+	if len(c.Replica) > 128 {
+		errs = append(errs, config.Field("replica", "%d bytes: at most 128", len(c.Replica)))
+	}
 	if c.GrantKey == "" {
 		if c.DataDir != "" {
 			c.GrantKey = filepath.Join(c.DataDir, "grant.key")
@@ -186,5 +201,5 @@ func checkKey(field, path string) (note string, err error) {
 
 // Summary implements config.Checker.
 func (c *Config) Summary() string {
-	return fmt.Sprintf("executor %s, store %s, %d tenants", c.Executor.Address, c.Store.Driver, len(c.Policy))
+	return fmt.Sprintf("fleet heartbeat %v, lost after %v, store %s, %d tenants", c.Fleet.HeartbeatInterval, c.Fleet.LostAfter, c.Store.Driver, len(c.Policy))
 }

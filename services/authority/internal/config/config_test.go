@@ -47,7 +47,7 @@ trust_domain: airlock.test
 listen: 127.0.0.1:7401
 data_dir: data
 tls: {ca: ca.crt, cert: authority.crt, key: authority.key}
-executor: {address: 127.0.0.1:7402}
+fleet: {heartbeat_interval: 5s, lost_after: 30s}
 `
 
 const good = common + `grant_ttl: 5m
@@ -245,6 +245,10 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 		{"bad client principal", common + "tenants:\n  dev:\n    clients: [approver/alice]\n", []string{`tenants.dev.clients[0]: "approver/alice": want a client principal`}},
 		{"bad client name", common + "tenants:\n  dev:\n    clients: [client/Bad Name]\n", []string{"tenants.dev.clients[0]:", "name has character"}},
 		{"no clients", common + "tenants:\n  dev: {}\n", []string{"tenants.dev.clients: at least one"}},
+		{"the old executor address", common + "executor: {address: 127.0.0.1:7402}\n", []string{"executor: no longer used: executors join the fleet by their own heartbeat"}},
+		{"heartbeat too often", strings.Replace(common, "heartbeat_interval: 5s", "heartbeat_interval: 100ms", 1), []string{"fleet.heartbeat_interval: 100ms: must be between 1s and 1m"}},
+		{"lost too soon", strings.Replace(common, "lost_after: 30s", "lost_after: 10s", 1), []string{"fleet.lost_after: 10s: must be at least three heartbeat intervals (15s)"}},
+		{"replica too long", common + "replica: " + strings.Repeat("r", 129) + "\n", []string{"replica: 129 bytes: at most 128"}},
 		{"duplicate client", common + "tenants:\n  dev:\n    clients: [client/dev, client/dev]\n", []string{"tenants.dev.clients[1]:", "listed twice"}},
 		{"missing repo url", tenant("    repositories: {demo: {credential: demo.token}}\n"), []string{"tenants.dev.repositories.demo.url: required"}},
 		{"http url", tenant("    repositories: {demo: {url: 'http://git.example.com/x.git'}}\n"), []string{"tenants.dev.repositories.demo.url:", "only absolute paths"}},

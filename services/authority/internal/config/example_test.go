@@ -3,6 +3,7 @@ package config
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/airlockhq/airlock/pkg/config/configtest"
 	"github.com/airlockhq/airlock/pkg/runspec"
@@ -22,8 +23,8 @@ func TestTwoHostExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if team, ok := cfg.Policy["team"]; !ok || cfg.Executor.Address != "10.77.0.2:7402" || len(team.RuntimeClasses) != 2 || team.User != runspec.Agent || team.AllowRoot {
-		t.Errorf("the example loads as executor %q, tenants %v", cfg.Executor.Address, cfg.Policy)
+	if team, ok := cfg.Policy["team"]; !ok || cfg.Fleet.LostAfter != 30*time.Second || len(team.RuntimeClasses) != 2 || team.User != runspec.Agent || team.AllowRoot {
+		t.Errorf("the example loads as fleet %+v, tenants %v", cfg.Fleet, cfg.Policy)
 	}
 	if _, problems := Check(configtest.WithUnknownField(t, path), nil); len(problems) == 0 || !strings.Contains(problems[0].Error(), "colour") {
 		t.Errorf("an unknown field in the example: problems %v, want one naming colour", problems)

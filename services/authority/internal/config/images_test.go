@@ -21,7 +21,7 @@ func TestImagePolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	pin := "sha256:" + "ab12" + "00000000000000000000000000000000000000000000000000000000000000"[:60]
-	base := f.Common() + `executor: {address: 127.0.0.1:7402}
+	base := f.Common() + `fleet: {lost_after: 1m}
 tenants:
   dev:
     clients: [client/dev]

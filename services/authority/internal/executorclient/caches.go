@@ -33,7 +33,7 @@ func (c *Client) ClearCaches(ctx context.Context, tenant, repository, name strin
 func cacheInfos(in []*typesv1.CacheInfo) []jobs.CacheInfo {
 	out := make([]jobs.CacheInfo, 0, len(in))
 	for _, c := range in {
-		out = append(out, jobs.CacheInfo{Repository: c.GetRepository(), Name: c.GetName(), Size: c.GetSizeBytes(), LastUsed: c.GetLastUsed().AsTime()})
+		out = append(out, jobs.CacheInfo{Repository: c.GetRepository(), Name: c.GetName(), Size: c.GetSizeBytes(), LastUsed: c.GetLastUsed().AsTime(), Executor: c.GetExecutor()})
 	}
 	return out
 }
@@ -42,7 +42,7 @@ func cacheInfos(in []*typesv1.CacheInfo) []jobs.CacheInfo {
 func CacheInfosToProto(in []jobs.CacheInfo) []*typesv1.CacheInfo {
 	out := make([]*typesv1.CacheInfo, 0, len(in))
 	for _, c := range in {
-		out = append(out, &typesv1.CacheInfo{Repository: c.Repository, Name: c.Name, SizeBytes: c.Size, LastUsed: timestamppb.New(c.LastUsed)})
+		out = append(out, &typesv1.CacheInfo{Repository: c.Repository, Name: c.Name, SizeBytes: c.Size, LastUsed: timestamppb.New(c.LastUsed), Executor: c.Executor})
 	}
 	return out
 }

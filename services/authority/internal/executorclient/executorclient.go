@@ -61,6 +61,7 @@ func (s *Signer) Sign(r jobs.GrantRequest) (jobs.SignedGrant, error) {
 		Generation:              r.Generation,
 		RuntimeClass:            rc,
 		GitHistoryDepth:         uint32(max(r.HistoryDepth, 0)),
+		Executor:                r.Executor,
 		IssuedAt:                timestamppb.New(r.IssuedAt),
 		ExpiresAt:               timestamppb.New(r.ExpiresAt),
 	}
@@ -109,7 +110,7 @@ func (s *Signer) Decode(wire []byte) (jobs.GrantRequest, error) {
 		Commit: g.GetCommit(), Command: g.GetCommand(), Env: g.GetEnv(),
 		Limits: limits, Network: network,
 		NetworkGeneration: g.GetNetworkPolicyGeneration(), Generation: max(g.GetGeneration(), 1),
-		RuntimeClass: policy.RuntimeRunc, HistoryDepth: int(g.GetGitHistoryDepth()),
+		RuntimeClass: policy.RuntimeRunc, HistoryDepth: int(g.GetGitHistoryDepth()), Executor: g.GetExecutor(),
 		IssuedAt: g.GetIssuedAt().AsTime(), ExpiresAt: g.GetExpiresAt().AsTime(),
 	}
 	if g.GetRuntimeClass() == typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC {

@@ -56,15 +56,17 @@ func (s *Service) tenantFor(caller identity.ID, name string) (*policy.Tenant, er
 // caller sends.
 const maxNameBytes = 256
 
-func isExecutor(id identity.ID) bool {
-	return id.Kind == identity.KindService && id.Name == identity.ServiceExecutor
-}
+func isExecutor(id identity.ID) bool { return id.IsExecutor() }
 
-// dispatchedTo refuses caller unless it is the executor job j was
-// dispatched to (any executor, for a job recorded before that was kept).
+// dispatchedTo refuses caller unless it is the executor job j is placed
+// on: another executor of the fleet, or any executor while the job is
+// placed nowhere, gets nothing of it.
 func dispatchedTo(j store.Job, caller identity.ID) error {
-	if j.Executor != "" && j.Executor != caller.String() {
-		return fmt.Errorf("%w: job %q was dispatched to %s, not to %s", errdefs.ErrPermissionDenied, j.ID, j.Executor, caller.String())
+	switch {
+	case j.Executor == "":
+		return fmt.Errorf("%w: job %q is placed on no executor", errdefs.ErrPermissionDenied, j.ID)
+	case j.Executor != caller.String():
+		return fmt.Errorf("%w: job %q is placed on %s, not on %s", errdefs.ErrPermissionDenied, j.ID, j.Executor, caller.String())
 	}
 	return nil
 }

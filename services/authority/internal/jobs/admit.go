@@ -65,6 +65,14 @@ func (g *gate) wakeLocked() {
 	g.changed = make(chan struct{})
 }
 
+// wake lets every waiter look again (the fleet changed).
+func (g *gate) wake() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.full = time.Time{}
+	g.wakeLocked()
+}
+
 // hold records that job id of tenant holds need: a run the executor has,
 // found at start-up or followed.
 func (g *gate) hold(id, tenant string, need use) {

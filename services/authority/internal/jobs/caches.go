@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/airlockhq/airlock/pkg/audit"
@@ -18,7 +19,37 @@ func (s *Service) ListCaches(ctx context.Context, caller identity.ID, tenant str
 	if _, err := s.tenantFor(caller, tenant); err != nil {
 		return nil, err
 	}
-	return s.cfg.Executor.ListCaches(ctx, tenant)
+	var all []CacheInfo
+	err := s.eachExecutor(ctx, func(name string, ex Executor) error {
+		got, err := ex.ListCaches(ctx, tenant)
+		for i := range got {
+			got[i].Executor = name
+		}
+		all = append(all, got...)
+		return err
+	})
+	return all, err
+}
+
+// eachExecutor calls fn with every executor of the fleet that is not lost,
+// one after another, and returns the errors it met, each naming its
+// executor: a tenant's caches and images are kept on each executor its
+// jobs ran on.
+func (s *Service) eachExecutor(ctx context.Context, fn func(name string, ex Executor) error) error {
+	members, err := s.cfg.Fleet.List(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, m := range members {
+		if m.Lost {
+			continue
+		}
+		if err := fn(m.Name, s.cfg.Executors.For(m.ID)); err != nil {
+			errs = append(errs, fmt.Errorf("executor %s: %w", m.Name, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // ClearCaches wipes tenant's named caches of repository (every one if "")
@@ -35,8 +66,16 @@ func (s *Service) ClearCaches(ctx context.Context, caller identity.ID, tenant, r
 			return nil, fmt.Errorf("%w: %s: at most %d bytes", errdefs.ErrInvalidArgument, f.name, maxNameBytes)
 		}
 	}
-	cleared, err := s.cfg.Executor.ClearCaches(ctx, tenant, repository, name)
-	if err != nil {
+	var cleared []CacheInfo
+	err := s.eachExecutor(ctx, func(executor string, ex Executor) error {
+		got, err := ex.ClearCaches(ctx, tenant, repository, name)
+		for i := range got {
+			got[i].Executor = executor
+		}
+		cleared = append(cleared, got...)
+		return err
+	})
+	if err != nil && len(cleared) == 0 {
 		return nil, err
 	}
 	var size int64
@@ -52,11 +91,11 @@ func (s *Service) ClearCaches(ctx context.Context, caller identity.ID, tenant, r
 	case name != "":
 		what = "cache " + name + " of every repository"
 	}
-	if err := s.audit(ctx, audit.Event{Kind: audit.KindCachesCleared, Caller: caller.String(), Subject: tenant, Tenant: tenant, Outcome: audit.OutcomeAllowed,
-		Reason: fmt.Sprintf("%s: %d cleared, %s", what, len(cleared), config.FormatByteSize(size))}); err != nil {
-		return cleared, err
+	if aerr := s.audit(ctx, audit.Event{Kind: audit.KindCachesCleared, Caller: caller.String(), Subject: tenant, Tenant: tenant, Outcome: audit.OutcomeAllowed,
+		Reason: fmt.Sprintf("%s: %d cleared, %s", what, len(cleared), config.FormatByteSize(size))}); aerr != nil {
+		return cleared, aerr
 	}
-	return cleared, nil
+	return cleared, err
 }
 
 // ListImages lists the images tenant's jobs ran on that its executor
@@ -70,7 +109,17 @@ func (s *Service) ListImages(ctx context.Context, caller identity.ID, tenant, di
 			return imagecache.List{}, fmt.Errorf("%w: digest: %v", errdefs.ErrInvalidArgument, err)
 		}
 	}
-	return s.cfg.Executor.ListImages(ctx, tenant, digest)
+	var all imagecache.List
+	err := s.eachExecutor(ctx, func(name string, ex Executor) error {
+		got, err := ex.ListImages(ctx, tenant, digest)
+		for i := range got.Images {
+			got.Images[i].Executor = name
+		}
+		all.Images = append(all.Images, got.Images...)
+		all.Stats = all.Stats.Add(got.Stats)
+		return err
+	})
+	return all, err
 }
 
 // PruneImages drops tenant's hold on its cached images (one when digest
@@ -84,15 +133,25 @@ func (s *Service) PruneImages(ctx context.Context, caller identity.ID, tenant, d
 			return imagecache.Pruned{}, fmt.Errorf("%w: digest: %v", errdefs.ErrInvalidArgument, err)
 		}
 	}
-	p, err := s.cfg.Executor.PruneImages(ctx, tenant, digest)
-	if err != nil {
+	var p imagecache.Pruned
+	err := s.eachExecutor(ctx, func(name string, ex Executor) error {
+		got, err := ex.PruneImages(ctx, tenant, digest)
+		for i := range got.Images {
+			got.Images[i].Executor = name
+		}
+		p.Images, p.InUse, p.Freed = append(p.Images, got.Images...), append(p.InUse, got.InUse...), p.Freed+got.Freed
+		return err
+	})
+	if err != nil && len(p.Images) == 0 {
 		return p, err
 	}
 	what := "every image"
 	if digest != "" {
 		what = "image " + digest
 	}
-	err = s.audit(ctx, audit.Event{Kind: audit.KindImagesPruned, Caller: caller.String(), Subject: tenant, Tenant: tenant, Outcome: audit.OutcomeAllowed,
-		Reason: fmt.Sprintf("images: %s: %d pruned, %d kept in use, %s freed", what, len(p.Images), len(p.InUse), config.FormatByteSize(p.Freed))})
+	if aerr := s.audit(ctx, audit.Event{Kind: audit.KindImagesPruned, Caller: caller.String(), Subject: tenant, Tenant: tenant, Outcome: audit.OutcomeAllowed,
+		Reason: fmt.Sprintf("images: %s: %d pruned, %d kept in use, %s freed", what, len(p.Images), len(p.InUse), config.FormatByteSize(p.Freed))}); aerr != nil {
+		return p, aerr
+	}
 	return p, err
 }

@@ -55,7 +55,7 @@ func (s *Service) Cancel(ctx context.Context, caller identity.ID, id, reason str
 	if err != nil || !atExecutor {
 		return j, err
 	}
-	err = s.cfg.Executor.Cancel(ctx, id, reason)
+	err = s.cfg.Executors.For(j.Executor).Cancel(ctx, id, reason)
 	switch {
 	case err == nil:
 		return j, nil

@@ -518,7 +518,7 @@ func (s *Service) applyChange(ctx context.Context, caller identity.ID, cur Grant
 // refusal on the log. If the executor stays unreachable the change stays
 // pending and a background task keeps trying.
 func (s *Service) pushChange(ctx context.Context, id string, grant []byte, prev GrantRequest, caller identity.ID) (store.Job, error) {
-	err := s.sendUpdate(ctx, grant, 5*time.Second)
+	err := s.sendUpdate(ctx, prev.Executor, grant, 5*time.Second)
 	switch {
 	case err == nil:
 		return s.markApplied(id, grant)
@@ -553,14 +553,14 @@ func (s *Service) pushChange(ctx context.Context, id string, grant []byte, prev 
 	return j, fmt.Errorf("%w: the executor refused the change: %v", errdefs.ErrFailedPrecondition, err)
 }
 
-// sendUpdate calls the executor's Update, retrying ErrUnavailable for up
+// sendUpdate calls executor's Update, retrying ErrUnavailable for up
 // to patience.
-func (s *Service) sendUpdate(ctx context.Context, grant []byte, patience time.Duration) error {
+func (s *Service) sendUpdate(ctx context.Context, executor string, grant []byte, patience time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, patience)
 	defer cancel()
 	delay := s.cfg.Retry.Min
 	for {
-		err := s.cfg.Executor.Update(ctx, grant)
+		err := s.cfg.Executors.For(executor).Update(ctx, grant)
 		if err == nil || !errors.Is(err, errdefs.ErrUnavailable) {
 			return err
 		}
@@ -597,7 +597,7 @@ func (s *Service) resumeChange(id string, grant []byte) {
 			if err != nil || !changeable(j.State) || string(j.Grant) != string(grant) {
 				return
 			}
-			err = s.sendUpdate(s.ctx, grant, time.Minute)
+			err = s.sendUpdate(s.ctx, j.Executor, grant, time.Minute)
 			if err == nil {
 				if _, err := s.markApplied(id, grant); err != nil {
 					s.cfg.Logger.Error("record an applied change", "job", id, "error", err)

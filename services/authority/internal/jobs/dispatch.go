@@ -13,6 +13,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/services/authority/internal/fleet"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 )
 
@@ -53,6 +54,12 @@ func (s *Service) drive(id string) {
 	for s.ctx.Err() == nil {
 		j, err := s.cfg.Store.GetJob(s.ctx, id)
 		var done bool
+		if err == nil && j.ClaimedBy != s.cfg.Replica && !j.State.Terminal() {
+			// Another replica holds the job now (this one's claim lapsed):
+			// it drives it.
+			log.Info("job claimed by another replica", "replica", j.ClaimedBy)
+			return
+		}
 		if err == nil {
 			switch j.State {
 			case store.StateQueued:
@@ -110,7 +117,31 @@ func (s *Service) dispatch(j store.Job) (done bool, err error) {
 		return false, s.noteWaiting(j.ID, why)
 	}
 	defer s.gate.tried(j.ID)
-	if !s.now().Before(j.GrantExpiresAt) {
+	if leaving, why, err := s.mustMove(j, g); err != nil {
+		return false, err
+	} else if leaving {
+		// Placed nowhere yet, or on an executor it must leave before it
+		// was ever handed over (drained, lost, or full when it asked): a
+		// place now, with the same decision signed for it — if the
+		// tenant's policy in force still allows it.
+		if why := s.stillAllowed(j); why != "" {
+			_, err := s.transition(j.ID, []store.State{store.StateQueued}, store.StateFailed,
+				"it waited for an executor, and the tenant's policy no longer allows it: "+why)
+			return true, err
+		}
+		m, full, err := s.cfg.Fleet.Place(s.ctx, j.ID, needOf(j, g))
+		if err != nil {
+			return false, err
+		}
+		if m.ID == "" {
+			s.gate.refused(j.ID, j.Tenant, need, s.cfg.Retry.Max)
+			return false, s.noteWaiting(j.ID, full)
+		}
+		if j, err = s.regrant(j, m, why); err != nil || j.State != store.StateQueued || j.Executor != m.ID {
+			s.cfg.Fleet.Release(j.ID)
+			return false, err
+		}
+	} else if !s.now().Before(j.GrantExpiresAt) {
 		// The grant expired while the job waited, or while the executor
 		// was out of reach: the same decision, signed again — if the
 		// tenant's policy in force still allows it — right before it is
@@ -122,7 +153,7 @@ func (s *Service) dispatch(j store.Job) (done bool, err error) {
 				"its grant expired before an executor accepted it, and the tenant's policy no longer allows it: "+why)
 			return true, err
 		}
-		if j, err = s.regrant(j); err != nil {
+		if j, err = s.regrant(j, fleet.Member{}, ""); err != nil {
 			return false, err
 		}
 		if j.State != store.StateQueued {
@@ -131,16 +162,14 @@ func (s *Service) dispatch(j store.Job) (done bool, err error) {
 	}
 	if j.DispatchedAt.IsZero() {
 		// Recorded before the first attempt, so a cancel knows the executor
-		// may have the job and FetchSource knows it was sent.
+		// may have the job, FetchSource knows it was sent, and the job is
+		// never placed elsewhere unless this executor refuses it.
 		j, err = s.update(s.ctx, j.ID, func(j *store.Job) error {
 			if j.State != store.StateQueued {
 				return errUnchanged
 			}
 			if j.DispatchedAt.IsZero() {
 				j.DispatchedAt = s.now()
-			}
-			if j.Executor == "" && !s.cfg.ExecutorID.IsZero() {
-				j.Executor = s.cfg.ExecutorID.String()
 			}
 			return nil
 		})
@@ -153,17 +182,24 @@ func (s *Service) dispatch(j store.Job) (done bool, err error) {
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, startTimeout)
 	defer cancel()
-	state, err := s.cfg.Executor.Start(ctx, j.Grant)
+	state, err := s.cfg.Executors.For(j.Executor).Start(ctx, j.Grant)
 	switch {
 	case err != nil && s.ctx.Err() != nil:
 		return true, nil
 	case err != nil && errors.Is(err, errdefs.ErrResourceExhausted):
-		// The executor is full: the job waits at the gate, first in line,
-		// and nobody asks again before a job ends or Retry.Max passes.
+		// The executor is full: it does not have the job, which may go to
+		// another executor now. It waits at the gate, first in line, and
+		// nobody asks again before a job ends or Retry.Max passes.
+		name := executorName(j.Executor)
+		s.cfg.Fleet.Full(name)
+		s.cfg.Fleet.Release(j.ID)
+		if _, uerr := s.unplace(j.ID, j.Executor); uerr != nil {
+			return false, uerr
+		}
 		s.gate.refused(j.ID, j.Tenant, need, s.cfg.Retry.Max)
-		s.cfg.Logger.Debug("executor full", "job", j.ID, "error", err)
-		return false, s.noteWaiting(j.ID, fmt.Sprintf("the executor has no capacity for it yet (it asks %s of memory and %d millicores)",
-			config.FormatByteSize(need.memory), need.cpu))
+		s.cfg.Logger.Debug("executor full", "job", j.ID, "executor", name, "error", err)
+		return false, s.noteWaiting(j.ID, fmt.Sprintf("executor %s has no capacity for it yet (it asks %s of memory and %d millicores)",
+			name, config.FormatByteSize(need.memory), need.cpu))
 	case err != nil && retryable(err):
 		return false, err
 	case err != nil && !s.now().Before(j.GrantExpiresAt):
@@ -195,7 +231,7 @@ func (s *Service) dispatch(j store.Job) (done bool, err error) {
 	}
 	if cur.State == store.StateCancelled {
 		// Cancelled while the StartJob was in flight: stop what started.
-		if err := s.cfg.Executor.Cancel(s.ctx, j.ID, cur.Message); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		if err := s.cfg.Executors.For(j.Executor).Cancel(s.ctx, j.ID, cur.Message); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			s.cfg.Logger.Warn("cancel after a raced dispatch", "job", j.ID, "error", err)
 		}
 		return true, nil
@@ -233,7 +269,7 @@ func (s *Service) follow(j store.Job) (done bool, err error) {
 	}
 	// Offsets past any output: the follower wants states, not the job's
 	// output, which watching clients fetch for themselves.
-	err = s.cfg.Executor.Watch(s.ctx, j.ID, Offsets{Stdout: math.MaxInt64, Stderr: math.MaxInt64}, func(ev RunEvent) error {
+	err = s.cfg.Executors.For(j.Executor).Watch(s.ctx, j.ID, Offsets{Stdout: math.MaxInt64, Stderr: math.MaxInt64}, func(ev RunEvent) error {
 		if ev.Output != nil {
 			return nil
 		}
@@ -357,32 +393,39 @@ func withoutKind(err error) string {
 	return msg
 }
 
-// regrant replaces a queued job's expired grant with a fresh one for the
-// same decision (limits, policy, everything but the times), on the log.
-func (s *Service) regrant(j store.Job) (store.Job, error) {
+// regrant replaces a queued job's grant with a fresh one for the same
+// decision (limits, policy, everything but the times), on the log: for
+// executor m when m is set (the job is placed there, why saying why it
+// moved, if it did), else for the executor it names.
+func (s *Service) regrant(j store.Job, m fleet.Member, why string) (store.Job, error) {
 	req, err := s.grantOf(j)
 	if err != nil {
 		return store.Job{}, fmt.Errorf("jobs: decode the grant of job %s: %w", j.ID, err)
 	}
 	now := s.now()
 	req.IssuedAt, req.ExpiresAt = now, now.Add(s.cfg.GrantTTL)
+	if m.ID != "" {
+		req.Executor = m.ID
+	}
 	g, err := s.cfg.Signer.Sign(req)
 	if err != nil {
 		return store.Job{}, fmt.Errorf("jobs: sign grant: %w", err)
 	}
 	return s.updateAudited(s.ctx, j.ID, func(cur *store.Job) error {
-		if cur.State != store.StateQueued || string(cur.Grant) != string(j.Grant) {
-			return errUnchanged // dispatched, ended or granted anew meanwhile
+		if cur.State != store.StateQueued || string(cur.Grant) != string(j.Grant) || cur.Executor != j.Executor {
+			return errUnchanged // dispatched, ended, placed or granted anew meanwhile
 		}
-		cur.Grant, cur.GrantExpiresAt = g.Wire, req.ExpiresAt
+		cur.Grant, cur.GrantExpiresAt, cur.Executor = g.Wire, req.ExpiresAt, req.Executor
+		if m.ID != "" {
+			cur.DispatchedAt = time.Time{}
+		}
 		return nil
 	}, func(cur *store.Job) audit.Event {
-		// The authority acts here, in the requester's trust domain.
-		by := "service/" + identity.ServiceAuthority
-		if r, err := identity.Parse(cur.Requester); err == nil {
-			by = identity.Service(r.TrustDomain, identity.ServiceAuthority).String()
+		if m.ID != "" {
+			return audit.Event{Kind: audit.KindJobPlaced, Caller: s.actor(*cur), Subject: cur.ID, Outcome: audit.OutcomeAllowed,
+				Reason: fmt.Sprintf("placed on executor %s%s; the same decision, granted for it until %s", m.Name, why, req.ExpiresAt.Format(time.RFC3339))}
 		}
-		return audit.Event{Kind: audit.KindJobRegranted, Caller: by, Subject: cur.ID, Outcome: audit.OutcomeAllowed,
+		return audit.Event{Kind: audit.KindJobRegranted, Caller: s.actor(*cur), Subject: cur.ID, Outcome: audit.OutcomeAllowed,
 			Reason: fmt.Sprintf("no executor accepted the grant before it expired; the same decision, granted again until %s (start deadline %s)",
 				req.ExpiresAt.Format(time.RFC3339), cur.CreatedAt.Add(s.startDeadline(*cur)).Format(time.RFC3339))}
 	})

@@ -2,10 +2,13 @@ package jobs
 
 import (
 	"context"
-	"github.com/airlockhq/airlock/pkg/imagecache"
+	"io"
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/egress"
+	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/imagecache"
+	"github.com/airlockhq/airlock/services/authority/internal/fleet"
 )
 
 // RunState is the executor's view of a run.
@@ -64,10 +67,10 @@ type RunEvent struct {
 	Egress          *EgressEntry
 }
 
-// Executor is every call the authority makes to an executor: runs (jobs
+// Executor is every call the authority makes to one executor: runs (jobs
 // and sessions alike) through Runs, a session's execs and files through
-// Sessions. It is the only way from the authority to an executor, so one
-// executor, a fleet behind one implementation, and the tests' fake all sit
+// Sessions, its caches and its result bundles. It is the only way from the
+// authority to an executor, so a real one and the tests' fake both sit
 // behind it. Errors wrap pkg/errdefs sentinels: ErrUnavailable for
 // anything worth retrying.
 type Executor interface {
@@ -75,6 +78,31 @@ type Executor interface {
 	Sessions
 	Caches
 	ImageCache
+	// OpenArtifact streams the result bundle of jobID named by digest.
+	OpenArtifact(ctx context.Context, jobID, digest string) (io.ReadCloser, error)
+}
+
+// Executors reaches the executors of the fleet by their SPIFFE IDs.
+type Executors interface {
+	// For returns the executor with SPIFFE ID id. One the fleet does not
+	// know, or cannot reach, answers every call with ErrUnavailable.
+	For(id string) Executor
+}
+
+// Fleet is the executor fleet as the jobs package uses it: package fleet.
+type Fleet interface {
+	// Place chooses an executor for job, or says why none fits now.
+	Place(ctx context.Context, job string, need fleet.Need) (fleet.Member, string, error)
+	// Release drops job's placement reservation.
+	Release(job string)
+	// Full holds executor name back after it refused a job for room.
+	Full(name string)
+	// Sweep marks executors lost and returns every lost one.
+	Sweep(ctx context.Context, by identity.ID) ([]fleet.Member, error)
+	// List returns the whole fleet.
+	List(ctx context.Context) ([]fleet.Member, error)
+	// Lookup returns the executor with SPIFFE ID id, as recently read.
+	Lookup(ctx context.Context, id string) (fleet.Member, bool, error)
 }
 
 // ImageCache reaches the executor's image cache, as one tenant sees it.
@@ -97,6 +125,9 @@ type Caches interface {
 
 // CacheInfo is one named cache an executor keeps.
 type CacheInfo struct {
+	// Executor is the name of the executor keeping it (each executor
+	// keeps its own copy of a tenant's cache).
+	Executor         string
 	Repository, Name string
 	Size             int64
 	LastUsed         time.Time

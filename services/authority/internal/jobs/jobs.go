@@ -40,12 +40,31 @@ type Config struct {
 	// Images resolves and reads jobs' OCI images; nil refuses every job
 	// that names one (the host template still runs).
 	Images   Images
-	Signer   Signer
-	Executor Executor
-	// ExecutorID is the identity the Executor connection verified of its
-	// peer; every dispatch records it, and only that identity may fetch
-	// the job's source and report its result.
-	ExecutorID identity.ID
+	Signer Signer
+	// Fleet places jobs on executors and knows which are lost; Executors
+	// reaches each by its SPIFFE ID. A job's executor is recorded when it
+	// is placed, and only that executor may fetch its source and report
+	// its result.
+	Fleet     Fleet
+	Executors Executors
+	// Self is this authority's identity, the caller of the entries it
+	// writes on its own (a regrant, a placement, a job its executor lost).
+	Self identity.ID
+	// Replica names this process in its claims on jobs; replicas sharing
+	// a store must have different names, and a process that restarts
+	// under its old name takes its old claims back at once. Default: a
+	// random name.
+	Replica string
+	// ClaimTTL is how long a replica's claim on a job lasts unrenewed: a
+	// replica that dies leaves its jobs to another after at most this
+	// long. Default 15s.
+	ClaimTTL time.Duration
+	// SweepInterval is how often the fleet is swept for lost executors;
+	// default 5s.
+	SweepInterval time.Duration
+	// LostResult is the run result recorded for a job whose executor was
+	// lost (serialized, reason executor_lost).
+	LostResult []byte
 	// GrantTTL is how long a grant may wait for the executor to accept it.
 	GrantTTL time.Duration
 	// StartDeadline is how long a job may wait, from its submission, for
@@ -105,8 +124,8 @@ type Service struct {
 // background work on shutdown.
 func New(cfg Config) (*Service, error) {
 	switch {
-	case cfg.Store == nil, cfg.Source == nil, cfg.Signer == nil, cfg.Executor == nil:
-		return nil, errors.New("jobs: store, source, signer and executor are required")
+	case cfg.Store == nil, cfg.Source == nil, cfg.Signer == nil, cfg.Fleet == nil, cfg.Executors == nil:
+		return nil, errors.New("jobs: store, source, signer, fleet and executors are required")
 	case cfg.GrantTTL <= 0:
 		return nil, errors.New("jobs: grant TTL must be positive")
 	}
@@ -138,6 +157,15 @@ func New(cfg Config) (*Service, error) {
 	if cfg.StartDeadline <= 0 {
 		cfg.StartDeadline = policy.DefaultStartDeadline
 	}
+	if cfg.Replica == "" {
+		cfg.Replica = "authority-" + ids.New()
+	}
+	if cfg.ClaimTTL <= 0 {
+		cfg.ClaimTTL = 15 * time.Second
+	}
+	if cfg.SweepInterval <= 0 {
+		cfg.SweepInterval = 5 * time.Second
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	quota := func(tenant string) policy.Quota {
 		if t := cfg.Tenants[tenant]; t != nil {
@@ -155,9 +183,11 @@ func New(cfg Config) (*Service, error) {
 	return s, nil
 }
 
-// Run resumes every unfinished job (dispatching queued ones again, which
-// the executor's StartJob makes safe, and following staged and running
-// ones), then waits for ctx to end, stops all background work and returns.
+// Run drives the unfinished jobs this replica claims — at once those no
+// replica holds (after a restart, its own old claims too), then every few
+// seconds those whose claim another replica let lapse — renews its claims,
+// sweeps the fleet for lost executors, then, when ctx ends, stops all
+// background work, hands its claims back and returns.
 func (s *Service) Run(ctx context.Context) error {
 	defer s.wg.Wait()
 	defer s.cancel()
@@ -166,24 +196,96 @@ func (s *Service) Run(ctx context.Context) error {
 			s.cfg.Logger.Warn("unregister the job gauges", "error", err)
 		}
 	}()
-	pending, err := s.cfg.Store.JobsInStates(ctx, store.StateQueued, store.StateStaging, store.StateRunning)
-	if ctx.Err() != nil {
-		return nil // stopped while starting: not a failure
+	// A process that restarts under its old name takes its own claims
+	// back now rather than after they lapse.
+	if err := s.cfg.Store.ReleaseClaims(ctx, s.cfg.Replica); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting: not a failure
+		}
+		return fmt.Errorf("jobs: release old claims: %w", err)
 	}
-	if err != nil {
+	if err := s.claim(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return fmt.Errorf("jobs: resume: %w", err)
 	}
+	if err := s.resumeApproved(ctx); err != nil && ctx.Err() == nil {
+		return fmt.Errorf("jobs: resume approved changes: %w", err)
+	}
+	claims := time.NewTicker(s.cfg.ClaimTTL / 3)
+	defer claims.Stop()
+	sweeps := time.NewTicker(s.cfg.SweepInterval)
+	defer sweeps.Stop()
+	defer func() {
+		// Handed back so another replica takes them up at once; a fresh
+		// context, as ctx has ended.
+		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s.cancel()
+		s.wg.Wait()
+		if err := s.cfg.Store.ReleaseClaims(rctx, s.cfg.Replica); err != nil {
+			s.cfg.Logger.Warn("hand back claims on jobs", "error", err)
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.ctx.Done():
+			return nil
+		case <-claims.C:
+			if err := s.claim(ctx); err != nil && ctx.Err() == nil {
+				s.cfg.Logger.Warn("claim jobs", "error", err)
+			}
+		case <-sweeps.C:
+			if err := s.sweep(ctx); err != nil && ctx.Err() == nil {
+				s.cfg.Logger.Warn("sweep the fleet", "error", err)
+			}
+		}
+	}
+}
+
+// claimBatch bounds the jobs one claim takes.
+const claimBatch = 500
+
+// claim renews this replica's claims and takes up every unfinished job no
+// replica holds.
+func (s *Service) claim(ctx context.Context) error {
+	until := s.now().Add(s.cfg.ClaimTTL)
+	if _, err := s.cfg.Store.RenewClaims(ctx, s.cfg.Replica, until); err != nil {
+		return err
+	}
+	for {
+		got, err := s.cfg.Store.ClaimJobs(ctx, s.cfg.Replica, s.now(), until, claimBatch)
+		if err != nil {
+			return err
+		}
+		s.resume(got)
+		if len(got) < claimBatch {
+			return nil
+		}
+	}
+}
+
+// resume drives jobs just claimed: dispatching queued ones again (the
+// executor's StartJob makes that safe), following staged and running
+// ones, and handing over a change the executor had not confirmed.
+func (s *Service) resume(claimed []store.Job) {
+	if len(claimed) == 0 {
+		return
+	}
 	// Each job's grant, read once for both passes below.
-	grants := make(map[string]GrantRequest, len(pending))
-	for _, j := range pending {
+	grants := make(map[string]GrantRequest, len(claimed))
+	for _, j := range claimed {
 		if g, err := s.grantOf(j); err == nil {
 			grants[j.ID] = g
 		}
 	}
-	// What the executor may already run holds its share at the gate
+	// What an executor may already run holds its share at the gate
 	// before any waiting job is admitted: staged and running jobs, and
 	// queued ones a StartJob was sent for.
-	for _, j := range pending {
+	for _, j := range claimed {
 		if j.State == store.StateQueued && j.DispatchedAt.IsZero() {
 			continue
 		}
@@ -191,7 +293,7 @@ func (s *Service) Run(ctx context.Context) error {
 			s.gate.hold(j.ID, j.Tenant, useOf(g.Limits))
 		}
 	}
-	for _, j := range pending {
+	for _, j := range claimed {
 		s.kick(j.ID)
 		// A change stored but not yet confirmed by the executor is handed
 		// over again (the executor applies a generation once).
@@ -201,17 +303,7 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 		}
 	}
-	if len(pending) > 0 {
-		s.cfg.Logger.Info("resumed unfinished jobs", "count", len(pending))
-	}
-	if err := s.resumeApproved(ctx); err != nil && ctx.Err() == nil {
-		return fmt.Errorf("jobs: resume approved changes: %w", err)
-	}
-	select {
-	case <-ctx.Done():
-	case <-s.ctx.Done():
-	}
-	return nil
+	s.cfg.Logger.Info("claimed unfinished jobs", "count", len(claimed), "replica", s.cfg.Replica)
 }
 
 func (s *Service) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }

@@ -44,11 +44,19 @@ func (s *Service) SessionState(ctx context.Context, j store.Job) (SessionView, e
 		return v, nil
 	}
 	if !j.State.Terminal() {
-		if st, err := s.cfg.Executor.RunStatus(ctx, j.ID); err == nil {
+		st, err := s.cfg.Executors.For(j.Executor).RunStatus(ctx, j.ID)
+		switch {
+		case err == nil:
 			v.Suspended, v.SuspendReason = st.Suspended, st.SuspendReason
+		case executorLost(err):
+			if m, ok, lerr := s.cfg.Fleet.Lookup(ctx, j.Executor); lerr == nil && ok && m.Lost {
+				// Its executor is away: the session waits for it, to
+				// resume when it returns or end at its deadline.
+				v.Suspended, v.SuspendReason = true, ReasonExecutorLost
+			}
 		}
 	}
-	list, err := s.cfg.Executor.ListExecs(ctx, j.ID)
+	list, err := s.cfg.Executors.For(j.Executor).ListExecs(ctx, j.ID)
 	switch {
 	case executorLost(err):
 		// The executor cannot say: the authority's own records do, maybe
@@ -84,7 +92,7 @@ func (s *Service) FinishSession(ctx context.Context, j store.Job) error {
 	if err := runningSession(j); err != nil {
 		return err
 	}
-	return s.cfg.Executor.Finish(ctx, j.ID)
+	return s.cfg.Executors.For(j.Executor).Finish(ctx, j.ID)
 }
 
 // SuspendSession asks the executor to suspend session j.
@@ -92,7 +100,7 @@ func (s *Service) SuspendSession(ctx context.Context, j store.Job) error {
 	if err := runningSession(j); err != nil {
 		return err
 	}
-	return s.cfg.Executor.Suspend(ctx, j.ID)
+	return s.cfg.Executors.For(j.Executor).Suspend(ctx, j.ID)
 }
 
 // ResumeSession asks the executor to resume session j.
@@ -100,7 +108,7 @@ func (s *Service) ResumeSession(ctx context.Context, j store.Job) error {
 	if err := runningSession(j); err != nil {
 		return err
 	}
-	return s.cfg.Executor.Resume(ctx, j.ID)
+	return s.cfg.Executors.For(j.Executor).Resume(ctx, j.ID)
 }
 
 // execRequested checks caller's request to run spec in session j
@@ -128,7 +136,7 @@ func (s *Service) StartExec(ctx context.Context, caller identity.ID, j store.Job
 	if err := s.execRequested(ctx, caller, j, spec, stdin); err != nil {
 		return ExecSeen{}, false, err
 	}
-	x, created, err := s.cfg.Executor.StartExec(ctx, j.ID, spec, stdin)
+	x, created, err := s.cfg.Executors.For(j.Executor).StartExec(ctx, j.ID, spec, stdin)
 	if err != nil {
 		return ExecSeen{}, false, err
 	}
@@ -142,7 +150,7 @@ func (s *Service) RunExec(ctx context.Context, caller identity.ID, j store.Job, 
 	if err := s.execRequested(ctx, caller, j, start.Spec, start.Stdin); err != nil {
 		return err
 	}
-	return s.cfg.Executor.RunExec(ctx, j.ID, start, stdin, s.observing(ctx, j.ID, fn))
+	return s.cfg.Executors.For(j.Executor).RunExec(ctx, j.ID, start, stdin, s.observing(ctx, j.ID, fn))
 }
 
 // ExecView is an exec as the executor reports it, or, when the executor
@@ -155,7 +163,7 @@ type ExecView struct {
 
 // GetExec returns exec execID of session j.
 func (s *Service) GetExec(ctx context.Context, j store.Job, execID string) (ExecView, error) {
-	x, err := s.cfg.Executor.GetExec(ctx, j.ID, execID)
+	x, err := s.cfg.Executors.For(j.Executor).GetExec(ctx, j.ID, execID)
 	if executorLost(err) {
 		// The authority's own record answers, marked as maybe behind.
 		if rec, oerr := s.Exec(ctx, j, execID); oerr == nil {
@@ -171,12 +179,12 @@ func (s *Service) GetExec(ctx context.Context, j store.Job, execID string) (Exec
 
 // WatchExec passes exec execID's events to fn (Executor.WatchExec).
 func (s *Service) WatchExec(ctx context.Context, j store.Job, execID string, from Offsets, fn func(ExecEvent) error) error {
-	return s.cfg.Executor.WatchExec(ctx, j.ID, execID, from, s.observing(ctx, j.ID, fn))
+	return s.cfg.Executors.For(j.Executor).WatchExec(ctx, j.ID, execID, from, s.observing(ctx, j.ID, fn))
 }
 
 // CancelExec asks the executor to kill exec execID of session j.
 func (s *Service) CancelExec(ctx context.Context, j store.Job, execID string) (ExecSeen, error) {
-	x, err := s.cfg.Executor.CancelExec(ctx, j.ID, execID)
+	x, err := s.cfg.Executors.For(j.Executor).CancelExec(ctx, j.ID, execID)
 	if err != nil {
 		return ExecSeen{}, err
 	}
@@ -186,13 +194,13 @@ func (s *Service) CancelExec(ctx context.Context, j store.Job, execID string) (E
 
 // ReadFile passes a file of session j to fn (Executor.ReadFile).
 func (s *Service) ReadFile(ctx context.Context, j store.Job, path string, fn func(FilePart) error) error {
-	return s.cfg.Executor.ReadFile(ctx, j.ID, path, fn)
+	return s.cfg.Executors.For(j.Executor).ReadFile(ctx, j.ID, path, fn)
 }
 
 // WriteFile uploads caller's file into session j (Executor.WriteFile) and
 // appends the upload to the audit log.
 func (s *Service) WriteFile(ctx context.Context, caller identity.ID, j store.Job, path string, mode uint32, next func() ([]byte, error)) (int64, error) {
-	size, err := s.cfg.Executor.WriteFile(ctx, j.ID, path, mode, next)
+	size, err := s.cfg.Executors.For(j.Executor).WriteFile(ctx, j.ID, path, mode, next)
 	if err != nil {
 		return 0, err
 	}
@@ -205,7 +213,7 @@ func (s *Service) WriteFile(ctx context.Context, caller identity.ID, j store.Job
 
 // ListFiles lists a directory of session j.
 func (s *Service) ListFiles(ctx context.Context, j store.Job, path string, recursive bool) ([]FileEntry, bool, error) {
-	return s.cfg.Executor.ListFiles(ctx, j.ID, path, recursive)
+	return s.cfg.Executors.For(j.Executor).ListFiles(ctx, j.ID, path, recursive)
 }
 
 // observing is fn after the exec records of each event are observed.

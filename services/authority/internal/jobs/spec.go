@@ -129,7 +129,11 @@ type GrantRequest struct {
 	// User is who the job runs as.
 	User runspec.User
 	// Image is the image the job runs on; nil is the host template.
-	Image     *ImageGrant
+	Image *ImageGrant
+	// Executor is the SPIFFE ID of the executor the grant is for; every
+	// other executor refuses it. "" while the job is placed nowhere: no
+	// executor accepts such a grant.
+	Executor  string
 	IssuedAt  time.Time
 	ExpiresAt time.Time
 }

@@ -112,30 +112,47 @@ func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequ
 		ID: newID(), Tenant: req.Tenant, Requester: caller.String(), IdempotencyKey: req.IdempotencyKey,
 		Repository: d.repo.Name, Spec: req.SpecWire, SpecDigest: digest, Commit: rev.Commit, TreeHash: rev.Tree,
 		CreatedAt: now, UpdatedAt: now,
+		// This replica drives it.
+		ClaimedBy: s.cfg.Replica, ClaimExpiresAt: now.Add(s.cfg.ClaimTTL),
+	}
+	greq := GrantRequest{
+		JobID: j.ID, Tenant: j.Tenant, Requester: j.Requester, Repository: d.repo.Name, Commit: rev.Commit,
+		Command: req.Spec.Command, Env: req.Spec.Env, Limits: d.limits, Network: d.network, NetworkGeneration: 1, Generation: 1,
+		RuntimeClass: d.runtime, PublishTarget: req.Spec.PublishTarget, Session: d.session,
+		HistoryDepth: s.historyDepth(j.Tenant), Caches: d.caches, User: d.user, Image: img, IssuedAt: now, ExpiresAt: now.Add(s.cfg.GrantTTL),
+	}
+	// Placed now when an executor has room (the grant names it), else when
+	// its turn comes.
+	where := "; placed on no executor yet"
+	if m, why, err := s.cfg.Fleet.Place(ctx, j.ID, needOf(j, greq)); err != nil {
+		s.cfg.Logger.Warn("place a submitted job", "job", j.ID, "error", err)
+	} else if m.ID != "" {
+		greq.Executor, j.Executor, where = m.ID, m.ID, "; placed on executor "+m.Name
+	} else {
+		where += " (" + why + ")"
 	}
 	{
-		g, err := s.cfg.Signer.Sign(GrantRequest{
-			JobID: j.ID, Tenant: j.Tenant, Requester: j.Requester, Repository: d.repo.Name, Commit: rev.Commit,
-			Command: req.Spec.Command, Env: req.Spec.Env, Limits: d.limits, Network: d.network, NetworkGeneration: 1, Generation: 1,
-			RuntimeClass: d.runtime, PublishTarget: req.Spec.PublishTarget, Session: d.session,
-			HistoryDepth: s.historyDepth(j.Tenant), Caches: d.caches, User: d.user, Image: img, IssuedAt: now, ExpiresAt: now.Add(s.cfg.GrantTTL),
-		})
+		g, err := s.cfg.Signer.Sign(greq)
 		if err != nil {
+			s.cfg.Fleet.Release(j.ID)
 			return store.Job{}, false, fmt.Errorf("jobs: sign grant: %w", err)
 		}
 		j.State, j.NetworkState = store.StateQueued, "pending"
 		j.Grant, j.GrantExpiresAt = g.Wire, now.Add(s.cfg.GrantTTL)
 	}
 	ev := audit.Event{Kind: audit.KindJobGranted, Caller: caller.String(), Subject: j.ID, Outcome: audit.OutcomeAllowed,
-		Reason: fmt.Sprintf("repository %s at %s, command %q%s; grant expires %s", j.Repository, j.Commit, req.Spec.Command, imageNote(img), j.GrantExpiresAt.Format(time.RFC3339))}
+		Reason: fmt.Sprintf("repository %s at %s, command %q%s%s; grant expires %s", j.Repository, j.Commit, req.Spec.Command, imageNote(img), where, j.GrantExpiresAt.Format(time.RFC3339))}
 	if d.session != nil {
-		ev.Reason = fmt.Sprintf("session on repository %s at %s%s, idle timeout %s, at most %d execs at once; grant expires %s",
-			j.Repository, j.Commit, imageNote(img), d.session.IdleTimeout, d.session.MaxConcurrentExecs, j.GrantExpiresAt.Format(time.RFC3339))
+		ev.Reason = fmt.Sprintf("session on repository %s at %s%s, idle timeout %s, at most %d execs at once%s; grant expires %s",
+			j.Repository, j.Commit, imageNote(img), d.session.IdleTimeout, d.session.MaxConcurrentExecs, where, j.GrantExpiresAt.Format(time.RFC3339))
 	}
 	if j.State == store.StateFailed {
 		ev.Kind, ev.Outcome, ev.Reason = audit.KindJobRefused, audit.OutcomeDenied, j.Message
 	}
 	stored, created, err := s.cfg.Store.CreateJobAudited(ctx, j, ev)
+	if err != nil || !created {
+		s.cfg.Fleet.Release(j.ID)
+	}
 	if err != nil {
 		return store.Job{}, false, err
 	}

@@ -94,6 +94,8 @@ func (s *Service) Watch(ctx context.Context, caller identity.ID, id string, from
 
 	w := &outputWatch{s: s, id: id, next: from}
 	defer w.stop()
+	poll := time.NewTicker(watchPoll)
+	defer poll.Stop()
 	var (
 		drained  bool
 		drainBy  <-chan time.Time
@@ -106,6 +108,7 @@ func (s *Service) Watch(ctx context.Context, caller identity.ID, id string, from
 		// accepted has no output to wait for.
 		accepted := j.State == store.StateStaging || j.State == store.StateRunning || (j.State.Terminal() && !j.DispatchedAt.IsZero())
 		if !watching && !drained && retryAt == nil && accepted {
+			w.executor = j.Executor
 			w.start(ctx)
 			watching = true
 		}
@@ -120,6 +123,15 @@ func (s *Service) Watch(ctx context.Context, caller identity.ID, id string, from
 		select {
 		case nj := <-changes:
 			if nj.Version > j.Version {
+				j = nj
+				if err := send(WatchEvent{Job: &j}); err != nil {
+					return err
+				}
+			}
+		case <-poll.C:
+			// Another replica may drive the job: its changes reach this
+			// one's watchers through the store.
+			if nj, err := s.cfg.Store.GetJob(ctx, id); err == nil && nj.Version > j.Version {
 				j = nj
 				if err := send(WatchEvent{Job: &j}); err != nil {
 					return err
@@ -155,17 +167,23 @@ func (s *Service) Watch(ctx context.Context, caller identity.ID, id string, from
 	}
 }
 
+// watchPoll is how often a watcher reads the job from the store, for the
+// changes another replica makes.
+const watchPoll = time.Second
+
 // outputWatch proxies one executor output stream at a time to a watcher,
 // remembering how far each stream (output and egress record) got so a
 // broken stream resumes there. One event is in flight at a time: a slow
 // watcher holds the executor's stream back rather than growing a queue.
 type outputWatch struct {
-	s      *Service
-	id     string
-	next   Offsets
-	out    chan RunEvent
-	done   chan error
-	cancel context.CancelFunc
+	s  *Service
+	id string
+	// executor is the SPIFFE ID of the executor the job is placed on.
+	executor string
+	next     Offsets
+	out      chan RunEvent
+	done     chan error
+	cancel   context.CancelFunc
 }
 
 func (w *outputWatch) start(ctx context.Context) {
@@ -173,7 +191,7 @@ func (w *outputWatch) start(ctx context.Context) {
 	w.out, w.done = make(chan RunEvent), make(chan error, 1)
 	out, done, from := w.out, w.done, w.next
 	go func() {
-		done <- w.s.cfg.Executor.Watch(ctx, w.id, from, func(ev RunEvent) error {
+		done <- w.s.cfg.Executors.For(w.executor).Watch(ctx, w.id, from, func(ev RunEvent) error {
 			if ev.Output == nil && ev.Egress == nil {
 				return nil
 			}

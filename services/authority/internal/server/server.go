@@ -15,7 +15,6 @@ import (
 	"github.com/airlockhq/airlock/pkg/authz"
 	"github.com/airlockhq/airlock/pkg/daemon"
 	"github.com/airlockhq/airlock/pkg/grant"
-	"github.com/airlockhq/airlock/pkg/grpcclient"
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/logging"
 	"github.com/airlockhq/airlock/pkg/pki"
@@ -25,6 +24,7 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/checkpoints"
 	"github.com/airlockhq/airlock/services/authority/internal/config"
 	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
+	"github.com/airlockhq/airlock/services/authority/internal/fleet"
 	"github.com/airlockhq/airlock/services/authority/internal/flow"
 	"github.com/airlockhq/airlock/services/authority/internal/images"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
@@ -108,13 +108,20 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			if err != nil {
 				return err
 			}
-			conn, err := grpcclient.Dial(cfg.Executor.Address, env.TLS, env.PeerID(identity.ServiceExecutor))
+			// The fleet: executors join by their heartbeat, into the store
+			// every replica shares; each is reached on its own connection,
+			// pinned to its own identity.
+			fl, err := fleet.New(fleet.Config{Store: st, Interval: cfg.Fleet.HeartbeatInterval, LostAfter: cfg.Fleet.LostAfter, Logger: env.Logger})
 			if err != nil {
 				return err
 			}
-			env.OnStop(conn.Close)
-
-			exec := executorclient.New(conn)
+			pool := executorclient.NewPool(env.TLS, fl.Address)
+			env.OnStop(pool.Close)
+			self := identity.Service(cfg.TrustDomain, identity.ServiceAuthority)
+			replica := cfg.Replica
+			if replica == "" {
+				replica = env.DataDir.Owner()
+			}
 			// One throttle of repeated refusals for the whole authority; the
 			// counts of what it left out go on the log once each window has
 			// passed, and all of them when the authority stops.
@@ -134,8 +141,9 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				Source:   src,
 				Images:   imgs,
 				Signer:   executorclient.NewSigner(key),
-				Executor: exec, ExecutorID: env.PeerID(identity.ServiceExecutor),
-				GrantTTL: cfg.GrantTTL,
+				Fleet:    fl, Executors: pool, Self: self, Replica: replica, LostResult: executorclient.LostResult(),
+				SweepInterval: cfg.Fleet.HeartbeatInterval,
+				GrantTTL:      cfg.GrantTTL,
 				Auditors: cfg.Audit.Auditors,
 				Refusals: refusals,
 				Meter:    env.Meter,
@@ -145,6 +153,9 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				return err
 			}
 			auditor.Store(svc)
+			// Sessions an executor suspended when it restarted resume when
+			// it is back.
+			fl.OnReturn(svc.ExecutorReturned)
 			// The tenant policy in force goes on the log at every start, so
 			// a policy change between starts is on the record.
 			if err := svc.RecordPolicy(ctx, identity.Service(cfg.TrustDomain, identity.ServiceAuthority)); err != nil {
@@ -153,7 +164,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			// Resumes unfinished jobs now and stops background work (before
 			// the store closes) when the process stops.
 			env.Go(svc.Run)
-			appr, err := approvals.New(approvals.Config{Store: st, Tenants: cfg.Policy, Artifacts: exec, Refusals: refusals, Meter: env.Meter, Logger: env.Logger})
+			appr, err := approvals.New(approvals.Config{Store: st, Tenants: cfg.Policy, Artifacts: svc, Refusals: refusals, Meter: env.Meter, Logger: env.Logger})
 			if err != nil {
 				return err
 			}
@@ -176,10 +187,11 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			env.Go(func(ctx context.Context) error {
 				return appr.SweepEvery(ctx, identity.Service(cfg.TrustDomain, identity.ServiceAuthority), sweepInterval, lease.Sweep)
 			})
-			api.New(api.Config{Jobs: svc, Approvals: appr, Leases: lease, Flow: wf, Checkpoints: cps, Logger: env.Logger}).Register(env.Server)
+			api.New(api.Config{Jobs: svc, Approvals: appr, Leases: lease, Flow: wf, Checkpoints: cps, Fleet: fl, Logger: env.Logger}).Register(env.Server)
 			env.Logger.Info("authority ready", "tenants", len(cfg.Policy), "grant_key_id", key.KeyID(),
 				"grant_public_key", cfg.GrantKey+".pub", "grant_public_keys", len(published),
-				"audit_checkpoint_key_id", pki.Ed25519KeyID(cpKey.Public().(ed25519.PublicKey)), "audit_checkpoints", cfg.Audit.CheckpointFile, "executor", cfg.Executor.Address)
+				"audit_checkpoint_key_id", pki.Ed25519KeyID(cpKey.Public().(ed25519.PublicKey)), "audit_checkpoints", cfg.Audit.CheckpointFile,
+				"replica", replica, "fleet_heartbeat", cfg.Fleet.HeartbeatInterval, "fleet_lost_after", cfg.Fleet.LostAfter)
 			if len(cfg.Policy) == 0 {
 				env.Logger.Warn("no tenants configured; every SubmitJob will be refused")
 			}
@@ -187,3 +199,4 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		},
 	})
 }
+

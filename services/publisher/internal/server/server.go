@@ -85,7 +85,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				Dir:   env.DataDir.Join("work"), Logger: logger, Meter: env.Meter,
 				// The data directory is one process's at a time (locked): a
 				// publisher restarted on it takes its claims up at once.
-				Owner: owner(env.DataDir.Path()),
+				Owner: env.DataDir.Owner(),
 			})
 			if err != nil {
 				return err
@@ -101,12 +101,3 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	})
 }
 
-// owner names this publisher in its deployments' claims: the host and the
-// data directory, which one process holds at a time.
-func owner(dataDir string) string {
-	host, err := os.Hostname()
-	if err != nil {
-		host = "unknown-host"
-	}
-	return host + ":" + dataDir
-}

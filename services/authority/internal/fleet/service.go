@@ -1,0 +1,400 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/airlockhq/airlock/pkg/audit"
+	"github.com/airlockhq/airlock/pkg/config"
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/services/authority/internal/policy"
+	"github.com/airlockhq/airlock/services/authority/internal/store"
+)
+
+// Defaults of Config.
+const (
+	DefaultInterval  = 5 * time.Second
+	DefaultLostAfter = 30 * time.Second
+)
+
+// SingleName is the fleet name of an executor whose certificate names no
+// instance (spiffe://TD/service/executor): the one executor of a
+// deployment that never named its executors.
+const SingleName = "default"
+
+// Bounds of a report: what one heartbeat may carry.
+const (
+	maxImages    = 1024
+	maxSources   = 1024
+	maxPools     = 16
+	maxRuns      = 4096
+	maxItemBytes = 256
+	maxReason    = 200
+)
+
+// Config is what a Fleet needs.
+type Config struct {
+	Store store.Store
+	// Interval is how often executors are asked to report; default
+	// DefaultInterval.
+	Interval time.Duration
+	// LostAfter is how long an executor may miss its heartbeats before it
+	// is lost; default DefaultLostAfter, at least three intervals.
+	LostAfter time.Duration
+	// Now is the clock; default time.Now.
+	Now    func() time.Time
+	Logger *slog.Logger
+}
+
+// Fleet is the authority's view of its executors. Its methods are safe for
+// concurrent use, and several Fleets (replicas) may share one store.
+type Fleet struct {
+	cfg Config
+
+	mu sync.Mutex
+	// snap is the last read of the fleet, reused for placement within
+	// snapTTL.
+	snap   []Member
+	snapAt time.Time
+	// reserved is what this replica placed on each executor (by name)
+	// since the executor's report, which may not count it yet.
+	reserved map[string][]reservation
+	// full holds off an executor that refused a job for lack of capacity
+	// until its next report (the LastSeen it had).
+	full map[string]time.Time
+	// onReturn is told of an executor that came back from lost or
+	// restarted (its SPIFFE ID).
+	onReturn func(id string)
+}
+
+// OnReturn has fn told, in the heartbeat's goroutine, of every executor
+// that comes back after it was lost or restarted (its SPIFFE ID): its
+// sessions may wait to be resumed. Call it before the first heartbeat.
+func (f *Fleet) OnReturn(fn func(id string)) { f.onReturn = fn }
+
+// New returns a Fleet.
+func New(cfg Config) (*Fleet, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("fleet: a store is required")
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = DefaultInterval
+	}
+	if cfg.LostAfter <= 0 {
+		cfg.LostAfter = DefaultLostAfter
+	}
+	if cfg.LostAfter < 3*cfg.Interval {
+		return nil, fmt.Errorf("fleet: lost_after %v must be at least three heartbeat intervals (%v)", cfg.LostAfter, 3*cfg.Interval)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Fleet{cfg: cfg, reserved: map[string][]reservation{}, full: map[string]time.Time{}}, nil
+}
+
+func (f *Fleet) now() time.Time { return f.cfg.Now().UTC().Truncate(time.Microsecond) }
+
+// NameOf is the fleet name of executor id: its instance, or SingleName.
+func NameOf(id identity.ID) string {
+	if id.Instance != "" {
+		return id.Instance
+	}
+	return SingleName
+}
+
+// Heartbeat records executor caller's report and address, joining it to
+// the fleet or bringing it back from lost (both on the audit log), and
+// answers with its drain and the runs it must stop: those whose jobs are
+// not placed on it any more, or have ended.
+func (f *Fleet) Heartbeat(ctx context.Context, caller identity.ID, address string, r Report) (Answer, error) {
+	if !caller.IsExecutor() {
+		return Answer{}, fmt.Errorf("%w: %s is not an executor", errdefs.ErrPermissionDenied, caller)
+	}
+	if err := config.CheckAddress(address); err != nil {
+		return Answer{}, fmt.Errorf("%w: address: %v", errdefs.ErrInvalidArgument, err)
+	}
+	if err := r.check(); err != nil {
+		return Answer{}, fmt.Errorf("%w: report.%v", errdefs.ErrInvalidArgument, err)
+	}
+	body, err := json.Marshal(r)
+	if err != nil {
+		return Answer{}, fmt.Errorf("fleet: encode the report: %w", err)
+	}
+	name, now := NameOf(caller), f.now()
+	var (
+		event     string
+		restarted bool
+	)
+	e, err := f.cfg.Store.UpdateExecutorAudited(ctx, name, func(e *store.Executor, found bool) (*audit.Event, error) {
+		switch {
+		case !found:
+			e.ID, e.JoinedAt, event = caller.String(), now, audit.KindExecutorJoined
+		case e.ID != caller.String():
+			return nil, fmt.Errorf("%w: the fleet name %q is %s's; %s must have a certificate of its own name",
+				errdefs.ErrPermissionDenied, name, e.ID, caller)
+		case e.State == store.ExecutorLost:
+			event = audit.KindExecutorReturned
+		default:
+			event = ""
+		}
+		if found {
+			var before Report
+			restarted = json.Unmarshal(e.Report, &before) == nil && !before.StartedAt.Equal(r.StartedAt)
+		}
+		e.State, e.Address, e.Report, e.LastSeen = store.ExecutorUp, address, body, now
+		if event == "" {
+			return nil, nil
+		}
+		reason := fmt.Sprintf("executor %s at %s runs %v", name, address, r.Classes)
+		if event == audit.KindExecutorReturned {
+			reason = fmt.Sprintf("executor %s came back at %s after it was lost", name, address)
+		}
+		return &audit.Event{Kind: event, Caller: caller.String(), Subject: name, Outcome: audit.OutcomeAllowed, Reason: reason}, nil
+	})
+	if err != nil {
+		return Answer{}, err
+	}
+	if event != "" {
+		f.cfg.Logger.Info("executor "+event[len("executor."):], "executor", name, "address", address, "classes", r.Classes)
+	}
+	f.forget()
+	if (event == audit.KindExecutorReturned || restarted) && f.onReturn != nil {
+		f.onReturn(caller.String())
+	}
+	cancel, err := f.strayRuns(ctx, caller, r.Runs)
+	if err != nil {
+		return Answer{}, err
+	}
+	return Answer{Name: name, Interval: f.cfg.Interval, Draining: e.Draining, CancelRuns: cancel}, nil
+}
+
+// strayRuns are the runs of runs that the executor must stop: their jobs
+// are not placed on it, or have ended.
+func (f *Fleet) strayRuns(ctx context.Context, caller identity.ID, runs []string) ([]string, error) {
+	if len(runs) == 0 {
+		return nil, nil
+	}
+	placed, err := f.cfg.Store.JobsOnExecutor(ctx, caller.String(), maxRuns*2)
+	if err != nil {
+		return nil, fmt.Errorf("fleet: jobs on %s: %w", caller, err)
+	}
+	here := make(map[string]bool, len(placed))
+	for _, j := range placed {
+		here[j.ID] = true
+	}
+	var stray []string
+	for _, id := range runs {
+		if !here[id] {
+			stray = append(stray, id)
+		}
+	}
+	return stray, nil
+}
+
+// check bounds what one report may carry.
+func (r *Report) check() error {
+	for _, c := range r.Classes {
+		if !slices.Contains(policy.RuntimeClasses(), c) {
+			return fmt.Errorf("runtime_classes: unknown class %q", c)
+		}
+	}
+	for _, l := range []struct {
+		field string
+		items []string
+		most  int
+	}{{"images", r.Images, maxImages}, {"sources", r.Sources, maxSources}, {"network_pools", r.Pools, maxPools}, {"runs", r.Runs, maxRuns}} {
+		if len(l.items) > l.most {
+			return fmt.Errorf("%s: %d entries, at most %d", l.field, len(l.items), l.most)
+		}
+		for _, s := range l.items {
+			if s == "" || len(s) > maxItemBytes {
+				return fmt.Errorf("%s: an entry of %d bytes, want 1 to %d", l.field, len(s), maxItemBytes)
+			}
+		}
+	}
+	c := r.Capacity
+	for _, v := range []int64{c.MemoryBytes, c.MemoryFree, c.CPUMillis, c.CPUFree, c.DiskBytes, c.DiskFree, c.Jobs, c.JobsFree} {
+		if v < 0 {
+			return errors.New("capacity: a negative figure")
+		}
+	}
+	if len(r.Version) > maxItemBytes {
+		return errors.New("version: too long")
+	}
+	return nil
+}
+
+// List returns the fleet by name, each with what is placed on it.
+func (f *Fleet) List(ctx context.Context) ([]Member, error) {
+	recs, err := f.cfg.Store.ListExecutors(ctx)
+	if err != nil {
+		return nil, err
+	}
+	placements, err := f.cfg.Store.Placements(ctx)
+	if err != nil {
+		return nil, err
+	}
+	placed := map[string]int64{}
+	for _, p := range placements {
+		placed[p.Executor] += p.Jobs
+	}
+	out := make([]Member, 0, len(recs))
+	for _, rec := range recs {
+		m, err := memberOf(rec)
+		if err != nil {
+			return nil, err
+		}
+		m.Placed = placed[m.ID]
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// Get returns executor name and the ids of the jobs placed on it that have
+// not ended (at most limit, oldest first).
+func (f *Fleet) Get(ctx context.Context, name string, limit int) (Member, []string, error) {
+	if name == "" {
+		return Member{}, nil, fmt.Errorf("%w: name: required", errdefs.ErrInvalidArgument)
+	}
+	rec, err := f.cfg.Store.GetExecutor(ctx, name)
+	if err != nil {
+		return Member{}, nil, err
+	}
+	m, err := memberOf(rec)
+	if err != nil {
+		return Member{}, nil, err
+	}
+	jobs, err := f.cfg.Store.JobsOnExecutor(ctx, m.ID, max(limit, 1))
+	if err != nil {
+		return Member{}, nil, err
+	}
+	ids := make([]string, len(jobs))
+	for i, j := range jobs {
+		ids[i] = j.ID
+	}
+	if m.Placed, err = f.placedOn(ctx, m.ID); err != nil {
+		return Member{}, nil, err
+	}
+	return m, ids, nil
+}
+
+// placedOn counts the unfinished jobs placed on executor id.
+func (f *Fleet) placedOn(ctx context.Context, id string) (int64, error) {
+	placements, err := f.cfg.Store.Placements(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, p := range placements {
+		if p.Executor == id {
+			n += p.Jobs
+		}
+	}
+	return n, nil
+}
+
+// Drain drains executor name (drain true: nothing new is placed on it) or
+// ends its drain, on the audit log as by's, with reason.
+func (f *Fleet) Drain(ctx context.Context, by identity.ID, name string, drain bool, reason string) (Member, error) {
+	switch {
+	case name == "":
+		return Member{}, fmt.Errorf("%w: name: required", errdefs.ErrInvalidArgument)
+	case len(reason) > maxReason:
+		return Member{}, fmt.Errorf("%w: reason: %d bytes, at most %d", errdefs.ErrInvalidArgument, len(reason), maxReason)
+	}
+	now := f.now()
+	rec, err := f.cfg.Store.UpdateExecutorAudited(ctx, name, func(e *store.Executor, found bool) (*audit.Event, error) {
+		if !found {
+			return nil, fmt.Errorf("%w: no executor %q in the fleet", errdefs.ErrNotFound, name)
+		}
+		kind := audit.KindExecutorUndrained
+		if drain {
+			kind = audit.KindExecutorDrained
+			e.Draining, e.DrainedBy, e.DrainedAt, e.DrainReason = true, by.String(), now, reason
+		} else {
+			e.Draining, e.DrainedBy, e.DrainedAt, e.DrainReason = false, "", time.Time{}, ""
+		}
+		return &audit.Event{Kind: kind, Caller: by.String(), Subject: name, Outcome: audit.OutcomeAllowed, Reason: reason}, nil
+	})
+	if err != nil {
+		return Member{}, err
+	}
+	f.forget()
+	f.cfg.Logger.Info("executor drain", "executor", name, "draining", drain, "by", by.String(), "reason", reason)
+	m, err := memberOf(rec)
+	if err != nil {
+		return Member{}, err
+	}
+	if m.Placed, err = f.placedOn(ctx, m.ID); err != nil {
+		return Member{}, err
+	}
+	return m, nil
+}
+
+// Sweep marks lost every executor whose last heartbeat is older than
+// LostAfter, on the audit log (each once, whichever replica sweeps first),
+// and returns every lost executor: the caller ends or moves their work.
+func (f *Fleet) Sweep(ctx context.Context, by identity.ID) ([]Member, error) {
+	recs, err := f.cfg.Store.ListExecutors(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cutoff := f.now().Add(-f.cfg.LostAfter)
+	var lost []Member
+	for _, rec := range recs {
+		if rec.State == store.ExecutorUp && rec.LastSeen.Before(cutoff) {
+			rec, err = f.cfg.Store.UpdateExecutorAudited(ctx, rec.Name, func(e *store.Executor, found bool) (*audit.Event, error) {
+				if !found || e.State != store.ExecutorUp || !e.LastSeen.Before(cutoff) {
+					return nil, errUnchanged // it came back meanwhile, or another replica swept it
+				}
+				e.State = store.ExecutorLost
+				return &audit.Event{Kind: audit.KindExecutorLost, Caller: by.String(), Subject: e.Name, Outcome: audit.OutcomeAllowed,
+					Reason: fmt.Sprintf("no heartbeat from executor %s since %s (more than %v)", e.Name, e.LastSeen.Format(time.RFC3339), f.cfg.LostAfter)}, nil
+			})
+			switch {
+			case errors.Is(err, errUnchanged):
+				if rec, err = f.cfg.Store.GetExecutor(ctx, rec.Name); err != nil {
+					return nil, err
+				}
+			case err != nil:
+				return nil, err
+			default:
+				f.cfg.Logger.Warn("executor lost", "executor", rec.Name, "last_seen", rec.LastSeen)
+				f.forget()
+			}
+		}
+		if rec.State == store.ExecutorLost {
+			m, err := memberOf(rec)
+			if err != nil {
+				return nil, err
+			}
+			lost = append(lost, m)
+		}
+	}
+	return lost, nil
+}
+
+var errUnchanged = errors.New("unchanged")
+
+// memberOf reads a stored executor.
+func memberOf(e store.Executor) (Member, error) {
+	m := Member{Name: e.Name, ID: e.ID, Address: e.Address, Lost: e.State == store.ExecutorLost,
+		Draining: e.Draining, DrainedBy: e.DrainedBy, DrainedAt: e.DrainedAt, DrainReason: e.DrainReason,
+		JoinedAt: e.JoinedAt, LastSeen: e.LastSeen}
+	if len(e.Report) > 0 {
+		if err := json.Unmarshal(e.Report, &m.Report); err != nil {
+			return Member{}, fmt.Errorf("fleet: the stored report of executor %s: %w", e.Name, err)
+		}
+	}
+	return m, nil
+}
