@@ -5734,8 +5734,14 @@ type GetPublishSpecResponse struct {
 	// Whether the tenant has a deploy credential for the target: without
 	// one the publisher refuses before it spends the approval.
 	DeployCredential bool `protobuf:"varint,11,opt,name=deploy_credential,json=deployCredential,proto3" json:"deploy_credential,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// SPIFFE ID of the executor the job ran on, which keeps its bundle: the
+	// bundle's provenance must be signed by exactly it.
+	Executor string `protobuf:"bytes,12,opt,name=executor,proto3" json:"executor,omitempty"`
+	// Where that executor is reached (host:port); empty when the fleet has
+	// lost it.
+	ExecutorAddress string `protobuf:"bytes,13,opt,name=executor_address,json=executorAddress,proto3" json:"executor_address,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *GetPublishSpecResponse) Reset() {
@@ -5843,6 +5849,20 @@ func (x *GetPublishSpecResponse) GetDeployCredential() bool {
 		return x.DeployCredential
 	}
 	return false
+}
+
+func (x *GetPublishSpecResponse) GetExecutor() string {
+	if x != nil {
+		return x.Executor
+	}
+	return ""
+}
+
+func (x *GetPublishSpecResponse) GetExecutorAddress() string {
+	if x != nil {
+		return x.ExecutorAddress
+	}
+	return ""
 }
 
 // CreateSessionRequest asks for a session.
@@ -9478,7 +9498,7 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x0fallow_protected\x18\x02 \x03(\tR\x0eallowProtected\x12$\n" +
 	"\x0emax_file_bytes\x18\x03 \x01(\x03R\fmaxFileBytes\x12!\n" +
 	"\fallow_binary\x18\x04 \x01(\bR\vallowBinary\x12\x19\n" +
-	"\bon_moved\x18\x05 \x01(\tR\aonMoved\"\xff\x03\n" +
+	"\bon_moved\x18\x05 \x01(\tR\aonMoved\"\xc6\x04\n" +
 	"\x16GetPublishSpecResponse\x12:\n" +
 	"\bapproval\x18\x01 \x01(\v2\x1e.airlock.authority.v1.ApprovalR\bapproval\x12%\n" +
 	"\x0erepository_url\x18\x02 \x01(\tR\rrepositoryUrl\x12#\n" +
@@ -9493,7 +9513,9 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\rpolicy_digest\x18\t \x01(\tR\fpolicyDigest\x12)\n" +
 	"\x10tenant_approvers\x18\n" +
 	" \x03(\tR\x0ftenantApprovers\x12+\n" +
-	"\x11deploy_credential\x18\v \x01(\bR\x10deployCredential\"\x8a\x01\n" +
+	"\x11deploy_credential\x18\v \x01(\bR\x10deployCredential\x12\x1a\n" +
+	"\bexecutor\x18\f \x01(\tR\bexecutor\x12)\n" +
+	"\x10executor_address\x18\r \x01(\tR\x0fexecutorAddress\"\x8a\x01\n" +
 	"\x14CreateSessionRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x121\n" +
 	"\x04spec\x18\x02 \x01(\v2\x1d.airlock.authority.v1.JobSpecR\x04spec\x12'\n" +

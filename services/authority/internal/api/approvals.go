@@ -241,6 +241,9 @@ func (s *Service) GetPublishSpec(ctx context.Context, req *authorityv1.GetPublis
 	if !spec.ApprovedAt.IsZero() {
 		out.ApprovedAt = timestamppb.New(spec.ApprovedAt)
 	}
+	if out.Executor, out.ExecutorAddress, err = s.cfg.Jobs.ExecutorOf(ctx, spec.Approval.JobID); err != nil {
+		return nil, s.fail(ctx, err)
+	}
 	if spec.Repository.CA != "" {
 		// The operator's file, read at each call so a renewed CA is seen.
 		if out.RepositoryCa, err = os.ReadFile(spec.Repository.CA); err != nil {

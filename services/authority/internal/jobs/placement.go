@@ -201,3 +201,21 @@ func (s *Service) OpenArtifact(ctx context.Context, jobID, digest string) (io.Re
 	}
 	return s.cfg.Executors.For(j.Executor).OpenArtifact(ctx, jobID, digest)
 }
+
+// ExecutorOf says which executor job jobID ran on (its SPIFFE ID) and where
+// it is reached now ("" when the fleet does not know it or lost it): where
+// the publisher fetches the job's bundle.
+func (s *Service) ExecutorOf(ctx context.Context, jobID string) (id, address string, err error) {
+	j, err := s.cfg.Store.GetJob(ctx, jobID)
+	if err != nil {
+		return "", "", err
+	}
+	if j.Executor == "" {
+		return "", "", nil
+	}
+	m, ok, err := s.cfg.Fleet.Lookup(ctx, j.Executor)
+	if err != nil || !ok || m.Lost {
+		return j.Executor, "", err
+	}
+	return j.Executor, m.Address, nil
+}

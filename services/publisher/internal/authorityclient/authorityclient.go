@@ -16,6 +16,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/errgrpc"
+	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/seal"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
@@ -72,6 +73,13 @@ func (a *Client) Spec(ctx context.Context, approvalID string) (publish.Spec, err
 	}
 	if resp.GetApprovedAt() != nil {
 		spec.ApprovedAt = resp.GetApprovedAt().AsTime()
+	}
+	if x := resp.GetExecutor(); x != "" {
+		id, err := identity.Parse(x)
+		if err != nil || !id.IsExecutor() {
+			return publish.Spec{}, fmt.Errorf("%w: authority: the job's executor %q is not an executor's identity", errdefs.ErrFailedPrecondition, x)
+		}
+		spec.Executor, spec.ExecutorAddress = id, resp.GetExecutorAddress()
 	}
 	return spec, nil
 }

@@ -18,8 +18,10 @@ type Config struct {
 	// Authority is where the publisher reads publish specs, consumes
 	// approvals and leases credentials.
 	Authority Authority `yaml:"authority"`
-	// Executor is where the publisher fetches result bundles.
-	Executor config.Peer `yaml:"executor"`
+	// Executor was the one executor's address; a job's bundle is now
+	// fetched from the executor the authority says it ran on. A file that
+	// still sets it is refused with a sentence saying so.
+	Executor *config.Peer `yaml:"executor"`
 	// Store is where deployments are kept: sqlite (default,
 	// <data_dir>/publisher.db) or postgres (for replicas).
 	Store sqldb.Config `yaml:"store"`
@@ -52,7 +54,7 @@ func (c *Config) ValidatePeers() error {
 	errs := []error{
 		config.ValidatePeer("authority", c.Authority.Peer),
 		c.Server.CheckFile("authority.grant_public_key", &c.Authority.GrantPublicKey, true),
-		config.ValidatePeer("executor", c.Executor),
+		noExecutor(c.Executor),
 		c.Store.Validate("publisher.db"),
 	}
 	switch d := c.Scan.DecodeDepth; {
@@ -86,5 +88,13 @@ func (c *Config) CheckFiles() ([]string, error) {
 
 // Summary implements config.Checker.
 func (c *Config) Summary() string {
-	return fmt.Sprintf("authority %s, executor %s, store %s", c.Authority.Address, c.Executor.Address, c.Store.Driver)
+	return fmt.Sprintf("authority %s, store %s", c.Authority.Address, c.Store.Driver)
+}
+
+// noExecutor refuses the old executor field.
+func noExecutor(p *config.Peer) error {
+	if p != nil {
+		return config.Field("executor", "no longer used: each bundle is fetched from the executor the authority says the job ran on; remove it")
+	}
+	return nil
 }

@@ -9,33 +9,75 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/errgrpc"
+	"github.com/airlockhq/airlock/pkg/grpcclient"
+	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/tlsconfig"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 )
 
 // artifactTimeout bounds a bundle's download.
 const artifactTimeout = 30 * time.Minute
 
-// Client is publish.Executor over the executor's API.
+// Client is publish.Executor over the executors' API: one connection per
+// executor, each pinned to that executor's own identity.
 type Client struct {
-	c executorv1.ExecutorServiceClient
+	tls *tlsconfig.Source
+
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn // by identity and address
 }
 
-// New returns the executor adapter.
-func New(cc grpc.ClientConnInterface) *Client {
-	return &Client{c: executorv1.NewExecutorServiceClient(cc)}
+// New returns the executor adapter, dialing with src.
+func New(src *tlsconfig.Source) *Client {
+	return &Client{tls: src, conns: map[string]*grpc.ClientConn{}}
+}
+
+// Close closes every connection.
+func (e *Client) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for k, cc := range e.conns {
+		_ = cc.Close()
+		delete(e.conns, k)
+	}
+	return nil
+}
+
+// conn is the connection to executor at address.
+func (e *Client) conn(executor identity.ID, address string) (*grpc.ClientConn, error) {
+	if address == "" {
+		return nil, fmt.Errorf("%w: executor %s, which keeps the bundle, is out of reach (lost by the fleet); publish again when it is back", errdefs.ErrUnavailable, executor)
+	}
+	key := executor.String() + " " + address
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if cc := e.conns[key]; cc != nil {
+		return cc, nil
+	}
+	cc, err := grpcclient.Dial(address, e.tls, executor)
+	if err != nil {
+		return nil, err
+	}
+	e.conns[key] = cc
+	return cc, nil
 }
 
 // Artifact implements publish.Executor.
-func (e *Client) Artifact(ctx context.Context, jobID, digest string, w io.Writer) ([]byte, error) {
+func (e *Client) Artifact(ctx context.Context, executor identity.ID, address, jobID, digest string, w io.Writer) ([]byte, error) {
+	cc, err := e.conn(executor, address)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, artifactTimeout)
 	defer cancel()
-	stream, err := e.c.GetArtifact(ctx, &executorv1.GetArtifactRequest{JobId: jobID, BundleDigest: digest})
+	stream, err := executorv1.NewExecutorServiceClient(cc).GetArtifact(ctx, &executorv1.GetArtifactRequest{JobId: jobID, BundleDigest: digest})
 	if err != nil {
 		return nil, errgrpc.FromPeer("executor", err)
 	}

@@ -196,6 +196,8 @@ func (r *runState) readSpec(ctx context.Context) error {
 	case !spec.DeployCredential:
 		// Found before anything is spent, not after the consume.
 		return fmt.Errorf("%w: target: tenant %s has no deploy credential for %s", errdefs.ErrFailedPrecondition, spec.Tenant, spec.Repo)
+	case spec.Executor.IsZero():
+		return fmt.Errorf("%w: approval %s: the authority names no executor for job %s", errdefs.ErrFailedPrecondition, d.ApprovalID, spec.JobID)
 	case spec.OnMoved != "" && spec.OnMoved != OnMovedReapply && spec.OnMoved != OnMovedRefuse:
 		return fmt.Errorf("%w: the tenant's on_moved %q is neither %s nor %s", errdefs.ErrFailedPrecondition, spec.OnMoved, OnMovedReapply, OnMovedRefuse)
 	}
@@ -232,7 +234,7 @@ func (r *runState) verify(ctx context.Context) error {
 			fetches++
 		}
 		// Every run checks again what it is about to use.
-		_, err = VerifyBundle(r.bundle, envelope, Want{Digest: r.d.BundleDigest, JobID: r.d.JobID, Tenant: r.spec.Tenant}, r.s.cfg.Trust)
+		_, err = VerifyBundle(r.bundle, envelope, Want{Digest: r.d.BundleDigest, JobID: r.d.JobID, Tenant: r.spec.Tenant, Executor: r.spec.Executor}, r.s.cfg.Trust)
 		if err == nil {
 			break
 		}
@@ -263,7 +265,7 @@ func (r *runState) fetchBundle(ctx context.Context, envPath string) ([]byte, err
 		return nil, err
 	}
 	defer f.Abort()
-	envelope, err := r.s.cfg.Executor.Artifact(ctx, r.d.JobID, r.d.BundleDigest, &capWriter{w: f.File, left: maxBundleBytes})
+	envelope, err := r.s.cfg.Executor.Artifact(ctx, r.spec.Executor, r.spec.ExecutorAddress, r.d.JobID, r.d.BundleDigest, &capWriter{w: f.File, left: maxBundleBytes})
 	if err != nil {
 		return nil, err
 	}

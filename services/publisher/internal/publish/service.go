@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/airlockhq/airlock/pkg/identity"
 	"io"
 	"log/slog"
 	"os"
@@ -112,13 +113,18 @@ type Spec struct {
 	// TenantApprovers are the approvers the tenant lists ("approver/NAME";
 	// empty: any): the approvers who may read the deployment.
 	TenantApprovers []string
+	// Executor is the executor the job ran on, which keeps its bundle and
+	// signed its provenance; ExecutorAddress is where it is reached now
+	// ("" while the fleet has lost it).
+	Executor        identity.ID
+	ExecutorAddress string
 }
 
-// Executor is what the publisher asks of the executor.
+// Executor is what the publisher asks of the executors.
 type Executor interface {
-	// Artifact writes job's bundle with digest to w and returns its
-	// provenance envelope.
-	Artifact(ctx context.Context, jobID, digest string, w io.Writer) ([]byte, error)
+	// Artifact writes job's bundle with digest, kept by executor at
+	// address, to w and returns its provenance envelope.
+	Artifact(ctx context.Context, executor identity.ID, address, jobID, digest string, w io.Writer) ([]byte, error)
 }
 
 // Request is a pipeline's publish request.

@@ -27,8 +27,6 @@ type Trust struct {
 	// Roots are the CA certificates an executor's signing certificate must
 	// chain to.
 	Roots *x509.CertPool
-	// Executor is the SPIFFE ID the provenance must be signed by.
-	Executor identity.ID
 	// Grants verifies grants against the authority's grant keys.
 	Grants *grant.Verifier
 }
@@ -39,6 +37,9 @@ type Want struct {
 	Digest string
 	JobID  string
 	Tenant string
+	// Executor is the executor the job ran on, as the authority recorded
+	// it: the provenance must be signed by exactly it.
+	Executor identity.ID
 }
 
 // Verified is what a checked bundle proves.
@@ -77,7 +78,7 @@ func VerifyBundle(path string, envelope []byte, want Want, trust Trust) (*Verifi
 	if digest != want.Digest {
 		return nil, refuse("its digest is %s, the approval is for %s", digest, want.Digest)
 	}
-	pv, err := provenance.Verify(envelope, digest, trust.Roots, trust.Executor)
+	pv, err := provenance.Verify(envelope, digest, trust.Roots, want.Executor)
 	if err != nil {
 		return nil, refuse("provenance: %v", err)
 	}

@@ -73,15 +73,13 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				return err
 			}
 			env.OnStop(ac.Close)
-			ec, err := grpcclient.Dial(cfg.Executor.Address, env.TLS, env.PeerID(identity.ServiceExecutor))
-			if err != nil {
-				return err
-			}
+			// Each job's bundle is fetched from the executor it ran on,
+			// which the authority names.
+			ec := executorclient.New(env.TLS)
 			env.OnStop(ec.Close)
-
 			svc, err := publish.New(ctx, publish.Config{
-				Store: st, Authority: authorityclient.New(ac, env.TLS), Executor: executorclient.New(ec), Checker: checker,
-				Trust: publish.Trust{Roots: roots, Executor: env.PeerID(identity.ServiceExecutor), Grants: grants},
+				Store: st, Authority: authorityclient.New(ac, env.TLS), Executor: ec, Checker: checker,
+				Trust: publish.Trust{Roots: roots, Grants: grants},
 				Dir:   env.DataDir.Join("work"), Logger: logger, Meter: env.Meter,
 				// The data directory is one process's at a time (locked): a
 				// publisher restarted on it takes its claims up at once.
