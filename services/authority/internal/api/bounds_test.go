@@ -279,26 +279,27 @@ func (discard) Header(string, string, []byte, int) error { return nil }
 func (discard) Write(p []byte) (int, error)              { return len(p), nil }
 func (d discard) History(int, int) (io.Writer, error)    { return d, nil }
 
-// TestOnlyTheExecutorDispatchedToReports is issue 9 §3: each dispatch is
-// bound to the executor identity the authority verified when it handed the
-// grant over, and only that identity fetches the job's source or reports
-// its result. With one CA and one executor identity per trust domain no
-// other executor can reach the API through mTLS yet, so the second
-// executor is played against the job domain directly, as it would arrive
-// once executors have identities of their own.
+// TestOnlyTheExecutorDispatchedToReports is issue 9 §3 and issue 22 §2:
+// each job is bound to the executor it is placed on, and only that
+// identity fetches the job's source or reports its result — not another
+// executor of the same fleet, nor one of another trust domain.
 func TestOnlyTheExecutorDispatchedToReports(t *testing.T) {
 	h := newHarness(t)
 	dev := h.client(devID)
 	j := h.submit(dev, "bound", spec()).GetJob()
 	h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_RUNNING)
-	other := identity.MustParse("spiffe://elsewhere.test/service/executor")
-	err := h.auth.jobs.FetchSource(t.Context(), other, j.GetJobId(), discard{})
-	if !errors.Is(err, errdefs.ErrPermissionDenied) || !strings.Contains(err.Error(), "was dispatched to spiffe://airlock.test/service/executor") {
-		t.Fatalf("another executor fetching the source: %v", err)
-	}
-	_, err = h.auth.jobs.ReportResult(t.Context(), other, j.GetJobId(), jobs.Report{Reason: jobs.ReasonSandboxError, Message: "forged"})
-	if !errors.Is(err, errdefs.ErrPermissionDenied) {
-		t.Fatalf("another executor reporting a result: %v", err)
+	for _, other := range []identity.ID{
+		identity.MustParse("spiffe://airlock.test/service/executor/exec-2"),
+		identity.MustParse("spiffe://elsewhere.test/service/executor"),
+	} {
+		err := h.auth.jobs.FetchSource(t.Context(), other, j.GetJobId(), discard{})
+		if !errors.Is(err, errdefs.ErrPermissionDenied) || !strings.Contains(err.Error(), "is placed on spiffe://airlock.test/service/executor, not on "+other.String()) {
+			t.Fatalf("executor %s fetching the source: %v", other, err)
+		}
+		_, err = h.auth.jobs.ReportResult(t.Context(), other, j.GetJobId(), jobs.Report{Reason: jobs.ReasonSandboxError, Message: "forged"})
+		if !errors.Is(err, errdefs.ErrPermissionDenied) {
+			t.Fatalf("executor %s reporting a result: %v", other, err)
+		}
 	}
 	if got := h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_RUNNING); got.GetState() != authorityv1.JobState_JOB_STATE_RUNNING {
 		t.Fatalf("the job is %v after a refused report", got.GetState())

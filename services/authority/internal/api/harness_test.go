@@ -35,6 +35,7 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/checkpoints"
 	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
 	"github.com/airlockhq/airlock/services/authority/internal/fakeexecutor"
+	"github.com/airlockhq/airlock/services/authority/internal/fleet"
 	"github.com/airlockhq/airlock/services/authority/internal/flow"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
 	"github.com/airlockhq/airlock/services/authority/internal/leases"
@@ -232,14 +233,26 @@ func (h *harness) start() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := grpcclient.Dial(h.exec, h.source(authorityID), executorID)
+	// The fake executor is the fleet's one member (name "default": its
+	// certificate names no instance); the harness reports for it, as a
+	// real executor's heartbeat would, for as long as the authority runs.
+	fl, err := fleet.New(fleet.Config{Store: st, Interval: time.Second, LostAfter: 3 * time.Second, Logger: h.logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	execClient := executorclient.New(conn)
+	beat := func() error {
+		_, err := fl.Heartbeat(ctx, executorID, h.exec, fleet.Report{Classes: []string{policy.RuntimeRunc, policy.RuntimeRunsc},
+			Capacity: fleet.Capacity{MemoryBytes: 64 << 30, MemoryFree: 64 << 30, CPUMillis: 64000, CPUFree: 64000,
+				DiskBytes: 1 << 40, DiskFree: 1 << 40, Jobs: 1000, JobsFree: 1000}})
+		return err
+	}
+	if err := beat(); err != nil {
+		t.Fatal(err)
+	}
+	pool := executorclient.NewPool(h.source(authorityID), fl.Address)
 	svc, err := jobs.New(jobs.Config{
 		Store: st, Tenants: h.tenants, Source: src, Signer: executorclient.NewSigner(h.signer),
-		Executor: execClient, ExecutorID: executorID, GrantTTL: cmp.Or(h.opts.grantTTL, 10*time.Minute), StartDeadline: h.opts.startDeadline, Logger: h.logger(),
+		Fleet: fl, Executors: pool, Self: authorityID, LostResult: executorclient.LostResult(), GrantTTL: cmp.Or(h.opts.grantTTL, 10*time.Minute), StartDeadline: h.opts.startDeadline, Logger: h.logger(),
 		Auditors: []string{"approver/alice"},
 		Retry:    jobs.Retry{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}, DrainTimeout: 5 * time.Second,
 		Meter: h.opts.meter,
@@ -250,6 +263,20 @@ func (h *harness) start() {
 	runCtx, cancel := context.WithCancel(ctx)
 	runDone := make(chan struct{})
 	go func() { defer close(runDone); _ = svc.Run(runCtx) }()
+	beatDone := make(chan struct{})
+	go func() {
+		defer close(beatDone)
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-time.After(300 * time.Millisecond):
+				if err := beat(); err != nil && runCtx.Err() == nil {
+					t.Logf("heartbeat for the fake executor: %v", err)
+				}
+			}
+		}
+	}()
 
 	srv, err := grpcserver.New(grpcserver.Config{
 		Listen: "127.0.0.1:0", TLS: tlsconfig.ServerConfig(h.source(authorityID), td),
@@ -258,7 +285,7 @@ func (h *harness) start() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	appr, err := approvals.New(approvals.Config{Store: st, Tenants: h.tenants, Artifacts: execClient, Meter: h.opts.meter, Logger: h.logger()})
+	appr, err := approvals.New(approvals.Config{Store: st, Tenants: h.tenants, Artifacts: svc, Meter: h.opts.meter, Logger: h.logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +309,7 @@ func (h *harness) start() {
 	}
 	cpDone := make(chan struct{})
 	go func() { defer close(cpDone); _ = cps.Run(runCtx) }()
-	api.New(api.Config{Jobs: svc, Approvals: appr, Leases: lease, Flow: wf, Checkpoints: cps, Logger: h.logger()}).Register(srv.Registrar())
+	api.New(api.Config{Jobs: svc, Approvals: appr, Leases: lease, Flow: wf, Checkpoints: cps, Fleet: fl, Logger: h.logger()}).Register(srv.Registrar())
 	serveDone := make(chan struct{})
 	go func() { defer close(serveDone); _ = srv.Serve(runCtx) }()
 	srv.SetServing(true)
@@ -292,9 +319,10 @@ func (h *harness) start() {
 		cancel()
 		<-serveDone
 		<-runDone
+		<-beatDone
 		<-cpDone
 		cps.Close()
-		conn.Close()
+		pool.Close()
 		st.Close()
 	})
 	h.auth = a

@@ -16,9 +16,10 @@ import (
 // unreached stand in for the boundaries the exec records never cross:
 // calling one panics on its nil interface.
 type (
-	unreachedSource   struct{ Source }
-	unreachedSigner   struct{ Signer }
-	unreachedExecutor struct{ Executor }
+	unreachedSource    struct{ Source }
+	unreachedSigner    struct{ Signer }
+	unreachedFleet     struct{ Fleet }
+	unreachedExecutors struct{ Executors }
 )
 
 func newExecService(t *testing.T) *Service {
@@ -28,7 +29,7 @@ func newExecService(t *testing.T) *Service {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	s, err := New(Config{Store: st, Source: unreachedSource{}, Signer: unreachedSigner{}, Executor: unreachedExecutor{}, GrantTTL: time.Minute})
+	s, err := New(Config{Store: st, Source: unreachedSource{}, Signer: unreachedSigner{}, Fleet: unreachedFleet{}, Executors: unreachedExecutors{}, GrantTTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

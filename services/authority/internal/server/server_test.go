@@ -21,6 +21,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/pki"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/config"
 	"github.com/airlockhq/airlock/services/authority/internal/fakeexecutor"
 	"github.com/airlockhq/airlock/services/authority/internal/server"
@@ -107,7 +108,7 @@ func TestRunServesJobs(t *testing.T) {
 		"tls: {ca: " + pki.CAPath(pkiDir) + ", cert: " + cert + ", key: " + key + "}",
 		"log: {level: warn}",
 		"shutdown_timeout: 2s",
-		"executor: {address: " + srv.Addr().String() + "}",
+		"fleet: {heartbeat_interval: 1s, lost_after: 3s}",
 		"grant_key: " + keyPath,
 		"tenants:",
 		"  dev:",
@@ -166,6 +167,24 @@ func TestRunServesJobs(t *testing.T) {
 
 	stop := run()
 	dev := dial()
+	// The fake executor joins the fleet as a real one does: a heartbeat
+	// over mTLS with its own certificate, naming where it listens.
+	execConn, err := grpcclient.Dial(addr, source(t, pkiDir, executorID), authorityID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { execConn.Close() })
+	retry(func() error {
+		resp, err := authorityv1.NewAuthorityServiceClient(execConn).Heartbeat(t.Context(), &authorityv1.HeartbeatRequest{
+			Address: srv.Addr().String(), Report: &authorityv1.ExecutorReport{
+				RuntimeClasses: []typesv1.RuntimeClass{typesv1.RuntimeClass_RUNTIME_CLASS_RUNC},
+				Capacity:       &authorityv1.ExecutorCapacity{MemoryBytes: 8 << 30, MemoryFreeBytes: 8 << 30, CpuMillis: 8000, CpuFreeMillis: 8000, DiskBytes: 100 << 30, DiskFreeBytes: 100 << 30, Jobs: 10, JobsFree: 10},
+			}})
+		if err == nil && resp.GetName() != "default" {
+			t.Errorf("the executor joined as %q, want default", resp.GetName())
+		}
+		return err
+	})
 	var job *authorityv1.Job
 	retry(func() error {
 		resp, err := dev.SubmitJob(t.Context(), &authorityv1.SubmitJobRequest{Tenant: "dev", IdempotencyKey: "k",

@@ -23,6 +23,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/grant"
+	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/pki"
 	"github.com/airlockhq/airlock/pkg/provenance"
 	"github.com/airlockhq/airlock/services/publisher/internal/publish"
@@ -234,6 +235,9 @@ func (c authorityConn) ActiveLeases(ctx context.Context, jobID string) ([]string
 	return c.a.active(), nil
 }
 
+// fakeExecutorAddress is where the authority says the job's executor is.
+const fakeExecutorAddress = "10.0.0.7:7402"
+
 // fakeExecutor serves the job's bundle as the executor keeps it; a test
 // makes it fail, or serve a damaged copy, for a number of calls.
 type fakeExecutor struct {
@@ -246,11 +250,13 @@ type fakeExecutor struct {
 	damagedNext      int
 }
 
-func (e *fakeExecutor) Artifact(ctx context.Context, jobID, digest string, w io.Writer) ([]byte, error) {
+func (e *fakeExecutor) Artifact(ctx context.Context, executor identity.ID, address, jobID, digest string, w io.Writer) ([]byte, error) {
 	e.mu.Lock()
 	e.calls++
 	b, err := e.bundle, error(nil)
 	switch {
+	case executor != executorID || address != fakeExecutorAddress:
+		err = fmt.Errorf("%w: asked executor %s at %q, not the job's", errdefs.ErrUnavailable, executor, address)
 	case jobID != e.jobID || digest != e.digest:
 		err = fmt.Errorf("%w: no bundle %s of job %s", errdefs.ErrNotFound, digest, jobID)
 	case e.failNext > 0:
@@ -373,6 +379,7 @@ func newHarnessOn(t *testing.T, base, files map[string]string) *harness {
 			ApprovalID: "appr-1", JobID: "job-1", Tenant: "acme", BundleDigest: res.Digest, Repo: "demo", Branch: "main",
 			State: publish.ApprovalApproved, URL: rm.bare, Base: rm.base, Approvers: []string{"spiffe://airlock.test/approver/alice"},
 			ApprovedAt: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC), OnMoved: publish.OnMovedReapply, PolicyDigest: "sha256:policy",
+			Executor: executorID, ExecutorAddress: fakeExecutorAddress,
 		}}}
 }
 

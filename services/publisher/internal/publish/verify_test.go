@@ -108,11 +108,11 @@ func (w *world) bundle(ca *pki.CA, signer identity.ID, grantKey ed25519.PrivateK
 }
 
 func (w *world) trust() publish.Trust {
-	return publish.Trust{Roots: w.roots, Executor: executorID, Grants: grant.NewVerifier(w.grantKey.Public().(ed25519.PublicKey))}
+	return publish.Trust{Roots: w.roots, Grants: grant.NewVerifier(w.grantKey.Public().(ed25519.PublicKey))}
 }
 
 func (w *world) want() publish.Want {
-	return publish.Want{Digest: w.digest, JobID: "job-1", Tenant: "acme"}
+	return publish.Want{Digest: w.digest, JobID: "job-1", Tenant: "acme", Executor: executorID}
 }
 
 func TestVerifyBundleAcceptsWhatWasApproved(t *testing.T) {
@@ -152,6 +152,9 @@ func TestVerifyBundleRefusesTampering(t *testing.T) {
 	keyPath, keyDigest, keyEnv := w.bundle(w.ca, executorID, otherKey, "job-1", "acme")
 	clientPath, clientDigest, clientEnv := w.bundle(w.ca, identity.MustParse("spiffe://"+td+"/client/dev"), w.grantKey, "job-1", "acme")
 	jobPath, jobDigest, jobEnv := w.bundle(w.ca, executorID, w.grantKey, "job-2", "acme")
+	// Another executor of the fleet, with a certificate of the same CA:
+	// not the one the job ran on.
+	fleetPath, fleetDigest, fleetEnv := w.bundle(w.ca, identity.MustParse("spiffe://"+td+"/service/executor/exec-2"), w.grantKey, "job-1", "acme")
 
 	for _, tc := range []struct {
 		name     string
@@ -161,12 +164,13 @@ func TestVerifyBundleRefusesTampering(t *testing.T) {
 		says     string
 	}{
 		{"a byte altered after it was recorded", altered, w.envelope, w.want(), "the approval is for " + w.digest},
-		{"an approval for another digest", w.path, w.envelope, publish.Want{Digest: "sha256:" + strings.Repeat("0", 64), JobID: "job-1", Tenant: "acme"}, "its digest is"},
-		{"signed by another CA's service/executor", foreignPath, foreignEnv, publish.Want{Digest: foreignDigest, JobID: "job-1", Tenant: "acme"}, "signing certificate"},
-		{"signed by a client's certificate", clientPath, clientEnv, publish.Want{Digest: clientDigest, JobID: "job-1", Tenant: "acme"}, "want " + executorID.String()},
-		{"a grant signed by another key", keyPath, keyEnv, publish.Want{Digest: keyDigest, JobID: "job-1", Tenant: "acme"}, "grant:"},
-		{"a grant for another job", jobPath, jobEnv, publish.Want{Digest: jobDigest, JobID: "job-1", Tenant: "acme"}, `for job "job-2"`},
-		{"a grant for another tenant", w.path, w.envelope, publish.Want{Digest: w.digest, JobID: "job-1", Tenant: "other"}, `for tenant "acme"`},
+		{"an approval for another digest", w.path, w.envelope, publish.Want{Digest: "sha256:" + strings.Repeat("0", 64), JobID: "job-1", Tenant: "acme", Executor: executorID}, "its digest is"},
+		{"signed by another CA's service/executor", foreignPath, foreignEnv, publish.Want{Digest: foreignDigest, JobID: "job-1", Tenant: "acme", Executor: executorID}, "signing certificate"},
+		{"signed by a client's certificate", clientPath, clientEnv, publish.Want{Digest: clientDigest, JobID: "job-1", Tenant: "acme", Executor: executorID}, "want " + executorID.String()},
+		{"signed by another executor of the fleet", fleetPath, fleetEnv, publish.Want{Digest: fleetDigest, JobID: "job-1", Tenant: "acme", Executor: executorID}, "want " + executorID.String()},
+		{"a grant signed by another key", keyPath, keyEnv, publish.Want{Digest: keyDigest, JobID: "job-1", Tenant: "acme", Executor: executorID}, "grant:"},
+		{"a grant for another job", jobPath, jobEnv, publish.Want{Digest: jobDigest, JobID: "job-1", Tenant: "acme", Executor: executorID}, `for job "job-2"`},
+		{"a grant for another tenant", w.path, w.envelope, publish.Want{Digest: w.digest, JobID: "job-1", Tenant: "other", Executor: executorID}, `for tenant "acme"`},
 		{"the provenance of another bundle", w.path, jobEnv, w.want(), "provenance:"},
 		{"no provenance", w.path, nil, w.want(), "provenance:"},
 	} {
