@@ -164,7 +164,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			if err := mgr.Recover(ctx); err != nil {
 				return err
 			}
-			api.New(api.Config{Runs: mgr, Caches: caches, Images: imgs, Verifier: verifier, Logger: logger}).Register(env.Server)
+			api.New(api.Config{Runs: mgr, Caches: caches, Images: imgs, Verifier: verifier, Self: self, Logger: logger}).Register(env.Server)
 			return nil
 		},
 	})
