@@ -6,8 +6,8 @@
 // authority, and serves state, output and bundles to the API. Run records
 // survive restarts; a run that was in flight when the executor died is
 // cleaned up and reported failed. It imports no grpc or proto: the signed
-// grant is opaque bytes here. Only the executor's api, convert and server
-// packages import it.
+// grant is opaque bytes here. Only the executor's api, convert,
+// fleetclient and server packages import it.
 package runs
 
 import (
