@@ -82,3 +82,17 @@ func TestWrongCertificate(t *testing.T) {
 		})
 	}
 }
+
+// A service's own flag is parsed beside the common ones and reaches its
+// check and run; another service's binary does not take it.
+func TestServiceFlag(t *testing.T) {
+	var advertise string
+	own := ServiceFlag{Name: "advertise", Usage: "host:port", Value: &advertise}
+	run := func(context.Context, *Flags) error { return nil }
+	if code := main("executor", []string{"--config", "x.yaml", "--advertise", "10.0.0.1:7402"}, io.Discard, io.Discard, nil, run, own); code != 0 || advertise != "10.0.0.1:7402" {
+		t.Errorf("exit %d, --advertise %q; want 0 and 10.0.0.1:7402", code, advertise)
+	}
+	if code := main("authority", []string{"--config", "x.yaml", "--advertise", "10.0.0.1:7402"}, io.Discard, io.Discard, nil, run); code != 2 {
+		t.Errorf("the authority took --advertise: exit %d, want 2", code)
+	}
+}

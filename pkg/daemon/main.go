@@ -27,6 +27,14 @@ type Flags struct {
 	CheckConfig bool
 }
 
+// ServiceFlag is a string flag of one service's own, beyond those every
+// service takes: the executor's --advertise. The service reads Value once
+// Main has parsed the flags (in check or run).
+type ServiceFlag struct {
+	Name, Usage string
+	Value       *string
+}
+
 // Check is a service's --check-config: its config package's Check, which
 // loads path as a start would and reads every file it names (config.Check),
 // returning the summary line or every problem.
@@ -49,11 +57,12 @@ func (f *Flags) Apply(s *config.Server) {
 // context cancelled by SIGINT or SIGTERM, and exits 0 on a clean stop, 1 on
 // failure and 2 on bad usage. With --check-config it runs check instead and
 // exits 0 with the ok line on stdout, or 2 with one problem a line on stderr.
-func Main(name string, check Check, run func(ctx context.Context, f *Flags) error) {
-	os.Exit(main(name, os.Args[1:], os.Stdout, os.Stderr, check, run))
+// own are the service's own flags.
+func Main(name string, check Check, run func(ctx context.Context, f *Flags) error, own ...ServiceFlag) {
+	os.Exit(main(name, os.Args[1:], os.Stdout, os.Stderr, check, run, own...))
 }
 
-func main(name string, args []string, stdout, stderr io.Writer, check Check, run func(ctx context.Context, f *Flags) error) int {
+func main(name string, args []string, stdout, stderr io.Writer, check Check, run func(ctx context.Context, f *Flags) error, own ...ServiceFlag) int {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var f Flags
@@ -63,6 +72,9 @@ func main(name string, args []string, stdout, stderr io.Writer, check Check, run
 	fs.StringVar(&f.DataDir, "data-dir", "", "override the config's data directory")
 	fs.StringVar(&f.LogLevel, "log-level", "", "override the config's log level (debug, info, warn, error)")
 	fs.BoolVar(&showVersion, "version", false, "print the version and exit")
+	for _, o := range own {
+		fs.StringVar(o.Value, o.Name, "", o.Usage)
+	}
 	fs.BoolVar(&f.CheckConfig, "check-config", false, "check the config and every file it names as a start would, bind and write nothing, and exit (0 good, 2 not)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: %s --config FILE [flags]\n\nThe Airlock %s service.\n\nFlags:\n", name, name)

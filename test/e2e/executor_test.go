@@ -33,7 +33,8 @@ import (
 func testGrant(id, commit string, ttl time.Duration) *typesv1.Grant {
 	issued, expires := grant.Timestamps(time.Now(), ttl)
 	return &typesv1.Grant{
-		JobId: id, Tenant: "dev", Requester: "spiffe://airlock.local/client/dev", Repository: "sample", Commit: commit,
+		Executor: "spiffe://airlock.local/service/executor",
+		JobId:    id, Tenant: "dev", Requester: "spiffe://airlock.local/client/dev", Repository: "sample", Commit: commit,
 		Command: []string{"true"},
 		Limits: &typesv1.ResourceLimits{CpuMillis: 500, MemoryBytes: 128 << 20, Pids: 64, DiskBytes: 64 << 20,
 			Deadline: durationpb.New(time.Minute)},

@@ -32,15 +32,19 @@ type Env struct {
 	Server executorv1.ExecutorServiceServer
 	// Signer signs grants the executor trusts.
 	Signer *grant.Signer
+	// Executor is the executor's SPIFFE ID, which every grant names.
+	Executor string
 }
 
-// Grant is a well-formed grant for job id, issued now and expiring after
-// ttl (negative: already expired).
-func Grant(id string, ttl time.Duration) *typesv1.Grant {
+// Grant is a well-formed grant for job id on executor (its SPIFFE ID),
+// issued now and expiring after ttl (negative: already expired). It is
+// the one grant the executor's tests sign.
+func Grant(executor, id string, ttl time.Duration) *typesv1.Grant {
 	now := time.Now()
 	issued, expires := grant.Timestamps(now.Add(-time.Minute), time.Minute+ttl)
 	return &typesv1.Grant{
-		JobId: id, Tenant: "acme", Requester: "spiffe://airlock.test/client/dev", Repository: "demo",
+		Executor: executor,
+		JobId:    id, Tenant: "acme", Requester: "spiffe://airlock.test/client/dev", Repository: "demo",
 		Commit: strings.Repeat("a", 40), Command: []string{"true"},
 		Limits:                  &typesv1.ResourceLimits{CpuMillis: 1000, MemoryBytes: 64 << 20, Pids: 32, DiskBytes: 16 << 20, Deadline: durationpb.New(time.Minute)},
 		NetworkPolicy:           &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_DenyAll{DenyAll: &typesv1.DenyAll{}}},
@@ -65,14 +69,14 @@ func Run(t *testing.T, e Env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	foreign, err := grant.NewSigner(otherKey).Sign(Grant("contract-foreign", time.Hour))
+	foreign, err := grant.NewSigner(otherKey).Sign(Grant(e.Executor, "contract-foreign", time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
-	good := sign(Grant("contract-tampered", time.Hour))
+	good := sign(Grant(e.Executor, "contract-tampered", time.Hour))
 	tampered := &typesv1.SignedGrant{Body: append([]byte(nil), good.Body...), Signature: good.Signature, KeyId: good.KeyId}
 	tampered.Body[len(tampered.Body)-1] ^= 1
-	expired := sign(Grant("contract-expired", -time.Second))
+	expired := sign(Grant(e.Executor, "contract-expired", -time.Second))
 
 	for _, tc := range []struct {
 		name string
@@ -107,7 +111,7 @@ func Run(t *testing.T, e Env) {
 			// A cancel can reach the executor before the StartJob already
 			// on its way: the job must not start after it.
 			_, _ = e.Server.CancelRun(ctx, &executorv1.CancelRunRequest{JobId: "contract-cancelled-first"})
-			_, err := e.Server.StartJob(ctx, &executorv1.StartJobRequest{Grant: sign(Grant("contract-cancelled-first", time.Hour))})
+			_, err := e.Server.StartJob(ctx, &executorv1.StartJobRequest{Grant: sign(Grant(e.Executor, "contract-cancelled-first", time.Hour))})
 			return err
 		}, codes.FailedPrecondition},
 		{"UpdateRun grant of another key", func() error {
@@ -115,7 +119,7 @@ func Run(t *testing.T, e Env) {
 			return err
 		}, codes.PermissionDenied},
 		{"UpdateRun unknown job", func() error {
-			_, err := e.Server.UpdateRun(ctx, &executorv1.UpdateRunRequest{Grant: sign(Grant("contract-unknown", time.Hour))})
+			_, err := e.Server.UpdateRun(ctx, &executorv1.UpdateRunRequest{Grant: sign(Grant(e.Executor, "contract-unknown", time.Hour))})
 			return err
 		}, codes.NotFound},
 		// A session's calls (the authority's jobs.Sessions) about a run the

@@ -11,11 +11,16 @@ import (
 )
 
 func main() {
-	daemon.Main("executor", config.Check, func(ctx context.Context, f *daemon.Flags) error {
-		cfg, err := config.Load(f.Config, f.Apply)
+	own := &config.Flags{}
+	daemon.Main("executor", own.Check, func(ctx context.Context, f *daemon.Flags) error {
+		cfg, err := config.Load(f.Config, f.Apply, *own)
 		if err != nil {
 			return err
 		}
 		return server.Run(ctx, cfg)
+	}, daemon.ServiceFlag{
+		Name:  "advertise",
+		Usage: "override the config's advertise address (host:port), where the authority reaches this executor; in Kubernetes --advertise $(POD_IP):7402",
+		Value: &own.Advertise,
 	})
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/errgrpc"
 	"github.com/airlockhq/airlock/pkg/grant"
+	"github.com/airlockhq/airlock/pkg/identity"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/cache"
 	"github.com/airlockhq/airlock/services/executor/internal/convert"
@@ -35,8 +36,11 @@ type Config struct {
 	Images *images.Store
 	// Verifier checks the authority's signature on every grant.
 	Verifier *grant.Verifier
-	Logger   *slog.Logger
-	Now      func() time.Time
+	// Self is this executor's SPIFFE ID: a grant naming another executor,
+	// or none, is refused.
+	Self   identity.ID
+	Logger *slog.Logger
+	Now    func() time.Time
 }
 
 // Service implements airlock.executor.v1.ExecutorService; the Unsafe
@@ -81,7 +85,7 @@ func (s *Service) StartJob(ctx context.Context, req *executorv1.StartJobRequest)
 	if req.GetGrant() == nil {
 		return nil, errgrpc.ToGRPC(fmt.Errorf("%w: grant is required", errdefs.ErrInvalidArgument))
 	}
-	g, err := convert.Grant(s.cfg.Verifier, req.GetGrant(), s.cfg.Now())
+	g, err := convert.Grant(s.cfg.Verifier, s.cfg.Self, req.GetGrant(), s.cfg.Now())
 	if err != nil {
 		return nil, s.fail(ctx, "StartJob", err)
 	}
@@ -138,7 +142,7 @@ func (s *Service) UpdateRun(ctx context.Context, req *executorv1.UpdateRunReques
 	if req.GetGrant() == nil {
 		return nil, errgrpc.ToGRPC(fmt.Errorf("%w: grant is required", errdefs.ErrInvalidArgument))
 	}
-	g, err := convert.Grant(s.cfg.Verifier, req.GetGrant(), s.cfg.Now())
+	g, err := convert.Grant(s.cfg.Verifier, s.cfg.Self, req.GetGrant(), s.cfg.Now())
 	if err != nil {
 		return nil, s.fail(ctx, "UpdateRun", err)
 	}

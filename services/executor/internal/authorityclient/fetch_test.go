@@ -2,17 +2,14 @@ package authorityclient
 
 import (
 	"bytes"
-	"context"
 	"io"
-	"net"
 	"strings"
 	"testing"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/test/bufconn"
 
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	"github.com/airlockhq/airlock/test/bufconntest"
 )
 
 // sourceServer plays the authority's FetchSource (a boundary these tests
@@ -46,18 +43,7 @@ func (s *sourceServer) FetchSource(req *authorityv1.FetchSourceRequest, stream g
 
 func dial(t *testing.T, srv authorityv1.AuthorityServiceServer) *Client {
 	t.Helper()
-	lis := bufconn.Listen(1 << 20)
-	gs := grpc.NewServer()
-	authorityv1.RegisterAuthorityServiceServer(gs, srv)
-	go gs.Serve(lis)
-	t.Cleanup(gs.Stop)
-	cc, err := grpc.NewClient("passthrough:///bufnet", grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return New(cc)
+	return New(bufconntest.Dial(t, func(r grpc.ServiceRegistrar) { authorityv1.RegisterAuthorityServiceServer(r, srv) }))
 }
 
 func newSourceServer() *sourceServer {

@@ -10,10 +10,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
+	"time"
 
 	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/grant"
@@ -37,7 +39,27 @@ type Config struct {
 	Capacity Capacity `yaml:"capacity"`
 	// Images configures the cache of the OCI images jobs run on.
 	Images Images `yaml:"images"`
+	// Advertise is host:port where the authority reaches this executor,
+	// sent with every heartbeat. Default listen, when listen names a host;
+	// required when listen's host is unspecified (0.0.0.0, ::), which is
+	// no address another host can dial. --advertise overrides it.
+	Advertise string `yaml:"advertise"`
+	// Fleet configures the executor's membership of the authority's fleet.
+	Fleet Fleet `yaml:"fleet"`
 }
+
+// Fleet configures the heartbeat and the fence.
+type Fleet struct {
+	// FenceAfter is how long after its last answered heartbeat the
+	// executor stops starting sandboxes of new runs, default 20s. It must
+	// be shorter than the authority's fleet.lost_after (default 30s): by
+	// the time the authority declares this executor lost and places its
+	// queued jobs elsewhere, this executor has stopped starting them.
+	FenceAfter time.Duration `yaml:"fence_after"`
+}
+
+// DefaultFenceAfter is Fleet.FenceAfter's default.
+const DefaultFenceAfter = 20 * time.Second
 
 // Images configures the image cache (under data_dir/images).
 type Images struct {
@@ -330,6 +352,7 @@ func (c *Config) ValidatePeers() error {
 	} else if n := c.Images.MaxSize.Bytes(); n != 0 && n < 64<<20 {
 		errs = append(errs, config.Field("images.max_size", "%d bytes: at least 64MiB (0 or unset is 20GiB)", n))
 	}
+	errs = append(errs, c.validateFleet())
 	if h, err := measureHost(c.DataDir); err != nil {
 		errs = append(errs, config.Field("capacity", "measure this host: %v", err))
 	} else {
@@ -338,10 +361,48 @@ func (c *Config) ValidatePeers() error {
 	return errors.Join(errs...)
 }
 
-// Load reads and validates the file at path; override applies command-line flags.
-func Load(path string, override func(*config.Server)) (*Config, error) {
+// validateFleet checks advertise (listen by default, when it names a
+// host) and fleet.
+func (c *Config) validateFleet() error {
+	var errs []error
+	if c.Advertise == "" {
+		host, _, err := net.SplitHostPort(c.Listen)
+		if ip, perr := netip.ParseAddr(host); err == nil && (host == "" || perr == nil && ip.IsUnspecified()) {
+			errs = append(errs, config.Field("advertise", "required when listen (%s) has no specific host: the authority must be told an address it can dial (give the host's address and listen's port, or --advertise)", c.Listen))
+		} else {
+			c.Advertise = c.Listen
+		}
+	}
+	if c.Advertise != "" {
+		if err := config.CheckAddress(c.Advertise); err != nil {
+			errs = append(errs, config.Field("advertise", "%v", err))
+		} else if host, port, _ := net.SplitHostPort(c.Advertise); port == "0" {
+			errs = append(errs, config.Field("advertise", "%q: port 0 is no port the authority can dial", c.Advertise))
+		} else if ip, err := netip.ParseAddr(host); err == nil && ip.IsUnspecified() {
+			errs = append(errs, config.Field("advertise", "%q: an unspecified address is no address the authority can dial", c.Advertise))
+		}
+	}
+	switch {
+	case c.Fleet.FenceAfter == 0:
+		c.Fleet.FenceAfter = DefaultFenceAfter
+	case c.Fleet.FenceAfter < time.Second:
+		errs = append(errs, config.Field("fleet.fence_after", "%v: at least 1s (and shorter than the authority's fleet.lost_after)", c.Fleet.FenceAfter))
+	}
+	return errors.Join(errs...)
+}
+
+// Flags are the executor's own command-line flags, beyond those every
+// service takes (daemon.Flags).
+type Flags struct {
+	// Advertise, unless empty, overrides advertise (--advertise).
+	Advertise string
+}
+
+// Load reads and validates the file at path; override applies the flags
+// every service takes, then own the executor's.
+func Load(path string, override func(*config.Server), own Flags) (*Config, error) {
 	var c Config
-	if err := config.LoadService(path, &c, override); err != nil {
+	if err := config.LoadService(path, &c, c.withFlags(override, own)); err != nil {
 		return nil, err
 	}
 	return &c, nil
@@ -351,7 +412,26 @@ func Load(path string, override func(*config.Server)) (*Config, error) {
 // file it names read as a start would (config.Check), creating nothing and
 // running no runtime.
 func Check(path string, override func(*config.Server)) (string, []error) {
-	return config.Check("executor", path, &Config{}, override)
+	return (&Flags{}).Check(path, override)
+}
+
+// Check is Check with the executor's own flags f.
+func (f *Flags) Check(path string, override func(*config.Server)) (string, []error) {
+	c := &Config{}
+	return config.Check("executor", path, c, c.withFlags(override, *f))
+}
+
+// withFlags is override, then own: the flags win over the file, which is
+// decoded into c before either applies.
+func (c *Config) withFlags(override func(*config.Server), own Flags) func(*config.Server) {
+	return func(s *config.Server) {
+		if override != nil {
+			override(s)
+		}
+		if own.Advertise != "" {
+			c.Advertise = own.Advertise
+		}
+	}
 }
 
 // CheckFiles implements config.Checker: the grant public key parses and

@@ -17,7 +17,7 @@ func TestTwoHostExample(t *testing.T) {
 		t.Fatalf("the example does not check: %v", problems)
 	}
 	t.Log(summary)
-	cfg, err := Load(path, nil)
+	cfg, err := Load(path, nil, Flags{})
 	if err != nil {
 		t.Fatal(err)
 	}

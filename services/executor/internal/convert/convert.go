@@ -17,6 +17,7 @@ import (
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/cache"
 	"github.com/airlockhq/airlock/services/executor/internal/runs"
+	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
 
 var reasons = map[string]typesv1.TerminationReason{
@@ -31,15 +32,21 @@ var reasons = map[string]typesv1.TerminationReason{
 	string(runs.ReasonIdleTimeout):       typesv1.TerminationReason_TERMINATION_REASON_IDLE_TIMEOUT,
 }
 
+// RuntimeClass is the API's name of a sandbox class (classOf the other
+// way).
+func RuntimeClass(c sandbox.Class) typesv1.RuntimeClass {
+	if c == sandbox.ClassRunsc {
+		return typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC
+	}
+	return typesv1.RuntimeClass_RUNTIME_CLASS_RUNC
+}
+
 // RunResult converts a run manager result to the API's.
 func RunResult(r *runs.Result) *typesv1.RunResult {
 	if r == nil {
 		return nil
 	}
-	class := typesv1.RuntimeClass_RUNTIME_CLASS_RUNC
-	if r.Class == "runsc" {
-		class = typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC
-	}
+	class := RuntimeClass(r.Class)
 	return &typesv1.RunResult{
 		Reason:   reasons[string(r.Reason)],
 		ExitCode: int32(r.ExitCode),

@@ -14,6 +14,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/grant"
+	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/runspec"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
@@ -24,11 +25,12 @@ import (
 
 var jobIDFormat = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
-// Grant verifies sg's signature, format and expiry at now and converts it
-// for the run manager. A bad signature or an unknown key is
+// Grant verifies sg's signature, format and expiry at now, and that it is
+// for executor self, and converts it for the run manager. A bad
+// signature, an unknown key or a grant for another executor (or none) is
 // PermissionDenied, an expired grant FailedPrecondition, a job id or
 // network policy the executor cannot take InvalidArgument.
-func Grant(v *grant.Verifier, sg *typesv1.SignedGrant, now time.Time) (runs.Grant, error) {
+func Grant(v *grant.Verifier, self identity.ID, sg *typesv1.SignedGrant, now time.Time) (runs.Grant, error) {
 	g, err := v.Verify(sg, now)
 	if err != nil {
 		// The verifier's errors begin "grant: ".
@@ -38,6 +40,15 @@ func Grant(v *grant.Verifier, sg *typesv1.SignedGrant, now time.Time) (runs.Gran
 		default:
 			return runs.Grant{}, fmt.Errorf("%w: %v", errdefs.ErrPermissionDenied, err)
 		}
+	}
+	// A grant is for one executor: another one of the fleet that got it
+	// (replayed, or sent where the authority no longer places the job)
+	// must not run the job beside the one it was placed on.
+	switch to := g.GetExecutor(); {
+	case to == "":
+		return runs.Grant{}, fmt.Errorf("%w: the grant names no executor; this is %s", errdefs.ErrPermissionDenied, self)
+	case to != self.String():
+		return runs.Grant{}, fmt.Errorf("%w: grant is for executor %s; this is %s", errdefs.ErrPermissionDenied, to, self)
 	}
 	if !jobIDFormat.MatchString(g.GetJobId()) {
 		return runs.Grant{}, fmt.Errorf("%w: grant job_id %q: want 1-64 of [A-Za-z0-9_-]", errdefs.ErrInvalidArgument, g.GetJobId())

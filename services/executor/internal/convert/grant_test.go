@@ -18,6 +18,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/grant"
+	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/runspec"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
@@ -25,10 +26,14 @@ import (
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
 
+// self is the executor under test; testGrant is for it.
+var self = identity.MustParse("spiffe://test.example/service/executor/exec-b")
+
 func testGrant() *typesv1.Grant {
 	issued, expires := grant.Timestamps(time.Now(), time.Hour)
 	return &typesv1.Grant{
-		JobId: "job-1", Tenant: "acme", Requester: "spiffe://test.example/client/alice", Repository: "widgets",
+		Executor: self.String(),
+		JobId:    "job-1", Tenant: "acme", Requester: "spiffe://test.example/client/alice", Repository: "widgets",
 		Commit: strings.Repeat("a", 40), Env: map[string]string{"GREETING": "hi", "LANG": "C"},
 		Limits: &typesv1.ResourceLimits{CpuMillis: 1000, MemoryBytes: 256 << 20, Pids: 64, DiskBytes: 32 << 20, Deadline: durationpb.New(time.Minute)},
 		NetworkPolicy: &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Allow{Allow: &typesv1.AllowList{
@@ -52,7 +57,7 @@ func TestGrant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := Grant(grant.NewVerifier(pub), sg, time.Now())
+	g, err := Grant(grant.NewVerifier(pub), self, sg, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,6 +125,11 @@ func TestGrantRefusals(t *testing.T) {
 		{"expired", sign(func(g *typesv1.Grant) {
 			g.IssuedAt, g.ExpiresAt = grant.Timestamps(time.Now().Add(-2*time.Hour), time.Hour)
 		}), errdefs.ErrFailedPrecondition, "expired"},
+		// Signed and unexpired, but for another executor of the fleet, or
+		// for none: what a replayed or misrouted grant looks like.
+		{"another executor's", sign(func(g *typesv1.Grant) { g.Executor = "spiffe://test.example/service/executor/exec-a" }), errdefs.ErrPermissionDenied,
+			"grant is for executor spiffe://test.example/service/executor/exec-a; this is spiffe://test.example/service/executor/exec-b"},
+		{"no executor", sign(func(g *typesv1.Grant) { g.Executor = "" }), errdefs.ErrPermissionDenied, "the grant names no executor"},
 		{"job id", sign(func(g *typesv1.Grant) { g.JobId = "../etc" }), errdefs.ErrInvalidArgument, `grant job_id "../etc": want 1-64 of [A-Za-z0-9_-]`},
 		{"network policy", sign(func(g *typesv1.Grant) {
 			g.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Allow{Allow: &typesv1.AllowList{
@@ -142,7 +152,7 @@ func TestGrantRefusals(t *testing.T) {
 			`grant caches[0].path "/root/.cache/go-build": lies outside the home of the job's user agent`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Grant(v, tc.sg, time.Now())
+			_, err := Grant(v, self, tc.sg, time.Now())
 			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.text) {
 				t.Fatalf("Grant: %v; want %v naming %q", err, tc.want, tc.text)
 			}
@@ -181,6 +191,7 @@ func TestGrantFixed(t *testing.T) {
 		{"publish_target", func(g *typesv1.Grant) { g.PublishTarget = &typesv1.PublishTarget{} }},
 		{"git_history_depth", func(g *typesv1.Grant) { g.GitHistoryDepth = 5 }},
 		{"version", func(g *typesv1.Grant) { g.Version = 9 }},
+		{"executor", func(g *typesv1.Grant) { g.Executor = "spiffe://test.example/service/executor/exec-a" }},
 		{"(unknown fields)", func(g *typesv1.Grant) {
 			g.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 99, protowire.VarintType), 1))
 		}},

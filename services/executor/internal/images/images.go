@@ -806,6 +806,20 @@ func (s *Store) statsLocked() imagecache.Stats {
 	return st
 }
 
+// Digests are the manifest digests of the images the cache holds, for
+// every tenant, sorted, at most limit of them.
+func (s *Store) Digests(limit int) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, img := range s.idx.Images {
+		out = append(out, img.Digest)
+	}
+	slices.Sort(out)
+	out = slices.Compact(out)
+	return out[:min(len(out), limit)]
+}
+
 // List is tenant's images (only digest's, with its layers, when set),
 // most recently used first, and the cache's stats.
 func (s *Store) List(tenant, want string) imagecache.List {

@@ -254,6 +254,17 @@ func (m *Manager) Refused() ([]netip.Prefix, error) {
 	return out, nil
 }
 
+// Pools are the prefixes the jobs' addresses come from: the IPv4 pool the
+// manager claimed (a default one may have moved at start) and the IPv6
+// one, if any.
+func (m *Manager) Pools() []netip.Prefix {
+	out := []netip.Prefix{m.cfg.Pool4}
+	if m.cfg.Pool6.IsValid() {
+		out = append(out, m.cfg.Pool6)
+	}
+	return out
+}
+
 // Close releases the manager and its claim on Pool4; jobs' namespaces
 // must be closed first. A manager that has namespaces left keeps its
 // claim until the process ends.

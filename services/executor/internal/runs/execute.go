@@ -77,6 +77,10 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		// After the sandbox is gone (deferred calls run last first).
 		defer img.Release()
 	}
+	if err := m.waitFence(makeCtx, e); err != nil {
+		failEarly(err)
+		return
+	}
 	sb, err := m.makeSandbox(makeCtx, e, src, img)
 	if err != nil {
 		failEarly(err)

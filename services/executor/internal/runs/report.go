@@ -55,6 +55,9 @@ const reviewTail = 8 << 10
 // finish records the end of a run and reports it.
 func (m *Manager) finish(e *entry, state State, result *Result) {
 	result.Message = m.callerText(e, result.Message)
+	m.mu.Lock()
+	result.Message = e.cancelText(result.Reason, result.Message)
+	m.mu.Unlock()
 	m.update(e, func(r *Run) {
 		r.State = state
 		r.FinishedAt = m.cfg.Now()

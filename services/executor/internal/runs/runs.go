@@ -6,8 +6,8 @@
 // authority, and serves state, output and bundles to the API. Run records
 // survive restarts; a run that was in flight when the executor died is
 // cleaned up and reported failed. It imports no grpc or proto: the signed
-// grant is opaque bytes here. Only the executor's api, convert and server
-// packages import it.
+// grant is opaque bytes here. Only the executor's api, convert,
+// fleetclient and server packages import it.
 package runs
 
 import (
@@ -151,6 +151,9 @@ type Config struct {
 	// Capacity bounds what the runs not yet ended hold together; a new
 	// run or a raised limit beyond it is refused. Zero bounds nothing.
 	Capacity Capacity
+	// Fence, if set, holds new runs in staging, before their sandbox is
+	// made, while it says so; nil never does.
+	Fence Fence
 	// Meter makes the executor's metrics (metrics.go); nil is the global
 	// meter provider.
 	Meter  metric.MeterProvider
@@ -201,6 +204,9 @@ type entry struct {
 	// abort, once set (under the manager's mu), is why the job was
 	// stopped because its grant could no longer be enforced.
 	abort string
+	// cancelWhy, once set (under the manager's mu), is why CancelBecause
+	// cancelled the run.
+	cancelWhy string
 
 	// raising, while an Update puts higher limits in force, is those
 	// limits: until the grant in force is theirs, the run holds capacity

@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/airlockhq/airlock/pkg/authz"
 	"github.com/airlockhq/airlock/pkg/daemon"
@@ -30,6 +31,7 @@ import (
 	"github.com/airlockhq/airlock/services/executor/internal/cache"
 	"github.com/airlockhq/airlock/services/executor/internal/config"
 	"github.com/airlockhq/airlock/services/executor/internal/convert"
+	"github.com/airlockhq/airlock/services/executor/internal/fleetclient"
 	"github.com/airlockhq/airlock/services/executor/internal/images"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 	"github.com/airlockhq/airlock/services/executor/internal/runs"
@@ -39,6 +41,7 @@ import (
 
 // Run runs the executor until ctx is cancelled or a part of it fails.
 func Run(ctx context.Context, cfg *config.Config) error {
+	started := time.Now()
 	logger, err := logging.New(os.Stderr, "executor", cfg.Log)
 	if err != nil {
 		return err
@@ -82,7 +85,11 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			for _, ctl := range cg.Controllers {
 				env.SetComponent(CgroupComponent(cg.Mode, ctl), true)
 			}
+			var classes []sandbox.Class
 			for _, st := range sb.Probe(ctx) {
+				if st.Available {
+					classes = append(classes, st.Class)
+				}
 				logger.Info("runtime class", "class", st.Class, "available", st.Available, "version", st.Version, "reason", st.Reason, "self_check", st.SelfCheck, "self_check_cached", st.SelfCheckCached)
 				env.SetComponent(RuntimeComponent(string(st.Class)), st.Available)
 				if st.Platform != "" {
@@ -137,6 +144,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			if err != nil {
 				return err
 			}
+			fence := fleetclient.NewFence(cfg.Fleet.FenceAfter, nil)
 			mgr, err := runs.New(runs.Config{
 				Dir:         env.DataDir.Join("runs"),
 				Caches:      caches,
@@ -154,6 +162,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 					MemoryBytes: cfg.Capacity.MemoryBytes, CPUMillis: cfg.Capacity.CPUMillis,
 					DiskBytes: cfg.Capacity.DiskBytes, Jobs: cfg.Capacity.Jobs,
 				},
+				Fence:  fence,
 				Meter:  env.Meter,
 				Logger: logger,
 			})
@@ -161,10 +170,20 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				return err
 			}
 			env.OnStop(func() error { mgr.Close(); return nil })
+			fleet, err := fleetclient.New(fleetclient.Config{
+				Authority: cc, Address: cfg.Advertise, Runs: mgr, Images: imgs, Sources: sources, Classes: classes,
+				Pools:   netm.Pools(),
+				Version: version.String(), StartedAt: started, Fence: fence, Meter: env.Meter, Logger: logger,
+			})
+			if err != nil {
+				return err
+			}
+			env.OnStop(fleet.Close)
 			if err := mgr.Recover(ctx); err != nil {
 				return err
 			}
-			api.New(api.Config{Runs: mgr, Caches: caches, Images: imgs, Verifier: verifier, Logger: logger}).Register(env.Server)
+			env.Go(fleet.Run)
+			api.New(api.Config{Runs: mgr, Caches: caches, Images: imgs, Verifier: verifier, Self: self, Logger: logger}).Register(env.Server)
 			return nil
 		},
 	})

@@ -139,6 +139,32 @@ func (c *Cache) lock(k Key) func() {
 	return l.Unlock
 }
 
+// Repositories are the repositories the cache holds source of, as
+// TENANT/REPOSITORY, sorted, at most limit of them.
+func (c *Cache) Repositories(limit int) ([]string, error) {
+	tenants, err := os.ReadDir(c.root)
+	if err != nil {
+		return nil, fmt.Errorf("stage: %w", err)
+	}
+	var out []string
+	for _, t := range tenants {
+		if !t.IsDir() || !safeName.MatchString(t.Name()) {
+			continue
+		}
+		repos, err := os.ReadDir(filepath.Join(c.root, t.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("stage: %w", err)
+		}
+		for _, r := range repos {
+			if r.IsDir() && safeName.MatchString(r.Name()) {
+				out = append(out, t.Name()+"/"+r.Name())
+			}
+		}
+	}
+	// ReadDir sorts by name, and a name has no "/".
+	return out[:min(len(out), limit)], nil
+}
+
 // Get returns the staged tree for k, with the job's git objects at k's
 // history depth, fetching and verifying what is not yet retained: the
 // tree is kept per commit, the git objects per commit and depth. The
