@@ -49,7 +49,7 @@ const (
 
 // devCallers are the caller identities a dev stack issues, so every role in
 // the flow can be tried from one terminal with --as.
-var devCallers = []string{"client/dev", "approver/alice", "approver/bob", "approver/dev", "pipeline/deploy"}
+var devCallers = []string{"client/dev", "approver/alice", "approver/bob", "approver/dev", "pipeline/deploy", "operator/admin"}
 
 // devService is one service of the dev stack and where its files live.
 type devService struct {
@@ -391,7 +391,6 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 		}
 		switch name {
 		case identity.ServiceAuthority:
-			file["executor"] = peer(identity.ServiceExecutor)
 			file["grant_key"] = grantKey
 			policy := devTenantPolicy(git.tenantRepos, bins)
 			if len(opts.domains) > 0 {
@@ -427,7 +426,6 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 			}
 		case identity.ServicePublisher:
 			file["authority"] = map[string]any{"address": services[identity.ServiceAuthority].Address, "grant_public_key": grantKey + ".pub"}
-			file["executor"] = peer(identity.ServiceExecutor)
 		}
 		if err := writeYAML(s.Config, file); err != nil {
 			return stack, err
