@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/pkg/sqldb"
@@ -112,6 +113,39 @@ func TestUpgradeKeepsApprovals(t *testing.T) {
 	}
 	if fkErrors != 0 {
 		t.Fatalf("%d foreign key violations after the upgrade", fkErrors)
+	}
+}
+
+// TestUpgradeAddsClaims opens a database made by a build that knew eight
+// migrations (no fleet): its unfinished job is claimed by no one, so the
+// first replica to claim takes it up, and the fleet is empty.
+func TestUpgradeAddsClaims(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "authority.db")
+	db, err := sql.Open("sqlite", path+"?_txlock=immediate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := sqldb.New(context.Background(), db, sqldb.Dialect{Migrations: migrations[:8]}, "authority")
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldJob(t, db, "j1")
+	old.Close()
+
+	s, err := Open(t.Context(), path)
+	if err != nil {
+		t.Fatalf("open the old database: %v", err)
+	}
+	defer s.Close()
+	if j, err := s.GetJob(t.Context(), "j1"); err != nil || j.ClaimedBy != "" || !j.ClaimExpiresAt.IsZero() {
+		t.Fatalf("job after the upgrade: %+v, %v", j, err)
+	}
+	now := time.Unix(1000, 0)
+	if got, err := s.ClaimJobs(t.Context(), "r1", now, now.Add(time.Minute), 10); err != nil || len(got) != 1 || got[0].ID != "j1" || got[0].Version != 1 {
+		t.Fatalf("ClaimJobs after the upgrade: %+v, %v", got, err)
+	}
+	if list, err := s.ListExecutors(t.Context()); err != nil || len(list) != 0 {
+		t.Fatalf("ListExecutors after the upgrade: %+v, %v", list, err)
 	}
 }
 
