@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/airlockhq/airlock/pkg/sqldb"
 	"github.com/airlockhq/airlock/services/authority/internal/store/storetest"
@@ -37,14 +36,5 @@ func TestUpgradeAddsClaims(t *testing.T) {
 	if v, err := s.SchemaVersion(t.Context()); err != nil || v != len(migrations) {
 		t.Fatalf("schema version = %d, %v; want %d", v, err, len(migrations))
 	}
-	if got, err := s.GetJob(t.Context(), "j1"); err != nil || got.ClaimedBy != "" || !got.ClaimExpiresAt.IsZero() {
-		t.Fatalf("job after the upgrade: %+v, %v", got, err)
-	}
-	now := time.Unix(1000, 0)
-	if got, err := s.ClaimJobs(t.Context(), "r1", now, now.Add(time.Minute), 10); err != nil || len(got) != 1 || got[0].ID != "j1" || got[0].Version != 1 {
-		t.Fatalf("ClaimJobs after the upgrade: %+v, %v", got, err)
-	}
-	if list, err := s.ListExecutors(t.Context()); err != nil || len(list) != 0 {
-		t.Fatalf("ListExecutors after the upgrade: %+v, %v", list, err)
-	}
+	storetest.CheckFleetUpgrade(t, s, "j1")
 }

@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/pkg/sqldb"
@@ -137,16 +136,7 @@ func TestUpgradeAddsClaims(t *testing.T) {
 		t.Fatalf("open the old database: %v", err)
 	}
 	defer s.Close()
-	if j, err := s.GetJob(t.Context(), "j1"); err != nil || j.ClaimedBy != "" || !j.ClaimExpiresAt.IsZero() {
-		t.Fatalf("job after the upgrade: %+v, %v", j, err)
-	}
-	now := time.Unix(1000, 0)
-	if got, err := s.ClaimJobs(t.Context(), "r1", now, now.Add(time.Minute), 10); err != nil || len(got) != 1 || got[0].ID != "j1" || got[0].Version != 1 {
-		t.Fatalf("ClaimJobs after the upgrade: %+v, %v", got, err)
-	}
-	if list, err := s.ListExecutors(t.Context()); err != nil || len(list) != 0 {
-		t.Fatalf("ListExecutors after the upgrade: %+v, %v", list, err)
-	}
+	storetest.CheckFleetUpgrade(t, s, "j1")
 }
 
 // oldJob writes a job as the first schema's builds wrote it (this build's

@@ -14,10 +14,7 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 )
 
-var fleetTests = []struct {
-	name string
-	fn   func(t *testing.T, open Opener)
-}{
+var fleetTests = []conformance{
 	{"ExecutorUpdateCreatesThenUpdates", testExecutorUpdate},
 	{"ExecutorUpdateRefusalsWriteNothing", testExecutorRefusals},
 	{"ExecutorConcurrentUpdatesAcrossStores", testExecutorRace},
@@ -197,32 +194,26 @@ func testExecutorRefusals(t *testing.T, open Opener) {
 func testExecutorRace(t *testing.T, open Opener) {
 	stores := []store.Store{open(t), open(t)}
 	const n = 100
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, err := stores[i%2].UpdateExecutorAudited(ctx(t), "e1", func(e *store.Executor, found bool) (*audit.Event, error) {
-				count := 0
-				if found {
-					var err error
-					if count, err = strconv.Atoi(string(e.Report)); err != nil {
-						return nil, err
-					}
+	onStores(n, stores, func(i int, s store.Store) {
+		_, err := s.UpdateExecutorAudited(ctx(t), "e1", func(e *store.Executor, found bool) (*audit.Event, error) {
+			count := 0
+			if found {
+				var err error
+				if count, err = strconv.Atoi(string(e.Report)); err != nil {
+					return nil, err
 				}
-				joined := NewExecutor("e1", i)
-				e.ID, e.State, e.Report = joined.ID, joined.State, []byte(strconv.Itoa(count+1))
-				if !found {
-					return executorEvent(audit.KindExecutorJoined, "e1"), nil
-				}
-				return nil, nil
-			})
-			if err != nil {
-				t.Error(err)
 			}
-		}()
-	}
-	wg.Wait()
+			joined := NewExecutor("e1", i)
+			e.ID, e.State, e.Report = joined.ID, joined.State, []byte(strconv.Itoa(count+1))
+			if !found {
+				return executorEvent(audit.KindExecutorJoined, "e1"), nil
+			}
+			return nil, nil
+		})
+		if err != nil {
+			t.Error(err)
+		}
+	})
 	got, err := stores[1].GetExecutor(ctx(t), "e1")
 	if err != nil {
 		t.Fatal(err)
@@ -261,6 +252,27 @@ func testExecutorList(t *testing.T, open Opener) {
 	}
 }
 
+func createAll(t *testing.T, s store.Store, jobs ...store.Job) {
+	t.Helper()
+	for _, j := range jobs {
+		mustCreate(t, s, j)
+	}
+}
+
+// onStores runs fn(i, s) for every i below n at once, s being stores[i]
+// round the list, and waits for them all.
+func onStores(n int, stores []store.Store, fn func(i int, s store.Store)) {
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fn(i, stores[i%len(stores)])
+		}()
+	}
+	wg.Wait()
+}
+
 // placed returns job id of tenant on executor in state, created at
 // base+n seconds.
 func placed(tenant, id, executor string, state store.State, n int) store.Job {
@@ -279,7 +291,7 @@ func testPlacements(t *testing.T, open Opener) {
 	if p, err := s.Placements(ctx(t)); err != nil || len(p) != 0 {
 		t.Fatalf("Placements with no jobs = %+v, %v", p, err)
 	}
-	for i, j := range []store.Job{
+	createAll(t, s,
 		placed("dev", "a1", execA, store.StateQueued, 0),
 		placed("dev", "a2", execA, store.StateStaging, 1),
 		placed("dev", "a3", execA, store.StateRunning, 2),
@@ -289,10 +301,7 @@ func testPlacements(t *testing.T, open Opener) {
 		placed("dev", "b2", execB, store.StateCancelled, 6),
 		placed("other", "b3", execB, store.StateQueued, 7),
 		placed("dev", "nowhere", "", store.StateQueued, 8),
-	} {
-		j.IdempotencyKey = fmt.Sprint("k", i)
-		mustCreate(t, s, j)
-	}
+	)
 	got, err := s.Placements(ctx(t))
 	if err != nil {
 		t.Fatal(err)
@@ -325,7 +334,7 @@ func ids(jobs []store.Job) []string {
 func testJobsOnExecutor(t *testing.T, open Opener) {
 	s := open(t)
 	// Created out of order; "a0" and "a9" share a creation time.
-	for _, j := range []store.Job{
+	createAll(t, s,
 		placed("dev", "a3", execA, store.StateRunning, 3),
 		placed("dev", "a9", execA, store.StateQueued, 1),
 		placed("other", "a0", execA, store.StateStaging, 1),
@@ -333,9 +342,7 @@ func testJobsOnExecutor(t *testing.T, open Opener) {
 		placed("dev", "a6", execA, store.StateFailed, 6),
 		placed("dev", "b1", execB, store.StateRunning, 0),
 		placed("dev", "n1", "", store.StateQueued, 0),
-	} {
-		mustCreate(t, s, j)
-	}
+	)
 	for _, tc := range []struct {
 		executor string
 		limit    int
@@ -392,7 +399,7 @@ func claim(t *testing.T, s store.Store, owner string, now, until time.Time, limi
 func testClaimJobs(t *testing.T, open Opener) {
 	s := open(t)
 	now := base.Add(time.Hour)
-	for _, j := range []store.Job{
+	createAll(t, s,
 		NewJob("dev", "j0", 0),
 		claimed("j1", 1, "old", now.Add(-time.Second)),
 		claimed("j2", 2, "other", now.Add(time.Second)),
@@ -401,9 +408,7 @@ func testClaimJobs(t *testing.T, open Opener) {
 		placed("dev", "done", "", store.StateFinished, 0),
 		placed("dev", "failed", "", store.StateFailed, 0),
 		placed("dev", "cancelled", "", store.StateCancelled, 0),
-	} {
-		mustCreate(t, s, j)
-	}
+	)
 	if j, err := s.GetJob(ctx(t), "j2"); err != nil || j.ClaimedBy != "other" || !j.ClaimExpiresAt.Equal(now.Add(time.Second)) {
 		t.Fatalf("CreateJob did not keep the claim: %+v, %v", j, err)
 	}
@@ -464,25 +469,19 @@ func testClaimRace(t *testing.T, open Opener) {
 	}
 	now := base.Add(time.Hour)
 	got := make([][]string, claimers)
-	var wg sync.WaitGroup
-	for c := range claimers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				list, err := stores[c%2].ClaimJobs(ctx(t), fmt.Sprint("r", c), now, now.Add(time.Hour), 7)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				if len(list) == 0 {
-					return
-				}
-				got[c] = append(got[c], ids(list)...)
+	onStores(claimers, stores, func(c int, s store.Store) {
+		for {
+			list, err := s.ClaimJobs(ctx(t), fmt.Sprint("r", c), now, now.Add(time.Hour), 7)
+			if err != nil {
+				t.Error(err)
+				return
 			}
-		}()
-	}
-	wg.Wait()
+			if len(list) == 0 {
+				return
+			}
+			got[c] = append(got[c], ids(list)...)
+		}
+	})
 	owner := map[string]string{}
 	for c, list := range got {
 		for _, id := range list {
@@ -509,15 +508,13 @@ func testRenewClaims(t *testing.T, open Opener) {
 	s := open(t)
 	now := base.Add(time.Hour)
 	soon, later := now.Add(10*time.Second), now.Add(time.Hour)
-	for _, j := range []store.Job{
+	createAll(t, s,
 		claimed("held", 0, "r1", later),
 		claimed("ended", 1, "r1", later),
 		claimed("taken", 2, "r1", soon),
 		claimed("also", 3, "r1", soon),
 		claimed("others", 4, "r2", later),
-	} {
-		mustCreate(t, s, j)
-	}
+	)
 	if _, err := s.UpdateJob(ctx(t), "ended", func(j *store.Job) error { j.State = store.StateFinished; return nil }); err != nil {
 		t.Fatal(err)
 	}
@@ -554,14 +551,12 @@ func testReleaseClaims(t *testing.T, open Opener) {
 	a, b := open(t), open(t)
 	now := base.Add(time.Hour)
 	later := now.Add(time.Hour)
-	for _, j := range []store.Job{
+	createAll(t, a,
 		claimed("j0", 0, "r1", later),
 		claimed("j1", 1, "r1", later),
 		claimed("j2", 2, "r2", later),
 		claimed("ended", 3, "r1", later),
-	} {
-		mustCreate(t, a, j)
-	}
+	)
 	if _, err := a.UpdateJob(ctx(t), "ended", func(j *store.Job) error { j.State = store.StateCancelled; return nil }); err != nil {
 		t.Fatal(err)
 	}

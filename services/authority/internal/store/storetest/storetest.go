@@ -37,12 +37,15 @@ type Backend struct {
 	DropAuditGuards string
 }
 
+// conformance is one test of the suite, run on a fresh database.
+type conformance struct {
+	name string
+	fn   func(t *testing.T, open Opener)
+}
+
 // Run runs every conformance test, each on a fresh database.
 func Run(t *testing.T, b Backend) {
-	for _, tc := range []struct {
-		name string
-		fn   func(t *testing.T, open Opener)
-	}{
+	for _, tc := range []conformance{
 		{"CreateAndGet", testCreateAndGet},
 		{"GetUnknown", testGetUnknown},
 		{"IdempotencyKeyIsUniquePerTenant", testIdempotency},

@@ -149,11 +149,7 @@ func (s *DB) GetExecutor(ctx context.Context, name string) (store.Executor, erro
 
 // ListExecutors implements store.Store.
 func (s *DB) ListExecutors(ctx context.Context) ([]store.Executor, error) {
-	rows, err := s.SQL.QueryContext(ctx, `SELECT `+executorColumns+` FROM executors ORDER BY name`)
-	if err != nil {
-		return nil, fmt.Errorf("store: list executors: %w", err)
-	}
-	list, err := collect(rows, scanExecutor)
+	list, err := queryAll(ctx, s, s.SQL, scanExecutor, `SELECT `+executorColumns+` FROM executors ORDER BY name`)
 	if err != nil {
 		return nil, fmt.Errorf("store: list executors: %w", err)
 	}
@@ -162,15 +158,12 @@ func (s *DB) ListExecutors(ctx context.Context) ([]store.Executor, error) {
 
 // Placements implements store.Store.
 func (s *DB) Placements(ctx context.Context) ([]store.Placement, error) {
-	rows, err := s.SQL.QueryContext(ctx, `SELECT executor, tenant, COUNT(*) FROM jobs WHERE `+unfinished+` AND executor <> ''
-		GROUP BY executor, tenant ORDER BY executor, tenant`)
-	if err != nil {
-		return nil, fmt.Errorf("store: placements: %w", err)
-	}
-	list, err := collect(rows, func(r scanner) (store.Placement, error) {
+	scan := func(r scanner) (store.Placement, error) {
 		var p store.Placement
 		return p, r.Scan(&p.Executor, &p.Tenant, &p.Jobs)
-	})
+	}
+	list, err := queryAll(ctx, s, s.SQL, scan, `SELECT executor, tenant, COUNT(*) FROM jobs WHERE `+unfinished+` AND executor <> ''
+		GROUP BY executor, tenant ORDER BY executor, tenant`)
 	if err != nil {
 		return nil, fmt.Errorf("store: placements: %w", err)
 	}
@@ -189,16 +182,21 @@ func (s *DB) JobsOnExecutor(ctx context.Context, executor string, limit int, sta
 	for _, st := range states {
 		args = append(args, string(st))
 	}
-	rows, err := s.SQL.QueryContext(ctx, s.Q(`SELECT `+jobColumns+` FROM jobs WHERE executor = ? AND state IN (`+placeholders(len(states))+`)
-		ORDER BY created_at, id LIMIT ?`), append(args, limit)...)
-	if err != nil {
-		return nil, fmt.Errorf("store: jobs on executor: %w", err)
-	}
-	jobs, err := collect(rows, scanJob)
+	jobs, err := queryAll(ctx, s, s.SQL, scanJob, `SELECT `+jobColumns+` FROM jobs WHERE executor = ? AND state IN (`+placeholders(len(states))+`)
+		ORDER BY created_at, id LIMIT ?`, append(args, limit)...)
 	if err != nil {
 		return nil, fmt.Errorf("store: jobs on executor: %w", err)
 	}
 	return jobs, nil
+}
+
+// queryAll runs query (placeholders rebound) through q and scans every row.
+func queryAll[T any](ctx context.Context, s *DB, q querier, scan func(scanner) (T, error), query string, args ...any) ([]T, error) {
+	rows, err := q.QueryContext(ctx, s.Q(query), args...)
+	if err != nil {
+		return nil, err
+	}
+	return collect(rows, scan)
 }
 
 // ClaimJobs implements store.Store.
@@ -216,13 +214,10 @@ func (s *DB) ClaimJobs(ctx context.Context, owner string, now, until time.Time, 
 	}
 	var jobs []store.Job
 	err := s.Tx(ctx, func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, s.Q(`UPDATE jobs SET claimed_by = ?, claim_expires_at = ? WHERE id IN (
+		var err error
+		jobs, err = queryAll(ctx, s, tx, scanJob, `UPDATE jobs SET claimed_by = ?, claim_expires_at = ? WHERE id IN (
 			SELECT id FROM jobs WHERE `+unfinished+` AND claim_expires_at <= ? ORDER BY created_at, id LIMIT ?`+skip+`)
-			RETURNING `+jobColumns), owner, micros(until), micros(now), limit)
-		if err != nil {
-			return err
-		}
-		jobs, err = collect(rows, scanJob)
+			RETURNING `+jobColumns, owner, micros(until), micros(now), limit)
 		return err
 	})
 	if err != nil {
@@ -241,16 +236,14 @@ func (s *DB) RenewClaims(ctx context.Context, owner string, until time.Time) ([]
 		return nil, fmt.Errorf("%w: store: renew claims: an owner is required", errdefs.ErrInvalidArgument)
 	}
 	var ids []string
+	scan := func(r scanner) (string, error) {
+		var id string
+		return id, r.Scan(&id)
+	}
 	err := s.Tx(ctx, func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, s.Q(`UPDATE jobs SET claim_expires_at = ? WHERE claimed_by = ? AND `+unfinished+` RETURNING id`),
+		var err error
+		ids, err = queryAll(ctx, s, tx, scan, `UPDATE jobs SET claim_expires_at = ? WHERE claimed_by = ? AND `+unfinished+` RETURNING id`,
 			micros(until), owner)
-		if err != nil {
-			return err
-		}
-		ids, err = collect(rows, func(r scanner) (string, error) {
-			var id string
-			return id, r.Scan(&id)
-		})
 		return err
 	})
 	if err != nil {
