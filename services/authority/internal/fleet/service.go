@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/errdefs"
@@ -51,6 +53,9 @@ type Config struct {
 	// Now is the clock; default time.Now.
 	Now    func() time.Time
 	Logger *slog.Logger
+	// Meter makes the fleet's gauges (metrics.go); nil is the global
+	// meter provider.
+	Meter metric.MeterProvider
 }
 
 // Fleet is the authority's view of its executors. Its methods are safe for
@@ -69,6 +74,7 @@ type Fleet struct {
 	// full holds off an executor that refused a job for lack of capacity
 	// until its next report (the LastSeen it had).
 	full map[string]time.Time
+	observed metric.Registration
 	// onReturn is told of an executor that came back from lost or
 	// restarted (its SPIFFE ID).
 	onReturn func(id string)
@@ -99,8 +105,17 @@ func New(cfg Config) (*Fleet, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Fleet{cfg: cfg, reserved: map[string][]reservation{}, full: map[string]time.Time{}}, nil
+	f := &Fleet{cfg: cfg, reserved: map[string][]reservation{}, full: map[string]time.Time{}}
+	reg, err := f.observe(cfg.Meter)
+	if err != nil {
+		return nil, fmt.Errorf("fleet: metrics: %w", err)
+	}
+	f.observed = reg
+	return f, nil
 }
+
+// Close unregisters the fleet's gauges.
+func (f *Fleet) Close() error { return f.observed.Unregister() }
 
 func (f *Fleet) now() time.Time { return f.cfg.Now().UTC().Truncate(time.Microsecond) }
 

@@ -129,7 +129,7 @@ func (s *Service) dispatch(j store.Job) (done bool, err error) {
 				"it waited for an executor, and the tenant's policy no longer allows it: "+why)
 			return true, err
 		}
-		m, full, err := s.cfg.Fleet.Place(s.ctx, j.ID, needOf(j, g))
+		m, full, err := s.place(s.ctx, j, g)
 		if err != nil {
 			return false, err
 		}
@@ -211,7 +211,8 @@ func (s *Service) dispatch(j store.Job) (done bool, err error) {
 		_, terr := s.transition(j.ID, []store.State{store.StateQueued}, store.StateFailed, "the executor refused the job: "+err.Error())
 		return true, terr
 	}
-	s.cfg.Logger.Info("job dispatched", "job", j.ID, "run_state", int(state))
+	s.cfg.Logger.Info("job dispatched", "job", j.ID, "executor", executorName(j.Executor), "run_state", int(state))
+	s.metrics.handover.Record(context.Background(), s.now().Sub(j.CreatedAt).Seconds())
 	next := store.StateStaging
 	if state == RunRunning {
 		next = store.StateRunning

@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -25,8 +26,20 @@ const (
 // metrics are the job service's instruments.
 type metrics struct {
 	submitted, ended metric.Int64Counter
-	observed         metric.Registration
+	// placements counts placement decisions by outcome; place times them;
+	// handover is the time from a job's submission to an executor
+	// accepting it.
+	placements      metric.Int64Counter
+	place, handover metric.Float64Histogram
+	observed        metric.Registration
 }
+
+// Placement outcomes (attribute outcome).
+const (
+	placePlaced = "placed" // an executor was chosen
+	placeNone   = "none"   // no executor has room or runs the class: the job waits
+	placeFailed = "failed" // the fleet could not be read
+)
 
 // newMetrics makes the instruments on mp (nil: the global provider) and
 // the gauge of the jobs waiting at g.
@@ -35,6 +48,13 @@ func newMetrics(mp metric.MeterProvider, g *gate) (*metrics, error) {
 	x := metrics{
 		submitted: set.Counter("airlock.authority.jobs.submitted", "{job}", "Job and session submissions, by outcome."),
 		ended:     set.Counter("airlock.authority.jobs.ended", "{job}", "Jobs that reached an end state here, by that state."),
+		placements: set.Counter("airlock.authority.jobs.placements", "{placement}",
+			"Placement decisions on the executor fleet, by outcome (placed, none, failed)."),
+		place: set.Histogram("airlock.authority.jobs.placement.duration", "s",
+			"Time one placement decision takes (reading the fleet and choosing).", 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+		handover: set.Histogram("airlock.authority.jobs.handover.duration", "s",
+			"Time from a job's submission to an executor accepting it: placement, waiting at the gate, and the StartJob.",
+			0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 	}
 	waiting := set.IntGauge("airlock.authority.jobs.waiting", "{job}",
 		"Queued jobs waiting at the admission gate for their tenant's quota or the executor's capacity.")
@@ -72,4 +92,10 @@ func (x *metrics) submission(req SubmitRequest, created bool, err error) {
 // jobEnded counts a job that has just reached state, an end state.
 func (x *metrics) jobEnded(state store.State) {
 	x.ended.Add(context.Background(), 1, metric.WithAttributes(attribute.String("state", string(state))))
+}
+
+// placed records one placement decision that took d.
+func (x *metrics) placed(outcome string, d time.Duration) {
+	x.placements.Add(context.Background(), 1, metric.WithAttributes(attribute.String("outcome", outcome)))
+	x.place.Record(context.Background(), d.Seconds())
 }

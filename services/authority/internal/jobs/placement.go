@@ -219,3 +219,19 @@ func (s *Service) ExecutorOf(ctx context.Context, jobID string) (id, address str
 	}
 	return j.Executor, m.Address, nil
 }
+
+// place asks the fleet for an executor for job j, granted g, and counts
+// the decision.
+func (s *Service) place(ctx context.Context, j store.Job, g GrantRequest) (fleet.Member, string, error) {
+	start := time.Now()
+	m, why, err := s.cfg.Fleet.Place(ctx, j.ID, needOf(j, g))
+	outcome := placePlaced
+	switch {
+	case err != nil:
+		outcome = placeFailed
+	case m.ID == "":
+		outcome = placeNone
+	}
+	s.metrics.placed(outcome, time.Since(start))
+	return m, why, err
+}

@@ -124,7 +124,7 @@ func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequ
 	// Placed now when an executor has room (the grant names it), else when
 	// its turn comes.
 	where := "; placed on no executor yet"
-	if m, why, err := s.cfg.Fleet.Place(ctx, j.ID, needOf(j, greq)); err != nil {
+	if m, why, err := s.place(ctx, j, greq); err != nil {
 		s.cfg.Logger.Warn("place a submitted job", "job", j.ID, "error", err)
 	} else if m.ID != "" {
 		greq.Executor, j.Executor, where = m.ID, m.ID, "; placed on executor "+m.Name

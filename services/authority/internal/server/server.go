@@ -111,10 +111,11 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			// The fleet: executors join by their heartbeat, into the store
 			// every replica shares; each is reached on its own connection,
 			// pinned to its own identity.
-			fl, err := fleet.New(fleet.Config{Store: st, Interval: cfg.Fleet.HeartbeatInterval, LostAfter: cfg.Fleet.LostAfter, Logger: env.Logger})
+			fl, err := fleet.New(fleet.Config{Store: st, Interval: cfg.Fleet.HeartbeatInterval, LostAfter: cfg.Fleet.LostAfter, Logger: env.Logger, Meter: env.Meter})
 			if err != nil {
 				return err
 			}
+			env.OnStop(fl.Close)
 			pool := executorclient.NewPool(env.TLS, fl.Address)
 			env.OnStop(pool.Close)
 			self := identity.Service(cfg.TrustDomain, identity.ServiceAuthority)
