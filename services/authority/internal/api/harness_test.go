@@ -5,11 +5,13 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"errors"
 	"github.com/airlockhq/airlock/test/gittest"
 	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -53,6 +55,7 @@ var (
 	otherID     = identity.MustParse("spiffe://" + td + "/client/other")
 	publisherID = identity.Service(td, identity.ServicePublisher)
 	aliceID     = identity.MustParse("spiffe://" + td + "/approver/alice")
+	operatorID  = identity.MustParse("spiffe://" + td + "/operator/ops")
 	bobID       = identity.MustParse("spiffe://" + td + "/approver/bob")
 	// devApproverID is the requester client/dev holding an approver
 	// certificate: the same person, who may not approve their own job.
@@ -84,14 +87,72 @@ type harness struct {
 	stopExec func()
 	logs     *logtest.Buffer
 	auth     *authority
+
+	// fleet is every fake executor the harness reports heartbeats for;
+	// the first is fake, the fleet's "default".
+	fleetMu sync.Mutex
+	fleet   []*member
+}
+
+// member is one fake executor of the fleet.
+type member struct {
+	id   identity.ID
+	addr string
+	fake *fakeexecutor.Executor
+	stop func()
+	// report is what its heartbeats say; silent stops them (it is lost
+	// once the fleet's bound passes).
+	report fleet.Report
+	silent bool
+}
+
+// bigReport is the report of an executor with room for anything.
+func bigReport(classes ...string) fleet.Report {
+	return fleet.Report{Classes: classes, Capacity: fleet.Capacity{MemoryBytes: 64 << 30, MemoryFree: 64 << 30, CPUMillis: 64000, CPUFree: 64000,
+		DiskBytes: 1 << 40, DiskFree: 1 << 40, Jobs: 1000, JobsFree: 1000}}
 }
 
 type authority struct {
 	addr string
 	stop func()
 	// jobs is the job domain behind the API, for what no mTLS caller of
-	// this PKI can reach.
-	jobs *jobs.Service
+	// this PKI can reach; fleet its executors.
+	jobs  *jobs.Service
+	fleet *fleet.Fleet
+}
+
+// addExecutor starts another fake executor, spiffe://TD/service/executor/
+// NAME, reporting report, and waits until the fleet knows it.
+func (h *harness) addExecutor(name string, report fleet.Report) *member {
+	h.t.Helper()
+	id, err := identity.Executor(td, name)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if _, err := pki.IssueInto(h.pkiDir, id, pki.IssueOptions{}); err != nil {
+		h.t.Fatal(err)
+	}
+	m := &member{id: id, fake: fakeexecutor.New(grant.NewVerifier(h.signer.PublicKey())), report: report}
+	m.fake.Is(id.String())
+	if slices.Contains(report.Classes, policy.RuntimeRunsc) {
+		m.fake.RunsRunsc()
+	}
+	m.addr, m.stop = h.serveStoppable(id, authz.ExecutorTable, m.fake.Register)
+	h.fleetMu.Lock()
+	h.fleet = append(h.fleet, m)
+	h.fleetMu.Unlock()
+	eventually(h.t, "executor "+name+" joins", func() bool {
+		_, ok, err := h.auth.fleet.Lookup(h.t.Context(), id.String())
+		return err == nil && ok
+	})
+	return m
+}
+
+// setReport changes what m's heartbeats say, or silences them.
+func (h *harness) setReport(m *member, report fleet.Report, silent bool) {
+	h.fleetMu.Lock()
+	defer h.fleetMu.Unlock()
+	m.report, m.silent = report, silent
 }
 
 func newHarness(t *testing.T) *harness {
@@ -117,7 +178,7 @@ type harnessOptions struct {
 func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
 	t.Helper()
 	h := &harness{t: t, opts: opts, pkiDir: t.TempDir(), data: t.TempDir(), logs: &logtest.Buffer{}}
-	if _, err := pki.Init(h.pkiDir, td, []identity.ID{devID, otherID, aliceID, bobID, devApproverID, eveID}); err != nil {
+	if _, err := pki.Init(h.pkiDir, td, []identity.ID{devID, otherID, aliceID, bobID, devApproverID, eveID, operatorID}); err != nil {
 		t.Fatal(err)
 	}
 	h.origin = newRepo(t)
@@ -167,6 +228,7 @@ func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
 	}
 	h.fake = fakeexecutor.New(grant.NewVerifier(h.signer.PublicKey()))
 	h.exec, h.stopExec = h.serveStoppable(executorID, authz.ExecutorTable, h.fake.Register)
+	h.fleet = []*member{{id: executorID, addr: h.exec, fake: h.fake, stop: h.stopExec, report: bigReport(policy.RuntimeRunc, policy.RuntimeRunsc)}}
 	h.start()
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -241,10 +303,20 @@ func (h *harness) start() {
 		t.Fatal(err)
 	}
 	beat := func() error {
-		_, err := fl.Heartbeat(ctx, executorID, h.exec, fleet.Report{Classes: []string{policy.RuntimeRunc, policy.RuntimeRunsc},
-			Capacity: fleet.Capacity{MemoryBytes: 64 << 30, MemoryFree: 64 << 30, CPUMillis: 64000, CPUFree: 64000,
-				DiskBytes: 1 << 40, DiskFree: 1 << 40, Jobs: 1000, JobsFree: 1000}})
-		return err
+		h.fleetMu.Lock()
+		members := slices.Clone(h.fleet)
+		h.fleetMu.Unlock()
+		var errs []error
+		for _, m := range members {
+			h.fleetMu.Lock()
+			silent, report := m.silent, m.report
+			h.fleetMu.Unlock()
+			if !silent {
+				_, err := fl.Heartbeat(ctx, m.id, m.addr, report)
+				errs = append(errs, err)
+			}
+		}
+		return errors.Join(errs...)
 	}
 	if err := beat(); err != nil {
 		t.Fatal(err)
@@ -254,7 +326,7 @@ func (h *harness) start() {
 		Store: st, Tenants: h.tenants, Source: src, Signer: executorclient.NewSigner(h.signer),
 		Fleet: fl, Executors: pool, Self: authorityID, LostResult: executorclient.LostResult(), GrantTTL: cmp.Or(h.opts.grantTTL, 10*time.Minute), StartDeadline: h.opts.startDeadline, Logger: h.logger(),
 		Auditors: []string{"approver/alice"},
-		Retry:    jobs.Retry{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}, DrainTimeout: 5 * time.Second,
+		Retry:    jobs.Retry{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}, DrainTimeout: 5 * time.Second, SweepInterval: 200 * time.Millisecond,
 		Meter: h.opts.meter,
 	})
 	if err != nil {
@@ -314,7 +386,7 @@ func (h *harness) start() {
 	go func() { defer close(serveDone); _ = srv.Serve(runCtx) }()
 	srv.SetServing(true)
 
-	a := &authority{addr: srv.Addr().String(), jobs: svc}
+	a := &authority{addr: srv.Addr().String(), jobs: svc, fleet: fl}
 	a.stop = sync.OnceFunc(func() {
 		cancel()
 		<-serveDone

@@ -8,6 +8,7 @@ package fakeexecutor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -53,6 +54,11 @@ type Executor struct {
 	// StartExec calls that reached the fake, per session.
 	execs    map[string][]*typesv1.Exec
 	execAsks map[string]int
+	// self, when set, is the executor's SPIFFE ID: a grant naming another
+	// is refused, as the real executor refuses it. runsc says the
+	// executor runs the runsc class.
+	self  string
+	runsc bool
 	// cleared are the caches ClearCaches wiped (tenant, repository and
 	// name joined by NUL); the fake forgets them.
 	cleared map[string]bool
@@ -76,6 +82,21 @@ func New(v *grant.Verifier) *Executor {
 		watches: map[string][]*executorv1.WatchRunRequest{}, updates: map[string][]*typesv1.Grant{},
 		execs: map[string][]*typesv1.Exec{}, execAsks: map[string]int{},
 	}
+}
+
+// Is makes the fake executor id: it refuses every grant that names
+// another executor (or none), as the real one does.
+func (e *Executor) Is(id string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.self = id
+}
+
+// RunsRunsc makes the fake accept grants of the runsc class.
+func (e *Executor) RunsRunsc() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.runsc = true
 }
 
 // Register registers the fake on r.
@@ -258,6 +279,11 @@ func (e *Executor) StartJob(_ context.Context, req *executorv1.StartJobRequest) 
 		}
 		return nil, status.Errorf(codes.PermissionDenied, "%v", verr)
 	}
+	if e.self != "" && g.GetExecutor() != e.self {
+		err := fmt.Errorf("grant is for executor %q; this is %s", g.GetExecutor(), e.self)
+		e.rejections = append(e.rejections, err)
+		return nil, status.Error(codes.PermissionDenied, err.Error())
+	}
 	e.attempts[g.GetJobId()]++
 	if e.startErr != nil {
 		return nil, e.startErr
@@ -266,7 +292,7 @@ func (e *Executor) StartJob(_ context.Context, req *executorv1.StartJobRequest) 
 		// As the real executor answers a job cancelled before its run.
 		return nil, status.Errorf(codes.FailedPrecondition, "job %s was cancelled before it started", g.GetJobId())
 	}
-	if g.GetRuntimeClass() == typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC {
+	if g.GetRuntimeClass() == typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC && !e.runsc {
 		return nil, status.Error(codes.FailedPrecondition, "runtime class runsc is not installed on this executor")
 	}
 	if n := e.unendedLocked(); e.runs[g.GetJobId()] == nil && e.capacity > 0 && n >= e.capacity {

@@ -282,6 +282,9 @@ func (f *Fleet) Get(ctx context.Context, name string, limit int) (Member, []stri
 		return Member{}, nil, fmt.Errorf("%w: name: required", errdefs.ErrInvalidArgument)
 	}
 	rec, err := f.cfg.Store.GetExecutor(ctx, name)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return Member{}, nil, notInFleet(name)
+	}
 	if err != nil {
 		return Member{}, nil, err
 	}
@@ -330,7 +333,10 @@ func (f *Fleet) Drain(ctx context.Context, by identity.ID, name string, drain bo
 	now := f.now()
 	rec, err := f.cfg.Store.UpdateExecutorAudited(ctx, name, func(e *store.Executor, found bool) (*audit.Event, error) {
 		if !found {
-			return nil, fmt.Errorf("%w: no executor %q in the fleet", errdefs.ErrNotFound, name)
+			return nil, notInFleet(name)
+		}
+		if e.Draining == drain {
+			return nil, errUnchanged // already so: nothing to record
 		}
 		kind := audit.KindExecutorUndrained
 		if drain {
@@ -341,11 +347,17 @@ func (f *Fleet) Drain(ctx context.Context, by identity.ID, name string, drain bo
 		}
 		return &audit.Event{Kind: kind, Caller: by.String(), Subject: name, Outcome: audit.OutcomeAllowed, Reason: reason}, nil
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, errUnchanged):
+		if rec, err = f.cfg.Store.GetExecutor(ctx, name); err != nil {
+			return Member{}, err
+		}
+	case err != nil:
 		return Member{}, err
+	default:
+		f.forget()
+		f.cfg.Logger.Info("executor drain", "executor", name, "draining", drain, "by", by.String(), "reason", reason)
 	}
-	f.forget()
-	f.cfg.Logger.Info("executor drain", "executor", name, "draining", drain, "by", by.String(), "reason", reason)
 	m, err := memberOf(rec)
 	if err != nil {
 		return Member{}, err
@@ -400,6 +412,11 @@ func (f *Fleet) Sweep(ctx context.Context, by identity.ID) ([]Member, error) {
 }
 
 var errUnchanged = errors.New("unchanged")
+
+// notInFleet is the error for an executor name the fleet does not know.
+func notInFleet(name string) error {
+	return fmt.Errorf("%w: no executor %q in the fleet", errdefs.ErrNotFound, name)
+}
 
 // memberOf reads a stored executor.
 func memberOf(e store.Executor) (Member, error) {

@@ -107,10 +107,7 @@ func (s *Service) leaveLost(ctx context.Context, m fleet.Member) error {
 		g, gerr := s.grantOf(j)
 		switch {
 		case j.State == store.StateQueued && j.DispatchedAt.IsZero():
-			if _, err := s.unplace(j.ID, m.ID); err != nil {
-				errs = append(errs, err)
-				continue
-			}
+			// Its next dispatch places it elsewhere (mustMove), saying why.
 			s.cfg.Fleet.Release(j.ID)
 			s.gate.wake()
 			if j.ClaimedBy == s.cfg.Replica {
