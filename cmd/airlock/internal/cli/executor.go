@@ -252,8 +252,8 @@ func writeExecutor(w io.Writer, resp *authorityv1.GetExecutorResponse, now time.
 	e, r := resp.GetExecutor(), resp.GetExecutor().GetReport()
 	c := r.GetCapacity()
 	fmt.Fprintf(w, "executor   %s\n", termtext.Line(e.GetName()))
-	fmt.Fprintf(w, "id         %s\n", termtext.Line(e.GetId()))
-	fmt.Fprintf(w, "address    %s\n", termtext.Line(e.GetAddress()))
+	fmt.Fprintf(w, "id         %s\n", termtext.Line(orDash(e.GetId())))
+	fmt.Fprintf(w, "address    %s\n", termtext.Line(orDash(e.GetAddress())))
 	state := executorState(e)
 	if e.GetDraining() {
 		state += fmt.Sprintf(" since %s, by %s", when(e.GetDrainedAt()), termtext.Line(orDash(e.GetDrainedBy())))
