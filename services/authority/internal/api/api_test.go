@@ -75,6 +75,7 @@ func TestSubmitDispatchesSignedGrant(t *testing.T) {
 		PublishTarget:           s.GetPublishTarget(),
 		GitHistoryDepth:         1,
 		User:                    &typesv1.JobUser{}, // root, dev's default, signed explicitly
+		Executor:                executorID.String(), // the fleet's one executor, named in the grant
 		IssuedAt:                g.GetIssuedAt(),
 		ExpiresAt:               g.GetExpiresAt(),
 	}

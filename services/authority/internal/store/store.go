@@ -85,7 +85,9 @@ type Job struct {
 	// ClaimedBy names the authority replica that drives the job, until
 	// ClaimExpiresAt; another replica takes the job up only after that
 	// (ClaimJobs). Written by CreateJob, ClaimJobs, RenewClaims and
-	// ReleaseClaims only: UpdateJob leaves both as they are.
+	// ReleaseClaims only: UpdateJob leaves both as they are. A claim is
+	// not a change of the job: those three leave Version and UpdatedAt as
+	// they are.
 	ClaimedBy      string
 	ClaimExpiresAt time.Time
 
@@ -529,6 +531,7 @@ type FleetStore interface {
 	// from them was taken by another replica (or has ended).
 	RenewClaims(ctx context.Context, owner string, until time.Time) ([]string, error)
 	// ReleaseClaims ends owner's claims (on a clean stop), so another
-	// replica takes the jobs up at once.
+	// replica takes the jobs up at once; the jobs are then claimed by no
+	// one (ClaimedBy "", ClaimExpiresAt zero).
 	ReleaseClaims(ctx context.Context, owner string) error
 }

@@ -115,6 +115,30 @@ func TestUpgradeKeepsApprovals(t *testing.T) {
 	}
 }
 
+// TestUpgradeAddsClaims opens a database made by a build that knew eight
+// migrations (no fleet): its unfinished job is claimed by no one, so the
+// first replica to claim takes it up, and the fleet is empty.
+func TestUpgradeAddsClaims(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "authority.db")
+	db, err := sql.Open("sqlite", path+"?_txlock=immediate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := sqldb.New(context.Background(), db, sqldb.Dialect{Migrations: migrations[:8]}, "authority")
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldJob(t, db, "j1")
+	old.Close()
+
+	s, err := Open(t.Context(), path)
+	if err != nil {
+		t.Fatalf("open the old database: %v", err)
+	}
+	defer s.Close()
+	storetest.CheckFleetUpgrade(t, s, "j1")
+}
+
 // oldJob writes a job as the first schema's builds wrote it (this build's
 // CreateJob writes columns that schema lacks), and returns it.
 func oldJob(t *testing.T, db *sql.DB, id string) store.Job {

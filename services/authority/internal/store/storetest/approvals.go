@@ -14,10 +14,7 @@ import (
 )
 
 // The approval and lease tests.
-var approvalTests = []struct {
-	name string
-	fn   func(t *testing.T, open Opener)
-}{
+var approvalTests = []conformance{
 	{"ApprovalCreateIsOncePerJob", testApprovalCreate},
 	{"ApprovalDecideVotesAndState", testApprovalDecide},
 	{"ApprovalDecideErrorWritesNothing", testApprovalDecideError},

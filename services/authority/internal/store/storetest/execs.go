@@ -12,10 +12,7 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 )
 
-var execTests = []struct {
-	name string
-	fn   func(t *testing.T, open Opener)
-}{
+var execTests = []conformance{
 	{"ExecCreateOnce", testExecCreate},
 	{"ExecCreateRefusalWritesNothing", testExecCreateRefused},
 	{"ExecConcurrentCreateAcrossStores", testExecCreateRace},

@@ -6,6 +6,9 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/airlockhq/airlock/services/authority/internal/store"
 )
 
 // ShippedSchemaFile holds, in each implementation's testdata, the schema the
@@ -54,4 +57,22 @@ func Versions(t *testing.T, db *sql.DB) string {
 		t.Fatal(err)
 	}
 	return v.String()
+}
+
+// CheckFleetUpgrade fails t unless s, just upgraded from a schema before
+// the fleet's (version 8 or older) with the queued job jobID in it, holds
+// the job claimed by no one, lets the first claimer take it up without a
+// change of the job, and has an empty fleet.
+func CheckFleetUpgrade(t *testing.T, s store.Store, jobID string) {
+	t.Helper()
+	if j, err := s.GetJob(ctx(t), jobID); err != nil || j.ClaimedBy != "" || !j.ClaimExpiresAt.IsZero() {
+		t.Fatalf("job after the upgrade: %+v, %v", j, err)
+	}
+	now := time.Unix(1000, 0)
+	if got, err := s.ClaimJobs(ctx(t), "r1", now, now.Add(time.Minute), 10); err != nil || len(got) != 1 || got[0].ID != jobID || got[0].Version != 1 {
+		t.Fatalf("ClaimJobs after the upgrade: %+v, %v", got, err)
+	}
+	if list, err := s.ListExecutors(ctx(t)); err != nil || len(list) != 0 {
+		t.Fatalf("ListExecutors after the upgrade: %+v, %v", list, err)
+	}
 }

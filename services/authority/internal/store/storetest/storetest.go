@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -36,12 +37,15 @@ type Backend struct {
 	DropAuditGuards string
 }
 
+// conformance is one test of the suite, run on a fresh database.
+type conformance struct {
+	name string
+	fn   func(t *testing.T, open Opener)
+}
+
 // Run runs every conformance test, each on a fresh database.
 func Run(t *testing.T, b Backend) {
-	for _, tc := range []struct {
-		name string
-		fn   func(t *testing.T, open Opener)
-	}{
+	for _, tc := range []conformance{
 		{"CreateAndGet", testCreateAndGet},
 		{"GetUnknown", testGetUnknown},
 		{"IdempotencyKeyIsUniquePerTenant", testIdempotency},
@@ -71,7 +75,7 @@ func Run(t *testing.T, b Backend) {
 			tc.fn(t, open)
 		})
 	}
-	for _, tc := range append(approvalTests, execTests...) {
+	for _, tc := range slices.Concat(approvalTests, execTests, fleetTests) {
 		t.Run(tc.name, func(t *testing.T) {
 			open, _ := b.New(t)
 			tc.fn(t, open)
@@ -85,6 +89,7 @@ func Run(t *testing.T, b Backend) {
 		{"AuditFailedWriteRollsBackJob", testAuditFailedWrite},
 		{"AuditLogIsAppendOnly", testAuditGuards},
 		{"AuditTamperDetected", testAuditTamper},
+		{"ExecutorAuditFailedWriteRollsBack", testExecutorAuditFailedWrite},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, b) })
 	}
@@ -127,6 +132,7 @@ func equalJobs(a, b store.Job) error {
 		{"SpecDigest", a.SpecDigest, b.SpecDigest}, {"Commit", a.Commit, b.Commit}, {"TreeHash", a.TreeHash, b.TreeHash},
 		{"State", a.State, b.State}, {"Message", a.Message, b.Message}, {"NetworkState", a.NetworkState, b.NetworkState},
 		{"BundleDigest", a.BundleDigest, b.BundleDigest}, {"Version", a.Version, b.Version},
+		{"Executor", a.Executor, b.Executor}, {"ClaimedBy", a.ClaimedBy, b.ClaimedBy},
 	} {
 		if f.x != f.y {
 			return fmt.Errorf("%s: %v != %v", f.name, f.x, f.y)
@@ -145,7 +151,8 @@ func equalJobs(a, b store.Job) error {
 		name string
 		x, y time.Time
 	}{{"GrantExpiresAt", a.GrantExpiresAt, b.GrantExpiresAt}, {"DispatchedAt", a.DispatchedAt, b.DispatchedAt},
-		{"CreatedAt", a.CreatedAt, b.CreatedAt}, {"UpdatedAt", a.UpdatedAt, b.UpdatedAt}} {
+		{"CreatedAt", a.CreatedAt, b.CreatedAt}, {"UpdatedAt", a.UpdatedAt, b.UpdatedAt},
+		{"ClaimExpiresAt", a.ClaimExpiresAt, b.ClaimExpiresAt}} {
 		if !f.x.Equal(f.y) {
 			return fmt.Errorf("%s: %v != %v", f.name, f.x, f.y)
 		}

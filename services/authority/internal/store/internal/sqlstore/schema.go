@@ -241,6 +241,33 @@ var migrations = []migration{
 		PRIMARY KEY (session_id, exec_id)
 	);
 	CREATE INDEX execs_by_session ON execs (session_id, requested_at, exec_id);`},
+
+	// 9: the executor fleet, and the replicas' claims on unfinished jobs.
+	// The claim indexes cover only unfinished jobs (the predicate is the
+	// one fleet.go's queries repeat word for word, so that SQLite too
+	// uses them): finished jobs pile up, claims are only ever taken on
+	// the few that are not.
+	{both: `CREATE TABLE executors (
+		name         {key} NOT NULL PRIMARY KEY,
+		id           {key} NOT NULL UNIQUE,
+		address      TEXT   NOT NULL,
+		report       {blob} NOT NULL,
+		state        TEXT   NOT NULL,
+		draining     BIGINT NOT NULL,
+		drained_by   TEXT   NOT NULL,
+		drained_at   BIGINT NOT NULL,
+		drain_reason TEXT   NOT NULL,
+		joined_at    BIGINT NOT NULL,
+		last_seen    BIGINT NOT NULL,
+		version      BIGINT NOT NULL
+	);
+	ALTER TABLE jobs ADD COLUMN claimed_by TEXT NOT NULL DEFAULT '';
+	ALTER TABLE jobs ADD COLUMN claim_expires_at BIGINT NOT NULL DEFAULT 0;
+	CREATE INDEX jobs_by_claim ON jobs (claim_expires_at, created_at, id)
+		WHERE state IN ('queued', 'staging', 'running');
+	CREATE INDEX jobs_by_claimant ON jobs (claimed_by)
+		WHERE state IN ('queued', 'staging', 'running');
+	CREATE INDEX jobs_by_executor ON jobs (executor, state, created_at, id);`},
 }
 
 // auditLog is migration 2's tables, before each database's guards.

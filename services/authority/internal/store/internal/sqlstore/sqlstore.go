@@ -35,7 +35,8 @@ func Wrap(db *sqldb.DB) *DB { return &DB{DB: db} }
 
 const jobColumns = `id, tenant, requester, idempotency_key, repository, spec, spec_digest, commit_sha, tree_hash,
 	state, message, network_state, signed_grant, grant_expires_at, dispatched_at,
-	result, bundle_digest, patch, review, provenance, created_at, updated_at, version, executor`
+	result, bundle_digest, patch, review, provenance, created_at, updated_at, version, executor,
+	claimed_by, claim_expires_at`
 
 type scanner interface{ Scan(dest ...any) error }
 
@@ -44,11 +45,13 @@ func scanJob(row scanner) (store.Job, error) {
 		j                                          store.Job
 		state                                      string
 		expires, dispatched, created, updated      int64
+		claimExpires                               int64
 		spec, grant, result, patch, review, proven []byte
 	)
 	err := row.Scan(&j.ID, &j.Tenant, &j.Requester, &j.IdempotencyKey, &j.Repository, &spec, &j.SpecDigest, &j.Commit, &j.TreeHash,
 		&state, &j.Message, &j.NetworkState, &grant, &expires, &dispatched,
-		&result, &j.BundleDigest, &patch, &review, &proven, &created, &updated, &j.Version, &j.Executor)
+		&result, &j.BundleDigest, &patch, &review, &proven, &created, &updated, &j.Version, &j.Executor,
+		&j.ClaimedBy, &claimExpires)
 	if err != nil {
 		return store.Job{}, err
 	}
@@ -56,6 +59,7 @@ func scanJob(row scanner) (store.Job, error) {
 	j.Spec, j.Grant, j.Result, j.Patch, j.Review, j.Provenance = spec, grant, result, patch, review, proven
 	j.GrantExpiresAt, j.DispatchedAt = fromMicros(expires), fromMicros(dispatched)
 	j.CreatedAt, j.UpdatedAt = fromMicros(created), fromMicros(updated)
+	j.ClaimExpiresAt = fromMicros(claimExpires)
 	return j, nil
 }
 
@@ -115,11 +119,12 @@ func (s *DB) createJob(ctx context.Context, j store.Job, e *audit.Event) (store.
 		// A concurrent insert of the same key makes this one wait for it and
 		// then do nothing, in both databases; the key's job is then read.
 		j.Version = 1
-		res, err := tx.ExecContext(ctx, s.Q(`INSERT INTO jobs (`+jobColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		res, err := tx.ExecContext(ctx, s.Q(`INSERT INTO jobs (`+jobColumns+`) VALUES (`+placeholders(26)+`)
 			ON CONFLICT (tenant, idempotency_key) DO NOTHING`),
 			j.ID, j.Tenant, j.Requester, j.IdempotencyKey, j.Repository, nonNil(j.Spec), j.SpecDigest, j.Commit, j.TreeHash,
 			string(j.State), j.Message, j.NetworkState, j.Grant, micros(j.GrantExpiresAt), micros(j.DispatchedAt),
-			j.Result, j.BundleDigest, j.Patch, j.Review, j.Provenance, micros(j.CreatedAt), micros(j.UpdatedAt), j.Version, j.Executor)
+			j.Result, j.BundleDigest, j.Patch, j.Review, j.Provenance, micros(j.CreatedAt), micros(j.UpdatedAt), j.Version, j.Executor,
+			j.ClaimedBy, micros(j.ClaimExpiresAt))
 		if err != nil {
 			return err
 		}
@@ -321,6 +326,8 @@ func (s *DB) updateJobTx(ctx context.Context, tx *sql.Tx, id string, update func
 		}
 	}
 	j.Version++
+	// claimed_by and claim_expires_at are not written: claims belong to
+	// ClaimJobs, RenewClaims and ReleaseClaims (fleet.go).
 	res, err := tx.ExecContext(ctx, s.Q(`UPDATE jobs SET commit_sha = ?, tree_hash = ?, state = ?, message = ?, network_state = ?,
 		signed_grant = ?, grant_expires_at = ?, dispatched_at = ?, result = ?, bundle_digest = ?, patch = ?,
 		review = ?, provenance = ?, updated_at = ?, version = ?, executor = ? WHERE id = ? AND version = ?`),
