@@ -238,5 +238,5 @@ func withOperator(g *globals, fn func(authorityv1.AuthorityServiceClient) error)
 // needOperator says that the fleet is an operator's to see and drain, and
 // how to act as one.
 func needOperator(self identity.ID) error {
-	return usageError{fmt.Errorf("the fleet needs an operator identity, and this is %s: pass --as operator/NAME (airlock pki issue --id operator/NAME issues one)", self.Principal())}
+	return usageError{fmt.Errorf("the fleet needs an operator identity, and this is %s: pass --as operator/NAME (airlock pki issue --dir DIR --id operator/NAME issues one)", self.Principal())}
 }
