@@ -86,10 +86,10 @@ when it ends lands on the emptied cache. The clear is on the audit log.`,
 }
 
 func writeCacheTable(w io.Writer, caches []*typesv1.CacheInfo) {
-	fmt.Fprintln(w, "REPOSITORY\tNAME\tSIZE\tLAST USED")
+	fmt.Fprintln(w, "REPOSITORY\tNAME\tSIZE\tLAST USED\tEXECUTOR")
 	for _, c := range caches {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", termtext.Line(c.GetRepository()), termtext.Line(c.GetName()), humanBytes(c.GetSizeBytes()),
-			c.GetLastUsed().AsTime().Local().Format(time.DateTime))
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", termtext.Line(c.GetRepository()), termtext.Line(c.GetName()), humanBytes(c.GetSizeBytes()),
+			c.GetLastUsed().AsTime().Local().Format(time.DateTime), termtext.Line(orDash(c.GetExecutor())))
 	}
 }
 

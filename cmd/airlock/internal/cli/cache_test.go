@@ -17,6 +17,31 @@ func (f *fakeAuthority) ListCaches(_ context.Context, req *authorityv1.ListCache
 	return &authorityv1.ListCachesResponse{Caches: f.caches}, f.err
 }
 
+func (f *fakeAuthority) ListImages(_ context.Context, req *authorityv1.ListImagesRequest) (*authorityv1.ListImagesResponse, error) {
+	f.sawTenant(req.GetTenant())
+	return &authorityv1.ListImagesResponse{Images: f.images, Cache: &typesv1.ImageCacheStats{}}, f.err
+}
+
+// TestImageListNamesTheExecutor: image list and inspect say which
+// executor of the fleet holds each image, escaped.
+func TestImageListNamesTheExecutor(t *testing.T) {
+	cfg := serveFake(t, &fakeAuthority{images: []*typesv1.ImageInfo{{Reference: "alpine@sha256:ab", Executor: "exec-b\x1b[2J", SizeBytes: 5 << 20}}})
+	for _, args := range [][]string{{"image", "list"}, {"image", "inspect", "sha256:" + strings.Repeat("ab", 32)}} {
+		code, out, errOut := runCLI(t, cfg, nil, args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errOut)
+		}
+		checkShown(t, args[1], out)
+		if !strings.Contains(out, `exec-b⟦\x1b⟧[2J`) {
+			t.Errorf("%v does not name the executor:\n%s", args, out)
+		}
+	}
+	_, out, _ := runCLI(t, cfg, nil, "image", "list")
+	if fields := strings.Fields(strings.SplitN(out, "\n", 2)[0]); len(fields) < 2 || fields[1] != "EXECUTOR" {
+		t.Errorf("image list header %q", fields)
+	}
+}
+
 func (f *fakeAuthority) ClearCaches(_ context.Context, req *authorityv1.ClearCachesRequest) (*authorityv1.ClearCachesResponse, error) {
 	f.sawTenant(req.GetTenant())
 	f.mu.Lock()
@@ -26,13 +51,13 @@ func (f *fakeAuthority) ClearCaches(_ context.Context, req *authorityv1.ClearCac
 }
 
 // TestCacheCommands: --cache reaches the spec, repeatable; cache list
-// prints each cache (names escaped); cache clear sends the repository and
+// prints each cache and the executor keeping it (names escaped); cache clear sends the repository and
 // name it was given.
 func TestCacheCommands(t *testing.T) {
 	f := &fakeAuthority{
 		job: &authorityv1.Job{JobId: "j1"},
 		caches: []*typesv1.CacheInfo{{Repository: "demo", Name: "go-build\x1b[2J", SizeBytes: 3 << 20,
-			LastUsed: timestamppb.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))}},
+			LastUsed: timestamppb.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)), Executor: "exec-a\x1b[1A"}},
 	}
 	cfg := serveFake(t, f)
 	if code, _, errOut := runCLI(t, cfg, nil, "job", "submit", "--repo", "demo", "--cache", "go-build", "--cache", "npm", "--", "true"); code != 0 {
@@ -46,7 +71,7 @@ func TestCacheCommands(t *testing.T) {
 		t.Fatalf("list: %d %s", code, errOut)
 	}
 	checkShown(t, "cache list", out)
-	for _, want := range []string{"REPOSITORY", "demo", "go-build", "3.0MiB"} {
+	for _, want := range []string{"REPOSITORY", "EXECUTOR", "demo", "go-build", "3.0MiB", "exec-a"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("cache list lacks %q:\n%s", want, out)
 		}

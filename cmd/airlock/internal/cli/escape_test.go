@@ -30,7 +30,7 @@ func fakeWith(s string) *fakeAuthority {
 	target := &typesv1.PublishTarget{Repository: s, Branch: s}
 	domains := &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Domains{Domains: &typesv1.DomainList{Domains: []string{s}}}}
 	job := &authorityv1.Job{
-		JobId: s, Requester: s, Commit: s, State: authorityv1.JobState_JOB_STATE_FINISHED, ApprovalId: s, Message: s,
+		JobId: s, Requester: s, Commit: s, State: authorityv1.JobState_JOB_STATE_FINISHED, ApprovalId: s, Message: s, Executor: s,
 		Spec: &authorityv1.JobSpec{Repository: s, Revision: s, Command: []string{s, s}, PublishTarget: target},
 		Result: &typesv1.RunResult{
 			Reason: typesv1.TerminationReason_TERMINATION_REASON_EXITED, RuntimeVersion: s, TemplateVersion: s,

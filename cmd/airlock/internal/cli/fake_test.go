@@ -17,6 +17,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/airlockhq/airlock/pkg/clientconfig"
 	"github.com/airlockhq/airlock/pkg/config"
@@ -45,12 +47,23 @@ type fakeAuthority struct {
 	downloadErr error
 
 	caches []*typesv1.CacheInfo // ListCaches and ClearCaches answer these
+	images []*typesv1.ImageInfo // ListImages answers these
+
+	// The fleet: ListExecutors lists executors, GetExecutor and
+	// DrainExecutor answer the one named (NotFound for another) with
+	// executorJobs; each GetExecutor then takes the next of placed as its
+	// count of placed jobs, the last one staying.
+	executors    []*authorityv1.Executor
+	executorJobs []string
+	placed       []int64
 
 	mu      sync.Mutex
 	tenants []string               // the tenant of each SubmitJob, ListJobs, ListApprovals and ListAuditEvents, in order
 	specs   []*authorityv1.JobSpec // each SubmitJob's spec
 	clears  []*authorityv1.ClearCachesRequest
 	watches []*authorityv1.WatchJobRequest
+	drains  []*authorityv1.DrainExecutorRequest
+	callers []string // the identity of each fleet call, KIND/NAME
 }
 
 func (f *fakeAuthority) sawTenant(tenant string) {
@@ -146,7 +159,9 @@ const fakeTrustDomain = "test.airlock"
 
 // serveFake serves f as the authority over real mTLS, from a fresh CA, and
 // returns the path of a client config (identity client/dev, tenant t1)
-// that reaches it; approver/alice's certificate is in its pki_dir too.
+// that reaches it; approver/alice's, operator/admin's (the dev stack's
+// operator) and operator/ops's certificates are in its pki_dir too. It
+// serves gRPC health, always SERVING, as the authority.
 func serveFake(t *testing.T, f *fakeAuthority) string {
 	t.Helper()
 	dir := t.TempDir()
@@ -158,7 +173,15 @@ func serveFake(t *testing.T, f *fakeAuthority) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pki.Init(dir, fakeTrustDomain, []identity.ID{client, approver}); err != nil {
+	ids := []identity.ID{client, approver}
+	for _, name := range []string{"admin", "ops"} {
+		op, err := identity.New(fakeTrustDomain, identity.KindOperator, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, op)
+	}
+	if _, err := pki.Init(dir, fakeTrustDomain, ids); err != nil {
 		t.Fatal(err)
 	}
 	cert, key := pki.Paths(dir, identity.Service(fakeTrustDomain, identity.ServiceAuthority))
@@ -172,6 +195,7 @@ func serveFake(t *testing.T, f *fakeAuthority) string {
 	}
 	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsconfig.ServerConfig(src, fakeTrustDomain))))
 	authorityv1.RegisterAuthorityServiceServer(srv, f)
+	healthpb.RegisterHealthServer(srv, health.NewServer())
 	go srv.Serve(lis)
 	t.Cleanup(srv.Stop)
 	path := filepath.Join(dir, "client.yaml")

@@ -123,20 +123,21 @@ the audit log.`,
 }
 
 func writeImageTable(w io.Writer, list []*typesv1.ImageInfo) {
-	fmt.Fprintln(w, "IMAGE\tSIZE\tLAST USED\tIN USE\tJOBS")
+	fmt.Fprintln(w, "IMAGE\tEXECUTOR\tSIZE\tLAST USED\tIN USE\tJOBS")
 	for _, i := range list {
 		jobs := i.GetJobs()
 		more := ""
 		if len(jobs) > 3 {
 			jobs, more = jobs[:3], fmt.Sprintf(" +%d", len(i.GetJobs())-3)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s%s\n", termtext.Line(i.GetReference()), humanBytes(i.GetSizeBytes()),
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s%s\n", termtext.Line(i.GetReference()), termtext.Line(orDash(i.GetExecutor())), humanBytes(i.GetSizeBytes()),
 			i.GetLastUsed().AsTime().Local().Format(time.DateTime), i.GetInUse(), termtext.Line(strings.Join(jobs, ",")), more)
 	}
 }
 
 func writeImage(w io.Writer, i *typesv1.ImageInfo) {
 	fmt.Fprintf(w, "image      %s\n", termtext.Line(i.GetReference()))
+	fmt.Fprintf(w, "executor   %s\n", termtext.Line(orDash(i.GetExecutor())))
 	fmt.Fprintf(w, "size       %s on disk\n", humanBytes(i.GetSizeBytes()))
 	fmt.Fprintf(w, "last used  %s\n", i.GetLastUsed().AsTime().Local().Format(time.DateTime))
 	fmt.Fprintf(w, "in use     %d job(s)\n", i.GetInUse())

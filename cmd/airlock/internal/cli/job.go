@@ -224,11 +224,25 @@ func newJobGet(g *globals) *cobra.Command {
 				fmt.Fprintf(w, "command    %s\n", commandText(job.GetSpec().GetCommand()))
 				fmt.Fprintf(w, "requester  %s\n", termtext.Line(job.GetRequester()))
 				fmt.Fprintf(w, "state      %s\n", jobStateWord(job.GetState()))
+				writePlacement(w, job)
 				writeUser(w, job)
 				writeLimits(w, job)
 				writeSummary(w, job)
 			})
 		},
+	}
+}
+
+// writePlacement says which executor of the fleet a job or session is
+// placed on.
+func writePlacement(w io.Writer, job *authorityv1.Job) {
+	switch {
+	case job.GetExecutor() != "":
+		fmt.Fprintf(w, "executor   %s\n", termtext.Line(job.GetExecutor()))
+	case terminal(job.GetState()):
+		fmt.Fprintln(w, "executor   never placed")
+	default:
+		fmt.Fprintln(w, "executor   not placed yet")
 	}
 }
 

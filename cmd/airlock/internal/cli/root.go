@@ -1,6 +1,6 @@
 // Package cli implements the airlock command: the root and every client
 // command. Each command group (a noun: job, session, approval, lease,
-// audit, publish and deployment, pki, status) is a file of its own; rpc.go
+// audit, publish and deployment, pki, status, executor) is a file of its own; rpc.go
 // is the one way a command dials a service, calls it and prints the
 // answer, and words.go the one word for each state and kind. The local
 // dev stack is package dev, and what both share is package cmdutil. This
@@ -115,6 +115,6 @@ the authority, executor and publisher.`,
 	root.PersistentFlags().StringVarP(&g.Output, "output", "o", "text", "output format: text or json")
 	root.PersistentFlags().StringVar(&g.Config, "config", "", "client config file (default $"+clientconfig.EnvVar+")")
 	root.PersistentFlags().StringVar(&g.As, "as", "", "identity to act as, KIND/NAME from the client config's pki_dir (default: the config's identity)")
-	root.AddCommand(newPKI(g), dev.New(g), newStatus(g), newJob(g), newSession(g), newApproval(g), newLease(g), newAudit(g), newPublish(g), newDeployment(g), newCache(g), newImage(g))
+	root.AddCommand(newPKI(g), dev.New(g), newStatus(g), newJob(g), newSession(g), newApproval(g), newLease(g), newAudit(g), newPublish(g), newDeployment(g), newCache(g), newImage(g), newExecutor(g))
 	return root
 }

@@ -82,18 +82,37 @@ func showAuthority[R proto.Message](cmd *cobra.Command, g *globals, call func(co
 // config's own identity is not a pipeline.
 const devPipeline = "pipeline/deploy"
 
+// devOperator is the operator identity the dev stack issues: the executor
+// commands and status's fleet act as it when --as is not given and the
+// client config's own identity is not an operator.
+const devOperator = "operator/admin"
+
+// defaultAs is the identity a command that acts as kind uses when --as is
+// not given: the dev stack's (dev) when the client config finds its
+// identities in a pki_dir (as the dev stack's does) and its own is not of
+// kind, else "" (the config's own). A command given --as uses that.
+func defaultAs(g *globals, kind identity.Kind, dev string) (string, error) {
+	if g.As != "" {
+		return g.As, nil
+	}
+	cfg, err := g.ClientConfig()
+	if err != nil {
+		return "", err
+	}
+	if cfg.TLS == nil && !strings.HasPrefix(cfg.Identity, string(kind)+"/") {
+		return dev, nil
+	}
+	return "", nil
+}
+
 // withPublisher runs fn with a connection to the publisher, as a pipeline
 // unless --as says otherwise, as withAuthority does with the authority.
 func withPublisher(g *globals, fn func(publisherv1.PublisherServiceClient) error) error {
-	if g.As == "" {
-		cfg, err := g.ClientConfig()
-		if err != nil {
-			return err
-		}
-		if cfg.TLS == nil && !strings.HasPrefix(cfg.Identity, string(identity.KindPipeline)+"/") {
-			g.As = devPipeline
-		}
+	as, err := defaultAs(g, identity.KindPipeline, devPipeline)
+	if err != nil {
+		return err
 	}
+	g.As = as
 	cc, _, err := dial(g, identity.ServicePublisher)
 	if err != nil {
 		return err
@@ -174,4 +193,50 @@ func allPages[T any](want int, fetch func(token string, size int32) ([]T, string
 		}
 		token = next
 	}
+}
+
+// asOperator is g acting as an operator, which the fleet's calls need:
+// --as when given, else the client config's own identity when it is an
+// operator, else the dev stack's operator when the config's pki_dir holds
+// its certificate, else the config's own identity (withOperator then says
+// what to pass).
+func asOperator(g *globals) (*globals, error) {
+	as, err := defaultAs(g, identity.KindOperator, devOperator)
+	if err != nil {
+		return nil, err
+	}
+	if g.As == "" && as == devOperator {
+		cfg, err := g.ClientConfig()
+		if err != nil {
+			return nil, err
+		}
+		if _, err := cfg.Source(devOperator); err != nil {
+			as = ""
+		}
+	}
+	op := *g
+	op.As = as
+	return &op, nil
+}
+
+// withOperator runs fn with a connection to the authority as an operator
+// (asOperator), as withAuthority does; as any other identity it makes no
+// call and says how to act as one.
+func withOperator(g *globals, fn func(authorityv1.AuthorityServiceClient) error) error {
+	op, err := asOperator(g)
+	if err != nil {
+		return err
+	}
+	return withAuthority(op, func(client authorityv1.AuthorityServiceClient, self *caller) error {
+		if self.id.Kind != identity.KindOperator {
+			return needOperator(self.id)
+		}
+		return fn(client)
+	})
+}
+
+// needOperator says that the fleet is an operator's to see and drain, and
+// how to act as one.
+func needOperator(self identity.ID) error {
+	return usageError{fmt.Errorf("the fleet needs an operator identity, and this is %s: pass --as operator/NAME (airlock pki issue --dir DIR --id operator/NAME issues one)", self.Principal())}
 }

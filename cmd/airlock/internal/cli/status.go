@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/airlockhq/airlock/cmd/airlock/internal/cmdutil"
 	"github.com/airlockhq/airlock/pkg/clientconfig"
@@ -54,7 +56,7 @@ func newStatus(g *globals) *cobra.Command {
 	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Show each service's health, checked over mTLS",
+		Short: "Show each service's health, checked over mTLS, and the fleet's executors (as an operator)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := g.ClientConfig()
@@ -73,10 +75,20 @@ func newStatus(g *globals) *cobra.Command {
 			if cache != nil {
 				out["image_cache"] = cache
 			}
+			fleet, fleetNote := fleetOf(ctx, g, report)
+			if fleet != nil {
+				data, err := protojson.Marshal(fleet)
+				if err != nil {
+					return err
+				}
+				out["fleet"] = json.RawMessage(data)
+			} else {
+				out["fleet_note"] = fleetNote
+			}
 			if err := g.Print(out, func(w io.Writer) {
 				fmt.Fprintln(w, "SERVICE\tADDRESS\tSTATUS\tERROR")
 				for _, h := range report {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", h.Service, termtext.Line(h.Address), termtext.Line(h.Status), termtext.Line(h.Error))
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", serviceLabel(h.Service), termtext.Line(h.Address), termtext.Line(h.Status), termtext.Line(h.Error))
 				}
 				for _, h := range report {
 					for _, c := range runtimeClasses {
@@ -90,6 +102,14 @@ func newStatus(g *globals) *cobra.Command {
 				}
 				if cache != nil {
 					writeImageCache(w, cache)
+				}
+				if fleet == nil {
+					fmt.Fprintf(w, "\nfleet: %s\n", termtext.Line(fleetNote))
+					return
+				}
+				fmt.Fprintf(w, "\nfleet: %s\n", fleetSummary(fleet.GetExecutors()))
+				if len(fleet.GetExecutors()) > 0 {
+					writeExecutorTable(w, fleet.GetExecutors(), time.Now())
 				}
 			}); err != nil {
 				return err
@@ -106,9 +126,56 @@ func newStatus(g *globals) *cobra.Command {
 	return cmd
 }
 
+// serviceLabel names a service in status's table: the executor checked
+// is the one the client config names, which in a fleet is one of many
+// (the fleet's lines show them all).
+func serviceLabel(service string) string {
+	if service == identity.ServiceExecutor {
+		return service + " (client config)"
+	}
+	return service
+}
+
+// fleetOf is the fleet as the authority lists it to an operator
+// (asOperator), or, when that cannot be read, a note saying why: the
+// caller is no operator, the authority is not serving, or its error.
+func fleetOf(ctx context.Context, g *globals, report []serviceHealth) (*authorityv1.ListExecutorsResponse, string) {
+	for _, h := range report {
+		if h.Service == identity.ServiceAuthority && h.Status != healthpb.HealthCheckResponse_SERVING.String() {
+			return nil, "not shown: the authority is not serving"
+		}
+	}
+	op, err := asOperator(g)
+	if err != nil {
+		return nil, "not shown: " + err.Error()
+	}
+	var out *authorityv1.ListExecutorsResponse
+	note := ""
+	err = withAuthority(op, func(client authorityv1.AuthorityServiceClient, self *caller) error {
+		if self.id.Kind != identity.KindOperator {
+			note = "not shown: it needs an operator identity (--as operator/NAME), and this is " + self.id.Principal()
+			return nil
+		}
+		resp, err := client.ListExecutors(ctx, &authorityv1.ListExecutorsRequest{})
+		out = resp
+		return err
+	})
+	if err != nil {
+		return nil, "not shown: " + err.Error()
+	}
+	return out, note
+}
+
 // checkAll asks every configured service for its health, concurrently.
+// The executor is left out when the client config names none: the
+// authority's fleet is where executors are found.
 func checkAll(ctx context.Context, cfg *clientconfig.Config, src *tlsconfig.Source) []serviceHealth {
-	names := identity.ServiceNames()
+	var names []string
+	for _, name := range identity.ServiceNames() {
+		if _, err := cfg.Address(name); err == nil || name != identity.ServiceExecutor {
+			names = append(names, name)
+		}
+	}
 	out := make([]serviceHealth, len(names))
 	done := make(chan struct{}, len(names))
 	for i, name := range names {

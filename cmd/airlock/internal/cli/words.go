@@ -2,7 +2,11 @@ package cli
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/airlockhq/airlock/pkg/termtext"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
@@ -49,6 +53,22 @@ func networkStateWord(s typesv1.NetworkPolicyState) string {
 
 func runtimeClassWord(c typesv1.RuntimeClass) string {
 	return enumWord(c.String(), "RUNTIME_CLASS_", false)
+}
+
+func executorStateWord(s authorityv1.ExecutorState) string {
+	return enumWord(s.String(), "EXECUTOR_STATE_", false)
+}
+
+// executorState is an executor's state as every command shows it: up or
+// lost, with an up executor that is draining shown as draining.
+func executorState(e *authorityv1.Executor) string {
+	switch {
+	case !e.GetDraining():
+		return executorStateWord(e.GetState())
+	case e.GetState() == authorityv1.ExecutorState_EXECUTOR_STATE_UP:
+		return "draining"
+	}
+	return executorStateWord(e.GetState()) + ", draining"
 }
 
 func partWord(p authorityv1.ReviewPart) string { return enumWord(p.String(), "REVIEW_PART_", false) }
@@ -105,6 +125,27 @@ func humanBytes(n int64) string {
 		return fmt.Sprintf("%.1fKiB", float64(n)/(1<<10))
 	}
 	return fmt.Sprintf("%dB", n)
+}
+
+// cores is CPU millis as cores: 1500 is 1.5.
+func cores(millis int64) string { return strconv.FormatFloat(float64(millis)/1000, 'f', -1, 64) }
+
+// ago is how long before now t was, in its largest whole unit: "12s ago",
+// "5m ago", "3h ago", "2d ago"; "never" for no time.
+func ago(t *timestamppb.Timestamp, now time.Time) string {
+	if t.AsTime().Unix() <= 0 {
+		return "never"
+	}
+	d := max(now.Sub(t.AsTime()), 0)
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds ago", int(d/time.Second))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm ago", int(d/time.Minute))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh ago", int(d/time.Hour))
+	}
+	return fmt.Sprintf("%dd ago", int(d/(24*time.Hour)))
 }
 
 func orDash(s string) string {
