@@ -54,7 +54,7 @@ func (f *fakeAuthority) executor(name string) (*authorityv1.Executor, error) {
 // errNoExecutor is the authority's answer (its store's words) naming no
 // executor of the fleet.
 func errNoExecutor(name string) error {
-	return status.Errorf(codes.NotFound, "not found: executor %q", name)
+	return status.Errorf(codes.NotFound, "not found: no executor %q in the fleet", name)
 }
 
 func (f *fakeAuthority) ListExecutors(ctx context.Context, _ *authorityv1.ListExecutorsRequest) (*authorityv1.ListExecutorsResponse, error) {
@@ -222,7 +222,7 @@ func TestExecutorNotFound(t *testing.T) {
 	cfg := serveFake(t, &fakeAuthority{executors: testFleet()})
 	for _, args := range [][]string{{"get", "nope"}, {"drain", "nope"}, {"undrain", "nope"}, {"drain", "nope", "--wait"}} {
 		code, out, errOut := runCLI(t, cfg, nil, append([]string{"executor"}, args...)...)
-		if want := "airlock: not found: executor \"nope\"\n"; code != 1 || errOut != want || out != "" {
+		if want := "airlock: not found: no executor \"nope\" in the fleet\n"; code != 1 || errOut != want || out != "" {
 			t.Errorf("executor %v: exit %d, stdout %q, stderr %q; want exit 1, %q", args, code, out, errOut, want)
 		}
 	}
