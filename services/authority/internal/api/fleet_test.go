@@ -272,3 +272,37 @@ func mustExecutor(t *testing.T, td, name string) identity.ID {
 	}
 	return id
 }
+
+// TestSessionOnLostExecutor: a session whose executor is lost stays, shown
+// suspended (executor_lost) rather than ended, and a cancel of it ends it
+// at the authority at once.
+func TestSessionOnLostExecutor(t *testing.T) {
+	h := newHarness(t)
+	h.quietDefault()
+	e1 := h.addExecutor("e1", bigReport(policy.RuntimeRunc))
+	dev := h.client(devID)
+	sp := spec()
+	sp.Command = nil
+	sp.Session = &typesv1.SessionSpec{}
+	cs, err := dev.CreateSession(t.Context(), &authorityv1.CreateSessionRequest{Tenant: "dev", Spec: sp, IdempotencyKey: "s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := cs.GetSession().GetJobId()
+	h.waitState(dev, id, authorityv1.JobState_JOB_STATE_RUNNING)
+	h.setReport(e1, bigReport(policy.RuntimeRunc), true)
+	e1.stop() // gone
+	eventually(t, "e1 to be lost", func() bool {
+		m, _, _ := h.auth.fleet.Lookup(t.Context(), e1.id.String())
+		return m.Lost
+	})
+	gs, err := dev.GetSession(t.Context(), &authorityv1.GetSessionRequest{SessionId: id})
+	if err != nil || gs.GetSession().GetState() != authorityv1.JobState_JOB_STATE_RUNNING || !gs.GetSuspended() ||
+		gs.GetSuspendReason() != typesv1.TerminationReason_TERMINATION_REASON_EXECUTOR_LOST {
+		t.Fatalf("the session on a lost executor: %v, %v", gs, err)
+	}
+	c, err := dev.CancelSession(t.Context(), &authorityv1.CancelSessionRequest{SessionId: id, Reason: "give up"})
+	if err != nil || c.GetSession().GetState() != authorityv1.JobState_JOB_STATE_CANCELLED || !strings.Contains(c.GetSession().GetMessage(), "its executor e1 is lost") {
+		t.Fatalf("cancel on a lost executor: %v, %v", c, err)
+	}
+}

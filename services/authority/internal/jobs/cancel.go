@@ -71,6 +71,16 @@ func (s *Service) Cancel(ctx context.Context, caller identity.ID, id, reason str
 			j.State, j.Message = store.StateCancelled, who+" (the executor had no run for it)"
 			return nil
 		})
+	case s.lostExecutor(ctx, j.Executor):
+		// Its executor is lost: the job ends here, and the executor is
+		// told to stop the run when it comes back (its heartbeat's answer).
+		return s.update(ctx, id, func(j *store.Job) error {
+			if j.State.Terminal() {
+				return errUnchanged
+			}
+			j.State, j.Message = store.StateCancelled, who+fmt.Sprintf(" (its executor %s is lost; the run is stopped if it comes back)", executorName(j.Executor))
+			return nil
+		})
 	default:
 		return store.Job{}, fmt.Errorf("%w: the executor could not be reached to cancel the job; try again", errdefs.ErrUnavailable)
 	}

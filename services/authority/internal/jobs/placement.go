@@ -116,10 +116,10 @@ func (s *Service) leaveLost(ctx context.Context, m fleet.Member) error {
 		case gerr == nil && g.Session != nil && s.now().Before(j.CreatedAt.Add(g.Limits.Deadline)):
 			// Suspended while its executor is away.
 		default:
-			why := fmt.Sprintf(ReasonExecutorLost+": executor %s stopped answering (last heard from at %s); the job may have had effects, so it is not run again",
+			why := fmt.Sprintf(lostWord+": executor %s stopped answering (last heard from at %s); the job may have had effects, so it is not run again",
 				m.Name, m.LastSeen.Format(time.RFC3339))
 			if gerr == nil && g.Session != nil {
-				why = fmt.Sprintf(ReasonExecutorLost+": executor %s stopped answering (last heard from at %s) and the session's deadline passed before it came back",
+				why = fmt.Sprintf(lostWord+": executor %s stopped answering (last heard from at %s) and the session's deadline passed before it came back",
 					m.Name, m.LastSeen.Format(time.RFC3339))
 			}
 			if _, err := s.endLost(ctx, j.ID, m.ID, why); err != nil {
@@ -151,13 +151,13 @@ func (s *Service) endLost(ctx context.Context, id, executor, why string) (store.
 	return j, err
 }
 
-// ReasonExecutorLost is the suspension reason of a session whose executor
+// lostWord is the suspension reason of a session whose executor
 // is lost, and the ending of a job that executor ran.
-const ReasonExecutorLost = "executor_lost"
+const lostWord = "executor_lost"
 
-// reasonExecutorRestarted is the executor's suspension reason for a
+// executorRestarted is the executor's suspension reason for a
 // session it found again when it started.
-const reasonExecutorRestarted = "executor_restarted"
+const executorRestarted = "executor_restarted"
 
 // ExecutorReturned resumes, in the background, the sessions placed on
 // executor id (a SPIFFE ID) that it suspended because it restarted while
@@ -177,7 +177,7 @@ func (s *Service) ExecutorReturned(id string) {
 				continue
 			}
 			st, err := ex.RunStatus(s.ctx, j.ID)
-			if err != nil || !st.Suspended || st.SuspendReason != reasonExecutorRestarted {
+			if err != nil || !st.Suspended || st.SuspendReason != executorRestarted {
 				continue
 			}
 			if err := ex.Resume(s.ctx, j.ID); err != nil {
@@ -231,4 +231,10 @@ func (s *Service) place(ctx context.Context, j store.Job, g GrantRequest) (fleet
 	}
 	s.metrics.placed(outcome, time.Since(start))
 	return m, why, err
+}
+
+// lostExecutor says whether the fleet has lost executor id.
+func (s *Service) lostExecutor(ctx context.Context, id string) bool {
+	m, ok, err := s.cfg.Fleet.Lookup(ctx, id)
+	return err == nil && ok && m.Lost
 }

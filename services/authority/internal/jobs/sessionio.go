@@ -49,10 +49,10 @@ func (s *Service) SessionState(ctx context.Context, j store.Job) (SessionView, e
 		case err == nil:
 			v.Suspended, v.SuspendReason = st.Suspended, st.SuspendReason
 		case executorLost(err):
-			if m, ok, lerr := s.cfg.Fleet.Lookup(ctx, j.Executor); lerr == nil && ok && m.Lost {
+			if s.lostExecutor(ctx, j.Executor) {
 				// Its executor is away: the session waits for it, to
 				// resume when it returns or end at its deadline.
-				v.Suspended, v.SuspendReason = true, ReasonExecutorLost
+				v.Suspended, v.SuspendReason = true, lostWord
 			}
 		}
 	}
