@@ -10,9 +10,10 @@ import (
 	"time"
 )
 
-// snapTTL is how long one read of the fleet serves placements: executors
-// report every few seconds, and what this replica placed since is counted
-// by its reservations.
+// snapTTL is how long one read of the fleet (and of the unfinished jobs
+// placed on each executor) serves placements: executors report every few
+// seconds, and what this replica placed since is counted by its
+// reservations.
 const snapTTL = 500 * time.Millisecond
 
 // Need is what a job asks of the executor it is placed on.
@@ -48,18 +49,23 @@ func (f *Fleet) Place(ctx context.Context, job string, need Need) (Member, strin
 	if err != nil {
 		return Member{}, "", err
 	}
-	placements, err := f.cfg.Store.Placements(ctx)
-	if err != nil {
-		return Member{}, "", err
-	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	// The tenant's unfinished jobs per executor, as last read, and what
+	// this replica placed since.
 	tenantJobs := map[string]int64{}
-	for _, p := range placements {
+	for _, p := range f.placements {
 		if p.Tenant == need.Tenant {
 			tenantJobs[p.Executor] += p.Jobs
 		}
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	for _, m := range members {
+		for _, r := range f.reserved[m.Name] {
+			if r.need.Tenant == need.Tenant {
+				tenantJobs[m.ID]++
+			}
+		}
+	}
 	best, why := choose(members, need, tenantJobs, f.reservedLocked, f.full)
 	if best == nil {
 		return Member{}, why, nil
@@ -132,6 +138,10 @@ func (f *Fleet) snapshot(ctx context.Context) ([]Member, error) {
 	if err != nil {
 		return nil, err
 	}
+	placements, err := f.cfg.Store.Placements(ctx)
+	if err != nil {
+		return nil, err
+	}
 	members := make([]Member, 0, len(recs))
 	for _, rec := range recs {
 		m, err := memberOf(rec)
@@ -142,7 +152,7 @@ func (f *Fleet) snapshot(ctx context.Context) ([]Member, error) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.snap, f.snapAt = members, f.cfg.Now()
+	f.snap, f.placements, f.snapAt = members, placements, f.cfg.Now()
 	// Reservations the executors' reports now count, and hold-offs their
 	// reports ended, are dropped.
 	seen := map[string]time.Time{}

@@ -66,14 +66,15 @@ type Fleet struct {
 	mu sync.Mutex
 	// snap is the last read of the fleet, reused for placement within
 	// snapTTL.
-	snap   []Member
-	snapAt time.Time
+	snap       []Member
+	placements []store.Placement
+	snapAt     time.Time
 	// reserved is what this replica placed on each executor (by name)
 	// since the executor's report, which may not count it yet.
 	reserved map[string][]reservation
 	// full holds off an executor that refused a job for lack of capacity
 	// until its next report (the LastSeen it had).
-	full map[string]time.Time
+	full     map[string]time.Time
 	observed metric.Registration
 	// onReturn is told of an executor that came back from lost or
 	// restarted (its SPIFFE ID).
