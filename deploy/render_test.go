@@ -131,6 +131,9 @@ func decodeAll(manifest string) (*rendered, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: %v\n%s", k, err, doc)
 		}
+		if string(js) == "null" {
+			continue // only comments: a template that rendered nothing
+		}
 		var tm metav1.TypeMeta
 		if err := json.Unmarshal(js, &tm); err != nil {
 			return nil, fmt.Errorf("%s: %v", k, err)
