@@ -517,46 +517,35 @@ func flatten(prefix string, m map[string]any, out *[]string) {
 
 func container(t *testing.T, spec corev1.PodSpec, n string) corev1.Container {
 	t.Helper()
-	for _, c := range spec.Containers {
-		if c.Name == n {
-			return c
-		}
-	}
-	t.Fatalf("no container %s", n)
-	return corev1.Container{}
+	return named(t, spec.Containers, func(c corev1.Container) string { return c.Name }, "container", n)
 }
 
 func initContainer(t *testing.T, spec corev1.PodSpec, n string) corev1.Container {
 	t.Helper()
-	for _, c := range spec.InitContainers {
-		if c.Name == n {
-			return c
-		}
-	}
-	t.Fatalf("no init container %s", n)
-	return corev1.Container{}
+	return named(t, spec.InitContainers, func(c corev1.Container) string { return c.Name }, "init container", n)
 }
 
 func volume(t *testing.T, spec corev1.PodSpec, n string) corev1.Volume {
 	t.Helper()
-	for _, v := range spec.Volumes {
-		if v.Name == n {
-			return v
-		}
-	}
-	t.Fatalf("no volume %s", n)
-	return corev1.Volume{}
+	return named(t, spec.Volumes, func(v corev1.Volume) string { return v.Name }, "volume", n)
 }
 
 func mount(t *testing.T, c corev1.Container, n string) corev1.VolumeMount {
 	t.Helper()
-	for _, m := range c.VolumeMounts {
-		if m.Name == n {
-			return m
+	return named(t, c.VolumeMounts, func(m corev1.VolumeMount) string { return m.Name }, c.Name+" mount", n)
+}
+
+// named is the item of items called n.
+func named[T any](t *testing.T, items []T, nameOf func(T) string, what, n string) T {
+	t.Helper()
+	for _, it := range items {
+		if nameOf(it) == n {
+			return it
 		}
 	}
-	t.Fatalf("container %s does not mount %s", c.Name, n)
-	return corev1.VolumeMount{}
+	t.Fatalf("no %s %s", what, n)
+	var zero T
+	return zero
 }
 
 func portIn(ports []networkingv1.NetworkPolicyPort, port int) bool {

@@ -138,70 +138,52 @@ func decodeAll(manifest string) (*rendered, error) {
 		if err := json.Unmarshal(js, &tm); err != nil {
 			return nil, fmt.Errorf("%s: %v", k, err)
 		}
-		var name string
-		decode := func(out interface{ GetName() string }) error {
-			if err := strictJSON(js, out); err != nil {
-				return fmt.Errorf("%s %s: %v\n%s", tm.APIVersion, tm.Kind, err, doc)
-			}
-			name = out.GetName()
-			if name == "" {
-				return fmt.Errorf("%s %s without a name", tm.APIVersion, tm.Kind)
-			}
-			return nil
-		}
-		var dup bool
 		switch gvk := tm.APIVersion + " " + tm.Kind; gvk {
 		case "apps/v1 Deployment":
-			o := &appsv1.Deployment{}
-			err = decode(o)
-			_, dup = r.deployments[name]
-			r.deployments[name] = o
+			err = put(r.deployments, js)
 		case "apps/v1 DaemonSet":
-			o := &appsv1.DaemonSet{}
-			err = decode(o)
-			_, dup = r.daemonSets[name]
-			r.daemonSets[name] = o
+			err = put(r.daemonSets, js)
 		case "v1 Service":
-			o := &corev1.Service{}
-			err = decode(o)
-			_, dup = r.services[name]
-			r.services[name] = o
+			err = put(r.services, js)
 		case "v1 ConfigMap":
-			o := &corev1.ConfigMap{}
-			err = decode(o)
-			_, dup = r.configMaps[name]
-			r.configMaps[name] = o
+			err = put(r.configMaps, js)
 		case "v1 ServiceAccount":
-			o := &corev1.ServiceAccount{}
-			err = decode(o)
-			_, dup = r.serviceAccounts[name]
-			r.serviceAccounts[name] = o
+			err = put(r.serviceAccounts, js)
 		case "policy/v1 PodDisruptionBudget":
-			o := &policyv1.PodDisruptionBudget{}
-			err = decode(o)
-			_, dup = r.pdbs[name]
-			r.pdbs[name] = o
+			err = put(r.pdbs, js)
 		case "networking.k8s.io/v1 NetworkPolicy":
-			o := &networkingv1.NetworkPolicy{}
-			err = decode(o)
-			_, dup = r.netpols[name]
-			r.netpols[name] = o
+			err = put(r.netpols, js)
 		case "spire.spiffe.io/v1alpha1 ClusterSPIFFEID":
-			o := &clusterSPIFFEID{}
-			err = decode(o)
-			_, dup = r.spiffeIDs[name]
-			r.spiffeIDs[name] = o
+			err = put(r.spiffeIDs, js)
 		default:
 			return nil, fmt.Errorf("%s: kind %q this test does not know\n%s", k, gvk, doc)
 		}
 		if err != nil {
-			return nil, err
-		}
-		if dup {
-			return nil, fmt.Errorf("%s %s %s rendered twice", tm.APIVersion, tm.Kind, name)
+			return nil, fmt.Errorf("%s %s: %v\n%s", tm.APIVersion, tm.Kind, err, doc)
 		}
 	}
 	return r, nil
+}
+
+// put decodes one object strictly into a new T and files it by name; a
+// name rendered twice is an error.
+func put[T any, PT interface {
+	*T
+	GetName() string
+}](m map[string]*T, js []byte) error {
+	o := PT(new(T))
+	if err := strictJSON(js, o); err != nil {
+		return err
+	}
+	n := o.GetName()
+	if n == "" {
+		return fmt.Errorf("no name")
+	}
+	if _, dup := m[n]; dup {
+		return fmt.Errorf("%s rendered twice", n)
+	}
+	m[n] = o
+	return nil
 }
 
 // strictJSON decodes one JSON value into out, refusing unknown fields and
