@@ -9,8 +9,6 @@ import (
 	"sync"
 	"testing"
 
-	"gopkg.in/yaml.v3"
-
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/pki"
 )
@@ -18,13 +16,9 @@ import (
 // TestRenderedConfigsPassCheckConfig runs each service's own
 // --check-config on the config the chart renders, with the files the
 // config names made for real under a temp dir (a throwaway CA and each
-// service's pair, the grant keys, the PostgreSQL CA, stand-in runtimes):
-// the services' strict decoding and validation, not a copy of them.
-//
-// The chart is written to the executor fleet's config contract, which the
-// binaries of this tree may predate: the authority's fleet section (and
-// its executor.address, and the publisher's, gone from it). fleetDelta says which
-// refusals of an older binary are those and nothing else.
+// service's pair, the grant keys, the PostgreSQL CA, stand-in runtimes),
+// and the flags each pod passes: the services' strict decoding and
+// validation, not a copy of them.
 func TestRenderedConfigsPassCheckConfig(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the three service binaries")
@@ -82,62 +76,33 @@ func TestRenderedConfigsPassCheckConfig(t *testing.T) {
 				"/var/lib/airlock/", filepath.Join(dir, "var")+"/",
 				"/usr/local/lib/airlock/", filepath.Join(dir, "bin")+"/",
 			).Replace(r.configMaps[name(part)].Data[part+".yaml"])
-			out, err := checkConfig(t, bin, part, filepath.Join(dir, part+".yaml"), body)
-			if err == nil {
-				return
-			}
-			older, want := fleetDelta[part]
-			if !want {
-				t.Fatalf("%s --check-config refused the rendered config: %v\n%s\n%s", part, err, out, body)
-			}
-			t.Logf("%s predates the fleet contract (%s); checking the rest", part, strings.TrimSpace(out))
-			body = older.strip(t, body)
-			out, err = checkConfig(t, bin, part, filepath.Join(dir, part+".yaml"), body)
-			if err == nil {
-				return
-			}
-			for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-				if !strings.Contains(line, ": "+older.refusal+":") {
-					t.Errorf("%s --check-config: %s\n(only %q is the fleet contract's delta)\n%s", part, line, older.refusal, body)
+			// The flags the pod passes besides --config, with the pod's
+			// address the downward API would give.
+			var flags []string
+			if part == "executor" {
+				args := r.daemonSets[name(part)].Spec.Template.Spec.Containers[0].Args
+				for i := 0; i < len(args); i++ {
+					if args[i] == "--config" {
+						i++
+						continue
+					}
+					flags = append(flags, strings.ReplaceAll(args[i], "$(POD_IP)", "10.244.1.7"))
 				}
+				if len(flags) == 0 {
+					t.Fatal("the executor's pod passes no --advertise: the authority could not dial it")
+				}
+			}
+			if out, err := checkConfig(t, bin, part, filepath.Join(dir, part+".yaml"), body, flags...); err != nil {
+				t.Fatalf("%s --check-config refused the rendered config: %v\n%s\n%s", part, err, out, body)
 			}
 		})
 	}
 }
 
-// delta is how a binary without the fleet contract differs: the rendered
-// fields it does not know, and the one refusal left once they are gone.
-type delta struct {
-	fields  []string
-	refusal string
-}
-
-var fleetDelta = map[string]delta{
-	"authority": {fields: []string{"fleet"}, refusal: "executor.address"},
-	"publisher": {refusal: "executor.address"},
-}
-
-// strip removes d.fields from the config body.
-func (d delta) strip(t *testing.T, body string) string {
-	t.Helper()
-	var m map[string]any
-	if err := yaml.Unmarshal([]byte(body), &m); err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range d.fields {
-		delete(m, f)
-	}
-	out, err := yaml.Marshal(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(out)
-}
-
-func checkConfig(t *testing.T, bin, part, path, body string) (string, error) {
+func checkConfig(t *testing.T, bin, part, path, body string, flags ...string) (string, error) {
 	t.Helper()
 	write(t, path, []byte(body), 0o600)
-	cmd := exec.Command(filepath.Join(bin, part), "--check-config", "--config", path)
+	cmd := exec.Command(filepath.Join(bin, part), append([]string{"--check-config", "--config", path}, flags...)...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
