@@ -22,6 +22,19 @@ import (
 // must prove it is server. The connection is refused at handshake if the
 // server presents any other identity.
 func Dial(address string, src *tlsconfig.Source, server identity.ID, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	return dial("passthrough:///", address, src, server, opts...)
+}
+
+// DialReplicas is Dial for a service that may run as several replicas
+// behind one name: every address the name resolves to (DNS A and AAAA
+// records, re-resolved when a connection breaks) is connected to and the
+// calls spread over those that are up, so one replica going away moves the
+// calls to the others at once. Each replica must still prove it is server.
+func DialReplicas(address string, src *tlsconfig.Source, server identity.ID, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	return dial("dns:///", address, src, server, append([]grpc.DialOption{grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`)}, opts...)...)
+}
+
+func dial(scheme, address string, src *tlsconfig.Source, server identity.ID, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	if address == "" {
 		return nil, fmt.Errorf("grpcclient: no address for %s", server)
 	}
@@ -38,7 +51,7 @@ func Dial(address string, src *tlsconfig.Source, server identity.ID, opts ...grp
 			MinConnectTimeout: 5 * time.Second,
 		}),
 	}
-	cc, err := grpc.NewClient("passthrough:///"+address, append(base, opts...)...)
+	cc, err := grpc.NewClient(scheme+address, append(base, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("grpcclient: dial %s (%s): %w", address, server, err)
 	}

@@ -108,7 +108,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			if err != nil {
 				return err
 			}
-			cc, err := grpcclient.Dial(cfg.Authority.Address, env.TLS, env.PeerID(identity.ServiceAuthority))
+			cc, err := grpcclient.DialReplicas(cfg.Authority.Address, env.TLS, env.PeerID(identity.ServiceAuthority))
 			if err != nil {
 				return err
 			}
