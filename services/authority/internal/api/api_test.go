@@ -74,7 +74,7 @@ func TestSubmitDispatchesSignedGrant(t *testing.T) {
 		RuntimeClass:            typesv1.RuntimeClass_RUNTIME_CLASS_RUNC,
 		PublishTarget:           s.GetPublishTarget(),
 		GitHistoryDepth:         1,
-		User:                    &typesv1.JobUser{}, // root, dev's default, signed explicitly
+		User:                    &typesv1.JobUser{},  // root, dev's default, signed explicitly
 		Executor:                executorID.String(), // the fleet's one executor, named in the grant
 		IssuedAt:                g.GetIssuedAt(),
 		ExpiresAt:               g.GetExpiresAt(),

@@ -39,7 +39,7 @@ type Config struct {
 	Source  Source
 	// Images resolves and reads jobs' OCI images; nil refuses every job
 	// that names one (the host template still runs).
-	Images   Images
+	Images Images
 	Signer Signer
 	// Fleet places jobs on executors and knows which are lost; Executors
 	// reaches each by its SPIFFE ID. A job's executor is recorded when it

@@ -137,18 +137,18 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			imgs := images.New()
 			env.OnStop(func() error { imgs.Close(); return nil })
 			svc, err := jobs.New(jobs.Config{
-				Store:    st,
-				Tenants:  cfg.Policy,
-				Source:   src,
-				Images:   imgs,
-				Signer:   executorclient.NewSigner(key),
-				Fleet:    fl, Executors: pool, Self: self, Replica: replica, LostResult: executorclient.LostResult(),
+				Store:   st,
+				Tenants: cfg.Policy,
+				Source:  src,
+				Images:  imgs,
+				Signer:  executorclient.NewSigner(key),
+				Fleet:   fl, Executors: pool, Self: self, Replica: replica, LostResult: executorclient.LostResult(),
 				SweepInterval: cfg.Fleet.HeartbeatInterval,
 				GrantTTL:      cfg.GrantTTL,
-				Auditors: cfg.Audit.Auditors,
-				Refusals: refusals,
-				Meter:    env.Meter,
-				Logger:   env.Logger,
+				Auditors:      cfg.Audit.Auditors,
+				Refusals:      refusals,
+				Meter:         env.Meter,
+				Logger:        env.Logger,
 			})
 			if err != nil {
 				return err
@@ -200,4 +200,3 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		},
 	})
 }
-

@@ -98,4 +98,3 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		},
 	})
 }
-
