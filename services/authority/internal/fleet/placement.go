@@ -134,21 +134,9 @@ func (f *Fleet) snapshot(ctx context.Context) ([]Member, error) {
 		return f.snap, nil
 	}
 	f.mu.Unlock()
-	recs, err := f.cfg.Store.ListExecutors(ctx)
+	members, placements, err := f.read(ctx)
 	if err != nil {
 		return nil, err
-	}
-	placements, err := f.cfg.Store.Placements(ctx)
-	if err != nil {
-		return nil, err
-	}
-	members := make([]Member, 0, len(recs))
-	for _, rec := range recs {
-		m, err := memberOf(rec)
-		if err != nil {
-			return nil, err
-		}
-		members = append(members, m)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -252,11 +252,7 @@ func (r *Report) check() error {
 
 // List returns the fleet by name, each with what is placed on it.
 func (f *Fleet) List(ctx context.Context) ([]Member, error) {
-	recs, err := f.cfg.Store.ListExecutors(ctx)
-	if err != nil {
-		return nil, err
-	}
-	placements, err := f.cfg.Store.Placements(ctx)
+	members, placements, err := f.read(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -264,16 +260,31 @@ func (f *Fleet) List(ctx context.Context) ([]Member, error) {
 	for _, p := range placements {
 		placed[p.Executor] += p.Jobs
 	}
-	out := make([]Member, 0, len(recs))
+	for i := range members {
+		members[i].Placed = placed[members[i].ID]
+	}
+	return members, nil
+}
+
+// read reads the fleet and the unfinished jobs placed on each executor.
+func (f *Fleet) read(ctx context.Context) ([]Member, []store.Placement, error) {
+	recs, err := f.cfg.Store.ListExecutors(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	placements, err := f.cfg.Store.Placements(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	members := make([]Member, 0, len(recs))
 	for _, rec := range recs {
 		m, err := memberOf(rec)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		m.Placed = placed[m.ID]
-		out = append(out, m)
+		members = append(members, m)
 	}
-	return out, nil
+	return members, placements, nil
 }
 
 // Get returns executor name and the ids of the jobs placed on it that have
