@@ -216,6 +216,12 @@ func TestHeartbeatBounds(t *testing.T) {
 		{"too many runs", e1.addr, fleet.Report{Runs: make([]string, 4097)}, "report.runs: 4097 entries, at most 4096"},
 		{"huge entry", e1.addr, fleet.Report{Images: []string{strings.Repeat("x", 300)}}, "report.images: an entry of 300 bytes"},
 		{"negative capacity", e1.addr, fleet.Report{Capacity: fleet.Capacity{MemoryFree: -1}}, "report.capacity: a negative figure"},
+		// More free than it has would buy it every placement.
+		{"more free than total", e1.addr, fleet.Report{Capacity: fleet.Capacity{MemoryBytes: 1, MemoryFree: 1 << 50}}, "report.capacity: 1125899906842624 of memory free, more than its total 1"},
+		{"unspecified address", "0.0.0.0:7402", bigReport(), "cannot be dialled"},
+		{"port 0", "10.0.0.1:0", bigReport(), "port must be 1 to 65535"},
+		{"escapes in the host", "evil\x07host:7402", bigReport(), "neither an IP address nor a DNS name"},
+		{"long address", strings.Repeat("a", 260) + ":1", bigReport(), "262 bytes, at most 255"},
 	} {
 		_, err := h.auth.fleet.Heartbeat(t.Context(), e1.id, tc.address, tc.report)
 		if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.says) {

@@ -216,7 +216,9 @@ func choose(members []Member, need Need, tenantJobs map[string]int64, reserved f
 		}
 		score -= float64(tenantJobs[m.ID])
 		if c.MemoryBytes > 0 {
-			score += float64(c.MemoryFree-r.memory) / float64(c.MemoryBytes)
+			// At most 1: a report of more free than total is refused, and
+			// this only orders otherwise equal executors.
+			score += min(float64(c.MemoryFree-r.memory)/float64(c.MemoryBytes), 1)
 		}
 		if best == nil || score > bestScore || (score == bestScore && m.Name < best.Name) {
 			best, bestScore = m, score

@@ -6,14 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/airlockhq/airlock/pkg/audit"
-	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
@@ -136,7 +138,7 @@ func (f *Fleet) Heartbeat(ctx context.Context, caller identity.ID, address strin
 	if !caller.IsExecutor() {
 		return Answer{}, fmt.Errorf("%w: %s is not an executor", errdefs.ErrPermissionDenied, caller)
 	}
-	if err := config.CheckAddress(address); err != nil {
+	if err := checkAddress(address); err != nil {
 		return Answer{}, fmt.Errorf("%w: address: %v", errdefs.ErrInvalidArgument, err)
 	}
 	if err := r.check(); err != nil {
@@ -150,8 +152,15 @@ func (f *Fleet) Heartbeat(ctx context.Context, caller identity.ID, address strin
 	var (
 		event     string
 		restarted bool
+		kept      store.Executor
 	)
 	e, err := f.cfg.Store.UpdateExecutorAudited(ctx, name, func(e *store.Executor, found bool) (*audit.Event, error) {
+		if found && e.ID == caller.String() && e.State == store.ExecutorUp && now.Sub(e.LastSeen) < f.cfg.Interval/4 {
+			// Far sooner than asked: answered, not written (an executor
+			// cannot make the authority write faster than its interval).
+			kept = *e
+			return nil, errUnchanged
+		}
 		switch {
 		case !found:
 			e.ID, e.JoinedAt, event = caller.String(), now, audit.KindExecutorJoined
@@ -177,13 +186,16 @@ func (f *Fleet) Heartbeat(ctx context.Context, caller identity.ID, address strin
 		}
 		return &audit.Event{Kind: event, Caller: caller.String(), Subject: name, Outcome: audit.OutcomeAllowed, Reason: reason}, nil
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, errUnchanged):
+		e = kept
+	case err != nil:
 		return Answer{}, err
 	}
 	if event != "" {
 		f.cfg.Logger.Info("executor "+event[len("executor."):], "executor", name, "address", address, "classes", r.Classes)
+		f.forget() // placement sees it at once
 	}
-	f.forget()
 	if (event == audit.KindExecutorReturned || restarted) && f.onReturn != nil {
 		f.onReturn(caller.String())
 	}
@@ -217,6 +229,39 @@ func (f *Fleet) strayRuns(ctx context.Context, caller identity.ID, runs []string
 	return stray, nil
 }
 
+// checkAddress checks the address an executor says it is reached at: a
+// host (an IP address, or a DNS name of letters, digits, dots and
+// hyphens) and a port from 1 to 65535, at most 255 bytes — nothing the
+// audit log or a terminal would show as more than it is. The authority
+// dials it only to talk to that executor, whose certificate it pins.
+func checkAddress(address string) error {
+	if address == "" {
+		return errors.New("required (host:port)")
+	}
+	if len(address) > 255 {
+		return fmt.Errorf("%d bytes, at most 255", len(address))
+	}
+	host, port, err := net.SplitHostPort(address)
+	if err != nil || host == "" {
+		return fmt.Errorf("%q: want host:port", address)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("%q: port must be 1 to 65535", address)
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		if ip.IsUnspecified() {
+			return fmt.Errorf("%q: an unspecified address cannot be dialled", address)
+		}
+		return nil
+	}
+	for _, r := range host {
+		if !('a' <= r && r <= 'z') && !('A' <= r && r <= 'Z') && !('0' <= r && r <= '9') && r != '.' && r != '-' {
+			return fmt.Errorf("%q: the host is neither an IP address nor a DNS name", address)
+		}
+	}
+	return nil
+}
+
 // check bounds what one report may carry.
 func (r *Report) check() error {
 	for _, c := range r.Classes {
@@ -242,6 +287,14 @@ func (r *Report) check() error {
 	for _, v := range []int64{c.MemoryBytes, c.MemoryFree, c.CPUMillis, c.CPUFree, c.DiskBytes, c.DiskFree, c.Jobs, c.JobsFree} {
 		if v < 0 {
 			return errors.New("capacity: a negative figure")
+		}
+	}
+	for _, p := range []struct {
+		what        string
+		free, total int64
+	}{{"memory", c.MemoryFree, c.MemoryBytes}, {"cpu", c.CPUFree, c.CPUMillis}, {"disk", c.DiskFree, c.DiskBytes}, {"jobs", c.JobsFree, c.Jobs}} {
+		if p.free > p.total {
+			return fmt.Errorf("capacity: %d of %s free, more than its total %d", p.free, p.what, p.total)
 		}
 	}
 	if len(r.Version) > maxItemBytes {

@@ -160,24 +160,30 @@ func (s *Service) dispatch(j store.Job) (done bool, err error) {
 			return false, nil
 		}
 	}
-	if j.DispatchedAt.IsZero() {
+	// first says this is the first StartJob the job ever gets: the only
+	// one whose "no room" proves the executor does not have the job (a
+	// later one may answer while an earlier attempt, timed out here, is
+	// still on its way there).
+	first := j.DispatchedAt.IsZero()
+	if first {
 		// Recorded before the first attempt, so a cancel knows the executor
 		// may have the job, FetchSource knows it was sent, and the job is
-		// never placed elsewhere unless this executor refuses it.
+		// never placed elsewhere unless this attempt is refused for room.
+		// Only this replica's claim, on the executor and grant it read,
+		// records it: a replica that lost the claim hands nothing over.
+		placed, grant := j.Executor, string(j.Grant)
 		j, err = s.update(s.ctx, j.ID, func(j *store.Job) error {
-			if j.State != store.StateQueued {
+			if j.State != store.StateQueued || j.ClaimedBy != s.cfg.Replica || j.Executor != placed || string(j.Grant) != grant || !j.DispatchedAt.IsZero() {
 				return errUnchanged
 			}
-			if j.DispatchedAt.IsZero() {
-				j.DispatchedAt = s.now()
-			}
+			j.DispatchedAt = s.now()
 			return nil
 		})
 		if err != nil {
 			return false, err
 		}
-		if j.State != store.StateQueued {
-			return false, nil
+		if j.State != store.StateQueued || j.ClaimedBy != s.cfg.Replica || j.Executor != placed || string(j.Grant) != grant {
+			return false, nil // read the job again
 		}
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, startTimeout)
@@ -187,14 +193,18 @@ func (s *Service) dispatch(j store.Job) (done bool, err error) {
 	case err != nil && s.ctx.Err() != nil:
 		return true, nil
 	case err != nil && errors.Is(err, errdefs.ErrResourceExhausted):
-		// The executor is full: it does not have the job, which may go to
-		// another executor now. It waits at the gate, first in line, and
-		// nobody asks again before a job ends or Retry.Max passes.
+		// The executor is full. After the job's first attempt it surely
+		// does not have the job, which may go to another executor now;
+		// after a later one it waits for this executor. Either way it
+		// waits at the gate, first in line, and nobody asks again before a
+		// job ends or Retry.Max passes.
 		name := executorName(j.Executor)
 		s.cfg.Fleet.Full(name)
-		s.cfg.Fleet.Release(j.ID)
-		if _, uerr := s.unplace(j.ID, j.Executor); uerr != nil {
-			return false, uerr
+		if first {
+			s.cfg.Fleet.Release(j.ID)
+			if _, uerr := s.unplace(j.ID, j.Executor); uerr != nil {
+				return false, uerr
+			}
 		}
 		s.gate.refused(j.ID, j.Tenant, need, s.cfg.Retry.Max)
 		s.cfg.Logger.Debug("executor full", "job", j.ID, "executor", name, "error", err)
@@ -415,6 +425,11 @@ func (s *Service) regrant(j store.Job, m fleet.Member, why string) (store.Job, e
 	return s.updateAudited(s.ctx, j.ID, func(cur *store.Job) error {
 		if cur.State != store.StateQueued || string(cur.Grant) != string(j.Grant) || cur.Executor != j.Executor {
 			return errUnchanged // dispatched, ended, placed or granted anew meanwhile
+		}
+		if m.ID != "" && (!cur.DispatchedAt.IsZero() || cur.ClaimedBy != s.cfg.Replica) {
+			// Handed to its executor meanwhile (which may have it), or
+			// another replica drives it now: never moved.
+			return errUnchanged
 		}
 		cur.Grant, cur.GrantExpiresAt, cur.Executor = g.Wire, req.ExpiresAt, req.Executor
 		if m.ID != "" {

@@ -48,11 +48,11 @@ func needOf(j store.Job, g GrantRequest) fleet.Need {
 // is handed over — placed nowhere yet, or on an executor that is drained
 // or lost while the job was never handed to it — and why, for the log.
 func (s *Service) mustMove(j store.Job, g GrantRequest) (bool, string, error) {
-	if j.Executor == "" || g.Executor != j.Executor {
-		return true, "", nil
-	}
 	if !j.DispatchedAt.IsZero() {
 		return false, "", nil // it may have the job: only its refusal moves it
+	}
+	if j.Executor == "" || g.Executor != j.Executor {
+		return true, "", nil
 	}
 	m, ok, err := s.cfg.Fleet.Lookup(s.ctx, j.Executor)
 	switch {
@@ -72,7 +72,7 @@ func (s *Service) mustMove(j store.Job, g GrantRequest) (bool, string, error) {
 // before the job was handed to it: the next dispatch places it anew.
 func (s *Service) unplace(id, executor string) (store.Job, error) {
 	return s.update(s.ctx, id, func(j *store.Job) error {
-		if j.State != store.StateQueued || j.Executor != executor {
+		if j.State != store.StateQueued || j.Executor != executor || j.ClaimedBy != s.cfg.Replica {
 			return errUnchanged
 		}
 		j.Executor, j.DispatchedAt = "", time.Time{}
@@ -163,6 +163,11 @@ const executorRestarted = "executor_restarted"
 // executor id (a SPIFFE ID) that it suspended because it restarted while
 // it was lost: it is back, and their clients find them running again.
 func (s *Service) ExecutorReturned(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ctx.Err() != nil {
+		return // stopping: Run is waiting for its work to end
+	}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
