@@ -86,6 +86,11 @@ func New(trustDomain string, kind Kind, name string) (ID, error) {
 	return id, nil
 }
 
+// ReservedInstance is the fleet name of the executor whose certificate
+// names no instance; no certificate may name it, so the fleet name is
+// one identity's.
+const ReservedInstance = "default"
+
 // Executor returns the ID of the executor named instance ("" for the one
 // executor of a deployment without a fleet), validated.
 func Executor(trustDomain, instance string) (ID, error) {
@@ -229,6 +234,9 @@ func (id ID) validate() error {
 		}
 		if err := validateName(id.Instance); err != nil {
 			return fmt.Errorf("executor instance: %w", err)
+		}
+		if id.Instance == ReservedInstance {
+			return fmt.Errorf("executor instance: %q names the executor whose certificate names none (spiffe://%s/service/executor)", ReservedInstance, id.TrustDomain)
 		}
 	}
 	return nil

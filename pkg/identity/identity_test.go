@@ -21,6 +21,7 @@ func TestParse(t *testing.T) {
 		{in: "spiffe://airlock.test/service/executor/..", wantErr: "executor instance: name must not start"},
 		{in: "spiffe://airlock.test/service/executor/A", wantErr: "executor instance: name has character"},
 		{in: "spiffe://airlock.test/service/executor/a/b", wantErr: "path must be"},
+		{in: "spiffe://airlock.test/service/executor/default", wantErr: `executor instance: "default" names the executor whose certificate names none`},
 		{in: "spiffe://airlock.test/service/publisher", want: ID{TrustDomain: "airlock.test", Kind: KindService, Name: "publisher"}},
 		{in: "spiffe://airlock.test/client/dev", want: ID{TrustDomain: "airlock.test", Kind: KindClient, Name: "dev"}},
 		{in: "spiffe://airlock.test/approver/alice.smith", want: ID{TrustDomain: "airlock.test", Kind: KindApprover, Name: "alice.smith"}},

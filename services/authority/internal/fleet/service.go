@@ -30,8 +30,8 @@ const (
 
 // SingleName is the fleet name of an executor whose certificate names no
 // instance (spiffe://TD/service/executor): the one executor of a
-// deployment that never named its executors.
-const SingleName = "default"
+// deployment that never named its executors. No certificate may name it.
+const SingleName = identity.ReservedInstance
 
 // Bounds of a report: what one heartbeat may carry.
 const (

@@ -31,20 +31,26 @@ type Client struct {
 	tls *tlsconfig.Source
 
 	mu    sync.Mutex
-	conns map[string]*grpc.ClientConn // by identity and address
+	conns map[string]*conn // by executor identity
+}
+
+// conn is a connection to one executor at one address.
+type conn struct {
+	address string
+	cc      *grpc.ClientConn
 }
 
 // New returns the executor adapter, dialing with src.
 func New(src *tlsconfig.Source) *Client {
-	return &Client{tls: src, conns: map[string]*grpc.ClientConn{}}
+	return &Client{tls: src, conns: map[string]*conn{}}
 }
 
 // Close closes every connection.
 func (e *Client) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for k, cc := range e.conns {
-		_ = cc.Close()
+	for k, c := range e.conns {
+		_ = c.cc.Close()
 		delete(e.conns, k)
 	}
 	return nil
@@ -55,17 +61,20 @@ func (e *Client) conn(executor identity.ID, address string) (*grpc.ClientConn, e
 	if address == "" {
 		return nil, fmt.Errorf("%w: executor %s, which keeps the bundle, is out of reach (lost by the fleet); publish again when it is back", errdefs.ErrUnavailable, executor)
 	}
-	key := executor.String() + " " + address
+	key := executor.String()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if cc := e.conns[key]; cc != nil {
-		return cc, nil
+	if c := e.conns[key]; c != nil && c.address == address {
+		return c.cc, nil
 	}
 	cc, err := grpcclient.Dial(address, e.tls, executor)
 	if err != nil {
 		return nil, err
 	}
-	e.conns[key] = cc
+	if old := e.conns[key]; old != nil {
+		_ = old.cc.Close() // the executor moved
+	}
+	e.conns[key] = &conn{address: address, cc: cc}
 	return cc, nil
 }
 

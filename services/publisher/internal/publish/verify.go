@@ -99,6 +99,8 @@ func VerifyBundle(path string, envelope []byte, want Want, trust Trust) (*Verifi
 		return nil, refuse("grant: for job %q, the approval is for job %q", g.GetJobId(), want.JobID)
 	case g.GetTenant() != want.Tenant:
 		return nil, refuse("grant: for tenant %q, the approval is for tenant %q", g.GetTenant(), want.Tenant)
+	case g.GetExecutor() != want.Executor.String():
+		return nil, refuse("grant: for executor %q, the job ran on %s", g.GetExecutor(), want.Executor)
 	case pv.Statement.Predicate.GrantDigest != grant.Digest(sg):
 		return nil, refuse("provenance names grant %s, the bundle holds %s", pv.Statement.Predicate.GrantDigest, grant.Digest(sg))
 	case pv.Statement.Predicate.JobID != want.JobID:

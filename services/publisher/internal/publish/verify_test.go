@@ -57,7 +57,9 @@ func newWorld(t *testing.T) *world {
 	return w
 }
 
-func signedGrant(t *testing.T, key ed25519.PrivateKey, job, tenant string) *typesv1.SignedGrant {
+// signedGrant is a grant for job of tenant, for executorID unless one is
+// named.
+func signedGrant(t *testing.T, key ed25519.PrivateKey, job, tenant string, executor ...identity.ID) *typesv1.SignedGrant {
 	t.Helper()
 	issued, expires := grant.Timestamps(time.Now().Add(-2*time.Hour), time.Hour) // long expired: a record
 	sg, err := grant.NewSigner(key).Sign(&typesv1.Grant{
@@ -65,7 +67,7 @@ func signedGrant(t *testing.T, key ed25519.PrivateKey, job, tenant string) *type
 		Commit: strings.Repeat("a", 40), Command: []string{"true"},
 		Limits:        &typesv1.ResourceLimits{CpuMillis: 1000, MemoryBytes: 64 << 20, Pids: 32, DiskBytes: 16 << 20, Deadline: durationpb.New(time.Minute)},
 		NetworkPolicy: &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_DenyAll{DenyAll: &typesv1.DenyAll{}}},
-		IssuedAt:      issued, ExpiresAt: expires,
+		IssuedAt:      issued, ExpiresAt: expires, Executor: append(executor, executorID)[0].String(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -75,10 +77,10 @@ func signedGrant(t *testing.T, key ed25519.PrivateKey, job, tenant string) *type
 
 // bundle writes a bundle for job of tenant with a grant signed by grantKey
 // and provenance signed as signer by a certificate of ca.
-func (w *world) bundle(ca *pki.CA, signer identity.ID, grantKey ed25519.PrivateKey, job, tenant string) (path, digest string, envelope []byte) {
+func (w *world) bundle(ca *pki.CA, signer identity.ID, grantKey ed25519.PrivateKey, job, tenant string, grantFor ...identity.ID) (path, digest string, envelope []byte) {
 	t := w.t
 	t.Helper()
-	sg := signedGrant(t, grantKey, job, tenant)
+	sg := signedGrant(t, grantKey, job, tenant, grantFor...)
 	raw, err := proto.Marshal(sg)
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +156,10 @@ func TestVerifyBundleRefusesTampering(t *testing.T) {
 	jobPath, jobDigest, jobEnv := w.bundle(w.ca, executorID, w.grantKey, "job-2", "acme")
 	// Another executor of the fleet, with a certificate of the same CA:
 	// not the one the job ran on.
-	fleetPath, fleetDigest, fleetEnv := w.bundle(w.ca, identity.MustParse("spiffe://"+td+"/service/executor/exec-2"), w.grantKey, "job-1", "acme")
+	exec2 := identity.MustParse("spiffe://" + td + "/service/executor/exec-2")
+	fleetPath, fleetDigest, fleetEnv := w.bundle(w.ca, exec2, w.grantKey, "job-1", "acme")
+	// Signed by the job's executor, with a grant for another.
+	otherGrantPath, otherGrantDigest, otherGrantEnv := w.bundle(w.ca, executorID, w.grantKey, "job-1", "acme", exec2)
 
 	for _, tc := range []struct {
 		name     string
@@ -168,6 +173,7 @@ func TestVerifyBundleRefusesTampering(t *testing.T) {
 		{"signed by another CA's service/executor", foreignPath, foreignEnv, publish.Want{Digest: foreignDigest, JobID: "job-1", Tenant: "acme", Executor: executorID}, "signing certificate"},
 		{"signed by a client's certificate", clientPath, clientEnv, publish.Want{Digest: clientDigest, JobID: "job-1", Tenant: "acme", Executor: executorID}, "want " + executorID.String()},
 		{"signed by another executor of the fleet", fleetPath, fleetEnv, publish.Want{Digest: fleetDigest, JobID: "job-1", Tenant: "acme", Executor: executorID}, "want " + executorID.String()},
+		{"a grant for another executor", otherGrantPath, otherGrantEnv, publish.Want{Digest: otherGrantDigest, JobID: "job-1", Tenant: "acme", Executor: executorID}, "grant: for executor \"" + exec2.String()},
 		{"a grant signed by another key", keyPath, keyEnv, publish.Want{Digest: keyDigest, JobID: "job-1", Tenant: "acme", Executor: executorID}, "grant:"},
 		{"a grant for another job", jobPath, jobEnv, publish.Want{Digest: jobDigest, JobID: "job-1", Tenant: "acme", Executor: executorID}, `for job "job-2"`},
 		{"a grant for another tenant", w.path, w.envelope, publish.Want{Digest: w.digest, JobID: "job-1", Tenant: "other", Executor: executorID}, `for tenant "acme"`},
