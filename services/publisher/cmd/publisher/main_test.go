@@ -22,17 +22,17 @@ func TestCheckConfigFlag(t *testing.T) {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	f := configtest.New(t, "publisher")
-	good := f.Common() + "authority: {address: 127.0.0.1:7401, grant_public_key: grant.key.pub}\nexecutor: {address: 127.0.0.1:7402}\n"
-	bad := strings.Replace(good, "executor: {address: 127.0.0.1:7402}", "executor: {address: nowhere}\nscan: {decode_depth: 99}", 1)
+	good := f.Common() + "authority: {address: 127.0.0.1:7401, grant_public_key: grant.key.pub}\n"
+	bad := good + "executor: {address: 127.0.0.1:7402}\nscan: {decode_depth: 99}\n"
 	for _, tc := range []struct {
 		name, body string
 		code       int
 		stdout     []string
 		stderr     []string
 	}{
-		{name: "good", body: good, code: 0, stdout: []string{"ok: publisher config CONFIG", "listen " + f.Listen + ", trust domain airlock.test, data dir DIR/data/publisher, authority 127.0.0.1:7401, executor 127.0.0.1:7402, store sqlite; data_dir DIR/data/publisher will be created"}},
+		{name: "good", body: good, code: 0, stdout: []string{"ok: publisher config CONFIG", "listen " + f.Listen + ", trust domain airlock.test, data dir DIR/data/publisher, authority 127.0.0.1:7401, store sqlite; data_dir DIR/data/publisher will be created"}},
 		{name: "two problems", body: bad, code: 2, stderr: []string{
-			`publisher: config CONFIG: executor.address: "nowhere": must be host:port`,
+			"publisher: config CONFIG: executor: no longer used: each bundle is fetched from the executor the authority says the job ran on; remove it",
 			"publisher: config CONFIG: scan.decode_depth: 99: must be between 1 and 8",
 		}},
 	} {
