@@ -94,24 +94,47 @@ func startService(t testing.TB, s *stack, name string, poll time.Duration, ready
 	if !ok {
 		t.Fatalf("no service %q in the stack", name)
 	}
-	logf, err := os.OpenFile(svc.Log, os.O_WRONLY|os.O_APPEND, 0)
+	p := startProcess(t, name, []string{bin(name), "--config", svc.Config}, svc.Log, nil)
+	if s.procs == nil {
+		s.procs = map[int]*serviceProc{}
+	}
+	s.procs[p.pid] = p
+	pidFile := filepath.Join(s.dir, name, name+".pid")
+	if err := os.WriteFile(pidFile, []byte(fmt.Sprintf("%d\n", p.pid)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	svc.PID = p.pid
+	s.services[name] = svc
+	if ready != nil {
+		p.waitReady(t, svc.DataDir, svc.Log, poll, ready)
+	}
+	return p
+}
+
+// startProcess starts argv as service name, its output appended to log,
+// in its own session, and registers its graceful stop, which must exit 0,
+// in t.Cleanup. With enter set the process is started inside what enter
+// runs its function in (a network namespace: nettest.Host.Do).
+func startProcess(t testing.TB, name string, argv []string, log string, enter func(func() error) error) *serviceProc {
+	t.Helper()
+	logf, err := os.OpenFile(log, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin(name), "--config", svc.Config)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Start()
+	if enter == nil {
+		err = cmd.Start()
+	} else {
+		err = enter(cmd.Start)
+	}
 	logf.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := &serviceProc{name: name, pid: cmd.Process.Pid, cmd: cmd, exited: make(chan error, 1)}
 	go func() { p.exited <- cmd.Wait() }()
-	if s.procs == nil {
-		s.procs = map[int]*serviceProc{}
-	}
-	s.procs[p.pid] = p
 	t.Cleanup(func() {
 		// A service killed or stopped meanwhile (say by a later restart)
 		// was reaped by whoever did it.
@@ -131,29 +154,27 @@ func startService(t testing.TB, s *stack, name string, poll time.Duration, ready
 		}
 		p.dead = true
 	})
-	pidFile := filepath.Join(s.dir, name, name+".pid")
-	if err := os.WriteFile(pidFile, []byte(fmt.Sprintf("%d\n", p.pid)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	svc.PID = p.pid
-	s.services[name] = svc
-	if ready == nil {
-		return p
-	}
+	return p
+}
+
+// waitReady returns once ready succeeds, tried every poll, failing the test
+// if the service exits first or is not ready within 20s.
+func (p *serviceProc) waitReady(t testing.TB, dataDir, log string, poll time.Duration, ready func() error) {
+	t.Helper()
 	for start := time.Now(); ; time.Sleep(poll) {
 		select {
 		case err := <-p.exited:
 			p.dead = true
 			t.Fatalf("restarted %s exited at once (%v); processes holding its data directory's lock: %v; log:\n%s",
-				name, err, lockHolders(filepath.Join(svc.DataDir, ".lock")), lastLines(svc.Log, 20))
+				p.name, err, lockHolders(filepath.Join(dataDir, ".lock")), lastLines(log, 20))
 		default:
 		}
 		err := ready()
 		if err == nil {
-			return p
+			return
 		}
 		if time.Since(start) > 20*time.Second {
-			t.Fatalf("restarted %s still not ready after 20s: %v\nlog:\n%s", name, err, lastLines(svc.Log, 20))
+			t.Fatalf("restarted %s still not ready after 20s: %v\nlog:\n%s", p.name, err, lastLines(log, 20))
 		}
 	}
 }
