@@ -76,10 +76,15 @@ type fleetProc struct {
 // three executors, each on its own host.
 type fleet struct {
 	*stack
+	// t is TestFleet's: the fleet's processes live as long as it.
+	t         *testing.T
 	replicas  map[string]*fleetProc
 	executors map[string]*fleetProc
-	// operator is operator/admin's client of replica b (drains, reads the
-	// fleet); dev is client/dev's of b.
+	// operator is operator/admin's client of replica a, the one the CLI's
+	// config names, as `airlock executor` would be (a replica places on a
+	// read of the fleet up to 500ms old, so for that long a drain through
+	// one replica is not seen by another's placements); dev is
+	// client/dev's of b.
 	operator, dev authorityv1.AuthorityServiceClient
 }
 
@@ -109,7 +114,7 @@ func startFleet(t *testing.T) *fleet {
 	for _, p := range s.services {
 		self[p.PID] = true
 	}
-	f := &fleet{stack: s, replicas: map[string]*fleetProc{}, executors: map[string]*fleetProc{}}
+	f := &fleet{stack: s, t: t, replicas: map[string]*fleetProc{}, executors: map[string]*fleetProc{}}
 
 	// dev up's authority and executor make way for the fleet's.
 	for _, name := range []string{identity.ServiceAuthority, identity.ServiceExecutor} {
@@ -136,7 +141,7 @@ func startFleet(t *testing.T) *fleet {
 	for _, name := range []string{"a", "b"} {
 		f.startReplica(t, name)
 	}
-	f.operator = authorityv1.NewAuthorityServiceClient(f.dialReplica(t, "b", "operator/admin"))
+	f.operator = authorityv1.NewAuthorityServiceClient(f.dialReplica(t, "a", "operator/admin"))
 	f.dev = authorityv1.NewAuthorityServiceClient(f.dialReplica(t, "b", "client/dev"))
 
 	// e1 and e3 heartbeat to replica a, e2 to b: the fleet is one for
@@ -273,7 +278,7 @@ func (f *fleet) dialReplica(t *testing.T, name, as string) *grpc.ClientConn {
 func (f *fleet) startReplica(t *testing.T, name string) {
 	t.Helper()
 	r := f.replicas[name]
-	r.proc = startProcess(t, "authority-"+name, r.argv, r.log, nil)
+	r.proc = startProcess(t, f.t, "authority-"+name, r.argv, r.log, nil)
 	client := authorityv1.NewAuthorityServiceClient(f.dialReplica(t, name, "operator/admin"))
 	r.proc.waitReady(t, r.dataDir, r.log, 50*time.Millisecond, func() error {
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
@@ -288,7 +293,7 @@ func (f *fleet) startReplica(t *testing.T, name string) {
 func (f *fleet) startExecutor(t *testing.T, name string) {
 	t.Helper()
 	e := f.executors[name]
-	e.proc = startProcess(t, name, e.argv, e.log, e.host.Do)
+	e.proc = startProcess(t, f.t, name, e.argv, e.log, e.host.Do)
 	e.proc.waitReady(t, e.dataDir, e.log, 100*time.Millisecond, func() error {
 		x := f.executor(t, name)
 		if x.GetState() != authorityv1.ExecutorState_EXECUTOR_STATE_UP || x.GetAddress() != e.addr {

@@ -94,7 +94,7 @@ func startService(t testing.TB, s *stack, name string, poll time.Duration, ready
 	if !ok {
 		t.Fatalf("no service %q in the stack", name)
 	}
-	p := startProcess(t, name, []string{bin(name), "--config", svc.Config}, svc.Log, nil)
+	p := startProcess(t, t, name, []string{bin(name), "--config", svc.Config}, svc.Log, nil)
 	if s.procs == nil {
 		s.procs = map[int]*serviceProc{}
 	}
@@ -113,9 +113,10 @@ func startService(t testing.TB, s *stack, name string, poll time.Duration, ready
 
 // startProcess starts argv as service name, its output appended to log,
 // in its own session, and registers its graceful stop, which must exit 0,
-// in t.Cleanup. With enter set the process is started inside what enter
+// in owner's Cleanup (t's, or a parent test's for a process that outlives
+// the subtest t that starts it). With enter set the process is started inside what enter
 // runs its function in (a network namespace: nettest.Host.Do).
-func startProcess(t testing.TB, name string, argv []string, log string, enter func(func() error) error) *serviceProc {
+func startProcess(t, owner testing.TB, name string, argv []string, log string, enter func(func() error) error) *serviceProc {
 	t.Helper()
 	logf, err := os.OpenFile(log, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
@@ -135,7 +136,7 @@ func startProcess(t testing.TB, name string, argv []string, log string, enter fu
 	}
 	p := &serviceProc{name: name, pid: cmd.Process.Pid, cmd: cmd, exited: make(chan error, 1)}
 	go func() { p.exited <- cmd.Wait() }()
-	t.Cleanup(func() {
+	owner.Cleanup(func() {
 		// A service killed or stopped meanwhile (say by a later restart)
 		// was reaped by whoever did it.
 		if p.dead {
@@ -145,12 +146,12 @@ func startProcess(t testing.TB, name string, argv []string, log string, enter fu
 		select {
 		case err := <-p.exited:
 			if err != nil {
-				t.Errorf("cleanup: restarted %s (pid %d): %v, want a clean exit 0", name, p.pid, err)
+				owner.Errorf("cleanup: restarted %s (pid %d): %v, want a clean exit 0", name, p.pid, err)
 			}
 		case <-time.After(stopTimeout):
 			_ = cmd.Process.Kill()
 			<-p.exited
-			t.Errorf("cleanup: restarted %s (pid %d) still ran %v after SIGTERM; killed", name, p.pid, stopTimeout)
+			owner.Errorf("cleanup: restarted %s (pid %d) still ran %v after SIGTERM; killed", name, p.pid, stopTimeout)
 		}
 		p.dead = true
 	})
