@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"crypto/sha256"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -40,14 +41,19 @@ import (
 )
 
 // The fleet's timing: executors heartbeat every second; a replica calls
-// one lost after lostAfter without one. Every executor heartbeats to one
-// replica (its config names one authority address), so while that replica
-// is down the other hears nothing from it: lostAfter must outlast a
-// replica's restart, or the fleet would be lost with it.
+// one lost after lostAfter without one. An executor's config names one
+// authority address, so it heartbeats to one replica: while that replica
+// is down the other hears nothing from it and, after lostAfter, ends its
+// jobs executor_lost (in production the address would be a load balancer's
+// in front of the replicas). Here every executor heartbeats to replica b,
+// and a is the one killed.
 const (
 	fleetHeartbeat  = time.Second
-	fleetLostAfter  = 8 * time.Second
+	fleetLostAfter  = 5 * time.Second
 	fleetFenceAfter = 4 * time.Second
+	// fleetClaimTTL is how long a killed replica's claims on jobs last
+	// before the other replica takes them (the jobs package's ClaimTTL).
+	fleetClaimTTL = 15 * time.Second
 	// fleetExecutorPort is where each executor listens, on its own host.
 	fleetExecutorPort = "7443"
 	// fleetHeldTenant is a second tenant, allowed one running job at a
@@ -68,7 +74,9 @@ type fleetProc struct {
 	// address of its port, for an executor its host's address.
 	addr string
 	host *nettest.Host // executors only
-	proc *serviceProc
+	// cgroupParent is where an executor makes its jobs' cgroups.
+	cgroupParent string
+	proc         *serviceProc
 }
 
 // fleet is a stack (dev up's PKI, git server, publisher and tenant) whose
@@ -77,7 +85,9 @@ type fleetProc struct {
 type fleet struct {
 	*stack
 	// t is TestFleet's: the fleet's processes live as long as it.
-	t         *testing.T
+	t *testing.T
+	// db is the replicas' PostgreSQL schema.
+	db        *sql.DB
 	replicas  map[string]*fleetProc
 	executors map[string]*fleetProc
 	// operator is operator/admin's client of replica a, the one the CLI's
@@ -106,7 +116,7 @@ func TestFleet(t *testing.T) {
 // startFleet builds the fleet and registers its teardown.
 func startFleet(t *testing.T) *fleet {
 	t.Helper()
-	dsn, _ := pgtest.Schema(t)
+	dsn, db := pgtest.Schema(t)
 	self := map[int]bool{}
 	t.Cleanup(func() { reapStrays(t, self) })
 	repo, _ := sampleRepo(t)
@@ -114,7 +124,8 @@ func startFleet(t *testing.T) *fleet {
 	for _, p := range s.services {
 		self[p.PID] = true
 	}
-	f := &fleet{stack: s, t: t, replicas: map[string]*fleetProc{}, executors: map[string]*fleetProc{}}
+	f := &fleet{stack: s, t: t, db: db, replicas: map[string]*fleetProc{}, executors: map[string]*fleetProc{}}
+	t.Cleanup(func() { f.checkHostClean(t) })
 
 	// dev up's authority and executor make way for the fleet's.
 	for _, name := range []string{identity.ServiceAuthority, identity.ServiceExecutor} {
@@ -144,16 +155,15 @@ func startFleet(t *testing.T) *fleet {
 	f.operator = authorityv1.NewAuthorityServiceClient(f.dialReplica(t, "a", "operator/admin"))
 	f.dev = authorityv1.NewAuthorityServiceClient(f.dialReplica(t, "b", "client/dev"))
 
-	// e1 and e3 heartbeat to replica a, e2 to b: the fleet is one for
-	// both, through the store.
+	// Every executor heartbeats to replica b; a places on what b heard,
+	// through the store.
 	base := nettest.Subnet(netip.MustParsePrefix("198.19.0.0/16"), 28, os.Getpid()%4096)
 	for i, name := range []string{"e1", "e2", "e3"} {
 		host := nettest.Start(t, nettest.Config{
 			Name:   fmt.Sprintf("fl%d%s", os.Getpid()%100000, name),
 			Prefix: nettest.Subnet(base, 30, i),
 		})
-		replica := map[string]string{"e1": "a", "e2": "b", "e3": "a"}[name]
-		_, port, _ := net.SplitHostPort(f.replicas[replica].addr)
+		_, port, _ := net.SplitHostPort(f.replicas["b"].addr)
 		f.executors[name] = f.executorConfig(t, name, host, net.JoinHostPort(host.HostIP.String(), port))
 	}
 	for _, name := range []string{"e1", "e2", "e3"} {
@@ -294,6 +304,7 @@ func (f *fleet) startExecutor(t *testing.T, name string) {
 	t.Helper()
 	e := f.executors[name]
 	e.proc = startProcess(t, f.t, name, e.argv, e.log, e.host.Do)
+	defer func() { e.cgroupParent = f.cgroupParent(name) }()
 	e.proc.waitReady(t, e.dataDir, e.log, 100*time.Millisecond, func() error {
 		x := f.executor(t, name)
 		if x.GetState() != authorityv1.ExecutorState_EXECUTOR_STATE_UP || x.GetAddress() != e.addr {
@@ -449,7 +460,7 @@ func (f *fleet) cgroupParent(name string) string {
 // testPlacement: runsc jobs never go to e1, which lacks runsc; e3 never
 // runs more than its two; every executor gets work.
 func (f *fleet) testPlacement(t *testing.T) {
-	const runsc, runc = 4, 10
+	const runsc, runc = 6, 10
 	parent := f.cgroupParent("e3")
 	var most atomic.Int64
 	stop := make(chan struct{})
@@ -502,6 +513,9 @@ func (f *fleet) testPlacement(t *testing.T) {
 		if per[name] == 0 {
 			t.Errorf("executor %s got none of %d jobs: %v", name, len(jobs), per)
 		}
+	}
+	if c := f.executor(t, "e3").GetReport().GetCapacity(); c.GetJobs() != 2 {
+		t.Errorf("e3 reports room for %d jobs, want its capacity.jobs, 2", c.GetJobs())
 	}
 	if m := most.Load(); m > 2 || m == 0 {
 		t.Errorf("e3 (capacity.jobs 2) ran at most %d jobs at once, want 1 or 2", m)
@@ -560,8 +574,25 @@ func (f *fleet) testReplicaKilled(t *testing.T) {
 	a := f.replicas["a"]
 	killService(t, f.stack, a.proc, true)
 	t0 := time.Now()
+	// a stays down until b has taken every unfinished job a claimed.
+	held := f.claimedBy(t, "a")
+	if len(held) == 0 {
+		t.Errorf("replica a held no unfinished job when it was killed: no takeover to see")
+	}
+	for deadline := time.Now().Add(fleetClaimTTL + 15*time.Second); len(f.claimedBy(t, "a")) > 0; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("jobs %v still claimed by the killed replica a %v after its kill", f.claimedBy(t, "a"), time.Since(t0))
+		}
+	}
+	taken := 0
+	for _, id := range held {
+		if slices.Contains(f.claimedBy(t, "b"), id) {
+			taken++
+		}
+	}
+	t.Logf("replica a killed after %d submissions holding %d unfinished jobs; b took them within %v (%d still unfinished then)",
+		killAt, len(held), time.Since(t0).Round(time.Millisecond), taken)
 	f.startReplica(t, "a")
-	t.Logf("replica a killed after %d submissions, serving again after %v", killAt, time.Since(t0).Round(time.Millisecond))
 	wg.Wait()
 	if t.Failed() {
 		t.FailNow()
@@ -584,7 +615,11 @@ func (f *fleet) testReplicaKilled(t *testing.T) {
 		byJob[j.GetJobId()] = j
 	}
 	granted, placed := map[string]int{}, map[string][]string{}
+	whys := map[string]int{}
 	for _, ev := range f.auditEvents(t) {
+		if ev.GetKind() == "executor.lost" {
+			t.Errorf("an executor was lost while replica a was down: %s %s", ev.GetSubject(), ev.GetReason())
+		}
 		if byJob[ev.GetJobId()] == nil || (ev.GetKind() != "job.granted" && ev.GetKind() != "job.placed") {
 			continue
 		}
@@ -593,6 +628,10 @@ func (f *fleet) testReplicaKilled(t *testing.T) {
 		}
 		if m := placedOn.FindStringSubmatch(ev.GetReason()); m != nil {
 			placed[ev.GetJobId()] = append(placed[ev.GetJobId()], m[1])
+			if ev.GetKind() == "job.placed" {
+				why, _, _ := strings.Cut(ev.GetReason()[len(m[0]):], ";")
+				whys[strings.ReplaceAll(why, m[1], "X")]++
+			}
 		}
 	}
 	moved := 0
@@ -608,7 +647,31 @@ func (f *fleet) testReplicaKilled(t *testing.T) {
 			moved++
 		}
 	}
-	t.Logf("%d jobs placed more than once before their dispatch", moved)
+	t.Logf("%d jobs placed more than once before their dispatch, why: %v", moved, whys)
+}
+
+// claimedBy lists the unfinished jobs replica holds, from the store.
+func (f *fleet) claimedBy(t *testing.T, replica string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	rows, err := f.db.QueryContext(ctx, "SELECT id FROM jobs WHERE claimed_by = $1 AND state IN ('queued', 'staging', 'running')", replica)
+	if err != nil {
+		t.Fatalf("read the claims: %v", err)
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return ids
 }
 
 // auditEvents reads the whole audit log as approver/alice, an auditor.
@@ -861,5 +924,49 @@ func reapStrays(t *testing.T, tracked map[int]bool) {
 			t.Errorf("cleanup: processes left by the fleet still run: %v", running)
 			return
 		}
+	}
+}
+
+// checkHostClean, once the fleet's processes have stopped, removes what
+// they left on the host and fails for it: job cgroups under an executor's
+// cgroup parent, mounts under the stack's directory. (The hosts' links and
+// namespaces go with nettest's cleanup.)
+func (f *fleet) checkHostClean(t *testing.T) {
+	t.Helper()
+	roots := []string{"/sys/fs/cgroup"}
+	if !cgroupV2() {
+		roots, _ = filepath.Glob("/sys/fs/cgroup/*")
+	}
+	for name, e := range f.executors {
+		if e.cgroupParent == "" {
+			continue
+		}
+		for _, root := range roots {
+			var dirs []string
+			_ = filepath.WalkDir(filepath.Join(root, e.cgroupParent), func(path string, d os.DirEntry, err error) error {
+				if err == nil && d.IsDir() && path != filepath.Join(root, e.cgroupParent) {
+					dirs = append(dirs, path)
+				}
+				return nil
+			})
+			for i := len(dirs) - 1; i >= 0; i-- {
+				t.Errorf("cleanup: executor %s left cgroup %s", name, dirs[i])
+				_ = os.Remove(dirs[i])
+			}
+		}
+	}
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, line := range strings.Split(string(mounts), "\n") {
+		if fields := strings.Fields(line); len(fields) > 4 && strings.HasPrefix(fields[4], f.dir+"/") {
+			left = append(left, fields[4])
+		}
+	}
+	for i := len(left) - 1; i >= 0; i-- {
+		t.Errorf("cleanup: mount left at %s", left[i])
+		_ = syscall.Unmount(left[i], syscall.MNT_DETACH)
 	}
 }
