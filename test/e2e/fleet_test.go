@@ -625,12 +625,16 @@ func (f *fleet) testReplicaKilled(t *testing.T) {
 		}
 		if ev.GetKind() == "job.granted" {
 			granted[ev.GetJobId()]++
+			if _, why, ok := strings.Cut(ev.GetReason(), "placed on no executor yet"); ok {
+				why, _, _ = strings.Cut(why, ";")
+				whys["unplaced at submission"+why]++
+			}
 		}
 		if m := placedOn.FindStringSubmatch(ev.GetReason()); m != nil {
 			placed[ev.GetJobId()] = append(placed[ev.GetJobId()], m[1])
 			if ev.GetKind() == "job.placed" {
 				why, _, _ := strings.Cut(ev.GetReason()[len(m[0]):], ";")
-				whys[strings.ReplaceAll(why, m[1], "X")]++
+				whys["placed again"+strings.ReplaceAll(why, m[1], "X")]++
 			}
 		}
 	}
@@ -950,8 +954,17 @@ func (f *fleet) checkHostClean(t *testing.T) {
 				return nil
 			})
 			for i := len(dirs) - 1; i >= 0; i-- {
-				t.Errorf("cleanup: executor %s left cgroup %s", name, dirs[i])
-				_ = os.Remove(dirs[i])
+				procs, _ := os.ReadFile(filepath.Join(dirs[i], "cgroup.procs"))
+				t.Errorf("cleanup: executor %s left cgroup %s (processes %q), killed and removed", name, dirs[i], procs)
+				for _, pid := range strings.Fields(string(procs)) {
+					var n int
+					if _, err := fmt.Sscan(pid, &n); err == nil && n > 0 {
+						_ = syscall.Kill(n, syscall.SIGKILL)
+					}
+				}
+				for deadline := time.Now().Add(stopTimeout); os.Remove(dirs[i]) != nil && time.Now().Before(deadline); {
+					time.Sleep(50 * time.Millisecond)
+				}
 			}
 		}
 	}
