@@ -634,7 +634,7 @@ func (f *fleet) testReplicaKilled(t *testing.T) {
 			placed[ev.GetJobId()] = append(placed[ev.GetJobId()], m[1])
 			if ev.GetKind() == "job.placed" {
 				why, _, _ := strings.Cut(ev.GetReason()[len(m[0]):], ";")
-				whys["placed again"+strings.ReplaceAll(why, m[1], "X")]++
+				whys["placed at dispatch"+strings.ReplaceAll(why, m[1], "X")]++
 			}
 		}
 	}
@@ -754,6 +754,18 @@ func (f *fleet) testExecutorLost(t *testing.T) {
 	}
 	if x := f.executor(t, "e2"); x.GetState() != authorityv1.ExecutorState_EXECUTOR_STATE_LOST {
 		t.Errorf("e2 is %v, want lost", x.GetState())
+	}
+	var lostEvents, jobLost int
+	for _, ev := range f.auditEvents(t) {
+		if ev.GetKind() == "executor.lost" && strings.HasSuffix(ev.GetSubject(), "e2") {
+			lostEvents++
+		}
+		if ev.GetKind() == "job.executor_lost" && ev.GetJobId() == long.GetJobId() {
+			jobLost++
+		}
+	}
+	if lostEvents != 1 || jobLost != 1 {
+		t.Errorf("the log has %d executor.lost entries for e2 and %d job.executor_lost for job %s, want 1 each", lostEvents, jobLost, long.GetJobId())
 	}
 	for _, j := range f.waitEnded(t, held, time.Minute, queued[0].GetJobId(), queued[1].GetJobId()) {
 		checkFinished(t, j)
