@@ -20,12 +20,17 @@ import (
 // jobsWithLiveSleep counts the job cgroups under the executor's cgroup
 // parent that hold a live `sleep` in the sandbox uid range: the jobs
 // really running on the host.
-func jobsWithLiveSleep(cgroupParent string) int {
+func jobsWithLiveSleep(cgroupParent string) int { return liveJobs(cgroupParent, "sleep\x00") }
+
+// liveJobs counts the job cgroups under cgroupParent that hold a live
+// process whose command line starts with prefix ("" for any: under runsc
+// the job's own processes are gVisor's, and the host sees its sandbox).
+func liveJobs(cgroupParent, prefix string) int {
 	jobs := map[string]bool{}
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil || !strings.HasPrefix(string(cmdline), "sleep\x00") {
+		if err != nil || !strings.HasPrefix(string(cmdline), prefix) {
 			continue
 		}
 		var pid int

@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -26,6 +27,7 @@ type serviceProc struct {
 	cmd    *exec.Cmd
 	exited chan error
 	dead   bool
+	log    string // its log, when the test started it
 }
 
 // killService SIGKILLs p and reaps it, failing the test unless it died of
@@ -65,7 +67,7 @@ func killService(t *testing.T, s *stack, p *serviceProc, group bool) {
 	}
 	p.dead = true
 	if !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		t.Fatalf("%s (pid %d) ended with %v, want death by SIGKILL; log:\n%s", p.name, p.pid, ws, lastLines(s.services[p.name].Log, 20))
+		t.Fatalf("%s (pid %d) ended with %v, want death by SIGKILL; log:\n%s", p.name, p.pid, ws, lastLines(cmp.Or(p.log, s.services[p.name].Log), 20))
 	}
 	if st := procState(p.pid); st != "" {
 		t.Fatalf("killed %s (pid %d) still in the process table (state %s)", p.name, p.pid, st)
@@ -94,25 +96,50 @@ func startService(t testing.TB, s *stack, name string, poll time.Duration, ready
 	if !ok {
 		t.Fatalf("no service %q in the stack", name)
 	}
-	logf, err := os.OpenFile(svc.Log, os.O_WRONLY|os.O_APPEND, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin(name), "--config", svc.Config)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Start()
-	logf.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &serviceProc{name: name, pid: cmd.Process.Pid, cmd: cmd, exited: make(chan error, 1)}
-	go func() { p.exited <- cmd.Wait() }()
+	p := startProcess(t, t, name, []string{bin(name), "--config", svc.Config}, svc.Log, nil)
 	if s.procs == nil {
 		s.procs = map[int]*serviceProc{}
 	}
 	s.procs[p.pid] = p
-	t.Cleanup(func() {
+	pidFile := filepath.Join(s.dir, name, name+".pid")
+	if err := os.WriteFile(pidFile, []byte(fmt.Sprintf("%d\n", p.pid)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	svc.PID = p.pid
+	s.services[name] = svc
+	if ready != nil {
+		p.waitReady(t, svc.DataDir, svc.Log, poll, ready)
+	}
+	return p
+}
+
+// startProcess starts argv as service name, its output appended to log,
+// in its own session, and registers its graceful stop, which must exit 0,
+// in owner's Cleanup (t's, or a parent test's for a process that outlives
+// the subtest t that starts it). With enter set the process is started
+// inside what enter runs its function in (a network namespace:
+// nettest.Host.Do).
+func startProcess(t, owner testing.TB, name string, argv []string, log string, enter func(func() error) error) *serviceProc {
+	t.Helper()
+	logf, err := os.OpenFile(log, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if enter == nil {
+		err = cmd.Start()
+	} else {
+		err = enter(cmd.Start)
+	}
+	logf.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &serviceProc{name: name, pid: cmd.Process.Pid, cmd: cmd, exited: make(chan error, 1), log: log}
+	go func() { p.exited <- cmd.Wait() }()
+	owner.Cleanup(func() {
 		// A service killed or stopped meanwhile (say by a later restart)
 		// was reaped by whoever did it.
 		if p.dead {
@@ -122,38 +149,36 @@ func startService(t testing.TB, s *stack, name string, poll time.Duration, ready
 		select {
 		case err := <-p.exited:
 			if err != nil {
-				t.Errorf("cleanup: restarted %s (pid %d): %v, want a clean exit 0", name, p.pid, err)
+				owner.Errorf("cleanup: started %s (pid %d): %v, want a clean exit 0", name, p.pid, err)
 			}
 		case <-time.After(stopTimeout):
 			_ = cmd.Process.Kill()
 			<-p.exited
-			t.Errorf("cleanup: restarted %s (pid %d) still ran %v after SIGTERM; killed", name, p.pid, stopTimeout)
+			owner.Errorf("cleanup: started %s (pid %d) still ran %v after SIGTERM; killed", name, p.pid, stopTimeout)
 		}
 		p.dead = true
 	})
-	pidFile := filepath.Join(s.dir, name, name+".pid")
-	if err := os.WriteFile(pidFile, []byte(fmt.Sprintf("%d\n", p.pid)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	svc.PID = p.pid
-	s.services[name] = svc
-	if ready == nil {
-		return p
-	}
+	return p
+}
+
+// waitReady returns once ready succeeds, tried every poll, failing the test
+// if the service exits first or is not ready within 20s.
+func (p *serviceProc) waitReady(t testing.TB, dataDir, log string, poll time.Duration, ready func() error) {
+	t.Helper()
 	for start := time.Now(); ; time.Sleep(poll) {
 		select {
 		case err := <-p.exited:
 			p.dead = true
-			t.Fatalf("restarted %s exited at once (%v); processes holding its data directory's lock: %v; log:\n%s",
-				name, err, lockHolders(filepath.Join(svc.DataDir, ".lock")), lastLines(svc.Log, 20))
+			t.Fatalf("started %s exited at once (%v); processes holding its data directory's lock: %v; log:\n%s",
+				p.name, err, lockHolders(filepath.Join(dataDir, ".lock")), lastLines(log, 20))
 		default:
 		}
 		err := ready()
 		if err == nil {
-			return p
+			return
 		}
 		if time.Since(start) > 20*time.Second {
-			t.Fatalf("restarted %s still not ready after 20s: %v\nlog:\n%s", name, err, lastLines(svc.Log, 20))
+			t.Fatalf("started %s still not ready after 20s: %v\nlog:\n%s", p.name, err, lastLines(log, 20))
 		}
 	}
 }
