@@ -2,9 +2,12 @@ package fleet
 
 import (
 	"context"
+	"errors"
 
 	"fmt"
 	"github.com/airlockhq/airlock/pkg/config"
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/identity"
 	"slices"
 	"strings"
 	"time"
@@ -94,6 +97,26 @@ func (f *Fleet) Lookup(ctx context.Context, id string) (Member, bool, error) {
 			return Member{}, false, nil
 		}
 	}
+}
+
+// Current returns the executor with SPIFFE ID id as the store holds it
+// now: whether another replica drained it a moment ago, say.
+func (f *Fleet) Current(ctx context.Context, id string) (Member, bool, error) {
+	x, err := identity.Parse(id)
+	if err != nil {
+		return Member{}, false, nil
+	}
+	rec, err := f.cfg.Store.GetExecutor(ctx, NameOf(x))
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		return Member{}, false, nil
+	case err != nil:
+		return Member{}, false, err
+	case rec.ID != id:
+		return Member{}, false, nil
+	}
+	m, err := memberOf(rec)
+	return m, err == nil, err
 }
 
 // Release drops job's reservation (it ended, or was refused, or was

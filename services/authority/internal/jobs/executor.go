@@ -101,8 +101,10 @@ type Fleet interface {
 	Sweep(ctx context.Context, by identity.ID) ([]fleet.Member, error)
 	// List returns the whole fleet.
 	List(ctx context.Context) ([]fleet.Member, error)
-	// Lookup returns the executor with SPIFFE ID id, as recently read.
+	// Lookup returns the executor with SPIFFE ID id, as recently read;
+	// Current as the store holds it now.
 	Lookup(ctx context.Context, id string) (fleet.Member, bool, error)
+	Current(ctx context.Context, id string) (fleet.Member, bool, error)
 }
 
 // ImageCache reaches the executor's image cache, as one tenant sees it.

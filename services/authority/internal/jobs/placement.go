@@ -54,7 +54,9 @@ func (s *Service) mustMove(j store.Job, g GrantRequest) (bool, string, error) {
 	if j.Executor == "" || g.Executor != j.Executor {
 		return true, "", nil
 	}
-	m, ok, err := s.cfg.Fleet.Lookup(s.ctx, j.Executor)
+	// Read now, not from the recent view: a drain another replica
+	// recorded a moment ago holds before the job is handed over.
+	m, ok, err := s.cfg.Fleet.Current(s.ctx, j.Executor)
 	switch {
 	case err != nil:
 		return false, "", err
