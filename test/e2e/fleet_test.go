@@ -229,7 +229,7 @@ func (f *fleet) executorConfig(t *testing.T, name string, host *nettest.Host, au
 	return p
 }
 
-func readYAMLMap(t *testing.T, path string) map[string]any {
+func readYAMLMap(t testing.TB, path string) map[string]any {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -242,7 +242,7 @@ func readYAMLMap(t *testing.T, path string) map[string]any {
 	return m
 }
 
-func writeYAMLFile(t *testing.T, path string, v any) {
+func writeYAMLFile(t testing.TB, path string, v any) {
 	t.Helper()
 	data, err := yaml.Marshal(v)
 	if err != nil {

@@ -307,6 +307,10 @@ func TestSessionOnLostExecutor(t *testing.T) {
 		gs.GetSuspendReason() != typesv1.TerminationReason_TERMINATION_REASON_EXECUTOR_LOST {
 		t.Fatalf("the session on a lost executor: %v, %v", gs, err)
 	}
+	// Clearing the tenant's caches cannot reach e1: said, not hidden.
+	if _, err := dev.ClearCaches(t.Context(), &authorityv1.ClearCachesRequest{Tenant: "dev"}); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "executor e1 is lost") {
+		t.Errorf("clearing caches with e1 lost: %v", err)
+	}
 	c, err := dev.CancelSession(t.Context(), &authorityv1.CancelSessionRequest{SessionId: id, Reason: "give up"})
 	if err != nil || c.GetSession().GetState() != authorityv1.JobState_JOB_STATE_CANCELLED || !strings.Contains(c.GetSession().GetMessage(), "its executor e1 is lost") {
 		t.Fatalf("cancel on a lost executor: %v, %v", c, err)

@@ -20,7 +20,7 @@ func (s *Service) ListCaches(ctx context.Context, caller identity.ID, tenant str
 		return nil, err
 	}
 	var all []CacheInfo
-	err := s.eachExecutor(ctx, func(name string, ex Executor) error {
+	err := s.eachExecutor(ctx, false, func(name string, ex Executor) error {
 		got, err := ex.ListCaches(ctx, tenant)
 		for i := range got {
 			got[i].Executor = name
@@ -34,8 +34,10 @@ func (s *Service) ListCaches(ctx context.Context, caller identity.ID, tenant str
 // eachExecutor calls fn with every executor of the fleet that is not lost,
 // one after another, and returns the errors it met, each naming its
 // executor: a tenant's caches and images are kept on each executor its
-// jobs ran on.
-func (s *Service) eachExecutor(ctx context.Context, fn func(name string, ex Executor) error) error {
+// jobs ran on. With change set, a lost executor is an error too: what it
+// keeps was not changed, and the caller must hear so (clearing a cache may
+// be a response to a leak).
+func (s *Service) eachExecutor(ctx context.Context, change bool, fn func(name string, ex Executor) error) error {
 	members, err := s.cfg.Fleet.List(ctx)
 	if err != nil {
 		return err
@@ -43,6 +45,9 @@ func (s *Service) eachExecutor(ctx context.Context, fn func(name string, ex Exec
 	var errs []error
 	for _, m := range members {
 		if m.Lost {
+			if change {
+				errs = append(errs, fmt.Errorf("%w: executor %s is lost: what it keeps was not changed; do it again when it is back", errdefs.ErrUnavailable, m.Name))
+			}
 			continue
 		}
 		if err := fn(m.Name, s.cfg.Executors.For(m.ID)); err != nil {
@@ -67,7 +72,7 @@ func (s *Service) ClearCaches(ctx context.Context, caller identity.ID, tenant, r
 		}
 	}
 	var cleared []CacheInfo
-	err := s.eachExecutor(ctx, func(executor string, ex Executor) error {
+	err := s.eachExecutor(ctx, true, func(executor string, ex Executor) error {
 		got, err := ex.ClearCaches(ctx, tenant, repository, name)
 		for i := range got {
 			got[i].Executor = executor
@@ -110,7 +115,7 @@ func (s *Service) ListImages(ctx context.Context, caller identity.ID, tenant, di
 		}
 	}
 	var all imagecache.List
-	err := s.eachExecutor(ctx, func(name string, ex Executor) error {
+	err := s.eachExecutor(ctx, false, func(name string, ex Executor) error {
 		got, err := ex.ListImages(ctx, tenant, digest)
 		for i := range got.Images {
 			got.Images[i].Executor = name
@@ -134,7 +139,7 @@ func (s *Service) PruneImages(ctx context.Context, caller identity.ID, tenant, d
 		}
 	}
 	var p imagecache.Pruned
-	err := s.eachExecutor(ctx, func(name string, ex Executor) error {
+	err := s.eachExecutor(ctx, true, func(name string, ex Executor) error {
 		got, err := ex.PruneImages(ctx, tenant, digest)
 		for i := range got.Images {
 			got.Images[i].Executor = name

@@ -588,9 +588,7 @@ func (s *Service) markApplied(id string, grant []byte) (store.Job, error) {
 // background until it is in force, the job ends or a newer grant replaces
 // it.
 func (s *Service) resumeChange(id string, grant []byte) {
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
+	s.background(func(context.Context) {
 		delay := s.cfg.Retry.Min
 		for s.ctx.Err() == nil {
 			j, err := s.cfg.Store.GetJob(s.ctx, id)
@@ -629,7 +627,7 @@ func (s *Service) resumeChange(id string, grant []byte) {
 			}
 			delay = min(2*delay, s.cfg.Retry.Max)
 		}
-	}()
+	})
 }
 
 // resumeApproved applies the change approvals that were approved but not

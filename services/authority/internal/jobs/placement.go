@@ -147,10 +147,35 @@ func (s *Service) endLost(ctx context.Context, id, executor, why string) (store.
 	}, func(j *store.Job) audit.Event {
 		return audit.Event{Kind: audit.KindJobExecutorLost, Caller: s.actor(*j), Subject: j.ID, Outcome: audit.OutcomeAllowed, Reason: why}
 	})
-	if err == nil {
+	if err == nil && j.State == store.StateFailed && j.Executor == executor {
 		s.gate.release(id)
+		// It may only be this authority that cannot hear the executor:
+		// it is told to stop the run now if it can be reached, and by its
+		// heartbeat's answer when it returns.
+		s.background(func(ctx context.Context) {
+			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			if err := s.cfg.Executors.For(executor).Cancel(ctx, id, why); err != nil {
+				s.cfg.Logger.Debug("cancel a run on a lost executor", "job", id, "error", err)
+			}
+		})
 	}
 	return j, err
+}
+
+// background runs fn on its own for the Service's life (not started once
+// the Service is stopping).
+func (s *Service) background(fn func(ctx context.Context)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ctx.Err() != nil {
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		fn(s.ctx)
+	}()
 }
 
 // lostWord is the suspension reason of a session whose executor
@@ -165,15 +190,8 @@ const executorRestarted = "executor_restarted"
 // executor id (a SPIFFE ID) that it suspended because it restarted while
 // it was lost: it is back, and their clients find them running again.
 func (s *Service) ExecutorReturned(id string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ctx.Err() != nil {
-		return // stopping: Run is waiting for its work to end
-	}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		jobs, err := s.cfg.Store.JobsOnExecutor(s.ctx, id, claimBatch, store.StateStaging, store.StateRunning)
+	s.background(func(ctx context.Context) {
+		jobs, err := s.cfg.Store.JobsOnExecutor(ctx, id, claimBatch, store.StateStaging, store.StateRunning)
 		if err != nil {
 			s.cfg.Logger.Warn("sessions of a returned executor", "executor", id, "error", err)
 			return
@@ -183,17 +201,17 @@ func (s *Service) ExecutorReturned(id string) {
 			if g, err := s.grantOf(j); err != nil || g.Session == nil {
 				continue
 			}
-			st, err := ex.RunStatus(s.ctx, j.ID)
+			st, err := ex.RunStatus(ctx, j.ID)
 			if err != nil || !st.Suspended || st.SuspendReason != executorRestarted {
 				continue
 			}
-			if err := ex.Resume(s.ctx, j.ID); err != nil {
+			if err := ex.Resume(ctx, j.ID); err != nil {
 				s.cfg.Logger.Warn("resume a session on its returned executor", "job", j.ID, "executor", id, "error", err)
 				continue
 			}
 			s.cfg.Logger.Info("session resumed on its returned executor", "job", j.ID, "executor", executorName(id))
 		}
-	}()
+	})
 }
 
 // OpenArtifact streams the result bundle of job jobID named by digest from
