@@ -8612,7 +8612,11 @@ type HeartbeatResponse struct {
 	Draining bool `protobuf:"varint,3,opt,name=draining,proto3" json:"draining,omitempty"`
 	// Runs it holds that it must stop: their jobs were ended or placed
 	// elsewhere while it was out of reach.
-	CancelRuns    []string `protobuf:"bytes,4,rep,name=cancel_runs,json=cancelRuns,proto3" json:"cancel_runs,omitempty"`
+	CancelRuns []string `protobuf:"bytes,4,rep,name=cancel_runs,json=cancelRuns,proto3" json:"cancel_runs,omitempty"`
+	// How long the authority waits for a heartbeat before it declares the
+	// executor lost: the executor fences itself (starts no sandbox) well
+	// before that, counted from when it sent its last answered heartbeat.
+	LostAfter     *durationpb.Duration `protobuf:"bytes,5,opt,name=lost_after,json=lostAfter,proto3" json:"lost_after,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -8671,6 +8675,13 @@ func (x *HeartbeatResponse) GetDraining() bool {
 func (x *HeartbeatResponse) GetCancelRuns() []string {
 	if x != nil {
 		return x.CancelRuns
+	}
+	return nil
+}
+
+func (x *HeartbeatResponse) GetLostAfter() *durationpb.Duration {
+	if x != nil {
+		return x.LostAfter
 	}
 	return nil
 }
@@ -9692,13 +9703,15 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"disk_bytes\x18\x05 \x01(\x03R\tdiskBytes\x12&\n" +
 	"\x0fdisk_free_bytes\x18\x06 \x01(\x03R\rdiskFreeBytes\x12\x12\n" +
 	"\x04jobs\x18\a \x01(\x03R\x04jobs\x12\x1b\n" +
-	"\tjobs_free\x18\b \x01(\x03R\bjobsFree\"\x9b\x01\n" +
+	"\tjobs_free\x18\b \x01(\x03R\bjobsFree\"\xd5\x01\n" +
 	"\x11HeartbeatResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x125\n" +
 	"\binterval\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\binterval\x12\x1a\n" +
 	"\bdraining\x18\x03 \x01(\bR\bdraining\x12\x1f\n" +
 	"\vcancel_runs\x18\x04 \x03(\tR\n" +
-	"cancelRuns\"\xe4\x03\n" +
+	"cancelRuns\x128\n" +
+	"\n" +
+	"lost_after\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\tlostAfter\"\xe4\x03\n" +
 	"\bExecutor\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +
@@ -10141,113 +10154,114 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	132, // 134: airlock.authority.v1.ExecutorReport.runtime_classes:type_name -> airlock.types.v1.RuntimeClass
 	120, // 135: airlock.authority.v1.ExecutorReport.capacity:type_name -> airlock.authority.v1.ExecutorCapacity
 	145, // 136: airlock.authority.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
-	8,   // 137: airlock.authority.v1.Executor.state:type_name -> airlock.authority.v1.ExecutorState
-	136, // 138: airlock.authority.v1.Executor.drained_at:type_name -> google.protobuf.Timestamp
-	136, // 139: airlock.authority.v1.Executor.joined_at:type_name -> google.protobuf.Timestamp
-	136, // 140: airlock.authority.v1.Executor.last_seen:type_name -> google.protobuf.Timestamp
-	119, // 141: airlock.authority.v1.Executor.report:type_name -> airlock.authority.v1.ExecutorReport
-	122, // 142: airlock.authority.v1.ListExecutorsResponse.executors:type_name -> airlock.authority.v1.Executor
-	122, // 143: airlock.authority.v1.GetExecutorResponse.executor:type_name -> airlock.authority.v1.Executor
-	122, // 144: airlock.authority.v1.DrainExecutorResponse.executor:type_name -> airlock.authority.v1.Executor
-	11,  // 145: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
-	13,  // 146: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
-	15,  // 147: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
-	20,  // 148: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
-	22,  // 149: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
-	24,  // 150: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
-	16,  // 151: airlock.authority.v1.AuthorityService.DownloadBundle:input_type -> airlock.authority.v1.DownloadBundleRequest
-	78,  // 152: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
-	80,  // 153: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
-	82,  // 154: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
-	84,  // 155: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
-	86,  // 156: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
-	106, // 157: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
-	108, // 158: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
-	88,  // 159: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
-	90,  // 160: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
-	92,  // 161: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
-	97,  // 162: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
-	95,  // 163: airlock.authority.v1.AuthorityService.RunExec:input_type -> airlock.authority.v1.RunExecRequest
-	99,  // 164: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
-	102, // 165: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
-	104, // 166: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
-	26,  // 167: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
-	29,  // 168: airlock.authority.v1.AuthorityService.FetchImageBlob:input_type -> airlock.authority.v1.FetchImageBlobRequest
-	33,  // 169: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	48,  // 170: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	50,  // 171: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	44,  // 172: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
-	52,  // 173: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	54,  // 174: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	75,  // 175: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
-	57,  // 176: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	59,  // 177: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	61,  // 178: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	63,  // 179: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	65,  // 180: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
-	67,  // 181: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
-	70,  // 182: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	73,  // 183: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
-	110, // 184: airlock.authority.v1.AuthorityService.ListCaches:input_type -> airlock.authority.v1.ListCachesRequest
-	112, // 185: airlock.authority.v1.AuthorityService.ClearCaches:input_type -> airlock.authority.v1.ClearCachesRequest
-	114, // 186: airlock.authority.v1.AuthorityService.ListImages:input_type -> airlock.authority.v1.ListImagesRequest
-	116, // 187: airlock.authority.v1.AuthorityService.PruneImages:input_type -> airlock.authority.v1.PruneImagesRequest
-	118, // 188: airlock.authority.v1.AuthorityService.Heartbeat:input_type -> airlock.authority.v1.HeartbeatRequest
-	123, // 189: airlock.authority.v1.AuthorityService.ListExecutors:input_type -> airlock.authority.v1.ListExecutorsRequest
-	125, // 190: airlock.authority.v1.AuthorityService.GetExecutor:input_type -> airlock.authority.v1.GetExecutorRequest
-	127, // 191: airlock.authority.v1.AuthorityService.DrainExecutor:input_type -> airlock.authority.v1.DrainExecutorRequest
-	12,  // 192: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
-	14,  // 193: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
-	19,  // 194: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
-	21,  // 195: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
-	23,  // 196: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
-	25,  // 197: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
-	18,  // 198: airlock.authority.v1.AuthorityService.DownloadBundle:output_type -> airlock.authority.v1.DownloadBundleResponse
-	79,  // 199: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
-	81,  // 200: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
-	83,  // 201: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
-	85,  // 202: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
-	87,  // 203: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
-	107, // 204: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
-	109, // 205: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
-	89,  // 206: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
-	91,  // 207: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
-	93,  // 208: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
-	98,  // 209: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
-	96,  // 210: airlock.authority.v1.AuthorityService.RunExec:output_type -> airlock.authority.v1.RunExecResponse
-	100, // 211: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
-	103, // 212: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
-	105, // 213: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
-	32,  // 214: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	31,  // 215: airlock.authority.v1.AuthorityService.FetchImageBlob:output_type -> airlock.authority.v1.FetchImageBlobResponse
-	39,  // 216: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	49,  // 217: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	51,  // 218: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	47,  // 219: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
-	53,  // 220: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	55,  // 221: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	77,  // 222: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
-	58,  // 223: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	60,  // 224: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	62,  // 225: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	64,  // 226: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	66,  // 227: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
-	68,  // 228: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
-	71,  // 229: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	74,  // 230: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
-	111, // 231: airlock.authority.v1.AuthorityService.ListCaches:output_type -> airlock.authority.v1.ListCachesResponse
-	113, // 232: airlock.authority.v1.AuthorityService.ClearCaches:output_type -> airlock.authority.v1.ClearCachesResponse
-	115, // 233: airlock.authority.v1.AuthorityService.ListImages:output_type -> airlock.authority.v1.ListImagesResponse
-	117, // 234: airlock.authority.v1.AuthorityService.PruneImages:output_type -> airlock.authority.v1.PruneImagesResponse
-	121, // 235: airlock.authority.v1.AuthorityService.Heartbeat:output_type -> airlock.authority.v1.HeartbeatResponse
-	124, // 236: airlock.authority.v1.AuthorityService.ListExecutors:output_type -> airlock.authority.v1.ListExecutorsResponse
-	126, // 237: airlock.authority.v1.AuthorityService.GetExecutor:output_type -> airlock.authority.v1.GetExecutorResponse
-	128, // 238: airlock.authority.v1.AuthorityService.DrainExecutor:output_type -> airlock.authority.v1.DrainExecutorResponse
-	192, // [192:239] is the sub-list for method output_type
-	145, // [145:192] is the sub-list for method input_type
-	145, // [145:145] is the sub-list for extension type_name
-	145, // [145:145] is the sub-list for extension extendee
-	0,   // [0:145] is the sub-list for field type_name
+	145, // 137: airlock.authority.v1.HeartbeatResponse.lost_after:type_name -> google.protobuf.Duration
+	8,   // 138: airlock.authority.v1.Executor.state:type_name -> airlock.authority.v1.ExecutorState
+	136, // 139: airlock.authority.v1.Executor.drained_at:type_name -> google.protobuf.Timestamp
+	136, // 140: airlock.authority.v1.Executor.joined_at:type_name -> google.protobuf.Timestamp
+	136, // 141: airlock.authority.v1.Executor.last_seen:type_name -> google.protobuf.Timestamp
+	119, // 142: airlock.authority.v1.Executor.report:type_name -> airlock.authority.v1.ExecutorReport
+	122, // 143: airlock.authority.v1.ListExecutorsResponse.executors:type_name -> airlock.authority.v1.Executor
+	122, // 144: airlock.authority.v1.GetExecutorResponse.executor:type_name -> airlock.authority.v1.Executor
+	122, // 145: airlock.authority.v1.DrainExecutorResponse.executor:type_name -> airlock.authority.v1.Executor
+	11,  // 146: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
+	13,  // 147: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
+	15,  // 148: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
+	20,  // 149: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
+	22,  // 150: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
+	24,  // 151: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
+	16,  // 152: airlock.authority.v1.AuthorityService.DownloadBundle:input_type -> airlock.authority.v1.DownloadBundleRequest
+	78,  // 153: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
+	80,  // 154: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
+	82,  // 155: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
+	84,  // 156: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
+	86,  // 157: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
+	106, // 158: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
+	108, // 159: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
+	88,  // 160: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
+	90,  // 161: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
+	92,  // 162: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
+	97,  // 163: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
+	95,  // 164: airlock.authority.v1.AuthorityService.RunExec:input_type -> airlock.authority.v1.RunExecRequest
+	99,  // 165: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
+	102, // 166: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
+	104, // 167: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
+	26,  // 168: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
+	29,  // 169: airlock.authority.v1.AuthorityService.FetchImageBlob:input_type -> airlock.authority.v1.FetchImageBlobRequest
+	33,  // 170: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
+	48,  // 171: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	50,  // 172: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	44,  // 173: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
+	52,  // 174: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	54,  // 175: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	75,  // 176: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
+	57,  // 177: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	59,  // 178: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	61,  // 179: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	63,  // 180: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	65,  // 181: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	67,  // 182: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	70,  // 183: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	73,  // 184: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
+	110, // 185: airlock.authority.v1.AuthorityService.ListCaches:input_type -> airlock.authority.v1.ListCachesRequest
+	112, // 186: airlock.authority.v1.AuthorityService.ClearCaches:input_type -> airlock.authority.v1.ClearCachesRequest
+	114, // 187: airlock.authority.v1.AuthorityService.ListImages:input_type -> airlock.authority.v1.ListImagesRequest
+	116, // 188: airlock.authority.v1.AuthorityService.PruneImages:input_type -> airlock.authority.v1.PruneImagesRequest
+	118, // 189: airlock.authority.v1.AuthorityService.Heartbeat:input_type -> airlock.authority.v1.HeartbeatRequest
+	123, // 190: airlock.authority.v1.AuthorityService.ListExecutors:input_type -> airlock.authority.v1.ListExecutorsRequest
+	125, // 191: airlock.authority.v1.AuthorityService.GetExecutor:input_type -> airlock.authority.v1.GetExecutorRequest
+	127, // 192: airlock.authority.v1.AuthorityService.DrainExecutor:input_type -> airlock.authority.v1.DrainExecutorRequest
+	12,  // 193: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
+	14,  // 194: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
+	19,  // 195: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
+	21,  // 196: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
+	23,  // 197: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
+	25,  // 198: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
+	18,  // 199: airlock.authority.v1.AuthorityService.DownloadBundle:output_type -> airlock.authority.v1.DownloadBundleResponse
+	79,  // 200: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
+	81,  // 201: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
+	83,  // 202: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
+	85,  // 203: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
+	87,  // 204: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
+	107, // 205: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
+	109, // 206: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
+	89,  // 207: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
+	91,  // 208: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
+	93,  // 209: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
+	98,  // 210: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
+	96,  // 211: airlock.authority.v1.AuthorityService.RunExec:output_type -> airlock.authority.v1.RunExecResponse
+	100, // 212: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
+	103, // 213: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
+	105, // 214: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
+	32,  // 215: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
+	31,  // 216: airlock.authority.v1.AuthorityService.FetchImageBlob:output_type -> airlock.authority.v1.FetchImageBlobResponse
+	39,  // 217: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	49,  // 218: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	51,  // 219: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	47,  // 220: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
+	53,  // 221: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	55,  // 222: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	77,  // 223: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
+	58,  // 224: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	60,  // 225: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	62,  // 226: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	64,  // 227: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	66,  // 228: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	68,  // 229: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	71,  // 230: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	74,  // 231: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
+	111, // 232: airlock.authority.v1.AuthorityService.ListCaches:output_type -> airlock.authority.v1.ListCachesResponse
+	113, // 233: airlock.authority.v1.AuthorityService.ClearCaches:output_type -> airlock.authority.v1.ClearCachesResponse
+	115, // 234: airlock.authority.v1.AuthorityService.ListImages:output_type -> airlock.authority.v1.ListImagesResponse
+	117, // 235: airlock.authority.v1.AuthorityService.PruneImages:output_type -> airlock.authority.v1.PruneImagesResponse
+	121, // 236: airlock.authority.v1.AuthorityService.Heartbeat:output_type -> airlock.authority.v1.HeartbeatResponse
+	124, // 237: airlock.authority.v1.AuthorityService.ListExecutors:output_type -> airlock.authority.v1.ListExecutorsResponse
+	126, // 238: airlock.authority.v1.AuthorityService.GetExecutor:output_type -> airlock.authority.v1.GetExecutorResponse
+	128, // 239: airlock.authority.v1.AuthorityService.DrainExecutor:output_type -> airlock.authority.v1.DrainExecutorResponse
+	193, // [193:240] is the sub-list for method output_type
+	146, // [146:193] is the sub-list for method input_type
+	146, // [146:146] is the sub-list for extension type_name
+	146, // [146:146] is the sub-list for extension extendee
+	0,   // [0:146] is the sub-list for field type_name
 }
 
 func init() { file_airlock_authority_v1_authority_proto_init() }

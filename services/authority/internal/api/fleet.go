@@ -27,7 +27,8 @@ func (s *Service) Heartbeat(ctx context.Context, req *authorityv1.HeartbeatReque
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
-	return &authorityv1.HeartbeatResponse{Name: a.Name, Interval: durationpb.New(a.Interval), Draining: a.Draining, CancelRuns: a.CancelRuns}, nil
+	return &authorityv1.HeartbeatResponse{Name: a.Name, Interval: durationpb.New(a.Interval), LostAfter: durationpb.New(a.LostAfter),
+		Draining: a.Draining, CancelRuns: a.CancelRuns}, nil
 }
 
 // ListExecutors implements AuthorityService.ListExecutors.

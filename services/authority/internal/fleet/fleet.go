@@ -64,8 +64,9 @@ type Member struct {
 type Answer struct {
 	// Name is the executor's name in the fleet.
 	Name string
-	// Interval is when the next heartbeat is due.
-	Interval time.Duration
+	// Interval is when the next heartbeat is due; LostAfter how long the
+	// fleet waits for one before it declares the executor lost.
+	Interval, LostAfter time.Duration
 	Draining bool
 	// CancelRuns are runs it holds that it must stop: their jobs ended or
 	// were placed elsewhere while it was out of reach.

@@ -203,7 +203,7 @@ func (f *Fleet) Heartbeat(ctx context.Context, caller identity.ID, address strin
 	if err != nil {
 		return Answer{}, err
 	}
-	return Answer{Name: name, Interval: f.cfg.Interval, Draining: e.Draining, CancelRuns: cancel}, nil
+	return Answer{Name: name, Interval: f.cfg.Interval, LostAfter: f.cfg.LostAfter, Draining: e.Draining, CancelRuns: cancel}, nil
 }
 
 // strayRuns are the runs of runs that the executor must stop: their jobs

@@ -175,24 +175,25 @@ func (c *Client) Run(ctx context.Context) error {
 func (c *Client) beat(ctx context.Context) (*authorityv1.HeartbeatResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
+	sent := c.cfg.Fence.now()
 	resp, err := c.api.Heartbeat(ctx, &authorityv1.HeartbeatRequest{Address: c.cfg.Address, Report: c.report()})
 	if status.Code(err) == codes.Unimplemented {
 		// An authority without a fleet: it answered, so it is reached,
 		// and it never places a job elsewhere, so nothing needs fencing.
-		c.cfg.Fence.answer()
+		c.cfg.Fence.answer(sent, 0)
 		return nil, err
 	}
 	if err != nil {
 		return nil, err
 	}
-	c.apply(resp)
+	c.apply(resp, sent)
 	return resp, nil
 }
 
 // apply acts on an answer. The runs to cancel are cancelled before the
 // answer opens the fence, so a run the authority placed elsewhere while
 // this executor was fenced is cancelled before it could start here.
-func (c *Client) apply(resp *authorityv1.HeartbeatResponse) {
+func (c *Client) apply(resp *authorityv1.HeartbeatResponse, sent time.Time) {
 	log := c.cfg.Logger
 	for _, id := range resp.GetCancelRuns() {
 		run, err := c.cfg.Runs.CancelBecause(id, CancelReason)
@@ -216,7 +217,7 @@ func (c *Client) apply(resp *authorityv1.HeartbeatResponse) {
 	} else if wasDraining != resp.GetDraining() {
 		log.Info("the authority changed this executor's drain", "draining", resp.GetDraining())
 	}
-	c.cfg.Fence.answer()
+	c.cfg.Fence.answer(sent, resp.GetLostAfter().AsDuration())
 }
 
 // report is what the executor can run now.
