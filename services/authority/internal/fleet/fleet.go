@@ -67,7 +67,7 @@ type Answer struct {
 	// Interval is when the next heartbeat is due; LostAfter how long the
 	// fleet waits for one before it declares the executor lost.
 	Interval, LostAfter time.Duration
-	Draining bool
+	Draining            bool
 	// CancelRuns are runs it holds that it must stop: their jobs ended or
 	// were placed elsewhere while it was out of reach.
 	CancelRuns []string
