@@ -33,7 +33,8 @@ const (
 	KindApprover Kind = "approver"
 	KindPipeline Kind = "pipeline"
 	// KindOperator runs the deployment: it sees and drains the executor
-	// fleet, and nothing of any tenant's work.
+	// fleet (executors, their capacity, the ids of the jobs placed on
+	// them and the repositories they cache), and no job's content.
 	KindOperator Kind = "operator"
 )
 
