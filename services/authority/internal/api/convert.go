@@ -68,15 +68,11 @@ func specFromProto(p *authorityv1.JobSpec) (jobs.Spec, error) {
 			s.Resources.Deadline = d.AsDuration()
 		}
 	}
-	switch p.GetRuntimeClass() {
-	case typesv1.RuntimeClass_RUNTIME_CLASS_UNSPECIFIED:
-	case typesv1.RuntimeClass_RUNTIME_CLASS_RUNC:
-		s.RuntimeClass = policy.RuntimeRunc
-	case typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC:
-		s.RuntimeClass = policy.RuntimeRunsc
-	default:
+	rc, ok := executorclient.RuntimeClassFromProto(p.GetRuntimeClass())
+	if !ok {
 		return s, invalid("spec.runtime_class", "%d is not a runtime class", p.GetRuntimeClass())
 	}
+	s.RuntimeClass = rc
 	if np := p.GetNetworkPolicy(); np != nil {
 		n, err := executorclient.NetworkFromProto("spec.network_policy", np)
 		if err != nil {

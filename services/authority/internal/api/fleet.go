@@ -7,10 +7,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
-	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
 	"github.com/airlockhq/airlock/services/authority/internal/fleet"
-	"github.com/airlockhq/airlock/services/authority/internal/policy"
 )
 
 // maxExecutorJobs bounds the job ids GetExecutor lists.
@@ -75,11 +73,8 @@ func reportFromProto(r *authorityv1.ExecutorReport) fleet.Report {
 		Images: r.GetImages(), Sources: r.GetSources(), Pools: r.GetNetworkPools(), Runs: r.GetRuns(), RunsTruncated: r.GetRunsTruncated(),
 	}
 	for _, rc := range r.GetRuntimeClasses() {
-		switch rc {
-		case typesv1.RuntimeClass_RUNTIME_CLASS_RUNC:
-			out.Classes = append(out.Classes, policy.RuntimeRunc)
-		case typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC:
-			out.Classes = append(out.Classes, policy.RuntimeRunsc)
+		if name, ok := executorclient.RuntimeClassFromProto(rc); ok && name != "" {
+			out.Classes = append(out.Classes, name)
 		}
 	}
 	return out

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/config"
+	"github.com/airlockhq/airlock/services/authority/internal/fleet"
 )
 
 // FleetFile is the fleet part of the authority's file.
@@ -18,10 +19,10 @@ type FleetFile struct {
 
 func (f *FleetFile) validate() error {
 	if f.HeartbeatInterval == 0 {
-		f.HeartbeatInterval = 5 * time.Second
+		f.HeartbeatInterval = fleet.DefaultInterval
 	}
 	if f.LostAfter == 0 {
-		f.LostAfter = 30 * time.Second
+		f.LostAfter = fleet.DefaultLostAfter
 	}
 	switch {
 	case f.HeartbeatInterval < time.Second || f.HeartbeatInterval > time.Minute:

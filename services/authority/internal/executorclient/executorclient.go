@@ -186,6 +186,20 @@ func RuntimeClassToProto(name string) (typesv1.RuntimeClass, error) {
 	return 0, fmt.Errorf("executorclient: unknown runtime class %q", name)
 }
 
+// RuntimeClassFromProto maps the enum to a policy runtime class name: ""
+// for unspecified, and false for a value this build does not know.
+func RuntimeClassFromProto(rc typesv1.RuntimeClass) (string, bool) {
+	switch rc {
+	case typesv1.RuntimeClass_RUNTIME_CLASS_UNSPECIFIED:
+		return "", true
+	case typesv1.RuntimeClass_RUNTIME_CLASS_RUNC:
+		return policy.RuntimeRunc, true
+	case typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC:
+		return policy.RuntimeRunsc, true
+	}
+	return "", false
+}
+
 // SessionToProto converts a session's settings; nil (a job) stays nil.
 func SessionToProto(s *jobs.Session) *typesv1.SessionSpec {
 	if s == nil {
