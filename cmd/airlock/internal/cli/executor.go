@@ -290,7 +290,7 @@ func writeExecutor(w io.Writer, resp *authorityv1.GetExecutorResponse, now time.
 	case e.GetPlaced() > 0:
 		fmt.Fprintf(w, "safe to stop: no, %s still placed\n", jobCount(e.GetPlaced()))
 	default:
-		fmt.Fprintln(w, "safe to stop: yes")
+		fmt.Fprintln(w, "safe to stop: yes (keep its data directory: it holds finished jobs' bundles until they are published)")
 	}
 }
 

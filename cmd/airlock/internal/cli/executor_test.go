@@ -197,7 +197,7 @@ func TestExecutorGet(t *testing.T) {
 			"networks   10.200.0.0/16\n", "runs       3 held, as it reported\n",
 			"placed     3 jobs not ended\n  j1\n  j2\n  j3\n", "safe to stop: no, not draining (airlock executor drain exec-a)\n",
 		}},
-		{"exec-b", []string{"state      draining since ", ", by operator/admin: kernel update\n", "safe to stop: yes\n"}},
+		{"exec-b", []string{"state      draining since ", ", by operator/admin: kernel update\n", "safe to stop: yes (keep its data directory: it holds finished jobs' bundles until they are published)\n"}},
 		{"exec-c", []string{"state      lost\n", "version    -, started -\n", "classes    -\n"}},
 	} {
 		code, out, errOut := runCLI(t, cfg, nil, "executor", "get", tc.name)
