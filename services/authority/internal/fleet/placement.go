@@ -129,6 +129,32 @@ func (f *Fleet) Release(job string) {
 	}
 }
 
+// Ended tells the fleet that job, placed on executor id (a SPIFFE ID)
+// with need, ended: what it held there is free now. Its reservation is
+// dropped; and when the executor's last report still counted it as
+// running, that much is counted free until the executor reports again —
+// else short jobs would hold their room for a whole heartbeat interval.
+func (f *Fleet) Ended(job, id string, need Need) {
+	x, err := identity.Parse(id)
+	if err != nil {
+		return
+	}
+	name := NameOf(x)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if n := len(f.reserved[name]); n > 0 {
+		f.reserved[name] = slices.DeleteFunc(f.reserved[name], func(r reservation) bool { return r.job == job })
+		if len(f.reserved[name]) < n {
+			return // the report never counted it
+		}
+	}
+	for _, m := range f.snap {
+		if m.Name == name && slices.Contains(m.Report.Runs, job) && !slices.ContainsFunc(f.freed[name], func(r reservation) bool { return r.job == job }) {
+			f.freed[name] = append(f.freed[name], reservation{job: job, need: need, at: f.now()})
+		}
+	}
+}
+
 // Full records that executor name refused a job for lack of capacity:
 // nothing more is placed on it by this replica until it reports again.
 func (f *Fleet) Full(name string) {
@@ -173,6 +199,9 @@ func (f *Fleet) snapshot(ctx context.Context) ([]Member, error) {
 	for name, rs := range f.reserved {
 		f.reserved[name] = slices.DeleteFunc(rs, func(r reservation) bool { return r.at.Before(seen[name]) })
 	}
+	for name, rs := range f.freed {
+		f.freed[name] = slices.DeleteFunc(rs, func(r reservation) bool { return r.at.Before(seen[name]) })
+	}
 	for name, at := range f.full {
 		if seen[name].After(at) {
 			delete(f.full, name)
@@ -185,7 +214,7 @@ func (f *Fleet) snapshot(ctx context.Context) ([]Member, error) {
 type held struct{ memory, cpu, disk, jobs int64 }
 
 // reservedLocked sums what this replica reserved on executor name since
-// its report.
+// its report, less what jobs its report counted have freed since.
 func (f *Fleet) reservedLocked(name string) held {
 	var sum held
 	for _, r := range f.reserved[name] {
@@ -193,6 +222,12 @@ func (f *Fleet) reservedLocked(name string) held {
 		sum.cpu += r.need.CPUMillis
 		sum.disk += r.need.DiskBytes
 		sum.jobs++
+	}
+	for _, r := range f.freed[name] {
+		sum.memory -= r.need.MemoryBytes
+		sum.cpu -= r.need.CPUMillis
+		sum.disk -= r.need.DiskBytes
+		sum.jobs--
 	}
 	return sum
 }

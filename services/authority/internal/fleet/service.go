@@ -74,6 +74,9 @@ type Fleet struct {
 	// reserved is what this replica placed on each executor (by name)
 	// since the executor's report, which may not count it yet.
 	reserved map[string][]reservation
+	// freed is what jobs the executors' reports counted as running have
+	// freed since (they ended), by executor name.
+	freed map[string][]reservation
 	// full holds off an executor that refused a job for lack of capacity
 	// until its next report (the LastSeen it had).
 	full     map[string]time.Time
@@ -108,7 +111,7 @@ func New(cfg Config) (*Fleet, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	f := &Fleet{cfg: cfg, reserved: map[string][]reservation{}, full: map[string]time.Time{}}
+	f := &Fleet{cfg: cfg, reserved: map[string][]reservation{}, freed: map[string][]reservation{}, full: map[string]time.Time{}}
 	reg, err := f.observe(cfg.Meter)
 	if err != nil {
 		return nil, fmt.Errorf("fleet: metrics: %w", err)

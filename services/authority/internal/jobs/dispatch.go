@@ -40,6 +40,7 @@ func (s *Service) kick(id string) {
 		// Whatever the job held at the gate is free once nothing more is
 		// asked of the executor for it: its run ended, or the job did.
 		defer s.gate.release(id)
+		defer s.freePlacement(id)
 		s.drive(id)
 	}()
 }
@@ -308,6 +309,10 @@ func (s *Service) follow(j store.Job) (done bool, err error) {
 	})
 	switch {
 	case err == nil:
+		// The run ended: its room on the executor is free.
+		if g, gerr := s.grantOf(j); gerr == nil {
+			s.cfg.Fleet.Ended(j.ID, j.Executor, needOf(j, g))
+		}
 		return true, nil
 	case s.ctx.Err() != nil:
 		return true, nil

@@ -95,6 +95,8 @@ type Fleet interface {
 	Place(ctx context.Context, job string, need fleet.Need) (fleet.Member, string, error)
 	// Release drops job's placement reservation.
 	Release(job string)
+	// Ended frees what job, placed on executor id with need, held there.
+	Ended(job, id string, need fleet.Need)
 	// Full holds executor name back after it refused a job for room.
 	Full(name string)
 	// Sweep marks executors lost and returns every lost one.

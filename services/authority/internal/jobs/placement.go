@@ -263,3 +263,22 @@ func (s *Service) lostExecutor(ctx context.Context, id string) bool {
 	m, ok, err := s.cfg.Fleet.Lookup(ctx, id)
 	return err == nil && ok && m.Lost
 }
+
+// freePlacement frees job id's room at its executor in the fleet's
+// accounting once the job has ended (a drive that stops for another
+// reason — another replica drives it now — frees nothing).
+func (s *Service) freePlacement(id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	j, err := s.cfg.Store.GetJob(ctx, id)
+	if err != nil || !j.State.Terminal() {
+		return
+	}
+	if j.Executor == "" {
+		s.cfg.Fleet.Release(id)
+		return
+	}
+	if g, err := s.grantOf(j); err == nil {
+		s.cfg.Fleet.Ended(j.ID, j.Executor, needOf(j, g))
+	}
+}
