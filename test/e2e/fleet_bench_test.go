@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -129,6 +130,10 @@ func startHostExecutor(b *testing.B, s *stack, op authorityv1.AuthorityServiceCl
 	writeYAMLFile(b, config, cfg)
 	p := startProcess(b, b, name, []string{bin(identity.ServiceExecutor), "--config", config}, filepath.Join(dir, "executor.log"), nil)
 	b.Cleanup(func() {
+		if err := syscall.Kill(p.pid, syscall.SIGTERM); err != nil {
+			b.Errorf("stop executor %s: %v", name, err)
+			return
+		}
 		if _, err := reap(p.pid, stopTimeout); err != nil {
 			b.Errorf("stop executor %s: %v", name, err)
 		}
