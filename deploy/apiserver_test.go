@@ -103,6 +103,7 @@ func TestChartServerDryRun(t *testing.T) {
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("the API server refuses %s with %q, want it to say %q", describe(o), err, tc.want)
 			}
+			t.Logf("refused: %v", err)
 		})
 	}
 }

@@ -70,7 +70,7 @@ func startCluster(t *testing.T) *cluster {
 		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
 		"--initial-cluster=airlock-test="+peerURL, "--initial-cluster-state=new")
 	waitFor(t, etcd, 60*time.Second, func() error {
-		resp, err := http.Get(etcdURL + "/health")
+		resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(etcdURL + "/health")
 		if err != nil {
 			return err
 		}
