@@ -11,7 +11,7 @@ BIN   := bin
 PKGS  := ./...
 GOTESTFLAGS ?= -race -count=1 -timeout 15m
 
-.PHONY: all build runtimes bench generate generate-check lint fmt vet test unit e2e test-cgroup2 demo clean
+.PHONY: all build runtimes bench generate generate-check lint fmt vet test unit e2e test-cgroup2 test-chart demo clean
 
 all: build
 
@@ -66,6 +66,14 @@ e2e:
 ## test-cgroup2: the cgroup tests of the sandbox package and an end-to-end smoke in a cgroup-v2-only QEMU machine (TCG) on this machine's root filesystem (tools/cgroup2vm; as root)
 test-cgroup2: build
 	bash tools/cgroup2vm/suite.sh
+
+## test-chart: a real kube-apiserver on Debian's etcd validates every object the Helm chart renders (server-side dry-run, strict fields; deploy/apiserver_test.go). Not part of `make test`: kube-apiserver is built from the Go module proxy on first use (tools/kubeapiserver, ~15 minutes cold) and cached in ~/.cache/airlock-test; etcd-server is installed if missing (as root)
+test-chart:
+	@command -v etcd >/dev/null || { echo "installing: etcd-server"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null 2>&1 || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; }; }
+	kas=$$(bash tools/kubeapiserver/build.sh) && \
+		AIRLOCK_KUBE_APISERVER=$$kas $(GO) test -tags apiserver -count=1 -timeout 15m -run TestChartServerDryRun -v ./deploy/
 
 ## bench: raw `runc run` vs the sandbox vs the whole submit→result path, `true` as a session exec (RunExec, and StartExec+WatchExec) vs a job vs raw `runc exec`, a 20-step agent loop in one session vs 20 jobs, a publish vs the same change landed with git alone, the content scan's MB/s, making, changing and removing an allow job's network, the egress proxy's connect latency and 100 MB download vs an allow-CIDR policy, 8 clients submitting `true` jobs at once (jobs/s, the authority's and the executor's CPU per job, SubmitJob's latency; docs/performance.md has the figures from before revisions resolved in-process), one revision's resolution by branch, by SHA and by the four git processes it took before, a sandbox on an image vs on the host template, the first job on an uncached 280 MB image vs podman pull and skopeo copy of it (installed if missing), and a job on a cached image vs on the host template (benchstat -col /via or /on bench.out for the ratios); benchstat summarizes
 # -p 1: one package at a time, so neither runs under the other's load (two
