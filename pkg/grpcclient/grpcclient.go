@@ -6,6 +6,7 @@ package grpcclient
 
 import (
 	"fmt"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
@@ -56,4 +57,57 @@ func dial(scheme, address string, src *tlsconfig.Source, server identity.ID, opt
 		return nil, fmt.Errorf("grpcclient: dial %s (%s): %w", address, server, err)
 	}
 	return cc, nil
+}
+
+// Conns keeps one connection per peer identity, dialled (Dial) to the
+// address last asked for: a peer that moves gets a new connection and its
+// old one is closed. The executors of a fleet are reached through one.
+// Its methods are safe for concurrent use.
+type Conns struct {
+	tls *tlsconfig.Source
+
+	mu    sync.Mutex
+	conns map[identity.ID]*peerConn
+}
+
+type peerConn struct {
+	address string
+	cc      *grpc.ClientConn
+}
+
+// NewConns returns an empty set of connections dialling with src.
+func NewConns(src *tlsconfig.Source) *Conns {
+	return &Conns{tls: src, conns: map[identity.ID]*peerConn{}}
+}
+
+// Get returns the connection to peer at address, which must prove it is
+// peer.
+func (c *Conns) Get(peer identity.ID, address string) (*grpc.ClientConn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p := c.conns[peer]; p != nil && p.address == address {
+		return p.cc, nil
+	}
+	cc, err := Dial(address, c.tls, peer)
+	if err != nil {
+		return nil, err
+	}
+	if old := c.conns[peer]; old != nil {
+		// It moved: calls in flight on the old address fail, and their
+		// retries go to the new one.
+		_ = old.cc.Close()
+	}
+	c.conns[peer] = &peerConn{address: address, cc: cc}
+	return cc, nil
+}
+
+// Close closes every connection.
+func (c *Conns) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, p := range c.conns {
+		_ = p.cc.Close()
+		delete(c.conns, id)
+	}
+	return nil
 }

@@ -102,3 +102,36 @@ func TestDialReplicas(t *testing.T) {
 		t.Error("a server with the executor's certificate passed for the authority")
 	}
 }
+
+// TestConns: one connection per peer, kept while its address stays, and
+// replaced (the old one closed) when the peer moves.
+func TestConns(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := pki.Init(dir, td, nil); err != nil {
+		t.Fatal(err)
+	}
+	cert, key := pki.Paths(dir, identity.Service(td, identity.ServiceAuthority))
+	src, err := tlsconfig.NewFileSource(pki.CAPath(dir), cert, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := grpcclient.NewConns(src)
+	e1 := identity.Service(td, identity.ServiceExecutor)
+	a, err := c.Get(e1, "127.0.0.1:7402")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := c.Get(e1, "127.0.0.1:7402"); again != a {
+		t.Error("a second Get at the same address dialled again")
+	}
+	moved, err := c.Get(e1, "127.0.0.2:7402")
+	if err != nil || moved == a {
+		t.Fatalf("after a move: %v, same connection %v", err, moved == a)
+	}
+	if st := a.GetState().String(); st != "SHUTDOWN" {
+		t.Errorf("the old connection is %s, want SHUTDOWN", st)
+	}
+	if err := c.Close(); err != nil || moved.GetState().String() != "SHUTDOWN" {
+		t.Errorf("Close: %v, the connection is %s", err, moved.GetState())
+	}
+}

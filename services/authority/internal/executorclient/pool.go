@@ -3,7 +3,6 @@ package executorclient
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -27,22 +26,13 @@ type Resolver func(ctx context.Context, id string) (address string, ok bool, err
 // connection meant for one executor never talks to another. It implements
 // jobs.Executors.
 type Pool struct {
-	tls     *tlsconfig.Source
+	conns   *grpcclient.Conns
 	resolve Resolver
-
-	mu    sync.Mutex
-	conns map[string]*pooled
-}
-
-type pooled struct {
-	address string
-	conn    *grpc.ClientConn
-	client  *Client
 }
 
 // NewPool returns a pool dialing with src, finding executors with resolve.
 func NewPool(src *tlsconfig.Source, resolve Resolver) *Pool {
-	return &Pool{tls: src, resolve: resolve, conns: map[string]*pooled{}}
+	return &Pool{conns: grpcclient.NewConns(src), resolve: resolve}
 }
 
 var _ jobs.Executors = (*Pool)(nil)
@@ -66,35 +56,15 @@ func (p *Pool) For(id string) jobs.Executor {
 	case !ok:
 		return New(unreachable{fmt.Sprintf("executor %s is not in the fleet", id)})
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if c := p.conns[id]; c != nil && c.address == addr {
-		return c.client
-	}
-	conn, err := grpcclient.Dial(addr, p.tls, x)
+	cc, err := p.conns.Get(x, addr)
 	if err != nil {
 		return New(unreachable{fmt.Sprintf("executor %s at %s: %v", id, addr, err)})
 	}
-	if old := p.conns[id]; old != nil {
-		// It moved: calls in flight on the old address fail and are
-		// retried on the new one.
-		_ = old.conn.Close()
-	}
-	c := &pooled{address: addr, conn: conn, client: New(conn)}
-	p.conns[id] = c
-	return c.client
+	return New(cc) // a thin wrapper: the connection is what is kept
 }
 
 // Close closes every connection.
-func (p *Pool) Close() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for id, c := range p.conns {
-		_ = c.conn.Close()
-		delete(p.conns, id)
-	}
-	return nil
-}
+func (p *Pool) Close() error { return p.conns.Close() }
 
 // unreachable is a connection to an executor the pool cannot reach: every
 // call fails Unavailable, saying why.

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -28,54 +27,21 @@ const artifactTimeout = 30 * time.Minute
 // Client is publish.Executor over the executors' API: one connection per
 // executor, each pinned to that executor's own identity.
 type Client struct {
-	tls *tlsconfig.Source
-
-	mu    sync.Mutex
-	conns map[string]*conn // by executor identity
-}
-
-// conn is a connection to one executor at one address.
-type conn struct {
-	address string
-	cc      *grpc.ClientConn
+	conns *grpcclient.Conns
 }
 
 // New returns the executor adapter, dialing with src.
-func New(src *tlsconfig.Source) *Client {
-	return &Client{tls: src, conns: map[string]*conn{}}
-}
+func New(src *tlsconfig.Source) *Client { return &Client{conns: grpcclient.NewConns(src)} }
 
 // Close closes every connection.
-func (e *Client) Close() error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for k, c := range e.conns {
-		_ = c.cc.Close()
-		delete(e.conns, k)
-	}
-	return nil
-}
+func (e *Client) Close() error { return e.conns.Close() }
 
 // conn is the connection to executor at address.
 func (e *Client) conn(executor identity.ID, address string) (*grpc.ClientConn, error) {
 	if address == "" {
 		return nil, fmt.Errorf("%w: executor %s, which keeps the bundle, is out of reach (lost by the fleet); publish again when it is back", errdefs.ErrUnavailable, executor)
 	}
-	key := executor.String()
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if c := e.conns[key]; c != nil && c.address == address {
-		return c.cc, nil
-	}
-	cc, err := grpcclient.Dial(address, e.tls, executor)
-	if err != nil {
-		return nil, err
-	}
-	if old := e.conns[key]; old != nil {
-		_ = old.cc.Close() // the executor moved
-	}
-	e.conns[key] = &conn{address: address, cc: cc}
-	return cc, nil
+	return e.conns.Get(executor, address)
 }
 
 // Artifact implements publish.Executor.
