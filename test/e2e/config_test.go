@@ -50,7 +50,7 @@ func TestServiceConfigErrors(t *testing.T) {
 		fmt.Fprintf(&b, "%s: %q\n", c.listenKey, c.listen)
 		fmt.Fprintf(&b, "data_dir: data\n")
 		fmt.Fprintf(&b, "tls:\n  ca: %q\n  cert: %q\n  key: %q\n", ca, c.cert, key)
-		fmt.Fprintf(&b, "executor:\n  address: 127.0.0.1:1\n")
+		fmt.Fprintf(&b, "fleet:\n  heartbeat_interval: 1s\n")
 		return b.String()
 	}
 	write := func(t *testing.T, c authorityConfig) string {

@@ -118,13 +118,14 @@ func startFleet(t *testing.T) *fleet {
 	t.Helper()
 	dsn, db := pgtest.Schema(t)
 	self := map[int]bool{}
-	t.Cleanup(func() { reapStrays(t, self) })
+	var f *fleet
+	t.Cleanup(func() { reapStrays(t, self, func(pid int, cmdline string) bool { return f != nil && f.owns(pid, cmdline) }) })
 	repo, _ := sampleRepo(t)
 	s := startStack(t, "--repo", "sample="+repo)
 	for _, p := range s.services {
 		self[p.PID] = true
 	}
-	f := &fleet{stack: s, t: t, db: db, replicas: map[string]*fleetProc{}, executors: map[string]*fleetProc{}}
+	f = &fleet{stack: s, t: t, db: db, replicas: map[string]*fleetProc{}, executors: map[string]*fleetProc{}}
 	t.Cleanup(func() { f.checkHostClean(t) })
 
 	// dev up's authority and executor make way for the fleet's.
@@ -912,10 +913,28 @@ func (f *fleet) testGrantForAnother(t *testing.T) {
 	}
 }
 
+// owns says whether process pid (running cmdline) is the fleet's: its
+// command line names the fleet's stack, or it runs in one of its
+// executors' cgroups (a sandboxed job's process names neither path).
+func (f *fleet) owns(pid int, cmdline string) bool {
+	if strings.Contains(cmdline, f.dir) {
+		return true
+	}
+	cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	for _, e := range f.executors {
+		if e.cgroupParent != "" && strings.Contains(string(cg), e.cgroupParent) {
+			return true
+		}
+	}
+	return false
+}
+
 // reapStrays reaps the zombies this process inherited (as subreaper) from
 // the fleet's killed processes — sandboxes an executor started before it
-// was SIGKILLed — and fails for any such process still running.
-func reapStrays(t *testing.T, tracked map[int]bool) {
+// was SIGKILLed — and fails for any such process of the fleet (its command
+// line names its stack, or it runs in one of its executors' cgroups) still
+// running; orphans of other tests running at once are theirs to reap.
+func reapStrays(t *testing.T, tracked map[int]bool, ours func(pid int, cmdline string) bool) {
 	t.Helper()
 	self := fmt.Sprint(os.Getpid())
 	for deadline := time.Now().Add(stopTimeout); ; time.Sleep(50 * time.Millisecond) {
@@ -931,6 +950,9 @@ func reapStrays(t *testing.T, tracked map[int]bool) {
 				continue
 			}
 			cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+			if !ours(pid, string(cmdline)) {
+				continue
+			}
 			running = append(running, fmt.Sprintf("%d %q", pid, strings.ReplaceAll(string(cmdline), "\x00", " ")))
 		}
 		if len(running) == 0 {

@@ -81,14 +81,16 @@ type Fleet struct {
 	// until its next report (the LastSeen it had).
 	full     map[string]time.Time
 	observed metric.Registration
-	// onReturn is told of an executor that came back from lost or
-	// restarted (its SPIFFE ID).
+	// onReturn is told of an executor that came back from lost (its
+	// SPIFFE ID).
 	onReturn func(id string)
 }
 
 // OnReturn has fn told, in the heartbeat's goroutine, of every executor
-// that comes back after it was lost or restarted (its SPIFFE ID): its
-// sessions may wait to be resumed. Call it before the first heartbeat.
+// that comes back after it was lost (its SPIFFE ID): its sessions wait to
+// be resumed. (An executor that restarts without being lost keeps its
+// sessions suspended for their clients to resume, as a single executor
+// always has.) Call it before the first heartbeat.
 func (f *Fleet) OnReturn(fn func(id string)) { f.onReturn = fn }
 
 // New returns a Fleet.
@@ -153,9 +155,8 @@ func (f *Fleet) Heartbeat(ctx context.Context, caller identity.ID, address strin
 	}
 	name, now := NameOf(caller), f.now()
 	var (
-		event     string
-		restarted bool
-		kept      store.Executor
+		event string
+		kept  store.Executor
 	)
 	e, err := f.cfg.Store.UpdateExecutorAudited(ctx, name, func(e *store.Executor, found bool) (*audit.Event, error) {
 		if found && e.ID == caller.String() && e.State == store.ExecutorUp && now.Sub(e.LastSeen) < f.cfg.Interval/4 {
@@ -174,10 +175,6 @@ func (f *Fleet) Heartbeat(ctx context.Context, caller identity.ID, address strin
 			event = audit.KindExecutorReturned
 		default:
 			event = ""
-		}
-		if found {
-			var before Report
-			restarted = json.Unmarshal(e.Report, &before) == nil && !before.StartedAt.Equal(r.StartedAt)
 		}
 		e.State, e.Address, e.Report, e.LastSeen = store.ExecutorUp, address, body, now
 		if event == "" {
@@ -199,7 +196,7 @@ func (f *Fleet) Heartbeat(ctx context.Context, caller identity.ID, address strin
 		f.cfg.Logger.Info("executor "+event[len("executor."):], "executor", name, "address", address, "classes", r.Classes)
 		f.forget() // placement sees it at once
 	}
-	if (event == audit.KindExecutorReturned || restarted) && f.onReturn != nil {
+	if event == audit.KindExecutorReturned && f.onReturn != nil {
 		f.onReturn(caller.String())
 	}
 	cancel, err := f.strayRuns(ctx, caller, r.Runs)
