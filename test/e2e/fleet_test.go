@@ -119,7 +119,9 @@ func startFleet(t *testing.T) *fleet {
 	dsn, db := pgtest.Schema(t)
 	self := map[int]bool{}
 	var f *fleet
-	t.Cleanup(func() { reapStrays(t, self, func(pid int, cmdline string) bool { return f != nil && f.owns(pid, cmdline) }) })
+	t.Cleanup(func() {
+		reapStrays(t, self, func(pid int, cmdline string) bool { return f != nil && f.owns(pid, cmdline) })
+	})
 	repo, _ := sampleRepo(t)
 	s := startStack(t, "--repo", "sample="+repo)
 	for _, p := range s.services {
