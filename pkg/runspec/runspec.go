@@ -19,6 +19,7 @@ import (
 const (
 	ClassRunc  = "runc"
 	ClassRunsc = "runsc"
+	ClassVM    = "vm"
 )
 
 // The least a job may be given. Below the memory minimums the runtime

@@ -19,6 +19,9 @@ type Class string
 const (
 	ClassRunc  Class = "runc"
 	ClassRunsc Class = "runsc"
+	// ClassVM runs the job in a QEMU virtual machine of its own (vm.go):
+	// its own kernel, reached from the host only through QEMU's devices.
+	ClassVM Class = "vm"
 )
 
 var classes = []Class{ClassRunc, ClassRunsc}
@@ -113,6 +116,10 @@ type Spec struct {
 	// Image, if set, is the image the job runs on (image.go) in place of
 	// the host template; nil runs it on the template.
 	Image *ImageRoot
+	// Docker asks the VM class (ClassVM) to start dockerd inside the
+	// guest, on the guest's own kernel, before the command runs. Other
+	// classes refuse it.
+	Docker bool
 }
 
 // CacheMount is one named cache of a job.
