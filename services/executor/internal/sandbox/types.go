@@ -37,6 +37,10 @@ type RuntimeStatus struct {
 	Reason string
 	// Platform is gVisor's platform (runsc only).
 	Platform string
+	// Emulated says the VM class (ClassVM) runs its machines under
+	// QEMU's software emulation (TCG), not KVM: for development and CI
+	// only, allowed by the executor's sandbox.vm.emulation.
+	Emulated bool
 	// SelfCheck is the runsc self-check's outcome: SelfCheckPassed,
 	// SelfCheckFailed, or "" when it did not run (runc, or runsc failed
 	// before it).
