@@ -184,10 +184,29 @@ type Sandbox struct {
 	// reaches no job until the executor restarts.
 	CABundle string   `yaml:"ca_bundle"`
 	ExtraCAs []string `yaml:"extra_cas"`
+	// VM configures the vm runtime class: a QEMU machine per job.
+	VM VM `yaml:"vm"`
 
 	// CAs is the trust store read from CABundle and ExtraCAs, set by
 	// validation.
 	CAs []byte `yaml:"-"`
+}
+
+// VM configures the vm runtime class (README: "The vm runtime class").
+type VM struct {
+	// Runtime is the airlock-vm binary (make build puts it in bin/ beside
+	// airlock-guest, the guest agent it boots); empty disables the class.
+	Runtime string `yaml:"runtime"`
+	// Kernel is the guest kernel's directory as `airlock-vm kernel fetch`
+	// caches it (Debian's linux-image package, pinned by its version);
+	// empty takes the newest one cached.
+	Kernel string `yaml:"kernel"`
+	// QEMU is qemu-system-x86_64; empty finds it in PATH.
+	QEMU string `yaml:"qemu"`
+	// Emulation lets the class run under QEMU's software emulation where
+	// KVM is not usable. For development and CI only: code runs 5 to 10
+	// times slower, and `airlock status` shows "vm: emulated".
+	Emulation bool `yaml:"emulation"`
 }
 
 // maxExtraCAs bounds Sandbox.ExtraCAs.
@@ -255,6 +274,9 @@ func (c *Config) ValidatePeers() error {
 	}
 	errs = append(errs, c.Server.CheckFile("sandbox.runc", &c.Sandbox.Runc, true))
 	errs = append(errs, c.Server.CheckFile("sandbox.runsc", &c.Sandbox.Runsc, false))
+	errs = append(errs, c.Server.CheckFile("sandbox.vm.runtime", &c.Sandbox.VM.Runtime, false))
+	errs = append(errs, c.Server.CheckFile("sandbox.vm.kernel", &c.Sandbox.VM.Kernel, false))
+	errs = append(errs, c.Server.CheckFile("sandbox.vm.qemu", &c.Sandbox.VM.QEMU, false))
 	if c.Sandbox.UIDBase == 0 {
 		c.Sandbox.UIDBase = 1000000
 	} else if c.Sandbox.UIDBase < 65536 {
@@ -441,6 +463,8 @@ func (c *Config) CheckFiles() ([]string, error) {
 		config.CheckPublicKey("authority.grant_public_key", c.Authority.GrantPublicKey),
 		config.CheckExecutable("sandbox.runc", c.Sandbox.Runc),
 		config.CheckExecutable("sandbox.runsc", c.Sandbox.Runsc),
+		config.CheckExecutable("sandbox.vm.runtime", c.Sandbox.VM.Runtime),
+		config.CheckExecutable("sandbox.vm.qemu", c.Sandbox.VM.QEMU),
 	)
 }
 
@@ -448,7 +472,13 @@ func (c *Config) CheckFiles() ([]string, error) {
 func (c *Config) Summary() string {
 	classes := "runc"
 	if c.Sandbox.Runsc != "" {
-		classes += " and runsc"
+		classes += ", runsc"
+	}
+	if c.Sandbox.VM.Runtime != "" {
+		classes += ", vm"
+		if c.Sandbox.VM.Emulation {
+			classes += " (emulation allowed)"
+		}
 	}
 	return fmt.Sprintf("authority %s, %s, cgroup parent %s, network %s pool %s, capacity %d jobs",
 		c.Authority.Address, classes, c.Sandbox.CgroupParent, c.Network.Name, c.Network.Pool4Prefix, c.Capacity.Jobs)

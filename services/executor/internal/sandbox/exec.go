@@ -217,7 +217,8 @@ func (s *Sandbox) exec(ctx context.Context, x ExecSpec, res ExecResult, procFile
 	if s.rt.class == ClassRunc {
 		args = append(args, "--preserve-fds", "2")
 	}
-	if s.rt.class == ClassRunsc {
+	if s.rt.class != ClassRunc {
+		// runsc and airlock-vm name the exec's process by its pid inside.
 		internalPid = pidFile + ".internal"
 		defer os.Remove(internalPid)
 		args = append(args, "--internal-pid-file", internalPid)

@@ -107,7 +107,9 @@ type Config struct {
 	// one file's after another), written into the template at each path
 	// tools look for them (catrust.go); nil reads DefaultCABundle.
 	CABundle []byte
-	Logger   *slog.Logger
+	// VM configures the VM class (vm.go).
+	VM     VMConfig
+	Logger *slog.Logger
 }
 
 // Manager creates sandboxes and cleans up after them.
@@ -213,7 +215,7 @@ func New(cfg Config) (*Manager, error) {
 	if err := os.Chmod(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("sandbox.state_dir: %w", err)
 	}
-	for _, d := range []string{"jobs", "runc", "runsc", "images", "probe", "kept"} {
+	for _, d := range []string{"jobs", "runc", "runsc", "vm", "images", "probe", "kept"} {
 		if err := os.MkdirAll(filepath.Join(cfg.StateDir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("sandbox.state_dir: %w", err)
 		}
@@ -281,6 +283,13 @@ func New(cfg Config) (*Manager, error) {
 		ClassRunc:  {class: ClassRunc, path: cfg.RuncPath, root: filepath.Join(cfg.StateDir, "runc")},
 		ClassRunsc: {class: ClassRunsc, path: cfg.RunscPath, root: filepath.Join(cfg.StateDir, "runsc"), platform: cfg.RunscPlatform, fsFlags: runscFSFlags, batchFlags: runscBatchFlags},
 	}
+	vm := &runtimeBin{class: ClassVM, path: cfg.VM.Path, root: filepath.Join(cfg.StateDir, "vm")}
+	if cfg.VM.Path != "" {
+		var accel string
+		accel, vm.emulated, vm.unavailable = vmAccel(cfg.VM)
+		vm.vmFlags = vmFlags(cfg.VM, accel)
+	}
+	m.runtimes[ClassVM] = vm
 	return m, nil
 }
 
@@ -494,6 +503,9 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		caches:       cacheBinds,
 		class:        spec.Class,
 	})
+	if spec.Class == ClassVM {
+		cfg.Annotations = s.vmAnnotations()
+	}
 	data, err := json.Marshal(cfg)
 	if err != nil {
 		return nil, err
@@ -611,9 +623,21 @@ func (m *Manager) probe(ctx context.Context, c Class) RuntimeStatus {
 		st.Reason = fmt.Sprintf("no %s binary is configured", c)
 		return st
 	}
+	if rt.unavailable != "" {
+		st.Reason = rt.unavailable
+		return st
+	}
 	var err error
 	if st.Version, err = rt.getVersion(ctx); err != nil {
 		st.Reason = err.Error()
+		return st
+	}
+	if c == ClassVM {
+		// No test job: a boot under emulation takes seconds of both
+		// cores, at every executor start. airlock-vm --version has found
+		// QEMU, the kernel and the agent; a guest that cannot boot fails
+		// the first job as a sandbox error naming why.
+		st.Emulated, st.Available = rt.emulated, true
 		return st
 	}
 	if c == ClassRunsc && !strings.Contains(st.Version, runscErrnoMark) {

@@ -43,11 +43,18 @@ const (
 )
 
 // cgroupLimitsOf are the limits the cgroup of a job of class c holds for
-// the job's limits l: l itself but for runsc's pids (see above).
+// the job's limits l: l itself but for runsc's pids (see above) and the
+// VM class's memory and pids (vm.go).
 func cgroupLimitsOf(c Class, l Limits) Limits {
-	if c == ClassRunsc {
+	switch c {
+	case ClassRunsc:
 		// (The inner min keeps the product from overflowing.)
 		l.Pids = min(min(l.Pids, runscHostPidsMax)*runscHostPidsPerTask+runscHostPidsBase, runscHostPidsMax)
+	case ClassVM:
+		// The guest holds the job's own limits (vm.go); the host bounds
+		// QEMU.
+		l.Pids = vmHostPids
+		l.MemoryBytes += vmMemoryOverhead
 	}
 	return l
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -64,6 +65,13 @@ type runtimeBin struct {
 	// gVisor's options.
 	fsFlags, batchFlags []string
 
+	// vmFlags are airlock-vm's own global flags (VM only: vmFlags);
+	// unavailable, if set, says why the class cannot run here (VM only:
+	// vmAccel), and emulated that it runs under TCG.
+	vmFlags     []string
+	unavailable string
+	emulated    bool
+
 	mu      sync.Mutex
 	version string // cached once read successfully
 }
@@ -74,6 +82,7 @@ func (r *runtimeBin) global(logPath string) []string {
 	if logPath != "" {
 		args = append(args, "--log", logPath, "--log-format", "json")
 	}
+	args = append(args, r.vmFlags...)
 	if r.class == ClassRunsc {
 		args = append(args,
 			// Apply the bundle's seccomp filter to the job inside the
@@ -207,7 +216,9 @@ func (r *runtimeBin) readVersion(ctx context.Context) (string, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, r.path, "--version")
+	// airlock-vm's version names the kernel and accelerator its flags
+	// choose.
+	cmd := exec.CommandContext(ctx, r.path, append(slices.Clone(r.vmFlags), "--version")...)
 	cmd.Env = runtimeEnv
 	out, err := cmd.Output()
 	if err != nil {

@@ -331,7 +331,7 @@ wait:
 	case stopped == ReasonCancelled:
 		res.Reason = ReasonCancelled
 		res.Message = "every process of the job was killed"
-	case oomEvents(s.oomFD) > 0 || st.oomKills > 0:
+	case oomEvents(s.oomFD) > 0 || st.oomKills > 0 || s.vmGuestOOM():
 		res.Reason = ReasonOOM
 		res.Message = fmt.Sprintf("the memory limit of %d bytes was reached and the kernel's OOM killer killed a process of the job", lim.MemoryBytes)
 	case execFailed:
@@ -344,8 +344,9 @@ wait:
 		errs = append(errs, fmt.Errorf("%s did not start the job (exit %d): %s", s.rt.class, code, strings.Join(msgs, "; ")))
 	case sentryDiedAtHostPids(hostPidsHit, code):
 		errs = append(errs, fmt.Errorf("runsc ended with status %d: %s", code, strings.Join(append([]string{runscHostPidsHit(lim)}, msgs...), "; ")))
-	case s.rt.class == ClassRunsc && code == runscFailureExit && len(msgs) > 0:
-		errs = append(errs, fmt.Errorf("runsc failed: %s", strings.Join(msgs, "; ")))
+	case s.rt.class != ClassRunc && code == runscFailureExit && len(msgs) > 0:
+		// runsc and airlock-vm both exit 128 on their own failures.
+		errs = append(errs, fmt.Errorf("%s failed: %s", s.rt.class, strings.Join(msgs, "; ")))
 	case s.scr.full():
 		res.Reason = ReasonDiskFull
 		res.Message = fmt.Sprintf("the job filled its disk limit of %d bytes and exited with status %d", lim.DiskBytes, code)
@@ -422,7 +423,7 @@ func (s *Sandbox) Restart() error {
 			return fmt.Errorf("sandbox %s: restart: empty %s: %w", s.spec.ID, d, err)
 		}
 	}
-	for _, p := range []string{s.pidFile, s.logPath} {
+	for _, p := range []string{s.pidFile, s.logPath, filepath.Join(s.bundle, vmResultFile)} {
 		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}

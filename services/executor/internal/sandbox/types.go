@@ -24,7 +24,7 @@ const (
 	ClassVM Class = "vm"
 )
 
-var classes = []Class{ClassRunc, ClassRunsc}
+var classes = []Class{ClassRunc, ClassRunsc, ClassVM}
 
 // RuntimeStatus says whether a class can run jobs on this machine.
 type RuntimeStatus struct {
@@ -217,9 +217,12 @@ func (s *Spec) validate() error {
 // choose outside the job id alphabet so they can never collide with a job.
 func (s *Spec) validateBody() error {
 	switch s.Class {
-	case ClassRunc, ClassRunsc:
+	case ClassRunc, ClassRunsc, ClassVM:
 	default:
-		return invalid("spec.class %q: want %q or %q", s.Class, ClassRunc, ClassRunsc)
+		return invalid("spec.class %q: want %q, %q or %q", s.Class, ClassRunc, ClassRunsc, ClassVM)
+	}
+	if s.Docker && s.Class != ClassVM {
+		return invalid("spec.docker: docker runs only in the %s class (its own kernel and cgroups), not %s", ClassVM, s.Class)
 	}
 	if s.Source == "" || !strings.HasPrefix(s.Source, "/") {
 		return invalid("spec.source %q: must be an absolute path", s.Source)

@@ -57,6 +57,11 @@ func (s *Sandbox) UpdateLimits(l Limits) error {
 	if l.Pids != cur.Pids && s.spec.Class == ClassRunsc {
 		return invalid("limits.pids %d: cannot change on a running runsc job: gVisor holds the job to the limit it started with (it is %d)", l.Pids, cur.Pids)
 	}
+	if s.spec.Class == ClassVM {
+		if why := vmRefuseLive(cur, l); why != "" {
+			return invalid("%s", why)
+		}
+	}
 	next := s.spec
 	next.Limits = l
 	if err := next.validateBody(); err != nil {

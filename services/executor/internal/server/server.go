@@ -73,7 +73,13 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				Path:                cfg.Sandbox.Path,
 				CABundle:            cfg.Sandbox.CAs,
 				MemoryLimit:         cfg.Capacity.MemoryBytes,
-				Logger:              logger,
+				VM: sandbox.VMConfig{
+					Path:      cfg.Sandbox.VM.Runtime,
+					Kernel:    cfg.Sandbox.VM.Kernel,
+					QEMU:      cfg.Sandbox.VM.QEMU,
+					Emulation: cfg.Sandbox.VM.Emulation,
+				},
+				Logger: logger,
 			})
 			if err != nil {
 				return err
