@@ -338,7 +338,7 @@ func (e *env) assertClean(t testing.TB) {
 	if pids := procsInUIDRange(e.cfg.UIDBase); len(pids) > 0 {
 		t.Errorf("processes of the sandbox uid range still alive: %v", pids)
 	}
-	for _, d := range []string{"jobs", "runc", "runsc", "kept"} {
+	for _, d := range []string{"jobs", "runc", "runsc", "vm", "kept"} {
 		ents, _ := os.ReadDir(filepath.Join(e.cfg.StateDir, d))
 		for _, ent := range ents {
 			t.Errorf("left in %s: %s", d, ent.Name())
