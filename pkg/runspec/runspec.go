@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/egress"
@@ -24,7 +25,9 @@ const (
 
 // The least a job may be given. Below the memory minimums the runtime
 // itself cannot start (gVisor's sentry and gofer take memory of their
-// own); the pids minimums leave a job room for a shell and its children
+// own; a VM's memory is its guest's RAM, which must hold a guest kernel,
+// the guest agent and the job's page cache before the job's own pages);
+// the pids minimums leave a job room for a shell and its children
 // (under runsc the job's pids are the tasks inside gVisor, which holds
 // them to the limit itself, and its own host tasks are bounded apart:
 // see the executor's sandbox.cgroupLimitsOf).
@@ -32,9 +35,25 @@ const (
 	MinCPUMillis        = 10
 	MinMemoryBytes      = 16 << 20
 	MinRunscMemoryBytes = 64 << 20
+	MinVMMemoryBytes    = 256 << 20
 	MinPids             = 8
 	MinRunscPids        = 64
 	MinDiskBytes        = 4 << 20
+)
+
+// MinDockerMemoryBytes is the least memory of a job that asks for Docker:
+// dockerd and containerd take a few hundred MiB inside the guest before
+// the first container the job starts, so less boots a VM where docker
+// builds are killed for memory.
+const MinDockerMemoryBytes = 1 << 30
+
+// What a job may ask to run beside it inside its sandbox (a job spec's
+// "with").
+const (
+	// WithDocker starts a Docker daemon for the job. Only a VM has its own
+	// kernel and cgroups for it: under runc or runsc it would need the
+	// host's, which no job may have.
+	WithDocker = "docker"
 )
 
 // MaxRunscPids is the most pids a runsc job may be given: its gVisor's
@@ -65,8 +84,10 @@ func CheckLimits(class string, l Limits) error {
 	case ClassRunc:
 	case ClassRunsc:
 		mem, pids = MinRunscMemoryBytes, MinRunscPids
+	case ClassVM:
+		mem = MinVMMemoryBytes
 	default:
-		return &FieldError{"runtime_class", fmt.Sprintf("%q is not runc or runsc", class)}
+		return &FieldError{"runtime_class", fmt.Sprintf("%q is not runc, runsc or vm", class)}
 	}
 	switch {
 	case l.CPUMillis < MinCPUMillis:
@@ -84,6 +105,35 @@ func CheckLimits(class string, l Limits) error {
 	}
 	return nil
 }
+
+// CheckWith reports the first problem with what a job of class with
+// limits l asks to run beside it (with): a name not known here, a name
+// given twice, docker outside the vm class, or docker with less memory
+// than MinDockerMemoryBytes. It checks what CheckLimits does not; a job
+// passes both.
+func CheckWith(class string, with []string, l Limits) error {
+	for i, w := range with {
+		switch {
+		case w != WithDocker:
+			return &FieldError{fmt.Sprintf("with[%d]", i), fmt.Sprintf("%q is not %q (the only thing a job may ask to run beside it)", w, WithDocker)}
+		case slices.Contains(with[:i], w):
+			return &FieldError{fmt.Sprintf("with[%d]", i), fmt.Sprintf("%q is asked for twice", w)}
+		}
+	}
+	if !HasDocker(with) {
+		return nil
+	}
+	switch {
+	case class != ClassVM:
+		return &FieldError{"with", "docker runs only in the vm runtime class: its own kernel and cgroups"}
+	case l.MemoryBytes < MinDockerMemoryBytes:
+		return &FieldError{"memory_bytes", fmt.Sprintf("%d: must be at least %d with docker (dockerd and containerd run in the guest beside the job)", l.MemoryBytes, int64(MinDockerMemoryBytes))}
+	}
+	return nil
+}
+
+// HasDocker reports whether with asks for Docker.
+func HasDocker(with []string) bool { return slices.Contains(with, WithDocker) }
 
 // CheckPrefix reports whether p may be named in an allow rule: a valid
 // prefix in its canonical form (no host bits: 10.0.0.0/8, not 10.0.0.1/8),

@@ -12,7 +12,7 @@ import (
 
 func TestCheckLimits(t *testing.T) {
 	ok := runspec.Limits{CPUMillis: 100, MemoryBytes: 256 << 20, Pids: 128, DiskBytes: 64 << 20, Deadline: time.Minute}
-	for _, c := range []string{runspec.ClassRunc, runspec.ClassRunsc} {
+	for _, c := range []string{runspec.ClassRunc, runspec.ClassRunsc, runspec.ClassVM} {
 		if err := runspec.CheckLimits(c, ok); err != nil {
 			t.Errorf("%s: %v", c, err)
 		}
@@ -39,6 +39,9 @@ func TestCheckLimits(t *testing.T) {
 		{"runsc", func(l *runspec.Limits) { l.Pids = 32 }, "pids"},
 		{"runsc", func(l *runspec.Limits) { l.Pids = runspec.MaxRunscPids + 1 }, "pids"},
 		{"runsc", func(l *runspec.Limits) { l.Pids = 1 << 40 }, "pids"},
+		{"vm", func(l *runspec.Limits) { l.MemoryBytes = runspec.MinVMMemoryBytes - 1 }, "memory_bytes"},
+		{"vm", func(l *runspec.Limits) { l.Pids = runspec.MinPids - 1 }, "pids"},
+		{"vm", func(l *runspec.Limits) { l.DiskBytes = 1 }, "disk_bytes"},
 		{"kata", func(*runspec.Limits) {}, "runtime_class"},
 	} {
 		l := ok
@@ -47,6 +50,48 @@ func TestCheckLimits(t *testing.T) {
 		if err := runspec.CheckLimits(tc.class, l); !errors.As(err, &fe) || fe.Field != tc.field {
 			t.Errorf("%s %+v: %v, want a %s error", tc.class, l, err, tc.field)
 		}
+	}
+}
+
+func TestCheckWith(t *testing.T) {
+	gib := runspec.Limits{CPUMillis: 100, MemoryBytes: runspec.MinDockerMemoryBytes, Pids: 128, DiskBytes: 64 << 20, Deadline: time.Minute}
+	small := gib
+	small.MemoryBytes = runspec.MinDockerMemoryBytes - 1
+	for _, tc := range []struct {
+		class string
+		with  []string
+		l     runspec.Limits
+	}{
+		{runspec.ClassRunc, nil, small},
+		{runspec.ClassRunsc, []string{}, small},
+		{runspec.ClassVM, nil, small},
+		{runspec.ClassVM, []string{"docker"}, gib},
+	} {
+		if err := runspec.CheckWith(tc.class, tc.with, tc.l); err != nil {
+			t.Errorf("%s %q: %v", tc.class, tc.with, err)
+		}
+	}
+	for _, tc := range []struct {
+		class        string
+		with         []string
+		l            runspec.Limits
+		field, cause string
+	}{
+		{runspec.ClassRunc, []string{"docker"}, gib, "with", "only in the vm runtime class"},
+		{runspec.ClassRunsc, []string{"docker"}, gib, "with", "its own kernel and cgroups"},
+		{runspec.ClassVM, []string{"docker"}, small, "memory_bytes", "at least 1073741824 with docker"},
+		{runspec.ClassVM, []string{"podman"}, gib, "with[0]", `"podman" is not "docker"`},
+		{runspec.ClassVM, []string{"docker", ""}, gib, "with[1]", `"" is not`},
+		{runspec.ClassVM, []string{"docker", "docker"}, gib, "with[1]", "twice"},
+	} {
+		var fe *runspec.FieldError
+		err := runspec.CheckWith(tc.class, tc.with, tc.l)
+		if !errors.As(err, &fe) || fe.Field != tc.field || !strings.Contains(fe.Reason, tc.cause) {
+			t.Errorf("%s %q: %v, want a %s error saying %q", tc.class, tc.with, err, tc.field, tc.cause)
+		}
+	}
+	if !runspec.HasDocker([]string{"docker"}) || runspec.HasDocker(nil) {
+		t.Error("HasDocker is wrong")
 	}
 }
 

@@ -590,7 +590,12 @@ type JobSpec struct {
 	// the tenant's image policy; empty for the tenant's default image, and
 	// "host" for the executor's host template. A tag is resolved to a digest
 	// at submission: moving the tag later changes nothing for this job.
-	Image         string `protobuf:"bytes,12,opt,name=image,proto3" json:"image,omitempty"`
+	Image string `protobuf:"bytes,12,opt,name=image,proto3" json:"image,omitempty"`
+	// What to run beside the job inside its sandbox, each at most once:
+	// "docker" starts a Docker daemon for the job (runtime_class VM only, and
+	// at least 1 GiB of memory). Anything else is refused. Carried on the
+	// grant (Grant.with); never changes for a job.
+	With          []string `protobuf:"bytes,13,rep,name=with,proto3" json:"with,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -707,6 +712,13 @@ func (x *JobSpec) GetImage() string {
 		return x.Image
 	}
 	return ""
+}
+
+func (x *JobSpec) GetWith() []string {
+	if x != nil {
+		return x.With
+	}
+	return nil
 }
 
 // Job is the authority's record of one job.
@@ -9124,7 +9136,7 @@ var File_airlock_authority_v1_authority_proto protoreflect.FileDescriptor
 
 const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\n" +
-	"$airlock/authority/v1/authority.proto\x12\x14airlock.authority.v1\x1a\x1cairlock/types/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfc\x04\n" +
+	"$airlock/authority/v1/authority.proto\x12\x14airlock.authority.v1\x1a\x1cairlock/types/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x90\x05\n" +
 	"\aJobSpec\x12\x1e\n" +
 	"\n" +
 	"repository\x18\x01 \x01(\tR\n" +
@@ -9140,7 +9152,8 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x06caches\x18\n" +
 	" \x03(\tR\x06caches\x12-\n" +
 	"\x04user\x18\v \x01(\v2\x19.airlock.types.v1.JobUserR\x04user\x12\x14\n" +
-	"\x05image\x18\f \x01(\tR\x05image\x1a6\n" +
+	"\x05image\x18\f \x01(\tR\x05image\x12\x12\n" +
+	"\x04with\x18\r \x03(\tR\x04with\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xda\x06\n" +

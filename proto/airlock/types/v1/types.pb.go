@@ -38,6 +38,8 @@ const (
 	RuntimeClass_RUNTIME_CLASS_RUNC RuntimeClass = 1
 	// runsc (gVisor): a userspace kernel between the job and the host kernel.
 	RuntimeClass_RUNTIME_CLASS_RUNSC RuntimeClass = 2
+	// vm: a QEMU virtual machine per job, with its own guest kernel.
+	RuntimeClass_RUNTIME_CLASS_VM RuntimeClass = 3
 )
 
 // Enum value maps for RuntimeClass.
@@ -46,11 +48,13 @@ var (
 		0: "RUNTIME_CLASS_UNSPECIFIED",
 		1: "RUNTIME_CLASS_RUNC",
 		2: "RUNTIME_CLASS_RUNSC",
+		3: "RUNTIME_CLASS_VM",
 	}
 	RuntimeClass_value = map[string]int32{
 		"RUNTIME_CLASS_UNSPECIFIED": 0,
 		"RUNTIME_CLASS_RUNC":        1,
 		"RUNTIME_CLASS_RUNSC":       2,
+		"RUNTIME_CLASS_VM":          3,
 	}
 )
 
@@ -1038,7 +1042,11 @@ type Grant struct {
 	// (spiffe://TD/service/executor/NAME in a fleet). Every other executor
 	// refuses it, so a grant cannot be replayed across the fleet; an
 	// executor refuses a grant that names none.
-	Executor      string `protobuf:"bytes,22,opt,name=executor,proto3" json:"executor,omitempty"`
+	Executor string `protobuf:"bytes,22,opt,name=executor,proto3" json:"executor,omitempty"`
+	// What the job asked to have running beside it inside its sandbox, from
+	// the job's spec: "docker" (a Docker daemon in the job's VM; only under
+	// RUNTIME_CLASS_VM). Empty for nothing. It never changes for a job.
+	With          []string `protobuf:"bytes,23,rep,name=with,proto3" json:"with,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1225,6 +1233,13 @@ func (x *Grant) GetExecutor() string {
 		return x.Executor
 	}
 	return ""
+}
+
+func (x *Grant) GetWith() []string {
+	if x != nil {
+		return x.With
+	}
+	return nil
 }
 
 // ImageGrant is the image a grant lets a job run on.
@@ -3367,7 +3382,7 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"repository\x18\x01 \x01(\tR\n" +
 	"repository\x12\x16\n" +
-	"\x06branch\x18\x02 \x01(\tR\x06branch\"\xa5\b\n" +
+	"\x06branch\x18\x02 \x01(\tR\x06branch\"\xb9\b\n" +
 	"\x05Grant\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x16\n" +
@@ -3396,7 +3411,8 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\x06caches\x18\x13 \x03(\v2\x1c.airlock.types.v1.CacheGrantR\x06caches\x12-\n" +
 	"\x04user\x18\x14 \x01(\v2\x19.airlock.types.v1.JobUserR\x04user\x122\n" +
 	"\x05image\x18\x15 \x01(\v2\x1c.airlock.types.v1.ImageGrantR\x05image\x12\x1a\n" +
-	"\bexecutor\x18\x16 \x01(\tR\bexecutor\x1a6\n" +
+	"\bexecutor\x18\x16 \x01(\tR\bexecutor\x12\x12\n" +
+	"\x04with\x18\x17 \x03(\tR\x04with\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb2\x01\n" +
@@ -3598,11 +3614,12 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\x05after\x18\x03 \x01(\x03R\x05after\"[\n" +
 	"\vEgressEvent\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x03R\x05index\x126\n" +
-	"\x06record\x18\x02 \x01(\v2\x1e.airlock.types.v1.EgressRecordR\x06record*^\n" +
+	"\x06record\x18\x02 \x01(\v2\x1e.airlock.types.v1.EgressRecordR\x06record*t\n" +
 	"\fRuntimeClass\x12\x1d\n" +
 	"\x19RUNTIME_CLASS_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12RUNTIME_CLASS_RUNC\x10\x01\x12\x17\n" +
-	"\x13RUNTIME_CLASS_RUNSC\x10\x02*\x9f\x01\n" +
+	"\x13RUNTIME_CLASS_RUNSC\x10\x02\x12\x14\n" +
+	"\x10RUNTIME_CLASS_VM\x10\x03*\x9f\x01\n" +
 	"\x12NetworkPolicyState\x12$\n" +
 	" NETWORK_POLICY_STATE_UNSPECIFIED\x10\x00\x12 \n" +
 	"\x1cNETWORK_POLICY_STATE_PENDING\x10\x01\x12 \n" +
