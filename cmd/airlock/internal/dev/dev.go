@@ -227,6 +227,10 @@ airlock dev down.`,
 	return cmd
 }
 
+// devVMName is the vm runtime class's binary (make build puts it in bin/
+// beside the guest agent it boots): optional, as runsc is.
+const devVMName = "airlock-vm"
+
 // findServiceBinaries locates the three service binaries.
 func findServiceBinaries(binDir string) (map[string]string, error) {
 	var dirs []string
@@ -236,7 +240,7 @@ func findServiceBinaries(binDir string) (map[string]string, error) {
 		dirs = []string{filepath.Dir(exe)}
 	}
 	bins := map[string]string{}
-	for _, name := range append(identity.ServiceNames(), "runc", "runsc", devRegistryName) {
+	for _, name := range append(identity.ServiceNames(), "runc", "runsc", devVMName, devRegistryName) {
 		for _, d := range dirs {
 			p := filepath.Join(d, name)
 			if st, err := os.Stat(p); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
@@ -247,14 +251,14 @@ func findServiceBinaries(binDir string) (map[string]string, error) {
 		// The runtimes are never taken from $PATH: a distribution's runc may
 		// lack security fixes the pinned one has. Nor is the registry: a
 		// "registry" in $PATH may be anything.
-		runtime := name == "runc" || name == "runsc"
+		runtime := name == "runc" || name == "runsc" || name == devVMName
 		if bins[name] == "" && binDir == "" && !runtime && name != devRegistryName {
 			if p, err := exec.LookPath(name); err == nil {
 				bins[name] = p
 			}
 		}
-		if bins[name] == "" && (name == "runsc" || name == devRegistryName) {
-			continue // optional: the runsc class, or dev up --registry, is then unavailable
+		if bins[name] == "" && (name == "runsc" || name == devVMName || name == devRegistryName) {
+			continue // optional: the runsc or vm class, or dev up --registry, is then unavailable
 		}
 		if bins[name] == "" {
 			where := "beside airlock or in $PATH"
@@ -417,6 +421,12 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 					sandbox["runsc_self_check_cache"] = filepath.Join(cache, "airlock")
 				}
 			}
+			if bins[devVMName] != "" {
+				// A development stack runs the vm class under emulation
+				// where KVM is not usable; a production executor is
+				// configured with it off (docs/operations.md).
+				sandbox["vm"] = map[string]any{"runtime": bins[devVMName], "emulation": true}
+			}
 			if opts.sandboxPath != "" {
 				sandbox["path"] = opts.sandboxPath
 			}
@@ -525,6 +535,9 @@ func devTenantPolicy(repos map[string]any, bins map[string]string) map[string]an
 	classes := []string{"runc"}
 	if bins["runsc"] != "" {
 		classes = append(classes, "runsc")
+	}
+	if bins[devVMName] != "" {
+		classes = append(classes, "vm")
 	}
 	return map[string]any{
 		"clients":      []string{devIdentity},

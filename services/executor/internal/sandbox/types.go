@@ -221,9 +221,6 @@ func (s *Spec) validateBody() error {
 	default:
 		return invalid("spec.class %q: want %q, %q or %q", s.Class, ClassRunc, ClassRunsc, ClassVM)
 	}
-	if s.Docker && s.Class != ClassVM {
-		return invalid("spec.docker: docker runs only in the %s class (its own kernel and cgroups), not %s", ClassVM, s.Class)
-	}
 	if s.Source == "" || !strings.HasPrefix(s.Source, "/") {
 		return invalid("spec.source %q: must be an absolute path", s.Source)
 	}
@@ -270,6 +267,13 @@ func (s *Spec) validateBody() error {
 	if err := runspec.CheckLimits(string(s.Class), runspec.Limits{CPUMillis: l.CPUMillis, MemoryBytes: l.MemoryBytes, Pids: l.Pids,
 		DiskBytes: l.DiskBytes, Deadline: l.Deadline}); err != nil {
 		return invalid("spec.limits.%v", err)
+	}
+	if s.Docker {
+		// The authority checks a grant's docker request the same way.
+		if err := runspec.CheckWith(string(s.Class), []string{runspec.WithDocker}, runspec.Limits{CPUMillis: l.CPUMillis, MemoryBytes: l.MemoryBytes, Pids: l.Pids,
+			DiskBytes: l.DiskBytes, Deadline: l.Deadline}); err != nil {
+			return invalid("spec.docker: %v", err)
+		}
 	}
 	return nil
 }
