@@ -127,7 +127,7 @@ func Start(l Launch) (*Machine, error) {
 		startc <- started{pid: cmd.Process.Pid}
 		m.err = cmd.Wait()
 		if m.netns != "" {
-			disconnectTap(m.netns)
+			Disconnect(m.netns)
 		}
 	}()
 	s := <-startc
@@ -184,7 +184,7 @@ func (m *Machine) startLocked(l Launch, files []*os.File) (*exec.Cmd, error) {
 	}
 	if err := cmd.Start(); err != nil {
 		if m.netns != "" {
-			disconnectTap(m.netns)
+			Disconnect(m.netns)
 		}
 		return nil, fmt.Errorf("start %s: %w", l.Path, err)
 	}

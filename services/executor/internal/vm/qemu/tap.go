@@ -173,10 +173,10 @@ func ingress(index int) *netlink.Ingress {
 	return &netlink.Ingress{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_INGRESS}}
 }
 
-// disconnectTap removes eth0's ingress qdisc (and with it the redirect to
+// Disconnect removes eth0's ingress qdisc (and with it the redirect to
 // the tap), so a later machine in the same namespace can join it again.
 // The tap's own goes with the tap.
-func disconnectTap(path string) error {
+func Disconnect(path string) error {
 	h, err := handleAt(path)
 	if err != nil {
 		return err
