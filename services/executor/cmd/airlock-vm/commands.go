@@ -46,21 +46,11 @@ func cmdExec(g globals, args []string) error {
 	if err != nil {
 		return err
 	}
-	c, br, err := dialCtl(g, id, ctlRequest{Op: "exec", Process: &p}, os.Stdin, os.Stdout, os.Stderr)
+	c, br, rep, err := call(g, id, ctlRequest{Op: "exec", Process: &p}, os.Stdin, os.Stdout, os.Stderr)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	rep, err := readReply(br)
-	if err != nil {
-		return err
-	}
-	if rep.Error != "" {
-		if rep.ExitCode == exitNotFound || rep.ExitCode == exitNoExec {
-			return &exitCode{code: rep.ExitCode, err: errors.New(rep.Error)}
-		}
-		return errors.New(rep.Error)
-	}
 	if *ipidFile != "" {
 		if err := atomicfile.Write(*ipidFile, []byte(strconv.Itoa(rep.Pid)), 0o644, atomicfile.Fast); err != nil {
 			return fmt.Errorf("internal pid file: %w", err)
@@ -102,26 +92,19 @@ func cmdKill(g globals, args []string) error {
 	if *pgid < 0 {
 		return fmt.Errorf("kill --pgid %d: negative", *pgid)
 	}
-	c, br, err := dialCtl(g, id, ctlRequest{Op: "kill", Pgid: *pgid, Signal: int(sig)})
-	if err != nil {
+	c, _, _, err := call(g, id, ctlRequest{Op: "kill", Pgid: *pgid, Signal: int(sig)})
+	var down *notRunning
+	if errors.As(err, &down) && sig == unix.SIGKILL && *pgid == 0 {
 		// The run is gone or not up: SIGKILL of the job still ends the
 		// machine, as runc's kill of a container's init ends it.
-		if sig == unix.SIGKILL && *pgid == 0 {
-			if r, lerr := stateDir(g.root + "/" + id).load(); lerr == nil {
-				return killWait(5*time.Second, r.QEMU)
-			}
+		if r, lerr := stateDir(g.root + "/" + id).load(); lerr == nil {
+			return killWait(5*time.Second, r.QEMU)
 		}
-		return err
 	}
-	defer c.Close()
-	rep, err := readReply(br)
 	if err != nil {
 		return err
 	}
-	if rep.Error != "" {
-		return errors.New(rep.Error)
-	}
-	return nil
+	return c.Close()
 }
 
 // parseSignal reads a signal as runc does: a number, KILL or SIGKILL.
@@ -194,7 +177,7 @@ func cmdKernel(args []string, stdout io.Writer) error {
 
 // printVersion prints the --version lines; every part must be found.
 func printVersion(g globals, w io.Writer) error {
-	qpath, err := qemuPath(g)
+	qpath, apath, k, err := machineParts(g)
 	if err != nil {
 		return err
 	}
@@ -205,15 +188,7 @@ func printVersion(g globals, w io.Writer) error {
 		return fmt.Errorf("%s --version: %w", qpath, err)
 	}
 	qv, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
-	k, err := loadKernel(g)
-	if err != nil {
-		return err
-	}
-	apath, err := agentPath(g)
-	if err != nil {
-		return err
-	}
-	sum, err := fileSHA256(apath)
+	sum, err := fileDigest(apath)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
@@ -225,6 +200,6 @@ func printVersion(g globals, w io.Writer) error {
 	default:
 		return fmt.Errorf("--accel %q: want kvm or tcg", g.accel)
 	}
-	fmt.Fprintf(w, "airlock-vm %s\nqemu %s\nkernel %s\nagent sha256:%s\n%s\n", version.String(), qv, k, sum, accel)
+	fmt.Fprintf(w, "airlock-vm %s\nqemu %s\nkernel %s\nagent %s\n%s\n", version.String(), qv, k, sum, accel)
 	return nil
 }

@@ -210,7 +210,7 @@ func dialCtl(g globals, id string, req ctlRequest, files ...*os.File) (*net.Unix
 	path := stateDir(g.root + "/" + id).path(ctlSock)
 	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
-		return nil, nil, fmt.Errorf("container %q is not running: %w", id, err)
+		return nil, nil, &notRunning{id: id, err: err}
 	}
 	var oob []byte
 	if len(files) > 0 {
@@ -229,6 +229,37 @@ func dialCtl(g globals, id string, req ctlRequest, files ...*os.File) (*net.Unix
 		return nil, nil, fmt.Errorf("control socket of %q: %w", id, err)
 	}
 	return c, bufio.NewReaderSize(c, 64<<10), nil
+}
+
+// notRunning is dialCtl's error when no run answers for the container.
+type notRunning struct {
+	id  string
+	err error
+}
+
+func (e *notRunning) Error() string {
+	return fmt.Sprintf("container %q is not running: %v", e.id, e.err)
+}
+
+// call sends req (with files) to id's run and reads the first reply; a
+// reply's error is returned as an error (an *exitCode for a failed execve).
+func call(g globals, id string, req ctlRequest, files ...*os.File) (*net.UnixConn, *bufio.Reader, ctlReply, error) {
+	c, br, err := dialCtl(g, id, req, files...)
+	if err != nil {
+		return nil, nil, ctlReply{}, err
+	}
+	rep, err := readReply(br)
+	if err == nil && rep.Error != "" {
+		err = errors.New(rep.Error)
+		if rep.ExitCode == exitNotFound || rep.ExitCode == exitNoExec {
+			err = &exitCode{code: rep.ExitCode, err: err}
+		}
+	}
+	if err != nil {
+		c.Close()
+		return nil, nil, rep, err
+	}
+	return c, br, rep, nil
 }
 
 // readReply reads one reply line.

@@ -9,12 +9,13 @@ import (
 	"path/filepath"
 
 	"github.com/airlockhq/airlock/pkg/atomicfile"
+	"github.com/airlockhq/airlock/pkg/digest"
 	"github.com/airlockhq/airlock/services/executor/internal/vm/initramfs"
 	"github.com/airlockhq/airlock/services/executor/internal/vm/kernel"
 )
 
-// fileSHA256 is the hex SHA-256 of a file's content.
-func fileSHA256(path string) (string, error) {
+// fileDigest is the sha256 digest of a file's content.
+func fileDigest(path string) (string, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return "", err
@@ -24,7 +25,7 @@ func fileSHA256(path string) (string, error) {
 	if _, err := io.Copy(h, f); err != nil {
 		return "", err
 	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return digest.FromSum(h.Sum(nil)), nil
 }
 
 // cachedInitramfs returns the initramfs for the agent and kernel, built
@@ -33,7 +34,7 @@ func fileSHA256(path string) (string, error) {
 // to remove with the state root). It is uncompressed: the kernel then
 // unpacks it without decompressing, which is slow under TCG.
 func cachedInitramfs(root, agent string, k kernel.Kernel) (string, error) {
-	sum, err := fileSHA256(agent)
+	sum, err := fileDigest(agent)
 	if err != nil {
 		return "", fmt.Errorf("agent: %w", err)
 	}

@@ -57,15 +57,7 @@ func cmdRun(g globals, args []string, log *logger) error {
 	if err != nil {
 		return err
 	}
-	qpath, err := qemuPath(g)
-	if err != nil {
-		return err
-	}
-	apath, err := agentPath(g)
-	if err != nil {
-		return err
-	}
-	k, err := loadKernel(g)
+	qpath, apath, k, err := machineParts(g)
 	if err != nil {
 		return err
 	}
@@ -80,6 +72,18 @@ func cmdRun(g globals, args []string, log *logger) error {
 		return err
 	}
 	return &exitCode{code: code}
+}
+
+// machineParts are QEMU, the agent and the kernel the global flags name.
+func machineParts(g globals) (qpath, apath string, k kernel.Kernel, err error) {
+	if qpath, err = qemuPath(g); err != nil {
+		return
+	}
+	if apath, err = agentPath(g); err != nil {
+		return
+	}
+	k, err = loadKernel(g)
+	return
 }
 
 // loadKernel is --kernel's kernel, or the newest cached one.

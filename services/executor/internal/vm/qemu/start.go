@@ -190,3 +190,7 @@ func (m *Machine) startLocked(l Launch, files []*os.File) (*exec.Cmd, error) {
 	}
 	return cmd, nil
 }
+
+func socketPairFDs() ([2]int, error) {
+	return unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+}

@@ -45,17 +45,27 @@ func handleAt(path string) (*netlink.Handle, error) {
 	return h, nil
 }
 
+// ethIn is a netlink handle in the namespace at path and its eth0.
+func ethIn(path string) (*netlink.Handle, netlink.Link, error) {
+	h, err := handleAt(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	link, err := h.LinkByName(JobIf)
+	if err != nil {
+		h.Close()
+		return nil, nil, fmt.Errorf("%s in %s: %w", JobIf, path, err)
+	}
+	return h, link, nil
+}
+
 // ReadNet reads eth0's configuration in the namespace at path.
 func ReadNet(path string) (NetInfo, error) {
-	h, err := handleAt(path)
+	h, link, err := ethIn(path)
 	if err != nil {
 		return NetInfo{}, err
 	}
 	defer h.Close()
-	link, err := h.LinkByName(JobIf)
-	if err != nil {
-		return NetInfo{}, fmt.Errorf("%s in %s: %w", JobIf, path, err)
-	}
 	a := link.Attrs()
 	ni := NetInfo{MAC: a.HardwareAddr.String(), MTU: a.MTU}
 	addrs, err := h.AddrList(link, netlink.FAMILY_ALL)
@@ -127,19 +137,15 @@ func openTap() (*os.File, error) {
 }
 
 // connectTap joins the tap to eth0 in the namespace at path: every frame
-// arriving on one leaves by the other (tc ingress with a matchall filter
+// arriving on one leaves by the other (tc ingress with a match-everything u32 filter
 // and a mirred redirect, each way), so the guest's NIC stands in for eth0
 // on the veth. The tap takes eth0's MTU and comes up.
 func connectTap(path string) error {
-	h, err := handleAt(path)
+	h, eth, err := ethIn(path)
 	if err != nil {
 		return err
 	}
 	defer h.Close()
-	eth, err := h.LinkByName(JobIf)
-	if err != nil {
-		return fmt.Errorf("%s in %s: %w", JobIf, path, err)
-	}
 	tap, err := h.LinkByName(TapName)
 	if err != nil {
 		return fmt.Errorf("%s in %s: %w", TapName, path, err)
@@ -152,9 +158,16 @@ func connectTap(path string) error {
 		if err := h.QdiscAdd(ingress(from.Index)); err != nil {
 			return fmt.Errorf("ingress qdisc on %s in %s: %w", from.Name, path, err)
 		}
-		f := &netlink.MatchAll{
+		// A u32 filter matching every packet (one key, mask 0): u32 is
+		// in kernels that lack matchall.
+		f := &netlink.U32{
 			FilterAttrs: netlink.FilterAttrs{
 				LinkIndex: from.Index, Parent: netlink.MakeHandle(0xffff, 0), Priority: 1, Protocol: unix.ETH_P_ALL,
+			},
+			Sel: &netlink.TcU32Sel{
+				Flags: netlink.TC_U32_TERMINAL,
+				Nkeys: 1,
+				Keys:  []netlink.TcU32Key{{Mask: 0, Val: 0, Off: 0}},
 			},
 			Actions: []netlink.Action{netlink.NewMirredAction(to.Index)},
 		}
@@ -177,15 +190,12 @@ func ingress(index int) *netlink.Ingress {
 // the tap), so a later machine in the same namespace can join it again.
 // The tap's own goes with the tap.
 func Disconnect(path string) error {
-	h, err := handleAt(path)
+	h, eth, err := ethIn(path)
 	if err != nil {
-		return err
-	}
-	defer h.Close()
-	eth, err := h.LinkByName(JobIf)
-	if err != nil {
+		// A namespace (or eth0) already gone holds no redirect.
 		return nil
 	}
+	defer h.Close()
 	if err := h.QdiscDel(ingress(eth.Attrs().Index)); err != nil && err != unix.ENOENT && err != unix.EINVAL {
 		return fmt.Errorf("remove the ingress qdisc of %s in %s: %w", JobIf, path, err)
 	}
