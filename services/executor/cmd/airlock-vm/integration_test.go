@@ -207,21 +207,23 @@ func TestRunExecFailure(t *testing.T) {
 	h.gone(t, "job2", 0)
 }
 
-func TestExecKillDelete(t *testing.T) {
-	h := needVM(t)
-	b := bundle(t, "sleep", "600")
+// startLong starts a run of `sleep 600` and waits until its job runs.
+func (h vmHost) startLong(t *testing.T, id string) (b string, qpid int, runDone chan error) {
+	t.Helper()
+	b = bundle(t, "sleep", "600")
 	pidFile := filepath.Join(b, "pid")
-	run := h.cmd("run", "--bundle", b, "--pid-file", pidFile, "job3")
+	run := h.cmd("run", "--bundle", b, "--pid-file", pidFile, id)
 	if err := run.Start(); err != nil {
 		t.Fatal(err)
 	}
-	runDone := make(chan error, 1)
+	runDone = make(chan error, 1)
 	go func() { runDone <- run.Wait() }()
-	defer run.Process.Kill()
+	t.Cleanup(func() { run.Process.Kill() })
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		if _, err := os.Stat(pidFile); err == nil {
-			break
+		if pid, err := os.ReadFile(pidFile); err == nil {
+			qpid, _ = strconv.Atoi(string(pid))
+			return b, qpid, runDone
 		}
 		select {
 		case err := <-runDone:
@@ -233,8 +235,11 @@ func TestExecKillDelete(t *testing.T) {
 			t.Fatal("no pid file")
 		}
 	}
-	pid, _ := os.ReadFile(pidFile)
-	qpid, _ := strconv.Atoi(string(pid))
+}
+
+func TestExecKillDelete(t *testing.T) {
+	h := needVM(t)
+	b, qpid, runDone := h.startLong(t, "job3")
 
 	proc := filepath.Join(b, "process.json")
 	data, _ := json.Marshal(specs.Process{Args: []string{"/bin/sh", "-c", "read x; echo got $x; exit 5"}, Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"}})
@@ -268,4 +273,19 @@ func TestExecKillDelete(t *testing.T) {
 		t.Errorf("delete: %v", err)
 	}
 	h.gone(t, "job3", qpid)
+}
+
+func TestDeleteRunning(t *testing.T) {
+	h := needVM(t)
+	_, qpid, runDone := h.startLong(t, "job4")
+	if err := h.cmd("delete", "--force", "job4").Run(); err != nil {
+		logData, _ := os.ReadFile(h.log)
+		t.Errorf("delete: %v\n%s", err, logData)
+	}
+	select {
+	case <-runDone:
+	case <-time.After(10 * time.Second):
+		t.Error("run still there after delete --force")
+	}
+	h.gone(t, "job4", qpid)
 }
