@@ -7,6 +7,7 @@ import (
 	"compress/gzip"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -66,7 +67,7 @@ type guestVM struct {
 
 // boot builds the agent and initramfs, starts QEMU under TCG with the host's
 // / shared read-only as the job root, and configures the guest.
-func boot(t *testing.T, cfg proto.Config) *guestVM {
+func boot(t *testing.T, cfg proto.Config, extra ...string) *guestVM {
 	t.Helper()
 	if runtime.GOOS != "linux" || os.Getuid() != 0 {
 		t.Skip("needs root on linux")
@@ -109,6 +110,7 @@ func boot(t *testing.T, cfg proto.Config) *guestVM {
 		"-chardev", "socket,id=agent,path=" + sock,
 		"-device", "virtio-serial-pci", "-device", "virtserialport,chardev=agent,name=" + "airlock.agent",
 		"-virtfs", "local,path=/,mount_tag=root,security_model=passthrough,readonly=on,multidevs=remap"}
+	args = append(args, extra...)
 	if _, err := os.Stat("/usr/share/qemu/qboot.rom"); err == nil {
 		args = append([]string{"-bios", "/usr/share/qemu/qboot.rom"}, args...)
 	}
@@ -193,13 +195,31 @@ func (vm *guestVM) run(t *testing.T, spec proto.Process) (stdout, stderr string,
 var testEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 
 func TestBoot(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan string, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			b := make([]byte, 64)
+			n, _ := c.Read(b)
+			got <- string(b[:n])
+			c.Close()
+		}
+	}()
+	// QEMU's user network: 10.0.2.2 (MAC 52:55:0a:00:02:02) is the host's loopback.
 	vm := boot(t, proto.Config{
 		Hostname:  "airlock-vm-test",
 		Shares:    []proto.Share{{Tag: proto.RootTag, Path: "/", RO: true}},
 		Files:     []proto.File{{Path: "/etc/airlock-vm-test", Mode: 0o644, Content: []byte("from the host\n")}},
 		Tmpfs:     []proto.Tmpfs{{Path: "/tmp"}},
 		PidsLimit: 64,
-	})
+		Network: &proto.Network{MAC: "02:00:00:00:00:01", MTU: 1400, Addresses: []string{"10.0.2.15/24", "fec0::15/64"},
+			Gateway4: "10.0.2.2", Gateway6: "fec0::2", GatewayMAC: "52:55:0a:00:02:02"},
+	}, "-netdev", "user,id=n0,restrict=off", "-device", "virtio-net-pci,netdev=n0,mac=02:00:00:00:00:01")
 	sh := func(script string, uid uint32) proto.Process {
 		return proto.Process{Args: []string{"/bin/sh", "-c", script}, Env: testEnv, Cwd: "/", UID: uid, GID: uid}
 	}
@@ -275,6 +295,32 @@ func TestBoot(t *testing.T) {
 		}
 		if sid == "" || sid != pid {
 			t.Errorf("the process is not its session's leader: sid %q pid %q", sid, pid)
+		}
+	})
+	t.Run("network", func(t *testing.T) {
+		port := ln.Addr().(*net.TCPAddr).Port
+		script := fmt.Sprintf(`cat /sys/class/net/eth0/address /sys/class/net/eth0/mtu /proc/net/if_inet6 /proc/net/route /proc/net/arp /sys/fs/cgroup/airlock/pids.max
+			echo hello-host >/dev/tcp/10.0.2.2/%d`, port)
+		out, stderr, exit, err := vm.run(t, proto.Process{Args: []string{"bash", "-c", script}, Env: testEnv, UID: 1000, GID: 1000})
+		if err != nil || exit.Code != 0 {
+			t.Fatalf("got %q %q %+v %v", out, stderr, exit, err)
+		}
+		for _, want := range []string{"02:00:00:00:00:01\n1400\n", "fec00000000000000000000000000015", "eth0\t00000000\t0202000A",
+			"10.0.2.2         0x1         0x6         52:55:0a:00:02:02", "\n64\n"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("output lacks %q:\n%s", want, out)
+			}
+		}
+		if strings.Contains(out, "fe80") {
+			t.Errorf("a link-local address:\n%s", out)
+		}
+		select {
+		case s := <-got:
+			if s != "hello-host\n" {
+				t.Errorf("the host got %q", s)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("no connection from the guest")
 		}
 	})
 	t.Run("stdin", func(t *testing.T) {
