@@ -43,7 +43,9 @@ type Config struct {
 	Shares   []Share `json:"shares"` // must include RootTag
 	// Files are placed read-only at Path (over whatever the root has there).
 	// Their contents travel in File frames before the Config.
-	Files     []File   `json:"files,omitempty"`
+	Files []File `json:"files,omitempty"`
+	// Tmpfs are the bundle's tmpfs mounts (/tmp, say), the guest's own.
+	Tmpfs     []Tmpfs  `json:"tmpfs,omitempty"`
 	Network   *Network `json:"network,omitempty"` // nil: the guest has no NIC
 	PidsLimit int64    `json:"pids_limit,omitempty"`
 	Disk      bool     `json:"disk,omitempty"`   // /dev/vda exists (ext4)
@@ -58,6 +60,16 @@ type Share struct {
 	Tag    string `json:"tag"`
 	Path   string `json:"path"` // mount point in the job's root; "/" for RootTag
 	RO     bool   `json:"ro,omitempty"`
+	NoSuid bool   `json:"nosuid,omitempty"`
+	NoDev  bool   `json:"nodev,omitempty"`
+	NoExec bool   `json:"noexec,omitempty"`
+}
+
+// Tmpfs is a tmpfs the guest mounts in the job's root.
+type Tmpfs struct {
+	Path   string `json:"path"`
+	Size   int64  `json:"size,omitempty"` // bytes; 0: the kernel's default (half of RAM)
+	Mode   uint32 `json:"mode,omitempty"` // 0: 01777
 	NoSuid bool   `json:"nosuid,omitempty"`
 	NoDev  bool   `json:"nodev,omitempty"`
 	NoExec bool   `json:"noexec,omitempty"`
@@ -163,6 +175,17 @@ func (c *Config) Validate() error {
 		}
 		if f.Mode&^0o7777 != 0 {
 			return fmt.Errorf("config files[%d] %s: mode %o has non-permission bits", i, f.Path, f.Mode)
+		}
+	}
+	if len(c.Tmpfs) > MaxShares {
+		return fmt.Errorf("config tmpfs: %d exceeds %d", len(c.Tmpfs), MaxShares)
+	}
+	for i, m := range c.Tmpfs {
+		if err := checkPath(m.Path); err != nil || m.Path == "/" {
+			return fmt.Errorf("config tmpfs[%d] path %q: not an absolute clean path below /", i, m.Path)
+		}
+		if m.Size < 0 || m.Mode&^0o7777 != 0 {
+			return fmt.Errorf("config tmpfs[%d] %s: negative size or mode %o with non-permission bits", i, m.Path, m.Mode)
 		}
 	}
 	if c.PidsLimit < 0 {
