@@ -18,6 +18,8 @@ all: build
 ## build: the airlock CLI, the three services, the OCI runtimes and the reference OCI registry (dev up --registry) into bin/
 build: runtimes
 	$(GO) build -o $(BIN)/ ./cmd/airlock ./services/authority/cmd/authority ./services/executor/cmd/executor ./services/publisher/cmd/publisher
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./services/executor/cmd/airlock-vm ./services/executor/cmd/airlock-guest
+	$(BIN)/airlock-vm kernel fetch
 	$(GO) build -modfile=tools/go.mod -o $(BIN)/registry github.com/distribution/distribution/v3/cmd/registry
 
 ## runtimes: runc (seccomp) and static runsc from the versions pinned in tools/sandbox

@@ -1,0 +1,291 @@
+//go:build linux
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/airlockhq/airlock/services/executor/internal/vm/kernel"
+)
+
+// vmHost is what the integration tests need: built binaries, a kernel,
+// QEMU and an accelerator. Without them the tests skip, or fail under
+// CI=true.
+type vmHost struct {
+	cli, agent string
+	kernel     kernel.Kernel
+	accel      string
+	root, log  string
+}
+
+func needVM(t *testing.T) vmHost {
+	t.Helper()
+	missing := func(format string, a ...any) {
+		t.Helper()
+		if os.Getenv("CI") == "true" {
+			t.Fatalf(format, a...)
+		}
+		t.Skipf(format, a...)
+	}
+	if os.Getuid() != 0 {
+		missing("the VM runtime needs root (user namespaces with a mapped range, the job's cgroup and netns)")
+	}
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		missing("qemu-system-x86_64: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	k, err := kernel.Fetch(ctx, kernel.Base())
+	if err != nil {
+		missing("kernel: %v", err)
+	}
+	buildOnce.Do(func() { buildErr = buildBinaries() })
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	dir := t.TempDir()
+	h := vmHost{
+		cli: filepath.Join(binDir, "airlock-vm"), agent: filepath.Join(binDir, "airlock-guest"),
+		kernel: k, accel: "tcg", root: filepath.Join(dir, "state"), log: filepath.Join(dir, "log.json"),
+	}
+	if _, err := os.Stat("/dev/kvm"); err == nil {
+		h.accel = "kvm"
+	}
+	return h
+}
+
+// The binaries are built once per test binary, into binDir.
+var (
+	buildOnce sync.Once
+	buildErr  error
+	binDir    string
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+func buildBinaries() error {
+	var err error
+	if binDir, err = os.MkdirTemp("", "airlock-vm-test-"); err != nil {
+		return err
+	}
+	for _, b := range []struct{ out, pkg string }{{"airlock-vm", "."}, {"airlock-guest", "../airlock-guest"}} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, b.out), b.pkg)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
+		}
+	}
+	return nil
+}
+
+// cmd is an airlock-vm command with the global flags.
+func (h vmHost) cmd(args ...string) *exec.Cmd {
+	g := []string{"--root", h.root, "--log", h.log, "--log-format", "json", "--kernel", h.kernel.Dir, "--accel", h.accel, "--agent", h.agent}
+	return exec.Command(h.cli, append(g, args...)...)
+}
+
+// bundle writes a bundle whose root is the host's / (read-only) running args.
+func bundle(t *testing.T, args ...string) string {
+	t.Helper()
+	b := t.TempDir()
+	work := filepath.Join(b, "work")
+	os.Mkdir(work, 0o777)
+	spec := specs.Spec{
+		Version:  specs.Version,
+		Root:     &specs.Root{Path: "/", Readonly: true},
+		Hostname: "vmjob",
+		Process:  &specs.Process{Args: args, Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}, Cwd: "/work"},
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs"},
+			{Destination: "/work", Type: "bind", Source: work, Options: []string{"bind", "rw", "nosuid", "nodev"}},
+		},
+		Annotations: map[string]string{annUIDBase: "100000", annMemory: strconv.Itoa(384 << 20), annCPUs: "1"},
+	}
+	data, _ := json.Marshal(spec)
+	if err := os.WriteFile(filepath.Join(b, "config.json"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func exitStatus(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
+}
+
+// gone checks that nothing of id is left: state, QEMU.
+func (h vmHost) gone(t *testing.T, id string, qemuPid int) {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(h.root, id)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("state of %s left: %v", id, err)
+	}
+	if qemuPid > 0 {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", qemuPid)); err == nil && strings.Contains(string(b), "qemu") {
+			t.Errorf("qemu %d still runs", qemuPid)
+		}
+	}
+}
+
+func TestRunJob(t *testing.T) {
+	h := needVM(t)
+	hostVersion, _ := os.ReadFile("/proc/version")
+	b := bundle(t, "/bin/sh", "-c", "cat /proc/version; hostname; echo to-stderr >&2; echo made >/work/f; exit 3")
+	pidFile := filepath.Join(b, "pid")
+	var out, errb bytes.Buffer
+	cmd := h.cmd("run", "--bundle", b, "--pid-file", pidFile, "job1")
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	start := time.Now()
+	err := cmd.Run()
+	t.Logf("run: %s", time.Since(start))
+	logData, _ := os.ReadFile(h.log)
+	if exitStatus(err) != 3 {
+		t.Fatalf("run: %v, want exit 3\nstdout %s\nstderr %s\nlog %s", err, out.String(), errb.String(), logData)
+	}
+	if !strings.Contains(out.String(), "Linux version "+h.kernel.ABI) || strings.Contains(out.String(), string(hostVersion)) {
+		t.Errorf("stdout %q: want the guest's /proc/version (%s), not the host's", out.String(), h.kernel.ABI)
+	}
+	if !strings.Contains(out.String(), "vmjob") || !strings.Contains(errb.String(), "to-stderr") {
+		t.Errorf("stdout %q stderr %q", out.String(), errb.String())
+	}
+	if data, err := os.ReadFile(filepath.Join(b, "work", "f")); err != nil || string(data) != "made\n" {
+		t.Errorf("the job's file: %q, %v", data, err)
+	}
+	var res result
+	if data, err := os.ReadFile(filepath.Join(b, "vm-result.json")); err != nil || json.Unmarshal(data, &res) != nil || res.ExitCode != 3 || !strings.Contains(res.GuestKernel, h.kernel.ABI) {
+		t.Errorf("vm-result.json: %+v, %v", res, err)
+	}
+	pid, _ := os.ReadFile(pidFile)
+	qpid, _ := strconv.Atoi(string(pid))
+	if qpid <= 0 {
+		t.Errorf("pid file %q", pid)
+	}
+	if err := h.cmd("delete", "--force", "job1").Run(); err != nil {
+		t.Errorf("delete: %v", err)
+	}
+	h.gone(t, "job1", qpid)
+}
+
+func TestRunExecFailure(t *testing.T) {
+	h := needVM(t)
+	b := bundle(t, "no-such-command")
+	pidFile := filepath.Join(b, "pid")
+	err := h.cmd("run", "--bundle", b, "--pid-file", pidFile, "job2").Run()
+	logData, _ := os.ReadFile(h.log)
+	if exitStatus(err) != 127 || !strings.Contains(string(logData), `exec: \"no-such-command\": executable file not found in $PATH`) {
+		t.Errorf("run: %v, want 127 and the exec error in the log:\n%s", err, logData)
+	}
+	if _, err := os.Stat(pidFile); err == nil {
+		t.Error("pid file written for a job that never ran")
+	}
+	h.gone(t, "job2", 0)
+}
+
+// startLong starts a run of `sleep 600` and waits until its job runs.
+func (h vmHost) startLong(t *testing.T, id string) (b string, qpid int, runDone chan error) {
+	t.Helper()
+	b = bundle(t, "sleep", "600")
+	pidFile := filepath.Join(b, "pid")
+	run := h.cmd("run", "--bundle", b, "--pid-file", pidFile, id)
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	runDone = make(chan error, 1)
+	go func() { runDone <- run.Wait() }()
+	t.Cleanup(func() { run.Process.Kill() })
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if pid, err := os.ReadFile(pidFile); err == nil {
+			qpid, _ = strconv.Atoi(string(pid))
+			return b, qpid, runDone
+		}
+		select {
+		case err := <-runDone:
+			logData, _ := os.ReadFile(h.log)
+			t.Fatalf("run ended: %v\n%s", err, logData)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no pid file")
+		}
+	}
+}
+
+func TestExecKillDelete(t *testing.T) {
+	h := needVM(t)
+	b, qpid, runDone := h.startLong(t, "job3")
+
+	proc := filepath.Join(b, "process.json")
+	data, _ := json.Marshal(specs.Process{Args: []string{"/bin/sh", "-c", "read x; echo got $x; exit 5"}, Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"}})
+	os.WriteFile(proc, data, 0o644)
+	ipid := filepath.Join(b, "ipid")
+	var out bytes.Buffer
+	x := h.cmd("exec", "--process", proc, "--pid-file", filepath.Join(b, "xpid"), "--internal-pid-file", ipid, "job3")
+	x.Stdin, x.Stdout = strings.NewReader("hello\n"), &out
+	start := time.Now()
+	if err := x.Run(); exitStatus(err) != 5 || out.String() != "got hello\n" {
+		logData, _ := os.ReadFile(h.log)
+		t.Errorf("exec: %v, stdout %q, want 5 and %q\n%s", err, out.String(), "got hello\n", logData)
+	}
+	t.Logf("exec: %s", time.Since(start))
+	if g, _ := os.ReadFile(ipid); len(g) == 0 {
+		t.Error("no internal pid file")
+	}
+
+	if err := h.cmd("kill", "job3", "TERM").Run(); err != nil {
+		t.Errorf("kill: %v", err)
+	}
+	select {
+	case err := <-runDone:
+		if exitStatus(err) != 128+15 {
+			t.Errorf("run after kill TERM: %v, want %d", err, 128+15)
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("run did not end after kill TERM")
+	}
+	if err := h.cmd("delete", "--force", "job3").Run(); err != nil {
+		t.Errorf("delete: %v", err)
+	}
+	h.gone(t, "job3", qpid)
+}
+
+func TestDeleteRunning(t *testing.T) {
+	h := needVM(t)
+	_, qpid, runDone := h.startLong(t, "job4")
+	if err := h.cmd("delete", "--force", "job4").Run(); err != nil {
+		logData, _ := os.ReadFile(h.log)
+		t.Errorf("delete: %v\n%s", err, logData)
+	}
+	select {
+	case <-runDone:
+	case <-time.After(10 * time.Second):
+		t.Error("run still there after delete --force")
+	}
+	h.gone(t, "job4", qpid)
+}
