@@ -106,6 +106,12 @@ func CheckLimits(class string, l Limits) error {
 	return nil
 }
 
+// FixedInterfaces reports whether class's sandbox reads its network
+// interfaces once, when it starts: gVisor copies them into its own
+// network stack, and a VM's guest configures its one NIC at boot. A job
+// of such a class started without an interface can never gain one.
+func FixedInterfaces(class string) bool { return class == ClassRunsc || class == ClassVM }
+
 // CheckWith reports the first problem with what a job of class with
 // limits l asks to run beside it (with): a name not known here, a name
 // given twice, docker outside the vm class, or docker with less memory

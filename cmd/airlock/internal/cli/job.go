@@ -34,7 +34,7 @@ type submitFlags struct {
 	cpu                                           float64
 	pids                                          int64
 	timeout                                       time.Duration
-	env, caches                                   []string
+	env, caches, with                             []string
 	wait, raw                                     bool
 	net                                           networkFlags
 }
@@ -78,7 +78,8 @@ func (f *submitFlags) register(cmd *cobra.Command) {
 	fl.Int64Var(&f.pids, "pids", 0, "process limit (default: the tenant's)")
 	fl.StringVar(&f.disk, "disk", "", "disk limit for /work, /tmp and /out together, e.g. 1GiB")
 	fl.DurationVar(&f.timeout, "timeout", 0, "deadline, e.g. 10m (default: the tenant's)")
-	fl.StringVar(&f.runtime, "runtime", "", "runtime class: runc or runsc (default: the tenant's)")
+	fl.StringVar(&f.runtime, "runtime", "", "runtime class: "+runtimeClassWords()+" (default: the tenant's)")
+	fl.StringArrayVar(&f.with, "with", nil, "run beside the job in its sandbox: docker, a Docker daemon (runtime class vm only, at least 1GiB of memory; repeatable)")
 	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE for the command (repeatable; never a credential)")
 	fl.StringArrayVar(&f.caches, "cache", nil, "a named cache of the tenant's policy to mount, kept per repository (repeatable)")
 	fl.StringVar(&f.user, "user", "", "who the job runs as: agent, root, UID or UID:GID, ids 0 to 65533 (default: the tenant's)")
@@ -134,7 +135,7 @@ func randomID(prefix string) string {
 
 // spec builds the spec the flags say, running argv.
 func (f *submitFlags) spec(argv []string) (*authorityv1.JobSpec, error) {
-	spec := &authorityv1.JobSpec{Repository: f.repo, Revision: f.rev, Command: argv, Resources: &typesv1.ResourceLimits{}, Caches: f.caches, Image: f.image}
+	spec := &authorityv1.JobSpec{Repository: f.repo, Revision: f.rev, Command: argv, Resources: &typesv1.ResourceLimits{}, Caches: f.caches, Image: f.image, With: f.with}
 	if f.cpu < 0 {
 		return nil, usageError{errors.New("--cpu must not be negative")}
 	}
@@ -150,14 +151,12 @@ func (f *submitFlags) spec(argv []string) (*authorityv1.JobSpec, error) {
 	if f.timeout > 0 {
 		spec.Resources.Deadline = durationpb.New(f.timeout)
 	}
-	switch f.runtime {
-	case "":
-	case "runc":
-		spec.RuntimeClass = typesv1.RuntimeClass_RUNTIME_CLASS_RUNC
-	case "runsc":
-		spec.RuntimeClass = typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC
-	default:
-		return nil, usageError{fmt.Errorf("--runtime %q: must be runc or runsc", f.runtime)}
+	if f.runtime != "" {
+		rc, ok := runtimeClassOf(f.runtime)
+		if !ok {
+			return nil, usageError{fmt.Errorf("--runtime %q: must be %s", f.runtime, runtimeClassWords())}
+		}
+		spec.RuntimeClass = rc
 	}
 	if spec.NetworkPolicy, err = f.net.policy(); err != nil {
 		return nil, err
@@ -225,6 +224,7 @@ func newJobGet(g *globals) *cobra.Command {
 				fmt.Fprintf(w, "requester  %s\n", termtext.Line(job.GetRequester()))
 				fmt.Fprintf(w, "state      %s\n", jobStateWord(job.GetState()))
 				writePlacement(w, job)
+				writeWith(w, job)
 				writeUser(w, job)
 				writeLimits(w, job)
 				writeSummary(w, job)

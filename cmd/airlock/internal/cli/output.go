@@ -264,6 +264,26 @@ func writeUser(w io.Writer, job *authorityv1.Job) {
 	}
 }
 
+// writeWith says what a job or session asked to run beside it in its
+// sandbox (its spec's with), when anything.
+func writeWith(w io.Writer, job *authorityv1.Job) {
+	if with := job.GetSpec().GetWith(); len(with) > 0 {
+		fmt.Fprintf(w, "with       %s\n", termtext.Line(strings.Join(with, ", ")))
+	}
+}
+
+// runtimeVersionText is a result's runtime version as a line shows it:
+// its first part (the runtime's own version line), and "emulated" when a
+// VM ran under QEMU's software emulation rather than KVM.
+func runtimeVersionText(v string) string {
+	first, _, _ := strings.Cut(v, ";")
+	first = termtext.Line(first)
+	if strings.Contains(v, "accel tcg") {
+		first += ", emulated"
+	}
+	return first
+}
+
 func writeSummary(w io.Writer, job *authorityv1.Job) {
 	r := job.GetResult()
 	fmt.Fprintf(w, "\njob        %s\n", termtext.Line(job.GetJobId()))
@@ -283,9 +303,8 @@ func writeSummary(w io.Writer, job *authorityv1.Job) {
 		fmt.Fprintf(w, "approval   %s (airlock approval show %s --as approver/NAME)\n", id, id)
 	}
 	fmt.Fprintf(w, "changes    %d files, +%d -%d\n", ds.GetFilesChanged(), ds.GetInsertions(), ds.GetDeletions())
-	version, _, _ := strings.Cut(r.GetRuntimeVersion(), ";")
 	fmt.Fprintf(w, "runtime    %s (%s), template %s\n", runtimeClassWord(r.GetRuntimeClass()),
-		termtext.Line(version), termtext.Line(r.GetTemplateVersion()))
+		runtimeVersionText(r.GetRuntimeVersion()), termtext.Line(r.GetTemplateVersion()))
 	if img := r.GetImage(); img != "" {
 		fmt.Fprintf(w, "image      %s\n", termtext.Line(img))
 	}

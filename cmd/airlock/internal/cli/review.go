@@ -81,7 +81,7 @@ func writeReviewHeader(w io.Writer, a *authorityv1.Approval, rv *authorityv1.Rev
 	fmt.Fprintf(w, "target     %s:%s\n", termtext.Line(a.GetTarget().GetRepository()), termtext.Line(a.GetTarget().GetBranch()))
 	fmt.Fprintf(w, "bundle     %s\n", termtext.Line(a.GetBundleDigest()))
 	fmt.Fprintf(w, "base       %s\n", termtext.Line(rv.GetCommit()))
-	runtime := termtext.Line(strings.Split(r.GetRuntimeVersion(), ";")[0])
+	runtime := runtimeVersionText(r.GetRuntimeVersion())
 	if len(rv.GetCommand()) > 0 {
 		fmt.Fprintf(w, "command    %s\n", commandText(rv.GetCommand()))
 		fmt.Fprintf(w, "result     %s, exit %d, %s\n", reasonWord(r.GetReason()), r.GetExitCode(), runtime)

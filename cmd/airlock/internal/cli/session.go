@@ -367,6 +367,7 @@ func newSessionGet(g *globals) *cobra.Command {
 					}
 					fmt.Fprintf(w, "state      %s\n", state)
 					writePlacement(w, s)
+					writeWith(w, s)
 					writeLimits(w, s)
 					if resp.GetExecsStale() {
 						fmt.Fprintln(w, "note       the executor could not answer: these are the authority's records of the execs, which may be behind")

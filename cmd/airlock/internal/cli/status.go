@@ -35,7 +35,8 @@ type serviceHealth struct {
 	// RuntimeNotes say more of a class where the executor reports it:
 	// for runsc, gVisor's platform and the self-check's outcome, from its
 	// health components "runtime/runsc/platform/P" and
-	// "runtime/runsc/self-check".
+	// "runtime/runsc/self-check"; for vm, "emulated" from
+	// "runtime/vm/emulated" (QEMU's TCG, not KVM).
 	RuntimeNotes map[string]string `json:"runtime_notes,omitempty"`
 	// Cgroups is the executor's cgroup mode and the controllers its jobs
 	// use, from its health components "cgroup/MODE" and
@@ -50,7 +51,7 @@ type cgroupUse struct {
 
 // runtimeClasses are the executor's runtime classes, reported as health
 // components "runtime/CLASS".
-var runtimeClasses = []string{"runc", "runsc"}
+var runtimeClasses = []string{"runc", "runsc", "vm"}
 
 func newStatus(g *globals) *cobra.Command {
 	var timeout time.Duration
@@ -235,8 +236,8 @@ func components(ctx context.Context, addr string, src *tlsconfig.Source, server 
 }
 
 // runtimeNotes says, per runtime class, what the executor's components
-// below "runtime/CLASS/" report: gVisor's platform and whether runsc
-// passed its self-check.
+// below "runtime/CLASS/" report: gVisor's platform, whether runsc passed
+// its self-check, and whether the VM class is emulated.
 func runtimeNotes(comps map[string]healthpb.HealthCheckResponse_ServingStatus) map[string]string {
 	notes := map[string]string{}
 	for _, c := range runtimeClasses {
@@ -249,6 +250,8 @@ func runtimeNotes(comps map[string]healthpb.HealthCheckResponse_ServingStatus) m
 			}
 			if p, ok := strings.CutPrefix(rest, "platform/"); ok {
 				parts = append(parts, "platform "+p)
+			} else if rest == "emulated" {
+				parts = append(parts, "emulated")
 			} else if rest == "self-check" {
 				note := map[bool]string{true: "self-check passed", false: "self-check FAILED: refused (see the executor's log)"}[st == healthpb.HealthCheckResponse_SERVING]
 				if cached && st == healthpb.HealthCheckResponse_SERVING {

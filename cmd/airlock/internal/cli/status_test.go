@@ -26,6 +26,10 @@ func TestRuntimeNotes(t *testing.T) {
 		{"failed", map[string]healthpb.HealthCheckResponse_ServingStatus{
 			"runtime/runsc": notServing, "runtime/runsc/platform/systrap": notServing, "runtime/runsc/self-check": notServing,
 		}, map[string]string{"runsc": "platform systrap, self-check FAILED: refused (see the executor's log)"}},
+		{"emulated vm", map[string]healthpb.HealthCheckResponse_ServingStatus{
+			"runtime/runc": serving, "runtime/vm": serving, "runtime/vm/emulated": serving,
+		}, map[string]string{"vm": "emulated"}},
+		{"kvm vm", map[string]healthpb.HealthCheckResponse_ServingStatus{"runtime/vm": serving}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := runtimeNotes(tc.comps); !reflect.DeepEqual(got, tc.want) {

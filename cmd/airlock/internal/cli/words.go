@@ -55,6 +55,31 @@ func runtimeClassWord(c typesv1.RuntimeClass) string {
 	return enumWord(c.String(), "RUNTIME_CLASS_", false)
 }
 
+// runtimeClassOf is the class runtimeClassWord names word; false for a
+// word that names none (unspecified included: no flag means that).
+func runtimeClassOf(word string) (typesv1.RuntimeClass, bool) {
+	c, ok := typesv1.RuntimeClass_value["RUNTIME_CLASS_"+strings.ToUpper(word)]
+	if !ok || c == int32(typesv1.RuntimeClass_RUNTIME_CLASS_UNSPECIFIED) || runtimeClassWord(typesv1.RuntimeClass(c)) != word {
+		return 0, false
+	}
+	return typesv1.RuntimeClass(c), true
+}
+
+// runtimeClassWords are the words of every runtime class, for help and
+// errors: "runc, runsc or vm".
+func runtimeClassWords() string {
+	var words []string
+	for c := range len(typesv1.RuntimeClass_name) {
+		if rc := typesv1.RuntimeClass(c); rc != typesv1.RuntimeClass_RUNTIME_CLASS_UNSPECIFIED {
+			words = append(words, runtimeClassWord(rc))
+		}
+	}
+	if len(words) < 2 {
+		return strings.Join(words, "")
+	}
+	return strings.Join(words[:len(words)-1], ", ") + " or " + words[len(words)-1]
+}
+
 func executorStateWord(s authorityv1.ExecutorState) string {
 	return enumWord(s.String(), "EXECUTOR_STATE_", false)
 }

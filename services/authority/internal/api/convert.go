@@ -55,6 +55,7 @@ func specFromProto(p *authorityv1.JobSpec) (jobs.Spec, error) {
 		Env:        p.GetEnv(),
 		Caches:     p.GetCaches(),
 		Image:      p.GetImage(),
+		With:       p.GetWith(),
 	}
 	if u := p.GetUser(); u != nil {
 		s.User = &runspec.User{UID: u.GetUid(), GID: u.GetGid()}

@@ -8,6 +8,7 @@
 package executorclient
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -62,6 +63,7 @@ func (s *Signer) Sign(r jobs.GrantRequest) (jobs.SignedGrant, error) {
 		RuntimeClass:            rc,
 		GitHistoryDepth:         uint32(max(r.HistoryDepth, 0)),
 		Executor:                r.Executor,
+		With:                    r.With,
 		IssuedAt:                timestamppb.New(r.IssuedAt),
 		ExpiresAt:               timestamppb.New(r.ExpiresAt),
 	}
@@ -105,16 +107,19 @@ func (s *Signer) Decode(wire []byte) (jobs.GrantRequest, error) {
 	if err != nil {
 		return jobs.GrantRequest{}, fmt.Errorf("executorclient: stored grant: %w", err)
 	}
+	rc, ok := RuntimeClassFromProto(g.GetRuntimeClass())
+	if !ok {
+		return jobs.GrantRequest{}, fmt.Errorf("executorclient: stored grant: runtime_class %d is not one this build knows", g.GetRuntimeClass())
+	}
 	r := jobs.GrantRequest{
 		JobID: g.GetJobId(), Tenant: g.GetTenant(), Requester: g.GetRequester(), Repository: g.GetRepository(),
 		Commit: g.GetCommit(), Command: g.GetCommand(), Env: g.GetEnv(),
 		Limits: limits, Network: network,
 		NetworkGeneration: g.GetNetworkPolicyGeneration(), Generation: max(g.GetGeneration(), 1),
-		RuntimeClass: policy.RuntimeRunc, HistoryDepth: int(g.GetGitHistoryDepth()), Executor: g.GetExecutor(),
+		// A grant from before runtime classes is runc's.
+		RuntimeClass: cmp.Or(rc, policy.RuntimeRunc), HistoryDepth: int(g.GetGitHistoryDepth()), Executor: g.GetExecutor(),
+		With:     g.GetWith(),
 		IssuedAt: g.GetIssuedAt().AsTime(), ExpiresAt: g.GetExpiresAt().AsTime(),
-	}
-	if g.GetRuntimeClass() == typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC {
-		r.RuntimeClass = policy.RuntimeRunsc
 	}
 	if p := g.GetPublishTarget(); p != nil {
 		r.PublishTarget = &jobs.PublishTarget{Repository: p.GetRepository(), Branch: p.GetBranch()}
@@ -182,6 +187,8 @@ func RuntimeClassToProto(name string) (typesv1.RuntimeClass, error) {
 		return typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, nil
 	case policy.RuntimeRunsc:
 		return typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC, nil
+	case policy.RuntimeVM:
+		return typesv1.RuntimeClass_RUNTIME_CLASS_VM, nil
 	}
 	return 0, fmt.Errorf("executorclient: unknown runtime class %q", name)
 }
@@ -196,6 +203,8 @@ func RuntimeClassFromProto(rc typesv1.RuntimeClass) (string, bool) {
 		return policy.RuntimeRunc, true
 	case typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC:
 		return policy.RuntimeRunsc, true
+	case typesv1.RuntimeClass_RUNTIME_CLASS_VM:
+		return policy.RuntimeVM, true
 	}
 	return "", false
 }

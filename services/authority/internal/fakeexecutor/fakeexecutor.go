@@ -295,6 +295,9 @@ func (e *Executor) StartJob(_ context.Context, req *executorv1.StartJobRequest) 
 	if g.GetRuntimeClass() == typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC && !e.runsc {
 		return nil, status.Error(codes.FailedPrecondition, "runtime class runsc is not installed on this executor")
 	}
+	if g.GetRuntimeClass() == typesv1.RuntimeClass_RUNTIME_CLASS_VM {
+		return nil, status.Error(codes.FailedPrecondition, "runtime class vm is not installed on this executor")
+	}
 	if n := e.unendedLocked(); e.runs[g.GetJobId()] == nil && e.capacity > 0 && n >= e.capacity {
 		return nil, status.Errorf(codes.ResourceExhausted, "capacity: jobs: %d of %d in use (fake)", n, e.capacity)
 	}

@@ -13,7 +13,7 @@ import (
 type Report struct {
 	Version   string    `json:"version,omitempty"`
 	StartedAt time.Time `json:"started_at"`
-	// Classes are the runtime classes it runs ("runc", "runsc").
+	// Classes are the runtime classes it runs ("runc", "runsc", "vm").
 	Classes  []string `json:"classes"`
 	Capacity Capacity `json:"capacity"`
 	// Images are the manifest digests it holds; Sources the repositories

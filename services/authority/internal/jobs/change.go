@@ -16,6 +16,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/runspec"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 )
@@ -212,12 +213,18 @@ func planChange(t *policy.Tenant, cur GrantRequest, req ChangeRequest) (Change, 
 		if err != nil {
 			return ch, err
 		}
-		if err := runnable("limits", cur.RuntimeClass, to); err != nil {
+		if err := runnable("limits", cur.RuntimeClass, cur.With, to); err != nil {
 			return ch, err
 		}
-		// gVisor holds a job's tasks to the RLIMIT_NPROC it started with.
-		if cur.RuntimeClass == policy.RuntimeRunsc && to.Pids != cur.Limits.Pids {
+		// gVisor holds a job's tasks to the RLIMIT_NPROC it started with;
+		// a VM's RAM and its guest's pids limit are set when it boots.
+		switch {
+		case cur.RuntimeClass == policy.RuntimeRunsc && to.Pids != cur.Limits.Pids:
 			return ch, invalid("limits.pids", "cannot change on a running runsc job: gVisor keeps the task limit the job started with")
+		case cur.RuntimeClass == policy.RuntimeVM && to.Pids != cur.Limits.Pids:
+			return ch, invalid("limits.pids", "cannot change on a running vm job: its guest keeps the pids limit it booted with")
+		case cur.RuntimeClass == policy.RuntimeVM && to.MemoryBytes != cur.Limits.MemoryBytes:
+			return ch, invalid("limits.memory_bytes", "cannot change on a running vm job: it is the guest's RAM, fixed when the VM boots")
 		}
 		if err := withinQuota("limits", t, to); err != nil {
 			return ch, err
@@ -241,11 +248,11 @@ func planChange(t *policy.Tenant, cur GrantRequest, req ChangeRequest) (Change, 
 		case to.Mode == NetworkAllow && cur.Network.Mode == NetworkDomains:
 			return ch, fmt.Errorf("%w: policy.allow: the job started with a domains policy; while it runs it can change to other domains or to deny_all only", errdefs.ErrFailedPrecondition)
 		}
-		// gVisor reads the sandbox's interfaces once, at start: a runsc job
-		// that started without any can never get one.
-		if cur.RuntimeClass == policy.RuntimeRunsc && cur.Network.Mode != NetworkAllow && to.Mode == NetworkAllow {
-			return ch, fmt.Errorf("%w: policy: a runsc job started deny_all cannot be given network access while it runs; resubmit it with an allow policy (narrower ones can then apply while it runs)",
-				errdefs.ErrFailedPrecondition)
+		// gVisor and a VM read the sandbox's interfaces once, at start: a
+		// job of such a class that started without any can never get one.
+		if runspec.FixedInterfaces(cur.RuntimeClass) && cur.Network.Mode != NetworkAllow && to.Mode == NetworkAllow {
+			return ch, fmt.Errorf("%w: policy: a %s job started deny_all cannot be given network access while it runs; resubmit it with an allow policy (narrower ones can then apply while it runs)",
+				errdefs.ErrFailedPrecondition, cur.RuntimeClass)
 		}
 		ch.ToNetwork = to
 	}

@@ -82,6 +82,9 @@ type Spec struct {
 	// Image is the OCI image reference to run on, "" for the tenant's
 	// default, policy.HostImage for the host template.
 	Image string `json:",omitempty"`
+	// With names what to run beside the job in its sandbox
+	// (runspec.WithDocker); checked by runspec.CheckWith.
+	With []string `json:",omitempty"`
 }
 
 // Session is what makes a job a session: its sandbox stays up for the
@@ -130,6 +133,8 @@ type GrantRequest struct {
 	User runspec.User
 	// Image is the image the job runs on; nil is the host template.
 	Image *ImageGrant
+	// With is what runs beside the job in its sandbox, as the spec asked.
+	With []string
 	// Executor is the SPIFFE ID of the executor the grant is for; every
 	// other executor refuses it. "" while the job is placed nowhere: no
 	// executor accepts such a grant.

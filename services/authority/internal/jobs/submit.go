@@ -35,6 +35,7 @@ type decision struct {
 	limits  policy.Limits
 	network Network
 	runtime string
+	with    []string // what runs beside the job (runspec.CheckWith)
 	session *Session // set, defaults filled in, for a session
 	caches  []CacheGrant
 	user    runspec.User
@@ -119,7 +120,7 @@ func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequ
 		JobID: j.ID, Tenant: j.Tenant, Requester: j.Requester, Repository: d.repo.Name, Commit: rev.Commit,
 		Command: req.Spec.Command, Env: req.Spec.Env, Limits: d.limits, Network: d.network, NetworkGeneration: 1, Generation: 1,
 		RuntimeClass: d.runtime, PublishTarget: req.Spec.PublishTarget, Session: d.session,
-		HistoryDepth: s.historyDepth(j.Tenant), Caches: d.caches, User: d.user, Image: img, IssuedAt: now, ExpiresAt: now.Add(s.cfg.GrantTTL),
+		HistoryDepth: s.historyDepth(j.Tenant), Caches: d.caches, User: d.user, Image: img, With: d.with, IssuedAt: now, ExpiresAt: now.Add(s.cfg.GrantTTL),
 	}
 	// Placed now when an executor has room (the grant names it), else when
 	// its turn comes.
@@ -295,9 +296,10 @@ func (s *Service) check(ctx context.Context, t *policy.Tenant, spec Spec) (decis
 	default:
 		d.runtime = spec.RuntimeClass
 	}
-	if err := runnable("spec.resources", d.runtime, d.limits); err != nil {
+	if err := runnable("spec.resources", d.runtime, spec.With, d.limits); err != nil {
 		return d, err
 	}
+	d.with = spec.With
 	if d.network, err = checkNetwork(t, "spec.network_policy", spec.Network); err != nil {
 		return d, err
 	}
@@ -570,12 +572,20 @@ func withinQuota(prefix string, t *policy.Tenant, l policy.Limits) error {
 }
 
 // runnable checks limits against what the runtime class needs to start
-// at all (pkg/runspec, which the executor applies too); errors name the
-// field under prefix.
-func runnable(prefix, class string, l policy.Limits) error {
-	err := runspec.CheckLimits(class, runspec.Limits{CPUMillis: l.CPUMillis, MemoryBytes: l.MemoryBytes, Pids: l.Pids, DiskBytes: l.DiskBytes, Deadline: l.Deadline})
+// at all, and with what runs beside the job (pkg/runspec, which the
+// executor applies too); errors name a limit under prefix, and with as
+// the spec's field.
+func runnable(prefix, class string, with []string, l policy.Limits) error {
+	rl := runspec.Limits{CPUMillis: l.CPUMillis, MemoryBytes: l.MemoryBytes, Pids: l.Pids, DiskBytes: l.DiskBytes, Deadline: l.Deadline}
+	err := runspec.CheckLimits(class, rl)
+	if err == nil {
+		err = runspec.CheckWith(class, with, rl)
+	}
 	var fe *runspec.FieldError
-	if errors.As(err, &fe) {
+	switch {
+	case errors.As(err, &fe) && strings.HasPrefix(fe.Field, "with"):
+		return invalid("spec."+fe.Field, "%s", fe.Reason)
+	case errors.As(err, &fe):
 		return invalid(prefix+"."+fe.Field, "%s", fe.Reason)
 	}
 	return err

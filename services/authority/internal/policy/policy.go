@@ -40,10 +40,11 @@ var (
 const (
 	RuntimeRunc  = "runc"
 	RuntimeRunsc = "runsc"
+	RuntimeVM    = "vm"
 )
 
 // RuntimeClasses returns every known runtime class, in a fixed order.
-func RuntimeClasses() []string { return []string{RuntimeRunc, RuntimeRunsc} }
+func RuntimeClasses() []string { return []string{RuntimeRunc, RuntimeRunsc, RuntimeVM} }
 
 // Repository is one repository a tenant may run jobs on.
 type Repository struct {

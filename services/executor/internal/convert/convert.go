@@ -35,8 +35,11 @@ var reasons = map[string]typesv1.TerminationReason{
 // RuntimeClass is the API's name of a sandbox class (classOf the other
 // way).
 func RuntimeClass(c sandbox.Class) typesv1.RuntimeClass {
-	if c == sandbox.ClassRunsc {
+	switch c {
+	case sandbox.ClassRunsc:
 		return typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC
+	case sandbox.ClassVM:
+		return typesv1.RuntimeClass_RUNTIME_CLASS_VM
 	}
 	return typesv1.RuntimeClass_RUNTIME_CLASS_RUNC
 }

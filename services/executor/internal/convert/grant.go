@@ -88,11 +88,21 @@ func grantOf(sg *typesv1.SignedGrant, g *typesv1.Grant) (runs.Grant, error) {
 	if d := g.GetGitHistoryDepth(); d > stage.MaxHistoryDepth {
 		return runs.Grant{}, fmt.Errorf("%w: grant git_history_depth %d: at most %d", errdefs.ErrInvalidArgument, d, stage.MaxHistoryDepth)
 	}
+	class, err := classOf(g.GetRuntimeClass())
+	if err != nil {
+		return runs.Grant{}, err
+	}
+	limits := limitsOf(g.GetLimits())
+	docker, err := dockerOf(class, g.GetWith(), limits)
+	if err != nil {
+		return runs.Grant{}, err
+	}
 	out := runs.Grant{
 		JobID: g.GetJobId(), Tenant: g.GetTenant(), Requester: g.GetRequester(),
 		Repository: g.GetRepository(), Commit: g.GetCommit(), Command: g.GetCommand(), Env: g.GetEnv(),
-		Class:             classOf(g.GetRuntimeClass()),
-		Limits:            limitsOf(g.GetLimits()),
+		Class:             class,
+		Limits:            limits,
+		Docker:            docker,
 		Network:           policy,
 		NetworkGeneration: g.GetNetworkPolicyGeneration(),
 		Generation:        g.GetGeneration(),
@@ -224,11 +234,34 @@ func cachesOf(in []*typesv1.CacheGrant) ([]runs.CacheGrant, error) {
 	return out, nil
 }
 
-func classOf(c typesv1.RuntimeClass) sandbox.Class {
-	if c == typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC {
-		return sandbox.ClassRunsc
+// classOf is a grant's runtime class for the sandbox (RuntimeClass the
+// other way): unspecified, in a grant from before the field, is runc; a
+// class this build does not know is refused rather than run as another.
+func classOf(c typesv1.RuntimeClass) (sandbox.Class, error) {
+	switch c {
+	case typesv1.RuntimeClass_RUNTIME_CLASS_UNSPECIFIED, typesv1.RuntimeClass_RUNTIME_CLASS_RUNC:
+		return sandbox.ClassRunc, nil
+	case typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC:
+		return sandbox.ClassRunsc, nil
+	case typesv1.RuntimeClass_RUNTIME_CLASS_VM:
+		return sandbox.ClassVM, nil
 	}
-	return sandbox.ClassRunc
+	return "", fmt.Errorf("%w: grant runtime_class %d: not a class this executor knows", errdefs.ErrInvalidArgument, c)
+}
+
+// dockerOf checks what a grant asks to run beside the job as the
+// authority did (pkg/runspec) and says whether it asks for Docker.
+func dockerOf(c sandbox.Class, with []string, l sandbox.Limits) (bool, error) {
+	err := runspec.CheckWith(string(c), with, runspec.Limits{CPUMillis: l.CPUMillis, MemoryBytes: l.MemoryBytes, Pids: l.Pids,
+		DiskBytes: l.DiskBytes, Deadline: l.Deadline})
+	var fe *runspec.FieldError
+	switch {
+	case errors.As(err, &fe) && strings.HasPrefix(fe.Field, "with"):
+		return false, fmt.Errorf("%w: grant %s: %s", errdefs.ErrInvalidArgument, fe.Field, fe.Reason)
+	case errors.As(err, &fe):
+		return false, fmt.Errorf("%w: grant limits.%s: %s", errdefs.ErrInvalidArgument, fe.Field, fe.Reason)
+	}
+	return runspec.HasDocker(with), nil
 }
 
 func limitsOf(l *typesv1.ResourceLimits) sandbox.Limits {

@@ -249,6 +249,7 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source, 
 		Env:        g.Env,
 		Limits:     g.Limits,
 		User:       g.User,
+		Docker:     g.Docker,
 		Stdout:     e.stdout,
 		Stderr:     e.stderr,
 	}

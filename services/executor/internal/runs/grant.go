@@ -42,6 +42,9 @@ type Grant struct {
 	// Image is the OCI image the job runs on, by manifest digest; nil is
 	// the host template.
 	Image *ImageRef `json:"image,omitempty"`
+	// Docker says the job asked for a Docker daemon beside it (the
+	// grant's with: "docker"); only the vm class takes it.
+	Docker bool `json:"docker,omitempty"`
 	// Digest names exactly what was granted ("sha256:<hex>" of the signed
 	// body): the same grant sent again has the same digest.
 	Digest string `json:"digest"`

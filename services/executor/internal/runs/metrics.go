@@ -99,7 +99,7 @@ func newMetrics(mp metric.MeterProvider, m *Manager) (*metrics, error) {
 		m.mu.Unlock()
 		// Every state of every class, 0 included, so a rate or an alert
 		// has a series from the start.
-		for _, class := range []sandbox.Class{sandbox.ClassRunc, sandbox.ClassRunsc} {
+		for _, class := range []sandbox.Class{sandbox.ClassRunc, sandbox.ClassRunsc, sandbox.ClassVM} {
 			for _, state := range []string{string(Staging), string(Running), "suspended"} {
 				o.ObserveInt64(active, counts[[2]string{state, string(class)}],
 					metric.WithAttributes(attrState.String(state), attrClass.String(string(class))))
@@ -143,7 +143,7 @@ func (x *metrics) runRefused(cause string) {
 // classOf is c as an attribute value: a class this executor knows, or
 // "other" (a record of a class since dropped).
 func classOf(c sandbox.Class) attribute.KeyValue {
-	if c != sandbox.ClassRunc && c != sandbox.ClassRunsc {
+	if c != sandbox.ClassRunc && c != sandbox.ClassRunsc && c != sandbox.ClassVM {
 		c = "other"
 	}
 	return attrClass.String(string(c))

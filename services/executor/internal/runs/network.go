@@ -7,6 +7,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/runspec"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
@@ -51,11 +52,12 @@ func (m *Manager) checkEnforceable(p NetworkPolicy) error {
 }
 
 // netOptions says how to make the namespace of a job in class c with
-// policy p. gVisor reads its interfaces once, when it starts; a domains
+// policy p. gVisor and a VM read their interfaces once, when they start
+// (runspec.FixedInterfaces); a domains
 // job keeps its veth, and so its egress services' addresses, for good
 // (a narrowing to deny-all drops everything at the host end instead).
 func netOptions(c sandbox.Class, p NetworkPolicy) []netpolicy.CreateOption {
-	if c == sandbox.ClassRunsc || p.domains() {
+	if runspec.FixedInterfaces(string(c)) || p.domains() {
 		return []netpolicy.CreateOption{netpolicy.FixedInterfaces()}
 	}
 	return nil

@@ -96,10 +96,13 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				if st.Available {
 					classes = append(classes, st.Class)
 				}
-				logger.Info("runtime class", "class", st.Class, "available", st.Available, "version", st.Version, "reason", st.Reason, "self_check", st.SelfCheck, "self_check_cached", st.SelfCheckCached)
+				logger.Info("runtime class", "class", st.Class, "available", st.Available, "version", st.Version, "reason", st.Reason, "self_check", st.SelfCheck, "self_check_cached", st.SelfCheckCached, "emulated", st.Emulated)
 				env.SetComponent(RuntimeComponent(string(st.Class)), st.Available)
 				if st.Platform != "" {
 					env.SetComponent(RuntimeComponent(string(st.Class))+"/platform/"+st.Platform, st.Available)
+				}
+				if st.Emulated {
+					env.SetComponent(RuntimeComponent(string(st.Class))+"/emulated", st.Available)
 				}
 				if st.SelfCheck != "" {
 					env.SetComponent(RuntimeComponent(string(st.Class))+"/self-check", st.SelfCheck == sandbox.SelfCheckPassed)
@@ -234,7 +237,9 @@ func CgroupComponent(mode, controller string) string {
 // reports whether it can run a runtime class. Below it, for runsc:
 // "runtime/runsc/platform/PLATFORM" (gVisor's platform, with the class's
 // status) and "runtime/runsc/self-check" (SERVING when the self-check job
-// passed, NOT_SERVING when runsc failed it and is refused).
+// passed, NOT_SERVING when runsc failed it and is refused); for vm,
+// "runtime/vm/emulated" when its machines run under QEMU's software
+// emulation (TCG) rather than KVM, with the class's status.
 func RuntimeComponent(class string) string { return "runtime/" + class }
 
 // signer signs provenance with the executor's current mTLS key, so the
