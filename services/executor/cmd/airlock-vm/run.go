@@ -199,7 +199,7 @@ func (r *runner) run(qpath, apath string, k kernel.Kernel, bundle, pidFile strin
 		return fail("the guest agent did not start", err)
 	}
 	cfg := r.plan.config
-	if r.plan.netns != "" {
+	if r.plan.netns != "" && r.m.Net.MAC != "" {
 		ni := r.m.Net
 		cfg.Network = &proto.Network{MAC: ni.MAC, MTU: ni.MTU, Addresses: ni.Addresses,
 			Gateway4: ni.Gateway4, Gateway6: ni.Gateway6, GatewayMAC: ni.GatewayMAC}

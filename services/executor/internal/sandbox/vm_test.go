@@ -194,7 +194,7 @@ int main(void) {
 	})
 	r := e.runVM(t, job{src: src, cmd: []string{"make", "-C", "/work"}, user: runspec.Agent})
 	wantExit(t, r, 0)
-	if !strings.Contains(r.stdout, "threads done 11999994\n") {
+	if !strings.Contains(r.stdout, "threads done 11999988\n") {
 		t.Errorf("the threaded program's output is wrong:\n%s", r.stdout)
 	}
 }

@@ -1,6 +1,7 @@
 package qemu
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -67,12 +68,17 @@ func (m *Machine) Kill() { unix.Kill(m.Pid, unix.SIGKILL) }
 func Start(l Launch) (*Machine, error) {
 	m := &Machine{done: make(chan struct{}), netns: l.Netns}
 	if l.Netns != "" {
+		// QEMU runs in the job's namespace either way; only one with eth0
+		// gives the guest a NIC.
 		ni, err := ReadNet(l.Netns)
-		if err != nil {
+		switch {
+		case errors.Is(err, ErrNoEth):
+		case err != nil:
 			return nil, err
+		default:
+			m.Net = ni
+			l.Config.MAC = ni.MAC
 		}
-		m.Net = ni
-		l.Config.MAC = ni.MAC
 	}
 	var files []*os.File
 	defer func() {
@@ -149,6 +155,8 @@ func (m *Machine) startLocked(l Launch, files []*os.File) (*exec.Cmd, error) {
 		if err != nil {
 			return nil, fmt.Errorf("enter network namespace %s: %w", l.Netns, err)
 		}
+	}
+	if l.Netns != "" && m.Net.MAC != "" {
 		tap, err := openTap()
 		if err != nil {
 			return nil, err

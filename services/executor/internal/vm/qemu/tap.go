@@ -1,6 +1,7 @@
 package qemu
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -14,6 +15,11 @@ import (
 // JobIf is the job's end of the veth in its network namespace (package
 // netpolicy's), which the tap is joined to.
 const JobIf = "eth0"
+
+// ErrNoEth is ReadNet's error for a namespace without JobIf: a job whose
+// policy is deny-all has no veth (package netpolicy), and its guest then
+// gets no NIC at all.
+var ErrNoEth = errors.New("the network namespace has no " + JobIf)
 
 // TapName is the tap's name inside the job's namespace.
 const TapName = "tap0"
@@ -54,6 +60,10 @@ func ethIn(path string) (*netlink.Handle, netlink.Link, error) {
 	link, err := h.LinkByName(JobIf)
 	if err != nil {
 		h.Close()
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil, nil, fmt.Errorf("%s: %w", path, ErrNoEth)
+		}
 		return nil, nil, fmt.Errorf("%s in %s: %w", JobIf, path, err)
 	}
 	return h, link, nil
