@@ -359,7 +359,7 @@ wait:
 	s.mu.Lock()
 	ending := s.ending || s.state != stateRunning
 	s.mu.Unlock()
-	execCode, execMsg, execFailed := execFailure(logErrors(logPath))
+	execCode, execMsg, execFailed := execFailure(s.rt.class, logErrors(logPath))
 	_, started := os.Stat(pidFile)
 	switch {
 	case stopped == ReasonTimeout:

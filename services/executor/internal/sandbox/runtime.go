@@ -274,8 +274,14 @@ func logErrors(path string) []string {
 // execFailure recognizes the runtime's report that the job's argv[0] could
 // not be executed: that is the job's failure (exit 127 or 126, as a shell
 // would say), not the sandbox's.
-func execFailure(msgs []string) (code int, msg string, ok bool) {
+func execFailure(class Class, msgs []string) (code int, msg string, ok bool) {
 	for _, m := range msgs {
+		// airlock-vm reports an exec failure as a message of its own,
+		// starting "exec: "; anywhere else such words are some other
+		// program's (a guest daemon's log in a failure's message).
+		if class == ClassVM && !strings.HasPrefix(m, "exec: ") {
+			continue
+		}
 		// runsc resolves argv[0] itself before starting the job.
 		if i := strings.Index(m, "error finding executable"); i >= 0 {
 			return 127, m[i:], true

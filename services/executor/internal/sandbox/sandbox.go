@@ -323,7 +323,7 @@ wait:
 	hostPidsHit := s.rt.class == ClassRunsc && (st.pidsMaxHit > 0 || st.peakPids >= cgroupLimitsOf(ClassRunsc, lim).Pids)
 	_, started := os.Stat(s.pidFile)
 	msgs := logErrors(s.logPath)
-	execCode, execMsg, execFailed := execFailure(msgs)
+	execCode, execMsg, execFailed := execFailure(s.rt.class, msgs)
 	switch {
 	case stopped == ReasonTimeout:
 		res.Reason = ReasonTimeout

@@ -423,7 +423,7 @@ func TestVMSession(t *testing.T) {
 // Docker inside the VM: dockerd on the guest's kernel loads an image from
 // a tarball in /work and runs it. The slowest test of the class: one boot.
 func TestVMDocker(t *testing.T) {
-	if _, err := os.Stat("/usr/bin/dockerd"); err != nil {
+	if _, err := os.Stat("/usr/sbin/dockerd"); err != nil {
 		vmMissing(t, "the template has no dockerd (apt-get install docker.io): "+err.Error())
 	}
 	e := vmEnv(t)
@@ -455,7 +455,8 @@ func TestVMDocker(t *testing.T) {
 		t.Fatal(err)
 	}
 	if res.Reason != ReasonExited || res.ExitCode != 0 {
-		t.Fatalf("docker run ended %s %d: %s", res.Reason, res.ExitCode, res.Message)
+		rtlog, _ := os.ReadFile(sb.logPath)
+		t.Fatalf("docker run ended %s %d: %s\nruntime log:\n%s", res.Reason, res.ExitCode, res.Message, rtlog)
 	}
 	if !strings.Contains(out.String(), "/msg.txt: hello from a container in an airlock vm\n") {
 		t.Errorf("the container's line is missing")

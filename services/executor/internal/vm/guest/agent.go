@@ -31,6 +31,9 @@ type agent struct {
 	w      *proto.Writer
 	reaper *reaper
 	jobCg  int // fd of the job processes' cgroup, -1 without one
+	// docker says dockerd answers on dockerSocket: every process gets
+	// DOCKER_HOST naming it unless its environment names another.
+	docker bool
 
 	mu    sync.Mutex
 	procs map[uint32]*process
@@ -157,6 +160,7 @@ func (a *agent) setup(cfg *proto.Config, files map[string][]byte) error {
 		if err := a.startDocker(cfg.DockerUID, cfg.DockerGID); err != nil {
 			return err
 		}
+		a.docker = true
 	}
 	return nil
 }

@@ -16,11 +16,24 @@ import (
 )
 
 const (
-	dockerd        = "/usr/bin/dockerd"
 	dockerSocket   = "/run/docker.sock"
 	dockerDeadline = 120 * time.Second // dockerd's start under TCG emulation is slow
-	dockerLogLimit = 16 << 10
+	dockerLogLimit = 3 << 10           // the tail fits the 4 KiB the host keeps of an error (vm/client)
 )
+
+// dockerdPaths are where the root's dockerd may be: Debian's docker.io
+// puts it in /usr/sbin, Docker's own packages in /usr/bin.
+var dockerdPaths = []string{"/usr/sbin/dockerd", "/usr/bin/dockerd"}
+
+// findDockerd is the root's dockerd.
+func findDockerd() (string, error) {
+	for _, p := range dockerdPaths {
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("docker: the job's root has no dockerd (in %s): install Docker in the template or image (Debian: docker.io)", strings.Join(dockerdPaths, " or "))
+}
 
 // tailLog keeps the last bytes of a daemon's output for an error message.
 type tailLog struct {
@@ -47,8 +60,9 @@ func (t *tailLog) String() string {
 // startDocker runs the root's dockerd with its data on the disk, and waits
 // until its socket answers; the socket then belongs to uid:gid.
 func (a *agent) startDocker(uid, gid uint32) error {
-	if _, err := os.Stat(dockerd); err != nil {
-		return fmt.Errorf("docker: %w", err)
+	dockerd, err := findDockerd()
+	if err != nil {
+		return err
 	}
 	cg := cgroupParent + "/dockerd"
 	if err := os.MkdirAll(cg, 0o755); err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -80,6 +81,11 @@ func pipes(n int) ([][2]*os.File, error) {
 
 func (p *process) run(spec proto.Process) error {
 	a := p.a
+	if a.docker && envValue(spec.Env, "DOCKER_HOST") == "" {
+		// The template's docker client looks in /var/run, which the
+		// guest's read-only root may not link to /run.
+		spec.Env = append(slices.Clone(spec.Env), "DOCKER_HOST=unix://"+dockerSocket)
+	}
 	ps, err := pipes(5) // stdin, stdout, stderr, spec, status
 	if err != nil {
 		return fmt.Errorf("pipes: %w", err)

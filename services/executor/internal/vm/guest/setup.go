@@ -211,6 +211,17 @@ func (a *agent) buildRoot(cfg *proto.Config, files map[string][]byte) error {
 		if err != nil {
 			return fmt.Errorf("mount the disk /dev/vda at /var/lib/docker: %w", err)
 		}
+		// dockerd writes its own files under /etc/docker (its key) and
+		// refuses to start on a read-only one: a tmpfs of the guest's.
+		fd, err = r.mkdirAll("/etc/docker")
+		if err != nil {
+			return err
+		}
+		err = unix.Mount("tmpfs", fdPath(fd), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=755,size=1m")
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("mount a tmpfs at /etc/docker: %w", err)
+		}
 	}
 	if err := unix.Mount("", newRoot, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
 		return fmt.Errorf("make the root read-only: %w", err)
