@@ -372,3 +372,42 @@ func TestInitramfsGzip(t *testing.T) {
 		}
 	}
 }
+
+// TestBootDocker starts the root's dockerd on a disk and runs a container
+// from an image imported from busybox-static (no registry needed).
+func TestBootDocker(t *testing.T) {
+	if _, err := exec.LookPath("dockerd"); err != nil {
+		t.Skip("no dockerd on this host's root")
+	}
+	busybox, _ := filepath.Glob("/var/cache/airlock-cgroup2vm/busybox/*/bin/busybox")
+	if len(busybox) == 0 {
+		t.Skip("no cached busybox-static (run tools/cgroup2vm/run.sh -- true once)")
+	}
+	disk := filepath.Join(t.TempDir(), "disk.img")
+	if err := os.WriteFile(disk, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(disk, 4<<30); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", disk).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v %s", err, out)
+	}
+	vm := boot(t, proto.Config{
+		Shares: []proto.Share{{Tag: proto.RootTag, Path: "/", RO: true}},
+		Tmpfs:  []proto.Tmpfs{{Path: "/tmp"}},
+		Disk:   true, Docker: true, DockerUID: 1000, DockerGID: 1000,
+		PidsLimit: 512,
+	}, "-m", "1024", "-drive", "file="+disk+",format=raw,if=none,id=d0,cache=unsafe", "-device", "virtio-blk-pci,drive=d0")
+	script := fmt.Sprintf(`set -e
+		docker version --format 'server {{.Server.Version}}'
+		tar -C %s -c busybox | docker import - bb >/dev/null
+		docker run --rm --network none bb /busybox echo in-container`, filepath.Dir(busybox[0]))
+	start := time.Now()
+	out, stderr, exit, err := vm.run(t, proto.Process{Args: []string{"sh", "-c", script}, Env: append(testEnv, "HOME=/tmp"),
+		UID: 1000, GID: 1000})
+	t.Logf("docker commands took %s", time.Since(start).Round(time.Millisecond))
+	if err != nil || exit.Code != 0 || !strings.Contains(out, "server ") || !strings.Contains(out, "in-container\n") {
+		t.Fatalf("got %q %q %+v %v", out, stderr, exit, err)
+	}
+}
