@@ -63,6 +63,7 @@ type guestVM struct {
 	c       *client.Client
 	qemu    *exec.Cmd
 	console string
+	exited  chan struct{} // QEMU is gone
 }
 
 // boot builds the agent and initramfs, starts QEMU under TCG with the host's
@@ -121,8 +122,8 @@ func boot(t *testing.T, cfg proto.Config, extra ...string) *guestVM {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	vm := &guestVM{qemu: cmd, console: console}
 	qdone := make(chan struct{})
+	vm := &guestVM{qemu: cmd, console: console, exited: qdone}
 	go func() { cmd.Wait(); close(qdone) }()
 	t.Cleanup(func() {
 		if vm.c != nil {
@@ -210,16 +211,20 @@ func TestBoot(t *testing.T) {
 			c.Close()
 		}
 	}()
+	share := t.TempDir()
+	os.Chmod(share, 0o777)
 	// QEMU's user network: 10.0.2.2 (MAC 52:55:0a:00:02:02) is the host's loopback.
 	vm := boot(t, proto.Config{
-		Hostname:  "airlock-vm-test",
-		Shares:    []proto.Share{{Tag: proto.RootTag, Path: "/", RO: true}},
+		Hostname: "airlock-vm-test",
+		Shares: []proto.Share{{Tag: proto.RootTag, Path: "/", RO: true},
+			{Tag: "work", Path: "/airlock-test/work", NoSuid: true, NoDev: true}},
 		Files:     []proto.File{{Path: "/etc/airlock-vm-test", Mode: 0o644, Content: []byte("from the host\n")}},
 		Tmpfs:     []proto.Tmpfs{{Path: "/tmp"}},
 		PidsLimit: 64,
 		Network: &proto.Network{MAC: "02:00:00:00:00:01", MTU: 1400, Addresses: []string{"10.0.2.15/24", "fec0::15/64"},
 			Gateway4: "10.0.2.2", Gateway6: "fec0::2", GatewayMAC: "52:55:0a:00:02:02"},
-	}, "-netdev", "user,id=n0,restrict=off", "-device", "virtio-net-pci,netdev=n0,mac=02:00:00:00:00:01")
+	}, "-virtfs", "local,path="+share+",mount_tag=work,security_model=passthrough,multidevs=remap",
+		"-netdev", "user,id=n0,restrict=off", "-device", "virtio-net-pci,netdev=n0,mac=02:00:00:00:00:01")
 	sh := func(script string, uid uint32) proto.Process {
 		return proto.Process{Args: []string{"/bin/sh", "-c", script}, Env: testEnv, Cwd: "/", UID: uid, GID: uid}
 	}
@@ -323,6 +328,37 @@ func TestBoot(t *testing.T) {
 			t.Error("no connection from the guest")
 		}
 	})
+	t.Run("share", func(t *testing.T) {
+		out, stderr, exit, err := vm.run(t, sh("echo written >/airlock-test/work/f && grep -c nosuid /proc/self/mountinfo >/dev/null && grep ' /airlock-test/work ' /proc/self/mountinfo", 1000))
+		if err != nil || exit.Code != 0 || !strings.Contains(out, "nosuid,nodev") {
+			t.Fatalf("got %q %q %+v %v", out, stderr, exit, err)
+		}
+		var st syscall.Stat_t
+		b, err := os.ReadFile(filepath.Join(share, "f"))
+		if err != nil || string(b) != "written\n" || syscall.Stat(filepath.Join(share, "f"), &st) != nil || st.Uid != 1000 {
+			t.Fatalf("on the host: %q %v, owner %d", b, err, st.Uid)
+		}
+	})
+	t.Run("orphans reaped", func(t *testing.T) {
+		vm.run(t, sh("sleep 0.2 & sleep 0.2 & exit 0", 1000))
+		time.Sleep(time.Second)
+		out, _, _, err := vm.run(t, sh("cat /proc/[0-9]*/stat 2>/dev/null | awk '$3 == \"Z\"'", 1000))
+		if err != nil || out != "" {
+			t.Fatalf("zombies: %q %v", out, err)
+		}
+	})
+	t.Run("oom kill counted", func(t *testing.T) {
+		// Three 250 MiB buffers filled at once: past the guest's 512 MiB.
+		dd := "dd if=/dev/zero of=/dev/null bs=250M count=2 2>/dev/null"
+		_, _, exit, err := vm.run(t, sh(dd+" & "+dd+" & "+dd+" & wait", 1000))
+		if err != nil || exit.OOMKills < 1 {
+			t.Fatalf("got %+v %v", exit, err)
+		}
+		out, _, exit, err := vm.run(t, sh("echo alive", 1000))
+		if err != nil || out != "alive\n" || exit.OOMKills != 0 {
+			t.Fatalf("after the oom: %q %+v %v", out, exit, err)
+		}
+	})
 	t.Run("stdin", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
@@ -342,6 +378,19 @@ func TestBoot(t *testing.T) {
 			t.Fatalf("got %q %+v %v", out.String(), exit, err)
 		}
 	})
+}
+
+// The host closing the connection powers the guest off.
+func TestBootHostClose(t *testing.T) {
+	vm := boot(t, proto.Config{Shares: []proto.Share{{Tag: proto.RootTag, Path: "/", RO: true}}})
+	c := vm.c
+	vm.c = nil
+	c.Close()
+	select {
+	case <-vm.exited:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the guest still runs 10 s after the host closed the connection")
+	}
 }
 
 // TestInitramfsGzip builds from a real kernel's modules: compressed, in dependency order.

@@ -63,6 +63,10 @@ func childExec() (int, error) {
 			return 126, fmt.Errorf("set %s: %w", r.Type, err)
 		}
 	}
+	// The agent is exempt from the OOM killer; its children are not.
+	if err := os.WriteFile("/proc/self/oom_score_adj", []byte("0"), 0); err != nil {
+		return 126, fmt.Errorf("oom_score_adj: %w", err)
+	}
 	// The bounding set needs CAP_SETPCAP to shrink, so it goes before setuid.
 	for c := 0; c <= lastCap(); c++ {
 		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && err != unix.EINVAL {
