@@ -269,11 +269,18 @@ func TestBoot(t *testing.T) {
 			{"/no/such/file", `exec: "/no/such/file": no such file or directory`, 127},
 			{"/etc/airlock-vm-test", `exec: "/etc/airlock-vm-test": permission denied`, 126},
 		} {
+
 			_, _, _, err := vm.run(t, proto.Process{Args: []string{tc.arg0}, Env: testEnv, UID: 1000, GID: 1000})
 			var ee *client.ExecError
 			if !errors.As(err, &ee) || ee.Message != tc.want || ee.Code != tc.code {
 				t.Errorf("%s: got %v, want %q (%d)", tc.arg0, err, tc.want, tc.code)
 			}
+		}
+		// A setup failure is the guest's error, not the command's.
+		_, _, _, err := vm.run(t, proto.Process{Args: []string{"true"}, Env: testEnv, Cwd: "/no/such/dir"})
+		var ge *client.GuestError
+		if !errors.As(err, &ge) || !strings.Contains(ge.Message, "chdir") {
+			t.Errorf("missing cwd: got %v, want a guest error about chdir", err)
 		}
 	})
 	t.Run("confinement", func(t *testing.T) {

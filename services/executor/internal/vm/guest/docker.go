@@ -59,7 +59,7 @@ func (a *agent) startDocker(uid, gid uint32) error {
 	if dockerd == "" {
 		return fmt.Errorf("docker: no dockerd in the root at %s", strings.Join(dockerdPaths, " or "))
 	}
-	cg := cgroupParent + "/dockerd"
+	cg := cgroupDaemon
 	if err := os.MkdirAll(cg, 0o755); err != nil {
 		return fmt.Errorf("docker cgroup: %w", err)
 	}
