@@ -1,5 +1,12 @@
 //go:build linux
 
+// The boot tests start real QEMU machines under TCG (root, qemu-system-x86_64,
+// a kernel: see testKernel) and drive the agent through package vm/client:
+//
+//	nice go test -run 'TestBoot' ./services/executor/internal/vm/guest/
+//
+// TestBoot ~35 s (a boot is 4-8 s; the OOM case ~13 s), TestBootHostClose ~11 s,
+// TestBootDocker ~50 s (dockerd's start ~10 s, a container ~30 s under TCG).
 package guest_test
 
 import (
@@ -258,6 +265,13 @@ func TestBoot(t *testing.T) {
 		exit, err := p.Wait(ctx)
 		if err != nil || exit.Code != 128+9 || exit.Signal != 9 {
 			t.Fatalf("got %+v %v", exit, err)
+		}
+		// The agent and "every process" are not the host's to signal.
+		for _, pid := range []int{1, -1, 0} {
+			var ge *client.GuestError
+			if err := vm.c.Signal(ctx, pid, syscall.SIGKILL); !errors.As(err, &ge) {
+				t.Errorf("signal to %d: got %v, want a guest error", pid, err)
+			}
 		}
 	})
 	t.Run("exec failures", func(t *testing.T) {
