@@ -398,6 +398,26 @@ func TestBoot(t *testing.T) {
 		if err != nil || exit.Code != 0 || strings.TrimSpace(out.String()) != "3145728" {
 			t.Fatalf("got %q %+v %v", out.String(), exit, err)
 		}
+		// Stdin to a process that does not read it and exits: the writer
+		// ends, and the connection survives the acknowledgements in flight.
+		spec.Args = []string{"sh", "-c", "sleep 0.3"}
+		p, err = vm.c.Start(ctx, spec, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			for {
+				if _, err := p.Stdin.Write(make([]byte, 256<<10)); err != nil {
+					return
+				}
+			}
+		}()
+		if exit, err = p.Wait(ctx); err != nil || exit.Code != 0 {
+			t.Fatalf("got %+v %v", exit, err)
+		}
+		if out, _, _, err := vm.run(t, sh("echo still", 1000)); err != nil || out != "still\n" {
+			t.Fatalf("after: %q %v (connection: %v)", out, err, vm.c.Err())
+		}
 	})
 }
 
