@@ -300,12 +300,14 @@ func TestBoot(t *testing.T) {
 	t.Run("confinement", func(t *testing.T) {
 		script := `cat /etc/airlock-vm-test; hostname; id -u; grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status;
 			touch /etc/x 2>&1 | grep -o 'Read-only file system'; echo ok >/tmp/y && cat /tmp/y; cat /proc/self/cgroup; ps -o pid= -o sid= -p $$ >/dev/null 2>&1; echo sid=$(cut -d' ' -f6 /proc/self/stat) pid=$$`
-		out, stderr, exit, err := vm.run(t, sh(script, 0))
+		spec := sh(script+"; echo nofile=$(ulimit -Sn)/$(ulimit -Hn)", 0)
+		spec.Rlimits = []proto.Rlimit{{Type: "RLIMIT_NOFILE", Soft: 1000, Hard: 2000}}
+		out, stderr, exit, err := vm.run(t, spec)
 		if err != nil || exit.Code != 0 {
 			t.Fatalf("got %q %q %+v %v", out, stderr, exit, err)
 		}
 		for _, want := range []string{"from the host\n", "airlock-vm-test\n", "0\n", "CapEff:\t0000000000000000", "CapBnd:\t0000000000000000",
-			"NoNewPrivs:\t1", "Read-only file system", "ok\n", "0::/airlock/job\n"} {
+			"NoNewPrivs:\t1", "Read-only file system", "ok\n", "0::/airlock/job\n", "nofile=1000/2000\n"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("output lacks %q:\n%s", want, out)
 			}
