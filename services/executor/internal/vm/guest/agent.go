@@ -20,11 +20,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/airlockhq/airlock/pkg/version"
 	"github.com/airlockhq/airlock/services/executor/internal/vm/proto"
 )
-
-// Version names this agent build in Hello.
-var Version = "dev"
 
 type agent struct {
 	port   *os.File
@@ -83,7 +81,7 @@ func (a *agent) run() error {
 	var uts unix.Utsname
 	unix.Uname(&uts)
 	kernel := unix.ByteSliceToString(uts.Release[:]) + " " + unix.ByteSliceToString(uts.Version[:])
-	if err := a.w.WriteJSON(proto.ControlStream, proto.TypeHello, proto.Hello{Version: Version, Kernel: kernel}); err != nil {
+	if err := a.w.WriteJSON(proto.ControlStream, proto.TypeHello, proto.Hello{Version: version.String(), Kernel: kernel}); err != nil {
 		return fmt.Errorf("send hello: %w", err)
 	}
 	r := proto.NewReader(port)
