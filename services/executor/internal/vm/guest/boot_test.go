@@ -75,7 +75,7 @@ type guestVM struct {
 
 // boot builds the agent and initramfs, starts QEMU under TCG with the host's
 // / shared read-only as the job root, and configures the guest.
-func boot(t *testing.T, cfg proto.Config, extra ...string) *guestVM {
+func boot(t *testing.T, cfg *proto.Config, extra ...string) *guestVM {
 	t.Helper()
 	if runtime.GOOS != "linux" || os.Getuid() != 0 {
 		t.Skip("needs root on linux")
@@ -172,7 +172,10 @@ func boot(t *testing.T, cfg proto.Config, extra ...string) *guestVM {
 		t.Fatal(err)
 	}
 	t.Logf("hello after %s: %+v", time.Since(start).Round(time.Millisecond), h)
-	if err := vm.c.Configure(ctx, cfg); err != nil {
+	if cfg == nil {
+		return vm
+	}
+	if err := vm.c.Configure(ctx, *cfg); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("configured after %s", time.Since(start).Round(time.Millisecond))
@@ -221,7 +224,7 @@ func TestBoot(t *testing.T) {
 	share := t.TempDir()
 	os.Chmod(share, 0o777)
 	// QEMU's user network: 10.0.2.2 (MAC 52:55:0a:00:02:02) is the host's loopback.
-	vm := boot(t, proto.Config{
+	vm := boot(t, &proto.Config{
 		Hostname: "airlock-vm-test",
 		Shares: []proto.Share{{Tag: proto.RootTag, Path: "/", RO: true},
 			{Tag: "work", Path: "/airlock-test/work", NoSuid: true, NoDev: true}},
@@ -425,7 +428,7 @@ func TestBoot(t *testing.T) {
 
 // The host closing the connection powers the guest off.
 func TestBootHostClose(t *testing.T) {
-	vm := boot(t, proto.Config{Shares: []proto.Share{{Tag: proto.RootTag, Path: "/", RO: true}}})
+	vm := boot(t, &proto.Config{Shares: []proto.Share{{Tag: proto.RootTag, Path: "/", RO: true}}})
 	c := vm.c
 	vm.c = nil
 	c.Close()
@@ -433,6 +436,24 @@ func TestBootHostClose(t *testing.T) {
 	case <-vm.exited:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the guest still runs 10 s after the host closed the connection")
+	}
+}
+
+// A Config the guest cannot carry out is an error naming why, then power-off.
+func TestBootConfigError(t *testing.T) {
+	vm := boot(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	err := vm.c.Configure(ctx, proto.Config{Shares: []proto.Share{{Tag: proto.RootTag, Path: "/", RO: true},
+		{Tag: "nosuchtag", Path: "/x"}}})
+	var ge *client.GuestError
+	if !errors.As(err, &ge) || !strings.Contains(ge.Message, `mount 9p share "nosuchtag" at`) {
+		t.Fatalf("got %v", err)
+	}
+	select {
+	case <-vm.exited:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the guest still runs 10 s after its config failed")
 	}
 }
 
@@ -485,7 +506,7 @@ func TestBootDocker(t *testing.T) {
 	if out, err := exec.Command("mkfs.ext4", "-q", "-F", disk).CombinedOutput(); err != nil {
 		t.Fatalf("mkfs.ext4: %v %s", err, out)
 	}
-	vm := boot(t, proto.Config{
+	vm := boot(t, &proto.Config{
 		Shares: []proto.Share{{Tag: proto.RootTag, Path: "/", RO: true}},
 		Tmpfs:  []proto.Tmpfs{{Path: "/tmp"}},
 		Disk:   true, Docker: true, DockerUID: 1000, DockerGID: 1000,
