@@ -201,6 +201,13 @@ func (a *agent) buildRoot(cfg *proto.Config, files map[string][]byte) error {
 			return err
 		}
 	}
+	if cfg.Docker {
+		// dockerd writes its config directory (key.json): give it a
+		// throwaway layer over the image's /etc/docker.
+		if err := r.overlayDir("/etc/docker", filepath.Join(rwDir, "etc-docker")); err != nil {
+			return err
+		}
+	}
 	if cfg.Disk && cfg.Docker {
 		fd, err := r.mkdirAll("/var/lib/docker")
 		if err != nil {
@@ -210,17 +217,6 @@ func (a *agent) buildRoot(cfg *proto.Config, files map[string][]byte) error {
 		unix.Close(fd)
 		if err != nil {
 			return fmt.Errorf("mount the disk /dev/vda at /var/lib/docker: %w", err)
-		}
-		// dockerd writes its own files under /etc/docker (its key) and
-		// refuses to start on a read-only one: a tmpfs of the guest's.
-		fd, err = r.mkdirAll("/etc/docker")
-		if err != nil {
-			return err
-		}
-		err = unix.Mount("tmpfs", fdPath(fd), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=755,size=1m")
-		unix.Close(fd)
-		if err != nil {
-			return fmt.Errorf("mount a tmpfs at /etc/docker: %w", err)
 		}
 	}
 	if err := unix.Mount("", newRoot, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
