@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -104,12 +105,22 @@ func (h vmHost) cmd(args ...string) *exec.Cmd {
 	return exec.Command(h.cli, append(g, args...)...)
 }
 
+// testUIDBase is the bundles' uid-base: no host user has ids there.
+const testUIDBase = 100000
+
 // bundle writes a bundle whose root is the host's / (read-only) running args.
 func bundle(t *testing.T, args ...string) string {
 	t.Helper()
 	b := t.TempDir()
 	work := filepath.Join(b, "work")
-	os.Mkdir(work, 0o777)
+	// Owned by the job's root, as the sandbox makes it: QEMU's 9p server
+	// writes as uid-base+uid.
+	if err := os.Mkdir(work, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(work, testUIDBase, testUIDBase); err != nil {
+		t.Fatal(err)
+	}
 	spec := specs.Spec{
 		Version:  specs.Version,
 		Root:     &specs.Root{Path: "/", Readonly: true},
@@ -120,7 +131,7 @@ func bundle(t *testing.T, args ...string) string {
 			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs"},
 			{Destination: "/work", Type: "bind", Source: work, Options: []string{"bind", "rw", "nosuid", "nodev"}},
 		},
-		Annotations: map[string]string{annUIDBase: "100000", annMemory: strconv.Itoa(384 << 20), annCPUs: "1"},
+		Annotations: map[string]string{annUIDBase: strconv.Itoa(testUIDBase), annMemory: strconv.Itoa(384 << 20), annCPUs: "1"},
 	}
 	data, _ := json.Marshal(spec)
 	if err := os.WriteFile(filepath.Join(b, "config.json"), data, 0o644); err != nil {
@@ -175,7 +186,13 @@ func TestRunJob(t *testing.T) {
 		t.Errorf("stdout %q stderr %q", out.String(), errb.String())
 	}
 	if data, err := os.ReadFile(filepath.Join(b, "work", "f")); err != nil || string(data) != "made\n" {
-		t.Errorf("the job's file: %q, %v", data, err)
+		t.Errorf("the job's file: %q, %v (stderr %q)", data, err, errb.String())
+	}
+	// The guest's root (uid 0) writes as uid-base on the host.
+	if st, err := os.Stat(filepath.Join(b, "work", "f")); err == nil {
+		if uid := st.Sys().(*syscall.Stat_t).Uid; uid != testUIDBase {
+			t.Errorf("the job's file is owned by host uid %d, want %d", uid, testUIDBase)
+		}
 	}
 	var res result
 	if data, err := os.ReadFile(filepath.Join(b, "vm-result.json")); err != nil || json.Unmarshal(data, &res) != nil || res.ExitCode != 3 || !strings.Contains(res.GuestKernel, h.kernel.ABI) {

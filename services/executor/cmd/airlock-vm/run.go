@@ -35,8 +35,9 @@ const (
 )
 
 // appendLine is the guest kernel's command line. panic=-1 with QEMU's
-// -no-reboot: a panic ends QEMU, which the run reports.
-const appendLine = "console=ttyS0 quiet loglevel=3 panic=-1 oops=panic mitigations=off"
+// -no-reboot: a panic ends QEMU, which the run reports. The guest has
+// cgroup v2 only: the agent holds the pids limit in a v2 cgroup.
+const appendLine = "console=ttyS0 quiet loglevel=3 panic=-1 oops=panic mitigations=off systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all"
 
 // result is B/vm-result.json.
 type result struct {
