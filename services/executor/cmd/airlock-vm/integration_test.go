@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +23,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/airlockhq/airlock/services/executor/internal/vm/kernel"
+	"github.com/airlockhq/airlock/services/executor/internal/vm/qemu"
 )
 
 // vmHost is what the integration tests need: built binaries, a kernel,
@@ -305,4 +308,117 @@ func TestDeleteRunning(t *testing.T) {
 		t.Error("run still there after delete --force")
 	}
 	h.gone(t, "job4", qpid)
+}
+
+// jobNetns makes a namespace as package netpolicy does: eth0 (a veth end)
+// with an address, a static neighbour for the gateway (the host end) and
+// a default route through it. It returns the namespace's path and the
+// host end's address.
+func jobNetns(t *testing.T) (string, string) {
+	name := fmt.Sprintf("avm%d", os.Getpid())
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	run("netns", "add", name)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run(); exec.Command("ip", "link", "del", name).Run() })
+	run("link", "add", name, "type", "veth", "peer", "name", "eth0", "netns", name)
+	run("addr", "add", "10.214.0.1/30", "dev", name)
+	run("link", "set", name, "up")
+	run("-n", name, "addr", "add", "10.214.0.2/30", "dev", "eth0")
+	run("-n", name, "link", "set", "eth0", "up")
+	run("-n", name, "route", "add", "default", "via", "10.214.0.1")
+	mac, err := os.ReadFile("/sys/class/net/" + name + "/address")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run("-n", name, "neigh", "replace", "10.214.0.1", "lladdr", strings.TrimSpace(string(mac)), "dev", "eth0", "nud", "permanent")
+	return "/run/netns/" + name, "10.214.0.1"
+}
+
+// TestRunNetCgroupDisk runs a job with everything a real bundle has: its
+// netns (the guest reaches a listener on the host end of the veth), its
+// cgroup (QEMU is in it) and a disk image (made, owned by uid-base).
+func TestRunNetCgroupDisk(t *testing.T) {
+	h := needVM(t)
+	ns, gw := jobNetns(t)
+	ln, err := net.Listen("tcp", gw+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan string, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(time.Minute))
+		b, _ := io.ReadAll(c)
+		got <- string(b)
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	b := bundle(t, "bash", "-c", fmt.Sprintf("echo from-guest >/dev/tcp/%s/%d && sleep 1", gw, port))
+	cgPath := fmt.Sprintf("/airlock-vm-test-%d/ctr", os.Getpid())
+	disk := filepath.Join(b, "disk.img")
+	var spec specs.Spec
+	data, _ := os.ReadFile(filepath.Join(b, "config.json"))
+	json.Unmarshal(data, &spec)
+	spec.Linux = &specs.Linux{CgroupsPath: cgPath, Namespaces: []specs.LinuxNamespace{{Type: specs.NetworkNamespace, Path: ns}}}
+	spec.Annotations[annDisk] = disk
+	spec.Annotations[annDiskBytes] = strconv.Itoa(256 << 20)
+	data, _ = json.Marshal(spec)
+	os.WriteFile(filepath.Join(b, "config.json"), data, 0o644)
+
+	var out, errb bytes.Buffer
+	run := h.cmd("run", "--bundle", b, "--pid-file", filepath.Join(b, "pid"), "job5")
+	run.Stdout, run.Stderr = &out, &errb
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	dirs, derr := qemu.CgroupDirs(cgPath)
+	t.Cleanup(func() {
+		for _, d := range dirs {
+			os.Remove(d)
+			os.Remove(filepath.Dir(d))
+		}
+	})
+	var qemuCg string
+	for deadline := time.Now().Add(2 * time.Minute); qemuCg == "" && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if pid, err := os.ReadFile(filepath.Join(b, "pid")); err == nil {
+			cg, _ := os.ReadFile("/proc/" + string(pid) + "/cgroup")
+			qemuCg = string(cg)
+			break
+		}
+	}
+	err = run.Wait()
+	logData, _ := os.ReadFile(h.log)
+	if err != nil {
+		t.Fatalf("run: %v\nstdout %s\nstderr %s\nlog %s", err, out.String(), errb.String(), logData)
+	}
+	select {
+	case s := <-got:
+		if s != "from-guest\n" {
+			t.Errorf("the host end got %q", s)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("nothing reached the host end of the veth")
+	}
+	if derr != nil {
+		t.Fatal(derr)
+	}
+	if !strings.Contains(qemuCg, cgPath) {
+		t.Errorf("qemu's cgroups %q: want %s", qemuCg, cgPath)
+	}
+	st, err := os.Stat(disk)
+	if err != nil || st.Sys().(*syscall.Stat_t).Uid != testUIDBase {
+		t.Errorf("disk image: %v, %+v", err, st)
+	}
+	if err := h.cmd("delete", "--force", "job5").Run(); err != nil {
+		t.Errorf("delete: %v", err)
+	}
+	h.gone(t, "job5", 0)
 }
