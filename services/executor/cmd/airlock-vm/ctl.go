@@ -143,6 +143,11 @@ func parseRights(oob []byte) []*os.File {
 		}
 		for _, fd := range fds {
 			unix.CloseOnExec(fd)
+			// Non-blocking, so Go's poller serves it and closing it ends
+			// a read still waiting on stdin: run then holds no end of the
+			// exec's stdin pipe once the exec is over, and the writer
+			// sees EPIPE instead of blocking for good.
+			unix.SetNonblock(fd, true)
 			out = append(out, os.NewFile(uintptr(fd), "ctl-fd"))
 		}
 	}

@@ -278,6 +278,37 @@ func TestExecKillDelete(t *testing.T) {
 		t.Error("no internal pid file")
 	}
 
+	// A command that ignores its stdin ends while the writer still holds
+	// the pipe open: the exec ends with it.
+	pr, pw, _ := os.Pipe()
+	defer pw.Close()
+	data, _ = json.Marshal(specs.Process{Args: []string{"true"}, Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"}})
+	os.WriteFile(proc, data, 0o644)
+	x = h.cmd("exec", "--process", proc, "job3")
+	x.Stdin = pr
+	xdone := make(chan error, 1)
+	go func() { xdone <- x.Run() }()
+	select {
+	case err := <-xdone:
+		if err != nil {
+			t.Errorf("exec true: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("exec of a command ignoring an open stdin did not end")
+	}
+	pr.Close()
+
+	// A missing command: 127 and runc's message, no pid files.
+	data, _ = json.Marshal(specs.Process{Args: []string{"no-such-command"}, Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"}})
+	os.WriteFile(proc, data, 0o644)
+	os.Remove(ipid)
+	if err := h.cmd("exec", "--process", proc, "--internal-pid-file", ipid, "job3").Run(); exitStatus(err) != 127 {
+		t.Errorf("exec of a missing command: %v, want 127", err)
+	}
+	if _, err := os.Stat(ipid); err == nil {
+		t.Error("internal pid file written for a command that never ran")
+	}
+
 	if err := h.cmd("kill", "job3", "TERM").Run(); err != nil {
 		t.Errorf("kill: %v", err)
 	}
