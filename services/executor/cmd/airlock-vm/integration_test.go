@@ -309,6 +309,32 @@ func TestExecKillDelete(t *testing.T) {
 		t.Error("internal pid file written for a command that never ran")
 	}
 
+	// Signals to the exec CLI reach its command; the CLI killed kills it.
+	data, _ = json.Marshal(specs.Process{Args: []string{"sleep", "600"}, Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"}})
+	os.WriteFile(proc, data, 0o644)
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		os.Remove(ipid)
+		x = h.cmd("exec", "--process", proc, "--internal-pid-file", ipid, "job3")
+		if err := x.Start(); err != nil {
+			t.Fatal(err)
+		}
+		var gpid []byte
+		for i := 0; i < 600 && len(gpid) == 0; i++ {
+			time.Sleep(50 * time.Millisecond)
+			gpid, _ = os.ReadFile(ipid)
+		}
+		x.Process.Signal(sig)
+		err := x.Wait()
+		if sig == syscall.SIGTERM && exitStatus(err) != 128+15 {
+			t.Errorf("exec sent SIGTERM: %v, want %d", err, 128+15)
+		}
+		data, _ = json.Marshal(specs.Process{Args: []string{"sh", "-c", "sleep 0.5; kill -0 " + string(gpid)}, Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"}})
+		os.WriteFile(proc+".check", data, 0o644)
+		if err := h.cmd("exec", "--process", proc+".check", "job3").Run(); len(gpid) == 0 || exitStatus(err) != 1 {
+			t.Errorf("after %v to the exec CLI, its command %q: kill -0 says %v, want it gone", sig, gpid, err)
+		}
+	}
+
 	if err := h.cmd("kill", "job3", "TERM").Run(); err != nil {
 		t.Errorf("kill: %v", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -238,12 +239,24 @@ func (r *runner) run(qpath, apath string, k kernel.Kernel, bundle, pidFile strin
 	if err != nil {
 		return fail("the machine ended before the job", err)
 	}
-	res := result{ExitCode: exit.Code, OOMKills: exit.OOMKills, GuestKernel: hello.Kernel}
+	res := result{ExitCode: exit.Code, OOMKills: exit.OOMKills, GuestKernel: clip(hello.Kernel, maxGuestKernel)}
 	b, _ := json.Marshal(res)
 	if err := atomicfile.Write(bundle+"/vm-result.json", b, 0o644, atomicfile.Fast); err != nil {
 		return 0, fmt.Errorf("vm-result.json: %w", err)
 	}
 	return exit.Code, nil
+}
+
+// maxGuestKernel bounds the guest's kernel name in vm-result.json: the
+// guest says it, and the guest is not trusted.
+const maxGuestKernel = 256
+
+// clip is s cut to at most n bytes, with invalid UTF-8 replaced.
+func clip(s string, n int) string {
+	if len(s) > n {
+		s = s[:n]
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
 }
 
 // execCode is the exit status of a failed execve, as runc's: 127 for a
