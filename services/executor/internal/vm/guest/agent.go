@@ -60,6 +60,11 @@ func run() error {
 		os.Stderr = c
 		unix.Dup2(int(c.Fd()), 2)
 	}
+	// The OOM killer must pick a job's process, never the agent; the
+	// child resets the score before it drops its capabilities.
+	if err := os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0); err != nil {
+		return fmt.Errorf("oom_score_adj: %w", err)
+	}
 	a := &agent{reaper: newReaper(), jobCg: -1, procs: map[uint32]*process{}}
 	if err := loadModules(); err != nil {
 		return err

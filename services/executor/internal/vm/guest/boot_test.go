@@ -63,6 +63,7 @@ type guestVM struct {
 	c       *client.Client
 	qemu    *exec.Cmd
 	console string
+	exited  chan struct{} // QEMU is gone
 }
 
 // boot builds the agent and initramfs, starts QEMU under TCG with the host's
@@ -121,8 +122,8 @@ func boot(t *testing.T, cfg proto.Config, extra ...string) *guestVM {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	vm := &guestVM{qemu: cmd, console: console}
 	qdone := make(chan struct{})
+	vm := &guestVM{qemu: cmd, console: console, exited: qdone}
 	go func() { cmd.Wait(); close(qdone) }()
 	t.Cleanup(func() {
 		if vm.c != nil {
@@ -210,16 +211,20 @@ func TestBoot(t *testing.T) {
 			c.Close()
 		}
 	}()
+	share := t.TempDir()
+	os.Chmod(share, 0o777)
 	// QEMU's user network: 10.0.2.2 (MAC 52:55:0a:00:02:02) is the host's loopback.
 	vm := boot(t, proto.Config{
-		Hostname:  "airlock-vm-test",
-		Shares:    []proto.Share{{Tag: proto.RootTag, Path: "/", RO: true}},
+		Hostname: "airlock-vm-test",
+		Shares: []proto.Share{{Tag: proto.RootTag, Path: "/", RO: true},
+			{Tag: "work", Path: "/airlock-test/work", NoSuid: true, NoDev: true}},
 		Files:     []proto.File{{Path: "/etc/airlock-vm-test", Mode: 0o644, Content: []byte("from the host\n")}},
 		Tmpfs:     []proto.Tmpfs{{Path: "/tmp"}},
 		PidsLimit: 64,
 		Network: &proto.Network{MAC: "02:00:00:00:00:01", MTU: 1400, Addresses: []string{"10.0.2.15/24", "fec0::15/64"},
 			Gateway4: "10.0.2.2", Gateway6: "fec0::2", GatewayMAC: "52:55:0a:00:02:02"},
-	}, "-netdev", "user,id=n0,restrict=off", "-device", "virtio-net-pci,netdev=n0,mac=02:00:00:00:00:01")
+	}, "-virtfs", "local,path="+share+",mount_tag=work,security_model=passthrough,multidevs=remap",
+		"-netdev", "user,id=n0,restrict=off", "-device", "virtio-net-pci,netdev=n0,mac=02:00:00:00:00:01")
 	sh := func(script string, uid uint32) proto.Process {
 		return proto.Process{Args: []string{"/bin/sh", "-c", script}, Env: testEnv, Cwd: "/", UID: uid, GID: uid}
 	}
@@ -264,11 +269,18 @@ func TestBoot(t *testing.T) {
 			{"/no/such/file", `exec: "/no/such/file": no such file or directory`, 127},
 			{"/etc/airlock-vm-test", `exec: "/etc/airlock-vm-test": permission denied`, 126},
 		} {
+
 			_, _, _, err := vm.run(t, proto.Process{Args: []string{tc.arg0}, Env: testEnv, UID: 1000, GID: 1000})
 			var ee *client.ExecError
 			if !errors.As(err, &ee) || ee.Message != tc.want || ee.Code != tc.code {
 				t.Errorf("%s: got %v, want %q (%d)", tc.arg0, err, tc.want, tc.code)
 			}
+		}
+		// A setup failure is the guest's error, not the command's.
+		_, _, _, err := vm.run(t, proto.Process{Args: []string{"true"}, Env: testEnv, Cwd: "/no/such/dir"})
+		var ge *client.GuestError
+		if !errors.As(err, &ge) || !strings.Contains(ge.Message, "chdir") {
+			t.Errorf("missing cwd: got %v, want a guest error about chdir", err)
 		}
 	})
 	t.Run("confinement", func(t *testing.T) {
@@ -323,6 +335,37 @@ func TestBoot(t *testing.T) {
 			t.Error("no connection from the guest")
 		}
 	})
+	t.Run("share", func(t *testing.T) {
+		out, stderr, exit, err := vm.run(t, sh("echo written >/airlock-test/work/f && grep -c nosuid /proc/self/mountinfo >/dev/null && grep ' /airlock-test/work ' /proc/self/mountinfo", 1000))
+		if err != nil || exit.Code != 0 || !strings.Contains(out, "nosuid,nodev") {
+			t.Fatalf("got %q %q %+v %v", out, stderr, exit, err)
+		}
+		var st syscall.Stat_t
+		b, err := os.ReadFile(filepath.Join(share, "f"))
+		if err != nil || string(b) != "written\n" || syscall.Stat(filepath.Join(share, "f"), &st) != nil || st.Uid != 1000 {
+			t.Fatalf("on the host: %q %v, owner %d", b, err, st.Uid)
+		}
+	})
+	t.Run("orphans reaped", func(t *testing.T) {
+		vm.run(t, sh("sleep 0.2 & sleep 0.2 & exit 0", 1000))
+		time.Sleep(time.Second)
+		out, _, _, err := vm.run(t, sh("cat /proc/[0-9]*/stat 2>/dev/null | awk '$3 == \"Z\"'", 1000))
+		if err != nil || out != "" {
+			t.Fatalf("zombies: %q %v", out, err)
+		}
+	})
+	t.Run("oom kill counted", func(t *testing.T) {
+		// Three 250 MiB buffers filled at once: past the guest's 512 MiB.
+		dd := "dd if=/dev/zero of=/dev/null bs=250M count=2 2>/dev/null"
+		_, _, exit, err := vm.run(t, sh(dd+" & "+dd+" & "+dd+" & wait", 1000))
+		if err != nil || exit.OOMKills < 1 {
+			t.Fatalf("got %+v %v", exit, err)
+		}
+		out, _, exit, err := vm.run(t, sh("echo alive", 1000))
+		if err != nil || out != "alive\n" || exit.OOMKills != 0 {
+			t.Fatalf("after the oom: %q %+v %v", out, exit, err)
+		}
+	})
 	t.Run("stdin", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
@@ -342,6 +385,19 @@ func TestBoot(t *testing.T) {
 			t.Fatalf("got %q %+v %v", out.String(), exit, err)
 		}
 	})
+}
+
+// The host closing the connection powers the guest off.
+func TestBootHostClose(t *testing.T) {
+	vm := boot(t, proto.Config{Shares: []proto.Share{{Tag: proto.RootTag, Path: "/", RO: true}}})
+	c := vm.c
+	vm.c = nil
+	c.Close()
+	select {
+	case <-vm.exited:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the guest still runs 10 s after the host closed the connection")
+	}
 }
 
 // TestInitramfsGzip builds from a real kernel's modules: compressed, in dependency order.
@@ -370,5 +426,44 @@ func TestInitramfsGzip(t *testing.T) {
 		if i < 0 || j < 0 || i > j {
 			t.Errorf("load order %q: %s should precede %s", names, pair[0], pair[1])
 		}
+	}
+}
+
+// TestBootDocker starts the root's dockerd on a disk and runs a container
+// from an image imported from busybox-static (no registry needed).
+func TestBootDocker(t *testing.T) {
+	if _, err := exec.LookPath("dockerd"); err != nil {
+		t.Skip("no dockerd on this host's root")
+	}
+	busybox, _ := filepath.Glob("/var/cache/airlock-cgroup2vm/busybox/*/bin/busybox")
+	if len(busybox) == 0 {
+		t.Skip("no cached busybox-static (run tools/cgroup2vm/run.sh -- true once)")
+	}
+	disk := filepath.Join(t.TempDir(), "disk.img")
+	if err := os.WriteFile(disk, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(disk, 4<<30); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", disk).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v %s", err, out)
+	}
+	vm := boot(t, proto.Config{
+		Shares: []proto.Share{{Tag: proto.RootTag, Path: "/", RO: true}},
+		Tmpfs:  []proto.Tmpfs{{Path: "/tmp"}},
+		Disk:   true, Docker: true, DockerUID: 1000, DockerGID: 1000,
+		PidsLimit: 512,
+	}, "-m", "1024", "-drive", "file="+disk+",format=raw,if=none,id=d0,cache=unsafe", "-device", "virtio-blk-pci,drive=d0")
+	script := fmt.Sprintf(`set -e
+		docker version --format 'server {{.Server.Version}}'
+		tar -C %s -c busybox | docker import - bb >/dev/null
+		docker run --rm --network none bb /busybox echo in-container`, filepath.Dir(busybox[0]))
+	start := time.Now()
+	out, stderr, exit, err := vm.run(t, proto.Process{Args: []string{"sh", "-c", script}, Env: append(testEnv, "HOME=/tmp"),
+		UID: 1000, GID: 1000})
+	t.Logf("docker commands took %s", time.Since(start).Round(time.Millisecond))
+	if err != nil || exit.Code != 0 || !strings.Contains(out, "server ") || !strings.Contains(out, "in-container\n") {
+		t.Fatalf("got %q %q %+v %v", out, stderr, exit, err)
 	}
 }

@@ -12,12 +12,14 @@ import (
 )
 
 // The guest's cgroups: the pids limit is on cgroupParent, so the job's
-// processes and dockerd's containers share it; the agent stays in the root.
+// processes and dockerd's containers share it; the agent stays in the root,
+// dockerd and containerd (their threads count as pids) in cgroupDaemon.
 const (
 	cgroupRoot   = "/sys/fs/cgroup"
 	cgroupParent = cgroupRoot + "/airlock"
 	cgroupJob    = cgroupParent + "/job"
 	cgroupDocker = "/airlock/docker" // dockerd's --cgroup-parent
+	cgroupDaemon = cgroupRoot + "/airlock-dockerd"
 )
 
 func (a *agent) setupCgroups(pids int64) error {

@@ -36,6 +36,10 @@ func init() {
 	}
 }
 
+// setupFailed is the child's status when it failed before execve: the host
+// sees a plain Error (a runtime failure), not an exec failure (126/127).
+const setupFailed = 1
+
 // Child is the re-executed agent's main; it never returns.
 func Child() {
 	status := os.NewFile(childStatusFD, "status")
@@ -47,59 +51,63 @@ func Child() {
 func childExec() (int, error) {
 	b, err := io.ReadAll(io.LimitReader(os.NewFile(childSpecFD, "spec"), proto.MaxPayload+1))
 	if err != nil {
-		return 126, fmt.Errorf("read process spec: %w", err)
+		return setupFailed, fmt.Errorf("read process spec: %w", err)
 	}
 	syscall.Close(childSpecFD)
 	var p proto.Process
 	if err := json.Unmarshal(b, &p); err != nil {
-		return 126, fmt.Errorf("decode process spec: %w", err)
+		return setupFailed, fmt.Errorf("decode process spec: %w", err)
 	}
 	for _, r := range p.Rlimits {
 		res, ok := rlimits[r.Type]
 		if !ok {
-			return 126, fmt.Errorf("rlimit %q: unknown", r.Type)
+			return setupFailed, fmt.Errorf("rlimit %q: unknown", r.Type)
 		}
 		if err := unix.Prlimit(0, res, &unix.Rlimit{Cur: r.Soft, Max: r.Hard}, nil); err != nil {
-			return 126, fmt.Errorf("set %s: %w", r.Type, err)
+			return setupFailed, fmt.Errorf("set %s: %w", r.Type, err)
 		}
+	}
+	// The agent is exempt from the OOM killer; its children are not.
+	if err := os.WriteFile("/proc/self/oom_score_adj", []byte("0"), 0); err != nil {
+		return setupFailed, fmt.Errorf("oom_score_adj: %w", err)
 	}
 	// The bounding set needs CAP_SETPCAP to shrink, so it goes before setuid.
 	for c := 0; c <= lastCap(); c++ {
 		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && err != unix.EINVAL {
-			return 126, fmt.Errorf("drop capability %d from the bounding set: %w", c, err)
+			return setupFailed, fmt.Errorf("drop capability %d from the bounding set: %w", c, err)
 		}
 	}
 	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
-		return 126, fmt.Errorf("clear ambient capabilities: %w", err)
+		return setupFailed, fmt.Errorf("clear ambient capabilities: %w", err)
 	}
 	groups := make([]int, len(p.AdditionalGIDs))
 	for i, g := range p.AdditionalGIDs {
 		groups[i] = int(g)
 	}
 	if err := syscall.Setgroups(groups); err != nil {
-		return 126, fmt.Errorf("setgroups: %w", err)
+		return setupFailed, fmt.Errorf("setgroups: %w", err)
 	}
 	if err := syscall.Setgid(int(p.GID)); err != nil {
-		return 126, fmt.Errorf("setgid %d: %w", p.GID, err)
+		return setupFailed, fmt.Errorf("setgid %d: %w", p.GID, err)
 	}
 	if err := syscall.Setuid(int(p.UID)); err != nil {
-		return 126, fmt.Errorf("setuid %d: %w", p.UID, err)
+		return setupFailed, fmt.Errorf("setuid %d: %w", p.UID, err)
 	}
 	// uid 0 keeps its capabilities through setuid: clear them on this thread.
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	var data [2]unix.CapUserData
 	if err := unix.Capset(&hdr, &data[0]); err != nil {
-		return 126, fmt.Errorf("capset: %w", err)
+		return setupFailed, fmt.Errorf("capset: %w", err)
 	}
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return 126, fmt.Errorf("no_new_privs: %w", err)
+		return setupFailed, fmt.Errorf("no_new_privs: %w", err)
 	}
 	cwd := p.Cwd
 	if cwd == "" {
 		cwd = "/"
 	}
 	if err := os.Chdir(cwd); err != nil {
-		return 126, fmt.Errorf("chdir to cwd (%q) set in config.json failed: %w", cwd, errors.Unwrap(err))
+		return setupFailed, fmt.Errorf("chdir to cwd (%q) set in config.json failed: %w", cwd, errors.Unwrap(err))
 	}
 	name := p.Args[0]
 	path := name
@@ -112,7 +120,7 @@ func childExec() (int, error) {
 		path = found
 	}
 	if _, err := unix.FcntlInt(childStatusFD, unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
-		return 126, fmt.Errorf("status fd: %w", err)
+		return setupFailed, fmt.Errorf("status fd: %w", err)
 	}
 	err = syscall.Exec(path, p.Args, p.Env)
 	switch {

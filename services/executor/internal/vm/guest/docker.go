@@ -16,11 +16,13 @@ import (
 )
 
 const (
-	dockerd        = "/usr/bin/dockerd"
 	dockerSocket   = "/run/docker.sock"
 	dockerDeadline = 120 * time.Second // dockerd's start under TCG emulation is slow
 	dockerLogLimit = 16 << 10
 )
+
+// dockerdPaths are where images put dockerd (Debian's docker.io: /usr/sbin).
+var dockerdPaths = []string{"/usr/bin/dockerd", "/usr/sbin/dockerd"}
 
 // tailLog keeps the last bytes of a daemon's output for an error message.
 type tailLog struct {
@@ -47,10 +49,17 @@ func (t *tailLog) String() string {
 // startDocker runs the root's dockerd with its data on the disk, and waits
 // until its socket answers; the socket then belongs to uid:gid.
 func (a *agent) startDocker(uid, gid uint32) error {
-	if _, err := os.Stat(dockerd); err != nil {
-		return fmt.Errorf("docker: %w", err)
+	dockerd := ""
+	for _, p := range dockerdPaths {
+		if _, err := os.Stat(p); err == nil {
+			dockerd = p
+			break
+		}
 	}
-	cg := cgroupParent + "/dockerd"
+	if dockerd == "" {
+		return fmt.Errorf("docker: no dockerd in the root at %s", strings.Join(dockerdPaths, " or "))
+	}
+	cg := cgroupDaemon
 	if err := os.MkdirAll(cg, 0o755); err != nil {
 		return fmt.Errorf("docker cgroup: %w", err)
 	}

@@ -127,7 +127,7 @@ func (p *process) run(spec proto.Process) error {
 		code, text, _ := strings.Cut(string(msg), " ")
 		n, _ := strconv.Atoi(code)
 		if n != 126 && n != 127 {
-			n = 126
+			n = 0 // not an exec failure
 		}
 		p.a.mu.Lock()
 		delete(p.a.procs, p.stream)

@@ -4,7 +4,9 @@ package guest
 
 import (
 	"fmt"
+	"os"
 	"path"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -143,4 +145,24 @@ func (r *root) makeDev() error {
 		return err
 	}
 	return r.mount("mqueue", "/dev/mqueue", "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+}
+
+// overlayDir makes the directory p writable under an upper layer in scratch
+// (on the agent's tmpfs): changes are thrown away with the machine.
+func (r *root) overlayDir(p, scratch string) error {
+	for _, d := range []string{"upper", "work"} {
+		if err := os.MkdirAll(filepath.Join(scratch, d), 0o755); err != nil {
+			return err
+		}
+	}
+	fd, err := r.mkdirAll(p)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s/upper,workdir=%s/work", fdPath(fd), scratch, scratch)
+	if err := unix.Mount("overlay", fdPath(fd), "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mount a writable layer over %s: %w", p, err)
+	}
+	return nil
 }

@@ -201,6 +201,13 @@ func (a *agent) buildRoot(cfg *proto.Config, files map[string][]byte) error {
 			return err
 		}
 	}
+	if cfg.Docker {
+		// dockerd writes its config directory (key.json): give it a
+		// throwaway layer over the image's /etc/docker.
+		if err := r.overlayDir("/etc/docker", filepath.Join(rwDir, "etc-docker")); err != nil {
+			return err
+		}
+	}
 	if cfg.Disk && cfg.Docker {
 		fd, err := r.mkdirAll("/var/lib/docker")
 		if err != nil {
