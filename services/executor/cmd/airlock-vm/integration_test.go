@@ -312,7 +312,8 @@ func TestExecKillDelete(t *testing.T) {
 	// Signals to the exec CLI reach its command; the CLI killed kills it.
 	data, _ = json.Marshal(specs.Process{Args: []string{"sleep", "600"}, Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"}})
 	os.WriteFile(proc, data, 0o644)
-	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+	// 0: `airlock-vm kill --pgid` from another process.
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL, 0} {
 		os.Remove(ipid)
 		x = h.cmd("exec", "--process", proc, "--internal-pid-file", ipid, "job3")
 		if err := x.Start(); err != nil {
@@ -323,10 +324,14 @@ func TestExecKillDelete(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 			gpid, _ = os.ReadFile(ipid)
 		}
-		x.Process.Signal(sig)
+		if sig != 0 {
+			x.Process.Signal(sig)
+		} else if err := h.cmd("kill", "--pgid", string(gpid), "job3", "KILL").Run(); err != nil {
+			t.Errorf("kill --pgid %s: %v", gpid, err)
+		}
 		err := x.Wait()
-		if sig == syscall.SIGTERM && exitStatus(err) != 128+15 {
-			t.Errorf("exec sent SIGTERM: %v, want %d", err, 128+15)
+		if want := map[syscall.Signal]int{syscall.SIGTERM: 128 + 15, 0: 128 + 9}[sig]; want != 0 && exitStatus(err) != want {
+			t.Errorf("exec after signal %d: %v, want %d", sig, err, want)
 		}
 		data, _ = json.Marshal(specs.Process{Args: []string{"sh", "-c", "sleep 0.5; kill -0 " + string(gpid)}, Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"}})
 		os.WriteFile(proc+".check", data, 0o644)
@@ -478,4 +483,11 @@ func TestRunNetCgroupDisk(t *testing.T) {
 		t.Errorf("delete: %v", err)
 	}
 	h.gone(t, "job5", 0)
+	nsName := filepath.Base(ns)
+	if out, err := exec.Command("ip", "-n", nsName, "link", "show", qemu.TapName).CombinedOutput(); err == nil {
+		t.Errorf("tap left in the job's namespace: %s", out)
+	}
+	if out, _ := exec.Command("tc", "-n", nsName, "qdisc", "show", "dev", "eth0", "ingress").CombinedOutput(); len(bytes.TrimSpace(out)) > 0 {
+		t.Errorf("eth0's ingress redirect left: %s", out)
+	}
 }

@@ -190,8 +190,16 @@ func (r *runner) run(qpath, apath string, k kernel.Kernel, bundle, pidFile strin
 		<-r.m.Done()
 		r.c.Close()
 	}()
+	// fail reports a failure of the machine with what QEMU and the console
+	// said last; QEMU is ended first so that all it wrote is in.
 	fail := func(what string, err error) (int, error) {
-		return 0, fmt.Errorf("%s: %v (qemu: %s; console: %s)", what, err, qerr.String(), console.String())
+		select {
+		case <-r.m.Done():
+		case <-time.After(time.Second):
+			r.m.Kill()
+			<-r.m.Done()
+		}
+		return 0, fmt.Errorf("%s: %v (qemu: %v, %s; console: %s)", what, err, r.m.Err(), qerr.String(), console.String())
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), helloTimeout)
