@@ -20,17 +20,19 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/airlockhq/airlock/pkg/version"
 	"github.com/airlockhq/airlock/services/executor/internal/vm/proto"
 )
-
-// Version names this agent build in Hello.
-var Version = "dev"
 
 type agent struct {
 	port   *os.File
 	w      *proto.Writer
 	reaper *reaper
 	jobCg  int // fd of the job processes' cgroup, -1 without one
+
+	// dockerd, once started: stopped first at power-off, so its disk is clean.
+	dockerdPid    int
+	dockerdExited <-chan syscall.WaitStatus
 
 	mu    sync.Mutex
 	procs map[uint32]*process
@@ -43,16 +45,17 @@ func Main() {
 		fmt.Fprintln(os.Stderr, "airlock-guest: not PID 1: this is a VM's init, not a command")
 		os.Exit(2)
 	}
-	err := run()
+	a := &agent{jobCg: -1, procs: map[uint32]*process{}}
+	err := a.run()
 	fmt.Fprintf(os.Stderr, "airlock-guest: %v\n", err)
-	powerOff()
+	a.powerOff()
 }
 
 func console(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "airlock-guest: "+format+"\n", args...)
 }
 
-func run() error {
+func (a *agent) run() error {
 	if err := earlyMounts(); err != nil {
 		return err
 	}
@@ -65,7 +68,7 @@ func run() error {
 	if err := os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0); err != nil {
 		return fmt.Errorf("oom_score_adj: %w", err)
 	}
-	a := &agent{reaper: newReaper(), jobCg: -1, procs: map[uint32]*process{}}
+	a.reaper = newReaper()
 	if err := loadModules(); err != nil {
 		return err
 	}
@@ -78,7 +81,7 @@ func run() error {
 	var uts unix.Utsname
 	unix.Uname(&uts)
 	kernel := unix.ByteSliceToString(uts.Release[:]) + " " + unix.ByteSliceToString(uts.Version[:])
-	if err := a.w.WriteJSON(proto.ControlStream, proto.TypeHello, proto.Hello{Version: Version, Kernel: kernel}); err != nil {
+	if err := a.w.WriteJSON(proto.ControlStream, proto.TypeHello, proto.Hello{Version: version.String(), Kernel: kernel}); err != nil {
 		return fmt.Errorf("send hello: %w", err)
 	}
 	r := proto.NewReader(port)
@@ -234,8 +237,19 @@ func signalProcess(s proto.Signal) error {
 	return nil
 }
 
-// powerOff ends the machine: everything is killed, the disk synced.
-func powerOff() {
+// dockerdStop bounds dockerd's clean shutdown at power-off.
+const dockerdStop = 10 * time.Second
+
+// powerOff ends the machine: dockerd is asked to stop, everything else
+// killed, the disk synced.
+func (a *agent) powerOff() {
+	if a.dockerdPid > 0 {
+		unix.Kill(a.dockerdPid, unix.SIGTERM)
+		select {
+		case <-a.dockerdExited:
+		case <-time.After(dockerdStop):
+		}
+	}
 	unix.Kill(-1, unix.SIGKILL)
 	unix.Sync()
 	unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)

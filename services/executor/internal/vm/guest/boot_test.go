@@ -1,5 +1,12 @@
 //go:build linux
 
+// The boot tests start real QEMU machines under TCG (root, qemu-system-x86_64,
+// a kernel: see testKernel) and drive the agent through package vm/client:
+//
+//	nice go test -run 'TestBoot' ./services/executor/internal/vm/guest/
+//
+// TestBoot ~35 s (a boot is 4-8 s; the OOM case ~13 s), TestBootHostClose ~11 s,
+// TestBootDocker ~50 s (dockerd's start ~10 s, a container ~30 s under TCG).
 package guest_test
 
 import (
@@ -68,7 +75,7 @@ type guestVM struct {
 
 // boot builds the agent and initramfs, starts QEMU under TCG with the host's
 // / shared read-only as the job root, and configures the guest.
-func boot(t *testing.T, cfg proto.Config, extra ...string) *guestVM {
+func boot(t *testing.T, cfg *proto.Config, extra ...string) *guestVM {
 	t.Helper()
 	if runtime.GOOS != "linux" || os.Getuid() != 0 {
 		t.Skip("needs root on linux")
@@ -165,7 +172,10 @@ func boot(t *testing.T, cfg proto.Config, extra ...string) *guestVM {
 		t.Fatal(err)
 	}
 	t.Logf("hello after %s: %+v", time.Since(start).Round(time.Millisecond), h)
-	if err := vm.c.Configure(ctx, cfg); err != nil {
+	if cfg == nil {
+		return vm
+	}
+	if err := vm.c.Configure(ctx, *cfg); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("configured after %s", time.Since(start).Round(time.Millisecond))
@@ -214,7 +224,7 @@ func TestBoot(t *testing.T) {
 	share := t.TempDir()
 	os.Chmod(share, 0o777)
 	// QEMU's user network: 10.0.2.2 (MAC 52:55:0a:00:02:02) is the host's loopback.
-	vm := boot(t, proto.Config{
+	vm := boot(t, &proto.Config{
 		Hostname: "airlock-vm-test",
 		Shares: []proto.Share{{Tag: proto.RootTag, Path: "/", RO: true},
 			{Tag: "work", Path: "/airlock-test/work", NoSuid: true, NoDev: true}},
@@ -259,6 +269,13 @@ func TestBoot(t *testing.T) {
 		if err != nil || exit.Code != 128+9 || exit.Signal != 9 {
 			t.Fatalf("got %+v %v", exit, err)
 		}
+		// The agent and "every process" are not the host's to signal.
+		for _, pid := range []int{1, -1, 0} {
+			var ge *client.GuestError
+			if err := vm.c.Signal(ctx, pid, syscall.SIGKILL); !errors.As(err, &ge) {
+				t.Errorf("signal to %d: got %v, want a guest error", pid, err)
+			}
+		}
 	})
 	t.Run("exec failures", func(t *testing.T) {
 		for _, tc := range []struct {
@@ -286,12 +303,14 @@ func TestBoot(t *testing.T) {
 	t.Run("confinement", func(t *testing.T) {
 		script := `cat /etc/airlock-vm-test; hostname; id -u; grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status;
 			touch /etc/x 2>&1 | grep -o 'Read-only file system'; echo ok >/tmp/y && cat /tmp/y; cat /proc/self/cgroup; ps -o pid= -o sid= -p $$ >/dev/null 2>&1; echo sid=$(cut -d' ' -f6 /proc/self/stat) pid=$$`
-		out, stderr, exit, err := vm.run(t, sh(script, 0))
+		spec := sh(script+"; echo nofile=$(ulimit -Sn)/$(ulimit -Hn)", 0)
+		spec.Rlimits = []proto.Rlimit{{Type: "RLIMIT_NOFILE", Soft: 1000, Hard: 2000}}
+		out, stderr, exit, err := vm.run(t, spec)
 		if err != nil || exit.Code != 0 {
 			t.Fatalf("got %q %q %+v %v", out, stderr, exit, err)
 		}
 		for _, want := range []string{"from the host\n", "airlock-vm-test\n", "0\n", "CapEff:\t0000000000000000", "CapBnd:\t0000000000000000",
-			"NoNewPrivs:\t1", "Read-only file system", "ok\n", "0::/airlock/job\n"} {
+			"NoNewPrivs:\t1", "Read-only file system", "ok\n", "0::/airlock/job\n", "nofile=1000/2000\n"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("output lacks %q:\n%s", want, out)
 			}
@@ -356,7 +375,7 @@ func TestBoot(t *testing.T) {
 	})
 	t.Run("oom kill counted", func(t *testing.T) {
 		// Three 250 MiB buffers filled at once: past the guest's 512 MiB.
-		dd := "dd if=/dev/zero of=/dev/null bs=250M count=2 2>/dev/null"
+		dd := "dd if=/dev/zero of=/dev/null bs=250M count=1 2>/dev/null"
 		_, _, exit, err := vm.run(t, sh(dd+" & "+dd+" & "+dd+" & wait", 1000))
 		if err != nil || exit.OOMKills < 1 {
 			t.Fatalf("got %+v %v", exit, err)
@@ -384,12 +403,32 @@ func TestBoot(t *testing.T) {
 		if err != nil || exit.Code != 0 || strings.TrimSpace(out.String()) != "3145728" {
 			t.Fatalf("got %q %+v %v", out.String(), exit, err)
 		}
+		// Stdin to a process that does not read it and exits: the writer
+		// ends, and the connection survives the acknowledgements in flight.
+		spec.Args = []string{"sh", "-c", "sleep 0.3"}
+		p, err = vm.c.Start(ctx, spec, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			for {
+				if _, err := p.Stdin.Write(make([]byte, 256<<10)); err != nil {
+					return
+				}
+			}
+		}()
+		if exit, err = p.Wait(ctx); err != nil || exit.Code != 0 {
+			t.Fatalf("got %+v %v", exit, err)
+		}
+		if out, _, _, err := vm.run(t, sh("echo still", 1000)); err != nil || out != "still\n" {
+			t.Fatalf("after: %q %v (connection: %v)", out, err, vm.c.Err())
+		}
 	})
 }
 
 // The host closing the connection powers the guest off.
 func TestBootHostClose(t *testing.T) {
-	vm := boot(t, proto.Config{Shares: []proto.Share{{Tag: proto.RootTag, Path: "/", RO: true}}})
+	vm := boot(t, &proto.Config{Shares: []proto.Share{{Tag: proto.RootTag, Path: "/", RO: true}}})
 	c := vm.c
 	vm.c = nil
 	c.Close()
@@ -397,6 +436,24 @@ func TestBootHostClose(t *testing.T) {
 	case <-vm.exited:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the guest still runs 10 s after the host closed the connection")
+	}
+}
+
+// A Config the guest cannot carry out is an error naming why, then power-off.
+func TestBootConfigError(t *testing.T) {
+	vm := boot(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	err := vm.c.Configure(ctx, proto.Config{Shares: []proto.Share{{Tag: proto.RootTag, Path: "/", RO: true},
+		{Tag: "nosuchtag", Path: "/x"}}})
+	var ge *client.GuestError
+	if !errors.As(err, &ge) || !strings.Contains(ge.Message, `mount 9p share "nosuchtag" at`) {
+		t.Fatalf("got %v", err)
+	}
+	select {
+	case <-vm.exited:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the guest still runs 10 s after its config failed")
 	}
 }
 
@@ -449,7 +506,7 @@ func TestBootDocker(t *testing.T) {
 	if out, err := exec.Command("mkfs.ext4", "-q", "-F", disk).CombinedOutput(); err != nil {
 		t.Fatalf("mkfs.ext4: %v %s", err, out)
 	}
-	vm := boot(t, proto.Config{
+	vm := boot(t, &proto.Config{
 		Shares: []proto.Share{{Tag: proto.RootTag, Path: "/", RO: true}},
 		Tmpfs:  []proto.Tmpfs{{Path: "/tmp"}},
 		Disk:   true, Docker: true, DockerUID: 1000, DockerGID: 1000,

@@ -63,7 +63,9 @@ func childExec() (int, error) {
 		if !ok {
 			return setupFailed, fmt.Errorf("rlimit %q: unknown", r.Type)
 		}
-		if err := unix.Prlimit(0, res, &unix.Rlimit{Cur: r.Soft, Max: r.Hard}, nil); err != nil {
+		// syscall's Setrlimit, not a raw one: for RLIMIT_NOFILE it tells
+		// syscall.Exec not to restore the soft limit Go raised at start.
+		if err := syscall.Setrlimit(res, &syscall.Rlimit{Cur: r.Soft, Max: r.Hard}); err != nil {
 			return setupFailed, fmt.Errorf("set %s: %w", r.Type, err)
 		}
 	}

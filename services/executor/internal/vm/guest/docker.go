@@ -80,7 +80,7 @@ func (a *agent) startDocker(uid, gid uint32) error {
 	args := []string{dockerd, "--data-root=/var/lib/docker", "--exec-root=/run/docker", "--pidfile=/run/docker.pid",
 		"--host=unix://" + dockerSocket, "--bridge=none", "--iptables=false", "--ip6tables=false",
 		"--cgroup-parent=" + cgroupDocker}
-	_, exited, err := a.reaper.spawn(dockerd, args, &syscall.ProcAttr{
+	pid, exited, err := a.reaper.spawn(dockerd, args, &syscall.ProcAttr{
 		Env:   []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"},
 		Files: []uintptr{null.Fd(), w.Fd(), w.Fd()},
 		Sys:   &syscall.SysProcAttr{Setsid: true, UseCgroupFD: true, CgroupFD: cgfd},
@@ -90,6 +90,7 @@ func (a *agent) startDocker(uid, gid uint32) error {
 		r.Close()
 		return fmt.Errorf("docker: start %s: %w", dockerd, err)
 	}
+	a.dockerdPid, a.dockerdExited = pid, exited
 	log := &tailLog{}
 	go func() {
 		defer r.Close()
@@ -103,6 +104,7 @@ func (a *agent) startDocker(uid, gid uint32) error {
 		}
 		select {
 		case ws := <-exited:
+			a.dockerdPid = 0
 			return fmt.Errorf("docker: dockerd exited (status %d) before its socket answered; its log ends:\n%s", ws.ExitStatus(), log)
 		case <-deadline:
 			return fmt.Errorf("docker: dockerd's socket did not answer within %s; its log ends:\n%s", dockerDeadline, log)

@@ -26,6 +26,7 @@ type process struct {
 	queue  [][]byte
 	queued int
 	closed bool // StdinClose arrived, or the process is gone
+	ended  bool // Error or Exit sent: the stream's last frame
 }
 
 // outputChunk bounds one Stdout/Stderr frame.
@@ -43,20 +44,13 @@ func (a *agent) start(stream uint32, spec proto.Process) {
 	a.mu.Lock()
 	a.procs[stream] = p
 	a.mu.Unlock()
-	fail := func(err error, code int) {
-		a.mu.Lock()
-		delete(a.procs, stream)
-		a.mu.Unlock()
-		p.closeStdin()
-		a.w.WriteJSON(stream, proto.TypeError, proto.Error{Message: err.Error(), ExitCode: code})
-	}
 	if err := spec.Validate(); err != nil {
-		fail(err, 0)
+		p.end(proto.TypeError, proto.Error{Message: err.Error()})
 		return
 	}
 	go func() {
 		if err := p.run(spec); err != nil {
-			fail(err, 0)
+			p.end(proto.TypeError, proto.Error{Message: err.Error()})
 		}
 	}()
 }
@@ -129,11 +123,7 @@ func (p *process) run(spec proto.Process) error {
 		if n != 126 && n != 127 {
 			n = 0 // not an exec failure
 		}
-		p.a.mu.Lock()
-		delete(p.a.procs, p.stream)
-		p.a.mu.Unlock()
-		p.closeStdin()
-		p.a.w.WriteJSON(p.stream, proto.TypeError, proto.Error{Message: text, ExitCode: n})
+		p.end(proto.TypeError, proto.Error{Message: text, ExitCode: n})
 		return nil
 	}
 	if err := a.w.WriteJSON(p.stream, proto.TypeStarted, proto.Started{Pid: pid}); err != nil {
@@ -163,10 +153,6 @@ func (p *process) run(spec proto.Process) error {
 		stderr[0].Close()
 		<-drained
 	}
-	p.closeStdin()
-	a.mu.Lock()
-	delete(a.procs, p.stream)
-	a.mu.Unlock()
 	e := proto.Exit{OOMKills: readOOMKills() - oomBefore}
 	if ws.Signaled() {
 		e.Signal = int(ws.Signal())
@@ -174,7 +160,24 @@ func (p *process) run(spec proto.Process) error {
 	} else {
 		e.Code = ws.ExitStatus()
 	}
-	return a.w.WriteJSON(p.stream, proto.TypeExit, e)
+	p.end(proto.TypeExit, e)
+	return nil
+}
+
+// end sends the stream's last frame (Error or Exit) once; no stdin
+// acknowledgement follows it, which the host would take for a protocol error.
+func (p *process) end(t proto.Type, v any) {
+	p.a.mu.Lock()
+	delete(p.a.procs, p.stream)
+	p.a.mu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ended {
+		return
+	}
+	p.ended, p.closed = true, true
+	p.cond.Broadcast()
+	p.a.w.WriteJSON(p.stream, t, v)
 }
 
 func (p *process) pump(f *os.File, t proto.Type) {
@@ -217,7 +220,9 @@ func (p *process) closeStdin() {
 }
 
 func (p *process) ack(n int) {
-	if n > 0 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n > 0 && !p.ended {
 		p.a.w.WriteJSON(p.stream, proto.TypeStdinAck, proto.StdinAck{Bytes: n})
 	}
 }
