@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strconv"
 	"strings"
 	"time"
@@ -61,6 +62,17 @@ func cmdExec(g globals, args []string) error {
 			return fmt.Errorf("pid file: %w", err)
 		}
 	}
+	// Signals to this CLI go to the command's process group, as runc
+	// forwards them to its exec.
+	sigc := make(chan os.Signal, 4)
+	signal.Notify(sigc, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT)
+	defer signal.Stop(sigc)
+	go func() {
+		for s := range sigc {
+			b, _ := json.Marshal(ctlRequest{Op: "kill", Signal: int(s.(unix.Signal))})
+			c.Write(append(b, '\n'))
+		}
+	}()
 	rep, err = readReply(br)
 	if err != nil {
 		return err

@@ -122,7 +122,7 @@ func (r *runner) serve(c *net.UnixConn) {
 			enc.Encode(ctlReply{Error: "exec: want a process and three descriptors"})
 			return
 		}
-		r.exec(*req.Process, files, enc)
+		r.exec(c, br, *req.Process, files, enc)
 	default:
 		enc.Encode(ctlReply{Error: fmt.Sprintf("control request op %q: unknown", req.Op)})
 	}
@@ -143,6 +143,11 @@ func parseRights(oob []byte) []*os.File {
 		}
 		for _, fd := range fds {
 			unix.CloseOnExec(fd)
+			// Non-blocking, so Go's poller serves it and closing it ends
+			// a read still waiting on stdin: run then holds no end of the
+			// exec's stdin pipe once the exec is over, and the writer
+			// sees EPIPE instead of blocking for good.
+			unix.SetNonblock(fd, true)
 			out = append(out, os.NewFile(uintptr(fd), "ctl-fd"))
 		}
 	}
@@ -174,7 +179,12 @@ func (r *runner) kill(req ctlRequest) ctlReply {
 }
 
 // exec runs p in the guest with the exec CLI's stdin, stdout and stderr.
-func (r *runner) exec(p proto.Process, files []*os.File, enc *json.Encoder) {
+//
+// The exec CLI may ask to signal the process's group (a kill request line
+// on the same connection, when it is signalled itself); if it goes away
+// before the process ends, the group is killed: only the sandbox kills an
+// exec CLI, to stop the exec.
+func (r *runner) exec(c *net.UnixConn, br *bufio.Reader, p proto.Process, files []*os.File, enc *json.Encoder) {
 	if err := p.Validate(); err != nil {
 		enc.Encode(ctlReply{Error: "exec: " + err.Error()})
 		return
@@ -196,6 +206,22 @@ func (r *runner) exec(p proto.Process, files []*os.File, enc *json.Encoder) {
 	go func() {
 		io.Copy(proc.Stdin, files[0])
 		proc.Stdin.Close()
+	}()
+	go func() {
+		for {
+			line, err := readLine(br)
+			var req ctlRequest
+			if err == nil && json.Unmarshal(line, &req) == nil && req.Op == "kill" {
+				r.kill(ctlRequest{Pgid: proc.Pid, Signal: req.Signal})
+				continue
+			}
+			select {
+			case <-proc.Exited():
+			default:
+				r.kill(ctlRequest{Pgid: proc.Pid, Signal: int(unix.SIGKILL)})
+			}
+			return
+		}
 	}()
 	exit, err := proc.Wait(context.Background())
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 
@@ -16,16 +15,11 @@ import (
 
 // fileDigest is the sha256 digest of a file's content.
 func fileDigest(path string) (string, error) {
-	f, err := os.Open(path)
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return "", err
 	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return digest.FromSum(h.Sum(nil)), nil
+	return digest.Of(data), nil
 }
 
 // cachedInitramfs returns the initramfs for the agent and kernel, built

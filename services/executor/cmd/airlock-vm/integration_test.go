@@ -8,18 +8,22 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/airlockhq/airlock/services/executor/internal/vm/kernel"
+	"github.com/airlockhq/airlock/services/executor/internal/vm/qemu"
 )
 
 // vmHost is what the integration tests need: built binaries, a kernel,
@@ -104,12 +108,22 @@ func (h vmHost) cmd(args ...string) *exec.Cmd {
 	return exec.Command(h.cli, append(g, args...)...)
 }
 
+// testUIDBase is the bundles' uid-base: no host user has ids there.
+const testUIDBase = 100000
+
 // bundle writes a bundle whose root is the host's / (read-only) running args.
 func bundle(t *testing.T, args ...string) string {
 	t.Helper()
 	b := t.TempDir()
 	work := filepath.Join(b, "work")
-	os.Mkdir(work, 0o777)
+	// Owned by the job's root, as the sandbox makes it: QEMU's 9p server
+	// writes as uid-base+uid.
+	if err := os.Mkdir(work, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(work, testUIDBase, testUIDBase); err != nil {
+		t.Fatal(err)
+	}
 	spec := specs.Spec{
 		Version:  specs.Version,
 		Root:     &specs.Root{Path: "/", Readonly: true},
@@ -120,7 +134,7 @@ func bundle(t *testing.T, args ...string) string {
 			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs"},
 			{Destination: "/work", Type: "bind", Source: work, Options: []string{"bind", "rw", "nosuid", "nodev"}},
 		},
-		Annotations: map[string]string{annUIDBase: "100000", annMemory: strconv.Itoa(384 << 20), annCPUs: "1"},
+		Annotations: map[string]string{annUIDBase: strconv.Itoa(testUIDBase), annMemory: strconv.Itoa(384 << 20), annCPUs: "1"},
 	}
 	data, _ := json.Marshal(spec)
 	if err := os.WriteFile(filepath.Join(b, "config.json"), data, 0o644); err != nil {
@@ -175,7 +189,13 @@ func TestRunJob(t *testing.T) {
 		t.Errorf("stdout %q stderr %q", out.String(), errb.String())
 	}
 	if data, err := os.ReadFile(filepath.Join(b, "work", "f")); err != nil || string(data) != "made\n" {
-		t.Errorf("the job's file: %q, %v", data, err)
+		t.Errorf("the job's file: %q, %v (stderr %q)", data, err, errb.String())
+	}
+	// The guest's root (uid 0) writes as uid-base on the host.
+	if st, err := os.Stat(filepath.Join(b, "work", "f")); err == nil {
+		if uid := st.Sys().(*syscall.Stat_t).Uid; uid != testUIDBase {
+			t.Errorf("the job's file is owned by host uid %d, want %d", uid, testUIDBase)
+		}
 	}
 	var res result
 	if data, err := os.ReadFile(filepath.Join(b, "vm-result.json")); err != nil || json.Unmarshal(data, &res) != nil || res.ExitCode != 3 || !strings.Contains(res.GuestKernel, h.kernel.ABI) {
@@ -258,6 +278,68 @@ func TestExecKillDelete(t *testing.T) {
 		t.Error("no internal pid file")
 	}
 
+	// A command that ignores its stdin ends while the writer still holds
+	// the pipe open: the exec ends with it.
+	pr, pw, _ := os.Pipe()
+	defer pw.Close()
+	data, _ = json.Marshal(specs.Process{Args: []string{"true"}, Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"}})
+	os.WriteFile(proc, data, 0o644)
+	x = h.cmd("exec", "--process", proc, "job3")
+	x.Stdin = pr
+	xdone := make(chan error, 1)
+	go func() { xdone <- x.Run() }()
+	select {
+	case err := <-xdone:
+		if err != nil {
+			t.Errorf("exec true: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("exec of a command ignoring an open stdin did not end")
+	}
+	pr.Close()
+
+	// A missing command: 127 and runc's message, no pid files.
+	data, _ = json.Marshal(specs.Process{Args: []string{"no-such-command"}, Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"}})
+	os.WriteFile(proc, data, 0o644)
+	os.Remove(ipid)
+	if err := h.cmd("exec", "--process", proc, "--internal-pid-file", ipid, "job3").Run(); exitStatus(err) != 127 {
+		t.Errorf("exec of a missing command: %v, want 127", err)
+	}
+	if _, err := os.Stat(ipid); err == nil {
+		t.Error("internal pid file written for a command that never ran")
+	}
+
+	// Signals to the exec CLI reach its command; the CLI killed kills it.
+	data, _ = json.Marshal(specs.Process{Args: []string{"sleep", "600"}, Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"}})
+	os.WriteFile(proc, data, 0o644)
+	// 0: `airlock-vm kill --pgid` from another process.
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL, 0} {
+		os.Remove(ipid)
+		x = h.cmd("exec", "--process", proc, "--internal-pid-file", ipid, "job3")
+		if err := x.Start(); err != nil {
+			t.Fatal(err)
+		}
+		var gpid []byte
+		for i := 0; i < 600 && len(gpid) == 0; i++ {
+			time.Sleep(50 * time.Millisecond)
+			gpid, _ = os.ReadFile(ipid)
+		}
+		if sig != 0 {
+			x.Process.Signal(sig)
+		} else if err := h.cmd("kill", "--pgid", string(gpid), "job3", "KILL").Run(); err != nil {
+			t.Errorf("kill --pgid %s: %v", gpid, err)
+		}
+		err := x.Wait()
+		if want := map[syscall.Signal]int{syscall.SIGTERM: 128 + 15, 0: 128 + 9}[sig]; want != 0 && exitStatus(err) != want {
+			t.Errorf("exec after signal %d: %v, want %d", sig, err, want)
+		}
+		data, _ = json.Marshal(specs.Process{Args: []string{"sh", "-c", "sleep 0.5; kill -0 " + string(gpid)}, Cwd: "/", Env: []string{"PATH=/usr/bin:/bin"}})
+		os.WriteFile(proc+".check", data, 0o644)
+		if err := h.cmd("exec", "--process", proc+".check", "job3").Run(); len(gpid) == 0 || exitStatus(err) != 1 {
+			t.Errorf("after %v to the exec CLI, its command %q: kill -0 says %v, want it gone", sig, gpid, err)
+		}
+	}
+
 	if err := h.cmd("kill", "job3", "TERM").Run(); err != nil {
 		t.Errorf("kill: %v", err)
 	}
@@ -288,4 +370,153 @@ func TestDeleteRunning(t *testing.T) {
 		t.Error("run still there after delete --force")
 	}
 	h.gone(t, "job4", qpid)
+}
+
+// jobNetns makes a namespace as package netpolicy does: eth0 (a veth end)
+// with an address, a static neighbour for the gateway (the host end) and
+// a default route through it. It returns the namespace's path and the
+// host end's address.
+func jobNetns(t *testing.T) (string, string) {
+	name := fmt.Sprintf("avm%d", os.Getpid())
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	run("netns", "add", name)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run(); exec.Command("ip", "link", "del", name).Run() })
+	run("link", "add", name, "type", "veth", "peer", "name", "eth0", "netns", name)
+	run("addr", "add", "10.214.0.1/30", "dev", name)
+	run("link", "set", name, "up")
+	run("-n", name, "addr", "add", "10.214.0.2/30", "dev", "eth0")
+	run("-n", name, "link", "set", "eth0", "up")
+	run("-n", name, "route", "add", "default", "via", "10.214.0.1")
+	mac, err := os.ReadFile("/sys/class/net/" + name + "/address")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run("-n", name, "neigh", "replace", "10.214.0.1", "lladdr", strings.TrimSpace(string(mac)), "dev", "eth0", "nud", "permanent")
+	return "/run/netns/" + name, "10.214.0.1"
+}
+
+// TestRunNetCgroupDisk runs a job with everything a real bundle has: its
+// netns (the guest reaches a listener on the host end of the veth), its
+// cgroup (QEMU is in it) and a disk image (made, owned by uid-base).
+func TestRunNetCgroupDisk(t *testing.T) {
+	h := needVM(t)
+	ns, gw := jobNetns(t)
+	ln, err := net.Listen("tcp", gw+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan string, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(time.Minute))
+		b, _ := io.ReadAll(c)
+		got <- string(b)
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	b := bundle(t, "bash", "-c", fmt.Sprintf("echo from-guest >/dev/tcp/%s/%d && sleep 1", gw, port))
+	cgPath := fmt.Sprintf("/airlock-vm-test-%d/ctr", os.Getpid())
+	disk := filepath.Join(b, "disk.img")
+	var spec specs.Spec
+	data, _ := os.ReadFile(filepath.Join(b, "config.json"))
+	json.Unmarshal(data, &spec)
+	spec.Linux = &specs.Linux{CgroupsPath: cgPath, Namespaces: []specs.LinuxNamespace{{Type: specs.NetworkNamespace, Path: ns}}}
+	spec.Annotations[annDisk] = disk
+	spec.Annotations[annDiskBytes] = strconv.Itoa(256 << 20)
+	data, _ = json.Marshal(spec)
+	os.WriteFile(filepath.Join(b, "config.json"), data, 0o644)
+
+	var out, errb bytes.Buffer
+	run := h.cmd("run", "--bundle", b, "--pid-file", filepath.Join(b, "pid"), "job5")
+	run.Stdout, run.Stderr = &out, &errb
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	dirs, derr := qemu.CgroupDirs(cgPath)
+	t.Cleanup(func() {
+		for _, d := range dirs {
+			os.Remove(d)
+			os.Remove(filepath.Dir(d))
+		}
+	})
+	var qemuCg string
+	for deadline := time.Now().Add(2 * time.Minute); qemuCg == "" && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if pid, err := os.ReadFile(filepath.Join(b, "pid")); err == nil {
+			cg, _ := os.ReadFile("/proc/" + string(pid) + "/cgroup")
+			qemuCg = string(cg)
+			break
+		}
+	}
+	err = run.Wait()
+	logData, _ := os.ReadFile(h.log)
+	if err != nil {
+		t.Fatalf("run: %v\nstdout %s\nstderr %s\nlog %s", err, out.String(), errb.String(), logData)
+	}
+	select {
+	case s := <-got:
+		if s != "from-guest\n" {
+			t.Errorf("the host end got %q", s)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("nothing reached the host end of the veth")
+	}
+	if derr != nil {
+		t.Fatal(derr)
+	}
+	if !strings.Contains(qemuCg, cgPath) {
+		t.Errorf("qemu's cgroups %q: want %s", qemuCg, cgPath)
+	}
+	st, err := os.Stat(disk)
+	if err != nil || st.Sys().(*syscall.Stat_t).Uid != testUIDBase {
+		t.Errorf("disk image: %v, %+v", err, st)
+	}
+	if err := h.cmd("delete", "--force", "job5").Run(); err != nil {
+		t.Errorf("delete: %v", err)
+	}
+	h.gone(t, "job5", 0)
+	nsName := filepath.Base(ns)
+	if out, err := exec.Command("ip", "-n", nsName, "link", "show", qemu.TapName).CombinedOutput(); err == nil {
+		t.Errorf("tap left in the job's namespace: %s", out)
+	}
+	if out, _ := exec.Command("tc", "-n", nsName, "qdisc", "show", "dev", "eth0", "ingress").CombinedOutput(); len(bytes.TrimSpace(out)) > 0 {
+		t.Errorf("eth0's ingress redirect left: %s", out)
+	}
+}
+
+// TestRunDocker runs a job that asks for Docker: the disk image is made
+// and mkfs'd by run, and the guest's dockerd keeps its data there.
+func TestRunDocker(t *testing.T) {
+	h := needVM(t)
+	if _, err := exec.LookPath("dockerd"); err != nil {
+		t.Skip("no dockerd on this host's root (the guest's root)")
+	}
+	b := bundle(t, "sh", "-c", "docker version --format 'server {{.Server.Version}}' && docker info --format '{{.DockerRootDir}} {{.Driver}}'")
+	var spec specs.Spec
+	data, _ := os.ReadFile(filepath.Join(b, "config.json"))
+	json.Unmarshal(data, &spec)
+	spec.Annotations[annDisk] = filepath.Join(b, "disk.img")
+	spec.Annotations[annDiskBytes] = strconv.Itoa(1 << 30)
+	spec.Annotations[annDocker] = "true"
+	spec.Annotations[annMemory] = strconv.Itoa(768 << 20)
+	data, _ = json.Marshal(spec)
+	os.WriteFile(filepath.Join(b, "config.json"), data, 0o644)
+	var out, errb bytes.Buffer
+	run := h.cmd("run", "--bundle", b, "--pid-file", filepath.Join(b, "pid"), "job6")
+	run.Stdout, run.Stderr = &out, &errb
+	start := time.Now()
+	err := run.Run()
+	t.Logf("run with docker: %s", time.Since(start))
+	if err != nil || !strings.Contains(out.String(), "server ") || !strings.Contains(out.String(), "/var/lib/docker") {
+		logData, _ := os.ReadFile(h.log)
+		t.Errorf("run: %v\nstdout %s\nstderr %s\nlog %s", err, out.String(), errb.String(), logData)
+	}
 }

@@ -2,7 +2,9 @@
 // executor's sandbox package drives it as it drives runsc (run, exec, kill,
 // delete --force, --version), on the same OCI bundle, and it runs the job
 // in a per-job QEMU machine whose init is the guest agent (airlock-guest).
-// docs: ../../../../ (issue 23's contract).
+// The sandbox package is its only caller; the contract between them is the
+// command set below, the bundle's dev.airlock.vm.* annotations and
+// B/vm-result.json.
 //
 //	airlock-vm [--root DIR] [--log FILE --log-format json] [--kernel DIR]
 //	           [--qemu PATH] [--accel kvm|tcg] [--agent PATH] COMMAND ...

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -35,8 +36,9 @@ const (
 )
 
 // appendLine is the guest kernel's command line. panic=-1 with QEMU's
-// -no-reboot: a panic ends QEMU, which the run reports.
-const appendLine = "console=ttyS0 quiet loglevel=3 panic=-1 oops=panic mitigations=off"
+// -no-reboot: a panic ends QEMU, which the run reports. The guest has
+// cgroup v2 only: the agent holds the pids limit in a v2 cgroup.
+const appendLine = "console=ttyS0 quiet loglevel=3 panic=-1 oops=panic mitigations=off systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all"
 
 // result is B/vm-result.json.
 type result struct {
@@ -188,8 +190,16 @@ func (r *runner) run(qpath, apath string, k kernel.Kernel, bundle, pidFile strin
 		<-r.m.Done()
 		r.c.Close()
 	}()
+	// fail reports a failure of the machine with what QEMU and the console
+	// said last; QEMU is ended first so that all it wrote is in.
 	fail := func(what string, err error) (int, error) {
-		return 0, fmt.Errorf("%s: %v (qemu: %s; console: %s)", what, err, qerr.String(), console.String())
+		select {
+		case <-r.m.Done():
+		case <-time.After(time.Second):
+			r.m.Kill()
+			<-r.m.Done()
+		}
+		return 0, fmt.Errorf("%s: %v (qemu: %v, %s; console: %s)", what, err, r.m.Err(), qerr.String(), console.String())
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), helloTimeout)
@@ -237,12 +247,24 @@ func (r *runner) run(qpath, apath string, k kernel.Kernel, bundle, pidFile strin
 	if err != nil {
 		return fail("the machine ended before the job", err)
 	}
-	res := result{ExitCode: exit.Code, OOMKills: exit.OOMKills, GuestKernel: hello.Kernel}
+	res := result{ExitCode: exit.Code, OOMKills: exit.OOMKills, GuestKernel: clip(hello.Kernel, maxGuestKernel)}
 	b, _ := json.Marshal(res)
 	if err := atomicfile.Write(bundle+"/vm-result.json", b, 0o644, atomicfile.Fast); err != nil {
 		return 0, fmt.Errorf("vm-result.json: %w", err)
 	}
 	return exit.Code, nil
+}
+
+// maxGuestKernel bounds the guest's kernel name in vm-result.json: the
+// guest says it, and the guest is not trusted.
+const maxGuestKernel = 256
+
+// clip is s cut to at most n bytes, with invalid UTF-8 replaced.
+func clip(s string, n int) string {
+	if len(s) > n {
+		s = s[:n]
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
 }
 
 // execCode is the exit status of a failed execve, as runc's: 127 for a

@@ -7,9 +7,10 @@
 // A cached kernel is a directory <base>/kernel/<package>_<version>/ holding
 // the package's files, `vmlinux` (the ELF cut out of the compressed
 // vmlinuz: QEMU boots it through its PVH entry point, which skips ~10 s of
-// decompression under TCG), lib/modules/<abi>/modules.dep (Debian's package
-// ships none: its postinst runs depmod) and `VERSION` ("<package> <version>
-// <abi>"), which is written last: a directory without it is not a kernel.
+// decompression under TCG) and `VERSION` ("<package> <version> <abi>"),
+// which is written last: a directory without it is not a kernel. The
+// modules stay as the package has them (no modules.dep: package
+// vm/initramfs reads each module's own dependencies).
 package kernel
 
 import (
@@ -47,7 +48,7 @@ type Kernel struct {
 	Package, Version, ABI string
 	// Vmlinux is the uncompressed ELF kernel with a PVH entry point.
 	Vmlinux string
-	// ModulesDir is Dir/lib/modules/<ABI>, with modules.dep.
+	// ModulesDir is Dir/lib/modules/<ABI>.
 	ModulesDir string
 }
 
@@ -142,7 +143,7 @@ func load(dir string) (Kernel, error) {
 		Vmlinux:    filepath.Join(dir, "vmlinux"),
 		ModulesDir: filepath.Join(dir, "lib", "modules", f[2]),
 	}
-	for _, p := range []string{k.Vmlinux, filepath.Join(k.ModulesDir, "modules.dep")} {
+	for _, p := range []string{k.Vmlinux, k.ModulesDir} {
 		if _, err := os.Stat(p); err != nil {
 			return Kernel{}, fmt.Errorf("kernel %s: %w", dir, err)
 		}
@@ -259,9 +260,6 @@ func unpack(ctx context.Context, kdir, dir, pkg, ver string) error {
 	}
 	abi := filepath.Base(mods[0])
 	if err := cutVmlinux(ctx, filepath.Join(root, "boot", "vmlinuz-"+abi), filepath.Join(root, "vmlinux")); err != nil {
-		return fmt.Errorf("%s %s: %w", pkg, ver, err)
-	}
-	if err := writeModulesDep(mods[0]); err != nil {
 		return fmt.Errorf("%s %s: %w", pkg, ver, err)
 	}
 	if err := os.WriteFile(filepath.Join(root, "VERSION"), []byte(pkg+" "+ver+" "+abi+"\n"), 0o644); err != nil {
