@@ -492,31 +492,3 @@ func TestRunNetCgroupDisk(t *testing.T) {
 	}
 }
 
-// TestRunDocker runs a job that asks for Docker: the disk image is made
-// and mkfs'd by run, and the guest's dockerd keeps its data there.
-func TestRunDocker(t *testing.T) {
-	h := needVM(t)
-	if _, err := exec.LookPath("dockerd"); err != nil {
-		t.Skip("no dockerd on this host's root (the guest's root)")
-	}
-	b := bundle(t, "sh", "-c", "docker version --format 'server {{.Server.Version}}' && docker info --format '{{.DockerRootDir}} {{.Driver}}'")
-	var spec specs.Spec
-	data, _ := os.ReadFile(filepath.Join(b, "config.json"))
-	json.Unmarshal(data, &spec)
-	spec.Annotations[annDisk] = filepath.Join(b, "disk.img")
-	spec.Annotations[annDiskBytes] = strconv.Itoa(1 << 30)
-	spec.Annotations[annDocker] = "true"
-	spec.Annotations[annMemory] = strconv.Itoa(768 << 20)
-	data, _ = json.Marshal(spec)
-	os.WriteFile(filepath.Join(b, "config.json"), data, 0o644)
-	var out, errb bytes.Buffer
-	run := h.cmd("run", "--bundle", b, "--pid-file", filepath.Join(b, "pid"), "job6")
-	run.Stdout, run.Stderr = &out, &errb
-	start := time.Now()
-	err := run.Run()
-	t.Logf("run with docker: %s", time.Since(start))
-	if err != nil || !strings.Contains(out.String(), "server ") || !strings.Contains(out.String(), "/var/lib/docker") {
-		logData, _ := os.ReadFile(h.log)
-		t.Errorf("run: %v\nstdout %s\nstderr %s\nlog %s", err, out.String(), errb.String(), logData)
-	}
-}
