@@ -59,7 +59,7 @@ type fakeAuthority struct {
 
 	mu      sync.Mutex
 	tenants []string               // the tenant of each SubmitJob, ListJobs, ListApprovals and ListAuditEvents, in order
-	specs   []*authorityv1.JobSpec // each SubmitJob's spec
+	specs   []*authorityv1.JobSpec // each SubmitJob's and CreateSession's spec
 	clears  []*authorityv1.ClearCachesRequest
 	watches []*authorityv1.WatchJobRequest
 	drains  []*authorityv1.DrainExecutorRequest
@@ -88,12 +88,22 @@ func (f *fakeAuthority) ReadReview(_ *authorityv1.ReadReviewRequest, stream grpc
 	return f.reviewErr
 }
 
-func (f *fakeAuthority) SubmitJob(_ context.Context, req *authorityv1.SubmitJobRequest) (*authorityv1.SubmitJobResponse, error) {
-	f.sawTenant(req.GetTenant())
+// sawSpec records a submission's tenant and spec.
+func (f *fakeAuthority) sawSpec(tenant string, spec *authorityv1.JobSpec) {
+	f.sawTenant(tenant)
 	f.mu.Lock()
-	f.specs = append(f.specs, req.GetSpec())
+	f.specs = append(f.specs, spec)
 	f.mu.Unlock()
+}
+
+func (f *fakeAuthority) SubmitJob(_ context.Context, req *authorityv1.SubmitJobRequest) (*authorityv1.SubmitJobResponse, error) {
+	f.sawSpec(req.GetTenant(), req.GetSpec())
 	return &authorityv1.SubmitJobResponse{Job: f.job}, f.err
+}
+
+func (f *fakeAuthority) CreateSession(_ context.Context, req *authorityv1.CreateSessionRequest) (*authorityv1.CreateSessionResponse, error) {
+	f.sawSpec(req.GetTenant(), req.GetSpec())
+	return &authorityv1.CreateSessionResponse{Session: f.job}, f.err
 }
 
 func (f *fakeAuthority) GetJob(context.Context, *authorityv1.GetJobRequest) (*authorityv1.GetJobResponse, error) {

@@ -221,6 +221,27 @@ func TestPolicyRefusals(t *testing.T) {
 		{name: "disallowed runtime class", caller: "other", tenant: "other", spec: with(func(s *authorityv1.JobSpec) {
 			s.Repository, s.RuntimeClass = "tools", typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC
 		}), code: codes.PermissionDenied, want: []string{"spec.runtime_class", "runsc is not allowed"}},
+		{name: "vm where the policy does not allow it", caller: "other", tenant: "other", spec: with(func(s *authorityv1.JobSpec) {
+			s.Repository, s.RuntimeClass = "tools", typesv1.RuntimeClass_RUNTIME_CLASS_VM
+		}), code: codes.PermissionDenied, want: []string{"spec.runtime_class", `vm is not allowed for tenant "other" (allowed: runc)`}},
+		{name: "vm memory below a guest's", spec: with(func(s *authorityv1.JobSpec) {
+			s.RuntimeClass, s.Resources = typesv1.RuntimeClass_RUNTIME_CLASS_VM, &typesv1.ResourceLimits{MemoryBytes: 128 << 20}
+		}), code: codes.InvalidArgument, want: []string{"spec.resources.memory_bytes: 134217728: must be at least 268435456 under vm"}},
+		{name: "docker under runc", spec: with(func(s *authorityv1.JobSpec) { s.With = []string{"docker"} }),
+			code: codes.InvalidArgument, want: []string{"spec.with: docker runs only in the vm runtime class: its own kernel and cgroups"}},
+		{name: "docker under runsc", spec: with(func(s *authorityv1.JobSpec) {
+			s.RuntimeClass, s.With = typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC, []string{"docker"}
+		}), code: codes.InvalidArgument, want: []string{"spec.with: docker runs only in the vm runtime class"}},
+		{name: "docker below 1GiB", spec: with(func(s *authorityv1.JobSpec) {
+			s.RuntimeClass, s.With = typesv1.RuntimeClass_RUNTIME_CLASS_VM, []string{"docker"} // dev's default is 512MiB
+		}), code: codes.InvalidArgument, want: []string{"spec.resources.memory_bytes: 536870912: must be at least 1073741824 with docker"}},
+		{name: "unknown with", spec: with(func(s *authorityv1.JobSpec) {
+			s.RuntimeClass, s.With = typesv1.RuntimeClass_RUNTIME_CLASS_VM, []string{"podman"}
+		}), code: codes.InvalidArgument, want: []string{"spec.with[0]", `"podman" is not "docker"`}},
+		{name: "docker twice", spec: with(func(s *authorityv1.JobSpec) {
+			s.RuntimeClass, s.With = typesv1.RuntimeClass_RUNTIME_CLASS_VM, []string{"docker", "docker"}
+			s.Resources = &typesv1.ResourceLimits{MemoryBytes: 1 << 30}
+		}), code: codes.InvalidArgument, want: []string{"spec.with[1]", "asked for twice"}},
 		{name: "allow outside egress", spec: allow("192.168.0.0/16"), code: codes.PermissionDenied,
 			want: []string{"spec.network_policy.allow.rules[0].cidr", "outside"}},
 		{name: "allow wider than egress", spec: allow("10.0.0.0/7"), code: codes.PermissionDenied, want: []string{"spec.network_policy.allow.rules[0].cidr"}},

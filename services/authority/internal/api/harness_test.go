@@ -134,8 +134,10 @@ func (h *harness) addExecutor(name string, report fleet.Report) *member {
 	}
 	m := &member{id: id, fake: fakeexecutor.New(grant.NewVerifier(h.signer.PublicKey())), report: report}
 	m.fake.Is(id.String())
-	if slices.Contains(report.Classes, policy.RuntimeRunsc) {
-		m.fake.RunsRunsc()
+	for _, c := range report.Classes {
+		if rc, err := executorclient.RuntimeClassToProto(c); err == nil {
+			m.fake.Runs(rc)
+		}
 	}
 	m.addr, m.stop = h.serveStoppable(id, authz.ExecutorTable, m.fake.Register)
 	h.fleetMu.Lock()
@@ -199,7 +201,7 @@ func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
 				"mirrored": {Tenant: "dev", Name: "mirrored", URL: "file://" + h.origin.Dir, Credential: credFile},
 			},
 			Default: policy.DefaultLimits, Max: policy.DefaultMax,
-			RuntimeClasses:    []string{policy.RuntimeRunc, policy.RuntimeRunsc},
+			RuntimeClasses:    []string{policy.RuntimeRunc, policy.RuntimeRunsc, policy.RuntimeVM},
 			Egress:            policy.Egress{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Domains: []string{"proxy.golang.org", "*.example.com"}},
 			Approvals:         policy.Approvals{Approvers: []string{"approver/alice", "approver/bob", "approver/dev"}, Required: 1, TTL: time.Hour},
 			DeployCredentials: map[string]string{"demo": deployFile},

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -55,10 +56,10 @@ type Executor struct {
 	execs    map[string][]*typesv1.Exec
 	execAsks map[string]int
 	// self, when set, is the executor's SPIFFE ID: a grant naming another
-	// is refused, as the real executor refuses it. runsc says the
-	// executor runs the runsc class.
-	self  string
-	runsc bool
+	// is refused, as the real executor refuses it. classes are the
+	// runtime classes it runs beside runc (Runs).
+	self    string
+	classes []typesv1.RuntimeClass
 	// cleared are the caches ClearCaches wiped (tenant, repository and
 	// name joined by NUL); the fake forgets them.
 	cleared map[string]bool
@@ -92,11 +93,12 @@ func (e *Executor) Is(id string) {
 	e.self = id
 }
 
-// RunsRunsc makes the fake accept grants of the runsc class.
-func (e *Executor) RunsRunsc() {
+// Runs makes the fake accept grants of classes too; it always runs runc
+// (and a grant that names no class, which is runc's).
+func (e *Executor) Runs(classes ...typesv1.RuntimeClass) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.runsc = true
+	e.classes = append(e.classes, classes...)
 }
 
 // Register registers the fake on r.
@@ -292,11 +294,9 @@ func (e *Executor) StartJob(_ context.Context, req *executorv1.StartJobRequest) 
 		// As the real executor answers a job cancelled before its run.
 		return nil, status.Errorf(codes.FailedPrecondition, "job %s was cancelled before it started", g.GetJobId())
 	}
-	if g.GetRuntimeClass() == typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC && !e.runsc {
-		return nil, status.Error(codes.FailedPrecondition, "runtime class runsc is not installed on this executor")
-	}
-	if g.GetRuntimeClass() == typesv1.RuntimeClass_RUNTIME_CLASS_VM {
-		return nil, status.Error(codes.FailedPrecondition, "runtime class vm is not installed on this executor")
+	if c := g.GetRuntimeClass(); c > typesv1.RuntimeClass_RUNTIME_CLASS_RUNC && !slices.Contains(e.classes, c) {
+		return nil, status.Errorf(codes.FailedPrecondition, "runtime class %s is not installed on this executor",
+			strings.ToLower(strings.TrimPrefix(c.String(), "RUNTIME_CLASS_")))
 	}
 	if n := e.unendedLocked(); e.runs[g.GetJobId()] == nil && e.capacity > 0 && n >= e.capacity {
 		return nil, status.Errorf(codes.ResourceExhausted, "capacity: jobs: %d of %d in use (fake)", n, e.capacity)

@@ -98,6 +98,25 @@ func TestPlanChange(t *testing.T) {
 	if _, err := planChange(tenant, runsc, ChangeRequest{Limits: &policy.Limits{MemoryBytes: 1 << 30}}); err != nil {
 		t.Fatalf("a runsc job's memory still changes: %v", err)
 	}
+	// A VM's RAM and pids limit are its guest's, set at boot; its CPU
+	// is the host cgroup's and changes. Its interfaces are read at boot.
+	vm := cur
+	vm.RuntimeClass = policy.RuntimeVM
+	for _, tc := range []struct {
+		req  ChangeRequest
+		want string
+	}{
+		{ChangeRequest{Limits: &policy.Limits{MemoryBytes: 1 << 30}}, "limits.memory_bytes: cannot change on a running vm job: it is the guest's RAM"},
+		{ChangeRequest{Limits: &policy.Limits{Pids: 512}}, "limits.pids: cannot change on a running vm job"},
+		{ChangeRequest{Network: &Network{Mode: NetworkAllow, Rules: []AllowRule{{CIDR: "10.0.0.0/8"}}}}, "vm job started deny_all"},
+	} {
+		if _, err := planChange(tenant, vm, tc.req); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("vm change %+v: %v, want %q", tc.req, err, tc.want)
+		}
+	}
+	if _, err := planChange(tenant, vm, ChangeRequest{Limits: &policy.Limits{CPUMillis: 500}}); err != nil {
+		t.Fatalf("a vm job's cpu still changes: %v", err)
+	}
 	// Digest binds the exact change.
 	_, d1, _ := ch.Encode()
 	ch.ToLimits.Pids++

@@ -92,6 +92,47 @@ func TestGrant(t *testing.T) {
 	}
 }
 
+// A grant of class vm with docker becomes a run of sandbox.ClassVM with
+// Docker set, a session's as a job's; unspecified (a grant from before
+// classes) is runc; and a vm result names the vm class.
+func TestGrantVM(t *testing.T) {
+	for _, tc := range []struct {
+		class  typesv1.RuntimeClass
+		with   []string
+		want   sandbox.Class
+		docker bool
+	}{
+		{typesv1.RuntimeClass_RUNTIME_CLASS_VM, []string{"docker"}, sandbox.ClassVM, true},
+		{typesv1.RuntimeClass_RUNTIME_CLASS_VM, nil, sandbox.ClassVM, false},
+		{typesv1.RuntimeClass_RUNTIME_CLASS_UNSPECIFIED, nil, sandbox.ClassRunc, false},
+	} {
+		for _, session := range []bool{false, true} {
+			g := testGrant()
+			g.RuntimeClass, g.With = tc.class, tc.with
+			g.Limits.MemoryBytes = 1 << 30
+			if !session {
+				g.Session, g.Command = nil, []string{"docker", "build", "."}
+			}
+			pub, key, _ := ed25519.GenerateKey(rand.Reader)
+			sg, err := grant.NewSigner(key).Sign(g)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := Grant(grant.NewVerifier(pub), self, sg, time.Now())
+			if err != nil {
+				t.Fatalf("%v %q (session %v): %v", tc.class, tc.with, session, err)
+			}
+			if got.Class != tc.want || got.Docker != tc.docker || (got.Session != nil) != session {
+				t.Errorf("%v %q (session %v): class %q docker %v session %v", tc.class, tc.with, session, got.Class, got.Docker, got.Session)
+			}
+		}
+	}
+	if rc := RunResult(&runs.Result{Class: sandbox.ClassVM, RuntimeVersion: "airlock-vm dev; accel tcg (emulated)"}); rc.GetRuntimeClass() != typesv1.RuntimeClass_RUNTIME_CLASS_VM ||
+		rc.GetRuntimeVersion() != "airlock-vm dev; accel tcg (emulated)" {
+		t.Errorf("a vm run's result: %v", rc)
+	}
+}
+
 // Grants the executor must not take are refused with the right code and a
 // message naming what is wrong.
 func TestGrantRefusals(t *testing.T) {
@@ -150,6 +191,17 @@ func TestGrantRefusals(t *testing.T) {
 		{"gid outside the mapping", sign(func(g *typesv1.Grant) { g.User.Gid = 1 << 20 }), errdefs.ErrInvalidArgument, "grant user gid 1048576: must be 0 to 65533"},
 		{"cache in root's home for agent", sign(func(g *typesv1.Grant) { g.Caches[0].Path = "/root/.cache/go-build" }), errdefs.ErrInvalidArgument,
 			`grant caches[0].path "/root/.cache/go-build": lies outside the home of the job's user agent`},
+		// A class this build does not know is not run as another.
+		{"unknown runtime class", sign(func(g *typesv1.Grant) { g.RuntimeClass = 99 }), errdefs.ErrInvalidArgument, "grant runtime_class 99: not a class this executor knows"},
+		// What runs beside the job is checked as the authority checked it.
+		{"docker under runsc", sign(func(g *typesv1.Grant) { g.With = []string{"docker"} }), errdefs.ErrInvalidArgument,
+			"grant with: docker runs only in the vm runtime class"},
+		{"docker in a small vm", sign(func(g *typesv1.Grant) {
+			g.RuntimeClass, g.With = typesv1.RuntimeClass_RUNTIME_CLASS_VM, []string{"docker"}
+		}), errdefs.ErrInvalidArgument, "grant limits.memory_bytes: 268435456: must be at least 1073741824 with docker"},
+		{"unknown with", sign(func(g *typesv1.Grant) {
+			g.RuntimeClass, g.With = typesv1.RuntimeClass_RUNTIME_CLASS_VM, []string{"k8s"}
+		}), errdefs.ErrInvalidArgument, `grant with[0]: "k8s" is not "docker"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Grant(v, self, tc.sg, time.Now())
@@ -192,6 +244,7 @@ func TestGrantFixed(t *testing.T) {
 		{"git_history_depth", func(g *typesv1.Grant) { g.GitHistoryDepth = 5 }},
 		{"version", func(g *typesv1.Grant) { g.Version = 9 }},
 		{"executor", func(g *typesv1.Grant) { g.Executor = "spiffe://test.example/service/executor/exec-a" }},
+		{"with", func(g *typesv1.Grant) { g.With = []string{"docker"} }},
 		{"(unknown fields)", func(g *typesv1.Grant) {
 			g.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 99, protowire.VarintType), 1))
 		}},
