@@ -9,7 +9,7 @@ GO    ?= go
 TOOL  := $(GO) tool -modfile=tools/go.mod
 BIN   := bin
 PKGS  := ./...
-GOTESTFLAGS ?= -race -count=1 -timeout 15m
+GOTESTFLAGS ?= -race -count=1 -timeout 30m
 
 .PHONY: all build runtimes bench generate generate-check lint fmt vet test unit e2e test-cgroup2 test-chart demo clean
 

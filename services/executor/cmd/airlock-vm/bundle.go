@@ -15,17 +15,18 @@ import (
 
 	"github.com/airlockhq/airlock/services/executor/internal/vm/proto"
 	"github.com/airlockhq/airlock/services/executor/internal/vm/qemu"
+	"github.com/airlockhq/airlock/services/executor/internal/vm/vmspec"
 )
 
 // The bundle's annotations the VM reads (the sandbox package writes them).
 const (
-	annMemory    = "dev.airlock.vm.memory-bytes"
-	annCPUs      = "dev.airlock.vm.cpus"
-	annPids      = "dev.airlock.vm.pids"
-	annDisk      = "dev.airlock.vm.disk"
-	annDiskBytes = "dev.airlock.vm.disk-bytes"
-	annDocker    = "dev.airlock.vm.docker"
-	annUIDBase   = "dev.airlock.vm.uid-base"
+	annMemory    = vmspec.AnnMemory
+	annCPUs      = vmspec.AnnCPUs
+	annPids      = vmspec.AnnPids
+	annDisk      = vmspec.AnnDisk
+	annDiskBytes = vmspec.AnnDiskBytes
+	annDocker    = vmspec.AnnDocker
+	annUIDBase   = vmspec.AnnUIDBase
 )
 
 // Bounds on what a bundle may ask for.

@@ -491,4 +491,3 @@ func TestRunNetCgroupDisk(t *testing.T) {
 		t.Errorf("eth0's ingress redirect left: %s", out)
 	}
 }
-

@@ -24,6 +24,7 @@ import (
 	"github.com/airlockhq/airlock/services/executor/internal/vm/kernel"
 	"github.com/airlockhq/airlock/services/executor/internal/vm/proto"
 	"github.com/airlockhq/airlock/services/executor/internal/vm/qemu"
+	"github.com/airlockhq/airlock/services/executor/internal/vm/vmspec"
 )
 
 // Bounds of a run's phases: a TCG boot takes 5-8 s on an idle machine.
@@ -41,11 +42,7 @@ const (
 const appendLine = "console=ttyS0 quiet loglevel=3 panic=-1 oops=panic mitigations=off systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all"
 
 // result is B/vm-result.json.
-type result struct {
-	ExitCode    int    `json:"exit_code"`
-	OOMKills    uint64 `json:"oom_kills"`
-	GuestKernel string `json:"guest_kernel"`
-}
+type result = vmspec.Result
 
 func cmdRun(g globals, args []string, log *logger) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
@@ -156,7 +153,9 @@ func (r *runner) run(qpath, apath string, k kernel.Kernel, bundle, pidFile strin
 		return 0, err
 	}
 	defer qlog.Close()
-	qerr := &tailBuffer{max: 4096, w: qlog}
+	// QEMU's own messages are bounded as the console is: a guest that
+	// keeps a device failing must not fill the executor's disk.
+	qerr := &tailBuffer{max: 4096, w: &limitWriter{w: qlog, left: maxConsoleLog}}
 	bios := ""
 	if _, err := os.Stat(qemu.QbootROM); err == nil {
 		bios = qemu.QbootROM
@@ -249,7 +248,7 @@ func (r *runner) run(qpath, apath string, k kernel.Kernel, bundle, pidFile strin
 	}
 	res := result{ExitCode: exit.Code, OOMKills: exit.OOMKills, GuestKernel: clip(hello.Kernel, maxGuestKernel)}
 	b, _ := json.Marshal(res)
-	if err := atomicfile.Write(bundle+"/vm-result.json", b, 0o644, atomicfile.Fast); err != nil {
+	if err := atomicfile.Write(bundle+"/"+vmspec.ResultFile, b, 0o644, atomicfile.Fast); err != nil {
 		return 0, fmt.Errorf("vm-result.json: %w", err)
 	}
 	return exit.Code, nil
@@ -398,7 +397,15 @@ func makeDisk(path string, size int64, uidBase uint32) error {
 		if err != nil {
 			return fmt.Errorf("disk: %w", err)
 		}
-		err = f.Truncate(size)
+		// Allocated now, not sparse: the image lies on the job's scratch
+		// beside /work and /out, and a sparse one would meet a full
+		// scratch as I/O errors inside the guest; allocated, the guest's
+		// own ext4 fills first and says ENOSPC, and a scratch without
+		// room for it fails here, saying so.
+		err = unix.Fallocate(int(f.Fd()), 0, 0, size)
+		if errors.Is(err, unix.ENOSPC) {
+			err = fmt.Errorf("the job's scratch has no room for a guest disk of %d bytes: %w", size, err)
+		}
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}

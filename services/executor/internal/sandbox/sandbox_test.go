@@ -94,8 +94,11 @@ func wantExit(t *testing.T, r ran, code int) {
 func TestProbe(t *testing.T) {
 	e := newEnv(t)
 	st := e.m.Probe(context.Background())
-	if len(st) != 2 || st[0].Class != ClassRunc || st[1].Class != ClassRunsc {
-		t.Fatalf("Probe = %+v, want runc then runsc", st)
+	if len(st) != 3 || st[0].Class != ClassRunc || st[1].Class != ClassRunsc || st[2].Class != ClassVM {
+		t.Fatalf("Probe = %+v, want runc, runsc, vm", st)
+	}
+	if vm := st[2]; vm.Available || vm.Reason != "no vm binary is configured" {
+		t.Errorf("vm without sandbox.vm.runtime: %+v, want unavailable saying so", vm)
 	}
 	runc := st[0]
 	if !runc.Available || !strings.Contains(runc.Version, "runc version 1.5.") || !strings.Contains(runc.Version, "sha256:") {

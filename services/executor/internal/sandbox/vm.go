@@ -11,6 +11,8 @@ import (
 	"strconv"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/airlockhq/airlock/services/executor/internal/vm/vmspec"
 )
 
 // The VM class (ClassVM) runs a job in a QEMU machine of its own, through
@@ -38,8 +40,9 @@ import (
 //   - Neither memory nor pids changes while the job runs (the guest's RAM
 //     and its cgroup are set at boot); CPU bandwidth and the deadline do.
 //   - With Spec.Docker the guest also gets a block device: an ext4 image
-//     in the job's scratch (vmDiskFile), sparse, so what dockerd writes
-//     counts against the job's disk limit. The host never mounts it: an
+//     in the job's scratch (vmDiskFile) of half the disk limit
+//     (vmDiskBytes), so what dockerd writes counts against the job's disk
+//     limit. The host never mounts it: an
 //     ext4 image a hostile guest kernel wrote is not for the host kernel
 //     to parse.
 
@@ -57,18 +60,7 @@ const vmHostPids = 512
 // vmResultFile what airlock-vm writes into the bundle when the job ends.
 const (
 	vmDiskFile   = "vm-disk.img"
-	vmResultFile = "vm-result.json"
-)
-
-// The bundle annotations airlock-vm reads.
-const (
-	annVMMemory    = "dev.airlock.vm.memory-bytes"
-	annVMCPUs      = "dev.airlock.vm.cpus"
-	annVMPids      = "dev.airlock.vm.pids"
-	annVMDisk      = "dev.airlock.vm.disk"
-	annVMDiskBytes = "dev.airlock.vm.disk-bytes"
-	annVMDocker    = "dev.airlock.vm.docker"
-	annVMUIDBase   = "dev.airlock.vm.uid-base"
+	vmResultFile = vmspec.ResultFile
 )
 
 // VMConfig configures the VM class.
@@ -143,18 +135,24 @@ func vmFlags(cfg VMConfig, accel string) []string {
 func (s *Sandbox) vmAnnotations() map[string]string {
 	l := s.spec.Limits
 	a := map[string]string{
-		annVMMemory:  strconv.FormatInt(l.MemoryBytes, 10),
-		annVMCPUs:    strconv.FormatInt(vmCPUs(l.CPUMillis), 10),
-		annVMPids:    strconv.FormatInt(l.Pids, 10),
-		annVMUIDBase: strconv.FormatUint(uint64(s.m.cfg.UIDBase), 10),
+		vmspec.AnnMemory:  strconv.FormatInt(l.MemoryBytes, 10),
+		vmspec.AnnCPUs:    strconv.FormatInt(vmCPUs(l.CPUMillis), 10),
+		vmspec.AnnPids:    strconv.FormatInt(l.Pids, 10),
+		vmspec.AnnUIDBase: strconv.FormatUint(uint64(s.m.cfg.UIDBase), 10),
 	}
 	if s.spec.Docker {
-		a[annVMDocker] = "true"
-		a[annVMDisk] = filepath.Join(s.scr.point, vmDiskFile)
-		a[annVMDiskBytes] = strconv.FormatInt(l.DiskBytes, 10)
+		a[vmspec.AnnDocker] = "true"
+		a[vmspec.AnnDisk] = filepath.Join(s.scr.point, vmDiskFile)
+		a[vmspec.AnnDiskBytes] = strconv.FormatInt(vmDiskBytes(l.DiskBytes), 10)
 	}
 	return a
 }
+
+// vmDiskBytes is the size of the guest's disk for a job of disk limit d:
+// half of it, allocated when the machine first boots, so dockerd's images
+// and /work, /out, /tmp and $HOME share the limit in halves, and the
+// guest's ext4 fills (ENOSPC inside) before the scratch it lies on does.
+func vmDiskBytes(d int64) int64 { return d / 2 }
 
 // vmCPUs is the guest's vCPU count for a CPU limit: enough whole CPUs to
 // use it (the host cgroup holds QEMU to the limit itself), and never more
@@ -162,13 +160,6 @@ func (s *Sandbox) vmAnnotations() map[string]string {
 func vmCPUs(millis int64) int64 {
 	n := max(1, (millis+999)/1000)
 	return min(n, int64(max(1, runtime.NumCPU())))
-}
-
-// vmResult is what airlock-vm reports of a finished job.
-type vmResult struct {
-	ExitCode    int    `json:"exit_code"`
-	OOMKills    int64  `json:"oom_kills"`
-	GuestKernel string `json:"guest_kernel"`
 }
 
 // vmGuestOOM reports whether the guest's OOM killer killed a process of
@@ -186,8 +177,8 @@ func (s *Sandbox) vmGuestOOM() bool {
 		}
 		return false
 	}
-	var r vmResult
-	if len(data) > 4096 || json.Unmarshal(data, &r) != nil {
+	var r vmspec.Result
+	if len(data) > vmspec.MaxResultBytes || json.Unmarshal(data, &r) != nil {
 		s.m.log.Warn("sandbox: the VM's result is not what airlock-vm writes", "job_id", s.spec.ID)
 		return false
 	}

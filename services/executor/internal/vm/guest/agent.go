@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -262,12 +263,20 @@ func (a *agent) powerOff() {
 	}
 }
 
-// readOOMKills is /proc/vmstat's oom_kill counter.
+// readOOMKills counts the OOM kills of the job's processes.
 func readOOMKills() uint64 {
-	b, _ := os.ReadFile("/proc/vmstat")
+	// The job's own cgroup counts the OOM kills of its processes only:
+	// not those of dockerd's containers at their own limits
+	// (cgroupDocker), nor of the agent. Where the memory controller is
+	// missing, the machine's count is all there is.
+	path, key := filepath.Join(cgroupJob, "memory.events"), "oom_kill %d"
+	b, err := os.ReadFile(path)
+	if err != nil {
+		b, _ = os.ReadFile("/proc/vmstat")
+	}
 	for _, l := range strings.Split(string(b), "\n") {
 		var n uint64
-		if _, err := fmt.Sscanf(l, "oom_kill %d", &n); err == nil {
+		if _, err := fmt.Sscanf(l, key, &n); err == nil {
 			return n
 		}
 	}

@@ -485,4 +485,3 @@ func TestInitramfsGzip(t *testing.T) {
 		}
 	}
 }
-

@@ -163,6 +163,10 @@ func (m *Machine) startLocked(l Launch, files []*os.File) (*exec.Cmd, error) {
 		}
 		defer tap.Close()
 		if err := connectTap(l.Netns); err != nil {
+			// What connectTap made before it failed would redirect the
+			// job's eth0 to nothing, and stop the next boot in the
+			// namespace.
+			Disconnect(l.Netns)
 			return nil, err
 		}
 		files = append(files, tap)
@@ -180,7 +184,10 @@ func (m *Machine) startLocked(l Launch, files []*os.File) (*exec.Cmd, error) {
 	cmd.ExtraFiles = files
 	ids := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(l.UIDBase), Size: IDRange}}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:                 unix.CLONE_NEWUSER | unix.CLONE_NEWNS,
+		// A PID namespace of its own too: every VM job's QEMU runs as the
+		// same host uid (uid_base), and one that a guest took over must
+		// not see, or signal, any other process on the host.
+		Cloneflags:                 unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID,
 		UidMappings:                ids,
 		GidMappings:                ids,
 		GidMappingsEnableSetgroups: true,

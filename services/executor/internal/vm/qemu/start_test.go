@@ -127,6 +127,11 @@ func TestStartInNetns(t *testing.T) {
 	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", m.Pid)); err == nil && !strings.Contains(string(st), "Uid:\t100000\t100000") {
 		t.Errorf("qemu's ids: %s", st)
 	}
+	// And it is pid 1 of a PID namespace of its own: it sees, and can
+	// signal, no other process of the host.
+	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", m.Pid)); err == nil && !strings.Contains(string(st), fmt.Sprintf("NSpid:\t%d\t1\n", m.Pid)) {
+		t.Errorf("qemu is not pid 1 of its own PID namespace: %s", st)
+	}
 	h, err := handleAt(ns)
 	if err != nil {
 		t.Fatal(err)
