@@ -30,7 +30,7 @@ import (
 // Bounds of a run's phases: a TCG boot takes 5-8 s on an idle machine.
 const (
 	helloTimeout     = 120 * time.Second
-	configureTimeout = 60 * time.Second
+	configureTimeout = 180 * time.Second // with docker: dockerd's start, up to 120 s under emulation
 	startTimeout     = 60 * time.Second
 	shutdownGrace    = 10 * time.Second
 	maxConsoleLog    = 1 << 20

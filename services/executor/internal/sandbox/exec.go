@@ -44,6 +44,7 @@ func (s Spec) isSession() bool { return slices.Equal(s.Command, IdleCommand) }
 const (
 	DefaultExecKillGrace = 10 * time.Second
 	execStartWait        = 30 * time.Second
+	vmStartWait          = 4 * time.Minute
 )
 
 // ExecSpec is one command run inside a running sandbox, beside its own
@@ -162,7 +163,13 @@ func (s *Sandbox) Exec(ctx context.Context, x ExecSpec) (ExecResult, error) {
 // waitUp waits for the sandbox's own process to be running and returns a
 // copy of its process spec, the template of every exec's.
 func (s *Sandbox) waitUp(ctx context.Context) (*specs.Process, error) {
-	deadline := time.Now().Add(execStartWait)
+	wait := execStartWait
+	if s.spec.Class == ClassVM {
+		// A machine boots first (seconds under KVM, tens of them under a
+		// loaded emulator), and with docker starts dockerd.
+		wait = vmStartWait
+	}
+	deadline := time.Now().Add(wait)
 	for {
 		s.mu.Lock()
 		state, ending := s.state, s.ending
@@ -174,7 +181,7 @@ func (s *Sandbox) waitUp(ctx context.Context) (*specs.Process, error) {
 			break
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("sandbox %s: not up %s after it was started", s.spec.ID, execStartWait)
+			return nil, fmt.Errorf("sandbox %s: not up %s after it was started", s.spec.ID, wait)
 		}
 		select {
 		case <-ctx.Done():
