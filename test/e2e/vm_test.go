@@ -289,14 +289,16 @@ func TestVMRefusals(t *testing.T) {
 		want string
 	}{
 		{[]string{"--runtime", "runc", "--with", "docker"}, "spec.with"},
-		{[]string{"--runtime", "vm", "--with", "docker", "--memory", "512MiB"}, "memory"},
+		{[]string{"--runtime", "vm", "--with", "docker", "--memory", "512MiB"}, "spec.resources.memory_bytes"},
 	} {
 		args := append(append([]string{"job", "submit", "--repo", "sample", "--rev", "main"}, c.args...), "--", "true")
-		if r := s.airlock(t, args...); r.code == 0 || !strings.Contains(r.stderr, c.want) {
+		if r := s.airlock(t, args...); r.code != 1 || !strings.Contains(r.stderr, "invalid argument: "+c.want+":") {
 			t.Errorf("job submit %s: exit %d, want a refusal naming %s\n%s%s", strings.Join(c.args, " "), r.code, c.want, r.stdout, r.stderr)
 		}
 	}
-	if res := s.airlock(t, "job", "list", "-o", "json"); res.code == 0 && strings.Contains(res.stdout, "job_id") {
-		t.Errorf("a refused submit left a job:\n%s", res.stdout)
+	res := s.airlock(t, "job", "list", "-o", "json")
+	list := &authorityv1.ListJobsResponse{}
+	if err := protojson.Unmarshal([]byte(res.stdout), list); res.code != 0 || err != nil || len(list.GetJobs()) != 0 {
+		t.Errorf("job list after the refusals: exit %d, %v, want no job\n%s%s", res.code, err, res.stdout, res.stderr)
 	}
 }
