@@ -32,9 +32,9 @@ import (
 
 // vmStack starts a stack whose executor runs the vm class: dev up
 // configures it (emulation on) when airlock-vm is in its bin dir, here
-// the module's bin/airlock-vm (make build), with the guest agent it boots
-// beside it, unless AIRLOCK_E2E_BIN_DIR has them. It also checks that `airlock status` reports the class
-// serving and emulated.
+// the module's bin/airlock-vm (make build) with the guest agent it boots
+// beside it, unless AIRLOCK_E2E_BIN_DIR has them. It also checks that
+// `airlock status` reports the class serving and emulated.
 func vmStack(t *testing.T, args ...string) *stack {
 	t.Helper()
 	gomod, err := goOutput("", "env", "GOMOD")
@@ -56,26 +56,30 @@ func vmStack(t *testing.T, args ...string) *stack {
 	s := startStack(t, append([]string{"--bin-dir", dir}, args...)...)
 
 	res := s.airlock(t, "status", "-o", "json")
+	type health struct {
+		Service      string            `json:"service"`
+		Runtimes     map[string]string `json:"runtimes"`
+		RuntimeNotes map[string]string `json:"runtime_notes"`
+	}
 	var st struct {
-		Services []struct {
-			Service      string            `json:"service"`
-			Runtimes     map[string]string `json:"runtimes"`
-			RuntimeNotes map[string]string `json:"runtime_notes"`
-		} `json:"services"`
+		Services []health `json:"services"`
 	}
 	if err := json.Unmarshal([]byte(res.stdout), &st); res.code != 0 || err != nil {
 		t.Fatalf("airlock status -o json: exit %d, %v\n%s%s", res.code, err, res.stdout, res.stderr)
 	}
-	for _, svc := range st.Services {
-		if svc.Service != "executor" {
-			continue
+	var exec *health
+	for i := range st.Services {
+		if st.Services[i].Service == "executor" {
+			exec = &st.Services[i]
 		}
-		if svc.Runtimes["vm"] != "SERVING" {
-			vmMissing(t, fmt.Sprintf("the executor's vm class is %q (its log: %s)", svc.Runtimes["vm"], s.services["executor"].Log))
-		}
-		if !strings.Contains(svc.RuntimeNotes["vm"], "emulated") {
-			t.Fatalf("airlock status: the vm class's notes are %q, want emulated (no KVM here)", svc.RuntimeNotes["vm"])
-		}
+	}
+	switch {
+	case exec == nil:
+		t.Fatalf("airlock status lists no executor:\n%s", res.stdout)
+	case exec.Runtimes["vm"] != "SERVING":
+		vmMissing(t, fmt.Sprintf("the executor's vm class is %q (its log: %s)", exec.Runtimes["vm"], s.services["executor"].Log))
+	case !strings.Contains(exec.RuntimeNotes["vm"], "emulated"):
+		t.Fatalf("airlock status: the vm class's notes are %q, want emulated (no KVM here)", exec.RuntimeNotes["vm"])
 	}
 	if text := s.airlock(t, "status"); !strings.Contains(text.stdout, "executor runtime vm") || !strings.Contains(text.stdout, "emulated") {
 		t.Fatalf("airlock status does not show the vm class as emulated:\n%s", text.stdout)
@@ -130,8 +134,8 @@ func TestVMJobEndToEnd(t *testing.T) {
 	n := int(time.Now().UnixNano() & 0xff)
 	web := nettest.StartWeb(t, nettest.Config{
 		Name:    fmt.Sprintf("vw%04x%02x", os.Getpid()&0xffff, n),
-		Prefix:  nettest.Subnet(netip.MustParsePrefix("203.0.113.128/25"), 30, (os.Getpid()+n+1)%32),
-		Prefix6: nettest.Subnet(netip.MustParsePrefix("2001:db8:7b00::/40"), 64, (os.Getpid()&0xffff)<<8|(n+1)&0xff),
+		Prefix:  nettest.Subnet(netip.MustParsePrefix("203.0.113.128/25"), 30, (os.Getpid()+n+3)%32),
+		Prefix6: nettest.Subnet(netip.MustParsePrefix("2001:db8:7d00::/40"), 64, (os.Getpid()&0xffff)<<8|n),
 	})
 	// A greeter on the web host: reachable by address it would be open, so
 	// "closed" is the policy's doing.
@@ -156,6 +160,11 @@ func TestVMJobEndToEnd(t *testing.T) {
 	for name, open := range want {
 		if o, ok := got[name]; !ok || o != open {
 			t.Errorf("%s: open %v (probed %v), want %v\n%s", name, o, ok, open, res.stderr)
+		}
+	}
+	for _, name := range dns.Asked() {
+		if name != "allowed.test" {
+			t.Errorf("the upstream resolver was asked for %q, which the policy never allowed", name)
 		}
 	}
 	host, err := os.ReadFile("/proc/version")
