@@ -223,7 +223,7 @@ func TestVMSessionEndToEnd(t *testing.T) {
 	start := time.Now()
 	res := s.airlock(t, "session", "create", "--repo", "sample", "--rev", "main", "--runtime", "vm", "--memory", "512MiB", "--cpu", "2",
 		"--allow", th.Prefix.String()+":8080", "--idle-timeout", "5m", "-o", "json")
-	t.Logf("session create (a boot) took %v", time.Since(start).Round(time.Millisecond))
+	t.Logf("session create took %v", time.Since(start).Round(time.Millisecond))
 	sess := &authorityv1.Job{}
 	if err := protojson.Unmarshal([]byte(res.stdout), sess); res.code != 0 || err != nil {
 		t.Fatalf("session create: exit %d, %v\n%s", res.code, err, res.stderr)
@@ -240,10 +240,15 @@ func TestVMSessionEndToEnd(t *testing.T) {
 
 	write := []string{"sh", "-c", "echo shared > /tmp/state; echo run >> /tmp/runs; echo 'from the vm session' > /work/vm-session.txt; echo wrote"}
 	for i := range 2 {
+		start := time.Now()
 		r := exec("write", write...)
+		t.Logf("exec write, attempt %d, took %v", i, time.Since(start).Round(time.Millisecond))
 		if r.code != 0 || r.stdout != "wrote\n" || (i == 1 && !strings.Contains(r.stderr, "started before")) {
 			t.Fatalf("write attempt %d: exit %d %q\n%s", i, r.code, r.stdout, r.stderr)
 		}
+	}
+	if r := exec("write", "sh", "-c", "echo run >> /tmp/runs"); r.code == 0 || !strings.Contains(r.stderr, "spec.argv") {
+		t.Fatalf("a different command under a used id: exit %d\n%s", r.code, r.stderr)
 	}
 	// airlock-vm holds the machine (QEMU dies with it) while the session
 	// runs, so the check after the finish below can see one left behind.
