@@ -68,6 +68,22 @@ ensure_debs() {
   fi
 }
 
+# ensure_vm_debs installs what the vm runtime class runs (QEMU, without its
+# recommends: no display, no firmware for other machines; xz-utils to cut
+# the guest kernel out of Debian's compressed image), only when missing.
+ensure_vm_debs() {
+  local missing=() p
+  for p in qemu-system-x86 xz-utils; do
+    installed "$p" || missing+=("$p")
+  done
+  ((${#missing[@]})) || return 0
+  echo "build.sh: installing ${missing[*]} (the vm runtime class)" >&2
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
 # fresh NAME STAMP succeeds when OUTDIR/NAME was built from STAMP.
 fresh() {
   [[ -x "$out/$1" && -f "$out/.$1.build" && "$(cat "$out/.$1.build")" == "$2" ]]
@@ -103,6 +119,7 @@ runc_ver="$(modver "$here" github.com/opencontainers/runc)"
 runc_stamp="runc $runc_ver $gover cgo tags=seccomp"
 # Always: a binary built earlier says nothing of what this machine has now.
 ensure_debs
+ensure_vm_debs
 build "$here" runc "$runc_stamp" '"$BIN" --version | grep -q "^libseccomp: "' CGO_ENABLED=1 -- \
   -buildmode=pie -tags seccomp \
   -ldflags "-X main.gitCommit=$runc_ver" \

@@ -251,7 +251,7 @@ func runtimeNotes(comps map[string]healthpb.HealthCheckResponse_ServingStatus) m
 			if p, ok := strings.CutPrefix(rest, "platform/"); ok {
 				parts = append(parts, "platform "+p)
 			} else if rest == "emulated" {
-				parts = append(parts, "emulated")
+				parts = append(parts, "vm: emulated (QEMU's TCG, no KVM: for development and CI only)")
 			} else if rest == "self-check" {
 				note := map[bool]string{true: "self-check passed", false: "self-check FAILED: refused (see the executor's log)"}[st == healthpb.HealthCheckResponse_SERVING]
 				if cached && st == healthpb.HealthCheckResponse_SERVING {

@@ -28,7 +28,7 @@ func TestRuntimeNotes(t *testing.T) {
 		}, map[string]string{"runsc": "platform systrap, self-check FAILED: refused (see the executor's log)"}},
 		{"emulated vm", map[string]healthpb.HealthCheckResponse_ServingStatus{
 			"runtime/runc": serving, "runtime/vm": serving, "runtime/vm/emulated": serving,
-		}, map[string]string{"vm": "emulated"}},
+		}, map[string]string{"vm": "vm: emulated (QEMU's TCG, no KVM: for development and CI only)"}},
 		{"kvm vm", map[string]healthpb.HealthCheckResponse_ServingStatus{"runtime/vm": serving}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -45,6 +45,11 @@ func TestCheck(t *testing.T) {
 		{Name: "an extra CA", Body: strings.Replace(good, "runc: runc", "runc: runc, extra_cas: [pki/ca.crt]", 1), Summary: "authority 127.0.0.1:7401"},
 		{Name: "a CA bundle that is a private key", Body: strings.Replace(good, "runc: runc", "runc: runc, ca_bundle: pki/ca.key", 1), Field: "sandbox.ca_bundle"},
 		{Name: "an extra CA missing", Body: strings.Replace(good, "runc: runc", "runc: runc, extra_cas: [pki/ca.crt, gone.pem]", 1), Field: "sandbox.extra_cas[1]"},
+		{Name: "the vm class under emulation", Body: strings.Replace(good, "runc: runc", "runc: runc, vm: {runtime: runc, emulation: true}", 1), Summary: "runc, vm (emulation allowed)"},
+		{Name: "vm runtime missing", Body: strings.Replace(good, "runc: runc", "runc: runc, vm: {runtime: gone}", 1), Field: "sandbox.vm.runtime"},
+		{Name: "vm runtime not executable", Body: strings.Replace(good, "runc: runc", "runc: runc, vm: {runtime: runc-noexec}", 1), Field: "sandbox.vm.runtime"},
+		{Name: "vm kernel missing", Body: strings.Replace(good, "runc: runc", "runc: runc, vm: {runtime: runc, kernel: gone}", 1), Field: "sandbox.vm.kernel"},
+		{Name: "vm field unknown", Body: strings.Replace(good, "runc: runc", "runc: runc, vm: {runtime: runc, emulate: true}", 1), Field: "sandbox.vm.emulate"},
 		{Name: "uid base out of range", Body: strings.Replace(good, "runc: runc", "runc: runc, uid_base: 5", 1), Field: "sandbox.uid_base"},
 	}, append(f.GoodCommon(good), f.BadCommon(good)...)...)
 	f.Run(t, Check, cases)

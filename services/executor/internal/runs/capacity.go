@@ -34,7 +34,7 @@ func (m *Manager) held(skip *entry) holding {
 		if e == skip || e.run.State.Terminal() {
 			continue
 		}
-		l := e.run.Grant.Limits
+		l := e.run.Grant.hostLimits()
 		if e.run.Suspended && !e.resumeAsked {
 			// A suspended session runs nothing: it holds its disk and its
 			// place, not memory or CPU, until Resume admits it again.
@@ -52,6 +52,10 @@ func (m *Manager) held(skip *entry) holding {
 	}
 	return h
 }
+
+// hostLimits are what g's job holds of the host: its limits, and for a VM
+// QEMU's own memory beside the guest's (sandbox.HostLimits).
+func (g Grant) hostLimits() sandbox.Limits { return sandbox.HostLimits(g.Class, g.Limits) }
 
 // resource is one bounded quantity, for the checks and their messages.
 type resource struct {

@@ -201,3 +201,21 @@ func TestCapacityHeld(t *testing.T) {
 		t.Errorf("held without a = %+v, want %+v", got, want)
 	}
 }
+
+// A VM job holds what its QEMU may take of the host: the guest's RAM and
+// QEMU's own overhead beside it, as its cgroup bounds them.
+func TestCapacityHeldVM(t *testing.T) {
+	g := Grant{Class: sandbox.ClassVM, Limits: sandbox.Limits{MemoryBytes: 512 << 20, CPUMillis: 1000, DiskBytes: 1 << 30}}
+	m := &Manager{runs: map[string]*entry{"vm": {run: Run{State: Running, Grant: g}}}}
+	want := sandbox.HostLimits(sandbox.ClassVM, g.Limits).MemoryBytes
+	if want <= g.Limits.MemoryBytes {
+		t.Fatalf("HostLimits(vm) memory %d is not above the guest's %d", want, g.Limits.MemoryBytes)
+	}
+	if got := m.held(nil); got.memory != want || got.cpu != 1000 {
+		t.Errorf("held = %+v, want memory %d", got, want)
+	}
+	c := Capacity{MemoryBytes: want + (512 << 20) - 1}
+	if err := c.admit(m.held(nil), g.hostLimits()); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Errorf("a second VM job where only its guest's RAM fits: %v", err)
+	}
+}

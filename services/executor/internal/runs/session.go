@@ -226,7 +226,7 @@ func (m *Manager) Resume(jobID string) (Run, error) {
 	switch {
 	case e.run.Suspended && !e.resumeAsked:
 		// Its memory and CPU were given back while it was suspended.
-		if err := m.cfg.Capacity.admit(m.held(e), e.run.Grant.Limits); err != nil {
+		if err := m.cfg.Capacity.admit(m.held(e), e.run.Grant.hostLimits()); err != nil {
 			return Run{}, fmt.Errorf("session %s stays suspended: %w", jobID, err)
 		}
 		e.resumeAsked = true

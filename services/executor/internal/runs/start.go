@@ -49,7 +49,7 @@ func (m *Manager) Start(g Grant) (Run, bool, error) {
 		m.metrics.runRefused(refusedOther)
 		return Run{}, false, fmt.Errorf("%w: grant generation %d: must not be negative", errdefs.ErrInvalidArgument, gen)
 	}
-	if err := m.cfg.Capacity.admit(m.held(nil), g.Limits); err != nil {
+	if err := m.cfg.Capacity.admit(m.held(nil), g.hostLimits()); err != nil {
 		m.metrics.runRefused(refusedCapacity)
 		return Run{}, false, err
 	}

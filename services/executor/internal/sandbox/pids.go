@@ -59,6 +59,15 @@ func cgroupLimitsOf(c Class, l Limits) Limits {
 	return l
 }
 
+// HostLimits are what a job of class c with limits l holds of the host:
+// its limits but for what the class runs beside the job (a VM's QEMU), as
+// its cgroup bounds them. The executor's capacity counts these.
+func HostLimits(c Class, l Limits) Limits {
+	h := cgroupLimitsOf(c, l)
+	h.Pids = l.Pids
+	return h
+}
+
 // runscHostPidsHit says that a runsc job's host tasks met their bound.
 // (Forks the sentry refused at the job's own limit are not counted: gVisor
 // does not report them.)

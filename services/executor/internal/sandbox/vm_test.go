@@ -34,7 +34,7 @@ import (
 
 // vmEnv is an env whose manager runs the VM class, under emulation where
 // KVM is not usable.
-func vmEnv(t *testing.T) *env {
+func vmEnv(t testing.TB) *env {
 	t.Helper()
 	root, err := moduleRoot()
 	if err != nil {
@@ -53,7 +53,7 @@ func vmEnv(t *testing.T) *env {
 	return e
 }
 
-func vmMissing(t *testing.T, why string) {
+func vmMissing(t testing.TB, why string) {
 	t.Helper()
 	if ci, _ := strconv.ParseBool(os.Getenv("CI")); ci {
 		t.Fatalf("%s (CI=true: the VM class must be tested)", why)
