@@ -13,10 +13,11 @@ import (
 	"github.com/airlockhq/airlock/test/registrytest"
 )
 
-// registryBinDir is a directory holding the e2e binaries and the registry
-// binary (built from tools/go.mod, as make build does), for dev up's
-// --bin-dir: the registry is found only beside the services.
-func registryBinDir(t *testing.T) string {
+// binDirWith is a directory holding the e2e binaries and, by name, the
+// extra ones given, for dev up's --bin-dir: it finds the registry and
+// airlock-vm only beside the services, and TestMain's binDir holds
+// neither, so that only the tests that ask for them get them.
+func binDirWith(t *testing.T, extra map[string]string) string {
 	t.Helper()
 	dir := t.TempDir()
 	entries, err := os.ReadDir(binDir)
@@ -28,8 +29,10 @@ func registryBinDir(t *testing.T) string {
 			t.Fatal(err)
 		}
 	}
-	if err := os.Symlink(registrytest.Binary(t), filepath.Join(dir, "registry")); err != nil {
-		t.Fatal(err)
+	for name, path := range extra {
+		if err := os.Symlink(path, filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return dir
 }
@@ -47,7 +50,7 @@ func startRegistryStack(t *testing.T, args ...string) (s *stack, registry proc, 
 			}
 		}
 	})
-	s = startStack(t, append(args, "--registry", "--bin-dir", registryBinDir(t))...)
+	s = startStack(t, append(args, "--registry", "--bin-dir", binDirWith(t, map[string]string{"registry": registrytest.Binary(t)}))...)
 	pid, err := os.ReadFile(filepath.Join(s.dir, "registry", "registry.pid"))
 	if err != nil {
 		t.Fatalf("dev up --registry: %v", err)
