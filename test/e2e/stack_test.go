@@ -219,7 +219,14 @@ type result struct {
 // A command that cannot start or outlives commandTimeout fails the test.
 func runCommand(t testing.TB, env []string, name string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	return runCommandWithin(t, commandTimeout, env, name, args...)
+}
+
+// runCommandWithin is runCommand bounded by timeout instead: for a command
+// that waits on an emulated virtual machine.
+func runCommandWithin(t testing.TB, timeout time.Duration, env []string, name string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Env = append(os.Environ(), env...)
@@ -232,7 +239,7 @@ func runCommand(t testing.TB, env []string, name string, args ...string) result 
 	var exitErr *exec.ExitError
 	switch {
 	case ctx.Err() != nil:
-		t.Fatalf("%s %s: did not finish within %v\nstderr:\n%s", filepath.Base(name), strings.Join(args, " "), commandTimeout, res.stderr)
+		t.Fatalf("%s %s: did not finish within %v\nstderr:\n%s", filepath.Base(name), strings.Join(args, " "), timeout, res.stderr)
 	case errors.As(err, &exitErr):
 		res.code = exitErr.ExitCode()
 	case err != nil:

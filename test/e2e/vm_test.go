@@ -35,6 +35,12 @@ import (
 // the module's bin/airlock-vm (make build) with the guest agent it boots
 // beside it, unless AIRLOCK_E2E_BIN_DIR has them. It also checks that
 // `airlock status` reports the class serving and emulated.
+
+// vmCommandTimeout bounds a command that waits on a vm job: a machine
+// booting under emulation on a loaded CI host takes many times what it
+// takes here alone.
+const vmCommandTimeout = 5 * time.Minute
+
 func vmStack(t *testing.T, args ...string) *stack {
 	t.Helper()
 	gomod, err := goOutput("", "env", "GOMOD")
@@ -148,7 +154,7 @@ func TestVMJobEndToEnd(t *testing.T) {
 	script := probeRounds(1, domainProbe("allowed.test", "notlisted.test"), probeScript(map[string]string{"unlisted": unlisted})) +
 		"cat /proc/version\necho 'written in the vm' > /work/vm-wrote.txt\n"
 	start := time.Now()
-	res := s.airlock(t, "job", "submit", "--repo", "sample", "--rev", "main", "--runtime", "vm", "--memory", "512MiB", "--cpu", "2",
+	res := runCommandWithin(t, vmCommandTimeout, s.env(), bin("airlock"), "job", "submit", "--repo", "sample", "--rev", "main", "--runtime", "vm", "--memory", "512MiB", "--cpu", "2",
 		"--allow-domain", "allowed.test", "--wait", "-o", "json", "--", "bash", "-c", script)
 	t.Logf("the vm job took %v", time.Since(start).Round(time.Millisecond))
 	if res.code != 0 {
@@ -235,7 +241,7 @@ func TestVMSessionEndToEnd(t *testing.T) {
 	}
 	exec := func(execID string, argv ...string) result {
 		t.Helper()
-		return s.airlock(t, append([]string{"session", "exec", id, "--exec-id", execID, "--"}, argv...)...)
+		return runCommandWithin(t, vmCommandTimeout, s.env(), bin("airlock"), append([]string{"session", "exec", id, "--exec-id", execID, "--"}, argv...)...)
 	}
 
 	write := []string{"sh", "-c", "echo shared > /tmp/state; echo run >> /tmp/runs; echo 'from the vm session' > /work/vm-session.txt; echo wrote"}
