@@ -93,8 +93,18 @@ func vmAccel(cfg VMConfig) (accel string, emulated bool, unavailable string) {
 }
 
 // kvmUsable checks that /dev/kvm opens, speaks the stable API (12) and
-// makes a VM.
+// makes a VM, and that QEMU will be able to open it: QEMU runs as the
+// sandbox's unprivileged uid in a user namespace, with no supplementary
+// group (the host's kvm group among them), so the device must be
+// readable and writable by others.
 func kvmUsable() error {
+	var st unix.Stat_t
+	if err := unix.Stat("/dev/kvm", &st); err != nil {
+		return fmt.Errorf("stat /dev/kvm: %w", err)
+	}
+	if st.Mode&0o006 != 0o006 {
+		return fmt.Errorf("/dev/kvm has mode %#o: QEMU runs as the sandbox's unprivileged uid with no kvm group, so it must be readable and writable by others (mode 0666, a udev rule: KERNEL==\"kvm\", MODE=\"0666\")", st.Mode&0o777)
+	}
 	fd, err := unix.Open("/dev/kvm", unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("open /dev/kvm: %w", err)
