@@ -11,19 +11,22 @@ BIN   := bin
 PKGS  := ./...
 GOTESTFLAGS ?= -race -count=1 -timeout 30m
 
-.PHONY: all build runtimes bench generate generate-check lint fmt vet test unit e2e test-cgroup2 test-chart demo clean
+.PHONY: all build runtimes vm bench generate generate-check lint fmt vet test unit e2e test-cgroup2 test-chart demo clean
 
 all: build
 
 ## build: the airlock CLI, the three services, the OCI runtimes and the reference OCI registry (dev up --registry) into bin/
-build: runtimes
+build: runtimes vm
 	$(GO) build -o $(BIN)/ ./cmd/airlock ./services/authority/cmd/authority ./services/executor/cmd/executor ./services/publisher/cmd/publisher
-	CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./services/executor/cmd/airlock-vm ./services/executor/cmd/airlock-guest
-	@# The vm class's guest kernel (apt downloads Debian's linux-image-amd64,
-	@# cached in /var/cache/airlock-vm). Without it the vm class is
-	@# unavailable, saying why, and runc and runsc still work.
-	@$(BIN)/airlock-vm kernel fetch || echo "make build: no guest kernel for the vm class (see above); runc and runsc are unaffected" >&2
 	$(GO) build -modfile=tools/go.mod -o $(BIN)/registry github.com/distribution/distribution/v3/cmd/registry
+
+## vm: the vm class's runtime and guest agent (static) into bin/, and its guest kernel (apt
+## downloads Debian's linux-image-amd64, cached in /var/cache/airlock-vm)
+vm:
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./services/executor/cmd/airlock-vm ./services/executor/cmd/airlock-guest
+	@# Without a kernel the vm class is unavailable, saying why, and runc
+	@# and runsc still work.
+	@$(BIN)/airlock-vm kernel fetch || echo "make vm: no guest kernel for the vm class (see above); runc and runsc are unaffected" >&2
 
 ## runtimes: runc (seccomp) and static runsc from the versions pinned in tools/sandbox
 runtimes:
@@ -56,16 +59,16 @@ vet:
 # The PostgreSQL store tests take their database from AIRLOCK_TEST_POSTGRES_DSN,
 # which .ci/run sets to a throwaway loopback cluster; without it they skip,
 # and with CI=true they fail.
-test: lint generate-check runtimes
+test: lint generate-check runtimes vm
 	$(GO) test $(GOTESTFLAGS) $(PKGS)
 	$(MAKE) --no-print-directory test-cgroup2
 
 ## unit: tests without the end-to-end suite
-unit:
+unit: runtimes vm
 	$(GO) test $(GOTESTFLAGS) $$($(GO) list ./... | grep -v /test/e2e)
 
 ## e2e: the end-to-end suite against the real binaries
-e2e:
+e2e: runtimes vm
 	$(GO) test $(GOTESTFLAGS) ./test/e2e/...
 
 ## test-cgroup2: the cgroup tests of the sandbox package and an end-to-end smoke in a cgroup-v2-only QEMU machine (TCG) on this machine's root filesystem (tools/cgroup2vm; as root)
@@ -84,7 +87,7 @@ test-chart:
 # -p 1: one package at a time, so neither runs under the other's load (two
 # cores here); the ratios are between benchmarks of one run.
 BENCHCOUNT ?= 6
-bench: runtimes
+bench: runtimes vm
 	$(GO) test -p 1 -run '^$$' -bench 'RawRuncTrue|SandboxTrue|SandboxImageTrue|EndToEnd|Publish$$|RawGitPublish' -benchtime 50x -count $(BENCHCOUNT) -timeout 60m \
 		./services/executor/internal/sandbox ./test/e2e | tee bench.out
 	$(GO) test -p 1 -run '^$$' -bench 'ExecTrue|SessionTrue' -benchtime 30x -count $(BENCHCOUNT) -timeout 60m \

@@ -228,7 +228,7 @@ func TestVMDeadline(t *testing.T) {
 	}
 	t.Cleanup(func() { nn.Close() })
 	l := vmLimits
-	l.Deadline = 45 * time.Second
+	l.Deadline = 25 * time.Second
 	var out syncBuffer
 	sb, err := e.m.Create(context.Background(), Spec{ID: nn.ID(), Class: ClassVM, Source: e.source(t, nil), Command: []string{"sh", "-c", "echo up; sleep 600"},
 		Limits: l, NetNS: nn.Path(), Stdout: &out, Stderr: &out})

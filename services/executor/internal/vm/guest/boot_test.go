@@ -23,6 +23,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -254,7 +255,8 @@ func TestBoot(t *testing.T) {
 	t.Run("signal", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		var out bytes.Buffer
+		// Read while the client's reader writes to it.
+		var out lockedBuffer
 		p, err := vm.c.Start(ctx, sh("echo up; exec sleep 1000", 1000), &out, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -484,4 +486,22 @@ func TestInitramfsGzip(t *testing.T) {
 			t.Errorf("load order %q: %s should precede %s", names, pair[0], pair[1])
 		}
 	}
+}
+
+// lockedBuffer is a bytes.Buffer a test may read while the client writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
