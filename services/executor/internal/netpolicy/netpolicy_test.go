@@ -456,6 +456,15 @@ func TestRecover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Something still holds the namespace (as a job's runtime would), so
+	// removing its file does not take the veth with it: without the
+	// hold the kernel destroys the namespace, and the veth, at a time of
+	// its choosing, and the test would race it.
+	hold, err := os.Open(c.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Close()
 	if err := removeNetns(c.Path()); err != nil {
 		t.Fatal(err)
 	}
@@ -464,6 +473,7 @@ func TestRecover(t *testing.T) {
 	if err != nil || !slices.Equal(ids, []string{"recover-c"}) {
 		t.Errorf("Recover = %v, %v, want recover-c", ids, err)
 	}
+	hold.Close()
 	assertNothingLeft(t, m2)
 	if err := m2.Close(); err != nil {
 		t.Error(err)
