@@ -17,6 +17,10 @@ const (
 	ViaHTTP        = "http"        // the explicit proxy's absolute-URI request
 	ViaTransparent = "transparent" // TCP 80 or 443 the kernel redirected
 	ViaDNS         = "dns"         // a query to the job's DNS server
+	// ViaRequest is one HTTP request inside an intercepted TLS connection
+	// to a brokered credential's host: the connection itself has its own
+	// line (connect or transparent); this one says what went over it.
+	ViaRequest = "request"
 )
 
 // Record is one line of a job's egress.jsonl, the record of everything the
@@ -59,6 +63,16 @@ type Record struct {
 	// by one: refusals past the cap per name per minute, or anything past
 	// the record's own cap, whose bytes the summary carries.
 	Suppressed int `json:"suppressed,omitempty"`
+
+	// A request line's (ViaRequest) method, path without its query, the
+	// upstream's status (0 when none came back) and the brokered
+	// credential added to it ("" when none was). Allowed says whether it
+	// went upstream; BytesIn and BytesOut are its response's and
+	// request's bodies.
+	Method     string `json:"method,omitempty"`
+	Path       string `json:"path,omitempty"`
+	Status     int    `json:"status,omitempty"`
+	Credential string `json:"credential,omitempty"`
 }
 
 // Count is how many decisions r stands for: one, or the ones a summary
@@ -87,6 +101,7 @@ func Cut(s string, n int) string {
 // a record is written.
 func (r Record) Bounded() Record {
 	r.Name, r.Reason, r.Addr, r.End, r.QType = Cut(r.Name, MaxText), Cut(r.Reason, MaxText), Cut(r.Addr, MaxText), Cut(r.End, MaxText), Cut(r.QType, 16)
+	r.Method, r.Path, r.Credential = Cut(r.Method, 32), Cut(r.Path, MaxText), Cut(r.Credential, 256)
 	r.TLS = r.TLS.Bounded()
 	if !r.ClosedFirst.Known() {
 		r.ClosedFirst = ""
@@ -159,7 +174,21 @@ type Summary struct {
 	names   []NameSummary
 	at      map[string]int
 	refused int // entries of names only ever refused when they came
+	creds   []CredentialSummary
 }
+
+// CredentialSummary is what a job's request lines say about one brokered
+// credential: requests it was added to, requests to its hosts refused,
+// and their bytes.
+type CredentialSummary struct {
+	Name              string
+	Requests, Refused int
+	BytesIn, BytesOut int64
+}
+
+// MaxCredentials bounds the credentials a Summary counts (a job asks for
+// at most 16); request lines naming others are not counted.
+const MaxCredentials = 64
 
 // MaxNames is how many entries a Summary keeps, OtherNames included.
 const MaxNames = 1000
@@ -169,6 +198,12 @@ const OtherNames = "(other names)"
 
 // Add counts r.
 func (s *Summary) Add(r Record) {
+	if r.Via == ViaRequest {
+		// A request's bytes are its connection's too: it counts for its
+		// credential, never again for its name.
+		s.addRequest(r)
+		return
+	}
 	if s.at == nil {
 		s.at = map[string]int{}
 	}
@@ -201,8 +236,35 @@ func (s *Summary) Add(r Record) {
 	n.BytesOut += r.BytesOut
 }
 
+// addRequest counts request line r for its credential.
+func (s *Summary) addRequest(r Record) {
+	if r.Credential == "" {
+		return
+	}
+	i := slices.IndexFunc(s.creds, func(c CredentialSummary) bool { return c.Name == r.Credential })
+	if i < 0 {
+		if len(s.creds) >= MaxCredentials {
+			return
+		}
+		i = len(s.creds)
+		s.creds = append(s.creds, CredentialSummary{Name: r.Credential})
+	}
+	c := &s.creds[i]
+	if r.Allowed {
+		c.Requests += r.Count()
+	} else {
+		c.Refused += r.Count()
+	}
+	c.BytesIn += r.BytesIn
+	c.BytesOut += r.BytesOut
+}
+
 // Names is the totals so far.
 func (s *Summary) Names() []NameSummary { return slices.Clone(s.names) }
+
+// Credentials is the brokered credentials' totals so far, in order of
+// first use.
+func (s *Summary) Credentials() []CredentialSummary { return slices.Clone(s.creds) }
 
 // Summarize totals recs by name (Summary).
 func Summarize(recs []Record) []NameSummary {

@@ -1046,7 +1046,11 @@ type Grant struct {
 	// What the job asked to have running beside it inside its sandbox, from
 	// the job's spec: "docker" (a Docker daemon in the job's VM; only under
 	// RUNTIME_CLASS_VM). Empty for nothing. It never changes for a job.
-	With          []string `protobuf:"bytes,23,rep,name=with,proto3" json:"with,omitempty"`
+	With []string `protobuf:"bytes,23,rep,name=with,proto3" json:"with,omitempty"`
+	// The brokered credentials the job's egress proxy may lease, by name
+	// (from the job's spec, checked against the tenant's policy); never a
+	// value. It never changes for a job.
+	Credentials   []string `protobuf:"bytes,24,rep,name=credentials,proto3" json:"credentials,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1238,6 +1242,13 @@ func (x *Grant) GetExecutor() string {
 func (x *Grant) GetWith() []string {
 	if x != nil {
 		return x.With
+	}
+	return nil
+}
+
+func (x *Grant) GetCredentials() []string {
+	if x != nil {
+		return x.Credentials
 	}
 	return nil
 }
@@ -3070,7 +3081,15 @@ type EgressRecord struct {
 	ClosedFirst EgressSide `protobuf:"varint,15,opt,name=closed_first,json=closedFirst,proto3,enum=airlock.types.v1.EgressSide" json:"closed_first,omitempty"`
 	// What the TLS record layer showed of an allowed connection that began
 	// with a ClientHello; unset for plain HTTP, refusals and queries.
-	Tls           *EgressTLS `protobuf:"bytes,16,opt,name=tls,proto3" json:"tls,omitempty"`
+	Tls *EgressTLS `protobuf:"bytes,16,opt,name=tls,proto3" json:"tls,omitempty"`
+	// For a request line (via "request": one HTTP request the proxy read
+	// inside an intercepted TLS connection to a brokered credential's host):
+	// its method, its path without the query, the upstream's status (0 when
+	// none came back), and the credential added ("" when none was).
+	Method        string `protobuf:"bytes,17,opt,name=method,proto3" json:"method,omitempty"`
+	Path          string `protobuf:"bytes,18,opt,name=path,proto3" json:"path,omitempty"`
+	Status        uint32 `protobuf:"varint,19,opt,name=status,proto3" json:"status,omitempty"`
+	Credential    string `protobuf:"bytes,20,opt,name=credential,proto3" json:"credential,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3215,6 +3234,34 @@ func (x *EgressRecord) GetTls() *EgressTLS {
 		return x.Tls
 	}
 	return nil
+}
+
+func (x *EgressRecord) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *EgressRecord) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *EgressRecord) GetStatus() uint32 {
+	if x != nil {
+		return x.Status
+	}
+	return 0
+}
+
+func (x *EgressRecord) GetCredential() string {
+	if x != nil {
+		return x.Credential
+	}
+	return ""
 }
 
 // EgressTLS is what a domains job's egress proxy saw of a connection's TLS
@@ -3382,7 +3429,7 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"repository\x18\x01 \x01(\tR\n" +
 	"repository\x12\x16\n" +
-	"\x06branch\x18\x02 \x01(\tR\x06branch\"\xb9\b\n" +
+	"\x06branch\x18\x02 \x01(\tR\x06branch\"\xdb\b\n" +
 	"\x05Grant\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x16\n" +
@@ -3412,7 +3459,8 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\x04user\x18\x14 \x01(\v2\x19.airlock.types.v1.JobUserR\x04user\x122\n" +
 	"\x05image\x18\x15 \x01(\v2\x1c.airlock.types.v1.ImageGrantR\x05image\x12\x1a\n" +
 	"\bexecutor\x18\x16 \x01(\tR\bexecutor\x12\x12\n" +
-	"\x04with\x18\x17 \x03(\tR\x04with\x1a6\n" +
+	"\x04with\x18\x17 \x03(\tR\x04with\x12 \n" +
+	"\vcredentials\x18\x18 \x03(\tR\vcredentials\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb2\x01\n" +
@@ -3586,7 +3634,7 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"after_exec\x18\x05 \x01(\x03R\tafterExec\x12\x14\n" +
 	"\x05count\x18\x06 \x01(\x03R\x05count\x12(\n" +
-	"\x10first_after_exec\x18\a \x01(\x03R\x0efirstAfterExec\"\xe9\x03\n" +
+	"\x10first_after_exec\x18\a \x01(\x03R\x0efirstAfterExec\"\xcd\x04\n" +
 	"\fEgressRecord\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x10\n" +
 	"\x03via\x18\x02 \x01(\tR\x03via\x12\x12\n" +
@@ -3607,7 +3655,13 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"suppressed\x18\x0e \x01(\x03R\n" +
 	"suppressed\x12?\n" +
 	"\fclosed_first\x18\x0f \x01(\x0e2\x1c.airlock.types.v1.EgressSideR\vclosedFirst\x12-\n" +
-	"\x03tls\x18\x10 \x01(\v2\x1b.airlock.types.v1.EgressTLSR\x03tls\"\x90\x01\n" +
+	"\x03tls\x18\x10 \x01(\v2\x1b.airlock.types.v1.EgressTLSR\x03tls\x12\x16\n" +
+	"\x06method\x18\x11 \x01(\tR\x06method\x12\x12\n" +
+	"\x04path\x18\x12 \x01(\tR\x04path\x12\x16\n" +
+	"\x06status\x18\x13 \x01(\rR\x06status\x12\x1e\n" +
+	"\n" +
+	"credential\x18\x14 \x01(\tR\n" +
+	"credential\"\x90\x01\n" +
 	"\tEgressTLS\x12?\n" +
 	"\thandshake\x18\x01 \x01(\x0e2!.airlock.types.v1.EgressHandshakeR\thandshake\x12,\n" +
 	"\x02by\x18\x02 \x01(\x0e2\x1c.airlock.types.v1.EgressSideR\x02by\x12\x14\n" +

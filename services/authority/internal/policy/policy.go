@@ -135,6 +135,41 @@ type Tenant struct {
 	// Images is which OCI images its jobs may run on, and how the
 	// authority reaches their registries.
 	Images Images
+	// Credentials are the brokered credentials its jobs may ask for, by
+	// name: used by a job's egress proxy on its hosts, never held by the
+	// job.
+	Credentials map[string]Credential
+}
+
+// Credential is a brokered credential: a secret the authority holds that
+// the egress proxy of a job that asks for it by name adds to the job's
+// requests to its hosts, so the job uses it without ever holding it.
+type Credential struct {
+	// Name is its name in the tenant's policy, what a job asks for.
+	Name string
+	// Hosts are the names it is added for: exact names and "*.SUFFIX"
+	// patterns (one or more labels), normalised (egress.NormalizeName).
+	Hosts []string
+	// Header is the header the proxy sets, replacing any the job sent
+	// ("Authorization" by default).
+	Header string
+	// Format is the header's value, "{value}" standing for the secret
+	// ("Bearer {value}" by default); unused with BasicUser.
+	Format string
+	// BasicUser, when set, makes the header "Basic base64(user:value)".
+	BasicUser string
+	// File is the path of a file holding the secret, or Env the name of
+	// the authority's environment variable holding it: exactly one is
+	// set. Only the leases package reads them.
+	File, Env string
+	// ApprovalRequired holds a job that asks for it until an approver
+	// (never the requester) approves its start.
+	ApprovalRequired bool
+	// MaxTTL bounds a lease of it; a job's lease also ends with the job.
+	MaxTTL time.Duration
+	// UpstreamCA is the path of a PEM bundle the hosts' certificates must
+	// chain to, or "" for the executor's roots.
+	UpstreamCA string
 }
 
 // HostImage is the name of the executor's host template (the host's /usr,
