@@ -35,6 +35,7 @@ package egressproxy
 import (
 	"bufio"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -90,6 +91,13 @@ type Config struct {
 	// times as many over all names, into one summary for them all). Zero
 	// is 20.
 	DenialsPerMinute int
+
+	// Credentials are added to the job's HTTPS requests to their hosts,
+	// whose connections the proxy then intercepts (see the package doc).
+	Credentials []Credential
+	// Roots verify the certificates of intercepted connections' upstreams
+	// (a Credential's own Roots come first); nil is the system's roots.
+	Roots *x509.CertPool
 }
 
 // ErrClosed is what Serve and ServeTransparent return after Close.
@@ -107,6 +115,10 @@ type Proxy struct {
 	handlers  sync.WaitGroup
 
 	log *egressbase.Log[Decision]
+
+	// ca is the job's CA, nil without credentials; creds is guarded by mu.
+	ca    *jobCA
+	creds []Credential
 }
 
 // New checks cfg and returns a Proxy that serves nothing until Serve or
@@ -118,6 +130,16 @@ func New(cfg Config) (*Proxy, error) {
 	names, err := policyNames(cfg.Policy)
 	if err != nil {
 		return nil, err
+	}
+	creds, err := checkCredentials(cfg.Credentials)
+	if err != nil {
+		return nil, err
+	}
+	var ca *jobCA
+	if len(creds) > 0 {
+		if ca, err = newJobCA(creds); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.Dial == nil {
 		var d net.Dialer
@@ -139,6 +161,8 @@ func New(cfg Config) (*Proxy, error) {
 		names:     names,
 		conns:     make(map[*conn]struct{}),
 		listeners: make(map[net.Listener]struct{}),
+		ca:        ca,
+		creds:     creds,
 	}
 	p.log = egressbase.NewLog(cfg.DenialsPerMinute, cfg.Record, summary)
 	return p, nil
@@ -265,6 +289,7 @@ type conn struct {
 	port     uint16
 	upstream net.Conn
 	cut      string // why the proxy cut it, "" while it has not
+	cred     string // the credential it was intercepted for, "" when spliced
 }
 
 // track registers a new connection, or says why it is refused.
