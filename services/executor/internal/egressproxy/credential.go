@@ -238,11 +238,13 @@ func (p *Proxy) CACertPEM() []byte {
 
 // SetCredentials makes creds the credentials in force, at once: a request
 // after it returns gets a credential from creds only, and every open
-// connection intercepted for a credential creds no longer has, or whose
-// name its hosts no longer cover, has been cut. It is for a lease revoked,
-// expired or renewed, or a narrowing: a host outside what the job's CA was
-// made for (the credentials New was given) is refused, and so is any
-// credential when New was given none. An invalid creds changes nothing.
+// connection intercepted for a credential creds no longer has for its name
+// has been cut. A credential that is gone is still intercepted for, every
+// request answered 403 (a clear answer, rather than the upstream's to a
+// request without it). It is for a lease revoked, expired or renewed, or a
+// narrowing: a host outside what the job's CA was made for (the
+// credentials New was given) is refused, and so is any credential when New
+// was given none. An invalid creds changes nothing.
 func (p *Proxy) SetCredentials(creds []Credential) error {
 	creds, err := checkCredentials(creds)
 	if err != nil {
@@ -257,12 +259,22 @@ func (p *Proxy) SetCredentials(creds []Credential) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	old := p.creds
 	p.creds = creds
+	for _, o := range old {
+		if !slices.ContainsFunc(creds, func(c Credential) bool { return c.Name == o.Name }) {
+			p.revoked = append(p.revoked, Credential{Name: o.Name, Hosts: o.Hosts})
+		}
+	}
+	p.revoked = slices.DeleteFunc(p.revoked, func(r Credential) bool {
+		return slices.ContainsFunc(creds, func(c Credential) bool { return c.Name == r.Name })
+	})
 	for c := range p.conns {
 		if c.cred == "" {
 			continue
 		}
-		if cr := credentialFor(creds, c.name); cr == nil || cr.Name != c.cred {
+		was := credentialFor(old, c.name)
+		if now := credentialFor(creds, c.name); was != nil && was.Name == c.cred && (now == nil || now.Name != c.cred) {
 			p.cutLocked(c, fmt.Sprintf("cut: the brokered credential %s is no longer leased for %s", c.cred, c.name))
 		}
 	}

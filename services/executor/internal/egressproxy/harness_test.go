@@ -34,6 +34,9 @@ import (
 var (
 	public4 = netip.MustParseAddr("203.0.113.10")
 	public6 = netip.MustParseAddr("2001:db8::10")
+	// untrusted4 is an upstream with a certificate the test's roots do
+	// not verify.
+	untrusted4 = netip.MustParseAddr("203.0.113.20")
 	// hostAddr is "the host's own address", refused through Extra.
 	hostAddr = netip.MustParseAddr("203.0.113.77")
 )
@@ -43,6 +46,7 @@ var testPolicy = egress.Policy{Names: []egress.Name{
 	{Name: "api.example.com"},
 	{Name: "*.pkg.example.com"},
 	{Name: "other.example.com"},
+	{Name: "bad.example.com"},
 	{Name: "only443.example.com", Ports: []uint16{443}},
 	{Name: "v6.example.com"},
 	{Name: "mapped.example.com"},
@@ -66,6 +70,7 @@ func testAnswers() map[string][][]netip.Addr {
 		"other.example.com":            one("203.0.113.10"),
 		"only443.example.com":          one("203.0.113.10"),
 		"denied.example.com":           one("203.0.113.10"),
+		"bad.example.com":              one("203.0.113.20"),
 		"v6.example.com":               one("2001:db8::10"),
 		"mapped.example.com":           one("::ffff:203.0.113.10"),
 		"lo.rebind.example.com":        one("127.0.0.1"),
@@ -120,7 +125,7 @@ func (r *fakeResolver) count(host string) int {
 // harness is a proxy with both listeners on loopback, a TLS and a plain
 // HTTP upstream, and everything the proxy recorded and dialled.
 type harness struct {
-	t        *testing.T
+	t        testing.TB
 	p        *Proxy
 	explicit string // the explicit listener's address
 	trans    string // the transparent listener's address
@@ -129,6 +134,7 @@ type harness struct {
 	release  chan struct{} // ends every /stream response (at cleanup)
 
 	mu        sync.Mutex
+	seen      []seenRequest            // by /cred, on every upstream
 	ends      map[string]chan struct{} // by /stream?id=
 	decisions []Decision
 	dialled   []netip.AddrPort
@@ -150,9 +156,11 @@ func (h *harness) end(id string) chan struct{} {
 type option struct {
 	config func(*Config)
 	proxy  func(*Proxy)
+	// h2 makes the TLS upstream offer HTTP/2.
+	h2 bool
 }
 
-func newHarness(t *testing.T, opts ...option) *harness {
+func newHarness(t testing.TB, opts ...option) *harness {
 	t.Helper()
 	h := &harness{
 		t:       t,
@@ -201,6 +209,10 @@ func newHarness(t *testing.T, opts ...option) *harness {
 		fmt.Fprintf(w, "%s %s %q proxy-authorization=%q connection=%q", r.Method, r.Host, body,
 			r.Header.Get("Proxy-Authorization"), r.Header.Get("Connection"))
 	})
+	mux.HandleFunc("/cred", h.recordRequest("api"))
+	mux.HandleFunc("/redirect", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, r.URL.Query().Get("to"), http.StatusFound)
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		sni := "-"
 		if r.TLS != nil {
@@ -210,7 +222,19 @@ func newHarness(t *testing.T, opts ...option) *harness {
 	})
 	tlsSrv := httptest.NewUnstartedServer(mux)
 	tlsSrv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	for _, o := range opts {
+		tlsSrv.EnableHTTP2 = tlsSrv.EnableHTTP2 || o.h2
+	}
 	tlsSrv.StartTLS()
+	// untrusted is an upstream whose certificate no root of the test's
+	// trusts (bad.example.com).
+	badCert, _ := testCertificate(t)
+	badMux := http.NewServeMux()
+	badMux.HandleFunc("/", h.recordRequest("untrusted"))
+	badSrv := httptest.NewUnstartedServer(badMux)
+	badSrv.TLS = &tls.Config{Certificates: []tls.Certificate{badCert}}
+	badSrv.StartTLS()
+	t.Cleanup(badSrv.Close)
 	httpSrv := httptest.NewServer(mux)
 	t.Cleanup(func() {
 		close(h.release)
@@ -218,10 +242,11 @@ func newHarness(t *testing.T, opts ...option) *harness {
 		httpSrv.Close()
 	})
 	routes := map[netip.AddrPort]string{
-		netip.AddrPortFrom(public4, 443): tlsSrv.Listener.Addr().String(),
-		netip.AddrPortFrom(public4, 80):  httpSrv.Listener.Addr().String(),
-		netip.AddrPortFrom(public6, 443): tlsSrv.Listener.Addr().String(),
-		netip.AddrPortFrom(public6, 80):  httpSrv.Listener.Addr().String(),
+		netip.AddrPortFrom(public4, 443):    tlsSrv.Listener.Addr().String(),
+		netip.AddrPortFrom(public4, 80):     httpSrv.Listener.Addr().String(),
+		netip.AddrPortFrom(public6, 443):    tlsSrv.Listener.Addr().String(),
+		netip.AddrPortFrom(public6, 80):     httpSrv.Listener.Addr().String(),
+		netip.AddrPortFrom(untrusted4, 443): badSrv.Listener.Addr().String(),
 	}
 
 	cfg := Config{
@@ -249,6 +274,7 @@ func newHarness(t *testing.T, opts ...option) *harness {
 			h.decisions = append(h.decisions, d)
 		},
 		ConnectTimeout: 5 * time.Second,
+		Roots:          roots,
 	}
 	for _, o := range opts {
 		if o.config != nil {
@@ -300,6 +326,33 @@ func newHarness(t *testing.T, opts ...option) *harness {
 }
 
 func withConfig(f func(*Config)) option { return option{config: f} }
+
+// seenRequest is what an upstream's /cred handler saw.
+type seenRequest struct {
+	upstream string
+	host     string
+	proto    string
+	header   http.Header
+}
+
+// recordRequest is a handler that keeps what it was sent, as upstream,
+// and answers with nothing of it but the protocol.
+func (h *harness) recordRequest(upstream string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		h.mu.Lock()
+		h.seen = append(h.seen, seenRequest{upstream, r.Host, r.Proto, r.Header.Clone()})
+		h.mu.Unlock()
+		fmt.Fprintf(w, "seen %s", r.Proto)
+	}
+}
+
+// requests are what the upstreams' /cred handlers saw.
+func (h *harness) requests() []seenRequest {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.seen)
+}
 
 // withFloodWindow makes the refusal cap's minute d.
 func withFloodWindow(d time.Duration) option {

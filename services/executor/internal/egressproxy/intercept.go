@@ -39,6 +39,10 @@ func (p *Proxy) claim(c *conn) *Credential {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	cr := credentialFor(p.creds, c.name)
+	if cr == nil {
+		// Only its name and hosts are kept: every request is refused.
+		cr = credentialFor(p.revoked, c.name)
+	}
 	if cr == nil || c.cut != "" {
 		return nil
 	}

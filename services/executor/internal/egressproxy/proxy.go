@@ -116,9 +116,12 @@ type Proxy struct {
 
 	log *egressbase.Log[Decision]
 
-	// ca is the job's CA, nil without credentials; creds is guarded by mu.
-	ca    *jobCA
-	creds []Credential
+	// ca is the job's CA, nil without credentials. creds and revoked
+	// (the ones SetCredentials took away, name and hosts only) are
+	// guarded by mu.
+	ca      *jobCA
+	creds   []Credential
+	revoked []Credential
 }
 
 // New checks cfg and returns a Proxy that serves nothing until Serve or
