@@ -202,7 +202,14 @@ func newHarness(t testing.TB, opts ...option) *harness {
 	mux.HandleFunc("/zeros", func(w http.ResponseWriter, r *http.Request) {
 		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
 		w.Header().Set("Content-Length", strconv.Itoa(n))
-		w.Write(make([]byte, n))
+		chunk := make([]byte, min(n, 256<<10))
+		for n > 0 {
+			m, err := w.Write(chunk[:min(n, len(chunk))])
+			if err != nil {
+				return
+			}
+			n -= m
+		}
 	})
 	mux.HandleFunc("/echo", func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)

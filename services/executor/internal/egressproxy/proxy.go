@@ -15,14 +15,32 @@
 // header, and the address the job dialled is ignored. A ClientHello without
 // SNI is refused, and so is an ECH hello without an outer name; an ECH hello
 // is decided on its outer name (the inner one is sealed from the proxy).
-// Nothing is intercepted: what a job sends inside TLS to an allowed name is
-// between it and that name's servers (domain fronting within an allowed CDN
-// stays open).
+// Brokered credentials are the one exception to "never decrypted" (issue
+// "credentials a job uses but never holds"). When a TLS connection's name
+// is allowed, its SNI (which must already be the CONNECT name) is one of
+// a Config.Credentials' hosts, and the connection came by CONNECT or was
+// redirected from TCP 443, the proxy terminates the job's TLS with a
+// leaf for exactly that name from a per-job CA (ECDSA P-256, name
+// constraints to the credentials' hosts, its key in this process's memory
+// only; the job trusts CACertPEM), serves HTTP/1.1 and HTTP/2, and sends
+// each request on over TLS it verifies for the name (against the
+// credential's roots or Config.Roots, never skipped) to the vetted address
+// the connection was dialled to. It sets the credential's header, swaps its
+// placeholder for its secret in header values, answers 421 to a request
+// for any other name or port (HTTP/2 coalescing included) and 403 once the
+// credential is expired or taken away, follows no redirect, and records
+// each request (ModeRequest) without the secret. That is so the job can
+// use the secret without ever holding it. Nothing else is intercepted:
+// plain HTTP to a credential host goes as ever, without the credential
+// (a secret never goes in clear), and what a job sends inside TLS to any
+// other allowed name is between it and that name's servers (domain
+// fronting within an allowed CDN stays open).
 //
 // Every connection ends in one Decision, handed to Config.Record when it
 // closes or is refused; refusals past a cap per name per minute are counted
 // and summarised instead of listed. SetPolicy applies a new policy at once
-// and cuts open connections to names it no longer allows; Close stops the
+// and cuts open connections to names it no longer allows, intercepted ones
+// included; SetCredentials does the same for credentials; Close stops the
 // listeners and cuts everything.
 //
 // CIDR rules are not its business (the kernel enforces those), nor is DNS
