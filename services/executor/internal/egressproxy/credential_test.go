@@ -501,3 +501,25 @@ func TestCredentialConfig(t *testing.T) {
 		t.Error("a leaf outside the CA's name constraints verified")
 	}
 }
+
+// A request's body goes up and its response comes back through the
+// interception, each counted into the request's decision.
+func TestCredentialRequestBody(t *testing.T) {
+	h := newHarness(t, withCredentials(apiToken()))
+	c := h.jobClient(true, false)
+	body := strings.Repeat("x", 100000)
+	resp, err := c.Post("https://api.example.com/echo", "text/plain", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(string(got), "POST api.example.com \"xxx") {
+		t.Fatalf("%s %.60q", resp.Status, got)
+	}
+	d := h.requestDecision("/echo")
+	if d.BytesOut != int64(len(body)) || d.BytesIn != int64(len(got)) || d.Request.Method != "POST" {
+		t.Errorf("request decision %+v, want %d bytes out, %d in", d, len(body), len(got))
+	}
+	h.noSecret(t, resp, string(got))
+}

@@ -88,7 +88,9 @@ func (p *Proxy) intercept(c *conn, up net.Conn, hello []byte, cred *Credential) 
 		TLSClientConfig:     &tls.Config{ServerName: c.name, RootCAs: roots, MinVersion: tls.VersionTLS12},
 		ForceAttemptHTTP2:   true,
 		TLSHandshakeTimeout: p.cfg.ConnectTimeout,
-		IdleConnTimeout:     p.cfg.IdleTimeout,
+		// As a splice is cut when nothing moves for IdleTimeout.
+		ResponseHeaderTimeout: p.cfg.IdleTimeout,
+		IdleConnTimeout:       p.cfg.IdleTimeout,
 		// What the job asked for goes as it asked: no Accept-Encoding
 		// added, no body decoded.
 		DisableCompression: true,
@@ -122,7 +124,7 @@ func (p *Proxy) intercept(c *conn, up net.Conn, hello []byte, cred *Credential) 
 	}
 	// A cut (which closed the job's end) says so in finish.
 	c.client.Close()
-	ix.active.Wait()
+	ix.active.close()
 	c.d.End = "closed"
 }
 
@@ -134,12 +136,14 @@ type interception struct {
 	end func() // the connection is over (a hijacked one, once closed)
 	// active are the requests being served, each recorded before the
 	// connection is.
-	active sync.WaitGroup
+	active inFlight
 }
 
 func (ix *interception) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	ix.active.Add(1)
-	defer ix.active.Done()
+	if !ix.active.add() {
+		return // the connection is over
+	}
+	defer ix.active.done()
 	c := ix.c
 	st := &requestState{start: time.Now(), req: Request{Method: r.Method, Path: r.URL.Path}}
 	defer func() { ix.p.emit(st.decision(c)) }()
@@ -340,6 +344,46 @@ func (u *upstreams) closeAll() {
 	for _, nc := range u.all {
 		nc.Close()
 	}
+}
+
+// inFlight counts requests being served until close, which waits for
+// them and admits no more.
+type inFlight struct {
+	mu     sync.Mutex
+	n      int
+	closed bool
+	zero   chan struct{} // closed when n drops to 0 after close
+}
+
+func (f *inFlight) add() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return false
+	}
+	f.n++
+	return true
+}
+
+func (f *inFlight) done() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.n--
+	if f.closed && f.n == 0 {
+		close(f.zero)
+	}
+}
+
+func (f *inFlight) close() {
+	f.mu.Lock()
+	f.closed = true
+	f.zero = make(chan struct{})
+	if f.n == 0 {
+		close(f.zero)
+	}
+	zero := f.zero
+	f.mu.Unlock()
+	<-zero
 }
 
 // oneConn is a listener that gives one connection, then waits for done.
