@@ -9,7 +9,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
-	"math/big"
 	"slices"
 	"strings"
 	"sync"
@@ -18,6 +17,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/airlockhq/airlock/pkg/egress"
+	"github.com/airlockhq/airlock/pkg/pki"
 )
 
 // Credential is a secret the proxy adds to a job's HTTPS requests to some
@@ -147,9 +147,13 @@ func newJobCA(creds []Credential) (*jobCA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("egressproxy: job CA key: %w", err)
 	}
+	sn, err := pki.NewSerial()
+	if err != nil {
+		return nil, fmt.Errorf("egressproxy: job CA: %w", err)
+	}
 	now := time.Now()
 	tmpl := &x509.Certificate{
-		SerialNumber:                serial(),
+		SerialNumber:                sn,
 		Subject:                     pkix.Name{Organization: []string{"Airlock"}, CommonName: "Airlock job egress CA"},
 		NotBefore:                   now.Add(-time.Minute),
 		NotAfter:                    now.Add(caValidity),
@@ -200,8 +204,12 @@ func (ca *jobCA) leaf(name string) (*tls.Certificate, error) {
 	if err != nil {
 		return nil, err
 	}
+	sn, err := pki.NewSerial()
+	if err != nil {
+		return nil, err
+	}
 	tmpl := &x509.Certificate{
-		SerialNumber: serial(),
+		SerialNumber: sn,
 		Subject:      pkix.Name{CommonName: name},
 		DNSNames:     []string{name},
 		NotBefore:    ca.cert.NotBefore,
@@ -216,14 +224,6 @@ func (ca *jobCA) leaf(name string) (*tls.Certificate, error) {
 	l := &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 	ca.leaves[name] = l
 	return l, nil
-}
-
-func serial() *big.Int {
-	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
-	if err != nil {
-		panic(err) // crypto/rand does not fail
-	}
-	return n
 }
 
 // CACertPEM is the certificate of the proxy's per-job CA, which the job

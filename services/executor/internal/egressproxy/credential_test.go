@@ -79,16 +79,7 @@ func do(t *testing.T, c *http.Client, u string) (*http.Response, string) {
 	req.Header.Set("Authorization", "Bearer the-jobs-own")
 	req.Header["authorization"] = []string{"lower-case-variant"}
 	req.Header.Set("X-Key", "key="+testPlaceholder)
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatalf("GET %s: %v", u, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("GET %s: reading the body: %v", u, err)
-	}
-	return resp, string(b)
+	return roundTrip(t, c, req)
 }
 
 // noSecret fails when the job's response, or any decision recorded,

@@ -424,16 +424,27 @@ func (h *harness) redirectedClient() *http.Client {
 
 func get(t *testing.T, c *http.Client, u string) (int, string) {
 	t.Helper()
-	resp, err := c.Get(u)
+	req, err := http.NewRequest(http.MethodGet, u, nil)
 	if err != nil {
-		t.Fatalf("GET %s: %v", u, err)
+		t.Fatal(err)
+	}
+	resp, body := roundTrip(t, c, req)
+	return resp.StatusCode, body
+}
+
+// roundTrip sends req and returns the response with its body read.
+func roundTrip(t *testing.T, c *http.Client, req *http.Request) (*http.Response, string) {
+	t.Helper()
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", req.Method, req.URL, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatalf("GET %s: reading the body: %v", u, err)
+		t.Fatalf("%s %s: reading the body: %v", req.Method, req.URL, err)
 	}
-	return resp.StatusCode, string(b)
+	return resp, string(b)
 }
 
 // connect sends CONNECT target to the explicit proxy and returns the
