@@ -9,6 +9,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -60,6 +61,11 @@ func (c *Credential) matches(name string) bool {
 	return false
 }
 
+// framing are the headers a reverse proxy drops or owns, none of which
+// can carry a credential to the upstream.
+var framing = []string{"Connection", "Content-Length", "Host", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
 // checkCredentials validates creds and returns them with their hosts
 // normalised.
 func checkCredentials(creds []Credential) ([]Credential, error) {
@@ -76,6 +82,8 @@ func checkCredentials(creds []Credential) ([]Credential, error) {
 			return nil, fmt.Errorf("%s (%s): Hosts is empty", where, c.Name)
 		case !httpguts.ValidHeaderFieldName(c.Header):
 			return nil, fmt.Errorf("%s (%s): Header %q is not an HTTP header name", where, c.Name, c.Header)
+		case slices.Contains(framing, http.CanonicalHeaderKey(c.Header)):
+			return nil, fmt.Errorf("%s (%s): Header %q frames the request or its connection, it cannot carry a credential", where, c.Name, c.Header)
 		case strings.ContainsAny(c.Value, "\r\n\x00"):
 			return nil, fmt.Errorf("%s (%s): Value has a CR, LF or NUL", where, c.Name)
 		case c.Value == "":

@@ -69,7 +69,7 @@ func (p *Proxy) intercept(c *conn, up net.Conn, hello []byte, cred *Credential) 
 		NextProtos:   []string{"h2", "http/1.1"},
 		MinVersion:   tls.VersionTLS12,
 	})
-	// The setup deadline still holds for the handshake.
+	c.client.SetDeadline(time.Now().Add(p.cfg.ConnectTimeout))
 	if err := tc.HandshakeContext(c.ctx); err != nil {
 		c.d.End = fmt.Sprintf("the job's TLS handshake with the proxy: %v", err)
 		return
@@ -152,6 +152,12 @@ func (ix *interception) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil || !sameHost(host, c.name) || port != c.port {
 		st.reason = fmt.Sprintf("refused: the request is for %q, not %s port %d, which the connection was made for", r.Host, c.name, c.port)
 		plain(w, http.StatusMisdirectedRequest, fmt.Sprintf("this connection is for %s port %d only", c.name, c.port))
+		return
+	}
+	if r.Method == http.MethodConnect {
+		// A tunnel inside the tunnel would be bytes the proxy cannot see.
+		st.reason = "refused: CONNECT inside an intercepted connection"
+		plain(w, http.StatusMethodNotAllowed, "CONNECT is not forwarded on a connection the proxy adds a credential to")
 		return
 	}
 	cred := ix.p.credential(c.name)

@@ -89,7 +89,8 @@ type Config struct {
 	// one that takes a public-looking address to a loopback listener.
 	Dial func(ctx context.Context, network string, addr netip.AddrPort) (net.Conn, error)
 	// Record receives one Decision per connection, when it ends or is
-	// refused, never two calls at once. It must not block for long: it is
+	// refused, and one per request on a connection intercepted for a
+	// credential (ModeRequest), never two calls at once. It must not block for long: it is
 	// called on the connection's goroutine. Nil discards them.
 	Record func(Decision)
 
