@@ -158,6 +158,9 @@ func TestCredentialInjected(t *testing.T) {
 				if len(seen) != 2 {
 					t.Fatalf("the upstream saw %d requests, want 2", len(seen))
 				}
+				if d := h.dials(); len(d) != 1 {
+					t.Errorf("the proxy dialled %v for two requests on one connection, want one upstream connection", d)
+				}
 				for _, s := range seen {
 					if got := s.header.Values("Authorization"); len(got) != 1 || got[0] != testValue {
 						t.Errorf("the upstream saw Authorization %q", got)
@@ -522,4 +525,26 @@ func TestCredentialRequestBody(t *testing.T) {
 		t.Errorf("request decision %+v, want %d bytes out, %d in", d, len(body), len(got))
 	}
 	h.noSecret(t, resp, string(got))
+}
+
+// A response streams through an interception: the job reads what the
+// upstream has sent before the upstream has finished.
+func TestCredentialStreams(t *testing.T) {
+	h := newHarness(t, withCredentials(apiToken()), option{h2: true})
+	for _, h2 := range []bool{false, true} {
+		id := fmt.Sprint(h2)
+		resp, err := h.jobClient(false, h2).Get("https://api.example.com/stream?id=" + id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(resp.Body)
+		if line, err := br.ReadString('\n'); line != "first\n" {
+			t.Fatalf("h2=%v: %q %v before the upstream finished", h2, line, err)
+		}
+		close(h.end(id))
+		if rest, err := io.ReadAll(br); string(rest) != "last\n" {
+			t.Errorf("h2=%v: then %q %v", h2, rest, err)
+		}
+		resp.Body.Close()
+	}
 }
