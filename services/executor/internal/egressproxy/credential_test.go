@@ -548,3 +548,18 @@ func TestCredentialStreams(t *testing.T) {
 		resp.Body.Close()
 	}
 }
+
+// An upstream that goes silent is cut after IdleTimeout, as a splice is.
+func TestCredentialIdleUpstream(t *testing.T) {
+	h := newHarness(t, withCredentials(apiToken()), withConfig(func(c *Config) { c.IdleTimeout = 300 * time.Millisecond }))
+	resp, err := h.jobClient(false, false).Get("https://api.example.com/stream?id=silent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	start := time.Now()
+	rest, err := io.ReadAll(resp.Body)
+	if err == nil || time.Since(start) > 3*time.Second {
+		t.Errorf("read %q, %v after %s; want an error after about 300ms", rest, err, time.Since(start))
+	}
+}

@@ -80,8 +80,13 @@ func (p *Proxy) intercept(c *conn, up net.Conn, hello []byte, cred *Credential) 
 	if roots == nil {
 		roots = p.cfg.Roots
 	}
-	ups := &upstreams{first: up, dial: func(ctx context.Context) (net.Conn, error) {
-		return p.cfg.Dial(ctx, "tcp", c.d.Addr)
+	idle := p.cfg.IdleTimeout
+	ups := &upstreams{first: &idleConn{Conn: up, idle: idle}, dial: func(ctx context.Context) (net.Conn, error) {
+		nc, err := p.cfg.Dial(ctx, "tcp", c.d.Addr)
+		if err != nil {
+			return nil, err
+		}
+		return &idleConn{Conn: nc, idle: idle}, nil
 	}}
 	tr := &http.Transport{
 		DialContext:         ups.dialContext,
@@ -117,11 +122,7 @@ func (p *Proxy) intercept(c *conn, up net.Conn, hello []byte, cred *Credential) 
 		},
 		ErrorLog: log.New(io.Discard, "", 0),
 	}
-	srv.Serve(&oneConn{conn: tc, done: done})
-	select {
-	case <-done:
-	case <-c.ctx.Done():
-	}
+	srv.Serve(&oneConn{conn: tc, done: done, cut: c.ctx.Done()})
 	// A cut (which closed the job's end) says so in finish.
 	c.client.Close()
 	ix.active.close()
@@ -309,6 +310,23 @@ func (cc *countedConn) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// idleConn is an upstream connection on which a read or a write that
+// makes no progress for idle fails, as a splice is cut when nothing moves.
+type idleConn struct {
+	net.Conn
+	idle time.Duration
+}
+
+func (ic *idleConn) Read(p []byte) (int, error) {
+	ic.Conn.SetReadDeadline(time.Now().Add(ic.idle))
+	return ic.Conn.Read(p)
+}
+
+func (ic *idleConn) Write(p []byte) (int, error) {
+	ic.Conn.SetWriteDeadline(time.Now().Add(ic.idle))
+	return ic.Conn.Write(p)
+}
+
 // upstreams dials an intercepted connection's upstream connections: the
 // one the proxy made first, then more to the same vetted address, all
 // closed when the connection ends.
@@ -392,11 +410,12 @@ func (f *inFlight) close() {
 	<-zero
 }
 
-// oneConn is a listener that gives one connection, then waits for done.
+// oneConn is a listener that gives one connection, then waits for done
+// or cut.
 type oneConn struct {
-	mu   sync.Mutex
-	conn net.Conn
-	done chan struct{}
+	mu        sync.Mutex
+	conn      net.Conn
+	done, cut <-chan struct{}
 }
 
 func (l *oneConn) Accept() (net.Conn, error) {
@@ -407,7 +426,10 @@ func (l *oneConn) Accept() (net.Conn, error) {
 	if c != nil {
 		return c, nil
 	}
-	<-l.done
+	select {
+	case <-l.done:
+	case <-l.cut:
+	}
 	return nil, net.ErrClosed
 }
 
