@@ -201,12 +201,20 @@ func (ca *jobCA) permits(host string) bool {
 	return false
 }
 
-// leaf is a certificate for exactly name, made once.
+// maxLeaves bounds the leaves a job CA keeps.
+const maxLeaves = 256
+
+// leaf is a certificate for exactly name, made once (while it is among
+// the last maxLeaves made).
 func (ca *jobCA) leaf(name string) (*tls.Certificate, error) {
 	ca.mu.Lock()
 	defer ca.mu.Unlock()
 	if l := ca.leaves[name]; l != nil {
 		return l, nil
+	}
+	if len(ca.leaves) >= maxLeaves {
+		// A wildcard host lets a job ask for names without end.
+		clear(ca.leaves)
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {

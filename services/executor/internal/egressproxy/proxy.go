@@ -112,7 +112,8 @@ type Config struct {
 	DenialsPerMinute int
 
 	// Credentials are added to the job's HTTPS requests to their hosts,
-	// whose connections the proxy then intercepts (see the package doc).
+	// whose connections the proxy then intercepts (see the package doc):
+	// to a name several list, the first that lists it.
 	Credentials []Credential
 	// Roots verify the certificates of intercepted connections' upstreams
 	// (a Credential's own Roots come first); nil is the system's roots.
