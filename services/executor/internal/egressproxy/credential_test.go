@@ -563,3 +563,24 @@ func TestCredentialIdleUpstream(t *testing.T) {
 		t.Errorf("read %q, %v after %s; want an error after about 300ms", rest, err, time.Since(start))
 	}
 }
+
+// A renewed lease (the same credential, a new value) applies from the next
+// request on, on the connections already open.
+func TestCredentialRenewed(t *testing.T) {
+	h := newHarness(t, withCredentials(apiToken()))
+	c := h.jobClient(false, true)
+	do(t, c, "https://api.example.com/cred")
+	renewed := apiToken()
+	renewed.Value, renewed.Secret = "Bearer renewed", "renewed"
+	if err := h.p.SetCredentials([]Credential{renewed}); err != nil {
+		t.Fatal(err)
+	}
+	do(t, c, "https://api.example.com/cred")
+	seen := h.requests()
+	if len(seen) != 2 || seen[0].header.Get("Authorization") != testValue || seen[1].header.Get("Authorization") != "Bearer renewed" {
+		t.Errorf("the upstream saw %+v", seen)
+	}
+	if d := h.dials(); len(d) != 1 {
+		t.Errorf("dialled %v: the renewal cut the connection", d)
+	}
+}

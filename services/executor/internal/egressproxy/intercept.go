@@ -96,6 +96,9 @@ func (p *Proxy) intercept(c *conn, up net.Conn, hello []byte, cred *Credential) 
 		// As a splice is cut when nothing moves for IdleTimeout.
 		ResponseHeaderTimeout: p.cfg.IdleTimeout,
 		IdleConnTimeout:       p.cfg.IdleTimeout,
+		// An HTTP/2 job opens many streams at once; an HTTP/1.1 upstream
+		// takes a connection for each, up to this many.
+		MaxConnsPerHost: 32,
 		// What the job asked for goes as it asked: no Accept-Encoding
 		// added, no body decoded.
 		DisableCompression: true,
