@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"math/big"
 	"net"
 	"net/http"
@@ -229,6 +230,9 @@ func newHarness(t testing.TB, opts ...option) *harness {
 	})
 	tlsSrv := httptest.NewUnstartedServer(mux)
 	tlsSrv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	// Handshakes the proxy gives up on (an interception that forwards
+	// nothing, an untrusted upstream) are expected.
+	tlsSrv.Config.ErrorLog = log.New(io.Discard, "", 0)
 	for _, o := range opts {
 		tlsSrv.EnableHTTP2 = tlsSrv.EnableHTTP2 || o.h2
 	}
@@ -240,6 +244,7 @@ func newHarness(t testing.TB, opts ...option) *harness {
 	badMux.HandleFunc("/", h.recordRequest("untrusted"))
 	badSrv := httptest.NewUnstartedServer(badMux)
 	badSrv.TLS = &tls.Config{Certificates: []tls.Certificate{badCert}}
+	badSrv.Config.ErrorLog = log.New(io.Discard, "", 0)
 	badSrv.StartTLS()
 	t.Cleanup(badSrv.Close)
 	httpSrv := httptest.NewServer(mux)
