@@ -141,7 +141,7 @@ func (ca *CA) sign(tmpl *x509.Certificate, opts IssueOptions) (*KeyPair, error) 
 	if err != nil {
 		return nil, err
 	}
-	serial, err := newSerial()
+	serial, err := NewSerial()
 	if err != nil {
 		return nil, err
 	}

@@ -88,7 +88,7 @@ func NewCA(trustDomain string, validity time.Duration) (*CA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pki: new CA: %w", err)
 	}
-	serial, err := newSerial()
+	serial, err := NewSerial()
 	if err != nil {
 		return nil, fmt.Errorf("pki: new CA: %w", err)
 	}
@@ -251,10 +251,11 @@ func newKey() (*ecdsa.PrivateKey, error) {
 	return ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 }
 
-// newSerial returns a random positive 128-bit serial. Randomness, not a
-// counter, is what keeps serials unique without shared state between
-// issuers and makes them unpredictable to anyone trying to forge a collision.
-func newSerial() (*big.Int, error) {
+// NewSerial returns a random positive 128-bit serial, for every certificate
+// Airlock makes. Randomness, not a counter, is what keeps serials unique
+// without shared state between issuers and makes them unpredictable to
+// anyone trying to forge a collision.
+func NewSerial() (*big.Int, error) {
 	limit := new(big.Int).Lsh(big.NewInt(1), 128)
 	for {
 		n, err := rand.Int(rand.Reader, limit)

@@ -21,6 +21,9 @@ const (
 	// ModeTransparent is a connection redirected from the job's TCP 443
 	// (TLS) or 80 (plain HTTP).
 	ModeTransparent Mode = "transparent"
+	// ModeRequest is one HTTP request inside a connection the proxy
+	// intercepted to add a brokered credential.
+	ModeRequest Mode = "request"
 )
 
 // Decision is the record of one connection: what it asked for, whether it
@@ -61,6 +64,22 @@ type Decision struct {
 	// by one. Name is "" both for refusals that named nothing and for the
 	// summary over all names; Reason tells which.
 	Suppressed int
+	// Request is set on a ModeRequest decision: BytesIn is then its
+	// response's body, BytesOut its request's, Allowed whether it was
+	// sent upstream.
+	Request *Request
+}
+
+// Request is one HTTP request inside an intercepted connection.
+type Request struct {
+	Method string
+	// Path is the URL's path, without query or fragment.
+	Path string
+	// Status is the upstream's answer, 0 when none came back.
+	Status int
+	// Credential is the brokered credential added, "" when none was.
+	Credential string
+	Allowed    bool
 }
 
 // emit records d, unless it is a refusal past the cap, which is counted.

@@ -88,7 +88,7 @@ func (p *Proxy) connect(c *conn, req *http.Request) {
 	if up == nil {
 		return
 	}
-	p.spliceTLS(c, up, hello)
+	p.joinTLS(c, up, hello)
 }
 
 // forward handles one plain HTTP request: decided on its host, sent to the

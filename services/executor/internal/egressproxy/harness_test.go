@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"math/big"
 	"net"
 	"net/http"
@@ -34,6 +35,9 @@ import (
 var (
 	public4 = netip.MustParseAddr("203.0.113.10")
 	public6 = netip.MustParseAddr("2001:db8::10")
+	// untrusted4 is an upstream with a certificate the test's roots do
+	// not verify.
+	untrusted4 = netip.MustParseAddr("203.0.113.20")
 	// hostAddr is "the host's own address", refused through Extra.
 	hostAddr = netip.MustParseAddr("203.0.113.77")
 )
@@ -43,6 +47,7 @@ var testPolicy = egress.Policy{Names: []egress.Name{
 	{Name: "api.example.com"},
 	{Name: "*.pkg.example.com"},
 	{Name: "other.example.com"},
+	{Name: "bad.example.com"},
 	{Name: "only443.example.com", Ports: []uint16{443}},
 	{Name: "v6.example.com"},
 	{Name: "mapped.example.com"},
@@ -66,6 +71,7 @@ func testAnswers() map[string][][]netip.Addr {
 		"other.example.com":            one("203.0.113.10"),
 		"only443.example.com":          one("203.0.113.10"),
 		"denied.example.com":           one("203.0.113.10"),
+		"bad.example.com":              one("203.0.113.20"),
 		"v6.example.com":               one("2001:db8::10"),
 		"mapped.example.com":           one("::ffff:203.0.113.10"),
 		"lo.rebind.example.com":        one("127.0.0.1"),
@@ -120,7 +126,7 @@ func (r *fakeResolver) count(host string) int {
 // harness is a proxy with both listeners on loopback, a TLS and a plain
 // HTTP upstream, and everything the proxy recorded and dialled.
 type harness struct {
-	t        *testing.T
+	t        testing.TB
 	p        *Proxy
 	explicit string // the explicit listener's address
 	trans    string // the transparent listener's address
@@ -129,6 +135,7 @@ type harness struct {
 	release  chan struct{} // ends every /stream response (at cleanup)
 
 	mu        sync.Mutex
+	seen      []seenRequest            // by /cred, on every upstream
 	ends      map[string]chan struct{} // by /stream?id=
 	decisions []Decision
 	dialled   []netip.AddrPort
@@ -150,9 +157,11 @@ func (h *harness) end(id string) chan struct{} {
 type option struct {
 	config func(*Config)
 	proxy  func(*Proxy)
+	// h2 makes the TLS upstream offer HTTP/2.
+	h2 bool
 }
 
-func newHarness(t *testing.T, opts ...option) *harness {
+func newHarness(t testing.TB, opts ...option) *harness {
 	t.Helper()
 	h := &harness{
 		t:       t,
@@ -194,12 +203,23 @@ func newHarness(t *testing.T, opts ...option) *harness {
 	mux.HandleFunc("/zeros", func(w http.ResponseWriter, r *http.Request) {
 		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
 		w.Header().Set("Content-Length", strconv.Itoa(n))
-		w.Write(make([]byte, n))
+		chunk := make([]byte, min(n, 256<<10))
+		for n > 0 {
+			m, err := w.Write(chunk[:min(n, len(chunk))])
+			if err != nil {
+				return
+			}
+			n -= m
+		}
 	})
 	mux.HandleFunc("/echo", func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		fmt.Fprintf(w, "%s %s %q proxy-authorization=%q connection=%q", r.Method, r.Host, body,
 			r.Header.Get("Proxy-Authorization"), r.Header.Get("Connection"))
+	})
+	mux.HandleFunc("/cred", h.recordRequest("api"))
+	mux.HandleFunc("/redirect", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, r.URL.Query().Get("to"), http.StatusFound)
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		sni := "-"
@@ -210,7 +230,23 @@ func newHarness(t *testing.T, opts ...option) *harness {
 	})
 	tlsSrv := httptest.NewUnstartedServer(mux)
 	tlsSrv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	// Handshakes the proxy gives up on (an interception that forwards
+	// nothing, an untrusted upstream) are expected.
+	tlsSrv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	for _, o := range opts {
+		tlsSrv.EnableHTTP2 = tlsSrv.EnableHTTP2 || o.h2
+	}
 	tlsSrv.StartTLS()
+	// untrusted is an upstream whose certificate no root of the test's
+	// trusts (bad.example.com).
+	badCert, _ := testCertificate(t)
+	badMux := http.NewServeMux()
+	badMux.HandleFunc("/", h.recordRequest("untrusted"))
+	badSrv := httptest.NewUnstartedServer(badMux)
+	badSrv.TLS = &tls.Config{Certificates: []tls.Certificate{badCert}}
+	badSrv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	badSrv.StartTLS()
+	t.Cleanup(badSrv.Close)
 	httpSrv := httptest.NewServer(mux)
 	t.Cleanup(func() {
 		close(h.release)
@@ -218,10 +254,11 @@ func newHarness(t *testing.T, opts ...option) *harness {
 		httpSrv.Close()
 	})
 	routes := map[netip.AddrPort]string{
-		netip.AddrPortFrom(public4, 443): tlsSrv.Listener.Addr().String(),
-		netip.AddrPortFrom(public4, 80):  httpSrv.Listener.Addr().String(),
-		netip.AddrPortFrom(public6, 443): tlsSrv.Listener.Addr().String(),
-		netip.AddrPortFrom(public6, 80):  httpSrv.Listener.Addr().String(),
+		netip.AddrPortFrom(public4, 443):    tlsSrv.Listener.Addr().String(),
+		netip.AddrPortFrom(public4, 80):     httpSrv.Listener.Addr().String(),
+		netip.AddrPortFrom(public6, 443):    tlsSrv.Listener.Addr().String(),
+		netip.AddrPortFrom(public6, 80):     httpSrv.Listener.Addr().String(),
+		netip.AddrPortFrom(untrusted4, 443): badSrv.Listener.Addr().String(),
 	}
 
 	cfg := Config{
@@ -249,6 +286,7 @@ func newHarness(t *testing.T, opts ...option) *harness {
 			h.decisions = append(h.decisions, d)
 		},
 		ConnectTimeout: 5 * time.Second,
+		Roots:          roots,
 	}
 	for _, o := range opts {
 		if o.config != nil {
@@ -300,6 +338,33 @@ func newHarness(t *testing.T, opts ...option) *harness {
 }
 
 func withConfig(f func(*Config)) option { return option{config: f} }
+
+// seenRequest is what an upstream's /cred handler saw.
+type seenRequest struct {
+	upstream string
+	host     string
+	proto    string
+	header   http.Header
+}
+
+// recordRequest is a handler that keeps what it was sent, as upstream,
+// and answers with nothing of it but the protocol.
+func (h *harness) recordRequest(upstream string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		h.mu.Lock()
+		h.seen = append(h.seen, seenRequest{upstream, r.Host, r.Proto, r.Header.Clone()})
+		h.mu.Unlock()
+		fmt.Fprintf(w, "seen %s", r.Proto)
+	}
+}
+
+// requests are what the upstreams' /cred handlers saw.
+func (h *harness) requests() []seenRequest {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.seen)
+}
 
 // withFloodWindow makes the refusal cap's minute d.
 func withFloodWindow(d time.Duration) option {
@@ -364,16 +429,27 @@ func (h *harness) redirectedClient() *http.Client {
 
 func get(t *testing.T, c *http.Client, u string) (int, string) {
 	t.Helper()
-	resp, err := c.Get(u)
+	req, err := http.NewRequest(http.MethodGet, u, nil)
 	if err != nil {
-		t.Fatalf("GET %s: %v", u, err)
+		t.Fatal(err)
+	}
+	resp, body := roundTrip(t, c, req)
+	return resp.StatusCode, body
+}
+
+// roundTrip sends req and returns the response with its body read.
+func roundTrip(t *testing.T, c *http.Client, req *http.Request) (*http.Response, string) {
+	t.Helper()
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", req.Method, req.URL, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatalf("GET %s: reading the body: %v", u, err)
+		t.Fatalf("%s %s: reading the body: %v", req.Method, req.URL, err)
 	}
-	return resp.StatusCode, string(b)
+	return resp, string(b)
 }
 
 // connect sends CONNECT target to the explicit proxy and returns the

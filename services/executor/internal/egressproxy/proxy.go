@@ -15,14 +15,32 @@
 // header, and the address the job dialled is ignored. A ClientHello without
 // SNI is refused, and so is an ECH hello without an outer name; an ECH hello
 // is decided on its outer name (the inner one is sealed from the proxy).
-// Nothing is intercepted: what a job sends inside TLS to an allowed name is
-// between it and that name's servers (domain fronting within an allowed CDN
-// stays open).
+// Brokered credentials are the one exception to "never decrypted" (issue
+// "credentials a job uses but never holds"). When a TLS connection's name
+// is allowed, its SNI (which must already be the CONNECT name) is one of
+// a Config.Credentials' hosts, and the connection came by CONNECT or was
+// redirected from TCP 443, the proxy terminates the job's TLS with a
+// leaf for exactly that name from a per-job CA (ECDSA P-256, name
+// constraints to the credentials' hosts, its key in this process's memory
+// only; the job trusts CACertPEM), serves HTTP/1.1 and HTTP/2, and sends
+// each request on over TLS it verifies for the name (against the
+// credential's roots or Config.Roots, never skipped) to the vetted address
+// the connection was dialled to. It sets the credential's header, swaps its
+// placeholder for its secret in header values, answers 421 to a request
+// for any other name or port (HTTP/2 coalescing included) and 403 once the
+// credential is expired or taken away, follows no redirect, and records
+// each request (ModeRequest) without the secret. That is so the job can
+// use the secret without ever holding it. Nothing else is intercepted:
+// plain HTTP to a credential host goes as ever, without the credential
+// (a secret never goes in clear), and what a job sends inside TLS to any
+// other allowed name is between it and that name's servers (domain
+// fronting within an allowed CDN stays open).
 //
 // Every connection ends in one Decision, handed to Config.Record when it
 // closes or is refused; refusals past a cap per name per minute are counted
 // and summarised instead of listed. SetPolicy applies a new policy at once
-// and cuts open connections to names it no longer allows; Close stops the
+// and cuts open connections to names it no longer allows, intercepted ones
+// included; SetCredentials does the same for credentials; Close stops the
 // listeners and cuts everything.
 //
 // CIDR rules are not its business (the kernel enforces those), nor is DNS
@@ -35,6 +53,7 @@ package egressproxy
 import (
 	"bufio"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -70,7 +89,8 @@ type Config struct {
 	// one that takes a public-looking address to a loopback listener.
 	Dial func(ctx context.Context, network string, addr netip.AddrPort) (net.Conn, error)
 	// Record receives one Decision per connection, when it ends or is
-	// refused, never two calls at once. It must not block for long: it is
+	// refused, and one per request on a connection intercepted for a
+	// credential (ModeRequest), never two calls at once. It must not block for long: it is
 	// called on the connection's goroutine. Nil discards them.
 	Record func(Decision)
 
@@ -90,6 +110,14 @@ type Config struct {
 	// times as many over all names, into one summary for them all). Zero
 	// is 20.
 	DenialsPerMinute int
+
+	// Credentials are added to the job's HTTPS requests to their hosts,
+	// whose connections the proxy then intercepts (see the package doc):
+	// to a name several list, the first that lists it.
+	Credentials []Credential
+	// Roots verify the certificates of intercepted connections' upstreams
+	// (a Credential's own Roots come first); nil is the system's roots.
+	Roots *x509.CertPool
 }
 
 // ErrClosed is what Serve and ServeTransparent return after Close.
@@ -107,6 +135,13 @@ type Proxy struct {
 	handlers  sync.WaitGroup
 
 	log *egressbase.Log[Decision]
+
+	// ca is the job's CA, nil without credentials. creds and revoked
+	// (the ones SetCredentials took away, name and hosts only) are
+	// guarded by mu.
+	ca      *jobCA
+	creds   []Credential
+	revoked []Credential
 }
 
 // New checks cfg and returns a Proxy that serves nothing until Serve or
@@ -118,6 +153,16 @@ func New(cfg Config) (*Proxy, error) {
 	names, err := policyNames(cfg.Policy)
 	if err != nil {
 		return nil, err
+	}
+	creds, err := checkCredentials(cfg.Credentials)
+	if err != nil {
+		return nil, err
+	}
+	var ca *jobCA
+	if len(creds) > 0 {
+		if ca, err = newJobCA(creds); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.Dial == nil {
 		var d net.Dialer
@@ -139,6 +184,8 @@ func New(cfg Config) (*Proxy, error) {
 		names:     names,
 		conns:     make(map[*conn]struct{}),
 		listeners: make(map[net.Listener]struct{}),
+		ca:        ca,
+		creds:     creds,
 	}
 	p.log = egressbase.NewLog(cfg.DenialsPerMinute, cfg.Record, summary)
 	return p, nil
@@ -265,6 +312,7 @@ type conn struct {
 	port     uint16
 	upstream net.Conn
 	cut      string // why the proxy cut it, "" while it has not
+	cred     string // the credential it was intercepted for, "" when spliced
 }
 
 // track registers a new connection, or says why it is refused.

@@ -62,5 +62,5 @@ func (p *Proxy) serveTransparent(c *conn) {
 	if up == nil {
 		return
 	}
-	p.spliceTLS(c, up, hello)
+	p.joinTLS(c, up, hello)
 }
