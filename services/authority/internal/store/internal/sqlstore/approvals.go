@@ -415,16 +415,18 @@ func (s *DB) CreateLeaseAudited(ctx context.Context, l store.Lease, e audit.Even
 	}
 	var out store.Lease
 	create := func(tx *sql.Tx) error {
-		// One active lease per job and purpose: a lease asked for again
-		// (a retry after a crash) replaces the one before, revoked on the
-		// log in this transaction. Concurrent leases for one job take
-		// turns on the job's key.
+		// One active lease per job, purpose and resource (a job's
+		// brokered credentials are several resources): a lease asked for
+		// again (a retry after a crash, a renewal) replaces the one
+		// before, revoked on the log in this transaction. Concurrent
+		// leases for one job take turns on the job's key.
 		if s.D.KeyLock != "" {
-			if _, err := tx.ExecContext(ctx, s.Q(s.D.KeyLock), "lease:"+l.JobID+":"+l.Purpose); err != nil {
+			if _, err := tx.ExecContext(ctx, s.Q(s.D.KeyLock), "lease:"+l.JobID+":"+l.Purpose+":"+l.Resource); err != nil {
 				return err
 			}
 		}
-		rows, err := tx.QueryContext(ctx, s.Q(`SELECT id FROM leases WHERE job_id = ? AND purpose = ? AND revoked_at = 0 ORDER BY id`+s.D.ForUpdate), l.JobID, l.Purpose)
+		rows, err := tx.QueryContext(ctx, s.Q(`SELECT id FROM leases WHERE job_id = ? AND purpose = ? AND resource = ? AND revoked_at = 0 ORDER BY id`+s.D.ForUpdate),
+			l.JobID, l.Purpose, l.Resource)
 		if err != nil {
 			return err
 		}
@@ -622,6 +624,75 @@ func (s *DB) ExpireLeasesAudited(ctx context.Context, now time.Time, limit int, 
 			e := event(l)
 			return l, e, defaultEvent(&e, l.JobID, "")
 		})
+}
+
+// RevokeLeasesAudited implements store.Store.
+func (s *DB) RevokeLeasesAudited(ctx context.Context, r store.LeaseRevocation, limit int, event func(store.Lease, store.State) audit.Event) ([]store.Lease, error) {
+	if r.Purpose == "" || r.At.IsZero() {
+		return nil, fmt.Errorf("%w: store: revoke leases: a purpose and a time are required", errdefs.ErrInvalidArgument)
+	}
+	if limit <= 0 {
+		return nil, fmt.Errorf("%w: store: revoke leases: limit must be positive", errdefs.ErrInvalidArgument)
+	}
+	// The same conditions select the leases and guard each update, so a
+	// lease a replica ended (or renewed) meanwhile is skipped.
+	where := []string{"l.revoked_at = 0", "l.purpose = ?", "l.expires_at > ?"}
+	args := []any{r.Purpose, micros(r.At)}
+	if r.Holder != "" {
+		where = append(where, "l.holder = ?")
+		args = append(args, r.Holder)
+	}
+	if !r.IssuedBefore.IsZero() {
+		where = append(where, "l.issued_at < ?")
+		args = append(args, micros(r.IssuedBefore))
+	}
+	if r.JobEnded {
+		where = append(where, "l.job_id IN (SELECT id FROM jobs WHERE state IN (?, ?, ?))")
+		args = append(args, string(store.StateFinished), string(store.StateFailed), string(store.StateCancelled))
+	}
+	cond := strings.Join(where, " AND ")
+	ids, err := s.ids(ctx, `SELECT l.id FROM leases l WHERE `+cond+` ORDER BY l.issued_at, l.id LIMIT ?`, append(args, limit)...)
+	if err != nil {
+		return nil, fmt.Errorf("store: revoke leases: %w", err)
+	}
+	var out []store.Lease
+	for _, id := range ids {
+		var l store.Lease
+		err := s.Tx(ctx, func(tx *sql.Tx) error {
+			var err error
+			if l, err = s.loadLease(ctx, tx, id); err != nil {
+				return err
+			}
+			var state string
+			err = tx.QueryRowContext(ctx, s.Q(`SELECT state FROM jobs WHERE id = ?`), l.JobID).Scan(&state)
+			if err != nil && !errors.Is(err, sql.ErrNoRows) {
+				return err
+			}
+			e := event(l, store.State(state))
+			res, err := tx.ExecContext(ctx, s.Q(`UPDATE leases SET revoked_at = ?, revoke_reason = ? WHERE id IN (SELECT l.id FROM leases l WHERE l.id = ? AND `+cond+`)`),
+				append([]any{micros(r.At), e.Reason, id}, args...)...)
+			if err != nil {
+				return err
+			}
+			if n, err := res.RowsAffected(); err != nil || n != 1 {
+				return errSkip
+			}
+			l.RevokedAt, l.RevokeReason = fromMicros(micros(r.At)), e.Reason
+			if err := defaultEvent(&e, l.JobID, ""); err != nil {
+				return err
+			}
+			_, err = s.appendAudit(ctx, tx, e)
+			return err
+		})
+		if errors.Is(err, errSkip) {
+			continue
+		}
+		if err != nil {
+			return out, fmt.Errorf("store: revoke lease %q: %w", id, err)
+		}
+		out = append(out, l)
+	}
+	return out, nil
 }
 
 // expireEach selects up to limit ids with find (whose last argument is
