@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
@@ -136,6 +137,25 @@ func (s *Signer) Decode(wire []byte) (jobs.GrantRequest, error) {
 			Digest: x.GetDigest(), MediaType: x.GetMediaType(), Size: x.GetSizeBytes()}
 	}
 	return r, nil
+}
+
+// GrantCredentials reads from a grant this authority signed and stored
+// the names of the brokered credentials it carries and the job's
+// deadline (0 for none): what a brokered lease is checked against.
+func GrantCredentials(wire []byte) (names []string, deadline time.Duration, err error) {
+	sg := &typesv1.SignedGrant{}
+	if err := proto.Unmarshal(wire, sg); err != nil {
+		return nil, 0, fmt.Errorf("executorclient: stored grant: %w", err)
+	}
+	g := &typesv1.Grant{}
+	if err := proto.Unmarshal(sg.GetBody(), g); err != nil {
+		return nil, 0, fmt.Errorf("executorclient: stored grant body: %w", err)
+	}
+	limits, err := LimitsFromProto("grant.limits", g.GetLimits())
+	if err != nil {
+		return nil, 0, fmt.Errorf("executorclient: stored grant: %w", err)
+	}
+	return g.GetCredentials(), limits.Deadline, nil
 }
 
 // ImageToProto converts a granted image; nil (the host template) stays nil.
