@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
@@ -29,6 +28,7 @@ import (
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
+	"github.com/airlockhq/airlock/services/authority/internal/leases"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 )
 
@@ -139,23 +139,23 @@ func (s *Signer) Decode(wire []byte) (jobs.GrantRequest, error) {
 	return r, nil
 }
 
-// GrantCredentials reads from a grant this authority signed and stored
-// the names of the brokered credentials it carries and the job's
-// deadline (0 for none): what a brokered lease is checked against.
-func GrantCredentials(wire []byte) (names []string, deadline time.Duration, err error) {
+// LeaseGrant implements leases.Config.Grants: it reads from a grant this
+// authority signed and stored the names of the brokered credentials it
+// carries and the job's deadline.
+func LeaseGrant(wire []byte) (leases.JobGrant, error) {
 	sg := &typesv1.SignedGrant{}
 	if err := proto.Unmarshal(wire, sg); err != nil {
-		return nil, 0, fmt.Errorf("executorclient: stored grant: %w", err)
+		return leases.JobGrant{}, fmt.Errorf("executorclient: stored grant: %w", err)
 	}
 	g := &typesv1.Grant{}
 	if err := proto.Unmarshal(sg.GetBody(), g); err != nil {
-		return nil, 0, fmt.Errorf("executorclient: stored grant body: %w", err)
+		return leases.JobGrant{}, fmt.Errorf("executorclient: stored grant body: %w", err)
 	}
 	limits, err := LimitsFromProto("grant.limits", g.GetLimits())
 	if err != nil {
-		return nil, 0, fmt.Errorf("executorclient: stored grant: %w", err)
+		return leases.JobGrant{}, fmt.Errorf("executorclient: stored grant: %w", err)
 	}
-	return g.GetCredentials(), limits.Deadline, nil
+	return leases.JobGrant{Credentials: g.GetCredentials(), Deadline: limits.Deadline}, nil
 }
 
 // ImageToProto converts a granted image; nil (the host template) stays nil.

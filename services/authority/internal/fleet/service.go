@@ -84,7 +84,7 @@ type Fleet struct {
 	// onReturn is told of an executor that came back from lost (its
 	// SPIFFE ID).
 	onReturn func(id string)
-	// onRestart ends what an executor's previous process held.
+	// onRestart ends what an executor's previous process held; under mu.
 	onRestart func(ctx context.Context, id, name string, startedAt time.Time) error
 }
 
@@ -100,9 +100,11 @@ func (f *Fleet) OnReturn(fn func(id string)) { f.onReturn = fn }
 // start): what its previous process held (the brokered credentials its
 // jobs' proxies leased) ends. fn runs before the heartbeat is recorded,
 // so a failure of fn fails the heartbeat and the next one tells fn
-// again. Call it before the first heartbeat.
+// again. A restart seen before fn is set is not told.
 func (f *Fleet) OnRestart(fn func(ctx context.Context, id, name string, startedAt time.Time) error) {
+	f.mu.Lock()
 	f.onRestart = fn
+	f.mu.Unlock()
 }
 
 // New returns a Fleet.
@@ -166,6 +168,9 @@ func (f *Fleet) Heartbeat(ctx context.Context, caller identity.ID, address strin
 		return Answer{}, fmt.Errorf("fleet: encode the report: %w", err)
 	}
 	name, now := NameOf(caller), f.now()
+	f.mu.Lock()
+	onRestart := f.onRestart
+	f.mu.Unlock()
 	var (
 		event string
 		kept  store.Executor
@@ -173,7 +178,7 @@ func (f *Fleet) Heartbeat(ctx context.Context, caller identity.ID, address strin
 		restartSeen bool
 	)
 	update := func(e *store.Executor, found bool) (*audit.Event, error) {
-		if found && e.ID == caller.String() && !restartSeen && f.onRestart != nil && restarted(e.Report, r.StartedAt) {
+		if found && e.ID == caller.String() && !restartSeen && onRestart != nil && restarted(e.Report, r.StartedAt) {
 			return nil, errRestarted
 		}
 		if found && e.ID == caller.String() && e.State == store.ExecutorUp && now.Sub(e.LastSeen) < f.cfg.Interval/4 && !restartSeen {
@@ -208,7 +213,7 @@ func (f *Fleet) Heartbeat(ctx context.Context, caller identity.ID, address strin
 	if errors.Is(err, errRestarted) {
 		// Outside the executor's transaction: what it held ends first,
 		// then its new start is recorded.
-		if err := f.onRestart(ctx, caller.String(), name, r.StartedAt); err != nil {
+		if err := onRestart(ctx, caller.String(), name, r.StartedAt); err != nil {
 			return Answer{}, fmt.Errorf("fleet: executor %s restarted: %w", name, err)
 		}
 		restartSeen = true

@@ -178,6 +178,18 @@ func (s *Service) RevokeRestarted(ctx context.Context, caller identity.ID, id, n
 	})
 }
 
+// OnRestart returns the fleet's restart hook (fleet.Fleet.OnRestart):
+// RevokeRestarted by caller, the authority itself.
+func (s *Service) OnRestart(caller identity.ID) func(ctx context.Context, id, name string, startedAt time.Time) error {
+	return func(ctx context.Context, id, name string, startedAt time.Time) error {
+		n, err := s.RevokeRestarted(ctx, caller, id, name, startedAt)
+		if n > 0 {
+			s.cfg.Logger.InfoContext(ctx, "revoked the brokered leases of a restarted executor", "executor", name, "count", n)
+		}
+		return err
+	}
+}
+
 // revokeEnded ends the active brokered leases of jobs that ended.
 func (s *Service) revokeEnded(ctx context.Context, caller identity.ID, now time.Time) (int, error) {
 	r := store.LeaseRevocation{Purpose: PurposeBrokered, At: now, JobEnded: true}

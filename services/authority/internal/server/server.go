@@ -182,22 +182,13 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				env.Logger.Info("opened missing approvals", "count", n)
 			}
 			lease, err := leases.New(leases.Config{Store: st, Tenants: cfg.Policy, Approvals: appr, Meter: env.Meter, Logger: env.Logger,
-				Grants: func(wire []byte) (leases.JobGrant, error) {
-					names, deadline, err := executorclient.GrantCredentials(wire)
-					return leases.JobGrant{Credentials: names, Deadline: deadline}, err
-				}})
+				Grants: executorclient.LeaseGrant})
 			if err != nil {
 				return err
 			}
 			// The brokered credentials an executor's previous process
 			// leased for its jobs' proxies end when it comes back.
-			fl.OnRestart(func(ctx context.Context, id, name string, startedAt time.Time) error {
-				n, err := lease.RevokeRestarted(ctx, identity.Service(cfg.TrustDomain, identity.ServiceAuthority), id, name, startedAt)
-				if n > 0 {
-					env.Logger.Info("revoked the brokered leases of a restarted executor", "executor", name, "count", n)
-				}
-				return err
-			})
+			fl.OnRestart(lease.OnRestart(identity.Service(cfg.TrustDomain, identity.ServiceAuthority)))
 			// Approvals and leases past their expiry are rewritten as such,
 			// on the log; every replica may sweep (each row changes once).
 			env.Go(func(ctx context.Context) error {
