@@ -307,7 +307,7 @@ func TestBrokeredRefusals(t *testing.T) {
 }
 
 // TestBrokeredRevoke: the executor holding a brokered lease revokes it;
-// another executor may not, nor the holder a lease of another purpose.
+// another executor may not, nor the publisher; an approver may.
 func TestBrokeredRevoke(t *testing.T) {
 	f := setup(t)
 	ctx := t.Context()

@@ -631,9 +631,6 @@ func (s *DB) RevokeLeasesAudited(ctx context.Context, r store.LeaseRevocation, l
 	if r.Purpose == "" || r.At.IsZero() {
 		return nil, fmt.Errorf("%w: store: revoke leases: a purpose and a time are required", errdefs.ErrInvalidArgument)
 	}
-	if limit <= 0 {
-		return nil, fmt.Errorf("%w: store: revoke leases: limit must be positive", errdefs.ErrInvalidArgument)
-	}
 	// The same conditions select the leases and guard each update, so a
 	// lease a replica ended (or renewed) meanwhile is skipped.
 	where := []string{"l.revoked_at = 0", "l.purpose = ?", "l.expires_at > ?"}
@@ -651,48 +648,29 @@ func (s *DB) RevokeLeasesAudited(ctx context.Context, r store.LeaseRevocation, l
 		args = append(args, string(store.StateFinished), string(store.StateFailed), string(store.StateCancelled))
 	}
 	cond := strings.Join(where, " AND ")
-	ids, err := s.ids(ctx, `SELECT l.id FROM leases l WHERE `+cond+` ORDER BY l.issued_at, l.id LIMIT ?`, append(args, limit)...)
-	if err != nil {
-		return nil, fmt.Errorf("store: revoke leases: %w", err)
-	}
-	var out []store.Lease
-	for _, id := range ids {
-		var l store.Lease
-		err := s.Tx(ctx, func(tx *sql.Tx) error {
-			var err error
-			if l, err = s.loadLease(ctx, tx, id); err != nil {
-				return err
+	return expireEach(ctx, s, "lease", limit,
+		`SELECT l.id FROM leases l WHERE `+cond+` ORDER BY l.issued_at, l.id LIMIT ?`, args,
+		`UPDATE leases SET revoked_at = ? WHERE id IN (SELECT l.id FROM leases l WHERE l.id = ? AND `+cond+`)`,
+		func(id string) []any { return append([]any{micros(r.At), id}, args...) },
+		func(tx *sql.Tx, id string) (store.Lease, audit.Event, error) {
+			// The reason is the event's, which needs the lease and its
+			// job's state: written once the revocation holds the row.
+			l, err := s.loadLease(ctx, tx, id)
+			if err != nil {
+				return l, audit.Event{}, err
 			}
 			var state string
 			err = tx.QueryRowContext(ctx, s.Q(`SELECT state FROM jobs WHERE id = ?`), l.JobID).Scan(&state)
 			if err != nil && !errors.Is(err, sql.ErrNoRows) {
-				return err
+				return l, audit.Event{}, err
 			}
 			e := event(l, store.State(state))
-			res, err := tx.ExecContext(ctx, s.Q(`UPDATE leases SET revoked_at = ?, revoke_reason = ? WHERE id IN (SELECT l.id FROM leases l WHERE l.id = ? AND `+cond+`)`),
-				append([]any{micros(r.At), e.Reason, id}, args...)...)
-			if err != nil {
-				return err
+			if _, err := tx.ExecContext(ctx, s.Q(`UPDATE leases SET revoke_reason = ? WHERE id = ?`), e.Reason, id); err != nil {
+				return l, audit.Event{}, err
 			}
-			if n, err := res.RowsAffected(); err != nil || n != 1 {
-				return errSkip
-			}
-			l.RevokedAt, l.RevokeReason = fromMicros(micros(r.At)), e.Reason
-			if err := defaultEvent(&e, l.JobID, ""); err != nil {
-				return err
-			}
-			_, err = s.appendAudit(ctx, tx, e)
-			return err
+			l.RevokeReason = e.Reason
+			return l, e, defaultEvent(&e, l.JobID, "")
 		})
-		if errors.Is(err, errSkip) {
-			continue
-		}
-		if err != nil {
-			return out, fmt.Errorf("store: revoke lease %q: %w", id, err)
-		}
-		out = append(out, l)
-	}
-	return out, nil
 }
 
 // expireEach selects up to limit ids with find (whose last argument is
