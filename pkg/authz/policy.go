@@ -68,8 +68,11 @@ var AuthorityTable = Merge(Infrastructure, Table{
 	authorityv1.AuthorityService_ConsumeApproval_FullMethodName: {Publisher},
 	authorityv1.AuthorityService_GetPublishSpec_FullMethodName:  {Publisher},
 
-	authorityv1.AuthorityService_LeaseCredential_FullMethodName:  {Publisher},
-	authorityv1.AuthorityService_RevokeCredential_FullMethodName: {Publisher, Approvers},
+	// The publisher leases deploy and source credentials; an executor the
+	// brokered credentials of the jobs placed on it, for their egress
+	// proxies (package leases refuses either anything else).
+	authorityv1.AuthorityService_LeaseCredential_FullMethodName:  {Publisher, Executor},
+	authorityv1.AuthorityService_RevokeCredential_FullMethodName: {Publisher, Executor, Approvers},
 	authorityv1.AuthorityService_ListLeases_FullMethodName:       {Approvers, Publisher},
 
 	// The lease's holder announces each use; the handler checks it is the

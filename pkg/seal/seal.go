@@ -14,6 +14,7 @@ import (
 	"crypto/hkdf"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -61,6 +62,23 @@ func Seal(recipient *x509.Certificate, context, secret []byte) ([]byte, error) {
 	out := append([]byte{version}, eph.PublicKey().Bytes()...)
 	out = append(out, nonce...)
 	return aead.Seal(out, nonce, secret, context), nil
+}
+
+// OpenTLS decrypts a box sealed for the leaf of cert, a holder's own mTLS
+// certificate with its ECDSA key.
+func OpenTLS(cert *tls.Certificate, context, box []byte) ([]byte, error) {
+	if cert == nil || len(cert.Certificate) == 0 {
+		return nil, errors.New("seal: no certificate of one's own")
+	}
+	leaf, err := x509.ParseCertificate(cert.Certificate[0])
+	if err != nil {
+		return nil, fmt.Errorf("seal: own certificate: %w", err)
+	}
+	key, ok := cert.PrivateKey.(*ecdsa.PrivateKey)
+	if !ok {
+		return nil, fmt.Errorf("seal: the own key is %T, not ECDSA: sealed boxes cannot be opened", cert.PrivateKey)
+	}
+	return Open(leaf, key, context, box)
 }
 
 // Open decrypts a box sealed for the certificate whose key is key.

@@ -3,6 +3,7 @@ package seal_test
 import (
 	"bytes"
 	"crypto/ecdsa"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"os"
@@ -77,5 +78,41 @@ func TestOnlyTheRecipientOpensTheBox(t *testing.T) {
 	again, _ := seal.Seal(publisher.cert, ctx, secret)
 	if bytes.Equal(again, box) {
 		t.Error("sealing twice gave the same bytes")
+	}
+}
+
+// TestOpenTLS: a holder opens a box with its mTLS certificate as the TLS
+// stack holds it; another's, or none, does not.
+func TestOpenTLS(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := pki.Init(dir, "airlock.test", nil); err != nil {
+		t.Fatal(err)
+	}
+	pair := func(id identity.ID) *tls.Certificate {
+		certFile, keyFile := pki.Paths(dir, id)
+		c, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &c
+	}
+	executor := pair(identity.Service("airlock.test", identity.ServiceExecutor))
+	publisher := pair(identity.Service("airlock.test", identity.ServicePublisher))
+	leaf, err := x509.ParseCertificate(executor.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	box, err := seal.Seal(leaf, []byte("ctx"), []byte("s3cret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := seal.OpenTLS(executor, []byte("ctx"), box); err != nil || string(got) != "s3cret" {
+		t.Fatalf("OpenTLS = %q, %v", got, err)
+	}
+	if _, err := seal.OpenTLS(publisher, []byte("ctx"), box); !errors.Is(err, seal.ErrOpen) {
+		t.Fatalf("another's certificate: %v; want ErrOpen", err)
+	}
+	if _, err := seal.OpenTLS(&tls.Certificate{}, []byte("ctx"), box); err == nil {
+		t.Fatal("no certificate opened the box")
 	}
 }

@@ -363,10 +363,12 @@ func (h *harness) start() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lease, err := leases.New(leases.Config{Store: st, Tenants: h.tenants, Approvals: appr, Meter: h.opts.meter, Logger: h.logger()})
+	lease, err := leases.New(leases.Config{Store: st, Tenants: h.tenants, Approvals: appr, Meter: h.opts.meter, Logger: h.logger(),
+		Grants: executorclient.LeaseGrant})
 	if err != nil {
 		t.Fatal(err)
 	}
+	fl.OnRestart(lease.OnRestart(authorityID))
 	wf, err := flow.New(flow.Config{Jobs: svc, Approvals: appr})
 	if err != nil {
 		t.Fatal(err)

@@ -18,8 +18,9 @@ import (
 // The lease RPCs: validate, call package leases, map the error.
 
 var leasePurposeToProto = map[string]authorityv1.LeasePurpose{
-	leases.PurposeDeploy: authorityv1.LeasePurpose_LEASE_PURPOSE_DEPLOY,
-	leases.PurposeRead:   authorityv1.LeasePurpose_LEASE_PURPOSE_READ,
+	leases.PurposeDeploy:   authorityv1.LeasePurpose_LEASE_PURPOSE_DEPLOY,
+	leases.PurposeRead:     authorityv1.LeasePurpose_LEASE_PURPOSE_READ,
+	leases.PurposeBrokered: authorityv1.LeasePurpose_LEASE_PURPOSE_BROKERED,
 }
 
 func leaseToProto(l store.Lease) *authorityv1.Lease {
@@ -65,11 +66,16 @@ func (s *Service) LeaseCredential(ctx context.Context, req *authorityv1.LeaseCre
 		}
 		lr.TTL = d.AsDuration()
 	}
-	l, box, err := s.cfg.Leases.Lease(ctx, id, cert, lr)
+	out, err := s.cfg.Leases.Lease(ctx, id, cert, lr)
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
-	return &authorityv1.LeaseCredentialResponse{Lease: leaseToProto(l), SealedCredential: box}, nil
+	resp := &authorityv1.LeaseCredentialResponse{Lease: leaseToProto(out.Lease), SealedCredential: out.Sealed}
+	if b := out.Brokered; b != nil {
+		resp.Brokered = &authorityv1.BrokeredCredential{Name: b.Name, Hosts: b.Hosts, Header: b.Header, Format: b.Format,
+			BasicUser: b.BasicUser, UpstreamCa: b.UpstreamCA}
+	}
+	return resp, nil
 }
 
 func (s *Service) RevokeCredential(ctx context.Context, req *authorityv1.RevokeCredentialRequest) (*authorityv1.RevokeCredentialResponse, error) {

@@ -325,34 +325,35 @@ func TestLeaseAndRevoke(t *testing.T) {
 	a := f.approved(t, "j1")
 	req := leases.Request{Purpose: leases.PurposeDeploy, JobID: "j1", Resource: "demo"}
 
-	_, _, err := f.leases.Lease(ctx, publisher, pub.Cert, req)
+	_, err := f.leases.Lease(ctx, publisher, pub.Cert, req)
 	wantErr(t, "before consume", err, errdefs.ErrFailedPrecondition, "not consumed")
 	if _, err := f.svc.Consume(ctx, publisher, consumeReq(a)); err != nil {
 		t.Fatal(err)
 	}
-	_, _, err = f.leases.Lease(ctx, executor, exe.Cert, req)
+	_, err = f.leases.Lease(ctx, executor, exe.Cert, req)
 	wantErr(t, "executor", err, errdefs.ErrPermissionDenied, "only the publisher")
-	_, _, err = f.leases.Lease(ctx, publisher, exe.Cert, req)
+	_, err = f.leases.Lease(ctx, publisher, exe.Cert, req)
 	wantErr(t, "someone else's certificate", err, errdefs.ErrPermissionDenied, "certificate")
 	other := req
 	other.Resource = "site"
-	_, _, err = f.leases.Lease(ctx, publisher, pub.Cert, other)
+	_, err = f.leases.Lease(ctx, publisher, pub.Cert, other)
 	wantErr(t, "another repository", err, errdefs.ErrPermissionDenied, "resource:")
 	other = req
 	other.JobID = "nope"
-	_, _, err = f.leases.Lease(ctx, publisher, pub.Cert, other)
+	_, err = f.leases.Lease(ctx, publisher, pub.Cert, other)
 	wantErr(t, "another job", err, errdefs.ErrFailedPrecondition, "no approval")
 	other = req
 	other.Purpose = "fetch"
-	_, _, err = f.leases.Lease(ctx, publisher, pub.Cert, other)
+	_, err = f.leases.Lease(ctx, publisher, pub.Cert, other)
 	wantErr(t, "purpose", err, errdefs.ErrInvalidArgument, "purpose")
 
 	long := req
 	long.TTL = time.Hour
-	l, box, err := f.leases.Lease(ctx, publisher, pub.Cert, long)
+	issued, err := f.leases.Lease(ctx, publisher, pub.Cert, long)
 	if err != nil {
 		t.Fatal(err)
 	}
+	l, box := issued.Lease, issued.Sealed
 	if got := l.ExpiresAt.Sub(l.IssuedAt); got != leases.MaxTTL {
 		t.Errorf("an hour's TTL gave %v, want the cap %v", got, leases.MaxTTL)
 	}
@@ -366,12 +367,13 @@ func TestLeaseAndRevoke(t *testing.T) {
 
 	// Default TTL, and never past leases.MaxTTL after the consumption.
 	f.clock.add(12 * time.Minute)
-	l2, _, err := f.leases.Lease(ctx, publisher, pub.Cert, req)
+	issued, err = f.leases.Lease(ctx, publisher, pub.Cert, req)
+	l2 := issued.Lease
 	if err != nil || l2.ExpiresAt.Sub(l2.IssuedAt) != 3*time.Minute {
 		t.Fatalf("late lease: %+v, %v; want it cut to 3m", l2, err)
 	}
 	f.clock.add(4 * time.Minute)
-	_, _, err = f.leases.Lease(ctx, publisher, pub.Cert, req)
+	_, err = f.leases.Lease(ctx, publisher, pub.Cert, req)
 	wantErr(t, "long after consume", err, errdefs.ErrFailedPrecondition, "consumed more than")
 	f.clock.add(-16 * time.Minute)
 
@@ -526,10 +528,11 @@ func TestUseLeaseRefusesExpiredAndRevoked(t *testing.T) {
 	if _, err := f.svc.Consume(ctx, publisher, consumeReq(a)); err != nil {
 		t.Fatal(err)
 	}
-	l, _, err := f.leases.Lease(ctx, publisher, pub.Cert, leases.Request{Purpose: leases.PurposeDeploy, JobID: "j1", Resource: "demo", TTL: 2 * time.Minute})
+	issued, err := f.leases.Lease(ctx, publisher, pub.Cert, leases.Request{Purpose: leases.PurposeDeploy, JobID: "j1", Resource: "demo", TTL: 2 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
+	l := issued.Lease
 	use := leases.UseRequest{LeaseID: l.ID, JobID: "j1", Resource: "demo"}
 	if _, err := f.leases.Use(ctx, publisher, use); err != nil {
 		t.Fatalf("use of an active lease: %v", err)
@@ -584,10 +587,11 @@ func TestSweepExpires(t *testing.T) {
 	if _, err := f.svc.Consume(ctx, publisher, consumeReq(a)); err != nil {
 		t.Fatal(err)
 	}
-	l, _, err := f.leases.Lease(ctx, publisher, pub.Cert, leases.Request{Purpose: leases.PurposeDeploy, JobID: "j1", Resource: "demo"})
+	issued, err := f.leases.Lease(ctx, publisher, pub.Cert, leases.Request{Purpose: leases.PurposeDeploy, JobID: "j1", Resource: "demo"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	l := issued.Lease
 	if n, m, err := f.sweep(ctx, authority); err != nil || n != 0 || m != 0 {
 		t.Fatalf("sweep before anything expired = %d, %d, %v", n, m, err)
 	}

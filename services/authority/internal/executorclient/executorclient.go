@@ -28,6 +28,7 @@ import (
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
+	"github.com/airlockhq/airlock/services/authority/internal/leases"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 )
 
@@ -91,13 +92,9 @@ func (s *Signer) Sign(r jobs.GrantRequest) (jobs.SignedGrant, error) {
 // signed and stored. It does not verify the signature; the store is the
 // authority's own record.
 func (s *Signer) Decode(wire []byte) (jobs.GrantRequest, error) {
-	sg := &typesv1.SignedGrant{}
-	if err := proto.Unmarshal(wire, sg); err != nil {
-		return jobs.GrantRequest{}, fmt.Errorf("executorclient: stored grant: %w", err)
-	}
-	g := &typesv1.Grant{}
-	if err := proto.Unmarshal(sg.GetBody(), g); err != nil {
-		return jobs.GrantRequest{}, fmt.Errorf("executorclient: stored grant body: %w", err)
+	g, err := storedGrant(wire)
+	if err != nil {
+		return jobs.GrantRequest{}, err
 	}
 	limits, err := LimitsFromProto("grant.limits", g.GetLimits())
 	if err != nil {
@@ -136,6 +133,35 @@ func (s *Signer) Decode(wire []byte) (jobs.GrantRequest, error) {
 			Digest: x.GetDigest(), MediaType: x.GetMediaType(), Size: x.GetSizeBytes()}
 	}
 	return r, nil
+}
+
+// LeaseGrant implements leases.Config.Grants: it reads from a grant this
+// authority signed and stored the names of the brokered credentials it
+// carries and the job's deadline.
+func LeaseGrant(wire []byte) (leases.JobGrant, error) {
+	g, err := storedGrant(wire)
+	if err != nil {
+		return leases.JobGrant{}, err
+	}
+	limits, err := LimitsFromProto("grant.limits", g.GetLimits())
+	if err != nil {
+		return leases.JobGrant{}, fmt.Errorf("executorclient: stored grant: %w", err)
+	}
+	return leases.JobGrant{Credentials: g.GetCredentials(), Deadline: limits.Deadline}, nil
+}
+
+// storedGrant is the grant body of a signed grant the authority stored
+// (its signature unchecked: the store is the authority's own record).
+func storedGrant(wire []byte) (*typesv1.Grant, error) {
+	sg := &typesv1.SignedGrant{}
+	if err := proto.Unmarshal(wire, sg); err != nil {
+		return nil, fmt.Errorf("executorclient: stored grant: %w", err)
+	}
+	g := &typesv1.Grant{}
+	if err := proto.Unmarshal(sg.GetBody(), g); err != nil {
+		return nil, fmt.Errorf("executorclient: stored grant body: %w", err)
+	}
+	return g, nil
 }
 
 // ImageToProto converts a granted image; nil (the host template) stays nil.

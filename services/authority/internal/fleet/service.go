@@ -84,6 +84,8 @@ type Fleet struct {
 	// onReturn is told of an executor that came back from lost (its
 	// SPIFFE ID).
 	onReturn func(id string)
+	// onRestart ends what an executor's previous process held; under mu.
+	onRestart func(ctx context.Context, id, name string, startedAt time.Time) error
 }
 
 // OnReturn has fn told, in the heartbeat's goroutine, of every executor
@@ -92,6 +94,18 @@ type Fleet struct {
 // sessions suspended for their clients to resume, as a single executor
 // always has.) Call it before the first heartbeat.
 func (f *Fleet) OnReturn(fn func(id string)) { f.onReturn = fn }
+
+// OnRestart has fn told of every executor whose heartbeat reports a
+// start later than the one recorded (its SPIFFE ID, fleet name and new
+// start): what its previous process held (the brokered credentials its
+// jobs' proxies leased) ends. fn runs before the heartbeat is recorded,
+// so a failure of fn fails the heartbeat and the next one tells fn
+// again. A restart seen before fn is set is not told.
+func (f *Fleet) OnRestart(fn func(ctx context.Context, id, name string, startedAt time.Time) error) {
+	f.mu.Lock()
+	f.onRestart = fn
+	f.mu.Unlock()
+}
 
 // New returns a Fleet.
 func New(cfg Config) (*Fleet, error) {
@@ -154,14 +168,23 @@ func (f *Fleet) Heartbeat(ctx context.Context, caller identity.ID, address strin
 		return Answer{}, fmt.Errorf("fleet: encode the report: %w", err)
 	}
 	name, now := NameOf(caller), f.now()
+	f.mu.Lock()
+	onRestart := f.onRestart
+	f.mu.Unlock()
 	var (
 		event string
 		kept  store.Executor
+		// restartSeen is set once onRestart was told of this start.
+		restartSeen bool
 	)
-	e, err := f.cfg.Store.UpdateExecutorAudited(ctx, name, func(e *store.Executor, found bool) (*audit.Event, error) {
-		if found && e.ID == caller.String() && e.State == store.ExecutorUp && now.Sub(e.LastSeen) < f.cfg.Interval/4 {
+	update := func(e *store.Executor, found bool) (*audit.Event, error) {
+		if found && e.ID == caller.String() && !restartSeen && onRestart != nil && restarted(e.Report, r.StartedAt) {
+			return nil, errRestarted
+		}
+		if found && e.ID == caller.String() && e.State == store.ExecutorUp && now.Sub(e.LastSeen) < f.cfg.Interval/4 && !restartSeen {
 			// Far sooner than asked: answered, not written (an executor
-			// cannot make the authority write faster than its interval).
+			// cannot make the authority write faster than its interval),
+			// unless it restarted since.
 			kept = *e
 			return nil, errUnchanged
 		}
@@ -185,7 +208,17 @@ func (f *Fleet) Heartbeat(ctx context.Context, caller identity.ID, address strin
 			reason = fmt.Sprintf("executor %s came back at %s after it was lost", name, address)
 		}
 		return &audit.Event{Kind: event, Caller: caller.String(), Subject: name, Outcome: audit.OutcomeAllowed, Reason: reason}, nil
-	})
+	}
+	e, err := f.cfg.Store.UpdateExecutorAudited(ctx, name, update)
+	if errors.Is(err, errRestarted) {
+		// Outside the executor's transaction: what it held ends first,
+		// then its new start is recorded.
+		if err := onRestart(ctx, caller.String(), name, r.StartedAt); err != nil {
+			return Answer{}, fmt.Errorf("fleet: executor %s restarted: %w", name, err)
+		}
+		restartSeen = true
+		e, err = f.cfg.Store.UpdateExecutorAudited(ctx, name, update)
+	}
 	switch {
 	case errors.Is(err, errUnchanged):
 		e = kept
@@ -204,6 +237,20 @@ func (f *Fleet) Heartbeat(ctx context.Context, caller identity.ID, address strin
 		return Answer{}, err
 	}
 	return Answer{Name: name, Interval: f.cfg.Interval, LostAfter: f.cfg.LostAfter, Draining: e.Draining, CancelRuns: cancel}, nil
+}
+
+// errRestarted stops a heartbeat's update to end what the executor's
+// previous process held first.
+var errRestarted = errors.New("the executor restarted")
+
+// restarted says whether an executor whose last recorded report is
+// recorded started before startedAt (both known).
+func restarted(recorded []byte, startedAt time.Time) bool {
+	var last Report
+	if startedAt.IsZero() || json.Unmarshal(recorded, &last) != nil || last.StartedAt.IsZero() {
+		return false
+	}
+	return startedAt.After(last.StartedAt)
 }
 
 // strayRuns are the runs of runs that the executor must stop: their jobs

@@ -1,8 +1,10 @@
 // Package leases owns the authority's credential leases: the short deploy
 // and source credentials the publisher leases for a job whose approval it
-// consumed (or, to read, that is approved), sealed to the caller's
-// certificate; their revocation, listing and announced use; and their
-// expiry on the log. Refusals are recorded through package approvals,
+// consumed (or, to read, that is approved), and the brokered credentials
+// the executor a job runs on leases for the job's egress proxy, sealed to
+// the caller's certificate; their revocation (a brokered lease ends with
+// its job, and with the executor process that held it), listing and
+// announced use; and their expiry on the log. Refusals are recorded through package approvals,
 // whose throttle they share, and who may see a tenant's leases is who may
 // decide its approvals. It imports no gRPC; the authority's api and
 // composition root import it.
@@ -15,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -39,10 +42,13 @@ const (
 )
 
 // Lease purposes: PurposeDeploy pushes one reviewed commit; PurposeRead
-// fetches the target branch to prepare it, before the approval is spent.
+// fetches the target branch to prepare it, before the approval is spent;
+// PurposeBrokered is a brokered credential a running job's egress proxy
+// adds to the job's requests to its hosts.
 const (
-	PurposeDeploy = "deploy"
-	PurposeRead   = "read"
+	PurposeDeploy   = "deploy"
+	PurposeRead     = "read"
+	PurposeBrokered = "brokered"
 )
 
 // Config configures a Service.
@@ -55,6 +61,12 @@ type Config struct {
 	Logger    *slog.Logger
 	// ReadFile reads a credential file; default os.ReadFile.
 	ReadFile func(string) ([]byte, error)
+	// Getenv reads the authority's environment variable holding a
+	// brokered credential; default os.Getenv.
+	Getenv func(string) string
+	// Grants reads what a brokered lease needs of a job's stored grant
+	// (store.Job.Grant); without it no brokered credential is leased.
+	Grants func(wire []byte) (JobGrant, error)
 	// Meter makes the lease metrics; nil is the global meter provider.
 	Meter metric.MeterProvider
 }
@@ -82,6 +94,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.ReadFile == nil {
 		cfg.ReadFile = os.ReadFile
+	}
+	if cfg.Getenv == nil {
+		cfg.Getenv = os.Getenv
 	}
 	// The counter keeps the scope it had when leases were part of
 	// approvals, so dashboards see no change.
@@ -113,40 +128,69 @@ func precondition(format string, args ...any) error {
 
 // Request asks for a credential.
 type Request struct {
-	Purpose  string
-	JobID    string
+	Purpose string
+	JobID   string
+	// Resource is the publish target repository, or a brokered
+	// credential's name.
 	Resource string
-	// TTL 0 means DefaultTTL; more than MaxTTL is cut to it.
+	// TTL 0 means DefaultTTL (a brokered credential's MaxTTL); more than
+	// MaxTTL (the credential's) is cut to it.
 	TTL time.Duration
 }
 
-// Lease issues a credential lease to the publisher for job req.JobID's
+// Issued is a lease as issued.
+type Issued struct {
+	Lease store.Lease
+	// Sealed is the credential sealed to the caller's certificate with
+	// the context SealContext.
+	Sealed []byte
+	// Brokered is, for PurposeBrokered, how the job's egress proxy uses
+	// the credential; nil otherwise.
+	Brokered *Brokered
+}
+
+// Lease issues a credential lease. To the publisher, for job req.JobID's
 // publish target repository: the deploy credential after its approval
 // was consumed, the repository's source credential (PurposeRead) while it
-// is approved. It returns the credential sealed to cert (the caller's own certificate)
-// with the context SealContext. A lease ends at most MaxTTL after
-// the approval was consumed, and a read lease before a consume when the
-// approval expires.
-func (s *Service) Lease(ctx context.Context, caller identity.ID, cert *x509.Certificate, req Request) (store.Lease, []byte, error) {
+// is approved; such a lease ends at most MaxTTL after the approval was
+// consumed, and a read lease before a consume when the approval expires.
+// To the executor job req.JobID runs on, a brokered credential the job
+// asked for (PurposeBrokered; see checkBrokered). The credential is
+// sealed to cert, the caller's own certificate.
+func (s *Service) Lease(ctx context.Context, caller identity.ID, cert *x509.Certificate, req Request) (Issued, error) {
 	ev := audit.Event{Kind: audit.KindLeaseIssued, Caller: caller.String(), Subject: req.Resource, JobID: req.JobID}
-	l, secret, err := s.checkLease(ctx, caller, cert, req, &ev)
+	var (
+		l      store.Lease
+		secret []byte
+		b      *Brokered
+		err    error
+	)
+	if req.Purpose == PurposeBrokered {
+		l, secret, b, err = s.checkBrokered(ctx, caller, cert, req, &ev)
+	} else {
+		l, secret, err = s.checkLease(ctx, caller, cert, req, &ev)
+	}
 	if err != nil {
-		return store.Lease{}, nil, s.refused(ctx, ev, err)
+		return Issued{}, s.refused(ctx, ev, err)
 	}
 	box, err := seal.Seal(cert, SealContext(l.ID, l.JobID, l.Resource), secret)
 	clear(secret)
 	if err != nil {
-		return store.Lease{}, nil, fmt.Errorf("leases: seal the credential: %w", err)
+		return Issued{}, fmt.Errorf("leases: seal the credential: %w", err)
 	}
 	e := ev
 	e.Subject, e.Time, e.Outcome = l.ID, l.IssuedAt, audit.OutcomeAllowed
 	e.Reason = fmt.Sprintf("%s credential for %s until %s", l.Purpose, l.Resource, l.ExpiresAt.Format(time.RFC3339))
+	if b != nil {
+		e.Reason = fmt.Sprintf("brokered credential %s for job %s on hosts %s until %s", l.Resource, l.JobID,
+			strings.Join(b.Hosts, ", "), l.ExpiresAt.Format(time.RFC3339))
+	}
 	stored, err := s.cfg.Store.CreateLeaseAudited(ctx, l, e)
 	if err != nil {
-		return store.Lease{}, nil, err
+		return Issued{}, err
 	}
 	s.issued.Add(context.Background(), 1, metric.WithAttributes(attribute.String("purpose", stored.Purpose)))
-	return stored, box, nil
+	return Issued{Lease: stored, Sealed: box, Brokered: b}, nil
 }
 
 // SealContext is the context a lease's credential is sealed with.
@@ -154,24 +198,35 @@ func SealContext(leaseID, jobID, resource string) []byte {
 	return seal.LeaseContext(leaseID, jobID, resource)
 }
 
+// checkRequest checks what every lease request needs: a job, a
+// resource (what it is, for the message), a TTL that is not negative,
+// and the caller's own certificate to seal the credential to.
+func checkRequest(caller identity.ID, cert *x509.Certificate, req Request, resource string) error {
+	switch {
+	case req.JobID == "":
+		return invalid("job_id", "required")
+	case req.Resource == "":
+		return invalid("resource", "required: %s", resource)
+	case req.TTL < 0:
+		return invalid("ttl", "must not be negative")
+	case cert == nil:
+		return denied("no client certificate to seal the credential to")
+	}
+	if id, err := identity.FromCertificate(cert); err != nil || id != caller {
+		return denied("the certificate is not the caller's")
+	}
+	return nil
+}
+
 func (s *Service) checkLease(ctx context.Context, caller identity.ID, cert *x509.Certificate, req Request, ev *audit.Event) (store.Lease, []byte, error) {
 	if !approvals.IsPublisher(caller) {
 		return store.Lease{}, nil, denied("only the publisher leases deploy credentials")
 	}
-	switch {
-	case req.Purpose != PurposeDeploy && req.Purpose != PurposeRead:
-		return store.Lease{}, nil, invalid("purpose", "must be deploy or read")
-	case req.JobID == "":
-		return store.Lease{}, nil, invalid("job_id", "required")
-	case req.Resource == "":
-		return store.Lease{}, nil, invalid("resource", "required: the publish target repository")
-	case req.TTL < 0:
-		return store.Lease{}, nil, invalid("ttl", "must not be negative")
-	case cert == nil:
-		return store.Lease{}, nil, denied("no client certificate to seal the credential to")
+	if req.Purpose != PurposeDeploy && req.Purpose != PurposeRead {
+		return store.Lease{}, nil, invalid("purpose", "must be deploy, read or brokered")
 	}
-	if id, err := identity.FromCertificate(cert); err != nil || id != caller {
-		return store.Lease{}, nil, denied("the certificate is not the caller's")
+	if err := checkRequest(caller, cert, req, "the publish target repository"); err != nil {
+		return store.Lease{}, nil, err
 	}
 	a, err := s.cfg.Store.ApprovalForJob(ctx, req.JobID)
 	if errors.Is(err, errdefs.ErrNotFound) {
@@ -241,8 +296,8 @@ func (s *Service) checkLease(ctx context.Context, caller identity.ID, cert *x509
 		IssuedAt: now, ExpiresAt: expires}, secret, nil
 }
 
-// Revoke ends a lease. The publisher may revoke the leases it holds;
-// approvers any.
+// Revoke ends a lease. The publisher may revoke the leases it holds, an
+// executor the brokered leases it holds; approvers any of their tenants'.
 func (s *Service) Revoke(ctx context.Context, caller identity.ID, id, reason string) (store.Lease, error) {
 	ev := audit.Event{Kind: audit.KindLeaseRevoked, Caller: caller.String(), Subject: id}
 	switch {
@@ -258,7 +313,8 @@ func (s *Service) Revoke(ctx context.Context, caller identity.ID, id, reason str
 		return store.Lease{}, s.refused(ctx, ev, err)
 	}
 	ev.JobID = l.JobID
-	mayRevoke := approvals.IsPublisher(caller) && l.Holder == caller.String()
+	holds := l.Holder == caller.String()
+	mayRevoke := holds && (approvals.IsPublisher(caller) || caller.IsExecutor() && l.Purpose == PurposeBrokered)
 	if caller.Kind == identity.KindApprover {
 		tenant, err := s.tenantOfJob(ctx, l.JobID)
 		if err != nil {

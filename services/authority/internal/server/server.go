@@ -35,8 +35,10 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/store/sqlite"
 )
 
-// sweepInterval is how often expired approvals and leases are rewritten.
-const sweepInterval = 30 * time.Second
+// sweepInterval is how often expired approvals and leases are rewritten,
+// and the brokered leases of ended jobs revoked (which stay live until
+// then: short).
+const sweepInterval = 10 * time.Second
 
 // Run runs the authority until ctx is cancelled or a part of it fails.
 func Run(ctx context.Context, cfg *config.Config) error {
@@ -179,10 +181,14 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			} else if n > 0 {
 				env.Logger.Info("opened missing approvals", "count", n)
 			}
-			lease, err := leases.New(leases.Config{Store: st, Tenants: cfg.Policy, Approvals: appr, Meter: env.Meter, Logger: env.Logger})
+			lease, err := leases.New(leases.Config{Store: st, Tenants: cfg.Policy, Approvals: appr, Meter: env.Meter, Logger: env.Logger,
+				Grants: executorclient.LeaseGrant})
 			if err != nil {
 				return err
 			}
+			// The brokered credentials an executor's previous process
+			// leased for its jobs' proxies end when it comes back.
+			fl.OnRestart(lease.OnRestart(identity.Service(cfg.TrustDomain, identity.ServiceAuthority)))
 			// Approvals and leases past their expiry are rewritten as such,
 			// on the log; every replica may sweep (each row changes once).
 			env.Go(func(ctx context.Context) error {

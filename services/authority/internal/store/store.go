@@ -378,6 +378,28 @@ type ApprovalStore interface {
 	// at or before now — revoked at their expiry, reason "expired" — each
 	// with its event, and returns them.
 	ExpireLeasesAudited(ctx context.Context, now time.Time, limit int, event func(Lease) audit.Event) ([]Lease, error)
+	// RevokeLeasesAudited ends up to limit of the leases r selects, each
+	// in its own transaction with the event event returns for it (given
+	// the state of the lease's job, "" when the job is gone), whose Reason
+	// is the lease's revoke reason, and returns those it ended. A lease
+	// ended meanwhile (by a replica, say) is left alone.
+	RevokeLeasesAudited(ctx context.Context, r LeaseRevocation, limit int, event func(l Lease, job State) audit.Event) ([]Lease, error)
+}
+
+// LeaseRevocation selects the leases RevokeLeasesAudited ends: the active
+// ones at At (not revoked, expiring after At) of Purpose, narrowed by the
+// rest of its fields that are set.
+type LeaseRevocation struct {
+	// Purpose and At are required; At is also the revocation's time.
+	Purpose string
+	At      time.Time
+	// Holder selects the leases one identity (a SPIFFE ID) holds.
+	Holder string
+	// IssuedBefore selects the leases issued before it.
+	IssuedBefore time.Time
+	// JobEnded selects the leases whose job has ended (finished, failed
+	// or cancelled).
+	JobEnded bool
 }
 
 // ExpiredReason is the revoke reason of a lease that ran out.

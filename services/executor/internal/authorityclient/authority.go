@@ -1,5 +1,6 @@
 // Package authorityclient is the executor's client of the authority: it fetches
-// source trees and reports results over mTLS, pinned to the authority's
+// source trees, reports results and leases the brokered credentials of
+// its jobs' egress proxies over mTLS, pinned to the authority's
 // SPIFFE ID, converting between the run manager's types and the API. Only
 // the executor's composition root imports it.
 package authorityclient
@@ -17,6 +18,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/chunkio"
 	"github.com/airlockhq/airlock/pkg/egress/egresspb"
 	"github.com/airlockhq/airlock/pkg/errgrpc"
+	"github.com/airlockhq/airlock/pkg/tlsconfig"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 	"github.com/airlockhq/airlock/services/executor/internal/convert"
@@ -25,14 +27,19 @@ import (
 	"github.com/airlockhq/airlock/services/executor/internal/stage"
 )
 
-// Client implements runs.Authority.
+// Client implements runs.Authority, and leases the brokered credentials
+// of the jobs' egress proxies.
 type Client struct {
 	api authorityv1.AuthorityServiceClient
+	// tls is the executor's own certificate, which brokered credentials
+	// are sealed to.
+	tls *tlsconfig.Source
 }
 
-// New wraps a connection to the authority.
-func New(cc grpc.ClientConnInterface) *Client {
-	return &Client{api: authorityv1.NewAuthorityServiceClient(cc)}
+// New wraps a connection to the authority; tls is the executor's own
+// mTLS identity (nil leases no brokered credentials).
+func New(cc grpc.ClientConnInterface, tls *tlsconfig.Source) *Client {
+	return &Client{api: authorityv1.NewAuthorityServiceClient(cc), tls: tls}
 }
 
 // FetchSource implements runs.Authority: the stream's header, and a

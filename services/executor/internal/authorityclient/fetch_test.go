@@ -43,7 +43,7 @@ func (s *sourceServer) FetchSource(req *authorityv1.FetchSourceRequest, stream g
 
 func dial(t *testing.T, srv authorityv1.AuthorityServiceServer) *Client {
 	t.Helper()
-	return New(bufconntest.Dial(t, func(r grpc.ServiceRegistrar) { authorityv1.RegisterAuthorityServiceServer(r, srv) }))
+	return New(bufconntest.Dial(t, func(r grpc.ServiceRegistrar) { authorityv1.RegisterAuthorityServiceServer(r, srv) }), nil)
 }
 
 func newSourceServer() *sourceServer {

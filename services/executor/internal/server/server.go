@@ -163,7 +163,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				Sources:     sources,
 				Network:     netm,
 				Resolver:    resolverOf(cfg.Network.ResolverAddrs),
-				Authority:   authorityclient.New(cc),
+				Authority:   authorityclient.New(cc, env.TLS),
 				Sign:        signer(env.TLS),
 				Executor:    self.String(),
 				OutputLimit: cfg.OutputLimit.Bytes(),

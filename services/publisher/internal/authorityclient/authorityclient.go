@@ -6,8 +6,6 @@ package authorityclient
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/x509"
 	"fmt"
 	"time"
 
@@ -127,15 +125,7 @@ func (a *Client) open(context, box []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	leaf, err := x509.ParseCertificate(cert.Certificate[0])
-	if err != nil {
-		return nil, err
-	}
-	key, ok := cert.PrivateKey.(*ecdsa.PrivateKey)
-	if !ok {
-		return nil, fmt.Errorf("authorityclient: the publisher's key is %T, not ECDSA: sealed credentials cannot be opened", cert.PrivateKey)
-	}
-	return seal.Open(leaf, key, context, box)
+	return seal.OpenTLS(cert, context, box)
 }
 
 // Use implements publish.Authority.

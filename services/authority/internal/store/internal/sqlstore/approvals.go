@@ -415,16 +415,18 @@ func (s *DB) CreateLeaseAudited(ctx context.Context, l store.Lease, e audit.Even
 	}
 	var out store.Lease
 	create := func(tx *sql.Tx) error {
-		// One active lease per job and purpose: a lease asked for again
-		// (a retry after a crash) replaces the one before, revoked on the
-		// log in this transaction. Concurrent leases for one job take
-		// turns on the job's key.
+		// One active lease per job, purpose and resource (a job's
+		// brokered credentials are several resources): a lease asked for
+		// again (a retry after a crash, a renewal) replaces the one
+		// before, revoked on the log in this transaction. Concurrent
+		// leases for one job take turns on the job's key.
 		if s.D.KeyLock != "" {
-			if _, err := tx.ExecContext(ctx, s.Q(s.D.KeyLock), "lease:"+l.JobID+":"+l.Purpose); err != nil {
+			if _, err := tx.ExecContext(ctx, s.Q(s.D.KeyLock), "lease:"+l.JobID+":"+l.Purpose+":"+l.Resource); err != nil {
 				return err
 			}
 		}
-		rows, err := tx.QueryContext(ctx, s.Q(`SELECT id FROM leases WHERE job_id = ? AND purpose = ? AND revoked_at = 0 ORDER BY id`+s.D.ForUpdate), l.JobID, l.Purpose)
+		rows, err := tx.QueryContext(ctx, s.Q(`SELECT id FROM leases WHERE job_id = ? AND purpose = ? AND resource = ? AND revoked_at = 0 ORDER BY id`+s.D.ForUpdate),
+			l.JobID, l.Purpose, l.Resource)
 		if err != nil {
 			return err
 		}
@@ -620,6 +622,53 @@ func (s *DB) ExpireLeasesAudited(ctx context.Context, now time.Time, limit int, 
 				return l, audit.Event{}, err
 			}
 			e := event(l)
+			return l, e, defaultEvent(&e, l.JobID, "")
+		})
+}
+
+// RevokeLeasesAudited implements store.Store.
+func (s *DB) RevokeLeasesAudited(ctx context.Context, r store.LeaseRevocation, limit int, event func(store.Lease, store.State) audit.Event) ([]store.Lease, error) {
+	if r.Purpose == "" || r.At.IsZero() {
+		return nil, fmt.Errorf("%w: store: revoke leases: a purpose and a time are required", errdefs.ErrInvalidArgument)
+	}
+	// The same conditions select the leases and guard each update, so a
+	// lease a replica ended (or renewed) meanwhile is skipped.
+	where := []string{"l.revoked_at = 0", "l.purpose = ?", "l.expires_at > ?"}
+	args := []any{r.Purpose, micros(r.At)}
+	if r.Holder != "" {
+		where = append(where, "l.holder = ?")
+		args = append(args, r.Holder)
+	}
+	if !r.IssuedBefore.IsZero() {
+		where = append(where, "l.issued_at < ?")
+		args = append(args, micros(r.IssuedBefore))
+	}
+	if r.JobEnded {
+		where = append(where, "l.job_id IN (SELECT id FROM jobs WHERE state IN (?, ?, ?))")
+		args = append(args, string(store.StateFinished), string(store.StateFailed), string(store.StateCancelled))
+	}
+	cond := strings.Join(where, " AND ")
+	return expireEach(ctx, s, "lease", limit,
+		`SELECT l.id FROM leases l WHERE `+cond+` ORDER BY l.issued_at, l.id LIMIT ?`, args,
+		`UPDATE leases SET revoked_at = ? WHERE id IN (SELECT l.id FROM leases l WHERE l.id = ? AND `+cond+`)`,
+		func(id string) []any { return append([]any{micros(r.At), id}, args...) },
+		func(tx *sql.Tx, id string) (store.Lease, audit.Event, error) {
+			// The reason is the event's, which needs the lease and its
+			// job's state: written once the revocation holds the row.
+			l, err := s.loadLease(ctx, tx, id)
+			if err != nil {
+				return l, audit.Event{}, err
+			}
+			var state string
+			err = tx.QueryRowContext(ctx, s.Q(`SELECT state FROM jobs WHERE id = ?`), l.JobID).Scan(&state)
+			if err != nil && !errors.Is(err, sql.ErrNoRows) {
+				return l, audit.Event{}, err
+			}
+			e := event(l, store.State(state))
+			if _, err := tx.ExecContext(ctx, s.Q(`UPDATE leases SET revoke_reason = ? WHERE id = ?`), e.Reason, id); err != nil {
+				return l, audit.Event{}, err
+			}
+			l.RevokeReason = e.Reason
 			return l, e, defaultEvent(&e, l.JobID, "")
 		})
 }

@@ -268,6 +268,14 @@ var migrations = []migration{
 	CREATE INDEX jobs_by_claimant ON jobs (claimed_by)
 		WHERE state IN ('queued', 'staging', 'running');
 	CREATE INDEX jobs_by_executor ON jobs (executor, state, created_at, id);`},
+
+	// 10: brokered credentials: a job holds one active lease per purpose
+	// and resource (a credential's name), and the active leases are found
+	// by purpose and holder (to end those of an executor that restarted,
+	// or of jobs that ended).
+	{both: `DROP INDEX leases_one_active;
+	CREATE UNIQUE INDEX leases_one_active ON leases (job_id, purpose, resource) WHERE revoked_at = 0;
+	CREATE INDEX leases_active ON leases (purpose, holder) WHERE revoked_at = 0;`},
 }
 
 // auditLog is migration 2's tables, before each database's guards.
