@@ -209,6 +209,11 @@ func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
 			GitHistoryDepth:   opts.devHistoryDepth,
 			Sessions:          opts.devSessions,
 			Caches:            map[string]policy.Cache{"go-build": {Path: "/root/.cache/go-build", MaxSize: 1 << 30}},
+			Credentials: map[string]policy.Credential{
+				"goproxy":   {Name: "goproxy", Hosts: []string{"proxy.golang.org"}, Header: "Authorization", Format: "Bearer {value}", File: credFile, MaxTTL: time.Hour},
+				"deploybot": {Name: "deploybot", Hosts: []string{"api.example.com"}, Header: "Authorization", Format: "Bearer {value}", File: deployFile, MaxTTL: time.Hour, ApprovalRequired: true},
+				"wild":      {Name: "wild", Hosts: []string{"*.example.com"}, Header: "Authorization", Format: "Bearer {value}", File: deployFile, MaxTTL: time.Hour},
+			},
 		},
 		"other": {
 			Name: "other", Clients: []string{"client/other"},
