@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 
@@ -179,5 +180,24 @@ func TestStartApprovalDenied(t *testing.T) {
 	}
 	if h.fake.Attempts(j.GetJobId()) != 0 || h.fake.HasRun(j.GetJobId()) {
 		t.Fatal("a denied job reached the executor")
+	}
+}
+
+// A start approval that expires undecided ends its job, cancelled, and it
+// never runs; the wait outlives the tenant's start deadline.
+func TestStartApprovalExpired(t *testing.T) {
+	h := newHarnessWith(t, harnessOptions{approvalTTL: 2 * time.Second, startDeadline: time.Second, grantTTL: time.Second})
+	dev := h.client(devID)
+	j := h.submit(dev, "expires", credSpec([]string{"deploybot"}, "api.example.com")).GetJob()
+	time.Sleep(1500 * time.Millisecond)
+	if got, err := dev.GetJob(t.Context(), &authorityv1.GetJobRequest{JobId: j.GetJobId()}); err != nil || got.GetJob().GetState() != authorityv1.JobState_JOB_STATE_QUEUED {
+		t.Fatalf("past its start deadline, waiting for its approval: %v, %v; want it queued", got, err)
+	}
+	got := h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_CANCELLED)
+	if !strings.Contains(got.GetMessage(), "start approval") || !strings.Contains(got.GetMessage(), "expired") {
+		t.Fatalf("message = %q", got.GetMessage())
+	}
+	if h.fake.Attempts(j.GetJobId()) != 0 {
+		t.Fatal("an expired job reached the executor")
 	}
 }
