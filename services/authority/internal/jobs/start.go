@@ -25,6 +25,10 @@ import (
 // MaxCredentials bounds the brokered credentials one job asks for.
 const MaxCredentials = 16
 
+// startPoll is how often a job waiting for its start approval reads it
+// again.
+const startPoll = 10 * time.Second
+
 // brokeredPort is the port a credential's hosts are reached on: the proxy
 // adds credentials inside TLS connections only.
 const brokeredPort = 443
@@ -207,6 +211,7 @@ func (s *Service) startGate(j store.Job, g GrantRequest) (ok bool, from time.Tim
 	}
 	switch {
 	case pending != nil:
+		// A decision made through another replica kicks nothing here.
 		s.wakeAt(j.ID, pending.ExpiresAt)
 		return false, time.Time{}, true, s.noteWaiting(j.ID, fmt.Sprintf("its start approval %s (brokered credential(s) %s) is pending until %s",
 			pending.ID, strings.Join(r.approvalNames(), ", "), pending.ExpiresAt.Format(time.RFC3339)))
@@ -239,11 +244,13 @@ func decidedAt(a store.Approval) time.Time {
 	return a.CreatedAt
 }
 
-// wakeAt drives job id again at t (an approval's expiry), so a job whose
-// approval expires undecided ends then. After a restart the claim's
-// resume drives it again.
+// wakeAt drives job id again just after t (its approval's expiry), or
+// within startPoll, so a job whose approval was decided elsewhere or
+// expired undecided goes on or ends. After a restart the
+// claim's resume drives it again.
 func (s *Service) wakeAt(id string, t time.Time) {
-	time.AfterFunc(max(t.Sub(s.now()), 0)+time.Second, func() { s.kick(id) })
+	wait := min(max(t.Sub(s.now()), 0)+time.Second, startPoll)
+	time.AfterFunc(wait, func() { s.kick(id) })
 }
 
 // StartDecided drives the job of start approval a after a decision on it:
