@@ -2,11 +2,8 @@ package jobs
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -48,14 +45,7 @@ type StartCredential struct {
 
 // Encode serializes r as a start approval stores it, with the digest a
 // decision must name.
-func (r StartRequest) Encode() (wire []byte, digest string, err error) {
-	wire, err = json.Marshal(r)
-	if err != nil {
-		return nil, "", err
-	}
-	sum := sha256.Sum256(wire)
-	return wire, "sha256:" + hex.EncodeToString(sum[:]), nil
-}
+func (r StartRequest) Encode() (wire []byte, digest string, err error) { return encodeDigested(r) }
 
 // DecodeStart reads what a start approval recorded.
 func DecodeStart(wire []byte) (StartRequest, error) {
@@ -108,21 +98,11 @@ func checkCredentials(t *policy.Tenant, names []string, runtime string, n Networ
 		}
 	}
 	for i, name := range names {
+		c, err := named(t, t.Credentials, names, i, "spec.credentials", "brokered credential", invalid)
+		if err != nil {
+			return out, err
+		}
 		field := fmt.Sprintf("spec.credentials[%d]", i)
-		if len(name) > maxNameBytes {
-			return out, invalid(field, "at most %d bytes (got %d)", maxNameBytes, len(name))
-		}
-		c, ok := t.Credentials[name]
-		if !ok {
-			have := slices.Sorted(maps.Keys(t.Credentials))
-			if len(have) == 0 {
-				return out, invalid(field, "%q: tenant %q has no brokered credentials in its policy", name, t.Name)
-			}
-			return out, invalid(field, "%q is not a brokered credential of tenant %q (it has: %s)", name, t.Name, strings.Join(have, ", "))
-		}
-		if slices.Contains(names[:i], name) {
-			return out, invalid(field, "%q is listed twice", name)
-		}
 		for _, h := range c.Hosts {
 			want := egress.Policy{Names: []egress.Name{{Name: h, Ports: []uint16{brokeredPort}}}}
 			if len(reach.Covers(want)) > 0 {

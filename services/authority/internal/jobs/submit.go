@@ -417,24 +417,36 @@ func checkCaches(t *policy.Tenant, names []string) ([]CacheGrant, error) {
 	}
 	var out []CacheGrant
 	for i, n := range names {
-		field := fmt.Sprintf("spec.caches[%d]", i)
-		if len(n) > maxNameBytes {
-			return nil, invalid(field, "at most %d bytes (got %d)", maxNameBytes, len(n))
-		}
-		c, ok := t.Caches[n]
-		if !ok {
-			have := slices.Sorted(maps.Keys(t.Caches))
-			if len(have) == 0 {
-				return nil, denied(field, "%q: tenant %q has no caches in its policy", n, t.Name)
-			}
-			return nil, denied(field, "%q is not a cache of tenant %q (it has: %s)", n, t.Name, strings.Join(have, ", "))
-		}
-		if slices.Contains(names[:i], n) {
-			return nil, invalid(field, "%q is listed twice", n)
+		c, err := named(t, t.Caches, names, i, "spec.caches", "cache", denied)
+		if err != nil {
+			return nil, err
 		}
 		out = append(out, CacheGrant{Name: n, Path: c.Path, MaxSize: c.MaxSize})
 	}
 	return out, nil
+}
+
+// named takes names[i], which a spec's field lists, from m, the tenant's
+// policy's entries of one kind (what): a name the policy lacks is refused
+// by unknown naming it and those there are, one listed twice as invalid.
+func named[V any](t *policy.Tenant, m map[string]V, names []string, i int, field, what string, unknown func(field, format string, args ...any) error) (V, error) {
+	var zero V
+	n, field := names[i], fmt.Sprintf("%s[%d]", field, i)
+	if len(n) > maxNameBytes {
+		return zero, invalid(field, "at most %d bytes (got %d)", maxNameBytes, len(n))
+	}
+	v, ok := m[n]
+	if !ok {
+		have := slices.Sorted(maps.Keys(m))
+		if len(have) == 0 {
+			return zero, unknown(field, "%q: tenant %q has no %ss in its policy", n, t.Name, what)
+		}
+		return zero, unknown(field, "%q is not a %s of tenant %q (it has: %s)", n, what, t.Name, strings.Join(have, ", "))
+	}
+	if slices.Contains(names[:i], n) {
+		return zero, invalid(field, "%q is listed twice", n)
+	}
+	return v, nil
 }
 
 func checkCommand(argv []string) error {
