@@ -201,3 +201,20 @@ func TestStartApprovalExpired(t *testing.T) {
 		t.Fatal("an expired job reached the executor")
 	}
 }
+
+// A job approved after its grant expired and past its start deadline
+// from submission still runs: the deadline counts from the approval, and
+// the same decision is granted again for the executor it is placed on.
+func TestStartApprovalAfterDeadline(t *testing.T) {
+	h := newHarnessWith(t, harnessOptions{startDeadline: time.Second, grantTTL: time.Second})
+	ctx := t.Context()
+	dev, alice := h.client(devID), h.client(aliceID)
+	j := h.submit(dev, "late", credSpec([]string{"deploybot"}, "api.example.com")).GetJob()
+	a := h.startApproval(alice, j.GetJobId()).GetApproval()
+	time.Sleep(2 * time.Second)
+	if _, err := alice.DecideApproval(ctx, &authorityv1.DecideApprovalRequest{ApprovalId: a.GetApprovalId(), BundleDigest: a.GetBundleDigest(),
+		Decision: authorityv1.Decision_DECISION_APPROVE}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitState(dev, j.GetJobId(), authorityv1.JobState_JOB_STATE_RUNNING)
+}
