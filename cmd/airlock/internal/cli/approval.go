@@ -63,8 +63,11 @@ func newApprovalList(g *globals) *cobra.Command {
 					fmt.Fprintln(w, "APPROVAL\tJOB\tSTATE\tVOTES\tFOR\tDIGEST\tEXPIRES")
 					for _, a := range resp.GetApprovals() {
 						what := "publish " + a.GetTarget().GetRepository() + ":" + a.GetTarget().GetBranch()
-						if a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
+						switch a.GetKind() {
+						case authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE:
 							what = "change: " + strings.Join(a.GetChange().GetWidens(), "; ")
+						case authorityv1.ApprovalKind_APPROVAL_KIND_START:
+							what = "start with credentials " + startNames(a.GetStart())
 						}
 						fmt.Fprintf(w, "%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", termtext.Line(a.GetApprovalId()), termtext.Line(a.GetJobId()), stateWord(a.GetState()),
 							approvals(a), a.GetRequiredApprovals(), termtext.Line(what),
@@ -147,8 +150,8 @@ only their totals by name.`,
 					return err
 				}
 				a, rv := resp.GetApproval(), resp.GetReview()
-				if full && a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
-					return usageError{errors.New("--full: a change request has no result bundle; approval show prints all of it")}
+				if full && !hasBundle(a) {
+					return usageError{errors.New("--full: a change or start request has no result bundle; approval show prints all of it")}
 				}
 				if full && (g.Output == "json" || bareReview(raw, parts)) {
 					// One JSON object a line, each a ReadReview message; or
@@ -173,6 +176,11 @@ only their totals by name.`,
 						writeVotes(w, a)
 						return
 					}
+					if a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_START {
+						writeStart(w, a, rv)
+						writeVotes(w, a)
+						return
+					}
 					writeReviewHeader(w, a, rv)
 					writeVotes(w, a)
 				})
@@ -181,7 +189,7 @@ only their totals by name.`,
 				}
 				if !full {
 					defer writeLegend(g.Stdout)
-					if g.Output != "json" && a.GetKind() != authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
+					if g.Output != "json" && hasBundle(a) {
 						// Not through the table writer: a tab in the patch
 						// stays a tab.
 						writeReview(g.Stdout, a, rv)
@@ -206,6 +214,45 @@ only their totals by name.`,
 	cmd.Flags().StringSliceVar(&parts, "part", nil, "with --full, only these parts: files, patch, stdout, stderr")
 	cmd.Flags().BoolVar(&egressToo, "egress", false, "after the review, list each egress decision of a domains job")
 	return cmd
+}
+
+// hasBundle reports whether a request is about a result bundle (a
+// publish request), not a change or a start.
+func hasBundle(a *authorityv1.Approval) bool {
+	k := a.GetKind()
+	return k != authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE && k != authorityv1.ApprovalKind_APPROVAL_KIND_START
+}
+
+// startNames lists a start request's credentials, those that need the
+// approval marked.
+func startNames(r *authorityv1.StartRequest) string {
+	var names []string
+	for _, c := range r.GetCredentials() {
+		n := c.GetName()
+		if c.GetApprovalRequired() {
+			n += " (approval required)"
+		}
+		names = append(names, n)
+	}
+	return strings.Join(names, ", ")
+}
+
+// writeStart prints what a start request is about: the queued job, what
+// it runs, and each brokered credential it asks for with its hosts.
+func writeStart(w io.Writer, a *authorityv1.Approval, rv *authorityv1.ReviewMaterial) {
+	fmt.Fprintf(w, "start of   queued job %s, asked by %s\n", termtext.Line(a.GetJobId()), termtext.Line(a.GetRequester()))
+	fmt.Fprintf(w, "digest     %s\n", termtext.Line(a.GetBundleDigest()))
+	fmt.Fprintf(w, "commit     %s\n", termtext.Line(rv.GetCommit()))
+	fmt.Fprintf(w, "command    %s\n", commandText(rv.GetCommand()))
+	fmt.Fprintf(w, "network    %s\n", termtext.Line(policyText(rv.GetNetworkPolicy())))
+	for _, c := range a.GetStart().GetCredentials() {
+		need := ""
+		if c.GetApprovalRequired() {
+			need = ", approval required"
+		}
+		fmt.Fprintf(w, "credential %s for %s%s\n", termtext.Line(c.GetName()), termtext.Line(strings.Join(c.GetHosts(), ", ")), need)
+	}
+	fmt.Fprintf(w, "on approve the job goes to an executor, its egress proxy adding these credentials; on deny or expiry it is cancelled, never run\n")
 }
 
 // writeVotes prints a request's expiry and its votes.

@@ -34,7 +34,7 @@ type submitFlags struct {
 	cpu                                           float64
 	pids                                          int64
 	timeout                                       time.Duration
-	env, caches, with                             []string
+	env, caches, with, credentials                []string
 	wait, raw                                     bool
 	net                                           networkFlags
 }
@@ -82,6 +82,7 @@ func (f *submitFlags) register(cmd *cobra.Command) {
 	fl.StringArrayVar(&f.with, "with", nil, "run beside the job in its sandbox: docker, a Docker daemon (runtime class vm only, at least 1GiB of memory; repeatable)")
 	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE for the command (repeatable; never a credential)")
 	fl.StringArrayVar(&f.caches, "cache", nil, "a named cache of the tenant's policy to mount, kept per repository (repeatable)")
+	fl.StringArrayVar(&f.credentials, "credential", nil, "a brokered credential of the tenant's policy, by name: the egress proxy adds it to requests to its hosts, which --allow-domain must reach on 443; the job never holds it (repeatable)")
 	fl.StringVar(&f.user, "user", "", "who the job runs as: agent, root, UID or UID:GID, ids 0 to 65533 (default: the tenant's)")
 	fl.StringVar(&f.image, "image", "", "OCI image to run on, HOST[:PORT]/REPOSITORY[:TAG|@sha256:DIGEST] within the tenant's image policy, or host for the executor's host template (default: the tenant's)")
 	fl.StringVar(&f.key, "idempotency-key", "", "the same key returns the same job (default: a fresh random key)")
@@ -135,7 +136,8 @@ func randomID(prefix string) string {
 
 // spec builds the spec the flags say, running argv.
 func (f *submitFlags) spec(argv []string) (*authorityv1.JobSpec, error) {
-	spec := &authorityv1.JobSpec{Repository: f.repo, Revision: f.rev, Command: argv, Resources: &typesv1.ResourceLimits{}, Caches: f.caches, Image: f.image, With: f.with}
+	spec := &authorityv1.JobSpec{Repository: f.repo, Revision: f.rev, Command: argv, Resources: &typesv1.ResourceLimits{}, Caches: f.caches, Image: f.image, With: f.with,
+		Credentials: f.credentials}
 	if f.cpu < 0 {
 		return nil, usageError{errors.New("--cpu must not be negative")}
 	}

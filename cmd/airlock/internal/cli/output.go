@@ -265,10 +265,14 @@ func writeUser(w io.Writer, job *authorityv1.Job) {
 }
 
 // writeWith says what a job or session asked to run beside it in its
-// sandbox (its spec's with), when anything.
+// sandbox (its spec's with), and the brokered credentials its egress proxy
+// adds (by name; it never holds them), when any.
 func writeWith(w io.Writer, job *authorityv1.Job) {
 	if with := job.GetSpec().GetWith(); len(with) > 0 {
 		fmt.Fprintf(w, "with       %s\n", termtext.Line(strings.Join(with, ", ")))
+	}
+	if creds := job.GetSpec().GetCredentials(); len(creds) > 0 {
+		fmt.Fprintf(w, "credentials %s (brokered: added by the egress proxy, never held by the job)\n", termtext.Line(strings.Join(creds, ", ")))
 	}
 }
 

@@ -88,7 +88,7 @@ func New(g *cmdutil.Globals) *cobra.Command {
 
 func newDevUp(g *cmdutil.Globals) *cobra.Command {
 	var dir, binDir, host, sandboxPath string
-	var repoFlags, resolvers, domains []string
+	var repoFlags, resolvers, domains, brokers, brokerApprovals, extraCAs []string
 	var timeout time.Duration
 	var registry bool
 	cmd := &cobra.Command{
@@ -122,6 +122,13 @@ host's resolver will not do, the DNS server the executor asks:
 
   airlock dev up --dir DIR --egress-domain proxy.golang.org --resolver 192.0.2.53
   airlock job submit --repo demo --allow-domain proxy.golang.org -- curl -sI https://proxy.golang.org/
+
+To try a brokered credential, name it with its hosts and the file holding
+it; its jobs use it without ever holding it (--credential-approval makes
+each such job wait for an approver's start approval):
+
+  airlock dev up --dir DIR --credential-broker github:api.github.com:gh.token
+  airlock job submit --repo demo --allow-domain api.github.com --credential github -- curl -s https://api.github.com/user
 
 Logs go to DIR/SERVICE/SERVICE.log, DIR/git/git.log and
 DIR/registry/registry.log. Stop everything with
@@ -176,6 +183,18 @@ airlock dev down.`,
 					return cmdutil.UsageError{Err: fmt.Errorf("--egress-domain %q: %v", d, err)}
 				}
 			}
+			creds, err := parseCredentialBrokers(brokers, brokerApprovals)
+			if err != nil {
+				return cmdutil.UsageError{Err: err}
+			}
+			for i, ca := range extraCAs {
+				if extraCAs[i], err = filepath.Abs(ca); err != nil {
+					return err
+				}
+				if st, err := os.Stat(extraCAs[i]); err != nil || !st.Mode().IsRegular() {
+					return cmdutil.UsageError{Err: fmt.Errorf("--extra-ca %s: not a readable regular file", ca)}
+				}
+			}
 			if registry && bins[devRegistryName] == "" {
 				where := "beside airlock"
 				if binDir != "" {
@@ -183,7 +202,8 @@ airlock dev down.`,
 				}
 				return fmt.Errorf("--registry: no registry binary %s (build it with `make build`)", where)
 			}
-			opts := devOptions{host: host, repos: repos, resolvers: resolvers, domains: domains, sandboxPath: sandboxPath, registry: registry}
+			opts := devOptions{host: host, repos: repos, resolvers: resolvers, domains: domains, sandboxPath: sandboxPath, registry: registry,
+				credentials: creds, extraCAs: extraCAs}
 			stack, err := devUp(ctx, abs, opts, bins, g.Stderr)
 			if err != nil {
 				return err
@@ -224,6 +244,9 @@ airlock dev down.`,
 	cmd.Flags().StringVar(&sandboxPath, "sandbox-path", "", "the PATH jobs start with (the executor's sandbox.path), e.g. /usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin for a Go in /usr/local/go (default: the executor's)")
 	cmd.Flags().BoolVar(&registry, "registry", false, "also run an OCI registry (bin/registry) on 127.0.0.1 whose dev/* images the dev tenant's jobs may run on")
 	cmd.Flags().StringArrayVar(&domains, "egress-domain", nil, "NAME or *.SUFFIX the dev tenant's jobs may list with --allow-domain (repeatable; default: none, so domains jobs are refused)")
+	cmd.Flags().StringArrayVar(&brokers, "credential-broker", nil, "NAME:HOST[,HOST...]:FILE: a brokered credential of the dev tenant, read from FILE and added as \"Authorization: Bearer VALUE\" to its jobs' requests to the hosts (NAME or *.SUFFIX, added to its egress domains); jobs ask for it with --credential NAME (repeatable)")
+	cmd.Flags().StringArrayVar(&brokerApprovals, "credential-approval", nil, "NAME: a --credential-broker whose jobs wait for an approver's start approval (approval: required; repeatable)")
+	cmd.Flags().StringArrayVar(&extraCAs, "extra-ca", nil, "PATH: a PEM CA file jobs and their egress proxy trust beside the host's (the executor's sandbox.extra_cas; repeatable)")
 	return cmd
 }
 
@@ -288,6 +311,10 @@ type devOptions struct {
 	sandboxPath string
 	// registry runs the stack's OCI registry.
 	registry bool
+	// credentials are the dev tenant's brokered credentials.
+	credentials []devCredential
+	// extraCAs are the executor's sandbox.extra_cas.
+	extraCAs []string
 }
 
 // devStack is what dev up started: the three services and, when it was
@@ -397,8 +424,12 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 		case identity.ServiceAuthority:
 			file["grant_key"] = grantKey
 			policy := devTenantPolicy(git.tenantRepos, bins)
-			if len(opts.domains) > 0 {
-				policy["egress"].(map[string]any)["domains"] = opts.domains
+			creds, domains := credentialPolicy(opts.credentials, opts.domains)
+			if len(domains) > 0 {
+				policy["egress"].(map[string]any)["domains"] = domains
+			}
+			if len(creds) > 0 {
+				policy["credentials"] = creds
 			}
 			if len(git.deployCredentials) > 0 {
 				policy["deploy_credentials"] = git.deployCredentials
@@ -429,6 +460,9 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 			}
 			if opts.sandboxPath != "" {
 				sandbox["path"] = opts.sandboxPath
+			}
+			if len(opts.extraCAs) > 0 {
+				sandbox["extra_cas"] = opts.extraCAs
 			}
 			file["sandbox"] = sandbox
 			if len(opts.resolvers) > 0 {

@@ -3388,7 +3388,15 @@ type Approval struct {
 	// of this change, which a decision must name, and target is unset. An
 	// approved change is applied by the authority itself and then reads
 	// CONSUMED; the publisher can never consume it.
-	Change        *JobChange `protobuf:"bytes,13,opt,name=change,proto3" json:"change,omitempty"`
+	Change *JobChange `protobuf:"bytes,13,opt,name=change,proto3" json:"change,omitempty"`
+	// For START requests: what the queued job asks to start with. The
+	// job's command, commit and network policy are in the review
+	// (GetApprovalResponse.review). bundle_digest then holds the digest of
+	// this request, which a decision must name, and target is unset. The
+	// job is not dispatched before the request is approved; denied or
+	// expired, the job is cancelled and never runs. The authority spends an
+	// approved request itself as it dispatches the job.
+	Start         *StartRequest `protobuf:"bytes,14,opt,name=start,proto3" json:"start,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3514,6 +3522,125 @@ func (x *Approval) GetChange() *JobChange {
 	return nil
 }
 
+func (x *Approval) GetStart() *StartRequest {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+// StartRequest is what a start approval is about: the brokered
+// credentials a queued job asks for, with the hosts each is added for.
+type StartRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Every credential the job asks for, in its spec's order.
+	Credentials   []*StartCredential `protobuf:"bytes,1,rep,name=credentials,proto3" json:"credentials,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartRequest) Reset() {
+	*x = StartRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartRequest) ProtoMessage() {}
+
+func (x *StartRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
+func (*StartRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *StartRequest) GetCredentials() []*StartCredential {
+	if x != nil {
+		return x.Credentials
+	}
+	return nil
+}
+
+// StartCredential is one brokered credential a job asks for.
+type StartCredential struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Its name in the tenant's policy.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The names its value is added for (exact names and "*.SUFFIX").
+	Hosts []string `protobuf:"bytes,2,rep,name=hosts,proto3" json:"hosts,omitempty"`
+	// Whether its policy says approval: required (one such credential is
+	// why the request exists).
+	ApprovalRequired bool `protobuf:"varint,3,opt,name=approval_required,json=approvalRequired,proto3" json:"approval_required,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *StartCredential) Reset() {
+	*x = StartCredential{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartCredential) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartCredential) ProtoMessage() {}
+
+func (x *StartCredential) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartCredential.ProtoReflect.Descriptor instead.
+func (*StartCredential) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *StartCredential) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *StartCredential) GetHosts() []string {
+	if x != nil {
+		return x.Hosts
+	}
+	return nil
+}
+
+func (x *StartCredential) GetApprovalRequired() bool {
+	if x != nil {
+		return x.ApprovalRequired
+	}
+	return false
+}
+
 // ReviewMaterial is what a reviewer needs to decide. Every byte of patch,
 // paths and output is the job's: show it escaped.
 type ReviewMaterial struct {
@@ -3539,7 +3666,7 @@ type ReviewMaterial struct {
 
 func (x *ReviewMaterial) Reset() {
 	*x = ReviewMaterial{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3551,7 +3678,7 @@ func (x *ReviewMaterial) String() string {
 func (*ReviewMaterial) ProtoMessage() {}
 
 func (x *ReviewMaterial) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[35]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3564,7 +3691,7 @@ func (x *ReviewMaterial) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReviewMaterial.ProtoReflect.Descriptor instead.
 func (*ReviewMaterial) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{35}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReviewMaterial) GetPatch() []byte {
@@ -3623,7 +3750,7 @@ type ReadReviewRequest struct {
 
 func (x *ReadReviewRequest) Reset() {
 	*x = ReadReviewRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3635,7 +3762,7 @@ func (x *ReadReviewRequest) String() string {
 func (*ReadReviewRequest) ProtoMessage() {}
 
 func (x *ReadReviewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[36]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3648,7 +3775,7 @@ func (x *ReadReviewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadReviewRequest.ProtoReflect.Descriptor instead.
 func (*ReadReviewRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{36}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ReadReviewRequest) GetApprovalId() string {
@@ -3678,7 +3805,7 @@ type ReviewPartStart struct {
 
 func (x *ReviewPartStart) Reset() {
 	*x = ReviewPartStart{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3690,7 +3817,7 @@ func (x *ReviewPartStart) String() string {
 func (*ReviewPartStart) ProtoMessage() {}
 
 func (x *ReviewPartStart) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[37]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3703,7 +3830,7 @@ func (x *ReviewPartStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReviewPartStart.ProtoReflect.Descriptor instead.
 func (*ReviewPartStart) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{37}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ReviewPartStart) GetPart() ReviewPart {
@@ -3731,7 +3858,7 @@ type ReviewFiles struct {
 
 func (x *ReviewFiles) Reset() {
 	*x = ReviewFiles{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3743,7 +3870,7 @@ func (x *ReviewFiles) String() string {
 func (*ReviewFiles) ProtoMessage() {}
 
 func (x *ReviewFiles) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[38]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3756,7 +3883,7 @@ func (x *ReviewFiles) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReviewFiles.ProtoReflect.Descriptor instead.
 func (*ReviewFiles) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{38}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ReviewFiles) GetFiles() []*FileChange {
@@ -3785,7 +3912,7 @@ type ReadReviewResponse struct {
 
 func (x *ReadReviewResponse) Reset() {
 	*x = ReadReviewResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3797,7 +3924,7 @@ func (x *ReadReviewResponse) String() string {
 func (*ReadReviewResponse) ProtoMessage() {}
 
 func (x *ReadReviewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[39]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3810,7 +3937,7 @@ func (x *ReadReviewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadReviewResponse.ProtoReflect.Descriptor instead.
 func (*ReadReviewResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{39}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ReadReviewResponse) GetMsg() isReadReviewResponse_Msg {
@@ -3906,7 +4033,7 @@ type ListApprovalsRequest struct {
 
 func (x *ListApprovalsRequest) Reset() {
 	*x = ListApprovalsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3918,7 +4045,7 @@ func (x *ListApprovalsRequest) String() string {
 func (*ListApprovalsRequest) ProtoMessage() {}
 
 func (x *ListApprovalsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[40]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3931,7 +4058,7 @@ func (x *ListApprovalsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApprovalsRequest.ProtoReflect.Descriptor instead.
 func (*ListApprovalsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{40}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListApprovalsRequest) GetTenant() string {
@@ -3975,7 +4102,7 @@ type ListApprovalsResponse struct {
 
 func (x *ListApprovalsResponse) Reset() {
 	*x = ListApprovalsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3987,7 +4114,7 @@ func (x *ListApprovalsResponse) String() string {
 func (*ListApprovalsResponse) ProtoMessage() {}
 
 func (x *ListApprovalsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[41]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4000,7 +4127,7 @@ func (x *ListApprovalsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApprovalsResponse.ProtoReflect.Descriptor instead.
 func (*ListApprovalsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{41}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListApprovalsResponse) GetApprovals() []*Approval {
@@ -4028,7 +4155,7 @@ type GetApprovalRequest struct {
 
 func (x *GetApprovalRequest) Reset() {
 	*x = GetApprovalRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4040,7 +4167,7 @@ func (x *GetApprovalRequest) String() string {
 func (*GetApprovalRequest) ProtoMessage() {}
 
 func (x *GetApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[42]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4053,7 +4180,7 @@ func (x *GetApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetApprovalRequest.ProtoReflect.Descriptor instead.
 func (*GetApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{42}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *GetApprovalRequest) GetApprovalId() string {
@@ -4076,7 +4203,7 @@ type GetApprovalResponse struct {
 
 func (x *GetApprovalResponse) Reset() {
 	*x = GetApprovalResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4088,7 +4215,7 @@ func (x *GetApprovalResponse) String() string {
 func (*GetApprovalResponse) ProtoMessage() {}
 
 func (x *GetApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[43]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4101,7 +4228,7 @@ func (x *GetApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetApprovalResponse.ProtoReflect.Descriptor instead.
 func (*GetApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{43}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetApprovalResponse) GetApproval() *Approval {
@@ -4136,7 +4263,7 @@ type DecideApprovalRequest struct {
 
 func (x *DecideApprovalRequest) Reset() {
 	*x = DecideApprovalRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4148,7 +4275,7 @@ func (x *DecideApprovalRequest) String() string {
 func (*DecideApprovalRequest) ProtoMessage() {}
 
 func (x *DecideApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[44]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4161,7 +4288,7 @@ func (x *DecideApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideApprovalRequest.ProtoReflect.Descriptor instead.
 func (*DecideApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{44}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *DecideApprovalRequest) GetApprovalId() string {
@@ -4203,7 +4330,7 @@ type DecideApprovalResponse struct {
 
 func (x *DecideApprovalResponse) Reset() {
 	*x = DecideApprovalResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[45]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4215,7 +4342,7 @@ func (x *DecideApprovalResponse) String() string {
 func (*DecideApprovalResponse) ProtoMessage() {}
 
 func (x *DecideApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[45]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4228,7 +4355,7 @@ func (x *DecideApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideApprovalResponse.ProtoReflect.Descriptor instead.
 func (*DecideApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{45}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *DecideApprovalResponse) GetApproval() *Approval {
@@ -4255,7 +4382,7 @@ type ConsumeApprovalRequest struct {
 
 func (x *ConsumeApprovalRequest) Reset() {
 	*x = ConsumeApprovalRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[46]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4267,7 +4394,7 @@ func (x *ConsumeApprovalRequest) String() string {
 func (*ConsumeApprovalRequest) ProtoMessage() {}
 
 func (x *ConsumeApprovalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[46]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4280,7 +4407,7 @@ func (x *ConsumeApprovalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumeApprovalRequest.ProtoReflect.Descriptor instead.
 func (*ConsumeApprovalRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{46}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ConsumeApprovalRequest) GetApprovalId() string {
@@ -4322,7 +4449,7 @@ type ConsumeApprovalResponse struct {
 
 func (x *ConsumeApprovalResponse) Reset() {
 	*x = ConsumeApprovalResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[47]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4334,7 +4461,7 @@ func (x *ConsumeApprovalResponse) String() string {
 func (*ConsumeApprovalResponse) ProtoMessage() {}
 
 func (x *ConsumeApprovalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[47]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4347,7 +4474,7 @@ func (x *ConsumeApprovalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumeApprovalResponse.ProtoReflect.Descriptor instead.
 func (*ConsumeApprovalResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{47}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ConsumeApprovalResponse) GetApproval() *Approval {
@@ -4382,7 +4509,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[48]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4394,7 +4521,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[48]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4407,7 +4534,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{48}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Lease) GetLeaseId() string {
@@ -4483,7 +4610,7 @@ type LeaseCredentialRequest struct {
 
 func (x *LeaseCredentialRequest) Reset() {
 	*x = LeaseCredentialRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[49]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4495,7 +4622,7 @@ func (x *LeaseCredentialRequest) String() string {
 func (*LeaseCredentialRequest) ProtoMessage() {}
 
 func (x *LeaseCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[49]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4508,7 +4635,7 @@ func (x *LeaseCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseCredentialRequest.ProtoReflect.Descriptor instead.
 func (*LeaseCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{49}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *LeaseCredentialRequest) GetPurpose() LeasePurpose {
@@ -4554,7 +4681,7 @@ type LeaseCredentialResponse struct {
 
 func (x *LeaseCredentialResponse) Reset() {
 	*x = LeaseCredentialResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[50]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4566,7 +4693,7 @@ func (x *LeaseCredentialResponse) String() string {
 func (*LeaseCredentialResponse) ProtoMessage() {}
 
 func (x *LeaseCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[50]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4579,7 +4706,7 @@ func (x *LeaseCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseCredentialResponse.ProtoReflect.Descriptor instead.
 func (*LeaseCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{50}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *LeaseCredentialResponse) GetLease() *Lease {
@@ -4630,7 +4757,7 @@ type BrokeredCredential struct {
 
 func (x *BrokeredCredential) Reset() {
 	*x = BrokeredCredential{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[51]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4642,7 +4769,7 @@ func (x *BrokeredCredential) String() string {
 func (*BrokeredCredential) ProtoMessage() {}
 
 func (x *BrokeredCredential) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[51]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4655,7 +4782,7 @@ func (x *BrokeredCredential) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BrokeredCredential.ProtoReflect.Descriptor instead.
 func (*BrokeredCredential) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{51}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *BrokeredCredential) GetName() string {
@@ -4713,7 +4840,7 @@ type RevokeCredentialRequest struct {
 
 func (x *RevokeCredentialRequest) Reset() {
 	*x = RevokeCredentialRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[52]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4725,7 +4852,7 @@ func (x *RevokeCredentialRequest) String() string {
 func (*RevokeCredentialRequest) ProtoMessage() {}
 
 func (x *RevokeCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[52]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4738,7 +4865,7 @@ func (x *RevokeCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCredentialRequest.ProtoReflect.Descriptor instead.
 func (*RevokeCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{52}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RevokeCredentialRequest) GetLeaseId() string {
@@ -4766,7 +4893,7 @@ type RevokeCredentialResponse struct {
 
 func (x *RevokeCredentialResponse) Reset() {
 	*x = RevokeCredentialResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[53]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4778,7 +4905,7 @@ func (x *RevokeCredentialResponse) String() string {
 func (*RevokeCredentialResponse) ProtoMessage() {}
 
 func (x *RevokeCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[53]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4791,7 +4918,7 @@ func (x *RevokeCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCredentialResponse.ProtoReflect.Descriptor instead.
 func (*RevokeCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{53}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RevokeCredentialResponse) GetLease() *Lease {
@@ -4818,7 +4945,7 @@ type ListLeasesRequest struct {
 
 func (x *ListLeasesRequest) Reset() {
 	*x = ListLeasesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[54]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4830,7 +4957,7 @@ func (x *ListLeasesRequest) String() string {
 func (*ListLeasesRequest) ProtoMessage() {}
 
 func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[54]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4843,7 +4970,7 @@ func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{54}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListLeasesRequest) GetJobId() string {
@@ -4887,7 +5014,7 @@ type ListLeasesResponse struct {
 
 func (x *ListLeasesResponse) Reset() {
 	*x = ListLeasesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[55]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4899,7 +5026,7 @@ func (x *ListLeasesResponse) String() string {
 func (*ListLeasesResponse) ProtoMessage() {}
 
 func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[55]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4912,7 +5039,7 @@ func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{55}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListLeasesResponse) GetLeases() []*Lease {
@@ -4942,7 +5069,7 @@ type UpdateNetworkPolicyRequest struct {
 
 func (x *UpdateNetworkPolicyRequest) Reset() {
 	*x = UpdateNetworkPolicyRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[56]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4954,7 +5081,7 @@ func (x *UpdateNetworkPolicyRequest) String() string {
 func (*UpdateNetworkPolicyRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[56]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4967,7 +5094,7 @@ func (x *UpdateNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkPolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{56}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *UpdateNetworkPolicyRequest) GetJobId() string {
@@ -4998,7 +5125,7 @@ type UpdateNetworkPolicyResponse struct {
 
 func (x *UpdateNetworkPolicyResponse) Reset() {
 	*x = UpdateNetworkPolicyResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[57]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5010,7 +5137,7 @@ func (x *UpdateNetworkPolicyResponse) String() string {
 func (*UpdateNetworkPolicyResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[57]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5023,7 +5150,7 @@ func (x *UpdateNetworkPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkPolicyResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{57}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *UpdateNetworkPolicyResponse) GetStatus() *v1.NetworkPolicyStatus {
@@ -5062,7 +5189,7 @@ type UpdateJobLimitsRequest struct {
 
 func (x *UpdateJobLimitsRequest) Reset() {
 	*x = UpdateJobLimitsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[58]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5074,7 +5201,7 @@ func (x *UpdateJobLimitsRequest) String() string {
 func (*UpdateJobLimitsRequest) ProtoMessage() {}
 
 func (x *UpdateJobLimitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[58]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5087,7 +5214,7 @@ func (x *UpdateJobLimitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateJobLimitsRequest.ProtoReflect.Descriptor instead.
 func (*UpdateJobLimitsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{58}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *UpdateJobLimitsRequest) GetJobId() string {
@@ -5124,7 +5251,7 @@ type UpdateJobLimitsResponse struct {
 
 func (x *UpdateJobLimitsResponse) Reset() {
 	*x = UpdateJobLimitsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[59]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5136,7 +5263,7 @@ func (x *UpdateJobLimitsResponse) String() string {
 func (*UpdateJobLimitsResponse) ProtoMessage() {}
 
 func (x *UpdateJobLimitsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[59]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5149,7 +5276,7 @@ func (x *UpdateJobLimitsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateJobLimitsResponse.ProtoReflect.Descriptor instead.
 func (*UpdateJobLimitsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{59}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *UpdateJobLimitsResponse) GetJob() *Job {
@@ -5182,7 +5309,7 @@ type UseLeaseRequest struct {
 
 func (x *UseLeaseRequest) Reset() {
 	*x = UseLeaseRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[60]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5194,7 +5321,7 @@ func (x *UseLeaseRequest) String() string {
 func (*UseLeaseRequest) ProtoMessage() {}
 
 func (x *UseLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[60]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5207,7 +5334,7 @@ func (x *UseLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UseLeaseRequest.ProtoReflect.Descriptor instead.
 func (*UseLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{60}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *UseLeaseRequest) GetLeaseId() string {
@@ -5242,7 +5369,7 @@ type UseLeaseResponse struct {
 
 func (x *UseLeaseResponse) Reset() {
 	*x = UseLeaseResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[61]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5254,7 +5381,7 @@ func (x *UseLeaseResponse) String() string {
 func (*UseLeaseResponse) ProtoMessage() {}
 
 func (x *UseLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[61]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5267,7 +5394,7 @@ func (x *UseLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UseLeaseResponse.ProtoReflect.Descriptor instead.
 func (*UseLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{61}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *UseLeaseResponse) GetLease() *Lease {
@@ -5308,7 +5435,7 @@ type AuditEvent struct {
 
 func (x *AuditEvent) Reset() {
 	*x = AuditEvent{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[62]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5320,7 +5447,7 @@ func (x *AuditEvent) String() string {
 func (*AuditEvent) ProtoMessage() {}
 
 func (x *AuditEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[62]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5333,7 +5460,7 @@ func (x *AuditEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEvent.ProtoReflect.Descriptor instead.
 func (*AuditEvent) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{62}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *AuditEvent) GetSequence() int64 {
@@ -5438,7 +5565,7 @@ type ListAuditEventsRequest struct {
 
 func (x *ListAuditEventsRequest) Reset() {
 	*x = ListAuditEventsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[63]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5450,7 +5577,7 @@ func (x *ListAuditEventsRequest) String() string {
 func (*ListAuditEventsRequest) ProtoMessage() {}
 
 func (x *ListAuditEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[63]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5463,7 +5590,7 @@ func (x *ListAuditEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditEventsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{63}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ListAuditEventsRequest) GetJobId() string {
@@ -5535,7 +5662,7 @@ type ListAuditEventsResponse struct {
 
 func (x *ListAuditEventsResponse) Reset() {
 	*x = ListAuditEventsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[64]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5547,7 +5674,7 @@ func (x *ListAuditEventsResponse) String() string {
 func (*ListAuditEventsResponse) ProtoMessage() {}
 
 func (x *ListAuditEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[64]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5560,7 +5687,7 @@ func (x *ListAuditEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditEventsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{64}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ListAuditEventsResponse) GetEvents() []*AuditEvent {
@@ -5600,7 +5727,7 @@ type AuditCheckpoint struct {
 
 func (x *AuditCheckpoint) Reset() {
 	*x = AuditCheckpoint{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[65]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5612,7 +5739,7 @@ func (x *AuditCheckpoint) String() string {
 func (*AuditCheckpoint) ProtoMessage() {}
 
 func (x *AuditCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[65]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5625,7 +5752,7 @@ func (x *AuditCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditCheckpoint.ProtoReflect.Descriptor instead.
 func (*AuditCheckpoint) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{65}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *AuditCheckpoint) GetSequence() int64 {
@@ -5683,7 +5810,7 @@ type ListAuditCheckpointsRequest struct {
 
 func (x *ListAuditCheckpointsRequest) Reset() {
 	*x = ListAuditCheckpointsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[66]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5695,7 +5822,7 @@ func (x *ListAuditCheckpointsRequest) String() string {
 func (*ListAuditCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListAuditCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[66]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5708,7 +5835,7 @@ func (x *ListAuditCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{66}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ListAuditCheckpointsRequest) GetAfterSequence() int64 {
@@ -5745,7 +5872,7 @@ type ListAuditCheckpointsResponse struct {
 
 func (x *ListAuditCheckpointsResponse) Reset() {
 	*x = ListAuditCheckpointsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[67]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5757,7 +5884,7 @@ func (x *ListAuditCheckpointsResponse) String() string {
 func (*ListAuditCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListAuditCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[67]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5770,7 +5897,7 @@ func (x *ListAuditCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{67}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ListAuditCheckpointsResponse) GetCheckpoints() []*AuditCheckpoint {
@@ -5819,7 +5946,7 @@ type GetPublishSpecRequest struct {
 
 func (x *GetPublishSpecRequest) Reset() {
 	*x = GetPublishSpecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[68]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5831,7 +5958,7 @@ func (x *GetPublishSpecRequest) String() string {
 func (*GetPublishSpecRequest) ProtoMessage() {}
 
 func (x *GetPublishSpecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[68]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5844,7 +5971,7 @@ func (x *GetPublishSpecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPublishSpecRequest.ProtoReflect.Descriptor instead.
 func (*GetPublishSpecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{68}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *GetPublishSpecRequest) GetApprovalId() string {
@@ -5875,7 +6002,7 @@ type PublishPolicy struct {
 
 func (x *PublishPolicy) Reset() {
 	*x = PublishPolicy{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[69]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5887,7 +6014,7 @@ func (x *PublishPolicy) String() string {
 func (*PublishPolicy) ProtoMessage() {}
 
 func (x *PublishPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[69]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5900,7 +6027,7 @@ func (x *PublishPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishPolicy.ProtoReflect.Descriptor instead.
 func (*PublishPolicy) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{69}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *PublishPolicy) GetProtected() []string {
@@ -5979,7 +6106,7 @@ type GetPublishSpecResponse struct {
 
 func (x *GetPublishSpecResponse) Reset() {
 	*x = GetPublishSpecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[70]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5991,7 +6118,7 @@ func (x *GetPublishSpecResponse) String() string {
 func (*GetPublishSpecResponse) ProtoMessage() {}
 
 func (x *GetPublishSpecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[70]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6004,7 +6131,7 @@ func (x *GetPublishSpecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPublishSpecResponse.ProtoReflect.Descriptor instead.
 func (*GetPublishSpecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{70}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *GetPublishSpecResponse) GetApproval() *Approval {
@@ -6115,7 +6242,7 @@ type CreateSessionRequest struct {
 
 func (x *CreateSessionRequest) Reset() {
 	*x = CreateSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[71]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6127,7 +6254,7 @@ func (x *CreateSessionRequest) String() string {
 func (*CreateSessionRequest) ProtoMessage() {}
 
 func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[71]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6140,7 +6267,7 @@ func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionRequest.ProtoReflect.Descriptor instead.
 func (*CreateSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{71}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *CreateSessionRequest) GetTenant() string {
@@ -6177,7 +6304,7 @@ type CreateSessionResponse struct {
 
 func (x *CreateSessionResponse) Reset() {
 	*x = CreateSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[72]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6189,7 +6316,7 @@ func (x *CreateSessionResponse) String() string {
 func (*CreateSessionResponse) ProtoMessage() {}
 
 func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[72]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6202,7 +6329,7 @@ func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionResponse.ProtoReflect.Descriptor instead.
 func (*CreateSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{72}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *CreateSessionResponse) GetSession() *Job {
@@ -6230,7 +6357,7 @@ type GetSessionRequest struct {
 
 func (x *GetSessionRequest) Reset() {
 	*x = GetSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[73]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6242,7 +6369,7 @@ func (x *GetSessionRequest) String() string {
 func (*GetSessionRequest) ProtoMessage() {}
 
 func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[73]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6255,7 +6382,7 @@ func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionRequest.ProtoReflect.Descriptor instead.
 func (*GetSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{73}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *GetSessionRequest) GetSessionId() string {
@@ -6301,7 +6428,7 @@ type GetSessionResponse struct {
 
 func (x *GetSessionResponse) Reset() {
 	*x = GetSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[74]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6313,7 +6440,7 @@ func (x *GetSessionResponse) String() string {
 func (*GetSessionResponse) ProtoMessage() {}
 
 func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[74]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6326,7 +6453,7 @@ func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionResponse.ProtoReflect.Descriptor instead.
 func (*GetSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{74}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *GetSessionResponse) GetSession() *Job {
@@ -6402,7 +6529,7 @@ type ListSessionsRequest struct {
 
 func (x *ListSessionsRequest) Reset() {
 	*x = ListSessionsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[75]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6414,7 +6541,7 @@ func (x *ListSessionsRequest) String() string {
 func (*ListSessionsRequest) ProtoMessage() {}
 
 func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[75]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6427,7 +6554,7 @@ func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
 func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{75}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *ListSessionsRequest) GetTenant() string {
@@ -6471,7 +6598,7 @@ type ListSessionsResponse struct {
 
 func (x *ListSessionsResponse) Reset() {
 	*x = ListSessionsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[76]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6483,7 +6610,7 @@ func (x *ListSessionsResponse) String() string {
 func (*ListSessionsResponse) ProtoMessage() {}
 
 func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[76]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6496,7 +6623,7 @@ func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
 func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{76}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ListSessionsResponse) GetSessions() []*Job {
@@ -6524,7 +6651,7 @@ type FinishSessionRequest struct {
 
 func (x *FinishSessionRequest) Reset() {
 	*x = FinishSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[77]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6536,7 +6663,7 @@ func (x *FinishSessionRequest) String() string {
 func (*FinishSessionRequest) ProtoMessage() {}
 
 func (x *FinishSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[77]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6549,7 +6676,7 @@ func (x *FinishSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishSessionRequest.ProtoReflect.Descriptor instead.
 func (*FinishSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{77}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *FinishSessionRequest) GetSessionId() string {
@@ -6570,7 +6697,7 @@ type FinishSessionResponse struct {
 
 func (x *FinishSessionResponse) Reset() {
 	*x = FinishSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[78]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6582,7 +6709,7 @@ func (x *FinishSessionResponse) String() string {
 func (*FinishSessionResponse) ProtoMessage() {}
 
 func (x *FinishSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[78]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6595,7 +6722,7 @@ func (x *FinishSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishSessionResponse.ProtoReflect.Descriptor instead.
 func (*FinishSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{78}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *FinishSessionResponse) GetSession() *Job {
@@ -6618,7 +6745,7 @@ type CancelSessionRequest struct {
 
 func (x *CancelSessionRequest) Reset() {
 	*x = CancelSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[79]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6630,7 +6757,7 @@ func (x *CancelSessionRequest) String() string {
 func (*CancelSessionRequest) ProtoMessage() {}
 
 func (x *CancelSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[79]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6643,7 +6770,7 @@ func (x *CancelSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelSessionRequest.ProtoReflect.Descriptor instead.
 func (*CancelSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{79}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *CancelSessionRequest) GetSessionId() string {
@@ -6671,7 +6798,7 @@ type CancelSessionResponse struct {
 
 func (x *CancelSessionResponse) Reset() {
 	*x = CancelSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6683,7 +6810,7 @@ func (x *CancelSessionResponse) String() string {
 func (*CancelSessionResponse) ProtoMessage() {}
 
 func (x *CancelSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6696,7 +6823,7 @@ func (x *CancelSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelSessionResponse.ProtoReflect.Descriptor instead.
 func (*CancelSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{80}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *CancelSessionResponse) GetSession() *Job {
@@ -6719,7 +6846,7 @@ type StartExecRequest struct {
 
 func (x *StartExecRequest) Reset() {
 	*x = StartExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6731,7 +6858,7 @@ func (x *StartExecRequest) String() string {
 func (*StartExecRequest) ProtoMessage() {}
 
 func (x *StartExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6744,7 +6871,7 @@ func (x *StartExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartExecRequest.ProtoReflect.Descriptor instead.
 func (*StartExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{81}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *StartExecRequest) GetSessionId() string {
@@ -6774,7 +6901,7 @@ type StartExecResponse struct {
 
 func (x *StartExecResponse) Reset() {
 	*x = StartExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6786,7 +6913,7 @@ func (x *StartExecResponse) String() string {
 func (*StartExecResponse) ProtoMessage() {}
 
 func (x *StartExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6799,7 +6926,7 @@ func (x *StartExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartExecResponse.ProtoReflect.Descriptor instead.
 func (*StartExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{82}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *StartExecResponse) GetExec() *v1.Exec {
@@ -6829,7 +6956,7 @@ type GetExecRequest struct {
 
 func (x *GetExecRequest) Reset() {
 	*x = GetExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6841,7 +6968,7 @@ func (x *GetExecRequest) String() string {
 func (*GetExecRequest) ProtoMessage() {}
 
 func (x *GetExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6854,7 +6981,7 @@ func (x *GetExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetExecRequest.ProtoReflect.Descriptor instead.
 func (*GetExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{83}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *GetExecRequest) GetSessionId() string {
@@ -6887,7 +7014,7 @@ type GetExecResponse struct {
 
 func (x *GetExecResponse) Reset() {
 	*x = GetExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6899,7 +7026,7 @@ func (x *GetExecResponse) String() string {
 func (*GetExecResponse) ProtoMessage() {}
 
 func (x *GetExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6912,7 +7039,7 @@ func (x *GetExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetExecResponse.ProtoReflect.Descriptor instead.
 func (*GetExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{84}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *GetExecResponse) GetExec() *v1.Exec {
@@ -6946,7 +7073,7 @@ type WatchExecRequest struct {
 
 func (x *WatchExecRequest) Reset() {
 	*x = WatchExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6958,7 +7085,7 @@ func (x *WatchExecRequest) String() string {
 func (*WatchExecRequest) ProtoMessage() {}
 
 func (x *WatchExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6971,7 +7098,7 @@ func (x *WatchExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchExecRequest.ProtoReflect.Descriptor instead.
 func (*WatchExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{85}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *WatchExecRequest) GetSessionId() string {
@@ -7018,7 +7145,7 @@ type WatchExecResponse struct {
 
 func (x *WatchExecResponse) Reset() {
 	*x = WatchExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7030,7 +7157,7 @@ func (x *WatchExecResponse) String() string {
 func (*WatchExecResponse) ProtoMessage() {}
 
 func (x *WatchExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7043,7 +7170,7 @@ func (x *WatchExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchExecResponse.ProtoReflect.Descriptor instead.
 func (*WatchExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{86}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *WatchExecResponse) GetEvent() isWatchExecResponse_Event {
@@ -7108,7 +7235,7 @@ type RunExecStart struct {
 
 func (x *RunExecStart) Reset() {
 	*x = RunExecStart{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7120,7 +7247,7 @@ func (x *RunExecStart) String() string {
 func (*RunExecStart) ProtoMessage() {}
 
 func (x *RunExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7133,7 +7260,7 @@ func (x *RunExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunExecStart.ProtoReflect.Descriptor instead.
 func (*RunExecStart) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{87}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *RunExecStart) GetSessionId() string {
@@ -7183,7 +7310,7 @@ type RunExecRequest struct {
 
 func (x *RunExecRequest) Reset() {
 	*x = RunExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7195,7 +7322,7 @@ func (x *RunExecRequest) String() string {
 func (*RunExecRequest) ProtoMessage() {}
 
 func (x *RunExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7208,7 +7335,7 @@ func (x *RunExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunExecRequest.ProtoReflect.Descriptor instead.
 func (*RunExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{88}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *RunExecRequest) GetMsg() isRunExecRequest_Msg {
@@ -7290,7 +7417,7 @@ type RunExecResponse struct {
 
 func (x *RunExecResponse) Reset() {
 	*x = RunExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7302,7 +7429,7 @@ func (x *RunExecResponse) String() string {
 func (*RunExecResponse) ProtoMessage() {}
 
 func (x *RunExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7315,7 +7442,7 @@ func (x *RunExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunExecResponse.ProtoReflect.Descriptor instead.
 func (*RunExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{89}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *RunExecResponse) GetEvent() isRunExecResponse_Event {
@@ -7392,7 +7519,7 @@ type CancelExecRequest struct {
 
 func (x *CancelExecRequest) Reset() {
 	*x = CancelExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7404,7 +7531,7 @@ func (x *CancelExecRequest) String() string {
 func (*CancelExecRequest) ProtoMessage() {}
 
 func (x *CancelExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7417,7 +7544,7 @@ func (x *CancelExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelExecRequest.ProtoReflect.Descriptor instead.
 func (*CancelExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{90}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *CancelExecRequest) GetSessionId() string {
@@ -7445,7 +7572,7 @@ type CancelExecResponse struct {
 
 func (x *CancelExecResponse) Reset() {
 	*x = CancelExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7457,7 +7584,7 @@ func (x *CancelExecResponse) String() string {
 func (*CancelExecResponse) ProtoMessage() {}
 
 func (x *CancelExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7470,7 +7597,7 @@ func (x *CancelExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelExecResponse.ProtoReflect.Descriptor instead.
 func (*CancelExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{91}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *CancelExecResponse) GetExec() *v1.Exec {
@@ -7495,7 +7622,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7507,7 +7634,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7520,7 +7647,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{92}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *ReadFileRequest) GetSessionId() string {
@@ -7554,7 +7681,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[93]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7566,7 +7693,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[93]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7579,7 +7706,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{93}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *ReadFileResponse) GetPart() isReadFileResponse_Part {
@@ -7640,7 +7767,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[94]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7652,7 +7779,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[94]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7665,7 +7792,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{94}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *WriteFileHeader) GetSessionId() string {
@@ -7705,7 +7832,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[95]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7717,7 +7844,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[95]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7730,7 +7857,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{95}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *WriteFileRequest) GetPart() isWriteFileRequest_Part {
@@ -7787,7 +7914,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[96]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7799,7 +7926,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[96]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7812,7 +7939,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{96}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *WriteFileResponse) GetSize() int64 {
@@ -7837,7 +7964,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[97]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7849,7 +7976,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[97]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7862,7 +7989,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{97}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *ListFilesRequest) GetSessionId() string {
@@ -7899,7 +8026,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[98]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7911,7 +8038,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[98]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7924,7 +8051,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{98}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *ListFilesResponse) GetEntries() []*v1.FileEntry {
@@ -7952,7 +8079,7 @@ type SuspendSessionRequest struct {
 
 func (x *SuspendSessionRequest) Reset() {
 	*x = SuspendSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[99]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7964,7 +8091,7 @@ func (x *SuspendSessionRequest) String() string {
 func (*SuspendSessionRequest) ProtoMessage() {}
 
 func (x *SuspendSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[99]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7977,7 +8104,7 @@ func (x *SuspendSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendSessionRequest.ProtoReflect.Descriptor instead.
 func (*SuspendSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{99}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *SuspendSessionRequest) GetSessionId() string {
@@ -7998,7 +8125,7 @@ type SuspendSessionResponse struct {
 
 func (x *SuspendSessionResponse) Reset() {
 	*x = SuspendSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[100]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8010,7 +8137,7 @@ func (x *SuspendSessionResponse) String() string {
 func (*SuspendSessionResponse) ProtoMessage() {}
 
 func (x *SuspendSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[100]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8023,7 +8150,7 @@ func (x *SuspendSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendSessionResponse.ProtoReflect.Descriptor instead.
 func (*SuspendSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{100}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *SuspendSessionResponse) GetSession() *Job {
@@ -8044,7 +8171,7 @@ type ResumeSessionRequest struct {
 
 func (x *ResumeSessionRequest) Reset() {
 	*x = ResumeSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[101]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8056,7 +8183,7 @@ func (x *ResumeSessionRequest) String() string {
 func (*ResumeSessionRequest) ProtoMessage() {}
 
 func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[101]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8069,7 +8196,7 @@ func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSessionRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{101}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *ResumeSessionRequest) GetSessionId() string {
@@ -8090,7 +8217,7 @@ type ResumeSessionResponse struct {
 
 func (x *ResumeSessionResponse) Reset() {
 	*x = ResumeSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[102]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8102,7 +8229,7 @@ func (x *ResumeSessionResponse) String() string {
 func (*ResumeSessionResponse) ProtoMessage() {}
 
 func (x *ResumeSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[102]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8115,7 +8242,7 @@ func (x *ResumeSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSessionResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{102}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *ResumeSessionResponse) GetSession() *Job {
@@ -8136,7 +8263,7 @@ type ListCachesRequest struct {
 
 func (x *ListCachesRequest) Reset() {
 	*x = ListCachesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[103]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8148,7 +8275,7 @@ func (x *ListCachesRequest) String() string {
 func (*ListCachesRequest) ProtoMessage() {}
 
 func (x *ListCachesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[103]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8161,7 +8288,7 @@ func (x *ListCachesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCachesRequest.ProtoReflect.Descriptor instead.
 func (*ListCachesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{103}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *ListCachesRequest) GetTenant() string {
@@ -8182,7 +8309,7 @@ type ListCachesResponse struct {
 
 func (x *ListCachesResponse) Reset() {
 	*x = ListCachesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[104]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8194,7 +8321,7 @@ func (x *ListCachesResponse) String() string {
 func (*ListCachesResponse) ProtoMessage() {}
 
 func (x *ListCachesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[104]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8207,7 +8334,7 @@ func (x *ListCachesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCachesResponse.ProtoReflect.Descriptor instead.
 func (*ListCachesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{104}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *ListCachesResponse) GetCaches() []*v1.CacheInfo {
@@ -8232,7 +8359,7 @@ type ClearCachesRequest struct {
 
 func (x *ClearCachesRequest) Reset() {
 	*x = ClearCachesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[105]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8244,7 +8371,7 @@ func (x *ClearCachesRequest) String() string {
 func (*ClearCachesRequest) ProtoMessage() {}
 
 func (x *ClearCachesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[105]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8257,7 +8384,7 @@ func (x *ClearCachesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClearCachesRequest.ProtoReflect.Descriptor instead.
 func (*ClearCachesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{105}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *ClearCachesRequest) GetTenant() string {
@@ -8292,7 +8419,7 @@ type ClearCachesResponse struct {
 
 func (x *ClearCachesResponse) Reset() {
 	*x = ClearCachesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[106]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8304,7 +8431,7 @@ func (x *ClearCachesResponse) String() string {
 func (*ClearCachesResponse) ProtoMessage() {}
 
 func (x *ClearCachesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[106]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8317,7 +8444,7 @@ func (x *ClearCachesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClearCachesResponse.ProtoReflect.Descriptor instead.
 func (*ClearCachesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{106}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *ClearCachesResponse) GetCleared() []*v1.CacheInfo {
@@ -8340,7 +8467,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[107]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8352,7 +8479,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[107]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8365,7 +8492,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{107}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *ListImagesRequest) GetTenant() string {
@@ -8395,7 +8522,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[108]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8407,7 +8534,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[108]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8420,7 +8547,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{108}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *ListImagesResponse) GetImages() []*v1.ImageInfo {
@@ -8450,7 +8577,7 @@ type PruneImagesRequest struct {
 
 func (x *PruneImagesRequest) Reset() {
 	*x = PruneImagesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[109]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8462,7 +8589,7 @@ func (x *PruneImagesRequest) String() string {
 func (*PruneImagesRequest) ProtoMessage() {}
 
 func (x *PruneImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[109]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8475,7 +8602,7 @@ func (x *PruneImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneImagesRequest.ProtoReflect.Descriptor instead.
 func (*PruneImagesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{109}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *PruneImagesRequest) GetTenant() string {
@@ -8507,7 +8634,7 @@ type PruneImagesResponse struct {
 
 func (x *PruneImagesResponse) Reset() {
 	*x = PruneImagesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[110]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8519,7 +8646,7 @@ func (x *PruneImagesResponse) String() string {
 func (*PruneImagesResponse) ProtoMessage() {}
 
 func (x *PruneImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[110]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8532,7 +8659,7 @@ func (x *PruneImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneImagesResponse.ProtoReflect.Descriptor instead.
 func (*PruneImagesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{110}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *PruneImagesResponse) GetPruned() []*v1.ImageInfo {
@@ -8569,7 +8696,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[111]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8581,7 +8708,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[111]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8594,7 +8721,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{111}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *HeartbeatRequest) GetAddress() string {
@@ -8641,7 +8768,7 @@ type ExecutorReport struct {
 
 func (x *ExecutorReport) Reset() {
 	*x = ExecutorReport{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[112]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8653,7 +8780,7 @@ func (x *ExecutorReport) String() string {
 func (*ExecutorReport) ProtoMessage() {}
 
 func (x *ExecutorReport) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[112]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8666,7 +8793,7 @@ func (x *ExecutorReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecutorReport.ProtoReflect.Descriptor instead.
 func (*ExecutorReport) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{112}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *ExecutorReport) GetVersion() string {
@@ -8750,7 +8877,7 @@ type ExecutorCapacity struct {
 
 func (x *ExecutorCapacity) Reset() {
 	*x = ExecutorCapacity{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[113]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8762,7 +8889,7 @@ func (x *ExecutorCapacity) String() string {
 func (*ExecutorCapacity) ProtoMessage() {}
 
 func (x *ExecutorCapacity) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[113]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8775,7 +8902,7 @@ func (x *ExecutorCapacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecutorCapacity.ProtoReflect.Descriptor instead.
 func (*ExecutorCapacity) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{113}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *ExecutorCapacity) GetMemoryBytes() int64 {
@@ -8856,7 +8983,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[114]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8868,7 +8995,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[114]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8881,7 +9008,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{114}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *HeartbeatResponse) GetName() string {
@@ -8949,7 +9076,7 @@ type Executor struct {
 
 func (x *Executor) Reset() {
 	*x = Executor{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[115]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8961,7 +9088,7 @@ func (x *Executor) String() string {
 func (*Executor) ProtoMessage() {}
 
 func (x *Executor) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[115]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8974,7 +9101,7 @@ func (x *Executor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Executor.ProtoReflect.Descriptor instead.
 func (*Executor) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{115}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{117}
 }
 
 func (x *Executor) GetName() string {
@@ -9070,7 +9197,7 @@ type ListExecutorsRequest struct {
 
 func (x *ListExecutorsRequest) Reset() {
 	*x = ListExecutorsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[116]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9082,7 +9209,7 @@ func (x *ListExecutorsRequest) String() string {
 func (*ListExecutorsRequest) ProtoMessage() {}
 
 func (x *ListExecutorsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[116]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9095,7 +9222,7 @@ func (x *ListExecutorsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecutorsRequest.ProtoReflect.Descriptor instead.
 func (*ListExecutorsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{116}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{118}
 }
 
 // ListExecutorsResponse is the fleet, by name.
@@ -9108,7 +9235,7 @@ type ListExecutorsResponse struct {
 
 func (x *ListExecutorsResponse) Reset() {
 	*x = ListExecutorsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[117]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9120,7 +9247,7 @@ func (x *ListExecutorsResponse) String() string {
 func (*ListExecutorsResponse) ProtoMessage() {}
 
 func (x *ListExecutorsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[117]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9133,7 +9260,7 @@ func (x *ListExecutorsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecutorsResponse.ProtoReflect.Descriptor instead.
 func (*ListExecutorsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{117}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{119}
 }
 
 func (x *ListExecutorsResponse) GetExecutors() []*Executor {
@@ -9154,7 +9281,7 @@ type GetExecutorRequest struct {
 
 func (x *GetExecutorRequest) Reset() {
 	*x = GetExecutorRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[118]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[120]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9166,7 +9293,7 @@ func (x *GetExecutorRequest) String() string {
 func (*GetExecutorRequest) ProtoMessage() {}
 
 func (x *GetExecutorRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[118]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[120]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9179,7 +9306,7 @@ func (x *GetExecutorRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetExecutorRequest.ProtoReflect.Descriptor instead.
 func (*GetExecutorRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{118}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{120}
 }
 
 func (x *GetExecutorRequest) GetName() string {
@@ -9202,7 +9329,7 @@ type GetExecutorResponse struct {
 
 func (x *GetExecutorResponse) Reset() {
 	*x = GetExecutorResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[119]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[121]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9214,7 +9341,7 @@ func (x *GetExecutorResponse) String() string {
 func (*GetExecutorResponse) ProtoMessage() {}
 
 func (x *GetExecutorResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[119]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[121]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9227,7 +9354,7 @@ func (x *GetExecutorResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetExecutorResponse.ProtoReflect.Descriptor instead.
 func (*GetExecutorResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{119}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{121}
 }
 
 func (x *GetExecutorResponse) GetExecutor() *Executor {
@@ -9259,7 +9386,7 @@ type DrainExecutorRequest struct {
 
 func (x *DrainExecutorRequest) Reset() {
 	*x = DrainExecutorRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[120]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[122]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9271,7 +9398,7 @@ func (x *DrainExecutorRequest) String() string {
 func (*DrainExecutorRequest) ProtoMessage() {}
 
 func (x *DrainExecutorRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[120]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[122]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9284,7 +9411,7 @@ func (x *DrainExecutorRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainExecutorRequest.ProtoReflect.Descriptor instead.
 func (*DrainExecutorRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{120}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{122}
 }
 
 func (x *DrainExecutorRequest) GetName() string {
@@ -9318,7 +9445,7 @@ type DrainExecutorResponse struct {
 
 func (x *DrainExecutorResponse) Reset() {
 	*x = DrainExecutorResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[121]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[123]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9330,7 +9457,7 @@ func (x *DrainExecutorResponse) String() string {
 func (*DrainExecutorResponse) ProtoMessage() {}
 
 func (x *DrainExecutorResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[121]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[123]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9343,7 +9470,7 @@ func (x *DrainExecutorResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainExecutorResponse.ProtoReflect.Descriptor instead.
 func (*DrainExecutorResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{121}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{123}
 }
 
 func (x *DrainExecutorResponse) GetExecutor() *Executor {
@@ -9571,7 +9698,7 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\bdecision\x18\x02 \x01(\x0e2\x1e.airlock.authority.v1.DecisionR\bdecision\x12\x18\n" +
 	"\acomment\x18\x03 \x01(\tR\acomment\x129\n" +
 	"\n" +
-	"decided_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\"\xe1\x04\n" +
+	"decided_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\"\x9b\x05\n" +
 	"\bApproval\x12\x1f\n" +
 	"\vapproval_id\x18\x01 \x01(\tR\n" +
 	"approvalId\x12\x15\n" +
@@ -9589,7 +9716,14 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\n" +
 	"expires_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x126\n" +
 	"\x04kind\x18\f \x01(\x0e2\".airlock.authority.v1.ApprovalKindR\x04kind\x127\n" +
-	"\x06change\x18\r \x01(\v2\x1f.airlock.authority.v1.JobChangeR\x06change\"\xa4\x02\n" +
+	"\x06change\x18\r \x01(\v2\x1f.airlock.authority.v1.JobChangeR\x06change\x128\n" +
+	"\x05start\x18\x0e \x01(\v2\".airlock.authority.v1.StartRequestR\x05start\"W\n" +
+	"\fStartRequest\x12G\n" +
+	"\vcredentials\x18\x01 \x03(\v2%.airlock.authority.v1.StartCredentialR\vcredentials\"h\n" +
+	"\x0fStartCredential\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05hosts\x18\x02 \x03(\tR\x05hosts\x12+\n" +
+	"\x11approval_required\x18\x03 \x01(\bR\x10approvalRequired\"\xa4\x02\n" +
 	"\x0eReviewMaterial\x12\x14\n" +
 	"\x05patch\x18\x01 \x01(\fR\x05patch\x123\n" +
 	"\x06result\x18\x02 \x01(\v2\x1b.airlock.types.v1.RunResultR\x06result\x12F\n" +
@@ -10114,7 +10248,7 @@ func file_airlock_authority_v1_authority_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_authority_v1_authority_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 123)
+var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 125)
 var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(JobState)(0),                        // 0: airlock.authority.v1.JobState
 	(FileStatus)(0),                      // 1: airlock.authority.v1.FileStatus
@@ -10160,136 +10294,138 @@ var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(*JobChange)(nil),                    // 41: airlock.authority.v1.JobChange
 	(*ApprovalVote)(nil),                 // 42: airlock.authority.v1.ApprovalVote
 	(*Approval)(nil),                     // 43: airlock.authority.v1.Approval
-	(*ReviewMaterial)(nil),               // 44: airlock.authority.v1.ReviewMaterial
-	(*ReadReviewRequest)(nil),            // 45: airlock.authority.v1.ReadReviewRequest
-	(*ReviewPartStart)(nil),              // 46: airlock.authority.v1.ReviewPartStart
-	(*ReviewFiles)(nil),                  // 47: airlock.authority.v1.ReviewFiles
-	(*ReadReviewResponse)(nil),           // 48: airlock.authority.v1.ReadReviewResponse
-	(*ListApprovalsRequest)(nil),         // 49: airlock.authority.v1.ListApprovalsRequest
-	(*ListApprovalsResponse)(nil),        // 50: airlock.authority.v1.ListApprovalsResponse
-	(*GetApprovalRequest)(nil),           // 51: airlock.authority.v1.GetApprovalRequest
-	(*GetApprovalResponse)(nil),          // 52: airlock.authority.v1.GetApprovalResponse
-	(*DecideApprovalRequest)(nil),        // 53: airlock.authority.v1.DecideApprovalRequest
-	(*DecideApprovalResponse)(nil),       // 54: airlock.authority.v1.DecideApprovalResponse
-	(*ConsumeApprovalRequest)(nil),       // 55: airlock.authority.v1.ConsumeApprovalRequest
-	(*ConsumeApprovalResponse)(nil),      // 56: airlock.authority.v1.ConsumeApprovalResponse
-	(*Lease)(nil),                        // 57: airlock.authority.v1.Lease
-	(*LeaseCredentialRequest)(nil),       // 58: airlock.authority.v1.LeaseCredentialRequest
-	(*LeaseCredentialResponse)(nil),      // 59: airlock.authority.v1.LeaseCredentialResponse
-	(*BrokeredCredential)(nil),           // 60: airlock.authority.v1.BrokeredCredential
-	(*RevokeCredentialRequest)(nil),      // 61: airlock.authority.v1.RevokeCredentialRequest
-	(*RevokeCredentialResponse)(nil),     // 62: airlock.authority.v1.RevokeCredentialResponse
-	(*ListLeasesRequest)(nil),            // 63: airlock.authority.v1.ListLeasesRequest
-	(*ListLeasesResponse)(nil),           // 64: airlock.authority.v1.ListLeasesResponse
-	(*UpdateNetworkPolicyRequest)(nil),   // 65: airlock.authority.v1.UpdateNetworkPolicyRequest
-	(*UpdateNetworkPolicyResponse)(nil),  // 66: airlock.authority.v1.UpdateNetworkPolicyResponse
-	(*UpdateJobLimitsRequest)(nil),       // 67: airlock.authority.v1.UpdateJobLimitsRequest
-	(*UpdateJobLimitsResponse)(nil),      // 68: airlock.authority.v1.UpdateJobLimitsResponse
-	(*UseLeaseRequest)(nil),              // 69: airlock.authority.v1.UseLeaseRequest
-	(*UseLeaseResponse)(nil),             // 70: airlock.authority.v1.UseLeaseResponse
-	(*AuditEvent)(nil),                   // 71: airlock.authority.v1.AuditEvent
-	(*ListAuditEventsRequest)(nil),       // 72: airlock.authority.v1.ListAuditEventsRequest
-	(*ListAuditEventsResponse)(nil),      // 73: airlock.authority.v1.ListAuditEventsResponse
-	(*AuditCheckpoint)(nil),              // 74: airlock.authority.v1.AuditCheckpoint
-	(*ListAuditCheckpointsRequest)(nil),  // 75: airlock.authority.v1.ListAuditCheckpointsRequest
-	(*ListAuditCheckpointsResponse)(nil), // 76: airlock.authority.v1.ListAuditCheckpointsResponse
-	(*GetPublishSpecRequest)(nil),        // 77: airlock.authority.v1.GetPublishSpecRequest
-	(*PublishPolicy)(nil),                // 78: airlock.authority.v1.PublishPolicy
-	(*GetPublishSpecResponse)(nil),       // 79: airlock.authority.v1.GetPublishSpecResponse
-	(*CreateSessionRequest)(nil),         // 80: airlock.authority.v1.CreateSessionRequest
-	(*CreateSessionResponse)(nil),        // 81: airlock.authority.v1.CreateSessionResponse
-	(*GetSessionRequest)(nil),            // 82: airlock.authority.v1.GetSessionRequest
-	(*GetSessionResponse)(nil),           // 83: airlock.authority.v1.GetSessionResponse
-	(*ListSessionsRequest)(nil),          // 84: airlock.authority.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),         // 85: airlock.authority.v1.ListSessionsResponse
-	(*FinishSessionRequest)(nil),         // 86: airlock.authority.v1.FinishSessionRequest
-	(*FinishSessionResponse)(nil),        // 87: airlock.authority.v1.FinishSessionResponse
-	(*CancelSessionRequest)(nil),         // 88: airlock.authority.v1.CancelSessionRequest
-	(*CancelSessionResponse)(nil),        // 89: airlock.authority.v1.CancelSessionResponse
-	(*StartExecRequest)(nil),             // 90: airlock.authority.v1.StartExecRequest
-	(*StartExecResponse)(nil),            // 91: airlock.authority.v1.StartExecResponse
-	(*GetExecRequest)(nil),               // 92: airlock.authority.v1.GetExecRequest
-	(*GetExecResponse)(nil),              // 93: airlock.authority.v1.GetExecResponse
-	(*WatchExecRequest)(nil),             // 94: airlock.authority.v1.WatchExecRequest
-	(*WatchExecResponse)(nil),            // 95: airlock.authority.v1.WatchExecResponse
-	(*RunExecStart)(nil),                 // 96: airlock.authority.v1.RunExecStart
-	(*RunExecRequest)(nil),               // 97: airlock.authority.v1.RunExecRequest
-	(*RunExecResponse)(nil),              // 98: airlock.authority.v1.RunExecResponse
-	(*CancelExecRequest)(nil),            // 99: airlock.authority.v1.CancelExecRequest
-	(*CancelExecResponse)(nil),           // 100: airlock.authority.v1.CancelExecResponse
-	(*ReadFileRequest)(nil),              // 101: airlock.authority.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),             // 102: airlock.authority.v1.ReadFileResponse
-	(*WriteFileHeader)(nil),              // 103: airlock.authority.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),             // 104: airlock.authority.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),            // 105: airlock.authority.v1.WriteFileResponse
-	(*ListFilesRequest)(nil),             // 106: airlock.authority.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),            // 107: airlock.authority.v1.ListFilesResponse
-	(*SuspendSessionRequest)(nil),        // 108: airlock.authority.v1.SuspendSessionRequest
-	(*SuspendSessionResponse)(nil),       // 109: airlock.authority.v1.SuspendSessionResponse
-	(*ResumeSessionRequest)(nil),         // 110: airlock.authority.v1.ResumeSessionRequest
-	(*ResumeSessionResponse)(nil),        // 111: airlock.authority.v1.ResumeSessionResponse
-	(*ListCachesRequest)(nil),            // 112: airlock.authority.v1.ListCachesRequest
-	(*ListCachesResponse)(nil),           // 113: airlock.authority.v1.ListCachesResponse
-	(*ClearCachesRequest)(nil),           // 114: airlock.authority.v1.ClearCachesRequest
-	(*ClearCachesResponse)(nil),          // 115: airlock.authority.v1.ClearCachesResponse
-	(*ListImagesRequest)(nil),            // 116: airlock.authority.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),           // 117: airlock.authority.v1.ListImagesResponse
-	(*PruneImagesRequest)(nil),           // 118: airlock.authority.v1.PruneImagesRequest
-	(*PruneImagesResponse)(nil),          // 119: airlock.authority.v1.PruneImagesResponse
-	(*HeartbeatRequest)(nil),             // 120: airlock.authority.v1.HeartbeatRequest
-	(*ExecutorReport)(nil),               // 121: airlock.authority.v1.ExecutorReport
-	(*ExecutorCapacity)(nil),             // 122: airlock.authority.v1.ExecutorCapacity
-	(*HeartbeatResponse)(nil),            // 123: airlock.authority.v1.HeartbeatResponse
-	(*Executor)(nil),                     // 124: airlock.authority.v1.Executor
-	(*ListExecutorsRequest)(nil),         // 125: airlock.authority.v1.ListExecutorsRequest
-	(*ListExecutorsResponse)(nil),        // 126: airlock.authority.v1.ListExecutorsResponse
-	(*GetExecutorRequest)(nil),           // 127: airlock.authority.v1.GetExecutorRequest
-	(*GetExecutorResponse)(nil),          // 128: airlock.authority.v1.GetExecutorResponse
-	(*DrainExecutorRequest)(nil),         // 129: airlock.authority.v1.DrainExecutorRequest
-	(*DrainExecutorResponse)(nil),        // 130: airlock.authority.v1.DrainExecutorResponse
-	nil,                                  // 131: airlock.authority.v1.JobSpec.EnvEntry
-	(*v1.ResourceLimits)(nil),            // 132: airlock.types.v1.ResourceLimits
-	(*v1.NetworkPolicy)(nil),             // 133: airlock.types.v1.NetworkPolicy
-	(v1.RuntimeClass)(0),                 // 134: airlock.types.v1.RuntimeClass
-	(*v1.PublishTarget)(nil),             // 135: airlock.types.v1.PublishTarget
-	(*v1.SessionSpec)(nil),               // 136: airlock.types.v1.SessionSpec
-	(*v1.JobUser)(nil),                   // 137: airlock.types.v1.JobUser
-	(*timestamppb.Timestamp)(nil),        // 138: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),                 // 139: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil),       // 140: airlock.types.v1.NetworkPolicyStatus
-	(*v1.ImageGrant)(nil),                // 141: airlock.types.v1.ImageGrant
-	(*v1.OutputChunk)(nil),               // 142: airlock.types.v1.OutputChunk
-	(*v1.EgressEvent)(nil),               // 143: airlock.types.v1.EgressEvent
-	(*v1.Exec)(nil),                      // 144: airlock.types.v1.Exec
-	(*v1.FileWrite)(nil),                 // 145: airlock.types.v1.FileWrite
-	(*v1.EgressRecord)(nil),              // 146: airlock.types.v1.EgressRecord
-	(*durationpb.Duration)(nil),          // 147: google.protobuf.Duration
-	(v1.TerminationReason)(0),            // 148: airlock.types.v1.TerminationReason
-	(*v1.ExecSpec)(nil),                  // 149: airlock.types.v1.ExecSpec
-	(*v1.FileHeader)(nil),                // 150: airlock.types.v1.FileHeader
-	(*v1.FileEntry)(nil),                 // 151: airlock.types.v1.FileEntry
-	(*v1.CacheInfo)(nil),                 // 152: airlock.types.v1.CacheInfo
-	(*v1.ImageInfo)(nil),                 // 153: airlock.types.v1.ImageInfo
-	(*v1.ImageCacheStats)(nil),           // 154: airlock.types.v1.ImageCacheStats
+	(*StartRequest)(nil),                 // 44: airlock.authority.v1.StartRequest
+	(*StartCredential)(nil),              // 45: airlock.authority.v1.StartCredential
+	(*ReviewMaterial)(nil),               // 46: airlock.authority.v1.ReviewMaterial
+	(*ReadReviewRequest)(nil),            // 47: airlock.authority.v1.ReadReviewRequest
+	(*ReviewPartStart)(nil),              // 48: airlock.authority.v1.ReviewPartStart
+	(*ReviewFiles)(nil),                  // 49: airlock.authority.v1.ReviewFiles
+	(*ReadReviewResponse)(nil),           // 50: airlock.authority.v1.ReadReviewResponse
+	(*ListApprovalsRequest)(nil),         // 51: airlock.authority.v1.ListApprovalsRequest
+	(*ListApprovalsResponse)(nil),        // 52: airlock.authority.v1.ListApprovalsResponse
+	(*GetApprovalRequest)(nil),           // 53: airlock.authority.v1.GetApprovalRequest
+	(*GetApprovalResponse)(nil),          // 54: airlock.authority.v1.GetApprovalResponse
+	(*DecideApprovalRequest)(nil),        // 55: airlock.authority.v1.DecideApprovalRequest
+	(*DecideApprovalResponse)(nil),       // 56: airlock.authority.v1.DecideApprovalResponse
+	(*ConsumeApprovalRequest)(nil),       // 57: airlock.authority.v1.ConsumeApprovalRequest
+	(*ConsumeApprovalResponse)(nil),      // 58: airlock.authority.v1.ConsumeApprovalResponse
+	(*Lease)(nil),                        // 59: airlock.authority.v1.Lease
+	(*LeaseCredentialRequest)(nil),       // 60: airlock.authority.v1.LeaseCredentialRequest
+	(*LeaseCredentialResponse)(nil),      // 61: airlock.authority.v1.LeaseCredentialResponse
+	(*BrokeredCredential)(nil),           // 62: airlock.authority.v1.BrokeredCredential
+	(*RevokeCredentialRequest)(nil),      // 63: airlock.authority.v1.RevokeCredentialRequest
+	(*RevokeCredentialResponse)(nil),     // 64: airlock.authority.v1.RevokeCredentialResponse
+	(*ListLeasesRequest)(nil),            // 65: airlock.authority.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),           // 66: airlock.authority.v1.ListLeasesResponse
+	(*UpdateNetworkPolicyRequest)(nil),   // 67: airlock.authority.v1.UpdateNetworkPolicyRequest
+	(*UpdateNetworkPolicyResponse)(nil),  // 68: airlock.authority.v1.UpdateNetworkPolicyResponse
+	(*UpdateJobLimitsRequest)(nil),       // 69: airlock.authority.v1.UpdateJobLimitsRequest
+	(*UpdateJobLimitsResponse)(nil),      // 70: airlock.authority.v1.UpdateJobLimitsResponse
+	(*UseLeaseRequest)(nil),              // 71: airlock.authority.v1.UseLeaseRequest
+	(*UseLeaseResponse)(nil),             // 72: airlock.authority.v1.UseLeaseResponse
+	(*AuditEvent)(nil),                   // 73: airlock.authority.v1.AuditEvent
+	(*ListAuditEventsRequest)(nil),       // 74: airlock.authority.v1.ListAuditEventsRequest
+	(*ListAuditEventsResponse)(nil),      // 75: airlock.authority.v1.ListAuditEventsResponse
+	(*AuditCheckpoint)(nil),              // 76: airlock.authority.v1.AuditCheckpoint
+	(*ListAuditCheckpointsRequest)(nil),  // 77: airlock.authority.v1.ListAuditCheckpointsRequest
+	(*ListAuditCheckpointsResponse)(nil), // 78: airlock.authority.v1.ListAuditCheckpointsResponse
+	(*GetPublishSpecRequest)(nil),        // 79: airlock.authority.v1.GetPublishSpecRequest
+	(*PublishPolicy)(nil),                // 80: airlock.authority.v1.PublishPolicy
+	(*GetPublishSpecResponse)(nil),       // 81: airlock.authority.v1.GetPublishSpecResponse
+	(*CreateSessionRequest)(nil),         // 82: airlock.authority.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),        // 83: airlock.authority.v1.CreateSessionResponse
+	(*GetSessionRequest)(nil),            // 84: airlock.authority.v1.GetSessionRequest
+	(*GetSessionResponse)(nil),           // 85: airlock.authority.v1.GetSessionResponse
+	(*ListSessionsRequest)(nil),          // 86: airlock.authority.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),         // 87: airlock.authority.v1.ListSessionsResponse
+	(*FinishSessionRequest)(nil),         // 88: airlock.authority.v1.FinishSessionRequest
+	(*FinishSessionResponse)(nil),        // 89: airlock.authority.v1.FinishSessionResponse
+	(*CancelSessionRequest)(nil),         // 90: airlock.authority.v1.CancelSessionRequest
+	(*CancelSessionResponse)(nil),        // 91: airlock.authority.v1.CancelSessionResponse
+	(*StartExecRequest)(nil),             // 92: airlock.authority.v1.StartExecRequest
+	(*StartExecResponse)(nil),            // 93: airlock.authority.v1.StartExecResponse
+	(*GetExecRequest)(nil),               // 94: airlock.authority.v1.GetExecRequest
+	(*GetExecResponse)(nil),              // 95: airlock.authority.v1.GetExecResponse
+	(*WatchExecRequest)(nil),             // 96: airlock.authority.v1.WatchExecRequest
+	(*WatchExecResponse)(nil),            // 97: airlock.authority.v1.WatchExecResponse
+	(*RunExecStart)(nil),                 // 98: airlock.authority.v1.RunExecStart
+	(*RunExecRequest)(nil),               // 99: airlock.authority.v1.RunExecRequest
+	(*RunExecResponse)(nil),              // 100: airlock.authority.v1.RunExecResponse
+	(*CancelExecRequest)(nil),            // 101: airlock.authority.v1.CancelExecRequest
+	(*CancelExecResponse)(nil),           // 102: airlock.authority.v1.CancelExecResponse
+	(*ReadFileRequest)(nil),              // 103: airlock.authority.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),             // 104: airlock.authority.v1.ReadFileResponse
+	(*WriteFileHeader)(nil),              // 105: airlock.authority.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),             // 106: airlock.authority.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),            // 107: airlock.authority.v1.WriteFileResponse
+	(*ListFilesRequest)(nil),             // 108: airlock.authority.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),            // 109: airlock.authority.v1.ListFilesResponse
+	(*SuspendSessionRequest)(nil),        // 110: airlock.authority.v1.SuspendSessionRequest
+	(*SuspendSessionResponse)(nil),       // 111: airlock.authority.v1.SuspendSessionResponse
+	(*ResumeSessionRequest)(nil),         // 112: airlock.authority.v1.ResumeSessionRequest
+	(*ResumeSessionResponse)(nil),        // 113: airlock.authority.v1.ResumeSessionResponse
+	(*ListCachesRequest)(nil),            // 114: airlock.authority.v1.ListCachesRequest
+	(*ListCachesResponse)(nil),           // 115: airlock.authority.v1.ListCachesResponse
+	(*ClearCachesRequest)(nil),           // 116: airlock.authority.v1.ClearCachesRequest
+	(*ClearCachesResponse)(nil),          // 117: airlock.authority.v1.ClearCachesResponse
+	(*ListImagesRequest)(nil),            // 118: airlock.authority.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),           // 119: airlock.authority.v1.ListImagesResponse
+	(*PruneImagesRequest)(nil),           // 120: airlock.authority.v1.PruneImagesRequest
+	(*PruneImagesResponse)(nil),          // 121: airlock.authority.v1.PruneImagesResponse
+	(*HeartbeatRequest)(nil),             // 122: airlock.authority.v1.HeartbeatRequest
+	(*ExecutorReport)(nil),               // 123: airlock.authority.v1.ExecutorReport
+	(*ExecutorCapacity)(nil),             // 124: airlock.authority.v1.ExecutorCapacity
+	(*HeartbeatResponse)(nil),            // 125: airlock.authority.v1.HeartbeatResponse
+	(*Executor)(nil),                     // 126: airlock.authority.v1.Executor
+	(*ListExecutorsRequest)(nil),         // 127: airlock.authority.v1.ListExecutorsRequest
+	(*ListExecutorsResponse)(nil),        // 128: airlock.authority.v1.ListExecutorsResponse
+	(*GetExecutorRequest)(nil),           // 129: airlock.authority.v1.GetExecutorRequest
+	(*GetExecutorResponse)(nil),          // 130: airlock.authority.v1.GetExecutorResponse
+	(*DrainExecutorRequest)(nil),         // 131: airlock.authority.v1.DrainExecutorRequest
+	(*DrainExecutorResponse)(nil),        // 132: airlock.authority.v1.DrainExecutorResponse
+	nil,                                  // 133: airlock.authority.v1.JobSpec.EnvEntry
+	(*v1.ResourceLimits)(nil),            // 134: airlock.types.v1.ResourceLimits
+	(*v1.NetworkPolicy)(nil),             // 135: airlock.types.v1.NetworkPolicy
+	(v1.RuntimeClass)(0),                 // 136: airlock.types.v1.RuntimeClass
+	(*v1.PublishTarget)(nil),             // 137: airlock.types.v1.PublishTarget
+	(*v1.SessionSpec)(nil),               // 138: airlock.types.v1.SessionSpec
+	(*v1.JobUser)(nil),                   // 139: airlock.types.v1.JobUser
+	(*timestamppb.Timestamp)(nil),        // 140: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),                 // 141: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil),       // 142: airlock.types.v1.NetworkPolicyStatus
+	(*v1.ImageGrant)(nil),                // 143: airlock.types.v1.ImageGrant
+	(*v1.OutputChunk)(nil),               // 144: airlock.types.v1.OutputChunk
+	(*v1.EgressEvent)(nil),               // 145: airlock.types.v1.EgressEvent
+	(*v1.Exec)(nil),                      // 146: airlock.types.v1.Exec
+	(*v1.FileWrite)(nil),                 // 147: airlock.types.v1.FileWrite
+	(*v1.EgressRecord)(nil),              // 148: airlock.types.v1.EgressRecord
+	(*durationpb.Duration)(nil),          // 149: google.protobuf.Duration
+	(v1.TerminationReason)(0),            // 150: airlock.types.v1.TerminationReason
+	(*v1.ExecSpec)(nil),                  // 151: airlock.types.v1.ExecSpec
+	(*v1.FileHeader)(nil),                // 152: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),                 // 153: airlock.types.v1.FileEntry
+	(*v1.CacheInfo)(nil),                 // 154: airlock.types.v1.CacheInfo
+	(*v1.ImageInfo)(nil),                 // 155: airlock.types.v1.ImageInfo
+	(*v1.ImageCacheStats)(nil),           // 156: airlock.types.v1.ImageCacheStats
 }
 var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
-	131, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
-	132, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
-	133, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	134, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	135, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
-	136, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
-	137, // 6: airlock.authority.v1.JobSpec.user:type_name -> airlock.types.v1.JobUser
+	133, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
+	134, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
+	135, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	136, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	137, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
+	138, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
+	139, // 6: airlock.authority.v1.JobSpec.user:type_name -> airlock.types.v1.JobUser
 	9,   // 7: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
 	0,   // 8: airlock.authority.v1.Job.state:type_name -> airlock.authority.v1.JobState
-	138, // 9: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	138, // 10: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	139, // 11: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
-	140, // 12: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	132, // 13: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
-	136, // 14: airlock.authority.v1.Job.session:type_name -> airlock.types.v1.SessionSpec
-	137, // 15: airlock.authority.v1.Job.user:type_name -> airlock.types.v1.JobUser
-	141, // 16: airlock.authority.v1.Job.image:type_name -> airlock.types.v1.ImageGrant
+	140, // 9: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	140, // 10: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	141, // 11: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
+	142, // 12: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	134, // 13: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
+	138, // 14: airlock.authority.v1.Job.session:type_name -> airlock.types.v1.SessionSpec
+	139, // 15: airlock.authority.v1.Job.user:type_name -> airlock.types.v1.JobUser
+	143, // 16: airlock.authority.v1.Job.image:type_name -> airlock.types.v1.ImageGrant
 	9,   // 17: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
 	10,  // 18: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
 	10,  // 19: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
@@ -10299,227 +10435,229 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	0,   // 23: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
 	10,  // 24: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
 	10,  // 25: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
-	142, // 26: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
-	143, // 27: airlock.authority.v1.WatchJobResponse.egress:type_name -> airlock.types.v1.EgressEvent
+	144, // 26: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
+	145, // 27: airlock.authority.v1.WatchJobResponse.egress:type_name -> airlock.types.v1.EgressEvent
 	10,  // 28: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
 	30,  // 29: airlock.authority.v1.FetchImageBlobResponse.header:type_name -> airlock.authority.v1.ImageBlobHeader
 	27,  // 30: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
 	28,  // 31: airlock.authority.v1.FetchSourceResponse.history:type_name -> airlock.authority.v1.SourceHistory
-	139, // 32: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
+	141, // 32: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
 	36,  // 33: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
 	1,   // 34: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
 	34,  // 35: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
 	35,  // 36: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
 	35,  // 37: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
 	37,  // 38: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
-	144, // 39: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
-	145, // 40: airlock.authority.v1.ReviewDetail.file_writes:type_name -> airlock.types.v1.FileWrite
-	146, // 41: airlock.authority.v1.EgressLog.records:type_name -> airlock.types.v1.EgressRecord
+	146, // 39: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
+	147, // 40: airlock.authority.v1.ReviewDetail.file_writes:type_name -> airlock.types.v1.FileWrite
+	148, // 41: airlock.authority.v1.EgressLog.records:type_name -> airlock.types.v1.EgressRecord
 	39,  // 42: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
-	146, // 43: airlock.authority.v1.EgressLog.last:type_name -> airlock.types.v1.EgressRecord
+	148, // 43: airlock.authority.v1.EgressLog.last:type_name -> airlock.types.v1.EgressRecord
 	38,  // 44: airlock.authority.v1.EgressLog.credentials:type_name -> airlock.authority.v1.CredentialUse
 	10,  // 45: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
-	132, // 46: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
-	132, // 47: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
-	133, // 48: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	133, // 49: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	136, // 50: airlock.authority.v1.JobChange.from_session:type_name -> airlock.types.v1.SessionSpec
-	136, // 51: airlock.authority.v1.JobChange.to_session:type_name -> airlock.types.v1.SessionSpec
+	134, // 46: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
+	134, // 47: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
+	135, // 48: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	135, // 49: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	138, // 50: airlock.authority.v1.JobChange.from_session:type_name -> airlock.types.v1.SessionSpec
+	138, // 51: airlock.authority.v1.JobChange.to_session:type_name -> airlock.types.v1.SessionSpec
 	3,   // 52: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
-	138, // 53: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
-	135, // 54: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
+	140, // 53: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
+	137, // 54: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
 	2,   // 55: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
 	42,  // 56: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
-	138, // 57: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
-	138, // 58: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	140, // 57: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
+	140, // 58: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
 	4,   // 59: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
 	41,  // 60: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
-	139, // 61: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
-	133, // 62: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	36,  // 63: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
-	5,   // 64: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
-	5,   // 65: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
-	34,  // 66: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
-	46,  // 67: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
-	47,  // 68: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
-	2,   // 69: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
-	43,  // 70: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
-	43,  // 71: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	44,  // 72: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
-	3,   // 73: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
-	43,  // 74: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	135, // 75: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
-	43,  // 76: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	6,   // 77: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	138, // 78: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
-	138, // 79: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	138, // 80: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
-	6,   // 81: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	147, // 82: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
-	57,  // 83: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	60,  // 84: airlock.authority.v1.LeaseCredentialResponse.brokered:type_name -> airlock.authority.v1.BrokeredCredential
-	57,  // 85: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	57,  // 86: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
-	133, // 87: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
-	140, // 88: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	132, // 89: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
-	136, // 90: airlock.authority.v1.UpdateJobLimitsRequest.session:type_name -> airlock.types.v1.SessionSpec
-	10,  // 91: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
-	57,  // 92: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
-	138, // 93: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
-	7,   // 94: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
-	138, // 95: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
-	138, // 96: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
-	71,  // 97: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
-	138, // 98: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
-	74,  // 99: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
-	43,  // 100: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
-	138, // 101: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
-	78,  // 102: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
-	9,   // 103: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
-	10,  // 104: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
-	10,  // 105: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
-	144, // 106: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
-	148, // 107: airlock.authority.v1.GetSessionResponse.suspend_reason:type_name -> airlock.types.v1.TerminationReason
-	145, // 108: airlock.authority.v1.GetSessionResponse.file_writes:type_name -> airlock.types.v1.FileWrite
-	0,   // 109: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
-	10,  // 110: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
-	10,  // 111: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
-	10,  // 112: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
-	149, // 113: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	144, // 114: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	144, // 115: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	142, // 116: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	144, // 117: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	149, // 118: airlock.authority.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
-	96,  // 119: airlock.authority.v1.RunExecRequest.start:type_name -> airlock.authority.v1.RunExecStart
-	91,  // 120: airlock.authority.v1.RunExecResponse.started:type_name -> airlock.authority.v1.StartExecResponse
-	142, // 121: airlock.authority.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	144, // 122: airlock.authority.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
-	144, // 123: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
-	150, // 124: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
-	103, // 125: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
-	151, // 126: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
-	10,  // 127: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
-	10,  // 128: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
-	152, // 129: airlock.authority.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
-	152, // 130: airlock.authority.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
-	153, // 131: airlock.authority.v1.ListImagesResponse.images:type_name -> airlock.types.v1.ImageInfo
-	154, // 132: airlock.authority.v1.ListImagesResponse.cache:type_name -> airlock.types.v1.ImageCacheStats
-	153, // 133: airlock.authority.v1.PruneImagesResponse.pruned:type_name -> airlock.types.v1.ImageInfo
-	121, // 134: airlock.authority.v1.HeartbeatRequest.report:type_name -> airlock.authority.v1.ExecutorReport
-	138, // 135: airlock.authority.v1.ExecutorReport.started_at:type_name -> google.protobuf.Timestamp
-	134, // 136: airlock.authority.v1.ExecutorReport.runtime_classes:type_name -> airlock.types.v1.RuntimeClass
-	122, // 137: airlock.authority.v1.ExecutorReport.capacity:type_name -> airlock.authority.v1.ExecutorCapacity
-	147, // 138: airlock.authority.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
-	147, // 139: airlock.authority.v1.HeartbeatResponse.lost_after:type_name -> google.protobuf.Duration
-	8,   // 140: airlock.authority.v1.Executor.state:type_name -> airlock.authority.v1.ExecutorState
-	138, // 141: airlock.authority.v1.Executor.drained_at:type_name -> google.protobuf.Timestamp
-	138, // 142: airlock.authority.v1.Executor.joined_at:type_name -> google.protobuf.Timestamp
-	138, // 143: airlock.authority.v1.Executor.last_seen:type_name -> google.protobuf.Timestamp
-	121, // 144: airlock.authority.v1.Executor.report:type_name -> airlock.authority.v1.ExecutorReport
-	124, // 145: airlock.authority.v1.ListExecutorsResponse.executors:type_name -> airlock.authority.v1.Executor
-	124, // 146: airlock.authority.v1.GetExecutorResponse.executor:type_name -> airlock.authority.v1.Executor
-	124, // 147: airlock.authority.v1.DrainExecutorResponse.executor:type_name -> airlock.authority.v1.Executor
-	11,  // 148: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
-	13,  // 149: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
-	15,  // 150: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
-	20,  // 151: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
-	22,  // 152: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
-	24,  // 153: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
-	16,  // 154: airlock.authority.v1.AuthorityService.DownloadBundle:input_type -> airlock.authority.v1.DownloadBundleRequest
-	80,  // 155: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
-	82,  // 156: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
-	84,  // 157: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
-	86,  // 158: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
-	88,  // 159: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
-	108, // 160: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
-	110, // 161: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
-	90,  // 162: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
-	92,  // 163: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
-	94,  // 164: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
-	99,  // 165: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
-	97,  // 166: airlock.authority.v1.AuthorityService.RunExec:input_type -> airlock.authority.v1.RunExecRequest
-	101, // 167: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
-	104, // 168: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
-	106, // 169: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
-	26,  // 170: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
-	29,  // 171: airlock.authority.v1.AuthorityService.FetchImageBlob:input_type -> airlock.authority.v1.FetchImageBlobRequest
-	33,  // 172: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	49,  // 173: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	51,  // 174: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	45,  // 175: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
-	53,  // 176: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	55,  // 177: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	77,  // 178: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
-	58,  // 179: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	61,  // 180: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	63,  // 181: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	65,  // 182: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	67,  // 183: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
-	69,  // 184: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
-	72,  // 185: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	75,  // 186: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
-	112, // 187: airlock.authority.v1.AuthorityService.ListCaches:input_type -> airlock.authority.v1.ListCachesRequest
-	114, // 188: airlock.authority.v1.AuthorityService.ClearCaches:input_type -> airlock.authority.v1.ClearCachesRequest
-	116, // 189: airlock.authority.v1.AuthorityService.ListImages:input_type -> airlock.authority.v1.ListImagesRequest
-	118, // 190: airlock.authority.v1.AuthorityService.PruneImages:input_type -> airlock.authority.v1.PruneImagesRequest
-	120, // 191: airlock.authority.v1.AuthorityService.Heartbeat:input_type -> airlock.authority.v1.HeartbeatRequest
-	125, // 192: airlock.authority.v1.AuthorityService.ListExecutors:input_type -> airlock.authority.v1.ListExecutorsRequest
-	127, // 193: airlock.authority.v1.AuthorityService.GetExecutor:input_type -> airlock.authority.v1.GetExecutorRequest
-	129, // 194: airlock.authority.v1.AuthorityService.DrainExecutor:input_type -> airlock.authority.v1.DrainExecutorRequest
-	12,  // 195: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
-	14,  // 196: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
-	19,  // 197: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
-	21,  // 198: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
-	23,  // 199: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
-	25,  // 200: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
-	18,  // 201: airlock.authority.v1.AuthorityService.DownloadBundle:output_type -> airlock.authority.v1.DownloadBundleResponse
-	81,  // 202: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
-	83,  // 203: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
-	85,  // 204: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
-	87,  // 205: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
-	89,  // 206: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
-	109, // 207: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
-	111, // 208: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
-	91,  // 209: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
-	93,  // 210: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
-	95,  // 211: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
-	100, // 212: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
-	98,  // 213: airlock.authority.v1.AuthorityService.RunExec:output_type -> airlock.authority.v1.RunExecResponse
-	102, // 214: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
-	105, // 215: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
-	107, // 216: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
-	32,  // 217: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	31,  // 218: airlock.authority.v1.AuthorityService.FetchImageBlob:output_type -> airlock.authority.v1.FetchImageBlobResponse
-	40,  // 219: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	50,  // 220: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	52,  // 221: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	48,  // 222: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
-	54,  // 223: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	56,  // 224: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	79,  // 225: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
-	59,  // 226: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	62,  // 227: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	64,  // 228: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	66,  // 229: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	68,  // 230: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
-	70,  // 231: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
-	73,  // 232: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	76,  // 233: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
-	113, // 234: airlock.authority.v1.AuthorityService.ListCaches:output_type -> airlock.authority.v1.ListCachesResponse
-	115, // 235: airlock.authority.v1.AuthorityService.ClearCaches:output_type -> airlock.authority.v1.ClearCachesResponse
-	117, // 236: airlock.authority.v1.AuthorityService.ListImages:output_type -> airlock.authority.v1.ListImagesResponse
-	119, // 237: airlock.authority.v1.AuthorityService.PruneImages:output_type -> airlock.authority.v1.PruneImagesResponse
-	123, // 238: airlock.authority.v1.AuthorityService.Heartbeat:output_type -> airlock.authority.v1.HeartbeatResponse
-	126, // 239: airlock.authority.v1.AuthorityService.ListExecutors:output_type -> airlock.authority.v1.ListExecutorsResponse
-	128, // 240: airlock.authority.v1.AuthorityService.GetExecutor:output_type -> airlock.authority.v1.GetExecutorResponse
-	130, // 241: airlock.authority.v1.AuthorityService.DrainExecutor:output_type -> airlock.authority.v1.DrainExecutorResponse
-	195, // [195:242] is the sub-list for method output_type
-	148, // [148:195] is the sub-list for method input_type
-	148, // [148:148] is the sub-list for extension type_name
-	148, // [148:148] is the sub-list for extension extendee
-	0,   // [0:148] is the sub-list for field type_name
+	44,  // 61: airlock.authority.v1.Approval.start:type_name -> airlock.authority.v1.StartRequest
+	45,  // 62: airlock.authority.v1.StartRequest.credentials:type_name -> airlock.authority.v1.StartCredential
+	141, // 63: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
+	135, // 64: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	36,  // 65: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
+	5,   // 66: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
+	5,   // 67: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
+	34,  // 68: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
+	48,  // 69: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
+	49,  // 70: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
+	2,   // 71: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
+	43,  // 72: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
+	43,  // 73: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	46,  // 74: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
+	3,   // 75: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
+	43,  // 76: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	137, // 77: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
+	43,  // 78: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	6,   // 79: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	140, // 80: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
+	140, // 81: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	140, // 82: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
+	6,   // 83: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	149, // 84: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
+	59,  // 85: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	62,  // 86: airlock.authority.v1.LeaseCredentialResponse.brokered:type_name -> airlock.authority.v1.BrokeredCredential
+	59,  // 87: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	59,  // 88: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
+	135, // 89: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
+	142, // 90: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	134, // 91: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
+	138, // 92: airlock.authority.v1.UpdateJobLimitsRequest.session:type_name -> airlock.types.v1.SessionSpec
+	10,  // 93: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
+	59,  // 94: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
+	140, // 95: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	7,   // 96: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
+	140, // 97: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
+	140, // 98: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
+	73,  // 99: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
+	140, // 100: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
+	76,  // 101: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
+	43,  // 102: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
+	140, // 103: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
+	80,  // 104: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
+	9,   // 105: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
+	10,  // 106: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
+	10,  // 107: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
+	146, // 108: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
+	150, // 109: airlock.authority.v1.GetSessionResponse.suspend_reason:type_name -> airlock.types.v1.TerminationReason
+	147, // 110: airlock.authority.v1.GetSessionResponse.file_writes:type_name -> airlock.types.v1.FileWrite
+	0,   // 111: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
+	10,  // 112: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
+	10,  // 113: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
+	10,  // 114: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
+	151, // 115: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	146, // 116: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	146, // 117: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	144, // 118: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	146, // 119: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	151, // 120: airlock.authority.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
+	98,  // 121: airlock.authority.v1.RunExecRequest.start:type_name -> airlock.authority.v1.RunExecStart
+	93,  // 122: airlock.authority.v1.RunExecResponse.started:type_name -> airlock.authority.v1.StartExecResponse
+	144, // 123: airlock.authority.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	146, // 124: airlock.authority.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
+	146, // 125: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	152, // 126: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	105, // 127: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
+	153, // 128: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	10,  // 129: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
+	10,  // 130: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
+	154, // 131: airlock.authority.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
+	154, // 132: airlock.authority.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
+	155, // 133: airlock.authority.v1.ListImagesResponse.images:type_name -> airlock.types.v1.ImageInfo
+	156, // 134: airlock.authority.v1.ListImagesResponse.cache:type_name -> airlock.types.v1.ImageCacheStats
+	155, // 135: airlock.authority.v1.PruneImagesResponse.pruned:type_name -> airlock.types.v1.ImageInfo
+	123, // 136: airlock.authority.v1.HeartbeatRequest.report:type_name -> airlock.authority.v1.ExecutorReport
+	140, // 137: airlock.authority.v1.ExecutorReport.started_at:type_name -> google.protobuf.Timestamp
+	136, // 138: airlock.authority.v1.ExecutorReport.runtime_classes:type_name -> airlock.types.v1.RuntimeClass
+	124, // 139: airlock.authority.v1.ExecutorReport.capacity:type_name -> airlock.authority.v1.ExecutorCapacity
+	149, // 140: airlock.authority.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
+	149, // 141: airlock.authority.v1.HeartbeatResponse.lost_after:type_name -> google.protobuf.Duration
+	8,   // 142: airlock.authority.v1.Executor.state:type_name -> airlock.authority.v1.ExecutorState
+	140, // 143: airlock.authority.v1.Executor.drained_at:type_name -> google.protobuf.Timestamp
+	140, // 144: airlock.authority.v1.Executor.joined_at:type_name -> google.protobuf.Timestamp
+	140, // 145: airlock.authority.v1.Executor.last_seen:type_name -> google.protobuf.Timestamp
+	123, // 146: airlock.authority.v1.Executor.report:type_name -> airlock.authority.v1.ExecutorReport
+	126, // 147: airlock.authority.v1.ListExecutorsResponse.executors:type_name -> airlock.authority.v1.Executor
+	126, // 148: airlock.authority.v1.GetExecutorResponse.executor:type_name -> airlock.authority.v1.Executor
+	126, // 149: airlock.authority.v1.DrainExecutorResponse.executor:type_name -> airlock.authority.v1.Executor
+	11,  // 150: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
+	13,  // 151: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
+	15,  // 152: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
+	20,  // 153: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
+	22,  // 154: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
+	24,  // 155: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
+	16,  // 156: airlock.authority.v1.AuthorityService.DownloadBundle:input_type -> airlock.authority.v1.DownloadBundleRequest
+	82,  // 157: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
+	84,  // 158: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
+	86,  // 159: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
+	88,  // 160: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
+	90,  // 161: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
+	110, // 162: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
+	112, // 163: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
+	92,  // 164: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
+	94,  // 165: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
+	96,  // 166: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
+	101, // 167: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
+	99,  // 168: airlock.authority.v1.AuthorityService.RunExec:input_type -> airlock.authority.v1.RunExecRequest
+	103, // 169: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
+	106, // 170: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
+	108, // 171: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
+	26,  // 172: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
+	29,  // 173: airlock.authority.v1.AuthorityService.FetchImageBlob:input_type -> airlock.authority.v1.FetchImageBlobRequest
+	33,  // 174: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
+	51,  // 175: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	53,  // 176: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	47,  // 177: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
+	55,  // 178: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	57,  // 179: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	79,  // 180: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
+	60,  // 181: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	63,  // 182: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	65,  // 183: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	67,  // 184: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	69,  // 185: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	71,  // 186: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	74,  // 187: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	77,  // 188: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
+	114, // 189: airlock.authority.v1.AuthorityService.ListCaches:input_type -> airlock.authority.v1.ListCachesRequest
+	116, // 190: airlock.authority.v1.AuthorityService.ClearCaches:input_type -> airlock.authority.v1.ClearCachesRequest
+	118, // 191: airlock.authority.v1.AuthorityService.ListImages:input_type -> airlock.authority.v1.ListImagesRequest
+	120, // 192: airlock.authority.v1.AuthorityService.PruneImages:input_type -> airlock.authority.v1.PruneImagesRequest
+	122, // 193: airlock.authority.v1.AuthorityService.Heartbeat:input_type -> airlock.authority.v1.HeartbeatRequest
+	127, // 194: airlock.authority.v1.AuthorityService.ListExecutors:input_type -> airlock.authority.v1.ListExecutorsRequest
+	129, // 195: airlock.authority.v1.AuthorityService.GetExecutor:input_type -> airlock.authority.v1.GetExecutorRequest
+	131, // 196: airlock.authority.v1.AuthorityService.DrainExecutor:input_type -> airlock.authority.v1.DrainExecutorRequest
+	12,  // 197: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
+	14,  // 198: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
+	19,  // 199: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
+	21,  // 200: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
+	23,  // 201: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
+	25,  // 202: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
+	18,  // 203: airlock.authority.v1.AuthorityService.DownloadBundle:output_type -> airlock.authority.v1.DownloadBundleResponse
+	83,  // 204: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
+	85,  // 205: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
+	87,  // 206: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
+	89,  // 207: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
+	91,  // 208: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
+	111, // 209: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
+	113, // 210: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
+	93,  // 211: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
+	95,  // 212: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
+	97,  // 213: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
+	102, // 214: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
+	100, // 215: airlock.authority.v1.AuthorityService.RunExec:output_type -> airlock.authority.v1.RunExecResponse
+	104, // 216: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
+	107, // 217: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
+	109, // 218: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
+	32,  // 219: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
+	31,  // 220: airlock.authority.v1.AuthorityService.FetchImageBlob:output_type -> airlock.authority.v1.FetchImageBlobResponse
+	40,  // 221: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	52,  // 222: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	54,  // 223: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	50,  // 224: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
+	56,  // 225: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	58,  // 226: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	81,  // 227: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
+	61,  // 228: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	64,  // 229: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	66,  // 230: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	68,  // 231: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	70,  // 232: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	72,  // 233: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	75,  // 234: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	78,  // 235: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
+	115, // 236: airlock.authority.v1.AuthorityService.ListCaches:output_type -> airlock.authority.v1.ListCachesResponse
+	117, // 237: airlock.authority.v1.AuthorityService.ClearCaches:output_type -> airlock.authority.v1.ClearCachesResponse
+	119, // 238: airlock.authority.v1.AuthorityService.ListImages:output_type -> airlock.authority.v1.ListImagesResponse
+	121, // 239: airlock.authority.v1.AuthorityService.PruneImages:output_type -> airlock.authority.v1.PruneImagesResponse
+	125, // 240: airlock.authority.v1.AuthorityService.Heartbeat:output_type -> airlock.authority.v1.HeartbeatResponse
+	128, // 241: airlock.authority.v1.AuthorityService.ListExecutors:output_type -> airlock.authority.v1.ListExecutorsResponse
+	130, // 242: airlock.authority.v1.AuthorityService.GetExecutor:output_type -> airlock.authority.v1.GetExecutorResponse
+	132, // 243: airlock.authority.v1.AuthorityService.DrainExecutor:output_type -> airlock.authority.v1.DrainExecutorResponse
+	197, // [197:244] is the sub-list for method output_type
+	150, // [150:197] is the sub-list for method input_type
+	150, // [150:150] is the sub-list for extension type_name
+	150, // [150:150] is the sub-list for extension extendee
+	0,   // [0:150] is the sub-list for field type_name
 }
 
 func init() { file_airlock_authority_v1_authority_proto_init() }
@@ -10547,31 +10685,31 @@ func file_airlock_authority_v1_authority_proto_init() {
 		(*FetchSourceResponse_History)(nil),
 		(*FetchSourceResponse_HistoryChunk)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[39].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[41].OneofWrappers = []any{
 		(*ReadReviewResponse_Start)(nil),
 		(*ReadReviewResponse_Files)(nil),
 		(*ReadReviewResponse_Chunk)(nil),
 		(*ReadReviewResponse_VerifiedDigest)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[86].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[88].OneofWrappers = []any{
 		(*WatchExecResponse_Output)(nil),
 		(*WatchExecResponse_Exec)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[88].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[90].OneofWrappers = []any{
 		(*RunExecRequest_Start)(nil),
 		(*RunExecRequest_Stdin)(nil),
 		(*RunExecRequest_CloseStdin)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[89].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[91].OneofWrappers = []any{
 		(*RunExecResponse_Started)(nil),
 		(*RunExecResponse_Output)(nil),
 		(*RunExecResponse_Exec)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[93].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[95].OneofWrappers = []any{
 		(*ReadFileResponse_Header)(nil),
 		(*ReadFileResponse_Chunk)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[95].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[97].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Chunk)(nil),
 	}
@@ -10581,7 +10719,7 @@ func file_airlock_authority_v1_authority_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_authority_v1_authority_proto_rawDesc), len(file_airlock_authority_v1_authority_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   123,
+			NumMessages:   125,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

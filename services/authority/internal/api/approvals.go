@@ -59,19 +59,34 @@ func approvalToProto(a store.Approval, state store.ApprovalState) *authorityv1.A
 		CreatedAt: timestamppb.New(a.CreatedAt), ExpiresAt: timestamppb.New(a.ExpiresAt),
 		Kind: authorityv1.ApprovalKind_APPROVAL_KIND_PUBLISH,
 	}
-	if a.Kind == store.KindChange {
+	switch a.Kind {
+	case store.KindChange:
 		out.Kind = authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE
 		// A change that cannot be read is shown without it; the digest
 		// still binds any decision to what was stored.
 		if c, err := jobs.DecodeChange(a.Change); err == nil {
 			out.Change = changeToProto(c)
 		}
-	} else {
+	case store.KindStart:
+		out.Kind = authorityv1.ApprovalKind_APPROVAL_KIND_START
+		if r, err := jobs.DecodeStart(a.Change); err == nil {
+			out.Start = startToProto(r)
+		}
+	default:
 		out.Target = &typesv1.PublishTarget{Repository: a.TargetRepo, Branch: a.TargetBranch}
 	}
 	for _, v := range a.Votes {
 		out.Votes = append(out.Votes, &authorityv1.ApprovalVote{Approver: v.Approver, Decision: decisionToProto[v.Decision],
 			Comment: v.Comment, DecidedAt: timestamppb.New(v.DecidedAt)})
+	}
+	return out
+}
+
+// startToProto is the API's view of what a start approval is about.
+func startToProto(r jobs.StartRequest) *authorityv1.StartRequest {
+	out := &authorityv1.StartRequest{}
+	for _, c := range r.Credentials {
+		out.Credentials = append(out.Credentials, &authorityv1.StartCredential{Name: c.Name, Hosts: c.Hosts, ApprovalRequired: c.ApprovalRequired})
 	}
 	return out
 }

@@ -49,13 +49,14 @@ func invalid(field, format string, args ...any) error {
 // cannot read at all is an invalid argument naming the field.
 func specFromProto(p *authorityv1.JobSpec) (jobs.Spec, error) {
 	s := jobs.Spec{
-		Repository: p.GetRepository(),
-		Revision:   p.GetRevision(),
-		Command:    p.GetCommand(),
-		Env:        p.GetEnv(),
-		Caches:     p.GetCaches(),
-		Image:      p.GetImage(),
-		With:       p.GetWith(),
+		Repository:  p.GetRepository(),
+		Revision:    p.GetRevision(),
+		Command:     p.GetCommand(),
+		Env:         p.GetEnv(),
+		Caches:      p.GetCaches(),
+		Image:       p.GetImage(),
+		With:        p.GetWith(),
+		Credentials: p.GetCredentials(),
 	}
 	if u := p.GetUser(); u != nil {
 		s.User = &runspec.User{UID: u.GetUid(), GID: u.GetGid()}

@@ -175,6 +175,8 @@ type harnessOptions struct {
 	devHistoryDepth int
 	// meter, if set, records the job and approval metrics.
 	meter metric.MeterProvider
+	// approvalTTL is tenant dev's approvals.ttl; default 1h.
+	approvalTTL time.Duration
 }
 
 func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
@@ -203,12 +205,17 @@ func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
 			Default: policy.DefaultLimits, Max: policy.DefaultMax,
 			RuntimeClasses:    []string{policy.RuntimeRunc, policy.RuntimeRunsc, policy.RuntimeVM},
 			Egress:            policy.Egress{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Domains: []string{"proxy.golang.org", "*.example.com"}},
-			Approvals:         policy.Approvals{Approvers: []string{"approver/alice", "approver/bob", "approver/dev"}, Required: 1, TTL: time.Hour},
+			Approvals:         policy.Approvals{Approvers: []string{"approver/alice", "approver/bob", "approver/dev"}, Required: 1, TTL: cmp.Or(opts.approvalTTL, time.Hour)},
 			DeployCredentials: map[string]string{"demo": deployFile},
 			Quota:             opts.devQuota,
 			GitHistoryDepth:   opts.devHistoryDepth,
 			Sessions:          opts.devSessions,
 			Caches:            map[string]policy.Cache{"go-build": {Path: "/root/.cache/go-build", MaxSize: 1 << 30}},
+			Credentials: map[string]policy.Credential{
+				"goproxy":   {Name: "goproxy", Hosts: []string{"proxy.golang.org"}, Header: "Authorization", Format: "Bearer {value}", File: credFile, MaxTTL: time.Hour},
+				"deploybot": {Name: "deploybot", Hosts: []string{"api.example.com"}, Header: "Authorization", Format: "Bearer {value}", File: deployFile, MaxTTL: time.Hour, ApprovalRequired: true},
+				"wild":      {Name: "wild", Hosts: []string{"*.example.com"}, Header: "Authorization", Format: "Bearer {value}", File: deployFile, MaxTTL: time.Hour},
+			},
 		},
 		"other": {
 			Name: "other", Clients: []string{"client/other"},

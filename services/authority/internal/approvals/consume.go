@@ -118,7 +118,7 @@ func (s *Service) PublishSpec(ctx context.Context, caller identity.ID, id string
 	if err != nil {
 		return PublishSpec{}, err
 	}
-	if a.Kind == store.KindChange || a.TargetRepo == "" {
+	if a.Kind != store.KindPublish && a.Kind != "" || a.TargetRepo == "" {
 		return PublishSpec{}, precondition("approval_id: %q is not a publish request", id)
 	}
 	t := s.cfg.Tenants[a.Tenant]

@@ -32,7 +32,7 @@ func (s *Service) Sweep(ctx context.Context, caller identity.ID) (approvalsExpir
 	}
 	n, err = Drain(func(batch int) (int, error) {
 		list, err := s.cfg.Store.ExpireChangesOfEndedJobsAudited(ctx, batch, func(a store.Approval) audit.Event {
-			return expired(a, fmt.Sprintf("change request for job %s: the job has ended, so the change can no longer apply", a.JobID))
+			return expired(a, fmt.Sprintf("%s request for job %s: the job has ended, so it can no longer apply", a.Kind, a.JobID))
 		})
 		s.metrics.expired(list)
 		return len(list), err

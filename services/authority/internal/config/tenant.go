@@ -208,6 +208,9 @@ func (c *Config) tenant(name string, f TenantFile) (*policy.Tenant, error) {
 		}
 		t.User = u
 	}
+	creds, crerrs := c.credentials(field+".credentials", t.Egress, f.Credentials)
+	t.Credentials = creds
+	errs = append(errs, crerrs...)
 	imgs, ierrs := c.images(field+".images", f.Images)
 	t.Images = imgs
 	errs = append(errs, ierrs...)

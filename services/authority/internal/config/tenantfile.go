@@ -56,6 +56,10 @@ type TenantFile struct {
 	// and how the authority reaches their registries. Omitted, jobs run
 	// on the executor's host template only.
 	Images ImagesFile `yaml:"images"`
+	// Credentials are the brokered credentials the tenant's jobs may ask
+	// for (--credential NAME), by name: the job's egress proxy adds one to
+	// requests to its hosts, and the job never holds it.
+	Credentials map[string]CredentialFile `yaml:"credentials"`
 }
 
 // ImagesFile is a tenant's image policy as the file writes it.

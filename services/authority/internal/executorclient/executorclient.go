@@ -65,6 +65,7 @@ func (s *Signer) Sign(r jobs.GrantRequest) (jobs.SignedGrant, error) {
 		GitHistoryDepth:         uint32(max(r.HistoryDepth, 0)),
 		Executor:                r.Executor,
 		With:                    r.With,
+		Credentials:             r.Credentials,
 		IssuedAt:                timestamppb.New(r.IssuedAt),
 		ExpiresAt:               timestamppb.New(r.ExpiresAt),
 	}
@@ -115,7 +116,7 @@ func (s *Signer) Decode(wire []byte) (jobs.GrantRequest, error) {
 		NetworkGeneration: g.GetNetworkPolicyGeneration(), Generation: max(g.GetGeneration(), 1),
 		// A grant from before runtime classes is runc's.
 		RuntimeClass: cmp.Or(rc, policy.RuntimeRunc), HistoryDepth: int(g.GetGitHistoryDepth()), Executor: g.GetExecutor(),
-		With:     g.GetWith(),
+		With: g.GetWith(), Credentials: g.GetCredentials(),
 		IssuedAt: g.GetIssuedAt().AsTime(), ExpiresAt: g.GetExpiresAt().AsTime(),
 	}
 	if p := g.GetPublishTarget(); p != nil {

@@ -70,11 +70,18 @@ func (s *Service) Target(j store.Job) (approvals.Target, error) {
 
 // Decide records an approver's vote. The deciding vote on a change request
 // applies the change: the approval is spent with the job's new grant in
-// one transaction. It returns the approval as it then is.
+// one transaction. The deciding vote on a start request drives its job:
+// to an executor, or (denied) to its end. It returns the approval as it
+// then is.
 func (s *Service) Decide(ctx context.Context, caller identity.ID, req approvals.DecideRequest) (store.Approval, error) {
 	a, err := s.cfg.Approvals.Decide(ctx, caller, req)
 	if err != nil {
 		return store.Approval{}, err
+	}
+	if a.Kind == store.KindStart {
+		// Approved, the job goes to an executor; denied, it ends.
+		s.cfg.Jobs.StartDecided(a)
+		return a, nil
 	}
 	if a.Kind != store.KindChange || a.State != store.ApprovalApproved {
 		return a, nil

@@ -2,9 +2,6 @@ package jobs
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"sort"
@@ -153,12 +150,8 @@ func (s *Service) RecordPolicy(ctx context.Context, caller identity.ID) error {
 	}
 	sort.Strings(names)
 	digest := func(v any) (string, error) {
-		b, err := json.Marshal(v)
-		if err != nil {
-			return "", err
-		}
-		sum := sha256.Sum256(b)
-		return "sha256:" + hex.EncodeToString(sum[:]), nil
+		_, d, err := encodeDigested(v)
+		return d, err
 	}
 	all, err := digest(s.cfg.Tenants)
 	if err != nil {

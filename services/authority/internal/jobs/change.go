@@ -64,8 +64,12 @@ type Change struct {
 
 // Encode returns the change's stored form and its digest, which an
 // approver's decision must name.
-func (c Change) Encode() (wire []byte, digest string, err error) {
-	wire, err = json.Marshal(c)
+func (c Change) Encode() (wire []byte, digest string, err error) { return encodeDigested(c) }
+
+// encodeDigested serializes what an approval is about (a change, a start)
+// as the approval stores it, with the digest a decision must name.
+func encodeDigested(v any) (wire []byte, digest string, err error) {
+	wire, err = json.Marshal(v)
 	if err != nil {
 		return nil, "", err
 	}

@@ -101,14 +101,25 @@ func retryable(err error) bool {
 // job needs no more driving, and an error when the attempt should be
 // retried.
 func (s *Service) dispatch(j store.Job) (done bool, err error) {
-	if !s.now().Before(j.GrantExpiresAt) && !s.now().Before(j.CreatedAt.Add(s.startDeadline(j))) {
-		_, err := s.transition(j.ID, []store.State{store.StateQueued}, store.StateFailed,
-			fmt.Sprintf("no executor accepted the job within its tenant's start deadline (%v after submission)", s.startDeadline(j)))
-		return true, err
-	}
 	g, err := s.grantOf(j)
 	if err != nil {
 		return false, fmt.Errorf("jobs: decode the grant of job %s: %w", j.ID, err)
+	}
+	// A job waiting for its start approval is never placed, and its start
+	// deadline counts from the approval: only the approval's own expiry
+	// ends its wait.
+	ok, from, done, err := s.startGate(j, g)
+	if !ok {
+		return done, err
+	}
+	if !s.now().Before(j.GrantExpiresAt) && !s.now().Before(from.Add(s.startDeadline(j))) {
+		since := "submission"
+		if !from.Equal(j.CreatedAt) {
+			since = "its start approval"
+		}
+		_, err := s.transition(j.ID, []store.State{store.StateQueued}, store.StateFailed,
+			fmt.Sprintf("no executor accepted the job within its tenant's start deadline (%v after %s)", s.startDeadline(j), since))
+		return true, err
 	}
 	need := useOf(g.Limits)
 	if ok, why := s.gate.enter(j.ID, j.Tenant, need, gateWait); !ok {
@@ -368,8 +379,8 @@ func (s *Service) transition(id string, from []store.State, to store.State, mess
 
 // stillAllowed says why the tenant's policy in force would no longer grant
 // job j's decision ("" when it would): the tenant, the repository, the
-// runtime class, the limits against the ceilings and the quota, and the
-// network policy against the egress allowed.
+// runtime class, the limits against the ceilings and the quota, the
+// network policy against the egress allowed, and the brokered credentials.
 func (s *Service) stillAllowed(j store.Job) string {
 	t := s.cfg.Tenants[j.Tenant]
 	if t == nil {
@@ -395,6 +406,9 @@ func (s *Service) stillAllowed(j store.Job) string {
 		return withoutKind(err)
 	}
 	if _, err := checkNetwork(t, "network_policy", g.Network); err != nil {
+		return withoutKind(err)
+	}
+	if _, err := checkCredentials(t, g.Credentials, g.RuntimeClass, g.Network); err != nil {
 		return withoutKind(err)
 	}
 	return ""

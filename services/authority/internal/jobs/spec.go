@@ -85,6 +85,9 @@ type Spec struct {
 	// With names what to run beside the job in its sandbox
 	// (runspec.WithDocker); checked by runspec.CheckWith.
 	With []string `json:",omitempty"`
+	// Credentials name brokered credentials of the tenant's policy the
+	// job's egress proxy adds to its requests; never a value.
+	Credentials []string `json:",omitempty"`
 }
 
 // Session is what makes a job a session: its sandbox stays up for the
@@ -135,6 +138,9 @@ type GrantRequest struct {
 	Image *ImageGrant
 	// With is what runs beside the job in its sandbox, as the spec asked.
 	With []string
+	// Credentials name the brokered credentials the job's egress proxy may
+	// lease, as the spec asked; never a value.
+	Credentials []string
 	// Executor is the SPIFFE ID of the executor the grant is for; every
 	// other executor refuses it. "" while the job is placed nowhere: no
 	// executor accepts such a grant.

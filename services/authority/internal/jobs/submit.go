@@ -44,6 +44,9 @@ type decision struct {
 	// userAsked says the spec named its user (an image's config then
 	// does not choose it).
 	userAsked bool
+	// start is the brokered credentials the job asks for; when one needs
+	// it, the job waits for a start approval before it is placed.
+	start StartRequest
 }
 
 // Submit checks a job against its tenant's policy, resolves its revision,
@@ -120,12 +123,15 @@ func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequ
 		JobID: j.ID, Tenant: j.Tenant, Requester: j.Requester, Repository: d.repo.Name, Commit: rev.Commit,
 		Command: req.Spec.Command, Env: req.Spec.Env, Limits: d.limits, Network: d.network, NetworkGeneration: 1, Generation: 1,
 		RuntimeClass: d.runtime, PublishTarget: req.Spec.PublishTarget, Session: d.session,
-		HistoryDepth: s.historyDepth(j.Tenant), Caches: d.caches, User: d.user, Image: img, With: d.with, IssuedAt: now, ExpiresAt: now.Add(s.cfg.GrantTTL),
+		HistoryDepth: s.historyDepth(j.Tenant), Caches: d.caches, User: d.user, Image: img, With: d.with, Credentials: req.Spec.Credentials,
+		IssuedAt: now, ExpiresAt: now.Add(s.cfg.GrantTTL),
 	}
 	// Placed now when an executor has room (the grant names it), else when
-	// its turn comes.
+	// its turn comes; a job waiting for its start approval holds no place.
 	where := "; placed on no executor yet"
-	if m, why, err := s.place(ctx, j, greq); err != nil {
+	if d.start.needsApproval() {
+		where += " (it waits for its start approval: brokered credential(s) " + strings.Join(d.start.approvalNames(), ", ") + ")"
+	} else if m, why, err := s.place(ctx, j, greq); err != nil {
 		s.cfg.Logger.Warn("place a submitted job", "job", j.ID, "error", err)
 	} else if m.ID != "" {
 		greq.Executor, j.Executor, where = m.ID, m.ID, "; placed on executor "+m.Name
@@ -163,6 +169,13 @@ func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequ
 	}
 	s.cfg.Logger.Info("job submitted", "job", stored.ID, "tenant", stored.Tenant, "requester", stored.Requester,
 		"repository", stored.Repository, "commit", stored.Commit, "state", string(stored.State), "message", stored.Message)
+	if d.start.needsApproval() {
+		// Opened before the job is first driven; should this fail, its
+		// dispatch opens it.
+		if _, err := s.openStart(ctx, caller.String(), stored, t, d.start); err != nil {
+			s.cfg.Logger.Warn("open a start approval", "job", stored.ID, "error", err)
+		}
+	}
 	s.hub.publish(stored)
 	if stored.State == store.StateQueued {
 		s.kick(stored.ID)
@@ -303,6 +316,9 @@ func (s *Service) check(ctx context.Context, t *policy.Tenant, spec Spec) (decis
 	if d.network, err = checkNetwork(t, "spec.network_policy", spec.Network); err != nil {
 		return d, err
 	}
+	if d.start, err = checkCredentials(t, spec.Credentials, d.runtime, d.network); err != nil {
+		return d, err
+	}
 	if p := spec.PublishTarget; p != nil {
 		if _, ok := t.Repositories[p.Repository]; !ok {
 			return d, denied("spec.publish_target.repository", "%q is not a repository of tenant %q", p.Repository, t.Name)
@@ -401,24 +417,36 @@ func checkCaches(t *policy.Tenant, names []string) ([]CacheGrant, error) {
 	}
 	var out []CacheGrant
 	for i, n := range names {
-		field := fmt.Sprintf("spec.caches[%d]", i)
-		if len(n) > maxNameBytes {
-			return nil, invalid(field, "at most %d bytes (got %d)", maxNameBytes, len(n))
-		}
-		c, ok := t.Caches[n]
-		if !ok {
-			have := slices.Sorted(maps.Keys(t.Caches))
-			if len(have) == 0 {
-				return nil, denied(field, "%q: tenant %q has no caches in its policy", n, t.Name)
-			}
-			return nil, denied(field, "%q is not a cache of tenant %q (it has: %s)", n, t.Name, strings.Join(have, ", "))
-		}
-		if slices.Contains(names[:i], n) {
-			return nil, invalid(field, "%q is listed twice", n)
+		c, err := named(t, t.Caches, names, i, "spec.caches", "cache", denied)
+		if err != nil {
+			return nil, err
 		}
 		out = append(out, CacheGrant{Name: n, Path: c.Path, MaxSize: c.MaxSize})
 	}
 	return out, nil
+}
+
+// named takes names[i], which a spec's field lists, from m, the tenant's
+// policy's entries of one kind (what): a name the policy lacks is refused
+// by unknown naming it and those there are, one listed twice as invalid.
+func named[V any](t *policy.Tenant, m map[string]V, names []string, i int, field, what string, unknown func(field, format string, args ...any) error) (V, error) {
+	var zero V
+	n, field := names[i], fmt.Sprintf("%s[%d]", field, i)
+	if len(n) > maxNameBytes {
+		return zero, invalid(field, "at most %d bytes (got %d)", maxNameBytes, len(n))
+	}
+	v, ok := m[n]
+	if !ok {
+		have := slices.Sorted(maps.Keys(m))
+		if len(have) == 0 {
+			return zero, unknown(field, "%q: tenant %q has no %ss in its policy", n, t.Name, what)
+		}
+		return zero, unknown(field, "%q is not a %s of tenant %q (it has: %s)", n, what, t.Name, strings.Join(have, ", "))
+	}
+	if slices.Contains(names[:i], n) {
+		return zero, invalid(field, "%q is listed twice", n)
+	}
+	return v, nil
 }
 
 func checkCommand(argv []string) error {

@@ -230,11 +230,13 @@ type Vote struct {
 // database holds, so they never change.
 type ApprovalKind string
 
-// Approval kinds: publishing a job's bundle (one per job), or a change that
-// widens a running job (any number per job).
+// Approval kinds: publishing a job's bundle (one per job), a change that
+// widens a running job (any number per job), or starting a queued job
+// that asks for a brokered credential whose policy requires it.
 const (
 	KindPublish ApprovalKind = "publish"
 	KindChange  ApprovalKind = "change"
+	KindStart   ApprovalKind = "start"
 )
 
 // Approval is a request to publish one bundle of one job to one target, or
@@ -250,8 +252,9 @@ type Approval struct {
 	// BundleDigest is what a decision must name: the bundle's digest, or
 	// for a change the digest of Change.
 	BundleDigest string
-	// Change is the requested change, serialized by the jobs package; nil
-	// for publish requests.
+	// Change is the requested change, or for a start request what the job
+	// asks to start with, serialized by the jobs package; nil for publish
+	// requests.
 	Change       []byte
 	TargetRepo   string
 	TargetBranch string
@@ -274,6 +277,8 @@ type ApprovalFilter struct {
 	Tenant string
 	// Kind, if set, selects one kind.
 	Kind ApprovalKind
+	// JobID, if set, selects one job's approvals.
+	JobID string
 	// States filters by stored state; empty means all.
 	States []ApprovalState
 	// Limit is the page size and must be positive.
@@ -370,7 +375,7 @@ type ApprovalStore interface {
 	// replica, say) is left alone.
 	ExpireApprovalsAudited(ctx context.Context, now time.Time, limit int, event func(Approval) audit.Event) ([]Approval, error)
 	// ExpireChangesOfEndedJobsAudited rewrites up to limit pending or
-	// approved change approvals whose job has ended (finished, failed or
+	// approved change and start approvals whose job has ended (finished, failed or
 	// cancelled) as expired, each with its event: such a change can no
 	// longer apply. It returns those it rewrote.
 	ExpireChangesOfEndedJobsAudited(ctx context.Context, limit int, event func(Approval) audit.Event) ([]Approval, error)

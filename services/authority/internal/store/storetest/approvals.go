@@ -24,6 +24,7 @@ var approvalTests = []conformance{
 	{"LeaseCreateRevokeList", testLeases},
 	{"LeaseOneActivePerJob", testLeaseOneActive},
 	{"ChangeRequestKinds", testChangeKinds},
+	{"StartRequests", testStartRequests},
 	{"ChangeApplyIsAtomic", testChangeApplyAtomic},
 	{"ChangeApplyRace50", testChangeApplyRace},
 	{"ExpireApprovalsAndLeases", testExpire},

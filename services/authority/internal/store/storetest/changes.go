@@ -293,3 +293,56 @@ func testExpireChangesOfEndedJobs(t *testing.T, open Opener) {
 		t.Fatalf("%d approval.expired events, want 2", n)
 	}
 }
+
+// testStartRequests: a start request carries what it is about, is listed
+// by job and kind, is consumed only as itself (never by the publisher's
+// consume as a publish request), and expires with its ended job.
+func testStartRequests(t *testing.T, open Opener) {
+	s := open(t)
+	mustCreate(t, s, NewJob("dev", "j1", 0))
+	mustCreate(t, s, NewJob("dev", "j2", 1))
+	start := func(id, job string, n int) store.Approval {
+		a := NewChange("dev", id, job, n)
+		a.Kind, a.Change = store.KindStart, []byte(`{"Credentials":[{"Name":"`+id+`"}]}`)
+		return a
+	}
+	s1 := mustApproval(t, s, start("s1", "j1", 0))
+	mustApproval(t, s, start("s2", "j2", 1))
+	mustApproval(t, s, NewChange("dev", "c1", "j1", 2))
+	if s1.Kind != store.KindStart || string(s1.Change) != `{"Credentials":[{"Name":"s1"}]}` {
+		t.Fatalf("stored start request = %+v", s1)
+	}
+	bad := start("s3", "j1", 3)
+	bad.Change = nil
+	if _, _, err := s.CreateApprovalAudited(ctx(t), bad, audit.Event{Kind: audit.KindApprovalOpened}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("a start request without what it is about = %v, want ErrInvalidArgument", err)
+	}
+	list, _, err := s.ListApprovals(ctx(t), store.ApprovalFilter{JobID: "j1", Kind: store.KindStart, Limit: 10})
+	if err != nil || len(list) != 1 || list[0].ID != "s1" {
+		t.Fatalf("j1's start requests: %v, %v", list, err)
+	}
+	if list, _, err := s.ListApprovals(ctx(t), store.ApprovalFilter{JobID: "j1", Limit: 10}); err != nil || len(list) != 2 {
+		t.Fatalf("j1's requests: %v, %v", list, err)
+	}
+	if _, err := approve(s, t, "s1", "spiffe://airlock.test/approver/alice", store.ApprovalApproved); err != nil {
+		t.Fatal(err)
+	}
+	now := base.Add(time.Minute)
+	if _, err := s.ConsumeApprovalAudited(ctx(t), consumeReq(s1, now), audit.Event{Kind: audit.KindApprovalConsumed}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("consuming a start request as a publish one = %v", err)
+	}
+	r := changeReq(s1, now)
+	r.Kind = store.KindStart
+	if got, err := s.ConsumeApprovalAudited(ctx(t), r, audit.Event{Kind: audit.KindApprovalConsumed}); err != nil || got.State != store.ApprovalConsumed {
+		t.Fatalf("consuming the start request = %+v, %v", got, err)
+	}
+	if _, err := s.UpdateJob(ctx(t), "j2", func(j *store.Job) error { j.State = store.StateCancelled; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.ExpireChangesOfEndedJobsAudited(ctx(t), 10, func(a store.Approval) audit.Event {
+		return audit.Event{Kind: audit.KindApprovalExpired, Subject: a.ID, Outcome: "allowed"}
+	})
+	if err != nil || len(got) != 1 || got[0].ID != "s2" {
+		t.Fatalf("expired with their ended jobs: %v, %v; want s2", got, err)
+	}
+}

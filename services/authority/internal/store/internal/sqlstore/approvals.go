@@ -98,8 +98,9 @@ func (s *DB) CreateApprovalAudited(ctx context.Context, a store.Approval, e audi
 	if a.ID == "" || a.JobID == "" || a.Tenant == "" || a.State != store.ApprovalPending || a.Required < 1 || a.ExpiresAt.IsZero() {
 		return store.Approval{}, false, fmt.Errorf("%w: store: create approval: id, job, tenant, pending state, required >= 1 and expiry are required", errdefs.ErrInvalidArgument)
 	}
-	if (a.Kind == store.KindChange) != (len(a.Change) > 0) || (a.Kind != store.KindChange && a.Kind != store.KindPublish) {
-		return store.Approval{}, false, fmt.Errorf("%w: store: create approval: kind %q: a change request, and only one, carries its change", errdefs.ErrInvalidArgument, a.Kind)
+	carries := a.Kind == store.KindChange || a.Kind == store.KindStart
+	if carries != (len(a.Change) > 0) || (!carries && a.Kind != store.KindPublish) {
+		return store.Approval{}, false, fmt.Errorf("%w: store: create approval: kind %q: a change or start request, and only one, carries what it is about", errdefs.ErrInvalidArgument, a.Kind)
 	}
 	if err := defaultEvent(&e, a.JobID, a.Tenant); err != nil {
 		return store.Approval{}, false, fmt.Errorf("store: create approval: %w", err)
@@ -111,7 +112,7 @@ func (s *DB) CreateApprovalAudited(ctx context.Context, a store.Approval, e audi
 	err := s.Tx(ctx, func(tx *sql.Tx) error {
 		// Only publish requests are one per job (a partial unique index).
 		conflict, cond, key := ` ON CONFLICT (job_id) WHERE kind = 'publish' DO NOTHING`, byJob, a.JobID
-		if a.Kind == store.KindChange {
+		if a.Kind != store.KindPublish {
 			conflict, cond, key = "", byID, a.ID
 		}
 		res, err := tx.ExecContext(ctx, s.Q(`INSERT INTO approvals (`+approvalColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`+conflict),
@@ -171,6 +172,10 @@ func (s *DB) ListApprovals(ctx context.Context, f store.ApprovalFilter) ([]store
 	if f.Kind != "" {
 		where = append(where, "kind = ?")
 		args = append(args, string(f.Kind))
+	}
+	if f.JobID != "" {
+		where = append(where, "job_id = ?")
+		args = append(args, f.JobID)
 	}
 	if len(f.States) > 0 {
 		where = append(where, "state IN ("+placeholders(len(f.States))+")")
@@ -599,9 +604,9 @@ func (s *DB) ExpireChangesOfEndedJobsAudited(ctx context.Context, limit int, eve
 	ended := []any{string(store.StateFinished), string(store.StateFailed), string(store.StateCancelled)}
 	return expireEach(ctx, s, "change approval", limit,
 		`SELECT a.id FROM approvals a JOIN jobs j ON j.id = a.job_id
-			WHERE a.kind = 'change' AND a.state IN (?, ?) AND j.state IN (?, ?, ?) ORDER BY a.created_at, a.id LIMIT ?`,
+			WHERE a.kind IN ('change', 'start') AND a.state IN (?, ?) AND j.state IN (?, ?, ?) ORDER BY a.created_at, a.id LIMIT ?`,
 		append(open, ended...),
-		`UPDATE approvals SET state = ?, version = version + 1 WHERE id = ? AND kind = 'change' AND state IN (?, ?)
+		`UPDATE approvals SET state = ?, version = version + 1 WHERE id = ? AND kind IN ('change', 'start') AND state IN (?, ?)
 			AND job_id IN (SELECT id FROM jobs WHERE state IN (?, ?, ?))`,
 		func(id string) []any {
 			return append(append([]any{string(store.ApprovalExpired), id}, open...), ended...)
