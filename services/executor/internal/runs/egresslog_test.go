@@ -36,7 +36,7 @@ func TestEgressLogFlood(t *testing.T) {
 	l.connection(egressproxy.Decision{Time: now, Mode: egressproxy.ModeTransparent, Name: strings.Repeat("x", 60000), Port: 443, Reason: "SNI: " + strings.Repeat("x", 60000)})
 	l.close()
 
-	first, last, total, names, ok := egressOf(filepath.Join(dir, bundle.EgressFile), slog.New(slog.DiscardHandler))
+	first, last, total, names, _, ok := egressOf(filepath.Join(dir, bundle.EgressFile), slog.New(slog.DiscardHandler))
 	if !ok {
 		t.Fatal("no record")
 	}
@@ -93,7 +93,7 @@ func TestEgressLogRefusalsLeaveRoomForAllowed(t *testing.T) {
 	}
 	l.connection(egressproxy.Decision{Time: time.Now(), Mode: egressproxy.ModeConnect, Name: "used.test", Port: 443, Allowed: true, Reason: "allowed by used.test"})
 	l.close()
-	_, last, _, _, _ := egressOf(filepath.Join(dir, bundle.EgressFile), slog.New(slog.DiscardHandler))
+	_, last, _, _, _, _ := egressOf(filepath.Join(dir, bundle.EgressFile), slog.New(slog.DiscardHandler))
 	if n := last[len(last)-1]; n.Name != "used.test" || !n.Allowed || n.Suppressed != 0 {
 		t.Errorf("the last record is %+v, want used.test's own line", n)
 	}

@@ -2,6 +2,7 @@ package runs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -30,8 +31,11 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 	defer e.stderr.close()
 	fail := func(err error) {
 		state, reason := Failed, sandbox.Reason("sandbox_error")
-		if ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
 			state, reason = Cancelled, sandbox.Reason("cancelled")
+		case errors.Is(err, ErrCredential):
+			reason = ReasonCredentialUnavailable
 		}
 		log.Error("run failed", "error", err)
 		m.finish(e, state, &Result{Reason: reason, ExitCode: -1, Message: err.Error()})
@@ -285,8 +289,22 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source, 
 				env = map[string]string{}
 			}
 			maps.Copy(env, eg.env())
+			if len(g.Credentials) > 0 {
+				creds, ca, err := m.startCredentials(ctx, g, eg)
+				if err != nil {
+					eg.close()
+					m.closeNet(n)
+					return nil, err
+				}
+				maps.Copy(env, creds)
+				spec.ExtraCAs = ca
+			}
 			spec.Env = env
 			spec.Nameservers = eg.addrs[:1]
+		} else if len(g.Credentials) > 0 {
+			// Start refuses such a grant; defend.
+			m.closeNet(n)
+			return nil, fmt.Errorf("%w: the job has brokered credentials but no egress proxy to add them", ErrCredential)
 		}
 	}
 	if g.Session != nil {
