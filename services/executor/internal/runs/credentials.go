@@ -132,7 +132,7 @@ func (m *Manager) startCredentials(ctx context.Context, g Grant, eg *jobEgress) 
 			err = fmt.Errorf("%w: %v", ErrCredential, err)
 		}
 	}()
-	ca = eg.proxy.CACertPEM()
+	ca = proxyCA(eg.proxy)
 	if len(ca) == 0 {
 		return nil, nil, errors.New("the egress proxy has no CA to intercept the credentials' hosts with")
 	}
@@ -277,3 +277,8 @@ func (e *jobEgress) revoke(reason string) {
 	}
 	e.leases = nil
 }
+
+// proxyCA is a job's egress proxy's interception CA certificate. It is a
+// variable only so this branch's tests can stand in for the stubbed proxy
+// (egressproxy/credential_stub.go has no CA); it goes at merge.
+var proxyCA = (*egressproxy.Proxy).CACertPEM
