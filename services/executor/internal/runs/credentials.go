@@ -143,13 +143,13 @@ func (m *Manager) startCredentials(ctx context.Context, g Grant, eg *jobEgress) 
 		l, err := m.cfg.Credentials.LeaseBrokered(lctx, g.JobID, name)
 		cancel()
 		if err != nil {
-			return nil, nil, fmt.Errorf("brokered credential %q: lease: %w", name, err)
+			return nil, nil, fmt.Errorf("%q: lease: %w", name, err)
 		}
 		eg.leases = append(eg.leases, leasedCredential{leaseID: l.LeaseID, name: name})
 		c, err := m.proxyCredential(l, name, g.Network.Names)
 		clear(l.Secret)
 		if err != nil {
-			return nil, nil, fmt.Errorf("brokered credential %q: %w", name, err)
+			return nil, nil, fmt.Errorf("%q: %w", name, err)
 		}
 		env[credentialEnv(name)] = c.Placeholder
 		creds = append(creds, c)
