@@ -150,7 +150,8 @@ cat /etc/ssl/certs/ca-certificates.crt
 // dir, record, output, bundle, egress.jsonl, the sandbox's own files) nor
 // its log holds any form of a secret; its trust store holds the proxy's
 // CA after the rest, with git pointed at it; every lease is revoked once
-// it ended. After merge (the real egress proxy), this test also checks
+// it ended; a narrower grant drops the credential of the host it no
+// longer allows. After merge (the real egress proxy), this test also checks
 // that a request to api.test reaches the upstream with the header set and
 // that egress.jsonl has its request line and the report its uses.
 func TestCredentialsNeverReachTheJob(t *testing.T) {
@@ -177,6 +178,25 @@ func TestCredentialsNeverReachTheJob(t *testing.T) {
 			// them) and the executor's.
 			if got := filesHolding(t, h.base, secretForms()); len(got) > 0 {
 				t.Errorf("while the job runs, files hold a secret: %v", got)
+			}
+			// A grant that no longer allows api.test drops gh-token from
+			// the proxy and keeps npm.basic.
+			g2 := next(g, func(g *Grant) {
+				g.Network = domainsPolicy("*.npm.test")
+				g.NetworkGeneration = 2
+			})
+			if _, err := h.m.Update(context.Background(), h.seal(t, g2)); err != nil {
+				t.Fatal(err)
+			}
+			e := h.entry(g.JobID)
+			e.updateMu.Lock()
+			var kept []string
+			for _, c := range e.egress.creds {
+				kept = append(kept, c.Name)
+			}
+			e.updateMu.Unlock()
+			if !slices.Equal(kept, []string{"npm.basic"}) {
+				t.Errorf("after narrowing, the proxy has %v; want npm.basic alone", kept)
 			}
 			h.signal(t, g.JobID)
 			run := h.waitEnd(t, g.JobID)
