@@ -129,7 +129,7 @@ func (m *Manager) startCredentials(ctx context.Context, g Grant, eg *jobEgress) 
 	defer func() {
 		if err != nil {
 			eg.revoke("the job's start failed")
-			err = fmt.Errorf("%w: %v", ErrCredential, err)
+			err = fmt.Errorf("%w: %w", ErrCredential, err)
 		}
 	}()
 	ca = proxyCA(eg.proxy)
@@ -145,7 +145,9 @@ func (m *Manager) startCredentials(ctx context.Context, g Grant, eg *jobEgress) 
 		if err != nil {
 			return nil, nil, fmt.Errorf("%q: lease: %w", name, err)
 		}
-		eg.leases = append(eg.leases, leasedCredential{leaseID: l.LeaseID, name: name})
+		if l.LeaseID != "" {
+			eg.leases = append(eg.leases, leasedCredential{leaseID: l.LeaseID, name: name})
+		}
 		c, err := m.proxyCredential(l, name, g.Network.Names)
 		clear(l.Secret)
 		if err != nil {
