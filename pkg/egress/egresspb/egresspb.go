@@ -37,14 +37,21 @@ const (
 // dnsmessage's "Type65" for one it has no name for), or none.
 var qtypeFormat = regexp.MustCompile(`^[A-Za-z0-9]{0,16}$`)
 
-var vias = []string{egress.ViaConnect, egress.ViaHTTP, egress.ViaTransparent, egress.ViaDNS}
+var vias = []string{egress.ViaConnect, egress.ViaHTTP, egress.ViaTransparent, egress.ViaDNS, egress.ViaRequest}
+
+// Bounds of a request line's own fields (egress.Record.Bounded's).
+const (
+	maxMethod     = 32
+	maxCredential = 256
+	maxStatus     = 999
+)
 
 // Log is the report's copy of a job's record: the first and the last
 // decisions (at most MaxRecords in all), each cut to the bounds, as many as
-// fit in Budget, the whole record's summary by name, and total, how many
+// fit in Budget, the whole record's summary by name and by brokered credential, and total, how many
 // decisions the record holds.
-func Log(first, last []egress.Record, total int, names []egress.NameSummary) *authorityv1.EgressLog {
-	out := &authorityv1.EgressLog{Total: int64(max(total, len(first)+len(last))), Names: namesOf(names)}
+func Log(first, last []egress.Record, total int, names []egress.NameSummary, creds []egress.CredentialSummary) *authorityv1.EgressLog {
+	out := &authorityv1.EgressLog{Total: int64(max(total, len(first)+len(last))), Names: namesOf(names), Credentials: Credentials(creds)}
 	size := proto.Size(out)
 	kept := 0
 	add := func(recs []egress.Record, budget, most int) []*typesv1.EgressRecord {
@@ -116,7 +123,19 @@ func toProto(r egress.Record) *typesv1.EgressRecord {
 		Allowed: r.Allowed, Reason: r.Reason, Addr: r.Addr, Answers: r.Answers, BytesIn: r.BytesIn, BytesOut: r.BytesOut,
 		DurationMs: r.DurationMS, End: r.End, Suppressed: int64(r.Suppressed),
 		ClosedFirst: sideToProto[r.ClosedFirst], Tls: tlsToProto(r.TLS),
+		Method: r.Method, Path: r.Path, Status: uint32(max(r.Status, 0)), Credential: r.Credential,
 	}
+}
+
+// Credentials is the report's copy of a job's brokered credentials' uses
+// (egress.Summary.Credentials), at most egress.MaxCredentials.
+func Credentials(cs []egress.CredentialSummary) []*authorityv1.CredentialUse {
+	var out []*authorityv1.CredentialUse
+	for _, c := range cs[:min(len(cs), egress.MaxCredentials)] {
+		out = append(out, &authorityv1.CredentialUse{Name: egress.Cut(c.Name, maxCredential), Requests: int64(c.Requests), Refused: int64(c.Refused),
+			BytesIn: c.BytesIn, BytesOut: c.BytesOut})
+	}
+	return out
 }
 
 var (
@@ -178,6 +197,15 @@ func Names(l *authorityv1.EgressLog) []egress.NameSummary {
 	return out
 }
 
+// CredentialUses converts a log's brokered credentials' uses back.
+func CredentialUses(l *authorityv1.EgressLog) []egress.CredentialSummary {
+	var out []egress.CredentialSummary
+	for _, c := range l.GetCredentials() {
+		out = append(out, egress.CredentialSummary{Name: c.GetName(), Requests: int(c.GetRequests()), Refused: int(c.GetRefused()), BytesIn: c.GetBytesIn(), BytesOut: c.GetBytesOut()})
+	}
+	return out
+}
+
 // Records converts records back.
 func Records(recs []*typesv1.EgressRecord) []egress.Record {
 	var out []egress.Record
@@ -187,6 +215,7 @@ func Records(recs []*typesv1.EgressRecord) []egress.Record {
 			Reason: p.GetReason(), Addr: p.GetAddr(), Answers: slices.Clone(p.GetAnswers()), BytesIn: p.GetBytesIn(),
 			BytesOut: p.GetBytesOut(), DurationMS: p.GetDurationMs(), End: p.GetEnd(), Suppressed: int(p.GetSuppressed()),
 			ClosedFirst: sideFromProto[p.GetClosedFirst()],
+			Method:      p.GetMethod(), Path: p.GetPath(), Status: int(p.GetStatus()), Credential: p.GetCredential(),
 		}
 		if t := p.GetTls(); t != nil {
 			r.TLS = (&egress.TLS{Handshake: handshakeFromProto[t.GetHandshake()], By: sideFromProto[t.GetBy()], After: t.GetAfter()}).Bounded()
@@ -213,6 +242,16 @@ func Check(field string, l *authorityv1.EgressLog) error {
 		return fmt.Errorf("%s.total: %d, fewer than the %d records given", field, l.GetTotal(), n)
 	case len(l.GetNames()) > MaxRecords:
 		return fmt.Errorf("%s.names: %d names; at most %d", field, len(l.GetNames()), MaxRecords)
+	case len(l.GetCredentials()) > egress.MaxCredentials:
+		return fmt.Errorf("%s.credentials: %d; at most %d", field, len(l.GetCredentials()), egress.MaxCredentials)
+	}
+	for i, c := range l.GetCredentials() {
+		switch {
+		case len(c.GetName()) > maxCredential:
+			return fmt.Errorf("%s.credentials[%d].name: %d bytes; at most %d", field, i, len(c.GetName()), maxCredential)
+		case c.GetRequests() < 0 || c.GetRefused() < 0 || c.GetBytesIn() < 0 || c.GetBytesOut() < 0:
+			return fmt.Errorf("%s.credentials[%d]: negative counts", field, i)
+		}
 	}
 	for i, n := range l.GetNames() {
 		switch {
@@ -258,8 +297,14 @@ func CheckRecord(at string, r *typesv1.EgressRecord) error {
 		return fmt.Errorf("%s.tls.by: %v is not a side", at, r.GetTls().GetBy())
 	case r.GetTls().GetAfter() < 0:
 		return fmt.Errorf("%s.tls.after: %d is negative", at, r.GetTls().GetAfter())
+	case len(r.GetMethod()) > maxMethod:
+		return fmt.Errorf("%s.method: %d bytes; at most %d", at, len(r.GetMethod()), maxMethod)
+	case len(r.GetCredential()) > maxCredential:
+		return fmt.Errorf("%s.credential: %d bytes; at most %d", at, len(r.GetCredential()), maxCredential)
+	case r.GetStatus() > maxStatus:
+		return fmt.Errorf("%s.status: %d is not an HTTP status", at, r.GetStatus())
 	}
-	for name, v := range map[string]string{"name": r.GetName(), "reason": r.GetReason(), "addr": r.GetAddr(), "end": r.GetEnd(), "qtype": r.GetQtype()} {
+	for name, v := range map[string]string{"name": r.GetName(), "reason": r.GetReason(), "addr": r.GetAddr(), "end": r.GetEnd(), "qtype": r.GetQtype(), "path": r.GetPath()} {
 		if len(v) > MaxText {
 			return fmt.Errorf("%s.%s: %d bytes; at most %d", at, name, len(v), MaxText)
 		}

@@ -2,6 +2,7 @@ package egresspb
 
 import (
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -28,7 +29,7 @@ func hostile(n int) []egress.Record {
 func TestLogStaysInBudget(t *testing.T) {
 	first, last := hostile(2000), hostile(2000)
 	names := []egress.NameSummary{{Name: strings.Repeat("n", 5000), Allowed: 3}}
-	l := Log(first, last, 40000, names)
+	l := Log(first, last, 40000, names, nil)
 	if size := proto.Size(l); size > Budget+16<<10 {
 		t.Errorf("encoded %d bytes, budget %d", size, Budget)
 	}
@@ -42,7 +43,7 @@ func TestLogStaysInBudget(t *testing.T) {
 		t.Errorf("Check of Log's own output: %v", err)
 	}
 	// A small record goes whole.
-	small := Log([]egress.Record{{Via: egress.ViaDNS, Name: "a.test", QType: "A", Allowed: true}}, nil, 1, nil)
+	small := Log([]egress.Record{{Via: egress.ViaDNS, Name: "a.test", QType: "A", Allowed: true}}, nil, 1, nil, nil)
 	if got := Records(small.GetRecords()); len(got) != 1 || got[0].Name != "a.test" || got[0].QType != "A" || !got[0].Allowed {
 		t.Errorf("round trip: %+v", got)
 	}
@@ -69,6 +70,12 @@ func TestCheckRefuses(t *testing.T) {
 		{&authorityv1.EgressLog{Records: []*typesv1.EgressRecord{{Via: egress.ViaDNS}}, Total: 0}, "total"},
 		{&authorityv1.EgressLog{Last: []*typesv1.EgressRecord{{Via: "x"}}, Total: 1}, "last[0].via"},
 		{&authorityv1.EgressLog{Names: []*authorityv1.EgressName{{Name: "a", Allowed: -3}}}, "names[0]"},
+		{rec(func(r *typesv1.EgressRecord) { r.Via, r.Method = egress.ViaRequest, strings.Repeat("G", 33) }), "records[0].method"},
+		{rec(func(r *typesv1.EgressRecord) { r.Via, r.Path = egress.ViaRequest, strings.Repeat("/", MaxText+1) }), "records[0].path"},
+		{rec(func(r *typesv1.EgressRecord) { r.Via, r.Status = egress.ViaRequest, 1000 }), "records[0].status"},
+		{rec(func(r *typesv1.EgressRecord) { r.Via, r.Credential = egress.ViaRequest, strings.Repeat("c", 257) }), "records[0].credential"},
+		{&authorityv1.EgressLog{Credentials: []*authorityv1.CredentialUse{{Name: "gh", Refused: -1}}}, "credentials[0]"},
+		{&authorityv1.EgressLog{Credentials: make([]*authorityv1.CredentialUse, egress.MaxCredentials+1)}, "credentials: 65"},
 	} {
 		err := Check("detail.egress", tc.l)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -89,7 +96,7 @@ func TestLogNamesAndLast(t *testing.T) {
 		names = append(names, egress.NameSummary{Name: fmt.Sprint(i) + strings.Repeat("j", 1000), Refused: 1})
 	}
 	names = append(names, egress.NameSummary{Name: "upload.test", Allowed: 1, BytesOut: 1 << 30}, egress.NameSummary{Name: egress.OtherNames, Refused: 5})
-	l := Log(nil, nil, 1006, names)
+	l := Log(nil, nil, 1006, names, nil)
 	if size := proto.Size(&authorityv1.EgressLog{Names: l.GetNames()}); size > namesBudget+4<<10 {
 		t.Errorf("names encoded in %d bytes, their share is %d", size, namesBudget)
 	}
@@ -112,9 +119,27 @@ func TestLogNamesAndLast(t *testing.T) {
 	for i := range 500 {
 		last = append(last, egress.Record{Via: egress.ViaDNS, Name: fmt.Sprintf("last%d", i), Reason: strings.Repeat("r", 1000)})
 	}
-	l = Log(nil, last, 500, nil)
+	l = Log(nil, last, 500, nil, nil)
 	recs := Records(l.GetLast())
 	if len(recs) == 0 || len(recs) == 500 || recs[len(recs)-1].Name != "last499" {
 		t.Errorf("%d of the last kept, the newest %q; want a cut that keeps last499", len(recs), recs[len(recs)-1].Name)
+	}
+}
+
+// A request line and the credentials' uses survive the report's copy and
+// its check.
+func TestLogRequestLines(t *testing.T) {
+	req := egress.Record{Via: egress.ViaRequest, Name: "api.test", Port: 443, Allowed: true, Reason: "credential gh",
+		Method: "GET", Path: "/v1/x", Status: 200, Credential: "gh", BytesIn: 10, BytesOut: 3, DurationMS: 4}
+	uses := []egress.CredentialSummary{{Name: "gh", Requests: 1, BytesIn: 10, BytesOut: 3}}
+	l := Log([]egress.Record{req}, nil, 1, nil, uses)
+	if err := Check("detail.egress", l); err != nil {
+		t.Fatal(err)
+	}
+	if got := Records(l.GetRecords()); len(got) != 1 || !reflect.DeepEqual(got[0], req) {
+		t.Errorf("records = %+v, want %+v", got, req)
+	}
+	if got := CredentialUses(l); !reflect.DeepEqual(got, uses) {
+		t.Errorf("credentials = %+v, want %+v", got, uses)
 	}
 }

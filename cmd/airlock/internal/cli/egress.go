@@ -139,6 +139,10 @@ const egressHeader = "TIME\tVIA\tNAME\tPORT\tDECISION\tTO\tIN\tOUT\tREASON"
 
 // writeEgressRow prints one decision under egressHeader.
 func writeEgressRow(w io.Writer, r egress.Record) {
+	if r.Via == egress.ViaRequest {
+		writeRequestRow(w, r)
+		return
+	}
 	decision, to := "refused", r.Addr
 	if r.Allowed {
 		decision = "allowed"
@@ -159,6 +163,31 @@ func writeEgressRow(w io.Writer, r egress.Record) {
 	}
 	fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Time.Local().Format(time.TimeOnly), termtext.Line(cmp.Or(r.Via, "-")), termtext.Line(cmp.Or(r.Name, "-")),
 		termtext.Line(port), decision, termtext.Line(to), humanBytes(r.BytesIn), humanBytes(r.BytesOut), termtext.Line(reason))
+}
+
+// writeRequestRow prints a request line under egressHeader: the request
+// where the name goes, the upstream's status where the address goes, and
+// the brokered credential it carried before the reason, e.g.
+// "request  GET api.test/v1/x  443  allowed  200  1.0KiB  120B  credential=gh".
+func writeRequestRow(w io.Writer, r egress.Record) {
+	decision := "refused"
+	if r.Allowed {
+		decision = "allowed"
+	}
+	if r.Suppressed > 0 {
+		decision += fmt.Sprintf(" x%d", r.Suppressed)
+	}
+	status := "-"
+	if r.Status > 0 {
+		status = fmt.Sprint(r.Status)
+	}
+	reason := "credential=" + cmp.Or(r.Credential, "none")
+	if r.Reason != "" {
+		reason += "; " + r.Reason
+	}
+	fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", r.Time.Local().Format(time.TimeOnly), egress.ViaRequest,
+		termtext.Line(strings.TrimSpace(r.Method+" "+cmp.Or(r.Name, "-")+r.Path)), r.Port, decision, status,
+		humanBytes(r.BytesIn), humanBytes(r.BytesOut), termtext.Line(reason))
 }
 
 // egressEnd says how an allowed connection went, for people: its TLS
@@ -213,5 +242,19 @@ func writeEgressSummary(w io.Writer, l *authorityv1.EgressLog) {
 	}
 	for _, s := range names {
 		fmt.Fprintf(w, "  %s  allowed %d, refused %d, in %s, out %s\n", termtext.Line(cmp.Or(s.Name, "(no name)")), s.Allowed, s.Refused, humanBytes(s.BytesIn), humanBytes(s.BytesOut))
+	}
+	writeCredentialUses(w, egresspb.CredentialUses(l))
+}
+
+// writeCredentialUses prints how the job used each brokered credential:
+// requests the proxy added it to, requests to its hosts it refused, and
+// their bytes. Nothing for a job without credentials.
+func writeCredentialUses(w io.Writer, uses []egress.CredentialSummary) {
+	if len(uses) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "credentials  brokered: the egress proxy added them; the job never held them")
+	for _, c := range uses {
+		fmt.Fprintf(w, "  %s  requests %d, refused %d, in %s, out %s\n", termtext.Line(c.Name), c.Requests, c.Refused, humanBytes(c.BytesIn), humanBytes(c.BytesOut))
 	}
 }

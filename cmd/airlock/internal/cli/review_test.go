@@ -129,3 +129,39 @@ func TestShowEgress(t *testing.T) {
 		t.Errorf("--egress --full: exit %d (%s), want a usage error", code, errOut)
 	}
 }
+
+// TestShowEgressCredentials: the review shows how the job used each
+// brokered credential, and --egress lists request lines with the request,
+// the upstream's status and the credential; names are escaped.
+func TestShowEgressCredentials(t *testing.T) {
+	resp := reviewApproval()
+	resp.Review.Detail = &authorityv1.ReviewDetail{Egress: &authorityv1.EgressLog{
+		Total: 2,
+		Names: []*authorityv1.EgressName{{Name: "api.test", Allowed: 1, BytesIn: 4096}},
+		Records: []*typesv1.EgressRecord{
+			{Via: "connect", Name: "api.test", Port: 443, Allowed: true, Reason: "allowed by api.test", BytesIn: 4096},
+			{Via: "request", Name: "api.test", Port: 443, Allowed: true, Method: "GET", Path: "/v1/x", Status: 200, Credential: "gh\x1b[2J", BytesIn: 1024, BytesOut: 10},
+		},
+		Credentials: []*authorityv1.CredentialUse{{Name: "gh\x1b[2J", Requests: 1, Refused: 2, BytesIn: 1024, BytesOut: 10}},
+	}}
+	cfg := serveFake(t, &fakeAuthority{approval: resp})
+	code, out, errOut := runCLI(t, cfg, nil, "approval", "show", "a-1")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if want := "gh⟦\\x1b⟧[2J  requests 1, refused 2, in 1.0KiB, out 10B"; !strings.Contains(out, want) {
+		t.Errorf("approval show lacks %q:\n%s", want, out)
+	}
+	code, out, errOut = runCLI(t, cfg, nil, "approval", "show", "a-1", "--egress")
+	if code != 0 {
+		t.Fatalf("--egress: exit %d: %s", code, errOut)
+	}
+	if strings.Contains(out, "\x1b") {
+		t.Errorf("a raw escape reached the terminal:\n%q", out)
+	}
+	for _, want := range []string{"request", "GET api.test/v1/x", "200", "credential=gh⟦\\x1b⟧[2J"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("--egress lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -199,7 +199,7 @@ func (c *Client) ReportResult(ctx context.Context, rep runs.Report) error {
 		Stdout: tail(rep.Stdout), Stderr: tail(rep.Stderr),
 	}
 	if rep.HasEgress {
-		detail.Egress = egresspb.Log(rep.Egress, rep.EgressLast, rep.EgressTotal, rep.EgressNames)
+		detail.Egress = egresspb.Log(rep.Egress, rep.EgressLast, rep.EgressTotal, rep.EgressNames, rep.EgressCredentials)
 	}
 	detail.Execs, detail.ExecsTotal = reviewExecs(rep.Execs)
 	detail.FileWrites, detail.FileWritesTotal = convert.FileWrites(rep.FileWrites, convert.ListedWrites)

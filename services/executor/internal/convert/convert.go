@@ -30,6 +30,10 @@ var reasons = map[string]typesv1.TerminationReason{
 	"sandbox_error":                      typesv1.TerminationReason_TERMINATION_REASON_SANDBOX_ERROR,
 	string(runs.ReasonFinished):          typesv1.TerminationReason_TERMINATION_REASON_FINISHED,
 	string(runs.ReasonIdleTimeout):       typesv1.TerminationReason_TERMINATION_REASON_IDLE_TIMEOUT,
+	// The API has no reason of its own for it yet: the job never ran
+	// because the executor could not put it together, and the result's
+	// message names the credential.
+	string(runs.ReasonCredentialUnavailable): typesv1.TerminationReason_TERMINATION_REASON_SANDBOX_ERROR,
 }
 
 // RuntimeClass is the API's name of a sandbox class (classOf the other

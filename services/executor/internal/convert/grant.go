@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -111,6 +112,9 @@ func grantOf(sg *typesv1.SignedGrant, g *typesv1.Grant) (runs.Grant, error) {
 		Fixed:             fixed,
 		Signed:            signed,
 	}
+	if out.Credentials, err = credentialsOf(g.GetCredentials()); err != nil {
+		return runs.Grant{}, err
+	}
 	if out.Caches, err = cachesOf(g.GetCaches()); err != nil {
 		return runs.Grant{}, err
 	}
@@ -127,6 +131,31 @@ func grantOf(sg *typesv1.SignedGrant, g *typesv1.Grant) (runs.Grant, error) {
 		out.Session = &runs.SessionSpec{IdleTimeout: s.GetIdleTimeout().AsDuration(), MaxConcurrentExecs: int(s.GetMaxConcurrentExecs())}
 	}
 	return out, nil
+}
+
+// maxCredentials is how many brokered credentials a job may name (the
+// authority's bound on JobSpec.credentials).
+const maxCredentials = 16
+
+// credentialFormat is a brokered credential's name as the executor takes
+// it: it becomes part of a variable's name and of a placeholder.
+var credentialFormat = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+
+// credentialsOf checks a grant's brokered credentials' names: at most
+// maxCredentials, each once, each of credentialFormat.
+func credentialsOf(names []string) ([]string, error) {
+	if len(names) > maxCredentials {
+		return nil, fmt.Errorf("%w: grant credentials: %d named, at most %d", errdefs.ErrInvalidArgument, len(names), maxCredentials)
+	}
+	for i, n := range names {
+		if !credentialFormat.MatchString(n) {
+			return nil, fmt.Errorf("%w: grant credentials[%d] %q: want 1-64 of [A-Za-z0-9_.-], beginning with a letter or digit", errdefs.ErrInvalidArgument, i, n)
+		}
+		if slices.Contains(names[:i], n) {
+			return nil, fmt.Errorf("%w: grant credentials[%d] %q: named twice", errdefs.ErrInvalidArgument, i, n)
+		}
+	}
+	return slices.Clone(names), nil
 }
 
 // imageOf checks a grant's image: a registry, a repository and a sha256

@@ -44,6 +44,7 @@ func testGrant() *typesv1.Grant {
 		Session:       &typesv1.SessionSpec{IdleTimeout: durationpb.New(time.Minute), MaxConcurrentExecs: 4},
 		Caches:        []*typesv1.CacheGrant{{Name: "go-build", Path: "/home/agent/.cache/go-build", MaxSizeBytes: 1 << 30}},
 		User:          &typesv1.JobUser{Uid: 1000, Gid: 1000},
+		Credentials:   []string{"gh-token", "npm.basic"},
 		IssuedAt:      issued, ExpiresAt: expires,
 	}
 }
@@ -69,10 +70,11 @@ func TestGrant(t *testing.T) {
 		Network: runs.NetworkPolicy{Net: netpolicy.Policy{Allow: []netpolicy.Rule{
 			{Prefix: netip.MustParsePrefix("192.0.2.0/24"), Ports: []uint16{443}}}}},
 		NetworkGeneration: 2, Generation: 3,
-		Session: &runs.SessionSpec{IdleTimeout: time.Minute, MaxConcurrentExecs: 4},
-		Caches:  []runs.CacheGrant{{Name: "go-build", Path: "/home/agent/.cache/go-build", MaxSize: 1 << 30}},
-		User:    runspec.Agent,
-		Digest:  grant.Digest(sg),
+		Session:     &runs.SessionSpec{IdleTimeout: time.Minute, MaxConcurrentExecs: 4},
+		Caches:      []runs.CacheGrant{{Name: "go-build", Path: "/home/agent/.cache/go-build", MaxSize: 1 << 30}},
+		User:        runspec.Agent,
+		Credentials: []string{"gh-token", "npm.basic"},
+		Digest:      grant.Digest(sg),
 	}
 	got := g
 	got.Fixed, got.Signed = nil, nil
@@ -199,6 +201,15 @@ func TestGrantRefusals(t *testing.T) {
 		{"docker in a small vm", sign(func(g *typesv1.Grant) {
 			g.RuntimeClass, g.With = typesv1.RuntimeClass_RUNTIME_CLASS_VM, []string{"docker"}
 		}), errdefs.ErrInvalidArgument, "grant limits.memory_bytes: 268435456: must be at least 1073741824 with docker"},
+		// A credential's name becomes part of a variable and a placeholder.
+		{"credential name", sign(func(g *typesv1.Grant) { g.Credentials = []string{"gh:token"} }), errdefs.ErrInvalidArgument, `grant credentials[0] "gh:token"`},
+		{"credential twice", sign(func(g *typesv1.Grant) { g.Credentials = []string{"gh", "gh"} }), errdefs.ErrInvalidArgument, `grant credentials[1] "gh": named twice`},
+		{"too many credentials", sign(func(g *typesv1.Grant) {
+			g.Credentials = nil
+			for i := range 17 {
+				g.Credentials = append(g.Credentials, fmt.Sprint("c", i))
+			}
+		}), errdefs.ErrInvalidArgument, "grant credentials: 17 named, at most 16"},
 		{"unknown with", sign(func(g *typesv1.Grant) {
 			g.RuntimeClass, g.With = typesv1.RuntimeClass_RUNTIME_CLASS_VM, []string{"k8s"}
 		}), errdefs.ErrInvalidArgument, `grant with[0]: "k8s" is not "docker"`},

@@ -139,15 +139,25 @@ type jobEgress struct {
 	dns   *jobdns.Server
 	rec   *egressLog
 	addrs []netip.Addr // where the job finds them, IPv4 first
+	log   *slog.Logger
 	wg    sync.WaitGroup
 	once  sync.Once
+
+	// The job's brokered credentials (credentials.go), in memory only:
+	// those in the proxy, the leases to end, and who ends them.
+	creds  []egressproxy.Credential
+	leases []leasedCredential
+	leaser CredentialLeaser
 }
 
 // startEgress starts job n's egress services for pol on n's host end. It
 // fails, and leaves nothing running, when any listener cannot be bound.
 // notify, if set, is called after each decision is written (a watch of
 // the run wakes on it).
-func (m *Manager) startEgress(jobID string, n *netpolicy.Net, pol egress.Policy, notify func()) (_ *jobEgress, err error) {
+//
+// b, when set, is the job's leased brokered credentials: the proxy is made
+// with them, and the egress services end their leases when they close.
+func (m *Manager) startEgress(jobID string, n *netpolicy.Net, pol egress.Policy, b *brokered, notify func()) (_ *jobEgress, err error) {
 	addrs := n.ProxyAddrs()
 	if len(addrs) == 0 {
 		return nil, fmt.Errorf("job %s: the network namespace has no interface for the egress proxy", jobID)
@@ -170,15 +180,22 @@ func (m *Manager) startEgress(jobID string, n *netpolicy.Net, pol egress.Policy,
 	if err != nil {
 		return nil, err
 	}
-	e := &jobEgress{rec: rec, addrs: addrs}
+	e := &jobEgress{rec: rec, addrs: addrs, log: log}
 	defer func() {
 		if err != nil {
 			e.close()
 		}
 	}()
-	e.proxy, err = egressproxy.New(egressproxy.Config{Policy: pol, Resolver: resolver, Extra: extra, Refused: now, Record: rec.connection})
+	pc := egressproxy.Config{Policy: pol, Resolver: resolver, Extra: extra, Refused: now, Record: rec.connection, Roots: m.roots}
+	if b != nil {
+		pc.Credentials = b.creds
+	}
+	e.proxy, err = egressproxy.New(pc)
 	if err != nil {
 		return nil, err
+	}
+	if b != nil {
+		e.creds, e.leases, e.leaser = b.creds, b.leases, m.cfg.Credentials
 	}
 	e.dns, err = jobdns.New(jobdns.Config{Policy: pol, Resolver: resolver, Extra: extra, Refused: now, Record: rec.query})
 	if err != nil {
@@ -235,9 +252,13 @@ func (e *jobEgress) run(log *slog.Logger, what string, serve func() error) {
 }
 
 // setPolicy puts pol's names in force in the proxy and the DNS server at
-// once; the proxy cuts what pol no longer allows.
+// once; the proxy cuts what pol no longer allows, and loses the brokered
+// credentials of hosts it no longer allows.
 func (e *jobEgress) setPolicy(pol egress.Policy) error {
 	if err := e.proxy.SetPolicy(pol); err != nil {
+		return err
+	}
+	if err := e.dropCredentials(pol); err != nil {
 		return err
 	}
 	return e.dns.SetPolicy(pol)
@@ -254,10 +275,12 @@ func (e *jobEgress) env() map[string]string {
 	return env
 }
 
-// close stops everything and closes the record, once every decision is in
-// it. It may be called again.
+// close takes the brokered credentials out of the proxy and revokes their
+// leases, stops everything and closes the record, once every decision is
+// in it. It may be called again.
 func (e *jobEgress) close() {
 	e.once.Do(func() {
+		e.revoke("the job ended")
 		if e.proxy != nil {
 			e.proxy.Close()
 		}
@@ -274,15 +297,15 @@ func (e *jobEgress) close() {
 const reviewEgress = 1000 // egresspb.MaxRecords
 
 // egressOf reads a run's egress.jsonl for its report: its first and last
-// decisions, how many it holds, its summary by name, and whether there is
-// one.
-func egressOf(path string, log *slog.Logger) (first, last []egress.Record, total int, names []egress.NameSummary, ok bool) {
+// decisions, how many it holds, its summaries by name and by brokered
+// credential, and whether there is one.
+func egressOf(path string, log *slog.Logger) (first, last []egress.Record, total int, names []egress.NameSummary, creds []egress.CredentialSummary, ok bool) {
 	f, err := os.Open(path)
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
 			log.Warn("egress record unreadable; reported without it", "error", err)
 		}
-		return nil, nil, 0, nil, !errors.Is(err, os.ErrNotExist)
+		return nil, nil, 0, nil, nil, !errors.Is(err, os.ErrNotExist)
 	}
 	defer f.Close()
 	var sum egress.Summary
@@ -311,7 +334,7 @@ func egressOf(path string, log *slog.Logger) (first, last []egress.Record, total
 	} else {
 		last = ring
 	}
-	return first, last, total, sum.Names(), true
+	return first, last, total, sum.Names(), sum.Credentials(), true
 }
 
 // egressLog writes a run's decisions to egress.jsonl, each as it comes
@@ -336,6 +359,9 @@ type egressLog struct {
 type dropKey struct {
 	name    string
 	allowed bool
+	// credential is a request line's ("" for the rest): its summary
+	// counts for the credential, never for the name (egress.Summary).
+	credential string
 }
 
 func openEgressLog(dir string, log *slog.Logger, notify func()) (*egressLog, error) {
@@ -350,6 +376,12 @@ func openEgressLog(dir string, log *slog.Logger, notify func()) (*egressLog, err
 }
 
 func (l *egressLog) connection(d egressproxy.Decision) {
+	if d.Mode == egressproxy.ModeRequest {
+		if req := requestOf(d); req != nil {
+			l.write(requestRecord(d, req))
+		}
+		return
+	}
 	r := egress.Record{
 		Time: d.Time.UTC(), Via: string(d.Mode), Name: d.Name, Port: d.Port, Allowed: d.Allowed, Reason: d.Reason,
 		BytesIn: d.BytesIn, BytesOut: d.BytesOut, DurationMS: d.Duration.Milliseconds(), End: d.End, Suppressed: d.Suppressed,
@@ -359,6 +391,17 @@ func (l *egressLog) connection(d egressproxy.Decision) {
 		r.Addr = d.Addr.String()
 	}
 	l.write(r)
+}
+
+// requestRecord is request line d, whose request is req: what went over
+// an intercepted connection to a brokered credential's host (never the
+// credential's value, nor the request's query or headers).
+func requestRecord(d egressproxy.Decision, req *egressproxy.Request) egress.Record {
+	return egress.Record{
+		Time: d.Time.UTC(), Via: egress.ViaRequest, Name: d.Name, Port: d.Port, Allowed: req.Allowed, Reason: d.Reason,
+		Method: req.Method, Path: req.Path, Status: req.Status, Credential: req.Credential,
+		BytesIn: d.BytesIn, BytesOut: d.BytesOut, DurationMS: d.Duration.Milliseconds(),
+	}
 }
 
 func (l *egressLog) query(d jobdns.QueryDecision) {
@@ -372,7 +415,8 @@ func (l *egressLog) query(d jobdns.QueryDecision) {
 func (l *egressLog) write(r egress.Record) {
 	r = r.Bounded()
 	l.log.Info("egress", "via", r.Via, "name", r.Name, "port", r.Port, "qtype", r.QType, "allowed", r.Allowed, "reason", r.Reason,
-		"addr", r.Addr, "answers", r.Answers, "bytes_in", r.BytesIn, "bytes_out", r.BytesOut, "duration_ms", r.DurationMS, "end", r.End, "closed_first", r.ClosedFirst, "tls", r.TLS, "suppressed", r.Suppressed)
+		"addr", r.Addr, "answers", r.Answers, "bytes_in", r.BytesIn, "bytes_out", r.BytesOut, "duration_ms", r.DurationMS, "end", r.End, "closed_first", r.ClosedFirst, "tls", r.TLS, "suppressed", r.Suppressed,
+		"method", r.Method, "path", r.Path, "status", r.Status, "credential", r.Credential)
 	if l.append(r) {
 		l.notify()
 	}
@@ -409,13 +453,19 @@ func (l *egressLog) append(r egress.Record) bool {
 // drop counts r into its name's summary; past egress.MaxNames names, into
 // egress.OtherNames's.
 func (l *egressLog) drop(r egress.Record) {
-	k := dropKey{r.Name, r.Allowed}
+	k := dropKey{name: r.Name, allowed: r.Allowed}
+	if r.Via == egress.ViaRequest {
+		k.credential = r.Credential
+	}
 	if _, ok := l.dropped[k]; !ok && len(l.dropped) >= 2*egress.MaxNames {
 		k.name = egress.OtherNames
 	}
 	d := l.dropped[k]
 	if d == nil {
 		d = &egress.Record{Time: r.Time, Name: k.name, Allowed: r.Allowed}
+		if r.Via == egress.ViaRequest {
+			d.Via, d.Credential = egress.ViaRequest, r.Credential
+		}
 		l.dropped[k] = d
 	}
 	d.Suppressed += r.Count()
@@ -432,7 +482,7 @@ func (l *egressLog) close() {
 		return
 	}
 	keys := slices.SortedFunc(maps.Keys(l.dropped), func(a, b dropKey) int {
-		return cmp.Or(cmp.Compare(a.name, b.name), cmp.Compare(fmt.Sprint(a.allowed), fmt.Sprint(b.allowed)))
+		return cmp.Or(cmp.Compare(a.name, b.name), cmp.Compare(fmt.Sprint(a.allowed), fmt.Sprint(b.allowed)), cmp.Compare(a.credential, b.credential))
 	})
 	for _, k := range keys {
 		if l.err != nil {
@@ -442,6 +492,12 @@ func (l *egressLog) close() {
 		what, kept := "refusals", 2*maxEgressRecords
 		if d.Allowed {
 			what, kept = "allowed decisions", maxEgressRecords
+		}
+		if d.Via == egress.ViaRequest {
+			what = "requests with credential " + cmp.Or(d.Credential, "none")
+			if !d.Allowed {
+				what = "refused requests with credential " + cmp.Or(d.Credential, "none")
+			}
 		}
 		d.Reason = fmt.Sprintf("%d more %s of %s past the %d this record keeps one by one (the executor's log has each)", d.Suppressed, what, cmp.Or(d.Name, "no name"), kept)
 		b, _ := json.Marshal(d)

@@ -4,11 +4,13 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/bundle"
+	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/services/executor/internal/egressproxy"
 	"github.com/airlockhq/airlock/services/executor/internal/jobdns"
 )
@@ -36,7 +38,7 @@ func TestEgressLogFlood(t *testing.T) {
 	l.connection(egressproxy.Decision{Time: now, Mode: egressproxy.ModeTransparent, Name: strings.Repeat("x", 60000), Port: 443, Reason: "SNI: " + strings.Repeat("x", 60000)})
 	l.close()
 
-	first, last, total, names, ok := egressOf(filepath.Join(dir, bundle.EgressFile), slog.New(slog.DiscardHandler))
+	first, last, total, names, _, ok := egressOf(filepath.Join(dir, bundle.EgressFile), slog.New(slog.DiscardHandler))
 	if !ok {
 		t.Fatal("no record")
 	}
@@ -93,8 +95,44 @@ func TestEgressLogRefusalsLeaveRoomForAllowed(t *testing.T) {
 	}
 	l.connection(egressproxy.Decision{Time: time.Now(), Mode: egressproxy.ModeConnect, Name: "used.test", Port: 443, Allowed: true, Reason: "allowed by used.test"})
 	l.close()
-	_, last, _, _, _ := egressOf(filepath.Join(dir, bundle.EgressFile), slog.New(slog.DiscardHandler))
+	_, last, _, _, _, _ := egressOf(filepath.Join(dir, bundle.EgressFile), slog.New(slog.DiscardHandler))
 	if n := last[len(last)-1]; n.Name != "used.test" || !n.Allowed || n.Suppressed != 0 {
 		t.Errorf("the last record is %+v, want used.test's own line", n)
+	}
+}
+
+// Request lines are written with what the request was and the credential
+// it carried, past the cap are counted for their credential (never for
+// their name, whose connection lines count its bytes), and the report's
+// summary by credential is exact. (After merge, the proxy's request
+// decisions reach this through egressLog.connection; requestOf stands in.)
+func TestEgressLogRequestLines(t *testing.T) {
+	dir := t.TempDir()
+	l, err := openEgressLog(dir, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	d := egressproxy.Decision{Time: now, Mode: egressproxy.ModeRequest, Name: "api.test", Port: 443, Reason: "credential gh", BytesIn: 100, BytesOut: 10, Duration: time.Millisecond}
+	const n = maxEgressRecords + 7
+	for range n {
+		l.write(requestRecord(d, &egressproxy.Request{Method: "GET", Path: "/v1/x", Status: 200, Credential: "gh", Allowed: true}))
+	}
+	l.write(requestRecord(d, &egressproxy.Request{Method: "POST", Path: "/v1/y", Credential: "gh"}))
+	l.close()
+	first, _, _, names, creds, ok := egressOf(filepath.Join(dir, bundle.EgressFile), slog.New(slog.DiscardHandler))
+	if !ok {
+		t.Fatal("no record")
+	}
+	r := first[0]
+	if r.Via != egress.ViaRequest || r.Method != "GET" || r.Path != "/v1/x" || r.Status != 200 || r.Credential != "gh" || !r.Allowed || r.BytesIn != 100 || r.DurationMS != 1 {
+		t.Errorf("request line %+v", r)
+	}
+	if len(names) != 0 {
+		t.Errorf("request lines counted by name: %+v", names)
+	}
+	want := []egress.CredentialSummary{{Name: "gh", Requests: n, Refused: 1, BytesIn: 100 * (n + 1), BytesOut: 10 * (n + 1)}}
+	if !slices.Equal(creds, want) {
+		t.Errorf("credentials %+v, want %+v", creds, want)
 	}
 }

@@ -2,6 +2,7 @@ package runs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -30,8 +31,11 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 	defer e.stderr.close()
 	fail := func(err error) {
 		state, reason := Failed, sandbox.Reason("sandbox_error")
-		if ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
 			state, reason = Cancelled, sandbox.Reason("cancelled")
+		case errors.Is(err, ErrCredential):
+			reason = ReasonCredentialUnavailable
 		}
 		log.Error("run failed", "error", err)
 		m.finish(e, state, &Result{Reason: reason, ExitCode: -1, Message: err.Error()})
@@ -265,12 +269,25 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source, 
 		opts := append(netOptions(spec.Class, p), netpolicy.Generation(g.NetworkGeneration))
 		var err error
 		n, err = m.cfg.Network.Create(ctx, g.JobID, p.Net, opts...)
+		var b *brokered
+		if err == nil && p.domains() && len(g.Credentials) > 0 {
+			// Leased before the proxy is made: its CA is made for their
+			// hosts alone.
+			if b, err = m.leaseCredentials(ctx, g); err != nil {
+				m.closeNet(n)
+				return nil, err
+			}
+		}
 		if err == nil && p.domains() {
 			// Fail closed: a domains job whose proxy or DNS server cannot
 			// serve does not start.
-			if eg, err = m.startEgress(g.JobID, n, p.Names, func() { m.mu.Lock(); e.notify(); m.mu.Unlock() }); err != nil {
+			if eg, err = m.startEgress(g.JobID, n, p.Names, b, func() { m.mu.Lock(); e.notify(); m.mu.Unlock() }); err != nil {
 				m.closeNet(n)
 				n = nil
+				if b != nil {
+					revokeLeases(m.cfg.Credentials, m.cfg.Logger.With("job_id", g.JobID), b.leases, "the job's start failed")
+					err = fmt.Errorf("%w: %w", ErrCredential, err)
+				}
 			}
 		}
 		if err != nil {
@@ -285,8 +302,16 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source, 
 				env = map[string]string{}
 			}
 			maps.Copy(env, eg.env())
+			if b != nil {
+				maps.Copy(env, b.env)
+				spec.ExtraCAs = eg.proxy.CACertPEM()
+			}
 			spec.Env = env
 			spec.Nameservers = eg.addrs[:1]
+		} else if len(g.Credentials) > 0 {
+			// Start refuses such a grant; defend.
+			m.closeNet(n)
+			return nil, fmt.Errorf("%w: the job has brokered credentials but no egress proxy to add them", ErrCredential)
 		}
 	}
 	if g.Session != nil {

@@ -45,6 +45,9 @@ type Grant struct {
 	// Docker says the job asked for a Docker daemon beside it (the
 	// grant's with: "docker"); only the vm class takes it.
 	Docker bool `json:"docker,omitempty"`
+	// Credentials are the brokered credentials the job's egress proxy
+	// leases for it, by name (credentials.go); never a value.
+	Credentials []string `json:"credentials,omitempty"`
 	// Digest names exactly what was granted ("sha256:<hex>" of the signed
 	// body): the same grant sent again has the same digest.
 	Digest string `json:"digest"`

@@ -28,11 +28,13 @@ type Report struct {
 	Provenance     []byte
 	// Egress and EgressLast are a domains job's first and last decisions
 	// (at most reviewEgress in all), EgressTotal how many its egress.jsonl
-	// holds, EgressNames all of them summed by name. HasEgress is false,
+	// holds, EgressNames all of them summed by name, EgressCredentials
+	// its request lines summed by brokered credential. HasEgress is false,
 	// and the rest zero, for other jobs.
 	Egress, EgressLast []egress.Record
 	EgressTotal        int
 	EgressNames        []egress.NameSummary
+	EgressCredentials  []egress.CredentialSummary
 	HasEgress          bool
 	// Execs are a session's execs, first to last, and FileWrites its
 	// client's uploads; nil for a job.
@@ -121,7 +123,7 @@ func (m *Manager) report(jobID string) {
 		}
 		rep.Files = files
 	}
-	rep.Egress, rep.EgressLast, rep.EgressTotal, rep.EgressNames, rep.HasEgress = egressOf(filepath.Join(dir, bundle.EgressFile), m.cfg.Logger.With("job_id", jobID))
+	rep.Egress, rep.EgressLast, rep.EgressTotal, rep.EgressNames, rep.EgressCredentials, rep.HasEgress = egressOf(filepath.Join(dir, bundle.EgressFile), m.cfg.Logger.With("job_id", jobID))
 	rep.Stdout = tailOf(filepath.Join(dir, "stdout.log"), run.Truncated["stdout"])
 	rep.Stderr = tailOf(filepath.Join(dir, "stderr.log"), run.Truncated["stderr"])
 	m.mu.Lock()

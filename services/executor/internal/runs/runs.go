@@ -12,6 +12,7 @@ package runs
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -151,6 +152,9 @@ type Config struct {
 	// Capacity bounds what the runs not yet ended hold together; a new
 	// run or a raised limit beyond it is refused. Zero bounds nothing.
 	Capacity Capacity
+	// Credentials leases the brokered credentials jobs name
+	// (credentials.go); nil refuses every grant that names one.
+	Credentials CredentialLeaser
 	// Fence, if set, holds new runs in staging, before their sandbox is
 	// made, while it says so; nil never does.
 	Fence Fence
@@ -176,6 +180,9 @@ type Manager struct {
 	// refused is what the egress proxies refuse, the host's current
 	// addresses among it.
 	refused refusedCache
+	// roots is the jobs' trust store (the sandbox's), which a brokered
+	// credential's upstream must chain to unless its lease names a CA.
+	roots   *x509.CertPool
 	metrics *metrics
 }
 
@@ -273,6 +280,9 @@ func New(cfg Config) (*Manager, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{cfg: cfg, runs: map[string]*entry{}, unstarted: map[string]time.Time{}, ctx: ctx, cancel: cancel}
+	if cfg.Sandbox != nil {
+		m.roots = trustPool(cfg.Sandbox.TrustedCAs())
+	}
 	dirs, err := os.ReadDir(cfg.Dir)
 	if err != nil {
 		return nil, err

@@ -34,6 +34,10 @@ func (m *Manager) Start(g Grant) (Run, bool, error) {
 		m.metrics.runRefused(refusedOther)
 		return Run{}, false, err
 	}
+	if err := m.checkCredentials(g); err != nil {
+		m.metrics.runRefused(refusedOther)
+		return Run{}, false, err
+	}
 	if err := m.checkEnforceable(g.Network); err != nil {
 		m.metrics.runRefused(refusedOther)
 		return Run{}, false, err

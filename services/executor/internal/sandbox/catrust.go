@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"golang.org/x/sys/unix"
 
@@ -55,6 +57,50 @@ var caEnv = map[string]string{
 	"SSL_CERT_FILE":       "/" + caBundlePath,
 	"NODE_EXTRA_CA_CERTS": "/" + caBundlePath,
 	"REQUESTS_CA_BUNDLE":  "/" + caBundlePath,
+}
+
+// TrustedCAs is the jobs' trust store (Config.CABundle, checked), PEM CA
+// certificates: what the executor trusts for a job's upstreams too, such
+// as the hosts its egress proxy adds a brokered credential for.
+func (m *Manager) TrustedCAs() []byte { return slices.Clone(m.cas) }
+
+// gitCAEnv points git at the bundle (its http.sslCAInfo), for a job with
+// CAs of its own: git built against GnuTLS or an OpenSSL with another
+// default path would not read caBundlePath otherwise.
+const gitCAEnv = "GIT_SSL_CAINFO"
+
+// jobCABundle is the file of a job's own trust store in its sandbox's
+// directory (Spec.ExtraCAs).
+const jobCABundle = "ca-certificates.crt"
+
+// writeCABundle writes the job's own trust store, the jobs' with
+// Spec.ExtraCAs after it, into the sandbox's directory (0644: the job
+// reads it through a read-only bind, owned by the host's root, so it
+// cannot write it), adds gitCAEnv to the spec's environment unless the
+// job sets it, and returns the file's path; "" when the spec has no CAs
+// of its own. Only CA certificates go there (caPEM).
+func (s *Sandbox) writeCABundle() (string, error) {
+	if len(s.spec.ExtraCAs) == 0 {
+		return "", nil
+	}
+	extra, err := caPEM(s.spec.ExtraCAs)
+	if err != nil {
+		return "", invalid("spec.extra_cas: %v", err)
+	}
+	p := filepath.Join(s.dir, jobCABundle)
+	data := append(bytes.TrimRight(slices.Clone(s.m.cas), "\n"), '\n')
+	if err := os.WriteFile(p, append(data, extra...), 0o644); err != nil {
+		return "", fmt.Errorf("sandbox %s: the job's trust store: %w", s.spec.ID, err)
+	}
+	if _, ok := s.spec.Env[gitCAEnv]; !ok {
+		env := maps.Clone(s.spec.Env)
+		if env == nil {
+			env = map[string]string{}
+		}
+		env[gitCAEnv] = "/" + caBundlePath
+		s.spec.Env = env
+	}
+	return p, nil
 }
 
 // ReadCAFile reads a PEM file of CA certificates for the jobs' trust

@@ -267,6 +267,8 @@ type job struct {
 	caches []CacheMount
 	// image, if set, is the job's root instead of the host template.
 	image *ImageRoot
+	// extraCAs are the job's own CAs (Spec.ExtraCAs).
+	extraCAs []byte
 }
 
 type ran struct {
@@ -289,7 +291,7 @@ func (e *env) run(t testing.TB, ctx context.Context, j job) ran {
 	}
 	var out, errb syncBuffer
 	id := fmt.Sprintf("job-%d", testSeq.Add(1))
-	sb, err := e.m.Create(ctx, Spec{ID: id, Class: j.class, Source: j.src, Command: j.cmd, Env: j.env, Limits: lim, User: j.user, Caches: j.caches, Image: j.image, Stdout: &out, Stderr: &errb})
+	sb, err := e.m.Create(ctx, Spec{ID: id, Class: j.class, Source: j.src, Command: j.cmd, Env: j.env, Limits: lim, User: j.user, Caches: j.caches, Image: j.image, ExtraCAs: j.extraCAs, Stdout: &out, Stderr: &errb})
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}

@@ -120,6 +120,9 @@ type Manager struct {
 	// cgParent holds the job cgroups: CgroupParent where the driver puts it.
 	cgParent string
 	tmpl     *rootfsTemplate
+	// cas is the jobs' trust store (trustedCAs), which a job's own bundle
+	// (Spec.ExtraCAs) begins with.
+	cas []byte
 	// imageTop is Airlock's layer over every image (imageTopDef), and
 	// rootsDir holds the mount points of image jobs' roots (image.go).
 	imageTop *rootfsTemplate
@@ -208,6 +211,7 @@ func New(cfg Config) (*Manager, error) {
 		keptDir: filepath.Join(cfg.StateDir, "kept"),
 		live:    map[string]*Sandbox{},
 		rlimits: rlimits(),
+		cas:     cas,
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("sandbox.state_dir: %w", err)
@@ -461,6 +465,10 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 			return nil, err
 		}
 	}
+	caBundle, err := s.writeCABundle()
+	if err != nil {
+		return nil, err
+	}
 	rootfs, binds := m.tmpl.dir, m.tmpl.def.Binds
 	var userFiles map[string]string
 	if spec.Image != nil {
@@ -493,12 +501,13 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		rlimits:      m.rlimits,
 		pids:         spec.Limits.Pids,
 		command:      commandOf(spec),
-		env:          spec.Env,
+		env:          s.spec.Env, // writeCABundle may have added to it
 		path:         path,
 		imageEnv:     imageEnv,
 		shmSizeBytes: min(64<<20, spec.Limits.MemoryBytes/2),
 		netNS:        spec.NetNS,
 		resolvConf:   resolvConf,
+		caBundle:     caBundle,
 		gitObjects:   spec.GitObjects,
 		caches:       cacheBinds,
 		class:        spec.Class,

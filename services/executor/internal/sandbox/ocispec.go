@@ -184,6 +184,9 @@ type bundleInputs struct {
 	// resolvConf, if set, is the host file bound read-only over the
 	// template's empty /etc/resolv.conf.
 	resolvConf string
+	// caBundle, if set, is the job's own trust store (Spec.ExtraCAs),
+	// bound read-only over caBundlePath.
+	caBundle string
 	// gitObjects, if set, is bound read-only at /.airlock/git-objects.
 	gitObjects string
 	// caches are the named caches' overlays, bound read-write.
@@ -232,6 +235,9 @@ func ociSpec(in bundleInputs) *specs.Spec {
 	}
 	if in.resolvConf != "" {
 		mounts = append(mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: in.resolvConf, Options: []string{"bind", "ro", nosuid, nodev, noexec}})
+	}
+	if in.caBundle != "" {
+		mounts = append(mounts, specs.Mount{Destination: "/" + caBundlePath, Type: "bind", Source: in.caBundle, Options: []string{"bind", "ro", nosuid, nodev, noexec}})
 	}
 	idmap := []specs.LinuxIDMapping{{ContainerID: 0, HostID: in.uidBase, Size: uidRange}}
 	rlimits := in.rlimits

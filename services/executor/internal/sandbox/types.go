@@ -124,6 +124,13 @@ type Spec struct {
 	// guest, on the guest's own kernel, before the command runs. Other
 	// classes refuse it.
 	Docker bool
+	// ExtraCAs, if set, are PEM CA certificates (no key: caPEM) the job
+	// trusts beyond the jobs' trust store, such as the interception CA of
+	// its own egress proxy: the job gets a bundle of its own, the trust
+	// store's with these after it, read-only over caBundlePath (whose
+	// links and caEnv's variables all reach it), and GIT_SSL_CAINFO
+	// naming it. runc and runsc only; the vm class refuses it.
+	ExtraCAs []byte
 }
 
 // CacheMount is one named cache of a job.
@@ -231,6 +238,14 @@ func (s *Spec) validateBody() error {
 	}
 	if err := CheckCommand("spec.command", "spec.env", s.Command, s.Env); err != nil {
 		return err
+	}
+	if len(s.ExtraCAs) > 0 {
+		if s.Class == ClassVM {
+			return invalid("spec.extra_cas: the %s class does not take a job's own CAs (runc and runsc do)", ClassVM)
+		}
+		if _, err := caPEM(s.ExtraCAs); err != nil {
+			return invalid("spec.extra_cas: %v", err)
+		}
 	}
 	if s.GitObjects != "" && (!strings.HasPrefix(s.GitObjects, "/") || strings.ContainsAny(s.GitObjects, ",:\\\n")) {
 		return invalid("spec.git_objects %q: must be an absolute path without ',', ':', '\\' or a newline", s.GitObjects)

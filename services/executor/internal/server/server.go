@@ -154,6 +154,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				return err
 			}
 			fence := fleetclient.NewFence(cfg.Fleet.FenceAfter, nil)
+			authority := authorityclient.New(cc, env.TLS)
 			mgr, err := runs.New(runs.Config{
 				Dir:         env.DataDir.Join("runs"),
 				Caches:      caches,
@@ -163,7 +164,8 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				Sources:     sources,
 				Network:     netm,
 				Resolver:    resolverOf(cfg.Network.ResolverAddrs),
-				Authority:   authorityclient.New(cc, env.TLS),
+				Authority:   authority,
+				Credentials: credentialLeaser(authority),
 				Sign:        signer(env.TLS),
 				Executor:    self.String(),
 				OutputLimit: cfg.OutputLimit.Bytes(),
