@@ -145,14 +145,14 @@ func randomSecret(t *testing.T, prefix string) string {
 // which the bundle's patch carries out for the test to search.
 const credentialScript = `cd /work
 echo "placeholder=$AIRLOCK_CREDENTIAL_API"
-echo "h2: $(curl -sS --max-time 20 --http2 https://` + privAPI + `/whoami 2>&1)"
-echo "h1: $(curl -sS --max-time 20 --http1.1 https://` + privAPI + `/whoami 2>&1)"
+echo "h2: $(curl -sS --max-time 20 --http2 -w ' job=%{http_version}' https://` + privAPI + `/whoami 2>&1)"
+echo "h1: $(curl -sS --max-time 20 --http1.1 -w ' job=%{http_version}' https://` + privAPI + `/whoami 2>&1)"
 echo "forged: $(curl -sS --max-time 20 -H 'Authorization: Bearer forged' https://` + privAPI + `/whoami 2>&1)"
 echo "direct: $(curl -sS --max-time 20 --noproxy '*' https://` + privAPI + `/whoami 2>&1)"
 echo "xtoken: $(curl -sS --max-time 20 -H "X-Token: $AIRLOCK_CREDENTIAL_API" https://` + privAPI + `/xtoken 2>&1)"
 echo "other: $(curl -sS --max-time 20 -H "X-Token: $AIRLOCK_CREDENTIAL_API" -H "Authorization: Bearer $AIRLOCK_CREDENTIAL_API" https://` + privOther + `/collect 2>&1)"
 echo "redirect: $(curl -sS --max-time 20 -L https://` + privAPI + `/redirect 2>&1)"
-echo "coalesce: $(curl -sS --max-time 20 --connect-to ` + privOther + `:443:` + privAPI + `:443 https://` + privOther + `/whoami 2>&1)"
+echo "sni: $(curl -sS --max-time 20 --connect-to ` + privOther + `:443:` + privAPI + `:443 https://` + privOther + `/whoami 2>&1)"
 npm install --registry https://` + privRegistry + `/ --cache /tmp/npm-cache --no-audit --no-fund --no-update-notifier --loglevel=error ` + probePackage + ` >/tmp/npm.log 2>&1; echo "npm rc=$?"
 test -f node_modules/` + probePackage + `/index.js && echo "npm: installed"
 rm -rf node_modules package.json package-lock.json
@@ -160,20 +160,17 @@ rm -rf node_modules package.json package-lock.json
 grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt | sed 's/^/ca certificates: /'
 `
 
-// A job installs from a private registry and calls a private API with
-// credentials it never holds, under runc and runsc: the executor's egress
-// proxy leases them for the job, adds them on the listed hosts only, and
-// records every use; the value is nowhere the job, the record, the
-// bundle or the stack's files hold. A credential whose policy asks for
-// approval holds its job until an approver other than the requester
-// approves its start.
-func TestBrokeredCredentials(t *testing.T) {
-	apiSecret, regSecret := randomSecret(t, "api-"), randomSecret(t, "reg-")
+// brokeredStack starts the private hosts, a DNS server for them and a
+// stack whose dev tenant has three brokered credentials: api and gated
+// (approval required) on the private API, registry on the registry.
+func brokeredStack(t *testing.T) (s *stack, hosts *privateHosts, apiSecret, regSecret string) {
+	t.Helper()
+	apiSecret, regSecret = randomSecret(t, "api-"), randomSecret(t, "reg-")
 	ca, err := pki.NewCA("brokered.test", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	hosts := startPrivateHosts(t, ca, apiSecret, regSecret)
+	hosts = startPrivateHosts(t, ca, apiSecret, regSecret)
 	dns := nettest.StartDNS(t, map[string][]netip.Addr{privAPI: {hosts.IP}, privRegistry: {hosts.IP}, privOther: {hosts.IP}})
 	secrets := t.TempDir()
 	write := func(name, data string) string {
@@ -185,12 +182,23 @@ func TestBrokeredCredentials(t *testing.T) {
 	}
 	apiFile, regFile := write("api", apiSecret), write("registry", regSecret)
 	caFile := write("ca.pem", string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})))
-
 	repo, _ := sampleRepo(t)
-	s := startStack(t, "--repo", "sample="+repo, "--resolver", dns.Addr.String(), "--extra-ca", caFile,
+	s = startStack(t, "--repo", "sample="+repo, "--resolver", dns.Addr.String(), "--extra-ca", caFile,
 		"--egress-domain", privAPI, "--egress-domain", privRegistry, "--egress-domain", privOther,
 		"--credential-broker", "api:"+privAPI+":"+apiFile, "--credential-broker", "registry:"+privRegistry+":"+regFile,
 		"--credential-broker", "gated:"+privAPI+":"+apiFile, "--credential-approval", "gated")
+	return s, hosts, apiSecret, regSecret
+}
+
+// A job installs from a private registry and calls a private API with
+// credentials it never holds, under runc and runsc: the executor's egress
+// proxy leases them for the job, adds them on the listed hosts only, and
+// records every use; the value is nowhere the job, the record, the
+// bundle or the stack's files hold. A credential whose policy asks for
+// approval holds its job until an approver other than the requester
+// approves its start.
+func TestBrokeredCredentials(t *testing.T) {
+	s, hosts, apiSecret, regSecret := brokeredStack(t)
 
 	// A credential whose hosts the job's policy does not reach is refused,
 	// naming both.
@@ -205,6 +213,7 @@ func TestBrokeredCredentials(t *testing.T) {
 	for _, rt := range []string{"runc", "runsc"} {
 		t.Run(rt, func(t *testing.T) {
 			res := s.airlock(t, "job", "submit", "--repo", "sample", "--rev", "main", "--runtime", rt, "--memory", "768MiB", "--wait", "-o", "json",
+				"--publish-to", "sample:main",
 				"--credential", "api", "--credential", "registry",
 				"--allow-domain", privAPI, "--allow-domain", privRegistry, "--allow-domain", privOther,
 				"--", "bash", "-c", credentialScript)
@@ -215,8 +224,8 @@ func TestBrokeredCredentials(t *testing.T) {
 			}
 			for _, want := range []string{
 				`placeholder=airlock-cred:api:\S{20,}`,
-				`h2: authorized over HTTP/2\.0`,
-				`h1: authorized over HTTP/1\.1`,
+				`h2: authorized over HTTP/2\.0\s+job=2\b`,
+				`h1: authorized over HTTP/\S+\s+job=1\.1\b`,
 				`forged: authorized`,
 				`direct: authorized`,
 				`xtoken: token swapped`,
@@ -228,9 +237,9 @@ func TestBrokeredCredentials(t *testing.T) {
 					t.Errorf("the job's output has no line matching %q:\n%s", want, out)
 				}
 			}
-			// One connection made to the other host's name cannot carry the
-			// API's credential to it, nor to the API's name.
-			if strings.Contains(out, "coalesce: authorized") {
+			// A CONNECT to the API's name whose TLS names the other host is
+			// refused: no connection made for one name carries another.
+			if strings.Contains(out, "sni: authorized") {
 				t.Errorf("a request for %s over a connection to %s was authorized:\n%s", privOther, privAPI, out)
 			}
 			for _, r := range hosts.requests() {
@@ -244,14 +253,29 @@ func TestBrokeredCredentials(t *testing.T) {
 			if eg.code != 0 {
 				t.Fatalf("job egress: exit %d\n%s", eg.code, eg.stderr)
 			}
-			for _, want := range []string{`request\s+GET\s+` + regexp.QuoteMeta(privAPI) + `/whoami\s+200\s.*credential=api`,
-				`request\s+GET\s+` + regexp.QuoteMeta(privRegistry) + `/\S+\s+200\s.*credential=registry`} {
+			for _, want := range []string{`request\s+GET\s+` + regexp.QuoteMeta(privAPI) + `/whoami\s+443\s+allowed\s+200\s.*credential=api`,
+				`request\s+GET\s+` + regexp.QuoteMeta(privAPI) + `/redirect\s+443\s+allowed\s+302\s.*credential=api`,
+				`request\s+GET\s+` + regexp.QuoteMeta(privRegistry) + `/\S+\.tgz\s+443\s+allowed\s+200\s.*credential=registry`,
+				`connect\s+` + regexp.QuoteMeta(privAPI) + `\s+443\s+refused\s.*SNI "` + regexp.QuoteMeta(privOther) + `"`} {
 				if !regexp.MustCompile(want).MatchString(eg.stdout) {
 					t.Errorf("job egress has no line matching %q:\n%s", want, eg.stdout)
 				}
 			}
 			if strings.Contains(eg.stdout, "xtoken?") {
 				t.Errorf("a request line kept its query:\n%s", eg.stdout)
+			}
+
+			// The approver reads which credentials the job used, how often.
+			list := s.airlock(t, "approval", "list", "--as", "approver/alice")
+			m := regexp.MustCompile(`(?m)^(\S+)\s.*` + regexp.QuoteMeta(j.GetJobId())).FindStringSubmatch(list.stdout)
+			if list.code != 0 || m == nil {
+				t.Fatalf("approval list: no approval for job %s (exit %d)\n%s%s", j.GetJobId(), list.code, list.stdout, list.stderr)
+			}
+			show := s.airlock(t, "approval", "show", m[1], "--as", "approver/alice")
+			for _, want := range []string{`(?m)^\s+api\s+requests [1-9]\d*, refused 0`, `(?m)^\s+registry\s+requests 2, refused 0`} {
+				if show.code != 0 || !regexp.MustCompile(want).MatchString(show.stdout) {
+					t.Errorf("approval show has no line matching %q (exit %d):\n%s%s", want, show.code, show.stdout, show.stderr)
+				}
 			}
 
 			// Nowhere: the output, the record, the bundle (whose patch carries

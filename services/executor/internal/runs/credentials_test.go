@@ -360,16 +360,16 @@ func TestProxyCredential(t *testing.T) {
 // allows, and keeps the rest.
 func TestCredentialsDroppedWithTheirHosts(t *testing.T) {
 	pol := domainsPolicy("api.test", "*.npm.test").Names
-	p, err := egressproxy.New(egressproxy.Config{Policy: pol, Resolver: HostResolver()})
+	creds := []egressproxy.Credential{
+		{Name: "gh-token", Hosts: []string{"api.test"}, Header: "Authorization", Value: "Bearer x"},
+		{Name: "npm.basic", Hosts: []string{"*.npm.test"}, Header: "Authorization", Value: "Basic eA=="},
+	}
+	p, err := egressproxy.New(egressproxy.Config{Policy: pol, Resolver: HostResolver(), Credentials: creds})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	e := &jobEgress{proxy: p, log: slog.New(slog.DiscardHandler)}
-	creds := []egressproxy.Credential{{Name: "gh-token", Hosts: []string{"api.test"}}, {Name: "npm.basic", Hosts: []string{"*.npm.test"}}}
-	if err := e.setCredentials(creds); err != nil {
-		t.Fatal(err)
-	}
+	e := &jobEgress{proxy: p, log: slog.New(slog.DiscardHandler), creds: creds}
 	if err := e.dropCredentials(domainsPolicy("*.npm.test").Names); err != nil {
 		t.Fatal(err)
 	}
