@@ -45,8 +45,13 @@ func (ph policyHost) addr(port int) string { return fmt.Sprintf("%s:%d", ph.ip, 
 func (e *env) runInNet(t *testing.T, c Class, nn *netpolicy.Net, src, script string, during func(*Sandbox)) ran {
 	t.Helper()
 	var out, errb syncBuffer
+	// Each refused dial waits out the probe's 3 s, and a loaded machine
+	// (make test runs packages side by side) slows runsc's every process:
+	// the live change's job once passed 30 s in CI with nothing wrong.
+	lim := defaultLimits
+	lim.Deadline = 90 * time.Second
 	sb, err := e.m.Create(context.Background(), Spec{ID: nn.ID(), Class: c, Source: src, Command: []string{"/bin/sh", "-c", script},
-		Limits: defaultLimits, NetNS: nn.Path(), Stdout: &out, Stderr: &errb})
+		Limits: lim, NetNS: nn.Path(), Stdout: &out, Stderr: &errb})
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
@@ -142,11 +147,11 @@ func TestNetworkPolicyNamespace(t *testing.T) {
 			// runsc too, since only the host's rules change.
 			live := newNet(allowA)
 			liveScript := fmt.Sprintf(`./probe dial %[1]s; echo "before_a=$?"; touch /out/ready
-i=0; while [ ! -f /out/go ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
+i=0; while [ ! -f /out/go ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
 ./probe dial %[1]s; echo "after_a=$?"; ./probe dial %[2]s; echo "after_b=$?"`, ph.addr(ph.portA), ph.addr(ph.portB))
 			var applyErr error
 			r = e.runInNet(t, c, live, src, liveScript, func(sb *Sandbox) {
-				for i := 0; i < 300; i++ {
+				for i := 0; i < 900; i++ {
 					if _, err := os.Stat(filepath.Join(sb.OutDir(), "ready")); err == nil {
 						break
 					}
