@@ -399,3 +399,94 @@ func npmPackage(t *testing.T, base string) (tgz, doc []byte) {
 	}
 	return tgz, doc
 }
+
+// activeBrokered is the ids of the active brokered leases of job id, as
+// an approver lists them.
+func activeBrokered(t *testing.T, s *stack, id string) []string {
+	t.Helper()
+	res := s.airlock(t, "lease", "list", "--as", "approver/alice", "--job", id, "-o", "json")
+	var out authorityv1.ListLeasesResponse
+	if res.code != 0 || protojson.Unmarshal([]byte(res.stdout), &out) != nil {
+		t.Fatalf("lease list: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	var ids []string
+	for _, l := range out.GetLeases() {
+		if l.GetPurpose() == authorityv1.LeasePurpose_LEASE_PURPOSE_BROKERED && l.GetRevokedAt() == nil {
+			ids = append(ids, l.GetLeaseId())
+		}
+	}
+	return ids
+}
+
+// waitLeases polls until job id's active brokered leases satisfy ok.
+func waitLeases(t *testing.T, s *stack, id, what string, ok func([]string) bool) []string {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ids := activeBrokered(t, s, id)
+		if ok(ids) {
+			return ids
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: job %s's active brokered leases are %v", what, id, ids)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// A session's brokered credential lives exactly as long as its sandbox:
+// leased while it runs, revoked by the authority when its executor dies
+// (SIGKILL: the executor cannot revoke anything itself) and comes back,
+// leased anew on resume, injected again, and revoked when the session is
+// cancelled in the middle of a request loop.
+func TestBrokeredCredentialSession(t *testing.T) {
+	s, _, apiSecret, _ := brokeredStack(t)
+	res := s.airlock(t, "session", "create", "--repo", "sample", "--rev", "main", "--credential", "api", "--allow-domain", privAPI, "-o", "json")
+	sess := &authorityv1.Job{}
+	if res.code != 0 || protojson.Unmarshal([]byte(res.stdout), sess) != nil {
+		t.Fatalf("session create: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	id := sess.GetJobId()
+	call := func(execID string) result {
+		return s.airlock(t, "session", "exec", id, "--exec-id", execID, "--", "curl", "-sS", "--max-time", "20", "https://"+privAPI+"/whoami")
+	}
+	if r := call("first"); r.code != 0 || !strings.Contains(r.stdout, "authorized") {
+		t.Fatalf("first call: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	first := waitLeases(t, s, id, "while the session runs", func(ids []string) bool { return len(ids) == 1 })
+
+	s.killExecutor(t)
+	waitLeases(t, s, id, "after the executor restarted", func(ids []string) bool { return len(ids) == 0 })
+	audit := s.airlock(t, "audit", "list", "--as", "approver/alice", "--limit", "0")
+	if !strings.Contains(audit.stdout, "restarted") {
+		t.Errorf("the audit log does not say the lease was revoked for the restart:\n%s", audit.stdout)
+	}
+
+	if r := s.airlock(t, "session", "resume", id); r.code != 0 {
+		t.Fatalf("session resume: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := call("after-resume"); r.code != 0 || !strings.Contains(r.stdout, "authorized") {
+		t.Fatalf("a call after the resume: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	again := waitLeases(t, s, id, "after the resume", func(ids []string) bool { return len(ids) == 1 })
+	if again[0] == first[0] {
+		t.Errorf("the resumed session uses the revoked lease %s", first[0])
+	}
+
+	loop := s.startAirlock(t, "session", "exec", id, "--exec-id", "loop", "--", "sh", "-c",
+		"while true; do curl -sS --max-time 5 https://"+privAPI+"/whoami; sleep 0.1; done")
+	for start := time.Now(); !strings.Contains(loop.stdout.String(), "authorized"); time.Sleep(50 * time.Millisecond) {
+		if time.Since(start) > 60*time.Second {
+			t.Fatalf("the request loop never got an answer:\n%s", loop.stderr.String())
+		}
+	}
+	if r := s.airlock(t, "session", "cancel", id); r.code != 0 {
+		t.Fatalf("session cancel: exit %d\n%s", r.code, r.stderr)
+	}
+	waitLeases(t, s, id, "after the cancel", func(ids []string) bool { return len(ids) == 0 })
+	for _, f := range []string{loop.stdout.String(), loop.stderr.String()} {
+		if strings.Contains(f, apiSecret) {
+			t.Error("the session's output holds the credential's value")
+		}
+	}
+}
