@@ -10,6 +10,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/egress"
+	"github.com/airlockhq/airlock/pkg/runspec"
 	"github.com/airlockhq/airlock/pkg/tlsconfig"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 )
@@ -75,7 +76,14 @@ func (c *Config) credentials(field string, ceiling policy.Egress, f map[string]C
 	if len(f) > maxCredentials {
 		errs = append(errs, config.Field(field, "%d credentials: at most %d", len(f), maxCredentials))
 	}
+	envs := map[string]string{}
 	for _, name := range sortedKeys(f) {
+		// A job may ask for any of them together: each needs a variable
+		// of its own for its placeholder.
+		if other, ok := envs[runspec.CredentialEnv(name)]; ok {
+			errs = append(errs, config.Field(field+"."+name, "the same placeholder variable %s as credential %q: rename one", runspec.CredentialEnv(name), other))
+		}
+		envs[runspec.CredentialEnv(name)] = name
 		cr, err := c.credential(field+"."+name, name, ceiling, f[name])
 		errs = append(errs, err...)
 		if len(err) == 0 {

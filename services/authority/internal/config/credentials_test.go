@@ -77,6 +77,7 @@ tenants:
 		{Name: "an upstream_ca that is not PEM", Body: one("        upstream_ca: gh.token\n"), Field: "tenants.dev.credentials.c.upstream_ca"},
 		{Name: "an unknown key", Body: one("        value: plain\n"), Field: "tenants.dev.credentials.c.value"},
 		{Name: "too many", Body: with(many.String()), Field: "tenants.dev.credentials"},
+		{Name: "two names, one placeholder variable", Body: with("      a-b: {hosts: [api.github.com], source: {file: gh.token}}\n      a.b: {hosts: [api.github.com], source: {file: gh.token}}\n"), Field: "tenants.dev.credentials.a.b"},
 	}
 	f.Run(t, Check, cases)
 

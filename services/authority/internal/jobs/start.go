@@ -159,6 +159,13 @@ func (s *Service) startGate(j store.Job, g GrantRequest) (ok bool, from time.Tim
 	if !r.needsApproval() {
 		return true, j.CreatedAt, false, nil
 	}
+	// An approval decides what it showed: approved or pending for other
+	// hosts or credentials than the policy now says (a widening since),
+	// it does not let the job go; a new one is opened.
+	_, digest, err := r.Encode()
+	if err != nil {
+		return false, time.Time{}, false, err
+	}
 	list, _, err := s.cfg.Store.ListApprovals(s.ctx, store.ApprovalFilter{JobID: j.ID, Kind: store.KindStart, Limit: 20})
 	if err != nil {
 		return false, time.Time{}, false, err
@@ -169,7 +176,10 @@ func (s *Service) startGate(j store.Job, g GrantRequest) (ok bool, from time.Tim
 	for i := range list {
 		a := list[i]
 		live := now.Before(a.ExpiresAt)
+		stale := a.BundleDigest != digest
 		switch {
+		case stale && (a.State == store.ApprovalApproved || a.State == store.ApprovalPending):
+			continue
 		case a.State == store.ApprovalConsumed:
 			return true, decidedAt(a), false, nil
 		case a.State == store.ApprovalApproved && live:

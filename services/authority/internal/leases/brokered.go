@@ -1,6 +1,7 @@
 package leases
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"errors"
@@ -150,6 +151,11 @@ func (s *Service) brokeredValue(ctx context.Context, tenant string, c policy.Cre
 		v = []byte(s.cfg.Getenv(c.Env))
 	default:
 		err = errors.New("neither a file nor an environment variable")
+	}
+	if err == nil {
+		// A file written by an editor or `echo` ends in a newline that no
+		// header value may hold: one line ending is not the value.
+		v = bytes.TrimSuffix(bytes.TrimSuffix(v, []byte("\n")), []byte("\r"))
 	}
 	if err == nil && len(strings.TrimSpace(string(v))) == 0 {
 		err = errors.New("empty")

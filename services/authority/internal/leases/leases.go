@@ -324,6 +324,12 @@ func (s *Service) Revoke(ctx context.Context, caller identity.ID, id, reason str
 			// As for a lease that does not exist: ids reveal nothing.
 			return store.Lease{}, s.refused(ctx, ev, fmt.Errorf("%w: lease %q", errdefs.ErrNotFound, id))
 		}
+		if l.Purpose == PurposeBrokered && l.RevokedAt.IsZero() {
+			// Its value is in the memory of a running job's egress proxy,
+			// which this revocation would not reach: what ends it is the
+			// job's end, or a policy without its hosts.
+			return store.Lease{}, s.refused(ctx, ev, precondition("lease %q is job %s's brokered credential, which ends with the job: cancel the job, or narrow its network policy to drop the credential's hosts", id, l.JobID))
+		}
 		mayRevoke = true
 	}
 	if !mayRevoke {

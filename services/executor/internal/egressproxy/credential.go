@@ -9,6 +9,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -37,8 +38,9 @@ type Credential struct {
 	Value string
 	// Secret is the raw secret, which replaces Placeholder.
 	Secret string
-	// Placeholder, when set ("airlock-cred:NAME:RANDOM"), is replaced by
-	// Secret wherever it occurs in the request's header values on Hosts.
+	// Placeholder, when set ("airlock-cred:NAME:RANDOM"), is what the job
+	// holds in its place; the proxy replaces the whole of Header, where a
+	// tool puts it, with Value on Hosts, and never sends it elsewhere.
 	Placeholder string
 	// Roots verify the upstream's certificate; nil is Config.Roots.
 	Roots *x509.CertPool
@@ -47,14 +49,11 @@ type Credential struct {
 	Expires time.Time
 }
 
-// matches reports whether name (normalised) is one of c's hosts.
+// matches reports whether name (normalised) is one of c's hosts, as a
+// network policy's names match: "*.SUFFIX" is one label below SUFFIX.
 func (c *Credential) matches(name string) bool {
 	for _, h := range c.Hosts {
-		if suffix, wild := strings.CutPrefix(h, "*."); wild {
-			if strings.HasSuffix(name, "."+suffix) && len(name) > len(suffix)+1 {
-				return true
-			}
-		} else if h == name {
+		if (egress.Name{Name: h}).Matches(name) {
 			return true
 		}
 	}
@@ -171,6 +170,9 @@ func newJobCA(creds []Credential) (*jobCA, error) {
 		KeyUsage:                    x509.KeyUsageCertSign,
 		PermittedDNSDomainsCritical: true,
 		PermittedDNSDomains:         domains,
+		// And no address: a leaf for an IP literal is never made, and a
+		// key that leaked could sign none.
+		ExcludedIPRanges: []*net.IPNet{{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, {IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
 	if err != nil {

@@ -168,7 +168,11 @@ func TestCredentialInjected(t *testing.T) {
 					if got := s.header["authorization"]; got != nil {
 						t.Errorf("the upstream saw a lower-case authorization %q", got)
 					}
-					if got := s.header.Get("X-Key"); got != "key="+testSecret {
+					// The placeholder stands in for the value in the
+					// credential's own header alone: elsewhere it goes out as
+					// the job wrote it, never swapped (a header a server
+					// echoes would hand the job the value).
+					if got := s.header.Get("X-Key"); got != "key="+testPlaceholder {
 						t.Errorf("the upstream saw X-Key %q", got)
 					}
 					if s.host != "api.example.com" {
@@ -487,7 +491,8 @@ func TestCredentialConfig(t *testing.T) {
 	}
 	wild := good
 	wild.Hosts = []string{"*.pkg.example.com"}
-	for name, want := range map[string]bool{"a.pkg.example.com": true, "a.b.pkg.example.com": true, "pkg.example.com": false, "xpkg.example.com": false} {
+	// One label below, as a network policy's wildcard matches.
+	for name, want := range map[string]bool{"a.pkg.example.com": true, "a.b.pkg.example.com": false, "pkg.example.com": false, "xpkg.example.com": false} {
 		if got := wild.matches(name); got != want {
 			t.Errorf("*.pkg.example.com matches %s: %v, want %v", name, got, want)
 		}
@@ -582,5 +587,60 @@ func TestCredentialRenewed(t *testing.T) {
 	}
 	if d := h.dials(); len(d) != 1 {
 		t.Errorf("dialled %v: the renewal cut the connection", d)
+	}
+}
+
+// A server that reflects request headers cannot hand the job the value:
+// the proxy forwards no TRACE or TRACK (which echo the whole request),
+// takes the value out of the response's headers and trailers, and never
+// swaps the placeholder into a header other than the credential's.
+func TestCredentialNotReflected(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("h2=%v", h2), func(t *testing.T) {
+			h := newHarness(t, withCredentials(apiToken()), option{h2: h2})
+			c := h.jobClient(false, h2)
+			for _, m := range []string{"TRACE", "TRACK", "CONNECT"} {
+				req, _ := http.NewRequest(m, "https://api.example.com/reflect", nil)
+				if m == "CONNECT" {
+					req.URL.Path = ""
+					req.Host = "api.example.com:443"
+				}
+				resp, body := roundTrip(t, c, req)
+				if resp.StatusCode != http.StatusMethodNotAllowed {
+					t.Errorf("%s: %s %q, want 405", m, resp.Status, body)
+				}
+				h.noSecret(t, resp, body)
+			}
+			if n := len(h.requests()); n != 0 {
+				t.Errorf("the upstream saw %d refused requests", n)
+			}
+			req, _ := http.NewRequest(http.MethodGet, "https://api.example.com/reflect", nil)
+			req.Header.Set("X-Key", testPlaceholder)
+			resp, body := roundTrip(t, c, req)
+			if resp.StatusCode != http.StatusOK || body != "reflected GET" {
+				t.Fatalf("GET /reflect: %s %q", resp.Status, body)
+			}
+			h.noSecret(t, resp, body)
+			for k, vs := range resp.Header {
+				for _, v := range vs {
+					if strings.Contains(v, testSecret) || strings.Contains(v, testValue) {
+						t.Errorf("the response's header %s holds the value", k)
+					}
+				}
+			}
+			for k, vs := range resp.Trailer {
+				for _, v := range vs {
+					if strings.Contains(v, testSecret) || strings.Contains(v, testValue) {
+						t.Errorf("the response's trailer %s holds the value", k)
+					}
+				}
+			}
+			if got := resp.Header.Get("X-Echo-X-Key"); got != testPlaceholder {
+				t.Errorf("X-Key came back as %q, want the placeholder unswapped", got)
+			}
+			if got := resp.Header.Get("X-Echo-Authorization"); got != "[redacted]" {
+				t.Errorf("the echoed Authorization came back as %q, want it redacted", got)
+			}
+		})
 	}
 }

@@ -218,6 +218,19 @@ func newHarness(t testing.TB, opts ...option) *harness {
 			r.Header.Get("Proxy-Authorization"), r.Header.Get("Connection"))
 	})
 	mux.HandleFunc("/cred", h.recordRequest("api"))
+	// /reflect is a server that echoes request headers back in its own
+	// (as CORS, request ids and object metadata do) and answers TRACE.
+	mux.HandleFunc("/reflect", func(w http.ResponseWriter, r *http.Request) {
+		h.mu.Lock()
+		h.seen = append(h.seen, seenRequest{"api", r.Host, r.Proto, r.Header.Clone()})
+		h.mu.Unlock()
+		for _, k := range []string{"Authorization", "X-Key"} {
+			w.Header().Set("X-Echo-"+k, r.Header.Get(k))
+		}
+		w.Header().Set("Trailer", "X-Echo-Trailer")
+		fmt.Fprintf(w, "reflected %s", r.Method)
+		w.Header().Set("X-Echo-Trailer", r.Header.Get("Authorization"))
+	})
 	mux.HandleFunc("/redirect", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, r.URL.Query().Get("to"), http.StatusFound)
 	})

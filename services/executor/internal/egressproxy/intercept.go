@@ -33,7 +33,10 @@ func (p *Proxy) joinTLS(c *conn, up net.Conn, hello []byte) {
 // claim marks c intercepted for the credential in force for its name, under
 // the lock SetCredentials takes, and returns it; nil when none is.
 func (p *Proxy) claim(c *conn) *Credential {
-	if p.ca == nil {
+	// HTTPS's port only: a credential's hosts are checked against the
+	// job's policy on 443, and another service on another port of the
+	// same name is not what the credential is for.
+	if p.ca == nil || c.port != 443 {
 		return nil
 	}
 	p.mu.Lock()
@@ -158,10 +161,12 @@ func (ix *interception) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		plain(w, http.StatusMisdirectedRequest, fmt.Sprintf("this connection is for %s port %d only", c.name, c.port))
 		return
 	}
-	if r.Method == http.MethodConnect {
-		// A tunnel inside the tunnel would be bytes the proxy cannot see.
-		st.reason = "refused: CONNECT inside an intercepted connection"
-		plain(w, http.StatusMethodNotAllowed, "CONNECT is not forwarded on a connection the proxy adds a credential to")
+	if !forwardedMethods[r.Method] {
+		// CONNECT would be a tunnel inside the tunnel, bytes the proxy
+		// cannot see; TRACE (and TRACK) make a server echo the request,
+		// the credential's header among it, back to the job.
+		st.reason = fmt.Sprintf("refused: method %q is not forwarded with a brokered credential", r.Method)
+		plain(w, http.StatusMethodNotAllowed, fmt.Sprintf("%s is not forwarded on a connection the proxy adds a credential to", r.Method))
 		return
 	}
 	cred := ix.p.credential(c.name)
@@ -187,7 +192,10 @@ func (ix *interception) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		},
 		ModifyResponse: func(resp *http.Response) error {
 			st.req.Status = resp.StatusCode
-			resp.Body = &countedBody{ReadCloser: resp.Body, n: &st.in}
+			// A server that echoes a request header back (CORS, request
+			// ids, metadata) must not hand the job the credential.
+			scrub(resp.Header, cred)
+			resp.Body = &countedBody{ReadCloser: resp.Body, n: &st.in, atEOF: func() { scrub(resp.Trailer, cred) }}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
@@ -208,22 +216,35 @@ func (ix *interception) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rp.ServeHTTP(&hijackWatch{ResponseWriter: w, end: ix.end}, r)
 }
 
+// forwardedMethods are the methods an intercepted connection forwards:
+// not CONNECT, TRACE or TRACK.
+var forwardedMethods = map[string]bool{
+	http.MethodGet: true, http.MethodHead: true, http.MethodPost: true, http.MethodPut: true,
+	http.MethodPatch: true, http.MethodDelete: true, http.MethodOptions: true,
+}
+
 // inject sets cred's header on h, replacing any the job sent under any
-// spelling, and swaps its placeholder for its secret in every value.
+// spelling (the placeholder the job may have put there with it). The
+// placeholder is swapped for the secret in that header alone: swapped in
+// any header, it would go out in one a server echoes back (Origin, a
+// request id, object metadata) and reach the job.
 func inject(h http.Header, cred *Credential) {
-	for k, vs := range h {
+	for k := range h {
 		if strings.EqualFold(k, cred.Header) {
 			delete(h, k)
-			continue
-		}
-		if cred.Placeholder == "" {
-			continue
-		}
-		for i, v := range vs {
-			vs[i] = strings.ReplaceAll(v, cred.Placeholder, cred.Secret)
 		}
 	}
 	h.Set(cred.Header, cred.Value)
+}
+
+// scrub replaces cred's secret and header value wherever they appear in h
+// (a response's header or trailer).
+func scrub(h http.Header, cred *Credential) {
+	for _, vs := range h {
+		for i, v := range vs {
+			vs[i] = redact(v, cred)
+		}
+	}
 }
 
 // redact takes cred's secret and header value out of s, which is for the
@@ -282,11 +303,18 @@ func (st *requestState) decision(c *conn) Decision {
 type countedBody struct {
 	io.ReadCloser
 	n *atomic.Int64
+	// atEOF, if set, runs when the body has been read to its end (a
+	// response's trailers are in by then).
+	atEOF func()
 }
 
 func (b *countedBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	b.n.Add(int64(n))
+	if err == io.EOF && b.atEOF != nil {
+		b.atEOF()
+		b.atEOF = nil
+	}
 	return n, err
 }
 

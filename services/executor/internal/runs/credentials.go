@@ -13,6 +13,7 @@ import (
 
 	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/runspec"
 	"github.com/airlockhq/airlock/services/executor/internal/egressproxy"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
@@ -63,9 +64,6 @@ const ReasonCredentialUnavailable sandbox.Reason = "credential_unavailable"
 var ErrCredential = errors.New("brokered credential unavailable")
 
 const (
-	// credentialEnvPrefix, then the credential's name (credentialEnv), is
-	// the variable holding its placeholder.
-	credentialEnvPrefix = "AIRLOCK_CREDENTIAL_"
 	// placeholderPrefix, the name and a colon, then random characters, is
 	// a credential's placeholder: what the job sends where the value goes.
 	placeholderPrefix = "airlock-cred:"
@@ -102,18 +100,8 @@ func (m *Manager) checkCredentials(g Grant) error {
 	return nil
 }
 
-// credentialEnv is the variable holding credential name's placeholder:
-// credentialEnvPrefix and the name upper-cased, every byte but A-Z and 0-9
-// made '_'.
-func credentialEnv(name string) string {
-	b := []byte(strings.ToUpper(name))
-	for i, c := range b {
-		if !('A' <= c && c <= 'Z') && !('0' <= c && c <= '9') {
-			b[i] = '_'
-		}
-	}
-	return credentialEnvPrefix + string(b)
-}
+// credentialEnv is the variable holding credential name's placeholder.
+func credentialEnv(name string) string { return runspec.CredentialEnv(name) }
 
 // leasedCredential is what a job's egress keeps of a lease to end it.
 type leasedCredential struct {
