@@ -3,42 +3,25 @@ package authorityclient
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/airlockhq/airlock/pkg/errgrpc"
 	"github.com/airlockhq/airlock/pkg/seal"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	"github.com/airlockhq/airlock/services/executor/internal/runs"
 )
-
-// Brokered is a brokered credential leased for one job's egress proxy:
-// the value, opened here and held in memory only, and how the proxy adds
-// it to the job's requests to its hosts.
-type Brokered struct {
-	LeaseID, Name string
-	// Hosts are exact names and "*.SUFFIX" patterns, lower case.
-	Hosts []string
-	// Header is set to Format with "{value}" standing for Secret, or,
-	// with BasicUser, to "Basic base64(BasicUser:Secret)".
-	Header, Format, BasicUser string
-	// UpstreamCA is the PEM bundle the hosts' certificates must chain
-	// to; nil for the executor's roots.
-	UpstreamCA []byte
-	Secret     []byte
-	Expires    time.Time
-}
 
 // LeaseBrokered leases brokered credential name for job jobID, which
 // must be placed on this executor and have asked for it. The credential
 // comes sealed to the executor's certificate and is opened here; a lease
 // whose credential does not open is revoked at once.
-func (c *Client) LeaseBrokered(ctx context.Context, jobID, name string) (Brokered, error) {
+func (c *Client) LeaseBrokered(ctx context.Context, jobID, name string) (runs.BrokeredLease, error) {
 	if c.tls == nil {
-		return Brokered{}, errors.New("authorityclient: no certificate of the executor's own to open brokered credentials with")
+		return runs.BrokeredLease{}, errors.New("authorityclient: no certificate of the executor's own to open brokered credentials with")
 	}
 	resp, err := c.api.LeaseCredential(ctx, &authorityv1.LeaseCredentialRequest{
 		Purpose: authorityv1.LeasePurpose_LEASE_PURPOSE_BROKERED, JobId: jobID, Resource: name})
 	if err != nil {
-		return Brokered{}, errgrpc.FromPeer("authority", err)
+		return runs.BrokeredLease{}, errgrpc.FromPeer("authority", err)
 	}
 	l, b := resp.GetLease(), resp.GetBrokered()
 	secret, err := c.open(seal.LeaseContext(l.GetLeaseId(), l.GetJobId(), l.GetResource()), resp.GetSealedCredential())
@@ -48,9 +31,9 @@ func (c *Client) LeaseBrokered(ctx context.Context, jobID, name string) (Brokere
 	}
 	if err != nil {
 		_ = c.RevokeLease(context.WithoutCancel(ctx), l.GetLeaseId(), "the brokered credential could not be opened")
-		return Brokered{}, err
+		return runs.BrokeredLease{}, err
 	}
-	return Brokered{LeaseID: l.GetLeaseId(), Name: b.GetName(), Hosts: b.GetHosts(), Header: b.GetHeader(), Format: b.GetFormat(),
+	return runs.BrokeredLease{LeaseID: l.GetLeaseId(), Name: b.GetName(), Hosts: b.GetHosts(), Header: b.GetHeader(), Format: b.GetFormat(),
 		BasicUser: b.GetBasicUser(), UpstreamCA: b.GetUpstreamCa(), Secret: secret, Expires: l.GetExpiresAt().AsTime()}, nil
 }
 

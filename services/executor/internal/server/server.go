@@ -165,7 +165,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				Network:     netm,
 				Resolver:    resolverOf(cfg.Network.ResolverAddrs),
 				Authority:   authority,
-				Credentials: credentialLeaser(authority),
+				Credentials: authority,
 				Sign:        signer(env.TLS),
 				Executor:    self.String(),
 				OutputLimit: cfg.OutputLimit.Bytes(),
