@@ -52,6 +52,18 @@ var AuthorityTable = Merge(Infrastructure, Table{
 	authorityv1.AuthorityService_GetExecutor_FullMethodName:   {Operators},
 	authorityv1.AuthorityService_DrainExecutor_FullMethodName: {Operators},
 
+	// Usage and its cost: a tenant's clients and approvers (the handler
+	// scopes them to their tenants), operators for every tenant.
+	authorityv1.AuthorityService_GetUsage_FullMethodName: {Clients, Approvers, Operators},
+	// Port forwards into sessions: a session's own tenant's clients open
+	// and carry them (the handler scopes both, and only the opener
+	// carries); approvers and operators see them, and either a client or
+	// an operator closes one.
+	authorityv1.AuthorityService_OpenPortForward_FullMethodName:  {Clients},
+	authorityv1.AuthorityService_ForwardPort_FullMethodName:      {Clients},
+	authorityv1.AuthorityService_ClosePortForward_FullMethodName: {Clients, Operators},
+	authorityv1.AuthorityService_ListPortForwards_FullMethodName: {Clients, Approvers, Operators},
+
 	// Only the executor stages source and reports results; the executor
 	// never gets a credential, only the bytes the authority read with it.
 	authorityv1.AuthorityService_FetchSource_FullMethodName: {Executor},
@@ -109,6 +121,7 @@ var ExecutorTable = Merge(Infrastructure, Table{
 	executorv1.ExecutorService_FinishRun_FullMethodName:   {Authority},
 	executorv1.ExecutorService_SuspendRun_FullMethodName:  {Authority},
 	executorv1.ExecutorService_ResumeRun_FullMethodName:   {Authority},
+	executorv1.ExecutorService_ForwardPort_FullMethodName: {Authority},
 	executorv1.ExecutorService_ReadFile_FullMethodName:    {Authority},
 	executorv1.ExecutorService_WriteFile_FullMethodName:   {Authority},
 	executorv1.ExecutorService_ListFiles_FullMethodName:   {Authority},

@@ -110,6 +110,7 @@ var expected = map[string]map[string]bool{
 	"/airlock.executor.v1.ExecutorService/FinishRun":   only(authority),
 	"/airlock.executor.v1.ExecutorService/SuspendRun":  only(authority),
 	"/airlock.executor.v1.ExecutorService/ResumeRun":   only(authority),
+	"/airlock.executor.v1.ExecutorService/ForwardPort": only(authority),
 	"/airlock.executor.v1.ExecutorService/ReadFile":    only(authority),
 	"/airlock.executor.v1.ExecutorService/WriteFile":   only(authority),
 	"/airlock.executor.v1.ExecutorService/ListFiles":   only(authority),
@@ -122,6 +123,12 @@ var expected = map[string]map[string]bool{
 	"/airlock.authority.v1.AuthorityService/ListExecutors": only(operator),
 	"/airlock.authority.v1.AuthorityService/GetExecutor":   only(operator),
 	"/airlock.authority.v1.AuthorityService/DrainExecutor": only(operator),
+
+	"/airlock.authority.v1.AuthorityService/GetUsage":         only(client, approver, operator),
+	"/airlock.authority.v1.AuthorityService/OpenPortForward":  only(client),
+	"/airlock.authority.v1.AuthorityService/ForwardPort":      only(client),
+	"/airlock.authority.v1.AuthorityService/ClosePortForward": only(client, operator),
+	"/airlock.authority.v1.AuthorityService/ListPortForwards": only(client, approver, operator),
 
 	"/airlock.publisher.v1.PublisherService/Publish":         only(pipeline),
 	"/airlock.publisher.v1.PublisherService/GetDeployment":   only(pipeline, approver),

@@ -291,6 +291,10 @@ const (
 	// Starting a job that asks for a brokered credential whose policy says
 	// approval: required. The job is not dispatched before it is approved.
 	ApprovalKind_APPROVAL_KIND_START ApprovalKind = 3
+	// Opening a port forward into a running session whose tenant's policy
+	// says port_forward.approval: required. Nothing is carried before it is
+	// approved.
+	ApprovalKind_APPROVAL_KIND_PORT_FORWARD ApprovalKind = 4
 )
 
 // Enum value maps for ApprovalKind.
@@ -300,12 +304,14 @@ var (
 		1: "APPROVAL_KIND_PUBLISH",
 		2: "APPROVAL_KIND_CHANGE",
 		3: "APPROVAL_KIND_START",
+		4: "APPROVAL_KIND_PORT_FORWARD",
 	}
 	ApprovalKind_value = map[string]int32{
-		"APPROVAL_KIND_UNSPECIFIED": 0,
-		"APPROVAL_KIND_PUBLISH":     1,
-		"APPROVAL_KIND_CHANGE":      2,
-		"APPROVAL_KIND_START":       3,
+		"APPROVAL_KIND_UNSPECIFIED":  0,
+		"APPROVAL_KIND_PUBLISH":      1,
+		"APPROVAL_KIND_CHANGE":       2,
+		"APPROVAL_KIND_START":        3,
+		"APPROVAL_KIND_PORT_FORWARD": 4,
 	}
 )
 
@@ -566,6 +572,117 @@ func (x ExecutorState) Number() protoreflect.EnumNumber {
 // Deprecated: Use ExecutorState.Descriptor instead.
 func (ExecutorState) EnumDescriptor() ([]byte, []int) {
 	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{8}
+}
+
+// UsageGrouping is how GetUsage groups its rows.
+type UsageGrouping int32
+
+const (
+	// BY_JOB.
+	UsageGrouping_USAGE_GROUPING_UNSPECIFIED UsageGrouping = 0
+	// One row per job or session.
+	UsageGrouping_USAGE_GROUPING_JOB UsageGrouping = 1
+	// One row per tenant, UTC day and runtime class; usage spanning days is
+	// split by the minute.
+	UsageGrouping_USAGE_GROUPING_DAY UsageGrouping = 2
+)
+
+// Enum value maps for UsageGrouping.
+var (
+	UsageGrouping_name = map[int32]string{
+		0: "USAGE_GROUPING_UNSPECIFIED",
+		1: "USAGE_GROUPING_JOB",
+		2: "USAGE_GROUPING_DAY",
+	}
+	UsageGrouping_value = map[string]int32{
+		"USAGE_GROUPING_UNSPECIFIED": 0,
+		"USAGE_GROUPING_JOB":         1,
+		"USAGE_GROUPING_DAY":         2,
+	}
+)
+
+func (x UsageGrouping) Enum() *UsageGrouping {
+	p := new(UsageGrouping)
+	*p = x
+	return p
+}
+
+func (x UsageGrouping) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (UsageGrouping) Descriptor() protoreflect.EnumDescriptor {
+	return file_airlock_authority_v1_authority_proto_enumTypes[9].Descriptor()
+}
+
+func (UsageGrouping) Type() protoreflect.EnumType {
+	return &file_airlock_authority_v1_authority_proto_enumTypes[9]
+}
+
+func (x UsageGrouping) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use UsageGrouping.Descriptor instead.
+func (UsageGrouping) EnumDescriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{9}
+}
+
+// PortForwardState is where a forward is.
+type PortForwardState int32
+
+const (
+	PortForwardState_PORT_FORWARD_STATE_UNSPECIFIED PortForwardState = 0
+	// Waiting for an approver (port_forward.approval: required).
+	PortForwardState_PORT_FORWARD_STATE_PENDING PortForwardState = 1
+	// Carrying connections.
+	PortForwardState_PORT_FORWARD_STATE_OPEN PortForwardState = 2
+	// Closed: by a client, an operator, its expiry, a denial, or its
+	// session's end (close_reason says which).
+	PortForwardState_PORT_FORWARD_STATE_CLOSED PortForwardState = 3
+)
+
+// Enum value maps for PortForwardState.
+var (
+	PortForwardState_name = map[int32]string{
+		0: "PORT_FORWARD_STATE_UNSPECIFIED",
+		1: "PORT_FORWARD_STATE_PENDING",
+		2: "PORT_FORWARD_STATE_OPEN",
+		3: "PORT_FORWARD_STATE_CLOSED",
+	}
+	PortForwardState_value = map[string]int32{
+		"PORT_FORWARD_STATE_UNSPECIFIED": 0,
+		"PORT_FORWARD_STATE_PENDING":     1,
+		"PORT_FORWARD_STATE_OPEN":        2,
+		"PORT_FORWARD_STATE_CLOSED":      3,
+	}
+)
+
+func (x PortForwardState) Enum() *PortForwardState {
+	p := new(PortForwardState)
+	*p = x
+	return p
+}
+
+func (x PortForwardState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PortForwardState) Descriptor() protoreflect.EnumDescriptor {
+	return file_airlock_authority_v1_authority_proto_enumTypes[10].Descriptor()
+}
+
+func (PortForwardState) Type() protoreflect.EnumType {
+	return &file_airlock_authority_v1_authority_proto_enumTypes[10]
+}
+
+func (x PortForwardState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PortForwardState.Descriptor instead.
+func (PortForwardState) EnumDescriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{10}
 }
 
 // JobSpec is what a client asks to run.
@@ -1023,6 +1140,10 @@ func (x *SubmitJobRequest) GetIdempotencyKey() string {
 // SubmitJobResponse returns the job.
 type SubmitJobResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
+	// Set when the tenant has used 80% or more of its monthly budget
+	// (metering.budgets), e.g. "tenant dev has used $81.20 of its $100.00
+	// monthly budget (81%)". Past the whole budget, submission is refused.
+	BudgetWarning string `protobuf:"bytes,3,opt,name=budget_warning,json=budgetWarning,proto3" json:"budget_warning,omitempty"`
 	// The recorded job.
 	Job *Job `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
 	// False when the idempotency key matched an existing job.
@@ -1059,6 +1180,13 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
 	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *SubmitJobResponse) GetBudgetWarning() string {
+	if x != nil {
+		return x.BudgetWarning
+	}
+	return ""
 }
 
 func (x *SubmitJobResponse) GetJob() *Job {
@@ -3396,7 +3524,12 @@ type Approval struct {
 	// job is not dispatched before the request is approved; denied or
 	// expired, the job is cancelled and never runs. The authority spends an
 	// approved request itself as it dispatches the job.
-	Start         *StartRequest `protobuf:"bytes,14,opt,name=start,proto3" json:"start,omitempty"`
+	Start *StartRequest `protobuf:"bytes,14,opt,name=start,proto3" json:"start,omitempty"`
+	// For PORT_FORWARD requests: the forward asked for. bundle_digest then
+	// holds the digest of this request, which a decision must name, and
+	// target is unset. The authority spends an approved request itself as
+	// it opens the forward.
+	PortForward   *PortForward `protobuf:"bytes,15,opt,name=port_forward,json=portForward,proto3" json:"port_forward,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3525,6 +3658,13 @@ func (x *Approval) GetChange() *JobChange {
 func (x *Approval) GetStart() *StartRequest {
 	if x != nil {
 		return x.Start
+	}
+	return nil
+}
+
+func (x *Approval) GetPortForward() *PortForward {
+	if x != nil {
+		return x.PortForward
 	}
 	return nil
 }
@@ -6297,7 +6437,9 @@ type CreateSessionResponse struct {
 	// The session, a job whose spec.session is set.
 	Session *Job `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
 	// False when the idempotency key matched an existing session.
-	Created       bool `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	Created bool `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	// As SubmitJobResponse.budget_warning.
+	BudgetWarning string `protobuf:"bytes,3,opt,name=budget_warning,json=budgetWarning,proto3" json:"budget_warning,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6344,6 +6486,13 @@ func (x *CreateSessionResponse) GetCreated() bool {
 		return x.Created
 	}
 	return false
+}
+
+func (x *CreateSessionResponse) GetBudgetWarning() string {
+	if x != nil {
+		return x.BudgetWarning
+	}
+	return ""
 }
 
 // GetSessionRequest names a session.
@@ -9480,6 +9629,1114 @@ func (x *DrainExecutorResponse) GetExecutor() *Executor {
 	return nil
 }
 
+// GetUsageRequest selects the usage to meter.
+type GetUsageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tenant; empty means every tenant the caller may read (operators:
+	// all).
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Usage from this time on (a job counts for the part of it after
+	// since); unset means the start of the current UTC month.
+	Since *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=since,proto3" json:"since,omitempty"`
+	// Usage before this time; unset means now.
+	Until *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=until,proto3" json:"until,omitempty"`
+	// How rows are grouped.
+	By UsageGrouping `protobuf:"varint,4,opt,name=by,proto3,enum=airlock.authority.v1.UsageGrouping" json:"by,omitempty"`
+	// At most this many rows (1-1000; 0 means 100), the most recent first.
+	Limit         int32 `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetUsageRequest) Reset() {
+	*x = GetUsageRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[124]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetUsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetUsageRequest) ProtoMessage() {}
+
+func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[124]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetUsageRequest.ProtoReflect.Descriptor instead.
+func (*GetUsageRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{124}
+}
+
+func (x *GetUsageRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *GetUsageRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *GetUsageRequest) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
+func (x *GetUsageRequest) GetBy() UsageGrouping {
+	if x != nil {
+		return x.By
+	}
+	return UsageGrouping_USAGE_GROUPING_UNSPECIFIED
+}
+
+func (x *GetUsageRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+// Usage is what one row metered. Quantities are by the minute: a started
+// minute counts whole. GB means 2^30 bytes.
+type Usage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The job or session (BY_JOB), empty otherwise.
+	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// The tenant.
+	Tenant string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The UTC day, "2026-12-05" (BY_DAY), empty otherwise.
+	Day string `protobuf:"bytes,3,opt,name=day,proto3" json:"day,omitempty"`
+	// The runtime class that ran it.
+	RuntimeClass v1.RuntimeClass `protobuf:"varint,4,opt,name=runtime_class,json=runtimeClass,proto3,enum=airlock.types.v1.RuntimeClass" json:"runtime_class,omitempty"`
+	// vCPU-minutes and GB-minutes of memory allocated while awake.
+	VcpuMinutes     float64 `protobuf:"fixed64,5,opt,name=vcpu_minutes,json=vcpuMinutes,proto3" json:"vcpu_minutes,omitempty"`
+	MemoryGbMinutes float64 `protobuf:"fixed64,6,opt,name=memory_gb_minutes,json=memoryGbMinutes,proto3" json:"memory_gb_minutes,omitempty"`
+	// Beside them, what was used: CPU time in minutes and peak memory
+	// GB-minutes (peak times awake minutes).
+	CpuUsedMinutes      float64 `protobuf:"fixed64,7,opt,name=cpu_used_minutes,json=cpuUsedMinutes,proto3" json:"cpu_used_minutes,omitempty"`
+	MemoryUsedGbMinutes float64 `protobuf:"fixed64,8,opt,name=memory_used_gb_minutes,json=memoryUsedGbMinutes,proto3" json:"memory_used_gb_minutes,omitempty"`
+	// Disk GB-minutes allocated while retained, awake or asleep.
+	DiskGbMinutes float64 `protobuf:"fixed64,9,opt,name=disk_gb_minutes,json=diskGbMinutes,proto3" json:"disk_gb_minutes,omitempty"`
+	// Minutes awake and asleep.
+	AwakeMinutes  int64 `protobuf:"varint,10,opt,name=awake_minutes,json=awakeMinutes,proto3" json:"awake_minutes,omitempty"`
+	AsleepMinutes int64 `protobuf:"varint,11,opt,name=asleep_minutes,json=asleepMinutes,proto3" json:"asleep_minutes,omitempty"`
+	// Network bytes sent and received.
+	NetworkSentBytes     int64 `protobuf:"varint,12,opt,name=network_sent_bytes,json=networkSentBytes,proto3" json:"network_sent_bytes,omitempty"`
+	NetworkReceivedBytes int64 `protobuf:"varint,13,opt,name=network_received_bytes,json=networkReceivedBytes,proto3" json:"network_received_bytes,omitempty"`
+	// The cost at the operator's rates, in millionths of a US dollar.
+	CostMicros int64 `protobuf:"varint,14,opt,name=cost_micros,json=costMicros,proto3" json:"cost_micros,omitempty"`
+	// The job is still running: its row counts until now.
+	Running       bool `protobuf:"varint,15,opt,name=running,proto3" json:"running,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Usage) Reset() {
+	*x = Usage{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[125]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Usage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Usage) ProtoMessage() {}
+
+func (x *Usage) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[125]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Usage.ProtoReflect.Descriptor instead.
+func (*Usage) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{125}
+}
+
+func (x *Usage) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *Usage) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *Usage) GetDay() string {
+	if x != nil {
+		return x.Day
+	}
+	return ""
+}
+
+func (x *Usage) GetRuntimeClass() v1.RuntimeClass {
+	if x != nil {
+		return x.RuntimeClass
+	}
+	return v1.RuntimeClass(0)
+}
+
+func (x *Usage) GetVcpuMinutes() float64 {
+	if x != nil {
+		return x.VcpuMinutes
+	}
+	return 0
+}
+
+func (x *Usage) GetMemoryGbMinutes() float64 {
+	if x != nil {
+		return x.MemoryGbMinutes
+	}
+	return 0
+}
+
+func (x *Usage) GetCpuUsedMinutes() float64 {
+	if x != nil {
+		return x.CpuUsedMinutes
+	}
+	return 0
+}
+
+func (x *Usage) GetMemoryUsedGbMinutes() float64 {
+	if x != nil {
+		return x.MemoryUsedGbMinutes
+	}
+	return 0
+}
+
+func (x *Usage) GetDiskGbMinutes() float64 {
+	if x != nil {
+		return x.DiskGbMinutes
+	}
+	return 0
+}
+
+func (x *Usage) GetAwakeMinutes() int64 {
+	if x != nil {
+		return x.AwakeMinutes
+	}
+	return 0
+}
+
+func (x *Usage) GetAsleepMinutes() int64 {
+	if x != nil {
+		return x.AsleepMinutes
+	}
+	return 0
+}
+
+func (x *Usage) GetNetworkSentBytes() int64 {
+	if x != nil {
+		return x.NetworkSentBytes
+	}
+	return 0
+}
+
+func (x *Usage) GetNetworkReceivedBytes() int64 {
+	if x != nil {
+		return x.NetworkReceivedBytes
+	}
+	return 0
+}
+
+func (x *Usage) GetCostMicros() int64 {
+	if x != nil {
+		return x.CostMicros
+	}
+	return 0
+}
+
+func (x *Usage) GetRunning() bool {
+	if x != nil {
+		return x.Running
+	}
+	return false
+}
+
+// UsageRates are the operator's prices (metering.rates), in millionths of
+// a US dollar per unit per 730-hour month.
+type UsageRates struct {
+	state               protoimpl.MessageState `protogen:"open.v1"`
+	VcpuMonthMicros     int64                  `protobuf:"varint,1,opt,name=vcpu_month_micros,json=vcpuMonthMicros,proto3" json:"vcpu_month_micros,omitempty"`
+	MemoryGbMonthMicros int64                  `protobuf:"varint,2,opt,name=memory_gb_month_micros,json=memoryGbMonthMicros,proto3" json:"memory_gb_month_micros,omitempty"`
+	DiskGbMonthMicros   int64                  `protobuf:"varint,3,opt,name=disk_gb_month_micros,json=diskGbMonthMicros,proto3" json:"disk_gb_month_micros,omitempty"`
+	// Multipliers of compute (vCPU and memory) per runtime class, in
+	// thousandths (2500 = 2.5x); a class not named is 1000.
+	ClassComputeMillis map[string]int64 `protobuf:"bytes,4,rep,name=class_compute_millis,json=classComputeMillis,proto3" json:"class_compute_millis,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *UsageRates) Reset() {
+	*x = UsageRates{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[126]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageRates) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageRates) ProtoMessage() {}
+
+func (x *UsageRates) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[126]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageRates.ProtoReflect.Descriptor instead.
+func (*UsageRates) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{126}
+}
+
+func (x *UsageRates) GetVcpuMonthMicros() int64 {
+	if x != nil {
+		return x.VcpuMonthMicros
+	}
+	return 0
+}
+
+func (x *UsageRates) GetMemoryGbMonthMicros() int64 {
+	if x != nil {
+		return x.MemoryGbMonthMicros
+	}
+	return 0
+}
+
+func (x *UsageRates) GetDiskGbMonthMicros() int64 {
+	if x != nil {
+		return x.DiskGbMonthMicros
+	}
+	return 0
+}
+
+func (x *UsageRates) GetClassComputeMillis() map[string]int64 {
+	if x != nil {
+		return x.ClassComputeMillis
+	}
+	return nil
+}
+
+// Budget is a tenant's monthly budget and what the month has used of it.
+type Budget struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The limit, in millionths of a US dollar; zero means none.
+	MonthlyLimitMicros int64 `protobuf:"varint,2,opt,name=monthly_limit_micros,json=monthlyLimitMicros,proto3" json:"monthly_limit_micros,omitempty"`
+	// What the current UTC month has cost so far.
+	UsedMicros    int64 `protobuf:"varint,3,opt,name=used_micros,json=usedMicros,proto3" json:"used_micros,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Budget) Reset() {
+	*x = Budget{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[127]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Budget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Budget) ProtoMessage() {}
+
+func (x *Budget) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[127]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Budget.ProtoReflect.Descriptor instead.
+func (*Budget) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{127}
+}
+
+func (x *Budget) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *Budget) GetMonthlyLimitMicros() int64 {
+	if x != nil {
+		return x.MonthlyLimitMicros
+	}
+	return 0
+}
+
+func (x *Budget) GetUsedMicros() int64 {
+	if x != nil {
+		return x.UsedMicros
+	}
+	return 0
+}
+
+// GetUsageResponse returns the rows and their totals.
+type GetUsageResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rows  []*Usage               `protobuf:"bytes,1,rep,name=rows,proto3" json:"rows,omitempty"`
+	// Every row the selection holds summed, beyond limit too.
+	Total *Usage `protobuf:"bytes,2,opt,name=total,proto3" json:"total,omitempty"`
+	// The rates the costs were computed with.
+	Rates *UsageRates `protobuf:"bytes,3,opt,name=rates,proto3" json:"rates,omitempty"`
+	// The budgets of the tenants selected.
+	Budgets []*Budget `protobuf:"bytes,4,rep,name=budgets,proto3" json:"budgets,omitempty"`
+	// More rows matched than limit.
+	Truncated     bool `protobuf:"varint,5,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetUsageResponse) Reset() {
+	*x = GetUsageResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[128]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetUsageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetUsageResponse) ProtoMessage() {}
+
+func (x *GetUsageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[128]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetUsageResponse.ProtoReflect.Descriptor instead.
+func (*GetUsageResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{128}
+}
+
+func (x *GetUsageResponse) GetRows() []*Usage {
+	if x != nil {
+		return x.Rows
+	}
+	return nil
+}
+
+func (x *GetUsageResponse) GetTotal() *Usage {
+	if x != nil {
+		return x.Total
+	}
+	return nil
+}
+
+func (x *GetUsageResponse) GetRates() *UsageRates {
+	if x != nil {
+		return x.Rates
+	}
+	return nil
+}
+
+func (x *GetUsageResponse) GetBudgets() []*Budget {
+	if x != nil {
+		return x.Budgets
+	}
+	return nil
+}
+
+func (x *GetUsageResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
+// PortForward is one forward into a session.
+type PortForward struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Server-assigned id.
+	ForwardId string `protobuf:"bytes,1,opt,name=forward_id,json=forwardId,proto3" json:"forward_id,omitempty"`
+	// The session.
+	SessionId string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Tenant    string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The client that opened it; only it may carry connections.
+	Requester string `protobuf:"bytes,4,opt,name=requester,proto3" json:"requester,omitempty"`
+	// The TCP port inside the session's network namespace.
+	Port      uint32                 `protobuf:"varint,5,opt,name=port,proto3" json:"port,omitempty"`
+	State     PortForwardState       `protobuf:"varint,6,opt,name=state,proto3,enum=airlock.authority.v1.PortForwardState" json:"state,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// After this time no connection is carried and the forward is closed.
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	ClosedAt  *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=closed_at,json=closedAt,proto3" json:"closed_at,omitempty"`
+	// E.g. "closed by client/dev", "expired", "denied", "session ended".
+	CloseReason string `protobuf:"bytes,10,opt,name=close_reason,json=closeReason,proto3" json:"close_reason,omitempty"`
+	// The approval it waits for, when PENDING or approved.
+	ApprovalId string `protobuf:"bytes,11,opt,name=approval_id,json=approvalId,proto3" json:"approval_id,omitempty"`
+	// Connections carried, and bytes into the session and out of it.
+	Connections   int64 `protobuf:"varint,12,opt,name=connections,proto3" json:"connections,omitempty"`
+	BytesIn       int64 `protobuf:"varint,13,opt,name=bytes_in,json=bytesIn,proto3" json:"bytes_in,omitempty"`
+	BytesOut      int64 `protobuf:"varint,14,opt,name=bytes_out,json=bytesOut,proto3" json:"bytes_out,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PortForward) Reset() {
+	*x = PortForward{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[129]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PortForward) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PortForward) ProtoMessage() {}
+
+func (x *PortForward) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[129]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PortForward.ProtoReflect.Descriptor instead.
+func (*PortForward) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{129}
+}
+
+func (x *PortForward) GetForwardId() string {
+	if x != nil {
+		return x.ForwardId
+	}
+	return ""
+}
+
+func (x *PortForward) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *PortForward) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *PortForward) GetRequester() string {
+	if x != nil {
+		return x.Requester
+	}
+	return ""
+}
+
+func (x *PortForward) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *PortForward) GetState() PortForwardState {
+	if x != nil {
+		return x.State
+	}
+	return PortForwardState_PORT_FORWARD_STATE_UNSPECIFIED
+}
+
+func (x *PortForward) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *PortForward) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *PortForward) GetClosedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ClosedAt
+	}
+	return nil
+}
+
+func (x *PortForward) GetCloseReason() string {
+	if x != nil {
+		return x.CloseReason
+	}
+	return ""
+}
+
+func (x *PortForward) GetApprovalId() string {
+	if x != nil {
+		return x.ApprovalId
+	}
+	return ""
+}
+
+func (x *PortForward) GetConnections() int64 {
+	if x != nil {
+		return x.Connections
+	}
+	return 0
+}
+
+func (x *PortForward) GetBytesIn() int64 {
+	if x != nil {
+		return x.BytesIn
+	}
+	return 0
+}
+
+func (x *PortForward) GetBytesOut() int64 {
+	if x != nil {
+		return x.BytesOut
+	}
+	return 0
+}
+
+// OpenPortForwardRequest asks for a forward.
+type OpenPortForwardRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required: a running session of the caller's tenant.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Required: a port the tenant's port_forward.ports allows.
+	Port uint32 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	// How long it may stay open; zero takes the policy's default, and more
+	// than its max_ttl is refused.
+	Ttl           *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenPortForwardRequest) Reset() {
+	*x = OpenPortForwardRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[130]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenPortForwardRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenPortForwardRequest) ProtoMessage() {}
+
+func (x *OpenPortForwardRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[130]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenPortForwardRequest.ProtoReflect.Descriptor instead.
+func (*OpenPortForwardRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{130}
+}
+
+func (x *OpenPortForwardRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *OpenPortForwardRequest) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *OpenPortForwardRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+// OpenPortForwardResponse returns the forward: OPEN, or PENDING with its
+// approval.
+type OpenPortForwardResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Forward       *PortForward           `protobuf:"bytes,1,opt,name=forward,proto3" json:"forward,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenPortForwardResponse) Reset() {
+	*x = OpenPortForwardResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[131]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenPortForwardResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenPortForwardResponse) ProtoMessage() {}
+
+func (x *OpenPortForwardResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[131]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenPortForwardResponse.ProtoReflect.Descriptor instead.
+func (*OpenPortForwardResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{131}
+}
+
+func (x *OpenPortForwardResponse) GetForward() *PortForward {
+	if x != nil {
+		return x.Forward
+	}
+	return nil
+}
+
+// ForwardPortRequest is one message of a forwarded connection.
+type ForwardPortRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*ForwardPortRequest_ForwardId
+	//	*ForwardPortRequest_Data
+	Msg           isForwardPortRequest_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardPortRequest) Reset() {
+	*x = ForwardPortRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[132]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardPortRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardPortRequest) ProtoMessage() {}
+
+func (x *ForwardPortRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[132]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardPortRequest.ProtoReflect.Descriptor instead.
+func (*ForwardPortRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{132}
+}
+
+func (x *ForwardPortRequest) GetMsg() isForwardPortRequest_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *ForwardPortRequest) GetForwardId() string {
+	if x != nil {
+		if x, ok := x.Msg.(*ForwardPortRequest_ForwardId); ok {
+			return x.ForwardId
+		}
+	}
+	return ""
+}
+
+func (x *ForwardPortRequest) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*ForwardPortRequest_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+type isForwardPortRequest_Msg interface {
+	isForwardPortRequest_Msg()
+}
+
+type ForwardPortRequest_ForwardId struct {
+	// First message: the forward to carry the connection on.
+	ForwardId string `protobuf:"bytes,1,opt,name=forward_id,json=forwardId,proto3,oneof"`
+}
+
+type ForwardPortRequest_Data struct {
+	// Bytes into the session's port, at most 64 KiB a message.
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+func (*ForwardPortRequest_ForwardId) isForwardPortRequest_Msg() {}
+
+func (*ForwardPortRequest_Data) isForwardPortRequest_Msg() {}
+
+// ForwardPortResponse is one message back.
+type ForwardPortResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*ForwardPortResponse_Data
+	//	*ForwardPortResponse_Connected
+	Msg           isForwardPortResponse_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardPortResponse) Reset() {
+	*x = ForwardPortResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[133]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardPortResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardPortResponse) ProtoMessage() {}
+
+func (x *ForwardPortResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[133]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardPortResponse.ProtoReflect.Descriptor instead.
+func (*ForwardPortResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{133}
+}
+
+func (x *ForwardPortResponse) GetMsg() isForwardPortResponse_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *ForwardPortResponse) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*ForwardPortResponse_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+func (x *ForwardPortResponse) GetConnected() bool {
+	if x != nil {
+		if x, ok := x.Msg.(*ForwardPortResponse_Connected); ok {
+			return x.Connected
+		}
+	}
+	return false
+}
+
+type isForwardPortResponse_Msg interface {
+	isForwardPortResponse_Msg()
+}
+
+type ForwardPortResponse_Data struct {
+	// Bytes out of the session's port.
+	Data []byte `protobuf:"bytes,1,opt,name=data,proto3,oneof"`
+}
+
+type ForwardPortResponse_Connected struct {
+	// First message: the connection to the port was made.
+	Connected bool `protobuf:"varint,2,opt,name=connected,proto3,oneof"`
+}
+
+func (*ForwardPortResponse_Data) isForwardPortResponse_Msg() {}
+
+func (*ForwardPortResponse_Connected) isForwardPortResponse_Msg() {}
+
+// ClosePortForwardRequest names a forward.
+type ClosePortForwardRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ForwardId     string                 `protobuf:"bytes,1,opt,name=forward_id,json=forwardId,proto3" json:"forward_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClosePortForwardRequest) Reset() {
+	*x = ClosePortForwardRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[134]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClosePortForwardRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClosePortForwardRequest) ProtoMessage() {}
+
+func (x *ClosePortForwardRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[134]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClosePortForwardRequest.ProtoReflect.Descriptor instead.
+func (*ClosePortForwardRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{134}
+}
+
+func (x *ClosePortForwardRequest) GetForwardId() string {
+	if x != nil {
+		return x.ForwardId
+	}
+	return ""
+}
+
+// ClosePortForwardResponse returns it closed.
+type ClosePortForwardResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Forward       *PortForward           `protobuf:"bytes,1,opt,name=forward,proto3" json:"forward,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClosePortForwardResponse) Reset() {
+	*x = ClosePortForwardResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[135]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClosePortForwardResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClosePortForwardResponse) ProtoMessage() {}
+
+func (x *ClosePortForwardResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[135]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClosePortForwardResponse.ProtoReflect.Descriptor instead.
+func (*ClosePortForwardResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{135}
+}
+
+func (x *ClosePortForwardResponse) GetForward() *PortForward {
+	if x != nil {
+		return x.Forward
+	}
+	return nil
+}
+
+// ListPortForwardsRequest selects forwards.
+type ListPortForwardsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A session's forwards, or, empty, its tenant's.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// With session_id empty: the tenant (required for clients and approvers
+	// in more than one).
+	Tenant string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Only open and pending ones.
+	OpenOnly      bool `protobuf:"varint,3,opt,name=open_only,json=openOnly,proto3" json:"open_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPortForwardsRequest) Reset() {
+	*x = ListPortForwardsRequest{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[136]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPortForwardsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPortForwardsRequest) ProtoMessage() {}
+
+func (x *ListPortForwardsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[136]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPortForwardsRequest.ProtoReflect.Descriptor instead.
+func (*ListPortForwardsRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{136}
+}
+
+func (x *ListPortForwardsRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ListPortForwardsRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ListPortForwardsRequest) GetOpenOnly() bool {
+	if x != nil {
+		return x.OpenOnly
+	}
+	return false
+}
+
+// ListPortForwardsResponse returns them, newest first, at most 500.
+type ListPortForwardsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Forwards      []*PortForward         `protobuf:"bytes,1,rep,name=forwards,proto3" json:"forwards,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPortForwardsResponse) Reset() {
+	*x = ListPortForwardsResponse{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[137]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPortForwardsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPortForwardsResponse) ProtoMessage() {}
+
+func (x *ListPortForwardsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[137]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPortForwardsResponse.ProtoReflect.Descriptor instead.
+func (*ListPortForwardsResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{137}
+}
+
+func (x *ListPortForwardsResponse) GetForwards() []*PortForward {
+	if x != nil {
+		return x.Forwards
+	}
+	return nil
+}
+
 var File_airlock_authority_v1_authority_proto protoreflect.FileDescriptor
 
 const file_airlock_authority_v1_authority_proto_rawDesc = "" +
@@ -9533,8 +10790,9 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x10SubmitJobRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x121\n" +
 	"\x04spec\x18\x02 \x01(\v2\x1d.airlock.authority.v1.JobSpecR\x04spec\x12'\n" +
-	"\x0fidempotency_key\x18\x03 \x01(\tR\x0eidempotencyKey\"Z\n" +
-	"\x11SubmitJobResponse\x12+\n" +
+	"\x0fidempotency_key\x18\x03 \x01(\tR\x0eidempotencyKey\"\x81\x01\n" +
+	"\x11SubmitJobResponse\x12%\n" +
+	"\x0ebudget_warning\x18\x03 \x01(\tR\rbudgetWarning\x12+\n" +
 	"\x03job\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\x03job\x12\x18\n" +
 	"\acreated\x18\x02 \x01(\bR\acreated\"&\n" +
 	"\rGetJobRequest\x12\x15\n" +
@@ -9698,7 +10956,7 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\bdecision\x18\x02 \x01(\x0e2\x1e.airlock.authority.v1.DecisionR\bdecision\x12\x18\n" +
 	"\acomment\x18\x03 \x01(\tR\acomment\x129\n" +
 	"\n" +
-	"decided_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\"\x9b\x05\n" +
+	"decided_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\"\xe1\x05\n" +
 	"\bApproval\x12\x1f\n" +
 	"\vapproval_id\x18\x01 \x01(\tR\n" +
 	"approvalId\x12\x15\n" +
@@ -9717,7 +10975,8 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"expires_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x126\n" +
 	"\x04kind\x18\f \x01(\x0e2\".airlock.authority.v1.ApprovalKindR\x04kind\x127\n" +
 	"\x06change\x18\r \x01(\v2\x1f.airlock.authority.v1.JobChangeR\x06change\x128\n" +
-	"\x05start\x18\x0e \x01(\v2\".airlock.authority.v1.StartRequestR\x05start\"W\n" +
+	"\x05start\x18\x0e \x01(\v2\".airlock.authority.v1.StartRequestR\x05start\x12D\n" +
+	"\fport_forward\x18\x0f \x01(\v2!.airlock.authority.v1.PortForwardR\vportForward\"W\n" +
 	"\fStartRequest\x12G\n" +
 	"\vcredentials\x18\x01 \x03(\v2%.airlock.authority.v1.StartCredentialR\vcredentials\"h\n" +
 	"\x0fStartCredential\x12\x12\n" +
@@ -9916,10 +11175,11 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x14CreateSessionRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x121\n" +
 	"\x04spec\x18\x02 \x01(\v2\x1d.airlock.authority.v1.JobSpecR\x04spec\x12'\n" +
-	"\x0fidempotency_key\x18\x03 \x01(\tR\x0eidempotencyKey\"f\n" +
+	"\x0fidempotency_key\x18\x03 \x01(\tR\x0eidempotencyKey\"\x8d\x01\n" +
 	"\x15CreateSessionResponse\x123\n" +
 	"\asession\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\asession\x12\x18\n" +
-	"\acreated\x18\x02 \x01(\bR\acreated\"2\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\x12%\n" +
+	"\x0ebudget_warning\x18\x03 \x01(\tR\rbudgetWarning\"2\n" +
 	"\x11GetSessionRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\"\x8d\x03\n" +
@@ -10127,7 +11387,100 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x05drain\x18\x02 \x01(\bR\x05drain\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\"S\n" +
 	"\x15DrainExecutorResponse\x12:\n" +
-	"\bexecutor\x18\x01 \x01(\v2\x1e.airlock.authority.v1.ExecutorR\bexecutor*\xb0\x01\n" +
+	"\bexecutor\x18\x01 \x01(\v2\x1e.airlock.authority.v1.ExecutorR\bexecutor\"\xd8\x01\n" +
+	"\x0fGetUsageRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x120\n" +
+	"\x05since\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
+	"\x05until\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x123\n" +
+	"\x02by\x18\x04 \x01(\x0e2#.airlock.authority.v1.UsageGroupingR\x02by\x12\x14\n" +
+	"\x05limit\x18\x05 \x01(\x05R\x05limit\"\xce\x04\n" +
+	"\x05Usage\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x10\n" +
+	"\x03day\x18\x03 \x01(\tR\x03day\x12C\n" +
+	"\rruntime_class\x18\x04 \x01(\x0e2\x1e.airlock.types.v1.RuntimeClassR\fruntimeClass\x12!\n" +
+	"\fvcpu_minutes\x18\x05 \x01(\x01R\vvcpuMinutes\x12*\n" +
+	"\x11memory_gb_minutes\x18\x06 \x01(\x01R\x0fmemoryGbMinutes\x12(\n" +
+	"\x10cpu_used_minutes\x18\a \x01(\x01R\x0ecpuUsedMinutes\x123\n" +
+	"\x16memory_used_gb_minutes\x18\b \x01(\x01R\x13memoryUsedGbMinutes\x12&\n" +
+	"\x0fdisk_gb_minutes\x18\t \x01(\x01R\rdiskGbMinutes\x12#\n" +
+	"\rawake_minutes\x18\n" +
+	" \x01(\x03R\fawakeMinutes\x12%\n" +
+	"\x0easleep_minutes\x18\v \x01(\x03R\rasleepMinutes\x12,\n" +
+	"\x12network_sent_bytes\x18\f \x01(\x03R\x10networkSentBytes\x124\n" +
+	"\x16network_received_bytes\x18\r \x01(\x03R\x14networkReceivedBytes\x12\x1f\n" +
+	"\vcost_micros\x18\x0e \x01(\x03R\n" +
+	"costMicros\x12\x18\n" +
+	"\arunning\x18\x0f \x01(\bR\arunning\"\xd1\x02\n" +
+	"\n" +
+	"UsageRates\x12*\n" +
+	"\x11vcpu_month_micros\x18\x01 \x01(\x03R\x0fvcpuMonthMicros\x123\n" +
+	"\x16memory_gb_month_micros\x18\x02 \x01(\x03R\x13memoryGbMonthMicros\x12/\n" +
+	"\x14disk_gb_month_micros\x18\x03 \x01(\x03R\x11diskGbMonthMicros\x12j\n" +
+	"\x14class_compute_millis\x18\x04 \x03(\v28.airlock.authority.v1.UsageRates.ClassComputeMillisEntryR\x12classComputeMillis\x1aE\n" +
+	"\x17ClassComputeMillisEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"s\n" +
+	"\x06Budget\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x120\n" +
+	"\x14monthly_limit_micros\x18\x02 \x01(\x03R\x12monthlyLimitMicros\x12\x1f\n" +
+	"\vused_micros\x18\x03 \x01(\x03R\n" +
+	"usedMicros\"\x84\x02\n" +
+	"\x10GetUsageResponse\x12/\n" +
+	"\x04rows\x18\x01 \x03(\v2\x1b.airlock.authority.v1.UsageR\x04rows\x121\n" +
+	"\x05total\x18\x02 \x01(\v2\x1b.airlock.authority.v1.UsageR\x05total\x126\n" +
+	"\x05rates\x18\x03 \x01(\v2 .airlock.authority.v1.UsageRatesR\x05rates\x126\n" +
+	"\abudgets\x18\x04 \x03(\v2\x1c.airlock.authority.v1.BudgetR\abudgets\x12\x1c\n" +
+	"\ttruncated\x18\x05 \x01(\bR\ttruncated\"\xa0\x04\n" +
+	"\vPortForward\x12\x1d\n" +
+	"\n" +
+	"forward_id\x18\x01 \x01(\tR\tforwardId\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\x12\x16\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\x12\x1c\n" +
+	"\trequester\x18\x04 \x01(\tR\trequester\x12\x12\n" +
+	"\x04port\x18\x05 \x01(\rR\x04port\x12<\n" +
+	"\x05state\x18\x06 \x01(\x0e2&.airlock.authority.v1.PortForwardStateR\x05state\x129\n" +
+	"\n" +
+	"created_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
+	"\n" +
+	"expires_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x127\n" +
+	"\tclosed_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\bclosedAt\x12!\n" +
+	"\fclose_reason\x18\n" +
+	" \x01(\tR\vcloseReason\x12\x1f\n" +
+	"\vapproval_id\x18\v \x01(\tR\n" +
+	"approvalId\x12 \n" +
+	"\vconnections\x18\f \x01(\x03R\vconnections\x12\x19\n" +
+	"\bbytes_in\x18\r \x01(\x03R\abytesIn\x12\x1b\n" +
+	"\tbytes_out\x18\x0e \x01(\x03R\bbytesOut\"x\n" +
+	"\x16OpenPortForwardRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\x12+\n" +
+	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"V\n" +
+	"\x17OpenPortForwardResponse\x12;\n" +
+	"\aforward\x18\x01 \x01(\v2!.airlock.authority.v1.PortForwardR\aforward\"R\n" +
+	"\x12ForwardPortRequest\x12\x1f\n" +
+	"\n" +
+	"forward_id\x18\x01 \x01(\tH\x00R\tforwardId\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x05\n" +
+	"\x03msg\"R\n" +
+	"\x13ForwardPortResponse\x12\x14\n" +
+	"\x04data\x18\x01 \x01(\fH\x00R\x04data\x12\x1e\n" +
+	"\tconnected\x18\x02 \x01(\bH\x00R\tconnectedB\x05\n" +
+	"\x03msg\"8\n" +
+	"\x17ClosePortForwardRequest\x12\x1d\n" +
+	"\n" +
+	"forward_id\x18\x01 \x01(\tR\tforwardId\"W\n" +
+	"\x18ClosePortForwardResponse\x12;\n" +
+	"\aforward\x18\x01 \x01(\v2!.airlock.authority.v1.PortForwardR\aforward\"m\n" +
+	"\x17ListPortForwardsRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1b\n" +
+	"\topen_only\x18\x03 \x01(\bR\bopenOnly\"Y\n" +
+	"\x18ListPortForwardsResponse\x12=\n" +
+	"\bforwards\x18\x01 \x03(\v2!.airlock.authority.v1.PortForwardR\bforwards*\xb0\x01\n" +
 	"\bJobState\x12\x19\n" +
 	"\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n" +
@@ -10153,12 +11506,13 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\bDecision\x12\x18\n" +
 	"\x14DECISION_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10DECISION_APPROVE\x10\x01\x12\x11\n" +
-	"\rDECISION_DENY\x10\x02*{\n" +
+	"\rDECISION_DENY\x10\x02*\x9b\x01\n" +
 	"\fApprovalKind\x12\x1d\n" +
 	"\x19APPROVAL_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15APPROVAL_KIND_PUBLISH\x10\x01\x12\x18\n" +
 	"\x14APPROVAL_KIND_CHANGE\x10\x02\x12\x17\n" +
-	"\x13APPROVAL_KIND_START\x10\x03*\x87\x01\n" +
+	"\x13APPROVAL_KIND_START\x10\x03\x12\x1e\n" +
+	"\x1aAPPROVAL_KIND_PORT_FORWARD\x10\x04*\x87\x01\n" +
 	"\n" +
 	"ReviewPart\x12\x1b\n" +
 	"\x17REVIEW_PART_UNSPECIFIED\x10\x00\x12\x15\n" +
@@ -10179,7 +11533,16 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\rExecutorState\x12\x1e\n" +
 	"\x1aEXECUTOR_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11EXECUTOR_STATE_UP\x10\x01\x12\x17\n" +
-	"\x13EXECUTOR_STATE_LOST\x10\x022\xcd%\n" +
+	"\x13EXECUTOR_STATE_LOST\x10\x02*_\n" +
+	"\rUsageGrouping\x12\x1e\n" +
+	"\x1aUSAGE_GROUPING_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12USAGE_GROUPING_JOB\x10\x01\x12\x16\n" +
+	"\x12USAGE_GROUPING_DAY\x10\x02*\x92\x01\n" +
+	"\x10PortForwardState\x12\"\n" +
+	"\x1ePORT_FORWARD_STATE_UNSPECIFIED\x10\x00\x12\x1e\n" +
+	"\x1aPORT_FORWARD_STATE_PENDING\x10\x01\x12\x1b\n" +
+	"\x17PORT_FORWARD_STATE_OPEN\x10\x02\x12\x1d\n" +
+	"\x19PORT_FORWARD_STATE_CLOSED\x10\x032\xe6)\n" +
 	"\x10AuthorityService\x12\\\n" +
 	"\tSubmitJob\x12&.airlock.authority.v1.SubmitJobRequest\x1a'.airlock.authority.v1.SubmitJobResponse\x12S\n" +
 	"\x06GetJob\x12#.airlock.authority.v1.GetJobRequest\x1a$.airlock.authority.v1.GetJobResponse\x12e\n" +
@@ -10233,7 +11596,12 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\tHeartbeat\x12&.airlock.authority.v1.HeartbeatRequest\x1a'.airlock.authority.v1.HeartbeatResponse\x12h\n" +
 	"\rListExecutors\x12*.airlock.authority.v1.ListExecutorsRequest\x1a+.airlock.authority.v1.ListExecutorsResponse\x12b\n" +
 	"\vGetExecutor\x12(.airlock.authority.v1.GetExecutorRequest\x1a).airlock.authority.v1.GetExecutorResponse\x12h\n" +
-	"\rDrainExecutor\x12*.airlock.authority.v1.DrainExecutorRequest\x1a+.airlock.authority.v1.DrainExecutorResponseBEZCgithub.com/airlockhq/airlock/proto/airlock/authority/v1;authorityv1b\x06proto3"
+	"\rDrainExecutor\x12*.airlock.authority.v1.DrainExecutorRequest\x1a+.airlock.authority.v1.DrainExecutorResponse\x12Y\n" +
+	"\bGetUsage\x12%.airlock.authority.v1.GetUsageRequest\x1a&.airlock.authority.v1.GetUsageResponse\x12n\n" +
+	"\x0fOpenPortForward\x12,.airlock.authority.v1.OpenPortForwardRequest\x1a-.airlock.authority.v1.OpenPortForwardResponse\x12f\n" +
+	"\vForwardPort\x12(.airlock.authority.v1.ForwardPortRequest\x1a).airlock.authority.v1.ForwardPortResponse(\x010\x01\x12q\n" +
+	"\x10ClosePortForward\x12-.airlock.authority.v1.ClosePortForwardRequest\x1a..airlock.authority.v1.ClosePortForwardResponse\x12q\n" +
+	"\x10ListPortForwards\x12-.airlock.authority.v1.ListPortForwardsRequest\x1a..airlock.authority.v1.ListPortForwardsResponseBEZCgithub.com/airlockhq/airlock/proto/airlock/authority/v1;authorityv1b\x06proto3"
 
 var (
 	file_airlock_authority_v1_authority_proto_rawDescOnce sync.Once
@@ -10247,8 +11615,8 @@ func file_airlock_authority_v1_authority_proto_rawDescGZIP() []byte {
 	return file_airlock_authority_v1_authority_proto_rawDescData
 }
 
-var file_airlock_authority_v1_authority_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 125)
+var file_airlock_authority_v1_authority_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
+var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 140)
 var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(JobState)(0),                        // 0: airlock.authority.v1.JobState
 	(FileStatus)(0),                      // 1: airlock.authority.v1.FileStatus
@@ -10259,405 +11627,450 @@ var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(LeasePurpose)(0),                    // 6: airlock.authority.v1.LeasePurpose
 	(AuditOutcome)(0),                    // 7: airlock.authority.v1.AuditOutcome
 	(ExecutorState)(0),                   // 8: airlock.authority.v1.ExecutorState
-	(*JobSpec)(nil),                      // 9: airlock.authority.v1.JobSpec
-	(*Job)(nil),                          // 10: airlock.authority.v1.Job
-	(*SubmitJobRequest)(nil),             // 11: airlock.authority.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),            // 12: airlock.authority.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),                // 13: airlock.authority.v1.GetJobRequest
-	(*GetJobResponse)(nil),               // 14: airlock.authority.v1.GetJobResponse
-	(*GetJobEgressRequest)(nil),          // 15: airlock.authority.v1.GetJobEgressRequest
-	(*DownloadBundleRequest)(nil),        // 16: airlock.authority.v1.DownloadBundleRequest
-	(*BundleHeader)(nil),                 // 17: airlock.authority.v1.BundleHeader
-	(*DownloadBundleResponse)(nil),       // 18: airlock.authority.v1.DownloadBundleResponse
-	(*GetJobEgressResponse)(nil),         // 19: airlock.authority.v1.GetJobEgressResponse
-	(*ListJobsRequest)(nil),              // 20: airlock.authority.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),             // 21: airlock.authority.v1.ListJobsResponse
-	(*WatchJobRequest)(nil),              // 22: airlock.authority.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),             // 23: airlock.authority.v1.WatchJobResponse
-	(*CancelJobRequest)(nil),             // 24: airlock.authority.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),            // 25: airlock.authority.v1.CancelJobResponse
-	(*FetchSourceRequest)(nil),           // 26: airlock.authority.v1.FetchSourceRequest
-	(*SourceHeader)(nil),                 // 27: airlock.authority.v1.SourceHeader
-	(*SourceHistory)(nil),                // 28: airlock.authority.v1.SourceHistory
-	(*FetchImageBlobRequest)(nil),        // 29: airlock.authority.v1.FetchImageBlobRequest
-	(*ImageBlobHeader)(nil),              // 30: airlock.authority.v1.ImageBlobHeader
-	(*FetchImageBlobResponse)(nil),       // 31: airlock.authority.v1.FetchImageBlobResponse
-	(*FetchSourceResponse)(nil),          // 32: airlock.authority.v1.FetchSourceResponse
-	(*ReportResultRequest)(nil),          // 33: airlock.authority.v1.ReportResultRequest
-	(*FileChange)(nil),                   // 34: airlock.authority.v1.FileChange
-	(*OutputTail)(nil),                   // 35: airlock.authority.v1.OutputTail
-	(*ReviewDetail)(nil),                 // 36: airlock.authority.v1.ReviewDetail
-	(*EgressLog)(nil),                    // 37: airlock.authority.v1.EgressLog
-	(*CredentialUse)(nil),                // 38: airlock.authority.v1.CredentialUse
-	(*EgressName)(nil),                   // 39: airlock.authority.v1.EgressName
-	(*ReportResultResponse)(nil),         // 40: airlock.authority.v1.ReportResultResponse
-	(*JobChange)(nil),                    // 41: airlock.authority.v1.JobChange
-	(*ApprovalVote)(nil),                 // 42: airlock.authority.v1.ApprovalVote
-	(*Approval)(nil),                     // 43: airlock.authority.v1.Approval
-	(*StartRequest)(nil),                 // 44: airlock.authority.v1.StartRequest
-	(*StartCredential)(nil),              // 45: airlock.authority.v1.StartCredential
-	(*ReviewMaterial)(nil),               // 46: airlock.authority.v1.ReviewMaterial
-	(*ReadReviewRequest)(nil),            // 47: airlock.authority.v1.ReadReviewRequest
-	(*ReviewPartStart)(nil),              // 48: airlock.authority.v1.ReviewPartStart
-	(*ReviewFiles)(nil),                  // 49: airlock.authority.v1.ReviewFiles
-	(*ReadReviewResponse)(nil),           // 50: airlock.authority.v1.ReadReviewResponse
-	(*ListApprovalsRequest)(nil),         // 51: airlock.authority.v1.ListApprovalsRequest
-	(*ListApprovalsResponse)(nil),        // 52: airlock.authority.v1.ListApprovalsResponse
-	(*GetApprovalRequest)(nil),           // 53: airlock.authority.v1.GetApprovalRequest
-	(*GetApprovalResponse)(nil),          // 54: airlock.authority.v1.GetApprovalResponse
-	(*DecideApprovalRequest)(nil),        // 55: airlock.authority.v1.DecideApprovalRequest
-	(*DecideApprovalResponse)(nil),       // 56: airlock.authority.v1.DecideApprovalResponse
-	(*ConsumeApprovalRequest)(nil),       // 57: airlock.authority.v1.ConsumeApprovalRequest
-	(*ConsumeApprovalResponse)(nil),      // 58: airlock.authority.v1.ConsumeApprovalResponse
-	(*Lease)(nil),                        // 59: airlock.authority.v1.Lease
-	(*LeaseCredentialRequest)(nil),       // 60: airlock.authority.v1.LeaseCredentialRequest
-	(*LeaseCredentialResponse)(nil),      // 61: airlock.authority.v1.LeaseCredentialResponse
-	(*BrokeredCredential)(nil),           // 62: airlock.authority.v1.BrokeredCredential
-	(*RevokeCredentialRequest)(nil),      // 63: airlock.authority.v1.RevokeCredentialRequest
-	(*RevokeCredentialResponse)(nil),     // 64: airlock.authority.v1.RevokeCredentialResponse
-	(*ListLeasesRequest)(nil),            // 65: airlock.authority.v1.ListLeasesRequest
-	(*ListLeasesResponse)(nil),           // 66: airlock.authority.v1.ListLeasesResponse
-	(*UpdateNetworkPolicyRequest)(nil),   // 67: airlock.authority.v1.UpdateNetworkPolicyRequest
-	(*UpdateNetworkPolicyResponse)(nil),  // 68: airlock.authority.v1.UpdateNetworkPolicyResponse
-	(*UpdateJobLimitsRequest)(nil),       // 69: airlock.authority.v1.UpdateJobLimitsRequest
-	(*UpdateJobLimitsResponse)(nil),      // 70: airlock.authority.v1.UpdateJobLimitsResponse
-	(*UseLeaseRequest)(nil),              // 71: airlock.authority.v1.UseLeaseRequest
-	(*UseLeaseResponse)(nil),             // 72: airlock.authority.v1.UseLeaseResponse
-	(*AuditEvent)(nil),                   // 73: airlock.authority.v1.AuditEvent
-	(*ListAuditEventsRequest)(nil),       // 74: airlock.authority.v1.ListAuditEventsRequest
-	(*ListAuditEventsResponse)(nil),      // 75: airlock.authority.v1.ListAuditEventsResponse
-	(*AuditCheckpoint)(nil),              // 76: airlock.authority.v1.AuditCheckpoint
-	(*ListAuditCheckpointsRequest)(nil),  // 77: airlock.authority.v1.ListAuditCheckpointsRequest
-	(*ListAuditCheckpointsResponse)(nil), // 78: airlock.authority.v1.ListAuditCheckpointsResponse
-	(*GetPublishSpecRequest)(nil),        // 79: airlock.authority.v1.GetPublishSpecRequest
-	(*PublishPolicy)(nil),                // 80: airlock.authority.v1.PublishPolicy
-	(*GetPublishSpecResponse)(nil),       // 81: airlock.authority.v1.GetPublishSpecResponse
-	(*CreateSessionRequest)(nil),         // 82: airlock.authority.v1.CreateSessionRequest
-	(*CreateSessionResponse)(nil),        // 83: airlock.authority.v1.CreateSessionResponse
-	(*GetSessionRequest)(nil),            // 84: airlock.authority.v1.GetSessionRequest
-	(*GetSessionResponse)(nil),           // 85: airlock.authority.v1.GetSessionResponse
-	(*ListSessionsRequest)(nil),          // 86: airlock.authority.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),         // 87: airlock.authority.v1.ListSessionsResponse
-	(*FinishSessionRequest)(nil),         // 88: airlock.authority.v1.FinishSessionRequest
-	(*FinishSessionResponse)(nil),        // 89: airlock.authority.v1.FinishSessionResponse
-	(*CancelSessionRequest)(nil),         // 90: airlock.authority.v1.CancelSessionRequest
-	(*CancelSessionResponse)(nil),        // 91: airlock.authority.v1.CancelSessionResponse
-	(*StartExecRequest)(nil),             // 92: airlock.authority.v1.StartExecRequest
-	(*StartExecResponse)(nil),            // 93: airlock.authority.v1.StartExecResponse
-	(*GetExecRequest)(nil),               // 94: airlock.authority.v1.GetExecRequest
-	(*GetExecResponse)(nil),              // 95: airlock.authority.v1.GetExecResponse
-	(*WatchExecRequest)(nil),             // 96: airlock.authority.v1.WatchExecRequest
-	(*WatchExecResponse)(nil),            // 97: airlock.authority.v1.WatchExecResponse
-	(*RunExecStart)(nil),                 // 98: airlock.authority.v1.RunExecStart
-	(*RunExecRequest)(nil),               // 99: airlock.authority.v1.RunExecRequest
-	(*RunExecResponse)(nil),              // 100: airlock.authority.v1.RunExecResponse
-	(*CancelExecRequest)(nil),            // 101: airlock.authority.v1.CancelExecRequest
-	(*CancelExecResponse)(nil),           // 102: airlock.authority.v1.CancelExecResponse
-	(*ReadFileRequest)(nil),              // 103: airlock.authority.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),             // 104: airlock.authority.v1.ReadFileResponse
-	(*WriteFileHeader)(nil),              // 105: airlock.authority.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),             // 106: airlock.authority.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),            // 107: airlock.authority.v1.WriteFileResponse
-	(*ListFilesRequest)(nil),             // 108: airlock.authority.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),            // 109: airlock.authority.v1.ListFilesResponse
-	(*SuspendSessionRequest)(nil),        // 110: airlock.authority.v1.SuspendSessionRequest
-	(*SuspendSessionResponse)(nil),       // 111: airlock.authority.v1.SuspendSessionResponse
-	(*ResumeSessionRequest)(nil),         // 112: airlock.authority.v1.ResumeSessionRequest
-	(*ResumeSessionResponse)(nil),        // 113: airlock.authority.v1.ResumeSessionResponse
-	(*ListCachesRequest)(nil),            // 114: airlock.authority.v1.ListCachesRequest
-	(*ListCachesResponse)(nil),           // 115: airlock.authority.v1.ListCachesResponse
-	(*ClearCachesRequest)(nil),           // 116: airlock.authority.v1.ClearCachesRequest
-	(*ClearCachesResponse)(nil),          // 117: airlock.authority.v1.ClearCachesResponse
-	(*ListImagesRequest)(nil),            // 118: airlock.authority.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),           // 119: airlock.authority.v1.ListImagesResponse
-	(*PruneImagesRequest)(nil),           // 120: airlock.authority.v1.PruneImagesRequest
-	(*PruneImagesResponse)(nil),          // 121: airlock.authority.v1.PruneImagesResponse
-	(*HeartbeatRequest)(nil),             // 122: airlock.authority.v1.HeartbeatRequest
-	(*ExecutorReport)(nil),               // 123: airlock.authority.v1.ExecutorReport
-	(*ExecutorCapacity)(nil),             // 124: airlock.authority.v1.ExecutorCapacity
-	(*HeartbeatResponse)(nil),            // 125: airlock.authority.v1.HeartbeatResponse
-	(*Executor)(nil),                     // 126: airlock.authority.v1.Executor
-	(*ListExecutorsRequest)(nil),         // 127: airlock.authority.v1.ListExecutorsRequest
-	(*ListExecutorsResponse)(nil),        // 128: airlock.authority.v1.ListExecutorsResponse
-	(*GetExecutorRequest)(nil),           // 129: airlock.authority.v1.GetExecutorRequest
-	(*GetExecutorResponse)(nil),          // 130: airlock.authority.v1.GetExecutorResponse
-	(*DrainExecutorRequest)(nil),         // 131: airlock.authority.v1.DrainExecutorRequest
-	(*DrainExecutorResponse)(nil),        // 132: airlock.authority.v1.DrainExecutorResponse
-	nil,                                  // 133: airlock.authority.v1.JobSpec.EnvEntry
-	(*v1.ResourceLimits)(nil),            // 134: airlock.types.v1.ResourceLimits
-	(*v1.NetworkPolicy)(nil),             // 135: airlock.types.v1.NetworkPolicy
-	(v1.RuntimeClass)(0),                 // 136: airlock.types.v1.RuntimeClass
-	(*v1.PublishTarget)(nil),             // 137: airlock.types.v1.PublishTarget
-	(*v1.SessionSpec)(nil),               // 138: airlock.types.v1.SessionSpec
-	(*v1.JobUser)(nil),                   // 139: airlock.types.v1.JobUser
-	(*timestamppb.Timestamp)(nil),        // 140: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),                 // 141: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil),       // 142: airlock.types.v1.NetworkPolicyStatus
-	(*v1.ImageGrant)(nil),                // 143: airlock.types.v1.ImageGrant
-	(*v1.OutputChunk)(nil),               // 144: airlock.types.v1.OutputChunk
-	(*v1.EgressEvent)(nil),               // 145: airlock.types.v1.EgressEvent
-	(*v1.Exec)(nil),                      // 146: airlock.types.v1.Exec
-	(*v1.FileWrite)(nil),                 // 147: airlock.types.v1.FileWrite
-	(*v1.EgressRecord)(nil),              // 148: airlock.types.v1.EgressRecord
-	(*durationpb.Duration)(nil),          // 149: google.protobuf.Duration
-	(v1.TerminationReason)(0),            // 150: airlock.types.v1.TerminationReason
-	(*v1.ExecSpec)(nil),                  // 151: airlock.types.v1.ExecSpec
-	(*v1.FileHeader)(nil),                // 152: airlock.types.v1.FileHeader
-	(*v1.FileEntry)(nil),                 // 153: airlock.types.v1.FileEntry
-	(*v1.CacheInfo)(nil),                 // 154: airlock.types.v1.CacheInfo
-	(*v1.ImageInfo)(nil),                 // 155: airlock.types.v1.ImageInfo
-	(*v1.ImageCacheStats)(nil),           // 156: airlock.types.v1.ImageCacheStats
+	(UsageGrouping)(0),                   // 9: airlock.authority.v1.UsageGrouping
+	(PortForwardState)(0),                // 10: airlock.authority.v1.PortForwardState
+	(*JobSpec)(nil),                      // 11: airlock.authority.v1.JobSpec
+	(*Job)(nil),                          // 12: airlock.authority.v1.Job
+	(*SubmitJobRequest)(nil),             // 13: airlock.authority.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),            // 14: airlock.authority.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),                // 15: airlock.authority.v1.GetJobRequest
+	(*GetJobResponse)(nil),               // 16: airlock.authority.v1.GetJobResponse
+	(*GetJobEgressRequest)(nil),          // 17: airlock.authority.v1.GetJobEgressRequest
+	(*DownloadBundleRequest)(nil),        // 18: airlock.authority.v1.DownloadBundleRequest
+	(*BundleHeader)(nil),                 // 19: airlock.authority.v1.BundleHeader
+	(*DownloadBundleResponse)(nil),       // 20: airlock.authority.v1.DownloadBundleResponse
+	(*GetJobEgressResponse)(nil),         // 21: airlock.authority.v1.GetJobEgressResponse
+	(*ListJobsRequest)(nil),              // 22: airlock.authority.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),             // 23: airlock.authority.v1.ListJobsResponse
+	(*WatchJobRequest)(nil),              // 24: airlock.authority.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),             // 25: airlock.authority.v1.WatchJobResponse
+	(*CancelJobRequest)(nil),             // 26: airlock.authority.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),            // 27: airlock.authority.v1.CancelJobResponse
+	(*FetchSourceRequest)(nil),           // 28: airlock.authority.v1.FetchSourceRequest
+	(*SourceHeader)(nil),                 // 29: airlock.authority.v1.SourceHeader
+	(*SourceHistory)(nil),                // 30: airlock.authority.v1.SourceHistory
+	(*FetchImageBlobRequest)(nil),        // 31: airlock.authority.v1.FetchImageBlobRequest
+	(*ImageBlobHeader)(nil),              // 32: airlock.authority.v1.ImageBlobHeader
+	(*FetchImageBlobResponse)(nil),       // 33: airlock.authority.v1.FetchImageBlobResponse
+	(*FetchSourceResponse)(nil),          // 34: airlock.authority.v1.FetchSourceResponse
+	(*ReportResultRequest)(nil),          // 35: airlock.authority.v1.ReportResultRequest
+	(*FileChange)(nil),                   // 36: airlock.authority.v1.FileChange
+	(*OutputTail)(nil),                   // 37: airlock.authority.v1.OutputTail
+	(*ReviewDetail)(nil),                 // 38: airlock.authority.v1.ReviewDetail
+	(*EgressLog)(nil),                    // 39: airlock.authority.v1.EgressLog
+	(*CredentialUse)(nil),                // 40: airlock.authority.v1.CredentialUse
+	(*EgressName)(nil),                   // 41: airlock.authority.v1.EgressName
+	(*ReportResultResponse)(nil),         // 42: airlock.authority.v1.ReportResultResponse
+	(*JobChange)(nil),                    // 43: airlock.authority.v1.JobChange
+	(*ApprovalVote)(nil),                 // 44: airlock.authority.v1.ApprovalVote
+	(*Approval)(nil),                     // 45: airlock.authority.v1.Approval
+	(*StartRequest)(nil),                 // 46: airlock.authority.v1.StartRequest
+	(*StartCredential)(nil),              // 47: airlock.authority.v1.StartCredential
+	(*ReviewMaterial)(nil),               // 48: airlock.authority.v1.ReviewMaterial
+	(*ReadReviewRequest)(nil),            // 49: airlock.authority.v1.ReadReviewRequest
+	(*ReviewPartStart)(nil),              // 50: airlock.authority.v1.ReviewPartStart
+	(*ReviewFiles)(nil),                  // 51: airlock.authority.v1.ReviewFiles
+	(*ReadReviewResponse)(nil),           // 52: airlock.authority.v1.ReadReviewResponse
+	(*ListApprovalsRequest)(nil),         // 53: airlock.authority.v1.ListApprovalsRequest
+	(*ListApprovalsResponse)(nil),        // 54: airlock.authority.v1.ListApprovalsResponse
+	(*GetApprovalRequest)(nil),           // 55: airlock.authority.v1.GetApprovalRequest
+	(*GetApprovalResponse)(nil),          // 56: airlock.authority.v1.GetApprovalResponse
+	(*DecideApprovalRequest)(nil),        // 57: airlock.authority.v1.DecideApprovalRequest
+	(*DecideApprovalResponse)(nil),       // 58: airlock.authority.v1.DecideApprovalResponse
+	(*ConsumeApprovalRequest)(nil),       // 59: airlock.authority.v1.ConsumeApprovalRequest
+	(*ConsumeApprovalResponse)(nil),      // 60: airlock.authority.v1.ConsumeApprovalResponse
+	(*Lease)(nil),                        // 61: airlock.authority.v1.Lease
+	(*LeaseCredentialRequest)(nil),       // 62: airlock.authority.v1.LeaseCredentialRequest
+	(*LeaseCredentialResponse)(nil),      // 63: airlock.authority.v1.LeaseCredentialResponse
+	(*BrokeredCredential)(nil),           // 64: airlock.authority.v1.BrokeredCredential
+	(*RevokeCredentialRequest)(nil),      // 65: airlock.authority.v1.RevokeCredentialRequest
+	(*RevokeCredentialResponse)(nil),     // 66: airlock.authority.v1.RevokeCredentialResponse
+	(*ListLeasesRequest)(nil),            // 67: airlock.authority.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),           // 68: airlock.authority.v1.ListLeasesResponse
+	(*UpdateNetworkPolicyRequest)(nil),   // 69: airlock.authority.v1.UpdateNetworkPolicyRequest
+	(*UpdateNetworkPolicyResponse)(nil),  // 70: airlock.authority.v1.UpdateNetworkPolicyResponse
+	(*UpdateJobLimitsRequest)(nil),       // 71: airlock.authority.v1.UpdateJobLimitsRequest
+	(*UpdateJobLimitsResponse)(nil),      // 72: airlock.authority.v1.UpdateJobLimitsResponse
+	(*UseLeaseRequest)(nil),              // 73: airlock.authority.v1.UseLeaseRequest
+	(*UseLeaseResponse)(nil),             // 74: airlock.authority.v1.UseLeaseResponse
+	(*AuditEvent)(nil),                   // 75: airlock.authority.v1.AuditEvent
+	(*ListAuditEventsRequest)(nil),       // 76: airlock.authority.v1.ListAuditEventsRequest
+	(*ListAuditEventsResponse)(nil),      // 77: airlock.authority.v1.ListAuditEventsResponse
+	(*AuditCheckpoint)(nil),              // 78: airlock.authority.v1.AuditCheckpoint
+	(*ListAuditCheckpointsRequest)(nil),  // 79: airlock.authority.v1.ListAuditCheckpointsRequest
+	(*ListAuditCheckpointsResponse)(nil), // 80: airlock.authority.v1.ListAuditCheckpointsResponse
+	(*GetPublishSpecRequest)(nil),        // 81: airlock.authority.v1.GetPublishSpecRequest
+	(*PublishPolicy)(nil),                // 82: airlock.authority.v1.PublishPolicy
+	(*GetPublishSpecResponse)(nil),       // 83: airlock.authority.v1.GetPublishSpecResponse
+	(*CreateSessionRequest)(nil),         // 84: airlock.authority.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),        // 85: airlock.authority.v1.CreateSessionResponse
+	(*GetSessionRequest)(nil),            // 86: airlock.authority.v1.GetSessionRequest
+	(*GetSessionResponse)(nil),           // 87: airlock.authority.v1.GetSessionResponse
+	(*ListSessionsRequest)(nil),          // 88: airlock.authority.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),         // 89: airlock.authority.v1.ListSessionsResponse
+	(*FinishSessionRequest)(nil),         // 90: airlock.authority.v1.FinishSessionRequest
+	(*FinishSessionResponse)(nil),        // 91: airlock.authority.v1.FinishSessionResponse
+	(*CancelSessionRequest)(nil),         // 92: airlock.authority.v1.CancelSessionRequest
+	(*CancelSessionResponse)(nil),        // 93: airlock.authority.v1.CancelSessionResponse
+	(*StartExecRequest)(nil),             // 94: airlock.authority.v1.StartExecRequest
+	(*StartExecResponse)(nil),            // 95: airlock.authority.v1.StartExecResponse
+	(*GetExecRequest)(nil),               // 96: airlock.authority.v1.GetExecRequest
+	(*GetExecResponse)(nil),              // 97: airlock.authority.v1.GetExecResponse
+	(*WatchExecRequest)(nil),             // 98: airlock.authority.v1.WatchExecRequest
+	(*WatchExecResponse)(nil),            // 99: airlock.authority.v1.WatchExecResponse
+	(*RunExecStart)(nil),                 // 100: airlock.authority.v1.RunExecStart
+	(*RunExecRequest)(nil),               // 101: airlock.authority.v1.RunExecRequest
+	(*RunExecResponse)(nil),              // 102: airlock.authority.v1.RunExecResponse
+	(*CancelExecRequest)(nil),            // 103: airlock.authority.v1.CancelExecRequest
+	(*CancelExecResponse)(nil),           // 104: airlock.authority.v1.CancelExecResponse
+	(*ReadFileRequest)(nil),              // 105: airlock.authority.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),             // 106: airlock.authority.v1.ReadFileResponse
+	(*WriteFileHeader)(nil),              // 107: airlock.authority.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),             // 108: airlock.authority.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),            // 109: airlock.authority.v1.WriteFileResponse
+	(*ListFilesRequest)(nil),             // 110: airlock.authority.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),            // 111: airlock.authority.v1.ListFilesResponse
+	(*SuspendSessionRequest)(nil),        // 112: airlock.authority.v1.SuspendSessionRequest
+	(*SuspendSessionResponse)(nil),       // 113: airlock.authority.v1.SuspendSessionResponse
+	(*ResumeSessionRequest)(nil),         // 114: airlock.authority.v1.ResumeSessionRequest
+	(*ResumeSessionResponse)(nil),        // 115: airlock.authority.v1.ResumeSessionResponse
+	(*ListCachesRequest)(nil),            // 116: airlock.authority.v1.ListCachesRequest
+	(*ListCachesResponse)(nil),           // 117: airlock.authority.v1.ListCachesResponse
+	(*ClearCachesRequest)(nil),           // 118: airlock.authority.v1.ClearCachesRequest
+	(*ClearCachesResponse)(nil),          // 119: airlock.authority.v1.ClearCachesResponse
+	(*ListImagesRequest)(nil),            // 120: airlock.authority.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),           // 121: airlock.authority.v1.ListImagesResponse
+	(*PruneImagesRequest)(nil),           // 122: airlock.authority.v1.PruneImagesRequest
+	(*PruneImagesResponse)(nil),          // 123: airlock.authority.v1.PruneImagesResponse
+	(*HeartbeatRequest)(nil),             // 124: airlock.authority.v1.HeartbeatRequest
+	(*ExecutorReport)(nil),               // 125: airlock.authority.v1.ExecutorReport
+	(*ExecutorCapacity)(nil),             // 126: airlock.authority.v1.ExecutorCapacity
+	(*HeartbeatResponse)(nil),            // 127: airlock.authority.v1.HeartbeatResponse
+	(*Executor)(nil),                     // 128: airlock.authority.v1.Executor
+	(*ListExecutorsRequest)(nil),         // 129: airlock.authority.v1.ListExecutorsRequest
+	(*ListExecutorsResponse)(nil),        // 130: airlock.authority.v1.ListExecutorsResponse
+	(*GetExecutorRequest)(nil),           // 131: airlock.authority.v1.GetExecutorRequest
+	(*GetExecutorResponse)(nil),          // 132: airlock.authority.v1.GetExecutorResponse
+	(*DrainExecutorRequest)(nil),         // 133: airlock.authority.v1.DrainExecutorRequest
+	(*DrainExecutorResponse)(nil),        // 134: airlock.authority.v1.DrainExecutorResponse
+	(*GetUsageRequest)(nil),              // 135: airlock.authority.v1.GetUsageRequest
+	(*Usage)(nil),                        // 136: airlock.authority.v1.Usage
+	(*UsageRates)(nil),                   // 137: airlock.authority.v1.UsageRates
+	(*Budget)(nil),                       // 138: airlock.authority.v1.Budget
+	(*GetUsageResponse)(nil),             // 139: airlock.authority.v1.GetUsageResponse
+	(*PortForward)(nil),                  // 140: airlock.authority.v1.PortForward
+	(*OpenPortForwardRequest)(nil),       // 141: airlock.authority.v1.OpenPortForwardRequest
+	(*OpenPortForwardResponse)(nil),      // 142: airlock.authority.v1.OpenPortForwardResponse
+	(*ForwardPortRequest)(nil),           // 143: airlock.authority.v1.ForwardPortRequest
+	(*ForwardPortResponse)(nil),          // 144: airlock.authority.v1.ForwardPortResponse
+	(*ClosePortForwardRequest)(nil),      // 145: airlock.authority.v1.ClosePortForwardRequest
+	(*ClosePortForwardResponse)(nil),     // 146: airlock.authority.v1.ClosePortForwardResponse
+	(*ListPortForwardsRequest)(nil),      // 147: airlock.authority.v1.ListPortForwardsRequest
+	(*ListPortForwardsResponse)(nil),     // 148: airlock.authority.v1.ListPortForwardsResponse
+	nil,                                  // 149: airlock.authority.v1.JobSpec.EnvEntry
+	nil,                                  // 150: airlock.authority.v1.UsageRates.ClassComputeMillisEntry
+	(*v1.ResourceLimits)(nil),            // 151: airlock.types.v1.ResourceLimits
+	(*v1.NetworkPolicy)(nil),             // 152: airlock.types.v1.NetworkPolicy
+	(v1.RuntimeClass)(0),                 // 153: airlock.types.v1.RuntimeClass
+	(*v1.PublishTarget)(nil),             // 154: airlock.types.v1.PublishTarget
+	(*v1.SessionSpec)(nil),               // 155: airlock.types.v1.SessionSpec
+	(*v1.JobUser)(nil),                   // 156: airlock.types.v1.JobUser
+	(*timestamppb.Timestamp)(nil),        // 157: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),                 // 158: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil),       // 159: airlock.types.v1.NetworkPolicyStatus
+	(*v1.ImageGrant)(nil),                // 160: airlock.types.v1.ImageGrant
+	(*v1.OutputChunk)(nil),               // 161: airlock.types.v1.OutputChunk
+	(*v1.EgressEvent)(nil),               // 162: airlock.types.v1.EgressEvent
+	(*v1.Exec)(nil),                      // 163: airlock.types.v1.Exec
+	(*v1.FileWrite)(nil),                 // 164: airlock.types.v1.FileWrite
+	(*v1.EgressRecord)(nil),              // 165: airlock.types.v1.EgressRecord
+	(*durationpb.Duration)(nil),          // 166: google.protobuf.Duration
+	(v1.TerminationReason)(0),            // 167: airlock.types.v1.TerminationReason
+	(*v1.ExecSpec)(nil),                  // 168: airlock.types.v1.ExecSpec
+	(*v1.FileHeader)(nil),                // 169: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),                 // 170: airlock.types.v1.FileEntry
+	(*v1.CacheInfo)(nil),                 // 171: airlock.types.v1.CacheInfo
+	(*v1.ImageInfo)(nil),                 // 172: airlock.types.v1.ImageInfo
+	(*v1.ImageCacheStats)(nil),           // 173: airlock.types.v1.ImageCacheStats
 }
 var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
-	133, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
-	134, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
-	135, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	136, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	137, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
-	138, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
-	139, // 6: airlock.authority.v1.JobSpec.user:type_name -> airlock.types.v1.JobUser
-	9,   // 7: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
+	149, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
+	151, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
+	152, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	153, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	154, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
+	155, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
+	156, // 6: airlock.authority.v1.JobSpec.user:type_name -> airlock.types.v1.JobUser
+	11,  // 7: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
 	0,   // 8: airlock.authority.v1.Job.state:type_name -> airlock.authority.v1.JobState
-	140, // 9: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	140, // 10: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	141, // 11: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
-	142, // 12: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	134, // 13: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
-	138, // 14: airlock.authority.v1.Job.session:type_name -> airlock.types.v1.SessionSpec
-	139, // 15: airlock.authority.v1.Job.user:type_name -> airlock.types.v1.JobUser
-	143, // 16: airlock.authority.v1.Job.image:type_name -> airlock.types.v1.ImageGrant
-	9,   // 17: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
-	10,  // 18: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
-	10,  // 19: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
-	17,  // 20: airlock.authority.v1.DownloadBundleResponse.header:type_name -> airlock.authority.v1.BundleHeader
-	37,  // 21: airlock.authority.v1.GetJobEgressResponse.egress:type_name -> airlock.authority.v1.EgressLog
+	157, // 9: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	157, // 10: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	158, // 11: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
+	159, // 12: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	151, // 13: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
+	155, // 14: airlock.authority.v1.Job.session:type_name -> airlock.types.v1.SessionSpec
+	156, // 15: airlock.authority.v1.Job.user:type_name -> airlock.types.v1.JobUser
+	160, // 16: airlock.authority.v1.Job.image:type_name -> airlock.types.v1.ImageGrant
+	11,  // 17: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
+	12,  // 18: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
+	12,  // 19: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
+	19,  // 20: airlock.authority.v1.DownloadBundleResponse.header:type_name -> airlock.authority.v1.BundleHeader
+	39,  // 21: airlock.authority.v1.GetJobEgressResponse.egress:type_name -> airlock.authority.v1.EgressLog
 	0,   // 22: airlock.authority.v1.GetJobEgressResponse.state:type_name -> airlock.authority.v1.JobState
 	0,   // 23: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
-	10,  // 24: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
-	10,  // 25: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
-	144, // 26: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
-	145, // 27: airlock.authority.v1.WatchJobResponse.egress:type_name -> airlock.types.v1.EgressEvent
-	10,  // 28: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
-	30,  // 29: airlock.authority.v1.FetchImageBlobResponse.header:type_name -> airlock.authority.v1.ImageBlobHeader
-	27,  // 30: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
-	28,  // 31: airlock.authority.v1.FetchSourceResponse.history:type_name -> airlock.authority.v1.SourceHistory
-	141, // 32: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
-	36,  // 33: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
+	12,  // 24: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
+	12,  // 25: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
+	161, // 26: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
+	162, // 27: airlock.authority.v1.WatchJobResponse.egress:type_name -> airlock.types.v1.EgressEvent
+	12,  // 28: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
+	32,  // 29: airlock.authority.v1.FetchImageBlobResponse.header:type_name -> airlock.authority.v1.ImageBlobHeader
+	29,  // 30: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
+	30,  // 31: airlock.authority.v1.FetchSourceResponse.history:type_name -> airlock.authority.v1.SourceHistory
+	158, // 32: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
+	38,  // 33: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
 	1,   // 34: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
-	34,  // 35: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
-	35,  // 36: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
-	35,  // 37: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
-	37,  // 38: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
-	146, // 39: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
-	147, // 40: airlock.authority.v1.ReviewDetail.file_writes:type_name -> airlock.types.v1.FileWrite
-	148, // 41: airlock.authority.v1.EgressLog.records:type_name -> airlock.types.v1.EgressRecord
-	39,  // 42: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
-	148, // 43: airlock.authority.v1.EgressLog.last:type_name -> airlock.types.v1.EgressRecord
-	38,  // 44: airlock.authority.v1.EgressLog.credentials:type_name -> airlock.authority.v1.CredentialUse
-	10,  // 45: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
-	134, // 46: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
-	134, // 47: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
-	135, // 48: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	135, // 49: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	138, // 50: airlock.authority.v1.JobChange.from_session:type_name -> airlock.types.v1.SessionSpec
-	138, // 51: airlock.authority.v1.JobChange.to_session:type_name -> airlock.types.v1.SessionSpec
+	36,  // 35: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
+	37,  // 36: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
+	37,  // 37: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
+	39,  // 38: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
+	163, // 39: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
+	164, // 40: airlock.authority.v1.ReviewDetail.file_writes:type_name -> airlock.types.v1.FileWrite
+	165, // 41: airlock.authority.v1.EgressLog.records:type_name -> airlock.types.v1.EgressRecord
+	41,  // 42: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
+	165, // 43: airlock.authority.v1.EgressLog.last:type_name -> airlock.types.v1.EgressRecord
+	40,  // 44: airlock.authority.v1.EgressLog.credentials:type_name -> airlock.authority.v1.CredentialUse
+	12,  // 45: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
+	151, // 46: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
+	151, // 47: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
+	152, // 48: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	152, // 49: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	155, // 50: airlock.authority.v1.JobChange.from_session:type_name -> airlock.types.v1.SessionSpec
+	155, // 51: airlock.authority.v1.JobChange.to_session:type_name -> airlock.types.v1.SessionSpec
 	3,   // 52: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
-	140, // 53: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
-	137, // 54: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
+	157, // 53: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
+	154, // 54: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
 	2,   // 55: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
-	42,  // 56: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
-	140, // 57: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
-	140, // 58: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	44,  // 56: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
+	157, // 57: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
+	157, // 58: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
 	4,   // 59: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
-	41,  // 60: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
-	44,  // 61: airlock.authority.v1.Approval.start:type_name -> airlock.authority.v1.StartRequest
-	45,  // 62: airlock.authority.v1.StartRequest.credentials:type_name -> airlock.authority.v1.StartCredential
-	141, // 63: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
-	135, // 64: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	36,  // 65: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
-	5,   // 66: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
-	5,   // 67: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
-	34,  // 68: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
-	48,  // 69: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
-	49,  // 70: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
-	2,   // 71: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
-	43,  // 72: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
-	43,  // 73: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	46,  // 74: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
-	3,   // 75: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
-	43,  // 76: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	137, // 77: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
-	43,  // 78: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	6,   // 79: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	140, // 80: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
-	140, // 81: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	140, // 82: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
-	6,   // 83: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	149, // 84: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
-	59,  // 85: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	62,  // 86: airlock.authority.v1.LeaseCredentialResponse.brokered:type_name -> airlock.authority.v1.BrokeredCredential
-	59,  // 87: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
-	59,  // 88: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
-	135, // 89: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
-	142, // 90: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	134, // 91: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
-	138, // 92: airlock.authority.v1.UpdateJobLimitsRequest.session:type_name -> airlock.types.v1.SessionSpec
-	10,  // 93: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
-	59,  // 94: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
-	140, // 95: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
-	7,   // 96: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
-	140, // 97: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
-	140, // 98: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
-	73,  // 99: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
-	140, // 100: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
-	76,  // 101: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
-	43,  // 102: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
-	140, // 103: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
-	80,  // 104: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
-	9,   // 105: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
-	10,  // 106: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
-	10,  // 107: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
-	146, // 108: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
-	150, // 109: airlock.authority.v1.GetSessionResponse.suspend_reason:type_name -> airlock.types.v1.TerminationReason
-	147, // 110: airlock.authority.v1.GetSessionResponse.file_writes:type_name -> airlock.types.v1.FileWrite
-	0,   // 111: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
-	10,  // 112: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
-	10,  // 113: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
-	10,  // 114: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
-	151, // 115: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	146, // 116: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	146, // 117: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	144, // 118: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	146, // 119: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	151, // 120: airlock.authority.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
-	98,  // 121: airlock.authority.v1.RunExecRequest.start:type_name -> airlock.authority.v1.RunExecStart
-	93,  // 122: airlock.authority.v1.RunExecResponse.started:type_name -> airlock.authority.v1.StartExecResponse
-	144, // 123: airlock.authority.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	146, // 124: airlock.authority.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
-	146, // 125: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
-	152, // 126: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
-	105, // 127: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
-	153, // 128: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
-	10,  // 129: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
-	10,  // 130: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
-	154, // 131: airlock.authority.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
-	154, // 132: airlock.authority.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
-	155, // 133: airlock.authority.v1.ListImagesResponse.images:type_name -> airlock.types.v1.ImageInfo
-	156, // 134: airlock.authority.v1.ListImagesResponse.cache:type_name -> airlock.types.v1.ImageCacheStats
-	155, // 135: airlock.authority.v1.PruneImagesResponse.pruned:type_name -> airlock.types.v1.ImageInfo
-	123, // 136: airlock.authority.v1.HeartbeatRequest.report:type_name -> airlock.authority.v1.ExecutorReport
-	140, // 137: airlock.authority.v1.ExecutorReport.started_at:type_name -> google.protobuf.Timestamp
-	136, // 138: airlock.authority.v1.ExecutorReport.runtime_classes:type_name -> airlock.types.v1.RuntimeClass
-	124, // 139: airlock.authority.v1.ExecutorReport.capacity:type_name -> airlock.authority.v1.ExecutorCapacity
-	149, // 140: airlock.authority.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
-	149, // 141: airlock.authority.v1.HeartbeatResponse.lost_after:type_name -> google.protobuf.Duration
-	8,   // 142: airlock.authority.v1.Executor.state:type_name -> airlock.authority.v1.ExecutorState
-	140, // 143: airlock.authority.v1.Executor.drained_at:type_name -> google.protobuf.Timestamp
-	140, // 144: airlock.authority.v1.Executor.joined_at:type_name -> google.protobuf.Timestamp
-	140, // 145: airlock.authority.v1.Executor.last_seen:type_name -> google.protobuf.Timestamp
-	123, // 146: airlock.authority.v1.Executor.report:type_name -> airlock.authority.v1.ExecutorReport
-	126, // 147: airlock.authority.v1.ListExecutorsResponse.executors:type_name -> airlock.authority.v1.Executor
-	126, // 148: airlock.authority.v1.GetExecutorResponse.executor:type_name -> airlock.authority.v1.Executor
-	126, // 149: airlock.authority.v1.DrainExecutorResponse.executor:type_name -> airlock.authority.v1.Executor
-	11,  // 150: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
-	13,  // 151: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
-	15,  // 152: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
-	20,  // 153: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
-	22,  // 154: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
-	24,  // 155: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
-	16,  // 156: airlock.authority.v1.AuthorityService.DownloadBundle:input_type -> airlock.authority.v1.DownloadBundleRequest
-	82,  // 157: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
-	84,  // 158: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
-	86,  // 159: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
-	88,  // 160: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
-	90,  // 161: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
-	110, // 162: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
-	112, // 163: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
-	92,  // 164: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
-	94,  // 165: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
-	96,  // 166: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
-	101, // 167: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
-	99,  // 168: airlock.authority.v1.AuthorityService.RunExec:input_type -> airlock.authority.v1.RunExecRequest
-	103, // 169: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
-	106, // 170: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
-	108, // 171: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
-	26,  // 172: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
-	29,  // 173: airlock.authority.v1.AuthorityService.FetchImageBlob:input_type -> airlock.authority.v1.FetchImageBlobRequest
-	33,  // 174: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	51,  // 175: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	53,  // 176: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	47,  // 177: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
-	55,  // 178: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	57,  // 179: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	79,  // 180: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
-	60,  // 181: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	63,  // 182: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	65,  // 183: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	67,  // 184: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	69,  // 185: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
-	71,  // 186: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
-	74,  // 187: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	77,  // 188: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
-	114, // 189: airlock.authority.v1.AuthorityService.ListCaches:input_type -> airlock.authority.v1.ListCachesRequest
-	116, // 190: airlock.authority.v1.AuthorityService.ClearCaches:input_type -> airlock.authority.v1.ClearCachesRequest
-	118, // 191: airlock.authority.v1.AuthorityService.ListImages:input_type -> airlock.authority.v1.ListImagesRequest
-	120, // 192: airlock.authority.v1.AuthorityService.PruneImages:input_type -> airlock.authority.v1.PruneImagesRequest
-	122, // 193: airlock.authority.v1.AuthorityService.Heartbeat:input_type -> airlock.authority.v1.HeartbeatRequest
-	127, // 194: airlock.authority.v1.AuthorityService.ListExecutors:input_type -> airlock.authority.v1.ListExecutorsRequest
-	129, // 195: airlock.authority.v1.AuthorityService.GetExecutor:input_type -> airlock.authority.v1.GetExecutorRequest
-	131, // 196: airlock.authority.v1.AuthorityService.DrainExecutor:input_type -> airlock.authority.v1.DrainExecutorRequest
-	12,  // 197: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
-	14,  // 198: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
-	19,  // 199: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
-	21,  // 200: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
-	23,  // 201: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
-	25,  // 202: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
-	18,  // 203: airlock.authority.v1.AuthorityService.DownloadBundle:output_type -> airlock.authority.v1.DownloadBundleResponse
-	83,  // 204: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
-	85,  // 205: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
-	87,  // 206: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
-	89,  // 207: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
-	91,  // 208: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
-	111, // 209: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
-	113, // 210: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
-	93,  // 211: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
-	95,  // 212: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
-	97,  // 213: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
-	102, // 214: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
-	100, // 215: airlock.authority.v1.AuthorityService.RunExec:output_type -> airlock.authority.v1.RunExecResponse
-	104, // 216: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
-	107, // 217: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
-	109, // 218: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
-	32,  // 219: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	31,  // 220: airlock.authority.v1.AuthorityService.FetchImageBlob:output_type -> airlock.authority.v1.FetchImageBlobResponse
-	40,  // 221: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	52,  // 222: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	54,  // 223: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	50,  // 224: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
-	56,  // 225: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	58,  // 226: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	81,  // 227: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
-	61,  // 228: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	64,  // 229: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	66,  // 230: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	68,  // 231: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	70,  // 232: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
-	72,  // 233: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
-	75,  // 234: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	78,  // 235: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
-	115, // 236: airlock.authority.v1.AuthorityService.ListCaches:output_type -> airlock.authority.v1.ListCachesResponse
-	117, // 237: airlock.authority.v1.AuthorityService.ClearCaches:output_type -> airlock.authority.v1.ClearCachesResponse
-	119, // 238: airlock.authority.v1.AuthorityService.ListImages:output_type -> airlock.authority.v1.ListImagesResponse
-	121, // 239: airlock.authority.v1.AuthorityService.PruneImages:output_type -> airlock.authority.v1.PruneImagesResponse
-	125, // 240: airlock.authority.v1.AuthorityService.Heartbeat:output_type -> airlock.authority.v1.HeartbeatResponse
-	128, // 241: airlock.authority.v1.AuthorityService.ListExecutors:output_type -> airlock.authority.v1.ListExecutorsResponse
-	130, // 242: airlock.authority.v1.AuthorityService.GetExecutor:output_type -> airlock.authority.v1.GetExecutorResponse
-	132, // 243: airlock.authority.v1.AuthorityService.DrainExecutor:output_type -> airlock.authority.v1.DrainExecutorResponse
-	197, // [197:244] is the sub-list for method output_type
-	150, // [150:197] is the sub-list for method input_type
-	150, // [150:150] is the sub-list for extension type_name
-	150, // [150:150] is the sub-list for extension extendee
-	0,   // [0:150] is the sub-list for field type_name
+	43,  // 60: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
+	46,  // 61: airlock.authority.v1.Approval.start:type_name -> airlock.authority.v1.StartRequest
+	140, // 62: airlock.authority.v1.Approval.port_forward:type_name -> airlock.authority.v1.PortForward
+	47,  // 63: airlock.authority.v1.StartRequest.credentials:type_name -> airlock.authority.v1.StartCredential
+	158, // 64: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
+	152, // 65: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	38,  // 66: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
+	5,   // 67: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
+	5,   // 68: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
+	36,  // 69: airlock.authority.v1.ReviewFiles.files:type_name -> airlock.authority.v1.FileChange
+	50,  // 70: airlock.authority.v1.ReadReviewResponse.start:type_name -> airlock.authority.v1.ReviewPartStart
+	51,  // 71: airlock.authority.v1.ReadReviewResponse.files:type_name -> airlock.authority.v1.ReviewFiles
+	2,   // 72: airlock.authority.v1.ListApprovalsRequest.states:type_name -> airlock.authority.v1.ApprovalState
+	45,  // 73: airlock.authority.v1.ListApprovalsResponse.approvals:type_name -> airlock.authority.v1.Approval
+	45,  // 74: airlock.authority.v1.GetApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	48,  // 75: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
+	3,   // 76: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
+	45,  // 77: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	154, // 78: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
+	45,  // 79: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
+	6,   // 80: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	157, // 81: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
+	157, // 82: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	157, // 83: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
+	6,   // 84: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
+	166, // 85: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
+	61,  // 86: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	64,  // 87: airlock.authority.v1.LeaseCredentialResponse.brokered:type_name -> airlock.authority.v1.BrokeredCredential
+	61,  // 88: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
+	61,  // 89: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
+	152, // 90: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
+	159, // 91: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	151, // 92: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
+	155, // 93: airlock.authority.v1.UpdateJobLimitsRequest.session:type_name -> airlock.types.v1.SessionSpec
+	12,  // 94: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
+	61,  // 95: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
+	157, // 96: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	7,   // 97: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
+	157, // 98: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
+	157, // 99: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
+	75,  // 100: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
+	157, // 101: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
+	78,  // 102: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
+	45,  // 103: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
+	157, // 104: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
+	82,  // 105: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
+	11,  // 106: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
+	12,  // 107: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
+	12,  // 108: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
+	163, // 109: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
+	167, // 110: airlock.authority.v1.GetSessionResponse.suspend_reason:type_name -> airlock.types.v1.TerminationReason
+	164, // 111: airlock.authority.v1.GetSessionResponse.file_writes:type_name -> airlock.types.v1.FileWrite
+	0,   // 112: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
+	12,  // 113: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
+	12,  // 114: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
+	12,  // 115: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
+	168, // 116: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	163, // 117: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	163, // 118: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	161, // 119: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	163, // 120: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	168, // 121: airlock.authority.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
+	100, // 122: airlock.authority.v1.RunExecRequest.start:type_name -> airlock.authority.v1.RunExecStart
+	95,  // 123: airlock.authority.v1.RunExecResponse.started:type_name -> airlock.authority.v1.StartExecResponse
+	161, // 124: airlock.authority.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	163, // 125: airlock.authority.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
+	163, // 126: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	169, // 127: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	107, // 128: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
+	170, // 129: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	12,  // 130: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
+	12,  // 131: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
+	171, // 132: airlock.authority.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
+	171, // 133: airlock.authority.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
+	172, // 134: airlock.authority.v1.ListImagesResponse.images:type_name -> airlock.types.v1.ImageInfo
+	173, // 135: airlock.authority.v1.ListImagesResponse.cache:type_name -> airlock.types.v1.ImageCacheStats
+	172, // 136: airlock.authority.v1.PruneImagesResponse.pruned:type_name -> airlock.types.v1.ImageInfo
+	125, // 137: airlock.authority.v1.HeartbeatRequest.report:type_name -> airlock.authority.v1.ExecutorReport
+	157, // 138: airlock.authority.v1.ExecutorReport.started_at:type_name -> google.protobuf.Timestamp
+	153, // 139: airlock.authority.v1.ExecutorReport.runtime_classes:type_name -> airlock.types.v1.RuntimeClass
+	126, // 140: airlock.authority.v1.ExecutorReport.capacity:type_name -> airlock.authority.v1.ExecutorCapacity
+	166, // 141: airlock.authority.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
+	166, // 142: airlock.authority.v1.HeartbeatResponse.lost_after:type_name -> google.protobuf.Duration
+	8,   // 143: airlock.authority.v1.Executor.state:type_name -> airlock.authority.v1.ExecutorState
+	157, // 144: airlock.authority.v1.Executor.drained_at:type_name -> google.protobuf.Timestamp
+	157, // 145: airlock.authority.v1.Executor.joined_at:type_name -> google.protobuf.Timestamp
+	157, // 146: airlock.authority.v1.Executor.last_seen:type_name -> google.protobuf.Timestamp
+	125, // 147: airlock.authority.v1.Executor.report:type_name -> airlock.authority.v1.ExecutorReport
+	128, // 148: airlock.authority.v1.ListExecutorsResponse.executors:type_name -> airlock.authority.v1.Executor
+	128, // 149: airlock.authority.v1.GetExecutorResponse.executor:type_name -> airlock.authority.v1.Executor
+	128, // 150: airlock.authority.v1.DrainExecutorResponse.executor:type_name -> airlock.authority.v1.Executor
+	157, // 151: airlock.authority.v1.GetUsageRequest.since:type_name -> google.protobuf.Timestamp
+	157, // 152: airlock.authority.v1.GetUsageRequest.until:type_name -> google.protobuf.Timestamp
+	9,   // 153: airlock.authority.v1.GetUsageRequest.by:type_name -> airlock.authority.v1.UsageGrouping
+	153, // 154: airlock.authority.v1.Usage.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	150, // 155: airlock.authority.v1.UsageRates.class_compute_millis:type_name -> airlock.authority.v1.UsageRates.ClassComputeMillisEntry
+	136, // 156: airlock.authority.v1.GetUsageResponse.rows:type_name -> airlock.authority.v1.Usage
+	136, // 157: airlock.authority.v1.GetUsageResponse.total:type_name -> airlock.authority.v1.Usage
+	137, // 158: airlock.authority.v1.GetUsageResponse.rates:type_name -> airlock.authority.v1.UsageRates
+	138, // 159: airlock.authority.v1.GetUsageResponse.budgets:type_name -> airlock.authority.v1.Budget
+	10,  // 160: airlock.authority.v1.PortForward.state:type_name -> airlock.authority.v1.PortForwardState
+	157, // 161: airlock.authority.v1.PortForward.created_at:type_name -> google.protobuf.Timestamp
+	157, // 162: airlock.authority.v1.PortForward.expires_at:type_name -> google.protobuf.Timestamp
+	157, // 163: airlock.authority.v1.PortForward.closed_at:type_name -> google.protobuf.Timestamp
+	166, // 164: airlock.authority.v1.OpenPortForwardRequest.ttl:type_name -> google.protobuf.Duration
+	140, // 165: airlock.authority.v1.OpenPortForwardResponse.forward:type_name -> airlock.authority.v1.PortForward
+	140, // 166: airlock.authority.v1.ClosePortForwardResponse.forward:type_name -> airlock.authority.v1.PortForward
+	140, // 167: airlock.authority.v1.ListPortForwardsResponse.forwards:type_name -> airlock.authority.v1.PortForward
+	13,  // 168: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
+	15,  // 169: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
+	17,  // 170: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
+	22,  // 171: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
+	24,  // 172: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
+	26,  // 173: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
+	18,  // 174: airlock.authority.v1.AuthorityService.DownloadBundle:input_type -> airlock.authority.v1.DownloadBundleRequest
+	84,  // 175: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
+	86,  // 176: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
+	88,  // 177: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
+	90,  // 178: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
+	92,  // 179: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
+	112, // 180: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
+	114, // 181: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
+	94,  // 182: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
+	96,  // 183: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
+	98,  // 184: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
+	103, // 185: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
+	101, // 186: airlock.authority.v1.AuthorityService.RunExec:input_type -> airlock.authority.v1.RunExecRequest
+	105, // 187: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
+	108, // 188: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
+	110, // 189: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
+	28,  // 190: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
+	31,  // 191: airlock.authority.v1.AuthorityService.FetchImageBlob:input_type -> airlock.authority.v1.FetchImageBlobRequest
+	35,  // 192: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
+	53,  // 193: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	55,  // 194: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	49,  // 195: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
+	57,  // 196: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	59,  // 197: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	81,  // 198: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
+	62,  // 199: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	65,  // 200: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	67,  // 201: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	69,  // 202: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	71,  // 203: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	73,  // 204: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	76,  // 205: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	79,  // 206: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
+	116, // 207: airlock.authority.v1.AuthorityService.ListCaches:input_type -> airlock.authority.v1.ListCachesRequest
+	118, // 208: airlock.authority.v1.AuthorityService.ClearCaches:input_type -> airlock.authority.v1.ClearCachesRequest
+	120, // 209: airlock.authority.v1.AuthorityService.ListImages:input_type -> airlock.authority.v1.ListImagesRequest
+	122, // 210: airlock.authority.v1.AuthorityService.PruneImages:input_type -> airlock.authority.v1.PruneImagesRequest
+	124, // 211: airlock.authority.v1.AuthorityService.Heartbeat:input_type -> airlock.authority.v1.HeartbeatRequest
+	129, // 212: airlock.authority.v1.AuthorityService.ListExecutors:input_type -> airlock.authority.v1.ListExecutorsRequest
+	131, // 213: airlock.authority.v1.AuthorityService.GetExecutor:input_type -> airlock.authority.v1.GetExecutorRequest
+	133, // 214: airlock.authority.v1.AuthorityService.DrainExecutor:input_type -> airlock.authority.v1.DrainExecutorRequest
+	135, // 215: airlock.authority.v1.AuthorityService.GetUsage:input_type -> airlock.authority.v1.GetUsageRequest
+	141, // 216: airlock.authority.v1.AuthorityService.OpenPortForward:input_type -> airlock.authority.v1.OpenPortForwardRequest
+	143, // 217: airlock.authority.v1.AuthorityService.ForwardPort:input_type -> airlock.authority.v1.ForwardPortRequest
+	145, // 218: airlock.authority.v1.AuthorityService.ClosePortForward:input_type -> airlock.authority.v1.ClosePortForwardRequest
+	147, // 219: airlock.authority.v1.AuthorityService.ListPortForwards:input_type -> airlock.authority.v1.ListPortForwardsRequest
+	14,  // 220: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
+	16,  // 221: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
+	21,  // 222: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
+	23,  // 223: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
+	25,  // 224: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
+	27,  // 225: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
+	20,  // 226: airlock.authority.v1.AuthorityService.DownloadBundle:output_type -> airlock.authority.v1.DownloadBundleResponse
+	85,  // 227: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
+	87,  // 228: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
+	89,  // 229: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
+	91,  // 230: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
+	93,  // 231: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
+	113, // 232: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
+	115, // 233: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
+	95,  // 234: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
+	97,  // 235: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
+	99,  // 236: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
+	104, // 237: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
+	102, // 238: airlock.authority.v1.AuthorityService.RunExec:output_type -> airlock.authority.v1.RunExecResponse
+	106, // 239: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
+	109, // 240: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
+	111, // 241: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
+	34,  // 242: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
+	33,  // 243: airlock.authority.v1.AuthorityService.FetchImageBlob:output_type -> airlock.authority.v1.FetchImageBlobResponse
+	42,  // 244: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	54,  // 245: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	56,  // 246: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	52,  // 247: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
+	58,  // 248: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	60,  // 249: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	83,  // 250: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
+	63,  // 251: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	66,  // 252: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	68,  // 253: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	70,  // 254: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	72,  // 255: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	74,  // 256: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	77,  // 257: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	80,  // 258: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
+	117, // 259: airlock.authority.v1.AuthorityService.ListCaches:output_type -> airlock.authority.v1.ListCachesResponse
+	119, // 260: airlock.authority.v1.AuthorityService.ClearCaches:output_type -> airlock.authority.v1.ClearCachesResponse
+	121, // 261: airlock.authority.v1.AuthorityService.ListImages:output_type -> airlock.authority.v1.ListImagesResponse
+	123, // 262: airlock.authority.v1.AuthorityService.PruneImages:output_type -> airlock.authority.v1.PruneImagesResponse
+	127, // 263: airlock.authority.v1.AuthorityService.Heartbeat:output_type -> airlock.authority.v1.HeartbeatResponse
+	130, // 264: airlock.authority.v1.AuthorityService.ListExecutors:output_type -> airlock.authority.v1.ListExecutorsResponse
+	132, // 265: airlock.authority.v1.AuthorityService.GetExecutor:output_type -> airlock.authority.v1.GetExecutorResponse
+	134, // 266: airlock.authority.v1.AuthorityService.DrainExecutor:output_type -> airlock.authority.v1.DrainExecutorResponse
+	139, // 267: airlock.authority.v1.AuthorityService.GetUsage:output_type -> airlock.authority.v1.GetUsageResponse
+	142, // 268: airlock.authority.v1.AuthorityService.OpenPortForward:output_type -> airlock.authority.v1.OpenPortForwardResponse
+	144, // 269: airlock.authority.v1.AuthorityService.ForwardPort:output_type -> airlock.authority.v1.ForwardPortResponse
+	146, // 270: airlock.authority.v1.AuthorityService.ClosePortForward:output_type -> airlock.authority.v1.ClosePortForwardResponse
+	148, // 271: airlock.authority.v1.AuthorityService.ListPortForwards:output_type -> airlock.authority.v1.ListPortForwardsResponse
+	220, // [220:272] is the sub-list for method output_type
+	168, // [168:220] is the sub-list for method input_type
+	168, // [168:168] is the sub-list for extension type_name
+	168, // [168:168] is the sub-list for extension extendee
+	0,   // [0:168] is the sub-list for field type_name
 }
 
 func init() { file_airlock_authority_v1_authority_proto_init() }
@@ -10713,13 +12126,21 @@ func file_airlock_authority_v1_authority_proto_init() {
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Chunk)(nil),
 	}
+	file_airlock_authority_v1_authority_proto_msgTypes[132].OneofWrappers = []any{
+		(*ForwardPortRequest_ForwardId)(nil),
+		(*ForwardPortRequest_Data)(nil),
+	}
+	file_airlock_authority_v1_authority_proto_msgTypes[133].OneofWrappers = []any{
+		(*ForwardPortResponse_Data)(nil),
+		(*ForwardPortResponse_Connected)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_authority_v1_authority_proto_rawDesc), len(file_airlock_authority_v1_authority_proto_rawDesc)),
-			NumEnums:      9,
-			NumMessages:   125,
+			NumEnums:      11,
+			NumMessages:   140,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -72,6 +72,11 @@ const (
 	AuthorityService_ListExecutors_FullMethodName        = "/airlock.authority.v1.AuthorityService/ListExecutors"
 	AuthorityService_GetExecutor_FullMethodName          = "/airlock.authority.v1.AuthorityService/GetExecutor"
 	AuthorityService_DrainExecutor_FullMethodName        = "/airlock.authority.v1.AuthorityService/DrainExecutor"
+	AuthorityService_GetUsage_FullMethodName             = "/airlock.authority.v1.AuthorityService/GetUsage"
+	AuthorityService_OpenPortForward_FullMethodName      = "/airlock.authority.v1.AuthorityService/OpenPortForward"
+	AuthorityService_ForwardPort_FullMethodName          = "/airlock.authority.v1.AuthorityService/ForwardPort"
+	AuthorityService_ClosePortForward_FullMethodName     = "/airlock.authority.v1.AuthorityService/ClosePortForward"
+	AuthorityService_ListPortForwards_FullMethodName     = "/airlock.authority.v1.AuthorityService/ListPortForwards"
 )
 
 // AuthorityServiceClient is the client API for AuthorityService service.
@@ -268,6 +273,29 @@ type AuthorityServiceClient interface {
 	// Drains an executor (no new work is placed on it; what runs there
 	// finishes) or ends its drain. On the audit log. Operators only.
 	DrainExecutor(ctx context.Context, in *DrainExecutorRequest, opts ...grpc.CallOption) (*DrainExecutorResponse, error)
+	// Usage of jobs and sessions, metered by the minute, with its cost at
+	// the operator's rates. Callers: client/* and approver/* for their own
+	// tenants, operator/* for any.
+	GetUsage(ctx context.Context, in *GetUsageRequest, opts ...grpc.CallOption) (*GetUsageResponse, error)
+	// OpenPortForward asks to reach a TCP port inside a running session
+	// from the caller's machine: never a public port, only through
+	// ForwardPort over this mTLS connection, only to ports the tenant's
+	// policy allows. Audited; where the policy says approval: required the
+	// forward waits, PENDING, for an approver. Callers: client/* of the
+	// session's tenant.
+	OpenPortForward(ctx context.Context, in *OpenPortForwardRequest, opts ...grpc.CallOption) (*OpenPortForwardResponse, error)
+	// ForwardPort carries one TCP connection through an open forward: the
+	// first message names the forward, then bytes both ways until either
+	// side closes. Bytes are counted on the forward's record. Callers: the
+	// client that opened the forward.
+	ForwardPort(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ForwardPortRequest, ForwardPortResponse], error)
+	// ClosePortForward closes a forward: its connections are cut and no new
+	// one is carried. Audited with the bytes each way. Callers: client/* of
+	// the session's tenant, operator/*.
+	ClosePortForward(ctx context.Context, in *ClosePortForwardRequest, opts ...grpc.CallOption) (*ClosePortForwardResponse, error)
+	// ListPortForwards lists a session's forwards (or a tenant's), open and
+	// closed. Callers: client/* and approver/* of the tenant, operator/*.
+	ListPortForwards(ctx context.Context, in *ListPortForwardsRequest, opts ...grpc.CallOption) (*ListPortForwardsResponse, error)
 }
 
 type authorityServiceClient struct {
@@ -817,6 +845,59 @@ func (c *authorityServiceClient) DrainExecutor(ctx context.Context, in *DrainExe
 	return out, nil
 }
 
+func (c *authorityServiceClient) GetUsage(ctx context.Context, in *GetUsageRequest, opts ...grpc.CallOption) (*GetUsageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetUsageResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_GetUsage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *authorityServiceClient) OpenPortForward(ctx context.Context, in *OpenPortForwardRequest, opts ...grpc.CallOption) (*OpenPortForwardResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(OpenPortForwardResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_OpenPortForward_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *authorityServiceClient) ForwardPort(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ForwardPortRequest, ForwardPortResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AuthorityService_ServiceDesc.Streams[9], AuthorityService_ForwardPort_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ForwardPortRequest, ForwardPortResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AuthorityService_ForwardPortClient = grpc.BidiStreamingClient[ForwardPortRequest, ForwardPortResponse]
+
+func (c *authorityServiceClient) ClosePortForward(ctx context.Context, in *ClosePortForwardRequest, opts ...grpc.CallOption) (*ClosePortForwardResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClosePortForwardResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_ClosePortForward_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *authorityServiceClient) ListPortForwards(ctx context.Context, in *ListPortForwardsRequest, opts ...grpc.CallOption) (*ListPortForwardsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListPortForwardsResponse)
+	err := c.cc.Invoke(ctx, AuthorityService_ListPortForwards_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AuthorityServiceServer is the server API for AuthorityService service.
 // All implementations must embed UnimplementedAuthorityServiceServer
 // for forward compatibility.
@@ -1011,6 +1092,29 @@ type AuthorityServiceServer interface {
 	// Drains an executor (no new work is placed on it; what runs there
 	// finishes) or ends its drain. On the audit log. Operators only.
 	DrainExecutor(context.Context, *DrainExecutorRequest) (*DrainExecutorResponse, error)
+	// Usage of jobs and sessions, metered by the minute, with its cost at
+	// the operator's rates. Callers: client/* and approver/* for their own
+	// tenants, operator/* for any.
+	GetUsage(context.Context, *GetUsageRequest) (*GetUsageResponse, error)
+	// OpenPortForward asks to reach a TCP port inside a running session
+	// from the caller's machine: never a public port, only through
+	// ForwardPort over this mTLS connection, only to ports the tenant's
+	// policy allows. Audited; where the policy says approval: required the
+	// forward waits, PENDING, for an approver. Callers: client/* of the
+	// session's tenant.
+	OpenPortForward(context.Context, *OpenPortForwardRequest) (*OpenPortForwardResponse, error)
+	// ForwardPort carries one TCP connection through an open forward: the
+	// first message names the forward, then bytes both ways until either
+	// side closes. Bytes are counted on the forward's record. Callers: the
+	// client that opened the forward.
+	ForwardPort(grpc.BidiStreamingServer[ForwardPortRequest, ForwardPortResponse]) error
+	// ClosePortForward closes a forward: its connections are cut and no new
+	// one is carried. Audited with the bytes each way. Callers: client/* of
+	// the session's tenant, operator/*.
+	ClosePortForward(context.Context, *ClosePortForwardRequest) (*ClosePortForwardResponse, error)
+	// ListPortForwards lists a session's forwards (or a tenant's), open and
+	// closed. Callers: client/* and approver/* of the tenant, operator/*.
+	ListPortForwards(context.Context, *ListPortForwardsRequest) (*ListPortForwardsResponse, error)
 	mustEmbedUnimplementedAuthorityServiceServer()
 }
 
@@ -1161,6 +1265,21 @@ func (UnimplementedAuthorityServiceServer) GetExecutor(context.Context, *GetExec
 }
 func (UnimplementedAuthorityServiceServer) DrainExecutor(context.Context, *DrainExecutorRequest) (*DrainExecutorResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DrainExecutor not implemented")
+}
+func (UnimplementedAuthorityServiceServer) GetUsage(context.Context, *GetUsageRequest) (*GetUsageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetUsage not implemented")
+}
+func (UnimplementedAuthorityServiceServer) OpenPortForward(context.Context, *OpenPortForwardRequest) (*OpenPortForwardResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method OpenPortForward not implemented")
+}
+func (UnimplementedAuthorityServiceServer) ForwardPort(grpc.BidiStreamingServer[ForwardPortRequest, ForwardPortResponse]) error {
+	return status.Error(codes.Unimplemented, "method ForwardPort not implemented")
+}
+func (UnimplementedAuthorityServiceServer) ClosePortForward(context.Context, *ClosePortForwardRequest) (*ClosePortForwardResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ClosePortForward not implemented")
+}
+func (UnimplementedAuthorityServiceServer) ListPortForwards(context.Context, *ListPortForwardsRequest) (*ListPortForwardsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListPortForwards not implemented")
 }
 func (UnimplementedAuthorityServiceServer) mustEmbedUnimplementedAuthorityServiceServer() {}
 func (UnimplementedAuthorityServiceServer) testEmbeddedByValue()                          {}
@@ -1958,6 +2077,85 @@ func _AuthorityService_DrainExecutor_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AuthorityService_GetUsage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetUsageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).GetUsage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_GetUsage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).GetUsage(ctx, req.(*GetUsageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AuthorityService_OpenPortForward_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(OpenPortForwardRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).OpenPortForward(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_OpenPortForward_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).OpenPortForward(ctx, req.(*OpenPortForwardRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AuthorityService_ForwardPort_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(AuthorityServiceServer).ForwardPort(&grpc.GenericServerStream[ForwardPortRequest, ForwardPortResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AuthorityService_ForwardPortServer = grpc.BidiStreamingServer[ForwardPortRequest, ForwardPortResponse]
+
+func _AuthorityService_ClosePortForward_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClosePortForwardRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).ClosePortForward(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_ClosePortForward_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).ClosePortForward(ctx, req.(*ClosePortForwardRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AuthorityService_ListPortForwards_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListPortForwardsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuthorityServiceServer).ListPortForwards(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuthorityService_ListPortForwards_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuthorityServiceServer).ListPortForwards(ctx, req.(*ListPortForwardsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AuthorityService_ServiceDesc is the grpc.ServiceDesc for AuthorityService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -2117,6 +2315,22 @@ var AuthorityService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "DrainExecutor",
 			Handler:    _AuthorityService_DrainExecutor_Handler,
 		},
+		{
+			MethodName: "GetUsage",
+			Handler:    _AuthorityService_GetUsage_Handler,
+		},
+		{
+			MethodName: "OpenPortForward",
+			Handler:    _AuthorityService_OpenPortForward_Handler,
+		},
+		{
+			MethodName: "ClosePortForward",
+			Handler:    _AuthorityService_ClosePortForward_Handler,
+		},
+		{
+			MethodName: "ListPortForwards",
+			Handler:    _AuthorityService_ListPortForwards_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -2164,6 +2378,12 @@ var AuthorityService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "ReadReview",
 			Handler:       _AuthorityService_ReadReview_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "ForwardPort",
+			Handler:       _AuthorityService_ForwardPort_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "airlock/authority/v1/authority.proto",

@@ -3068,6 +3068,239 @@ func (x *PruneImagesResponse) GetInUse() []string {
 	return nil
 }
 
+// ForwardPortOpen is a forwarded connection's first message.
+type ForwardPortOpen struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required: a running session.
+	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// Required: the TCP port, 1-65535.
+	Port uint32 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	// The authority's forward id, for the executor's log.
+	ForwardId     string `protobuf:"bytes,3,opt,name=forward_id,json=forwardId,proto3" json:"forward_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardPortOpen) Reset() {
+	*x = ForwardPortOpen{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardPortOpen) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardPortOpen) ProtoMessage() {}
+
+func (x *ForwardPortOpen) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardPortOpen.ProtoReflect.Descriptor instead.
+func (*ForwardPortOpen) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *ForwardPortOpen) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *ForwardPortOpen) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *ForwardPortOpen) GetForwardId() string {
+	if x != nil {
+		return x.ForwardId
+	}
+	return ""
+}
+
+// ForwardPortRequest is one message of a forwarded connection.
+type ForwardPortRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*ForwardPortRequest_Open
+	//	*ForwardPortRequest_Data
+	Msg           isForwardPortRequest_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardPortRequest) Reset() {
+	*x = ForwardPortRequest{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardPortRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardPortRequest) ProtoMessage() {}
+
+func (x *ForwardPortRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardPortRequest.ProtoReflect.Descriptor instead.
+func (*ForwardPortRequest) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *ForwardPortRequest) GetMsg() isForwardPortRequest_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *ForwardPortRequest) GetOpen() *ForwardPortOpen {
+	if x != nil {
+		if x, ok := x.Msg.(*ForwardPortRequest_Open); ok {
+			return x.Open
+		}
+	}
+	return nil
+}
+
+func (x *ForwardPortRequest) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*ForwardPortRequest_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+type isForwardPortRequest_Msg interface {
+	isForwardPortRequest_Msg()
+}
+
+type ForwardPortRequest_Open struct {
+	Open *ForwardPortOpen `protobuf:"bytes,1,opt,name=open,proto3,oneof"`
+}
+
+type ForwardPortRequest_Data struct {
+	// Bytes into the port, at most 64 KiB a message.
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+func (*ForwardPortRequest_Open) isForwardPortRequest_Msg() {}
+
+func (*ForwardPortRequest_Data) isForwardPortRequest_Msg() {}
+
+// ForwardPortResponse is one message back: first connected, then bytes.
+type ForwardPortResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*ForwardPortResponse_Connected
+	//	*ForwardPortResponse_Data
+	Msg           isForwardPortResponse_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardPortResponse) Reset() {
+	*x = ForwardPortResponse{}
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardPortResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardPortResponse) ProtoMessage() {}
+
+func (x *ForwardPortResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_executor_v1_executor_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardPortResponse.ProtoReflect.Descriptor instead.
+func (*ForwardPortResponse) Descriptor() ([]byte, []int) {
+	return file_airlock_executor_v1_executor_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *ForwardPortResponse) GetMsg() isForwardPortResponse_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *ForwardPortResponse) GetConnected() bool {
+	if x != nil {
+		if x, ok := x.Msg.(*ForwardPortResponse_Connected); ok {
+			return x.Connected
+		}
+	}
+	return false
+}
+
+func (x *ForwardPortResponse) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*ForwardPortResponse_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+type isForwardPortResponse_Msg interface {
+	isForwardPortResponse_Msg()
+}
+
+type ForwardPortResponse_Connected struct {
+	// The connection to the port was made.
+	Connected bool `protobuf:"varint,1,opt,name=connected,proto3,oneof"`
+}
+
+type ForwardPortResponse_Data struct {
+	// Bytes out of the port.
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+func (*ForwardPortResponse_Connected) isForwardPortResponse_Msg() {}
+
+func (*ForwardPortResponse_Data) isForwardPortResponse_Msg() {}
+
 var File_airlock_executor_v1_executor_proto protoreflect.FileDescriptor
 
 const file_airlock_executor_v1_executor_proto_rawDesc = "" +
@@ -3243,14 +3476,27 @@ const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"\x06pruned\x18\x01 \x03(\v2\x1b.airlock.types.v1.ImageInfoR\x06pruned\x12\x1f\n" +
 	"\vfreed_bytes\x18\x02 \x01(\x03R\n" +
 	"freedBytes\x12\x15\n" +
-	"\x06in_use\x18\x03 \x03(\tR\x05inUse*\x9a\x01\n" +
+	"\x06in_use\x18\x03 \x03(\tR\x05inUse\"[\n" +
+	"\x0fForwardPortOpen\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\x12\x1d\n" +
+	"\n" +
+	"forward_id\x18\x03 \x01(\tR\tforwardId\"m\n" +
+	"\x12ForwardPortRequest\x12:\n" +
+	"\x04open\x18\x01 \x01(\v2$.airlock.executor.v1.ForwardPortOpenH\x00R\x04open\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x05\n" +
+	"\x03msg\"R\n" +
+	"\x13ForwardPortResponse\x12\x1e\n" +
+	"\tconnected\x18\x01 \x01(\bH\x00R\tconnected\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x05\n" +
+	"\x03msg*\x9a\x01\n" +
 	"\bRunState\x12\x19\n" +
 	"\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11RUN_STATE_STAGING\x10\x01\x12\x15\n" +
 	"\x11RUN_STATE_RUNNING\x10\x02\x12\x16\n" +
 	"\x12RUN_STATE_FINISHED\x10\x03\x12\x14\n" +
 	"\x10RUN_STATE_FAILED\x10\x04\x12\x17\n" +
-	"\x13RUN_STATE_CANCELLED\x10\x052\x87\x10\n" +
+	"\x13RUN_STATE_CANCELLED\x10\x052\xed\x10\n" +
 	"\x0fExecutorService\x12W\n" +
 	"\bStartJob\x12$.airlock.executor.v1.StartJobRequest\x1a%.airlock.executor.v1.StartJobResponse\x12Q\n" +
 	"\x06GetRun\x12\".airlock.executor.v1.GetRunRequest\x1a#.airlock.executor.v1.GetRunResponse\x12Y\n" +
@@ -3268,7 +3514,8 @@ const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"\tFinishRun\x12%.airlock.executor.v1.FinishRunRequest\x1a&.airlock.executor.v1.FinishRunResponse\x12]\n" +
 	"\n" +
 	"SuspendRun\x12&.airlock.executor.v1.SuspendRunRequest\x1a'.airlock.executor.v1.SuspendRunResponse\x12Z\n" +
-	"\tResumeRun\x12%.airlock.executor.v1.ResumeRunRequest\x1a&.airlock.executor.v1.ResumeRunResponse\x12Y\n" +
+	"\tResumeRun\x12%.airlock.executor.v1.ResumeRunRequest\x1a&.airlock.executor.v1.ResumeRunResponse\x12d\n" +
+	"\vForwardPort\x12'.airlock.executor.v1.ForwardPortRequest\x1a(.airlock.executor.v1.ForwardPortResponse(\x010\x01\x12Y\n" +
 	"\bReadFile\x12$.airlock.executor.v1.ReadFileRequest\x1a%.airlock.executor.v1.ReadFileResponse0\x01\x12\\\n" +
 	"\tWriteFile\x12%.airlock.executor.v1.WriteFileRequest\x1a&.airlock.executor.v1.WriteFileResponse(\x01\x12Z\n" +
 	"\tListFiles\x12%.airlock.executor.v1.ListFilesRequest\x1a&.airlock.executor.v1.ListFilesResponse\x12]\n" +
@@ -3292,7 +3539,7 @@ func file_airlock_executor_v1_executor_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_executor_v1_executor_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_airlock_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_airlock_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_airlock_executor_v1_executor_proto_goTypes = []any{
 	(RunState)(0),                  // 0: airlock.executor.v1.RunState
 	(*Run)(nil),                    // 1: airlock.executor.v1.Run
@@ -3343,115 +3590,121 @@ var file_airlock_executor_v1_executor_proto_goTypes = []any{
 	(*ListImagesResponse)(nil),     // 46: airlock.executor.v1.ListImagesResponse
 	(*PruneImagesRequest)(nil),     // 47: airlock.executor.v1.PruneImagesRequest
 	(*PruneImagesResponse)(nil),    // 48: airlock.executor.v1.PruneImagesResponse
-	(*v1.SignedGrant)(nil),         // 49: airlock.types.v1.SignedGrant
-	(*timestamppb.Timestamp)(nil),  // 50: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),           // 51: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil), // 52: airlock.types.v1.NetworkPolicyStatus
-	(v1.TerminationReason)(0),      // 53: airlock.types.v1.TerminationReason
-	(*v1.OutputChunk)(nil),         // 54: airlock.types.v1.OutputChunk
-	(*v1.EgressEvent)(nil),         // 55: airlock.types.v1.EgressEvent
-	(*v1.ExecSpec)(nil),            // 56: airlock.types.v1.ExecSpec
-	(*v1.Exec)(nil),                // 57: airlock.types.v1.Exec
-	(*v1.FileWrite)(nil),           // 58: airlock.types.v1.FileWrite
-	(*v1.FileHeader)(nil),          // 59: airlock.types.v1.FileHeader
-	(*v1.FileEntry)(nil),           // 60: airlock.types.v1.FileEntry
-	(*v1.CacheInfo)(nil),           // 61: airlock.types.v1.CacheInfo
-	(*v1.ImageInfo)(nil),           // 62: airlock.types.v1.ImageInfo
-	(*v1.ImageCacheStats)(nil),     // 63: airlock.types.v1.ImageCacheStats
+	(*ForwardPortOpen)(nil),        // 49: airlock.executor.v1.ForwardPortOpen
+	(*ForwardPortRequest)(nil),     // 50: airlock.executor.v1.ForwardPortRequest
+	(*ForwardPortResponse)(nil),    // 51: airlock.executor.v1.ForwardPortResponse
+	(*v1.SignedGrant)(nil),         // 52: airlock.types.v1.SignedGrant
+	(*timestamppb.Timestamp)(nil),  // 53: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),           // 54: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil), // 55: airlock.types.v1.NetworkPolicyStatus
+	(v1.TerminationReason)(0),      // 56: airlock.types.v1.TerminationReason
+	(*v1.OutputChunk)(nil),         // 57: airlock.types.v1.OutputChunk
+	(*v1.EgressEvent)(nil),         // 58: airlock.types.v1.EgressEvent
+	(*v1.ExecSpec)(nil),            // 59: airlock.types.v1.ExecSpec
+	(*v1.Exec)(nil),                // 60: airlock.types.v1.Exec
+	(*v1.FileWrite)(nil),           // 61: airlock.types.v1.FileWrite
+	(*v1.FileHeader)(nil),          // 62: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),           // 63: airlock.types.v1.FileEntry
+	(*v1.CacheInfo)(nil),           // 64: airlock.types.v1.CacheInfo
+	(*v1.ImageInfo)(nil),           // 65: airlock.types.v1.ImageInfo
+	(*v1.ImageCacheStats)(nil),     // 66: airlock.types.v1.ImageCacheStats
 }
 var file_airlock_executor_v1_executor_proto_depIdxs = []int32{
 	0,  // 0: airlock.executor.v1.Run.state:type_name -> airlock.executor.v1.RunState
-	49, // 1: airlock.executor.v1.Run.grant:type_name -> airlock.types.v1.SignedGrant
-	50, // 2: airlock.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	50, // 3: airlock.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
-	50, // 4: airlock.executor.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
-	51, // 5: airlock.executor.v1.Run.result:type_name -> airlock.types.v1.RunResult
-	52, // 6: airlock.executor.v1.Run.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	53, // 7: airlock.executor.v1.Run.suspend_reason:type_name -> airlock.types.v1.TerminationReason
-	49, // 8: airlock.executor.v1.StartJobRequest.grant:type_name -> airlock.types.v1.SignedGrant
+	52, // 1: airlock.executor.v1.Run.grant:type_name -> airlock.types.v1.SignedGrant
+	53, // 2: airlock.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	53, // 3: airlock.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
+	53, // 4: airlock.executor.v1.Run.finished_at:type_name -> google.protobuf.Timestamp
+	54, // 5: airlock.executor.v1.Run.result:type_name -> airlock.types.v1.RunResult
+	55, // 6: airlock.executor.v1.Run.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	56, // 7: airlock.executor.v1.Run.suspend_reason:type_name -> airlock.types.v1.TerminationReason
+	52, // 8: airlock.executor.v1.StartJobRequest.grant:type_name -> airlock.types.v1.SignedGrant
 	1,  // 9: airlock.executor.v1.StartJobResponse.run:type_name -> airlock.executor.v1.Run
 	1,  // 10: airlock.executor.v1.GetRunResponse.run:type_name -> airlock.executor.v1.Run
 	1,  // 11: airlock.executor.v1.WatchRunResponse.run:type_name -> airlock.executor.v1.Run
-	54, // 12: airlock.executor.v1.WatchRunResponse.output:type_name -> airlock.types.v1.OutputChunk
-	55, // 13: airlock.executor.v1.WatchRunResponse.egress:type_name -> airlock.types.v1.EgressEvent
+	57, // 12: airlock.executor.v1.WatchRunResponse.output:type_name -> airlock.types.v1.OutputChunk
+	58, // 13: airlock.executor.v1.WatchRunResponse.egress:type_name -> airlock.types.v1.EgressEvent
 	1,  // 14: airlock.executor.v1.CancelRunResponse.run:type_name -> airlock.executor.v1.Run
-	49, // 15: airlock.executor.v1.UpdateRunRequest.grant:type_name -> airlock.types.v1.SignedGrant
+	52, // 15: airlock.executor.v1.UpdateRunRequest.grant:type_name -> airlock.types.v1.SignedGrant
 	1,  // 16: airlock.executor.v1.UpdateRunResponse.run:type_name -> airlock.executor.v1.Run
-	52, // 17: airlock.executor.v1.UpdateRunResponse.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	55, // 17: airlock.executor.v1.UpdateRunResponse.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
 	13, // 18: airlock.executor.v1.GetArtifactResponse.header:type_name -> airlock.executor.v1.ArtifactHeader
-	56, // 19: airlock.executor.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	57, // 20: airlock.executor.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	57, // 21: airlock.executor.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	57, // 22: airlock.executor.v1.ListExecsResponse.execs:type_name -> airlock.types.v1.Exec
-	58, // 23: airlock.executor.v1.ListExecsResponse.file_writes:type_name -> airlock.types.v1.FileWrite
-	54, // 24: airlock.executor.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	57, // 25: airlock.executor.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	56, // 26: airlock.executor.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
+	59, // 19: airlock.executor.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	60, // 20: airlock.executor.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	60, // 21: airlock.executor.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	60, // 22: airlock.executor.v1.ListExecsResponse.execs:type_name -> airlock.types.v1.Exec
+	61, // 23: airlock.executor.v1.ListExecsResponse.file_writes:type_name -> airlock.types.v1.FileWrite
+	57, // 24: airlock.executor.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	60, // 25: airlock.executor.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	59, // 26: airlock.executor.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
 	23, // 27: airlock.executor.v1.RunExecRequest.start:type_name -> airlock.executor.v1.RunExecStart
 	16, // 28: airlock.executor.v1.RunExecResponse.started:type_name -> airlock.executor.v1.StartExecResponse
-	54, // 29: airlock.executor.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	57, // 30: airlock.executor.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
-	57, // 31: airlock.executor.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	57, // 29: airlock.executor.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	60, // 30: airlock.executor.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
+	60, // 31: airlock.executor.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
 	1,  // 32: airlock.executor.v1.FinishRunResponse.run:type_name -> airlock.executor.v1.Run
-	59, // 33: airlock.executor.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	62, // 33: airlock.executor.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
 	32, // 34: airlock.executor.v1.WriteFileRequest.header:type_name -> airlock.executor.v1.WriteFileHeader
-	60, // 35: airlock.executor.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	63, // 35: airlock.executor.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
 	1,  // 36: airlock.executor.v1.SuspendRunResponse.run:type_name -> airlock.executor.v1.Run
 	1,  // 37: airlock.executor.v1.ResumeRunResponse.run:type_name -> airlock.executor.v1.Run
-	61, // 38: airlock.executor.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
-	61, // 39: airlock.executor.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
-	62, // 40: airlock.executor.v1.ListImagesResponse.images:type_name -> airlock.types.v1.ImageInfo
-	63, // 41: airlock.executor.v1.ListImagesResponse.cache:type_name -> airlock.types.v1.ImageCacheStats
-	62, // 42: airlock.executor.v1.PruneImagesResponse.pruned:type_name -> airlock.types.v1.ImageInfo
-	2,  // 43: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
-	4,  // 44: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
-	6,  // 45: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
-	8,  // 46: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
-	10, // 47: airlock.executor.v1.ExecutorService.UpdateRun:input_type -> airlock.executor.v1.UpdateRunRequest
-	12, // 48: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
-	15, // 49: airlock.executor.v1.ExecutorService.StartExec:input_type -> airlock.executor.v1.StartExecRequest
-	17, // 50: airlock.executor.v1.ExecutorService.GetExec:input_type -> airlock.executor.v1.GetExecRequest
-	19, // 51: airlock.executor.v1.ExecutorService.ListExecs:input_type -> airlock.executor.v1.ListExecsRequest
-	21, // 52: airlock.executor.v1.ExecutorService.WatchExec:input_type -> airlock.executor.v1.WatchExecRequest
-	26, // 53: airlock.executor.v1.ExecutorService.CancelExec:input_type -> airlock.executor.v1.CancelExecRequest
-	24, // 54: airlock.executor.v1.ExecutorService.RunExec:input_type -> airlock.executor.v1.RunExecRequest
-	28, // 55: airlock.executor.v1.ExecutorService.FinishRun:input_type -> airlock.executor.v1.FinishRunRequest
-	37, // 56: airlock.executor.v1.ExecutorService.SuspendRun:input_type -> airlock.executor.v1.SuspendRunRequest
-	39, // 57: airlock.executor.v1.ExecutorService.ResumeRun:input_type -> airlock.executor.v1.ResumeRunRequest
-	30, // 58: airlock.executor.v1.ExecutorService.ReadFile:input_type -> airlock.executor.v1.ReadFileRequest
-	33, // 59: airlock.executor.v1.ExecutorService.WriteFile:input_type -> airlock.executor.v1.WriteFileRequest
-	35, // 60: airlock.executor.v1.ExecutorService.ListFiles:input_type -> airlock.executor.v1.ListFilesRequest
-	41, // 61: airlock.executor.v1.ExecutorService.ListCaches:input_type -> airlock.executor.v1.ListCachesRequest
-	43, // 62: airlock.executor.v1.ExecutorService.ClearCaches:input_type -> airlock.executor.v1.ClearCachesRequest
-	45, // 63: airlock.executor.v1.ExecutorService.ListImages:input_type -> airlock.executor.v1.ListImagesRequest
-	47, // 64: airlock.executor.v1.ExecutorService.PruneImages:input_type -> airlock.executor.v1.PruneImagesRequest
-	3,  // 65: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
-	5,  // 66: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
-	7,  // 67: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
-	9,  // 68: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
-	11, // 69: airlock.executor.v1.ExecutorService.UpdateRun:output_type -> airlock.executor.v1.UpdateRunResponse
-	14, // 70: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
-	16, // 71: airlock.executor.v1.ExecutorService.StartExec:output_type -> airlock.executor.v1.StartExecResponse
-	18, // 72: airlock.executor.v1.ExecutorService.GetExec:output_type -> airlock.executor.v1.GetExecResponse
-	20, // 73: airlock.executor.v1.ExecutorService.ListExecs:output_type -> airlock.executor.v1.ListExecsResponse
-	22, // 74: airlock.executor.v1.ExecutorService.WatchExec:output_type -> airlock.executor.v1.WatchExecResponse
-	27, // 75: airlock.executor.v1.ExecutorService.CancelExec:output_type -> airlock.executor.v1.CancelExecResponse
-	25, // 76: airlock.executor.v1.ExecutorService.RunExec:output_type -> airlock.executor.v1.RunExecResponse
-	29, // 77: airlock.executor.v1.ExecutorService.FinishRun:output_type -> airlock.executor.v1.FinishRunResponse
-	38, // 78: airlock.executor.v1.ExecutorService.SuspendRun:output_type -> airlock.executor.v1.SuspendRunResponse
-	40, // 79: airlock.executor.v1.ExecutorService.ResumeRun:output_type -> airlock.executor.v1.ResumeRunResponse
-	31, // 80: airlock.executor.v1.ExecutorService.ReadFile:output_type -> airlock.executor.v1.ReadFileResponse
-	34, // 81: airlock.executor.v1.ExecutorService.WriteFile:output_type -> airlock.executor.v1.WriteFileResponse
-	36, // 82: airlock.executor.v1.ExecutorService.ListFiles:output_type -> airlock.executor.v1.ListFilesResponse
-	42, // 83: airlock.executor.v1.ExecutorService.ListCaches:output_type -> airlock.executor.v1.ListCachesResponse
-	44, // 84: airlock.executor.v1.ExecutorService.ClearCaches:output_type -> airlock.executor.v1.ClearCachesResponse
-	46, // 85: airlock.executor.v1.ExecutorService.ListImages:output_type -> airlock.executor.v1.ListImagesResponse
-	48, // 86: airlock.executor.v1.ExecutorService.PruneImages:output_type -> airlock.executor.v1.PruneImagesResponse
-	65, // [65:87] is the sub-list for method output_type
-	43, // [43:65] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	64, // 38: airlock.executor.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
+	64, // 39: airlock.executor.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
+	65, // 40: airlock.executor.v1.ListImagesResponse.images:type_name -> airlock.types.v1.ImageInfo
+	66, // 41: airlock.executor.v1.ListImagesResponse.cache:type_name -> airlock.types.v1.ImageCacheStats
+	65, // 42: airlock.executor.v1.PruneImagesResponse.pruned:type_name -> airlock.types.v1.ImageInfo
+	49, // 43: airlock.executor.v1.ForwardPortRequest.open:type_name -> airlock.executor.v1.ForwardPortOpen
+	2,  // 44: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
+	4,  // 45: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
+	6,  // 46: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
+	8,  // 47: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
+	10, // 48: airlock.executor.v1.ExecutorService.UpdateRun:input_type -> airlock.executor.v1.UpdateRunRequest
+	12, // 49: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
+	15, // 50: airlock.executor.v1.ExecutorService.StartExec:input_type -> airlock.executor.v1.StartExecRequest
+	17, // 51: airlock.executor.v1.ExecutorService.GetExec:input_type -> airlock.executor.v1.GetExecRequest
+	19, // 52: airlock.executor.v1.ExecutorService.ListExecs:input_type -> airlock.executor.v1.ListExecsRequest
+	21, // 53: airlock.executor.v1.ExecutorService.WatchExec:input_type -> airlock.executor.v1.WatchExecRequest
+	26, // 54: airlock.executor.v1.ExecutorService.CancelExec:input_type -> airlock.executor.v1.CancelExecRequest
+	24, // 55: airlock.executor.v1.ExecutorService.RunExec:input_type -> airlock.executor.v1.RunExecRequest
+	28, // 56: airlock.executor.v1.ExecutorService.FinishRun:input_type -> airlock.executor.v1.FinishRunRequest
+	37, // 57: airlock.executor.v1.ExecutorService.SuspendRun:input_type -> airlock.executor.v1.SuspendRunRequest
+	39, // 58: airlock.executor.v1.ExecutorService.ResumeRun:input_type -> airlock.executor.v1.ResumeRunRequest
+	50, // 59: airlock.executor.v1.ExecutorService.ForwardPort:input_type -> airlock.executor.v1.ForwardPortRequest
+	30, // 60: airlock.executor.v1.ExecutorService.ReadFile:input_type -> airlock.executor.v1.ReadFileRequest
+	33, // 61: airlock.executor.v1.ExecutorService.WriteFile:input_type -> airlock.executor.v1.WriteFileRequest
+	35, // 62: airlock.executor.v1.ExecutorService.ListFiles:input_type -> airlock.executor.v1.ListFilesRequest
+	41, // 63: airlock.executor.v1.ExecutorService.ListCaches:input_type -> airlock.executor.v1.ListCachesRequest
+	43, // 64: airlock.executor.v1.ExecutorService.ClearCaches:input_type -> airlock.executor.v1.ClearCachesRequest
+	45, // 65: airlock.executor.v1.ExecutorService.ListImages:input_type -> airlock.executor.v1.ListImagesRequest
+	47, // 66: airlock.executor.v1.ExecutorService.PruneImages:input_type -> airlock.executor.v1.PruneImagesRequest
+	3,  // 67: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
+	5,  // 68: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
+	7,  // 69: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
+	9,  // 70: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
+	11, // 71: airlock.executor.v1.ExecutorService.UpdateRun:output_type -> airlock.executor.v1.UpdateRunResponse
+	14, // 72: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
+	16, // 73: airlock.executor.v1.ExecutorService.StartExec:output_type -> airlock.executor.v1.StartExecResponse
+	18, // 74: airlock.executor.v1.ExecutorService.GetExec:output_type -> airlock.executor.v1.GetExecResponse
+	20, // 75: airlock.executor.v1.ExecutorService.ListExecs:output_type -> airlock.executor.v1.ListExecsResponse
+	22, // 76: airlock.executor.v1.ExecutorService.WatchExec:output_type -> airlock.executor.v1.WatchExecResponse
+	27, // 77: airlock.executor.v1.ExecutorService.CancelExec:output_type -> airlock.executor.v1.CancelExecResponse
+	25, // 78: airlock.executor.v1.ExecutorService.RunExec:output_type -> airlock.executor.v1.RunExecResponse
+	29, // 79: airlock.executor.v1.ExecutorService.FinishRun:output_type -> airlock.executor.v1.FinishRunResponse
+	38, // 80: airlock.executor.v1.ExecutorService.SuspendRun:output_type -> airlock.executor.v1.SuspendRunResponse
+	40, // 81: airlock.executor.v1.ExecutorService.ResumeRun:output_type -> airlock.executor.v1.ResumeRunResponse
+	51, // 82: airlock.executor.v1.ExecutorService.ForwardPort:output_type -> airlock.executor.v1.ForwardPortResponse
+	31, // 83: airlock.executor.v1.ExecutorService.ReadFile:output_type -> airlock.executor.v1.ReadFileResponse
+	34, // 84: airlock.executor.v1.ExecutorService.WriteFile:output_type -> airlock.executor.v1.WriteFileResponse
+	36, // 85: airlock.executor.v1.ExecutorService.ListFiles:output_type -> airlock.executor.v1.ListFilesResponse
+	42, // 86: airlock.executor.v1.ExecutorService.ListCaches:output_type -> airlock.executor.v1.ListCachesResponse
+	44, // 87: airlock.executor.v1.ExecutorService.ClearCaches:output_type -> airlock.executor.v1.ClearCachesResponse
+	46, // 88: airlock.executor.v1.ExecutorService.ListImages:output_type -> airlock.executor.v1.ListImagesResponse
+	48, // 89: airlock.executor.v1.ExecutorService.PruneImages:output_type -> airlock.executor.v1.PruneImagesResponse
+	67, // [67:90] is the sub-list for method output_type
+	44, // [44:67] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_airlock_executor_v1_executor_proto_init() }
@@ -3490,13 +3743,21 @@ func file_airlock_executor_v1_executor_proto_init() {
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Chunk)(nil),
 	}
+	file_airlock_executor_v1_executor_proto_msgTypes[49].OneofWrappers = []any{
+		(*ForwardPortRequest_Open)(nil),
+		(*ForwardPortRequest_Data)(nil),
+	}
+	file_airlock_executor_v1_executor_proto_msgTypes[50].OneofWrappers = []any{
+		(*ForwardPortResponse_Connected)(nil),
+		(*ForwardPortResponse_Data)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_executor_v1_executor_proto_rawDesc), len(file_airlock_executor_v1_executor_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   48,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -38,6 +38,7 @@ const (
 	ExecutorService_FinishRun_FullMethodName   = "/airlock.executor.v1.ExecutorService/FinishRun"
 	ExecutorService_SuspendRun_FullMethodName  = "/airlock.executor.v1.ExecutorService/SuspendRun"
 	ExecutorService_ResumeRun_FullMethodName   = "/airlock.executor.v1.ExecutorService/ResumeRun"
+	ExecutorService_ForwardPort_FullMethodName = "/airlock.executor.v1.ExecutorService/ForwardPort"
 	ExecutorService_ReadFile_FullMethodName    = "/airlock.executor.v1.ExecutorService/ReadFile"
 	ExecutorService_WriteFile_FullMethodName   = "/airlock.executor.v1.ExecutorService/WriteFile"
 	ExecutorService_ListFiles_FullMethodName   = "/airlock.executor.v1.ExecutorService/ListFiles"
@@ -97,6 +98,12 @@ type ExecutorServiceClient interface {
 	// ResumeRun starts a suspended session's sandbox again, fresh, on the same
 	// base with its /work changes and /out. Callers: service/authority.
 	ResumeRun(ctx context.Context, in *ResumeRunRequest, opts ...grpc.CallOption) (*ResumeRunResponse, error)
+	// ForwardPort carries one TCP connection to a port inside a running
+	// session's network namespace (its loopback): the first message names
+	// the run and port, then bytes both ways until either side closes. The
+	// authority alone calls it, for a forward it opened; an asleep session
+	// is woken first.
+	ForwardPort(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ForwardPortRequest, ForwardPortResponse], error)
 	// ReadFile streams a regular file of a running session's /work or /out.
 	// Callers: service/authority.
 	ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadFileResponse], error)
@@ -314,9 +321,22 @@ func (c *executorServiceClient) ResumeRun(ctx context.Context, in *ResumeRunRequ
 	return out, nil
 }
 
+func (c *executorServiceClient) ForwardPort(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ForwardPortRequest, ForwardPortResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &ExecutorService_ServiceDesc.Streams[4], ExecutorService_ForwardPort_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ForwardPortRequest, ForwardPortResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ExecutorService_ForwardPortClient = grpc.BidiStreamingClient[ForwardPortRequest, ForwardPortResponse]
+
 func (c *executorServiceClient) ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadFileResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &ExecutorService_ServiceDesc.Streams[4], ExecutorService_ReadFile_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &ExecutorService_ServiceDesc.Streams[5], ExecutorService_ReadFile_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -335,7 +355,7 @@ type ExecutorService_ReadFileClient = grpc.ServerStreamingClient[ReadFileRespons
 
 func (c *executorServiceClient) WriteFile(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[WriteFileRequest, WriteFileResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &ExecutorService_ServiceDesc.Streams[5], ExecutorService_WriteFile_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &ExecutorService_ServiceDesc.Streams[6], ExecutorService_WriteFile_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -446,6 +466,12 @@ type ExecutorServiceServer interface {
 	// ResumeRun starts a suspended session's sandbox again, fresh, on the same
 	// base with its /work changes and /out. Callers: service/authority.
 	ResumeRun(context.Context, *ResumeRunRequest) (*ResumeRunResponse, error)
+	// ForwardPort carries one TCP connection to a port inside a running
+	// session's network namespace (its loopback): the first message names
+	// the run and port, then bytes both ways until either side closes. The
+	// authority alone calls it, for a forward it opened; an asleep session
+	// is woken first.
+	ForwardPort(grpc.BidiStreamingServer[ForwardPortRequest, ForwardPortResponse]) error
 	// ReadFile streams a regular file of a running session's /work or /out.
 	// Callers: service/authority.
 	ReadFile(*ReadFileRequest, grpc.ServerStreamingServer[ReadFileResponse]) error
@@ -527,6 +553,9 @@ func (UnimplementedExecutorServiceServer) SuspendRun(context.Context, *SuspendRu
 }
 func (UnimplementedExecutorServiceServer) ResumeRun(context.Context, *ResumeRunRequest) (*ResumeRunResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResumeRun not implemented")
+}
+func (UnimplementedExecutorServiceServer) ForwardPort(grpc.BidiStreamingServer[ForwardPortRequest, ForwardPortResponse]) error {
+	return status.Error(codes.Unimplemented, "method ForwardPort not implemented")
 }
 func (UnimplementedExecutorServiceServer) ReadFile(*ReadFileRequest, grpc.ServerStreamingServer[ReadFileResponse]) error {
 	return status.Error(codes.Unimplemented, "method ReadFile not implemented")
@@ -808,6 +837,13 @@ func _ExecutorService_ResumeRun_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ExecutorService_ForwardPort_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(ExecutorServiceServer).ForwardPort(&grpc.GenericServerStream[ForwardPortRequest, ForwardPortResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ExecutorService_ForwardPortServer = grpc.BidiStreamingServer[ForwardPortRequest, ForwardPortResponse]
+
 func _ExecutorService_ReadFile_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(ReadFileRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -1007,6 +1043,12 @@ var ExecutorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "RunExec",
 			Handler:       _ExecutorService_RunExec_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "ForwardPort",
+			Handler:       _ExecutorService_ForwardPort_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
 		},

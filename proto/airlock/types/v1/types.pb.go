@@ -142,6 +142,62 @@ func (NetworkPolicyState) EnumDescriptor() ([]byte, []int) {
 	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{1}
 }
 
+// IdleAction is what a session idle past its idle timeout does.
+type IdleAction int32
+
+const (
+	// The tenant's default.
+	IdleAction_IDLE_ACTION_UNSPECIFIED IdleAction = 0
+	// The session ends (reason IDLE_TIMEOUT).
+	IdleAction_IDLE_ACTION_END IdleAction = 1
+	// The session sleeps: suspended as SuspendSession does (processes stop;
+	// /work, /out and its disk are kept; memory is not), with suspend reason
+	// IDLE_TIMEOUT, and billed for disk alone. The next exec or file call,
+	// or an explicit resume, wakes it. Its deadline counts on while asleep.
+	IdleAction_IDLE_ACTION_SLEEP IdleAction = 2
+)
+
+// Enum value maps for IdleAction.
+var (
+	IdleAction_name = map[int32]string{
+		0: "IDLE_ACTION_UNSPECIFIED",
+		1: "IDLE_ACTION_END",
+		2: "IDLE_ACTION_SLEEP",
+	}
+	IdleAction_value = map[string]int32{
+		"IDLE_ACTION_UNSPECIFIED": 0,
+		"IDLE_ACTION_END":         1,
+		"IDLE_ACTION_SLEEP":       2,
+	}
+)
+
+func (x IdleAction) Enum() *IdleAction {
+	p := new(IdleAction)
+	*p = x
+	return p
+}
+
+func (x IdleAction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (IdleAction) Descriptor() protoreflect.EnumDescriptor {
+	return file_airlock_types_v1_types_proto_enumTypes[2].Descriptor()
+}
+
+func (IdleAction) Type() protoreflect.EnumType {
+	return &file_airlock_types_v1_types_proto_enumTypes[2]
+}
+
+func (x IdleAction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use IdleAction.Descriptor instead.
+func (IdleAction) EnumDescriptor() ([]byte, []int) {
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{2}
+}
+
 // ExecState is where an exec is.
 type ExecState int32
 
@@ -184,11 +240,11 @@ func (x ExecState) String() string {
 }
 
 func (ExecState) Descriptor() protoreflect.EnumDescriptor {
-	return file_airlock_types_v1_types_proto_enumTypes[2].Descriptor()
+	return file_airlock_types_v1_types_proto_enumTypes[3].Descriptor()
 }
 
 func (ExecState) Type() protoreflect.EnumType {
-	return &file_airlock_types_v1_types_proto_enumTypes[2]
+	return &file_airlock_types_v1_types_proto_enumTypes[3]
 }
 
 func (x ExecState) Number() protoreflect.EnumNumber {
@@ -197,7 +253,7 @@ func (x ExecState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ExecState.Descriptor instead.
 func (ExecState) EnumDescriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{2}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{3}
 }
 
 // TerminationReason says why a run ended.
@@ -271,11 +327,11 @@ func (x TerminationReason) String() string {
 }
 
 func (TerminationReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_airlock_types_v1_types_proto_enumTypes[3].Descriptor()
+	return file_airlock_types_v1_types_proto_enumTypes[4].Descriptor()
 }
 
 func (TerminationReason) Type() protoreflect.EnumType {
-	return &file_airlock_types_v1_types_proto_enumTypes[3]
+	return &file_airlock_types_v1_types_proto_enumTypes[4]
 }
 
 func (x TerminationReason) Number() protoreflect.EnumNumber {
@@ -284,7 +340,7 @@ func (x TerminationReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TerminationReason.Descriptor instead.
 func (TerminationReason) EnumDescriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{3}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{4}
 }
 
 // OutputStream names a process output stream.
@@ -324,11 +380,11 @@ func (x OutputStream) String() string {
 }
 
 func (OutputStream) Descriptor() protoreflect.EnumDescriptor {
-	return file_airlock_types_v1_types_proto_enumTypes[4].Descriptor()
+	return file_airlock_types_v1_types_proto_enumTypes[5].Descriptor()
 }
 
 func (OutputStream) Type() protoreflect.EnumType {
-	return &file_airlock_types_v1_types_proto_enumTypes[4]
+	return &file_airlock_types_v1_types_proto_enumTypes[5]
 }
 
 func (x OutputStream) Number() protoreflect.EnumNumber {
@@ -337,7 +393,7 @@ func (x OutputStream) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OutputStream.Descriptor instead.
 func (OutputStream) EnumDescriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{4}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{5}
 }
 
 // EgressHandshake is how a proxied connection's TLS handshake went.
@@ -386,11 +442,11 @@ func (x EgressHandshake) String() string {
 }
 
 func (EgressHandshake) Descriptor() protoreflect.EnumDescriptor {
-	return file_airlock_types_v1_types_proto_enumTypes[5].Descriptor()
+	return file_airlock_types_v1_types_proto_enumTypes[6].Descriptor()
 }
 
 func (EgressHandshake) Type() protoreflect.EnumType {
-	return &file_airlock_types_v1_types_proto_enumTypes[5]
+	return &file_airlock_types_v1_types_proto_enumTypes[6]
 }
 
 func (x EgressHandshake) Number() protoreflect.EnumNumber {
@@ -399,7 +455,7 @@ func (x EgressHandshake) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use EgressHandshake.Descriptor instead.
 func (EgressHandshake) EnumDescriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{5}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{6}
 }
 
 // EgressSide is one end of a connection through a job's egress proxy.
@@ -439,11 +495,11 @@ func (x EgressSide) String() string {
 }
 
 func (EgressSide) Descriptor() protoreflect.EnumDescriptor {
-	return file_airlock_types_v1_types_proto_enumTypes[6].Descriptor()
+	return file_airlock_types_v1_types_proto_enumTypes[7].Descriptor()
 }
 
 func (EgressSide) Type() protoreflect.EnumType {
-	return &file_airlock_types_v1_types_proto_enumTypes[6]
+	return &file_airlock_types_v1_types_proto_enumTypes[7]
 }
 
 func (x EgressSide) Number() protoreflect.EnumNumber {
@@ -452,7 +508,7 @@ func (x EgressSide) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use EgressSide.Descriptor instead.
 func (EgressSide) EnumDescriptor() ([]byte, []int) {
-	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{6}
+	return file_airlock_types_v1_types_proto_rawDescGZIP(), []int{7}
 }
 
 // ResourceLimits bound one job. Zero means "the tenant's default"; a value
@@ -1967,8 +2023,11 @@ type SessionSpec struct {
 	IdleTimeout *durationpb.Duration `protobuf:"bytes,1,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
 	// How many execs may run at once. Zero takes the tenant's default.
 	MaxConcurrentExecs int32 `protobuf:"varint,2,opt,name=max_concurrent_execs,json=maxConcurrentExecs,proto3" json:"max_concurrent_execs,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// What happens once the session is idle past its idle timeout:
+	// UNSPECIFIED takes the tenant's default.
+	OnIdle        IdleAction `protobuf:"varint,3,opt,name=on_idle,json=onIdle,proto3,enum=airlock.types.v1.IdleAction" json:"on_idle,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SessionSpec) Reset() {
@@ -2013,6 +2072,13 @@ func (x *SessionSpec) GetMaxConcurrentExecs() int32 {
 		return x.MaxConcurrentExecs
 	}
 	return 0
+}
+
+func (x *SessionSpec) GetOnIdle() IdleAction {
+	if x != nil {
+		return x.OnIdle
+	}
+	return IdleAction_IDLE_ACTION_UNSPECIFIED
 }
 
 // ExecSpec is one command a client runs in a session.
@@ -2427,9 +2493,18 @@ type ResourceUsage struct {
 	// Bytes written to the writable layers at the end of the run.
 	DiskBytes int64 `protobuf:"varint,4,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
 	// Highest number of processes alive at once, where the runtime reports it.
-	PeakPids      int64 `protobuf:"varint,5,opt,name=peak_pids,json=peakPids,proto3" json:"peak_pids,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	PeakPids int64 `protobuf:"varint,5,opt,name=peak_pids,json=peakPids,proto3" json:"peak_pids,omitempty"`
+	// A session's time with its sandbox running (awake) and suspended or
+	// asleep; a job's awake_time is its wall time and asleep_time zero.
+	// Metering bills compute and memory for awake_time alone.
+	AwakeTime  *durationpb.Duration `protobuf:"bytes,6,opt,name=awake_time,json=awakeTime,proto3" json:"awake_time,omitempty"`
+	AsleepTime *durationpb.Duration `protobuf:"bytes,7,opt,name=asleep_time,json=asleepTime,proto3" json:"asleep_time,omitempty"`
+	// Bytes the job's network connections sent and received, as its egress
+	// record counts them (DNS excluded).
+	NetworkSentBytes     int64 `protobuf:"varint,8,opt,name=network_sent_bytes,json=networkSentBytes,proto3" json:"network_sent_bytes,omitempty"`
+	NetworkReceivedBytes int64 `protobuf:"varint,9,opt,name=network_received_bytes,json=networkReceivedBytes,proto3" json:"network_received_bytes,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *ResourceUsage) Reset() {
@@ -2493,6 +2568,34 @@ func (x *ResourceUsage) GetDiskBytes() int64 {
 func (x *ResourceUsage) GetPeakPids() int64 {
 	if x != nil {
 		return x.PeakPids
+	}
+	return 0
+}
+
+func (x *ResourceUsage) GetAwakeTime() *durationpb.Duration {
+	if x != nil {
+		return x.AwakeTime
+	}
+	return nil
+}
+
+func (x *ResourceUsage) GetAsleepTime() *durationpb.Duration {
+	if x != nil {
+		return x.AsleepTime
+	}
+	return nil
+}
+
+func (x *ResourceUsage) GetNetworkSentBytes() int64 {
+	if x != nil {
+		return x.NetworkSentBytes
+	}
+	return 0
+}
+
+func (x *ResourceUsage) GetNetworkReceivedBytes() int64 {
+	if x != nil {
+		return x.NetworkReceivedBytes
 	}
 	return 0
 }
@@ -3529,10 +3632,11 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\x05pulls\x18\x05 \x01(\x03R\x05pulls\x12!\n" +
 	"\fpulled_bytes\x18\x06 \x01(\x03R\vpulledBytes\x12\x12\n" +
 	"\x04hits\x18\a \x01(\x03R\x04hits\x12\x1c\n" +
-	"\tevictions\x18\b \x01(\x03R\tevictions\"}\n" +
+	"\tevictions\x18\b \x01(\x03R\tevictions\"\xb4\x01\n" +
 	"\vSessionSpec\x12<\n" +
 	"\fidle_timeout\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x120\n" +
-	"\x14max_concurrent_execs\x18\x02 \x01(\x05R\x12maxConcurrentExecs\"\xa6\x02\n" +
+	"\x14max_concurrent_execs\x18\x02 \x01(\x05R\x12maxConcurrentExecs\x125\n" +
+	"\aon_idle\x18\x03 \x01(\x0e2\x1c.airlock.types.v1.IdleActionR\x06onIdle\"\xa6\x02\n" +
 	"\bExecSpec\x12\x17\n" +
 	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12\x12\n" +
 	"\x04argv\x18\x02 \x03(\tR\x04argv\x125\n" +
@@ -3577,14 +3681,20 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\vSignedGrant\x12\x12\n" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x12\x1c\n" +
 	"\tsignature\x18\x02 \x01(\fR\tsignature\x12\x15\n" +
-	"\x06key_id\x18\x03 \x01(\tR\x05keyId\"\xe5\x01\n" +
+	"\x06key_id\x18\x03 \x01(\tR\x05keyId\"\xbf\x03\n" +
 	"\rResourceUsage\x124\n" +
 	"\bcpu_time\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\acpuTime\x12*\n" +
 	"\x11peak_memory_bytes\x18\x02 \x01(\x03R\x0fpeakMemoryBytes\x126\n" +
 	"\twall_time\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bwallTime\x12\x1d\n" +
 	"\n" +
 	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\x12\x1b\n" +
-	"\tpeak_pids\x18\x05 \x01(\x03R\bpeakPids\"m\n" +
+	"\tpeak_pids\x18\x05 \x01(\x03R\bpeakPids\x128\n" +
+	"\n" +
+	"awake_time\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\tawakeTime\x12:\n" +
+	"\vasleep_time\x18\a \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"asleepTime\x12,\n" +
+	"\x12network_sent_bytes\x18\b \x01(\x03R\x10networkSentBytes\x124\n" +
+	"\x16network_received_bytes\x18\t \x01(\x03R\x14networkReceivedBytes\"m\n" +
 	"\bDiffStat\x12#\n" +
 	"\rfiles_changed\x18\x01 \x01(\x03R\ffilesChanged\x12\x1e\n" +
 	"\n" +
@@ -3678,7 +3788,12 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	" NETWORK_POLICY_STATE_UNSPECIFIED\x10\x00\x12 \n" +
 	"\x1cNETWORK_POLICY_STATE_PENDING\x10\x01\x12 \n" +
 	"\x1cNETWORK_POLICY_STATE_APPLIED\x10\x02\x12\x1f\n" +
-	"\x1bNETWORK_POLICY_STATE_FAILED\x10\x03*o\n" +
+	"\x1bNETWORK_POLICY_STATE_FAILED\x10\x03*U\n" +
+	"\n" +
+	"IdleAction\x12\x1b\n" +
+	"\x17IDLE_ACTION_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fIDLE_ACTION_END\x10\x01\x12\x15\n" +
+	"\x11IDLE_ACTION_SLEEP\x10\x02*o\n" +
 	"\tExecState\x12\x1a\n" +
 	"\x16EXEC_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12EXEC_STATE_RUNNING\x10\x01\x12\x14\n" +
@@ -3725,105 +3840,109 @@ func file_airlock_types_v1_types_proto_rawDescGZIP() []byte {
 	return file_airlock_types_v1_types_proto_rawDescData
 }
 
-var file_airlock_types_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_airlock_types_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
 var file_airlock_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_airlock_types_v1_types_proto_goTypes = []any{
 	(RuntimeClass)(0),             // 0: airlock.types.v1.RuntimeClass
 	(NetworkPolicyState)(0),       // 1: airlock.types.v1.NetworkPolicyState
-	(ExecState)(0),                // 2: airlock.types.v1.ExecState
-	(TerminationReason)(0),        // 3: airlock.types.v1.TerminationReason
-	(OutputStream)(0),             // 4: airlock.types.v1.OutputStream
-	(EgressHandshake)(0),          // 5: airlock.types.v1.EgressHandshake
-	(EgressSide)(0),               // 6: airlock.types.v1.EgressSide
-	(*ResourceLimits)(nil),        // 7: airlock.types.v1.ResourceLimits
-	(*NetworkPolicy)(nil),         // 8: airlock.types.v1.NetworkPolicy
-	(*DenyAll)(nil),               // 9: airlock.types.v1.DenyAll
-	(*AllowList)(nil),             // 10: airlock.types.v1.AllowList
-	(*AllowRule)(nil),             // 11: airlock.types.v1.AllowRule
-	(*DomainList)(nil),            // 12: airlock.types.v1.DomainList
-	(*NetworkPolicyStatus)(nil),   // 13: airlock.types.v1.NetworkPolicyStatus
-	(*PublishTarget)(nil),         // 14: airlock.types.v1.PublishTarget
-	(*Grant)(nil),                 // 15: airlock.types.v1.Grant
-	(*ImageGrant)(nil),            // 16: airlock.types.v1.ImageGrant
-	(*JobUser)(nil),               // 17: airlock.types.v1.JobUser
-	(*CacheGrant)(nil),            // 18: airlock.types.v1.CacheGrant
-	(*CacheUse)(nil),              // 19: airlock.types.v1.CacheUse
-	(*CacheInfo)(nil),             // 20: airlock.types.v1.CacheInfo
-	(*ImageInfo)(nil),             // 21: airlock.types.v1.ImageInfo
-	(*ImageLayerInfo)(nil),        // 22: airlock.types.v1.ImageLayerInfo
-	(*ImageCacheStats)(nil),       // 23: airlock.types.v1.ImageCacheStats
-	(*SessionSpec)(nil),           // 24: airlock.types.v1.SessionSpec
-	(*ExecSpec)(nil),              // 25: airlock.types.v1.ExecSpec
-	(*Exec)(nil),                  // 26: airlock.types.v1.Exec
-	(*SignedGrant)(nil),           // 27: airlock.types.v1.SignedGrant
-	(*ResourceUsage)(nil),         // 28: airlock.types.v1.ResourceUsage
-	(*DiffStat)(nil),              // 29: airlock.types.v1.DiffStat
-	(*RunResult)(nil),             // 30: airlock.types.v1.RunResult
-	(*OutputChunk)(nil),           // 31: airlock.types.v1.OutputChunk
-	(*FileEntry)(nil),             // 32: airlock.types.v1.FileEntry
-	(*FileHeader)(nil),            // 33: airlock.types.v1.FileHeader
-	(*FileWrite)(nil),             // 34: airlock.types.v1.FileWrite
-	(*EgressRecord)(nil),          // 35: airlock.types.v1.EgressRecord
-	(*EgressTLS)(nil),             // 36: airlock.types.v1.EgressTLS
-	(*EgressEvent)(nil),           // 37: airlock.types.v1.EgressEvent
-	nil,                           // 38: airlock.types.v1.Grant.EnvEntry
-	nil,                           // 39: airlock.types.v1.ExecSpec.EnvEntry
-	(*durationpb.Duration)(nil),   // 40: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 41: google.protobuf.Timestamp
+	(IdleAction)(0),               // 2: airlock.types.v1.IdleAction
+	(ExecState)(0),                // 3: airlock.types.v1.ExecState
+	(TerminationReason)(0),        // 4: airlock.types.v1.TerminationReason
+	(OutputStream)(0),             // 5: airlock.types.v1.OutputStream
+	(EgressHandshake)(0),          // 6: airlock.types.v1.EgressHandshake
+	(EgressSide)(0),               // 7: airlock.types.v1.EgressSide
+	(*ResourceLimits)(nil),        // 8: airlock.types.v1.ResourceLimits
+	(*NetworkPolicy)(nil),         // 9: airlock.types.v1.NetworkPolicy
+	(*DenyAll)(nil),               // 10: airlock.types.v1.DenyAll
+	(*AllowList)(nil),             // 11: airlock.types.v1.AllowList
+	(*AllowRule)(nil),             // 12: airlock.types.v1.AllowRule
+	(*DomainList)(nil),            // 13: airlock.types.v1.DomainList
+	(*NetworkPolicyStatus)(nil),   // 14: airlock.types.v1.NetworkPolicyStatus
+	(*PublishTarget)(nil),         // 15: airlock.types.v1.PublishTarget
+	(*Grant)(nil),                 // 16: airlock.types.v1.Grant
+	(*ImageGrant)(nil),            // 17: airlock.types.v1.ImageGrant
+	(*JobUser)(nil),               // 18: airlock.types.v1.JobUser
+	(*CacheGrant)(nil),            // 19: airlock.types.v1.CacheGrant
+	(*CacheUse)(nil),              // 20: airlock.types.v1.CacheUse
+	(*CacheInfo)(nil),             // 21: airlock.types.v1.CacheInfo
+	(*ImageInfo)(nil),             // 22: airlock.types.v1.ImageInfo
+	(*ImageLayerInfo)(nil),        // 23: airlock.types.v1.ImageLayerInfo
+	(*ImageCacheStats)(nil),       // 24: airlock.types.v1.ImageCacheStats
+	(*SessionSpec)(nil),           // 25: airlock.types.v1.SessionSpec
+	(*ExecSpec)(nil),              // 26: airlock.types.v1.ExecSpec
+	(*Exec)(nil),                  // 27: airlock.types.v1.Exec
+	(*SignedGrant)(nil),           // 28: airlock.types.v1.SignedGrant
+	(*ResourceUsage)(nil),         // 29: airlock.types.v1.ResourceUsage
+	(*DiffStat)(nil),              // 30: airlock.types.v1.DiffStat
+	(*RunResult)(nil),             // 31: airlock.types.v1.RunResult
+	(*OutputChunk)(nil),           // 32: airlock.types.v1.OutputChunk
+	(*FileEntry)(nil),             // 33: airlock.types.v1.FileEntry
+	(*FileHeader)(nil),            // 34: airlock.types.v1.FileHeader
+	(*FileWrite)(nil),             // 35: airlock.types.v1.FileWrite
+	(*EgressRecord)(nil),          // 36: airlock.types.v1.EgressRecord
+	(*EgressTLS)(nil),             // 37: airlock.types.v1.EgressTLS
+	(*EgressEvent)(nil),           // 38: airlock.types.v1.EgressEvent
+	nil,                           // 39: airlock.types.v1.Grant.EnvEntry
+	nil,                           // 40: airlock.types.v1.ExecSpec.EnvEntry
+	(*durationpb.Duration)(nil),   // 41: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 42: google.protobuf.Timestamp
 }
 var file_airlock_types_v1_types_proto_depIdxs = []int32{
-	40, // 0: airlock.types.v1.ResourceLimits.deadline:type_name -> google.protobuf.Duration
-	9,  // 1: airlock.types.v1.NetworkPolicy.deny_all:type_name -> airlock.types.v1.DenyAll
-	10, // 2: airlock.types.v1.NetworkPolicy.allow:type_name -> airlock.types.v1.AllowList
-	12, // 3: airlock.types.v1.NetworkPolicy.domains:type_name -> airlock.types.v1.DomainList
-	11, // 4: airlock.types.v1.AllowList.rules:type_name -> airlock.types.v1.AllowRule
-	8,  // 5: airlock.types.v1.NetworkPolicyStatus.policy:type_name -> airlock.types.v1.NetworkPolicy
+	41, // 0: airlock.types.v1.ResourceLimits.deadline:type_name -> google.protobuf.Duration
+	10, // 1: airlock.types.v1.NetworkPolicy.deny_all:type_name -> airlock.types.v1.DenyAll
+	11, // 2: airlock.types.v1.NetworkPolicy.allow:type_name -> airlock.types.v1.AllowList
+	13, // 3: airlock.types.v1.NetworkPolicy.domains:type_name -> airlock.types.v1.DomainList
+	12, // 4: airlock.types.v1.AllowList.rules:type_name -> airlock.types.v1.AllowRule
+	9,  // 5: airlock.types.v1.NetworkPolicyStatus.policy:type_name -> airlock.types.v1.NetworkPolicy
 	1,  // 6: airlock.types.v1.NetworkPolicyStatus.state:type_name -> airlock.types.v1.NetworkPolicyState
-	41, // 7: airlock.types.v1.NetworkPolicyStatus.updated_at:type_name -> google.protobuf.Timestamp
-	38, // 8: airlock.types.v1.Grant.env:type_name -> airlock.types.v1.Grant.EnvEntry
-	7,  // 9: airlock.types.v1.Grant.limits:type_name -> airlock.types.v1.ResourceLimits
-	8,  // 10: airlock.types.v1.Grant.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	42, // 7: airlock.types.v1.NetworkPolicyStatus.updated_at:type_name -> google.protobuf.Timestamp
+	39, // 8: airlock.types.v1.Grant.env:type_name -> airlock.types.v1.Grant.EnvEntry
+	8,  // 9: airlock.types.v1.Grant.limits:type_name -> airlock.types.v1.ResourceLimits
+	9,  // 10: airlock.types.v1.Grant.network_policy:type_name -> airlock.types.v1.NetworkPolicy
 	0,  // 11: airlock.types.v1.Grant.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	14, // 12: airlock.types.v1.Grant.publish_target:type_name -> airlock.types.v1.PublishTarget
-	41, // 13: airlock.types.v1.Grant.issued_at:type_name -> google.protobuf.Timestamp
-	41, // 14: airlock.types.v1.Grant.expires_at:type_name -> google.protobuf.Timestamp
-	24, // 15: airlock.types.v1.Grant.session:type_name -> airlock.types.v1.SessionSpec
-	18, // 16: airlock.types.v1.Grant.caches:type_name -> airlock.types.v1.CacheGrant
-	17, // 17: airlock.types.v1.Grant.user:type_name -> airlock.types.v1.JobUser
-	16, // 18: airlock.types.v1.Grant.image:type_name -> airlock.types.v1.ImageGrant
-	41, // 19: airlock.types.v1.CacheInfo.last_used:type_name -> google.protobuf.Timestamp
-	41, // 20: airlock.types.v1.ImageInfo.last_used:type_name -> google.protobuf.Timestamp
-	22, // 21: airlock.types.v1.ImageInfo.layers:type_name -> airlock.types.v1.ImageLayerInfo
-	40, // 22: airlock.types.v1.SessionSpec.idle_timeout:type_name -> google.protobuf.Duration
-	39, // 23: airlock.types.v1.ExecSpec.env:type_name -> airlock.types.v1.ExecSpec.EnvEntry
-	40, // 24: airlock.types.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
-	25, // 25: airlock.types.v1.Exec.spec:type_name -> airlock.types.v1.ExecSpec
-	2,  // 26: airlock.types.v1.Exec.state:type_name -> airlock.types.v1.ExecState
-	3,  // 27: airlock.types.v1.Exec.reason:type_name -> airlock.types.v1.TerminationReason
-	41, // 28: airlock.types.v1.Exec.started_at:type_name -> google.protobuf.Timestamp
-	41, // 29: airlock.types.v1.Exec.ended_at:type_name -> google.protobuf.Timestamp
-	28, // 30: airlock.types.v1.Exec.usage:type_name -> airlock.types.v1.ResourceUsage
-	40, // 31: airlock.types.v1.ResourceUsage.cpu_time:type_name -> google.protobuf.Duration
-	40, // 32: airlock.types.v1.ResourceUsage.wall_time:type_name -> google.protobuf.Duration
-	3,  // 33: airlock.types.v1.RunResult.reason:type_name -> airlock.types.v1.TerminationReason
-	28, // 34: airlock.types.v1.RunResult.usage:type_name -> airlock.types.v1.ResourceUsage
-	0,  // 35: airlock.types.v1.RunResult.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	29, // 36: airlock.types.v1.RunResult.diff_stat:type_name -> airlock.types.v1.DiffStat
-	19, // 37: airlock.types.v1.RunResult.caches:type_name -> airlock.types.v1.CacheUse
-	4,  // 38: airlock.types.v1.OutputChunk.stream:type_name -> airlock.types.v1.OutputStream
-	41, // 39: airlock.types.v1.FileEntry.modified_at:type_name -> google.protobuf.Timestamp
-	41, // 40: airlock.types.v1.FileWrite.written_at:type_name -> google.protobuf.Timestamp
-	41, // 41: airlock.types.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
-	6,  // 42: airlock.types.v1.EgressRecord.closed_first:type_name -> airlock.types.v1.EgressSide
-	36, // 43: airlock.types.v1.EgressRecord.tls:type_name -> airlock.types.v1.EgressTLS
-	5,  // 44: airlock.types.v1.EgressTLS.handshake:type_name -> airlock.types.v1.EgressHandshake
-	6,  // 45: airlock.types.v1.EgressTLS.by:type_name -> airlock.types.v1.EgressSide
-	35, // 46: airlock.types.v1.EgressEvent.record:type_name -> airlock.types.v1.EgressRecord
-	47, // [47:47] is the sub-list for method output_type
-	47, // [47:47] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	15, // 12: airlock.types.v1.Grant.publish_target:type_name -> airlock.types.v1.PublishTarget
+	42, // 13: airlock.types.v1.Grant.issued_at:type_name -> google.protobuf.Timestamp
+	42, // 14: airlock.types.v1.Grant.expires_at:type_name -> google.protobuf.Timestamp
+	25, // 15: airlock.types.v1.Grant.session:type_name -> airlock.types.v1.SessionSpec
+	19, // 16: airlock.types.v1.Grant.caches:type_name -> airlock.types.v1.CacheGrant
+	18, // 17: airlock.types.v1.Grant.user:type_name -> airlock.types.v1.JobUser
+	17, // 18: airlock.types.v1.Grant.image:type_name -> airlock.types.v1.ImageGrant
+	42, // 19: airlock.types.v1.CacheInfo.last_used:type_name -> google.protobuf.Timestamp
+	42, // 20: airlock.types.v1.ImageInfo.last_used:type_name -> google.protobuf.Timestamp
+	23, // 21: airlock.types.v1.ImageInfo.layers:type_name -> airlock.types.v1.ImageLayerInfo
+	41, // 22: airlock.types.v1.SessionSpec.idle_timeout:type_name -> google.protobuf.Duration
+	2,  // 23: airlock.types.v1.SessionSpec.on_idle:type_name -> airlock.types.v1.IdleAction
+	40, // 24: airlock.types.v1.ExecSpec.env:type_name -> airlock.types.v1.ExecSpec.EnvEntry
+	41, // 25: airlock.types.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
+	26, // 26: airlock.types.v1.Exec.spec:type_name -> airlock.types.v1.ExecSpec
+	3,  // 27: airlock.types.v1.Exec.state:type_name -> airlock.types.v1.ExecState
+	4,  // 28: airlock.types.v1.Exec.reason:type_name -> airlock.types.v1.TerminationReason
+	42, // 29: airlock.types.v1.Exec.started_at:type_name -> google.protobuf.Timestamp
+	42, // 30: airlock.types.v1.Exec.ended_at:type_name -> google.protobuf.Timestamp
+	29, // 31: airlock.types.v1.Exec.usage:type_name -> airlock.types.v1.ResourceUsage
+	41, // 32: airlock.types.v1.ResourceUsage.cpu_time:type_name -> google.protobuf.Duration
+	41, // 33: airlock.types.v1.ResourceUsage.wall_time:type_name -> google.protobuf.Duration
+	41, // 34: airlock.types.v1.ResourceUsage.awake_time:type_name -> google.protobuf.Duration
+	41, // 35: airlock.types.v1.ResourceUsage.asleep_time:type_name -> google.protobuf.Duration
+	4,  // 36: airlock.types.v1.RunResult.reason:type_name -> airlock.types.v1.TerminationReason
+	29, // 37: airlock.types.v1.RunResult.usage:type_name -> airlock.types.v1.ResourceUsage
+	0,  // 38: airlock.types.v1.RunResult.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	30, // 39: airlock.types.v1.RunResult.diff_stat:type_name -> airlock.types.v1.DiffStat
+	20, // 40: airlock.types.v1.RunResult.caches:type_name -> airlock.types.v1.CacheUse
+	5,  // 41: airlock.types.v1.OutputChunk.stream:type_name -> airlock.types.v1.OutputStream
+	42, // 42: airlock.types.v1.FileEntry.modified_at:type_name -> google.protobuf.Timestamp
+	42, // 43: airlock.types.v1.FileWrite.written_at:type_name -> google.protobuf.Timestamp
+	42, // 44: airlock.types.v1.EgressRecord.time:type_name -> google.protobuf.Timestamp
+	7,  // 45: airlock.types.v1.EgressRecord.closed_first:type_name -> airlock.types.v1.EgressSide
+	37, // 46: airlock.types.v1.EgressRecord.tls:type_name -> airlock.types.v1.EgressTLS
+	6,  // 47: airlock.types.v1.EgressTLS.handshake:type_name -> airlock.types.v1.EgressHandshake
+	7,  // 48: airlock.types.v1.EgressTLS.by:type_name -> airlock.types.v1.EgressSide
+	36, // 49: airlock.types.v1.EgressEvent.record:type_name -> airlock.types.v1.EgressRecord
+	50, // [50:50] is the sub-list for method output_type
+	50, // [50:50] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_airlock_types_v1_types_proto_init() }
@@ -3841,7 +3960,7 @@ func file_airlock_types_v1_types_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_types_v1_types_proto_rawDesc), len(file_airlock_types_v1_types_proto_rawDesc)),
-			NumEnums:      7,
+			NumEnums:      8,
 			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   0,

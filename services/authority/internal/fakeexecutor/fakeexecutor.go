@@ -444,3 +444,8 @@ func (e *Executor) ExecAsks(job string) int {
 	defer e.mu.Unlock()
 	return e.execAsks[job]
 }
+
+// ForwardPort is not faked: port forwards are tested against the real executor.
+func (e *Executor) ForwardPort(grpc.BidiStreamingServer[executorv1.ForwardPortRequest, executorv1.ForwardPortResponse]) error {
+	return status.Error(codes.Unimplemented, "the fake executor forwards no port")
+}
