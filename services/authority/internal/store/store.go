@@ -103,8 +103,30 @@ type Job struct {
 
 	CreatedAt time.Time
 	UpdatedAt time.Time
+	// StartedAt and EndedAt are set by the store, never by the caller: to
+	// UpdatedAt the first time the job is written in state running, and in
+	// an end state. Zero until then. Metering reads them.
+	StartedAt time.Time
+	EndedAt   time.Time
 	// Version increases by one with every stored change.
 	Version int64
+}
+
+// UsageFilter selects the jobs UsageJobs returns: those that started
+// before Until and had not ended by Since (ended after it, or not yet).
+type UsageFilter struct {
+	// Tenants to read; empty is every tenant.
+	Tenants      []string
+	Since, Until time.Time
+}
+
+// UsageRecord is what metering reads of one job: the grant (limits,
+// runtime class), the result (usage) and its times.
+type UsageRecord struct {
+	ID, Tenant         string
+	State              State
+	Grant, Result      []byte
+	StartedAt, EndedAt time.Time
 }
 
 // ListOptions selects jobs for List.
@@ -153,6 +175,9 @@ type Store interface {
 	// ListJobs returns a page of a tenant's jobs, newest first, and the
 	// token of the next page ("" on the last).
 	ListJobs(ctx context.Context, opts ListOptions) (jobs []Job, next string, err error)
+	// UsageJobs returns, in one query, the usage records of the jobs f
+	// selects, newest start first.
+	UsageJobs(ctx context.Context, f UsageFilter) ([]UsageRecord, error)
 	// JobsInStates returns every job in one of states, oldest first; the
 	// authority uses it at start-up to resume work.
 	JobsInStates(ctx context.Context, states ...State) ([]Job, error)

@@ -8,6 +8,7 @@
 package sqlstore
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/base64"
@@ -36,7 +37,7 @@ func Wrap(db *sqldb.DB) *DB { return &DB{DB: db} }
 const jobColumns = `id, tenant, requester, idempotency_key, repository, spec, spec_digest, commit_sha, tree_hash,
 	state, message, network_state, signed_grant, grant_expires_at, dispatched_at,
 	result, bundle_digest, patch, review, provenance, created_at, updated_at, version, executor,
-	claimed_by, claim_expires_at`
+	claimed_by, claim_expires_at, started_at, ended_at`
 
 type scanner interface{ Scan(dest ...any) error }
 
@@ -45,13 +46,13 @@ func scanJob(row scanner) (store.Job, error) {
 		j                                          store.Job
 		state                                      string
 		expires, dispatched, created, updated      int64
-		claimExpires                               int64
+		claimExpires, started, ended               int64
 		spec, grant, result, patch, review, proven []byte
 	)
 	err := row.Scan(&j.ID, &j.Tenant, &j.Requester, &j.IdempotencyKey, &j.Repository, &spec, &j.SpecDigest, &j.Commit, &j.TreeHash,
 		&state, &j.Message, &j.NetworkState, &grant, &expires, &dispatched,
 		&result, &j.BundleDigest, &patch, &review, &proven, &created, &updated, &j.Version, &j.Executor,
-		&j.ClaimedBy, &claimExpires)
+		&j.ClaimedBy, &claimExpires, &started, &ended)
 	if err != nil {
 		return store.Job{}, err
 	}
@@ -60,7 +61,25 @@ func scanJob(row scanner) (store.Job, error) {
 	j.GrantExpiresAt, j.DispatchedAt = fromMicros(expires), fromMicros(dispatched)
 	j.CreatedAt, j.UpdatedAt = fromMicros(created), fromMicros(updated)
 	j.ClaimExpiresAt = fromMicros(claimExpires)
+	j.StartedAt, j.EndedAt = fromMicros(started), fromMicros(ended)
 	return j, nil
+}
+
+// stamp sets a job's StartedAt the first time it is written staging or
+// running (or ends with a result, having been seen in neither), and its
+// EndedAt the first time it is written in an end state: the span
+// metering clips and splits by day.
+func stamp(j *store.Job) {
+	at := j.UpdatedAt
+	if at.IsZero() {
+		at = j.CreatedAt
+	}
+	if j.StartedAt.IsZero() && (j.State == store.StateStaging || j.State == store.StateRunning || (j.State.Terminal() && len(j.Result) > 0)) {
+		j.StartedAt = cmp.Or(j.DispatchedAt, at)
+	}
+	if j.EndedAt.IsZero() && j.State.Terminal() {
+		j.EndedAt = at
+	}
 }
 
 // Job times are stored as microseconds since the epoch, UTC: the precision
@@ -119,12 +138,14 @@ func (s *DB) createJob(ctx context.Context, j store.Job, e *audit.Event) (store.
 		// A concurrent insert of the same key makes this one wait for it and
 		// then do nothing, in both databases; the key's job is then read.
 		j.Version = 1
-		res, err := tx.ExecContext(ctx, s.Q(`INSERT INTO jobs (`+jobColumns+`) VALUES (`+placeholders(26)+`)
+		j.StartedAt, j.EndedAt = time.Time{}, time.Time{}
+		stamp(&j)
+		res, err := tx.ExecContext(ctx, s.Q(`INSERT INTO jobs (`+jobColumns+`) VALUES (`+placeholders(28)+`)
 			ON CONFLICT (tenant, idempotency_key) DO NOTHING`),
 			j.ID, j.Tenant, j.Requester, j.IdempotencyKey, j.Repository, nonNil(j.Spec), j.SpecDigest, j.Commit, j.TreeHash,
 			string(j.State), j.Message, j.NetworkState, j.Grant, micros(j.GrantExpiresAt), micros(j.DispatchedAt),
 			j.Result, j.BundleDigest, j.Patch, j.Review, j.Provenance, micros(j.CreatedAt), micros(j.UpdatedAt), j.Version, j.Executor,
-			j.ClaimedBy, micros(j.ClaimExpiresAt))
+			j.ClaimedBy, micros(j.ClaimExpiresAt), micros(j.StartedAt), micros(j.EndedAt))
 		if err != nil {
 			return err
 		}
@@ -261,6 +282,44 @@ func (s *DB) JobsInStates(ctx context.Context, states ...store.State) ([]store.J
 	return jobs, nil
 }
 
+// UsageJobs implements store.Store.
+func (s *DB) UsageJobs(ctx context.Context, f store.UsageFilter) ([]store.UsageRecord, error) {
+	if f.Since.IsZero() || f.Until.IsZero() {
+		return nil, fmt.Errorf("store: usage jobs: since and until are required")
+	}
+	where := "started_at <> 0 AND started_at < ? AND (ended_at = 0 OR ended_at > ?)"
+	args := []any{micros(f.Until), micros(f.Since)}
+	if len(f.Tenants) > 0 {
+		where += " AND tenant IN (" + placeholders(len(f.Tenants)) + ")"
+		for _, t := range f.Tenants {
+			args = append(args, t)
+		}
+	}
+	rows, err := s.SQL.QueryContext(ctx, s.Q(`SELECT id, tenant, state, signed_grant, result, started_at, ended_at FROM jobs WHERE `+where+
+		` ORDER BY started_at DESC, id DESC`), args...)
+	if err != nil {
+		return nil, fmt.Errorf("store: usage jobs: %w", err)
+	}
+	out, err := collect(rows, func(row scanner) (store.UsageRecord, error) {
+		var (
+			r              store.UsageRecord
+			state          string
+			started, ended int64
+			grant, result  []byte
+		)
+		if err := row.Scan(&r.ID, &r.Tenant, &state, &grant, &result, &started, &ended); err != nil {
+			return r, err
+		}
+		r.State, r.Grant, r.Result = store.State(state), grant, result
+		r.StartedAt, r.EndedAt = fromMicros(started), fromMicros(ended)
+		return r, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: usage jobs: %w", err)
+	}
+	return out, nil
+}
+
 // UpdateJob implements store.Store.
 func (s *DB) UpdateJob(ctx context.Context, id string, update func(*store.Job) error) (store.Job, error) {
 	return s.updateJob(ctx, id, func(j *store.Job) (*audit.Event, error) { return nil, update(j) })
@@ -307,10 +366,13 @@ func (s *DB) updateJobTx(ctx context.Context, tx *sql.Tx, id string, update func
 	}
 	// The event defaults to the job as stored, not as update left it.
 	jobID, tenant := j.ID, j.Tenant
+	started, ended := j.StartedAt, j.EndedAt
 	e, err := update(&j)
 	if err != nil {
 		return out, err, err
 	}
+	j.StartedAt, j.EndedAt = started, ended
+	stamp(&j)
 	if !j.State.Valid() {
 		return out, nil, fmt.Errorf("invalid state %q", j.State)
 	}
@@ -330,10 +392,10 @@ func (s *DB) updateJobTx(ctx context.Context, tx *sql.Tx, id string, update func
 	// ClaimJobs, RenewClaims and ReleaseClaims (fleet.go).
 	res, err := tx.ExecContext(ctx, s.Q(`UPDATE jobs SET commit_sha = ?, tree_hash = ?, state = ?, message = ?, network_state = ?,
 		signed_grant = ?, grant_expires_at = ?, dispatched_at = ?, result = ?, bundle_digest = ?, patch = ?,
-		review = ?, provenance = ?, updated_at = ?, version = ?, executor = ? WHERE id = ? AND version = ?`),
+		review = ?, provenance = ?, updated_at = ?, version = ?, executor = ?, started_at = ?, ended_at = ? WHERE id = ? AND version = ?`),
 		j.Commit, j.TreeHash, string(j.State), j.Message, j.NetworkState,
 		j.Grant, micros(j.GrantExpiresAt), micros(j.DispatchedAt), j.Result, j.BundleDigest, j.Patch,
-		j.Review, j.Provenance, micros(j.UpdatedAt), j.Version, j.Executor, id, j.Version-1)
+		j.Review, j.Provenance, micros(j.UpdatedAt), j.Version, j.Executor, micros(j.StartedAt), micros(j.EndedAt), id, j.Version-1)
 	if err != nil {
 		return out, nil, err
 	}
