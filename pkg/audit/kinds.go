@@ -38,6 +38,9 @@ const (
 	KindExecutorUndrained = "executor.undrained"
 	KindJobPlaced         = "job.placed"
 	KindJobExecutorLost   = "job.executor_lost"
+	// A tenant's month-to-date cost reached 80% of its monthly budget
+	// (once per tenant and month).
+	KindBudgetWarning = "budget.warning"
 )
 
 // Kinds lists every kind, sorted.
@@ -75,5 +78,6 @@ func Kinds() []string {
 		KindExecutorUndrained,
 		KindJobPlaced,
 		KindJobExecutorLost,
+		KindBudgetWarning,
 	}
 }

@@ -41,6 +41,13 @@ func (s *Set) Counter(name, unit, description string) metric.Int64Counter {
 	return c
 }
 
+// FloatCounter makes a monotonic counter of fractional amounts.
+func (s *Set) FloatCounter(name, unit, description string) metric.Float64Counter {
+	c, err := s.meter.Float64Counter(name, metric.WithUnit(unit), metric.WithDescription(description))
+	s.keep(err)
+	return c
+}
+
 // Histogram makes a histogram with explicit bucket bounds.
 func (s *Set) Histogram(name, unit, description string, bounds ...float64) metric.Float64Histogram {
 	h, err := s.meter.Float64Histogram(name, metric.WithUnit(unit), metric.WithDescription(description),

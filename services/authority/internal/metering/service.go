@@ -1,0 +1,294 @@
+package metering
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/airlockhq/airlock/pkg/audit"
+	"github.com/airlockhq/airlock/pkg/errdefs"
+	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/services/authority/internal/policy"
+	"github.com/airlockhq/airlock/services/authority/internal/store"
+)
+
+// Store is what metering reads and writes of the authority's store.
+type Store interface {
+	UsageJobs(ctx context.Context, f store.UsageFilter) ([]store.UsageRecord, error)
+	ListAudit(ctx context.Context, f store.AuditFilter) ([]audit.Event, error)
+	AppendAudit(ctx context.Context, e audit.Event) (audit.Event, error)
+}
+
+// Decoder reads a stored job's grant and result into a Job (the wire
+// format is the composition root's to know).
+type Decoder func(store.UsageRecord) (Job, error)
+
+// Config is what the Service needs.
+type Config struct {
+	Store  Store
+	Decode Decoder
+	// Tenants scope who reads which tenant's usage.
+	Tenants policy.Tenants
+	Rates   Rates
+	// Budgets are tenants' monthly budgets; a tenant not named has none.
+	Budgets map[string]Micros
+	// Self is the authority, the caller of the budget warnings it logs.
+	Self   identity.ID
+	Meter  metric.MeterProvider
+	Logger *slog.Logger
+	Now    func() time.Time
+}
+
+// Service meters usage, answers for it, and keeps tenants' budgets.
+type Service struct {
+	cfg     Config
+	metrics *metrics
+
+	mu sync.Mutex
+	// warned is the month ("2026-12") each tenant's budget warning was
+	// last logged for, so it is logged once a month, not per submission.
+	warned map[string]string
+}
+
+// New returns a Service.
+func New(cfg Config) (*Service, error) {
+	if cfg.Store == nil || cfg.Decode == nil {
+		return nil, errors.New("metering: store and decoder are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Tenants == nil {
+		cfg.Tenants = policy.Tenants{}
+	}
+	m, err := newMetrics(cfg.Meter)
+	if err != nil {
+		return nil, fmt.Errorf("metering: metrics: %w", err)
+	}
+	return &Service{cfg: cfg, metrics: m, warned: map[string]string{}}, nil
+}
+
+// Rates are the rates in force.
+func (s *Service) Rates() Rates { return s.cfg.Rates }
+
+// Grouping is how a Query groups its rows.
+type Grouping int
+
+const (
+	ByJob Grouping = iota
+	ByDay
+)
+
+// Query selects usage.
+type Query struct {
+	// Tenant is one tenant; "" is every tenant the caller may read.
+	Tenant string
+	// Since defaults to the start of the current UTC month, Until to now.
+	Since, Until time.Time
+	By           Grouping
+	// Limit is 1-1000; 0 is 100.
+	Limit int
+}
+
+// Budget is a tenant's monthly budget and the month's cost so far.
+type Budget struct {
+	Tenant string
+	Limit  Micros
+	Used   Micros
+}
+
+// Report is a Query's answer.
+type Report struct {
+	Rows      []Usage
+	Total     Usage
+	Truncated bool
+	Since     time.Time
+	Until     time.Time
+	Budgets   []Budget
+}
+
+// MonthStart is the start of t's UTC month.
+func MonthStart(t time.Time) time.Time {
+	t = t.UTC()
+	return time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
+}
+
+func invalid(field, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", errdefs.ErrInvalidArgument, field, fmt.Sprintf(format, args...))
+}
+
+// readable is the tenants caller may read usage of: a client the tenants
+// it acts for, an approver those whose approvals it may give, an operator
+// all. A tenant named that caller may not read is refused, naming it.
+func (s *Service) readable(caller identity.ID, tenant string) ([]string, error) {
+	may := func(name string) bool {
+		t := s.cfg.Tenants[name]
+		switch {
+		case t == nil:
+			return false
+		case caller.Kind == identity.KindOperator:
+			return true
+		case caller.Kind == identity.KindClient:
+			return t.HasClient(caller.Principal())
+		case caller.Kind == identity.KindApprover:
+			return t.Approvals.AllowsApprover(caller.Principal())
+		}
+		return false
+	}
+	if tenant != "" {
+		if !may(tenant) {
+			return nil, fmt.Errorf("%w: tenant: %s may not read the usage of tenant %q", errdefs.ErrPermissionDenied, caller.Principal(), tenant)
+		}
+		return []string{tenant}, nil
+	}
+	var out []string
+	for name := range s.cfg.Tenants {
+		if may(name) {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: %s reads the usage of no tenant", errdefs.ErrPermissionDenied, caller.Principal())
+	}
+	return out, nil
+}
+
+// Usage answers q for caller.
+func (s *Service) Usage(ctx context.Context, caller identity.ID, q Query) (Report, error) {
+	now := s.cfg.Now().UTC()
+	switch {
+	case q.Limit < 0 || q.Limit > 1000:
+		return Report{}, invalid("limit", "%d: must be between 1 and 1000 (0 is 100)", q.Limit)
+	case q.Limit == 0:
+		q.Limit = 100
+	}
+	if q.By != ByJob && q.By != ByDay {
+		return Report{}, invalid("by", "%d: want job or day", q.By)
+	}
+	if q.Since.IsZero() {
+		q.Since = MonthStart(now)
+	}
+	if q.Until.IsZero() {
+		q.Until = now
+	}
+	if !q.Since.Before(q.Until) {
+		return Report{}, invalid("since", "%s is not before until (%s)", q.Since.Format(time.RFC3339), q.Until.Format(time.RFC3339))
+	}
+	if q.Until.Sub(q.Since) > 400*24*time.Hour {
+		return Report{}, invalid("since", "the window from since to until is %s: at most 400 days", q.Until.Sub(q.Since).Round(time.Hour))
+	}
+	tenants, err := s.readable(caller, q.Tenant)
+	if err != nil {
+		return Report{}, err
+	}
+	jobs, err := s.jobs(ctx, tenants, q.Since, q.Until)
+	if err != nil {
+		return Report{}, err
+	}
+	rep := Report{Since: q.Since, Until: q.Until}
+	var rows []Usage
+	switch q.By {
+	case ByJob:
+		for _, j := range jobs {
+			rows = append(rows, Meter(j, q.Since, q.Until, now, s.cfg.Rates))
+		}
+		// The store gives them newest start first.
+	case ByDay:
+		type key struct{ tenant, day, class string }
+		byKey := map[key]Usage{}
+		for _, j := range jobs {
+			for _, d := range Days(j, q.Since, q.Until, now, s.cfg.Rates) {
+				k := key{d.Tenant, d.Day, d.Class}
+				if have, ok := byKey[k]; ok {
+					byKey[k] = have.Add(d)
+				} else {
+					d.JobID = ""
+					byKey[k] = d
+				}
+			}
+		}
+		for _, u := range byKey {
+			rows = append(rows, u)
+		}
+		sort.Slice(rows, func(i, k int) bool {
+			a, b := rows[i], rows[k]
+			if a.Day != b.Day {
+				return a.Day > b.Day
+			}
+			if a.Tenant != b.Tenant {
+				return a.Tenant < b.Tenant
+			}
+			return a.Class < b.Class
+		})
+	}
+	for _, r := range rows {
+		rep.Total = rep.Total.Add(r)
+	}
+	rep.Total.Start = time.Time{}
+	if len(rows) > q.Limit {
+		rows, rep.Truncated = rows[:q.Limit], true
+	}
+	rep.Rows = rows
+	used, err := s.used(ctx, tenants, now)
+	if err != nil {
+		return Report{}, err
+	}
+	for _, t := range tenants {
+		rep.Budgets = append(rep.Budgets, Budget{Tenant: t, Limit: s.cfg.Budgets[t], Used: used[t]})
+	}
+	return rep, nil
+}
+
+// jobs reads and decodes the jobs of tenants overlapping [since, until);
+// a record that cannot be decoded is logged and left out.
+func (s *Service) jobs(ctx context.Context, tenants []string, since, until time.Time) ([]Job, error) {
+	recs, err := s.cfg.Store.UsageJobs(ctx, store.UsageFilter{Tenants: tenants, Since: since, Until: until})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Job, 0, len(recs))
+	for _, r := range recs {
+		j, err := s.cfg.Decode(r)
+		if err != nil {
+			s.cfg.Logger.Warn("metering: a job's record cannot be read; left out", "job", r.ID, "error", err)
+			continue
+		}
+		out = append(out, j)
+	}
+	return out, nil
+}
+
+// MonthToDate is tenant's cost since the start of the current UTC month,
+// jobs that ended and jobs still running (until now) alike.
+func (s *Service) MonthToDate(ctx context.Context, tenant string) (Micros, error) {
+	used, err := s.used(ctx, []string{tenant}, s.cfg.Now().UTC())
+	return used[tenant], err
+}
+
+// used is each tenant's cost this month as of now, read in one query.
+func (s *Service) used(ctx context.Context, tenants []string, now time.Time) (map[string]Micros, error) {
+	since := MonthStart(now)
+	jobs, err := s.jobs(ctx, tenants, since, now)
+	if err != nil {
+		return nil, err
+	}
+	sums := map[string]Usage{}
+	for _, j := range jobs {
+		sums[j.Tenant] = sums[j.Tenant].Add(Meter(j, since, now, now, s.cfg.Rates))
+	}
+	out := make(map[string]Micros, len(sums))
+	for t, u := range sums {
+		out[t] = u.Cost
+	}
+	return out, nil
+}
