@@ -108,17 +108,17 @@ func (s *Service) SubmitJob(ctx context.Context, req *authorityv1.SubmitJobReque
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
-	j, created, err := s.cfg.Jobs.Submit(ctx, id, jobs.SubmitRequest{
+	sub, err := s.cfg.Jobs.Submit(ctx, id, jobs.SubmitRequest{
 		Tenant: req.GetTenant(), IdempotencyKey: req.GetIdempotencyKey(), Spec: spec, SpecWire: wire,
 	})
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
-	pj, err := jobToProto(j)
+	pj, err := jobToProto(sub.Job)
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
-	return &authorityv1.SubmitJobResponse{Job: pj, Created: created}, nil
+	return &authorityv1.SubmitJobResponse{Job: pj, Created: sub.Created, BudgetWarning: sub.BudgetWarning}, nil
 }
 
 func (s *Service) GetJob(ctx context.Context, req *authorityv1.GetJobRequest) (*authorityv1.GetJobResponse, error) {

@@ -40,17 +40,17 @@ func (s *Service) CreateSession(ctx context.Context, req *authorityv1.CreateSess
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
-	j, created, err := s.cfg.Jobs.Submit(ctx, id, jobs.SubmitRequest{
+	sub, err := s.cfg.Jobs.Submit(ctx, id, jobs.SubmitRequest{
 		Tenant: req.GetTenant(), IdempotencyKey: req.GetIdempotencyKey(), Spec: spec, SpecWire: wire,
 	})
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
-	pj, err := jobToProto(j)
+	pj, err := jobToProto(sub.Job)
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
-	return &authorityv1.CreateSessionResponse{Session: pj, Created: created}, nil
+	return &authorityv1.CreateSessionResponse{Session: pj, Created: sub.Created, BudgetWarning: sub.BudgetWarning}, nil
 }
 
 // session checks caller's access to a session and returns it.

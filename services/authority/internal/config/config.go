@@ -54,9 +54,13 @@ type Config struct {
 	// Audit says who reads the whole audit log and how its head is
 	// anchored outside the database.
 	Audit AuditFile `yaml:"audit"`
+	// Metering is the operator's prices of usage (metering.go).
+	Metering MeteringFile `yaml:"metering"`
 
 	// Policy is Tenants, validated, with defaults filled in.
 	Policy policy.Tenants `yaml:"-"`
+	// MeteringPolicy is Metering and the tenants' budgets, validated.
+	MeteringPolicy Metering `yaml:"-"`
 
 	// base is the config file's directory, for relative paths.
 	base string
@@ -89,7 +93,7 @@ func (c *Config) ValidatePeers() error {
 	case c.GrantTTL < 10*time.Second || c.GrantTTL > 24*time.Hour:
 		errs = append(errs, config.Field("grant_ttl", "%v: must be between 10s and 24h", c.GrantTTL))
 	}
-	errs = append(errs, c.Store.Validate("authority.db"), c.Audit.validate(c))
+	errs = append(errs, c.Store.Validate("authority.db"), c.Audit.validate(c), c.metering())
 	c.Policy = policy.Tenants{}
 	for _, name := range sortedKeys(c.Tenants) {
 		t, err := c.tenant(name, c.Tenants[name])

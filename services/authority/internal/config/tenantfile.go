@@ -60,6 +60,8 @@ type TenantFile struct {
 	// for (--credential NAME), by name: the job's egress proxy adds one to
 	// requests to its hosts, and the job never holds it.
 	Credentials map[string]CredentialFile `yaml:"credentials"`
+	// Metering is the tenant's monthly budget (metering.go).
+	Metering TenantMeteringFile `yaml:"metering"`
 }
 
 // ImagesFile is a tenant's image policy as the file writes it.

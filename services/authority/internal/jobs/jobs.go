@@ -96,6 +96,18 @@ type Config struct {
 	// Meter makes the job metrics (metrics.go); nil is the global meter
 	// provider.
 	Meter metric.MeterProvider
+	// Metering keeps tenants' budgets at submission and is told of every
+	// run whose result is recorded; nil meters nothing.
+	Metering Metering
+}
+
+// Metering is metering as the job logic uses it.
+type Metering interface {
+	// Admit refuses new work of a tenant past its monthly budget
+	// (errdefs.ErrResourceExhausted) and warns near it.
+	Admit(ctx context.Context, tenant string) (warning string, err error)
+	// Ended counts a job whose run's result was just recorded.
+	Ended(store.UsageRecord)
 }
 
 // Service is the authority's job logic. Its methods are safe for concurrent
@@ -324,9 +336,10 @@ func (s *Service) updateAudited(ctx context.Context, id string, fn func(*store.J
 	var (
 		unchanged store.Job
 		before    store.State
+		hadResult bool
 	)
 	change := func(j *store.Job) error {
-		before = j.State
+		before, hadResult = j.State, len(j.Result) > 0
 		if err := fn(j); err != nil {
 			if errors.Is(err, errUnchanged) {
 				unchanged = *j
@@ -356,6 +369,10 @@ func (s *Service) updateAudited(ctx context.Context, id string, fn func(*store.J
 	}
 	if j.State != before && j.State.Terminal() {
 		s.metrics.jobEnded(j.State)
+	}
+	if !hadResult && len(j.Result) > 0 && s.cfg.Metering != nil {
+		s.cfg.Metering.Ended(store.UsageRecord{ID: j.ID, Tenant: j.Tenant, State: j.State, Grant: j.Grant, Result: j.Result,
+			StartedAt: j.StartedAt, EndedAt: j.EndedAt})
 	}
 	if j.State != before {
 		s.cfg.Logger.Info("job state", "job", j.ID, "tenant", j.Tenant, "from", string(before), "to", string(j.State), "message", j.Message)

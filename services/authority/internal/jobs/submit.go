@@ -49,12 +49,24 @@ type decision struct {
 	start StartRequest
 }
 
-// Submit checks a job against its tenant's policy, resolves its revision,
-// records it, and (unless policy keeps it from running) grants it and
-// dispatches the grant in the background. The same (tenant, idempotency
-// key) returns the job recorded first, with created=false.
-func (s *Service) Submit(ctx context.Context, caller identity.ID, req SubmitRequest) (store.Job, bool, error) {
-	j, created, err := s.submit(ctx, caller, req)
+// Submitted is what Submit did.
+type Submitted struct {
+	Job store.Job
+	// Created is false for the job an earlier submission with the same
+	// key recorded.
+	Created bool
+	// BudgetWarning says the tenant has used 80% or more of its monthly
+	// budget; empty otherwise.
+	BudgetWarning string
+}
+
+// Submit checks a job against its tenant's policy and budget, resolves
+// its revision, records it, and (unless policy keeps it from running)
+// grants it and dispatches the grant in the background. The same (tenant,
+// idempotency key) returns the job recorded first, with created=false.
+func (s *Service) Submit(ctx context.Context, caller identity.ID, req SubmitRequest) (Submitted, error) {
+	var warning string
+	j, created, err := s.submit(ctx, caller, req, &warning)
 	s.metrics.submission(req, created, err)
 	if err != nil && refusal(err) {
 		// The refusal is a decision too; the caller still learns of it if
@@ -64,7 +76,7 @@ func (s *Service) Submit(ctx context.Context, caller identity.ID, req SubmitRequ
 			s.cfg.Logger.Error("audit a refused job", "error", aerr)
 		}
 	}
-	return j, created, err
+	return Submitted{Job: j, Created: created, BudgetWarning: warning}, err
 }
 
 // refusal reports whether err is a policy decision rather than a failure.
@@ -72,7 +84,7 @@ func refusal(err error) bool {
 	return errors.Is(err, errdefs.ErrInvalidArgument) || errors.Is(err, errdefs.ErrPermissionDenied) || errors.Is(err, errdefs.ErrAlreadyExists)
 }
 
-func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequest) (store.Job, bool, error) {
+func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequest, warning *string) (store.Job, bool, error) {
 	t, err := s.tenantFor(caller, req.Tenant)
 	if err != nil {
 		return store.Job{}, false, err
@@ -90,6 +102,20 @@ func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequ
 		return sameSpec(existing, digest)
 	case !errors.Is(err, errdefs.ErrNotFound):
 		return store.Job{}, false, err
+	}
+	if s.cfg.Metering != nil {
+		// New work only: a retry of a recorded submission is answered above.
+		w, err := s.cfg.Metering.Admit(ctx, req.Tenant)
+		if errors.Is(err, errdefs.ErrResourceExhausted) {
+			if aerr := s.auditRefusal(ctx, audit.Event{Kind: audit.KindJobRefused, Caller: caller.String(), Subject: req.Spec.Repository,
+				Tenant: req.Tenant, Outcome: audit.OutcomeDenied, Reason: err.Error()}); aerr != nil {
+				s.cfg.Logger.Error("audit a refused job", "error", aerr)
+			}
+		}
+		if err != nil {
+			return store.Job{}, false, err
+		}
+		*warning = w
 	}
 
 	d, err := s.check(ctx, t, req.Spec)
