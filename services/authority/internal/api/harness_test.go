@@ -41,6 +41,7 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/flow"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
 	"github.com/airlockhq/airlock/services/authority/internal/leases"
+	"github.com/airlockhq/airlock/services/authority/internal/metering"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 	"github.com/airlockhq/airlock/services/authority/internal/source"
 	"github.com/airlockhq/airlock/services/authority/internal/store/sqlite"
@@ -177,6 +178,9 @@ type harnessOptions struct {
 	meter metric.MeterProvider
 	// approvalTTL is tenant dev's approvals.ttl; default 1h.
 	approvalTTL time.Duration
+	// rates default to metering.DefaultRates; budgets to none.
+	rates   *metering.Rates
+	budgets map[string]metering.Micros
 }
 
 func newHarnessWith(t *testing.T, opts harnessOptions) *harness {
@@ -331,8 +335,18 @@ func (h *harness) start() {
 		t.Fatal(err)
 	}
 	pool := executorclient.NewPool(h.source(authorityID), fl.Address)
+	signer := executorclient.NewSigner(h.signer)
+	rates := metering.DefaultRates()
+	if h.opts.rates != nil {
+		rates = *h.opts.rates
+	}
+	usage, err := metering.New(metering.Config{Store: st, Decode: signer.MeteredJob, Tenants: h.tenants, Rates: rates,
+		Budgets: h.opts.budgets, Self: authorityID, Meter: h.opts.meter, Logger: h.logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	svc, err := jobs.New(jobs.Config{
-		Store: st, Tenants: h.tenants, Source: src, Signer: executorclient.NewSigner(h.signer),
+		Store: st, Tenants: h.tenants, Source: src, Signer: signer, Metering: usage,
 		Fleet: fl, Executors: pool, Self: authorityID, LostResult: executorclient.LostResult(), GrantTTL: cmp.Or(h.opts.grantTTL, 10*time.Minute), StartDeadline: h.opts.startDeadline, Logger: h.logger(),
 		Auditors: []string{"approver/alice"},
 		Retry:    jobs.Retry{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}, DrainTimeout: 5 * time.Second, SweepInterval: 200 * time.Millisecond,
@@ -392,7 +406,7 @@ func (h *harness) start() {
 	}
 	cpDone := make(chan struct{})
 	go func() { defer close(cpDone); _ = cps.Run(runCtx) }()
-	api.New(api.Config{Jobs: svc, Approvals: appr, Leases: lease, Flow: wf, Checkpoints: cps, Fleet: fl, Logger: h.logger()}).Register(srv.Registrar())
+	api.New(api.Config{Jobs: svc, Approvals: appr, Leases: lease, Flow: wf, Checkpoints: cps, Fleet: fl, Usage: usage, Logger: h.logger()}).Register(srv.Registrar())
 	serveDone := make(chan struct{})
 	go func() { defer close(serveDone); _ = srv.Serve(runCtx) }()
 	srv.SetServing(true)

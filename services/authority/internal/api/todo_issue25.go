@@ -12,10 +12,6 @@ import (
 
 // Placeholders while issue 25's RPCs are built; each helper replaces its own.
 
-func (s *Service) GetUsage(context.Context, *authorityv1.GetUsageRequest) (*authorityv1.GetUsageResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "GetUsage is not built yet")
-}
-
 func (s *Service) OpenPortForward(context.Context, *authorityv1.OpenPortForwardRequest) (*authorityv1.OpenPortForwardResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "OpenPortForward is not built yet")
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/images"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
 	"github.com/airlockhq/airlock/services/authority/internal/leases"
+	"github.com/airlockhq/airlock/services/authority/internal/metering"
 	"github.com/airlockhq/airlock/services/authority/internal/source"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 	"github.com/airlockhq/airlock/services/authority/internal/store/postgres"
@@ -138,13 +139,23 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			})
 			imgs := images.New()
 			env.OnStop(func() error { imgs.Close(); return nil })
+			signer := executorclient.NewSigner(key)
+			// Usage and its cost at the operator's rates, and the tenants'
+			// budgets, kept at submission.
+			usage, err := metering.New(metering.Config{Store: st, Decode: signer.MeteredJob, Tenants: cfg.Policy,
+				Rates: cfg.MeteringPolicy.Rates, Budgets: cfg.MeteringPolicy.Budgets,
+				Self: identity.Service(cfg.TrustDomain, identity.ServiceAuthority), Meter: env.Meter, Logger: env.Logger})
+			if err != nil {
+				return err
+			}
 			svc, err := jobs.New(jobs.Config{
-				Store:   st,
-				Tenants: cfg.Policy,
-				Source:  src,
-				Images:  imgs,
-				Signer:  executorclient.NewSigner(key),
-				Fleet:   fl, Executors: pool, Self: self, Replica: replica, LostResult: executorclient.LostResult(),
+				Store:    st,
+				Tenants:  cfg.Policy,
+				Source:   src,
+				Images:   imgs,
+				Metering: usage,
+				Signer:   signer,
+				Fleet:    fl, Executors: pool, Self: self, Replica: replica, LostResult: executorclient.LostResult(),
 				SweepInterval: cfg.Fleet.HeartbeatInterval,
 				GrantTTL:      cfg.GrantTTL,
 				Auditors:      cfg.Audit.Auditors,
@@ -194,7 +205,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			env.Go(func(ctx context.Context) error {
 				return appr.SweepEvery(ctx, identity.Service(cfg.TrustDomain, identity.ServiceAuthority), sweepInterval, lease.Sweep)
 			})
-			api.New(api.Config{Jobs: svc, Approvals: appr, Leases: lease, Flow: wf, Checkpoints: cps, Fleet: fl, Logger: env.Logger}).Register(env.Server)
+			api.New(api.Config{Jobs: svc, Approvals: appr, Leases: lease, Flow: wf, Checkpoints: cps, Fleet: fl, Usage: usage, Logger: env.Logger}).Register(env.Server)
 			env.Logger.Info("authority ready", "tenants", len(cfg.Policy), "grant_key_id", key.KeyID(),
 				"grant_public_key", cfg.GrantKey+".pub", "grant_public_keys", len(published),
 				"audit_checkpoint_key_id", pki.Ed25519KeyID(cpKey.Public().(ed25519.PublicKey)), "audit_checkpoints", cfg.Audit.CheckpointFile,
