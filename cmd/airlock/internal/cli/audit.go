@@ -11,7 +11,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/airlockhq/airlock/pkg/atomicfile"
 	"github.com/airlockhq/airlock/pkg/audit"
@@ -60,15 +59,11 @@ func (f *auditFilter) request() (*authorityv1.ListAuditEventsRequest, error) {
 		return nil, usageError{fmt.Errorf("--kind %q: the authority records no such kind; want one of %s", f.kind, strings.Join(auditKinds, ", "))}
 	}
 	req := &authorityv1.ListAuditEventsRequest{JobId: f.job, Caller: f.caller, Kind: f.kind}
-	if f.since != "" {
-		if d, err := time.ParseDuration(f.since); err == nil {
-			req.StartTime = timestamppb.New(time.Now().Add(-d))
-		} else if t, err := time.Parse(time.RFC3339, f.since); err == nil {
-			req.StartTime = timestamppb.New(t)
-		} else {
-			return nil, usageError{fmt.Errorf("--since %q: want an RFC 3339 time or a duration such as 1h", f.since)}
-		}
+	start, err := whenFlag("since", f.since, time.Now())
+	if err != nil {
+		return nil, err
 	}
+	req.StartTime = start
 	return req, nil
 }
 
