@@ -104,6 +104,7 @@ func jobSubmit(ctx context.Context, g *globals, f *submitFlags, argv []string) e
 		if err != nil {
 			return err
 		}
+		warnBudget(g, resp.GetBudgetWarning())
 		job := resp.GetJob()
 		if !f.wait {
 			return g.PrintProto(job, func(w io.Writer) {

@@ -74,6 +74,7 @@ func newSessionCreate(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
+				warnBudget(g, resp.GetBudgetWarning())
 				s := resp.GetSession()
 				if !noWait {
 					if s, err = waitRunning(cmd.Context(), g, client, s.GetJobId()); err != nil {

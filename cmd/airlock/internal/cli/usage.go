@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/airlockhq/airlock/pkg/termtext"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 )
 
@@ -28,6 +29,13 @@ func whenFlag(name, v string, now time.Time) (*timestamppb.Timestamp, error) {
 		}
 	}
 	return nil, usageError{fmt.Errorf("--%s %q: want a date (2026-12-01, UTC), an RFC 3339 time or a duration ago such as 72h", name, v)}
+}
+
+// warnBudget says a submission's budget warning on stderr, if it has one.
+func warnBudget(g *globals, warning string) {
+	if warning != "" {
+		fmt.Fprintf(g.Stderr, "airlock: warning: %s\n", termtext.Line(warning))
+	}
 }
 
 // dollars renders micro-dollars as $X.XX (rounded half up), as the
