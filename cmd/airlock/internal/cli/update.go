@@ -298,7 +298,11 @@ func policyText(p *typesv1.NetworkPolicy) string {
 
 // sessionText is a session's settings in one line.
 func sessionText(s *typesv1.SessionSpec) string {
-	return fmt.Sprintf("idle timeout %s, at most %d execs at once", s.GetIdleTimeout().AsDuration(), s.GetMaxConcurrentExecs())
+	text := fmt.Sprintf("idle timeout %s, at most %d execs at once", s.GetIdleTimeout().AsDuration(), s.GetMaxConcurrentExecs())
+	if s.GetOnIdle() == typesv1.IdleAction_IDLE_ACTION_SLEEP {
+		text += ", sleeps when idle"
+	}
+	return text
 }
 
 // limitsText is limits in one line.
