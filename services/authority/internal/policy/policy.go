@@ -288,7 +288,8 @@ const (
 
 // DefaultSessions are the session defaults and ceilings where a tenant's
 // policy leaves them out.
-var DefaultSessions = Sessions{DefaultIdleTimeout: 15 * time.Minute, MaxIdleTimeout: 24 * time.Hour, DefaultConcurrentExecs: 4, MaxConcurrentExecs: 16}
+var DefaultSessions = Sessions{DefaultIdleTimeout: 15 * time.Minute, MaxIdleTimeout: 24 * time.Hour, DefaultConcurrentExecs: 4, MaxConcurrentExecs: 16,
+	DefaultOnIdle: OnIdleEnd}
 
 // Bounds on what a tenant's policy may set for its sessions.
 const (
