@@ -75,7 +75,7 @@ type run struct {
 	suspended   bool
 	suspendedAt time.Time
 	files       map[string][]byte
-	uploads   []*typesv1.FileWrite // WriteFile's records, unfolded
+	uploads     []*typesv1.FileWrite // WriteFile's records, unfolded
 }
 
 // New returns a fake that trusts grants verified by v.
