@@ -128,7 +128,15 @@ func TestSessionOnIdleByPolicy(t *testing.T) {
 	if gs := h.fake.Grants(e.GetJobId()); len(gs) == 0 || gs[0].GetSession().GetOnIdle() != typesv1.IdleAction_IDLE_ACTION_END {
 		t.Fatalf("grants of a session asking to end: %v", gs)
 	}
-	_, err := dev.CreateSession(ctx, &authorityv1.CreateSessionRequest{Tenant: "dev", IdempotencyKey: "nap", Spec: sessionSpec(&typesv1.SessionSpec{OnIdle: typesv1.IdleAction(7)})})
+	// Changed on a running session: no widening, in force at once.
+	up, err := dev.UpdateJobLimits(ctx, &authorityv1.UpdateJobLimitsRequest{JobId: e.GetJobId(), Session: &typesv1.SessionSpec{OnIdle: typesv1.IdleAction_IDLE_ACTION_SLEEP}})
+	if err != nil || up.GetApprovalId() != "" || up.GetJob().GetSession().GetOnIdle() != typesv1.IdleAction_IDLE_ACTION_SLEEP {
+		t.Fatalf("changing on_idle to sleep: %v, %v", up, err)
+	}
+	if ups := h.fake.Updates(e.GetJobId()); len(ups) != 1 || ups[0].GetSession().GetOnIdle() != typesv1.IdleAction_IDLE_ACTION_SLEEP {
+		t.Fatalf("grants the executor put in force: %v", ups)
+	}
+	_, err = dev.CreateSession(ctx, &authorityv1.CreateSessionRequest{Tenant: "dev", IdempotencyKey: "nap", Spec: sessionSpec(&typesv1.SessionSpec{OnIdle: typesv1.IdleAction(7)})})
 	wantStatus(t, err, codes.InvalidArgument, "spec.session.on_idle: 7: not an action this server knows")
 
 	if _, err := dev.SuspendSession(ctx, &authorityv1.SuspendSessionRequest{SessionId: j.GetJobId()}); err != nil {

@@ -185,3 +185,29 @@ func TestSessionWakeCapacity(t *testing.T) {
 		t.Fatalf("once it fits: %q", x.StdoutTail)
 	}
 }
+
+// TestSessionAsleepAcrossRestart: a session asleep when the executor
+// stops stays asleep across its restart (not suspended for the restart,
+// nor woken), from when it fell asleep; its next exec wakes it on its
+// kept files.
+func TestSessionAsleepAcrossRestart(t *testing.T) {
+	h, _ := newHarness(t, false)
+	sid := h.startSession(t, h.sleepyGrant(sandbox.ClassRunc, time.Second))
+	h.execWait(t, sid, sh("write", "echo kept > /work/kept.txt"))
+	before := h.waitRun(t, sid, "asleep", asleep)
+	h.m.Close()
+	m2 := h.restart(t, nil)
+	run := h.waitRun(t, sid, "asleep after the restart", func(r Run, _ bool) bool { return r.Suspended })
+	if run.State != Running || run.SuspendReason != ReasonIdleTimeout || !run.SuspendedAt.Equal(before.SuspendedAt) {
+		t.Fatalf("after the restart: %s suspended=%v reason=%q since %s (fell asleep %s)", run.State, run.Suspended, run.SuspendReason, run.SuspendedAt, before.SuspendedAt)
+	}
+	if x := h.execWait(t, sid, sh("read", "cat /work/kept.txt")); string(x.StdoutTail) != "kept\n" {
+		t.Fatalf("after waking: %q", x.StdoutTail)
+	}
+	if _, err := m2.Finish(sid); err != nil {
+		t.Fatal(err)
+	}
+	if end := h.waitEnd(t, sid); end.Result.Reason != ReasonFinished || end.Result.AsleepTime <= 0 {
+		t.Fatalf("finished: %+v", end.Result)
+	}
+}
