@@ -299,6 +299,12 @@ func writeSummary(w io.Writer, job *authorityv1.Job) {
 	fmt.Fprintf(w, "usage      cpu %s, peak memory %s, wall %s, disk %s\n",
 		u.GetCpuTime().AsDuration().Round(time.Millisecond), humanBytes(u.GetPeakMemoryBytes()),
 		u.GetWallTime().AsDuration().Round(time.Millisecond), humanBytes(u.GetDiskBytes()))
+	if asleep := u.GetAsleepTime().AsDuration(); asleep > 0 {
+		fmt.Fprintf(w, "awake      %s, asleep or suspended %s\n", u.GetAwakeTime().AsDuration().Round(time.Millisecond), asleep.Round(time.Millisecond))
+	}
+	if u.GetNetworkSentBytes() > 0 || u.GetNetworkReceivedBytes() > 0 {
+		fmt.Fprintf(w, "network    %s sent, %s received\n", humanBytes(u.GetNetworkSentBytes()), humanBytes(u.GetNetworkReceivedBytes()))
+	}
 	ds := r.GetDiffStat()
 	if t := job.GetSpec().GetPublishTarget(); t != nil {
 		fmt.Fprintf(w, "publish to %s:%s (after approval)\n", termtext.Line(t.GetRepository()), termtext.Line(t.GetBranch()))

@@ -49,6 +49,7 @@ func newSessionCreate(g *globals) *cobra.Command {
 	var idle time.Duration
 	var maxExecs int32
 	var noWait bool
+	var onIdle string
 	cmd := &cobra.Command{
 		Use:   "create --repo R --rev REV [flags]",
 		Short: "Create a session and wait until it runs; prints its id",
@@ -61,7 +62,11 @@ func newSessionCreate(g *globals) *cobra.Command {
 			if idle < 0 || maxExecs < 0 {
 				return usageError{errors.New("--idle-timeout and --max-execs must not be negative")}
 			}
-			spec.Session = &typesv1.SessionSpec{MaxConcurrentExecs: maxExecs}
+			action, ok := idleActionOf(onIdle)
+			if !ok {
+				return usageError{fmt.Errorf("--on-idle %q: want end or sleep", onIdle)}
+			}
+			spec.Session = &typesv1.SessionSpec{MaxConcurrentExecs: maxExecs, OnIdle: action}
 			if idle > 0 {
 				spec.Session.IdleTimeout = durationpb.New(idle)
 			}
@@ -90,6 +95,7 @@ func newSessionCreate(g *globals) *cobra.Command {
 	fl.DurationVar(&idle, "idle-timeout", 0, "end the session after this long with no exec running (default: the tenant's, 15m unless its policy says)")
 	fl.Int32Var(&maxExecs, "max-execs", 0, "how many execs may run at once (default: the tenant's, 4 unless its policy says)")
 	fl.BoolVar(&noWait, "no-wait", false, "print the id at once, without waiting for the sandbox to run")
+	fl.StringVar(&onIdle, "on-idle", "", "once idle past --idle-timeout: end, or sleep (suspended with /work and /out kept; the next exec or file call wakes it) (default: the tenant's, end unless its policy says)")
 	return cmd
 }
 
@@ -360,11 +366,11 @@ func newSessionGet(g *globals) *cobra.Command {
 					fmt.Fprintf(w, "repository %s @ %s (%s)\n", termtext.Line(s.GetSpec().GetRepository()), termtext.Line(s.GetSpec().GetRevision()),
 						termtext.Line(short(s.GetCommit())))
 					state := jobStateWord(s.GetState())
-					switch {
-					case resp.GetSuspendReason() == typesv1.TerminationReason_TERMINATION_REASON_EXECUTOR_RESTARTED:
-						state += ", suspended: its executor restarted, keeping /work and /out (session resume goes on)"
-					case resp.GetSuspended():
-						state += ", suspended"
+					if resp.GetSuspended() {
+						state += ", " + suspensionWord(resp.GetSuspendReason(), resp.GetSuspendedAt())
+					}
+					if resp.GetSuspendReason() == typesv1.TerminationReason_TERMINATION_REASON_EXECUTOR_RESTARTED {
+						state += ": its executor restarted, keeping /work and /out (session resume goes on)"
 					}
 					fmt.Fprintf(w, "state      %s\n", state)
 					writePlacement(w, s)
@@ -406,16 +412,28 @@ func writeExecLines(w io.Writer, execs []*typesv1.Exec, total int64, ups *upload
 }
 
 func newSessionList(g *globals) *cobra.Command {
+	var suspended []*authorityv1.SessionSuspension
 	return listCommand(g, "sessions",
 		func(ctx context.Context, c authorityv1.AuthorityServiceClient, tenant, token string, size int32) ([]*authorityv1.Job, string, error) {
 			r, err := c.ListSessions(ctx, &authorityv1.ListSessionsRequest{Tenant: tenant, PageSize: size, PageToken: token})
+			suspended = append(suspended, r.GetSuspended()...)
 			return r.GetSessions(), r.GetNextPageToken(), err
 		},
-		func(list []*authorityv1.Job) proto.Message { return &authorityv1.ListSessionsResponse{Sessions: list} },
+		func(list []*authorityv1.Job) proto.Message {
+			return &authorityv1.ListSessionsResponse{Sessions: list, Suspended: suspended}
+		},
 		func(w io.Writer, list []*authorityv1.Job) {
+			at := map[string]*authorityv1.SessionSuspension{}
+			for _, x := range suspended {
+				at[x.GetSessionId()] = x
+			}
 			fmt.Fprintln(w, "SESSION\tSTATE\tREPOSITORY\tCOMMIT\tCREATED")
 			for _, s := range list {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", termtext.Line(s.GetJobId()), jobStateWord(s.GetState()),
+				state := jobStateWord(s.GetState())
+				if x := at[s.GetJobId()]; x != nil {
+					state += ", " + suspensionWord(x.GetSuspendReason(), x.GetSuspendedAt())
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", termtext.Line(s.GetJobId()), state,
 					termtext.Line(s.GetSpec().GetRepository()), termtext.Line(short(s.GetCommit())), s.GetCreatedAt().AsTime().Local().Format(time.DateTime))
 			}
 		})

@@ -29,6 +29,7 @@ type updateFlags struct {
 	// A session's settings.
 	idleTimeout time.Duration
 	maxExecs    int32
+	onIdle      string
 }
 
 // networkFlags are the network-policy flags of job submit and job update.
@@ -139,6 +140,7 @@ the approval's id, and the change applies when another approver approves it
 	fl.DurationVar(&f.timeout, "timeout", 0, "deadline, counted from the job's start, e.g. 20m")
 	fl.DurationVar(&f.idleTimeout, "idle-timeout", 0, "a session's idle timeout, e.g. 1h")
 	fl.Int32Var(&f.maxExecs, "max-execs", 0, "how many execs a session may run at once")
+	fl.StringVar(&f.onIdle, "on-idle", "", "what a session does once idle past its idle timeout: end or sleep")
 	f.net.register(fl, "; replaces the policy")
 	return cmd
 }
@@ -191,11 +193,15 @@ func (u *jobUpdate) Complete(f *updateFlags, args []string) error {
 			u.limits.Deadline = durationpb.New(f.timeout)
 		}
 	}
-	if f.idleTimeout != 0 || f.maxExecs != 0 {
+	if f.idleTimeout != 0 || f.maxExecs != 0 || f.onIdle != "" {
 		if f.idleTimeout < 0 || f.maxExecs < 0 {
 			return usageError{errors.New("--idle-timeout and --max-execs must not be negative")}
 		}
-		u.session = &typesv1.SessionSpec{MaxConcurrentExecs: f.maxExecs}
+		action, ok := idleActionOf(f.onIdle)
+		if !ok {
+			return usageError{fmt.Errorf("--on-idle %q: want end or sleep", f.onIdle)}
+		}
+		u.session = &typesv1.SessionSpec{MaxConcurrentExecs: f.maxExecs, OnIdle: action}
 		if f.idleTimeout > 0 {
 			u.session.IdleTimeout = durationpb.New(f.idleTimeout)
 		}
@@ -207,7 +213,7 @@ func (u *jobUpdate) Complete(f *updateFlags, args []string) error {
 
 func (u *jobUpdate) Validate() error {
 	if u.limits == nil && u.session == nil && u.network == nil {
-		return usageError{errors.New("nothing to change: give --memory, --cpu, --pids, --timeout, --idle-timeout, --max-execs, --allow, --allow-domain or --deny-all")}
+		return usageError{errors.New("nothing to change: give --memory, --cpu, --pids, --timeout, --idle-timeout, --max-execs, --on-idle, --allow, --allow-domain or --deny-all")}
 	}
 	return nil
 }
@@ -298,7 +304,11 @@ func policyText(p *typesv1.NetworkPolicy) string {
 
 // sessionText is a session's settings in one line.
 func sessionText(s *typesv1.SessionSpec) string {
-	return fmt.Sprintf("idle timeout %s, at most %d execs at once", s.GetIdleTimeout().AsDuration(), s.GetMaxConcurrentExecs())
+	text := fmt.Sprintf("idle timeout %s, at most %d execs at once", s.GetIdleTimeout().AsDuration(), s.GetMaxConcurrentExecs())
+	if s.GetOnIdle() == typesv1.IdleAction_IDLE_ACTION_SLEEP {
+		text += ", sleeps when idle"
+	}
+	return text
 }
 
 // limitsText is limits in one line.

@@ -179,3 +179,30 @@ func orDash(s string) string {
 	}
 	return s
 }
+
+// suspensionWord says how a running session is suspended, and since when:
+// "asleep" when it fell asleep idle (its next exec or file call wakes
+// it), "suspended" otherwise.
+func suspensionWord(reason typesv1.TerminationReason, since *timestamppb.Timestamp) string {
+	w := "suspended"
+	if reason == typesv1.TerminationReason_TERMINATION_REASON_IDLE_TIMEOUT {
+		w = "asleep"
+	}
+	if since != nil {
+		w += " since " + since.AsTime().Local().Format(time.DateTime)
+	}
+	return w
+}
+
+// idleActionOf is the IdleAction --on-idle names ("" for the tenant's
+// default); false for a word that names none.
+func idleActionOf(word string) (typesv1.IdleAction, bool) {
+	if word == "" {
+		return typesv1.IdleAction_IDLE_ACTION_UNSPECIFIED, true
+	}
+	a, ok := typesv1.IdleAction_value["IDLE_ACTION_"+strings.ToUpper(word)]
+	if !ok || a == int32(typesv1.IdleAction_IDLE_ACTION_UNSPECIFIED) || strings.ToLower(word) != word {
+		return 0, false
+	}
+	return typesv1.IdleAction(a), true
+}

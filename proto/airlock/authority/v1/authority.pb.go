@@ -6558,7 +6558,9 @@ type GetSessionResponse struct {
 	ExecsTotal int64 `protobuf:"varint,4,opt,name=execs_total,json=execsTotal,proto3" json:"execs_total,omitempty"`
 	// Why a suspended session is suspended: UNSPECIFIED when a client
 	// suspended it; EXECUTOR_RESTARTED when its executor restarted under it
-	// and kept its /work changes and /out: ResumeSession goes on.
+	// and kept its /work changes and /out: ResumeSession goes on;
+	// IDLE_TIMEOUT when it fell asleep (on_idle SLEEP): its next exec or
+	// file call, or ResumeSession, wakes it.
 	SuspendReason v1.TerminationReason `protobuf:"varint,5,opt,name=suspend_reason,json=suspendReason,proto3,enum=airlock.types.v1.TerminationReason" json:"suspend_reason,omitempty"`
 	// Set when the executor could not be reached or no longer has the
 	// session, and execs are the authority's own records instead: they may
@@ -6571,8 +6573,10 @@ type GetSessionResponse struct {
 	// How many uploads there were in all (each record stands for count of
 	// them).
 	FileWritesTotal int64 `protobuf:"varint,8,opt,name=file_writes_total,json=fileWritesTotal,proto3" json:"file_writes_total,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// When a suspended session was suspended (or fell asleep).
+	SuspendedAt   *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=suspended_at,json=suspendedAt,proto3" json:"suspended_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetSessionResponse) Reset() {
@@ -6661,6 +6665,13 @@ func (x *GetSessionResponse) GetFileWritesTotal() int64 {
 	return 0
 }
 
+func (x *GetSessionResponse) GetSuspendedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SuspendedAt
+	}
+	return nil
+}
+
 // ListSessionsRequest asks for a tenant's sessions.
 type ListSessionsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -6741,6 +6752,10 @@ type ListSessionsResponse struct {
 	Sessions []*Job `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
 	// Empty on the last page.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// The running sessions of this page that are suspended or asleep, as
+	// their executors say (one whose executor did not answer in time is not
+	// listed).
+	Suspended     []*SessionSuspension `protobuf:"bytes,3,rep,name=suspended,proto3" json:"suspended,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6789,6 +6804,76 @@ func (x *ListSessionsResponse) GetNextPageToken() string {
 	return ""
 }
 
+func (x *ListSessionsResponse) GetSuspended() []*SessionSuspension {
+	if x != nil {
+		return x.Suspended
+	}
+	return nil
+}
+
+// SessionSuspension says a running session is suspended: why (as
+// GetSessionResponse.suspend_reason; IDLE_TIMEOUT is asleep) and since
+// when.
+type SessionSuspension struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	SuspendReason v1.TerminationReason   `protobuf:"varint,2,opt,name=suspend_reason,json=suspendReason,proto3,enum=airlock.types.v1.TerminationReason" json:"suspend_reason,omitempty"`
+	SuspendedAt   *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=suspended_at,json=suspendedAt,proto3" json:"suspended_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionSuspension) Reset() {
+	*x = SessionSuspension{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[79]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionSuspension) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionSuspension) ProtoMessage() {}
+
+func (x *SessionSuspension) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[79]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionSuspension.ProtoReflect.Descriptor instead.
+func (*SessionSuspension) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{79}
+}
+
+func (x *SessionSuspension) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *SessionSuspension) GetSuspendReason() v1.TerminationReason {
+	if x != nil {
+		return x.SuspendReason
+	}
+	return v1.TerminationReason(0)
+}
+
+func (x *SessionSuspension) GetSuspendedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SuspendedAt
+	}
+	return nil
+}
+
 // FinishSessionRequest names a session to finish.
 type FinishSessionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -6800,7 +6885,7 @@ type FinishSessionRequest struct {
 
 func (x *FinishSessionRequest) Reset() {
 	*x = FinishSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[79]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6812,7 +6897,7 @@ func (x *FinishSessionRequest) String() string {
 func (*FinishSessionRequest) ProtoMessage() {}
 
 func (x *FinishSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[79]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6825,7 +6910,7 @@ func (x *FinishSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishSessionRequest.ProtoReflect.Descriptor instead.
 func (*FinishSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{79}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *FinishSessionRequest) GetSessionId() string {
@@ -6846,7 +6931,7 @@ type FinishSessionResponse struct {
 
 func (x *FinishSessionResponse) Reset() {
 	*x = FinishSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6858,7 +6943,7 @@ func (x *FinishSessionResponse) String() string {
 func (*FinishSessionResponse) ProtoMessage() {}
 
 func (x *FinishSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[80]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6871,7 +6956,7 @@ func (x *FinishSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishSessionResponse.ProtoReflect.Descriptor instead.
 func (*FinishSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{80}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *FinishSessionResponse) GetSession() *Job {
@@ -6894,7 +6979,7 @@ type CancelSessionRequest struct {
 
 func (x *CancelSessionRequest) Reset() {
 	*x = CancelSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6906,7 +6991,7 @@ func (x *CancelSessionRequest) String() string {
 func (*CancelSessionRequest) ProtoMessage() {}
 
 func (x *CancelSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[81]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6919,7 +7004,7 @@ func (x *CancelSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelSessionRequest.ProtoReflect.Descriptor instead.
 func (*CancelSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{81}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *CancelSessionRequest) GetSessionId() string {
@@ -6947,7 +7032,7 @@ type CancelSessionResponse struct {
 
 func (x *CancelSessionResponse) Reset() {
 	*x = CancelSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6959,7 +7044,7 @@ func (x *CancelSessionResponse) String() string {
 func (*CancelSessionResponse) ProtoMessage() {}
 
 func (x *CancelSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[82]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6972,7 +7057,7 @@ func (x *CancelSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelSessionResponse.ProtoReflect.Descriptor instead.
 func (*CancelSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{82}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *CancelSessionResponse) GetSession() *Job {
@@ -6995,7 +7080,7 @@ type StartExecRequest struct {
 
 func (x *StartExecRequest) Reset() {
 	*x = StartExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7007,7 +7092,7 @@ func (x *StartExecRequest) String() string {
 func (*StartExecRequest) ProtoMessage() {}
 
 func (x *StartExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[83]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7020,7 +7105,7 @@ func (x *StartExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartExecRequest.ProtoReflect.Descriptor instead.
 func (*StartExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{83}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *StartExecRequest) GetSessionId() string {
@@ -7050,7 +7135,7 @@ type StartExecResponse struct {
 
 func (x *StartExecResponse) Reset() {
 	*x = StartExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7062,7 +7147,7 @@ func (x *StartExecResponse) String() string {
 func (*StartExecResponse) ProtoMessage() {}
 
 func (x *StartExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[84]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7075,7 +7160,7 @@ func (x *StartExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartExecResponse.ProtoReflect.Descriptor instead.
 func (*StartExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{84}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *StartExecResponse) GetExec() *v1.Exec {
@@ -7105,7 +7190,7 @@ type GetExecRequest struct {
 
 func (x *GetExecRequest) Reset() {
 	*x = GetExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7117,7 +7202,7 @@ func (x *GetExecRequest) String() string {
 func (*GetExecRequest) ProtoMessage() {}
 
 func (x *GetExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[85]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7130,7 +7215,7 @@ func (x *GetExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetExecRequest.ProtoReflect.Descriptor instead.
 func (*GetExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{85}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *GetExecRequest) GetSessionId() string {
@@ -7163,7 +7248,7 @@ type GetExecResponse struct {
 
 func (x *GetExecResponse) Reset() {
 	*x = GetExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7175,7 +7260,7 @@ func (x *GetExecResponse) String() string {
 func (*GetExecResponse) ProtoMessage() {}
 
 func (x *GetExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[86]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7188,7 +7273,7 @@ func (x *GetExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetExecResponse.ProtoReflect.Descriptor instead.
 func (*GetExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{86}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *GetExecResponse) GetExec() *v1.Exec {
@@ -7222,7 +7307,7 @@ type WatchExecRequest struct {
 
 func (x *WatchExecRequest) Reset() {
 	*x = WatchExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7234,7 +7319,7 @@ func (x *WatchExecRequest) String() string {
 func (*WatchExecRequest) ProtoMessage() {}
 
 func (x *WatchExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[87]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7247,7 +7332,7 @@ func (x *WatchExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchExecRequest.ProtoReflect.Descriptor instead.
 func (*WatchExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{87}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *WatchExecRequest) GetSessionId() string {
@@ -7294,7 +7379,7 @@ type WatchExecResponse struct {
 
 func (x *WatchExecResponse) Reset() {
 	*x = WatchExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7306,7 +7391,7 @@ func (x *WatchExecResponse) String() string {
 func (*WatchExecResponse) ProtoMessage() {}
 
 func (x *WatchExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[88]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7319,7 +7404,7 @@ func (x *WatchExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchExecResponse.ProtoReflect.Descriptor instead.
 func (*WatchExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{88}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *WatchExecResponse) GetEvent() isWatchExecResponse_Event {
@@ -7384,7 +7469,7 @@ type RunExecStart struct {
 
 func (x *RunExecStart) Reset() {
 	*x = RunExecStart{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7396,7 +7481,7 @@ func (x *RunExecStart) String() string {
 func (*RunExecStart) ProtoMessage() {}
 
 func (x *RunExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[89]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7409,7 +7494,7 @@ func (x *RunExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunExecStart.ProtoReflect.Descriptor instead.
 func (*RunExecStart) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{89}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *RunExecStart) GetSessionId() string {
@@ -7459,7 +7544,7 @@ type RunExecRequest struct {
 
 func (x *RunExecRequest) Reset() {
 	*x = RunExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7471,7 +7556,7 @@ func (x *RunExecRequest) String() string {
 func (*RunExecRequest) ProtoMessage() {}
 
 func (x *RunExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[90]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7484,7 +7569,7 @@ func (x *RunExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunExecRequest.ProtoReflect.Descriptor instead.
 func (*RunExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{90}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *RunExecRequest) GetMsg() isRunExecRequest_Msg {
@@ -7566,7 +7651,7 @@ type RunExecResponse struct {
 
 func (x *RunExecResponse) Reset() {
 	*x = RunExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7578,7 +7663,7 @@ func (x *RunExecResponse) String() string {
 func (*RunExecResponse) ProtoMessage() {}
 
 func (x *RunExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[91]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7591,7 +7676,7 @@ func (x *RunExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunExecResponse.ProtoReflect.Descriptor instead.
 func (*RunExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{91}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *RunExecResponse) GetEvent() isRunExecResponse_Event {
@@ -7668,7 +7753,7 @@ type CancelExecRequest struct {
 
 func (x *CancelExecRequest) Reset() {
 	*x = CancelExecRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7680,7 +7765,7 @@ func (x *CancelExecRequest) String() string {
 func (*CancelExecRequest) ProtoMessage() {}
 
 func (x *CancelExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[92]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7693,7 +7778,7 @@ func (x *CancelExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelExecRequest.ProtoReflect.Descriptor instead.
 func (*CancelExecRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{92}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *CancelExecRequest) GetSessionId() string {
@@ -7721,7 +7806,7 @@ type CancelExecResponse struct {
 
 func (x *CancelExecResponse) Reset() {
 	*x = CancelExecResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[93]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7733,7 +7818,7 @@ func (x *CancelExecResponse) String() string {
 func (*CancelExecResponse) ProtoMessage() {}
 
 func (x *CancelExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[93]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7746,7 +7831,7 @@ func (x *CancelExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelExecResponse.ProtoReflect.Descriptor instead.
 func (*CancelExecResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{93}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *CancelExecResponse) GetExec() *v1.Exec {
@@ -7771,7 +7856,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[94]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7783,7 +7868,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[94]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7796,7 +7881,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{94}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *ReadFileRequest) GetSessionId() string {
@@ -7830,7 +7915,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[95]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7842,7 +7927,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[95]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7855,7 +7940,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{95}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *ReadFileResponse) GetPart() isReadFileResponse_Part {
@@ -7916,7 +8001,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[96]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7928,7 +8013,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[96]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7941,7 +8026,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{96}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *WriteFileHeader) GetSessionId() string {
@@ -7981,7 +8066,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[97]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7993,7 +8078,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[97]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8006,7 +8091,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{97}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *WriteFileRequest) GetPart() isWriteFileRequest_Part {
@@ -8063,7 +8148,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[98]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8075,7 +8160,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[98]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8088,7 +8173,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{98}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *WriteFileResponse) GetSize() int64 {
@@ -8113,7 +8198,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[99]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8125,7 +8210,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[99]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8138,7 +8223,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{99}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *ListFilesRequest) GetSessionId() string {
@@ -8175,7 +8260,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[100]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8187,7 +8272,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[100]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8200,7 +8285,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{100}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *ListFilesResponse) GetEntries() []*v1.FileEntry {
@@ -8228,7 +8313,7 @@ type SuspendSessionRequest struct {
 
 func (x *SuspendSessionRequest) Reset() {
 	*x = SuspendSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[101]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8240,7 +8325,7 @@ func (x *SuspendSessionRequest) String() string {
 func (*SuspendSessionRequest) ProtoMessage() {}
 
 func (x *SuspendSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[101]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8253,7 +8338,7 @@ func (x *SuspendSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendSessionRequest.ProtoReflect.Descriptor instead.
 func (*SuspendSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{101}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *SuspendSessionRequest) GetSessionId() string {
@@ -8274,7 +8359,7 @@ type SuspendSessionResponse struct {
 
 func (x *SuspendSessionResponse) Reset() {
 	*x = SuspendSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[102]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8286,7 +8371,7 @@ func (x *SuspendSessionResponse) String() string {
 func (*SuspendSessionResponse) ProtoMessage() {}
 
 func (x *SuspendSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[102]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8299,7 +8384,7 @@ func (x *SuspendSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendSessionResponse.ProtoReflect.Descriptor instead.
 func (*SuspendSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{102}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *SuspendSessionResponse) GetSession() *Job {
@@ -8320,7 +8405,7 @@ type ResumeSessionRequest struct {
 
 func (x *ResumeSessionRequest) Reset() {
 	*x = ResumeSessionRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[103]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8332,7 +8417,7 @@ func (x *ResumeSessionRequest) String() string {
 func (*ResumeSessionRequest) ProtoMessage() {}
 
 func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[103]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8345,7 +8430,7 @@ func (x *ResumeSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSessionRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSessionRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{103}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *ResumeSessionRequest) GetSessionId() string {
@@ -8366,7 +8451,7 @@ type ResumeSessionResponse struct {
 
 func (x *ResumeSessionResponse) Reset() {
 	*x = ResumeSessionResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[104]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8378,7 +8463,7 @@ func (x *ResumeSessionResponse) String() string {
 func (*ResumeSessionResponse) ProtoMessage() {}
 
 func (x *ResumeSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[104]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8391,7 +8476,7 @@ func (x *ResumeSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSessionResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSessionResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{104}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *ResumeSessionResponse) GetSession() *Job {
@@ -8412,7 +8497,7 @@ type ListCachesRequest struct {
 
 func (x *ListCachesRequest) Reset() {
 	*x = ListCachesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[105]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8424,7 +8509,7 @@ func (x *ListCachesRequest) String() string {
 func (*ListCachesRequest) ProtoMessage() {}
 
 func (x *ListCachesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[105]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8437,7 +8522,7 @@ func (x *ListCachesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCachesRequest.ProtoReflect.Descriptor instead.
 func (*ListCachesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{105}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *ListCachesRequest) GetTenant() string {
@@ -8458,7 +8543,7 @@ type ListCachesResponse struct {
 
 func (x *ListCachesResponse) Reset() {
 	*x = ListCachesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[106]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8470,7 +8555,7 @@ func (x *ListCachesResponse) String() string {
 func (*ListCachesResponse) ProtoMessage() {}
 
 func (x *ListCachesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[106]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8483,7 +8568,7 @@ func (x *ListCachesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCachesResponse.ProtoReflect.Descriptor instead.
 func (*ListCachesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{106}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *ListCachesResponse) GetCaches() []*v1.CacheInfo {
@@ -8508,7 +8593,7 @@ type ClearCachesRequest struct {
 
 func (x *ClearCachesRequest) Reset() {
 	*x = ClearCachesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[107]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8520,7 +8605,7 @@ func (x *ClearCachesRequest) String() string {
 func (*ClearCachesRequest) ProtoMessage() {}
 
 func (x *ClearCachesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[107]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8533,7 +8618,7 @@ func (x *ClearCachesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClearCachesRequest.ProtoReflect.Descriptor instead.
 func (*ClearCachesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{107}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *ClearCachesRequest) GetTenant() string {
@@ -8568,7 +8653,7 @@ type ClearCachesResponse struct {
 
 func (x *ClearCachesResponse) Reset() {
 	*x = ClearCachesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[108]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8580,7 +8665,7 @@ func (x *ClearCachesResponse) String() string {
 func (*ClearCachesResponse) ProtoMessage() {}
 
 func (x *ClearCachesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[108]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8593,7 +8678,7 @@ func (x *ClearCachesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClearCachesResponse.ProtoReflect.Descriptor instead.
 func (*ClearCachesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{108}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *ClearCachesResponse) GetCleared() []*v1.CacheInfo {
@@ -8616,7 +8701,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[109]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8628,7 +8713,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[109]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8641,7 +8726,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{109}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *ListImagesRequest) GetTenant() string {
@@ -8671,7 +8756,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[110]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8683,7 +8768,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[110]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8696,7 +8781,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{110}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *ListImagesResponse) GetImages() []*v1.ImageInfo {
@@ -8726,7 +8811,7 @@ type PruneImagesRequest struct {
 
 func (x *PruneImagesRequest) Reset() {
 	*x = PruneImagesRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[111]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8738,7 +8823,7 @@ func (x *PruneImagesRequest) String() string {
 func (*PruneImagesRequest) ProtoMessage() {}
 
 func (x *PruneImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[111]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8751,7 +8836,7 @@ func (x *PruneImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneImagesRequest.ProtoReflect.Descriptor instead.
 func (*PruneImagesRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{111}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *PruneImagesRequest) GetTenant() string {
@@ -8783,7 +8868,7 @@ type PruneImagesResponse struct {
 
 func (x *PruneImagesResponse) Reset() {
 	*x = PruneImagesResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[112]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8795,7 +8880,7 @@ func (x *PruneImagesResponse) String() string {
 func (*PruneImagesResponse) ProtoMessage() {}
 
 func (x *PruneImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[112]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8808,7 +8893,7 @@ func (x *PruneImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneImagesResponse.ProtoReflect.Descriptor instead.
 func (*PruneImagesResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{112}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *PruneImagesResponse) GetPruned() []*v1.ImageInfo {
@@ -8845,7 +8930,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[113]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8857,7 +8942,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[113]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8870,7 +8955,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{113}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *HeartbeatRequest) GetAddress() string {
@@ -8917,7 +9002,7 @@ type ExecutorReport struct {
 
 func (x *ExecutorReport) Reset() {
 	*x = ExecutorReport{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[114]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8929,7 +9014,7 @@ func (x *ExecutorReport) String() string {
 func (*ExecutorReport) ProtoMessage() {}
 
 func (x *ExecutorReport) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[114]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8942,7 +9027,7 @@ func (x *ExecutorReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecutorReport.ProtoReflect.Descriptor instead.
 func (*ExecutorReport) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{114}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *ExecutorReport) GetVersion() string {
@@ -9026,7 +9111,7 @@ type ExecutorCapacity struct {
 
 func (x *ExecutorCapacity) Reset() {
 	*x = ExecutorCapacity{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[115]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9038,7 +9123,7 @@ func (x *ExecutorCapacity) String() string {
 func (*ExecutorCapacity) ProtoMessage() {}
 
 func (x *ExecutorCapacity) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[115]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9051,7 +9136,7 @@ func (x *ExecutorCapacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecutorCapacity.ProtoReflect.Descriptor instead.
 func (*ExecutorCapacity) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{115}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *ExecutorCapacity) GetMemoryBytes() int64 {
@@ -9132,7 +9217,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[116]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9144,7 +9229,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[116]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9157,7 +9242,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{116}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{117}
 }
 
 func (x *HeartbeatResponse) GetName() string {
@@ -9225,7 +9310,7 @@ type Executor struct {
 
 func (x *Executor) Reset() {
 	*x = Executor{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[117]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9237,7 +9322,7 @@ func (x *Executor) String() string {
 func (*Executor) ProtoMessage() {}
 
 func (x *Executor) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[117]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9250,7 +9335,7 @@ func (x *Executor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Executor.ProtoReflect.Descriptor instead.
 func (*Executor) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{117}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{118}
 }
 
 func (x *Executor) GetName() string {
@@ -9346,7 +9431,7 @@ type ListExecutorsRequest struct {
 
 func (x *ListExecutorsRequest) Reset() {
 	*x = ListExecutorsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[118]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9358,7 +9443,7 @@ func (x *ListExecutorsRequest) String() string {
 func (*ListExecutorsRequest) ProtoMessage() {}
 
 func (x *ListExecutorsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[118]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9371,7 +9456,7 @@ func (x *ListExecutorsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecutorsRequest.ProtoReflect.Descriptor instead.
 func (*ListExecutorsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{118}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{119}
 }
 
 // ListExecutorsResponse is the fleet, by name.
@@ -9384,7 +9469,7 @@ type ListExecutorsResponse struct {
 
 func (x *ListExecutorsResponse) Reset() {
 	*x = ListExecutorsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[119]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[120]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9396,7 +9481,7 @@ func (x *ListExecutorsResponse) String() string {
 func (*ListExecutorsResponse) ProtoMessage() {}
 
 func (x *ListExecutorsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[119]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[120]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9409,7 +9494,7 @@ func (x *ListExecutorsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecutorsResponse.ProtoReflect.Descriptor instead.
 func (*ListExecutorsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{119}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{120}
 }
 
 func (x *ListExecutorsResponse) GetExecutors() []*Executor {
@@ -9430,7 +9515,7 @@ type GetExecutorRequest struct {
 
 func (x *GetExecutorRequest) Reset() {
 	*x = GetExecutorRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[120]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[121]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9442,7 +9527,7 @@ func (x *GetExecutorRequest) String() string {
 func (*GetExecutorRequest) ProtoMessage() {}
 
 func (x *GetExecutorRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[120]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[121]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9455,7 +9540,7 @@ func (x *GetExecutorRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetExecutorRequest.ProtoReflect.Descriptor instead.
 func (*GetExecutorRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{120}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{121}
 }
 
 func (x *GetExecutorRequest) GetName() string {
@@ -9478,7 +9563,7 @@ type GetExecutorResponse struct {
 
 func (x *GetExecutorResponse) Reset() {
 	*x = GetExecutorResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[121]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[122]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9490,7 +9575,7 @@ func (x *GetExecutorResponse) String() string {
 func (*GetExecutorResponse) ProtoMessage() {}
 
 func (x *GetExecutorResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[121]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[122]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9503,7 +9588,7 @@ func (x *GetExecutorResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetExecutorResponse.ProtoReflect.Descriptor instead.
 func (*GetExecutorResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{121}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{122}
 }
 
 func (x *GetExecutorResponse) GetExecutor() *Executor {
@@ -9535,7 +9620,7 @@ type DrainExecutorRequest struct {
 
 func (x *DrainExecutorRequest) Reset() {
 	*x = DrainExecutorRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[122]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[123]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9547,7 +9632,7 @@ func (x *DrainExecutorRequest) String() string {
 func (*DrainExecutorRequest) ProtoMessage() {}
 
 func (x *DrainExecutorRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[122]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[123]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9560,7 +9645,7 @@ func (x *DrainExecutorRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainExecutorRequest.ProtoReflect.Descriptor instead.
 func (*DrainExecutorRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{122}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{123}
 }
 
 func (x *DrainExecutorRequest) GetName() string {
@@ -9594,7 +9679,7 @@ type DrainExecutorResponse struct {
 
 func (x *DrainExecutorResponse) Reset() {
 	*x = DrainExecutorResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[123]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[124]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9606,7 +9691,7 @@ func (x *DrainExecutorResponse) String() string {
 func (*DrainExecutorResponse) ProtoMessage() {}
 
 func (x *DrainExecutorResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[123]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[124]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9619,7 +9704,7 @@ func (x *DrainExecutorResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainExecutorResponse.ProtoReflect.Descriptor instead.
 func (*DrainExecutorResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{123}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{124}
 }
 
 func (x *DrainExecutorResponse) GetExecutor() *Executor {
@@ -9650,7 +9735,7 @@ type GetUsageRequest struct {
 
 func (x *GetUsageRequest) Reset() {
 	*x = GetUsageRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[124]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[125]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9662,7 +9747,7 @@ func (x *GetUsageRequest) String() string {
 func (*GetUsageRequest) ProtoMessage() {}
 
 func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[124]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[125]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9675,7 +9760,7 @@ func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetUsageRequest.ProtoReflect.Descriptor instead.
 func (*GetUsageRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{124}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{125}
 }
 
 func (x *GetUsageRequest) GetTenant() string {
@@ -9750,7 +9835,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[125]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[126]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9762,7 +9847,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[125]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[126]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9775,7 +9860,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{125}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{126}
 }
 
 func (x *Usage) GetJobId() string {
@@ -9899,7 +9984,7 @@ type UsageRates struct {
 
 func (x *UsageRates) Reset() {
 	*x = UsageRates{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[126]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[127]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9911,7 +9996,7 @@ func (x *UsageRates) String() string {
 func (*UsageRates) ProtoMessage() {}
 
 func (x *UsageRates) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[126]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[127]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9924,7 +10009,7 @@ func (x *UsageRates) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageRates.ProtoReflect.Descriptor instead.
 func (*UsageRates) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{126}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{127}
 }
 
 func (x *UsageRates) GetVcpuMonthMicros() int64 {
@@ -9969,7 +10054,7 @@ type Budget struct {
 
 func (x *Budget) Reset() {
 	*x = Budget{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[127]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[128]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9981,7 +10066,7 @@ func (x *Budget) String() string {
 func (*Budget) ProtoMessage() {}
 
 func (x *Budget) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[127]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[128]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9994,7 +10079,7 @@ func (x *Budget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Budget.ProtoReflect.Descriptor instead.
 func (*Budget) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{127}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{128}
 }
 
 func (x *Budget) GetTenant() string {
@@ -10036,7 +10121,7 @@ type GetUsageResponse struct {
 
 func (x *GetUsageResponse) Reset() {
 	*x = GetUsageResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[128]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[129]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10048,7 +10133,7 @@ func (x *GetUsageResponse) String() string {
 func (*GetUsageResponse) ProtoMessage() {}
 
 func (x *GetUsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[128]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[129]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10061,7 +10146,7 @@ func (x *GetUsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetUsageResponse.ProtoReflect.Descriptor instead.
 func (*GetUsageResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{128}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{129}
 }
 
 func (x *GetUsageResponse) GetRows() []*Usage {
@@ -10130,7 +10215,7 @@ type PortForward struct {
 
 func (x *PortForward) Reset() {
 	*x = PortForward{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[129]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[130]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10142,7 +10227,7 @@ func (x *PortForward) String() string {
 func (*PortForward) ProtoMessage() {}
 
 func (x *PortForward) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[129]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[130]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10155,7 +10240,7 @@ func (x *PortForward) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortForward.ProtoReflect.Descriptor instead.
 func (*PortForward) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{129}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{130}
 }
 
 func (x *PortForward) GetForwardId() string {
@@ -10272,7 +10357,7 @@ type OpenPortForwardRequest struct {
 
 func (x *OpenPortForwardRequest) Reset() {
 	*x = OpenPortForwardRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[130]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[131]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10284,7 +10369,7 @@ func (x *OpenPortForwardRequest) String() string {
 func (*OpenPortForwardRequest) ProtoMessage() {}
 
 func (x *OpenPortForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[130]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[131]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10297,7 +10382,7 @@ func (x *OpenPortForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenPortForwardRequest.ProtoReflect.Descriptor instead.
 func (*OpenPortForwardRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{130}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{131}
 }
 
 func (x *OpenPortForwardRequest) GetSessionId() string {
@@ -10332,7 +10417,7 @@ type OpenPortForwardResponse struct {
 
 func (x *OpenPortForwardResponse) Reset() {
 	*x = OpenPortForwardResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[131]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[132]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10344,7 +10429,7 @@ func (x *OpenPortForwardResponse) String() string {
 func (*OpenPortForwardResponse) ProtoMessage() {}
 
 func (x *OpenPortForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[131]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[132]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10357,7 +10442,7 @@ func (x *OpenPortForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenPortForwardResponse.ProtoReflect.Descriptor instead.
 func (*OpenPortForwardResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{131}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{132}
 }
 
 func (x *OpenPortForwardResponse) GetForward() *PortForward {
@@ -10381,7 +10466,7 @@ type ForwardPortRequest struct {
 
 func (x *ForwardPortRequest) Reset() {
 	*x = ForwardPortRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[132]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[133]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10393,7 +10478,7 @@ func (x *ForwardPortRequest) String() string {
 func (*ForwardPortRequest) ProtoMessage() {}
 
 func (x *ForwardPortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[132]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[133]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10406,7 +10491,7 @@ func (x *ForwardPortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardPortRequest.ProtoReflect.Descriptor instead.
 func (*ForwardPortRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{132}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{133}
 }
 
 func (x *ForwardPortRequest) GetMsg() isForwardPortRequest_Msg {
@@ -10466,7 +10551,7 @@ type ForwardPortResponse struct {
 
 func (x *ForwardPortResponse) Reset() {
 	*x = ForwardPortResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[133]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[134]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10478,7 +10563,7 @@ func (x *ForwardPortResponse) String() string {
 func (*ForwardPortResponse) ProtoMessage() {}
 
 func (x *ForwardPortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[133]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[134]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10491,7 +10576,7 @@ func (x *ForwardPortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardPortResponse.ProtoReflect.Descriptor instead.
 func (*ForwardPortResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{133}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{134}
 }
 
 func (x *ForwardPortResponse) GetMsg() isForwardPortResponse_Msg {
@@ -10547,7 +10632,7 @@ type ClosePortForwardRequest struct {
 
 func (x *ClosePortForwardRequest) Reset() {
 	*x = ClosePortForwardRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[134]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[135]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10559,7 +10644,7 @@ func (x *ClosePortForwardRequest) String() string {
 func (*ClosePortForwardRequest) ProtoMessage() {}
 
 func (x *ClosePortForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[134]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[135]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10572,7 +10657,7 @@ func (x *ClosePortForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClosePortForwardRequest.ProtoReflect.Descriptor instead.
 func (*ClosePortForwardRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{134}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{135}
 }
 
 func (x *ClosePortForwardRequest) GetForwardId() string {
@@ -10592,7 +10677,7 @@ type ClosePortForwardResponse struct {
 
 func (x *ClosePortForwardResponse) Reset() {
 	*x = ClosePortForwardResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[135]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[136]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10604,7 +10689,7 @@ func (x *ClosePortForwardResponse) String() string {
 func (*ClosePortForwardResponse) ProtoMessage() {}
 
 func (x *ClosePortForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[135]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[136]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10617,7 +10702,7 @@ func (x *ClosePortForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClosePortForwardResponse.ProtoReflect.Descriptor instead.
 func (*ClosePortForwardResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{135}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{136}
 }
 
 func (x *ClosePortForwardResponse) GetForward() *PortForward {
@@ -10643,7 +10728,7 @@ type ListPortForwardsRequest struct {
 
 func (x *ListPortForwardsRequest) Reset() {
 	*x = ListPortForwardsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[136]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[137]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10655,7 +10740,7 @@ func (x *ListPortForwardsRequest) String() string {
 func (*ListPortForwardsRequest) ProtoMessage() {}
 
 func (x *ListPortForwardsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[136]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[137]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10668,7 +10753,7 @@ func (x *ListPortForwardsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPortForwardsRequest.ProtoReflect.Descriptor instead.
 func (*ListPortForwardsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{136}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{137}
 }
 
 func (x *ListPortForwardsRequest) GetSessionId() string {
@@ -10702,7 +10787,7 @@ type ListPortForwardsResponse struct {
 
 func (x *ListPortForwardsResponse) Reset() {
 	*x = ListPortForwardsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[137]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[138]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10714,7 +10799,7 @@ func (x *ListPortForwardsResponse) String() string {
 func (*ListPortForwardsResponse) ProtoMessage() {}
 
 func (x *ListPortForwardsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[137]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[138]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10727,7 +10812,7 @@ func (x *ListPortForwardsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPortForwardsResponse.ProtoReflect.Descriptor instead.
 func (*ListPortForwardsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{137}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{138}
 }
 
 func (x *ListPortForwardsResponse) GetForwards() []*PortForward {
@@ -11182,7 +11267,7 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x0ebudget_warning\x18\x03 \x01(\tR\rbudgetWarning\"2\n" +
 	"\x11GetSessionRequest\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\tR\tsessionId\"\x8d\x03\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\"\xcc\x03\n" +
 	"\x12GetSessionResponse\x123\n" +
 	"\asession\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\asession\x12,\n" +
 	"\x05execs\x18\x02 \x03(\v2\x16.airlock.types.v1.ExecR\x05execs\x12\x1c\n" +
@@ -11194,16 +11279,23 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"execsStale\x12<\n" +
 	"\vfile_writes\x18\a \x03(\v2\x1b.airlock.types.v1.FileWriteR\n" +
 	"fileWrites\x12*\n" +
-	"\x11file_writes_total\x18\b \x01(\x03R\x0ffileWritesTotal\"\xa1\x01\n" +
+	"\x11file_writes_total\x18\b \x01(\x03R\x0ffileWritesTotal\x12=\n" +
+	"\fsuspended_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\vsuspendedAt\"\xa1\x01\n" +
 	"\x13ListSessionsRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x126\n" +
 	"\x06states\x18\x02 \x03(\x0e2\x1e.airlock.authority.v1.JobStateR\x06states\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageToken\"u\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\xbc\x01\n" +
 	"\x14ListSessionsResponse\x125\n" +
 	"\bsessions\x18\x01 \x03(\v2\x19.airlock.authority.v1.JobR\bsessions\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"5\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12E\n" +
+	"\tsuspended\x18\x03 \x03(\v2'.airlock.authority.v1.SessionSuspensionR\tsuspended\"\xbd\x01\n" +
+	"\x11SessionSuspension\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12J\n" +
+	"\x0esuspend_reason\x18\x02 \x01(\x0e2#.airlock.types.v1.TerminationReasonR\rsuspendReason\x12=\n" +
+	"\fsuspended_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\vsuspendedAt\"5\n" +
 	"\x14FinishSessionRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\"L\n" +
@@ -11616,7 +11708,7 @@ func file_airlock_authority_v1_authority_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_authority_v1_authority_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
-var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 140)
+var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 141)
 var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(JobState)(0),                        // 0: airlock.authority.v1.JobState
 	(FileStatus)(0),                      // 1: airlock.authority.v1.FileStatus
@@ -11708,109 +11800,110 @@ var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(*GetSessionResponse)(nil),           // 87: airlock.authority.v1.GetSessionResponse
 	(*ListSessionsRequest)(nil),          // 88: airlock.authority.v1.ListSessionsRequest
 	(*ListSessionsResponse)(nil),         // 89: airlock.authority.v1.ListSessionsResponse
-	(*FinishSessionRequest)(nil),         // 90: airlock.authority.v1.FinishSessionRequest
-	(*FinishSessionResponse)(nil),        // 91: airlock.authority.v1.FinishSessionResponse
-	(*CancelSessionRequest)(nil),         // 92: airlock.authority.v1.CancelSessionRequest
-	(*CancelSessionResponse)(nil),        // 93: airlock.authority.v1.CancelSessionResponse
-	(*StartExecRequest)(nil),             // 94: airlock.authority.v1.StartExecRequest
-	(*StartExecResponse)(nil),            // 95: airlock.authority.v1.StartExecResponse
-	(*GetExecRequest)(nil),               // 96: airlock.authority.v1.GetExecRequest
-	(*GetExecResponse)(nil),              // 97: airlock.authority.v1.GetExecResponse
-	(*WatchExecRequest)(nil),             // 98: airlock.authority.v1.WatchExecRequest
-	(*WatchExecResponse)(nil),            // 99: airlock.authority.v1.WatchExecResponse
-	(*RunExecStart)(nil),                 // 100: airlock.authority.v1.RunExecStart
-	(*RunExecRequest)(nil),               // 101: airlock.authority.v1.RunExecRequest
-	(*RunExecResponse)(nil),              // 102: airlock.authority.v1.RunExecResponse
-	(*CancelExecRequest)(nil),            // 103: airlock.authority.v1.CancelExecRequest
-	(*CancelExecResponse)(nil),           // 104: airlock.authority.v1.CancelExecResponse
-	(*ReadFileRequest)(nil),              // 105: airlock.authority.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),             // 106: airlock.authority.v1.ReadFileResponse
-	(*WriteFileHeader)(nil),              // 107: airlock.authority.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),             // 108: airlock.authority.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),            // 109: airlock.authority.v1.WriteFileResponse
-	(*ListFilesRequest)(nil),             // 110: airlock.authority.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),            // 111: airlock.authority.v1.ListFilesResponse
-	(*SuspendSessionRequest)(nil),        // 112: airlock.authority.v1.SuspendSessionRequest
-	(*SuspendSessionResponse)(nil),       // 113: airlock.authority.v1.SuspendSessionResponse
-	(*ResumeSessionRequest)(nil),         // 114: airlock.authority.v1.ResumeSessionRequest
-	(*ResumeSessionResponse)(nil),        // 115: airlock.authority.v1.ResumeSessionResponse
-	(*ListCachesRequest)(nil),            // 116: airlock.authority.v1.ListCachesRequest
-	(*ListCachesResponse)(nil),           // 117: airlock.authority.v1.ListCachesResponse
-	(*ClearCachesRequest)(nil),           // 118: airlock.authority.v1.ClearCachesRequest
-	(*ClearCachesResponse)(nil),          // 119: airlock.authority.v1.ClearCachesResponse
-	(*ListImagesRequest)(nil),            // 120: airlock.authority.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),           // 121: airlock.authority.v1.ListImagesResponse
-	(*PruneImagesRequest)(nil),           // 122: airlock.authority.v1.PruneImagesRequest
-	(*PruneImagesResponse)(nil),          // 123: airlock.authority.v1.PruneImagesResponse
-	(*HeartbeatRequest)(nil),             // 124: airlock.authority.v1.HeartbeatRequest
-	(*ExecutorReport)(nil),               // 125: airlock.authority.v1.ExecutorReport
-	(*ExecutorCapacity)(nil),             // 126: airlock.authority.v1.ExecutorCapacity
-	(*HeartbeatResponse)(nil),            // 127: airlock.authority.v1.HeartbeatResponse
-	(*Executor)(nil),                     // 128: airlock.authority.v1.Executor
-	(*ListExecutorsRequest)(nil),         // 129: airlock.authority.v1.ListExecutorsRequest
-	(*ListExecutorsResponse)(nil),        // 130: airlock.authority.v1.ListExecutorsResponse
-	(*GetExecutorRequest)(nil),           // 131: airlock.authority.v1.GetExecutorRequest
-	(*GetExecutorResponse)(nil),          // 132: airlock.authority.v1.GetExecutorResponse
-	(*DrainExecutorRequest)(nil),         // 133: airlock.authority.v1.DrainExecutorRequest
-	(*DrainExecutorResponse)(nil),        // 134: airlock.authority.v1.DrainExecutorResponse
-	(*GetUsageRequest)(nil),              // 135: airlock.authority.v1.GetUsageRequest
-	(*Usage)(nil),                        // 136: airlock.authority.v1.Usage
-	(*UsageRates)(nil),                   // 137: airlock.authority.v1.UsageRates
-	(*Budget)(nil),                       // 138: airlock.authority.v1.Budget
-	(*GetUsageResponse)(nil),             // 139: airlock.authority.v1.GetUsageResponse
-	(*PortForward)(nil),                  // 140: airlock.authority.v1.PortForward
-	(*OpenPortForwardRequest)(nil),       // 141: airlock.authority.v1.OpenPortForwardRequest
-	(*OpenPortForwardResponse)(nil),      // 142: airlock.authority.v1.OpenPortForwardResponse
-	(*ForwardPortRequest)(nil),           // 143: airlock.authority.v1.ForwardPortRequest
-	(*ForwardPortResponse)(nil),          // 144: airlock.authority.v1.ForwardPortResponse
-	(*ClosePortForwardRequest)(nil),      // 145: airlock.authority.v1.ClosePortForwardRequest
-	(*ClosePortForwardResponse)(nil),     // 146: airlock.authority.v1.ClosePortForwardResponse
-	(*ListPortForwardsRequest)(nil),      // 147: airlock.authority.v1.ListPortForwardsRequest
-	(*ListPortForwardsResponse)(nil),     // 148: airlock.authority.v1.ListPortForwardsResponse
-	nil,                                  // 149: airlock.authority.v1.JobSpec.EnvEntry
-	nil,                                  // 150: airlock.authority.v1.UsageRates.ClassComputeMillisEntry
-	(*v1.ResourceLimits)(nil),            // 151: airlock.types.v1.ResourceLimits
-	(*v1.NetworkPolicy)(nil),             // 152: airlock.types.v1.NetworkPolicy
-	(v1.RuntimeClass)(0),                 // 153: airlock.types.v1.RuntimeClass
-	(*v1.PublishTarget)(nil),             // 154: airlock.types.v1.PublishTarget
-	(*v1.SessionSpec)(nil),               // 155: airlock.types.v1.SessionSpec
-	(*v1.JobUser)(nil),                   // 156: airlock.types.v1.JobUser
-	(*timestamppb.Timestamp)(nil),        // 157: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),                 // 158: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil),       // 159: airlock.types.v1.NetworkPolicyStatus
-	(*v1.ImageGrant)(nil),                // 160: airlock.types.v1.ImageGrant
-	(*v1.OutputChunk)(nil),               // 161: airlock.types.v1.OutputChunk
-	(*v1.EgressEvent)(nil),               // 162: airlock.types.v1.EgressEvent
-	(*v1.Exec)(nil),                      // 163: airlock.types.v1.Exec
-	(*v1.FileWrite)(nil),                 // 164: airlock.types.v1.FileWrite
-	(*v1.EgressRecord)(nil),              // 165: airlock.types.v1.EgressRecord
-	(*durationpb.Duration)(nil),          // 166: google.protobuf.Duration
-	(v1.TerminationReason)(0),            // 167: airlock.types.v1.TerminationReason
-	(*v1.ExecSpec)(nil),                  // 168: airlock.types.v1.ExecSpec
-	(*v1.FileHeader)(nil),                // 169: airlock.types.v1.FileHeader
-	(*v1.FileEntry)(nil),                 // 170: airlock.types.v1.FileEntry
-	(*v1.CacheInfo)(nil),                 // 171: airlock.types.v1.CacheInfo
-	(*v1.ImageInfo)(nil),                 // 172: airlock.types.v1.ImageInfo
-	(*v1.ImageCacheStats)(nil),           // 173: airlock.types.v1.ImageCacheStats
+	(*SessionSuspension)(nil),            // 90: airlock.authority.v1.SessionSuspension
+	(*FinishSessionRequest)(nil),         // 91: airlock.authority.v1.FinishSessionRequest
+	(*FinishSessionResponse)(nil),        // 92: airlock.authority.v1.FinishSessionResponse
+	(*CancelSessionRequest)(nil),         // 93: airlock.authority.v1.CancelSessionRequest
+	(*CancelSessionResponse)(nil),        // 94: airlock.authority.v1.CancelSessionResponse
+	(*StartExecRequest)(nil),             // 95: airlock.authority.v1.StartExecRequest
+	(*StartExecResponse)(nil),            // 96: airlock.authority.v1.StartExecResponse
+	(*GetExecRequest)(nil),               // 97: airlock.authority.v1.GetExecRequest
+	(*GetExecResponse)(nil),              // 98: airlock.authority.v1.GetExecResponse
+	(*WatchExecRequest)(nil),             // 99: airlock.authority.v1.WatchExecRequest
+	(*WatchExecResponse)(nil),            // 100: airlock.authority.v1.WatchExecResponse
+	(*RunExecStart)(nil),                 // 101: airlock.authority.v1.RunExecStart
+	(*RunExecRequest)(nil),               // 102: airlock.authority.v1.RunExecRequest
+	(*RunExecResponse)(nil),              // 103: airlock.authority.v1.RunExecResponse
+	(*CancelExecRequest)(nil),            // 104: airlock.authority.v1.CancelExecRequest
+	(*CancelExecResponse)(nil),           // 105: airlock.authority.v1.CancelExecResponse
+	(*ReadFileRequest)(nil),              // 106: airlock.authority.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),             // 107: airlock.authority.v1.ReadFileResponse
+	(*WriteFileHeader)(nil),              // 108: airlock.authority.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),             // 109: airlock.authority.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),            // 110: airlock.authority.v1.WriteFileResponse
+	(*ListFilesRequest)(nil),             // 111: airlock.authority.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),            // 112: airlock.authority.v1.ListFilesResponse
+	(*SuspendSessionRequest)(nil),        // 113: airlock.authority.v1.SuspendSessionRequest
+	(*SuspendSessionResponse)(nil),       // 114: airlock.authority.v1.SuspendSessionResponse
+	(*ResumeSessionRequest)(nil),         // 115: airlock.authority.v1.ResumeSessionRequest
+	(*ResumeSessionResponse)(nil),        // 116: airlock.authority.v1.ResumeSessionResponse
+	(*ListCachesRequest)(nil),            // 117: airlock.authority.v1.ListCachesRequest
+	(*ListCachesResponse)(nil),           // 118: airlock.authority.v1.ListCachesResponse
+	(*ClearCachesRequest)(nil),           // 119: airlock.authority.v1.ClearCachesRequest
+	(*ClearCachesResponse)(nil),          // 120: airlock.authority.v1.ClearCachesResponse
+	(*ListImagesRequest)(nil),            // 121: airlock.authority.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),           // 122: airlock.authority.v1.ListImagesResponse
+	(*PruneImagesRequest)(nil),           // 123: airlock.authority.v1.PruneImagesRequest
+	(*PruneImagesResponse)(nil),          // 124: airlock.authority.v1.PruneImagesResponse
+	(*HeartbeatRequest)(nil),             // 125: airlock.authority.v1.HeartbeatRequest
+	(*ExecutorReport)(nil),               // 126: airlock.authority.v1.ExecutorReport
+	(*ExecutorCapacity)(nil),             // 127: airlock.authority.v1.ExecutorCapacity
+	(*HeartbeatResponse)(nil),            // 128: airlock.authority.v1.HeartbeatResponse
+	(*Executor)(nil),                     // 129: airlock.authority.v1.Executor
+	(*ListExecutorsRequest)(nil),         // 130: airlock.authority.v1.ListExecutorsRequest
+	(*ListExecutorsResponse)(nil),        // 131: airlock.authority.v1.ListExecutorsResponse
+	(*GetExecutorRequest)(nil),           // 132: airlock.authority.v1.GetExecutorRequest
+	(*GetExecutorResponse)(nil),          // 133: airlock.authority.v1.GetExecutorResponse
+	(*DrainExecutorRequest)(nil),         // 134: airlock.authority.v1.DrainExecutorRequest
+	(*DrainExecutorResponse)(nil),        // 135: airlock.authority.v1.DrainExecutorResponse
+	(*GetUsageRequest)(nil),              // 136: airlock.authority.v1.GetUsageRequest
+	(*Usage)(nil),                        // 137: airlock.authority.v1.Usage
+	(*UsageRates)(nil),                   // 138: airlock.authority.v1.UsageRates
+	(*Budget)(nil),                       // 139: airlock.authority.v1.Budget
+	(*GetUsageResponse)(nil),             // 140: airlock.authority.v1.GetUsageResponse
+	(*PortForward)(nil),                  // 141: airlock.authority.v1.PortForward
+	(*OpenPortForwardRequest)(nil),       // 142: airlock.authority.v1.OpenPortForwardRequest
+	(*OpenPortForwardResponse)(nil),      // 143: airlock.authority.v1.OpenPortForwardResponse
+	(*ForwardPortRequest)(nil),           // 144: airlock.authority.v1.ForwardPortRequest
+	(*ForwardPortResponse)(nil),          // 145: airlock.authority.v1.ForwardPortResponse
+	(*ClosePortForwardRequest)(nil),      // 146: airlock.authority.v1.ClosePortForwardRequest
+	(*ClosePortForwardResponse)(nil),     // 147: airlock.authority.v1.ClosePortForwardResponse
+	(*ListPortForwardsRequest)(nil),      // 148: airlock.authority.v1.ListPortForwardsRequest
+	(*ListPortForwardsResponse)(nil),     // 149: airlock.authority.v1.ListPortForwardsResponse
+	nil,                                  // 150: airlock.authority.v1.JobSpec.EnvEntry
+	nil,                                  // 151: airlock.authority.v1.UsageRates.ClassComputeMillisEntry
+	(*v1.ResourceLimits)(nil),            // 152: airlock.types.v1.ResourceLimits
+	(*v1.NetworkPolicy)(nil),             // 153: airlock.types.v1.NetworkPolicy
+	(v1.RuntimeClass)(0),                 // 154: airlock.types.v1.RuntimeClass
+	(*v1.PublishTarget)(nil),             // 155: airlock.types.v1.PublishTarget
+	(*v1.SessionSpec)(nil),               // 156: airlock.types.v1.SessionSpec
+	(*v1.JobUser)(nil),                   // 157: airlock.types.v1.JobUser
+	(*timestamppb.Timestamp)(nil),        // 158: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),                 // 159: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil),       // 160: airlock.types.v1.NetworkPolicyStatus
+	(*v1.ImageGrant)(nil),                // 161: airlock.types.v1.ImageGrant
+	(*v1.OutputChunk)(nil),               // 162: airlock.types.v1.OutputChunk
+	(*v1.EgressEvent)(nil),               // 163: airlock.types.v1.EgressEvent
+	(*v1.Exec)(nil),                      // 164: airlock.types.v1.Exec
+	(*v1.FileWrite)(nil),                 // 165: airlock.types.v1.FileWrite
+	(*v1.EgressRecord)(nil),              // 166: airlock.types.v1.EgressRecord
+	(*durationpb.Duration)(nil),          // 167: google.protobuf.Duration
+	(v1.TerminationReason)(0),            // 168: airlock.types.v1.TerminationReason
+	(*v1.ExecSpec)(nil),                  // 169: airlock.types.v1.ExecSpec
+	(*v1.FileHeader)(nil),                // 170: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),                 // 171: airlock.types.v1.FileEntry
+	(*v1.CacheInfo)(nil),                 // 172: airlock.types.v1.CacheInfo
+	(*v1.ImageInfo)(nil),                 // 173: airlock.types.v1.ImageInfo
+	(*v1.ImageCacheStats)(nil),           // 174: airlock.types.v1.ImageCacheStats
 }
 var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
-	149, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
-	151, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
-	152, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	153, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	154, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
-	155, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
-	156, // 6: airlock.authority.v1.JobSpec.user:type_name -> airlock.types.v1.JobUser
+	150, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
+	152, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
+	153, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	154, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	155, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
+	156, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
+	157, // 6: airlock.authority.v1.JobSpec.user:type_name -> airlock.types.v1.JobUser
 	11,  // 7: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
 	0,   // 8: airlock.authority.v1.Job.state:type_name -> airlock.authority.v1.JobState
-	157, // 9: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	157, // 10: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	158, // 11: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
-	159, // 12: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	151, // 13: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
-	155, // 14: airlock.authority.v1.Job.session:type_name -> airlock.types.v1.SessionSpec
-	156, // 15: airlock.authority.v1.Job.user:type_name -> airlock.types.v1.JobUser
-	160, // 16: airlock.authority.v1.Job.image:type_name -> airlock.types.v1.ImageGrant
+	158, // 9: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	158, // 10: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	159, // 11: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
+	160, // 12: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	152, // 13: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
+	156, // 14: airlock.authority.v1.Job.session:type_name -> airlock.types.v1.SessionSpec
+	157, // 15: airlock.authority.v1.Job.user:type_name -> airlock.types.v1.JobUser
+	161, // 16: airlock.authority.v1.Job.image:type_name -> airlock.types.v1.ImageGrant
 	11,  // 17: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
 	12,  // 18: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
 	12,  // 19: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
@@ -11820,46 +11913,46 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	0,   // 23: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
 	12,  // 24: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
 	12,  // 25: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
-	161, // 26: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
-	162, // 27: airlock.authority.v1.WatchJobResponse.egress:type_name -> airlock.types.v1.EgressEvent
+	162, // 26: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
+	163, // 27: airlock.authority.v1.WatchJobResponse.egress:type_name -> airlock.types.v1.EgressEvent
 	12,  // 28: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
 	32,  // 29: airlock.authority.v1.FetchImageBlobResponse.header:type_name -> airlock.authority.v1.ImageBlobHeader
 	29,  // 30: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
 	30,  // 31: airlock.authority.v1.FetchSourceResponse.history:type_name -> airlock.authority.v1.SourceHistory
-	158, // 32: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
+	159, // 32: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
 	38,  // 33: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
 	1,   // 34: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
 	36,  // 35: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
 	37,  // 36: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
 	37,  // 37: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
 	39,  // 38: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
-	163, // 39: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
-	164, // 40: airlock.authority.v1.ReviewDetail.file_writes:type_name -> airlock.types.v1.FileWrite
-	165, // 41: airlock.authority.v1.EgressLog.records:type_name -> airlock.types.v1.EgressRecord
+	164, // 39: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
+	165, // 40: airlock.authority.v1.ReviewDetail.file_writes:type_name -> airlock.types.v1.FileWrite
+	166, // 41: airlock.authority.v1.EgressLog.records:type_name -> airlock.types.v1.EgressRecord
 	41,  // 42: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
-	165, // 43: airlock.authority.v1.EgressLog.last:type_name -> airlock.types.v1.EgressRecord
+	166, // 43: airlock.authority.v1.EgressLog.last:type_name -> airlock.types.v1.EgressRecord
 	40,  // 44: airlock.authority.v1.EgressLog.credentials:type_name -> airlock.authority.v1.CredentialUse
 	12,  // 45: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
-	151, // 46: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
-	151, // 47: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
-	152, // 48: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	152, // 49: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	155, // 50: airlock.authority.v1.JobChange.from_session:type_name -> airlock.types.v1.SessionSpec
-	155, // 51: airlock.authority.v1.JobChange.to_session:type_name -> airlock.types.v1.SessionSpec
+	152, // 46: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
+	152, // 47: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
+	153, // 48: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	153, // 49: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	156, // 50: airlock.authority.v1.JobChange.from_session:type_name -> airlock.types.v1.SessionSpec
+	156, // 51: airlock.authority.v1.JobChange.to_session:type_name -> airlock.types.v1.SessionSpec
 	3,   // 52: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
-	157, // 53: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
-	154, // 54: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
+	158, // 53: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
+	155, // 54: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
 	2,   // 55: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
 	44,  // 56: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
-	157, // 57: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
-	157, // 58: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	158, // 57: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
+	158, // 58: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
 	4,   // 59: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
 	43,  // 60: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
 	46,  // 61: airlock.authority.v1.Approval.start:type_name -> airlock.authority.v1.StartRequest
-	140, // 62: airlock.authority.v1.Approval.port_forward:type_name -> airlock.authority.v1.PortForward
+	141, // 62: airlock.authority.v1.Approval.port_forward:type_name -> airlock.authority.v1.PortForward
 	47,  // 63: airlock.authority.v1.StartRequest.credentials:type_name -> airlock.authority.v1.StartCredential
-	158, // 64: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
-	152, // 65: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	159, // 64: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
+	153, // 65: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
 	38,  // 66: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
 	5,   // 67: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
 	5,   // 68: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
@@ -11872,205 +11965,209 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	48,  // 75: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
 	3,   // 76: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
 	45,  // 77: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	154, // 78: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
+	155, // 78: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
 	45,  // 79: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
 	6,   // 80: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	157, // 81: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
-	157, // 82: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	157, // 83: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
+	158, // 81: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
+	158, // 82: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	158, // 83: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
 	6,   // 84: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	166, // 85: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
+	167, // 85: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
 	61,  // 86: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
 	64,  // 87: airlock.authority.v1.LeaseCredentialResponse.brokered:type_name -> airlock.authority.v1.BrokeredCredential
 	61,  // 88: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
 	61,  // 89: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
-	152, // 90: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
-	159, // 91: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	151, // 92: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
-	155, // 93: airlock.authority.v1.UpdateJobLimitsRequest.session:type_name -> airlock.types.v1.SessionSpec
+	153, // 90: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
+	160, // 91: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	152, // 92: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
+	156, // 93: airlock.authority.v1.UpdateJobLimitsRequest.session:type_name -> airlock.types.v1.SessionSpec
 	12,  // 94: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
 	61,  // 95: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
-	157, // 96: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	158, // 96: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
 	7,   // 97: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
-	157, // 98: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
-	157, // 99: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
+	158, // 98: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
+	158, // 99: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
 	75,  // 100: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
-	157, // 101: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
+	158, // 101: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
 	78,  // 102: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
 	45,  // 103: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
-	157, // 104: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
+	158, // 104: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
 	82,  // 105: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
 	11,  // 106: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
 	12,  // 107: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
 	12,  // 108: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
-	163, // 109: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
-	167, // 110: airlock.authority.v1.GetSessionResponse.suspend_reason:type_name -> airlock.types.v1.TerminationReason
-	164, // 111: airlock.authority.v1.GetSessionResponse.file_writes:type_name -> airlock.types.v1.FileWrite
-	0,   // 112: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
-	12,  // 113: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
-	12,  // 114: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
-	12,  // 115: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
-	168, // 116: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	163, // 117: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	163, // 118: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	161, // 119: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	163, // 120: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	168, // 121: airlock.authority.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
-	100, // 122: airlock.authority.v1.RunExecRequest.start:type_name -> airlock.authority.v1.RunExecStart
-	95,  // 123: airlock.authority.v1.RunExecResponse.started:type_name -> airlock.authority.v1.StartExecResponse
-	161, // 124: airlock.authority.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	163, // 125: airlock.authority.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
-	163, // 126: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
-	169, // 127: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
-	107, // 128: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
-	170, // 129: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
-	12,  // 130: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
-	12,  // 131: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
-	171, // 132: airlock.authority.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
-	171, // 133: airlock.authority.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
-	172, // 134: airlock.authority.v1.ListImagesResponse.images:type_name -> airlock.types.v1.ImageInfo
-	173, // 135: airlock.authority.v1.ListImagesResponse.cache:type_name -> airlock.types.v1.ImageCacheStats
-	172, // 136: airlock.authority.v1.PruneImagesResponse.pruned:type_name -> airlock.types.v1.ImageInfo
-	125, // 137: airlock.authority.v1.HeartbeatRequest.report:type_name -> airlock.authority.v1.ExecutorReport
-	157, // 138: airlock.authority.v1.ExecutorReport.started_at:type_name -> google.protobuf.Timestamp
-	153, // 139: airlock.authority.v1.ExecutorReport.runtime_classes:type_name -> airlock.types.v1.RuntimeClass
-	126, // 140: airlock.authority.v1.ExecutorReport.capacity:type_name -> airlock.authority.v1.ExecutorCapacity
-	166, // 141: airlock.authority.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
-	166, // 142: airlock.authority.v1.HeartbeatResponse.lost_after:type_name -> google.protobuf.Duration
-	8,   // 143: airlock.authority.v1.Executor.state:type_name -> airlock.authority.v1.ExecutorState
-	157, // 144: airlock.authority.v1.Executor.drained_at:type_name -> google.protobuf.Timestamp
-	157, // 145: airlock.authority.v1.Executor.joined_at:type_name -> google.protobuf.Timestamp
-	157, // 146: airlock.authority.v1.Executor.last_seen:type_name -> google.protobuf.Timestamp
-	125, // 147: airlock.authority.v1.Executor.report:type_name -> airlock.authority.v1.ExecutorReport
-	128, // 148: airlock.authority.v1.ListExecutorsResponse.executors:type_name -> airlock.authority.v1.Executor
-	128, // 149: airlock.authority.v1.GetExecutorResponse.executor:type_name -> airlock.authority.v1.Executor
-	128, // 150: airlock.authority.v1.DrainExecutorResponse.executor:type_name -> airlock.authority.v1.Executor
-	157, // 151: airlock.authority.v1.GetUsageRequest.since:type_name -> google.protobuf.Timestamp
-	157, // 152: airlock.authority.v1.GetUsageRequest.until:type_name -> google.protobuf.Timestamp
-	9,   // 153: airlock.authority.v1.GetUsageRequest.by:type_name -> airlock.authority.v1.UsageGrouping
-	153, // 154: airlock.authority.v1.Usage.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	150, // 155: airlock.authority.v1.UsageRates.class_compute_millis:type_name -> airlock.authority.v1.UsageRates.ClassComputeMillisEntry
-	136, // 156: airlock.authority.v1.GetUsageResponse.rows:type_name -> airlock.authority.v1.Usage
-	136, // 157: airlock.authority.v1.GetUsageResponse.total:type_name -> airlock.authority.v1.Usage
-	137, // 158: airlock.authority.v1.GetUsageResponse.rates:type_name -> airlock.authority.v1.UsageRates
-	138, // 159: airlock.authority.v1.GetUsageResponse.budgets:type_name -> airlock.authority.v1.Budget
-	10,  // 160: airlock.authority.v1.PortForward.state:type_name -> airlock.authority.v1.PortForwardState
-	157, // 161: airlock.authority.v1.PortForward.created_at:type_name -> google.protobuf.Timestamp
-	157, // 162: airlock.authority.v1.PortForward.expires_at:type_name -> google.protobuf.Timestamp
-	157, // 163: airlock.authority.v1.PortForward.closed_at:type_name -> google.protobuf.Timestamp
-	166, // 164: airlock.authority.v1.OpenPortForwardRequest.ttl:type_name -> google.protobuf.Duration
-	140, // 165: airlock.authority.v1.OpenPortForwardResponse.forward:type_name -> airlock.authority.v1.PortForward
-	140, // 166: airlock.authority.v1.ClosePortForwardResponse.forward:type_name -> airlock.authority.v1.PortForward
-	140, // 167: airlock.authority.v1.ListPortForwardsResponse.forwards:type_name -> airlock.authority.v1.PortForward
-	13,  // 168: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
-	15,  // 169: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
-	17,  // 170: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
-	22,  // 171: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
-	24,  // 172: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
-	26,  // 173: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
-	18,  // 174: airlock.authority.v1.AuthorityService.DownloadBundle:input_type -> airlock.authority.v1.DownloadBundleRequest
-	84,  // 175: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
-	86,  // 176: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
-	88,  // 177: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
-	90,  // 178: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
-	92,  // 179: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
-	112, // 180: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
-	114, // 181: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
-	94,  // 182: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
-	96,  // 183: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
-	98,  // 184: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
-	103, // 185: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
-	101, // 186: airlock.authority.v1.AuthorityService.RunExec:input_type -> airlock.authority.v1.RunExecRequest
-	105, // 187: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
-	108, // 188: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
-	110, // 189: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
-	28,  // 190: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
-	31,  // 191: airlock.authority.v1.AuthorityService.FetchImageBlob:input_type -> airlock.authority.v1.FetchImageBlobRequest
-	35,  // 192: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	53,  // 193: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	55,  // 194: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	49,  // 195: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
-	57,  // 196: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	59,  // 197: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	81,  // 198: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
-	62,  // 199: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	65,  // 200: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	67,  // 201: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	69,  // 202: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	71,  // 203: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
-	73,  // 204: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
-	76,  // 205: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	79,  // 206: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
-	116, // 207: airlock.authority.v1.AuthorityService.ListCaches:input_type -> airlock.authority.v1.ListCachesRequest
-	118, // 208: airlock.authority.v1.AuthorityService.ClearCaches:input_type -> airlock.authority.v1.ClearCachesRequest
-	120, // 209: airlock.authority.v1.AuthorityService.ListImages:input_type -> airlock.authority.v1.ListImagesRequest
-	122, // 210: airlock.authority.v1.AuthorityService.PruneImages:input_type -> airlock.authority.v1.PruneImagesRequest
-	124, // 211: airlock.authority.v1.AuthorityService.Heartbeat:input_type -> airlock.authority.v1.HeartbeatRequest
-	129, // 212: airlock.authority.v1.AuthorityService.ListExecutors:input_type -> airlock.authority.v1.ListExecutorsRequest
-	131, // 213: airlock.authority.v1.AuthorityService.GetExecutor:input_type -> airlock.authority.v1.GetExecutorRequest
-	133, // 214: airlock.authority.v1.AuthorityService.DrainExecutor:input_type -> airlock.authority.v1.DrainExecutorRequest
-	135, // 215: airlock.authority.v1.AuthorityService.GetUsage:input_type -> airlock.authority.v1.GetUsageRequest
-	141, // 216: airlock.authority.v1.AuthorityService.OpenPortForward:input_type -> airlock.authority.v1.OpenPortForwardRequest
-	143, // 217: airlock.authority.v1.AuthorityService.ForwardPort:input_type -> airlock.authority.v1.ForwardPortRequest
-	145, // 218: airlock.authority.v1.AuthorityService.ClosePortForward:input_type -> airlock.authority.v1.ClosePortForwardRequest
-	147, // 219: airlock.authority.v1.AuthorityService.ListPortForwards:input_type -> airlock.authority.v1.ListPortForwardsRequest
-	14,  // 220: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
-	16,  // 221: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
-	21,  // 222: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
-	23,  // 223: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
-	25,  // 224: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
-	27,  // 225: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
-	20,  // 226: airlock.authority.v1.AuthorityService.DownloadBundle:output_type -> airlock.authority.v1.DownloadBundleResponse
-	85,  // 227: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
-	87,  // 228: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
-	89,  // 229: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
-	91,  // 230: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
-	93,  // 231: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
-	113, // 232: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
-	115, // 233: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
-	95,  // 234: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
-	97,  // 235: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
-	99,  // 236: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
-	104, // 237: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
-	102, // 238: airlock.authority.v1.AuthorityService.RunExec:output_type -> airlock.authority.v1.RunExecResponse
-	106, // 239: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
-	109, // 240: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
-	111, // 241: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
-	34,  // 242: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	33,  // 243: airlock.authority.v1.AuthorityService.FetchImageBlob:output_type -> airlock.authority.v1.FetchImageBlobResponse
-	42,  // 244: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	54,  // 245: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	56,  // 246: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	52,  // 247: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
-	58,  // 248: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	60,  // 249: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	83,  // 250: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
-	63,  // 251: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	66,  // 252: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	68,  // 253: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	70,  // 254: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	72,  // 255: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
-	74,  // 256: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
-	77,  // 257: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	80,  // 258: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
-	117, // 259: airlock.authority.v1.AuthorityService.ListCaches:output_type -> airlock.authority.v1.ListCachesResponse
-	119, // 260: airlock.authority.v1.AuthorityService.ClearCaches:output_type -> airlock.authority.v1.ClearCachesResponse
-	121, // 261: airlock.authority.v1.AuthorityService.ListImages:output_type -> airlock.authority.v1.ListImagesResponse
-	123, // 262: airlock.authority.v1.AuthorityService.PruneImages:output_type -> airlock.authority.v1.PruneImagesResponse
-	127, // 263: airlock.authority.v1.AuthorityService.Heartbeat:output_type -> airlock.authority.v1.HeartbeatResponse
-	130, // 264: airlock.authority.v1.AuthorityService.ListExecutors:output_type -> airlock.authority.v1.ListExecutorsResponse
-	132, // 265: airlock.authority.v1.AuthorityService.GetExecutor:output_type -> airlock.authority.v1.GetExecutorResponse
-	134, // 266: airlock.authority.v1.AuthorityService.DrainExecutor:output_type -> airlock.authority.v1.DrainExecutorResponse
-	139, // 267: airlock.authority.v1.AuthorityService.GetUsage:output_type -> airlock.authority.v1.GetUsageResponse
-	142, // 268: airlock.authority.v1.AuthorityService.OpenPortForward:output_type -> airlock.authority.v1.OpenPortForwardResponse
-	144, // 269: airlock.authority.v1.AuthorityService.ForwardPort:output_type -> airlock.authority.v1.ForwardPortResponse
-	146, // 270: airlock.authority.v1.AuthorityService.ClosePortForward:output_type -> airlock.authority.v1.ClosePortForwardResponse
-	148, // 271: airlock.authority.v1.AuthorityService.ListPortForwards:output_type -> airlock.authority.v1.ListPortForwardsResponse
-	220, // [220:272] is the sub-list for method output_type
-	168, // [168:220] is the sub-list for method input_type
-	168, // [168:168] is the sub-list for extension type_name
-	168, // [168:168] is the sub-list for extension extendee
-	0,   // [0:168] is the sub-list for field type_name
+	164, // 109: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
+	168, // 110: airlock.authority.v1.GetSessionResponse.suspend_reason:type_name -> airlock.types.v1.TerminationReason
+	165, // 111: airlock.authority.v1.GetSessionResponse.file_writes:type_name -> airlock.types.v1.FileWrite
+	158, // 112: airlock.authority.v1.GetSessionResponse.suspended_at:type_name -> google.protobuf.Timestamp
+	0,   // 113: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
+	12,  // 114: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
+	90,  // 115: airlock.authority.v1.ListSessionsResponse.suspended:type_name -> airlock.authority.v1.SessionSuspension
+	168, // 116: airlock.authority.v1.SessionSuspension.suspend_reason:type_name -> airlock.types.v1.TerminationReason
+	158, // 117: airlock.authority.v1.SessionSuspension.suspended_at:type_name -> google.protobuf.Timestamp
+	12,  // 118: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
+	12,  // 119: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
+	169, // 120: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	164, // 121: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	164, // 122: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	162, // 123: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	164, // 124: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	169, // 125: airlock.authority.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
+	101, // 126: airlock.authority.v1.RunExecRequest.start:type_name -> airlock.authority.v1.RunExecStart
+	96,  // 127: airlock.authority.v1.RunExecResponse.started:type_name -> airlock.authority.v1.StartExecResponse
+	162, // 128: airlock.authority.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	164, // 129: airlock.authority.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
+	164, // 130: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	170, // 131: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	108, // 132: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
+	171, // 133: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	12,  // 134: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
+	12,  // 135: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
+	172, // 136: airlock.authority.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
+	172, // 137: airlock.authority.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
+	173, // 138: airlock.authority.v1.ListImagesResponse.images:type_name -> airlock.types.v1.ImageInfo
+	174, // 139: airlock.authority.v1.ListImagesResponse.cache:type_name -> airlock.types.v1.ImageCacheStats
+	173, // 140: airlock.authority.v1.PruneImagesResponse.pruned:type_name -> airlock.types.v1.ImageInfo
+	126, // 141: airlock.authority.v1.HeartbeatRequest.report:type_name -> airlock.authority.v1.ExecutorReport
+	158, // 142: airlock.authority.v1.ExecutorReport.started_at:type_name -> google.protobuf.Timestamp
+	154, // 143: airlock.authority.v1.ExecutorReport.runtime_classes:type_name -> airlock.types.v1.RuntimeClass
+	127, // 144: airlock.authority.v1.ExecutorReport.capacity:type_name -> airlock.authority.v1.ExecutorCapacity
+	167, // 145: airlock.authority.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
+	167, // 146: airlock.authority.v1.HeartbeatResponse.lost_after:type_name -> google.protobuf.Duration
+	8,   // 147: airlock.authority.v1.Executor.state:type_name -> airlock.authority.v1.ExecutorState
+	158, // 148: airlock.authority.v1.Executor.drained_at:type_name -> google.protobuf.Timestamp
+	158, // 149: airlock.authority.v1.Executor.joined_at:type_name -> google.protobuf.Timestamp
+	158, // 150: airlock.authority.v1.Executor.last_seen:type_name -> google.protobuf.Timestamp
+	126, // 151: airlock.authority.v1.Executor.report:type_name -> airlock.authority.v1.ExecutorReport
+	129, // 152: airlock.authority.v1.ListExecutorsResponse.executors:type_name -> airlock.authority.v1.Executor
+	129, // 153: airlock.authority.v1.GetExecutorResponse.executor:type_name -> airlock.authority.v1.Executor
+	129, // 154: airlock.authority.v1.DrainExecutorResponse.executor:type_name -> airlock.authority.v1.Executor
+	158, // 155: airlock.authority.v1.GetUsageRequest.since:type_name -> google.protobuf.Timestamp
+	158, // 156: airlock.authority.v1.GetUsageRequest.until:type_name -> google.protobuf.Timestamp
+	9,   // 157: airlock.authority.v1.GetUsageRequest.by:type_name -> airlock.authority.v1.UsageGrouping
+	154, // 158: airlock.authority.v1.Usage.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	151, // 159: airlock.authority.v1.UsageRates.class_compute_millis:type_name -> airlock.authority.v1.UsageRates.ClassComputeMillisEntry
+	137, // 160: airlock.authority.v1.GetUsageResponse.rows:type_name -> airlock.authority.v1.Usage
+	137, // 161: airlock.authority.v1.GetUsageResponse.total:type_name -> airlock.authority.v1.Usage
+	138, // 162: airlock.authority.v1.GetUsageResponse.rates:type_name -> airlock.authority.v1.UsageRates
+	139, // 163: airlock.authority.v1.GetUsageResponse.budgets:type_name -> airlock.authority.v1.Budget
+	10,  // 164: airlock.authority.v1.PortForward.state:type_name -> airlock.authority.v1.PortForwardState
+	158, // 165: airlock.authority.v1.PortForward.created_at:type_name -> google.protobuf.Timestamp
+	158, // 166: airlock.authority.v1.PortForward.expires_at:type_name -> google.protobuf.Timestamp
+	158, // 167: airlock.authority.v1.PortForward.closed_at:type_name -> google.protobuf.Timestamp
+	167, // 168: airlock.authority.v1.OpenPortForwardRequest.ttl:type_name -> google.protobuf.Duration
+	141, // 169: airlock.authority.v1.OpenPortForwardResponse.forward:type_name -> airlock.authority.v1.PortForward
+	141, // 170: airlock.authority.v1.ClosePortForwardResponse.forward:type_name -> airlock.authority.v1.PortForward
+	141, // 171: airlock.authority.v1.ListPortForwardsResponse.forwards:type_name -> airlock.authority.v1.PortForward
+	13,  // 172: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
+	15,  // 173: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
+	17,  // 174: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
+	22,  // 175: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
+	24,  // 176: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
+	26,  // 177: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
+	18,  // 178: airlock.authority.v1.AuthorityService.DownloadBundle:input_type -> airlock.authority.v1.DownloadBundleRequest
+	84,  // 179: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
+	86,  // 180: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
+	88,  // 181: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
+	91,  // 182: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
+	93,  // 183: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
+	113, // 184: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
+	115, // 185: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
+	95,  // 186: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
+	97,  // 187: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
+	99,  // 188: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
+	104, // 189: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
+	102, // 190: airlock.authority.v1.AuthorityService.RunExec:input_type -> airlock.authority.v1.RunExecRequest
+	106, // 191: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
+	109, // 192: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
+	111, // 193: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
+	28,  // 194: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
+	31,  // 195: airlock.authority.v1.AuthorityService.FetchImageBlob:input_type -> airlock.authority.v1.FetchImageBlobRequest
+	35,  // 196: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
+	53,  // 197: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	55,  // 198: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	49,  // 199: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
+	57,  // 200: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	59,  // 201: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	81,  // 202: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
+	62,  // 203: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	65,  // 204: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	67,  // 205: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	69,  // 206: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	71,  // 207: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	73,  // 208: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	76,  // 209: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	79,  // 210: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
+	117, // 211: airlock.authority.v1.AuthorityService.ListCaches:input_type -> airlock.authority.v1.ListCachesRequest
+	119, // 212: airlock.authority.v1.AuthorityService.ClearCaches:input_type -> airlock.authority.v1.ClearCachesRequest
+	121, // 213: airlock.authority.v1.AuthorityService.ListImages:input_type -> airlock.authority.v1.ListImagesRequest
+	123, // 214: airlock.authority.v1.AuthorityService.PruneImages:input_type -> airlock.authority.v1.PruneImagesRequest
+	125, // 215: airlock.authority.v1.AuthorityService.Heartbeat:input_type -> airlock.authority.v1.HeartbeatRequest
+	130, // 216: airlock.authority.v1.AuthorityService.ListExecutors:input_type -> airlock.authority.v1.ListExecutorsRequest
+	132, // 217: airlock.authority.v1.AuthorityService.GetExecutor:input_type -> airlock.authority.v1.GetExecutorRequest
+	134, // 218: airlock.authority.v1.AuthorityService.DrainExecutor:input_type -> airlock.authority.v1.DrainExecutorRequest
+	136, // 219: airlock.authority.v1.AuthorityService.GetUsage:input_type -> airlock.authority.v1.GetUsageRequest
+	142, // 220: airlock.authority.v1.AuthorityService.OpenPortForward:input_type -> airlock.authority.v1.OpenPortForwardRequest
+	144, // 221: airlock.authority.v1.AuthorityService.ForwardPort:input_type -> airlock.authority.v1.ForwardPortRequest
+	146, // 222: airlock.authority.v1.AuthorityService.ClosePortForward:input_type -> airlock.authority.v1.ClosePortForwardRequest
+	148, // 223: airlock.authority.v1.AuthorityService.ListPortForwards:input_type -> airlock.authority.v1.ListPortForwardsRequest
+	14,  // 224: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
+	16,  // 225: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
+	21,  // 226: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
+	23,  // 227: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
+	25,  // 228: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
+	27,  // 229: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
+	20,  // 230: airlock.authority.v1.AuthorityService.DownloadBundle:output_type -> airlock.authority.v1.DownloadBundleResponse
+	85,  // 231: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
+	87,  // 232: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
+	89,  // 233: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
+	92,  // 234: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
+	94,  // 235: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
+	114, // 236: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
+	116, // 237: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
+	96,  // 238: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
+	98,  // 239: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
+	100, // 240: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
+	105, // 241: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
+	103, // 242: airlock.authority.v1.AuthorityService.RunExec:output_type -> airlock.authority.v1.RunExecResponse
+	107, // 243: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
+	110, // 244: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
+	112, // 245: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
+	34,  // 246: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
+	33,  // 247: airlock.authority.v1.AuthorityService.FetchImageBlob:output_type -> airlock.authority.v1.FetchImageBlobResponse
+	42,  // 248: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	54,  // 249: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	56,  // 250: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	52,  // 251: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
+	58,  // 252: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	60,  // 253: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	83,  // 254: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
+	63,  // 255: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	66,  // 256: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	68,  // 257: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	70,  // 258: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	72,  // 259: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	74,  // 260: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	77,  // 261: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	80,  // 262: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
+	118, // 263: airlock.authority.v1.AuthorityService.ListCaches:output_type -> airlock.authority.v1.ListCachesResponse
+	120, // 264: airlock.authority.v1.AuthorityService.ClearCaches:output_type -> airlock.authority.v1.ClearCachesResponse
+	122, // 265: airlock.authority.v1.AuthorityService.ListImages:output_type -> airlock.authority.v1.ListImagesResponse
+	124, // 266: airlock.authority.v1.AuthorityService.PruneImages:output_type -> airlock.authority.v1.PruneImagesResponse
+	128, // 267: airlock.authority.v1.AuthorityService.Heartbeat:output_type -> airlock.authority.v1.HeartbeatResponse
+	131, // 268: airlock.authority.v1.AuthorityService.ListExecutors:output_type -> airlock.authority.v1.ListExecutorsResponse
+	133, // 269: airlock.authority.v1.AuthorityService.GetExecutor:output_type -> airlock.authority.v1.GetExecutorResponse
+	135, // 270: airlock.authority.v1.AuthorityService.DrainExecutor:output_type -> airlock.authority.v1.DrainExecutorResponse
+	140, // 271: airlock.authority.v1.AuthorityService.GetUsage:output_type -> airlock.authority.v1.GetUsageResponse
+	143, // 272: airlock.authority.v1.AuthorityService.OpenPortForward:output_type -> airlock.authority.v1.OpenPortForwardResponse
+	145, // 273: airlock.authority.v1.AuthorityService.ForwardPort:output_type -> airlock.authority.v1.ForwardPortResponse
+	147, // 274: airlock.authority.v1.AuthorityService.ClosePortForward:output_type -> airlock.authority.v1.ClosePortForwardResponse
+	149, // 275: airlock.authority.v1.AuthorityService.ListPortForwards:output_type -> airlock.authority.v1.ListPortForwardsResponse
+	224, // [224:276] is the sub-list for method output_type
+	172, // [172:224] is the sub-list for method input_type
+	172, // [172:172] is the sub-list for extension type_name
+	172, // [172:172] is the sub-list for extension extendee
+	0,   // [0:172] is the sub-list for field type_name
 }
 
 func init() { file_airlock_authority_v1_authority_proto_init() }
@@ -12104,33 +12201,33 @@ func file_airlock_authority_v1_authority_proto_init() {
 		(*ReadReviewResponse_Chunk)(nil),
 		(*ReadReviewResponse_VerifiedDigest)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[88].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[89].OneofWrappers = []any{
 		(*WatchExecResponse_Output)(nil),
 		(*WatchExecResponse_Exec)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[90].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[91].OneofWrappers = []any{
 		(*RunExecRequest_Start)(nil),
 		(*RunExecRequest_Stdin)(nil),
 		(*RunExecRequest_CloseStdin)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[91].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[92].OneofWrappers = []any{
 		(*RunExecResponse_Started)(nil),
 		(*RunExecResponse_Output)(nil),
 		(*RunExecResponse_Exec)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[95].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[96].OneofWrappers = []any{
 		(*ReadFileResponse_Header)(nil),
 		(*ReadFileResponse_Chunk)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[97].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[98].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Chunk)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[132].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[133].OneofWrappers = []any{
 		(*ForwardPortRequest_ForwardId)(nil),
 		(*ForwardPortRequest_Data)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[133].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[134].OneofWrappers = []any{
 		(*ForwardPortResponse_Data)(nil),
 		(*ForwardPortResponse_Connected)(nil),
 	}
@@ -12140,7 +12237,7 @@ func file_airlock_authority_v1_authority_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_authority_v1_authority_proto_rawDesc), len(file_airlock_authority_v1_authority_proto_rawDesc)),
 			NumEnums:      11,
-			NumMessages:   140,
+			NumMessages:   141,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

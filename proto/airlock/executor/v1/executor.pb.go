@@ -117,8 +117,14 @@ type Run struct {
 	// Why a suspended session is suspended: UNSPECIFIED when its client
 	// suspended it; EXECUTOR_RESTARTED when the executor stopped under it and
 	// kept its /work changes and /out (its execs that were running ended
-	// EXECUTOR_RESTARTED): resume it to go on.
+	// EXECUTOR_RESTARTED): resume it to go on; IDLE_TIMEOUT when it fell
+	// asleep (on_idle SLEEP): its next exec or file call wakes it.
 	SuspendReason v1.TerminationReason `protobuf:"varint,10,opt,name=suspend_reason,json=suspendReason,proto3,enum=airlock.types.v1.TerminationReason" json:"suspend_reason,omitempty"`
+	// When a suspended session was suspended.
+	SuspendedAt *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=suspended_at,json=suspendedAt,proto3" json:"suspended_at,omitempty"`
+	// What the run has used so far, while it runs: awake_time and
+	// asleep_time (wall_time their sum). Once it has ended, result.usage.
+	Usage         *v1.ResourceUsage `protobuf:"bytes,12,opt,name=usage,proto3" json:"usage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -221,6 +227,20 @@ func (x *Run) GetSuspendReason() v1.TerminationReason {
 		return x.SuspendReason
 	}
 	return v1.TerminationReason(0)
+}
+
+func (x *Run) GetSuspendedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SuspendedAt
+	}
+	return nil
+}
+
+func (x *Run) GetUsage() *v1.ResourceUsage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
 }
 
 // StartJobRequest carries the authority's grant.
@@ -3305,7 +3325,7 @@ var File_airlock_executor_v1_executor_proto protoreflect.FileDescriptor
 
 const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"\n" +
-	"\"airlock/executor/v1/executor.proto\x12\x13airlock.executor.v1\x1a\x1cairlock/types/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb3\x04\n" +
+	"\"airlock/executor/v1/executor.proto\x12\x13airlock.executor.v1\x1a\x1cairlock/types/v1/types.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa9\x05\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x123\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1d.airlock.executor.v1.RunStateR\x05state\x123\n" +
@@ -3320,7 +3340,9 @@ const file_airlock_executor_v1_executor_proto_rawDesc = "" +
 	"\x15network_policy_status\x18\b \x01(\v2%.airlock.types.v1.NetworkPolicyStatusR\x13networkPolicyStatus\x12\x1c\n" +
 	"\tsuspended\x18\t \x01(\bR\tsuspended\x12J\n" +
 	"\x0esuspend_reason\x18\n" +
-	" \x01(\x0e2#.airlock.types.v1.TerminationReasonR\rsuspendReason\"F\n" +
+	" \x01(\x0e2#.airlock.types.v1.TerminationReasonR\rsuspendReason\x12=\n" +
+	"\fsuspended_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\vsuspendedAt\x125\n" +
+	"\x05usage\x18\f \x01(\v2\x1f.airlock.types.v1.ResourceUsageR\x05usage\"F\n" +
 	"\x0fStartJobRequest\x123\n" +
 	"\x05grant\x18\x01 \x01(\v2\x1d.airlock.types.v1.SignedGrantR\x05grant\"X\n" +
 	"\x10StartJobResponse\x12*\n" +
@@ -3598,16 +3620,17 @@ var file_airlock_executor_v1_executor_proto_goTypes = []any{
 	(*v1.RunResult)(nil),           // 54: airlock.types.v1.RunResult
 	(*v1.NetworkPolicyStatus)(nil), // 55: airlock.types.v1.NetworkPolicyStatus
 	(v1.TerminationReason)(0),      // 56: airlock.types.v1.TerminationReason
-	(*v1.OutputChunk)(nil),         // 57: airlock.types.v1.OutputChunk
-	(*v1.EgressEvent)(nil),         // 58: airlock.types.v1.EgressEvent
-	(*v1.ExecSpec)(nil),            // 59: airlock.types.v1.ExecSpec
-	(*v1.Exec)(nil),                // 60: airlock.types.v1.Exec
-	(*v1.FileWrite)(nil),           // 61: airlock.types.v1.FileWrite
-	(*v1.FileHeader)(nil),          // 62: airlock.types.v1.FileHeader
-	(*v1.FileEntry)(nil),           // 63: airlock.types.v1.FileEntry
-	(*v1.CacheInfo)(nil),           // 64: airlock.types.v1.CacheInfo
-	(*v1.ImageInfo)(nil),           // 65: airlock.types.v1.ImageInfo
-	(*v1.ImageCacheStats)(nil),     // 66: airlock.types.v1.ImageCacheStats
+	(*v1.ResourceUsage)(nil),       // 57: airlock.types.v1.ResourceUsage
+	(*v1.OutputChunk)(nil),         // 58: airlock.types.v1.OutputChunk
+	(*v1.EgressEvent)(nil),         // 59: airlock.types.v1.EgressEvent
+	(*v1.ExecSpec)(nil),            // 60: airlock.types.v1.ExecSpec
+	(*v1.Exec)(nil),                // 61: airlock.types.v1.Exec
+	(*v1.FileWrite)(nil),           // 62: airlock.types.v1.FileWrite
+	(*v1.FileHeader)(nil),          // 63: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),           // 64: airlock.types.v1.FileEntry
+	(*v1.CacheInfo)(nil),           // 65: airlock.types.v1.CacheInfo
+	(*v1.ImageInfo)(nil),           // 66: airlock.types.v1.ImageInfo
+	(*v1.ImageCacheStats)(nil),     // 67: airlock.types.v1.ImageCacheStats
 }
 var file_airlock_executor_v1_executor_proto_depIdxs = []int32{
 	0,  // 0: airlock.executor.v1.Run.state:type_name -> airlock.executor.v1.RunState
@@ -3618,93 +3641,95 @@ var file_airlock_executor_v1_executor_proto_depIdxs = []int32{
 	54, // 5: airlock.executor.v1.Run.result:type_name -> airlock.types.v1.RunResult
 	55, // 6: airlock.executor.v1.Run.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
 	56, // 7: airlock.executor.v1.Run.suspend_reason:type_name -> airlock.types.v1.TerminationReason
-	52, // 8: airlock.executor.v1.StartJobRequest.grant:type_name -> airlock.types.v1.SignedGrant
-	1,  // 9: airlock.executor.v1.StartJobResponse.run:type_name -> airlock.executor.v1.Run
-	1,  // 10: airlock.executor.v1.GetRunResponse.run:type_name -> airlock.executor.v1.Run
-	1,  // 11: airlock.executor.v1.WatchRunResponse.run:type_name -> airlock.executor.v1.Run
-	57, // 12: airlock.executor.v1.WatchRunResponse.output:type_name -> airlock.types.v1.OutputChunk
-	58, // 13: airlock.executor.v1.WatchRunResponse.egress:type_name -> airlock.types.v1.EgressEvent
-	1,  // 14: airlock.executor.v1.CancelRunResponse.run:type_name -> airlock.executor.v1.Run
-	52, // 15: airlock.executor.v1.UpdateRunRequest.grant:type_name -> airlock.types.v1.SignedGrant
-	1,  // 16: airlock.executor.v1.UpdateRunResponse.run:type_name -> airlock.executor.v1.Run
-	55, // 17: airlock.executor.v1.UpdateRunResponse.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	13, // 18: airlock.executor.v1.GetArtifactResponse.header:type_name -> airlock.executor.v1.ArtifactHeader
-	59, // 19: airlock.executor.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	60, // 20: airlock.executor.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	60, // 21: airlock.executor.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	60, // 22: airlock.executor.v1.ListExecsResponse.execs:type_name -> airlock.types.v1.Exec
-	61, // 23: airlock.executor.v1.ListExecsResponse.file_writes:type_name -> airlock.types.v1.FileWrite
-	57, // 24: airlock.executor.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	60, // 25: airlock.executor.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	59, // 26: airlock.executor.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
-	23, // 27: airlock.executor.v1.RunExecRequest.start:type_name -> airlock.executor.v1.RunExecStart
-	16, // 28: airlock.executor.v1.RunExecResponse.started:type_name -> airlock.executor.v1.StartExecResponse
-	57, // 29: airlock.executor.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	60, // 30: airlock.executor.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
-	60, // 31: airlock.executor.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
-	1,  // 32: airlock.executor.v1.FinishRunResponse.run:type_name -> airlock.executor.v1.Run
-	62, // 33: airlock.executor.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
-	32, // 34: airlock.executor.v1.WriteFileRequest.header:type_name -> airlock.executor.v1.WriteFileHeader
-	63, // 35: airlock.executor.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
-	1,  // 36: airlock.executor.v1.SuspendRunResponse.run:type_name -> airlock.executor.v1.Run
-	1,  // 37: airlock.executor.v1.ResumeRunResponse.run:type_name -> airlock.executor.v1.Run
-	64, // 38: airlock.executor.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
-	64, // 39: airlock.executor.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
-	65, // 40: airlock.executor.v1.ListImagesResponse.images:type_name -> airlock.types.v1.ImageInfo
-	66, // 41: airlock.executor.v1.ListImagesResponse.cache:type_name -> airlock.types.v1.ImageCacheStats
-	65, // 42: airlock.executor.v1.PruneImagesResponse.pruned:type_name -> airlock.types.v1.ImageInfo
-	49, // 43: airlock.executor.v1.ForwardPortRequest.open:type_name -> airlock.executor.v1.ForwardPortOpen
-	2,  // 44: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
-	4,  // 45: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
-	6,  // 46: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
-	8,  // 47: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
-	10, // 48: airlock.executor.v1.ExecutorService.UpdateRun:input_type -> airlock.executor.v1.UpdateRunRequest
-	12, // 49: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
-	15, // 50: airlock.executor.v1.ExecutorService.StartExec:input_type -> airlock.executor.v1.StartExecRequest
-	17, // 51: airlock.executor.v1.ExecutorService.GetExec:input_type -> airlock.executor.v1.GetExecRequest
-	19, // 52: airlock.executor.v1.ExecutorService.ListExecs:input_type -> airlock.executor.v1.ListExecsRequest
-	21, // 53: airlock.executor.v1.ExecutorService.WatchExec:input_type -> airlock.executor.v1.WatchExecRequest
-	26, // 54: airlock.executor.v1.ExecutorService.CancelExec:input_type -> airlock.executor.v1.CancelExecRequest
-	24, // 55: airlock.executor.v1.ExecutorService.RunExec:input_type -> airlock.executor.v1.RunExecRequest
-	28, // 56: airlock.executor.v1.ExecutorService.FinishRun:input_type -> airlock.executor.v1.FinishRunRequest
-	37, // 57: airlock.executor.v1.ExecutorService.SuspendRun:input_type -> airlock.executor.v1.SuspendRunRequest
-	39, // 58: airlock.executor.v1.ExecutorService.ResumeRun:input_type -> airlock.executor.v1.ResumeRunRequest
-	50, // 59: airlock.executor.v1.ExecutorService.ForwardPort:input_type -> airlock.executor.v1.ForwardPortRequest
-	30, // 60: airlock.executor.v1.ExecutorService.ReadFile:input_type -> airlock.executor.v1.ReadFileRequest
-	33, // 61: airlock.executor.v1.ExecutorService.WriteFile:input_type -> airlock.executor.v1.WriteFileRequest
-	35, // 62: airlock.executor.v1.ExecutorService.ListFiles:input_type -> airlock.executor.v1.ListFilesRequest
-	41, // 63: airlock.executor.v1.ExecutorService.ListCaches:input_type -> airlock.executor.v1.ListCachesRequest
-	43, // 64: airlock.executor.v1.ExecutorService.ClearCaches:input_type -> airlock.executor.v1.ClearCachesRequest
-	45, // 65: airlock.executor.v1.ExecutorService.ListImages:input_type -> airlock.executor.v1.ListImagesRequest
-	47, // 66: airlock.executor.v1.ExecutorService.PruneImages:input_type -> airlock.executor.v1.PruneImagesRequest
-	3,  // 67: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
-	5,  // 68: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
-	7,  // 69: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
-	9,  // 70: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
-	11, // 71: airlock.executor.v1.ExecutorService.UpdateRun:output_type -> airlock.executor.v1.UpdateRunResponse
-	14, // 72: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
-	16, // 73: airlock.executor.v1.ExecutorService.StartExec:output_type -> airlock.executor.v1.StartExecResponse
-	18, // 74: airlock.executor.v1.ExecutorService.GetExec:output_type -> airlock.executor.v1.GetExecResponse
-	20, // 75: airlock.executor.v1.ExecutorService.ListExecs:output_type -> airlock.executor.v1.ListExecsResponse
-	22, // 76: airlock.executor.v1.ExecutorService.WatchExec:output_type -> airlock.executor.v1.WatchExecResponse
-	27, // 77: airlock.executor.v1.ExecutorService.CancelExec:output_type -> airlock.executor.v1.CancelExecResponse
-	25, // 78: airlock.executor.v1.ExecutorService.RunExec:output_type -> airlock.executor.v1.RunExecResponse
-	29, // 79: airlock.executor.v1.ExecutorService.FinishRun:output_type -> airlock.executor.v1.FinishRunResponse
-	38, // 80: airlock.executor.v1.ExecutorService.SuspendRun:output_type -> airlock.executor.v1.SuspendRunResponse
-	40, // 81: airlock.executor.v1.ExecutorService.ResumeRun:output_type -> airlock.executor.v1.ResumeRunResponse
-	51, // 82: airlock.executor.v1.ExecutorService.ForwardPort:output_type -> airlock.executor.v1.ForwardPortResponse
-	31, // 83: airlock.executor.v1.ExecutorService.ReadFile:output_type -> airlock.executor.v1.ReadFileResponse
-	34, // 84: airlock.executor.v1.ExecutorService.WriteFile:output_type -> airlock.executor.v1.WriteFileResponse
-	36, // 85: airlock.executor.v1.ExecutorService.ListFiles:output_type -> airlock.executor.v1.ListFilesResponse
-	42, // 86: airlock.executor.v1.ExecutorService.ListCaches:output_type -> airlock.executor.v1.ListCachesResponse
-	44, // 87: airlock.executor.v1.ExecutorService.ClearCaches:output_type -> airlock.executor.v1.ClearCachesResponse
-	46, // 88: airlock.executor.v1.ExecutorService.ListImages:output_type -> airlock.executor.v1.ListImagesResponse
-	48, // 89: airlock.executor.v1.ExecutorService.PruneImages:output_type -> airlock.executor.v1.PruneImagesResponse
-	67, // [67:90] is the sub-list for method output_type
-	44, // [44:67] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	53, // 8: airlock.executor.v1.Run.suspended_at:type_name -> google.protobuf.Timestamp
+	57, // 9: airlock.executor.v1.Run.usage:type_name -> airlock.types.v1.ResourceUsage
+	52, // 10: airlock.executor.v1.StartJobRequest.grant:type_name -> airlock.types.v1.SignedGrant
+	1,  // 11: airlock.executor.v1.StartJobResponse.run:type_name -> airlock.executor.v1.Run
+	1,  // 12: airlock.executor.v1.GetRunResponse.run:type_name -> airlock.executor.v1.Run
+	1,  // 13: airlock.executor.v1.WatchRunResponse.run:type_name -> airlock.executor.v1.Run
+	58, // 14: airlock.executor.v1.WatchRunResponse.output:type_name -> airlock.types.v1.OutputChunk
+	59, // 15: airlock.executor.v1.WatchRunResponse.egress:type_name -> airlock.types.v1.EgressEvent
+	1,  // 16: airlock.executor.v1.CancelRunResponse.run:type_name -> airlock.executor.v1.Run
+	52, // 17: airlock.executor.v1.UpdateRunRequest.grant:type_name -> airlock.types.v1.SignedGrant
+	1,  // 18: airlock.executor.v1.UpdateRunResponse.run:type_name -> airlock.executor.v1.Run
+	55, // 19: airlock.executor.v1.UpdateRunResponse.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	13, // 20: airlock.executor.v1.GetArtifactResponse.header:type_name -> airlock.executor.v1.ArtifactHeader
+	60, // 21: airlock.executor.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	61, // 22: airlock.executor.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	61, // 23: airlock.executor.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	61, // 24: airlock.executor.v1.ListExecsResponse.execs:type_name -> airlock.types.v1.Exec
+	62, // 25: airlock.executor.v1.ListExecsResponse.file_writes:type_name -> airlock.types.v1.FileWrite
+	58, // 26: airlock.executor.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	61, // 27: airlock.executor.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	60, // 28: airlock.executor.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
+	23, // 29: airlock.executor.v1.RunExecRequest.start:type_name -> airlock.executor.v1.RunExecStart
+	16, // 30: airlock.executor.v1.RunExecResponse.started:type_name -> airlock.executor.v1.StartExecResponse
+	58, // 31: airlock.executor.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	61, // 32: airlock.executor.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
+	61, // 33: airlock.executor.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	1,  // 34: airlock.executor.v1.FinishRunResponse.run:type_name -> airlock.executor.v1.Run
+	63, // 35: airlock.executor.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	32, // 36: airlock.executor.v1.WriteFileRequest.header:type_name -> airlock.executor.v1.WriteFileHeader
+	64, // 37: airlock.executor.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	1,  // 38: airlock.executor.v1.SuspendRunResponse.run:type_name -> airlock.executor.v1.Run
+	1,  // 39: airlock.executor.v1.ResumeRunResponse.run:type_name -> airlock.executor.v1.Run
+	65, // 40: airlock.executor.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
+	65, // 41: airlock.executor.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
+	66, // 42: airlock.executor.v1.ListImagesResponse.images:type_name -> airlock.types.v1.ImageInfo
+	67, // 43: airlock.executor.v1.ListImagesResponse.cache:type_name -> airlock.types.v1.ImageCacheStats
+	66, // 44: airlock.executor.v1.PruneImagesResponse.pruned:type_name -> airlock.types.v1.ImageInfo
+	49, // 45: airlock.executor.v1.ForwardPortRequest.open:type_name -> airlock.executor.v1.ForwardPortOpen
+	2,  // 46: airlock.executor.v1.ExecutorService.StartJob:input_type -> airlock.executor.v1.StartJobRequest
+	4,  // 47: airlock.executor.v1.ExecutorService.GetRun:input_type -> airlock.executor.v1.GetRunRequest
+	6,  // 48: airlock.executor.v1.ExecutorService.WatchRun:input_type -> airlock.executor.v1.WatchRunRequest
+	8,  // 49: airlock.executor.v1.ExecutorService.CancelRun:input_type -> airlock.executor.v1.CancelRunRequest
+	10, // 50: airlock.executor.v1.ExecutorService.UpdateRun:input_type -> airlock.executor.v1.UpdateRunRequest
+	12, // 51: airlock.executor.v1.ExecutorService.GetArtifact:input_type -> airlock.executor.v1.GetArtifactRequest
+	15, // 52: airlock.executor.v1.ExecutorService.StartExec:input_type -> airlock.executor.v1.StartExecRequest
+	17, // 53: airlock.executor.v1.ExecutorService.GetExec:input_type -> airlock.executor.v1.GetExecRequest
+	19, // 54: airlock.executor.v1.ExecutorService.ListExecs:input_type -> airlock.executor.v1.ListExecsRequest
+	21, // 55: airlock.executor.v1.ExecutorService.WatchExec:input_type -> airlock.executor.v1.WatchExecRequest
+	26, // 56: airlock.executor.v1.ExecutorService.CancelExec:input_type -> airlock.executor.v1.CancelExecRequest
+	24, // 57: airlock.executor.v1.ExecutorService.RunExec:input_type -> airlock.executor.v1.RunExecRequest
+	28, // 58: airlock.executor.v1.ExecutorService.FinishRun:input_type -> airlock.executor.v1.FinishRunRequest
+	37, // 59: airlock.executor.v1.ExecutorService.SuspendRun:input_type -> airlock.executor.v1.SuspendRunRequest
+	39, // 60: airlock.executor.v1.ExecutorService.ResumeRun:input_type -> airlock.executor.v1.ResumeRunRequest
+	50, // 61: airlock.executor.v1.ExecutorService.ForwardPort:input_type -> airlock.executor.v1.ForwardPortRequest
+	30, // 62: airlock.executor.v1.ExecutorService.ReadFile:input_type -> airlock.executor.v1.ReadFileRequest
+	33, // 63: airlock.executor.v1.ExecutorService.WriteFile:input_type -> airlock.executor.v1.WriteFileRequest
+	35, // 64: airlock.executor.v1.ExecutorService.ListFiles:input_type -> airlock.executor.v1.ListFilesRequest
+	41, // 65: airlock.executor.v1.ExecutorService.ListCaches:input_type -> airlock.executor.v1.ListCachesRequest
+	43, // 66: airlock.executor.v1.ExecutorService.ClearCaches:input_type -> airlock.executor.v1.ClearCachesRequest
+	45, // 67: airlock.executor.v1.ExecutorService.ListImages:input_type -> airlock.executor.v1.ListImagesRequest
+	47, // 68: airlock.executor.v1.ExecutorService.PruneImages:input_type -> airlock.executor.v1.PruneImagesRequest
+	3,  // 69: airlock.executor.v1.ExecutorService.StartJob:output_type -> airlock.executor.v1.StartJobResponse
+	5,  // 70: airlock.executor.v1.ExecutorService.GetRun:output_type -> airlock.executor.v1.GetRunResponse
+	7,  // 71: airlock.executor.v1.ExecutorService.WatchRun:output_type -> airlock.executor.v1.WatchRunResponse
+	9,  // 72: airlock.executor.v1.ExecutorService.CancelRun:output_type -> airlock.executor.v1.CancelRunResponse
+	11, // 73: airlock.executor.v1.ExecutorService.UpdateRun:output_type -> airlock.executor.v1.UpdateRunResponse
+	14, // 74: airlock.executor.v1.ExecutorService.GetArtifact:output_type -> airlock.executor.v1.GetArtifactResponse
+	16, // 75: airlock.executor.v1.ExecutorService.StartExec:output_type -> airlock.executor.v1.StartExecResponse
+	18, // 76: airlock.executor.v1.ExecutorService.GetExec:output_type -> airlock.executor.v1.GetExecResponse
+	20, // 77: airlock.executor.v1.ExecutorService.ListExecs:output_type -> airlock.executor.v1.ListExecsResponse
+	22, // 78: airlock.executor.v1.ExecutorService.WatchExec:output_type -> airlock.executor.v1.WatchExecResponse
+	27, // 79: airlock.executor.v1.ExecutorService.CancelExec:output_type -> airlock.executor.v1.CancelExecResponse
+	25, // 80: airlock.executor.v1.ExecutorService.RunExec:output_type -> airlock.executor.v1.RunExecResponse
+	29, // 81: airlock.executor.v1.ExecutorService.FinishRun:output_type -> airlock.executor.v1.FinishRunResponse
+	38, // 82: airlock.executor.v1.ExecutorService.SuspendRun:output_type -> airlock.executor.v1.SuspendRunResponse
+	40, // 83: airlock.executor.v1.ExecutorService.ResumeRun:output_type -> airlock.executor.v1.ResumeRunResponse
+	51, // 84: airlock.executor.v1.ExecutorService.ForwardPort:output_type -> airlock.executor.v1.ForwardPortResponse
+	31, // 85: airlock.executor.v1.ExecutorService.ReadFile:output_type -> airlock.executor.v1.ReadFileResponse
+	34, // 86: airlock.executor.v1.ExecutorService.WriteFile:output_type -> airlock.executor.v1.WriteFileResponse
+	36, // 87: airlock.executor.v1.ExecutorService.ListFiles:output_type -> airlock.executor.v1.ListFilesResponse
+	42, // 88: airlock.executor.v1.ExecutorService.ListCaches:output_type -> airlock.executor.v1.ListCachesResponse
+	44, // 89: airlock.executor.v1.ExecutorService.ClearCaches:output_type -> airlock.executor.v1.ClearCachesResponse
+	46, // 90: airlock.executor.v1.ExecutorService.ListImages:output_type -> airlock.executor.v1.ListImagesResponse
+	48, // 91: airlock.executor.v1.ExecutorService.PruneImages:output_type -> airlock.executor.v1.PruneImagesResponse
+	69, // [69:92] is the sub-list for method output_type
+	46, // [46:69] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_airlock_executor_v1_executor_proto_init() }

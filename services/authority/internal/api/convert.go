@@ -98,6 +98,11 @@ func specFromProto(p *authorityv1.JobSpec) (jobs.Spec, error) {
 // sessionFromProto reads a session spec; errors name fields under prefix.
 func sessionFromProto(prefix string, x *typesv1.SessionSpec) (*jobs.Session, error) {
 	s := &jobs.Session{MaxConcurrentExecs: int(x.GetMaxConcurrentExecs())}
+	onIdle, ok := executorclient.OnIdleFromProto(x.GetOnIdle())
+	if !ok {
+		return nil, invalid(prefix+".on_idle", "%d: not an action this server knows (END or SLEEP)", x.GetOnIdle())
+	}
+	s.OnIdle = onIdle
 	if d := x.GetIdleTimeout(); d != nil {
 		if err := d.CheckValid(); err != nil {
 			return nil, invalid(prefix+".idle_timeout", "%v", err)

@@ -2,11 +2,14 @@ package api
 
 import (
 	"context"
+	"slices"
+	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/airlockhq/airlock/pkg/identity"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
@@ -84,6 +87,9 @@ func (s *Service) GetSession(ctx context.Context, req *authorityv1.GetSessionReq
 	}
 	resp := &authorityv1.GetSessionResponse{Session: pj, Suspended: v.Suspended, SuspendReason: executorclient.ReasonToProto(v.SuspendReason),
 		ExecsTotal: v.Total, ExecsStale: v.Stale}
+	if v.Suspended && !v.SuspendedAt.IsZero() {
+		resp.SuspendedAt = timestamppb.New(v.SuspendedAt)
+	}
 	for _, x := range v.Execs {
 		resp.Execs = append(resp.Execs, executorclient.ExecToProto(x))
 	}
@@ -130,6 +136,16 @@ func (s *Service) ListSessions(ctx context.Context, req *authorityv1.ListSession
 		}
 		resp.Sessions = append(resp.Sessions, pj)
 	}
+	for id, st := range s.cfg.Jobs.Suspensions(ctx, list) {
+		x := &authorityv1.SessionSuspension{SessionId: id, SuspendReason: executorclient.ReasonToProto(st.SuspendReason)}
+		if !st.SuspendedAt.IsZero() {
+			x.SuspendedAt = timestamppb.New(st.SuspendedAt)
+		}
+		resp.Suspended = append(resp.Suspended, x)
+	}
+	slices.SortFunc(resp.Suspended, func(a, b *authorityv1.SessionSuspension) int {
+		return strings.Compare(a.GetSessionId(), b.GetSessionId())
+	})
 	return resp, nil
 }
 

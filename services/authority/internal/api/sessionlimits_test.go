@@ -107,3 +107,58 @@ func TestSessionSettingsByPolicy(t *testing.T) {
 		t.Fatalf("session in force after the approved change: %v", got.GetSession())
 	}
 }
+
+// TestSessionOnIdleByPolicy: what a session does once idle is the
+// tenant's default unless it says, reaches the executor in its grant, and
+// sleep is refused naming spec.session.on_idle where the tenant forbids
+// it; an unknown action is refused too. A suspended session is listed
+// suspended, with since when.
+func TestSessionOnIdleByPolicy(t *testing.T) {
+	h := newHarnessWith(t, harnessOptions{devSessions: policy.Sessions{DefaultOnIdle: policy.OnIdleSleep}})
+	ctx := t.Context()
+	dev := h.client(devID)
+	j := h.runningSession("default-sleep", nil)
+	if got := j.GetSession().GetOnIdle(); got != typesv1.IdleAction_IDLE_ACTION_SLEEP {
+		t.Fatalf("session in force on_idle = %v, want the tenant's default SLEEP", got)
+	}
+	if gs := h.fake.Grants(j.GetJobId()); len(gs) == 0 || gs[0].GetSession().GetOnIdle() != typesv1.IdleAction_IDLE_ACTION_SLEEP {
+		t.Fatalf("grants the executor got: %v", gs)
+	}
+	e := h.runningSession("asks-end", &typesv1.SessionSpec{OnIdle: typesv1.IdleAction_IDLE_ACTION_END})
+	if gs := h.fake.Grants(e.GetJobId()); len(gs) == 0 || gs[0].GetSession().GetOnIdle() != typesv1.IdleAction_IDLE_ACTION_END {
+		t.Fatalf("grants of a session asking to end: %v", gs)
+	}
+	// Changed on a running session: no widening, in force at once.
+	up, err := dev.UpdateJobLimits(ctx, &authorityv1.UpdateJobLimitsRequest{JobId: e.GetJobId(), Session: &typesv1.SessionSpec{OnIdle: typesv1.IdleAction_IDLE_ACTION_SLEEP}})
+	if err != nil || up.GetApprovalId() != "" || up.GetJob().GetSession().GetOnIdle() != typesv1.IdleAction_IDLE_ACTION_SLEEP {
+		t.Fatalf("changing on_idle to sleep: %v, %v", up, err)
+	}
+	if ups := h.fake.Updates(e.GetJobId()); len(ups) != 1 || ups[0].GetSession().GetOnIdle() != typesv1.IdleAction_IDLE_ACTION_SLEEP {
+		t.Fatalf("grants the executor put in force: %v", ups)
+	}
+	_, err = dev.CreateSession(ctx, &authorityv1.CreateSessionRequest{Tenant: "dev", IdempotencyKey: "nap", Spec: sessionSpec(&typesv1.SessionSpec{OnIdle: typesv1.IdleAction(7)})})
+	wantStatus(t, err, codes.InvalidArgument, "spec.session.on_idle: 7: not an action this server knows")
+
+	if _, err := dev.SuspendSession(ctx, &authorityv1.SuspendSessionRequest{SessionId: j.GetJobId()}); err != nil {
+		t.Fatal(err)
+	}
+	list, err := dev.ListSessions(ctx, &authorityv1.ListSessionsRequest{Tenant: "dev"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := list.GetSuspended(); len(s) != 1 || s[0].GetSessionId() != j.GetJobId() || s[0].GetSuspendedAt() == nil {
+		t.Fatalf("suspended sessions listed: %v", s)
+	}
+	got, err := dev.GetSession(ctx, &authorityv1.GetSessionRequest{SessionId: j.GetJobId()})
+	if err != nil || !got.GetSuspended() || got.GetSuspendedAt() == nil {
+		t.Fatalf("GetSession of a suspended session: %v, %v", got, err)
+	}
+
+	forbid := newHarnessWith(t, harnessOptions{devSessions: policy.Sessions{ForbidSleep: true}})
+	_, err = forbid.client(devID).CreateSession(ctx, &authorityv1.CreateSessionRequest{Tenant: "dev", IdempotencyKey: "sleep",
+		Spec: sessionSpec(&typesv1.SessionSpec{OnIdle: typesv1.IdleAction_IDLE_ACTION_SLEEP})})
+	wantStatus(t, err, codes.PermissionDenied, "spec.session.on_idle: sleep: the tenant's policy does not allow sessions to sleep")
+	if j := forbid.runningSession("default", nil); j.GetSession().GetOnIdle() != typesv1.IdleAction_IDLE_ACTION_END {
+		t.Fatalf("the default where sleep is forbidden: %v", j.GetSession())
+	}
+}

@@ -202,15 +202,27 @@ func TestSessionsSection(t *testing.T) {
     sessions: {max_idle_timeout: 5m, max_concurrent_execs: 32, default_concurrent_execs: 8}
   other:
     clients: [client/other]
+  sleepy:
+    clients: [client/sleepy]
+    sessions: {default_on_idle: sleep}
+  awake:
+    clients: [client/awake]
+    sessions: {allow_sleep: false}
 `), nil)
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}
-	if got, want := c.Policy["dev"].Sessions, (policy.Sessions{DefaultIdleTimeout: 5 * time.Minute, MaxIdleTimeout: 5 * time.Minute, DefaultConcurrentExecs: 8, MaxConcurrentExecs: 32}); got != want {
+	if got, want := c.Policy["dev"].Sessions, (policy.Sessions{DefaultIdleTimeout: 5 * time.Minute, MaxIdleTimeout: 5 * time.Minute, DefaultConcurrentExecs: 8, MaxConcurrentExecs: 32, DefaultOnIdle: policy.OnIdleEnd}); got != want {
 		t.Errorf("dev's sessions = %+v, want %+v (an omitted default lowered to its ceiling)", got, want)
 	}
 	if got := c.Policy["other"].Sessions; got != policy.DefaultSessions {
 		t.Errorf("other's sessions = %+v, want the built-in %+v", got, policy.DefaultSessions)
+	}
+	if got := c.Policy["sleepy"].Sessions; got.DefaultOnIdle != policy.OnIdleSleep || got.ForbidSleep {
+		t.Errorf("sleepy's sessions = %+v, want sleep by default", got)
+	}
+	if got := c.Policy["awake"].Sessions; got.DefaultOnIdle != policy.OnIdleEnd || !got.ForbidSleep {
+		t.Errorf("awake's sessions = %+v, want end by default and sleep forbidden", got)
 	}
 }
 
@@ -228,6 +240,8 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 		{"idle too long", tenant("    sessions: {max_idle_timeout: 200h}\n"), []string{"tenants.dev.sessions.max_idle_timeout: 200h0m0s: must be between 1s and 168h0m0s"}},
 		{"too many execs", tenant("    sessions: {max_concurrent_execs: 65}\n"), []string{"tenants.dev.sessions.max_concurrent_execs: 65: must be between 1 and 64"}},
 		{"negative execs", tenant("    sessions: {default_concurrent_execs: -1}\n"), []string{"tenants.dev.sessions.default_concurrent_execs: -1: must be between 1 and 64"}},
+		{"bad on_idle", tenant("    sessions: {default_on_idle: nap}\n"), []string{`tenants.dev.sessions.default_on_idle: "nap": want end or sleep`}},
+		{"sleep by default where it is forbidden", tenant("    sessions: {default_on_idle: sleep, allow_sleep: false}\n"), []string{"tenants.dev.sessions.default_on_idle: sleep, but allow_sleep is false"}},
 		{"execs ceiling below its default", tenant("    sessions: {default_concurrent_execs: 8, max_concurrent_execs: 2}\n"), []string{"tenants.dev.sessions.max_concurrent_execs: ceiling 2 is below the default 8"}},
 		{"bad size", tenant("    limits: {max: {memory: lots}}\n"), []string{`tenants.dev.limits.max.memory: "lots" is not a size`}},
 		{"negative size", tenant("    limits: {default: {disk: -1GiB}}\n"), []string{"tenants.dev.limits.default.disk:", "is not a size"}},

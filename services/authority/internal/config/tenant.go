@@ -38,8 +38,19 @@ func sessions(field string, f SessionsFile) (policy.Sessions, []error) {
 			errs = append(errs, config.Field(field+"."+n.name, "%d: must be between 1 and %d", n.v, policy.MaxExecsCeiling))
 		}
 	}
+	forbidSleep := f.AllowSleep != nil && !*f.AllowSleep
+	switch f.DefaultOnIdle {
+	case "", policy.OnIdleEnd:
+	case policy.OnIdleSleep:
+		if forbidSleep {
+			errs = append(errs, config.Field(field+".default_on_idle", "sleep, but allow_sleep is false"))
+		}
+	default:
+		errs = append(errs, config.Field(field+".default_on_idle", "%q: want %s or %s", f.DefaultOnIdle, policy.OnIdleEnd, policy.OnIdleSleep))
+	}
 	s := policy.Sessions{DefaultIdleTimeout: f.DefaultIdleTimeout, MaxIdleTimeout: f.MaxIdleTimeout,
-		DefaultConcurrentExecs: f.DefaultConcurrentExecs, MaxConcurrentExecs: f.MaxConcurrentExecs}.Filled()
+		DefaultConcurrentExecs: f.DefaultConcurrentExecs, MaxConcurrentExecs: f.MaxConcurrentExecs,
+		DefaultOnIdle: f.DefaultOnIdle, ForbidSleep: forbidSleep}.Filled()
 	if s.MaxIdleTimeout < s.DefaultIdleTimeout {
 		errs = append(errs, config.Field(field+".max_idle_timeout", "ceiling %v is below the default %v", s.MaxIdleTimeout, s.DefaultIdleTimeout))
 	}

@@ -114,6 +114,11 @@ type SessionsFile struct {
 	// DefaultConcurrentExecs and MaxConcurrentExecs: between 1 and 64.
 	DefaultConcurrentExecs int `yaml:"default_concurrent_execs"`
 	MaxConcurrentExecs     int `yaml:"max_concurrent_execs"`
+	// DefaultOnIdle is what a session idle past its timeout does when it
+	// does not say: end (the default) or sleep. AllowSleep (default
+	// true) false refuses sessions that ask to sleep.
+	DefaultOnIdle string `yaml:"default_on_idle"`
+	AllowSleep    *bool  `yaml:"allow_sleep"`
 }
 
 // PublishFile is a tenant's publish policy as the file writes it.

@@ -123,7 +123,10 @@ func (s *Signer) Decode(wire []byte) (jobs.GrantRequest, error) {
 		r.PublishTarget = &jobs.PublishTarget{Repository: p.GetRepository(), Branch: p.GetBranch()}
 	}
 	if x := g.GetSession(); x != nil {
-		r.Session = &jobs.Session{IdleTimeout: x.GetIdleTimeout().AsDuration(), MaxConcurrentExecs: int(x.GetMaxConcurrentExecs())}
+		// A grant from before on_idle ended its session once idle.
+		onIdle, _ := OnIdleFromProto(x.GetOnIdle())
+		r.Session = &jobs.Session{IdleTimeout: x.GetIdleTimeout().AsDuration(), MaxConcurrentExecs: int(x.GetMaxConcurrentExecs()),
+			OnIdle: cmp.Or(onIdle, policy.OnIdleEnd)}
 	}
 	for _, c := range g.GetCaches() {
 		r.Caches = append(r.Caches, jobs.CacheGrant{Name: c.GetName(), Path: c.GetPath(), MaxSize: c.GetMaxSizeBytes()})
@@ -241,7 +244,33 @@ func SessionToProto(s *jobs.Session) *typesv1.SessionSpec {
 	if s == nil {
 		return nil
 	}
-	return &typesv1.SessionSpec{IdleTimeout: durationpb.New(s.IdleTimeout), MaxConcurrentExecs: int32(s.MaxConcurrentExecs)}
+	return &typesv1.SessionSpec{IdleTimeout: durationpb.New(s.IdleTimeout), MaxConcurrentExecs: int32(s.MaxConcurrentExecs), OnIdle: OnIdleToProto(s.OnIdle)}
+}
+
+// OnIdleToProto is the API's IdleAction for policy.OnIdleEnd or
+// policy.OnIdleSleep ("" is unspecified).
+func OnIdleToProto(a string) typesv1.IdleAction {
+	switch a {
+	case policy.OnIdleEnd:
+		return typesv1.IdleAction_IDLE_ACTION_END
+	case policy.OnIdleSleep:
+		return typesv1.IdleAction_IDLE_ACTION_SLEEP
+	}
+	return typesv1.IdleAction_IDLE_ACTION_UNSPECIFIED
+}
+
+// OnIdleFromProto is OnIdleToProto the other way; false for a value this
+// build does not know.
+func OnIdleFromProto(a typesv1.IdleAction) (string, bool) {
+	switch a {
+	case typesv1.IdleAction_IDLE_ACTION_UNSPECIFIED:
+		return "", true
+	case typesv1.IdleAction_IDLE_ACTION_END:
+		return policy.OnIdleEnd, true
+	case typesv1.IdleAction_IDLE_ACTION_SLEEP:
+		return policy.OnIdleSleep, true
+	}
+	return "", false
 }
 
 // LimitsToProto converts limits.

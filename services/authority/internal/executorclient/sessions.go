@@ -50,7 +50,11 @@ func (c *Client) RunStatus(ctx context.Context, jobID string) (jobs.RunStatus, e
 	if err != nil {
 		return jobs.RunStatus{}, relay(err)
 	}
-	return jobs.RunStatus{Suspended: resp.GetRun().GetSuspended(), SuspendReason: ReasonName(resp.GetRun().GetSuspendReason())}, nil
+	st := jobs.RunStatus{Suspended: resp.GetRun().GetSuspended(), SuspendReason: ReasonName(resp.GetRun().GetSuspendReason())}
+	if t := resp.GetRun().GetSuspendedAt(); t != nil {
+		st.SuspendedAt = t.AsTime()
+	}
+	return st, nil
 }
 
 // Finish implements jobs.Sessions.

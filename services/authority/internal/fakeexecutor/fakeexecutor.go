@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/airlockhq/airlock/pkg/grant"
 	executorv1 "github.com/airlockhq/airlock/proto/airlock/executor/v1"
@@ -71,9 +72,10 @@ type run struct {
 	ended chan struct{}
 	// A session's: suspended by SuspendRun until ResumeRun, and the files
 	// WriteFile wrote, by path.
-	suspended bool
-	files     map[string][]byte
-	uploads   []*typesv1.FileWrite // WriteFile's records, unfolded
+	suspended   bool
+	suspendedAt time.Time
+	files       map[string][]byte
+	uploads     []*typesv1.FileWrite // WriteFile's records, unfolded
 }
 
 // New returns a fake that trusts grants verified by v.
@@ -199,9 +201,13 @@ func (e *Executor) End(job string, state executorv1.RunState) {
 func (e *Executor) runView(id string, r *run) *executorv1.Run {
 	g := &typesv1.Grant{}
 	_ = proto.Unmarshal(r.grant.GetBody(), g)
-	return &executorv1.Run{JobId: id, State: r.state, Grant: r.grant, Suspended: r.suspended, NetworkPolicyStatus: &typesv1.NetworkPolicyStatus{
+	out := &executorv1.Run{JobId: id, State: r.state, Grant: r.grant, Suspended: r.suspended, NetworkPolicyStatus: &typesv1.NetworkPolicyStatus{
 		Policy: g.GetNetworkPolicy(), Generation: max(g.GetNetworkPolicyGeneration(), 1), State: typesv1.NetworkPolicyState_NETWORK_POLICY_STATE_APPLIED,
 	}}
+	if r.suspended {
+		out.SuspendedAt = timestamppb.New(r.suspendedAt)
+	}
+	return out
 }
 
 // FailUpdates makes every UpdateRun return err (a status error) until

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -239,7 +240,9 @@ func (e *Executor) SuspendRun(_ context.Context, req *executorv1.SuspendRunReque
 	if err != nil {
 		return nil, err
 	}
-	r.suspended = true
+	if !r.suspended {
+		r.suspended, r.suspendedAt = true, time.Now()
+	}
 	return &executorv1.SuspendRunResponse{Run: e.runView(req.GetJobId(), r)}, nil
 }
 

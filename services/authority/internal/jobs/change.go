@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -373,6 +374,9 @@ func describe(c Change) string {
 		if x.to != x.from {
 			parts = append(parts, fmt.Sprintf("%s %s -> %s", x.name, x.format(x.from), x.format(x.to)))
 		}
+	}
+	if fs, ts := c.FromSession, c.ToSession; fs != nil && ts != nil && fs.OnIdle != ts.OnIdle {
+		parts = append(parts, fmt.Sprintf("session.on_idle %s -> %s", cmp.Or(fs.OnIdle, "default"), cmp.Or(ts.OnIdle, "default")))
 	}
 	if !sameNetwork(c.FromNetwork, c.ToNetwork) {
 		parts = append(parts, fmt.Sprintf("network_policy %s -> %s", networkText(c.FromNetwork), networkText(c.ToNetwork)))

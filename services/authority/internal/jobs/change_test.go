@@ -131,15 +131,15 @@ func TestPlanChange(t *testing.T) {
 func TestSessionBounds(t *testing.T) {
 	bounds := policy.Sessions{DefaultIdleTimeout: 5 * time.Minute, MaxIdleTimeout: time.Hour, DefaultConcurrentExecs: 2, MaxConcurrentExecs: 3}
 	got, err := effectiveSession("spec.session", Session{}, Session{}, bounds)
-	if err != nil || got != (Session{IdleTimeout: 5 * time.Minute, MaxConcurrentExecs: 2}) {
+	if err != nil || got != (Session{IdleTimeout: 5 * time.Minute, MaxConcurrentExecs: 2, OnIdle: policy.OnIdleEnd}) {
 		t.Fatalf("defaults: %+v, %v", got, err)
 	}
 	if got, err := effectiveSession("spec.session", Session{}, Session{}, policy.Sessions{}); err != nil ||
-		got != (Session{IdleTimeout: policy.DefaultSessions.DefaultIdleTimeout, MaxConcurrentExecs: policy.DefaultSessions.DefaultConcurrentExecs}) {
+		got != (Session{IdleTimeout: policy.DefaultSessions.DefaultIdleTimeout, MaxConcurrentExecs: policy.DefaultSessions.DefaultConcurrentExecs, OnIdle: policy.OnIdleEnd}) {
 		t.Fatalf("a policy that says nothing takes the built-in defaults: %+v, %v", got, err)
 	}
-	if got, err := effectiveSession("session", Session{MaxConcurrentExecs: 1}, Session{IdleTimeout: 2 * time.Hour, MaxConcurrentExecs: 3}, bounds); err != nil ||
-		got != (Session{IdleTimeout: 2 * time.Hour, MaxConcurrentExecs: 1}) {
+	if got, err := effectiveSession("session", Session{MaxConcurrentExecs: 1}, Session{IdleTimeout: 2 * time.Hour, MaxConcurrentExecs: 3, OnIdle: policy.OnIdleSleep}, bounds); err != nil ||
+		got != (Session{IdleTimeout: 2 * time.Hour, MaxConcurrentExecs: 1, OnIdle: policy.OnIdleSleep}) {
 		t.Fatalf("a change keeps what it does not name (even past a ceiling lowered since): %+v, %v", got, err)
 	}
 	for _, tc := range []struct {
@@ -152,6 +152,7 @@ func TestSessionBounds(t *testing.T) {
 		{"idle too short", Session{IdleTimeout: time.Millisecond}, "spec.session.idle_timeout: 1ms: at least 1s"},
 		{"negative idle", Session{IdleTimeout: -time.Second}, "spec.session.idle_timeout: -1s: must not be negative"},
 		{"negative execs", Session{MaxConcurrentExecs: -1}, "spec.session.max_concurrent_execs: -1: must not be negative"},
+		{"unknown on_idle", Session{OnIdle: "nap"}, `spec.session.on_idle: "nap": want end or sleep`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := effectiveSession("spec.session", tc.req, Session{}, bounds)
@@ -168,14 +169,14 @@ func TestSessionBounds(t *testing.T) {
 func TestPlanSessionChange(t *testing.T) {
 	tenant := &policy.Tenant{Name: "dev", Max: policy.DefaultMax,
 		Sessions: policy.Sessions{DefaultIdleTimeout: 5 * time.Minute, MaxIdleTimeout: time.Hour, DefaultConcurrentExecs: 2, MaxConcurrentExecs: 8}}
-	sess := Session{IdleTimeout: 5 * time.Minute, MaxConcurrentExecs: 2}
+	sess := Session{IdleTimeout: 5 * time.Minute, MaxConcurrentExecs: 2, OnIdle: policy.OnIdleEnd}
 	cur := GrantRequest{JobID: "s1", Generation: 1, Limits: policy.DefaultLimits, Network: Network{Mode: NetworkDenyAll}, RuntimeClass: "runc", Session: &sess}
 
 	ch, err := planChange(tenant, cur, ChangeRequest{Session: &Session{IdleTimeout: 30 * time.Minute}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if *ch.ToSession != (Session{IdleTimeout: 30 * time.Minute, MaxConcurrentExecs: 2}) || *ch.FromSession != sess || ch.ToLimits != ch.FromLimits {
+	if *ch.ToSession != (Session{IdleTimeout: 30 * time.Minute, MaxConcurrentExecs: 2, OnIdle: policy.OnIdleEnd}) || *ch.FromSession != sess || ch.ToLimits != ch.FromLimits {
 		t.Fatalf("change = %+v", ch)
 	}
 	if len(ch.Widens) != 1 || ch.Widens[0] != "session.idle_timeout: 5m0s -> 30m0s" {
@@ -206,5 +207,26 @@ func TestPlanSessionChange(t *testing.T) {
 	ch.ToSession.IdleTimeout++
 	if _, d2, _ := ch.Encode(); d1 == d2 {
 		t.Fatal("two different session changes have one digest")
+	}
+}
+
+// TestSessionOnIdle: a session that does not say what it does once idle
+// takes the tenant's default; one that asks to sleep where the tenant
+// forbids it is refused naming spec.session.on_idle.
+func TestSessionOnIdle(t *testing.T) {
+	sleepy := policy.Sessions{DefaultOnIdle: policy.OnIdleSleep}
+	if got, err := effectiveSession("spec.session", Session{}, Session{}, sleepy); err != nil || got.OnIdle != policy.OnIdleSleep {
+		t.Fatalf("the tenant's default sleep: %+v, %v", got, err)
+	}
+	if got, err := effectiveSession("spec.session", Session{OnIdle: policy.OnIdleEnd}, Session{}, sleepy); err != nil || got.OnIdle != policy.OnIdleEnd {
+		t.Fatalf("end asked where sleep is the default: %+v, %v", got, err)
+	}
+	forbid := policy.Sessions{ForbidSleep: true}
+	_, err := effectiveSession("spec.session", Session{OnIdle: policy.OnIdleSleep}, Session{}, forbid)
+	if !errors.Is(err, errdefs.ErrPermissionDenied) || !strings.Contains(err.Error(), "spec.session.on_idle: sleep: the tenant's policy does not allow sessions to sleep") {
+		t.Fatalf("sleep where the tenant forbids it: %v", err)
+	}
+	if got, err := effectiveSession("spec.session", Session{}, Session{}, forbid); err != nil || got.OnIdle != policy.OnIdleEnd {
+		t.Fatalf("the default where sleep is forbidden: %+v, %v", got, err)
 	}
 }

@@ -195,6 +195,9 @@ type Sessions interface {
 type RunStatus struct {
 	Suspended     bool
 	SuspendReason string
+	// SuspendedAt is when a suspended session was suspended (zero when
+	// the executor does not say).
+	SuspendedAt time.Time
 }
 
 // ExecStart asks for an exec with streamed stdin (RunExec).

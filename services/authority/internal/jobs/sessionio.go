@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/pkg/identity"
@@ -22,6 +24,7 @@ import (
 type SessionView struct {
 	Suspended     bool
 	SuspendReason string
+	SuspendedAt   time.Time
 	// Execs are the executor's listing of the session's last execs; when
 	// the executor could not answer, Records are the authority's own
 	// instead, and Stale says there are some that may be behind.
@@ -47,7 +50,7 @@ func (s *Service) SessionState(ctx context.Context, j store.Job) (SessionView, e
 		st, err := s.cfg.Executors.For(j.Executor).RunStatus(ctx, j.ID)
 		switch {
 		case err == nil:
-			v.Suspended, v.SuspendReason = st.Suspended, st.SuspendReason
+			v.Suspended, v.SuspendReason, v.SuspendedAt = st.Suspended, st.SuspendReason, st.SuspendedAt
 		case executorLost(err):
 			if s.lostExecutor(ctx, j.Executor) {
 				// Its executor is away: the session waits for it, to
@@ -73,6 +76,40 @@ func (s *Service) SessionState(ctx context.Context, j store.Job) (SessionView, e
 		s.observeExecs(ctx, j.ID, list.Execs...)
 	}
 	return v, nil
+}
+
+// suspensionsWait bounds how long Suspensions waits for the executors.
+const suspensionsWait = 2 * time.Second
+
+// Suspensions asks the executors which of the running sessions in list
+// are suspended (or asleep), all at once and for suspensionsWait at most:
+// a session whose executor does not answer in time is left out.
+func (s *Service) Suspensions(ctx context.Context, list []store.Job) map[string]RunStatus {
+	ctx, cancel := context.WithTimeout(ctx, suspensionsWait)
+	defer cancel()
+	var (
+		mu  sync.Mutex
+		wg  sync.WaitGroup
+		out = map[string]RunStatus{}
+	)
+	for _, j := range list {
+		if j.State != store.StateRunning || j.DispatchedAt.IsZero() {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st, err := s.cfg.Executors.For(j.Executor).RunStatus(ctx, j.ID)
+			if err != nil || !st.Suspended {
+				return
+			}
+			mu.Lock()
+			out[j.ID] = st
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return out
 }
 
 // runningSession refuses session j unless it is at an executor and not

@@ -96,6 +96,9 @@ type Spec struct {
 type Session struct {
 	IdleTimeout        time.Duration
 	MaxConcurrentExecs int
+	// OnIdle is policy.OnIdleEnd or policy.OnIdleSleep; "" takes the
+	// tenant's default.
+	OnIdle string `json:",omitempty"`
 }
 
 // SubmitRequest is one submission.

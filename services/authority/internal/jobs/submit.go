@@ -416,6 +416,17 @@ func effectiveSession(prefix string, req, base Session, bounds policy.Sessions) 
 	case req.MaxConcurrentExecs > b.MaxConcurrentExecs:
 		return out, invalid(prefix+".max_concurrent_execs", "%d is above the tenant's ceiling of %d", req.MaxConcurrentExecs, b.MaxConcurrentExecs)
 	}
+	switch req.OnIdle {
+	case "":
+		out.OnIdle = cmp.Or(base.OnIdle, b.DefaultOnIdle)
+	case policy.OnIdleEnd:
+	case policy.OnIdleSleep:
+		if b.ForbidSleep {
+			return out, denied(prefix+".on_idle", "sleep: the tenant's policy does not allow sessions to sleep (sessions.allow_sleep is false)")
+		}
+	default:
+		return out, invalid(prefix+".on_idle", "%q: want %s or %s", req.OnIdle, policy.OnIdleEnd, policy.OnIdleSleep)
+	}
 	return out, nil
 }
 

@@ -6,6 +6,7 @@
 package policy
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -268,15 +269,27 @@ type Cache struct {
 // Sessions bounds a tenant's sessions: how long one may sit with no exec
 // running, and how many execs may run in it at once. A session that names
 // neither takes the default; none may ask for more than the ceiling, at
-// submission or by a change while it runs.
+// submission or by a change while it runs. DefaultOnIdle is what one that
+// does not say does once idle past its timeout (OnIdleEnd or
+// OnIdleSleep); ForbidSleep refuses OnIdleSleep.
 type Sessions struct {
 	DefaultIdleTimeout, MaxIdleTimeout         time.Duration
 	DefaultConcurrentExecs, MaxConcurrentExecs int
+	DefaultOnIdle                              string
+	ForbidSleep                                bool
 }
+
+// What a session idle past its timeout does: it ends, or it sleeps
+// (suspended, its files kept, until its next exec or file call wakes it).
+const (
+	OnIdleEnd   = "end"
+	OnIdleSleep = "sleep"
+)
 
 // DefaultSessions are the session defaults and ceilings where a tenant's
 // policy leaves them out.
-var DefaultSessions = Sessions{DefaultIdleTimeout: 15 * time.Minute, MaxIdleTimeout: 24 * time.Hour, DefaultConcurrentExecs: 4, MaxConcurrentExecs: 16}
+var DefaultSessions = Sessions{DefaultIdleTimeout: 15 * time.Minute, MaxIdleTimeout: 24 * time.Hour, DefaultConcurrentExecs: 4, MaxConcurrentExecs: 16,
+	DefaultOnIdle: OnIdleEnd}
 
 // Bounds on what a tenant's policy may set for its sessions.
 const (
@@ -292,7 +305,8 @@ func (s Sessions) Filled() Sessions {
 	CompletePair(&di, &mi, int64(DefaultSessions.DefaultIdleTimeout), int64(DefaultSessions.MaxIdleTimeout))
 	de, me := int64(s.DefaultConcurrentExecs), int64(s.MaxConcurrentExecs)
 	CompletePair(&de, &me, int64(DefaultSessions.DefaultConcurrentExecs), int64(DefaultSessions.MaxConcurrentExecs))
-	return Sessions{DefaultIdleTimeout: time.Duration(di), MaxIdleTimeout: time.Duration(mi), DefaultConcurrentExecs: int(de), MaxConcurrentExecs: int(me)}
+	return Sessions{DefaultIdleTimeout: time.Duration(di), MaxIdleTimeout: time.Duration(mi), DefaultConcurrentExecs: int(de), MaxConcurrentExecs: int(me),
+		DefaultOnIdle: cmp.Or(s.DefaultOnIdle, OnIdleEnd), ForbidSleep: s.ForbidSleep}
 }
 
 // CompletePair completes a default and its ceiling, either of which a

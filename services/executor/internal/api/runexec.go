@@ -34,7 +34,7 @@ func (s *Service) RunExec(stream grpc.BidiStreamingServer[executorv1.RunExecRequ
 	if start.GetSpec() == nil {
 		return errgrpc.ToGRPC(fmt.Errorf("%w: start.spec is required", errdefs.ErrInvalidArgument))
 	}
-	x, created, stdin, err := s.cfg.Runs.RunExec(start.GetJobId(), convert.ExecSpec(start.GetSpec()))
+	x, created, stdin, err := s.cfg.Runs.RunExec(stream.Context(), start.GetJobId(), convert.ExecSpec(start.GetSpec()))
 	if err != nil {
 		return s.fail(stream.Context(), "RunExec", err)
 	}

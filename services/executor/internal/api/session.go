@@ -26,7 +26,7 @@ func (s *Service) StartExec(ctx context.Context, req *executorv1.StartExecReques
 	if req.GetSpec() == nil {
 		return nil, errgrpc.ToGRPC(fmt.Errorf("%w: spec is required", errdefs.ErrInvalidArgument))
 	}
-	x, created, err := s.cfg.Runs.StartExec(req.GetJobId(), convert.ExecSpec(req.GetSpec()))
+	x, created, err := s.cfg.Runs.StartExec(ctx, req.GetJobId(), convert.ExecSpec(req.GetSpec()))
 	if err != nil {
 		return nil, s.fail(ctx, "StartExec", err)
 	}
@@ -128,7 +128,7 @@ func (s *Service) ReadFile(req *executorv1.ReadFileRequest, stream grpc.ServerSt
 	if err := required("job_id", req.GetJobId()); err != nil {
 		return errgrpc.ToGRPC(err)
 	}
-	err := s.cfg.Runs.ReadFile(req.GetJobId(), req.GetPath(),
+	err := s.cfg.Runs.ReadFile(stream.Context(), req.GetJobId(), req.GetPath(),
 		func(size int64) error {
 			return stream.Send(&executorv1.ReadFileResponse{Part: &executorv1.ReadFileResponse_Header{Header: &typesv1.FileHeader{Size: size}}})
 		},
@@ -153,7 +153,7 @@ func (s *Service) WriteFile(stream grpc.ClientStreamingServer[executorv1.WriteFi
 	if err := required("job_id", h.GetJobId()); err != nil {
 		return errgrpc.ToGRPC(err)
 	}
-	n, err := s.cfg.Runs.WriteFile(h.GetJobId(), h.GetPath(), fs.FileMode(h.GetMode()), chunkio.NewReader(func() ([]byte, error) {
+	n, err := s.cfg.Runs.WriteFile(stream.Context(), h.GetJobId(), h.GetPath(), fs.FileMode(h.GetMode()), chunkio.NewReader(func() ([]byte, error) {
 		m, err := stream.Recv()
 		if err != nil {
 			return nil, err
@@ -173,7 +173,7 @@ func (s *Service) ListFiles(ctx context.Context, req *executorv1.ListFilesReques
 	if err := required("job_id", req.GetJobId()); err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
-	list, cut, err := s.cfg.Runs.ListFiles(req.GetJobId(), req.GetPath(), req.GetRecursive())
+	list, cut, err := s.cfg.Runs.ListFiles(ctx, req.GetJobId(), req.GetPath(), req.GetRecursive())
 	if err != nil {
 		return nil, s.fail(ctx, "ListFiles", err)
 	}
@@ -202,7 +202,7 @@ func (s *Service) ResumeRun(ctx context.Context, req *executorv1.ResumeRunReques
 	if err := required("job_id", req.GetJobId()); err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
-	run, err := s.cfg.Runs.Resume(req.GetJobId())
+	run, err := s.cfg.Runs.Resume(ctx, req.GetJobId())
 	if err != nil {
 		return nil, s.fail(ctx, "ResumeRun", err)
 	}

@@ -7,6 +7,7 @@ package convert
 
 import (
 	"strings"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -58,11 +59,15 @@ func RunResult(r *runs.Result) *typesv1.RunResult {
 		Reason:   reasons[string(r.Reason)],
 		ExitCode: int32(r.ExitCode),
 		Usage: &typesv1.ResourceUsage{
-			CpuTime:         durationpb.New(r.Usage.CPUTime),
-			PeakMemoryBytes: r.Usage.PeakMemoryBytes,
-			WallTime:        durationpb.New(r.Usage.WallTime),
-			DiskBytes:       r.Usage.DiskBytes,
-			PeakPids:        r.Usage.PeakPids,
+			CpuTime:              durationpb.New(r.Usage.CPUTime),
+			PeakMemoryBytes:      r.Usage.PeakMemoryBytes,
+			WallTime:             durationpb.New(r.Usage.WallTime),
+			DiskBytes:            r.Usage.DiskBytes,
+			PeakPids:             r.Usage.PeakPids,
+			AwakeTime:            durationpb.New(r.AwakeTime),
+			AsleepTime:           durationpb.New(r.AsleepTime),
+			NetworkSentBytes:     r.NetworkSentBytes,
+			NetworkReceivedBytes: r.NetworkReceivedBytes,
 		},
 		RuntimeClass:    class,
 		RuntimeVersion:  r.RuntimeVersion,
@@ -93,7 +98,8 @@ var states = map[runs.State]executorv1.RunState{
 	runs.Cancelled: executorv1.RunState_RUN_STATE_CANCELLED,
 }
 
-// Run converts a run record to the API's.
+// Run converts a run record to the API's; a run not ended has its awake
+// and asleep time until now.
 func Run(r runs.Run) *executorv1.Run {
 	out := &executorv1.Run{
 		JobId:     r.JobID,
@@ -104,6 +110,13 @@ func Run(r runs.Run) *executorv1.Run {
 	}
 	if r.Suspended && r.SuspendReason != "" {
 		out.SuspendReason = reasons[string(r.SuspendReason)]
+	}
+	if r.Suspended && !r.SuspendedAt.IsZero() {
+		out.SuspendedAt = timestamppb.New(r.SuspendedAt)
+	}
+	if !r.State.Terminal() && !r.StartedAt.IsZero() {
+		awake, asleep := r.Times(time.Now())
+		out.Usage = &typesv1.ResourceUsage{WallTime: durationpb.New(awake + asleep), AwakeTime: durationpb.New(awake), AsleepTime: durationpb.New(asleep)}
 	}
 	if sg, err := signedGrant(r); err == nil {
 		out.Grant = sg

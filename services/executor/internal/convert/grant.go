@@ -129,6 +129,14 @@ func grantOf(sg *typesv1.SignedGrant, g *typesv1.Grant) (runs.Grant, error) {
 			return runs.Grant{}, fmt.Errorf("%w: grant session.idle_timeout: not a duration of zero or more", errdefs.ErrInvalidArgument)
 		}
 		out.Session = &runs.SessionSpec{IdleTimeout: s.GetIdleTimeout().AsDuration(), MaxConcurrentExecs: int(s.GetMaxConcurrentExecs())}
+		switch s.GetOnIdle() {
+		case typesv1.IdleAction_IDLE_ACTION_UNSPECIFIED, typesv1.IdleAction_IDLE_ACTION_END:
+			// A grant from before on_idle ends its session, as it did.
+		case typesv1.IdleAction_IDLE_ACTION_SLEEP:
+			out.Session.SleepOnIdle = true
+		default:
+			return runs.Grant{}, fmt.Errorf("%w: grant session.on_idle %d: not an action this build knows", errdefs.ErrInvalidArgument, s.GetOnIdle())
+		}
 	}
 	return out, nil
 }

@@ -1,6 +1,7 @@
 package runs
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -178,7 +179,7 @@ func TestSessionCacheSurvivesSuspendAndCommitsOnFinish(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.waitRun(t, sid, "suspended", func(r Run, up bool) bool { return r.Suspended && !up })
-	if _, err := h.m.Resume(sid); err != nil {
+	if _, err := h.m.Resume(context.Background(), sid); err != nil {
 		t.Fatal(err)
 	}
 	h.waitRun(t, sid, "resumed", func(r Run, up bool) bool { return !r.Suspended && up })
@@ -211,7 +212,7 @@ func TestKeptSessionKeepsItsCache(t *testing.T) {
 	h.m.Close()
 	h.restart(t, nil)
 	h.waitRun(t, sid, "kept, suspended", func(r Run, _ bool) bool { return r.Suspended })
-	if _, err := h.m.Resume(sid); err != nil {
+	if _, err := h.m.Resume(context.Background(), sid); err != nil {
 		t.Fatal(err)
 	}
 	h.waitRun(t, sid, "resumed", func(r Run, up bool) bool { return !r.Suspended && up })

@@ -15,10 +15,25 @@ import (
 // StartExec starts x in the running session jobID, or returns the exec of
 // that id when it was started with the same spec (created false), running
 // or ended. The same id with another spec is ErrAlreadyExists naming the
-// field. Concurrent calls with one id start it once.
-func (m *Manager) StartExec(jobID string, x ExecSpec) (Exec, bool, error) {
-	rec, created, _, err := m.startExec(jobID, x, false)
+// field. Concurrent calls with one id start it once. A new exec wakes an
+// asleep session and waits for it (Wake).
+func (m *Manager) StartExec(ctx context.Context, jobID string, x ExecSpec) (Exec, bool, error) {
+	rec, created, _, err := m.startWaking(ctx, jobID, x, false)
 	return rec, created, err
+}
+
+// startWaking is startExec, with an asleep session woken first.
+func (m *Manager) startWaking(ctx context.Context, jobID string, x ExecSpec, fed bool) (Exec, bool, *execEntry, error) {
+	type started struct {
+		rec     Exec
+		created bool
+		xe      *execEntry
+	}
+	s, err := waking(ctx, m, jobID, func() (started, error) {
+		rec, created, xe, err := m.startExec(jobID, x, fed)
+		return started{rec, created, xe}, err
+	})
+	return s.rec, s.created, s.xe, err
 }
 
 // startExec is StartExec; a caller that can feed a streamed stdin (fed)
@@ -46,6 +61,8 @@ func (m *Manager) startExec(jobID string, x ExecSpec, fed bool) (Exec, bool, *ex
 	switch {
 	case x.StdinStream && !fed:
 		return Exec{}, false, nil, fmt.Errorf("%w: spec.stdin_stream: StartExec has no stream to feed stdin from; start the exec with RunExec", errdefs.ErrFailedPrecondition)
+	case e.wakeable():
+		return Exec{}, false, nil, errAsleep
 	case e.run.State != Running || e.live == nil || e.stopping != "" || e.suspending:
 		return Exec{}, false, nil, fmt.Errorf("%w: session %s is %s: it takes no new exec", errdefs.ErrFailedPrecondition, jobID, e.sessionState())
 	case e.runningExecs >= maxExecs:

@@ -168,7 +168,13 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		// its client. Nothing is reported: it has not ended.
 		keep = true
 		m.update(e, func(r *Run) {
-			r.Suspended, r.SuspendedAt, r.SuspendReason = true, m.cfg.Now(), ReasonExecutorRestarted
+			// Asleep, it stays asleep: its next call wakes it on the next
+			// start as on this one.
+			why := ReasonExecutorRestarted
+			if r.Suspended && r.SuspendReason == ReasonIdleTimeout {
+				why = ReasonIdleTimeout
+			}
+			r.beginSuspension(m.cfg.Now(), why)
 		})
 		log.Info("executor stopping: the session's files are kept for its next start")
 		return
@@ -176,14 +182,17 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 	if m.ctx.Err() != nil && abort == "" && !isSession {
 		// The executor is shutting down, not the caller cancelling: say so,
 		// and leave the report to the next start's Recover.
-		m.finish(e, Failed, &Result{Reason: ReasonExecutorRestarted, ExitCode: -1, Class: res.Class, Usage: res.Usage,
-			RuntimeVersion: res.RuntimeVersion, TemplateVersion: res.TemplateVersion, Image: imageOf(g), Message: "the executor shut down while this job was running"})
+		result := &Result{Reason: ReasonExecutorRestarted, ExitCode: -1, Class: res.Class, Usage: res.Usage,
+			RuntimeVersion: res.RuntimeVersion, TemplateVersion: res.TemplateVersion, Image: imageOf(g), Message: "the executor shut down while this job was running"}
+		m.account(e, result, false)
+		m.finish(e, Failed, result)
 		return
 	}
 	result := &Result{
 		Reason: res.Reason, ExitCode: res.ExitCode, Usage: res.Usage, Class: res.Class,
 		RuntimeVersion: res.RuntimeVersion, TemplateVersion: res.TemplateVersion, Image: imageOf(g), Message: res.Message,
 	}
+	m.account(e, result, isSession)
 	// Every process of the job is gone: its caches' upper layers are final.
 	e.updateMu.Lock()
 	leases := e.caches

@@ -104,8 +104,16 @@ const (
 // sessionFiles runs f with the sandbox of the running session jobID and a
 // context that ends when the session stops taking calls: the session's end
 // waits for f to return, and f must return soon once ctx ends. A call in
-// flight counts as activity for the idle timeout.
-func (m *Manager) sessionFiles(jobID string, f func(ctx context.Context, sb *sandbox.Sandbox) error) error {
+// flight counts as activity for the idle timeout. An asleep session is
+// woken first, and waited for (Wake) within ctx.
+func (m *Manager) sessionFiles(ctx context.Context, jobID string, f func(ctx context.Context, sb *sandbox.Sandbox) error) error {
+	_, err := waking(ctx, m, jobID, func() (struct{}, error) { return struct{}{}, m.sessionFilesOnce(jobID, f) })
+	return err
+}
+
+// sessionFilesOnce is sessionFiles but for the waking: errAsleep when the
+// session is asleep.
+func (m *Manager) sessionFilesOnce(jobID string, f func(ctx context.Context, sb *sandbox.Sandbox) error) error {
 	m.mu.Lock()
 	e, ok := m.runs[jobID]
 	if !ok {
@@ -115,6 +123,10 @@ func (m *Manager) sessionFiles(jobID string, f func(ctx context.Context, sb *san
 	if _, _, ok := e.session(); !ok {
 		m.mu.Unlock()
 		return fmt.Errorf("%w: run %s is a job, not a session: its files are in its bundle", errdefs.ErrFailedPrecondition, jobID)
+	}
+	if e.wakeable() {
+		m.mu.Unlock()
+		return errAsleep
 	}
 	sb, ctx := e.live, e.filesCtx
 	if sb == nil || e.stopping != "" || e.suspending {
@@ -152,12 +164,12 @@ func (m *Manager) sessionFiles(jobID string, f func(ctx context.Context, sb *san
 // hole-punched) is refused before anything is sent, and no more than the
 // size sent first is ever read: a file that grows meanwhile (an exec can
 // run beside the read) is refused once that size is reached.
-func (m *Manager) ReadFile(jobID, path string, header func(size int64) error, chunk func([]byte) error) error {
+func (m *Manager) ReadFile(ctx context.Context, jobID, path string, header func(size int64) error, chunk func([]byte) error) error {
 	chunks := make(chan []byte, 4)
 	read := make(chan error, 1)
 	opened := make(chan int64, 1)
 	go func() {
-		read <- m.sessionFiles(jobID, func(ctx context.Context, sb *sandbox.Sandbox) error {
+		read <- m.sessionFiles(ctx, jobID, func(ctx context.Context, sb *sandbox.Sandbox) error {
 			defer close(chunks)
 			f, size, err := sb.OpenFile(path)
 			if err != nil {
@@ -210,13 +222,13 @@ func (m *Manager) ReadFile(jobID, path string, header func(size int64) error, ch
 
 // WriteFile replaces a file of a running session's /work or /out with r's
 // bytes, atomically; mode 0 is 0644.
-func (m *Manager) WriteFile(jobID, path string, mode fs.FileMode, r io.Reader) (int64, error) {
+func (m *Manager) WriteFile(ctx context.Context, jobID, path string, mode fs.FileMode, r io.Reader) (int64, error) {
 	if mode == 0 {
 		mode = defaultFileMode
 	}
 	var n int64
 	h := sha256.New()
-	err := m.sessionFiles(jobID, func(ctx context.Context, sb *sandbox.Sandbox) error {
+	err := m.sessionFiles(ctx, jobID, func(ctx context.Context, sb *sandbox.Sandbox) error {
 		if err := m.reserveWritePath(jobID, path); err != nil {
 			return err
 		}
@@ -274,12 +286,12 @@ func (e *entry) recordWrite(w FileWrite) {
 }
 
 // ListFiles lists a directory of a running session's /work or /out.
-func (m *Manager) ListFiles(jobID, path string, recursive bool) ([]sandbox.FileInfo, bool, error) {
+func (m *Manager) ListFiles(ctx context.Context, jobID, path string, recursive bool) ([]sandbox.FileInfo, bool, error) {
 	var (
 		list []sandbox.FileInfo
 		cut  bool
 	)
-	err := m.sessionFiles(jobID, func(_ context.Context, sb *sandbox.Sandbox) error {
+	err := m.sessionFiles(ctx, jobID, func(_ context.Context, sb *sandbox.Sandbox) error {
 		var err error
 		list, cut, err = sb.ListFiles(path, recursive, MaxListEntries)
 		return err

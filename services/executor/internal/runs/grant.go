@@ -85,6 +85,9 @@ type CacheGrant struct {
 type SessionSpec struct {
 	IdleTimeout        time.Duration `json:"idle_timeout"`
 	MaxConcurrentExecs int           `json:"max_concurrent_execs"`
+	// SleepOnIdle says the session sleeps once idle past its idle
+	// timeout (sleep.go) rather than ending.
+	SleepOnIdle bool `json:"sleep_on_idle,omitempty"`
 }
 
 // Field is one of a grant's fixed fields: its name in the grant format and

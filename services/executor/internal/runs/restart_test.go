@@ -26,7 +26,7 @@ func TestSessionKeptAcrossRestart(t *testing.T) {
 			h, _ := newHarness(t, false)
 			sid := h.startSession(t, h.sessionGrant(class, time.Minute))
 			h.execWait(t, sid, sh("write", "echo kept > /work/kept.txt && echo out > /out/o.txt && echo tmp > /tmp/t"))
-			if _, _, err := h.m.StartExec(sid, sh("long", "sleep 300")); err != nil {
+			if _, _, err := h.m.StartExec(context.Background(), sid, sh("long", "sleep 300")); err != nil {
 				t.Fatal(err)
 			}
 			before, err := h.m.Get(sid)
@@ -45,10 +45,10 @@ func TestSessionKeptAcrossRestart(t *testing.T) {
 			if x, err := m2.GetExec(sid, "long"); err != nil || x.State != ExecEnded || x.Reason != ReasonExecutorRestarted {
 				t.Fatalf("the exec running at the stop: %+v %v", x, err)
 			}
-			if _, _, err := m2.StartExec(sid, sh("early", "true")); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+			if _, _, err := m2.StartExec(context.Background(), sid, sh("early", "true")); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 				t.Fatalf("an exec in a session suspended by the restart: %v, want FailedPrecondition", err)
 			}
-			if _, err := m2.Resume(sid); err != nil {
+			if _, err := m2.Resume(context.Background(), sid); err != nil {
 				t.Fatal(err)
 			}
 			h.waitRun(t, sid, "resumed", func(r Run, up bool) bool { return !r.Suspended && up })
@@ -56,7 +56,7 @@ func TestSessionKeptAcrossRestart(t *testing.T) {
 			if got, want := string(x.StdoutTail), "kept\nout\nno-tmp\n?? kept.txt\n"; x.ExitCode != 0 || got != want {
 				t.Fatalf("after the restart the session sees %q (exit %d, stderr %q), want %q", got, x.ExitCode, x.StderrTail, want)
 			}
-			if x, created, err := m2.StartExec(sid, sh("write", "echo kept > /work/kept.txt && echo out > /out/o.txt && echo tmp > /tmp/t")); err != nil || created || x.Seq != 1 {
+			if x, created, err := m2.StartExec(context.Background(), sid, sh("write", "echo kept > /work/kept.txt && echo out > /out/o.txt && echo tmp > /tmp/t")); err != nil || created || x.Seq != 1 {
 				t.Fatalf("a retry of an exec from before the restart: created=%v seq=%d %v", created, x.Seq, err)
 			}
 			if _, err := m2.Finish(sid); err != nil {

@@ -72,6 +72,17 @@ type Result struct {
 	// Image is the image the run's root was ("registry/repository@digest"),
 	// "" for the host template.
 	Image string `json:"image,omitempty"`
+	// AwakeTime and AsleepTime split the run's time from its start to its
+	// end: a session's with its sandbox running, and suspended (asleep,
+	// by its client, or across the executor's restart). A job is awake
+	// throughout.
+	AwakeTime  time.Duration `json:"awake_time,omitempty"`
+	AsleepTime time.Duration `json:"asleep_time,omitempty"`
+	// NetworkSentBytes and NetworkReceivedBytes are what the job's
+	// connections carried out of it and into it, as its egress record
+	// counts them.
+	NetworkSentBytes     int64 `json:"network_sent_bytes,omitempty"`
+	NetworkReceivedBytes int64 `json:"network_received_bytes,omitempty"`
 }
 
 // Run is the record of one job's execution.
@@ -100,9 +111,13 @@ type Run struct {
 	Suspended   bool      `json:"suspended,omitempty"`
 	SuspendedAt time.Time `json:"suspended_at,omitzero"`
 	// SuspendReason is why: "" when its client suspended it,
-	// ReasonExecutorRestarted when the executor stopped under it and kept
-	// its files.
+	// ReasonIdleTimeout when it fell asleep (its grant says on_idle
+	// sleep), ReasonExecutorRestarted when the executor stopped under it
+	// and kept its files.
 	SuspendReason sandbox.Reason `json:"suspend_reason,omitempty"`
+	// AsleepTime is how long the session's suspensions that have ended
+	// lasted (Times adds the current one).
+	AsleepTime time.Duration `json:"asleep_time,omitempty"`
 }
 
 // Authority is the executor's view of the authority.
@@ -243,10 +258,13 @@ type entry struct {
 	filesCtx    context.Context
 	filesCancel context.CancelFunc
 	filesActive int
-	// suspending is set by Suspend until the session runs again; stopRun
-	// stops the sandbox's current Run; resumeAsked, set by Resume of a
+	// suspending is set by Suspend (and by the idle watcher putting the
+	// session to sleep) until the session runs again, suspendWhy to why
+	// (the record's SuspendReason once it is suspended); stopRun stops
+	// the sandbox's current Run; resumeAsked, set by Resume of a
 	// suspended session, wakes it (Suspend clears it).
 	suspending  bool
+	suspendWhy  sandbox.Reason
 	stopRun     context.CancelFunc
 	resumeAsked bool
 	// idleChanged is closed and replaced (under the manager's mu) when

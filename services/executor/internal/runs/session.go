@@ -1,6 +1,7 @@
 package runs
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -56,8 +57,14 @@ func (e *entry) sessionState() string {
 	switch {
 	case e.stopping != "" && !e.run.State.Terminal():
 		return "ending (" + string(e.stopping) + ")"
+	case e.run.Suspended && e.resumeAsked:
+		return "resuming"
+	case e.run.Suspended && e.run.SuspendReason == ReasonIdleTimeout:
+		return "asleep (its next exec or files call wakes it)"
 	case e.run.Suspended:
 		return "suspended (resume it first)"
+	case e.suspending && e.suspendWhy == ReasonIdleTimeout:
+		return "falling asleep"
 	case e.suspending:
 		return "being suspended"
 	case e.run.State == Running && e.live == nil:
@@ -87,11 +94,16 @@ func (m *Manager) runSession(ctx context.Context, e *entry, sb *sandbox.Sandbox)
 		}
 		suspended = false
 		res, ended := m.waitSuspended(ctx, e, sb, res)
+		if ended && m.ctx.Err() != nil {
+			// The executor is stopping: the session stays suspended as it
+			// is (asleep stays asleep) while execute keeps its files.
+			return m.sessionEnded(e, res), nil
+		}
 		// One step, under the lock: no Suspend or Resume sees a session
 		// half resumed.
 		m.update(e, func(r *Run) {
-			r.Suspended, r.SuspendedAt, r.SuspendReason = false, time.Time{}, ""
-			e.suspending, e.resumeAsked, e.lastActive = false, false, m.cfg.Now()
+			r.endSuspension(m.cfg.Now())
+			e.suspending, e.suspendWhy, e.resumeAsked, e.lastActive = false, "", false, m.cfg.Now()
 		})
 		if ended {
 			return m.sessionEnded(e, res), nil
@@ -132,8 +144,9 @@ func (m *Manager) runSessionOnce(ctx context.Context, e *entry, sb *sandbox.Sand
 		res.Reason, res.ExitCode, res.Message = sandbox.ReasonSandboxError, -1, "the sandbox could not be suspended: "+err.Error()
 		return m.sessionEnded(e, res), false, nil
 	}
-	m.update(e, func(r *Run) { r.Suspended, r.SuspendedAt, r.SuspendReason = true, m.cfg.Now(), "" })
-	m.cfg.Logger.Info("session suspended", "job_id", e.run.JobID)
+	var why sandbox.Reason
+	m.update(e, func(r *Run) { why = e.suspendWhy; r.beginSuspension(m.cfg.Now(), why) })
+	m.cfg.Logger.Info("session suspended", "job_id", e.run.JobID, "reason", cmp.Or(string(why), "client"))
 	return res, true, nil
 }
 
@@ -144,12 +157,13 @@ func (m *Manager) waitSuspended(ctx context.Context, e *entry, sb *sandbox.Sandb
 	defer tick.Stop()
 	for {
 		m.mu.Lock()
-		asked := e.resumeAsked
+		asked, changed := e.resumeAsked, e.changed
 		m.mu.Unlock()
 		if asked {
 			return res, false
 		}
 		select {
+		case <-changed:
 		case <-ctx.Done():
 			res.Reason, res.ExitCode, res.Message = sandbox.ReasonCancelled, -1, "the session was suspended: no process was running"
 			return res, true
@@ -191,7 +205,8 @@ func (m *Manager) sessionEnded(e *entry, res sandbox.Result) sandbox.Result {
 // Suspend stops a running session's sandbox: every exec in it ends
 // cancelled, every process is gone; its /work changes and /out are kept for
 // Resume, and /tmp and $HOME are emptied. Suspending a suspended session
-// changes nothing.
+// changes nothing, but for one asleep: it stays suspended, now by its
+// client, and no longer wakes by itself.
 func (m *Manager) Suspend(jobID string) (Run, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -199,15 +214,24 @@ func (m *Manager) Suspend(jobID string) (Run, error) {
 	if err != nil {
 		return Run{}, err
 	}
+	if e.asleep() {
+		e.suspendWhy = ""
+		if e.run.Suspended {
+			e.run.SuspendReason = ""
+			if err := m.persist(&e.run); err != nil {
+				m.cfg.Logger.Error("persist run", "job_id", jobID, "error", err)
+			}
+		}
+		e.notify()
+		return e.run, nil
+	}
 	if e.suspending || e.run.Suspended {
 		return e.run, nil
 	}
 	if e.live == nil || e.stopping != "" {
 		return Run{}, fmt.Errorf("%w: session %s is %s: only a running session can be suspended", errdefs.ErrFailedPrecondition, jobID, e.sessionState())
 	}
-	e.suspending, e.resumeAsked = true, false
-	e.stopRun()
-	e.notify()
+	m.suspendLocked(e, "")
 	return e.run, nil
 }
 
@@ -215,21 +239,28 @@ func (m *Manager) Suspend(jobID string) (Run, error) {
 // the same base with the session's /work changes and /out. A suspended
 // session holds no memory or CPU of the executor's capacity; one that no
 // longer fits beside the runs admitted meanwhile stays suspended
-// (ErrResourceExhausted).
-func (m *Manager) Resume(jobID string) (Run, error) {
+// (ErrResourceExhausted). An asleep session is woken as an exec wakes it:
+// Resume returns once it runs (Wake).
+func (m *Manager) Resume(ctx context.Context, jobID string) (Run, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	e, err := m.runningSession(jobID)
 	if err != nil {
+		m.mu.Unlock()
 		return Run{}, err
 	}
+	if e.asleep() {
+		m.mu.Unlock()
+		if err := m.Wake(ctx, jobID); err != nil {
+			return Run{}, err
+		}
+		return m.Get(jobID)
+	}
+	defer m.mu.Unlock()
 	switch {
 	case e.run.Suspended && !e.resumeAsked:
-		// Its memory and CPU were given back while it was suspended.
-		if err := m.cfg.Capacity.admit(m.held(e), e.run.Grant.hostLimits()); err != nil {
+		if err := m.resumeLocked(e); err != nil {
 			return Run{}, fmt.Errorf("session %s stays suspended: %w", jobID, err)
 		}
-		e.resumeAsked = true
 	case e.suspending:
 		return Run{}, fmt.Errorf("%w: session %s is still being suspended; resume it once it is", errdefs.ErrFailedPrecondition, jobID)
 	}

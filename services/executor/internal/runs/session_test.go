@@ -51,7 +51,7 @@ func (h *harness) startSession(t *testing.T, g *Grant) string {
 // execWait starts x and waits for it to end.
 func (h *harness) execWait(t *testing.T, sid string, x ExecSpec) Exec {
 	t.Helper()
-	if _, _, err := h.m.StartExec(sid, x); err != nil {
+	if _, _, err := h.m.StartExec(context.Background(), sid, x); err != nil {
 		t.Fatalf("StartExec %s: %v", x.ID, err)
 	}
 	return h.waitExec(t, sid, x.ID)
@@ -141,7 +141,7 @@ func TestExecIDs(t *testing.T) {
 	h, _ := newHarness(t, false)
 	sid := h.startSession(t, h.sessionGrant(sandbox.ClassRunc, time.Minute))
 	appendOnce := sh("append-1", "echo line >> /work/log; echo 0123456789; sleep 1")
-	x, created, err := h.m.StartExec(sid, appendOnce)
+	x, created, err := h.m.StartExec(context.Background(), sid, appendOnce)
 	if err != nil || !created || x.State != ExecRunning {
 		t.Fatalf("first start: %+v %v %v", x, created, err)
 	}
@@ -169,12 +169,12 @@ func TestExecIDs(t *testing.T) {
 		t.Fatal("no output watched")
 	}
 	cancel()
-	x, created, err = h.m.StartExec(sid, appendOnce)
+	x, created, err = h.m.StartExec(context.Background(), sid, appendOnce)
 	if err != nil || created || x.Seq != 1 {
 		t.Fatalf("retry while running: %+v created %v %v", x, created, err)
 	}
 	ended := h.waitExec(t, sid, appendOnce.ID)
-	x, created, err = h.m.StartExec(sid, appendOnce)
+	x, created, err = h.m.StartExec(context.Background(), sid, appendOnce)
 	if err != nil || created || x.State != ExecEnded || x.ExitCode != 0 || x.StdoutSHA256 != ended.StdoutSHA256 {
 		t.Fatalf("retry after the end: %+v created %v %v", x, created, err)
 	}
@@ -185,7 +185,7 @@ func TestExecIDs(t *testing.T) {
 		"stdin":   {ID: "append-1", Argv: appendOnce.Argv, Stdin: []byte("x")},
 		"timeout": {ID: "append-1", Argv: appendOnce.Argv, Timeout: time.Second},
 	} {
-		_, _, err := h.m.StartExec(sid, changed)
+		_, _, err := h.m.StartExec(context.Background(), sid, changed)
 		if !errors.Is(err, errdefs.ErrAlreadyExists) || !strings.Contains(err.Error(), "spec."+field) {
 			t.Errorf("a different %s under the same id: %v", field, err)
 		}
@@ -199,7 +199,7 @@ func TestExecIDs(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, c, err := h.m.StartExec(sid, again)
+			_, c, err := h.m.StartExec(context.Background(), sid, again)
 			if err != nil {
 				t.Errorf("concurrent start: %v", err)
 			}
@@ -226,20 +226,20 @@ func TestExecIDs(t *testing.T) {
 		{ID: "ok", Argv: []string{"true"}, Cwd: "/work/../etc"},
 		{ID: "ok", Argv: []string{"true"}, Stdin: make([]byte, MaxExecStdin+1)},
 	} {
-		if _, _, err := h.m.StartExec(sid, bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		if _, _, err := h.m.StartExec(context.Background(), sid, bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("StartExec(%+v): %v, want invalid argument", bad.ID, err)
 		}
 	}
 	h.execWait(t, sid, sh("links", "mkdir -p /work/sub; ln -s /etc /work/etclink; ln -s /tmp /work/tmplink"))
 	for cwd, want := range map[string]error{"/work/none": errdefs.ErrNotFound, "/work/etclink": errdefs.ErrPermissionDenied, "/work/tmplink": errdefs.ErrPermissionDenied} {
-		if _, _, err := h.m.StartExec(sid, ExecSpec{ID: "cwd" + strings.ReplaceAll(cwd, "/", "-"), Argv: []string{"true"}, Cwd: cwd}); !errors.Is(err, want) || !strings.Contains(err.Error(), "spec.cwd") {
+		if _, _, err := h.m.StartExec(context.Background(), sid, ExecSpec{ID: "cwd" + strings.ReplaceAll(cwd, "/", "-"), Argv: []string{"true"}, Cwd: cwd}); !errors.Is(err, want) || !strings.Contains(err.Error(), "spec.cwd") {
 			t.Errorf("cwd %s: %v, want %v naming spec.cwd", cwd, err, want)
 		}
 	}
 	if x := h.execWait(t, sid, ExecSpec{ID: "in-sub", Argv: []string{"pwd"}, Cwd: "/work/sub"}); string(x.StdoutTail) != "/work/sub\n" {
 		t.Errorf("an exec in /work/sub ran in %q", x.StdoutTail)
 	}
-	if _, _, err := h.m.StartExec("no-such-session", sh("x", "true")); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, _, err := h.m.StartExec(context.Background(), "no-such-session", sh("x", "true")); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("no session: %v", err)
 	}
 }
@@ -251,7 +251,7 @@ func TestExecIDs(t *testing.T) {
 func TestSessionTimeouts(t *testing.T) {
 	h, _ := newHarness(t, false)
 	sid := h.startSession(t, h.sessionGrant(sandbox.ClassRunc, time.Minute))
-	if _, _, err := h.m.StartExec(sid, sh("bg", "sleep 30")); err != nil {
+	if _, _, err := h.m.StartExec(context.Background(), sid, sh("bg", "sleep 30")); err != nil {
 		t.Fatal(err)
 	}
 	x := h.execWait(t, sid, ExecSpec{ID: "slow", Argv: []string{"sh", "-c", "sleep 301 & sleep 300"}, Timeout: time.Second})
@@ -285,7 +285,7 @@ func TestSessionTimeouts(t *testing.T) {
 	g.Limits = baseLimits
 	g.Limits.Deadline = 3 * time.Second
 	late := h.startSession(t, g)
-	if _, _, err := h.m.StartExec(late, sh("long", "sleep 60")); err != nil {
+	if _, _, err := h.m.StartExec(context.Background(), late, sh("long", "sleep 60")); err != nil {
 		t.Fatal(err)
 	}
 	run := h.waitEnd(t, late)
@@ -295,7 +295,7 @@ func TestSessionTimeouts(t *testing.T) {
 	if x, _ := h.m.GetExec(late, "long"); x.State != ExecEnded || x.Reason != sandbox.ReasonCancelled {
 		t.Fatalf("the exec of a session past its deadline: %+v", x)
 	}
-	if _, _, err := h.m.StartExec(late, sh("after-end", "true")); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if _, _, err := h.m.StartExec(context.Background(), late, sh("after-end", "true")); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("an exec in an ended session: %v", err)
 	}
 }
@@ -344,7 +344,7 @@ func TestSessionRecover(t *testing.T) {
 	if run, _ := m2.Get(sid); run.State != Failed || run.Result.Reason != ReasonExecutorRestarted {
 		t.Fatalf("session after the restart: %+v", run)
 	}
-	if _, _, err := m2.StartExec(sid, sh("x1", "true")); err != nil {
+	if _, _, err := m2.StartExec(context.Background(), sid, sh("x1", "true")); err != nil {
 		// The same id and spec: the recorded exec, not a refusal.
 		t.Fatalf("retry of the exec the restart ended: %v", err)
 	}
@@ -382,17 +382,17 @@ func TestSessionUpdate(t *testing.T) {
 
 	// Lowering max_concurrent_execs below what runs stops nothing: the
 	// running exec finishes, a new one is refused until it has.
-	if _, _, err := h.m.StartExec(sid, sh("slow-1", "sleep 2; echo done")); err != nil {
+	if _, _, err := h.m.StartExec(context.Background(), sid, sh("slow-1", "sleep 2; echo done")); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := h.m.StartExec(sid, sh("slow-2", "sleep 2; echo done")); err != nil {
+	if _, _, err := h.m.StartExec(context.Background(), sid, sh("slow-2", "sleep 2; echo done")); err != nil {
 		t.Fatal(err)
 	}
 	g3 := next(g2, func(g *Grant) { g.Session.MaxConcurrentExecs = 1 })
 	if _, err := h.m.Update(context.Background(), h.seal(t, g3)); err != nil {
 		t.Fatalf("Update lowering max_concurrent_execs: %v", err)
 	}
-	if _, _, err := h.m.StartExec(sid, sh("third", "true")); !errors.Is(err, errdefs.ErrResourceExhausted) {
+	if _, _, err := h.m.StartExec(context.Background(), sid, sh("third", "true")); !errors.Is(err, errdefs.ErrResourceExhausted) {
 		t.Fatalf("an exec beyond the lowered bound: %v, want ResourceExhausted", err)
 	}
 	for _, id := range []string{"slow-1", "slow-2"} {
@@ -400,10 +400,10 @@ func TestSessionUpdate(t *testing.T) {
 			t.Fatalf("exec %s running when the bound was lowered: %+v", id, x)
 		}
 	}
-	if _, _, err := h.m.StartExec(sid, sh("two-at-once", "sleep 1")); err != nil {
+	if _, _, err := h.m.StartExec(context.Background(), sid, sh("two-at-once", "sleep 1")); err != nil {
 		t.Fatalf("one exec under the lowered bound: %v", err)
 	}
-	if _, _, err := h.m.StartExec(sid, sh("three-at-once", "true")); !errors.Is(err, errdefs.ErrResourceExhausted) {
+	if _, _, err := h.m.StartExec(context.Background(), sid, sh("three-at-once", "true")); !errors.Is(err, errdefs.ErrResourceExhausted) {
 		t.Fatalf("a second exec at once under a bound of 1: %v", err)
 	}
 	h.waitExec(t, sid, "two-at-once")
@@ -451,7 +451,7 @@ func TestSessionSuspendResume(t *testing.T) {
 			h, _ := newHarness(t, false)
 			sid := h.startSession(t, h.sessionGrant(class, time.Minute))
 			h.execWait(t, sid, sh("setup", "echo kept >> README; mkdir -p /out/r; echo out > /out/r/x; echo t > /tmp/t; echo h > /root/h"))
-			if _, _, err := h.m.StartExec(sid, sh("long", "sleep 100")); err != nil {
+			if _, _, err := h.m.StartExec(context.Background(), sid, sh("long", "sleep 100")); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := h.m.Suspend(sid); err != nil {
@@ -461,10 +461,10 @@ func TestSessionSuspendResume(t *testing.T) {
 			if x, _ := h.m.GetExec(sid, "long"); x.State != ExecEnded || x.Reason != sandbox.ReasonCancelled {
 				t.Fatalf("an exec running when the session was suspended: %+v", x)
 			}
-			if _, _, err := h.m.StartExec(sid, sh("while-suspended", "true")); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "suspended") {
+			if _, _, err := h.m.StartExec(context.Background(), sid, sh("while-suspended", "true")); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "suspended") {
 				t.Fatalf("an exec in a suspended session: %v", err)
 			}
-			if _, err := h.m.Resume(sid); err != nil {
+			if _, err := h.m.Resume(context.Background(), sid); err != nil {
 				t.Fatal(err)
 			}
 			h.waitRun(t, sid, "resumed", func(r Run, up bool) bool { return !r.Suspended && up })
@@ -539,11 +539,11 @@ func TestSessionFilesFence(t *testing.T) {
 	stall := &stallReader{first: []byte("half of it\n"), release: make(chan struct{})}
 	defer close(stall.release)
 	wrote := make(chan error, 1)
-	go func() { _, err := h.m.WriteFile(sid, "/work/upload.txt", 0, stall); wrote <- err }()
+	go func() { _, err := h.m.WriteFile(context.Background(), sid, "/work/upload.txt", 0, stall); wrote <- err }()
 	readStarted := make(chan struct{})
 	read := make(chan error, 1)
 	go func() {
-		read <- h.m.ReadFile(sid, "/work/big.bin", func(int64) error { close(readStarted); return nil },
+		read <- h.m.ReadFile(context.Background(), sid, "/work/big.bin", func(int64) error { close(readStarted); return nil },
 			func([]byte) error { select {} }) // never takes a chunk
 	}()
 	<-readStarted
@@ -585,14 +585,14 @@ func TestSessionSuspendedCapacity(t *testing.T) {
 	h.waitRun(t, sid, "suspended", func(r Run, _ bool) bool { return r.Suspended })
 	h.start(t, job)
 	h.waitRunning(t, job.JobID, "up")
-	if _, err := h.m.Resume(sid); !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "stays suspended") {
+	if _, err := h.m.Resume(context.Background(), sid); !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "stays suspended") {
 		t.Fatalf("Resume beside the job that took its memory: %v", err)
 	}
 	if _, err := h.m.Cancel(job.JobID); err != nil {
 		t.Fatal(err)
 	}
 	h.waitEnd(t, job.JobID)
-	if _, err := h.m.Resume(sid); err != nil {
+	if _, err := h.m.Resume(context.Background(), sid); err != nil {
 		t.Fatalf("Resume once it fits: %v", err)
 	}
 	h.waitRun(t, sid, "resumed", func(r Run, up bool) bool { return !r.Suspended && up })

@@ -58,7 +58,8 @@ func (m *Manager) WatchExec(ctx context.Context, jobID, execID string, stdoutOff
 }
 
 // watchIdle ends session e once it has had no exec running for longer than
-// its idle timeout, until ctx ends.
+// its idle timeout, or, when its grant says so, puts it to sleep (sleep.go)
+// and watches on, until ctx ends.
 func (m *Manager) watchIdle(ctx context.Context, e *entry) {
 	m.mu.Lock()
 	idle, _, _ := e.session()
@@ -88,6 +89,17 @@ func (m *Manager) watchIdle(ctx context.Context, e *entry) {
 			e.lastActive = m.cfg.Now()
 		}
 		left := idle - m.cfg.Now().Sub(e.lastActive)
+		if e.runningExecs == 0 && left <= 0 && e.sleepsOnIdle() {
+			if e.live != nil && e.stopping == "" {
+				m.cfg.Logger.Info("session idle; putting it to sleep", "job_id", e.run.JobID, "idle_timeout", idle)
+				m.suspendLocked(e, ReasonIdleTimeout)
+			}
+			// Asleep is not idle: its idle time counts from its waking.
+			e.lastActive = m.cfg.Now()
+			m.mu.Unlock()
+			t.Reset(idle)
+			continue
+		}
 		if e.runningExecs == 0 && left <= 0 {
 			m.cfg.Logger.Info("session idle; ending it", "job_id", e.run.JobID, "idle_timeout", idle)
 			m.stopSession(e, ReasonIdleTimeout)

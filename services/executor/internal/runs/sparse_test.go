@@ -1,6 +1,7 @@
 package runs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -179,7 +180,7 @@ func TestSparseDownloadRefused(t *testing.T) {
 	sid := h.startSession(t, h.sessionGrant(sandbox.ClassRunc, time.Minute))
 	h.execWait(t, sid, sh("sparse", "truncate -s 100G /out/s && echo ok > /out/ok"))
 	var sent int64 = -1
-	err := h.m.ReadFile(sid, "/out/s", func(size int64) error {
+	err := h.m.ReadFile(context.Background(), sid, "/out/s", func(size int64) error {
 		sent = size
 		return errors.New("the test stops a stream it should never have had")
 	}, func([]byte) error { return nil })
@@ -191,7 +192,7 @@ func TestSparseDownloadRefused(t *testing.T) {
 		t.Fatalf("ReadFile of a 100 GiB sparse file: %v", err)
 	}
 	var got []byte
-	if err := h.m.ReadFile(sid, "/out/ok", func(int64) error { return nil }, func(b []byte) error { got = append(got, b...); return nil }); err != nil || string(got) != "ok\n" {
+	if err := h.m.ReadFile(context.Background(), sid, "/out/ok", func(int64) error { return nil }, func(b []byte) error { got = append(got, b...); return nil }); err != nil || string(got) != "ok\n" {
 		t.Fatalf("ReadFile /out/ok: %q, %v", got, err)
 	}
 }

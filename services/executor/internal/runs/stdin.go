@@ -1,6 +1,7 @@
 package runs
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -124,8 +125,8 @@ func (s *ExecStdin) Abort(why string) {
 // with a streamed stdin (spec.StdinStream) comes with that stdin, which
 // nothing else can feed. Any other exec, and one it attaches to, comes
 // with nil.
-func (m *Manager) RunExec(jobID string, x ExecSpec) (Exec, bool, *ExecStdin, error) {
-	rec, created, xe, err := m.startExec(jobID, x, true)
+func (m *Manager) RunExec(ctx context.Context, jobID string, x ExecSpec) (Exec, bool, *ExecStdin, error) {
+	rec, created, xe, err := m.startWaking(ctx, jobID, x, true)
 	if err != nil || !created || xe.stdin == nil {
 		return rec, created, nil, err
 	}

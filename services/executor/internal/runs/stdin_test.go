@@ -2,6 +2,7 @@ package runs
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -39,7 +40,7 @@ func testExecStdinStream(t *testing.T, class sandbox.Class) {
 		want := hex.EncodeToString(sum[:])
 		// The side effect counts runs: a second run would append a line.
 		x := stream(sh("digest", "echo run >> /work/digest-runs; sha256sum"))
-		rec, created, stdin, err := h.m.RunExec(sid, x)
+		rec, created, stdin, err := h.m.RunExec(context.Background(), sid, x)
 		if err != nil || !created || stdin == nil {
 			t.Fatalf("RunExec: created %v, stdin %v, %v", created, stdin != nil, err)
 		}
@@ -67,17 +68,17 @@ func testExecStdinStream(t *testing.T, class sandbox.Class) {
 		}
 
 		// The same id and spec attaches: no second run, and no stdin.
-		again, created, stdin2, err := h.m.RunExec(sid, x)
+		again, created, stdin2, err := h.m.RunExec(context.Background(), sid, x)
 		if err != nil || created || stdin2 != nil || again.Seq != got.Seq || again.StdinSHA256 != want {
 			t.Fatalf("re-attach: created %v, stdin %v, seq %d (want %d), %v", created, stdin2 != nil, again.Seq, got.Seq, err)
 		}
 		// StartExec attaches too; a spec without the stream is another spec.
-		if _, created, err := h.m.StartExec(sid, x); err != nil || created {
+		if _, created, err := h.m.StartExec(context.Background(), sid, x); err != nil || created {
 			t.Fatalf("StartExec attaching to a streamed exec: created %v, %v", created, err)
 		}
 		plain := x
 		plain.StdinStream = false
-		_, _, err = h.m.StartExec(sid, plain)
+		_, _, err = h.m.StartExec(context.Background(), sid, plain)
 		wantRefusal(t, "the id without the stream", err, errdefs.ErrAlreadyExists, "spec.stdin_stream")
 		runs := h.execWait(t, sid, sh("count", "cat /work/digest-runs"))
 		if string(runs.StdoutTail) != "run\n" {
@@ -86,17 +87,17 @@ func testExecStdinStream(t *testing.T, class sandbox.Class) {
 	})
 
 	t.Run("StartExec cannot start one", func(t *testing.T) {
-		_, _, err := h.m.StartExec(sid, stream(sh("unfed", "cat")))
+		_, _, err := h.m.StartExec(context.Background(), sid, stream(sh("unfed", "cat")))
 		wantRefusal(t, "StartExec of a streamed exec", err, errdefs.ErrFailedPrecondition, "spec.stdin_stream")
 		x := stream(sh("both", "cat"))
 		x.Stdin = []byte("x")
-		_, _, _, err = h.m.RunExec(sid, x)
+		_, _, _, err = h.m.RunExec(context.Background(), sid, x)
 		wantRefusal(t, "bytes and a stream", err, errdefs.ErrInvalidArgument, "spec.stdin")
 	})
 
 	t.Run("past the limit", func(t *testing.T) {
 		x := stream(sh("big", "cat > /dev/null; echo done"))
-		_, _, stdin, err := h.m.RunExec(sid, x)
+		_, _, stdin, err := h.m.RunExec(context.Background(), sid, x)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,7 +118,7 @@ func testExecStdinStream(t *testing.T, class sandbox.Class) {
 
 	t.Run("broken off", func(t *testing.T) {
 		x := stream(sh("cut", "cat > /work/cut.txt; echo whole"))
-		_, _, stdin, err := h.m.RunExec(sid, x)
+		_, _, stdin, err := h.m.RunExec(context.Background(), sid, x)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -134,7 +135,7 @@ func testExecStdinStream(t *testing.T, class sandbox.Class) {
 	t.Run("never closed", func(t *testing.T) {
 		x := stream(sh("open", "cat"))
 		x.Timeout = 2 * time.Second
-		_, _, stdin, err := h.m.RunExec(sid, x)
+		_, _, stdin, err := h.m.RunExec(context.Background(), sid, x)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,6 +1,7 @@
 package runs
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -136,11 +137,11 @@ func TestSessionUploadAfter2000IsBeforeItsExec(t *testing.T) {
 	h, _ := newHarness(t, false)
 	sid := h.startSession(t, h.sessionGrant(sandbox.ClassRunc, time.Minute))
 	for i := range 2000 {
-		if _, err := h.m.WriteFile(sid, fmt.Sprintf("/out/f%d", i), 0, strings.NewReader("x")); err != nil {
+		if _, err := h.m.WriteFile(context.Background(), sid, fmt.Sprintf("/out/f%d", i), 0, strings.NewReader("x")); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := h.m.WriteFile(sid, "/work/run.sh", 0o755, strings.NewReader("echo ran\n")); err != nil {
+	if _, err := h.m.WriteFile(context.Background(), sid, "/work/run.sh", 0o755, strings.NewReader("echo ran\n")); err != nil {
 		t.Fatal(err)
 	}
 	if x := h.execWait(t, sid, ExecSpec{ID: "t1", Argv: []string{"sh", "/work/run.sh"}}); x.ExitCode != 0 {
