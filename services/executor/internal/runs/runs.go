@@ -243,6 +243,8 @@ type entry struct {
 	filesCtx    context.Context
 	filesCancel context.CancelFunc
 	filesActive int
+	// forwards counts the session's forwarded connections (portforward.go).
+	forwards int
 	// suspending is set by Suspend until the session runs again; stopRun
 	// stops the sandbox's current Run; resumeAsked, set by Resume of a
 	// suspended session, wakes it (Suspend clears it).
