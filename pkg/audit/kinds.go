@@ -38,6 +38,13 @@ const (
 	KindExecutorUndrained = "executor.undrained"
 	KindJobPlaced         = "job.placed"
 	KindJobExecutorLost   = "job.executor_lost"
+	// Port forwards into a session: opened (or pending its approval),
+	// each connection carried, closed (with the bytes each way), and
+	// every refusal.
+	KindForwardOpened     = "port_forward.opened"
+	KindForwardConnection = "port_forward.connection"
+	KindForwardClosed     = "port_forward.closed"
+	KindForwardRefused    = "port_forward.refused"
 )
 
 // Kinds lists every kind, sorted.
@@ -75,5 +82,9 @@ func Kinds() []string {
 		KindExecutorUndrained,
 		KindJobPlaced,
 		KindJobExecutorLost,
+		KindForwardOpened,
+		KindForwardConnection,
+		KindForwardClosed,
+		KindForwardRefused,
 	}
 }

@@ -60,6 +60,9 @@ type TenantFile struct {
 	// for (--credential NAME), by name: the job's egress proxy adds one to
 	// requests to its hosts, and the job never holds it.
 	Credentials map[string]CredentialFile `yaml:"credentials"`
+	// PortForward lets the tenant's clients reach TCP ports inside its
+	// sessions (airlock session port-forward); omitted, they may not.
+	PortForward *PortForwardFile `yaml:"port_forward"`
 }
 
 // ImagesFile is a tenant's image policy as the file writes it.

@@ -192,6 +192,7 @@ type Store interface {
 	ApprovalStore
 	ExecStore
 	FleetStore
+	ForwardStore
 
 	// Close releases the store.
 	Close() error

@@ -276,6 +276,32 @@ var migrations = []migration{
 	{both: `DROP INDEX leases_one_active;
 	CREATE UNIQUE INDEX leases_one_active ON leases (job_id, purpose, resource) WHERE revoked_at = 0;
 	CREATE INDEX leases_active ON leases (purpose, holder) WHERE revoked_at = 0;`},
+
+	// 11: taken by metering (issue 25); a no-op on this branch so port
+	// forwards keep their number when the two meet.
+	{both: `SELECT 1;`},
+
+	// 12: port forwards into running sessions, with what each carried.
+	{both: `CREATE TABLE port_forwards (
+		id           {key} NOT NULL PRIMARY KEY,
+		session_id   {key} NOT NULL,
+		tenant       {key} NOT NULL,
+		requester    TEXT   NOT NULL,
+		port         BIGINT NOT NULL,
+		state        TEXT   NOT NULL,
+		created_at   BIGINT NOT NULL,
+		expires_at   BIGINT NOT NULL,
+		closed_at    BIGINT NOT NULL,
+		close_reason TEXT   NOT NULL,
+		approval_id  TEXT   NOT NULL,
+		connections  BIGINT NOT NULL,
+		bytes_in     BIGINT NOT NULL,
+		bytes_out    BIGINT NOT NULL,
+		version      BIGINT NOT NULL
+	);
+	CREATE INDEX port_forwards_by_session ON port_forwards (session_id, created_at, id);
+	CREATE INDEX port_forwards_by_tenant ON port_forwards (tenant, created_at, id);
+	CREATE INDEX port_forwards_live ON port_forwards (expires_at) WHERE state IN ('pending', 'open');`},
 }
 
 // auditLog is migration 2's tables, before each database's guards.
