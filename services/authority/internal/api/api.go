@@ -29,6 +29,7 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/flow"
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
 	"github.com/airlockhq/airlock/services/authority/internal/leases"
+	"github.com/airlockhq/airlock/services/authority/internal/portforward"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 )
 
@@ -47,6 +48,8 @@ type Config struct {
 	Checkpoints *checkpoints.Service
 	// Fleet is the executor fleet; required.
 	Fleet *fleet.Fleet
+	// Forwards is the port forward domain; nil answers Unimplemented.
+	Forwards *portforward.Service
 	// Logger receives internal errors; default slog.Default().
 	Logger *slog.Logger
 }

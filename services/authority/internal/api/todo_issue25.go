@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -14,20 +13,4 @@ import (
 
 func (s *Service) GetUsage(context.Context, *authorityv1.GetUsageRequest) (*authorityv1.GetUsageResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "GetUsage is not built yet")
-}
-
-func (s *Service) OpenPortForward(context.Context, *authorityv1.OpenPortForwardRequest) (*authorityv1.OpenPortForwardResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "OpenPortForward is not built yet")
-}
-
-func (s *Service) ForwardPort(grpc.BidiStreamingServer[authorityv1.ForwardPortRequest, authorityv1.ForwardPortResponse]) error {
-	return status.Error(codes.Unimplemented, "ForwardPort is not built yet")
-}
-
-func (s *Service) ClosePortForward(context.Context, *authorityv1.ClosePortForwardRequest) (*authorityv1.ClosePortForwardResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "ClosePortForward is not built yet")
-}
-
-func (s *Service) ListPortForwards(context.Context, *authorityv1.ListPortForwardsRequest) (*authorityv1.ListPortForwardsResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "ListPortForwards is not built yet")
 }
