@@ -41,6 +41,13 @@ const (
 	// A tenant's month-to-date cost reached 80% of its monthly budget
 	// (once per tenant and month).
 	KindBudgetWarning = "budget.warning"
+	// Port forwards into a session: opened (or pending its approval),
+	// each connection carried, closed (with the bytes each way), and
+	// every refusal.
+	KindForwardOpened     = "port_forward.opened"
+	KindForwardConnection = "port_forward.connection"
+	KindForwardClosed     = "port_forward.closed"
+	KindForwardRefused    = "port_forward.refused"
 )
 
 // Kinds lists every kind, sorted.
@@ -79,5 +86,9 @@ func Kinds() []string {
 		KindJobPlaced,
 		KindJobExecutorLost,
 		KindBudgetWarning,
+		KindForwardOpened,
+		KindForwardConnection,
+		KindForwardClosed,
+		KindForwardRefused,
 	}
 }

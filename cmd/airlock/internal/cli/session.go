@@ -40,7 +40,8 @@ is unknown (a dropped connection, a killed CLI) is retried safely with
 session exec --exec-id ID, or followed with session watch.`,
 	}
 	cmd.AddCommand(newSessionCreate(g), newSessionExec(g), newSessionWatch(g), newSessionGet(g), newSessionList(g),
-		newSessionFinish(g), newSessionCancel(g), newSessionCp(g), newSessionLs(g), newSessionSuspend(g), newSessionResume(g))
+		newSessionFinish(g), newSessionCancel(g), newSessionCp(g), newSessionLs(g), newSessionSuspend(g), newSessionResume(g),
+		newSessionPortForward(g), newSessionForwards(g), newSessionCloseForward(g))
 	return cmd
 }
 

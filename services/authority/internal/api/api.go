@@ -30,6 +30,7 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
 	"github.com/airlockhq/airlock/services/authority/internal/leases"
 	"github.com/airlockhq/airlock/services/authority/internal/metering"
+	"github.com/airlockhq/airlock/services/authority/internal/portforward"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 )
 
@@ -50,6 +51,8 @@ type Config struct {
 	Fleet *fleet.Fleet
 	// Usage meters usage and its cost; nil answers GetUsage Unimplemented.
 	Usage *metering.Service
+	// Forwards is the port forward domain; nil answers Unimplemented.
+	Forwards *portforward.Service
 	// Logger receives internal errors; default slog.Default().
 	Logger *slog.Logger
 }

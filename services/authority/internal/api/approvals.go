@@ -72,6 +72,9 @@ func approvalToProto(a store.Approval, state store.ApprovalState) *authorityv1.A
 		if r, err := jobs.DecodeStart(a.Change); err == nil {
 			out.Start = startToProto(r)
 		}
+	case store.KindPortForward:
+		out.Kind = authorityv1.ApprovalKind_APPROVAL_KIND_PORT_FORWARD
+		out.PortForward = forwardRequestToProto(a)
 	default:
 		out.Target = &typesv1.PublishTarget{Repository: a.TargetRepo, Branch: a.TargetBranch}
 	}

@@ -222,6 +222,9 @@ func (c *Config) tenant(name string, f TenantFile) (*policy.Tenant, error) {
 	creds, crerrs := c.credentials(field+".credentials", t.Egress, f.Credentials)
 	t.Credentials = creds
 	errs = append(errs, crerrs...)
+	pf, pferrs := portForward(field+".port_forward", f.PortForward)
+	t.PortForward = pf
+	errs = append(errs, pferrs...)
 	imgs, ierrs := c.images(field+".images", f.Images)
 	t.Images = imgs
 	errs = append(errs, ierrs...)

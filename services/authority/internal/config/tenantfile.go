@@ -62,6 +62,9 @@ type TenantFile struct {
 	Credentials map[string]CredentialFile `yaml:"credentials"`
 	// Metering is the tenant's monthly budget (metering.go).
 	Metering TenantMeteringFile `yaml:"metering"`
+	// PortForward lets the tenant's clients reach TCP ports inside its
+	// sessions (airlock session port-forward); omitted, they may not.
+	PortForward *PortForwardFile `yaml:"port_forward"`
 }
 
 // ImagesFile is a tenant's image policy as the file writes it.

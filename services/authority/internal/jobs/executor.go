@@ -8,6 +8,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/imagecache"
+	"github.com/airlockhq/airlock/pkg/tunnel"
 	"github.com/airlockhq/airlock/services/authority/internal/fleet"
 )
 
@@ -189,6 +190,13 @@ type Sessions interface {
 	// off and is returned as it is.
 	WriteFile(ctx context.Context, jobID, path string, mode uint32, next func() ([]byte, error)) (int64, error)
 	ListFiles(ctx context.Context, jobID, path string, recursive bool) ([]FileEntry, bool, error)
+
+	// ForwardPort connects to TCP port inside the running session (for
+	// forward forwardID, named in the executor's log) and returns the
+	// connection's end once the executor has made it: Recv gives the
+	// port's bytes (io.EOF at their end), Send takes bytes for it,
+	// CloseSend half-closes it. Ending ctx cuts the connection.
+	ForwardPort(ctx context.Context, jobID string, port uint32, forwardID string) (tunnel.End, error)
 }
 
 // RunStatus is a session's run as the executor holds it.

@@ -140,6 +140,9 @@ type Tenant struct {
 	// name: used by a job's egress proxy on its hosts, never held by the
 	// job.
 	Credentials map[string]Credential
+	// PortForward is how its clients may reach ports inside its sessions;
+	// nil, they may not.
+	PortForward *PortForward
 }
 
 // Credential is a brokered credential: a secret the authority holds that

@@ -30,6 +30,7 @@ import (
 	"github.com/airlockhq/airlock/services/authority/internal/jobs"
 	"github.com/airlockhq/airlock/services/authority/internal/leases"
 	"github.com/airlockhq/airlock/services/authority/internal/metering"
+	"github.com/airlockhq/airlock/services/authority/internal/portforward"
 	"github.com/airlockhq/airlock/services/authority/internal/source"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
 	"github.com/airlockhq/airlock/services/authority/internal/store/postgres"
@@ -40,6 +41,10 @@ import (
 // and the brokered leases of ended jobs revoked (which stay live until
 // then: short).
 const sweepInterval = 10 * time.Second
+
+// forwardSweepInterval is how often port forwards past their expiry or of
+// an ended session are closed, and pending ones follow their approval.
+const forwardSweepInterval = 2 * time.Second
 
 // Run runs the authority until ctx is cancelled or a part of it fails.
 func Run(ctx context.Context, cfg *config.Config) error {
@@ -205,7 +210,15 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			env.Go(func(ctx context.Context) error {
 				return appr.SweepEvery(ctx, identity.Service(cfg.TrustDomain, identity.ServiceAuthority), sweepInterval, lease.Sweep)
 			})
-			api.New(api.Config{Jobs: svc, Approvals: appr, Leases: lease, Flow: wf, Checkpoints: cps, Fleet: fl, Usage: usage, Logger: env.Logger}).Register(env.Server)
+			fwd, err := portforward.New(portforward.Config{Store: st, Tenants: cfg.Policy, Sessions: svc, Refused: appr.Refused,
+				Self: identity.Service(cfg.TrustDomain, identity.ServiceAuthority), Logger: env.Logger})
+			if err != nil {
+				return err
+			}
+			// Forwards past their expiry or of an ended session close, and
+			// pending ones follow their approval's decision.
+			env.Go(func(ctx context.Context) error { return fwd.SweepEvery(ctx, forwardSweepInterval) })
+			api.New(api.Config{Jobs: svc, Approvals: appr, Leases: lease, Flow: wf, Checkpoints: cps, Fleet: fl, Usage: usage, Forwards: fwd, Logger: env.Logger}).Register(env.Server)
 			env.Logger.Info("authority ready", "tenants", len(cfg.Policy), "grant_key_id", key.KeyID(),
 				"grant_public_key", cfg.GrantKey+".pub", "grant_public_keys", len(published),
 				"audit_checkpoint_key_id", pki.Ed25519KeyID(cpKey.Public().(ed25519.PublicKey)), "audit_checkpoints", cfg.Audit.CheckpointFile,

@@ -217,6 +217,7 @@ type Store interface {
 	ApprovalStore
 	ExecStore
 	FleetStore
+	ForwardStore
 
 	// Close releases the store.
 	Close() error

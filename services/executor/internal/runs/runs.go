@@ -258,6 +258,8 @@ type entry struct {
 	filesCtx    context.Context
 	filesCancel context.CancelFunc
 	filesActive int
+	// forwards counts the session's forwarded connections (portforward.go).
+	forwards int
 	// suspending is set by Suspend (and by the idle watcher putting the
 	// session to sleep) until the session runs again, suspendWhy to why
 	// (the record's SuspendReason once it is suspended); stopRun stops

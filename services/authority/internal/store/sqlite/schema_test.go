@@ -53,8 +53,8 @@ func TestSchemaIsTheShippedOne(t *testing.T) {
 	got, _ := dump(t, db)
 	db.Close()
 	want := storetest.ShippedSchema(t, got)
-	if len(migrations) != 11 {
-		t.Fatalf("%d migrations; the shipped schema is version 11", len(migrations))
+	if len(migrations) != 12 {
+		t.Fatalf("%d migrations; the shipped schema is version 12", len(migrations))
 	}
 
 	// A database as the shipped build left it: its statements, and its
@@ -73,7 +73,7 @@ func TestSchemaIsTheShippedOne(t *testing.T) {
 			t.Fatalf("%s: %v", stmt, err)
 		}
 	}
-	for v := 1; v <= 11; v++ {
+	for v := 1; v <= 12; v++ {
 		if _, err := db.Exec("INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)", v, 1000+v); err != nil {
 			t.Fatal(err)
 		}
@@ -84,8 +84,8 @@ func TestSchemaIsTheShippedOne(t *testing.T) {
 	if err != nil {
 		t.Fatalf("open the shipped build's database: %v", err)
 	}
-	if v, err := s.SchemaVersion(t.Context()); err != nil || v != 11 {
-		t.Fatalf("schema version %d, %v; want 11", v, err)
+	if v, err := s.SchemaVersion(t.Context()); err != nil || v != 12 {
+		t.Fatalf("schema version %d, %v; want 12", v, err)
 	}
 	s.Close()
 	db, err = sql.Open("sqlite", old)

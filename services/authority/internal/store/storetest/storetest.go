@@ -75,7 +75,7 @@ func Run(t *testing.T, b Backend) {
 			tc.fn(t, open)
 		})
 	}
-	for _, tc := range slices.Concat(approvalTests, leaseTests, execTests, fleetTests, usageTests) {
+	for _, tc := range slices.Concat(approvalTests, leaseTests, execTests, fleetTests, usageTests, forwardTests) {
 		t.Run(tc.name, func(t *testing.T) {
 			open, _ := b.New(t)
 			tc.fn(t, open)

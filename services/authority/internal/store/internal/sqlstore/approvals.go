@@ -98,7 +98,7 @@ func (s *DB) CreateApprovalAudited(ctx context.Context, a store.Approval, e audi
 	if a.ID == "" || a.JobID == "" || a.Tenant == "" || a.State != store.ApprovalPending || a.Required < 1 || a.ExpiresAt.IsZero() {
 		return store.Approval{}, false, fmt.Errorf("%w: store: create approval: id, job, tenant, pending state, required >= 1 and expiry are required", errdefs.ErrInvalidArgument)
 	}
-	carries := a.Kind == store.KindChange || a.Kind == store.KindStart
+	carries := a.Kind == store.KindChange || a.Kind == store.KindStart || a.Kind == store.KindPortForward
 	if carries != (len(a.Change) > 0) || (!carries && a.Kind != store.KindPublish) {
 		return store.Approval{}, false, fmt.Errorf("%w: store: create approval: kind %q: a change or start request, and only one, carries what it is about", errdefs.ErrInvalidArgument, a.Kind)
 	}
@@ -604,9 +604,9 @@ func (s *DB) ExpireChangesOfEndedJobsAudited(ctx context.Context, limit int, eve
 	ended := []any{string(store.StateFinished), string(store.StateFailed), string(store.StateCancelled)}
 	return expireEach(ctx, s, "change approval", limit,
 		`SELECT a.id FROM approvals a JOIN jobs j ON j.id = a.job_id
-			WHERE a.kind IN ('change', 'start') AND a.state IN (?, ?) AND j.state IN (?, ?, ?) ORDER BY a.created_at, a.id LIMIT ?`,
+			WHERE a.kind IN ('change', 'start', 'port_forward') AND a.state IN (?, ?) AND j.state IN (?, ?, ?) ORDER BY a.created_at, a.id LIMIT ?`,
 		append(open, ended...),
-		`UPDATE approvals SET state = ?, version = version + 1 WHERE id = ? AND kind IN ('change', 'start') AND state IN (?, ?)
+		`UPDATE approvals SET state = ?, version = version + 1 WHERE id = ? AND kind IN ('change', 'start', 'port_forward') AND state IN (?, ?)
 			AND job_id IN (SELECT id FROM jobs WHERE state IN (?, ?, ?))`,
 		func(id string) []any {
 			return append(append([]any{string(store.ApprovalExpired), id}, open...), ended...)

@@ -285,6 +285,27 @@ var migrations = []migration{
 	UPDATE jobs SET started_at = created_at WHERE state IN ('running', 'finished', 'failed', 'cancelled') AND dispatched_at <> 0;
 	UPDATE jobs SET ended_at = updated_at WHERE state IN ('finished', 'failed', 'cancelled');
 	CREATE INDEX jobs_by_usage ON jobs (tenant, ended_at, started_at);`},
+	// 12: port forwards into running sessions, with what each carried.
+	{both: `CREATE TABLE port_forwards (
+		id           {key} NOT NULL PRIMARY KEY,
+		session_id   {key} NOT NULL,
+		tenant       {key} NOT NULL,
+		requester    TEXT   NOT NULL,
+		port         BIGINT NOT NULL,
+		state        TEXT   NOT NULL,
+		created_at   BIGINT NOT NULL,
+		expires_at   BIGINT NOT NULL,
+		closed_at    BIGINT NOT NULL,
+		close_reason TEXT   NOT NULL,
+		approval_id  TEXT   NOT NULL,
+		connections  BIGINT NOT NULL,
+		bytes_in     BIGINT NOT NULL,
+		bytes_out    BIGINT NOT NULL,
+		version      BIGINT NOT NULL
+	);
+	CREATE INDEX port_forwards_by_session ON port_forwards (session_id, created_at, id);
+	CREATE INDEX port_forwards_by_tenant ON port_forwards (tenant, created_at, id);
+	CREATE INDEX port_forwards_live ON port_forwards (expires_at) WHERE state IN ('pending', 'open');`},
 }
 
 // auditLog is migration 2's tables, before each database's guards.
