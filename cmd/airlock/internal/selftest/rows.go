@@ -502,7 +502,7 @@ func (r *runner) idempotency(ctx context.Context, row *Row, class typesv1.Runtim
 }
 
 func (r *runner) limits(ctx context.Context, row *Row, class typesv1.RuntimeClass) {
-	mem := r.spec(class, sh(fmt.Sprintf("head -c %d /dev/zero | tail > /dev/null && echo selftest-memory-unbounded", r.opts.MemoryProbe))...)
+	mem := r.spec(class, sh(fmt.Sprintf("dd if=/dev/zero of=/dev/null bs=%d count=1 2>/dev/null && echo selftest-memory-unbounded", r.opts.MemoryProbe))...)
 	mem.Resources.Deadline = durationpb.New(2 * time.Minute)
 	pids := r.spec(class, "sh", "-c", fmt.Sprintf(`i=0; while [ $i -lt %d ]; do sleep 30 & i=$((i+1)); done; echo selftest-pids-unbounded; kill $(jobs -p) 2>/dev/null; exit 0`, r.opts.PidsProbe))
 	pids.Resources.Deadline = durationpb.New(2 * time.Minute)

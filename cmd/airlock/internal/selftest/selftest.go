@@ -347,8 +347,27 @@ func (r *runner) session(ctx context.Context, spec *authorityv1.JobSpec, key str
 	if err != nil {
 		return nil, err
 	}
-	r.remember(resp.GetSession().GetJobId())
-	return resp.GetSession(), nil
+	sess := resp.GetSession()
+	r.remember(sess.GetJobId())
+	// A session takes execs once it runs: wait for that.
+	ctx, cancel := context.WithTimeout(ctx, jobWait)
+	defer cancel()
+	for sess.GetState() != authorityv1.JobState_JOB_STATE_RUNNING {
+		if terminal(sess.GetState()) {
+			return nil, fmt.Errorf("session %s ended before it ran: %s", sess.GetJobId(), sess.GetMessage())
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("session %s: still %s: %w", sess.GetJobId(), sess.GetState(), ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+		got, err := r.cl.Client.GetJob(ctx, &authorityv1.GetJobRequest{JobId: sess.GetJobId()})
+		if err != nil {
+			return nil, err
+		}
+		sess = got.GetJob()
+	}
+	return sess, nil
 }
 
 // execRun is one RunExec call's outcome.
