@@ -96,7 +96,7 @@ func (s *stack) runSelftest(t *testing.T, n selftestNet, extra ...string) (int, 
 	t.Helper()
 	args := append([]string{"selftest", "--repo", "sample", "--rev", "main", "-o", "json",
 		"--counter-listen", n.counterListen, "--counter-addr", n.counterAddr, "--expect-reach", n.reach,
-		"--approver", "approver/alice"}, extra...)
+		"--approver", "approver/alice", "--publish-to", "sample:main", "--pipeline", "pipeline/deploy"}, extra...)
 	res := runCommandWithin(t, 4*time.Minute, s.env(), bin("airlock"), args...)
 	var rep selftestReport
 	if err := json.Unmarshal([]byte(res.stdout), &rep); err != nil {
@@ -147,7 +147,7 @@ func TestSelftest(t *testing.T) {
 	}
 	for _, r := range rep.Rows {
 		want := "pass"
-		if r.Name == "export" || r.Name == "restart" {
+		if r.Name == "restart" {
 			want = "skip"
 		}
 		if r.Status != want {
@@ -189,7 +189,7 @@ func TestSelftest(t *testing.T) {
 
 	t.Run("hole=pids-the-job-cannot-hit", func(t *testing.T) {
 		s.editTenants(t, func(_, dev map[string]any) {
-			dev["limits"].(map[string]any)["default"].(map[string]any)["pids"] = 4096
+			dev["limits"].(map[string]any)["default"].(map[string]any)["pids"] = 2048
 		})
 		s.restartService(t, "authority")
 		t.Cleanup(func() {
@@ -199,8 +199,8 @@ func TestSelftest(t *testing.T) {
 			s.restartService(t, "authority")
 		})
 		code, rep, res := s.runSelftest(t, n)
-		wantOnly(t, "default pids 4096", code, rep, res, "limits")
-		if !strings.Contains(res.stdout, "default pids limit (4096)") {
+		wantOnly(t, "default pids 2048", code, rep, res, "limits")
+		if !strings.Contains(res.stdout, "default pids limit (2048)") {
 			t.Errorf("the limits row does not say which limit:\n%s", res.stdout)
 		}
 	})

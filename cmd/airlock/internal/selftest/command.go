@@ -10,8 +10,10 @@ import (
 
 	"github.com/airlockhq/airlock/cmd/airlock/internal/cmdutil"
 	"github.com/airlockhq/airlock/pkg/config"
+	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/termtext"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	publisherv1 "github.com/airlockhq/airlock/proto/airlock/publisher/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 )
 
@@ -20,6 +22,7 @@ func New(g *cmdutil.Globals) *cobra.Command {
 	var (
 		opts                       Options
 		runtimes, memory, approver string
+		pipeline                   string
 		expect, secrets, rows      []string
 		noPlant                    bool
 	)
@@ -41,7 +44,9 @@ class and version, template, resource shape and policy digest it ran on.
                and the counter the selftest serves saw one request each
   limits       memory and pids (the tenant's defaults) and a deadline stop a
                job with the right ending
-  export       (not run: the publisher has no dry-run; see docs/selftest.md)
+  export       with --publish-to and --pipeline: a planted fake key in an
+               exported file is refused by the publisher's scan in a dry
+               run; the approval is never approved, so nothing can land
   restart      with --disruptive: after --restart-command restarts the
                executor, recorded results and the source are there, scratch
                is not
@@ -96,19 +101,32 @@ when any row fails.`,
 			if opts.Tenant == "" {
 				return cmdutil.Usagef("--tenant is required (the client config names no default tenant)")
 			}
-			cc, err := Dial(cfg, g.As)
+			if opts.PublishTo != "" {
+				if repo, branch, ok := strings.Cut(opts.PublishTo, ":"); !ok || repo == "" || branch == "" {
+					return cmdutil.Usagef("--publish-to %q: want REPO:BRANCH", opts.PublishTo)
+				}
+			}
+			cc, err := Dial(cfg, g.As, identity.ServiceAuthority)
 			if err != nil {
 				return err
 			}
 			defer cc.Close()
 			cl := Clients{Client: authorityv1.NewAuthorityServiceClient(cc)}
 			if approver != "" {
-				ac, err := Dial(cfg, approver)
+				ac, err := Dial(cfg, approver, identity.ServiceAuthority)
 				if err != nil {
 					return fmt.Errorf("--approver: %w", err)
 				}
 				defer ac.Close()
 				cl.Approver = authorityv1.NewAuthorityServiceClient(ac)
+			}
+			if pipeline != "" {
+				pc, err := Dial(cfg, pipeline, identity.ServicePublisher)
+				if err != nil {
+					return fmt.Errorf("--pipeline: %w", err)
+				}
+				defer pc.Close()
+				cl.Publisher = publisherv1.NewPublisherServiceClient(pc)
 			}
 			opts.Progress = g.Stderr
 			rep, err := Run(cmd.Context(), cl, opts)
@@ -151,6 +169,8 @@ when any row fails.`,
 	fl.BoolVar(&opts.Disruptive, "disruptive", false, "run the restart row, which restarts the executor with --restart-command")
 	fl.StringVar(&opts.RestartCommand, "restart-command", "", "shell command that restarts the executor and returns once it serves")
 	fl.StringVar(&approver, "approver", "", "KIND/NAME of an approver of the tenant, to deny any approval a selftest job opened")
+	fl.StringVar(&opts.PublishTo, "publish-to", "", "REPO:BRANCH the export row's job names as its publish target; its approval is never approved, and is denied at the end")
+	fl.StringVar(&pipeline, "pipeline", "", "KIND/NAME of a pipeline identity, for the export row's dry-run publish")
 	fl.StringArrayVar(&rows, "row", nil, "run only this row (repeatable): "+strings.Join(RowNames, ", "))
 	return cmd
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/grpcclient"
 	"github.com/airlockhq/airlock/pkg/identity"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	publisherv1 "github.com/airlockhq/airlock/proto/airlock/publisher/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 )
 
@@ -62,6 +63,9 @@ type Options struct {
 	// serves again).
 	Disruptive     bool
 	RestartCommand string
+	// PublishTo is the REPO:BRANCH the export row's job names as its
+	// target; without it (or without a pipeline) the row is skipped.
+	PublishTo string
 	// Rows, when not empty, runs only these rows.
 	Rows []string
 	// Progress gets one line as each row starts and ends.
@@ -72,24 +76,26 @@ type Options struct {
 var RowNames = []string{"exit-status", "isolation", "egress", "idempotency", "limits", "export", "restart"}
 
 // Clients are the connections the selftest acts through: Client as the
-// tenant's client, Approver (may be nil) as an approver of the tenant.
+// tenant's client, Approver (may be nil) as an approver of the tenant,
+// Publisher (may be nil) to the publisher as a pipeline.
 type Clients struct {
-	Client   authorityv1.AuthorityServiceClient
-	Approver authorityv1.AuthorityServiceClient
+	Client    authorityv1.AuthorityServiceClient
+	Approver  authorityv1.AuthorityServiceClient
+	Publisher publisherv1.PublisherServiceClient
 }
 
-// Dial connects to the authority as identity as (KIND/NAME; "" for the
+// Dial connects to service as identity as (KIND/NAME; "" for the
 // config's own).
-func Dial(cfg *clientconfig.Config, as string) (*grpc.ClientConn, error) {
+func Dial(cfg *clientconfig.Config, as, service string) (*grpc.ClientConn, error) {
 	src, err := cfg.Source(as)
 	if err != nil {
 		return nil, err
 	}
-	addr, err := cfg.Address(identity.ServiceAuthority)
+	addr, err := cfg.Address(service)
 	if err != nil {
 		return nil, err
 	}
-	return grpcclient.Dial(addr, src, identity.Service(cfg.TrustDomain, identity.ServiceAuthority))
+	return grpcclient.Dial(addr, src, identity.Service(cfg.TrustDomain, service))
 }
 
 // runner is one selftest run.
