@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/airlockhq/airlock/pkg/config"
@@ -638,7 +640,12 @@ func (r *runner) restart(ctx context.Context, row *Row, class typesv1.RuntimeCla
 	}
 	row.pass("executor restart", "--restart-command ran")
 
+	// The authority may take a moment to reach the restarted executor.
 	got, err := r.bundleDigest(ctx, result.job.GetJobId())
+	for end := time.Now().Add(time.Minute); err != nil && status.Code(err) == codes.Unavailable && time.Now().Before(end); {
+		time.Sleep(time.Second)
+		got, err = r.bundleDigest(ctx, result.job.GetJobId())
+	}
 	row.check("recorded results", err == nil && got == digest && digest != "", "job %s's bundle after the restart: %s (recorded %s) %v", result.job.GetJobId(), got, digest, err)
 
 	check := split("M", marker) + `for f in /tmp/$M /work/$M; do [ -e "$f" ] && echo "selftest-leftover $f"; done; ` +
@@ -653,12 +660,38 @@ func (r *runner) restart(ctx context.Context, row *Row, class typesv1.RuntimeCla
 	row.check("retained source", strings.Contains(fresh.stdout, "selftest-done") && len(lines(fresh.stdout, "selftest-dirty ")) == 0 && len(head) == 1 && head[0] == fresh.job.GetCommit(),
 		"a job after the restart saw /work at %v, clean: %v (want commit %s)", head, len(lines(fresh.stdout, "selftest-dirty ")) == 0, fresh.job.GetCommit())
 	left := lines(fresh.stdout, "selftest-leftover ")
+	row.check("scratch in a new job", len(left) == 0, "a new job after the restart found %v of the session's scratch", left)
 	sess, err := r.cl.Client.GetJob(ctx, &authorityv1.GetJobRequest{JobId: s.GetJobId()})
-	state := "unknown"
-	if err == nil {
-		state = strings.ToLower(strings.TrimPrefix(sess.GetJob().GetState().String(), "JOB_STATE_"))
+	if err != nil {
+		row.fail("scratch in the session", "%v", err)
+		return
 	}
-	row.check("scratch", len(left) == 0, "the session that wrote scratch before the restart is %s; a new job found %v", state, left)
+	st := sess.GetJob().GetState()
+	if terminal(st) {
+		row.pass("scratch in the session", "the session that wrote scratch ended with the restart: %s", jobEnding(sess.GetJob()))
+		return
+	}
+	// A session the restart kept is suspended: resumed, it has its /work
+	// changes and /out, never its /tmp.
+	if got, err := r.cl.Client.GetSession(ctx, &authorityv1.GetSessionRequest{SessionId: s.GetJobId()}); err == nil && got.GetSuspended() {
+		if _, err := r.cl.Client.ResumeSession(ctx, &authorityv1.ResumeSessionRequest{SessionId: s.GetJobId()}); err != nil {
+			row.fail("scratch in the session", "resume the session the restart suspended: %v", err)
+			return
+		}
+		if _, err := r.waitRunning(ctx, s.GetJobId()); err != nil {
+			row.fail("scratch in the session", "%v", err)
+			return
+		}
+	}
+	x, err := r.exec(ctx, s.GetJobId(), "selftest-"+r.run+"-after-restart", sh(split("M", marker)+
+		`[ -e /tmp/$M ] && echo "selftest-leftover /tmp/$M"; [ -e /work/$M ] && echo "selftest-kept /work/$M"; echo selftest-done`)...)
+	if err != nil {
+		row.fail("scratch in the session", "the session is %s after the restart, and an exec in it failed: %v", st, err)
+		return
+	}
+	left = lines(x.stdout, "selftest-leftover ")
+	row.check("scratch in the session", strings.Contains(x.stdout, "selftest-done") && len(left) == 0,
+		"the session kept across the restart has %v of its scratch (and kept %v of /work)", left, lines(x.stdout, "selftest-kept "))
 }
 
 // bundleDigest is the digest the authority streams job id's bundle

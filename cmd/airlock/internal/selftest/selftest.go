@@ -353,25 +353,33 @@ func (r *runner) session(ctx context.Context, spec *authorityv1.JobSpec, key str
 	if err != nil {
 		return nil, err
 	}
-	sess := resp.GetSession()
-	r.remember(sess.GetJobId())
-	// A session takes execs once it runs: wait for that.
+	r.remember(resp.GetSession().GetJobId())
+	return r.waitRunning(ctx, resp.GetSession().GetJobId())
+}
+
+// waitRunning waits for session id to run, and not be suspended: it takes
+// execs then.
+func (r *runner) waitRunning(ctx context.Context, id string) (*authorityv1.Job, error) {
 	ctx, cancel := context.WithTimeout(ctx, jobWait)
 	defer cancel()
-	for sess.GetState() != authorityv1.JobState_JOB_STATE_RUNNING {
-		if terminal(sess.GetState()) {
+	var sess *authorityv1.Job
+	suspended := true
+	for sess == nil || sess.GetState() != authorityv1.JobState_JOB_STATE_RUNNING || suspended {
+		if sess != nil && terminal(sess.GetState()) {
 			return nil, fmt.Errorf("session %s ended before it ran: %s", sess.GetJobId(), sess.GetMessage())
 		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("session %s: still %s: %w", sess.GetJobId(), sess.GetState(), ctx.Err())
-		case <-time.After(100 * time.Millisecond):
+		if sess != nil {
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("session %s: still %s (suspended %v): %w", id, sess.GetState(), suspended, ctx.Err())
+			case <-time.After(100 * time.Millisecond):
+			}
 		}
-		got, err := r.cl.Client.GetJob(ctx, &authorityv1.GetJobRequest{JobId: sess.GetJobId()})
+		got, err := r.cl.Client.GetSession(ctx, &authorityv1.GetSessionRequest{SessionId: id})
 		if err != nil {
 			return nil, err
 		}
-		sess = got.GetJob()
+		sess, suspended = got.GetSession(), got.GetSuspended()
 	}
 	return sess, nil
 }
