@@ -65,6 +65,15 @@ func (r *Row) add(name string, st Status, format string, args ...any) {
 	r.Checks = append(r.Checks, Check{Name: name, Status: st, Detail: fmt.Sprintf(format, args...)})
 }
 
+// verdict adds a pass with passed when ok, else a fail with failed.
+func (r *Row) verdict(name string, ok bool, passed, failed string) {
+	if ok {
+		r.add(name, Pass, "%s", passed)
+	} else {
+		r.add(name, Fail, "%s", failed)
+	}
+}
+
 // check adds a pass when ok, else a fail, with the same detail.
 func (r *Row) check(name string, ok bool, format string, args ...any) {
 	if ok {

@@ -134,14 +134,8 @@ func (r *runner) isolation(ctx context.Context, row *Row, class typesv1.RuntimeC
 	}
 	spec := r.spec(class, sh(planter)...)
 	spec.Env["SELFTEST_CRED"] = cred
-	first := r.runJob(ctx, spec, r.key(row, "planter"))
-	if first.err != nil {
-		row.fail("earlier job", "%v", first.err)
-		return
-	}
-	record(row, first.job)
-	if !strings.Contains(first.stdout, "selftest-done") {
-		row.fail("earlier job", "did not run to its end: %s", jobEnding(first.job))
+	first, ok := r.probe(ctx, row, "earlier job", spec, r.key(row, "planter"))
+	if !ok {
 		return
 	}
 	wrote := lines(first.stdout, "selftest-wrote ")
@@ -149,12 +143,10 @@ func (r *runner) isolation(ctx context.Context, row *Row, class typesv1.RuntimeC
 	seen := append(lines(first.stdout, "selftest-secret-visible "), lines(first.stdout, "selftest-secret-found ")...)
 	switch {
 	case len(r.opts.SecretPaths) == 0:
-		row.skip("dummy secret", "no secret to look for: pass --secret-path, or run the selftest on the executor host with --plant-secret")
+		row.skip("dummy secret", "no secret to look for: pass --secret-path, or run the selftest on the executor host without --no-plant-secret")
 	default:
-		row.check("dummy secret", len(seen) == 0, "a job read %v of %s", seen, strings.Join(r.opts.SecretPaths, ", "))
-		if len(seen) == 0 {
-			row.Checks[len(row.Checks)-1].Detail = "no job could read " + strings.Join(r.opts.SecretPaths, ", ") + ", nor find its content under /"
-		}
+		row.verdict("dummy secret", len(seen) == 0, "no job could read "+strings.Join(r.opts.SecretPaths, ", ")+", nor find its content under /",
+			fmt.Sprintf("a job read %v of %s", seen, strings.Join(r.opts.SecretPaths, ", ")))
 	}
 
 	checker := split("M", marker) + split("C", cred) +
@@ -162,21 +154,30 @@ func (r *runner) isolation(ctx context.Context, row *Row, class typesv1.RuntimeC
 		`timeout 20 grep -rslF ` + searchExcludes + ` -e "$M" -e "$C" / 2>/dev/null | sed 's/^/selftest-leftover /'; ` +
 		`env | grep -qF "$C" && echo "selftest-leftover environment"; ` +
 		`echo selftest-done`
-	second := r.runJob(ctx, r.spec(class, sh(checker)...), r.key(row, "checker"))
-	if second.err != nil {
-		row.fail("new job", "%v", second.err)
-		return
-	}
-	record(row, second.job)
-	if !strings.Contains(second.stdout, "selftest-done") {
-		row.fail("new job", "did not run to its end: %s", jobEnding(second.job))
+	second, ok := r.probe(ctx, row, "new job", r.spec(class, sh(checker)...), r.key(row, "checker"))
+	if !ok {
 		return
 	}
 	left := lines(second.stdout, "selftest-leftover ")
-	row.check("earlier job's files and credentials", len(left) == 0, "a new job found the earlier job's %v", left)
-	if len(left) == 0 {
-		row.Checks[len(row.Checks)-1].Detail = "a new job found none of the earlier job's files (/tmp, $HOME, /work, /out) or credentials"
+	row.verdict("earlier job's files and credentials", len(left) == 0,
+		"a new job found none of the earlier job's files (/tmp, $HOME, /work, /out) or credentials",
+		fmt.Sprintf("a new job found the earlier job's %v", left))
+}
+
+// probe runs a job whose script ends by printing selftest-done, and
+// records it; a job that did not get there fails the check name.
+func (r *runner) probe(ctx context.Context, row *Row, name string, spec *authorityv1.JobSpec, key string) (ran, bool) {
+	res := r.runJob(ctx, spec, key)
+	if res.err != nil {
+		row.fail(name, "%v", res.err)
+		return res, false
 	}
+	record(row, res.job)
+	if !strings.Contains(res.stdout, "selftest-done") {
+		row.fail(name, "did not run to its end: %s", jobEnding(res.job))
+		return res, false
+	}
+	return res, true
 }
 
 // target is one --expect-reach destination.
@@ -286,11 +287,9 @@ func (r *runner) egress(ctx context.Context, row *Row, class typesv1.RuntimeClas
 		if r.counter != nil {
 			hits = r.counter.count("/egress-" + r.run + "/default")
 		}
-		row.check("unapproved destination", done && len(ok) == 0 && hits == 0,
-			"a job under the default policy (%s) reached %v, the counter saw %d requests (ran to its end: %v)", policyWord(def.job), ok, hits, done)
-		if done && len(ok) == 0 && hits == 0 {
-			row.Checks[len(row.Checks)-1].Detail = "a job under the default policy (" + policyWord(def.job) + ") reached no public address, no name and not the counter"
-		}
+		row.verdict("unapproved destination", done && len(ok) == 0 && hits == 0,
+			"a job under the default policy ("+policyWord(def.job)+") reached no public address, no name and not the counter",
+			fmt.Sprintf("a job under the default policy (%s) reached %v, the counter saw %d requests (ran to its end: %v)", policyWord(def.job), ok, hits, done))
 	}
 
 	if len(names) > 0 {
@@ -383,12 +382,11 @@ func (r *runner) egress(ctx context.Context, row *Row, class typesv1.RuntimeClas
 	enforced := time.Since(asked)
 	hits := r.counter.count(after)
 	ok := hits == 0 && strings.Contains(y.stdout, "selftest-done") && len(lines(y.stdout, "selftest-reach ok ")) == 0
-	row.check("policy change", ok, "after the narrowing said applied (generation %d, %s after the request), the session's next connection to the counter %s (%d requests seen)",
-		st.GetGeneration(), applied.Round(time.Millisecond), map[bool]string{true: "failed", false: "went through"}[ok], hits)
-	if ok {
-		row.Checks[len(row.Checks)-1].Detail = fmt.Sprintf("narrowed policy applied %s after the request (generation %d); the next connection failed (checked %s after the request)",
-			applied.Round(time.Millisecond), st.GetGeneration(), enforced.Round(time.Millisecond))
-	}
+	row.verdict("policy change", ok,
+		fmt.Sprintf("narrowed policy applied %s after the request (generation %d); the next connection failed (checked %s after the request)",
+			applied.Round(time.Millisecond), st.GetGeneration(), enforced.Round(time.Millisecond)),
+		fmt.Sprintf("after the narrowing said applied (generation %d, %s after the request), the session's next connection to the counter went through (%d requests seen)",
+			st.GetGeneration(), applied.Round(time.Millisecond), hits))
 	if row.Detail == "" && ok {
 		row.Detail = "policy change applied in " + applied.Round(time.Millisecond).String()
 	}

@@ -203,6 +203,9 @@ func summary(row *Row) string {
 	case passed == 0 && len(row.Checks) > 0:
 		return row.Checks[0].Detail
 	}
+	if passed == 1 {
+		return "1 check passed"
+	}
 	return fmt.Sprintf("%d checks passed", passed)
 }
 
