@@ -13,6 +13,7 @@ import (
 
 func newPublish(g *globals) *cobra.Command {
 	var key, job, digest, to string
+	var dryRun bool
 	cmd := &cobra.Command{
 		Use:   "publish APPROVAL_ID",
 		Short: "Publish an approved result as one commit on its protected branch (as a pipeline)",
@@ -30,11 +31,15 @@ approval) always returns the same deployment, and an approval is never
 published twice: run it again after any failure or interruption and it
 resumes where it stopped.
 
+With --dry-run the publisher only checks: it verifies the bundle and scans
+its content, then stops; nothing is recorded, spent or pushed, and the
+approval may still be pending. A refusal still exits 1.
+
 It runs as pipeline/deploy in the dev stack unless --as names another
 identity.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req := &publisherv1.PublishRequest{ApprovalId: args[0], IdempotencyKey: key, JobId: job, BundleDigest: digest}
+			req := &publisherv1.PublishRequest{ApprovalId: args[0], IdempotencyKey: key, JobId: job, BundleDigest: digest, DryRun: dryRun}
 			if req.IdempotencyKey == "" {
 				req.IdempotencyKey = "approval:" + args[0]
 			}
@@ -55,13 +60,21 @@ identity.`,
 					}
 					return err
 				}
-				return printDeployment(g, resp.GetDeployment())
+				d := resp.GetDeployment()
+				if err := printDeployment(g, d); err != nil {
+					return err
+				}
+				if dryRun && d.GetState() == publisherv1.DeploymentState_DEPLOYMENT_STATE_FAILED {
+					return remoteError{fmt.Errorf("dry run: %s", d.GetMessage())}
+				}
+				return nil
 			})
 		},
 	}
 	cmd.Flags().StringVar(&key, "idempotency-key", "", "the same key returns the same deployment (default: approval:APPROVAL_ID)")
 	cmd.Flags().StringVar(&job, "job", "", "the job the pipeline means to publish (must be the approval's)")
 	cmd.Flags().StringVar(&digest, "digest", "", "the bundle digest the pipeline means to publish (must be the approved one)")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "check only: verify and scan, record, spend and push nothing (the approval may be pending)")
 	cmd.Flags().StringVar(&to, "to", "", "REPOSITORY:BRANCH the pipeline means to publish to (must be the approved target)")
 	return cmd
 }

@@ -460,8 +460,15 @@ type PublishRequest struct {
 	Target *v1.PublishTarget `protobuf:"bytes,4,opt,name=target,proto3" json:"target,omitempty"`
 	// Required: the same key returns the same deployment, never a second push.
 	IdempotencyKey string `protobuf:"bytes,5,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Check only: verify the bundle and scan its content as a publish would,
+	// then stop. Nothing is recorded, consumed, leased or pushed, and the
+	// approval may still be pending. The answer's deployment has no id: in
+	// state FAILED with its findings when the content is refused (returned,
+	// not an error), else SUCCEEDED with no commit. The checks that need the
+	// target branch's tree are left to the real publish.
+	DryRun        bool `protobuf:"varint,6,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PublishRequest) Reset() {
@@ -527,6 +534,13 @@ func (x *PublishRequest) GetIdempotencyKey() string {
 		return x.IdempotencyKey
 	}
 	return ""
+}
+
+func (x *PublishRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
 }
 
 // PublishResponse returns the deployment.
@@ -835,14 +849,15 @@ const file_airlock_publisher_v1_publisher_proto_rawDesc = "" +
 	"\bredacted\x18\x05 \x01(\tR\bredacted\"Y\n" +
 	"\x0eDeploymentStep\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\tR\x04step\x123\n" +
-	"\adone_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x06doneAt\"\xcf\x01\n" +
+	"\adone_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x06doneAt\"\xe8\x01\n" +
 	"\x0ePublishRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1f\n" +
 	"\vapproval_id\x18\x02 \x01(\tR\n" +
 	"approvalId\x12#\n" +
 	"\rbundle_digest\x18\x03 \x01(\tR\fbundleDigest\x127\n" +
 	"\x06target\x18\x04 \x01(\v2\x1f.airlock.types.v1.PublishTargetR\x06target\x12'\n" +
-	"\x0fidempotency_key\x18\x05 \x01(\tR\x0eidempotencyKey\"S\n" +
+	"\x0fidempotency_key\x18\x05 \x01(\tR\x0eidempotencyKey\x12\x17\n" +
+	"\adry_run\x18\x06 \x01(\bR\x06dryRun\"S\n" +
 	"\x0fPublishResponse\x12@\n" +
 	"\n" +
 	"deployment\x18\x01 \x01(\v2 .airlock.publisher.v1.DeploymentR\n" +

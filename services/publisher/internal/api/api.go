@@ -69,16 +69,25 @@ func (s *Service) fail(ctx context.Context, err error) error {
 // Publish runs the publish flow. A refused or failed deployment is
 // FailedPrecondition with the deployment (and its findings) attached as
 // the status's detail; one still in progress (a peer unreachable) is
-// Unavailable: retry with the same idempotency key.
+// Unavailable: retry with the same idempotency key. A dry run returns its
+// unstored deployment, refused or not.
 func (s *Service) Publish(ctx context.Context, req *publisherv1.PublishRequest) (*publisherv1.PublishResponse, error) {
 	id, err := caller(ctx)
 	if err != nil {
 		return nil, err
 	}
-	d, err := s.cfg.Publish.Publish(ctx, id.String(), publish.Request{
+	r := publish.Request{
 		JobID: req.GetJobId(), ApprovalID: req.GetApprovalId(), BundleDigest: req.GetBundleDigest(),
 		Repo: req.GetTarget().GetRepository(), Branch: req.GetTarget().GetBranch(), IdempotencyKey: req.GetIdempotencyKey(),
-	})
+	}
+	if req.GetDryRun() {
+		d, err := s.cfg.Publish.DryRun(ctx, id.String(), r)
+		if err != nil {
+			return nil, s.fail(ctx, err)
+		}
+		return &publisherv1.PublishResponse{Deployment: deploymentToProto(d)}, nil
+	}
+	d, err := s.cfg.Publish.Publish(ctx, id.String(), r)
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}

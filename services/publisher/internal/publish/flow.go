@@ -36,6 +36,8 @@ type runState struct {
 	caFile string
 	prep   Prepared
 	lease  Lease
+	// dry is a dry run's (DryRun): its record stays in memory.
+	dry bool
 }
 
 func (r *runState) close() {
@@ -48,6 +50,13 @@ func (r *runState) close() {
 // record marks step done, applying change to the deployment in the same
 // write.
 func (r *runState) record(ctx context.Context, step store.Step, change func(d *store.Deployment)) error {
+	if r.dry {
+		if change != nil {
+			change(&r.d)
+		}
+		r.d.Step, r.d.Steps[step] = step, r.s.now()
+		return nil
+	}
 	d, err := r.s.cfg.Store.Update(ctx, r.d.ID, func(d *store.Deployment) error {
 		if d.State.Terminal() {
 			return fmt.Errorf("deployment %s ended meanwhile (%s)", d.ID, d.State)

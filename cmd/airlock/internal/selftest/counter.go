@@ -1,0 +1,82 @@
+package selftest
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// counter is the external side the selftest's jobs act on: an HTTP server
+// counting the requests to each path, served by the selftest itself at an
+// address the sandboxes may reach (--counter-listen, dialled at
+// --counter-addr). A retried job or exec that repeats its action shows as
+// a second request; a destination a policy refuses shows as none.
+type counter struct {
+	srv  *http.Server
+	ln   net.Listener
+	addr string // where jobs dial it, HOST:PORT
+
+	mu   sync.Mutex
+	hits map[string]int
+}
+
+// startCounter listens on listen and serves until close; jobs dial addr,
+// or the listener's own address when addr is empty.
+func startCounter(listen, addr string) (*counter, error) {
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return nil, err
+	}
+	if addr == "" {
+		addr = ln.Addr().String()
+	}
+	c := &counter{ln: ln, addr: addr, hits: map[string]int{}}
+	c.srv = &http.Server{Handler: c, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := c.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			c.srv.Close()
+		}
+	}()
+	return c, nil
+}
+
+// ServeHTTP counts the request's path and answers "counted N".
+func (c *counter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	c.mu.Lock()
+	c.hits[r.URL.Path]++
+	n := c.hits[r.URL.Path]
+	c.mu.Unlock()
+	w.Header().Set("Content-Type", "text/plain")
+	w.Write([]byte("selftest-counted " + itoa(n) + "\n"))
+}
+
+// count is how many requests path has had.
+func (c *counter) count(path string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.hits[path]
+}
+
+// host and port split the address jobs dial.
+func (c *counter) host() string { h, _, _ := net.SplitHostPort(c.addr); return h }
+func (c *counter) port() string { _, p, _ := net.SplitHostPort(c.addr); return p }
+
+// get is a shell command line that asks the counter for path once, with
+// bash's /dev/tcp (no curl needed in the sandbox), within secs seconds;
+// it prints the counter's answer and fails when there is none.
+func (c *counter) get(path string, secs int) string {
+	return "timeout " + itoa(secs) + " bash -c 'exec 3<>/dev/tcp/" + c.host() + "/" + c.port() +
+		" && printf \"GET " + path + " HTTP/1.0\\r\\nHost: selftest\\r\\n\\r\\n\" >&3 && cat <&3' 2>/dev/null | grep -a selftest-counted"
+}
+
+func (c *counter) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c.srv.Shutdown(ctx)
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

@@ -1,0 +1,218 @@
+//go:build linux
+
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airlockhq/airlock/pkg/nettest"
+)
+
+// selftestReport is the part of `airlock selftest -o json` the test reads.
+type selftestReport struct {
+	Rows []struct {
+		Name    string `json:"name"`
+		Runtime string `json:"runtime"`
+		Status  string `json:"status"`
+		Detail  string `json:"detail"`
+		Checks  []struct {
+			Name, Status, Detail string
+		} `json:"checks"`
+		Record struct {
+			RuntimeClass   string `json:"runtime_class"`
+			RuntimeVersion string `json:"runtime_version"`
+			Template       string `json:"template"`
+			Shape          string `json:"shape"`
+			PolicyDigest   string `json:"policy_digest"`
+		} `json:"record"`
+	} `json:"rows"`
+}
+
+// selftestNet is what the selftest's jobs reach in this test: a relay in a
+// test host of its own that forwards to the counter the selftest serves on
+// the host's loopback (sandboxes never reach the executor host's own
+// addresses), and a greeting listener in a second test host, the
+// operator's "intended connection".
+type selftestNet struct {
+	counterListen, counterAddr string
+	reach                      string // IP/32:PORT
+	reachPrefix, relayPrefix   netip.Prefix
+}
+
+func startSelftestNet(t *testing.T) selftestNet {
+	t.Helper()
+	pid := os.Getpid()
+	relayHost := nettest.Start(t, nettest.Config{
+		Name:   fmt.Sprintf("sc%04x", pid&0xffff),
+		Prefix: nettest.Subnet(netip.MustParsePrefix("198.51.100.128/25"), 30, pid%32),
+	})
+	reachHost := nettest.Start(t, nettest.Config{
+		Name:   fmt.Sprintf("sr%04x", pid&0xffff),
+		Prefix: nettest.Subnet(netip.MustParsePrefix("203.0.113.0/25"), 30, pid%32),
+	})
+	port := freePort(t)
+	target := net.JoinHostPort("127.0.0.1", port)
+	relay := relayHost.Listen(t, "tcp", net.JoinHostPort(relayHost.IP.String(), "0"))
+	go func() {
+		for {
+			c, err := relay.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				up, err := net.DialTimeout("tcp", target, 5*time.Second)
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				go func() { io.Copy(up, c); up.(*net.TCPConn).CloseWrite() }()
+				io.Copy(c, up)
+			}()
+		}
+	}()
+	greet := reachHost.Listen(t, "tcp", net.JoinHostPort(reachHost.IP.String(), "0"))
+	nettest.Greet(t, greet)
+	_, gport, _ := net.SplitHostPort(greet.Addr().String())
+	return selftestNet{
+		counterListen: target, counterAddr: relay.Addr().String(),
+		reach:       reachHost.IP.String() + "/32:" + gport,
+		reachPrefix: reachHost.Prefix, relayPrefix: relayHost.Prefix,
+	}
+}
+
+// runSelftest runs `airlock selftest` on the stack with extra arguments and
+// returns its exit code and report.
+func (s *stack) runSelftest(t *testing.T, n selftestNet, extra ...string) (int, selftestReport, result) {
+	t.Helper()
+	args := append([]string{"selftest", "--repo", "sample", "--rev", "main", "-o", "json",
+		"--counter-listen", n.counterListen, "--counter-addr", n.counterAddr, "--expect-reach", n.reach,
+		"--approver", "approver/alice", "--publish-to", "sample:main", "--pipeline", "pipeline/deploy"}, extra...)
+	res := runCommandWithin(t, 4*time.Minute, s.env(), bin("airlock"), args...)
+	var rep selftestReport
+	if err := json.Unmarshal([]byte(res.stdout), &rep); err != nil {
+		t.Fatalf("selftest -o json: exit %d, %v\n%s\nstderr:\n%s", res.code, err, res.stdout, res.stderr)
+	}
+	t.Logf("selftest %v: exit %d in %s", extra, res.code, res.elapsed.Round(time.Millisecond))
+	return res.code, rep, res
+}
+
+// failedRows are the rows of rep that failed, by name.
+func failedRows(rep selftestReport) []string {
+	var out []string
+	for _, r := range rep.Rows {
+		if r.Status == "fail" {
+			out = append(out, r.Name)
+		}
+	}
+	return out
+}
+
+// wantOnly fails the test unless exactly row failed, and the selftest
+// said so with its exit status.
+func wantOnly(t *testing.T, hole string, code int, rep selftestReport, res result, row string) {
+	t.Helper()
+	failed := failedRows(rep)
+	if code == 0 || len(failed) != 1 || failed[0] != row {
+		t.Fatalf("%s: exit %d, failed rows %v; want exit 1 and exactly %q\n%s\nstderr:\n%s", hole, code, failed, row, res.stdout, res.stderr)
+	}
+	if !strings.Contains(res.stderr, "selftest failed: "+row+"[") {
+		t.Fatalf("%s: stderr does not name the row:\n%s", hole, res.stderr)
+	}
+}
+
+// TestSelftest runs `airlock selftest` against the dev stack: it passes as
+// deployed, and with one boundary broken on purpose at a time it fails
+// naming exactly that row. The holes are real configuration: a secret
+// where jobs can see it (the host's /usr), a tenant whose default pids
+// limit a fork bomb cannot hit, and a tenant policy that does not permit
+// the operator's intended destination.
+func TestSelftest(t *testing.T) {
+	repo, _ := sampleRepo(t)
+	n := startSelftestNet(t)
+	s := startStack(t, "--repo", "sample="+repo)
+
+	code, rep, res := s.runSelftest(t, n)
+	if code != 0 || len(failedRows(rep)) != 0 {
+		t.Fatalf("selftest on the dev stack as deployed: exit %d, failed %v\n%s\nstderr:\n%s", code, failedRows(rep), res.stdout, res.stderr)
+	}
+	for _, r := range rep.Rows {
+		want := "pass"
+		if r.Name == "restart" {
+			want = "skip"
+		}
+		if r.Status != want {
+			t.Errorf("row %s: %s, want %s: %+v", r.Name, r.Status, want, r.Checks)
+		}
+		if want == "pass" && (r.Record.RuntimeClass != "runc" || r.Record.RuntimeVersion == "" || r.Record.Template == "" ||
+			!strings.Contains(r.Record.Shape, "memory") || !strings.HasPrefix(r.Record.PolicyDigest, "sha256:")) {
+			t.Errorf("row %s: record %+v lacks runtime, template, shape or policy digest", r.Name, r.Record)
+		}
+		for _, c := range r.Checks {
+			if c.Status == "skip" && want == "pass" {
+				t.Errorf("row %s: check %s skipped with a counter and --expect-reach given: %s", r.Name, c.Name, c.Detail)
+			}
+		}
+	}
+	if !strings.Contains(res.stderr, "selftest: limits[default]: pass") {
+		t.Errorf("no progress on stderr:\n%s", res.stderr)
+	}
+	t.Logf("progress:\n%s", res.stderr)
+	// It leaves nothing running behind it.
+	list := s.airlock(t, "job", "list", "-o", "json")
+	if strings.Contains(list.stdout, "JOB_STATE_RUNNING") || strings.Contains(list.stdout, "JOB_STATE_QUEUED") {
+		t.Errorf("selftest left jobs running:\n%s", list.stdout)
+	}
+
+	t.Run("hole=secret-on-the-host", func(t *testing.T) {
+		// The operator kept a secret under the host's /usr, which jobs on
+		// the host template see.
+		path := filepath.Join("/usr/local/share", fmt.Sprintf("airlock-selftest-hole-%d", os.Getpid()))
+		if err := os.WriteFile(path, []byte("not for jobs\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Remove(path) })
+		code, rep, res := s.runSelftest(t, n, "--secret-path", path)
+		wantOnly(t, "secret under /usr", code, rep, res, "isolation")
+		if !strings.Contains(res.stdout, path) {
+			t.Errorf("the isolation row does not name %s:\n%s", path, res.stdout)
+		}
+	})
+
+	// The tenant holes are config the authority reads at start: edited and
+	// restarted by the test itself (a restart's process belongs to the t
+	// that started it), one hole at a time.
+	s.editTenants(t, func(_, dev map[string]any) {
+		dev["limits"].(map[string]any)["default"].(map[string]any)["pids"] = 2048
+	})
+	s.restartService(t, "authority")
+	t.Run("hole=pids-the-job-cannot-hit", func(t *testing.T) {
+		code, rep, res := s.runSelftest(t, n)
+		wantOnly(t, "default pids 2048", code, rep, res, "limits")
+		if !strings.Contains(res.stdout, "default pids limit (2048)") {
+			t.Errorf("the limits row does not say which limit:\n%s", res.stdout)
+		}
+	})
+
+	s.editTenants(t, func(_, dev map[string]any) {
+		dev["limits"].(map[string]any)["default"].(map[string]any)["pids"] = 256
+		dev["egress"] = map[string]any{"cidrs": []string{n.relayPrefix.String()}}
+	})
+	s.restartService(t, "authority")
+	t.Run("hole=intended-destination-not-permitted", func(t *testing.T) {
+		code, rep, res := s.runSelftest(t, n)
+		wantOnly(t, "tenant egress without "+n.reachPrefix.String(), code, rep, res, "egress")
+		if !strings.Contains(res.stdout, n.reachPrefix.Addr().String()) {
+			t.Errorf("the egress row does not name the refused destination:\n%s", res.stdout)
+		}
+	})
+}
