@@ -73,12 +73,12 @@ func TestReplicasMigrateAtOnce(t *testing.T) {
 		t.Fatalf("replicas starting together: %v", err)
 	}
 	var rows, max int
-	if err := db.QueryRow("SELECT COUNT(*), MAX(version) FROM schema_migrations").Scan(&rows, &max); err != nil || rows != 10 || max != 10 {
-		t.Fatalf("schema_migrations: %d rows up to version %d, %v; want 10 up to 10", rows, max, err)
+	if err := db.QueryRow("SELECT COUNT(*), MAX(version) FROM schema_migrations").Scan(&rows, &max); err != nil || rows != 11 || max != 11 {
+		t.Fatalf("schema_migrations: %d rows up to version %d, %v; want 11 up to 11", rows, max, err)
 	}
 	s := opener(dsn)(t)
-	if v, err := s.(*postgres.Store).SchemaVersion(t.Context()); err != nil || v != 10 {
-		t.Fatalf("schema version = %d, %v; want 10", v, err)
+	if v, err := s.(*postgres.Store).SchemaVersion(t.Context()); err != nil || v != 11 {
+		t.Fatalf("schema version = %d, %v; want 11", v, err)
 	}
 }
 

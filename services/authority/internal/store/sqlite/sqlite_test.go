@@ -69,8 +69,8 @@ func TestFileSettings(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if v, err := s.SchemaVersion(t.Context()); err != nil || v != 10 {
-		t.Fatalf("schema version = %d, %v; want 10", v, err)
+	if v, err := s.SchemaVersion(t.Context()); err != nil || v != 11 {
+		t.Fatalf("schema version = %d, %v; want 11", v, err)
 	}
 	if _, err := os.Stat(path + "-wal"); err != nil {
 		t.Errorf("no WAL file beside the database: %v", err)
@@ -94,8 +94,8 @@ func TestFileSettings(t *testing.T) {
 		t.Errorf("journal_mode = %q, %v; want wal", mode, err)
 	}
 	var n int
-	if err := db.QueryRow("SELECT COUNT(*) FROM schema_migrations").Scan(&n); err != nil || n != 10 {
-		t.Errorf("schema_migrations rows = %d, %v; want 10", n, err)
+	if err := db.QueryRow("SELECT COUNT(*) FROM schema_migrations").Scan(&n); err != nil || n != 11 {
+		t.Errorf("schema_migrations rows = %d, %v; want 11", n, err)
 	}
 }
 
