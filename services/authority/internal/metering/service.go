@@ -202,7 +202,11 @@ func (s *Service) Usage(ctx context.Context, caller identity.ID, q Query) (Repor
 	switch q.By {
 	case ByJob:
 		for _, j := range jobs {
-			rows = append(rows, Meter(j, q.Since, q.Until, now, s.cfg.Rates))
+			// A job whose minutes all fall outside the window (it ended
+			// within the minute after since) has no row.
+			if u := Meter(j, q.Since, q.Until, now, s.cfg.Rates); u.AwakeMinutes+u.AsleepMinutes > 0 || u.Running {
+				rows = append(rows, u)
+			}
 		}
 		// The store gives them newest start first.
 	case ByDay:
