@@ -3,6 +3,7 @@ package metering
 import (
 	"context"
 	"fmt"
+	"math/big"
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/audit"
@@ -24,11 +25,10 @@ func (s *Service) Admit(ctx context.Context, tenant string) (warning string, err
 		return "", nil
 	}
 	now := s.cfg.Now().UTC()
-	used, err := s.used(ctx, []string{tenant}, now)
+	u, err := s.monthToDate(ctx, tenant, now)
 	if err != nil {
 		return "", err
 	}
-	u := used[tenant]
 	next := MonthStart(now).AddDate(0, 1, 0)
 	if u >= limit {
 		return "", fmt.Errorf("%w: tenant %s has used %s of its %s monthly budget; new jobs are refused until %s",
@@ -67,4 +67,50 @@ func (s *Service) warnOnce(ctx context.Context, tenant string, now time.Time, wa
 	s.mu.Lock()
 	s.warned[tenant] = month
 	s.mu.Unlock()
+}
+
+// settled is how long after a job's end its record is taken as final: a
+// write stamped earlier than this (a slow commit, another replica's
+// clock) is still read.
+const settled = 5 * time.Minute
+
+// ledger is a tenant's month so far as Admit last read it: the exact cost
+// of the jobs that ended by upTo, which no later read needs again.
+type ledger struct {
+	month string
+	upTo  time.Time
+	cost  *big.Rat
+}
+
+// monthToDate is tenant's cost this month as of now, for admission: the
+// jobs ended by the ledger's mark are summed once and kept, so each
+// submission reads only the jobs running or ended since.
+func (s *Service) monthToDate(ctx context.Context, tenant string, now time.Time) (Micros, error) {
+	since, month := MonthStart(now), now.Format("2006-01")
+	s.mu.Lock()
+	l, ok := s.ledgers[tenant]
+	s.mu.Unlock()
+	if !ok || l.month != month {
+		l = ledger{month: month, upTo: since, cost: new(big.Rat)}
+	}
+	jobs, err := s.jobs(ctx, []string{tenant}, l.upTo, now)
+	if err != nil {
+		return 0, err
+	}
+	mark := now.Add(-settled)
+	if mark.Before(l.upTo) {
+		mark = l.upTo
+	}
+	total, kept := new(big.Rat).Set(l.cost), new(big.Rat).Set(l.cost)
+	for _, j := range jobs {
+		u := Meter(j, since, now, now, s.cfg.Rates)
+		total.Add(total, u.cost)
+		if !j.Running() && !j.End.After(mark) {
+			kept.Add(kept, u.cost)
+		}
+	}
+	s.mu.Lock()
+	s.ledgers[tenant] = ledger{month: month, upTo: mark, cost: kept}
+	s.mu.Unlock()
+	return round(total), nil
 }

@@ -38,10 +38,11 @@ func TestBudgetWarnsOnceAcrossReplicas(t *testing.T) {
 	}
 	defer st.Close()
 	now := time.Date(2026, 12, 20, 12, 0, 0, 0, time.UTC)
-	// A job of 1 vCPU for 9 minutes at $1 a vCPU-minute: $9 of $10.
+	// A job of 1 vCPU for 9 minutes at $1 a vCPU-minute: $9 of $10. Each
+	// ends at now, as the store stamps a job's end when it is written.
 	add := func(id string, minutes int) {
 		grant, _ := json.Marshal(Job{Class: "runc", Shape: Shape{CPUMillis: 1000}, Awake: time.Duration(minutes) * time.Minute})
-		start := now.Add(-time.Hour)
+		start := now.Add(-time.Duration(minutes) * time.Minute)
 		j := store.Job{ID: id, Tenant: "dev", IdempotencyKey: id, State: store.StateRunning, Grant: grant, CreatedAt: start, UpdatedAt: start}
 		if _, _, err := st.CreateJob(t.Context(), j); err != nil {
 			t.Fatal(err)
@@ -54,6 +55,7 @@ func TestBudgetWarnsOnceAcrossReplicas(t *testing.T) {
 		}
 	}
 	add("j1", 9)
+	now = now.Add(10 * time.Minute) // j1 settled: the ledger keeps it
 	rates := Rates{VCPUMonth: MonthMinutes * 1_000_000}
 	replica := func() *Service {
 		s, err := New(Config{Store: st, Decode: jsonJob, Tenants: policy.Tenants{"dev": {Name: "dev"}}, Rates: rates,

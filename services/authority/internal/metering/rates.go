@@ -4,9 +4,9 @@
 // GB-minutes while retained; network bytes), their cost in exact
 // micro-dollars, usage split by UTC day, and tenants' monthly budgets. It
 // imports no gRPC or protobuf: the authority's api package converts its
-// reports to the wire, and the composition root gives it the decoder of
-// stored jobs. Only the authority's api, jobs wiring and composition root
-// import it.
+// reports to the wire, and executorclient decodes stored jobs for it.
+// Only the authority's api, config, executorclient and composition root
+// import it (the jobs package reaches it through jobs.Metering).
 package metering
 
 import (

@@ -54,6 +54,8 @@ type Service struct {
 	// warned is the month ("2026-12") each tenant's budget warning was
 	// last logged for, so it is logged once a month, not per submission.
 	warned map[string]string
+	// ledgers keep each tenant's settled month-to-date cost (budget.go).
+	ledgers map[string]ledger
 }
 
 // New returns a Service.
@@ -74,7 +76,7 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("metering: metrics: %w", err)
 	}
-	return &Service{cfg: cfg, metrics: m, warned: map[string]string{}}, nil
+	return &Service{cfg: cfg, metrics: m, warned: map[string]string{}, ledgers: map[string]ledger{}}, nil
 }
 
 // Rates are the rates in force.
@@ -200,7 +202,11 @@ func (s *Service) Usage(ctx context.Context, caller identity.ID, q Query) (Repor
 	switch q.By {
 	case ByJob:
 		for _, j := range jobs {
-			rows = append(rows, Meter(j, q.Since, q.Until, now, s.cfg.Rates))
+			// A job whose minutes all fall outside the window (it ended
+			// within the minute after since) has no row.
+			if u := Meter(j, q.Since, q.Until, now, s.cfg.Rates); u.AwakeMinutes+u.AsleepMinutes > 0 || u.Running {
+				rows = append(rows, u)
+			}
 		}
 		// The store gives them newest start first.
 	case ByDay:
