@@ -38,3 +38,30 @@ func TestNetworkPolicyStatus(t *testing.T) {
 		t.Fatalf("status %v, want failed with its reason", st)
 	}
 }
+
+// A run's usage: while it runs, its awake and asleep time so far; once
+// ended, its result's, with its network bytes.
+func TestRunUsage(t *testing.T) {
+	start := time.Now().Add(-10 * time.Second)
+	r := runs.Run{JobID: "s", State: runs.Running, StartedAt: start, AsleepTime: 3 * time.Second,
+		Suspended: true, SuspendedAt: time.Now().Add(-2 * time.Second), SuspendReason: runs.ReasonIdleTimeout}
+	out := Run(r)
+	u := out.GetUsage()
+	awake, asleep := u.GetAwakeTime().AsDuration(), u.GetAsleepTime().AsDuration()
+	if asleep < 5*time.Second || asleep > 6*time.Second || awake < 4*time.Second || awake > 6*time.Second || u.GetWallTime().AsDuration() != awake+asleep {
+		t.Fatalf("live usage %v: want about 5s asleep of 10s", u)
+	}
+	if out.GetSuspendReason() != typesv1.TerminationReason_TERMINATION_REASON_IDLE_TIMEOUT || !out.GetSuspendedAt().AsTime().Equal(r.SuspendedAt) {
+		t.Fatalf("an asleep run: %v since %v", out.GetSuspendReason(), out.GetSuspendedAt())
+	}
+	r.State, r.FinishedAt = runs.Finished, time.Now()
+	r.Result = &runs.Result{AwakeTime: time.Second, AsleepTime: 2 * time.Second, NetworkSentBytes: 10, NetworkReceivedBytes: 20}
+	out = Run(r)
+	if out.GetUsage() != nil {
+		t.Fatalf("an ended run's usage is its result's, not a live one: %v", out.GetUsage())
+	}
+	if u := out.GetResult().GetUsage(); u.GetAwakeTime().AsDuration() != time.Second || u.GetAsleepTime().AsDuration() != 2*time.Second ||
+		u.GetNetworkSentBytes() != 10 || u.GetNetworkReceivedBytes() != 20 {
+		t.Fatalf("result usage %v", u)
+	}
+}

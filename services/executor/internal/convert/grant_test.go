@@ -41,7 +41,7 @@ func testGrant() *typesv1.Grant {
 		NetworkPolicyGeneration: 2, Generation: 3,
 		RuntimeClass:  typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC,
 		PublishTarget: &typesv1.PublishTarget{Repository: "widgets", Branch: "main"},
-		Session:       &typesv1.SessionSpec{IdleTimeout: durationpb.New(time.Minute), MaxConcurrentExecs: 4},
+		Session:       &typesv1.SessionSpec{IdleTimeout: durationpb.New(time.Minute), MaxConcurrentExecs: 4, OnIdle: typesv1.IdleAction_IDLE_ACTION_SLEEP},
 		Caches:        []*typesv1.CacheGrant{{Name: "go-build", Path: "/home/agent/.cache/go-build", MaxSizeBytes: 1 << 30}},
 		User:          &typesv1.JobUser{Uid: 1000, Gid: 1000},
 		Credentials:   []string{"gh-token", "npm.basic"},
@@ -70,7 +70,7 @@ func TestGrant(t *testing.T) {
 		Network: runs.NetworkPolicy{Net: netpolicy.Policy{Allow: []netpolicy.Rule{
 			{Prefix: netip.MustParsePrefix("192.0.2.0/24"), Ports: []uint16{443}}}}},
 		NetworkGeneration: 2, Generation: 3,
-		Session:     &runs.SessionSpec{IdleTimeout: time.Minute, MaxConcurrentExecs: 4},
+		Session:     &runs.SessionSpec{IdleTimeout: time.Minute, MaxConcurrentExecs: 4, SleepOnIdle: true},
 		Caches:      []runs.CacheGrant{{Name: "go-build", Path: "/home/agent/.cache/go-build", MaxSize: 1 << 30}},
 		User:        runspec.Agent,
 		Credentials: []string{"gh-token", "npm.basic"},
@@ -210,6 +210,9 @@ func TestGrantRefusals(t *testing.T) {
 				g.Credentials = append(g.Credentials, fmt.Sprint("c", i))
 			}
 		}), errdefs.ErrInvalidArgument, "grant credentials: 17 named, at most 16"},
+		// What an idle session does: an action this build does not know
+		// is not taken as another.
+		{"unknown on_idle", sign(func(g *typesv1.Grant) { g.Session.OnIdle = 9 }), errdefs.ErrInvalidArgument, "grant session.on_idle 9: not an action this build knows"},
 		{"unknown with", sign(func(g *typesv1.Grant) {
 			g.RuntimeClass, g.With = typesv1.RuntimeClass_RUNTIME_CLASS_VM, []string{"k8s"}
 		}), errdefs.ErrInvalidArgument, `grant with[0]: "k8s" is not "docker"`},

@@ -349,6 +349,18 @@ func testDomainsBoundary(t *testing.T, class sandbox.Class) {
 
 	// The record: every attempt, with why.
 	recs := readEgress(t, h, g.JobID)
+	// Its totals are the result's network bytes, the job's side.
+	var sum egress.Summary
+	for _, r := range recs {
+		sum.Add(r)
+	}
+	var sent, received int64
+	for _, n := range sum.Names() {
+		sent, received = sent+n.BytesOut, received+n.BytesIn
+	}
+	if r := run.Result; r.NetworkReceivedBytes == 0 || r.NetworkSentBytes != sent || r.NetworkReceivedBytes != received {
+		t.Errorf("the result's network bytes: %d sent, %d received; the record's: %d, %d", r.NetworkSentBytes, r.NetworkReceivedBytes, sent, received)
+	}
 	has := func(via, name string, allowed bool, reason string) {
 		t.Helper()
 		for _, r := range recs {

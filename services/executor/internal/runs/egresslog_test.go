@@ -136,3 +136,30 @@ func TestEgressLogRequestLines(t *testing.T) {
 		t.Errorf("credentials %+v, want %+v", creds, want)
 	}
 }
+
+// egressBytes totals a job's connections from its record: sent is what
+// went out of the job (bytes_out), received what came in (bytes_in); a
+// request line's bytes are its connection's and count once; DNS and
+// refusals carry none; no record is zero.
+func TestEgressBytes(t *testing.T) {
+	dir := t.TempDir()
+	l, err := openEgressLog(dir, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	l.query(jobdns.QueryDecision{Time: now, Proto: "udp", Name: "a.test", Type: 1, Allowed: true, Reason: "allowed by a.test"})
+	l.connection(egressproxy.Decision{Time: now, Mode: egressproxy.ModeConnect, Name: "a.test", Port: 443, Allowed: true, BytesOut: 300, BytesIn: 5000})
+	l.connection(egressproxy.Decision{Time: now, Mode: egressproxy.ModeTransparent, Name: "b.test", Port: 80, Allowed: true, BytesOut: 20, BytesIn: 7})
+	l.connection(egressproxy.Decision{Time: now, Mode: egressproxy.ModeConnect, Name: "evil.test", Port: 443, Reason: "evil.test is not in the policy"})
+	d := egressproxy.Decision{Time: now, Mode: egressproxy.ModeRequest, Name: "a.test", Port: 443, BytesIn: 100, BytesOut: 10}
+	l.write(requestRecord(d, &egressproxy.Request{Method: "GET", Path: "/x", Status: 200, Credential: "gh", Allowed: true}))
+	l.close()
+	sent, received := egressBytes(filepath.Join(dir, bundle.EgressFile))
+	if sent != 320 || received != 5007 {
+		t.Fatalf("egressBytes = %d sent, %d received; want 320 and 5007", sent, received)
+	}
+	if s, r := egressBytes(filepath.Join(t.TempDir(), bundle.EgressFile)); s != 0 || r != 0 {
+		t.Fatalf("no record: %d, %d", s, r)
+	}
+}

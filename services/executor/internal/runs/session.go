@@ -248,7 +248,7 @@ func (m *Manager) Resume(ctx context.Context, jobID string) (Run, error) {
 		m.mu.Unlock()
 		return Run{}, err
 	}
-	if e.asleep() {
+	if e.asleep() || e.run.Suspended && e.resumeAsked && e.run.SuspendReason == ReasonIdleTimeout {
 		m.mu.Unlock()
 		if err := m.Wake(ctx, jobID); err != nil {
 			return Run{}, err
@@ -261,7 +261,7 @@ func (m *Manager) Resume(ctx context.Context, jobID string) (Run, error) {
 		if err := m.resumeLocked(e); err != nil {
 			return Run{}, fmt.Errorf("session %s stays suspended: %w", jobID, err)
 		}
-	case e.suspending:
+	case e.suspending && !e.run.Suspended:
 		return Run{}, fmt.Errorf("%w: session %s is still being suspended; resume it once it is", errdefs.ErrFailedPrecondition, jobID)
 	}
 	return e.run, nil

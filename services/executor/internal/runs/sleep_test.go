@@ -211,3 +211,14 @@ func TestSessionAsleepAcrossRestart(t *testing.T) {
 		t.Fatalf("finished: %+v", end.Result)
 	}
 }
+
+// TestJobAwakeTime: a job is awake for its wall time and never asleep.
+func TestJobAwakeTime(t *testing.T) {
+	h, _ := newHarness(t, false)
+	g := h.grantFor("sleep 1; echo done")
+	h.start(t, g)
+	r := h.waitEnd(t, g.JobID).Result
+	if r.Usage.WallTime < time.Second || r.AwakeTime != r.Usage.WallTime || r.AsleepTime != 0 {
+		t.Fatalf("a job's times: awake %s, asleep %s, wall %s", r.AwakeTime, r.AsleepTime, r.Usage.WallTime)
+	}
+}
