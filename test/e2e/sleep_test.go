@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -105,4 +106,35 @@ func TestSessionSleepEndToEnd(t *testing.T) {
 	if r := s.airlock(t, "session", "get", id); r.code != 0 || !strings.Contains(r.stdout, "asleep or suspended") {
 		t.Fatalf("session get of the ended session: exit %d\n%s", r.code, r.stdout)
 	}
+
+	// Metered, the session's compute and memory count its awake minutes
+	// alone, its disk its awake and asleep ones.
+	res = s.airlock(t, "usage", "--by", "job", "-o", "json")
+	got := &authorityv1.GetUsageResponse{}
+	if err := protojson.Unmarshal([]byte(res.stdout), got); res.code != 0 || err != nil {
+		t.Fatalf("usage: exit %d, %v\n%s%s", res.code, err, res.stdout, res.stderr)
+	}
+	var row *authorityv1.Usage
+	for _, r := range got.GetRows() {
+		if r.GetJobId() == id {
+			row = r
+		}
+	}
+	lim := final.GetLimits()
+	const gib = float64(1 << 30)
+	switch {
+	case row == nil:
+		t.Fatalf("usage has no row for session %s:\n%s", id, res.stdout)
+	case row.GetAsleepMinutes() < 1 || row.GetAwakeMinutes() < 1:
+		t.Fatalf("usage row: awake %d min, asleep %d min; want both at least one", row.GetAwakeMinutes(), row.GetAsleepMinutes())
+	case !near(row.GetVcpuMinutes(), float64(lim.GetCpuMillis())/1000*float64(row.GetAwakeMinutes())):
+		t.Fatalf("usage row: %v vCPU-minutes for %d millicores awake %d min (asleep %d): compute billed while asleep?", row.GetVcpuMinutes(), lim.GetCpuMillis(), row.GetAwakeMinutes(), row.GetAsleepMinutes())
+	case !near(row.GetMemoryGbMinutes(), float64(lim.GetMemoryBytes())/gib*float64(row.GetAwakeMinutes())):
+		t.Fatalf("usage row: %v memory GB-minutes for %d bytes awake %d min: memory billed while asleep?", row.GetMemoryGbMinutes(), lim.GetMemoryBytes(), row.GetAwakeMinutes())
+	case !near(row.GetDiskGbMinutes(), float64(lim.GetDiskBytes())/gib*float64(row.GetAwakeMinutes()+row.GetAsleepMinutes())):
+		t.Fatalf("usage row: %v disk GB-minutes for %d bytes over %d+%d min: disk must count awake and asleep", row.GetDiskGbMinutes(), lim.GetDiskBytes(), row.GetAwakeMinutes(), row.GetAsleepMinutes())
+	}
 }
+
+// near says whether two metered quantities agree to a millionth.
+func near(a, b float64) bool { return math.Abs(a-b) <= 1e-6*math.Max(1, math.Abs(b)) }
