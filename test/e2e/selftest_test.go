@@ -3,12 +3,15 @@
 package e2e
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -211,8 +214,61 @@ func TestSelftest(t *testing.T) {
 	t.Run("hole=intended-destination-not-permitted", func(t *testing.T) {
 		code, rep, res := s.runSelftest(t, n)
 		wantOnly(t, "tenant egress without "+n.reachPrefix.String(), code, rep, res, "egress")
-		if !strings.Contains(res.stdout, n.reachPrefix.Addr().String()) {
+		if ip, _, _ := strings.Cut(n.reach, "/"); !strings.Contains(res.stdout, ip+"/32 is outside tenant") {
 			t.Errorf("the egress row does not name the refused destination:\n%s", res.stdout)
 		}
 	})
+}
+
+// TestSelftestRestart runs the restart row (--disruptive) against the dev
+// stack: its --restart-command asks this test, which restarts the executor
+// as an operator would, and answers once the stack serves again.
+func TestSelftestRestart(t *testing.T) {
+	repo, _ := sampleRepo(t)
+	s := startStack(t, "--repo", "sample="+repo)
+	dir := t.TempDir()
+	asked, done := filepath.Join(dir, "restart-asked"), filepath.Join(dir, "restart-done")
+	restart := fmt.Sprintf("touch %s; i=0; while [ ! -e %s ]; do i=$((i+1)); [ $i -gt 1500 ] && exit 1; sleep 0.2; done", asked, done)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin("airlock"), "selftest", "--repo", "sample", "--rev", "main", "-o", "json",
+		"--row", "restart", "--disruptive", "--restart-command", restart)
+	cmd.Env = append(os.Environ(), s.env()...)
+	cmd.WaitDelay = 5 * time.Second
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(asked); err == nil {
+			break
+		}
+		if ctx.Err() != nil || cmd.ProcessState != nil {
+			t.Fatalf("the selftest never asked for the restart\nstderr:\n%s", stderr.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	s.restartService(t, "executor")
+	if err := os.WriteFile(done, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := cmd.Wait()
+	var rep selftestReport
+	if jerr := json.Unmarshal(stdout.Bytes(), &rep); jerr != nil || err != nil || len(rep.Rows) != 1 || rep.Rows[0].Status != "pass" {
+		t.Fatalf("selftest --row restart: %v (%v)\n%s\nstderr:\n%s", err, jerr, stdout.String(), stderr.String())
+	}
+	want := map[string]bool{"executor restart": false, "recorded results": false, "retained source": false, "scratch in a new job": false, "scratch in the session": false}
+	for _, c := range rep.Rows[0].Checks {
+		if _, ok := want[c.Name]; ok && c.Status == "pass" {
+			want[c.Name] = true
+		}
+	}
+	for name, ok := range want {
+		if !ok {
+			t.Errorf("check %q did not pass: %+v", name, rep.Rows[0].Checks)
+		}
+	}
+	t.Logf("restart row: %+v", rep.Rows[0].Checks)
 }
