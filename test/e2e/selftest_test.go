@@ -241,20 +241,25 @@ func TestSelftestRestart(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	var err error
+wait:
 	for {
-		if _, err := os.Stat(asked); err == nil {
-			break
+		select {
+		case err = <-exited:
+			t.Fatalf("the selftest ended (%v) without asking for the restart\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+		case <-time.After(100 * time.Millisecond):
+			if _, err := os.Stat(asked); err == nil {
+				break wait
+			}
 		}
-		if ctx.Err() != nil || cmd.ProcessState != nil {
-			t.Fatalf("the selftest never asked for the restart\nstderr:\n%s", stderr.String())
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 	s.restartService(t, "executor")
 	if err := os.WriteFile(done, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	err := cmd.Wait()
+	err = <-exited
 	var rep selftestReport
 	if jerr := json.Unmarshal(stdout.Bytes(), &rep); jerr != nil || err != nil || len(rep.Rows) != 1 || rep.Rows[0].Status != "pass" {
 		t.Fatalf("selftest --row restart: %v (%v)\n%s\nstderr:\n%s", err, jerr, stdout.String(), stderr.String())
