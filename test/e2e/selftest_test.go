@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -255,7 +256,21 @@ wait:
 			}
 		}
 	}
-	s.restartService(t, "executor")
+	// As restartService does, with the time a graceful stop takes to keep
+	// a running session's files (the selftest's session runs).
+	pid := s.services["executor"].PID
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if ws, err := reap(pid, 2*time.Minute); err != nil || !ws.Exited() || ws.ExitStatus() != 0 {
+		t.Fatalf("executor stopped for the restart: %v, exit status %d", err, ws.ExitStatus())
+	}
+	startService(t, s, "executor", 100*time.Millisecond, func() error {
+		if res := s.airlock(t, "status"); res.code != 0 {
+			return fmt.Errorf("airlock status fails:\n%s%s", res.stdout, res.stderr)
+		}
+		return nil
+	})
 	if err := os.WriteFile(done, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
