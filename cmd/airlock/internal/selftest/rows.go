@@ -271,12 +271,13 @@ func (r *runner) egress(ctx context.Context, row *Row, class typesv1.RuntimeClas
 
 	// A job under the tenant's default policy (no policy asked for) reaches
 	// neither the counter nor a public address, nor resolves a name.
-	probe := reach("public 1.1.1.1:443", "1.1.1.1", 443) +
-		`if getent hosts example.com >/dev/null 2>&1; then echo "selftest-reach ok dns example.com"; else echo "selftest-reach fail dns example.com"; fi; `
+	// The probes run at once: a refused destination may be a silent one.
+	probe := "(" + reach("public 1.1.1.1:443", "1.1.1.1", 443) + ") & " +
+		`(if timeout 5 getent hosts example.com >/dev/null 2>&1; then echo "selftest-reach ok dns example.com"; else echo "selftest-reach fail dns example.com"; fi) & `
 	if r.counter != nil {
-		probe += "if " + r.counter.get("/egress-"+r.run+"/default", 5) + " >/dev/null; then echo 'selftest-reach ok counter'; else echo 'selftest-reach fail counter'; fi; "
+		probe += "(if " + r.counter.get("/egress-"+r.run+"/default", 5) + " >/dev/null; then echo 'selftest-reach ok counter'; else echo 'selftest-reach fail counter'; fi) & "
 	}
-	def := r.runJob(ctx, r.spec(class, sh(probe+"echo selftest-done")...), r.key(row, "default-policy"))
+	def := r.runJob(ctx, r.spec(class, sh(probe+"wait; echo selftest-done")...), r.key(row, "default-policy"))
 	if def.err != nil {
 		row.fail("unapproved destination", "%v", def.err)
 	} else {
@@ -295,15 +296,13 @@ func (r *runner) egress(ctx context.Context, row *Row, class typesv1.RuntimeClas
 	if len(names) > 0 {
 		var domains []string
 		var ports []uint32
-		script := ""
 		for _, t := range names {
 			domains = append(domains, t.name)
 			if !containsPort(ports, t.port) {
 				ports = append(ports, t.port)
 			}
-			script += reach(t.text, t.name, t.port)
 		}
-		spec := r.spec(class, sh(script)...)
+		spec := r.spec(class, sh(reachAll(names))...)
 		spec.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Domains{Domains: &typesv1.DomainList{Domains: domains, Ports: ports}}}
 		res := r.runJob(ctx, spec, r.key(row, "names"))
 		r.reachChecks(row, res, names)
@@ -404,9 +403,12 @@ func containsPort(ps []uint32, p uint32) bool {
 func reachAll(ts []target) string {
 	s := ""
 	for _, t := range ts {
-		s += reach(t.text, t.dial(), t.port)
+		s += "(" + reach(t.text, t.dial(), t.port) + ") & "
 	}
-	return s
+	if s == "" {
+		return ""
+	}
+	return s + "wait; "
 }
 
 // reachChecks adds one check per target from a probe's output.
