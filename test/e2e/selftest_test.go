@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"encoding/xml"
 	"fmt"
 	"io"
 	"net"
@@ -171,6 +172,24 @@ func TestSelftest(t *testing.T) {
 		t.Errorf("no progress on stderr:\n%s", res.stderr)
 	}
 	t.Logf("progress:\n%s", res.stderr)
+
+	// JUnit XML for CI, one testcase per row and runtime class.
+	junit := runCommandWithin(t, 4*time.Minute, s.env(), bin("airlock"), "selftest", "--repo", "sample", "--rev", "main",
+		"--runtime", "runc", "--row", "exit-status", "-o", "junit")
+	var doc struct {
+		Suites []struct {
+			Tests    int `xml:"tests,attr"`
+			Failures int `xml:"failures,attr"`
+			Cases    []struct {
+				Name      string `xml:"name,attr"`
+				Classname string `xml:"classname,attr"`
+			} `xml:"testcase"`
+		} `xml:"testsuite"`
+	}
+	if err := xml.Unmarshal([]byte(junit.stdout), &doc); err != nil || junit.code != 0 || len(doc.Suites) != 1 || doc.Suites[0].Tests != 1 ||
+		doc.Suites[0].Failures != 0 || doc.Suites[0].Cases[0].Classname != "airlock.selftest.runc" || doc.Suites[0].Cases[0].Name != "exit-status" {
+		t.Errorf("selftest -o junit: exit %d, %v, %+v\n%s\nstderr:\n%s", junit.code, err, doc, junit.stdout, junit.stderr)
+	}
 	// It leaves nothing running behind it.
 	list := s.airlock(t, "job", "list", "-o", "json")
 	if strings.Contains(list.stdout, "JOB_STATE_RUNNING") || strings.Contains(list.stdout, "JOB_STATE_QUEUED") {

@@ -228,10 +228,10 @@ func parseTarget(s string) (target, error) {
 	return t, nil
 }
 
-// reach is shell text that tries host:port within 5 seconds and prints
+// reach is shell text that tries host:port within 3 seconds and prints
 // "selftest-reach ok|fail LABEL".
 func reach(label, host string, port uint32) string {
-	return fmt.Sprintf(`if timeout 5 bash -c 'exec 3<>/dev/tcp/%s/%d' 2>/dev/null; then echo "selftest-reach ok %s"; else echo "selftest-reach fail %s"; fi; `, host, port, label, label)
+	return fmt.Sprintf(`if timeout 3 bash -c 'exec 3<>/dev/tcp/%s/%d' 2>/dev/null; then echo "selftest-reach ok %s"; else echo "selftest-reach fail %s"; fi; `, host, port, label, label)
 }
 
 // counterRule is the allow rule for the counter.
@@ -273,9 +273,9 @@ func (r *runner) egress(ctx context.Context, row *Row, class typesv1.RuntimeClas
 	// neither the counter nor a public address, nor resolves a name.
 	// The probes run at once: a refused destination may be a silent one.
 	probe := "(" + reach("public 1.1.1.1:443", "1.1.1.1", 443) + ") & " +
-		`(if timeout 5 getent hosts example.com >/dev/null 2>&1; then echo "selftest-reach ok dns example.com"; else echo "selftest-reach fail dns example.com"; fi) & `
+		`(if timeout 3 getent hosts example.com >/dev/null 2>&1; then echo "selftest-reach ok dns example.com"; else echo "selftest-reach fail dns example.com"; fi) & `
 	if r.counter != nil {
-		probe += "(if " + r.counter.get("/egress-"+r.run+"/default", 5) + " >/dev/null; then echo 'selftest-reach ok counter'; else echo 'selftest-reach fail counter'; fi) & "
+		probe += "(if " + r.counter.get("/egress-"+r.run+"/default", 3) + " >/dev/null; then echo 'selftest-reach ok counter'; else echo 'selftest-reach fail counter'; fi) & "
 	}
 	def := r.runJob(ctx, r.spec(class, sh(probe+"wait; echo selftest-done")...), r.key(row, "default-policy"))
 	if def.err != nil {
@@ -373,7 +373,7 @@ func (r *runner) egress(ctx context.Context, row *Row, class typesv1.RuntimeClas
 	}
 	applied := time.Since(asked)
 	after := "/egress-" + r.run + "/after"
-	y, err := r.exec(ctx, s.GetJobId(), "selftest-"+r.run+"-after", sh("if "+r.counter.get(after, 5)+"; then echo selftest-reach ok counter; fi; echo selftest-done")...)
+	y, err := r.exec(ctx, s.GetJobId(), "selftest-"+r.run+"-after", sh("if "+r.counter.get(after, 3)+"; then echo selftest-reach ok counter; fi; echo selftest-done")...)
 	if err != nil {
 		row.fail("policy change", "%v", err)
 		return
