@@ -195,6 +195,12 @@ func TestSelftest(t *testing.T) {
 	if strings.Contains(list.stdout, "JOB_STATE_RUNNING") || strings.Contains(list.stdout, "JOB_STATE_QUEUED") {
 		t.Errorf("selftest left jobs running:\n%s", list.stdout)
 	}
+	// The export row's approval was denied, never approved.
+	approvals := s.airlock(t, "approval", "list", "--as", "approver/alice", "-o", "json")
+	if approvals.code != 0 || !strings.Contains(approvals.stdout, "APPROVAL_STATE_DENIED") ||
+		strings.Contains(approvals.stdout, "APPROVAL_STATE_PENDING") || strings.Contains(approvals.stdout, "APPROVAL_STATE_APPROVED") {
+		t.Errorf("the selftest's approvals are not all denied: exit %d\n%s%s", approvals.code, approvals.stdout, approvals.stderr)
+	}
 
 	t.Run("hole=secret-on-the-host", func(t *testing.T) {
 		// The operator kept a secret under the host's /usr, which jobs on
