@@ -3,14 +3,19 @@
 package e2e
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"encoding/xml"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -167,10 +172,34 @@ func TestSelftest(t *testing.T) {
 		t.Errorf("no progress on stderr:\n%s", res.stderr)
 	}
 	t.Logf("progress:\n%s", res.stderr)
+
+	// JUnit XML for CI, one testcase per row and runtime class.
+	junit := runCommandWithin(t, 4*time.Minute, s.env(), bin("airlock"), "selftest", "--repo", "sample", "--rev", "main",
+		"--runtime", "runc", "--row", "exit-status", "-o", "junit")
+	var doc struct {
+		Suites []struct {
+			Tests    int `xml:"tests,attr"`
+			Failures int `xml:"failures,attr"`
+			Cases    []struct {
+				Name      string `xml:"name,attr"`
+				Classname string `xml:"classname,attr"`
+			} `xml:"testcase"`
+		} `xml:"testsuite"`
+	}
+	if err := xml.Unmarshal([]byte(junit.stdout), &doc); err != nil || junit.code != 0 || len(doc.Suites) != 1 || doc.Suites[0].Tests != 1 ||
+		doc.Suites[0].Failures != 0 || doc.Suites[0].Cases[0].Classname != "airlock.selftest.runc" || doc.Suites[0].Cases[0].Name != "exit-status" {
+		t.Errorf("selftest -o junit: exit %d, %v, %+v\n%s\nstderr:\n%s", junit.code, err, doc, junit.stdout, junit.stderr)
+	}
 	// It leaves nothing running behind it.
 	list := s.airlock(t, "job", "list", "-o", "json")
 	if strings.Contains(list.stdout, "JOB_STATE_RUNNING") || strings.Contains(list.stdout, "JOB_STATE_QUEUED") {
 		t.Errorf("selftest left jobs running:\n%s", list.stdout)
+	}
+	// The export row's approval was denied, never approved.
+	approvals := s.airlock(t, "approval", "list", "--as", "approver/alice", "-o", "json")
+	if approvals.code != 0 || !strings.Contains(approvals.stdout, "APPROVAL_STATE_DENIED") ||
+		strings.Contains(approvals.stdout, "APPROVAL_STATE_PENDING") || strings.Contains(approvals.stdout, "APPROVAL_STATE_APPROVED") {
+		t.Errorf("the selftest's approvals are not all denied: exit %d\n%s%s", approvals.code, approvals.stdout, approvals.stderr)
 	}
 
 	t.Run("hole=secret-on-the-host", func(t *testing.T) {
@@ -211,8 +240,80 @@ func TestSelftest(t *testing.T) {
 	t.Run("hole=intended-destination-not-permitted", func(t *testing.T) {
 		code, rep, res := s.runSelftest(t, n)
 		wantOnly(t, "tenant egress without "+n.reachPrefix.String(), code, rep, res, "egress")
-		if !strings.Contains(res.stdout, n.reachPrefix.Addr().String()) {
+		if ip, _, _ := strings.Cut(n.reach, "/"); !strings.Contains(res.stdout, ip+"/32 is outside tenant") {
 			t.Errorf("the egress row does not name the refused destination:\n%s", res.stdout)
 		}
 	})
+}
+
+// TestSelftestRestart runs the restart row (--disruptive) against the dev
+// stack: its --restart-command asks this test, which restarts the executor
+// as an operator would, and answers once the stack serves again.
+func TestSelftestRestart(t *testing.T) {
+	repo, _ := sampleRepo(t)
+	s := startStack(t, "--repo", "sample="+repo)
+	dir := t.TempDir()
+	asked, done := filepath.Join(dir, "restart-asked"), filepath.Join(dir, "restart-done")
+	restart := fmt.Sprintf("touch %s; i=0; while [ ! -e %s ]; do i=$((i+1)); [ $i -gt 1500 ] && exit 1; sleep 0.2; done", asked, done)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin("airlock"), "selftest", "--repo", "sample", "--rev", "main", "-o", "json",
+		"--row", "restart", "--disruptive", "--restart-command", restart)
+	cmd.Env = append(os.Environ(), s.env()...)
+	cmd.WaitDelay = 5 * time.Second
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	var err error
+wait:
+	for {
+		select {
+		case err = <-exited:
+			t.Fatalf("the selftest ended (%v) without asking for the restart\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+		case <-time.After(100 * time.Millisecond):
+			if _, err := os.Stat(asked); err == nil {
+				break wait
+			}
+		}
+	}
+	// As restartService does, with the time a graceful stop takes to keep
+	// a running session's files (the selftest's session runs).
+	pid := s.services["executor"].PID
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if ws, err := reap(pid, 2*time.Minute); err != nil || !ws.Exited() || ws.ExitStatus() != 0 {
+		t.Fatalf("executor stopped for the restart: %v, exit status %d", err, ws.ExitStatus())
+	}
+	startService(t, s, "executor", 100*time.Millisecond, func() error {
+		if res := s.airlock(t, "status"); res.code != 0 {
+			return fmt.Errorf("airlock status fails:\n%s%s", res.stdout, res.stderr)
+		}
+		return nil
+	})
+	if err := os.WriteFile(done, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err = <-exited
+	var rep selftestReport
+	if jerr := json.Unmarshal(stdout.Bytes(), &rep); jerr != nil || err != nil || len(rep.Rows) != 1 || rep.Rows[0].Status != "pass" {
+		t.Fatalf("selftest --row restart: %v (%v)\n%s\nstderr:\n%s", err, jerr, stdout.String(), stderr.String())
+	}
+	want := map[string]bool{"executor restart": false, "recorded results": false, "retained source": false, "scratch in a new job": false, "scratch in the session": false}
+	for _, c := range rep.Rows[0].Checks {
+		if _, ok := want[c.Name]; ok && c.Status == "pass" {
+			want[c.Name] = true
+		}
+	}
+	for name, ok := range want {
+		if !ok {
+			t.Errorf("check %q did not pass: %+v", name, rep.Rows[0].Checks)
+		}
+	}
+	t.Logf("restart row: %+v", rep.Rows[0].Checks)
 }
