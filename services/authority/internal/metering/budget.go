@@ -3,6 +3,7 @@ package metering
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/big"
 	"time"
 
@@ -80,11 +81,17 @@ type ledger struct {
 	month string
 	upTo  time.Time
 	cost  *big.Rat
+	// unreported are the jobs in cost that ended with no result (their
+	// span counted as awake), with their cost there: a result recorded
+	// later moves a job's end past upTo (the store's stamp), so it is read
+	// again, and its cost here is taken back first.
+	unreported map[string]*big.Rat
 }
 
 // monthToDate is tenant's cost this month as of now, for admission: the
 // jobs ended by the ledger's mark are summed once and kept, so each
-// submission reads only the jobs running or ended since.
+// submission reads only the jobs running or ended since (a late result
+// included).
 func (s *Service) monthToDate(ctx context.Context, tenant string, now time.Time) (Micros, error) {
 	since, month := MonthStart(now), now.Format("2006-01")
 	s.mu.Lock()
@@ -101,16 +108,29 @@ func (s *Service) monthToDate(ctx context.Context, tenant string, now time.Time)
 	if mark.Before(l.upTo) {
 		mark = l.upTo
 	}
-	total, kept := new(big.Rat).Set(l.cost), new(big.Rat).Set(l.cost)
+	base, unreported := new(big.Rat).Set(l.cost), maps.Clone(l.unreported)
+	if unreported == nil {
+		unreported = map[string]*big.Rat{}
+	}
+	for _, j := range jobs {
+		if c, ok := unreported[j.ID]; ok {
+			base.Sub(base, c)
+			delete(unreported, j.ID)
+		}
+	}
+	total, kept := new(big.Rat).Set(base), new(big.Rat).Set(base)
 	for _, j := range jobs {
 		u := Meter(j, since, now, now, s.cfg.Rates)
 		total.Add(total, u.cost)
 		if !j.Running() && !j.End.After(mark) {
 			kept.Add(kept, u.cost)
+			if !j.Reported {
+				unreported[j.ID] = u.cost
+			}
 		}
 	}
 	s.mu.Lock()
-	s.ledgers[tenant] = ledger{month: month, upTo: mark, cost: kept}
+	s.ledgers[tenant] = ledger{month: month, upTo: mark, cost: kept, unreported: unreported}
 	s.mu.Unlock()
 	return round(total), nil
 }

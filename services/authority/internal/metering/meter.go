@@ -73,6 +73,9 @@ type Job struct {
 	PeakMemoryBytes int64
 	// NetSent and NetReceived are its network bytes.
 	NetSent, NetReceived int64
+	// Reported says its run's result is recorded: the quantities above
+	// are the executor's. A job that ended without one may get it later.
+	Reported bool
 }
 
 // Running reports whether j has not ended.
