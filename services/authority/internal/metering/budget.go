@@ -100,7 +100,7 @@ func (s *Service) monthToDate(ctx context.Context, tenant string, now time.Time)
 	if !ok || l.month != month {
 		l = ledger{month: month, upTo: since, cost: new(big.Rat)}
 	}
-	jobs, err := s.jobs(ctx, []string{tenant}, l.upTo, now)
+	jobs, err := s.jobs(ctx, store.UsageFilter{Tenants: []string{tenant}, Since: l.upTo, Until: now})
 	if err != nil {
 		return 0, err
 	}

@@ -124,6 +124,9 @@ type UsageFilter struct {
 	// Tenants to read; empty is every tenant.
 	Tenants      []string
 	Since, Until time.Time
+	// Limit is the most records returned, the newest start first; 0 is
+	// no limit.
+	Limit int
 }
 
 // UsageRecord is what metering reads of one job: the grant (limits,

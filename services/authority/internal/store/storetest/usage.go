@@ -161,6 +161,9 @@ func testUsageJobs(t *testing.T, open Opener) {
 	if got := ids(store.UsageFilter{Since: hour(2), Until: hour(6)}); got != "[running other inside across]" && got != "[running inside other across]" {
 		t.Fatalf("every tenant in [2h, 6h) = %s", got)
 	}
+	if got := ids(store.UsageFilter{Tenants: []string{"dev"}, Since: hour(2), Until: hour(6), Limit: 2}); got != "[running inside]" {
+		t.Fatalf("dev in [2h, 6h), limit 2 = %s, want [running inside]", got)
+	}
 	if got := ids(store.UsageFilter{Tenants: []string{"ops", "nobody"}, Since: hour(0), Until: hour(10)}); got != "[other]" {
 		t.Fatalf("ops = %s, want [other]", got)
 	}

@@ -307,8 +307,12 @@ func (s *DB) UsageJobs(ctx context.Context, f store.UsageFilter) ([]store.UsageR
 			args = append(args, t)
 		}
 	}
+	limit := ""
+	if f.Limit > 0 {
+		limit = " LIMIT " + strconv.Itoa(f.Limit)
+	}
 	rows, err := s.SQL.QueryContext(ctx, s.Q(`SELECT id, tenant, state, signed_grant, result, started_at, ended_at FROM jobs WHERE `+where+
-		` ORDER BY started_at DESC, id DESC`), args...)
+		` ORDER BY started_at DESC, id DESC`+limit), args...)
 	if err != nil {
 		return nil, fmt.Errorf("store: usage jobs: %w", err)
 	}
