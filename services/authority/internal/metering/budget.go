@@ -15,11 +15,14 @@ import (
 // WarnPercent is the share of its budget past which a tenant is warned.
 const WarnPercent = 80
 
-// Admit decides whether tenant may start new work: refused
-// (errdefs.ErrResourceExhausted) once its month-to-date cost has reached
-// its monthly budget, and warned (the sentence returned) at WarnPercent or
-// more, the warning logged on the audit log once per tenant and month. A
-// tenant without a budget is admitted at no cost of a query.
+// Admit decides whether tenant may start new work (a job, a session, the
+// resume of a suspended session): refused (errdefs.ErrResourceExhausted)
+// once its month-to-date cost has reached its monthly budget, and warned
+// (the sentence returned) at WarnPercent or more, the warning logged on
+// the audit log once per tenant and month. A tenant without a budget is
+// admitted at no cost of a query. The limit is soft: concurrent calls may
+// read the same cost and all be admitted, and admitted work is never
+// stopped.
 func (s *Service) Admit(ctx context.Context, tenant string) (warning string, err error) {
 	limit := s.cfg.Budgets[tenant]
 	if limit <= 0 {
@@ -45,7 +48,9 @@ func (s *Service) Admit(ctx context.Context, tenant string) (warning string, err
 
 // warnOnce logs tenant's budget warning on the audit log unless it was
 // logged this month already (by this process, or by any replica before:
-// the log is read once per tenant and month). A warning that cannot be
+// the log is read once per tenant and month). Two replicas reading the
+// log at the same moment may both log it: accepted (docs/metering.md),
+// rather than a lock across replicas on the submission path. A warning that cannot be
 // logged is logged here and not remembered, so the next submission tries
 // again; it never refuses the work.
 func (s *Service) warnOnce(ctx context.Context, tenant string, now time.Time, warning string) {

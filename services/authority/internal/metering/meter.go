@@ -61,7 +61,8 @@ type Job struct {
 	// Class is the runtime class that ran it: "runc", "runsc", "vm".
 	Class string
 	Shape Shape
-	// Start is when it started (staging); End when it ended, zero while it
+	// Start is when it began staging or running; End when it ended (or
+	// its late result was recorded), zero while it
 	// runs.
 	Start, End time.Time
 	// Awake and Asleep are the run's time awake and asleep as the
