@@ -34,16 +34,23 @@ func jsonJob(r store.UsageRecord) (Job, error) {
 	return j, nil
 }
 
+// openStore is a real SQLite store, closed when t ends.
+func openStore(t *testing.T) *sqlite.Store {
+	t.Helper()
+	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "a.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
 // TestBudgetWarnsOnceAcrossReplicas: on a real SQLite store, a tenant at
 // 80% of its budget is warned at every submission, the warning logged
 // once a month even by a second authority sharing the store; at 100% it
 // is refused naming the next month.
 func TestBudgetWarnsOnceAcrossReplicas(t *testing.T) {
-	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "a.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := openStore(t)
 	now := time.Date(2026, 12, 20, 12, 0, 0, 0, time.UTC)
 	// A job of 1 vCPU for 9 minutes at $1 a vCPU-minute: $9 of $10. Each
 	// ends at now, as the store stamps a job's end when it is written.
@@ -104,11 +111,7 @@ func TestBudgetWarnsOnceAcrossReplicas(t *testing.T) {
 // moves its end, so the next admission reads it again: counted once, as
 // the result says, by this process's ledger and a new one alike.
 func TestBudgetReadsALateResult(t *testing.T) {
-	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "a.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := openStore(t)
 	now := time.Date(2026, 12, 20, 12, 0, 0, 0, time.UTC)
 	grant, _ := json.Marshal(Job{Class: "runc", Shape: Shape{CPUMillis: 1000}, Awake: 10 * time.Minute})
 	start := now.Add(-time.Hour)

@@ -3,7 +3,6 @@ package metering
 import (
 	"encoding/json"
 	"errors"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,18 +11,13 @@ import (
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
-	"github.com/airlockhq/airlock/services/authority/internal/store/sqlite"
 )
 
 // TestUsageQuery: rows by job (newest first) and by tenant, day and
 // class, the limit cutting rows but not the total, and the window
 // defaulting to the month so far.
 func TestUsageQuery(t *testing.T) {
-	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "a.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := openStore(t)
 	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	// id, class, start, awake minutes (0: still running).
 	for i, c := range []struct {
