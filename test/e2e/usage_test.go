@@ -41,10 +41,14 @@ func TestUsage(t *testing.T) {
 	s.restartService(t, identity.ServiceAuthority)
 
 	// The sample's test fails with status 3 (job_test.go): a real run all the same.
+	before := time.Now().UTC()
 	if res := s.airlock(t, "job", "submit", "--repo", "sample", "--rev", "main", "--wait", "--", "./test.sh"); res.code != 3 {
 		t.Fatalf("job: exit %d, want 3\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
 	}
-	res := s.airlock(t, "usage", "-o", "json")
+	// From before the job, not the month's start: the month may turn while
+	// the test runs.
+	since := before.Add(-time.Minute).Format(time.RFC3339)
+	res := s.airlock(t, "usage", "--since", since, "-o", "json")
 	if res.code != 0 {
 		t.Fatalf("usage: exit %d\n%s", res.code, res.stderr)
 	}
@@ -77,12 +81,21 @@ func TestUsage(t *testing.T) {
 	if r.JobID == "" || r.Tenant != "dev" || r.RuntimeClass != "RUNTIME_CLASS_RUNC" || r.VCPUMinutes <= 0 || r.AwakeMinutes == "" || cost <= 0 {
 		t.Fatalf("row %+v, want dev's runc job with vCPU-minutes and a cost\n%s", r, res.stdout)
 	}
-	if got.Total.CostMicros != r.CostMicros || len(got.Budgets) != 1 || got.Budgets[0].MonthlyLimitMicros != "100000000" || got.Budgets[0].UsedMicros != r.CostMicros {
+	after := time.Now().UTC()
+	// The budget is this month's: the job's cost, unless the month turned
+	// since it ran.
+	sameMonth := before.Format("2006-01") == after.Format("2006-01")
+	if got.Total.CostMicros != r.CostMicros || len(got.Budgets) != 1 || got.Budgets[0].MonthlyLimitMicros != "100000000" ||
+		(sameMonth && got.Budgets[0].UsedMicros != r.CostMicros) {
 		t.Fatalf("total and budget: %s", res.stdout)
 	}
-	// The table says the same in dollars.
-	text := s.airlock(t, "usage", "--by", "day")
-	for _, want := range []string{time.Now().UTC().Format(time.DateOnly), "TOTAL", "budget dev: $", "of $100.00 this month"} {
+	// The table says the same in dollars, on the job's UTC day (the day
+	// before or after, across a midnight).
+	text := s.airlock(t, "usage", "--by", "day", "--since", since)
+	if !strings.Contains(text.stdout, before.Format(time.DateOnly)) && !strings.Contains(text.stdout, after.Format(time.DateOnly)) {
+		t.Fatalf("usage --by day: want the day %s or %s in\n%s%s", before.Format(time.DateOnly), after.Format(time.DateOnly), text.stdout, text.stderr)
+	}
+	for _, want := range []string{"TOTAL", "budget dev: $", "of $100.00 this month"} {
 		if text.code != 0 || !strings.Contains(text.stdout, want) {
 			t.Fatalf("usage --by day: exit %d, want %q in\n%s%s", text.code, want, text.stdout, text.stderr)
 		}

@@ -15,12 +15,15 @@ import (
 )
 
 // whenFlag reads a time flag: a UTC date (2026-12-01), an RFC 3339 time,
-// or a duration ago (72h). Empty is nil.
+// or a duration ago (72h, not negative). Empty is nil.
 func whenFlag(name, v string, now time.Time) (*timestamppb.Timestamp, error) {
 	if v == "" {
 		return nil, nil
 	}
 	if d, err := time.ParseDuration(v); err == nil {
+		if d < 0 {
+			return nil, usageError{fmt.Errorf("--%s %q: a duration ago must not be negative (it would be a time to come); write 1h for an hour ago", name, v)}
+		}
 		return timestamppb.New(now.Add(-d)), nil
 	}
 	for _, layout := range []string{time.DateOnly, time.RFC3339} {

@@ -18,6 +18,8 @@ func TestUsageFlagsRefused(t *testing.T) {
 		{[]string{"--by", "week"}, `--by "week": want job or day`},
 		{[]string{"--since", "yesterday"}, `--since "yesterday": want a date`},
 		{[]string{"--until", "2026-13-01"}, `--until "2026-13-01"`},
+		{[]string{"--since", "-1h"}, `--since "-1h": a duration ago must not be negative`},
+		{[]string{"--until", "-30m"}, `--until "-30m": a duration ago must not be negative`},
 		{[]string{"--limit", "1001"}, "--limit 1001: want 1 to 1000"},
 	} {
 		code, _, errOut := runCLI(t, cfg, nil, append([]string{"usage"}, c.args...)...)

@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -38,8 +39,27 @@ func (h *harness) runFor(key string, awake time.Duration) (id, warning string) {
 	return j.GetJobId(), resp.GetBudgetWarning()
 }
 
+// clearOfMonthEnd waits out the turn of the UTC month if it is less than
+// margin away, so that a test reading month-to-date figures runs in one
+// month: a few minutes a month at most.
+func clearOfMonthEnd(t *testing.T, margin time.Duration) {
+	now := time.Now().UTC()
+	if next := metering.MonthStart(now).AddDate(0, 1, 0); next.Sub(now) < margin {
+		t.Logf("waiting %s for the UTC month to turn", next.Sub(now).Round(time.Second))
+		time.Sleep(next.Sub(now) + time.Second)
+	}
+}
+
+// utcDays is the UTC days from before to after (one, or two across a
+// midnight): the day a job run between them is in.
+func utcDays(before, after time.Time) []string {
+	return slices.Compact([]string{before.UTC().Format(time.DateOnly), after.UTC().Format(time.DateOnly)})
+}
+
 func TestGetUsage(t *testing.T) {
+	clearOfMonthEnd(t, 2*time.Minute)
 	h := newHarnessWith(t, harnessOptions{rates: &dollarAMinute})
+	before := time.Now()
 	id, _ := h.runFor("u1", 10*time.Minute-time.Second) // 9m59s: ten started minutes
 	dev := h.client(devID)
 
@@ -72,7 +92,7 @@ func TestGetUsage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rows := day.GetRows(); len(rows) != 1 || rows[0].GetDay() != time.Now().UTC().Format(time.DateOnly) || rows[0].GetJobId() != "" ||
+	if rows := day.GetRows(); len(rows) != 1 || !slices.Contains(utcDays(before, time.Now()), rows[0].GetDay()) || rows[0].GetJobId() != "" ||
 		rows[0].GetCostMicros() != 10_000_000 {
 		t.Fatalf("by day %v", rows)
 	}
@@ -126,6 +146,7 @@ func TestGetUsage(t *testing.T) {
 // warning, logged on the audit log once; past it new work is refused,
 // sessions too, while a retry of recorded work is still answered.
 func TestBudget(t *testing.T) {
+	clearOfMonthEnd(t, 2*time.Minute)
 	h := newHarnessWith(t, harnessOptions{rates: &dollarAMinute, budgets: map[string]metering.Micros{"dev": 12_000_000}})
 	dev := h.client(devID)
 	if _, w := h.runFor("ten", 10*time.Minute); w != "" { // $10 of $12
@@ -162,5 +183,24 @@ func TestBudget(t *testing.T) {
 	if _, err := h.client(otherID).SubmitJob(t.Context(), &authorityv1.SubmitJobRequest{Tenant: "other",
 		Spec: &authorityv1.JobSpec{Repository: "tools", Revision: "main", Command: []string{"true"}}, IdempotencyKey: "o"}); err != nil {
 		t.Fatalf("tenant other: %v", err)
+	}
+}
+
+// TestBudgetRefusesResume: resuming a suspended session is new compute,
+// refused past the budget as a new job is; the session stays suspended.
+// A session's calls while it runs are admitted work (not checked).
+func TestBudgetRefusesResume(t *testing.T) {
+	clearOfMonthEnd(t, 2*time.Minute)
+	h := newHarnessWith(t, harnessOptions{rates: &dollarAMinute, budgets: map[string]metering.Micros{"dev": 10_000_000}})
+	dev := h.client(devID)
+	sid := h.runningSession("s", nil).GetJobId() // $1 while it runs, a minute started
+	if _, err := dev.SuspendSession(t.Context(), &authorityv1.SuspendSessionRequest{SessionId: sid}); err != nil {
+		t.Fatal(err)
+	}
+	h.runFor("ten", 10*time.Minute) // admitted at $1; $11 of $10 after
+	_, err := dev.ResumeSession(t.Context(), &authorityv1.ResumeSessionRequest{SessionId: sid})
+	wantStatus(t, err, codes.ResourceExhausted, "tenant dev has used $11.00 of its $10.00 monthly budget; new jobs are refused until")
+	if s, err := dev.GetSession(t.Context(), &authorityv1.GetSessionRequest{SessionId: sid}); err != nil || !s.GetSuspended() {
+		t.Fatalf("the session after a refused resume: %v, %v; want it suspended", s, err)
 	}
 }

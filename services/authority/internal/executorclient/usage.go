@@ -41,5 +41,6 @@ func (s *Signer) MeteredJob(r store.UsageRecord) (metering.Job, error) {
 	j.Awake, j.Asleep, j.Wall = u.GetAwakeTime().AsDuration(), u.GetAsleepTime().AsDuration(), u.GetWallTime().AsDuration()
 	j.CPUTime, j.PeakMemoryBytes = u.GetCpuTime().AsDuration(), u.GetPeakMemoryBytes()
 	j.NetSent, j.NetReceived = u.GetNetworkSentBytes(), u.GetNetworkReceivedBytes()
+	j.Reported = true
 	return j, nil
 }

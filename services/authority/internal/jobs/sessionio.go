@@ -140,10 +140,19 @@ func (s *Service) SuspendSession(ctx context.Context, j store.Job) error {
 	return s.cfg.Executors.For(j.Executor).Suspend(ctx, j.ID)
 }
 
-// ResumeSession asks the executor to resume session j.
+// ResumeSession asks the executor to resume session j, unless its tenant
+// is past its monthly budget: a suspended session costs disk only, and
+// resuming it is new compute, refused as a new job is
+// (errdefs.ErrResourceExhausted). A running session is admitted work: its
+// execs are not checked.
 func (s *Service) ResumeSession(ctx context.Context, j store.Job) error {
 	if err := runningSession(j); err != nil {
 		return err
+	}
+	if s.cfg.Metering != nil {
+		if _, err := s.cfg.Metering.Admit(ctx, j.Tenant); err != nil {
+			return err
+		}
 	}
 	return s.cfg.Executors.For(j.Executor).Resume(ctx, j.ID)
 }

@@ -105,6 +105,9 @@ func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequ
 	}
 	if s.cfg.Metering != nil {
 		// New work only: a retry of a recorded submission is answered above.
+		// A soft limit: submissions arriving together may read the same
+		// month-to-date cost and all pass, and what is admitted here (a
+		// job waiting for its start approval too) runs whatever it costs.
 		w, err := s.cfg.Metering.Admit(ctx, req.Tenant)
 		if errors.Is(err, errdefs.ErrResourceExhausted) {
 			if aerr := s.auditRefusal(ctx, audit.Event{Kind: audit.KindJobRefused, Caller: caller.String(), Subject: req.Spec.Repository,

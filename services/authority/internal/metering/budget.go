@@ -3,6 +3,7 @@ package metering
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/big"
 	"time"
 
@@ -14,11 +15,14 @@ import (
 // WarnPercent is the share of its budget past which a tenant is warned.
 const WarnPercent = 80
 
-// Admit decides whether tenant may start new work: refused
-// (errdefs.ErrResourceExhausted) once its month-to-date cost has reached
-// its monthly budget, and warned (the sentence returned) at WarnPercent or
-// more, the warning logged on the audit log once per tenant and month. A
-// tenant without a budget is admitted at no cost of a query.
+// Admit decides whether tenant may start new work (a job, a session, the
+// resume of a suspended session): refused (errdefs.ErrResourceExhausted)
+// once its month-to-date cost has reached its monthly budget, and warned
+// (the sentence returned) at WarnPercent or more, the warning logged on
+// the audit log once per tenant and month. A tenant without a budget is
+// admitted at no cost of a query. The limit is soft: concurrent calls may
+// read the same cost and all be admitted, and admitted work is never
+// stopped.
 func (s *Service) Admit(ctx context.Context, tenant string) (warning string, err error) {
 	limit := s.cfg.Budgets[tenant]
 	if limit <= 0 {
@@ -44,7 +48,9 @@ func (s *Service) Admit(ctx context.Context, tenant string) (warning string, err
 
 // warnOnce logs tenant's budget warning on the audit log unless it was
 // logged this month already (by this process, or by any replica before:
-// the log is read once per tenant and month). A warning that cannot be
+// the log is read once per tenant and month). Two replicas reading the
+// log at the same moment may both log it: accepted (docs/metering.md),
+// rather than a lock across replicas on the submission path. A warning that cannot be
 // logged is logged here and not remembered, so the next submission tries
 // again; it never refuses the work.
 func (s *Service) warnOnce(ctx context.Context, tenant string, now time.Time, warning string) {
@@ -80,11 +86,17 @@ type ledger struct {
 	month string
 	upTo  time.Time
 	cost  *big.Rat
+	// unreported are the jobs in cost that ended with no result (their
+	// span counted as awake), with their cost there: a result recorded
+	// later moves a job's end past upTo (the store's stamp), so it is read
+	// again, and its cost here is taken back first.
+	unreported map[string]*big.Rat
 }
 
 // monthToDate is tenant's cost this month as of now, for admission: the
 // jobs ended by the ledger's mark are summed once and kept, so each
-// submission reads only the jobs running or ended since.
+// submission reads only the jobs running or ended since (a late result
+// included).
 func (s *Service) monthToDate(ctx context.Context, tenant string, now time.Time) (Micros, error) {
 	since, month := MonthStart(now), now.Format("2006-01")
 	s.mu.Lock()
@@ -93,7 +105,7 @@ func (s *Service) monthToDate(ctx context.Context, tenant string, now time.Time)
 	if !ok || l.month != month {
 		l = ledger{month: month, upTo: since, cost: new(big.Rat)}
 	}
-	jobs, err := s.jobs(ctx, []string{tenant}, l.upTo, now)
+	jobs, err := s.jobs(ctx, store.UsageFilter{Tenants: []string{tenant}, Since: l.upTo, Until: now})
 	if err != nil {
 		return 0, err
 	}
@@ -101,16 +113,29 @@ func (s *Service) monthToDate(ctx context.Context, tenant string, now time.Time)
 	if mark.Before(l.upTo) {
 		mark = l.upTo
 	}
-	total, kept := new(big.Rat).Set(l.cost), new(big.Rat).Set(l.cost)
+	base, unreported := new(big.Rat).Set(l.cost), maps.Clone(l.unreported)
+	if unreported == nil {
+		unreported = map[string]*big.Rat{}
+	}
+	for _, j := range jobs {
+		if c, ok := unreported[j.ID]; ok {
+			base.Sub(base, c)
+			delete(unreported, j.ID)
+		}
+	}
+	total, kept := new(big.Rat).Set(base), new(big.Rat).Set(base)
 	for _, j := range jobs {
 		u := Meter(j, since, now, now, s.cfg.Rates)
 		total.Add(total, u.cost)
 		if !j.Running() && !j.End.After(mark) {
 			kept.Add(kept, u.cost)
+			if !j.Reported {
+				unreported[j.ID] = u.cost
+			}
 		}
 	}
 	s.mu.Lock()
-	s.ledgers[tenant] = ledger{month: month, upTo: mark, cost: kept}
+	s.ledgers[tenant] = ledger{month: month, upTo: mark, cost: kept, unreported: unreported}
 	s.mu.Unlock()
 	return round(total), nil
 }

@@ -61,7 +61,8 @@ type Job struct {
 	// Class is the runtime class that ran it: "runc", "runsc", "vm".
 	Class string
 	Shape Shape
-	// Start is when it started (staging); End when it ended, zero while it
+	// Start is when it began staging or running; End when it ended (or
+	// its late result was recorded), zero while it
 	// runs.
 	Start, End time.Time
 	// Awake and Asleep are the run's time awake and asleep as the
@@ -73,6 +74,9 @@ type Job struct {
 	PeakMemoryBytes int64
 	// NetSent and NetReceived are its network bytes.
 	NetSent, NetReceived int64
+	// Reported says its run's result is recorded: the quantities above
+	// are the executor's. A job that ended without one may get it later.
+	Reported bool
 }
 
 // Running reports whether j has not ended.

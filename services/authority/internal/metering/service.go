@@ -43,6 +43,8 @@ type Config struct {
 	Meter  metric.MeterProvider
 	Logger *slog.Logger
 	Now    func() time.Time
+	// MaxJobs is the most jobs a Query reads; 0 is MaxJobs.
+	MaxJobs int
 }
 
 // Service meters usage, answers for it, and keeps tenants' budgets.
@@ -69,6 +71,9 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.MaxJobs <= 0 {
+		cfg.MaxJobs = MaxJobs
+	}
 	if cfg.Tenants == nil {
 		cfg.Tenants = policy.Tenants{}
 	}
@@ -81,6 +86,15 @@ func New(cfg Config) (*Service, error) {
 
 // Rates are the rates in force.
 func (s *Service) Rates() Rates { return s.cfg.Rates }
+
+// MaxWindow is the longest window a Query reads, so that one request
+// cannot read a tenant's whole history; a longer report is several.
+const MaxWindow = 93 * 24 * time.Hour
+
+// MaxJobs is the most jobs and sessions a Query reads by default: a
+// window holding more is refused (its totals would be wrong cut), naming
+// since.
+const MaxJobs = 20000
 
 // Grouping is how a Query groups its rows.
 type Grouping int
@@ -186,25 +200,31 @@ func (s *Service) Usage(ctx context.Context, caller identity.ID, q Query) (Repor
 	if !q.Since.Before(q.Until) {
 		return Report{}, invalid("since", "%s is not before until (%s)", q.Since.Format(time.RFC3339), q.Until.Format(time.RFC3339))
 	}
-	if q.Until.Sub(q.Since) > 400*24*time.Hour {
-		return Report{}, invalid("since", "the window from since to until is %s: at most 400 days", q.Until.Sub(q.Since).Round(time.Hour))
+	if q.Until.Sub(q.Since) > MaxWindow {
+		return Report{}, invalid("since", "the window from since to until is %s: at most %d days", q.Until.Sub(q.Since).Round(time.Hour), MaxWindow/(24*time.Hour))
 	}
 	tenants, err := s.readable(caller, q.Tenant)
 	if err != nil {
 		return Report{}, err
 	}
-	jobs, err := s.jobs(ctx, tenants, q.Since, q.Until)
+	jobs, err := s.jobs(ctx, store.UsageFilter{Tenants: tenants, Since: q.Since, Until: q.Until, Limit: s.cfg.MaxJobs + 1})
 	if err != nil {
 		return Report{}, err
+	}
+	if len(jobs) > s.cfg.MaxJobs {
+		// Totals count every job, so a window is read whole or refused.
+		return Report{}, invalid("since", "more than %d jobs and sessions ran between since (%s) and until: ask for a shorter window",
+			s.cfg.MaxJobs, q.Since.Format(time.RFC3339))
 	}
 	rep := Report{Since: q.Since, Until: q.Until}
 	var rows []Usage
 	switch q.By {
 	case ByJob:
 		for _, j := range jobs {
-			// A job whose minutes all fall outside the window (it ended
-			// within the minute after since) has no row.
-			if u := Meter(j, q.Since, q.Until, now, s.cfg.Rates); u.AwakeMinutes+u.AsleepMinutes > 0 || u.Running {
+			// A job whose minutes all fall outside the window (it ended,
+			// or a running one started, within the minute after since)
+			// has no row.
+			if u := Meter(j, q.Since, q.Until, now, s.cfg.Rates); u.AwakeMinutes+u.AsleepMinutes > 0 {
 				rows = append(rows, u)
 			}
 		}
@@ -255,10 +275,10 @@ func (s *Service) Usage(ctx context.Context, caller identity.ID, q Query) (Repor
 	return rep, nil
 }
 
-// jobs reads and decodes the jobs of tenants overlapping [since, until);
-// a record that cannot be decoded is logged and left out.
-func (s *Service) jobs(ctx context.Context, tenants []string, since, until time.Time) ([]Job, error) {
-	recs, err := s.cfg.Store.UsageJobs(ctx, store.UsageFilter{Tenants: tenants, Since: since, Until: until})
+// jobs reads and decodes the jobs f selects; a record that cannot be
+// decoded is logged and left out.
+func (s *Service) jobs(ctx context.Context, f store.UsageFilter) ([]Job, error) {
+	recs, err := s.cfg.Store.UsageJobs(ctx, f)
 	if err != nil {
 		return nil, err
 	}
@@ -277,24 +297,19 @@ func (s *Service) jobs(ctx context.Context, tenants []string, since, until time.
 // MonthToDate is tenant's cost since the start of the current UTC month,
 // jobs that ended and jobs still running (until now) alike.
 func (s *Service) MonthToDate(ctx context.Context, tenant string) (Micros, error) {
-	used, err := s.used(ctx, []string{tenant}, s.cfg.Now().UTC())
-	return used[tenant], err
+	return s.monthToDate(ctx, tenant, s.cfg.Now().UTC())
 }
 
-// used is each tenant's cost this month as of now, read in one query.
+// used is each tenant's cost this month as of now, from the ledgers
+// admission keeps (budget.go): a tenant's settled month is read once.
 func (s *Service) used(ctx context.Context, tenants []string, now time.Time) (map[string]Micros, error) {
-	since := MonthStart(now)
-	jobs, err := s.jobs(ctx, tenants, since, now)
-	if err != nil {
-		return nil, err
-	}
-	sums := map[string]Usage{}
-	for _, j := range jobs {
-		sums[j.Tenant] = sums[j.Tenant].Add(Meter(j, since, now, now, s.cfg.Rates))
-	}
-	out := make(map[string]Micros, len(sums))
-	for t, u := range sums {
-		out[t] = u.Cost
+	out := make(map[string]Micros, len(tenants))
+	for _, t := range tenants {
+		u, err := s.monthToDate(ctx, t, now)
+		if err != nil {
+			return nil, err
+		}
+		out[t] = u
 	}
 	return out, nil
 }

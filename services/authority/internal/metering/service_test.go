@@ -3,7 +3,7 @@ package metering
 import (
 	"encoding/json"
 	"errors"
-	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,18 +11,13 @@ import (
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/services/authority/internal/policy"
 	"github.com/airlockhq/airlock/services/authority/internal/store"
-	"github.com/airlockhq/airlock/services/authority/internal/store/sqlite"
 )
 
 // TestUsageQuery: rows by job (newest first) and by tenant, day and
 // class, the limit cutting rows but not the total, and the window
 // defaulting to the month so far.
 func TestUsageQuery(t *testing.T) {
-	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "a.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := openStore(t)
 	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	// id, class, start, awake minutes (0: still running).
 	for i, c := range []struct {
@@ -77,6 +72,23 @@ func TestUsageQuery(t *testing.T) {
 	if len(days.Rows) != 2 || !days.Truncated || days.Total.Cost != rep.Total.Cost ||
 		days.Rows[0].Day != "2026-12-03" || days.Rows[0].AwakeMinutes != 30+30 || !days.Rows[0].Running || days.Rows[1].Day != "2026-12-02" || days.Rows[1].AwakeMinutes != 60 {
 		t.Fatalf("by day: %+v, truncated %v, total %s", days.Rows, days.Truncated, days.Total.Cost)
+	}
+	// live started 30 minutes ago: a window inside its first minute holds
+	// none of its minutes, and no row, running or not.
+	if rep, err := s.Usage(t.Context(), dev, Query{Since: now.Add(-30*time.Minute + 10*time.Second), Until: now.Add(-30*time.Minute + 30*time.Second)}); err != nil || len(rep.Rows) != 0 {
+		t.Fatalf("a window inside live's first minute: %+v, %v; want no row", rep.Rows, err)
+	}
+	if _, err := s.Usage(t.Context(), dev, Query{Since: now.Add(-MaxWindow - time.Hour)}); !errors.Is(err, errdefs.ErrInvalidArgument) ||
+		!strings.Contains(err.Error(), "since: the window from since to until is 2233h0m0s: at most 93 days") {
+		t.Fatalf("a window over 93 days: %v", err)
+	}
+	s.cfg.MaxJobs = 3
+	if _, err := s.Usage(t.Context(), dev, Query{}); !errors.Is(err, errdefs.ErrInvalidArgument) ||
+		!strings.Contains(err.Error(), "since: more than 3 jobs and sessions ran between since (2026-12-01T00:00:00Z) and until") {
+		t.Fatalf("4 jobs, at most 3 read: %v", err)
+	}
+	if rep, err := s.Usage(t.Context(), dev, Query{Since: now.Add(-time.Hour)}); err != nil || len(rep.Rows) != 1 {
+		t.Fatalf("a shorter window, 1 job: %+v, %v", rep.Rows, err)
 	}
 	if _, err := s.Usage(t.Context(), dev, Query{Tenant: "ops"}); !errors.Is(err, errdefs.ErrPermissionDenied) {
 		t.Fatalf("another tenant: %v", err)

@@ -103,9 +103,15 @@ type Job struct {
 
 	CreatedAt time.Time
 	UpdatedAt time.Time
-	// StartedAt and EndedAt are set by the store, never by the caller: to
-	// UpdatedAt the first time the job is written in state running, and in
-	// an end state. Zero until then. Metering reads them.
+	// StartedAt and EndedAt are set by the store, never by the caller.
+	// StartedAt is UpdatedAt the first time the job is written staging or
+	// running (when its run began: not its dispatch, which a start refused
+	// for room leaves waiting); a job that ends with a result having been
+	// seen in neither takes its DispatchedAt. EndedAt is UpdatedAt the
+	// first time the job is written in an end state, and again when a
+	// result is recorded on a job that had ended without one (a late
+	// result), so a reader of the jobs ended since a time reads it again.
+	// Zero until then. Metering reads them.
 	StartedAt time.Time
 	EndedAt   time.Time
 	// Version increases by one with every stored change.
@@ -118,6 +124,9 @@ type UsageFilter struct {
 	// Tenants to read; empty is every tenant.
 	Tenants      []string
 	Since, Until time.Time
+	// Limit is the most records returned, the newest start first; 0 is
+	// no limit.
+	Limit int
 }
 
 // UsageRecord is what metering reads of one job: the grant (limits,

@@ -38,3 +38,31 @@ func TestUpgradeAddsClaims(t *testing.T) {
 	}
 	storetest.CheckFleetUpgrade(t, s, "j1")
 }
+
+// TestUpgradeStampsStartAndEnd opens a database of schema 10 and checks
+// migration 11's backfill of starts and ends (storetest.UsageUpgradeJobs).
+func TestUpgradeStampsStartAndEnd(t *testing.T) {
+	dsn, db := pgtest.Schema(t)
+	old, err := sqldb.OpenPostgres(context.Background(), dsn, 2, sqldb.Postgres(migrations[:10], migrationKey), "authority")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+	for i, c := range storetest.UsageUpgradeJobs {
+		j := storetest.NewJob("dev", c.ID, i)
+		if _, err := db.Exec(`INSERT INTO jobs (id, tenant, requester, idempotency_key, repository, spec, spec_digest, commit_sha, tree_hash,
+			state, message, network_state, grant_expires_at, dispatched_at, bundle_digest, created_at, updated_at, version, executor)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, '', 'pending', 0, $11, '', $12, $13, 1, '')`,
+			j.ID, j.Tenant, j.Requester, j.IdempotencyKey, j.Repository, j.Spec, j.SpecDigest, j.Commit, j.TreeHash,
+			c.State, c.Dispatched, c.Created, c.Updated); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	s, err := Open(t.Context(), dsn)
+	if err != nil {
+		t.Fatalf("open the old database: %v", err)
+	}
+	defer s.Close()
+	storetest.CheckUsageUpgrade(t, s)
+}

@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/pkg/sqldb"
@@ -157,10 +156,8 @@ func oldJob(t *testing.T, db *sql.DB, id string) store.Job {
 	return j
 }
 
-// TestUpgradeStampsStartAndEnd opens a database of schema 10: a finished
-// job that was dispatched takes its creation as its start and its last
-// change as its end, one cancelled before dispatch has no start, a queued
-// one neither.
+// TestUpgradeStampsStartAndEnd opens a database of schema 10 and checks
+// migration 11's backfill of starts and ends (storetest.UsageUpgradeJobs).
 func TestUpgradeStampsStartAndEnd(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "authority.db")
 	db, err := sql.Open("sqlite", path+"?_txlock=immediate")
@@ -171,13 +168,10 @@ func TestUpgradeStampsStartAndEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []struct {
-		id, state                    string
-		dispatched, created, updated int64
-	}{{"done", "finished", 5, 3, 9}, {"unsent", "cancelled", 0, 3, 7}, {"waiting", "queued", 0, 3, 3}} {
-		oldJob(t, db, c.id)
+	for _, c := range storetest.UsageUpgradeJobs {
+		oldJob(t, db, c.ID)
 		if _, err := db.Exec(`UPDATE jobs SET state = ?, dispatched_at = ?, created_at = ?, updated_at = ? WHERE id = ?`,
-			c.state, c.dispatched, c.created, c.updated, c.id); err != nil {
+			c.State, c.Dispatched, c.Created, c.Updated, c.ID); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -188,20 +182,5 @@ func TestUpgradeStampsStartAndEnd(t *testing.T) {
 		t.Fatalf("open the old database: %v", err)
 	}
 	defer s.Close()
-	for id, want := range map[string][2]int64{"done": {3, 9}, "unsent": {0, 7}, "waiting": {0, 0}} {
-		j, err := s.GetJob(t.Context(), id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := [2]int64{micro(j.StartedAt), micro(j.EndedAt)}; got != want {
-			t.Errorf("%s: started, ended = %v µs, want %v", id, got, want)
-		}
-	}
-}
-
-func micro(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixMicro()
+	storetest.CheckUsageUpgrade(t, s)
 }

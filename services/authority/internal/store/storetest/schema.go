@@ -76,3 +76,44 @@ func CheckFleetUpgrade(t *testing.T, s store.Store, jobID string) {
 		t.Fatalf("ListExecutors after the upgrade: %+v, %v", list, err)
 	}
 }
+
+// UsageUpgradeJob is a job as a build of schema 10 left it (times in
+// microseconds), and the start and end migration 11 must give it.
+type UsageUpgradeJob struct {
+	ID, State                    string
+	Dispatched, Created, Updated int64
+	Started, Ended               int64
+}
+
+// UsageUpgradeJobs are the jobs each store's upgrade test writes at
+// schema 10 and CheckUsageUpgrade reads after: a dispatched job starts at
+// its first dispatch, never at its creation (its wait for an approval or
+// in the queue is not compute), and ends at its last change; one
+// cancelled before dispatch has no start; a queued one neither.
+var UsageUpgradeJobs = []UsageUpgradeJob{
+	{ID: "done", State: "finished", Dispatched: 5, Created: 3, Updated: 9, Started: 5, Ended: 9},
+	{ID: "staging", State: "staging", Dispatched: 6, Created: 2, Updated: 7, Started: 6},
+	{ID: "unsent", State: "cancelled", Created: 3, Updated: 7, Ended: 7},
+	{ID: "waiting", State: "queued", Created: 3, Updated: 3},
+}
+
+// CheckUsageUpgrade fails t unless s, just upgraded from schema 10 with
+// UsageUpgradeJobs in it, holds each with the start and end it must have.
+func CheckUsageUpgrade(t *testing.T, s store.Store) {
+	t.Helper()
+	micro := func(t time.Time) int64 {
+		if t.IsZero() {
+			return 0
+		}
+		return t.UnixMicro()
+	}
+	for _, c := range UsageUpgradeJobs {
+		j, err := s.GetJob(ctx(t), c.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := [2]int64{micro(j.StartedAt), micro(j.EndedAt)}, [2]int64{c.Started, c.Ended}; got != want {
+			t.Errorf("%s (%s, dispatched %d, created %d): started, ended = %v µs, want %v", c.ID, c.State, c.Dispatched, c.Created, got, want)
+		}
+	}
+}

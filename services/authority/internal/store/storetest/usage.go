@@ -36,9 +36,17 @@ func testUsageStamps(t *testing.T, open Opener) {
 	if j := step(store.StateQueued, base.Add(time.Second), nil); !j.StartedAt.IsZero() || !j.EndedAt.IsZero() {
 		t.Fatalf("queued: started %v ended %v, want both zero", j.StartedAt, j.EndedAt)
 	}
+	// Dispatched, but the executor had no room: it waits, queued, and has
+	// not started.
+	if _, err := s.UpdateJob(ctx(t), "j1", func(j *store.Job) error {
+		j.DispatchedAt, j.UpdatedAt = base.Add(2*time.Second), base.Add(2*time.Second)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	start := base.Add(time.Minute)
 	if j := step(store.StateStaging, start, nil); !j.StartedAt.Equal(start) || !j.EndedAt.IsZero() {
-		t.Fatalf("staging: started %v ended %v, want %v and zero", j.StartedAt, j.EndedAt, start)
+		t.Fatalf("staging: started %v ended %v, want %v (when it began staging, not its dispatch) and zero", j.StartedAt, j.EndedAt, start)
 	}
 	if j := step(store.StateRunning, start.Add(time.Minute), nil); !j.StartedAt.Equal(start) {
 		t.Fatalf("running: started %v, want the first start %v kept", j.StartedAt, start)
@@ -62,6 +70,30 @@ func testUsageStamps(t *testing.T, open Opener) {
 	})
 	if err != nil || !j.StartedAt.IsZero() || !j.EndedAt.Equal(base.Add(time.Hour)) {
 		t.Fatalf("cancelled while queued: started %v ended %v (%v)", j.StartedAt, j.EndedAt, err)
+	}
+
+	// A job cancelled while running whose result comes late (its executor
+	// was lost a while): the result moves its end to when it arrived, so
+	// a reader of what ended since then reads it again; once only.
+	mustCreate(t, s, NewJob("dev", "j3", 2))
+	up := func(fn func(j *store.Job)) store.Job {
+		t.Helper()
+		j, err := s.UpdateJob(ctx(t), "j3", func(j *store.Job) error { fn(j); return nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j
+	}
+	up(func(j *store.Job) { j.State, j.UpdatedAt = store.StateRunning, start })
+	if j := up(func(j *store.Job) { j.State, j.UpdatedAt = store.StateCancelled, end }); !j.EndedAt.Equal(end) {
+		t.Fatalf("cancelled: ended %v, want %v", j.EndedAt, end)
+	}
+	late := end.Add(3 * time.Hour)
+	if j := up(func(j *store.Job) { j.Result, j.UpdatedAt = []byte("late"), late }); !j.EndedAt.Equal(late) || !j.StartedAt.Equal(start) {
+		t.Fatalf("a late result: started %v ended %v, want %v and %v (moved to the result)", j.StartedAt, j.EndedAt, start, late)
+	}
+	if j := up(func(j *store.Job) { j.Message, j.UpdatedAt = "later", late.Add(time.Hour) }); !j.EndedAt.Equal(late) {
+		t.Fatalf("a change after the result moved the end to %v, want %v", j.EndedAt, late)
 	}
 }
 
@@ -128,6 +160,9 @@ func testUsageJobs(t *testing.T, open Opener) {
 	}
 	if got := ids(store.UsageFilter{Since: hour(2), Until: hour(6)}); got != "[running other inside across]" && got != "[running inside other across]" {
 		t.Fatalf("every tenant in [2h, 6h) = %s", got)
+	}
+	if got := ids(store.UsageFilter{Tenants: []string{"dev"}, Since: hour(2), Until: hour(6), Limit: 2}); got != "[running inside]" {
+		t.Fatalf("dev in [2h, 6h), limit 2 = %s, want [running inside]", got)
 	}
 	if got := ids(store.UsageFilter{Tenants: []string{"ops", "nobody"}, Since: hour(0), Until: hour(10)}); got != "[other]" {
 		t.Fatalf("ops = %s, want [other]", got)

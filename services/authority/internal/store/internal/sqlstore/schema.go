@@ -278,11 +278,14 @@ var migrations = []migration{
 	CREATE INDEX leases_active ON leases (purpose, holder) WHERE revoked_at = 0;`},
 
 	// 11: when a job started running and when it ended, for metering. Jobs
-	// from before take their creation as their start (an upper bound of
-	// their span) and their last change as their end.
+	// from before that were dispatched take their first dispatch as their
+	// start (never their creation: a wait in the queue or for an approval
+	// is not compute; the first dispatch is still an upper bound of their
+	// span, as a start refused for room keeps it) and their last change as
+	// their end.
 	{both: `ALTER TABLE jobs ADD COLUMN started_at BIGINT NOT NULL DEFAULT 0;
 	ALTER TABLE jobs ADD COLUMN ended_at BIGINT NOT NULL DEFAULT 0;
-	UPDATE jobs SET started_at = created_at WHERE state IN ('running', 'finished', 'failed', 'cancelled') AND dispatched_at <> 0;
+	UPDATE jobs SET started_at = dispatched_at WHERE state IN ('staging', 'running', 'finished', 'failed', 'cancelled') AND dispatched_at <> 0;
 	UPDATE jobs SET ended_at = updated_at WHERE state IN ('finished', 'failed', 'cancelled');
 	CREATE INDEX jobs_by_usage ON jobs (tenant, ended_at, started_at);`},
 	// 12: port forwards into running sessions, with what each carried.

@@ -65,19 +65,31 @@ func scanJob(row scanner) (store.Job, error) {
 	return j, nil
 }
 
-// stamp sets a job's StartedAt the first time it is written staging or
-// running (or ends with a result, having been seen in neither), and its
-// EndedAt the first time it is written in an end state: the span
-// metering clips and splits by day.
-func stamp(j *store.Job) {
+// stamp sets a job's StartedAt and EndedAt, the span metering clips and
+// splits by day. StartedAt is set when the job is first written staging
+// or running: when its run began, not when it was first dispatched (a
+// start the executor refuses for room leaves it waiting, queued). A job
+// that ends with a result having been seen in neither takes its dispatch
+// as its start, the best this store knows. EndedAt is set when the job is
+// first written in an end state, and moved to now when a result arrives
+// for a job that had ended without one (cancelled while its executor was
+// lost, say): a late result is a change metering must read again, and
+// its end is when the run's record was complete. hadResult says the
+// stored job had a result before this write.
+func stamp(j *store.Job, hadResult bool) {
 	at := j.UpdatedAt
 	if at.IsZero() {
 		at = j.CreatedAt
 	}
-	if j.StartedAt.IsZero() && (j.State == store.StateStaging || j.State == store.StateRunning || (j.State.Terminal() && len(j.Result) > 0)) {
-		j.StartedAt = cmp.Or(j.DispatchedAt, at)
+	if j.StartedAt.IsZero() {
+		switch {
+		case j.State == store.StateStaging || j.State == store.StateRunning:
+			j.StartedAt = at
+		case j.State.Terminal() && len(j.Result) > 0:
+			j.StartedAt = cmp.Or(j.DispatchedAt, at)
+		}
 	}
-	if j.EndedAt.IsZero() && j.State.Terminal() {
+	if j.State.Terminal() && (j.EndedAt.IsZero() || (!hadResult && len(j.Result) > 0)) && at.After(j.EndedAt) {
 		j.EndedAt = at
 	}
 }
@@ -139,7 +151,7 @@ func (s *DB) createJob(ctx context.Context, j store.Job, e *audit.Event) (store.
 		// then do nothing, in both databases; the key's job is then read.
 		j.Version = 1
 		j.StartedAt, j.EndedAt = time.Time{}, time.Time{}
-		stamp(&j)
+		stamp(&j, false)
 		res, err := tx.ExecContext(ctx, s.Q(`INSERT INTO jobs (`+jobColumns+`) VALUES (`+placeholders(28)+`)
 			ON CONFLICT (tenant, idempotency_key) DO NOTHING`),
 			j.ID, j.Tenant, j.Requester, j.IdempotencyKey, j.Repository, nonNil(j.Spec), j.SpecDigest, j.Commit, j.TreeHash,
@@ -295,8 +307,12 @@ func (s *DB) UsageJobs(ctx context.Context, f store.UsageFilter) ([]store.UsageR
 			args = append(args, t)
 		}
 	}
+	limit := ""
+	if f.Limit > 0 {
+		limit = " LIMIT " + strconv.Itoa(f.Limit)
+	}
 	rows, err := s.SQL.QueryContext(ctx, s.Q(`SELECT id, tenant, state, signed_grant, result, started_at, ended_at FROM jobs WHERE `+where+
-		` ORDER BY started_at DESC, id DESC`), args...)
+		` ORDER BY started_at DESC, id DESC`+limit), args...)
 	if err != nil {
 		return nil, fmt.Errorf("store: usage jobs: %w", err)
 	}
@@ -366,13 +382,13 @@ func (s *DB) updateJobTx(ctx context.Context, tx *sql.Tx, id string, update func
 	}
 	// The event defaults to the job as stored, not as update left it.
 	jobID, tenant := j.ID, j.Tenant
-	started, ended := j.StartedAt, j.EndedAt
+	started, ended, hadResult := j.StartedAt, j.EndedAt, len(j.Result) > 0
 	e, err := update(&j)
 	if err != nil {
 		return out, err, err
 	}
 	j.StartedAt, j.EndedAt = started, ended
-	stamp(&j)
+	stamp(&j, hadResult)
 	if !j.State.Valid() {
 		return out, nil, fmt.Errorf("invalid state %q", j.State)
 	}
