@@ -92,6 +92,20 @@ func TestPortForward(t *testing.T) {
 		g["approvals"] = dev["approvals"]
 	})
 	s.restartService(t, "authority")
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		// What the executor said of the forwards, for the failure.
+		for _, name := range []string{"executor", "authority"} {
+			data, _ := os.ReadFile(s.services[name].Log)
+			for _, line := range strings.Split(string(data), "\n") {
+				if strings.Contains(strings.ToLower(line), "forward") {
+					t.Logf("%s: %s", name, line)
+				}
+			}
+		}
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	dev := authorityv1.NewAuthorityServiceClient(s.dial(t, "client/dev", "authority"))

@@ -121,7 +121,9 @@ func refusedPort(port int, err error) error {
 func (s *Sandbox) dialRunsc(ctx context.Context, port int) (net.Conn, error) {
 	// runsc's port-forward takes a path to connect to, not a descriptor:
 	// a socket in a directory only root can enter, gone once connected.
-	dir, err := os.MkdirTemp(s.dir, "pf-")
+	// Under the temporary directory, not the sandbox's: a socket's path
+	// is at most 107 bytes.
+	dir, err := os.MkdirTemp("", "airlock-pf-")
 	if err != nil {
 		return nil, err
 	}
