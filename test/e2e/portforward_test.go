@@ -343,9 +343,9 @@ func TestPortForward(t *testing.T) {
 		if _, err := forwardStream(ctx, dev, f.GetForwardId()); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "pending") {
 			t.Fatalf("a connection while pending: %v", err)
 		}
-		a := s.airlock(t, "approval", "get", f.GetApprovalId(), "--as", "approver/alice", "-o", "json")
+		a := s.airlock(t, "approval", "show", f.GetApprovalId(), "--as", "approver/alice", "-o", "json")
 		if a.code != 0 || !strings.Contains(a.stdout, "APPROVAL_KIND_PORT_FORWARD") || !strings.Contains(a.stdout, f.GetForwardId()) {
-			t.Fatalf("approval get: exit %d\n%s%s", a.code, a.stdout, a.stderr)
+			t.Fatalf("approval show: exit %d\n%s%s", a.code, a.stdout, a.stderr)
 		}
 		// The requester, as an approver, may not decide it.
 		if r := s.airlock(t, "approval", "approve", f.GetApprovalId(), "--as", "approver/dev"); r.code == 0 || !strings.Contains(r.stderr, "may not decide") {
