@@ -491,4 +491,3 @@ func hostAddrs(t *testing.T) []string {
 	}
 	return out
 }
-
