@@ -282,52 +282,57 @@ func TestPortForward(t *testing.T) {
 				t.Fatalf("%s: %v", as, err)
 			}
 		}
-
-		// A deny-all session reaches nothing outside, the forward open: not
-		// the host's addresses (a listener of the test's on every one),
-		// not the CLI's side of the tunnel.
-		startServers(ctx, t, dev, sid, "deny")
-		l, err := net.Listen("tcp", ":0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				c.Close()
-			}
-		}()
-		_, lport, _ := net.SplitHostPort(l.Addr().String())
-		fwd := s.startAirlock(t, "session", "port-forward", sid, "0:8000")
-		addr := waitLine(t, fwd, 60*time.Second)
-		_, cport, _ := net.SplitHostPort(addr)
-		targets := []string{"127.0.0.1:" + cport, "127.0.0.1:" + lport}
-		for _, ip := range hostAddrs(t) {
-			targets = append(targets, net.JoinHostPort(ip, lport), net.JoinHostPort(ip, cport))
-		}
-		for _, svc := range s.services {
-			targets = append(targets, svc.Address)
-		}
-		got := sessionExec(ctx, t, dev, sid, "out", append([]string{"python3", "-c", tryConnect}, targets...)...)
-		for _, line := range strings.Split(strings.TrimSpace(got), "\n") {
-			if strings.HasSuffix(line, " ok") {
-				t.Fatalf("the deny-all session reached %s\n%s", line, got)
-			}
-		}
-		if n := len(strings.Split(strings.TrimSpace(got), "\n")); n != len(targets) {
-			t.Fatalf("%d answers for %d targets:\n%s", n, len(targets), got)
-		}
-		// The tunnel still works the other way.
-		if r, err := http.Get("http://" + addr + "/marker.txt"); err != nil || r.StatusCode != 200 {
-			t.Fatalf("the tunnel into the deny-all session: %v", err)
-		} else {
-			r.Body.Close()
-		}
 	})
+
+	// A deny-all session reaches nothing outside, the forward open: not the
+	// host's addresses (a listener of the test's on every one), not the
+	// services, not the CLI's side of the tunnel.
+	for _, class := range classes {
+		t.Run("deny-all/"+class, func(t *testing.T) {
+			sid := s.forwardSession(t, "dev", class)
+			startServers(ctx, t, dev, sid, "deny")
+			l, err := net.Listen("tcp", ":0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			go func() {
+				for {
+					c, err := l.Accept()
+					if err != nil {
+						return
+					}
+					c.Close()
+				}
+			}()
+			_, lport, _ := net.SplitHostPort(l.Addr().String())
+			fwd := s.startAirlock(t, "session", "port-forward", sid, "0:8000")
+			addr := waitLine(t, fwd, 60*time.Second)
+			_, cport, _ := net.SplitHostPort(addr)
+			targets := []string{"127.0.0.1:" + cport, "127.0.0.1:" + lport}
+			for _, ip := range hostAddrs(t) {
+				targets = append(targets, net.JoinHostPort(ip, lport), net.JoinHostPort(ip, cport))
+			}
+			for _, svc := range s.services {
+				targets = append(targets, svc.Address)
+			}
+			got := sessionExec(ctx, t, dev, sid, "out", append([]string{"python3", "-c", tryConnect}, targets...)...)
+			for _, line := range strings.Split(strings.TrimSpace(got), "\n") {
+				if strings.HasSuffix(line, " ok") {
+					t.Fatalf("the deny-all session reached %s\n%s", line, got)
+				}
+			}
+			if n := len(strings.Split(strings.TrimSpace(got), "\n")); n != len(targets) {
+				t.Fatalf("%d answers for %d targets:\n%s", n, len(targets), got)
+			}
+			// The tunnel still works the other way.
+			if r, err := http.Get("http://" + addr + "/marker.txt"); err != nil || r.StatusCode != 200 {
+				t.Fatalf("the tunnel into the deny-all session: %v", err)
+			} else {
+				r.Body.Close()
+			}
+		})
+	}
 
 	t.Run("approval", func(t *testing.T) {
 		sid := s.forwardSession(t, "gated", "runc")
