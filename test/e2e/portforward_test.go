@@ -92,6 +92,20 @@ func TestPortForward(t *testing.T) {
 		g["approvals"] = dev["approvals"]
 	})
 	s.restartService(t, "authority")
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		// What the executor said of the forwards, for the failure.
+		for _, name := range []string{"executor", "authority"} {
+			data, _ := os.ReadFile(s.services[name].Log)
+			for _, line := range strings.Split(string(data), "\n") {
+				if strings.Contains(strings.ToLower(line), "forward") {
+					t.Logf("%s: %s", name, line)
+				}
+			}
+		}
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	dev := authorityv1.NewAuthorityServiceClient(s.dial(t, "client/dev", "authority"))
@@ -268,52 +282,57 @@ func TestPortForward(t *testing.T) {
 				t.Fatalf("%s: %v", as, err)
 			}
 		}
-
-		// A deny-all session reaches nothing outside, the forward open: not
-		// the host's addresses (a listener of the test's on every one),
-		// not the CLI's side of the tunnel.
-		startServers(ctx, t, dev, sid, "deny")
-		l, err := net.Listen("tcp", ":0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				c.Close()
-			}
-		}()
-		_, lport, _ := net.SplitHostPort(l.Addr().String())
-		fwd := s.startAirlock(t, "session", "port-forward", sid, "0:8000")
-		addr := waitLine(t, fwd, 60*time.Second)
-		_, cport, _ := net.SplitHostPort(addr)
-		targets := []string{"127.0.0.1:" + cport, "127.0.0.1:" + lport}
-		for _, ip := range hostAddrs(t) {
-			targets = append(targets, net.JoinHostPort(ip, lport), net.JoinHostPort(ip, cport))
-		}
-		for _, svc := range s.services {
-			targets = append(targets, svc.Address)
-		}
-		got := sessionExec(ctx, t, dev, sid, "out", append([]string{"python3", "-c", tryConnect}, targets...)...)
-		for _, line := range strings.Split(strings.TrimSpace(got), "\n") {
-			if strings.HasSuffix(line, " ok") {
-				t.Fatalf("the deny-all session reached %s\n%s", line, got)
-			}
-		}
-		if n := len(strings.Split(strings.TrimSpace(got), "\n")); n != len(targets) {
-			t.Fatalf("%d answers for %d targets:\n%s", n, len(targets), got)
-		}
-		// The tunnel still works the other way.
-		if r, err := http.Get("http://" + addr + "/marker.txt"); err != nil || r.StatusCode != 200 {
-			t.Fatalf("the tunnel into the deny-all session: %v", err)
-		} else {
-			r.Body.Close()
-		}
 	})
+
+	// A deny-all session reaches nothing outside, the forward open: not the
+	// host's addresses (a listener of the test's on every one), not the
+	// services, not the CLI's side of the tunnel.
+	for _, class := range classes {
+		t.Run("deny-all/"+class, func(t *testing.T) {
+			sid := s.forwardSession(t, "dev", class)
+			startServers(ctx, t, dev, sid, "deny")
+			l, err := net.Listen("tcp", ":0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			go func() {
+				for {
+					c, err := l.Accept()
+					if err != nil {
+						return
+					}
+					c.Close()
+				}
+			}()
+			_, lport, _ := net.SplitHostPort(l.Addr().String())
+			fwd := s.startAirlock(t, "session", "port-forward", sid, "0:8000")
+			addr := waitLine(t, fwd, 60*time.Second)
+			_, cport, _ := net.SplitHostPort(addr)
+			targets := []string{"127.0.0.1:" + cport, "127.0.0.1:" + lport}
+			for _, ip := range hostAddrs(t) {
+				targets = append(targets, net.JoinHostPort(ip, lport), net.JoinHostPort(ip, cport))
+			}
+			for _, svc := range s.services {
+				targets = append(targets, svc.Address)
+			}
+			got := sessionExec(ctx, t, dev, sid, "out", append([]string{"python3", "-c", tryConnect}, targets...)...)
+			for _, line := range strings.Split(strings.TrimSpace(got), "\n") {
+				if strings.HasSuffix(line, " ok") {
+					t.Fatalf("the deny-all session reached %s\n%s", line, got)
+				}
+			}
+			if n := len(strings.Split(strings.TrimSpace(got), "\n")); n != len(targets) {
+				t.Fatalf("%d answers for %d targets:\n%s", n, len(targets), got)
+			}
+			// The tunnel still works the other way.
+			if r, err := http.Get("http://" + addr + "/marker.txt"); err != nil || r.StatusCode != 200 {
+				t.Fatalf("the tunnel into the deny-all session: %v", err)
+			} else {
+				r.Body.Close()
+			}
+		})
+	}
 
 	t.Run("approval", func(t *testing.T) {
 		sid := s.forwardSession(t, "gated", "runc")
@@ -329,9 +348,9 @@ func TestPortForward(t *testing.T) {
 		if _, err := forwardStream(ctx, dev, f.GetForwardId()); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "pending") {
 			t.Fatalf("a connection while pending: %v", err)
 		}
-		a := s.airlock(t, "approval", "get", f.GetApprovalId(), "--as", "approver/alice", "-o", "json")
+		a := s.airlock(t, "approval", "show", f.GetApprovalId(), "--as", "approver/alice", "-o", "json")
 		if a.code != 0 || !strings.Contains(a.stdout, "APPROVAL_KIND_PORT_FORWARD") || !strings.Contains(a.stdout, f.GetForwardId()) {
-			t.Fatalf("approval get: exit %d\n%s%s", a.code, a.stdout, a.stderr)
+			t.Fatalf("approval show: exit %d\n%s%s", a.code, a.stdout, a.stderr)
 		}
 		// The requester, as an approver, may not decide it.
 		if r := s.airlock(t, "approval", "approve", f.GetApprovalId(), "--as", "approver/dev"); r.code == 0 || !strings.Contains(r.stderr, "may not decide") {
@@ -477,4 +496,3 @@ func hostAddrs(t *testing.T) []string {
 	}
 	return out
 }
-

@@ -68,6 +68,8 @@ func newApprovalList(g *globals) *cobra.Command {
 							what = "change: " + strings.Join(a.GetChange().GetWidens(), "; ")
 						case authorityv1.ApprovalKind_APPROVAL_KIND_START:
 							what = "start with credentials " + startNames(a.GetStart())
+						case authorityv1.ApprovalKind_APPROVAL_KIND_PORT_FORWARD:
+							what = fmt.Sprintf("port forward to port %d", a.GetPortForward().GetPort())
 						}
 						fmt.Fprintf(w, "%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", termtext.Line(a.GetApprovalId()), termtext.Line(a.GetJobId()), stateWord(a.GetState()),
 							approvals(a), a.GetRequiredApprovals(), termtext.Line(what),
@@ -181,6 +183,11 @@ only their totals by name.`,
 						writeVotes(w, a)
 						return
 					}
+					if a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_PORT_FORWARD {
+						writePortForwardRequest(w, a)
+						writeVotes(w, a)
+						return
+					}
 					writeReviewHeader(w, a, rv)
 					writeVotes(w, a)
 				})
@@ -220,7 +227,8 @@ only their totals by name.`,
 // publish request), not a change or a start.
 func hasBundle(a *authorityv1.Approval) bool {
 	k := a.GetKind()
-	return k != authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE && k != authorityv1.ApprovalKind_APPROVAL_KIND_START
+	return k != authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE && k != authorityv1.ApprovalKind_APPROVAL_KIND_START &&
+		k != authorityv1.ApprovalKind_APPROVAL_KIND_PORT_FORWARD
 }
 
 // startNames lists a start request's credentials, those that need the

@@ -278,3 +278,12 @@ func newSessionCloseForward(g *globals) *cobra.Command {
 		},
 	}
 }
+
+// writePortForwardRequest prints what a port forward approval is about.
+func writePortForwardRequest(w io.Writer, a *authorityv1.Approval) {
+	f := a.GetPortForward()
+	fmt.Fprintf(w, "forward    %s: port %d of session %s, asked by %s\n", termtext.Line(f.GetForwardId()), f.GetPort(),
+		termtext.Line(a.GetJobId()), termtext.Line(a.GetRequester()))
+	fmt.Fprintf(w, "digest     %s\n", termtext.Line(a.GetBundleDigest()))
+	fmt.Fprintf(w, "reach      from the requester's machine only, through the authority; nothing public\n")
+}

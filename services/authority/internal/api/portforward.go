@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/tunnel"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/portforward"
@@ -45,19 +46,21 @@ func forwardRequestToProto(a store.Approval) *authorityv1.PortForward {
 		Port: r.Port, ApprovalId: a.ID, ExpiresAt: timestamppb.New(a.CreatedAt.Add(r.TTL))}
 }
 
-func (s *Service) forwards() (*portforward.Service, error) {
-	if s.cfg.Forwards == nil {
-		return nil, status.Error(codes.Unimplemented, "port forwards are not served by this authority")
+// forwards is the caller and the port forward domain, for each of its
+// calls.
+func (s *Service) forwards(ctx context.Context) (identity.ID, *portforward.Service, error) {
+	id, err := caller(ctx)
+	if err != nil {
+		return id, nil, err
 	}
-	return s.cfg.Forwards, nil
+	if s.cfg.Forwards == nil {
+		return id, nil, status.Error(codes.Unimplemented, "port forwards are not served by this authority")
+	}
+	return id, s.cfg.Forwards, nil
 }
 
 func (s *Service) OpenPortForward(ctx context.Context, req *authorityv1.OpenPortForwardRequest) (*authorityv1.OpenPortForwardResponse, error) {
-	id, err := caller(ctx)
-	if err != nil {
-		return nil, err
-	}
-	fw, err := s.forwards()
+	id, fw, err := s.forwards(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -75,11 +78,7 @@ func (s *Service) OpenPortForward(ctx context.Context, req *authorityv1.OpenPort
 
 func (s *Service) ForwardPort(stream grpc.BidiStreamingServer[authorityv1.ForwardPortRequest, authorityv1.ForwardPortResponse]) error {
 	ctx := stream.Context()
-	id, err := caller(ctx)
-	if err != nil {
-		return err
-	}
-	fw, err := s.forwards()
+	id, fw, err := s.forwards(ctx)
 	if err != nil {
 		return err
 	}
@@ -119,11 +118,7 @@ func (s *Service) ForwardPort(stream grpc.BidiStreamingServer[authorityv1.Forwar
 }
 
 func (s *Service) ClosePortForward(ctx context.Context, req *authorityv1.ClosePortForwardRequest) (*authorityv1.ClosePortForwardResponse, error) {
-	id, err := caller(ctx)
-	if err != nil {
-		return nil, err
-	}
-	fw, err := s.forwards()
+	id, fw, err := s.forwards(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -135,11 +130,7 @@ func (s *Service) ClosePortForward(ctx context.Context, req *authorityv1.ClosePo
 }
 
 func (s *Service) ListPortForwards(ctx context.Context, req *authorityv1.ListPortForwardsRequest) (*authorityv1.ListPortForwardsResponse, error) {
-	id, err := caller(ctx)
-	if err != nil {
-		return nil, err
-	}
-	fw, err := s.forwards()
+	id, fw, err := s.forwards(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -51,6 +51,11 @@ func (s *Sandbox) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, dialPortWait)
 	defer cancel()
+	// Until the sandbox's process is up, the runtime has no container to
+	// forward into.
+	if _, err := s.waitUp(ctx); err != nil {
+		return nil, err
+	}
 	switch s.spec.Class {
 	case ClassRunc:
 		return s.dialInNetns(ctx, port)
@@ -121,7 +126,9 @@ func refusedPort(port int, err error) error {
 func (s *Sandbox) dialRunsc(ctx context.Context, port int) (net.Conn, error) {
 	// runsc's port-forward takes a path to connect to, not a descriptor:
 	// a socket in a directory only root can enter, gone once connected.
-	dir, err := os.MkdirTemp(s.dir, "pf-")
+	// Under the temporary directory, not the sandbox's: a socket's path
+	// is at most 107 bytes.
+	dir, err := os.MkdirTemp("", "airlock-pf-")
 	if err != nil {
 		return nil, err
 	}
@@ -171,6 +178,12 @@ func (s *Sandbox) dialRunsc(ctx context.Context, port int) (net.Conn, error) {
 		}
 		if containsRefused(msg) {
 			return nil, fmt.Errorf("%w: nothing listens on port %d in the session", errdefs.ErrFailedPrecondition, port)
+		}
+		if strings.Contains(msg, "unsupported network type") {
+			// gVisor forwards only into a sandbox started in a network
+			// namespace (--network=sandbox); without the executor's
+			// network policy a sandbox runs with --network=none.
+			return nil, fmt.Errorf("%w: sandbox %s runs without a network namespace of the executor's (runsc --network=none): its ports cannot be forwarded", errdefs.ErrFailedPrecondition, s.spec.ID)
 		}
 		return nil, fmt.Errorf("sandbox %s: runsc port-forward: %v: %s", s.spec.ID, werr, msg)
 	}
