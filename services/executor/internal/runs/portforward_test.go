@@ -39,7 +39,7 @@ func TestForwardPort(t *testing.T) {
 		t.Run(string(class), func(t *testing.T) {
 			h, _ := newHarness(t, false)
 			sid := h.startSession(t, h.sessionGrant(class, time.Minute))
-			if _, _, err := h.m.StartExec(sid, ExecSpec{ID: "echo", Argv: []string{"python3", "-c", echoServer}}); err != nil {
+			if _, _, err := h.m.StartExec(t.Context(), sid, ExecSpec{ID: "echo", Argv: []string{"python3", "-c", echoServer}}); err != nil {
 				t.Fatal(err)
 			}
 			echo := func(c net.Conn, msg string) error {
@@ -60,7 +60,7 @@ func TestForwardPort(t *testing.T) {
 				// runsc runs them with --network=none, which gVisor does
 				// not forward into: refused, saying so. (With the
 				// executor's namespace it is: test/e2e TestPortForward.)
-				err := h.m.ForwardPort(sid, 8001, func(context.Context, net.Conn) error { return nil })
+				err := h.m.ForwardPort(t.Context(), sid, 8001, func(context.Context, net.Conn) error { return nil })
 				if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "network namespace") {
 					t.Fatalf("runsc without a namespace: %v", err)
 				}
@@ -68,7 +68,7 @@ func TestForwardPort(t *testing.T) {
 			}
 			var err error
 			for i := 0; i < 100; i++ {
-				err = h.m.ForwardPort(sid, 8001, func(_ context.Context, c net.Conn) error { return echo(c, "ping") })
+				err = h.m.ForwardPort(t.Context(), sid, 8001, func(_ context.Context, c net.Conn) error { return echo(c, "ping") })
 				if err == nil {
 					break
 				}
@@ -77,17 +77,17 @@ func TestForwardPort(t *testing.T) {
 			if err != nil {
 				t.Fatalf("forward to the echo server: %v", err)
 			}
-			if err := h.m.ForwardPort(sid, 8002, func(context.Context, net.Conn) error { return nil }); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "nothing listens on port 8002") {
+			if err := h.m.ForwardPort(t.Context(), sid, 8002, func(context.Context, net.Conn) error { return nil }); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "nothing listens on port 8002") {
 				t.Fatalf("a port nothing listens on: %v", err)
 			}
-			if err := h.m.ForwardPort(sid, 0, nil); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			if err := h.m.ForwardPort(t.Context(), sid, 0, nil); !errors.Is(err, errdefs.ErrInvalidArgument) {
 				t.Fatalf("port 0: %v", err)
 			}
 			// At the bound.
 			h.m.mu.Lock()
 			h.m.runs[sid].forwards = MaxForwardedConns
 			h.m.mu.Unlock()
-			if err := h.m.ForwardPort(sid, 8001, nil); !errors.Is(err, errdefs.ErrResourceExhausted) {
+			if err := h.m.ForwardPort(t.Context(), sid, 8001, nil); !errors.Is(err, errdefs.ErrResourceExhausted) {
 				t.Fatalf("past the bound: %v", err)
 			}
 			h.m.mu.Lock()
@@ -98,7 +98,7 @@ func TestForwardPort(t *testing.T) {
 			cut := make(chan error, 1)
 			live := make(chan struct{})
 			go func() {
-				cut <- h.m.ForwardPort(sid, 8001, func(_ context.Context, c net.Conn) error {
+				cut <- h.m.ForwardPort(t.Context(), sid, 8001, func(_ context.Context, c net.Conn) error {
 					if err := echo(c, "live"); err != nil {
 						return err
 					}
@@ -124,14 +124,14 @@ func TestForwardPort(t *testing.T) {
 				t.Fatal("a suspension did not cut the live connection")
 			}
 			h.waitRun(t, sid, "suspended", func(r Run, up bool) bool { return r.Suspended && !up })
-			if err := h.m.ForwardPort(sid, 8001, nil); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "is suspended") {
+			if err := h.m.ForwardPort(t.Context(), sid, 8001, nil); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "is suspended") {
 				t.Fatalf("a suspended session: %v", err)
 			}
 			if _, err := h.m.Finish(sid); err != nil {
 				t.Fatal(err)
 			}
 			h.waitEnd(t, sid)
-			if err := h.m.ForwardPort(sid, 8001, nil); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+			if err := h.m.ForwardPort(t.Context(), sid, 8001, nil); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 				t.Fatalf("an ended session: %v", err)
 			}
 		})
@@ -141,11 +141,28 @@ func TestForwardPort(t *testing.T) {
 		g := h.grantFor("")
 		g.Command = []string{"sleep", "30"}
 		h.start(t, g)
-		if err := h.m.ForwardPort(g.JobID, 8001, nil); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "not a session") {
+		if err := h.m.ForwardPort(t.Context(), g.JobID, 8001, nil); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "not a session") {
 			t.Fatalf("a job: %v", err)
 		}
-		if err := h.m.ForwardPort("nope", 8001, nil); !errors.Is(err, errdefs.ErrNotFound) {
+		if err := h.m.ForwardPort(t.Context(), "nope", 8001, nil); !errors.Is(err, errdefs.ErrNotFound) {
 			t.Fatalf("an unknown run: %v", err)
 		}
 	})
+}
+
+// TestForwardPortWakes: a forward into an asleep session wakes it, as an
+// exec would, and then dials its port: its processes did not survive the
+// sleep, so nothing listens until the client starts its server again.
+// A session its client suspended stays suspended (TestForwardPort).
+func TestForwardPortWakes(t *testing.T) {
+	h, _ := newHarness(t, false)
+	sid := h.startSession(t, h.sleepyGrant(sandbox.ClassRunc, 3*time.Second))
+	h.waitRun(t, sid, "asleep", asleep)
+	err := h.m.ForwardPort(t.Context(), sid, 8001, func(context.Context, net.Conn) error { return nil })
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "nothing listens on port 8001") {
+		t.Fatalf("a forward into an asleep session: %v; want it woken and nothing listening", err)
+	}
+	if run, _ := h.m.Get(sid); run.Suspended {
+		t.Fatalf("the forward did not wake the session: %+v", run)
+	}
 }
