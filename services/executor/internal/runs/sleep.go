@@ -193,7 +193,10 @@ func (r Run) Times(now time.Time) (awake, asleep time.Duration) {
 // account fills in result the run's awake and asleep time and its network
 // bytes. A job is awake for its wall time; a session for its time from
 // its start to now less its suspensions, and its wall time is that whole
-// time (the sandbox's own is its last stretch awake).
+// time (the sandbox's own is its last stretch awake). The network bytes
+// are its egress record's (egressBytes): what passed the egress proxy
+// under a domains policy; an allow (CIDR) policy's traffic does not pass
+// it and is not counted.
 func (m *Manager) account(e *entry, result *Result, isSession bool) {
 	m.mu.Lock()
 	run := e.run
