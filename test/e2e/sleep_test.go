@@ -70,12 +70,24 @@ func TestSessionSleepEndToEnd(t *testing.T) {
 	}
 	asleep := waitAsleep("after its idle timeout")
 	since := asleep.GetSuspendedAt().AsTime()
-	if r := s.airlock(t, "session", "get", id); r.code != 0 || !strings.Contains(r.stdout, "running, asleep since ") {
-		t.Fatalf("session get: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	// What get and list print, once they have it (list reads each
+	// session's state as the executor last reported it).
+	says := func(want string, args ...string) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			r := s.airlock(t, args...)
+			if r.code == 0 && strings.Contains(r.stdout, want) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: exit %d, not %q\n%s\n%s", strings.Join(args, " "), r.code, want, r.stdout, r.stderr)
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
 	}
-	if r := s.airlock(t, "session", "list"); r.code != 0 || !strings.Contains(r.stdout, "running, asleep since ") {
-		t.Fatalf("session list: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
-	}
+	says("running, asleep since ", "session", "get", id)
+	says("running, asleep since ", "session", "list")
 	time.Sleep(3 * time.Second)
 
 	// The streaming exec wakes it, waits for it, and runs on its files.

@@ -229,4 +229,15 @@ func TestSessionOnIdle(t *testing.T) {
 	if got, err := effectiveSession("spec.session", Session{}, Session{}, forbid); err != nil || got.OnIdle != policy.OnIdleEnd {
 		t.Fatalf("the default where sleep is forbidden: %+v, %v", got, err)
 	}
+	// A change that leaves on_idle as a sleeping session had it, after
+	// the tenant forbade sleep, does not keep sleep: it is refused, and
+	// one that says end goes through.
+	sleeping := Session{IdleTimeout: 5 * time.Minute, MaxConcurrentExecs: 2, OnIdle: policy.OnIdleSleep}
+	_, err = effectiveSession("session", Session{IdleTimeout: 30 * time.Minute}, sleeping, forbid)
+	if !errors.Is(err, errdefs.ErrPermissionDenied) || !strings.Contains(err.Error(), "session.on_idle: sleep, as the session does: the tenant's policy no longer allows") {
+		t.Fatalf("a change keeping sleep the tenant now forbids: %v", err)
+	}
+	if got, err := effectiveSession("session", Session{IdleTimeout: 30 * time.Minute, OnIdle: policy.OnIdleEnd}, sleeping, forbid); err != nil || got.OnIdle != policy.OnIdleEnd {
+		t.Fatalf("the change saying end: %+v, %v", got, err)
+	}
 }

@@ -422,6 +422,11 @@ func effectiveSession(prefix string, req, base Session, bounds policy.Sessions) 
 	switch req.OnIdle {
 	case "":
 		out.OnIdle = cmp.Or(base.OnIdle, b.DefaultOnIdle)
+		if out.OnIdle == policy.OnIdleSleep && b.ForbidSleep {
+			// Kept from the running session, which the tenant's policy
+			// no longer allows: the change says what it does instead.
+			return out, denied(prefix+".on_idle", "sleep, as the session does: the tenant's policy no longer allows sessions to sleep (sessions.allow_sleep is false); say on_idle end with this change")
+		}
 	case policy.OnIdleEnd:
 	case policy.OnIdleSleep:
 		if b.ForbidSleep {

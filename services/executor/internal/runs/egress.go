@@ -157,7 +157,7 @@ type jobEgress struct {
 //
 // b, when set, is the job's leased brokered credentials: the proxy is made
 // with them, and the egress services end their leases when they close.
-func (m *Manager) startEgress(jobID string, n *netpolicy.Net, pol egress.Policy, b *brokered, notify func()) (_ *jobEgress, err error) {
+func (m *Manager) startEgress(jobID string, n *netpolicy.Net, pol egress.Policy, b *brokered, kept bool, notify func()) (_ *jobEgress, err error) {
 	addrs := n.ProxyAddrs()
 	if len(addrs) == 0 {
 		return nil, fmt.Errorf("job %s: the network namespace has no interface for the egress proxy", jobID)
@@ -176,7 +176,7 @@ func (m *Manager) startEgress(jobID string, n *netpolicy.Net, pol egress.Policy,
 		resolver = HostResolver()
 	}
 	log := m.cfg.Logger.With("job_id", jobID)
-	rec, err := openEgressLog(m.runDir(jobID), log, notify)
+	rec, err := openEgressLog(m.runDir(jobID), kept, log, notify)
 	if err != nil {
 		return nil, err
 	}
@@ -384,10 +384,23 @@ type dropKey struct {
 	credential string
 }
 
-func openEgressLog(dir string, log *slog.Logger, notify func()) (*egressLog, error) {
-	f, err := os.OpenFile(filepath.Join(dir, bundle.EgressFile), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+// openEgressLog opens dir's egress record, empty, or for a session kept
+// across an executor restart (kept) as the previous process left it, to
+// go on: its record and bytes so far stay.
+func openEgressLog(dir string, kept bool, log *slog.Logger, notify func()) (*egressLog, error) {
+	flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
+	if kept {
+		flags = os.O_CREATE | os.O_RDWR | os.O_APPEND
+	}
+	f, err := os.OpenFile(filepath.Join(dir, bundle.EgressFile), flags, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("egress record: %w", err)
+	}
+	if kept {
+		if err := endLine(f); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("egress record: %w", err)
+		}
 	}
 	if notify == nil {
 		notify = func() {}
@@ -534,4 +547,22 @@ func (l *egressLog) close() {
 		l.log.Error("egress record: close", "error", err)
 	}
 	l.f = nil
+}
+
+// endLine ends f's last line, one a killed process left half written, so
+// what is appended is a line of its own.
+func endLine(f *os.File) error {
+	fi, err := f.Stat()
+	if err != nil || fi.Size() == 0 {
+		return err
+	}
+	last := make([]byte, 1)
+	if _, err := f.ReadAt(last, fi.Size()-1); err != nil {
+		return err
+	}
+	if last[0] == '\n' {
+		return nil
+	}
+	_, err = f.Write([]byte{'\n'})
+	return err
 }

@@ -172,7 +172,7 @@ func startEgressBench(b *testing.B) []*via {
 	if err != nil {
 		b.Fatal(err)
 	}
-	rec, err := openEgressLog(b.TempDir(), logger, nil)
+	rec, err := openEgressLog(b.TempDir(), false, logger, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package runs
 import (
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -22,7 +23,7 @@ import (
 // and a name as long as the job likes is cut when written.
 func TestEgressLogFlood(t *testing.T) {
 	dir := t.TempDir()
-	l, err := openEgressLog(dir, slog.New(slog.DiscardHandler), nil)
+	l, err := openEgressLog(dir, false, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +87,7 @@ func TestEgressLogFlood(t *testing.T) {
 // them an allowed connection still has its own line.
 func TestEgressLogRefusalsLeaveRoomForAllowed(t *testing.T) {
 	dir := t.TempDir()
-	l, err := openEgressLog(dir, slog.New(slog.DiscardHandler), nil)
+	l, err := openEgressLog(dir, false, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +109,7 @@ func TestEgressLogRefusalsLeaveRoomForAllowed(t *testing.T) {
 // decisions reach this through egressLog.connection; requestOf stands in.)
 func TestEgressLogRequestLines(t *testing.T) {
 	dir := t.TempDir()
-	l, err := openEgressLog(dir, slog.New(slog.DiscardHandler), nil)
+	l, err := openEgressLog(dir, false, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +144,7 @@ func TestEgressLogRequestLines(t *testing.T) {
 // refusals carry none; no record is zero.
 func TestEgressBytes(t *testing.T) {
 	dir := t.TempDir()
-	l, err := openEgressLog(dir, slog.New(slog.DiscardHandler), nil)
+	l, err := openEgressLog(dir, false, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,5 +162,48 @@ func TestEgressBytes(t *testing.T) {
 	}
 	if s, r := egressBytes(filepath.Join(t.TempDir(), bundle.EgressFile)); s != 0 || r != 0 {
 		t.Fatalf("no record: %d, %d", s, r)
+	}
+}
+
+// A session kept across an executor restart goes on with its egress
+// record: what the previous process wrote stays (a line it left half
+// written is ended, not glued to the next), and its bytes add up; a new
+// run's record starts empty.
+func TestEgressLogKept(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, bundle.EgressFile)
+	now := time.Now()
+	l, err := openEgressLog(dir, false, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.connection(egressproxy.Decision{Time: now, Mode: egressproxy.ModeConnect, Name: "a.test", Port: 443, Allowed: true, BytesOut: 300, BytesIn: 5000})
+	l.close()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(`{"time":"2026-12-05T09:00:00Z","via":"con`); err != nil { // killed mid-line
+		t.Fatal(err)
+	}
+	f.Close()
+
+	l, err = openEgressLog(dir, true, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.connection(egressproxy.Decision{Time: now, Mode: egressproxy.ModeConnect, Name: "b.test", Port: 443, Allowed: true, BytesOut: 20, BytesIn: 7})
+	l.close()
+	if sent, received := egressBytes(path); sent != 320 || received != 5007 {
+		t.Fatalf("kept: %d sent, %d received; want 320 and 5007 (both processes' bytes)", sent, received)
+	}
+
+	l, err = openEgressLog(dir, false, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.close()
+	if sent, received := egressBytes(path); sent != 0 || received != 0 {
+		t.Fatalf("a new run's record: %d sent, %d received; want none", sent, received)
 	}
 }

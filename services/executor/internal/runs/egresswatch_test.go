@@ -21,7 +21,7 @@ import (
 func TestEgressTail(t *testing.T) {
 	dir := t.TempDir()
 	woken := 0
-	l, err := openEgressLog(dir, slog.New(slog.DiscardHandler), func() { woken++ })
+	l, err := openEgressLog(dir, false, slog.New(slog.DiscardHandler), func() { woken++ })
 	if err != nil {
 		t.Fatal(err)
 	}

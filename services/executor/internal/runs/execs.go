@@ -61,9 +61,7 @@ func (m *Manager) startExec(jobID string, x ExecSpec, fed bool) (Exec, bool, *ex
 	switch {
 	case x.StdinStream && !fed:
 		return Exec{}, false, nil, fmt.Errorf("%w: spec.stdin_stream: StartExec has no stream to feed stdin from; start the exec with RunExec", errdefs.ErrFailedPrecondition)
-	case e.wakeable():
-		return Exec{}, false, nil, errAsleep
-	case e.run.State != Running || e.live == nil || e.stopping != "" || e.suspending:
+	case e.run.State != Running || e.stopping != "":
 		return Exec{}, false, nil, fmt.Errorf("%w: session %s is %s: it takes no new exec", errdefs.ErrFailedPrecondition, jobID, e.sessionState())
 	case e.runningExecs >= maxExecs:
 		return Exec{}, false, nil, fmt.Errorf("%w: session %s runs %d execs, its most at once", errdefs.ErrResourceExhausted, jobID, maxExecs)
@@ -72,6 +70,11 @@ func (m *Manager) startExec(jobID string, x ExecSpec, fed bool) (Exec, bool, *ex
 	case e.execOutput >= SessionOutputBudget:
 		return Exec{}, false, nil, fmt.Errorf("%w: session %s's execs have written %d bytes of output, its most (%d): finish it and start another",
 			errdefs.ErrResourceExhausted, jobID, e.execOutput, SessionOutputBudget)
+	// After the refusals: an exec refused anyway wakes no session.
+	case e.wakeable():
+		return Exec{}, false, nil, errAsleep
+	case e.live == nil || e.suspending:
+		return Exec{}, false, nil, fmt.Errorf("%w: session %s is %s: it takes no new exec", errdefs.ErrFailedPrecondition, jobID, e.sessionState())
 	}
 	if x.Cwd != "" {
 		// Resolved as the files API resolves paths: a directory the job

@@ -168,10 +168,10 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		// its client. Nothing is reported: it has not ended.
 		keep = true
 		m.update(e, func(r *Run) {
-			// Asleep, it stays asleep: its next call wakes it on the next
-			// start as on this one.
+			// Asleep, falling asleep or being woken, it stays asleep: its
+			// next call wakes it on the next start as on this one.
 			why := ReasonExecutorRestarted
-			if r.Suspended && r.SuspendReason == ReasonIdleTimeout {
+			if r.Suspended && r.SuspendReason == ReasonIdleTimeout || !r.Suspended && e.suspendWhy == ReasonIdleTimeout {
 				why = ReasonIdleTimeout
 			}
 			r.beginSuspension(m.cfg.Now(), why)
@@ -290,7 +290,7 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source, 
 		if err == nil && p.domains() {
 			// Fail closed: a domains job whose proxy or DNS server cannot
 			// serve does not start.
-			if eg, err = m.startEgress(g.JobID, n, p.Names, b, func() { m.mu.Lock(); e.notify(); m.mu.Unlock() }); err != nil {
+			if eg, err = m.startEgress(g.JobID, n, p.Names, b, e.kept, func() { m.mu.Lock(); e.notify(); m.mu.Unlock() }); err != nil {
 				m.closeNet(n)
 				n = nil
 				if b != nil {

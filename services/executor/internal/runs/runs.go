@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -363,12 +364,17 @@ func (m *Manager) Recover(ctx context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, e := range m.runs {
+		var written time.Time
+		if !e.run.State.Terminal() && !e.run.Suspended {
+			// Before the records below are written.
+			written = lastWrite(m.runDir(e.run.JobID), e.run.StartedAt, m.cfg.Now())
+		}
 		m.endLeftExecs(e)
 		_, _, isSession := e.session()
 		switch {
 		case e.run.State.Terminal():
 		case isSession && m.cfg.Sandbox.Kept(e.run.JobID):
-			if err := m.resumeKept(e); err != nil {
+			if err := m.resumeKept(e, written); err != nil {
 				return err
 			}
 			continue
@@ -408,10 +414,13 @@ func (m *Manager) keepSession(id string) bool {
 // resumeKept brings back a session whose files the previous executor
 // process kept: suspended (for the executor's restart, unless its client
 // had suspended it already) until its client resumes it. Callers hold
-// m.mu.
-func (m *Manager) resumeKept(e *entry) error {
+// m.mu. written is when it last wrote to its records.
+func (m *Manager) resumeKept(e *entry, written time.Time) error {
 	if !e.run.Suspended {
-		e.run.Suspended, e.run.SuspendedAt, e.run.SuspendReason = true, m.cfg.Now(), ReasonExecutorRestarted
+		// Killed (a stopping executor records its sessions suspended): it
+		// stopped running at the latest when it last wrote to its records,
+		// so the time down since counts asleep, not awake.
+		e.run.Suspended, e.run.SuspendedAt, e.run.SuspendReason = true, written, ReasonExecutorRestarted
 	}
 	if e.run.StartedAt.IsZero() {
 		e.run.StartedAt = m.cfg.Now()
@@ -475,4 +484,27 @@ func (m *Manager) update(e *entry, f func(r *Run)) {
 		m.cfg.Logger.Error("persist run", "job_id", e.run.JobID, "error", err)
 	}
 	e.notify()
+}
+
+// lastWrite is when a file under dir (a run's record, its execs' records
+// and output, its egress record) was last written, within [from, to]; to
+// when there is none to tell.
+func lastWrite(dir string, from, to time.Time) time.Time {
+	var last time.Time
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil //nolint:nilerr // what cannot be read tells nothing
+		}
+		if fi, err := d.Info(); err == nil && fi.ModTime().After(last) {
+			last = fi.ModTime()
+		}
+		return nil
+	})
+	if last.IsZero() || last.After(to) {
+		return to
+	}
+	if last.Before(from) {
+		return from
+	}
+	return last
 }

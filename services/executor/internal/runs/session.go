@@ -100,13 +100,23 @@ func (m *Manager) runSession(ctx context.Context, e *entry, sb *sandbox.Sandbox)
 			return m.sessionEnded(e, res), nil
 		}
 		// One step, under the lock: no Suspend or Resume sees a session
-		// half resumed.
+		// half resumed. A Suspend that came after the resume was asked
+		// withdrew it, and an end that came meanwhile wins: the session
+		// waits on, or ends as it is.
+		resumed := true
 		m.update(e, func(r *Run) {
+			if !ended && (!e.resumeAsked || ctx.Err() != nil) {
+				resumed = false
+				return
+			}
 			r.endSuspension(m.cfg.Now())
 			e.suspending, e.suspendWhy, e.resumeAsked, e.lastActive = false, "", false, m.cfg.Now()
 		})
 		if ended {
 			return m.sessionEnded(e, res), nil
+		}
+		if !resumed {
+			continue
 		}
 		m.cfg.Logger.Info("session resumed", "job_id", e.run.JobID)
 	}
@@ -157,25 +167,26 @@ func (m *Manager) waitSuspended(ctx context.Context, e *entry, sb *sandbox.Sandb
 	defer tick.Stop()
 	for {
 		m.mu.Lock()
-		asked, changed := e.resumeAsked, e.changed
+		asked, changed, started := e.resumeAsked, e.changed, e.run.StartedAt
 		m.mu.Unlock()
+		// Its end first: a session finished, cancelled or past its deadline
+		// while it was being resumed (or woken) ends; it does not run again.
+		if ctx.Err() != nil {
+			res.Reason, res.ExitCode, res.Message = sandbox.ReasonCancelled, -1, "the session was suspended: no process was running"
+			return res, true
+		}
+		if lim := sb.Limits(); m.cfg.Now().Sub(started) >= lim.Deadline {
+			res.Reason, res.ExitCode = sandbox.ReasonTimeout, -1
+			res.Message = fmt.Sprintf("the deadline of %s passed while the session was suspended", lim.Deadline)
+			return res, true
+		}
 		if asked {
 			return res, false
 		}
 		select {
 		case <-changed:
 		case <-ctx.Done():
-			res.Reason, res.ExitCode, res.Message = sandbox.ReasonCancelled, -1, "the session was suspended: no process was running"
-			return res, true
 		case <-tick.C:
-			m.mu.Lock()
-			started := e.run.StartedAt
-			m.mu.Unlock()
-			if lim := sb.Limits(); m.cfg.Now().Sub(started) >= lim.Deadline {
-				res.Reason, res.ExitCode = sandbox.ReasonTimeout, -1
-				res.Message = fmt.Sprintf("the deadline of %s passed while the session was suspended", lim.Deadline)
-				return res, true
-			}
 		}
 	}
 }
@@ -191,6 +202,7 @@ func (m *Manager) sessionEnded(e *entry, res sandbox.Result) sandbox.Result {
 	}
 	stopping := e.stopping
 	e.suspending = false
+	e.notify() // a Wake waiting on it learns it ended
 	m.mu.Unlock()
 	if res.Reason == sandbox.ReasonCancelled && (stopping == ReasonFinished || stopping == ReasonIdleTimeout) {
 		res.Reason, res.ExitCode = stopping, -1
@@ -205,8 +217,8 @@ func (m *Manager) sessionEnded(e *entry, res sandbox.Result) sandbox.Result {
 // Suspend stops a running session's sandbox: every exec in it ends
 // cancelled, every process is gone; its /work changes and /out are kept for
 // Resume, and /tmp and $HOME are emptied. Suspending a suspended session
-// changes nothing, but for one asleep: it stays suspended, now by its
-// client, and no longer wakes by itself.
+// changes nothing, but for one asleep or being resumed: it stays
+// suspended, now by its client, and no longer wakes by itself.
 func (m *Manager) Suspend(jobID string) (Run, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -214,6 +226,12 @@ func (m *Manager) Suspend(jobID string) (Run, error) {
 	if err != nil {
 		return Run{}, err
 	}
+	return m.suspendByClientLocked(e)
+}
+
+// suspendByClientLocked is Suspend of e. Callers hold m.mu.
+func (m *Manager) suspendByClientLocked(e *entry) (Run, error) {
+	jobID := e.run.JobID
 	if e.asleep() {
 		e.suspendWhy = ""
 		if e.run.Suspended {
@@ -221,6 +239,16 @@ func (m *Manager) Suspend(jobID string) (Run, error) {
 			if err := m.persist(&e.run); err != nil {
 				m.cfg.Logger.Error("persist run", "job_id", jobID, "error", err)
 			}
+		}
+		e.notify()
+		return e.run, nil
+	}
+	if e.run.Suspended && e.resumeAsked {
+		// Being resumed or woken: the client's suspension wins, and it
+		// stays suspended, by its client, until Resume.
+		e.resumeAsked, e.suspendWhy, e.run.SuspendReason = false, "", ""
+		if err := m.persist(&e.run); err != nil {
+			m.cfg.Logger.Error("persist run", "job_id", jobID, "error", err)
 		}
 		e.notify()
 		return e.run, nil

@@ -70,6 +70,11 @@ func (e *entry) asleep() bool {
 func (m *Manager) Wake(ctx context.Context, jobID string) error {
 	ctx, cancel := context.WithTimeout(ctx, WakeTimeout)
 	defer cancel()
+	return m.wake(ctx, jobID)
+}
+
+// wake is Wake within ctx alone.
+func (m *Manager) wake(ctx context.Context, jobID string) error {
 	for {
 		m.mu.Lock()
 		e, err := m.runningSession(jobID)
@@ -106,15 +111,18 @@ func (m *Manager) Wake(ctx context.Context, jobID string) error {
 	}
 }
 
-// waking calls call until it finds its session other than asleep (Wake
-// wakes it in between), at most wakeAttempts times.
+// waking calls call until it finds its session other than asleep (wake
+// wakes it in between), at most wakeAttempts times, all within one
+// WakeTimeout.
 func waking[T any](ctx context.Context, m *Manager, jobID string, call func() (T, error)) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, WakeTimeout)
+	defer cancel()
 	for range wakeAttempts {
 		v, err := call()
 		if !errors.Is(err, errAsleep) {
 			return v, err
 		}
-		if err := m.Wake(ctx, jobID); err != nil {
+		if err := m.wake(ctx, jobID); err != nil {
 			var zero T
 			return zero, err
 		}
@@ -185,7 +193,10 @@ func (r Run) Times(now time.Time) (awake, asleep time.Duration) {
 // account fills in result the run's awake and asleep time and its network
 // bytes. A job is awake for its wall time; a session for its time from
 // its start to now less its suspensions, and its wall time is that whole
-// time (the sandbox's own is its last stretch awake).
+// time (the sandbox's own is its last stretch awake). The network bytes
+// are its egress record's (egressBytes): what passed the egress proxy
+// under a domains policy; an allow (CIDR) policy's traffic does not pass
+// it and is not counted.
 func (m *Manager) account(e *entry, result *Result, isSession bool) {
 	m.mu.Lock()
 	run := e.run

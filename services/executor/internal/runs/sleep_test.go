@@ -2,7 +2,10 @@ package runs
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -33,7 +36,9 @@ func TestSessionSleep(t *testing.T) {
 	for _, class := range []sandbox.Class{sandbox.ClassRunc, sandbox.ClassRunsc} {
 		t.Run(string(class), func(t *testing.T) {
 			h, _ := newHarness(t, false)
-			sid := h.startSession(t, h.sleepyGrant(class, time.Second))
+			// 3 s idle: it must not fall asleep again between a call that
+			// woke it and the check that it did, under load.
+			sid := h.startSession(t, h.sleepyGrant(class, 3*time.Second))
 			h.execWait(t, sid, sh("write", "echo before-sleep > /work/slept.txt; echo out > /out/o; echo t > /tmp/t"))
 			h.waitRun(t, sid, "asleep", asleep)
 			fellAsleep := time.Now()
@@ -109,7 +114,7 @@ func names(list []sandbox.FileInfo) string {
 // client then suspends; Resume of an asleep session returns once it runs.
 func TestSessionSleepExplicit(t *testing.T) {
 	h, _ := newHarness(t, false)
-	sid := h.startSession(t, h.sleepyGrant(sandbox.ClassRunc, time.Second))
+	sid := h.startSession(t, h.sleepyGrant(sandbox.ClassRunc, 3*time.Second))
 	h.waitRun(t, sid, "asleep", asleep)
 	if _, err := h.m.Resume(context.Background(), sid); err != nil {
 		t.Fatalf("Resume an asleep session: %v", err)
@@ -212,13 +217,173 @@ func TestSessionAsleepAcrossRestart(t *testing.T) {
 	}
 }
 
-// TestJobAwakeTime: a job is awake for its wall time and never asleep.
-func TestJobAwakeTime(t *testing.T) {
+// TestSessionSuspendWhileWaking: a client's Suspend of a session being
+// woken wins: the wake is withdrawn, the session stays suspended by its
+// client (not asleep, not running), and an exec is refused saying so.
+func TestSessionSuspendWhileWaking(t *testing.T) {
 	h, _ := newHarness(t, false)
-	g := h.grantFor("sleep 1; echo done")
-	h.start(t, g)
-	r := h.waitEnd(t, g.JobID).Result
-	if r.Usage.WallTime < time.Second || r.AwakeTime != r.Usage.WallTime || r.AsleepTime != 0 {
-		t.Fatalf("a job's times: awake %s, asleep %s, wall %s", r.AwakeTime, r.AsleepTime, r.Usage.WallTime)
+	sid := h.startSession(t, h.sleepyGrant(sandbox.ClassRunc, time.Second))
+	h.waitRun(t, sid, "asleep", asleep)
+	h.m.mu.Lock()
+	e := h.m.runs[sid]
+	if err := h.m.resumeLocked(e); err != nil { // as Wake does
+		h.m.mu.Unlock()
+		t.Fatal(err)
+	}
+	_, err := h.m.suspendByClientLocked(e) // as Suspend does, before the sandbox runs again
+	h.m.mu.Unlock()
+	if err != nil {
+		t.Fatalf("Suspend of a waking session: %v", err)
+	}
+	time.Sleep(3 * time.Second)
+	run := h.waitRun(t, sid, "suspended by its client", func(r Run, up bool) bool { return r.Suspended && !up })
+	if run.SuspendReason != "" {
+		t.Fatalf("suspended by its client while waking, its reason is %q", run.SuspendReason)
+	}
+	if _, _, err := h.m.StartExec(context.Background(), sid, sh("x", "true")); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "suspended (resume it first)") {
+		t.Fatalf("an exec after the client's suspension: %v", err)
+	}
+	h.m.mu.Lock()
+	held := h.m.held(nil)
+	h.m.mu.Unlock()
+	if held.memory != 0 {
+		t.Fatalf("the withdrawn wake still holds %d bytes of memory", held.memory)
+	}
+}
+
+// TestSessionSleepyAcrossStop: a session falling asleep, or being woken,
+// when the executor stops is brought back asleep by the next start (its
+// next call wakes it), not suspended for the restart, nor started.
+func TestSessionSleepyAcrossStop(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		then func(m *Manager, e *entry) error
+	}{
+		{"falling asleep", func(m *Manager, e *entry) error { m.suspendLocked(e, ReasonIdleTimeout); return nil }},
+		{"waking", func(m *Manager, e *entry) error { return m.resumeLocked(e) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, _ := newHarness(t, false)
+			sid := h.startSession(t, h.sleepyGrant(sandbox.ClassRunc, time.Minute))
+			h.waitRun(t, sid, "running", func(r Run, up bool) bool { return up })
+			if tc.name == "waking" {
+				h.m.mu.Lock()
+				h.m.suspendLocked(h.m.runs[sid], ReasonIdleTimeout)
+				h.m.mu.Unlock()
+				h.waitRun(t, sid, "asleep", asleep)
+			}
+			// The change and the executor's stop at once: the session's
+			// goroutine sees both.
+			h.m.mu.Lock()
+			err := tc.then(h.m, h.m.runs[sid])
+			h.m.cancel()
+			h.m.mu.Unlock()
+			if err != nil {
+				t.Fatal(err)
+			}
+			h.m.Close()
+			h.restart(t, nil)
+			run := h.waitRun(t, sid, "suspended after the restart", func(r Run, _ bool) bool { return r.Suspended })
+			if run.State != Running || run.SuspendReason != ReasonIdleTimeout {
+				t.Fatalf("after the restart: %s suspended=%v reason=%q, want asleep", run.State, run.Suspended, run.SuspendReason)
+			}
+			if x := h.execWait(t, sid, sh("up", "echo up")); string(x.StdoutTail) != "up\n" {
+				t.Fatalf("the exec that woke it: %q", x.StdoutTail)
+			}
+		})
+	}
+}
+
+// TestSessionRefusedExecWakesNothing: an exec the session refuses anyway
+// (its output budget spent) is refused at once, and its session sleeps on.
+func TestSessionRefusedExecWakesNothing(t *testing.T) {
+	h, _ := newHarness(t, false)
+	sid := h.startSession(t, h.sleepyGrant(sandbox.ClassRunc, time.Second))
+	h.waitRun(t, sid, "asleep", asleep)
+	h.m.mu.Lock()
+	h.m.runs[sid].execOutput = SessionOutputBudget
+	h.m.mu.Unlock()
+	if _, _, err := h.m.StartExec(context.Background(), sid, sh("x", "true")); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("an exec past the output budget: %v", err)
+	}
+	h.m.mu.Lock()
+	e := h.m.runs[sid]
+	still := e.asleep() && e.run.Suspended
+	h.m.mu.Unlock()
+	if !still {
+		t.Fatal("an exec refused for its output budget woke the session")
+	}
+}
+
+// TestSessionKilledDowntimeAsleep: a session whose executor was killed
+// (its record not suspended: no graceful stop wrote it) comes back
+// suspended from when it last wrote to its records, so the time the
+// executor was down counts asleep, not awake.
+func TestSessionKilledDowntimeAsleep(t *testing.T) {
+	h, _ := newHarness(t, false)
+	sid := h.startSession(t, h.sessionGrant(sandbox.ClassRunc, time.Minute))
+	h.execWait(t, sid, sh("write", "echo x > /work/x"))
+	h.m.Close()
+	// As kill -9 leaves it: the record says running, as last written.
+	path := filepath.Join(h.m.runDir(sid), "run.json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r Run
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatal(err)
+	}
+	r.Suspended, r.SuspendedAt, r.SuspendReason = false, time.Time{}, ""
+	if data, err = json.Marshal(r); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	time.Sleep(3 * time.Second) // down
+	h.restart(t, nil)
+	run := h.waitRun(t, sid, "suspended", func(r Run, _ bool) bool { return r.Suspended })
+	if run.SuspendReason != ReasonExecutorRestarted || run.SuspendedAt.Sub(killed).Abs() > time.Second {
+		t.Fatalf("after a kill: suspended at %s (reason %q), want about %s, when it last wrote", run.SuspendedAt, run.SuspendReason, killed)
+	}
+	if _, asleep := run.Times(time.Now()); asleep < 3*time.Second {
+		t.Fatalf("asleep %s so far, want the 3 s the executor was down", asleep)
+	}
+}
+
+// lastWrite is the newest write under a run's directory, bounded by the
+// run's start and now.
+func TestLastWrite(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now()
+	for i, name := range []string{"run.json", "execs/1/stdout.log"} {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		at := now.Add(-time.Duration(10+10*i) * time.Minute)
+		if err := os.Chtimes(p, at, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range []string{"execs/1", "execs", "."} {
+		at := now.Add(-time.Hour)
+		if err := os.Chtimes(filepath.Join(dir, d), at, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := lastWrite(dir, now.Add(-2*time.Hour), now); !got.Equal(now.Add(-10 * time.Minute)) {
+		t.Errorf("lastWrite = %s, want the run record's %s", got, now.Add(-10*time.Minute))
+	}
+	if got := lastWrite(dir, now.Add(-5*time.Minute), now); !got.Equal(now.Add(-5 * time.Minute)) {
+		t.Errorf("a write before the start: %s, want the start", got)
+	}
+	if got := lastWrite(filepath.Join(dir, "none"), now.Add(-time.Hour), now); !got.Equal(now) {
+		t.Errorf("no record: %s, want now", got)
 	}
 }
