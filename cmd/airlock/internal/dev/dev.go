@@ -585,6 +585,10 @@ func devTenantPolicy(repos map[string]any, bins map[string]string) map[string]an
 		// link-local, metadata and its own addresses); widening a running
 		// job's network or limits needs an approval.
 		"egress": map[string]any{"cidrs": []string{"0.0.0.0/0", "::/0"}},
+		// Its clients may reach an unprivileged port inside a running
+		// session from their own loopback (session port-forward), for up
+		// to 8 hours, without an approval.
+		"port_forward": map[string]any{"ports": []string{"1024-65535"}, "default_ttl": "1h", "max_ttl": "8h"},
 		// Any of the dev approvers, one approval; approver/dev is refused
 		// for dev's own jobs and changes (the same person as client/dev).
 		"approvals": map[string]any{"approvers": []string{"approver/alice", "approver/bob", "approver/dev"}, "required": 1, "ttl": "24h", "widening": "approve"},
