@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"github.com/airlockhq/airlock/pkg/usd"
 	"io"
 	"maps"
 	"slices"
@@ -41,16 +42,10 @@ func warnBudget(g *globals, warning string) {
 	}
 }
 
-// dollars renders micro-dollars as $X.XX (rounded half up), as the
+// dollars renders micro-dollars as $X.XX (rounded half up; under half
+// a cent to the micro-dollar, pkg/usd), as the
 // authority's own sentences do.
-func dollars(micros int64) string {
-	sign := ""
-	if micros < 0 {
-		sign, micros = "-", -micros
-	}
-	cents := (micros + 5000) / 10000
-	return fmt.Sprintf("%s$%d.%02d", sign, cents/100, cents%100)
-}
+func dollars(micros int64) string { return usd.Format(micros) }
 
 func newUsage(g *globals) *cobra.Command {
 	var (

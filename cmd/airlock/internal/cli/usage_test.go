@@ -44,7 +44,7 @@ func TestWhenFlagAndDollars(t *testing.T) {
 			t.Errorf("whenFlag(%q) = %v, %v; want %v", in, got.AsTime(), err, want)
 		}
 	}
-	for micros, want := range map[int64]string{4_760_000: "$4.76", 11_360_000: "$11.36", 100_015_000: "$100.02", 4_999: "$0.00", 5_000: "$0.01", 0: "$0.00"} {
+	for micros, want := range map[int64]string{4_760_000: "$4.76", 11_360_000: "$11.36", 100_015_000: "$100.02", 4_999: "$0.004999", 18: "$0.000018", 5_000: "$0.01", 0: "$0.00"} {
 		if got := dollars(micros); got != want {
 			t.Errorf("dollars(%d) = %s, want %s", micros, got, want)
 		}

@@ -11,6 +11,7 @@ package metering
 
 import (
 	"fmt"
+	"github.com/airlockhq/airlock/pkg/usd"
 	"math/big"
 	"sort"
 	"strconv"
@@ -88,19 +89,9 @@ func ParseMultiplier(s string) (int64, error) {
 	return int64(m / 1000), nil
 }
 
-// String renders m as dollars and cents, "$4.76", rounded half up.
-func (m Micros) String() string {
-	neg := m < 0
-	if neg {
-		m = -m
-	}
-	cents := (int64(m) + 5000) / 10000
-	s := fmt.Sprintf("$%d.%02d", cents/100, cents%100)
-	if neg {
-		return "-" + s
-	}
-	return s
-}
+// String renders m as dollars and cents, "$4.76", rounded half up, or
+// under half a cent to the micro-dollar ("$0.000018"; pkg/usd).
+func (m Micros) String() string { return usd.Format(int64(m)) }
 
 // Classes lists the classes r names, sorted.
 func (r Rates) Classes() []string {
