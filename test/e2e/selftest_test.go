@@ -101,7 +101,7 @@ func (s *stack) runSelftest(t *testing.T, n selftestNet, extra ...string) (int, 
 	t.Helper()
 	args := append([]string{"selftest", "--repo", "sample", "--rev", "main", "-o", "json",
 		"--counter-listen", n.counterListen, "--counter-addr", n.counterAddr, "--expect-reach", n.reach,
-		"--approver", "approver/alice", "--publish-to", "sample:main", "--pipeline", "pipeline/deploy"}, extra...)
+		"--approver", "approver/alice", "--publish-to", "sample:main", "--pipeline", "pipeline/deploy", "--on-executor-host"}, extra...)
 	res := runCommandWithin(t, 4*time.Minute, s.env(), bin("airlock"), args...)
 	var rep selftestReport
 	if err := json.Unmarshal([]byte(res.stdout), &rep); err != nil {

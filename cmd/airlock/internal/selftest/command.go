@@ -24,7 +24,7 @@ func New(g *cmdutil.Globals) *cobra.Command {
 		runtimes, memory, approver string
 		pipeline                   string
 		expect, secrets, rows      []string
-		noPlant                    bool
+		onHost                     bool
 	)
 	cmd := &cobra.Command{
 		Use:   "selftest --repo R [flags]",
@@ -65,7 +65,7 @@ when any row fails.`,
 			return cmdutil.Usagef("-o %q: must be text, json or junit", g.Output)
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			opts.ExpectReach, opts.SecretPaths, opts.Rows, opts.PlantSecret = expect, secrets, rows, !noPlant
+			opts.ExpectReach, opts.SecretPaths, opts.Rows, opts.PlantSecret = expect, secrets, rows, onHost
 			for _, w := range splitList(runtimes) {
 				c, ok := typesv1.RuntimeClass_value["RUNTIME_CLASS_"+strings.ToUpper(w)]
 				if !ok || c == 0 || strings.ToLower(w) != w {
@@ -162,7 +162,7 @@ when any row fails.`,
 	fl.StringVar(&opts.CounterListen, "counter-listen", "", "HOST:PORT to serve the selftest's counter on; it must be reachable from the sandboxes and not an executor host address")
 	fl.StringVar(&opts.CounterAddr, "counter-addr", "", "IP:PORT jobs dial the counter at, when it differs from --counter-listen (a relay or NAT)")
 	fl.StringArrayVar(&secrets, "secret-path", nil, "a file on the executor host no job may read, planted by the operator (repeatable)")
-	fl.BoolVar(&noPlant, "no-plant-secret", false, "do not write a dummy secret on this machine (it is only meaningful on the executor host)")
+	fl.BoolVar(&onHost, "on-executor-host", false, "this machine is the executor host: plant a dummy secret here for the isolation row (without it or --secret-path that check is skipped)")
 	fl.StringVar(&memory, "memory-probe", "1GiB", "what the memory job allocates under the tenant's default memory limit")
 	fl.IntVar(&opts.PidsProbe, "pids-probe", 512, "how many processes the pids job starts under the tenant's default pids limit")
 	fl.DurationVar(&opts.Deadline, "deadline", 2*time.Second, "the deadline job's deadline")

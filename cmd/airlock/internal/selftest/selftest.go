@@ -49,8 +49,10 @@ type Options struct {
 	CounterListen, CounterAddr string
 	// SecretPaths are files on the executor host no job may read.
 	SecretPaths []string
-	// PlantSecret writes a dummy secret on this machine (meaningful when
-	// it is the executor host) and adds it to SecretPaths.
+	// PlantSecret writes a dummy secret on this machine and adds it to
+	// SecretPaths: only when the operator says this machine is the
+	// executor host (--on-executor-host), since elsewhere (a CI runner)
+	// no job could see it anyway and the check would prove nothing.
 	PlantSecret bool
 	// MemoryProbe is how much a job allocates under the tenant's default
 	// memory limit; PidsProbe how many processes it starts under the
@@ -150,8 +152,11 @@ func Run(ctx context.Context, cl Clients, opts Options) (*Report, error) {
 			r.row(ctx, row, class)
 			row.Duration = time.Since(began)
 			row.settle()
-			if row.Detail == "" {
-				row.Detail = summary(row)
+			switch sum := summary(row); {
+			case row.Detail == "" || row.Status != Pass:
+				row.Detail = sum
+			default:
+				row.Detail += " (" + sum + ")"
 			}
 			r.progress("%s: %s (%s)", row.ID(), row.Status, row.Duration.Round(10*time.Millisecond))
 			rep.Rows = append(rep.Rows, row)
@@ -184,10 +189,10 @@ func (r *runner) row(ctx context.Context, row *Row, class typesv1.RuntimeClass) 
 	}
 }
 
-// summary is a row's detail when the row set none: the failed checks, or
-// how many passed.
+// summary is a row's detail: the failed checks, or how many passed and
+// which were skipped (a row partly skipped is not fully green).
 func summary(row *Row) string {
-	var failed []string
+	var failed, skipped []string
 	passed := 0
 	for _, c := range row.Checks {
 		switch c.Status {
@@ -195,6 +200,8 @@ func summary(row *Row) string {
 			failed = append(failed, c.Name+": "+c.Detail)
 		case Pass:
 			passed++
+		case Skip:
+			skipped = append(skipped, c.Name)
 		}
 	}
 	switch {
@@ -203,10 +210,14 @@ func summary(row *Row) string {
 	case passed == 0 && len(row.Checks) > 0:
 		return row.Checks[0].Detail
 	}
+	s := fmt.Sprintf("%d checks passed", passed)
 	if passed == 1 {
-		return "1 check passed"
+		s = "1 check passed"
 	}
-	return fmt.Sprintf("%d checks passed", passed)
+	if len(skipped) > 0 {
+		s = fmt.Sprintf("%d passed, %d skipped: %s", passed, len(skipped), strings.Join(skipped, ", "))
+	}
+	return s
 }
 
 func (r *runner) progress(format string, args ...any) {

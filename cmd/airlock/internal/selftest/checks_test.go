@@ -1,0 +1,176 @@
+package selftest
+
+import (
+	"bytes"
+	"encoding/xml"
+	"io"
+	"net"
+	"net/http"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A row that passed with some checks skipped says which, in its detail
+// and in JUnit, so CI does not read it as fully green.
+func TestPartlySkippedRow(t *testing.T) {
+	row := &Row{Name: "isolation", Runtime: "runc"}
+	row.pass("earlier job", "wrote")
+	row.skip("dummy secret", "no secret")
+	row.pass("earlier job's files and credentials", "none")
+	row.settle()
+	if row.Status != Pass {
+		t.Fatalf("status %s, want pass", row.Status)
+	}
+	if got := summary(row); got != "2 passed, 1 skipped: dummy secret" {
+		t.Errorf("summary %q", got)
+	}
+	row.Detail = summary(row)
+	var buf bytes.Buffer
+	if err := (&Report{Rows: []*Row{row}}).WriteJUnit(&buf); err != nil {
+		t.Fatal(err)
+	}
+	var doc JUnitSuites
+	if err := xml.Unmarshal(buf.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, p := range doc.Suites[0].Cases[0].Properties {
+		found = found || (p.Name == "skipped_checks" && p.Value == "dummy secret")
+	}
+	if !found {
+		t.Errorf("no skipped_checks property:\n%s", buf.String())
+	}
+}
+
+// A search that could not run (a tool missing, a timeout, its own
+// control file not found) is not "nothing found".
+func TestSearchWorked(t *testing.T) {
+	ctl := "/tmp/ctl"
+	for _, tc := range []struct {
+		out   string
+		found []string
+		want  bool
+	}{
+		{"selftest-search-exit 0\n", []string{ctl}, true},
+		{"selftest-search-exit 2\n", []string{ctl, "/x"}, true},
+		{"selftest-search-exit 124\n", []string{ctl}, false},
+		{"selftest-search-exit 127\n", nil, false},
+		{"selftest-search-exit 1\n", nil, false},
+		{"selftest-search-exit 0\n", []string{"/x"}, false},
+		{"selftest-missing-tool grep\nselftest-search-exit 0\n", []string{ctl}, false},
+		{"", []string{ctl}, false},
+	} {
+		if got, why := searchWorked(tc.out, tc.found, ctl); got != tc.want {
+			t.Errorf("searchWorked(%q, %v) = %v (%s), want %v", tc.out, tc.found, got, why, tc.want)
+		}
+	}
+}
+
+// The probes' shell text, run for real with bash and no tools on PATH:
+// every missing tool is named, so the checks fail rather than pass.
+func TestProbesNameMissingTools(t *testing.T) {
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bash, "-c", searchTools+search("selftest-found", `-e x`)+reachTools+reach("a", "127.0.0.1", 9)+"echo selftest-done")
+	cmd.Env = []string{"PATH=/nonexistent"}
+	out, _ := cmd.Output()
+	o := string(out)
+	missing := lines(o, "selftest-missing-tool ")
+	for _, tool := range []string{"grep", "timeout", "getent"} {
+		if !contains(missing, tool) {
+			t.Errorf("missing tool %s not named: %q", tool, o)
+		}
+	}
+	if ok, _ := searchWorked(o, lines(o, "selftest-found "), "/tmp/ctl"); ok {
+		t.Errorf("a search without grep counted as done: %q", o)
+	}
+	row := &Row{}
+	(&runner{}).reachChecks(row, "job", o, nil, []target{{text: "a"}}, outside)
+	if row.settle(); row.Status != Fail {
+		t.Errorf("reach checks without tools: %+v", row.Checks)
+	}
+}
+
+// An allow-list that lets an unlisted destination through fails.
+func TestReachChecksUnlisted(t *testing.T) {
+	out := "selftest-reach ok want\nselftest-reach ok unlisted 1.1.1.1:443\n"
+	row := &Row{}
+	(&runner{}).reachChecks(row, "job", out, nil, []target{{text: "want"}}, outside)
+	if row.settle(); row.Status != Fail || !strings.Contains(row.Checks[1].Detail, "unlisted 1.1.1.1:443") {
+		t.Errorf("reach checks: %+v", row.Checks)
+	}
+	row = &Row{}
+	(&runner{}).reachChecks(row, "job", "selftest-reach ok want\nselftest-reach fail unlisted 1.1.1.1:443\n", nil, []target{{text: "want"}}, outside)
+	if row.settle(); row.Status != Pass {
+		t.Errorf("reach checks: %+v", row.Checks)
+	}
+}
+
+func TestForkRefused(t *testing.T) {
+	for out, want := range map[string]bool{
+		"selftest-forked 1\nsh: 1: Cannot fork\n":                         true,
+		"sh: can't fork: Resource temporarily unavailable\n":              true,
+		"bash: fork: retry: Resource temporarily unavailable\n":           true,
+		"selftest-forked 1\nsh: 1: sleep: Permission denied\n":            false,
+		"selftest-forked 1\nselftest-forked 2\nselftest-pids-unbounded\n": false,
+	} {
+		if got := forkRefused(out); got != want {
+			t.Errorf("forkRefused(%q) = %v, want %v", out, got, want)
+		}
+	}
+}
+
+// The counter counts only paths it handed out (each with a nonce), and
+// every accepted connection, even one that sent no request.
+func TestCounter(t *testing.T) {
+	c, err := startCounter("127.0.0.1:0", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+	p := c.path("x")
+	if !strings.HasSuffix(p, "/x") || len(p) < 20 || p == c.path("x") {
+		t.Fatalf("path %q: want a nonce per path", p)
+	}
+	get := func(path string) int {
+		resp, err := http.Get("http://" + c.addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := get(p); code != 200 {
+		t.Errorf("issued path: %d", code)
+	}
+	if code := get("/guessed/x"); code != 404 || c.count("/guessed/x") != 0 {
+		t.Errorf("unissued path: %d, counted %d", code, c.count("/guessed/x"))
+	}
+	if c.count(p) != 1 {
+		t.Errorf("count %d, want 1", c.count(p))
+	}
+	before := c.accepted()
+	conn, err := net.Dial("tcp", c.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for c.accepted() == before && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if c.accepted() != before+1 {
+		t.Errorf("a bare connection was not counted: %d then %d", before, c.accepted())
+	}
+	for i := 0; i < maxPaths; i++ {
+		c.path("fill")
+	}
+	if c.path("over") != "" {
+		t.Errorf("more than %d paths handed out", maxPaths)
+	}
+}
