@@ -10,6 +10,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 )
 
 // A row that passed with some checks skipped says which, in its detail
@@ -172,5 +175,32 @@ func TestCounter(t *testing.T) {
 	}
 	if c.path("over") != "" {
 		t.Errorf("more than %d paths handed out", maxPaths)
+	}
+}
+
+// The row's policy digest covers every job it ran: a change in the
+// second job's network policy (a tenant's egress) changes the row's.
+func TestRecordCoversEveryJob(t *testing.T) {
+	job := func(id string, cidr string) *authorityv1.Job {
+		j := &authorityv1.Job{JobId: id, Limits: &typesv1.ResourceLimits{MemoryBytes: 1 << 30}}
+		if cidr != "" {
+			j.NetworkPolicyStatus = &typesv1.NetworkPolicyStatus{Policy: allow([]*typesv1.AllowRule{{Cidr: cidr}})}
+		}
+		return j
+	}
+	digest := func(cidr string) (string, Record) {
+		row := &Row{}
+		record(row, job("a", ""))
+		record(row, job("b", cidr))
+		record(row, &authorityv1.Job{}) // no job: not recorded
+		return row.Record.PolicyDigest, row.Record
+	}
+	d1, rec := digest("192.0.2.0/24")
+	d2, _ := digest("198.51.100.0/24")
+	if d1 == d2 || !strings.HasPrefix(d1, "sha256:") {
+		t.Errorf("digests %s and %s: want different", d1, d2)
+	}
+	if len(rec.Each) != 2 || rec.Each[0].PolicyDigest == rec.Each[1].PolicyDigest || rec.Each[1].Shape == "" || len(rec.Jobs) != 2 {
+		t.Errorf("record %+v", rec)
 	}
 }

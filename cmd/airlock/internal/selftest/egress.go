@@ -232,6 +232,7 @@ func (r *runner) egress(ctx context.Context, row *Row, class typesv1.RuntimeClas
 		row.fail("policy change", "%v", err)
 		return
 	}
+	record(row, job.GetJob())
 	gen := job.GetJob().GetNetworkPolicyStatus().GetGeneration()
 
 	asked := time.Now()

@@ -31,8 +31,8 @@ type Check struct {
 
 // Record is what a row ran on, so that a later image, runtime or policy
 // change shows up as a different row: the runtime class and its version,
-// the template (or image) digest, the resource shape and a digest of the
-// policy the row's jobs ran with.
+// the template (or image) digest, the resource shape (of the row's first
+// job) and a digest of the policies all of the row's jobs ran with.
 type Record struct {
 	RuntimeClass   string   `json:"runtime_class,omitempty"`
 	RuntimeVersion string   `json:"runtime_version,omitempty"`
@@ -40,6 +40,16 @@ type Record struct {
 	Shape          string   `json:"shape,omitempty"`
 	PolicyDigest   string   `json:"policy_digest,omitempty"`
 	Jobs           []string `json:"jobs,omitempty"`
+	// Each is every job's (and session's) own shape and policy digest;
+	// PolicyDigest is the digest over all of them, in the row's order.
+	Each []JobRecord `json:"each,omitempty"`
+}
+
+// JobRecord is what one job of a row ran with.
+type JobRecord struct {
+	Job          string `json:"job"`
+	Shape        string `json:"shape,omitempty"`
+	PolicyDigest string `json:"policy_digest,omitempty"`
 }
 
 // Row is one named part of the validation plan, for one runtime class.

@@ -297,6 +297,7 @@ func (r *runner) idempotency(ctx context.Context, row *Row, class typesv1.Runtim
 		return
 	}
 	defer r.cancelSession(ctx, s.GetJobId())
+	record(row, s)
 	execID := "selftest-" + r.run + "-once"
 	x1, err := r.exec(ctx, s.GetJobId(), execID, sh(execCmd)...)
 	if err != nil {

@@ -450,6 +450,14 @@ func (r *runner) cleanup(ctx context.Context) {
 	r.mu.Lock()
 	ids := append([]string(nil), r.jobs...)
 	r.mu.Unlock()
+	// A submission whose answer was lost (or interrupted) is found by its
+	// key: every job and session of the tenant still open whose
+	// idempotency key is this run's.
+	for _, id := range r.openByKey(ctx) {
+		if !contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
 	for _, id := range ids {
 		got, err := r.cl.Client.GetJob(ctx, &authorityv1.GetJobRequest{JobId: id})
 		if err != nil {
@@ -474,6 +482,44 @@ func (r *runner) cleanup(ctx context.Context) {
 	}
 }
 
+// openByKey lists the tenant's jobs and sessions not yet ended whose
+// idempotency key starts with this run's prefix.
+func (r *runner) openByKey(ctx context.Context) []string {
+	prefix := "selftest-" + r.run + "-"
+	open := []authorityv1.JobState{authorityv1.JobState_JOB_STATE_QUEUED, authorityv1.JobState_JOB_STATE_STAGING, authorityv1.JobState_JOB_STATE_RUNNING}
+	var ids []string
+	add := func(jobs []*authorityv1.Job) {
+		for _, j := range jobs {
+			if strings.HasPrefix(j.GetIdempotencyKey(), prefix) {
+				ids = append(ids, j.GetJobId())
+			}
+		}
+	}
+	for page := ""; ; {
+		got, err := r.cl.Client.ListJobs(ctx, &authorityv1.ListJobsRequest{Tenant: r.opts.Tenant, States: open, PageToken: page, PageSize: 500})
+		if err != nil {
+			r.progress("cleanup: list jobs: %v", err)
+			break
+		}
+		add(got.GetJobs())
+		if page = got.GetNextPageToken(); page == "" {
+			break
+		}
+	}
+	for page := ""; ; {
+		got, err := r.cl.Client.ListSessions(ctx, &authorityv1.ListSessionsRequest{Tenant: r.opts.Tenant, States: open, PageToken: page, PageSize: 500})
+		if err != nil {
+			r.progress("cleanup: list sessions: %v", err)
+			break
+		}
+		add(got.GetSessions())
+		if page = got.GetNextPageToken(); page == "" {
+			break
+		}
+	}
+	return ids
+}
+
 // deny denies approval id as the approver, when it is still pending.
 func (r *runner) deny(ctx context.Context, id string) {
 	if r.cl.Approver == nil {
@@ -493,10 +539,11 @@ func (r *runner) deny(ctx context.Context, id string) {
 	}
 }
 
-// record fills row's record from a job that ran: the runtime and its
-// version, the template or image, the shape and the policy digest.
+// record adds a job that ran to row's record: the runtime and its
+// version, the template or image (the first job's), its shape and policy
+// digest, and the row's policy digest over all its jobs so far.
 func record(row *Row, j *authorityv1.Job) {
-	if j == nil {
+	if j == nil || j.GetJobId() == "" {
 		return
 	}
 	rec := &row.Record
@@ -510,10 +557,16 @@ func record(row *Row, j *authorityv1.Job) {
 			rec.Template = res.GetImage()
 		}
 	}
+	one := JobRecord{Job: j.GetJobId(), Shape: shape(j.GetLimits()), PolicyDigest: policyDigest(j)}
+	rec.Each = append(rec.Each, one)
 	if rec.Shape == "" {
-		rec.Shape = shape(j.GetLimits())
-		rec.PolicyDigest = policyDigest(j)
+		rec.Shape = one.Shape
 	}
+	h := sha256.New()
+	for _, e := range rec.Each {
+		h.Write([]byte(e.PolicyDigest + "\n"))
+	}
+	rec.PolicyDigest = "sha256:" + hex.EncodeToString(h.Sum(nil))
 }
 
 // shape is limits as one line: "cpu 1, memory 512MiB, pids 256, disk
@@ -527,13 +580,23 @@ func shape(l *typesv1.ResourceLimits) string {
 }
 
 // policyDigest is "sha256:" and the hex sha256 of the policy job j ran
-// with, canonically serialized: its effective limits, network policy,
-// user, runtime class and image grant.
+// with as the authority returned it, canonically serialized: its
+// effective limits, the network policy in force (or asked for, while
+// none is yet), user, runtime class (the one it ran in, else the one
+// asked for) and image grant.
 func policyDigest(j *authorityv1.Job) string {
+	np := j.GetNetworkPolicyStatus().GetPolicy()
+	if np == nil {
+		np = j.GetSpec().GetNetworkPolicy()
+	}
+	class := j.GetResult().GetRuntimeClass()
+	if class == typesv1.RuntimeClass_RUNTIME_CLASS_UNSPECIFIED {
+		class = j.GetSpec().GetRuntimeClass()
+	}
 	p := &authorityv1.Job{
 		Limits: j.GetLimits(), User: j.GetUser(), Image: j.GetImage(),
-		NetworkPolicyStatus: &typesv1.NetworkPolicyStatus{Policy: j.GetNetworkPolicyStatus().GetPolicy()},
-		Spec:                &authorityv1.JobSpec{RuntimeClass: j.GetResult().GetRuntimeClass()},
+		NetworkPolicyStatus: &typesv1.NetworkPolicyStatus{Policy: np},
+		Spec:                &authorityv1.JobSpec{RuntimeClass: class},
 	}
 	data, err := proto.MarshalOptions{Deterministic: true}.Marshal(p)
 	if err != nil {
