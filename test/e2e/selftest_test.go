@@ -187,7 +187,7 @@ func TestSelftest(t *testing.T) {
 		} `xml:"testsuite"`
 	}
 	if err := xml.Unmarshal([]byte(junit.stdout), &doc); err != nil || junit.code != 0 || len(doc.Suites) != 1 || doc.Suites[0].Tests != 1 ||
-		doc.Suites[0].Failures != 0 || doc.Suites[0].Cases[0].Classname != "airlock.selftest.runc" || doc.Suites[0].Cases[0].Name != "exit-status" {
+		len(doc.Suites[0].Cases) != 1 || doc.Suites[0].Failures != 0 || doc.Suites[0].Cases[0].Classname != "airlock.selftest.runc" || doc.Suites[0].Cases[0].Name != "exit-status" {
 		t.Errorf("selftest -o junit: exit %d, %v, %+v\n%s\nstderr:\n%s", junit.code, err, doc, junit.stdout, junit.stderr)
 	}
 	// It leaves nothing running behind it.
@@ -304,7 +304,8 @@ wait:
 	if jerr := json.Unmarshal(stdout.Bytes(), &rep); jerr != nil || err != nil || len(rep.Rows) != 1 || rep.Rows[0].Status != "pass" {
 		t.Fatalf("selftest --row restart: %v (%v)\n%s\nstderr:\n%s", err, jerr, stdout.String(), stderr.String())
 	}
-	want := map[string]bool{"executor restart": false, "recorded results": false, "retained source": false, "scratch in a new job": false, "scratch in the session": false}
+	want := map[string]bool{"executor restart": false, "recorded results": false, "retained source": false, "scratch in a new job": false, "scratch in the session": false,
+		"retained source in the session": false}
 	for _, c := range rep.Rows[0].Checks {
 		if _, ok := want[c.Name]; ok && c.Status == "pass" {
 			want[c.Name] = true
