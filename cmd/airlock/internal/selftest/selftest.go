@@ -499,33 +499,31 @@ func (r *runner) openByKey(ctx context.Context) []string {
 	prefix := "selftest-" + r.run + "-"
 	open := []authorityv1.JobState{authorityv1.JobState_JOB_STATE_QUEUED, authorityv1.JobState_JOB_STATE_STAGING, authorityv1.JobState_JOB_STATE_RUNNING}
 	var ids []string
-	add := func(jobs []*authorityv1.Job) {
-		for _, j := range jobs {
-			if strings.HasPrefix(j.GetIdempotencyKey(), prefix) {
-				ids = append(ids, j.GetJobId())
+	pages := map[string]func(page string) ([]*authorityv1.Job, string, error){
+		"jobs": func(page string) ([]*authorityv1.Job, string, error) {
+			got, err := r.cl.Client.ListJobs(ctx, &authorityv1.ListJobsRequest{Tenant: r.opts.Tenant, States: open, PageToken: page, PageSize: 500})
+			return got.GetJobs(), got.GetNextPageToken(), err
+		},
+		"sessions": func(page string) ([]*authorityv1.Job, string, error) {
+			got, err := r.cl.Client.ListSessions(ctx, &authorityv1.ListSessionsRequest{Tenant: r.opts.Tenant, States: open, PageToken: page, PageSize: 500})
+			return got.GetSessions(), got.GetNextPageToken(), err
+		},
+	}
+	for what, list := range pages {
+		for page := ""; ; {
+			jobs, next, err := list(page)
+			if err != nil {
+				r.progress("cleanup: list %s: %v", what, err)
+				break
 			}
-		}
-	}
-	for page := ""; ; {
-		got, err := r.cl.Client.ListJobs(ctx, &authorityv1.ListJobsRequest{Tenant: r.opts.Tenant, States: open, PageToken: page, PageSize: 500})
-		if err != nil {
-			r.progress("cleanup: list jobs: %v", err)
-			break
-		}
-		add(got.GetJobs())
-		if page = got.GetNextPageToken(); page == "" {
-			break
-		}
-	}
-	for page := ""; ; {
-		got, err := r.cl.Client.ListSessions(ctx, &authorityv1.ListSessionsRequest{Tenant: r.opts.Tenant, States: open, PageToken: page, PageSize: 500})
-		if err != nil {
-			r.progress("cleanup: list sessions: %v", err)
-			break
-		}
-		add(got.GetSessions())
-		if page = got.GetNextPageToken(); page == "" {
-			break
+			for _, j := range jobs {
+				if strings.HasPrefix(j.GetIdempotencyKey(), prefix) && !contains(ids, j.GetJobId()) {
+					ids = append(ids, j.GetJobId())
+				}
+			}
+			if page = next; page == "" {
+				break
+			}
 		}
 	}
 	return ids
