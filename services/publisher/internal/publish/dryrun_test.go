@@ -3,10 +3,13 @@ package publish_test
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/airlockhq/airlock/pkg/contentcheck"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/services/publisher/internal/publish"
 	"github.com/airlockhq/airlock/services/publisher/internal/store"
@@ -113,5 +116,36 @@ func TestDryRunsAreBounded(t *testing.T) {
 	}
 	if d, err := h.dryRun(s); err != nil || d.State != store.Succeeded {
 		t.Errorf("a dry run after the others ended: %+v, %v", d, err)
+	}
+}
+
+// A dry run's bundle copy that a stopped publisher left behind is removed
+// when the publisher starts; a real deployment's bundle is not.
+func TestDryRunLeftoversRemovedAtStart(t *testing.T) {
+	h := newHarness(t, map[string]string{"a.txt": "a\n"})
+	dir := t.TempDir()
+	bundles := filepath.Join(dir, "bundles")
+	if err := os.MkdirAll(bundles, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"dry-run-x.tar", "dry-run-x.tar.provenance", "dep-1.tar"} {
+		if err := os.WriteFile(filepath.Join(bundles, f), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checker, err := contentcheck.New(contentcheck.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := publish.New(ctx, publish.Config{Store: h.store, Authority: h.auth.as("p1"), Executor: h.exec, Checker: checker, Dir: dir})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	defer func() { cancel(); s.Wait() }()
+	left, _ := filepath.Glob(filepath.Join(bundles, "*"))
+	if len(left) != 1 || filepath.Base(left[0]) != "dep-1.tar" {
+		t.Errorf("bundles after start: %v, want only dep-1.tar", left)
 	}
 }
