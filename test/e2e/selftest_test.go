@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -173,22 +174,33 @@ func TestSelftest(t *testing.T) {
 	}
 	t.Logf("progress:\n%s", res.stderr)
 
-	// JUnit XML for CI, one testcase per row and runtime class.
+	// JUnit XML for CI, one testcase per row and runtime class. Run as
+	// from a CI runner (no --on-executor-host, no --secret-path): the
+	// dummy-secret check is skipped, and the passed isolation row says so.
 	junit := runCommandWithin(t, 4*time.Minute, s.env(), bin("airlock"), "selftest", "--repo", "sample", "--rev", "main",
-		"--runtime", "runc", "--row", "exit-status", "-o", "junit")
+		"--runtime", "runc", "--row", "exit-status", "--row", "isolation", "-o", "junit")
+	type property struct {
+		Name  string `xml:"name,attr"`
+		Value string `xml:"value,attr"`
+	}
 	var doc struct {
 		Suites []struct {
 			Tests    int `xml:"tests,attr"`
 			Failures int `xml:"failures,attr"`
 			Cases    []struct {
-				Name      string `xml:"name,attr"`
-				Classname string `xml:"classname,attr"`
+				Name       string     `xml:"name,attr"`
+				Classname  string     `xml:"classname,attr"`
+				Properties []property `xml:"properties>property"`
 			} `xml:"testcase"`
 		} `xml:"testsuite"`
 	}
-	if err := xml.Unmarshal([]byte(junit.stdout), &doc); err != nil || junit.code != 0 || len(doc.Suites) != 1 || doc.Suites[0].Tests != 1 ||
-		len(doc.Suites[0].Cases) != 1 || doc.Suites[0].Failures != 0 || doc.Suites[0].Cases[0].Classname != "airlock.selftest.runc" || doc.Suites[0].Cases[0].Name != "exit-status" {
-		t.Errorf("selftest -o junit: exit %d, %v, %+v\n%s\nstderr:\n%s", junit.code, err, doc, junit.stdout, junit.stderr)
+	if err := xml.Unmarshal([]byte(junit.stdout), &doc); err != nil || junit.code != 0 || len(doc.Suites) != 1 || doc.Suites[0].Tests != 2 ||
+		len(doc.Suites[0].Cases) != 2 || doc.Suites[0].Failures != 0 || doc.Suites[0].Cases[0].Classname != "airlock.selftest.runc" ||
+		doc.Suites[0].Cases[0].Name != "exit-status" || doc.Suites[0].Cases[1].Name != "isolation" {
+		t.Fatalf("selftest -o junit: exit %d, %v, %+v\n%s\nstderr:\n%s", junit.code, err, doc, junit.stdout, junit.stderr)
+	}
+	if props := doc.Suites[0].Cases[1].Properties; !slices.Contains(props, property{"skipped_checks", "dummy secret"}) {
+		t.Errorf("isolation without --on-executor-host or --secret-path: properties %+v, want skipped_checks naming the dummy secret\n%s", props, junit.stdout)
 	}
 	// It leaves nothing running behind it.
 	list := s.airlock(t, "job", "list", "-o", "json")
