@@ -101,7 +101,7 @@ func startSelftestNet(t *testing.T) selftestNet {
 func (s *stack) runSelftest(t *testing.T, n selftestNet, extra ...string) (int, selftestReport, result) {
 	t.Helper()
 	args := append([]string{"selftest", "--repo", "sample", "--rev", "main", "-o", "json",
-		"--counter-listen", n.counterListen, "--counter-addr", n.counterAddr, "--expect-reach", n.reach,
+		"--counter-listen", n.counterListen, "--counter-addr", n.counterAddr, "--counter-from", "127.0.0.1/32", "--expect-reach", n.reach,
 		"--approver", "approver/alice", "--publish-to", "sample:main", "--pipeline", "pipeline/deploy", "--on-executor-host"}, extra...)
 	res := runCommandWithin(t, 4*time.Minute, s.env(), bin("airlock"), args...)
 	var rep selftestReport

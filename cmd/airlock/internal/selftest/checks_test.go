@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os/exec"
 	"strings"
 	"testing"
@@ -130,7 +131,7 @@ func TestForkRefused(t *testing.T) {
 // The counter counts only paths it handed out (each with a nonce), and
 // every accepted connection, even one that sent no request.
 func TestCounter(t *testing.T) {
-	c, err := startCounter("127.0.0.1:0", "")
+	c, err := startCounter("127.0.0.1:0", "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,5 +203,27 @@ func TestRecordCoversEveryJob(t *testing.T) {
 	}
 	if len(rec.Each) != 2 || rec.Each[0].PolicyDigest == rec.Each[1].PolicyDigest || rec.Each[1].Shape == "" || len(rec.Jobs) != 2 {
 		t.Errorf("record %+v", rec)
+	}
+}
+
+// With --counter-from, requests and connections from anyone else are not
+// counted.
+func TestCounterFrom(t *testing.T) {
+	c, err := startCounter("127.0.0.1:0", "", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+	p := c.path("x")
+	resp, err := http.Get("http://" + c.addr + p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 404 || c.count(p) != 0 || c.accepted() != 0 {
+		t.Errorf("a request from 127.0.0.1 outside --counter-from: %d, counted %d, connections %d", resp.StatusCode, c.count(p), c.accepted())
+	}
+	if !c.counts("192.0.2.9:4000") || c.counts("198.51.100.1:4000") || c.counts("garbage") {
+		t.Error("counts() judges sources wrong")
 	}
 }

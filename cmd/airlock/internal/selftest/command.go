@@ -3,6 +3,7 @@ package selftest
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -24,6 +25,7 @@ func New(g *cmdutil.Globals) *cobra.Command {
 		runtimes, memory, approver string
 		pipeline                   string
 		expect, secrets, rows      []string
+		counterFrom                []string
 		onHost                     bool
 	)
 	cmd := &cobra.Command{
@@ -78,6 +80,17 @@ when any row fails.`,
 				if !contains(RowNames, r) {
 					return cmdutil.Usagef("--row %q: want one of %s", r, strings.Join(RowNames, ", "))
 				}
+			}
+			for _, f := range counterFrom {
+				p, err := netip.ParsePrefix(f)
+				if err != nil {
+					a, aerr := netip.ParseAddr(f)
+					if aerr != nil {
+						return cmdutil.Usagef("--counter-from %q: want an address or CIDR", f)
+					}
+					p = netip.PrefixFrom(a, a.BitLen())
+				}
+				opts.CounterFrom = append(opts.CounterFrom, p.Masked())
 			}
 			for _, t := range expect {
 				if _, err := parseTarget(t); err != nil {
@@ -162,6 +175,7 @@ when any row fails.`,
 	fl.StringArrayVar(&expect, "expect-reach", nil, "a destination jobs must reach, NAME or CIDR with an optional :PORT (443 without; repeatable)")
 	fl.StringVar(&opts.CounterListen, "counter-listen", "", "HOST:PORT to serve the selftest's counter on; it must be reachable from the sandboxes and not an executor host address (not 0.0.0.0 unless firewalled)")
 	fl.StringVar(&opts.CounterAddr, "counter-addr", "", "IP:PORT jobs dial the counter at, when it differs from --counter-listen (a relay or NAT)")
+	fl.StringArrayVar(&counterFrom, "counter-from", nil, "an address or CIDR the sandboxes' connections reach the counter from (their egress, or a relay); when given, only those are counted (repeatable)")
 	fl.StringArrayVar(&secrets, "secret-path", nil, "a file on the executor host no job may read, planted by the operator (repeatable)")
 	fl.BoolVar(&onHost, "on-executor-host", false, "this machine is the executor host: plant a dummy secret here for the isolation row (without it or --secret-path that check is skipped)")
 	fl.StringVar(&memory, "memory-probe", "1GiB", "what the memory job allocates under the tenant's default memory limit")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -25,6 +26,10 @@ type counter struct {
 	srv  *http.Server
 	ln   net.Listener
 	addr string // where jobs dial it, HOST:PORT
+	// from, when not empty, are the only source addresses counted (the
+	// sandboxes' egress, or a relay's): anyone else is answered 404 and
+	// their connections are not counted.
+	from []netip.Prefix
 
 	mu    sync.Mutex
 	hits  map[string]int // issued paths only
@@ -42,7 +47,7 @@ type countingListener struct {
 
 func (l countingListener) Accept() (net.Conn, error) {
 	conn, err := l.Listener.Accept()
-	if err == nil {
+	if err == nil && l.c.counts(conn.RemoteAddr().String()) {
 		l.c.mu.Lock()
 		l.c.conns++
 		l.c.mu.Unlock()
@@ -51,8 +56,9 @@ func (l countingListener) Accept() (net.Conn, error) {
 }
 
 // startCounter listens on listen and serves until close; jobs dial addr,
-// or the listener's own address when addr is empty.
-func startCounter(listen, addr string) (*counter, error) {
+// or the listener's own address when addr is empty. Only requests and
+// connections from from are counted (from anyone when from is empty).
+func startCounter(listen, addr string, from []netip.Prefix) (*counter, error) {
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return nil, err
@@ -60,7 +66,7 @@ func startCounter(listen, addr string) (*counter, error) {
 	if addr == "" {
 		addr = ln.Addr().String()
 	}
-	c := &counter{ln: ln, addr: addr, hits: map[string]int{}}
+	c := &counter{ln: ln, addr: addr, from: from, hits: map[string]int{}}
 	c.srv = &http.Server{Handler: c, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := c.srv.Serve(countingListener{ln, c}); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -93,6 +99,10 @@ func (c *counter) accepted() int {
 // ServeHTTP counts a request to an issued path and answers "counted N";
 // anything else is 404, uncounted.
 func (c *counter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !c.counts(r.RemoteAddr) {
+		http.NotFound(w, r)
+		return
+	}
 	c.mu.Lock()
 	n, ok := c.hits[r.URL.Path]
 	if ok {
@@ -106,6 +116,23 @@ func (c *counter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/plain")
 	w.Write([]byte("selftest-counted " + itoa(n) + "\n"))
+}
+
+// counts says whether a peer at remote (IP:PORT) is counted.
+func (c *counter) counts(remote string) bool {
+	if len(c.from) == 0 {
+		return true
+	}
+	ap, err := netip.ParseAddrPort(remote)
+	if err != nil {
+		return false
+	}
+	for _, p := range c.from {
+		if p.Contains(ap.Addr().Unmap()) {
+			return true
+		}
+	}
+	return false
 }
 
 // count is how many requests path has had.

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -47,6 +48,9 @@ type Options struct {
 	// empty). No CounterListen: the checks that need a live external
 	// side are skipped, saying so.
 	CounterListen, CounterAddr string
+	// CounterFrom, when not empty, are the source addresses the counter
+	// counts (the sandboxes' egress, or a relay's); others are ignored.
+	CounterFrom []netip.Prefix
 	// SecretPaths are files on the executor host no job may read.
 	SecretPaths []string
 	// PlantSecret writes a dummy secret on this machine and adds it to
@@ -123,7 +127,7 @@ func Run(ctx context.Context, cl Clients, opts Options) (*Report, error) {
 	}
 	r := &runner{opts: opts, cl: cl, run: token()}
 	if opts.CounterListen != "" {
-		c, err := startCounter(opts.CounterListen, opts.CounterAddr)
+		c, err := startCounter(opts.CounterListen, opts.CounterAddr, opts.CounterFrom)
 		if err != nil {
 			return nil, fmt.Errorf("--counter-listen %s: %w", opts.CounterListen, err)
 		}
