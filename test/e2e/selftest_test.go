@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -100,8 +101,8 @@ func startSelftestNet(t *testing.T) selftestNet {
 func (s *stack) runSelftest(t *testing.T, n selftestNet, extra ...string) (int, selftestReport, result) {
 	t.Helper()
 	args := append([]string{"selftest", "--repo", "sample", "--rev", "main", "-o", "json",
-		"--counter-listen", n.counterListen, "--counter-addr", n.counterAddr, "--expect-reach", n.reach,
-		"--approver", "approver/alice", "--publish-to", "sample:main", "--pipeline", "pipeline/deploy"}, extra...)
+		"--counter-listen", n.counterListen, "--counter-addr", n.counterAddr, "--counter-from", "127.0.0.1/32", "--expect-reach", n.reach,
+		"--approver", "approver/alice", "--publish-to", "sample:main", "--pipeline", "pipeline/deploy", "--on-executor-host"}, extra...)
 	res := runCommandWithin(t, 4*time.Minute, s.env(), bin("airlock"), args...)
 	var rep selftestReport
 	if err := json.Unmarshal([]byte(res.stdout), &rep); err != nil {
@@ -173,22 +174,33 @@ func TestSelftest(t *testing.T) {
 	}
 	t.Logf("progress:\n%s", res.stderr)
 
-	// JUnit XML for CI, one testcase per row and runtime class.
+	// JUnit XML for CI, one testcase per row and runtime class. Run as
+	// from a CI runner (no --on-executor-host, no --secret-path): the
+	// dummy-secret check is skipped, and the passed isolation row says so.
 	junit := runCommandWithin(t, 4*time.Minute, s.env(), bin("airlock"), "selftest", "--repo", "sample", "--rev", "main",
-		"--runtime", "runc", "--row", "exit-status", "-o", "junit")
+		"--runtime", "runc", "--row", "exit-status", "--row", "isolation", "-o", "junit")
+	type property struct {
+		Name  string `xml:"name,attr"`
+		Value string `xml:"value,attr"`
+	}
 	var doc struct {
 		Suites []struct {
 			Tests    int `xml:"tests,attr"`
 			Failures int `xml:"failures,attr"`
 			Cases    []struct {
-				Name      string `xml:"name,attr"`
-				Classname string `xml:"classname,attr"`
+				Name       string     `xml:"name,attr"`
+				Classname  string     `xml:"classname,attr"`
+				Properties []property `xml:"properties>property"`
 			} `xml:"testcase"`
 		} `xml:"testsuite"`
 	}
-	if err := xml.Unmarshal([]byte(junit.stdout), &doc); err != nil || junit.code != 0 || len(doc.Suites) != 1 || doc.Suites[0].Tests != 1 ||
-		doc.Suites[0].Failures != 0 || doc.Suites[0].Cases[0].Classname != "airlock.selftest.runc" || doc.Suites[0].Cases[0].Name != "exit-status" {
-		t.Errorf("selftest -o junit: exit %d, %v, %+v\n%s\nstderr:\n%s", junit.code, err, doc, junit.stdout, junit.stderr)
+	if err := xml.Unmarshal([]byte(junit.stdout), &doc); err != nil || junit.code != 0 || len(doc.Suites) != 1 || doc.Suites[0].Tests != 2 ||
+		len(doc.Suites[0].Cases) != 2 || doc.Suites[0].Failures != 0 || doc.Suites[0].Cases[0].Classname != "airlock.selftest.runc" ||
+		doc.Suites[0].Cases[0].Name != "exit-status" || doc.Suites[0].Cases[1].Name != "isolation" {
+		t.Fatalf("selftest -o junit: exit %d, %v, %+v\n%s\nstderr:\n%s", junit.code, err, doc, junit.stdout, junit.stderr)
+	}
+	if props := doc.Suites[0].Cases[1].Properties; !slices.Contains(props, property{"skipped_checks", "dummy secret"}) {
+		t.Errorf("isolation without --on-executor-host or --secret-path: properties %+v, want skipped_checks naming the dummy secret\n%s", props, junit.stdout)
 	}
 	// It leaves nothing running behind it.
 	list := s.airlock(t, "job", "list", "-o", "json")
@@ -304,7 +316,8 @@ wait:
 	if jerr := json.Unmarshal(stdout.Bytes(), &rep); jerr != nil || err != nil || len(rep.Rows) != 1 || rep.Rows[0].Status != "pass" {
 		t.Fatalf("selftest --row restart: %v (%v)\n%s\nstderr:\n%s", err, jerr, stdout.String(), stderr.String())
 	}
-	want := map[string]bool{"executor restart": false, "recorded results": false, "retained source": false, "scratch in a new job": false, "scratch in the session": false}
+	want := map[string]bool{"executor restart": false, "recorded results": false, "retained source": false, "scratch in a new job": false, "scratch in the session": false,
+		"retained source in the session": false}
 	for _, c := range rep.Rows[0].Checks {
 		if _, ok := want[c.Name]; ok && c.Status == "pass" {
 			want[c.Name] = true

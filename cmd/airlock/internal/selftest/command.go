@@ -3,6 +3,7 @@ package selftest
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -24,7 +25,8 @@ func New(g *cmdutil.Globals) *cobra.Command {
 		runtimes, memory, approver string
 		pipeline                   string
 		expect, secrets, rows      []string
-		noPlant                    bool
+		counterFrom                []string
+		onHost                     bool
 	)
 	cmd := &cobra.Command{
 		Use:   "selftest --repo R [flags]",
@@ -34,9 +36,10 @@ policy, as the tenant's client: a row for each boundary, with the runtime
 class and version, template, resource shape and policy digest it ran on.
 
   exit-status  a failing and a passing command return their real statuses
-  isolation    a dummy secret outside the workspace cannot be read; an earlier
-               job's files (/tmp, $HOME, /work, /out) and credentials are
-               absent from a new job
+  isolation    a dummy secret outside the workspace cannot be read (with
+               --secret-path, or --on-executor-host on the executor host); an
+               earlier job's files (/tmp, $HOME, /work, /out) and credentials
+               are absent from a new job
   egress       a job under the default policy reaches nothing; each
                --expect-reach works; a narrowed policy is enforced once it
                says applied (timed)
@@ -44,7 +47,7 @@ class and version, template, resource shape and policy digest it ran on.
                and the counter the selftest serves saw one request each
   limits       memory and pids (the tenant's defaults) and a deadline stop a
                job with the right ending
-  export       with --publish-to and --pipeline: a planted fake key in an
+  export       with --publish-to, --pipeline and --approver: a planted fake key in an
                exported file is refused by the publisher's scan in a dry
                run; the approval is never approved, so nothing can land
   restart      with --disruptive: after --restart-command restarts the
@@ -65,7 +68,7 @@ when any row fails.`,
 			return cmdutil.Usagef("-o %q: must be text, json or junit", g.Output)
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			opts.ExpectReach, opts.SecretPaths, opts.Rows, opts.PlantSecret = expect, secrets, rows, !noPlant
+			opts.ExpectReach, opts.SecretPaths, opts.Rows, opts.PlantSecret = expect, secrets, rows, onHost
 			for _, w := range splitList(runtimes) {
 				c, ok := typesv1.RuntimeClass_value["RUNTIME_CLASS_"+strings.ToUpper(w)]
 				if !ok || c == 0 || strings.ToLower(w) != w {
@@ -77,6 +80,17 @@ when any row fails.`,
 				if !contains(RowNames, r) {
 					return cmdutil.Usagef("--row %q: want one of %s", r, strings.Join(RowNames, ", "))
 				}
+			}
+			for _, f := range counterFrom {
+				p, err := netip.ParsePrefix(f)
+				if err != nil {
+					a, aerr := netip.ParseAddr(f)
+					if aerr != nil {
+						return cmdutil.Usagef("--counter-from %q: want an address or CIDR", f)
+					}
+					p = netip.PrefixFrom(a, a.BitLen())
+				}
+				opts.CounterFrom = append(opts.CounterFrom, p.Masked())
 			}
 			for _, t := range expect {
 				if _, err := parseTarget(t); err != nil {
@@ -159,16 +173,17 @@ when any row fails.`,
 	fl.StringVar(&opts.Rev, "rev", "HEAD", "branch, tag or commit")
 	fl.StringVar(&runtimes, "runtime", "", "runtime classes to run the plan in, each its own rows: runc,runsc,vm (default: the tenant's default class)")
 	fl.StringArrayVar(&expect, "expect-reach", nil, "a destination jobs must reach, NAME or CIDR with an optional :PORT (443 without; repeatable)")
-	fl.StringVar(&opts.CounterListen, "counter-listen", "", "HOST:PORT to serve the selftest's counter on; it must be reachable from the sandboxes and not an executor host address")
+	fl.StringVar(&opts.CounterListen, "counter-listen", "", "HOST:PORT to serve the selftest's counter on; it must be reachable from the sandboxes and not an executor host address (not 0.0.0.0 unless firewalled)")
 	fl.StringVar(&opts.CounterAddr, "counter-addr", "", "IP:PORT jobs dial the counter at, when it differs from --counter-listen (a relay or NAT)")
+	fl.StringArrayVar(&counterFrom, "counter-from", nil, "an address or CIDR the sandboxes' connections reach the counter from (their egress, or a relay); when given, only those are counted (repeatable)")
 	fl.StringArrayVar(&secrets, "secret-path", nil, "a file on the executor host no job may read, planted by the operator (repeatable)")
-	fl.BoolVar(&noPlant, "no-plant-secret", false, "do not write a dummy secret on this machine (it is only meaningful on the executor host)")
+	fl.BoolVar(&onHost, "on-executor-host", false, "this machine is the executor host: plant a dummy secret here for the isolation row (without it or --secret-path that check is skipped)")
 	fl.StringVar(&memory, "memory-probe", "1GiB", "what the memory job allocates under the tenant's default memory limit")
 	fl.IntVar(&opts.PidsProbe, "pids-probe", 512, "how many processes the pids job starts under the tenant's default pids limit")
 	fl.DurationVar(&opts.Deadline, "deadline", 2*time.Second, "the deadline job's deadline")
 	fl.BoolVar(&opts.Disruptive, "disruptive", false, "run the restart row, which restarts the executor with --restart-command")
 	fl.StringVar(&opts.RestartCommand, "restart-command", "", "shell command that restarts the executor and returns once it serves")
-	fl.StringVar(&approver, "approver", "", "KIND/NAME of an approver of the tenant, to deny any approval a selftest job opened")
+	fl.StringVar(&approver, "approver", "", "KIND/NAME of an approver of the tenant, to deny any approval a selftest job opened (the export row needs it)")
 	fl.StringVar(&opts.PublishTo, "publish-to", "", "REPO:BRANCH the export row's job names as its publish target; its approval is never approved, and is denied at the end")
 	fl.StringVar(&pipeline, "pipeline", "", "KIND/NAME of a pipeline identity, for the export row's dry-run publish")
 	fl.StringArrayVar(&rows, "row", nil, "run only this row (repeatable): "+strings.Join(RowNames, ", "))

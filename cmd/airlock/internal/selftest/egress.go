@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/airlockhq/airlock/pkg/egress"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 )
@@ -21,17 +22,29 @@ type target struct {
 	port   uint32
 }
 
-// dial is the host a job dials for t: the name, or the CIDR's address.
+// dial is the host a job dials for t: the name; an address's self; a
+// network's first host address (network address + 1, but for IPv4 /31
+// and /32 and IPv6 /127 and /128, whose addresses are all hosts).
 func (t target) dial() string {
 	if t.name != "" {
 		return t.name
 	}
-	return t.prefix.Addr().String()
+	a := t.prefix.Addr()
+	if t.prefix.Bits() < a.BitLen()-1 {
+		a = a.Next()
+	}
+	return a.String()
 }
 
-// parseTarget reads NAME|CIDR|ADDR with an optional :PORT (443 without).
+// parseTarget reads NAME|CIDR|ADDR with an optional :PORT (443 without):
+// a name must be a fully qualified DNS name (no wildcard: a job dials
+// it), a CIDR a network without host bits; anything else is refused,
+// naming the flag.
 func parseTarget(s string) (target, error) {
 	t := target{text: s, port: 443}
+	bad := func(why string) (target, error) {
+		return t, fmt.Errorf("--expect-reach %q: %s; want NAME, CIDR or ADDRESS, with an optional :PORT", s, why)
+	}
 	host := s
 	if h, p, err := net.SplitHostPort(s); err == nil {
 		n, err := strconv.ParseUint(p, 10, 16)
@@ -46,26 +59,47 @@ func parseTarget(s string) (target, error) {
 			host, t.port = s[:i], uint32(n)
 		}
 	}
-	if p, err := netip.ParsePrefix(host); err == nil {
-		t.prefix = p
-		return t, nil
-	}
 	if a, err := netip.ParseAddr(host); err == nil {
 		t.prefix = netip.PrefixFrom(a, a.BitLen())
 		return t, nil
 	}
-	if host == "" || strings.ContainsAny(host, " /'\"$`\\") {
-		return t, fmt.Errorf("--expect-reach %q: want NAME, CIDR or ADDRESS, with an optional :PORT", s)
+	if strings.Contains(host, "/") {
+		p, err := egress.ParsePrefix(host)
+		if err != nil {
+			return bad(err.Error())
+		}
+		t.prefix = p
+		return t, nil
 	}
-	t.name = host
+	if strings.HasPrefix(host, "*") {
+		return bad("a wildcard cannot be dialled")
+	}
+	name, err := egress.NormalizeName(host)
+	if err != nil {
+		return bad(err.Error())
+	}
+	t.name = name
 	return t, nil
 }
 
-// reach is shell text that tries host:port within 3 seconds and prints
-// "selftest-reach ok|fail LABEL".
+// probeSecs is how long every connection probe waits, before a policy
+// change and after it alike.
+const probeSecs = 10
+
+// reach is shell text that tries host:port within probeSecs seconds and
+// prints "selftest-reach ok|fail LABEL".
 func reach(label, host string, port uint32) string {
-	return fmt.Sprintf(`if timeout 3 bash -c 'exec 3<>/dev/tcp/%s/%d' 2>/dev/null; then echo "selftest-reach ok %s"; else echo "selftest-reach fail %s"; fi; `, host, port, label, label)
+	return fmt.Sprintf(`if timeout %d bash -c 'exec 3<>/dev/tcp/%s/%d' 2>/dev/null; then echo "selftest-reach ok %s"; else echo "selftest-reach fail %s"; fi; `, probeSecs, host, port, label, label)
 }
+
+// reachTools are what the probes need; a missing one prints
+// "selftest-missing-tool NAME", which fails the check (a probe that could
+// not run must not read as a refused connection).
+const reachTools = `for t in timeout getent bash; do command -v "$t" >/dev/null 2>&1 || echo "selftest-missing-tool $t"; done; `
+
+// outside are destinations no selftest policy lists: a public address and
+// a public name. A probe allowed a list must fail to reach them.
+var outside = []target{{text: "unlisted 1.1.1.1:443", prefix: netip.MustParsePrefix("1.1.1.1/32"), port: 443}, {text: "unlisted example.com:443", name: "example.com", port: 443}}
 
 // counterRule is the allow rule for the counter.
 func (r *runner) counterRule() (*typesv1.AllowRule, error) {
@@ -85,9 +119,8 @@ func allow(rules []*typesv1.AllowRule) *typesv1.NetworkPolicy {
 }
 
 func (r *runner) egress(ctx context.Context, row *Row, class typesv1.RuntimeClass) {
-	var names []target
+	var names, cidrs []target
 	var cidrRules []*typesv1.AllowRule
-	var cidrs []target
 	for _, s := range r.opts.ExpectReach {
 		t, err := parseTarget(s)
 		if err != nil {
@@ -101,14 +134,29 @@ func (r *runner) egress(ctx context.Context, row *Row, class typesv1.RuntimeClas
 			cidrRules = append(cidrRules, &typesv1.AllowRule{Cidr: t.prefix.String(), Ports: []uint32{t.port}})
 		}
 	}
+	var counterRule *typesv1.AllowRule
+	refused := outside
+	if r.counter != nil {
+		rule, err := r.counterRule()
+		if err != nil {
+			row.fail("unapproved destination", "%v", err)
+			return
+		}
+		counterRule = rule
+		p, _ := netip.ParsePrefix(rule.GetCidr())
+		refused = append(append([]target(nil), outside...), target{text: "unlisted counter", prefix: p, port: rule.GetPorts()[0]})
+	}
 
 	// A job under the tenant's default policy (no policy asked for) reaches
 	// neither the counter nor a public address, nor resolves a name.
 	// The probes run at once: a refused destination may be a silent one.
-	probe := "(" + reach("public 1.1.1.1:443", "1.1.1.1", 443) + ") & " +
-		`(if timeout 3 getent hosts example.com >/dev/null 2>&1; then echo "selftest-reach ok dns example.com"; else echo "selftest-reach fail dns example.com"; fi) & `
+	probe := reachTools + "(" + reach("public 1.1.1.1:443", "1.1.1.1", 443) + ") & " +
+		fmt.Sprintf(`(if timeout %d getent hosts example.com >/dev/null 2>&1; then echo "selftest-reach ok dns example.com"; else echo "selftest-reach fail dns example.com"; fi) & `, probeSecs)
+	var path string
+	conns := 0
 	if r.counter != nil {
-		probe += "(if " + r.counter.get("/egress-"+r.run+"/default", 3) + " >/dev/null; then echo 'selftest-reach ok counter'; else echo 'selftest-reach fail counter'; fi) & "
+		path, conns = r.counter.path("egress-default"), r.counter.accepted()
+		probe += "(if " + r.counter.get(path, probeSecs) + " >/dev/null; then echo 'selftest-reach ok counter'; else echo 'selftest-reach fail counter'; fi) & "
 	}
 	def := r.runJob(ctx, r.spec(class, sh(probe+"wait; echo selftest-done")...), r.key(row, "default-policy"))
 	if def.err != nil {
@@ -116,14 +164,16 @@ func (r *runner) egress(ctx context.Context, row *Row, class typesv1.RuntimeClas
 	} else {
 		record(row, def.job)
 		ok := lines(def.stdout, "selftest-reach ok ")
+		missing := lines(def.stdout, "selftest-missing-tool ")
 		done := strings.Contains(def.stdout, "selftest-done")
 		hits := 0
 		if r.counter != nil {
-			hits = r.counter.count("/egress-" + r.run + "/default")
+			hits, conns = r.counter.count(path), r.counter.accepted()-conns
 		}
-		row.verdict("unapproved destination", done && len(ok) == 0 && hits == 0,
+		row.verdict("unapproved destination", done && len(ok) == 0 && len(missing) == 0 && hits == 0 && conns == 0,
 			"a job under the default policy ("+policyWord(def.job)+") reached no public address, no name and not the counter",
-			fmt.Sprintf("a job under the default policy (%s) reached %v, the counter saw %d requests (ran to its end: %v)", policyWord(def.job), ok, hits, done))
+			fmt.Sprintf("a job under the default policy (%s) reached %v, the counter saw %d requests and %d connections (ran to its end: %v; missing tools %v)",
+				policyWord(def.job), ok, hits, conns, done, missing))
 	}
 
 	if len(names) > 0 {
@@ -135,49 +185,54 @@ func (r *runner) egress(ctx context.Context, row *Row, class typesv1.RuntimeClas
 				ports = append(ports, t.port)
 			}
 		}
-		spec := r.spec(class, sh(reachAll(names))...)
+		spec := r.spec(class, sh(reachTools+reachAll(append(append([]target(nil), names...), refused...)))...)
 		spec.NetworkPolicy = &typesv1.NetworkPolicy{Mode: &typesv1.NetworkPolicy_Domains{Domains: &typesv1.DomainList{Domains: domains, Ports: ports}}}
 		res := r.runJob(ctx, spec, r.key(row, "names"))
-		r.reachChecks(row, res, names)
+		if res.err == nil {
+			record(row, res.job)
+		}
+		r.reachChecks(row, "the domains job", res.stdout, res.err, names, refused)
 	}
 
 	if r.counter == nil {
 		if len(cidrs) > 0 {
-			spec := r.spec(class, sh(reachAll(cidrs))...)
+			spec := r.spec(class, sh(reachTools+reachAll(append(append([]target(nil), cidrs...), refused...)))...)
 			spec.NetworkPolicy = allow(cidrRules)
-			r.reachChecks(row, r.runJob(ctx, spec, r.key(row, "cidrs")), cidrs)
+			res := r.runJob(ctx, spec, r.key(row, "cidrs"))
+			if res.err == nil {
+				record(row, res.job)
+			}
+			r.reachChecks(row, "the allow job", res.stdout, res.err, cidrs, refused)
 		}
 		row.skip("policy change", "no --counter-listen: no live destination to take away")
 		return
 	}
-	rule, err := r.counterRule()
-	if err != nil {
-		row.fail("policy change", "%v", err)
-		return
-	}
 	spec := r.spec(class)
-	spec.NetworkPolicy = allow(append([]*typesv1.AllowRule{rule}, cidrRules...))
+	spec.NetworkPolicy = allow(append([]*typesv1.AllowRule{counterRule}, cidrRules...))
 	s, err := r.session(ctx, spec, r.key(row, "session"))
 	if err != nil {
 		row.fail("policy change", "create a session allowed the counter: %v", err)
 		return
 	}
 	defer r.cancelSession(ctx, s.GetJobId())
-	before := "/egress-" + r.run + "/before"
-	x, err := r.exec(ctx, s.GetJobId(), "selftest-"+r.run+"-before", sh(r.counter.get(before, 10)+"; "+reachAll(cidrs))...)
+	before := r.counter.path("egress-before")
+	x, err := r.exec(ctx, s.GetJobId(), "selftest-"+r.run+"-before", sh(reachTools+r.counter.get(before, probeSecs)+"; "+reachAll(append(append([]target(nil), cidrs...), outside...)))...)
 	if err != nil {
 		row.fail("policy change", "%v", err)
 		return
 	}
-	if len(cidrs) > 0 {
-		r.reachChecks(row, ran{job: &authorityv1.Job{Result: &typesv1.RunResult{}}, stdout: x.stdout}, cidrs)
-	}
+	r.reachChecks(row, "the allow session", x.stdout, nil, cidrs, outside)
 	if r.counter.count(before) != 1 {
 		row.fail("policy change", "the session could not reach the counter its policy allows (%d requests seen; exec %s): is --counter-addr reachable from the sandboxes?",
 			r.counter.count(before), ending(x.exec.GetReason(), x.exec.GetExitCode(), x.exec.GetMessage()))
 		return
 	}
-	job, _ := r.cl.Client.GetJob(ctx, &authorityv1.GetJobRequest{JobId: s.GetJobId()})
+	job, err := r.cl.Client.GetJob(ctx, &authorityv1.GetJobRequest{JobId: s.GetJobId()})
+	if err != nil {
+		row.fail("policy change", "%v", err)
+		return
+	}
+	record(row, job.GetJob())
 	gen := job.GetJob().GetNetworkPolicyStatus().GetGeneration()
 
 	asked := time.Now()
@@ -205,23 +260,48 @@ func (r *runner) egress(ctx context.Context, row *Row, class typesv1.RuntimeClas
 		st = got.GetJob().GetNetworkPolicyStatus()
 	}
 	applied := time.Since(asked)
-	after := "/egress-" + r.run + "/after"
-	y, err := r.exec(ctx, s.GetJobId(), "selftest-"+r.run+"-after", sh("if "+r.counter.get(after, 3)+"; then echo selftest-reach ok counter; fi; echo selftest-done")...)
+	// The same probe as before the change, with the same wait, and the
+	// destinations the narrowed policy still allows as a control: the
+	// session must still reach those.
+	after := r.counter.path("egress-after")
+	conns = r.counter.accepted()
+	y, err := r.exec(ctx, s.GetJobId(), "selftest-"+r.run+"-after",
+		sh(reachTools+"if "+r.counter.get(after, probeSecs)+"; then echo selftest-reach ok counter; fi; "+reachAll(cidrs)+"echo selftest-done")...)
 	if err != nil {
 		row.fail("policy change", "%v", err)
 		return
 	}
 	enforced := time.Since(asked)
-	hits := r.counter.count(after)
-	ok := hits == 0 && strings.Contains(y.stdout, "selftest-done") && len(lines(y.stdout, "selftest-reach ok ")) == 0
+	hits, conns := r.counter.count(after), r.counter.accepted()-conns
+	okSet := lines(y.stdout, "selftest-reach ok ")
+	var lost []string
+	for _, t := range cidrs {
+		if !contains(okSet, t.text) {
+			lost = append(lost, t.text)
+		}
+	}
+	missing := lines(y.stdout, "selftest-missing-tool ")
+	control := fmt.Sprintf("; the still-allowed %v stayed reachable", targetTexts(cidrs))
+	if len(cidrs) == 0 {
+		control = "; no CIDR --expect-reach: no still-allowed destination to control"
+	}
+	ok := hits == 0 && conns == 0 && len(lost) == 0 && len(missing) == 0 && strings.Contains(y.stdout, "selftest-done") && !contains(okSet, "counter")
 	row.verdict("policy change", ok,
-		fmt.Sprintf("narrowed policy applied %s after the request (generation %d); the next connection failed (checked %s after the request)",
-			applied.Round(time.Millisecond), st.GetGeneration(), enforced.Round(time.Millisecond)),
-		fmt.Sprintf("after the narrowing said applied (generation %d, %s after the request), the session's next connection to the counter went through (%d requests seen)",
-			st.GetGeneration(), applied.Round(time.Millisecond), hits))
-	if row.Detail == "" && ok {
+		fmt.Sprintf("narrowed policy applied %s after the request (generation %d); the next connection to the counter failed within %ds (checked %s after the request)%s",
+			applied.Round(time.Millisecond), st.GetGeneration(), probeSecs, enforced.Round(time.Millisecond), control),
+		fmt.Sprintf("after the narrowing said applied (generation %d, %s after the request): the counter saw %d requests and %d connections, still-allowed destinations lost %v, missing tools %v",
+			st.GetGeneration(), applied.Round(time.Millisecond), hits, conns, lost, missing))
+	if ok {
 		row.Detail = "policy change applied in " + applied.Round(time.Millisecond).String()
 	}
+}
+
+func targetTexts(ts []target) []string {
+	var out []string
+	for _, t := range ts {
+		out = append(out, t.text)
+	}
+	return out
 }
 
 func containsPort(ps []uint32, p uint32) bool {
@@ -244,17 +324,31 @@ func reachAll(ts []target) string {
 	return s + "wait; "
 }
 
-// reachChecks adds one check per target from a probe's output.
-func (r *runner) reachChecks(row *Row, res ran, ts []target) {
-	if res.err != nil {
-		row.fail("expected connection", "%v", res.err)
+// reachChecks adds one check per target a probe (who) must reach, and one
+// that it reached none of those it must not, from the probe's output; a
+// missing tool fails them all.
+func (r *runner) reachChecks(row *Row, who, stdout string, err error, want, refuse []target) {
+	if err != nil {
+		row.fail("expected connection", "%s: %v", who, err)
 		return
 	}
-	record(row, res.job)
-	okSet := lines(res.stdout, "selftest-reach ok ")
-	for _, t := range ts {
-		row.check("expected connection "+t.text, contains(okSet, t.text), "%s:%d reached: %v", t.dial(), t.port, contains(okSet, t.text))
+	if missing := lines(stdout, "selftest-missing-tool "); len(missing) > 0 {
+		row.fail("expected connection", "%s lacks %s: nothing was probed", who, strings.Join(missing, ", "))
+		return
 	}
+	okSet := lines(stdout, "selftest-reach ok ")
+	for _, t := range want {
+		row.check("expected connection "+t.text, contains(okSet, t.text), "%s reached %s:%d: %v", who, t.dial(), t.port, contains(okSet, t.text))
+	}
+	var through []string
+	for _, t := range refuse {
+		if contains(okSet, t.text) {
+			through = append(through, t.text)
+		}
+	}
+	row.verdict("unlisted destination ("+who+")", len(through) == 0,
+		fmt.Sprintf("%s reached none of %v, which its policy does not list", who, targetTexts(refuse)),
+		fmt.Sprintf("%s reached %v, which its policy does not list: the allow-list lets more through", who, through))
 }
 
 // policyWord names a job's network policy mode.

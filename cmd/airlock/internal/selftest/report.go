@@ -31,8 +31,8 @@ type Check struct {
 
 // Record is what a row ran on, so that a later image, runtime or policy
 // change shows up as a different row: the runtime class and its version,
-// the template (or image) digest, the resource shape and a digest of the
-// policy the row's jobs ran with.
+// the template (or image) digest, the resource shape (of the row's first
+// job) and a digest of the policies all of the row's jobs ran with.
 type Record struct {
 	RuntimeClass   string   `json:"runtime_class,omitempty"`
 	RuntimeVersion string   `json:"runtime_version,omitempty"`
@@ -40,6 +40,16 @@ type Record struct {
 	Shape          string   `json:"shape,omitempty"`
 	PolicyDigest   string   `json:"policy_digest,omitempty"`
 	Jobs           []string `json:"jobs,omitempty"`
+	// Each is every job's (and session's) own shape and policy digest;
+	// PolicyDigest is the digest over all of them, in the row's order.
+	Each []JobRecord `json:"each,omitempty"`
+}
+
+// JobRecord is what one job of a row ran with.
+type JobRecord struct {
+	Job          string `json:"job"`
+	Shape        string `json:"shape,omitempty"`
+	PolicyDigest string `json:"policy_digest,omitempty"`
 }
 
 // Row is one named part of the validation plan, for one runtime class.
@@ -163,7 +173,8 @@ func (rep *Report) WriteJSON(w io.Writer) error {
 
 // JUnit XML, as CI systems read it: one testsuite, one testcase per row
 // (classname "airlock.selftest.RUNTIME"), a failure element naming the
-// failed checks, skipped for a skipped row, and the record as properties.
+// failed checks, skipped for a skipped row, the record as properties and
+// a skipped_checks property naming the checks a passed row skipped.
 
 // JUnitSuites is the document's root.
 type JUnitSuites struct {
@@ -224,12 +235,20 @@ func (rep *Report) JUnit() JUnitSuites {
 				c.Properties = append(c.Properties, p)
 			}
 		}
-		var lines, failed []string
+		var lines, failed, skipped []string
 		for _, ch := range r.Checks {
 			lines = append(lines, fmt.Sprintf("%s %s: %s", ch.Status, ch.Name, ch.Detail))
-			if ch.Status == Fail {
+			switch ch.Status {
+			case Fail:
 				failed = append(failed, ch.Name)
+			case Skip:
+				skipped = append(skipped, ch.Name)
 			}
+		}
+		// A passed row with skipped checks says which, so CI does not
+		// read it as fully green.
+		if len(skipped) > 0 {
+			c.Properties = append(c.Properties, JUnitProperty{"skipped_checks", strings.Join(skipped, ", ")})
 		}
 		c.SystemOut = strings.Join(lines, "\n")
 		switch r.Status {

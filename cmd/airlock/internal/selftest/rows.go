@@ -109,51 +109,127 @@ func (r *runner) plantSecret() (func(), error) {
 
 func (r *runner) secret() string { return "selftest-secret-" + r.run }
 
+// searchTools are what a probe's search needs; a missing one fails the
+// check, never reads as "nothing found".
+const searchTools = `for t in grep head timeout sed env; do command -v "$t" >/dev/null 2>&1 || echo "selftest-missing-tool $t"; done; `
+
+// search is shell text that greps / for the patterns (shell words)
+// within a minute, printing "PREFIX PATH" per file found, then
+// "selftest-search-exit N" with grep's (or timeout's) status.
+func search(prefix, patterns string) string {
+	return `timeout 60 grep -rslF ` + searchExcludes + ` ` + patterns + ` / 2>/dev/null | sed 's/^/` + prefix + ` /'; ` +
+		`echo "selftest-search-exit ${PIPESTATUS[0]}"; `
+}
+
+// searchWorked says whether a search ran over all of / and found its own
+// control file: grep's status 0 (found) or 2 (some file unreadable), not
+// 124 (timed out) or 126/127 (missing), and no missing tool.
+func searchWorked(out string, found []string, control string) (bool, string) {
+	if miss := lines(out, "selftest-missing-tool "); len(miss) > 0 {
+		return false, "the job lacks " + strings.Join(miss, ", ") + ": nothing was searched"
+	}
+	exit := lines(out, "selftest-search-exit ")
+	if len(exit) != 1 || (exit[0] != "0" && exit[0] != "2") {
+		return false, fmt.Sprintf("the search of / did not complete (status %v; 124 is a timeout)", exit)
+	}
+	if !contains(found, control) {
+		return false, "the search of / did not find the control file " + control + " the job planted itself"
+	}
+	return true, ""
+}
+
+// without is list without s.
+func without(list []string, s string) []string {
+	var out []string
+	for _, x := range list {
+		if x != s {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// markerDirs are where the earlier job writes its marker, as shell words.
+var markerDirs = []string{"/tmp", `"$HOME"`, "/work", "/out"}
+
 func (r *runner) isolation(ctx context.Context, row *Row, class typesv1.RuntimeClass) {
-	marker, cred := "selftest-marker-"+r.run, "selftest-cred-"+r.run
+	marker, cred, ctl := "selftest-marker-"+r.run, "selftest-cred-"+r.run, "selftest-control-"+r.run
 	var paths strings.Builder
 	for _, p := range r.opts.SecretPaths {
 		paths.WriteString(" " + quote(p))
 	}
-	planter := split("M", marker) + split("S", r.secret()) +
-		`for f in /tmp/$M "$HOME/$M" /work/$M /out/$M; do echo "$M" > "$f" 2>/dev/null && echo "selftest-wrote $f"; done; ` +
-		`printf 'https://selftest:%s@selftest.invalid\n' "$SELFTEST_CRED" > "$HOME/.git-credentials" 2>/dev/null; ` +
-		`for p in` + paths.String() + ` ; do head -c1 -- "$p" >/dev/null 2>&1 && echo "selftest-secret-visible $p"; done; ` +
-		`timeout 20 grep -rslF ` + searchExcludes + ` -e "$S" / 2>/dev/null | sed 's/^/selftest-secret-found /'; ` +
+	// The control file holds the dummy secret's content inside the job
+	// itself: the job's own search must find it, or the search proved
+	// nothing.
+	control := "/tmp/" + ctl + "-planter"
+	planter := split("M", marker) + split("S", r.secret()) + searchTools +
+		`for f in /tmp/$M "$HOME/$M" /work/$M /out/$M; do if echo "$M" > "$f"; then echo "selftest-wrote $f"; else echo "selftest-unwritten $f"; fi; done 2>/dev/null; ` +
+		`if printf 'https://selftest:%s@selftest.invalid\n' "$SELFTEST_CRED" > "$HOME/.git-credentials"; then echo "selftest-wrote $HOME/.git-credentials"; else echo "selftest-unwritten $HOME/.git-credentials"; fi 2>/dev/null; ` +
+		`for p in` + paths.String() + ` /nonexistent-selftest; do head -c1 -- "$p" >/dev/null 2>&1 && echo "selftest-secret-visible $p"; done; ` +
+		`echo "$S" > ` + control + `; ` +
+		search("selftest-secret-found", `-e "$S"`) +
 		`echo selftest-done`
-	if len(r.opts.SecretPaths) == 0 {
-		planter = strings.Replace(planter, "for p in ; do", "for p in /nonexistent; do", 1)
-	}
 	spec := r.spec(class, sh(planter)...)
 	spec.Env["SELFTEST_CRED"] = cred
 	first, ok := r.probe(ctx, row, "earlier job", spec, r.key(row, "planter"))
 	if !ok {
 		return
 	}
-	wrote := lines(first.stdout, "selftest-wrote ")
-	row.check("earlier job", len(wrote) > 0, "wrote its markers to %s and a credential to $HOME/.git-credentials", strings.Join(wrote, ", "))
-	seen := append(lines(first.stdout, "selftest-secret-visible "), lines(first.stdout, "selftest-secret-found ")...)
+	wrote, unwritten := lines(first.stdout, "selftest-wrote "), lines(first.stdout, "selftest-unwritten ")
+	row.verdict("earlier job", len(wrote) == len(markerDirs)+1 && len(unwritten) == 0,
+		"wrote its markers and a credential to "+strings.Join(wrote, ", "),
+		fmt.Sprintf("could not write %v (wrote %v): a leftover there would go unseen", unwritten, wrote))
+	found := lines(first.stdout, "selftest-secret-found ")
+	searched, why := searchWorked(first.stdout, found, control)
+	seen := append(lines(first.stdout, "selftest-secret-visible "), without(found, control)...)
 	switch {
 	case len(r.opts.SecretPaths) == 0:
-		row.skip("dummy secret", "no secret to look for: pass --secret-path, or run the selftest on the executor host without --no-plant-secret")
+		row.skip("dummy secret", "no secret to look for: pass --secret-path FILE (a file on the executor host), or --on-executor-host when this machine is the executor host")
+	case len(seen) > 0:
+		row.fail("dummy secret", "a job read %v of %s", seen, strings.Join(r.opts.SecretPaths, ", "))
+	case !searched:
+		row.fail("dummy secret", "%s", why)
 	default:
-		row.verdict("dummy secret", len(seen) == 0, "no job could read "+strings.Join(r.opts.SecretPaths, ", ")+", nor find its content under /",
-			fmt.Sprintf("a job read %v of %s", seen, strings.Join(r.opts.SecretPaths, ", ")))
+		row.pass("dummy secret", "no job could read %s, nor find its content under / (its own control file found)", strings.Join(r.opts.SecretPaths, ", "))
 	}
 
-	checker := split("M", marker) + split("C", cred) +
+	// The new job plants a control of its own, and looks in each place
+	// directly beside the search.
+	control = "/tmp/" + ctl + "-checker"
+	checker := split("M", marker) + split("C", cred) + split("N", ctl) + searchTools +
 		`for f in /tmp/$M "$HOME/$M" /work/$M /out/$M; do [ -e "$f" ] && echo "selftest-leftover $f"; done; ` +
-		`timeout 20 grep -rslF ` + searchExcludes + ` -e "$M" -e "$C" / 2>/dev/null | sed 's/^/selftest-leftover /'; ` +
+		`grep -qF "$C" "$HOME/.git-credentials" 2>/dev/null && echo "selftest-leftover $HOME/.git-credentials"; ` +
+		`echo "$N" > ` + control + `; ` +
+		search("selftest-found", `-e "$M" -e "$C" -e "$N"`) +
 		`env | grep -qF "$C" && echo "selftest-leftover environment"; ` +
 		`echo selftest-done`
 	second, ok := r.probe(ctx, row, "new job", r.spec(class, sh(checker)...), r.key(row, "checker"))
 	if !ok {
 		return
 	}
-	left := lines(second.stdout, "selftest-leftover ")
-	row.verdict("earlier job's files and credentials", len(left) == 0,
-		"a new job found none of the earlier job's files (/tmp, $HOME, /work, /out) or credentials",
-		fmt.Sprintf("a new job found the earlier job's %v", left))
+	if e1, e2 := first.job.GetExecutor(), second.job.GetExecutor(); e1 != e2 {
+		// On a fleet the new job may land elsewhere, where the earlier
+		// one's leftovers could never be: once more, then skip.
+		second, ok = r.probe(ctx, row, "new job", r.spec(class, sh(checker)...), r.key(row, "checker-again"))
+		if !ok {
+			return
+		}
+		if e3 := second.job.GetExecutor(); e3 != e1 {
+			row.skip("earlier job's files and credentials", "the new job ran on executor %s, the earlier one on %s (twice): nothing to compare on one host", e3, e1)
+			return
+		}
+	}
+	found = lines(second.stdout, "selftest-found ")
+	searched, why = searchWorked(second.stdout, found, control)
+	left := append(lines(second.stdout, "selftest-leftover "), without(found, control)...)
+	switch {
+	case len(left) > 0:
+		row.fail("earlier job's files and credentials", "a new job found the earlier job's %v", left)
+	case !searched:
+		row.fail("earlier job's files and credentials", "%s", why)
+	default:
+		row.pass("earlier job's files and credentials", "a new job on the same executor found none of the earlier job's files (/tmp, $HOME, /work, /out) or credentials, looking in each place and searching / (its own control file found)")
+	}
 }
 
 // probe runs a job whose script ends by printing selftest-done, and
@@ -177,10 +253,11 @@ func (r *runner) cancelSession(ctx context.Context, id string) {
 }
 
 func (r *runner) idempotency(ctx context.Context, row *Row, class typesv1.RuntimeClass) {
-	jobPath, execPath := "/idem-"+r.run+"/job", "/idem-"+r.run+"/exec"
 	jobCmd, execCmd := "echo selftest-acted", "echo selftest-acted"
 	var policy *typesv1.NetworkPolicy
+	var jobPath, execPath string
 	if r.counter != nil {
+		jobPath, execPath = r.counter.path("idempotency-job"), r.counter.path("idempotency-exec")
 		rule, err := r.counterRule()
 		if err != nil {
 			row.fail("external side", "%v", err)
@@ -220,6 +297,7 @@ func (r *runner) idempotency(ctx context.Context, row *Row, class typesv1.Runtim
 		return
 	}
 	defer r.cancelSession(ctx, s.GetJobId())
+	record(row, s)
 	execID := "selftest-" + r.run + "-once"
 	x1, err := r.exec(ctx, s.GetJobId(), execID, sh(execCmd)...)
 	if err != nil {
@@ -244,7 +322,10 @@ func (r *runner) idempotency(ctx context.Context, row *Row, class typesv1.Runtim
 func (r *runner) limits(ctx context.Context, row *Row, class typesv1.RuntimeClass) {
 	mem := r.spec(class, sh(fmt.Sprintf("dd if=/dev/zero of=/dev/null bs=%d count=1 2>/dev/null && echo selftest-memory-unbounded", r.opts.MemoryProbe))...)
 	mem.Resources.Deadline = durationpb.New(2 * time.Minute)
-	pids := r.spec(class, "sh", "-c", fmt.Sprintf(`i=0; while [ $i -lt %d ]; do sleep 30 & i=$((i+1)); done; echo selftest-pids-unbounded; kill $(jobs -p) 2>/dev/null; exit 0`, r.opts.PidsProbe))
+	// Each fork that worked says so; the refused one's message (stderr,
+	// joined to stdout) must name the fork: any other failure proves no
+	// bound.
+	pids := r.spec(class, "sh", "-c", fmt.Sprintf(`exec 2>&1; i=0; while [ $i -lt %d ]; do sleep 30 & i=$((i+1)); echo "selftest-forked $i"; done; echo selftest-pids-unbounded; kill $(jobs -p) 2>/dev/null; exit 0`, r.opts.PidsProbe))
 	pids.Resources.Deadline = durationpb.New(2 * time.Minute)
 	dl := r.spec(class, "sleep", "600")
 	dl.Resources.Deadline = durationpb.New(r.opts.Deadline)
@@ -267,11 +348,13 @@ func (r *runner) limits(ctx context.Context, row *Row, class typesv1.RuntimeClas
 		// The peak is the runtime's count (under runsc, gVisor's host
 		// tasks, bounded apart): reported, not judged. The fork refused
 		// inside the sandbox is the proof.
+		forked := len(lines(p.stdout, "selftest-forked "))
+		refused := forkRefused(p.stdout)
 		ok := p.job.GetResult().GetReason() == typesv1.TerminationReason_TERMINATION_REASON_EXITED && p.job.GetResult().GetExitCode() != 0 &&
-			!strings.Contains(p.stdout, "selftest-pids-unbounded")
+			forked > 0 && refused && !strings.Contains(p.stdout, "selftest-pids-unbounded")
 		row.verdict("pids", ok,
-			fmt.Sprintf("a job starting %d processes under the tenant's default pids limit (%d) had a fork refused: ended %s (peak %d as the runtime counts)", r.opts.PidsProbe, limit, jobEnding(p.job), peak),
-			fmt.Sprintf("a job started %d processes under the tenant's default pids limit (%d): ended %s, started them all %v", r.opts.PidsProbe, limit, jobEnding(p.job), strings.Contains(p.stdout, "selftest-pids-unbounded")))
+			fmt.Sprintf("a job starting %d processes under the tenant's default pids limit (%d) started %d, then had a fork refused: ended %s (peak %d as the runtime counts)", r.opts.PidsProbe, limit, forked, jobEnding(p.job), peak),
+			fmt.Sprintf("a job starting %d processes under the tenant's default pids limit (%d) started %d, a fork refused %v: ended %s, started them all %v", r.opts.PidsProbe, limit, forked, refused, jobEnding(p.job), strings.Contains(p.stdout, "selftest-pids-unbounded")))
 	}
 	if d := res[2]; d.err != nil {
 		row.fail("deadline", "%v", d.err)
@@ -281,4 +364,13 @@ func (r *runner) limits(ctx context.Context, row *Row, class typesv1.RuntimeClas
 		ok := d.job.GetResult().GetReason() == typesv1.TerminationReason_TERMINATION_REASON_TIMEOUT && wall < r.opts.Deadline+15*time.Second
 		row.check("deadline", ok, "`sleep 600` with a %s deadline ended %s after %s", r.opts.Deadline, jobEnding(d.job), wall.Round(10*time.Millisecond))
 	}
+}
+
+// forkRefused says whether a shell's output reports a refused fork
+// (EAGAIN): dash's "Cannot fork", busybox's "can't fork", bash's "fork:
+// retry" or the error's own text.
+func forkRefused(out string) bool {
+	o := strings.ToLower(out)
+	return strings.Contains(o, "cannot fork") || strings.Contains(o, "can't fork") || strings.Contains(o, "fork: retry") ||
+		strings.Contains(o, "resource temporarily unavailable")
 }

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -47,10 +48,15 @@ type Options struct {
 	// empty). No CounterListen: the checks that need a live external
 	// side are skipped, saying so.
 	CounterListen, CounterAddr string
+	// CounterFrom, when not empty, are the source addresses the counter
+	// counts (the sandboxes' egress, or a relay's); others are ignored.
+	CounterFrom []netip.Prefix
 	// SecretPaths are files on the executor host no job may read.
 	SecretPaths []string
-	// PlantSecret writes a dummy secret on this machine (meaningful when
-	// it is the executor host) and adds it to SecretPaths.
+	// PlantSecret writes a dummy secret on this machine and adds it to
+	// SecretPaths: only when the operator says this machine is the
+	// executor host (--on-executor-host), since elsewhere (a CI runner)
+	// no job could see it anyway and the check would prove nothing.
 	PlantSecret bool
 	// MemoryProbe is how much a job allocates under the tenant's default
 	// memory limit; PidsProbe how many processes it starts under the
@@ -72,7 +78,8 @@ type Options struct {
 	Progress io.Writer
 }
 
-// RowNames are the rows in the order they run.
+// RowNames are the rows in the order they run (restart's rows, one
+// executor restart for every class, come last).
 var RowNames = []string{"exit-status", "isolation", "egress", "idempotency", "limits", "export", "restart"}
 
 // Clients are the connections the selftest acts through: Client as the
@@ -120,7 +127,7 @@ func Run(ctx context.Context, cl Clients, opts Options) (*Report, error) {
 	}
 	r := &runner{opts: opts, cl: cl, run: token()}
 	if opts.CounterListen != "" {
-		c, err := startCounter(opts.CounterListen, opts.CounterAddr)
+		c, err := startCounter(opts.CounterListen, opts.CounterAddr, opts.CounterFrom)
 		if err != nil {
 			return nil, fmt.Errorf("--counter-listen %s: %w", opts.CounterListen, err)
 		}
@@ -139,29 +146,44 @@ func Run(ctx context.Context, cl Clients, opts Options) (*Report, error) {
 	if len(classes) == 0 {
 		classes = []typesv1.RuntimeClass{typesv1.RuntimeClass_RUNTIME_CLASS_UNSPECIFIED}
 	}
+	done := func(row *Row, began time.Time) {
+		row.Duration = time.Since(began)
+		row.settle()
+		switch sum := summary(row); {
+		case row.Detail == "" || row.Status != Pass:
+			row.Detail = sum
+		default:
+			row.Detail += " (" + sum + ")"
+		}
+		r.progress("%s: %s (%s)", row.ID(), row.Status, row.Duration.Round(10*time.Millisecond))
+		rep.Rows = append(rep.Rows, row)
+	}
 	for _, class := range classes {
 		for _, name := range RowNames {
-			if len(opts.Rows) > 0 && !contains(opts.Rows, name) {
+			if name == "restart" || (len(opts.Rows) > 0 && !contains(opts.Rows, name)) {
 				continue
 			}
 			row := &Row{Name: name, Runtime: classWord(class)}
 			r.progress("%s: running", row.ID())
 			began := time.Now()
 			r.row(ctx, row, class)
-			row.Duration = time.Since(began)
-			row.settle()
-			if row.Detail == "" {
-				row.Detail = summary(row)
-			}
-			r.progress("%s: %s (%s)", row.ID(), row.Status, row.Duration.Round(10*time.Millisecond))
-			rep.Rows = append(rep.Rows, row)
+			done(row, began)
 			if ctx.Err() != nil {
 				return rep, ctx.Err()
 			}
 		}
 	}
+	// The executor restarts once per run, whatever the classes: the
+	// restart rows come last, together.
+	if len(opts.Rows) == 0 || contains(opts.Rows, "restart") {
+		r.progress("restart: running")
+		began := time.Now()
+		for _, row := range r.restartRows(ctx, classes) {
+			done(row, began)
+		}
+	}
 	rep.Duration = time.Since(rep.Started)
-	return rep, nil
+	return rep, ctx.Err()
 }
 
 // row runs the named row's checks into row.
@@ -179,15 +201,13 @@ func (r *runner) row(ctx context.Context, row *Row, class typesv1.RuntimeClass) 
 		r.limits(ctx, row, class)
 	case "export":
 		r.export(ctx, row, class)
-	case "restart":
-		r.restart(ctx, row, class)
 	}
 }
 
-// summary is a row's detail when the row set none: the failed checks, or
-// how many passed.
+// summary is a row's detail: the failed checks, or how many passed and
+// which were skipped (a row partly skipped is not fully green).
 func summary(row *Row) string {
-	var failed []string
+	var failed, skipped []string
 	passed := 0
 	for _, c := range row.Checks {
 		switch c.Status {
@@ -195,6 +215,8 @@ func summary(row *Row) string {
 			failed = append(failed, c.Name+": "+c.Detail)
 		case Pass:
 			passed++
+		case Skip:
+			skipped = append(skipped, c.Name)
 		}
 	}
 	switch {
@@ -203,10 +225,14 @@ func summary(row *Row) string {
 	case passed == 0 && len(row.Checks) > 0:
 		return row.Checks[0].Detail
 	}
+	s := fmt.Sprintf("%d checks passed", passed)
 	if passed == 1 {
-		return "1 check passed"
+		s = "1 check passed"
 	}
-	return fmt.Sprintf("%d checks passed", passed)
+	if len(skipped) > 0 {
+		s = fmt.Sprintf("%d passed, %d skipped: %s", passed, len(skipped), strings.Join(skipped, ", "))
+	}
+	return s
 }
 
 func (r *runner) progress(format string, args ...any) {
@@ -439,6 +465,14 @@ func (r *runner) cleanup(ctx context.Context) {
 	r.mu.Lock()
 	ids := append([]string(nil), r.jobs...)
 	r.mu.Unlock()
+	// A submission whose answer was lost (or interrupted) is found by its
+	// key: every job and session of the tenant still open whose
+	// idempotency key is this run's.
+	for _, id := range r.openByKey(ctx) {
+		if !contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
 	for _, id := range ids {
 		got, err := r.cl.Client.GetJob(ctx, &authorityv1.GetJobRequest{JobId: id})
 		if err != nil {
@@ -463,6 +497,42 @@ func (r *runner) cleanup(ctx context.Context) {
 	}
 }
 
+// openByKey lists the tenant's jobs and sessions not yet ended whose
+// idempotency key starts with this run's prefix.
+func (r *runner) openByKey(ctx context.Context) []string {
+	prefix := "selftest-" + r.run + "-"
+	open := []authorityv1.JobState{authorityv1.JobState_JOB_STATE_QUEUED, authorityv1.JobState_JOB_STATE_STAGING, authorityv1.JobState_JOB_STATE_RUNNING}
+	var ids []string
+	pages := map[string]func(page string) ([]*authorityv1.Job, string, error){
+		"jobs": func(page string) ([]*authorityv1.Job, string, error) {
+			got, err := r.cl.Client.ListJobs(ctx, &authorityv1.ListJobsRequest{Tenant: r.opts.Tenant, States: open, PageToken: page, PageSize: 500})
+			return got.GetJobs(), got.GetNextPageToken(), err
+		},
+		"sessions": func(page string) ([]*authorityv1.Job, string, error) {
+			got, err := r.cl.Client.ListSessions(ctx, &authorityv1.ListSessionsRequest{Tenant: r.opts.Tenant, States: open, PageToken: page, PageSize: 500})
+			return got.GetSessions(), got.GetNextPageToken(), err
+		},
+	}
+	for what, list := range pages {
+		for page := ""; ; {
+			jobs, next, err := list(page)
+			if err != nil {
+				r.progress("cleanup: list %s: %v", what, err)
+				break
+			}
+			for _, j := range jobs {
+				if strings.HasPrefix(j.GetIdempotencyKey(), prefix) && !contains(ids, j.GetJobId()) {
+					ids = append(ids, j.GetJobId())
+				}
+			}
+			if page = next; page == "" {
+				break
+			}
+		}
+	}
+	return ids
+}
+
 // deny denies approval id as the approver, when it is still pending.
 func (r *runner) deny(ctx context.Context, id string) {
 	if r.cl.Approver == nil {
@@ -482,10 +552,11 @@ func (r *runner) deny(ctx context.Context, id string) {
 	}
 }
 
-// record fills row's record from a job that ran: the runtime and its
-// version, the template or image, the shape and the policy digest.
+// record adds a job that ran to row's record: the runtime and its
+// version, the template or image (the first job's), its shape and policy
+// digest, and the row's policy digest over all its jobs so far.
 func record(row *Row, j *authorityv1.Job) {
-	if j == nil {
+	if j == nil || j.GetJobId() == "" {
 		return
 	}
 	rec := &row.Record
@@ -499,10 +570,16 @@ func record(row *Row, j *authorityv1.Job) {
 			rec.Template = res.GetImage()
 		}
 	}
+	one := JobRecord{Job: j.GetJobId(), Shape: shape(j.GetLimits()), PolicyDigest: policyDigest(j)}
+	rec.Each = append(rec.Each, one)
 	if rec.Shape == "" {
-		rec.Shape = shape(j.GetLimits())
-		rec.PolicyDigest = policyDigest(j)
+		rec.Shape = one.Shape
 	}
+	h := sha256.New()
+	for _, e := range rec.Each {
+		h.Write([]byte(e.PolicyDigest + "\n"))
+	}
+	rec.PolicyDigest = "sha256:" + hex.EncodeToString(h.Sum(nil))
 }
 
 // shape is limits as one line: "cpu 1, memory 512MiB, pids 256, disk
@@ -516,13 +593,23 @@ func shape(l *typesv1.ResourceLimits) string {
 }
 
 // policyDigest is "sha256:" and the hex sha256 of the policy job j ran
-// with, canonically serialized: its effective limits, network policy,
-// user, runtime class and image grant.
+// with as the authority returned it, canonically serialized: its
+// effective limits, the network policy in force (or asked for, while
+// none is yet), user, runtime class (the one it ran in, else the one
+// asked for) and image grant.
 func policyDigest(j *authorityv1.Job) string {
+	np := j.GetNetworkPolicyStatus().GetPolicy()
+	if np == nil {
+		np = j.GetSpec().GetNetworkPolicy()
+	}
+	class := j.GetResult().GetRuntimeClass()
+	if class == typesv1.RuntimeClass_RUNTIME_CLASS_UNSPECIFIED {
+		class = j.GetSpec().GetRuntimeClass()
+	}
 	p := &authorityv1.Job{
 		Limits: j.GetLimits(), User: j.GetUser(), Image: j.GetImage(),
-		NetworkPolicyStatus: &typesv1.NetworkPolicyStatus{Policy: j.GetNetworkPolicyStatus().GetPolicy()},
-		Spec:                &authorityv1.JobSpec{RuntimeClass: j.GetResult().GetRuntimeClass()},
+		NetworkPolicyStatus: &typesv1.NetworkPolicyStatus{Policy: np},
+		Spec:                &authorityv1.JobSpec{RuntimeClass: class},
 	}
 	data, err := proto.MarshalOptions{Deterministic: true}.Marshal(p)
 	if err != nil {

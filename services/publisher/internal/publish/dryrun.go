@@ -3,7 +3,9 @@ package publish
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/contentcheck"
@@ -26,7 +28,45 @@ const approvalPending = "pending"
 // and validated and no commit. Without the target branch's tree, the path
 // checks that need it (case collisions with and writes beneath paths the
 // patch does not name) are left to the real publish.
-func (s *Service) DryRun(ctx context.Context, requester string, r Request) (store.Deployment, error) {
+//
+// At most maxDryRuns run at once (each fetches and scans a whole bundle);
+// another is ResourceExhausted. Each is logged with its requester, its
+// approval and its outcome, and its answer's message begins "dry run".
+func (s *Service) DryRun(ctx context.Context, requester string, r Request) (d store.Deployment, err error) {
+	select {
+	case s.dryRuns <- struct{}{}:
+		defer func() { <-s.dryRuns }()
+	default:
+		return store.Deployment{}, fmt.Errorf("%w: %d dry runs are already in progress on this publisher; retry later", errdefs.ErrResourceExhausted, maxDryRuns)
+	}
+	defer func() {
+		outcome := string(d.State)
+		if err != nil {
+			outcome = "error: " + err.Error()
+		}
+		s.cfg.Logger.Info("dry run", "requester", requester, "approval", r.ApprovalID, "job", d.JobID, "outcome", outcome, "findings", len(d.Findings))
+	}()
+	return s.dryRun(ctx, requester, r)
+}
+
+// maxDryRuns bounds the dry runs one publisher runs at once.
+const maxDryRuns = 2
+
+// dryRunMessage begins every dry run's message.
+const dryRunMessage = "dry run, nothing recorded or pushed"
+
+// removeDryRunLeftovers removes the bundle copies of dry runs a stopped
+// publisher did not get to remove (dry-run-*.tar and their provenance).
+func removeDryRunLeftovers(dir string, log *slog.Logger) {
+	left, _ := filepath.Glob(filepath.Join(dir, "bundles", "dry-run-*.tar*"))
+	for _, f := range left {
+		if err := os.Remove(f); err != nil {
+			log.Warn("remove a dry run's leftover bundle", "path", f, "err", err)
+		}
+	}
+}
+
+func (s *Service) dryRun(ctx context.Context, requester string, r Request) (store.Deployment, error) {
 	if err := r.check(); err != nil {
 		return store.Deployment{}, err
 	}
@@ -78,10 +118,10 @@ func (s *Service) DryRun(ctx context.Context, requester string, r Request) (stor
 	d.ID, d.UpdatedAt = "", s.now()
 	if findings := append(append(found, outs...), listMismatch(patch, files)...); len(findings) > 0 {
 		rf := &refusal{findings: toStore(findings)}
-		d.State, d.Findings, d.Message = store.Failed, rf.findings, rf.Error()
+		d.State, d.Findings, d.Message = store.Failed, rf.findings, dryRunMessage+": "+rf.Error()
 		return d, nil
 	}
-	d.State, d.Step = store.Succeeded, store.StepValidated
+	d.State, d.Step, d.Message = store.Succeeded, store.StepValidated, dryRunMessage+": the content passed the checks a publish makes before it fetches the target"
 	d.Steps[store.StepValidated] = d.UpdatedAt
 	d.FilesDigest, d.PolicyDigest = FilesDigestOf(paths(files)), spec.PolicyDigest
 	return d, nil

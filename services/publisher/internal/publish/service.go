@@ -171,6 +171,7 @@ type Service struct {
 	repoMu  map[string]*sync.Mutex   // scratch repository dir -> its lock
 	wg      sync.WaitGroup
 	metrics *metrics
+	dryRuns chan struct{} // one token per dry run in progress, maxDryRuns at most
 }
 
 // New returns a Service whose runs live as long as ctx.
@@ -199,11 +200,13 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 			return nil, err
 		}
 	}
+	removeDryRunLeftovers(cfg.Dir, cfg.Logger)
 	m, err := newMetrics(cfg.Meter)
 	if err != nil {
 		return nil, fmt.Errorf("publish: metrics: %w", err)
 	}
-	return &Service{cfg: cfg, ctx: ctx, running: map[string]chan struct{}{}, repoMu: map[string]*sync.Mutex{}, metrics: m}, nil
+	return &Service{cfg: cfg, ctx: ctx, running: map[string]chan struct{}{}, repoMu: map[string]*sync.Mutex{}, metrics: m,
+		dryRuns: make(chan struct{}, maxDryRuns)}, nil
 }
 
 // Wait waits for every run to end (after the context ends).
