@@ -109,6 +109,11 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 			e.egress.close()
 		}
 		if e.net != nil {
+			if keep {
+				// The next start makes a new namespace, with new counters.
+				sent, received := e.net.Bytes()
+				m.update(e, func(r *Run) { r.NetSentBefore += sent; r.NetReceivedBefore += received })
+			}
 			m.closeNet(e.net)
 		}
 		if !keep {

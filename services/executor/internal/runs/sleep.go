@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"time"
 
-	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
@@ -194,10 +192,16 @@ func (r Run) Times(now time.Time) (awake, asleep time.Duration) {
 // bytes. A job is awake for its wall time; a session for its time from
 // its start to now less its suspensions, and its wall time is that whole
 // time (the sandbox's own is its last stretch awake). The network bytes
-// are its egress record's (egressBytes): what passed the egress proxy
-// under a domains policy; an allow (CIDR) policy's traffic does not pass
-// it and is not counted.
+// are its network namespace's (netpolicy.Net.Bytes: every packet through
+// its veth, under every policy) plus, for a session kept across executor
+// restarts, those of its earlier namespaces (Run.NetSentBefore).
 func (m *Manager) account(e *entry, result *Result, isSession bool) {
+	var sent, received int64
+	e.updateMu.Lock()
+	if e.net != nil {
+		sent, received = e.net.Bytes()
+	}
+	e.updateMu.Unlock()
 	m.mu.Lock()
 	run := e.run
 	m.mu.Unlock()
@@ -206,5 +210,5 @@ func (m *Manager) account(e *entry, result *Result, isSession bool) {
 		result.AwakeTime, result.AsleepTime = run.Times(m.cfg.Now())
 		result.Usage.WallTime = result.AwakeTime + result.AsleepTime
 	}
-	result.NetworkSentBytes, result.NetworkReceivedBytes = egressBytes(filepath.Join(m.runDir(run.JobID), bundle.EgressFile))
+	result.NetworkSentBytes, result.NetworkReceivedBytes = run.NetSentBefore+sent, run.NetReceivedBefore+received
 }
