@@ -104,9 +104,9 @@ func TestNetworkBytes(t *testing.T) {
 }
 
 // TestSessionNetworkBytes: a session's network bytes add up over its
-// sandbox's runs: before a suspension, after its resume, and after an
-// executor restart (a new namespace, new counters; the earlier ones are
-// in the run record).
+// sandbox's runs: before a suspension (and live, while it runs), after
+// its resume, and after an executor restart (a new namespace, new
+// counters; the earlier ones are in the run record).
 func TestSessionNetworkBytes(t *testing.T) {
 	h, _ := newHarness(t, false)
 	withNetwork(t, h)
@@ -121,6 +121,10 @@ func TestSessionNetworkBytes(t *testing.T) {
 		}
 	}
 	send("first")
+	// Live, as GetRun reports them.
+	if sent, _, err := h.m.NetworkBytes(sid); err != nil || sent < sentBytes {
+		t.Fatalf("while it runs: %d sent, %v; want at least %d", sent, err, sentBytes)
+	}
 	if _, err := h.m.Suspend(sid); err != nil {
 		t.Fatal(err)
 	}

@@ -225,7 +225,7 @@ type entry struct {
 	// the live sandbox and namespace or is the grant they are made from.
 	updateMu sync.Mutex
 	sb       *sandbox.Sandbox // while it exists; guarded by updateMu
-	net      *netpolicy.Net   // while it exists; guarded by updateMu
+	net      *netpolicy.Net   // while it exists; set under updateMu and m.mu, read under either
 	// egress is a domains job's proxy and DNS server while its namespace
 	// exists; guarded by updateMu. Set only when the job started with a
 	// domains policy (the mode it may not leave but for deny_all).

@@ -196,12 +196,7 @@ func (r Run) Times(now time.Time) (awake, asleep time.Duration) {
 // its veth, under every policy) plus, for a session kept across executor
 // restarts, those of its earlier namespaces (Run.NetSentBefore).
 func (m *Manager) account(e *entry, result *Result, isSession bool) {
-	var sent, received int64
-	e.updateMu.Lock()
-	if e.net != nil {
-		sent, received = e.net.Bytes()
-	}
-	e.updateMu.Unlock()
+	result.NetworkSentBytes, result.NetworkReceivedBytes = m.netBytes(e)
 	m.mu.Lock()
 	run := e.run
 	m.mu.Unlock()
@@ -210,5 +205,30 @@ func (m *Manager) account(e *entry, result *Result, isSession bool) {
 		result.AwakeTime, result.AsleepTime = run.Times(m.cfg.Now())
 		result.Usage.WallTime = result.AwakeTime + result.AsleepTime
 	}
-	result.NetworkSentBytes, result.NetworkReceivedBytes = run.NetSentBefore+sent, run.NetReceivedBefore+received
+}
+
+// netBytes are e's network bytes so far: its earlier namespaces'
+// (Run.NetSentBefore) and its current one's (one netlink request).
+func (m *Manager) netBytes(e *entry) (sent, received int64) {
+	m.mu.Lock()
+	n, sent, received := e.net, e.run.NetSentBefore, e.run.NetReceivedBefore
+	m.mu.Unlock()
+	if n != nil {
+		s, r := n.Bytes()
+		sent, received = sent+s, received+r
+	}
+	return sent, received
+}
+
+// NetworkBytes are run jobID's network bytes so far, while it runs (a
+// run that ended has them in its result): for GetRun's usage.
+func (m *Manager) NetworkBytes(jobID string) (sent, received int64, err error) {
+	m.mu.Lock()
+	e, ok := m.runs[jobID]
+	m.mu.Unlock()
+	if !ok {
+		return 0, 0, fmt.Errorf("%w: run %q", errdefs.ErrNotFound, jobID)
+	}
+	sent, received = m.netBytes(e)
+	return sent, received, nil
 }
