@@ -3,36 +3,14 @@ package runs
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/netip"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/airlockhq/airlock/pkg/nettest"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
-
-// startSink makes a test host (listenOnTestHost) that reads every
-// connection to its end, and returns its address and the bytes it read.
-func startSink(t *testing.T) (netip.AddrPort, *atomic.Int64) {
-	t.Helper()
-	ln := listenOnTestHost(t)
-	var got atomic.Int64
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				n, _ := io.Copy(io.Discard, c)
-				got.Add(n)
-			}()
-		}
-	}()
-	return netip.MustParseAddrPort(ln.Addr().String()), &got
-}
 
 // waitBytes waits up to 10 seconds for the sink's count to reach want,
 // and returns it.
@@ -65,7 +43,9 @@ func TestNetworkBytes(t *testing.T) {
 				t.Fatalf("%s is not available: %s (build it with tools/sandbox/build.sh)", class, st.Reason)
 			}
 			withNetwork(t, h)
-			dest, got := startSink(t)
+			ln := listenOnTestHost(t)
+			got := nettest.Sink(t, ln)
+			dest := netip.MustParseAddrPort(ln.Addr().String())
 
 			g := h.grantFor(sendTo(dest, sentBytes))
 			g.Class = class
@@ -110,7 +90,9 @@ func TestNetworkBytes(t *testing.T) {
 func TestSessionNetworkBytes(t *testing.T) {
 	h, _ := newHarness(t, false)
 	withNetwork(t, h)
-	dest, got := startSink(t)
+	ln := listenOnTestHost(t)
+	got := nettest.Sink(t, ln)
+	dest := netip.MustParseAddrPort(ln.Addr().String())
 	g := h.sessionGrant(sandbox.ClassRunc, 5*time.Minute)
 	g.Network = allowPolicy(dest.Addr().String()+"/32", dest.Port())
 	sid := h.startSession(t, g)
@@ -125,14 +107,7 @@ func TestSessionNetworkBytes(t *testing.T) {
 	if sent, _, err := h.m.NetworkBytes(sid); err != nil || sent < sentBytes {
 		t.Fatalf("while it runs: %d sent, %v; want at least %d", sent, err, sentBytes)
 	}
-	if _, err := h.m.Suspend(sid); err != nil {
-		t.Fatal(err)
-	}
-	h.waitRun(t, sid, "suspended", func(r Run, up bool) bool { return r.Suspended && !up })
-	if _, err := h.m.Resume(context.Background(), sid); err != nil {
-		t.Fatal(err)
-	}
-	h.waitRun(t, sid, "resumed", func(r Run, up bool) bool { return !r.Suspended && up })
+	h.suspendResume(t, sid)
 	send("after-resume")
 
 	h.m.Close()
@@ -158,4 +133,17 @@ func TestSessionNetworkBytes(t *testing.T) {
 	if r.NetworkSentBytes < 3*sentBytes || r.NetworkSentBytes > 6*sentBytes || r.NetworkReceivedBytes <= 0 {
 		t.Errorf("session sent %d bytes in three runs: result says %d sent, %d received", 3*sentBytes, r.NetworkSentBytes, r.NetworkReceivedBytes)
 	}
+}
+
+// suspendResume suspends session sid and resumes it, waiting for each.
+func (h *harness) suspendResume(t *testing.T, sid string) {
+	t.Helper()
+	if _, err := h.m.Suspend(sid); err != nil {
+		t.Fatal(err)
+	}
+	h.waitRun(t, sid, "suspended", func(r Run, up bool) bool { return r.Suspended && !up })
+	if _, err := h.m.Resume(context.Background(), sid); err != nil {
+		t.Fatal(err)
+	}
+	h.waitRun(t, sid, "resumed", func(r Run, up bool) bool { return !r.Suspended && up })
 }
