@@ -21,9 +21,10 @@ func waitBytes(got *atomic.Int64, want int64) int64 {
 	return got.Load()
 }
 
-// sendTo is a script that sends n bytes to dest over TCP.
+// sendTo is a script that sends n bytes to dest over TCP, trying up to
+// three times (a connect that fails sends a SYN or two, far less than n).
 func sendTo(dest netip.AddrPort, n int) string {
-	return fmt.Sprintf(`head -c %d /dev/zero | timeout 20 bash -c 'cat >/dev/tcp/%s/%d' && echo sent || echo refused`, n, dest.Addr(), dest.Port())
+	return fmt.Sprintf(`for i in 1 2 3; do head -c %d /dev/zero | timeout 20 bash -c 'cat >/dev/tcp/%s/%d' && { echo sent; exit 0; }; sleep 1; done; echo refused`, n, dest.Addr(), dest.Port())
 }
 
 // sentBytes is how much a job sends in the tests below: far above what
