@@ -9,10 +9,12 @@ import (
 	"bufio"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"math/bits"
 	"net"
 	"net/netip"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -241,6 +243,19 @@ func Echo(t testing.TB, ln net.Listener) {
 			}
 		}
 	})
+}
+
+// Sink serves ln until the test ends: it reads every connection to its
+// end (for up to a minute), and returns the count of the bytes read so
+// far, across them all.
+func Sink(t testing.TB, ln net.Listener) *atomic.Int64 {
+	var n atomic.Int64
+	serve(t, ln, func(c net.Conn) {
+		_ = c.SetDeadline(time.Now().Add(time.Minute))
+		read, _ := io.Copy(io.Discard, c)
+		n.Add(read)
+	})
+	return &n
 }
 
 func serve(t testing.TB, ln net.Listener, handle func(net.Conn)) {

@@ -123,7 +123,8 @@ type Run struct {
 	// When a suspended session was suspended.
 	SuspendedAt *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=suspended_at,json=suspendedAt,proto3" json:"suspended_at,omitempty"`
 	// What the run has used so far, while it runs: awake_time and
-	// asleep_time (wall_time their sum). Once it has ended, result.usage.
+	// asleep_time (wall_time their sum), and in GetRun's answer its network
+	// bytes. Once it has ended, result.usage.
 	Usage         *v1.ResourceUsage `protobuf:"bytes,12,opt,name=usage,proto3" json:"usage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

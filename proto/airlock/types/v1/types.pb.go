@@ -2499,8 +2499,11 @@ type ResourceUsage struct {
 	// Metering bills compute and memory for awake_time alone.
 	AwakeTime  *durationpb.Duration `protobuf:"bytes,6,opt,name=awake_time,json=awakeTime,proto3" json:"awake_time,omitempty"`
 	AsleepTime *durationpb.Duration `protobuf:"bytes,7,opt,name=asleep_time,json=asleepTime,proto3" json:"asleep_time,omitempty"`
-	// Bytes the job's network connections sent and received, as its egress
-	// record counts them (DNS excluded).
+	// Bytes the job sent and received over its sandbox's network interface
+	// (the host end of its veth, whole frames), under every network policy:
+	// a domains job's traffic to the egress proxy and the executor's DNS
+	// server counts; a deny-all job has none. A session's are summed over
+	// its suspensions and executor restarts. Port forwards are not counted.
 	NetworkSentBytes     int64 `protobuf:"varint,8,opt,name=network_sent_bytes,json=networkSentBytes,proto3" json:"network_sent_bytes,omitempty"`
 	NetworkReceivedBytes int64 `protobuf:"varint,9,opt,name=network_received_bytes,json=networkReceivedBytes,proto3" json:"network_received_bytes,omitempty"`
 	unknownFields        protoimpl.UnknownFields

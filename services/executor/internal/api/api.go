@@ -104,7 +104,14 @@ func (s *Service) GetRun(ctx context.Context, req *executorv1.GetRunRequest) (*e
 	if err != nil {
 		return nil, s.fail(ctx, "GetRun", err)
 	}
-	return &executorv1.GetRunResponse{Run: convert.Run(run)}, nil
+	out := convert.Run(run)
+	if u := out.GetUsage(); u != nil {
+		// A running job's network bytes so far (one netlink request).
+		if sent, received, err := s.cfg.Runs.NetworkBytes(run.JobID); err == nil {
+			u.NetworkSentBytes, u.NetworkReceivedBytes = sent, received
+		}
+	}
+	return &executorv1.GetRunResponse{Run: out}, nil
 }
 
 func (s *Service) WatchRun(req *executorv1.WatchRunRequest, stream grpc.ServerStreamingServer[executorv1.WatchRunResponse]) error {

@@ -232,20 +232,37 @@ func nlAddr(p netip.Prefix) *netlink.Addr {
 }
 
 // deleteLink deletes the host's link name, if there is one; deleting one
-// end of a veth deletes the other, in whatever namespace it is.
-func deleteLink(name string) error {
+// end of a veth deletes the other, in whatever namespace it is. It
+// returns what crossed it (jobBytes) as read just before.
+func deleteLink(name string) (sent, received int64, err error) {
 	l, err := netlink.LinkByName(name)
 	if err != nil {
 		var nf netlink.LinkNotFoundError
 		if errors.As(err, &nf) {
-			return nil
+			return 0, 0, nil
 		}
-		return fmt.Errorf("find link %s: %w", name, err)
+		return 0, 0, fmt.Errorf("find link %s: %w", name, err)
 	}
+	sent, received = jobBytes(l)
 	if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
-		return fmt.Errorf("delete link %s: %w", name, err)
+		return 0, 0, fmt.Errorf("delete link %s: %w", name, err)
 	}
-	return nil
+	return sent, received, nil
+}
+
+// jobBytes are the bytes a job's veth carried, from the counters of its
+// host end l: what the host received the job sent, and what the host
+// transmitted the job received. Every packet the job exchanges with
+// anything but its own loopback crosses it, whatever the policy: the
+// executor's egress services and DNS server at the host end too. The
+// counts are of whole frames (Ethernet, IP and TCP or UDP headers
+// included), not of payload alone.
+func jobBytes(l netlink.Link) (sent, received int64) {
+	s := l.Attrs().Statistics
+	if s == nil {
+		return 0, 0
+	}
+	return int64(s.RxBytes), int64(s.TxBytes) //nolint:gosec // a counter below 2^63
 }
 
 // ourLinks maps the name of each host link carrying this manager's alias

@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/airlockhq/airlock/pkg/errdefs"
 )
 
@@ -37,6 +39,9 @@ type Net struct {
 	// deny-all job that never had a veth never has a table at all.
 	hasTable bool
 	closed   bool
+	// sent and received are the bytes of the veths already deleted
+	// (jobBytes), for Bytes.
+	sent, received int64
 }
 
 // CreateOption changes how Create makes a namespace.
@@ -260,9 +265,11 @@ func (n *Net) addVeth(ctx context.Context, p Policy) error {
 // so a failure after that is only logged, and the job keeps its addresses
 // until Close or Recover clean up.
 func (n *Net) removeVeth() error {
-	if err := deleteLink(n.veth); err != nil {
+	sent, received, err := deleteLink(n.veth)
+	if err != nil {
 		return fmt.Errorf("netpolicy: job %s: %w", n.id, err)
 	}
+	n.sent, n.received = n.sent+sent, n.received+received
 	n.hasVeth = false
 	if err := n.m.deleteTables(context.Background(), n.table); err != nil {
 		n.m.log.Warn("netpolicy: remove a job's rules after its veth", "job_id", n.id, "table", n.table, "error", err)
@@ -298,6 +305,26 @@ func (n *Net) ProxyAddrs() []netip.Addr {
 // exists now): a proxied job's services bind to it.
 func (n *Net) HostLink() string { return n.veth }
 
+// Bytes are the bytes the job sent and received over its veths so far:
+// those deleted (by Apply of a deny-all policy, or Close) and the one it
+// has now, read from the host end's counters (one netlink request). A
+// deny-all namespace has no veth, so nothing but loopback, and counts
+// nothing. After Close, Bytes is final.
+func (n *Net) Bytes() (sent, received int64) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	sent, received = n.sent, n.received
+	if n.hasVeth {
+		if l, err := netlink.LinkByName(n.veth); err == nil {
+			s, r := jobBytes(l)
+			sent, received = sent+s, received+r
+		} else {
+			n.m.log.Warn("netpolicy: read a job's veth counters", "job_id", n.id, "veth", n.veth, "error", err)
+		}
+	}
+	return sent, received
+}
+
 // Refused are the destinations no job may reach, as the rules refuse
 // them: the always-denied prefixes, the pools, and every address now on
 // one of the host's interfaces (as a single address: the host's
@@ -329,9 +356,10 @@ func (n *Net) Close() error {
 // addresses are released only once their conntrack entries are gone.
 func (n *Net) teardown() error {
 	var errs []error
-	if err := deleteLink(n.veth); err != nil {
+	if sent, received, err := deleteLink(n.veth); err != nil {
 		errs = append(errs, err)
 	} else {
+		n.sent, n.received = n.sent+sent, n.received+received
 		n.hasVeth = false
 		if n.hasTable {
 			if err := n.m.deleteTables(context.Background(), n.table); err != nil {

@@ -35,7 +35,7 @@ func (m *Manager) Recover(ctx context.Context) ([]string, error) {
 		// Veth and table names follow from the id, even where the alias
 		// was never set.
 		n := m.newNet(e.Name())
-		if err := deleteLink(n.veth); err != nil {
+		if _, _, err := deleteLink(n.veth); err != nil {
 			errs = append(errs, err)
 			keep[n.table] = true
 		}
@@ -49,7 +49,7 @@ func (m *Manager) Recover(ctx context.Context) ([]string, error) {
 	}
 	for name, id := range left {
 		ids[id] = true
-		if err := deleteLink(name); err != nil {
+		if _, _, err := deleteLink(name); err != nil {
 			errs = append(errs, err)
 			// The table's name follows from the id; a veth whose alias
 			// names no valid id keeps every table.

@@ -175,14 +175,7 @@ func TestSessionCacheSurvivesSuspendAndCommitsOnFinish(t *testing.T) {
 	g.Caches = []CacheGrant{goBuild}
 	sid := h.startSession(t, g)
 	h.execWait(t, sid, sh("write", "echo from-session > /root/.cache/go-build/s"))
-	if _, err := h.m.Suspend(sid); err != nil {
-		t.Fatal(err)
-	}
-	h.waitRun(t, sid, "suspended", func(r Run, up bool) bool { return r.Suspended && !up })
-	if _, err := h.m.Resume(context.Background(), sid); err != nil {
-		t.Fatal(err)
-	}
-	h.waitRun(t, sid, "resumed", func(r Run, up bool) bool { return !r.Suspended && up })
+	h.suspendResume(t, sid)
 	if x := h.execWait(t, sid, sh("read", "cat /root/.cache/go-build/s")); string(x.StdoutTail) != "from-session\n" {
 		t.Fatalf("after resume the cache reads %q", x.StdoutTail)
 	}

@@ -337,26 +337,6 @@ func egressOf(path string, log *slog.Logger) (first, last []egress.Record, total
 	return first, last, total, sum.Names(), sum.Credentials(), true
 }
 
-// egressBytes totals what a run's egress record (egress.jsonl) says its
-// connections carried: sent is from the job (bytes_out), received to it
-// (bytes_in). DNS carries none, and a request line's bytes are its
-// connection's already (egress.Summary counts them once); no record is
-// zero.
-func egressBytes(path string) (sent, received int64) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, 0
-	}
-	defer f.Close()
-	var sum egress.Summary
-	_, _ = egress.ScanRecords(f, sum.Add)
-	for _, n := range sum.Names() {
-		sent += n.BytesOut
-		received += n.BytesIn
-	}
-	return sent, received
-}
-
 // egressLog writes a run's decisions to egress.jsonl, each as it comes
 // (a crash loses none written), and to the executor's log. It keeps
 // maxEgressRecords allowed decisions one by one and twice as many lines in

@@ -349,7 +349,8 @@ func testDomainsBoundary(t *testing.T, class sandbox.Class) {
 
 	// The record: every attempt, with why.
 	recs := readEgress(t, h, g.JobID)
-	// Its totals are the result's network bytes, the job's side.
+	// The result's network bytes are the veth's whole frames: at least
+	// what the record's connections carried, the job's side.
 	var sum egress.Summary
 	for _, r := range recs {
 		sum.Add(r)
@@ -358,8 +359,8 @@ func testDomainsBoundary(t *testing.T, class sandbox.Class) {
 	for _, n := range sum.Names() {
 		sent, received = sent+n.BytesOut, received+n.BytesIn
 	}
-	if r := run.Result; r.NetworkReceivedBytes == 0 || r.NetworkSentBytes != sent || r.NetworkReceivedBytes != received {
-		t.Errorf("the result's network bytes: %d sent, %d received; the record's: %d, %d", r.NetworkSentBytes, r.NetworkReceivedBytes, sent, received)
+	if r := run.Result; received == 0 || r.NetworkSentBytes < sent || r.NetworkReceivedBytes < received {
+		t.Errorf("the result's network bytes: %d sent, %d received; want at least the record's: %d, %d", r.NetworkSentBytes, r.NetworkReceivedBytes, sent, received)
 	}
 	has := func(via, name string, allowed bool, reason string) {
 		t.Helper()

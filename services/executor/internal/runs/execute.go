@@ -109,13 +109,21 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 			e.egress.close()
 		}
 		if e.net != nil {
+			if keep {
+				// The next start makes a new namespace, with new counters.
+				sent, received := m.netBytes(e)
+				m.update(e, func(r *Run) { r.NetSentBefore, r.NetReceivedBefore = sent, received })
+			}
 			m.closeNet(e.net)
 		}
 		if !keep {
 			// A kept session keeps its generations for its next start.
 			m.releaseCaches(e.caches)
 		}
-		e.sb, e.net, e.egress, e.caches = nil, nil, nil, nil
+		m.mu.Lock()
+		e.net = nil
+		m.mu.Unlock()
+		e.sb, e.egress, e.caches = nil, nil, nil
 	}()
 	m.mu.Lock()
 	_, _, isSession := e.session()
@@ -364,7 +372,10 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source, 
 			m.cfg.Logger.Warn("the job gets no .git", "job_id", g.JobID, "error", err)
 		}
 	}
-	e.sb, e.net, e.egress, e.caches = sb, n, eg, leases
+	m.mu.Lock()
+	e.net = n
+	m.mu.Unlock()
+	e.sb, e.egress, e.caches = sb, eg, leases
 	return sb, nil
 }
 

@@ -20,14 +20,21 @@ import (
 // half), which exists only inside the pair.
 func startTestHost(t *testing.T) netip.AddrPort {
 	t.Helper()
+	ln := listenOnTestHost(t)
+	nettest.Greet(t, ln)
+	return netip.MustParseAddrPort(ln.Addr().String())
+}
+
+// listenOnTestHost makes a test host as startTestHost does and returns
+// its TCP listener, for the caller to serve.
+func listenOnTestHost(t *testing.T) net.Listener {
+	t.Helper()
 	n := int(testSeq.Add(1))
 	th := nettest.Start(t, nettest.Config{
 		Name:   fmt.Sprintf("rt%04x%02x", os.Getpid()&0xffff, n&0xff),
 		Prefix: nettest.Subnet(netip.MustParsePrefix("203.0.113.0/25"), 30, (os.Getpid()+n)%32),
 	})
-	ln := th.Listen(t, "tcp4", net.JoinHostPort(th.IP.String(), "0"))
-	nettest.Greet(t, ln)
-	return netip.MustParseAddrPort(ln.Addr().String())
+	return th.Listen(t, "tcp4", net.JoinHostPort(th.IP.String(), "0"))
 }
 
 // A newer grant's network policy is in force when Update returns: a job

@@ -79,9 +79,13 @@ type Result struct {
 	// throughout.
 	AwakeTime  time.Duration `json:"awake_time,omitempty"`
 	AsleepTime time.Duration `json:"asleep_time,omitempty"`
-	// NetworkSentBytes and NetworkReceivedBytes are what the job's
-	// connections carried out of it and into it, as its egress record
-	// counts them.
+	// NetworkSentBytes and NetworkReceivedBytes are the bytes the job
+	// sent and received over its sandbox's network interface (its veth,
+	// counted at the host end: netpolicy.Net.Bytes), summed over a
+	// session's sandboxes across its suspensions and executor restarts.
+	// Whole frames under every policy: a domains job's traffic to the
+	// egress proxy and its DNS queries to the executor count too; a
+	// deny-all job has no interface and counts nothing.
 	NetworkSentBytes     int64 `json:"network_sent_bytes,omitempty"`
 	NetworkReceivedBytes int64 `json:"network_received_bytes,omitempty"`
 }
@@ -119,6 +123,12 @@ type Run struct {
 	// AsleepTime is how long the session's suspensions that have ended
 	// lasted (Times adds the current one).
 	AsleepTime time.Duration `json:"asleep_time,omitempty"`
+	// NetSentBefore and NetReceivedBefore are the network bytes of a
+	// session's network namespaces before the executor's restart (each
+	// start makes a new one, with new counters): account adds the
+	// current one's.
+	NetSentBefore     int64 `json:"net_sent_before,omitempty"`
+	NetReceivedBefore int64 `json:"net_received_before,omitempty"`
 }
 
 // Authority is the executor's view of the authority.
@@ -215,7 +225,7 @@ type entry struct {
 	// the live sandbox and namespace or is the grant they are made from.
 	updateMu sync.Mutex
 	sb       *sandbox.Sandbox // while it exists; guarded by updateMu
-	net      *netpolicy.Net   // while it exists; guarded by updateMu
+	net      *netpolicy.Net   // while it exists; set under updateMu and m.mu, read under either
 	// egress is a domains job's proxy and DNS server while its namespace
 	// exists; guarded by updateMu. Set only when the job started with a
 	// domains policy (the mode it may not leave but for deny_all).

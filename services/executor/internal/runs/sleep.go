@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"time"
 
-	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
@@ -194,10 +192,11 @@ func (r Run) Times(now time.Time) (awake, asleep time.Duration) {
 // bytes. A job is awake for its wall time; a session for its time from
 // its start to now less its suspensions, and its wall time is that whole
 // time (the sandbox's own is its last stretch awake). The network bytes
-// are its egress record's (egressBytes): what passed the egress proxy
-// under a domains policy; an allow (CIDR) policy's traffic does not pass
-// it and is not counted.
+// are its network namespace's (netpolicy.Net.Bytes: every packet through
+// its veth, under every policy) plus, for a session kept across executor
+// restarts, those of its earlier namespaces (Run.NetSentBefore).
 func (m *Manager) account(e *entry, result *Result, isSession bool) {
+	result.NetworkSentBytes, result.NetworkReceivedBytes = m.netBytes(e)
 	m.mu.Lock()
 	run := e.run
 	m.mu.Unlock()
@@ -206,5 +205,30 @@ func (m *Manager) account(e *entry, result *Result, isSession bool) {
 		result.AwakeTime, result.AsleepTime = run.Times(m.cfg.Now())
 		result.Usage.WallTime = result.AwakeTime + result.AsleepTime
 	}
-	result.NetworkSentBytes, result.NetworkReceivedBytes = egressBytes(filepath.Join(m.runDir(run.JobID), bundle.EgressFile))
+}
+
+// netBytes are e's network bytes so far: its earlier namespaces'
+// (Run.NetSentBefore) and its current one's (one netlink request).
+func (m *Manager) netBytes(e *entry) (sent, received int64) {
+	m.mu.Lock()
+	n, sent, received := e.net, e.run.NetSentBefore, e.run.NetReceivedBefore
+	m.mu.Unlock()
+	if n != nil {
+		s, r := n.Bytes()
+		sent, received = sent+s, received+r
+	}
+	return sent, received
+}
+
+// NetworkBytes are run jobID's network bytes so far, while it runs (a
+// run that ended has them in its result): for GetRun's usage.
+func (m *Manager) NetworkBytes(jobID string) (sent, received int64, err error) {
+	m.mu.Lock()
+	e, ok := m.runs[jobID]
+	m.mu.Unlock()
+	if !ok {
+		return 0, 0, fmt.Errorf("%w: run %q", errdefs.ErrNotFound, jobID)
+	}
+	sent, received = m.netBytes(e)
+	return sent, received, nil
 }

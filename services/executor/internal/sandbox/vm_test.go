@@ -329,12 +329,21 @@ func TestVMNetworkPolicy(t *testing.T) {
 		return nn
 	}
 	allowA := netpolicy.Policy{Allow: []netpolicy.Rule{{Prefix: netip.PrefixFrom(ph.ip, 32), Ports: []uint16{uint16(ph.portA)}}}}
-	r := e.runInNet(t, ClassVM, newNet(allowA), src, script, nil)
+	allowed := newNet(allowA)
+	r := e.runInNet(t, ClassVM, allowed, src, script, nil)
 	wantExit(t, r, 0)
 	for _, want := range []string{"ALLOWED: dial " + ph.addr(ph.portA), "a=1", "denied: dial " + ph.addr(ph.portB), "b=0", "loopback ok", "lo=0", "eth0:"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("allow port A: output lacks %q", want)
 		}
+	}
+	// The guest's NIC is a tap joined to the veth's job end: what it
+	// exchanged (the dials, at least a handshake each way) crossed the
+	// veth, and the host end counted it (the job's network bytes).
+	if sent, received := allowed.Bytes(); sent < 100 || received < 100 {
+		t.Errorf("the guest's traffic is not on the veth's counters: %d sent, %d received", sent, received)
+	} else {
+		t.Logf("the guest's veth: %d sent, %d received", sent, received)
 	}
 	r = e.runInNet(t, ClassVM, newNet(netpolicy.Policy{}), src, script, nil)
 	wantExit(t, r, 0)
