@@ -217,7 +217,7 @@ func carryConn(ctx context.Context, client authorityv1.AuthorityServiceClient, i
 		},
 		CloseSendFunc: stream.CloseSend,
 	}
-	return tunnel.Join(tunnel.Conn(c), service, nil, nil)
+	return tunnel.Join(tunnel.Conn(c), service, nil, nil, func() { c.Close(); cancel() })
 }
 
 // getForward reads one forward of session (ListPortForwards: there is no
