@@ -284,6 +284,9 @@ func writePortForwardRequest(w io.Writer, a *authorityv1.Approval) {
 	f := a.GetPortForward()
 	fmt.Fprintf(w, "forward    %s: port %d of session %s, asked by %s\n", termtext.Line(f.GetForwardId()), f.GetPort(),
 		termtext.Line(a.GetJobId()), termtext.Line(a.GetRequester()))
+	if ttl := f.GetTtl(); ttl != nil {
+		fmt.Fprintf(w, "opens for  %v from its approval\n", ttl.AsDuration())
+	}
 	fmt.Fprintf(w, "digest     %s\n", termtext.Line(a.GetBundleDigest()))
 	fmt.Fprintf(w, "reach      from the requester's machine only, through the authority; nothing public\n")
 }
