@@ -120,6 +120,9 @@ func portForward(ctx context.Context, g *globals, client authorityv1.AuthoritySe
 	for f.GetState() == authorityv1.PortForwardState_PORT_FORWARD_STATE_PENDING {
 		select {
 		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.Canceled) {
+				return nil // Ctrl-C while pending: the deferred close withdraws it
+			}
 			return ctx.Err()
 		case <-time.After(forwardPoll):
 		}
@@ -163,7 +166,12 @@ func portForward(ctx context.Context, g *globals, client authorityv1.AuthoritySe
 		l.Close()
 	}()
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	// Whatever ended the loop (an Accept error too), the connections are
+	// cut before they are waited for.
+	defer func() {
+		stop(nil)
+		wg.Wait()
+	}()
 	for {
 		c, err := l.Accept()
 		if err != nil {
