@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -236,8 +238,16 @@ func TestPortForward(t *testing.T) {
 			if code := fwd.exitCode(20 * time.Second); code == -1 {
 				t.Fatalf("the CLI did not stop on SIGINT:\n%s", fwd.stderr.String())
 			}
-			if !strings.Contains(fwd.stderr.String(), "closed: 1 connection(s)") && !strings.Contains(fwd.stderr.String(), "closed:") {
-				t.Fatalf("the CLI's close: %s", fwd.stderr.String())
+			// One HTTP connection (kept alive), its bytes flushed before
+			// the close reported them.
+			var conns, bin, bout int64
+			if m := regexp.MustCompile(`closed: (\d+) connection\(s\), (\d+) byte\(s\) in, (\d+) byte\(s\) out`).FindStringSubmatch(fwd.stderr.String()); m != nil {
+				conns, _ = strconv.ParseInt(m[1], 10, 64)
+				bin, _ = strconv.ParseInt(m[2], 10, 64)
+				bout, _ = strconv.ParseInt(m[3], 10, 64)
+			}
+			if conns != 1 || bin == 0 || bout < int64(len(mark)) {
+				t.Fatalf("the CLI's close, want 1 connection with its bytes: %s", fwd.stderr.String())
 			}
 			res := s.airlock(t, "session", "forwards", sid, "-o", "json")
 			var all authorityv1.ListPortForwardsResponse
@@ -349,7 +359,8 @@ func TestPortForward(t *testing.T) {
 			t.Fatalf("a connection while pending: %v", err)
 		}
 		a := s.airlock(t, "approval", "show", f.GetApprovalId(), "--as", "approver/alice", "-o", "json")
-		if a.code != 0 || !strings.Contains(a.stdout, "APPROVAL_KIND_PORT_FORWARD") || !strings.Contains(a.stdout, f.GetForwardId()) {
+		if a.code != 0 || !strings.Contains(a.stdout, "APPROVAL_KIND_PORT_FORWARD") || !strings.Contains(a.stdout, f.GetForwardId()) ||
+			!strings.Contains(a.stdout, `"ttl"`) {
 			t.Fatalf("approval show: exit %d\n%s%s", a.code, a.stdout, a.stderr)
 		}
 		// The requester, as an approver, may not decide it.
@@ -369,7 +380,36 @@ func TestPortForward(t *testing.T) {
 		if err != nil {
 			t.Fatalf("a connection once approved: %v", err)
 		}
+		// It carries: an HTTP GET of the marker.
+		if err := stream.Send(&authorityv1.ForwardPortRequest{Msg: &authorityv1.ForwardPortRequest_Data{
+			Data: []byte("GET /marker.txt HTTP/1.0\r\n\r\n")}}); err != nil {
+			t.Fatal(err)
+		}
 		stream.CloseSend()
+		var answer []byte
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				break
+			}
+			answer = append(answer, m.GetData()...)
+		}
+		if !strings.HasPrefix(string(answer), "HTTP/1.0 200") || !strings.HasSuffix(string(answer), "gated") {
+			t.Fatalf("GET through the approved forward: %q", answer)
+		}
+		// A pending one closed by its requester withdraws its approval.
+		open, err = dev.OpenPortForward(ctx, &authorityv1.OpenPortForwardRequest{SessionId: sid, Port: 8000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := open.GetForward()
+		if _, err := dev.ClosePortForward(ctx, &authorityv1.ClosePortForwardRequest{ForwardId: w.GetForwardId()}); err != nil {
+			t.Fatal(err)
+		}
+		if a := s.airlock(t, "approval", "show", w.GetApprovalId(), "--as", "approver/alice", "-o", "json"); a.code != 0 ||
+			!strings.Contains(a.stdout, "APPROVAL_STATE_EXPIRED") {
+			t.Fatalf("the closed pending forward's approval: exit %d\n%s%s", a.code, a.stdout, a.stderr)
+		}
 		// A denied one closes.
 		open, err = dev.OpenPortForward(ctx, &authorityv1.OpenPortForwardRequest{SessionId: sid, Port: 8000})
 		if err != nil {

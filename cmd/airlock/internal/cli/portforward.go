@@ -120,6 +120,9 @@ func portForward(ctx context.Context, g *globals, client authorityv1.AuthoritySe
 	for f.GetState() == authorityv1.PortForwardState_PORT_FORWARD_STATE_PENDING {
 		select {
 		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.Canceled) {
+				return nil // Ctrl-C while pending: the deferred close withdraws it
+			}
 			return ctx.Err()
 		case <-time.After(forwardPoll):
 		}
@@ -163,7 +166,12 @@ func portForward(ctx context.Context, g *globals, client authorityv1.AuthoritySe
 		l.Close()
 	}()
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	// Whatever ended the loop (an Accept error too), the connections are
+	// cut before they are waited for.
+	defer func() {
+		stop(nil)
+		wg.Wait()
+	}()
 	for {
 		c, err := l.Accept()
 		if err != nil {
@@ -217,7 +225,7 @@ func carryConn(ctx context.Context, client authorityv1.AuthorityServiceClient, i
 		},
 		CloseSendFunc: stream.CloseSend,
 	}
-	return tunnel.Join(tunnel.Conn(c), service, nil, nil)
+	return tunnel.Join(tunnel.Conn(c), service, nil, nil, func() { c.Close(); cancel() })
 }
 
 // getForward reads one forward of session (ListPortForwards: there is no
@@ -284,6 +292,9 @@ func writePortForwardRequest(w io.Writer, a *authorityv1.Approval) {
 	f := a.GetPortForward()
 	fmt.Fprintf(w, "forward    %s: port %d of session %s, asked by %s\n", termtext.Line(f.GetForwardId()), f.GetPort(),
 		termtext.Line(a.GetJobId()), termtext.Line(a.GetRequester()))
+	if ttl := f.GetTtl(); ttl != nil {
+		fmt.Fprintf(w, "opens for  %v from its approval\n", ttl.AsDuration())
+	}
 	fmt.Fprintf(w, "digest     %s\n", termtext.Line(a.GetBundleDigest()))
 	fmt.Fprintf(w, "reach      from the requester's machine only, through the authority; nothing public\n")
 }

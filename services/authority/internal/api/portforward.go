@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/airlockhq/airlock/pkg/identity"
@@ -42,8 +43,9 @@ func forwardRequestToProto(a store.Approval) *authorityv1.PortForward {
 	if err != nil {
 		return nil
 	}
+	// Not an expiry: once approved it opens for ttl from then.
 	return &authorityv1.PortForward{ForwardId: r.ForwardID, SessionId: r.SessionID, Tenant: a.Tenant, Requester: r.Requester,
-		Port: r.Port, ApprovalId: a.ID, ExpiresAt: timestamppb.New(a.CreatedAt.Add(r.TTL))}
+		Port: r.Port, ApprovalId: a.ID, Ttl: durationpb.New(r.TTL)}
 }
 
 // forwards is the caller and the port forward domain, for each of its

@@ -51,10 +51,7 @@ func (s *Service) openApproval(ctx context.Context, caller identity.ID, f store.
 	if err != nil {
 		return store.Approval{}, err
 	}
-	life := t.Approvals.TTL
-	if life <= 0 {
-		life = policy.DefaultApprovalTTL
-	}
+	life := approvalLife(t)
 	now := s.now()
 	a := store.Approval{
 		ID: f.ApprovalID, Kind: store.KindPortForward, JobID: f.SessionID, Tenant: f.Tenant, Requester: f.Requester,

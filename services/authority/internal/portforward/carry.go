@@ -29,23 +29,32 @@ func (s *Service) Carry(ctx context.Context, caller identity.ID, id string, conn
 	}
 	ctx, cut := context.WithCancelCause(ctx)
 	defer cut(nil)
-	lc := &liveConn{cut: cut}
+	lc := &liveConn{cut: cut, done: make(chan struct{})}
 	s.track(id, lc, true)
 	defer s.track(id, lc, false)
+	defer func() {
+		select {
+		case <-lc.done:
+		default:
+			close(lc.done)
+		}
+	}()
 
 	service, err := s.cfg.Sessions.ForwardPort(ctx, j, f.Port, f.ID)
 	if err != nil {
 		if c := context.Cause(ctx); c != nil && !errors.Is(c, context.Canceled) {
-			return c
+			err = c
 		}
-		return err
+		return s.failedConn(ctx, caller, f, "the executor did not connect", err)
 	}
 	started := s.now()
+	if err := connected(); err != nil {
+		return s.failedConn(ctx, caller, f, "the client was not told it is connected", err)
+	}
+	// Counted once carried: a refused or failed connection is audited
+	// (failedConn), not counted.
 	if err := s.cfg.Store.AddForwardTraffic(ctx, id, 1, 0, 0); err != nil {
 		s.cfg.Logger.ErrorContext(ctx, "count a forwarded connection", "forward", id, "error", err)
-	}
-	if err := connected(); err != nil {
-		return err
 	}
 	var in, out, flushedIn, flushedOut atomic.Int64
 	flush := func(ctx context.Context) {
@@ -62,11 +71,12 @@ func (s *Service) Carry(ctx context.Context, caller identity.ID, id string, conn
 		flushedOut.Store(o)
 	}
 	watched := make(chan struct{})
+	var expired bool
 	go func() {
 		defer close(watched)
-		s.watch(ctx, f, cut, flush)
+		expired = s.watch(ctx, f, cut, flush)
 	}()
-	joinErr := tunnel.Join(client, service, &in, &out)
+	joinErr := tunnel.Join(client, service, &in, &out, func() { cut(nil) })
 	cause := context.Cause(ctx)
 	cut(nil)
 	<-watched
@@ -80,6 +90,12 @@ func (s *Service) Carry(ctx context.Context, caller identity.ID, id string, conn
 		Reason: fmt.Sprintf("a connection to port %d of session %s: %d byte(s) in, %d byte(s) out over %v",
 			f.Port, f.SessionID, in.Load(), out.Load(), s.now().Sub(started).Round(time.Millisecond))}); err != nil {
 		s.cfg.Logger.ErrorContext(fctx, "audit a forwarded connection", "forward", id, "error", err)
+	}
+	close(lc.done)
+	if expired {
+		if _, err := s.closeForward(fctx, s.self(), f.ID, "expired"); err != nil {
+			s.cfg.Logger.ErrorContext(fctx, "close an expired forward", "forward", f.ID, "error", err)
+		}
 	}
 	if cause != nil && !errors.Is(cause, context.Canceled) {
 		return cause
@@ -105,6 +121,10 @@ func (s *Service) checkCarry(ctx context.Context, caller identity.ID, id string)
 	if f, err = s.resolve(ctx, f); err != nil {
 		return f, store.Job{}, err
 	}
+	if why := s.policyRefusal(f.Tenant, f.Port); why != "" {
+		_, err := s.closeForward(ctx, s.self(), id, why)
+		return f, store.Job{}, errors.Join(denied("port forward %s: tenant %q's %s", id, f.Tenant, why), err)
+	}
 	switch {
 	case f.State == store.ForwardPending:
 		return f, store.Job{}, precondition("port forward %s is pending: its approval %s is not decided yet", id, f.ApprovalID)
@@ -127,15 +147,16 @@ func (s *Service) checkCarry(ctx context.Context, caller identity.ID, id string)
 
 // watch reads forward f again every CheckEvery until ctx ends, cutting
 // the connection once the forward is closed (through any replica) or
-// expired (closing it), and flushes the bytes every FlushEvery.
-func (s *Service) watch(ctx context.Context, f store.PortForward, cut context.CancelCauseFunc, flush func(context.Context)) {
+// expired (then it reports true: the caller closes it once this
+// connection is flushed), and flushes the bytes every FlushEvery.
+func (s *Service) watch(ctx context.Context, f store.PortForward, cut context.CancelCauseFunc, flush func(context.Context)) bool {
 	check := time.NewTicker(s.cfg.CheckEvery)
 	defer check.Stop()
 	lastFlush := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-check.C:
 		}
 		if time.Since(lastFlush) >= s.cfg.FlushEvery {
@@ -150,15 +171,25 @@ func (s *Service) watch(ctx context.Context, f store.PortForward, cut context.Ca
 			}
 		case cur.State == store.ForwardClosed:
 			cut(precondition("port forward %s was closed: %s", f.ID, cur.CloseReason))
-			return
+			return false
 		case !s.now().Before(cur.ExpiresAt):
-			if _, err := s.closeForward(context.WithoutCancel(ctx), s.self(), f.ID, "expired"); err != nil {
-				s.cfg.Logger.ErrorContext(ctx, "close an expired forward", "forward", f.ID, "error", err)
-			}
 			cut(precondition("port forward %s expired at %s", f.ID, cur.ExpiresAt.Format(time.RFC3339)))
-			return
+			return true
 		}
 	}
+}
+
+// failedConn audits a connection of forward f that failed before it was
+// carried (why, err) and returns err.
+func (s *Service) failedConn(ctx context.Context, caller identity.ID, f store.PortForward, why string, err error) error {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if _, aerr := s.cfg.Store.AppendAudit(actx, audit.Event{Kind: audit.KindForwardConnection, Caller: caller.String(), Subject: f.ID,
+		Tenant: f.Tenant, JobID: f.SessionID, Time: s.now(), Outcome: audit.OutcomeDenied,
+		Reason: fmt.Sprintf("a connection to port %d of session %s failed: %s: %v", f.Port, f.SessionID, why, err)}); aerr != nil {
+		s.cfg.Logger.ErrorContext(actx, "audit a failed forwarded connection", "forward", f.ID, "error", aerr)
+	}
+	return err
 }
 
 // track adds (or removes) a live connection of forward id.

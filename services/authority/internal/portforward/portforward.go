@@ -72,7 +72,16 @@ type Service struct {
 	live map[string]map[*liveConn]struct{}
 }
 
-type liveConn struct{ cut context.CancelCauseFunc }
+// liveConn is one connection this replica carries: cut ends it, and done
+// is closed once its bytes are flushed onto the record and it is audited.
+type liveConn struct {
+	cut  context.CancelCauseFunc
+	done chan struct{}
+}
+
+// closeWait bounds how long a close waits for its connections here to
+// flush their last bytes before it writes the forward's closed event.
+const closeWait = 5 * time.Second
 
 // New returns a Service.
 func New(cfg Config) (*Service, error) {
@@ -212,7 +221,9 @@ func (s *Service) open(ctx context.Context, caller identity.ID, req OpenRequest)
 		State: store.ForwardOpen, CreatedAt: now, ExpiresAt: now.Add(ttl)}
 	reason := fmt.Sprintf("port %d of session %s, open until %s", f.Port, f.SessionID, f.ExpiresAt.Format(time.RFC3339))
 	if pf.ApprovalRequired {
-		f.State, f.ApprovalID = store.ForwardPending, ids.New()
+		// Pending, it lasts as long as its approval may be decided; once
+		// approved it opens for ttl from then (resolve).
+		f.State, f.ApprovalID, f.ExpiresAt = store.ForwardPending, ids.New(), now.Add(approvalLife(t))
 		reason = fmt.Sprintf("port %d of session %s, pending approval %s; it would stay open %v once approved", f.Port, f.SessionID, f.ApprovalID, ttl)
 	}
 	f, err = s.cfg.Store.CreatePortForwardAudited(ctx, f, pf.MaxOpen, audit.Event{
@@ -320,12 +331,22 @@ func (s *Service) Close(ctx context.Context, caller identity.ID, id string) (sto
 }
 
 // closeForward closes forward id (unless it is closed already) with an
-// audit entry by by, and cuts its connections here.
+// audit entry by by. Its connections here are cut first and their last
+// bytes flushed (waiting at most closeWait), so the closed event counts
+// them; those on other replicas are cut within CheckEvery and flush
+// after it (their port_forward.connection events are exact). A pending
+// forward's approval is withdrawn with it, so approvers are not left a
+// dead request.
 func (s *Service) closeForward(ctx context.Context, by, id, reason string) (store.PortForward, error) {
+	s.cutAndWait(ctx, id, reason)
 	now := s.now()
+	var approval string
 	f, err := s.cfg.Store.UpdatePortForwardAudited(ctx, id, func(f *store.PortForward) (*audit.Event, error) {
 		if f.State == store.ForwardClosed {
 			return nil, nil
+		}
+		if f.State == store.ForwardPending {
+			approval = f.ApprovalID
 		}
 		f.State, f.ClosedAt, f.CloseReason = store.ForwardClosed, now, reason
 		return &audit.Event{Kind: audit.KindForwardClosed, Caller: by, Subject: f.ID, Time: now, Outcome: audit.OutcomeAllowed,
@@ -336,6 +357,14 @@ func (s *Service) closeForward(ctx context.Context, by, id, reason string) (stor
 		return store.PortForward{}, err
 	}
 	s.cut(id, reason)
+	if approval != "" {
+		if _, err := s.cfg.Store.WithdrawApprovalAudited(ctx, approval, func(a store.Approval) audit.Event {
+			return audit.Event{Kind: audit.KindApprovalExpired, Caller: by, Subject: a.ID, Time: now, Outcome: audit.OutcomeAllowed,
+				Reason: fmt.Sprintf("withdrawn: port forward %s closed while pending (%s)", id, reason)}
+		}); err != nil {
+			return f, fmt.Errorf("port forward %s closed; withdraw its approval %s: %w", id, approval, err)
+		}
+	}
 	return f, nil
 }
 
@@ -346,4 +375,49 @@ func (s *Service) cut(id, why string) {
 	for c := range s.live[id] {
 		c.cut(precondition("port forward %s was closed: %s", id, why))
 	}
+}
+
+// cutAndWait cuts forward id's connections here and waits, at most
+// closeWait (or until ctx ends), for each to flush its last bytes.
+func (s *Service) cutAndWait(ctx context.Context, id, why string) {
+	s.mu.Lock()
+	var wait []chan struct{}
+	for c := range s.live[id] {
+		c.cut(precondition("port forward %s was closed: %s", id, why))
+		wait = append(wait, c.done)
+	}
+	s.mu.Unlock()
+	if len(wait) == 0 {
+		return
+	}
+	t := time.NewTimer(closeWait)
+	defer t.Stop()
+	for _, d := range wait {
+		select {
+		case <-d:
+		case <-t.C:
+			s.cfg.Logger.WarnContext(ctx, "a forwarded connection did not flush before its forward closed", "forward", id)
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// approvalLife is how long tenant t's approvals may stay undecided.
+func approvalLife(t *policy.Tenant) time.Duration {
+	if t.Approvals.TTL > 0 {
+		return t.Approvals.TTL
+	}
+	return policy.DefaultApprovalTTL
+}
+
+// policyRefusal says why tenant's current policy no longer allows a
+// forward to port, or is "" when it does.
+func (s *Service) policyRefusal(tenant string, port uint32) string {
+	t := s.cfg.Tenants[tenant]
+	if t == nil || t.PortForward == nil || !t.PortForward.Allows(port) {
+		return fmt.Sprintf("policy no longer allows port %d", port)
+	}
+	return ""
 }

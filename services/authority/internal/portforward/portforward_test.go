@@ -3,6 +3,7 @@ package portforward
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"path/filepath"
@@ -46,6 +47,8 @@ type fakeSessions struct {
 	tenants policy.Tenants
 	mu      sync.Mutex
 	dialed  int
+	// fail, when set, is ForwardPort's answer (the executor refusing).
+	fail error
 }
 
 func (f *fakeSessions) Session(ctx context.Context, caller identity.ID, id string) (store.Job, error) {
@@ -62,7 +65,11 @@ func (f *fakeSessions) Session(ctx context.Context, caller identity.ID, id strin
 func (f *fakeSessions) ForwardPort(ctx context.Context, j store.Job, port uint32, forwardID string) (tunnel.End, error) {
 	f.mu.Lock()
 	f.dialed++
+	fail := f.fail
 	f.mu.Unlock()
+	if fail != nil {
+		return nil, fail
+	}
 	// A TCP pair, so a half-close reaches the echo, which then ends.
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -375,5 +382,136 @@ func TestApprovalAndSweep(t *testing.T) {
 	}
 	if list, err := h.svc.List(ctx, alice, ListRequest{Tenant: "dev"}); err != nil || len(list) != 2 {
 		t.Fatalf("an approver listing = %d, %v", len(list), err)
+	}
+}
+
+// A policy change reaches forwards already open: a new connection is
+// refused and the forward closed; the sweep closes the others.
+func TestPolicyNoLongerAllows(t *testing.T) {
+	h := newHarness(t, basicPolicy())
+	ctx := t.Context()
+	f, err := h.svc.Open(ctx, dev, OpenRequest{SessionID: "s1", Port: 3000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := h.svc.Open(ctx, dev, OpenRequest{SessionID: "s2", Port: 8080})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.sess.tenants["dev"].PortForward.Ports = []policy.PortRange{{First: 8000, Last: 8999}}
+	if _, done := carry(t, h.svc, dev, f.ID); !errors.Is(<-done, errdefs.ErrPermissionDenied) {
+		t.Fatal("a forward to a port the policy no longer lists carried a connection")
+	}
+	if got, _ := h.st.GetPortForward(ctx, f.ID); got.State != store.ForwardClosed || got.CloseReason != "policy no longer allows port 3000" {
+		t.Fatalf("after the refusal = %+v", got)
+	}
+	if n, err := h.svc.Sweep(ctx); err != nil || n != 0 {
+		t.Fatalf("sweep while 8080 is allowed = %d, %v", n, err)
+	}
+	h.sess.tenants["dev"].PortForward = nil
+	if n, err := h.svc.Sweep(ctx); err != nil || n != 1 {
+		t.Fatalf("sweep without port_forward = %d, %v", n, err)
+	}
+	if got, _ := h.st.GetPortForward(ctx, g.ID); got.State != store.ForwardClosed || got.CloseReason != "policy no longer allows port 8080" {
+		t.Fatalf("after the sweep = %+v", got)
+	}
+}
+
+// A pending forward lasts as long as its approval, not its ttl; closing
+// it withdraws the approval.
+func TestPendingExpiryAndWithdraw(t *testing.T) {
+	pf := basicPolicy()
+	pf.ApprovalRequired = true
+	h := newHarness(t, pf)
+	ctx := t.Context()
+	f, err := h.svc.Open(ctx, dev, OpenRequest{SessionID: "s1", Port: 3000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := h.svc.Open(ctx, dev, OpenRequest{SessionID: "s2", Port: 3000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.advance(20 * time.Minute) // past the 15m ttl, within the 1h approval
+	if n, err := h.svc.Sweep(ctx); err != nil || n != 0 {
+		t.Fatalf("sweep while pending = %d, %v", n, err)
+	}
+	if got, _ := h.st.GetPortForward(ctx, f.ID); got.State != store.ForwardPending {
+		t.Fatalf("pending past its ttl = %+v", got)
+	}
+	if _, err := h.svc.Close(ctx, dev, f.ID); err != nil {
+		t.Fatal(err)
+	}
+	a, err := h.st.GetApproval(ctx, f.ApprovalID)
+	if err != nil || a.State != store.ApprovalExpired {
+		t.Fatalf("the closed forward's approval = %s, %v", a.State, err)
+	}
+	ev, _ := h.st.ListAudit(ctx, store.AuditFilter{Kind: audit.KindApprovalExpired, Limit: 10})
+	if len(ev) != 1 || ev[0].Subject != f.ApprovalID || !strings.Contains(ev[0].Reason, "withdrawn") {
+		t.Fatalf("withdrawal audit = %+v", ev)
+	}
+	h.advance(time.Hour)
+	if n, err := h.svc.Sweep(ctx); err != nil || n != 1 {
+		t.Fatalf("sweep past the approval = %d, %v", n, err)
+	}
+	if got, _ := h.st.GetPortForward(ctx, g.ID); got.State != store.ForwardClosed || !strings.Contains(got.CloseReason, "expired undecided") {
+		t.Fatalf("past its approval = %+v", got)
+	}
+}
+
+// A close here waits for its connections' last bytes: the closed event
+// counts them even with no periodic flush yet.
+func TestCloseCountsLastBytes(t *testing.T) {
+	h := newHarness(t, basicPolicy())
+	ctx := t.Context()
+	svc, err := New(Config{Store: h.st, Tenants: h.sess.tenants, Sessions: h.sess, Self: self, Now: h.clock, CheckEvery: time.Hour, FlushEvery: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := svc.Open(ctx, dev, OpenRequest{SessionID: "s1", Port: 3000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	user, done := carry(t, svc, dev, f.ID)
+	if user == nil {
+		t.Fatalf("carry: %v", <-done)
+	}
+	buf := make([]byte, 5)
+	if _, err := user.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(user, buf); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Close(ctx, dev, f.ID); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	ev, _ := h.st.ListAudit(ctx, store.AuditFilter{Kind: audit.KindForwardClosed, Limit: 10})
+	if len(ev) != 1 || !strings.Contains(ev[0].Reason, "1 connection(s), 5 byte(s) in, 5 byte(s) out") {
+		t.Fatalf("closed event = %+v", ev)
+	}
+}
+
+// A connection the executor refuses is audited, not counted.
+func TestFailedConnectionAudited(t *testing.T) {
+	h := newHarness(t, basicPolicy())
+	ctx := t.Context()
+	f, err := h.svc.Open(ctx, dev, OpenRequest{SessionID: "s1", Port: 3000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.sess.mu.Lock()
+	h.sess.fail = fmt.Errorf("%w: nothing listens on port 3000 in the session", errdefs.ErrFailedPrecondition)
+	h.sess.mu.Unlock()
+	if _, done := carry(t, h.svc, dev, f.ID); !errors.Is(<-done, errdefs.ErrFailedPrecondition) {
+		t.Fatal("a refused connection did not fail")
+	}
+	ev, _ := h.st.ListAudit(ctx, store.AuditFilter{Kind: audit.KindForwardConnection, Limit: 10})
+	if len(ev) != 1 || ev[0].Outcome != audit.OutcomeDenied || !strings.Contains(ev[0].Reason, "nothing listens") {
+		t.Fatalf("connection audit = %+v", ev)
+	}
+	if got, _ := h.st.GetPortForward(ctx, f.ID); got.Connections != 0 {
+		t.Fatalf("a refused connection was counted: %+v", got)
 	}
 }

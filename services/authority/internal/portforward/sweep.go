@@ -12,8 +12,10 @@ import (
 const sweepBatch = 100
 
 // Sweep closes every forward past its expiry or whose session has ended,
-// and brings every pending forward up to date with its approval. It
-// returns how many it closed or opened.
+// and every forward its tenant's current policy no longer allows, and
+// brings every pending forward up to date with its approval (a pending
+// forward's expiry is its approval's). It returns how many it closed or
+// opened.
 func (s *Service) Sweep(ctx context.Context) (int, error) {
 	n := 0
 	for {
@@ -21,31 +23,55 @@ func (s *Service) Sweep(ctx context.Context) (int, error) {
 		if err != nil {
 			return n, err
 		}
+		stuck := 0
 		for _, f := range list {
 			reason := "expired"
-			if s.now().Before(f.ExpiresAt) {
+			switch {
+			case s.now().Before(f.ExpiresAt):
 				reason = "session ended"
+			case f.State == store.ForwardPending:
+				// Its approval's expiry: resolve closes it as such (or
+				// opens it, decided in time).
+				got, err := s.resolve(ctx, f)
+				if err != nil {
+					return n, err
+				}
+				if got.State == store.ForwardPending {
+					stuck++
+				} else {
+					n++
+				}
+				continue
 			}
 			if _, err := s.closeForward(ctx, s.self(), f.ID, reason); err != nil {
 				return n, err
 			}
 			n++
 		}
-		if len(list) < sweepBatch {
+		if len(list) < sweepBatch || stuck == len(list) {
 			break
 		}
 	}
 	var errs []error
 	for name, t := range s.cfg.Tenants {
-		if t.PortForward == nil || !t.PortForward.ApprovalRequired {
-			continue
-		}
-		pending, err := s.cfg.Store.ListPortForwards(ctx, store.ForwardFilter{Tenant: name, States: []store.ForwardState{store.ForwardPending}, Limit: MaxList})
+		live, err := s.cfg.Store.ListPortForwards(ctx, store.ForwardFilter{Tenant: name,
+			States: []store.ForwardState{store.ForwardPending, store.ForwardOpen}, Limit: MaxList})
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		for _, f := range pending {
+		for _, f := range live {
+			if why := s.policyRefusal(name, f.Port); why != "" {
+				if _, err := s.closeForward(ctx, s.self(), f.ID, why); err != nil {
+					errs = append(errs, err)
+				} else {
+					n++
+				}
+				continue
+			}
+			if f.State != store.ForwardPending || t.PortForward == nil {
+				continue
+			}
 			got, err := s.resolve(ctx, f)
 			if err != nil {
 				errs = append(errs, err)

@@ -409,6 +409,10 @@ type ApprovalStore interface {
 	// those it rewrote. An approval decided or consumed meanwhile (by a
 	// replica, say) is left alone.
 	ExpireApprovalsAudited(ctx context.Context, now time.Time, limit int, event func(Approval) audit.Event) ([]Approval, error)
+	// WithdrawApprovalAudited rewrites approval id as expired, with the
+	// event event returns for it, if it is still pending or approved (its
+	// request was withdrawn), and reports whether it did.
+	WithdrawApprovalAudited(ctx context.Context, id string, event func(Approval) audit.Event) (bool, error)
 	// ExpireChangesOfEndedJobsAudited rewrites up to limit pending or
 	// approved change and start approvals whose job has ended (finished, failed or
 	// cancelled) as expired, each with its event: such a change can no

@@ -52,7 +52,7 @@ func (s *Service) ForwardPort(stream grpc.BidiStreamingServer[executorv1.Forward
 				return stream.Send(&executorv1.ForwardPortResponse{Msg: &executorv1.ForwardPortResponse_Data{Data: b}})
 			},
 		}
-		err := tunnel.Join(client, tunnel.Conn(c), nil, nil)
+		err := tunnel.Join(client, tunnel.Conn(c), nil, nil, func() { c.Close() })
 		log.Info("forwarded connection closed", "error", err)
 		return err
 	})

@@ -22,8 +22,9 @@ const MaxForwardedConns = 32
 // A live forwarded connection counts as activity for the idle timeout.
 // An asleep session is woken first, as for a file call (Wake). A job, a
 // session its client suspended, an ended session, a vm session, and a
-// session at MaxForwardedConns are refused; the executor opens no
-// listening socket for any of it.
+// session at MaxForwardedConns are refused. Connections run concurrently.
+// The executor opens no TCP listening socket for any of it (under runsc,
+// only a short-lived Unix listener in a root-only directory: DialPort).
 func (m *Manager) ForwardPort(ctx context.Context, jobID string, port int, relay func(ctx context.Context, c net.Conn) error) error {
 	if port < 1 || port > 65535 {
 		return fmt.Errorf("%w: port: %d is not between 1 and 65535", errdefs.ErrInvalidArgument, port)

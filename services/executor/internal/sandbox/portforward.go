@@ -25,7 +25,7 @@ import (
 const dialPortWait = 10 * time.Second
 
 // DialPort connects to TCP port on the loopback of the running sandbox,
-// as a process inside it would, and returns the connection. Nothing
+// as a process inside it would, and returns the connection. No TCP port
 // listens on the host for it:
 //
 //   - runc: the job shares the kernel's network stack, so the connection
@@ -33,8 +33,9 @@ const dialPortWait = 10 * time.Second
 //     (and is then thrown away with its goroutine, never reused);
 //   - runsc: gVisor keeps its own network stack, whose loopback the host
 //     kernel cannot reach (not even from the job's namespace), so runsc's
-//     own port-forward hands one end of a socket pair made here into the
-//     sandbox, where gVisor connects it to the port on its loopback;
+//     own port-forward connects to a short-lived Unix listener made here
+//     (in a directory only root can enter, gone once connected) and
+//     joins that connection to the port on gVisor's loopback;
 //   - vm: refused.
 func (s *Sandbox) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	if port < 1 || port > 65535 {
@@ -65,27 +66,74 @@ func (s *Sandbox) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	return nil, fmt.Errorf("%w: port forwarding is not supported under runtime class %s", errdefs.ErrFailedPrecondition, s.spec.Class)
 }
 
-// netnsPath is the sandbox's network namespace: the one the executor made,
-// or the runtime's own through the job's first process.
-func (s *Sandbox) netnsPath() (string, error) {
+// openNetns opens the sandbox's network namespace: the one the executor
+// made, or the runtime's own through the job's first process. That one
+// is found through the pid in the pid file, which a dead process's
+// reuse could point elsewhere, so it is checked: the process is pinned
+// (a pidfd) while its namespace is opened and must be alive after, and
+// the namespace must not be the executor's own (every job has its own;
+// the host's is never dialed from).
+func (s *Sandbox) openNetns() (netns.NsHandle, error) {
 	if s.spec.NetNS != "" {
-		return s.spec.NetNS, nil
+		h, err := netns.GetFromPath(s.spec.NetNS)
+		if err != nil {
+			return netns.None(), fmt.Errorf("sandbox %s: open its network namespace: %w", s.spec.ID, err)
+		}
+		return h, nil
 	}
 	pid := readPid(s.pidFile)
 	if pid <= 0 {
-		return "", fmt.Errorf("%w: sandbox %s has no process yet", errdefs.ErrFailedPrecondition, s.spec.ID)
+		return netns.None(), fmt.Errorf("%w: sandbox %s has no process yet", errdefs.ErrFailedPrecondition, s.spec.ID)
 	}
-	return fmt.Sprintf("/proc/%d/ns/net", pid), nil
+	gone := fmt.Errorf("%w: sandbox %s: its process %d is gone", errdefs.ErrFailedPrecondition, s.spec.ID, pid)
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return netns.None(), gone
+	}
+	defer unix.Close(pidfd)
+	h, err := netns.GetFromPath(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		return netns.None(), fmt.Errorf("sandbox %s: open its network namespace: %w", s.spec.ID, err)
+	}
+	if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); err != nil {
+		h.Close()
+		return netns.None(), gone
+	}
+	if err := notOwnNetns(h); err != nil {
+		h.Close()
+		return netns.None(), fmt.Errorf("sandbox %s: process %d: %w", s.spec.ID, pid, err)
+	}
+	return h, nil
+}
+
+// ownNetns is the executor's network namespace, read at start: before
+// any thread joined a job's (a thread that did is never reused, but the
+// main one, wedged, would answer for /proc/self afterwards).
+var ownNetns, ownNetnsErr = func() (unix.Stat_t, error) {
+	var st unix.Stat_t
+	err := unix.Stat("/proc/self/ns/net", &st)
+	return st, err
+}()
+
+// notOwnNetns refuses h when it is the executor's own network namespace.
+func notOwnNetns(h netns.NsHandle) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(h), &st); err != nil {
+		return err
+	}
+	if ownNetnsErr != nil {
+		return fmt.Errorf("the executor's own network namespace: %w", ownNetnsErr)
+	}
+	if st.Dev == ownNetns.Dev && st.Ino == ownNetns.Ino {
+		return fmt.Errorf("%w: its network namespace is the executor's own, not a job's: refused", errdefs.ErrFailedPrecondition)
+	}
+	return nil
 }
 
 func (s *Sandbox) dialInNetns(ctx context.Context, port int) (net.Conn, error) {
-	path, err := s.netnsPath()
+	target, err := s.openNetns()
 	if err != nil {
 		return nil, err
-	}
-	target, err := netns.GetFromPath(path)
-	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: open its network namespace: %w", s.spec.ID, err)
 	}
 	defer target.Close()
 	type result struct {
@@ -162,10 +210,22 @@ func (s *Sandbox) dialRunsc(ctx context.Context, port int) (net.Conn, error) {
 		}
 		accepted <- c
 	}()
-	// runsc returns once gVisor has connected to the port (or failed to).
+	// runsc returns once gVisor has connected to the port (or failed to);
+	// its connection to the listener may still be in the accept queue
+	// then, so the accept is waited for (bounded by ctx) before the
+	// listener closes: at once only when runsc failed.
 	werr := cmd.Wait()
+	var c *net.UnixConn
+	if werr == nil {
+		select {
+		case c = <-accepted:
+		case <-ctx.Done():
+		}
+	}
 	l.Close()
-	c := <-accepted
+	if c == nil {
+		c = <-accepted
+	}
 	if werr != nil {
 		if c != nil {
 			c.Close()

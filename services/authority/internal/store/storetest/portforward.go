@@ -17,6 +17,7 @@ var forwardTests = []conformance{
 	{"ForwardMaxOpenAcrossStores", testForwardMaxOpen},
 	{"ForwardUpdateAndTraffic", testForwardUpdate},
 	{"ForwardsToEnd", testForwardsToEnd},
+	{"WithdrawApproval", testWithdrawApproval},
 }
 
 // NewForward returns an open forward of session sid created at base+n
@@ -187,5 +188,33 @@ func testForwardsToEnd(t *testing.T, open Opener) {
 	}
 	if len(list) != 2 || !got["ended"] || !got["expired"] {
 		t.Fatalf("to end = %v, want ended and expired", got)
+	}
+}
+
+// A pending forward's approval is withdrawn (expired) once, with its
+// event; a decided one is left alone.
+func testWithdrawApproval(t *testing.T, open Opener) {
+	s := open(t)
+	mustCreate(t, s, NewJob("dev", "j1", 1))
+	a := NewApproval("dev", "a1", "j1", 1)
+	mustApproval(t, s, a)
+	event := func(a store.Approval) audit.Event {
+		return audit.Event{Kind: audit.KindApprovalExpired, Subject: a.ID, Outcome: audit.OutcomeAllowed, Reason: "withdrawn"}
+	}
+	if done, err := s.WithdrawApprovalAudited(ctx(t), "a1", event); err != nil || !done {
+		t.Fatalf("withdraw = %v, %v", done, err)
+	}
+	if got, err := s.GetApproval(ctx(t), "a1"); err != nil || got.State != store.ApprovalExpired {
+		t.Fatalf("withdrawn approval = %s, %v", got.State, err)
+	}
+	if done, err := s.WithdrawApprovalAudited(ctx(t), "a1", event); err != nil || done {
+		t.Fatalf("withdrawing again = %v, %v", done, err)
+	}
+	if done, err := s.WithdrawApprovalAudited(ctx(t), "missing", event); err != nil || done {
+		t.Fatalf("withdrawing none = %v, %v", done, err)
+	}
+	ev, err := s.ListAudit(ctx(t), store.AuditFilter{Kind: audit.KindApprovalExpired, Limit: 10})
+	if err != nil || len(ev) != 1 || ev[0].Subject != "a1" {
+		t.Fatalf("withdrawal events = %+v, %v", ev, err)
 	}
 }

@@ -586,6 +586,18 @@ func (s *DB) ExpireApprovalsAudited(ctx context.Context, now time.Time, limit in
 		s.expiredApproval(ctx, event))
 }
 
+// WithdrawApprovalAudited implements store.Store.
+func (s *DB) WithdrawApprovalAudited(ctx context.Context, id string, event func(store.Approval) audit.Event) (bool, error) {
+	open := []any{string(store.ApprovalPending), string(store.ApprovalApproved)}
+	done, err := expireEach(ctx, s, "withdrawn approval", 1,
+		`SELECT id FROM approvals WHERE id = ? AND state IN (?, ?) LIMIT ?`,
+		append([]any{id}, open...),
+		`UPDATE approvals SET state = ?, version = version + 1 WHERE id = ? AND state IN (?, ?)`,
+		func(id string) []any { return append([]any{string(store.ApprovalExpired), id}, open...) },
+		s.expiredApproval(ctx, event))
+	return len(done) == 1, err
+}
+
 // expiredApproval loads an approval just expired, with its event.
 func (s *DB) expiredApproval(ctx context.Context, event func(store.Approval) audit.Event) func(*sql.Tx, string) (store.Approval, audit.Event, error) {
 	return func(tx *sql.Tx, id string) (store.Approval, audit.Event, error) {
