@@ -262,10 +262,21 @@ func (s *Service) ListFiles(ctx context.Context, j store.Job, path string, recur
 	return s.cfg.Executors.For(j.Executor).ListFiles(ctx, j.ID, path, recursive)
 }
 
-// observing is fn after the exec records of each event are observed.
+// observing is fn with the exec records of each event observed: an
+// exec's end before fn hears of it, so the authority's record says it
+// ended before its caller learns it did; an earlier report (started,
+// running) beside fn, so neither the caller's start nor the exec's end
+// waits behind that store write. A record never moves back
+// (ObserveExec), so a report of the start written after the end changes
+// nothing; the write outlives the call, so a caller that breaks off at
+// once still leaves the exec recorded as running.
 func (s *Service) observing(ctx context.Context, sessionID string, fn func(ExecEvent) error) func(ExecEvent) error {
 	return func(ev ExecEvent) error {
-		if ev.Exec != nil {
+		switch {
+		case ev.Exec != nil && !ev.Exec.Ended:
+			x := *ev.Exec
+			go s.observeExecs(context.WithoutCancel(ctx), sessionID, x)
+		case ev.Exec != nil:
 			s.observeExecs(ctx, sessionID, *ev.Exec)
 		}
 		return fn(ev)
