@@ -48,13 +48,19 @@ func runJob(ctx context.Context, client authorityv1.AuthorityServiceClient, repo
 // runSpec submits spec for the dev tenant and waits for the job to finish
 // with status 0.
 func runSpec(ctx context.Context, client authorityv1.AuthorityServiceClient, key string, spec *authorityv1.JobSpec) error {
+	_, err := runSpecJob(ctx, client, key, spec)
+	return err
+}
+
+// runSpecJob is runSpec returning the job's last record.
+func runSpecJob(ctx context.Context, client authorityv1.AuthorityServiceClient, key string, spec *authorityv1.JobSpec) (*authorityv1.Job, error) {
 	resp, err := client.SubmitJob(ctx, &authorityv1.SubmitJobRequest{Tenant: "dev", IdempotencyKey: key, Spec: spec})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	stream, err := client.WatchJob(ctx, &authorityv1.WatchJobRequest{JobId: resp.GetJob().GetJobId()})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var last *authorityv1.Job
 	for {
@@ -63,16 +69,16 @@ func runSpec(ctx context.Context, client authorityv1.AuthorityServiceClient, key
 			break
 		}
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if j := msg.GetJob(); j != nil {
 			last = j
 		}
 	}
 	if last.GetState() != authorityv1.JobState_JOB_STATE_FINISHED || last.GetResult().GetExitCode() != 0 {
-		return fmt.Errorf("job %s ended %v: %s", last.GetJobId(), last.GetState(), last.GetMessage())
+		return last, fmt.Errorf("job %s ended %v: %s", last.GetJobId(), last.GetState(), last.GetMessage())
 	}
-	return nil
+	return last, nil
 }
 
 // benchJobs measures submit → result of `true` jobs on repo over mTLS,

@@ -131,3 +131,54 @@ func TestExecRecordStreamedStdin(t *testing.T) {
 		t.Fatalf("a retry with the stream after the end: created %v, %v", created, err)
 	}
 }
+
+// TestObservingRecordsTheEndFirst: a stream's report of an exec's end is
+// in the authority's record before the caller hears of it; a report of
+// its start reaches the record without the caller waiting on it. (That a
+// start written after the end leaves the record ended is ObserveExec's:
+// TestExecRecordsInTheDomain.)
+func TestObservingRecordsTheEndFirst(t *testing.T) {
+	s := newExecService(t)
+	ctx := t.Context()
+	dev := identity.MustParse("spiffe://airlock.test/client/dev")
+	j := store.Job{ID: "s1", Tenant: "dev"}
+	spec := ExecSpec{ID: "a", Argv: []string{"true"}}
+	if _, _, err := s.RequestExec(ctx, dev, j, spec, nil); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	started := ExecSeen{Spec: spec, Seq: 1, Reason: "", ExitCode: -1, StartedAt: now}
+	ended := ExecSeen{Spec: spec, Seq: 1, Ended: true, Reason: "exited", ExitCode: 0, StartedAt: now, EndedAt: now}
+	var heard []store.ExecState
+	fn := s.observing(ctx, j.ID, func(ev ExecEvent) error {
+		x, err := s.Exec(ctx, j, "a")
+		if err != nil {
+			return err
+		}
+		heard = append(heard, x.State)
+		return nil
+	})
+	if err := fn(ExecEvent{Started: true, Exec: &started}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		x, err := s.Exec(ctx, j, "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if x.State == store.ExecRunning {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the start never reached the record: %+v", x)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := fn(ExecEvent{Exec: &ended}); err != nil {
+		t.Fatal(err)
+	}
+	if len(heard) != 2 || heard[1] != store.ExecEnded {
+		t.Fatalf("the records when the caller heard of the start and the end: %v", heard)
+	}
+}

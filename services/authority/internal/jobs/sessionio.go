@@ -186,7 +186,7 @@ func (s *Service) StartExec(ctx context.Context, caller identity.ID, j store.Job
 	if err != nil {
 		return ExecSeen{}, false, err
 	}
-	s.observeExecs(ctx, j.ID, x)
+	s.observeReport(ctx, j.ID, x)
 	return x, created, nil
 }
 
@@ -262,14 +262,31 @@ func (s *Service) ListFiles(ctx context.Context, j store.Job, path string, recur
 	return s.cfg.Executors.For(j.Executor).ListFiles(ctx, j.ID, path, recursive)
 }
 
-// observing is fn after the exec records of each event are observed.
+// observing is fn after the exec record of each event is observed
+// (observeReport).
 func (s *Service) observing(ctx context.Context, sessionID string, fn func(ExecEvent) error) func(ExecEvent) error {
 	return func(ev ExecEvent) error {
 		if ev.Exec != nil {
-			s.observeExecs(ctx, sessionID, *ev.Exec)
+			s.observeReport(ctx, sessionID, *ev.Exec)
 		}
 		return fn(ev)
 	}
+}
+
+// observeReport records one report of an exec on its way to the caller:
+// an exec's end before the caller hears of it, so the authority's record
+// says it ended before its caller learns it did; an earlier report
+// (started, running) beside the answer, so neither the caller's start nor
+// the exec's end waits behind that store write. A record never moves back
+// (ObserveExec), so a report of the start written after the end changes
+// nothing; the write outlives the call, so a caller that breaks off at
+// once still leaves the exec recorded as running.
+func (s *Service) observeReport(ctx context.Context, sessionID string, x ExecSeen) {
+	if x.Ended {
+		s.observeExecs(ctx, sessionID, x)
+		return
+	}
+	go s.observeExecs(context.WithoutCancel(ctx), sessionID, x)
 }
 
 // observeExecs records what the executor said of a session's execs. The
