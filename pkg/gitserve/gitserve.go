@@ -5,7 +5,9 @@
 // repository has read tokens, which may fetch, and push tokens, which may
 // fetch and push; there is no anonymous access. Branches are protected the
 // way git itself protects them: no non-fast-forward update and no deletion,
-// whoever pushes.
+// whoever pushes. A fetch's ref listing in git's original protocol is
+// answered from the last one while the refs are byte for byte as they were
+// (advert.go).
 //
 // It is the dev stack's remote (the airlock CLI runs it as `dev git-serve`)
 // and a test fixture. It knows nothing of Airlock's services or tenants, and
@@ -109,6 +111,7 @@ type Server struct {
 type repo struct {
 	name, dir string
 	tokens    []token
+	advert    advertCache
 }
 
 // token is a token's SHA-256, so that comparing a presented token with it
@@ -378,14 +381,21 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, q *request) {
 	defer body.Close()
 	q.bodyIn = n
 
-	select {
-	case s.slots <- struct{}{}:
-		defer func() { <-s.slots }()
-	case <-r.Context().Done():
-		deny(http.StatusServiceUnavailable, "client gone while waiting for a free slot")
+	backend := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case s.slots <- struct{}{}:
+			defer func() { <-s.slots }()
+		case <-r.Context().Done():
+			deny(http.StatusServiceUnavailable, "client gone while waiting for a free slot")
+			return
+		}
+		s.backend(rp, access, limit).ServeHTTP(w, s.cgiRequest(r, body, n))
+	})
+	if cacheable(r, q.service) {
+		s.serveAdvert(w, r, rp, backend)
 		return
 	}
-	s.backend(rp, access, limit).ServeHTTP(w, s.cgiRequest(r, body, n))
+	backend(w, r)
 }
 
 // splitPath parses /NAME.git/ENDPOINT, where NAME passes CheckName; git's
