@@ -1,6 +1,6 @@
 // The Airlock console's page. Every byte of data (a job's, a caller's or
 // a repository's) reaches the document as text: textContent and
-// createTextNode only, never innerHTML; links are built from ids the
+// createTextNode only, never parsed as HTML; links are built from ids the
 // authority made, under "#/". The server has already escaped control,
 // bidirectional and invisible characters between the marks ⟦ ⟧; this
 // script shows each such escape highlighted.
