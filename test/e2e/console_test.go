@@ -169,9 +169,17 @@ func (tb *tab) run(t *testing.T, what string, steps ...chromedp.Action[chromedp.
 	defer cancel()
 	if err := chromedp.Do(ctx, steps...); err != nil {
 		loc, _ := chromedp.Run(tb.ctx, chromedp.Location())
-		errText, _ := chromedp.Run(tb.ctx, chromedp.Evaluate[string](`document.getElementById("error") ? document.getElementById("error").textContent : ""`))
-		t.Fatalf("%s: %v (at %s; the page's error: %q)", what, err, loc, errText)
+		body, _ := chromedp.Run(tb.ctx, chromedp.Evaluate[string](`document.body.getAttribute("data-page") + "\n" + document.body.innerText.slice(0, 3000)`))
+		t.Fatalf("%s: %v (at %s; the page:\n%s)", what, err, loc, body)
 	}
+}
+
+// waitFor waits until the JavaScript expression is true.
+func waitFor(expr string) chromedp.Action[chromedp.Void] {
+	return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		_, err := chromedp.Poll[bool](expr)(ctx, t)
+		return err
+	})
 }
 
 // goTo moves the page to a route of its own (#/approval/ID, #/audit/JOB)
@@ -421,7 +429,7 @@ func TestConsole(t *testing.T) {
 		var errText string
 		td.run(t, "approve as approver/dev", chromedp.Navigate(dev.url), chromedp.WaitVisible(chromedp.CSS(`body[data-page="list"]`)),
 			goTo("/approval/"+approveID), chromedp.WaitVisible(chromedp.CSS(`body[data-page="approval"] #approve`)),
-			chromedp.Click(chromedp.CSS("#approve")), chromedp.WaitVisible(chromedp.CSS("#error")))
+			chromedp.Click(chromedp.CSS("#approve")), waitFor(`document.getElementById("error").textContent !== ""`))
 		errText = tb.text(t, "#error")
 		if !strings.Contains(errText, "may not decide") {
 			t.Errorf("the refusal shows %q", errText)

@@ -119,12 +119,11 @@ func (b *consoleBackend) Review(ctx context.Context, id string) (*console.Review
 	if hasBundle(a) {
 		var pol bytes.Buffer
 		fmt.Fprintf(&pol, "network    %s\n", termtext.Line(policyText(rv.GetNetworkPolicy())))
-		if job, err := b.client.GetJob(ctx, &authorityv1.GetJobRequest{JobId: a.GetJobId()}); err == nil {
-			fmt.Fprintf(&pol, "limits     %s\n", limitsText(job.GetJob().GetLimits()))
-		} else {
-			fmt.Fprintf(&pol, "limits     not shown: %s\n", consoleError(err))
-		}
-		out.Sections = append(out.Sections, console.Section{Title: "Policy and limits", Text: pol.String()})
+		// An approver may not read the job itself (GetJob): its limits
+		// are in the grant the bundle carries.
+		fmt.Fprintf(&pol, "limits     in the signed grant the bundle carries (airlock job download %s writes it)\n", termtext.Line(a.GetJobId()))
+		writeUsage(&pol, rv.GetResult())
+		out.Sections = append(out.Sections, console.Section{Title: "Policy, limits and usage", Text: pol.String()})
 		var review bytes.Buffer
 		writeReview(&review, a, rv)
 		if strings.Contains(review.String(), termtext.Open) {
