@@ -182,6 +182,12 @@ func waitFor(expr string) chromedp.Action[chromedp.Void] {
 	})
 }
 
+// waitShown waits until the first element sel matches is in the page and
+// shown.
+func waitShown(sel string) chromedp.Action[chromedp.Void] {
+	return waitFor(`(e => !!e && !e.hidden && e.getClientRects().length > 0)(document.querySelector(` + strconv.Quote(sel) + `))`)
+}
+
 // goTo moves the page to a route of its own (#/approval/ID, #/audit/JOB)
 // as a click on its links does: the page stays, the script renders anew.
 func goTo(route string) chromedp.Action[chromedp.Void] {
@@ -206,7 +212,7 @@ func get[T any](t *testing.T, tb *tab, what string, a chromedp.Action[T]) T {
 // text is the text of the first element sel matches.
 func (tb *tab) text(t *testing.T, sel string) string {
 	t.Helper()
-	return get(t, tb, "the text of "+sel, chromedp.Text(chromedp.CSS(sel)))
+	return get(t, tb, "the text of "+sel, chromedp.Evaluate[string](`document.querySelector(`+strconv.Quote(sel)+`).innerText`))
 }
 
 // untouched checks that nothing the page showed ran: no sentinel set, no
@@ -379,7 +385,7 @@ func TestConsole(t *testing.T) {
 	tb := newTab(t, bctx)
 	t.Run("list", func(t *testing.T) {
 		var loc, text string
-		tb.run(t, "the list", chromedp.Navigate(alice.url), chromedp.WaitVisible(chromedp.CSS(`body[data-page="list"] #approvals`)))
+		tb.run(t, "the list", chromedp.Navigate(alice.url), waitShown(`body[data-page="list"] #approvals`))
 		loc = get(t, tb, "location", chromedp.Location())
 		text = tb.text(t, "#approvals")
 		if strings.Contains(loc, "token") {
@@ -397,7 +403,7 @@ func TestConsole(t *testing.T) {
 	t.Run("hostile content", func(t *testing.T) {
 		var text string
 		tb.run(t, "the hostile review", goTo("/approval/"+hostileID),
-			chromedp.WaitVisible(chromedp.CSS(`body[data-page="approval"] #full-review`)))
+			waitShown(`body[data-page="approval"] #full-review`))
 		text = tb.text(t, "main")
 		for _, want := range []string{
 			`<script>window.__pwned=1</script>`, `<img src=x onerror="window.__pwned=2;alert(2)">`, `javascript:window.__pwned=3`,
@@ -416,7 +422,7 @@ func TestConsole(t *testing.T) {
 		// The full review, streamed from the bundle and verified.
 		var verdict string
 		tb.run(t, "the full review", chromedp.Click(chromedp.CSS("#full-review")),
-			chromedp.WaitVisible(chromedp.CSS("#full .verdict-good, #full .verdict-bad")))
+			waitShown("#full .verdict-good, #full .verdict-bad"))
 		verdict = tb.text(t, "#full")
 		if !strings.Contains(verdict, "verified: everything shown is bundle sha256:") || !strings.Contains(verdict, "hostile.txt") {
 			t.Errorf("the full review: %q", verdict[:min(len(verdict), 2000)])
@@ -427,8 +433,8 @@ func TestConsole(t *testing.T) {
 	t.Run("the requester's own approval refused", func(t *testing.T) {
 		td := newTab(t, bctx)
 		var errText string
-		td.run(t, "approve as approver/dev", chromedp.Navigate(dev.url), chromedp.WaitVisible(chromedp.CSS(`body[data-page="list"]`)),
-			goTo("/approval/"+approveID), chromedp.WaitVisible(chromedp.CSS(`body[data-page="approval"] #approve`)),
+		td.run(t, "approve as approver/dev", chromedp.Navigate(dev.url), waitShown(`body[data-page="list"]`),
+			goTo("/approval/"+approveID), waitShown(`body[data-page="approval"] #approve`),
 			chromedp.Click(chromedp.CSS("#approve")), waitFor(`document.getElementById("error").textContent !== ""`))
 		errText = tb.text(t, "#error")
 		if !strings.Contains(errText, "may not decide") {
@@ -443,9 +449,9 @@ func TestConsole(t *testing.T) {
 	t.Run("approve by clicking", func(t *testing.T) {
 		var done string
 		tb.run(t, "approve as approver/alice", goTo("/approval/"+approveID),
-			chromedp.WaitVisible(chromedp.CSS(`body[data-page="approval"] #approve`)),
+			waitShown(`body[data-page="approval"] #approve`),
 			chromedp.SendKeys(chromedp.CSS("#comment"), "looks right"),
-			chromedp.Click(chromedp.CSS("#approve")), chromedp.WaitVisible(chromedp.CSS("#decided")))
+			chromedp.Click(chromedp.CSS("#approve")), waitShown("#decided"))
 		done = tb.text(t, "#decided")
 		a := getApproval(t, s, approveID)
 		if len(a.GetVotes()) != 1 || a.GetVotes()[0].GetApprover() != "spiffe://"+trustDomain+"/approver/alice" ||
@@ -462,15 +468,15 @@ func TestConsole(t *testing.T) {
 		comment := "no: " + payloadHTML + payloadBidi
 		var shown string
 		tb.run(t, "deny as approver/alice", goTo("/approval/"+denyID),
-			chromedp.WaitVisible(chromedp.CSS(`body[data-page="approval"] #deny`)),
+			waitShown(`body[data-page="approval"] #deny`),
 			chromedp.SetValue(chromedp.CSS("#comment"), comment),
-			chromedp.Click(chromedp.CSS("#deny")), chromedp.WaitVisible(chromedp.CSS("#decided")))
+			chromedp.Click(chromedp.CSS("#deny")), waitShown("#decided"))
 		a := getApproval(t, s, denyID)
 		if a.GetState() != authorityv1.ApprovalState_APPROVAL_STATE_DENIED || len(a.GetVotes()) != 1 || a.GetVotes()[0].GetComment() != comment {
 			t.Fatalf("after denying: %s, votes %v", a.GetState(), a.GetVotes())
 		}
 		// The comment, a caller's text, shows as text on the review.
-		tb.run(t, "the denied review", chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(`body[data-page="approval"] section`)))
+		tb.run(t, "the denied review", chromedp.Reload(), waitShown(`body[data-page="approval"] section`))
 		shown = tb.text(t, "main")
 		if !strings.Contains(shown, `no: <script>window.__pwned=1</script>`) || !strings.Contains(shown, `\u202eevil`) {
 			t.Errorf("the denied review does not show the comment as text:\n%s", shown[:min(len(shown), 3000)])
@@ -482,7 +488,7 @@ func TestConsole(t *testing.T) {
 	t.Run("audit trail", func(t *testing.T) {
 		var text string
 		tb.run(t, "the audit trail", goTo("/audit/"+approveJob),
-			chromedp.WaitVisible(chromedp.CSS(`body[data-page="audit"] #audit`)))
+			waitShown(`body[data-page="audit"] #audit`))
 		text = tb.text(t, "#audit")
 		for _, want := range []string{"job.granted", "approval.decided", "approver/alice"} {
 			if !strings.Contains(text, want) {
