@@ -314,6 +314,7 @@ func TestConsole(t *testing.T) {
 	}
 	approveID, approveJob := publishApproval(t, s, `printf 'hello, console\n' > lib/greet.txt`)
 	denyID, _ := publishApproval(t, s, `printf 'deny me\n' > lib/greet.txt`)
+	bigID, _ := publishApproval(t, s, `seq 1 20000 > big.txt`)
 
 	alice := s.startConsole(t, "approver/alice")
 	dev := s.startConsole(t, "approver/dev")
@@ -430,13 +431,31 @@ func TestConsole(t *testing.T) {
 		tb.untouched(t, "the full review")
 	})
 
+	t.Run("a large patch is virtualized", func(t *testing.T) {
+		tb.run(t, "the large review", goTo("/approval/"+bigID), waitShown(`body[data-page="approval"] .text.virtual`))
+		lines := get(t, tb, "lines", chromedp.Evaluate[int](`Number(document.querySelector(".text.virtual").dataset.lines)`))
+		rows := get(t, tb, "rows", chromedp.Evaluate[int](`document.querySelectorAll(".text.virtual .row").length`))
+		if lines < 20000 || rows == 0 || rows > 300 {
+			t.Fatalf("the large review: %d lines, %d rows in the document (want only those in view)", lines, rows)
+		}
+		// Scrolled to its end, the last line of the patch is drawn.
+		tb.run(t, "scrolling", chromedp.Func(func(ctx context.Context, tt *chromedp.Target) error {
+			_, err := chromedp.Evaluate[bool](`(b => { b.scrollTop = b.scrollHeight; b.dispatchEvent(new Event("scroll")); return true })(document.querySelector(".text.virtual"))`)(ctx, tt)
+			return err
+		}), waitFor(`Array.from(document.querySelectorAll(".text.virtual .row")).some(r => r.textContent === "| +20000")`))
+		if rows := get(t, tb, "rows", chromedp.Evaluate[int](`document.querySelectorAll(".text.virtual .row").length`)); rows > 300 {
+			t.Errorf("after scrolling: %d rows in the document", rows)
+		}
+		tb.untouched(t, "the large review")
+	})
+
 	t.Run("the requester's own approval refused", func(t *testing.T) {
 		td := newTab(t, bctx)
 		var errText string
 		td.run(t, "approve as approver/dev", chromedp.Navigate(dev.url), waitShown(`body[data-page="list"]`),
 			goTo("/approval/"+approveID), waitShown(`body[data-page="approval"] #approve`),
 			chromedp.Click(chromedp.CSS("#approve")), waitFor(`document.getElementById("error").textContent !== ""`))
-		errText = tb.text(t, "#error")
+		errText = td.text(t, "#error")
 		if !strings.Contains(errText, "may not decide") {
 			t.Errorf("the refusal shows %q", errText)
 		}

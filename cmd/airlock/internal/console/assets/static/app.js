@@ -176,7 +176,7 @@
         }
       });
       holder.appendChild(b);
-      page.appendChild(el("h2", { text: "Full review and provenance" }), holder);
+      page.append(el("h2", { text: "Full review and provenance" }), holder);
     }
     main.replaceChildren(page);
   }
