@@ -429,6 +429,7 @@ func TestConsole(t *testing.T) {
 			t.Errorf("the full review: %q", verdict[:min(len(verdict), 2000)])
 		}
 		tb.untouched(t, "the full review")
+		tb.shot(t, "review-full")
 	})
 
 	t.Run("a large patch is virtualized", func(t *testing.T) {
