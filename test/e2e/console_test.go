@@ -320,6 +320,13 @@ func TestConsole(t *testing.T) {
 	dev := s.startConsole(t, "approver/dev")
 
 	t.Run("refused without the token", func(t *testing.T) {
+		// Only on loopback, only as an approver.
+		if r := s.airlock(t, "console", "--as", "approver/alice", "--listen", "0.0.0.0:0"); r.code != 2 || !strings.Contains(r.stderr, `--listen "0.0.0.0:0": the console listens on loopback only`) {
+			t.Errorf("console on 0.0.0.0: exit %d\n%s", r.code, r.stderr)
+		}
+		if r := s.airlock(t, "console", "--as", "client/dev"); r.code != 2 || !strings.Contains(r.stderr, "pass --as approver/NAME") {
+			t.Errorf("console as client/dev: exit %d\n%s", r.code, r.stderr)
+		}
 		noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }, Timeout: 10 * time.Second}
 		for _, path := range []string{"/", "/api/approvals", "/api/approvals/" + approveID, "/static/app.js", "/?token=" + strings.Repeat("0", 64)} {
 			resp, err := noRedirect.Get(alice.origin + path)

@@ -198,9 +198,9 @@
           headers: { "Content-Type": "application/json", "X-Airlock-CSRF": csrf },
           body: JSON.stringify({ decision: decision, comment: comment.value, digest: a.digest }),
         });
-        result.appendChild(el("div", { class: "ok", id: "decided", text: decision + "d: the request is now " + out.state + " (" + out.votes + " approvals)" }));
-        document.getElementById("state").textContent = out.state;
-        if (!out.pending) form.remove();
+        // The page anew, so everything on it is after the decision.
+        await reviewPage(a.id);
+        document.getElementById("result").appendChild(el("div", { class: "ok", id: "decided", text: decision + "d: the request is now " + out.state + " (" + out.votes + " approvals)" }));
       } catch (e) {
         showError(e.message);
       } finally {
@@ -221,7 +221,7 @@
       el("th", { text: "Seq" }), el("th", { text: "Time" }), el("th", { text: "Kind" }), el("th", { text: "Outcome" }),
       el("th", { text: "Caller" }), el("th", { text: "Subject" }), el("th", { text: "Reason" })));
     for (const e of data.events) {
-      t.appendChild(el("tr", {}, el("td", { text: String(e.seq) }), el("td", { text: e.time }), textCell("td", e.kind),
+      t.appendChild(el("tr", {}, el("td", { text: String(e.seq) }), el("td", { class: "nowrap", text: e.time }), textCell("td", e.kind),
         el("td", { text: e.outcome }), textCell("td", e.caller, "mono"), textCell("td", e.subject, "mono"), textCell("td", e.reason)));
     }
     page.appendChild(t);
