@@ -222,7 +222,7 @@
       el("th", { text: "Caller" }), el("th", { text: "Subject" }), el("th", { text: "Reason" })));
     for (const e of data.events) {
       t.appendChild(el("tr", {}, el("td", { text: String(e.seq) }), el("td", { class: "nowrap", text: e.time }), textCell("td", e.kind),
-        el("td", { text: e.outcome }), textCell("td", e.caller, "mono"), textCell("td", e.subject, "mono"), textCell("td", e.reason)));
+        el("td", { text: e.outcome }), textCell("td", e.caller, "mono"), textCell("td", e.subject, "mono"), textCell("td", e.reason, "wrap")));
     }
     page.appendChild(t);
     page.appendChild(el("p", { class: "note", text: data.events.length + " events, oldest first." }));
