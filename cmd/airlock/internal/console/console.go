@@ -268,12 +268,10 @@ func (s *Server) authorized(w http.ResponseWriter, r *http.Request) bool {
 	return false
 }
 
-// redirectClean redirects to the same path without the token.
+// redirectClean redirects to the page, without the token: always to "/",
+// so no path of the request's choosing ends up in a Location.
 func (s *Server) redirectClean(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	q.Del("token")
-	u := url.URL{Path: r.URL.Path, RawQuery: q.Encode()}
-	http.Redirect(w, r, u.String(), http.StatusSeeOther)
+	http.Redirect(w, r, "/", http.StatusSeeOther)
 }
 
 func equal(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }

@@ -87,6 +87,10 @@ func TestSecurity(t *testing.T) {
 	if c := resp.Cookies(); len(c) != 1 || c[0].Value != s.token || !c[0].HttpOnly || c[0].SameSite != http.SameSiteStrictMode {
 		t.Fatalf("the cookie: %+v", c)
 	}
+	// The redirect goes to the page, never to a path the request chose.
+	if resp := request(t, s, "GET", "//evil.example/?token="+s.token, host, nil, ""); resp.Header.Get("Location") != "/" {
+		t.Errorf("the redirect of //evil.example: %q", resp.Header.Get("Location"))
+	}
 	// A token in a POST is no credential.
 	if resp := request(t, s, "POST", "/api/approvals/a1/decide?token="+s.token, host, map[string]string{"X-Airlock-CSRF": s.csrf, "Content-Type": "application/json"}, `{"decision":"approve","digest":"d"}`); resp.StatusCode != http.StatusUnauthorized {
 		t.Errorf("POST with the token in the URL: %d", resp.StatusCode)
