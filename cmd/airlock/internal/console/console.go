@@ -14,6 +14,7 @@
 package console
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
@@ -25,9 +26,11 @@ import (
 	"html/template"
 	"io"
 	"io/fs"
+	"mime"
 	"net"
 	"net/http"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -124,9 +127,12 @@ type Server struct {
 	token   string // in the URL once, then the cookie's value
 	csrf    string // the header every POST carries
 	port    string // the port listened on: Host must name it
-	cookie  string
-	page    *template.Template
-	static  fs.FS
+	// listenHost is the loopback IP listened on (e.g. 127.1.2.3), which
+	// Host may name too.
+	listenHost string
+	cookie     string
+	page       *template.Template
+	static     fs.FS
 }
 
 // Listen listens on addr (checked by CheckListen) and returns a server for
@@ -144,6 +150,7 @@ func Listen(addr string, b Backend) (*Server, net.Listener, string, error) {
 		ln.Close()
 		return nil, nil, "", err
 	}
+	s.listenHost = ln.Addr().(*net.TCPAddr).IP.String()
 	u := url.URL{Scheme: "http", Host: ln.Addr().String(), Path: "/", RawQuery: "token=" + s.token}
 	return s, ln, u.String(), nil
 }
@@ -180,7 +187,7 @@ func random() (string, error) {
 
 // Serve serves on ln until ctx ends.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	srv := s.httpServer()
 	done := make(chan struct{})
 	go func() {
 		select {
@@ -199,6 +206,21 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	return err
 }
 
+// httpServer is the console's http.Server: bounded headers, and every
+// phase of a request timed out, so a client that stalls holds nothing for
+// long. A full review streams a whole bundle before it answers: the write
+// deadline leaves it minutes.
+func (s *Server) httpServer() *http.Server {
+	return &http.Server{
+		Handler:           s.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      10 * time.Minute,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+	}
+}
+
 // csp is the page's Content-Security-Policy: its own script and style
 // files, nothing inline, nothing from elsewhere, no framing.
 const csp = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; " +
@@ -209,7 +231,7 @@ const csp = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 's
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", s.index)
-	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(s.static)))
+	mux.HandleFunc("GET /static/{name}", s.staticFile)
 	mux.HandleFunc("GET /api/approvals", s.listApprovals)
 	mux.HandleFunc("GET /api/approvals/{id}", s.getReview)
 	mux.HandleFunc("GET /api/approvals/{id}/full", s.getFull)
@@ -236,17 +258,16 @@ func (s *Server) Handler() http.Handler {
 	})
 }
 
-// hostOK reports whether host is a loopback name with the console's port.
+// hostOK reports whether host is 127.0.0.1, [::1], localhost or the
+// address listened on, with the console's port: the names a browser uses
+// for the printed URL, and never one a DNS-rebinding page can be reached
+// under.
 func (s *Server) hostOK(host string) bool {
 	h, p, err := net.SplitHostPort(host)
 	if err != nil || p != s.port {
 		return false
 	}
-	if h == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(h)
-	return ip != nil && ip.IsLoopback()
+	return h == "127.0.0.1" || h == "::1" || h == "localhost" || (s.listenHost != "" && h == s.listenHost)
 }
 
 // authorized checks the cookie, or trades a valid ?token= for it with a
@@ -277,15 +298,41 @@ func (s *Server) redirectClean(w http.ResponseWriter, r *http.Request) {
 func equal(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
 
 func (s *Server) index(w http.ResponseWriter, r *http.Request) {
+	// Rendered whole before a byte is sent: never half a page.
+	var page bytes.Buffer
+	if err := s.page.Execute(&page, struct{ CSRF, Identity string }{s.csrf, s.backend.Identity()}); err != nil {
+		http.Error(w, "the console's page: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	s.page.Execute(w, struct{ CSRF, Identity string }{s.csrf, s.backend.Identity()})
+	w.Write(page.Bytes())
 }
 
-// writeJSON answers v as JSON.
+// staticFile answers one embedded file by name, with its type; nothing
+// else (no directory listing, and a 404 that keeps every header the
+// handler set, which http.FileServer's error answers drop in part).
+func (s *Server) staticFile(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	data, err := fs.ReadFile(s.static, name)
+	ctype := mime.TypeByExtension(path.Ext(name))
+	if err != nil || ctype == "" {
+		http.Error(w, "not found", http.StatusNotFound)
+		return
+	}
+	w.Header().Set("Content-Type", ctype)
+	w.Write(data)
+}
+
+// writeJSON answers v as JSON, encoded whole before a byte is sent.
 func writeJSON(w http.ResponseWriter, code int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, "the console's answer: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
-	json.NewEncoder(w).Encode(v)
+	w.Write(append(b, '\n'))
 }
 
 // fail answers an error as {"error": text}: the authority's answer (its
@@ -354,10 +401,15 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 		Comment  string `json:"comment"`
 		Digest   string `json:"digest"`
 	}
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxDecision))
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxDecision))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&d); err != nil {
 		fail(w, http.StatusBadRequest, fmt.Errorf("decision: %v", err))
+		return
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		// One JSON object and nothing after it.
+		fail(w, http.StatusBadRequest, errors.New("decision: one JSON object, and nothing after it"))
 		return
 	}
 	if d.Decision != "approve" && d.Decision != "deny" {

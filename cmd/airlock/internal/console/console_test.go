@@ -55,7 +55,22 @@ func request(t *testing.T, s *Server, method, target, host string, hdr map[strin
 	}
 	w := httptest.NewRecorder()
 	s.Handler().ServeHTTP(w, r)
-	return w.Result()
+	resp := w.Result()
+	checkHeaders(t, method+" "+target+" (Host "+host+")", resp)
+	return resp
+}
+
+// checkHeaders fails unless resp, whatever its status (a page, JSON, a
+// static file, a redirect, 401, 403, 404, 405), carries the strict CSP and
+// the other protective headers.
+func checkHeaders(t *testing.T, what string, resp *http.Response) {
+	t.Helper()
+	h := resp.Header
+	if h.Get("Content-Security-Policy") != csp || !strings.Contains(csp, "default-src 'none'") || strings.Contains(csp, "unsafe") ||
+		h.Get("X-Content-Type-Options") != "nosniff" || h.Get("X-Frame-Options") != "DENY" || h.Get("Cache-Control") != "no-store" ||
+		h.Get("Referrer-Policy") != "no-referrer" {
+		t.Errorf("%s: %d without the protective headers: %v", what, resp.StatusCode, h)
+	}
 }
 
 func TestSecurity(t *testing.T) {
@@ -102,7 +117,8 @@ func TestSecurity(t *testing.T) {
 		t.Fatalf("the page: %d\n%s", resp.StatusCode, page)
 	}
 	// Another Host (DNS rebinding) or port: refused even with the cookie.
-	for _, h := range []string{"evil.example:4242", "127.0.0.1:4243", "localhost.evil.example:4242", "127.0.0.1"} {
+	for _, h := range []string{"evil.example:4242", "127.0.0.1:4243", "localhost.evil.example:4242", "127.0.0.1",
+		"127.0.0.2:4242", "[::ffff:127.0.0.1]:4242", "127.1:4242", "0x7f000001:4242", "LOCALHOST.:4242", ""} {
 		if resp := request(t, s, "GET", "/api/approvals", h, map[string]string{"Cookie": cookie}, ""); resp.StatusCode != http.StatusForbidden {
 			t.Errorf("Host %q: %d, want 403", h, resp.StatusCode)
 		}
@@ -148,10 +164,74 @@ func TestSecurity(t *testing.T) {
 	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), "may not decide") {
 		t.Errorf("the authority's refusal: %d %s", resp.StatusCode, body)
 	}
+	// A decision body is one bounded JSON object.
+	for name, body := range map[string]string{
+		"trailing data": decide + `{"decision":"deny","digest":"sha256:y","comment":"x"}`,
+		"unknown field": `{"decision":"approve","digest":"sha256:x","also":1}`,
+		"too large":     `{"decision":"approve","digest":"sha256:x","comment":"` + strings.Repeat("a", maxDecision) + `"}`,
+		"not JSON":      `decision=approve`,
+	} {
+		if resp := request(t, s, "POST", "/api/approvals/a1/decide", host, good, body); resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("%s: %d, want 400", name, resp.StatusCode)
+		}
+	}
+	if len(f.decided) != 1 {
+		t.Fatalf("refused bodies decided %v", f.decided)
+	}
+	// Every other answer carries the headers too: a missing static file,
+	// a wrong method, an unknown path, the script and the style.
+	for _, p := range []string{"/static/missing.js", "/static/", "/nothing", "/api/nothing", "/static/app.css"} {
+		request(t, s, "GET", p, host, map[string]string{"Cookie": cookie}, "")
+	}
+	request(t, s, "DELETE", "/api/approvals/a1", host, map[string]string{"Cookie": cookie}, "")
 	// The static files are the embedded ones, with their types.
 	resp = request(t, s, "GET", "/static/app.js", host, map[string]string{"Cookie": cookie}, "")
 	js, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != 200 || !strings.Contains(resp.Header.Get("Content-Type"), "javascript") || strings.Contains(string(js), "innerHTML") {
 		t.Errorf("app.js: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+}
+
+// TestScriptWritesText fails if the page's script gains a way to turn data
+// into markup or code: every byte of data must reach the document as text.
+func TestScriptWritesText(t *testing.T) {
+	js, err := assets.ReadFile("assets/static/app.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	code := string(js)
+	for _, sink := range []string{"innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function",
+		"setTimeout(\"", "createContextualFragment", "DOMParser", "srcdoc", ".href =", ".src =", "javascript:", "location ="} {
+		if strings.Contains(code, sink) {
+			t.Errorf("app.js uses %q: data would reach the document as markup or code", sink)
+		}
+	}
+	// Attributes come from el(); an href it is given must be a fragment
+	// the script builds ("#/..."), never data.
+	for _, line := range strings.Split(code, "\n") {
+		if i := strings.Index(line, "href:"); i >= 0 && !strings.HasPrefix(strings.TrimSpace(line[i+len("href:"):]), `"#/`) {
+			t.Errorf("app.js builds an href not under \"#/\": %s", strings.TrimSpace(line))
+		}
+	}
+	page, err := assets.ReadFile("assets/index.html")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(page), "<script>") || strings.Contains(string(page), "style=") || strings.Contains(string(page), " on") && strings.Contains(string(page), "onload=") {
+		t.Errorf("index.html has inline script or style")
+	}
+}
+
+// TestHTTPServerBounds: a client that stalls or sends huge headers holds
+// nothing for long.
+func TestHTTPServerBounds(t *testing.T) {
+	s, err := newServer(&fake{}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := s.httpServer()
+	if srv.ReadHeaderTimeout <= 0 || srv.ReadTimeout <= 0 || srv.WriteTimeout <= 0 || srv.IdleTimeout <= 0 ||
+		srv.MaxHeaderBytes <= 0 || srv.MaxHeaderBytes > 1<<20 {
+		t.Errorf("unbounded: %+v", srv)
 	}
 }
