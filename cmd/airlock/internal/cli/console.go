@@ -5,15 +5,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/airlockhq/airlock/cmd/airlock/internal/console"
+	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/termtext"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
 )
 
 // The console command: package console serves the page, and consoleBackend
@@ -120,8 +125,8 @@ func (b *consoleBackend) Review(ctx context.Context, id string) (*console.Review
 		var pol bytes.Buffer
 		fmt.Fprintf(&pol, "network    %s\n", termtext.Line(policyText(rv.GetNetworkPolicy())))
 		// An approver may not read the job itself (GetJob): its limits
-		// are in the grant the bundle carries.
-		fmt.Fprintf(&pol, "limits     in the signed grant the bundle carries (airlock job download %s writes it)\n", termtext.Line(a.GetJobId()))
+		// are in the grant the bundle carries, which the full review reads.
+		fmt.Fprintf(&pol, "limits     in the grant the bundle carries: the full review below reads them from it\n")
 		writeUsage(&pol, rv.GetResult())
 		out.Sections = append(out.Sections, console.Section{Title: "Policy, limits and usage", Text: pol.String()})
 		var review bytes.Buffer
@@ -172,9 +177,70 @@ func (b *consoleBackend) FullReview(ctx context.Context, id string) (*console.Se
 		sec.Verdict = "NOT VERIFIED: " + termtext.Line(rpcError(err).Error())
 		return sec, nil
 	}
+	// The limits the job ran under: an approver may not read the job
+	// (GetJob), but the bundle holds the grant in force at its end.
+	limits, err := bundleLimits(ctx, b.client, a)
+	if err != nil {
+		sec.Failed = true
+		sec.Verdict = "NOT VERIFIED: the grant's limits: " + termtext.Line(rpcError(err).Error())
+		return sec, nil
+	}
+	sec.Text = limits + "\n" + sec.Text
 	sec.Verdict = "verified: everything shown is bundle " + termtext.Line(a.GetBundleDigest()) + ", the one this request names"
 	return sec, nil
 }
+
+// bundleLimits reads the grant from a's bundle, streamed through the
+// authority and checked against a's digest end to end, and says its
+// limits and network policy in lines.
+func bundleLimits(ctx context.Context, client authorityv1.AuthorityServiceClient, a *authorityv1.Approval) (string, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := client.DownloadBundle(ctx, &authorityv1.DownloadBundleRequest{JobId: a.GetJobId()})
+	if err != nil {
+		return "", err
+	}
+	bs, err := openBundle(stream)
+	if err != nil {
+		return "", err
+	}
+	if bs.header.GetBundleDigest() != a.GetBundleDigest() {
+		return "", fmt.Errorf("the job's bundle is %s, the request names %s", bs.header.GetBundleDigest(), a.GetBundleDigest())
+	}
+	var raw []byte
+	err = bundle.Stream(bs.chunks, a.GetBundleDigest(), func(name string) bool { return name == bundle.GrantFile }, func(_ string, size int64, r io.Reader) error {
+		if size > maxGrant {
+			return fmt.Errorf("%s: %d bytes, more than a grant's %d", bundle.GrantFile, size, maxGrant)
+		}
+		raw, err = io.ReadAll(r)
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	if err := bs.end(); err != nil {
+		return "", err
+	}
+	if raw == nil {
+		return "", fmt.Errorf("the bundle holds no %s", bundle.GrantFile)
+	}
+	sg := &typesv1.SignedGrant{}
+	g := &typesv1.Grant{}
+	if err := proto.Unmarshal(raw, sg); err != nil {
+		return "", fmt.Errorf("%s: not a signed grant: %v", bundle.GrantFile, err)
+	}
+	if err := proto.Unmarshal(sg.GetBody(), g); err != nil {
+		return "", fmt.Errorf("%s: its body is not a grant: %v", bundle.GrantFile, err)
+	}
+	if g.GetJobId() != a.GetJobId() {
+		return "", fmt.Errorf("%s: for job %q, the request is for job %q", bundle.GrantFile, termtext.Line(g.GetJobId()), termtext.Line(a.GetJobId()))
+	}
+	return fmt.Sprintf("limits     %s (the grant in force at the run's end, generation %d)\nnetwork    %s (generation %d)\n",
+		limitsLine(g.GetLimits()), g.GetGeneration(), termtext.Line(policyText(g.GetNetworkPolicy())), g.GetNetworkPolicyGeneration()), nil
+}
+
+// maxGrant bounds a bundle's grant.pb the console reads.
+const maxGrant = 1 << 20
 
 func (b *consoleBackend) Decide(ctx context.Context, id, digest string, approve bool, comment string) (*console.Approval, error) {
 	d := authorityv1.Decision_DECISION_DENY
