@@ -435,7 +435,8 @@ func TestConsole(t *testing.T) {
 		// The limits come from the grant the bundle holds: an approver
 		// may not read the job itself.
 		if !strings.Contains(verdict, "verified: everything shown is bundle sha256:") || !strings.Contains(verdict, "hostile.txt") ||
-			!strings.Contains(verdict, "limits     cpu ") || !strings.Contains(verdict, "the grant in force at the run's end") {
+			!strings.Contains(verdict, "limits     cpu ") || !strings.Contains(verdict, "the grant in force at the run's end") ||
+			!strings.Contains(verdict, "its provenance is signed by spiffe://") || !strings.Contains(verdict, "provenance signed by spiffe://") {
 			t.Errorf("the full review: %q", verdict[:min(len(verdict), 2000)])
 		}
 		tb.untouched(t, "the full review")

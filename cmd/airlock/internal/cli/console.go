@@ -15,7 +15,9 @@ import (
 
 	"github.com/airlockhq/airlock/cmd/airlock/internal/console"
 	"github.com/airlockhq/airlock/pkg/bundle"
+	"github.com/airlockhq/airlock/pkg/grant"
 	"github.com/airlockhq/airlock/pkg/identity"
+	"github.com/airlockhq/airlock/pkg/provenance"
 	"github.com/airlockhq/airlock/pkg/termtext"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
@@ -177,66 +179,97 @@ func (b *consoleBackend) FullReview(ctx context.Context, id string) (*console.Se
 		sec.Verdict = "NOT VERIFIED: " + termtext.Line(rpcError(err).Error())
 		return sec, nil
 	}
-	// The limits the job ran under: an approver may not read the job
-	// (GetJob), but the bundle holds the grant in force at its end.
-	limits, err := bundleLimits(ctx, b.client, a)
+	// The limits the job ran under (an approver may not read the job,
+	// GetJob, but the bundle holds the grant in force at its end), and
+	// the executor's signed provenance over the bundle.
+	grantText, signer, err := b.bundleGrant(ctx, a)
 	if err != nil {
 		sec.Failed = true
-		sec.Verdict = "NOT VERIFIED: the grant's limits: " + termtext.Line(rpcError(err).Error())
+		sec.Verdict = "NOT VERIFIED: the bundle's grant and provenance: " + termtext.Line(rpcError(err).Error())
 		return sec, nil
 	}
-	sec.Text = limits + "\n" + sec.Text
-	sec.Verdict = "verified: everything shown is bundle " + termtext.Line(a.GetBundleDigest()) + ", the one this request names"
+	sec.Text = grantText + "\n" + sec.Text
+	sec.Verdict = "verified: everything shown is bundle " + termtext.Line(a.GetBundleDigest()) + ", the one this request names, " +
+		"and its provenance is signed by " + termtext.Line(signer)
 	return sec, nil
 }
 
-// bundleLimits reads the grant from a's bundle, streamed through the
-// authority and checked against a's digest end to end, and says its
-// limits and network policy in lines.
-func bundleLimits(ctx context.Context, client authorityv1.AuthorityServiceClient, a *authorityv1.Approval) (string, error) {
+// bundleGrant reads a's bundle, streamed through the authority and
+// checked against a's digest end to end; it verifies the executor's
+// provenance over that digest against the client config's CA, for the
+// executor the bundle's grant names and the grant it holds (as the
+// publisher does, but for the grant's signature: the authority's key is
+// not the client's). It says the grant's limits and network policy in
+// lines, and returns the provenance's signer.
+func (b *consoleBackend) bundleGrant(ctx context.Context, a *authorityv1.Approval) (string, string, error) {
+	src, err := b.self.cfg.Source(b.g.As)
+	if err != nil {
+		return "", "", err
+	}
+	roots, err := src.Roots()
+	if err != nil {
+		return "", "", err
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := client.DownloadBundle(ctx, &authorityv1.DownloadBundleRequest{JobId: a.GetJobId()})
+	stream, err := b.client.DownloadBundle(ctx, &authorityv1.DownloadBundleRequest{JobId: a.GetJobId()})
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	bs, err := openBundle(stream)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	if bs.header.GetBundleDigest() != a.GetBundleDigest() {
-		return "", fmt.Errorf("the job's bundle is %s, the request names %s", bs.header.GetBundleDigest(), a.GetBundleDigest())
+		return "", "", fmt.Errorf("the job's bundle is %s, the request names %s", bs.header.GetBundleDigest(), a.GetBundleDigest())
 	}
 	var raw []byte
 	err = bundle.Stream(bs.chunks, a.GetBundleDigest(), func(name string) bool { return name == bundle.GrantFile }, func(_ string, size int64, r io.Reader) error {
 		if size > maxGrant {
 			return fmt.Errorf("%s: %d bytes, more than a grant's %d", bundle.GrantFile, size, maxGrant)
 		}
-		raw, err = io.ReadAll(r)
-		return err
+		var rerr error
+		raw, rerr = io.ReadAll(r)
+		return rerr
 	})
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	if err := bs.end(); err != nil {
-		return "", err
+		return "", "", err
 	}
 	if raw == nil {
-		return "", fmt.Errorf("the bundle holds no %s", bundle.GrantFile)
+		return "", "", fmt.Errorf("the bundle holds no %s", bundle.GrantFile)
 	}
 	sg := &typesv1.SignedGrant{}
 	g := &typesv1.Grant{}
 	if err := proto.Unmarshal(raw, sg); err != nil {
-		return "", fmt.Errorf("%s: not a signed grant: %v", bundle.GrantFile, err)
+		return "", "", fmt.Errorf("%s: not a signed grant: %v", bundle.GrantFile, err)
 	}
 	if err := proto.Unmarshal(sg.GetBody(), g); err != nil {
-		return "", fmt.Errorf("%s: its body is not a grant: %v", bundle.GrantFile, err)
+		return "", "", fmt.Errorf("%s: its body is not a grant: %v", bundle.GrantFile, err)
 	}
-	if g.GetJobId() != a.GetJobId() {
-		return "", fmt.Errorf("%s: for job %q, the request is for job %q", bundle.GrantFile, termtext.Line(g.GetJobId()), termtext.Line(a.GetJobId()))
+	executor, err := identity.Parse(g.GetExecutor())
+	switch {
+	case g.GetJobId() != a.GetJobId():
+		return "", "", fmt.Errorf("%s: for job %q, the request is for job %q", bundle.GrantFile, g.GetJobId(), a.GetJobId())
+	case err != nil:
+		return "", "", fmt.Errorf("%s: executor: %v", bundle.GrantFile, err)
 	}
-	return fmt.Sprintf("limits     %s (the grant in force at the run's end, generation %d)\nnetwork    %s (generation %d)\n",
-		limitsLine(g.GetLimits()), g.GetGeneration(), termtext.Line(policyText(g.GetNetworkPolicy())), g.GetNetworkPolicyGeneration()), nil
+	pv, err := provenance.Verify(bs.header.GetProvenance(), a.GetBundleDigest(), roots, executor)
+	if err != nil {
+		return "", "", err
+	}
+	switch {
+	case pv.Statement.Predicate.GrantDigest != grant.Digest(sg):
+		return "", "", fmt.Errorf("provenance names grant %s, the bundle holds %s", pv.Statement.Predicate.GrantDigest, grant.Digest(sg))
+	case pv.Statement.Predicate.JobID != a.GetJobId():
+		return "", "", fmt.Errorf("provenance: for job %q, the request is for job %q", pv.Statement.Predicate.JobID, a.GetJobId())
+	}
+	text := fmt.Sprintf("limits     %s (the grant in force at the run's end, generation %d)\nnetwork    %s (generation %d)\nprovenance signed by %s over this bundle and grant %s\n",
+		limitsLine(g.GetLimits()), g.GetGeneration(), termtext.Line(policyText(g.GetNetworkPolicy())), g.GetNetworkPolicyGeneration(),
+		termtext.Line(pv.Signer.String()), grant.Digest(sg))
+	return text, pv.Signer.String(), nil
 }
 
 // maxGrant bounds a bundle's grant.pb the console reads.
