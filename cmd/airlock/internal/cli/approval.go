@@ -62,15 +62,7 @@ func newApprovalList(g *globals) *cobra.Command {
 				return g.PrintProto(resp, func(w io.Writer) {
 					fmt.Fprintln(w, "APPROVAL\tJOB\tSTATE\tVOTES\tFOR\tDIGEST\tEXPIRES")
 					for _, a := range resp.GetApprovals() {
-						what := "publish " + a.GetTarget().GetRepository() + ":" + a.GetTarget().GetBranch()
-						switch a.GetKind() {
-						case authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE:
-							what = "change: " + strings.Join(a.GetChange().GetWidens(), "; ")
-						case authorityv1.ApprovalKind_APPROVAL_KIND_START:
-							what = "start with credentials " + startNames(a.GetStart())
-						case authorityv1.ApprovalKind_APPROVAL_KIND_PORT_FORWARD:
-							what = fmt.Sprintf("port forward to port %d", a.GetPortForward().GetPort())
-						}
+						what := approvalWhat(a)
 						fmt.Fprintf(w, "%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", termtext.Line(a.GetApprovalId()), termtext.Line(a.GetJobId()), stateWord(a.GetState()),
 							approvals(a), a.GetRequiredApprovals(), termtext.Line(what),
 							termtext.Line(short(strings.TrimPrefix(a.GetBundleDigest(), "sha256:"))), a.GetExpiresAt().AsTime().Local().Format(time.DateTime))
@@ -82,6 +74,19 @@ func newApprovalList(g *globals) *cobra.Command {
 	tenantFlag(cmd, &tenant, "only this tenant's requests, else an approver sees every tenant's")
 	cmd.Flags().StringSliceVar(&states, "state", nil, "only requests in these states (pending, approved, denied, consumed, expired)")
 	return cmd
+}
+
+// approvalWhat says in a line what a request asks for (not escaped).
+func approvalWhat(a *authorityv1.Approval) string {
+	switch a.GetKind() {
+	case authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE:
+		return "change: " + strings.Join(a.GetChange().GetWidens(), "; ")
+	case authorityv1.ApprovalKind_APPROVAL_KIND_START:
+		return "start with credentials " + startNames(a.GetStart())
+	case authorityv1.ApprovalKind_APPROVAL_KIND_PORT_FORWARD:
+		return fmt.Sprintf("port forward to port %d", a.GetPortForward().GetPort())
+	}
+	return "publish " + a.GetTarget().GetRepository() + ":" + a.GetTarget().GetBranch()
 }
 
 func approvals(a *authorityv1.Approval) int {
@@ -160,37 +165,7 @@ only their totals by name.`,
 					// one part's bytes and nothing else.
 					return streamReview(cmd.Context(), g, client, a, raw, parts)
 				}
-				err = g.PrintProto(resp, func(w io.Writer) {
-					fmt.Fprintf(w, "approval   %s (%s, %d of %d approvals)\n", termtext.Line(a.GetApprovalId()), stateWord(a.GetState()), approvals(a), a.GetRequiredApprovals())
-					if a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
-						c := a.GetChange()
-						fmt.Fprintf(w, "change to  running job %s, asked by %s\n", termtext.Line(a.GetJobId()), termtext.Line(a.GetRequester()))
-						fmt.Fprintf(w, "digest     %s\n", termtext.Line(a.GetBundleDigest()))
-						fmt.Fprintf(w, "command    %s\n", commandText(rv.GetCommand()))
-						fmt.Fprintf(w, "limits     %s\n        ->  %s\n", limitsText(c.GetFromLimits()), limitsText(c.GetToLimits()))
-						fmt.Fprintf(w, "network    %s\n        ->  %s\n", termtext.Line(policyText(c.GetFromNetworkPolicy())), termtext.Line(policyText(c.GetToNetworkPolicy())))
-						if c.GetFromSession() != nil {
-							fmt.Fprintf(w, "session    %s\n        ->  %s\n", sessionText(c.GetFromSession()), sessionText(c.GetToSession()))
-						}
-						for _, x := range c.GetWidens() {
-							fmt.Fprintf(w, "widens     %s\n", termtext.Line(x))
-						}
-						writeVotes(w, a)
-						return
-					}
-					if a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_START {
-						writeStart(w, a, rv)
-						writeVotes(w, a)
-						return
-					}
-					if a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_PORT_FORWARD {
-						writePortForwardRequest(w, a)
-						writeVotes(w, a)
-						return
-					}
-					writeReviewHeader(w, a, rv)
-					writeVotes(w, a)
-				})
+				err = g.PrintProto(resp, func(w io.Writer) { writeRequest(w, a, rv) })
 				if err != nil {
 					return err
 				}
@@ -221,6 +196,41 @@ only their totals by name.`,
 	cmd.Flags().StringSliceVar(&parts, "part", nil, "with --full, only these parts: files, patch, stdout, stderr")
 	cmd.Flags().BoolVar(&egressToo, "egress", false, "after the review, list each egress decision of a domains job")
 	return cmd
+}
+
+// writeRequest prints what a request is and its votes, as approval show
+// does before the review: a change's, a start's or a port forward's whole
+// story, or a publish request's job and result.
+func writeRequest(w io.Writer, a *authorityv1.Approval, rv *authorityv1.ReviewMaterial) {
+	fmt.Fprintf(w, "approval   %s (%s, %d of %d approvals)\n", termtext.Line(a.GetApprovalId()), stateWord(a.GetState()), approvals(a), a.GetRequiredApprovals())
+	if a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_CHANGE {
+		c := a.GetChange()
+		fmt.Fprintf(w, "change to  running job %s, asked by %s\n", termtext.Line(a.GetJobId()), termtext.Line(a.GetRequester()))
+		fmt.Fprintf(w, "digest     %s\n", termtext.Line(a.GetBundleDigest()))
+		fmt.Fprintf(w, "command    %s\n", commandText(rv.GetCommand()))
+		fmt.Fprintf(w, "limits     %s\n        ->  %s\n", limitsText(c.GetFromLimits()), limitsText(c.GetToLimits()))
+		fmt.Fprintf(w, "network    %s\n        ->  %s\n", termtext.Line(policyText(c.GetFromNetworkPolicy())), termtext.Line(policyText(c.GetToNetworkPolicy())))
+		if c.GetFromSession() != nil {
+			fmt.Fprintf(w, "session    %s\n        ->  %s\n", sessionText(c.GetFromSession()), sessionText(c.GetToSession()))
+		}
+		for _, x := range c.GetWidens() {
+			fmt.Fprintf(w, "widens     %s\n", termtext.Line(x))
+		}
+		writeVotes(w, a)
+		return
+	}
+	if a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_START {
+		writeStart(w, a, rv)
+		writeVotes(w, a)
+		return
+	}
+	if a.GetKind() == authorityv1.ApprovalKind_APPROVAL_KIND_PORT_FORWARD {
+		writePortForwardRequest(w, a)
+		writeVotes(w, a)
+		return
+	}
+	writeReviewHeader(w, a, rv)
+	writeVotes(w, a)
 }
 
 // hasBundle reports whether a request is about a result bundle (a

@@ -75,12 +75,22 @@ how to verify the two files offline with standard tools.`,
 	return cmd
 }
 
-// writeBundle writes a DownloadBundle stream's bundle and envelope into
-// dir, both or neither: only once every byte had the header's digest and
-// the authority confirmed it.
-func writeBundle(stream interface {
+// bundleStream is a DownloadBundle stream read as a bundle: its header,
+// then the bundle's bytes from chunks, then end's checks that the
+// authority confirmed the header's digest and sent nothing after it.
+type bundleStream struct {
+	stream interface {
+		Recv() (*authorityv1.DownloadBundleResponse, error)
+	}
+	header   *authorityv1.BundleHeader
+	chunks   io.Reader
+	verified string
+}
+
+// openBundle reads a DownloadBundle stream's header.
+func openBundle(stream interface {
 	Recv() (*authorityv1.DownloadBundleResponse, error)
-}, dir string) (*downloaded, error) {
+}) (*bundleStream, error) {
 	first, err := stream.Recv()
 	if err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
@@ -92,6 +102,54 @@ func writeBundle(stream interface {
 	if !digest.Valid(h.GetBundleDigest()) {
 		return nil, remoteError{fmt.Errorf("the authority named bundle digest %q, not sha256:<64 hex>", h.GetBundleDigest())}
 	}
+	b := &bundleStream{stream: stream, header: h}
+	b.chunks = chunkio.NewReader(func() ([]byte, error) {
+		msg, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = remoteError{errors.New("the stream of the bundle ended before the authority confirmed its digest")}
+			}
+			return nil, err
+		}
+		switch m := msg.GetMsg().(type) {
+		case *authorityv1.DownloadBundleResponse_Chunk:
+			if b.verified != "" {
+				return nil, remoteError{errors.New("the authority sent bytes after confirming the bundle's digest")}
+			}
+			return m.Chunk, nil
+		case *authorityv1.DownloadBundleResponse_VerifiedDigest:
+			b.verified = m.VerifiedDigest
+			return nil, io.EOF
+		}
+		return nil, remoteError{errors.New("the authority sent a second header")}
+	})
+	return b, nil
+}
+
+// end checks, once chunks is read to its end, that the authority
+// confirmed the header's digest and the stream ends there.
+func (b *bundleStream) end() error {
+	if b.verified != b.header.GetBundleDigest() {
+		return remoteError{fmt.Errorf("the authority confirmed digest %q, not the %s it named", b.verified, b.header.GetBundleDigest())}
+	}
+	// Anything after the confirmation is not part of what was verified.
+	if _, err := b.stream.Recv(); !errors.Is(err, io.EOF) {
+		return remoteError{errors.New("the stream went on after the authority confirmed the digest")}
+	}
+	return nil
+}
+
+// writeBundle writes a DownloadBundle stream's bundle and envelope into
+// dir, both or neither: only once every byte had the header's digest and
+// the authority confirmed it.
+func writeBundle(stream interface {
+	Recv() (*authorityv1.DownloadBundleResponse, error)
+}, dir string) (*downloaded, error) {
+	b, err := openBundle(stream)
+	if err != nil {
+		return nil, err
+	}
+	h := b.header
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -110,40 +168,14 @@ func writeBundle(stream interface {
 	if _, err := env.Write(h.GetProvenance()); err != nil {
 		return nil, err
 	}
-	verified := ""
-	chunks := chunkio.NewReader(func() ([]byte, error) {
-		msg, err := stream.Recv()
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				err = remoteError{errors.New("the stream of the bundle ended before the authority confirmed its digest")}
-			}
-			return nil, err
-		}
-		switch m := msg.GetMsg().(type) {
-		case *authorityv1.DownloadBundleResponse_Chunk:
-			if verified != "" {
-				return nil, remoteError{errors.New("the authority sent bytes after confirming the bundle's digest")}
-			}
-			return m.Chunk, nil
-		case *authorityv1.DownloadBundleResponse_VerifiedDigest:
-			verified = m.VerifiedDigest
-			return nil, io.EOF
-		}
-		return nil, remoteError{errors.New("the authority sent a second header")}
-	})
-	if d.Size, err = bundle.Copy(tar, chunks, d.Digest); err != nil {
+	if d.Size, err = bundle.Copy(tar, b.chunks, d.Digest); err != nil {
 		if errors.Is(err, bundle.ErrDigestMismatch) {
 			return nil, remoteError{fmt.Errorf("job %s: %v; nothing was written", d.JobID, err)}
 		}
 		return nil, fmt.Errorf("%w; nothing was written", rpcError(err))
 	}
-	if verified != d.Digest {
-		return nil, remoteError{fmt.Errorf("the authority confirmed digest %q, not the %s it named; nothing was written", verified, d.Digest)}
-	}
-	// The stream must end here: anything after the confirmation is not
-	// part of what was verified.
-	if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
-		return nil, remoteError{errors.New("the stream went on after the authority confirmed the digest; nothing was written")}
+	if err := b.end(); err != nil {
+		return nil, fmt.Errorf("%w; nothing was written", err)
 	}
 	if err := env.Commit(atomicfile.Durable); err != nil {
 		return nil, err

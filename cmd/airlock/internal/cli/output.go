@@ -288,13 +288,9 @@ func runtimeVersionText(v string) string {
 	return first
 }
 
-func writeSummary(w io.Writer, job *authorityv1.Job) {
-	r := job.GetResult()
-	fmt.Fprintf(w, "\njob        %s\n", termtext.Line(job.GetJobId()))
-	fmt.Fprintf(w, "outcome    %s\n", termtext.Line(outcome(job)))
-	if r == nil {
-		return
-	}
+// writeUsage prints what a run used: cpu, memory, wall time, disk, time
+// asleep and network bytes.
+func writeUsage(w io.Writer, r *typesv1.RunResult) {
 	u := r.GetUsage()
 	fmt.Fprintf(w, "usage      cpu %s, peak memory %s, wall %s, disk %s\n",
 		u.GetCpuTime().AsDuration().Round(time.Millisecond), humanBytes(u.GetPeakMemoryBytes()),
@@ -305,6 +301,16 @@ func writeSummary(w io.Writer, job *authorityv1.Job) {
 	if u.GetNetworkSentBytes() > 0 || u.GetNetworkReceivedBytes() > 0 {
 		fmt.Fprintf(w, "network    %s sent, %s received\n", humanBytes(u.GetNetworkSentBytes()), humanBytes(u.GetNetworkReceivedBytes()))
 	}
+}
+
+func writeSummary(w io.Writer, job *authorityv1.Job) {
+	r := job.GetResult()
+	fmt.Fprintf(w, "\njob        %s\n", termtext.Line(job.GetJobId()))
+	fmt.Fprintf(w, "outcome    %s\n", termtext.Line(outcome(job)))
+	if r == nil {
+		return
+	}
+	writeUsage(w, r)
 	ds := r.GetDiffStat()
 	if t := job.GetSpec().GetPublishTarget(); t != nil {
 		fmt.Fprintf(w, "publish to %s:%s (after approval)\n", termtext.Line(t.GetRepository()), termtext.Line(t.GetBranch()))

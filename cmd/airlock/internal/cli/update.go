@@ -268,15 +268,19 @@ func writeLimits(w io.Writer, job *authorityv1.Job) {
 	if l == nil {
 		return
 	}
-	fmt.Fprintf(w, "limits     cpu %.2f, memory %s, pids %d, disk %s, deadline %s (grant generation %d)\n",
-		float64(l.GetCpuMillis())/1000, humanBytes(l.GetMemoryBytes()), l.GetPids(), humanBytes(l.GetDiskBytes()),
-		l.GetDeadline().AsDuration(), job.GetGrantGeneration())
+	fmt.Fprintf(w, "limits     %s (grant generation %d)\n", limitsLine(l), job.GetGrantGeneration())
 	if s := job.GetSession(); s != nil {
 		fmt.Fprintf(w, "session    %s\n", sessionText(s))
 	}
 	st := job.GetNetworkPolicyStatus()
 	fmt.Fprintf(w, "network    %s (generation %d, %s)\n", termtext.Line(policyText(st.GetPolicy())), st.GetGeneration(),
 		networkStateWord(st.GetState()))
+}
+
+// limitsLine is every limit in one line, the disk's too.
+func limitsLine(l *typesv1.ResourceLimits) string {
+	return fmt.Sprintf("cpu %.2f, memory %s, pids %d, disk %s, deadline %s", float64(l.GetCpuMillis())/1000, humanBytes(l.GetMemoryBytes()),
+		l.GetPids(), humanBytes(l.GetDiskBytes()), l.GetDeadline().AsDuration())
 }
 
 // policyText is a network policy in one line.
