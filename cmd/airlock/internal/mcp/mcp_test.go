@@ -1,0 +1,201 @@
+package mcp
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// execIDForm is the authority's form of an exec id.
+var execIDForm = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
+
+func TestDerivedID(t *testing.T) {
+	args := RunArgs{SessionID: "s1", Command: "go test ./...", Env: map[string]string{"B": "2", "A": "1"}}
+	id, derived, err := derivedID("mcp-", "run", "s1", args, "tok-1")
+	if err != nil || !derived || !execIDForm.MatchString(id) {
+		t.Fatalf("derivedID = %q, %v, %v", id, derived, err)
+	}
+	// A retry: the same session, arguments (a map built in another order)
+	// and progress token give the same id.
+	retry := RunArgs{SessionID: "s1", Command: "go test ./...", Env: map[string]string{"A": "1", "B": "2"}}
+	if again, _, _ := derivedID("mcp-", "run", "s1", retry, "tok-1"); again != id {
+		t.Errorf("the same call again: %q, want %q", again, id)
+	}
+	// Anything else differing is another exec.
+	for name, tc := range map[string]struct {
+		scope string
+		args  RunArgs
+		tok   any
+	}{
+		"another token":        {"s1", args, "tok-2"},
+		"a number token":       {"s1", args, 1},
+		"another session":      {"s2", args, "tok-1"},
+		"another command":      {"s1", RunArgs{SessionID: "s1", Command: "go test ./pkg", Env: args.Env}, "tok-1"},
+		"another cwd":          {"s1", RunArgs{SessionID: "s1", Command: args.Command, Env: args.Env, Cwd: "/work/x"}, "tok-1"},
+		"stdin":                {"s1", RunArgs{SessionID: "s1", Command: args.Command, Env: args.Env, Stdin: "y"}, "tok-1"},
+		"the token as a scope": {"s1tok-1", args, ""},
+	} {
+		if other, _, _ := derivedID("mcp-", "run", tc.scope, tc.args, tc.tok); other == id {
+			t.Errorf("%s: the same id %q", name, other)
+		}
+	}
+	if a, _, _ := derivedID("mcp-", "create_session", "s1", args, "tok-1"); a == id {
+		t.Error("create_session and run share an id for the same arguments")
+	}
+	// No progress token: a fresh id each call, never one derived.
+	a, derivedA, _ := derivedID("mcp-", "run", "s1", args, nil)
+	b, _, _ := derivedID("mcp-", "run", "s1", args, nil)
+	if derivedA || a == b || !execIDForm.MatchString(a) {
+		t.Errorf("without a progress token: %q, %q (derived %v), want two fresh ids", a, b, derivedA)
+	}
+}
+
+func TestDataEscapesControlSequences(t *testing.T) {
+	in := "ok\tgo\n\x1b[31mred\x1b[0m \x1b]0;title\x07 \x9b2J \u202eevil\u202c \u2066x\u2069 zero\u200bwidth \x00 \r over\n"
+	out := Data([]byte(in))
+	for _, r := range out {
+		if r == '\n' || r == '\t' {
+			continue
+		}
+		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) || (r >= 0x202a && r <= 0x202e) || (r >= 0x2066 && r <= 0x2069) || r == 0x200b {
+			t.Errorf("Data left %U in %q", r, out)
+		}
+	}
+	for _, want := range []string{"ok\tgo\n", `⟦\x1b⟧[31mred`, `⟦\u202e⟧evil`, `⟦\x07⟧`, `⟦\x00⟧`, `⟦\x0d⟧ over`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("Data(%q) = %q, want it to hold %q", in, out, want)
+		}
+	}
+	if l := Line("a\nb\tc"); strings.ContainsAny(l, "\n\t") {
+		t.Errorf("Line kept a newline or tab: %q", l)
+	}
+}
+
+func TestCaptureCutsAndSaysSo(t *testing.T) {
+	small := newCapture(8, 8)
+	small.Write([]byte("hello"))
+	if s, cut := small.Text(); s != "hello" || cut {
+		t.Errorf("a small stream: %q, cut %v", s, cut)
+	}
+	c := newCapture(10, 10)
+	body := "0123456789" + strings.Repeat("é", 50) + "abcdefghij"
+	for i := 0; i < len(body); i += 7 {
+		c.Write([]byte(body[i:min(i+7, len(body))]))
+	}
+	s, cut := c.Text()
+	if !cut || !strings.HasPrefix(s, "0123456789\n") || !strings.HasSuffix(s, "\nabcdefghij") {
+		t.Fatalf("a long stream: %q, cut %v", s, cut)
+	}
+	if !strings.Contains(s, "[airlock: 100 bytes cut here: this stream had 120 bytes; shown are its first 10 and its last 10]") {
+		t.Errorf("the cut is not said exactly: %q", s)
+	}
+	// Cut inside runes: the ends fall on whole runes, never an escape of
+	// half a rune.
+	r := newCapture(3, 3)
+	r.Write([]byte("ééééé"))
+	s, _ = r.Text()
+	if !utf8.ValidString(s) || strings.Contains(s, `\x`) || !strings.HasPrefix(s, "é\n") || !strings.HasSuffix(s, "\né") {
+		t.Errorf("a cut inside runes: %q", s)
+	}
+	// The executor's own cap is said too.
+	capped := newCapture(8, 8)
+	capped.capped = true
+	if _, cut := capped.Text(); !cut {
+		t.Error("a stream the executor capped is not reported cut")
+	}
+}
+
+func TestCheckLoopback(t *testing.T) {
+	for _, ok := range []string{"127.0.0.1:0", "127.0.0.1:8080", "[::1]:0"} {
+		if err := CheckLoopback(ok); err != nil {
+			t.Errorf("%s: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"0.0.0.0:80", ":8080", "[::]:0", "10.0.0.1:80", "localhost:80", "127.0.0.2:80", "example.com:80", "127.0.0.1"} {
+		err := CheckLoopback(bad)
+		if err == nil || !strings.Contains(err.Error(), "--http") {
+			t.Errorf("%s: %v, want a refusal naming --http", bad, err)
+		}
+	}
+}
+
+func TestToken(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv(TokenEnv, "")
+	file := filepath.Join(dir, "tok")
+	os.WriteFile(file, []byte("  from-file-0123456789  \nsecond line\n"), 0o600)
+	if tok, gen, err := Token(file); err != nil || gen || tok != "from-file-0123456789" {
+		t.Errorf("Token(file) = %q, %v, %v", tok, gen, err)
+	}
+	short := filepath.Join(dir, "short")
+	os.WriteFile(short, []byte("abc\n"), 0o600)
+	if _, _, err := Token(short); err == nil {
+		t.Error("a 3-character token was taken")
+	}
+	if _, _, err := Token(filepath.Join(dir, "missing")); err == nil || !strings.Contains(err.Error(), "--token-file") {
+		t.Errorf("a missing file: %v", err)
+	}
+	t.Setenv(TokenEnv, "from-env-0123456789")
+	if tok, gen, err := Token(""); err != nil || gen || tok != "from-env-0123456789" {
+		t.Errorf("Token from $%s = %q, %v, %v", TokenEnv, tok, gen, err)
+	}
+	t.Setenv(TokenEnv, "")
+	a, genA, _ := Token("")
+	b, _, _ := Token("")
+	if !genA || a == b || len(a) < 32 {
+		t.Errorf("generated tokens %q, %q", a, b)
+	}
+}
+
+// TestHTTPRequiresToken: the HTTP transport answers 401 to a request
+// without the bearer token, or with any other, before MCP sees it; with it,
+// a real MCP client lists the tools.
+func TestHTTPRequiresToken(t *testing.T) {
+	const token = "the-token-0123456789abcdef"
+	s := New(Options{})
+	srv := httptest.NewServer(Handler(s, token))
+	defer srv.Close()
+	for _, auth := range []string{"", "Bearer", "Bearer ", "Bearer wrong", "bearer " + token, "Basic " + token, token, "Bearer " + token + "x", "Bearer " + token[:len(token)-1]} {
+		req, _ := http.NewRequest("POST", srv.URL+"/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized || resp.Header.Get("WWW-Authenticate") == "" {
+			t.Errorf("Authorization %q: %d, want 401 with WWW-Authenticate", auth, resp.StatusCode)
+		}
+	}
+	client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil)
+	ctx := context.Background()
+	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: srv.URL + "/mcp", HTTPClient: &http.Client{Transport: bearer{token}}}, nil)
+	if err != nil {
+		t.Fatalf("with the token: %v", err)
+	}
+	defer cs.Close()
+	tools, err := cs.ListTools(ctx, nil)
+	if err != nil || len(tools.Tools) != 7 {
+		t.Fatalf("ListTools with the token: %v, %v", tools, err)
+	}
+}
+
+type bearer struct{ token string }
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return http.DefaultTransport.RoundTrip(r)
+}
