@@ -125,6 +125,8 @@ func TestMCP(t *testing.T) {
 	launcher := mcpInspector(t)
 	repo, _ := sampleRepo(t)
 	s := startStack(t, "--repo", "sample="+repo)
+	s.addTenant(t, "other", map[string]string{"sample": repo})
+	s.restartService(t, "authority")
 	stdio := inspector{launcher: launcher, env: s.env(), target: []string{bin("airlock"), "mcp"}}
 
 	// The tools, over stdio; none approves, publishes or changes a policy.

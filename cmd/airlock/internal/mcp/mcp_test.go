@@ -199,3 +199,20 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 	r.Header.Set("Authorization", "Bearer "+b.token)
 	return http.DefaultTransport.RoundTrip(r)
 }
+
+// TestRunRefusesBadArguments: each is refused, naming the argument, before
+// any call to the authority (the tools here have none).
+func TestRunRefusesBadArguments(t *testing.T) {
+	tl := &tools{}
+	for want, a := range map[string]RunArgs{
+		"session_id":      {Command: "ls"},
+		"give one":        {SessionID: "s", Command: "ls", Argv: []string{"ls"}},
+		"command or argv": {SessionID: "s"},
+		"stdin":           {SessionID: "s", Command: "cat", Stdin: strings.Repeat("x", stdinMax+1)},
+		"timeout_seconds": {SessionID: "s", Argv: []string{"ls"}, TimeoutSeconds: -1},
+	} {
+		if _, _, err := tl.run(context.Background(), nil, a); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v", want, err)
+		}
+	}
+}

@@ -246,20 +246,21 @@ func (t *tools) createSession(ctx context.Context, req *mcp.CallToolRequest, a C
 }
 
 func (t *tools) run(ctx context.Context, req *mcp.CallToolRequest, a RunArgs) (*mcp.CallToolResult, RunResult, error) {
-	argv := a.Argv
 	switch {
 	case a.SessionID == "":
 		return nil, RunResult{}, errors.New("session_id is required")
-	case a.Command != "" && len(argv) > 0:
+	case a.Command != "" && len(a.Argv) > 0:
 		return nil, RunResult{}, errors.New("command and argv: give one, not both")
-	case a.Command != "":
-		argv = []string{"sh", "-c", a.Command}
-	case len(argv) == 0:
+	case a.Command == "" && len(a.Argv) == 0:
 		return nil, RunResult{}, errors.New("command or argv is required")
 	case len(a.Stdin) > stdinMax:
 		return nil, RunResult{}, fmt.Errorf("stdin: %d bytes, more than the 1 MiB bound", len(a.Stdin))
 	case a.TimeoutSeconds < 0:
 		return nil, RunResult{}, errors.New("timeout_seconds must not be negative")
+	}
+	argv := a.Argv
+	if a.Command != "" {
+		argv = []string{"sh", "-c", a.Command}
 	}
 	execID, derived := a.ExecID, false
 	if execID == "" {
