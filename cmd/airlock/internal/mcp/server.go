@@ -179,13 +179,13 @@ func New(o Options) *mcp.Server {
 type tools struct{ o Options }
 
 // remote turns an authority error into one the model reads: the gRPC code
-// in words and the server's message as one escaped line.
+// ("PermissionDenied") and the server's message as one escaped line.
 func remote(err error) error {
 	if err == nil {
 		return nil
 	}
 	if st, ok := status.FromError(err); ok {
-		return fmt.Errorf("%s: %s", strings.ToLower(st.Code().String()), Line(st.Message()))
+		return fmt.Errorf("%s: %s", st.Code(), Line(st.Message()))
 	}
 	return errors.New(Line(err.Error()))
 }
