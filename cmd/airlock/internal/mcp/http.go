@@ -82,11 +82,50 @@ func RequireToken(token string, next http.Handler) http.Handler {
 	})
 }
 
-// Handler is the streamable HTTP transport of s at /mcp behind the token.
+// maxBody bounds a request's body: write_file's 1 MiB of content, each
+// byte escaped as JSON's \u00XX at worst, fits.
+const maxBody = 8 << 20
+
+// RequireSameOrigin refuses (403) a request a web page made: one whose
+// Origin is set and is not this server's own (the scheme http and the
+// host:port of the Host header, itself a loopback name), or whose
+// Sec-Fetch-Site says cross-site or same-site. An MCP client that is not a
+// browser sends no Origin. With the SDK's check of Host (a DNS-rebound
+// name is refused) this keeps a page on another site from POSTing to the
+// loopback port even before it would need the token.
+func RequireSameOrigin(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		origin := r.Header.Get("Origin")
+		site := r.Header.Get("Sec-Fetch-Site")
+		if (origin != "" && !sameOrigin(origin, r.Host)) || site == "cross-site" || site == "same-site" {
+			http.Error(w, fmt.Sprintf("airlock mcp: a request from a web page (Origin %q, Sec-Fetch-Site %q) is refused: only a local MCP client, or a page served by this server, may call it", Line(origin), Line(site)), http.StatusForbidden)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// sameOrigin: origin is http://HOST where HOST is host (the request's
+// Host header) and a loopback name.
+func sameOrigin(origin, host string) bool {
+	rest, ok := strings.CutPrefix(origin, "http://")
+	if !ok || !strings.EqualFold(rest, host) {
+		return false
+	}
+	h, _, err := net.SplitHostPort(host)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(h)
+	return strings.EqualFold(h, "localhost") || (ip != nil && ip.IsLoopback())
+}
+
+// Handler is the streamable HTTP transport of s at /mcp behind the Origin
+// check and the token, each request's body at most maxBody bytes.
 func Handler(s *mcp.Server, token string) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil))
-	return RequireToken(token, mux)
+	mux.Handle("/mcp", mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{MaxRequestBodyBytes: maxBody}))
+	return RequireSameOrigin(RequireToken(token, mux))
 }
 
 // ServeHTTP listens on addr (loopback only), calls ready with the address
@@ -99,7 +138,10 @@ func ServeHTTP(ctx context.Context, s *mcp.Server, addr, token string, ready fun
 	if err != nil {
 		return fmt.Errorf("--http %s: %v", addr, err)
 	}
-	srv := &http.Server{Handler: Handler(s, token), ReadHeaderTimeout: 10 * time.Second}
+	// No ReadTimeout or WriteTimeout: a run streams for as long as its
+	// command takes. Headers must come within 10s, an idle connection is
+	// closed after 2 minutes, and the body is bounded (maxBody).
+	srv := &http.Server{Handler: Handler(s, token), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 	ready(ln.Addr())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()

@@ -216,3 +216,64 @@ func TestRunRefusesBadArguments(t *testing.T) {
 		}
 	}
 }
+
+// TestHTTPRefusesWebPages: a browser page on another site (its Origin, or
+// Sec-Fetch-Site cross-site), or one reaching the loopback port through a
+// DNS-rebound name (its Host), is refused with 403 even with the token; a
+// body over the bound gets 413; a local client without Origin is served.
+func TestHTTPRefusesWebPages(t *testing.T) {
+	const token = "the-token-0123456789abcdef"
+	srv := httptest.NewServer(Handler(New(Options{}), token))
+	defer srv.Close()
+	hostport := strings.TrimPrefix(srv.URL, "http://")
+	post := func(body string, h map[string]string) int {
+		t.Helper()
+		req, _ := http.NewRequest("POST", srv.URL+"/mcp", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Authorization", "Bearer "+token)
+		for k, v := range h {
+			if k == "Host" {
+				req.Host = v
+				continue
+			}
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	const initialize = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`
+	for name, h := range map[string]map[string]string{
+		"another site's Origin":        {"Origin": "https://evil.example"},
+		"a rebound name as Origin":     {"Origin": "http://evil.example:" + strings.Split(hostport, ":")[1]},
+		"Origin null":                  {"Origin": "null"},
+		"Origin https on the port":     {"Origin": "https://" + hostport},
+		"Sec-Fetch-Site cross-site":    {"Sec-Fetch-Site": "cross-site"},
+		"Sec-Fetch-Site same-site":     {"Sec-Fetch-Site": "same-site"},
+		"a DNS-rebound Host":           {"Host": "evil.example:" + strings.Split(hostport, ":")[1]},
+		"a rebound Host and Origin":    {"Host": "evil.example", "Origin": "http://evil.example"},
+		"Origin of another local port": {"Origin": "http://127.0.0.1:1"},
+	} {
+		if code := post(initialize, h); code != http.StatusForbidden {
+			t.Errorf("%s: %d, want 403", name, code)
+		}
+	}
+	for name, h := range map[string]map[string]string{
+		"no Origin":       nil,
+		"its own Origin":  {"Origin": "http://" + hostport},
+		"same-origin":     {"Sec-Fetch-Site": "same-origin"},
+		"a user's direct": {"Sec-Fetch-Site": "none"},
+	} {
+		if code := post(initialize, h); code != http.StatusOK {
+			t.Errorf("%s: %d, want 200", name, code)
+		}
+	}
+	big := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"x":"` + strings.Repeat("x", maxBody) + `"}}`
+	if code := post(big, nil); code != http.StatusRequestEntityTooLarge {
+		t.Errorf("a body over %d bytes: %d, want 413", maxBody, code)
+	}
+}
