@@ -1,17 +1,26 @@
 package mcp
 
 import (
+	"cmp"
 	"context"
+	"math"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 )
 
 // execIDForm is the authority's form of an exec id.
@@ -275,5 +284,143 @@ func TestHTTPRefusesWebPages(t *testing.T) {
 	big := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"x":"` + strings.Repeat("x", maxBody) + `"}}`
 	if code := post(big, nil); code != http.StatusRequestEntityTooLarge {
 		t.Errorf("a body over %d bytes: %d, want 413", maxBody, code)
+	}
+}
+
+// refusing is an authority that refuses every call a tool makes
+// (NotFound, its message carrying an escape sequence as a job's text
+// could).
+type refusing struct {
+	authorityv1.AuthorityServiceClient
+}
+
+var errRefused = status.Error(codes.NotFound, "session \x1b[2Jnot found")
+
+func (refusing) CreateSession(context.Context, *authorityv1.CreateSessionRequest, ...grpc.CallOption) (*authorityv1.CreateSessionResponse, error) {
+	return nil, errRefused
+}
+func (refusing) GetSession(context.Context, *authorityv1.GetSessionRequest, ...grpc.CallOption) (*authorityv1.GetSessionResponse, error) {
+	return nil, errRefused
+}
+func (refusing) FinishSession(context.Context, *authorityv1.FinishSessionRequest, ...grpc.CallOption) (*authorityv1.FinishSessionResponse, error) {
+	return nil, errRefused
+}
+func (refusing) ListFiles(context.Context, *authorityv1.ListFilesRequest, ...grpc.CallOption) (*authorityv1.ListFilesResponse, error) {
+	return nil, errRefused
+}
+func (refusing) ReadFile(context.Context, *authorityv1.ReadFileRequest, ...grpc.CallOption) (grpc.ServerStreamingClient[authorityv1.ReadFileResponse], error) {
+	return nil, errRefused
+}
+func (refusing) WriteFile(context.Context, ...grpc.CallOption) (grpc.ClientStreamingClient[authorityv1.WriteFileRequest, authorityv1.WriteFileResponse], error) {
+	return nil, errRefused
+}
+func (refusing) RunExec(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[authorityv1.RunExecRequest, authorityv1.RunExecResponse], error) {
+	return nil, errRefused
+}
+
+// TestToolsTakeAnyArguments calls every tool through a real MCP client
+// with arguments of every JSON shape (missing, null, wrong types, huge and
+// negative numbers, control characters, nested junk): none panics, each
+// call ends in an error result or a protocol error with a message, and no
+// escape sequence reaches the client.
+func TestToolsTakeAnyArguments(t *testing.T) {
+	s := New(Options{
+		Authority: refusing{},
+		Tenant:    func(arg string) (string, error) { return cmp.Or(arg, "dev"), nil },
+		SessionSpec: func(a CreateSessionArgs) (*authorityv1.JobSpec, error) {
+			return &authorityv1.JobSpec{Repository: a.Repository}, nil
+		},
+		SessionText: func(context.Context, string) (string, error) { return "", errRefused },
+	})
+	ctx := context.Background()
+	st, ct := mcp.NewInMemoryTransports()
+	ss, err := s.Connect(ctx, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "fuzz", Version: "v0"}, nil).Connect(ctx, ct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	tools, err := cs.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	values := []any{nil, "", "s1", "\x1b[31m\u202e\x00", strings.Repeat("é", 5000), -1, 0, 1.5, 1e308, -1e308, int64(math.MaxInt64), true,
+		[]any{}, []any{nil, 1, "x"}, map[string]any{}, map[string]any{"a": []any{map[string]any{}}}}
+	rng := rand.New(rand.NewPCG(26, 1))
+	for _, tool := range tools.Tools {
+		schema, _ := tool.InputSchema.(map[string]any)
+		props, _ := schema["properties"].(map[string]any)
+		var names []string
+		for n := range props {
+			names = append(names, n)
+		}
+		slices.Sort(names)
+		names = append(names, "unknown_argument")
+		for i := range 60 {
+			args := map[string]any{}
+			for _, n := range names {
+				if rng.IntN(3) > 0 {
+					args[n] = values[rng.IntN(len(values))]
+				}
+			}
+			if i == 0 {
+				args = nil
+			}
+			r, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: tool.Name, Arguments: args})
+			if err != nil {
+				if err.Error() == "" {
+					t.Errorf("%s %v: an empty error", tool.Name, args)
+				}
+				continue
+			}
+			var text strings.Builder
+			for _, c := range r.Content {
+				if tc, ok := c.(*mcp.TextContent); ok {
+					text.WriteString(tc.Text)
+				}
+			}
+			if !r.IsError || text.Len() == 0 {
+				t.Errorf("%s %v: not an error with a message (the authority refuses everything): %+v", tool.Name, args, r)
+			}
+			if strings.ContainsAny(text.String(), "\x1b\u202e\x00") {
+				t.Errorf("%s %v: a control sequence in %q", tool.Name, args, text.String())
+			}
+		}
+	}
+}
+
+// TestToolErrorsNameTheArgument: a missing or out-of-range argument is
+// refused naming it, before any call to the authority.
+func TestToolErrorsNameTheArgument(t *testing.T) {
+	tl := &tools{}
+	ctx := context.Background()
+	for want, call := range map[string]func() error{
+		"read_file session_id": func() error { _, _, err := tl.readFile(ctx, nil, ReadFileArgs{Path: "/work/x"}); return err },
+		"read_file path":       func() error { _, _, err := tl.readFile(ctx, nil, ReadFileArgs{SessionID: "s"}); return err },
+		"read_file max_bytes": func() error {
+			_, _, err := tl.readFile(ctx, nil, ReadFileArgs{SessionID: "s", Path: "/work/x", MaxBytes: -1})
+			return err
+		},
+		"write_file path": func() error { _, _, err := tl.writeFile(ctx, nil, WriteFileArgs{SessionID: "s"}); return err },
+		"write_file mode": func() error {
+			_, _, err := tl.writeFile(ctx, nil, WriteFileArgs{SessionID: "s", Path: "/work/x", Mode: 0o10000})
+			return err
+		},
+		"list_files session_id":     func() error { _, _, err := tl.listFiles(ctx, nil, ListFilesArgs{}); return err },
+		"session_status session_id": func() error { _, _, err := tl.sessionStatus(ctx, nil, SessionIDArgs{}); return err },
+		"finish_session session_id": func() error { _, _, err := tl.finishSession(ctx, nil, SessionIDArgs{}); return err },
+		"run timeout_seconds": func() error {
+			_, _, err := tl.run(ctx, nil, RunArgs{SessionID: "s", Command: "ls", TimeoutSeconds: math.MaxInt64})
+			return err
+		},
+	} {
+		arg := want[strings.IndexByte(want, ' ')+1:]
+		if err := call(); err == nil || !strings.Contains(err.Error(), arg) {
+			t.Errorf("%s: %v, want an error naming %s", want, err, arg)
+		}
 	}
 }
