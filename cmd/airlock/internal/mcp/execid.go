@@ -12,7 +12,8 @@ import (
 // when the caller gives none.
 //
 // A retry of a tool call is a new JSON-RPC request: its request id is new
-// (and the SDK does not hand it to a tool), its arguments are the same, and
+// (the SDK keeps it in an unexported context key, and clients number
+// requests per connection, so it would join unrelated calls), its arguments are the same, and
 // a client that retries the same call sends the same params, _meta with
 // its progressToken included. The arguments alone cannot tell a retry from
 // a second run the agent meant (go test, an edit, go test again), so they

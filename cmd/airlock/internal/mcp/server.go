@@ -141,7 +141,7 @@ type SessionResult struct {
 	ApprovalID string `json:"approval_id,omitempty"`
 }
 
-const retryNote = ` Retries are safe: a call with an exec_id returns the exec of that id, running or ended, and never runs it twice (the same id with a different command is refused). Without exec_id the id is derived from the session, the arguments and the call's _meta.progressToken, so a client's retry that keeps its progress token attaches to the same exec; a call with neither gets a fresh id, which the result names: pass it as exec_id to retry that call.`
+const retryNote = ` Retries are safe: a call with an exec_id returns the exec of that id, running or ended, and never runs it twice (the same id with a different command is refused). Without exec_id the id is derived from the session, the arguments and the call's _meta.progressToken, so a client's retry that keeps its progress token attaches to the same exec; a call with neither gets a fresh random id (the JSON-RPC request id is not used: clients renumber it on each connection), which the result names: pass it as exec_id to retry that call.`
 
 // New is the MCP server with every tool, bound to o.
 func New(o Options) *mcp.Server {
