@@ -424,3 +424,22 @@ func TestToolErrorsNameTheArgument(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionStatusIsData: a status text holding a raw escape sequence (a
+// field the CLI's writers missed) reaches the model escaped; an escaped
+// one passes unchanged.
+func TestSessionStatusIsData(t *testing.T) {
+	for in, want := range map[string]string{
+		"egress\tevil.example\x1b]0;t\x07\n": "egress\tevil.example⟦\\x1b⟧]0;t⟦\\x07⟧\n",
+		"name ⟦\\x1b⟧ kept\n":                "name ⟦\\x1b⟧ kept\n",
+	} {
+		tl := &tools{o: Options{SessionText: func(context.Context, string) (string, error) { return in, nil }}}
+		r, _, err := tl.sessionStatus(context.Background(), nil, SessionIDArgs{SessionID: "s"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.Content[0].(*mcp.TextContent).Text; got != want {
+			t.Errorf("session_status of %q: %q, want %q", in, got, want)
+		}
+	}
+}

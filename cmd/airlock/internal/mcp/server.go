@@ -549,6 +549,11 @@ func (t *tools) sessionStatus(ctx context.Context, _ *mcp.CallToolRequest, a Ses
 	if err != nil {
 		return nil, nil, remote(err)
 	}
+	// The CLI's writers escape each field; a field one of them missed is
+	// escaped here, the whole text then.
+	if !isData(out) {
+		out = Data([]byte(out))
+	}
 	return text(out), nil, nil
 }
 
