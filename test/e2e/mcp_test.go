@@ -326,6 +326,16 @@ func TestMCP(t *testing.T) {
 			t.Errorf("%s on tenant other's session: %s", tool, text)
 		}
 	}
+	// Nor can the agent open a session in tenant other, or one whose
+	// network reaches past the dev tenant's policy (no egress domains).
+	for what, args := range map[string]map[string]any{
+		"a session in tenant other":          {"repository": "sample", "tenant": "other"},
+		"a domain outside the tenant policy": {"repository": "sample", "allow_domains": []string{"evil.example"}},
+	} {
+		if res, text := call("create_session", nil, args); !res.IsError {
+			t.Errorf("create_session of %s: not refused: %s", what, text)
+		}
+	}
 	other := authorityv1.NewAuthorityServiceClient(s.dial(t, "client/other", "authority"))
 	if g, err := other.GetSession(ctx, &authorityv1.GetSessionRequest{SessionId: tid}); err != nil || g.GetExecsTotal() != 0 || g.GetSession().GetState() != authorityv1.JobState_JOB_STATE_RUNNING {
 		t.Errorf("tenant other's session after dev's MCP tried it: %v execs, %v, %v", g.GetExecsTotal(), g.GetSession().GetState(), err)
