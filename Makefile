@@ -11,7 +11,7 @@ BIN   := bin
 PKGS  := ./...
 GOTESTFLAGS ?= -race -count=1 -timeout 30m
 
-.PHONY: all build runtimes vm bench generate generate-check lint fmt vet test unit e2e test-cgroup2 test-chart demo clean
+.PHONY: all build runtimes vm bench generate generate-check lint fmt vet test unit e2e test-cgroup2 test-chart demo clean mcp-inspector
 
 all: build
 
@@ -59,16 +59,20 @@ vet:
 # The PostgreSQL store tests take their database from AIRLOCK_TEST_POSTGRES_DSN,
 # which .ci/run sets to a throwaway loopback cluster; without it they skip,
 # and with CI=true they fail.
-test: lint generate-check runtimes vm
+test: lint generate-check runtimes vm mcp-inspector
 	$(GO) test $(GOTESTFLAGS) $(PKGS)
 	$(MAKE) --no-print-directory test-cgroup2
+
+## mcp-inspector: the MCP Inspector pinned in tools/mcpinspector/package-lock.json, installed once with npm ci into ~/.cache/airlock-test/mcpinspector (test/e2e/mcp_test.go drives airlock mcp with its CLI mode; needs Debian's nodejs and npm)
+mcp-inspector:
+	@bash tools/mcpinspector/install.sh >/dev/null
 
 ## unit: tests without the end-to-end suite
 unit: runtimes vm
 	$(GO) test $(GOTESTFLAGS) $$($(GO) list ./... | grep -v /test/e2e)
 
 ## e2e: the end-to-end suite against the real binaries
-e2e: runtimes vm
+e2e: runtimes vm mcp-inspector
 	$(GO) test $(GOTESTFLAGS) ./test/e2e/...
 
 ## test-cgroup2: the cgroup tests of the sandbox package and an end-to-end smoke in a cgroup-v2-only QEMU machine (TCG) on this machine's root filesystem (tools/cgroup2vm; as root)

@@ -116,6 +116,6 @@ the authority, executor and publisher.`,
 	root.PersistentFlags().StringVarP(&g.Output, "output", "o", "text", "output format: text or json")
 	root.PersistentFlags().StringVar(&g.Config, "config", "", "client config file (default $"+clientconfig.EnvVar+")")
 	root.PersistentFlags().StringVar(&g.As, "as", "", "identity to act as, KIND/NAME from the client config's pki_dir (default: the config's identity)")
-	root.AddCommand(newPKI(g), dev.New(g), newStatus(g), newJob(g), newSession(g), newApproval(g), newLease(g), newAudit(g), newPublish(g), newDeployment(g), newCache(g), newImage(g), newExecutor(g), newUsage(g), newConsole(g), selftest.New(g))
+	root.AddCommand(newPKI(g), dev.New(g), newStatus(g), newJob(g), newSession(g), newApproval(g), newLease(g), newAudit(g), newPublish(g), newDeployment(g), newCache(g), newImage(g), newExecutor(g), newUsage(g), newConsole(g), newMCP(g), selftest.New(g))
 	return root
 }

@@ -361,39 +361,43 @@ func newSessionGet(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				s := resp.GetSession()
-				return g.PrintProto(resp, func(w io.Writer) {
-					fmt.Fprintf(w, "session    %s\n", termtext.Line(s.GetJobId()))
-					fmt.Fprintf(w, "repository %s @ %s (%s)\n", termtext.Line(s.GetSpec().GetRepository()), termtext.Line(s.GetSpec().GetRevision()),
-						termtext.Line(short(s.GetCommit())))
-					state := jobStateWord(s.GetState())
-					if resp.GetSuspended() {
-						state += ", " + suspensionWord(resp.GetSuspendReason(), resp.GetSuspendedAt())
-					}
-					if resp.GetSuspendReason() == typesv1.TerminationReason_TERMINATION_REASON_EXECUTOR_RESTARTED {
-						state += ": its executor restarted, keeping /work and /out (session resume goes on)"
-					}
-					fmt.Fprintf(w, "state      %s\n", state)
-					writePlacement(w, s)
-					writeWith(w, s)
-					writeLimits(w, s)
-					if resp.GetExecsStale() {
-						fmt.Fprintln(w, "note       the executor could not answer: these are the authority's records of the execs, which may be behind")
-					}
-					execs := fmt.Sprintf("%d", max(resp.GetExecsTotal(), int64(len(resp.GetExecs()))))
-					if n := resp.GetFileWritesTotal(); n > 0 {
-						execs += fmt.Sprintf(", with the client's %d uploads among them", n)
-					}
-					fmt.Fprintf(w, "execs      %s\n", execs)
-					ups := &uploadList{w: w, left: resp.GetFileWrites()}
-					writeExecLines(w, resp.GetExecs(), resp.GetExecsTotal(), ups)
-					ups.end(resp.GetFileWritesTotal(), "")
-					if terminal(s.GetState()) {
-						writeSummary(w, s)
-					}
-				})
+				return g.PrintProto(resp, func(w io.Writer) { writeSessionGet(w, resp) })
 			})
 		},
+	}
+}
+
+// writeSessionGet writes a session and its execs for people, as session
+// get shows them, every job- or caller-chosen string escaped.
+func writeSessionGet(w io.Writer, resp *authorityv1.GetSessionResponse) {
+	s := resp.GetSession()
+	fmt.Fprintf(w, "session    %s\n", termtext.Line(s.GetJobId()))
+	fmt.Fprintf(w, "repository %s @ %s (%s)\n", termtext.Line(s.GetSpec().GetRepository()), termtext.Line(s.GetSpec().GetRevision()),
+		termtext.Line(short(s.GetCommit())))
+	state := jobStateWord(s.GetState())
+	if resp.GetSuspended() {
+		state += ", " + suspensionWord(resp.GetSuspendReason(), resp.GetSuspendedAt())
+	}
+	if resp.GetSuspendReason() == typesv1.TerminationReason_TERMINATION_REASON_EXECUTOR_RESTARTED {
+		state += ": its executor restarted, keeping /work and /out (session resume goes on)"
+	}
+	fmt.Fprintf(w, "state      %s\n", state)
+	writePlacement(w, s)
+	writeWith(w, s)
+	writeLimits(w, s)
+	if resp.GetExecsStale() {
+		fmt.Fprintln(w, "note       the executor could not answer: these are the authority's records of the execs, which may be behind")
+	}
+	execs := fmt.Sprintf("%d", max(resp.GetExecsTotal(), int64(len(resp.GetExecs()))))
+	if n := resp.GetFileWritesTotal(); n > 0 {
+		execs += fmt.Sprintf(", with the client's %d uploads among them", n)
+	}
+	fmt.Fprintf(w, "execs      %s\n", execs)
+	ups := &uploadList{w: w, left: resp.GetFileWrites()}
+	writeExecLines(w, resp.GetExecs(), resp.GetExecsTotal(), ups)
+	ups.end(resp.GetFileWritesTotal(), "")
+	if terminal(s.GetState()) {
+		writeSummary(w, s)
 	}
 }
 
