@@ -152,7 +152,7 @@ func TestAuthorityKilledMidChangeKeepsGrantsInStep(t *testing.T) {
 			seen[k] = true
 		}
 		mu.Unlock()
-		checkChangeInvariants(t, s, it, aliceSrc, executor, jobs, seen)
+		checkChangeInvariants(t, s, it, aliceSrc, devSrc, executor, jobs, seen)
 	}
 	t.Logf("%d kills: %d change requests, %d decisions, %d cut by a kill; %d changes seen applied",
 		changeCrashIterations, requests, decides, cut, len(appliedOK))
@@ -170,13 +170,19 @@ func pendingChanges(t *testing.T, c authorityv1.AuthorityServiceClient) []*autho
 	return out
 }
 
-func checkChangeInvariants(t *testing.T, s *stack, it int, aliceSrc *tlsconfig.Source, executor executorv1.ExecutorServiceClient, jobs []string, appliedOK map[string]bool) {
+func checkChangeInvariants(t *testing.T, s *stack, it int, aliceSrc, devSrc *tlsconfig.Source, executor executorv1.ExecutorServiceClient, jobs []string, appliedOK map[string]bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cc := crashDial(t, s, aliceSrc)
 	defer cc.Close()
 	alice := authorityv1.NewAuthorityServiceClient(cc)
+	// The jobs' records, as their client reads them (`job get` is GetJob),
+	// on one connection for the whole wait: a CLI process per job per poll
+	// cost most of each kill's check.
+	devCC := crashDial(t, s, devSrc)
+	defer devCC.Close()
+	dev := authorityv1.NewAuthorityServiceClient(devCC)
 
 	// What must hold at every moment.
 	for _, a := range listApprovals(t, alice) {
@@ -199,7 +205,7 @@ func checkChangeInvariants(t *testing.T, s *stack, it int, aliceSrc *tlsconfig.S
 	// the executor): checked again until it holds, for up to 20s.
 	var problems []string
 	for start := time.Now(); ; time.Sleep(50 * time.Millisecond) {
-		problems = changeProblems(ctx, t, s, alice, executor, jobs)
+		problems = changeProblems(ctx, t, s, alice, dev, executor, jobs)
 		if len(problems) == 0 {
 			return
 		}
@@ -221,7 +227,7 @@ func checkChangeInvariants(t *testing.T, s *stack, it int, aliceSrc *tlsconfig.S
 // and the executor: the grant is in force (applied), its generation is one
 // more than the job's applied change approvals and job.changed entries,
 // and the executor runs that very grant with its pids limit in the cgroup.
-func changeProblems(ctx context.Context, t *testing.T, s *stack, alice authorityv1.AuthorityServiceClient, executor executorv1.ExecutorServiceClient, jobs []string) []string {
+func changeProblems(ctx context.Context, t *testing.T, s *stack, alice, dev authorityv1.AuthorityServiceClient, executor executorv1.ExecutorServiceClient, jobs []string) []string {
 	var out []string
 	consumed := map[string]int{}
 	var approved []*authorityv1.Approval
@@ -251,7 +257,11 @@ func changeProblems(ctx context.Context, t *testing.T, s *stack, alice authority
 	}
 	byJob := map[string]*authorityv1.Job{}
 	for _, id := range jobs {
-		byJob[id] = s.job(t, id)
+		resp, err := dev.GetJob(ctx, &authorityv1.GetJobRequest{JobId: id})
+		if err != nil {
+			return []string{fmt.Sprintf("GetJob %s: %v", id, err)}
+		}
+		byJob[id] = resp.GetJob()
 	}
 	// An approved change the job could still take is a decision not yet
 	// carried out: the restarted authority must apply it.

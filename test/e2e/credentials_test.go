@@ -32,6 +32,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/nettest"
 	"github.com/airlockhq/airlock/pkg/pki"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	"github.com/airlockhq/airlock/test/filescan"
 )
 
 // The names of the brokered-credential test: a private API, a private
@@ -157,7 +158,7 @@ echo "sni: $(curl -sS --max-time 20 --connect-to ` + privOther + `:443:` + privA
 npm install --registry https://` + privRegistry + `/ --cache /tmp/npm-cache --no-audit --no-fund --no-update-notifier --loglevel=error ` + probePackage + ` >/tmp/npm.log 2>&1; echo "npm rc=$?"
 test -f node_modules/` + probePackage + `/index.js && echo "npm: installed"
 rm -rf node_modules package.json package-lock.json
-{ env; cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline; cat /tmp/npm.log; ls -laR /tmp /run /etc/ssl 2>&1; for f in $(find /etc /tmp /run /var/tmp /dev/shm /work -xdev -type f -size -2M 2>/dev/null | grep -v '^/work/\.git/'); do echo "== $f"; cat "$f"; done; } > /work/dump.txt 2>&1
+{ env; cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline; cat /tmp/npm.log; ls -laR /tmp /run /etc/ssl 2>&1; find /etc /tmp /run /var/tmp /dev/shm /work -xdev -type f -size -2M ! -path '/work/.git/*' ! -path /work/dump.txt -exec tail -v -n +1 {} + 2>/dev/null; } > /work/dump.txt 2>&1
 grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt | sed 's/^/ca certificates: /'
 `
 
@@ -293,17 +294,15 @@ func TestBrokeredCredentials(t *testing.T) {
 					if err != nil || !d.Type().IsRegular() {
 						return nil
 					}
-					b, err := os.ReadFile(p)
+					has, err := filescan.Contains(p, []string{"dump.txt", apiSecret, regSecret})
 					if err != nil {
 						return nil
 					}
-					if strings.Contains(string(b), "dump.txt") {
+					if has[0] {
 						dump++
 					}
-					for _, v := range []string{apiSecret, regSecret} {
-						if strings.Contains(string(b), v) {
-							t.Errorf("%s holds a brokered credential's value", p)
-						}
+					if has[1] || has[2] {
+						t.Errorf("%s holds a brokered credential's value", p)
 					}
 					return nil
 				})

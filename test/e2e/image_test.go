@@ -25,6 +25,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
+	"github.com/airlockhq/airlock/test/filescan"
 	"github.com/airlockhq/airlock/test/registrytest"
 )
 
@@ -263,7 +264,7 @@ func TestImageEndToEnd(t *testing.T) {
 		if err != nil || !d.Type().IsRegular() {
 			return nil
 		}
-		if data, err := os.ReadFile(p); err == nil && bytes.Contains(data, secret) {
+		if has, err := filescan.Contains(p, []string{string(secret)}); err == nil && has[0] {
 			t.Errorf("the registry credential is in the executor's %s", p)
 		}
 		return nil

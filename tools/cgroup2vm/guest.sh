@@ -18,7 +18,9 @@ before=$(cd $cg && find . -mindepth 1 -maxdepth 1 -type d | sort)
 # airlock-test.service, with the controllers handed down to it), where the
 # executor code moves itself into a leaf. -test.timeout bounds it.
 mkdir -p $cg/airlock-test.service
-sandbox_tests='TestChooseCgroups|TestWithoutNewerKernelFeatures|TestJobsAreOOMKilledFirst|TestCgroupParentOutsideExecutor|TestRecover$|TestForkBomb|TestMemoryBalloon|TestDeadline|TestCancel|TestDestroy|TestUpdate|TestDiskBandwidth|TestCPUQuota|TestUsagePlausible|TestUsefulWork|TestExec$|TestProbe$|TestExportCgroup'
+# TestDeadline$: the deadline's tree kill, not TestDeadlineTimerRechecksExtendedDeadline
+# (the timer's logic, which no cgroup decides; it runs in the host's suite).
+sandbox_tests='TestChooseCgroups|TestWithoutNewerKernelFeatures|TestJobsAreOOMKilledFirst|TestCgroupParentOutsideExecutor|TestRecover$|TestForkBomb|TestMemoryBalloon|TestDeadline$|TestCancel|TestDestroy|TestUpdate|TestDiskBandwidth|TestCPUQuota|TestUsagePlausible|TestUsefulWork|TestExec$|TestProbe$|TestExportCgroup'
 echo "== sandbox package (-run '$sandbox_tests')"
 t0=$SECONDS
 (
@@ -38,8 +40,13 @@ fi
 # The end-to-end smoke from the root cgroup (exempt from the
 # no-internal-process rule, so the stack's processes share it, as dev up's
 # do on a workstation).
+# A job's cancel is its sandbox's Run context cancelled (runs.Manager.Cancel):
+# under v2 the sandbox package's TestCancel proves that kill and the
+# cgroup's removal, and TestCgroupLimitsEndToEnd's deadline job the same
+# tree kill end to end with no job cgroup left, so the end-to-end
+# TestCancelStopsTheSandbox runs on the host's suite only.
 echo $$ >$cg/cgroup.procs
-e2e_tests='TestDevUpDown|TestCgroupLimitsEndToEnd|TestCancelStopsTheSandbox|TestRunningJobChangesAreGatedAndEnforced|TestExecutorKilledMidRunLeavesNothing'
+e2e_tests='TestDevUpDown|TestCgroupLimitsEndToEnd|TestRunningJobChangesAreGatedAndEnforced|TestExecutorKilledMidRunLeavesNothing'
 echo "== end to end (-run '$e2e_tests')"
 t0=$SECONDS
 (

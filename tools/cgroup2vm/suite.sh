@@ -16,7 +16,7 @@
 # (threads, make, a compiler) under runc and runsc, session execs, and the
 # export cgroup the executor's git runs in after a job.
 # End to end: dev up and `airlock status` (the cgroup mode and
-# controllers), one job per limit through the CLI, cancel, a live memory
+# controllers), one job per limit through the CLI (cancel is the sandbox package's), a live memory
 # change, and kill -9 of the executor then restart leaving nothing.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

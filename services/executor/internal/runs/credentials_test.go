@@ -1,7 +1,6 @@
 package runs
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/pem"
@@ -26,6 +25,7 @@ import (
 	"github.com/airlockhq/airlock/pkg/pki"
 	"github.com/airlockhq/airlock/services/executor/internal/egressproxy"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
+	"github.com/airlockhq/airlock/test/filescan"
 )
 
 // fakeAuthorityLeaser is a test double of the authority's brokered
@@ -112,15 +112,12 @@ func filesHolding(t *testing.T, dir string, secrets []string) []string {
 		if !d.Type().IsRegular() {
 			return nil
 		}
-		b, err := os.ReadFile(p)
+		has, err := filescan.Contains(p, secrets)
 		if err != nil {
 			return nil
 		}
-		for _, s := range secrets {
-			if bytes.Contains(b, []byte(s)) {
-				out = append(out, p)
-				break
-			}
+		if slices.Contains(has, true) {
+			out = append(out, p)
 		}
 		return nil
 	})

@@ -33,6 +33,11 @@ var (
 	probeBin            string // the static boundary-probe helper
 	setupErr            error
 	testSeq             atomic.Int64
+	// selfCheckCache is where every env records runsc's self-check (as an
+	// executor restarted on the same machine does): it runs once for the
+	// test binary, not for each env. The self-check's own tests take a
+	// fresh one (ownSelfCheck).
+	selfCheckCache string
 )
 
 const helperEnv = "AIRLOCK_SANDBOX_TEST_HELPER"
@@ -61,6 +66,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	selfCheckCache = filepath.Join(tmp, "selfcheck")
 	setupErr = setup(tmp)
 	code := m.Run()
 	os.RemoveAll(tmp)
@@ -147,8 +153,9 @@ func newEnv(t testing.TB, opts ...func(*Config)) *env {
 		CgroupParent: fmt.Sprintf("/airlock-test-%d-%d", os.Getpid(), n),
 		// Most tests only need runsc to work; TestRunscPlatforms runs the
 		// self-check at its full length.
-		RunscSelfCheck: 2 * time.Second,
-		Logger:         slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		RunscSelfCheck:      2 * time.Second,
+		RunscSelfCheckCache: selfCheckCache,
+		Logger:              slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	for _, o := range opts {
 		o(&e.cfg)
@@ -181,6 +188,10 @@ func newEnv(t testing.TB, opts ...func(*Config)) *env {
 	})
 	return e
 }
+
+// ownSelfCheck gives an env the self-check cache of its own state dir (the
+// executor's default), so its first probe runs runsc's self-check.
+func ownSelfCheck(c *Config) { c.RunscSelfCheckCache = "" }
 
 // testUIDBase gives each env its own uid range, distinct also from any other
 // test process running at the same time (the range's processes are checked

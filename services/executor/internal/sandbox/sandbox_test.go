@@ -92,7 +92,8 @@ func wantExit(t *testing.T, r ran, code int) {
 }
 
 func TestProbe(t *testing.T) {
-	e := newEnv(t)
+	// Its own self-check: the probe of a fresh start runs it.
+	e := newEnv(t, ownSelfCheck)
 	st := e.m.Probe(context.Background())
 	if len(st) != 3 || st[0].Class != ClassRunc || st[1].Class != ClassRunsc || st[2].Class != ClassVM {
 		t.Fatalf("Probe = %+v, want runc, runsc, vm", st)

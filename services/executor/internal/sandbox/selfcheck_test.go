@@ -35,7 +35,7 @@ func TestSelfCheckMain(t *testing.T) {
 // and CPU skips the check (and says it did); a change of any of them runs
 // it again.
 func TestSelfCheckCached(t *testing.T) {
-	first := newEnv(t)
+	first := newEnv(t, ownSelfCheck)
 	probe := func(e *env) (RuntimeStatus, time.Duration) {
 		t.Helper()
 		start := time.Now()
@@ -52,12 +52,12 @@ func TestSelfCheckCached(t *testing.T) {
 	if st.SelfCheckCached {
 		t.Fatal("the first probe in a new state dir says its self-check was cached")
 	}
-	again := newEnv(t, func(c *Config) { c.StateDir = first.cfg.StateDir })
+	again := newEnv(t, ownSelfCheck, func(c *Config) { c.StateDir = first.cfg.StateDir })
 	st, warm := probe(again)
 	if !st.SelfCheckCached {
 		t.Fatal("a second start in the same state dir ran the self-check again")
 	}
-	longer := newEnv(t, func(c *Config) {
+	longer := newEnv(t, ownSelfCheck, func(c *Config) {
 		c.StateDir = first.cfg.StateDir
 		c.RunscSelfCheck = first.cfg.RunscSelfCheck + time.Second
 	})
@@ -242,7 +242,7 @@ func TestSelfCheckPidsFitProcs(t *testing.T) {
 // kernel and CPU: one lucky pass of a probabilistic failure is not trusted.
 func TestSelfCheckNotCachedOffPtrace(t *testing.T) {
 	systrap := func(c *Config) { c.RunscPlatform = "systrap" }
-	first := newEnv(t, systrap)
+	first := newEnv(t, ownSelfCheck, systrap)
 	st, _ := first.m.Available(ClassRunsc)
 	if st.Version == "" {
 		t.Fatalf("runsc unavailable before the self-check: %s", st.Reason)
@@ -263,7 +263,7 @@ func TestSelfCheckNotCachedOffPtrace(t *testing.T) {
 	if err := os.WriteFile(p.path(), []byte(key), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	again := newEnv(t, systrap, func(c *Config) { c.StateDir = first.cfg.StateDir })
+	again := newEnv(t, ownSelfCheck, systrap, func(c *Config) { c.StateDir = first.cfg.StateDir })
 	st, _ = again.m.Available(ClassRunsc)
 	if st.SelfCheckCached || st.SelfCheck == "" {
 		t.Fatalf("systrap's self-check %q, cached %v: want it run", st.SelfCheck, st.SelfCheckCached)
