@@ -169,9 +169,11 @@ func BenchmarkAgentLoop20(b *testing.B) {
 	}
 	seq := 0
 	b.Run("via=session", func(b *testing.B) {
+		var steps []time.Duration
 		for range b.N {
 			seq++
 			sid := createSession(ctx, b, client, "bench", fmt.Sprintf("loop-%d", seq))
+			t0 := time.Now()
 			for step := range 20 {
 				if err := writeFile(ctx, client, sid, "/work/step.txt", fmt.Sprintf("step %d\n", step)); err != nil {
 					b.Fatal(err)
@@ -183,10 +185,14 @@ func BenchmarkAgentLoop20(b *testing.B) {
 					b.Fatalf("step %d read %q, %v", step, got, err)
 				}
 			}
+			steps = append(steps, time.Since(t0))
 			if _, err := client.FinishSession(ctx, &authorityv1.FinishSessionRequest{SessionId: sid}); err != nil {
 				b.Fatal(err)
 			}
 		}
+		// The 20 steps alone (upload, exec, download each), without the
+		// session's create and finish: the loop an agent waits on.
+		b.ReportMetric(float64(median(steps).Microseconds())/1000, "steps-ms")
 	})
 	b.Run("via=jobs", func(b *testing.B) {
 		for range b.N {
