@@ -30,6 +30,7 @@ import (
 
 var (
 	runcPath, runscPath string
+	execdBin            string // airlock-execd, built by setup
 	probeBin            string // the static boundary-probe helper
 	setupErr            error
 	testSeq             atomic.Int64
@@ -82,6 +83,13 @@ func setup(tmp string) error {
 			return fmt.Errorf("runtime binary %s: %v: run `tools/sandbox/build.sh bin` in %s (or set AIRLOCK_RUNC / AIRLOCK_RUNSC)", p, err, root)
 		}
 	}
+	// The exec helper, static, as make builds it.
+	execdBin = filepath.Join(tmp, "airlock-execd")
+	cmd := exec.Command("go", "build", "-o", execdBin, "../../cmd/airlock-execd")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build the exec helper: %v: %s", err, out)
+	}
 	// A probe built beforehand (AIRLOCK_TEST_PROBE) spares a compile where
 	// one is slow: make test-cgroup2's emulated VM.
 	if probeBin = os.Getenv("AIRLOCK_TEST_PROBE"); probeBin != "" {
@@ -91,7 +99,7 @@ func setup(tmp string) error {
 		return nil
 	}
 	probeBin = filepath.Join(tmp, "probe")
-	cmd := exec.Command("go", "build", "-o", probeBin, "./testdata/probe")
+	cmd = exec.Command("go", "build", "-o", probeBin, "./testdata/probe")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("build the probe helper: %v: %s", err, out)
@@ -143,6 +151,7 @@ func newEnv(t testing.TB, opts ...func(*Config)) *env {
 		StateDir:     filepath.Join(base, "state"),
 		RuncPath:     runcPath,
 		RunscPath:    runscPath,
+		ExecdPath:    execdBin,
 		UIDBase:      testUIDBase(n),
 		CgroupParent: fmt.Sprintf("/airlock-test-%d-%d", os.Getpid(), n),
 		// Most tests only need runsc to work; TestRunscPlatforms runs the

@@ -62,6 +62,10 @@ type Config struct {
 	// unavailable.
 	RuncPath  string
 	RunscPath string
+	// ExecdPath is the static airlock-execd binary, the exec helper of a
+	// runc session's sandbox (execd.go); "" runs each exec through the
+	// runtime (`runc exec`).
+	ExecdPath string
 	// UIDBase is the host uid and gid mapped to root inside every sandbox;
 	// the 65536 ids from it up are mapped to 0..65535. Default 1000000.
 	UIDBase uint32

@@ -77,6 +77,9 @@ type Sandbox struct {
 	execOnce sync.Once
 	execProc []byte // the bundle's process spec, as JSON
 	execErr  error
+	// execdMu guards execd, the session's exec helper (execd.go).
+	execdMu sync.Mutex
+	execd   *execdConn
 }
 
 // WorkDir is the host path of the job's merged /work, readable after Run
@@ -497,6 +500,7 @@ func (s *Sandbox) destroy(keep bool) error {
 // once it is unmounted and detached, and not removed.
 func (s *Sandbox) teardown(keep bool) error {
 	var errs []error
+	s.closeExecd()
 	if err := s.m.cg.kill(s.cgRel, killWait); err != nil {
 		errs = append(errs, err)
 	}
