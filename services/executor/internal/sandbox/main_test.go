@@ -278,6 +278,9 @@ type job struct {
 	image *ImageRoot
 	// extraCAs are the job's own CAs (Spec.ExtraCAs).
 	extraCAs []byte
+	// viaExec runs cmd as an exec in a session sandbox of the same spec
+	// (under runc: through its exec helper) instead of as the job itself.
+	viaExec bool
 }
 
 type ran struct {
@@ -300,7 +303,11 @@ func (e *env) run(t testing.TB, ctx context.Context, j job) ran {
 	}
 	var out, errb syncBuffer
 	id := fmt.Sprintf("job-%d", testSeq.Add(1))
-	sb, err := e.m.Create(ctx, Spec{ID: id, Class: j.class, Source: j.src, Command: j.cmd, Env: j.env, Limits: lim, User: j.user, Caches: j.caches, Image: j.image, ExtraCAs: j.extraCAs, Stdout: &out, Stderr: &errb})
+	spec := Spec{ID: id, Class: j.class, Source: j.src, Command: j.cmd, Env: j.env, Limits: lim, User: j.user, Caches: j.caches, Image: j.image, ExtraCAs: j.extraCAs, Stdout: &out, Stderr: &errb}
+	if j.viaExec {
+		spec.Command, spec.Stdout, spec.Stderr = IdleCommand, nil, nil
+	}
+	sb, err := e.m.Create(ctx, spec)
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
@@ -309,9 +316,28 @@ func (e *env) run(t testing.TB, ctx context.Context, j job) ran {
 			t.Errorf("Destroy: %v", err)
 		}
 	})
+	if j.viaExec {
+		return e.runExecJob(t, ctx, sb, j)
+	}
 	res, err := sb.Run(ctx)
 	r := ran{sb: sb, res: res, err: err, stdout: out.String(), stderr: errb.String()}
 	t.Logf("%s %v: reason=%s exit=%d msg=%q usage=%+v\nstdout: %s\nstderr: %s", j.class, j.cmd, res.Reason, res.ExitCode, res.Message, res.Usage, trunc(r.stdout), trunc(r.stderr))
+	return r
+}
+
+// runExecJob runs j.cmd as an exec in sb, a session's sandbox, and
+// reports it as a job's run.
+func (e *env) runExecJob(t testing.TB, ctx context.Context, sb *Sandbox, j job) ran {
+	t.Helper()
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _, _ = sb.Run(runCtx) }()
+	defer func() { cancel(); <-done }()
+	var out, errb syncBuffer
+	x, err := sb.Exec(ctx, ExecSpec{Argv: j.cmd, Stdout: &out, Stderr: &errb})
+	res := Result{Reason: x.Reason, ExitCode: x.ExitCode, Message: x.Message}
+	r := ran{sb: sb, res: res, err: err, stdout: out.String(), stderr: errb.String()}
+	t.Logf("%s exec %v: reason=%s exit=%d msg=%q wall=%s\nstdout: %s\nstderr: %s", j.class, j.cmd, x.Reason, x.ExitCode, x.Message, x.WallTime, trunc(r.stdout), trunc(r.stderr))
 	return r
 }
 
