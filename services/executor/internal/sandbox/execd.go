@@ -50,6 +50,18 @@ type execdConn struct {
 	errPath        string // the helpers' stderr
 }
 
+// alive reports whether the helper looks alive: its process has not
+// ended and its end of the socket is not closed. (One that dies after
+// fails the exec then in flight.)
+func (c *execdConn) alive() bool {
+	fds := []unix.PollFd{{Fd: int32(c.sock), Events: unix.POLLIN}}
+	if c.pidfd >= 0 {
+		fds = append(fds, unix.PollFd{Fd: int32(c.pidfd), Events: unix.POLLIN})
+	}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n == 0
+}
+
 func (c *execdConn) close() {
 	if c.pidfd >= 0 {
 		_ = unix.PidfdSendSignal(c.pidfd, unix.SIGKILL, nil, 0)
@@ -88,7 +100,7 @@ func (s *Sandbox) execdFor(proc *specs.Process) (*execdConn, error) {
 	initPid := readPid(s.pidFile)
 	if c := s.execd; c != nil {
 		c.mu.Lock()
-		ok := !c.dead && c.initPid == initPid
+		ok := !c.dead && c.initPid == initPid && c.alive()
 		if !ok {
 			c.close()
 		}

@@ -1,0 +1,125 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// helperPids lists, from inside sb, the pids of processes with the exec
+// helper's capabilities (CAP_SETUID and CAP_SETGID permitted, nothing else).
+func helperPids(t *testing.T, sb *Sandbox) []string {
+	t.Helper()
+	r := runExec(t, context.Background(), sb, ExecSpec{Argv: []string{"sh", "-c",
+		`for s in /proc/[0-9]*/status; do grep -q '^CapPrm:[[:space:]]*00000000000000c0$' $s 2>/dev/null && basename $(dirname $s); done; true`}})
+	if r.err != nil || r.res.ExitCode != 0 {
+		t.Fatalf("list the helper: %+v %v", r.res, r.err)
+	}
+	return strings.Fields(r.stdout)
+}
+
+// TestExecHelperBoundary attacks the exec path from a job's side, as root
+// in the sandbox (the default user, the helper's own uid): exec 1 finds the
+// exec helper, tries to trace it, read or write its memory, get at its
+// socket or any named socket, leaves a process writing to its own output
+// forever, and kills the helper. Every later exec's status and output must
+// be its own. Under runsc, whose execs start from outside the sandbox
+// (runsc exec), there is no helper to attack: the writer left behind and
+// the later execs' own status and output are checked.
+func TestExecHelperBoundary(t *testing.T) {
+	e := newEnv(t)
+	src := e.source(t, nil)
+	for _, c := range testClasses(t, e) {
+		t.Run(string(c), func(t *testing.T) {
+			sb, _ := e.session(t, c, src)
+			ctx := context.Background()
+			if r := runExec(t, ctx, sb, ExecSpec{Argv: []string{"true"}}); r.err != nil || r.res.ExitCode != 0 {
+				t.Fatalf("first exec: %+v %v", r.res, r.err)
+			}
+			target := ""
+			if c == ClassRunc {
+				pids := helperPids(t, sb)
+				if len(pids) != 1 {
+					t.Fatalf("processes with the helper's capabilities: %v, want one", pids)
+				}
+				target = pids[0]
+			}
+			script := `setsid sh -c 'trap "" PIPE; while :; do echo FORGED; echo FORGED >&2; sleep 0.01; done' &
+if [ -n "$1" ]; then
+	/work/probe tamper "$1"; echo tamper=$?
+	kill -9 "$1"; echo kill=$?
+fi
+echo exec1 done`
+			r := runExec(t, ctx, sb, ExecSpec{Argv: []string{"sh", "-c", script, "attack", target}})
+			if r.err != nil || r.res.Reason != ReasonExited || r.res.ExitCode != 0 {
+				t.Fatalf("the attacking exec: %+v %v", r.res, r.err)
+			}
+			if strings.Contains(r.stdout, "ALLOWED") || (target != "" && !strings.Contains(r.stdout, "tamper=0\n")) {
+				t.Fatalf("the job got at the exec path's process %s:\n%s", target, r.stdout)
+			}
+			if c == ClassRunc && !strings.Contains(r.stdout, "kill=0\n") {
+				t.Fatalf("the job could not kill the helper (the test means to): %s", r.stdout)
+			}
+			for i := range 3 {
+				r := runExec(t, ctx, sb, ExecSpec{Argv: []string{"sh", "-c", `echo "mine $0"; echo "err $0" >&2; exit 5`, fmt.Sprint(i)}})
+				if r.err != nil || r.res.Reason != ReasonExited || r.res.ExitCode != 5 {
+					t.Fatalf("exec %d after the attack: %+v %v, want exited 5", i+2, r.res, r.err)
+				}
+				if r.stdout != fmt.Sprintf("mine %d\n", i) || r.stderr != fmt.Sprintf("err %d\n", i) {
+					t.Fatalf("exec %d after the attack: stdout %q stderr %q, want its own output alone", i+2, r.stdout, r.stderr)
+				}
+			}
+			if c == ClassRunc {
+				// A new helper serves the session: the killed one is gone.
+				if pids := helperPids(t, sb); len(pids) != 1 || pids[0] == target {
+					t.Fatalf("helpers after the kill: %v (killed %s)", pids, target)
+				}
+			}
+		})
+	}
+}
+
+// TestExecHelperFallback: a session whose helper cannot start (its binary
+// is not there) still execs, through the runtime.
+func TestExecHelperFallback(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.ExecdPath = "/nonexistent/airlock-execd" })
+	sb, _ := e.session(t, ClassRunc, e.source(t, nil))
+	r := runExec(t, context.Background(), sb, ExecSpec{Argv: []string{"sh", "-c", "echo hi; exit 4"}})
+	if r.err != nil || r.res.ExitCode != 4 || r.stdout != "hi\n" {
+		t.Fatalf("exec without a helper: %+v %v %q", r.res, r.err, r.stdout)
+	}
+}
+
+// TestExecMake is real work through the exec path: make compiling and
+// linking a threaded C program, which then runs.
+func TestExecMake(t *testing.T) {
+	e := newEnv(t)
+	src := e.source(t, map[string]string{
+		"Makefile": "CFLAGS = -O2 -pthread\n\nsum: main.o sum.o\n\t$(CC) $(CFLAGS) -o $@ $^\n\n%.o: %.c\n\t$(CC) $(CFLAGS) -c -o $@ $<\n",
+		"sum.c":    "long sum(long from, long to) { long s = 0; for (long i = from; i < to; i++) s += i; return s; }\n",
+		"main.c": `#include <pthread.h>
+#include <stdio.h>
+long sum(long, long);
+static long part[8];
+static void *run(void *arg) { long i = (long)arg; part[i] = sum(i * 1000000, (i + 1) * 1000000); return 0; }
+int main(void) {
+	pthread_t th[8];
+	for (long i = 0; i < 8; i++) pthread_create(&th[i], 0, run, (void *)i);
+	long total = 0;
+	for (int i = 0; i < 8; i++) { pthread_join(th[i], 0); total += part[i]; }
+	printf("sum=%ld\n", total);
+	return 0;
+}
+`,
+	})
+	sb, _ := e.session(t, ClassRunc, src)
+	ctx := context.Background()
+	if r := runExec(t, ctx, sb, ExecSpec{Argv: []string{"make", "-j4"}}); r.err != nil || r.res.ExitCode != 0 {
+		t.Fatalf("make: %+v %v\n%s", r.res, r.err, r.stderr)
+	}
+	r := runExec(t, ctx, sb, ExecSpec{Argv: []string{"./sum"}})
+	if want := fmt.Sprintf("sum=%d\n", int64(8000000)*7999999/2); r.err != nil || r.res.ExitCode != 0 || r.stdout != want {
+		t.Fatalf("./sum: %+v %v %q, want %q", r.res, r.err, r.stdout, want)
+	}
+}
