@@ -64,6 +64,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				StateDir:            env.DataDir.Join("sandbox"),
 				RuncPath:            cfg.Sandbox.Runc,
 				RunscPath:           cfg.Sandbox.Runsc,
+				ExecdPath:           cfg.Sandbox.Execd,
 				RunscPlatform:       cfg.Sandbox.RunscPlatform,
 				RunscSelfCheckCache: cfg.Sandbox.RunscSelfCheckCache,
 				UIDBase:             cfg.Sandbox.UIDBase,
