@@ -156,23 +156,23 @@ func (s *Sandbox) startExecd(proc *specs.Process, initPid int) (*execdConn, erro
 		return nil, err
 	}
 	procFile := filepath.Join(s.dir, "execd.json")
-	pidFile := filepath.Join(s.dir, "execd.pid")
 	logPath := filepath.Join(s.dir, "execd.log")
 	defer os.Remove(procFile)
-	defer os.Remove(pidFile)
-	defer os.Remove(logPath)
 	if err := os.WriteFile(procFile, data, 0o600); err != nil {
 		c.close()
 		return nil, err
 	}
-	args := append(s.rt.global(logPath), "exec", "-d", "--preserve-fds", "2", "--process", procFile, "--pid-file", pidFile, s.spec.ID)
+	// Not detached (-d): runc stays the helper's parent and reaps it, and
+	// this process reaps runc. A detached helper would be reparented to
+	// whatever subreaper is above the executor, which may never reap it.
+	args := append(s.rt.global(logPath), "exec", "--preserve-fds", "2", "--process", procFile, s.spec.ID)
 	cmd := exec.Command(s.rt.path, args...)
 	cmd.Env = runtimeEnv
 	cmd.Dir = s.dir
 	cmd.ExtraFiles = []*os.File{theirs, bin}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	// The helper's stderr (runc -d hands it its own) is a file of the
-	// sandbox's directory, read when the helper fails.
+	// The helper's stderr, through runc, goes to a file of the sandbox's
+	// directory, read when the helper fails.
 	errFile, err := os.OpenFile(c.errPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		c.close()
@@ -180,28 +180,35 @@ func (s *Sandbox) startExecd(proc *specs.Process, initPid int) (*execdConn, erro
 	}
 	defer errFile.Close()
 	cmd.Stdout, cmd.Stderr = errFile, errFile
-	if err := cmd.Run(); err != nil {
+	if err := cmd.Start(); err != nil {
 		c.close()
-		return nil, fmt.Errorf("start the exec helper: %v: %s%s", err, strings.Join(logErrors(logPath), "; "), stderrTail(c.errPath))
+		return nil, fmt.Errorf("start the exec helper: %w", err)
 	}
-	if pid := readPid(pidFile); pid > 0 {
-		if fd, err := unix.PidfdOpen(pid, 0); err == nil {
-			c.pidfd = fd
-		}
-	}
+	go func() { _ = cmd.Wait() }()
+	theirs.Close()
 	if err := setRecvTimeout(c.sock, execdReplyWait); err != nil {
 		c.close()
 		return nil, err
 	}
+	// The helper's first message: ready, with a pidfd of itself.
 	var hello execd.Response
 	fds, err := execd.Recv(c.sock, &hello)
-	closeFDs(fds)
 	if err == nil && !hello.Ready {
 		err = errors.New(hello.Error)
 	}
+	if err == nil && len(fds) != 1 {
+		err = fmt.Errorf("its first message came with %d fds, want its pidfd", len(fds))
+	}
+	if err == nil {
+		c.pidfd = fds[0]
+		fds = nil
+		_, err = c.checkPidfd(c.pidfd)
+	}
+	closeFDs(fds)
 	if err != nil {
 		c.close()
-		return nil, fmt.Errorf("the exec helper did not come up: %v%s", err, stderrTail(c.errPath))
+		_ = cmd.Process.Kill()
+		return nil, fmt.Errorf("the exec helper did not come up: %v%s%s", err, prefixed(strings.Join(logErrors(logPath), "; ")), stderrTail(c.errPath))
 	}
 	return c, nil
 }
@@ -213,10 +220,15 @@ func stderrTail(path string) string {
 	if len(data) > 2048 {
 		data = data[len(data)-2048:]
 	}
-	if t := strings.TrimSpace(string(data)); t != "" {
-		return ": " + t
+	return prefixed(strings.TrimSpace(string(data)))
+}
+
+// prefixed is ": "+s, or "" for "".
+func prefixed(s string) string {
+	if s == "" {
+		return ""
 	}
-	return ""
+	return ": " + s
 }
 
 func setRecvTimeout(fd int, d time.Duration) error {

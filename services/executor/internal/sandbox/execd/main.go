@@ -53,7 +53,14 @@ func Main() int {
 	chld := make(chan os.Signal, 1)
 	signal.Notify(chld, syscall.SIGCHLD)
 	go reap(chld)
-	if err := Send(SockFD, Response{Ready: true, Pid: os.Getpid()}); err != nil {
+	// Ready, with a pidfd of itself: the executor's handle on it.
+	self, err := unix.PidfdOpen(os.Getpid(), 0)
+	if err != nil {
+		return fail("pidfd_open(self): %v", err)
+	}
+	err = Send(SockFD, Response{Ready: true, Pid: os.Getpid()}, self)
+	unix.Close(self)
+	if err != nil {
 		return fail("hello: %v", err)
 	}
 	for {
