@@ -89,7 +89,52 @@ func (s *Sandbox) closeExecd() {
 
 // useExecd reports whether the sandbox's execs go through a helper.
 func (s *Sandbox) useExecd() bool {
-	return s.rt.class == ClassRunc && s.m.cfg.ExecdPath != "" && s.spec.isSession()
+	return s.rt.class == ClassRunc && s.m.execdWhy == "" && s.spec.isSession()
+}
+
+// checkExecd says why the exec helper at path cannot serve execs here, or
+// "" if it can: it runs the helper's binary once in its probe mode (it
+// exits execd.ProbeStatus at once) with a pidfd, and reads that exit
+// status back from the pidfd once reaped, as every exec's is read. A
+// kernel without PIDFD_GET_INFO (Linux 6.13) or PIDFD_INFO_EXIT (6.15) —
+// Debian 12's 6.1, say — fails it, and execs go through `runc exec`: an
+// exec's status is never one the executor could not read.
+func checkExecd(path string) string {
+	if path == "" {
+		return "no exec helper is configured (sandbox.execd)"
+	}
+	var uts unix.Utsname
+	_ = unix.Uname(&uts)
+	kernel := "Linux " + unix.ByteSliceToString(uts.Release[:])
+	pidfd := -1
+	cmd := exec.Command(path, execd.ProbeArg)
+	cmd.Env = runtimeEnv
+	cmd.SysProcAttr = &syscall.SysProcAttr{PidFD: &pidfd}
+	err := cmd.Run()
+	if pidfd >= 0 {
+		defer unix.Close(pidfd)
+	}
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		return fmt.Sprintf("run the exec helper %s: %v", path, err)
+	}
+	if got := cmd.ProcessState.ExitCode(); got != execd.ProbeStatus {
+		return fmt.Sprintf("the exec helper %s exited %d in its probe mode, want %d (not an airlock-execd?)", path, got, execd.ProbeStatus)
+	}
+	if pidfd < 0 {
+		return kernel + " gave no pidfd of a child (pidfd needs Linux 5.3)"
+	}
+	info := pidfdInfo{Mask: pidfdInfoExit}
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(pidfd), pidfdGetInfo, uintptr(unsafe.Pointer(&info))); e != 0 {
+		return fmt.Sprintf("%s cannot read a pidfd's exit status (ioctl PIDFD_GET_INFO: %v; it needs Linux 6.15)", kernel, e)
+	}
+	if info.Mask&pidfdInfoExit == 0 {
+		return kernel + " does not report a reaped process's exit status through its pidfd (PIDFD_INFO_EXIT needs Linux 6.15)"
+	}
+	if ws := syscall.WaitStatus(info.ExitCode); !ws.Exited() || ws.ExitStatus() != execd.ProbeStatus {
+		return fmt.Sprintf("%s reported the exit status %#x through a pidfd, want exited %d", kernel, info.ExitCode, execd.ProbeStatus)
+	}
+	return ""
 }
 
 // execdFor returns the sandbox's live helper, starting one if it has none

@@ -3,9 +3,50 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
+
+// wantExecHelper asserts the exec path e's manager chose is the one this
+// kernel calls for — the helper on Linux 6.15 or newer (PIDFD_INFO_EXIT),
+// `runc exec` before — and reports whether it is the helper. Both ways
+// the tests that call it then check that path.
+func wantExecHelper(t *testing.T, e *env) bool {
+	t.Helper()
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		t.Fatal(err)
+	}
+	release := unix.ByteSliceToString(uts.Release[:])
+	var major, minor int
+	if _, err := fmt.Sscanf(release, "%d.%d", &major, &minor); err != nil {
+		t.Fatalf("kernel release %q: %v", release, err)
+	}
+	want := major > 6 || major == 6 && minor >= 15
+	got, why := e.m.ExecHelper()
+	if got != want {
+		t.Fatalf("Linux %s: exec helper used=%t (%s), want %t", release, got, why, want)
+	}
+	t.Logf("Linux %s: exec helper used=%t %s", release, got, why)
+	return got
+}
+
+// TestExecHelperKernel: the manager uses the helper exactly when the
+// kernel reads a pidfd's exit status, and a binary that is not the helper
+// is refused before any exec needs it.
+func TestExecHelperKernel(t *testing.T) {
+	e := newEnv(t)
+	wantExecHelper(t, e)
+	if why := checkExecd("/bin/true"); !strings.Contains(why, "probe mode") {
+		t.Fatalf("checkExecd(/bin/true) = %q, want a refusal of its exit status", why)
+	}
+	if why := checkExecd(filepath.Join(t.TempDir(), "none")); why == "" {
+		t.Fatal("checkExecd of a missing binary passed")
+	}
+}
 
 // helperPids lists, from inside sb, the pids of processes with the exec
 // helper's capabilities (CAP_SETUID and CAP_SETGID permitted, nothing else).
@@ -38,7 +79,13 @@ func TestExecHelperBoundary(t *testing.T) {
 				t.Fatalf("first exec: %+v %v", r.res, r.err)
 			}
 			target := ""
-			if c == ClassRunc {
+			if c == ClassRunc && !wantExecHelper(t, e) {
+				// An older kernel: execs start with runc exec, and no
+				// helper runs in the sandbox.
+				if pids := helperPids(t, sb); len(pids) != 0 {
+					t.Fatalf("processes with the helper's capabilities on a kernel without PIDFD_INFO_EXIT: %v", pids)
+				}
+			} else if c == ClassRunc {
 				pids := helperPids(t, sb)
 				if len(pids) != 1 {
 					t.Fatalf("processes with the helper's capabilities: %v, want one", pids)
@@ -58,7 +105,7 @@ echo exec1 done`
 			if strings.Contains(r.stdout, "ALLOWED") || (target != "" && !strings.Contains(r.stdout, "tamper=0\n")) {
 				t.Fatalf("the job got at the exec path's process %s:\n%s", target, r.stdout)
 			}
-			if c == ClassRunc && !strings.Contains(r.stdout, "kill=0\n") {
+			if target != "" && !strings.Contains(r.stdout, "kill=0\n") {
 				t.Fatalf("the job could not kill the helper (the test means to): %s", r.stdout)
 			}
 			for i := range 3 {
@@ -70,7 +117,7 @@ echo exec1 done`
 					t.Fatalf("exec %d after the attack: stdout %q stderr %q, want its own output alone", i+2, r.stdout, r.stderr)
 				}
 			}
-			if c == ClassRunc {
+			if target != "" {
 				// A new helper serves the session: the killed one is gone.
 				if pids := helperPids(t, sb); len(pids) != 1 || pids[0] == target {
 					t.Fatalf("helpers after the kill: %v (killed %s)", pids, target)
@@ -84,6 +131,9 @@ echo exec1 done`
 // is not there) still execs, through the runtime.
 func TestExecHelperFallback(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.ExecdPath = "/nonexistent/airlock-execd" })
+	if ok, why := e.m.ExecHelper(); ok || !strings.Contains(why, "/nonexistent/airlock-execd") {
+		t.Fatalf("ExecHelper() = %t, %q; want the missing helper named", ok, why)
+	}
 	sb, _ := e.session(t, ClassRunc, e.source(t, nil))
 	r := runExec(t, context.Background(), sb, ExecSpec{Argv: []string{"sh", "-c", "echo hi; exit 4"}})
 	if r.err != nil || r.res.ExitCode != 4 || r.stdout != "hi\n" {

@@ -30,9 +30,20 @@ const (
 // keeps, to switch each command to the job's user and groups.
 var Caps = []string{"CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"}
 
+// ProbeArg, as the helper's only argument, makes it exit ProbeStatus at
+// once: the executor's check that the kernel reports a pidfd's exit status
+// (sandbox.checkExecd).
+const (
+	ProbeArg    = "--probe-exit-status"
+	ProbeStatus = 42
+)
+
 // Main is the helper: it serves requests on SockFD until the executor
 // closes its end, and returns the process's exit status.
 func Main() int {
+	if len(os.Args) == 2 && os.Args[1] == ProbeArg {
+		return ProbeStatus
+	}
 	// First of all: nothing in the sandbox (even its root, which has no
 	// capabilities) may ptrace it or read its memory or fds.
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
