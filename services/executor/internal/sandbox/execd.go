@@ -79,6 +79,10 @@ func (c *execdConn) close() {
 func (s *Sandbox) closeExecd() {
 	s.execdMu.Lock()
 	defer s.execdMu.Unlock()
+	s.closeExecdLocked()
+}
+
+func (s *Sandbox) closeExecdLocked() {
 	if s.execd != nil {
 		s.execd.mu.Lock()
 		s.execd.close()
@@ -137,11 +141,33 @@ func checkExecd(path string) string {
 	return ""
 }
 
+// prestartExecd starts the helper of a session's sandbox once it is up
+// (Run, in the background). A failure is logged; the first exec tries
+// again.
+func (s *Sandbox) prestartExecd(ctx context.Context) {
+	proc, err := s.waitUp(ctx)
+	if err == nil {
+		_, err = s.execdFor(proc)
+	}
+	if err != nil && ctx.Err() == nil {
+		s.m.log.Warn("sandbox: start the exec helper", "job_id", s.spec.ID, "error", err)
+	}
+}
+
 // execdFor returns the sandbox's live helper, starting one if it has none
-// (or its helper died, or belongs to a sandbox since restarted).
+// (or its helper died, or belongs to a sandbox since restarted). A
+// sandbox that is ending gets none: Run's end closes the helper, and
+// none may start after.
 func (s *Sandbox) execdFor(proc *specs.Process) (*execdConn, error) {
 	s.execdMu.Lock()
 	defer s.execdMu.Unlock()
+	s.mu.Lock()
+	ending := s.ending || s.state != stateRunning
+	s.mu.Unlock()
+	if ending {
+		s.closeExecdLocked()
+		return nil, fmt.Errorf("sandbox %s: not running: no exec helper", s.spec.ID)
+	}
 	initPid := readPid(s.pidFile)
 	if c := s.execd; c != nil {
 		c.mu.Lock()

@@ -3,9 +3,12 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -171,5 +174,90 @@ int main(void) {
 	r := runExec(t, ctx, sb, ExecSpec{Argv: []string{"./sum"}})
 	if want := fmt.Sprintf("sum=%d\n", int64(8000000)*7999999/2); r.err != nil || r.res.ExitCode != 0 || r.stdout != want {
 		t.Fatalf("./sum: %+v %v %q, want %q", r.res, r.err, r.stdout, want)
+	}
+}
+
+// execdConnOf is sb's current helper, or nil.
+func execdConnOf(sb *Sandbox) *execdConn {
+	sb.execdMu.Lock()
+	defer sb.execdMu.Unlock()
+	return sb.execd
+}
+
+// TestExecHelperLifecycle: a session's helper is up before its first exec
+// (started with the sandbox), serves that exec, survives being stopped by
+// the job (SIGSTOP: one exec fails as a sandbox error, bounded, and a new
+// helper serves the next), leaks no executor fd over 200 execs, and is
+// gone with the sandbox's Run.
+func TestExecHelperLifecycle(t *testing.T) {
+	e := newEnv(t)
+	if !wantExecHelper(t, e) {
+		return // the kernel's fallback; wantExecHelper asserted it
+	}
+	sb, stop := e.session(t, ClassRunc, e.source(t, nil))
+	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	var pre *execdConn
+	for pre = execdConnOf(sb); pre == nil; pre = execdConnOf(sb) {
+		if time.Now().After(deadline) {
+			t.Fatal("no exec helper 30 s after the session started, before any exec")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if r := runExec(t, ctx, sb, ExecSpec{Argv: []string{"true"}}); r.err != nil || r.res.ExitCode != 0 {
+		t.Fatalf("first exec: %+v %v", r.res, r.err)
+	}
+	if got := execdConnOf(sb); got != pre {
+		t.Fatal("the first exec started a helper of its own; want the one started with the sandbox")
+	}
+
+	fds := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	before := fds()
+	for i := range 200 {
+		var out syncBuffer
+		x := ExecSpec{Argv: []string{"sh", "-c", `read l; echo "$l $0"`, fmt.Sprint(i)}, Stdin: strings.NewReader("in\n"), Stdout: &out, Stderr: io.Discard}
+		if res, err := sb.Exec(ctx, x); err != nil || res.ExitCode != 0 || out.String() != fmt.Sprintf("in %d\n", i) {
+			t.Fatalf("exec %d: %+v %v %q", i, res, err, out.String())
+		}
+	}
+	after := fds()
+	for end := time.Now().Add(2 * time.Second); after > before && time.Now().Before(end); after = fds() {
+		time.Sleep(50 * time.Millisecond) // an output copier closing its end
+	}
+	if after > before {
+		t.Fatalf("executor fds: %d before 200 execs, %d after", before, after)
+	}
+
+	pids := helperPids(t, sb)
+	if len(pids) != 1 {
+		t.Fatalf("helpers: %v, want one", pids)
+	}
+	// From the background, once this exec has ended: the helper reaps
+	// its commands, so one it stops while running cannot end well.
+	if r := runExec(t, ctx, sb, ExecSpec{Argv: []string{"sh", "-c", `setsid sh -c 'sleep 0.3; kill -STOP "$0"' "$0" >/dev/null 2>&1 &`, pids[0]}}); r.err != nil || r.res.ExitCode != 0 {
+		t.Fatalf("stop the helper: %+v %v", r.res, r.err)
+	}
+	time.Sleep(time.Second)
+	start := time.Now()
+	r := runExec(t, ctx, sb, ExecSpec{Argv: []string{"sh", "-c", "exit 3"}})
+	if r.err != nil || r.res.Reason != ReasonSandboxError || time.Since(start) > execdReplyWait+5*time.Second {
+		t.Fatalf("an exec through a stopped helper: %+v %v after %s, want a sandbox error within %s", r.res, r.err, time.Since(start), execdReplyWait)
+	}
+	if r := runExec(t, ctx, sb, ExecSpec{Argv: []string{"sh", "-c", "exit 3"}}); r.err != nil || r.res.Reason != ReasonExited || r.res.ExitCode != 3 {
+		t.Fatalf("the exec after: %+v %v, want exited 3", r.res, r.err)
+	}
+	if got := helperPids(t, sb); len(got) != 1 || got[0] == pids[0] {
+		t.Fatalf("helpers after the stopped one: %v (stopped %s)", got, pids[0])
+	}
+	c := execdConnOf(sb)
+	stop()
+	if execdConnOf(sb) != nil || !c.dead {
+		t.Fatal("the helper outlived the sandbox's Run")
 	}
 }

@@ -217,6 +217,12 @@ func (s *Sandbox) run(ctx context.Context, res Result) (Result, error) {
 	pipes.copy(s.spec.Stdout, s.spec.Stderr)
 	waitErr := make(chan error, 1)
 	go func() { waitErr <- cmd.Wait() }()
+	if s.useExecd() {
+		// The session's exec helper starts as soon as the sandbox is up,
+		// so its first exec is as fast as the others; an exec that finds
+		// none (it failed, or a job killed it) starts one itself.
+		go s.prestartExecd(ctx)
+	}
 
 	deadline := time.NewTimer(untilDeadline(first, time.Now(), s.limits().Deadline))
 	defer deadline.Stop()
@@ -293,6 +299,7 @@ wait:
 	}
 	wall := time.Since(start)
 	s.markEnding()
+	s.closeExecd()
 	lim := s.limits()
 
 	// Whatever ended the runtime, nothing of the job may outlive Run.
