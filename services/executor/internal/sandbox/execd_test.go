@@ -261,3 +261,47 @@ func TestExecHelperLifecycle(t *testing.T) {
 		t.Fatal("the helper outlived the sandbox's Run")
 	}
 }
+
+// TestExecHelperParity: what an exec promises comes out the same through
+// the helper as through `runc exec`: exit statuses (a signal's too), a
+// command that cannot be found or executed, stdin, env, cwd, the user.
+func TestExecHelperParity(t *testing.T) {
+	e := newEnv(t)
+	if !wantExecHelper(t, e) {
+		return
+	}
+	rt := newEnv(t, func(c *Config) { c.ExecdPath = "" })
+	cases := []ExecSpec{
+		{Argv: []string{"sh", "-c", "exit 7"}},
+		{Argv: []string{"sh", "-c", "kill -9 $$"}},
+		{Argv: []string{"sh", "-c", "kill -TERM $$"}},
+		{Argv: []string{"no-such-command"}},
+		{Argv: []string{"/no/such/file"}},
+		{Argv: []string{"/etc/passwd"}},
+		{Argv: []string{"/work"}},
+		{Argv: []string{"sh", "-c", `echo "$FOO|$(pwd)|$(id -u):$(id -g)|$(cat)"`}, Env: map[string]string{"FOO": "bar baz"}, Cwd: "/tmp", Stdin: strings.NewReader("from stdin")},
+		{Argv: []string{"pwd"}},
+		{Argv: []string{"ls", "/proc/self/fd"}}, // 0 1 2 and ls's own: nothing of the helper's
+		{Argv: []string{"pwd"}, Cwd: "/no/such/dir"},
+	}
+	type outcome struct {
+		Reason   Reason
+		ExitCode int
+		Stdout   string
+		Err      bool
+	}
+	run := func(env *env, x ExecSpec) outcome {
+		sb, _ := env.session(t, ClassRunc, env.source(t, nil))
+		if s, ok := x.Stdin.(*strings.Reader); ok {
+			x.Stdin = strings.NewReader(func() string { b, _ := io.ReadAll(s); s.Seek(0, io.SeekStart); return string(b) }())
+		}
+		r := runExec(t, context.Background(), sb, x)
+		return outcome{r.res.Reason, r.res.ExitCode, r.stdout, r.err != nil}
+	}
+	for _, x := range cases {
+		want, got := run(rt, x), run(e, x)
+		if got != want {
+			t.Errorf("%q (cwd %q): through the helper %+v, through runc exec %+v", x.Argv, x.Cwd, got, want)
+		}
+	}
+}

@@ -47,6 +47,14 @@ func tamper(pid int) bool {
 	}
 	_, err = os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
 	try("read /proc/PID/environ", err)
+	for _, l := range []string{"cwd", "root", "exe"} {
+		_, err = os.Readlink(fmt.Sprintf("/proc/%d/%s", pid, l))
+		try("readlink /proc/PID/"+l, err)
+	}
+	_, err = os.ReadDir(fmt.Sprintf("/proc/%d/root/", pid))
+	try("list /proc/PID/root/", err)
+	_, err = os.ReadFile(fmt.Sprintf("/proc/%d/exe", pid))
+	try("read /proc/PID/exe", err)
 	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err == nil {
 		for fd := 0; fd < 8; fd++ {
