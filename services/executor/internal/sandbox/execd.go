@@ -512,11 +512,14 @@ func (s *Sandbox) execViaHelper(ctx context.Context, x ExecSpec, res ExecResult,
 	}()
 	// The command leads a session and process group of its own (the
 	// helper's setsid), named by its host pid.
+	// The group's id is its leader's pid, which the host may reuse once
+	// the helper has reaped the leader: the group is signalled only while
+	// the pidfd's process is still there (running, or a zombie not yet
+	// reaped, whose pid cannot be reused).
 	group := func(sig syscall.Signal) {
-		if hostPid > 0 {
+		if unix.PidfdSendSignal(pidfd, sig, nil, 0) == nil && hostPid > 0 {
 			_ = syscall.Kill(-hostPid, sig)
 		}
-		_ = unix.PidfdSendSignal(pidfd, sig, nil, 0)
 	}
 	stopped, werr := superviseExec(ctx, x, start, waitC, group, func() { group(syscall.SIGKILL) })
 	wall := time.Since(start)
