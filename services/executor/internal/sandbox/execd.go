@@ -181,13 +181,29 @@ func (s *Sandbox) execdFor(proc *specs.Process) (*execdConn, error) {
 		}
 		s.execd = nil
 	}
+	if s.execdFailInit == initPid && s.execdFails >= execdMaxFails {
+		return nil, errExecdGaveUp
+	}
 	c, err := s.startExecd(proc, initPid)
 	if err != nil {
+		if s.execdFailInit != initPid {
+			s.execdFailInit, s.execdFails = initPid, 0
+		}
+		s.execdFails++
 		return nil, err
 	}
+	s.execdFails = 0
 	s.execd = c
 	return c, nil
 }
+
+// execdMaxFails bounds the helper's failed starts in one run of a sandbox:
+// past it, its execs go through the runtime without trying again (a start
+// can take execdReplyWait to fail).
+const execdMaxFails = 3
+
+// errExecdGaveUp: execdMaxFails failed starts (each logged).
+var errExecdGaveUp = errors.New("the exec helper failed to start too often")
 
 // startExecd starts the helper with one `runc exec -d`: as the sandbox's
 // root (uid 0 of its user namespace, no host privilege) with only the
@@ -456,6 +472,9 @@ func pidfdExit(pidfd int) (syscall.WaitStatus, error) {
 // runtime.
 func (s *Sandbox) execViaHelper(ctx context.Context, x ExecSpec, res ExecResult, proc *specs.Process) (_ ExecResult, handled bool, _ error) {
 	c, err := s.execdFor(proc)
+	if errors.Is(err, errExecdGaveUp) {
+		return res, false, nil
+	}
 	if err != nil {
 		s.m.log.Warn("sandbox: exec helper unavailable; exec through the runtime", "job_id", s.spec.ID, "error", err)
 		return res, false, nil

@@ -144,6 +144,30 @@ func TestExecHelperFallback(t *testing.T) {
 	}
 }
 
+// TestExecHelperGivesUp: a helper that passed the start-up check but
+// cannot start in a session (here its binary is gone since) is tried a
+// bounded number of times; the session's execs go through runc exec.
+func TestExecHelperGivesUp(t *testing.T) {
+	e := newEnv(t)
+	if !wantExecHelper(t, e) {
+		return
+	}
+	e.m.cfg.ExecdPath = filepath.Join(t.TempDir(), "gone")
+	sb, _ := e.session(t, ClassRunc, e.source(t, nil))
+	for i := range execdMaxFails + 3 {
+		r := runExec(t, context.Background(), sb, ExecSpec{Argv: []string{"sh", "-c", "echo hi; exit 4"}})
+		if r.err != nil || r.res.ExitCode != 4 || r.stdout != "hi\n" {
+			t.Fatalf("exec %d: %+v %v %q", i, r.res, r.err, r.stdout)
+		}
+	}
+	sb.execdMu.Lock()
+	fails := sb.execdFails
+	sb.execdMu.Unlock()
+	if fails != execdMaxFails {
+		t.Fatalf("the helper's start was tried %d times, want %d", fails, execdMaxFails)
+	}
+}
+
 // TestExecMake is real work through the exec path: make compiling and
 // linking a threaded C program, which then runs.
 func TestExecMake(t *testing.T) {

@@ -80,6 +80,9 @@ type Sandbox struct {
 	// execdMu guards execd, the session's exec helper (execd.go).
 	execdMu sync.Mutex
 	execd   *execdConn
+	// execdFails counts the helper's failed starts in a row under the
+	// sandbox init execdFailInit (one run).
+	execdFails, execdFailInit int
 }
 
 // WorkDir is the host path of the job's merged /work, readable after Run
