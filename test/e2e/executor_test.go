@@ -248,6 +248,18 @@ func TestSessionSurvivesExecutorKill(t *testing.T) {
 	if r := s.airlock(t, "session", "exec", id, "--exec-id", "read", "--", "sh", "-c", "cat /work/kept.txt /out/o.txt"); r.code != 0 || r.stdout != "kept\nout\n" {
 		t.Fatalf("after resuming: exit %d %q\n%s", r.code, r.stdout, r.stderr)
 	}
+	// The resumed session's execs start through an exec helper of the new
+	// executor where the kernel reads a pidfd's exit status (Linux 6.15:
+	// docs/exec.md), else with runc exec: one process with the helper's
+	// capabilities (CAP_SETUID, CAP_SETGID), or none.
+	helpers := "0\n"
+	if kernelAtLeast(t, 6, 15) {
+		helpers = "1\n"
+	}
+	if r := s.airlock(t, "session", "exec", id, "--exec-id", "helper", "--", "sh", "-c",
+		`n=0; for s in /proc/[0-9]*/status; do grep -q '^CapPrm:[[:space:]]*00000000000000c0$' $s 2>/dev/null && n=$((n+1)); done; echo $n`); r.code != 0 || r.stdout != helpers {
+		t.Fatalf("exec helpers in the resumed session: exit %d %q, want %q\n%s", r.code, r.stdout, helpers, r.stderr)
+	}
 	r := s.airlock(t, "session", "get", id, "-o", "json")
 	view := &authorityv1.GetSessionResponse{}
 	if err := protojson.Unmarshal([]byte(r.stdout), view); err != nil {
@@ -402,4 +414,18 @@ func TestJobSeesNoExecutorSecretsAndKeepsTheSourceWhole(t *testing.T) {
 
 func ed25519Key() (ed25519.PublicKey, ed25519.PrivateKey, error) {
 	return ed25519.GenerateKey(rand.Reader)
+}
+
+// kernelAtLeast reports whether the running kernel is major.minor or newer.
+func kernelAtLeast(t *testing.T, major, minor int) bool {
+	t.Helper()
+	data, err := os.ReadFile("/proc/sys/kernel/osrelease")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ma, mi int
+	if _, err := fmt.Sscanf(string(data), "%d.%d", &ma, &mi); err != nil {
+		t.Fatalf("kernel release %q: %v", data, err)
+	}
+	return ma > major || ma == major && mi >= minor
 }

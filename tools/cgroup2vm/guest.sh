@@ -20,13 +20,13 @@ before=$(cd $cg && find . -mindepth 1 -maxdepth 1 -type d | sort)
 mkdir -p $cg/airlock-test.service
 # TestDeadline$: the deadline's tree kill, not TestDeadlineTimerRechecksExtendedDeadline
 # (the timer's logic, which no cgroup decides; it runs in the host's suite).
-sandbox_tests='TestChooseCgroups|TestWithoutNewerKernelFeatures|TestJobsAreOOMKilledFirst|TestCgroupParentOutsideExecutor|TestRecover$|TestForkBomb|TestMemoryBalloon|TestDeadline$|TestCancel|TestDestroy|TestUpdate|TestDiskBandwidth|TestCPUQuota|TestUsagePlausible|TestUsefulWork|TestExec$|TestProbe$|TestExportCgroup'
+sandbox_tests='TestChooseCgroups|TestWithoutNewerKernelFeatures|TestJobsAreOOMKilledFirst|TestCgroupParentOutsideExecutor|TestRecover$|TestForkBomb|TestMemoryBalloon|TestDeadline$|TestCancel|TestDestroy|TestUpdate|TestDiskBandwidth|TestCPUQuota|TestUsagePlausible|TestUsefulWork|TestExec$|TestExecHelperKernel$|TestExecHelperBoundary$|TestProbe$|TestExportCgroup'
 echo "== sandbox package (-run '$sandbox_tests')"
 t0=$SECONDS
 (
   cd "$root/services/executor/internal/sandbox" &&
     echo $BASHPID >$cg/airlock-test.service/cgroup.procs &&
-    exec env AIRLOCK_TEST_PROBE="$out/probe" "$out/sandbox.test" -test.run "$sandbox_tests" -test.v -test.timeout 10m
+    exec env AIRLOCK_TEST_PROBE="$out/probe" AIRLOCK_TEST_EXECD="$out/airlock-execd" "$out/sandbox.test" -test.run "$sandbox_tests" -test.v -test.timeout 10m
 )
 rc=$?
 echo "== sandbox package: exit $rc after $((SECONDS - t0)) s"

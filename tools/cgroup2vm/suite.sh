@@ -29,6 +29,7 @@ mkdir -p "$out"
 t0=$SECONDS
 echo "cgroup2: building the test binaries" >&2
 CGO_ENABLED=0 go build -o "$out/probe" ./services/executor/internal/sandbox/testdata/probe
+CGO_ENABLED=0 go build -o "$out/airlock-execd" ./services/executor/cmd/airlock-execd
 go test -c -o "$out/sandbox.test" ./services/executor/internal/sandbox
 go test -c -o "$out/e2e.test" ./test/e2e
 go build -o "$out/" ./cmd/airlock ./services/authority/cmd/authority ./services/executor/cmd/executor ./services/publisher/cmd/publisher

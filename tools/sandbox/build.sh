@@ -20,6 +20,10 @@
 # v1.3.0 (where LinuxPids.Limit became *int64) and gVisor compiles only
 # against v1.2.x.
 #
+#   OUTDIR/airlock-execd  runc sessions' exec helper (docs/exec.md), from this
+#                  repository, static (CGO_ENABLED=0): it runs inside the
+#                  sandbox, on any image.
+#
 # Each binary has a stamp OUTDIR/.NAME.build recording what it was built from
 # (module version, Go version, flags). When the stamp matches and the binary is
 # there, nothing is rebuilt, so calling this before every test run is cheap.
@@ -124,6 +128,12 @@ build "$here" runc "$runc_stamp" '"$BIN" --version | grep -q "^libseccomp: "' CG
   -buildmode=pie -tags seccomp \
   -ldflags "-X main.gitCommit=$runc_ver" \
   github.com/opencontainers/runc
+
+# The exec helper's stamp is a hash of its sources and the module's go.sum.
+repo="$(cd "$here/../.." && pwd)"
+execd_sum="$(cd "$repo" && cat go.sum services/executor/cmd/airlock-execd/*.go services/executor/internal/sandbox/execd/*.go | sha256sum | cut -c1-12)"
+build "$repo" airlock-execd "airlock-execd $gover static src=$execd_sum" '! LC_ALL=C readelf -l "$BIN" 2>/dev/null | grep -q "program interpreter"' CGO_ENABLED=0 -- \
+  ./services/executor/cmd/airlock-execd
 
 # errnoret_module DIR makes, under DIR, a copy of the runsc build module
 # whose gVisor returns each SCMP_ACT_ERRNO rule's own errno (runc's

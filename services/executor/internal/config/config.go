@@ -147,6 +147,11 @@ type Sandbox struct {
 	Runc string `yaml:"runc"`
 	// Runsc is the gVisor runsc binary; empty disables the runsc class.
 	Runsc string `yaml:"runsc"`
+	// Execd is the static airlock-execd binary, the exec helper that
+	// starts a runc session's execs inside its sandbox (docs/exec.md);
+	// default airlock-execd beside Runc (or the file Runc links to) if it is there, else each exec is
+	// one `runc exec`.
+	Execd string `yaml:"execd"`
 	// RunscPlatform is gVisor's platform for runsc jobs: ptrace (default)
 	// or systrap, which must pass the self-check (docs/operations.md: on
 	// issue 20's host it corrupts vector registers and is refused).
@@ -274,6 +279,16 @@ func (c *Config) ValidatePeers() error {
 	}
 	errs = append(errs, c.Server.CheckFile("sandbox.runc", &c.Sandbox.Runc, true))
 	errs = append(errs, c.Server.CheckFile("sandbox.runsc", &c.Sandbox.Runsc, false))
+	if c.Sandbox.Execd == "" && c.Sandbox.Runc != "" {
+		// Beside runc as built (tools/sandbox/build.sh builds both), also
+		// when runc is a link to it.
+		if runc, err := filepath.EvalSymlinks(c.Sandbox.Runc); err == nil {
+			if p := filepath.Join(filepath.Dir(runc), "airlock-execd"); fileExists(p) {
+				c.Sandbox.Execd = p
+			}
+		}
+	}
+	errs = append(errs, c.Server.CheckFile("sandbox.execd", &c.Sandbox.Execd, false))
 	errs = append(errs, c.Server.CheckFile("sandbox.vm.runtime", &c.Sandbox.VM.Runtime, false))
 	errs = append(errs, c.Server.CheckFile("sandbox.vm.kernel", &c.Sandbox.VM.Kernel, false))
 	errs = append(errs, c.Server.CheckFile("sandbox.vm.qemu", &c.Sandbox.VM.QEMU, false))
@@ -463,6 +478,7 @@ func (c *Config) CheckFiles() ([]string, error) {
 		config.CheckPublicKey("authority.grant_public_key", c.Authority.GrantPublicKey),
 		config.CheckExecutable("sandbox.runc", c.Sandbox.Runc),
 		config.CheckExecutable("sandbox.runsc", c.Sandbox.Runsc),
+		config.CheckExecutable("sandbox.execd", c.Sandbox.Execd),
 		config.CheckExecutable("sandbox.vm.runtime", c.Sandbox.VM.Runtime),
 		config.CheckExecutable("sandbox.vm.qemu", c.Sandbox.VM.QEMU),
 	)
@@ -482,4 +498,9 @@ func (c *Config) Summary() string {
 	}
 	return fmt.Sprintf("authority %s, %s, cgroup parent %s, network %s pool %s, capacity %d jobs",
 		c.Authority.Address, classes, c.Sandbox.CgroupParent, c.Network.Name, c.Network.Pool4Prefix, c.Capacity.Jobs)
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }

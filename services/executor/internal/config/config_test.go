@@ -310,3 +310,44 @@ func TestDiskBandwidth(t *testing.T) {
 		}
 	}
 }
+
+// sandbox.execd defaults to airlock-execd beside runc, or beside the file
+// a runc link names (as the e2e tests and dev up link runc); none there
+// leaves it empty (execs through runc exec); a set one must exist.
+func TestExecdDefault(t *testing.T) {
+	bin, links := t.TempDir(), t.TempDir()
+	for _, name := range []string{"runc", "airlock-execd"} {
+		if err := os.WriteFile(filepath.Join(bin, name), nil, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(filepath.Join(bin, "runc"), filepath.Join(links, "runc")); err != nil {
+		t.Fatal(err)
+	}
+	lone := filepath.Join(t.TempDir(), "runc")
+	if err := os.WriteFile(lone, nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ runc, execd, want, field string }{
+		{runc: filepath.Join(bin, "runc"), want: filepath.Join(bin, "airlock-execd")},
+		{runc: filepath.Join(links, "runc"), want: filepath.Join(bin, "airlock-execd")},
+		{runc: lone, want: ""},
+		{runc: lone, execd: "/nonexistent/airlock-execd", field: "sandbox.execd"},
+	} {
+		c := &Config{}
+		c.Sandbox.Runc, c.Sandbox.Execd = tc.runc, tc.execd
+		errs := fieldErrors(c.ValidatePeers())
+		if tc.field != "" {
+			if _, bad := errs[tc.field]; !bad {
+				t.Errorf("runc %s, execd %s: no %s error", tc.runc, tc.execd, tc.field)
+			}
+			continue
+		}
+		if r, bad := errs["sandbox.execd"]; bad {
+			t.Errorf("runc %s: sandbox.execd: %s", tc.runc, r)
+		}
+		if c.Sandbox.Execd != tc.want {
+			t.Errorf("runc %s: execd %q, want %q", tc.runc, c.Sandbox.Execd, tc.want)
+		}
+	}
+}

@@ -143,6 +143,11 @@ func (s *Sandbox) Exec(ctx context.Context, x ExecSpec) (ExecResult, error) {
 	if proc.Cwd == "" {
 		proc.Cwd = "/work"
 	}
+	if s.useExecd() {
+		if r, handled, err := s.execViaHelper(ctx, x, res, proc); handled {
+			return r, err
+		}
+	}
 	n := s.execSeq.Add(1)
 	procFile := filepath.Join(s.dir, fmt.Sprintf("exec-%d.json", n))
 	pidFile := filepath.Join(s.dir, fmt.Sprintf("exec-%d.pid", n))
@@ -301,6 +306,40 @@ func (s *Sandbox) exec(ctx context.Context, x ExecSpec, res ExecResult, procFile
 			s.m.log.Warn("sandbox: signal an exec's process group", "job_id", s.spec.ID, "error", err)
 		}
 	}
+	stopped, werr := superviseExec(ctx, x, start, waitErr, group, func() { _ = cmd.Process.Kill() })
+	wall := time.Since(start)
+	pipes.drain(outputDrainGrace) // a process the exec left running may hold it open
+	cpu1, oom1 := s.m.cg.cpuTime(s.cgRel), s.oomKills()
+	res.WallTime, res.CPUTime = wall, max(0, cpu1-cpu0)
+	code := exitCode(werr)
+	execCode, execMsg, execFailed := execFailure(s.rt.class, logErrors(logPath))
+	_, started := os.Stat(pidFile)
+	if s.execStopped(&res, x, stopped, oom1 > oom0, code) {
+		return res, nil
+	}
+	switch {
+	case execFailed:
+		res.Reason, res.ExitCode, res.Message = ReasonExited, execCode, "the command could not be executed: "+execMsg
+	case started != nil || code < 0:
+		msg := strings.Join(logErrors(logPath), "; ")
+		if werr != nil {
+			msg = strings.TrimPrefix(msg+"; "+werr.Error(), "; ")
+		}
+		return res, fmt.Errorf("%s exec did not run the command (exit %d): %s", s.rt.class, code, msg)
+	default:
+		res.Reason, res.ExitCode = ReasonExited, code
+		res.Message = fmt.Sprintf("exited with status %d", code)
+	}
+	return res, nil
+}
+
+// superviseExec waits for waitC, the end of an exec started at start,
+// while enforcing x's timeout and ctx: past the timeout, the exec's
+// process group gets SIGKILL (then again every 200 ms); on ctx's end,
+// SIGTERM, then SIGKILL after the grace period. kill, once the group's
+// kill has not ended it well past both, kills what waitC waits for. It
+// returns why the exec was stopped ("" if it was not) and waitC's value.
+func superviseExec(ctx context.Context, x ExecSpec, start time.Time, waitC <-chan error, group func(syscall.Signal), kill func()) (Reason, error) {
 	var timeoutC <-chan time.Time
 	if x.Timeout > 0 {
 		t := time.NewTimer(x.Timeout)
@@ -331,7 +370,7 @@ func (s *Sandbox) exec(ctx context.Context, x ExecSpec, res ExecResult, procFile
 wait:
 	for {
 		select {
-		case werr = <-waitErr:
+		case werr = <-waitC:
 			break wait
 		case <-timeoutC:
 			timeoutC = nil
@@ -354,20 +393,21 @@ wait:
 			if !escalated && time.Since(start) > x.Timeout+x.KillGrace+runtimeExitGrace {
 				// The runtime outlived the group's kill: kill it too.
 				escalated = true
-				_ = cmd.Process.Kill()
+				kill()
 			}
 		}
 	}
-	wall := time.Since(start)
-	pipes.drain(outputDrainGrace) // a process the exec left running may hold it open
-	cpu1, oom1 := s.m.cg.cpuTime(s.cgRel), s.oomKills()
-	res.WallTime, res.CPUTime = wall, max(0, cpu1-cpu0)
-	code := exitCode(werr)
+	return stopped, werr
+}
+
+// execStopped fills res, and reports true, when an exec's end is not its
+// command's own: stopped (its timeout, or cancelled), the sandbox ending
+// under it, or an OOM kill (oomKilled: the cgroup counted one while it
+// ran, and the command died of SIGKILL, code).
+func (s *Sandbox) execStopped(res *ExecResult, x ExecSpec, stopped Reason, oomKilled bool, code int) bool {
 	s.mu.Lock()
 	ending := s.ending || s.state != stateRunning
 	s.mu.Unlock()
-	execCode, execMsg, execFailed := execFailure(s.rt.class, logErrors(logPath))
-	_, started := os.Stat(pidFile)
 	switch {
 	case stopped == ReasonTimeout:
 		res.Reason = ReasonTimeout
@@ -378,22 +418,13 @@ wait:
 	case ending:
 		res.Reason = ReasonCancelled
 		res.Message = "the sandbox stopped while the exec ran"
-	case oom1 > oom0 && code == 128+int(syscall.SIGKILL):
+	case oomKilled && code == 128+int(syscall.SIGKILL):
 		res.Reason = ReasonOOM
 		res.Message = fmt.Sprintf("the memory limit of %d bytes was reached and the kernel's OOM killer killed a process of the exec", s.limits().MemoryBytes)
-	case execFailed:
-		res.Reason, res.ExitCode, res.Message = ReasonExited, execCode, "the command could not be executed: "+execMsg
-	case started != nil || code < 0:
-		msg := strings.Join(logErrors(logPath), "; ")
-		if werr != nil {
-			msg = strings.TrimPrefix(msg+"; "+werr.Error(), "; ")
-		}
-		return res, fmt.Errorf("%s exec did not run the command (exit %d): %s", s.rt.class, code, msg)
 	default:
-		res.Reason, res.ExitCode = ReasonExited, code
-		res.Message = fmt.Sprintf("exited with status %d", code)
+		return false
 	}
-	return res, nil
+	return true
 }
 
 // readPid reads a pid file; 0 if there is none yet.

@@ -30,6 +30,7 @@ import (
 
 var (
 	runcPath, runscPath string
+	execdBin            string // airlock-execd, built by setup
 	probeBin            string // the static boundary-probe helper
 	setupErr            error
 	testSeq             atomic.Int64
@@ -88,6 +89,21 @@ func setup(tmp string) error {
 			return fmt.Errorf("runtime binary %s: %v: run `tools/sandbox/build.sh bin` in %s (or set AIRLOCK_RUNC / AIRLOCK_RUNSC)", p, err, root)
 		}
 	}
+	// The exec helper, static, as make builds it; or built beforehand
+	// (AIRLOCK_TEST_EXECD) where there is no compiler: make test-cgroup2's VM.
+	var cmd *exec.Cmd
+	if execdBin = os.Getenv("AIRLOCK_TEST_EXECD"); execdBin != "" {
+		if _, err := os.Stat(execdBin); err != nil {
+			return fmt.Errorf("AIRLOCK_TEST_EXECD: %w", err)
+		}
+	} else {
+		execdBin = filepath.Join(tmp, "airlock-execd")
+		cmd = exec.Command("go", "build", "-o", execdBin, "../../cmd/airlock-execd")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("build the exec helper: %v: %s", err, out)
+		}
+	}
 	// A probe built beforehand (AIRLOCK_TEST_PROBE) spares a compile where
 	// one is slow: make test-cgroup2's emulated VM.
 	if probeBin = os.Getenv("AIRLOCK_TEST_PROBE"); probeBin != "" {
@@ -97,7 +113,7 @@ func setup(tmp string) error {
 		return nil
 	}
 	probeBin = filepath.Join(tmp, "probe")
-	cmd := exec.Command("go", "build", "-o", probeBin, "./testdata/probe")
+	cmd = exec.Command("go", "build", "-o", probeBin, "./testdata/probe")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("build the probe helper: %v: %s", err, out)
@@ -149,6 +165,7 @@ func newEnv(t testing.TB, opts ...func(*Config)) *env {
 		StateDir:     filepath.Join(base, "state"),
 		RuncPath:     runcPath,
 		RunscPath:    runscPath,
+		ExecdPath:    execdBin,
 		UIDBase:      testUIDBase(n),
 		CgroupParent: fmt.Sprintf("/airlock-test-%d-%d", os.Getpid(), n),
 		// Most tests only need runsc to work; TestRunscPlatforms runs the
@@ -280,6 +297,9 @@ type job struct {
 	image *ImageRoot
 	// extraCAs are the job's own CAs (Spec.ExtraCAs).
 	extraCAs []byte
+	// viaExec runs cmd as an exec in a session sandbox of the same spec
+	// (under runc: through its exec helper) instead of as the job itself.
+	viaExec bool
 }
 
 type ran struct {
@@ -302,7 +322,11 @@ func (e *env) run(t testing.TB, ctx context.Context, j job) ran {
 	}
 	var out, errb syncBuffer
 	id := fmt.Sprintf("job-%d", testSeq.Add(1))
-	sb, err := e.m.Create(ctx, Spec{ID: id, Class: j.class, Source: j.src, Command: j.cmd, Env: j.env, Limits: lim, User: j.user, Caches: j.caches, Image: j.image, ExtraCAs: j.extraCAs, Stdout: &out, Stderr: &errb})
+	spec := Spec{ID: id, Class: j.class, Source: j.src, Command: j.cmd, Env: j.env, Limits: lim, User: j.user, Caches: j.caches, Image: j.image, ExtraCAs: j.extraCAs, Stdout: &out, Stderr: &errb}
+	if j.viaExec {
+		spec.Command, spec.Stdout, spec.Stderr = IdleCommand, nil, nil
+	}
+	sb, err := e.m.Create(ctx, spec)
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
@@ -311,9 +335,28 @@ func (e *env) run(t testing.TB, ctx context.Context, j job) ran {
 			t.Errorf("Destroy: %v", err)
 		}
 	})
+	if j.viaExec {
+		return e.runExecJob(t, ctx, sb, j)
+	}
 	res, err := sb.Run(ctx)
 	r := ran{sb: sb, res: res, err: err, stdout: out.String(), stderr: errb.String()}
 	t.Logf("%s %v: reason=%s exit=%d msg=%q usage=%+v\nstdout: %s\nstderr: %s", j.class, j.cmd, res.Reason, res.ExitCode, res.Message, res.Usage, trunc(r.stdout), trunc(r.stderr))
+	return r
+}
+
+// runExecJob runs j.cmd as an exec in sb, a session's sandbox, and
+// reports it as a job's run.
+func (e *env) runExecJob(t testing.TB, ctx context.Context, sb *Sandbox, j job) ran {
+	t.Helper()
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _, _ = sb.Run(runCtx) }()
+	defer func() { cancel(); <-done }()
+	var out, errb syncBuffer
+	x, err := sb.Exec(ctx, ExecSpec{Argv: j.cmd, Stdout: &out, Stderr: &errb})
+	res := Result{Reason: x.Reason, ExitCode: x.ExitCode, Message: x.Message}
+	r := ran{sb: sb, res: res, err: err, stdout: out.String(), stderr: errb.String()}
+	t.Logf("%s exec %v: reason=%s exit=%d msg=%q wall=%s\nstdout: %s\nstderr: %s", j.class, j.cmd, x.Reason, x.ExitCode, x.Message, x.WallTime, trunc(r.stdout), trunc(r.stderr))
 	return r
 }
 

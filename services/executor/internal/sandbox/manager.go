@@ -62,6 +62,10 @@ type Config struct {
 	// unavailable.
 	RuncPath  string
 	RunscPath string
+	// ExecdPath is the static airlock-execd binary, the exec helper of a
+	// runc session's sandbox (execd.go); "" runs each exec through the
+	// runtime (`runc exec`).
+	ExecdPath string
 	// UIDBase is the host uid and gid mapped to root inside every sandbox;
 	// the 65536 ids from it up are mapped to 0..65535. Default 1000000.
 	UIDBase uint32
@@ -135,6 +139,10 @@ type Manager struct {
 	// keptDir holds, from one executor process to the next, the scratch
 	// images of the jobs whose files outlive a restart (Recover's keep).
 	keptDir string
+	// execdWhy says why runc sessions' execs go through `runc exec` and
+	// not the exec helper (ExecdPath unset, or the kernel cannot report
+	// a pidfd's exit status: checkExecd); "" when they use the helper.
+	execdWhy string
 
 	mu   sync.Mutex
 	live map[string]*Sandbox
@@ -294,8 +302,18 @@ func New(cfg Config) (*Manager, error) {
 		vm.vmFlags = vmFlags(cfg.VM, accel)
 	}
 	m.runtimes[ClassVM] = vm
+	m.execdWhy = checkExecd(cfg.ExecdPath)
+	if m.execdWhy == "" {
+		m.log.Info("sandbox: runc sessions' execs start through the exec helper", "execd", cfg.ExecdPath)
+	} else {
+		m.log.Warn("sandbox: runc sessions' execs start with `runc exec` (slower), not the exec helper", "reason", m.execdWhy)
+	}
 	return m, nil
 }
+
+// ExecHelper reports whether runc sessions' execs start through the exec
+// helper, and if not, why.
+func (m *Manager) ExecHelper() (bool, string) { return m.execdWhy == "", m.execdWhy }
 
 // UIDBase is the host uid (and gid) of root inside every sandbox.
 func (m *Manager) UIDBase() uint32 { return m.cfg.UIDBase }

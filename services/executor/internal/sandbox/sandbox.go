@@ -77,6 +77,12 @@ type Sandbox struct {
 	execOnce sync.Once
 	execProc []byte // the bundle's process spec, as JSON
 	execErr  error
+	// execdMu guards execd, the session's exec helper (execd.go).
+	execdMu sync.Mutex
+	execd   *execdConn
+	// execdFails counts the helper's failed starts in a row under the
+	// sandbox init execdFailInit (one run).
+	execdFails, execdFailInit int
 }
 
 // WorkDir is the host path of the job's merged /work, readable after Run
@@ -214,6 +220,12 @@ func (s *Sandbox) run(ctx context.Context, res Result) (Result, error) {
 	pipes.copy(s.spec.Stdout, s.spec.Stderr)
 	waitErr := make(chan error, 1)
 	go func() { waitErr <- cmd.Wait() }()
+	if s.useExecd() {
+		// The session's exec helper starts as soon as the sandbox is up,
+		// so its first exec is as fast as the others; an exec that finds
+		// none (it failed, or a job killed it) starts one itself.
+		go s.prestartExecd(ctx)
+	}
 
 	deadline := time.NewTimer(untilDeadline(first, time.Now(), s.limits().Deadline))
 	defer deadline.Stop()
@@ -290,6 +302,7 @@ wait:
 	}
 	wall := time.Since(start)
 	s.markEnding()
+	s.closeExecd()
 	lim := s.limits()
 
 	// Whatever ended the runtime, nothing of the job may outlive Run.
@@ -497,6 +510,7 @@ func (s *Sandbox) destroy(keep bool) error {
 // once it is unmounted and detached, and not removed.
 func (s *Sandbox) teardown(keep bool) error {
 	var errs []error
+	s.closeExecd()
 	if err := s.m.cg.kill(s.cgRel, killWait); err != nil {
 		errs = append(errs, err)
 	}

@@ -649,27 +649,32 @@ echo oom_score_adj=$(cat /proc/self/oom_score_adj)
 touch /usr/bin/evil; echo "usr=$?"
 touch /etc/evil; echo "etc=$?"
 echo done`
-	r := e.sh(t, e.source(t, nil), script)
-	wantExit(t, r, 0)
-	out := r.stdout
-	for _, want := range []string{
-		"CapInh:\t0000000000000000", "CapPrm:\t0000000000000000", "CapEff:\t0000000000000000",
-		"CapBnd:\t0000000000000000", "CapAmb:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2",
-		fmt.Sprintf("uidmap: 0 %d %d", e.cfg.UIDBase, uidRange),
-		"keyctl=0", "ptrace=0", "mount=0", "clone-userns=0", "chroot=0",
-		"kcore=0", "keys=0", "timer_list=0", "firmware=0", "hostname=airlock", "oom_score_adj=1000", "done",
-	} {
-		if !strings.Contains(out, want+"\n") {
-			t.Errorf("missing %q", want)
-		}
-	}
-	for _, bad := range []string{"ALLOWED", "unshare-U-r=0", "unshare-m=0", "unshare-n=0", "mount-bin=0", "sysrq=0", "procsys=0", "usr=0", "etc=0"} {
-		if strings.Contains(out, bad+"\n") || (bad == "ALLOWED" && strings.Contains(out, bad)) {
-			t.Errorf("got %q: the sandbox allowed it", bad)
-		}
-	}
-	if t.Failed() {
-		t.Logf("output:\n%s", out)
+	// As the job itself, and as a session's exec (through its helper).
+	for _, viaExec := range []bool{false, true} {
+		t.Run(fmt.Sprintf("exec=%t", viaExec), func(t *testing.T) {
+			r := e.run(t, context.Background(), job{src: e.source(t, nil), cmd: []string{"/bin/sh", "-c", script}, viaExec: viaExec})
+			wantExit(t, r, 0)
+			out := r.stdout
+			for _, want := range []string{
+				"CapInh:\t0000000000000000", "CapPrm:\t0000000000000000", "CapEff:\t0000000000000000",
+				"CapBnd:\t0000000000000000", "CapAmb:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2",
+				fmt.Sprintf("uidmap: 0 %d %d", e.cfg.UIDBase, uidRange),
+				"keyctl=0", "ptrace=0", "mount=0", "clone-userns=0", "chroot=0",
+				"kcore=0", "keys=0", "timer_list=0", "firmware=0", "hostname=airlock", "oom_score_adj=1000", "done",
+			} {
+				if !strings.Contains(out, want+"\n") {
+					t.Errorf("missing %q", want)
+				}
+			}
+			for _, bad := range []string{"ALLOWED", "unshare-U-r=0", "unshare-m=0", "unshare-n=0", "mount-bin=0", "sysrq=0", "procsys=0", "usr=0", "etc=0"} {
+				if strings.Contains(out, bad+"\n") || (bad == "ALLOWED" && strings.Contains(out, bad)) {
+					t.Errorf("got %q: the sandbox allowed it", bad)
+				}
+			}
+			if t.Failed() {
+				t.Logf("output:\n%s", out)
+			}
+		})
 	}
 }
 

@@ -161,7 +161,20 @@ func TestUserPermissionParity(t *testing.T) {
 		{runspec.Agent, 0},
 	} {
 		results := map[Class]map[string]string{}
+		// Each class as the job itself; runc also as a session's exec,
+		// through its exec helper.
+		runs := []struct {
+			c       Class
+			viaExec bool
+		}{{ClassRunc, true}}
 		for _, c := range classes {
+			runs = append(runs, struct {
+				c       Class
+				viaExec bool
+			}{c, false})
+		}
+		for _, run := range runs {
+			c := run.c
 			src := e.source(t, map[string]string{"perm/mine": "mine\n"})
 			lower := t.TempDir()
 			other := filepath.Join(lower, "other")
@@ -178,17 +191,19 @@ func TestUserPermissionParity(t *testing.T) {
 				}
 			}
 			r := e.run(t, context.Background(), job{class: c, src: src, cmd: []string{"/work/probe", "perms", fmt.Sprint(tc.other)}, user: tc.user,
-				caches: []CacheMount{{Path: "/tmp/perm-cache", Lower: lower}}})
+				caches: []CacheMount{{Path: "/tmp/perm-cache", Lower: lower}}, viaExec: run.viaExec})
 			wantExit(t, r, 0)
 			got := map[string]string{}
 			for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
 				k, v, _ := strings.Cut(line, " ")
 				got[k] = v
 			}
-			results[c] = got
+			if !run.viaExec {
+				results[c] = got
+			}
 			for k, w := range want {
 				if got[k] != w {
-					t.Errorf("%s as %s: %s = %q, want %q", c, tc.user.Name(), k, got[k], w)
+					t.Errorf("%s (exec %t) as %s: %s = %q, want %q", c, run.viaExec, tc.user.Name(), k, got[k], w)
 				}
 			}
 			for k, w := range errnoDiffers {

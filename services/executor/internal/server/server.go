@@ -64,6 +64,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 				StateDir:            env.DataDir.Join("sandbox"),
 				RuncPath:            cfg.Sandbox.Runc,
 				RunscPath:           cfg.Sandbox.Runsc,
+				ExecdPath:           cfg.Sandbox.Execd,
 				RunscPlatform:       cfg.Sandbox.RunscPlatform,
 				RunscSelfCheckCache: cfg.Sandbox.RunscSelfCheckCache,
 				UIDBase:             cfg.Sandbox.UIDBase,
@@ -113,6 +114,11 @@ func Run(ctx context.Context, cfg *config.Config) error {
 					env.SetComponent(RuntimeComponent(string(st.Class))+"/self-check/cached", true)
 				}
 			}
+			// Per-component health: whether runc sessions' execs start
+			// through the exec helper (fast) or with `runc exec`.
+			helper, why := sb.ExecHelper()
+			logger.Info("session exec path", "exec_helper", helper, "reason", why)
+			env.SetComponent(RuntimeComponent(string(sandbox.ClassRunc))+"/exec-helper", helper)
 			sources, err := stage.New(env.DataDir.Join("sources"), int(cfg.Sandbox.UIDBase), int(cfg.Sandbox.UIDBase))
 			if err != nil {
 				return err

@@ -20,10 +20,19 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: probe cat PATH...|ls DIR...|env|write PATH TEXT|writeall|idle|keyctl|ptrace|mount|clone-userns|chroot|dial ADDR|loopback|balloon MIB [hold]|errno NR...|inotify DIR|perms OTHER_UID")
+		fmt.Fprintln(os.Stderr, "usage: probe cat PATH...|ls DIR...|env|write PATH TEXT|writeall|idle|keyctl|ptrace|mount|clone-userns|chroot|dial ADDR|loopback|balloon MIB [hold]|errno NR...|inotify DIR|perms OTHER_UID|tamper PID")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
+	case "tamper":
+		pid, err := strconv.Atoi(os.Args[2])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		if !tamper(pid) {
+			os.Exit(1)
+		}
 	case "keyctl":
 		// keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, create=1)
 		_, _, e1 := unix.Syscall(unix.SYS_KEYCTL, 0, ^uintptr(2), 1)
