@@ -47,7 +47,9 @@ func (s *Sandbox) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	s.mu.Lock()
 	state, ending := s.state, s.ending
 	s.mu.Unlock()
-	if state != stateRunning || ending {
+	// A sandbox not yet running (a session just woken, whose Run has
+	// begun) is waited for below, as an exec waits for it.
+	if state > stateRunning || ending {
 		return nil, fmt.Errorf("%w: sandbox %s is not running", errdefs.ErrFailedPrecondition, s.spec.ID)
 	}
 	ctx, cancel := context.WithTimeout(ctx, dialPortWait)
