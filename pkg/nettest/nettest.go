@@ -245,14 +245,15 @@ func Echo(t testing.TB, ln net.Listener) {
 	})
 }
 
-// Sink serves ln until the test ends: it reads every connection to its
-// end (for up to a minute), and returns the count of the bytes read so
-// far, across them all.
-func Sink(t testing.TB, ln net.Listener) *atomic.Int64 {
+// Sink serves ln until the test ends: it reads each connection until it
+// has read perConn bytes (or it ends, for up to a minute), then closes it,
+// so a sender that waits for the close knows all it sent arrived. It
+// returns the count of the bytes read so far, across them all.
+func Sink(t testing.TB, ln net.Listener, perConn int64) *atomic.Int64 {
 	var n atomic.Int64
 	serve(t, ln, func(c net.Conn) {
 		_ = c.SetDeadline(time.Now().Add(time.Minute))
-		read, _ := io.Copy(io.Discard, c)
+		read, _ := io.Copy(io.Discard, io.LimitReader(c, perConn))
 		n.Add(read)
 	})
 	return &n

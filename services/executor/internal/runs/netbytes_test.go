@@ -22,9 +22,12 @@ func waitBytes(got *atomic.Int64, want int64) int64 {
 }
 
 // sendTo is a script that sends n bytes to dest over TCP, trying up to
-// three times (a connect that fails sends a SYN or two, far less than n).
+// three times (a connect that fails sends a SYN or two, far less than n),
+// and then waits for the sink (Sink with perConn n) to close the
+// connection: the bytes have arrived before the job ends. (runsc drops
+// what its network stack has not yet sent when the sandbox ends.)
 func sendTo(dest netip.AddrPort, n int) string {
-	return fmt.Sprintf(`for i in 1 2 3; do head -c %d /dev/zero | timeout 20 bash -c 'cat >/dev/tcp/%s/%d' && { echo sent; exit 0; }; sleep 1; done; echo refused`, n, dest.Addr(), dest.Port())
+	return fmt.Sprintf(`for i in 1 2 3; do timeout 20 bash -c 'exec 3<>/dev/tcp/%s/%d && head -c %d /dev/zero >&3 && cat <&3 >/dev/null' && { echo sent; exit 0; }; sleep 1; done; echo refused`, dest.Addr(), dest.Port(), n)
 }
 
 // sentBytes is how much a job sends in the tests below: far above what
@@ -45,7 +48,7 @@ func TestNetworkBytes(t *testing.T) {
 			}
 			withNetwork(t, h)
 			ln := listenOnTestHost(t)
-			got := nettest.Sink(t, ln)
+			got := nettest.Sink(t, ln, sentBytes)
 			dest := netip.MustParseAddrPort(ln.Addr().String())
 
 			g := h.grantFor(sendTo(dest, sentBytes))
@@ -92,7 +95,7 @@ func TestSessionNetworkBytes(t *testing.T) {
 	h, _ := newHarness(t, false)
 	withNetwork(t, h)
 	ln := listenOnTestHost(t)
-	got := nettest.Sink(t, ln)
+	got := nettest.Sink(t, ln, sentBytes)
 	dest := netip.MustParseAddrPort(ln.Addr().String())
 	g := h.sessionGrant(sandbox.ClassRunc, 5*time.Minute)
 	g.Network = allowPolicy(dest.Addr().String()+"/32", dest.Port())
