@@ -480,7 +480,9 @@ func TestBrokeredCredentialSession(t *testing.T) {
 		}
 	}
 	if r := s.airlock(t, "session", "resume", id); r.code != 0 {
-		t.Fatalf("session resume: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+		got := s.airlock(t, "session", "get", id)
+		t.Fatalf("session resume: exit %d\n%s%s\nthe session:\n%s\nthe executor's log:\n%s", r.code, r.stdout, r.stderr,
+			got.stdout, lastLines(s.proc("executor").log, 80))
 	}
 	if r := call("after-resume"); r.code != 0 || !strings.Contains(r.stdout, "authorized") {
 		t.Fatalf("a call after the resume: exit %d\n%s%s", r.code, r.stdout, r.stderr)

@@ -843,8 +843,9 @@ func (m *Manager) Recover(ctx context.Context, keep func(id string) bool) ([]str
 		dir := filepath.Join(m.jobsDir, id)
 		img := filepath.Join(dir, scratchImage)
 		// Autoclear detaches a loop device asynchronously after its
-		// unmount: give it a moment.
-		for end := time.Now().Add(2 * time.Second); len(loopsBacking(img)) > 0 && time.Now().Before(end); {
+		// unmount, once the killed sandbox's mount namespace is gone,
+		// which on a loaded host takes seconds: give it ten.
+		for end := time.Now().Add(10 * time.Second); len(loopsBacking(img)) > 0 && time.Now().Before(end); {
 			time.Sleep(5 * time.Millisecond)
 		}
 		if points, _ := mountsUnder(dir); len(points) > 0 || len(loopsBacking(img)) > 0 {
