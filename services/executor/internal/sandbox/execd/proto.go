@@ -63,12 +63,12 @@ func Send(fd int, v any, fds ...int) error {
 		oob = unix.UnixRights(fds...)
 	}
 	// The fds go with the first bytes; the rest follows.
-	n, err := unix.SendmsgN(fd, buf, oob, nil, unix.MSG_NOSIGNAL)
+	n, err := sendmsg(fd, buf, oob)
 	if err != nil {
 		return err
 	}
 	for n < len(buf) {
-		m, err := unix.SendmsgN(fd, buf[n:], nil, nil, unix.MSG_NOSIGNAL)
+		m, err := sendmsg(fd, buf[n:], nil)
 		if err != nil {
 			return err
 		}
@@ -77,12 +77,34 @@ func Send(fd int, v any, fds ...int) error {
 	return nil
 }
 
+// sendmsg and recvmsg retry a call a signal interrupted before it moved a
+// byte: a socket with a timeout (the executor's end has one) is not
+// restarted by SA_RESTART, and a Go process takes signals all the time
+// (SIGURG preempts goroutines).
+func sendmsg(fd int, b, oob []byte) (int, error) {
+	for {
+		n, err := unix.SendmsgN(fd, b, oob, nil, unix.MSG_NOSIGNAL)
+		if !errors.Is(err, unix.EINTR) {
+			return n, err
+		}
+	}
+}
+
+func recvmsg(fd int, b, oob []byte) (n, oobn int, err error) {
+	for {
+		n, oobn, _, _, err = unix.Recvmsg(fd, b, oob, unix.MSG_CMSG_CLOEXEC)
+		if !errors.Is(err, unix.EINTR) {
+			return n, oobn, err
+		}
+	}
+}
+
 // Recv reads one frame from the stream socket fd into v, with the fds
 // that came with it (close-on-exec). io.EOF is a peer that closed its end.
 func Recv(fd int, v any) ([]int, error) {
 	var hdr [4]byte
 	oob := make([]byte, unix.CmsgSpace(4*4))
-	n, oobn, _, _, err := unix.Recvmsg(fd, hdr[:], oob, unix.MSG_CMSG_CLOEXEC)
+	n, oobn, err := recvmsg(fd, hdr[:], oob)
 	if err != nil {
 		return nil, err
 	}
