@@ -141,16 +141,26 @@ func checkExecd(path string) string {
 	return ""
 }
 
-// prestartExecd starts the helper of a session's sandbox once it is up
-// (Run, in the background). A failure is logged; the first exec tries
-// again.
-func (s *Sandbox) prestartExecd(ctx context.Context) {
+// prestart waits for a session's sandbox to be up (Run, in the
+// background), starts its exec helper if it has one, and calls
+// Spec.Ready. A helper that fails to start is logged and the session is
+// ready all the same: the first exec tries again, or goes through the
+// runtime.
+func (s *Sandbox) prestart(ctx context.Context) {
 	proc, err := s.waitUp(ctx)
-	if err == nil {
-		_, err = s.execdFor(proc)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.m.log.Warn("sandbox: the session's sandbox did not come up", "job_id", s.spec.ID, "error", err)
+		}
+		return
 	}
-	if err != nil && ctx.Err() == nil {
-		s.m.log.Warn("sandbox: start the exec helper", "job_id", s.spec.ID, "error", err)
+	if s.useExecd() {
+		if _, err := s.execdFor(proc); err != nil && ctx.Err() == nil {
+			s.m.log.Warn("sandbox: start the exec helper", "job_id", s.spec.ID, "error", err)
+		}
+	}
+	if s.spec.Ready != nil && ctx.Err() == nil {
+		s.spec.Ready()
 	}
 }
 
@@ -338,6 +348,25 @@ func pidNSOf(pid int) (uint64, error) {
 	return st.Ino, nil
 }
 
+// pidfdGetPidNamespace is PIDFD_GET_PID_NAMESPACE, _IO(PIDFS_IOCTL_MAGIC,
+// 5) in linux/pidfd.h (Linux 6.11; the helper needs 6.15 anyway).
+const pidfdGetPidNamespace = 0xFF05
+
+// pidfdPidNS is the inode of the pid namespace of pidfd's process;
+// ESRCH once it has been reaped.
+func pidfdPidNS(pidfd int) (uint64, error) {
+	nsfd, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(pidfd), pidfdGetPidNamespace, 0)
+	if e != 0 {
+		return 0, e
+	}
+	defer unix.Close(int(nsfd))
+	var st unix.Stat_t
+	if err := unix.Fstat(int(nsfd), &st); err != nil {
+		return 0, err
+	}
+	return st.Ino, nil
+}
+
 // errExecdGone is an exec whose helper died or failed under it.
 var errExecdGone = errors.New("the sandbox's exec helper failed")
 
@@ -406,12 +435,15 @@ func (c *execdConn) checkPidfd(fd int) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("pidfd NSpid %v: %v", nspid, err)
 	}
-	ns, err := pidNSOf(pid)
+	// The namespace from the pidfd itself: a path under /proc/PID races
+	// the process's exit (ENOENT, ESRCH or EACCES, as it goes), and `true`
+	// often is gone by now.
+	ns, err := pidfdPidNS(fd)
 	if err != nil {
-		if errors.Is(err, unix.ENOENT) {
+		if errors.Is(err, unix.ESRCH) {
 			return 0, nil // reaped since
 		}
-		return 0, err
+		return 0, fmt.Errorf("PIDFD_GET_PID_NAMESPACE: %w", err)
 	}
 	if ns != c.pidNS {
 		return 0, fmt.Errorf("pidfd of a process (host pid %d) outside the sandbox's pid namespace", pid)
