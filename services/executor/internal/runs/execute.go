@@ -128,12 +128,10 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 	m.mu.Lock()
 	_, _, isSession := e.session()
 	m.mu.Unlock()
-	m.update(e, func(r *Run) {
-		r.State = Running
-		if r.StartedAt.IsZero() { // a session kept across a restart started before
-			r.StartedAt = m.cfg.Now()
-		}
-	})
+	if !isSession {
+		// A session runs once its sandbox is up (sessionReady).
+		m.markRunning(e)
+	}
 	if isSession {
 		idleCtx, stopIdle := context.WithCancel(ctx)
 		defer stopIdle()
@@ -333,6 +331,7 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source, 
 	}
 	if g.Session != nil {
 		spec.Command = sandbox.IdleCommand
+		spec.Ready = func() { m.markRunning(e) }
 	}
 	leases, mounts, err := m.openCaches(g)
 	if err != nil {
@@ -407,4 +406,21 @@ func (m *Manager) closeNet(n *netpolicy.Net) {
 			log.Warn("remove network namespace", "error", err, "retry_in", min(delay*2, 30*time.Second))
 		}
 	}()
+}
+
+// markRunning records run e running: a job once its sandbox is started,
+// a session once its sandbox is up and takes execs (Spec.Ready), so its
+// client, which waits for running, finds its first exec as fast as the
+// others. A session running already (kept across a restart, or resumed)
+// stays as it is.
+func (m *Manager) markRunning(e *entry) {
+	m.update(e, func(r *Run) {
+		if r.State.Terminal() {
+			return
+		}
+		r.State = Running
+		if r.StartedAt.IsZero() { // a session kept across a restart started before
+			r.StartedAt = m.cfg.Now()
+		}
+	})
 }

@@ -175,7 +175,9 @@ func (s *Sandbox) waitUp(ctx context.Context) (*specs.Process, error) {
 		wait = vmStartWait
 	}
 	deadline := time.Now().Add(wait)
-	for {
+	// Polled often at first: a container is up within tens of
+	// milliseconds, and a session's first exec waits on it.
+	for poll := time.Millisecond; ; poll = min(2*poll, 20*time.Millisecond) {
 		s.mu.Lock()
 		state, ending := s.state, s.ending
 		s.mu.Unlock()
@@ -191,7 +193,7 @@ func (s *Sandbox) waitUp(ctx context.Context) (*specs.Process, error) {
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(poll):
 		}
 	}
 	s.execOnce.Do(func() {

@@ -220,11 +220,12 @@ func (s *Sandbox) run(ctx context.Context, res Result) (Result, error) {
 	pipes.copy(s.spec.Stdout, s.spec.Stderr)
 	waitErr := make(chan error, 1)
 	go func() { waitErr <- cmd.Wait() }()
-	if s.useExecd() {
+	if s.spec.isSession() {
 		// The session's exec helper starts as soon as the sandbox is up,
-		// so its first exec is as fast as the others; an exec that finds
-		// none (it failed, or a job killed it) starts one itself.
-		go s.prestartExecd(ctx)
+		// so its first exec is as fast as the others (an exec that finds
+		// none, because it failed or a job killed it, starts one itself);
+		// then the session is ready.
+		go s.prestart(ctx)
 	}
 
 	deadline := time.NewTimer(untilDeadline(first, time.Now(), s.limits().Deadline))

@@ -131,6 +131,12 @@ type Spec struct {
 	// links and caEnv's variables all reach it), and GIT_SSL_CAINFO
 	// naming it. runc and runsc only; the vm class refuses it.
 	ExtraCAs []byte
+	// Ready, if set, is called once per Run of a session's sandbox (one
+	// running IdleCommand) when it is up and takes execs at full speed:
+	// its process runs and its exec helper, where it has one, is started
+	// (or failed to start, and execs go through the runtime). A sandbox
+	// that never comes up never calls it.
+	Ready func()
 }
 
 // CacheMount is one named cache of a job.
