@@ -263,15 +263,31 @@ func (s *Service) ListFiles(ctx context.Context, j store.Job, path string, recur
 }
 
 // observing is fn after the exec record of each event is observed
-// (observeReport).
+// (observeReport). A running exec's record is observed only once it has
+// run for startObserveDelay: most execs end sooner, and their end, which
+// says all the start would, is recorded instead (one transaction per exec
+// rather than two on the exec's way).
 func (s *Service) observing(ctx context.Context, sessionID string, fn func(ExecEvent) error) func(ExecEvent) error {
+	var pending *time.Timer
 	return func(ev ExecEvent) error {
 		if ev.Exec != nil {
-			s.observeReport(ctx, sessionID, *ev.Exec)
+			if pending != nil {
+				pending.Stop()
+				pending = nil
+			}
+			if x := *ev.Exec; !x.Ended {
+				pending = time.AfterFunc(startObserveDelay, func() { s.observeExecs(context.WithoutCancel(ctx), sessionID, x) })
+			} else {
+				s.observeReport(ctx, sessionID, x)
+			}
 		}
 		return fn(ev)
 	}
 }
+
+// startObserveDelay is how long a streamed exec runs before the authority
+// records it running (observing).
+const startObserveDelay = 50 * time.Millisecond
 
 // observeReport records one report of an exec on its way to the caller:
 // an exec's end before the caller hears of it, so the authority's record

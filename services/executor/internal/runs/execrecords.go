@@ -145,18 +145,27 @@ func (m *Manager) execDir(jobID string, seq int64) string {
 }
 
 // persistExec writes x's record before its command runs, so no restart of
-// the executor's process runs it again: the write is atomic (the file
-// holds the old record or the new) but not synced, so it survives the
-// process, not the host. That is enough: a host that went down took the
-// session's sandbox and mounted scratch with it, so Recover ends the
-// session and nothing can run in it again; and the authority records
-// every exec's start and end itself. Syncing cost two fsyncs per exec.
-func (m *Manager) persistExec(x *Exec) error {
+// the executor's process runs it again, and again when it ends. The
+// writes are not synced, so they survive the process, not the host. That
+// is enough: a host that went down took the session's sandbox and mounted
+// scratch with it, so Recover ends the session and nothing can run in it
+// again; and the authority records every exec's start and end itself.
+// (Syncing cost two fsyncs per exec.)
+//
+// The first record is written in place, as the file is new: a process
+// that dies while writing it leaves a record loadExecs skips, for an exec
+// whose command never started, so a retry runs it. Later records replace
+// it atomically: the old record or the new, never a mix.
+func (m *Manager) persistExec(x *Exec, first bool) error {
 	data, err := json.MarshalIndent(x, "", "  ")
 	if err != nil {
 		return err
 	}
-	return atomicfile.Write(filepath.Join(m.execDir(x.SessionID, x.Seq), "exec.json"), data, 0o600, atomicfile.Fast)
+	path := filepath.Join(m.execDir(x.SessionID, x.Seq), "exec.json")
+	if first {
+		return os.WriteFile(path, data, 0o600)
+	}
+	return atomicfile.Write(path, data, 0o600, atomicfile.Fast)
 }
 
 type summary struct {

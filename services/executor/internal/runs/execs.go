@@ -100,16 +100,10 @@ func (m *Manager) startExec(jobID string, x ExecSpec, fed bool) (Exec, bool, *ex
 		xe.stdin = newStdinPipe()
 	}
 	notify := func() { m.mu.Lock(); e.notify(); m.mu.Unlock() }
-	var err error
 	limit := min(m.cfg.OutputLimit, ExecOutputLimit)
-	if xe.stdout, err = newOutput(filepath.Join(dir, "stdout.log"), limit, notify); err != nil {
-		return Exec{}, false, nil, err
-	}
-	if xe.stderr, err = newOutput(filepath.Join(dir, "stderr.log"), limit, notify); err != nil {
-		xe.stdout.close()
-		return Exec{}, false, nil, err
-	}
-	if err := m.persistExec(&xe.rec); err != nil {
+	xe.stdout = lazyOutput(filepath.Join(dir, "stdout.log"), limit, notify)
+	xe.stderr = lazyOutput(filepath.Join(dir, "stderr.log"), limit, notify)
+	if err := m.persistExec(&xe.rec, true); err != nil {
 		xe.stdout.close()
 		xe.stderr.close()
 		return Exec{}, false, nil, err
@@ -201,7 +195,7 @@ func (m *Manager) endExecLocked(e *entry, xe *execEntry, out, errs summary, f fu
 		_, r.StdoutTruncated = xe.stdout.state()
 		_, r.StderrTruncated = xe.stderr.state()
 	}
-	if err := m.persistExec(r); err != nil {
+	if err := m.persistExec(r, false); err != nil {
 		m.cfg.Logger.Error("persist exec", "job_id", e.run.JobID, "exec_id", r.Spec.ID, "error", err)
 	}
 	e.lastActive = m.cfg.Now()

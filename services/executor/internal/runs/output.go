@@ -11,6 +11,8 @@ import (
 type output struct {
 	mu        sync.Mutex
 	f         *os.File
+	path      string // the file a lazy output makes at its first byte
+	closed    bool
 	size      int64
 	limit     int64
 	truncated bool
@@ -25,6 +27,15 @@ func newOutput(path string, limit int64, notify func()) (*output, error) {
 	return &output{f: f, limit: limit, notify: notify}, nil
 }
 
+// lazyOutput is an output whose file is made at its first byte: an
+// exec's, which mostly write nothing to one stream or both, and whose
+// readers take a missing file for an empty stream (sendStream,
+// streamSummary). Making two files costs an exec about half a
+// millisecond.
+func lazyOutput(path string, limit int64, notify func()) *output {
+	return &output{path: path, limit: limit, notify: notify}
+}
+
 // Write never fails towards the job: a full cap or a write error drops bytes.
 func (o *output) Write(p []byte) (int, error) {
 	o.mu.Lock()
@@ -35,6 +46,10 @@ func (o *output) Write(p []byte) (int, error) {
 		}
 		p = p[:room]
 		o.truncated = true
+	}
+	if len(p) > 0 && o.f == nil && o.path != "" && !o.closed {
+		// A file that cannot be made drops the bytes, as a failed write does.
+		o.f, _ = os.OpenFile(o.path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	}
 	if len(p) > 0 && o.f != nil {
 		w, _ := o.f.Write(p)
@@ -57,6 +72,7 @@ func (o *output) state() (int64, bool) {
 func (o *output) close() error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	o.closed = true
 	if o.f == nil {
 		return nil
 	}

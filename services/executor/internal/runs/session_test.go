@@ -323,7 +323,7 @@ func TestSessionRecover(t *testing.T) {
 		if err := os.MkdirAll(h.m.execDir(sid, x.Seq), 0o700); err != nil {
 			t.Fatal(err)
 		}
-		if err := h.m.persistExec(&x); err != nil {
+		if err := h.m.persistExec(&x, false); err != nil {
 			t.Fatal(err)
 		}
 	}
