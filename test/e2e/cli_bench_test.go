@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"testing"
@@ -26,11 +25,7 @@ import (
 // submission and wait over a warm gRPC connection (via=api, no process
 // and no handshake).
 func BenchmarkCLISubmitWait(b *testing.B) {
-	repo := benchRepo(b, 3)
-	s := startStack(b, "--repo", "bench="+repo)
-	client := authorityv1.NewAuthorityServiceClient(s.dial(b, "client/dev", "authority"))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-	defer cancel()
+	s, client, ctx := benchStack(b)
 	// The CLI's per-user files (its TLS session cache) go to a directory of
 	// this run's, as they would to a user's cache directory.
 	env := append(s.env(), "XDG_CACHE_HOME="+b.TempDir())

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -73,8 +72,7 @@ func (p *publishBench) approved(ctx context.Context, b *testing.B, name string) 
 // medianMS reports the median of ds, which the mean of a latency on a
 // shared machine is not.
 func medianMS(b *testing.B, ds []time.Duration) {
-	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
-	b.ReportMetric(float64(ds[len(ds)/2].Microseconds())/1000, "median-ms")
+	b.ReportMetric(float64(median(ds).Microseconds())/1000, "median-ms")
 }
 
 // BenchmarkPublish is one publish of a one-line change, timed from the

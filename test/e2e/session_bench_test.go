@@ -37,6 +37,15 @@ func createSession(ctx context.Context, b testing.TB, client authorityv1.Authori
 	}
 }
 
+// benchStack is a stack serving the repository "bench", a client/dev
+// client of its authority, and a context for the benchmark's calls.
+func benchStack(b *testing.B) (*stack, authorityv1.AuthorityServiceClient, context.Context) {
+	s := startStack(b, "--repo", "bench="+benchRepo(b, 3))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
+	b.Cleanup(cancel)
+	return s, authorityv1.NewAuthorityServiceClient(s.dial(b, "client/dev", "authority")), ctx
+}
+
 // execWait runs argv in a session over the authority's API and returns its
 // stdout once it has ended with status 0.
 func execWait(ctx context.Context, client authorityv1.AuthorityServiceClient, sid, execID string, argv ...string) (string, error) {
@@ -104,11 +113,7 @@ func runExecWait(ctx context.Context, client authorityv1.AuthorityServiceClient,
 // into the same session's container (via=raw). benchstat -col /via gives
 // the ratios.
 func BenchmarkSessionTrue(b *testing.B) {
-	repo := benchRepo(b, 3)
-	s := startStack(b, "--repo", "bench="+repo)
-	client := authorityv1.NewAuthorityServiceClient(s.dial(b, "client/dev", "authority"))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-	defer cancel()
+	s, client, ctx := benchStack(b)
 	if err := runTrue(ctx, client, "bench", "warm-up"); err != nil {
 		b.Fatal(err)
 	}
@@ -156,14 +161,11 @@ func BenchmarkSessionTrue(b *testing.B) {
 
 // BenchmarkAgentLoop20 is a 20-step agent loop (write a file, run the
 // test, read the result) in one session (via=session: create, 20 × upload,
-// exec, download, finish) against the same 20 steps as 20 jobs
+// exec as one RunExec call, as the CLI and the MCP server make it,
+// download, finish) against the same 20 steps as 20 jobs
 // (via=jobs), in one run.
 func BenchmarkAgentLoop20(b *testing.B) {
-	repo := benchRepo(b, 3)
-	s := startStack(b, "--repo", "bench="+repo)
-	client := authorityv1.NewAuthorityServiceClient(s.dial(b, "client/dev", "authority"))
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
-	defer cancel()
+	_, client, ctx := benchStack(b)
 	if err := runTrue(ctx, client, "bench", "warm-up"); err != nil {
 		b.Fatal(err)
 	}
@@ -178,7 +180,7 @@ func BenchmarkAgentLoop20(b *testing.B) {
 				if err := writeFile(ctx, client, sid, "/work/step.txt", fmt.Sprintf("step %d\n", step)); err != nil {
 					b.Fatal(err)
 				}
-				if _, err := execWait(ctx, client, sid, fmt.Sprintf("s%d", step), "sh", "-c", "cat step.txt > /out/result.txt"); err != nil {
+				if _, err := runExecWait(ctx, client, sid, fmt.Sprintf("s%d", step), "sh", "-c", "cat step.txt > /out/result.txt"); err != nil {
 					b.Fatal(err)
 				}
 				if got, err := readFile(ctx, client, sid, "/out/result.txt"); err != nil || got != fmt.Sprintf("step %d\n", step) {
@@ -243,4 +245,58 @@ func readFile(ctx context.Context, client authorityv1.AuthorityServiceClient, si
 // runScript is runTrue with a shell script for the command.
 func runScript(ctx context.Context, client authorityv1.AuthorityServiceClient, repo, key, script string) error {
 	return runJob(ctx, client, repo, key, []string{"sh", "-c", script})
+}
+
+// BenchmarkSessionCalls is each call of an agent loop's step alone, in one
+// warm session, in one run: GetSession (the floor: one authorized RPC that
+// reaches no executor), an upload, a download, and an exec of `true` as
+// StartExec then WatchExec and as one RunExec. benchstat -col /call.
+func BenchmarkSessionCalls(b *testing.B) {
+	_, client, ctx := benchStack(b)
+	sid := createSession(ctx, b, client, "bench", "calls-session")
+	defer func() {
+		if _, err := client.CancelSession(ctx, &authorityv1.CancelSessionRequest{SessionId: sid}); err != nil {
+			b.Error(err)
+		}
+	}()
+	if err := writeFile(ctx, client, sid, "/work/read.txt", "read me\n"); err != nil {
+		b.Fatal(err)
+	}
+	seq := 0
+	calls := []struct {
+		name string
+		call func() error
+	}{
+		{"get", func() error {
+			_, err := client.GetSession(ctx, &authorityv1.GetSessionRequest{SessionId: sid})
+			return err
+		}},
+		{"write", func() error { return writeFile(ctx, client, sid, "/work/step.txt", "step\n") }},
+		{"read", func() error {
+			got, err := readFile(ctx, client, sid, "/work/read.txt")
+			if err == nil && got != "read me\n" {
+				err = fmt.Errorf("read %q", got)
+			}
+			return err
+		}},
+		{"start+watch", func() error {
+			seq++
+			_, err := execWait(ctx, client, sid, fmt.Sprintf("c%d", seq), "true")
+			return err
+		}},
+		{"runexec", func() error {
+			seq++
+			_, err := runExecWait(ctx, client, sid, fmt.Sprintf("c%d", seq), "true")
+			return err
+		}},
+	}
+	for _, c := range calls {
+		b.Run("call="+c.name, func(b *testing.B) {
+			for range b.N {
+				if err := c.call(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
