@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"path"
 	"runtime"
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -61,9 +61,7 @@ func Main() int {
 	// Every command is a child of this process, reaped here as it ends
 	// (one goroutine, not a thread per running command: threads count
 	// against the sandbox's pids limit).
-	chld := make(chan os.Signal, 1)
-	signal.Notify(chld, syscall.SIGCHLD)
-	go reap(chld)
+	go reap()
 	// Ready, with a pidfd of itself: the executor's handle on it.
 	self, err := unix.PidfdOpen(os.Getpid(), 0)
 	if err != nil {
@@ -100,11 +98,33 @@ func Main() int {
 }
 
 // reapMu keeps reap from reaping a child start has not yet opened a
-// pidfd of.
-var reapMu sync.Mutex
+// pidfd of; started wakes a reap that found no child to wait for.
+var (
+	reapMu  sync.Mutex
+	started = make(chan struct{}, 1)
+)
 
-func reap(chld <-chan os.Signal) {
-	for range chld {
+// reap reaps each child as it ends: it blocks in waitid for a child that
+// has ended, without reaping it (WNOWAIT), then reaps under reapMu. The
+// executor reads the exit status from the pidfd once the child is
+// reaped, so the sooner the better: a blocked waitid wakes at once, where
+// SIGCHLD through the Go runtime's signal handling took a few hundred
+// microseconds.
+func reap() {
+	for {
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_ALL, 0, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.ECHILD):
+			<-started // none yet: wait for start to make one
+			continue
+		case err != nil:
+			fmt.Fprintf(os.Stderr, "airlock-execd: waitid: %v\n", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
 		reapMu.Lock()
 		for {
 			var ws syscall.WaitStatus
@@ -181,6 +201,10 @@ func start(req Request, fds []int) (Response, int) {
 			code = 127
 		}
 		return Response{Error: fmt.Sprintf("exec: %q (cwd %s): %v", req.Argv[0], req.Cwd, err), Code: code}, -1
+	}
+	select {
+	case started <- struct{}{}:
+	default:
 	}
 	pidfd, perr := unix.PidfdOpen(pid, 0)
 	if perr != nil {
