@@ -204,12 +204,24 @@ func (m *Manager) ReadFile(ctx context.Context, jobID, path string, header func(
 			}
 		})
 	}()
+	if testHookReadFileSelect != nil {
+		testHookReadFileSelect()
+	}
+	var size int64
 	select {
-	case size := <-opened:
-		if err := header(size); err != nil {
+	case size = <-opened:
+	case err := <-read:
+		select {
+		case size = <-opened:
+			// A small file is opened and read whole before this select
+			// may run: both are ready, and select picks either. Its
+			// bytes are in chunks; they are sent.
+			read <- err
+		default:
 			return err
 		}
-	case err := <-read:
+	}
+	if err := header(size); err != nil {
 		return err
 	}
 	for c := range chunks {
@@ -219,6 +231,10 @@ func (m *Manager) ReadFile(ctx context.Context, jobID, path string, header func(
 	}
 	return <-read
 }
+
+// testHookReadFileSelect, set by a test, runs in ReadFile before it waits
+// for the file's opening: to let a small file be read whole first.
+var testHookReadFileSelect func()
 
 // WriteFile replaces a file of a running session's /work or /out with r's
 // bytes, atomically; mode 0 is 0644.

@@ -196,3 +196,24 @@ func TestSparseDownloadRefused(t *testing.T) {
 		t.Fatalf("ReadFile /out/ok: %q, %v", got, err)
 	}
 }
+
+// TestSmallFileReadWhole: a small file read whole before ReadFile waits
+// for its opening (the hook holds ReadFile back) is still sent, size and
+// bytes, every time; select chose between the two ready channels at
+// random and half the time sent nothing, with no error.
+func TestSmallFileReadWhole(t *testing.T) {
+	h, _ := newHarness(t, false)
+	sid := h.startSession(t, h.sessionGrant(sandbox.ClassRunc, time.Minute))
+	h.execWait(t, sid, sh("small", "echo ok > /out/ok"))
+	testHookReadFileSelect = func() { time.Sleep(5 * time.Millisecond) }
+	defer func() { testHookReadFileSelect = nil }()
+	for i := range 30 {
+		var got []byte
+		size := int64(-1)
+		err := h.m.ReadFile(context.Background(), sid, "/out/ok", func(n int64) error { size = n; return nil },
+			func(b []byte) error { got = append(got, b...); return nil })
+		if err != nil || size != 3 || string(got) != "ok\n" {
+			t.Fatalf("read %d of /out/ok: size %d, %q, %v", i, size, got, err)
+		}
+	}
+}
