@@ -215,7 +215,8 @@ const execdMaxFails = 3
 // errExecdGaveUp: execdMaxFails failed starts (each logged).
 var errExecdGaveUp = errors.New("the exec helper failed to start too often")
 
-// startExecd starts the helper with one `runc exec -d`: as the sandbox's
+// startExecd starts the helper with one `runc exec` (not detached: it stays
+// the helper's parent, and reaps it): as the sandbox's
 // root (uid 0 of its user namespace, no host privilege) with only the
 // capabilities execd.Caps, from its binary passed as an fd (nothing is
 // added to the sandbox's file system), holding its end of the socketpair.
