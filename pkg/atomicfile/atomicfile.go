@@ -13,6 +13,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"golang.org/x/sys/unix"
 )
 
 // Durability says whether a replacement must survive a crash.
@@ -136,4 +138,16 @@ func syncDir(dir string) error {
 	}
 	defer d.Close()
 	return d.Sync()
+}
+
+// SyncFS puts everything written to the file system that holds dir on
+// disk (syncfs(2)): for a whole tree made with Fast writes, or renames,
+// at the moment it must start to outlive the host.
+func SyncFS(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.Syncfs(int(f.Fd()))
 }

@@ -41,7 +41,6 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"go.opentelemetry.io/otel/metric"
-	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/pkg/atomicfile"
 	"github.com/airlockhq/airlock/pkg/digest"
@@ -649,7 +648,7 @@ func (s *Store) pullLayer(ctx context.Context, ref Ref, f Fetcher, l v1.Descript
 	}
 	// On disk before the index says the layer is there and checked: after
 	// a power loss a recorded layer is whole.
-	if err := syncFS(tree); err != nil {
+	if err := atomicfile.SyncFS(tree); err != nil {
 		return err
 	}
 	if err := os.Rename(tree, s.LayerPath(d)); err != nil {
@@ -682,16 +681,6 @@ func (s *Store) stack(digests []string) []string {
 	}
 	slices.Reverse(out)
 	return out
-}
-
-// syncFS flushes the filesystem holding dir.
-func syncFS(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return unix.Syncfs(int(f.Fd()))
 }
 
 // verifier hashes and counts what is read through it.

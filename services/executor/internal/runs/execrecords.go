@@ -147,10 +147,12 @@ func (m *Manager) execDir(jobID string, seq int64) string {
 // persistExec writes x's record before its command runs, so no restart of
 // the executor's process runs it again, and again when it ends. The
 // writes are not synced, so they survive the process, not the host. That
-// is enough: a host that went down took the session's sandbox and mounted
-// scratch with it, so Recover ends the session and nothing can run in it
-// again; and the authority records every exec's start and end itself.
-// (Syncing cost two fsyncs per exec.)
+// is enough: a host that went down took a running session's sandbox and
+// mounted scratch with it, so Recover ends the session and nothing can
+// run in it again; a session whose files are kept (the executor stopped
+// or was killed under it) has its records synced when they are kept
+// (syncRecords); and the authority records every exec's start and end
+// itself. (Syncing cost two fsyncs per exec.)
 //
 // The first record is written in place, as the file is new: a process
 // that dies while writing it leaves a record loadExecs skips, for an exec
@@ -248,6 +250,11 @@ func (m *Manager) loadExecs(e *entry) error {
 	}
 	var recs []*execEntry
 	for _, d := range dirs {
+		// A later exec never takes the directory of one whose record
+		// could not be read.
+		if seq, err := strconv.ParseInt(d.Name(), 10, 64); err == nil {
+			e.lastSeq = max(e.lastSeq, seq)
+		}
 		data, err := os.ReadFile(filepath.Join(m.runDir(e.run.JobID), "execs", d.Name(), "exec.json"))
 		if err != nil {
 			continue // made, never recorded: it never ran

@@ -105,6 +105,9 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		if err := destroy(); err != nil {
 			log.Error("destroy sandbox", "keep_files", keep, "error", err)
 		}
+		if keep {
+			m.syncRecords()
+		}
 		if e.egress != nil {
 			e.egress.close()
 		}
@@ -129,7 +132,7 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 	_, _, isSession := e.session()
 	m.mu.Unlock()
 	if !isSession {
-		// A session runs once its sandbox is up (sessionReady).
+		// A session runs once its sandbox is up (Spec.Ready).
 		m.markRunning(e)
 	}
 	if isSession {

@@ -252,6 +252,7 @@ type entry struct {
 	// the exec goroutines.
 	execs        map[string]*execEntry
 	execOrder    []*execEntry
+	lastSeq      int64 // the highest exec seq with a directory, read or not (loadExecs)
 	runningExecs int
 	lastActive   time.Time
 	live         *sandbox.Sandbox
@@ -373,6 +374,12 @@ func (m *Manager) Recover(ctx context.Context) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	kept := false
+	defer func() {
+		if kept {
+			m.syncRecords()
+		}
+	}()
 	for _, e := range m.runs {
 		var written time.Time
 		if !e.run.State.Terminal() && !e.run.Suspended {
@@ -387,6 +394,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 			if err := m.resumeKept(e, written); err != nil {
 				return err
 			}
+			kept = true
 			continue
 		default:
 			e.run.State = Failed
@@ -406,6 +414,18 @@ func (m *Manager) Recover(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// syncRecords puts the runs' records on disk. Exec records and in-flight
+// run records are written to the page cache only (persistExec, persist):
+// enough while the host is up, and a host crash ends a running session
+// with its sandbox. A session whose files are kept outlives that, so its
+// records are synced when it is kept (Recover, and an executor stopping
+// under it).
+func (m *Manager) syncRecords() {
+	if err := atomicfile.SyncFS(m.cfg.Dir); err != nil {
+		m.cfg.Logger.Warn("sync the runs' records of kept sessions", "error", err)
+	}
 }
 
 // keepSession says which sandboxes Recover keeps the files of: those of

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/airlockhq/airlock/pkg/atomicfile"
 	"github.com/airlockhq/airlock/pkg/errdefs"
 )
 
@@ -289,7 +290,10 @@ func keepScratch(dir, keptDir, id string) error {
 		os.Remove(metaPath)
 		return err
 	}
-	return nil
+	// Kept, the session outlives this process, and, once its next start
+	// finds it, a crash of the host too: its image and the renames are
+	// put on disk now (one syncfs for the file system).
+	return atomicfile.SyncFS(keptDir)
 }
 
 // keptPaths are where a kept scratch image and its metadata live.
