@@ -19,6 +19,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox/execd"
 )
 
@@ -149,8 +150,14 @@ func checkExecd(path string) string {
 func (s *Sandbox) prestart(ctx context.Context) {
 	proc, err := s.waitUp(ctx)
 	if err != nil {
-		if ctx.Err() == nil {
-			s.m.log.Warn("sandbox: the session's sandbox did not come up", "job_id", s.spec.ID, "error", err)
+		if ctx.Err() != nil || errors.Is(err, errdefs.ErrFailedPrecondition) {
+			return // stopped, or ended before it came up
+		}
+		// Not up in time: ready all the same, so its execs say why they
+		// cannot start, rather than a session that never runs.
+		s.m.log.Warn("sandbox: the session's sandbox did not come up", "job_id", s.spec.ID, "error", err)
+		if s.spec.Ready != nil {
+			s.spec.Ready()
 		}
 		return
 	}
@@ -416,15 +423,9 @@ func (c *execdConn) start(req execd.Request, stdio []int) (pidfd, hostPid int, r
 // if it has already been reaped: it can then only be a process that was
 // in it, as the helper, which has no other, sent it).
 func (c *execdConn) checkPidfd(fd int) (int, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", fd))
+	nspid, err := pidfdNSpid(fd)
 	if err != nil {
 		return 0, err
-	}
-	var nspid []string
-	for line := range strings.Lines(string(data)) {
-		if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
-			nspid = strings.Fields(v)
-		}
 	}
 	if len(nspid) == 1 && nspid[0] == "-1" {
 		return 0, nil
@@ -436,14 +437,33 @@ func (c *execdConn) checkPidfd(fd int) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("pidfd NSpid %v: %v", nspid, err)
 	}
-	// The namespace from the pidfd itself: a path under /proc/PID races
-	// the process's exit (ENOENT, ESRCH or EACCES, as it goes), and `true`
-	// often is gone by now.
+	// The namespace from the pidfd itself while the process runs. Once it
+	// has exited the pidfd no longer names its namespaces (ESRCH), and
+	// `true` often has by now: a zombie's /proc entry still does, until
+	// it is reaped, and a stat of it is only of this process if the
+	// process is still unreaped after the stat (its pid is not reused
+	// before). A stat that fails (ENOENT, ESRCH or EACCES, as the reaping
+	// goes) is tried again until fdinfo says reaped.
 	ns, err := pidfdPidNS(fd)
-	if err != nil {
-		if errors.Is(err, unix.ESRCH) {
-			return 0, nil // reaped since
+	for try := 0; errors.Is(err, unix.ESRCH); try++ {
+		ns, err = pidNSOf(pid)
+		now, ferr := pidfdNSpid(fd)
+		if ferr != nil {
+			return 0, ferr
 		}
+		if len(now) == 1 && now[0] == "-1" {
+			return 0, nil // reaped: nothing under /proc speaks for it now
+		}
+		if err == nil {
+			break
+		}
+		if try == 100 {
+			return 0, fmt.Errorf("the pid namespace of an exited exec's process (host pid %d): %w", pid, err)
+		}
+		err = unix.ESRCH
+		time.Sleep(100 * time.Microsecond)
+	}
+	if err != nil {
 		return 0, fmt.Errorf("PIDFD_GET_PID_NAMESPACE: %w", err)
 	}
 	if ns != c.pidNS {
@@ -454,6 +474,22 @@ func (c *execdConn) checkPidfd(fd int) (int, error) {
 		return 0, err
 	}
 	return pid, nil
+}
+
+// pidfdNSpid is the NSpid line of pidfd's fdinfo: the process's pid in
+// each pid namespace from the executor's down, or "-1" once reaped.
+func pidfdNSpid(fd int) ([]string, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", fd))
+	if err != nil {
+		return nil, err
+	}
+	var nspid []string
+	for line := range strings.Lines(string(data)) {
+		if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			nspid = strings.Fields(v)
+		}
+	}
+	return nspid, nil
 }
 
 // pidfdInfo is struct pidfd_info (linux/pidfd.h) up to its exit code.
