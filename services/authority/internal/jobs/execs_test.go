@@ -182,3 +182,34 @@ func TestObservingRecordsTheEndFirst(t *testing.T) {
 		t.Fatalf("the records when the caller heard of the start and the end: %v", heard)
 	}
 }
+
+// TestObservingShortExec: an exec that ends within startObserveDelay of
+// its start is recorded once, ended, and its start, dropped, never moves
+// the record back to running.
+func TestObservingShortExec(t *testing.T) {
+	s := newExecService(t)
+	ctx := t.Context()
+	dev := identity.MustParse("spiffe://airlock.test/client/dev")
+	j := store.Job{ID: "s1", Tenant: "dev"}
+	spec := ExecSpec{ID: "b", Argv: []string{"true"}}
+	if _, _, err := s.RequestExec(ctx, dev, j, spec, nil); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	started := ExecSeen{Spec: spec, Seq: 1, ExitCode: -1, StartedAt: now}
+	ended := ExecSeen{Spec: spec, Seq: 1, Ended: true, Reason: "exited", ExitCode: 0, StartedAt: now, EndedAt: now}
+	fn := s.observing(ctx, j.ID, func(ExecEvent) error { return nil })
+	if err := fn(ExecEvent{Started: true, Exec: &started}); err != nil {
+		t.Fatal(err)
+	}
+	if x, err := s.Exec(ctx, j, "b"); err != nil || x.State != store.ExecRequested {
+		t.Fatalf("just started: %+v, %v; want the record as requested (the start is held back)", x, err)
+	}
+	if err := fn(ExecEvent{Exec: &ended}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * startObserveDelay)
+	if x, err := s.Exec(ctx, j, "b"); err != nil || x.State != store.ExecEnded || x.Seq != 1 {
+		t.Fatalf("after the end and %s: %+v, %v; want ended", 3*startObserveDelay, x, err)
+	}
+}

@@ -48,8 +48,12 @@ func (o *output) Write(p []byte) (int, error) {
 		o.truncated = true
 	}
 	if len(p) > 0 && o.f == nil && o.path != "" && !o.closed {
-		// A file that cannot be made drops the bytes, as a failed write does.
-		o.f, _ = os.OpenFile(o.path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+		// A file that cannot be made drops the stream's bytes from here
+		// on, and the stream reads cut.
+		var err error
+		if o.f, err = os.OpenFile(o.path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600); err != nil {
+			o.closed, o.truncated = true, true
+		}
 	}
 	if len(p) > 0 && o.f != nil {
 		w, _ := o.f.Write(p)

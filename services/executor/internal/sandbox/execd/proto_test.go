@@ -29,7 +29,7 @@ func TestRecvThroughSignals(t *testing.T) {
 	}
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGUSR1)
-	defer signal.Stop(sigs)
+	defer func() { signal.Stop(sigs); close(sigs) }()
 	go func() {
 		for range sigs {
 		}
