@@ -792,6 +792,13 @@ func (f *fleet) testExecutorLost(t *testing.T) {
 	}
 
 	f.startExecutor(t, "e2")
+	// Back once its heartbeat is heard: until then the authority cannot
+	// ask it how its sessions are, and does not resume them.
+	for deadline := time.Now().Add(60 * time.Second); f.executor(t, "e2").GetState() != authorityv1.ExecutorState_EXECUTOR_STATE_UP; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("e2 is %v a minute after its restart, want up", f.executor(t, "e2").GetState())
+		}
+	}
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		g := getSession()
 		if !g.GetSuspended() && g.GetSession().GetState() == authorityv1.JobState_JOB_STATE_RUNNING {

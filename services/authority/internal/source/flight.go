@@ -49,32 +49,36 @@ func (f *flights[T]) do(ctx context.Context, key string, timeout time.Duration, 
 		c = p.next
 	}
 	f.mu.Unlock()
+	return c.await(ctx)
+}
+
+// runningOrStart returns the call for key running now, or, when none
+// runs, starts fn as one and returns it with started set: in one step,
+// so two callers that find none cannot both start one (the second would
+// run after the first, for nothing, if the first brought what both need).
+func (f *flights[T]) runningOrStart(key string, timeout time.Duration, fn func(context.Context) (T, error)) (c *call[T], started bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.calls == nil {
+		f.calls = map[string]*pending[T]{}
+	}
+	if p := f.calls[key]; p != nil {
+		return p.running, false
+	}
+	c = &call[T]{done: make(chan struct{})}
+	f.calls[key] = &pending[T]{running: c}
+	go f.run(key, c, timeout, fn)
+	return c, true
+}
+
+// await waits for c under ctx.
+func (c *call[T]) await(ctx context.Context) (T, error) {
 	select {
 	case <-c.done:
 		return c.val, c.err
 	case <-ctx.Done():
 		var zero T
 		return zero, ctx.Err()
-	}
-}
-
-// wait waits for the call for key running now, if any, without asking
-// for another: for a caller that may find what it needs in its result.
-func (f *flights[T]) wait(ctx context.Context, key string) error {
-	f.mu.Lock()
-	var c *call[T]
-	if p := f.calls[key]; p != nil {
-		c = p.running
-	}
-	f.mu.Unlock()
-	if c == nil {
-		return nil
-	}
-	select {
-	case <-c.done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 

@@ -365,27 +365,40 @@ func (s *Source) objects(gitDir string) (*gitobj.Store, error) {
 // sending unknown SHAs over and over queues at most one fetch behind the
 // one running. Each waits under its own context.
 func (s *Source) fetchFor(ctx context.Context, repo policy.Repository, dir, id string) error {
+	fetch := func(fctx context.Context) (struct{}, error) {
+		lock := s.lock(dir)
+		lock.Lock()
+		defer lock.Unlock()
+		return struct{}{}, s.fetch(fctx, repo, dir)
+	}
 	if id != "" {
 		store, err := s.objects(dir)
 		if err != nil {
 			return fmt.Errorf("source: repository %q: %w", repo.Name, err)
 		}
-		// A fetch already running may bring it.
+		// A fetch already running may bring it: wait for it and look
+		// again. None running, this caller starts one, in the same step
+		// (runningOrStart), so callers that ask together fetch once.
 		for range 2 {
 			if ok, err := store.Has(id); err == nil && ok {
 				return nil
 			}
-			if err := s.fetches.wait(ctx, dir); err != nil {
-				return err
+			c, started := s.fetches.runningOrStart(dir, 10*time.Minute, fetch)
+			_, err := c.await(ctx)
+			if started {
+				return err // its own fetch, which started after it asked
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
 		}
+		if ok, err := store.Has(id); err == nil && ok {
+			return nil
+		}
 	}
-	_, err := s.fetches.do(ctx, dir, 10*time.Minute, func(fctx context.Context) (struct{}, error) {
-		lock := s.lock(dir)
-		lock.Lock()
-		defer lock.Unlock()
-		return struct{}{}, s.fetch(fctx, repo, dir)
-	})
+	// One that started after this caller asked, shared with every caller
+	// that asked meanwhile.
+	_, err := s.fetches.do(ctx, dir, 10*time.Minute, fetch)
 	return err
 }
 

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -29,7 +30,7 @@ func TestCheckPidfdExited(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := pidNSOf(1)
+	other, err := pidNSOf(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}

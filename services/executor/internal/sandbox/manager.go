@@ -843,9 +843,11 @@ func (m *Manager) Recover(ctx context.Context, keep func(id string) bool) ([]str
 		dir := filepath.Join(m.jobsDir, id)
 		img := filepath.Join(dir, scratchImage)
 		// Autoclear detaches a loop device asynchronously after its
-		// unmount, once the killed sandbox's mount namespace is gone,
-		// which on a loaded host takes seconds: give it ten.
-		for end := time.Now().Add(10 * time.Second); len(loopsBacking(img)) > 0 && time.Now().Before(end); {
+		// unmount, once the killed sandbox's mount namespace is gone and
+		// its file system flushed, which on a host busy with IO has taken
+		// more than ten seconds: give it thirty (the executor starts
+		// serving after; a session not kept is lost to its client).
+		for end := time.Now().Add(30 * time.Second); len(loopsBacking(img)) > 0 && time.Now().Before(end); {
 			time.Sleep(5 * time.Millisecond)
 		}
 		if points, _ := mountsUnder(dir); len(points) > 0 || len(loopsBacking(img)) > 0 {
