@@ -138,17 +138,8 @@ func TestExecRecordStreamedStdin(t *testing.T) {
 // start written after the end leaves the record ended is ObserveExec's:
 // TestExecRecordsInTheDomain.)
 func TestObservingRecordsTheEndFirst(t *testing.T) {
-	s := newExecService(t)
+	s, j, started, ended := requestedExec(t, "a")
 	ctx := t.Context()
-	dev := identity.MustParse("spiffe://airlock.test/client/dev")
-	j := store.Job{ID: "s1", Tenant: "dev"}
-	spec := ExecSpec{ID: "a", Argv: []string{"true"}}
-	if _, _, err := s.RequestExec(ctx, dev, j, spec, nil); err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	started := ExecSeen{Spec: spec, Seq: 1, Reason: "", ExitCode: -1, StartedAt: now}
-	ended := ExecSeen{Spec: spec, Seq: 1, Ended: true, Reason: "exited", ExitCode: 0, StartedAt: now, EndedAt: now}
 	var heard []store.ExecState
 	fn := s.observing(ctx, j.ID, func(ev ExecEvent) error {
 		x, err := s.Exec(ctx, j, "a")
@@ -187,17 +178,8 @@ func TestObservingRecordsTheEndFirst(t *testing.T) {
 // its start is recorded once, ended, and its start, dropped, never moves
 // the record back to running.
 func TestObservingShortExec(t *testing.T) {
-	s := newExecService(t)
+	s, j, started, ended := requestedExec(t, "b")
 	ctx := t.Context()
-	dev := identity.MustParse("spiffe://airlock.test/client/dev")
-	j := store.Job{ID: "s1", Tenant: "dev"}
-	spec := ExecSpec{ID: "b", Argv: []string{"true"}}
-	if _, _, err := s.RequestExec(ctx, dev, j, spec, nil); err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	started := ExecSeen{Spec: spec, Seq: 1, ExitCode: -1, StartedAt: now}
-	ended := ExecSeen{Spec: spec, Seq: 1, Ended: true, Reason: "exited", ExitCode: 0, StartedAt: now, EndedAt: now}
 	fn := s.observing(ctx, j.ID, func(ExecEvent) error { return nil })
 	if err := fn(ExecEvent{Started: true, Exec: &started}); err != nil {
 		t.Fatal(err)
@@ -212,4 +194,22 @@ func TestObservingShortExec(t *testing.T) {
 	if x, err := s.Exec(ctx, j, "b"); err != nil || x.State != store.ExecEnded || x.Seq != 1 {
 		t.Fatalf("after the end and %s: %+v, %v; want ended", 3*startObserveDelay, x, err)
 	}
+}
+
+// requestedExec is an exec service with exec id (`true`) requested in
+// session s1 of tenant dev, and the executor's reports of its start and
+// its end.
+func requestedExec(t *testing.T, id string) (s *Service, j store.Job, started, ended ExecSeen) {
+	t.Helper()
+	s = newExecService(t)
+	dev := identity.MustParse("spiffe://airlock.test/client/dev")
+	j = store.Job{ID: "s1", Tenant: "dev"}
+	spec := ExecSpec{ID: id, Argv: []string{"true"}}
+	if _, _, err := s.RequestExec(t.Context(), dev, j, spec, nil); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	started = ExecSeen{Spec: spec, Seq: 1, ExitCode: -1, StartedAt: now}
+	ended = ExecSeen{Spec: spec, Seq: 1, Ended: true, Reason: "exited", ExitCode: 0, StartedAt: now, EndedAt: now}
+	return s, j, started, ended
 }

@@ -85,7 +85,7 @@ func (m *Manager) startExec(jobID string, x ExecSpec, fed bool) (Exec, bool, *ex
 	}
 	rec := Exec{
 		SessionID: jobID, Spec: x, StdinSize: int64(len(x.Stdin)), StdinSHA256: sha256Hex(x.Stdin),
-		Seq: max(int64(len(e.execs)), e.lastSeq) + 1, State: ExecRunning, ExitCode: -1, StartedAt: m.cfg.Now(),
+		Seq: e.lastSeq + 1, State: ExecRunning, ExitCode: -1, StartedAt: m.cfg.Now(),
 	}
 	e.lastSeq = rec.Seq
 	rec.Spec.Stdin = nil

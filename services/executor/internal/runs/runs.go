@@ -372,14 +372,19 @@ func (m *Manager) Recover(ctx context.Context) error {
 	if len(cleaned) > 0 {
 		m.cfg.Logger.Warn("removed sandboxes left by a previous executor", "jobs", cleaned)
 	}
+	kept, err := m.recoverRuns()
+	if kept {
+		// Outside m.mu: a sync of the whole file system can take a while.
+		m.syncRecords()
+	}
+	return err
+}
+
+// recoverRuns is Recover's pass over the runs, under m.mu; it says whether
+// it kept a session.
+func (m *Manager) recoverRuns() (kept bool, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	kept := false
-	defer func() {
-		if kept {
-			m.syncRecords()
-		}
-	}()
 	for _, e := range m.runs {
 		var written time.Time
 		if !e.run.State.Terminal() && !e.run.Suspended {
@@ -392,7 +397,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		case e.run.State.Terminal():
 		case isSession && m.cfg.Sandbox.Kept(e.run.JobID):
 			if err := m.resumeKept(e, written); err != nil {
-				return err
+				return kept, err
 			}
 			kept = true
 			continue
@@ -405,7 +410,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 				e.run.Result.Message = "the executor restarted and the session's files could not be kept"
 			}
 			if err := m.persist(&e.run); err != nil {
-				return err
+				return kept, err
 			}
 			m.metrics.runEnded(e.run)
 		}
@@ -413,7 +418,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 			m.reportLater(e.run.JobID)
 		}
 	}
-	return nil
+	return kept, nil
 }
 
 // syncRecords puts the runs' records on disk. Exec records and in-flight

@@ -338,6 +338,14 @@ func TestSessionRecover(t *testing.T) {
 		t.Fatalf("New with an exec record a host crash left empty: %v", err)
 	}
 	defer m2.Close()
+	// The next exec (of a session that outlives a restart) takes seq 4:
+	// the skipped record's directory is never written into again.
+	m2.mu.Lock()
+	last := m2.runs[sid].lastSeq
+	m2.mu.Unlock()
+	if last != 3 {
+		t.Fatalf("the highest exec seq after loading: %d, want 3 (the unreadable record's)", last)
+	}
 	if err := m2.Recover(context.Background()); err != nil {
 		t.Fatal(err)
 	}

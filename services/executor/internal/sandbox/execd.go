@@ -439,31 +439,18 @@ func (c *execdConn) checkPidfd(fd int) (int, error) {
 	}
 	// The namespace from the pidfd itself while the process runs. Once it
 	// has exited the pidfd no longer names its namespaces (ESRCH), and
-	// `true` often has by now: a zombie's /proc entry still does, until
-	// it is reaped, and a stat of it is only of this process if the
-	// process is still unreaped after the stat (its pid is not reused
-	// before). A stat that fails (ENOENT, ESRCH or EACCES, as the reaping
-	// goes) is tried again until fdinfo says reaped.
+	// `true` often has by now.
 	ns, err := pidfdPidNS(fd)
-	for try := 0; errors.Is(err, unix.ESRCH); try++ {
-		ns, err = pidNSOf(pid)
-		now, ferr := pidfdNSpid(fd)
-		if ferr != nil {
-			return 0, ferr
+	switch {
+	case errors.Is(err, unix.ESRCH):
+		var reaped bool
+		if ns, reaped, err = exitedPidNS(fd, pid); reaped {
+			return 0, nil // nothing under /proc speaks for it now
 		}
-		if len(now) == 1 && now[0] == "-1" {
-			return 0, nil // reaped: nothing under /proc speaks for it now
+		if err != nil {
+			return 0, err
 		}
-		if err == nil {
-			break
-		}
-		if try == 100 {
-			return 0, fmt.Errorf("the pid namespace of an exited exec's process (host pid %d): %w", pid, err)
-		}
-		err = unix.ESRCH
-		time.Sleep(100 * time.Microsecond)
-	}
-	if err != nil {
+	case err != nil:
 		return 0, fmt.Errorf("PIDFD_GET_PID_NAMESPACE: %w", err)
 	}
 	if ns != c.pidNS {
@@ -474,6 +461,30 @@ func (c *execdConn) checkPidfd(fd int) (int, error) {
 		return 0, err
 	}
 	return pid, nil
+}
+
+// exitedPidNS is the pid namespace of pidfd's exited process, host pid
+// pid, from its /proc entry, which a zombie keeps until it is reaped; or
+// reaped. A stat of /proc/PID is only of this process if the process is
+// still unreaped after the stat (its pid is not reused before). A stat
+// that fails (ENOENT, ESRCH or EACCES, as the reaping goes) is tried again
+// until fdinfo says reaped.
+func exitedPidNS(pidfd, pid int) (ns uint64, reaped bool, err error) {
+	for try := 0; ; try++ {
+		ns, err := pidNSOf(pid)
+		now, ferr := pidfdNSpid(pidfd)
+		switch {
+		case ferr != nil:
+			return 0, false, ferr
+		case len(now) == 1 && now[0] == "-1":
+			return 0, true, nil
+		case err == nil:
+			return ns, false, nil
+		case try == 100:
+			return 0, false, fmt.Errorf("the pid namespace of an exited exec's process (host pid %d): %w", pid, err)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
 }
 
 // pidfdNSpid is the NSpid line of pidfd's fdinfo: the process's pid in
