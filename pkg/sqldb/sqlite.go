@@ -22,7 +22,7 @@ func OpenSQLite(ctx context.Context, path string, d Dialect, program string) (*D
 		return nil, fmt.Errorf("%w %q must not contain '?' or '#'", ErrPath, path)
 	}
 	dsn := path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)&_txlock=immediate"
-	db, err := sql.Open("sqlite", dsn)
+	db, err := openSQLite(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
@@ -33,4 +33,25 @@ func OpenSQLite(ctx context.Context, path string, d Dialect, program string) (*D
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return s, nil
+}
+
+// openSQLite is the database at dsn through the registered SQLite driver,
+// each connection keeping its prepared statements (stmtConnector).
+func openSQLite(dsn string) (*sql.DB, error) {
+	c, err := sqliteConnector(dsn)
+	if err != nil {
+		return nil, err
+	}
+	return sql.OpenDB(c), nil
+}
+
+func sqliteConnector(dsn string) (*stmtConnector, error) {
+	// Opens no connection: only reaches the driver.
+	reg, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, err
+	}
+	drv := reg.Driver()
+	reg.Close()
+	return &stmtConnector{drv: drv, dsn: dsn}, nil
 }
