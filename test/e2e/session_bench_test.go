@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
@@ -163,7 +164,9 @@ func BenchmarkSessionTrue(b *testing.B) {
 // test, read the result) in one session (via=session: create, 20 × upload,
 // exec as one RunExec call, as the CLI and the MCP server make it,
 // download, finish) against the same 20 steps as 20 jobs
-// (via=jobs), in one run.
+// (via=jobs), in one run; via=host is the floor: the same 20 steps as
+// this process's own file writes, `sh -c` and reads on the host, no
+// sandbox and no RPC.
 func BenchmarkAgentLoop20(b *testing.B) {
 	_, client, ctx := benchStack(b)
 	if err := runTrue(ctx, client, "bench", "warm-up"); err != nil {
@@ -197,6 +200,29 @@ func BenchmarkAgentLoop20(b *testing.B) {
 		}
 		// The 20 steps alone (upload, exec, download each), without the
 		// session's create and finish: the loop an agent waits on.
+		b.ReportMetric(float64(median(steps).Microseconds())/1000, "steps-ms")
+	})
+	b.Run("via=host", func(b *testing.B) {
+		dir := b.TempDir()
+		var steps []time.Duration
+		for range b.N {
+			t0 := time.Now()
+			for step := range 20 {
+				want := fmt.Sprintf("step %d\n", step)
+				if err := os.WriteFile(filepath.Join(dir, "step.txt"), []byte(want), 0o644); err != nil {
+					b.Fatal(err)
+				}
+				cmd := exec.CommandContext(ctx, "sh", "-c", "cat step.txt > result.txt")
+				cmd.Dir = dir
+				if out, err := cmd.CombinedOutput(); err != nil {
+					b.Fatalf("sh: %v: %s", err, out)
+				}
+				if got, err := os.ReadFile(filepath.Join(dir, "result.txt")); err != nil || string(got) != want {
+					b.Fatalf("step %d read %q, %v", step, got, err)
+				}
+			}
+			steps = append(steps, time.Since(t0))
+		}
 		b.ReportMetric(float64(median(steps).Microseconds())/1000, "steps-ms")
 	})
 	b.Run("via=jobs", func(b *testing.B) {
