@@ -27,6 +27,7 @@ func OpenSQLite(ctx context.Context, path string, d Dialect, program string) (*D
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	db.SetMaxOpenConns(8)
+	db.SetMaxIdleConns(8) // each keeps its prepared statements
 	s, err := New(ctx, db, d, program)
 	if err != nil {
 		db.Close()

@@ -744,9 +744,24 @@ func (f *fleet) testExecutorLost(t *testing.T) {
 		t.Fatalf("exec before the kill: exit %d\n%s", r.code, r.stderr)
 	}
 
+	getSession := func() *authorityv1.GetSessionResponse {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		resp, err := f.dev.GetSession(ctx, &authorityv1.GetSessionRequest{SessionId: sess.GetJobId()})
+		if err != nil {
+			t.Fatalf("GetSession: %v", err)
+		}
+		return resp
+	}
 	e2 := f.executors["e2"]
 	killService(t, f.stack, e2.proc, false)
 	killedAt := time.Now()
+	// Not yet lost, and not answering: the session is not said to be
+	// suspended, nor to be not suspended.
+	if g := getSession(); time.Since(killedAt)+fleetHeartbeat < fleetLostAfter && (g.GetSuspended() || !g.GetSuspensionUnknown()) {
+		t.Errorf("session on an e2 just killed: suspended %v, unknown %v; want unknown", g.GetSuspended(), g.GetSuspensionUnknown())
+	}
 	lostCtx, lostCancel := context.WithTimeout(t.Context(), fleetLostAfter+30*time.Second)
 	defer lostCancel()
 	long = waitJob(lostCtx, t, held, long.GetJobId(), jobEnded)
@@ -775,16 +790,6 @@ func (f *fleet) testExecutorLost(t *testing.T) {
 		if j.GetExecutor() == "e2" || slices.Contains(f.runsOf(j.GetJobId()), "e2") {
 			t.Errorf("held job %s ran on %q (runs on %v), want elsewhere", j.GetJobId(), j.GetExecutor(), f.runsOf(j.GetJobId()))
 		}
-	}
-	getSession := func() *authorityv1.GetSessionResponse {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-		defer cancel()
-		resp, err := f.dev.GetSession(ctx, &authorityv1.GetSessionRequest{SessionId: sess.GetJobId()})
-		if err != nil {
-			t.Fatalf("GetSession: %v", err)
-		}
-		return resp
 	}
 	if g := getSession(); g.GetSession().GetState() != authorityv1.JobState_JOB_STATE_RUNNING || !g.GetSuspended() ||
 		g.GetSuspendReason() != typesv1.TerminationReason_TERMINATION_REASON_EXECUTOR_LOST {

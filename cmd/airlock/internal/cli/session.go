@@ -378,6 +378,9 @@ func writeSessionGet(w io.Writer, resp *authorityv1.GetSessionResponse) {
 	if resp.GetSuspended() {
 		state += ", " + suspensionWord(resp.GetSuspendReason(), resp.GetSuspendedAt())
 	}
+	if resp.GetSuspensionUnknown() {
+		state += ", suspended or not: unknown (its executor could not say)"
+	}
 	if resp.GetSuspendReason() == typesv1.TerminationReason_TERMINATION_REASON_EXECUTOR_RESTARTED {
 		state += ": its executor restarted, keeping /work and /out (session resume goes on)"
 	}

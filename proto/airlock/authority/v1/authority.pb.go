@@ -6574,9 +6574,14 @@ type GetSessionResponse struct {
 	// them).
 	FileWritesTotal int64 `protobuf:"varint,8,opt,name=file_writes_total,json=fileWritesTotal,proto3" json:"file_writes_total,omitempty"`
 	// When a suspended session was suspended (or fell asleep).
-	SuspendedAt   *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=suspended_at,json=suspendedAt,proto3" json:"suspended_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SuspendedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=suspended_at,json=suspendedAt,proto3" json:"suspended_at,omitempty"`
+	// Set when the session's executor could not say whether it is
+	// suspended (it does not answer and has not been away long enough to be
+	// lost, or it no longer has the session): suspended is then false only
+	// because nothing says it is.
+	SuspensionUnknown bool `protobuf:"varint,10,opt,name=suspension_unknown,json=suspensionUnknown,proto3" json:"suspension_unknown,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *GetSessionResponse) Reset() {
@@ -6670,6 +6675,13 @@ func (x *GetSessionResponse) GetSuspendedAt() *timestamppb.Timestamp {
 		return x.SuspendedAt
 	}
 	return nil
+}
+
+func (x *GetSessionResponse) GetSuspensionUnknown() bool {
+	if x != nil {
+		return x.SuspensionUnknown
+	}
+	return false
 }
 
 // ListSessionsRequest asks for a tenant's sessions.
@@ -11277,7 +11289,7 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x0ebudget_warning\x18\x03 \x01(\tR\rbudgetWarning\"2\n" +
 	"\x11GetSessionRequest\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\tR\tsessionId\"\xcc\x03\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\"\xfb\x03\n" +
 	"\x12GetSessionResponse\x123\n" +
 	"\asession\x18\x01 \x01(\v2\x19.airlock.authority.v1.JobR\asession\x12,\n" +
 	"\x05execs\x18\x02 \x03(\v2\x16.airlock.types.v1.ExecR\x05execs\x12\x1c\n" +
@@ -11290,7 +11302,9 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\vfile_writes\x18\a \x03(\v2\x1b.airlock.types.v1.FileWriteR\n" +
 	"fileWrites\x12*\n" +
 	"\x11file_writes_total\x18\b \x01(\x03R\x0ffileWritesTotal\x12=\n" +
-	"\fsuspended_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\vsuspendedAt\"\xa1\x01\n" +
+	"\fsuspended_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\vsuspendedAt\x12-\n" +
+	"\x12suspension_unknown\x18\n" +
+	" \x01(\bR\x11suspensionUnknown\"\xa1\x01\n" +
 	"\x13ListSessionsRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x126\n" +
 	"\x06states\x18\x02 \x03(\x0e2\x1e.airlock.authority.v1.JobStateR\x06states\x12\x1b\n" +

@@ -86,7 +86,7 @@ func (s *Service) GetSession(ctx context.Context, req *authorityv1.GetSessionReq
 		return nil, s.fail(ctx, err)
 	}
 	resp := &authorityv1.GetSessionResponse{Session: pj, Suspended: v.Suspended, SuspendReason: executorclient.ReasonToProto(v.SuspendReason),
-		ExecsTotal: v.Total, ExecsStale: v.Stale}
+		ExecsTotal: v.Total, ExecsStale: v.Stale, SuspensionUnknown: v.SuspensionUnknown}
 	if v.Suspended && !v.SuspendedAt.IsZero() {
 		resp.SuspendedAt = timestamppb.New(v.SuspendedAt)
 	}

@@ -25,6 +25,9 @@ type SessionView struct {
 	Suspended     bool
 	SuspendReason string
 	SuspendedAt   time.Time
+	// SuspensionUnknown says the executor could not be asked whether the
+	// session is suspended (and is not lost, which would suspend it).
+	SuspensionUnknown bool
 	// Execs are the executor's listing of the session's last execs; when
 	// the executor could not answer, Records are the authority's own
 	// instead, and Stale says there are some that may be behind.
@@ -51,12 +54,12 @@ func (s *Service) SessionState(ctx context.Context, j store.Job) (SessionView, e
 		switch {
 		case err == nil:
 			v.Suspended, v.SuspendReason, v.SuspendedAt = st.Suspended, st.SuspendReason, st.SuspendedAt
-		case executorLost(err):
-			if s.lostExecutor(ctx, j.Executor) {
-				// Its executor is away: the session waits for it, to
-				// resume when it returns or end at its deadline.
-				v.Suspended, v.SuspendReason = true, lostWord
-			}
+		case executorLost(err) && s.lostExecutor(ctx, j.Executor):
+			// Its executor is away: the session waits for it, to resume
+			// when it returns or end at its deadline.
+			v.Suspended, v.SuspendReason = true, lostWord
+		default:
+			v.SuspensionUnknown = true
 		}
 	}
 	list, err := s.cfg.Executors.For(j.Executor).ListExecs(ctx, j.ID)

@@ -338,8 +338,9 @@ func TestSessionRecover(t *testing.T) {
 		t.Fatalf("New with an exec record a host crash left empty: %v", err)
 	}
 	defer m2.Close()
-	// The next exec (of a session that outlives a restart) takes seq 4:
-	// the skipped record's directory is never written into again.
+	// The highest seq counts the skipped record's directory, so the next
+	// exec (of a session that outlives a restart) takes seq 4 and never
+	// writes into it.
 	m2.mu.Lock()
 	last := m2.runs[sid].lastSeq
 	m2.mu.Unlock()
