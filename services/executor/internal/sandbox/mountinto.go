@@ -1,0 +1,102 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+
+	"golang.org/x/sys/unix"
+)
+
+// MountInto mounts the host directory src at dst, an existing directory
+// inside the running sandbox reached without a symlink, nosuid and nodev,
+// and read-only if readOnly: how a sandbox made ahead of its job gets the
+// job's files (issue 29's warm pools). The mount is cloned on the host
+// (open_tree: src alone, none of the mounts below it) and moved into the
+// sandbox's mount namespace from an executor thread that joins that
+// namespace and nothing else, so nothing in the sandbox takes part and no
+// other part of the host's mount tree goes in with it. runc only: a
+// gVisor sandbox does not see its host mount namespace's changes.
+func (s *Sandbox) MountInto(src, dst string, readOnly bool) error {
+	if s.spec.Class != ClassRunc {
+		return fmt.Errorf("sandbox %s: a mount into a running sandbox needs class %s, not %s", s.spec.ID, ClassRunc, s.spec.Class)
+	}
+	pidfd, err := s.initPidfd()
+	if err != nil {
+		return err
+	}
+	defer unix.Close(pidfd)
+	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("open_tree %s: %w", src, err)
+	}
+	defer unix.Close(tree)
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+	if readOnly {
+		attr.Attr_set |= unix.MOUNT_ATTR_RDONLY
+	}
+	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+		return fmt.Errorf("mount_setattr: %w", err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		// The thread leaves the process's shared file system context and
+		// joins the sandbox's mount namespace: it is never unlocked, so
+		// it ends with this goroutine and no other runs on it.
+		runtime.LockOSThread()
+		done <- moveMountIn(pidfd, tree, dst)
+	}()
+	if err := <-done; err != nil {
+		return fmt.Errorf("sandbox %s: mount at %s: %w", s.spec.ID, dst, err)
+	}
+	return nil
+}
+
+// moveMountIn moves the detached mount tree onto dst in the mount
+// namespace of pidfd's process; the calling thread is locked and thrown
+// away after.
+func moveMountIn(pidfd, tree int, dst string) error {
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		return fmt.Errorf("unshare(CLONE_FS): %w", err)
+	}
+	if err := unix.Setns(pidfd, unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("setns: %w", err)
+	}
+	// From the namespace's root (setns put the thread there), with no
+	// symlink on the way: the sandbox cannot point the mount elsewhere.
+	target, err := unix.Openat2(unix.AT_FDCWD, dst, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		return fmt.Errorf("open %s: %w", dst, err)
+	}
+	defer unix.Close(target)
+	if err := unix.MoveMount(tree, "", target, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+		return fmt.Errorf("move_mount: %w", err)
+	}
+	return nil
+}
+
+// errNotRunning is a sandbox whose init is not (or no longer) running.
+var errNotRunning = errors.New("the sandbox is not running")
+
+// initPidfd is a pidfd of the sandbox's init, checked to be in the
+// sandbox's cgroup while the pidfd still names a live process (so the pid
+// was not reused by another after the sandbox ended).
+func (s *Sandbox) initPidfd() (int, error) {
+	pid := readPid(s.pidFile)
+	if pid <= 0 {
+		return -1, fmt.Errorf("sandbox %s: %w", s.spec.ID, errNotRunning)
+	}
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return -1, fmt.Errorf("sandbox %s: %w (pidfd_open: %v)", s.spec.ID, errNotRunning, err)
+	}
+	if !slices.Contains(s.m.cg.procs(s.cgRel), pid) || unix.PidfdSendSignal(pidfd, 0, nil, 0) != nil {
+		unix.Close(pidfd)
+		return -1, fmt.Errorf("sandbox %s: %w (its init, pid %d, is gone)", s.spec.ID, errNotRunning, pid)
+	}
+	return pidfd, nil
+}

@@ -1,0 +1,84 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestMountInto: a host directory mounted into a running runc sandbox is
+// there for its next exec, read-only, nosuid and nodev, and the
+// executor's own mount table does not change. From the job's side: a
+// symlink it plants at the target (or on the way to it) is refused, not
+// followed, and a missing target is an error naming it. Once the sandbox
+// has stopped, nothing is mounted anywhere.
+func TestMountInto(t *testing.T) {
+	e := newEnv(t)
+	sb, stop := e.session(t, ClassRunc, e.source(t, nil))
+	ctx := context.Background()
+	host := t.TempDir()
+	if err := os.WriteFile(filepath.Join(host, "marker"), []byte("claimed\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(host, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	prep := runExec(t, ctx, sb, ExecSpec{Argv: []string{"sh", "-c", "mkdir -p /tmp/target /tmp/real && ln -s /etc /tmp/evil && ln -s /tmp /tmp/up"}})
+	if prep.err != nil || prep.res.ExitCode != 0 {
+		t.Fatalf("the job's preparation: %+v", prep)
+	}
+
+	before, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.MountInto(host, "/tmp/target", true); err != nil {
+		t.Fatalf("MountInto: %v", err)
+	}
+	if after, _ := os.ReadFile("/proc/self/mountinfo"); string(after) != string(before) {
+		t.Errorf("the executor's mount table changed:\n%s", after)
+	}
+	r := runExec(t, ctx, sb, ExecSpec{Argv: []string{"sh", "-c", "cat /tmp/target/marker; grep ' /tmp/target ' /proc/self/mountinfo; touch /tmp/target/x 2>&1"}})
+	if !strings.HasPrefix(r.stdout, "claimed\n") {
+		t.Errorf("the mounted file from inside: %q", r.stdout)
+	}
+	for _, opt := range []string{"ro,", "nosuid", "nodev", "Read-only file system"} {
+		if !strings.Contains(r.stdout, opt) {
+			t.Errorf("inside, the mount and a write to it: %q, want %q", r.stdout, opt)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(host, "x")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a write through the read-only mount reached the host: %v", err)
+	}
+
+	// The job's symlinks: at the target, and on the way to it.
+	for _, dst := range []string{"/tmp/evil", "/tmp/up/real"} {
+		if err := sb.MountInto(host, dst, true); err == nil || !strings.Contains(err.Error(), dst) {
+			t.Errorf("MountInto through the job's symlink %s: %v, want a refusal naming it", dst, err)
+		}
+	}
+	if r := runExec(t, ctx, sb, ExecSpec{Argv: []string{"sh", "-c", "test ! -e /etc/marker && test ! -e /tmp/real/marker && echo clean"}}); r.stdout != "clean\n" {
+		t.Errorf("after the refused mounts: %q %q", r.stdout, r.stderr)
+	}
+	if err := sb.MountInto(host, "/tmp/missing", true); err == nil || !strings.Contains(err.Error(), "/tmp/missing") {
+		t.Errorf("MountInto a missing target: %v", err)
+	}
+
+	stop()
+	if err := sb.MountInto(host, "/tmp/target", true); !errors.Is(err, errNotRunning) {
+		t.Errorf("MountInto a stopped sandbox: %v, want %v", err, errNotRunning)
+	}
+	if after, _ := os.ReadFile("/proc/self/mountinfo"); string(after) != string(before) && strings.Contains(string(after), host) {
+		t.Errorf("the host directory is mounted somewhere on the host after the sandbox stopped:\n%s", after)
+	}
+
+	// gVisor's sandbox does not see its host mount namespace: refused
+	// before anything is looked at.
+	runsc := &Sandbox{spec: Spec{ID: "runsc-job", Class: ClassRunsc}}
+	if err := runsc.MountInto(host, "/tmp/target", true); err == nil || !strings.Contains(err.Error(), string(ClassRunc)) {
+		t.Errorf("MountInto a runsc sandbox: %v, want a refusal naming runc", err)
+	}
+}
