@@ -32,7 +32,9 @@ func (s *Sandbox) MountInto(src, dst string, readOnly bool) error {
 		return fmt.Errorf("open_tree %s: %w", src, err)
 	}
 	defer unix.Close(tree)
-	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+	// Private: a clone of a shared mount would join its peer group, and
+	// mounts made under either side would then show up in the other.
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV, Propagation: unix.MS_PRIVATE}
 	if readOnly {
 		attr.Attr_set |= unix.MOUNT_ATTR_RDONLY
 	}
@@ -42,8 +44,12 @@ func (s *Sandbox) MountInto(src, dst string, readOnly bool) error {
 	done := make(chan error, 1)
 	go func() {
 		// The thread leaves the process's shared file system context and
-		// joins the sandbox's mount namespace: it is never unlocked, so
-		// it ends with this goroutine and no other runs on it.
+		// joins the sandbox's mount namespace: it is never unlocked, so no
+		// other goroutine runs on it, and it ends with this one, or, if
+		// it is the process's main thread, which cannot end, is parked
+		// for good. moveMountIn takes it back to the executor's mount
+		// namespace either way: a thread left in the sandbox's would keep
+		// that namespace, and every mount in it, alive.
 		runtime.LockOSThread()
 		done <- moveMountIn(pidfd, tree, dst)
 	}()
@@ -54,15 +60,25 @@ func (s *Sandbox) MountInto(src, dst string, readOnly bool) error {
 }
 
 // moveMountIn moves the detached mount tree onto dst in the mount
-// namespace of pidfd's process; the calling thread is locked and thrown
-// away after.
-func moveMountIn(pidfd, tree int, dst string) error {
+// namespace of pidfd's process, and returns the calling thread (locked,
+// and thrown away after) to the mount namespace it had.
+func moveMountIn(pidfd, tree int, dst string) (err error) {
+	own, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("the executor's mount namespace: %w", err)
+	}
+	defer unix.Close(own)
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
 		return fmt.Errorf("unshare(CLONE_FS): %w", err)
 	}
 	if err := unix.Setns(pidfd, unix.CLONE_NEWNS); err != nil {
 		return fmt.Errorf("setns: %w", err)
 	}
+	defer func() {
+		if berr := unix.Setns(own, unix.CLONE_NEWNS); berr != nil {
+			err = errors.Join(err, fmt.Errorf("back to the executor's mount namespace: %w", berr))
+		}
+	}()
 	// From the namespace's root (setns put the thread there), with no
 	// symlink on the way: the sandbox cannot point the mount elsewhere.
 	target, err := unix.Openat2(unix.AT_FDCWD, dst, &unix.OpenHow{

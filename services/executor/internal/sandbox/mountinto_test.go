@@ -3,10 +3,13 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestMountInto: a host directory mounted into a running runc sandbox is
@@ -26,6 +29,15 @@ func TestMountInto(t *testing.T) {
 	if err := os.Chmod(host, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// The source a shared mount, as / is on a systemd host: its clone
+	// must still come in private, not as a peer of the host's.
+	if err := unix.Mount(host, host, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(host, unix.MNT_DETACH) })
+	if err := unix.Mount("", host, "", unix.MS_SHARED, ""); err != nil {
+		t.Fatal(err)
+	}
 	prep := runExec(t, ctx, sb, ExecSpec{Argv: []string{"sh", "-c", "mkdir -p /tmp/target /tmp/real && ln -s /etc /tmp/evil && ln -s /tmp /tmp/up"}})
 	if prep.err != nil || prep.res.ExitCode != 0 {
 		t.Fatalf("the job's preparation: %+v", prep)
@@ -41,6 +53,19 @@ func TestMountInto(t *testing.T) {
 	if after, _ := os.ReadFile("/proc/self/mountinfo"); string(after) != string(before) {
 		t.Errorf("the executor's mount table changed:\n%s", after)
 	}
+	// No thread of the executor stays in the sandbox's mount namespace
+	// (it would keep the namespace and its mounts alive after the
+	// sandbox ends).
+	theirs, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", readPid(sb.pidFile)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tasks, _ := filepath.Glob("/proc/self/task/*/ns/mnt")
+	for _, task := range tasks {
+		if ns, _ := os.Readlink(task); ns == theirs {
+			t.Errorf("executor thread %s is in the sandbox's mount namespace %s", task, ns)
+		}
+	}
 	r := runExec(t, ctx, sb, ExecSpec{Argv: []string{"sh", "-c", "cat /tmp/target/marker; grep ' /tmp/target ' /proc/self/mountinfo; touch /tmp/target/x 2>&1"}})
 	if !strings.HasPrefix(r.stdout, "claimed\n") {
 		t.Errorf("the mounted file from inside: %q", r.stdout)
@@ -49,6 +74,9 @@ func TestMountInto(t *testing.T) {
 		if !strings.Contains(r.stdout, opt) {
 			t.Errorf("inside, the mount and a write to it: %q, want %q", r.stdout, opt)
 		}
+	}
+	if strings.Contains(r.stdout, "shared:") || strings.Contains(r.stdout, "master:") {
+		t.Errorf("inside, the mount propagates: %q", r.stdout)
 	}
 	if _, err := os.Stat(filepath.Join(host, "x")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a write through the read-only mount reached the host: %v", err)
@@ -71,8 +99,8 @@ func TestMountInto(t *testing.T) {
 	if err := sb.MountInto(host, "/tmp/target", true); !errors.Is(err, errNotRunning) {
 		t.Errorf("MountInto a stopped sandbox: %v, want %v", err, errNotRunning)
 	}
-	if after, _ := os.ReadFile("/proc/self/mountinfo"); string(after) != string(before) && strings.Contains(string(after), host) {
-		t.Errorf("the host directory is mounted somewhere on the host after the sandbox stopped:\n%s", after)
+	if after, _ := os.ReadFile("/proc/self/mountinfo"); strings.Count(string(after), host) != strings.Count(string(before), host) {
+		t.Errorf("the host directory's mounts on the host changed after the sandbox stopped:\n%s", after)
 	}
 
 	// gVisor's sandbox does not see its host mount namespace: refused
