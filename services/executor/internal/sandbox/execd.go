@@ -356,20 +356,33 @@ func pidNSOf(pid int) (uint64, error) {
 	return st.Ino, nil
 }
 
-// pidfdGetPidNamespace is PIDFD_GET_PID_NAMESPACE, _IO(PIDFS_IOCTL_MAGIC,
-// 5) in linux/pidfd.h (Linux 6.11; the helper needs 6.15 anyway).
-const pidfdGetPidNamespace = 0xFF05
+// PIDFD_GET_MNT_NAMESPACE and PIDFD_GET_PID_NAMESPACE, _IO(PIDFS_IOCTL_MAGIC,
+// 3 and 5) in linux/pidfd.h (Linux 6.11; the helper needs 6.15 anyway).
+const (
+	pidfdGetMntNamespace = 0xFF03
+	pidfdGetPidNamespace = 0xFF05
+)
+
+// pidfdNamespace is an fd of one of pidfd's process's namespaces (req, a
+// PIDFD_GET_*_NAMESPACE); ESRCH once the process has exited.
+func pidfdNamespace(pidfd int, req uintptr) (int, error) {
+	nsfd, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(pidfd), req, 0)
+	if e != 0 {
+		return -1, e
+	}
+	return int(nsfd), nil
+}
 
 // pidfdPidNS is the inode of the pid namespace of pidfd's process;
 // ESRCH once it has been reaped.
 func pidfdPidNS(pidfd int) (uint64, error) {
-	nsfd, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(pidfd), pidfdGetPidNamespace, 0)
-	if e != 0 {
-		return 0, e
+	nsfd, err := pidfdNamespace(pidfd, pidfdGetPidNamespace)
+	if err != nil {
+		return 0, err
 	}
-	defer unix.Close(int(nsfd))
+	defer unix.Close(nsfd)
 	var st unix.Stat_t
-	if err := unix.Fstat(int(nsfd), &st); err != nil {
+	if err := unix.Fstat(nsfd, &st); err != nil {
 		return 0, err
 	}
 	return st.Ino, nil

@@ -20,10 +20,12 @@ type mount struct {
 	superOptions string
 }
 
-// readMounts parses /proc/self/mountinfo. It is read afresh every time:
-// mounts change under us as jobs come and go.
+// readMounts parses the calling thread's mountinfo (not /proc/self's,
+// which is the main thread's: for a moment, MountInto's thread may be the
+// main one, in a sandbox's mount namespace). It is read afresh every
+// time: mounts change under us as jobs come and go.
 func readMounts() ([]mount, error) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	data, err := os.ReadFile("/proc/thread-self/mountinfo")
 	if err != nil {
 		return nil, err
 	}

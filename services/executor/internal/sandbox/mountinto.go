@@ -3,10 +3,14 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"path"
+	"path/filepath"
 	"runtime"
 	"slices"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/airlockhq/airlock/pkg/errdefs"
 )
 
 // MountInto mounts the host directory src at dst, an existing directory
@@ -18,16 +22,33 @@ import (
 // namespace and nothing else, so nothing in the sandbox takes part and no
 // other part of the host's mount tree goes in with it. runc only: a
 // gVisor sandbox does not see its host mount namespace's changes.
+//
+// src is the executor's own directory (its last component is not followed
+// if a symlink); dst an absolute, clean path.
 func (s *Sandbox) MountInto(src, dst string, readOnly bool) error {
 	if s.spec.Class != ClassRunc {
 		return fmt.Errorf("sandbox %s: a mount into a running sandbox needs class %s, not %s", s.spec.ID, ClassRunc, s.spec.Class)
+	}
+	if !path.IsAbs(dst) || path.Clean(dst) != dst {
+		return fmt.Errorf("sandbox %s: mount target %q: want an absolute, clean path", s.spec.ID, dst)
+	}
+	s.mu.Lock()
+	running := s.state == stateRunning && !s.ending
+	s.mu.Unlock()
+	if !running {
+		return fmt.Errorf("sandbox %s: %w", s.spec.ID, errNotRunning)
 	}
 	pidfd, err := s.initPidfd()
 	if err != nil {
 		return err
 	}
-	defer unix.Close(pidfd)
-	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	mntns, err := pidfdNamespace(pidfd, pidfdGetMntNamespace)
+	unix.Close(pidfd)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: its mount namespace: %w", s.spec.ID, err)
+	}
+	defer unix.Close(mntns)
+	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_SYMLINK_NOFOLLOW)
 	if err != nil {
 		return fmt.Errorf("open_tree %s: %w", src, err)
 	}
@@ -51,7 +72,7 @@ func (s *Sandbox) MountInto(src, dst string, readOnly bool) error {
 		// namespace either way: a thread left in the sandbox's would keep
 		// that namespace, and every mount in it, alive.
 		runtime.LockOSThread()
-		done <- moveMountIn(pidfd, tree, dst)
+		done <- moveMountIn(mntns, tree, dst)
 	}()
 	if err := <-done; err != nil {
 		return fmt.Errorf("sandbox %s: mount at %s: %w", s.spec.ID, dst, err)
@@ -60,18 +81,30 @@ func (s *Sandbox) MountInto(src, dst string, readOnly bool) error {
 }
 
 // moveMountIn moves the detached mount tree onto dst in the mount
-// namespace of pidfd's process, and returns the calling thread (locked,
-// and thrown away after) to the mount namespace it had.
-func moveMountIn(pidfd, tree int, dst string) (err error) {
+// namespace mntns (never the executor's own), and returns the calling
+// thread (locked, and thrown away after) to the mount namespace it had.
+func moveMountIn(mntns, tree int, dst string) (err error) {
 	own, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("the executor's mount namespace: %w", err)
 	}
 	defer unix.Close(own)
+	// A process of the executor's own where the sandbox's init was
+	// would put the mount on the host.
+	var ownSt, theirSt unix.Stat_t
+	if err := unix.Fstat(own, &ownSt); err != nil {
+		return err
+	}
+	if err := unix.Fstat(mntns, &theirSt); err != nil {
+		return err
+	}
+	if ownSt.Dev == theirSt.Dev && ownSt.Ino == theirSt.Ino {
+		return fmt.Errorf("%w: the mount namespace is the executor's own, not a sandbox's: refused", errdefs.ErrFailedPrecondition)
+	}
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
 		return fmt.Errorf("unshare(CLONE_FS): %w", err)
 	}
-	if err := unix.Setns(pidfd, unix.CLONE_NEWNS); err != nil {
+	if err := unix.Setns(mntns, unix.CLONE_NEWNS); err != nil {
 		return fmt.Errorf("setns: %w", err)
 	}
 	defer func() {
@@ -110,7 +143,9 @@ func (s *Sandbox) initPidfd() (int, error) {
 	if err != nil {
 		return -1, fmt.Errorf("sandbox %s: %w (pidfd_open: %v)", s.spec.ID, errNotRunning, err)
 	}
-	if !slices.Contains(s.m.cg.procs(s.cgRel), pid) || unix.PidfdSendSignal(pidfd, 0, nil, 0) != nil {
+	// The runtime's cgroup alone: the executor's own processes (the
+	// export's git) run in another below the sandbox's.
+	if !slices.Contains(s.m.cg.procs(filepath.Join(s.cgRel, runtimeCgroup)), pid) || unix.PidfdSendSignal(pidfd, 0, nil, 0) != nil {
 		unix.Close(pidfd)
 		return -1, fmt.Errorf("sandbox %s: %w (its init, pid %d, is gone)", s.spec.ID, errNotRunning, pid)
 	}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -70,13 +72,32 @@ func TestMountInto(t *testing.T) {
 	if !strings.HasPrefix(r.stdout, "claimed\n") {
 		t.Errorf("the mounted file from inside: %q", r.stdout)
 	}
-	for _, opt := range []string{"ro,", "nosuid", "nodev", "Read-only file system"} {
-		if !strings.Contains(r.stdout, opt) {
-			t.Errorf("inside, the mount and a write to it: %q, want %q", r.stdout, opt)
+	if !strings.Contains(r.stdout, "Read-only file system") {
+		t.Errorf("inside, a write to the read-only mount: %q", r.stdout)
+	}
+	// The mountinfo line: id parent dev root point options [optional...] - ...
+	var line []string
+	for _, l := range strings.Split(r.stdout, "\n") {
+		if f := strings.Fields(l); len(f) > 6 && f[4] == "/tmp/target" {
+			line = f
 		}
 	}
-	if strings.Contains(r.stdout, "shared:") || strings.Contains(r.stdout, "master:") {
-		t.Errorf("inside, the mount propagates: %q", r.stdout)
+	if line == nil {
+		t.Fatalf("inside, no mountinfo line for /tmp/target: %q", r.stdout)
+	}
+	for _, opt := range []string{"ro", "nosuid", "nodev"} {
+		if !slices.Contains(strings.Split(line[5], ","), opt) {
+			t.Errorf("inside, the mount's options %s, want %s", line[5], opt)
+		}
+	}
+	if line[6] != "-" {
+		t.Errorf("inside, the mount propagates: %v", line[6:])
+	}
+	// The job (root in its user namespace) cannot take it off or make it
+	// writable.
+	r = runExec(t, ctx, sb, ExecSpec{Argv: []string{"sh", "-c", "umount /tmp/target; umount -l /tmp/target; mount -o remount,bind,rw /tmp/target; touch /tmp/target/y || echo still-ro; cat /tmp/target/marker"}})
+	if !strings.Contains(r.stdout, "still-ro\nclaimed\n") {
+		t.Errorf("the job's umount and remount: %q %q", r.stdout, r.stderr)
 	}
 	if _, err := os.Stat(filepath.Join(host, "x")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a write through the read-only mount reached the host: %v", err)
@@ -108,5 +129,38 @@ func TestMountInto(t *testing.T) {
 	runsc := &Sandbox{spec: Spec{ID: "runsc-job", Class: ClassRunsc}}
 	if err := runsc.MountInto(host, "/tmp/target", true); err == nil || !strings.Contains(err.Error(), string(ClassRunc)) {
 		t.Errorf("MountInto a runsc sandbox: %v, want a refusal naming runc", err)
+	}
+}
+
+// TestMountIntoNotOwnNamespace: where the sandbox's init was, a process
+// of the executor's own (its mount namespace the host's) gets no mount:
+// the move refuses once it finds itself in the executor's namespace.
+func TestMountIntoNotOwnNamespace(t *testing.T) {
+	host, dst := t.TempDir(), t.TempDir()
+	tree, err := unix.OpenTree(unix.AT_FDCWD, host, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(tree)
+	self, err := unix.PidfdOpen(os.Getpid(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(self)
+	own, err := pidfdNamespace(self, pidfdGetMntNamespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(own)
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // as MountInto: the thread is thrown away
+		done <- moveMountIn(own, tree, dst)
+	}()
+	if err := <-done; err == nil || !strings.Contains(err.Error(), "executor's own") {
+		t.Fatalf("a move into the executor's own mount namespace: %v, want a refusal", err)
+	}
+	if data, _ := os.ReadFile("/proc/thread-self/mountinfo"); strings.Contains(string(data), " "+dst+" ") {
+		t.Fatalf("%s was mounted on the host", dst)
 	}
 }

@@ -71,7 +71,9 @@ func cleanCgroupPath(p string) (string, error) {
 // hierarchy holding it, for hierarchies mounted from their root (only
 // those have the paths a cgroupsPath names).
 func cgroupV1Mounts() (map[string]string, error) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	// The calling thread's: the main one may be in a sandbox's mount
+	// namespace for a moment (sandbox.MountInto).
+	data, err := os.ReadFile("/proc/thread-self/mountinfo")
 	if err != nil {
 		return nil, fmt.Errorf("cgroups: %w", err)
 	}
