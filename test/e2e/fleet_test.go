@@ -406,11 +406,56 @@ func (f *fleet) waitEnded(t *testing.T, client authorityv1.AuthorityServiceClien
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), d)
 	defer cancel()
-	var out []*authorityv1.Job
-	for _, id := range ids {
-		out = append(out, waitJob(ctx, t, client, id, jobEnded))
+	out := make([]*authorityv1.Job, len(ids))
+	for {
+		left := 0
+		for i, id := range ids {
+			if out[i] != nil && jobEnded(out[i]) {
+				continue
+			}
+			if resp, err := client.GetJob(ctx, &authorityv1.GetJobRequest{JobId: id}); err == nil {
+				out[i] = resp.GetJob()
+			}
+			if out[i] == nil || !jobEnded(out[i]) {
+				left++
+			}
+		}
+		if left == 0 {
+			return out
+		}
+		select {
+		case <-ctx.Done():
+			// Every job left, as the store has it, to say where it stuck.
+			for i, id := range ids {
+				if out[i] == nil || !jobEnded(out[i]) {
+					t.Errorf("job %s did not end within %v: %s", id, d, f.jobRow(id))
+				}
+			}
+			t.FailNow()
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
-	return out
+}
+
+// jobRow is job id's row in the store, for a failure's message.
+func (f *fleet) jobRow(id string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var state, message, executor, claimedBy string
+	var claimExpires, dispatched, created, grantExpires sql.NullInt64
+	err := f.db.QueryRowContext(ctx, `SELECT state, message, executor, claimed_by, claim_expires_at, dispatched_at, created_at, grant_expires_at
+		FROM jobs WHERE id = $1`, id).Scan(&state, &message, &executor, &claimedBy, &claimExpires, &dispatched, &created, &grantExpires)
+	if err != nil {
+		return "store: " + err.Error()
+	}
+	at := func(v sql.NullInt64) string {
+		if !v.Valid || v.Int64 == 0 {
+			return "-"
+		}
+		return time.UnixMicro(v.Int64).UTC().Format("15:04:05.000")
+	}
+	return fmt.Sprintf("state %s, message %q, executor %q, claimed by %q until %s, dispatched %s, created %s, grant until %s, now %s, runs on %v",
+		state, message, executor, claimedBy, at(claimExpires), at(dispatched), at(created), at(grantExpires), time.Now().UTC().Format("15:04:05.000"), f.runsOf(id))
 }
 
 func jobEnded(j *authorityv1.Job) bool {

@@ -25,24 +25,43 @@ const startTimeout = 30 * time.Second
 func (s *Service) kick(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.active[id] || s.ctx.Err() != nil {
+	if s.ctx.Err() != nil {
 		return
 	}
-	s.active[id] = true
+	if _, driven := s.active[id]; driven {
+		// Driven already: once more after, in case the goroutine has
+		// just decided it is done.
+		s.active[id] = true
+		return
+	}
+	s.active[id] = false
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		defer func() {
+		for {
+			s.driveOnce(id)
 			s.mu.Lock()
-			delete(s.active, id)
+			again := s.active[id] && s.ctx.Err() == nil
+			if !again {
+				delete(s.active, id)
+			} else {
+				s.active[id] = false
+			}
 			s.mu.Unlock()
-		}()
-		// Whatever the job held at the gate is free once nothing more is
-		// asked of the executor for it: its run ended, or the job did.
-		defer s.gate.release(id)
-		defer s.freePlacement(id)
-		s.drive(id)
+			if !again {
+				return
+			}
+		}
 	}()
+}
+
+// driveOnce drives job id, then frees whatever the job held at the gate
+// and in placement once nothing more is asked of the executor for it: its
+// run ended, or the job did.
+func (s *Service) driveOnce(id string) {
+	defer s.gate.release(id)
+	defer s.freePlacement(id)
+	s.drive(id)
 }
 
 // drive takes a job from queued through the executor's acceptance and
@@ -71,7 +90,7 @@ func (s *Service) drive(id string) {
 				done = true
 			}
 		}
-		if done {
+		if done && err == nil {
 			return
 		}
 		if err == nil {
@@ -149,8 +168,9 @@ func (s *Service) dispatch(j store.Job) (done bool, err error) {
 			s.gate.refused(j.ID, j.Tenant, need, s.cfg.Retry.Max)
 			return false, s.noteWaiting(j.ID, full)
 		}
+		id := j.ID
 		if j, err = s.regrant(j, m, why); err != nil || j.State != store.StateQueued || j.Executor != m.ID {
-			s.cfg.Fleet.Release(j.ID)
+			s.cfg.Fleet.Release(id)
 			return false, err
 		}
 	} else if !s.now().Before(j.GrantExpiresAt) {

@@ -122,7 +122,10 @@ type Service struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu     sync.Mutex
+	mu sync.Mutex
+	// active holds each job a goroutine drives: true when it was kicked
+	// again meanwhile, so it drives the job once more before it ends (a
+	// kick must never be lost to a goroutine on its way out).
 	active map[string]bool
 
 	// refusals keeps one caller's repeated refusal from filling the log.
@@ -265,7 +268,8 @@ const claimBatch = 500
 // replica holds.
 func (s *Service) claim(ctx context.Context) error {
 	until := s.now().Add(s.cfg.ClaimTTL)
-	if _, err := s.cfg.Store.RenewClaims(ctx, s.cfg.Replica, until); err != nil {
+	held, err := s.cfg.Store.RenewClaims(ctx, s.cfg.Replica, until)
+	if err != nil {
 		return err
 	}
 	for {
@@ -275,9 +279,17 @@ func (s *Service) claim(ctx context.Context) error {
 		}
 		s.resume(got)
 		if len(got) < claimBatch {
-			return nil
+			break
 		}
 	}
+	// An unfinished job this replica holds and no goroutine drives (its
+	// drive ended on an error, or its submission's commit reached the
+	// store while the caller's context ended) is driven again: else its
+	// claim would be renewed for ever with nobody acting on it.
+	for _, id := range held {
+		s.kick(id)
+	}
+	return nil
 }
 
 // resume drives jobs just claimed: dispatching queued ones again (the

@@ -99,6 +99,11 @@ func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequ
 	existing, err := s.cfg.Store.JobByIdempotencyKey(ctx, req.Tenant, req.IdempotencyKey)
 	switch {
 	case err == nil:
+		if existing.State == store.StateQueued && existing.ClaimedBy == s.cfg.Replica {
+			// The first submission may have been stored while its caller's
+			// context ended, before it was driven: it is driven now.
+			s.kick(existing.ID)
+		}
 		return sameSpec(existing, digest)
 	case !errors.Is(err, errdefs.ErrNotFound):
 		return store.Job{}, false, err

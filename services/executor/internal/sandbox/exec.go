@@ -237,7 +237,7 @@ func (s *Sandbox) exec(ctx context.Context, x ExecSpec, res ExecResult, procFile
 		defer os.Remove(internalPid)
 		args = append(args, "--internal-pid-file", internalPid)
 	}
-	args = append(args, s.spec.ID)
+	args = append(args, s.name)
 	cmd := exec.Command(s.rt.path, args...)
 	cmd.Env = runtimeEnv
 	cmd.Dir = s.dir
@@ -304,7 +304,7 @@ func (s *Sandbox) exec(ctx context.Context, x ExecSpec, res ExecResult, procFile
 			_ = cmd.Process.Signal(sig)
 			return
 		}
-		if err := s.rt.kill(s.spec.ID, pid, sig); err != nil {
+		if err := s.rt.kill(s.name, pid, sig); err != nil {
 			s.m.log.Warn("sandbox: signal an exec's process group", "job_id", s.spec.ID, "error", err)
 		}
 	}

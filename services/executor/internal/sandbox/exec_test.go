@@ -20,6 +20,25 @@ func (e *env) session(t *testing.T, c Class, src string) (*Sandbox, func() Resul
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
+	run := background(t, sb)
+	var once sync.Once
+	var res Result
+	stop := func() Result {
+		once.Do(func() {
+			res = run()
+			if err := sb.Destroy(); err != nil {
+				t.Errorf("Destroy: %v", err)
+			}
+		})
+		return res
+	}
+	t.Cleanup(func() { stop() })
+	return sb, stop
+}
+
+// background runs sb until the returned stop, which cancels the run and
+// returns its result (the same on every call).
+func background(t *testing.T, sb *Sandbox) func() Result {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan Result, 1)
 	go func() {
@@ -31,18 +50,10 @@ func (e *env) session(t *testing.T, c Class, src string) (*Sandbox, func() Resul
 	}()
 	var once sync.Once
 	var res Result
-	stop := func() Result {
-		once.Do(func() {
-			cancel()
-			res = <-done
-			if err := sb.Destroy(); err != nil {
-				t.Errorf("Destroy: %v", err)
-			}
-		})
+	return func() Result {
+		once.Do(func() { cancel(); res = <-done })
 		return res
 	}
-	t.Cleanup(func() { stop() })
-	return sb, stop
 }
 
 type execRan struct {

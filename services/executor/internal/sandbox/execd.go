@@ -270,7 +270,7 @@ func (s *Sandbox) startExecd(proc *specs.Process, initPid int) (*execdConn, erro
 	// Not detached (-d): runc stays the helper's parent and reaps it, and
 	// this process reaps runc. A detached helper would be reparented to
 	// whatever subreaper is above the executor, which may never reap it.
-	args := append(s.rt.global(logPath), "exec", "--preserve-fds", "2", "--process", procFile, s.spec.ID)
+	args := append(s.rt.global(logPath), "exec", "--preserve-fds", "2", "--process", procFile, s.name)
 	cmd := exec.Command(s.rt.path, args...)
 	cmd.Env = runtimeEnv
 	cmd.Dir = s.dir

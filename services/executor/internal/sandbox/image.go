@@ -281,7 +281,7 @@ func withLine(data []byte, line string) string {
 // rootsDir (see the top of this file).
 func (s *Sandbox) mountImage() error {
 	im := s.spec.Image
-	target := filepath.Join(s.m.rootsDir, s.spec.ID)
+	target := filepath.Join(s.m.rootsDir, s.name)
 	if err := os.Mkdir(target, 0o755); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("%s: a previous executor left this job's root behind; Recover removes it", target)

@@ -300,6 +300,9 @@ type job struct {
 	// viaExec runs cmd as an exec in a session sandbox of the same spec
 	// (under runc: through its exec helper) instead of as the job itself.
 	viaExec bool
+	// claimed, with viaExec, makes the session's sandbox a pooled one
+	// (Warm) the job claims.
+	claimed bool
 }
 
 type ran struct {
@@ -326,7 +329,13 @@ func (e *env) run(t testing.TB, ctx context.Context, j job) ran {
 	if j.viaExec {
 		spec.Command, spec.Stdout, spec.Stderr = IdleCommand, nil, nil
 	}
-	sb, err := e.m.Create(ctx, spec)
+	var sb *Sandbox
+	var err error
+	if j.claimed {
+		sb, err = e.claimed(ctx, spec)
+	} else {
+		sb, err = e.m.Create(ctx, spec)
+	}
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}

@@ -363,16 +363,18 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 	if probed && !st.Available {
 		return nil, fmt.Errorf("%w: spec.class %s is not available on this executor: %s", errdefs.ErrFailedPrecondition, spec.Class, st.Reason)
 	}
-	return m.create(ctx, spec)
+	return m.create(ctx, spec, false)
 }
 
-func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
+// create makes spec's sandbox; a pooled one (Warm) has no source yet: no
+// /work, nothing of a job's.
+func (m *Manager) create(ctx context.Context, spec Spec, pooled bool) (_ *Sandbox, err error) {
 	rt := m.runtimes[spec.Class]
 	version, verr := rt.getVersion(ctx)
 	if verr != nil {
 		return nil, fmt.Errorf("%w: spec.class %s: %v", errdefs.ErrFailedPrecondition, spec.Class, verr)
 	}
-	if fi, serr := os.Stat(spec.Source); serr != nil || !fi.IsDir() {
+	if fi, serr := os.Stat(spec.Source); !pooled && (serr != nil || !fi.IsDir()) {
 		return nil, invalid("spec.source %q: not a directory", spec.Source)
 	}
 	if err := checkNetNS(spec.NetNS); err != nil {
@@ -397,11 +399,13 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		spec:           spec,
 		rt:             rt,
 		runtimeVersion: version,
+		name:           spec.ID,
 		dir:            filepath.Join(m.jobsDir, spec.ID),
 		cgRel:          cgroupRel(m.cgParent, spec.ID),
 		stop:           make(chan struct{}, 1),
 		oomFD:          -1,
 		firstStart:     spec.Started,
+		pooled:         pooled,
 	}
 	s.bundle = filepath.Join(s.dir, "bundle")
 	s.logPath = filepath.Join(s.dir, "runtime.log")
@@ -444,12 +448,10 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err := os.Mkdir(s.workDir, 0o700); err != nil {
 		return nil, err
 	}
-	lower, err := s.workLower()
-	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
-	}
-	if err := mountWork(s.dir, lower, s.scr.point, s.workDir, ""); err != nil {
-		return nil, fmt.Errorf("sandbox %s: mount /work overlay: %w", spec.ID, err)
+	if !pooled {
+		if err := s.mountWork(); err != nil {
+			return nil, err
+		}
 	}
 	cacheBinds, err := s.mountCaches()
 	if err != nil {
@@ -502,7 +504,7 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		return nil, err
 	}
 	path, imageEnv := s.envBase()
-	cfg := ociSpec(bundleInputs{
+	s.bundleIn = bundleInputs{
 		rootfs:       rootfs,
 		binds:        binds,
 		work:         s.workDir,
@@ -522,25 +524,49 @@ func (m *Manager) create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		env:          s.spec.Env, // writeCABundle may have added to it
 		path:         path,
 		imageEnv:     imageEnv,
-		shmSizeBytes: min(64<<20, spec.Limits.MemoryBytes/2),
+		shmSizeBytes: shmSize(spec.Limits),
 		netNS:        spec.NetNS,
 		resolvConf:   resolvConf,
 		caBundle:     caBundle,
 		gitObjects:   spec.GitObjects,
 		caches:       cacheBinds,
 		class:        spec.Class,
-	})
-	if spec.Class == ClassVM {
+	}
+	if pooled {
+		// The template's empty /work stays until a claim mounts the job's
+		// there (warm.go).
+		s.bundleIn.work = ""
+	}
+	if err := s.writeBundle(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// mountWork mounts the job's /work overlay at workDir: the source (or its
+// id-mapped view) below, the scratch's upper layer above.
+func (s *Sandbox) mountWork() error {
+	lower, err := s.workLower()
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", s.spec.ID, err)
+	}
+	if err := mountWork(s.dir, lower, s.scr.point, s.workDir, ""); err != nil {
+		return fmt.Errorf("sandbox %s: mount /work overlay: %w", s.spec.ID, err)
+	}
+	return nil
+}
+
+// writeBundle writes the runtime's config.json from bundleIn.
+func (s *Sandbox) writeBundle() error {
+	cfg := ociSpec(s.bundleIn)
+	if s.spec.Class == ClassVM {
 		cfg.Annotations = s.vmAnnotations()
 	}
 	data, err := json.Marshal(cfg)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if err := os.WriteFile(filepath.Join(s.bundle, "config.json"), data, 0o600); err != nil {
-		return nil, err
-	}
-	return s, nil
+	return os.WriteFile(filepath.Join(s.bundle, "config.json"), data, 0o600)
 }
 
 // commandOf is the process the sandbox runs: the spec's command, but a
@@ -715,7 +741,7 @@ func (m *Manager) probeJob(ctx context.Context, c Class, spec Spec, verdict func
 	spec.Class = c
 	spec.Stdout = &limitedBuffer{b: &stdout, max: 4096}
 	spec.Stderr = &limitedBuffer{b: &stderr, max: 4096}
-	sb, err := m.create(ctx, spec)
+	sb, err := m.create(ctx, spec, false)
 	if err != nil {
 		return fmt.Sprintf("create a test sandbox: %v", err)
 	}
@@ -795,13 +821,22 @@ func (m *Manager) Recover(ctx context.Context, keep func(id string) bool) ([]str
 	}
 	// Which scratches to keep is decided before anything is unmounted:
 	// only one still mounted was never torn down half-way.
+	// A pooled sandbox's directory is named for the pool, not a job: the
+	// job that claimed it, if one did, is in its claim file (jobOf). One
+	// no job claimed is removed and not reported.
 	keepMounted := map[string]bool{}
+	jobOf := map[string]string{}
 	if ents, err := os.ReadDir(m.jobsDir); err == nil {
 		for _, e := range ents {
 			id := e.Name()
 			ids[id] = true
 			dir := filepath.Join(m.jobsDir, id)
-			if !keep(id) {
+			job := id
+			if strings.HasPrefix(id, PoolPrefix) {
+				job = claimedJob(dir)
+				jobOf[id] = job
+			}
+			if job == "" || !keep(job) {
 				continue
 			}
 			points, _ := mountsUnder(dir)
@@ -850,12 +885,16 @@ func (m *Manager) Recover(ctx context.Context, keep func(id string) bool) ([]str
 		for end := time.Now().Add(30 * time.Second); len(loopsBacking(img)) > 0 && time.Now().Before(end); {
 			time.Sleep(5 * time.Millisecond)
 		}
+		job := id
+		if j, ok := jobOf[id]; ok {
+			job = j
+		}
 		if points, _ := mountsUnder(dir); len(points) > 0 || len(loopsBacking(img)) > 0 {
-			m.log.Warn("a session's scratch is still in use after Recover; not kept", "job_id", id, "mounts", points)
+			m.log.Warn("a session's scratch is still in use after Recover; not kept", "job_id", job, "mounts", points)
 			continue
 		}
-		if err := keepScratch(dir, m.keptDir, id); err != nil {
-			m.log.Warn("a session's scratch could not be kept", "job_id", id, "error", err)
+		if err := keepScratch(dir, m.keptDir, job); err != nil {
+			m.log.Warn("a session's scratch could not be kept", "job_id", job, "error", err)
 		}
 	}
 	if ents, err := os.ReadDir(m.keptDir); err == nil {
@@ -878,11 +917,16 @@ func (m *Manager) Recover(ctx context.Context, keep func(id string) bool) ([]str
 		if err := removeJobDir(filepath.Join(m.jobsDir, id)); err != nil {
 			errs = append(errs, err)
 		}
-		if !strings.HasPrefix(id, "probe.") {
+		switch job, pooled := jobOf[id]; {
+		case strings.HasPrefix(id, "probe."):
+		case pooled && job != "":
+			out = append(out, job)
+		case !pooled && !strings.HasPrefix(id, PoolPrefix):
 			out = append(out, id)
 		}
 	}
 	sort.Strings(out)
+	out = slices.Compact(out)
 	return out, errors.Join(errs...)
 }
 

@@ -26,6 +26,16 @@ import (
 // src is the executor's own directory (its last component is not followed
 // if a symlink); dst an absolute, clean path.
 func (s *Sandbox) MountInto(src, dst string, readOnly bool) error {
+	var attrs uint64
+	if readOnly {
+		attrs = unix.MOUNT_ATTR_RDONLY
+	}
+	return s.mountInto(src, dst, attrs)
+}
+
+// mountInto is MountInto with attrs (MOUNT_ATTR_*) set beside nosuid and
+// nodev.
+func (s *Sandbox) mountInto(src, dst string, attrs uint64) error {
 	if s.spec.Class != ClassRunc {
 		return fmt.Errorf("sandbox %s: a mount into a running sandbox needs class %s, not %s", s.spec.ID, ClassRunc, s.spec.Class)
 	}
@@ -55,10 +65,7 @@ func (s *Sandbox) MountInto(src, dst string, readOnly bool) error {
 	defer unix.Close(tree)
 	// Private: a clone of a shared mount would join its peer group, and
 	// mounts made under either side would then show up in the other.
-	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV, Propagation: unix.MS_PRIVATE}
-	if readOnly {
-		attr.Attr_set |= unix.MOUNT_ATTR_RDONLY
-	}
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | attrs, Propagation: unix.MS_PRIVATE}
 	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &attr); err != nil {
 		return fmt.Errorf("mount_setattr: %w", err)
 	}
@@ -129,7 +136,7 @@ func moveMountIn(mntns, tree int, dst string) (err error) {
 }
 
 // errNotRunning is a sandbox whose init is not (or no longer) running.
-var errNotRunning = errors.New("the sandbox is not running")
+var errNotRunning = fmt.Errorf("%w: the sandbox is not running", errdefs.ErrFailedPrecondition)
 
 // initPidfd is a pidfd of the sandbox's init, checked to be in the
 // sandbox's cgroup while the pidfd still names a live process (so the pid

@@ -219,9 +219,17 @@ func ociSpec(in bundleInputs) *specs.Spec {
 		// makes a missing one on the host, in the shared template).
 		mounts = append(mounts, specs.Mount{Destination: "/home", Type: "bind", Source: in.homes, Options: []string{"bind", "ro", nosuid, nodev, noexec}})
 	}
+	cwd := "/work"
+	if in.work == "" {
+		// A pooled sandbox's, before its claim (warm.go).
+		cwd = "/"
+	}
 	for _, b := range []struct{ dst, src string }{
 		{"/work", in.work}, {"/tmp", in.tmp}, {"/out", in.out}, {in.user.Home(), in.home},
 	} {
+		if b.src == "" {
+			continue
+		}
 		mounts = append(mounts, specs.Mount{Destination: b.dst, Type: "bind", Source: b.src, Options: []string{"bind", "rw", nosuid, nodev}})
 	}
 	for _, c := range in.caches {
@@ -250,7 +258,7 @@ func ociSpec(in bundleInputs) *specs.Spec {
 			User: specs.User{UID: in.user.UID, GID: in.user.GID},
 			Args: in.command,
 			Env:  jobEnv(in.path, in.imageEnv, in.user, in.env),
-			Cwd:  "/work",
+			Cwd:  cwd,
 			// Present and empty: every set, bounding and ambient too, is
 			// empty. (A missing capabilities object would leave the
 			// runtime's defaults.)

@@ -193,7 +193,7 @@ func (s *Sandbox) dialRunsc(ctx context.Context, port int) (net.Conn, error) {
 	}
 	defer l.Close()
 	args := s.rt.global("")
-	args = append(args, "port-forward", "--stream", sock, s.spec.ID, strconv.Itoa(port))
+	args = append(args, "port-forward", "--stream", sock, s.name, strconv.Itoa(port))
 	cmd := exec.CommandContext(ctx, s.rt.path, args...)
 	cmd.Env = runtimeEnv
 	cmd.Dir = s.dir

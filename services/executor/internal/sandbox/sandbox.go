@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -40,21 +41,35 @@ const (
 
 // Sandbox is one job's prepared sandbox.
 type Sandbox struct {
-	m              *Manager
-	spec           Spec
+	m    *Manager
+	spec Spec
+	// name names everything of the sandbox on the host: its directory,
+	// cgroup, runtime container and image root. It is spec.ID, but for a
+	// pooled sandbox (warm.go), whose name was chosen before any job
+	// claimed it and whose spec.ID is the claiming job's from then on.
+	name           string
 	rt             *runtimeBin
 	runtimeVersion string
 
 	dir, bundle, logPath, pidFile, workDir string
 	cgRel                                  string
 	scr                                    *scratch
-	oomFD                                  int // eventfd of OOM notifications, -1 if none
+	// bundleIn is what the bundle's config.json was written from.
+	bundleIn bundleInputs
+	oomFD    int // eventfd of OOM notifications, -1 if none
 	// rootDir is the mount point of a job on an image's root (image.go),
 	// below Manager.rootsDir; "" for a job on the host template.
 	rootDir string
 
 	// stop asks a running Run to kill the job (Destroy does).
 	stop chan struct{}
+
+	// A pooled sandbox (warm.go) was made before any job, by Warm, and is
+	// running its idle init with no Run watching it until a job claims
+	// it: warm is its runtime, which Run takes over; claimed is set once
+	// Claim has made it the job's.
+	pooled, claimed, claiming bool
+	warm                      *started
 
 	mu      sync.Mutex
 	state   sandboxState
@@ -151,15 +166,23 @@ func (s *Sandbox) envBase() (path string, image []string) {
 func (s *Sandbox) Run(ctx context.Context) (Result, error) {
 	res := s.BaseResult()
 	s.mu.Lock()
-	if s.state != stateCreated {
+	switch {
+	case s.state == stateCreated && !s.pooled:
+		s.state = stateRunning
+		s.runDone = make(chan struct{})
+		s.deadlineChanged = make(chan struct{}, 1)
+	case s.state == stateCreated && s.claimed:
+		// A claimed sandbox run again (Restart).
+		s.state = stateRunning
+		s.runDone = make(chan struct{})
+	case s.state == stateRunning && s.warm != nil && s.claimed:
+		// A claimed sandbox's first Run: its runtime is up already.
+	default:
 		s.mu.Unlock()
 		res.Reason = ReasonSandboxError
-		res.Message = "Run may be called once, on a sandbox not yet destroyed"
+		res.Message = "Run may be called once, on a sandbox not yet destroyed (a pooled one once claimed)"
 		return res, fmt.Errorf("%w: sandbox %s: %s", errdefs.ErrFailedPrecondition, s.spec.ID, res.Message)
 	}
-	s.state = stateRunning
-	s.runDone = make(chan struct{})
-	s.deadlineChanged = make(chan struct{}, 1)
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
@@ -177,36 +200,33 @@ func (s *Sandbox) Run(ctx context.Context) (Result, error) {
 	return res, err
 }
 
-func (s *Sandbox) run(ctx context.Context, res Result) (Result, error) {
-	if ctx.Err() != nil {
-		res.Reason = ReasonCancelled
-		res.Message = "no process of the job had started"
-		return res, nil
-	}
+// started is a runtime process running a sandbox's init.
+type started struct {
+	cmd   *exec.Cmd
+	pipes *outputPipes
+	// done is closed once the runtime has exited, with err its wait's.
+	done chan struct{}
+	err  error
+}
+
+// start starts the runtime on the bundle, its output copied to stdout and
+// stderr.
+func (s *Sandbox) start(stdout, stderr io.Writer) (*started, error) {
 	pipes, err := newOutputPipes()
 	if err != nil {
-		return res, err
+		return nil, err
 	}
-	cmd := s.rt.runCmd(s.bundle, s.spec.ID, s.logPath, s.pidFile, s.spec.isSession())
+	cmd := s.rt.runCmd(s.bundle, s.name, s.logPath, s.pidFile, s.spec.isSession())
 	// The runtime hands its own stdio to the job: stdin is /dev/null, and
 	// the write ends of the pipes go straight to the job's processes.
 	cmd.Stdout, cmd.Stderr = pipes.outW, pipes.errW
 	// Its own process group, so a terminal's signals to the executor do
 	// not reach it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	start := time.Now()
-	// The deadline counts from the first Run: a restarted sandbox
-	// (Restart) has what is left of it.
-	s.mu.Lock()
-	if s.firstStart.IsZero() {
-		s.firstStart = start
-	}
-	first := s.firstStart
-	s.mu.Unlock()
 	err = cmd.Start()
 	pipes.started(err == nil)
 	if err != nil {
-		return res, fmt.Errorf("start %s: %w", s.rt.class, err)
+		return nil, fmt.Errorf("start %s: %w", s.rt.class, err)
 	}
 	// The runtime inherits the executor's low OOM score, and so would
 	// what it forks that never takes the spec's: runsc's gofer, and the
@@ -217,14 +237,44 @@ func (s *Sandbox) run(ctx context.Context, res Result) (Result, error) {
 	if err := os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", cmd.Process.Pid), []byte(strconv.Itoa(jobOOMScoreAdj)), 0); err != nil {
 		s.m.log.Warn("sandbox: raise the runtime's oom_score_adj", "job_id", s.spec.ID, "error", err)
 	}
-	pipes.copy(s.spec.Stdout, s.spec.Stderr)
-	waitErr := make(chan error, 1)
-	go func() { waitErr <- cmd.Wait() }()
+	pipes.copy(stdout, stderr)
+	st := &started{cmd: cmd, pipes: pipes, done: make(chan struct{})}
+	go func() { st.err = cmd.Wait(); close(st.done) }()
+	return st, nil
+}
+
+func (s *Sandbox) run(ctx context.Context, res Result) (Result, error) {
+	s.mu.Lock()
+	up := s.warm
+	s.warm = nil
+	s.mu.Unlock()
+	if ctx.Err() != nil && up == nil {
+		// (A claimed sandbox's init is up: the wait below stops it.)
+		res.Reason = ReasonCancelled
+		res.Message = "no process of the job had started"
+		return res, nil
+	}
+	start := time.Now()
+	// The deadline counts from the first Run: a restarted sandbox
+	// (Restart) has what is left of it.
+	s.mu.Lock()
+	if s.firstStart.IsZero() {
+		s.firstStart = start
+	}
+	first := s.firstStart
+	s.mu.Unlock()
+	if up == nil {
+		var err error
+		if up, err = s.start(s.spec.Stdout, s.spec.Stderr); err != nil {
+			return res, err
+		}
+	}
+	cmd, pipes := up.cmd, up.pipes
 	if s.spec.isSession() {
 		// The session's exec helper starts as soon as the sandbox is up,
 		// so its first exec is as fast as the others (an exec that finds
 		// none, because it failed or a job killed it, starts one itself);
-		// then the session is ready.
+		// then the session is ready. A claimed sandbox's is up already.
 		go s.prestart(ctx)
 	}
 
@@ -271,7 +321,8 @@ func (s *Sandbox) run(ctx context.Context, res Result) (Result, error) {
 wait:
 	for {
 		select {
-		case werr = <-waitErr:
+		case <-up.done:
+			werr = up.err
 			break wait
 		case <-deadline.C:
 			// The timer may have fired just as UpdateLimits extended the
@@ -311,8 +362,8 @@ wait:
 	if err := s.m.cg.kill(s.cgRel, killWait); err != nil {
 		errs = append(errs, err)
 	}
-	if s.rt.hasState(s.spec.ID) {
-		if err := s.rt.forceDelete(s.spec.ID); err != nil {
+	if s.rt.hasState(s.name) {
+		if err := s.rt.forceDelete(s.name); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -427,8 +478,8 @@ func (s *Sandbox) Restart() error {
 	if s.state != stateFinished {
 		return fmt.Errorf("%w: sandbox %s: Restart needs a sandbox whose Run has returned", errdefs.ErrFailedPrecondition, s.spec.ID)
 	}
-	if s.rt.hasState(s.spec.ID) {
-		if err := s.rt.forceDelete(s.spec.ID); err != nil {
+	if s.rt.hasState(s.name) {
+		if err := s.rt.forceDelete(s.name); err != nil {
 			return err
 		}
 	}
@@ -456,7 +507,7 @@ func (s *Sandbox) Signal(sig syscall.Signal) error {
 	if err := s.alive(); err != nil {
 		return err
 	}
-	return s.rt.kill(s.spec.ID, 0, sig)
+	return s.rt.kill(s.name, 0, sig)
 }
 
 // Destroy kills anything of the job still running, then unmounts and
@@ -484,7 +535,7 @@ func (s *Sandbox) destroy(keep bool) error {
 	if s.state == stateDestroyed {
 		return nil
 	}
-	if s.state == stateRunning {
+	if s.state == stateRunning && s.warm == nil {
 		select {
 		case s.stop <- struct{}{}:
 		default:
@@ -497,11 +548,26 @@ func (s *Sandbox) destroy(keep bool) error {
 			return nil
 		}
 	}
+	if w := s.warm; w != nil {
+		// A pooled sandbox no Run watches: its init ends with the
+		// teardown's kill, and its runtime must have exited before its
+		// state is deleted.
+		s.warm, s.ending = nil, true
+		defer func() {
+			select {
+			case <-w.done:
+			case <-time.After(runtimeExitGrace):
+				_ = w.cmd.Process.Kill()
+				<-w.done
+			}
+			w.pipes.drain(outputDrainGrace)
+		}()
+	}
 	if err := s.teardown(keep); err != nil {
 		return fmt.Errorf("sandbox %s: destroy: %w", s.spec.ID, err)
 	}
 	s.state = stateDestroyed
-	s.m.forget(s.spec.ID)
+	s.m.forget(s.name)
 	return nil
 }
 
@@ -515,8 +581,8 @@ func (s *Sandbox) teardown(keep bool) error {
 	if err := s.m.cg.kill(s.cgRel, killWait); err != nil {
 		errs = append(errs, err)
 	}
-	if s.rt.hasState(s.spec.ID) {
-		if err := s.rt.forceDelete(s.spec.ID); err != nil {
+	if s.rt.hasState(s.name) {
+		if err := s.rt.forceDelete(s.name); err != nil {
 			errs = append(errs, err)
 		}
 	}

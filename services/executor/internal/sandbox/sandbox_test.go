@@ -649,10 +649,14 @@ echo oom_score_adj=$(cat /proc/self/oom_score_adj)
 touch /usr/bin/evil; echo "usr=$?"
 touch /etc/evil; echo "etc=$?"
 echo done`
-	// As the job itself, and as a session's exec (through its helper).
-	for _, viaExec := range []bool{false, true} {
-		t.Run(fmt.Sprintf("exec=%t", viaExec), func(t *testing.T) {
-			r := e.run(t, context.Background(), job{src: e.source(t, nil), cmd: []string{"/bin/sh", "-c", script}, viaExec: viaExec})
+	// As the job itself, as a session's exec (through its helper), and as
+	// an exec in a pooled sandbox the session claimed.
+	for _, via := range []struct {
+		name             string
+		viaExec, claimed bool
+	}{{"exec=false", false, false}, {"exec=true", true, false}, {"claimed", true, true}} {
+		t.Run(via.name, func(t *testing.T) {
+			r := e.run(t, context.Background(), job{src: e.source(t, nil), cmd: []string{"/bin/sh", "-c", script}, viaExec: via.viaExec, claimed: via.claimed})
 			wantExit(t, r, 0)
 			out := r.stdout
 			for _, want := range []string{
