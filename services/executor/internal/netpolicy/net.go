@@ -25,6 +25,10 @@ type Net struct {
 	veth  string // the host end's name, whether or not it exists now
 	table string
 	fixed bool
+	// pooled is a namespace made before any job (Pooled); job is the job
+	// that claimed it (Claim), "" until one did.
+	pooled bool
+	job    string
 
 	mu     sync.Mutex
 	policy Policy
@@ -58,6 +62,11 @@ type CreateOption func(*Net)
 // A to allow B) work either way.
 func FixedInterfaces() CreateOption { return func(n *Net) { n.fixed = true } }
 
+// Pooled is for a namespace made before its job, for a pooled sandbox: it
+// is made deny-all, and the job that claims it puts its own policy in
+// force with Claim, as whatever generation its grant says.
+func Pooled() CreateOption { return func(n *Net) { n.pooled, n.gen = true, 0 } }
+
 // Generation is the generation of the policy Create puts in force: the
 // grant's network_policy_generation, at least 1. Without it, 1.
 func Generation(gen int64) CreateOption { return func(n *Net) { n.gen = gen } }
@@ -90,7 +99,10 @@ func (m *Manager) Create(ctx context.Context, id string, p Policy, opts ...Creat
 	for _, o := range opts {
 		o(n)
 	}
-	if n.gen < 1 {
+	if n.pooled && !p.DenyAll() {
+		return nil, fmt.Errorf("%w: netpolicy: %s: a pooled namespace is made deny-all", errdefs.ErrInvalidArgument, id)
+	}
+	if n.gen < 1 && !n.pooled {
 		return nil, fmt.Errorf("%w: netpolicy: job %s: policy generation %d: want at least 1", errdefs.ErrInvalidArgument, id, n.gen)
 	}
 	m.mu.Lock()
@@ -145,10 +157,32 @@ func (m *Manager) forget(n *Net) {
 	}
 }
 
+// Claim makes a pooled namespace (Pooled) job's, with p in force as
+// generation gen (at least 1), as Apply does. A namespace not pooled, or
+// claimed already, is refused. On error the namespace is of no more use.
+func (n *Net) Claim(ctx context.Context, job string, p Policy, gen int64) error {
+	if gen < 1 {
+		return fmt.Errorf("%w: netpolicy: job %s: policy generation %d: want at least 1", errdefs.ErrInvalidArgument, job, gen)
+	}
+	n.mu.Lock()
+	if !n.pooled || n.job != "" {
+		n.mu.Unlock()
+		return fmt.Errorf("%w: netpolicy: %s: not a pooled namespace waiting for a job", errdefs.ErrFailedPrecondition, n.id)
+	}
+	n.job = job
+	n.mu.Unlock()
+	if err := n.Apply(ctx, p, gen); err != nil {
+		return err
+	}
+	n.m.log.Info("netpolicy: pooled namespace claimed", "name", n.id, "job_id", job)
+	return nil
+}
+
 // Path is the namespace's path, for the OCI spec's network namespace.
 func (n *Net) Path() string { return n.path }
 
-// ID is the job id the namespace belongs to.
+// ID is the job id the namespace belongs to: for a pooled one, the name it
+// was made under, whoever claimed it.
 func (n *Net) ID() string { return n.id }
 
 // CanApply reports the error Apply would return for reasons known before

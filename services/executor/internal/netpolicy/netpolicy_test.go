@@ -512,3 +512,47 @@ func TestCreateErrors(t *testing.T) {
 func dialHost(addr string) (net.Conn, error) {
 	return net.DialTimeout("tcp", addr, 700*time.Millisecond)
 }
+
+// TestPooledClaim: a pooled namespace is deny-all and has no interface
+// but lo until a job claims it; its claim puts the job's policy in force
+// as the grant's generation (1 or more), and a later Apply goes on from
+// there. A second claim, a claim of a namespace not pooled, and a pooled
+// namespace made with an allow policy are refused.
+func TestPooledClaim(t *testing.T) {
+	m := newManager(t, false)
+	th := startTestHost(t, m)
+	ctx := context.Background()
+	if _, err := m.Create(ctx, "pool_allow", allow(rule(th.ip, 32)), Pooled()); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("a pooled namespace with an allow policy: %v", err)
+	}
+	n := create(t, m, Policy{}, Pooled())
+	if got := linksIn(t, n.Path()); !slices.Equal(got, []string{"lo"}) {
+		t.Errorf("a pooled namespace's links: %v", got)
+	}
+	check(t, n, probe{th.addr(th.ip, th.ports[0]), false, "pooled, before the claim"})
+	if err := n.Claim(ctx, "claimer", allow(rule(th.ip, 32, th.ports[0])), 0); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("a claim at generation 0: %v", err)
+	}
+	if err := n.Claim(ctx, "claimer", allow(rule(th.ip, 32, th.ports[0])), 1); err != nil {
+		t.Fatalf("Claim: %v", err)
+	}
+	check(t, n,
+		probe{th.addr(th.ip, th.ports[0]), true, "claimed: allowed"},
+		probe{th.addr(th.ip, th.ports[1]), false, "claimed: another port"},
+		probe{th.addr(th.hostIP, th.hostPort), false, "claimed: the host"},
+	)
+	if _, gen := n.Current(); gen != 1 {
+		t.Errorf("generation after the claim: %d, want the grant's 1", gen)
+	}
+	if err := n.Claim(ctx, "second", Policy{}, 2); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("a second claim: %v", err)
+	}
+	if err := n.Apply(ctx, Policy{}, 2); err != nil {
+		t.Fatal(err)
+	}
+	check(t, n, probe{th.addr(th.ip, th.ports[0]), false, "deny-all after the claim"})
+	plain := create(t, m, Policy{})
+	if err := plain.Claim(ctx, "claimer", Policy{}, 2); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("a claim of a namespace not pooled: %v", err)
+	}
+}
