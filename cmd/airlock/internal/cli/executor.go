@@ -204,12 +204,43 @@ func jobCount(n int64) string {
 // writeExecutorTable lists executors, one a line, every text an executor
 // reported escaped.
 func writeExecutorTable(w io.Writer, list []*authorityv1.Executor, now time.Time) {
-	fmt.Fprintln(w, "NAME\tSTATE\tADDRESS\tCLASSES\tPLACED\tFREE JOBS\tFREE MEMORY\tFREE CPU\tLAST SEEN")
+	fmt.Fprintln(w, "NAME\tSTATE\tADDRESS\tCLASSES\tPLACED\tFREE JOBS\tFREE MEMORY\tFREE CPU\tWARM POOL\tLAST SEEN")
 	for _, e := range list {
 		c := e.GetReport().GetCapacity()
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d/%d\t%s/%s\t%s/%s\t%s\n", termtext.Line(e.GetName()), executorState(e), termtext.Line(e.GetAddress()),
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d/%d\t%s/%s\t%s/%s\t%s\t%s\n", termtext.Line(e.GetName()), executorState(e), termtext.Line(e.GetAddress()),
 			orDash(classList(e.GetReport(), ",")), e.GetPlaced(), c.GetJobsFree(), c.GetJobs(), humanBytes(c.GetMemoryFreeBytes()), humanBytes(c.GetMemoryBytes()),
-			cores(c.GetCpuFreeMillis()), cores(c.GetCpuMillis()), ago(e.GetLastSeen(), now))
+			cores(c.GetCpuFreeMillis()), cores(c.GetCpuMillis()), poolSummary(e.GetReport()), ago(e.GetLastSeen(), now))
+	}
+}
+
+// poolSummary is an executor's warm pools in one word: sandboxes ready of
+// those its tenants ask for, and the sessions given one of all those that
+// could have been ("2/2 ready, 41/44 hits"); "-" for none.
+func poolSummary(r *authorityv1.ExecutorReport) string {
+	if len(r.GetWarmPools()) == 0 {
+		return "-"
+	}
+	var ready, target int32
+	var hits, misses int64
+	for _, p := range r.GetWarmPools() {
+		ready, target, hits, misses = ready+p.GetReady(), target+p.GetTarget(), hits+p.GetHits(), misses+p.GetMisses()
+	}
+	return fmt.Sprintf("%d/%d ready, %d/%d hits", ready, target, hits, hits+misses)
+}
+
+// writeWarmPools lists an executor's warm pools, one a line.
+func writeWarmPools(w io.Writer, r *authorityv1.ExecutorReport) {
+	for _, p := range r.GetWarmPools() {
+		line := fmt.Sprintf("warm pool  tenant %s, %s as %d:%d, disk %s, /dev/shm %s: %d of %d ready, %d hits, %d misses",
+			termtext.Line(p.GetTenant()), runtimeClassWord(p.GetRuntimeClass()), p.GetUid(), p.GetGid(), humanBytes(p.GetDiskBytes()), humanBytes(p.GetShmBytes()),
+			p.GetReady(), p.GetTarget(), p.GetHits(), p.GetMisses())
+		if d := p.GetRefillMedian().AsDuration(); d > 0 {
+			line += fmt.Sprintf(", made in %v (median; last %v)", d.Round(time.Millisecond), p.GetRefillLast().AsDuration().Round(time.Millisecond))
+		}
+		if e := p.GetLastError(); e != "" {
+			line += "; its last refill failed: " + termtext.Line(e)
+		}
+		fmt.Fprintln(w, line)
 	}
 }
 
@@ -276,6 +307,7 @@ func writeExecutor(w io.Writer, resp *authorityv1.GetExecutorResponse, now time.
 		runs = "more than " + runs
 	}
 	fmt.Fprintf(w, "runs       %s held, as it reported\n", runs)
+	writeWarmPools(w, r)
 	placed := fmt.Sprintf("placed     %s not ended", jobCount(e.GetPlaced()))
 	if n := int64(len(resp.GetJobs())); n < e.GetPlaced() {
 		placed += fmt.Sprintf(" (the first %d listed)", n)

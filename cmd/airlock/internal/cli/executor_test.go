@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/airlockhq/airlock/pkg/clientconfig"
@@ -110,9 +111,16 @@ func testFleet() []*authorityv1.Executor {
 	report := &authorityv1.ExecutorReport{Version: "1.2.3", StartedAt: timestamppb.New(now.Add(-time.Hour)),
 		RuntimeClasses: []typesv1.RuntimeClass{typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, typesv1.RuntimeClass_RUNTIME_CLASS_RUNSC},
 		Capacity:       capacity, NetworkPools: []string{"10.200.0.0/16"}, Runs: []string{"j1", "j2", "j3"}}
+	warm := proto.Clone(report).(*authorityv1.ExecutorReport)
+	warm.WarmPools = []*authorityv1.WarmPoolReport{
+		{Tenant: "dev", RuntimeClass: typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, Uid: 1000, Gid: 1000, DiskBytes: 1 << 30, ShmBytes: 64 << 20,
+			Ready: 2, Target: 2, Hits: 41, Misses: 3, RefillLast: durationpb.New(95 * time.Millisecond), RefillMedian: durationpb.New(92 * time.Millisecond)},
+		{Tenant: "ops", RuntimeClass: typesv1.RuntimeClass_RUNTIME_CLASS_RUNC, DiskBytes: 1 << 30, ShmBytes: 64 << 20, Target: 1, Misses: 1,
+			LastError: "no loop device"},
+	}
 	return []*authorityv1.Executor{
 		{Name: "exec-a", Id: "spiffe://test.airlock/service/executor/exec-a", Address: "10.0.0.2:7402", State: authorityv1.ExecutorState_EXECUTOR_STATE_UP,
-			JoinedAt: timestamppb.New(now.Add(-2 * time.Hour)), LastSeen: timestamppb.New(now.Add(-90 * time.Second)), Report: report, Placed: 3},
+			JoinedAt: timestamppb.New(now.Add(-2 * time.Hour)), LastSeen: timestamppb.New(now.Add(-90 * time.Second)), Report: warm, Placed: 3},
 		{Name: "exec-b", Address: "10.0.0.3:7402", State: authorityv1.ExecutorState_EXECUTOR_STATE_UP, Draining: true, DrainedBy: "operator/admin",
 			DrainReason: "kernel update", DrainedAt: timestamppb.New(now.Add(-time.Minute)), LastSeen: timestamppb.New(now), Report: report},
 		{Name: "exec-c", Address: "10.0.0.4:7402", State: authorityv1.ExecutorState_EXECUTOR_STATE_LOST, LastSeen: timestamppb.New(now.Add(-3 * time.Hour))},
@@ -155,10 +163,10 @@ func TestExecutorList(t *testing.T) {
 	}
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	want := [][]string{
-		{"NAME", "STATE", "ADDRESS", "CLASSES", "PLACED", "FREE", "JOBS", "FREE", "MEMORY", "FREE", "CPU", "LAST", "SEEN"},
-		{"exec-a", "up", "10.0.0.2:7402", "runc,runsc", "3", "5/8", "1.0GiB/4.0GiB", "1.5/4", "1m", "ago"},
-		{"exec-b", "draining", "10.0.0.3:7402", "runc,runsc", "0", "5/8", "1.0GiB/4.0GiB", "1.5/4", "0s", "ago"},
-		{"exec-c", "lost", "10.0.0.4:7402", "-", "0", "0/0", "0B/0B", "0/0", "3h", "ago"},
+		{"NAME", "STATE", "ADDRESS", "CLASSES", "PLACED", "FREE", "JOBS", "FREE", "MEMORY", "FREE", "CPU", "WARM", "POOL", "LAST", "SEEN"},
+		{"exec-a", "up", "10.0.0.2:7402", "runc,runsc", "3", "5/8", "1.0GiB/4.0GiB", "1.5/4", "2/3", "ready,", "41/45", "hits", "1m", "ago"},
+		{"exec-b", "draining", "10.0.0.3:7402", "runc,runsc", "0", "5/8", "1.0GiB/4.0GiB", "1.5/4", "-", "0s", "ago"},
+		{"exec-c", "lost", "10.0.0.4:7402", "-", "0", "0/0", "0B/0B", "0/0", "-", "3h", "ago"},
 	}
 	if len(lines) != len(want) {
 		t.Fatalf("%d lines, want %d:\n%s", len(lines), len(want), out)
@@ -195,6 +203,8 @@ func TestExecutorGet(t *testing.T) {
 			"(1m ago)\n", "version    1.2.3, started ", "classes    runc, runsc\n",
 			"capacity   jobs 5 free of 8, memory 1.0GiB free of 4.0GiB, cpu 1.5 free of 4, disk 10.0GiB free of 100.0GiB\n",
 			"networks   10.200.0.0/16\n", "runs       3 held, as it reported\n",
+			"warm pool  tenant dev, runc as 1000:1000, disk 1.0GiB, /dev/shm 64.0MiB: 2 of 2 ready, 41 hits, 3 misses, made in 92ms (median; last 95ms)\n",
+			"warm pool  tenant ops, runc as 0:0, disk 1.0GiB, /dev/shm 64.0MiB: 0 of 1 ready, 0 hits, 1 misses; its last refill failed: no loop device\n",
 			"placed     3 jobs not ended\n  j1\n  j2\n  j3\n", "safe to stop: no, not draining (airlock executor drain exec-a)\n",
 		}},
 		{"exec-b", []string{"state      draining since ", ", by operator/admin: kernel update\n", "safe to stop: yes (keep its data directory: it holds finished jobs' bundles until they are published)\n"}},
@@ -325,7 +335,8 @@ func hostileFleet(s string) *fakeAuthority {
 	return &fakeAuthority{
 		executors: []*authorityv1.Executor{{Name: s, Id: s, Address: s, State: authorityv1.ExecutorState_EXECUTOR_STATE_UP,
 			Draining: true, DrainedBy: s, DrainReason: s, Placed: 1,
-			Report: &authorityv1.ExecutorReport{Version: s, NetworkPools: []string{s, s}}}},
+			Report: &authorityv1.ExecutorReport{Version: s, NetworkPools: []string{s, s},
+				WarmPools: []*authorityv1.WarmPoolReport{{Tenant: s, Target: 1, LastError: s}}}}},
 		executorJobs: []string{s},
 		placed:       []int64{1},
 	}

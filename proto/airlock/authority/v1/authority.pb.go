@@ -9008,6 +9008,9 @@ type ExecutorReport struct {
 	Runs []string `protobuf:"bytes,8,rep,name=runs,proto3" json:"runs,omitempty"`
 	// More runs than runs lists are held.
 	RunsTruncated bool `protobuf:"varint,9,opt,name=runs_truncated,json=runsTruncated,proto3" json:"runs_truncated,omitempty"`
+	// Its warm pools: one per session shape it keeps sandboxes ready for
+	// (at most 256).
+	WarmPools     []*WarmPoolReport `protobuf:"bytes,10,rep,name=warm_pools,json=warmPools,proto3" json:"warm_pools,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -9105,6 +9108,161 @@ func (x *ExecutorReport) GetRunsTruncated() bool {
 	return false
 }
 
+func (x *ExecutorReport) GetWarmPools() []*WarmPoolReport {
+	if x != nil {
+		return x.WarmPools
+	}
+	return nil
+}
+
+// WarmPoolReport is one shape of sandbox an executor keeps ready for a
+// tenant's sessions, and how it served them since the executor started.
+type WarmPoolReport struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Tenant       string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	RuntimeClass v1.RuntimeClass        `protobuf:"varint,2,opt,name=runtime_class,json=runtimeClass,proto3,enum=airlock.types.v1.RuntimeClass" json:"runtime_class,omitempty"`
+	Uid          uint32                 `protobuf:"varint,3,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid          uint32                 `protobuf:"varint,4,opt,name=gid,proto3" json:"gid,omitempty"`
+	DiskBytes    int64                  `protobuf:"varint,5,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
+	ShmBytes     int64                  `protobuf:"varint,6,opt,name=shm_bytes,json=shmBytes,proto3" json:"shm_bytes,omitempty"`
+	// Sandboxes ready now, and how many the tenant's policy asks for (as
+	// the executor's bounds allow).
+	Ready  int32 `protobuf:"varint,7,opt,name=ready,proto3" json:"ready,omitempty"`
+	Target int32 `protobuf:"varint,8,opt,name=target,proto3" json:"target,omitempty"`
+	// Sessions given one, and sessions of the shape that found none ready.
+	Hits   int64 `protobuf:"varint,9,opt,name=hits,proto3" json:"hits,omitempty"`
+	Misses int64 `protobuf:"varint,10,opt,name=misses,proto3" json:"misses,omitempty"`
+	// How long making one took: the last time, and the median of the last
+	// 32.
+	RefillLast   *durationpb.Duration `protobuf:"bytes,11,opt,name=refill_last,json=refillLast,proto3" json:"refill_last,omitempty"`
+	RefillMedian *durationpb.Duration `protobuf:"bytes,12,opt,name=refill_median,json=refillMedian,proto3" json:"refill_median,omitempty"`
+	// Why the last refill failed ("" after a success; at most 512 bytes).
+	LastError     string `protobuf:"bytes,13,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WarmPoolReport) Reset() {
+	*x = WarmPoolReport{}
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[116]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WarmPoolReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WarmPoolReport) ProtoMessage() {}
+
+func (x *WarmPoolReport) ProtoReflect() protoreflect.Message {
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[116]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WarmPoolReport.ProtoReflect.Descriptor instead.
+func (*WarmPoolReport) Descriptor() ([]byte, []int) {
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{116}
+}
+
+func (x *WarmPoolReport) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *WarmPoolReport) GetRuntimeClass() v1.RuntimeClass {
+	if x != nil {
+		return x.RuntimeClass
+	}
+	return v1.RuntimeClass(0)
+}
+
+func (x *WarmPoolReport) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *WarmPoolReport) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
+func (x *WarmPoolReport) GetDiskBytes() int64 {
+	if x != nil {
+		return x.DiskBytes
+	}
+	return 0
+}
+
+func (x *WarmPoolReport) GetShmBytes() int64 {
+	if x != nil {
+		return x.ShmBytes
+	}
+	return 0
+}
+
+func (x *WarmPoolReport) GetReady() int32 {
+	if x != nil {
+		return x.Ready
+	}
+	return 0
+}
+
+func (x *WarmPoolReport) GetTarget() int32 {
+	if x != nil {
+		return x.Target
+	}
+	return 0
+}
+
+func (x *WarmPoolReport) GetHits() int64 {
+	if x != nil {
+		return x.Hits
+	}
+	return 0
+}
+
+func (x *WarmPoolReport) GetMisses() int64 {
+	if x != nil {
+		return x.Misses
+	}
+	return 0
+}
+
+func (x *WarmPoolReport) GetRefillLast() *durationpb.Duration {
+	if x != nil {
+		return x.RefillLast
+	}
+	return nil
+}
+
+func (x *WarmPoolReport) GetRefillMedian() *durationpb.Duration {
+	if x != nil {
+		return x.RefillMedian
+	}
+	return nil
+}
+
+func (x *WarmPoolReport) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
 // ExecutorCapacity is an executor's capacity: totals and what is free.
 type ExecutorCapacity struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
@@ -9123,7 +9281,7 @@ type ExecutorCapacity struct {
 
 func (x *ExecutorCapacity) Reset() {
 	*x = ExecutorCapacity{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[116]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9135,7 +9293,7 @@ func (x *ExecutorCapacity) String() string {
 func (*ExecutorCapacity) ProtoMessage() {}
 
 func (x *ExecutorCapacity) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[116]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9148,7 +9306,7 @@ func (x *ExecutorCapacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecutorCapacity.ProtoReflect.Descriptor instead.
 func (*ExecutorCapacity) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{116}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{117}
 }
 
 func (x *ExecutorCapacity) GetMemoryBytes() int64 {
@@ -9229,7 +9387,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[117]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9241,7 +9399,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[117]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9254,7 +9412,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{117}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{118}
 }
 
 func (x *HeartbeatResponse) GetName() string {
@@ -9322,7 +9480,7 @@ type Executor struct {
 
 func (x *Executor) Reset() {
 	*x = Executor{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[118]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9334,7 +9492,7 @@ func (x *Executor) String() string {
 func (*Executor) ProtoMessage() {}
 
 func (x *Executor) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[118]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9347,7 +9505,7 @@ func (x *Executor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Executor.ProtoReflect.Descriptor instead.
 func (*Executor) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{118}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{119}
 }
 
 func (x *Executor) GetName() string {
@@ -9443,7 +9601,7 @@ type ListExecutorsRequest struct {
 
 func (x *ListExecutorsRequest) Reset() {
 	*x = ListExecutorsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[119]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[120]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9455,7 +9613,7 @@ func (x *ListExecutorsRequest) String() string {
 func (*ListExecutorsRequest) ProtoMessage() {}
 
 func (x *ListExecutorsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[119]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[120]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9468,7 +9626,7 @@ func (x *ListExecutorsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecutorsRequest.ProtoReflect.Descriptor instead.
 func (*ListExecutorsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{119}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{120}
 }
 
 // ListExecutorsResponse is the fleet, by name.
@@ -9481,7 +9639,7 @@ type ListExecutorsResponse struct {
 
 func (x *ListExecutorsResponse) Reset() {
 	*x = ListExecutorsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[120]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[121]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9493,7 +9651,7 @@ func (x *ListExecutorsResponse) String() string {
 func (*ListExecutorsResponse) ProtoMessage() {}
 
 func (x *ListExecutorsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[120]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[121]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9506,7 +9664,7 @@ func (x *ListExecutorsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecutorsResponse.ProtoReflect.Descriptor instead.
 func (*ListExecutorsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{120}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{121}
 }
 
 func (x *ListExecutorsResponse) GetExecutors() []*Executor {
@@ -9527,7 +9685,7 @@ type GetExecutorRequest struct {
 
 func (x *GetExecutorRequest) Reset() {
 	*x = GetExecutorRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[121]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[122]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9539,7 +9697,7 @@ func (x *GetExecutorRequest) String() string {
 func (*GetExecutorRequest) ProtoMessage() {}
 
 func (x *GetExecutorRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[121]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[122]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9552,7 +9710,7 @@ func (x *GetExecutorRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetExecutorRequest.ProtoReflect.Descriptor instead.
 func (*GetExecutorRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{121}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{122}
 }
 
 func (x *GetExecutorRequest) GetName() string {
@@ -9575,7 +9733,7 @@ type GetExecutorResponse struct {
 
 func (x *GetExecutorResponse) Reset() {
 	*x = GetExecutorResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[122]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[123]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9587,7 +9745,7 @@ func (x *GetExecutorResponse) String() string {
 func (*GetExecutorResponse) ProtoMessage() {}
 
 func (x *GetExecutorResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[122]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[123]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9600,7 +9758,7 @@ func (x *GetExecutorResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetExecutorResponse.ProtoReflect.Descriptor instead.
 func (*GetExecutorResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{122}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{123}
 }
 
 func (x *GetExecutorResponse) GetExecutor() *Executor {
@@ -9632,7 +9790,7 @@ type DrainExecutorRequest struct {
 
 func (x *DrainExecutorRequest) Reset() {
 	*x = DrainExecutorRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[123]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[124]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9644,7 +9802,7 @@ func (x *DrainExecutorRequest) String() string {
 func (*DrainExecutorRequest) ProtoMessage() {}
 
 func (x *DrainExecutorRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[123]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[124]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9657,7 +9815,7 @@ func (x *DrainExecutorRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainExecutorRequest.ProtoReflect.Descriptor instead.
 func (*DrainExecutorRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{123}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{124}
 }
 
 func (x *DrainExecutorRequest) GetName() string {
@@ -9691,7 +9849,7 @@ type DrainExecutorResponse struct {
 
 func (x *DrainExecutorResponse) Reset() {
 	*x = DrainExecutorResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[124]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[125]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9703,7 +9861,7 @@ func (x *DrainExecutorResponse) String() string {
 func (*DrainExecutorResponse) ProtoMessage() {}
 
 func (x *DrainExecutorResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[124]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[125]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9716,7 +9874,7 @@ func (x *DrainExecutorResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainExecutorResponse.ProtoReflect.Descriptor instead.
 func (*DrainExecutorResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{124}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{125}
 }
 
 func (x *DrainExecutorResponse) GetExecutor() *Executor {
@@ -9747,7 +9905,7 @@ type GetUsageRequest struct {
 
 func (x *GetUsageRequest) Reset() {
 	*x = GetUsageRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[125]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[126]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9759,7 +9917,7 @@ func (x *GetUsageRequest) String() string {
 func (*GetUsageRequest) ProtoMessage() {}
 
 func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[125]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[126]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9772,7 +9930,7 @@ func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetUsageRequest.ProtoReflect.Descriptor instead.
 func (*GetUsageRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{125}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{126}
 }
 
 func (x *GetUsageRequest) GetTenant() string {
@@ -9847,7 +10005,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[126]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[127]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9859,7 +10017,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[126]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[127]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9872,7 +10030,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{126}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{127}
 }
 
 func (x *Usage) GetJobId() string {
@@ -9996,7 +10154,7 @@ type UsageRates struct {
 
 func (x *UsageRates) Reset() {
 	*x = UsageRates{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[127]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[128]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10008,7 +10166,7 @@ func (x *UsageRates) String() string {
 func (*UsageRates) ProtoMessage() {}
 
 func (x *UsageRates) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[127]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[128]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10021,7 +10179,7 @@ func (x *UsageRates) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageRates.ProtoReflect.Descriptor instead.
 func (*UsageRates) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{127}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{128}
 }
 
 func (x *UsageRates) GetVcpuMonthMicros() int64 {
@@ -10066,7 +10224,7 @@ type Budget struct {
 
 func (x *Budget) Reset() {
 	*x = Budget{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[128]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[129]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10078,7 +10236,7 @@ func (x *Budget) String() string {
 func (*Budget) ProtoMessage() {}
 
 func (x *Budget) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[128]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[129]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10091,7 +10249,7 @@ func (x *Budget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Budget.ProtoReflect.Descriptor instead.
 func (*Budget) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{128}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{129}
 }
 
 func (x *Budget) GetTenant() string {
@@ -10133,7 +10291,7 @@ type GetUsageResponse struct {
 
 func (x *GetUsageResponse) Reset() {
 	*x = GetUsageResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[129]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[130]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10145,7 +10303,7 @@ func (x *GetUsageResponse) String() string {
 func (*GetUsageResponse) ProtoMessage() {}
 
 func (x *GetUsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[129]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[130]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10158,7 +10316,7 @@ func (x *GetUsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetUsageResponse.ProtoReflect.Descriptor instead.
 func (*GetUsageResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{129}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{130}
 }
 
 func (x *GetUsageResponse) GetRows() []*Usage {
@@ -10230,7 +10388,7 @@ type PortForward struct {
 
 func (x *PortForward) Reset() {
 	*x = PortForward{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[130]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[131]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10242,7 +10400,7 @@ func (x *PortForward) String() string {
 func (*PortForward) ProtoMessage() {}
 
 func (x *PortForward) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[130]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[131]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10255,7 +10413,7 @@ func (x *PortForward) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortForward.ProtoReflect.Descriptor instead.
 func (*PortForward) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{130}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{131}
 }
 
 func (x *PortForward) GetForwardId() string {
@@ -10379,7 +10537,7 @@ type OpenPortForwardRequest struct {
 
 func (x *OpenPortForwardRequest) Reset() {
 	*x = OpenPortForwardRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[131]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[132]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10391,7 +10549,7 @@ func (x *OpenPortForwardRequest) String() string {
 func (*OpenPortForwardRequest) ProtoMessage() {}
 
 func (x *OpenPortForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[131]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[132]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10404,7 +10562,7 @@ func (x *OpenPortForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenPortForwardRequest.ProtoReflect.Descriptor instead.
 func (*OpenPortForwardRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{131}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{132}
 }
 
 func (x *OpenPortForwardRequest) GetSessionId() string {
@@ -10439,7 +10597,7 @@ type OpenPortForwardResponse struct {
 
 func (x *OpenPortForwardResponse) Reset() {
 	*x = OpenPortForwardResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[132]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[133]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10451,7 +10609,7 @@ func (x *OpenPortForwardResponse) String() string {
 func (*OpenPortForwardResponse) ProtoMessage() {}
 
 func (x *OpenPortForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[132]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[133]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10464,7 +10622,7 @@ func (x *OpenPortForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenPortForwardResponse.ProtoReflect.Descriptor instead.
 func (*OpenPortForwardResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{132}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{133}
 }
 
 func (x *OpenPortForwardResponse) GetForward() *PortForward {
@@ -10488,7 +10646,7 @@ type ForwardPortRequest struct {
 
 func (x *ForwardPortRequest) Reset() {
 	*x = ForwardPortRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[133]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[134]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10500,7 +10658,7 @@ func (x *ForwardPortRequest) String() string {
 func (*ForwardPortRequest) ProtoMessage() {}
 
 func (x *ForwardPortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[133]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[134]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10513,7 +10671,7 @@ func (x *ForwardPortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardPortRequest.ProtoReflect.Descriptor instead.
 func (*ForwardPortRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{133}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{134}
 }
 
 func (x *ForwardPortRequest) GetMsg() isForwardPortRequest_Msg {
@@ -10573,7 +10731,7 @@ type ForwardPortResponse struct {
 
 func (x *ForwardPortResponse) Reset() {
 	*x = ForwardPortResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[134]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[135]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10585,7 +10743,7 @@ func (x *ForwardPortResponse) String() string {
 func (*ForwardPortResponse) ProtoMessage() {}
 
 func (x *ForwardPortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[134]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[135]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10598,7 +10756,7 @@ func (x *ForwardPortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardPortResponse.ProtoReflect.Descriptor instead.
 func (*ForwardPortResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{134}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{135}
 }
 
 func (x *ForwardPortResponse) GetMsg() isForwardPortResponse_Msg {
@@ -10654,7 +10812,7 @@ type ClosePortForwardRequest struct {
 
 func (x *ClosePortForwardRequest) Reset() {
 	*x = ClosePortForwardRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[135]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[136]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10666,7 +10824,7 @@ func (x *ClosePortForwardRequest) String() string {
 func (*ClosePortForwardRequest) ProtoMessage() {}
 
 func (x *ClosePortForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[135]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[136]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10679,7 +10837,7 @@ func (x *ClosePortForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClosePortForwardRequest.ProtoReflect.Descriptor instead.
 func (*ClosePortForwardRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{135}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{136}
 }
 
 func (x *ClosePortForwardRequest) GetForwardId() string {
@@ -10699,7 +10857,7 @@ type ClosePortForwardResponse struct {
 
 func (x *ClosePortForwardResponse) Reset() {
 	*x = ClosePortForwardResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[136]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[137]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10711,7 +10869,7 @@ func (x *ClosePortForwardResponse) String() string {
 func (*ClosePortForwardResponse) ProtoMessage() {}
 
 func (x *ClosePortForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[136]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[137]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10724,7 +10882,7 @@ func (x *ClosePortForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClosePortForwardResponse.ProtoReflect.Descriptor instead.
 func (*ClosePortForwardResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{136}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{137}
 }
 
 func (x *ClosePortForwardResponse) GetForward() *PortForward {
@@ -10750,7 +10908,7 @@ type ListPortForwardsRequest struct {
 
 func (x *ListPortForwardsRequest) Reset() {
 	*x = ListPortForwardsRequest{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[137]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[138]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10762,7 +10920,7 @@ func (x *ListPortForwardsRequest) String() string {
 func (*ListPortForwardsRequest) ProtoMessage() {}
 
 func (x *ListPortForwardsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[137]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[138]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10775,7 +10933,7 @@ func (x *ListPortForwardsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPortForwardsRequest.ProtoReflect.Descriptor instead.
 func (*ListPortForwardsRequest) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{137}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{138}
 }
 
 func (x *ListPortForwardsRequest) GetSessionId() string {
@@ -10809,7 +10967,7 @@ type ListPortForwardsResponse struct {
 
 func (x *ListPortForwardsResponse) Reset() {
 	*x = ListPortForwardsResponse{}
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[138]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[139]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10821,7 +10979,7 @@ func (x *ListPortForwardsResponse) String() string {
 func (*ListPortForwardsResponse) ProtoMessage() {}
 
 func (x *ListPortForwardsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_airlock_authority_v1_authority_proto_msgTypes[138]
+	mi := &file_airlock_authority_v1_authority_proto_msgTypes[139]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10834,7 +10992,7 @@ func (x *ListPortForwardsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPortForwardsResponse.ProtoReflect.Descriptor instead.
 func (*ListPortForwardsResponse) Descriptor() ([]byte, []int) {
-	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{138}
+	return file_airlock_authority_v1_authority_proto_rawDescGZIP(), []int{139}
 }
 
 func (x *ListPortForwardsResponse) GetForwards() []*PortForward {
@@ -11443,7 +11601,7 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\x06in_use\x18\x03 \x03(\tR\x05inUse\"j\n" +
 	"\x10HeartbeatRequest\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12<\n" +
-	"\x06report\x18\x02 \x01(\v2$.airlock.authority.v1.ExecutorReportR\x06report\"\x84\x03\n" +
+	"\x06report\x18\x02 \x01(\v2$.airlock.authority.v1.ExecutorReportR\x06report\"\xc9\x03\n" +
 	"\x0eExecutorReport\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x129\n" +
 	"\n" +
@@ -11454,7 +11612,28 @@ const file_airlock_authority_v1_authority_proto_rawDesc = "" +
 	"\asources\x18\x06 \x03(\tR\asources\x12#\n" +
 	"\rnetwork_pools\x18\a \x03(\tR\fnetworkPools\x12\x12\n" +
 	"\x04runs\x18\b \x03(\tR\x04runs\x12%\n" +
-	"\x0eruns_truncated\x18\t \x01(\bR\rrunsTruncated\"\xa0\x02\n" +
+	"\x0eruns_truncated\x18\t \x01(\bR\rrunsTruncated\x12C\n" +
+	"\n" +
+	"warm_pools\x18\n" +
+	" \x03(\v2$.airlock.authority.v1.WarmPoolReportR\twarmPools\"\xc2\x03\n" +
+	"\x0eWarmPoolReport\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12C\n" +
+	"\rruntime_class\x18\x02 \x01(\x0e2\x1e.airlock.types.v1.RuntimeClassR\fruntimeClass\x12\x10\n" +
+	"\x03uid\x18\x03 \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\x04 \x01(\rR\x03gid\x12\x1d\n" +
+	"\n" +
+	"disk_bytes\x18\x05 \x01(\x03R\tdiskBytes\x12\x1b\n" +
+	"\tshm_bytes\x18\x06 \x01(\x03R\bshmBytes\x12\x14\n" +
+	"\x05ready\x18\a \x01(\x05R\x05ready\x12\x16\n" +
+	"\x06target\x18\b \x01(\x05R\x06target\x12\x12\n" +
+	"\x04hits\x18\t \x01(\x03R\x04hits\x12\x16\n" +
+	"\x06misses\x18\n" +
+	" \x01(\x03R\x06misses\x12:\n" +
+	"\vrefill_last\x18\v \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"refillLast\x12>\n" +
+	"\rrefill_median\x18\f \x01(\v2\x19.google.protobuf.DurationR\frefillMedian\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\r \x01(\tR\tlastError\"\xa0\x02\n" +
 	"\x10ExecutorCapacity\x12!\n" +
 	"\fmemory_bytes\x18\x01 \x01(\x03R\vmemoryBytes\x12*\n" +
 	"\x11memory_free_bytes\x18\x02 \x01(\x03R\x0fmemoryFreeBytes\x12\x1d\n" +
@@ -11733,7 +11912,7 @@ func file_airlock_authority_v1_authority_proto_rawDescGZIP() []byte {
 }
 
 var file_airlock_authority_v1_authority_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
-var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 141)
+var file_airlock_authority_v1_authority_proto_msgTypes = make([]protoimpl.MessageInfo, 142)
 var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(JobState)(0),                        // 0: airlock.authority.v1.JobState
 	(FileStatus)(0),                      // 1: airlock.authority.v1.FileStatus
@@ -11862,73 +12041,74 @@ var file_airlock_authority_v1_authority_proto_goTypes = []any{
 	(*PruneImagesResponse)(nil),          // 124: airlock.authority.v1.PruneImagesResponse
 	(*HeartbeatRequest)(nil),             // 125: airlock.authority.v1.HeartbeatRequest
 	(*ExecutorReport)(nil),               // 126: airlock.authority.v1.ExecutorReport
-	(*ExecutorCapacity)(nil),             // 127: airlock.authority.v1.ExecutorCapacity
-	(*HeartbeatResponse)(nil),            // 128: airlock.authority.v1.HeartbeatResponse
-	(*Executor)(nil),                     // 129: airlock.authority.v1.Executor
-	(*ListExecutorsRequest)(nil),         // 130: airlock.authority.v1.ListExecutorsRequest
-	(*ListExecutorsResponse)(nil),        // 131: airlock.authority.v1.ListExecutorsResponse
-	(*GetExecutorRequest)(nil),           // 132: airlock.authority.v1.GetExecutorRequest
-	(*GetExecutorResponse)(nil),          // 133: airlock.authority.v1.GetExecutorResponse
-	(*DrainExecutorRequest)(nil),         // 134: airlock.authority.v1.DrainExecutorRequest
-	(*DrainExecutorResponse)(nil),        // 135: airlock.authority.v1.DrainExecutorResponse
-	(*GetUsageRequest)(nil),              // 136: airlock.authority.v1.GetUsageRequest
-	(*Usage)(nil),                        // 137: airlock.authority.v1.Usage
-	(*UsageRates)(nil),                   // 138: airlock.authority.v1.UsageRates
-	(*Budget)(nil),                       // 139: airlock.authority.v1.Budget
-	(*GetUsageResponse)(nil),             // 140: airlock.authority.v1.GetUsageResponse
-	(*PortForward)(nil),                  // 141: airlock.authority.v1.PortForward
-	(*OpenPortForwardRequest)(nil),       // 142: airlock.authority.v1.OpenPortForwardRequest
-	(*OpenPortForwardResponse)(nil),      // 143: airlock.authority.v1.OpenPortForwardResponse
-	(*ForwardPortRequest)(nil),           // 144: airlock.authority.v1.ForwardPortRequest
-	(*ForwardPortResponse)(nil),          // 145: airlock.authority.v1.ForwardPortResponse
-	(*ClosePortForwardRequest)(nil),      // 146: airlock.authority.v1.ClosePortForwardRequest
-	(*ClosePortForwardResponse)(nil),     // 147: airlock.authority.v1.ClosePortForwardResponse
-	(*ListPortForwardsRequest)(nil),      // 148: airlock.authority.v1.ListPortForwardsRequest
-	(*ListPortForwardsResponse)(nil),     // 149: airlock.authority.v1.ListPortForwardsResponse
-	nil,                                  // 150: airlock.authority.v1.JobSpec.EnvEntry
-	nil,                                  // 151: airlock.authority.v1.UsageRates.ClassComputeMillisEntry
-	(*v1.ResourceLimits)(nil),            // 152: airlock.types.v1.ResourceLimits
-	(*v1.NetworkPolicy)(nil),             // 153: airlock.types.v1.NetworkPolicy
-	(v1.RuntimeClass)(0),                 // 154: airlock.types.v1.RuntimeClass
-	(*v1.PublishTarget)(nil),             // 155: airlock.types.v1.PublishTarget
-	(*v1.SessionSpec)(nil),               // 156: airlock.types.v1.SessionSpec
-	(*v1.JobUser)(nil),                   // 157: airlock.types.v1.JobUser
-	(*timestamppb.Timestamp)(nil),        // 158: google.protobuf.Timestamp
-	(*v1.RunResult)(nil),                 // 159: airlock.types.v1.RunResult
-	(*v1.NetworkPolicyStatus)(nil),       // 160: airlock.types.v1.NetworkPolicyStatus
-	(*v1.ImageGrant)(nil),                // 161: airlock.types.v1.ImageGrant
-	(*v1.OutputChunk)(nil),               // 162: airlock.types.v1.OutputChunk
-	(*v1.EgressEvent)(nil),               // 163: airlock.types.v1.EgressEvent
-	(*v1.Exec)(nil),                      // 164: airlock.types.v1.Exec
-	(*v1.FileWrite)(nil),                 // 165: airlock.types.v1.FileWrite
-	(*v1.EgressRecord)(nil),              // 166: airlock.types.v1.EgressRecord
-	(*durationpb.Duration)(nil),          // 167: google.protobuf.Duration
-	(v1.TerminationReason)(0),            // 168: airlock.types.v1.TerminationReason
-	(*v1.ExecSpec)(nil),                  // 169: airlock.types.v1.ExecSpec
-	(*v1.FileHeader)(nil),                // 170: airlock.types.v1.FileHeader
-	(*v1.FileEntry)(nil),                 // 171: airlock.types.v1.FileEntry
-	(*v1.CacheInfo)(nil),                 // 172: airlock.types.v1.CacheInfo
-	(*v1.ImageInfo)(nil),                 // 173: airlock.types.v1.ImageInfo
-	(*v1.ImageCacheStats)(nil),           // 174: airlock.types.v1.ImageCacheStats
+	(*WarmPoolReport)(nil),               // 127: airlock.authority.v1.WarmPoolReport
+	(*ExecutorCapacity)(nil),             // 128: airlock.authority.v1.ExecutorCapacity
+	(*HeartbeatResponse)(nil),            // 129: airlock.authority.v1.HeartbeatResponse
+	(*Executor)(nil),                     // 130: airlock.authority.v1.Executor
+	(*ListExecutorsRequest)(nil),         // 131: airlock.authority.v1.ListExecutorsRequest
+	(*ListExecutorsResponse)(nil),        // 132: airlock.authority.v1.ListExecutorsResponse
+	(*GetExecutorRequest)(nil),           // 133: airlock.authority.v1.GetExecutorRequest
+	(*GetExecutorResponse)(nil),          // 134: airlock.authority.v1.GetExecutorResponse
+	(*DrainExecutorRequest)(nil),         // 135: airlock.authority.v1.DrainExecutorRequest
+	(*DrainExecutorResponse)(nil),        // 136: airlock.authority.v1.DrainExecutorResponse
+	(*GetUsageRequest)(nil),              // 137: airlock.authority.v1.GetUsageRequest
+	(*Usage)(nil),                        // 138: airlock.authority.v1.Usage
+	(*UsageRates)(nil),                   // 139: airlock.authority.v1.UsageRates
+	(*Budget)(nil),                       // 140: airlock.authority.v1.Budget
+	(*GetUsageResponse)(nil),             // 141: airlock.authority.v1.GetUsageResponse
+	(*PortForward)(nil),                  // 142: airlock.authority.v1.PortForward
+	(*OpenPortForwardRequest)(nil),       // 143: airlock.authority.v1.OpenPortForwardRequest
+	(*OpenPortForwardResponse)(nil),      // 144: airlock.authority.v1.OpenPortForwardResponse
+	(*ForwardPortRequest)(nil),           // 145: airlock.authority.v1.ForwardPortRequest
+	(*ForwardPortResponse)(nil),          // 146: airlock.authority.v1.ForwardPortResponse
+	(*ClosePortForwardRequest)(nil),      // 147: airlock.authority.v1.ClosePortForwardRequest
+	(*ClosePortForwardResponse)(nil),     // 148: airlock.authority.v1.ClosePortForwardResponse
+	(*ListPortForwardsRequest)(nil),      // 149: airlock.authority.v1.ListPortForwardsRequest
+	(*ListPortForwardsResponse)(nil),     // 150: airlock.authority.v1.ListPortForwardsResponse
+	nil,                                  // 151: airlock.authority.v1.JobSpec.EnvEntry
+	nil,                                  // 152: airlock.authority.v1.UsageRates.ClassComputeMillisEntry
+	(*v1.ResourceLimits)(nil),            // 153: airlock.types.v1.ResourceLimits
+	(*v1.NetworkPolicy)(nil),             // 154: airlock.types.v1.NetworkPolicy
+	(v1.RuntimeClass)(0),                 // 155: airlock.types.v1.RuntimeClass
+	(*v1.PublishTarget)(nil),             // 156: airlock.types.v1.PublishTarget
+	(*v1.SessionSpec)(nil),               // 157: airlock.types.v1.SessionSpec
+	(*v1.JobUser)(nil),                   // 158: airlock.types.v1.JobUser
+	(*timestamppb.Timestamp)(nil),        // 159: google.protobuf.Timestamp
+	(*v1.RunResult)(nil),                 // 160: airlock.types.v1.RunResult
+	(*v1.NetworkPolicyStatus)(nil),       // 161: airlock.types.v1.NetworkPolicyStatus
+	(*v1.ImageGrant)(nil),                // 162: airlock.types.v1.ImageGrant
+	(*v1.OutputChunk)(nil),               // 163: airlock.types.v1.OutputChunk
+	(*v1.EgressEvent)(nil),               // 164: airlock.types.v1.EgressEvent
+	(*v1.Exec)(nil),                      // 165: airlock.types.v1.Exec
+	(*v1.FileWrite)(nil),                 // 166: airlock.types.v1.FileWrite
+	(*v1.EgressRecord)(nil),              // 167: airlock.types.v1.EgressRecord
+	(*durationpb.Duration)(nil),          // 168: google.protobuf.Duration
+	(v1.TerminationReason)(0),            // 169: airlock.types.v1.TerminationReason
+	(*v1.ExecSpec)(nil),                  // 170: airlock.types.v1.ExecSpec
+	(*v1.FileHeader)(nil),                // 171: airlock.types.v1.FileHeader
+	(*v1.FileEntry)(nil),                 // 172: airlock.types.v1.FileEntry
+	(*v1.CacheInfo)(nil),                 // 173: airlock.types.v1.CacheInfo
+	(*v1.ImageInfo)(nil),                 // 174: airlock.types.v1.ImageInfo
+	(*v1.ImageCacheStats)(nil),           // 175: airlock.types.v1.ImageCacheStats
 }
 var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
-	150, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
-	152, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
-	153, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	154, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	155, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
-	156, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
-	157, // 6: airlock.authority.v1.JobSpec.user:type_name -> airlock.types.v1.JobUser
+	151, // 0: airlock.authority.v1.JobSpec.env:type_name -> airlock.authority.v1.JobSpec.EnvEntry
+	153, // 1: airlock.authority.v1.JobSpec.resources:type_name -> airlock.types.v1.ResourceLimits
+	154, // 2: airlock.authority.v1.JobSpec.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	155, // 3: airlock.authority.v1.JobSpec.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	156, // 4: airlock.authority.v1.JobSpec.publish_target:type_name -> airlock.types.v1.PublishTarget
+	157, // 5: airlock.authority.v1.JobSpec.session:type_name -> airlock.types.v1.SessionSpec
+	158, // 6: airlock.authority.v1.JobSpec.user:type_name -> airlock.types.v1.JobUser
 	11,  // 7: airlock.authority.v1.Job.spec:type_name -> airlock.authority.v1.JobSpec
 	0,   // 8: airlock.authority.v1.Job.state:type_name -> airlock.authority.v1.JobState
-	158, // 9: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	158, // 10: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
-	159, // 11: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
-	160, // 12: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	152, // 13: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
-	156, // 14: airlock.authority.v1.Job.session:type_name -> airlock.types.v1.SessionSpec
-	157, // 15: airlock.authority.v1.Job.user:type_name -> airlock.types.v1.JobUser
-	161, // 16: airlock.authority.v1.Job.image:type_name -> airlock.types.v1.ImageGrant
+	159, // 9: airlock.authority.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	159, // 10: airlock.authority.v1.Job.updated_at:type_name -> google.protobuf.Timestamp
+	160, // 11: airlock.authority.v1.Job.result:type_name -> airlock.types.v1.RunResult
+	161, // 12: airlock.authority.v1.Job.network_policy_status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	153, // 13: airlock.authority.v1.Job.limits:type_name -> airlock.types.v1.ResourceLimits
+	157, // 14: airlock.authority.v1.Job.session:type_name -> airlock.types.v1.SessionSpec
+	158, // 15: airlock.authority.v1.Job.user:type_name -> airlock.types.v1.JobUser
+	162, // 16: airlock.authority.v1.Job.image:type_name -> airlock.types.v1.ImageGrant
 	11,  // 17: airlock.authority.v1.SubmitJobRequest.spec:type_name -> airlock.authority.v1.JobSpec
 	12,  // 18: airlock.authority.v1.SubmitJobResponse.job:type_name -> airlock.authority.v1.Job
 	12,  // 19: airlock.authority.v1.GetJobResponse.job:type_name -> airlock.authority.v1.Job
@@ -11938,46 +12118,46 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	0,   // 23: airlock.authority.v1.ListJobsRequest.states:type_name -> airlock.authority.v1.JobState
 	12,  // 24: airlock.authority.v1.ListJobsResponse.jobs:type_name -> airlock.authority.v1.Job
 	12,  // 25: airlock.authority.v1.WatchJobResponse.job:type_name -> airlock.authority.v1.Job
-	162, // 26: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
-	163, // 27: airlock.authority.v1.WatchJobResponse.egress:type_name -> airlock.types.v1.EgressEvent
+	163, // 26: airlock.authority.v1.WatchJobResponse.output:type_name -> airlock.types.v1.OutputChunk
+	164, // 27: airlock.authority.v1.WatchJobResponse.egress:type_name -> airlock.types.v1.EgressEvent
 	12,  // 28: airlock.authority.v1.CancelJobResponse.job:type_name -> airlock.authority.v1.Job
 	32,  // 29: airlock.authority.v1.FetchImageBlobResponse.header:type_name -> airlock.authority.v1.ImageBlobHeader
 	29,  // 30: airlock.authority.v1.FetchSourceResponse.header:type_name -> airlock.authority.v1.SourceHeader
 	30,  // 31: airlock.authority.v1.FetchSourceResponse.history:type_name -> airlock.authority.v1.SourceHistory
-	159, // 32: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
+	160, // 32: airlock.authority.v1.ReportResultRequest.result:type_name -> airlock.types.v1.RunResult
 	38,  // 33: airlock.authority.v1.ReportResultRequest.detail:type_name -> airlock.authority.v1.ReviewDetail
 	1,   // 34: airlock.authority.v1.FileChange.status:type_name -> airlock.authority.v1.FileStatus
 	36,  // 35: airlock.authority.v1.ReviewDetail.files:type_name -> airlock.authority.v1.FileChange
 	37,  // 36: airlock.authority.v1.ReviewDetail.stdout:type_name -> airlock.authority.v1.OutputTail
 	37,  // 37: airlock.authority.v1.ReviewDetail.stderr:type_name -> airlock.authority.v1.OutputTail
 	39,  // 38: airlock.authority.v1.ReviewDetail.egress:type_name -> airlock.authority.v1.EgressLog
-	164, // 39: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
-	165, // 40: airlock.authority.v1.ReviewDetail.file_writes:type_name -> airlock.types.v1.FileWrite
-	166, // 41: airlock.authority.v1.EgressLog.records:type_name -> airlock.types.v1.EgressRecord
+	165, // 39: airlock.authority.v1.ReviewDetail.execs:type_name -> airlock.types.v1.Exec
+	166, // 40: airlock.authority.v1.ReviewDetail.file_writes:type_name -> airlock.types.v1.FileWrite
+	167, // 41: airlock.authority.v1.EgressLog.records:type_name -> airlock.types.v1.EgressRecord
 	41,  // 42: airlock.authority.v1.EgressLog.names:type_name -> airlock.authority.v1.EgressName
-	166, // 43: airlock.authority.v1.EgressLog.last:type_name -> airlock.types.v1.EgressRecord
+	167, // 43: airlock.authority.v1.EgressLog.last:type_name -> airlock.types.v1.EgressRecord
 	40,  // 44: airlock.authority.v1.EgressLog.credentials:type_name -> airlock.authority.v1.CredentialUse
 	12,  // 45: airlock.authority.v1.ReportResultResponse.job:type_name -> airlock.authority.v1.Job
-	152, // 46: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
-	152, // 47: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
-	153, // 48: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	153, // 49: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
-	156, // 50: airlock.authority.v1.JobChange.from_session:type_name -> airlock.types.v1.SessionSpec
-	156, // 51: airlock.authority.v1.JobChange.to_session:type_name -> airlock.types.v1.SessionSpec
+	153, // 46: airlock.authority.v1.JobChange.from_limits:type_name -> airlock.types.v1.ResourceLimits
+	153, // 47: airlock.authority.v1.JobChange.to_limits:type_name -> airlock.types.v1.ResourceLimits
+	154, // 48: airlock.authority.v1.JobChange.from_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	154, // 49: airlock.authority.v1.JobChange.to_network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	157, // 50: airlock.authority.v1.JobChange.from_session:type_name -> airlock.types.v1.SessionSpec
+	157, // 51: airlock.authority.v1.JobChange.to_session:type_name -> airlock.types.v1.SessionSpec
 	3,   // 52: airlock.authority.v1.ApprovalVote.decision:type_name -> airlock.authority.v1.Decision
-	158, // 53: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
-	155, // 54: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
+	159, // 53: airlock.authority.v1.ApprovalVote.decided_at:type_name -> google.protobuf.Timestamp
+	156, // 54: airlock.authority.v1.Approval.target:type_name -> airlock.types.v1.PublishTarget
 	2,   // 55: airlock.authority.v1.Approval.state:type_name -> airlock.authority.v1.ApprovalState
 	44,  // 56: airlock.authority.v1.Approval.votes:type_name -> airlock.authority.v1.ApprovalVote
-	158, // 57: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
-	158, // 58: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
+	159, // 57: airlock.authority.v1.Approval.created_at:type_name -> google.protobuf.Timestamp
+	159, // 58: airlock.authority.v1.Approval.expires_at:type_name -> google.protobuf.Timestamp
 	4,   // 59: airlock.authority.v1.Approval.kind:type_name -> airlock.authority.v1.ApprovalKind
 	43,  // 60: airlock.authority.v1.Approval.change:type_name -> airlock.authority.v1.JobChange
 	46,  // 61: airlock.authority.v1.Approval.start:type_name -> airlock.authority.v1.StartRequest
-	141, // 62: airlock.authority.v1.Approval.port_forward:type_name -> airlock.authority.v1.PortForward
+	142, // 62: airlock.authority.v1.Approval.port_forward:type_name -> airlock.authority.v1.PortForward
 	47,  // 63: airlock.authority.v1.StartRequest.credentials:type_name -> airlock.authority.v1.StartCredential
-	159, // 64: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
-	153, // 65: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
+	160, // 64: airlock.authority.v1.ReviewMaterial.result:type_name -> airlock.types.v1.RunResult
+	154, // 65: airlock.authority.v1.ReviewMaterial.network_policy:type_name -> airlock.types.v1.NetworkPolicy
 	38,  // 66: airlock.authority.v1.ReviewMaterial.detail:type_name -> airlock.authority.v1.ReviewDetail
 	5,   // 67: airlock.authority.v1.ReadReviewRequest.parts:type_name -> airlock.authority.v1.ReviewPart
 	5,   // 68: airlock.authority.v1.ReviewPartStart.part:type_name -> airlock.authority.v1.ReviewPart
@@ -11990,210 +12170,214 @@ var file_airlock_authority_v1_authority_proto_depIdxs = []int32{
 	48,  // 75: airlock.authority.v1.GetApprovalResponse.review:type_name -> airlock.authority.v1.ReviewMaterial
 	3,   // 76: airlock.authority.v1.DecideApprovalRequest.decision:type_name -> airlock.authority.v1.Decision
 	45,  // 77: airlock.authority.v1.DecideApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
-	155, // 78: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
+	156, // 78: airlock.authority.v1.ConsumeApprovalRequest.target:type_name -> airlock.types.v1.PublishTarget
 	45,  // 79: airlock.authority.v1.ConsumeApprovalResponse.approval:type_name -> airlock.authority.v1.Approval
 	6,   // 80: airlock.authority.v1.Lease.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	158, // 81: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
-	158, // 82: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	158, // 83: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
+	159, // 81: airlock.authority.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
+	159, // 82: airlock.authority.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	159, // 83: airlock.authority.v1.Lease.revoked_at:type_name -> google.protobuf.Timestamp
 	6,   // 84: airlock.authority.v1.LeaseCredentialRequest.purpose:type_name -> airlock.authority.v1.LeasePurpose
-	167, // 85: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
+	168, // 85: airlock.authority.v1.LeaseCredentialRequest.ttl:type_name -> google.protobuf.Duration
 	61,  // 86: airlock.authority.v1.LeaseCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
 	64,  // 87: airlock.authority.v1.LeaseCredentialResponse.brokered:type_name -> airlock.authority.v1.BrokeredCredential
 	61,  // 88: airlock.authority.v1.RevokeCredentialResponse.lease:type_name -> airlock.authority.v1.Lease
 	61,  // 89: airlock.authority.v1.ListLeasesResponse.leases:type_name -> airlock.authority.v1.Lease
-	153, // 90: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
-	160, // 91: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
-	152, // 92: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
-	156, // 93: airlock.authority.v1.UpdateJobLimitsRequest.session:type_name -> airlock.types.v1.SessionSpec
+	154, // 90: airlock.authority.v1.UpdateNetworkPolicyRequest.policy:type_name -> airlock.types.v1.NetworkPolicy
+	161, // 91: airlock.authority.v1.UpdateNetworkPolicyResponse.status:type_name -> airlock.types.v1.NetworkPolicyStatus
+	153, // 92: airlock.authority.v1.UpdateJobLimitsRequest.limits:type_name -> airlock.types.v1.ResourceLimits
+	157, // 93: airlock.authority.v1.UpdateJobLimitsRequest.session:type_name -> airlock.types.v1.SessionSpec
 	12,  // 94: airlock.authority.v1.UpdateJobLimitsResponse.job:type_name -> airlock.authority.v1.Job
 	61,  // 95: airlock.authority.v1.UseLeaseResponse.lease:type_name -> airlock.authority.v1.Lease
-	158, // 96: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
+	159, // 96: airlock.authority.v1.AuditEvent.time:type_name -> google.protobuf.Timestamp
 	7,   // 97: airlock.authority.v1.AuditEvent.outcome:type_name -> airlock.authority.v1.AuditOutcome
-	158, // 98: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
-	158, // 99: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
+	159, // 98: airlock.authority.v1.ListAuditEventsRequest.start_time:type_name -> google.protobuf.Timestamp
+	159, // 99: airlock.authority.v1.ListAuditEventsRequest.end_time:type_name -> google.protobuf.Timestamp
 	75,  // 100: airlock.authority.v1.ListAuditEventsResponse.events:type_name -> airlock.authority.v1.AuditEvent
-	158, // 101: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
+	159, // 101: airlock.authority.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
 	78,  // 102: airlock.authority.v1.ListAuditCheckpointsResponse.checkpoints:type_name -> airlock.authority.v1.AuditCheckpoint
 	45,  // 103: airlock.authority.v1.GetPublishSpecResponse.approval:type_name -> airlock.authority.v1.Approval
-	158, // 104: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
+	159, // 104: airlock.authority.v1.GetPublishSpecResponse.approved_at:type_name -> google.protobuf.Timestamp
 	82,  // 105: airlock.authority.v1.GetPublishSpecResponse.policy:type_name -> airlock.authority.v1.PublishPolicy
 	11,  // 106: airlock.authority.v1.CreateSessionRequest.spec:type_name -> airlock.authority.v1.JobSpec
 	12,  // 107: airlock.authority.v1.CreateSessionResponse.session:type_name -> airlock.authority.v1.Job
 	12,  // 108: airlock.authority.v1.GetSessionResponse.session:type_name -> airlock.authority.v1.Job
-	164, // 109: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
-	168, // 110: airlock.authority.v1.GetSessionResponse.suspend_reason:type_name -> airlock.types.v1.TerminationReason
-	165, // 111: airlock.authority.v1.GetSessionResponse.file_writes:type_name -> airlock.types.v1.FileWrite
-	158, // 112: airlock.authority.v1.GetSessionResponse.suspended_at:type_name -> google.protobuf.Timestamp
+	165, // 109: airlock.authority.v1.GetSessionResponse.execs:type_name -> airlock.types.v1.Exec
+	169, // 110: airlock.authority.v1.GetSessionResponse.suspend_reason:type_name -> airlock.types.v1.TerminationReason
+	166, // 111: airlock.authority.v1.GetSessionResponse.file_writes:type_name -> airlock.types.v1.FileWrite
+	159, // 112: airlock.authority.v1.GetSessionResponse.suspended_at:type_name -> google.protobuf.Timestamp
 	0,   // 113: airlock.authority.v1.ListSessionsRequest.states:type_name -> airlock.authority.v1.JobState
 	12,  // 114: airlock.authority.v1.ListSessionsResponse.sessions:type_name -> airlock.authority.v1.Job
 	90,  // 115: airlock.authority.v1.ListSessionsResponse.suspended:type_name -> airlock.authority.v1.SessionSuspension
-	168, // 116: airlock.authority.v1.SessionSuspension.suspend_reason:type_name -> airlock.types.v1.TerminationReason
-	158, // 117: airlock.authority.v1.SessionSuspension.suspended_at:type_name -> google.protobuf.Timestamp
+	169, // 116: airlock.authority.v1.SessionSuspension.suspend_reason:type_name -> airlock.types.v1.TerminationReason
+	159, // 117: airlock.authority.v1.SessionSuspension.suspended_at:type_name -> google.protobuf.Timestamp
 	12,  // 118: airlock.authority.v1.FinishSessionResponse.session:type_name -> airlock.authority.v1.Job
 	12,  // 119: airlock.authority.v1.CancelSessionResponse.session:type_name -> airlock.authority.v1.Job
-	169, // 120: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
-	164, // 121: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
-	164, // 122: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
-	162, // 123: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	164, // 124: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
-	169, // 125: airlock.authority.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
+	170, // 120: airlock.authority.v1.StartExecRequest.spec:type_name -> airlock.types.v1.ExecSpec
+	165, // 121: airlock.authority.v1.StartExecResponse.exec:type_name -> airlock.types.v1.Exec
+	165, // 122: airlock.authority.v1.GetExecResponse.exec:type_name -> airlock.types.v1.Exec
+	163, // 123: airlock.authority.v1.WatchExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	165, // 124: airlock.authority.v1.WatchExecResponse.exec:type_name -> airlock.types.v1.Exec
+	170, // 125: airlock.authority.v1.RunExecStart.spec:type_name -> airlock.types.v1.ExecSpec
 	101, // 126: airlock.authority.v1.RunExecRequest.start:type_name -> airlock.authority.v1.RunExecStart
 	96,  // 127: airlock.authority.v1.RunExecResponse.started:type_name -> airlock.authority.v1.StartExecResponse
-	162, // 128: airlock.authority.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
-	164, // 129: airlock.authority.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
-	164, // 130: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
-	170, // 131: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
+	163, // 128: airlock.authority.v1.RunExecResponse.output:type_name -> airlock.types.v1.OutputChunk
+	165, // 129: airlock.authority.v1.RunExecResponse.exec:type_name -> airlock.types.v1.Exec
+	165, // 130: airlock.authority.v1.CancelExecResponse.exec:type_name -> airlock.types.v1.Exec
+	171, // 131: airlock.authority.v1.ReadFileResponse.header:type_name -> airlock.types.v1.FileHeader
 	108, // 132: airlock.authority.v1.WriteFileRequest.header:type_name -> airlock.authority.v1.WriteFileHeader
-	171, // 133: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
+	172, // 133: airlock.authority.v1.ListFilesResponse.entries:type_name -> airlock.types.v1.FileEntry
 	12,  // 134: airlock.authority.v1.SuspendSessionResponse.session:type_name -> airlock.authority.v1.Job
 	12,  // 135: airlock.authority.v1.ResumeSessionResponse.session:type_name -> airlock.authority.v1.Job
-	172, // 136: airlock.authority.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
-	172, // 137: airlock.authority.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
-	173, // 138: airlock.authority.v1.ListImagesResponse.images:type_name -> airlock.types.v1.ImageInfo
-	174, // 139: airlock.authority.v1.ListImagesResponse.cache:type_name -> airlock.types.v1.ImageCacheStats
-	173, // 140: airlock.authority.v1.PruneImagesResponse.pruned:type_name -> airlock.types.v1.ImageInfo
+	173, // 136: airlock.authority.v1.ListCachesResponse.caches:type_name -> airlock.types.v1.CacheInfo
+	173, // 137: airlock.authority.v1.ClearCachesResponse.cleared:type_name -> airlock.types.v1.CacheInfo
+	174, // 138: airlock.authority.v1.ListImagesResponse.images:type_name -> airlock.types.v1.ImageInfo
+	175, // 139: airlock.authority.v1.ListImagesResponse.cache:type_name -> airlock.types.v1.ImageCacheStats
+	174, // 140: airlock.authority.v1.PruneImagesResponse.pruned:type_name -> airlock.types.v1.ImageInfo
 	126, // 141: airlock.authority.v1.HeartbeatRequest.report:type_name -> airlock.authority.v1.ExecutorReport
-	158, // 142: airlock.authority.v1.ExecutorReport.started_at:type_name -> google.protobuf.Timestamp
-	154, // 143: airlock.authority.v1.ExecutorReport.runtime_classes:type_name -> airlock.types.v1.RuntimeClass
-	127, // 144: airlock.authority.v1.ExecutorReport.capacity:type_name -> airlock.authority.v1.ExecutorCapacity
-	167, // 145: airlock.authority.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
-	167, // 146: airlock.authority.v1.HeartbeatResponse.lost_after:type_name -> google.protobuf.Duration
-	8,   // 147: airlock.authority.v1.Executor.state:type_name -> airlock.authority.v1.ExecutorState
-	158, // 148: airlock.authority.v1.Executor.drained_at:type_name -> google.protobuf.Timestamp
-	158, // 149: airlock.authority.v1.Executor.joined_at:type_name -> google.protobuf.Timestamp
-	158, // 150: airlock.authority.v1.Executor.last_seen:type_name -> google.protobuf.Timestamp
-	126, // 151: airlock.authority.v1.Executor.report:type_name -> airlock.authority.v1.ExecutorReport
-	129, // 152: airlock.authority.v1.ListExecutorsResponse.executors:type_name -> airlock.authority.v1.Executor
-	129, // 153: airlock.authority.v1.GetExecutorResponse.executor:type_name -> airlock.authority.v1.Executor
-	129, // 154: airlock.authority.v1.DrainExecutorResponse.executor:type_name -> airlock.authority.v1.Executor
-	158, // 155: airlock.authority.v1.GetUsageRequest.since:type_name -> google.protobuf.Timestamp
-	158, // 156: airlock.authority.v1.GetUsageRequest.until:type_name -> google.protobuf.Timestamp
-	9,   // 157: airlock.authority.v1.GetUsageRequest.by:type_name -> airlock.authority.v1.UsageGrouping
-	154, // 158: airlock.authority.v1.Usage.runtime_class:type_name -> airlock.types.v1.RuntimeClass
-	151, // 159: airlock.authority.v1.UsageRates.class_compute_millis:type_name -> airlock.authority.v1.UsageRates.ClassComputeMillisEntry
-	137, // 160: airlock.authority.v1.GetUsageResponse.rows:type_name -> airlock.authority.v1.Usage
-	137, // 161: airlock.authority.v1.GetUsageResponse.total:type_name -> airlock.authority.v1.Usage
-	138, // 162: airlock.authority.v1.GetUsageResponse.rates:type_name -> airlock.authority.v1.UsageRates
-	139, // 163: airlock.authority.v1.GetUsageResponse.budgets:type_name -> airlock.authority.v1.Budget
-	10,  // 164: airlock.authority.v1.PortForward.state:type_name -> airlock.authority.v1.PortForwardState
-	158, // 165: airlock.authority.v1.PortForward.created_at:type_name -> google.protobuf.Timestamp
-	158, // 166: airlock.authority.v1.PortForward.expires_at:type_name -> google.protobuf.Timestamp
-	158, // 167: airlock.authority.v1.PortForward.closed_at:type_name -> google.protobuf.Timestamp
-	167, // 168: airlock.authority.v1.PortForward.ttl:type_name -> google.protobuf.Duration
-	167, // 169: airlock.authority.v1.OpenPortForwardRequest.ttl:type_name -> google.protobuf.Duration
-	141, // 170: airlock.authority.v1.OpenPortForwardResponse.forward:type_name -> airlock.authority.v1.PortForward
-	141, // 171: airlock.authority.v1.ClosePortForwardResponse.forward:type_name -> airlock.authority.v1.PortForward
-	141, // 172: airlock.authority.v1.ListPortForwardsResponse.forwards:type_name -> airlock.authority.v1.PortForward
-	13,  // 173: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
-	15,  // 174: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
-	17,  // 175: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
-	22,  // 176: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
-	24,  // 177: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
-	26,  // 178: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
-	18,  // 179: airlock.authority.v1.AuthorityService.DownloadBundle:input_type -> airlock.authority.v1.DownloadBundleRequest
-	84,  // 180: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
-	86,  // 181: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
-	88,  // 182: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
-	91,  // 183: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
-	93,  // 184: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
-	113, // 185: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
-	115, // 186: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
-	95,  // 187: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
-	97,  // 188: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
-	99,  // 189: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
-	104, // 190: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
-	102, // 191: airlock.authority.v1.AuthorityService.RunExec:input_type -> airlock.authority.v1.RunExecRequest
-	106, // 192: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
-	109, // 193: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
-	111, // 194: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
-	28,  // 195: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
-	31,  // 196: airlock.authority.v1.AuthorityService.FetchImageBlob:input_type -> airlock.authority.v1.FetchImageBlobRequest
-	35,  // 197: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
-	53,  // 198: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
-	55,  // 199: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
-	49,  // 200: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
-	57,  // 201: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
-	59,  // 202: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
-	81,  // 203: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
-	62,  // 204: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
-	65,  // 205: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
-	67,  // 206: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
-	69,  // 207: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
-	71,  // 208: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
-	73,  // 209: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
-	76,  // 210: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
-	79,  // 211: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
-	117, // 212: airlock.authority.v1.AuthorityService.ListCaches:input_type -> airlock.authority.v1.ListCachesRequest
-	119, // 213: airlock.authority.v1.AuthorityService.ClearCaches:input_type -> airlock.authority.v1.ClearCachesRequest
-	121, // 214: airlock.authority.v1.AuthorityService.ListImages:input_type -> airlock.authority.v1.ListImagesRequest
-	123, // 215: airlock.authority.v1.AuthorityService.PruneImages:input_type -> airlock.authority.v1.PruneImagesRequest
-	125, // 216: airlock.authority.v1.AuthorityService.Heartbeat:input_type -> airlock.authority.v1.HeartbeatRequest
-	130, // 217: airlock.authority.v1.AuthorityService.ListExecutors:input_type -> airlock.authority.v1.ListExecutorsRequest
-	132, // 218: airlock.authority.v1.AuthorityService.GetExecutor:input_type -> airlock.authority.v1.GetExecutorRequest
-	134, // 219: airlock.authority.v1.AuthorityService.DrainExecutor:input_type -> airlock.authority.v1.DrainExecutorRequest
-	136, // 220: airlock.authority.v1.AuthorityService.GetUsage:input_type -> airlock.authority.v1.GetUsageRequest
-	142, // 221: airlock.authority.v1.AuthorityService.OpenPortForward:input_type -> airlock.authority.v1.OpenPortForwardRequest
-	144, // 222: airlock.authority.v1.AuthorityService.ForwardPort:input_type -> airlock.authority.v1.ForwardPortRequest
-	146, // 223: airlock.authority.v1.AuthorityService.ClosePortForward:input_type -> airlock.authority.v1.ClosePortForwardRequest
-	148, // 224: airlock.authority.v1.AuthorityService.ListPortForwards:input_type -> airlock.authority.v1.ListPortForwardsRequest
-	14,  // 225: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
-	16,  // 226: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
-	21,  // 227: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
-	23,  // 228: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
-	25,  // 229: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
-	27,  // 230: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
-	20,  // 231: airlock.authority.v1.AuthorityService.DownloadBundle:output_type -> airlock.authority.v1.DownloadBundleResponse
-	85,  // 232: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
-	87,  // 233: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
-	89,  // 234: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
-	92,  // 235: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
-	94,  // 236: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
-	114, // 237: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
-	116, // 238: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
-	96,  // 239: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
-	98,  // 240: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
-	100, // 241: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
-	105, // 242: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
-	103, // 243: airlock.authority.v1.AuthorityService.RunExec:output_type -> airlock.authority.v1.RunExecResponse
-	107, // 244: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
-	110, // 245: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
-	112, // 246: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
-	34,  // 247: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
-	33,  // 248: airlock.authority.v1.AuthorityService.FetchImageBlob:output_type -> airlock.authority.v1.FetchImageBlobResponse
-	42,  // 249: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
-	54,  // 250: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
-	56,  // 251: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
-	52,  // 252: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
-	58,  // 253: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
-	60,  // 254: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
-	83,  // 255: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
-	63,  // 256: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
-	66,  // 257: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
-	68,  // 258: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
-	70,  // 259: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
-	72,  // 260: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
-	74,  // 261: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
-	77,  // 262: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
-	80,  // 263: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
-	118, // 264: airlock.authority.v1.AuthorityService.ListCaches:output_type -> airlock.authority.v1.ListCachesResponse
-	120, // 265: airlock.authority.v1.AuthorityService.ClearCaches:output_type -> airlock.authority.v1.ClearCachesResponse
-	122, // 266: airlock.authority.v1.AuthorityService.ListImages:output_type -> airlock.authority.v1.ListImagesResponse
-	124, // 267: airlock.authority.v1.AuthorityService.PruneImages:output_type -> airlock.authority.v1.PruneImagesResponse
-	128, // 268: airlock.authority.v1.AuthorityService.Heartbeat:output_type -> airlock.authority.v1.HeartbeatResponse
-	131, // 269: airlock.authority.v1.AuthorityService.ListExecutors:output_type -> airlock.authority.v1.ListExecutorsResponse
-	133, // 270: airlock.authority.v1.AuthorityService.GetExecutor:output_type -> airlock.authority.v1.GetExecutorResponse
-	135, // 271: airlock.authority.v1.AuthorityService.DrainExecutor:output_type -> airlock.authority.v1.DrainExecutorResponse
-	140, // 272: airlock.authority.v1.AuthorityService.GetUsage:output_type -> airlock.authority.v1.GetUsageResponse
-	143, // 273: airlock.authority.v1.AuthorityService.OpenPortForward:output_type -> airlock.authority.v1.OpenPortForwardResponse
-	145, // 274: airlock.authority.v1.AuthorityService.ForwardPort:output_type -> airlock.authority.v1.ForwardPortResponse
-	147, // 275: airlock.authority.v1.AuthorityService.ClosePortForward:output_type -> airlock.authority.v1.ClosePortForwardResponse
-	149, // 276: airlock.authority.v1.AuthorityService.ListPortForwards:output_type -> airlock.authority.v1.ListPortForwardsResponse
-	225, // [225:277] is the sub-list for method output_type
-	173, // [173:225] is the sub-list for method input_type
-	173, // [173:173] is the sub-list for extension type_name
-	173, // [173:173] is the sub-list for extension extendee
-	0,   // [0:173] is the sub-list for field type_name
+	159, // 142: airlock.authority.v1.ExecutorReport.started_at:type_name -> google.protobuf.Timestamp
+	155, // 143: airlock.authority.v1.ExecutorReport.runtime_classes:type_name -> airlock.types.v1.RuntimeClass
+	128, // 144: airlock.authority.v1.ExecutorReport.capacity:type_name -> airlock.authority.v1.ExecutorCapacity
+	127, // 145: airlock.authority.v1.ExecutorReport.warm_pools:type_name -> airlock.authority.v1.WarmPoolReport
+	155, // 146: airlock.authority.v1.WarmPoolReport.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	168, // 147: airlock.authority.v1.WarmPoolReport.refill_last:type_name -> google.protobuf.Duration
+	168, // 148: airlock.authority.v1.WarmPoolReport.refill_median:type_name -> google.protobuf.Duration
+	168, // 149: airlock.authority.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
+	168, // 150: airlock.authority.v1.HeartbeatResponse.lost_after:type_name -> google.protobuf.Duration
+	8,   // 151: airlock.authority.v1.Executor.state:type_name -> airlock.authority.v1.ExecutorState
+	159, // 152: airlock.authority.v1.Executor.drained_at:type_name -> google.protobuf.Timestamp
+	159, // 153: airlock.authority.v1.Executor.joined_at:type_name -> google.protobuf.Timestamp
+	159, // 154: airlock.authority.v1.Executor.last_seen:type_name -> google.protobuf.Timestamp
+	126, // 155: airlock.authority.v1.Executor.report:type_name -> airlock.authority.v1.ExecutorReport
+	130, // 156: airlock.authority.v1.ListExecutorsResponse.executors:type_name -> airlock.authority.v1.Executor
+	130, // 157: airlock.authority.v1.GetExecutorResponse.executor:type_name -> airlock.authority.v1.Executor
+	130, // 158: airlock.authority.v1.DrainExecutorResponse.executor:type_name -> airlock.authority.v1.Executor
+	159, // 159: airlock.authority.v1.GetUsageRequest.since:type_name -> google.protobuf.Timestamp
+	159, // 160: airlock.authority.v1.GetUsageRequest.until:type_name -> google.protobuf.Timestamp
+	9,   // 161: airlock.authority.v1.GetUsageRequest.by:type_name -> airlock.authority.v1.UsageGrouping
+	155, // 162: airlock.authority.v1.Usage.runtime_class:type_name -> airlock.types.v1.RuntimeClass
+	152, // 163: airlock.authority.v1.UsageRates.class_compute_millis:type_name -> airlock.authority.v1.UsageRates.ClassComputeMillisEntry
+	138, // 164: airlock.authority.v1.GetUsageResponse.rows:type_name -> airlock.authority.v1.Usage
+	138, // 165: airlock.authority.v1.GetUsageResponse.total:type_name -> airlock.authority.v1.Usage
+	139, // 166: airlock.authority.v1.GetUsageResponse.rates:type_name -> airlock.authority.v1.UsageRates
+	140, // 167: airlock.authority.v1.GetUsageResponse.budgets:type_name -> airlock.authority.v1.Budget
+	10,  // 168: airlock.authority.v1.PortForward.state:type_name -> airlock.authority.v1.PortForwardState
+	159, // 169: airlock.authority.v1.PortForward.created_at:type_name -> google.protobuf.Timestamp
+	159, // 170: airlock.authority.v1.PortForward.expires_at:type_name -> google.protobuf.Timestamp
+	159, // 171: airlock.authority.v1.PortForward.closed_at:type_name -> google.protobuf.Timestamp
+	168, // 172: airlock.authority.v1.PortForward.ttl:type_name -> google.protobuf.Duration
+	168, // 173: airlock.authority.v1.OpenPortForwardRequest.ttl:type_name -> google.protobuf.Duration
+	142, // 174: airlock.authority.v1.OpenPortForwardResponse.forward:type_name -> airlock.authority.v1.PortForward
+	142, // 175: airlock.authority.v1.ClosePortForwardResponse.forward:type_name -> airlock.authority.v1.PortForward
+	142, // 176: airlock.authority.v1.ListPortForwardsResponse.forwards:type_name -> airlock.authority.v1.PortForward
+	13,  // 177: airlock.authority.v1.AuthorityService.SubmitJob:input_type -> airlock.authority.v1.SubmitJobRequest
+	15,  // 178: airlock.authority.v1.AuthorityService.GetJob:input_type -> airlock.authority.v1.GetJobRequest
+	17,  // 179: airlock.authority.v1.AuthorityService.GetJobEgress:input_type -> airlock.authority.v1.GetJobEgressRequest
+	22,  // 180: airlock.authority.v1.AuthorityService.ListJobs:input_type -> airlock.authority.v1.ListJobsRequest
+	24,  // 181: airlock.authority.v1.AuthorityService.WatchJob:input_type -> airlock.authority.v1.WatchJobRequest
+	26,  // 182: airlock.authority.v1.AuthorityService.CancelJob:input_type -> airlock.authority.v1.CancelJobRequest
+	18,  // 183: airlock.authority.v1.AuthorityService.DownloadBundle:input_type -> airlock.authority.v1.DownloadBundleRequest
+	84,  // 184: airlock.authority.v1.AuthorityService.CreateSession:input_type -> airlock.authority.v1.CreateSessionRequest
+	86,  // 185: airlock.authority.v1.AuthorityService.GetSession:input_type -> airlock.authority.v1.GetSessionRequest
+	88,  // 186: airlock.authority.v1.AuthorityService.ListSessions:input_type -> airlock.authority.v1.ListSessionsRequest
+	91,  // 187: airlock.authority.v1.AuthorityService.FinishSession:input_type -> airlock.authority.v1.FinishSessionRequest
+	93,  // 188: airlock.authority.v1.AuthorityService.CancelSession:input_type -> airlock.authority.v1.CancelSessionRequest
+	113, // 189: airlock.authority.v1.AuthorityService.SuspendSession:input_type -> airlock.authority.v1.SuspendSessionRequest
+	115, // 190: airlock.authority.v1.AuthorityService.ResumeSession:input_type -> airlock.authority.v1.ResumeSessionRequest
+	95,  // 191: airlock.authority.v1.AuthorityService.StartExec:input_type -> airlock.authority.v1.StartExecRequest
+	97,  // 192: airlock.authority.v1.AuthorityService.GetExec:input_type -> airlock.authority.v1.GetExecRequest
+	99,  // 193: airlock.authority.v1.AuthorityService.WatchExec:input_type -> airlock.authority.v1.WatchExecRequest
+	104, // 194: airlock.authority.v1.AuthorityService.CancelExec:input_type -> airlock.authority.v1.CancelExecRequest
+	102, // 195: airlock.authority.v1.AuthorityService.RunExec:input_type -> airlock.authority.v1.RunExecRequest
+	106, // 196: airlock.authority.v1.AuthorityService.ReadFile:input_type -> airlock.authority.v1.ReadFileRequest
+	109, // 197: airlock.authority.v1.AuthorityService.WriteFile:input_type -> airlock.authority.v1.WriteFileRequest
+	111, // 198: airlock.authority.v1.AuthorityService.ListFiles:input_type -> airlock.authority.v1.ListFilesRequest
+	28,  // 199: airlock.authority.v1.AuthorityService.FetchSource:input_type -> airlock.authority.v1.FetchSourceRequest
+	31,  // 200: airlock.authority.v1.AuthorityService.FetchImageBlob:input_type -> airlock.authority.v1.FetchImageBlobRequest
+	35,  // 201: airlock.authority.v1.AuthorityService.ReportResult:input_type -> airlock.authority.v1.ReportResultRequest
+	53,  // 202: airlock.authority.v1.AuthorityService.ListApprovals:input_type -> airlock.authority.v1.ListApprovalsRequest
+	55,  // 203: airlock.authority.v1.AuthorityService.GetApproval:input_type -> airlock.authority.v1.GetApprovalRequest
+	49,  // 204: airlock.authority.v1.AuthorityService.ReadReview:input_type -> airlock.authority.v1.ReadReviewRequest
+	57,  // 205: airlock.authority.v1.AuthorityService.DecideApproval:input_type -> airlock.authority.v1.DecideApprovalRequest
+	59,  // 206: airlock.authority.v1.AuthorityService.ConsumeApproval:input_type -> airlock.authority.v1.ConsumeApprovalRequest
+	81,  // 207: airlock.authority.v1.AuthorityService.GetPublishSpec:input_type -> airlock.authority.v1.GetPublishSpecRequest
+	62,  // 208: airlock.authority.v1.AuthorityService.LeaseCredential:input_type -> airlock.authority.v1.LeaseCredentialRequest
+	65,  // 209: airlock.authority.v1.AuthorityService.RevokeCredential:input_type -> airlock.authority.v1.RevokeCredentialRequest
+	67,  // 210: airlock.authority.v1.AuthorityService.ListLeases:input_type -> airlock.authority.v1.ListLeasesRequest
+	69,  // 211: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:input_type -> airlock.authority.v1.UpdateNetworkPolicyRequest
+	71,  // 212: airlock.authority.v1.AuthorityService.UpdateJobLimits:input_type -> airlock.authority.v1.UpdateJobLimitsRequest
+	73,  // 213: airlock.authority.v1.AuthorityService.UseLease:input_type -> airlock.authority.v1.UseLeaseRequest
+	76,  // 214: airlock.authority.v1.AuthorityService.ListAuditEvents:input_type -> airlock.authority.v1.ListAuditEventsRequest
+	79,  // 215: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:input_type -> airlock.authority.v1.ListAuditCheckpointsRequest
+	117, // 216: airlock.authority.v1.AuthorityService.ListCaches:input_type -> airlock.authority.v1.ListCachesRequest
+	119, // 217: airlock.authority.v1.AuthorityService.ClearCaches:input_type -> airlock.authority.v1.ClearCachesRequest
+	121, // 218: airlock.authority.v1.AuthorityService.ListImages:input_type -> airlock.authority.v1.ListImagesRequest
+	123, // 219: airlock.authority.v1.AuthorityService.PruneImages:input_type -> airlock.authority.v1.PruneImagesRequest
+	125, // 220: airlock.authority.v1.AuthorityService.Heartbeat:input_type -> airlock.authority.v1.HeartbeatRequest
+	131, // 221: airlock.authority.v1.AuthorityService.ListExecutors:input_type -> airlock.authority.v1.ListExecutorsRequest
+	133, // 222: airlock.authority.v1.AuthorityService.GetExecutor:input_type -> airlock.authority.v1.GetExecutorRequest
+	135, // 223: airlock.authority.v1.AuthorityService.DrainExecutor:input_type -> airlock.authority.v1.DrainExecutorRequest
+	137, // 224: airlock.authority.v1.AuthorityService.GetUsage:input_type -> airlock.authority.v1.GetUsageRequest
+	143, // 225: airlock.authority.v1.AuthorityService.OpenPortForward:input_type -> airlock.authority.v1.OpenPortForwardRequest
+	145, // 226: airlock.authority.v1.AuthorityService.ForwardPort:input_type -> airlock.authority.v1.ForwardPortRequest
+	147, // 227: airlock.authority.v1.AuthorityService.ClosePortForward:input_type -> airlock.authority.v1.ClosePortForwardRequest
+	149, // 228: airlock.authority.v1.AuthorityService.ListPortForwards:input_type -> airlock.authority.v1.ListPortForwardsRequest
+	14,  // 229: airlock.authority.v1.AuthorityService.SubmitJob:output_type -> airlock.authority.v1.SubmitJobResponse
+	16,  // 230: airlock.authority.v1.AuthorityService.GetJob:output_type -> airlock.authority.v1.GetJobResponse
+	21,  // 231: airlock.authority.v1.AuthorityService.GetJobEgress:output_type -> airlock.authority.v1.GetJobEgressResponse
+	23,  // 232: airlock.authority.v1.AuthorityService.ListJobs:output_type -> airlock.authority.v1.ListJobsResponse
+	25,  // 233: airlock.authority.v1.AuthorityService.WatchJob:output_type -> airlock.authority.v1.WatchJobResponse
+	27,  // 234: airlock.authority.v1.AuthorityService.CancelJob:output_type -> airlock.authority.v1.CancelJobResponse
+	20,  // 235: airlock.authority.v1.AuthorityService.DownloadBundle:output_type -> airlock.authority.v1.DownloadBundleResponse
+	85,  // 236: airlock.authority.v1.AuthorityService.CreateSession:output_type -> airlock.authority.v1.CreateSessionResponse
+	87,  // 237: airlock.authority.v1.AuthorityService.GetSession:output_type -> airlock.authority.v1.GetSessionResponse
+	89,  // 238: airlock.authority.v1.AuthorityService.ListSessions:output_type -> airlock.authority.v1.ListSessionsResponse
+	92,  // 239: airlock.authority.v1.AuthorityService.FinishSession:output_type -> airlock.authority.v1.FinishSessionResponse
+	94,  // 240: airlock.authority.v1.AuthorityService.CancelSession:output_type -> airlock.authority.v1.CancelSessionResponse
+	114, // 241: airlock.authority.v1.AuthorityService.SuspendSession:output_type -> airlock.authority.v1.SuspendSessionResponse
+	116, // 242: airlock.authority.v1.AuthorityService.ResumeSession:output_type -> airlock.authority.v1.ResumeSessionResponse
+	96,  // 243: airlock.authority.v1.AuthorityService.StartExec:output_type -> airlock.authority.v1.StartExecResponse
+	98,  // 244: airlock.authority.v1.AuthorityService.GetExec:output_type -> airlock.authority.v1.GetExecResponse
+	100, // 245: airlock.authority.v1.AuthorityService.WatchExec:output_type -> airlock.authority.v1.WatchExecResponse
+	105, // 246: airlock.authority.v1.AuthorityService.CancelExec:output_type -> airlock.authority.v1.CancelExecResponse
+	103, // 247: airlock.authority.v1.AuthorityService.RunExec:output_type -> airlock.authority.v1.RunExecResponse
+	107, // 248: airlock.authority.v1.AuthorityService.ReadFile:output_type -> airlock.authority.v1.ReadFileResponse
+	110, // 249: airlock.authority.v1.AuthorityService.WriteFile:output_type -> airlock.authority.v1.WriteFileResponse
+	112, // 250: airlock.authority.v1.AuthorityService.ListFiles:output_type -> airlock.authority.v1.ListFilesResponse
+	34,  // 251: airlock.authority.v1.AuthorityService.FetchSource:output_type -> airlock.authority.v1.FetchSourceResponse
+	33,  // 252: airlock.authority.v1.AuthorityService.FetchImageBlob:output_type -> airlock.authority.v1.FetchImageBlobResponse
+	42,  // 253: airlock.authority.v1.AuthorityService.ReportResult:output_type -> airlock.authority.v1.ReportResultResponse
+	54,  // 254: airlock.authority.v1.AuthorityService.ListApprovals:output_type -> airlock.authority.v1.ListApprovalsResponse
+	56,  // 255: airlock.authority.v1.AuthorityService.GetApproval:output_type -> airlock.authority.v1.GetApprovalResponse
+	52,  // 256: airlock.authority.v1.AuthorityService.ReadReview:output_type -> airlock.authority.v1.ReadReviewResponse
+	58,  // 257: airlock.authority.v1.AuthorityService.DecideApproval:output_type -> airlock.authority.v1.DecideApprovalResponse
+	60,  // 258: airlock.authority.v1.AuthorityService.ConsumeApproval:output_type -> airlock.authority.v1.ConsumeApprovalResponse
+	83,  // 259: airlock.authority.v1.AuthorityService.GetPublishSpec:output_type -> airlock.authority.v1.GetPublishSpecResponse
+	63,  // 260: airlock.authority.v1.AuthorityService.LeaseCredential:output_type -> airlock.authority.v1.LeaseCredentialResponse
+	66,  // 261: airlock.authority.v1.AuthorityService.RevokeCredential:output_type -> airlock.authority.v1.RevokeCredentialResponse
+	68,  // 262: airlock.authority.v1.AuthorityService.ListLeases:output_type -> airlock.authority.v1.ListLeasesResponse
+	70,  // 263: airlock.authority.v1.AuthorityService.UpdateNetworkPolicy:output_type -> airlock.authority.v1.UpdateNetworkPolicyResponse
+	72,  // 264: airlock.authority.v1.AuthorityService.UpdateJobLimits:output_type -> airlock.authority.v1.UpdateJobLimitsResponse
+	74,  // 265: airlock.authority.v1.AuthorityService.UseLease:output_type -> airlock.authority.v1.UseLeaseResponse
+	77,  // 266: airlock.authority.v1.AuthorityService.ListAuditEvents:output_type -> airlock.authority.v1.ListAuditEventsResponse
+	80,  // 267: airlock.authority.v1.AuthorityService.ListAuditCheckpoints:output_type -> airlock.authority.v1.ListAuditCheckpointsResponse
+	118, // 268: airlock.authority.v1.AuthorityService.ListCaches:output_type -> airlock.authority.v1.ListCachesResponse
+	120, // 269: airlock.authority.v1.AuthorityService.ClearCaches:output_type -> airlock.authority.v1.ClearCachesResponse
+	122, // 270: airlock.authority.v1.AuthorityService.ListImages:output_type -> airlock.authority.v1.ListImagesResponse
+	124, // 271: airlock.authority.v1.AuthorityService.PruneImages:output_type -> airlock.authority.v1.PruneImagesResponse
+	129, // 272: airlock.authority.v1.AuthorityService.Heartbeat:output_type -> airlock.authority.v1.HeartbeatResponse
+	132, // 273: airlock.authority.v1.AuthorityService.ListExecutors:output_type -> airlock.authority.v1.ListExecutorsResponse
+	134, // 274: airlock.authority.v1.AuthorityService.GetExecutor:output_type -> airlock.authority.v1.GetExecutorResponse
+	136, // 275: airlock.authority.v1.AuthorityService.DrainExecutor:output_type -> airlock.authority.v1.DrainExecutorResponse
+	141, // 276: airlock.authority.v1.AuthorityService.GetUsage:output_type -> airlock.authority.v1.GetUsageResponse
+	144, // 277: airlock.authority.v1.AuthorityService.OpenPortForward:output_type -> airlock.authority.v1.OpenPortForwardResponse
+	146, // 278: airlock.authority.v1.AuthorityService.ForwardPort:output_type -> airlock.authority.v1.ForwardPortResponse
+	148, // 279: airlock.authority.v1.AuthorityService.ClosePortForward:output_type -> airlock.authority.v1.ClosePortForwardResponse
+	150, // 280: airlock.authority.v1.AuthorityService.ListPortForwards:output_type -> airlock.authority.v1.ListPortForwardsResponse
+	229, // [229:281] is the sub-list for method output_type
+	177, // [177:229] is the sub-list for method input_type
+	177, // [177:177] is the sub-list for extension type_name
+	177, // [177:177] is the sub-list for extension extendee
+	0,   // [0:177] is the sub-list for field type_name
 }
 
 func init() { file_airlock_authority_v1_authority_proto_init() }
@@ -12249,11 +12433,11 @@ func file_airlock_authority_v1_authority_proto_init() {
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Chunk)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[133].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[134].OneofWrappers = []any{
 		(*ForwardPortRequest_ForwardId)(nil),
 		(*ForwardPortRequest_Data)(nil),
 	}
-	file_airlock_authority_v1_authority_proto_msgTypes[134].OneofWrappers = []any{
+	file_airlock_authority_v1_authority_proto_msgTypes[135].OneofWrappers = []any{
 		(*ForwardPortResponse_Data)(nil),
 		(*ForwardPortResponse_Connected)(nil),
 	}
@@ -12263,7 +12447,7 @@ func file_airlock_authority_v1_authority_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_airlock_authority_v1_authority_proto_rawDesc), len(file_airlock_authority_v1_authority_proto_rawDesc)),
 			NumEnums:      11,
-			NumMessages:   141,
+			NumMessages:   142,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1106,7 +1106,12 @@ type Grant struct {
 	// The brokered credentials the job's egress proxy may lease, by name
 	// (from the job's spec, checked against the tenant's policy); never a
 	// value. It never changes for a job.
-	Credentials   []string `protobuf:"bytes,24,rep,name=credentials,proto3" json:"credentials,omitempty"`
+	Credentials []string `protobuf:"bytes,24,rep,name=credentials,proto3" json:"credentials,omitempty"`
+	// For a session: how many sandboxes of its shape (runtime class, user,
+	// disk limit, /dev/shm size) the tenant's policy asks each executor to
+	// keep ready for the tenant's sessions (sessions.warm_pool); 0 keeps
+	// none. An executor keeps at most its own bound.
+	WarmPool      uint32 `protobuf:"varint,25,opt,name=warm_pool,json=warmPool,proto3" json:"warm_pool,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1307,6 +1312,13 @@ func (x *Grant) GetCredentials() []string {
 		return x.Credentials
 	}
 	return nil
+}
+
+func (x *Grant) GetWarmPool() uint32 {
+	if x != nil {
+		return x.WarmPool
+	}
+	return 0
 }
 
 // ImageGrant is the image a grant lets a job run on.
@@ -3535,7 +3547,7 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"repository\x18\x01 \x01(\tR\n" +
 	"repository\x12\x16\n" +
-	"\x06branch\x18\x02 \x01(\tR\x06branch\"\xdb\b\n" +
+	"\x06branch\x18\x02 \x01(\tR\x06branch\"\xf8\b\n" +
 	"\x05Grant\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x16\n" +
@@ -3566,7 +3578,8 @@ const file_airlock_types_v1_types_proto_rawDesc = "" +
 	"\x05image\x18\x15 \x01(\v2\x1c.airlock.types.v1.ImageGrantR\x05image\x12\x1a\n" +
 	"\bexecutor\x18\x16 \x01(\tR\bexecutor\x12\x12\n" +
 	"\x04with\x18\x17 \x03(\tR\x04with\x12 \n" +
-	"\vcredentials\x18\x18 \x03(\tR\vcredentials\x1a6\n" +
+	"\vcredentials\x18\x18 \x03(\tR\vcredentials\x12\x1b\n" +
+	"\twarm_pool\x18\x19 \x01(\rR\bwarmPool\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb2\x01\n" +

@@ -6,6 +6,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/airlockhq/airlock/pkg/egress"
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	"github.com/airlockhq/airlock/services/authority/internal/executorclient"
 	"github.com/airlockhq/airlock/services/authority/internal/fleet"
@@ -77,8 +78,27 @@ func reportFromProto(r *authorityv1.ExecutorReport) fleet.Report {
 			out.Classes = append(out.Classes, name)
 		}
 	}
+	for _, p := range r.GetWarmPools() {
+		if len(out.WarmPools) == maxWarmPools {
+			break
+		}
+		class, _ := executorclient.RuntimeClassFromProto(p.GetRuntimeClass())
+		out.WarmPools = append(out.WarmPools, fleet.WarmPool{
+			Tenant: egress.Cut(p.GetTenant(), maxPoolText), Class: class, UID: p.GetUid(), GID: p.GetGid(),
+			DiskBytes: p.GetDiskBytes(), ShmBytes: p.GetShmBytes(), Ready: int(p.GetReady()), Target: int(p.GetTarget()),
+			Hits: p.GetHits(), Misses: p.GetMisses(), RefillLast: p.GetRefillLast().AsDuration(), RefillMedian: p.GetRefillMedian().AsDuration(),
+			LastError: egress.Cut(p.GetLastError(), maxPoolText),
+		})
+	}
 	return out
 }
+
+// A report's warm pools are bounded as the executor bounds them: a
+// misbehaving executor cannot grow the fleet's records.
+const (
+	maxWarmPools = 256
+	maxPoolText  = 512
+)
 
 func memberToProto(m fleet.Member) *authorityv1.Executor {
 	state := authorityv1.ExecutorState_EXECUTOR_STATE_UP
@@ -96,6 +116,14 @@ func memberToProto(m fleet.Member) *authorityv1.Executor {
 		if rc, err := executorclient.RuntimeClassToProto(c); err == nil {
 			rep.RuntimeClasses = append(rep.RuntimeClasses, rc)
 		}
+	}
+	for _, p := range m.Report.WarmPools {
+		rc, _ := executorclient.RuntimeClassToProto(p.Class)
+		rep.WarmPools = append(rep.WarmPools, &authorityv1.WarmPoolReport{
+			Tenant: p.Tenant, RuntimeClass: rc, Uid: p.UID, Gid: p.GID, DiskBytes: p.DiskBytes, ShmBytes: p.ShmBytes,
+			Ready: int32(p.Ready), Target: int32(p.Target), Hits: p.Hits, Misses: p.Misses,
+			RefillLast: durationpb.New(p.RefillLast), RefillMedian: durationpb.New(p.RefillMedian), LastError: p.LastError,
+		})
 	}
 	out := &authorityv1.Executor{
 		Name: m.Name, Id: m.ID, Address: m.Address, State: state, Draining: m.Draining, DrainedBy: m.DrainedBy,

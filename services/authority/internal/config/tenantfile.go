@@ -122,6 +122,11 @@ type SessionsFile struct {
 	// true) false refuses sessions that ask to sleep.
 	DefaultOnIdle string `yaml:"default_on_idle"`
 	AllowSleep    *bool  `yaml:"allow_sleep"`
+	// WarmPool is how many sandboxes of the tenant's session shape each
+	// executor keeps started and ready, so a session's first exec answers
+	// at once: between 0 (the default: none) and 16. An executor keeps at
+	// most its own warm_pool bounds.
+	WarmPool int `yaml:"warm_pool"`
 }
 
 // PublishFile is a tenant's publish policy as the file writes it.

@@ -63,6 +63,7 @@ func (s *Signer) Sign(r jobs.GrantRequest) (jobs.SignedGrant, error) {
 		Generation:              r.Generation,
 		RuntimeClass:            rc,
 		GitHistoryDepth:         uint32(max(r.HistoryDepth, 0)),
+		WarmPool:                uint32(max(r.WarmPool, 0)),
 		Executor:                r.Executor,
 		With:                    r.With,
 		Credentials:             r.Credentials,
@@ -116,7 +117,8 @@ func (s *Signer) Decode(wire []byte) (jobs.GrantRequest, error) {
 		NetworkGeneration: g.GetNetworkPolicyGeneration(), Generation: max(g.GetGeneration(), 1),
 		// A grant from before runtime classes is runc's.
 		RuntimeClass: cmp.Or(rc, policy.RuntimeRunc), HistoryDepth: int(g.GetGitHistoryDepth()), Executor: g.GetExecutor(),
-		With: g.GetWith(), Credentials: g.GetCredentials(),
+		WarmPool: int(g.GetWarmPool()),
+		With:     g.GetWith(), Credentials: g.GetCredentials(),
 		IssuedAt: g.GetIssuedAt().AsTime(), ExpiresAt: g.GetExpiresAt().AsTime(),
 	}
 	if p := g.GetPublishTarget(); p != nil {

@@ -25,6 +25,26 @@ type Report struct {
 	// RunsTruncated says there were more.
 	Runs          []string `json:"runs,omitempty"`
 	RunsTruncated bool     `json:"runs_truncated,omitempty"`
+	// WarmPools are the session shapes it keeps sandboxes ready for.
+	WarmPools []WarmPool `json:"warm_pools,omitempty"`
+}
+
+// WarmPool is one shape of sandbox an executor keeps ready for a tenant's
+// sessions, as it reported.
+type WarmPool struct {
+	Tenant       string        `json:"tenant"`
+	Class        string        `json:"class"`
+	UID          uint32        `json:"uid"`
+	GID          uint32        `json:"gid"`
+	DiskBytes    int64         `json:"disk_bytes"`
+	ShmBytes     int64         `json:"shm_bytes"`
+	Ready        int           `json:"ready"`
+	Target       int           `json:"target"`
+	Hits         int64         `json:"hits"`
+	Misses       int64         `json:"misses"`
+	RefillLast   time.Duration `json:"refill_last"`
+	RefillMedian time.Duration `json:"refill_median"`
+	LastError    string        `json:"last_error,omitempty"`
 }
 
 // Capacity is an executor's capacity and what of it is free.

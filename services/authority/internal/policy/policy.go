@@ -280,6 +280,9 @@ type Sessions struct {
 	DefaultConcurrentExecs, MaxConcurrentExecs int
 	DefaultOnIdle                              string
 	ForbidSleep                                bool
+	// WarmPool is how many sandboxes of the tenant's session shape each
+	// executor is asked to keep ready (0 to MaxWarmPool).
+	WarmPool int
 }
 
 // What a session idle past its timeout does: it ends, or it sleeps
@@ -299,6 +302,7 @@ const (
 	MinIdleTimeout        = time.Second
 	MaxIdleTimeoutCeiling = 7 * 24 * time.Hour
 	MaxExecsCeiling       = 64
+	MaxWarmPool           = 16
 )
 
 // Filled is s with each zero field completed as CompletePair completes
@@ -309,7 +313,7 @@ func (s Sessions) Filled() Sessions {
 	de, me := int64(s.DefaultConcurrentExecs), int64(s.MaxConcurrentExecs)
 	CompletePair(&de, &me, int64(DefaultSessions.DefaultConcurrentExecs), int64(DefaultSessions.MaxConcurrentExecs))
 	return Sessions{DefaultIdleTimeout: time.Duration(di), MaxIdleTimeout: time.Duration(mi), DefaultConcurrentExecs: int(de), MaxConcurrentExecs: int(me),
-		DefaultOnIdle: cmp.Or(s.DefaultOnIdle, OnIdleEnd), ForbidSleep: s.ForbidSleep}
+		DefaultOnIdle: cmp.Or(s.DefaultOnIdle, OnIdleEnd), ForbidSleep: s.ForbidSleep, WarmPool: s.WarmPool}
 }
 
 // CompletePair completes a default and its ceiling, either of which a

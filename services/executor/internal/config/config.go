@@ -46,7 +46,32 @@ type Config struct {
 	Advertise string `yaml:"advertise"`
 	// Fleet configures the executor's membership of the authority's fleet.
 	Fleet Fleet `yaml:"fleet"`
+	// WarmPool bounds the sandboxes this executor keeps started and ready
+	// for sessions, which the tenants' policies ask for
+	// (sessions.warm_pool).
+	WarmPool WarmPool `yaml:"warm_pool"`
 }
+
+// WarmPool bounds the pooled sandboxes: each is a runc session's sandbox
+// made for one tenant's session shape ahead of the session, claimed by one
+// session and never reused. It needs the exec helper (Linux 6.15 or
+// newer).
+type WarmPool struct {
+	// MaxSandboxes bounds the pooled sandboxes on this executor, every
+	// tenant's together: 0 to 64, default 0 (none, whatever tenants ask).
+	// They count against capacity (each its disk limit and 16MiB of
+	// memory), and give their room back to runs.
+	MaxSandboxes int `yaml:"max_sandboxes"`
+	// PerTenant bounds what one tenant's policy may ask for one shape:
+	// 0 (the default) is max_sandboxes.
+	PerTenant int `yaml:"per_tenant"`
+	// MaxIdle is how long a pooled sandbox waits for a claim before it is
+	// made again: at least 1m, default 1h.
+	MaxIdle time.Duration `yaml:"max_idle"`
+}
+
+// MaxWarmPool bounds WarmPool.MaxSandboxes.
+const MaxWarmPool = 64
 
 // Fleet configures the heartbeat and the fence.
 type Fleet struct {
@@ -390,6 +415,16 @@ func (c *Config) ValidatePeers() error {
 		errs = append(errs, config.Field("images.max_size", "%d bytes: at least 64MiB (0 or unset is 20GiB)", n))
 	}
 	errs = append(errs, c.validateFleet())
+	switch w := c.WarmPool; {
+	case w.MaxSandboxes < 0 || w.MaxSandboxes > MaxWarmPool:
+		errs = append(errs, config.Field("warm_pool.max_sandboxes", "%d: want 0 to %d", w.MaxSandboxes, MaxWarmPool))
+	case w.PerTenant < 0 || w.PerTenant > max(w.MaxSandboxes, 0):
+		errs = append(errs, config.Field("warm_pool.per_tenant", "%d: want 0 to max_sandboxes (%d)", w.PerTenant, w.MaxSandboxes))
+	case w.MaxIdle == 0:
+		c.WarmPool.MaxIdle = time.Hour
+	case w.MaxIdle < time.Minute:
+		errs = append(errs, config.Field("warm_pool.max_idle", "%v: at least 1m", w.MaxIdle))
+	}
 	if h, err := measureHost(c.DataDir); err != nil {
 		errs = append(errs, config.Field("capacity", "measure this host: %v", err))
 	} else {

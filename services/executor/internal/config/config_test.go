@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"gopkg.in/yaml.v3"
@@ -139,6 +140,36 @@ func TestMaxConnections(t *testing.T) {
 		case !tc.ok && !bad:
 			t.Errorf("max_connections %d: no error for network.max_connections", tc.in)
 		}
+	}
+}
+
+// warm_pool: each bound out of range is refused naming its field;
+// max_idle defaults to an hour.
+func TestWarmPoolBounds(t *testing.T) {
+	for _, tc := range []struct {
+		in    WarmPool
+		field string
+	}{
+		{WarmPool{MaxSandboxes: -1}, "warm_pool.max_sandboxes"},
+		{WarmPool{MaxSandboxes: MaxWarmPool + 1}, "warm_pool.max_sandboxes"},
+		{WarmPool{MaxSandboxes: 2, PerTenant: 3}, "warm_pool.per_tenant"},
+		{WarmPool{MaxSandboxes: 2, PerTenant: -1}, "warm_pool.per_tenant"},
+		{WarmPool{MaxSandboxes: 2, MaxIdle: time.Second}, "warm_pool.max_idle"},
+	} {
+		c := &Config{WarmPool: tc.in}
+		if _, bad := fieldErrors(c.ValidatePeers())[tc.field]; !bad {
+			t.Errorf("warm_pool %+v: no error for %s", tc.in, tc.field)
+		}
+	}
+	c := &Config{WarmPool: WarmPool{MaxSandboxes: 4, PerTenant: 2}}
+	errs := fieldErrors(c.ValidatePeers())
+	for f, why := range errs {
+		if strings.HasPrefix(f, "warm_pool") {
+			t.Errorf("a good warm_pool: %s: %s", f, why)
+		}
+	}
+	if c.WarmPool.MaxIdle != time.Hour {
+		t.Errorf("max_idle defaulted to %v, want 1h", c.WarmPool.MaxIdle)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/airlockhq/airlock/pkg/errdefs"
@@ -47,6 +48,8 @@ const (
 	maxImages  = 1024
 	maxSources = 1024
 	maxRuns    = 4096
+	// maxWarmPools bounds the warm pools a report lists.
+	maxWarmPools = 256
 )
 
 // CancelReason is the message of a run the authority's answer cancels.
@@ -237,6 +240,16 @@ func (c *Client) report() *authorityv1.ExecutorReport {
 	}
 	for _, cl := range c.cfg.Classes {
 		r.RuntimeClasses = append(r.RuntimeClasses, convert.RuntimeClass(cl))
+	}
+	for _, p := range c.cfg.Runs.WarmPools() {
+		if len(r.WarmPools) == maxWarmPools {
+			break
+		}
+		r.WarmPools = append(r.WarmPools, &authorityv1.WarmPoolReport{
+			Tenant: p.Tenant, RuntimeClass: convert.RuntimeClass(p.Class), Uid: p.User.UID, Gid: p.User.GID,
+			DiskBytes: p.DiskBytes, ShmBytes: p.ShmBytes, Ready: int32(p.Ready), Target: int32(p.Target), Hits: p.Hits, Misses: p.Misses,
+			RefillLast: durationpb.New(p.RefillLast), RefillMedian: durationpb.New(p.RefillMedian), LastError: p.LastError,
+		})
 	}
 	for _, p := range c.cfg.Pools {
 		r.NetworkPools = append(r.NetworkPools, p.String())

@@ -275,6 +275,17 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source, 
 		Stdout:     e.stdout,
 		Stderr:     e.stderr,
 	}
+	if g.Session != nil {
+		spec.Command = sandbox.IdleCommand
+		spec.Ready = func() { m.markRunning(e) }
+	}
+	if sb, n, ok := m.fromPool(ctx, e, g, spec, src); ok {
+		m.mu.Lock()
+		e.net = n
+		m.mu.Unlock()
+		e.sb = sb
+		return sb, nil
+	}
 	if img != nil {
 		spec.Image = &sandbox.ImageRoot{Digest: img.Digest, Layers: img.Layers, Env: img.Env, WorkingDir: img.WorkingDir}
 	}
@@ -332,10 +343,6 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source, 
 			return nil, fmt.Errorf("%w: the job has brokered credentials but no egress proxy to add them", ErrCredential)
 		}
 	}
-	if g.Session != nil {
-		spec.Command = sandbox.IdleCommand
-		spec.Ready = func() { m.markRunning(e) }
-	}
 	leases, mounts, err := m.openCaches(g)
 	if err != nil {
 		if eg != nil {
@@ -365,20 +372,25 @@ func (m *Manager) makeSandbox(ctx context.Context, e *entry, src *stage.Source, 
 		}
 		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
-	if src.GitObjects != "" {
-		// The job's own .git at its base commit; the patch never reads it.
-		// A kept session has its own already, unless the executor stopped
-		// before it was made (SeedGitDir leaves one that is there).
-		uid, gid := sb.HostIDs()
-		if err := worktree.SeedGitDir(sb.WorkDir(), g.Commit, src.Shallow, src.Index, uid, gid); err != nil {
-			m.cfg.Logger.Warn("the job gets no .git", "job_id", g.JobID, "error", err)
-		}
-	}
+	m.seedGit(sb, g, src)
 	m.mu.Lock()
 	e.net = n
 	m.mu.Unlock()
 	e.sb, e.egress, e.caches = sb, eg, leases
 	return sb, nil
+}
+
+// seedGit gives the job its own .git at its base commit; the patch never
+// reads it. A kept session has its own already, unless the executor
+// stopped before it was made (SeedGitDir leaves one that is there).
+func (m *Manager) seedGit(sb *sandbox.Sandbox, g Grant, src *stage.Source) {
+	if src.GitObjects == "" {
+		return
+	}
+	uid, gid := sb.HostIDs()
+	if err := worktree.SeedGitDir(sb.WorkDir(), g.Commit, src.Shallow, src.Index, uid, gid); err != nil {
+		m.cfg.Logger.Warn("the job gets no .git", "job_id", g.JobID, "error", err)
+	}
 }
 
 // closeNet removes a job's network namespace. Should that fail, it keeps

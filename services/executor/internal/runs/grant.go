@@ -34,6 +34,9 @@ type Grant struct {
 	// HistoryDepth is how many commits of history the job's .git gets;
 	// 0 and 1 are the base commit alone.
 	HistoryDepth int `json:"git_history_depth,omitempty"`
+	// WarmPool, for a session, is how many sandboxes of its shape its
+	// tenant's policy asks this executor to keep ready (warm.go).
+	WarmPool int `json:"warm_pool,omitempty"`
 	// Caches are the named caches the job mounts (caches.go).
 	Caches []CacheGrant `json:"caches,omitempty"`
 	// User is who the job's processes run as; the zero value is root

@@ -47,10 +47,16 @@ var jobBuckets = []float64{1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 72
 // createBuckets are the bounds, in seconds, of making a sandbox.
 var createBuckets = []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60}
 
+// claimBuckets are the bounds, in seconds, of a claim of a pooled sandbox.
+var claimBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}
+
 // metrics are the run manager's instruments.
 type metrics struct {
 	started, ended, refused, execs metric.Int64Counter
 	duration, create               metric.Float64Histogram
+	// The warm pool's (warm.go).
+	poolClaims, discarded metric.Int64Counter
+	refill, claim         metric.Float64Histogram
 	// observed unregisters the callback of the gauges.
 	observed metric.Registration
 }
@@ -69,8 +75,16 @@ func newMetrics(mp metric.MeterProvider, m *Manager) (*metrics, error) {
 			"How long a run lasted, from its acceptance to its end.", jobBuckets...),
 		create: set.Histogram("airlock.executor.sandbox.create.duration", "s",
 			"How long making a run's sandbox took (the runtime's create, mounts and cgroup).", createBuckets...),
+		poolClaims: set.Counter("airlock.executor.pool.claims", "{session}",
+			"Sessions given a pooled sandbox (outcome hit) or not (outcome miss, by cause)."),
+		discarded: set.Counter("airlock.executor.pool.discarded", "{sandbox}", "Pooled sandboxes discarded unclaimed, by cause."),
+		refill: set.Histogram("airlock.executor.pool.refill.duration", "s",
+			"How long making a pooled sandbox took (its namespace, scratch, cgroup, runtime and exec helper).", createBuckets...),
+		claim: set.Histogram("airlock.executor.sandbox.claim.duration", "s",
+			"How long a session's claim of a pooled sandbox took (its /work mounted in, limits and policy in force).", claimBuckets...),
 	}
 	active := set.IntGauge("airlock.executor.jobs.active", "{job}", "Runs not yet ended, by state.")
+	ready := set.IntGauge("airlock.executor.pool.ready", "{sandbox}", "Pooled sandboxes ready for a claim.")
 	type pair struct{ reserved, limit metric.Float64ObservableGauge }
 	gauge := func(name, unit, what string) pair {
 		return pair{
@@ -115,8 +129,15 @@ func newMetrics(mp metric.MeterProvider, m *Manager) (*metrics, error) {
 		observe(cpu, float64(h.cpu)/1000, float64(c.CPUMillis)/1000)
 		observe(disk, float64(h.disk), float64(c.DiskBytes))
 		observe(jobs, float64(h.jobs), float64(c.Jobs))
+		if m.pool != nil {
+			n := 0
+			for _, s := range m.pool.Status() {
+				n += s.Ready
+			}
+			o.ObserveInt64(ready, int64(n))
+		}
 		return nil
-	}, active, memory.reserved, memory.limit, cpu.reserved, cpu.limit, disk.reserved, disk.limit, jobs.reserved, jobs.limit)
+	}, active, ready, memory.reserved, memory.limit, cpu.reserved, cpu.limit, disk.reserved, disk.limit, jobs.reserved, jobs.limit)
 	if err := set.Err(); err != nil {
 		return nil, err
 	}
@@ -170,6 +191,32 @@ func (x *metrics) sandboxMade(class sandbox.Class, took time.Duration, err error
 		outcome = "error"
 	}
 	x.create.Record(context.Background(), took.Seconds(), metric.WithAttributes(classOf(class), attrResult.String(outcome)))
+}
+
+// poolClaimed counts a session's claim of a pooled sandbox (hit) or why
+// it made its own (cause), and how long a hit's claim took.
+func (x *metrics) poolClaimed(hit bool, cause string, took time.Duration) {
+	ctx := context.Background()
+	if hit {
+		x.poolClaims.Add(ctx, 1, metric.WithAttributes(attrResult.String("hit")))
+		x.claim.Record(ctx, took.Seconds())
+		return
+	}
+	x.poolClaims.Add(ctx, 1, metric.WithAttributes(attrResult.String("miss"), attrCause.String(cause)))
+}
+
+// poolRefilled records how long making a pooled sandbox of class took.
+func (x *metrics) poolRefilled(class sandbox.Class, took time.Duration, err error) {
+	outcome := "ok"
+	if err != nil {
+		outcome = "error"
+	}
+	x.refill.Record(context.Background(), took.Seconds(), metric.WithAttributes(classOf(class), attrResult.String(outcome)))
+}
+
+// poolDiscarded counts a pooled sandbox discarded unclaimed, for cause.
+func (x *metrics) poolDiscarded(cause string) {
+	x.discarded.Add(context.Background(), 1, metric.WithAttributes(attrCause.String(cause)))
 }
 
 // execStarted counts an exec started in a session.

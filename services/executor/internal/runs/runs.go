@@ -32,6 +32,7 @@ import (
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 	"github.com/airlockhq/airlock/services/executor/internal/stage"
+	"github.com/airlockhq/airlock/services/executor/internal/warmpool"
 )
 
 // State is where a run is.
@@ -182,8 +183,10 @@ type Config struct {
 	// (credentials.go); nil refuses every grant that names one.
 	Credentials CredentialLeaser
 	// Fence, if set, holds new runs in staging, before their sandbox is
-	// made, while it says so; nil never does.
+	// made, while it says so; nil never does. It pauses the warm pool too.
 	Fence Fence
+	// WarmPool bounds the sandboxes kept ready for sessions (warm.go).
+	WarmPool WarmPool
 	// Meter makes the executor's metrics (metrics.go); nil is the global
 	// meter provider.
 	Meter  metric.MeterProvider
@@ -210,6 +213,12 @@ type Manager struct {
 	// credential's upstream must chain to unless its lease names a CA.
 	roots   *x509.CertPool
 	metrics *metrics
+	// pool keeps sandboxes ready for sessions (warm.go); nil keeps none.
+	// poolShapes are the shapes kept for each tenant, the newest last,
+	// under poolMu.
+	pool       *warmpool.Pool[poolKey, pooled]
+	poolMu     sync.Mutex
+	poolShapes map[string][]poolKey
 }
 
 // entry is a run in memory: its record, its output, and how to stop it.
@@ -311,7 +320,7 @@ func New(cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &Manager{cfg: cfg, runs: map[string]*entry{}, unstarted: map[string]time.Time{}, ctx: ctx, cancel: cancel}
+	m := &Manager{cfg: cfg, runs: map[string]*entry{}, unstarted: map[string]time.Time{}, ctx: ctx, cancel: cancel, poolShapes: map[string][]poolKey{}}
 	if cfg.Sandbox != nil {
 		m.roots = trustPool(cfg.Sandbox.TrustedCAs())
 	}
@@ -341,6 +350,9 @@ func New(cfg Config) (*Manager, error) {
 			return nil, err
 		}
 		m.runs[r.JobID] = e
+	}
+	if err := m.newPool(); err != nil {
+		return nil, fmt.Errorf("runs: warm pool: %w", err)
 	}
 	if m.metrics, err = newMetrics(cfg.Meter, m); err != nil {
 		return nil, fmt.Errorf("runs: metrics: %w", err)
@@ -376,6 +388,9 @@ func (m *Manager) Recover(ctx context.Context) error {
 	if kept {
 		// Outside m.mu: a sync of the whole file system can take a while.
 		m.syncRecords()
+	}
+	if err == nil {
+		m.startPool()
 	}
 	return err
 }

@@ -357,6 +357,9 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (*Sandbox, error) {
 	if err := spec.validate(); err != nil {
 		return nil, err
 	}
+	if strings.HasPrefix(spec.ID, PoolPrefix) {
+		return nil, invalid("spec.id %q: %q starts the names of pooled sandboxes (Warm), never a job's", spec.ID, PoolPrefix)
+	}
 	m.probeMu.Lock()
 	st, probed := m.status[spec.Class]
 	m.probeMu.Unlock()

@@ -179,7 +179,10 @@ func Run(ctx context.Context, cfg *config.Config) error {
 					MemoryBytes: cfg.Capacity.MemoryBytes, CPUMillis: cfg.Capacity.CPUMillis,
 					DiskBytes: cfg.Capacity.DiskBytes, Jobs: cfg.Capacity.Jobs,
 				},
-				Fence:  fence,
+				Fence: fence,
+				WarmPool: runs.WarmPool{
+					MaxSandboxes: cfg.WarmPool.MaxSandboxes, PerTenant: cfg.WarmPool.PerTenant, MaxIdle: cfg.WarmPool.MaxIdle,
+				},
 				Meter:  env.Meter,
 				Logger: logger,
 			})

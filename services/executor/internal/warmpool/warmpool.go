@@ -30,8 +30,9 @@ type Config[K comparable, T any] struct {
 	// pools nothing.
 	Max int
 	// Room reports whether one more item for k fits beside what the
-	// executor's runs hold now; nil is always.
-	Room func(k K) bool
+	// executor's runs hold now and the pool holds (held: the items ready
+	// or being made, per key); nil is always.
+	Room func(k K, held map[K]int) bool
 	// Paused reports whether refills must wait (the executor is fenced or
 	// draining); nil never pauses.
 	Paused func() bool
@@ -182,6 +183,11 @@ func (p *Pool[K, T]) Take(k K) (T, bool) {
 func (p *Pool[K, T]) Held() map[K]int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.held()
+}
+
+// held is Held. Callers hold p.mu.
+func (p *Pool[K, T]) held() map[K]int {
 	out := map[K]int{}
 	for k, r := range p.ready {
 		if len(r) > 0 {
@@ -318,7 +324,7 @@ func (p *Pool[K, T]) next() (k K, wait time.Duration, ok bool) {
 		if len(p.ready[c])+p.making[c] >= p.targets[c] || now.Before(p.stats[c].retryAt) {
 			continue
 		}
-		if p.cfg.Room != nil && !p.cfg.Room(c) {
+		if p.cfg.Room != nil && !p.cfg.Room(c, p.held()) {
 			continue
 		}
 		// Its turn taken: to the back of the line.

@@ -158,7 +158,7 @@ func TestBounds(t *testing.T) {
 	room.Store("ok", true)
 	paused.Store("on", false)
 	p, mk, _ := start(t, Config[key, string]{Max: 3,
-		Room:   func(key) bool { v, _ := room.Load("ok"); return v.(bool) },
+		Room:   func(key, map[key]int) bool { v, _ := room.Load("ok"); return v.(bool) },
 		Paused: func() bool { v, _ := paused.Load("on"); return v.(bool) }})
 	a, b := key{"a", "s"}, key{"b", "s"}
 	p.SetTarget(a, 2)
