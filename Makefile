@@ -96,6 +96,7 @@ bench: runtimes vm
 		./services/executor/internal/sandbox ./test/e2e | tee bench.out
 	$(GO) test -p 1 -run '^$$' -bench 'ExecTrue|SessionTrue' -benchtime 30x -count $(BENCHCOUNT) -timeout 60m \
 		./services/executor/internal/sandbox ./test/e2e | tee -a bench.out
+	$(GO) test -run '^$$' -bench 'ColdStart' -benchtime 20x -count $(BENCHCOUNT) -timeout 60m ./test/e2e | tee -a bench.out
 	$(GO) test -run '^$$' -bench 'AgentLoop20' -benchtime 2x -count $(BENCHCOUNT) -timeout 60m ./test/e2e | tee -a bench.out
 	$(GO) test -run '^$$' -bench 'CLISubmitWait' -benchtime 20x -count $(BENCHCOUNT) -timeout 60m ./test/e2e | tee -a bench.out
 	$(GO) test -run '^$$' -bench 'Check10MBPatch' -benchtime 2x -count 3 -timeout 30m ./pkg/contentcheck | tee -a bench.out

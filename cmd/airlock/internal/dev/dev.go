@@ -91,6 +91,7 @@ func newDevUp(g *cmdutil.Globals) *cobra.Command {
 	var repoFlags, resolvers, domains, brokers, brokerApprovals, extraCAs []string
 	var timeout time.Duration
 	var registry bool
+	var warmPool int
 	cmd := &cobra.Command{
 		Use:   "up --dir DIR [--repo NAME=PATH]... [--registry]",
 		Short: "Start authority, executor and publisher with a fresh PKI under DIR",
@@ -202,8 +203,11 @@ airlock dev down.`,
 				}
 				return fmt.Errorf("--registry: no registry binary %s (build it with `make build`)", where)
 			}
+			if warmPool < 0 || warmPool > maxWarmPool {
+				return cmdutil.UsageError{Err: fmt.Errorf("--warm-pool %d: want 0 to %d", warmPool, maxWarmPool)}
+			}
 			opts := devOptions{host: host, repos: repos, resolvers: resolvers, domains: domains, sandboxPath: sandboxPath, registry: registry,
-				credentials: creds, extraCAs: extraCAs}
+				credentials: creds, extraCAs: extraCAs, warmPool: warmPool}
 			stack, err := devUp(ctx, abs, opts, bins, g.Stderr)
 			if err != nil {
 				return err
@@ -246,6 +250,7 @@ airlock dev down.`,
 	cmd.Flags().StringArrayVar(&domains, "egress-domain", nil, "NAME or *.SUFFIX the dev tenant's jobs may list with --allow-domain (repeatable; default: none, so domains jobs are refused)")
 	cmd.Flags().StringArrayVar(&brokers, "credential-broker", nil, "NAME:HOST[,HOST...]:FILE: a brokered credential of the dev tenant, read from FILE and added as \"Authorization: Bearer VALUE\" to its jobs' requests to the hosts (NAME or *.SUFFIX, added to its egress domains); jobs ask for it with --credential NAME (repeatable)")
 	cmd.Flags().StringArrayVar(&brokerApprovals, "credential-approval", nil, "NAME: a --credential-broker whose jobs wait for an approver's start approval (approval: required; repeatable)")
+	cmd.Flags().IntVar(&warmPool, "warm-pool", 0, "N: keep N sandboxes of the dev tenant's session shape started and ready on the executor (the tenant's sessions.warm_pool and the executor's warm_pool.max_sandboxes), so a session's first exec answers at once; 0 to 16")
 	cmd.Flags().StringArrayVar(&extraCAs, "extra-ca", nil, "PATH: a PEM CA file jobs and their egress proxy trust beside the host's (the executor's sandbox.extra_cas; repeatable)")
 	return cmd
 }
@@ -297,6 +302,10 @@ func findServiceBinaries(binDir string) (map[string]string, error) {
 	return bins, nil
 }
 
+// maxWarmPool is the most a tenant's sessions.warm_pool may ask (the
+// authority checks it again).
+const maxWarmPool = 16
+
 // devOptions are dev up's choices.
 type devOptions struct {
 	host  string
@@ -315,6 +324,9 @@ type devOptions struct {
 	credentials []devCredential
 	// extraCAs are the executor's sandbox.extra_cas.
 	extraCAs []string
+	// warmPool is the dev tenant's sessions.warm_pool and the executor's
+	// warm_pool.max_sandboxes.
+	warmPool int
 }
 
 // devStack is what dev up started: the three services and, when it was
@@ -437,6 +449,9 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 			if registry.images != nil {
 				policy["images"] = registry.images
 			}
+			if opts.warmPool > 0 {
+				policy["sessions"] = map[string]any{"warm_pool": opts.warmPool}
+			}
 			file["tenants"] = map[string]any{devTenant: policy}
 			// alice reads and verifies the whole log; a checkpoint of its
 			// head is signed every 10 entries, or 10 s while entries come in.
@@ -467,6 +482,9 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 			file["sandbox"] = sandbox
 			if len(opts.resolvers) > 0 {
 				file["network"] = map[string]any{"resolvers": opts.resolvers}
+			}
+			if opts.warmPool > 0 {
+				file["warm_pool"] = map[string]any{"max_sandboxes": opts.warmPool}
 			}
 		case identity.ServicePublisher:
 			file["authority"] = map[string]any{"address": services[identity.ServiceAuthority].Address, "grant_public_key": grantKey + ".pub"}
