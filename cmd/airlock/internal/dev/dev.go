@@ -250,7 +250,7 @@ airlock dev down.`,
 	cmd.Flags().StringArrayVar(&domains, "egress-domain", nil, "NAME or *.SUFFIX the dev tenant's jobs may list with --allow-domain (repeatable; default: none, so domains jobs are refused)")
 	cmd.Flags().StringArrayVar(&brokers, "credential-broker", nil, "NAME:HOST[,HOST...]:FILE: a brokered credential of the dev tenant, read from FILE and added as \"Authorization: Bearer VALUE\" to its jobs' requests to the hosts (NAME or *.SUFFIX, added to its egress domains); jobs ask for it with --credential NAME (repeatable)")
 	cmd.Flags().StringArrayVar(&brokerApprovals, "credential-approval", nil, "NAME: a --credential-broker whose jobs wait for an approver's start approval (approval: required; repeatable)")
-	cmd.Flags().IntVar(&warmPool, "warm-pool", 0, "N: keep N sandboxes of the dev tenant's session shape started and ready on the executor (the tenant's sessions.warm_pool and the executor's warm_pool.max_sandboxes), so a session's first exec answers at once; 0 to 16")
+	cmd.Flags().IntVar(&warmPool, "warm-pool", 0, "N: keep N sandboxes of the dev tenant's job shape started and ready on the executor (the tenant's warm_pool and the executor's warm_pool.max_sandboxes), so a session's first exec, or a job, starts at once; 0 to 16")
 	cmd.Flags().StringArrayVar(&extraCAs, "extra-ca", nil, "PATH: a PEM CA file jobs and their egress proxy trust beside the host's (the executor's sandbox.extra_cas; repeatable)")
 	return cmd
 }
@@ -324,7 +324,7 @@ type devOptions struct {
 	credentials []devCredential
 	// extraCAs are the executor's sandbox.extra_cas.
 	extraCAs []string
-	// warmPool is the dev tenant's sessions.warm_pool and the executor's
+	// warmPool is the dev tenant's warm_pool and the executor's
 	// warm_pool.max_sandboxes.
 	warmPool int
 }
@@ -450,7 +450,7 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 				policy["images"] = registry.images
 			}
 			if opts.warmPool > 0 {
-				policy["sessions"] = map[string]any{"warm_pool": opts.warmPool}
+				policy["warm_pool"] = opts.warmPool
 			}
 			file["tenants"] = map[string]any{devTenant: policy}
 			// alice reads and verifies the whole log; a checkpoint of its

@@ -1107,10 +1107,10 @@ type Grant struct {
 	// (from the job's spec, checked against the tenant's policy); never a
 	// value. It never changes for a job.
 	Credentials []string `protobuf:"bytes,24,rep,name=credentials,proto3" json:"credentials,omitempty"`
-	// For a session: how many sandboxes of its shape (runtime class, user,
-	// disk limit, /dev/shm size) the tenant's policy asks each executor to
-	// keep ready for the tenant's sessions (sessions.warm_pool); 0 keeps
-	// none. An executor keeps at most its own bound.
+	// How many sandboxes of the job's shape (runtime class, user, disk
+	// limit, /dev/shm size) the tenant's policy asks each executor to keep
+	// ready for the tenant's jobs and sessions (warm_pool); 0 keeps none.
+	// An executor keeps at most its own bound.
 	WarmPool      uint32 `protobuf:"varint,25,opt,name=warm_pool,json=warmPool,proto3" json:"warm_pool,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

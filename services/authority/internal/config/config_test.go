@@ -199,7 +199,8 @@ func TestSessionsSection(t *testing.T) {
 	c, err := config.Load(write(t, common+`tenants:
   dev:
     clients: [client/dev]
-    sessions: {max_idle_timeout: 5m, max_concurrent_execs: 32, default_concurrent_execs: 8, warm_pool: 2}
+    sessions: {max_idle_timeout: 5m, max_concurrent_execs: 32, default_concurrent_execs: 8}
+    warm_pool: 2
   other:
     clients: [client/other]
   sleepy:
@@ -212,7 +213,7 @@ func TestSessionsSection(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}
-	if got, want := c.Policy["dev"].Sessions, (policy.Sessions{DefaultIdleTimeout: 5 * time.Minute, MaxIdleTimeout: 5 * time.Minute, DefaultConcurrentExecs: 8, MaxConcurrentExecs: 32, DefaultOnIdle: policy.OnIdleEnd, WarmPool: 2}); got != want {
+	if got, want := c.Policy["dev"].Sessions, (policy.Sessions{DefaultIdleTimeout: 5 * time.Minute, MaxIdleTimeout: 5 * time.Minute, DefaultConcurrentExecs: 8, MaxConcurrentExecs: 32, DefaultOnIdle: policy.OnIdleEnd}); got != want {
 		t.Errorf("dev's sessions = %+v, want %+v (an omitted default lowered to its ceiling)", got, want)
 	}
 	if got := c.Policy["other"].Sessions; got != policy.DefaultSessions {
@@ -239,8 +240,8 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 		{"idle ceiling below its default", tenant("    sessions: {default_idle_timeout: 2h, max_idle_timeout: 1h}\n"), []string{"tenants.dev.sessions.max_idle_timeout: ceiling 1h0m0s is below the default 2h0m0s"}},
 		{"idle too long", tenant("    sessions: {max_idle_timeout: 200h}\n"), []string{"tenants.dev.sessions.max_idle_timeout: 200h0m0s: must be between 1s and 168h0m0s"}},
 		{"too many execs", tenant("    sessions: {max_concurrent_execs: 65}\n"), []string{"tenants.dev.sessions.max_concurrent_execs: 65: must be between 1 and 64"}},
-		{"warm pool too big", tenant("    sessions: {warm_pool: 17}\n"), []string{"tenants.dev.sessions.warm_pool: 17: must be between 0 and 16"}},
-		{"negative warm pool", tenant("    sessions: {warm_pool: -1}\n"), []string{"tenants.dev.sessions.warm_pool: -1: must be between 0 and 16"}},
+		{"warm pool too big", tenant("    warm_pool: 17\n"), []string{"tenants.dev.warm_pool: 17: must be between 0 and 16"}},
+		{"negative warm pool", tenant("    warm_pool: -1\n"), []string{"tenants.dev.warm_pool: -1: must be between 0 and 16"}},
 		{"negative execs", tenant("    sessions: {default_concurrent_execs: -1}\n"), []string{"tenants.dev.sessions.default_concurrent_execs: -1: must be between 1 and 64"}},
 		{"bad on_idle", tenant("    sessions: {default_on_idle: nap}\n"), []string{`tenants.dev.sessions.default_on_idle: "nap": want end or sleep`}},
 		{"sleep by default where it is forbidden", tenant("    sessions: {default_on_idle: sleep, allow_sleep: false}\n"), []string{"tenants.dev.sessions.default_on_idle: sleep, but allow_sleep is false"}},

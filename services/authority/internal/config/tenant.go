@@ -38,9 +38,6 @@ func sessions(field string, f SessionsFile) (policy.Sessions, []error) {
 			errs = append(errs, config.Field(field+"."+n.name, "%d: must be between 1 and %d", n.v, policy.MaxExecsCeiling))
 		}
 	}
-	if f.WarmPool < 0 || f.WarmPool > policy.MaxWarmPool {
-		errs = append(errs, config.Field(field+".warm_pool", "%d: must be between 0 and %d", f.WarmPool, policy.MaxWarmPool))
-	}
 	forbidSleep := f.AllowSleep != nil && !*f.AllowSleep
 	switch f.DefaultOnIdle {
 	case "", policy.OnIdleEnd:
@@ -53,7 +50,7 @@ func sessions(field string, f SessionsFile) (policy.Sessions, []error) {
 	}
 	s := policy.Sessions{DefaultIdleTimeout: f.DefaultIdleTimeout, MaxIdleTimeout: f.MaxIdleTimeout,
 		DefaultConcurrentExecs: f.DefaultConcurrentExecs, MaxConcurrentExecs: f.MaxConcurrentExecs,
-		DefaultOnIdle: f.DefaultOnIdle, ForbidSleep: forbidSleep, WarmPool: f.WarmPool}.Filled()
+		DefaultOnIdle: f.DefaultOnIdle, ForbidSleep: forbidSleep}.Filled()
 	if s.MaxIdleTimeout < s.DefaultIdleTimeout {
 		errs = append(errs, config.Field(field+".max_idle_timeout", "ceiling %v is below the default %v", s.MaxIdleTimeout, s.DefaultIdleTimeout))
 	}
@@ -210,6 +207,9 @@ func (c *Config) tenant(name string, f TenantFile) (*policy.Tenant, error) {
 	errs = append(errs, err)
 	sess, serrs := sessions(field+".sessions", f.Sessions)
 	t.Sessions = sess
+	if t.WarmPool = f.WarmPool; t.WarmPool < 0 || t.WarmPool > policy.MaxWarmPool {
+		errs = append(errs, config.Field(field+".warm_pool", "%d: must be between 0 and %d", t.WarmPool, policy.MaxWarmPool))
+	}
 	errs = append(errs, serrs...)
 	caches, cerrs := cachesOf(field+".caches", f.Caches)
 	t.Caches = caches

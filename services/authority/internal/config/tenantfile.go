@@ -38,6 +38,12 @@ type TenantFile struct {
 	// GitHistoryDepth is how many commits of history a job's /work/.git
 	// holds, the base commit included; default 1, between 1 and 1000.
 	GitHistoryDepth int `yaml:"git_history_depth"`
+	// WarmPool is how many sandboxes of the tenant's job shape (runtime
+	// class, user, disk limit, memory) each executor keeps started and
+	// ready, so a session's first exec, or a job, starts at once: between
+	// 0 (the default: none) and 16. An executor keeps at most its own
+	// warm_pool bounds.
+	WarmPool int `yaml:"warm_pool"`
 	// Sessions bounds the tenant's sessions: a default and a ceiling of
 	// their idle timeout and of how many execs run at once.
 	Sessions SessionsFile `yaml:"sessions"`
@@ -122,11 +128,6 @@ type SessionsFile struct {
 	// true) false refuses sessions that ask to sleep.
 	DefaultOnIdle string `yaml:"default_on_idle"`
 	AllowSleep    *bool  `yaml:"allow_sleep"`
-	// WarmPool is how many sandboxes of the tenant's session shape each
-	// executor keeps started and ready, so a session's first exec answers
-	// at once: between 0 (the default: none) and 16. An executor keeps at
-	// most its own warm_pool bounds.
-	WarmPool int `yaml:"warm_pool"`
 }
 
 // PublishFile is a tenant's publish policy as the file writes it.

@@ -132,8 +132,8 @@ type GrantRequest struct {
 	Session *Session
 	// HistoryDepth is how many commits of history the job's .git gets.
 	HistoryDepth int
-	// WarmPool, for a session, is how many sandboxes of its shape the
-	// tenant's policy asks each executor to keep ready.
+	// WarmPool is how many sandboxes of the job's shape the tenant's
+	// policy asks each executor to keep ready.
 	WarmPool int `json:",omitempty"`
 	// Caches are the named caches the job mounts, as the tenant's policy
 	// had them at submission.

@@ -160,9 +160,7 @@ func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequ
 		HistoryDepth: s.historyDepth(j.Tenant), Caches: d.caches, User: d.user, Image: img, With: d.with, Credentials: req.Spec.Credentials,
 		IssuedAt: now, ExpiresAt: now.Add(s.cfg.GrantTTL),
 	}
-	if d.session != nil {
-		greq.WarmPool = t.Sessions.WarmPool
-	}
+	greq.WarmPool = t.WarmPool
 	// Placed now when an executor has room (the grant names it), else when
 	// its turn comes; a job waiting for its start approval holds no place.
 	where := "; placed on no executor yet"

@@ -126,6 +126,9 @@ type Tenant struct {
 	GitHistoryDepth int
 	// Sessions bounds the tenant's sessions.
 	Sessions Sessions
+	// WarmPool is how many sandboxes of the tenant's job shape each
+	// executor is asked to keep ready (0 to MaxWarmPool).
+	WarmPool int
 	// Caches are the named caches its jobs may ask for, by name.
 	Caches map[string]Cache
 	// User is who a job runs as when its spec names no one.
@@ -280,9 +283,6 @@ type Sessions struct {
 	DefaultConcurrentExecs, MaxConcurrentExecs int
 	DefaultOnIdle                              string
 	ForbidSleep                                bool
-	// WarmPool is how many sandboxes of the tenant's session shape each
-	// executor is asked to keep ready (0 to MaxWarmPool).
-	WarmPool int
 }
 
 // What a session idle past its timeout does: it ends, or it sleeps
@@ -302,8 +302,10 @@ const (
 	MinIdleTimeout        = time.Second
 	MaxIdleTimeoutCeiling = 7 * 24 * time.Hour
 	MaxExecsCeiling       = 64
-	MaxWarmPool           = 16
 )
+
+// MaxWarmPool bounds a tenant's warm_pool.
+const MaxWarmPool = 16
 
 // Filled is s with each zero field completed as CompletePair completes
 // one from the built-in DefaultSessions.
@@ -313,7 +315,7 @@ func (s Sessions) Filled() Sessions {
 	de, me := int64(s.DefaultConcurrentExecs), int64(s.MaxConcurrentExecs)
 	CompletePair(&de, &me, int64(DefaultSessions.DefaultConcurrentExecs), int64(DefaultSessions.MaxConcurrentExecs))
 	return Sessions{DefaultIdleTimeout: time.Duration(di), MaxIdleTimeout: time.Duration(mi), DefaultConcurrentExecs: int(de), MaxConcurrentExecs: int(me),
-		DefaultOnIdle: cmp.Or(s.DefaultOnIdle, OnIdleEnd), ForbidSleep: s.ForbidSleep, WarmPool: s.WarmPool}
+		DefaultOnIdle: cmp.Or(s.DefaultOnIdle, OnIdleEnd), ForbidSleep: s.ForbidSleep}
 }
 
 // CompletePair completes a default and its ceiling, either of which a

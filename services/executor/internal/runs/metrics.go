@@ -76,12 +76,12 @@ func newMetrics(mp metric.MeterProvider, m *Manager) (*metrics, error) {
 		create: set.Histogram("airlock.executor.sandbox.create.duration", "s",
 			"How long making a run's sandbox took (the runtime's create, mounts and cgroup).", createBuckets...),
 		poolClaims: set.Counter("airlock.executor.pool.claims", "{session}",
-			"Sessions given a pooled sandbox (outcome hit) or not (outcome miss, by cause)."),
+			"Runs (jobs and sessions) given a pooled sandbox (outcome hit) or not (outcome miss, by cause)."),
 		discarded: set.Counter("airlock.executor.pool.discarded", "{sandbox}", "Pooled sandboxes discarded unclaimed, by cause."),
 		refill: set.Histogram("airlock.executor.pool.refill.duration", "s",
 			"How long making a pooled sandbox took (its namespace, scratch, cgroup, runtime and exec helper).", createBuckets...),
 		claim: set.Histogram("airlock.executor.sandbox.claim.duration", "s",
-			"How long a session's claim of a pooled sandbox took (its /work mounted in, limits and policy in force).", claimBuckets...),
+			"How long a run's claim of a pooled sandbox took (its /work mounted in, limits and policy in force).", claimBuckets...),
 	}
 	active := set.IntGauge("airlock.executor.jobs.active", "{job}", "Runs not yet ended, by state.")
 	ready := set.IntGauge("airlock.executor.pool.ready", "{sandbox}", "Pooled sandboxes ready for a claim.")
@@ -193,8 +193,8 @@ func (x *metrics) sandboxMade(class sandbox.Class, took time.Duration, err error
 	x.create.Record(context.Background(), took.Seconds(), metric.WithAttributes(classOf(class), attrResult.String(outcome)))
 }
 
-// poolClaimed counts a session's claim of a pooled sandbox (hit) or why
-// it made its own (cause), and how long a hit's claim took.
+// poolClaimed counts a run's claim of a pooled sandbox (hit) or why it
+// made its own (cause), and how long a hit's claim took.
 func (x *metrics) poolClaimed(hit bool, cause string, took time.Duration) {
 	ctx := context.Background()
 	if hit {

@@ -15,22 +15,23 @@ import (
 	"github.com/airlockhq/airlock/services/executor/internal/warmpool"
 )
 
-// Warm pools. A session's sandbox is most of the time from its creation to
-// its first exec's output: a runtime started, an exec helper started in
-// it. A tenant's policy (sessions.warm_pool, in each session's grant) asks
-// each executor to keep that many sandboxes of its session shape made and
-// started ahead of time; this executor keeps at most WarmPool's bounds. A
-// session whose grant matches a ready one's shape claims it
-// (sandbox.Sandbox.Claim): its /work goes in, its limits and network
-// policy are put in force, and it is ready at once. The pool makes another
+// Warm pools. Making a sandbox is most of the time from a session's
+// creation to its first exec's output, and of a short job's: a runtime
+// started, an exec helper started in it. A tenant's policy (warm_pool, in
+// each grant) asks each executor to keep that many sandboxes of its job
+// shape made and started ahead of time; this executor keeps at most
+// WarmPool's bounds. A job or session whose grant matches a ready one's
+// shape claims it (sandbox.Sandbox.Claim): its /work goes in, its limits
+// and network policy are put in force, and a session is ready at once, a
+// job's command starts as the sandbox's main exec. The pool makes another
 // in the background. A pooled sandbox is made for one tenant and claimed
-// by one session, never another tenant's, never twice; it holds nothing of
-// any job before its claim.
+// by one run, never another tenant's, never twice; it holds nothing of any
+// job before its claim.
 //
-// The shape is learned: the first session of a tenant's shape on an
-// executor asks the pool for that shape (and misses), later ones find it
-// warm. A tenant keeps at most maxTenantShapes shapes; a newer one drops
-// the oldest.
+// The shape is learned: the first run of a tenant's shape on an executor
+// asks the pool for that shape (and misses), later ones find it warm. A
+// tenant keeps at most maxTenantShapes shapes; a newer one drops the
+// oldest.
 
 // WarmPool bounds the executor's pooled sandboxes.
 type WarmPool struct {
@@ -48,8 +49,8 @@ type WarmPool struct {
 // maxTenantShapes bounds the shapes kept warm for one tenant.
 const maxTenantShapes = 2
 
-// poolKey is what a pooled sandbox is made for: a session of this tenant,
-// runtime class, user, disk limit and /dev/shm size claims it.
+// poolKey is what a pooled sandbox is made for: a job or session of this
+// tenant, runtime class, user, disk limit and /dev/shm size claims it.
 type poolKey struct {
 	Tenant    string
 	Class     sandbox.Class
@@ -80,11 +81,10 @@ const (
 	poolMissKept    = "kept"        // a session made again after a restart
 	poolMissOther   = "other"       // docker, brokered credentials
 	poolMissFailed  = "claim_error" // a claim failed: the cold path made it
-	poolMissBatch   = "batch"       // a batch job (not pooled)
 	poolMissExecd   = "no_execd"    // the exec helper cannot run here
 )
 
-// keyOf is g's shape.
+// keyOf is g's shape: a job and a session of one shape share a pool.
 func keyOf(g Grant) poolKey {
 	return poolKey{Tenant: g.Tenant, Class: g.Class, User: g.User, DiskBytes: g.Limits.DiskBytes,
 		ShmBytes: min(64<<20, g.Limits.MemoryBytes/2)}
@@ -94,8 +94,6 @@ func keyOf(g Grant) poolKey {
 func (m *Manager) poolCause(e *entry, g Grant) string {
 	helper, _ := m.cfg.Sandbox.ExecHelper()
 	switch {
-	case g.Session == nil:
-		return poolMissBatch
 	case g.Class != sandbox.ClassRunc:
 		return poolMissClass
 	case g.Image != nil:
@@ -274,9 +272,9 @@ func (m *Manager) learnPool(k poolKey, asked int) {
 	}
 }
 
-// fromPool gives session e a pooled sandbox claimed for spec, if g's shape
-// has one ready: its namespace takes g's policy, the sandbox g's /work,
-// limits and bundle. On a miss, or a claim that fails (the sandbox is
+// fromPool gives run e a pooled sandbox claimed for spec, if g's shape has
+// one ready: its namespace takes g's policy, the sandbox g's /work, limits
+// and bundle. On a miss, or a claim that fails (the sandbox is
 // discarded), ok is false and the caller makes one as before.
 func (m *Manager) fromPool(ctx context.Context, e *entry, g Grant, spec sandbox.Spec, src *stage.Source) (_ *sandbox.Sandbox, _ *netpolicy.Net, ok bool) {
 	cause := m.poolCause(e, g)
@@ -315,7 +313,7 @@ func (m *Manager) fromPool(ctx context.Context, e *entry, g Grant, spec sandbox.
 	}
 	m.seedGit(p.sb, g, src)
 	m.metrics.poolClaimed(true, "", time.Since(began))
-	log.Info("session given a pooled sandbox", "took", time.Since(began))
+	log.Info("run given a pooled sandbox", "took", time.Since(began))
 	return p.sb, p.net, true
 }
 

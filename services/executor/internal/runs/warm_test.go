@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlockhq/airlock/pkg/runspec"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
 
@@ -134,7 +135,9 @@ func TestWarmPoolYieldsToRuns(t *testing.T) {
 	sid := h.startSession(t, teach)
 	// One session holds a third; the pool may hold the rest.
 	h.waitPool(t, "acme", 2)
+	// A job of another shape (another user), which the pool has none of.
 	job := h.grantFor("echo ran; exec sleep 300")
+	job.WarmPool, job.User = 2, runspec.User{UID: 1000, GID: 1000}
 	h.start(t, job)
 	h.waitRunning(t, job.JobID, "ran")
 	// It runs, and the pool gave back one sandbox's room.
@@ -151,5 +154,34 @@ func TestWarmPoolYieldsToRuns(t *testing.T) {
 	h.waitEnd(t, sid)
 	if r, _, _, _ := h.poolOf("acme"); r > 2 {
 		t.Errorf("%d pooled beyond the pool's bound", r)
+	}
+}
+
+// TestWarmPoolJob: a batch job of a warm shape claims a pooled sandbox,
+// runs its command as the sandbox's main exec, and reports as it would
+// have: its status, its output, its patch.
+func TestWarmPoolJob(t *testing.T) {
+	h := newWarmHarness(t, 2, Capacity{})
+	teach := h.grantFor("true")
+	teach.WarmPool = 1
+	h.start(t, teach)
+	if r := h.waitEnd(t, teach.JobID); r.State != Finished {
+		t.Fatalf("the first job: %s %+v", r.State, r.Result)
+	}
+	h.waitPool(t, "acme", 1)
+	g := h.grantFor(`echo "$GREETING from $(pwd)"; echo changed >> README; echo oops >&2; exit 4`)
+	g.WarmPool = 1
+	h.start(t, g)
+	r := h.waitEnd(t, g.JobID)
+	if r.State != Finished || r.Result.Reason != sandbox.ReasonExited || r.Result.ExitCode != 4 || r.Result.FilesChanged != 1 {
+		t.Fatalf("the pooled job: %s %+v", r.State, r.Result)
+	}
+	out, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobID), "stdout.log"))
+	errOut, _ := os.ReadFile(filepath.Join(h.m.runDir(g.JobID), "stderr.log"))
+	if string(out) != "hi from /work\n" || string(errOut) != "oops\n" {
+		t.Errorf("the pooled job's output: %q %q", out, errOut)
+	}
+	if _, _, hits, _ := h.poolOf("acme"); hits != 1 {
+		t.Errorf("acme's hits: %d, want 1", hits)
 	}
 }

@@ -67,6 +67,11 @@ type ExecSpec struct {
 	// KillGrace is how long the process group has after SIGTERM, when ctx
 	// is cancelled, before SIGKILL. Zero is DefaultExecKillGrace.
 	KillGrace time.Duration
+
+	// exited, if set, is called as soon as the command's own process has
+	// ended, before its output is drained (a claimed job's main exec:
+	// Run then ends the rest of the job, which may hold the output open).
+	exited func()
 }
 
 // ExecResult is how an exec ended.
@@ -310,6 +315,9 @@ func (s *Sandbox) exec(ctx context.Context, x ExecSpec, res ExecResult, procFile
 	}
 	stopped, werr := superviseExec(ctx, x, start, waitErr, group, func() { _ = cmd.Process.Kill() })
 	wall := time.Since(start)
+	if x.exited != nil {
+		x.exited()
+	}
 	pipes.drain(outputDrainGrace) // a process the exec left running may hold it open
 	cpu1, oom1 := s.m.cg.cpuTime(s.cgRel), s.oomKills()
 	res.WallTime, res.CPUTime = wall, max(0, cpu1-cpu0)

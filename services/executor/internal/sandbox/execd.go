@@ -94,7 +94,7 @@ func (s *Sandbox) closeExecdLocked() {
 
 // useExecd reports whether the sandbox's execs go through a helper.
 func (s *Sandbox) useExecd() bool {
-	return s.rt.class == ClassRunc && s.m.execdWhy == "" && s.spec.isSession()
+	return s.rt.class == ClassRunc && s.m.execdWhy == "" && (s.spec.isSession() || s.claimed)
 }
 
 // checkExecd says why the exec helper at path cannot serve execs here, or
@@ -635,6 +635,9 @@ func (s *Sandbox) execViaHelper(ctx context.Context, x ExecSpec, res ExecResult,
 	}
 	stopped, werr := superviseExec(ctx, x, start, waitC, group, func() { group(syscall.SIGKILL) })
 	wall := time.Since(start)
+	if x.exited != nil {
+		x.exited()
+	}
 	pipes.drain(outputDrainGrace) // a process the exec left running may hold it open
 	cpu1, oom1 := s.m.cg.cpuTime(s.cgRel), s.oomKills()
 	res.WallTime, res.CPUTime = wall, max(0, cpu1-cpu0)

@@ -300,8 +300,9 @@ type job struct {
 	// viaExec runs cmd as an exec in a session sandbox of the same spec
 	// (under runc: through its exec helper) instead of as the job itself.
 	viaExec bool
-	// claimed, with viaExec, makes the session's sandbox a pooled one
-	// (Warm) the job claims.
+	// claimed makes the sandbox a pooled one (Warm) the job claims: a
+	// batch job's command then runs as its main exec, and with viaExec the
+	// session is the claimed one.
 	claimed bool
 }
 

@@ -270,6 +270,31 @@ func (s *Sandbox) run(ctx context.Context, res Result) (Result, error) {
 		}
 	}
 	cmd, pipes := up.cmd, up.pipes
+	// A claimed batch job's command is not the container's init (that is
+	// the pooled sandbox's idle one) but its main exec, through the exec
+	// helper: its end is the job's, which ends the rest of the job as an
+	// init's end would.
+	var mainC chan mainExec
+	if s.claimed && !s.spec.isSession() {
+		mainC = make(chan mainExec, 1)
+		mainCtx, cancelMain := context.WithCancel(context.Background())
+		defer cancelMain()
+		exited := make(chan struct{})
+		go func() {
+			r, err := s.Exec(mainCtx, ExecSpec{Argv: s.spec.Command, Stdout: s.spec.Stdout, Stderr: s.spec.Stderr,
+				exited: func() { close(exited) }})
+			mainC <- mainExec{res: r, err: err}
+		}()
+		// The command's own end, before its output is drained: the rest
+		// of the job, which may hold the output open, ends at once.
+		go func() {
+			select {
+			case <-exited:
+				_ = s.m.cg.kill(s.cgRel, killWait)
+			case <-mainCtx.Done():
+			}
+		}()
+	}
 	if s.spec.isSession() {
 		// The session's exec helper starts as soon as the sandbox is up,
 		// so its first exec is as fast as the others (an exec that finds
@@ -293,11 +318,13 @@ func (s *Sandbox) run(ctx context.Context, res Result) (Result, error) {
 		}
 	}()
 	var werr error
+	// main is a claimed batch job's main exec, once it has ended.
+	var main *mainExec
 	kill := func(r Reason) {
-		if stopped == "" {
+		if stopped == "" && r != "" {
 			stopped = r
-			s.markEnding()
 		}
+		s.markEnding()
 		if err := s.m.cg.kill(s.cgRel, killWait); err != nil {
 			s.m.log.Error("sandbox: kill job processes", "job_id", s.spec.ID, "error", err)
 		}
@@ -324,6 +351,9 @@ wait:
 		case <-up.done:
 			werr = up.err
 			break wait
+		case m := <-mainC:
+			mainC, main = nil, &m
+			kill("")
 		case <-deadline.C:
 			// The timer may have fired just as UpdateLimits extended the
 			// deadline (select picks either at random): only the deadline
@@ -350,6 +380,20 @@ wait:
 			s.m.log.Warn("sandbox: the runtime outlived its job; killing it", "job_id", s.spec.ID, "class", s.spec.Class)
 			_ = cmd.Process.Kill()
 			escalate = nil
+		}
+	}
+	if mainC != nil {
+		// The runtime ended first (the main exec's end kills the rest of
+		// the job, the idle init with it): its status comes once its
+		// output is drained. Should the init have ended by itself (a
+		// kill from outside), the rest of the job ends with it, as a
+		// container's does.
+		s.markEnding()
+		_ = s.m.cg.kill(s.cgRel, killWait)
+		select {
+		case m := <-mainC:
+			main = &m
+		case <-time.After(outputDrainGrace + killWait):
 		}
 	}
 	wall := time.Since(start)
@@ -383,6 +427,10 @@ wait:
 		PeakPids:        st.peakPids,
 	}
 	code := exitCode(werr)
+	if main != nil {
+		// The job's status is its main exec's, not the idle init's.
+		code = main.code()
+	}
 	// Under runsc the cgroup's tasks are gVisor's: at their bound the
 	// sandbox fails, whatever the job was doing (see cgroupLimitsOf).
 	hostPidsHit := s.rt.class == ClassRunsc && (st.pidsMaxHit > 0 || st.peakPids >= cgroupLimitsOf(ClassRunsc, lim).Pids)
@@ -401,6 +449,12 @@ wait:
 		res.Message = fmt.Sprintf("the memory limit of %d bytes was reached and the kernel's OOM killer killed a process of the job", lim.MemoryBytes)
 	case execFailed:
 		res.Reason, res.ExitCode, res.Message = ReasonExited, execCode, "the command could not be executed: "+execMsg
+	case main != nil && main.err != nil:
+		errs = append(errs, fmt.Errorf("the job's command: %w", main.err))
+	case main != nil && main.res.Reason == ReasonSandboxError:
+		errs = append(errs, fmt.Errorf("the job's command: %s", main.res.Message))
+	case main != nil && main.res.Reason == ReasonExited && strings.HasPrefix(main.res.Message, "the command could not be executed"):
+		res.Reason, res.ExitCode, res.Message = ReasonExited, code, main.res.Message
 	case started != nil:
 		// The runtime never started the job's process.
 		if code < 0 && werr != nil {
@@ -428,6 +482,21 @@ wait:
 		}
 	}
 	return res, errors.Join(errs...)
+}
+
+// mainExec is how a claimed batch job's main exec ended.
+type mainExec struct {
+	res ExecResult
+	err error
+}
+
+// code is the job's exit status from its main exec: its own, or -1 when
+// it did not end by itself.
+func (m mainExec) code() int {
+	if m.err != nil || m.res.Reason != ReasonExited {
+		return -1
+	}
+	return m.res.ExitCode
 }
 
 // untilDeadline is how long a job started at start may still run at now

@@ -654,7 +654,7 @@ echo done`
 	for _, via := range []struct {
 		name             string
 		viaExec, claimed bool
-	}{{"exec=false", false, false}, {"exec=true", true, false}, {"claimed", true, true}} {
+	}{{"exec=false", false, false}, {"exec=true", true, false}, {"claimed", true, true}, {"claimed job", false, true}} {
 		t.Run(via.name, func(t *testing.T) {
 			r := e.run(t, context.Background(), job{src: e.source(t, nil), cmd: []string{"/bin/sh", "-c", script}, viaExec: via.viaExec, claimed: via.claimed})
 			wantExit(t, r, 0)

@@ -22,8 +22,15 @@ import (
 // template's empty directory. A job claims it (Claim), which mounts the
 // job's /work and git objects into the running sandbox (mountInto), puts
 // the job's limits in force and makes the bundle the one Create would have
-// written for the job; Run then takes over its runtime. A claimed sandbox
-// is the job's alone, and is destroyed after it like any other.
+// written for the job; Run then takes over its runtime. A session is ready
+// at once; a batch job's command runs as the sandbox's main exec, through
+// the exec helper, and its end is the job's (the rest of the job is then
+// killed, as when a container's init exits). The one difference a job can
+// see: its command is not its PID namespace's init (the idle init is),
+// so it can be signalled, by itself too, as any other process; `ps` shows
+// the idle init, its sleep and the exec helper, and usage counts them. A
+// claimed sandbox is the job's alone, and is destroyed after it like any
+// other.
 
 // PoolPrefix starts the name of every pooled sandbox, which is never a job
 // id ('_' is not in a job id's alphabet), so Recover tells them apart.
@@ -33,10 +40,9 @@ const PoolPrefix = "pool_"
 // claimed it, written before anything of the job goes in (Recover).
 const claimFile = "claim"
 
-// WarmSpec is what a pooled sandbox is made for: a session's sandbox of
-// this class, user, limits (the disk limit sizes its scratch, the memory
-// limit its /dev/shm; a claim may change the others) and network
-// namespace. Only ClassRunc sandboxes, on the host template, with the exec
+// WarmSpec is what a pooled sandbox is made for: a job or session of this
+// class, user, limits (the disk limit sizes its scratch, the memory limit
+// its /dev/shm; a claim may change the others) and network namespace. Only ClassRunc sandboxes, on the host template, with the exec
 // helper, are pooled.
 type WarmSpec struct {
 	// Name is PoolPrefix and then 1 to 59 of [a-zA-Z0-9-].
@@ -106,8 +112,8 @@ func (m *Manager) Warm(ctx context.Context, ws WarmSpec) (_ *Sandbox, err error)
 // sandbox, the name Warm gave it.
 func (s *Sandbox) Name() string { return s.name }
 
-// Claim makes the pooled sandbox spec's job's: spec must be a session's
-// (Command IdleCommand) of the class, user, disk limit, /dev/shm size
+// Claim makes the pooled sandbox spec's job's (a batch job's or a
+// session's): spec must be of the class, user, disk limit, /dev/shm size
 // (half the memory limit, at most 64 MiB) and network namespace the
 // sandbox was made for, on the host template, with no caches, name
 // servers or CAs of its own, and not kept. Its /work and git objects are
@@ -198,8 +204,6 @@ func (s *Sandbox) claimMismatch(spec Spec) string {
 	made := s.spec
 	s.mu.Unlock()
 	switch {
-	case !spec.isSession():
-		return "only a session claims a pooled sandbox"
 	case spec.Class != made.Class:
 		return fmt.Sprintf("class %s, not %s", spec.Class, made.Class)
 	case spec.User != made.User:

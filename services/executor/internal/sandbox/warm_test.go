@@ -252,8 +252,7 @@ for p in /proc/[0-9]*; do [ "$(tr '\0' ' ' < $p/cmdline)" = "sleep 300 " ] && ec
 	stopC()
 }
 
-// TestClaimRefuses: a claim by a job of another shape, by a batch job, by
-// a pooled name, a second claim, a claim of a sandbox not pooled, and one
+// TestClaimRefuses: a claim by a job of another shape, by a pooled name, a second claim, a claim of a sandbox not pooled, and one
 // whose init died while it waited, are each refused; a bad pooled name
 // and a class not pooled are refused by Warm. A refused claim leaves the
 // sandbox as it was (the mismatches) or refuses again.
@@ -274,7 +273,6 @@ func TestClaimRefuses(t *testing.T) {
 		"another user":   job(func(s *Spec) { s.User = runspec.User{UID: 1000, GID: 1000} }),
 		"another disk":   job(func(s *Spec) { s.Limits.DiskBytes *= 2 }),
 		"another shm":    job(func(s *Spec) { s.Limits.MemoryBytes = 32 << 20 }),
-		"a batch job":    job(func(s *Spec) { s.Command = []string{"true"} }),
 		"another netns":  job(func(s *Spec) { s.NetNS = "/proc/self/ns/net" }),
 		"caches":         job(func(s *Spec) { s.Caches = []CacheMount{{Path: "/root/.cache", Lower: t.TempDir()}} }),
 		"a pooled name":  job(func(s *Spec) { s.ID = PoolPrefix + "x" }),
@@ -383,5 +381,78 @@ func TestWarmRecover(t *testing.T) {
 	}
 	if err := m.Close(); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestClaimedJobParity: a batch job in a claimed pooled sandbox (its
+// command the sandbox's main exec, through the exec helper) ends as the
+// same job does in a sandbox made for it: the same reason, status, output
+// and environment, as root and as another user; a command not found or not
+// executable, a signal, a background process left holding the output
+// (the job ends with its command, as a container's init), the deadline,
+// the memory limit and the disk limit.
+func TestClaimedJobParity(t *testing.T) {
+	e := newEnv(t)
+	src := e.source(t, map[string]string{"README": "parity\n"})
+	lim := func(f func(*Limits)) *Limits {
+		l := defaultLimits
+		if f != nil {
+			f(&l)
+		}
+		return &l
+	}
+	sh := func(script string) []string { return []string{"/bin/sh", "-c", script} }
+	agent := runspec.User{UID: 1000, GID: 1000}
+	for _, tc := range []struct {
+		name   string
+		cmd    []string
+		user   runspec.User
+		limits *Limits
+		// same compares stdout byte for byte; else only the reason and
+		// status are compared.
+		same bool
+	}{
+		{"status and streams", sh("echo out; echo err >&2; cat /work/README; exit 3"), runspec.User{}, nil, true},
+		{"identity and environment", sh(`id; pwd; echo "$HOME"; umask; ulimit -a; env | sort; grep -E '^(Cap|NoNewPrivs|Seccomp)' /proc/self/status`), runspec.User{}, nil, true},
+		{"as agent", sh(`id; pwd; echo "$HOME"; touch /work/mine && ls -n /work/mine | cut -d' ' -f3,4; env | sort; grep -E '^(Cap|NoNewPrivs|Seccomp)' /proc/self/status`), agent, nil, true},
+		{"not found", []string{"no-such-command"}, runspec.User{}, nil, false},
+		{"not executable", []string{"/work/README"}, runspec.User{}, nil, false},
+		{"background left running", sh("(sleep 300; echo late) & echo early"), runspec.User{}, nil, true},
+		{"deadline", sh("echo started; sleep 300"), runspec.User{}, lim(func(l *Limits) { l.Deadline = 2 * time.Second }), true},
+		{"memory", []string{"/work/probe", "balloon", "512"}, runspec.User{}, lim(func(l *Limits) { l.MemoryBytes = 64 << 20 }), false},
+		{"disk", sh("dd if=/dev/zero of=/tmp/big bs=1M count=200 2>/dev/null; echo wrote"), runspec.User{}, nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			cold := e.run(t, ctx, job{src: src, cmd: tc.cmd, user: tc.user, limits: tc.limits})
+			began := time.Now()
+			warm := e.run(t, ctx, job{src: src, cmd: tc.cmd, user: tc.user, limits: tc.limits, claimed: true})
+			took := time.Since(began)
+			if cold.err != nil || warm.err != nil {
+				t.Fatalf("cold %v, claimed %v", cold.err, warm.err)
+			}
+			if cold.res.Reason != warm.res.Reason || cold.res.ExitCode != warm.res.ExitCode {
+				t.Errorf("cold ended %s %d (%s), claimed %s %d (%s)", cold.res.Reason, cold.res.ExitCode, cold.res.Message,
+					warm.res.Reason, warm.res.ExitCode, warm.res.Message)
+			}
+			if tc.same && (cold.stdout != warm.stdout || cold.stderr != warm.stderr) {
+				t.Errorf("output differs:\ncold stdout %q\nclaimed stdout %q\ncold stderr %q\nclaimed stderr %q", cold.stdout, warm.stdout, cold.stderr, warm.stderr)
+			}
+			if tc.name == "background left running" && took > 10*time.Second {
+				t.Errorf("a claimed job whose command exited took %v: it waited on the process it left", took)
+			}
+			if !strings.HasPrefix(warm.sb.Name(), PoolPrefix) {
+				t.Errorf("the claimed run's sandbox is %s", warm.sb.Name())
+			}
+		})
+	}
+	// The one difference: a claimed job's command is not its PID
+	// namespace's init, so a signal it sends itself, which the kernel
+	// drops for an init with no handler, kills it as it would anywhere
+	// else.
+	cold := e.run(t, context.Background(), job{src: src, cmd: sh("kill -9 $$")})
+	warm := e.run(t, context.Background(), job{src: src, cmd: sh("kill -9 $$"), claimed: true})
+	if cold.res.ExitCode != 0 || warm.res.ExitCode != 128+9 {
+		t.Errorf("a job's SIGKILL to itself: %d as init, %d claimed; want 0 and 137", cold.res.ExitCode, warm.res.ExitCode)
 	}
 }
