@@ -92,6 +92,7 @@ func newDevUp(g *cmdutil.Globals) *cobra.Command {
 	var timeout time.Duration
 	var registry bool
 	var warmPool int
+	var otlp string
 	cmd := &cobra.Command{
 		Use:   "up --dir DIR [--repo NAME=PATH]... [--registry]",
 		Short: "Start authority, executor and publisher with a fresh PKI under DIR",
@@ -206,8 +207,13 @@ airlock dev down.`,
 			if warmPool < 0 || warmPool > maxWarmPool {
 				return cmdutil.UsageError{Err: fmt.Errorf("--warm-pool %d: want 0 to %d", warmPool, maxWarmPool)}
 			}
+			if otlp != "" {
+				if err := config.CheckAddress(otlp); err != nil {
+					return cmdutil.UsageError{Err: fmt.Errorf("--otlp-endpoint %q: %v", otlp, err)}
+				}
+			}
 			opts := devOptions{host: host, repos: repos, resolvers: resolvers, domains: domains, sandboxPath: sandboxPath, registry: registry,
-				credentials: creds, extraCAs: extraCAs, warmPool: warmPool}
+				credentials: creds, extraCAs: extraCAs, warmPool: warmPool, otlp: otlp}
 			stack, err := devUp(ctx, abs, opts, bins, g.Stderr)
 			if err != nil {
 				return err
@@ -250,6 +256,7 @@ airlock dev down.`,
 	cmd.Flags().StringArrayVar(&domains, "egress-domain", nil, "NAME or *.SUFFIX the dev tenant's jobs may list with --allow-domain (repeatable; default: none, so domains jobs are refused)")
 	cmd.Flags().StringArrayVar(&brokers, "credential-broker", nil, "NAME:HOST[,HOST...]:FILE: a brokered credential of the dev tenant, read from FILE and added as \"Authorization: Bearer VALUE\" to its jobs' requests to the hosts (NAME or *.SUFFIX, added to its egress domains); jobs ask for it with --credential NAME (repeatable)")
 	cmd.Flags().StringArrayVar(&brokerApprovals, "credential-approval", nil, "NAME: a --credential-broker whose jobs wait for an approver's start approval (approval: required; repeatable)")
+	cmd.Flags().StringVar(&otlp, "otlp-endpoint", "", "HOST:PORT: an OTLP/gRPC collector (plain text, on loopback) each service sends its traces and metrics to, every trace recorded")
 	cmd.Flags().IntVar(&warmPool, "warm-pool", 0, "N: keep N sandboxes of the dev tenant's job shape started and ready on the executor (the tenant's warm_pool and the executor's warm_pool.max_sandboxes), so a session's first exec, or a job, starts at once; 0 to 16")
 	cmd.Flags().StringArrayVar(&extraCAs, "extra-ca", nil, "PATH: a PEM CA file jobs and their egress proxy trust beside the host's (the executor's sandbox.extra_cas; repeatable)")
 	return cmd
@@ -327,6 +334,8 @@ type devOptions struct {
 	// warmPool is the dev tenant's warm_pool and the executor's
 	// warm_pool.max_sandboxes.
 	warmPool int
+	// otlp is the collector every service exports its telemetry to.
+	otlp string
 }
 
 // devStack is what dev up started: the three services and, when it was
@@ -428,6 +437,7 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 			Version: config.Version, TrustDomain: devTrustDomain, Listen: s.Address, DataDir: s.DataDir,
 			TLS: config.TLS{CA: pki.CAPath(pkiDir), Cert: cert, Key: key},
 			Log: config.Log{Level: "info", Format: "json"}, ShutdownTimeout: 10 * time.Second,
+			Telemetry: config.Telemetry{OTLPEndpoint: opts.otlp, Insecure: opts.otlp != ""},
 		})
 		if err != nil {
 			return stack, err

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/errdefs"
@@ -44,6 +46,7 @@ func (s *Service) kick(id string) {
 			again := s.active[id] && s.ctx.Err() == nil
 			if !again {
 				delete(s.active, id)
+				delete(s.traces, id)
 			} else {
 				s.active[id] = false
 			}
@@ -220,7 +223,12 @@ func (s *Service) dispatch(j store.Job) (done bool, err error) {
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, startTimeout)
 	defer cancel()
+	s.mu.Lock()
+	sc := s.traces[j.ID]
+	s.mu.Unlock()
+	ctx, span := tracer.Start(trace.ContextWithSpanContext(ctx, sc), "jobs.dispatch")
 	state, err := s.cfg.Executors.For(j.Executor).Start(ctx, j.Grant)
+	span.End()
 	switch {
 	case err != nil && s.ctx.Err() != nil:
 		return true, nil

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/pkg/contentcheck"
@@ -127,6 +128,10 @@ type Service struct {
 	// again meanwhile, so it drives the job once more before it ends (a
 	// kick must never be lost to a goroutine on its way out).
 	active map[string]bool
+	// traces holds, while a goroutine drives a job, the trace of the call
+	// that submitted it, which its dispatch continues (so one trace runs
+	// from the client's CreateSession to the executor's sandbox).
+	traces map[string]trace.SpanContext
 
 	// refusals keeps one caller's repeated refusal from filling the log.
 	refusals *audit.Throttle
@@ -188,7 +193,7 @@ func New(cfg Config) (*Service, error) {
 		}
 		return policy.Quota{}
 	}
-	s := &Service{cfg: cfg, hub: newHub(), ctx: ctx, cancel: cancel, active: map[string]bool{},
+	s := &Service{cfg: cfg, hub: newHub(), ctx: ctx, cancel: cancel, active: map[string]bool{}, traces: map[string]trace.SpanContext{},
 		refusals: cmp.Or(cfg.Refusals, audit.NewRefusalThrottle()), gate: newGate(cfg.Now, quota)}
 	var err error
 	if s.metrics, err = newMetrics(cfg.Meter, s.gate); err != nil {

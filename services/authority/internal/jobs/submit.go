@@ -17,6 +17,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/airlockhq/airlock/pkg/audit"
 	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/contentcheck"
@@ -213,6 +215,11 @@ func (s *Service) submit(ctx context.Context, caller identity.ID, req SubmitRequ
 	}
 	s.hub.publish(stored)
 	if stored.State == store.StateQueued {
+		if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+			s.mu.Lock()
+			s.traces[stored.ID] = sc
+			s.mu.Unlock()
+		}
 		s.kick(stored.ID)
 	}
 	return stored, true, nil

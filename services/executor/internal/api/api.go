@@ -89,7 +89,7 @@ func (s *Service) StartJob(ctx context.Context, req *executorv1.StartJobRequest)
 	if err != nil {
 		return nil, s.fail(ctx, "StartJob", err)
 	}
-	run, created, err := s.cfg.Runs.Start(g)
+	run, created, err := s.cfg.Runs.StartContext(ctx, g)
 	if err != nil {
 		return nil, s.fail(ctx, "StartJob", err)
 	}

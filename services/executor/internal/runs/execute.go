@@ -10,6 +10,9 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/services/executor/internal/images"
 	"github.com/airlockhq/airlock/services/executor/internal/netpolicy"
@@ -62,10 +65,13 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		}
 		fail(err)
 	}
+	tctx := trace.ContextWithSpanContext(context.Background(), e.trace)
+	_, span := tracer.Start(tctx, "runs.stage_source")
 	src, err := m.cfg.Sources.Get(makeCtx, stage.Key{Tenant: g.Tenant, Repository: g.Repository, Commit: g.Commit, Depth: g.HistoryDepth},
 		func(ctx context.Context) (stage.Header, io.ReadCloser, error) {
 			return m.cfg.Authority.FetchSource(ctx, g.JobID)
 		})
+	span.End()
 	if err != nil {
 		failEarly(fmt.Errorf("stage source: %w", err))
 		return
@@ -85,11 +91,15 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		failEarly(err)
 		return
 	}
+	_, span = tracer.Start(tctx, "runs.make_sandbox")
 	sb, err := m.makeSandbox(makeCtx, e, src, img)
 	if err != nil {
+		span.End()
 		failEarly(err)
 		return
 	}
+	span.SetAttributes(attribute.Bool("airlock.pooled", strings.HasPrefix(sb.Name(), sandbox.PoolPrefix)))
+	span.End()
 	// keep is set when the executor stops under a session: its files
 	// outlive this process (Recover).
 	keep := false
@@ -146,9 +156,16 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 		runErr error
 	)
 	if isSession {
+		m.mu.Lock()
+		if e.run.State != Running {
+			_, e.readySpan = tracer.Start(tctx, "runs.start_sandbox")
+		}
+		m.mu.Unlock()
 		res, runErr = m.runSession(ctx, e, sb)
 	} else {
+		_, span = tracer.Start(tctx, "runs.run")
 		res, runErr = sb.Run(ctx)
+		span.End()
 	}
 	// The job is gone: its egress record is complete once the proxy and
 	// DNS server have stopped, before the bundle takes it.
@@ -430,6 +447,10 @@ func (m *Manager) closeNet(n *netpolicy.Net) {
 // stays as it is.
 func (m *Manager) markRunning(e *entry) {
 	m.update(e, func(r *Run) {
+		if e.readySpan != nil {
+			e.readySpan.End()
+			e.readySpan = nil
+		}
 		if r.State.Terminal() {
 			return
 		}

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/airlockhq/airlock/pkg/atomicfile"
 	"github.com/airlockhq/airlock/pkg/provenance"
@@ -297,6 +298,11 @@ type entry struct {
 	// process kept (Recover): it is made again on the kept scratch, and
 	// waits suspended for its client.
 	kept bool
+	// trace is the trace its StartJob call was part of, which its spans
+	// continue; readySpan, under the manager's mu, is a session's from its
+	// sandbox made to it taking execs.
+	trace     trace.SpanContext
+	readySpan trace.Span
 }
 
 // New loads existing run records from cfg.Dir.

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/airlockhq/airlock/pkg/errdefs"
 	"github.com/airlockhq/airlock/services/executor/internal/sandbox"
 )
@@ -16,7 +18,12 @@ import (
 // bad signature, an unknown key or an expired grant even for a known job
 // id). A new run whose limits do not fit beside those of the runs not yet
 // ended is refused (Config.Capacity).
-func (m *Manager) Start(g Grant) (Run, bool, error) {
+func (m *Manager) Start(g Grant) (Run, bool, error) { return m.StartContext(context.Background(), g) }
+
+// StartContext is Start whose run's trace spans (making its sandbox, and
+// so on) continue ctx's trace: the StartJob call's, and so the
+// submission's.
+func (m *Manager) StartContext(ctx context.Context, g Grant) (Run, bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if e, ok := m.runs[g.JobID]; ok {
@@ -68,6 +75,7 @@ func (m *Manager) Start(g Grant) (Run, bool, error) {
 	e := &entry{
 		run:     Run{JobID: g.JobID, State: Staging, SignedGrant: g.Signed, Grant: g, CreatedAt: m.cfg.Now()},
 		changed: make(chan struct{}),
+		trace:   trace.SpanContextFromContext(ctx),
 	}
 	var err error
 	notify := func() { m.mu.Lock(); e.notify(); m.mu.Unlock() }
