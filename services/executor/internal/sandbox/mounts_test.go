@@ -12,9 +12,9 @@ import (
 func TestMountsNameNoHostPath(t *testing.T) {
 	e := newEnv(t)
 	src := e.source(t, map[string]string{"README": "hello\n"})
-	for _, c := range testClasses(t, e) {
-		t.Run(string(c), func(t *testing.T) {
-			r := e.run(t, context.Background(), job{class: c, src: src, cmd: []string{"/bin/sh", "-c", "cat /proc/mounts /proc/self/mountinfo; grep -c . /proc/mounts"}})
+	for _, v := range testVariants(t, e) {
+		t.Run(v.name, func(t *testing.T) {
+			r := e.run(t, context.Background(), job{class: v.class, src: src, cmd: []string{"/bin/sh", "-c", "cat /proc/mounts /proc/self/mountinfo; grep -c . /proc/mounts"}, claimed: v.claimed})
 			if r.res.ExitCode != 0 || !strings.Contains(r.stdout, "/work") {
 				t.Fatalf("the job could not read its mounts: %+v %s", r.res, r.stderr)
 			}

@@ -43,6 +43,26 @@ func testClasses(t *testing.T, e *env) []Class {
 	return out
 }
 
+// variant is a way to run a test's job: in class, in a sandbox made for it
+// or (claimed) in a pooled one it claims.
+type variant struct {
+	name    string
+	class   Class
+	claimed bool
+}
+
+// testVariants are testClasses, and runc again with the job claiming a
+// pooled sandbox (warm.go): a boundary must hold for a claimed sandbox as
+// for a fresh one.
+func testVariants(t *testing.T, e *env) []variant {
+	t.Helper()
+	var out []variant
+	for _, c := range testClasses(t, e) {
+		out = append(out, variant{name: string(c), class: c})
+	}
+	return append(out, variant{name: "runc-claimed", class: ClassRunc, claimed: true})
+}
+
 // treeDigest hashes every path, mode, size, mtime, owner and content under
 // dir, to prove a source tree was not touched.
 func treeDigest(t *testing.T, dir string) string {
@@ -293,9 +313,10 @@ echo try shadow; cat /etc/shadow
 echo passwd; cat /etc/passwd
 echo done
 `)
-	for _, c := range testClasses(t, e) {
-		t.Run(string(c), func(t *testing.T) {
-			r := e.run(t, context.Background(), job{class: c, src: e.source(t, nil), cmd: []string{"sh", "-c", script.String()}})
+	for _, v := range testVariants(t, e) {
+		c := v.class
+		t.Run(v.name, func(t *testing.T) {
+			r := e.run(t, context.Background(), job{class: c, src: e.source(t, nil), cmd: []string{"sh", "-c", script.String()}, claimed: v.claimed})
 			if r.err != nil {
 				t.Fatal(r.err)
 			}
@@ -358,12 +379,13 @@ while :; do
   n=0; for p in /proc/[0-9]*/task/[0-9]*; do n=$((n+1)); done
   [ $n -gt $m ] && m=$n && echo "max $m"
 done`
-	for _, c := range testClasses(t, e) {
-		t.Run(string(c), func(t *testing.T) {
+	for _, v := range testVariants(t, e) {
+		c := v.class
+		t.Run(v.name, func(t *testing.T) {
 			lim := defaultLimits
 			lim.Pids = runspec.MinRunscPids
 			lim.Deadline = 8 * slowdown * time.Second
-			r := e.run(t, context.Background(), job{class: c, src: e.source(t, nil), cmd: []string{"sh", "-c", count}, limits: &lim})
+			r := e.run(t, context.Background(), job{class: c, src: e.source(t, nil), cmd: []string{"sh", "-c", count}, limits: &lim, claimed: v.claimed})
 			host := cgroupLimitsOf(c, lim).Pids
 			switch {
 			case r.err == nil && r.res.Reason == ReasonTimeout:
@@ -598,10 +620,11 @@ func TestDenyAll(t *testing.T) {
 	if strings.TrimSpace(greeting) != nettest.Greeting {
 		t.Fatalf("test host said %q", greeting)
 	}
-	for _, cl := range testClasses(t, e) {
-		t.Run(string(cl), func(t *testing.T) {
+	for _, v := range testVariants(t, e) {
+		cl := v.class
+		t.Run(v.name, func(t *testing.T) {
 			script := fmt.Sprintf("cat /proc/net/dev; echo sys: $(ls /sys/class/net 2>/dev/null); /work/probe dial %s; echo dial=$?; /work/probe loopback", addr)
-			r := e.run(t, context.Background(), job{class: cl, src: e.source(t, nil), cmd: []string{"sh", "-c", script}})
+			r := e.run(t, context.Background(), job{class: cl, src: e.source(t, nil), cmd: []string{"sh", "-c", script}, claimed: v.claimed})
 			wantExit(t, r, 0)
 			var ifaces []string
 			for _, line := range strings.Split(r.stdout, "\n") {
