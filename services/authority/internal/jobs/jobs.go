@@ -132,6 +132,9 @@ type Service struct {
 	// that submitted it, which its dispatch continues (so one trace runs
 	// from the client's CreateSession to the executor's sandbox).
 	traces map[string]trace.SpanContext
+	// wakes are the wake-ups armed for jobs waiting on their start
+	// approval (wakeAt), one per job.
+	wakes map[string]*time.Timer
 
 	// refusals keeps one caller's repeated refusal from filling the log.
 	refusals *audit.Throttle
@@ -193,7 +196,7 @@ func New(cfg Config) (*Service, error) {
 		}
 		return policy.Quota{}
 	}
-	s := &Service{cfg: cfg, hub: newHub(), ctx: ctx, cancel: cancel, active: map[string]bool{}, traces: map[string]trace.SpanContext{},
+	s := &Service{cfg: cfg, hub: newHub(), ctx: ctx, cancel: cancel, active: map[string]bool{}, traces: map[string]trace.SpanContext{}, wakes: map[string]*time.Timer{},
 		refusals: cmp.Or(cfg.Refusals, audit.NewRefusalThrottle()), gate: newGate(cfg.Now, quota)}
 	var err error
 	if s.metrics, err = newMetrics(cfg.Meter, s.gate); err != nil {
@@ -292,7 +295,12 @@ func (s *Service) claim(ctx context.Context) error {
 	// store while the caller's context ended) is driven again: else its
 	// claim would be renewed for ever with nobody acting on it.
 	for _, id := range held {
-		s.kick(id)
+		s.mu.Lock()
+		_, waiting := s.wakes[id] // waiting on its start approval: its wake-up drives it
+		s.mu.Unlock()
+		if !waiting {
+			s.kick(id)
+		}
 	}
 	return nil
 }

@@ -238,9 +238,21 @@ func decidedAt(a store.Approval) time.Time {
 // within startPoll, so a job whose approval was decided elsewhere or
 // expired undecided goes on or ends. After a restart the
 // claim's resume drives it again.
+// A job has at most one such wake-up armed: every drive of a waiting job
+// asks for one, and each would otherwise start a chain of its own.
 func (s *Service) wakeAt(id string, t time.Time) {
 	wait := min(max(t.Sub(s.now()), 0)+time.Second, startPoll)
-	time.AfterFunc(wait, func() { s.kick(id) })
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, armed := s.wakes[id]; armed {
+		return
+	}
+	s.wakes[id] = time.AfterFunc(wait, func() {
+		s.mu.Lock()
+		delete(s.wakes, id)
+		s.mu.Unlock()
+		s.kick(id)
+	})
 }
 
 // StartDecided drives the job of start approval a after a decision on it:

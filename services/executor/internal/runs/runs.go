@@ -219,7 +219,7 @@ type Manager struct {
 	// under poolMu.
 	pool       *warmpool.Pool[poolKey, pooled]
 	poolMu     sync.Mutex
-	poolShapes map[string][]poolKey
+	poolShapes map[string][]tenantShape
 }
 
 // entry is a run in memory: its record, its output, and how to stop it.
@@ -326,7 +326,7 @@ func New(cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &Manager{cfg: cfg, runs: map[string]*entry{}, unstarted: map[string]time.Time{}, ctx: ctx, cancel: cancel, poolShapes: map[string][]poolKey{}}
+	m := &Manager{cfg: cfg, runs: map[string]*entry{}, unstarted: map[string]time.Time{}, ctx: ctx, cancel: cancel, poolShapes: map[string][]tenantShape{}}
 	if cfg.Sandbox != nil {
 		m.roots = trustPool(cfg.Sandbox.TrustedCAs())
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/egress"
@@ -46,8 +47,21 @@ type WarmPool struct {
 	MaxIdle time.Duration
 }
 
-// maxTenantShapes bounds the shapes kept warm for one tenant.
-const maxTenantShapes = 2
+// maxTenantShapes bounds the shapes kept warm for one tenant, and
+// shapeHold is how long a shape stays before a newer one may replace it:
+// a tenant whose runs cycle through more shapes than that does not make
+// the executor make and discard sandboxes without end (the newer shapes
+// are made cold meanwhile).
+const (
+	maxTenantShapes = 2
+	shapeHold       = time.Minute
+)
+
+// tenantShape is a shape kept for a tenant and when it was learned.
+type tenantShape struct {
+	key     poolKey
+	learned time.Time
+}
 
 // poolKey is what a pooled sandbox is made for: a job or session of this
 // tenant, runtime class, user, disk limit and /dev/shm size claims it.
@@ -246,26 +260,33 @@ func (m *Manager) learnPool(k poolKey, asked int) {
 	if per := m.cfg.WarmPool.PerTenant; per > 0 {
 		n = min(n, per)
 	}
+	// Under poolMu throughout: the targets are what poolShapes says.
 	m.poolMu.Lock()
-	shapes := slices.DeleteFunc(m.poolShapes[k.Tenant], func(x poolKey) bool { return x == k })
-	var drop []poolKey
-	if n > 0 {
-		shapes = append(shapes, k)
-		if len(shapes) > maxTenantShapes {
-			drop = slices.Clone(shapes[:len(shapes)-maxTenantShapes])
-			shapes = shapes[len(shapes)-maxTenantShapes:]
+	defer m.poolMu.Unlock()
+	shapes := m.poolShapes[k.Tenant]
+	i := slices.IndexFunc(shapes, func(x tenantShape) bool { return x.key == k })
+	switch {
+	case n <= 0 && i < 0:
+		return
+	case n <= 0:
+		shapes = slices.Delete(shapes, i, i+1)
+		m.pool.SetTarget(k, 0)
+	case i >= 0:
+		// Kept; its learned time stays, so a shape in use is not held
+		// against a newer one for ever.
+	case len(shapes) >= maxTenantShapes && m.cfg.Now().Sub(shapes[0].learned) < shapeHold:
+		return // the oldest is too new to replace: this one is made cold
+	default:
+		shapes = append(shapes, tenantShape{key: k, learned: m.cfg.Now()})
+		for len(shapes) > maxTenantShapes {
+			m.pool.SetTarget(shapes[0].key, 0)
+			shapes = shapes[1:]
 		}
-	} else {
-		drop = []poolKey{k}
 	}
 	if len(shapes) == 0 {
 		delete(m.poolShapes, k.Tenant)
 	} else {
 		m.poolShapes[k.Tenant] = shapes
-	}
-	m.poolMu.Unlock()
-	for _, d := range drop {
-		m.pool.SetTarget(d, 0)
 	}
 	if n > 0 && m.pool.Target(k) != n {
 		m.pool.SetTarget(k, n)
@@ -294,8 +315,8 @@ func (m *Manager) fromPool(ctx context.Context, e *entry, g Grant, spec sandbox.
 	log := m.cfg.Logger.With("job_id", g.JobID, "pooled", p.sb.Name())
 	err := func() error {
 		if p.net != nil {
+			// A failure here is not the run's: it is made cold after.
 			if err := p.net.Claim(ctx, g.JobID, g.Network.Net, g.NetworkGeneration); err != nil {
-				m.update(e, func(r *Run) { r.NetworkFailure = err.Error() })
 				return fmt.Errorf("network policy: %w", err)
 			}
 			spec.NetNS = p.net.Path()
@@ -346,7 +367,7 @@ func (m *Manager) WarmPools() []PoolStatus {
 	for _, s := range m.pool.Status() {
 		out = append(out, PoolStatus{Tenant: s.Key.Tenant, Class: s.Key.Class, User: s.Key.User, DiskBytes: s.Key.DiskBytes, ShmBytes: s.Key.ShmBytes,
 			Ready: s.Ready, Target: s.Target, Hits: s.Hits, Misses: s.Misses, RefillLast: s.RefillLast, RefillMedian: s.RefillMedian,
-			LastError: egress.Cut(s.LastError, maxPoolError)})
+			LastError: egress.Cut(strings.ToValidUTF8(s.LastError, "\uFFFD"), maxPoolError)})
 	}
 	return out
 }

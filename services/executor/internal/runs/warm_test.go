@@ -185,3 +185,41 @@ func TestWarmPoolJob(t *testing.T) {
 		t.Errorf("acme's hits: %d, want 1", hits)
 	}
 }
+
+// TestWarmPoolShapes: a tenant keeps at most two shapes warm; a third
+// within a minute of the older one's learning is made cold (no pool
+// churns between them), and after that minute replaces the oldest; a
+// grant asking for no pool drops its shape; the executor's bounds cap
+// what a tenant asks.
+func TestWarmPoolShapes(t *testing.T) {
+	h, _ := newHarness(t, false)
+	now := time.Unix(1e9, 0)
+	h.m.cfg.Now = func() time.Time { return now }
+	h.m.cfg.WarmPool = WarmPool{MaxSandboxes: 8, PerTenant: 3}
+	// The pool is not run: targets only, no sandbox is made.
+	if err := h.m.newPool(); err != nil {
+		t.Fatal(err)
+	}
+	shape := func(disk int64) poolKey {
+		return poolKey{Tenant: "acme", Class: sandbox.ClassRunc, DiskBytes: disk, ShmBytes: 64 << 20}
+	}
+	a, b, c := shape(1<<30), shape(2<<30), shape(3<<30)
+	h.m.learnPool(a, 16)
+	h.m.learnPool(b, 2)
+	h.m.learnPool(c, 2)
+	if ta, tb, tc := h.m.pool.Target(a), h.m.pool.Target(b), h.m.pool.Target(c); ta != 3 || tb != 2 || tc != 0 {
+		t.Errorf("targets %d, %d, %d; want 3 (capped by per_tenant), 2, and 0 (a third shape within a minute)", ta, tb, tc)
+	}
+	now = now.Add(2 * time.Minute)
+	h.m.learnPool(c, 2)
+	if ta, tb, tc := h.m.pool.Target(a), h.m.pool.Target(b), h.m.pool.Target(c); ta != 0 || tb != 2 || tc != 2 {
+		t.Errorf("a minute on: targets %d, %d, %d; want 0 (the oldest replaced), 2, 2", ta, tb, tc)
+	}
+	h.m.learnPool(b, 0)
+	if tb := h.m.pool.Target(b); tb != 0 {
+		t.Errorf("a grant asking for none left its shape's target at %d", tb)
+	}
+	if got := len(h.m.poolShapes["acme"]); got != 1 {
+		t.Errorf("acme keeps %d shapes, want 1", got)
+	}
+}

@@ -70,6 +70,9 @@ type Sandbox struct {
 	// Claim has made it the job's.
 	pooled, claimed, claiming bool
 	warm                      *started
+	// runOwned is set while a Run owns the sandbox (Destroy then stops
+	// that Run and waits for it).
+	runOwned bool
 
 	mu      sync.Mutex
 	state   sandboxState
@@ -166,6 +169,7 @@ func (s *Sandbox) envBase() (path string, image []string) {
 func (s *Sandbox) Run(ctx context.Context) (Result, error) {
 	res := s.BaseResult()
 	s.mu.Lock()
+	var up *started
 	switch {
 	case s.state == stateCreated && !s.pooled:
 		s.state = stateRunning
@@ -175,22 +179,25 @@ func (s *Sandbox) Run(ctx context.Context) (Result, error) {
 		// A claimed sandbox run again (Restart).
 		s.state = stateRunning
 		s.runDone = make(chan struct{})
-	case s.state == stateRunning && s.warm != nil && s.claimed:
-		// A claimed sandbox's first Run: its runtime is up already.
+	case s.state == stateRunning && s.warm != nil && s.claimed && !s.runOwned:
+		// A claimed sandbox's first Run: its runtime is up already, and
+		// this Run takes it over.
+		up, s.warm = s.warm, nil
 	default:
 		s.mu.Unlock()
 		res.Reason = ReasonSandboxError
 		res.Message = "Run may be called once, on a sandbox not yet destroyed (a pooled one once claimed)"
 		return res, fmt.Errorf("%w: sandbox %s: %s", errdefs.ErrFailedPrecondition, s.spec.ID, res.Message)
 	}
+	s.runOwned = true
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		s.state = stateFinished
+		s.state, s.runOwned = stateFinished, false
 		close(s.runDone)
 		s.mu.Unlock()
 	}()
-	res, err := s.run(ctx, res)
+	res, err := s.run(ctx, res, up)
 	if err != nil {
 		res.Reason = ReasonSandboxError
 		res.ExitCode = -1
@@ -243,11 +250,9 @@ func (s *Sandbox) start(stdout, stderr io.Writer) (*started, error) {
 	return st, nil
 }
 
-func (s *Sandbox) run(ctx context.Context, res Result) (Result, error) {
-	s.mu.Lock()
-	up := s.warm
-	s.warm = nil
-	s.mu.Unlock()
+// run runs the sandbox; up, if set, is its runtime already started (a
+// claimed pooled sandbox's).
+func (s *Sandbox) run(ctx context.Context, res Result, up *started) (Result, error) {
 	if ctx.Err() != nil && up == nil {
 		// (A claimed sandbox's init is up: the wait below stops it.)
 		res.Reason = ReasonCancelled
@@ -382,6 +387,7 @@ wait:
 			escalate = nil
 		}
 	}
+	mainLost := false
 	if mainC != nil {
 		// The runtime ended first (the main exec's end kills the rest of
 		// the job, the idle init with it): its status comes once its
@@ -394,6 +400,7 @@ wait:
 		case m := <-mainC:
 			main = &m
 		case <-time.After(outputDrainGrace + killWait):
+			mainLost = true
 		}
 	}
 	wall := time.Since(start)
@@ -449,6 +456,8 @@ wait:
 		res.Message = fmt.Sprintf("the memory limit of %d bytes was reached and the kernel's OOM killer killed a process of the job", lim.MemoryBytes)
 	case execFailed:
 		res.Reason, res.ExitCode, res.Message = ReasonExited, execCode, "the command could not be executed: "+execMsg
+	case mainLost:
+		errs = append(errs, errors.New("the job's command ended, but its status could not be read in time"))
 	case main != nil && main.err != nil:
 		errs = append(errs, fmt.Errorf("the job's command: %w", main.err))
 	case main != nil && main.res.Reason == ReasonSandboxError:
@@ -547,6 +556,11 @@ func (s *Sandbox) Restart() error {
 	if s.state != stateFinished {
 		return fmt.Errorf("%w: sandbox %s: Restart needs a sandbox whose Run has returned", errdefs.ErrFailedPrecondition, s.spec.ID)
 	}
+	if s.claimed && !s.spec.isSession() {
+		// Its bundle's process is the job's command, which ran as the
+		// main exec: run again, it would run as init too.
+		return fmt.Errorf("%w: sandbox %s: a claimed batch job's sandbox is not restarted", errdefs.ErrFailedPrecondition, s.spec.ID)
+	}
 	if s.rt.hasState(s.name) {
 		if err := s.rt.forceDelete(s.name); err != nil {
 			return err
@@ -604,7 +618,7 @@ func (s *Sandbox) destroy(keep bool) error {
 	if s.state == stateDestroyed {
 		return nil
 	}
-	if s.state == stateRunning && s.warm == nil {
+	if s.state == stateRunning && s.runOwned {
 		select {
 		case s.stop <- struct{}{}:
 		default:
@@ -618,19 +632,25 @@ func (s *Sandbox) destroy(keep bool) error {
 		}
 	}
 	if w := s.warm; w != nil {
-		// A pooled sandbox no Run watches: its init ends with the
-		// teardown's kill, and its runtime must have exited before its
-		// state is deleted.
+		// A pooled sandbox no Run owns: its processes are killed and its
+		// runtime waited for (not under the lock) before its state is
+		// deleted.
 		s.warm, s.ending = nil, true
-		defer func() {
-			select {
-			case <-w.done:
-			case <-time.After(runtimeExitGrace):
-				_ = w.cmd.Process.Kill()
-				<-w.done
-			}
-			w.pipes.drain(outputDrainGrace)
-		}()
+		s.mu.Unlock()
+		if err := s.m.cg.kill(s.cgRel, killWait); err != nil {
+			s.m.log.Warn("sandbox: kill a pooled sandbox's processes", "name", s.name, "error", err)
+		}
+		select {
+		case <-w.done:
+		case <-time.After(runtimeExitGrace):
+			_ = w.cmd.Process.Kill()
+			<-w.done
+		}
+		w.pipes.drain(outputDrainGrace)
+		s.mu.Lock()
+		if s.state == stateDestroyed {
+			return nil
+		}
 	}
 	if err := s.teardown(keep); err != nil {
 		return fmt.Errorf("sandbox %s: destroy: %w", s.spec.ID, err)

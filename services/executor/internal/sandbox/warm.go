@@ -85,18 +85,16 @@ func (m *Manager) Warm(ctx context.Context, ws WarmSpec) (_ *Sandbox, err error)
 			}
 		}
 	}()
-	s.mu.Lock()
-	s.state = stateRunning
-	s.runDone = make(chan struct{})
-	s.deadlineChanged = make(chan struct{}, 1)
-	s.mu.Unlock()
 	// Its init prints nothing, and no job reads what it might.
 	up, err := s.start(io.Discard, io.Discard)
 	if err != nil {
 		return nil, err
 	}
+	// Running, with no Run owning it until a claim's.
 	s.mu.Lock()
-	s.warm = up
+	s.state, s.warm = stateRunning, up
+	s.runDone = make(chan struct{})
+	s.deadlineChanged = make(chan struct{}, 1)
 	s.mu.Unlock()
 	proc, err := s.waitUp(ctx)
 	if err != nil {
@@ -160,10 +158,17 @@ func (s *Sandbox) Claim(spec Spec) (err error) {
 	s.spec = spec
 	s.mu.Unlock()
 	// Named before anything of the job goes in: a Recover after a crash
-	// finds whose it was.
-	if err := os.WriteFile(filepath.Join(s.dir, claimFile), []byte(spec.ID), 0o600); err != nil {
+	// finds whose it was. A failed claim takes the name back (the job
+	// makes a sandbox of its own, which Recover finds under its id).
+	claim := filepath.Join(s.dir, claimFile)
+	if err := os.WriteFile(claim, []byte(spec.ID), 0o600); err != nil {
 		return err
 	}
+	defer func() {
+		if err != nil {
+			_ = os.Remove(claim)
+		}
+	}()
 	if err := s.mountWork(); err != nil {
 		return err
 	}

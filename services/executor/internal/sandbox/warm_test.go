@@ -456,3 +456,32 @@ func TestClaimedJobParity(t *testing.T) {
 		t.Errorf("a job's SIGKILL to itself: %d as init, %d claimed; want 0 and 137", cold.res.ExitCode, warm.res.ExitCode)
 	}
 }
+
+// TestWarmStartFails: a pooled sandbox whose runtime cannot start is
+// removed, and Warm says why, at once: nothing waits for a Run that never
+// began, and nothing of it is left.
+func TestWarmStartFails(t *testing.T) {
+	e := newEnv(t)
+	if _, ok := e.m.Available(ClassRunc); !ok {
+		t.Fatal("runc unavailable")
+	}
+	rt := e.m.runtimes[ClassRunc]
+	path := rt.path
+	rt.path = filepath.Join(t.TempDir(), "no-runc")
+	defer func() { rt.path = path }()
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.m.Warm(context.Background(), WarmSpec{Name: PoolPrefix + "broken", Class: ClassRunc, Limits: defaultLimits})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "no-runc") {
+			t.Errorf("Warm with a runtime that cannot start: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Warm hangs when its runtime cannot start")
+	}
+	rt.path = path
+	e.assertClean(t)
+}

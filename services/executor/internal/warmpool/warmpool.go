@@ -52,6 +52,9 @@ type Config[K comparable, T any] struct {
 type Pool[K comparable, T any] struct {
 	cfg  Config[K, T]
 	wake chan struct{}
+	// discards counts the discards SetTarget left running, which Run's
+	// end waits for.
+	discards sync.WaitGroup
 
 	mu      sync.Mutex
 	keys    []K // in the order their targets were first set, for turns
@@ -113,7 +116,7 @@ func New[K comparable, T any](cfg Config[K, T]) (*Pool[K, T], error) {
 }
 
 // SetTarget sets how many items of key k the pool keeps ready (0 or less
-// stops keeping any: those ready are discarded).
+// stops keeping any: those ready are discarded, in the background).
 func (p *Pool[K, T]) SetTarget(k K, n int) {
 	n = max(n, 0)
 	p.mu.Lock()
@@ -144,7 +147,10 @@ func (p *Pool[K, T]) SetTarget(k K, n int) {
 		}
 	}
 	p.mu.Unlock()
-	p.discard(drop)
+	if len(drop) > 0 {
+		p.discards.Add(1)
+		go func() { defer p.discards.Done(); p.discard(drop) }()
+	}
 	p.poke()
 }
 
@@ -346,8 +352,13 @@ func (p *Pool[K, T]) refill(ctx context.Context, k K) {
 		delete(p.making, k)
 	}
 	st := p.stats[k]
+	if _, kept := p.targets[k]; !kept && p.making[k] == 0 {
+		// Its key was dropped meanwhile: counted nowhere.
+		delete(p.stats, k)
+		st = nil
+	}
 	if st == nil {
-		st = &stats{} // its key was dropped meanwhile: counted nowhere
+		st = &stats{}
 	}
 	if err != nil {
 		st.failed++
@@ -410,6 +421,7 @@ func (p *Pool[K, T]) close() {
 	p.ready = map[K][]item[T]{}
 	p.mu.Unlock()
 	p.discard(drop)
+	p.discards.Wait()
 }
 
 func (p *Pool[K, T]) discard(items []item[T]) {
