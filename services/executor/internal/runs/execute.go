@@ -228,6 +228,8 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 	// reviewers and operators may want to see what it did. What leaves the
 	// sandbox is bounded by apparent size (export.go).
 	exported := &bundle.Tally{Limit: g.Limits.DiskBytes}
+	_, span = tracer.Start(tctx, "runs.export")
+	defer func() { span.End() }() // on every path; ended before the report below
 	patch, stat, err := m.diffJob(ctx, src, sb, exported)
 	outDir := sb.OutDir()
 	if exportRefused(result, err) {
@@ -260,6 +262,7 @@ func (m *Manager) execute(ctx context.Context, e *entry) {
 	case res.Reason == sandbox.ReasonSandboxError:
 		state = Failed
 	}
+	span.End()
 	m.finish(e, state, result)
 }
 

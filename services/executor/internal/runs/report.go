@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/airlockhq/airlock/pkg/bundle"
 	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/errdefs"
@@ -130,8 +132,11 @@ func (m *Manager) report(jobID string) {
 	rep.Execs, rep.FileWrites = e.execRecords(), slices.Clone(e.writes)
 	m.mu.Unlock()
 	for delay := 100 * time.Millisecond; ; delay = min(delay*2, 10*time.Second) {
-		ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
+		// In the run's trace (its StartJob's), when it has one.
+		ctx, cancel := context.WithTimeout(trace.ContextWithSpanContext(m.ctx, e.trace), 30*time.Second)
+		ctx, span := tracer.Start(ctx, "runs.report")
 		err := m.cfg.Authority.ReportResult(ctx, rep)
+		span.End()
 		cancel()
 		if err == nil {
 			m.update(e, func(r *Run) { r.Reported = true })

@@ -323,8 +323,10 @@ func (s *Sandbox) run(ctx context.Context, res Result, up *started) (Result, err
 		}
 	}()
 	var werr error
-	// main is a claimed batch job's main exec, once it has ended.
+	// main is a claimed batch job's main exec, once it has ended;
+	// lingering its runtime, when Run ended before it had exited.
 	var main *mainExec
+	var lingering *started
 	kill := func(r Reason) {
 		if stopped == "" && r != "" {
 			stopped = r
@@ -359,6 +361,13 @@ wait:
 		case m := <-mainC:
 			mainC, main = nil, &m
 			kill("")
+			if s.m.cg.kill(s.cgRel, killWait) == nil {
+				// Nothing of the job is left: the runtime's own exit (its
+				// cleanup after its init) is not waited for here, but by
+				// Destroy, before the sandbox's state is removed.
+				lingering = up
+				break wait
+			}
 		case <-deadline.C:
 			// The timer may have fired just as UpdateLimits extended the
 			// deadline (select picks either at random): only the deadline
@@ -413,12 +422,18 @@ wait:
 	if err := s.m.cg.kill(s.cgRel, killWait); err != nil {
 		errs = append(errs, err)
 	}
-	if s.rt.hasState(s.name) {
+	if lingering != nil {
+		// Destroy waits for it, deletes its state and drains its output
+		// (its init's, which printed nothing of the job's).
+		s.mu.Lock()
+		s.warm = lingering
+		s.mu.Unlock()
+	} else if s.rt.hasState(s.name) {
 		if err := s.rt.forceDelete(s.name); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if !pipes.drain(outputDrainGrace) {
+	if lingering == nil && !pipes.drain(outputDrainGrace) {
 		// Some process outside the cgroup holds a write end; the job's
 		// output is complete as far as it matters.
 		s.m.log.Warn("sandbox: output pipes still open after the job ended", "job_id", s.spec.ID)
