@@ -86,7 +86,10 @@ func TestWithoutNewerKernelFeatures(t *testing.T) {
 	lim := defaultLimits
 	lim.Pids = 32
 	lim.Deadline = slowdown * 2 * time.Second
-	r := e.run(t, context.Background(), job{src: e.source(t, nil), cmd: []string{"sh", "-c", "bomb() { bomb | bomb & }; bomb; sleep 60"}, limits: &lim})
+	// The shell waits in a loop of builtins: a `sleep` could not fork
+	// once the bomb holds every task the limit allows, and the shell
+	// would end before its deadline.
+	r := e.run(t, context.Background(), job{src: e.source(t, nil), cmd: []string{"sh", "-c", "bomb() { bomb | bomb & }; bomb; while :; do :; done"}, limits: &lim})
 	if r.err != nil || r.res.Reason != ReasonTimeout {
 		t.Fatalf("fork bomb: %s (%s), %v; want a timeout", r.res.Reason, r.res.Message, r.err)
 	}
