@@ -42,7 +42,7 @@ type Config[K comparable, T any] struct {
 	MaxIdle time.Duration
 	// RefillDelay is how long after a claim its refill waits, so that
 	// making the next item does not take the CPU from the claim's first
-	// milliseconds; zero is 50ms.
+	// milliseconds; zero is 250ms (a short job is done by then).
 	RefillDelay time.Duration
 	Now         func() time.Time
 	Logger      *slog.Logger
@@ -97,7 +97,7 @@ func New[K comparable, T any](cfg Config[K, T]) (*Pool[K, T], error) {
 		cfg.MaxIdle = time.Hour
 	}
 	if cfg.RefillDelay <= 0 {
-		cfg.RefillDelay = 50 * time.Millisecond
+		cfg.RefillDelay = 250 * time.Millisecond
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
