@@ -65,6 +65,9 @@ func runClaimed(t *testing.T, sb *Sandbox, ready *atomic.Bool) func() Result {
 // left.
 func TestWarmHoldsNothingBeforeClaim(t *testing.T) {
 	e := newEnv(t)
+	if !pooling(t, e) {
+		return
+	}
 	ctx := context.Background()
 	lim := defaultLimits
 	lim.Deadline = 2 * time.Minute
@@ -183,6 +186,9 @@ grep ' /work \| /.airlock/git-objects ' /proc/self/mountinfo; echo new > /work/n
 // third pooled after the first is gone.
 func TestClaimsShareNothing(t *testing.T) {
 	e := newEnv(t)
+	if !pooling(t, e) {
+		return
+	}
 	ctx := context.Background()
 	lim := defaultLimits
 	lim.Deadline = 2 * time.Minute
@@ -258,6 +264,9 @@ for p in /proc/[0-9]*; do [ "$(tr '\0' ' ' < $p/cmdline)" = "sleep 300 " ] && ec
 // sandbox as it was (the mismatches) or refuses again.
 func TestClaimRefuses(t *testing.T) {
 	e := newEnv(t)
+	if !pooling(t, e) {
+		return
+	}
 	lim := defaultLimits
 	lim.Deadline = time.Minute
 	src := e.source(t, nil)
@@ -339,6 +348,9 @@ func TestClaimRefuses(t *testing.T) {
 // when asked) a claimed one under its job's id.
 func TestWarmRecover(t *testing.T) {
 	e := newEnv(t)
+	if !pooling(t, e) {
+		return
+	}
 	lim := defaultLimits
 	lim.Deadline = time.Minute
 	idle, err := e.m.Warm(context.Background(), WarmSpec{Name: PoolPrefix + "idle", Class: ClassRunc, Limits: lim})
@@ -393,6 +405,9 @@ func TestWarmRecover(t *testing.T) {
 // the memory limit and the disk limit.
 func TestClaimedJobParity(t *testing.T) {
 	e := newEnv(t)
+	if !pooling(t, e) {
+		return
+	}
 	src := e.source(t, map[string]string{"README": "parity\n"})
 	lim := func(f func(*Limits)) *Limits {
 		l := defaultLimits
@@ -462,6 +477,9 @@ func TestClaimedJobParity(t *testing.T) {
 // began, and nothing of it is left.
 func TestWarmStartFails(t *testing.T) {
 	e := newEnv(t)
+	if !pooling(t, e) {
+		return
+	}
 	if _, ok := e.m.Available(ClassRunc); !ok {
 		t.Fatal("runc unavailable")
 	}
