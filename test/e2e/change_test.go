@@ -37,6 +37,21 @@ func startTestHost(t *testing.T, ports ...int) *nettest.Host {
 	return th
 }
 
+// probeTargets starts a test host listening on 8080 and 8081 and a
+// listener on the executor host's own address in its network at 8082:
+// the probe's targets "allowed" (the host's 8080), "other-port" (its
+// 8081) and "host" (the executor host's 8082, never reachable).
+func probeTargets(t *testing.T) (*nettest.Host, map[string]string) {
+	t.Helper()
+	th := startTestHost(t, 8080, 8081)
+	hostLn, err := net.Listen("tcp", net.JoinHostPort(th.HostIP.String(), "8082"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nettest.Greet(t, hostLn)
+	return th, map[string]string{"allowed": net.JoinHostPort(th.IP.String(), "8080"), "other-port": net.JoinHostPort(th.IP.String(), "8081"), "host": hostLn.Addr().String()}
+}
+
 // probeScript checks, every round, whether the job reaches each target
 // and prints one line per target and "tick" after each round.
 func probeScript(targets map[string]string) string {
@@ -115,13 +130,7 @@ var approvalIDLine = regexp.MustCompile(`waiting for approval (\S+)`)
 func TestRunningJobChangesAreGatedAndEnforced(t *testing.T) {
 	repo, _ := sampleRepo(t)
 	s := startStack(t, "--repo", "sample="+repo)
-	th := startTestHost(t, 8080, 8081)
-	hostLn, err := net.Listen("tcp", net.JoinHostPort(th.HostIP.String(), "8082"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	nettest.Greet(t, hostLn)
-	targets := map[string]string{"allowed": net.JoinHostPort(th.IP.String(), "8080"), "other-port": net.JoinHostPort(th.IP.String(), "8081"), "host": hostLn.Addr().String()}
+	th, targets := probeTargets(t)
 
 	res := s.airlock(t, "job", "submit", "--repo", "sample", "--rev", "main", "--memory", "256MiB", "--", "bash", "-c", probeScript(targets))
 	if res.code != 0 {

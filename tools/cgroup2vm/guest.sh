@@ -20,7 +20,7 @@ before=$(cd $cg && find . -mindepth 1 -maxdepth 1 -type d | sort)
 mkdir -p $cg/airlock-test.service
 # TestDeadline$: the deadline's tree kill, not TestDeadlineTimerRechecksExtendedDeadline
 # (the timer's logic, which no cgroup decides; it runs in the host's suite).
-sandbox_tests='TestChooseCgroups|TestWithoutNewerKernelFeatures|TestJobsAreOOMKilledFirst|TestCgroupParentOutsideExecutor|TestRecover$|TestForkBomb|TestMemoryBalloon|TestDeadline$|TestCancel|TestDestroy|TestUpdate|TestDiskBandwidth|TestCPUQuota|TestUsagePlausible|TestUsefulWork|TestExec$|TestExecHelperKernel$|TestExecHelperBoundary$|TestProbe$|TestExportCgroup'
+sandbox_tests='TestChooseCgroups|TestWithoutNewerKernelFeatures|TestJobsAreOOMKilledFirst|TestCgroupParentOutsideExecutor|TestRecover$|TestForkBomb|TestMemoryBalloon|TestDeadline$|TestCancel|TestDestroy|TestUpdate|TestDiskBandwidth|TestCPUQuota|TestUsagePlausible|TestUsefulWork|TestExec$|TestExecHelperKernel$|TestExecHelperBoundary$|TestProbe$|TestExportCgroup|TestKillsAtOnce'
 echo "== sandbox package (-run '$sandbox_tests')"
 t0=$SECONDS
 (

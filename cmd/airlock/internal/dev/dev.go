@@ -204,8 +204,8 @@ airlock dev down.`,
 				}
 				return fmt.Errorf("--registry: no registry binary %s (build it with `make build`)", where)
 			}
-			if warmPool < 0 || warmPool > maxWarmPool {
-				return cmdutil.UsageError{Err: fmt.Errorf("--warm-pool %d: want 0 to %d", warmPool, maxWarmPool)}
+			if warmPool < 0 || warmPool > runspec.MaxWarmPool {
+				return cmdutil.UsageError{Err: fmt.Errorf("--warm-pool %d: want 0 to %d", warmPool, runspec.MaxWarmPool)}
 			}
 			if otlp != "" {
 				if err := config.CheckAddress(otlp); err != nil {
@@ -308,10 +308,6 @@ func findServiceBinaries(binDir string) (map[string]string, error) {
 	}
 	return bins, nil
 }
-
-// maxWarmPool is the most a tenant's sessions.warm_pool may ask (the
-// authority checks it again).
-const maxWarmPool = 16
 
 // devOptions are dev up's choices.
 type devOptions struct {

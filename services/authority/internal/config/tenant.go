@@ -207,8 +207,8 @@ func (c *Config) tenant(name string, f TenantFile) (*policy.Tenant, error) {
 	errs = append(errs, err)
 	sess, serrs := sessions(field+".sessions", f.Sessions)
 	t.Sessions = sess
-	if t.WarmPool = f.WarmPool; t.WarmPool < 0 || t.WarmPool > policy.MaxWarmPool {
-		errs = append(errs, config.Field(field+".warm_pool", "%d: must be between 0 and %d", t.WarmPool, policy.MaxWarmPool))
+	if t.WarmPool = f.WarmPool; t.WarmPool < 0 || t.WarmPool > runspec.MaxWarmPool {
+		errs = append(errs, config.Field(field+".warm_pool", "%d: must be between 0 and %d", t.WarmPool, runspec.MaxWarmPool))
 	}
 	errs = append(errs, serrs...)
 	caches, cerrs := cachesOf(field+".caches", f.Caches)

@@ -127,7 +127,7 @@ type Tenant struct {
 	// Sessions bounds the tenant's sessions.
 	Sessions Sessions
 	// WarmPool is how many sandboxes of the tenant's job shape each
-	// executor is asked to keep ready (0 to MaxWarmPool).
+	// executor is asked to keep ready (0 to runspec.MaxWarmPool).
 	WarmPool int
 	// Caches are the named caches its jobs may ask for, by name.
 	Caches map[string]Cache
@@ -303,9 +303,6 @@ const (
 	MaxIdleTimeoutCeiling = 7 * 24 * time.Hour
 	MaxExecsCeiling       = 64
 )
-
-// MaxWarmPool bounds a tenant's warm_pool.
-const MaxWarmPool = 16
 
 // Filled is s with each zero field completed as CompletePair completes
 // one from the built-in DefaultSessions.

@@ -108,7 +108,7 @@ func grantOf(sg *typesv1.SignedGrant, g *typesv1.Grant) (runs.Grant, error) {
 		NetworkGeneration: g.GetNetworkPolicyGeneration(),
 		Generation:        g.GetGeneration(),
 		HistoryDepth:      int(g.GetGitHistoryDepth()),
-		WarmPool:          int(min(g.GetWarmPool(), maxWarmPool)),
+		WarmPool:          int(min(g.GetWarmPool(), runspec.MaxWarmPool)),
 		Digest:            grant.Digest(sg),
 		Fixed:             fixed,
 		Signed:            signed,
@@ -145,10 +145,6 @@ func grantOf(sg *typesv1.SignedGrant, g *typesv1.Grant) (runs.Grant, error) {
 // maxCredentials is how many brokered credentials a job may name (the
 // authority's bound on JobSpec.credentials).
 const maxCredentials = 16
-
-// maxWarmPool bounds the warm pool a grant may ask for (the authority's
-// own bound, policy.MaxWarmPool).
-const maxWarmPool = 16
 
 // credentialFormat is a brokered credential's name as the executor takes
 // it: it becomes part of a variable's name and of a placeholder.

@@ -77,7 +77,7 @@ func (c Capacity) resources(h holding, l sandbox.Limits) []resource {
 // (FailedPrecondition); one that does not fit now may fit later, once
 // others end (ResourceExhausted).
 func (c Capacity) admit(h holding, l sandbox.Limits) error {
-	if err := c.fits(h, l, func(string) bool { return true }); err != nil {
+	if err := c.fits(h, l, nil); err != nil {
 		return err
 	}
 	if c.Jobs > 0 && h.jobs+1 > c.Jobs {
@@ -86,11 +86,12 @@ func (c Capacity) admit(h holding, l sandbox.Limits) error {
 	return nil
 }
 
-// fits checks the resources that check picks for a run with limits l
-// beside those that hold h, with admit's errors.
+// fits checks the resources that check picks (every one when check is
+// nil) for a run with limits l beside those that hold h, with admit's
+// errors.
 func (c Capacity) fits(h holding, l sandbox.Limits, check func(name string) bool) error {
 	for _, r := range c.resources(h, l) {
-		if r.bound <= 0 || !check(r.name) {
+		if r.bound <= 0 || (check != nil && !check(r.name)) {
 			continue
 		}
 		if r.asks > r.bound {

@@ -216,10 +216,12 @@ type Manager struct {
 	metrics *metrics
 	// pool keeps sandboxes ready for sessions (warm.go); nil keeps none.
 	// poolShapes are the shapes kept for each tenant, the newest last,
-	// under poolMu.
+	// under poolMu. shedKick asks the one shedding loop for a pass
+	// (shedPool).
 	pool       *warmpool.Pool[poolKey, pooled]
 	poolMu     sync.Mutex
 	poolShapes map[string][]tenantShape
+	shedKick   chan struct{}
 }
 
 // entry is a run in memory: its record, its output, and how to stop it.

@@ -64,11 +64,7 @@ func (m *Manager) StartContext(ctx context.Context, g Grant) (Run, bool, error) 
 		m.metrics.runRefused(refusedCapacity)
 		return Run{}, false, err
 	}
-	if m.pool != nil {
-		// Pooled sandboxes give their room back to runs.
-		m.wg.Add(1)
-		go func() { defer m.wg.Done(); m.shedPool() }()
-	}
+	m.kickShed()
 	if err := os.MkdirAll(m.runDir(g.JobID), 0o700); err != nil {
 		return Run{}, false, err
 	}

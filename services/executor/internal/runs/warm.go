@@ -101,7 +101,7 @@ const (
 // keyOf is g's shape: a job and a session of one shape share a pool.
 func keyOf(g Grant) poolKey {
 	return poolKey{Tenant: g.Tenant, Class: g.Class, User: g.User, DiskBytes: g.Limits.DiskBytes,
-		ShmBytes: min(64<<20, g.Limits.MemoryBytes/2)}
+		ShmBytes: sandbox.ShmSize(g.Limits)}
 }
 
 // poolCause says why g cannot be served from a pool, "" if it can.
@@ -148,7 +148,7 @@ func (m *Manager) newPool() error {
 	if err != nil {
 		return err
 	}
-	m.pool = p
+	m.pool, m.shedKick = p, make(chan struct{}, 1)
 	return nil
 }
 
@@ -158,18 +158,38 @@ func (m *Manager) startPool() {
 	if m.pool == nil {
 		return
 	}
-	m.wg.Add(1)
+	m.wg.Add(2)
 	go func() { defer m.wg.Done(); m.pool.Run(m.ctx) }()
+	go func() {
+		defer m.wg.Done()
+		for {
+			select {
+			case <-m.ctx.Done():
+				return
+			case <-m.shedKick:
+				m.shedPool()
+			}
+		}
+	}()
+}
+
+// kickShed asks for a shedPool pass, after an admission: pooled sandboxes
+// give their room back to runs. Admissions that come while a pass is
+// pending share it.
+func (m *Manager) kickShed() {
+	if m.pool == nil {
+		return
+	}
+	select {
+	case m.shedKick <- struct{}{}:
+	default:
+	}
 }
 
 // poolLimits are a pooled sandbox's limits until its claim: its shape's
 // disk and /dev/shm, and little else.
 func poolLimits(k poolKey) sandbox.Limits {
-	memory := max(2*k.ShmBytes, 128<<20)
-	if k.ShmBytes < 64<<20 {
-		memory = 2 * k.ShmBytes
-	}
-	return sandbox.Limits{CPUMillis: 500, MemoryBytes: memory, Pids: 64, DiskBytes: k.DiskBytes, Deadline: 24 * time.Hour}
+	return sandbox.Limits{CPUMillis: 500, MemoryBytes: 2 * k.ShmBytes, Pids: 64, DiskBytes: k.DiskBytes, Deadline: 24 * time.Hour}
 }
 
 // poolIdleMemory is what admission counts a ready pooled sandbox as
@@ -184,7 +204,7 @@ func (m *Manager) poolRoom(k poolKey, held map[poolKey]int) bool {
 	h := m.held(nil)
 	m.mu.Unlock()
 	addPool(&h, held)
-	return m.cfg.Capacity.fits(h, sandbox.Limits{MemoryBytes: poolIdleMemory, DiskBytes: k.DiskBytes}, func(string) bool { return true }) == nil
+	return m.cfg.Capacity.fits(h, sandbox.Limits{MemoryBytes: poolIdleMemory, DiskBytes: k.DiskBytes}, nil) == nil
 }
 
 // addPool adds what the pool's sandbox counts hold to h.
@@ -206,7 +226,7 @@ func (m *Manager) shedPool() {
 		h := m.held(nil)
 		m.mu.Unlock()
 		addPool(&h, m.pool.Held())
-		if m.cfg.Capacity.fits(h, sandbox.Limits{}, func(string) bool { return true }) == nil {
+		if m.cfg.Capacity.fits(h, sandbox.Limits{}, nil) == nil {
 			return
 		}
 		if m.pool.Shed(1) == 0 {

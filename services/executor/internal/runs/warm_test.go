@@ -152,9 +152,6 @@ func TestWarmPoolYieldsToRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.waitEnd(t, sid)
-	if r, _, _, _ := h.poolOf("acme"); r > 2 {
-		t.Errorf("%d pooled beyond the pool's bound", r)
-	}
 }
 
 // TestWarmPoolJob: a batch job of a warm shape claims a pooled sandbox,

@@ -200,6 +200,27 @@ func pidsIn(dir string) []int {
 	return out
 }
 
+// freezeWait bounds how long a kill waits for its freeze to take hold: a
+// task in uninterruptible sleep can hold it back, and the kills are sent
+// regardless once it has passed.
+const freezeWait = 200 * time.Millisecond
+
+// awaitFrozen waits, up to freezeWait, until state says the cgroup a kill
+// froze is frozen. Another kill of the same cgroup may have thawed it
+// meanwhile (state's thawed; its kills are sent): it is frozen again with
+// freeze, or this kill would wait out freezeWait for nothing.
+func awaitFrozen(state func() (frozen, thawed bool), freeze func() bool) {
+	for end := time.Now().Add(freezeWait); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		frozen, thawed := state()
+		if frozen {
+			return
+		}
+		if thawed {
+			freeze()
+		}
+	}
+}
+
 // killLeft sends SIGKILL to what is left under root until nothing is, or
 // wait passes.
 func killLeft(rel, root string, wait time.Duration) error {

@@ -385,16 +385,14 @@ func (c *cgroupsV1) kill(rel string, wait time.Duration) error {
 		return nil
 	}
 	state := filepath.Join(c.dir("freezer", rel), "freezer.state")
-	frozen := os.WriteFile(state, []byte("FROZEN"), 0) == nil
+	freeze := func() bool { return os.WriteFile(state, []byte("FROZEN"), 0) == nil }
+	frozen := freeze()
 	if frozen {
-		// A task in uninterruptible sleep can hold FREEZING for a while;
-		// the kills below are sent regardless.
-		for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); {
-			if b, _ := os.ReadFile(state); strings.TrimSpace(string(b)) == "FROZEN" {
-				break
-			}
-			time.Sleep(time.Millisecond)
-		}
+		awaitFrozen(func() (bool, bool) {
+			b, _ := os.ReadFile(state)
+			s := strings.TrimSpace(string(b))
+			return s == "FROZEN", s == "THAWED"
+		}, freeze)
 	}
 	for _, pid := range c.procs(rel) {
 		_ = unix.Kill(pid, unix.SIGKILL)

@@ -487,16 +487,14 @@ func (c *cgroupsV2) kill(rel string, wait time.Duration) error {
 	if len(procsUnder(dir)) == 0 {
 		return nil
 	}
-	frozen := os.WriteFile(filepath.Join(dir, "cgroup.freeze"), []byte("1"), 0) == nil
+	freezeFile := filepath.Join(dir, "cgroup.freeze")
+	freeze := func() bool { return os.WriteFile(freezeFile, []byte("1"), 0) == nil }
+	frozen := freeze()
 	if frozen {
-		// A task in uninterruptible sleep can hold the freeze back for a
-		// while; the kill below is sent regardless.
-		for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); {
-			if readKey(filepath.Join(dir, "cgroup.events"), "frozen") == 1 {
-				break
-			}
-			time.Sleep(time.Millisecond)
-		}
+		awaitFrozen(func() (bool, bool) {
+			b, _ := os.ReadFile(freezeFile)
+			return readKey(filepath.Join(dir, "cgroup.events"), "frozen") == 1, strings.TrimSpace(string(b)) == "0"
+		}, freeze)
 	}
 	if !c.killFile || os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0) != nil {
 		for _, pid := range procsUnder(dir) {

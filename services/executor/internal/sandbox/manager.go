@@ -527,7 +527,7 @@ func (m *Manager) create(ctx context.Context, spec Spec, pooled bool) (_ *Sandbo
 		env:          s.spec.Env, // writeCABundle may have added to it
 		path:         path,
 		imageEnv:     imageEnv,
-		shmSizeBytes: shmSize(spec.Limits),
+		shmSizeBytes: ShmSize(spec.Limits),
 		netNS:        spec.NetNS,
 		resolvConf:   resolvConf,
 		caBundle:     caBundle,

@@ -280,24 +280,20 @@ func (s *Sandbox) run(ctx context.Context, res Result, up *started) (Result, err
 	// helper: its end is the job's, which ends the rest of the job as an
 	// init's end would.
 	var mainC chan mainExec
+	var mainExited <-chan struct{}
 	if s.claimed && !s.spec.isSession() {
 		mainC = make(chan mainExec, 1)
 		mainCtx, cancelMain := context.WithCancel(context.Background())
 		defer cancelMain()
+		// The command's own end comes before its output is drained: the
+		// loop below then ends the rest of the job, which may hold the
+		// output open, at once.
 		exited := make(chan struct{})
+		mainExited = exited
 		go func() {
 			r, err := s.Exec(mainCtx, ExecSpec{Argv: s.spec.Command, Stdout: s.spec.Stdout, Stderr: s.spec.Stderr,
 				exited: func() { close(exited) }})
 			mainC <- mainExec{res: r, err: err}
-		}()
-		// The command's own end, before its output is drained: the rest
-		// of the job, which may hold the output open, ends at once.
-		go func() {
-			select {
-			case <-exited:
-				_ = s.m.cg.kill(s.cgRel, killWait)
-			case <-mainCtx.Done():
-			}
 		}()
 	}
 	if s.spec.isSession() {
@@ -358,9 +354,17 @@ wait:
 		case <-up.done:
 			werr = up.err
 			break wait
+		case <-mainExited:
+			// Every kill of the cgroup is made from this loop, one at a
+			// time: two at once race over its freezer (cgroup v1), and
+			// one of them waits out the freeze for nothing.
+			// (The sandbox is not marked ending yet: the exec reports the
+			// command's own status.)
+			mainExited = nil
+			_ = s.m.cg.kill(s.cgRel, killWait)
 		case m := <-mainC:
 			mainC, main = nil, &m
-			kill("")
+			s.markEnding()
 			if s.m.cg.kill(s.cgRel, killWait) == nil {
 				// Nothing of the job is left: the runtime's own exit (its
 				// cleanup after its init) is not waited for here, but by
@@ -368,6 +372,7 @@ wait:
 				lingering = up
 				break wait
 			}
+			kill("")
 		case <-deadline.C:
 			// The timer may have fired just as UpdateLimits extended the
 			// deadline (select picks either at random): only the deadline

@@ -284,17 +284,26 @@ func (s *Spec) validateBody() error {
 	// (pkg/runspec). Under runsc the memory limit covers gVisor's own
 	// sandbox process too; the pids limit is the job's own tasks, which
 	// gVisor holds (see cgroupLimitsOf).
-	l := s.Limits
-	if err := runspec.CheckLimits(string(s.Class), runspec.Limits{CPUMillis: l.CPUMillis, MemoryBytes: l.MemoryBytes, Pids: l.Pids,
-		DiskBytes: l.DiskBytes, Deadline: l.Deadline}); err != nil {
-		return invalid("spec.limits.%v", err)
+	if err := checkLimits("spec.limits", s.Class, s.Limits); err != nil {
+		return err
 	}
+	l := s.Limits
 	if s.Docker {
 		// The authority checks a grant's docker request the same way.
 		if err := runspec.CheckWith(string(s.Class), []string{runspec.WithDocker}, runspec.Limits{CPUMillis: l.CPUMillis, MemoryBytes: l.MemoryBytes, Pids: l.Pids,
 			DiskBytes: l.DiskBytes, Deadline: l.Deadline}); err != nil {
 			return invalid("spec.docker: %v", err)
 		}
+	}
+	return nil
+}
+
+// checkLimits checks a class's limits l, named field, against the
+// minimums the authority checks every grant against.
+func checkLimits(field string, class Class, l Limits) error {
+	if err := runspec.CheckLimits(string(class), runspec.Limits{CPUMillis: l.CPUMillis, MemoryBytes: l.MemoryBytes, Pids: l.Pids,
+		DiskBytes: l.DiskBytes, Deadline: l.Deadline}); err != nil {
+		return invalid("%s.%v", field, err)
 	}
 	return nil
 }

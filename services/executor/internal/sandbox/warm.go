@@ -66,11 +66,14 @@ func (m *Manager) Warm(ctx context.Context, ws WarmSpec) (_ *Sandbox, err error)
 	if m.execdWhy != "" {
 		return nil, fmt.Errorf("%w: no sandbox is pooled without the exec helper: %s", errdefs.ErrFailedPrecondition, m.execdWhy)
 	}
-	spec := Spec{ID: ws.Name, Class: ws.Class, Source: "/", Command: IdleCommand, Limits: ws.Limits, User: ws.User, NetNS: ws.NetNS}
-	if err := spec.validate(); err != nil {
+	if err := runspec.CheckUser(ws.User); err != nil {
+		return nil, invalid("warm.user %v", err)
+	}
+	if err := checkLimits("warm.limits", ws.Class, ws.Limits); err != nil {
 		return nil, err
 	}
-	spec.Source = ""
+	// (m.create checks the network namespace.)
+	spec := Spec{ID: ws.Name, Class: ws.Class, Command: IdleCommand, Limits: ws.Limits, User: ws.User, NetNS: ws.NetNS}
 	if st, ok := m.Available(ws.Class); !ok {
 		return nil, fmt.Errorf("%w: warm.class %s is not available on this executor: %s", errdefs.ErrFailedPrecondition, ws.Class, st.Reason)
 	}
@@ -215,8 +218,8 @@ func (s *Sandbox) claimMismatch(spec Spec) string {
 		return fmt.Sprintf("user %d:%d, not %d:%d", spec.User.UID, spec.User.GID, made.User.UID, made.User.GID)
 	case spec.Limits.DiskBytes != made.Limits.DiskBytes:
 		return fmt.Sprintf("limits.disk_bytes %d, not %d", spec.Limits.DiskBytes, made.Limits.DiskBytes)
-	case shmSize(spec.Limits) != shmSize(made.Limits):
-		return fmt.Sprintf("a /dev/shm of %d bytes, not %d", shmSize(spec.Limits), shmSize(made.Limits))
+	case ShmSize(spec.Limits) != ShmSize(made.Limits):
+		return fmt.Sprintf("a /dev/shm of %d bytes, not %d", ShmSize(spec.Limits), ShmSize(made.Limits))
 	case spec.NetNS != made.NetNS:
 		return "another network namespace"
 	case spec.Image != nil:
@@ -233,8 +236,9 @@ func (s *Sandbox) claimMismatch(spec Spec) string {
 	return ""
 }
 
-// shmSize is the size of the /dev/shm of a job of limits l.
-func shmSize(l Limits) int64 { return min(64<<20, l.MemoryBytes/2) }
+// ShmSize is the size of the /dev/shm of a job of limits l: half its
+// memory, at most 64 MiB.
+func ShmSize(l Limits) int64 { return min(64<<20, l.MemoryBytes/2) }
 
 // claimedJob is the job a pooled sandbox's directory says claimed it, ""
 // if none did.

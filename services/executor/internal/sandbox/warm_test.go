@@ -330,15 +330,28 @@ func TestClaimRefuses(t *testing.T) {
 		t.Errorf("a claim of a sandbox whose init died: %v", err)
 	}
 
-	for _, ws := range []WarmSpec{
-		{Name: "job-id", Class: ClassRunc, Limits: lim},
-		{Name: PoolPrefix, Class: ClassRunc, Limits: lim},
-		{Name: PoolPrefix + "a_b", Class: ClassRunc, Limits: lim},
-		{Name: PoolPrefix + "gv", Class: ClassRunsc, Limits: lim},
+	tiny := lim
+	tiny.MemoryBytes = 1 << 20
+	for _, c := range []struct {
+		ws   WarmSpec
+		want string
+	}{
+		{WarmSpec{Name: "job-id", Class: ClassRunc, Limits: lim}, "warm.name"},
+		{WarmSpec{Name: PoolPrefix, Class: ClassRunc, Limits: lim}, "warm.name"},
+		{WarmSpec{Name: PoolPrefix + "a_b", Class: ClassRunc, Limits: lim}, "warm.name"},
+		{WarmSpec{Name: PoolPrefix + "gv", Class: ClassRunsc, Limits: lim}, "warm.class"},
+		{WarmSpec{Name: PoolPrefix + "tiny", Class: ClassRunc, Limits: tiny}, "warm.limits."},
+		{WarmSpec{Name: PoolPrefix + "user", Class: ClassRunc, Limits: lim, User: runspec.User{UID: runspec.MaxUserID + 1}}, "warm.user"},
+		{WarmSpec{Name: PoolPrefix + "netns", Class: ClassRunc, Limits: lim, NetNS: "/nonexistent"}, "net_ns"},
 	} {
-		if sb, err := e.m.Warm(context.Background(), ws); err == nil {
+		sb, err := e.m.Warm(context.Background(), c.ws)
+		if err == nil {
 			sb.Destroy()
-			t.Errorf("Warm(%+v) was taken", ws)
+			t.Errorf("Warm(%+v) was taken", c.ws)
+			continue
+		}
+		if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Warm(%+v): %v, want an invalid argument naming %s", c.ws, err, c.want)
 		}
 	}
 }

@@ -316,11 +316,8 @@ func (p *Pool[K, T]) next() (k K, wait time.Duration, ok bool) {
 	if now.Before(p.notBefore) {
 		return k, p.notBefore.Sub(now), false
 	}
-	total := 0
-	for _, r := range p.ready {
-		total += len(r)
-	}
-	for _, n := range p.making {
+	held, total := p.held(), 0
+	for _, n := range held {
 		total += n
 	}
 	if total >= p.cfg.Max {
@@ -330,7 +327,7 @@ func (p *Pool[K, T]) next() (k K, wait time.Duration, ok bool) {
 		if len(p.ready[c])+p.making[c] >= p.targets[c] || now.Before(p.stats[c].retryAt) {
 			continue
 		}
-		if p.cfg.Room != nil && !p.cfg.Room(c, p.held()) {
+		if p.cfg.Room != nil && !p.cfg.Room(c, held) {
 			continue
 		}
 		// Its turn taken: to the back of the line.
