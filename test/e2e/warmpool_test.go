@@ -16,8 +16,11 @@ import (
 // and its claim puts the policy in force: the job reaches exactly the
 // allowed port of a test host — not its other port, nor the executor
 // host's own address inside the allowed CIDR. Narrowing it to deny-all
-// then applies at once, as on a sandbox made for the job.
+// then applies at once, as on a sandbox made for the job. (A kernel
+// before 6.15 has no exec helper and pools nothing, as the sandbox
+// package's tests check: there the job is made cold, and the rest holds.)
 func TestWarmPoolAllowPolicy(t *testing.T) {
+	pooled := kernelAtLeast(t, 6, 15)
 	repo, _ := sampleRepo(t)
 	s := startStack(t, "--repo", "sample="+repo, "--warm-pool", "1")
 	th, targets := probeTargets(t)
@@ -30,7 +33,9 @@ func TestWarmPoolAllowPolicy(t *testing.T) {
 	if res := s.airlock(t, "job", "submit", "--wait", "--repo", "sample", "--rev", "main", "--", "true"); res.code != 0 {
 		t.Fatalf("the first job: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
-	waitWarm(ctx, t, ops, "ready", func(p *authorityv1.WarmPoolReport) bool { return p.GetReady() == 1 })
+	if pooled {
+		waitWarm(ctx, t, ops, "ready", func(p *authorityv1.WarmPoolReport) bool { return p.GetReady() == 1 })
+	}
 
 	res := s.airlock(t, "job", "submit", "--repo", "sample", "--rev", "main", "--allow", th.Prefix.String()+":8080,8082", "--", "bash", "-c", probeScript(targets))
 	if res.code != 0 {
@@ -40,7 +45,9 @@ func TestWarmPoolAllowPolicy(t *testing.T) {
 	watch := s.startAirlock(t, "job", "watch", id)
 	defer s.airlock(t, "job", "cancel", id)
 	// It claimed the pooled sandbox.
-	waitWarm(ctx, t, ops, "hit", func(p *authorityv1.WarmPoolReport) bool { return p.GetHits() == 1 })
+	if pooled {
+		waitWarm(ctx, t, ops, "hit", func(p *authorityv1.WarmPoolReport) bool { return p.GetHits() == 1 })
+	}
 
 	r := waitRound(t, watch, "the allowed port from the claimed sandbox", func(r map[string]bool) bool { return r["allowed"] })
 	if r["other-port"] || r["host"] {

@@ -315,6 +315,7 @@ func (s *Sandbox) exec(ctx context.Context, x ExecSpec, res ExecResult, procFile
 	}
 	stopped, werr := superviseExec(ctx, x, start, waitErr, group, func() { _ = cmd.Process.Kill() })
 	wall := time.Since(start)
+	ending := s.isEnding()
 	if x.exited != nil {
 		x.exited()
 	}
@@ -324,7 +325,7 @@ func (s *Sandbox) exec(ctx context.Context, x ExecSpec, res ExecResult, procFile
 	code := exitCode(werr)
 	execCode, execMsg, execFailed := execFailure(s.rt.class, logErrors(logPath))
 	_, started := os.Stat(pidFile)
-	if s.execStopped(&res, x, stopped, oom1 > oom0, code) {
+	if s.execStopped(&res, x, stopped, ending, oom1 > oom0, code) {
 		return res, nil
 	}
 	switch {
@@ -412,12 +413,11 @@ wait:
 
 // execStopped fills res, and reports true, when an exec's end is not its
 // command's own: stopped (its timeout, or cancelled), the sandbox ending
-// under it, or an OOM kill (oomKilled: the cgroup counted one while it
-// ran, and the command died of SIGKILL, code).
-func (s *Sandbox) execStopped(res *ExecResult, x ExecSpec, stopped Reason, oomKilled bool, code int) bool {
-	s.mu.Lock()
-	ending := s.ending || s.state != stateRunning
-	s.mu.Unlock()
+// under it (ending, read as the command's process ended: not after its
+// output's drain, which a claimed job's end may overlap), or an OOM kill
+// (oomKilled: the cgroup counted one while it ran, and the command died
+// of SIGKILL, code).
+func (s *Sandbox) execStopped(res *ExecResult, x ExecSpec, stopped Reason, ending, oomKilled bool, code int) bool {
 	switch {
 	case stopped == ReasonTimeout:
 		res.Reason = ReasonTimeout

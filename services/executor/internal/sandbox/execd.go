@@ -635,6 +635,7 @@ func (s *Sandbox) execViaHelper(ctx context.Context, x ExecSpec, res ExecResult,
 	}
 	stopped, werr := superviseExec(ctx, x, start, waitC, group, func() { group(syscall.SIGKILL) })
 	wall := time.Since(start)
+	ending := s.isEnding()
 	if x.exited != nil {
 		x.exited()
 	}
@@ -650,7 +651,7 @@ func (s *Sandbox) execViaHelper(ctx context.Context, x ExecSpec, res ExecResult,
 			code = 128 + int(status.Signal())
 		}
 	}
-	if s.execStopped(&res, x, stopped, oom1 > oom0, code) {
+	if s.execStopped(&res, x, stopped, ending, oom1 > oom0, code) {
 		return res, true, nil
 	}
 	if werr != nil || code < 0 {

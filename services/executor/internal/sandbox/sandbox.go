@@ -321,10 +321,14 @@ func (s *Sandbox) run(ctx context.Context, res Result, up *started) (Result, err
 	var werr error
 	// main is a claimed batch job's main exec, once it has ended;
 	// lingering its runtime, when Run ended before it had exited.
+	// cmdEnded: a claimed batch job's command has ended; a deadline or a
+	// cancel that comes while its output drains still kills what is left,
+	// but the job's status stays the command's own.
 	var main *mainExec
 	var lingering *started
+	cmdEnded := false
 	kill := func(r Reason) {
-		if stopped == "" && r != "" {
+		if stopped == "" && r != "" && !cmdEnded {
 			stopped = r
 		}
 		s.markEnding()
@@ -360,10 +364,11 @@ wait:
 			// one of them waits out the freeze for nothing.
 			// (The sandbox is not marked ending yet: the exec reports the
 			// command's own status.)
-			mainExited = nil
+			mainExited, cmdEnded = nil, true
 			_ = s.m.cg.kill(s.cgRel, killWait)
 		case m := <-mainC:
-			mainC, main = nil, &m
+			// (Its command has ended: the kill above is not made again.)
+			mainC, mainExited, main, cmdEnded = nil, nil, &m, true
 			s.markEnding()
 			if s.m.cg.kill(s.cgRel, killWait) == nil {
 				// Nothing of the job is left: the runtime's own exit (its

@@ -31,6 +31,13 @@ func (s *Sandbox) limits() Limits {
 	return s.spec.Limits
 }
 
+// isEnding reports whether the sandbox is ending or no longer running.
+func (s *Sandbox) isEnding() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ending || s.state != stateRunning
+}
+
 func (s *Sandbox) markEnding() {
 	s.mu.Lock()
 	s.ending = true
