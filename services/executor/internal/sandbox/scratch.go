@@ -351,11 +351,35 @@ func (s *scratch) jobBytes() int64 {
 // waitDetached waits, after the scratch is unmounted, until the kernel has
 // released the loop device: autoclear runs asynchronously after the last
 // close, and until then the device still holds the image. If it does not
-// happen within wait, the device is cleared by hand.
+// happen within wait, the device is cleared by hand and waited for as
+// long again (a clear while something still holds the device only marks
+// it to detach at the last close); a device still holding the image then
+// is an error naming it.
 func (s *scratch) waitDetached(wait time.Duration) error {
 	if s == nil || s.loop == "" {
 		return nil
 	}
+	if s.detachedWithin(wait) {
+		return nil
+	}
+	dev, err := os.OpenFile(s.loop, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	err = unix.IoctlSetInt(int(dev.Fd()), unix.LOOP_CLR_FD, 0)
+	dev.Close()
+	if err != nil && !errors.Is(err, unix.ENXIO) {
+		return fmt.Errorf("detach %s: %w", s.loop, err)
+	}
+	if !s.detachedWithin(wait) {
+		return fmt.Errorf("loop device %s still holds %s %s after the scratch's unmount", s.loop, s.image, 2*wait)
+	}
+	return nil
+}
+
+// detachedWithin polls, up to wait, until the loop device no longer holds
+// the scratch's image.
+func (s *scratch) detachedWithin(wait time.Duration) bool {
 	backing := filepath.Join("/sys/block", filepath.Base(s.loop), "loop", "backing_file")
 	end := time.Now().Add(wait)
 	// The kernel detaches in its own time (tens of milliseconds when
@@ -364,22 +388,13 @@ func (s *scratch) waitDetached(wait time.Duration) error {
 	for pause := time.Millisecond; ; pause = min(2*pause, 16*time.Millisecond) {
 		b, err := os.ReadFile(backing)
 		if err != nil || trimDeleted(string(trimNL(b))) != s.image {
-			return nil // detached, or already reused for another image
+			return true // detached, or already reused for another image
 		}
 		if time.Now().After(end) {
-			break
+			return false
 		}
 		time.Sleep(pause)
 	}
-	dev, err := os.OpenFile(s.loop, os.O_RDWR, 0)
-	if err != nil {
-		return err
-	}
-	defer dev.Close()
-	if err := unix.IoctlSetInt(int(dev.Fd()), unix.LOOP_CLR_FD, 0); err != nil && !errors.Is(err, unix.ENXIO) {
-		return fmt.Errorf("detach %s: %w", s.loop, err)
-	}
-	return nil
 }
 
 // copySparse copies src to a new file dst, writing only src's data extents.
