@@ -352,9 +352,10 @@ func (s *scratch) jobBytes() int64 {
 // released the loop device: autoclear runs asynchronously after the last
 // close, and until then the device still holds the image. If it does not
 // happen within wait, the device is cleared by hand and waited for as
-// long again (a clear while something still holds the device only marks
-// it to detach at the last close); a device still holding the image then
-// is an error naming it.
+// long again. A clear while something still holds the device (under
+// load the kernel can take seconds to let go of an unmounted ext4) only
+// marks it to detach at the last close, which autoclear had marked it
+// for already: it detaches by itself then.
 func (s *scratch) waitDetached(wait time.Duration) error {
 	if s == nil || s.loop == "" {
 		return nil
@@ -371,9 +372,7 @@ func (s *scratch) waitDetached(wait time.Duration) error {
 	if err != nil && !errors.Is(err, unix.ENXIO) {
 		return fmt.Errorf("detach %s: %w", s.loop, err)
 	}
-	if !s.detachedWithin(wait) {
-		return fmt.Errorf("loop device %s still holds %s %s after the scratch's unmount", s.loop, s.image, 2*wait)
-	}
+	s.detachedWithin(wait)
 	return nil
 }
 
