@@ -207,16 +207,15 @@ const freezeWait = 200 * time.Millisecond
 
 // awaitFrozen waits, up to freezeWait, until state says the cgroup a kill
 // froze is frozen. Another kill of the same cgroup may have thawed it
-// meanwhile (state's thawed; its kills are sent): it is frozen again with
-// freeze, or this kill would wait out freezeWait for nothing.
-func awaitFrozen(state func() (frozen, thawed bool), freeze func() bool) {
+// meanwhile (state's thawed): that kill froze it, sent SIGKILL to every
+// process in it and thawed it, so nothing in it can fork any more (a
+// process with SIGKILL pending cannot) and this kill goes on at once.
+// Freezing again would wait on the dying processes, and waiting for the
+// freeze would wait out freezeWait for nothing.
+func awaitFrozen(state func() (frozen, thawed bool)) {
 	for end := time.Now().Add(freezeWait); time.Now().Before(end); time.Sleep(time.Millisecond) {
-		frozen, thawed := state()
-		if frozen {
+		if frozen, thawed := state(); frozen || thawed {
 			return
-		}
-		if thawed {
-			freeze()
 		}
 	}
 }

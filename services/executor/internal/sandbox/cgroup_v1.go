@@ -385,14 +385,13 @@ func (c *cgroupsV1) kill(rel string, wait time.Duration) error {
 		return nil
 	}
 	state := filepath.Join(c.dir("freezer", rel), "freezer.state")
-	freeze := func() bool { return os.WriteFile(state, []byte("FROZEN"), 0) == nil }
-	frozen := freeze()
+	frozen := os.WriteFile(state, []byte("FROZEN"), 0) == nil
 	if frozen {
 		awaitFrozen(func() (bool, bool) {
 			b, _ := os.ReadFile(state)
 			s := strings.TrimSpace(string(b))
 			return s == "FROZEN", s == "THAWED"
-		}, freeze)
+		})
 	}
 	for _, pid := range c.procs(rel) {
 		_ = unix.Kill(pid, unix.SIGKILL)

@@ -488,13 +488,12 @@ func (c *cgroupsV2) kill(rel string, wait time.Duration) error {
 		return nil
 	}
 	freezeFile := filepath.Join(dir, "cgroup.freeze")
-	freeze := func() bool { return os.WriteFile(freezeFile, []byte("1"), 0) == nil }
-	frozen := freeze()
+	frozen := os.WriteFile(freezeFile, []byte("1"), 0) == nil
 	if frozen {
 		awaitFrozen(func() (bool, bool) {
 			b, _ := os.ReadFile(freezeFile)
 			return readKey(filepath.Join(dir, "cgroup.events"), "frozen") == 1, strings.TrimSpace(string(b)) == "0"
-		}, freeze)
+		})
 	}
 	if !c.killFile || os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0) != nil {
 		for _, pid := range procsUnder(dir) {

@@ -390,6 +390,16 @@ func (c *Client) Start(ctx context.Context, spec proto.Process, stdout, stderr i
 	case <-p.started:
 		return p, nil
 	case <-p.exited:
+		// A process that started and ended at once has both closed, and
+		// select picks either: it started, and its exit waits in Wait.
+		select {
+		case <-p.started:
+			return p, nil
+		default:
+		}
+		if p.err == nil {
+			return nil, fmt.Errorf("the guest ended %q before it started", spec.Args)
+		}
 		return nil, p.err
 	case <-ctx.Done():
 		c.fail(fmt.Errorf("start: %w", ctx.Err()))
