@@ -363,16 +363,41 @@ func (s *scratch) waitDetached(wait time.Duration) error {
 	if s.detachedWithin(wait) {
 		return nil
 	}
+	if err := s.clearLoop(); err != nil {
+		return err
+	}
+	s.detachedWithin(wait)
+	return nil
+}
+
+// clearLoop clears the scratch's loop device by hand, only while it still
+// holds the scratch's image: the kernel may have released it since it was
+// last looked at and another sandbox bound it to its own image, which a
+// clear would pull from under that sandbox. The open descriptor keeps the
+// device bound to what it holds until the clear.
+func (s *scratch) clearLoop() error {
+	var img unix.Stat_t
+	if err := unix.Stat(s.image, &img); err != nil {
+		return fmt.Errorf("detach %s: the image %s: %w", s.loop, s.image, err)
+	}
 	dev, err := os.OpenFile(s.loop, os.O_RDWR, 0)
 	if err != nil {
 		return err
 	}
-	err = unix.IoctlSetInt(int(dev.Fd()), unix.LOOP_CLR_FD, 0)
-	dev.Close()
-	if err != nil && !errors.Is(err, unix.ENXIO) {
+	defer dev.Close()
+	info, err := unix.IoctlLoopGetStatus64(int(dev.Fd()))
+	if errors.Is(err, unix.ENXIO) {
+		return nil // released
+	}
+	if err != nil {
 		return fmt.Errorf("detach %s: %w", s.loop, err)
 	}
-	s.detachedWithin(wait)
+	if info.Inode != img.Ino || info.Device != img.Dev {
+		return nil // released, and bound again to another image
+	}
+	if err := unix.IoctlSetInt(int(dev.Fd()), unix.LOOP_CLR_FD, 0); err != nil && !errors.Is(err, unix.ENXIO) {
+		return fmt.Errorf("detach %s: %w", s.loop, err)
+	}
 	return nil
 }
 
@@ -457,7 +482,10 @@ func copySparse(src, dst string) error {
 
 // attachLoop binds a free loop device to backing and returns it open. The
 // device detaches itself once it is unmounted and closed (autoclear).
-func attachLoop(backing string) (*os.File, error) {
+func attachLoop(backing string) (*os.File, error) { return attachLoopFlags(backing, unix.LO_FLAGS_AUTOCLEAR) }
+
+// attachLoopFlags is attachLoop with the device's flags.
+func attachLoopFlags(backing string, flags uint32) (*os.File, error) {
 	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
 	if err != nil {
 		return nil, err
@@ -471,7 +499,7 @@ func attachLoop(backing string) (*os.File, error) {
 	var cfg unix.LoopConfig
 	cfg.Fd = uint32(file.Fd())
 	cfg.Size = 4096
-	cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
+	cfg.Info.Flags = flags
 	copy(cfg.Info.File_name[:len(cfg.Info.File_name)-1], backing)
 	// Another process can take the free device between GET_FREE and
 	// CONFIGURE; then ask again.
