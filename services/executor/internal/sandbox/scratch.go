@@ -482,7 +482,9 @@ func copySparse(src, dst string) error {
 
 // attachLoop binds a free loop device to backing and returns it open. The
 // device detaches itself once it is unmounted and closed (autoclear).
-func attachLoop(backing string) (*os.File, error) { return attachLoopFlags(backing, unix.LO_FLAGS_AUTOCLEAR) }
+func attachLoop(backing string) (*os.File, error) {
+	return attachLoopFlags(backing, unix.LO_FLAGS_AUTOCLEAR)
+}
 
 // attachLoopFlags is attachLoop with the device's flags.
 func attachLoopFlags(backing string, flags uint32) (*os.File, error) {
