@@ -178,10 +178,7 @@ func (s *Sandbox) prestart(ctx context.Context) {
 func (s *Sandbox) execdFor(proc *specs.Process) (*execdConn, error) {
 	s.execdMu.Lock()
 	defer s.execdMu.Unlock()
-	s.mu.Lock()
-	ending := s.ending || s.state != stateRunning
-	s.mu.Unlock()
-	if ending {
+	if s.isEnding() {
 		s.closeExecdLocked()
 		return nil, fmt.Errorf("sandbox %s: not running: no exec helper", s.spec.ID)
 	}

@@ -367,7 +367,9 @@ wait:
 			mainExited, cmdEnded = nil, true
 			_ = s.m.cg.kill(s.cgRel, killWait)
 		case m := <-mainC:
-			// (Its command has ended: the kill above is not made again.)
+			// Its command has ended. When mainExited came first, the
+			// kill below is a second one: it finds the cgroup empty and
+			// returns at once, in this goroutine, so it races nothing.
 			mainC, mainExited, main, cmdEnded = nil, nil, &m, true
 			s.markEnding()
 			if s.m.cg.kill(s.cgRel, killWait) == nil {
