@@ -16,6 +16,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -136,6 +137,14 @@ func CheckHealth(ctx context.Context, addr string, src *tlsconfig.Source, server
 		return "UNREACHABLE", err
 	}
 	defer cc.Close()
+	return CheckHealthOn(ctx, cc, component)
+}
+
+// CheckHealthOn is CheckHealth over a connection the caller keeps: one
+// that polls a starting server keeps its connection between attempts, so
+// a connection still being made (a lost SYN is sent again only after a
+// second) is not thrown away with each attempt's deadline.
+func CheckHealthOn(ctx context.Context, cc grpc.ClientConnInterface, component string) (string, error) {
 	resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{Service: component})
 	if err != nil {
 		return "UNREACHABLE", err

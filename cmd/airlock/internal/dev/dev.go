@@ -35,9 +35,11 @@ import (
 	"github.com/airlockhq/airlock/pkg/egress"
 	"github.com/airlockhq/airlock/pkg/gitserve"
 	"github.com/airlockhq/airlock/pkg/grant"
+	"github.com/airlockhq/airlock/pkg/grpcclient"
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/pki"
 	"github.com/airlockhq/airlock/pkg/runspec"
+	"github.com/airlockhq/airlock/pkg/tlsconfig"
 )
 
 // The dev stack's fixed choices.
@@ -547,30 +549,43 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 		return stack, err
 	}
 	for _, name := range identity.ServiceNames() {
-		s := services[name]
-		for {
-			select {
-			case err := <-exited[name]:
-				return stack, fmt.Errorf("%s exited during start-up (%v); last log lines:\n%s", name, err, tail(s.Log, 20))
-			default:
-			}
-			cctx, cancel := context.WithTimeout(ctx, time.Second)
-			st, err := cmdutil.CheckHealth(cctx, s.Address, src, identity.Service(devTrustDomain, name), "")
-			cancel()
-			if err == nil && st == healthpb.HealthCheckResponse_SERVING.String() {
-				s.Status = st
-				break
-			}
-			if ctx.Err() != nil {
-				return stack, fmt.Errorf("%s did not report SERVING in time (last: %s %v); last log lines:\n%s", name, st, err, tail(s.Log, 20))
-			}
-			time.Sleep(50 * time.Millisecond)
+		if err := awaitServing(ctx, services[name], src, name, exited[name]); err != nil {
+			return stack, err
 		}
 	}
 	for _, name := range identity.ServiceNames() {
 		stack.services = append(stack.services, *services[name])
 	}
 	return stack, nil
+}
+
+// awaitServing polls the started service s until it reports SERVING, it
+// exits, or ctx ends. One connection serves every attempt: gRPC keeps
+// making it while an attempt's short deadline passes.
+func awaitServing(ctx context.Context, s *devService, src *tlsconfig.Source, name string, exited <-chan error) error {
+	cc, err := grpcclient.Dial(s.Address, src, identity.Service(devTrustDomain, name))
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	for {
+		select {
+		case err := <-exited:
+			return fmt.Errorf("%s exited during start-up (%v); last log lines:\n%s", name, err, tail(s.Log, 20))
+		default:
+		}
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		st, err := cmdutil.CheckHealthOn(cctx, cc, "")
+		cancel()
+		if err == nil && st == healthpb.HealthCheckResponse_SERVING.String() {
+			s.Status = st
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%s did not report SERVING in time (last: %s %v); last log lines:\n%s", name, st, err, tail(s.Log, 20))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // yamlMap turns a struct into the map its YAML form would decode to, so
