@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	authorityv1 "github.com/airlockhq/airlock/proto/airlock/authority/v1"
 	typesv1 "github.com/airlockhq/airlock/proto/airlock/types/v1"
@@ -179,5 +181,85 @@ func readAll(stream interface {
 			return b, err
 		}
 		b = append(b, msg.GetChunk()...)
+	}
+}
+
+// TestSessionIOCallsRefuseAnotherTenant: another tenant's client is
+// refused each call that moves a session's files and execs (an upload, a
+// download, a listing, StartExec, RunExec), before and after the owner's
+// own calls, exactly as an unknown id is; a job that is not a session is
+// refused as one; and the owner's calls still work.
+func TestSessionIOCallsRefuseAnotherTenant(t *testing.T) {
+	h := newHarness(t)
+	ctx := t.Context()
+	dev, other := h.client(devID), h.client(otherID)
+	sid := h.runningSession("io", nil).GetJobId()
+	job := h.submit(dev, "a-job", spec()).GetJob().GetJobId()
+
+	write := func(c authorityv1.AuthorityServiceClient, id string) error {
+		up, err := c.WriteFile(ctx)
+		if err != nil {
+			return err
+		}
+		if err := up.Send(&authorityv1.WriteFileRequest{Part: &authorityv1.WriteFileRequest_Header{Header: &authorityv1.WriteFileHeader{SessionId: id, Path: "/work/f"}}}); err != nil {
+			return err
+		}
+		if err := up.Send(&authorityv1.WriteFileRequest{Part: &authorityv1.WriteFileRequest_Chunk{Chunk: []byte("x")}}); err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		_, err = up.CloseAndRecv()
+		return err
+	}
+	runExec := func(c authorityv1.AuthorityServiceClient, id, execID string) error {
+		run, err := c.RunExec(ctx)
+		if err != nil {
+			return err
+		}
+		if err := run.Send(&authorityv1.RunExecRequest{Msg: &authorityv1.RunExecRequest_Start{Start: &authorityv1.RunExecStart{
+			SessionId: id, Spec: &typesv1.ExecSpec{ExecId: execID, Argv: []string{"true"}}}}}); err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		_ = run.CloseSend()
+		for {
+			if _, err := run.Recv(); err != nil {
+				if errors.Is(err, io.EOF) {
+					return nil
+				}
+				return err
+			}
+		}
+	}
+	calls := []struct {
+		name string
+		call func(c authorityv1.AuthorityServiceClient, id string) error
+	}{
+		{"WriteFile", write},
+		{"ReadFile", func(c authorityv1.AuthorityServiceClient, id string) error {
+			_, err := readAll(c.ReadFile(ctx, &authorityv1.ReadFileRequest{SessionId: id, Path: "/work/f"}))
+			return err
+		}},
+		{"ListFiles", func(c authorityv1.AuthorityServiceClient, id string) error {
+			_, err := c.ListFiles(ctx, &authorityv1.ListFilesRequest{SessionId: id, Path: "/work"})
+			return err
+		}},
+		{"StartExec", func(c authorityv1.AuthorityServiceClient, id string) error {
+			_, err := c.StartExec(ctx, &authorityv1.StartExecRequest{SessionId: id, Spec: &typesv1.ExecSpec{ExecId: "start", Argv: []string{"true"}}})
+			return err
+		}},
+		{"RunExec", func(c authorityv1.AuthorityServiceClient, id string) error { return runExec(c, id, "run") }},
+	}
+	for round := range 2 {
+		for _, c := range calls {
+			if err := c.call(dev, sid); err != nil {
+				t.Fatalf("round %d: the owner's %s: %v", round, c.name, err)
+			}
+			err := c.call(other, sid)
+			wantStatus(t, err, codes.NotFound, sid)
+			errUnknown := c.call(other, "zzzz")
+			if strings.ReplaceAll(status.Convert(errUnknown).Message(), "zzzz", sid) != status.Convert(err).Message() {
+				t.Errorf("round %d: %s: a foreign and an unknown session answer differently: %v / %v", round, c.name, err, errUnknown)
+			}
+			wantStatus(t, c.call(dev, job), codes.FailedPrecondition, "is a job, not a session")
+		}
 	}
 }

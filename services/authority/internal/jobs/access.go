@@ -27,10 +27,17 @@ func (s *Service) visible(ctx context.Context, caller identity.ID, id string) (s
 	if err != nil {
 		return store.Job{}, err
 	}
-	if t := s.cfg.Tenants[j.Tenant]; t == nil || caller.Kind != identity.KindClient || !t.HasClient(caller.Principal()) {
+	if !s.actsFor(caller, j.Tenant) {
 		return store.Job{}, notFound(id)
 	}
 	return j, nil
+}
+
+// actsFor reports whether caller is a client of tenant, as the tenants'
+// policy says now.
+func (s *Service) actsFor(caller identity.ID, tenant string) bool {
+	t := s.cfg.Tenants[tenant]
+	return t != nil && caller.Kind == identity.KindClient && t.HasClient(caller.Principal())
 }
 
 func notFound(id string) error { return fmt.Errorf("%w: job %q", errdefs.ErrNotFound, id) }
@@ -45,11 +52,10 @@ func (s *Service) tenantFor(caller identity.ID, name string) (*policy.Tenant, er
 		// Not echoed: it is the caller's bytes, and the refusal is audited.
 		return nil, fmt.Errorf("%w: tenant: at most %d bytes (got %d)", errdefs.ErrInvalidArgument, maxNameBytes, len(name))
 	}
-	t := s.cfg.Tenants[name]
-	if t == nil || caller.Kind != identity.KindClient || !t.HasClient(caller.Principal()) {
+	if !s.actsFor(caller, name) {
 		return nil, fmt.Errorf("%w: tenant: %s does not act for tenant %q", errdefs.ErrPermissionDenied, caller.Principal(), name)
 	}
-	return t, nil
+	return s.cfg.Tenants[name], nil
 }
 
 // maxNameBytes bounds a tenant, repository, revision or branch name a
