@@ -3,6 +3,7 @@ package api_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -220,13 +221,20 @@ func TestSessionIOCallsRefuseAnotherTenant(t *testing.T) {
 			return err
 		}
 		_ = run.CloseSend()
+		var started, ended bool
 		for {
-			if _, err := run.Recv(); err != nil {
-				if errors.Is(err, io.EOF) {
-					return nil
+			msg, err := run.Recv()
+			if errors.Is(err, io.EOF) {
+				if !started || !ended {
+					return fmt.Errorf("RunExec ended with started %v, end record %v", started, ended)
 				}
+				return nil
+			}
+			if err != nil {
 				return err
 			}
+			started = started || msg.GetStarted() != nil
+			ended = ended || msg.GetExec().GetState() == typesv1.ExecState_EXEC_STATE_ENDED
 		}
 	}
 	calls := []struct {
@@ -256,7 +264,7 @@ func TestSessionIOCallsRefuseAnotherTenant(t *testing.T) {
 			err := c.call(other, sid)
 			wantStatus(t, err, codes.NotFound, sid)
 			errUnknown := c.call(other, "zzzz")
-			if strings.ReplaceAll(status.Convert(errUnknown).Message(), "zzzz", sid) != status.Convert(err).Message() {
+			if status.Code(errUnknown) != status.Code(err) || strings.ReplaceAll(status.Convert(errUnknown).Message(), "zzzz", sid) != status.Convert(err).Message() {
 				t.Errorf("round %d: %s: a foreign and an unknown session answer differently: %v / %v", round, c.name, err, errUnknown)
 			}
 			wantStatus(t, c.call(dev, job), codes.FailedPrecondition, "is a job, not a session")

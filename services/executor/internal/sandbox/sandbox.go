@@ -368,8 +368,9 @@ wait:
 			_ = s.m.cg.kill(s.cgRel, killWait)
 		case m := <-mainC:
 			// Its command has ended. When mainExited came first, the
-			// kill below is a second one: it finds the cgroup empty and
-			// returns at once, in this goroutine, so it races nothing.
+			// kill below is a second one, in this goroutine, so it races
+			// nothing; it finds the cgroup empty and returns at once when
+			// the first emptied it, and tries again when that one failed.
 			mainC, mainExited, main, cmdEnded = nil, nil, &m, true
 			s.markEnding()
 			if s.m.cg.kill(s.cgRel, killWait) == nil {
