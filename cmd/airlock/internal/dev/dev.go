@@ -62,6 +62,8 @@ type devService struct {
 	Log     string `json:"log"`
 	DataDir string `json:"data_dir"`
 	Status  string `json:"status"`
+	// logFrom is where in Log this start's lines begin.
+	logFrom int64
 }
 
 func devPaths(dir, name string) devService {
@@ -104,6 +106,10 @@ until each reports SERVING over mTLS, and writes DIR/client.yaml for the CLI:
 
   export AIRLOCK_CONFIG=DIR/client.yaml
   airlock status
+
+Each process gets a free port, held for it until it starts; one that
+loses its port to another program in that moment makes dev up start
+the stack again on new ports (at most 3 times in all).
 
 Each --repo NAME=PATH is cloned bare into DIR/git/data/NAME.git (kept from an
 earlier dev up) and served by the stack's git server, a process of its own,
@@ -368,15 +374,38 @@ func devUp(ctx context.Context, dir string, opts devOptions, bins map[string]str
 			return devStack{}, fmt.Errorf("%s is already running in %s (pid %d); run `airlock dev down --dir %s` first", name, dir, pid, dir)
 		}
 	}
-	stack, err := devStart(ctx, dir, opts, bins, progress)
-	if err != nil {
+	return startRetrying(progress, func() (devStack, error) {
+		return devStart(ctx, dir, opts, bins, progress)
+	}, func() {
 		// Stop what started, the services before the git server and the
 		// registry they read.
 		for _, name := range devProcessNames() {
 			stopProcess(dir, name, 5*time.Second)
 		}
+	})
+}
+
+// devStartAttempts bounds how many times dev up starts a stack whose
+// process lost its reserved port (startError.portTaken).
+const devStartAttempts = 3
+
+// startRetrying runs start, and after a failed start stop; when the
+// failure was a process losing its port to another program in the moment
+// it was not held, it starts again, on new ports, up to devStartAttempts
+// times in all, saying so on progress.
+func startRetrying(progress io.Writer, start func() (devStack, error), stop func()) (devStack, error) {
+	for attempt := 1; ; attempt++ {
+		stack, err := start()
+		if err == nil {
+			return stack, nil
+		}
+		stop()
+		var se *startError
+		if !errors.As(err, &se) || !se.portTaken || attempt == devStartAttempts {
+			return stack, err
+		}
+		fmt.Fprintf(progress, "%s lost its port to another program before it bound it; starting the stack again on new ports\n", se.what)
 	}
-	return stack, err
 }
 
 func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]string, progress io.Writer) (devStack, error) {
@@ -398,10 +427,12 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 	}
 	// The git server and the registry listen on loopback only.
 	hosts := []string{opts.host, opts.host, opts.host, "127.0.0.1", "127.0.0.1"}
-	addrs, err := freeAddresses(hosts)
+	r, err := reserveAddresses(hosts)
 	if err != nil {
 		return stack, err
 	}
+	defer r.close()
+	addrs := r.addrs
 	gitAddr, registryAddr := addrs[3], addrs[4]
 	services := map[string]*devService{}
 	for i, name := range identity.ServiceNames() {
@@ -511,13 +542,13 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 
 	// The git server first: the authority fetches from it.
 	if stack.git != nil {
-		if err := devGitStart(ctx, dir, stack.git, pkiDir); err != nil {
+		if err := devGitStart(ctx, dir, stack.git, pkiDir, r); err != nil {
 			return stack, err
 		}
 		fmt.Fprintf(progress, "started %s (pid %d) on %s\n", devGitName, stack.git.PID, stack.git.Address)
 	}
 	if stack.registry != nil {
-		if err := devRegistryStart(ctx, dir, bins[devRegistryName], stack.registry, pkiDir); err != nil {
+		if err := devRegistryStart(ctx, dir, bins[devRegistryName], stack.registry, pkiDir, r); err != nil {
 			return stack, err
 		}
 		fmt.Fprintf(progress, "started %s (pid %d) on %s\n", devRegistryName, stack.registry.PID, stack.registry.Address)
@@ -532,7 +563,7 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 			sum := sha256.Sum256([]byte(dir))
 			argv = append(delegate.ReadHost().Prefix("airlock-dev-"+hex.EncodeToString(sum[:6])+"-executor"), argv...)
 		}
-		pid, done, err := startProcess(argv, nil, s)
+		pid, done, err := startProcess(argv, nil, s, r)
 		if err != nil {
 			return stack, err
 		}
@@ -568,24 +599,17 @@ func awaitServing(ctx context.Context, s *devService, src *tlsconfig.Source, nam
 		return err
 	}
 	defer cc.Close()
-	for {
-		select {
-		case err := <-exited:
-			return fmt.Errorf("%s exited during start-up (%v); last log lines:\n%s", name, err, tail(s.Log, 20))
-		default:
+	return awaitStart(ctx, name, s, exited, func(ctx context.Context) (bool, string) {
+		st, err := cmdutil.CheckHealthOn(ctx, cc, "")
+		if err != nil {
+			return false, err.Error()
 		}
-		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		st, err := cmdutil.CheckHealthOn(cctx, cc, "")
-		cancel()
-		if err == nil && st == healthpb.HealthCheckResponse_SERVING.String() {
-			s.Status = st
-			return nil
+		if st != healthpb.HealthCheckResponse_SERVING.String() {
+			return false, st
 		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("%s did not report SERVING in time (last: %s %v); last log lines:\n%s", name, st, err, tail(s.Log, 20))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		s.Status = st
+		return true, ""
+	})
 }
 
 // yamlMap turns a struct into the map its YAML form would decode to, so

@@ -16,7 +16,6 @@ import (
 	"slices"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -261,12 +260,12 @@ func devBareRepo(ctx context.Context, src, bare string, progress io.Writer) erro
 // devGitStart starts the git server as a process of its own, like the
 // services, and waits until it answers over TLS with the dev CA's
 // certificate.
-func devGitStart(ctx context.Context, dir string, s *devService, pkiDir string) error {
+func devGitStart(ctx context.Context, dir string, s *devService, pkiDir string, r *reservation) error {
 	self, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	pid, exited, err := startProcess([]string{self, "dev", "git-serve", "--config", s.Config}, nil, s)
+	pid, exited, err := startProcess([]string{self, "dev", "git-serve", "--config", s.Config}, nil, s, r)
 	if err != nil {
 		return err
 	}
@@ -285,25 +284,22 @@ func waitHTTPS(ctx context.Context, what, url string, s *devService, pkiDir stri
 	if err != nil {
 		return err
 	}
-	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
 	defer client.CloseIdleConnections()
-	for {
-		select {
-		case err := <-exited:
-			return fmt.Errorf("%s exited during start-up (%v); last log lines:\n%s", what, err, tail(s.Log, 20))
-		default:
+	return awaitStart(ctx, what, s, exited, func(ctx context.Context) (bool, string) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return false, err.Error()
 		}
-		resp, err := client.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if len(statuses) == 0 || slices.Contains(statuses, resp.StatusCode) {
-				s.Status = "SERVING"
-				return nil
-			}
+		resp, err := client.Do(req)
+		if err != nil {
+			return false, err.Error()
 		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("%s did not answer in time (%v); last log lines:\n%s", what, err, tail(s.Log, 20))
+		resp.Body.Close()
+		if len(statuses) > 0 && !slices.Contains(statuses, resp.StatusCode) {
+			return false, resp.Status
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		s.Status = "SERVING"
+		return true, ""
+	})
 }

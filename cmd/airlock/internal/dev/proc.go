@@ -2,7 +2,9 @@ package dev
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -24,32 +26,110 @@ func writePID(dir, name string, pid int) error {
 	return pki.WriteFileAtomic(pidFile(dir, name), []byte(strconv.Itoa(pid)+"\n"), 0o600)
 }
 
-// freeAddresses reserves a free port on each host, all distinct. They are
-// released before the services bind them; a collision in that window fails
-// start-up loudly rather than silently.
-func freeAddresses(hosts []string) ([]string, error) {
-	var out []string
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
+// reservation holds a free port on each of its hosts, all distinct, by
+// listening on it, until the process that is to bind it is about to start:
+// while a port is held nothing else on the machine can take it, neither
+// another program's listener nor an outgoing connection given it as its
+// ephemeral port. The moment between a release and the process's own bind
+// is left; a process that loses its port in it exits at start-up, its log
+// saying the address is in use, and dev up starts the stack again on new
+// ports (startError.portTaken).
+type reservation struct {
+	addrs []string
+	held  map[string]net.Listener
+}
+
+// reserveAddresses reserves a free port on each of hosts.
+func reserveAddresses(hosts []string) (*reservation, error) {
+	r := &reservation{held: map[string]net.Listener{}}
 	for _, host := range hosts {
 		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 		if err != nil {
+			r.close()
 			return nil, fmt.Errorf("--host %s: %w", host, err)
 		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().String())
+		addr := l.Addr().String()
+		r.addrs = append(r.addrs, addr)
+		r.held[addr] = l
 	}
-	return out, nil
+	return r, nil
+}
+
+// release lets addr's port go, for the process about to bind it.
+func (r *reservation) release(addr string) {
+	if l, ok := r.held[addr]; ok {
+		l.Close()
+		delete(r.held, addr)
+	}
+}
+
+// close lets every port still held go.
+func (r *reservation) close() {
+	for addr := range r.held {
+		r.release(addr)
+	}
+}
+
+// startError is a process of the stack that exited during start-up.
+type startError struct {
+	msg string
+	// what names the process, as the message does.
+	what string
+	// portTaken says the process's log, from this start on, reports its
+	// address in use: its port was taken after the reservation let it go.
+	portTaken bool
+}
+
+func (e *startError) Error() string { return e.msg }
+
+// exitedAtStart is the startError of s, named what, having exited with
+// err during start-up.
+func exitedAtStart(what string, s *devService, err error) *startError {
+	var portTaken bool
+	if f, ferr := os.Open(s.Log); ferr == nil {
+		// Only what this start wrote: the log is appended to across runs.
+		if _, ferr := f.Seek(s.logFrom, io.SeekStart); ferr == nil {
+			data, _ := io.ReadAll(io.LimitReader(f, 1<<20))
+			portTaken = bytes.Contains(data, []byte(syscall.EADDRINUSE.Error()))
+		}
+		f.Close()
+	}
+	return &startError{
+		msg:       fmt.Sprintf("%s exited during start-up (%v); last log lines:\n%s", what, err, tail(s.Log, 20)),
+		what:      what,
+		portTaken: portTaken,
+	}
+}
+
+// awaitStart polls the started process s (what names it in errors) until
+// attempt says it is ready, it exits, or ctx ends. attempt makes one check
+// within the deadline of the context it is given, and says what it saw
+// when the process is not ready.
+func awaitStart(ctx context.Context, what string, s *devService, exited <-chan error, attempt func(context.Context) (ready bool, saw string)) error {
+	for {
+		select {
+		case err := <-exited:
+			return exitedAtStart(what, s, err)
+		default:
+		}
+		actx, cancel := context.WithTimeout(ctx, time.Second)
+		ready, saw := attempt(actx)
+		cancel()
+		if ready {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%s did not answer in time (last: %s); last log lines:\n%s", what, saw, tail(s.Log, 20))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // startProcess starts one process of the stack, argv, detached from this
 // process, in its own session so it outlives the CLI and a terminal's
-// signals. env is its whole environment; nil inherits this process's.
-func startProcess(argv, env []string, s *devService) (int, chan error, error) {
+// signals. env is its whole environment; nil inherits this process's. It
+// lets s's port go from r just before the process starts.
+func startProcess(argv, env []string, s *devService, r *reservation) (int, chan error, error) {
 	if err := os.MkdirAll(filepath.Dir(s.Log), 0o700); err != nil {
 		return 0, nil, err
 	}
@@ -58,10 +138,14 @@ func startProcess(argv, env []string, s *devService) (int, chan error, error) {
 		return 0, nil, err
 	}
 	defer logf.Close()
+	if s.logFrom, err = logf.Seek(0, io.SeekEnd); err != nil {
+		return 0, nil, err
+	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	r.release(s.Address)
 	if err := cmd.Start(); err != nil {
 		return 0, nil, fmt.Errorf("start %s: %w", s.Name, err)
 	}

@@ -111,8 +111,8 @@ func devHostPair(dir, name, pkiDir string) (cert, key string, err error) {
 // minimal environment registryserver.Env gives it, and waits until it
 // answers over TLS with the dev CA's certificate (401 without a
 // credential).
-func devRegistryStart(ctx context.Context, dir, bin string, s *devService, pkiDir string) error {
-	pid, exited, err := startProcess(append([]string{bin}, registryserver.Args(s.Config)...), registryserver.Env(s.Config), s)
+func devRegistryStart(ctx context.Context, dir, bin string, s *devService, pkiDir string, r *reservation) error {
+	pid, exited, err := startProcess(append([]string{bin}, registryserver.Args(s.Config)...), registryserver.Env(s.Config), s, r)
 	if err != nil {
 		return err
 	}

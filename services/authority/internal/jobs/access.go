@@ -27,17 +27,20 @@ func (s *Service) visible(ctx context.Context, caller identity.ID, id string) (s
 	if err != nil {
 		return store.Job{}, err
 	}
-	if !s.actsFor(caller, j.Tenant) {
+	if s.actsFor(caller, j.Tenant) == nil {
 		return store.Job{}, notFound(id)
 	}
 	return j, nil
 }
 
-// actsFor reports whether caller is a client of tenant, as the tenants'
-// policy says now.
-func (s *Service) actsFor(caller identity.ID, tenant string) bool {
+// actsFor returns tenant's policy if caller is a client of tenant, as the
+// tenants' policy says now, and nil otherwise.
+func (s *Service) actsFor(caller identity.ID, tenant string) *policy.Tenant {
 	t := s.cfg.Tenants[tenant]
-	return t != nil && caller.Kind == identity.KindClient && t.HasClient(caller.Principal())
+	if t == nil || caller.Kind != identity.KindClient || !t.HasClient(caller.Principal()) {
+		return nil
+	}
+	return t
 }
 
 func notFound(id string) error { return fmt.Errorf("%w: job %q", errdefs.ErrNotFound, id) }
@@ -52,10 +55,11 @@ func (s *Service) tenantFor(caller identity.ID, name string) (*policy.Tenant, er
 		// Not echoed: it is the caller's bytes, and the refusal is audited.
 		return nil, fmt.Errorf("%w: tenant: at most %d bytes (got %d)", errdefs.ErrInvalidArgument, maxNameBytes, len(name))
 	}
-	if !s.actsFor(caller, name) {
+	t := s.actsFor(caller, name)
+	if t == nil {
 		return nil, fmt.Errorf("%w: tenant: %s does not act for tenant %q", errdefs.ErrPermissionDenied, caller.Principal(), name)
 	}
-	return s.cfg.Tenants[name], nil
+	return t, nil
 }
 
 // maxNameBytes bounds a tenant, repository, revision or branch name a
