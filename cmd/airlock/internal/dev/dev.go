@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -257,7 +258,7 @@ airlock dev down.`,
 	cmd.Flags().StringVar(&binDir, "bin-dir", "", "where the authority, executor and publisher binaries are (default: beside airlock, then $PATH)")
 	cmd.Flags().StringVar(&host, "host", "127.0.0.1", "address the services listen on")
 	cmd.Flags().StringArrayVar(&repoFlags, "repo", nil, "NAME=PATH: a local git repository the dev tenant may run jobs on, served by the stack's git server (repeatable)")
-	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for all three to serve")
+	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for every process of the stack to serve, over all of dev up's starts")
 	cmd.Flags().StringArrayVar(&resolvers, "resolver", nil, "IP[:PORT]: the DNS server the executor asks for jobs with a domains policy (repeatable, at most 3; default: the host's resolver)")
 	cmd.Flags().StringVar(&sandboxPath, "sandbox-path", "", "the PATH jobs start with (the executor's sandbox.path), e.g. /usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin for a Go in /usr/local/go (default: the executor's)")
 	cmd.Flags().BoolVar(&registry, "registry", false, "also run an OCI registry (bin/registry) on 127.0.0.1 whose dev/* images the dev tenant's jobs may run on")
@@ -374,8 +375,8 @@ func devUp(ctx context.Context, dir string, opts devOptions, bins map[string]str
 			return devStack{}, fmt.Errorf("%s is already running in %s (pid %d); run `airlock dev down --dir %s` first", name, dir, pid, dir)
 		}
 	}
-	return startRetrying(progress, func() (devStack, error) {
-		return devStart(ctx, dir, opts, bins, progress)
+	return startRetrying(ctx, progress, func(attempt int) (devStack, error) {
+		return devStart(ctx, dir, opts, bins, progress, attempt)
 	}, func() {
 		// Stop what started, the services before the git server and the
 		// registry they read.
@@ -389,26 +390,29 @@ func devUp(ctx context.Context, dir string, opts devOptions, bins map[string]str
 // process lost its reserved port (startError.portTaken).
 const devStartAttempts = 3
 
-// startRetrying runs start, and after a failed start stop; when the
-// failure was a process losing its port to another program in the moment
-// it was not held, it starts again, on new ports, up to devStartAttempts
-// times in all, saying so on progress.
-func startRetrying(progress io.Writer, start func() (devStack, error), stop func()) (devStack, error) {
+// startRetrying runs start (attempt 1), and after a failed start stop;
+// when the failure was a process losing its port to another program in
+// the moment it was not held, it starts again, on new ports, up to
+// devStartAttempts times in all and while ctx lasts, saying so on
+// progress.
+func startRetrying(ctx context.Context, progress io.Writer, start func(attempt int) (devStack, error), stop func()) (devStack, error) {
 	for attempt := 1; ; attempt++ {
-		stack, err := start()
+		stack, err := start(attempt)
 		if err == nil {
 			return stack, nil
 		}
 		stop()
 		var se *startError
-		if !errors.As(err, &se) || !se.portTaken || attempt == devStartAttempts {
+		if !errors.As(err, &se) || !se.portTaken || attempt == devStartAttempts || ctx.Err() != nil {
 			return stack, err
 		}
 		fmt.Fprintf(progress, "%s lost its port to another program before it bound it; starting the stack again on new ports\n", se.what)
 	}
 }
 
-func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]string, progress io.Writer) (devStack, error) {
+// devStart makes the stack's files and starts its processes; attempt
+// counts the starts of one dev up (startRetrying).
+func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]string, progress io.Writer, attempt int) (devStack, error) {
 	var stack devStack
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return stack, err
@@ -560,8 +564,14 @@ func devStart(ctx context.Context, dir string, opts devOptions, bins map[string]
 		if name == identity.ServiceExecutor {
 			// On a cgroup v2 host the executor needs a cgroup of its
 			// own; systemd, where it runs the host, makes one.
+			// A start again gets a scope of its own: systemd may not have
+			// collected the stopped one's yet.
 			sum := sha256.Sum256([]byte(dir))
-			argv = append(delegate.ReadHost().Prefix("airlock-dev-"+hex.EncodeToString(sum[:6])+"-executor"), argv...)
+			unit := "airlock-dev-" + hex.EncodeToString(sum[:6]) + "-executor"
+			if attempt > 1 {
+				unit += "-" + strconv.Itoa(attempt)
+			}
+			argv = append(delegate.ReadHost().Prefix(unit), argv...)
 		}
 		pid, done, err := startProcess(argv, nil, s, r)
 		if err != nil {

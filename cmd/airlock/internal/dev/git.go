@@ -250,6 +250,9 @@ func devBareRepo(ctx context.Context, src, bare string, progress io.Writer) erro
 		return gitserve.CloneBare(ctx, "", src, bare)
 	}
 	out, err := exec.CommandContext(ctx, "git", "config", "--file", filepath.Join(bare, "config"), "--get", "remote.origin.url").Output()
+	if ctx.Err() != nil {
+		return fmt.Errorf("reading %s's origin: %w", bare, ctx.Err())
+	}
 	if got := strings.TrimSpace(string(out)); err != nil || got != src {
 		return fmt.Errorf("%s was not cloned from %s (origin %q); remove it to clone again", bare, src, got)
 	}

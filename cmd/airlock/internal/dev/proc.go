@@ -75,8 +75,9 @@ type startError struct {
 	msg string
 	// what names the process, as the message does.
 	what string
-	// portTaken says the process's log, from this start on, reports its
-	// address in use: its port was taken after the reservation let it go.
+	// portTaken says the process's log, from this start on, reports that
+	// binding its address failed as in use: its port was taken after the
+	// reservation let it go.
 	portTaken bool
 }
 
@@ -90,7 +91,8 @@ func exitedAtStart(what string, s *devService, err error) *startError {
 		// Only what this start wrote: the log is appended to across runs.
 		if _, ferr := f.Seek(s.logFrom, io.SeekStart); ferr == nil {
 			data, _ := io.ReadAll(io.LimitReader(f, 1<<20))
-			portTaken = bytes.Contains(data, []byte(syscall.EADDRINUSE.Error()))
+			// As Go's net package says it: "listen tcp ADDR: bind: address already in use".
+			portTaken = bytes.Contains(data, []byte(s.Address+": bind: "+syscall.EADDRINUSE.Error()))
 		}
 		f.Close()
 	}
@@ -106,6 +108,7 @@ func exitedAtStart(what string, s *devService, err error) *startError {
 // within the deadline of the context it is given, and says what it saw
 // when the process is not ready.
 func awaitStart(ctx context.Context, what string, s *devService, exited <-chan error, attempt func(context.Context) (ready bool, saw string)) error {
+	var last string
 	for {
 		select {
 		case err := <-exited:
@@ -119,8 +122,17 @@ func awaitStart(ctx context.Context, what string, s *devService, exited <-chan e
 			return nil
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("%s did not answer in time (last: %s); last log lines:\n%s", what, saw, tail(s.Log, 20))
+			select {
+			case err := <-exited: // an exit says more than the time
+				return exitedAtStart(what, s, err)
+			default:
+			}
+			if last == "" {
+				last = saw // the attempt ctx cut short is all there is
+			}
+			return fmt.Errorf("%s was not ready in time (last: %s); last log lines:\n%s", what, last, tail(s.Log, 20))
 		}
+		last = saw
 		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -142,8 +142,8 @@ func TestStartSaysItsPortWasTaken(t *testing.T) {
 }
 
 // TestStartRetrying: dev up starts again, after stopping what started,
-// only for a process that lost its port, and at most devStartAttempts
-// times in all.
+// only for a process that lost its port, at most devStartAttempts times in
+// all, and not once its time is up.
 func TestStartRetrying(t *testing.T) {
 	taken := &startError{msg: "publisher exited during start-up", what: "publisher", portTaken: true}
 	other := &startError{msg: "publisher exited during start-up", what: "publisher"}
@@ -151,20 +151,30 @@ func TestStartRetrying(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		fails     []error
+		ctxDone   bool
 		wantErr   error
 		wantStart int
 	}{
-		{"first start", nil, nil, 1},
-		{"taken once", []error{taken}, nil, 2},
-		{"taken every time", []error{taken, taken, taken, taken}, taken, devStartAttempts},
-		{"another exit", []error{other, taken}, other, 1},
-		{"not a start error", []error{bad, taken}, bad, 1},
+		{"first start", nil, false, nil, 1},
+		{"taken once", []error{taken}, false, nil, 2},
+		{"taken every time", []error{taken, taken, taken, taken}, false, taken, devStartAttempts},
+		{"another exit", []error{other, taken}, false, other, 1},
+		{"not a start error", []error{bad, taken}, false, bad, 1},
+		{"taken with the time up", []error{taken}, true, taken, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if tc.ctxDone {
+				cancel()
+			}
 			var starts, stops int
 			var progress strings.Builder
-			_, err := startRetrying(&progress, func() (devStack, error) {
+			_, err := startRetrying(ctx, &progress, func(attempt int) (devStack, error) {
 				starts++
+				if attempt != starts {
+					t.Errorf("start %d is told it is attempt %d", starts, attempt)
+				}
 				if starts <= len(tc.fails) {
 					return devStack{}, tc.fails[starts-1]
 				}
@@ -187,5 +197,38 @@ func TestStartRetrying(t *testing.T) {
 				t.Errorf("progress says %d restarts, want %d:\n%s", again, starts-1, progress.String())
 			}
 		})
+	}
+}
+
+// TestAwaitStartSaysWhatItSawLast: out of time, the error says the last
+// thing the process answered, not the cut-off attempt's deadline; an exit
+// seen when the time is up is reported as the exit.
+func TestAwaitStartSaysWhatItSawLast(t *testing.T) {
+	s := devPaths(t.TempDir(), "authority")
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	n := 0
+	err := awaitStart(ctx, "authority", &s, make(chan error), func(actx context.Context) (bool, string) {
+		if n++; n == 1 {
+			return false, "NOT_SERVING"
+		}
+		<-actx.Done()
+		return false, actx.Err().Error()
+	})
+	if err == nil || !strings.Contains(err.Error(), "authority was not ready in time (last: NOT_SERVING)") {
+		t.Fatalf("err = %v, want it to say the last answer, NOT_SERVING", err)
+	}
+
+	ctx, cancel = context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	exited := make(chan error, 1)
+	err = awaitStart(ctx, "authority", &s, exited, func(actx context.Context) (bool, string) {
+		<-actx.Done()
+		exited <- errors.New("exit status 1")
+		return false, actx.Err().Error()
+	})
+	var se *startError
+	if !errors.As(err, &se) || !strings.Contains(err.Error(), "authority exited during start-up (exit status 1)") {
+		t.Fatalf("err = %v, want the exit", err)
 	}
 }

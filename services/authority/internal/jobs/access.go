@@ -27,15 +27,15 @@ func (s *Service) visible(ctx context.Context, caller identity.ID, id string) (s
 	if err != nil {
 		return store.Job{}, err
 	}
-	if s.actsFor(caller, j.Tenant) == nil {
+	if s.clientTenant(caller, j.Tenant) == nil {
 		return store.Job{}, notFound(id)
 	}
 	return j, nil
 }
 
-// actsFor returns tenant's policy if caller is a client of tenant, as the
-// tenants' policy says now, and nil otherwise.
-func (s *Service) actsFor(caller identity.ID, tenant string) *policy.Tenant {
+// clientTenant returns tenant's policy if caller is a client of tenant, as
+// the tenants' policy says now, and nil otherwise.
+func (s *Service) clientTenant(caller identity.ID, tenant string) *policy.Tenant {
 	t := s.cfg.Tenants[tenant]
 	if t == nil || caller.Kind != identity.KindClient || !t.HasClient(caller.Principal()) {
 		return nil
@@ -55,7 +55,7 @@ func (s *Service) tenantFor(caller identity.ID, name string) (*policy.Tenant, er
 		// Not echoed: it is the caller's bytes, and the refusal is audited.
 		return nil, fmt.Errorf("%w: tenant: at most %d bytes (got %d)", errdefs.ErrInvalidArgument, maxNameBytes, len(name))
 	}
-	t := s.actsFor(caller, name)
+	t := s.clientTenant(caller, name)
 	if t == nil {
 		return nil, fmt.Errorf("%w: tenant: %s does not act for tenant %q", errdefs.ErrPermissionDenied, caller.Principal(), name)
 	}
