@@ -308,13 +308,18 @@ func (f *fleet) startExecutor(t *testing.T, name string) {
 	e := f.executors[name]
 	e.proc = startProcess(t, f.t, name, e.argv, e.log, e.host.Do)
 	defer func() { e.cgroupParent = f.cgroupParent(name) }()
+	start := time.Now()
 	e.proc.waitReady(t, e.dataDir, e.log, 100*time.Millisecond, func() error {
+		// Up as this process reported itself: an executor stopped a
+		// moment ago is still up on record until it is lost.
 		x := f.executor(t, name)
-		if x.GetState() != authorityv1.ExecutorState_EXECUTOR_STATE_UP || x.GetAddress() != e.addr {
+		if x.GetState() != authorityv1.ExecutorState_EXECUTOR_STATE_UP || x.GetAddress() != e.addr ||
+			x.GetReport().GetStartedAt().AsTime().Before(start) {
 			return fmt.Errorf("executor %s is %v", name, x)
 		}
 		return nil
 	})
+	t.Logf("executor %s up %v after its start", name, time.Since(start).Round(time.Millisecond))
 }
 
 // executor is the fleet's record of executor name (nil if it has none).

@@ -6,9 +6,11 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -89,7 +91,7 @@ func (s *stack) proc(name string) *serviceProc {
 // down` would stop it) and registers its graceful stop, which must exit 0,
 // in t.Cleanup. Unless ready is nil it returns once ready succeeds, tried
 // every poll, failing the test if the service exits first or is not ready
-// within 20s.
+// within readyWithin.
 func startService(t testing.TB, s *stack, name string, poll time.Duration, ready func() error) *serviceProc {
 	t.Helper()
 	svc, ok := s.services[name]
@@ -161,8 +163,18 @@ func startProcess(t, owner testing.TB, name string, argv []string, log string, e
 	return p
 }
 
+// readyWithin is how long a started service may take to be ready. A
+// service's start first recovers what its last run left, and an executor's
+// recovery waits on the kernel: up to 5s for a runtime process and for
+// each job cgroup to die, up to 30s for a kept session's loop device to be
+// released, and on file system calls, which a host busy writing back
+// (CI's, beside the sandbox tests) can stall for many seconds. A budget of
+// 20s once failed an executor's restart in CI.
+const readyWithin = time.Minute
+
 // waitReady returns once ready succeeds, tried every poll, failing the test
-// if the service exits first or is not ready within 20s.
+// if the service exits first or is not ready within readyWithin; then it
+// shows what the service was doing (stacks).
 func (p *serviceProc) waitReady(t testing.TB, dataDir, log string, poll time.Duration, ready func() error) {
 	t.Helper()
 	for start := time.Now(); ; time.Sleep(poll) {
@@ -177,8 +189,43 @@ func (p *serviceProc) waitReady(t testing.TB, dataDir, log string, poll time.Dur
 		if err == nil {
 			return
 		}
-		if time.Since(start) > 20*time.Second {
-			t.Fatalf("started %s still not ready after 20s: %v\nlog:\n%s", p.name, err, lastLines(log, 20))
+		if time.Since(start) > readyWithin {
+			t.Fatalf("started %s still not ready after %v: %v\nlog:\n%s\n%s", p.name, readyWithin, err, lastLines(log, 20), p.stacks(log))
 		}
 	}
+}
+
+// stacks ends p with SIGQUIT, on which a Go program writes every
+// goroutine's stack to its stderr (p's log), and returns the stacks that
+// run the project's code: what a service not ready was doing.
+func (p *serviceProc) stacks(log string) string {
+	fi, err := os.Stat(log)
+	if err != nil {
+		return err.Error()
+	}
+	if err := syscall.Kill(p.pid, syscall.SIGQUIT); err != nil {
+		return fmt.Sprintf("SIGQUIT %s (pid %d): %v", p.name, p.pid, err)
+	}
+	select {
+	case <-p.exited:
+		p.dead = true
+	case <-time.After(stopTimeout):
+		return fmt.Sprintf("%s (pid %d) still ran %v after SIGQUIT", p.name, p.pid, stopTimeout)
+	}
+	f, err := os.Open(log)
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.NewSectionReader(f, fi.Size(), 1<<30))
+	if err != nil {
+		return err.Error()
+	}
+	var ours []string
+	for _, g := range strings.Split(string(data), "\n\n") {
+		if strings.HasPrefix(g, "goroutine ") && strings.Contains(g, "github.com/airlockhq/airlock/") {
+			ours = append(ours, g)
+		}
+	}
+	return fmt.Sprintf("%s's goroutines running the project's code at SIGQUIT (%d):\n%s", p.name, len(ours), strings.Join(ours, "\n\n"))
 }

@@ -378,6 +378,7 @@ func New(cfg Config) (*Manager, error) {
 // resume, finish or cancel; its deadline counts on. Runs that ended but
 // were not reported are reported now.
 func (m *Manager) Recover(ctx context.Context) error {
+	start := time.Now()
 	cleaned, err := m.cfg.Sandbox.Recover(ctx, m.keepSession)
 	if err != nil {
 		return fmt.Errorf("runs: recover sandboxes: %w", err)
@@ -390,7 +391,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		}
 	}
 	if len(cleaned) > 0 {
-		m.cfg.Logger.Warn("removed sandboxes left by a previous executor", "jobs", cleaned)
+		m.cfg.Logger.Warn("removed sandboxes left by a previous executor", "jobs", cleaned, "took", time.Since(start))
 	}
 	kept, err := m.recoverRuns()
 	if kept {
