@@ -42,7 +42,9 @@ type Spec struct {
 	Logger *slog.Logger
 	// Start builds the service's domain and registers its API on env.Server.
 	// It runs before the server reports SERVING. Cleanups it registers with
-	// env.OnStop run after the server has stopped, in reverse order.
+	// env.OnStop run after the server has stopped, in reverse order. ctx
+	// ends when the service is asked to stop: a Start that returns its
+	// error (context.Canceled) then is a stop, and Run returns nil.
 	Start func(ctx context.Context, env *Env) error
 }
 
@@ -147,6 +149,16 @@ func Run(ctx context.Context, spec Spec) (err error) {
 	}()
 	if spec.Start != nil {
 		if err := spec.Start(gctx, env); err != nil {
+			if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+				// Asked to stop while starting (an executor's recovery on
+				// a host busy with IO): a stop, not a failure, once the
+				// tasks Start began have ended, before the cleanups run.
+				if werr := g.Wait(); werr != nil && !errors.Is(werr, context.Canceled) {
+					return fmt.Errorf("stopped while starting: %w", werr)
+				}
+				log.Info("stopped while starting", "error", err)
+				return nil
+			}
 			return fmt.Errorf("start: %w", err)
 		}
 	}

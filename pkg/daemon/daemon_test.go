@@ -3,15 +3,20 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/pki"
+	"github.com/airlockhq/airlock/pkg/telemetry/metricstest"
 )
 
 // TestWrongCertificate starts the authority with a tls.cert that is not
@@ -94,5 +99,70 @@ func TestServiceFlag(t *testing.T) {
 	}
 	if code := main("authority", []string{"--config", "x.yaml", "--advertise", "10.0.0.1:7402"}, io.Discard, io.Discard, nil, run); code != 2 {
 		t.Errorf("the authority took --advertise: exit %d, want 2", code)
+	}
+}
+
+// TestStopWhileStarting: a service asked to stop while its Start still
+// runs (an executor's long recovery) stops cleanly, exit 0, once Start
+// returns the context's error: the tasks Start began end first, then its
+// cleanups run, and it says so. A Start that fails on its own, or with a
+// canceled context of its own making, is still a failure.
+func TestStopWhileStarting(t *testing.T) {
+	ownCtx, ownCancel := context.WithCancel(context.Background())
+	ownCancel()
+	for _, tc := range []struct {
+		name    string
+		stop    bool // cancel Run's context once Start runs
+		start   func(ctx context.Context) error
+		wantErr string
+	}{
+		{"stopped during start", true, func(ctx context.Context) error {
+			<-ctx.Done()
+			return fmt.Errorf("runs: recover sandboxes: %w", ctx.Err())
+		}, ""},
+		{"start fails", false, func(context.Context) error { return errors.New("bad config") }, "start: bad config"},
+		{"start fails with its own canceled context", false, func(context.Context) error { return ownCtx.Err() }, "start: context canceled"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec, _ := metricsSpec(t, metricstest.FreeAddr(t), "")
+			var logs bytes.Buffer // read once Run has returned
+			spec.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var taskEnded, cleanedAfterTask atomic.Bool
+			cleaned := false
+			spec.Start = func(sctx context.Context, env *Env) error {
+				env.Go(func(ctx context.Context) error {
+					<-ctx.Done()
+					time.Sleep(100 * time.Millisecond) // a task that takes a moment to stop
+					taskEnded.Store(true)
+					return ctx.Err()
+				})
+				env.OnStop(func() error { cleaned = true; cleanedAfterTask.Store(taskEnded.Load()); return nil })
+				if tc.stop {
+					cancel()
+				}
+				return tc.start(sctx)
+			}
+			done := make(chan error, 1)
+			go func() { done <- Run(ctx, spec) }()
+			select {
+			case err := <-done:
+				if got := fmt.Sprint(err); (tc.wantErr == "" && err != nil) || (tc.wantErr != "" && got != tc.wantErr) {
+					t.Fatalf("Run: %v, want %q", err, tc.wantErr)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("Run did not return 30s after its Start ended")
+			}
+			if !cleaned {
+				t.Error("the cleanup Start registered did not run")
+			}
+			if said := strings.Contains(logs.String(), "stopped while starting"); said != tc.stop {
+				t.Errorf("the log says \"stopped while starting\": %v, want %v; log:\n%s", said, tc.stop, logs.String())
+			}
+			if tc.stop && !cleanedAfterTask.Load() {
+				t.Error("the cleanup ran before the task Start began had ended")
+			}
+		})
 	}
 }

@@ -306,9 +306,10 @@ func (f *fleet) startReplica(t *testing.T, name string) {
 func (f *fleet) startExecutor(t *testing.T, name string) {
 	t.Helper()
 	e := f.executors[name]
+	// Before the start: the executor's own clock reading comes after.
+	start := time.Now()
 	e.proc = startProcess(t, f.t, name, e.argv, e.log, e.host.Do)
 	defer func() { e.cgroupParent = f.cgroupParent(name) }()
-	start := time.Now()
 	e.proc.waitReady(t, e.dataDir, e.log, 100*time.Millisecond, func() error {
 		// Up as this process reported itself: an executor stopped a
 		// moment ago is still up on record until it is lost.

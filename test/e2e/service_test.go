@@ -195,31 +195,36 @@ func (p *serviceProc) waitReady(t testing.TB, dataDir, log string, poll time.Dur
 	}
 }
 
-// stacks ends p with SIGQUIT, on which a Go program writes every
-// goroutine's stack to its stderr (p's log), and returns the stacks that
-// run the project's code: what a service not ready was doing.
+// stacks shows what a service that is not ready is doing: the kernel's
+// view of each of its threads (a call blocked in the kernel shows only
+// there), then, once SIGQUIT has ended it (a Go program writes every
+// goroutine's stack to its stderr, p's log, on SIGQUIT), the goroutines
+// that run the project's code. At most stacksMax bytes of it.
 func (p *serviceProc) stacks(log string) string {
+	var b strings.Builder
+	b.WriteString(threadsOf(p.pid))
 	fi, err := os.Stat(log)
 	if err != nil {
-		return err.Error()
+		return b.String() + err.Error()
 	}
 	if err := syscall.Kill(p.pid, syscall.SIGQUIT); err != nil {
-		return fmt.Sprintf("SIGQUIT %s (pid %d): %v", p.name, p.pid, err)
+		return b.String() + fmt.Sprintf("SIGQUIT %s (pid %d): %v", p.name, p.pid, err)
 	}
 	select {
 	case <-p.exited:
 		p.dead = true
 	case <-time.After(stopTimeout):
-		return fmt.Sprintf("%s (pid %d) still ran %v after SIGQUIT", p.name, p.pid, stopTimeout)
+		// A thread stuck in the kernel writes its part late, if at all.
+		fmt.Fprintf(&b, "%s (pid %d) still ran %v after SIGQUIT; its log so far:\n", p.name, p.pid, stopTimeout)
 	}
 	f, err := os.Open(log)
 	if err != nil {
-		return err.Error()
+		return b.String() + err.Error()
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.NewSectionReader(f, fi.Size(), 1<<30))
+	data, err := io.ReadAll(io.NewSectionReader(f, fi.Size(), 64<<20))
 	if err != nil {
-		return err.Error()
+		return b.String() + err.Error()
 	}
 	var ours []string
 	for _, g := range strings.Split(string(data), "\n\n") {
@@ -227,5 +232,41 @@ func (p *serviceProc) stacks(log string) string {
 			ours = append(ours, g)
 		}
 	}
-	return fmt.Sprintf("%s's goroutines running the project's code at SIGQUIT (%d):\n%s", p.name, len(ours), strings.Join(ours, "\n\n"))
+	fmt.Fprintf(&b, "%s's goroutines running the project's code at SIGQUIT (%d):\n%s", p.name, len(ours), strings.Join(ours, "\n\n"))
+	if b.Len() > stacksMax {
+		return b.String()[:stacksMax] + "\n[cut]"
+	}
+	return b.String()
+}
+
+// stacksMax bounds what stacks returns.
+const stacksMax = 64 << 10
+
+// threadsOf lists pid's threads as the kernel sees them: state, the
+// kernel function a sleeping one waits in, its system call, and the
+// kernel stack of one in uninterruptible sleep (D).
+func threadsOf(pid int) string {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err.Error() + "\n"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "threads of pid %d (state, wchan, syscall):\n", pid)
+	for _, e := range ents {
+		read := func(name string) string {
+			data, _ := os.ReadFile(filepath.Join(dir, e.Name(), name))
+			return cmp.Or(strings.TrimSpace(string(data)), "?")
+		}
+		stat := read("stat")
+		state := "?"
+		if i := strings.LastIndexByte(stat, ')'); i >= 0 && i+2 < len(stat) {
+			state = stat[i+2 : i+3]
+		}
+		fmt.Fprintf(&b, "  %s %s %s %s\n", e.Name(), state, read("wchan"), strings.Fields(read("syscall"))[0])
+		if state == "D" {
+			b.WriteString("    " + strings.ReplaceAll(read("stack"), "\n", "\n    ") + "\n")
+		}
+	}
+	return b.String()
 }

@@ -376,10 +376,16 @@ func New(cfg Config) (*Manager, error) {
 // were running end executor_restarted, and it is suspended, reason
 // executor_restarted, with its /work changes and /out, for its client to
 // resume, finish or cancel; its deadline counts on. Runs that ended but
-// were not reported are reported now.
+// were not reported are reported now. ctx ending stops the sandbox
+// layer's waits (an executor asked to stop while it starts).
 func (m *Manager) Recover(ctx context.Context) error {
 	start := time.Now()
+	// Progress for a start that waits on a host busy with IO.
+	slow := time.AfterFunc(recoverSlow, func() {
+		m.cfg.Logger.Warn("still removing the sandboxes a previous executor left", "after", recoverSlow)
+	})
 	cleaned, err := m.cfg.Sandbox.Recover(ctx, m.keepSession)
+	slow.Stop()
 	if err != nil {
 		return fmt.Errorf("runs: recover sandboxes: %w", err)
 	}
@@ -403,6 +409,10 @@ func (m *Manager) Recover(ctx context.Context) error {
 	}
 	return err
 }
+
+// recoverSlow is how long Recover removes what a previous executor left
+// before it says it is still at it.
+const recoverSlow = 10 * time.Second
 
 // recoverRuns is Recover's pass over the runs, under m.mu; it says whether
 // it kept a session.

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -118,7 +119,8 @@ func testKeep(t *testing.T, e *env, class Class) {
 // TestRecoverKeeps kills an executor mid-run as TestRecover does, and
 // keeps the job's scratch: what the job wrote to /work before the kill is
 // there for the next sandbox, /tmp is not, and nothing else survives.
-// A kept scratch nobody claims at the next Recover is removed.
+// A kept scratch nobody claims at the next Recover is removed. A Recover
+// stopped before it unmounts anything loses no scratch it would keep.
 func TestRecoverKeeps(t *testing.T) {
 	e := newEnv(t)
 	src := e.source(t, nil)
@@ -128,6 +130,13 @@ func TestRecoverKeeps(t *testing.T) {
 	m, err := New(e.cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Asked to stop while it decides what to keep: Recover stops before
+	// it unmounts anything, and the next Recover still keeps the scratch.
+	stopped, stop := context.WithCancel(context.Background())
+	defer stop()
+	if _, err := m.Recover(stopped, func(got string) bool { stop(); return got == id }); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Recover stopped while deciding what to keep: %v, want context.Canceled", err)
 	}
 	if _, err := m.Recover(context.Background(), func(got string) bool { return got == id }); err != nil {
 		t.Fatalf("Recover: %v", err)

@@ -797,6 +797,11 @@ func (l *limitedBuffer) Write(p []byte) (int, error) {
 // unmounted here), or one already kept by DestroyKeeping. Nothing else of
 // such a job survives: no process, no mount, no cgroup. Kept scratches no
 // one keeps again are removed.
+//
+// ctx ending stops it, with ctx's error, until it starts unmounting (a
+// stop asked for while processes die slowly on a host busy with IO); the
+// next start recovers what is left. From the first unmount on it runs to
+// its end: the scratches it decided to keep would not be kept again.
 func (m *Manager) Recover(ctx context.Context, keep func(id string) bool) ([]string, error) {
 	if keep == nil {
 		keep = func(string) bool { return false }
@@ -813,10 +818,16 @@ func (m *Manager) Recover(ctx context.Context, keep func(id string) bool) ([]str
 	// Runtime processes first (a "runc run" still waiting on its
 	// container, runsc's sandbox and gofer): each names StateDir on its
 	// command line. Left alive, they would race the cleanup below.
-	if err := killProcsNaming(m.cfg.StateDir, 5*time.Second); err != nil {
+	if err := killProcsNaming(ctx, m.cfg.StateDir, 5*time.Second); err != nil {
+		if ctx.Err() != nil {
+			return nil, err
+		}
 		errs = append(errs, err)
 	}
 	for _, id := range m.cg.children(m.cgParent) {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		ids[id] = true
 		if err := m.cg.kill(cgroupRel(m.cgParent, id), 5*time.Second); err != nil {
 			errs = append(errs, err)
@@ -849,6 +860,11 @@ func (m *Manager) Recover(ctx context.Context, keep func(id string) bool) ([]str
 				keepMounted[id] = true
 			}
 		}
+	}
+	// The last point to stop at: a scratch to keep is kept because it is
+	// still mounted, so from its unmount on, Recover runs to its end.
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	for _, rt := range m.runtimes {
 		ents, _ := os.ReadDir(rt.root)
@@ -1079,11 +1095,14 @@ func removeJobDir(dir string) error {
 }
 
 // killProcsNaming SIGKILLs every process with an argument naming dir or a
-// path below it, until none is left or wait passes.
-func killProcsNaming(dir string, wait time.Duration) error {
+// path below it, until none is left, wait passes or ctx ends.
+func killProcsNaming(ctx context.Context, dir string, wait time.Duration) error {
 	self := os.Getpid()
 	end := time.Now().Add(wait)
 	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		var found []int
 		ents, err := os.ReadDir("/proc")
 		if err != nil {

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -17,7 +18,7 @@ import (
 // TestRecover kills an executor (a child process running a sandbox) with
 // SIGKILL mid-run, then checks that a fresh Manager's Recover removes every
 // leftover: runtime and job processes, mounts, loop devices, cgroups,
-// runtime state and scratch.
+// runtime state and scratch; on a context already ended it stops at once.
 func TestRecover(t *testing.T) {
 	e := newEnv(t)
 	for _, c := range testClasses(t, e) {
@@ -34,6 +35,16 @@ func testRecover(t *testing.T, e *env, class Class) {
 	m, err := New(e.cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// An executor asked to stop while it starts: Recover stops at once,
+	// and what it did not do is the next Recover's.
+	stopped, stop := context.WithCancel(context.Background())
+	stop()
+	if got, err := m.Recover(stopped, nil); !errors.Is(err, context.Canceled) || got != nil {
+		t.Fatalf("Recover on a stopped context = %v, %v; want no ids and context.Canceled", got, err)
+	}
+	if len(e.m.cg.procs(rel)) == 0 {
+		t.Fatal("Recover on a stopped context went on to kill the job")
 	}
 	got, err := m.Recover(context.Background(), nil)
 	if err != nil {
