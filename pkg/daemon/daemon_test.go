@@ -16,7 +16,6 @@ import (
 	"github.com/airlockhq/airlock/pkg/config"
 	"github.com/airlockhq/airlock/pkg/identity"
 	"github.com/airlockhq/airlock/pkg/pki"
-	"github.com/airlockhq/airlock/pkg/telemetry/metricstest"
 )
 
 // TestWrongCertificate starts the authority with a tls.cert that is not
@@ -124,7 +123,7 @@ func TestStopWhileStarting(t *testing.T) {
 		{"start fails with its own canceled context", false, func(context.Context) error { return ownCtx.Err() }, "start: context canceled"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			spec, _ := metricsSpec(t, metricstest.FreeAddr(t), "")
+			spec, _ := metricsSpec(t, "127.0.0.1:0", "")
 			var logs bytes.Buffer // read once Run has returned
 			spec.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 			ctx, cancel := context.WithCancel(context.Background())

@@ -820,7 +820,7 @@ func (m *Manager) Recover(ctx context.Context, keep func(id string) bool) ([]str
 	// command line. Left alive, they would race the cleanup below.
 	if err := killProcsNaming(ctx, m.cfg.StateDir, 5*time.Second); err != nil {
 		if ctx.Err() != nil {
-			return nil, err
+			return nil, ctx.Err()
 		}
 		errs = append(errs, err)
 	}
@@ -983,6 +983,10 @@ func (m *Manager) Close() error {
 		return fmt.Errorf("%w: sandbox: Close with %d sandbox(es) not destroyed", errdefs.ErrFailedPrecondition, busy)
 	}
 	m.idmaps.close()
+	if len(m.cg.children(m.cgParent)) > 0 {
+		// Left for the next start's Recover (one stopped early, say).
+		return m.removeRootsDir()
+	}
 	return errors.Join(m.removeRootsDir(), m.cg.removeParent(m.cgParent))
 }
 

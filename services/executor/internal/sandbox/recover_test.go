@@ -32,19 +32,27 @@ func testRecover(t *testing.T, e *env, class Class) {
 	crashHelper(t, e, class, src, id)
 	rel := cgroupRel(e.m.cgParent, id)
 
-	m, err := New(e.cfg)
+	// An executor asked to stop while it starts: Recover stops at once,
+	// the executor's Close leaves the job's cgroup (and its parent)
+	// without an error, and what was not done is the next Recover's.
+	stopping, err := New(e.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// An executor asked to stop while it starts: Recover stops at once,
-	// and what it did not do is the next Recover's.
 	stopped, stop := context.WithCancel(context.Background())
 	stop()
-	if got, err := m.Recover(stopped, nil); !errors.Is(err, context.Canceled) || got != nil {
+	if got, err := stopping.Recover(stopped, nil); !errors.Is(err, context.Canceled) || got != nil {
 		t.Fatalf("Recover on a stopped context = %v, %v; want no ids and context.Canceled", got, err)
+	}
+	if err := stopping.Close(); err != nil {
+		t.Fatalf("Close after a stopped Recover: %v", err)
 	}
 	if len(e.m.cg.procs(rel)) == 0 {
 		t.Fatal("Recover on a stopped context went on to kill the job")
+	}
+	m, err := New(e.cfg)
+	if err != nil {
+		t.Fatal(err)
 	}
 	got, err := m.Recover(context.Background(), nil)
 	if err != nil {
