@@ -427,7 +427,10 @@ func (e *env) assertClean(t testing.TB) {
 
 // procsInUIDRange lists processes whose real or effective uid is in the
 // sandbox's mapped range. A zombie does not count: it has exited and holds
-// nothing; only its (host) parent's wait remains.
+// nothing; only its (host) parent's wait remains. Nor does a process
+// already in its exit (killed): a pid namespace's init leaves its cgroup
+// first, then waits there for the rest of its namespace to be reaped,
+// which after a fork bomb on a loaded host takes a moment.
 func procsInUIDRange(base uint32) []string {
 	var out []string
 	ents, _ := os.ReadDir("/proc")
@@ -439,7 +442,7 @@ func procsInUIDRange(base uint32) []string {
 		if err != nil {
 			continue
 		}
-		if strings.Contains(string(b), "\nState:\tZ") || strings.Contains(string(b), "\nState:\tX") {
+		if strings.Contains(string(b), "\nState:\tZ") || strings.Contains(string(b), "\nState:\tX") || exiting(e.Name()) {
 			continue
 		}
 		for _, line := range strings.Split(string(b), "\n") {
@@ -457,6 +460,28 @@ func procsInUIDRange(base uint32) []string {
 	}
 	return out
 }
+
+// exiting says whether process pid is in its exit: the kernel's
+// PF_EXITING in the flags of /proc/PID/stat (its ninth field).
+func exiting(pid string) bool {
+	b, err := os.ReadFile(filepath.Join("/proc", pid, "stat"))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 7 {
+		return false
+	}
+	flags, err := strconv.ParseUint(f[6], 10, 64)
+	return err == nil && flags&pfExiting != 0
+}
+
+// pfExiting is the kernel's PF_EXITING task flag.
+const pfExiting = 0x4
 
 func statusName(status []byte) string {
 	for _, line := range strings.Split(string(status), "\n") {
